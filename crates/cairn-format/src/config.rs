@@ -1,0 +1,197 @@
+//! The `config` object: what a repository is (format version, id, chunker, sealing,
+//! compression policy). It is plaintext JSON so that `open` can learn the encryption
+//! before any key is unwrapped, and it carries a MAC (keyed BLAKE3 under the master
+//! key's MAC key) over the exact bytes of its `config` member, checked after unlock.
+
+use crate::consts::*;
+use crate::envelope::Encryption;
+use crate::error::{FormatError, Result};
+use crate::id::RepoId;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// Compression policy for new blobs; changeable at any time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    None,
+    Standard,
+    Max,
+}
+
+impl Compression {
+    /// zstd level used for the policy (measured: level 3 keeps the two-core pipeline
+    /// above 300 MB/s on mixed data; level 9 gains a few percent at a quarter the speed).
+    pub fn zstd_level(self) -> Option<i32> {
+        match self {
+            Compression::None => None,
+            Compression::Standard => Some(3),
+            Compression::Max => Some(9),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Standard => "standard",
+            Compression::Max => "max",
+        }
+    }
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "none" | "off" => Ok(Compression::None),
+            "standard" | "auto" => Ok(Compression::Standard),
+            "max" => Ok(Compression::Max),
+            _ => Err(format!(
+                "unknown compression {s:?} (expected none, standard or max)"
+            )),
+        }
+    }
+}
+
+/// FastCDC parameters, fixed at creation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkerParams {
+    pub algorithm: String,
+    pub min_size: u32,
+    pub avg_size: u32,
+    pub max_size: u32,
+    pub normalization: u32,
+}
+
+impl ChunkerParams {
+    pub fn for_block_size(avg: u32) -> Self {
+        ChunkerParams {
+            algorithm: "fastcdc-v2020".into(),
+            min_size: avg / 4,
+            avg_size: avg,
+            max_size: avg * 4,
+            normalization: 1,
+        }
+    }
+    pub fn validate(&self) -> Result<()> {
+        let ok = self.algorithm == "fastcdc-v2020"
+            && BLOCK_SIZES.contains(&self.avg_size)
+            && self.min_size >= 64
+            && self.min_size % 2 == 0
+            && self.max_size % 2 == 0
+            && self.min_size < self.avg_size
+            && self.avg_size < self.max_size
+            && (self.max_size as usize) <= MAX_BLOB_SIZE
+            && self.normalization <= 3;
+        if ok {
+            Ok(())
+        } else {
+            Err(FormatError::malformed(
+                "config",
+                format!("unsupported chunker parameters {self:?}"),
+            ))
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    pub version: u32,
+    pub id: String,
+    pub created: String,
+    pub encryption: Encryption,
+    pub chunker: ChunkerParams,
+    pub compression: Compression,
+    pub pack_size: u32,
+    /// Only for `encryption: none`: the master secret, hex (nothing to protect).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plain_master_secret: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ConfigFile<'a> {
+    #[serde(borrow)]
+    config: &'a RawValue,
+    mac: String,
+}
+
+impl Config {
+    pub fn repo_id(&self) -> Result<RepoId> {
+        RepoId::from_hex(&self.id)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.version != REPO_FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                what: "repository config",
+                version: self.version,
+            });
+        }
+        self.chunker.validate()?;
+        self.repo_id()?;
+        if !(1 << 20..=256 << 20).contains(&self.pack_size) {
+            return Err(FormatError::malformed("config", "pack_size out of range"));
+        }
+        Ok(())
+    }
+
+    /// Serialises and MACs with `mac`.
+    pub fn to_bytes(&self, mac: impl Fn(&[u8]) -> [u8; 32]) -> Vec<u8> {
+        #[allow(clippy::expect_used)]
+        let body = serde_json::to_string_pretty(self).expect("config serialises");
+        let tag = hex::encode(mac(body.as_bytes()));
+        #[allow(clippy::expect_used)]
+        let raw = RawValue::from_string(body).expect("valid json");
+        #[allow(clippy::expect_used)]
+        serde_json::to_vec_pretty(&ConfigFile {
+            config: &raw,
+            mac: tag,
+        })
+        .expect("config file serialises")
+    }
+
+    /// Parses without checking the MAC; returns the config and a closure input for
+    /// [`Config::verify`]: (body bytes, mac).
+    pub fn parse(data: &[u8]) -> Result<(Config, Vec<u8>, [u8; 32])> {
+        if data.len() > MAX_METADATA_OBJECT_SIZE {
+            return Err(FormatError::TooLarge {
+                what: "config",
+                size: data.len() as u64,
+                limit: MAX_METADATA_OBJECT_SIZE as u64,
+            });
+        }
+        let file: ConfigFile<'_> = serde_json::from_slice(data)
+            .map_err(|e| FormatError::malformed("config", e.to_string()))?;
+        let body = file.config.get().as_bytes().to_vec();
+        let config: Config = serde_json::from_slice(&body)
+            .map_err(|e| FormatError::malformed("config", e.to_string()))?;
+        let mut mac = [0u8; 32];
+        hex::decode_to_slice(&file.mac, &mut mac)
+            .map_err(|e| FormatError::malformed("config", format!("mac: {e}")))?;
+        config.validate()?;
+        Ok((config, body, mac))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_mac() {
+        let c = Config {
+            version: 1,
+            id: "00".repeat(32),
+            created: "now".into(),
+            encryption: Encryption::Aes256Gcm,
+            chunker: ChunkerParams::for_block_size(16384),
+            compression: Compression::Standard,
+            pack_size: 16 << 20,
+            plain_master_secret: None,
+        };
+        let mac = |b: &[u8]| *blake3::keyed_hash(&[1u8; 32], b).as_bytes();
+        let bytes = c.to_bytes(mac);
+        let (back, body, tag) = Config::parse(&bytes).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(mac(&body), tag);
+    }
+}

@@ -1,0 +1,79 @@
+//! Frozen format constants. DO NOT MODIFY the values of a released format version:
+//! repositories written by it must keep opening. Add new constants instead.
+
+/// Repository format version written by this code (the `version` field of `config`).
+pub const REPO_FORMAT_VERSION: u32 = 1;
+
+/// Length of every object and blob id in bytes (BLAKE3 output size).
+pub const ID_LEN: usize = 32;
+
+/// Random prefix of a sealed envelope: the first 12 bytes derive a per-object subkey,
+/// the last 12 bytes are the AEAD nonce (see `envelope`).
+pub const ENVELOPE_NONCE_LEN: usize = 24;
+/// AEAD tag (AES-256-GCM and ChaCha20-Poly1305 both use 16 bytes); for unencrypted
+/// repositories the same 16 bytes hold a truncated keyed BLAKE3 checksum.
+pub const ENVELOPE_TAG_LEN: usize = 16;
+/// Bytes a sealed object is larger than its plaintext.
+pub const ENVELOPE_OVERHEAD: usize = ENVELOPE_NONCE_LEN + ENVELOPE_TAG_LEN;
+
+/// Magic at the very end of every pack file, after the header length.
+pub const PACK_TRAILER_MAGIC: &[u8; 8] = b"CAIRNPK1";
+/// Trailer = header length (u32 LE) || magic.
+pub const PACK_TRAILER_LEN: usize = 4 + PACK_TRAILER_MAGIC.len();
+/// One pack header entry: kind (1) || id (32) || length (4) || raw length (4) || compression (1).
+pub const PACK_HEADER_ENTRY_LEN: usize = 1 + ID_LEN + 4 + 4 + 1;
+/// Version byte at the start of a pack header plaintext.
+pub const PACK_HEADER_VERSION: u8 = 1;
+/// Hard cap on blobs in one pack (a 64 MiB pack of 64-byte blobs is 1 Mi entries).
+pub const MAX_PACK_BLOBS: usize = 1 << 20;
+/// Hard cap on a pack file's size: packs are written at about `DEFAULT_PACK_SIZE`,
+/// a single blob can exceed it by one maximum chunk.
+pub const MAX_PACK_SIZE: u64 = 1 << 30;
+/// Target size of a data pack before it is sealed and uploaded.
+pub const DEFAULT_PACK_SIZE: usize = 16 << 20;
+
+/// Hard cap on the plaintext of any single blob (a chunk is at most 4 × 64 KiB; tree and
+/// chunk-list blobs are split well below this).
+pub const MAX_BLOB_SIZE: usize = 16 << 20;
+/// Hard cap on index, snapshot, key and config objects.
+pub const MAX_METADATA_OBJECT_SIZE: usize = 256 << 20;
+
+/// Version byte at the start of an index file plaintext.
+pub const INDEX_VERSION: u8 = 1;
+/// Version byte at the start of a tree blob plaintext.
+pub const TREE_VERSION: u8 = 1;
+/// Version byte at the start of a chunk-list blob plaintext.
+pub const CHUNK_LIST_VERSION: u8 = 1;
+/// A file with at most this many chunks lists them inline in its tree node; larger files
+/// reference a tree of chunk-list blobs.
+pub const INLINE_CHUNKS_MAX: usize = 64;
+/// Entries per chunk-list blob (36 bytes each: about 144 KiB of plaintext).
+pub const CHUNK_LIST_FANOUT: usize = 4096;
+/// Deepest chunk-list tree accepted (4096^6 chunks is far beyond any file).
+pub const MAX_CHUNK_LIST_DEPTH: u8 = 6;
+/// Hard cap on names, link targets, user/group names and xattr names.
+pub const MAX_NAME_LEN: usize = 64 << 10;
+/// Hard cap on one extended attribute value.
+pub const MAX_XATTR_VALUE_LEN: usize = 16 << 20;
+
+/// Argon2id defaults for new keys (OWASP-style: 64 MiB, 3 passes).
+pub const KDF_DEFAULT_MEMORY_KIB: u32 = 64 * 1024;
+pub const KDF_DEFAULT_ITERATIONS: u32 = 3;
+pub const KDF_DEFAULT_PARALLELISM: u32 = 1;
+/// Upper bounds accepted from a key file, so a hostile key file cannot make us
+/// allocate or spin without limit.
+pub const KDF_MAX_MEMORY_KIB: u32 = 4 * 1024 * 1024;
+pub const KDF_MAX_ITERATIONS: u32 = 100;
+pub const KDF_MAX_PARALLELISM: u32 = 64;
+
+/// Block sizes (average chunk sizes) a repository may be created with.
+pub const BLOCK_SIZES: [u32; 5] = [4096, 8192, 16384, 32768, 65536];
+/// Default average chunk size.
+pub const DEFAULT_BLOCK_SIZE: u32 = 16384;
+
+/// Context strings for BLAKE3 key derivation from the 32-byte master secret.
+pub const KDF_CONTEXT_ENCRYPTION: &str = "cairn 2026-11 v1 encryption key";
+pub const KDF_CONTEXT_ID: &str = "cairn 2026-11 v1 blob id key";
+pub const KDF_CONTEXT_MAC: &str = "cairn 2026-11 v1 mac key";
+pub const KDF_CONTEXT_CHUNKER: &str = "cairn 2026-11 v1 chunker seed";
+pub const KDF_CONTEXT_SUBKEY: &str = "cairn 2026-11 v1 envelope subkey";

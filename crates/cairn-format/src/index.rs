@@ -1,0 +1,152 @@
+//! Index files: `index/<id>`, the persistent map blob id -> place in a pack.
+//!
+//! ```text
+//! index  = version:u8 || nsup:varint || superseded index id:32 * nsup
+//!          || npacks:varint || pack*npacks
+//! pack   = pack id:32 || nblobs:varint || blob*nblobs
+//! blob   = kind:u8 || blob id:32 || offset:varint || length:varint
+//!          || raw_length:varint || compression:u8
+//! ```
+//! The plaintext is sealed; the file name is BLAKE3 of the sealed bytes.
+
+use crate::consts::*;
+use crate::error::{FormatError, Result};
+use crate::id::{BlobId, IndexId, PackId};
+use crate::pack::{BlobCompression, BlobKind};
+use crate::wire::{Reader, Writer};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexBlob {
+    pub kind: BlobKind,
+    pub id: BlobId,
+    pub offset: u32,
+    pub length: u32,
+    pub raw_length: u32,
+    pub compression: BlobCompression,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexPack {
+    pub id: PackId,
+    pub blobs: Vec<IndexBlob>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IndexFile {
+    /// Index files whose content this one replaces (written by prune/repair).
+    pub supersedes: Vec<IndexId>,
+    pub packs: Vec<IndexPack>,
+}
+
+impl IndexFile {
+    pub fn encode(&self) -> Vec<u8> {
+        let n: usize = self.packs.iter().map(|p| p.blobs.len()).sum();
+        let mut w = Writer::with_capacity(16 + n * 48);
+        w.u8(INDEX_VERSION);
+        w.varint(self.supersedes.len() as u64);
+        for s in &self.supersedes {
+            w.raw(&s.0);
+        }
+        w.varint(self.packs.len() as u64);
+        for p in &self.packs {
+            w.raw(&p.id.0);
+            w.varint(p.blobs.len() as u64);
+            for b in &p.blobs {
+                w.u8(b.kind as u8);
+                w.raw(&b.id.0);
+                w.varint(b.offset.into());
+                w.varint(b.length.into());
+                w.varint(b.raw_length.into());
+                w.u8(b.compression as u8);
+            }
+        }
+        w.into_inner()
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(data, "index file");
+        let v = r.u8()?;
+        if v != INDEX_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                what: "index file",
+                version: v.into(),
+            });
+        }
+        let ns = r.count(ID_LEN, usize::MAX)?;
+        let mut supersedes = Vec::with_capacity(ns);
+        for _ in 0..ns {
+            supersedes.push(IndexId(r.array()?));
+        }
+        let np = r.count(ID_LEN + 1, usize::MAX)?;
+        let mut packs = Vec::with_capacity(np);
+        for _ in 0..np {
+            let id = PackId(r.array()?);
+            let nb = r.count(ID_LEN + 6, MAX_PACK_BLOBS)?;
+            let mut blobs = Vec::with_capacity(nb);
+            for _ in 0..nb {
+                let k = r.u8()?;
+                let kind = BlobKind::from_u8(k).ok_or_else(|| r.malformed("unknown blob kind"))?;
+                let id = BlobId(r.array()?);
+                let offset = r.varint_u32()?;
+                let length = r.varint_u32()?;
+                let raw_length = r.varint_u32()?;
+                let c = r.u8()?;
+                let compression = BlobCompression::from_u8(c)
+                    .ok_or_else(|| r.malformed("unknown compression"))?;
+                if u64::from(offset) + u64::from(length) > MAX_PACK_SIZE
+                    || raw_length as usize > MAX_BLOB_SIZE
+                {
+                    return Err(r.malformed("blob location out of range"));
+                }
+                blobs.push(IndexBlob {
+                    kind,
+                    id,
+                    offset,
+                    length,
+                    raw_length,
+                    compression,
+                });
+            }
+            packs.push(IndexPack { id, blobs });
+        }
+        r.finish()?;
+        Ok(IndexFile { supersedes, packs })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn blob() -> impl Strategy<Value = IndexBlob> {
+        (0u8..3, any::<[u8; 32]>(), 0u32..(1 << 29), 0u32..(1 << 29), 0u32..(MAX_BLOB_SIZE as u32), any::<bool>())
+            .prop_map(|(k, id, offset, length, raw_length, z)| IndexBlob {
+                kind: BlobKind::from_u8(k).unwrap(),
+                id: BlobId(id),
+                offset,
+                length,
+                raw_length,
+                compression: if z { BlobCompression::Zstd } else { BlobCompression::Raw },
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(
+            sup in proptest::collection::vec(any::<[u8; 32]>(), 0..3),
+            packs in proptest::collection::vec((any::<[u8; 32]>(), proptest::collection::vec(blob(), 0..20)), 0..5)
+        ) {
+            let f = IndexFile {
+                supersedes: sup.into_iter().map(IndexId).collect(),
+                packs: packs.into_iter().map(|(id, blobs)| IndexPack { id: PackId(id), blobs }).collect(),
+            };
+            prop_assert_eq!(IndexFile::decode(&f.encode()).unwrap(), f);
+        }
+
+        #[test]
+        fn decode_never_panics(data: Vec<u8>) {
+            let _ = IndexFile::decode(&data);
+        }
+    }
+}

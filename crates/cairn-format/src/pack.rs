@@ -1,0 +1,189 @@
+//! Pack files: `data/<xx>/<pack id>`.
+//!
+//! ```text
+//! pack    = blob_0 || blob_1 || ... || sealed(header) || header_len:u32le || "CAIRNPK1"
+//! blob_i  = envelope of (raw or zstd-compressed) plaintext, in stream order
+//! header  = version:u8 || count:varint || entry*count
+//! entry   = kind:u8 || blob id:32 || length:u32le || raw_length:u32le || compression:u8
+//! ```
+//! Blob offsets are implicit: blob i starts where blob i-1 ended, blob 0 at offset 0.
+//! The pack id is BLAKE3 of the whole file, so a pack can be checked without a key.
+
+use crate::consts::*;
+use crate::error::{FormatError, Result};
+use crate::id::BlobId;
+use crate::wire::{Reader, Writer};
+
+/// What a blob holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum BlobKind {
+    /// A chunk of file content.
+    Data = 0,
+    /// A directory listing.
+    Tree = 1,
+    /// A node of a file's chunk-list tree.
+    ChunkList = 2,
+}
+
+impl BlobKind {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(BlobKind::Data),
+            1 => Some(BlobKind::Tree),
+            2 => Some(BlobKind::ChunkList),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            BlobKind::Data => "data",
+            BlobKind::Tree => "tree",
+            BlobKind::ChunkList => "chunk list",
+        }
+    }
+}
+
+/// How a blob's plaintext was encoded before sealing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum BlobCompression {
+    Raw = 0,
+    Zstd = 1,
+}
+
+impl BlobCompression {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(BlobCompression::Raw),
+            1 => Some(BlobCompression::Zstd),
+            _ => None,
+        }
+    }
+}
+
+/// One blob as described by a pack header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackEntry {
+    pub kind: BlobKind,
+    pub id: BlobId,
+    /// Sealed length in the pack.
+    pub length: u32,
+    /// Plaintext length after decompression.
+    pub raw_length: u32,
+    pub compression: BlobCompression,
+}
+
+pub fn encode_header(entries: &[PackEntry]) -> Vec<u8> {
+    let mut w = Writer::with_capacity(8 + entries.len() * PACK_HEADER_ENTRY_LEN);
+    w.u8(PACK_HEADER_VERSION);
+    w.varint(entries.len() as u64);
+    for e in entries {
+        w.u8(e.kind as u8);
+        w.raw(&e.id.0);
+        w.u32(e.length);
+        w.u32(e.raw_length);
+        w.u8(e.compression as u8);
+    }
+    w.into_inner()
+}
+
+pub fn decode_header(data: &[u8]) -> Result<Vec<PackEntry>> {
+    let mut r = Reader::new(data, "pack header");
+    let v = r.u8()?;
+    if v != PACK_HEADER_VERSION {
+        return Err(FormatError::UnsupportedVersion {
+            what: "pack header",
+            version: v.into(),
+        });
+    }
+    let n = r.count(PACK_HEADER_ENTRY_LEN, MAX_PACK_BLOBS)?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let kind = r.u8()?;
+        let kind = BlobKind::from_u8(kind).ok_or_else(|| r.malformed("unknown blob kind"))?;
+        let id = BlobId(r.array()?);
+        let length = r.u32()?;
+        let raw_length = r.u32()?;
+        let c = r.u8()?;
+        let compression =
+            BlobCompression::from_u8(c).ok_or_else(|| r.malformed("unknown compression"))?;
+        if raw_length as usize > MAX_BLOB_SIZE {
+            return Err(r.malformed("blob raw length exceeds limit"));
+        }
+        out.push(PackEntry {
+            kind,
+            id,
+            length,
+            raw_length,
+            compression,
+        });
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+/// Appends the trailer after the sealed header.
+pub fn encode_trailer(sealed_header_len: u32) -> [u8; PACK_TRAILER_LEN] {
+    let mut t = [0u8; PACK_TRAILER_LEN];
+    t[..4].copy_from_slice(&sealed_header_len.to_le_bytes());
+    t[4..].copy_from_slice(PACK_TRAILER_MAGIC);
+    t
+}
+
+/// Given the pack's total size and its last `PACK_TRAILER_LEN` bytes, returns the
+/// (offset, length) of the sealed header.
+pub fn parse_trailer(pack_size: u64, trailer: &[u8]) -> Result<(u64, u32)> {
+    if trailer.len() != PACK_TRAILER_LEN || pack_size < PACK_TRAILER_LEN as u64 {
+        return Err(FormatError::Truncated { what: "pack" });
+    }
+    if &trailer[4..] != PACK_TRAILER_MAGIC {
+        return Err(FormatError::malformed("pack", "bad trailer magic"));
+    }
+    let mut l = [0u8; 4];
+    l.copy_from_slice(&trailer[..4]);
+    let len = u32::from_le_bytes(l);
+    let avail = pack_size - PACK_TRAILER_LEN as u64;
+    if u64::from(len) > avail {
+        return Err(FormatError::malformed(
+            "pack",
+            "header length exceeds pack size",
+        ));
+    }
+    Ok((avail - u64::from(len), len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn entry() -> impl Strategy<Value = PackEntry> {
+        (0u8..3, any::<[u8; 32]>(), any::<u32>(), 0u32..(MAX_BLOB_SIZE as u32), any::<bool>())
+            .prop_map(|(k, id, length, raw_length, z)| PackEntry {
+                kind: BlobKind::from_u8(k).unwrap(),
+                id: BlobId(id),
+                length,
+                raw_length,
+                compression: if z { BlobCompression::Zstd } else { BlobCompression::Raw },
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn header_round_trip(entries in proptest::collection::vec(entry(), 0..50)) {
+            let enc = encode_header(&entries);
+            prop_assert_eq!(decode_header(&enc).unwrap(), entries);
+        }
+
+        #[test]
+        fn header_decode_never_panics(data: Vec<u8>) {
+            let _ = decode_header(&data);
+        }
+
+        #[test]
+        fn trailer_never_panics(size: u64, data in proptest::collection::vec(any::<u8>(), 0..20)) {
+            let _ = parse_trailer(size, &data);
+        }
+    }
+}

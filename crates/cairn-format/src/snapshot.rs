@@ -1,0 +1,108 @@
+//! Snapshot objects: `snapshots/<id>`, sealed JSON. Writing one is the commit point of
+//! a backup: it must only be written after every pack and index file it needs.
+
+use crate::consts::MAX_METADATA_OBJECT_SIZE;
+use crate::error::{FormatError, Result};
+use crate::id::BlobId;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotSummary {
+    pub files_new: u64,
+    pub files_changed: u64,
+    pub files_unchanged: u64,
+    pub dirs: u64,
+    pub other_entries: u64,
+    pub entries_skipped: u64,
+    pub bytes_read: u64,
+    /// Logical bytes of all files in the snapshot.
+    pub total_bytes: u64,
+    pub blobs_added: u64,
+    /// Plaintext bytes of new blobs.
+    pub data_added: u64,
+    /// Bytes the new blobs occupy in packs (after compression and sealing).
+    pub data_added_packed: u64,
+    pub duration_secs: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub version: u32,
+    /// RFC 3339 with nanoseconds, UTC.
+    pub time: String,
+    pub hostname: String,
+    pub username: String,
+    pub paths: Vec<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Hex blob id of the root tree.
+    pub tree: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    #[serde(default)]
+    pub excludes: Vec<String>,
+    pub program_version: String,
+    pub summary: SnapshotSummary,
+}
+
+impl Snapshot {
+    pub fn tree_id(&self) -> Result<BlobId> {
+        BlobId::from_hex(&self.tree)
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        #[allow(clippy::expect_used)]
+        serde_json::to_vec(self).expect("snapshot serialises")
+    }
+
+    pub fn from_bytes(data: &[u8]) -> Result<Self> {
+        if data.len() > MAX_METADATA_OBJECT_SIZE {
+            return Err(FormatError::TooLarge {
+                what: "snapshot",
+                size: data.len() as u64,
+                limit: MAX_METADATA_OBJECT_SIZE as u64,
+            });
+        }
+        let s: Snapshot = serde_json::from_slice(data)
+            .map_err(|e| FormatError::malformed("snapshot", e.to_string()))?;
+        if s.version != 1 {
+            return Err(FormatError::UnsupportedVersion {
+                what: "snapshot",
+                version: s.version,
+            });
+        }
+        s.tree_id()?;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn round_trip(host in ".*", paths in proptest::collection::vec(".*", 0..4), tags in proptest::collection::vec(".*", 0..3), files: u64) {
+            let s = Snapshot {
+                version: 1,
+                time: "2026-11-22T01:02:03.123456789Z".into(),
+                hostname: host,
+                username: "u".into(),
+                paths,
+                tags,
+                tree: "ab".repeat(32),
+                parent: None,
+                excludes: vec![],
+                program_version: "cairn test".into(),
+                summary: SnapshotSummary { files_new: files, ..Default::default() },
+            };
+            prop_assert_eq!(Snapshot::from_bytes(&s.to_bytes()).unwrap(), s);
+        }
+
+        #[test]
+        fn decode_never_panics(data: Vec<u8>) {
+            let _ = Snapshot::from_bytes(&data);
+        }
+    }
+}

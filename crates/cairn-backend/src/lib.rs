@@ -131,7 +131,11 @@ pub(crate) mod conformance {
 
     pub fn run(b: &dyn Backend) {
         assert!(b.get("config").unwrap_err().is_not_found());
-        assert!(b.get_range("data/ab/abcd", 0, 1).unwrap_err().is_not_found());
+        assert!(
+            b.get_range("data/ab/abcd", 0, 1)
+                .unwrap_err()
+                .is_not_found()
+        );
         b.put("config", b"hello").unwrap();
         assert_eq!(b.get("config").unwrap(), b"hello");
         b.put("config", b"replaced").unwrap();
@@ -145,8 +149,14 @@ pub(crate) mod conformance {
         assert_eq!(
             l,
             vec![
-                ObjectInfo { name: "data/ab/abcd".into(), size: 5 },
-                ObjectInfo { name: "data/cd/cdef".into(), size: 1000 },
+                ObjectInfo {
+                    name: "data/ab/abcd".into(),
+                    size: 5
+                },
+                ObjectInfo {
+                    name: "data/cd/cdef".into(),
+                    size: 1000
+                },
             ]
         );
         assert!(b.list("index/").unwrap().is_empty());
@@ -157,6 +167,9 @@ pub(crate) mod conformance {
         let big = vec![7u8; 40 << 20];
         b.put("data/ef/big", &big).unwrap();
         assert_eq!(b.get("data/ef/big").unwrap().len(), big.len());
-        assert_eq!(b.get_range("data/ef/big", (40 << 20) - 2, 2).unwrap(), vec![7, 7]);
+        assert_eq!(
+            b.get_range("data/ef/big", (40 << 20) - 2, 2).unwrap(),
+            vec![7, 7]
+        );
     }
 }

@@ -93,9 +93,7 @@ impl Backend for LocalBackend {
                 kind: BackendErrorKind::Other,
                 op: "get range",
                 path: name.into(),
-                message: format!(
-                    "range {offset}+{length} beyond end of object ({size} bytes)"
-                ),
+                message: format!("range {offset}+{length} beyond end of object ({size} bytes)"),
             });
         }
         f.seek(SeekFrom::Start(offset)).map_err(err)?;
@@ -118,7 +116,9 @@ impl Backend for LocalBackend {
             for ent in rd {
                 let ent = ent.map_err(|e| BackendError::from_io("list", &rel, &e))?;
                 let fname = ent.file_name();
-                let Some(fname) = fname.to_str() else { continue };
+                let Some(fname) = fname.to_str() else {
+                    continue;
+                };
                 if fname.contains(TMP_MARK) {
                     continue;
                 }

@@ -34,7 +34,9 @@ impl Backend for MemBackend {
     }
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         let m = self.map();
-        let d = m.get(name).ok_or_else(|| BackendError::not_found("get", name))?;
+        let d = m
+            .get(name)
+            .ok_or_else(|| BackendError::not_found("get", name))?;
         let end = offset.checked_add(length).filter(|e| *e <= d.len() as u64);
         match end {
             Some(end) => Ok(d[offset as usize..end as usize].to_vec()),

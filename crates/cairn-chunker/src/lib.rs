@@ -159,8 +159,11 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            if x % 17 == 0 {
-                out.extend(std::iter::repeat_n((x >> 8) as u8, (x >> 16) as usize % 3000));
+            if x.is_multiple_of(17) {
+                out.extend(std::iter::repeat_n(
+                    (x >> 8) as u8,
+                    (x >> 16) as usize % 3000,
+                ));
             } else {
                 out.extend_from_slice(&x.to_le_bytes());
             }
@@ -214,7 +217,9 @@ mod tests {
         let mut x = 7u64;
         let input: Vec<u8> = (0..1 << 20)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 (x >> 56) as u8
             })
             .collect();

@@ -1,0 +1,20 @@
+//! cairn-core: the engine. It never prints, parses arguments or exits: operations take
+//! `XxxOptions`, report through the traits in [`progress`], and return values or a
+//! typed [`Error`].
+
+pub mod backup;
+pub mod blob;
+pub mod chunklist;
+pub mod error;
+pub mod index;
+pub mod packer;
+pub mod progress;
+pub mod repo;
+pub mod time;
+
+pub use error::{Error, Result};
+pub use repo::{InitOptions, Repository};
+pub mod check;
+pub mod dump;
+pub mod ls;
+pub mod restore;

@@ -76,8 +76,8 @@ impl ChunkerParams {
         let ok = self.algorithm == "fastcdc-v2020"
             && BLOCK_SIZES.contains(&self.avg_size)
             && self.min_size >= 64
-            && self.min_size % 2 == 0
-            && self.max_size % 2 == 0
+            && self.min_size.is_multiple_of(2)
+            && self.max_size.is_multiple_of(2)
             && self.min_size < self.avg_size
             && self.avg_size < self.max_size
             && (self.max_size as usize) <= MAX_BLOB_SIZE

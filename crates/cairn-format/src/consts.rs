@@ -32,9 +32,10 @@ pub const MAX_PACK_SIZE: u64 = 1 << 30;
 /// Target size of a data pack before it is sealed and uploaded.
 pub const DEFAULT_PACK_SIZE: usize = 16 << 20;
 
-/// Hard cap on the plaintext of any single blob (a chunk is at most 4 × 64 KiB; tree and
-/// chunk-list blobs are split well below this).
-pub const MAX_BLOB_SIZE: usize = 16 << 20;
+/// Hard cap on the plaintext of any single blob. Chunks are at most 4 × 64 KiB and
+/// chunk lists about 144 KiB; the cap is set by tree blobs of very large directories
+/// (about 100 bytes per entry: 64 MiB is over 500,000 entries in one directory).
+pub const MAX_BLOB_SIZE: usize = 64 << 20;
 /// Hard cap on index, snapshot, key and config objects.
 pub const MAX_METADATA_OBJECT_SIZE: usize = 256 << 20;
 

@@ -120,14 +120,25 @@ mod tests {
     use proptest::prelude::*;
 
     fn blob() -> impl Strategy<Value = IndexBlob> {
-        (0u8..3, any::<[u8; 32]>(), 0u32..(1 << 29), 0u32..(1 << 29), 0u32..(MAX_BLOB_SIZE as u32), any::<bool>())
+        (
+            0u8..3,
+            any::<[u8; 32]>(),
+            0u32..(1 << 29),
+            0u32..(1 << 29),
+            0u32..(MAX_BLOB_SIZE as u32),
+            any::<bool>(),
+        )
             .prop_map(|(k, id, offset, length, raw_length, z)| IndexBlob {
                 kind: BlobKind::from_u8(k).unwrap(),
                 id: BlobId(id),
                 offset,
                 length,
                 raw_length,
-                compression: if z { BlobCompression::Zstd } else { BlobCompression::Raw },
+                compression: if z {
+                    BlobCompression::Zstd
+                } else {
+                    BlobCompression::Raw
+                },
             })
     }
 

@@ -121,13 +121,9 @@ impl KdfParams {
         }
         let salt = hex::decode(&self.salt)
             .map_err(|e| FormatError::malformed("key file", format!("salt: {e}")))?;
-        let params = argon2::Params::new(
-            self.memory_kib,
-            self.iterations,
-            self.parallelism,
-            Some(32),
-        )
-        .map_err(|e| FormatError::Kdf(e.to_string()))?;
+        let params =
+            argon2::Params::new(self.memory_kib, self.iterations, self.parallelism, Some(32))
+                .map_err(|e| FormatError::Kdf(e.to_string()))?;
         let a2 = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
         let mut out = [0u8; 32];
         a2.hash_password_into(password, &salt, &mut out)
@@ -230,7 +226,8 @@ mod tests {
     #[test]
     fn wrap_unwrap() {
         let mk = MasterKey::generate(Encryption::Aes256Gcm);
-        let kf = KeyFile::wrap(&mk, b"pw", cheap_kdf(), "t".into(), "h".into(), "u".into()).unwrap();
+        let kf =
+            KeyFile::wrap(&mk, b"pw", cheap_kdf(), "t".into(), "h".into(), "u".into()).unwrap();
         let back = KeyFile::from_bytes(&kf.to_bytes()).unwrap();
         assert_eq!(&back.unwrap_secret(b"pw").unwrap(), mk.secret());
         assert!(matches!(

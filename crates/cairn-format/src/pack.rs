@@ -159,13 +159,23 @@ mod tests {
     use proptest::prelude::*;
 
     fn entry() -> impl Strategy<Value = PackEntry> {
-        (0u8..3, any::<[u8; 32]>(), any::<u32>(), 0u32..(MAX_BLOB_SIZE as u32), any::<bool>())
+        (
+            0u8..3,
+            any::<[u8; 32]>(),
+            any::<u32>(),
+            0u32..(MAX_BLOB_SIZE as u32),
+            any::<bool>(),
+        )
             .prop_map(|(k, id, length, raw_length, z)| PackEntry {
                 kind: BlobKind::from_u8(k).unwrap(),
                 id: BlobId(id),
                 length,
                 raw_length,
-                compression: if z { BlobCompression::Zstd } else { BlobCompression::Raw },
+                compression: if z {
+                    BlobCompression::Zstd
+                } else {
+                    BlobCompression::Raw
+                },
             })
     }
 

@@ -78,7 +78,11 @@ pub struct ChunkRef {
 pub enum Content {
     None,
     Inline(Vec<ChunkRef>),
-    Tree { root: BlobId, depth: u8, chunks: u64 },
+    Tree {
+        root: BlobId,
+        depth: u8,
+        chunks: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,7 +137,11 @@ impl Node {
     /// A name that is safe to join to a directory path: not empty, not `.` or `..`,
     /// and without `/` or NUL. Restore refuses everything else.
     pub fn name_is_safe(name: &[u8]) -> bool {
-        !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
+        !name.is_empty()
+            && name != b"."
+            && name != b".."
+            && !name.contains(&b'/')
+            && !name.contains(&0)
     }
 }
 
@@ -341,7 +349,9 @@ impl Tree {
                 return Err(r.malformed("names not sorted or duplicated"));
             }
             if (node.kind == NodeKind::Dir) != node.subtree.is_some() {
-                return Err(r.malformed("subtree present on a non-directory or missing on a directory"));
+                return Err(
+                    r.malformed("subtree present on a non-directory or missing on a directory")
+                );
             }
             nodes.push(node);
         }
@@ -395,35 +405,94 @@ mod tests {
     }
 
     fn chunk_ref() -> impl Strategy<Value = ChunkRef> {
-        (any::<[u8; 32]>(), any::<u64>()).prop_map(|(id, length)| ChunkRef { id: BlobId(id), length })
+        (any::<[u8; 32]>(), any::<u64>()).prop_map(|(id, length)| ChunkRef {
+            id: BlobId(id),
+            length,
+        })
     }
 
     fn content() -> impl Strategy<Value = Content> {
         prop_oneof![
             Just(Content::None),
             proptest::collection::vec(chunk_ref(), 0..5).prop_map(Content::Inline),
-            (any::<[u8; 32]>(), 1u8..=MAX_CHUNK_LIST_DEPTH, any::<u64>())
-                .prop_map(|(r, depth, chunks)| Content::Tree { root: BlobId(r), depth, chunks }),
+            (any::<[u8; 32]>(), 1u8..=MAX_CHUNK_LIST_DEPTH, any::<u64>()).prop_map(
+                |(r, depth, chunks)| Content::Tree {
+                    root: BlobId(r),
+                    depth,
+                    chunks
+                }
+            ),
         ]
     }
 
     fn node() -> impl Strategy<Value = Node> {
         (
-            (proptest::collection::vec(1u8..=255, 1..20), 0u8..7, any::<u32>(), any::<u32>(), any::<u32>(), ".*", ".*"),
-            (ts(), ts(), ts(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
-            (proptest::collection::vec(any::<u8>(), 0..10),
-             proptest::collection::vec((proptest::collection::vec(any::<u8>(), 0..8), proptest::collection::vec(any::<u8>(), 0..8)), 0..3),
-             content(), any::<[u8; 32]>()),
+            (
+                proptest::collection::vec(1u8..=255, 1..20),
+                0u8..7,
+                any::<u32>(),
+                any::<u32>(),
+                any::<u32>(),
+                ".*",
+                ".*",
+            ),
+            (
+                ts(),
+                ts(),
+                ts(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+            ),
+            (
+                proptest::collection::vec(any::<u8>(), 0..10),
+                proptest::collection::vec(
+                    (
+                        proptest::collection::vec(any::<u8>(), 0..8),
+                        proptest::collection::vec(any::<u8>(), 0..8),
+                    ),
+                    0..3,
+                ),
+                content(),
+                any::<[u8; 32]>(),
+            ),
         )
-            .prop_map(|((name, k, mode, uid, gid, user, group), (mtime, atime, ctime, inode, dev, nlink, size, rdev), (link_target, xattrs, content, sub))| {
-                let kind = NodeKind::from_u8(k).unwrap();
-                let name = name.into_iter().map(|b| if b == b'/' { b'x' } else { b }).collect();
-                Node {
-                    name, kind, mode, uid, gid, user, group, mtime, atime, ctime, inode, dev, nlink, size, rdev,
-                    link_target, xattrs, content,
-                    subtree: (kind == NodeKind::Dir).then_some(BlobId(sub)),
-                }
-            })
+            .prop_map(
+                |(
+                    (name, k, mode, uid, gid, user, group),
+                    (mtime, atime, ctime, inode, dev, nlink, size, rdev),
+                    (link_target, xattrs, content, sub),
+                )| {
+                    let kind = NodeKind::from_u8(k).unwrap();
+                    let name = name
+                        .into_iter()
+                        .map(|b| if b == b'/' { b'x' } else { b })
+                        .collect();
+                    Node {
+                        name,
+                        kind,
+                        mode,
+                        uid,
+                        gid,
+                        user,
+                        group,
+                        mtime,
+                        atime,
+                        ctime,
+                        inode,
+                        dev,
+                        nlink,
+                        size,
+                        rdev,
+                        link_target,
+                        xattrs,
+                        content,
+                        subtree: (kind == NodeKind::Dir).then_some(BlobId(sub)),
+                    }
+                },
+            )
     }
 
     proptest! {
@@ -453,7 +522,9 @@ mod tests {
     #[test]
     fn unsafe_names_rejected() {
         for bad in [&b".."[..], b".", b"", b"a/b", b"a\0"] {
-            let t = Tree { nodes: vec![Node::new(bad.to_vec(), NodeKind::File)] };
+            let t = Tree {
+                nodes: vec![Node::new(bad.to_vec(), NodeKind::File)],
+            };
             assert!(Tree::decode(&t.encode()).is_err(), "{bad:?}");
         }
     }

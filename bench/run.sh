@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Benchmark cairn against restic and borg in the same run.
+#
+#   bench/run.sh [--quick] [--datasets mixed,small,image] [--tools cairn,restic,borg]
+#                [--scale full|quick|FRACTION] [--cold] [--keep] [--no-verify]
+#                [--no-build] [--no-install]
+#
+# Builds cairn (cargo build --release), installs restic/borg if missing
+# (install-peers.sh), generates datasets if missing (bench/.work/data), then
+# runs bench.py, which writes bench/results/<date>-<gitsha>.csv and prints a
+# table with cairn/restic and cairn/borg ratios. Other options go to bench.py.
+set -euo pipefail
+
+BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(dirname "$BENCH_DIR")"
+BUILD=1
+INSTALL=1
+TOOLS="cairn,restic,borg"
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) export BENCH_SCALE=quick ;;
+    --scale) export BENCH_SCALE="$2"; shift ;;
+    --scale=*) export BENCH_SCALE="${1#*=}" ;;
+    --tools) TOOLS="$2"; shift ;;
+    --tools=*) TOOLS="${1#*=}" ;;
+    --no-build) BUILD=0 ;;
+    --no-install) INSTALL=0 ;;
+    -h|--help) sed -n '2,13p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
+    *) ARGS+=("$1") ;;
+  esac
+  shift
+done
+
+log() { printf '[run.sh] %s\n' "$*" >&2; }
+
+if [ "$INSTALL" = 1 ] && [[ ",$TOOLS," == *,restic,* || ",$TOOLS," == *,borg,* ]]; then
+  "$BENCH_DIR/install-peers.sh"
+fi
+[ -x /usr/bin/time ] || { log "installing GNU time"; apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q time; }
+
+if [[ ",$TOOLS," == *,cairn,* ]]; then
+  if [ "$BUILD" = 1 ]; then
+    log "cargo build --release (cairn)"
+    (cd "$REPO_ROOT" && nice -n 10 cargo build --release --bin cairn)
+  fi
+  CAIRN_BIN="${CAIRN_BIN:-$REPO_ROOT/target/release/cairn}"
+  [ -x "$CAIRN_BIN" ] || { log "cairn binary not found at $CAIRN_BIN"; exit 1; }
+  export CAIRN_BIN
+fi
+
+log "BENCH_SCALE=${BENCH_SCALE:-full} tools=$TOOLS"
+exec python3 "$BENCH_DIR/bench.py" --tools "$TOOLS" "${ARGS[@]}"

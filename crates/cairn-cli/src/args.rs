@@ -1,0 +1,169 @@
+//! Command-line arguments (clap derive). Engine options are built from these in
+//! `commands/`; nothing here reaches the engine directly.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "cairn", version, about = "Deduplicating, compressing, encrypting backups", long_about = None)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Args, Clone)]
+pub struct Global {
+    /// Repository location (a local directory)
+    #[arg(short = 'r', long, env = "CAIRN_REPO", global = true)]
+    pub repo: Option<PathBuf>,
+    /// Read the password from this file (first line)
+    #[arg(long, env = "CAIRN_PASSWORD_FILE", global = true)]
+    pub password_file: Option<PathBuf>,
+    /// Print machine-readable JSON instead of text
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Print only errors and warnings
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Create a new repository
+    Init(InitArgs),
+    /// Back up files and directories (or standard input) into a new snapshot
+    Backup(BackupArgs),
+    /// List snapshots
+    Snapshots,
+    /// List the files in a snapshot
+    Ls(LsArgs),
+    /// Write one file of a snapshot to standard output
+    Dump(DumpArgs),
+    /// Restore a snapshot into a directory
+    Restore(RestoreArgs),
+    /// Manage the repository's passwords
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Show or change repository settings
+    Config(ConfigArgs),
+    /// Verify the repository's structure and, with --read-data, every blob
+    Check(CheckArgs),
+}
+
+#[derive(Args)]
+pub struct InitArgs {
+    /// Average chunk size: 4K, 8K, 16K, 32K or 64K (fixed at creation)
+    #[arg(long, default_value = "16K")]
+    pub block_size: String,
+    /// Compression for new data: none, standard or max
+    #[arg(long, default_value = "standard")]
+    pub compression: String,
+    /// Store data unencrypted (checksummed, not confidential)
+    #[arg(long)]
+    pub no_encryption: bool,
+}
+
+#[derive(Args)]
+pub struct BackupArgs {
+    /// Files and directories to back up
+    pub paths: Vec<PathBuf>,
+    /// Create the repository with default settings if it does not exist
+    #[arg(long)]
+    pub init: bool,
+    /// Add a tag to the snapshot (repeatable)
+    #[arg(long = "tag")]
+    pub tags: Vec<String>,
+    /// Host name to record (default: this machine's)
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Exclude paths matching this pattern (repeatable)
+    #[arg(short = 'e', long = "exclude")]
+    pub excludes: Vec<String>,
+    /// Read exclude patterns from a file, one per line
+    #[arg(long = "exclude-file")]
+    pub exclude_files: Vec<PathBuf>,
+    /// Do not cross filesystem boundaries
+    #[arg(short = 'x', long)]
+    pub one_file_system: bool,
+    /// Back up standard input as one file
+    #[arg(long)]
+    pub stdin: bool,
+    /// File name for --stdin
+    #[arg(long, default_value = "stdin")]
+    pub stdin_name: String,
+    /// Snapshot to compare against for unchanged files (default: latest of this host and paths)
+    #[arg(long)]
+    pub parent: Option<String>,
+    /// Read every file, even ones the parent snapshot shows unchanged
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args)]
+pub struct LsArgs {
+    /// Snapshot id (prefix) or "latest"
+    pub snapshot: String,
+    /// Directory or file inside the snapshot
+    pub path: Option<String>,
+    /// Long listing: mode, owner, size, time
+    #[arg(short, long)]
+    pub long: bool,
+    /// Only list the given directory, not its subdirectories
+    #[arg(long)]
+    pub no_recursive: bool,
+}
+
+#[derive(Args)]
+pub struct DumpArgs {
+    /// Snapshot id (prefix) or "latest"
+    pub snapshot: String,
+    /// Path of the file inside the snapshot
+    pub file: String,
+}
+
+#[derive(Args)]
+pub struct RestoreArgs {
+    /// Snapshot id (prefix) or "latest"
+    pub snapshot: String,
+    /// Directory to restore into (created if missing)
+    #[arg(short, long)]
+    pub target: PathBuf,
+    /// Restore only this path of the snapshot and what is below it (repeatable)
+    #[arg(short, long = "include")]
+    pub includes: Vec<String>,
+}
+
+#[derive(Subcommand)]
+pub enum KeyCommand {
+    /// List the repository's keys
+    List,
+    /// Add a password (asked for, or from --new-password-file)
+    Add(NewPassword),
+    /// Change the password of the key in use
+    Passwd(NewPassword),
+    /// Remove a key by id (prefix)
+    Remove { id: String },
+}
+
+#[derive(Args)]
+pub struct NewPassword {
+    /// Read the new password from this file
+    #[arg(long)]
+    pub new_password_file: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ConfigArgs {
+    /// Set the compression for data written from now on: none, standard or max
+    #[arg(long)]
+    pub compression: Option<String>,
+}
+
+#[derive(Args)]
+pub struct CheckArgs {
+    /// Also read, decrypt and verify every blob
+    #[arg(long)]
+    pub read_data: bool,
+}

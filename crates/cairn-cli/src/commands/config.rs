@@ -1,0 +1,31 @@
+use crate::args::{ConfigArgs, Global};
+use anyhow::Result;
+use cairn_format::config::Compression;
+
+pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
+    let mut repo = super::open(g)?;
+    if let Some(c) = &a.compression {
+        let c: Compression = c.parse().map_err(anyhow::Error::msg)?;
+        repo.set_compression(c)?;
+    }
+    let c = repo.config();
+    if g.json {
+        super::print_json(&serde_json::json!({
+            "id": c.id,
+            "format_version": c.version,
+            "block_size": c.chunker.avg_size,
+            "chunker": c.chunker,
+            "compression": c.compression.name(),
+            "encryption": c.encryption.name(),
+            "pack_size": c.pack_size,
+            "created": c.created,
+        }))?;
+    } else if !g.quiet {
+        println!("repository    {}", c.id);
+        println!("created       {}", c.created);
+        println!("block size    {} KiB", c.chunker.avg_size / 1024);
+        println!("compression   {}", c.compression.name());
+        println!("encryption    {}", c.encryption.name());
+    }
+    Ok(0)
+}

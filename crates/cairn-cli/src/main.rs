@@ -1,0 +1,46 @@
+//! `cairn`: the command-line interface. Each subcommand lives in `commands/<verb>.rs`
+//! and only parses, calls the engine and renders; errors print as one line.
+
+mod args;
+mod commands;
+mod ui;
+
+use clap::Parser;
+
+/// Exit codes (restic's where they exist): 1 error, 3 backup saved but some entries
+/// could not be read, 10 no repository, 12 wrong password.
+pub const EXIT_INCOMPLETE: i32 = 3;
+const EXIT_NO_REPO: i32 = 10;
+const EXIT_WRONG_PASSWORD: i32 = 12;
+
+fn exit_code(e: &anyhow::Error) -> i32 {
+    for cause in e.chain() {
+        if let Some(ce) = cause.downcast_ref::<cairn_core::Error>() {
+            return match ce {
+                cairn_core::Error::WrongPassword => EXIT_WRONG_PASSWORD,
+                cairn_core::Error::RepositoryNotFound(_) | cairn_core::Error::NotARepository(_) => {
+                    EXIT_NO_REPO
+                }
+                _ => 1,
+            };
+        }
+    }
+    1
+}
+
+fn main() {
+    // Writing to a closed pipe (`cairn dump … | head`) should end quietly.
+    #[allow(unsafe_code)]
+    // SAFETY: restoring the default SIGPIPE disposition before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let cli = args::Cli::parse();
+    match commands::run(cli) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("cairn: error: {e:#}");
+            std::process::exit(exit_code(&e));
+        }
+    }
+}

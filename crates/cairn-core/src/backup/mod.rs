@@ -1,0 +1,386 @@
+//! Backup: source tree -> chunks -> packs, trees and a snapshot.
+//!
+//! Three stages, each on its own threads, joined by bounded channels:
+//!
+//! 1. the *walker* (one thread, [`walker`]) visits the source in sorted order, reuses
+//!    the parent snapshot's chunk list for unchanged files, reads and chunks the rest,
+//!    and emits a numbered stream of items (directory start/end, file start, batches
+//!    of chunk data, file end, complete entries);
+//! 2. *workers* (one per core) hash each chunk, skip the ones the index or another
+//!    worker already has, and compress and seal the new ones;
+//! 3. the *archiver* ([`archiver`], on the calling thread) takes the items back in
+//!    stream order, appends new blobs to packs (so packs keep stream order), builds
+//!    chunk lists and directory trees as directories complete, and hands sealed packs
+//!    to the uploader.
+//!
+//! Memory is bounded: chunk data in flight is capped by a byte budget, files are read
+//! in pieces, and only the open directories of the current path are held.
+//!
+//! Commit: the snapshot object is written after the uploader has stored every pack and
+//! the index files that list them. A crash before that loses only this snapshot.
+
+mod archiver;
+pub mod source;
+mod walker;
+
+use crate::blob::{BlobEncoder, EncodedBlob};
+use crate::error::{Error, Result};
+use crate::index::IdSet;
+use crate::progress::BackupProgress;
+use crate::repo::Repository;
+use cairn_format::pack::BlobKind;
+use cairn_format::snapshot::{Snapshot, SnapshotSummary};
+use cairn_format::tree::Node;
+use cairn_format::{BlobId, SnapshotId};
+use crossbeam_channel::bounded;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+/// What to back up and how to label it.
+#[derive(Default)]
+pub struct BackupOptions {
+    pub paths: Vec<PathBuf>,
+    /// `--stdin`: back up this stream as one file of this name.
+    pub stdin: Option<(String, Box<dyn Read + Send>)>,
+    pub tags: Vec<String>,
+    pub host: Option<String>,
+    pub excludes: Vec<String>,
+    pub one_file_system: bool,
+    /// Parent snapshot for change detection; `None` picks the latest one with the same
+    /// host and paths.
+    pub parent: Option<SnapshotId>,
+    /// Read every file even when the parent says it is unchanged.
+    pub force: bool,
+}
+
+/// An entry that could not be backed up.
+#[derive(Clone, Debug)]
+pub struct Skipped {
+    pub path: PathBuf,
+    pub message: String,
+}
+
+pub struct BackupResult {
+    pub snapshot_id: SnapshotId,
+    pub snapshot: Snapshot,
+    pub parent: Option<SnapshotId>,
+    pub skipped: Vec<Skipped>,
+    pub packs_written: u64,
+}
+
+/// One element of the stream from walker to archiver.
+pub(crate) enum Item {
+    DirStart(Box<Node>),
+    DirEnd,
+    /// A regular file whose content follows as `Data`/`Chunks` items, then `FileEnd`.
+    FileStart {
+        node: Box<Node>,
+        changed: bool,
+    },
+    /// Raw chunk data from the walker: `buf` holds chunks of the given lengths.
+    Data {
+        buf: Vec<u8>,
+        lens: Vec<u32>,
+    },
+    /// `Data` after a worker has hashed and (if new) encoded each chunk.
+    Chunks {
+        chunks: Vec<ChunkOut>,
+        bytes: usize,
+    },
+    /// `ok == false`: reading failed part-way; the file is left out.
+    FileEnd {
+        ok: bool,
+    },
+    /// A complete entry: an unchanged file (content reused), a symlink, a device...
+    Entry {
+        node: Box<Node>,
+        unchanged: bool,
+    },
+    Skipped(Skipped),
+    End,
+}
+
+pub(crate) struct ChunkOut {
+    pub id: BlobId,
+    pub length: u32,
+    pub blob: Option<EncodedBlob>,
+}
+
+/// Caps the chunk bytes between walker and archiver. `abort` wakes a waiting walker
+/// when a later stage has failed.
+pub(crate) struct Budget {
+    used: Mutex<usize>,
+    cv: Condvar,
+    limit: usize,
+    aborted: AtomicBool,
+}
+
+impl Budget {
+    fn new(limit: usize) -> Self {
+        Budget {
+            used: Mutex::new(0),
+            cv: Condvar::new(),
+            limit,
+            aborted: AtomicBool::new(false),
+        }
+    }
+    pub(crate) fn acquire(&self, n: usize) -> Result<()> {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        while *used > 0 && *used + n > self.limit {
+            if self.aborted.load(Ordering::Relaxed) {
+                return Err(Error::Interrupted);
+            }
+            used = self.cv.wait(used).unwrap_or_else(|e| e.into_inner());
+        }
+        if self.aborted.load(Ordering::Relaxed) {
+            return Err(Error::Interrupted);
+        }
+        *used += n;
+        Ok(())
+    }
+    pub(crate) fn release(&self, n: usize) {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_sub(n);
+        self.cv.notify_all();
+    }
+    pub(crate) fn abort(&self) {
+        self.aborted.store(true, Ordering::Relaxed);
+        let _g = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        self.cv.notify_all();
+    }
+}
+
+/// Ids that some worker is already encoding in this run, sharded to keep lock
+/// contention negligible.
+pub(crate) struct InFlight {
+    shards: Vec<Mutex<IdSet>>,
+}
+
+impl InFlight {
+    fn new() -> Self {
+        InFlight {
+            shards: (0..64).map(|_| Mutex::new(IdSet::default())).collect(),
+        }
+    }
+    /// True if the id was already claimed; otherwise claims it.
+    fn claim(&self, id: &BlobId) -> bool {
+        let shard = &self.shards[id.0[0] as usize % self.shards.len()];
+        !shard.lock().unwrap_or_else(|e| e.into_inner()).insert(*id)
+    }
+}
+
+const CHUNK_BYTES_IN_FLIGHT: usize = 128 << 20;
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    let abs = std::path::absolute(p).map_err(|e| Error::io(p, e))?;
+    // Resolve `..` and symlinks in the parent, keep the last component as it is (a
+    // symlink given on the command line is saved as a symlink).
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => {
+            let parent = parent.canonicalize().map_err(|e| Error::io(parent, e))?;
+            Ok(parent.join(name))
+        }
+        _ => abs.canonicalize().map_err(|e| Error::io(&abs, e)),
+    }
+}
+
+fn same_paths(a: &[String], b: &[String]) -> bool {
+    let mut a = a.to_vec();
+    let mut b = b.to_vec();
+    a.sort();
+    b.sort();
+    a == b
+}
+
+pub fn backup(
+    repo: &Repository,
+    mut opts: BackupOptions,
+    progress: &dyn BackupProgress,
+) -> Result<BackupResult> {
+    let start = Instant::now();
+    let started_at = crate::time::now_rfc3339();
+    let host = opts.host.clone().unwrap_or_else(crate::repo::hostname);
+    let excludes = source::Excludes::new(&opts.excludes).map_err(Error::Invalid)?;
+
+    let (paths, snapshot_paths): (Vec<PathBuf>, Vec<String>) = match &opts.stdin {
+        Some((name, _)) => {
+            if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+                return Err(Error::Invalid(format!("invalid --stdin-name {name:?}")));
+            }
+            (Vec::new(), vec![format!("/{name}")])
+        }
+        None => {
+            if opts.paths.is_empty() {
+                return Err(Error::Invalid(
+                    "nothing to back up: give at least one path".into(),
+                ));
+            }
+            let mut v = Vec::new();
+            for p in &opts.paths {
+                let a = absolute(p)?;
+                std::fs::symlink_metadata(&a).map_err(|e| Error::io(&a, e))?;
+                v.push(a);
+            }
+            v.sort();
+            v.dedup();
+            let s = v.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+            (v, s)
+        }
+    };
+
+    let parent = match opts.parent {
+        Some(id) => Some((id, repo.read_snapshot(&id)?)),
+        None => {
+            let (all, _) = repo.snapshots()?;
+            all.into_iter()
+                .rev()
+                .find(|(_, s)| s.hostname == host && same_paths(&s.paths, &snapshot_paths))
+        }
+    };
+    let parent_tree = match (&parent, opts.force) {
+        (Some((_, s)), false) => Some(
+            s.tree_id()
+                .map_err(|e| Error::damaged("parent snapshot", e))?,
+        ),
+        _ => None,
+    };
+
+    let key = repo.key().clone();
+    let index = repo.index().clone();
+    let level = repo.config().compression.zstd_level();
+    let budget = Budget::new(CHUNK_BYTES_IN_FLIGHT);
+    let inflight = InFlight::new();
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .max(1);
+    let (work_tx, work_rx) = bounded::<(u64, Item)>(64);
+    let (res_tx, res_rx) = bounded::<(u64, Item)>(64);
+    let stdin = opts.stdin.take();
+
+    let (archived, walk_result) = std::thread::scope(|s| {
+        let budget = &budget;
+        let inflight = &inflight;
+        let walk = {
+            let excludes = &excludes;
+            let paths = &paths;
+            std::thread::Builder::new()
+                .name("cairn-walk".into())
+                .spawn_scoped(s, move || {
+                    let mut w = walker::Walker::new(
+                        repo,
+                        work_tx,
+                        budget,
+                        excludes,
+                        progress,
+                        opts.one_file_system,
+                    );
+                    let r = match stdin {
+                        Some((name, reader)) => w.run_stdin(&name, reader),
+                        None => w.run(paths, parent_tree),
+                    };
+                    if r.is_err() {
+                        budget.abort();
+                    }
+                    r
+                })
+        };
+        for _ in 0..workers {
+            let work_rx = work_rx.clone();
+            let res_tx = res_tx.clone();
+            let key = key.clone();
+            let index = index.clone();
+            let spawned = std::thread::Builder::new()
+                .name("cairn-chunk".into())
+                .spawn_scoped(s, move || {
+                    let mut enc = BlobEncoder::new(level);
+                    for (seq, item) in work_rx {
+                        let out = match item {
+                            Item::Data { buf, lens } => {
+                                let mut chunks = Vec::with_capacity(lens.len());
+                                let mut pos = 0usize;
+                                for len in lens {
+                                    let data = &buf[pos..pos + len as usize];
+                                    pos += len as usize;
+                                    let id = key.blob_id(data);
+                                    let blob = if index.contains(&id) || inflight.claim(&id) {
+                                        None
+                                    } else {
+                                        match enc.encode(&key, BlobKind::Data, id, data) {
+                                            Ok(b) => Some(b),
+                                            Err(_) => {
+                                                budget.abort();
+                                                return;
+                                            }
+                                        }
+                                    };
+                                    chunks.push(ChunkOut {
+                                        id,
+                                        length: len,
+                                        blob,
+                                    });
+                                }
+                                Item::Chunks {
+                                    chunks,
+                                    bytes: buf.len(),
+                                }
+                            }
+                            other => other,
+                        };
+                        if res_tx.send((seq, out)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            if spawned.is_err() {
+                budget.abort();
+            }
+        }
+        drop(work_rx);
+        drop(res_tx);
+        let archived = archiver::archive(repo, res_rx, budget);
+        if archived.is_err() {
+            budget.abort();
+        }
+        let walk_result = match walk {
+            Ok(h) => h
+                .join()
+                .unwrap_or_else(|_| Err(Error::Invalid("walker thread panicked".into()))),
+            Err(e) => Err(Error::Invalid(format!("cannot start walker thread: {e}"))),
+        };
+        (archived, walk_result)
+    });
+    // A walker failure explains an incomplete stream better than the archiver's view.
+    let archived = match (archived, walk_result) {
+        (_, Err(e)) if !matches!(e, Error::Interrupted) => return Err(e),
+        (Err(e), _) => return Err(e),
+        (Ok(a), _) => a,
+    };
+
+    let mut summary: SnapshotSummary = archived.summary;
+    summary.duration_secs = start.elapsed().as_secs_f64();
+    let snapshot = Snapshot {
+        version: 1,
+        time: started_at,
+        hostname: host,
+        username: crate::repo::username(),
+        paths: snapshot_paths,
+        tags: opts.tags.clone(),
+        tree: archived.root.to_hex(),
+        parent: parent.as_ref().map(|(id, _)| id.to_hex()),
+        excludes: opts.excludes.clone(),
+        program_version: format!("cairn {}", env!("CARGO_PKG_VERSION")),
+        summary,
+    };
+    let snapshot_id = repo.write_snapshot(&snapshot)?;
+    Ok(BackupResult {
+        snapshot_id,
+        snapshot,
+        parent: parent.map(|(id, _)| id),
+        skipped: archived.skipped,
+        packs_written: archived.packs,
+    })
+}

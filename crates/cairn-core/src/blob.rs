@@ -1,0 +1,156 @@
+//! Encoding one blob for a pack (compress, then seal) and decoding it back (open,
+//! decompress, verify that the plaintext hashes to the id it was stored under).
+
+use crate::error::{Error, Result};
+use cairn_format::consts::MAX_BLOB_SIZE;
+use cairn_format::key::MasterKey;
+use cairn_format::pack::{BlobCompression, BlobKind};
+use cairn_format::{BlobId, FormatError};
+
+/// A blob ready to be appended to a pack.
+#[derive(Debug)]
+pub struct EncodedBlob {
+    pub kind: BlobKind,
+    pub id: BlobId,
+    pub sealed: Vec<u8>,
+    pub raw_length: u32,
+    pub compression: BlobCompression,
+}
+
+/// Per-thread compression state (a zstd context is expensive to create).
+pub struct BlobEncoder {
+    level: Option<i32>,
+    compressor: Option<zstd::bulk::Compressor<'static>>,
+    scratch: Vec<u8>,
+}
+
+impl BlobEncoder {
+    pub fn new(level: Option<i32>) -> Self {
+        BlobEncoder {
+            level,
+            compressor: None,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Compresses when that saves at least 1/32 of the bytes (otherwise the blob is
+    /// stored raw and restore skips decompression), then seals.
+    pub fn encode(
+        &mut self,
+        key: &MasterKey,
+        kind: BlobKind,
+        id: BlobId,
+        plaintext: &[u8],
+    ) -> Result<EncodedBlob> {
+        let mut compression = BlobCompression::Raw;
+        if let Some(level) = self.level
+            && plaintext.len() >= 64
+        {
+            if self.compressor.is_none() {
+                self.compressor = Some(
+                    zstd::bulk::Compressor::new(level)
+                        .map_err(|e| Error::Invalid(format!("zstd init: {e}")))?,
+                );
+            }
+            if let Some(c) = self.compressor.as_mut() {
+                let bound = zstd::zstd_safe::compress_bound(plaintext.len());
+                self.scratch.clear();
+                self.scratch.reserve(bound);
+                if let Ok(n) = c.compress_to_buffer(plaintext, &mut self.scratch)
+                    && n + n / 32 < plaintext.len()
+                {
+                    compression = BlobCompression::Zstd;
+                }
+            }
+        }
+        let body: &[u8] = match compression {
+            BlobCompression::Zstd => &self.scratch,
+            BlobCompression::Raw => plaintext,
+        };
+        Ok(EncodedBlob {
+            kind,
+            id,
+            sealed: key.sealer.seal(body),
+            raw_length: plaintext.len() as u32,
+            compression,
+        })
+    }
+}
+
+/// Opens a sealed blob and checks its id. `what` names it in errors.
+pub fn decode(
+    key: &MasterKey,
+    id: &BlobId,
+    sealed: &[u8],
+    raw_length: u32,
+    compression: BlobCompression,
+) -> Result<Vec<u8>> {
+    let what = || format!("blob {}", id.short());
+    let opened = key
+        .sealer
+        .open("blob", sealed)
+        .map_err(|e| Error::damaged(what(), e))?;
+    let plain = match compression {
+        BlobCompression::Raw => opened,
+        BlobCompression::Zstd => {
+            let cap = (raw_length as usize).min(MAX_BLOB_SIZE);
+            zstd::bulk::decompress(&opened, cap).map_err(|e| {
+                Error::damaged(what(), FormatError::malformed("blob", format!("zstd: {e}")))
+            })?
+        }
+    };
+    if plain.len() != raw_length as usize {
+        return Err(Error::damaged(
+            what(),
+            FormatError::malformed("blob", "length differs from the index"),
+        ));
+    }
+    if key.blob_id(&plain) != *id {
+        return Err(Error::damaged(
+            what(),
+            FormatError::IdMismatch {
+                expected: id.to_hex(),
+            },
+        ));
+    }
+    Ok(plain)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_format::envelope::Encryption;
+
+    #[test]
+    fn round_trip_compressible_and_not() {
+        let key = MasterKey::generate(Encryption::Aes256Gcm);
+        let mut enc = BlobEncoder::new(Some(3));
+        let text = b"hello world ".repeat(1000);
+        let random: Vec<u8> = (0..5000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        for data in [&text[..], &random[..], b""] {
+            let id = key.blob_id(data);
+            let b = enc.encode(&key, BlobKind::Data, id, data).unwrap();
+            let back = decode(&key, &id, &b.sealed, b.raw_length, b.compression).unwrap();
+            assert_eq!(back, data);
+        }
+        let id = key.blob_id(&text);
+        assert_eq!(
+            enc.encode(&key, BlobKind::Data, id, &text)
+                .unwrap()
+                .compression,
+            BlobCompression::Zstd
+        );
+    }
+
+    #[test]
+    fn wrong_id_is_detected() {
+        let key = MasterKey::generate(Encryption::None);
+        let mut enc = BlobEncoder::new(None);
+        let id = key.blob_id(b"abc");
+        let b = enc.encode(&key, BlobKind::Data, id, b"abc").unwrap();
+        let other = key.blob_id(b"abd");
+        assert!(decode(&key, &other, &b.sealed, 3, b.compression).is_err());
+    }
+}

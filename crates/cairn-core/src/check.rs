@@ -1,0 +1,375 @@
+//! Checking a repository: structure always (index files, packs exist and fit, every
+//! snapshot's trees and chunk lists resolve to indexed blobs) and, with `read_data`,
+//! every pack read whole, its hash, header and every blob verified. Each problem names
+//! the damaged object and, where known, the snapshots and files it affects.
+
+use crate::blob;
+use crate::chunklist::for_each_chunk;
+use crate::error::{Error, Result};
+use crate::index::IdSet;
+use crate::repo::Repository;
+use cairn_backend::names;
+use cairn_format::consts::PACK_TRAILER_LEN;
+use cairn_format::pack;
+use cairn_format::tree::NodeKind;
+use cairn_format::{BlobId, PackId, SnapshotId};
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[derive(Clone, Debug, Default)]
+pub struct CheckOptions {
+    pub read_data: bool,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Problem {
+    /// The damaged or missing object, e.g. `pack 3fa2…` or `snapshot 91bc…`.
+    pub object: String,
+    pub message: String,
+    /// `snapshot-id:path` of files and directories that cannot be fully restored.
+    pub affects: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct CheckReport {
+    pub snapshots: usize,
+    pub index_files: usize,
+    pub packs: usize,
+    pub blobs: usize,
+    pub packs_read: usize,
+    /// Packs no index lists (left by an interrupted backup; removed by prune).
+    pub unindexed_packs: usize,
+    pub problems: Vec<Problem>,
+}
+
+pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> {
+    let mut report = CheckReport::default();
+    repo.load_index()?;
+    report.index_files = repo.list_index_files()?.len();
+    for e in repo.index_errors() {
+        report.problems.push(Problem {
+            object: "index".into(),
+            message: e.to_string(),
+            affects: vec![],
+        });
+    }
+    let index = repo.index().clone();
+    report.blobs = index.len();
+
+    // Packs: every indexed pack must exist and hold its blobs.
+    let stored: HashMap<PackId, u64> = repo
+        .backend()
+        .list(names::DATA)?
+        .into_iter()
+        .filter_map(|o| {
+            PackId::from_hex(names::base(&o.name))
+                .ok()
+                .map(|id| (id, o.size))
+        })
+        .collect();
+    report.packs = stored.len();
+    let mut extent: HashMap<PackId, u64> = HashMap::new();
+    for (_, loc) in index.iter() {
+        let p = index.pack_of(loc);
+        let end = u64::from(loc.offset) + u64::from(loc.length);
+        let e = extent.entry(p).or_default();
+        *e = (*e).max(end);
+    }
+    let mut bad_blobs: IdSet = IdSet::default();
+    let mut bad_packs: HashSet<PackId> = HashSet::new();
+    for (p, end) in &extent {
+        match stored.get(p) {
+            None => {
+                bad_packs.insert(*p);
+                report.problems.push(Problem {
+                    object: format!("pack {}", p.to_hex()),
+                    message: "listed in the index but missing from storage".into(),
+                    affects: vec![],
+                });
+            }
+            Some(size) if *end + PACK_TRAILER_LEN as u64 > *size => {
+                bad_packs.insert(*p);
+                report.problems.push(Problem {
+                    object: format!("pack {}", p.to_hex()),
+                    message: format!("truncated: {size} bytes, the index needs more than {end}"),
+                    affects: vec![],
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    report.unindexed_packs = stored.keys().filter(|p| !extent.contains_key(p)).count();
+
+    if opts.read_data {
+        let packs: Vec<(PackId, u64)> = stored.iter().map(|(p, s)| (*p, *s)).collect();
+        let (problems, bad) = read_packs(repo, &packs);
+        report.packs_read = packs.len();
+        report.problems.extend(problems);
+        bad_blobs.extend(bad);
+    }
+    for (id, loc) in index.iter() {
+        if bad_packs.contains(&index.pack_of(loc)) {
+            bad_blobs.insert(*id);
+        }
+    }
+
+    // Snapshots: every tree, chunk list and chunk must resolve.
+    let (snaps, bad_snaps) = repo.snapshots()?;
+    report.snapshots = snaps.len() + bad_snaps.len();
+    for e in bad_snaps {
+        report.problems.push(Problem {
+            object: "snapshot".into(),
+            message: e.to_string(),
+            affects: vec![],
+        });
+    }
+    let mut seen_trees = IdSet::default();
+    let mut object_problems: HashMap<String, Problem> = HashMap::new();
+    for (sid, snap) in &snaps {
+        let root = match snap.tree_id() {
+            Ok(r) => r,
+            Err(e) => {
+                report.problems.push(Problem {
+                    object: format!("snapshot {}", sid.to_hex()),
+                    message: e.to_string(),
+                    affects: vec![],
+                });
+                continue;
+            }
+        };
+        walk_snapshot(
+            repo,
+            sid,
+            root,
+            "",
+            &bad_blobs,
+            &mut seen_trees,
+            &mut object_problems,
+        );
+    }
+    let mut extra: Vec<Problem> = object_problems.into_values().collect();
+    extra.sort_by(|a, b| a.object.cmp(&b.object));
+    report.problems.extend(extra);
+    Ok(report)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn walk_snapshot(
+    repo: &Repository,
+    sid: &SnapshotId,
+    tree_id: BlobId,
+    path: &str,
+    bad: &IdSet,
+    seen: &mut IdSet,
+    problems: &mut HashMap<String, Problem>,
+) {
+    fn record(
+        problems: &mut HashMap<String, Problem>,
+        sid: &SnapshotId,
+        object: String,
+        message: String,
+        at: &str,
+    ) {
+        let p = problems.entry(object.clone()).or_insert(Problem {
+            object,
+            message,
+            affects: vec![],
+        });
+        if p.affects.len() < 100 {
+            p.affects.push(format!(
+                "{}:{}",
+                sid.short(),
+                if at.is_empty() { "/" } else { at }
+            ));
+        }
+    }
+    let tree = if bad.contains(&tree_id) {
+        record(
+            problems,
+            sid,
+            format!("tree {}", tree_id.to_hex()),
+            "stored in a damaged pack".into(),
+            path,
+        );
+        return;
+    } else {
+        match repo.load_tree(&tree_id) {
+            Ok(t) => t,
+            Err(e) => {
+                record(
+                    problems,
+                    sid,
+                    format!("tree {}", tree_id.to_hex()),
+                    e.to_string(),
+                    path,
+                );
+                return;
+            }
+        }
+    };
+    // A tree already checked in full (in this or another snapshot) needs no second
+    // walk, unless damage was found, in which case affected paths are still listed.
+    let first_visit = seen.insert(tree_id);
+    if !first_visit && problems.is_empty() {
+        return;
+    }
+    for n in &tree.nodes {
+        let p = format!("{path}/{}", String::from_utf8_lossy(&n.name));
+        match n.kind {
+            NodeKind::Dir => {
+                if let Some(sub) = n.subtree {
+                    walk_snapshot(repo, sid, sub, &p, bad, seen, problems);
+                }
+            }
+            NodeKind::File => {
+                let r = for_each_chunk(repo, &n.content, &mut |c| {
+                    if bad.contains(&c.id) {
+                        record(
+                            problems,
+                            sid,
+                            format!("blob {}", c.id.to_hex()),
+                            "stored in a damaged pack".into(),
+                            &p,
+                        );
+                    } else if !repo.index().contains(&c.id) {
+                        record(
+                            problems,
+                            sid,
+                            format!("blob {}", c.id.to_hex()),
+                            "missing from the index".into(),
+                            &p,
+                        );
+                    }
+                    Ok(())
+                });
+                if let Err(e) = r {
+                    let obj = match &e {
+                        Error::BlobNotFound(id) => format!("chunk list {}", id.to_hex()),
+                        Error::Damaged { what, .. } => what.clone(),
+                        _ => "chunk list".into(),
+                    };
+                    record(problems, sid, obj, e.to_string(), &p);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Reads every pack whole and verifies hash, header and blobs, on several threads.
+fn read_packs(repo: &Repository, packs: &[(PackId, u64)]) -> (Vec<Problem>, IdSet) {
+    let next = AtomicUsize::new(0);
+    let problems = Mutex::new(Vec::new());
+    let bad = Mutex::new(IdSet::default());
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((id, _)) = packs.get(i) else { break };
+                    let (msgs, blobs) = verify_pack(repo, id);
+                    let mut pr = problems.lock().unwrap_or_else(|e| e.into_inner());
+                    for m in msgs {
+                        pr.push(Problem {
+                            object: format!("pack {}", id.to_hex()),
+                            message: m,
+                            affects: vec![],
+                        });
+                    }
+                    bad.lock().unwrap_or_else(|e| e.into_inner()).extend(blobs);
+                }
+            });
+        }
+    });
+    (
+        problems.into_inner().unwrap_or_else(|e| e.into_inner()),
+        bad.into_inner().unwrap_or_else(|e| e.into_inner()),
+    )
+}
+
+/// Returns problems found and the blob ids (per the index) that are unusable.
+fn verify_pack(repo: &Repository, id: &PackId) -> (Vec<String>, Vec<BlobId>) {
+    let index = repo.index();
+    let indexed: Vec<(BlobId, crate::index::BlobLocation)> = index
+        .iter()
+        .filter(|(_, l)| index.pack_of(l) == *id)
+        .map(|(b, l)| (*b, *l))
+        .collect();
+    let all_bad = |m: String| (vec![m], indexed.iter().map(|(b, _)| *b).collect());
+    let data = match repo.backend().get(&names::pack(&id.to_hex())) {
+        Ok(d) => d,
+        Err(e) => return all_bad(format!("cannot be read: {e}")),
+    };
+    if PackId::of_content(&data) != *id {
+        // Find out which blobs are still good, so the report is precise.
+        let mut bad = Vec::new();
+        for (b, l) in &indexed {
+            let start = l.offset as usize;
+            let ok = data.get(start..start + l.length as usize).is_some_and(|s| {
+                blob::decode(repo.key(), b, s, l.raw_length, l.compression).is_ok()
+            });
+            if !ok {
+                bad.push(*b);
+            }
+        }
+        return (
+            vec![format!(
+                "content does not match its name (damaged); {} of {} blobs are unreadable",
+                bad.len(),
+                indexed.len()
+            )],
+            bad,
+        );
+    }
+    let size = data.len() as u64;
+    let trailer = data
+        .get(data.len().saturating_sub(PACK_TRAILER_LEN)..)
+        .unwrap_or(&[]);
+    let header = pack::parse_trailer(size, trailer)
+        .map_err(|e| e.to_string())
+        .and_then(|(off, len)| {
+            let sealed = &data[off as usize..(off + u64::from(len)) as usize];
+            repo.key()
+                .sealer
+                .open("pack header", sealed)
+                .map_err(|e| e.to_string())
+                .and_then(|p| pack::decode_header(&p).map_err(|e| e.to_string()))
+        });
+    let mut problems = Vec::new();
+    let mut bad = Vec::new();
+    match header {
+        Err(e) => problems.push(format!("header: {e}")),
+        Ok(entries) => {
+            let mut offset = 0u64;
+            let mut listed: HashMap<BlobId, u64> = HashMap::new();
+            for e in &entries {
+                listed.insert(e.id, offset);
+                offset += u64::from(e.length);
+            }
+            for (b, l) in &indexed {
+                if listed.get(b) != Some(&u64::from(l.offset)) {
+                    problems.push(format!(
+                        "blob {} is in the index but not at that place in the pack header",
+                        b.short()
+                    ));
+                }
+            }
+        }
+    }
+    for (b, l) in &indexed {
+        let start = l.offset as usize;
+        let r = match data.get(start..start + l.length as usize) {
+            Some(s) => blob::decode(repo.key(), b, s, l.raw_length, l.compression).map(|_| ()),
+            None => Err(Error::Invalid("outside the pack".into())),
+        };
+        if let Err(e) = r {
+            problems.push(format!("blob {}: {e}", b.short()));
+            bad.push(*b);
+        }
+    }
+    (problems, bad)
+}

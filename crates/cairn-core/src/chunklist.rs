@@ -1,0 +1,252 @@
+//! Chunk lists as trees of blobs, so that a file with millions of chunks never needs
+//! all its chunk ids in one vector or one blob.
+//!
+//! Writing keeps one partial blob per level (at most `CHUNK_LIST_FANOUT` entries
+//! each), so memory is O(levels × fanout) whatever the file size. A file of at most
+//! `INLINE_CHUNKS_MAX` chunks lists them inline in its tree node instead.
+
+use crate::error::{Error, Result};
+use crate::repo::Repository;
+use cairn_format::consts::{CHUNK_LIST_FANOUT, INLINE_CHUNKS_MAX, MAX_CHUNK_LIST_DEPTH};
+use cairn_format::tree::{ChunkList, ChunkRef, Content};
+use cairn_format::{BlobId, FormatError};
+
+pub struct ChunkListBuilder {
+    levels: Vec<Vec<ChunkRef>>,
+    chunks: u64,
+    fanout: usize,
+}
+
+impl Default for ChunkListBuilder {
+    fn default() -> Self {
+        Self::with_fanout(CHUNK_LIST_FANOUT)
+    }
+}
+
+impl ChunkListBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A smaller fanout (tests) exercises deep trees with few chunks.
+    pub fn with_fanout(fanout: usize) -> Self {
+        ChunkListBuilder {
+            levels: Vec::new(),
+            chunks: 0,
+            fanout: fanout.clamp(2, CHUNK_LIST_FANOUT),
+        }
+    }
+
+    pub fn chunks(&self) -> u64 {
+        self.chunks
+    }
+
+    pub fn push(
+        &mut self,
+        r: ChunkRef,
+        emit: &mut dyn FnMut(ChunkList) -> Result<BlobId>,
+    ) -> Result<()> {
+        if self.levels.is_empty() {
+            self.levels.push(Vec::new());
+        }
+        self.levels[0].push(r);
+        self.chunks += 1;
+        let mut k = 0;
+        while self.levels[k].len() >= self.fanout {
+            self.flush_level(k, emit)?;
+            k += 1;
+        }
+        Ok(())
+    }
+
+    fn flush_level(
+        &mut self,
+        k: usize,
+        emit: &mut dyn FnMut(ChunkList) -> Result<BlobId>,
+    ) -> Result<()> {
+        let entries = std::mem::take(&mut self.levels[k]);
+        let total = entries.iter().map(|e| e.length).sum();
+        let id = emit(ChunkList {
+            level: k as u8,
+            entries,
+        })?;
+        if self.levels.len() <= k + 1 {
+            self.levels.push(Vec::new());
+        }
+        self.levels[k + 1].push(ChunkRef { id, length: total });
+        Ok(())
+    }
+
+    /// Ends the file and returns its content reference.
+    pub fn finish(mut self, emit: &mut dyn FnMut(ChunkList) -> Result<BlobId>) -> Result<Content> {
+        if self.levels.len() <= 1 {
+            let l0 = self.levels.pop().unwrap_or_default();
+            if l0.is_empty() {
+                return Ok(Content::None);
+            }
+            if l0.len() <= INLINE_CHUNKS_MAX {
+                return Ok(Content::Inline(l0));
+            }
+            self.levels.push(l0);
+        }
+        let mut k = 0;
+        loop {
+            let higher = self.levels[k + 1..].iter().any(|l| !l.is_empty());
+            if k > 0 && !higher && self.levels[k].len() == 1 {
+                let root = self.levels[k][0];
+                if k > MAX_CHUNK_LIST_DEPTH as usize {
+                    return Err(Error::Invalid("file too large for a chunk list".into()));
+                }
+                return Ok(Content::Tree {
+                    root: root.id,
+                    depth: k as u8,
+                    chunks: self.chunks,
+                });
+            }
+            if !self.levels[k].is_empty() {
+                self.flush_level(k, emit)?;
+            }
+            k += 1;
+        }
+    }
+}
+
+/// Calls `f` with every data chunk of a file's content, in file order. Chunk-list
+/// blobs are checked against their parents (level and byte counts must agree).
+pub fn for_each_chunk(
+    repo: &Repository,
+    content: &Content,
+    f: &mut dyn FnMut(ChunkRef) -> Result<()>,
+) -> Result<()> {
+    match content {
+        Content::None => Ok(()),
+        Content::Inline(refs) => {
+            for r in refs {
+                f(*r)?;
+            }
+            Ok(())
+        }
+        Content::Tree { root, depth, .. } => walk(repo, *root, *depth, None, f),
+    }
+}
+
+fn walk(
+    repo: &Repository,
+    id: BlobId,
+    depth: u8,
+    expected_len: Option<u64>,
+    f: &mut dyn FnMut(ChunkRef) -> Result<()>,
+) -> Result<()> {
+    let list = repo.load_chunk_list(&id)?;
+    let bad = |d: &str| {
+        Error::damaged(
+            format!("chunk list {}", id.short()),
+            FormatError::malformed("chunk list", d.to_string()),
+        )
+    };
+    if depth == 0 || list.level != depth - 1 {
+        return Err(bad("level does not match its place in the tree"));
+    }
+    if let Some(len) = expected_len
+        && list.entries.iter().map(|e| e.length).sum::<u64>() != len
+    {
+        return Err(bad("byte count does not match its parent"));
+    }
+    for e in list.entries {
+        if list.level == 0 {
+            f(e)?;
+        } else {
+            walk(repo, e.id, depth - 1, Some(e.length), f)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn build(n: usize, fanout: usize) -> (Content, HashMap<BlobId, ChunkList>) {
+        let mut store = HashMap::new();
+        let mut next = 0u64;
+        let mut emit = |c: ChunkList| -> Result<BlobId> {
+            next += 1;
+            let mut id = [0u8; 32];
+            id[..8].copy_from_slice(&next.to_le_bytes());
+            id[31] = 0xff;
+            store.insert(BlobId(id), c);
+            Ok(BlobId(id))
+        };
+        let mut b = ChunkListBuilder::with_fanout(fanout);
+        for i in 0..n {
+            let mut id = [0u8; 32];
+            id[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            b.push(
+                ChunkRef {
+                    id: BlobId(id),
+                    length: i as u64 % 7 + 1,
+                },
+                &mut emit,
+            )
+            .unwrap();
+        }
+        let c = b.finish(&mut emit).unwrap();
+        (c, store)
+    }
+
+    fn flatten(c: &Content, store: &HashMap<BlobId, ChunkList>) -> Vec<ChunkRef> {
+        fn rec(id: BlobId, store: &HashMap<BlobId, ChunkList>, out: &mut Vec<ChunkRef>) {
+            let l = &store[&id];
+            for e in &l.entries {
+                if l.level == 0 {
+                    out.push(*e)
+                } else {
+                    rec(e.id, store, out)
+                }
+            }
+        }
+        let mut out = Vec::new();
+        match c {
+            Content::None => {}
+            Content::Inline(v) => out.extend(v),
+            Content::Tree { root, .. } => rec(*root, store, &mut out),
+        }
+        out
+    }
+
+    #[test]
+    fn shapes() {
+        let cases = [
+            (0, 4096),
+            (1, 4096),
+            (INLINE_CHUNKS_MAX, 4096),
+            (INLINE_CHUNKS_MAX + 1, 4096),
+            (4096, 4096),
+            (4097, 4096),
+            (100_000, 4096),
+            (65, 4),
+            (1000, 4),
+            (1024, 4),
+            (4095, 2),
+        ];
+        for (n, fanout) in cases {
+            let (c, store) = build(n, fanout);
+            let flat = flatten(&c, &store);
+            assert_eq!(flat.len(), n, "n={n}");
+            for (i, r) in flat.iter().enumerate() {
+                assert_eq!(r.id.0[..8], (i as u64).to_le_bytes());
+            }
+            match (&c, n) {
+                (Content::None, 0) => {}
+                (Content::Inline(_), n) if n <= INLINE_CHUNKS_MAX => {}
+                (Content::Tree { depth, chunks, .. }, n) => {
+                    assert_eq!(*chunks, n as u64);
+                    assert!(*depth >= 1);
+                    assert!(store.values().all(|l| l.entries.len() <= fanout));
+                }
+                _ => panic!("unexpected shape for {n}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+use cairn_backend::{BackendError, BackendErrorKind};
+use cairn_format::{BlobId, FormatError};
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Every failure the engine reports. Messages are lowercase, one line, and name the
+/// object or path involved.
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("there is no repository at {0}")]
+    RepositoryNotFound(String),
+    #[error("{0} is not a cairn repository (no valid config)")]
+    NotARepository(String),
+    #[error("a repository already exists at {0}; refusing to overwrite it")]
+    RepositoryExists(String),
+    #[error("wrong password: no key in the repository opens with it")]
+    WrongPassword,
+    #[error("no snapshot matches {0:?}")]
+    SnapshotNotFound(String),
+    #[error("snapshot id {prefix:?} is ambiguous: it matches {matches}")]
+    AmbiguousSnapshot { prefix: String, matches: String },
+    #[error("{what} is damaged: {source}")]
+    Damaged {
+        what: String,
+        #[source]
+        source: FormatError,
+    },
+    #[error("blob {0} is referenced but missing from the index")]
+    BlobNotFound(BlobId),
+    #[error("{0}")]
+    Backend(#[from] BackendError),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("operation interrupted")]
+    Interrupted,
+}
+
+impl Error {
+    pub fn damaged(what: impl Into<String>, source: FormatError) -> Self {
+        Error::Damaged {
+            what: what.into(),
+            source,
+        }
+    }
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+    /// True when the repository's storage ran out of space.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            Error::Backend(b) => b.kind == BackendErrorKind::NoSpace,
+            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

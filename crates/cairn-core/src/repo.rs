@@ -1,0 +1,535 @@
+//! Opening, creating and reading a repository.
+//!
+//! Order of objects at `init`: key file first, `config` last, so a crash leaves either
+//! no config (no repository; `init` may be run again) or a complete one. `config` is
+//! the marker that a repository exists, and `init` refuses to run where one does.
+
+use crate::blob;
+use crate::error::{Error, Result};
+use crate::index::MasterIndex;
+use cairn_backend::{Backend, names};
+use cairn_format::config::{ChunkerParams, Compression, Config};
+use cairn_format::consts::*;
+use cairn_format::envelope::{Encryption, random_bytes};
+use cairn_format::index::IndexFile;
+use cairn_format::key::{KdfParams, KeyFile, MasterKey};
+use cairn_format::snapshot::Snapshot;
+use cairn_format::tree::{ChunkList, Tree};
+use cairn_format::{BlobId, FormatError, IndexId, KeyId, PackId, RepoId, SnapshotId};
+use std::sync::Arc;
+
+#[derive(Clone, Debug)]
+pub struct InitOptions {
+    pub block_size: u32,
+    pub compression: Compression,
+    pub encryption: bool,
+    pub kdf: KdfParams,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        InitOptions {
+            block_size: DEFAULT_BLOCK_SIZE,
+            compression: Compression::Standard,
+            encryption: true,
+            kdf: KdfParams::new_default(),
+        }
+    }
+}
+
+/// Readable snapshots (oldest first) and the errors of those that could not be read.
+pub type SnapshotList = (Vec<(SnapshotId, Snapshot)>, Vec<Error>);
+
+pub struct Repository {
+    backend: Arc<dyn Backend>,
+    config: Config,
+    key: Arc<MasterKey>,
+    key_id: Option<KeyId>,
+    index: Arc<MasterIndex>,
+    /// Index files that could not be read, with why; blobs only they listed are
+    /// treated as missing.
+    index_errors: Vec<Error>,
+}
+
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+pub fn username() -> String {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| nix::unistd::getuid().to_string())
+}
+
+fn config_exists(backend: &dyn Backend) -> Result<bool> {
+    match backend.get(names::CONFIG) {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Repository {
+    /// Creates a repository. `password` is required unless encryption is off.
+    pub fn init(
+        backend: Arc<dyn Backend>,
+        password: Option<&str>,
+        opts: &InitOptions,
+    ) -> Result<Repository> {
+        if !BLOCK_SIZES.contains(&opts.block_size) {
+            return Err(Error::Invalid(format!(
+                "block size {} is not one of 4K, 8K, 16K, 32K, 64K",
+                opts.block_size
+            )));
+        }
+        if config_exists(backend.as_ref())? || !backend.list(names::KEYS)?.is_empty() {
+            return Err(Error::RepositoryExists(backend.location()));
+        }
+        let encryption = if opts.encryption {
+            Encryption::best_for_this_cpu()
+        } else {
+            Encryption::None
+        };
+        let key = MasterKey::generate(encryption);
+        let config = Config {
+            version: REPO_FORMAT_VERSION,
+            id: RepoId(random_bytes()).to_hex(),
+            created: crate::time::now_rfc3339(),
+            encryption,
+            chunker: ChunkerParams::for_block_size(opts.block_size),
+            compression: opts.compression,
+            pack_size: DEFAULT_PACK_SIZE as u32,
+            plain_master_secret: (encryption == Encryption::None)
+                .then(|| hex::encode(key.secret())),
+        };
+        let mut repo = Repository {
+            backend,
+            config,
+            key: Arc::new(key),
+            key_id: None,
+            index: Arc::new(MasterIndex::new()),
+            index_errors: Vec::new(),
+        };
+        if opts.encryption {
+            let pw = password.ok_or_else(|| {
+                Error::Invalid("a password is needed for an encrypted repository".into())
+            })?;
+            repo.key_id = Some(repo.add_key_with(pw, opts.kdf.clone())?);
+        }
+        repo.write_config()?;
+        Ok(repo)
+    }
+
+    /// Opens an existing repository. `password` is asked for only when a key file
+    /// must be unwrapped.
+    pub fn open(
+        backend: Arc<dyn Backend>,
+        password: impl FnOnce() -> Result<String>,
+    ) -> Result<Repository> {
+        let raw = match backend.get(names::CONFIG) {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => return Err(Error::NotARepository(backend.location())),
+            Err(e) => return Err(e.into()),
+        };
+        let (config, body, mac) =
+            Config::parse(&raw).map_err(|e| Error::damaged("repository config", e))?;
+        let (key, key_id) = match config.encryption {
+            Encryption::None => {
+                let hexs = config.plain_master_secret.as_deref().ok_or_else(|| {
+                    Error::damaged(
+                        "repository config",
+                        FormatError::malformed("config", "unencrypted repository without key"),
+                    )
+                })?;
+                let mut secret = [0u8; 32];
+                hex::decode_to_slice(hexs, &mut secret).map_err(|e| {
+                    Error::damaged(
+                        "repository config",
+                        FormatError::malformed("config", e.to_string()),
+                    )
+                })?;
+                (MasterKey::from_secret(secret, Encryption::None), None)
+            }
+            enc => {
+                let pw = password()?;
+                let (secret, id) = Self::unwrap_any_key(backend.as_ref(), pw.as_bytes())?;
+                (MasterKey::from_secret(secret, enc), Some(id))
+            }
+        };
+        if key.mac(&body) != mac {
+            return Err(Error::damaged(
+                "repository config",
+                FormatError::Authentication { what: "config" },
+            ));
+        }
+        Ok(Repository {
+            backend,
+            config,
+            key: Arc::new(key),
+            key_id,
+            index: Arc::new(MasterIndex::new()),
+            index_errors: Vec::new(),
+        })
+    }
+
+    fn unwrap_any_key(backend: &dyn Backend, password: &[u8]) -> Result<([u8; 32], KeyId)> {
+        let keys = backend.list(names::KEYS)?;
+        if keys.is_empty() {
+            return Err(Error::Invalid(
+                "the repository has no key files: it cannot be opened".into(),
+            ));
+        }
+        let mut damaged = None;
+        for info in keys {
+            let base = names::base(&info.name);
+            let Ok(id) = KeyId::from_hex(base) else {
+                continue;
+            };
+            let data = backend.get(&info.name)?;
+            let kf = match KeyFile::from_bytes(&data) {
+                Ok(k) => k,
+                Err(e) => {
+                    damaged = Some(Error::damaged(format!("key file {}", id.short()), e));
+                    continue;
+                }
+            };
+            match kf.unwrap_secret(password) {
+                Ok(secret) => return Ok((secret, id)),
+                Err(FormatError::Authentication { .. }) => continue,
+                Err(e) => {
+                    damaged = Some(Error::damaged(format!("key file {}", id.short()), e));
+                }
+            }
+        }
+        Err(damaged.unwrap_or(Error::WrongPassword))
+    }
+
+    fn write_config(&self) -> Result<()> {
+        let key = self.key.clone();
+        let bytes = self.config.to_bytes(move |b| key.mac(b));
+        self.backend.put(names::CONFIG, &bytes)?;
+        Ok(())
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    pub fn key(&self) -> &Arc<MasterKey> {
+        &self.key
+    }
+    pub fn key_id(&self) -> Option<KeyId> {
+        self.key_id
+    }
+    pub fn index(&self) -> &Arc<MasterIndex> {
+        &self.index
+    }
+    pub fn index_errors(&self) -> &[Error] {
+        &self.index_errors
+    }
+
+    pub fn chunker(&self) -> cairn_chunker::Chunker {
+        let c = &self.config.chunker;
+        cairn_chunker::Chunker::new(
+            c.min_size,
+            c.avg_size,
+            c.max_size,
+            c.normalization,
+            self.key.chunker_seed,
+        )
+    }
+
+    /// Changes the compression policy for blobs written from now on.
+    pub fn set_compression(&mut self, c: Compression) -> Result<()> {
+        self.config.compression = c;
+        self.write_config()
+    }
+
+    // ---- keys ----
+
+    fn add_key_with(&self, password: &str, kdf: KdfParams) -> Result<KeyId> {
+        let kf = KeyFile::wrap(
+            &self.key,
+            password.as_bytes(),
+            kdf,
+            crate::time::now_rfc3339(),
+            hostname(),
+            username(),
+        )
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+        let bytes = kf.to_bytes();
+        let id = KeyId::of_content(&bytes);
+        self.backend.put(&names::key(&id.to_hex()), &bytes)?;
+        Ok(id)
+    }
+
+    pub fn add_key(&self, password: &str) -> Result<KeyId> {
+        if self.config.encryption == Encryption::None {
+            return Err(Error::Invalid(
+                "this repository is not encrypted: it has no passwords".into(),
+            ));
+        }
+        self.add_key_with(password, KdfParams::new_default())
+    }
+
+    pub fn list_keys(&self) -> Result<Vec<(KeyId, Result<KeyFile>)>> {
+        let mut out = Vec::new();
+        for info in self.backend.list(names::KEYS)? {
+            let Ok(id) = KeyId::from_hex(names::base(&info.name)) else {
+                continue;
+            };
+            let kf = self
+                .backend
+                .get(&info.name)
+                .map_err(Error::from)
+                .and_then(|d| {
+                    KeyFile::from_bytes(&d)
+                        .map_err(|e| Error::damaged(format!("key file {}", id.short()), e))
+                });
+            out.push((id, kf));
+        }
+        out.sort_by_key(|a| a.0);
+        Ok(out)
+    }
+
+    /// Resolves a key id prefix.
+    pub fn find_key(&self, prefix: &str) -> Result<KeyId> {
+        let keys = self.list_keys()?;
+        let m: Vec<KeyId> = keys
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| id.to_hex().starts_with(prefix))
+            .collect();
+        match m.len() {
+            0 => Err(Error::Invalid(format!("no key matches {prefix:?}"))),
+            1 => Ok(m[0]),
+            _ => Err(Error::Invalid(format!("key id {prefix:?} is ambiguous"))),
+        }
+    }
+
+    /// Removes a key; the key used to open the repository and the last key cannot be
+    /// removed (that would lock everyone out).
+    pub fn remove_key(&self, id: KeyId) -> Result<()> {
+        if Some(id) == self.key_id {
+            return Err(Error::Invalid(
+                "refusing to remove the key this session opened the repository with".into(),
+            ));
+        }
+        if self.list_keys()?.len() <= 1 {
+            return Err(Error::Invalid("refusing to remove the last key".into()));
+        }
+        self.backend.delete(&names::key(&id.to_hex()))?;
+        Ok(())
+    }
+
+    /// Changes the password of the key in use: writes a new key file, then removes
+    /// the old one. Data is never re-encrypted (the master secret does not change).
+    pub fn change_password(&mut self, new_password: &str) -> Result<KeyId> {
+        let old = self.key_id;
+        let new = self.add_key(new_password)?;
+        if let Some(old) = old {
+            self.backend.delete(&names::key(&old.to_hex()))?;
+        }
+        self.key_id = Some(new);
+        Ok(new)
+    }
+
+    // ---- index ----
+
+    pub fn list_index_files(&self) -> Result<Vec<IndexId>> {
+        Ok(self
+            .backend
+            .list(names::INDEX)?
+            .iter()
+            .filter_map(|i| IndexId::from_hex(names::base(&i.name)).ok())
+            .collect())
+    }
+
+    pub fn read_index_file(&self, id: &IndexId) -> Result<IndexFile> {
+        let what = || format!("index file {}", id.to_hex());
+        let data = self.backend.get(&names::index(&id.to_hex()))?;
+        if IndexId::of_content(&data) != *id {
+            return Err(Error::damaged(
+                what(),
+                FormatError::IdMismatch {
+                    expected: id.to_hex(),
+                },
+            ));
+        }
+        let plain = self
+            .key
+            .sealer
+            .open("index file", &data)
+            .map_err(|e| Error::damaged(what(), e))?;
+        IndexFile::decode(&plain).map_err(|e| Error::damaged(what(), e))
+    }
+
+    pub fn write_index_file(&self, file: &IndexFile) -> Result<IndexId> {
+        crate::packer::write_index_file(self.backend.as_ref(), &self.key, file)
+    }
+
+    /// Loads every index file (several in parallel). Damaged ones are remembered in
+    /// [`Repository::index_errors`] and skipped: their blobs count as missing.
+    pub fn load_index(&mut self) -> Result<()> {
+        let ids = self.list_index_files()?;
+        let threads = 4.min(ids.len().max(1));
+        let chunks: Vec<&[IndexId]> = ids.chunks(ids.len().div_ceil(threads).max(1)).collect();
+        let results: Vec<Vec<Result<IndexFile>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = chunks
+                .iter()
+                .map(|part| s.spawn(|| part.iter().map(|id| self.read_index_file(id)).collect()))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        vec![Err(Error::Invalid("index loader panicked".into()))]
+                    })
+                })
+                .collect()
+        });
+        let mut index = MasterIndex::new();
+        let mut errors = Vec::new();
+        for r in results.into_iter().flatten() {
+            match r {
+                Ok(f) => index.add_file(&f),
+                Err(e @ Error::Damaged { .. }) => errors.push(e),
+                Err(Error::Backend(b)) if b.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.index = Arc::new(index);
+        self.index_errors = errors;
+        Ok(())
+    }
+
+    // ---- blobs ----
+
+    pub fn read_pack_range(&self, pack: &PackId, offset: u64, length: u64) -> Result<Vec<u8>> {
+        Ok(self
+            .backend
+            .get_range(&names::pack(&pack.to_hex()), offset, length)?)
+    }
+
+    /// Reads, opens, decompresses and verifies one blob.
+    pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
+        let loc = self.index.get(id).ok_or(Error::BlobNotFound(*id))?;
+        let pack = self.index.pack_of(&loc);
+        let sealed = self
+            .read_pack_range(&pack, loc.offset.into(), loc.length.into())
+            .map_err(|e| match e {
+                Error::Backend(b) if b.is_not_found() => Error::Invalid(format!(
+                    "pack {} holding blob {} is missing",
+                    pack.short(),
+                    id.short()
+                )),
+                e => e,
+            })?;
+        blob::decode(&self.key, id, &sealed, loc.raw_length, loc.compression)
+    }
+
+    pub fn load_tree(&self, id: &BlobId) -> Result<Tree> {
+        let data = self.read_blob(id)?;
+        Tree::decode(&data).map_err(|e| Error::damaged(format!("tree {}", id.short()), e))
+    }
+
+    pub fn load_chunk_list(&self, id: &BlobId) -> Result<ChunkList> {
+        let data = self.read_blob(id)?;
+        ChunkList::decode(&data)
+            .map_err(|e| Error::damaged(format!("chunk list {}", id.short()), e))
+    }
+
+    // ---- snapshots ----
+
+    pub fn list_snapshot_ids(&self) -> Result<Vec<SnapshotId>> {
+        Ok(self
+            .backend
+            .list(names::SNAPSHOTS)?
+            .iter()
+            .filter_map(|i| SnapshotId::from_hex(names::base(&i.name)).ok())
+            .collect())
+    }
+
+    pub fn read_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
+        let what = || format!("snapshot {}", id.to_hex());
+        let data = self.backend.get(&names::snapshot(&id.to_hex()))?;
+        if SnapshotId::of_content(&data) != *id {
+            return Err(Error::damaged(
+                what(),
+                FormatError::IdMismatch {
+                    expected: id.to_hex(),
+                },
+            ));
+        }
+        let plain = self
+            .key
+            .sealer
+            .open("snapshot", &data)
+            .map_err(|e| Error::damaged(what(), e))?;
+        Snapshot::from_bytes(&plain).map_err(|e| Error::damaged(what(), e))
+    }
+
+    /// Writing the snapshot object is the commit point of a backup.
+    pub fn write_snapshot(&self, snap: &Snapshot) -> Result<SnapshotId> {
+        let sealed = self.key.sealer.seal(&snap.to_bytes());
+        let id = SnapshotId::of_content(&sealed);
+        self.backend.put(&names::snapshot(&id.to_hex()), &sealed)?;
+        Ok(id)
+    }
+
+    /// All snapshots sorted by time (oldest first), plus the ones that could not be read.
+    pub fn snapshots(&self) -> Result<SnapshotList> {
+        let mut ok = Vec::new();
+        let mut bad = Vec::new();
+        for id in self.list_snapshot_ids()? {
+            match self.read_snapshot(&id) {
+                Ok(s) => ok.push((id, s)),
+                Err(Error::Backend(b)) if b.is_not_found() => {}
+                Err(e @ Error::Damaged { .. }) => bad.push(e),
+                Err(e) => return Err(e),
+            }
+        }
+        ok.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
+        Ok((ok, bad))
+    }
+
+    /// Resolves `latest` or an id prefix (at least one hex digit).
+    pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
+        if spec == "latest" {
+            let (all, _) = self.snapshots()?;
+            return all
+                .into_iter()
+                .next_back()
+                .ok_or_else(|| Error::SnapshotNotFound(spec.into()));
+        }
+        let lower = spec.to_ascii_lowercase();
+        if lower.is_empty() || !lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::SnapshotNotFound(spec.into()));
+        }
+        let matches: Vec<SnapshotId> = self
+            .list_snapshot_ids()?
+            .into_iter()
+            .filter(|id| id.to_hex().starts_with(&lower))
+            .collect();
+        match matches.len() {
+            0 => Err(Error::SnapshotNotFound(spec.into())),
+            1 => Ok((matches[0], self.read_snapshot(&matches[0])?)),
+            _ => Err(Error::AmbiguousSnapshot {
+                prefix: spec.into(),
+                matches: matches
+                    .iter()
+                    .take(5)
+                    .map(|m| m.short())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+}

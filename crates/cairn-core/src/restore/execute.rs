@@ -1,0 +1,199 @@
+//! Restore execution: packs are handed to worker threads; each reads its pack in a
+//! few coalesced ranges, decodes and verifies every needed blob once, and writes it to
+//! every place that needs it with positional writes. All-zero chunks are not written:
+//! the file was created at its full size, so they stay holes.
+
+use super::FileJob;
+use super::plan::{Need, Plan};
+use crate::blob;
+use crate::error::Result;
+use crate::progress::RestoreProgress;
+use crate::repo::Repository;
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Gaps up to this size between needed blobs are read through rather than split.
+const MAX_GAP: u32 = 512 << 10;
+/// Upper bound of one range read.
+const MAX_RANGE: u32 = 32 << 20;
+const OPEN_FILES_PER_WORKER: usize = 64;
+
+pub(crate) struct Executed {
+    pub bytes: u64,
+    pub failed: HashMap<u32, String>,
+}
+
+fn ranges(needs: &[Need]) -> Vec<&[Need]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=needs.len() {
+        let split = i == needs.len() || {
+            let end = needs[start..i]
+                .iter()
+                .map(|n| n.offset + n.length)
+                .max()
+                .unwrap_or(0);
+            let first = needs[start].offset;
+            needs[i].offset > end.saturating_add(MAX_GAP)
+                || (needs[i].offset + needs[i].length).saturating_sub(first) > MAX_RANGE
+        };
+        if split {
+            out.push(&needs[start..i]);
+            start = i;
+        }
+    }
+    out
+}
+
+pub(crate) fn execute(
+    repo: &Repository,
+    jobs: &[FileJob],
+    plan: &Plan,
+    progress: &dyn RestoreProgress,
+) -> Result<Executed> {
+    let next = AtomicUsize::new(0);
+    let bytes = AtomicU64::new(0);
+    let failed: Mutex<HashMap<u32, String>> = Mutex::new(HashMap::new());
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        + 2;
+    let fail = |file: u32, msg: String| {
+        failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(file)
+            .or_insert(msg);
+    };
+    std::thread::scope(|s| {
+        for _ in 0..threads.min(plan.packs.len().max(1)) {
+            s.spawn(|| {
+                let mut files: HashMap<u32, File> = HashMap::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((pack_no, needs)) = plan.packs.get(i) else {
+                        break;
+                    };
+                    let pack = repo.index().pack_by_number(*pack_no);
+                    for range in ranges(needs) {
+                        let start = range[0].offset;
+                        let end = range
+                            .iter()
+                            .map(|n| n.offset + n.length)
+                            .max()
+                            .unwrap_or(start);
+                        let buf =
+                            match repo.read_pack_range(&pack, start.into(), (end - start).into()) {
+                                Ok(b) => b,
+                                Err(e) => {
+                                    let m = format!("pack {}: {e}", pack.short());
+                                    for n in range {
+                                        fail(n.file, m.clone());
+                                    }
+                                    continue;
+                                }
+                            };
+                        let mut last: Option<(u32, Result<Vec<u8>, String>)> = None;
+                        for n in range {
+                            if last.as_ref().is_none_or(|(off, _)| *off != n.offset) {
+                                let lo = (n.offset - start) as usize;
+                                let sealed = &buf[lo..lo + n.length as usize];
+                                let r = blob::decode(
+                                    repo.key(),
+                                    &n.id,
+                                    sealed,
+                                    n.raw_length,
+                                    n.compression,
+                                )
+                                .map_err(|e| format!("pack {}: {e}", pack.short()));
+                                last = Some((n.offset, r));
+                            }
+                            let Some((_, decoded)) = &last else { continue };
+                            let data = match decoded {
+                                Ok(d) => d,
+                                Err(m) => {
+                                    fail(n.file, m.clone());
+                                    continue;
+                                }
+                            };
+                            if data.iter().all(|b| *b == 0) {
+                                bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                                progress.bytes_done(data.len() as u64);
+                                continue;
+                            }
+                            if files.len() >= OPEN_FILES_PER_WORKER && !files.contains_key(&n.file)
+                            {
+                                files.clear();
+                            }
+                            let job = &jobs[n.file as usize];
+                            let f = match files.entry(n.file) {
+                                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                                std::collections::hash_map::Entry::Vacant(v) => {
+                                    match std::fs::OpenOptions::new()
+                                        .write(true)
+                                        .custom_flags(libc::O_NOFOLLOW)
+                                        .open(&job.path)
+                                    {
+                                        Ok(f) => v.insert(f),
+                                        Err(e) => {
+                                            fail(n.file, format!("opening for writing: {e}"));
+                                            continue;
+                                        }
+                                    }
+                                }
+                            };
+                            if let Err(e) = f.write_all_at(data, n.file_offset) {
+                                fail(n.file, format!("writing: {e}"));
+                                continue;
+                            }
+                            bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                            progress.bytes_done(data.len() as u64);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    Ok(Executed {
+        bytes: bytes.into_inner(),
+        failed: failed.into_inner().unwrap_or_else(|e| e.into_inner()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_format::BlobId;
+    use cairn_format::pack::BlobCompression;
+
+    fn need(offset: u32, length: u32) -> Need {
+        Need {
+            offset,
+            length,
+            raw_length: length,
+            compression: BlobCompression::Raw,
+            id: BlobId([0; 32]),
+            file: 0,
+            file_offset: 0,
+        }
+    }
+
+    #[test]
+    fn coalescing() {
+        let needs = vec![
+            need(0, 100),
+            need(100, 100),
+            need(100, 100),
+            need(300, 10),
+            need(2 << 20, 5),
+        ];
+        let r = ranges(&needs);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].len(), 4);
+        assert_eq!(r[1].len(), 1);
+        assert!(ranges(&[]).is_empty());
+    }
+}

@@ -1,0 +1,55 @@
+//! RFC 3339 timestamps in UTC without a calendar dependency. Snapshots store times as
+//! `YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ`, fixed width, so they sort as strings.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Days since 1970-01-01 -> (year, month, day); Howard Hinnant's civil-from-days.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+pub fn format_unix(secs: i64, nanos: u32) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+pub fn now_rfc3339() -> String {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    format_unix(d.as_secs() as i64, d.subsec_nanos())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn known_dates() {
+        assert_eq!(format_unix(0, 0), "1970-01-01T00:00:00.000000000Z");
+        assert_eq!(
+            format_unix(1_795_000_000, 5),
+            "2026-11-18T06:13:20.000000005Z"
+        );
+        assert_eq!(
+            format_unix(951_782_400, 0),
+            "2000-02-29T00:00:00.000000000Z"
+        );
+        assert_eq!(format_unix(-1, 0), "1969-12-31T23:59:59.000000000Z");
+    }
+}

@@ -27,6 +27,7 @@ import sys
 import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True
 sys.path.insert(0, BENCH_DIR)
 import datasets  # noqa: E402
 
@@ -74,6 +75,19 @@ def drop_caches():
         return True
     except OSError:
         return False
+
+
+def cpu_jiffies():
+    """(busy, steal) jiffies of the whole machine from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    # user nice system idle iowait irq softirq steal ...
+    busy = v[0] + v[1] + v[2] + v[5] + v[6]
+    steal = v[7] if len(v) > 7 else 0
+    return busy, steal
 
 
 def settle():
@@ -253,7 +267,7 @@ TOOL_CLASSES = {"cairn": Cairn, "restic": Restic, "borg": Borg}
 # --------------------------------------------------------------------------
 CSV_FIELDS = ["date", "git_sha", "scale", "cache", "rep", "dataset", "tool", "tool_version", "phase", "status",
               "input_bytes", "input_files", "wall_s", "user_s", "sys_s", "cpu_s", "max_rss_kib",
-              "mb_per_s", "files_per_s", "repo_bytes", "repo_delta_bytes", "cache_bytes", "sync_s",
+              "mb_per_s", "files_per_s", "repo_bytes", "repo_delta_bytes", "cache_bytes", "sync_s", "other_cpu_s", "steal_s",
               "verify", "log"]
 
 
@@ -303,6 +317,7 @@ class Runner:
             drop_caches()
         tv = base + ".time"
         cmd = ["/usr/bin/time", "-v", "-o", tv] + argv
+        busy0, steal0 = cpu_jiffies()
         t0 = time.monotonic()
         with open(base + ".log", "w") as lf:
             lf.write("$ " + " ".join(argv) + (f"   (cwd {cwd})" if cwd else "") + "\n")
@@ -310,12 +325,19 @@ class Runner:
             rc = subprocess.run(cmd, cwd=cwd, env=tool.env(), stdout=lf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL).returncode
         wall = time.monotonic() - t0
+        busy1, steal1 = cpu_jiffies()
         t1 = time.monotonic()
         subprocess.run(["sync"])
         sync_s = time.monotonic() - t1
         r = parse_time_v(tv)
         r.update(rc=rc, wall_s=wall, sync_s=sync_s, log=os.path.relpath(base + ".log", BENCH_DIR))
         r["cpu_s"] = r.get("user_s", 0.0) + r.get("sys_s", 0.0)
+        hz = os.sysconf("SC_CLK_TCK")
+        # CPU used by everything else on the machine meanwhile (kernel
+        # writeback threads, a concurrent build, ...) and hypervisor steal:
+        # noise indicators, not part of the tool's numbers.
+        r["other_cpu_s"] = f"{max(0.0, (busy1 - busy0) / hz - r['cpu_s']):.2f}"
+        r["steal_s"] = f"{(steal1 - steal0) / hz:.2f}"
         if rc != 0:
             tail = open(base + ".log", errors="replace").read()[-1500:]
             log(f"{label}: exit {rc}; log tail:\n{tail}")
@@ -417,7 +439,7 @@ class Runner:
                     max_rss_kib=r.get("max_rss_kib", ""),
                     mb_per_s=f"{nbytes / MB / r['wall_s']:.2f}", files_per_s=f"{nfiles / r['wall_s']:.1f}",
                     repo_bytes=repo, repo_delta_bytes=repo - last_repo[name], cache_bytes=du_bytes(t.cache),
-                    sync_s=f"{r['sync_s']:.2f}", log=r["log"]))
+                    sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"], log=r["log"]))
                 last_repo[name] = repo
                 self.print_row(self.rows[-1])
 
@@ -451,7 +473,7 @@ class Runner:
                 max_rss_kib=r.get("max_rss_kib", ""),
                 mb_per_s=f"{rbytes / MB / r['wall_s']:.2f}", files_per_s=f"{rfiles / r['wall_s']:.1f}",
                 repo_bytes=du_bytes(t.repo), cache_bytes=du_bytes(t.cache), sync_s=f"{r['sync_s']:.2f}",
-                verify=verify, log=r["log"]))
+                other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"], verify=verify, log=r["log"]))
             self.print_row(self.rows[-1])
         log(f"{kind}: cleaning up")
         for target in targets:
@@ -524,7 +546,8 @@ def _ratio(a, b):
     return f"{a / b:.2f}"
 
 
-NUMERIC = ["wall_s", "mb_per_s", "files_per_s", "cpu_s", "max_rss_kib", "repo_bytes", "repo_delta_bytes"]
+NUMERIC = ["wall_s", "mb_per_s", "files_per_s", "cpu_s", "max_rss_kib", "repo_bytes", "repo_delta_bytes",
+           "other_cpu_s"]
 
 
 def aggregate(rows, tools):
@@ -561,7 +584,7 @@ def render_table(rows, tools):
     if reps > 1:
         out.append(f"(medians over {reps} repetitions)")
     hdr = f"{'dataset':7} {'phase':9} {'tool':6} {'status':6} {'wall s':>8} {'MB/s':>8} {'files/s':>9} " \
-          f"{'CPU s':>7} {'RSS MiB':>8} {'repo MiB':>9} {'+repo MiB':>9} verify"
+          f"{'CPU s':>7} {'RSS MiB':>8} {'repo MiB':>9} {'+repo MiB':>9} {'other':>6} verify"
     out.append(hdr)
     out.append("-" * len(hdr))
     for a in agg:
@@ -571,7 +594,15 @@ def render_table(rows, tools):
                    f"{_num(a['max_rss_kib'] and a['max_rss_kib'] / 1024, '.1f', 8)} "
                    f"{_num(a['repo_bytes'] and a['repo_bytes'] / 2**20, '.1f', 9)} "
                    f"{_num(None if a['repo_delta_bytes'] is None else a['repo_delta_bytes'] / 2**20, '.1f', 9)} "
-                   f"{a['verify']}")
+                   f"{_num(a['other_cpu_s'], '.1f', 6)} {a['verify']}")
+    noisy = [r for r in rows if _f(r.get("other_cpu_s")) and _f(r.get("wall_s"))
+             and _f(r["other_cpu_s"]) > 0.3 * _f(r["wall_s"])]
+    out.append("(other = CPU seconds used by the rest of the machine during the command: kernel writeback, "
+               "concurrent jobs; high values mean a noisy measurement)")
+    if noisy:
+        out.append(f"WARNING: {len(noisy)} measurement(s) ran while other work used >0.3 core: "
+                   + ", ".join(f"{r['dataset']}/{r['phase']}/{r['tool']}" for r in noisy[:8])
+                   + (" ..." if len(noisy) > 8 else ""))
     peers = [t for t in tools if t != "cairn"]
     if "cairn" in tools and peers:
         out.append("")

@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
     --tools=*) TOOLS="${1#*=}" ;;
     --no-build) BUILD=0 ;;
     --no-install) INSTALL=0 ;;
-    -h|--help) sed -n '2,13p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
     *) ARGS+=("$1") ;;
   esac
   shift

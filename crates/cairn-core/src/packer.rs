@@ -134,7 +134,18 @@ impl Uploader {
                 let mut pending = IndexFile::default();
                 let mut pending_blobs = 0usize;
                 for p in rx {
-                    backend.put(&names::pack(&p.id.to_hex()), &p.bytes)?;
+                    if let Err(e) = backend.put(&names::pack(&p.id.to_hex()), &p.bytes) {
+                        // Leave either indexed, reusable data or nothing: index what
+                        // was stored, or, if even that fails (disk full), delete it.
+                        if !pending.packs.is_empty()
+                            && write_index_file(backend.as_ref(), &key, &pending).is_err()
+                        {
+                            for p in &pending.packs {
+                                let _ = backend.delete(&names::pack(&p.id.to_hex()));
+                            }
+                        }
+                        return Err(e.into());
+                    }
                     stats.packs += 1;
                     stats.bytes += p.bytes.len() as u64;
                     pending_blobs += p.blobs.len();

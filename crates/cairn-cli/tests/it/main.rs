@@ -1,0 +1,7 @@
+//! Integration tests: every test drives the real `cairn` binary.
+
+mod bad_input;
+mod golden;
+mod keys;
+mod roundtrip;
+mod util;

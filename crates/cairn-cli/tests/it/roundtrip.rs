@@ -1,0 +1,198 @@
+use crate::util::*;
+use std::fs;
+use std::io::Write;
+use std::process::Stdio;
+
+#[test]
+fn comparer_detects_every_difference() {
+    // The comparer must not be able to pass on a difference: change one attribute at a
+    // time in a copy and expect a report each time.
+    let env = Env::new();
+    let a = env.path("a");
+    make_full_tree(&a, 1);
+    type Mutation = (&'static str, fn(&std::path::Path));
+    let mutations: Vec<Mutation> = vec![
+        ("content", |b| {
+            let p = b.join("dir/random.bin");
+            let mut d = fs::read(&p).unwrap();
+            d[1000] ^= 1;
+            let t = fs::symlink_metadata(&p).unwrap();
+            fs::write(&p, d).unwrap();
+            use std::os::unix::fs::MetadataExt;
+            set_times(&p, t.mtime(), t.mtime_nsec());
+        }),
+        ("mode", |b| {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(b.join("script.sh"), fs::Permissions::from_mode(0o700)).unwrap();
+        }),
+        ("mtime", |b| set_times(&b.join("small.txt"), 1_600_000_000, 1)),
+        ("xattr", |b| xattr::set(b.join("small.txt"), "user.note", b"changed").unwrap()),
+        ("symlink", |b| {
+            fs::remove_file(b.join("link-rel")).unwrap();
+            std::os::unix::fs::symlink("other", b.join("link-rel")).unwrap();
+        }),
+        ("hardlink", |b| {
+            let d = fs::read(b.join("hard-2")).unwrap();
+            fs::remove_file(b.join("hard-2")).unwrap();
+            fs::write(b.join("hard-2"), d).unwrap();
+        }),
+        ("missing", |b| fs::remove_file(b.join("empty")).unwrap()),
+        ("sparse", |b| {
+            let p = b.join("sparse");
+            let d = fs::read(&p).unwrap();
+            fs::remove_file(&p).unwrap();
+            fs::write(&p, d).unwrap();
+        }),
+    ];
+    for (i, (what, m)) in mutations.into_iter().enumerate() {
+        let b = env.path(&format!("b{i}"));
+        let o = std::process::Command::new("cp").arg("-a").arg(&a).arg(&b).output().unwrap();
+        assert!(o.status.success());
+        assert!(compare(&a, &b).is_empty(), "copy of the tree differs before mutation {what}: {:?}", compare(&a, &b));
+        m(&b);
+        assert!(!compare(&a, &b).is_empty(), "comparer missed a {what} difference");
+    }
+}
+
+#[test]
+fn full_tree_round_trips_exactly() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 7);
+    let snap = env.backup(&[&src]);
+    let restored = env.restore(&snap, &src, "out");
+    assert_same(&src, &restored);
+    assert_rsync_same(&src, &restored);
+    env.check_clean();
+}
+
+#[test]
+fn small_blocks_unencrypted_and_deep_chunk_lists() {
+    // 4 KiB blocks: a 24 MB file has more than 4096 chunks (two chunk-list levels).
+    let env = Env::new();
+    env.init(&["--block-size", "4K", "--no-encryption", "--compression", "max"]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(99);
+    fs::write(src.join("image.raw"), rng.bytes(24 << 20, false)).unwrap();
+    fs::write(src.join("log.txt"), rng.bytes(1 << 20, true)).unwrap();
+    let snap = env.backup(&[&src]);
+    let restored = env.restore(&snap, &src, "out");
+    assert_same(&src, &restored);
+    // Dump streams the same bytes.
+    let out = env.cmd(&["dump", &snap, &format!("{}/image.raw", src.display())]).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(out.stdout, fs::read(src.join("image.raw")).unwrap());
+    env.check_clean();
+}
+
+#[test]
+fn incremental_backups_after_edits_inserts_deletes_renames() {
+    let env = Env::new();
+    env.init(&["--block-size", "8K"]);
+    let src = env.path("src");
+    make_full_tree(&src, 3);
+    let s1 = env.backup(&[&src]);
+    let copy1 = env.path("copy1");
+    assert!(std::process::Command::new("cp").arg("-a").arg(&src).arg(&copy1).status().unwrap().success());
+
+    // Unchanged re-backup: nothing read.
+    let v = env.backup_json(&[&src]);
+    assert_eq!(v["files_new"], 0);
+    assert_eq!(v["files_changed"], 0);
+    assert_eq!(v["bytes_read"], 0, "{v}");
+    assert!(v["files_unchanged"].as_u64().unwrap() > 20);
+
+    // Edit in place, insert in the middle, append, delete, rename, add.
+    let mut rng = Rng(5);
+    let p = src.join("dir/random.bin");
+    let mut d = fs::read(&p).unwrap();
+    d[12345] ^= 0xff;
+    let ins: Vec<u8> = rng.bytes(10_000, false);
+    d.splice(1_000_000..1_000_000, ins);
+    fs::write(&p, &d).unwrap();
+    fs::OpenOptions::new().append(true).open(src.join("dir/text.log")).unwrap().write_all(b"appended\n").unwrap();
+    fs::remove_file(src.join("dup-a")).unwrap();
+    fs::remove_dir_all(src.join("dir/sub/deeper")).unwrap();
+    fs::rename(src.join("dir/sub/big.bin"), src.join("moved-big.bin")).unwrap();
+    fs::write(src.join("dir/new-file"), rng.bytes(50_000, true)).unwrap();
+    let v = env.backup_json(&[&src]);
+    assert!(v["files_changed"].as_u64().unwrap() >= 2, "{v}");
+    // The insert changes only a few chunks: far less than the file is added.
+    assert!(v["data_added"].as_u64().unwrap() < 500_000, "{v}");
+    let s3 = v["snapshot_id"].as_str().unwrap().to_string();
+
+    let r3 = env.restore(&s3, &src, "out3");
+    assert_same(&src, &r3);
+    assert_rsync_same(&src, &r3);
+    let r1 = env.restore(&s1, &src, "out1");
+    assert_same(&copy1, &r1);
+    env.check_clean();
+}
+
+#[test]
+fn stdin_backup_dump_ls_include_and_excludes() {
+    let env = Env::new();
+    env.init(&[]);
+    let mut rng = Rng(11);
+    let payload = rng.bytes(3 << 20, true);
+    let mut child = env
+        .cmd(&["backup", "--stdin", "--stdin-name", "db.sql", "--tag", "dump", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&payload).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sid = v["snapshot_id"].as_str().unwrap();
+    let dumped = env.cmd(&["dump", &sid[..8], "/db.sql"]).output().unwrap();
+    assert!(dumped.status.success());
+    assert_eq!(dumped.stdout, payload);
+
+    let src = env.path("src");
+    make_full_tree(&src, 4);
+    fs::write(env.path("excludes"), "# comment\n*.log\n").unwrap();
+    let out = env.ok(&[
+        "backup", "--json", "--exclude", "dup-*", "--exclude-file", env.path("excludes").to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let sid = v["snapshot_id"].as_str().unwrap();
+    let ls = env.ok(&["ls", sid]);
+    assert!(ls.contains(&format!("{}/small.txt", src.display())), "{ls}");
+    assert!(!ls.contains("dup-a") && !ls.contains("dup-b") && !ls.contains("text.log"), "{ls}");
+    let lsj: serde_json::Value = serde_json::from_str(&env.ok(&["ls", "--json", sid, &format!("{}/dir", src.display())])).unwrap();
+    assert!(lsj["entries"].as_array().unwrap().iter().any(|e| e["path"].as_str().unwrap().ends_with("/dir/random.bin")));
+
+    // --include restores only that subtree.
+    let target = env.path("partial");
+    env.ok(&["restore", sid, "--target", target.to_str().unwrap(), "--include", &format!("{}/dir/sub", src.display())]);
+    let base = target.join(src.strip_prefix("/").unwrap());
+    assert!(base.join("dir/sub/big.bin").exists());
+    assert!(!base.join("small.txt").exists());
+    assert_eq!(fs::read(base.join("dir/sub/big.bin")).unwrap(), fs::read(src.join("dir/sub/big.bin")).unwrap());
+
+    let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    assert_eq!(snaps.as_array().unwrap().len(), 2);
+    assert_eq!(snaps[0]["tags"][0], "dump");
+}
+
+#[test]
+fn backup_init_flag_creates_repository() {
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"data").unwrap();
+    env.ok(&["backup", "--init", src.to_str().unwrap()]);
+    env.ok(&["backup", "--init", src.to_str().unwrap()]);
+    let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    assert_eq!(snaps.as_array().unwrap().len(), 2);
+    let cfg: serde_json::Value = serde_json::from_str(&env.ok(&["config", "--json"])).unwrap();
+    assert_eq!(cfg["block_size"], 16384);
+    env.ok(&["config", "--compression", "max"]);
+    let cfg: serde_json::Value = serde_json::from_str(&env.ok(&["config", "--json"])).unwrap();
+    assert_eq!(cfg["compression"], "max");
+}

@@ -1,0 +1,373 @@
+//! Helpers for driving the real `cairn` binary, generating source trees with every
+//! kind of entry, and comparing trees exactly.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+pub const PASSWORD: &str = "correct horse battery staple";
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cairn")
+}
+
+/// A scratch area with a repository path, cleaned up on drop.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub repo: PathBuf,
+}
+
+impl Env {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new().prefix("cairn-it-").tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        Env { dir, repo }
+    }
+
+    pub fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(bin());
+        c.arg("--repo").arg(&self.repo);
+        c.args(args);
+        c.env("CAIRN_PASSWORD", PASSWORD);
+        c.env_remove("CAIRN_REPO");
+        c.env_remove("CAIRN_PASSWORD_FILE");
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// Runs and returns the output, whatever the exit code.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    /// Runs and asserts success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(
+            o.status.success(),
+            "cairn {args:?} failed with {:?}\nstdout: {}\nstderr: {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// Runs and asserts failure with `code`; returns stderr.
+    pub fn fails(&self, args: &[&str], code: i32) -> String {
+        let o = self.run(args);
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(
+            o.status.code(),
+            Some(code),
+            "cairn {args:?}: expected exit {code}\nstdout: {}\nstderr: {stderr}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        assert!(!stderr.contains("panicked"), "panic: {stderr}");
+        stderr
+    }
+
+    pub fn init(&self, extra: &[&str]) {
+        let mut a = vec!["init"];
+        a.extend_from_slice(extra);
+        self.ok(&a);
+    }
+
+    /// Backs up and returns the snapshot id.
+    pub fn backup(&self, paths: &[&Path]) -> String {
+        let mut a: Vec<String> = vec!["backup".into(), "--json".into()];
+        a.extend(paths.iter().map(|p| p.to_string_lossy().into_owned()));
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        let out = self.ok(&refs);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["snapshot_id"].as_str().unwrap().to_string()
+    }
+
+    pub fn backup_json(&self, paths: &[&Path]) -> serde_json::Value {
+        let mut a: Vec<String> = vec!["backup".into(), "--json".into()];
+        a.extend(paths.iter().map(|p| p.to_string_lossy().into_owned()));
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        serde_json::from_str(&self.ok(&refs)).unwrap()
+    }
+
+    /// Restores `snap` into a fresh directory and returns the restored copy of `src`.
+    pub fn restore(&self, snap: &str, src: &Path, into: &str) -> PathBuf {
+        let target = self.path(into);
+        self.ok(&["restore", snap, "--target", target.to_str().unwrap()]);
+        target.join(src.strip_prefix("/").unwrap())
+    }
+
+    pub fn check_clean(&self) {
+        let out = self.ok(&["check", "--read-data"]);
+        assert!(out.contains("no errors were found"), "{out}");
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), optionally compressible.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    pub fn bytes(&mut self, n: usize, compressible: bool) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n + 8);
+        if compressible {
+            let words: [&[u8]; 8] = [b"backup ", b"cairn ", b"chunk ", b"data\n", b"restore ", b"0123 ", b"index ", b"pack "];
+            while out.len() < n {
+                out.extend_from_slice(words[self.below(8) as usize]);
+            }
+        } else {
+            while out.len() < n {
+                out.extend_from_slice(&self.next().to_le_bytes());
+            }
+        }
+        out.truncate(n);
+        out
+    }
+}
+
+pub fn set_times(path: &Path, secs: i64, nanos: i64) {
+    use nix::sys::stat::{UtimensatFlags, utimensat};
+    use nix::sys::time::TimeSpec;
+    let t = TimeSpec::new(secs, nanos);
+    utimensat(nix::fcntl::AT_FDCWD, path, &t, &t, UtimensatFlags::NoFollowSymlink).unwrap();
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Creates a tree with every entry type cairn records. Timestamps are set last so
+/// they are exact.
+pub fn make_full_tree(root: &Path, seed: u64) {
+    let mut rng = Rng(seed | 1);
+    fs::create_dir_all(root.join("dir/sub/deeper/deepest")).unwrap();
+    fs::create_dir_all(root.join("empty-dir")).unwrap();
+    fs::create_dir_all(root.join("sticky")).unwrap();
+    fs::write(root.join("empty"), b"").unwrap();
+    fs::write(root.join("small.txt"), rng.bytes(100, true)).unwrap();
+    fs::write(root.join("dir/text.log"), rng.bytes(300_000, true)).unwrap();
+    fs::write(root.join("dir/random.bin"), rng.bytes(2_500_000, false)).unwrap();
+    // More chunks than fit inline in a tree node: a chunk-list tree.
+    fs::write(root.join("dir/sub/big.bin"), rng.bytes(3_000_000, false)).unwrap();
+    fs::write(root.join("dir/sub/deeper/deepest/leaf"), b"leaf\n").unwrap();
+    // Same content twice: deduplicated.
+    let dup = rng.bytes(200_000, false);
+    fs::write(root.join("dup-a"), &dup).unwrap();
+    fs::write(root.join("dir/dup-b"), &dup).unwrap();
+    // Odd names: spaces, unicode, non-UTF-8 bytes, a newline, a leading dash.
+    fs::write(root.join("with space"), b"s").unwrap();
+    fs::write(root.join("ünïcødé ✓"), b"u").unwrap();
+    fs::write(root.join(OsStr::from_bytes(b"bytes-\xff\xfe")), b"b").unwrap();
+    fs::write(root.join("new\nline"), b"n").unwrap();
+    fs::write(root.join("-rf"), b"dash").unwrap();
+    // Permissions.
+    fs::write(root.join("private"), b"secret").unwrap();
+    fs::set_permissions(root.join("private"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(root.join("script.sh"), b"#!/bin/sh\necho hi\n").unwrap();
+    fs::set_permissions(root.join("script.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(root.join("setuid"), b"x").unwrap();
+    fs::set_permissions(root.join("setuid"), fs::Permissions::from_mode(0o4755)).unwrap();
+    fs::write(root.join("readonly"), b"r").unwrap();
+    fs::set_permissions(root.join("sticky"), fs::Permissions::from_mode(0o1777)).unwrap();
+    // Symlinks: relative, absolute, dangling, to a directory.
+    std::os::unix::fs::symlink("small.txt", root.join("link-rel")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", root.join("link-abs")).unwrap();
+    std::os::unix::fs::symlink("does/not/exist", root.join("link-dangling")).unwrap();
+    std::os::unix::fs::symlink("dir/sub", root.join("link-dir")).unwrap();
+    // Hard links: two names in one dir, and three across dirs.
+    fs::write(root.join("hard-1"), rng.bytes(5000, true)).unwrap();
+    fs::hard_link(root.join("hard-1"), root.join("hard-2")).unwrap();
+    fs::write(root.join("dir/tri-1"), b"three names").unwrap();
+    fs::hard_link(root.join("dir/tri-1"), root.join("dir/sub/tri-2")).unwrap();
+    fs::hard_link(root.join("dir/tri-1"), root.join("tri-3")).unwrap();
+    // Sparse: holes at the start, middle and end.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::File::create(root.join("sparse")).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(&rng.bytes(100_000, false), 20 << 20).unwrap();
+        f.write_all_at(b"tail data", 40 << 20).unwrap();
+    }
+    // FIFO and devices.
+    nix::unistd::mkfifo(&root.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o640)).unwrap();
+    if is_root() {
+        use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+        mknod(&root.join("chardev"), SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(1, 3)).unwrap();
+        mknod(&root.join("blockdev"), SFlag::S_IFBLK, Mode::from_bits_truncate(0o660), makedev(7, 200)).unwrap();
+        // Ownership other than the runner's.
+        nix::unistd::chown(&root.join("private"), Some(1234.into()), Some(5678.into())).unwrap();
+        nix::unistd::fchownat(
+            nix::fcntl::AT_FDCWD,
+            &root.join("link-rel"),
+            Some(4321.into()),
+            Some(8765.into()),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .unwrap();
+    }
+    // Extended attributes on a file and a directory (binary values too).
+    xattr::set(root.join("small.txt"), "user.note", b"hello").unwrap();
+    xattr::set(root.join("small.txt"), "user.bin", &[0u8, 1, 2, 255]).unwrap();
+    xattr::set(root.join("dir"), "user.dirattr", b"on a directory").unwrap();
+    fs::set_permissions(root.join("readonly"), fs::Permissions::from_mode(0o444)).unwrap();
+    // Exact timestamps with nanoseconds, deepest first so parents keep theirs.
+    let mut all: Vec<PathBuf> = walk(root).into_keys().map(|p| root.join(p)).collect();
+    all.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for (i, p) in all.iter().enumerate() {
+        set_times(p, 1_600_000_000 + i as i64 * 7919, (i as i64 * 123_456_789) % 1_000_000_000);
+    }
+    set_times(root, 1_500_000_000, 999_999_999);
+}
+
+/// Relative path -> metadata of every entry below `root` (not following symlinks).
+pub fn walk(root: &Path) -> BTreeMap<PathBuf, fs::Metadata> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for e in fs::read_dir(root.join(&rel)).unwrap() {
+            let e = e.unwrap();
+            let r = rel.join(e.file_name());
+            let m = fs::symlink_metadata(root.join(&r)).unwrap();
+            if m.is_dir() {
+                stack.push(r.clone());
+            }
+            out.insert(r, m);
+        }
+    }
+    out
+}
+
+fn xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut v: Vec<_> = xattr::list(p)
+        .unwrap()
+        .map(|n| {
+            let val = xattr::get(p, &n).unwrap().unwrap_or_default();
+            (n.as_bytes().to_vec(), val)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every difference between two trees: entries, types, permission bits, owners,
+/// sizes, mtimes (ns), content, link targets, xattrs, device numbers, hard-link
+/// structure, and sparseness (a sparse source file must not be restored dense).
+/// Returns human-readable differences; empty means identical.
+pub fn compare(a: &Path, b: &Path) -> Vec<String> {
+    let mut diffs = Vec::new();
+    let ta = walk(a);
+    let tb = walk(b);
+    for k in ta.keys().filter(|k| !tb.contains_key(*k)) {
+        diffs.push(format!("{}: missing from restore", k.display()));
+    }
+    for k in tb.keys().filter(|k| !ta.contains_key(*k)) {
+        diffs.push(format!("{}: extra in restore", k.display()));
+    }
+    let mut links_a: HashMap<(u64, u64), Vec<PathBuf>> = HashMap::new();
+    let mut links_b: HashMap<(u64, u64), Vec<PathBuf>> = HashMap::new();
+    let mut entries: Vec<(PathBuf, fs::Metadata, fs::Metadata)> = Vec::new();
+    for (k, ma) in &ta {
+        if let Some(mb) = tb.get(k) {
+            entries.push((k.clone(), ma.clone(), mb.clone()));
+        }
+    }
+    entries.push((PathBuf::new(), fs::symlink_metadata(a).unwrap(), fs::symlink_metadata(b).unwrap()));
+    for (k, ma, mb) in &entries {
+        let d = |what: &str, x: String, y: String| format!("{}: {what} differs: {x} vs {y}", k.display());
+        let (pa, pb) = (a.join(k), b.join(k));
+        if ma.file_type() != mb.file_type() {
+            diffs.push(d("type", format!("{:?}", ma.file_type()), format!("{:?}", mb.file_type())));
+            continue;
+        }
+        if !ma.file_type().is_symlink() && ma.mode() != mb.mode() {
+            diffs.push(d("mode", format!("{:o}", ma.mode()), format!("{:o}", mb.mode())));
+        }
+        if (ma.uid(), ma.gid()) != (mb.uid(), mb.gid()) {
+            diffs.push(d("owner", format!("{}:{}", ma.uid(), ma.gid()), format!("{}:{}", mb.uid(), mb.gid())));
+        }
+        if (ma.mtime(), ma.mtime_nsec()) != (mb.mtime(), mb.mtime_nsec()) {
+            diffs.push(d("mtime", format!("{}.{:09}", ma.mtime(), ma.mtime_nsec()), format!("{}.{:09}", mb.mtime(), mb.mtime_nsec())));
+        }
+        if ma.rdev() != mb.rdev() {
+            diffs.push(d("rdev", ma.rdev().to_string(), mb.rdev().to_string()));
+        }
+        let xa = xattrs(&pa);
+        let xb = xattrs(&pb);
+        if xa != xb {
+            diffs.push(d("xattrs", format!("{xa:?}"), format!("{xb:?}")));
+        }
+        if ma.file_type().is_symlink() {
+            let la = fs::read_link(&pa).unwrap();
+            let lb = fs::read_link(&pb).unwrap();
+            if la != lb {
+                diffs.push(d("link target", la.display().to_string(), lb.display().to_string()));
+            }
+        }
+        if ma.is_file() {
+            if ma.len() != mb.len() {
+                diffs.push(d("size", ma.len().to_string(), mb.len().to_string()));
+            } else if fs::read(&pa).unwrap() != fs::read(&pb).unwrap() {
+                diffs.push(d("content", String::new(), String::new()));
+            }
+            // Sparse in the source (fewer blocks than its size needs) => the restore
+            // must not allocate more than the source did (plus one chunk of slack).
+            let dense_blocks = ma.len().div_ceil(512);
+            if ma.blocks() + 8 < dense_blocks && mb.blocks() > ma.blocks() + 256 {
+                diffs.push(d("allocated blocks (sparseness)", ma.blocks().to_string(), mb.blocks().to_string()));
+            }
+            if ma.nlink() > 1 {
+                links_a.entry((ma.dev(), ma.ino())).or_default().push(k.clone());
+                links_b.entry((mb.dev(), mb.ino())).or_default().push(k.clone());
+            }
+            if ma.nlink() != mb.nlink() {
+                diffs.push(d("link count", ma.nlink().to_string(), mb.nlink().to_string()));
+            }
+        }
+    }
+    let groups = |m: HashMap<(u64, u64), Vec<PathBuf>>| {
+        let mut g: Vec<Vec<PathBuf>> = m.into_values().map(|mut v| { v.sort(); v }).collect();
+        g.sort();
+        g
+    };
+    let (ga, gb) = (groups(links_a), groups(links_b));
+    if ga != gb {
+        diffs.push(format!("hard-link groups differ: {ga:?} vs {gb:?}"));
+    }
+    diffs
+}
+
+pub fn assert_same(a: &Path, b: &Path) {
+    let d = compare(a, b);
+    assert!(d.is_empty(), "trees differ:\n{}", d.join("\n"));
+}
+
+/// `rsync -aHAX --dry-run --itemize-changes --checksum` must list nothing.
+pub fn assert_rsync_same(a: &Path, b: &Path) {
+    let out = Command::new("rsync")
+        .args(["-aHAX", "--dry-run", "--itemize-changes", "--checksum"])
+        .arg(format!("{}/", a.display()))
+        .arg(format!("{}/", b.display()))
+        .output()
+        .expect("rsync must be installed (.ci/run installs it)");
+    assert!(out.status.success(), "rsync failed: {}", String::from_utf8_lossy(&out.stderr));
+    let items = String::from_utf8_lossy(&out.stdout);
+    assert!(items.trim().is_empty(), "rsync sees differences:\n{items}");
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The whole test suite: format, lints, unit, property and integration tests.
+# Installs what the tests need (rsync for the restore comparison) on a fresh machine.
+# Integration tests mount tmpfs filesystems (disk-full, read-only target): run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v rsync >/dev/null || need_apt+=(rsync)
+command -v mount >/dev/null || need_apt+=(mount)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing: ${need_apt[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null; then
+  echo "cargo is required (https://rustup.rs)" >&2
+  exit 1
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+log=$(mktemp)
+set +e
+cargo test --workspace --all-targets 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+read -r passed failed < <(awk '/^test result:/ {
+    for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i }
+  } END { print p + 0, f + 0 }' "$log")
+rm -f "$log"
+echo "tests: ${passed:-0} passed, ${failed:-0} failed"
+exit "$status"

@@ -193,6 +193,8 @@ class Cairn(Tool):
     def env(self):
         e = super().env()
         e["CAIRN_PASSWORD"] = PASSWORD
+        for k in ("CAIRN_REPO", "CAIRN_PASSWORD_FILE"):
+            e.pop(k, None)
         return e
 
     def version_cmd(self):

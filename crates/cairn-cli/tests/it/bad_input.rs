@@ -29,7 +29,11 @@ fn small_tree(env: &Env) -> PathBuf {
     let mut rng = Rng(77);
     fs::write(src.join("keep/a.bin"), rng.bytes(400_000, false)).unwrap();
     fs::write(src.join("keep/b.txt"), rng.bytes(100_000, true)).unwrap();
-    fs::write(src.join("subdir-marker-name/c.bin"), rng.bytes(300_000, false)).unwrap();
+    fs::write(
+        src.join("subdir-marker-name/c.bin"),
+        rng.bytes(300_000, false),
+    )
+    .unwrap();
     src
 }
 
@@ -49,16 +53,31 @@ fn wrong_password_missing_repo_and_init_over_existing() {
     env.init(&[]);
     let e = env.fails(&["init"], 1);
     assert!(e.contains("already exists"), "{e}");
-    let o = env.cmd(&["snapshots"]).env("CAIRN_PASSWORD", "wrong").output().unwrap();
+    let o = env
+        .cmd(&["snapshots"])
+        .env("CAIRN_PASSWORD", "wrong")
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(12));
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(e.contains("wrong password") && e.lines().count() == 1, "{e}");
+    assert!(
+        e.contains("wrong password") && e.lines().count() == 1,
+        "{e}"
+    );
     // No password at all, not on a terminal.
-    let o = env.cmd(&["snapshots"]).env_remove("CAIRN_PASSWORD").output().unwrap();
+    let o = env
+        .cmd(&["snapshots"])
+        .env_remove("CAIRN_PASSWORD")
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no password given"));
     // No repository given.
-    let o = Command::new(bin()).arg("snapshots").env_remove("CAIRN_REPO").output().unwrap();
+    let o = Command::new(bin())
+        .arg("snapshots")
+        .env_remove("CAIRN_REPO")
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no repository given"));
     // Bad option values.
@@ -81,7 +100,10 @@ fn snapshot_ids_that_match_nothing_or_several() {
     }
     let e = env.fails(&["ls", "zzzz"], 1);
     assert!(e.contains("no snapshot matches"), "{e}");
-    let e = env.fails(&["restore", "0123456789abcdef0123", "--target", "/tmp/never"], 1);
+    let e = env.fails(
+        &["restore", "0123456789abcdef0123", "--target", "/tmp/never"],
+        1,
+    );
     assert!(e.contains("no snapshot matches"), "{e}");
     let first = ids
         .iter()
@@ -102,10 +124,17 @@ fn unwritable_targets() {
     let e = env.fails(&["restore", &snap, "--target", file.to_str().unwrap()], 1);
     assert!(e.contains("a-file"), "{e}");
     // A read-only filesystem (root can write anywhere else).
-    assert!(is_root(), "the test suite runs as root (CI does): it mounts filesystems");
+    assert!(
+        is_root(),
+        "the test suite runs as root (CI does): it mounts filesystems"
+    );
     let ro = env.path("ro");
     fs::create_dir_all(&ro).unwrap();
-    let m = Command::new("mount").args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"]).arg(&ro).status().unwrap();
+    let m = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
+        .arg(&ro)
+        .status()
+        .unwrap();
     assert!(m.success());
     let e = env.fails(&["restore", &snap, "--target", ro.to_str().unwrap()], 1);
     let _ = Command::new("umount").arg(&ro).status();
@@ -120,9 +149,15 @@ fn corrupted_pack_is_named_and_restore_restores_the_rest() {
     let snap = env.backup(&[&src]);
     // The data pack is the largest; damage c.bin's bytes inside it.
     let c = fs::read(src.join("subdir-marker-name/c.bin")).unwrap();
-    let (pack, _) = files_under(&env.repo.join("data")).into_iter().max_by_key(|(_, s)| *s).unwrap();
+    let (pack, _) = files_under(&env.repo.join("data"))
+        .into_iter()
+        .max_by_key(|(_, s)| *s)
+        .unwrap();
     let bytes = fs::read(&pack).unwrap();
-    let at = bytes.windows(64).position(|w| w == &c[1000..1064]).expect("plaintext chunk in pack");
+    let at = bytes
+        .windows(64)
+        .position(|w| w == &c[1000..1064])
+        .expect("plaintext chunk in pack");
     flip(&pack, at + 10);
 
     let o = env.run(&["check", "--read-data"]);
@@ -130,14 +165,23 @@ fn corrupted_pack_is_named_and_restore_restores_the_rest() {
     let out = String::from_utf8_lossy(&o.stdout);
     let pack_name = pack.file_name().unwrap().to_string_lossy();
     assert!(out.contains(&*pack_name), "check must name the pack: {out}");
-    assert!(out.contains("subdir-marker-name/c.bin"), "check must name the affected file: {out}");
+    assert!(
+        out.contains("subdir-marker-name/c.bin"),
+        "check must name the affected file: {out}"
+    );
 
     let target = env.path("out");
     let e = env.fails(&["restore", &snap, "--target", target.to_str().unwrap()], 1);
     assert!(e.contains("c.bin"), "{e}");
     let base = target.join(src.strip_prefix("/").unwrap());
-    assert_eq!(fs::read(base.join("keep/a.bin")).unwrap(), fs::read(src.join("keep/a.bin")).unwrap());
-    assert_eq!(fs::read(base.join("keep/b.txt")).unwrap(), fs::read(src.join("keep/b.txt")).unwrap());
+    assert_eq!(
+        fs::read(base.join("keep/a.bin")).unwrap(),
+        fs::read(src.join("keep/a.bin")).unwrap()
+    );
+    assert_eq!(
+        fs::read(base.join("keep/b.txt")).unwrap(),
+        fs::read(src.join("keep/b.txt")).unwrap()
+    );
 }
 
 #[test]
@@ -159,12 +203,18 @@ fn corrupted_tree_is_named_and_other_directories_restore() {
     let o = env.run(&["check"]);
     assert_eq!(o.status.code(), Some(1));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("tree") && out.contains("subdir-marker-name"), "{out}");
+    assert!(
+        out.contains("tree") && out.contains("subdir-marker-name"),
+        "{out}"
+    );
     let target = env.path("out");
     let e = env.fails(&["restore", &snap, "--target", target.to_str().unwrap()], 1);
     assert!(e.contains("subdir-marker-name"), "{e}");
     let base = target.join(src.strip_prefix("/").unwrap());
-    assert_eq!(fs::read(base.join("keep/a.bin")).unwrap(), fs::read(src.join("keep/a.bin")).unwrap());
+    assert_eq!(
+        fs::read(base.join("keep/a.bin")).unwrap(),
+        fs::read(src.join("keep/a.bin")).unwrap()
+    );
 }
 
 #[test]
@@ -182,7 +232,11 @@ fn corrupted_or_truncated_index_snapshot_config_and_pack() {
     flip(&snap_file, 30);
     let o = env.run(&["snapshots"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains(&s1), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&s1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(String::from_utf8_lossy(&o.stdout).contains(&s2[..8]));
     let o = env.run(&["check"]);
     assert_eq!(o.status.code(), Some(1));
@@ -192,12 +246,17 @@ fn corrupted_or_truncated_index_snapshot_config_and_pack() {
     fs::write(&snap_file, &orig).unwrap();
 
     // A damaged index file is named by check; restore reports what it cannot find.
-    let (idx, _) = files_under(&env.repo.join("index")).into_iter().next().unwrap();
+    let (idx, _) = files_under(&env.repo.join("index"))
+        .into_iter()
+        .next()
+        .unwrap();
     let orig_idx = fs::read(&idx).unwrap();
     flip(&idx, orig_idx.len() / 2);
     let o = env.run(&["check"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stdout).contains(idx.file_name().unwrap().to_str().unwrap()));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(idx.file_name().unwrap().to_str().unwrap())
+    );
     fs::write(&idx, &orig_idx).unwrap();
 
     // A truncated index file too.
@@ -207,13 +266,19 @@ fn corrupted_or_truncated_index_snapshot_config_and_pack() {
     fs::write(&idx, &orig_idx).unwrap();
 
     // A truncated pack: check names it.
-    let (pack, size) = files_under(&env.repo.join("data")).into_iter().max_by_key(|(_, s)| *s).unwrap();
+    let (pack, size) = files_under(&env.repo.join("data"))
+        .into_iter()
+        .max_by_key(|(_, s)| *s)
+        .unwrap();
     let orig_pack = fs::read(&pack).unwrap();
     fs::write(&pack, &orig_pack[..(size / 2) as usize]).unwrap();
     let o = env.run(&["check"]);
     assert_eq!(o.status.code(), Some(1));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains(pack.file_name().unwrap().to_str().unwrap()) && out.contains("truncated"), "{out}");
+    assert!(
+        out.contains(pack.file_name().unwrap().to_str().unwrap()) && out.contains("truncated"),
+        "{out}"
+    );
     let target = env.path("out-trunc");
     let e = env.fails(&["restore", &s2, "--target", target.to_str().unwrap()], 1);
     assert!(!e.contains("panicked"));
@@ -233,7 +298,10 @@ fn corrupted_or_truncated_index_snapshot_config_and_pack() {
     let e = env.fails(&["snapshots"], 1);
     assert!(e.contains("config") && e.lines().count() == 1, "{e}");
     fs::write(&cfg, &orig_cfg).unwrap();
-    let (key, _) = files_under(&env.repo.join("keys")).into_iter().next().unwrap();
+    let (key, _) = files_under(&env.repo.join("keys"))
+        .into_iter()
+        .next()
+        .unwrap();
     fs::write(&key, b"{not json").unwrap();
     let e = env.fails(&["snapshots"], 1);
     assert!(e.contains("key file"), "{e}");
@@ -252,7 +320,12 @@ fn unreadable_source_files_are_warnings_with_exit_3() {
     // instead give a file whose read fails (EISDIR is not possible), use /proc entry.
     let o = env.run(&["backup", "--json", src.to_str().unwrap(), "/proc/self/mem"]);
     // /proc/self/mem cannot be read sequentially from offset 0 (EIO): skipped.
-    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["entries_skipped"], 1);
     assert!(String::from_utf8_lossy(&o.stderr).contains("warning"));
@@ -262,11 +335,18 @@ fn unreadable_source_files_are_warnings_with_exit_3() {
 
 #[test]
 fn disk_full_fails_cleanly_and_next_backup_works() {
-    assert!(is_root(), "the test suite runs as root (CI does): it mounts filesystems");
+    assert!(
+        is_root(),
+        "the test suite runs as root (CI does): it mounts filesystems"
+    );
     let env = Env::new();
     let mnt = env.path("small-fs");
     fs::create_dir_all(&mnt).unwrap();
-    let m = Command::new("mount").args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"]).arg(&mnt).status().unwrap();
+    let m = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
     assert!(m.success());
     struct Unmount(PathBuf);
     impl Drop for Unmount {
@@ -275,7 +355,10 @@ fn disk_full_fails_cleanly_and_next_backup_works() {
         }
     }
     let _guard = Unmount(mnt.clone());
-    let env2 = Env { dir: tempfile::tempdir().unwrap(), repo: mnt.join("repo") };
+    let env2 = Env {
+        dir: tempfile::tempdir().unwrap(),
+        repo: mnt.join("repo"),
+    };
     env2.init(&[]);
     let src = small_tree(&env);
     let s1 = env2.backup(&[&src]);
@@ -293,7 +376,11 @@ fn disk_full_fails_cleanly_and_next_backup_works() {
     let r = env2.restore(&s1, &src, "out1");
     assert_same(&src, &r);
     // Free space (grow the filesystem), and the next backup works.
-    let m = Command::new("mount").args(["-o", "remount,size=200m"]).arg(&mnt).status().unwrap();
+    let m = Command::new("mount")
+        .args(["-o", "remount,size=200m"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
     assert!(m.success());
     let s2 = env2.backup(&[&big]);
     let r = env2.restore(&s2, &big, "out2");

@@ -22,7 +22,10 @@ fn golden_v1_repository_opens_restores_and_checks() {
         .status()
         .unwrap();
     assert!(st.success(), "golden fixture must exist and unpack");
-    let env = Env { repo: env.dir.path().join("v1/repo"), dir: env.dir };
+    let env = Env {
+        repo: env.dir.path().join("v1/repo"),
+        dir: env.dir,
+    };
     let out = env.ok(&["check", "--read-data"]);
     assert!(out.contains("no errors were found"), "{out}");
     let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
@@ -35,6 +38,9 @@ fn golden_v1_repository_opens_restores_and_checks() {
     let diffs = compare(&expected, &restored);
     // Owners and xattrs of the unpacked reference copy come from tar; compare content,
     // names, types, modes and times only.
-    let relevant: Vec<_> = diffs.iter().filter(|d| !d.contains("owner") && !d.contains("xattrs")).collect();
+    let relevant: Vec<_> = diffs
+        .iter()
+        .filter(|d| !d.contains("owner") && !d.contains("xattrs"))
+        .collect();
     assert!(relevant.is_empty(), "{relevant:#?}");
 }

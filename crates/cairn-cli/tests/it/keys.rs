@@ -11,36 +11,72 @@ fn several_passwords_change_and_remove() {
     let snap = env.backup(&[&src]);
     let data_before: Vec<_> = walk(&env.repo.join("data")).into_keys().collect();
 
-    let o = env.cmd(&["key", "add", "--json"]).env("CAIRN_NEW_PASSWORD", "second").output().unwrap();
+    let o = env
+        .cmd(&["key", "add", "--json"])
+        .env("CAIRN_NEW_PASSWORD", "second")
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let second: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let second = second["id"].as_str().unwrap().to_string();
-    let keys: serde_json::Value = serde_json::from_str(&env.ok(&["key", "list", "--json"])).unwrap();
+    let keys: serde_json::Value =
+        serde_json::from_str(&env.ok(&["key", "list", "--json"])).unwrap();
     assert_eq!(keys.as_array().unwrap().len(), 2);
     // Both passwords open the repository.
-    let o = env.cmd(&["snapshots"]).env("CAIRN_PASSWORD", "second").output().unwrap();
+    let o = env
+        .cmd(&["snapshots"])
+        .env("CAIRN_PASSWORD", "second")
+        .output()
+        .unwrap();
     assert!(o.status.success());
 
     // Change the first password: the old one stops working, data is untouched.
-    let o = env.cmd(&["key", "passwd"]).env("CAIRN_NEW_PASSWORD", "third").output().unwrap();
+    let o = env
+        .cmd(&["key", "passwd"])
+        .env("CAIRN_NEW_PASSWORD", "third")
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     env.fails(&["snapshots"], 12);
-    let o = env.cmd(&["snapshots"]).env("CAIRN_PASSWORD", "third").output().unwrap();
+    let o = env
+        .cmd(&["snapshots"])
+        .env("CAIRN_PASSWORD", "third")
+        .output()
+        .unwrap();
     assert!(o.status.success());
     let data_after: Vec<_> = walk(&env.repo.join("data")).into_keys().collect();
-    assert_eq!(data_before, data_after, "changing a password must not rewrite data");
+    assert_eq!(
+        data_before, data_after,
+        "changing a password must not rewrite data"
+    );
 
     // Remove the second key using the third password; the key in use cannot be removed.
-    let o = env.cmd(&["key", "remove", &second[..8]]).env("CAIRN_PASSWORD", "third").output().unwrap();
+    let o = env
+        .cmd(&["key", "remove", &second[..8]])
+        .env("CAIRN_PASSWORD", "third")
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = env.cmd(&["snapshots"]).env("CAIRN_PASSWORD", "second").output().unwrap();
+    let o = env
+        .cmd(&["snapshots"])
+        .env("CAIRN_PASSWORD", "second")
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(12));
     let keys: serde_json::Value = serde_json::from_slice(
-        &env.cmd(&["key", "list", "--json"]).env("CAIRN_PASSWORD", "third").output().unwrap().stdout,
+        &env.cmd(&["key", "list", "--json"])
+            .env("CAIRN_PASSWORD", "third")
+            .output()
+            .unwrap()
+            .stdout,
     )
     .unwrap();
     let current = keys[0]["id"].as_str().unwrap().to_string();
-    let o = env.cmd(&["key", "remove", &current]).env("CAIRN_PASSWORD", "third").output().unwrap();
+    let o = env
+        .cmd(&["key", "remove", &current])
+        .env("CAIRN_PASSWORD", "third")
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("refusing"));
     // Data still restores with the new password.

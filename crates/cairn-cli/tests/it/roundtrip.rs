@@ -25,8 +25,12 @@ fn comparer_detects_every_difference() {
             use std::os::unix::fs::PermissionsExt;
             fs::set_permissions(b.join("script.sh"), fs::Permissions::from_mode(0o700)).unwrap();
         }),
-        ("mtime", |b| set_times(&b.join("small.txt"), 1_600_000_000, 1)),
-        ("xattr", |b| xattr::set(b.join("small.txt"), "user.note", b"changed").unwrap()),
+        ("mtime", |b| {
+            set_times(&b.join("small.txt"), 1_600_000_000, 1)
+        }),
+        ("xattr", |b| {
+            xattr::set(b.join("small.txt"), "user.note", b"changed").unwrap()
+        }),
         ("symlink", |b| {
             fs::remove_file(b.join("link-rel")).unwrap();
             std::os::unix::fs::symlink("other", b.join("link-rel")).unwrap();
@@ -46,11 +50,23 @@ fn comparer_detects_every_difference() {
     ];
     for (i, (what, m)) in mutations.into_iter().enumerate() {
         let b = env.path(&format!("b{i}"));
-        let o = std::process::Command::new("cp").arg("-a").arg(&a).arg(&b).output().unwrap();
+        let o = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&a)
+            .arg(&b)
+            .output()
+            .unwrap();
         assert!(o.status.success());
-        assert!(compare(&a, &b).is_empty(), "copy of the tree differs before mutation {what}: {:?}", compare(&a, &b));
+        assert!(
+            compare(&a, &b).is_empty(),
+            "copy of the tree differs before mutation {what}: {:?}",
+            compare(&a, &b)
+        );
         m(&b);
-        assert!(!compare(&a, &b).is_empty(), "comparer missed a {what} difference");
+        assert!(
+            !compare(&a, &b).is_empty(),
+            "comparer missed a {what} difference"
+        );
     }
 }
 
@@ -71,7 +87,13 @@ fn full_tree_round_trips_exactly() {
 fn small_blocks_unencrypted_and_deep_chunk_lists() {
     // 4 KiB blocks: a 24 MB file has more than 4096 chunks (two chunk-list levels).
     let env = Env::new();
-    env.init(&["--block-size", "4K", "--no-encryption", "--compression", "max"]);
+    env.init(&[
+        "--block-size",
+        "4K",
+        "--no-encryption",
+        "--compression",
+        "max",
+    ]);
     let src = env.path("src");
     fs::create_dir_all(&src).unwrap();
     let mut rng = Rng(99);
@@ -81,7 +103,10 @@ fn small_blocks_unencrypted_and_deep_chunk_lists() {
     let restored = env.restore(&snap, &src, "out");
     assert_same(&src, &restored);
     // Dump streams the same bytes.
-    let out = env.cmd(&["dump", &snap, &format!("{}/image.raw", src.display())]).output().unwrap();
+    let out = env
+        .cmd(&["dump", &snap, &format!("{}/image.raw", src.display())])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert_eq!(out.stdout, fs::read(src.join("image.raw")).unwrap());
     env.check_clean();
@@ -95,7 +120,15 @@ fn incremental_backups_after_edits_inserts_deletes_renames() {
     make_full_tree(&src, 3);
     let s1 = env.backup(&[&src]);
     let copy1 = env.path("copy1");
-    assert!(std::process::Command::new("cp").arg("-a").arg(&src).arg(&copy1).status().unwrap().success());
+    assert!(
+        std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&src)
+            .arg(&copy1)
+            .status()
+            .unwrap()
+            .success()
+    );
 
     // Unchanged re-backup: nothing read.
     let v = env.backup_json(&[&src]);
@@ -112,7 +145,12 @@ fn incremental_backups_after_edits_inserts_deletes_renames() {
     let ins: Vec<u8> = rng.bytes(10_000, false);
     d.splice(1_000_000..1_000_000, ins);
     fs::write(&p, &d).unwrap();
-    fs::OpenOptions::new().append(true).open(src.join("dir/text.log")).unwrap().write_all(b"appended\n").unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(src.join("dir/text.log"))
+        .unwrap()
+        .write_all(b"appended\n")
+        .unwrap();
     fs::remove_file(src.join("dup-a")).unwrap();
     fs::remove_dir_all(src.join("dir/sub/deeper")).unwrap();
     fs::rename(src.join("dir/sub/big.bin"), src.join("moved-big.bin")).unwrap();
@@ -138,14 +176,26 @@ fn stdin_backup_dump_ls_include_and_excludes() {
     let mut rng = Rng(11);
     let payload = rng.bytes(3 << 20, true);
     let mut child = env
-        .cmd(&["backup", "--stdin", "--stdin-name", "db.sql", "--tag", "dump", "--json"])
+        .cmd(&[
+            "backup",
+            "--stdin",
+            "--stdin-name",
+            "db.sql",
+            "--tag",
+            "dump",
+            "--json",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     child.stdin.take().unwrap().write_all(&payload).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let sid = v["snapshot_id"].as_str().unwrap();
     let dumped = env.cmd(&["dump", &sid[..8], "/db.sql"]).output().unwrap();
@@ -156,24 +206,50 @@ fn stdin_backup_dump_ls_include_and_excludes() {
     make_full_tree(&src, 4);
     fs::write(env.path("excludes"), "# comment\n*.log\n").unwrap();
     let out = env.ok(&[
-        "backup", "--json", "--exclude", "dup-*", "--exclude-file", env.path("excludes").to_str().unwrap(),
+        "backup",
+        "--json",
+        "--exclude",
+        "dup-*",
+        "--exclude-file",
+        env.path("excludes").to_str().unwrap(),
         src.to_str().unwrap(),
     ]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let sid = v["snapshot_id"].as_str().unwrap();
     let ls = env.ok(&["ls", sid]);
     assert!(ls.contains(&format!("{}/small.txt", src.display())), "{ls}");
-    assert!(!ls.contains("dup-a") && !ls.contains("dup-b") && !ls.contains("text.log"), "{ls}");
-    let lsj: serde_json::Value = serde_json::from_str(&env.ok(&["ls", "--json", sid, &format!("{}/dir", src.display())])).unwrap();
-    assert!(lsj["entries"].as_array().unwrap().iter().any(|e| e["path"].as_str().unwrap().ends_with("/dir/random.bin")));
+    assert!(
+        !ls.contains("dup-a") && !ls.contains("dup-b") && !ls.contains("text.log"),
+        "{ls}"
+    );
+    let lsj: serde_json::Value =
+        serde_json::from_str(&env.ok(&["ls", "--json", sid, &format!("{}/dir", src.display())]))
+            .unwrap();
+    assert!(
+        lsj["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["path"].as_str().unwrap().ends_with("/dir/random.bin"))
+    );
 
     // --include restores only that subtree.
     let target = env.path("partial");
-    env.ok(&["restore", sid, "--target", target.to_str().unwrap(), "--include", &format!("{}/dir/sub", src.display())]);
+    env.ok(&[
+        "restore",
+        sid,
+        "--target",
+        target.to_str().unwrap(),
+        "--include",
+        &format!("{}/dir/sub", src.display()),
+    ]);
     let base = target.join(src.strip_prefix("/").unwrap());
     assert!(base.join("dir/sub/big.bin").exists());
     assert!(!base.join("small.txt").exists());
-    assert_eq!(fs::read(base.join("dir/sub/big.bin")).unwrap(), fs::read(src.join("dir/sub/big.bin")).unwrap());
+    assert_eq!(
+        fs::read(base.join("dir/sub/big.bin")).unwrap(),
+        fs::read(src.join("dir/sub/big.bin")).unwrap()
+    );
 
     let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
     assert_eq!(snaps.as_array().unwrap().len(), 2);

@@ -23,7 +23,10 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Self {
-        let dir = tempfile::Builder::new().prefix("cairn-it-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("cairn-it-")
+            .tempdir()
+            .unwrap();
         let repo = dir.path().join("repo");
         Env { dir, repo }
     }
@@ -129,7 +132,16 @@ impl Rng {
     pub fn bytes(&mut self, n: usize, compressible: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(n + 8);
         if compressible {
-            let words: [&[u8]; 8] = [b"backup ", b"cairn ", b"chunk ", b"data\n", b"restore ", b"0123 ", b"index ", b"pack "];
+            let words: [&[u8]; 8] = [
+                b"backup ",
+                b"cairn ",
+                b"chunk ",
+                b"data\n",
+                b"restore ",
+                b"0123 ",
+                b"index ",
+                b"pack ",
+            ];
             while out.len() < n {
                 out.extend_from_slice(words[self.below(8) as usize]);
             }
@@ -147,7 +159,14 @@ pub fn set_times(path: &Path, secs: i64, nanos: i64) {
     use nix::sys::stat::{UtimensatFlags, utimensat};
     use nix::sys::time::TimeSpec;
     let t = TimeSpec::new(secs, nanos);
-    utimensat(nix::fcntl::AT_FDCWD, path, &t, &t, UtimensatFlags::NoFollowSymlink).unwrap();
+    utimensat(
+        nix::fcntl::AT_FDCWD,
+        path,
+        &t,
+        &t,
+        UtimensatFlags::NoFollowSymlink,
+    )
+    .unwrap();
 }
 
 pub fn is_root() -> bool {
@@ -203,15 +222,32 @@ pub fn make_full_tree(root: &Path, seed: u64) {
         use std::os::unix::fs::FileExt;
         let f = fs::File::create(root.join("sparse")).unwrap();
         f.set_len(64 << 20).unwrap();
-        f.write_all_at(&rng.bytes(100_000, false), 20 << 20).unwrap();
+        f.write_all_at(&rng.bytes(100_000, false), 20 << 20)
+            .unwrap();
         f.write_all_at(b"tail data", 40 << 20).unwrap();
     }
     // FIFO and devices.
-    nix::unistd::mkfifo(&root.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o640)).unwrap();
+    nix::unistd::mkfifo(
+        &root.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o640),
+    )
+    .unwrap();
     if is_root() {
         use nix::sys::stat::{Mode, SFlag, makedev, mknod};
-        mknod(&root.join("chardev"), SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(1, 3)).unwrap();
-        mknod(&root.join("blockdev"), SFlag::S_IFBLK, Mode::from_bits_truncate(0o660), makedev(7, 200)).unwrap();
+        mknod(
+            &root.join("chardev"),
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            makedev(1, 3),
+        )
+        .unwrap();
+        mknod(
+            &root.join("blockdev"),
+            SFlag::S_IFBLK,
+            Mode::from_bits_truncate(0o660),
+            makedev(7, 200),
+        )
+        .unwrap();
         // Ownership other than the runner's.
         nix::unistd::chown(&root.join("private"), Some(1234.into()), Some(5678.into())).unwrap();
         nix::unistd::fchownat(
@@ -232,7 +268,11 @@ pub fn make_full_tree(root: &Path, seed: u64) {
     let mut all: Vec<PathBuf> = walk(root).into_keys().map(|p| root.join(p)).collect();
     all.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for (i, p) in all.iter().enumerate() {
-        set_times(p, 1_600_000_000 + i as i64 * 7919, (i as i64 * 123_456_789) % 1_000_000_000);
+        set_times(
+            p,
+            1_600_000_000 + i as i64 * 7919,
+            (i as i64 * 123_456_789) % 1_000_000_000,
+        );
     }
     set_times(root, 1_500_000_000, 999_999_999);
 }
@@ -289,22 +329,44 @@ pub fn compare(a: &Path, b: &Path) -> Vec<String> {
             entries.push((k.clone(), ma.clone(), mb.clone()));
         }
     }
-    entries.push((PathBuf::new(), fs::symlink_metadata(a).unwrap(), fs::symlink_metadata(b).unwrap()));
+    entries.push((
+        PathBuf::new(),
+        fs::symlink_metadata(a).unwrap(),
+        fs::symlink_metadata(b).unwrap(),
+    ));
     for (k, ma, mb) in &entries {
-        let d = |what: &str, x: String, y: String| format!("{}: {what} differs: {x} vs {y}", k.display());
+        let d = |what: &str, x: String, y: String| {
+            format!("{}: {what} differs: {x} vs {y}", k.display())
+        };
         let (pa, pb) = (a.join(k), b.join(k));
         if ma.file_type() != mb.file_type() {
-            diffs.push(d("type", format!("{:?}", ma.file_type()), format!("{:?}", mb.file_type())));
+            diffs.push(d(
+                "type",
+                format!("{:?}", ma.file_type()),
+                format!("{:?}", mb.file_type()),
+            ));
             continue;
         }
         if !ma.file_type().is_symlink() && ma.mode() != mb.mode() {
-            diffs.push(d("mode", format!("{:o}", ma.mode()), format!("{:o}", mb.mode())));
+            diffs.push(d(
+                "mode",
+                format!("{:o}", ma.mode()),
+                format!("{:o}", mb.mode()),
+            ));
         }
         if (ma.uid(), ma.gid()) != (mb.uid(), mb.gid()) {
-            diffs.push(d("owner", format!("{}:{}", ma.uid(), ma.gid()), format!("{}:{}", mb.uid(), mb.gid())));
+            diffs.push(d(
+                "owner",
+                format!("{}:{}", ma.uid(), ma.gid()),
+                format!("{}:{}", mb.uid(), mb.gid()),
+            ));
         }
         if (ma.mtime(), ma.mtime_nsec()) != (mb.mtime(), mb.mtime_nsec()) {
-            diffs.push(d("mtime", format!("{}.{:09}", ma.mtime(), ma.mtime_nsec()), format!("{}.{:09}", mb.mtime(), mb.mtime_nsec())));
+            diffs.push(d(
+                "mtime",
+                format!("{}.{:09}", ma.mtime(), ma.mtime_nsec()),
+                format!("{}.{:09}", mb.mtime(), mb.mtime_nsec()),
+            ));
         }
         if ma.rdev() != mb.rdev() {
             diffs.push(d("rdev", ma.rdev().to_string(), mb.rdev().to_string()));
@@ -318,7 +380,11 @@ pub fn compare(a: &Path, b: &Path) -> Vec<String> {
             let la = fs::read_link(&pa).unwrap();
             let lb = fs::read_link(&pb).unwrap();
             if la != lb {
-                diffs.push(d("link target", la.display().to_string(), lb.display().to_string()));
+                diffs.push(d(
+                    "link target",
+                    la.display().to_string(),
+                    lb.display().to_string(),
+                ));
             }
         }
         if ma.is_file() {
@@ -331,19 +397,39 @@ pub fn compare(a: &Path, b: &Path) -> Vec<String> {
             // must not allocate more than the source did (plus one chunk of slack).
             let dense_blocks = ma.len().div_ceil(512);
             if ma.blocks() + 8 < dense_blocks && mb.blocks() > ma.blocks() + 256 {
-                diffs.push(d("allocated blocks (sparseness)", ma.blocks().to_string(), mb.blocks().to_string()));
+                diffs.push(d(
+                    "allocated blocks (sparseness)",
+                    ma.blocks().to_string(),
+                    mb.blocks().to_string(),
+                ));
             }
             if ma.nlink() > 1 {
-                links_a.entry((ma.dev(), ma.ino())).or_default().push(k.clone());
-                links_b.entry((mb.dev(), mb.ino())).or_default().push(k.clone());
+                links_a
+                    .entry((ma.dev(), ma.ino()))
+                    .or_default()
+                    .push(k.clone());
+                links_b
+                    .entry((mb.dev(), mb.ino()))
+                    .or_default()
+                    .push(k.clone());
             }
             if ma.nlink() != mb.nlink() {
-                diffs.push(d("link count", ma.nlink().to_string(), mb.nlink().to_string()));
+                diffs.push(d(
+                    "link count",
+                    ma.nlink().to_string(),
+                    mb.nlink().to_string(),
+                ));
             }
         }
     }
     let groups = |m: HashMap<(u64, u64), Vec<PathBuf>>| {
-        let mut g: Vec<Vec<PathBuf>> = m.into_values().map(|mut v| { v.sort(); v }).collect();
+        let mut g: Vec<Vec<PathBuf>> = m
+            .into_values()
+            .map(|mut v| {
+                v.sort();
+                v
+            })
+            .collect();
         g.sort();
         g
     };
@@ -367,7 +453,11 @@ pub fn assert_rsync_same(a: &Path, b: &Path) {
         .arg(format!("{}/", b.display()))
         .output()
         .expect("rsync must be installed (.ci/run installs it)");
-    assert!(out.status.success(), "rsync failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "rsync failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let items = String::from_utf8_lossy(&out.stdout);
     assert!(items.trim().is_empty(), "rsync sees differences:\n{items}");
 }

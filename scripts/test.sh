@@ -25,7 +25,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 log=$(mktemp)
 set +e
-cargo test --workspace --all-targets 2>&1 | tee "$log"
+cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 read -r passed failed < <(awk '/^test result:/ {

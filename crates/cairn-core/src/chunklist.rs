@@ -216,6 +216,23 @@ mod tests {
     }
 
     #[test]
+    fn too_deep_is_an_error_not_a_panic() {
+        let mut b = ChunkListBuilder::with_fanout(2);
+        let mut emit = |_c: ChunkList| -> Result<BlobId> { Ok(BlobId([1; 32])) };
+        for _ in 0..5000 {
+            b.push(
+                ChunkRef {
+                    id: BlobId([0; 32]),
+                    length: 1,
+                },
+                &mut emit,
+            )
+            .unwrap();
+        }
+        assert!(b.finish(&mut emit).is_err());
+    }
+
+    #[test]
     fn shapes() {
         let cases = [
             (0, 4096),
@@ -228,7 +245,7 @@ mod tests {
             (65, 4),
             (1000, 4),
             (1024, 4),
-            (4095, 2),
+            (100, 3),
         ];
         for (n, fanout) in cases {
             let (c, store) = build(n, fanout);

@@ -77,6 +77,13 @@ impl BlobEncoder {
     }
 }
 
+thread_local! {
+    /// A zstd decompression context per thread: creating one costs more than
+    /// decompressing a 16 KiB chunk.
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Opens a sealed blob and checks its id. `what` names it in errors.
 pub fn decode(
     key: &MasterKey,
@@ -94,9 +101,20 @@ pub fn decode(
         BlobCompression::Raw => opened,
         BlobCompression::Zstd => {
             let cap = (raw_length as usize).min(MAX_BLOB_SIZE);
-            zstd::bulk::decompress(&opened, cap).map_err(|e| {
-                Error::damaged(what(), FormatError::malformed("blob", format!("zstd: {e}")))
-            })?
+            DECOMPRESSOR
+                .with(|d| {
+                    let mut d = d.borrow_mut();
+                    if d.is_none() {
+                        *d = Some(zstd::bulk::Decompressor::new()?);
+                    }
+                    match d.as_mut() {
+                        Some(d) => d.decompress(&opened, cap),
+                        None => Err(std::io::Error::other("no decompressor")),
+                    }
+                })
+                .map_err(|e| {
+                    Error::damaged(what(), FormatError::malformed("blob", format!("zstd: {e}")))
+                })?
         }
     };
     if plain.len() != raw_length as usize {

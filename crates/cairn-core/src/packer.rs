@@ -126,7 +126,7 @@ pub struct Uploader {
 
 impl Uploader {
     pub fn start(backend: Arc<dyn Backend>, key: Arc<MasterKey>) -> Self {
-        let (tx, rx): (Sender<SealedPack>, Receiver<SealedPack>) = bounded(2);
+        let (tx, rx): (Sender<SealedPack>, Receiver<SealedPack>) = bounded(1);
         let handle = std::thread::Builder::new()
             .name("cairn-upload".into())
             .spawn(move || {

@@ -25,7 +25,7 @@ impl Compression {
     pub fn zstd_level(self) -> Option<i32> {
         match self {
             Compression::None => None,
-            Compression::Standard => Some(3),
+            Compression::Standard => Some(1),
             Compression::Max => Some(9),
         }
     }

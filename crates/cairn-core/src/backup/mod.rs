@@ -172,7 +172,7 @@ impl InFlight {
     }
 }
 
-const CHUNK_BYTES_IN_FLIGHT: usize = 128 << 20;
+const CHUNK_BYTES_IN_FLIGHT: usize = 32 << 20;
 
 fn absolute(p: &Path) -> Result<PathBuf> {
     let abs = std::path::absolute(p).map_err(|e| Error::io(p, e))?;

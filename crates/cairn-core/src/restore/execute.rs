@@ -28,23 +28,20 @@ pub(crate) struct Executed {
 
 fn ranges(needs: &[Need]) -> Vec<&[Need]> {
     let mut out = Vec::new();
-    let mut start = 0;
-    for i in 1..=needs.len() {
-        let split = i == needs.len() || {
-            let end = needs[start..i]
-                .iter()
-                .map(|n| n.offset + n.length)
-                .max()
-                .unwrap_or(0);
-            let first = needs[start].offset;
-            needs[i].offset > end.saturating_add(MAX_GAP)
-                || (needs[i].offset + needs[i].length).saturating_sub(first) > MAX_RANGE
-        };
-        if split {
+    let Some(first) = needs.first() else {
+        return out;
+    };
+    let (mut start, mut first_off, mut end) = (0, first.offset, first.offset + first.length);
+    for (i, n) in needs.iter().enumerate().skip(1) {
+        let n_end = n.offset + n.length;
+        if n.offset > end.saturating_add(MAX_GAP) || n_end.saturating_sub(first_off) > MAX_RANGE {
             out.push(&needs[start..i]);
-            start = i;
+            (start, first_off, end) = (i, n.offset, n_end);
+        } else {
+            end = end.max(n_end);
         }
     }
+    out.push(&needs[start..]);
     out
 }
 

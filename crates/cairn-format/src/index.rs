@@ -81,7 +81,8 @@ impl IndexFile {
         let mut packs = Vec::with_capacity(np);
         for _ in 0..np {
             let id = PackId(r.array()?);
-            let nb = r.count(ID_LEN + 6, MAX_PACK_BLOBS)?;
+            // Smallest blob entry: kind, id, three one-byte varints, compression.
+            let nb = r.count(1 + ID_LEN + 3 + 1, MAX_PACK_BLOBS)?;
             let mut blobs = Vec::with_capacity(nb);
             for _ in 0..nb {
                 let k = r.u8()?;
@@ -140,6 +141,27 @@ mod tests {
                     BlobCompression::Raw
                 },
             })
+    }
+
+    #[test]
+    fn smallest_entries_round_trip() {
+        // Regression: the count check once assumed 38 bytes per blob entry, so an
+        // index whose only blob had one-byte offset and lengths did not decode.
+        let f = IndexFile {
+            supersedes: vec![],
+            packs: vec![IndexPack {
+                id: PackId([1; 32]),
+                blobs: vec![IndexBlob {
+                    kind: BlobKind::Tree,
+                    id: BlobId([2; 32]),
+                    offset: 0,
+                    length: 60,
+                    raw_length: 20,
+                    compression: BlobCompression::Raw,
+                }],
+            }],
+        };
+        assert_eq!(IndexFile::decode(&f.encode()).unwrap(), f);
     }
 
     proptest! {

@@ -272,3 +272,31 @@ fn backup_init_flag_creates_repository() {
     let cfg: serde_json::Value = serde_json::from_str(&env.ok(&["config", "--json"])).unwrap();
     assert_eq!(cfg["compression"], "max");
 }
+
+#[test]
+fn restore_replaces_symlinks_in_the_target_instead_of_following_them() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("d/f"), b"inside").unwrap();
+    fs::write(src.join("g"), b"file g").unwrap();
+    let snap = env.backup(&[&src]);
+    // A target whose directories and files are symlinks pointing outside it.
+    let outside = env.path("outside");
+    fs::create_dir_all(&outside).unwrap();
+    let target = env.path("t");
+    let base = target.join(src.strip_prefix("/").unwrap());
+    fs::create_dir_all(&base).unwrap();
+    std::os::unix::fs::symlink(&outside, base.join("d")).unwrap();
+    std::os::unix::fs::symlink(outside.join("g-victim"), base.join("g")).unwrap();
+    env.ok(&["restore", &snap, "--target", target.to_str().unwrap()]);
+    assert_eq!(
+        fs::read_dir(&outside).unwrap().count(),
+        0,
+        "restore wrote through a symlink"
+    );
+    assert!(fs::symlink_metadata(base.join("d")).unwrap().is_dir());
+    assert_eq!(fs::read(base.join("d/f")).unwrap(), b"inside");
+    assert_eq!(fs::read(base.join("g")).unwrap(), b"file g");
+}

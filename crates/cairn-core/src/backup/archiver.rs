@@ -6,7 +6,7 @@ use crate::blob::BlobEncoder;
 use crate::chunklist::ChunkListBuilder;
 use crate::error::{Error, Result};
 use crate::index::IdSet;
-use crate::packer::{Packer, Uploader};
+use crate::packer::{BufferPool, Packer, Uploader};
 use crate::repo::Repository;
 use cairn_format::BlobId;
 use cairn_format::pack::BlobKind;
@@ -14,6 +14,7 @@ use cairn_format::snapshot::SnapshotSummary;
 use cairn_format::tree::{ChunkList, ChunkRef, Node, NodeKind, Tree};
 use crossbeam_channel::Receiver;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub(crate) struct Archived {
     pub root: BlobId,
@@ -73,18 +74,19 @@ impl State<'_> {
 
 pub(crate) fn archive(
     repo: &Repository,
-    rx: Receiver<(u64, Item)>,
+    rx: Receiver<(u64, Vec<Item>)>,
     budget: &Budget,
 ) -> Result<Archived> {
     let level = repo.config().compression.zstd_level();
     let pack_size = repo.config().pack_size as usize;
+    let pool = Arc::new(BufferPool::new(1));
     let mut st = State {
         repo,
         written: IdSet::default(),
-        data: Packer::new(repo.key().clone(), pack_size),
-        meta: Packer::new(repo.key().clone(), pack_size),
+        data: Packer::new(repo.key().clone(), pool.clone(), pack_size),
+        meta: Packer::new(repo.key().clone(), pool.clone(), pack_size),
         encoder: BlobEncoder::new(level),
-        uploader: Uploader::start(repo.backend().clone(), repo.key().clone()),
+        uploader: Uploader::start(repo.backend().clone(), repo.key().clone(), pool),
         summary: SnapshotSummary::default(),
     };
     let r = run(&mut st, rx, budget);
@@ -116,117 +118,119 @@ pub(crate) fn archive(
 
 fn run(
     st: &mut State<'_>,
-    rx: Receiver<(u64, Item)>,
+    rx: Receiver<(u64, Vec<Item>)>,
     budget: &Budget,
 ) -> Result<(BlobId, Vec<Skipped>)> {
-    let mut pending: BTreeMap<u64, Item> = BTreeMap::new();
+    let mut pending: BTreeMap<u64, Vec<Item>> = BTreeMap::new();
     let mut next = 0u64;
     let mut frames: Vec<(Node, Vec<Node>)> = Vec::new();
     let mut file: Option<OpenFile> = None;
     let mut skipped = Vec::new();
     let mut root: Option<BlobId> = None;
 
-    for (seq, item) in rx {
-        pending.insert(seq, item);
-        while let Some(item) = pending.remove(&next) {
+    for (seq, bundle) in rx {
+        pending.insert(seq, bundle);
+        while let Some(bundle) = pending.remove(&next) {
             next += 1;
-            match item {
-                Item::DirStart(node) => frames.push((*node, Vec::new())),
-                Item::DirEnd => {
-                    let (mut node, mut children) = frames
-                        .pop()
-                        .ok_or_else(|| Error::Invalid("unbalanced directory stream".into()))?;
-                    children.sort_by(|a, b| a.name.cmp(&b.name));
-                    let tree = Tree { nodes: children };
-                    let id = st.store_meta(BlobKind::Tree, &tree.encode())?;
-                    node.subtree = Some(id);
-                    match frames.last_mut() {
-                        Some((_, siblings)) => {
-                            st.summary.dirs += 1;
-                            siblings.push(node);
+            for item in bundle {
+                match item {
+                    Item::DirStart(node) => frames.push((*node, Vec::new())),
+                    Item::DirEnd => {
+                        let (mut node, mut children) = frames
+                            .pop()
+                            .ok_or_else(|| Error::Invalid("unbalanced directory stream".into()))?;
+                        children.sort_by(|a, b| a.name.cmp(&b.name));
+                        let tree = Tree { nodes: children };
+                        let id = st.store_meta(BlobKind::Tree, &tree.encode())?;
+                        node.subtree = Some(id);
+                        match frames.last_mut() {
+                            Some((_, siblings)) => {
+                                st.summary.dirs += 1;
+                                siblings.push(node);
+                            }
+                            None => root = Some(id),
                         }
-                        None => root = Some(id),
                     }
-                }
-                Item::FileStart { node, changed } => {
-                    file = Some(OpenFile {
-                        node: *node,
-                        changed,
-                        builder: ChunkListBuilder::new(),
-                        bytes: 0,
-                    });
-                }
-                Item::Chunks { chunks, bytes } => {
-                    budget.release(bytes);
-                    let f = file
-                        .as_mut()
-                        .ok_or_else(|| Error::Invalid("chunk data outside a file".into()))?;
-                    for c in chunks {
-                        f.bytes += u64::from(c.length);
-                        if let Some(b) = c.blob {
-                            st.store(b)?;
+                    Item::FileStart { node, changed } => {
+                        file = Some(OpenFile {
+                            node: *node,
+                            changed,
+                            builder: ChunkListBuilder::new(),
+                            bytes: 0,
+                        });
+                    }
+                    Item::Chunks { chunks, bytes } => {
+                        budget.release(bytes);
+                        let f = file
+                            .as_mut()
+                            .ok_or_else(|| Error::Invalid("chunk data outside a file".into()))?;
+                        for c in chunks {
+                            f.bytes += u64::from(c.length);
+                            if let Some(b) = c.blob {
+                                st.store(b)?;
+                            }
+                            let r = ChunkRef {
+                                id: c.id,
+                                length: c.length.into(),
+                            };
+                            let mut emit =
+                                |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
+                            f.builder.push(r, &mut emit)?;
                         }
-                        let r = ChunkRef {
-                            id: c.id,
-                            length: c.length.into(),
-                        };
-                        let mut emit =
-                            |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
-                        f.builder.push(r, &mut emit)?;
                     }
-                }
-                Item::Data { .. } => {
-                    return Err(Error::Invalid(
-                        "unprocessed chunk data reached the archiver".into(),
-                    ));
-                }
-                Item::FileEnd { ok } => {
-                    let f = file
-                        .take()
-                        .ok_or_else(|| Error::Invalid("file end outside a file".into()))?;
-                    if ok {
-                        let mut node = f.node;
-                        let mut emit =
-                            |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
-                        node.content = f.builder.finish(&mut emit)?;
-                        node.size = f.bytes;
-                        st.summary.bytes_read += f.bytes;
-                        st.summary.total_bytes += f.bytes;
-                        if f.changed {
-                            st.summary.files_changed += 1;
+                    Item::Data { .. } => {
+                        return Err(Error::Invalid(
+                            "unprocessed chunk data reached the archiver".into(),
+                        ));
+                    }
+                    Item::FileEnd { ok } => {
+                        let f = file
+                            .take()
+                            .ok_or_else(|| Error::Invalid("file end outside a file".into()))?;
+                        if ok {
+                            let mut node = f.node;
+                            let mut emit =
+                                |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
+                            node.content = f.builder.finish(&mut emit)?;
+                            node.size = f.bytes;
+                            st.summary.bytes_read += f.bytes;
+                            st.summary.total_bytes += f.bytes;
+                            if f.changed {
+                                st.summary.files_changed += 1;
+                            } else {
+                                st.summary.files_new += 1;
+                            }
+                            frames
+                                .last_mut()
+                                .ok_or_else(|| Error::Invalid("file outside a directory".into()))?
+                                .1
+                                .push(node);
+                        }
+                    }
+                    Item::Entry { node, unchanged } => {
+                        if node.kind == NodeKind::File {
+                            st.summary.total_bytes += node.size;
+                            if unchanged {
+                                st.summary.files_unchanged += 1;
+                            }
                         } else {
-                            st.summary.files_new += 1;
+                            st.summary.other_entries += 1;
                         }
                         frames
                             .last_mut()
-                            .ok_or_else(|| Error::Invalid("file outside a directory".into()))?
+                            .ok_or_else(|| Error::Invalid("entry outside a directory".into()))?
                             .1
-                            .push(node);
+                            .push(*node);
                     }
-                }
-                Item::Entry { node, unchanged } => {
-                    if node.kind == NodeKind::File {
-                        st.summary.total_bytes += node.size;
-                        if unchanged {
-                            st.summary.files_unchanged += 1;
-                        }
-                    } else {
-                        st.summary.other_entries += 1;
+                    Item::Skipped(s) => {
+                        st.summary.entries_skipped += 1;
+                        skipped.push(s);
                     }
-                    frames
-                        .last_mut()
-                        .ok_or_else(|| Error::Invalid("entry outside a directory".into()))?
-                        .1
-                        .push(*node);
-                }
-                Item::Skipped(s) => {
-                    st.summary.entries_skipped += 1;
-                    skipped.push(s);
-                }
-                Item::End => {
-                    return root.map(|r| (r, skipped)).ok_or_else(|| {
-                        Error::Invalid("backup stream ended without a root".into())
-                    });
+                    Item::End => {
+                        return root.map(|r| (r, skipped)).ok_or_else(|| {
+                            Error::Invalid("backup stream ended without a root".into())
+                        });
+                    }
                 }
             }
         }

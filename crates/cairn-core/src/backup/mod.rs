@@ -26,6 +26,7 @@ mod walker;
 use crate::blob::{BlobEncoder, EncodedBlob};
 use crate::error::{Error, Result};
 use crate::index::IdSet;
+use crate::packer::BufferPool;
 use crate::progress::BackupProgress;
 use crate::repo::Repository;
 use cairn_format::pack::BlobKind;
@@ -116,6 +117,8 @@ pub(crate) struct Budget {
     cv: Condvar,
     limit: usize,
     aborted: AtomicBool,
+    /// Large chunk buffers, recycled by the workers for the walker.
+    pub(crate) pool: BufferPool,
 }
 
 impl Budget {
@@ -125,6 +128,7 @@ impl Budget {
             cv: Condvar::new(),
             limit,
             aborted: AtomicBool::new(false),
+            pool: BufferPool::new(2),
         }
     }
     pub(crate) fn acquire(&self, n: usize) -> Result<()> {
@@ -172,7 +176,7 @@ impl InFlight {
     }
 }
 
-const CHUNK_BYTES_IN_FLIGHT: usize = 32 << 20;
+const CHUNK_BYTES_IN_FLIGHT: usize = 16 << 20;
 
 fn absolute(p: &Path) -> Result<PathBuf> {
     let abs = std::path::absolute(p).map_err(|e| Error::io(p, e))?;
@@ -257,8 +261,8 @@ pub fn backup(
         .map(|n| n.get())
         .unwrap_or(2)
         .max(1);
-    let (work_tx, work_rx) = bounded::<(u64, Item)>(64);
-    let (res_tx, res_rx) = bounded::<(u64, Item)>(64);
+    let (work_tx, work_rx) = bounded::<(u64, Vec<Item>)>(16);
+    let (res_tx, res_rx) = bounded::<(u64, Vec<Item>)>(16);
     let stdin = opts.stdin.take();
 
     let (archived, walk_result) = std::thread::scope(|s| {
@@ -297,40 +301,45 @@ pub fn backup(
                 .name("cairn-chunk".into())
                 .spawn_scoped(s, move || {
                     let mut enc = BlobEncoder::new(level);
-                    for (seq, item) in work_rx {
-                        let out = match item {
-                            Item::Data { buf, lens } => {
-                                let mut chunks = Vec::with_capacity(lens.len());
-                                let mut pos = 0usize;
-                                for len in lens {
-                                    let data = &buf[pos..pos + len as usize];
-                                    pos += len as usize;
-                                    let id = key.blob_id(data);
-                                    let blob = if index.contains(&id) || inflight.claim(&id) {
-                                        None
-                                    } else {
-                                        match enc.encode(&key, BlobKind::Data, id, data) {
-                                            Ok(b) => Some(b),
-                                            Err(_) => {
-                                                budget.abort();
-                                                return;
+                    for (seq, bundle) in work_rx {
+                        let mut out_bundle = Vec::with_capacity(bundle.len());
+                        for item in bundle {
+                            let out = match item {
+                                Item::Data { buf, lens } => {
+                                    let mut chunks = Vec::with_capacity(lens.len());
+                                    let mut pos = 0usize;
+                                    for len in lens {
+                                        let data = &buf[pos..pos + len as usize];
+                                        pos += len as usize;
+                                        let id = key.blob_id(data);
+                                        let blob = if index.contains(&id) || inflight.claim(&id) {
+                                            None
+                                        } else {
+                                            match enc.encode(&key, BlobKind::Data, id, data) {
+                                                Ok(b) => Some(b),
+                                                Err(_) => {
+                                                    budget.abort();
+                                                    return;
+                                                }
                                             }
-                                        }
-                                    };
-                                    chunks.push(ChunkOut {
-                                        id,
-                                        length: len,
-                                        blob,
-                                    });
+                                        };
+                                        chunks.push(ChunkOut {
+                                            id,
+                                            length: len,
+                                            blob,
+                                        });
+                                    }
+                                    let bytes = buf.len();
+                                    if buf.capacity() >= 1 << 20 {
+                                        budget.pool.put(buf);
+                                    }
+                                    Item::Chunks { chunks, bytes }
                                 }
-                                Item::Chunks {
-                                    chunks,
-                                    bytes: buf.len(),
-                                }
-                            }
-                            other => other,
-                        };
-                        if res_tx.send((seq, out)).is_err() {
+                                other => other,
+                            };
+                            out_bundle.push(out);
+                        }
+                        if res_tx.send((seq, out_bundle)).is_err() {
                             return;
                         }
                     }

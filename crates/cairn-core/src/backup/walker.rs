@@ -18,6 +18,10 @@ use std::path::{Path, PathBuf};
 
 /// Bytes of chunks sent to the workers as one item.
 const BATCH_BYTES: usize = 4 << 20;
+/// Items per bundle at most.
+const BUNDLE_ITEMS: usize = 256;
+/// Batches smaller than this are sent as exact-size copies and the big buffer reused.
+const SMALL_BATCH_BYTES: usize = 256 << 10;
 /// Bytes asked of one `read` call.
 const READ_BYTES: usize = 1 << 20;
 
@@ -62,8 +66,10 @@ fn build_selection(paths: &[PathBuf]) -> BTreeMap<Vec<u8>, Selection> {
 
 pub(crate) struct Walker<'a> {
     repo: &'a Repository,
-    tx: Sender<(u64, Item)>,
+    tx: Sender<(u64, Vec<Item>)>,
     seq: u64,
+    bundle: Vec<Item>,
+    bundle_bytes: usize,
     budget: &'a Budget,
     excludes: &'a Excludes,
     progress: &'a dyn BackupProgress,
@@ -78,7 +84,7 @@ pub(crate) struct Walker<'a> {
 impl<'a> Walker<'a> {
     pub(crate) fn new(
         repo: &'a Repository,
-        tx: Sender<(u64, Item)>,
+        tx: Sender<(u64, Vec<Item>)>,
         budget: &'a Budget,
         excludes: &'a Excludes,
         progress: &'a dyn BackupProgress,
@@ -88,6 +94,8 @@ impl<'a> Walker<'a> {
             repo,
             tx,
             seq: 0,
+            bundle: Vec::with_capacity(BUNDLE_ITEMS),
+            bundle_bytes: 0,
             budget,
             excludes,
             progress,
@@ -100,10 +108,32 @@ impl<'a> Walker<'a> {
         }
     }
 
+    /// Queues an item; items travel in bundles so that a tree of small files costs a
+    /// channel message per few hundred entries, not several per file.
     fn emit(&mut self, item: Item) -> Result<()> {
+        let end = matches!(item, Item::End);
+        if let Item::Data { buf, .. } = &item {
+            self.bundle_bytes += buf.len();
+        }
+        self.bundle.push(item);
+        if end || self.bundle_bytes >= BATCH_BYTES || self.bundle.len() >= BUNDLE_ITEMS {
+            self.send_bundle()?;
+        }
+        Ok(())
+    }
+
+    fn send_bundle(&mut self) -> Result<()> {
+        if self.bundle.is_empty() {
+            return Ok(());
+        }
+        // Budget is taken for a whole bundle just before it is sent, so the walker
+        // never waits while holding budget for data the archiver cannot yet see.
+        self.budget.acquire(self.bundle_bytes)?;
+        let bundle = std::mem::replace(&mut self.bundle, Vec::with_capacity(BUNDLE_ITEMS));
+        self.bundle_bytes = 0;
         let seq = self.seq;
         self.seq += 1;
-        self.tx.send((seq, item)).map_err(|_| Error::Interrupted)
+        self.tx.send((seq, bundle)).map_err(|_| Error::Interrupted)
     }
 
     fn skip(&mut self, path: &Path, message: String) -> Result<()> {
@@ -120,6 +150,16 @@ impl<'a> Walker<'a> {
     }
 
     pub(crate) fn run(&mut self, paths: &[PathBuf], parent_root: Option<BlobId>) -> Result<()> {
+        if paths.iter().any(|p| p.parent().is_none()) {
+            // `/` itself: the snapshot's root tree is the root directory.
+            let root = Path::new("/");
+            let meta = std::fs::symlink_metadata(root).map_err(|e| Error::io(root, e))?;
+            let (node, _) = node_from_metadata(Vec::new(), root, &meta, &mut self.names);
+            let mut parent = Node::new(Vec::new(), NodeKind::Dir);
+            parent.subtree = parent_root;
+            self.walk_dir(root, node, Some(&parent), None)?;
+            return self.emit(Item::End);
+        }
         let sel = build_selection(paths);
         let parent = self.load_parent(parent_root);
         self.emit(Item::DirStart(Box::new(Node::new(
@@ -324,9 +364,15 @@ impl<'a> Walker<'a> {
         if self.lens.is_empty() {
             return Ok(());
         }
-        let buf = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH_BYTES + (1 << 18)));
+        let buf = if self.batch.len() < SMALL_BATCH_BYTES {
+            let copy = self.batch.clone();
+            self.batch.clear();
+            copy
+        } else {
+            let fresh = self.budget.pool.take(BATCH_BYTES + (1 << 18));
+            std::mem::replace(&mut self.batch, fresh)
+        };
         let lens = std::mem::take(&mut self.lens);
-        self.budget.acquire(buf.len()).map_err(ReadError::Fatal)?;
         self.emit(Item::Data { buf, lens })
             .map_err(ReadError::Fatal)
     }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 /// Gaps up to this size between needed blobs are read through rather than split.
 const MAX_GAP: u32 = 512 << 10;
 /// Upper bound of one range read.
-const MAX_RANGE: u32 = 32 << 20;
+const MAX_RANGE: u32 = 8 << 20;
 const OPEN_FILES_PER_WORKER: usize = 64;
 
 pub(crate) struct Executed {
@@ -45,10 +45,67 @@ fn ranges(needs: &[Need]) -> Vec<&[Need]> {
     out
 }
 
+/// Writes blobs to files, merging runs of consecutive chunks of one file into one
+/// `pwrite`: fewer system calls, and (because chunks are not page-aligned) far fewer
+/// partial pages the filesystem must zero first (measured: 10% of restore CPU).
+struct FileWriter<'a> {
+    jobs: &'a [FileJob],
+    files: HashMap<u32, File>,
+    file: u32,
+    offset: u64,
+    buf: Vec<u8>,
+}
+
+const MAX_WRITE: usize = 4 << 20;
+
+impl FileWriter<'_> {
+    fn write(&mut self, file: u32, offset: u64, data: &[u8]) -> Result<(), (u32, String)> {
+        if !self.buf.is_empty()
+            && (file != self.file
+                || offset != self.offset + self.buf.len() as u64
+                || self.buf.len() + data.len() > MAX_WRITE)
+        {
+            self.flush()?;
+        }
+        if self.buf.is_empty() {
+            self.file = file;
+            self.offset = offset;
+        }
+        self.buf.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), (u32, String)> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let file = self.file;
+        if self.files.len() >= OPEN_FILES_PER_WORKER && !self.files.contains_key(&file) {
+            self.files.clear();
+        }
+        let r = match self.files.entry(file) {
+            std::collections::hash_map::Entry::Occupied(o) => Ok(o.into_mut()),
+            std::collections::hash_map::Entry::Vacant(v) => std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&self.jobs[file as usize].path)
+                .map(|f| v.insert(f))
+                .map_err(|e| format!("opening for writing: {e}")),
+        }
+        .and_then(|f| {
+            f.write_all_at(&self.buf, self.offset)
+                .map_err(|e| format!("writing: {e}"))
+        });
+        self.buf.clear();
+        r.map_err(|m| (file, m))
+    }
+}
+
 pub(crate) fn execute(
     repo: &Repository,
     jobs: &[FileJob],
     plan: &Plan,
+    owners: bool,
     progress: &dyn RestoreProgress,
 ) -> Result<Executed> {
     let next = AtomicUsize::new(0);
@@ -65,15 +122,23 @@ pub(crate) fn execute(
             .entry(file)
             .or_insert(msg);
     };
+    let done = |n: usize| {
+        bytes.fetch_add(n as u64, Ordering::Relaxed);
+        progress.bytes_done(n as u64);
+    };
     std::thread::scope(|s| {
         for _ in 0..threads.min(plan.packs.len().max(1)) {
             s.spawn(|| {
-                let mut files: HashMap<u32, File> = HashMap::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((pack_no, needs)) = plan.packs.get(i) else {
-                        break;
-                    };
+                let mut w = FileWriter {
+                    jobs,
+                    files: HashMap::new(),
+                    file: 0,
+                    offset: 0,
+                    buf: Vec::new(),
+                };
+                while let Some((pack_no, needs)) =
+                    plan.packs.get(next.fetch_add(1, Ordering::Relaxed))
+                {
                     let pack = repo.index().pack_by_number(*pack_no);
                     for range in ranges(needs) {
                         let start = range[0].offset;
@@ -116,39 +181,24 @@ pub(crate) fn execute(
                                     continue;
                                 }
                             };
-                            if data.iter().all(|b| *b == 0) {
-                                bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-                                progress.bytes_done(data.len() as u64);
-                                continue;
-                            }
-                            if files.len() >= OPEN_FILES_PER_WORKER && !files.contains_key(&n.file)
-                            {
-                                files.clear();
-                            }
                             let job = &jobs[n.file as usize];
-                            let f = match files.entry(n.file) {
-                                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                                std::collections::hash_map::Entry::Vacant(v) => {
-                                    match std::fs::OpenOptions::new()
-                                        .write(true)
-                                        .custom_flags(libc::O_NOFOLLOW)
-                                        .open(&job.path)
-                                    {
-                                        Ok(f) => v.insert(f),
-                                        Err(e) => {
-                                            fail(n.file, format!("opening for writing: {e}"));
-                                            continue;
-                                        }
-                                    }
-                                }
+                            let r = if job.direct {
+                                write_direct(job, data, owners)
+                                    .map_err(|e| (n.file, format!("writing: {e}")))
+                            } else if data.iter().all(|b| *b == 0) {
+                                // Left as a hole: the file was created at its full size.
+                                Ok(())
+                            } else {
+                                w.write(n.file, n.file_offset, data)
                             };
-                            if let Err(e) = f.write_all_at(data, n.file_offset) {
-                                fail(n.file, format!("writing: {e}"));
-                                continue;
+                            match r {
+                                Ok(()) => done(data.len()),
+                                Err((f, m)) => fail(f, m),
                             }
-                            bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-                            progress.bytes_done(data.len() as u64);
                         }
+                    }
+                    if let Err((f, m)) = w.flush() {
+                        fail(f, m);
                     }
                 }
             });
@@ -158,6 +208,22 @@ pub(crate) fn execute(
         bytes: bytes.into_inner(),
         failed: failed.into_inner().unwrap_or_else(|e| e.into_inner()),
     })
+}
+
+/// Creates a single-chunk file, writes it and sets its metadata on one descriptor.
+fn write_direct(job: &FileJob, data: &[u8], owners: bool) -> std::io::Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&job.path)?;
+    if data.iter().all(|b| *b == 0) {
+        f.set_len(data.len() as u64)?;
+    } else {
+        f.write_all_at(data, 0)?;
+    }
+    super::metadata::apply_fd(&f, &job.node, owners)
 }
 
 #[cfg(test)]

@@ -41,3 +41,20 @@ pub(crate) fn apply(path: &Path, node: &Node, owners: bool) -> std::io::Result<(
     )
     .map_err(to_io)
 }
+
+/// The same through an open descriptor of a regular file (no path lookups).
+pub(crate) fn apply_fd(file: &std::fs::File, node: &Node, owners: bool) -> std::io::Result<()> {
+    use std::os::fd::AsFd;
+    use xattr::FileExt;
+    let to_io = |e: nix::Error| std::io::Error::from_raw_os_error(e as i32);
+    if owners {
+        nix::unistd::fchown(file.as_fd(), Some(node.uid.into()), Some(node.gid.into()))
+            .map_err(to_io)?;
+    }
+    for (k, v) in &node.xattrs {
+        file.set_xattr(OsStr::from_bytes(k), v)?;
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(node.mode & 0o7777))?;
+    nix::sys::stat::futimens(file.as_fd(), &timespec(node.atime), &timespec(node.mtime))
+        .map_err(to_io)
+}

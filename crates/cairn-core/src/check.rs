@@ -265,13 +265,20 @@ fn read_packs(repo: &Repository, packs: &[(PackId, u64)]) -> (Vec<Problem>, IdSe
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2);
+    let index = repo.index();
+    let mut by_pack: HashMap<PackId, Vec<(BlobId, crate::index::BlobLocation)>> = HashMap::new();
+    for (b, l) in index.iter() {
+        by_pack.entry(index.pack_of(l)).or_default().push((*b, *l));
+    }
+    let by_pack = &by_pack;
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some((id, _)) = packs.get(i) else { break };
-                    let (msgs, blobs) = verify_pack(repo, id);
+                    let indexed = by_pack.get(id).map(Vec::as_slice).unwrap_or(&[]);
+                    let (msgs, blobs) = verify_pack(repo, id, indexed);
                     let mut pr = problems.lock().unwrap_or_else(|e| e.into_inner());
                     for m in msgs {
                         pr.push(Problem {
@@ -292,13 +299,11 @@ fn read_packs(repo: &Repository, packs: &[(PackId, u64)]) -> (Vec<Problem>, IdSe
 }
 
 /// Returns problems found and the blob ids (per the index) that are unusable.
-fn verify_pack(repo: &Repository, id: &PackId) -> (Vec<String>, Vec<BlobId>) {
-    let index = repo.index();
-    let indexed: Vec<(BlobId, crate::index::BlobLocation)> = index
-        .iter()
-        .filter(|(_, l)| index.pack_of(l) == *id)
-        .map(|(b, l)| (*b, *l))
-        .collect();
+fn verify_pack(
+    repo: &Repository,
+    id: &PackId,
+    indexed: &[(BlobId, crate::index::BlobLocation)],
+) -> (Vec<String>, Vec<BlobId>) {
     let all_bad = |m: String| (vec![m], indexed.iter().map(|(b, _)| *b).collect());
     let data = match repo.backend().get(&names::pack(&id.to_hex())) {
         Ok(d) => d,
@@ -307,7 +312,7 @@ fn verify_pack(repo: &Repository, id: &PackId) -> (Vec<String>, Vec<BlobId>) {
     if PackId::of_content(&data) != *id {
         // Find out which blobs are still good, so the report is precise.
         let mut bad = Vec::new();
-        for (b, l) in &indexed {
+        for (b, l) in indexed {
             let start = l.offset as usize;
             let ok = data.get(start..start + l.length as usize).is_some_and(|s| {
                 blob::decode(repo.key(), b, s, l.raw_length, l.compression).is_ok()
@@ -350,7 +355,7 @@ fn verify_pack(repo: &Repository, id: &PackId) -> (Vec<String>, Vec<BlobId>) {
                 listed.insert(e.id, offset);
                 offset += u64::from(e.length);
             }
-            for (b, l) in &indexed {
+            for (b, l) in indexed {
                 if listed.get(b) != Some(&u64::from(l.offset)) {
                     problems.push(format!(
                         "blob {} is in the index but not at that place in the pack header",
@@ -360,7 +365,7 @@ fn verify_pack(repo: &Repository, id: &PackId) -> (Vec<String>, Vec<BlobId>) {
             }
         }
     }
-    for (b, l) in &indexed {
+    for (b, l) in indexed {
         let start = l.offset as usize;
         let r = match data.get(start..start + l.length as usize) {
             Some(s) => blob::decode(repo.key(), b, s, l.raw_length, l.compression).map(|_| ()),

@@ -9,6 +9,7 @@ use crate::index::IdSet;
 use crate::packer::{BufferPool, Packer, Uploader};
 use crate::repo::Repository;
 use cairn_format::BlobId;
+use cairn_format::consts::MAX_BLOB_SIZE;
 use cairn_format::pack::BlobKind;
 use cairn_format::snapshot::SnapshotSummary;
 use cairn_format::tree::{ChunkList, ChunkRef, Node, NodeKind, Tree};
@@ -62,6 +63,14 @@ impl State<'_> {
 
     /// Stores a tree or chunk-list blob (encoded here: they are small and few).
     fn store_meta(&mut self, kind: BlobKind, plaintext: &[u8]) -> Result<BlobId> {
+        if plaintext.len() > MAX_BLOB_SIZE {
+            // Format 1 stores a directory listing as one blob; refuse rather than
+            // write a blob that readers must reject.
+            return Err(Error::Invalid(format!(
+                "a directory listing of {} bytes exceeds the format limit of {MAX_BLOB_SIZE} bytes (about 500,000 entries in one directory)",
+                plaintext.len()
+            )));
+        }
         let key = self.repo.key().clone();
         let id = key.blob_id(plaintext);
         if !self.repo.index().contains(&id) && !self.written.contains(&id) {

@@ -169,6 +169,16 @@ impl Progress {
     }
 }
 
+impl Progress {
+    fn add_bytes(&self, n: u64) {
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+        self.tick();
+    }
+    fn add_entry(&self) {
+        self.entries.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 impl BackupProgress for Progress {
     fn file_started(&self, path: &Path) {
         if self.bar.is_some() {
@@ -176,11 +186,10 @@ impl BackupProgress for Progress {
         }
     }
     fn bytes_done(&self, n: u64) {
-        self.bytes.fetch_add(n, Ordering::Relaxed);
-        self.tick();
+        self.add_bytes(n);
     }
     fn entry_done(&self) {
-        self.entries.fetch_add(1, Ordering::Relaxed);
+        self.add_entry();
     }
     fn warning(&self, path: &Path, message: &str) {
         self.warn(path, message);
@@ -189,11 +198,10 @@ impl BackupProgress for Progress {
 
 impl RestoreProgress for Progress {
     fn bytes_done(&self, n: u64) {
-        self.bytes.fetch_add(n, Ordering::Relaxed);
-        self.tick();
+        self.add_bytes(n);
     }
     fn entry_done(&self) {
-        self.entries.fetch_add(1, Ordering::Relaxed);
+        self.add_entry();
     }
     fn warning(&self, path: &Path, message: &str) {
         self.warn(path, message);

@@ -352,23 +352,35 @@ impl Repository {
             .collect())
     }
 
-    pub fn read_index_file(&self, id: &IndexId) -> Result<IndexFile> {
-        let what = || format!("index file {}", id.to_hex());
-        let data = self.backend.get(&names::index(&id.to_hex()))?;
-        if IndexId::of_content(&data) != *id {
+    /// Reads an object stored under the BLAKE3 hash of its sealed bytes, checks the
+    /// hash and opens the envelope. `what` names the object in errors.
+    fn read_sealed_object(
+        &self,
+        name: &str,
+        hash: &[u8; 32],
+        kind: &'static str,
+        what: &str,
+    ) -> Result<Vec<u8>> {
+        let data = self.backend.get(name)?;
+        if blake3::hash(&data).as_bytes() != hash {
             return Err(Error::damaged(
-                what(),
+                what,
                 FormatError::IdMismatch {
-                    expected: id.to_hex(),
+                    expected: hex::encode(hash),
                 },
             ));
         }
-        let plain = self
-            .key
+        self.key
             .sealer
-            .open("index file", &data)
-            .map_err(|e| Error::damaged(what(), e))?;
-        IndexFile::decode(&plain).map_err(|e| Error::damaged(what(), e))
+            .open(kind, &data)
+            .map_err(|e| Error::damaged(what, e))
+    }
+
+    pub fn read_index_file(&self, id: &IndexId) -> Result<IndexFile> {
+        let what = format!("index file {}", id.to_hex());
+        let plain =
+            self.read_sealed_object(&names::index(&id.to_hex()), &id.0, "index file", &what)?;
+        IndexFile::decode(&plain).map_err(|e| Error::damaged(what, e))
     }
 
     pub fn write_index_file(&self, file: &IndexFile) -> Result<IndexId> {
@@ -458,22 +470,10 @@ impl Repository {
     }
 
     pub fn read_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
-        let what = || format!("snapshot {}", id.to_hex());
-        let data = self.backend.get(&names::snapshot(&id.to_hex()))?;
-        if SnapshotId::of_content(&data) != *id {
-            return Err(Error::damaged(
-                what(),
-                FormatError::IdMismatch {
-                    expected: id.to_hex(),
-                },
-            ));
-        }
-        let plain = self
-            .key
-            .sealer
-            .open("snapshot", &data)
-            .map_err(|e| Error::damaged(what(), e))?;
-        Snapshot::from_bytes(&plain).map_err(|e| Error::damaged(what(), e))
+        let what = format!("snapshot {}", id.to_hex());
+        let plain =
+            self.read_sealed_object(&names::snapshot(&id.to_hex()), &id.0, "snapshot", &what)?;
+        Snapshot::from_bytes(&plain).map_err(|e| Error::damaged(what, e))
     }
 
     /// Writing the snapshot object is the commit point of a backup.

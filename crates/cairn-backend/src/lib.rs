@@ -9,6 +9,7 @@
 //! - once `put` returns, the object survives a crash of this machine.
 //! - a missing object is [`BackendErrorKind::NotFound`], never an empty read.
 
+pub mod direct;
 mod local;
 mod mem;
 

@@ -1,8 +1,10 @@
+use crate::direct::{self, AlignedBuf, DIRECT_MIN_BYTES};
 use crate::{Backend, BackendError, BackendErrorKind, ObjectInfo, Result};
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A repository in a local directory (or a mounted NAS share).
 ///
@@ -14,6 +16,9 @@ pub struct LocalBackend {
     root: PathBuf,
     counter: AtomicU64,
     sync: bool,
+    /// Large objects (packs) are written with O_DIRECT while the filesystem allows it.
+    direct: AtomicBool,
+    scratch: Mutex<AlignedBuf>,
 }
 
 const TMP_MARK: &str = ".tmp-";
@@ -24,6 +29,8 @@ impl LocalBackend {
             root: root.into(),
             counter: AtomicU64::new(0),
             sync: true,
+            direct: AtomicBool::new(true),
+            scratch: Mutex::new(AlignedBuf::default()),
         }
     }
 
@@ -63,7 +70,21 @@ impl Backend for LocalBackend {
                 }
                 Err(e) => return Err(e),
             };
-            f.write_all(data)?;
+            let direct_file =
+                if self.direct.load(Ordering::Relaxed) && data.len() as u64 >= DIRECT_MIN_BYTES {
+                    direct::open_direct(&tmp)?
+                } else {
+                    None
+                };
+            match direct_file {
+                Some(d) => {
+                    let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+                    if !direct::write_at(&f, Some(&d), &mut scratch, data, 0)? {
+                        self.direct.store(false, Ordering::Relaxed);
+                    }
+                }
+                None => f.write_all(data)?,
+            }
             if self.sync {
                 f.sync_all()?;
             }

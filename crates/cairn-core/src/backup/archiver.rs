@@ -98,31 +98,27 @@ pub(crate) fn archive(
         uploader: Uploader::start(repo.backend().clone(), repo.key().clone(), pool),
         summary: SnapshotSummary::default(),
     };
-    let r = run(&mut st, rx, budget);
-    let root = match r {
-        Ok(r) => r,
-        Err(e) => {
-            // Prefer the uploader's error: it says why the pipeline stopped.
-            return Err(match st.uploader.finish() {
-                Err(up) => up,
-                Ok(_) => e,
-            });
+    let r = run(&mut st, rx, budget).and_then(|root| {
+        if let Some(p) = st.data.finish() {
+            st.uploader.send(p)?;
         }
-    };
-    let (root, skipped) = root;
-    if let Some(p) = st.data.finish() {
-        st.uploader.send(p)?;
+        if let Some(p) = st.meta.finish() {
+            st.uploader.send(p)?;
+        }
+        Ok(root)
+    });
+    match (r, st.uploader.finish()) {
+        // The uploader's error says why the pipeline stopped (e.g. the disk is full);
+        // the archiver only saw its queue close.
+        (_, Err(up)) => Err(up),
+        (Err(e), Ok(_)) => Err(e),
+        (Ok((root, skipped)), Ok(up)) => Ok(Archived {
+            root,
+            summary: st.summary,
+            skipped,
+            packs: up.packs,
+        }),
     }
-    if let Some(p) = st.meta.finish() {
-        st.uploader.send(p)?;
-    }
-    let up = st.uploader.finish()?;
-    Ok(Archived {
-        root,
-        summary: st.summary,
-        skipped,
-        packs: up.packs,
-    })
 }
 
 fn run(

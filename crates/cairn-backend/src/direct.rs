@@ -42,6 +42,51 @@ impl AlignedBuf {
     }
 }
 
+impl AlignedBuf {
+    /// A 4 KiB-aligned slice of `len` bytes (contents unspecified).
+    fn aligned_mut(&mut self, len: usize) -> &mut [u8] {
+        let need = len + DIRECT_ALIGN as usize;
+        if self.buf.len() < need {
+            self.buf.resize(need, 0);
+        }
+        let off = self.buf.as_ptr().align_offset(DIRECT_ALIGN as usize);
+        &mut self.buf[off..off + len]
+    }
+}
+
+/// Reads `length` bytes at `offset` of `path` with O_DIRECT (the aligned superset of the
+/// range, then the slice). `None` when the filesystem or a short read does not allow
+/// it; the caller then reads the ordinary way.
+pub fn read_range(
+    path: &Path,
+    offset: u64,
+    length: u64,
+    scratch: &mut AlignedBuf,
+) -> Option<Vec<u8>> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let a0 = offset / DIRECT_ALIGN * DIRECT_ALIGN;
+    let a1 = (offset + length).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+    let buf = scratch.aligned_mut((a1 - a0) as usize);
+    let need = (offset + length - a0) as usize;
+    let mut got = 0usize;
+    while got < need {
+        // Reads past the end of the file return short; a short read before `need` means
+        // the file is shorter than the range, which the caller reports.
+        match f.read_at(&mut buf[got..], a0 + got as u64) {
+            Ok(0) => return None,
+            Ok(n) if n % DIRECT_ALIGN as usize != 0 && got + n < need => return None,
+            Ok(n) => got += n,
+            Err(_) => return None,
+        }
+    }
+    let lo = (offset - a0) as usize;
+    Some(buf[lo..lo + length as usize].to_vec())
+}
+
 /// Opens `path` (which must exist) for direct writes; `None` where the filesystem does
 /// not support them.
 pub fn open_direct(path: &Path) -> std::io::Result<Option<File>> {
@@ -92,6 +137,28 @@ pub fn write_at(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn direct_range_reads_match() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let data: Vec<u8> = (0..1_234_567u32)
+            .map(|i| (i * 13 + i / 977) as u8)
+            .collect();
+        std::fs::write(&p, &data).unwrap();
+        let mut scratch = AlignedBuf::default();
+        for (off, len) in [
+            (0u64, 1_234_567u64),
+            (1, 300_000),
+            (4096, 8192),
+            (1_000_000, 234_567),
+            (77, 1_234_000),
+        ] {
+            if let Some(v) = read_range(&p, off, len, &mut scratch) {
+                assert_eq!(&v[..], &data[off as usize..(off + len) as usize]);
+            }
+        }
+    }
 
     #[test]
     fn split_writes_land_exactly() {

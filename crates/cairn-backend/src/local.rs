@@ -19,6 +19,8 @@ pub struct LocalBackend {
     /// Large objects (packs) are written with O_DIRECT while the filesystem allows it.
     direct: AtomicBool,
     scratch: Mutex<AlignedBuf>,
+    /// Aligned buffers for direct range reads, one per concurrent reader.
+    read_scratch: Mutex<Vec<AlignedBuf>>,
 }
 
 const TMP_MARK: &str = ".tmp-";
@@ -31,6 +33,7 @@ impl LocalBackend {
             sync: true,
             direct: AtomicBool::new(true),
             scratch: Mutex::new(AlignedBuf::default()),
+            read_scratch: Mutex::new(Vec::new()),
         }
     }
 
@@ -116,6 +119,23 @@ impl Backend for LocalBackend {
                 path: name.into(),
                 message: format!("range {offset}+{length} beyond end of object ({size} bytes)"),
             });
+        }
+        if length >= DIRECT_MIN_BYTES && self.direct.load(Ordering::Relaxed) {
+            // Pack ranges for restore: bypass the page cache (see `direct`).
+            let mut scratch = self
+                .read_scratch
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop()
+                .unwrap_or_default();
+            let r = direct::read_range(&self.path(name), offset, length, &mut scratch);
+            self.read_scratch
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(scratch);
+            if let Some(v) = r {
+                return Ok(v);
+            }
         }
         f.seek(SeekFrom::Start(offset)).map_err(err)?;
         let mut buf = vec![0u8; length as usize];

@@ -139,6 +139,8 @@ pub(crate) fn execute(
     let next = AtomicUsize::new(0);
     let bytes = AtomicU64::new(0);
     let failed: Mutex<HashMap<u32, String>> = Mutex::new(HashMap::new());
+    // Reads and large writes bypass the page cache and wait for the device: a couple
+    // of requests in flight beyond the cores (measured: more threads only cost memory).
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)

@@ -15,15 +15,7 @@ fn killed_backups_lose_nothing_committed() {
     make_full_tree(&src, 21);
     let s1 = env.backup(&[&src]);
     let copy1 = env.path("copy1");
-    assert!(
-        std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&src)
-            .arg(&copy1)
-            .status()
-            .unwrap()
-            .success()
-    );
+    copy_tree(&src, &copy1);
 
     // New data so that every killed run has packs and index files to write.
     let mut rng = Rng(8);

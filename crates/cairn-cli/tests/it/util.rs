@@ -169,6 +169,18 @@ pub fn set_times(path: &Path, secs: i64, nanos: i64) {
     .unwrap();
 }
 
+/// `cp -a`: an exact copy (times, modes, links, xattrs) to compare against later.
+pub fn copy_tree(from: &Path, to: &Path) {
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cp -a {} {}", from.display(), to.display());
+}
+
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }

@@ -387,3 +387,25 @@ fn disk_full_fails_cleanly_and_next_backup_works() {
     assert_same(&big, &r);
     env2.check_clean();
 }
+
+#[test]
+fn missing_source_paths_and_bad_arguments() {
+    let env = Env::new();
+    env.init(&[]);
+    let e = env.fails(&["backup", "/nonexistent/source/dir"], 1);
+    assert!(
+        e.contains("/nonexistent/source") && e.lines().count() == 1,
+        "{e}"
+    );
+    let e = env.fails(&["backup"], 1);
+    assert!(e.contains("nothing to back up"), "{e}");
+    let e = env.fails(&["dump", "latest", "/x"], 1);
+    assert!(e.contains("no snapshot matches"), "{e}");
+    let e = env.fails(&["config", "--compression", "extreme"], 1);
+    assert!(e.contains("unknown compression"), "{e}");
+    let e = env.fails(&["backup", "--stdin", "--stdin-name", "../evil"], 1);
+    assert!(e.contains("invalid --stdin-name"), "{e}");
+    // Nothing was committed by any of these.
+    let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    assert!(snaps.as_array().unwrap().is_empty());
+}

@@ -88,3 +88,46 @@ fn several_passwords_change_and_remove() {
         .unwrap();
     assert!(o.status.success());
 }
+
+#[test]
+fn password_file_and_repository_from_the_environment() {
+    let env = Env::new();
+    env.init(&[]);
+    let pw = env.path("pw");
+    fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
+    // --password-file (first line), repository from CAIRN_REPO.
+    let o = std::process::Command::new(bin())
+        .args([
+            "snapshots",
+            "--json",
+            "--password-file",
+            pw.to_str().unwrap(),
+        ])
+        .env("CAIRN_REPO", &env.repo)
+        .env_remove("CAIRN_PASSWORD")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // CAIRN_PASSWORD_FILE with a wrong password: exit 12.
+    fs::write(&pw, "not it\n").unwrap();
+    let o = std::process::Command::new(bin())
+        .args(["snapshots"])
+        .env("CAIRN_REPO", &env.repo)
+        .env("CAIRN_PASSWORD_FILE", &pw)
+        .env_remove("CAIRN_PASSWORD")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(12));
+    // A missing password file is a clear error.
+    let o = std::process::Command::new(bin())
+        .args(["snapshots", "--password-file", "/nonexistent/pw"])
+        .env("CAIRN_REPO", &env.repo)
+        .env_remove("CAIRN_PASSWORD")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("password file"));
+}

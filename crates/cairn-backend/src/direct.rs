@@ -96,9 +96,14 @@ pub fn open_direct(path: &Path) -> std::io::Result<Option<File>> {
         .open(path)
     {
         Ok(f) => Ok(Some(f)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+        Err(e) if refused(&e) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// Errors with which filesystems say "no O_DIRECT here".
+fn refused(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP))
 }
 
 /// Writes `data` at `offset`: the aligned middle through `direct` when there is one and
@@ -124,7 +129,7 @@ pub fn write_at(
     buffered.write_all_at(head, offset)?;
     let ok = match direct.write_all_at(scratch.copy_of(middle), a0) {
         Ok(()) => true,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+        Err(e) if refused(&e) => {
             buffered.write_all_at(middle, a0)?;
             false
         }

@@ -103,7 +103,10 @@ pub fn open_direct(path: &Path) -> std::io::Result<Option<File>> {
 
 /// Errors with which filesystems say "no O_DIRECT here".
 fn refused(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP)
+    )
 }
 
 /// Writes `data` at `offset`: the aligned middle through `direct` when there is one and

@@ -6,7 +6,6 @@ use cairn_core::progress::{BackupProgress, RestoreProgress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -85,15 +84,23 @@ pub fn new_password(file: Option<&PathBuf>, allow_current_env: bool) -> Result<S
     Ok(a)
 }
 
-/// Progress for backup and restore: counters updated by engine threads, drawn by
-/// indicatif at a fixed rate.
+/// Progress for backup and restore, drawn by indicatif at a fixed rate. Byte counts
+/// go straight to the bar (an atomic add); the message (entries, current file) is
+/// rebuilt only when a file starts or every 256 entries, never per chunk.
 pub struct Progress {
     bar: Option<ProgressBar>,
-    bytes: AtomicU64,
     entries: AtomicU64,
-    total_bytes: AtomicU64,
-    current: Mutex<PathBuf>,
-    pub warnings: Mutex<Vec<String>>,
+}
+
+/// The last `max` characters of a path, for a one-line display.
+fn tail(path: &Path, max: usize) -> String {
+    let name = path.to_string_lossy();
+    let n = name.chars().count();
+    if n <= max {
+        return name.into_owned();
+    }
+    let t: String = name.chars().skip(n - (max - 1)).collect();
+    format!("…{t}")
 }
 
 impl Progress {
@@ -111,16 +118,11 @@ impl Progress {
         });
         Progress {
             bar,
-            bytes: AtomicU64::new(0),
             entries: AtomicU64::new(0),
-            total_bytes: AtomicU64::new(0),
-            current: Mutex::new(PathBuf::new()),
-            warnings: Mutex::new(Vec::new()),
         }
     }
 
     pub fn set_total(&self, bytes: u64) {
-        self.total_bytes.store(bytes, Ordering::Relaxed);
         if let Some(b) = &self.bar {
             b.set_length(bytes);
         }
@@ -133,33 +135,6 @@ impl Progress {
             Some(b) => b.suspend(|| eprintln!("{line}")),
             None => eprintln!("{line}"),
         }
-        self.warnings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(line);
-    }
-
-    fn tick(&self) {
-        if let Some(b) = &self.bar {
-            b.set_position(self.bytes.load(Ordering::Relaxed));
-            let files = self.entries.load(Ordering::Relaxed);
-            let cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
-            let name = cur.to_string_lossy();
-            let short: String = if name.chars().count() > 40 {
-                let tail: String = name
-                    .chars()
-                    .rev()
-                    .take(39)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                format!("…{tail}")
-            } else {
-                name.into_owned()
-            };
-            b.set_message(format!("{files} entries {short}"));
-        }
     }
 
     pub fn finish(&self) {
@@ -167,22 +142,28 @@ impl Progress {
             b.finish_and_clear();
         }
     }
-}
 
-impl Progress {
     fn add_bytes(&self, n: u64) {
-        self.bytes.fetch_add(n, Ordering::Relaxed);
-        self.tick();
+        if let Some(b) = &self.bar {
+            b.inc(n);
+        }
     }
+
     fn add_entry(&self) {
-        self.entries.fetch_add(1, Ordering::Relaxed);
+        if let Some(b) = &self.bar {
+            let e = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
+            if e.is_multiple_of(256) {
+                b.set_message(format!("{e} entries"));
+            }
+        }
     }
 }
 
 impl BackupProgress for Progress {
     fn file_started(&self, path: &Path) {
-        if self.bar.is_some() {
-            *self.current.lock().unwrap_or_else(|e| e.into_inner()) = path.to_path_buf();
+        if let Some(b) = &self.bar {
+            let e = self.entries.load(Ordering::Relaxed);
+            b.set_message(format!("{e} entries {}", tail(path, 40)));
         }
     }
     fn bytes_done(&self, n: u64) {

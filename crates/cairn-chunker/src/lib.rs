@@ -96,8 +96,11 @@ impl Chunker {
 /// whatever the reader returned, then drain [`StreamChunker::next_chunk`].
 pub struct StreamChunker {
     chunker: Chunker,
+    /// Input lives in `buf[start..end]`; `buf` only grows (its tail is scratch space
+    /// for [`StreamChunker::spare`], so reads land in place without an extra copy).
     buf: Vec<u8>,
     start: usize,
+    end: usize,
     eof: bool,
 }
 
@@ -107,18 +110,40 @@ impl StreamChunker {
             chunker,
             buf: Vec::new(),
             start: 0,
+            end: 0,
             eof: false,
         }
     }
 
-    /// Appends input. Compacts already-returned bytes first, so memory stays at about
-    /// one read plus one maximum chunk.
-    pub fn push(&mut self, data: &[u8]) {
+    /// Moves undecided bytes to the front and makes room for `n` more.
+    fn make_room(&mut self, n: usize) {
         if self.start > 0 {
-            self.buf.drain(..self.start);
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
             self.start = 0;
         }
-        self.buf.extend_from_slice(data);
+        if self.buf.len() < self.end + n {
+            self.buf.resize(self.end + n, 0);
+        }
+    }
+
+    /// Appends input. Memory stays at about one read plus one maximum chunk.
+    pub fn push(&mut self, data: &[u8]) {
+        self.make_room(data.len());
+        self.buf[self.end..self.end + data.len()].copy_from_slice(data);
+        self.end += data.len();
+    }
+
+    /// A writable space of `n` bytes after the pending input: read into it, then call
+    /// [`StreamChunker::commit`] with the number of bytes read.
+    pub fn spare(&mut self, n: usize) -> &mut [u8] {
+        self.make_room(n);
+        &mut self.buf[self.end..self.end + n]
+    }
+
+    /// Marks `n` bytes of the last [`StreamChunker::spare`] as input.
+    pub fn commit(&mut self, n: usize) {
+        self.end = (self.end + n).min(self.buf.len());
     }
 
     pub fn finish(&mut self) {
@@ -127,11 +152,11 @@ impl StreamChunker {
 
     /// Bytes waiting for a decision.
     pub fn pending(&self) -> usize {
-        self.buf.len() - self.start
+        self.end - self.start
     }
 
     pub fn next_chunk(&mut self) -> Option<&[u8]> {
-        let rest = &self.buf[self.start..];
+        let rest = &self.buf[self.start..self.end];
         let n = self.chunker.next_boundary(rest, self.eof)?;
         let s = self.start;
         self.start += n;
@@ -140,8 +165,8 @@ impl StreamChunker {
 
     /// Clears state for the next stream, keeping the buffer's allocation.
     pub fn reset(&mut self) {
-        self.buf.clear();
         self.start = 0;
+        self.end = 0;
         self.eof = false;
     }
 }
@@ -246,6 +271,33 @@ mod tests {
             prop_assert_eq!(stream_lengths(&c, &input, &[usize::MAX]), whole.clone());
             prop_assert_eq!(stream_lengths(&c, &input, &slices), whole);
         }
+    }
+
+    #[test]
+    fn spare_and_commit_feeding_matches() {
+        let c = chunker(3);
+        let input = data(3, 300_000);
+        let mut s = StreamChunker::new(c.clone());
+        let mut out = Vec::new();
+        let mut pos = 0;
+        for step in [1usize, 7000, 65536, 100, 1 << 20].iter().cycle() {
+            if pos >= input.len() {
+                break;
+            }
+            let n = (*step).min(input.len() - pos);
+            // Ask for more room than is filled, as a short read would.
+            s.spare(n + 100)[..n].copy_from_slice(&input[pos..pos + n]);
+            s.commit(n);
+            pos += n;
+            while let Some(ch) = s.next_chunk() {
+                out.push(ch.len());
+            }
+        }
+        s.finish();
+        while let Some(ch) = s.next_chunk() {
+            out.push(ch.len());
+        }
+        assert_eq!(out, c.split_all(&input));
     }
 
     #[test]

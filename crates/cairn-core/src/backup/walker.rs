@@ -76,7 +76,6 @@ pub(crate) struct Walker<'a> {
     one_file_system: bool,
     names: NameCache,
     chunker: StreamChunker,
-    read_buf: Vec<u8>,
     batch: Vec<u8>,
     lens: Vec<u32>,
 }
@@ -102,7 +101,6 @@ impl<'a> Walker<'a> {
             one_file_system,
             names: NameCache::default(),
             chunker: StreamChunker::new(repo.chunker()),
-            read_buf: vec![0u8; READ_BYTES],
             batch: Vec::new(),
             lens: Vec::new(),
         }
@@ -395,7 +393,7 @@ impl<'a> Walker<'a> {
             self.batch.reserve(BATCH_BYTES + (1 << 18));
         }
         loop {
-            let n = match reader.read(&mut self.read_buf) {
+            let n = match reader.read(self.chunker.spare(READ_BYTES)) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -408,7 +406,7 @@ impl<'a> Walker<'a> {
                 }
             };
             self.progress.bytes_done(n as u64);
-            self.chunker.push(&self.read_buf[..n]);
+            self.chunker.commit(n);
             self.take_chunks()?;
         }
         self.chunker.finish();

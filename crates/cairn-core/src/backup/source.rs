@@ -18,29 +18,32 @@ pub struct NameCache {
 
 impl NameCache {
     pub fn user(&mut self, uid: u32) -> String {
-        self.users
-            .entry(uid)
-            .or_insert_with(|| {
-                nix::unistd::User::from_uid(uid.into())
-                    .ok()
-                    .flatten()
-                    .map(|u| u.name)
-                    .unwrap_or_default()
-            })
-            .clone()
+        cached(&mut self.users, uid, |id| {
+            nix::unistd::User::from_uid(id.into())
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        })
     }
     pub fn group(&mut self, gid: u32) -> String {
-        self.groups
-            .entry(gid)
-            .or_insert_with(|| {
-                nix::unistd::Group::from_gid(gid.into())
-                    .ok()
-                    .flatten()
-                    .map(|g| g.name)
-                    .unwrap_or_default()
-            })
-            .clone()
+        cached(&mut self.groups, gid, |id| {
+            nix::unistd::Group::from_gid(id.into())
+                .ok()
+                .flatten()
+                .map(|g| g.name)
+        })
     }
+}
+
+/// A name looked up once per id; ids without a name map to "".
+fn cached(
+    map: &mut HashMap<u32, String>,
+    id: u32,
+    look: impl FnOnce(u32) -> Option<String>,
+) -> String {
+    map.entry(id)
+        .or_insert_with(|| look(id).unwrap_or_default())
+        .clone()
 }
 
 pub fn kind_of(meta: &Metadata) -> NodeKind {

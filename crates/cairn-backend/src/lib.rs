@@ -105,6 +105,7 @@ pub mod names {
     pub const INDEX: &str = "index/";
     pub const SNAPSHOTS: &str = "snapshots/";
     pub const LOCKS: &str = "locks/";
+    pub const PENDING: &str = "pending/";
 
     /// `data/<first two hex digits>/<hex>`: 256 directories keep listings short.
     pub fn pack(hex: &str) -> String {
@@ -115,6 +116,12 @@ pub mod names {
     }
     pub fn snapshot(hex: &str) -> String {
         format!("snapshots/{hex}")
+    }
+    pub fn lock(hex: &str) -> String {
+        format!("locks/{hex}")
+    }
+    pub fn pending(hex: &str) -> String {
+        format!("pending/{hex}")
     }
     pub fn key(hex: &str) -> String {
         format!("keys/{hex}")

@@ -50,6 +50,31 @@ pub enum Command {
     Config(ConfigArgs),
     /// Verify the repository's structure and, with --read-data, every blob
     Check(CheckArgs),
+    /// Remove data no snapshot needs (safe while backups run)
+    Prune(PruneArgs),
+    /// Show locks and remove stale ones (they also expire by themselves)
+    Unlock(UnlockArgs),
+}
+
+#[derive(Args, Clone, Default)]
+pub struct PruneArgs {
+    /// Only print the plan: what would be deleted, repacked and reclaimed
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// Unused space to tolerate in kept packs: a percentage of used data ("5%"), a
+    /// size ("2G") or "unlimited"
+    #[arg(long, default_value = "5%")]
+    pub max_unused: String,
+    /// Repack at most this much in one run (e.g. "10G")
+    #[arg(long)]
+    pub max_repack_size: Option<String>,
+}
+
+#[derive(Args)]
+pub struct UnlockArgs {
+    /// Remove every lock, not only stale ones (only when no cairn process runs)
+    #[arg(long)]
+    pub remove_all: bool,
 }
 
 #[derive(Args)]

@@ -130,6 +130,54 @@ pub fn for_each_chunk(
     }
 }
 
+/// Reports every blob a file's content needs — chunk-list blobs and chunks — to
+/// `first_seen`, which returns true the first time it sees an id. A chunk-list blob
+/// seen before is not read again: everything below it was reported then. This is
+/// what makes walking many snapshots of the same large files cheap.
+pub fn for_each_content_blob(
+    repo: &Repository,
+    content: &Content,
+    first_seen: &mut dyn FnMut(BlobId) -> bool,
+) -> Result<()> {
+    match content {
+        Content::None => Ok(()),
+        Content::Inline(refs) => {
+            for r in refs {
+                first_seen(r.id);
+            }
+            Ok(())
+        }
+        Content::Tree { root, depth, .. } => {
+            if first_seen(*root) {
+                walk_lists(repo, *root, *depth, first_seen)
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
+fn walk_lists(
+    repo: &Repository,
+    id: BlobId,
+    depth: u8,
+    first_seen: &mut dyn FnMut(BlobId) -> bool,
+) -> Result<()> {
+    let list = repo.load_chunk_list(&id)?;
+    if depth == 0 || list.level != depth - 1 {
+        return Err(Error::damaged(
+            format!("chunk list {}", id.short()),
+            FormatError::malformed("chunk list", "level does not match its place in the tree"),
+        ));
+    }
+    for e in list.entries {
+        if first_seen(e.id) && list.level > 0 {
+            walk_lists(repo, e.id, depth - 1, first_seen)?;
+        }
+    }
+    Ok(())
+}
+
 fn walk(
     repo: &Repository,
     id: BlobId,

@@ -39,6 +39,13 @@ pub enum Error {
     Invalid(String),
     #[error("operation interrupted")]
     Interrupted,
+    /// Another exclusive operation (prune, repair) holds the repository.
+    #[error("{0}")]
+    Locked(String),
+    /// This process could not show it was alive for too long; prune may have treated
+    /// it as dead, so it must not commit anything.
+    #[error("{0}")]
+    LockExpired(String),
 }
 
 impl Error {

@@ -43,11 +43,16 @@ pub struct BlobLocation {
     pub compression: BlobCompression,
 }
 
+/// Live entries come from index files; pending ones from prune's pending-deletion
+/// records (packs on their way out). Readers use both, so a snapshot that committed
+/// while prune ran still restores; backups deduplicate only against live entries,
+/// so nothing new comes to depend on a pack that is about to go.
 #[derive(Default)]
 pub struct MasterIndex {
     packs: Vec<PackId>,
     pack_numbers: HashMap<PackId, u32>,
     blobs: IdMap<BlobLocation>,
+    pending: IdMap<BlobLocation>,
 }
 
 impl MasterIndex {
@@ -55,11 +60,12 @@ impl MasterIndex {
         Self::default()
     }
 
+    /// Blobs findable (live or pending).
     pub fn len(&self) -> usize {
-        self.blobs.len()
+        self.blobs.len() + self.pending.len()
     }
     pub fn is_empty(&self) -> bool {
-        self.blobs.is_empty()
+        self.blobs.is_empty() && self.pending.is_empty()
     }
 
     fn pack_number(&mut self, id: PackId) -> u32 {
@@ -89,17 +95,44 @@ impl MasterIndex {
         }
     }
 
+    /// Adds a pack of a pending-deletion record. Call after every live file: a blob
+    /// with a live copy keeps it.
+    pub fn add_pending_pack(&mut self, pack: PackId, blobs: &[IndexBlob]) {
+        let n = self.pack_number(pack);
+        for b in blobs {
+            if self.blobs.contains_key(&b.id) {
+                continue;
+            }
+            self.pending.entry(b.id).or_insert(BlobLocation {
+                pack: n,
+                offset: b.offset,
+                length: b.length,
+                raw_length: b.raw_length,
+                kind: b.kind,
+                compression: b.compression,
+            });
+        }
+    }
+
     pub fn add_file(&mut self, file: &IndexFile) {
         for p in &file.packs {
             self.add_pack(p.id, &p.blobs);
         }
     }
 
+    /// Where a blob can be read (live copy first, else a pending one).
     pub fn get(&self, id: &BlobId) -> Option<BlobLocation> {
-        self.blobs.get(id).copied()
+        self.blobs.get(id).or_else(|| self.pending.get(id)).copied()
     }
 
+    /// Whether a blob can be read.
     pub fn contains(&self, id: &BlobId) -> bool {
+        self.blobs.contains_key(id) || self.pending.contains_key(id)
+    }
+
+    /// Whether a live index file lists the blob: only such blobs may be reused by a
+    /// backup instead of storing them again.
+    pub fn is_live(&self, id: &BlobId) -> bool {
         self.blobs.contains_key(id)
     }
 
@@ -121,7 +154,12 @@ impl MasterIndex {
         &self.packs
     }
 
+    /// Every findable blob, live ones first.
     pub fn iter(&self) -> impl Iterator<Item = (&BlobId, &BlobLocation)> {
+        self.blobs.iter().chain(self.pending.iter())
+    }
+
+    pub fn iter_live(&self) -> impl Iterator<Item = (&BlobId, &BlobLocation)> {
         self.blobs.iter()
     }
 }

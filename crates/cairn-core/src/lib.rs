@@ -7,8 +7,11 @@ pub mod blob;
 pub mod chunklist;
 pub mod error;
 pub mod index;
+pub mod lock;
 pub mod packer;
 pub mod progress;
+pub mod prune;
+pub mod reachable;
 pub mod repo;
 pub mod time;
 

@@ -13,9 +13,11 @@ use cairn_format::consts::*;
 use cairn_format::envelope::{Encryption, random_bytes};
 use cairn_format::index::IndexFile;
 use cairn_format::key::{KdfParams, KeyFile, MasterKey};
+use cairn_format::pending::PendingDeletion;
 use cairn_format::snapshot::Snapshot;
 use cairn_format::tree::{ChunkList, Tree};
-use cairn_format::{BlobId, FormatError, IndexId, KeyId, PackId, RepoId, SnapshotId};
+use cairn_format::{BlobId, FormatError, IndexId, KeyId, PackId, PendingId, RepoId, SnapshotId};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 #[derive(Clone, Debug)]
@@ -35,6 +37,38 @@ impl Default for InitOptions {
             kdf: KdfParams::new_default(),
         }
     }
+}
+
+/// What the repository's index files and pending-deletion records say.
+#[derive(Default)]
+pub struct IndexState {
+    /// Index files in force.
+    pub live: Vec<(IndexId, IndexFile)>,
+    /// Index files still stored whose content a live file replaces.
+    pub superseded: Vec<IndexId>,
+    pub pending: Vec<(PendingId, PendingDeletion)>,
+    /// Files that could not be read.
+    pub errors: Vec<Error>,
+}
+
+/// Runs `f` over `items` on up to `threads` threads, keeping the order.
+pub(crate) fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let threads = threads.min(items.len()).max(1);
+    let per = items.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items
+            .chunks(per)
+            .map(|part| s.spawn(|| part.iter().map(&f).collect::<Vec<R>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 /// Readable snapshots (oldest first) and the errors of those that could not be read.
@@ -387,39 +421,105 @@ impl Repository {
         crate::packer::write_index_file(self.backend.as_ref(), &self.key, file)
     }
 
-    /// Loads every index file (several in parallel). Damaged ones are remembered in
-    /// [`Repository::index_errors`] and skipped: their blobs count as missing.
-    pub fn load_index(&mut self) -> Result<()> {
-        let ids = self.list_index_files()?;
-        let threads = 4.min(ids.len().max(1));
-        let chunks: Vec<&[IndexId]> = ids.chunks(ids.len().div_ceil(threads).max(1)).collect();
-        let results: Vec<Vec<Result<IndexFile>>> = std::thread::scope(|s| {
-            let handles: Vec<_> = chunks
+    /// Reads every index file (several in parallel) and every pending-deletion
+    /// record. Files superseded by a readable one are set aside. Damaged files are
+    /// returned in `errors`, not fatal. A file that vanishes between listing and
+    /// reading (prune replaced it) makes the whole read start again, so the result
+    /// is never a mix that misses entries.
+    pub fn read_index_state(&self) -> Result<IndexState> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let ids = self.list_index_files()?;
+            let results = parallel_map(&ids, 4, |id| self.read_index_file(id));
+            let mut files = Vec::new();
+            let mut errors = Vec::new();
+            let mut vanished = Vec::new();
+            for (id, r) in ids.iter().zip(results) {
+                match r {
+                    Ok(f) => files.push((*id, f)),
+                    Err(e @ Error::Damaged { .. }) => errors.push(e),
+                    Err(Error::Backend(b)) if b.is_not_found() => vanished.push(*id),
+                    Err(e) => return Err(e),
+                }
+            }
+            let superseded: HashSet<IndexId> = files
                 .iter()
-                .map(|part| s.spawn(|| part.iter().map(|id| self.read_index_file(id)).collect()))
+                .flat_map(|(_, f)| f.supersedes.iter().copied())
                 .collect();
-            handles
+            if vanished.iter().any(|v| !superseded.contains(v)) && attempt < 5 {
+                continue;
+            }
+            let (old, live): (Vec<_>, Vec<_>) = files
                 .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        vec![Err(Error::Invalid("index loader panicked".into()))]
-                    })
-                })
-                .collect()
-        });
+                .partition(|(id, _)| superseded.contains(id));
+            let mut pending = Vec::new();
+            for id in self.list_pending()? {
+                match self.read_pending(&id) {
+                    Ok(p) => pending.push((id, p)),
+                    Err(e @ Error::Damaged { .. }) => errors.push(e),
+                    Err(Error::Backend(b)) if b.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(IndexState {
+                live,
+                superseded: old.into_iter().map(|(id, _)| id).collect(),
+                pending,
+                errors,
+            });
+        }
+    }
+
+    /// Loads the master index: live index files, then pending-deletion records.
+    /// Damaged files are remembered in [`Repository::index_errors`] and skipped:
+    /// their blobs count as missing.
+    pub fn load_index(&mut self) -> Result<()> {
+        let state = self.read_index_state()?;
+        self.set_index(&state);
+        self.index_errors = state.errors;
+        Ok(())
+    }
+
+    /// Builds the master index from an [`IndexState`] already read.
+    pub fn set_index(&mut self, state: &IndexState) {
         let mut index = MasterIndex::new();
-        let mut errors = Vec::new();
-        for r in results.into_iter().flatten() {
-            match r {
-                Ok(f) => index.add_file(&f),
-                Err(e @ Error::Damaged { .. }) => errors.push(e),
-                Err(Error::Backend(b)) if b.is_not_found() => {}
-                Err(e) => return Err(e),
+        for (_, f) in &state.live {
+            index.add_file(f);
+        }
+        for (_, p) in &state.pending {
+            for pack in &p.packs {
+                index.add_pending_pack(pack.id, &pack.blobs);
             }
         }
         self.index = Arc::new(index);
-        self.index_errors = errors;
-        Ok(())
+    }
+
+    pub fn list_pending(&self) -> Result<Vec<PendingId>> {
+        Ok(self
+            .backend
+            .list(names::PENDING)?
+            .iter()
+            .filter_map(|i| PendingId::from_hex(names::base(&i.name)).ok())
+            .collect())
+    }
+
+    pub fn read_pending(&self, id: &PendingId) -> Result<PendingDeletion> {
+        let what = format!("pending deletion {}", id.to_hex());
+        let plain = self.read_sealed_object(
+            &names::pending(&id.to_hex()),
+            &id.0,
+            "pending deletion",
+            &what,
+        )?;
+        PendingDeletion::decode(&plain).map_err(|e| Error::damaged(what, e))
+    }
+
+    pub fn write_pending(&self, p: &PendingDeletion) -> Result<PendingId> {
+        let sealed = self.key.sealer.seal(&p.encode());
+        let id = PendingId::of_content(&sealed);
+        self.backend.put(&names::pending(&id.to_hex()), &sealed)?;
+        Ok(id)
     }
 
     // ---- blobs ----

@@ -57,6 +57,10 @@ id_type!(
     IndexId
 );
 id_type!(
+    /// Plain BLAKE3 of a pending-deletion record's bytes.
+    PendingId
+);
+id_type!(
     /// Plain BLAKE3 of a snapshot file's bytes.
     SnapshotId
 );

@@ -12,10 +12,12 @@ pub mod error;
 pub mod id;
 pub mod index;
 pub mod key;
+pub mod lock;
 pub mod pack;
+pub mod pending;
 pub mod snapshot;
 pub mod tree;
 pub mod wire;
 
 pub use error::{FormatError, Result};
-pub use id::{BlobId, IndexId, KeyId, PackId, RepoId, SnapshotId};
+pub use id::{BlobId, IndexId, KeyId, PackId, PendingId, RepoId, SnapshotId};

@@ -50,6 +50,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     } else {
         super::open(g)?
     };
+    let lock = super::lock(&repo, "backup", false)?;
     repo.load_index().context("loading the index")?;
     for e in repo.index_errors() {
         eprintln!("warning: {e} (its data will be stored again)");
@@ -78,6 +79,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         one_file_system: a.one_file_system,
         parent,
         force: a.force,
+        lock,
     };
     let progress = Progress::new(ui::interactive(g));
     let result = std::thread::scope(|s| {

@@ -4,6 +4,7 @@ use cairn_core::check::{self, CheckOptions};
 
 pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
     let mut repo = super::open(g)?;
+    let _lock = super::lock(&repo, "read", false)?;
     let report = check::check(
         &mut repo,
         &CheckOptions {

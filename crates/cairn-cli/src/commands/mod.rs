@@ -5,13 +5,16 @@ mod dump;
 mod init;
 mod key;
 mod ls;
+mod prune;
 mod restore;
 mod snapshots;
+mod unlock;
 
 use crate::args::{Cli, Command, Global};
 use anyhow::{Context, Result, anyhow};
-use cairn_backend::LocalBackend;
+use cairn_backend::{BackendErrorKind, LocalBackend};
 use cairn_core::Repository;
+use cairn_core::lock::RepoLock;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -27,6 +30,8 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Key(k) => key::run(g, k),
         Command::Config(a) => config::run(g, &a),
         Command::Check(a) => check::run(g, &a),
+        Command::Prune(a) => prune::run(g, &a),
+        Command::Unlock(a) => unlock::run(g, &a),
     }
 }
 
@@ -53,17 +58,64 @@ pub fn open(g: &Global) -> Result<Repository> {
     Ok(repo)
 }
 
-/// Opens and loads the index, warning about index files that could not be read.
-pub fn open_with_index(g: &Global) -> Result<Repository> {
+/// Takes a lock. It must be taken before the index is loaded: prune waits only for
+/// operations whose lock it can see. A shared lock that cannot be written because the
+/// repository is read-only is skipped with a warning (nothing can prune it then).
+pub fn lock(repo: &Repository, operation: &str, exclusive: bool) -> Result<Option<Arc<RepoLock>>> {
+    match RepoLock::acquire(repo, operation, exclusive) {
+        Ok(l) => Ok(Some(Arc::new(l))),
+        Err(cairn_core::Error::Backend(b))
+            if !exclusive
+                && operation == "read"
+                && b.kind == BackendErrorKind::PermissionDenied =>
+        {
+            eprintln!("warning: cannot write a lock ({b}); going on without one");
+            Ok(None)
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("locking the repository")),
+    }
+}
+
+/// Opens, takes a shared read lock and loads the index, warning about index files
+/// that could not be read. Keep the lock alive while using the repository.
+pub fn open_with_index(g: &Global) -> Result<(Repository, Option<Arc<RepoLock>>)> {
     let mut repo = open(g)?;
+    let lock = lock(&repo, "read", false)?;
     repo.load_index().context("loading the index")?;
     for e in repo.index_errors() {
         eprintln!("warning: {e} (its blobs are treated as missing)");
     }
-    Ok(repo)
+    Ok((repo, lock))
 }
 
 pub fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
+}
+
+/// Parses a size such as `500M`, `2G`, `1.5T` or `4096` (bytes; binary units).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'B' => 1,
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => anyhow::bail!("invalid size {s:?}: use a number with K, M, G or T"),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| anyhow!("invalid size {s:?}: use a number with K, M, G or T"))?;
+    if !v.is_finite() || v < 0.0 {
+        anyhow::bail!("invalid size {s:?}");
+    }
+    Ok((v * mult as f64) as u64)
 }

@@ -44,7 +44,7 @@ struct State<'a> {
 
 impl State<'_> {
     fn store(&mut self, blob: crate::blob::EncodedBlob) -> Result<()> {
-        if self.repo.index().contains(&blob.id) || !self.written.insert(blob.id) {
+        if self.repo.index().is_live(&blob.id) || !self.written.insert(blob.id) {
             return Ok(());
         }
         self.summary.blobs_added += 1;
@@ -73,7 +73,7 @@ impl State<'_> {
         }
         let key = self.repo.key().clone();
         let id = key.blob_id(plaintext);
-        if !self.repo.index().contains(&id) && !self.written.contains(&id) {
+        if !self.repo.index().is_live(&id) && !self.written.contains(&id) {
             let b = self.encoder.encode(&key, kind, id, plaintext)?;
             self.store(b)?;
         }

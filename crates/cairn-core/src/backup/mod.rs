@@ -55,6 +55,9 @@ pub struct BackupOptions {
     pub parent: Option<SnapshotId>,
     /// Read every file even when the parent says it is unchanged.
     pub force: bool,
+    /// The lock this backup holds. It must have been taken before the index was
+    /// loaded; the snapshot is only written while it is provably fresh.
+    pub lock: Option<std::sync::Arc<crate::lock::RepoLock>>,
 }
 
 /// An entry that could not be backed up.
@@ -312,7 +315,7 @@ pub fn backup(
                                         let data = &buf[pos..pos + len as usize];
                                         pos += len as usize;
                                         let id = key.blob_id(data);
-                                        let blob = if index.contains(&id) || inflight.claim(&id) {
+                                        let blob = if index.is_live(&id) || inflight.claim(&id) {
                                             None
                                         } else {
                                             match enc.encode(&key, BlobKind::Data, id, data) {
@@ -384,6 +387,9 @@ pub fn backup(
         program_version: format!("cairn {}", env!("CARGO_PKG_VERSION")),
         summary,
     };
+    if let Some(l) = &opts.lock {
+        l.check_fresh()?;
+    }
     let snapshot_id = repo.write_snapshot(&snapshot)?;
     Ok(BackupResult {
         snapshot_id,

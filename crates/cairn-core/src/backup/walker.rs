@@ -311,6 +311,7 @@ impl<'a> Walker<'a> {
             && p.ctime == node.ctime
             && p.inode == node.inode
             && p.dev == node.dev
+            && content_is_live(&p.content, self.repo.index())
         {
             node.content = p.content.clone();
             self.progress.bytes_done(node.size);
@@ -427,4 +428,17 @@ fn find<'t>(tree: &'t Tree, name: &[u8]) -> Option<&'t Node> {
         .binary_search_by(|n| n.name.as_slice().cmp(name))
         .ok()
         .map(|i| &tree.nodes[i])
+}
+
+/// Whether the blobs a parent's file content names directly are in live index files.
+/// A belt-and-braces check: the parent was either seen by a prune (so its blobs are
+/// all kept) or this backup's lock makes prune wait for it (docs/FORMAT.md, "Prune
+/// and concurrent writers"); reusing something prune retired would still be wrong,
+/// and this costs one lookup per file.
+fn content_is_live(c: &cairn_format::tree::Content, index: &crate::index::MasterIndex) -> bool {
+    match c {
+        cairn_format::tree::Content::None => true,
+        cairn_format::tree::Content::Inline(refs) => refs.iter().all(|r| index.is_live(&r.id)),
+        cairn_format::tree::Content::Tree { root, .. } => index.is_live(root),
+    }
 }

@@ -1,0 +1,122 @@
+use crate::args::{Global, PruneArgs};
+use crate::ui;
+use anyhow::{Context, Result, anyhow};
+use cairn_core::prune::{self, MaxUnused, PruneOptions, PruneReport};
+
+pub fn options(a: &PruneArgs) -> Result<PruneOptions> {
+    let mu = a.max_unused.trim();
+    let max_unused = if mu.eq_ignore_ascii_case("unlimited") {
+        MaxUnused::Unlimited
+    } else if let Some(p) = mu.strip_suffix('%') {
+        let v: f64 = p
+            .trim()
+            .parse()
+            .map_err(|_| anyhow!("invalid --max-unused {mu:?}: use e.g. 5%, 2G or unlimited"))?;
+        if !(0.0..=100.0).contains(&v) {
+            anyhow::bail!("--max-unused must be between 0% and 100%");
+        }
+        MaxUnused::Percent(v)
+    } else {
+        MaxUnused::Bytes(super::parse_size(mu).context("--max-unused")?)
+    };
+    let max_repack_bytes = match &a.max_repack_size {
+        Some(s) => Some(super::parse_size(s).context("--max-repack-size")?),
+        None => None,
+    };
+    Ok(PruneOptions {
+        dry_run: a.dry_run,
+        max_unused,
+        max_repack_bytes,
+    })
+}
+
+pub fn run(g: &Global, a: &PruneArgs) -> Result<i32> {
+    let opts = options(a)?;
+    let mut repo = super::open(g)?;
+    let report = prune::prune(&mut repo, &opts)?;
+    render(g, &report)?;
+    Ok(0)
+}
+
+fn render(g: &Global, r: &PruneReport) -> Result<()> {
+    if g.json {
+        return super::print_json(r);
+    }
+    if g.quiet {
+        return Ok(());
+    }
+    let p = &r.plan;
+    let b = ui::bytes;
+    println!(
+        "{} snapshots need {} blobs; packs: {} in {} ({} used, {} unused)",
+        p.snapshots,
+        p.used_blobs,
+        p.packs,
+        b(p.pack_bytes),
+        b(p.used_bytes),
+        b(p.unused_bytes)
+    );
+    let verb = if r.dry_run { "would" } else { "will" };
+    println!(
+        "{verb} delete {} unused packs ({})",
+        p.delete_packs,
+        b(p.delete_bytes)
+    );
+    println!(
+        "{verb} repack {} packs ({}), copying {}",
+        p.repack_packs,
+        b(p.repack_bytes),
+        b(p.repack_copy_bytes)
+    );
+    if p.unindexed_packs > 0 {
+        println!(
+            "{verb} delete {} packs no index lists ({})",
+            p.unindexed_packs,
+            b(p.unindexed_bytes)
+        );
+    }
+    if p.missing_unused_packs > 0 {
+        println!(
+            "{verb} drop {} missing packs nothing needs from the index",
+            p.missing_unused_packs
+        );
+    }
+    println!(
+        "space reclaimed: {}; unused space left: {}",
+        b(p.reclaim_bytes),
+        b(p.unused_bytes_after)
+    );
+    if p.earlier_pending_packs > 0 {
+        println!(
+            "{} packs retired by an earlier prune are waiting for deletion",
+            p.earlier_pending_packs
+        );
+    }
+    if r.dry_run {
+        println!("dry run: nothing was changed");
+        return Ok(());
+    }
+    println!(
+        "wrote {} packs and {} index files; deleted {} packs ({})",
+        r.new_packs,
+        r.new_index_files,
+        r.deleted_packs,
+        b(r.deleted_bytes)
+    );
+    if r.rescued_packs > 0 {
+        println!(
+            "kept {} retired packs that snapshots written meanwhile need",
+            r.rescued_packs
+        );
+    }
+    if r.deferred_packs > 0 {
+        println!(
+            "{} packs will be deleted by the next prune once these operations end:",
+            r.deferred_packs
+        );
+        for w in &r.waiting_for {
+            println!("    {w}");
+        }
+    }
+    Ok(())
+}

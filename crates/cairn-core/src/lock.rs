@@ -1,0 +1,380 @@
+//! Repository locks. They never block a backup: every operation that uses the index
+//! (backup, restore, check, ...) holds a *shared* lock so that prune knows which
+//! operations may still rely on blobs it is removing; prune and repair hold an
+//! *exclusive* lock that only keeps them apart from each other.
+//!
+//! A lock is rewritten by a background thread every [`REFRESH_EVERY`]. Another process
+//! treats it as gone when it has not been refreshed for [`STALE_AFTER`], or at once
+//! when it was taken on the same machine (same boot, same pid namespace) by a process
+//! that no longer exists. So a crashed job never blocks the next one, and nothing
+//! needs `unlock` in normal operation.
+//!
+//! The holder checks its side of the bargain: if it could not refresh for longer than
+//! [`MAX_UNREFRESHED`] (suspended machine, unreachable storage), it may have been
+//! treated as dead, and [`RepoLock::check_fresh`] makes it refuse to commit.
+
+use crate::error::{Error, Result};
+use crate::repo::Repository;
+use cairn_backend::{Backend, names};
+use cairn_format::key::MasterKey;
+use cairn_format::lock::Lock;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub const REFRESH_EVERY: Duration = Duration::from_secs(5 * 60);
+pub const STALE_AFTER: Duration = Duration::from_secs(30 * 60);
+/// Leaves `STALE_AFTER - MAX_UNREFRESHED` for clock differences between machines.
+pub const MAX_UNREFRESHED: Duration = Duration::from_secs(20 * 60);
+
+/// A lock found in the repository.
+#[derive(Clone, Debug)]
+pub struct LockInfo {
+    pub id: [u8; 32],
+    /// `None` when the object could not be read or opened.
+    pub lock: Option<Lock>,
+    /// True when its holder is known dead or it was not refreshed in time.
+    pub stale: bool,
+}
+
+impl LockInfo {
+    pub fn hex(&self) -> String {
+        hex::encode(self.id)
+    }
+    /// One line for messages: what, where, since when.
+    pub fn describe(&self) -> String {
+        match &self.lock {
+            Some(l) => format!(
+                "{} lock {} held by {}@{} (pid {}) since {}",
+                l.operation,
+                &self.hex()[..8],
+                l.username,
+                l.hostname,
+                l.pid,
+                l.created.get(..19).unwrap_or(&l.created).replace('T', " ")
+            ),
+            None => format!("unreadable lock {}", &self.hex()[..8]),
+        }
+    }
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn boot_id() -> String {
+    read_trimmed("/proc/sys/kernel/random/boot_id")
+}
+
+fn pid_namespace() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Whether a process with this pid exists (in our pid namespace) and is not a
+/// zombie: a killed job whose parent has not reaped it yet holds nothing.
+fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            !matches!(state, Some('Z') | Some('X'))
+        }
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    }
+}
+
+/// Whether a lock's holder is known to be gone, judged at `now` (unix seconds).
+pub fn is_stale(l: &Lock, now: i64) -> bool {
+    let boot = boot_id();
+    if !boot.is_empty()
+        && l.boot_id == boot
+        && l.pid_namespace == pid_namespace()
+        && l.hostname == crate::repo::hostname()
+    {
+        return !pid_alive(l.pid);
+    }
+    now.saturating_sub(l.refreshed) > STALE_AFTER.as_secs() as i64
+}
+
+fn parse_id(name: &str) -> Option<[u8; 32]> {
+    let mut id = [0u8; 32];
+    hex::decode_to_slice(names::base(name), &mut id).ok()?;
+    Some(id)
+}
+
+/// Every lock in the repository with its state. A lock deleted while listing is
+/// skipped; an unreadable one is reported with `lock: None` and counts as live (it
+/// might be a running job; `cairn unlock --remove-all` removes it).
+pub fn list_locks(repo: &Repository) -> Result<Vec<LockInfo>> {
+    let now = now_unix();
+    let mut out = Vec::new();
+    for o in repo.backend().list(names::LOCKS)? {
+        let Some(id) = parse_id(&o.name) else {
+            continue;
+        };
+        let lock = match repo.backend().get(&o.name) {
+            Ok(data) => repo
+                .key()
+                .sealer
+                .open("lock", &data)
+                .ok()
+                .and_then(|p| Lock::from_bytes(&p).ok()),
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let stale = lock.as_ref().is_some_and(|l| is_stale(l, now));
+        out.push(LockInfo { id, lock, stale });
+    }
+    Ok(out)
+}
+
+struct Shared {
+    stop: Mutex<bool>,
+    wake: Condvar,
+    last_ok: Mutex<Instant>,
+}
+
+/// A lock this process holds; released (deleted) on drop.
+pub struct RepoLock {
+    backend: Arc<dyn Backend>,
+    id: [u8; 32],
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn write_lock(backend: &dyn Backend, key: &MasterKey, id: &[u8; 32], l: &Lock) -> Result<()> {
+    let sealed = key.sealer.seal(&l.to_bytes());
+    backend.put(&names::lock(&hex::encode(id)), &sealed)?;
+    Ok(())
+}
+
+impl RepoLock {
+    /// Takes a shared lock (`exclusive == false`: never fails because of other
+    /// locks) or an exclusive one (fails with [`Error::Locked`] while another live
+    /// exclusive lock exists).
+    pub fn acquire(repo: &Repository, operation: &str, exclusive: bool) -> Result<RepoLock> {
+        Self::acquire_with(repo, operation, exclusive, REFRESH_EVERY)
+    }
+
+    pub fn acquire_with(
+        repo: &Repository,
+        operation: &str,
+        exclusive: bool,
+        refresh_every: Duration,
+    ) -> Result<RepoLock> {
+        let id: [u8; 32] = cairn_format::envelope::random_bytes();
+        let mut lock = Lock {
+            version: 1,
+            operation: operation.to_string(),
+            exclusive,
+            hostname: crate::repo::hostname(),
+            username: crate::repo::username(),
+            pid: std::process::id(),
+            boot_id: boot_id(),
+            pid_namespace: pid_namespace(),
+            created: crate::time::now_rfc3339(),
+            refreshed: now_unix(),
+        };
+        let backend = repo.backend().clone();
+        let key = repo.key().clone();
+        write_lock(backend.as_ref(), &key, &id, &lock)?;
+        let shared = Arc::new(Shared {
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+            last_ok: Mutex::new(Instant::now()),
+        });
+        let mut me = RepoLock {
+            backend: backend.clone(),
+            id,
+            shared: shared.clone(),
+            thread: None,
+        };
+        if exclusive {
+            // Both writers may see each other; the older lock (then the smaller id)
+            // wins, so exactly one goes on.
+            let mine = (lock.created.clone(), id);
+            for other in list_locks(repo)? {
+                if other.id == id || other.stale {
+                    continue;
+                }
+                let Some(l) = &other.lock else { continue };
+                if l.exclusive && (l.created.clone(), other.id) < mine {
+                    return Err(Error::Locked(format!(
+                        "the repository is busy: {} (it expires by itself if that process died; see `cairn unlock`)",
+                        other.describe()
+                    )));
+                }
+            }
+        }
+        me.thread = std::thread::Builder::new()
+            .name("cairn-lock".into())
+            .spawn(move || {
+                let mut stop = shared.stop.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    // Checked before waiting too: `drop` may have run before this
+                    // thread first took the mutex.
+                    if *stop {
+                        return;
+                    }
+                    let (s, _) = shared
+                        .wake
+                        .wait_timeout(stop, refresh_every)
+                        .unwrap_or_else(|e| e.into_inner());
+                    stop = s;
+                    if *stop {
+                        return;
+                    }
+                    lock.refreshed = now_unix();
+                    if write_lock(backend.as_ref(), &key, &id, &lock).is_ok() {
+                        *shared.last_ok.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                    }
+                }
+            })
+            .ok();
+        if me.thread.is_none() {
+            return Err(Error::Invalid(
+                "cannot start the lock refresh thread".into(),
+            ));
+        }
+        Ok(me)
+    }
+
+    pub fn id(&self) -> [u8; 32] {
+        self.id
+    }
+
+    /// Fails when the lock may have been judged stale by another process: then
+    /// blobs this operation relies on may have been deleted, and committing would
+    /// risk a snapshot with missing data.
+    pub fn check_fresh(&self) -> Result<()> {
+        let since = self
+            .shared
+            .last_ok
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed();
+        if since > MAX_UNREFRESHED {
+            return Err(Error::LockExpired(format!(
+                "this operation could not refresh its repository lock for {} minutes; \
+                 a concurrent prune may have removed data it relies on, so it stops \
+                 without committing (run it again)",
+                since.as_secs() / 60
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RepoLock {
+    fn drop(&mut self) {
+        *self.shared.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = self.backend.delete(&names::lock(&hex::encode(self.id)));
+    }
+}
+
+/// Removes stale locks (all locks with `all`); returns the ones removed.
+pub fn remove_locks(repo: &Repository, all: bool) -> Result<Vec<LockInfo>> {
+    let mut removed = Vec::new();
+    for l in list_locks(repo)? {
+        if all || l.stale {
+            match repo.backend().delete(&names::lock(&l.hex())) {
+                Ok(()) => removed.push(l),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repo::InitOptions;
+    use cairn_backend::MemBackend;
+
+    fn repo() -> Repository {
+        let opts = InitOptions {
+            encryption: false,
+            ..InitOptions::default()
+        };
+        Repository::init(Arc::new(MemBackend::new()), None, &opts).unwrap()
+    }
+
+    #[test]
+    fn shared_locks_coexist_and_vanish_on_drop() {
+        let r = repo();
+        let a = RepoLock::acquire(&r, "backup", false).unwrap();
+        let b = RepoLock::acquire(&r, "backup", false).unwrap();
+        let p = RepoLock::acquire(&r, "prune", true).unwrap();
+        assert_eq!(list_locks(&r).unwrap().len(), 3);
+        assert!(list_locks(&r).unwrap().iter().all(|l| !l.stale));
+        drop((a, b, p));
+        assert!(list_locks(&r).unwrap().is_empty());
+    }
+
+    #[test]
+    fn exclusive_locks_exclude_each_other() {
+        let r = repo();
+        let p = RepoLock::acquire(&r, "prune", true).unwrap();
+        let e = RepoLock::acquire(&r, "prune", true).err().unwrap();
+        assert!(matches!(e, Error::Locked(_)), "{e}");
+        // The loser removed its own lock.
+        assert_eq!(list_locks(&r).unwrap().len(), 1);
+        drop(p);
+        RepoLock::acquire(&r, "prune", true).unwrap();
+    }
+
+    #[test]
+    fn dead_or_old_holders_are_stale() {
+        let mut l = Lock {
+            version: 1,
+            operation: "backup".into(),
+            exclusive: false,
+            hostname: crate::repo::hostname(),
+            username: "u".into(),
+            pid: std::process::id(),
+            boot_id: boot_id(),
+            pid_namespace: pid_namespace(),
+            created: crate::time::now_rfc3339(),
+            refreshed: now_unix(),
+        };
+        assert!(!is_stale(&l, now_unix()));
+        // Same machine, a pid that does not exist: stale at once.
+        l.pid = 0x3fff_fff0;
+        assert!(is_stale(&l, now_unix()));
+        // Another machine: only time counts.
+        l.hostname = "elsewhere".into();
+        assert!(!is_stale(&l, now_unix()));
+        assert!(is_stale(&l, now_unix() + STALE_AFTER.as_secs() as i64 + 1));
+    }
+
+    #[test]
+    fn refresh_rewrites_the_lock() {
+        let r = repo();
+        let l = RepoLock::acquire_with(&r, "backup", false, Duration::from_millis(20)).unwrap();
+        let name = names::lock(&hex::encode(l.id()));
+        r.backend().delete(&name).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        r.backend()
+            .get(&name)
+            .expect("the refresh thread wrote the lock again");
+        l.check_fresh().unwrap();
+    }
+}

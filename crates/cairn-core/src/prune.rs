@@ -1,0 +1,717 @@
+//! Prune: remove data no snapshot needs, without ever blocking backups.
+//!
+//! It runs in two phases (the argument is in docs/FORMAT.md, "Prune and concurrent
+//! writers"):
+//!
+//! 1. **Plan and retire.** Under an exclusive lock (against other prunes only), find
+//!    the blobs every snapshot needs, copy the needed blobs out of mostly-unused packs
+//!    ("repack"), then write index files that supersede all the old ones and no longer
+//!    list the retired packs. Then list the locks and write a *pending deletion*
+//!    record naming the retired packs (with their entries), the unindexed packs found,
+//!    and those locks.
+//! 2. **Delete.** A record's packs are deleted only once none of its locks is alive:
+//!    every operation that could have loaded the old index has ended. Just before
+//!    deleting, snapshots written since phase 1 are walked too; a retired pack that
+//!    holds a blob some snapshot needs and no live pack has is indexed again
+//!    ("rescued") instead of deleted.
+//!
+//! With no other job running, both phases happen in one run. Otherwise phase 2 of
+//! this run's record happens in a later prune.
+
+use crate::blob::{self, EncodedBlob};
+use crate::error::{Error, Result};
+use crate::index::IdSet;
+use crate::lock::{self, RepoLock};
+use crate::packer::{BufferPool, Packer, Uploader};
+use crate::repo::{IndexState, Repository};
+use cairn_backend::names;
+use cairn_format::consts::PACK_TRAILER_LEN;
+use cairn_format::index::{IndexFile, IndexPack};
+use cairn_format::pack;
+use cairn_format::pending::PendingDeletion;
+use cairn_format::{BlobId, PackId, PendingId, SnapshotId};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// How much unused space may stay in packs that are kept.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MaxUnused {
+    /// Percent of the bytes in use (restic's meaning): 5 allows unused/(used+unused)
+    /// up to 5%.
+    Percent(f64),
+    Bytes(u64),
+    Unlimited,
+}
+
+#[derive(Clone, Debug)]
+pub struct PruneOptions {
+    pub dry_run: bool,
+    pub max_unused: MaxUnused,
+    /// Upper bound on the total size of packs repacked in this run.
+    pub max_repack_bytes: Option<u64>,
+}
+
+impl Default for PruneOptions {
+    fn default() -> Self {
+        PruneOptions {
+            dry_run: false,
+            max_unused: MaxUnused::Percent(5.0),
+            max_repack_bytes: None,
+        }
+    }
+}
+
+/// What prune found and decided. All sizes are bytes as stored.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PrunePlan {
+    pub snapshots: usize,
+    pub packs: usize,
+    pub pack_bytes: u64,
+    pub used_blobs: usize,
+    pub used_bytes: u64,
+    pub unused_bytes: u64,
+    /// Packs nothing needs: deleted whole.
+    pub delete_packs: usize,
+    pub delete_bytes: u64,
+    /// Packs partly needed and selected for repacking: their needed blobs are
+    /// copied into new packs, then they are deleted.
+    pub repack_packs: usize,
+    pub repack_bytes: u64,
+    /// Of `repack_bytes`, what is copied into new packs.
+    pub repack_copy_bytes: u64,
+    /// Packs no index lists (left by interrupted backups).
+    pub unindexed_packs: usize,
+    pub unindexed_bytes: u64,
+    /// Indexed packs missing from storage whose blobs no snapshot needs: dropped
+    /// from the index.
+    pub missing_unused_packs: usize,
+    /// Unused bytes left in kept packs afterwards.
+    pub unused_bytes_after: u64,
+    /// Space freed once this plan's deletions happen.
+    pub reclaim_bytes: u64,
+    /// Index files replaced by new ones (plus superseded ones still stored).
+    pub index_files_replaced: usize,
+    /// Packs retired by earlier prunes, still waiting for their deletion.
+    pub earlier_pending_packs: usize,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PruneReport {
+    pub plan: PrunePlan,
+    pub dry_run: bool,
+    /// Packs deleted in this run (this plan's and earlier ones').
+    pub deleted_packs: usize,
+    pub deleted_bytes: u64,
+    /// Retired packs indexed again because a snapshot written meanwhile needs them.
+    pub rescued_packs: usize,
+    /// Packs retired but not yet deleted: operations that may still use them run.
+    pub deferred_packs: usize,
+    pub deferred_bytes: u64,
+    /// The locks deletion waits for.
+    pub waiting_for: Vec<String>,
+    pub new_packs: u64,
+    pub new_index_files: usize,
+}
+
+/// Everything the phases need about one indexed pack.
+struct PackInfo {
+    entries: IndexPack,
+    stored_size: Option<u64>,
+    used_bytes: u64,
+    unused_bytes: u64,
+    /// Blobs this pack provides (one copy of each needed blob is chosen).
+    provides: Vec<BlobId>,
+}
+
+enum Action {
+    Keep,
+    Delete,
+    Repack,
+    DropMissing,
+}
+
+/// Runs prune. `repo` gets a fresh index at the end.
+pub fn prune(repo: &mut Repository, opts: &PruneOptions) -> Result<PruneReport> {
+    let lock = RepoLock::acquire(repo, "prune", !opts.dry_run)?;
+    let result = run(repo, opts, &lock);
+    drop(lock);
+    result
+}
+
+fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<PruneReport> {
+    let mut report = PruneReport {
+        dry_run: opts.dry_run,
+        ..Default::default()
+    };
+
+    // Order matters (docs/FORMAT.md): packs, then snapshots, then index. A snapshot
+    // listed here has its blobs in index files written before it, so the index read
+    // afterwards knows them.
+    let stored: HashMap<PackId, u64> = list_packs(repo)?;
+    let (snaps, bad) = repo.snapshots()?;
+    if let Some(e) = bad.into_iter().next() {
+        return Err(Error::Invalid(format!(
+            "{e}; prune cannot tell what it needs (run `cairn repair snapshots` first)"
+        )));
+    }
+    let state = repo.read_index_state()?;
+    if let Some(e) = state.errors.first() {
+        return Err(Error::Invalid(format!(
+            "{e}; run `cairn repair index` before prune"
+        )));
+    }
+    repo.set_index(&state);
+
+    let listed: HashSet<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
+    let roots = snapshot_roots(&snaps)?;
+    let mut used = IdSet::default();
+    crate::reachable::collect(repo, &roots, &mut used)?;
+
+    let pending_packs: HashSet<PackId> = state
+        .pending
+        .iter()
+        .flat_map(|(_, p)| {
+            p.packs
+                .iter()
+                .map(|x| x.id)
+                .chain(p.orphans.iter().copied())
+        })
+        .collect();
+    let (mut plan, mut infos, actions, orphans) =
+        make_plan(repo, &state, &stored, &used, &pending_packs, opts)?;
+    plan.snapshots = snaps.len();
+    plan.earlier_pending_packs = pending_packs.len();
+    report.plan = plan;
+    if opts.dry_run {
+        return Ok(report);
+    }
+
+    // ---- phase 1: repack, replace the index, record what is retired ----
+    let mut new_index_files = Vec::new();
+    let repack: Vec<&PackInfo> = infos
+        .iter()
+        .zip(&actions)
+        .filter(|(_, a)| matches!(a, Action::Repack))
+        .map(|(i, _)| i)
+        .collect();
+    if !repack.is_empty() {
+        let stats = repack_packs(repo, &repack)?;
+        report.new_packs = stats.packs;
+        new_index_files.extend(stats.index_files);
+    }
+    let changed = actions.iter().any(|a| !matches!(a, Action::Keep));
+    let mut retired: Vec<IndexPack> = Vec::new();
+    if changed || !state.superseded.is_empty() {
+        let mut kept = Vec::new();
+        for (info, a) in infos.drain(..).zip(&actions) {
+            match a {
+                Action::Keep => kept.push(info.entries),
+                Action::Delete | Action::Repack => retired.push(info.entries),
+                Action::DropMissing => {}
+            }
+        }
+        let supersedes: Vec<_> = state
+            .live
+            .iter()
+            .map(|(id, _)| *id)
+            .chain(state.superseded.iter().copied())
+            .collect();
+        new_index_files.extend(write_replacement_index(repo, kept, supersedes.clone())?);
+        report.new_index_files = new_index_files.len();
+        // Locks are listed after the new index is stored: any operation that read
+        // the old index took its lock before that, so it is in this list.
+        let locks = live_lock_ids(repo, lock)?;
+        if !retired.is_empty() || !orphans.is_empty() {
+            repo.write_pending(&PendingDeletion {
+                created: crate::time::now_unix(),
+                locks,
+                packs: retired,
+                orphans,
+            })?;
+        }
+        for id in supersedes {
+            match repo.backend().delete(&names::index(&id.to_hex())) {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    } else if !orphans.is_empty() {
+        let locks = live_lock_ids(repo, lock)?;
+        repo.write_pending(&PendingDeletion {
+            created: crate::time::now_unix(),
+            locks,
+            packs: vec![],
+            orphans,
+        })?;
+    }
+
+    // ---- phase 2: delete what no live operation can still use ----
+    delete_pending(repo, lock, &listed, used, &mut report)?;
+    repo.load_index()?;
+    Ok(report)
+}
+
+fn list_packs(repo: &Repository) -> Result<HashMap<PackId, u64>> {
+    Ok(repo
+        .backend()
+        .list(names::DATA)?
+        .into_iter()
+        .filter_map(|o| {
+            PackId::from_hex(names::base(&o.name))
+                .ok()
+                .map(|id| (id, o.size))
+        })
+        .collect())
+}
+
+fn snapshot_roots(snaps: &[(SnapshotId, cairn_format::snapshot::Snapshot)]) -> Result<Vec<BlobId>> {
+    snaps
+        .iter()
+        .map(|(id, s)| {
+            s.tree_id()
+                .map_err(|e| Error::damaged(format!("snapshot {}", id.to_hex()), e))
+        })
+        .collect()
+}
+
+fn live_lock_ids(repo: &Repository, mine: &RepoLock) -> Result<Vec<[u8; 32]>> {
+    Ok(lock::list_locks(repo)?
+        .into_iter()
+        .filter(|l| l.id != mine.id() && !l.stale)
+        .map(|l| l.id)
+        .collect())
+}
+
+type Plan = (PrunePlan, Vec<PackInfo>, Vec<Action>, Vec<PackId>);
+
+fn make_plan(
+    repo: &Repository,
+    state: &IndexState,
+    stored: &HashMap<PackId, u64>,
+    used: &IdSet,
+    pending_packs: &HashSet<PackId>,
+    opts: &PruneOptions,
+) -> Result<Plan> {
+    let mut plan = PrunePlan {
+        index_files_replaced: state.live.len() + state.superseded.len(),
+        ..Default::default()
+    };
+    // One entry per pack, even if two index files list it.
+    let mut infos: Vec<PackInfo> = Vec::new();
+    let mut seen_packs = HashSet::new();
+    for (_, f) in &state.live {
+        for p in &f.packs {
+            if seen_packs.insert(p.id) {
+                infos.push(PackInfo {
+                    entries: p.clone(),
+                    stored_size: stored.get(&p.id).copied(),
+                    used_bytes: 0,
+                    unused_bytes: 0,
+                    provides: Vec::new(),
+                });
+            }
+        }
+    }
+    // Choose one copy of each needed blob: packs that are entirely needed first
+    // (they are kept anyway), then the fullest ones.
+    let need_count = |i: &PackInfo| {
+        i.entries
+            .blobs
+            .iter()
+            .filter(|b| used.contains(&b.id))
+            .count()
+    };
+    let mut order: Vec<(usize, usize, usize)> = infos
+        .iter()
+        .enumerate()
+        .map(|(n, i)| (n, need_count(i), i.entries.blobs.len()))
+        .collect();
+    order.sort_by(|a, b| {
+        let fa = a.1 as f64 / a.2.max(1) as f64;
+        let fb = b.1 as f64 / b.2.max(1) as f64;
+        fb.total_cmp(&fa)
+    });
+    let mut provided = IdSet::default();
+    for (n, _, _) in &order {
+        let info = &mut infos[*n];
+        let usable = match info.stored_size {
+            Some(size) => {
+                let end = info
+                    .entries
+                    .blobs
+                    .iter()
+                    .map(|b| u64::from(b.offset) + u64::from(b.length))
+                    .max()
+                    .unwrap_or(0);
+                end + PACK_TRAILER_LEN as u64 <= size
+            }
+            None => false,
+        };
+        for b in &info.entries.blobs {
+            if usable && used.contains(&b.id) && provided.insert(b.id) {
+                info.used_bytes += u64::from(b.length);
+                info.provides.push(b.id);
+            } else {
+                info.unused_bytes += u64::from(b.length);
+            }
+        }
+    }
+    // Every needed blob must have a copy: in a kept pack or in a pack an earlier
+    // prune retired (phase 2 indexes such a pack again instead of deleting it).
+    let pending_blobs: IdSet = state
+        .pending
+        .iter()
+        .flat_map(|(_, p)| p.packs.iter().flat_map(|x| x.blobs.iter().map(|b| b.id)))
+        .collect();
+    if let Some(missing) = used
+        .iter()
+        .find(|b| !provided.contains(*b) && !pending_blobs.contains(*b))
+    {
+        return Err(Error::Invalid(format!(
+            "blob {} is needed by a snapshot but no readable pack holds it; \
+             run `cairn check` and `cairn repair` before prune",
+            missing.to_hex()
+        )));
+    }
+    plan.used_blobs = used.len();
+
+    let mut actions = Vec::with_capacity(infos.len());
+    let mut partial = Vec::new();
+    for (n, info) in infos.iter().enumerate() {
+        let a = match info.stored_size {
+            None => {
+                plan.missing_unused_packs += 1;
+                Action::DropMissing
+            }
+            Some(size) => {
+                plan.packs += 1;
+                plan.pack_bytes += size;
+                plan.used_bytes += info.used_bytes;
+                if info.used_bytes == 0 {
+                    plan.delete_packs += 1;
+                    plan.delete_bytes += size;
+                    Action::Delete
+                } else {
+                    // Unused = blobs nothing needs; headers count as used.
+                    plan.unused_bytes += info.unused_bytes;
+                    if info.unused_bytes > 0 {
+                        partial.push((n, info.unused_bytes, size));
+                    }
+                    Action::Keep
+                }
+            }
+        };
+        actions.push(a);
+    }
+    // Unused bytes in fully-unused packs go away with them.
+    plan.unused_bytes += plan.delete_bytes;
+
+    // Repack the emptiest packs until the unused space left is within the limit.
+    let allowed = match opts.max_unused {
+        MaxUnused::Unlimited => u64::MAX,
+        MaxUnused::Bytes(b) => b,
+        MaxUnused::Percent(p) if p >= 100.0 => u64::MAX,
+        MaxUnused::Percent(p) => (plan.used_bytes as f64 * p / (100.0 - p)) as u64,
+    };
+    partial.sort_by(|a, b| {
+        let fa = a.1 as f64 / a.2.max(1) as f64;
+        let fb = b.1 as f64 / b.2.max(1) as f64;
+        fb.total_cmp(&fa)
+    });
+    let mut unused_left: u64 = partial.iter().map(|p| p.1).sum();
+    for (n, unused, size) in partial {
+        if unused_left <= allowed {
+            break;
+        }
+        if let Some(max) = opts.max_repack_bytes
+            && plan.repack_bytes + size > max
+        {
+            continue;
+        }
+        actions[n] = Action::Repack;
+        plan.repack_packs += 1;
+        plan.repack_bytes += size;
+        plan.repack_copy_bytes += infos[n].used_bytes;
+        unused_left -= unused;
+    }
+    plan.unused_bytes_after = unused_left;
+
+    // Unindexed packs: not in a live index file and not already pending.
+    let indexed: HashSet<PackId> = infos.iter().map(|i| i.entries.id).collect();
+    let mut orphans = Vec::new();
+    for (id, size) in stored {
+        if !indexed.contains(id) && !pending_packs.contains(id) {
+            orphans.push(*id);
+            plan.unindexed_packs += 1;
+            plan.unindexed_bytes += size;
+        }
+    }
+    orphans.sort();
+    plan.reclaim_bytes =
+        plan.delete_bytes + plan.repack_bytes - plan.repack_copy_bytes + plan.unindexed_bytes;
+    let _ = repo;
+    Ok((plan, infos, actions, orphans))
+}
+
+/// Copies the blobs each pack provides into new packs, verifying each on the way
+/// (a damaged blob stops prune before anything is deleted).
+fn repack_packs(repo: &Repository, packs: &[&PackInfo]) -> Result<crate::packer::UploadStats> {
+    let pool = Arc::new(BufferPool::new(2));
+    let uploader = Uploader::start(repo.backend().clone(), repo.key().clone(), pool.clone());
+    let pack_size = repo.config().pack_size as usize;
+    let mut data = Packer::new(repo.key().clone(), pool.clone(), pack_size);
+    let mut meta = Packer::new(repo.key().clone(), pool.clone(), pack_size);
+    let mut result = Ok(());
+    'packs: for info in packs {
+        let wanted: IdSet = info.provides.iter().copied().collect();
+        let bytes = match repo.backend().get(&names::pack(&info.entries.id.to_hex())) {
+            Ok(b) => b,
+            Err(e) => {
+                result = Err(e.into());
+                break;
+            }
+        };
+        for b in &info.entries.blobs {
+            if !wanted.contains(&b.id) {
+                continue;
+            }
+            let start = b.offset as usize;
+            let Some(sealed) = bytes.get(start..start + b.length as usize) else {
+                result = Err(Error::Invalid(format!(
+                    "pack {} is shorter than its index says",
+                    info.entries.id.short()
+                )));
+                break 'packs;
+            };
+            if let Err(e) = blob::decode(repo.key(), &b.id, sealed, b.raw_length, b.compression) {
+                result = Err(Error::Invalid(format!(
+                    "blob {} in pack {} is damaged ({e}); run `cairn check --read-data` and `cairn repair index`",
+                    b.id.short(),
+                    info.entries.id.short()
+                )));
+                break 'packs;
+            }
+            let eb = EncodedBlob {
+                kind: b.kind,
+                id: b.id,
+                sealed: sealed.to_vec(),
+                raw_length: b.raw_length,
+                compression: b.compression,
+            };
+            let packer = if b.kind == pack::BlobKind::Data {
+                &mut data
+            } else {
+                &mut meta
+            };
+            if let Some(p) = packer.add(eb)
+                && let Err(e) = uploader.send(p)
+            {
+                result = Err(e);
+                break 'packs;
+            }
+        }
+    }
+    if result.is_ok() {
+        for p in [data.finish(), meta.finish()].into_iter().flatten() {
+            if let Err(e) = uploader.send(p) {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    let stats = uploader.finish();
+    result?;
+    stats
+}
+
+/// Writes the kept packs' entries as new index files; the last one supersedes the
+/// old files, so readers switch at once and a crash before it changes nothing.
+fn write_replacement_index(
+    repo: &Repository,
+    kept: Vec<IndexPack>,
+    supersedes: Vec<cairn_format::IndexId>,
+) -> Result<Vec<cairn_format::IndexId>> {
+    const BLOBS_PER_FILE: usize = 200_000;
+    let mut files = Vec::new();
+    let mut cur = IndexFile::default();
+    let mut n = 0;
+    for p in kept {
+        n += p.blobs.len();
+        cur.packs.push(p);
+        if n >= BLOBS_PER_FILE {
+            files.push(repo.write_index_file(&std::mem::take(&mut cur))?);
+            n = 0;
+        }
+    }
+    cur.supersedes = supersedes;
+    files.push(repo.write_index_file(&cur)?);
+    Ok(files)
+}
+
+/// Phase 2 for every pending record whose locks are all gone.
+fn delete_pending(
+    repo: &mut Repository,
+    mine: &RepoLock,
+    listed: &HashSet<SnapshotId>,
+    mut used: IdSet,
+    report: &mut PruneReport,
+) -> Result<()> {
+    let ids = repo.list_pending()?;
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let locks = lock::list_locks(repo)?;
+    let alive: HashMap<[u8; 32], &lock::LockInfo> = locks
+        .iter()
+        .filter(|l| !l.stale && l.id != mine.id())
+        .map(|l| (l.id, l))
+        .collect();
+    let mut ready: Vec<(PendingId, PendingDeletion)> = Vec::new();
+    let mut waiting = HashSet::new();
+    for id in ids {
+        let rec = repo.read_pending(&id)?;
+        let blockers: Vec<_> = rec.locks.iter().filter_map(|l| alive.get(l)).collect();
+        if blockers.is_empty() {
+            ready.push((id, rec));
+        } else {
+            for b in blockers {
+                waiting.insert(b.describe());
+            }
+            report.deferred_packs += rec.packs.len() + rec.orphans.len();
+        }
+    }
+    report.waiting_for = waiting.into_iter().collect();
+    report.waiting_for.sort();
+    if ready.is_empty() {
+        return Ok(());
+    }
+    // The locks were checked first: an operation that has ended wrote its snapshot
+    // before it removed its lock, so the listing below contains it.
+    repo.load_index()?;
+    let (snaps, bad) = repo.snapshots()?;
+    if let Some(e) = bad.into_iter().next() {
+        return Err(Error::Invalid(format!(
+            "{e}; not deleting anything (run `cairn repair snapshots`)"
+        )));
+    }
+    let new: Vec<_> = snaps
+        .into_iter()
+        .filter(|(id, _)| !listed.contains(id))
+        .collect();
+    crate::reachable::collect(repo, &snapshot_roots(&new)?, &mut used)?;
+    let stored = list_packs(repo)?;
+    let index = repo.index().clone();
+    let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(l)).collect();
+    for (id, rec) in ready {
+        let mut rescue = IndexFile::default();
+        let mut delete = Vec::new();
+        for p in rec.packs {
+            if live_packs.contains(&p.id) || !stored.contains_key(&p.id) {
+                continue;
+            }
+            if p.blobs
+                .iter()
+                .any(|b| used.contains(&b.id) && !index.is_live(&b.id))
+            {
+                rescue.packs.push(p);
+            } else {
+                delete.push(p.id);
+            }
+        }
+        for o in rec.orphans {
+            if live_packs.contains(&o) || !stored.contains_key(&o) {
+                continue;
+            }
+            match read_header(repo, &o, stored[&o]) {
+                Ok(blobs)
+                    if blobs
+                        .iter()
+                        .any(|b| used.contains(&b.id) && !index.is_live(&b.id)) =>
+                {
+                    rescue.packs.push(IndexPack { id: o, blobs });
+                }
+                // Unreadable headers cannot be indexed: nothing can use such a pack.
+                _ => delete.push(o),
+            }
+        }
+        if !rescue.packs.is_empty() {
+            report.rescued_packs += rescue.packs.len();
+            repo.write_index_file(&rescue)?;
+        }
+        for p in delete {
+            let size = stored.get(&p).copied().unwrap_or(0);
+            match repo.backend().delete(&names::pack(&p.to_hex())) {
+                Ok(()) => {
+                    report.deleted_packs += 1;
+                    report.deleted_bytes += size;
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        match repo.backend().delete(&names::pending(&id.to_hex())) {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The blob entries of a pack, from its own header.
+pub fn read_header(
+    repo: &Repository,
+    id: &PackId,
+    size: u64,
+) -> Result<Vec<cairn_format::index::IndexBlob>> {
+    let what = format!("pack {}", id.to_hex());
+    let name = names::pack(&id.to_hex());
+    if size < PACK_TRAILER_LEN as u64 {
+        return Err(Error::Invalid(format!("{what} is too short to be a pack")));
+    }
+    let trailer = repo.backend().get_range(
+        &name,
+        size - PACK_TRAILER_LEN as u64,
+        PACK_TRAILER_LEN as u64,
+    )?;
+    let (off, len) = pack::parse_trailer(size, &trailer).map_err(|e| Error::damaged(&what, e))?;
+    let sealed = repo.backend().get_range(&name, off, u64::from(len))?;
+    let plain = repo
+        .key()
+        .sealer
+        .open("pack header", &sealed)
+        .map_err(|e| Error::damaged(&what, e))?;
+    let entries = pack::decode_header(&plain).map_err(|e| Error::damaged(&what, e))?;
+    let mut offset = 0u32;
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        out.push(cairn_format::index::IndexBlob {
+            kind: e.kind,
+            id: e.id,
+            offset,
+            length: e.length,
+            raw_length: e.raw_length,
+            compression: e.compression,
+        });
+        offset = offset.saturating_add(e.length);
+    }
+    Ok(out)
+}
+
+/// Used by `stats`-like callers and tests: total bytes of retired packs waiting.
+pub fn pending_bytes(repo: &Repository) -> Result<(usize, u64)> {
+    let stored = list_packs(repo)?;
+    let mut n = 0;
+    let mut bytes = 0;
+    for id in repo.list_pending()? {
+        let rec = repo.read_pending(&id)?;
+        for p in rec.packs.iter().map(|p| p.id).chain(rec.orphans) {
+            if let Some(s) = stored.get(&p) {
+                n += 1;
+                bytes += s;
+            }
+        }
+    }
+    Ok((n, bytes))
+}

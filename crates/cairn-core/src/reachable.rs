@@ -1,0 +1,128 @@
+//! The set of blobs snapshots need: every tree, chunk-list blob and chunk reachable
+//! from their roots. Prune keeps exactly these. Trees are loaded by several threads
+//! at once (loading means reading, decrypting and decompressing; most of it waits on
+//! storage), and a tree or chunk list reached twice is read once.
+
+use crate::chunklist::for_each_content_blob;
+use crate::error::{Error, Result};
+use crate::index::IdSet;
+use crate::repo::Repository;
+use cairn_format::BlobId;
+use cairn_format::tree::NodeKind;
+use std::sync::{Condvar, Mutex};
+
+struct Queue {
+    todo: Vec<BlobId>,
+    busy: usize,
+    error: Option<Error>,
+}
+
+/// Adds to `seen` every blob reachable from `roots` (tree ids). Fails on the first
+/// tree or chunk list that cannot be read: a caller deciding what to delete must not
+/// go on with an incomplete set.
+pub fn collect(repo: &Repository, roots: &[BlobId], seen: &mut IdSet) -> Result<()> {
+    let mut start = Vec::new();
+    for r in roots {
+        if seen.insert(*r) {
+            start.push(*r);
+        }
+    }
+    let queue = Mutex::new(Queue {
+        todo: start,
+        busy: 0,
+        error: None,
+    });
+    let wake = Condvar::new();
+    let shared_seen = Mutex::new(std::mem::take(seen));
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get() * 2)
+        .unwrap_or(4)
+        .clamp(2, 16);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| worker(repo, &queue, &wake, &shared_seen));
+        }
+    });
+    *seen = shared_seen.into_inner().unwrap_or_else(|e| e.into_inner());
+    match queue.into_inner().unwrap_or_else(|e| e.into_inner()).error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn worker(repo: &Repository, queue: &Mutex<Queue>, wake: &Condvar, seen: &Mutex<IdSet>) {
+    loop {
+        let id = {
+            let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if q.error.is_some() {
+                    wake.notify_all();
+                    return;
+                }
+                if let Some(id) = q.todo.pop() {
+                    q.busy += 1;
+                    break id;
+                }
+                if q.busy == 0 {
+                    wake.notify_all();
+                    return;
+                }
+                q = wake.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let r = visit(repo, &id, seen);
+        let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.busy -= 1;
+        match r {
+            Ok(more) => q.todo.extend(more),
+            Err(e) => {
+                if q.error.is_none() {
+                    q.error = Some(e);
+                }
+            }
+        }
+        wake.notify_all();
+    }
+}
+
+/// Loads one tree, records its blobs, returns its subtrees not seen before.
+fn visit(repo: &Repository, id: &BlobId, seen: &Mutex<IdSet>) -> Result<Vec<BlobId>> {
+    let tree = repo.load_tree(id)?;
+    let mut subtrees = Vec::new();
+    let mut lists = Vec::new();
+    {
+        let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+        for n in &tree.nodes {
+            match n.kind {
+                NodeKind::Dir => {
+                    if let Some(sub) = n.subtree
+                        && s.insert(sub)
+                    {
+                        subtrees.push(sub);
+                    }
+                }
+                NodeKind::File => match &n.content {
+                    cairn_format::tree::Content::Inline(refs) => {
+                        for r in refs {
+                            s.insert(r.id);
+                        }
+                    }
+                    cairn_format::tree::Content::None => {}
+                    c @ cairn_format::tree::Content::Tree { root, .. } => {
+                        if !s.contains(root) {
+                            lists.push(c.clone());
+                        }
+                    }
+                },
+                _ => {}
+            }
+        }
+    }
+    // Chunk lists are read outside the lock; ids are inserted as they are found.
+    for c in &lists {
+        for_each_content_blob(repo, c, &mut |b| {
+            seen.lock().unwrap_or_else(|e| e.into_inner()).insert(b)
+        })?;
+    }
+    Ok(subtrees)
+}

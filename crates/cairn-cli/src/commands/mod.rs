@@ -2,6 +2,7 @@ mod backup;
 mod check;
 mod config;
 mod dump;
+mod forget;
 mod init;
 mod key;
 mod ls;
@@ -27,6 +28,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Key(k) => key::run(g, k),
         Command::Config(a) => config::run(g, &a),
         Command::Check(a) => check::run(g, &a),
+        Command::Forget(a) => forget::run(g, &a),
     }
 }
 

@@ -50,6 +50,8 @@ pub enum Command {
     Config(ConfigArgs),
     /// Verify the repository's structure and, with --read-data, every blob
     Check(CheckArgs),
+    /// Remove snapshots: the ones named, or those a --keep-* policy does not keep
+    Forget(ForgetArgs),
     /// Remove data no snapshot needs (safe while backups run)
     Prune(PruneArgs),
     /// Show locks and remove stale ones (they also expire by themselves)
@@ -191,4 +193,55 @@ pub struct CheckArgs {
     /// Also read, decrypt and verify every blob
     #[arg(long)]
     pub read_data: bool,
+}
+
+/// Counts are strings so that a bad value is reported by `forget` itself (exit 1, one
+/// line) rather than by clap; "unlimited" is accepted for -1.
+#[derive(Args)]
+pub struct ForgetArgs {
+    /// Snapshot ids (prefixes) to remove; not combinable with --keep-* or filters
+    #[arg(value_name = "SNAPSHOT")]
+    pub snapshots: Vec<String>,
+    /// Keep the N newest snapshots (-1 or "unlimited": all)
+    #[arg(short = 'l', long, value_name = "N", allow_negative_numbers = true)]
+    pub keep_last: Option<String>,
+    /// Keep the newest snapshot of each of the last N hours that have one
+    #[arg(short = 'H', long, value_name = "N", allow_negative_numbers = true)]
+    pub keep_hourly: Option<String>,
+    /// Keep the newest snapshot of each of the last N days that have one
+    #[arg(short = 'd', long, value_name = "N", allow_negative_numbers = true)]
+    pub keep_daily: Option<String>,
+    /// Keep the newest snapshot of each of the last N ISO weeks that have one
+    #[arg(short = 'w', long, value_name = "N", allow_negative_numbers = true)]
+    pub keep_weekly: Option<String>,
+    /// Keep the newest snapshot of each of the last N months that have one
+    #[arg(short = 'm', long, value_name = "N", allow_negative_numbers = true)]
+    pub keep_monthly: Option<String>,
+    /// Keep the newest snapshot of each of the last N years that have one
+    #[arg(short = 'y', long, value_name = "N", allow_negative_numbers = true)]
+    pub keep_yearly: Option<String>,
+    /// Keep snapshots newer than DURATION (e.g. 1y2m3d4h) before the group's newest
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within: Option<String>,
+    /// Keep snapshots carrying all of these comma-separated tags (repeatable)
+    #[arg(long = "keep-tag", value_name = "TAGS")]
+    pub keep_tags: Vec<String>,
+    /// Only consider snapshots of this host (repeatable)
+    #[arg(long = "host", value_name = "HOST")]
+    pub hosts: Vec<String>,
+    /// Only consider snapshots carrying all of these comma-separated tags (repeatable: any)
+    #[arg(long = "tag", value_name = "TAGS")]
+    pub tags: Vec<String>,
+    /// Only consider snapshots that include this path (repeatable: all)
+    #[arg(long = "path", value_name = "PATH")]
+    pub paths: Vec<String>,
+    /// Apply the policy per group of snapshots sharing these: host,paths,tags or ''
+    #[arg(short = 'g', long, value_name = "FIELDS")]
+    pub group_by: Option<String>,
+    /// Show what would be removed without removing anything
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// Run prune afterwards if snapshots were removed
+    #[arg(long)]
+    pub prune: bool,
 }

@@ -46,6 +46,20 @@ pub enum Error {
     /// it as dead, so it must not commit anything.
     #[error("{0}")]
     LockExpired(String),
+    /// `forget` was asked to apply a policy that keeps nothing in particular: applying
+    /// it would remove nothing, so saying so beats silently succeeding.
+    #[error("no policy given: nothing would be removed")]
+    NoPolicy,
+    #[error("invalid duration {input:?}: {reason}")]
+    InvalidDuration { input: String, reason: String },
+    /// A snapshot whose time cannot be read cannot be placed in a retention bucket;
+    /// guessing could remove the wrong snapshot.
+    #[error("snapshot {id} has an unreadable time {time:?}; refusing to apply a policy")]
+    InvalidSnapshotTime { id: String, time: String },
+    /// Only keep-tag rules were given and no snapshot of a group carries the tags:
+    /// removing the whole group is almost certainly a typo in the tag.
+    #[error("no snapshot of {group} matches a keep-tag rule; refusing to remove them all")]
+    WouldRemoveAll { group: String },
 }
 
 impl Error {

@@ -19,5 +19,6 @@ pub use error::{Error, Result};
 pub use repo::{InitOptions, Repository};
 pub mod check;
 pub mod dump;
+pub mod forget;
 pub mod ls;
 pub mod restore;

@@ -2,6 +2,7 @@ mod backup;
 mod check;
 mod config;
 mod dump;
+mod forget;
 mod init;
 mod key;
 mod ls;
@@ -32,6 +33,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Check(a) => check::run(g, &a),
         Command::Prune(a) => prune::run(g, &a),
         Command::Unlock(a) => unlock::run(g, &a),
+        Command::Forget(a) => forget::run(g, &a),
     }
 }
 

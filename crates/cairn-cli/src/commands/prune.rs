@@ -38,6 +38,16 @@ pub fn run(g: &Global, a: &PruneArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// `forget --prune`: prune with default settings once snapshots were removed.
+pub fn run_after_forget(g: &Global, dry_run: bool) -> Result<i32> {
+    let args = PruneArgs {
+        dry_run,
+        max_unused: "5%".into(),
+        max_repack_size: None,
+    };
+    run(g, &args)
+}
+
 fn render(g: &Global, r: &PruneReport) -> Result<()> {
     if g.json {
         return super::print_json(r);

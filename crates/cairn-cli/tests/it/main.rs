@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod crash;
+mod forget;
 mod golden;
 mod keys;
 mod roundtrip;

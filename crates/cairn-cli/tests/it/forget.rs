@@ -1,0 +1,201 @@
+//! `cairn forget` end to end. Snapshot times here are real (seconds apart at most),
+//! so calendar buckets are covered by the unit tests in cairn-core; these check the
+//! command: selection, output, and that what remains is intact.
+
+use crate::util::*;
+use std::fs;
+use std::path::Path;
+
+fn backup_as(env: &Env, src: &Path, host: &str, tags: &[&str]) -> String {
+    let mut a = vec!["backup", "--json", "--host", host];
+    for t in tags {
+        a.extend(["--tag", t]);
+    }
+    let src = src.to_str().unwrap();
+    a.push(src);
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&a)).unwrap();
+    v["snapshot_id"].as_str().unwrap().to_string()
+}
+
+/// Ids of the snapshots in the repository, oldest first.
+fn snapshot_ids(env: &Env) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn forget_json(env: &Env, args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["forget", "--json"];
+    a.extend_from_slice(args);
+    serde_json::from_str(&env.ok(&a)).unwrap()
+}
+
+fn ids(list: &serde_json::Value) -> Vec<String> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Five snapshots: a1 a2 a3 on host a, b1 b2 on host b, each source a bit different.
+fn setup(env: &Env) -> (std::path::PathBuf, Vec<String>) {
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut ids = Vec::new();
+    for (i, (host, tags)) in [
+        ("a", vec!["t1"]),
+        ("a", vec!["t2"]),
+        ("a", vec!["t1", "t2"]),
+        ("b", vec!["t1"]),
+        ("b", vec![]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        fs::write(
+            src.join(format!("file{i}")),
+            format!("content {i}\n").repeat(100),
+        )
+        .unwrap();
+        ids.push(backup_as(env, &src, host, &tags));
+    }
+    assert_eq!(snapshot_ids(env).len(), 5);
+    (src, ids)
+}
+
+#[test]
+fn forget_without_policy_or_ids_fails_and_removes_nothing() {
+    let env = Env::new();
+    let (_, all) = setup(&env);
+    let err = env.fails(&["forget"], 1);
+    assert!(
+        err.contains("no policy given: nothing would be removed"),
+        "{err}"
+    );
+    let err = env.fails(&["forget", "--keep-last", "0"], 1);
+    assert!(err.contains("no policy given"), "{err}");
+    let err = env.fails(&["forget", "--keep-within", "1w"], 1);
+    assert!(err.contains("invalid duration \"1w\""), "{err}");
+    let err = env.fails(&["forget", "--keep-daily", "-3"], 1);
+    assert!(err.contains("keep-daily -3"), "{err}");
+    let err = env.fails(&["forget", "--group-by", "time", "--keep-last", "1"], 1);
+    assert!(err.contains("cannot group by"), "{err}");
+    // Ids and a policy together are refused before anything happens.
+    let err = env.fails(&["forget", &all[0], "--keep-last", "1"], 1);
+    assert!(err.contains("cannot be combined"), "{err}");
+    // One unknown id among good ones removes nothing.
+    let err = env.fails(&["forget", &all[0], "ffffffffffff"], 1);
+    assert!(err.contains("no snapshot matches"), "{err}");
+    // A keep-tag that matches nothing in a group would empty it: refused.
+    let err = env.fails(&["forget", "--keep-tag", "nosuchtag"], 1);
+    assert!(err.contains("refusing to remove them all"), "{err}");
+    assert_eq!(snapshot_ids(&env), all);
+}
+
+#[test]
+fn dry_run_removes_nothing() {
+    let env = Env::new();
+    let (_, all) = setup(&env);
+    let out = env.ok(&["forget", "--keep-last", "1", "--dry-run"]);
+    assert!(out.contains("would remove 2 snapshots:"), "{out}");
+    assert!(out.contains("would remove 1 snapshots:"), "{out}");
+    assert!(out.contains("keep 1 snapshots:"), "{out}");
+    assert!(out.contains("last snapshot"), "{out}");
+    assert!(out.contains("nothing was removed"), "{out}");
+    let v = forget_json(&env, &["--keep-last", "1", "-n"]);
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    env.ok(&["forget", &all[0], &all[1][..8], "--dry-run"]);
+    assert_eq!(snapshot_ids(&env), all);
+}
+
+#[test]
+fn keep_last_per_group_json_and_filters() {
+    let env = Env::new();
+    let (src, all) = setup(&env);
+    let (a1, a2, a3, b1, b2) = (
+        all[0].as_str(),
+        all[1].as_str(),
+        all[2].as_str(),
+        all[3].as_str(),
+        all[4].as_str(),
+    );
+
+    // Default grouping is host and paths: two groups.
+    let v = forget_json(&env, &["--keep-last", "1", "--keep-tag", "t2", "--dry-run"]);
+    let groups = v.as_array().unwrap();
+    assert_eq!(groups.len(), 2);
+    let ga = &groups[0];
+    assert_eq!(ga["group"]["host"], "a");
+    assert_eq!(ga["group"]["paths"][0], src.to_str().unwrap());
+    assert!(ga["group"]["tags"].is_null());
+    assert_eq!(ids(&ga["keep"]), [a2, a3]);
+    assert_eq!(ids(&ga["remove"]), [a1]);
+    let keep = ga["keep"].as_array().unwrap();
+    assert_eq!(keep[0]["reasons"], serde_json::json!(["tag t2"]));
+    assert_eq!(
+        keep[1]["reasons"],
+        serde_json::json!(["tag t2", "last snapshot"])
+    );
+    assert_eq!(keep[1]["short_id"], &a3[..8]);
+    assert_eq!(keep[1]["host"], "a");
+    assert_eq!(keep[1]["tags"], serde_json::json!(["t1", "t2"]));
+    assert!(keep[1]["time"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(groups[1]["group"]["host"], "b");
+    assert_eq!(ids(&groups[1]["keep"]), [b2]);
+    assert_eq!(ids(&groups[1]["remove"]), [b1]);
+
+    // Filter by tag, one group for everything: of a1, a3 and b1 keep only b1.
+    let v = forget_json(
+        &env,
+        &["--tag", "t1", "--group-by", "", "--keep-last", "1", "-n"],
+    );
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    assert!(v[0]["group"]["host"].is_null());
+    assert_eq!(ids(&v[0]["keep"]), [b1]);
+    assert_eq!(ids(&v[0]["remove"]), [a1, a3]);
+    // Comma-separated tags must all be present.
+    let v = forget_json(&env, &["--tag", "t1,t2", "--keep-last", "1", "-n"]);
+    assert_eq!(ids(&v[0]["keep"]), [a3]);
+    assert!(ids(&v[0]["remove"]).is_empty());
+
+    // For real now: host a keeps its newest two; host b is not touched.
+    let out = env.ok(&["forget", "--host", "a", "--keep-last", "2"]);
+    assert!(out.contains("remove 1 snapshots:"), "{out}");
+    assert!(out.contains(&a1[..8]), "{out}");
+    assert!(out.contains("removed 1 snapshots"), "{out}");
+    assert_eq!(snapshot_ids(&env), [a2, a3, b1, b2]);
+
+    // Explicit ids, one by prefix; -q prints nothing.
+    let out = env.ok(&["forget", "-q", &a2[..10], b1]);
+    assert!(out.is_empty(), "{out}");
+    assert_eq!(snapshot_ids(&env), [a3, b2]);
+
+    // What remains still restores, and the repository is consistent.
+    for (i, snap) in [a3, b2].into_iter().enumerate() {
+        let restored = env.restore(snap, &src, &format!("out{i}"));
+        let n = if snap == a3 { 3 } else { 5 };
+        for f in 0..n {
+            assert_eq!(
+                fs::read(restored.join(format!("file{f}"))).unwrap(),
+                fs::read(src.join(format!("file{f}"))).unwrap()
+            );
+        }
+        assert!(!restored.join(format!("file{n}")).exists());
+    }
+    env.check_clean();
+}
+
+#[test]
+fn prune_flag_prunes_after_forgetting() {
+    let env = Env::new();
+    setup(&env);
+    let out = env.ok(&["forget", "--keep-last", "1", "--prune", "-n"]);
+    assert!(out.contains("dry run"), "{out}");
+    env.ok(&["forget", "--keep-last", "1", "--prune"]);
+    env.ok(&["check", "--read-data"]);
+}

@@ -1,0 +1,1473 @@
+//! Retention policies: which snapshots `forget` keeps and which it removes.
+//!
+//! Pure logic over snapshot metadata, so every rule can be tested with made-up times;
+//! deleting the snapshot objects is the caller's business. The rules follow restic's
+//! `forget`, because people move between the two tools with their cron lines intact:
+//!
+//! - Snapshots are first narrowed by a [`SnapshotFilter`] (the rest are left alone),
+//!   then split into groups by [`GroupBy`]; each group is judged on its own, so one
+//!   machine's backups can never push out another's.
+//! - Within a group, snapshots are walked newest first. A snapshot is kept when any
+//!   rule wants it; every rule that does adds a reason.
+//! - `last N` keeps the N newest. `hourly`/`daily`/`weekly`/`monthly`/`yearly N` keep
+//!   the newest snapshot of each of the N most recent hours/days/ISO weeks/months/years
+//!   that have a snapshot at all. Calendar buckets are taken in the local time zone,
+//!   because "one per day" means the user's day. A count of -1 means no limit.
+//! - If a bucket rule still has count left when the walk reaches the oldest snapshot,
+//!   that snapshot is kept too ("oldest daily snapshot"), so a young history is not
+//!   cut shorter than the policy asked for.
+//! - `within D` keeps every snapshot newer than D before the group's newest snapshot
+//!   (not before now: a machine that stopped backing up keeps its last ones).
+//! - `keep_tags` keeps every snapshot carrying all tags of any one entry.
+
+use crate::error::{Error, Result};
+use cairn_format::SnapshotId;
+use cairn_format::snapshot::Snapshot;
+use chrono::{DateTime, Datelike, Local, NaiveDate, Offset, TimeDelta, TimeZone, Timelike, Utc};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+/// A span of calendar time for `keep-within`, written like `1y2m3d4h` (any subset, any
+/// order, each unit at most once). Years, months and days are calendar steps, so
+/// "1m" before March 31 is March 3 (February 31 rolls over), as in restic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CalendarDuration {
+    pub years: u32,
+    pub months: u32,
+    pub days: u32,
+    pub hours: u32,
+}
+
+impl CalendarDuration {
+    pub fn is_zero(&self) -> bool {
+        *self == CalendarDuration::default()
+    }
+
+    /// The instant `self` before `t`: years, months and days are stepped back on the
+    /// calendar of `t`'s zone (overflowing days roll into the next month), then hours
+    /// are taken off as elapsed time. `None` when the result is outside the
+    /// representable range, which callers treat as "before every snapshot".
+    pub fn before<Tz: TimeZone>(&self, t: &DateTime<Tz>) -> Option<DateTime<Tz>> {
+        let local = t.naive_local();
+        let months = i64::from(local.year()) * 12 + i64::from(local.month0())
+            - i64::from(self.years) * 12
+            - i64::from(self.months);
+        let year = i32::try_from(months.div_euclid(12)).ok()?;
+        let month = u32::try_from(months.rem_euclid(12)).ok()? + 1;
+        let first = NaiveDate::from_ymd_opt(year, month, 1)?;
+        let day_offset = i64::from(local.day()) - 1 - i64::from(self.days);
+        let date = first.checked_add_signed(TimeDelta::try_days(day_offset)?)?;
+        let naive = date.and_time(local.time());
+        let tz = t.timezone();
+        let stepped = match tz.from_local_datetime(&naive).earliest() {
+            Some(x) => x,
+            // The wall-clock time does not exist there (skipped by a DST change):
+            // read it with the offset `t` had.
+            None => {
+                let offset = TimeDelta::try_seconds(i64::from(t.offset().fix().local_minus_utc()))?;
+                tz.from_utc_datetime(&naive.checked_sub_signed(offset)?)
+            }
+        };
+        stepped.checked_sub_signed(TimeDelta::try_hours(i64::from(self.hours))?)
+    }
+}
+
+impl FromStr for CalendarDuration {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let err = |reason: String| Error::InvalidDuration {
+            input: s.to_string(),
+            reason,
+        };
+        if s.is_empty() {
+            return Err(err(
+                "it is empty; write a number and a unit, e.g. 7d or 1y6m".into(),
+            ));
+        }
+        let bytes = s.as_bytes();
+        let mut out = CalendarDuration::default();
+        let mut seen = [false; 4];
+        let mut i = 0;
+        while i < bytes.len() {
+            // `i` only ever moves over ASCII bytes, so it is always a char boundary.
+            let start = i;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                i += 1;
+            }
+            let rest = &s[start..];
+            if i == start {
+                return Err(err(format!(
+                    "expected a number at {rest:?}; units are y, m, d and h"
+                )));
+            }
+            let digits = &s[start..i];
+            let n: u32 = digits
+                .parse()
+                .map_err(|_| err(format!("{digits} is too large")))?;
+            let Some(unit) = s[i..].chars().next() else {
+                return Err(err(format!(
+                    "{digits} has no unit; add y (years), m (months), d (days) or h (hours)"
+                )));
+            };
+            let (slot, field) = match unit {
+                'y' => (0, &mut out.years),
+                'm' => (1, &mut out.months),
+                'd' => (2, &mut out.days),
+                'h' => (3, &mut out.hours),
+                'w' => return Err(err("weeks are not a unit; write 7d for a week".into())),
+                'M' => return Err(err("units are lowercase; m means months".into())),
+                other => {
+                    return Err(err(format!(
+                        "unknown unit {other:?}; use y (years), m (months), d (days) or h (hours)"
+                    )));
+                }
+            };
+            if seen[slot] {
+                return Err(err(format!("the unit {unit} is given twice")));
+            }
+            seen[slot] = true;
+            *field = n;
+            i += 1;
+        }
+        Ok(out)
+    }
+}
+
+impl fmt::Display for CalendarDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_zero() {
+            return f.write_str("0h");
+        }
+        for (n, unit) in [
+            (self.years, 'y'),
+            (self.months, 'm'),
+            (self.days, 'd'),
+            (self.hours, 'h'),
+        ] {
+            if n > 0 {
+                write!(f, "{n}{unit}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What to keep. Counts: `None` or `Some(0)` means the rule is off, `Some(-1)` means
+/// no limit. A snapshot is kept if any rule keeps it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    pub last: Option<i64>,
+    pub hourly: Option<i64>,
+    pub daily: Option<i64>,
+    pub weekly: Option<i64>,
+    pub monthly: Option<i64>,
+    pub yearly: Option<i64>,
+    pub within: Option<CalendarDuration>,
+    /// Each entry is a comma-separated tag list; a snapshot carrying every tag of one
+    /// entry is kept. An empty entry matches snapshots without tags.
+    pub keep_tags: Vec<String>,
+}
+
+impl Policy {
+    fn counts(&self) -> [(&'static str, Option<i64>); 6] {
+        [
+            ("last", self.last),
+            ("hourly", self.hourly),
+            ("daily", self.daily),
+            ("weekly", self.weekly),
+            ("monthly", self.monthly),
+            ("yearly", self.yearly),
+        ]
+    }
+
+    /// True when no rule is switched on. Such a policy would keep nothing explicitly,
+    /// and removing everything by omission is never what was meant.
+    pub fn is_empty(&self) -> bool {
+        self.counts()
+            .iter()
+            .all(|(_, c)| matches!(c, None | Some(0)))
+            && self.within.is_none_or(|w| w.is_zero())
+            && self.keep_tags.is_empty()
+    }
+
+    /// Counts below -1 are rejected rather than read as "off" or "unlimited".
+    pub fn validate(&self) -> Result<()> {
+        for (name, c) in self.counts() {
+            if let Some(n) = c
+                && n < -1
+            {
+                return Err(Error::Invalid(format!(
+                    "keep-{name} {n} is not a count: use 0 or more, or -1 for unlimited"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Policy {
+    /// A one-line summary such as "keep the 3 latest, 7 daily snapshots, all weekly
+    /// snapshots, snapshots within 2d, snapshots tagged important".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        for (name, c) in self.counts() {
+            let what = if name == "last" {
+                "latest snapshots".to_string()
+            } else {
+                format!("{name} snapshots")
+            };
+            match c {
+                Some(-1) => parts.push(format!("all {what}")),
+                Some(n) if n > 0 => parts.push(format!("{n} {what}")),
+                _ => {}
+            }
+        }
+        if let Some(w) = self.within.filter(|w| !w.is_zero()) {
+            parts.push(format!("snapshots within {w} of the newest"));
+        }
+        for t in &self.keep_tags {
+            let wanted = tag_list(t);
+            parts.push(if wanted.is_empty() {
+                "untagged snapshots".to_string()
+            } else {
+                format!("snapshots tagged {}", wanted.join(","))
+            });
+        }
+        if parts.is_empty() {
+            f.write_str("keep nothing in particular")
+        } else {
+            write!(f, "keep {}", parts.join(", "))
+        }
+    }
+}
+
+/// Which snapshot attributes must be equal for two snapshots to share a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupBy {
+    pub host: bool,
+    pub paths: bool,
+    pub tags: bool,
+}
+
+impl Default for GroupBy {
+    /// Host and paths: one backup job per group, like restic.
+    fn default() -> Self {
+        GroupBy {
+            host: true,
+            paths: true,
+            tags: false,
+        }
+    }
+}
+
+impl FromStr for GroupBy {
+    type Err = Error;
+
+    /// `host,paths,tags` in any combination; the empty string puts every snapshot in
+    /// one group.
+    fn from_str(s: &str) -> Result<Self> {
+        let mut g = GroupBy {
+            host: false,
+            paths: false,
+            tags: false,
+        };
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "host" | "hosts" => g.host = true,
+                "path" | "paths" => g.paths = true,
+                "tag" | "tags" => g.tags = true,
+                other => {
+                    return Err(Error::Invalid(format!(
+                        "cannot group by {other:?}: use host, paths and/or tags"
+                    )));
+                }
+            }
+        }
+        Ok(g)
+    }
+}
+
+/// Which snapshots a policy applies to; all given conditions must hold, an empty list
+/// is no condition. Snapshots that do not match are neither kept nor removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotFilter {
+    /// The snapshot's host is one of these.
+    pub hosts: Vec<String>,
+    /// The snapshot carries every tag of at least one entry (comma-separated lists;
+    /// an empty entry matches untagged snapshots).
+    pub tags: Vec<String>,
+    /// The snapshot includes every one of these paths.
+    pub paths: Vec<String>,
+}
+
+impl SnapshotFilter {
+    pub fn matches(&self, s: &Snapshot) -> bool {
+        (self.hosts.is_empty() || self.hosts.contains(&s.hostname))
+            && (self.tags.is_empty() || self.tags.iter().any(|t| has_tag_list(s, t)))
+            && self.paths.iter().all(|p| {
+                let p = trim_slash(p);
+                s.paths.iter().any(|sp| trim_slash(sp) == p)
+            })
+    }
+}
+
+/// `/a/b/` and `/a/b` name the same directory; `/` stays `/`.
+fn trim_slash(p: &str) -> &str {
+    let t = p.trim_end_matches('/');
+    if t.is_empty() && p.starts_with('/') {
+        "/"
+    } else {
+        t
+    }
+}
+
+fn tag_list(list: &str) -> Vec<&str> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// True when `s` carries every tag of the comma-separated `list`; an empty list means
+/// "has no tags at all", so untagged snapshots can be selected.
+fn has_tag_list(s: &Snapshot, list: &str) -> bool {
+    let wanted = tag_list(list);
+    if wanted.is_empty() {
+        s.tags.is_empty()
+    } else {
+        wanted.iter().all(|w| s.tags.iter().any(|t| t == w))
+    }
+}
+
+fn tag_reason(list: &str) -> String {
+    let wanted = tag_list(list);
+    match wanted.len() {
+        0 => "no tags".into(),
+        1 => format!("tag {}", wanted[0]),
+        _ => format!("tags {}", wanted.join(",")),
+    }
+}
+
+/// What a group's snapshots share. A field is `None` when the grouping does not use
+/// it; paths and tags are sorted so their order in a snapshot does not matter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct GroupKey {
+    pub host: Option<String>,
+    pub paths: Option<Vec<String>>,
+    pub tags: Option<Vec<String>>,
+}
+
+impl GroupKey {
+    fn of(s: &Snapshot, by: GroupBy) -> Self {
+        let sorted = |v: &[String]| {
+            let mut v = v.to_vec();
+            v.sort();
+            v.dedup();
+            v
+        };
+        GroupKey {
+            host: by.host.then(|| s.hostname.clone()),
+            paths: by.paths.then(|| sorted(&s.paths)),
+            tags: by.tags.then(|| sorted(&s.tags)),
+        }
+    }
+}
+
+impl fmt::Display for GroupKey {
+    /// "host h, paths [/a /b], tags [x]", or "all snapshots" when nothing groups.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(h) = &self.host {
+            parts.push(format!("host {h}"));
+        }
+        if let Some(p) = &self.paths {
+            parts.push(format!("paths [{}]", p.join(" ")));
+        }
+        if let Some(t) = &self.tags {
+            parts.push(format!("tags [{}]", t.join(",")));
+        }
+        if parts.is_empty() {
+            f.write_str("all snapshots")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
+}
+
+/// The decision for one group. Both lists are oldest first, like the snapshot list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForgetGroup {
+    pub key: GroupKey,
+    /// Kept snapshots with every reason that kept them, e.g. "daily snapshot".
+    pub keep: Vec<(SnapshotId, Vec<String>)>,
+    pub remove: Vec<SnapshotId>,
+}
+
+/// Applies `policy` to the snapshots matching `filter`, group by group, with calendar
+/// buckets in the local time zone. Groups come sorted by key.
+///
+/// Fails with [`Error::NoPolicy`] for an empty policy, [`Error::Invalid`] for a count
+/// below -1, [`Error::InvalidSnapshotTime`] if a considered snapshot's time is
+/// unreadable, and [`Error::WouldRemoveAll`] if a group would lose every snapshot.
+pub fn plan(
+    snapshots: &[(SnapshotId, Snapshot)],
+    policy: &Policy,
+    group_by: GroupBy,
+    filter: &SnapshotFilter,
+) -> Result<Vec<ForgetGroup>> {
+    plan_in(snapshots, policy, group_by, filter, &Local)
+}
+
+/// [`plan`] with calendar buckets taken in `tz`; tests use fixed zones.
+pub fn plan_in<Tz: TimeZone>(
+    snapshots: &[(SnapshotId, Snapshot)],
+    policy: &Policy,
+    group_by: GroupBy,
+    filter: &SnapshotFilter,
+    tz: &Tz,
+) -> Result<Vec<ForgetGroup>> {
+    policy.validate()?;
+    if policy.is_empty() {
+        return Err(Error::NoPolicy);
+    }
+    let mut groups: BTreeMap<GroupKey, Vec<Entry<'_>>> = BTreeMap::new();
+    for (id, s) in snapshots.iter().filter(|(_, s)| filter.matches(s)) {
+        let time = DateTime::parse_from_rfc3339(&s.time)
+            .map_err(|_| Error::InvalidSnapshotTime {
+                id: id.to_hex(),
+                time: s.time.clone(),
+            })?
+            .with_timezone(&Utc);
+        groups
+            .entry(GroupKey::of(s, group_by))
+            .or_default()
+            .push(Entry {
+                id: *id,
+                snap: s,
+                time,
+            });
+    }
+    let mut out = Vec::with_capacity(groups.len());
+    for (key, entries) in groups {
+        let group = apply(key, entries, policy, tz);
+        if group.keep.is_empty() {
+            return Err(Error::WouldRemoveAll {
+                group: group.key.to_string(),
+            });
+        }
+        out.push(group);
+    }
+    Ok(out)
+}
+
+struct Entry<'a> {
+    id: SnapshotId,
+    snap: &'a Snapshot,
+    time: DateTime<Utc>,
+}
+
+/// The calendar rules, in the order their reasons are listed.
+#[derive(Clone, Copy)]
+enum Rule {
+    Last,
+    Hourly,
+    Daily,
+    Weekly,
+    Monthly,
+    Yearly,
+}
+
+impl Rule {
+    fn reason(self) -> &'static str {
+        match self {
+            Rule::Last => "last snapshot",
+            Rule::Hourly => "hourly snapshot",
+            Rule::Daily => "daily snapshot",
+            Rule::Weekly => "weekly snapshot",
+            Rule::Monthly => "monthly snapshot",
+            Rule::Yearly => "yearly snapshot",
+        }
+    }
+
+    /// The bucket a snapshot falls in; two snapshots compete only within one bucket.
+    /// `Last` gives every snapshot its own bucket (its position).
+    fn bucket<Tz: TimeZone>(self, t: &DateTime<Tz>, position: usize) -> i64 {
+        let (y, m, d, h) = (
+            i64::from(t.year()),
+            i64::from(t.month()),
+            i64::from(t.day()),
+            i64::from(t.hour()),
+        );
+        match self {
+            Rule::Last => position as i64,
+            Rule::Hourly => ((y * 100 + m) * 100 + d) * 100 + h,
+            Rule::Daily => (y * 100 + m) * 100 + d,
+            Rule::Weekly => {
+                let w = t.iso_week();
+                i64::from(w.year()) * 100 + i64::from(w.week())
+            }
+            Rule::Monthly => y * 100 + m,
+            Rule::Yearly => y,
+        }
+    }
+}
+
+struct Counter {
+    rule: Rule,
+    /// Snapshots this rule may still keep; -1 is unlimited.
+    left: i64,
+    /// Bucket of the last snapshot this rule kept.
+    last_bucket: Option<i64>,
+}
+
+fn apply<Tz: TimeZone>(
+    key: GroupKey,
+    mut entries: Vec<Entry<'_>>,
+    policy: &Policy,
+    tz: &Tz,
+) -> ForgetGroup {
+    entries.sort_by(|a, b| b.time.cmp(&a.time).then(b.id.cmp(&a.id)));
+    let mut counters: Vec<Counter> = [
+        (Rule::Last, policy.last),
+        (Rule::Hourly, policy.hourly),
+        (Rule::Daily, policy.daily),
+        (Rule::Weekly, policy.weekly),
+        (Rule::Monthly, policy.monthly),
+        (Rule::Yearly, policy.yearly),
+    ]
+    .into_iter()
+    .filter_map(|(rule, n)| match n {
+        Some(n) if n != 0 => Some(Counter {
+            rule,
+            left: n,
+            last_bucket: None,
+        }),
+        _ => None,
+    })
+    .collect();
+    let within = policy.within.filter(|w| !w.is_zero());
+    // Everything newer than this is kept by `within`; `None` inside means the span
+    // reaches before the representable range, so everything is within it.
+    let within_from = within.map(|w| {
+        entries
+            .first()
+            .and_then(|newest| w.before(&newest.time.with_timezone(tz)))
+            .map(|t| t.with_timezone(&Utc))
+    });
+
+    let oldest = entries.len().saturating_sub(1);
+    let mut keep = Vec::new();
+    let mut remove = Vec::new();
+    for (pos, e) in entries.iter().enumerate() {
+        let mut reasons: Vec<String> = Vec::new();
+        for t in &policy.keep_tags {
+            if has_tag_list(e.snap, t) {
+                reasons.push(tag_reason(t));
+            }
+        }
+        if let (Some(w), Some(from)) = (within, within_from)
+            && from.is_none_or(|from| e.time > from)
+        {
+            reasons.push(format!("within {w}"));
+        }
+        let local = e.time.with_timezone(tz);
+        for c in counters.iter_mut().filter(|c| c.left != 0) {
+            let bucket = c.rule.bucket(&local, pos);
+            let reason = if c.last_bucket != Some(bucket) {
+                c.rule.reason().to_string()
+            } else if pos == oldest {
+                format!("oldest {}", c.rule.reason())
+            } else {
+                continue;
+            };
+            reasons.push(reason);
+            c.last_bucket = Some(bucket);
+            if c.left > 0 {
+                c.left -= 1;
+            }
+        }
+        if reasons.is_empty() {
+            remove.push(e.id);
+        } else {
+            keep.push((e.id, reasons));
+        }
+    }
+    keep.reverse();
+    remove.reverse();
+    ForgetGroup { key, keep, remove }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_format::snapshot::SnapshotSummary;
+    use chrono::FixedOffset;
+
+    fn snap(time: &str, host: &str, paths: &[&str], tags: &[&str]) -> Snapshot {
+        Snapshot {
+            version: 1,
+            time: time.into(),
+            hostname: host.into(),
+            username: "u".into(),
+            paths: paths.iter().map(|p| p.to_string()).collect(),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+            tree: "ab".repeat(32),
+            parent: None,
+            excludes: vec![],
+            program_version: "cairn test".into(),
+            summary: SnapshotSummary::default(),
+        }
+    }
+
+    /// Snapshots on one host and path at the given UTC times (seconds may be omitted),
+    /// in the order given; ids are distinct and unrelated to time order.
+    fn at(times: &[&str]) -> Vec<(SnapshotId, Snapshot)> {
+        times
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (id(i), snap(&full(t), "h", &["/data"], &[])))
+            .collect()
+    }
+
+    fn id(i: usize) -> SnapshotId {
+        let mut b = [0u8; 32];
+        b[0] = (i * 37 % 251) as u8;
+        b[1] = i as u8;
+        SnapshotId(b)
+    }
+
+    /// "2026-01-02 03:04" -> "2026-01-02T03:04:00.000000000Z".
+    fn full(t: &str) -> String {
+        let t = t.replace(' ', "T");
+        match t.len() {
+            10 => format!("{t}T00:00:00.000000000Z"),
+            16 => format!("{t}:00.000000000Z"),
+            19 => format!("{t}.000000000Z"),
+            _ => t,
+        }
+    }
+
+    fn run(snaps: &[(SnapshotId, Snapshot)], p: &Policy) -> Vec<ForgetGroup> {
+        plan_in(
+            snaps,
+            p,
+            GroupBy::default(),
+            &SnapshotFilter::default(),
+            &Utc,
+        )
+        .unwrap()
+    }
+
+    fn time_of(snaps: &[(SnapshotId, Snapshot)], id: &SnapshotId) -> String {
+        snaps.iter().find(|(i, _)| i == id).unwrap().1.time.clone()
+    }
+
+    /// Expected times, in the short form the tests are written in.
+    fn ts(times: &[&str]) -> Vec<String> {
+        times.iter().map(|t| full(t)).collect()
+    }
+
+    /// An expected kept snapshot: its time and reasons.
+    fn k(time: &str, reasons: &[&str]) -> (String, Vec<String>) {
+        (full(time), reasons.iter().map(|r| r.to_string()).collect())
+    }
+
+    /// Kept snapshots of the only group as (short time, reasons), oldest first.
+    fn kept(snaps: &[(SnapshotId, Snapshot)], p: &Policy) -> Vec<(String, Vec<String>)> {
+        let g = run(snaps, p);
+        assert_eq!(g.len(), 1);
+        g[0].keep
+            .iter()
+            .map(|(i, r)| (time_of(snaps, i), r.clone()))
+            .collect()
+    }
+
+    fn kept_times(snaps: &[(SnapshotId, Snapshot)], p: &Policy) -> Vec<String> {
+        kept(snaps, p).into_iter().map(|(t, _)| t).collect()
+    }
+
+    fn removed_times(snaps: &[(SnapshotId, Snapshot)], p: &Policy) -> Vec<String> {
+        let g = run(snaps, p);
+        g[0].remove.iter().map(|i| time_of(snaps, i)).collect()
+    }
+
+    fn ten_days() -> Vec<(SnapshotId, Snapshot)> {
+        at(&[
+            "2026-11-01 10:00",
+            "2026-11-02 10:00",
+            "2026-11-03 10:00",
+            "2026-11-04 10:00",
+            "2026-11-05 10:00",
+            "2026-11-06 10:00",
+            "2026-11-07 10:00",
+            "2026-11-08 10:00",
+            "2026-11-09 10:00",
+            "2026-11-10 10:00",
+        ])
+    }
+
+    #[test]
+    fn keep_last_3_of_10() {
+        let s = ten_days();
+        let p = Policy {
+            last: Some(3),
+            ..Default::default()
+        };
+        let g = run(&s, &p);
+        assert_eq!(g.len(), 1);
+        assert_eq!(
+            kept(&s, &p),
+            vec![
+                k("2026-11-08 10:00", &["last snapshot"]),
+                k("2026-11-09 10:00", &["last snapshot"]),
+                k("2026-11-10 10:00", &["last snapshot"]),
+            ]
+        );
+        assert_eq!(g[0].remove.len(), 7);
+        assert_eq!(time_of(&s, &g[0].remove[0]), full("2026-11-01 10:00"));
+    }
+
+    #[test]
+    fn order_of_input_does_not_matter() {
+        let mut s = ten_days();
+        s.reverse();
+        s.swap(2, 7);
+        let p = Policy {
+            last: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_times(&s, &p),
+            ts(&["2026-11-09 10:00", "2026-11-10 10:00"])
+        );
+    }
+
+    #[test]
+    fn keep_last_more_than_there_are_keeps_all() {
+        let s = ten_days();
+        let p = Policy {
+            last: Some(50),
+            ..Default::default()
+        };
+        assert_eq!(kept_times(&s, &p).len(), 10);
+        let p = Policy {
+            last: Some(-1),
+            ..Default::default()
+        };
+        assert_eq!(kept_times(&s, &p).len(), 10);
+        assert!(run(&s, &p)[0].remove.is_empty());
+    }
+
+    fn several_per_day() -> Vec<(SnapshotId, Snapshot)> {
+        at(&[
+            "2026-11-20 08:00",
+            "2026-11-20 12:00",
+            "2026-11-20 18:00",
+            "2026-11-21 09:00",
+            "2026-11-21 23:59",
+            "2026-11-22 00:00",
+            "2026-11-22 00:01",
+        ])
+    }
+
+    #[test]
+    fn daily_takes_the_newest_of_each_day() {
+        let s = several_per_day();
+        let p = Policy {
+            daily: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_times(&s, &p),
+            ts(&["2026-11-21 23:59", "2026-11-22 00:01"])
+        );
+        assert_eq!(
+            removed_times(&s, &p),
+            ts(&[
+                "2026-11-20 08:00",
+                "2026-11-20 12:00",
+                "2026-11-20 18:00",
+                "2026-11-21 09:00",
+                "2026-11-22 00:00"
+            ])
+        );
+    }
+
+    #[test]
+    fn daily_with_count_left_also_keeps_the_oldest() {
+        let s = several_per_day();
+        let p = Policy {
+            daily: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept(&s, &p),
+            vec![
+                k("2026-11-20 08:00", &["oldest daily snapshot"]),
+                k("2026-11-20 18:00", &["daily snapshot"]),
+                k("2026-11-21 23:59", &["daily snapshot"]),
+                k("2026-11-22 00:01", &["daily snapshot"]),
+            ]
+        );
+        // Exactly used up: no extra oldest.
+        let p = Policy {
+            daily: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_times(&s, &p),
+            ts(&["2026-11-20 18:00", "2026-11-21 23:59", "2026-11-22 00:01"])
+        );
+    }
+
+    #[test]
+    fn unlimited_daily_keeps_one_per_day_forever() {
+        let s = several_per_day();
+        let p = Policy {
+            daily: Some(-1),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_times(&s, &p),
+            ts(&[
+                "2026-11-20 08:00",
+                "2026-11-20 18:00",
+                "2026-11-21 23:59",
+                "2026-11-22 00:01"
+            ])
+        );
+    }
+
+    #[test]
+    fn hourly_buckets_are_clock_hours() {
+        let s = at(&[
+            "2026-11-22 10:05",
+            "2026-11-22 10:55",
+            "2026-11-22 11:00",
+            "2026-11-22 11:59",
+            "2026-11-22 12:00",
+        ]);
+        let p = Policy {
+            hourly: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_times(&s, &p),
+            ts(&["2026-11-22 11:59", "2026-11-22 12:00"])
+        );
+        let p = Policy {
+            hourly: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_times(&s, &p),
+            ts(&["2026-11-22 10:55", "2026-11-22 11:59", "2026-11-22 12:00"])
+        );
+    }
+
+    #[test]
+    fn weekly_uses_iso_weeks_across_year_ends() {
+        // ISO weeks: 2018-12-30 is 2018-W52, 2018-12-31 is 2019-W01, 2019-12-29 is
+        // 2019-W52, 2019-12-30 and 2020-01-01 are 2020-W01, 2020-12-28 and
+        // 2021-01-03 are 2020-W53, 2021-01-04 is 2021-W01.
+        let s = at(&[
+            "2018-12-30 12:00",
+            "2018-12-31 12:00",
+            "2019-12-29 12:00",
+            "2019-12-30 12:00",
+            "2020-01-01 12:00",
+            "2020-12-28 12:00",
+            "2021-01-03 12:00",
+            "2021-01-04 12:00",
+        ]);
+        let p = Policy {
+            weekly: Some(-1),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_times(&s, &p),
+            ts(&[
+                "2018-12-30 12:00",
+                "2018-12-31 12:00",
+                "2019-12-29 12:00",
+                "2020-01-01 12:00",
+                "2021-01-03 12:00",
+                "2021-01-04 12:00"
+            ])
+        );
+        assert_eq!(
+            removed_times(&s, &p),
+            ts(&["2019-12-30 12:00", "2020-12-28 12:00"])
+        );
+        let p = Policy {
+            weekly: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_times(&s, &p),
+            ts(&["2020-01-01 12:00", "2021-01-03 12:00", "2021-01-04 12:00"])
+        );
+    }
+
+    #[test]
+    fn monthly_and_yearly() {
+        let s = at(&[
+            "2023-06-01",
+            "2024-02-10",
+            "2024-02-29",
+            "2024-11-30",
+            "2025-01-01",
+            "2025-01-31 23:59",
+            "2025-03-01",
+            "2025-03-15",
+        ]);
+        let p = Policy {
+            monthly: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_times(&s, &p),
+            ts(&["2024-11-30", "2025-01-31 23:59", "2025-03-15"])
+        );
+        let p = Policy {
+            yearly: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(kept_times(&s, &p), ts(&["2024-11-30", "2025-03-15"]));
+        let p = Policy {
+            yearly: Some(10),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept(&s, &p),
+            vec![
+                k("2023-06-01", &["yearly snapshot"]),
+                k("2024-11-30", &["yearly snapshot"]),
+                k("2025-03-15", &["yearly snapshot"]),
+            ]
+        );
+    }
+
+    #[test]
+    fn within_one_day_of_the_newest_not_of_now() {
+        let s = at(&[
+            "2020-11-20 12:00",
+            "2020-11-21 12:00",
+            "2020-11-21 12:00:01",
+            "2020-11-22 11:00",
+            "2020-11-22 12:00",
+        ]);
+        let w: CalendarDuration = "1d".parse().unwrap();
+        let p = Policy {
+            within: Some(w),
+            ..Default::default()
+        };
+        // Exactly one day before the newest is not "within" (strictly newer only).
+        assert_eq!(
+            kept(&s, &p),
+            vec![
+                k("2020-11-21 12:00:01", &["within 1d"]),
+                k("2020-11-22 11:00", &["within 1d"]),
+                k("2020-11-22 12:00", &["within 1d"]),
+            ]
+        );
+    }
+
+    #[test]
+    fn within_one_month_steps_the_calendar() {
+        // One month before March 31 is "February 31", which rolls over to March 3.
+        let s = at(&[
+            "2026-02-28 12:00",
+            "2026-03-03 09:59",
+            "2026-03-03 10:00:01",
+            "2026-03-31 10:00",
+        ]);
+        let p = Policy {
+            within: Some("1m".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_times(&s, &p),
+            ts(&["2026-03-03 10:00:01", "2026-03-31 10:00"])
+        );
+    }
+
+    #[test]
+    fn calendar_duration_before() {
+        let t = Utc.with_ymd_and_hms(2026, 3, 31, 10, 0, 0).unwrap();
+        let d: CalendarDuration = "1y2m3d4h".parse().unwrap();
+        // 2025-01-31 minus 3 days = 2025-01-28 10:00, minus 4 hours.
+        assert_eq!(
+            d.before(&t).unwrap(),
+            Utc.with_ymd_and_hms(2025, 1, 28, 6, 0, 0).unwrap()
+        );
+        let d: CalendarDuration = "40d".parse().unwrap();
+        assert_eq!(
+            d.before(&t).unwrap(),
+            Utc.with_ymd_and_hms(2026, 2, 19, 10, 0, 0).unwrap()
+        );
+        let d: CalendarDuration = "25h".parse().unwrap();
+        assert_eq!(
+            d.before(&t).unwrap(),
+            Utc.with_ymd_and_hms(2026, 3, 30, 9, 0, 0).unwrap()
+        );
+        // Far beyond the calendar: no instant, which means "everything is within".
+        let d: CalendarDuration = "4000000000y".parse().unwrap();
+        assert!(d.before(&t).is_none());
+    }
+
+    #[test]
+    fn within_beyond_the_calendar_keeps_everything() {
+        let s = ten_days();
+        let p = Policy {
+            within: Some("4000000000y".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(kept_times(&s, &p).len(), 10);
+    }
+
+    #[test]
+    fn keep_tag_lists() {
+        let s = vec![
+            (id(0), snap(&full("2026-01-01"), "h", &["/d"], &["foo"])),
+            (id(1), snap(&full("2026-01-02"), "h", &["/d"], &["a"])),
+            (id(2), snap(&full("2026-01-03"), "h", &["/d"], &["a", "b"])),
+            (id(3), snap(&full("2026-01-04"), "h", &["/d"], &[])),
+            (id(4), snap(&full("2026-01-05"), "h", &["/d"], &["bar"])),
+        ];
+        let p = Policy {
+            keep_tags: vec!["foo".into(), "a,b".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            kept(&s, &p),
+            vec![
+                k("2026-01-01", &["tag foo"]),
+                k("2026-01-03", &["tags a,b"]),
+            ]
+        );
+        let p = Policy {
+            keep_tags: vec!["".into()],
+            ..Default::default()
+        };
+        assert_eq!(kept(&s, &p), vec![k("2026-01-04", &["no tags"])]);
+    }
+
+    #[test]
+    fn keep_tag_matching_nothing_refuses_to_empty_a_group() {
+        let s = ten_days();
+        let p = Policy {
+            keep_tags: vec!["tpyo".into()],
+            ..Default::default()
+        };
+        let e = plan_in(&s, &p, GroupBy::default(), &SnapshotFilter::default(), &Utc).unwrap_err();
+        assert!(matches!(e, Error::WouldRemoveAll { .. }), "{e}");
+        assert!(e.to_string().contains("host h, paths [/data]"), "{e}");
+    }
+
+    #[test]
+    fn several_rules_give_several_reasons() {
+        let mut s = at(&["2025-12-30 10:00", "2026-01-01 10:00", "2026-01-01 11:00"]);
+        s[2].1.tags = vec!["keep".into()];
+        let p = Policy {
+            last: Some(1),
+            hourly: Some(1),
+            daily: Some(1),
+            weekly: Some(1),
+            monthly: Some(2),
+            yearly: Some(5),
+            within: Some("2h".parse().unwrap()),
+            keep_tags: vec!["keep".into()],
+        };
+        assert_eq!(
+            kept(&s, &p),
+            vec![
+                k("2025-12-30 10:00", &["monthly snapshot", "yearly snapshot"]),
+                k("2026-01-01 10:00", &["within 2h"]),
+                k(
+                    "2026-01-01 11:00",
+                    &[
+                        "tag keep",
+                        "within 2h",
+                        "last snapshot",
+                        "hourly snapshot",
+                        "daily snapshot",
+                        "weekly snapshot",
+                        "monthly snapshot",
+                        "yearly snapshot"
+                    ]
+                ),
+            ]
+        );
+    }
+
+    fn mixed_hosts() -> Vec<(SnapshotId, Snapshot)> {
+        vec![
+            (id(0), snap(&full("2026-01-01"), "a", &["/x"], &["t1"])),
+            (id(1), snap(&full("2026-01-02"), "a", &["/x"], &["t2"])),
+            (id(2), snap(&full("2026-01-03"), "a", &["/y"], &["t1"])),
+            (id(3), snap(&full("2026-01-04"), "b", &["/x"], &["t1"])),
+            (id(4), snap(&full("2026-01-05"), "b", &["/x"], &["t2"])),
+            (id(5), snap(&full("2026-01-06"), "a", &["/y", "/x"], &[])),
+            (id(6), snap(&full("2026-01-07"), "a", &["/x", "/y"], &[])),
+        ]
+    }
+
+    fn last1(s: &[(SnapshotId, Snapshot)], by: GroupBy, f: &SnapshotFilter) -> Vec<ForgetGroup> {
+        let p = Policy {
+            last: Some(1),
+            ..Default::default()
+        };
+        plan_in(s, &p, by, f, &Utc).unwrap()
+    }
+
+    #[test]
+    fn groups_by_host_and_paths() {
+        let s = mixed_hosts();
+        let g = last1(&s, GroupBy::default(), &SnapshotFilter::default());
+        let keys: Vec<String> = g.iter().map(|g| g.key.to_string()).collect();
+        // Path order inside a snapshot does not split a group.
+        assert_eq!(
+            keys,
+            [
+                "host a, paths [/x]",
+                "host a, paths [/x /y]",
+                "host a, paths [/y]",
+                "host b, paths [/x]"
+            ]
+        );
+        let kept: Vec<Vec<SnapshotId>> = g
+            .iter()
+            .map(|g| g.keep.iter().map(|(i, _)| *i).collect())
+            .collect();
+        assert_eq!(
+            kept,
+            vec![vec![id(1)], vec![id(6)], vec![id(2)], vec![id(4)]]
+        );
+        assert_eq!(g[0].remove, vec![id(0)]);
+        assert_eq!(g[1].remove, vec![id(5)]);
+        assert!(g[2].remove.is_empty());
+        assert_eq!(g[3].remove, vec![id(3)]);
+    }
+
+    #[test]
+    fn other_groupings() {
+        let s = mixed_hosts();
+        let none: GroupBy = "".parse().unwrap();
+        let g = last1(&s, none, &SnapshotFilter::default());
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].key.to_string(), "all snapshots");
+        assert_eq!(g[0].keep.len(), 1);
+        assert_eq!(g[0].remove.len(), 6);
+
+        let by_host: GroupBy = "host".parse().unwrap();
+        let g = last1(&s, by_host, &SnapshotFilter::default());
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[0].keep[0].0, id(6));
+        assert_eq!(g[1].keep[0].0, id(4));
+
+        let by_tags: GroupBy = "tags".parse().unwrap();
+        let g = last1(&s, by_tags, &SnapshotFilter::default());
+        let keys: Vec<String> = g.iter().map(|g| g.key.to_string()).collect();
+        assert_eq!(keys, ["tags []", "tags [t1]", "tags [t2]"]);
+        assert_eq!(
+            g[1].key,
+            GroupKey {
+                host: None,
+                paths: None,
+                tags: Some(vec!["t1".into()])
+            }
+        );
+    }
+
+    #[test]
+    fn filters_leave_other_snapshots_alone() {
+        let s = mixed_hosts();
+        let f = SnapshotFilter {
+            hosts: vec!["b".into()],
+            ..Default::default()
+        };
+        let g = last1(&s, GroupBy::default(), &f);
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].keep[0].0, id(4));
+        assert_eq!(g[0].remove, vec![id(3)]);
+
+        let f = SnapshotFilter {
+            tags: vec!["t1".into()],
+            ..Default::default()
+        };
+        let g = last1(&s, "".parse().unwrap(), &f);
+        assert_eq!(g[0].keep[0].0, id(3));
+        assert_eq!(g[0].remove, vec![id(0), id(2)]);
+
+        // All given paths must be in the snapshot; a trailing slash does not matter.
+        let f = SnapshotFilter {
+            paths: vec!["/x/".into(), "/y".into()],
+            ..Default::default()
+        };
+        let g = last1(&s, "".parse().unwrap(), &f);
+        assert_eq!(g[0].keep[0].0, id(6));
+        assert_eq!(g[0].remove, vec![id(5)]);
+
+        let f = SnapshotFilter {
+            hosts: vec!["a".into(), "b".into()],
+            tags: vec!["t2".into(), "".into()],
+            paths: vec!["/x".into()],
+        };
+        let g = last1(&s, "".parse().unwrap(), &f);
+        assert_eq!(g[0].keep[0].0, id(6));
+        assert_eq!(g[0].remove, vec![id(1), id(4), id(5)]);
+
+        let f = SnapshotFilter {
+            hosts: vec!["nobody".into()],
+            ..Default::default()
+        };
+        assert!(last1(&s, GroupBy::default(), &f).is_empty());
+    }
+
+    #[test]
+    fn empty_policy_is_an_error() {
+        let s = ten_days();
+        let none = |p: Policy| {
+            plan_in(&s, &p, GroupBy::default(), &SnapshotFilter::default(), &Utc).unwrap_err()
+        };
+        assert!(matches!(none(Policy::default()), Error::NoPolicy));
+        assert!(matches!(
+            none(Policy {
+                last: Some(0),
+                daily: Some(0),
+                within: Some("0d".parse().unwrap()),
+                ..Default::default()
+            }),
+            Error::NoPolicy
+        ));
+        assert_eq!(
+            Error::NoPolicy.to_string(),
+            "no policy given: nothing would be removed"
+        );
+        // Even with nothing to judge.
+        let e = plan_in(
+            &[],
+            &Policy::default(),
+            GroupBy::default(),
+            &SnapshotFilter::default(),
+            &Utc,
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::NoPolicy));
+    }
+
+    #[test]
+    fn counts_below_minus_one_are_rejected() {
+        let p = Policy {
+            weekly: Some(-2),
+            ..Default::default()
+        };
+        let e = plan_in(
+            &ten_days(),
+            &p,
+            GroupBy::default(),
+            &SnapshotFilter::default(),
+            &Utc,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("keep-weekly -2"), "{e}");
+    }
+
+    #[test]
+    fn unreadable_time_is_an_error_not_a_guess() {
+        let mut s = ten_days();
+        s[4].1.time = "yesterday".into();
+        let p = Policy {
+            last: Some(1),
+            ..Default::default()
+        };
+        let e = plan_in(&s, &p, GroupBy::default(), &SnapshotFilter::default(), &Utc).unwrap_err();
+        assert!(matches!(e, Error::InvalidSnapshotTime { .. }), "{e}");
+        // A snapshot the filter excludes is not looked at.
+        let f = SnapshotFilter {
+            hosts: vec!["other".into()],
+            ..Default::default()
+        };
+        s[4].1.hostname = "unrelated".into();
+        assert!(
+            plan_in(&s, &p, GroupBy::default(), &f, &Utc)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn buckets_use_the_given_time_zone() {
+        // 21:30Z and 22:30Z are one day in UTC but two days at UTC+2.
+        let s = at(&["2026-11-21 21:30", "2026-11-21 22:30"]);
+        let p = Policy {
+            daily: Some(1),
+            ..Default::default()
+        };
+        let plus2 = FixedOffset::east_opt(2 * 3600).unwrap();
+        let utc = plan_in(&s, &p, GroupBy::default(), &SnapshotFilter::default(), &Utc).unwrap();
+        let local = plan_in(
+            &s,
+            &p,
+            GroupBy::default(),
+            &SnapshotFilter::default(),
+            &plus2,
+        )
+        .unwrap();
+        assert_eq!(utc[0].keep.len(), 1);
+        assert_eq!(local[0].keep.len(), 1);
+        let p = Policy {
+            daily: Some(2),
+            ..Default::default()
+        };
+        let utc = plan_in(&s, &p, GroupBy::default(), &SnapshotFilter::default(), &Utc).unwrap();
+        let local = plan_in(
+            &s,
+            &p,
+            GroupBy::default(),
+            &SnapshotFilter::default(),
+            &plus2,
+        )
+        .unwrap();
+        // UTC: one day, the older is only kept as "oldest"; UTC+2: two days.
+        assert_eq!(utc[0].keep[0].1, ["oldest daily snapshot"]);
+        assert_eq!(local[0].keep[0].1, ["daily snapshot"]);
+    }
+
+    #[test]
+    fn nanoseconds_and_equal_times_are_ordered() {
+        let s = at(&[
+            "2026-01-01T00:00:00.000000002Z",
+            "2026-01-01T00:00:00.000000001Z",
+            "2026-01-01T00:00:00.000000002Z",
+        ]);
+        let p = Policy {
+            last: Some(1),
+            ..Default::default()
+        };
+        let g = run(&s, &p);
+        // Same time: the larger id counts as newer, as in the snapshot list.
+        let newer = if id(0) > id(2) { id(0) } else { id(2) };
+        assert_eq!(g[0].keep[0].0, newer);
+        assert_eq!(g[0].remove[0], id(1));
+    }
+
+    #[test]
+    fn plan_uses_local_time_without_failing() {
+        let p = Policy {
+            daily: Some(3),
+            ..Default::default()
+        };
+        let g = plan(
+            &ten_days(),
+            &p,
+            GroupBy::default(),
+            &SnapshotFilter::default(),
+        )
+        .unwrap();
+        assert_eq!(g[0].keep.len() + g[0].remove.len(), 10);
+    }
+
+    #[test]
+    fn duration_parses() {
+        let d = |s: &str| s.parse::<CalendarDuration>().unwrap();
+        assert_eq!(
+            d("1y2m3d4h"),
+            CalendarDuration {
+                years: 1,
+                months: 2,
+                days: 3,
+                hours: 4
+            }
+        );
+        assert_eq!(
+            d("2d"),
+            CalendarDuration {
+                days: 2,
+                ..Default::default()
+            }
+        );
+        assert_eq!(d("4h1y"), d("1y4h"));
+        assert_eq!(d("007d").days, 7);
+        assert!(d("0d").is_zero());
+        for s in ["1y2m3d4h", "2d", "6m", "1y12h", "0h"] {
+            assert_eq!(d(s).to_string(), s);
+        }
+        assert_eq!(d("4h1y").to_string(), "1y4h");
+    }
+
+    #[test]
+    fn duration_errors_say_what_is_wrong() {
+        let e = |s: &str| s.parse::<CalendarDuration>().unwrap_err().to_string();
+        assert!(e("").contains("empty"), "{}", e(""));
+        assert!(e("5").contains("5 has no unit"), "{}", e("5"));
+        assert!(e("1d5").contains("5 has no unit"), "{}", e("1d5"));
+        assert!(e("1w").contains("7d"), "{}", e("1w"));
+        assert!(e("1M").contains("lowercase"), "{}", e("1M"));
+        assert!(e("1x").contains("unknown unit 'x'"), "{}", e("1x"));
+        assert!(e("1é").contains("unknown unit 'é'"), "{}", e("1é"));
+        assert!(e("d").contains("expected a number"), "{}", e("d"));
+        assert!(e("-1d").contains("expected a number"), "{}", e("-1d"));
+        assert!(
+            e("1d 2h").contains("expected a number at \" 2h\""),
+            "{}",
+            e("1d 2h")
+        );
+        assert!(e("1d1d").contains("given twice"), "{}", e("1d1d"));
+        assert!(
+            e("99999999999d").contains("too large"),
+            "{}",
+            e("99999999999d")
+        );
+        assert!(
+            e("1x").starts_with("invalid duration \"1x\": "),
+            "{}",
+            e("1x")
+        );
+    }
+
+    #[test]
+    fn group_by_parses() {
+        let g = |s: &str| s.parse::<GroupBy>();
+        assert_eq!(g("host,paths").unwrap(), GroupBy::default());
+        assert_eq!(
+            g("tags,host").unwrap(),
+            GroupBy {
+                host: true,
+                paths: false,
+                tags: true
+            }
+        );
+        assert_eq!(
+            g("").unwrap(),
+            GroupBy {
+                host: false,
+                paths: false,
+                tags: false
+            }
+        );
+        let e = g("host,time").unwrap_err().to_string();
+        assert!(e.contains("\"time\""), "{e}");
+    }
+
+    #[test]
+    fn policy_describes_itself() {
+        let p = Policy {
+            last: Some(3),
+            daily: Some(7),
+            weekly: Some(-1),
+            within: Some("2d".parse().unwrap()),
+            keep_tags: vec!["a".into(), "x,y".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            p.to_string(),
+            "keep 3 latest snapshots, 7 daily snapshots, all weekly snapshots, \
+             snapshots within 2d of the newest, snapshots tagged a, snapshots tagged x,y"
+        );
+    }
+}

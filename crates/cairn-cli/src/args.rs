@@ -56,6 +56,21 @@ pub enum Command {
     Prune(PruneArgs),
     /// Show locks and remove stale ones (they also expire by themselves)
     Unlock(UnlockArgs),
+    /// Rebuild the index from the packs, or rewrite damaged snapshots
+    #[command(subcommand)]
+    Repair(RepairCommand),
+}
+
+#[derive(Subcommand)]
+pub enum RepairCommand {
+    /// Rebuild the index from every pack, keeping only blobs that verify
+    Index,
+    /// Rewrite snapshots to drop only the files and directories that are lost
+    Snapshots {
+        /// Only report what would be dropped
+        #[arg(short = 'n', long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Args, Clone, Default)]
@@ -191,8 +206,12 @@ pub struct ConfigArgs {
 #[derive(Args)]
 pub struct CheckArgs {
     /// Also read, decrypt and verify every blob
-    #[arg(long)]
+    #[arg(long, conflicts_with = "read_data_subset")]
     pub read_data: bool,
+    /// Read and verify only part of the packs: "N/M" (group N of M, by pack id) or
+    /// "P%" (a random sample)
+    #[arg(long, value_name = "N/M|P%")]
+    pub read_data_subset: Option<String>,
 }
 
 /// Counts are strings so that a bad value is reported by `forget` itself (exit 1, one

@@ -12,6 +12,7 @@ pub mod packer;
 pub mod progress;
 pub mod prune;
 pub mod reachable;
+pub mod repair;
 pub mod repo;
 pub mod time;
 

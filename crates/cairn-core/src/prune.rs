@@ -18,11 +18,9 @@
 //! With no other job running, both phases happen in one run. Otherwise phase 2 of
 //! this run's record happens in a later prune.
 
-use crate::blob::{self, EncodedBlob};
 use crate::error::{Error, Result};
 use crate::index::IdSet;
 use crate::lock::{self, RepoLock};
-use crate::packer::{BufferPool, Packer, Uploader};
 use crate::repo::{IndexState, Repository};
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
@@ -31,7 +29,6 @@ use cairn_format::pack;
 use cairn_format::pending::PendingDeletion;
 use cairn_format::{BlobId, PackId, PendingId, SnapshotId};
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
 /// How much unused space may stay in packs that are kept.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -195,7 +192,23 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
         .map(|(i, _)| i)
         .collect();
     if !repack.is_empty() {
-        let stats = repack_packs(repo, &repack)?;
+        let lists: Vec<IndexPack> = repack
+            .iter()
+            .map(|i| {
+                let wanted: IdSet = i.provides.iter().copied().collect();
+                IndexPack {
+                    id: i.entries.id,
+                    blobs: i
+                        .entries
+                        .blobs
+                        .iter()
+                        .filter(|b| wanted.contains(&b.id))
+                        .copied()
+                        .collect(),
+                }
+            })
+            .collect();
+        let stats = crate::repair::copy_blobs(repo, &lists, false)?;
         report.new_packs = stats.packs;
         new_index_files.extend(stats.index_files);
     }
@@ -452,77 +465,6 @@ fn make_plan(
         plan.delete_bytes + plan.repack_bytes - plan.repack_copy_bytes + plan.unindexed_bytes;
     let _ = repo;
     Ok((plan, infos, actions, orphans))
-}
-
-/// Copies the blobs each pack provides into new packs, verifying each on the way
-/// (a damaged blob stops prune before anything is deleted).
-fn repack_packs(repo: &Repository, packs: &[&PackInfo]) -> Result<crate::packer::UploadStats> {
-    let pool = Arc::new(BufferPool::new(2));
-    let uploader = Uploader::start(repo.backend().clone(), repo.key().clone(), pool.clone());
-    let pack_size = repo.config().pack_size as usize;
-    let mut data = Packer::new(repo.key().clone(), pool.clone(), pack_size);
-    let mut meta = Packer::new(repo.key().clone(), pool.clone(), pack_size);
-    let mut result = Ok(());
-    'packs: for info in packs {
-        let wanted: IdSet = info.provides.iter().copied().collect();
-        let bytes = match repo.backend().get(&names::pack(&info.entries.id.to_hex())) {
-            Ok(b) => b,
-            Err(e) => {
-                result = Err(e.into());
-                break;
-            }
-        };
-        for b in &info.entries.blobs {
-            if !wanted.contains(&b.id) {
-                continue;
-            }
-            let start = b.offset as usize;
-            let Some(sealed) = bytes.get(start..start + b.length as usize) else {
-                result = Err(Error::Invalid(format!(
-                    "pack {} is shorter than its index says",
-                    info.entries.id.short()
-                )));
-                break 'packs;
-            };
-            if let Err(e) = blob::decode(repo.key(), &b.id, sealed, b.raw_length, b.compression) {
-                result = Err(Error::Invalid(format!(
-                    "blob {} in pack {} is damaged ({e}); run `cairn check --read-data` and `cairn repair index`",
-                    b.id.short(),
-                    info.entries.id.short()
-                )));
-                break 'packs;
-            }
-            let eb = EncodedBlob {
-                kind: b.kind,
-                id: b.id,
-                sealed: sealed.to_vec(),
-                raw_length: b.raw_length,
-                compression: b.compression,
-            };
-            let packer = if b.kind == pack::BlobKind::Data {
-                &mut data
-            } else {
-                &mut meta
-            };
-            if let Some(p) = packer.add(eb)
-                && let Err(e) = uploader.send(p)
-            {
-                result = Err(e);
-                break 'packs;
-            }
-        }
-    }
-    if result.is_ok() {
-        for p in [data.finish(), meta.finish()].into_iter().flatten() {
-            if let Err(e) = uploader.send(p) {
-                result = Err(e);
-                break;
-            }
-        }
-    }
-    let stats = uploader.finish();
-    result?;
-    stats
 }
 
 /// Writes the kept packs' entries as new index files; the last one supersedes the

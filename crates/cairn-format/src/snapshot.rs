@@ -41,6 +41,9 @@ pub struct Snapshot {
     pub parent: Option<String>,
     #[serde(default)]
     pub excludes: Vec<String>,
+    /// Set by `repair snapshots`: the id of the snapshot this one replaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original: Option<String>,
     pub program_version: String,
     pub summary: SnapshotSummary,
 }

@@ -7,6 +7,7 @@ mod init;
 mod key;
 mod ls;
 mod prune;
+mod repair;
 mod restore;
 mod snapshots;
 mod unlock;
@@ -33,6 +34,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Check(a) => check::run(g, &a),
         Command::Prune(a) => prune::run(g, &a),
         Command::Unlock(a) => unlock::run(g, &a),
+        Command::Repair(c) => repair::run(g, c),
         Command::Forget(a) => forget::run(g, &a),
     }
 }

@@ -384,6 +384,7 @@ pub fn backup(
         tree: archived.root.to_hex(),
         parent: parent.as_ref().map(|(id, _)| id.to_hex()),
         excludes: opts.excludes.clone(),
+        original: None,
         program_version: format!("cairn {}", env!("CARGO_PKG_VERSION")),
         summary,
     };

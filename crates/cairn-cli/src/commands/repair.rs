@@ -1,0 +1,65 @@
+use crate::args::{Global, RepairCommand};
+use anyhow::Result;
+use cairn_core::repair;
+
+pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
+    let mut repo = super::open(g)?;
+    match c {
+        RepairCommand::Index => {
+            let r = repair::repair_index(&mut repo)?;
+            if g.json {
+                super::print_json(&r)?;
+            } else {
+                for d in &r.damaged_packs {
+                    println!(
+                        "damaged pack {}: {} ({} blobs lost, {} kept)",
+                        d.pack, d.message, d.blobs_lost, d.blobs_kept
+                    );
+                }
+                if !g.quiet {
+                    println!(
+                        "read {} packs; indexed {} blobs in {} new index files, replacing {}",
+                        r.packs_read, r.blobs_indexed, r.index_files_written, r.index_files_replaced
+                    );
+                    if r.damaged_packs.iter().any(|d| d.blobs_lost > 0) {
+                        println!(
+                            "lost blobs are no longer indexed: run `cairn repair snapshots` to drop what needs them (a new backup of the same files stores them again)"
+                        );
+                    }
+                }
+            }
+            Ok(0)
+        }
+        RepairCommand::Snapshots { dry_run } => {
+            let r = repair::repair_snapshots(&mut repo, dry_run)?;
+            if g.json {
+                super::print_json(&r)?;
+            } else if !g.quiet || !r.repaired.is_empty() {
+                let verb = if dry_run { "would drop" } else { "dropped" };
+                for s in &r.repaired {
+                    match &s.new {
+                        Some(n) => println!("snapshot {} -> {}:", &s.original[..8], &n[..8]),
+                        None if dry_run => println!("snapshot {}:", &s.original[..8]),
+                        None => println!("snapshot {} removed:", &s.original[..8]),
+                    }
+                    for d in &s.dropped {
+                        println!("    {verb} {d}");
+                    }
+                }
+                for u in &r.unreadable_removed {
+                    println!(
+                        "{} unreadable snapshot object {u}",
+                        if dry_run { "would remove" } else { "removed" }
+                    );
+                }
+                println!(
+                    "checked {} snapshots; {} {} repaired",
+                    r.snapshots_checked,
+                    r.repaired.len(),
+                    if dry_run { "would be" } else { "were" }
+                );
+            }
+            Ok(0)
+        }
+    }
+}

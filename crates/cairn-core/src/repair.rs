@@ -1,0 +1,593 @@
+//! Repair: rebuild the index from the packs themselves, and rewrite snapshots so
+//! they keep everything that can still be restored.
+//!
+//! `repair index` reads every pack whole and indexes each blob that decrypts and
+//! hashes to its id. A pack whose header is damaged is salvaged with the entries the
+//! old index (or a pending record) had for it. Blobs that fail verification are
+//! left out, so afterwards the index lists only good data and `repair snapshots` can
+//! tell what is lost by looking it up.
+//!
+//! `repair snapshots` walks every snapshot; a file that needs a missing blob is
+//! dropped, a directory whose tree is unreadable becomes empty, and each changed
+//! snapshot is written again (tagged `repaired`, naming the original) before the
+//! original is deleted. Everything dropped is reported by path.
+
+use crate::blob::{self, BlobEncoder};
+use crate::chunklist::for_each_content_blob;
+use crate::error::{Error, Result};
+use crate::index::{IdMap, IdSet, MasterIndex};
+use crate::lock::RepoLock;
+use crate::packer::{BufferPool, Packer, Uploader};
+use crate::repo::Repository;
+use cairn_backend::names;
+use cairn_format::consts::PACK_TRAILER_LEN;
+use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
+use cairn_format::pack::{self, BlobKind};
+use cairn_format::tree::{Content, Node, NodeKind, Tree};
+use cairn_format::{BlobId, IndexId, PackId, SnapshotId};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DamagedPack {
+    pub pack: String,
+    pub message: String,
+    pub blobs_lost: usize,
+    pub blobs_kept: usize,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RepairIndexReport {
+    pub packs_read: usize,
+    pub blobs_indexed: usize,
+    pub damaged_packs: Vec<DamagedPack>,
+    pub index_files_replaced: usize,
+    pub index_files_written: usize,
+    pub pending_records_dropped: usize,
+    /// Damaged packs whose good blobs were copied to new packs and that were deleted
+    /// (else they wait for the next prune).
+    pub damaged_packs_deleted: usize,
+}
+
+/// Rebuilds the index from every stored pack.
+pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
+    let lock = RepoLock::acquire(repo, "repair index", true)?;
+    let mut report = RepairIndexReport::default();
+    let old_ids = repo.list_index_files()?;
+    let old_state = repo.read_index_state()?;
+    let pending_ids = repo.list_pending()?;
+    // What the old index said about each pack: the salvage plan for bad headers.
+    let mut known: HashMap<PackId, Vec<IndexBlob>> = HashMap::new();
+    for (_, f) in &old_state.live {
+        for p in &f.packs {
+            known.entry(p.id).or_default().extend(p.blobs.iter().copied());
+        }
+    }
+    for (_, r) in &old_state.pending {
+        for p in &r.packs {
+            known.entry(p.id).or_default().extend(p.blobs.iter().copied());
+        }
+    }
+    let mut packs: Vec<(PackId, u64)> = repo
+        .backend()
+        .list(names::DATA)?
+        .into_iter()
+        .filter_map(|o| {
+            PackId::from_hex(names::base(&o.name))
+                .ok()
+                .map(|id| (id, o.size))
+        })
+        .collect();
+    packs.sort();
+    report.packs_read = packs.len();
+
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<(PackId, Vec<IndexBlob>, Option<DamagedPack>)>> =
+        Mutex::new(Vec::new());
+    let failure: Mutex<Option<Error>> = Mutex::new(None);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((id, _)) = packs.get(i) else { break };
+                    match salvage_pack(repo, id, known.get(id).map(Vec::as_slice)) {
+                        Ok(r) => results
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push((*id, r.0, r.1)),
+                        Err(e) => {
+                            *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    results.sort_by_key(|r| r.0);
+    let mut file = IndexFile::default();
+    let mut written = Vec::new();
+    let mut n = 0;
+    let mut rewrite = Vec::new();
+    for (id, blobs, damage) in results {
+        if let Some(d) = damage {
+            report.damaged_packs.push(d);
+            // A damaged pack's good blobs move to new packs, so that afterwards
+            // every stored pack is whole again.
+            rewrite.push(IndexPack { id, blobs });
+            continue;
+        }
+        if blobs.is_empty() {
+            continue;
+        }
+        report.blobs_indexed += blobs.len();
+        n += blobs.len();
+        file.packs.push(IndexPack { id, blobs });
+        if n >= 200_000 {
+            written.push(repo.write_index_file(&std::mem::take(&mut file))?);
+            n = 0;
+        }
+    }
+    if !rewrite.is_empty() {
+        let stats = copy_blobs(repo, &rewrite, true)?;
+        report.blobs_indexed += rewrite.iter().map(|p| p.blobs.len()).sum::<usize>();
+        written.extend(stats.index_files);
+    }
+    // The last file supersedes every old one (damaged ones included): the switch to
+    // the rebuilt index is a single write.
+    let mut supersedes: Vec<IndexId> = old_ids.clone();
+    supersedes.extend(old_state.superseded.iter().copied());
+    supersedes.sort();
+    supersedes.dedup();
+    file.supersedes = supersedes.clone();
+    written.push(repo.write_index_file(&file)?);
+    report.index_files_written = written.len();
+    report.index_files_replaced = supersedes.len();
+    for id in &supersedes {
+        if !written.contains(id) {
+            ignore_missing(repo.backend().delete(&names::index(&id.to_hex())))?;
+        }
+    }
+    // Every stored pack is indexed now, so no pending record may delete one.
+    for id in pending_ids {
+        ignore_missing(repo.backend().delete(&names::pending(&id.to_hex())))?;
+        report.pending_records_dropped += 1;
+    }
+    // Damaged packs: their good blobs have live copies now. Delete them at once if
+    // nothing else runs; otherwise leave them to prune's two-phase deletion.
+    if !rewrite.is_empty() {
+        let others: Vec<[u8; 32]> = crate::lock::list_locks(repo)?
+            .into_iter()
+            .filter(|l| l.id != lock.id() && !l.stale)
+            .map(|l| l.id)
+            .collect();
+        if others.is_empty() {
+            for p in &rewrite {
+                ignore_missing(repo.backend().delete(&names::pack(&p.id.to_hex())))?;
+            }
+            report.damaged_packs_deleted = rewrite.len();
+        } else {
+            repo.write_pending(&cairn_format::pending::PendingDeletion {
+                created: crate::time::now_unix(),
+                locks: others,
+                packs: rewrite,
+                orphans: vec![],
+            })?;
+        }
+    }
+    repo.load_index()?;
+    Ok(report)
+}
+
+fn ignore_missing(r: cairn_backend::Result<()>) -> Result<()> {
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+type Salvaged = (Vec<IndexBlob>, Option<DamagedPack>);
+
+/// The verified blobs of one pack, and what is wrong with it if anything.
+fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> Result<Salvaged> {
+    let data = match repo.backend().get(&names::pack(&id.to_hex())) {
+        Ok(d) => d,
+        Err(e) if e.is_not_found() => return Ok((vec![], None)),
+        Err(e) => return Err(e.into()),
+    };
+    let mut problems = Vec::new();
+    if PackId::of_content(&data) != *id {
+        problems.push("content does not match its name".to_string());
+    }
+    let entries = match header_entries(repo, &data) {
+        Ok(e) => e,
+        Err(e) => {
+            problems.push(format!("header unreadable ({e})"));
+            let mut k = known.map(<[IndexBlob]>::to_vec).unwrap_or_default();
+            k.sort_by_key(|b| (b.offset, b.id));
+            k.dedup();
+            k
+        }
+    };
+    let mut good = Vec::with_capacity(entries.len());
+    let mut lost = 0;
+    let mut seen = IdSet::default();
+    for b in entries {
+        let start = b.offset as usize;
+        let ok = data
+            .get(start..start + b.length as usize)
+            .is_some_and(|s| blob::decode(repo.key(), &b.id, s, b.raw_length, b.compression).is_ok());
+        if ok {
+            if seen.insert(b.id) {
+                good.push(b);
+            }
+        } else {
+            lost += 1;
+        }
+    }
+    if lost > 0 {
+        problems.push(format!("{lost} blobs fail verification"));
+    }
+    let damage = (!problems.is_empty()).then(|| DamagedPack {
+        pack: id.to_hex(),
+        message: problems.join("; "),
+        blobs_lost: lost,
+        blobs_kept: good.len(),
+    });
+    Ok((good, damage))
+}
+
+fn header_entries(repo: &Repository, data: &[u8]) -> Result<Vec<IndexBlob>> {
+    let size = data.len() as u64;
+    let trailer = data
+        .get(data.len().saturating_sub(PACK_TRAILER_LEN)..)
+        .unwrap_or(&[]);
+    let (off, len) =
+        pack::parse_trailer(size, trailer).map_err(|e| Error::damaged("pack trailer", e))?;
+    let sealed = data
+        .get(off as usize..(off + u64::from(len)) as usize)
+        .ok_or_else(|| Error::Invalid("header outside the pack".into()))?;
+    let plain = repo
+        .key()
+        .sealer
+        .open("pack header", sealed)
+        .map_err(|e| Error::damaged("pack header", e))?;
+    let entries = pack::decode_header(&plain).map_err(|e| Error::damaged("pack header", e))?;
+    let mut offset = 0u32;
+    Ok(entries
+        .into_iter()
+        .map(|e| {
+            let b = IndexBlob {
+                kind: e.kind,
+                id: e.id,
+                offset,
+                length: e.length,
+                raw_length: e.raw_length,
+                compression: e.compression,
+            };
+            offset = offset.saturating_add(e.length);
+            b
+        })
+        .collect())
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RepairedSnapshot {
+    pub original: String,
+    /// `None` when the snapshot was removed (its root tree is lost).
+    pub new: Option<String>,
+    /// Paths dropped, with why.
+    pub dropped: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RepairSnapshotsReport {
+    pub snapshots_checked: usize,
+    pub repaired: Vec<RepairedSnapshot>,
+    /// Snapshot objects that could not be read, removed.
+    pub unreadable_removed: Vec<String>,
+    pub dry_run: bool,
+}
+
+/// Rewrites snapshots that need missing or unreadable blobs.
+pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSnapshotsReport> {
+    let _lock = RepoLock::acquire(repo, "repair snapshots", !dry_run)?;
+    repo.load_index()?;
+    let mut report = RepairSnapshotsReport {
+        dry_run,
+        ..Default::default()
+    };
+    let stored: HashSet<PackId> = repo
+        .backend()
+        .list(names::DATA)?
+        .into_iter()
+        .filter_map(|o| PackId::from_hex(names::base(&o.name)).ok())
+        .collect();
+    let index = repo.index().clone();
+    let present = |id: &BlobId| {
+        index
+            .get(id)
+            .is_some_and(|l| stored.contains(&index.pack_of(&l)))
+    };
+    let mut rw = Rewriter {
+        repo,
+        present: &present,
+        index: &index,
+        memo: IdMap::default(),
+        new_trees: Vec::new(),
+        new_ids: IdSet::default(),
+    };
+    let (snaps, bad) = rw.repo.snapshots()?;
+    report.snapshots_checked = snaps.len() + bad.len();
+    let mut changed = Vec::new();
+    for (sid, snap) in &snaps {
+        let mut dropped = Vec::new();
+        let root = snap
+            .tree_id()
+            .map_err(|e| Error::damaged(format!("snapshot {}", sid.to_hex()), e))?;
+        match rw.tree(&root, "", &mut dropped) {
+            Some(new_root) if new_root == root => {}
+            Some(new_root) => changed.push((*sid, snap.clone(), Some(new_root), dropped)),
+            None => {
+                dropped.push("/ (root tree unreadable: nothing to keep)".into());
+                changed.push((*sid, snap.clone(), None, dropped));
+            }
+        }
+    }
+    let new_trees = std::mem::take(&mut rw.new_trees);
+    if !dry_run && !new_trees.is_empty() {
+        store_trees(rw.repo, new_trees)?;
+    }
+    let repo = rw.repo;
+    for (sid, mut snap, new_root, dropped) in changed {
+        let mut entry = RepairedSnapshot {
+            original: sid.to_hex(),
+            new: None,
+            dropped,
+        };
+        if let Some(root) = new_root {
+            snap.tree = root.to_hex();
+            if !snap.tags.iter().any(|t| t == "repaired") {
+                snap.tags.push("repaired".into());
+            }
+            snap.original = Some(sid.to_hex());
+            if !dry_run {
+                entry.new = Some(repo.write_snapshot(&snap)?.to_hex());
+            }
+        }
+        if !dry_run {
+            ignore_missing(repo.backend().delete(&names::snapshot(&sid.to_hex())))?;
+        }
+        report.repaired.push(entry);
+    }
+    for e in bad {
+        let what = match &e {
+            Error::Damaged { what, .. } => what.clone(),
+            other => other.to_string(),
+        };
+        if let Some(hex) = what.strip_prefix("snapshot ")
+            && SnapshotId::from_hex(hex).is_ok()
+        {
+            if !dry_run {
+                ignore_missing(repo.backend().delete(&names::snapshot(hex)))?;
+            }
+            report.unreadable_removed.push(format!("{hex}: {e}"));
+        }
+    }
+    Ok(report)
+}
+
+struct Rewriter<'a, F: Fn(&BlobId) -> bool> {
+    repo: &'a mut Repository,
+    present: &'a F,
+    index: &'a MasterIndex,
+    /// Tree id -> its repaired id (`None`: unreadable).
+    memo: IdMap<(Option<BlobId>, Vec<String>)>,
+    new_trees: Vec<(BlobId, Vec<u8>)>,
+    new_ids: IdSet,
+}
+
+impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
+    /// The repaired id of a tree (`None`: unreadable) and, in `dropped`, what it
+    /// lost, as paths under `path`. Results are remembered per tree, so a tree
+    /// shared by many snapshots is repaired once and reported in each.
+    fn tree(&mut self, id: &BlobId, path: &str, dropped: &mut Vec<String>) -> Option<BlobId> {
+        let (new, rel) = match self.memo.get(id) {
+            Some(r) => r.clone(),
+            None => {
+                let r = self.walk(id);
+                self.memo.insert(*id, r.clone());
+                r
+            }
+        };
+        dropped.extend(rel.iter().map(|d| format!("{path}{d}")));
+        new
+    }
+
+    fn walk(&mut self, id: &BlobId) -> (Option<BlobId>, Vec<String>) {
+        let mut dropped = Vec::new();
+        if !(self.present)(id) {
+            return (None, dropped);
+        }
+        let Ok(tree) = self.repo.load_tree(id) else {
+            return (None, dropped);
+        };
+        let mut nodes = Vec::with_capacity(tree.nodes.len());
+        let mut changed = false;
+        for n in tree.nodes {
+            let p = format!("/{}", String::from_utf8_lossy(&n.name));
+            match n.kind {
+                NodeKind::Dir => {
+                    let mut n = n;
+                    if let Some(sub) = n.subtree {
+                        let new = match self.tree(&sub, &p, &mut dropped) {
+                            Some(x) => x,
+                            None => {
+                                dropped.push(format!("{p}/ (directory listing lost; kept empty)"));
+                                self.empty_tree()
+                            }
+                        };
+                        if new != sub {
+                            changed = true;
+                            n.subtree = Some(new);
+                        }
+                    }
+                    nodes.push(n);
+                }
+                NodeKind::File => {
+                    if self.file_ok(&n) {
+                        nodes.push(n);
+                    } else {
+                        dropped.push(format!("{p} (file data lost)"));
+                        changed = true;
+                    }
+                }
+                _ => nodes.push(n),
+            }
+        }
+        if !changed {
+            return (Some(*id), dropped);
+        }
+        (Some(self.add_tree(&Tree { nodes })), dropped)
+    }
+
+    fn file_ok(&self, n: &Node) -> bool {
+        let mut all = true;
+        let mut seen = IdSet::default();
+        let r = for_each_content_blob(self.repo, &n.content, &mut |b| {
+            if !(self.present)(&b) {
+                all = false;
+            }
+            seen.insert(b)
+        });
+        r.is_ok() && all && !matches!(n.content, Content::Tree { .. } if seen.is_empty())
+    }
+
+    fn empty_tree(&mut self) -> BlobId {
+        self.add_tree(&Tree { nodes: vec![] })
+    }
+
+    fn add_tree(&mut self, t: &Tree) -> BlobId {
+        let data = t.encode();
+        let id = self.repo.key().blob_id(&data);
+        if !self.index.is_live(&id) && self.new_ids.insert(id) {
+            self.new_trees.push((id, data));
+        }
+        id
+    }
+}
+
+fn store_trees(repo: &Repository, trees: Vec<(BlobId, Vec<u8>)>) -> Result<()> {
+    let pool = Arc::new(BufferPool::new(1));
+    let uploader = Uploader::start(repo.backend().clone(), repo.key().clone(), pool.clone());
+    let mut packer = Packer::new(
+        repo.key().clone(),
+        pool,
+        repo.config().pack_size as usize,
+    );
+    let mut enc = BlobEncoder::new(repo.config().compression.zstd_level());
+    let mut result = Ok(());
+    for (id, data) in trees {
+        let b = enc.encode(repo.key(), BlobKind::Tree, id, &data)?;
+        if let Some(p) = packer.add(b)
+            && let Err(e) = uploader.send(p)
+        {
+            result = Err(e);
+            break;
+        }
+    }
+    if result.is_ok()
+        && let Some(p) = packer.finish()
+    {
+        result = uploader.send(p);
+    }
+    let stats = uploader.finish();
+    result?;
+    stats.map(|_| ())
+}
+
+/// Copies the listed blobs from their packs into new packs, which the uploader
+/// indexes. Each blob is verified on the way; one that fails is skipped
+/// (`skip_damaged`, for repair) or stops the copy (prune must not lose it).
+pub(crate) fn copy_blobs(
+    repo: &Repository,
+    packs: &[IndexPack],
+    skip_damaged: bool,
+) -> Result<crate::packer::UploadStats> {
+    let pool = Arc::new(BufferPool::new(1));
+    let uploader = Uploader::start(repo.backend().clone(), repo.key().clone(), pool.clone());
+    let size = repo.config().pack_size as usize;
+    let mut data = Packer::new(repo.key().clone(), pool.clone(), size);
+    let mut meta = Packer::new(repo.key().clone(), pool, size);
+    let mut result = Ok(());
+    'packs: for p in packs {
+        let bytes = match repo.backend().get(&names::pack(&p.id.to_hex())) {
+            Ok(b) => b,
+            Err(e) => {
+                result = Err(e.into());
+                break;
+            }
+        };
+        for b in &p.blobs {
+            let start = b.offset as usize;
+            let sealed = bytes.get(start..start + b.length as usize);
+            let check = match sealed {
+                Some(x) => blob::decode(repo.key(), &b.id, x, b.raw_length, b.compression)
+                    .map(|_| ()),
+                None => Err(Error::Invalid("outside the pack".into())),
+            };
+            let sealed = match (sealed, check) {
+                (Some(x), Ok(())) => x,
+                _ if skip_damaged => continue,
+                (_, Err(e)) => {
+                    result = Err(Error::Invalid(format!(
+                        "blob {} in pack {} is damaged ({e}); run `cairn check --read-data` and `cairn repair index`",
+                        b.id.short(),
+                        p.id.short()
+                    )));
+                    break 'packs;
+                }
+                (None, Ok(())) => continue,
+            };
+            let eb = blob::EncodedBlob {
+                kind: b.kind,
+                id: b.id,
+                sealed: sealed.to_vec(),
+                raw_length: b.raw_length,
+                compression: b.compression,
+            };
+            let packer = if b.kind == BlobKind::Data {
+                &mut data
+            } else {
+                &mut meta
+            };
+            if let Some(sp) = packer.add(eb)
+                && let Err(e) = uploader.send(sp)
+            {
+                result = Err(e);
+                break 'packs;
+            }
+        }
+    }
+    if result.is_ok() {
+        for sp in [data.finish(), meta.finish()].into_iter().flatten() {
+            if let Err(e) = uploader.send(sp) {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    let stats = uploader.finish();
+    result?;
+    stats
+}

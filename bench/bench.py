@@ -9,6 +9,12 @@ phase starts, so all tools see the same tree state:
   mixed: first backup, unchanged re-backup, backup after day-2 edits, restore
   small: first backup, unchanged re-backup, restore
   image: first backup (v1), unchanged re-backup, backup of changed copy (v2), restore
+The maintenance scenario (--scenario maintenance; cairn and restic only) backs
+up a day-by-day history of the mixed tree (day 1 = the tree, each later day
+applies datasets.apply_history_day: ~4% of the files deleted, rewritten or
+edited) into fresh repositories, then runs forget --keep-last K, prune
+(--max-unused 5%, both tools' default) and check --read-data, each measured on
+its own: phases day1..dayN, forget, prune, check-rd.
 Every command runs under /usr/bin/time -v (CPU user+sys, peak RSS); wall time
 is measured here. After each command `sync` runs (timed separately, not part
 of wall) so one tool's dirty pages do not slow the next one down.
@@ -35,6 +41,10 @@ REPO_ROOT = os.path.dirname(BENCH_DIR)
 PASSWORD = "cairn-bench-password"
 ALL_TOOLS = ["cairn", "restic", "borg"]
 ALL_DATASETS = ["mixed", "small", "image"]
+ALL_SCENARIOS = ["backup", "maintenance"]
+MAINT_TOOLS = ["cairn", "restic"]
+MAINT_PHASES = ["forget", "prune", "check-rd"]
+MAINT_DATASET = "maint"
 MB = 1e6
 
 
@@ -186,6 +196,31 @@ class Tool:
     def restore_cmd(self, target, snap):
         raise NotImplementedError
 
+    # maintenance scenario (cairn and restic)
+    def forget_cmd(self, keep_last):
+        return [self.bin, "forget", "--repo", self.repo, "--keep-last", str(keep_last)], None
+
+    def prune_cmd(self):
+        # 5% is the default of both cairn and restic; spelled out for the logs
+        return [self.bin, "prune", "--repo", self.repo, "--max-unused", "5%"], None
+
+    def check_data_cmd(self):
+        return [self.bin, "check", "--repo", self.repo, "--read-data"], None
+
+    # lines of a command's output that summarise what it did (for the CSV note)
+    SUMMARY_RE = {}
+
+    def summary(self, phase, log_path):
+        pat = self.SUMMARY_RE.get(phase)
+        if not pat:
+            return ""
+        try:
+            text = open(log_path, errors="replace").read()
+        except OSError:
+            return ""
+        lines = [" ".join(line.split()) for line in text.splitlines()]
+        return " | ".join(line for line in lines if re.match(pat, line))
+
 
 class Cairn(Tool):
     name = "cairn"
@@ -211,6 +246,12 @@ class Cairn(Tool):
     def restore_cmd(self, target, snap):
         return [self.bin, "restore", "latest", "--repo", self.repo, "--target", target], None
 
+    SUMMARY_RE = {
+        "forget": r"(removed|would remove) \d+ snapshots",
+        "prune": r"(\d+ snapshots need|will |would |space reclaimed|wrote |kept |\d+ packs )",
+        "check-rd": r"(checked |no errors|\d+ (errors|problems))",
+    }
+
 
 class Restic(Tool):
     name = "restic"
@@ -233,6 +274,13 @@ class Restic(Tool):
 
     def restore_cmd(self, target, snap):
         return [self.bin, "restore", "latest", "--repo", self.repo, "--target", target], None
+
+    SUMMARY_RE = {
+        "forget": r"remove \d+ snapshots",
+        "prune": r"(to repack:|this removes:|to delete:|total prune:|remaining:|unused size after prune:|"
+                 r"totally used packs:|partly used packs:|unused packs:|to keep:)",
+        "check-rd": r"(no errors|Fatal|.*[Ee]rror)",
+    }
 
 
 class Borg(Tool):
@@ -270,7 +318,7 @@ TOOL_CLASSES = {"cairn": Cairn, "restic": Restic, "borg": Borg}
 CSV_FIELDS = ["date", "git_sha", "scale", "cache", "rep", "dataset", "tool", "tool_version", "phase", "status",
               "input_bytes", "input_files", "wall_s", "user_s", "sys_s", "cpu_s", "max_rss_kib",
               "mb_per_s", "files_per_s", "repo_bytes", "repo_delta_bytes", "cache_bytes", "sync_s", "other_cpu_s", "steal_s",
-              "verify", "log"]
+              "verify", "log", "note"]
 
 
 class Runner:
@@ -293,10 +341,14 @@ class Runner:
         self.csv_f = open(self.csv_path, "w", newline="")
         self.csv_f.write(f"# hardware: {hardware_line()}\n")
         self.csv_f.write(f"# settings: scale={self.cfg['scale']} cfg={json.dumps(self.cfg, sort_keys=True)} "
-                         f"cache={self.cache_mode} datasets={','.join(self.a.datasets)} tools={','.join(self.a.tools)}\n")
+                         f"cache={self.cache_mode} datasets={','.join(self.a.datasets)} tools={','.join(self.a.tools)} "
+                         f"scenarios={','.join(self.a.scenarios)} maint_days={self.a.maint_days} "
+                         f"maint_keep_last={self.a.maint_keep} maint_churn={self.a.maint_churn}\n")
         self.csv_f.write(f"# versions: {json.dumps(self.versions, sort_keys=True)}\n")
         self.csv_f.write("# units: mb_per_s = 10^6 bytes of input (backup) or restored data (restore) per wall second; "
-                         "cpu_s = user+sys; max_rss_kib from /usr/bin/time -v\n")
+                         "cpu_s = user+sys; max_rss_kib from /usr/bin/time -v; maintenance rows (dataset maint): "
+                         "input_bytes = repository bytes before the command, mb_per_s of check-rd = repository "
+                         "bytes read per wall second, note = the tool's own summary lines\n")
         self.w = csv.DictWriter(self.csv_f, fieldnames=CSV_FIELDS)
         self.w.writeheader()
         self.csv_f.flush()
@@ -487,6 +539,98 @@ class Runner:
             shutil.rmtree(live, ignore_errors=True)
         settle()
 
+    # -- maintenance scenario: prune and check --read-data on a day-by-day history
+    def run_maintenance(self, rep):
+        kind = MAINT_DATASET
+        names = [t for t in self.a.tools if t in MAINT_TOOLS]
+        skipped = [t for t in self.a.tools if t not in MAINT_TOOLS]
+        if skipped:
+            log(f"maintenance: skipping {','.join(skipped)} (the scenario compares cairn and restic)")
+        if not names:
+            return
+        src = self.dataset_src("mixed")
+        days, keep, churn = self.a.maint_days, self.a.maint_keep, self.a.maint_churn
+        log(f"maintenance (repetition {rep}): {days} daily versions of {os.path.basename(src)}, "
+            f"{churn:.0%} of files changed per day, then forget --keep-last {keep}, prune, check --read-data")
+        live = os.path.join(self.work, "live", kind)
+        if os.path.exists(live):
+            shutil.rmtree(live)
+        os.makedirs(os.path.dirname(live), exist_ok=True)
+        subprocess.run(["cp", "-a", src, live], check=True)
+        os.makedirs(os.path.join(self.work, "repos"), exist_ok=True)
+        order = names[(rep - 1) % len(names):] + names[:(rep - 1) % len(names)]
+        tools = {}
+        for name in order:
+            t = TOOL_CLASSES[name](self.bins[name], self.work, kind)
+            for p in (t.repo, t.cache):
+                if os.path.exists(p):
+                    shutil.rmtree(p)
+            os.makedirs(t.cache)
+            tools[name] = t
+        settle()
+        common = dict(dataset=kind, rep=rep)
+        alive = {}
+        last_repo = {}
+
+        def row(name, t, phase, r, **extra):
+            d = dict(common, tool=name, tool_version=self.versions.get(name), phase=phase,
+                     status="ok" if r["rc"] == 0 else f"fail rc={r['rc']}", wall_s=f"{r['wall_s']:.3f}",
+                     user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""), cpu_s=f"{r['cpu_s']:.2f}",
+                     max_rss_kib=r.get("max_rss_kib", ""), cache_bytes=du_bytes(t.cache),
+                     sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"], log=r["log"])
+            d.update(extra)
+            self.add_row(d)
+
+        for name, t in tools.items():
+            r = self.measure(t, f"{kind}-{name}-init-r{rep}", *t.init_cmd())
+            alive[name] = r["rc"] == 0
+            last_repo[name] = du_bytes(t.repo)
+            row(name, t, "init", r, repo_bytes=last_repo[name])
+
+        for day in range(1, days + 1):
+            if day > 1:
+                datasets.apply_history_day(live, day, datasets.DEFAULT_SEED, churn)
+                settle()
+            nfiles, nbytes = tree_size(live)
+            for name, t in tools.items():
+                if not alive[name]:
+                    continue
+                r = self.measure(t, f"{kind}-{name}-day{day}-r{rep}", *t.backup_cmd(live, f"{kind}-day{day}"))
+                repo = du_bytes(t.repo)
+                alive[name] = r["rc"] == 0
+                row(name, t, f"day{day}", r, input_bytes=nbytes, input_files=nfiles,
+                    mb_per_s=f"{nbytes / MB / r['wall_s']:.2f}", files_per_s=f"{nfiles / r['wall_s']:.1f}",
+                    repo_bytes=repo, repo_delta_bytes=repo - last_repo[name])
+                last_repo[name] = repo
+                self.print_row(self.rows[-1])
+
+        steps = [("forget", lambda t: t.forget_cmd(keep)), ("prune", lambda t: t.prune_cmd()),
+                 ("check-rd", lambda t: t.check_data_cmd())]
+        for phase, cmd in steps:
+            for name, t in tools.items():
+                if not alive[name]:
+                    continue
+                before = du_bytes(t.repo)
+                r = self.measure(t, f"{kind}-{name}-{phase}-r{rep}", *cmd(t))
+                after = du_bytes(t.repo)
+                note = t.summary(phase, os.path.join(BENCH_DIR, r["log"]))
+                extra = dict(input_bytes=before, repo_bytes=after, repo_delta_bytes=after - before, note=note)
+                if phase == "check-rd":
+                    extra["mb_per_s"] = f"{before / MB / r['wall_s']:.2f}"
+                row(name, t, phase, r, **extra)
+                if r["rc"] != 0:
+                    alive[name] = False
+                self.print_row(self.rows[-1])
+                if note:
+                    log(f"{kind} {phase} {name}: {note}")
+        log(f"{kind}: cleaning up")
+        if not self.a.keep:
+            for t in tools.values():
+                shutil.rmtree(t.repo, ignore_errors=True)
+                shutil.rmtree(t.cache, ignore_errors=True)
+            shutil.rmtree(live, ignore_errors=True)
+        settle()
+
     def verify(self, target, live, src_digest):
         rel = live.lstrip("/")
         for cand in (os.path.join(target, rel), os.path.join(target, os.path.basename(live)), target):
@@ -503,8 +647,10 @@ class Runner:
         return "MISMATCH: nothing restored"
 
     def print_row(self, r):
+        rate = f"{r['mb_per_s']} MB/s {r['files_per_s']} files/s " if r["files_per_s"] else \
+            (f"{r['mb_per_s']} MB/s " if r["mb_per_s"] else "")
         log(f"{r['dataset']:6} {r['phase']:9} {r['tool']:6} {r['status']:4} wall={r['wall_s']}s "
-            f"{r['mb_per_s']} MB/s {r['files_per_s']} files/s cpu={r['cpu_s']}s "
+            f"{rate}cpu={r['cpu_s']}s "
             f"rss={int(r['max_rss_kib'] or 0) / 1024:.0f}MiB repo={int(r['repo_bytes'] or 0) / 2**20:.1f}MiB"
             + (f" verify={r['verify']}" if r['verify'] else ""))
 
@@ -521,9 +667,13 @@ class Runner:
         log(f"results -> {self.csv_path}")
         log(f"hardware: {hardware_line()}")
         log(f"versions: {self.versions}; scale {self.cfg}; {self.cache_mode}")
-        for kind in self.a.datasets:
+        if "backup" in self.a.scenarios:
+            for kind in self.a.datasets:
+                for rep in range(1, self.a.repeat + 1):
+                    self.run_dataset(kind, rep)
+        if "maintenance" in self.a.scenarios:
             for rep in range(1, self.a.repeat + 1):
-                self.run_dataset(kind, rep)
+                self.run_maintenance(rep)
         self.csv_f.close()
         print(render_table(self.rows, self.a.tools))
         print(f"\nCSV: {self.csv_path}")
@@ -615,7 +765,7 @@ def render_table(rows, tools):
         out.append("-" * len(h2))
         idx = {(a["dataset"], a["phase"], a["tool"]): a for a in agg if a["mb_per_s"] is not None}
         for a in agg:
-            if a["tool"] != "cairn" or (a["dataset"], a["phase"], "cairn") not in idx:
+            if a["tool"] != "cairn" or a["phase"] in MAINT_PHASES or (a["dataset"], a["phase"], "cairn") not in idx:
                 continue
             for p in peers:
                 pr = idx.get((a["dataset"], a["phase"], p))
@@ -624,6 +774,33 @@ def render_table(rows, tools):
                 out.append(f"{a['dataset']:7} {a['phase']:9} {p:6} {_ratio(a['mb_per_s'], pr['mb_per_s']):>6} "
                            f"{_ratio(a['cpu_s'], pr['cpu_s']):>6} {_ratio(a['max_rss_kib'], pr['max_rss_kib']):>6} "
                            f"{_ratio(a['repo_bytes'], pr['repo_bytes']):>6}")
+    maint = [a for a in agg if a["phase"] in MAINT_PHASES]
+    if "cairn" in tools and any(a["tool"] != "cairn" for a in maint):
+        out.append("")
+        out.append("Maintenance ratios cairn vs peer: time = peer wall s / cairn wall s (>1: cairn faster); "
+                   "cpu, rss = cairn / peer (<1: cairn uses less); repo = repository size after, cairn / peer")
+        h3 = f"{'dataset':7} {'phase':9} {'peer':6} {'time':>6} {'cpu':>6} {'rss':>6} {'repo':>6}"
+        out.append(h3)
+        out.append("-" * len(h3))
+        idx = {(a["dataset"], a["phase"], a["tool"]): a for a in maint if a["wall_s"] is not None}
+        for a in maint:
+            if a["tool"] != "cairn" or (a["dataset"], a["phase"], "cairn") not in idx:
+                continue
+            for p in peers:
+                pr = idx.get((a["dataset"], a["phase"], p))
+                if not pr:
+                    continue
+                out.append(f"{a['dataset']:7} {a['phase']:9} {p:6} {_ratio(pr['wall_s'], a['wall_s']):>6} "
+                           f"{_ratio(a['cpu_s'], pr['cpu_s']):>6} {_ratio(a['max_rss_kib'], pr['max_rss_kib']):>6} "
+                           f"{_ratio(a['repo_bytes'], pr['repo_bytes']):>6}")
+    notes = [r for r in rows if r.get("phase") in ("forget", "prune", "check-rd") and r.get("note")]
+    if notes:
+        out.append("")
+        out.append("What forget, prune and check reported (repository MiB before -> after):")
+        for r in notes:
+            before, after = _f(r.get("input_bytes")), _f(r.get("repo_bytes"))
+            size = f"{before / 2**20:.1f} -> {after / 2**20:.1f} MiB" if before is not None and after is not None else ""
+            out.append(f"  {r['dataset']} r{r['rep']} {r['phase']} {r['tool']} ({size}): {r['note']}")
     return "\n".join(out)
 
 
@@ -641,6 +818,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", default=",".join(ALL_DATASETS), help="comma list of mixed,small,image")
     ap.add_argument("--tools", default=",".join(ALL_TOOLS), help="comma list of cairn,restic,borg")
+    ap.add_argument("--scenario", default="all",
+                    help="comma list of backup (the --datasets runs) and maintenance (day-by-day history, "
+                         "then forget/prune/check --read-data; cairn and restic), or all (default)")
+    ap.add_argument("--maint-days", type=int, default=None,
+                    help="daily versions in the maintenance history (default 8; 6 at quick scale)")
+    ap.add_argument("--maint-keep", type=int, default=3, help="forget --keep-last N in the maintenance scenario")
+    ap.add_argument("--maint-churn", type=float, default=0.04,
+                    help="fraction of files deleted/rewritten/edited per day in the maintenance history")
     ap.add_argument("--scale", default=None, help="full | quick | fraction (default: $BENCH_SCALE or full)")
     ap.add_argument("--data-dir", default=os.environ.get("BENCH_DATA", os.path.join(BENCH_DIR, ".work", "data")))
     ap.add_argument("--work-dir", default=os.environ.get("BENCH_WORK", os.path.join(BENCH_DIR, ".work", "run")))
@@ -661,6 +846,14 @@ def main():
         return
     a.datasets = [d for d in a.datasets.split(",") if d]
     a.tools = [t for t in a.tools.split(",") if t]
+    a.scenarios = ALL_SCENARIOS if a.scenario == "all" else [x for x in a.scenario.split(",") if x]
+    for x in a.scenarios:
+        if x not in ALL_SCENARIOS:
+            ap.error(f"unknown scenario {x} (backup, maintenance or all)")
+    if a.maint_days is None:
+        a.maint_days = 6 if datasets.scale_config(a.scale)["scale"] in ("quick", "small") else 8
+    if a.maint_days < 1 or a.maint_keep < 1:
+        ap.error("--maint-days and --maint-keep must be at least 1")
     for d in a.datasets:
         if d not in ALL_DATASETS:
             ap.error(f"unknown dataset {d}")

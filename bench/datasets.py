@@ -16,6 +16,8 @@ Datasets (see scale_config for sizes):
 Subcommands:
   gen {mixed,small,image} --out DIR [--size-mib N] [--files N --dirs D] [--seed S]
   day --dir TREE --day N [--seed S]      apply the day-N edits in place
+  history --dir TREE --day N [--seed S] [--fraction F]
+                                         apply day-N edits of the maintenance history
   digest DIR                             print a content digest of a tree
   config [--scale S]                     print the dataset sizes for a scale
 
@@ -289,6 +291,115 @@ def apply_day(tree, day, seed, fraction=0.02):
     return stats
 
 
+def _xor_table(rng):
+    key = rng.randint(1, 255)
+    return bytes(b ^ key for b in range(256))
+
+
+def apply_history_day(tree, day, seed, fraction=0.04):
+    """Day-N edits of the maintenance history (prune/check scenario), in place.
+
+    Unlike apply_day, the mix is weighted towards removing data, so that snapshots
+    a keep-last policy forgets hold data the kept ones do not. Of ~fraction of the
+    regular files (chosen with a generator seeded by seed and day): 35% deleted,
+    25% rewritten whole, 20% a range of up to 256 KiB overwritten in place, 10%
+    appended to (16 B - 256 KiB), 10% truncated. As many new files as were deleted
+    are added. New bytes are existing bytes of the tree XORed with a random byte:
+    new content (new chunks for every tool) that compresses like the original.
+    Touched files get mtime BASE_MTIME + day days. Deterministic for a given tree
+    state, seed and day.
+    """
+    rng = random.Random(f"{seed}-history-{day}")
+    files = []
+    for dirpath, dirnames, filenames in os.walk(tree):
+        dirnames.sort()
+        for fn in sorted(filenames):
+            p = os.path.join(dirpath, fn)
+            if os.path.isfile(p) and not os.path.islink(p):
+                files.append(p)
+    files.sort()
+    dirs = sorted({os.path.dirname(p) for p in files})
+    n = max(1, int(len(files) * fraction))
+    chosen = sorted(rng.sample(files, min(n, len(files))))
+    chosen_set = set(chosen)
+    donors = [p for p in files if p not in chosen_set]
+    mtime = BASE_MTIME + day * DAY
+    stats = dict(delete=0, rewrite=0, overwrite=0, append=0, truncate=0, new=0)
+    removed_bytes = 0
+    new_bytes = 0
+    deleted_sizes = []
+
+    def donor_bytes(ln):
+        # ln bytes from a donor file (cycled if short), XORed with a random key
+        d = rng.choice(donors) if donors else None
+        data = b""
+        if d is not None:
+            with open(d, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > ln:
+                    f.seek(rng.randint(0, size - ln))
+                data = f.read(ln)
+        if not data:
+            return rng.randbytes(ln)
+        if len(data) < ln:
+            data = (data * (ln // len(data) + 1))[:ln]
+        return data.translate(_xor_table(rng))
+
+    for p in chosen:
+        op = rng.choices(["delete", "rewrite", "overwrite", "append", "truncate"],
+                         weights=[35, 25, 20, 10, 10])[0]
+        size = os.path.getsize(p)
+        if op == "delete":
+            os.unlink(p)
+            deleted_sizes.append(size)
+            removed_bytes += size
+        elif op == "rewrite":
+            with open(p, "rb") as f:
+                data = f.read()
+            with open(p, "wb") as f:  # same inode, new content
+                f.write(data.translate(_xor_table(rng)))
+            removed_bytes += size
+            new_bytes += size
+        elif op == "overwrite" and size > 0:
+            ln = rng.randint(1, min(size, 256 * 1024))
+            off = rng.randint(0, size - ln)
+            with open(p, "r+b") as f:
+                f.seek(off)
+                old = f.read(ln)
+                f.seek(off)
+                f.write(old.translate(_xor_table(rng)))
+            removed_bytes += ln
+            new_bytes += ln
+        elif op in ("append", "overwrite"):
+            op = "append"
+            ln = rng.randint(16, 256 * 1024)
+            with open(p, "ab") as f:
+                f.write(donor_bytes(ln))
+            new_bytes += ln
+        elif op == "truncate":
+            keep = rng.randint(0, size)
+            with open(p, "r+b") as f:
+                f.truncate(keep)
+            removed_bytes += size - keep
+        stats[op] += 1
+        if os.path.exists(p):
+            os.utime(p, (mtime, mtime))
+        os.utime(os.path.dirname(p), (mtime, mtime))
+    for i, size in enumerate(deleted_sizes):
+        d = rng.choice(dirs)
+        p = os.path.join(d, f"new-h{day}-{i:05d}.dat")
+        ln = max(1, size)
+        with open(p, "wb") as f:
+            f.write(donor_bytes(ln))
+        os.utime(p, (mtime, mtime))
+        os.utime(d, (mtime, mtime))
+        new_bytes += ln
+        stats["new"] += 1
+    stats.update(files_before=len(files), removed_bytes=removed_bytes, new_bytes=new_bytes)
+    log(f"history day {day} on {tree}: {stats}")
+    return stats
+
+
 # --------------------------------------------------------------------------
 # small
 # --------------------------------------------------------------------------
@@ -500,6 +611,11 @@ def main(argv=None):
     d.add_argument("--dir", required=True)
     d.add_argument("--day", type=int, required=True)
     d.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    hd = sub.add_parser("history")
+    hd.add_argument("--dir", required=True)
+    hd.add_argument("--day", type=int, required=True)
+    hd.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    hd.add_argument("--fraction", type=float, default=0.04)
     dg = sub.add_parser("digest")
     dg.add_argument("dir")
     c = sub.add_parser("config")
@@ -517,6 +633,8 @@ def main(argv=None):
         print(json.dumps(m))
     elif a.cmd == "day":
         print(json.dumps(apply_day(a.dir, a.day, a.seed)))
+    elif a.cmd == "history":
+        print(json.dumps(apply_history_day(a.dir, a.day, a.seed, a.fraction)))
     elif a.cmd == "digest":
         print(json.dumps(tree_digest(a.dir)))
     elif a.cmd == "config":

@@ -61,12 +61,18 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
     let mut known: HashMap<PackId, Vec<IndexBlob>> = HashMap::new();
     for (_, f) in &old_state.live {
         for p in &f.packs {
-            known.entry(p.id).or_default().extend(p.blobs.iter().copied());
+            known
+                .entry(p.id)
+                .or_default()
+                .extend(p.blobs.iter().copied());
         }
     }
     for (_, r) in &old_state.pending {
         for p in &r.packs {
-            known.entry(p.id).or_default().extend(p.blobs.iter().copied());
+            known
+                .entry(p.id)
+                .or_default()
+                .extend(p.blobs.iter().copied());
         }
     }
     let mut packs: Vec<(PackId, u64)> = repo
@@ -83,8 +89,7 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
     report.packs_read = packs.len();
 
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(PackId, Vec<IndexBlob>, Option<DamagedPack>)>> =
-        Mutex::new(Vec::new());
+    let results: Mutex<Vec<(PackId, Vec<IndexBlob>, Option<DamagedPack>)>> = Mutex::new(Vec::new());
     let failure: Mutex<Option<Error>> = Mutex::new(None);
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -224,9 +229,9 @@ fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> 
     let mut seen = IdSet::default();
     for b in entries {
         let start = b.offset as usize;
-        let ok = data
-            .get(start..start + b.length as usize)
-            .is_some_and(|s| blob::decode(repo.key(), &b.id, s, b.raw_length, b.compression).is_ok());
+        let ok = data.get(start..start + b.length as usize).is_some_and(|s| {
+            blob::decode(repo.key(), &b.id, s, b.raw_length, b.compression).is_ok()
+        });
         if ok {
             if seen.insert(b.id) {
                 good.push(b);
@@ -490,11 +495,7 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
 fn store_trees(repo: &Repository, trees: Vec<(BlobId, Vec<u8>)>) -> Result<()> {
     let pool = Arc::new(BufferPool::new(1));
     let uploader = Uploader::start(repo.backend().clone(), repo.key().clone(), pool.clone());
-    let mut packer = Packer::new(
-        repo.key().clone(),
-        pool,
-        repo.config().pack_size as usize,
-    );
+    let mut packer = Packer::new(repo.key().clone(), pool, repo.config().pack_size as usize);
     let mut enc = BlobEncoder::new(repo.config().compression.zstd_level());
     let mut result = Ok(());
     for (id, data) in trees {
@@ -542,8 +543,9 @@ pub(crate) fn copy_blobs(
             let start = b.offset as usize;
             let sealed = bytes.get(start..start + b.length as usize);
             let check = match sealed {
-                Some(x) => blob::decode(repo.key(), &b.id, x, b.raw_length, b.compression)
-                    .map(|_| ()),
+                Some(x) => {
+                    blob::decode(repo.key(), &b.id, x, b.raw_length, b.compression).map(|_| ())
+                }
                 None => Err(Error::Invalid("outside the pack".into())),
             };
             let sealed = match (sealed, check) {

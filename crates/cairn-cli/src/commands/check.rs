@@ -3,7 +3,9 @@ use anyhow::{Result, anyhow, bail};
 use cairn_core::check::{self, CheckOptions, Subset};
 
 fn subset(s: &str) -> Result<Subset> {
-    let bad = || anyhow!("invalid --read-data-subset {s:?}: use N/M (e.g. 2/7) or a percentage (e.g. 10%)");
+    let bad = || {
+        anyhow!("invalid --read-data-subset {s:?}: use N/M (e.g. 2/7) or a percentage (e.g. 10%)")
+    };
     if let Some(p) = s.trim().strip_suffix('%') {
         let v: f64 = p.trim().parse().map_err(|_| bad())?;
         if !(v > 0.0 && v <= 100.0) {

@@ -19,7 +19,10 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
                 if !g.quiet {
                     println!(
                         "read {} packs; indexed {} blobs in {} new index files, replacing {}",
-                        r.packs_read, r.blobs_indexed, r.index_files_written, r.index_files_replaced
+                        r.packs_read,
+                        r.blobs_indexed,
+                        r.index_files_written,
+                        r.index_files_replaced
                     );
                     if r.damaged_packs.iter().any(|d| d.blobs_lost > 0) {
                         println!(

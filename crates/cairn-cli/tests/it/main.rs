@@ -5,5 +5,6 @@ mod crash;
 mod forget;
 mod golden;
 mod keys;
+mod maintenance;
 mod roundtrip;
 mod util;

@@ -278,7 +278,7 @@ class Restic(Tool):
     SUMMARY_RE = {
         "forget": r"remove \d+ snapshots",
         "prune": r"(to repack:|this removes:|to delete:|total prune:|remaining:|unused size after prune:|"
-                 r"totally used packs:|partly used packs:|unused packs:|to keep:)",
+                 r"totally used packs:|partly used packs:|unused packs:|to keep:|.*packs repacked|removing \d+ old packs)",
         "check-rd": r"(no errors|Fatal|.*[Ee]rror)",
     }
 

@@ -617,6 +617,7 @@ mod tests {
             tree: "ab".repeat(32),
             parent: None,
             excludes: vec![],
+            original: None,
             program_version: "cairn test".into(),
             summary: SnapshotSummary::default(),
         }

@@ -89,7 +89,7 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
     report.packs_read = packs.len();
 
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(PackId, Vec<IndexBlob>, Option<DamagedPack>)>> = Mutex::new(Vec::new());
+    let results: Mutex<Vec<(PackId, Salvaged)>> = Mutex::new(Vec::new());
     let failure: Mutex<Option<Error>> = Mutex::new(None);
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -104,7 +104,7 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
                         Ok(r) => results
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .push((*id, r.0, r.1)),
+                            .push((*id, r)),
                         Err(e) => {
                             *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                             break;
@@ -123,7 +123,7 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
     let mut written = Vec::new();
     let mut n = 0;
     let mut rewrite = Vec::new();
-    for (id, blobs, damage) in results {
+    for (id, (blobs, damage)) in results {
         if let Some(d) = damage {
             report.damaged_packs.push(d);
             // A damaged pack's good blobs move to new packs, so that afterwards

@@ -1,6 +1,7 @@
 //! Integration tests: every test drives the real `cairn` binary.
 
 mod bad_input;
+mod corruption;
 mod crash;
 mod forget;
 mod golden;

@@ -821,8 +821,9 @@ def main():
     ap.add_argument("--scenario", default="all",
                     help="comma list of backup (the --datasets runs) and maintenance (day-by-day history, "
                          "then forget/prune/check --read-data; cairn and restic), or all (default)")
-    ap.add_argument("--maint-days", type=int, default=None,
-                    help="daily versions in the maintenance history (default 8; 6 at quick scale)")
+    ap.add_argument("--maint-days", type=int, default=8,
+                    help="daily versions in the maintenance history (default 8, at every scale: with fewer, "
+                         "keep-last 3 forgets too little for prune to repack anything)")
     ap.add_argument("--maint-keep", type=int, default=3, help="forget --keep-last N in the maintenance scenario")
     ap.add_argument("--maint-churn", type=float, default=0.04,
                     help="fraction of files deleted/rewritten/edited per day in the maintenance history")
@@ -850,8 +851,6 @@ def main():
     for x in a.scenarios:
         if x not in ALL_SCENARIOS:
             ap.error(f"unknown scenario {x} (backup, maintenance or all)")
-    if a.maint_days is None:
-        a.maint_days = 6 if datasets.scale_config(a.scale)["scale"] in ("quick", "small") else 8
     if a.maint_days < 1 or a.maint_keep < 1:
         ap.error("--maint-days and --maint-keep must be at least 1")
     for d in a.datasets:

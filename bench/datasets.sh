@@ -3,6 +3,7 @@
 #
 #   bench/datasets.sh [--quick] [--out DIR] [mixed] [small] [image]
 #   bench/datasets.sh day TREE N      # apply the day-N edits to a mixed tree in place
+#   bench/datasets.sh history TREE N  # apply day-N edits of the maintenance history in place
 #
 # Sizes follow BENCH_SCALE (full: mixed 2 GiB, small 200k files, image 2 GiB;
 # quick: 300 MiB, 20k files, 300 MiB; or a fraction of full) and the overrides
@@ -13,8 +14,8 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${BENCH_DATA:-$BENCH_DIR/.work/data}"
 FORCE=0
 KINDS=()
-if [ "${1:-}" = day ]; then
-  exec python3 "$BENCH_DIR/datasets.py" day --dir "$2" --day "$3"
+if [ "${1:-}" = day ] || [ "${1:-}" = history ]; then
+  exec python3 "$BENCH_DIR/datasets.py" "$1" --dir "$2" --day "$3"
 fi
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift ;;
     --force) FORCE=1 ;;
     mixed|small|image) KINDS+=("$1") ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift

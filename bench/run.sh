@@ -2,9 +2,12 @@
 # Benchmark cairn against restic and borg in the same run.
 #
 #   bench/run.sh [--quick] [--datasets mixed,small,image] [--tools cairn,restic,borg]
-#                [--scale full|quick|FRACTION] [--cold] [--keep] [--no-verify]
-#                [--no-build] [--no-install]
+#                [--scenario all|backup|maintenance] [--scale full|quick|FRACTION]
+#                [--cold] [--keep] [--no-verify] [--no-build] [--no-install]
 #
+# --scenario maintenance: 8 daily versions of the mixed tree backed up by cairn
+# and restic, then forget --keep-last 3, prune and check --read-data (the
+# default, all, runs the backup/restore datasets and then this).
 # Builds cairn (cargo build --release), installs restic/borg if missing
 # (install-peers.sh), generates datasets if missing (bench/.work/data), then
 # runs bench.py, which writes bench/results/<date>-<gitsha>.csv and prints a
@@ -26,7 +29,7 @@ while [ $# -gt 0 ]; do
     --tools=*) TOOLS="${1#*=}" ;;
     --no-build) BUILD=0 ;;
     --no-install) INSTALL=0 ;;
-    -h|--help) sed -n '2,10p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
     *) ARGS+=("$1") ;;
   esac
   shift

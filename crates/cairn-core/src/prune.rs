@@ -214,7 +214,8 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
     }
     let changed = actions.iter().any(|a| !matches!(a, Action::Keep));
     let mut retired: Vec<IndexPack> = Vec::new();
-    if changed || !state.superseded.is_empty() {
+    let mut old_files: Vec<cairn_format::IndexId> = state.superseded.clone();
+    if changed {
         let mut kept = Vec::new();
         for (info, a) in infos.drain(..).zip(&actions) {
             match a {
@@ -223,40 +224,29 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
                 Action::DropMissing => {}
             }
         }
-        let supersedes: Vec<_> = state
-            .live
-            .iter()
-            .map(|(id, _)| *id)
-            .chain(state.superseded.iter().copied())
-            .collect();
-        new_index_files.extend(write_replacement_index(repo, kept, supersedes.clone())?);
+        old_files.extend(state.live.iter().map(|(id, _)| *id));
+        new_index_files.extend(write_replacement_index(repo, kept, old_files.clone())?);
         report.new_index_files = new_index_files.len();
+    }
+    if !retired.is_empty() || !orphans.is_empty() {
         // Locks are listed after the new index is stored: any operation that read
         // the old index took its lock before that, so it is in this list.
-        let locks = live_lock_ids(repo, lock)?;
-        if !retired.is_empty() || !orphans.is_empty() {
-            repo.write_pending(&PendingDeletion {
-                created: crate::time::now_unix(),
-                locks,
-                packs: retired,
-                orphans,
-            })?;
-        }
-        for id in supersedes {
-            match repo.backend().delete(&names::index(&id.to_hex())) {
-                Ok(()) => {}
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-    } else if !orphans.is_empty() {
         let locks = live_lock_ids(repo, lock)?;
         repo.write_pending(&PendingDeletion {
             created: crate::time::now_unix(),
             locks,
-            packs: vec![],
+            packs: retired,
             orphans,
         })?;
+    }
+    // Superseded files are ignored by every reader; a reader that listed one just
+    // before finds it gone and reads the listing again.
+    for id in old_files {
+        match repo.backend().delete(&names::index(&id.to_hex())) {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
     }
 
     // ---- phase 2: delete what no live operation can still use ----

@@ -1,8 +1,8 @@
 //! Corruption of any one object: a pack (data or trees), an index file or a snapshot,
-//! flipped, truncated or deleted. `check` must detect it and name it, `repair index`
-//! + `repair snapshots` must recover everything recoverable so that `check
-//! --read-data` is clean again, and a snapshot that did not need the object must
-//! still restore exactly.
+//! flipped, truncated or deleted. `check` must detect it and name it; `repair index`
+//! and then `repair snapshots` must recover everything recoverable, so that
+//! `check --read-data` is clean again; and a snapshot that did not need the object
+//! must still restore exactly.
 
 use crate::util::*;
 use std::fs;

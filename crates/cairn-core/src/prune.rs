@@ -67,6 +67,8 @@ pub struct PrunePlan {
     pub used_blobs: usize,
     pub used_bytes: u64,
     pub unused_bytes: u64,
+    /// Pack headers and trailers (neither used nor unused blob bytes).
+    pub overhead_bytes: u64,
     /// Packs nothing needs: deleted whole.
     pub delete_packs: usize,
     pub delete_bytes: u64,
@@ -296,10 +298,7 @@ fn make_plan(
     pending_packs: &HashSet<PackId>,
     opts: &PruneOptions,
 ) -> Result<Plan> {
-    let mut plan = PrunePlan {
-        index_files_replaced: state.live.len() + state.superseded.len(),
-        ..Default::default()
-    };
+    let mut plan = PrunePlan::default();
     // One entry per pack, even if two index files list it.
     let mut infos: Vec<PackInfo> = Vec::new();
     let mut seen_packs = HashSet::new();
@@ -407,8 +406,15 @@ fn make_plan(
         };
         actions.push(a);
     }
-    // Unused bytes in fully-unused packs go away with them.
-    plan.unused_bytes += plan.delete_bytes;
+    // Fully-unused packs: their blobs are all unused bytes.
+    for (info, a) in infos.iter().zip(&actions) {
+        if matches!(a, Action::Delete) {
+            plan.unused_bytes += info.unused_bytes;
+        }
+    }
+    plan.overhead_bytes = plan
+        .pack_bytes
+        .saturating_sub(plan.used_bytes + plan.unused_bytes);
 
     // Repack the emptiest packs until the unused space left is within the limit.
     let allowed = match opts.max_unused {
@@ -451,6 +457,10 @@ fn make_plan(
         }
     }
     orphans.sort();
+    plan.index_files_replaced = state.superseded.len();
+    if actions.iter().any(|a| !matches!(a, Action::Keep)) {
+        plan.index_files_replaced += state.live.len();
+    }
     plan.reclaim_bytes =
         plan.delete_bytes + plan.repack_bytes - plan.repack_copy_bytes + plan.unindexed_bytes;
     let _ = repo;

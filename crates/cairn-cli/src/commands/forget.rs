@@ -228,8 +228,8 @@ fn print_group(
         }
     }
     let verb = if dry_run { "would remove" } else { "remove" };
-    println!("{verb} {} snapshots:", gr.remove.len());
     if !gr.remove.is_empty() {
+        println!("{verb} {} snapshots:", gr.remove.len());
         println!(
             "{:<10} {:<20} {:<16} {:<12} paths",
             "id", "time", "host", "tags"

@@ -58,13 +58,14 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     let p = &r.plan;
     let b = ui::bytes;
     println!(
-        "{} snapshots need {} blobs; packs: {} in {} ({} used, {} unused)",
+        "{} snapshots need {} blobs; packs: {} in {} ({} used, {} unused, {} headers)",
         p.snapshots,
         p.used_blobs,
         p.packs,
         b(p.pack_bytes),
         b(p.used_bytes),
-        b(p.unused_bytes)
+        b(p.unused_bytes),
+        b(p.overhead_bytes)
     );
     let verb = if r.dry_run { "would" } else { "will" };
     println!(

@@ -12,6 +12,7 @@
 pub mod direct;
 mod local;
 mod mem;
+pub mod process;
 
 pub use local::LocalBackend;
 pub use mem::MemBackend;
@@ -95,6 +96,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Every object whose name starts with `prefix` (a directory such as `index/`).
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
     fn delete(&self, name: &str) -> Result<()>;
+
+    /// Removes partial objects that interrupted writers left behind (a killed
+    /// process's temporary files) and returns the bytes freed. Only leftovers whose
+    /// writer is known to be gone are touched. Nothing to do for most backends.
+    fn remove_stale_temporaries(&self) -> Result<u64> {
+        Ok(0)
+    }
 }
 
 /// The names the repository uses, so no other module formats paths.

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A repository in a local directory (or a mounted NAS share).
 ///
-/// `put` writes `<name>.tmp-<pid>-<n>` next to the destination, fsyncs it, renames it
+/// `put` writes `<name>.tmp-<host>-<pid>-<n>` next to the destination, fsyncs it, renames it
 /// over the destination and fsyncs the directory, so a crash leaves either the old
 /// object or the new one, plus at worst a temporary file that listings ignore.
 #[derive(Debug)]
@@ -18,6 +18,8 @@ pub struct LocalBackend {
     sync: bool,
     /// Large objects (packs) are written with O_DIRECT while the filesystem allows it.
     direct: AtomicBool,
+    /// Host name as used in temporary file names.
+    host: String,
     scratch: Mutex<AlignedBuf>,
     /// Aligned buffers for direct range reads, one per concurrent reader.
     read_scratch: Mutex<Vec<AlignedBuf>>,
@@ -30,6 +32,7 @@ impl LocalBackend {
         LocalBackend {
             root: root.into(),
             counter: AtomicU64::new(0),
+            host: crate::process::hostname().replace(['/', '-'], "_"),
             sync: true,
             direct: AtomicBool::new(true),
             scratch: Mutex::new(AlignedBuf::default()),
@@ -46,6 +49,23 @@ impl LocalBackend {
     }
 }
 
+/// A temporary file (`<name>.tmp-<host>-<pid>-<n>`) is stale when this host wrote it
+/// and that process is gone, or when it has not changed for a day (another host's
+/// writer, or an older name format).
+fn temporary_is_stale(tag: &str, host: &str, meta: &fs::Metadata) -> bool {
+    let mut parts = tag.rsplitn(3, '-');
+    let (_n, pid, writer) = (parts.next(), parts.next(), parts.next());
+    if let (Some(pid), Some(writer)) = (pid.and_then(|p| p.parse::<u32>().ok()), writer)
+        && writer == host
+    {
+        return !crate::process::alive(pid);
+    }
+    meta.modified()
+        .ok()
+        .and_then(|m| m.elapsed().ok())
+        .is_some_and(|age| age > std::time::Duration::from_secs(24 * 3600))
+}
+
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -59,9 +79,12 @@ impl Backend for LocalBackend {
         let dest = self.path(name);
         let dir = dest.parent().unwrap_or(&self.root).to_path_buf();
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        // The writer's host and pid are in the name, so a later cleanup can tell
+        // a dead writer's leftovers from a live one's work.
         let tmp = dir.join(format!(
-            "{}{TMP_MARK}{}-{n}",
+            "{}{TMP_MARK}{}-{}-{n}",
             crate::names::base(name),
+            self.host,
             std::process::id()
         ));
         let write = || -> std::io::Result<()> {
@@ -102,6 +125,45 @@ impl Backend for LocalBackend {
             let _ = fs::remove_file(&tmp);
             BackendError::from_io("put", name, &e)
         })
+    }
+
+    fn remove_stale_temporaries(&self) -> Result<u64> {
+        let mut freed = 0;
+        let mut stack = vec![self.root.clone()];
+        while let Some(dir) = stack.pop() {
+            let rd = match fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(BackendError::from_io("list", &dir.to_string_lossy(), &e)),
+            };
+            for ent in rd.flatten() {
+                let Ok(ft) = ent.file_type() else { continue };
+                let fname = ent.file_name();
+                let fname = fname.to_string_lossy();
+                if ft.is_dir() {
+                    stack.push(ent.path());
+                    continue;
+                }
+                let Some((_, tag)) = fname.split_once(TMP_MARK) else {
+                    continue;
+                };
+                let Ok(meta) = ent.metadata() else { continue };
+                if temporary_is_stale(tag, &self.host, &meta) {
+                    match fs::remove_file(ent.path()) {
+                        Ok(()) => freed += meta.len(),
+                        Err(e) if e.kind() == ErrorKind::NotFound => {}
+                        Err(e) => {
+                            return Err(BackendError::from_io(
+                                "delete",
+                                &ent.path().to_string_lossy(),
+                                &e,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(freed)
     }
 
     fn get(&self, name: &str) -> Result<Vec<u8>> {
@@ -204,5 +266,27 @@ mod tests {
         fs::create_dir_all(dir.path().join("index")).unwrap();
         fs::write(dir.path().join("index/abc.tmp-1-0"), b"partial").unwrap();
         assert!(b.list("index/").unwrap().is_empty());
+    }
+
+    #[test]
+    fn only_dead_writers_temporaries_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = LocalBackend::new(dir.path());
+        fs::create_dir_all(dir.path().join("data/ab")).unwrap();
+        let host = &b.host;
+        let dead = dir
+            .path()
+            .join(format!("data/ab/x.tmp-{host}-{}-0", 0x3fff_fff0));
+        let mine = dir
+            .path()
+            .join(format!("data/ab/y.tmp-{host}-{}-0", std::process::id()));
+        let other = dir.path().join("data/ab/z.tmp-elsewhere-1-0");
+        for p in [&dead, &mine, &other] {
+            fs::write(p, b"partial").unwrap();
+        }
+        assert_eq!(b.remove_stale_temporaries().unwrap(), 7);
+        assert!(!dead.exists());
+        assert!(mine.exists(), "a live writer's file stays");
+        assert!(other.exists(), "another host's recent file stays");
     }
 }

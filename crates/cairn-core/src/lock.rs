@@ -81,20 +81,6 @@ fn now_unix() -> i64 {
         .unwrap_or(0)
 }
 
-/// Whether a process with this pid exists (in our pid namespace) and is not a
-/// zombie: a killed job whose parent has not reaped it yet holds nothing.
-fn pid_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next());
-            !matches!(state, Some('Z') | Some('X'))
-        }
-        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
-    }
-}
-
 /// Whether a lock's holder is known to be gone, judged at `now` (unix seconds).
 pub fn is_stale(l: &Lock, now: i64) -> bool {
     let boot = boot_id();
@@ -103,7 +89,7 @@ pub fn is_stale(l: &Lock, now: i64) -> bool {
         && l.pid_namespace == pid_namespace()
         && l.hostname == crate::repo::hostname()
     {
-        return !pid_alive(l.pid);
+        return !cairn_backend::process::alive(l.pid);
     }
     now.saturating_sub(l.refreshed) > STALE_AFTER.as_secs() as i64
 }

@@ -110,6 +110,8 @@ pub struct PruneReport {
     pub waiting_for: Vec<String>,
     pub new_packs: u64,
     pub new_index_files: usize,
+    /// Partial files killed writers left behind, removed.
+    pub temporaries_removed_bytes: u64,
 }
 
 /// Everything the phases need about one indexed pack.
@@ -186,6 +188,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
     }
 
     // ---- phase 1: repack, replace the index, record what is retired ----
+    report.temporaries_removed_bytes = repo.backend().remove_stale_temporaries()?;
     let mut new_index_files = Vec::new();
     let repack: Vec<&PackInfo> = infos
         .iter()

@@ -14,7 +14,7 @@ mod unlock;
 
 use crate::args::{Cli, Command, Global};
 use anyhow::{Context, Result, anyhow};
-use cairn_backend::{BackendErrorKind, LocalBackend};
+use cairn_backend::LocalBackend;
 use cairn_core::Repository;
 use cairn_core::lock::RepoLock;
 use std::path::PathBuf;
@@ -63,16 +63,13 @@ pub fn open(g: &Global) -> Result<Repository> {
 }
 
 /// Takes a lock. It must be taken before the index is loaded: prune waits only for
-/// operations whose lock it can see. A shared lock that cannot be written because the
-/// repository is read-only is skipped with a warning (nothing can prune it then).
+/// operations whose lock it can see. A read lock that cannot be written (read-only
+/// mount, full disk: the day a restore matters most) is skipped with a warning; the
+/// only risk then is that a concurrent prune makes the read fail, never wrong data.
 pub fn lock(repo: &Repository, operation: &str, exclusive: bool) -> Result<Option<Arc<RepoLock>>> {
     match RepoLock::acquire(repo, operation, exclusive) {
         Ok(l) => Ok(Some(Arc::new(l))),
-        Err(cairn_core::Error::Backend(b))
-            if !exclusive
-                && operation == "read"
-                && b.kind == BackendErrorKind::PermissionDenied =>
-        {
+        Err(cairn_core::Error::Backend(b)) if !exclusive && operation == "read" => {
             eprintln!("warning: cannot write a lock ({b}); going on without one");
             Ok(None)
         }

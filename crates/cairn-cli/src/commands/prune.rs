@@ -114,6 +114,12 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
         r.deleted_packs,
         b(r.deleted_bytes)
     );
+    if r.temporaries_removed_bytes > 0 {
+        println!(
+            "removed {} of partial files left by interrupted writers",
+            b(r.temporaries_removed_bytes)
+        );
+    }
     if r.rescued_packs > 0 {
         println!(
             "kept {} retired packs that snapshots written meanwhile need",

@@ -216,6 +216,11 @@ fn killed_backups_and_prunes_lose_nothing_committed() {
     let report: serde_json::Value = serde_json::from_str(&env.ok(&["check", "--json"])).unwrap();
     assert_eq!(report["unindexed_packs"], 0, "{report}");
     assert_eq!(report["pending_deletions"], 0, "{report}");
+    let leftovers: Vec<_> = walk(&env.repo)
+        .into_keys()
+        .filter(|p| p.to_string_lossy().contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
     committed.verify(&env, "after the final prune");
 }
 

@@ -12,7 +12,19 @@ pub fn hostname() -> String {
 
 /// Whether a process with this pid exists (in our pid namespace) and is not a
 /// zombie: a killed job whose parent has not reaped it yet holds nothing.
+/// `kill(pid, 0)` decides existence (it sees processes `/proc` may hide from us:
+/// EPERM means "exists, not ours"); `/proc` only adds the zombie test.
 pub fn alive(pid: u32) -> bool {
+    use nix::errno::Errno;
+    let Ok(raw) = i32::try_from(pid) else {
+        return false;
+    };
+    if raw <= 0 {
+        return false;
+    }
+    if let Err(Errno::ESRCH) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None) {
+        return false;
+    }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
             let state = stat
@@ -20,6 +32,6 @@ pub fn alive(pid: u32) -> bool {
                 .and_then(|(_, rest)| rest.trim_start().chars().next());
             !matches!(state, Some('Z') | Some('X'))
         }
-        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        Err(_) => true,
     }
 }

@@ -18,6 +18,7 @@ use crate::repo::Repository;
 use cairn_backend::{Backend, names};
 use cairn_format::key::MasterKey;
 use cairn_format::lock::Lock;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -81,17 +82,19 @@ fn now_unix() -> i64 {
         .unwrap_or(0)
 }
 
-/// Whether a lock's holder is known to be gone, judged at `now` (unix seconds).
+/// Whether a lock's holder is known to be gone, judged at `now` (unix seconds): not
+/// refreshed for [`STALE_AFTER`], or, when it was taken on this machine (same boot,
+/// same pid namespace), its process no longer exists.
 pub fn is_stale(l: &Lock, now: i64) -> bool {
+    if now.saturating_sub(l.refreshed) > STALE_AFTER.as_secs() as i64 {
+        return true;
+    }
     let boot = boot_id();
-    if !boot.is_empty()
+    !boot.is_empty()
         && l.boot_id == boot
         && l.pid_namespace == pid_namespace()
         && l.hostname == crate::repo::hostname()
-    {
-        return !cairn_backend::process::alive(l.pid);
-    }
-    now.saturating_sub(l.refreshed) > STALE_AFTER.as_secs() as i64
+        && !cairn_backend::process::alive(l.pid)
 }
 
 fn parse_id(name: &str) -> Option<[u8; 32]> {
@@ -129,7 +132,21 @@ pub fn list_locks(repo: &Repository) -> Result<Vec<LockInfo>> {
 struct Shared {
     stop: Mutex<bool>,
     wake: Condvar,
-    last_ok: Mutex<Instant>,
+    /// When the lock was last written successfully: monotonic time and wall-clock
+    /// seconds. The monotonic clock does not advance while a machine sleeps; the
+    /// wall clock does, so both are checked.
+    last_ok: Mutex<(Instant, i64)>,
+    /// Set for good once the lock may have looked stale to others (a gap between
+    /// refreshes over [`MAX_UNREFRESHED`], or the lock object vanished).
+    expired: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    fn gap(&self) -> Duration {
+        let (mono, wall) = *self.last_ok.lock().unwrap_or_else(|e| e.into_inner());
+        let wall_gap = Duration::from_secs(now_unix().saturating_sub(wall).max(0) as u64);
+        mono.elapsed().max(wall_gap)
+    }
 }
 
 /// A lock this process holds; released (deleted) on drop.
@@ -160,6 +177,28 @@ impl RepoLock {
         exclusive: bool,
         refresh_every: Duration,
     ) -> Result<RepoLock> {
+        // Two exclusive candidates that see each other both back off and try again
+        // after a random pause; no clock comparison decides who wins.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::try_acquire(repo, operation, exclusive, refresh_every) {
+                Err(Error::Locked(_)) if attempt < 4 => {
+                    let jitter: [u8; 2] = cairn_format::envelope::random_bytes();
+                    let ms = 50 + u64::from(u16::from_le_bytes(jitter)) % 400;
+                    std::thread::sleep(Duration::from_millis(ms));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn try_acquire(
+        repo: &Repository,
+        operation: &str,
+        exclusive: bool,
+        refresh_every: Duration,
+    ) -> Result<RepoLock> {
         let id: [u8; 32] = cairn_format::envelope::random_bytes();
         let mut lock = Lock {
             version: 1,
@@ -179,34 +218,30 @@ impl RepoLock {
         let shared = Arc::new(Shared {
             stop: Mutex::new(false),
             wake: Condvar::new(),
-            last_ok: Mutex::new(Instant::now()),
+            last_ok: Mutex::new((Instant::now(), lock.refreshed)),
+            expired: std::sync::atomic::AtomicBool::new(false),
         });
+        // From here on, dropping `me` deletes the lock object.
         let mut me = RepoLock {
             backend: backend.clone(),
             id,
             shared: shared.clone(),
             thread: None,
         };
-        if exclusive {
-            // Both writers may see each other; the older lock (then the smaller id)
-            // wins, so exactly one goes on.
-            let mine = (lock.created.clone(), id);
-            for other in list_locks(repo)? {
-                if other.id == id || other.stale {
-                    continue;
-                }
-                let Some(l) = &other.lock else { continue };
-                if l.exclusive && (l.created.clone(), other.id) < mine {
-                    return Err(Error::Locked(format!(
-                        "the repository is busy: {} (it expires by itself if that process died; see `cairn unlock`)",
-                        other.describe()
-                    )));
-                }
-            }
+        if exclusive
+            && let Some(other) = list_locks(repo)?
+                .into_iter()
+                .find(|o| o.id != id && !o.stale && o.lock.as_ref().is_some_and(|l| l.exclusive))
+        {
+            return Err(Error::Locked(format!(
+                "the repository is busy: {} (it expires by itself if that process died; see `cairn unlock`)",
+                other.describe()
+            )));
         }
         me.thread = std::thread::Builder::new()
             .name("cairn-lock".into())
             .spawn(move || {
+                let name = names::lock(&hex::encode(id));
                 let mut stop = shared.stop.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
                     // Checked before waiting too: `drop` may have run before this
@@ -222,9 +257,18 @@ impl RepoLock {
                     if *stop {
                         return;
                     }
+                    if shared.gap() > MAX_UNREFRESHED {
+                        shared.expired.store(true, Ordering::SeqCst);
+                    }
+                    // Someone removed the lock (`unlock --remove-all`): others may
+                    // already have acted as if this operation had ended.
+                    if matches!(backend.get(&name), Err(e) if e.is_not_found()) {
+                        shared.expired.store(true, Ordering::SeqCst);
+                    }
                     lock.refreshed = now_unix();
                     if write_lock(backend.as_ref(), &key, &id, &lock).is_ok() {
-                        *shared.last_ok.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                        *shared.last_ok.lock().unwrap_or_else(|e| e.into_inner()) =
+                            (Instant::now(), lock.refreshed);
                     }
                 }
             })
@@ -245,19 +289,17 @@ impl RepoLock {
     /// blobs this operation relies on may have been deleted, and committing would
     /// risk a snapshot with missing data.
     pub fn check_fresh(&self) -> Result<()> {
-        let since = self
-            .shared
-            .last_ok
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .elapsed();
-        if since > MAX_UNREFRESHED {
-            return Err(Error::LockExpired(format!(
-                "this operation could not refresh its repository lock for {} minutes; \
-                 a concurrent prune may have removed data it relies on, so it stops \
-                 without committing (run it again)",
-                since.as_secs() / 60
-            )));
+        let gap = self.shared.gap();
+        if gap > MAX_UNREFRESHED {
+            self.shared.expired.store(true, Ordering::SeqCst);
+        }
+        if self.shared.expired.load(Ordering::SeqCst) {
+            return Err(Error::LockExpired(
+                "this operation's repository lock went unrefreshed for too long (or was \
+                 removed), so a concurrent prune may have removed data it relies on; it \
+                 stops without committing (run it again)"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -355,12 +397,35 @@ mod tests {
     fn refresh_rewrites_the_lock() {
         let r = repo();
         let l = RepoLock::acquire_with(&r, "backup", false, Duration::from_millis(20)).unwrap();
-        let name = names::lock(&hex::encode(l.id()));
-        r.backend().delete(&name).unwrap();
+        let first = l.shared.last_ok.lock().unwrap().0;
         std::thread::sleep(Duration::from_millis(300));
-        r.backend()
-            .get(&name)
-            .expect("the refresh thread wrote the lock again");
+        assert!(l.shared.last_ok.lock().unwrap().0 > first, "refreshed");
+        assert!(r.backend().get(&names::lock(&hex::encode(l.id()))).is_ok());
         l.check_fresh().unwrap();
+    }
+
+    #[test]
+    fn a_long_gap_expires_the_lock_for_good() {
+        let r = repo();
+        let l = RepoLock::acquire_with(&r, "backup", false, Duration::from_millis(20)).unwrap();
+        l.check_fresh().unwrap();
+        // As after a suspend: the monotonic clock did not move, the wall clock did.
+        {
+            let mut last = l.shared.last_ok.lock().unwrap();
+            last.1 -= MAX_UNREFRESHED.as_secs() as i64 + 60;
+        }
+        assert!(matches!(l.check_fresh(), Err(Error::LockExpired(_))));
+        // Later successful refreshes do not make it trustworthy again.
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(matches!(l.check_fresh(), Err(Error::LockExpired(_))));
+    }
+
+    #[test]
+    fn a_removed_lock_expires() {
+        let r = repo();
+        let l = RepoLock::acquire_with(&r, "backup", false, Duration::from_millis(20)).unwrap();
+        remove_locks(&r, true).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(matches!(l.check_fresh(), Err(Error::LockExpired(_))));
     }
 }

@@ -178,6 +178,20 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
                 .chain(p.orphans.iter().copied())
         })
         .collect();
+    // A pack stored and indexed by a backup between the listing and the index read
+    // is not missing: list again before treating any indexed pack as gone.
+    let indexed_missing = state
+        .live
+        .iter()
+        .flat_map(|(_, f)| f.packs.iter())
+        .any(|p| !stored.contains_key(&p.id));
+    let stored = if indexed_missing {
+        let mut again = list_packs(repo)?;
+        again.extend(stored);
+        again
+    } else {
+        stored
+    };
     let (mut plan, mut infos, actions, orphans) =
         make_plan(repo, &state, &stored, &used, &pending_packs, opts)?;
     plan.snapshots = snaps.len();
@@ -514,6 +528,9 @@ fn delete_pending(
         .collect();
     let mut ready: Vec<(PendingId, PendingDeletion)> = Vec::new();
     let mut waiting = HashSet::new();
+    // A pack may be named by two records (rescued, then retired again by a later
+    // prune); it may only go when every record naming it is ready.
+    let mut held: HashSet<PackId> = HashSet::new();
     for id in ids {
         let rec = repo.read_pending(&id)?;
         let blockers: Vec<_> = rec.locks.iter().filter_map(|l| alive.get(l)).collect();
@@ -524,6 +541,8 @@ fn delete_pending(
                 waiting.insert(b.describe());
             }
             report.deferred_packs += rec.packs.len() + rec.orphans.len();
+            held.extend(rec.packs.iter().map(|p| p.id));
+            held.extend(rec.orphans.iter().copied());
         }
     }
     report.waiting_for = waiting.into_iter().collect();
@@ -552,7 +571,7 @@ fn delete_pending(
         let mut rescue = IndexFile::default();
         let mut delete = Vec::new();
         for p in rec.packs {
-            if live_packs.contains(&p.id) || !stored.contains_key(&p.id) {
+            if live_packs.contains(&p.id) || !stored.contains_key(&p.id) || held.contains(&p.id) {
                 continue;
             }
             if p.blobs
@@ -565,19 +584,25 @@ fn delete_pending(
             }
         }
         for o in rec.orphans {
-            if live_packs.contains(&o) || !stored.contains_key(&o) {
+            if live_packs.contains(&o) || !stored.contains_key(&o) || held.contains(&o) {
                 continue;
             }
             match read_header(repo, &o, stored[&o]) {
-                Ok(blobs)
+                Ok(blobs) => {
                     if blobs
                         .iter()
-                        .any(|b| used.contains(&b.id) && !index.is_live(&b.id)) =>
-                {
-                    rescue.packs.push(IndexPack { id: o, blobs });
+                        .any(|b| used.contains(&b.id) && !index.is_live(&b.id))
+                    {
+                        rescue.packs.push(IndexPack { id: o, blobs });
+                    } else {
+                        delete.push(o);
+                    }
                 }
-                // Unreadable headers cannot be indexed: nothing can use such a pack.
-                _ => delete.push(o),
+                // A damaged header cannot be indexed: nothing can use such a pack.
+                Err(Error::Damaged { .. }) => delete.push(o),
+                Err(Error::Invalid(m)) if m.contains("too short") => delete.push(o),
+                // Anything else (I/O, timeouts) says nothing about the pack.
+                Err(e) => return Err(e),
             }
         }
         if !rescue.packs.is_empty() {

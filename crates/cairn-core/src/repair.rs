@@ -193,6 +193,11 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
     Ok(report)
 }
 
+/// Errors that mean the data is gone (as opposed to storage being unreachable).
+fn is_loss(e: &Error) -> bool {
+    matches!(e, Error::Damaged { .. } | Error::BlobNotFound(_))
+}
+
 fn ignore_missing(r: cairn_backend::Result<()>) -> Result<()> {
     match r {
         Ok(()) => Ok(()),
@@ -340,7 +345,7 @@ pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSn
         let root = snap
             .tree_id()
             .map_err(|e| Error::damaged(format!("snapshot {}", sid.to_hex()), e))?;
-        match rw.tree(&root, "", &mut dropped) {
+        match rw.tree(&root, "", &mut dropped)? {
             Some(new_root) if new_root == root => {}
             Some(new_root) => changed.push((*sid, snap.clone(), Some(new_root), dropped)),
             None => {
@@ -405,27 +410,35 @@ struct Rewriter<'a, F: Fn(&BlobId) -> bool> {
 impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
     /// The repaired id of a tree (`None`: unreadable) and, in `dropped`, what it
     /// lost, as paths under `path`. Results are remembered per tree, so a tree
-    /// shared by many snapshots is repaired once and reported in each.
-    fn tree(&mut self, id: &BlobId, path: &str, dropped: &mut Vec<String>) -> Option<BlobId> {
+    /// shared by many snapshots is repaired once and reported in each. Only missing
+    /// or damaged blobs count as lost; any other error (I/O) stops the repair.
+    fn tree(
+        &mut self,
+        id: &BlobId,
+        path: &str,
+        dropped: &mut Vec<String>,
+    ) -> Result<Option<BlobId>> {
         let (new, rel) = match self.memo.get(id) {
             Some(r) => r.clone(),
             None => {
-                let r = self.walk(id);
+                let r = self.walk(id)?;
                 self.memo.insert(*id, r.clone());
                 r
             }
         };
         dropped.extend(rel.iter().map(|d| format!("{path}{d}")));
-        new
+        Ok(new)
     }
 
-    fn walk(&mut self, id: &BlobId) -> (Option<BlobId>, Vec<String>) {
+    fn walk(&mut self, id: &BlobId) -> Result<(Option<BlobId>, Vec<String>)> {
         let mut dropped = Vec::new();
         if !(self.present)(id) {
-            return (None, dropped);
+            return Ok((None, dropped));
         }
-        let Ok(tree) = self.repo.load_tree(id) else {
-            return (None, dropped);
+        let tree = match self.repo.load_tree(id) {
+            Ok(t) => t,
+            Err(e) if is_loss(&e) => return Ok((None, dropped)),
+            Err(e) => return Err(e),
         };
         let mut nodes = Vec::with_capacity(tree.nodes.len());
         let mut changed = false;
@@ -435,7 +448,7 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
                 NodeKind::Dir => {
                     let mut n = n;
                     if let Some(sub) = n.subtree {
-                        let new = match self.tree(&sub, &p, &mut dropped) {
+                        let new = match self.tree(&sub, &p, &mut dropped)? {
                             Some(x) => x,
                             None => {
                                 dropped.push(format!("{p}/ (directory listing lost; kept empty)"));
@@ -450,7 +463,7 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
                     nodes.push(n);
                 }
                 NodeKind::File => {
-                    if self.file_ok(&n) {
+                    if self.file_ok(&n)? {
                         nodes.push(n);
                     } else {
                         dropped.push(format!("{p} (file data lost)"));
@@ -461,21 +474,28 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
             }
         }
         if !changed {
-            return (Some(*id), dropped);
+            return Ok((Some(*id), dropped));
         }
-        (Some(self.add_tree(&Tree { nodes })), dropped)
+        Ok((Some(self.add_tree(&Tree { nodes })), dropped))
     }
 
-    fn file_ok(&self, n: &Node) -> bool {
+    fn file_ok(&self, n: &Node) -> Result<bool> {
         let mut all = true;
         let mut seen = IdSet::default();
         let r = for_each_content_blob(self.repo, &n.content, &mut |b| {
             if !(self.present)(&b) {
+                // Not there: do not try to read it as a chunk list either.
                 all = false;
+                return false;
             }
             seen.insert(b)
         });
-        r.is_ok() && all && !matches!(n.content, Content::Tree { .. } if seen.is_empty())
+        match r {
+            Ok(()) => {}
+            Err(e) if is_loss(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        Ok(all && !matches!(n.content, Content::Tree { .. } if seen.is_empty()))
     }
 
     fn empty_tree(&mut self) -> BlobId {

@@ -447,8 +447,22 @@ impl Repository {
                 .iter()
                 .flat_map(|(_, f)| f.supersedes.iter().copied())
                 .collect();
-            if vanished.iter().any(|v| !superseded.contains(v)) && attempt < 5 {
-                continue;
+            let unexplained: Vec<_> = vanished
+                .iter()
+                .filter(|v| !superseded.contains(*v))
+                .collect();
+            if !unexplained.is_empty() {
+                if attempt < 5 {
+                    continue;
+                }
+                // Never return a silently incomplete index: callers deciding what to
+                // delete must see that something is missing.
+                for v in unexplained {
+                    errors.push(Error::Invalid(format!(
+                        "index file {} disappeared while being read and nothing replaces it",
+                        v.short()
+                    )));
+                }
             }
             let (old, live): (Vec<_>, Vec<_>) = files
                 .into_iter()

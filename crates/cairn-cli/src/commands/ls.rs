@@ -21,8 +21,7 @@ fn mode_string(n: &Node) -> String {
 }
 
 pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
-    let (repo, _lock) = super::open_with_index(g)?;
-    let (id, snap) = repo.find_snapshot(&a.snapshot)?;
+    let (repo, _lock, id, snap) = super::open_snapshot(g, &a.snapshot)?;
     let root = snap.tree_id()?;
     let mut errors = 0;
     let mut entries = Vec::new();

@@ -17,6 +17,7 @@ use anyhow::{Context, Result, anyhow};
 use cairn_backend::LocalBackend;
 use cairn_core::Repository;
 use cairn_core::lock::RepoLock;
+use cairn_format::snapshot::Snapshot;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -77,16 +78,27 @@ pub fn lock(repo: &Repository, operation: &str, exclusive: bool) -> Result<Optio
     }
 }
 
-/// Opens, takes a shared read lock and loads the index, warning about index files
-/// that could not be read. Keep the lock alive while using the repository.
-pub fn open_with_index(g: &Global) -> Result<(Repository, Option<Arc<RepoLock>>)> {
+/// Opens, takes a shared read lock, resolves the snapshot and then loads the index,
+/// warning about index files that could not be read. The snapshot is read first: a
+/// snapshot listed before the index is read has all its blobs in that index
+/// (docs/FORMAT.md, "Write ordering invariants"). Keep the lock alive while reading.
+pub fn open_snapshot(
+    g: &Global,
+    spec: &str,
+) -> Result<(
+    Repository,
+    Option<Arc<RepoLock>>,
+    cairn_format::SnapshotId,
+    Snapshot,
+)> {
     let mut repo = open(g)?;
     let lock = lock(&repo, "read", false)?;
+    let (id, snap) = repo.find_snapshot(spec)?;
     repo.load_index().context("loading the index")?;
     for e in repo.index_errors() {
         eprintln!("warning: {e} (its blobs are treated as missing)");
     }
-    Ok((repo, lock))
+    Ok((repo, lock, id, snap))
 }
 
 pub fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {

@@ -5,8 +5,7 @@ use cairn_core::restore::{self, RestoreOptions};
 use std::time::Instant;
 
 pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
-    let (repo, _lock) = super::open_with_index(g)?;
-    let (id, snap) = repo.find_snapshot(&a.snapshot)?;
+    let (repo, _lock, id, snap) = super::open_snapshot(g, &a.snapshot)?;
     let opts = RestoreOptions {
         target: a.target.clone(),
         includes: a.includes.clone(),

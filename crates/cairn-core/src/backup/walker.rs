@@ -311,7 +311,7 @@ impl<'a> Walker<'a> {
             && p.ctime == node.ctime
             && p.inode == node.inode
             && p.dev == node.dev
-            && content_is_live(&p.content, self.repo.index())
+            && content_is_live(self.repo, &p.content)
         {
             node.content = p.content.clone();
             self.progress.bytes_done(node.size);
@@ -430,15 +430,25 @@ fn find<'t>(tree: &'t Tree, name: &[u8]) -> Option<&'t Node> {
         .map(|i| &tree.nodes[i])
 }
 
-/// Whether the blobs a parent's file content names directly are in live index files.
-/// A belt-and-braces check: the parent was either seen by a prune (so its blobs are
-/// all kept) or this backup's lock makes prune wait for it (docs/FORMAT.md, "Prune
-/// and concurrent writers"); reusing something prune retired would still be wrong,
-/// and this costs one lookup per file.
-fn content_is_live(c: &cairn_format::tree::Content, index: &crate::index::MasterIndex) -> bool {
+/// Whether every blob a parent's file content needs — chunks, and for large files the
+/// chunk-list blobs and every chunk they list — is in a live index file of the index
+/// this backup loaded. Only then may the content be reused without reading the file:
+/// a blob retired by a prune that ran before this backup loaded its index is not
+/// live, and a prune that retires one later waits for this backup's lock
+/// (docs/FORMAT.md, "Prune and concurrent writers"). Reading a large file's chunk
+/// lists costs one small read per 4096 chunks.
+fn content_is_live(repo: &Repository, c: &cairn_format::tree::Content) -> bool {
+    let index = repo.index();
     match c {
         cairn_format::tree::Content::None => true,
         cairn_format::tree::Content::Inline(refs) => refs.iter().all(|r| index.is_live(&r.id)),
-        cairn_format::tree::Content::Tree { root, .. } => index.is_live(root),
+        tree @ cairn_format::tree::Content::Tree { .. } => {
+            let mut all = true;
+            let walked = crate::chunklist::for_each_content_blob(repo, tree, &mut |b| {
+                all &= index.is_live(&b);
+                all
+            });
+            walked.is_ok() && all
+        }
     }
 }

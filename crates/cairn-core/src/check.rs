@@ -205,7 +205,39 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
     let mut extra: Vec<Problem> = object_problems.into_values().collect();
     extra.sort_by(|a, b| a.object.cmp(&b.object));
     report.problems.extend(extra);
+    report.problems.extend(vanished_snapshots(repo, &state)?);
     Ok(report)
+}
+
+/// Snapshots that index files record as committed, that were not forgotten, and
+/// whose object is gone: deleted from storage behind cairn's back. Listed after the
+/// index was read (a recorded snapshot was written before its record); a candidate
+/// is confirmed against a fresh read of the records, since a `forget` running
+/// meanwhile records the removal before it deletes.
+fn vanished_snapshots(repo: &Repository, state: &crate::repo::IndexState) -> Result<Vec<Problem>> {
+    let (announced, forgotten) = state.snapshot_records();
+    let present: HashSet<SnapshotId> = repo.list_snapshot_ids()?.into_iter().collect();
+    let mut missing: Vec<SnapshotId> = announced
+        .iter()
+        .filter(|id| !present.contains(*id) && !forgotten.contains(*id))
+        .copied()
+        .collect();
+    if missing.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (_, forgotten_now) = repo.read_index_state()?.snapshot_records();
+    missing.retain(|id| !forgotten_now.contains(id));
+    missing.sort();
+    Ok(missing
+        .into_iter()
+        .map(|id| Problem {
+            object: format!("snapshot {}", id.to_hex()),
+            message: "was committed but its object is missing (deleted from storage without \
+                      `cairn forget`); `cairn repair snapshots` records it as lost"
+                .into(),
+            affects: vec![id.short()],
+        })
+        .collect())
 }
 
 #[allow(clippy::too_many_arguments)]

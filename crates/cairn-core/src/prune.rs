@@ -30,6 +30,10 @@ use cairn_format::pending::PendingDeletion;
 use cairn_format::{BlobId, PackId, PendingId, SnapshotId};
 use std::collections::{HashMap, HashSet};
 
+/// More live index files than this and prune rewrites the index even when it
+/// deletes nothing.
+const COMPACT_INDEX_FILES: usize = 64;
+
 /// How much unused space may stay in packs that are kept.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum MaxUnused {
@@ -231,7 +235,10 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
         report.new_packs = stats.packs;
         new_index_files.extend(stats.index_files);
     }
-    let changed = actions.iter().any(|a| !matches!(a, Action::Keep));
+    // Also rewrite when small index files have piled up (every backup adds one or
+    // two): one replacement file per 200,000 blobs is what readers like best.
+    let changed = actions.iter().any(|a| !matches!(a, Action::Keep))
+        || state.live.len() > COMPACT_INDEX_FILES;
     let mut retired: Vec<IndexPack> = Vec::new();
     let mut old_files: Vec<cairn_format::IndexId> = state.superseded.clone();
     if changed {
@@ -244,7 +251,13 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
             }
         }
         old_files.extend(state.live.iter().map(|(id, _)| *id));
-        new_index_files.extend(write_replacement_index(repo, kept, old_files.clone())?);
+        let records = carried_snapshot_records(&state, &listed);
+        new_index_files.extend(write_replacement_index(
+            repo,
+            kept,
+            old_files.clone(),
+            records,
+        )?);
         report.new_index_files = new_index_files.len();
     }
     if !retired.is_empty() || !orphans.is_empty() {
@@ -475,7 +488,8 @@ fn make_plan(
     }
     orphans.sort();
     plan.index_files_replaced = state.superseded.len();
-    if actions.iter().any(|a| !matches!(a, Action::Keep)) {
+    if actions.iter().any(|a| !matches!(a, Action::Keep)) || state.live.len() > COMPACT_INDEX_FILES
+    {
         plan.index_files_replaced += state.live.len();
     }
     plan.reclaim_bytes =
@@ -486,10 +500,33 @@ fn make_plan(
 
 /// Writes the kept packs' entries as new index files; the last one supersedes the
 /// old files, so readers switch at once and a crash before it changes nothing.
+/// Snapshot records the replacement index must keep: a "committed" record unless
+/// the snapshot is gone *and* was forgotten (a gone, unforgotten one is evidence of
+/// deletion and stays), and a "forgotten" record while the snapshot still exists
+/// (a forget that has not deleted it yet).
+fn carried_snapshot_records(
+    state: &IndexState,
+    listed: &HashSet<SnapshotId>,
+) -> (Vec<SnapshotId>, Vec<SnapshotId>) {
+    let (announced, forgotten) = state.snapshot_records();
+    let mut keep_ann: Vec<SnapshotId> = announced
+        .into_iter()
+        .filter(|id| listed.contains(id) || !forgotten.contains(id))
+        .collect();
+    let mut keep_forgot: Vec<SnapshotId> = forgotten
+        .into_iter()
+        .filter(|id| listed.contains(id))
+        .collect();
+    keep_ann.sort();
+    keep_forgot.sort();
+    (keep_ann, keep_forgot)
+}
+
 fn write_replacement_index(
     repo: &Repository,
     kept: Vec<IndexPack>,
     supersedes: Vec<cairn_format::IndexId>,
+    (snapshots, forgotten): (Vec<SnapshotId>, Vec<SnapshotId>),
 ) -> Result<Vec<cairn_format::IndexId>> {
     const BLOBS_PER_FILE: usize = 200_000;
     let mut files = Vec::new();
@@ -504,6 +541,8 @@ fn write_replacement_index(
         }
     }
     cur.supersedes = supersedes;
+    cur.snapshots = snapshots;
+    cur.forgotten = forgotten;
     files.push(repo.write_index_file(&cur)?);
     Ok(files)
 }

@@ -154,6 +154,12 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
     supersedes.sort();
     supersedes.dedup();
     file.supersedes = supersedes.clone();
+    // Snapshot records come from the old files that could still be read.
+    let (announced, forgotten) = old_state.snapshot_records();
+    file.snapshots = announced.into_iter().collect();
+    file.snapshots.sort();
+    file.forgotten = forgotten.into_iter().collect();
+    file.forgotten.sort();
     written.push(repo.write_index_file(&file)?);
     report.index_files_written = written.len();
     report.index_files_replaced = supersedes.len();
@@ -191,6 +197,14 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
     }
     repo.load_index()?;
     Ok(report)
+}
+
+/// Records a snapshot as forgotten and deletes its object.
+fn forget(repo: &Repository, id: SnapshotId) -> Result<()> {
+    for (_, r) in repo.forget_snapshots(&[id])? {
+        r?;
+    }
+    Ok(())
 }
 
 /// Errors that mean the data is gone (as opposed to storage being unreachable).
@@ -306,13 +320,17 @@ pub struct RepairSnapshotsReport {
     pub repaired: Vec<RepairedSnapshot>,
     /// Snapshot objects that could not be read, removed.
     pub unreadable_removed: Vec<String>,
+    /// Snapshots deleted from storage behind cairn's back, now recorded as lost.
+    pub vanished_recorded: Vec<String>,
     pub dry_run: bool,
 }
 
 /// Rewrites snapshots that need missing or unreadable blobs.
 pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSnapshotsReport> {
     let _lock = RepoLock::acquire(repo, "repair snapshots", !dry_run)?;
-    repo.load_index()?;
+    let state = repo.read_index_state()?;
+    repo.set_index(&state);
+    let (announced, forgotten) = state.snapshot_records();
     let mut report = RepairSnapshotsReport {
         dry_run,
         ..Default::default()
@@ -376,7 +394,7 @@ pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSn
             }
         }
         if !dry_run {
-            ignore_missing(repo.backend().delete(&names::snapshot(&sid.to_hex())))?;
+            forget(repo, sid)?;
         }
         report.repaired.push(entry);
     }
@@ -388,11 +406,26 @@ pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSn
         if let Some(hex) = what.strip_prefix("snapshot ")
             && SnapshotId::from_hex(hex).is_ok()
         {
-            if !dry_run {
-                ignore_missing(repo.backend().delete(&names::snapshot(hex)))?;
+            if !dry_run && let Ok(id) = SnapshotId::from_hex(hex) {
+                forget(repo, id)?;
             }
             report.unreadable_removed.push(format!("{hex}: {e}"));
         }
+    }
+    // Snapshots recorded as committed whose object is gone: nothing can bring them
+    // back; record them as forgotten so that check stops reporting them.
+    let present: HashSet<SnapshotId> = repo.list_snapshot_ids()?.into_iter().collect();
+    let mut vanished: Vec<SnapshotId> = announced
+        .iter()
+        .filter(|id| !present.contains(*id) && !forgotten.contains(*id))
+        .copied()
+        .collect();
+    vanished.sort();
+    for id in vanished {
+        if !dry_run {
+            forget(repo, id)?;
+        }
+        report.vanished_recorded.push(id.to_hex());
     }
     Ok(report)
 }

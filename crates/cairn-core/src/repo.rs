@@ -51,6 +51,19 @@ pub struct IndexState {
     pub errors: Vec<Error>,
 }
 
+impl IndexState {
+    /// Snapshots recorded as committed, and as forgotten, by live index files.
+    pub fn snapshot_records(&self) -> (HashSet<SnapshotId>, HashSet<SnapshotId>) {
+        let mut announced = HashSet::new();
+        let mut forgotten = HashSet::new();
+        for (_, f) in &self.live {
+            announced.extend(f.snapshots.iter().copied());
+            forgotten.extend(f.forgotten.iter().copied());
+        }
+        (announced, forgotten)
+    }
+}
+
 /// Runs `f` over `items` on up to `threads` threads, keeping the order.
 pub(crate) fn parallel_map<T: Sync, R: Send>(
     items: &[T],
@@ -590,12 +603,43 @@ impl Repository {
         Snapshot::from_bytes(&plain).map_err(|e| Error::damaged(what, e))
     }
 
-    /// Writing the snapshot object is the commit point of a backup.
+    /// Writing the snapshot object is the commit point of a backup. Afterwards a
+    /// small index file records that the snapshot exists, so that `check` notices
+    /// if the object is ever deleted without `forget`. That record is best effort:
+    /// the snapshot is committed whether or not it could be written.
     pub fn write_snapshot(&self, snap: &Snapshot) -> Result<SnapshotId> {
         let sealed = self.key.sealer.seal(&snap.to_bytes());
         let id = SnapshotId::of_content(&sealed);
         self.backend.put(&names::snapshot(&id.to_hex()), &sealed)?;
+        let _ = self.write_index_file(&IndexFile {
+            snapshots: vec![id],
+            ..Default::default()
+        });
         Ok(id)
+    }
+
+    /// Removes snapshot objects on purpose: first records them as forgotten (so
+    /// `check` does not take their absence for damage), then deletes them. Returns
+    /// each id with the result of its deletion (a missing object counts as done).
+    pub fn forget_snapshots(&self, ids: &[SnapshotId]) -> Result<Vec<(SnapshotId, Result<()>)>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.write_index_file(&IndexFile {
+            forgotten: ids.to_vec(),
+            ..Default::default()
+        })?;
+        Ok(ids
+            .iter()
+            .map(|id| {
+                let r = match self.backend.delete(&names::snapshot(&id.to_hex())) {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.is_not_found() => Ok(()),
+                    Err(e) => Err(e.into()),
+                };
+                (*id, r)
+            })
+            .collect())
     }
 
     /// All snapshots sorted by time (oldest first), plus the ones that could not be read.

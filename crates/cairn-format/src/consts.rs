@@ -41,6 +41,8 @@ pub const MAX_METADATA_OBJECT_SIZE: usize = 256 << 20;
 
 /// Version byte at the start of an index file plaintext.
 pub const INDEX_VERSION: u8 = 1;
+/// Index files that also record committed and forgotten snapshots.
+pub const INDEX_VERSION_SNAPSHOTS: u8 = 2;
 /// Version byte at the start of a tree blob plaintext.
 pub const TREE_VERSION: u8 = 1;
 /// Version byte at the start of a chunk-list blob plaintext.

@@ -3,6 +3,8 @@
 //! ```text
 //! index  = version:u8 || nsup:varint || superseded index id:32 * nsup
 //!          || npacks:varint || pack*npacks
+//!          [version 2: || nann:varint || snapshot id:32 * nann
+//!                      || nforgot:varint || snapshot id:32 * nforgot]
 //! pack   = pack id:32 || nblobs:varint || blob*nblobs
 //! blob   = kind:u8 || blob id:32 || offset:varint || length:varint
 //!          || raw_length:varint || compression:u8
@@ -11,7 +13,7 @@
 
 use crate::consts::*;
 use crate::error::{FormatError, Result};
-use crate::id::{BlobId, IndexId, PackId};
+use crate::id::{BlobId, IndexId, PackId, SnapshotId};
 use crate::pack::{BlobCompression, BlobKind};
 use crate::wire::{Reader, Writer};
 
@@ -36,13 +38,25 @@ pub struct IndexFile {
     /// Index files whose content this one replaces (written by prune/repair).
     pub supersedes: Vec<IndexId>,
     pub packs: Vec<IndexPack>,
+    /// Snapshots that were committed (written after them by backup and repair), so
+    /// that a snapshot object deleted from storage is noticed.
+    pub snapshots: Vec<SnapshotId>,
+    /// Snapshots removed on purpose (`forget`, `repair snapshots`).
+    pub forgotten: Vec<SnapshotId>,
 }
 
 impl IndexFile {
     pub fn encode(&self) -> Vec<u8> {
         let n: usize = self.packs.iter().map(|p| p.blobs.len()).sum();
         let mut w = Writer::with_capacity(16 + n * 48);
-        w.u8(INDEX_VERSION);
+        // Version 1 unless the file carries snapshot records, so files of format 1
+        // stay byte-identical.
+        let v2 = !self.snapshots.is_empty() || !self.forgotten.is_empty();
+        w.u8(if v2 {
+            INDEX_VERSION_SNAPSHOTS
+        } else {
+            INDEX_VERSION
+        });
         w.varint(self.supersedes.len() as u64);
         for s in &self.supersedes {
             w.raw(&s.0);
@@ -60,13 +74,21 @@ impl IndexFile {
                 w.u8(b.compression as u8);
             }
         }
+        if v2 {
+            for list in [&self.snapshots, &self.forgotten] {
+                w.varint(list.len() as u64);
+                for id in list {
+                    w.raw(&id.0);
+                }
+            }
+        }
         w.into_inner()
     }
 
     pub fn decode(data: &[u8]) -> Result<Self> {
         let mut r = Reader::new(data, "index file");
         let v = r.u8()?;
-        if v != INDEX_VERSION {
+        if v != INDEX_VERSION && v != INDEX_VERSION_SNAPSHOTS {
             return Err(FormatError::UnsupportedVersion {
                 what: "index file",
                 version: v.into(),
@@ -110,8 +132,24 @@ impl IndexFile {
             }
             packs.push(IndexPack { id, blobs });
         }
+        let mut lists = [Vec::new(), Vec::new()];
+        if v == INDEX_VERSION_SNAPSHOTS {
+            for list in &mut lists {
+                let n = r.count(ID_LEN, usize::MAX)?;
+                list.reserve(n);
+                for _ in 0..n {
+                    list.push(SnapshotId(r.array()?));
+                }
+            }
+        }
         r.finish()?;
-        Ok(IndexFile { supersedes, packs })
+        let [snapshots, forgotten] = lists;
+        Ok(IndexFile {
+            supersedes,
+            packs,
+            snapshots,
+            forgotten,
+        })
     }
 }
 
@@ -160,19 +198,29 @@ mod tests {
                     compression: BlobCompression::Raw,
                 }],
             }],
+            ..Default::default()
         };
         assert_eq!(IndexFile::decode(&f.encode()).unwrap(), f);
+        assert_eq!(
+            f.encode()[0],
+            INDEX_VERSION,
+            "no snapshot records: version 1"
+        );
     }
 
     proptest! {
         #[test]
         fn round_trip(
             sup in proptest::collection::vec(any::<[u8; 32]>(), 0..3),
-            packs in proptest::collection::vec((any::<[u8; 32]>(), proptest::collection::vec(blob(), 0..20)), 0..5)
+            packs in proptest::collection::vec((any::<[u8; 32]>(), proptest::collection::vec(blob(), 0..20)), 0..5),
+            snaps in proptest::collection::vec(any::<[u8; 32]>(), 0..3),
+            gone in proptest::collection::vec(any::<[u8; 32]>(), 0..3),
         ) {
             let f = IndexFile {
                 supersedes: sup.into_iter().map(IndexId).collect(),
                 packs: packs.into_iter().map(|(id, blobs)| IndexPack { id: PackId(id), blobs }).collect(),
+                snapshots: snaps.iter().map(|s| SnapshotId(*s)).collect(),
+                forgotten: gone.iter().map(|s| SnapshotId(*s)).collect(),
             };
             prop_assert_eq!(IndexFile::decode(&f.encode()).unwrap(), f);
         }

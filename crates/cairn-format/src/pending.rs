@@ -43,8 +43,8 @@ impl PendingDeletion {
             w.raw(l);
         }
         let inner = IndexFile {
-            supersedes: vec![],
             packs: self.packs.clone(),
+            ..Default::default()
         }
         .encode();
         w.bytes(&inner);

@@ -4,7 +4,6 @@
 
 use crate::args::{ForgetArgs, Global};
 use anyhow::{Context, Result, bail};
-use cairn_backend::names;
 use cairn_core::Repository;
 use cairn_core::forget::{
     self, CalendarDuration, ForgetGroup, GroupBy, GroupKey, Policy, SnapshotFilter,
@@ -123,13 +122,13 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
     let mut removed = 0usize;
     let mut failed = 0usize;
     if !a.dry_run {
-        for id in groups.iter().flat_map(|gr| &gr.remove) {
-            match repo.backend().delete(&names::snapshot(&id.to_hex())) {
+        let ids: Vec<SnapshotId> = groups
+            .iter()
+            .flat_map(|gr| gr.remove.iter().copied())
+            .collect();
+        for (id, r) in repo.forget_snapshots(&ids)? {
+            match r {
                 Ok(()) => removed += 1,
-                Err(e) if e.is_not_found() => {
-                    eprintln!("warning: snapshot {} was already gone", id.short());
-                    removed += 1;
-                }
                 Err(e) => {
                     eprintln!("cairn: error: removing snapshot {}: {e}", id.short());
                     failed += 1;

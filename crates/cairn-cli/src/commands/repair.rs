@@ -49,6 +49,17 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
                         println!("    {verb} {d}");
                     }
                 }
+                for v in &r.vanished_recorded {
+                    println!(
+                        "snapshot {} was deleted from storage without forget: {} as lost",
+                        &v[..8],
+                        if dry_run {
+                            "would record it"
+                        } else {
+                            "recorded"
+                        }
+                    );
+                }
                 for u in &r.unreadable_removed {
                     println!(
                         "{} unreadable snapshot object {u}",

@@ -128,8 +128,7 @@ fn every_damaged_object_is_found_named_and_repaired() {
             let name = target.file_name().unwrap().to_str().unwrap().to_string();
             damage(&env.repo.join(rel), how);
 
-            // Detection. A deleted snapshot object leaves no trace by design
-            // (docs/FORMAT.md, threat model); everything else must be reported.
+            // Detection: every case is reported, naming the object.
             let o = env.run(&["check", "--read-data"]);
             let out = format!(
                 "{}{}",
@@ -137,16 +136,14 @@ fn every_damaged_object_is_found_named_and_repaired() {
                 String::from_utf8_lossy(&o.stderr)
             );
             assert!(!out.contains("panicked"), "{label}: {out}");
-            if !(obj == Object::Snapshot && matches!(how, Damage::Delete)) {
-                assert_eq!(o.status.code(), Some(1), "{label}: not detected:\n{out}");
-                let named = match (obj, how) {
-                    // A deleted index file cannot be named; what it held is reported
-                    // as missing from the index, with the files that need it.
-                    (Object::Index, Damage::Delete) => out.contains("missing from the index"),
-                    _ => out.contains(&name),
-                };
-                assert!(named, "{label}: report does not name {name}:\n{out}");
-            }
+            assert_eq!(o.status.code(), Some(1), "{label}: not detected:\n{out}");
+            let named = match (obj, how) {
+                // A deleted index file cannot be named; what it held is reported
+                // as missing from the index, with the files that need it.
+                (Object::Index, Damage::Delete) => out.contains("missing from the index"),
+                _ => out.contains(&name),
+            };
+            assert!(named, "{label}: report does not name {name}:\n{out}");
 
             // Repair, then everything must check clean.
             env.ok(&["repair", "index"]);

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A repository in a local directory (or a mounted NAS share).
 ///
-/// `put` writes `<name>.tmp-<host>-<pid>-<n>` next to the destination, fsyncs it, renames it
+/// `put` writes `<name>.tmp-<machine>-<pid>-<n>` next to the destination, fsyncs it, renames it
 /// over the destination and fsyncs the directory, so a crash leaves either the old
 /// object or the new one, plus at worst a temporary file that listings ignore.
 #[derive(Debug)]
@@ -18,7 +18,7 @@ pub struct LocalBackend {
     sync: bool,
     /// Large objects (packs) are written with O_DIRECT while the filesystem allows it.
     direct: AtomicBool,
-    /// Host name as used in temporary file names.
+    /// [`crate::process::machine_tag`], as used in temporary file names.
     host: String,
     scratch: Mutex<AlignedBuf>,
     /// Aligned buffers for direct range reads, one per concurrent reader.
@@ -32,7 +32,7 @@ impl LocalBackend {
         LocalBackend {
             root: root.into(),
             counter: AtomicU64::new(0),
-            host: crate::process::hostname().replace(['/', '-'], "_"),
+            host: crate::process::machine_tag(),
             sync: true,
             direct: AtomicBool::new(true),
             scratch: Mutex::new(AlignedBuf::default()),
@@ -49,9 +49,9 @@ impl LocalBackend {
     }
 }
 
-/// A temporary file (`<name>.tmp-<host>-<pid>-<n>`) is stale when this host wrote it
-/// and that process is gone, or when it has not changed for a day (another host's
-/// writer, or an older name format).
+/// A temporary file (`<name>.tmp-<machine>-<pid>-<n>`) is stale when it was written
+/// on this machine, boot and pid namespace by a process that is gone, or when it has
+/// not changed for a day (another machine's writer, or an older name format).
 fn temporary_is_stale(tag: &str, host: &str, meta: &fs::Metadata) -> bool {
     let mut parts = tag.rsplitn(3, '-');
     let (_n, pid, writer) = (parts.next(), parts.next(), parts.next());
@@ -79,7 +79,7 @@ impl Backend for LocalBackend {
         let dest = self.path(name);
         let dir = dest.parent().unwrap_or(&self.root).to_path_buf();
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        // The writer's host and pid are in the name, so a later cleanup can tell
+        // The writer's machine and pid are in the name, so a later cleanup can tell
         // a dead writer's leftovers from a live one's work.
         let tmp = dir.join(format!(
             "{}{TMP_MARK}{}-{}-{n}",

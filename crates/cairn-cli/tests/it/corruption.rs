@@ -85,7 +85,11 @@ fn template() -> Template {
     packs.sort_by_key(|p| fs::metadata(p).unwrap().len());
     assert_eq!(packs.len(), 2, "one data and one tree pack");
     let (tree_pack_a, data_pack_a) = (packs[0].clone(), packs[1].clone());
-    let index_a = files(&env.repo.join("index")).pop().unwrap();
+    // The index file listing A's packs (the other one only records the snapshot).
+    let index_a = files(&env.repo.join("index"))
+        .into_iter()
+        .max_by_key(|p| fs::metadata(p).unwrap().len())
+        .unwrap();
     let snap_b = env.backup(&[&b]);
     let copy_a = env.path("copy-a");
     copy_tree(&a, &copy_a);

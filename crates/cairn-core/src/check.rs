@@ -100,16 +100,7 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
     report.blobs = index.len();
 
     // Packs: every indexed pack must exist and hold its blobs.
-    let stored: HashMap<PackId, u64> = repo
-        .backend()
-        .list(names::DATA)?
-        .into_iter()
-        .filter_map(|o| {
-            PackId::from_hex(names::base(&o.name))
-                .ok()
-                .map(|id| (id, o.size))
-        })
-        .collect();
+    let stored: HashMap<PackId, u64> = repo.list_packs()?;
     report.packs = stored.len();
     let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(l)).collect();
     let mut extent: HashMap<PackId, u64> = HashMap::new();

@@ -47,6 +47,19 @@ pub struct BlobLocation {
 /// records (packs on their way out). Readers use both, so a snapshot that committed
 /// while prune ran still restores; backups deduplicate only against live entries,
 /// so nothing new comes to depend on a pack that is about to go.
+impl BlobLocation {
+    fn new(pack: u32, b: &IndexBlob) -> Self {
+        BlobLocation {
+            pack,
+            offset: b.offset,
+            length: b.length,
+            raw_length: b.raw_length,
+            kind: b.kind,
+            compression: b.compression,
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct MasterIndex {
     packs: Vec<PackId>,
@@ -84,14 +97,7 @@ impl MasterIndex {
         for b in blobs {
             // The first location seen wins; duplicates (two writers storing the same
             // blob) are equally valid copies.
-            self.blobs.entry(b.id).or_insert(BlobLocation {
-                pack: n,
-                offset: b.offset,
-                length: b.length,
-                raw_length: b.raw_length,
-                kind: b.kind,
-                compression: b.compression,
-            });
+            self.blobs.entry(b.id).or_insert(BlobLocation::new(n, b));
         }
     }
 
@@ -100,17 +106,9 @@ impl MasterIndex {
     pub fn add_pending_pack(&mut self, pack: PackId, blobs: &[IndexBlob]) {
         let n = self.pack_number(pack);
         for b in blobs {
-            if self.blobs.contains_key(&b.id) {
-                continue;
+            if !self.blobs.contains_key(&b.id) {
+                self.pending.entry(b.id).or_insert(BlobLocation::new(n, b));
             }
-            self.pending.entry(b.id).or_insert(BlobLocation {
-                pack: n,
-                offset: b.offset,
-                length: b.length,
-                raw_length: b.raw_length,
-                kind: b.kind,
-                compression: b.compression,
-            });
         }
     }
 

@@ -152,7 +152,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
     // Order matters (docs/FORMAT.md): packs, then snapshots, then index. A snapshot
     // listed here has its blobs in index files written before it, so the index read
     // afterwards knows them.
-    let stored: HashMap<PackId, u64> = list_packs(repo)?;
+    let stored: HashMap<PackId, u64> = repo.list_packs()?;
     let (snaps, bad) = repo.snapshots()?;
     if let Some(e) = bad.into_iter().next() {
         return Err(Error::Invalid(format!(
@@ -190,7 +190,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
         .flat_map(|(_, f)| f.packs.iter())
         .any(|p| !stored.contains_key(&p.id));
     let stored = if indexed_missing {
-        let mut again = list_packs(repo)?;
+        let mut again = repo.list_packs()?;
         again.extend(stored);
         again
     } else {
@@ -285,19 +285,6 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
     delete_pending(repo, lock, &listed, used, &mut report)?;
     repo.load_index()?;
     Ok(report)
-}
-
-fn list_packs(repo: &Repository) -> Result<HashMap<PackId, u64>> {
-    Ok(repo
-        .backend()
-        .list(names::DATA)?
-        .into_iter()
-        .filter_map(|o| {
-            PackId::from_hex(names::base(&o.name))
-                .ok()
-                .map(|id| (id, o.size))
-        })
-        .collect())
 }
 
 fn snapshot_roots(snaps: &[(SnapshotId, cairn_format::snapshot::Snapshot)]) -> Result<Vec<BlobId>> {
@@ -603,7 +590,7 @@ fn delete_pending(
         .filter(|(id, _)| !listed.contains(id))
         .collect();
     crate::reachable::collect(repo, &snapshot_roots(&new)?, &mut used)?;
-    let stored = list_packs(repo)?;
+    let stored = repo.list_packs()?;
     let index = repo.index().clone();
     let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(l)).collect();
     for (id, rec) in ready {
@@ -692,35 +679,5 @@ pub fn read_header(
         .open("pack header", &sealed)
         .map_err(|e| Error::damaged(&what, e))?;
     let entries = pack::decode_header(&plain).map_err(|e| Error::damaged(&what, e))?;
-    let mut offset = 0u32;
-    let mut out = Vec::with_capacity(entries.len());
-    for e in entries {
-        out.push(cairn_format::index::IndexBlob {
-            kind: e.kind,
-            id: e.id,
-            offset,
-            length: e.length,
-            raw_length: e.raw_length,
-            compression: e.compression,
-        });
-        offset = offset.saturating_add(e.length);
-    }
-    Ok(out)
-}
-
-/// Used by `stats`-like callers and tests: total bytes of retired packs waiting.
-pub fn pending_bytes(repo: &Repository) -> Result<(usize, u64)> {
-    let stored = list_packs(repo)?;
-    let mut n = 0;
-    let mut bytes = 0;
-    for id in repo.list_pending()? {
-        let rec = repo.read_pending(&id)?;
-        for p in rec.packs.iter().map(|p| p.id).chain(rec.orphans) {
-            if let Some(s) = stored.get(&p) {
-                n += 1;
-                bytes += s;
-            }
-        }
-    }
-    Ok((n, bytes))
+    Ok(cairn_format::index::IndexBlob::from_header(entries))
 }

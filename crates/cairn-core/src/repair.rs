@@ -75,16 +75,7 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
                 .extend(p.blobs.iter().copied());
         }
     }
-    let mut packs: Vec<(PackId, u64)> = repo
-        .backend()
-        .list(names::DATA)?
-        .into_iter()
-        .filter_map(|o| {
-            PackId::from_hex(names::base(&o.name))
-                .ok()
-                .map(|id| (id, o.size))
-        })
-        .collect();
+    let mut packs: Vec<(PackId, u64)> = repo.list_packs()?.into_iter().collect();
     packs.sort();
     report.packs_read = packs.len();
 
@@ -287,22 +278,7 @@ fn header_entries(repo: &Repository, data: &[u8]) -> Result<Vec<IndexBlob>> {
         .open("pack header", sealed)
         .map_err(|e| Error::damaged("pack header", e))?;
     let entries = pack::decode_header(&plain).map_err(|e| Error::damaged("pack header", e))?;
-    let mut offset = 0u32;
-    Ok(entries
-        .into_iter()
-        .map(|e| {
-            let b = IndexBlob {
-                kind: e.kind,
-                id: e.id,
-                offset,
-                length: e.length,
-                raw_length: e.raw_length,
-                compression: e.compression,
-            };
-            offset = offset.saturating_add(e.length);
-            b
-        })
-        .collect())
+    Ok(IndexBlob::from_header(entries))
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -335,12 +311,7 @@ pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSn
         dry_run,
         ..Default::default()
     };
-    let stored: HashSet<PackId> = repo
-        .backend()
-        .list(names::DATA)?
-        .into_iter()
-        .filter_map(|o| PackId::from_hex(names::base(&o.name)).ok())
-        .collect();
+    let stored: HashSet<PackId> = repo.list_packs()?.into_keys().collect();
     let index = repo.index().clone();
     let present = |id: &BlobId| {
         index

@@ -522,6 +522,20 @@ impl Repository {
         self.index = Arc::new(index);
     }
 
+    /// Every stored pack with its size.
+    pub fn list_packs(&self) -> Result<std::collections::HashMap<PackId, u64>> {
+        Ok(self
+            .backend
+            .list(names::DATA)?
+            .into_iter()
+            .filter_map(|o| {
+                PackId::from_hex(names::base(&o.name))
+                    .ok()
+                    .map(|id| (id, o.size))
+            })
+            .collect())
+    }
+
     pub fn list_pending(&self) -> Result<Vec<PendingId>> {
         Ok(self
             .backend

@@ -27,6 +27,29 @@ pub struct IndexBlob {
     pub compression: BlobCompression,
 }
 
+impl IndexBlob {
+    /// Index entries for a pack's header entries: blobs lie back to back from
+    /// offset 0 in header order.
+    pub fn from_header(entries: Vec<crate::pack::PackEntry>) -> Vec<IndexBlob> {
+        let mut offset = 0u32;
+        entries
+            .into_iter()
+            .map(|e| {
+                let b = IndexBlob {
+                    kind: e.kind,
+                    id: e.id,
+                    offset,
+                    length: e.length,
+                    raw_length: e.raw_length,
+                    compression: e.compression,
+                };
+                offset = offset.saturating_add(e.length);
+                b
+            })
+            .collect()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexPack {
     pub id: PackId,

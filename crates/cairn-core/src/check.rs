@@ -479,3 +479,38 @@ fn verify_pack(
     }
     (problems, bad)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subsets_partition_and_sample() {
+        let packs: Vec<(PackId, u64)> = (0..200u32)
+            .map(|i| {
+                let mut id = [0u8; 32];
+                id[..4].copy_from_slice(&i.wrapping_mul(2_654_435_761).to_be_bytes());
+                (PackId(id), 1)
+            })
+            .collect();
+        // N/M for N = 1..M reads every pack exactly once.
+        let mut seen = Vec::new();
+        for n in 1..=7 {
+            let mut p = packs.clone();
+            Subset::Part { n, m: 7 }.select(&mut p);
+            assert!(!p.is_empty());
+            seen.extend(p);
+        }
+        seen.sort();
+        let mut all = packs.clone();
+        all.sort();
+        assert_eq!(seen, all);
+        // A percentage takes that share (rounded up), without repeats.
+        let mut p = packs.clone();
+        Subset::Percent(10.0).select(&mut p);
+        assert_eq!(p.len(), 20);
+        p.sort();
+        p.dedup();
+        assert_eq!(p.len(), 20);
+    }
+}

@@ -16,6 +16,9 @@ pub mod repair;
 pub mod repo;
 pub mod time;
 
+#[cfg(test)]
+mod testutil;
+
 pub use error::{Error, Result};
 pub use repo::{InitOptions, Repository};
 pub mod check;

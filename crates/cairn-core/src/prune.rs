@@ -681,3 +681,67 @@ pub fn read_header(
     let entries = pack::decode_header(&plain).map_err(|e| Error::damaged(&what, e))?;
     Ok(cairn_format::index::IndexBlob::from_header(entries))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_format::IndexId;
+
+    fn sid(n: u8) -> SnapshotId {
+        SnapshotId([n; 32])
+    }
+
+    #[test]
+    fn snapshot_records_survive_unless_gone_and_forgotten() {
+        let file = IndexFile {
+            snapshots: vec![sid(1), sid(2), sid(3), sid(4)],
+            forgotten: vec![sid(2), sid(3), sid(9)],
+            ..Default::default()
+        };
+        let state = IndexState {
+            live: vec![(IndexId([0; 32]), file)],
+            ..Default::default()
+        };
+        // 1 exists; 2 was forgotten and is gone; 3 was forgotten but still exists
+        // (a forget in progress); 4 is gone without forget (evidence: keep); 9 is
+        // forgotten, never recorded, gone.
+        let listed: HashSet<SnapshotId> = [sid(1), sid(3)].into_iter().collect();
+        let (ann, forgot) = carried_snapshot_records(&state, &listed);
+        assert_eq!(ann, vec![sid(1), sid(3), sid(4)]);
+        assert_eq!(forgot, vec![sid(3)]);
+    }
+
+    #[test]
+    fn a_pack_named_by_a_waiting_record_stays() {
+        use crate::testutil::{mem_repo, store};
+        let mut repo = mem_repo();
+        let p = store(
+            &repo,
+            &[(pack::BlobKind::Data, b"nobody needs this".to_vec())],
+        );
+        let name = names::pack(&p.id.to_hex());
+        // Another operation is running and waits on the second record.
+        let other = RepoLock::acquire(&repo, "backup", false).unwrap();
+        for locks in [vec![], vec![other.id()]] {
+            repo.write_pending(&PendingDeletion {
+                locks,
+                packs: vec![p.clone()],
+                ..Default::default()
+            })
+            .unwrap();
+        }
+        let r = prune(&mut repo, &PruneOptions::default()).unwrap();
+        assert_eq!(r.deleted_packs, 0, "{r:?}");
+        assert!(repo.backend().get(&name).is_ok());
+        assert_eq!(
+            repo.list_pending().unwrap().len(),
+            1,
+            "the ready record went"
+        );
+        drop(other);
+        let r = prune(&mut repo, &PruneOptions::default()).unwrap();
+        assert_eq!(r.deleted_packs, 1, "{r:?}");
+        assert!(repo.backend().get(&name).is_err());
+        assert!(repo.list_pending().unwrap().is_empty());
+    }
+}

@@ -452,3 +452,71 @@ fn content_is_live(repo: &Repository, c: &cairn_format::tree::Content) -> bool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{mem_repo, store};
+    use cairn_format::index::IndexFile;
+    use cairn_format::pack::BlobKind;
+    use cairn_format::pending::PendingDeletion;
+    use cairn_format::tree::{ChunkList, ChunkRef, Content};
+
+    #[test]
+    fn parent_content_is_reused_only_if_every_blob_is_live() {
+        let mut repo = mem_repo();
+        let chunk = b"chunk data".to_vec();
+        let x = repo.key().blob_id(&chunk);
+        let list = ChunkList {
+            level: 0,
+            entries: vec![ChunkRef { id: x, length: 10 }],
+        }
+        .encode();
+        let root = repo.key().blob_id(&list);
+        let content = Content::Tree {
+            root,
+            depth: 1,
+            chunks: 1,
+        };
+        let data_pack = store(&repo, &[(BlobKind::Data, chunk)]);
+        let list_pack = store(&repo, &[(BlobKind::ChunkList, list)]);
+        repo.write_index_file(&IndexFile {
+            packs: vec![list_pack],
+            ..Default::default()
+        })
+        .unwrap();
+        // The chunk is only in a pack a prune retired: readable, but not live.
+        repo.write_pending(&PendingDeletion {
+            packs: vec![data_pack.clone()],
+            ..Default::default()
+        })
+        .unwrap();
+        repo.load_index().unwrap();
+        assert!(repo.index().contains(&x) && !repo.index().is_live(&x));
+        assert!(repo.index().is_live(&root));
+        assert!(
+            !content_is_live(&repo, &content),
+            "a retired chunk blocks reuse"
+        );
+        // Once the chunk is live, the content may be reused.
+        repo.write_index_file(&IndexFile {
+            packs: vec![data_pack],
+            ..Default::default()
+        })
+        .unwrap();
+        repo.load_index().unwrap();
+        assert!(content_is_live(&repo, &content));
+        assert!(content_is_live(
+            &repo,
+            &Content::Inline(vec![ChunkRef { id: x, length: 10 }])
+        ));
+        let absent = BlobId([7; 32]);
+        assert!(!content_is_live(
+            &repo,
+            &Content::Inline(vec![ChunkRef {
+                id: absent,
+                length: 1
+            }])
+        ));
+    }
+}

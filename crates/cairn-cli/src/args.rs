@@ -59,6 +59,17 @@ pub enum Command {
     /// Rebuild the index from the packs, or rewrite damaged snapshots
     #[command(subcommand)]
     Repair(RepairCommand),
+    /// What the datastore holds: stored data, deduplication, compression, space used
+    Stats(StatsArgs),
+}
+
+#[derive(Args)]
+pub struct StatsArgs {
+    /// Only these snapshots (id prefixes or "latest"); default all
+    pub snapshots: Vec<String>,
+    /// Only snapshots of this host (repeatable)
+    #[arg(long)]
+    pub host: Vec<String>,
 }
 
 #[derive(Subcommand)]

@@ -14,6 +14,7 @@ pub mod prune;
 pub mod reachable;
 pub mod repair;
 pub mod repo;
+pub mod stats;
 pub mod time;
 
 #[cfg(test)]

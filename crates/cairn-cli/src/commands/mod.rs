@@ -10,6 +10,7 @@ mod prune;
 mod repair;
 mod restore;
 mod snapshots;
+mod stats;
 mod unlock;
 
 use crate::args::{Cli, Command, Global};
@@ -36,6 +37,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Prune(a) => prune::run(g, &a),
         Command::Unlock(a) => unlock::run(g, &a),
         Command::Repair(c) => repair::run(g, c),
+        Command::Stats(a) => stats::run(g, &a),
         Command::Forget(a) => forget::run(g, &a),
     }
 }

@@ -8,4 +8,5 @@ mod golden;
 mod keys;
 mod maintenance;
 mod roundtrip;
+mod stats;
 mod util;

@@ -1,0 +1,83 @@
+use crate::args::{Global, StatsArgs};
+use crate::ui;
+use anyhow::Result;
+
+pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
+    let mut repo = super::open(g)?;
+    let _lock = super::lock(&repo, "read", false)?;
+    let selected = if a.snapshots.is_empty() && a.host.is_empty() {
+        None
+    } else {
+        let mut ids = Vec::new();
+        for s in &a.snapshots {
+            ids.push(repo.find_snapshot(s)?.0);
+        }
+        if !a.host.is_empty() {
+            let (all, _) = repo.snapshots()?;
+            ids.extend(
+                all.into_iter()
+                    .filter(|(_, s)| a.host.contains(&s.hostname))
+                    .map(|(id, _)| id),
+            );
+        }
+        Some(ids)
+    };
+    let st = cairn_core::stats::stats(&mut repo, selected.as_deref())?;
+    if g.json {
+        super::print_json(&st)?;
+        return Ok(0);
+    }
+    let b = ui::bytes;
+    let o = &st.overhead;
+    println!("snapshots:             {}", st.snapshots);
+    println!("stored data:           {}", b(st.stored_bytes));
+    println!(
+        "after deduplication:   {}  (dedup {:.1}%)",
+        b(st.unique_data_bytes),
+        st.dedup_percent
+    );
+    println!(
+        "after compression:     {}  (compression {:.1}%)",
+        b(st.compressed_data_bytes),
+        st.compression_percent
+    );
+    println!("overall reduction:     {:.1}%", st.reduction_percent);
+    println!(
+        "space occupied:        {}  (stored : occupied = {:.2} : 1)",
+        b(st.occupied_bytes),
+        st.stored_to_occupied
+    );
+    println!(
+        "  overhead {}: envelopes {}, trees and chunk lists {}, pack headers {}, unused {}, index {}, snapshots {}, other {}",
+        b(o.total()),
+        b(o.envelope_bytes),
+        b(o.metadata_bytes),
+        b(o.pack_header_bytes),
+        b(o.unused_bytes),
+        b(o.index_bytes),
+        b(o.snapshot_bytes),
+        b(o.other_bytes)
+    );
+    println!(
+        "unique chunks:         {}  (average {})",
+        st.unique_chunks,
+        b(st.average_chunk_bytes)
+    );
+    println!(
+        "index:                 {} blobs in {} files, {} on disk, about {} of RAM",
+        st.index.blobs,
+        st.index.files,
+        b(st.index.bytes),
+        b(st.index.ram_bytes)
+    );
+    println!(
+        "packs:                 {} ({}), average {} of a {} target ({:.0}% full), {:.1}% of pack bytes in use",
+        st.packs.count,
+        b(st.packs.bytes),
+        b(st.packs.average_bytes),
+        b(st.packs.target_bytes),
+        st.packs.fill_percent,
+        st.packs.used_percent
+    );
+    Ok(0)
+}

@@ -1,0 +1,113 @@
+//! `cairn stats`: the numbers add up against the bytes actually in storage.
+
+use crate::util::*;
+use std::fs;
+use std::path::Path;
+
+/// Sum of the sizes of every object file in the repository (what `du` would count,
+/// without directories, temporary files and locks).
+fn bytes_on_disk(root: &Path) -> u64 {
+    let mut total = 0;
+    for (p, m) in walk(root) {
+        let name = p.to_string_lossy();
+        if m.is_file() && !name.contains(".tmp-") && !name.starts_with("locks/") {
+            total += m.len();
+        }
+    }
+    total
+}
+
+fn stats(env: &Env, extra: &[&str]) -> serde_json::Value {
+    let mut a = vec!["stats", "--json"];
+    a.extend_from_slice(extra);
+    serde_json::from_str(&env.ok(&a)).unwrap()
+}
+
+fn u(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("{k} missing in {v}"))
+}
+
+fn f(v: &serde_json::Value, k: &str) -> f64 {
+    v[k].as_f64()
+        .unwrap_or_else(|| panic!("{k} missing in {v}"))
+}
+
+/// stored × (1 − dedup) × (1 − compression) + overhead = occupied, exactly in bytes.
+fn assert_adds_up(env: &Env, s: &serde_json::Value, label: &str) {
+    let occupied = u(s, "occupied_bytes");
+    assert_eq!(
+        occupied,
+        bytes_on_disk(&env.repo),
+        "{label}: occupied vs disk: {s}"
+    );
+    let overhead: u64 = s["overhead"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        u(s, "compressed_data_bytes") + overhead,
+        occupied,
+        "{label}: compressed + overhead != occupied: {s}"
+    );
+    let stored = u(s, "stored_bytes") as f64;
+    let after_dedup = stored * (1.0 - f(s, "dedup_percent") / 100.0);
+    assert!(
+        (after_dedup - u(s, "unique_data_bytes") as f64).abs() < 1.0,
+        "{label}: {s}"
+    );
+    let after_comp = after_dedup * (1.0 - f(s, "compression_percent") / 100.0);
+    assert!(
+        (after_comp - u(s, "compressed_data_bytes") as f64).abs() < 1.0,
+        "{label}: {s}"
+    );
+}
+
+#[test]
+fn stats_add_up_on_a_generated_repository() {
+    let env = Env::new();
+    env.init(&["--block-size", "8K"]);
+    let src = env.path("src");
+    let mut rng = Rng(42);
+    fs::create_dir_all(src.join("d")).unwrap();
+    for i in 0..12 {
+        fs::write(src.join(format!("d/text{i}")), rng.bytes(200_000, true)).unwrap();
+        fs::write(src.join(format!("d/bin{i}")), rng.bytes(150_000, false)).unwrap();
+    }
+    let first = env.backup(&[&src]);
+    let s1 = stats(&env, &[]);
+    assert_adds_up(&env, &s1, "one backup");
+    assert!(
+        f(&s1, "compression_percent") > 20.0,
+        "text compresses: {s1}"
+    );
+
+    // The same data again: stored doubles, unique data does not.
+    env.backup(&[&src]);
+    let s2 = stats(&env, &[]);
+    assert_adds_up(&env, &s2, "two backups");
+    assert_eq!(u(&s2, "stored_bytes"), 2 * u(&s1, "stored_bytes"));
+    assert_eq!(u(&s2, "unique_data_bytes"), u(&s1, "unique_data_bytes"));
+    assert!(f(&s2, "dedup_percent") >= 49.9, "{s2}");
+
+    // New data, then forget the first snapshot: its data becomes unused until prune.
+    for i in 0..6 {
+        fs::write(src.join(format!("d/bin{i}")), rng.bytes(150_000, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    env.ok(&["forget", &first]);
+    let s3 = stats(&env, &[]);
+    assert_adds_up(&env, &s3, "after forget");
+    assert!(u(&s3["overhead"], "unused_bytes") > 0, "{s3}");
+    env.ok(&["prune", "--max-unused", "0%"]);
+    let s4 = stats(&env, &[]);
+    assert_adds_up(&env, &s4, "after prune");
+    assert_eq!(u(&s4["overhead"], "unused_bytes"), 0, "{s4}");
+
+    // One snapshot alone: its own logical size, still adding up.
+    let one = stats(&env, &["latest"]);
+    assert_eq!(u(&one, "snapshots"), 1);
+    assert_adds_up(&env, &one, "one snapshot");
+}

@@ -1,0 +1,268 @@
+//! What a datastore holds and what it costs: logical data, deduplication,
+//! compression, and where every stored byte goes.
+//!
+//! The numbers add up exactly:
+//!
+//! ```text
+//! stored × (1 − dedup) = unique_data            (plaintext of the unique chunks)
+//! unique_data × (1 − compression) = compressed_data
+//! compressed_data + overhead = occupied
+//! ```
+//!
+//! where `overhead` is itemised (envelopes of data blobs, trees and chunk lists,
+//! pack headers, blobs nothing needs, index files, snapshots, everything else) and
+//! each item comes from a different source than `occupied`, which is the sum of the
+//! sizes of every object in storage.
+
+use crate::error::{Error, Result};
+use crate::index::IdSet;
+use crate::repo::Repository;
+use cairn_backend::names;
+use cairn_format::pack::BlobKind;
+use cairn_format::{BlobId, PackId, SnapshotId};
+use std::collections::{HashMap, HashSet};
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Overhead {
+    /// Nonces and tags (or checksums) of the unique data blobs.
+    pub envelope_bytes: u64,
+    /// Trees and chunk lists the snapshots need, as stored.
+    pub metadata_bytes: u64,
+    /// Pack headers and trailers.
+    pub pack_header_bytes: u64,
+    /// Blobs no selected snapshot needs (forgotten data before prune, duplicate
+    /// copies, packs no index lists).
+    pub unused_bytes: u64,
+    pub index_bytes: u64,
+    pub snapshot_bytes: u64,
+    /// Config, key files, pending-deletion records (locks, being transient, are
+    /// not counted).
+    pub other_bytes: u64,
+}
+
+impl Overhead {
+    pub fn total(&self) -> u64 {
+        self.envelope_bytes
+            + self.metadata_bytes
+            + self.pack_header_bytes
+            + self.unused_bytes
+            + self.index_bytes
+            + self.snapshot_bytes
+            + self.other_bytes
+    }
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct IndexStats {
+    pub files: usize,
+    /// Bytes of index files in storage.
+    pub bytes: u64,
+    pub blobs: usize,
+    /// Memory the in-RAM index needs for these blobs (32-byte key, 20-byte location,
+    /// hash table control byte, at 7/8 load).
+    pub ram_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PackStats {
+    pub count: usize,
+    pub bytes: u64,
+    pub average_bytes: u64,
+    pub target_bytes: u64,
+    /// Average pack size as a percentage of the target size.
+    pub fill_percent: f64,
+    /// Share of pack bytes that selected snapshots need.
+    pub used_percent: f64,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Stats {
+    pub snapshots: usize,
+    /// Logical bytes that can be restored, summed over the selected snapshots.
+    pub stored_bytes: u64,
+    /// Plaintext bytes of the distinct data chunks those snapshots need.
+    pub unique_data_bytes: u64,
+    /// The same chunks as compressed (before their envelopes).
+    pub compressed_data_bytes: u64,
+    pub unique_chunks: u64,
+    pub average_chunk_bytes: u64,
+    pub dedup_percent: f64,
+    pub compression_percent: f64,
+    /// Reduction from stored to compressed unique data.
+    pub reduction_percent: f64,
+    /// Every object in storage except locks (for a subset of snapshots: still the
+    /// whole store).
+    pub occupied_bytes: u64,
+    /// stored : occupied.
+    pub stored_to_occupied: f64,
+    pub overhead: Overhead,
+    pub index: IndexStats,
+    pub packs: PackStats,
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}
+
+/// Bytes per blob of the RAM placement's table (see [`IndexStats::ram_bytes`]).
+const RAM_BYTES_PER_BLOB: f64 = (32.0 + 20.0 + 1.0) / 0.875;
+
+/// Computes the statistics for `selected` snapshots (all when `None`).
+pub fn stats(repo: &mut Repository, selected: Option<&[SnapshotId]>) -> Result<Stats> {
+    // Snapshots before the index: their blobs are then all in the index read.
+    let (all, bad) = repo.snapshots()?;
+    if let Some(e) = bad.into_iter().next() {
+        return Err(Error::Invalid(format!(
+            "{e}; statistics would be incomplete"
+        )));
+    }
+    let snaps: Vec<_> = match selected {
+        None => all,
+        Some(ids) => {
+            let want: HashSet<&SnapshotId> = ids.iter().collect();
+            all.into_iter()
+                .filter(|(id, _)| want.contains(id))
+                .collect()
+        }
+    };
+    let state = repo.read_index_state()?;
+    if let Some(e) = state.errors.first() {
+        return Err(Error::Invalid(format!(
+            "{e}; statistics would be wrong (run `cairn repair index`)"
+        )));
+    }
+    repo.set_index(&state);
+    let index = repo.index().clone();
+
+    let mut st = Stats {
+        snapshots: snaps.len(),
+        stored_bytes: snaps.iter().map(|(_, s)| s.summary.total_bytes).sum(),
+        ..Default::default()
+    };
+    let roots = snaps
+        .iter()
+        .map(|(id, s)| {
+            s.tree_id()
+                .map_err(|e| Error::damaged(format!("snapshot {}", id.to_hex()), e))
+        })
+        .collect::<Result<Vec<BlobId>>>()?;
+    let mut used = IdSet::default();
+    crate::reachable::collect(repo, &roots, &mut used)?;
+
+    let overhead_per_blob = repo.config().encryption.overhead() as u64;
+    let mut used_in_packs = 0u64;
+    for id in &used {
+        let Some(loc) = index.get(id) else {
+            return Err(Error::BlobNotFound(*id));
+        };
+        let stored = u64::from(loc.length);
+        used_in_packs += stored;
+        if loc.kind == BlobKind::Data {
+            st.unique_chunks += 1;
+            st.unique_data_bytes += u64::from(loc.raw_length);
+            st.compressed_data_bytes += stored.saturating_sub(overhead_per_blob);
+            st.overhead.envelope_bytes += stored.min(overhead_per_blob);
+        } else {
+            st.overhead.metadata_bytes += stored;
+        }
+    }
+    st.average_chunk_bytes = st
+        .unique_data_bytes
+        .checked_div(st.unique_chunks)
+        .unwrap_or(0);
+
+    // Every object in storage, by kind.
+    let packs = repo.list_packs()?;
+    st.packs.count = packs.len();
+    st.packs.bytes = packs.values().sum();
+    st.overhead.index_bytes = listed_bytes(repo, names::INDEX)?;
+    st.overhead.snapshot_bytes = listed_bytes(repo, names::SNAPSHOTS)?;
+    // Locks are left out: they come and go (this command holds one itself).
+    st.overhead.other_bytes = listed_bytes(repo, names::KEYS)?
+        + listed_bytes(repo, names::PENDING)?
+        + repo
+            .backend()
+            .get(names::CONFIG)
+            .map(|c| c.len() as u64)
+            .unwrap_or(0);
+    st.index.files = state.live.len() + state.superseded.len();
+    st.index.bytes = st.overhead.index_bytes;
+    st.index.blobs = index.len();
+    st.index.ram_bytes = (index.len() as f64 * RAM_BYTES_PER_BLOB) as u64;
+
+    // Pack bytes: blob entries (from every index file and pending record, each pack
+    // once) versus the pack's size; the difference is its header and trailer.
+    // An entry is unused unless it is the copy of a needed blob the index chose.
+    let mut entries: HashMap<PackId, (u64, u64)> = HashMap::new();
+    let lists = state
+        .live
+        .iter()
+        .flat_map(|(_, f)| f.packs.iter())
+        .chain(state.pending.iter().flat_map(|(_, p)| p.packs.iter()));
+    for p in lists {
+        entries.entry(p.id).or_insert_with(|| {
+            let mut total = 0u64;
+            let mut unused = 0u64;
+            for b in &p.blobs {
+                total += u64::from(b.length);
+                let chosen = used.contains(&b.id)
+                    && index
+                        .get(&b.id)
+                        .is_some_and(|l| index.pack_of(&l) == p.id && l.offset == b.offset);
+                if !chosen {
+                    unused += u64::from(b.length);
+                }
+            }
+            (total, unused)
+        });
+    }
+    for (id, size) in &packs {
+        match entries.get(id) {
+            Some((total, unused)) if total <= size => {
+                st.overhead.unused_bytes += unused;
+                st.overhead.pack_header_bytes += size - total;
+            }
+            // A pack no index describes is unused space as a whole.
+            _ => st.overhead.unused_bytes += size,
+        }
+    }
+    st.occupied_bytes = st.packs.bytes
+        + st.overhead.index_bytes
+        + st.overhead.snapshot_bytes
+        + st.overhead.other_bytes;
+
+    st.dedup_percent = 100.0 - percent(st.unique_data_bytes, st.stored_bytes);
+    if st.stored_bytes == 0 {
+        st.dedup_percent = 0.0;
+    }
+    st.compression_percent = 100.0 - percent(st.compressed_data_bytes, st.unique_data_bytes);
+    if st.unique_data_bytes == 0 {
+        st.compression_percent = 0.0;
+    }
+    st.reduction_percent = 100.0 - percent(st.compressed_data_bytes, st.stored_bytes);
+    if st.stored_bytes == 0 {
+        st.reduction_percent = 0.0;
+    }
+    st.stored_to_occupied = if st.occupied_bytes == 0 {
+        0.0
+    } else {
+        st.stored_bytes as f64 / st.occupied_bytes as f64
+    };
+    st.packs.average_bytes = st
+        .packs
+        .bytes
+        .checked_div(st.packs.count as u64)
+        .unwrap_or(0);
+    st.packs.target_bytes = u64::from(repo.config().pack_size);
+    st.packs.fill_percent = percent(st.packs.average_bytes, st.packs.target_bytes);
+    st.packs.used_percent = percent(used_in_packs, st.packs.bytes);
+    Ok(st)
+}
+
+fn listed_bytes(repo: &Repository, prefix: &str) -> Result<u64> {
+    Ok(repo.backend().list(prefix)?.iter().map(|o| o.size).sum())
+}

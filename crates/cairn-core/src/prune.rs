@@ -577,9 +577,10 @@ fn delete_pending(
         return Ok(());
     }
     // The locks were checked first: an operation that has ended wrote its snapshot
-    // before it removed its lock, so the listing below contains it.
-    repo.load_index()?;
+    // before it removed its lock, so the listing below contains it. Snapshots are
+    // listed before the index is read, so the index knows every listed one's blobs.
     let (snaps, bad) = repo.snapshots()?;
+    repo.load_index()?;
     if let Some(e) = bad.into_iter().next() {
         return Err(Error::Invalid(format!(
             "{e}; not deleting anything (run `cairn repair snapshots`)"

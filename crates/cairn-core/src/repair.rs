@@ -304,6 +304,9 @@ pub struct RepairSnapshotsReport {
 /// Rewrites snapshots that need missing or unreadable blobs.
 pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSnapshotsReport> {
     let _lock = RepoLock::acquire(repo, "repair snapshots", !dry_run)?;
+    // Snapshots first, then the index: a backup committing in between must not
+    // look like one whose data is lost.
+    let (snaps, bad) = repo.snapshots()?;
     let state = repo.read_index_state()?;
     repo.set_index(&state);
     let (announced, forgotten) = state.snapshot_records();
@@ -326,7 +329,6 @@ pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSn
         new_trees: Vec::new(),
         new_ids: IdSet::default(),
     };
-    let (snaps, bad) = rw.repo.snapshots()?;
     report.snapshots_checked = snaps.len() + bad.len();
     let mut changed = Vec::new();
     for (sid, snap) in &snaps {

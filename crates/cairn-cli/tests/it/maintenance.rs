@@ -6,7 +6,7 @@
 //!   each one requires `check --read-data` to be clean and every committed snapshot to
 //!   restore exactly.
 //! - `backups_and_prune_run_together`: two backups and a prune at the same time,
-//!   several rounds with forget in between.
+//!   several rounds with forget in between (`CAIRN_CONCURRENCY_ROUNDS=N` for more).
 //! - `prune_waits_for_a_running_backup_and_rescues_what_it_used`: the deterministic
 //!   version of the hard case: a backup that deduplicated against data prune retires.
 
@@ -235,7 +235,11 @@ fn backups_and_prune_run_together() {
     let mut committed = Committed {
         versions: BTreeMap::new(),
     };
-    for round in 0..4u64 {
+    let rounds: u64 = std::env::var("CAIRN_CONCURRENCY_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    for round in 0..rounds {
         mutate(&a, &mut rng, round);
         mutate(&b, &mut rng, round);
         let (ca, cb) = (

@@ -61,6 +61,15 @@ pub enum Command {
     Repair(RepairCommand),
     /// What the datastore holds: stored data, deduplication, compression, space used
     Stats(StatsArgs),
+    /// Measure this machine: speed of each stage and the throughput to expect
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// How much generated data each stage processes
+    #[arg(long, default_value = "64M")]
+    pub size: String,
 }
 
 #[derive(Args)]

@@ -8,6 +8,7 @@ pub mod chunklist;
 pub mod error;
 pub mod index;
 pub mod lock;
+pub mod machine;
 pub mod packer;
 pub mod progress;
 pub mod prune;

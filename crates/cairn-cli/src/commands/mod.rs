@@ -1,4 +1,5 @@
 mod backup;
+mod bench;
 mod check;
 mod config;
 mod dump;
@@ -38,6 +39,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Unlock(a) => unlock::run(g, &a),
         Command::Repair(c) => repair::run(g, c),
         Command::Stats(a) => stats::run(g, &a),
+        Command::Bench(a) => bench::run(g, &a),
         Command::Forget(a) => forget::run(g, &a),
     }
 }

@@ -111,3 +111,13 @@ fn stats_add_up_on_a_generated_repository() {
     assert_eq!(u(&one, "snapshots"), 1);
     assert_adds_up(&env, &one, "one snapshot");
 }
+
+#[test]
+fn bench_measures_without_a_repository() {
+    let env = Env::new();
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["bench", "--size", "2M", "--json"])).unwrap();
+    assert_eq!(v["expected"].as_array().unwrap().len(), 10, "{v}");
+    assert!(v["stages"].as_array().unwrap().len() >= 10, "{v}");
+    env.fails(&["bench", "--size", "1K"], 1);
+}

@@ -10,16 +10,26 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// This boot's id ("" if unknown): pids are only comparable within one boot.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Our pid namespace ("" if unknown): pids are only comparable within one.
+pub fn pid_namespace() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// A short tag for "this machine, this boot, this pid namespace": processes with
 /// the same tag can compare pids. 16 hex digits of FNV-1a over host name, boot id
 /// and pid namespace.
 pub fn machine_tag() -> String {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let ns = std::fs::read_link("/proc/self/ns/pid")
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in [hostname(), read("/proc/sys/kernel/random/boot_id"), ns] {
+    for part in [hostname(), boot_id(), pid_namespace()] {
         for b in part.trim().bytes().chain([0u8]) {
             h ^= u64::from(b);
             h = h.wrapping_mul(0x0000_0100_0000_01b3);

@@ -14,8 +14,6 @@ use cairn_format::pack;
 use cairn_format::tree::NodeKind;
 use cairn_format::{BlobId, PackId, SnapshotId};
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[derive(Clone, Debug, Default)]
 pub struct CheckOptions {
@@ -340,45 +338,26 @@ fn read_packs(
     packs: &[(PackId, u64)],
     live: &HashSet<PackId>,
 ) -> (Vec<Problem>, IdSet) {
-    let next = AtomicUsize::new(0);
-    let problems = Mutex::new(Vec::new());
-    let bad = Mutex::new(IdSet::default());
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2);
     let index = repo.index();
     let mut by_pack: HashMap<PackId, Vec<(BlobId, crate::index::BlobLocation)>> = HashMap::new();
     for (b, l) in index.iter() {
         by_pack.entry(index.pack_of(l)).or_default().push((*b, *l));
     }
-    let by_pack = &by_pack;
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((id, size)) = packs.get(i) else {
-                        break;
-                    };
-                    let indexed = by_pack.get(id).map(Vec::as_slice).unwrap_or(&[]);
-                    let (msgs, blobs) = verify_pack(repo, id, *size, indexed, live.contains(id));
-                    let mut pr = problems.lock().unwrap_or_else(|e| e.into_inner());
-                    for m in msgs {
-                        pr.push(Problem {
-                            object: format!("pack {}", id.to_hex()),
-                            message: m,
-                            affects: vec![],
-                        });
-                    }
-                    bad.lock().unwrap_or_else(|e| e.into_inner()).extend(blobs);
-                }
-            });
-        }
+    let results = crate::repo::parallel_map(packs, crate::repo::cores(), |(id, size)| {
+        let indexed = by_pack.get(id).map(Vec::as_slice).unwrap_or(&[]);
+        verify_pack(repo, id, *size, indexed, live.contains(id))
     });
-    (
-        problems.into_inner().unwrap_or_else(|e| e.into_inner()),
-        bad.into_inner().unwrap_or_else(|e| e.into_inner()),
-    )
+    let mut problems = Vec::new();
+    let mut bad = IdSet::default();
+    for ((id, _), (msgs, blobs)) in packs.iter().zip(results) {
+        problems.extend(msgs.into_iter().map(|m| Problem {
+            object: format!("pack {}", id.to_hex()),
+            message: m,
+            affects: vec![],
+        }));
+        bad.extend(blobs);
+    }
+    (problems, bad)
 }
 
 /// Returns problems found and the blob ids (per the index) that are unusable.

@@ -15,6 +15,8 @@
 
 use crate::error::{Error, Result};
 use crate::repo::Repository;
+use crate::time::now_unix;
+use cairn_backend::process::{boot_id, pid_namespace};
 use cairn_backend::{Backend, names};
 use cairn_format::key::MasterKey;
 use cairn_format::lock::Lock;
@@ -57,29 +59,6 @@ impl LockInfo {
             None => format!("unreadable lock {}", &self.hex()[..8]),
         }
     }
-}
-
-fn read_trimmed(path: &str) -> String {
-    std::fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-fn boot_id() -> String {
-    read_trimmed("/proc/sys/kernel/random/boot_id")
-}
-
-fn pid_namespace() -> String {
-    std::fs::read_link("/proc/self/ns/pid")
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }
 
 /// Whether a lock's holder is known to be gone, judged at `now` (unix seconds): not

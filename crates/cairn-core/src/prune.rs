@@ -168,9 +168,8 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
     repo.set_index(&state);
 
     let listed: HashSet<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
-    let roots = snapshot_roots(&snaps)?;
     let mut used = IdSet::default();
-    crate::reachable::collect(repo, &roots, &mut used)?;
+    crate::reachable::collect_snapshots(repo, &snaps, &mut used)?;
 
     let pending_packs: HashSet<PackId> = state
         .pending
@@ -197,7 +196,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
         stored
     };
     let (mut plan, mut infos, actions, orphans) =
-        make_plan(repo, &state, &stored, &used, &pending_packs, opts)?;
+        make_plan(&state, &stored, &used, &pending_packs, opts)?;
     plan.snapshots = snaps.len();
     plan.earlier_pending_packs = pending_packs.len();
     report.plan = plan;
@@ -287,16 +286,6 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
     Ok(report)
 }
 
-fn snapshot_roots(snaps: &[(SnapshotId, cairn_format::snapshot::Snapshot)]) -> Result<Vec<BlobId>> {
-    snaps
-        .iter()
-        .map(|(id, s)| {
-            s.tree_id()
-                .map_err(|e| Error::damaged(format!("snapshot {}", id.to_hex()), e))
-        })
-        .collect()
-}
-
 fn live_lock_ids(repo: &Repository, mine: &RepoLock) -> Result<Vec<[u8; 32]>> {
     Ok(lock::list_locks(repo)?
         .into_iter()
@@ -308,7 +297,6 @@ fn live_lock_ids(repo: &Repository, mine: &RepoLock) -> Result<Vec<[u8; 32]>> {
 type Plan = (PrunePlan, Vec<PackInfo>, Vec<Action>, Vec<PackId>);
 
 fn make_plan(
-    repo: &Repository,
     state: &IndexState,
     stored: &HashMap<PackId, u64>,
     used: &IdSet,
@@ -481,7 +469,6 @@ fn make_plan(
     }
     plan.reclaim_bytes =
         plan.delete_bytes + plan.repack_bytes - plan.repack_copy_bytes + plan.unindexed_bytes;
-    let _ = repo;
     Ok((plan, infos, actions, orphans))
 }
 
@@ -590,7 +577,7 @@ fn delete_pending(
         .into_iter()
         .filter(|(id, _)| !listed.contains(id))
         .collect();
-    crate::reachable::collect(repo, &snapshot_roots(&new)?, &mut used)?;
+    crate::reachable::collect_snapshots(repo, &new, &mut used)?;
     let stored = repo.list_packs()?;
     let index = repo.index().clone();
     let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(l)).collect();
@@ -627,7 +614,6 @@ fn delete_pending(
                 }
                 // A damaged header cannot be indexed: nothing can use such a pack.
                 Err(Error::Damaged { .. }) => delete.push(o),
-                Err(Error::Invalid(m)) if m.contains("too short") => delete.push(o),
                 // Anything else (I/O, timeouts) says nothing about the pack.
                 Err(e) => return Err(e),
             }
@@ -665,7 +651,10 @@ pub fn read_header(
     let what = format!("pack {}", id.to_hex());
     let name = names::pack(&id.to_hex());
     if size < PACK_TRAILER_LEN as u64 {
-        return Err(Error::Invalid(format!("{what} is too short to be a pack")));
+        return Err(Error::damaged(
+            what,
+            cairn_format::FormatError::malformed("pack", "too short to be a pack"),
+        ));
     }
     let trailer = repo.backend().get_range(
         &name,

@@ -17,6 +17,22 @@ struct Queue {
     error: Option<Error>,
 }
 
+/// Adds to `seen` every blob the given snapshots need.
+pub fn collect_snapshots(
+    repo: &Repository,
+    snaps: &[(cairn_format::SnapshotId, cairn_format::snapshot::Snapshot)],
+    seen: &mut IdSet,
+) -> Result<()> {
+    let roots = snaps
+        .iter()
+        .map(|(id, s)| {
+            s.tree_id()
+                .map_err(|e| Error::damaged(format!("snapshot {}", id.to_hex()), e))
+        })
+        .collect::<Result<Vec<BlobId>>>()?;
+    collect(repo, &roots, seen)
+}
+
 /// Adds to `seen` every blob reachable from `roots` (tree ids). Fails on the first
 /// tree or chunk list that cannot be read: a caller deciding what to delete must not
 /// go on with an incomplete set.

@@ -26,8 +26,7 @@ use cairn_format::pack::{self, BlobKind};
 use cairn_format::tree::{Content, Node, NodeKind, Tree};
 use cairn_format::{BlobId, IndexId, PackId, SnapshotId};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct DamagedPack {
@@ -79,37 +78,13 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
     packs.sort();
     report.packs_read = packs.len();
 
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(PackId, Salvaged)>> = Mutex::new(Vec::new());
-    let failure: Mutex<Option<Error>> = Mutex::new(None);
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((id, _)) = packs.get(i) else { break };
-                    match salvage_pack(repo, id, known.get(id).map(Vec::as_slice)) {
-                        Ok(r) => results
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push((*id, r)),
-                        Err(e) => {
-                            *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-                            break;
-                        }
-                    }
-                }
-            });
-        }
+    let salvaged = crate::repo::parallel_map(&packs, crate::repo::cores(), |(id, _)| {
+        salvage_pack(repo, id, known.get(id).map(Vec::as_slice))
     });
-    if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        return Err(e);
+    let mut results = Vec::with_capacity(packs.len());
+    for ((id, _), r) in packs.iter().zip(salvaged) {
+        results.push((*id, r?));
     }
-    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
-    results.sort_by_key(|r| r.0);
     let mut file = IndexFile::default();
     let mut written = Vec::new();
     let mut n = 0;

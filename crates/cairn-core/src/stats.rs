@@ -19,7 +19,7 @@ use crate::index::IdSet;
 use crate::repo::Repository;
 use cairn_backend::names;
 use cairn_format::pack::BlobKind;
-use cairn_format::{BlobId, PackId, SnapshotId};
+use cairn_format::{PackId, SnapshotId};
 use std::collections::{HashMap, HashSet};
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -143,15 +143,8 @@ pub fn stats(repo: &mut Repository, selected: Option<&[SnapshotId]>) -> Result<S
         stored_bytes: snaps.iter().map(|(_, s)| s.summary.total_bytes).sum(),
         ..Default::default()
     };
-    let roots = snaps
-        .iter()
-        .map(|(id, s)| {
-            s.tree_id()
-                .map_err(|e| Error::damaged(format!("snapshot {}", id.to_hex()), e))
-        })
-        .collect::<Result<Vec<BlobId>>>()?;
     let mut used = IdSet::default();
-    crate::reachable::collect(repo, &roots, &mut used)?;
+    crate::reachable::collect_snapshots(repo, &snaps, &mut used)?;
 
     let overhead_per_blob = repo.config().encryption.overhead() as u64;
     let mut used_in_packs = 0u64;

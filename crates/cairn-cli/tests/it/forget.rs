@@ -17,16 +17,6 @@ fn backup_as(env: &Env, src: &Path, host: &str, tags: &[&str]) -> String {
     v["snapshot_id"].as_str().unwrap().to_string()
 }
 
-/// Ids of the snapshots in the repository, oldest first.
-fn snapshot_ids(env: &Env) -> Vec<String> {
-    let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["id"].as_str().unwrap().to_string())
-        .collect()
-}
-
 fn forget_json(env: &Env, args: &[&str]) -> serde_json::Value {
     let mut a = vec!["forget", "--json"];
     a.extend_from_slice(args);
@@ -64,7 +54,7 @@ fn setup(env: &Env) -> (std::path::PathBuf, Vec<String>) {
         .unwrap();
         ids.push(backup_as(env, &src, host, &tags));
     }
-    assert_eq!(snapshot_ids(env).len(), 5);
+    assert_eq!(env.snapshot_ids().len(), 5);
     (src, ids)
 }
 
@@ -94,7 +84,7 @@ fn forget_without_policy_or_ids_fails_and_removes_nothing() {
     // A keep-tag that matches nothing in a group would empty it: refused.
     let err = env.fails(&["forget", "--keep-tag", "nosuchtag"], 1);
     assert!(err.contains("refusing to remove them all"), "{err}");
-    assert_eq!(snapshot_ids(&env), all);
+    assert_eq!(env.snapshot_ids(), all);
 }
 
 #[test]
@@ -110,7 +100,7 @@ fn dry_run_removes_nothing() {
     let v = forget_json(&env, &["--keep-last", "1", "-n"]);
     assert_eq!(v.as_array().unwrap().len(), 2);
     env.ok(&["forget", &all[0], &all[1][..8], "--dry-run"]);
-    assert_eq!(snapshot_ids(&env), all);
+    assert_eq!(env.snapshot_ids(), all);
 }
 
 #[test]
@@ -168,12 +158,12 @@ fn keep_last_per_group_json_and_filters() {
     assert!(out.contains("remove 1 snapshots:"), "{out}");
     assert!(out.contains(&a1[..8]), "{out}");
     assert!(out.contains("removed 1 snapshots"), "{out}");
-    assert_eq!(snapshot_ids(&env), [a2, a3, b1, b2]);
+    assert_eq!(env.snapshot_ids(), [a2, a3, b1, b2]);
 
     // Explicit ids, one by prefix; -q prints nothing.
     let out = env.ok(&["forget", "-q", &a2[..10], b1]);
     assert!(out.is_empty(), "{out}");
-    assert_eq!(snapshot_ids(&env), [a3, b2]);
+    assert_eq!(env.snapshot_ids(), [a3, b2]);
 
     // What remains still restores, and the repository is consistent.
     for (i, snap) in [a3, b2].into_iter().enumerate() {

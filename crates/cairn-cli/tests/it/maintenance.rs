@@ -53,15 +53,6 @@ fn mutate(root: &Path, rng: &mut Rng, round: u64) {
     fs::write(root.join(format!("d0/new-{round}")), rng.bytes(size, false)).unwrap();
 }
 
-fn snapshot_ids(env: &Env) -> Vec<String> {
-    let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["id"].as_str().unwrap().to_string())
-        .collect()
-}
-
 /// Snapshot id -> (source path, an exact copy of what it backed up).
 struct Committed {
     versions: BTreeMap<String, (PathBuf, PathBuf)>,
@@ -167,7 +158,7 @@ fn killed_backups_and_prunes_lose_nothing_committed() {
         } else {
             // Give prune work: forget the oldest snapshot while more than two remain.
             if committed.versions.len() > 2 {
-                let ids = snapshot_ids(&env);
+                let ids = env.snapshot_ids();
                 let oldest = ids
                     .iter()
                     .find(|i| committed.versions.contains_key(*i))
@@ -178,7 +169,7 @@ fn killed_backups_and_prunes_lose_nothing_committed() {
             }
             ("prune", prune_time)
         };
-        let before = snapshot_ids(&env);
+        let before = env.snapshot_ids();
         let delay = Duration::from_micros(rng.below(scale.as_micros() as u64 * 13 / 10 + 1));
         let args: Vec<&str> = match op {
             "backup" => vec!["backup", "-q", src.to_str().unwrap()],
@@ -193,7 +184,7 @@ fn killed_backups_and_prunes_lose_nothing_committed() {
         }
         if op == "backup" {
             // A backup may have committed just before the kill.
-            let after = snapshot_ids(&env);
+            let after = env.snapshot_ids();
             let new: Vec<_> = after.iter().filter(|i| !before.contains(i)).collect();
             assert!(new.len() <= 1, "{label}: {new:?}");
             if let Some(id) = new.first() {

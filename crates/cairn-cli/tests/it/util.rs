@@ -108,6 +108,17 @@ impl Env {
         target.join(src.strip_prefix("/").unwrap())
     }
 
+    /// Ids of the snapshots in the repository, oldest first.
+    pub fn snapshot_ids(&self) -> Vec<String> {
+        let v: serde_json::Value =
+            serde_json::from_str(&self.ok(&["snapshots", "--json"])).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     pub fn check_clean(&self) {
         let out = self.ok(&["check", "--read-data"]);
         assert!(out.contains("no errors were found"), "{out}");

@@ -63,6 +63,36 @@ pub enum Command {
     Stats(StatsArgs),
     /// Measure this machine: speed of each stage and the throughput to expect
     Bench(BenchArgs),
+    /// Predict, before creating a datastore, what each block size makes of some data
+    Estimate(EstimateArgs),
+}
+
+#[derive(Args)]
+pub struct EstimateArgs {
+    /// Files and directories to read (nothing is written)
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    /// Block sizes to compare
+    #[arg(long, value_delimiter = ',', default_value = "4K,8K,16K,32K,64K")]
+    pub block_sizes: Vec<String>,
+    /// Protected data to project the index and datastore size to (default: the data read)
+    #[arg(long)]
+    pub scale: Option<String>,
+    /// RAM of the machine that will run the datastore (default: this machine's)
+    #[arg(long)]
+    pub ram: Option<String>,
+    /// RAM this estimate may use to remember chunk hashes; above that it samples
+    #[arg(long, default_value = "2G")]
+    pub memory: String,
+    /// Also write a self-contained HTML report with charts to this file
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+    /// Exclude a pattern (as for backup; repeatable)
+    #[arg(short = 'e', long = "exclude")]
+    pub excludes: Vec<String>,
+    /// Stay on the file system of each path
+    #[arg(short = 'x', long)]
+    pub one_file_system: bool,
 }
 
 #[derive(Args)]

@@ -2,7 +2,7 @@
 //! Progress shows only when stderr is a terminal and neither --quiet nor --json is set.
 
 use anyhow::{Context, Result, bail};
-use cairn_core::progress::{BackupProgress, RestoreProgress};
+use cairn_core::progress::{BackupProgress, EstimateProgress, RestoreProgress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -182,6 +182,24 @@ impl RestoreProgress for Progress {
         self.add_bytes(n);
     }
     fn entry_done(&self) {
+        self.add_entry();
+    }
+    fn warning(&self, path: &Path, message: &str) {
+        self.warn(path, message);
+    }
+}
+
+impl EstimateProgress for Progress {
+    fn walked(&self, files: u64, bytes: u64) {
+        self.set_total(bytes);
+        if let Some(b) = &self.bar {
+            b.set_message(format!("{files} files"));
+        }
+    }
+    fn bytes_done(&self, n: u64) {
+        self.add_bytes(n);
+    }
+    fn file_done(&self) {
         self.add_entry();
     }
     fn warning(&self, path: &Path, message: &str) {

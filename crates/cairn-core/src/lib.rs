@@ -6,6 +6,7 @@ pub mod backup;
 pub mod blob;
 pub mod chunklist;
 pub mod error;
+pub mod estimate;
 pub mod index;
 pub mod lock;
 pub mod machine;

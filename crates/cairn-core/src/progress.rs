@@ -21,7 +21,16 @@ pub trait RestoreProgress: Send + Sync {
     fn warning(&self, _path: &Path, _message: &str) {}
 }
 
+pub trait EstimateProgress: Send + Sync {
+    /// The walk found `files` regular files holding `bytes`.
+    fn walked(&self, _files: u64, _bytes: u64) {}
+    fn bytes_done(&self, _n: u64) {}
+    fn file_done(&self) {}
+    fn warning(&self, _path: &Path, _message: &str) {}
+}
+
 /// Reports nothing.
 pub struct NoProgress;
 impl BackupProgress for NoProgress {}
 impl RestoreProgress for NoProgress {}
+impl EstimateProgress for NoProgress {}

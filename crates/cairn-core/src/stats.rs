@@ -109,7 +109,7 @@ fn percent(part: u64, whole: u64) -> f64 {
 }
 
 /// Bytes per blob of the RAM placement's table (see [`IndexStats::ram_bytes`]).
-const RAM_BYTES_PER_BLOB: f64 = (32.0 + 20.0 + 1.0) / 0.875;
+pub const RAM_BYTES_PER_BLOB: f64 = (32.0 + 20.0 + 1.0) / 0.875;
 
 /// Computes the statistics for `selected` snapshots (all when `None`).
 pub fn stats(repo: &mut Repository, selected: Option<&[SnapshotId]>) -> Result<Stats> {

@@ -3,6 +3,7 @@ mod bench;
 mod check;
 mod config;
 mod dump;
+mod estimate;
 mod forget;
 mod init;
 mod key;
@@ -40,6 +41,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Repair(c) => repair::run(g, c),
         Command::Stats(a) => stats::run(g, &a),
         Command::Bench(a) => bench::run(g, &a),
+        Command::Estimate(a) => estimate::run(g, &a),
         Command::Forget(a) => forget::run(g, &a),
     }
 }

@@ -15,6 +15,12 @@ applies datasets.apply_history_day: ~4% of the files deleted, rewritten or
 edited) into fresh repositories, then runs forget --keep-last K, prune
 (--max-unused 5%, both tools' default) and check --read-data, each measured on
 its own: phases day1..dayN, forget, prune, check-rd.
+The blocksizes scenario (--scenario blocksizes; cairn only; not part of all)
+keeps the same history as one directory per day (WORK/history/day-01..,
+cached), runs `cairn estimate --block-sizes ...` over all day dirs once, then
+for each block size x compression creates a datastore, backs up every day dir,
+restores the last day, records `cairn stats --json` and compares it with the
+estimate (within 2 percentage points expected).
 Every command runs under /usr/bin/time -v (CPU user+sys, peak RSS); wall time
 is measured here. After each command `sync` runs (timed separately, not part
 of wall) so one tool's dirty pages do not slow the next one down.
@@ -41,15 +47,41 @@ REPO_ROOT = os.path.dirname(BENCH_DIR)
 PASSWORD = "cairn-bench-password"
 ALL_TOOLS = ["cairn", "restic", "borg"]
 ALL_DATASETS = ["mixed", "small", "image"]
-ALL_SCENARIOS = ["backup", "maintenance"]
+ALL_SCENARIOS = ["backup", "maintenance", "blocksizes"]
+DEFAULT_SCENARIOS = ["backup", "maintenance"]  # what --scenario all runs (blocksizes is long: opt in)
 MAINT_TOOLS = ["cairn", "restic"]
 MAINT_PHASES = ["forget", "prune", "check-rd"]
 MAINT_DATASET = "maint"
+BS_DATASET = "blocksizes"
+BS_SIZES = "4K,8K,16K,32K,64K"
+BS_COMPRESSIONS = "standard,max"
+# fields of `cairn stats --json` recorded per datastore (plus index.bytes and index.ram_bytes)
+STATS_FIELDS = ["stored_bytes", "dedup_percent", "compression_percent", "reduction_percent", "occupied_bytes",
+                "unique_chunks", "average_chunk_bytes"]
+# fields of each `cairn estimate --json` block_sizes entry recorded per block size
+EST_FIELDS = ["dedup_percent", "compression_standard_percent", "compression_max_percent",
+              "reduction_standard_percent", "reduction_max_percent"]
+EST_TOLERANCE_PP = 2.0  # estimate vs real datastore: required to agree within this many percentage points
 MB = 1e6
 
 
 def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_size(s):
+    """"16K" -> 16384 (K, M, G: powers of 1024; a plain number is bytes)."""
+    s = str(s).strip().upper().rstrip("B").rstrip("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    return int(float(s[:-1] if mult > 1 else s) * mult)
+
+
+def _fmt_num(v):
+    if v is None or v == "":
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
 
 
 def du_bytes(path):
@@ -343,12 +375,17 @@ class Runner:
         self.csv_f.write(f"# settings: scale={self.cfg['scale']} cfg={json.dumps(self.cfg, sort_keys=True)} "
                          f"cache={self.cache_mode} datasets={','.join(self.a.datasets)} tools={','.join(self.a.tools)} "
                          f"scenarios={','.join(self.a.scenarios)} maint_days={self.a.maint_days} "
-                         f"maint_keep_last={self.a.maint_keep} maint_churn={self.a.maint_churn}\n")
+                         f"maint_keep_last={self.a.maint_keep} maint_churn={self.a.maint_churn} "
+                         f"block_sizes={','.join(self.a.block_sizes)} compressions={','.join(self.a.compressions)}\n")
         self.csv_f.write(f"# versions: {json.dumps(self.versions, sort_keys=True)}\n")
         self.csv_f.write("# units: mb_per_s = 10^6 bytes of input (backup) or restored data (restore) per wall second; "
                          "cpu_s = user+sys; max_rss_kib from /usr/bin/time -v; maintenance rows (dataset maint): "
                          "input_bytes = repository bytes before the command, mb_per_s of check-rd = repository "
-                         "bytes read per wall second, note = the tool's own summary lines\n")
+                         "bytes read per wall second, note = the tool's own summary lines; blocksizes rows "
+                         "(dataset blocksizes): backup-<block>-<compression> sums the backups of all days "
+                         "(max_rss_kib = the largest), note = key=value pairs of cairn stats --json, the "
+                         "matching cairn estimate --json values (est_*) and estimate - real in percentage "
+                         "points (diff_*_pp); the estimate row's note holds the estimate per block size\n")
         self.w = csv.DictWriter(self.csv_f, fieldnames=CSV_FIELDS)
         self.w.writeheader()
         self.csv_f.flush()
@@ -363,7 +400,9 @@ class Runner:
         self.csv_f.flush()
 
     # -- run one command measured
-    def measure(self, tool, label, argv, cwd=None):
+    def measure(self, tool, label, argv, cwd=None, stdout_path=None):
+        """Run argv under /usr/bin/time -v; output goes to logs/<label>.log (with
+        stdout_path, stdout goes to that file instead, e.g. for --json output)."""
         logdir = os.path.join(self.work, "logs")
         os.makedirs(logdir, exist_ok=True)
         base = os.path.join(logdir, label)
@@ -376,8 +415,13 @@ class Runner:
         with open(base + ".log", "w") as lf:
             lf.write("$ " + " ".join(argv) + (f"   (cwd {cwd})" if cwd else "") + "\n")
             lf.flush()
-            rc = subprocess.run(cmd, cwd=cwd, env=tool.env(), stdout=lf, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL).returncode
+            if stdout_path:
+                with open(stdout_path, "w") as of:
+                    rc = subprocess.run(cmd, cwd=cwd, env=tool.env(), stdout=of, stderr=lf,
+                                        stdin=subprocess.DEVNULL).returncode
+            else:
+                rc = subprocess.run(cmd, cwd=cwd, env=tool.env(), stdout=lf, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL).returncode
         wall = time.monotonic() - t0
         busy1, steal1 = cpu_jiffies()
         t1 = time.monotonic()
@@ -631,6 +675,220 @@ class Runner:
             shutil.rmtree(live, ignore_errors=True)
         settle()
 
+    # -- blocksizes scenario: every block size x compression on the day-by-day history
+    def history_days(self):
+        """The maintenance history kept as one directory per day: WORK/history/day-01 .. day-NN.
+
+        day-01 is a copy of the mixed dataset; day-N is a `cp -a` of day-(N-1) with
+        datasets.apply_history_day(day N) applied, so day-N holds exactly what the live
+        tree of the maintenance scenario holds on day N. Cached like the datasets:
+        WORK/history.json is written last and lists what the history was built from;
+        it is reused when that matches and rebuilt otherwise.
+        Returns (list of day dirs, manifest)."""
+        src = self.dataset_src("mixed")
+        days, churn = self.a.maint_days, self.a.maint_churn
+        root = os.path.join(self.work, "history")
+        mpath = root + ".json"
+        with open(src + ".json") as f:
+            src_manifest = json.load(f)
+        want = dict(kind="history", generator="datasets.apply_history_day", source=os.path.basename(src),
+                    source_manifest=src_manifest, seed=datasets.DEFAULT_SEED, days=days, churn=churn)
+        day_dirs = [os.path.join(root, f"day-{d:02d}") for d in range(1, days + 1)]
+        have = None
+        try:
+            with open(mpath) as f:
+                have = json.load(f)
+        except (OSError, ValueError):
+            pass
+        if (have and all(have.get(k) == v for k, v in want.items()) and have.get("last_day_digest")
+                and all(os.path.isdir(d) for d in day_dirs)):
+            log(f"blocksizes: reusing history {root} ({days} days of {want['source']})")
+            return day_dirs, have
+        log(f"blocksizes: building history {root}: {days} days of {want['source']}, "
+            f"{churn:.0%} of files changed per day")
+        t0 = time.monotonic()
+        if os.path.exists(mpath):
+            os.unlink(mpath)
+        tmp = root + ".tmp"
+        for p in (root, tmp):
+            if os.path.exists(p):
+                shutil.rmtree(p)
+        os.makedirs(tmp)
+        per_day = []
+        for d in range(1, days + 1):
+            dst = os.path.join(tmp, f"day-{d:02d}")
+            prev = src if d == 1 else os.path.join(tmp, f"day-{d - 1:02d}")
+            subprocess.run(["cp", "-a", prev, dst], check=True)
+            edits = {}
+            if d > 1:
+                edits = datasets.apply_history_day(dst, d, datasets.DEFAULT_SEED, churn)
+            nfiles, nbytes = tree_size(dst)
+            per_day.append(dict(day=d, files=nfiles, bytes=nbytes, edits=edits))
+        os.rename(tmp, root)
+        log("blocksizes: hashing the last day for restore verification")
+        manifest = dict(want, per_day=per_day, last_day_digest=datasets.tree_digest(day_dirs[-1]),
+                        built_in_s=round(time.monotonic() - t0, 1))
+        with open(mpath + ".tmp", "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+        os.rename(mpath + ".tmp", mpath)
+        settle()
+        log(f"blocksizes: history built in {manifest['built_in_s']}s")
+        return day_dirs, manifest
+
+    def run_blocksizes(self, rep):
+        if "cairn" not in self.a.tools:
+            log("blocksizes: skipped (the scenario runs cairn only; add cairn to --tools)")
+            return
+        skipped = [t for t in self.a.tools if t != "cairn"]
+        if skipped:
+            log(f"blocksizes: skipping {','.join(skipped)} (the scenario runs cairn only)")
+        day_dirs, manifest = self.history_days()
+        days = len(day_dirs)
+        in_files = sum(d["files"] for d in manifest["per_day"])
+        in_bytes = sum(d["bytes"] for d in manifest["per_day"])
+        last_digest = manifest["last_day_digest"]
+        sizes, comps = self.a.block_sizes, self.a.compressions
+        log(f"blocksizes (repetition {rep}): {days} days, {in_bytes / 2**20:.0f} MiB in all; "
+            f"block sizes {','.join(sizes)} x compression {','.join(comps)}")
+        for d in ("repos", "restore", "logs"):
+            os.makedirs(os.path.join(self.work, d), exist_ok=True)
+        common = dict(dataset=BS_DATASET, tool="cairn", tool_version=self.versions.get("cairn"), rep=rep)
+
+        def measured(r):
+            return dict(wall_s=f"{r['wall_s']:.3f}", user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""),
+                        cpu_s=f"{r['cpu_s']:.2f}", max_rss_kib=r.get("max_rss_kib", ""),
+                        sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"],
+                        log=r["log"])
+
+        # 1. estimate, once, over all day dirs (they hold exactly what the snapshots hold)
+        t = Cairn(self.bins["cairn"], self.work, f"{BS_DATASET}-estimate")
+        label = f"{BS_DATASET}-estimate-r{rep}"
+        out_json = os.path.join(self.work, "logs", label + ".json")
+        r = self.measure(t, label, [t.bin, "estimate", "--json", "--block-sizes", ",".join(sizes)] + day_dirs,
+                         stdout_path=out_json)
+        est, est_doc = {}, {}
+        if r["rc"] == 0:
+            try:
+                with open(out_json) as f:
+                    est_doc = json.load(f)
+                est = {e["block_size"]: e for e in est_doc.get("block_sizes", [])}
+            except (OSError, ValueError, KeyError, TypeError) as ex:
+                log(f"blocksizes: cannot parse {out_json}: {ex}")
+        parts = [f"tool_mb_per_s={_fmt_num(est_doc.get('mb_per_s'))}", f"tool_bytes={est_doc.get('bytes', '')}",
+                 f"tool_seconds={_fmt_num(est_doc.get('seconds'))}"]
+        for b in sizes:
+            e = est.get(parse_size(b), {})
+            parts.append(f"{b}:" + ",".join(f"{k}={_fmt_num(e.get(k))}" for k in EST_FIELDS))
+        self.add_row(dict(common, phase="estimate", status="ok" if r["rc"] == 0 and est else f"fail rc={r['rc']}",
+                          input_bytes=in_bytes, input_files=in_files, mb_per_s=f"{in_bytes / MB / r['wall_s']:.2f}",
+                          files_per_s=f"{in_files / r['wall_s']:.1f}", note=" ".join(parts), **measured(r)))
+        self.print_row(self.rows[-1])
+        if est_doc and est_doc.get("bytes") not in (None, in_bytes):
+            log(f"blocksizes: WARNING estimate read {est_doc.get('bytes')} B, the day dirs hold {in_bytes} B")
+        shutil.rmtree(t.cache, ignore_errors=True)
+
+        # 2. one datastore per block size x compression
+        for b in sizes:
+            for c in comps:
+                tag = f"{b}-{c}"
+                t = Cairn(self.bins["cairn"], self.work, f"{BS_DATASET}-{tag}")
+                for p in (t.repo, t.cache):
+                    if os.path.exists(p):
+                        shutil.rmtree(p)
+                os.makedirs(t.cache)
+                settle()
+                base_note = f"block={b} compression={c} days={days}"
+                r = self.measure(t, f"{BS_DATASET}-{tag}-init-r{rep}",
+                                 [t.bin, "init", "--repo", t.repo, "--block-size", b, "--compression", c])
+                if r["rc"] != 0:
+                    self.add_row(dict(common, phase=f"backup-{tag}", status=f"fail init rc={r['rc']}",
+                                      note=base_note, **measured(r)))
+                    self.print_row(self.rows[-1])
+                    continue
+                walls, tot = [], dict(wall_s=0.0, user_s=0.0, sys_s=0.0, cpu_s=0.0, sync_s=0.0, other=0.0, steal=0.0)
+                rss, status, last = 0, "ok", r
+                for d, path in enumerate(day_dirs, 1):
+                    r = self.measure(t, f"{BS_DATASET}-{tag}-day{d:02d}-r{rep}", *t.backup_cmd(path, f"day{d}"))
+                    last = r
+                    walls.append(r["wall_s"])
+                    for k in ("wall_s", "user_s", "sys_s", "cpu_s", "sync_s"):
+                        tot[k] += r.get(k, 0.0)
+                    tot["other"] += float(r["other_cpu_s"])
+                    tot["steal"] += float(r["steal_s"])
+                    rss = max(rss, r.get("max_rss_kib", 0))
+                    log(f"blocksizes {tag} day{d:02d}: wall={r['wall_s']:.2f}s cpu={r['cpu_s']:.2f}s"
+                        + ("" if r["rc"] == 0 else f" FAILED rc={r['rc']}"))
+                    if r["rc"] != 0:
+                        status = f"fail day{d} rc={r['rc']}"
+                        break
+                stats = {}
+                if status == "ok":
+                    out = subprocess.run([t.bin, "stats", "--repo", t.repo, "--json"], env=t.env(),
+                                         capture_output=True, text=True, stdin=subprocess.DEVNULL)
+                    with open(os.path.join(self.work, "logs", f"{BS_DATASET}-{tag}-stats-r{rep}.json"), "w") as f:
+                        f.write(out.stdout + out.stderr)
+                    try:
+                        stats = json.loads(out.stdout)
+                    except ValueError:
+                        status = f"fail stats rc={out.returncode}"
+                        log(f"blocksizes {tag}: stats failed: {out.stderr[-500:]}")
+                real = {k: stats.get(k) for k in STATS_FIELDS}
+                real["index_bytes"] = (stats.get("index") or {}).get("bytes")
+                real["index_ram_bytes"] = (stats.get("index") or {}).get("ram_bytes")
+                e = est.get(parse_size(b), {})
+                estv = dict(est_dedup_percent=e.get("dedup_percent"),
+                            est_compression_percent=e.get(f"compression_{c}_percent"),
+                            est_reduction_percent=e.get(f"reduction_{c}_percent"))
+                diffs = {}
+                for k in ("dedup", "compression", "reduction"):
+                    ev, rv = _f(estv[f"est_{k}_percent"]), _f(real[f"{k}_percent"])
+                    diffs[f"diff_{k}_pp"] = None if ev is None or rv is None else ev - rv
+                if stats and stats.get("stored_bytes") != in_bytes:
+                    log(f"blocksizes {tag}: WARNING stored_bytes {stats.get('stored_bytes')} != {in_bytes} B "
+                        f"in the day dirs")
+                note = " ".join([base_note, "day_wall_s=" + "/".join(f"{w:.2f}" for w in walls)]
+                                + [f"{k}={_fmt_num(v)}" for k, v in list(real.items()) + list(estv.items())
+                                   + list(diffs.items())])
+                repo_bytes = du_bytes(t.repo)
+                wall = tot["wall_s"] or 1e-9
+                self.add_row(dict(common, phase=f"backup-{tag}", status=status, input_bytes=in_bytes,
+                                  input_files=in_files, wall_s=f"{tot['wall_s']:.3f}", user_s=f"{tot['user_s']:.2f}",
+                                  sys_s=f"{tot['sys_s']:.2f}", cpu_s=f"{tot['cpu_s']:.2f}", max_rss_kib=rss or "",
+                                  mb_per_s=f"{in_bytes / MB / wall:.2f}", files_per_s=f"{in_files / wall:.1f}",
+                                  repo_bytes=repo_bytes, cache_bytes=du_bytes(t.cache), sync_s=f"{tot['sync_s']:.2f}",
+                                  other_cpu_s=f"{tot['other']:.2f}", steal_s=f"{tot['steal']:.2f}", log=last["log"],
+                                  note=note))
+                self.print_row(self.rows[-1])
+                big = [k for k, v in diffs.items() if v is not None and abs(v) > EST_TOLERANCE_PP]
+                if diffs and any(v is not None for v in diffs.values()):
+                    log(f"blocksizes {tag}: estimate - real = "
+                        + ", ".join(f"{k[5:-3]} {v:+.2f} pp" for k, v in diffs.items() if v is not None)
+                        + (f"  OVER {EST_TOLERANCE_PP:g} pp: {','.join(k[5:-3] for k in big)}" if big else ""))
+
+                if status == "ok":
+                    target = os.path.join(self.work, "restore", f"cairn-{BS_DATASET}")
+                    if os.path.exists(target):
+                        shutil.rmtree(target)
+                    os.makedirs(target)
+                    settle()
+                    r = self.measure(t, f"{BS_DATASET}-{tag}-restore-r{rep}", *t.restore_cmd(target, "latest"))
+                    rfiles, rbytes = tree_size(target)
+                    verify = "skipped"
+                    if r["rc"] == 0 and not self.a.no_verify:
+                        verify = self.verify(target, day_dirs[-1], last_digest)
+                    self.add_row(dict(common, phase=f"restore-{tag}",
+                                      status="ok" if r["rc"] == 0 else f"fail rc={r['rc']}",
+                                      input_bytes=rbytes, input_files=rfiles,
+                                      mb_per_s=f"{rbytes / MB / r['wall_s']:.2f}",
+                                      files_per_s=f"{rfiles / r['wall_s']:.1f}", repo_bytes=repo_bytes,
+                                      verify=verify, note=base_note, **measured(r)))
+                    self.print_row(self.rows[-1])
+                    shutil.rmtree(target, ignore_errors=True)
+                if not self.a.keep:
+                    shutil.rmtree(t.repo, ignore_errors=True)
+                    shutil.rmtree(t.cache, ignore_errors=True)
+                settle()
+
     def verify(self, target, live, src_digest):
         rel = live.lstrip("/")
         for cand in (os.path.join(target, rel), os.path.join(target, os.path.basename(live)), target):
@@ -674,8 +932,11 @@ class Runner:
         if "maintenance" in self.a.scenarios:
             for rep in range(1, self.a.repeat + 1):
                 self.run_maintenance(rep)
+        if "blocksizes" in self.a.scenarios:
+            for rep in range(1, self.a.repeat + 1):
+                self.run_blocksizes(rep)
         self.csv_f.close()
-        print(render_table(self.rows, self.a.tools))
+        print(render_all(self.rows, self.a.tools))
         print(f"\nCSV: {self.csv_path}")
         print(f"Logs: {os.path.join(self.work, 'logs')}")
         print(f"Note: {self.cache_mode}; throughput = dataset bytes / wall time (MB = 10^6 B).")
@@ -804,6 +1065,162 @@ def render_table(rows, tools):
     return "\n".join(out)
 
 
+def _note_kv(note):
+    kv = {}
+    for tok in (note or "").split():
+        if "=" in tok:
+            k, v = tok.split("=", 1)
+            kv[k] = v
+    return kv
+
+
+def _est_per_block(note):
+    """{"16K": {field: value}} from the estimate row's note (tokens like 16K:dedup_percent=..,..)."""
+    per = {}
+    for tok in (note or "").split():
+        if ":" in tok and "=" in tok and tok.index(":") < tok.index("="):
+            b, rest = tok.split(":", 1)
+            per[b] = dict(x.split("=", 1) for x in rest.split(",") if "=" in x)
+    return per
+
+
+def render_blocksizes(rows):
+    """Tables of the blocksizes scenario (text and Markdown), from its CSV rows."""
+    rows = [r for r in rows if r.get("dataset") == BS_DATASET]
+    reps = sorted({str(r.get("rep")) for r in rows})
+    restores = {(str(r["rep"]), r["phase"][len("restore-"):]): r for r in rows if r["phase"].startswith("restore-")}
+    data = []
+    for r in rows:
+        if not r["phase"].startswith("backup-"):
+            continue
+        kv = _note_kv(r.get("note"))
+        rr = restores.get((str(r["rep"]), r["phase"][len("backup-"):]), {})
+        mib = lambda k: (lambda v: None if v is None else v / 2**20)(_f(kv.get(k)))  # noqa: E731
+        diffs = [_f(kv.get(f"diff_{k}_pp")) for k in ("dedup", "compression", "reduction")]
+        over = [k for k, v in zip(("dedup", "compression", "reduction"), diffs)
+                if v is not None and abs(v) > EST_TOLERANCE_PP]
+        data.append(dict(
+            rep=str(r["rep"]), block=kv.get("block", "?"), comp=kv.get("compression", "?"), status=r["status"],
+            stored=mib("stored_bytes"), dedup=_f(kv.get("dedup_percent")), compr=_f(kv.get("compression_percent")),
+            red=_f(kv.get("reduction_percent")), occupied=mib("occupied_bytes"), index=mib("index_bytes"),
+            index_ram=mib("index_ram_bytes"), chunks=_f(kv.get("unique_chunks")),
+            avg_chunk=_f(kv.get("average_chunk_bytes")), backup_s=_f(r.get("wall_s")),
+            backup_mbs=_f(r.get("mb_per_s")), restore_s=_f(rr.get("wall_s")), restore_mbs=_f(rr.get("mb_per_s")),
+            verify=rr.get("verify", "") or ("-" if r["status"] == "ok" else r["status"]),
+            est_dedup=_f(kv.get("est_dedup_percent")), est_compr=_f(kv.get("est_compression_percent")),
+            est_red=_f(kv.get("est_reduction_percent")), diffs=diffs, over=over))
+    if not data and not rows:
+        return ""
+
+    def n(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    def dpp(ds):
+        return "/".join("-" if v is None else f"{v:+.2f}" for v in ds)
+
+    out = ["", "blocksizes: one datastore per block size x compression, all days backed up, then a restore of "
+           "the last day", "(stored = data of all snapshots; dedup/compression/reduction % from cairn stats; "
+           "est. = cairn estimate over the same day dirs; diff pp = estimate - real, dedup/compression/reduction, "
+           f"'!' = more than {EST_TOLERANCE_PP:g} points apart)"]
+    cols = [("block", 5), ("compr.", 8), ("stored MiB", 10), ("dedup %", 7), ("compr. %", 8), ("reduct. %", 9),
+            ("occupied MiB", 12), ("index MiB", 9), ("backup s", 9), ("restore s", 9), ("est. red. %", 11),
+            ("diff pp d/c/r", 19), ("verify", 6)]
+    if len(reps) > 1:
+        cols.insert(0, ("rep", 3))
+    hdr = " ".join(name.rjust(w) if i >= (3 if len(reps) > 1 else 2) else name.ljust(w)
+                   for i, (name, w) in enumerate(cols))
+    out.append(hdr)
+    out.append("-" * len(hdr))
+    for d in data:
+        vals = [d["block"], d["comp"], n(d["stored"], ".1f"), n(d["dedup"], ".2f"), n(d["compr"], ".2f"),
+                n(d["red"], ".2f"), n(d["occupied"], ".1f"), n(d["index"], ".2f"), n(d["backup_s"], ".1f"),
+                n(d["restore_s"], ".1f"), n(d["est_red"], ".2f"), dpp(d["diffs"]) + ("!" if d["over"] else " "),
+                d["verify"] if d["status"] == "ok" else d["status"]]
+        if len(reps) > 1:
+            vals.insert(0, d["rep"])
+        out.append(" ".join(v.rjust(w) if i >= (3 if len(reps) > 1 else 2) else v.ljust(w)
+                            for i, (v, (_, w)) in enumerate(zip(vals, cols))))
+    out.append("")
+    rp = (lambda d: f"{d['rep']:3} ") if len(reps) > 1 else (lambda d: "")  # noqa: E731
+    h2 = ("rep " if len(reps) > 1 else "") + (
+          f"{'block':5} {'compr.':8} {'unique chunks':>13} {'avg chunk B':>11} {'index RAM MiB':>13} "
+          f"{'dedup real/est':>15} {'compr. real/est':>15} {'backup MB/s':>11} {'restore MB/s':>12}")
+    out.append(h2)
+    out.append("-" * len(h2))
+    for d in data:
+        out.append(rp(d) + f"{d['block']:5} {d['comp']:8} {n(d['chunks'], '.0f'):>13} {n(d['avg_chunk'], '.0f'):>11} "
+                   f"{n(d['index_ram'], '.2f'):>13} "
+                   f"{n(d['dedup'], '.2f') + '/' + n(d['est_dedup'], '.2f'):>15} "
+                   f"{n(d['compr'], '.2f') + '/' + n(d['est_compr'], '.2f'):>15} "
+                   f"{n(d['backup_mbs'], '.1f'):>11} {n(d['restore_mbs'], '.1f'):>12}")
+    for r in rows:
+        if r["phase"] != "estimate":
+            continue
+        kv = _note_kv(r.get("note"))
+        out.append("")
+        out.append(f"estimate{' r' + str(r['rep']) if len(reps) > 1 else ''}: {r['status']}, "
+                   f"{n(_f(r.get('input_bytes')) and _f(r.get('input_bytes')) / 2**20, '.1f')} MiB read in "
+                   f"{n(_f(r.get('wall_s')), '.1f')} s = {n(_f(r.get('mb_per_s')), '.1f')} MB/s measured, "
+                   f"{n(_f(kv.get('tool_mb_per_s')), '.1f')} MB/s reported by cairn estimate (mb_per_s); "
+                   f"cpu {n(_f(r.get('cpu_s')), '.1f')} s, rss {n(_f(r.get('max_rss_kib')) and _f(r.get('max_rss_kib')) / 1024, '.0f')} MiB")
+        per = _est_per_block(r.get("note"))
+        if per:
+            out.append(f"  {'block':5} {'dedup %':>8} {'compr. std %':>12} {'compr. max %':>12} "
+                       f"{'red. std %':>10} {'red. max %':>10}")
+            for b, e in per.items():
+                out.append(f"  {b:5} {n(_f(e.get('dedup_percent')), '.2f'):>8} "
+                           f"{n(_f(e.get('compression_standard_percent')), '.2f'):>12} "
+                           f"{n(_f(e.get('compression_max_percent')), '.2f'):>12} "
+                           f"{n(_f(e.get('reduction_standard_percent')), '.2f'):>10} "
+                           f"{n(_f(e.get('reduction_max_percent')), '.2f'):>10}")
+    over = [d for d in data if d["over"]]
+    missing = [d for d in data if d["status"] == "ok" and any(v is None for v in d["diffs"])]
+    out.append("")
+    if over:
+        out.append(f"WARNING: estimate and datastore more than {EST_TOLERANCE_PP:g} points apart: "
+                   + "; ".join(f"{d['block']} {d['comp']} ({', '.join(f'{k} {v:+.2f}' for k, v in zip(('dedup', 'compression', 'reduction'), d['diffs']) if k in d['over'])})"
+                               for d in over))
+    elif data and not missing:
+        out.append(f"estimate vs datastores: every difference within {EST_TOLERANCE_PP:g} points "
+                   f"(largest {max(abs(v) for d in data for v in d['diffs'] if v is not None):.2f})")
+    if missing:
+        out.append("estimate vs datastores: no comparison for " + ", ".join(f"{d['block']} {d['comp']}" for d in missing))
+    bad = [d for d in data if d["status"] != "ok" or d["verify"] not in ("ok", "skipped")]
+    if bad:
+        out.append("WARNING: failed or unverified: " + ", ".join(f"{d['block']} {d['comp']} ({d['status']}, "
+                                                               f"verify {d['verify']})" for d in bad))
+    out.append("")
+    out.append("Markdown:")
+    out.append("")
+    mcols = ["block", "compression", "stored MiB", "dedup %", "compression %", "reduction %", "occupied MiB",
+             "index MiB", "backup s", "restore s", "est. reduction %", "diff pp (dedup/compr./red.)"]
+    if len(reps) > 1:
+        mcols.insert(0, "rep")
+    out.append("| " + " | ".join(mcols) + " |")
+    out.append("| " + " | ".join(["---"] * 2 + ["---:"] * (len(mcols) - 2)) + " |")
+    for d in data:
+        vals = [d["block"], d["comp"], n(d["stored"], ".1f"), n(d["dedup"], ".2f"), n(d["compr"], ".2f"),
+                n(d["red"], ".2f"), n(d["occupied"], ".1f"), n(d["index"], ".2f"), n(d["backup_s"], ".1f"),
+                n(d["restore_s"], ".1f"), n(d["est_red"], ".2f"),
+                dpp(d["diffs"]) + (" **!**" if d["over"] else "")]
+        if len(reps) > 1:
+            vals.insert(0, d["rep"])
+        out.append("| " + " | ".join(vals) + " |")
+    return "\n".join(out)
+
+
+def render_all(rows, tools):
+    """The scenario tables: backup/maintenance ones, then the blocksizes ones."""
+    other = [r for r in rows if r.get("dataset") != BS_DATASET]
+    bs = [r for r in rows if r.get("dataset") == BS_DATASET]
+    parts = []
+    if other or not bs:
+        parts.append(render_table(other, tools))
+    if bs:
+        parts.append(render_blocksizes(bs))
+    return "\n".join(parts)
+
+
 def table_from_csv(path):
     with open(path) as f:
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
@@ -811,7 +1228,7 @@ def table_from_csv(path):
     for r in rows:
         if r["tool"] not in tools:
             tools.append(r["tool"])
-    return render_table(rows, tools)
+    return render_all(rows, tools)
 
 
 def main():
@@ -819,14 +1236,19 @@ def main():
     ap.add_argument("--datasets", default=",".join(ALL_DATASETS), help="comma list of mixed,small,image")
     ap.add_argument("--tools", default=",".join(ALL_TOOLS), help="comma list of cairn,restic,borg")
     ap.add_argument("--scenario", default="all",
-                    help="comma list of backup (the --datasets runs) and maintenance (day-by-day history, "
-                         "then forget/prune/check --read-data; cairn and restic), or all (default)")
+                    help="comma list of backup (the --datasets runs), maintenance (day-by-day history, "
+                         "then forget/prune/check --read-data; cairn and restic) and blocksizes (the same history "
+                         "into one cairn datastore per --block-sizes x --compressions, compared with cairn "
+                         "estimate; long, so not part of all), or all (default: backup,maintenance)")
     ap.add_argument("--maint-days", type=int, default=8,
                     help="daily versions in the maintenance history (default 8, at every scale: with fewer, "
                          "keep-last 3 forgets too little for prune to repack anything)")
     ap.add_argument("--maint-keep", type=int, default=3, help="forget --keep-last N in the maintenance scenario")
     ap.add_argument("--maint-churn", type=float, default=0.04,
                     help="fraction of files deleted/rewritten/edited per day in the maintenance history")
+    ap.add_argument("--block-sizes", default=BS_SIZES, help=f"blocksizes scenario: block sizes (default {BS_SIZES})")
+    ap.add_argument("--compressions", default=BS_COMPRESSIONS,
+                    help=f"blocksizes scenario: compressions (default {BS_COMPRESSIONS})")
     ap.add_argument("--scale", default=None, help="full | quick | fraction (default: $BENCH_SCALE or full)")
     ap.add_argument("--data-dir", default=os.environ.get("BENCH_DATA", os.path.join(BENCH_DIR, ".work", "data")))
     ap.add_argument("--work-dir", default=os.environ.get("BENCH_WORK", os.path.join(BENCH_DIR, ".work", "run")))
@@ -847,10 +1269,20 @@ def main():
         return
     a.datasets = [d for d in a.datasets.split(",") if d]
     a.tools = [t for t in a.tools.split(",") if t]
-    a.scenarios = ALL_SCENARIOS if a.scenario == "all" else [x for x in a.scenario.split(",") if x]
+    a.scenarios = DEFAULT_SCENARIOS if a.scenario == "all" else [x for x in a.scenario.split(",") if x]
     for x in a.scenarios:
         if x not in ALL_SCENARIOS:
-            ap.error(f"unknown scenario {x} (backup, maintenance or all)")
+            ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes or all)")
+    a.block_sizes = [b.strip().upper() for b in a.block_sizes.split(",") if b.strip()]
+    a.compressions = [c.strip() for c in a.compressions.split(",") if c.strip()]
+    for b in a.block_sizes:
+        try:
+            parse_size(b)
+        except ValueError:
+            ap.error(f"bad block size {b} (4K, 8K, 16K, 32K or 64K)")
+    for c in a.compressions:
+        if c not in ("none", "standard", "max"):
+            ap.error(f"unknown compression {c} (none, standard or max)")
     if a.maint_days < 1 or a.maint_keep < 1:
         ap.error("--maint-days and --maint-keep must be at least 1")
     for d in a.datasets:

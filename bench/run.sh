@@ -2,12 +2,18 @@
 # Benchmark cairn against restic and borg in the same run.
 #
 #   bench/run.sh [--quick] [--datasets mixed,small,image] [--tools cairn,restic,borg]
-#                [--scenario all|backup|maintenance] [--scale full|quick|FRACTION]
+#                [--scenario all|backup|maintenance|blocksizes] [--scale full|quick|FRACTION]
 #                [--cold] [--keep] [--no-verify] [--no-build] [--no-install]
 #
 # --scenario maintenance: 8 daily versions of the mixed tree backed up by cairn
 # and restic, then forget --keep-last 3, prune and check --read-data (the
 # default, all, runs the backup/restore datasets and then this).
+# --scenario blocksizes (cairn only; not part of all, it is long: 30-45 min at
+# full scale): the same 8 days, each kept as its own dir (bench/.work/run/history,
+# cached), cairn estimate over all of them, then one datastore per block size
+# (4K..64K) x compression (standard, max): back up every day, restore the last,
+# cairn stats; prints real vs estimated dedup/compression/reduction (must be
+# within 2 points) and a Markdown table. Use: --scenario blocksizes --tools cairn
 # Builds cairn (cargo build --release), installs restic/borg if missing
 # (install-peers.sh), generates datasets if missing (bench/.work/data), then
 # runs bench.py, which writes bench/results/<date>-<gitsha>.csv and prints a
@@ -29,7 +35,7 @@ while [ $# -gt 0 ]; do
     --tools=*) TOOLS="${1#*=}" ;;
     --no-build) BUILD=0 ;;
     --no-install) INSTALL=0 ;;
-    -h|--help) sed -n '2,14p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
     *) ARGS+=("$1") ;;
   esac
   shift

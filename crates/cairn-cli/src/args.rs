@@ -251,6 +251,9 @@ pub struct ConfigArgs {
     /// Set the compression for data written from now on: none, standard or max
     #[arg(long)]
     pub compression: Option<String>,
+    /// Set how many backup jobs may write at once (default 4); more wait their turn
+    #[arg(long)]
+    pub max_concurrent_jobs: Option<u32>,
 }
 
 #[derive(Args)]

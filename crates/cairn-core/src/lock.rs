@@ -295,6 +295,58 @@ impl Drop for RepoLock {
     }
 }
 
+/// The backup jobs ahead of the lock `mine` in the queue for job slots: live
+/// "backup" locks created before it (ties broken by lock id, so every job sees the
+/// same order). A job whose lock is not listed (yet) queues behind every other.
+pub fn jobs_ahead(locks: &[LockInfo], mine: &[u8; 32]) -> Vec<LockInfo> {
+    let key = |i: &LockInfo| i.lock.as_ref().map(|l| (l.created.clone(), i.id));
+    let my_key = locks.iter().find(|i| &i.id == mine).and_then(key);
+    let mut ahead: Vec<LockInfo> = locks
+        .iter()
+        .filter(|i| &i.id != mine && !i.stale)
+        .filter(|i| i.lock.as_ref().is_some_and(|l| l.operation == "backup"))
+        .filter(|i| match (&my_key, key(i)) {
+            (Some(me), Some(other)) => other < *me,
+            _ => true,
+        })
+        .cloned()
+        .collect();
+    ahead.sort_by_key(key);
+    ahead
+}
+
+/// How often a queued job looks again.
+const JOB_POLL: Duration = Duration::from_secs(2);
+
+/// Waits until fewer than `max` backup jobs are ahead of `lock` (the datastore's
+/// `max_concurrent_jobs`). Jobs queue in the order their locks were created, so
+/// two jobs never both take the last slot, and none starves. `waiting` is called
+/// once, with the jobs ahead, when the job has to wait; its lock stays refreshed
+/// meanwhile, and a killed job ahead is seen as gone as soon as its lock is stale.
+pub fn wait_for_job_slot(
+    repo: &Repository,
+    lock: &RepoLock,
+    max: u32,
+    mut waiting: impl FnMut(&[LockInfo]),
+) -> Result<()> {
+    let mut told = false;
+    loop {
+        let ahead = jobs_ahead(&list_locks(repo)?, &lock.id());
+        if ahead.len() < max as usize {
+            return Ok(());
+        }
+        if !told {
+            waiting(&ahead);
+            told = true;
+        }
+        lock.check_fresh()?;
+        // Jitter keeps many queued jobs from listing the locks in step.
+        let jitter: [u8; 2] = cairn_format::envelope::random_bytes();
+        let jitter = u64::from(u16::from_le_bytes(jitter)) % 1000;
+        std::thread::sleep(JOB_POLL + Duration::from_millis(jitter));
+    }
+}
+
 /// Removes stale locks (all locks with `all`); returns the ones removed.
 pub fn remove_locks(repo: &Repository, all: bool) -> Result<Vec<LockInfo>> {
     let mut removed = Vec::new();

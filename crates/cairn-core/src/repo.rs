@@ -172,6 +172,7 @@ impl Repository {
             chunker: ChunkerParams::for_block_size(opts.block_size),
             compression: opts.compression,
             pack_size: DEFAULT_PACK_SIZE as u32,
+            max_concurrent_jobs: cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS,
             plain_master_secret: (encryption == Encryption::None)
                 .then(|| hex::encode(key.secret())),
         };
@@ -317,6 +318,19 @@ impl Repository {
     /// Changes the compression policy for blobs written from now on.
     pub fn set_compression(&mut self, c: Compression) -> Result<()> {
         self.config.compression = c;
+        self.write_config()
+    }
+
+    /// Sets how many backup jobs may write at once (1 to 1024); takes effect for
+    /// jobs that start from now on.
+    pub fn set_max_concurrent_jobs(&mut self, n: u32) -> Result<()> {
+        if !(1..=cairn_format::config::MAX_MAX_CONCURRENT_JOBS).contains(&n) {
+            return Err(Error::Invalid(format!(
+                "max-concurrent-jobs must be between 1 and {}",
+                cairn_format::config::MAX_MAX_CONCURRENT_JOBS
+            )));
+        }
+        self.config.max_concurrent_jobs = n;
         self.write_config()
     }
 

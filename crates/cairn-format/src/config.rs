@@ -102,6 +102,10 @@ pub struct Config {
     pub chunker: ChunkerParams,
     pub compression: Compression,
     pub pack_size: u32,
+    /// Backup jobs that may write at once; more wait their turn (changeable at any
+    /// time; configs written before the setting existed mean the default).
+    #[serde(default = "default_max_concurrent_jobs")]
+    pub max_concurrent_jobs: u32,
     /// Only for `encryption: none`: the master secret, hex (nothing to protect).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plain_master_secret: Option<String>,
@@ -112,6 +116,15 @@ struct ConfigFile<'a> {
     #[serde(borrow)]
     config: &'a RawValue,
     mac: String,
+}
+
+/// Default of [`Config::max_concurrent_jobs`].
+pub const DEFAULT_MAX_CONCURRENT_JOBS: u32 = 4;
+/// Highest accepted value (a sanity bound; above 16 the CLI warns).
+pub const MAX_MAX_CONCURRENT_JOBS: u32 = 1024;
+
+fn default_max_concurrent_jobs() -> u32 {
+    DEFAULT_MAX_CONCURRENT_JOBS
 }
 
 impl Config {
@@ -130,6 +143,12 @@ impl Config {
         self.repo_id()?;
         if !(1 << 20..=256 << 20).contains(&self.pack_size) {
             return Err(FormatError::malformed("config", "pack_size out of range"));
+        }
+        if !(1..=MAX_MAX_CONCURRENT_JOBS).contains(&self.max_concurrent_jobs) {
+            return Err(FormatError::malformed(
+                "config",
+                "max_concurrent_jobs out of range",
+            ));
         }
         Ok(())
     }
@@ -186,6 +205,7 @@ mod tests {
             chunker: ChunkerParams::for_block_size(16384),
             compression: Compression::Standard,
             pack_size: 16 << 20,
+            max_concurrent_jobs: 4,
             plain_master_secret: None,
         };
         let mac = |b: &[u8]| *blake3::keyed_hash(&[1u8; 32], b).as_bytes();
@@ -193,5 +213,17 @@ mod tests {
         let (back, body, tag) = Config::parse(&bytes).unwrap();
         assert_eq!(back, c);
         assert_eq!(mac(&body), tag);
+    }
+
+    #[test]
+    fn a_config_from_before_max_concurrent_jobs_means_the_default() {
+        let old = br#"{"config": {"version": 1, "id": "0000000000000000000000000000000000000000000000000000000000000000", "created": "now", "encryption": "aes-256-gcm", "chunker": {"algorithm": "fastcdc-v2020", "min_size": 4096, "avg_size": 16384, "max_size": 65536, "normalization": 1}, "compression": "standard", "pack_size": 16777216}, "mac": "0000000000000000000000000000000000000000000000000000000000000000"}"#;
+        let (c, _, _) = Config::parse(old).unwrap();
+        assert_eq!(c.max_concurrent_jobs, DEFAULT_MAX_CONCURRENT_JOBS);
+        let zero = String::from_utf8_lossy(old).replace(
+            "\"pack_size\": 16777216",
+            "\"pack_size\": 16777216, \"max_concurrent_jobs\": 0",
+        );
+        assert!(Config::parse(zero.as_bytes()).is_err());
     }
 }

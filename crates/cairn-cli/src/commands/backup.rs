@@ -51,6 +51,21 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         super::open(g)?
     };
     let lock = super::lock(&repo, "backup", false)?;
+    // Wait for a job slot before loading the index: the jobs ahead are then
+    // finished, and this one deduplicates against what they stored.
+    if let Some(l) = &lock {
+        let max = repo.config().max_concurrent_jobs;
+        cairn_core::lock::wait_for_job_slot(&repo, l, max, |ahead| {
+            eprintln!(
+                "waiting: {} backup jobs are running or queued ahead (max-concurrent-jobs is {max}; change it with `cairn config --max-concurrent-jobs N`):",
+                ahead.len()
+            );
+            for j in ahead.iter().take(max as usize + 2) {
+                eprintln!("  {}", j.describe());
+            }
+        })
+        .context("waiting for a job slot")?;
+    }
     repo.load_index().context("loading the index")?;
     for e in repo.index_errors() {
         eprintln!("warning: {e} (its data will be stored again)");

@@ -8,6 +8,16 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
         let c: Compression = c.parse().map_err(anyhow::Error::msg)?;
         repo.set_compression(c)?;
     }
+    if let Some(n) = a.max_concurrent_jobs {
+        repo.set_max_concurrent_jobs(n)?;
+        if n > 16 {
+            eprintln!(
+                "warning: max-concurrent-jobs {n}: more than 16 jobs writing at once mostly \
+                 compete for CPU, memory and storage bandwidth, and each holds its own \
+                 copy of the index in memory"
+            );
+        }
+    }
     let c = repo.config();
     if g.json {
         super::print_json(&serde_json::json!({
@@ -18,6 +28,7 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
             "compression": c.compression.name(),
             "encryption": c.encryption.name(),
             "pack_size": c.pack_size,
+            "max_concurrent_jobs": c.max_concurrent_jobs,
             "created": c.created,
         }))?;
     } else if !g.quiet {
@@ -26,6 +37,7 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
         println!("block size    {} KiB", c.chunker.avg_size / 1024);
         println!("compression   {}", c.compression.name());
         println!("encryption    {}", c.encryption.name());
+        println!("max jobs      {} concurrent backups", c.max_concurrent_jobs);
     }
     Ok(0)
 }

@@ -6,6 +6,7 @@ mod crash;
 mod estimate;
 mod forget;
 mod golden;
+mod jobs;
 mod keys;
 mod maintenance;
 mod roundtrip;

@@ -65,6 +65,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Predict, before creating a datastore, what each block size makes of some data
     Estimate(EstimateArgs),
+    /// Show where the index lives and what it costs; change or move it
+    Index(IndexArgs),
 }
 
 #[derive(Args)]
@@ -155,6 +157,23 @@ pub struct InitArgs {
     /// Store data unencrypted (checksummed, not confidential)
     #[arg(long)]
     pub no_encryption: bool,
+    /// Where the index lives: ram (47 bytes of RAM per chunk) or ssd (a local disk,
+    /// about 1.4 bytes of RAM per chunk)
+    #[arg(long, default_value = "ram")]
+    pub index_placement: String,
+    /// Directory for the SSD placement (default: ~/.cache/cairn/index)
+    #[arg(long)]
+    pub index_path: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct IndexArgs {
+    /// Move the index to this placement: ram or ssd
+    #[arg(long)]
+    pub placement: Option<String>,
+    /// Directory for the SSD placement's files on this machine
+    #[arg(long)]
+    pub path: Option<PathBuf>,
 }
 
 #[derive(Args)]

@@ -100,10 +100,10 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
     // Packs: every indexed pack must exist and hold its blobs.
     let stored: HashMap<PackId, u64> = repo.list_packs()?;
     report.packs = stored.len();
-    let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(l)).collect();
+    let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(&l)).collect();
     let mut extent: HashMap<PackId, u64> = HashMap::new();
     for (_, loc) in index.iter() {
-        let p = index.pack_of(loc);
+        let p = index.pack_of(&loc);
         let end = u64::from(loc.offset) + u64::from(loc.length);
         let e = extent.entry(p).or_default();
         *e = (*e).max(end);
@@ -153,8 +153,8 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
         bad_blobs.extend(bad);
     }
     for (id, loc) in index.iter() {
-        if bad_packs.contains(&index.pack_of(loc)) {
-            bad_blobs.insert(*id);
+        if bad_packs.contains(&index.pack_of(&loc)) {
+            bad_blobs.insert(id);
         }
     }
 
@@ -341,7 +341,7 @@ fn read_packs(
     let index = repo.index();
     let mut by_pack: HashMap<PackId, Vec<(BlobId, crate::index::BlobLocation)>> = HashMap::new();
     for (b, l) in index.iter() {
-        by_pack.entry(index.pack_of(l)).or_default().push((*b, *l));
+        by_pack.entry(index.pack_of(&l)).or_default().push((b, l));
     }
     let results = crate::repo::parallel_map(packs, crate::repo::cores(), |(id, size)| {
         let indexed = by_pack.get(id).map(Vec::as_slice).unwrap_or(&[]);

@@ -2,9 +2,11 @@
 //!
 //! Built from all `index/` files at open. The repository's index files are the
 //! truth; this is a derived, in-memory view (the RAM placement). Blob ids are keyed
-//! BLAKE3 outputs, uniformly distributed, so the hash table uses their first 8 bytes as
-//! the hash instead of hashing them again.
+//! BLAKE3 outputs, uniformly distributed, so hash tables use their first 8 bytes as
+//! the hash instead of hashing them again, and the master index finds an id's place
+//! in its sorted table from its first bits.
 
+use cairn_format::consts::ID_LEN;
 use cairn_format::index::{IndexBlob, IndexFile};
 use cairn_format::pack::{BlobCompression, BlobKind};
 use cairn_format::{BlobId, PackId};
@@ -31,8 +33,7 @@ impl Hasher for IdHasher {
 pub type IdMap<V> = HashMap<BlobId, V, BuildHasherDefault<IdHasher>>;
 pub type IdSet = std::collections::HashSet<BlobId, BuildHasherDefault<IdHasher>>;
 
-/// Where one blob lives. 20 bytes; with the 32-byte key the table costs about 56
-/// bytes per blob at full load.
+/// Where one blob lives (as handed out; the table stores it packed in 15 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlobLocation {
     pack: u32,
@@ -43,12 +44,8 @@ pub struct BlobLocation {
     pub compression: BlobCompression,
 }
 
-/// Live entries come from index files; pending ones from prune's pending-deletion
-/// records (packs on their way out). Readers use both, so a snapshot that committed
-/// while prune ran still restores; backups deduplicate only against live entries,
-/// so nothing new comes to depend on a pack that is about to go.
 impl BlobLocation {
-    fn new(pack: u32, b: &IndexBlob) -> Self {
+    pub(crate) fn new(pack: u32, b: &IndexBlob) -> Self {
         BlobLocation {
             pack,
             offset: b.offset,
@@ -60,12 +57,98 @@ impl BlobLocation {
     }
 }
 
+/// Bytes of one table record: the 32-byte id and the packed location.
+pub const RECORD_LEN: usize = ID_LEN + 15;
+
+/// One record: id, then pack (32 bits), offset (30), length (27), raw length
+/// (27), kind (2), compression (1) and the pending flag (1), little-endian. The
+/// index file decoder bounds every field to these widths (`offset + length` within
+/// a pack of at most 1 GiB, lengths within one blob).
+pub(crate) type Record = [u8; RECORD_LEN];
+
+pub(crate) fn pack_record(id: &BlobId, loc: &BlobLocation, pending: bool) -> Record {
+    let v: u128 = u128::from(loc.pack)
+        | (u128::from(loc.offset & ((1 << 30) - 1)) << 32)
+        | (u128::from(loc.length & ((1 << 27) - 1)) << 62)
+        | (u128::from(loc.raw_length & ((1 << 27) - 1)) << 89)
+        | (u128::from(loc.kind as u8 & 3) << 116)
+        | (u128::from(loc.compression as u8 & 1) << 118)
+        | (u128::from(pending) << 119);
+    let mut r = [0u8; RECORD_LEN];
+    r[..ID_LEN].copy_from_slice(&id.0);
+    r[ID_LEN..].copy_from_slice(&v.to_le_bytes()[..15]);
+    r
+}
+
+pub(crate) fn record_id(r: &Record) -> BlobId {
+    let mut id = [0u8; ID_LEN];
+    id.copy_from_slice(&r[..ID_LEN]);
+    BlobId(id)
+}
+
+pub(crate) fn record_pending(r: &Record) -> bool {
+    r[RECORD_LEN - 1] & 0x80 != 0
+}
+
+pub(crate) fn unpack_record(r: &Record) -> BlobLocation {
+    let mut b = [0u8; 16];
+    b[..15].copy_from_slice(&r[ID_LEN..]);
+    let v = u128::from_le_bytes(b);
+    let bits = |shift: u32, width: u32| ((v >> shift) & ((1u128 << width) - 1)) as u32;
+    BlobLocation {
+        pack: bits(0, 32),
+        offset: bits(32, 30),
+        length: bits(62, 27),
+        raw_length: bits(89, 27),
+        kind: BlobKind::from_u8(bits(116, 2) as u8).unwrap_or(BlobKind::Data),
+        compression: BlobCompression::from_u8(bits(118, 1) as u8).unwrap_or(BlobCompression::Raw),
+    }
+}
+
+/// Whether a location fits the packed record (the decoder guarantees it for index
+/// files; this guards the other callers).
+pub(crate) fn fits(b: &IndexBlob) -> bool {
+    b.offset < (1 << 30) && b.length < (1 << 27) && b.raw_length < (1 << 27)
+}
+
+/// The blob index in RAM: every record in one array sorted by id, and a directory
+/// of where each run of ids sharing their top bits starts. Ids are uniformly
+/// distributed (keyed hashes), so each run holds about [`PER_BUCKET`] records and a
+/// lookup is one directory read and a short binary search. Cost per blob:
+/// [`RECORD_LEN`] bytes and a quarter byte of directory, no empty slots.
+///
+/// Built once per open: records are staged by [`MasterIndex::add_pack`] and
+/// [`MasterIndex::add_pending_pack`] and sorted by [`MasterIndex::finish`]; lookups
+/// see only finished records. Live entries come from index files; pending ones
+/// from prune's pending-deletion records (packs on their way out). Readers use
+/// both, so a snapshot that committed while prune ran still restores; backups
+/// deduplicate only against live entries, so nothing new comes to depend on a pack
+/// that is about to go.
 #[derive(Default)]
 pub struct MasterIndex {
     packs: Vec<PackId>,
     pack_numbers: HashMap<PackId, u32>,
-    blobs: IdMap<BlobLocation>,
-    pending: IdMap<BlobLocation>,
+    records: Vec<Record>,
+    /// `dir[b]..dir[b + 1]` are the records whose ids start with the `bits`-bit value `b`.
+    dir: Vec<u32>,
+    bits: u32,
+    /// Records staged since the last [`MasterIndex::finish`].
+    staged: usize,
+    live: usize,
+    /// The SSD placement: lookups go there and `records` stays empty.
+    ssd: Option<crate::ssd::SsdIndex>,
+}
+
+/// Records per directory bucket on average.
+const PER_BUCKET: usize = 16;
+
+/// Most records the RAM placement holds (the directory counts in 32 bits).
+pub const MAX_RECORDS: usize = u32::MAX as usize;
+
+fn prefix(id: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&id[..8]);
+    u64::from_be_bytes(b)
 }
 
 impl MasterIndex {
@@ -73,12 +156,48 @@ impl MasterIndex {
         Self::default()
     }
 
+    /// Room for `n` more records, so that building does not double the memory.
+    pub fn reserve(&mut self, n: usize) {
+        self.records.reserve_exact(n);
+    }
+
+    /// The index of the SSD placement, opened on its local files.
+    pub fn from_ssd(ssd: crate::ssd::SsdIndex, packs: Vec<PackId>) -> Self {
+        let pack_numbers = packs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (*p, i as u32))
+            .collect();
+        MasterIndex {
+            packs,
+            pack_numbers,
+            ssd: Some(ssd),
+            ..Default::default()
+        }
+    }
+
+    /// The SSD placement's index, when that is where this one lives.
+    pub fn ssd(&self) -> Option<&crate::ssd::SsdIndex> {
+        self.ssd.as_ref()
+    }
+
     /// Blobs findable (live or pending).
     pub fn len(&self) -> usize {
-        self.blobs.len() + self.pending.len()
+        match &self.ssd {
+            Some(s) => s.len(),
+            None => self.records.len() - self.staged,
+        }
     }
     pub fn is_empty(&self) -> bool {
-        self.blobs.is_empty() && self.pending.is_empty()
+        self.len() == 0
+    }
+
+    /// Bytes of RAM the table uses (records, directory and pack ids).
+    pub fn ram_bytes(&self) -> usize {
+        self.ssd.as_ref().map_or(0, |s| s.ram_bytes())
+            + self.records.capacity() * RECORD_LEN
+            + self.dir.capacity() * 4
+            + self.packs.capacity() * (ID_LEN + 4 + 8)
     }
 
     fn pack_number(&mut self, id: PackId) -> u32 {
@@ -91,25 +210,24 @@ impl MasterIndex {
         n
     }
 
-    pub fn add_pack(&mut self, pack: PackId, blobs: &[IndexBlob]) {
+    fn stage(&mut self, pack: PackId, blobs: &[IndexBlob], pending: bool) {
         let n = self.pack_number(pack);
-        self.blobs.reserve(blobs.len());
-        for b in blobs {
-            // The first location seen wins; duplicates (two writers storing the same
-            // blob) are equally valid copies.
-            self.blobs.entry(b.id).or_insert(BlobLocation::new(n, b));
+        for b in blobs.iter().filter(|b| fits(b)) {
+            self.records
+                .push(pack_record(&b.id, &BlobLocation::new(n, b), pending));
+            self.staged += 1;
         }
     }
 
-    /// Adds a pack of a pending-deletion record. Call after every live file: a blob
-    /// with a live copy keeps it.
+    /// Stages a pack of a live index file. Call [`MasterIndex::finish`] before lookups.
+    pub fn add_pack(&mut self, pack: PackId, blobs: &[IndexBlob]) {
+        self.stage(pack, blobs, false);
+    }
+
+    /// Stages a pack of a pending-deletion record: its blobs are found only where no
+    /// live copy exists.
     pub fn add_pending_pack(&mut self, pack: PackId, blobs: &[IndexBlob]) {
-        let n = self.pack_number(pack);
-        for b in blobs {
-            if !self.blobs.contains_key(&b.id) {
-                self.pending.entry(b.id).or_insert(BlobLocation::new(n, b));
-            }
-        }
+        self.stage(pack, blobs, true);
     }
 
     pub fn add_file(&mut self, file: &IndexFile) {
@@ -118,20 +236,86 @@ impl MasterIndex {
         }
     }
 
+    /// Sorts what was staged into the table. Of several copies of a blob, a live
+    /// one is kept over a pending one; live copies are equally valid (two writers
+    /// stored the same blob), so which of them stays does not matter.
+    pub fn finish(&mut self) {
+        if self.staged == 0 && !self.dir.is_empty() {
+            return;
+        }
+        // Live before pending for equal ids, so `dedup` keeps a live copy.
+        self.records.sort_unstable_by(|a, b| {
+            a[..ID_LEN]
+                .cmp(&b[..ID_LEN])
+                .then(record_pending(a).cmp(&record_pending(b)))
+        });
+        self.records
+            .dedup_by(|next, kept| next[..ID_LEN] == kept[..ID_LEN]);
+        self.records.shrink_to_fit();
+        self.staged = 0;
+        self.live = self.records.iter().filter(|r| !record_pending(r)).count();
+        let n = self.records.len();
+        let mut bits = 0;
+        while bits < 40 && (n >> bits) > PER_BUCKET {
+            bits += 1;
+        }
+        self.bits = bits;
+        let buckets = 1usize << bits;
+        let mut dir = vec![0u32; buckets + 1];
+        let mut i = 0usize;
+        for (b, slot) in dir.iter_mut().enumerate().take(buckets) {
+            *slot = i as u32;
+            while i < n && self.bucket_of(&self.records[i]) == b {
+                i += 1;
+            }
+        }
+        dir[buckets] = n as u32;
+        self.dir = dir;
+    }
+
+    fn bucket_of(&self, id: &[u8]) -> usize {
+        if self.bits == 0 {
+            0
+        } else {
+            (prefix(id) >> (64 - self.bits)) as usize
+        }
+    }
+
+    fn find(&self, id: &BlobId) -> Option<&Record> {
+        if self.dir.is_empty() {
+            return None;
+        }
+        let b = self.bucket_of(&id.0);
+        let (lo, hi) = (self.dir[b] as usize, self.dir[b + 1] as usize);
+        let run = self.records.get(lo..hi)?;
+        run.binary_search_by(|r| r[..ID_LEN].cmp(&id.0[..]))
+            .ok()
+            .map(|i| &run[i])
+    }
+
     /// Where a blob can be read (live copy first, else a pending one).
     pub fn get(&self, id: &BlobId) -> Option<BlobLocation> {
-        self.blobs.get(id).or_else(|| self.pending.get(id)).copied()
+        match &self.ssd {
+            Some(s) => s.lookup(id).map(|(l, _)| l),
+            None => self.find(id).map(unpack_record),
+        }
     }
 
     /// Whether a blob can be read.
     pub fn contains(&self, id: &BlobId) -> bool {
-        self.blobs.contains_key(id) || self.pending.contains_key(id)
+        match &self.ssd {
+            Some(s) => s.lookup(id).is_some(),
+            None => self.find(id).is_some(),
+        }
     }
 
     /// Whether a live index file lists the blob: only such blobs may be reused by a
     /// backup instead of storing them again.
     pub fn is_live(&self, id: &BlobId) -> bool {
-        self.blobs.contains_key(id)
+        match &self.ssd {
+            Some(s) => s.lookup(id).is_some_and(|(_, pending)| !pending),
+            None => self.find(id).is_some_and(|r| !record_pending(r)),
+        }
     }
 
     pub fn pack_of(&self, loc: &BlobLocation) -> PackId {
@@ -152,12 +336,118 @@ impl MasterIndex {
         &self.packs
     }
 
-    /// Every findable blob, live ones first.
-    pub fn iter(&self) -> impl Iterator<Item = (&BlobId, &BlobLocation)> {
-        self.blobs.iter().chain(self.pending.iter())
+    fn iter_all(&self) -> Box<dyn Iterator<Item = (BlobId, BlobLocation, bool)> + '_> {
+        match &self.ssd {
+            Some(s) => Box::new(s.iter()),
+            None => Box::new(
+                self.records[..self.records.len() - self.staged]
+                    .iter()
+                    .map(|r| (record_id(r), unpack_record(r), record_pending(r))),
+            ),
+        }
     }
 
-    pub fn iter_live(&self) -> impl Iterator<Item = (&BlobId, &BlobLocation)> {
-        self.blobs.iter()
+    /// Every findable blob.
+    pub fn iter(&self) -> impl Iterator<Item = (BlobId, BlobLocation)> + '_ {
+        self.iter_all().map(|(id, l, _)| (id, l))
+    }
+
+    pub fn iter_live(&self) -> impl Iterator<Item = (BlobId, BlobLocation)> + '_ {
+        self.iter_all()
+            .filter(|(_, _, pending)| !pending)
+            .map(|(id, l, _)| (id, l))
+    }
+
+    /// Live blobs.
+    pub fn live_len(&self) -> usize {
+        match &self.ssd {
+            Some(s) => s.live_len(),
+            None => self.live,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blob(id: u8, offset: u32) -> IndexBlob {
+        IndexBlob {
+            kind: BlobKind::Tree,
+            id: BlobId([id; 32]),
+            offset,
+            length: (1 << 27) - 1,
+            raw_length: (1 << 26),
+            compression: BlobCompression::Zstd,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_at_the_field_limits() {
+        let b = blob(7, (1 << 30) - 1);
+        let loc = BlobLocation::new(u32::MAX, &b);
+        for pending in [false, true] {
+            let r = pack_record(&b.id, &loc, pending);
+            assert_eq!(unpack_record(&r), loc);
+            assert_eq!(record_pending(&r), pending);
+            assert_eq!(record_id(&r), b.id);
+        }
+    }
+
+    #[test]
+    fn live_copies_win_and_everything_is_found() {
+        let mut ix = MasterIndex::new();
+        let mut ids = Vec::new();
+        let mut x: u64 = 99;
+        for p in 0..50u8 {
+            let blobs: Vec<IndexBlob> = (0..100u32)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let mut id = [0u8; 32];
+                    id[..8].copy_from_slice(&x.to_le_bytes());
+                    id[8] = p;
+                    ids.push(BlobId(id));
+                    IndexBlob {
+                        id: BlobId(id),
+                        offset: i * 100,
+                        ..blob(0, 0)
+                    }
+                })
+                .collect();
+            ix.add_pack(PackId([p; 32]), &blobs);
+        }
+        // A pending copy of a live blob, and a blob only pending.
+        let only_pending = blob(0xEE, 5);
+        ix.add_pending_pack(
+            PackId([200; 32]),
+            &[
+                IndexBlob {
+                    id: ids[3],
+                    ..blob(0, 1)
+                },
+                only_pending,
+            ],
+        );
+        assert!(ix.get(&ids[0]).is_none(), "nothing before finish");
+        ix.finish();
+        assert_eq!(ix.len(), ids.len() + 1);
+        assert_eq!(ix.live_len(), ids.len());
+        for (i, id) in ids.iter().enumerate() {
+            let loc = ix.get(id).unwrap();
+            assert_eq!(loc.offset, (i as u32 % 100) * 100);
+            assert!(ix.is_live(id));
+            assert_eq!(ix.pack_of(&loc), PackId([(i / 100) as u8; 32]));
+        }
+        assert!(ix.contains(&only_pending.id) && !ix.is_live(&only_pending.id));
+        assert!(!ix.contains(&BlobId([0x11; 32])));
+        assert_eq!(ix.iter().count(), ids.len() + 1);
+        assert_eq!(ix.iter_live().count(), ids.len());
+        // More staged after finish: found after the next finish.
+        ix.add_pack(PackId([201; 32]), &[blob(0x22, 9)]);
+        ix.finish();
+        assert!(ix.is_live(&BlobId([0x22; 32])));
+        assert!(ix.ram_bytes() < (ix.len() + 64) * 48 + 60 * 44);
     }
 }

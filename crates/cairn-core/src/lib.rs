@@ -16,6 +16,7 @@ pub mod prune;
 pub mod reachable;
 pub mod repair;
 pub mod repo;
+pub mod ssd;
 pub mod stats;
 pub mod time;
 

@@ -187,6 +187,7 @@ pub fn measure(data_bytes: usize) -> MachineBench {
         pid[..8].copy_from_slice(&(p as u64).to_le_bytes());
         index.add_pack(PackId(pid), &blobs);
     }
+    index.finish();
     let t = Instant::now();
     let mut found = 0u32;
     let mut x: u64 = 1;

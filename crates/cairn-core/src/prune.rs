@@ -282,7 +282,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
 
     // ---- phase 2: delete what no live operation can still use ----
     delete_pending(repo, lock, &listed, used, &mut report)?;
-    repo.load_index()?;
+    repo.load_index_in_ram()?;
     Ok(report)
 }
 
@@ -567,7 +567,7 @@ fn delete_pending(
     // before it removed its lock, so the listing below contains it. Snapshots are
     // listed before the index is read, so the index knows every listed one's blobs.
     let (snaps, bad) = repo.snapshots()?;
-    repo.load_index()?;
+    repo.load_index_in_ram()?;
     if let Some(e) = bad.into_iter().next() {
         return Err(Error::Invalid(format!(
             "{e}; not deleting anything (run `cairn repair snapshots`)"
@@ -580,7 +580,7 @@ fn delete_pending(
     crate::reachable::collect_snapshots(repo, &new, &mut used)?;
     let stored = repo.list_packs()?;
     let index = repo.index().clone();
-    let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(l)).collect();
+    let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(&l)).collect();
     for (id, rec) in ready {
         let mut rescue = IndexFile::default();
         let mut delete = Vec::new();

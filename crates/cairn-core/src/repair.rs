@@ -161,7 +161,7 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
             })?;
         }
     }
-    repo.load_index()?;
+    repo.load_index_in_ram()?;
     Ok(report)
 }
 

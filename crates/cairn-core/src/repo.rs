@@ -8,7 +8,7 @@ use crate::blob;
 use crate::error::{Error, Result};
 use crate::index::MasterIndex;
 use cairn_backend::{Backend, names};
-use cairn_format::config::{ChunkerParams, Compression, Config};
+use cairn_format::config::{ChunkerParams, Compression, Config, IndexPlacement};
 use cairn_format::consts::*;
 use cairn_format::envelope::{Encryption, random_bytes};
 use cairn_format::index::IndexFile;
@@ -18,6 +18,7 @@ use cairn_format::snapshot::Snapshot;
 use cairn_format::tree::{ChunkList, Tree};
 use cairn_format::{BlobId, FormatError, IndexId, KeyId, PackId, PendingId, RepoId, SnapshotId};
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(Clone, Debug)]
@@ -26,6 +27,8 @@ pub struct InitOptions {
     pub compression: Compression,
     pub encryption: bool,
     pub kdf: KdfParams,
+    pub index_placement: IndexPlacement,
+    pub index_path: Option<String>,
 }
 
 impl Default for InitOptions {
@@ -35,6 +38,8 @@ impl Default for InitOptions {
             compression: Compression::Standard,
             encryption: true,
             kdf: KdfParams::new_default(),
+            index_placement: IndexPlacement::Ram,
+            index_path: None,
         }
     }
 }
@@ -173,6 +178,8 @@ impl Repository {
             compression: opts.compression,
             pack_size: DEFAULT_PACK_SIZE as u32,
             max_concurrent_jobs: cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS,
+            index_placement: opts.index_placement,
+            index_path: opts.index_path.clone(),
             plain_master_secret: (encryption == Encryption::None)
                 .then(|| hex::encode(key.secret())),
         };
@@ -533,19 +540,81 @@ impl Repository {
         }
     }
 
-    /// Loads the master index: live index files, then pending-deletion records.
-    /// Damaged files are remembered in [`Repository::index_errors`] and skipped:
-    /// their blobs count as missing.
+    /// Loads the master index in its placement: in RAM from the index files, or
+    /// from the SSD placement's local files (rebuilt first when the repository's
+    /// index files changed). Damaged files are remembered in
+    /// [`Repository::index_errors`] and skipped: their blobs count as missing.
     pub fn load_index(&mut self) -> Result<()> {
+        match self.config.index_placement {
+            IndexPlacement::Ram => self.load_index_in_ram(),
+            IndexPlacement::Ssd => {
+                let base = self.index_path()?;
+                let (ssd, packs) = crate::ssd::SsdIndex::open(self, &base)?;
+                self.index_errors = ssd
+                    .errors
+                    .iter()
+                    .map(|e| Error::Invalid(e.clone()))
+                    .collect();
+                self.index = Arc::new(MasterIndex::from_ssd(ssd, packs));
+                Ok(())
+            }
+        }
+    }
+
+    /// Loads the master index into RAM whatever the placement (for maintenance
+    /// that walks every entry anyway).
+    pub fn load_index_in_ram(&mut self) -> Result<()> {
         let state = self.read_index_state()?;
         self.set_index(&state);
         self.index_errors = state.errors;
         Ok(())
     }
 
+    /// Where the SSD placement keeps its files on this machine: `CAIRN_INDEX_PATH`,
+    /// else the configured path, else the user's cache directory.
+    pub fn index_path(&self) -> Result<PathBuf> {
+        if let Some(p) = std::env::var_os("CAIRN_INDEX_PATH").filter(|p| !p.is_empty()) {
+            return Ok(PathBuf::from(p));
+        }
+        if let Some(p) = &self.config.index_path {
+            return Ok(PathBuf::from(p));
+        }
+        if let Some(p) = std::env::var_os("XDG_CACHE_HOME").filter(|p| !p.is_empty()) {
+            return Ok(PathBuf::from(p).join("cairn/index"));
+        }
+        match std::env::var_os("HOME").filter(|p| !p.is_empty()) {
+            Some(h) => Ok(PathBuf::from(h).join(".cache/cairn/index")),
+            None => Err(Error::Invalid(
+                "no directory for the SSD index: set CAIRN_INDEX_PATH or `cairn index --path`"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Changes where the index lives (and, for the SSD placement, the directory).
+    pub fn set_index_placement(
+        &mut self,
+        placement: IndexPlacement,
+        path: Option<String>,
+    ) -> Result<()> {
+        self.config.index_placement = placement;
+        if path.is_some() {
+            self.config.index_path = path;
+        }
+        self.write_config()
+    }
+
     /// Builds the master index from an [`IndexState`] already read.
     pub fn set_index(&mut self, state: &IndexState) {
         let mut index = MasterIndex::new();
+        let live: usize = state.live.iter().map(|(_, f)| f.blob_count()).sum();
+        let pending: usize = state
+            .pending
+            .iter()
+            .flat_map(|(_, p)| &p.packs)
+            .map(|p| p.blobs.len())
+            .sum();
+        index.reserve(live + pending);
         for (_, f) in &state.live {
             index.add_file(f);
         }
@@ -554,6 +623,7 @@ impl Repository {
                 index.add_pending_pack(pack.id, &pack.blobs);
             }
         }
+        index.finish();
         self.index = Arc::new(index);
     }
 

@@ -58,8 +58,8 @@ pub struct IndexStats {
     /// Bytes of index files in storage.
     pub bytes: u64,
     pub blobs: usize,
-    /// Memory the in-RAM index needs for these blobs (32-byte key, 20-byte location,
-    /// hash table control byte, at 7/8 load).
+    /// Memory the in-RAM index needs for these blobs (a 47-byte record each and a
+    /// quarter byte of directory).
     pub ram_bytes: u64,
 }
 
@@ -108,8 +108,9 @@ fn percent(part: u64, whole: u64) -> f64 {
     }
 }
 
-/// Bytes per blob of the RAM placement's table (see [`IndexStats::ram_bytes`]).
-pub const RAM_BYTES_PER_BLOB: f64 = (32.0 + 20.0 + 1.0) / 0.875;
+/// Bytes per blob of the RAM placement's table: one sorted record and a quarter
+/// byte of directory (see [`crate::index::MasterIndex`]).
+pub const RAM_BYTES_PER_BLOB: f64 = crate::index::RECORD_LEN as f64 + 0.25;
 
 /// Computes the statistics for `selected` snapshots (all when `None`).
 pub fn stats(repo: &mut Repository, selected: Option<&[SnapshotId]>) -> Result<Stats> {

@@ -52,6 +52,40 @@ impl std::str::FromStr for Compression {
     }
 }
 
+/// Where the master index lives while a command runs; changeable at any time
+/// (`cairn index --placement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexPlacement {
+    /// Built in RAM from the index files at every open (47 bytes per blob).
+    #[default]
+    Ram,
+    /// Kept on a local disk between runs, about 1.4 bytes of RAM per blob.
+    Ssd,
+}
+
+impl IndexPlacement {
+    pub fn name(self) -> &'static str {
+        match self {
+            IndexPlacement::Ram => "ram",
+            IndexPlacement::Ssd => "ssd",
+        }
+    }
+}
+
+impl std::str::FromStr for IndexPlacement {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "ram" => Ok(IndexPlacement::Ram),
+            "ssd" | "disk" => Ok(IndexPlacement::Ssd),
+            _ => Err(format!(
+                "unknown index placement {s:?} (expected ram or ssd)"
+            )),
+        }
+    }
+}
+
 /// FastCDC parameters, fixed at creation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkerParams {
@@ -106,6 +140,13 @@ pub struct Config {
     /// time; configs written before the setting existed mean the default).
     #[serde(default = "default_max_concurrent_jobs")]
     pub max_concurrent_jobs: u32,
+    /// Where the index lives (absent: RAM).
+    #[serde(default)]
+    pub index_placement: IndexPlacement,
+    /// Directory of the SSD placement's files (absent: the user's cache directory;
+    /// `CAIRN_INDEX_PATH` overrides it on one machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_path: Option<String>,
     /// Only for `encryption: none`: the master secret, hex (nothing to protect).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plain_master_secret: Option<String>,
@@ -206,6 +247,8 @@ mod tests {
             compression: Compression::Standard,
             pack_size: 16 << 20,
             max_concurrent_jobs: 4,
+            index_placement: IndexPlacement::Ssd,
+            index_path: Some("/var/cache/cairn".into()),
             plain_master_secret: None,
         };
         let mac = |b: &[u8]| *blake3::keyed_hash(&[1u8; 32], b).as_bytes();

@@ -69,6 +69,11 @@ pub struct IndexFile {
 }
 
 impl IndexFile {
+    /// Blobs listed, over all packs.
+    pub fn blob_count(&self) -> usize {
+        self.packs.iter().map(|p| p.blobs.len()).sum()
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let n: usize = self.packs.iter().map(|p| p.blobs.len()).sum();
         let mut w = Writer::with_capacity(16 + n * 48);
@@ -139,7 +144,11 @@ impl IndexFile {
                 let c = r.u8()?;
                 let compression = BlobCompression::from_u8(c)
                     .ok_or_else(|| r.malformed("unknown compression"))?;
+                // A sealed blob is its (possibly compressed) plaintext and an
+                // envelope: never empty, never much over a blob's plaintext limit.
                 if u64::from(offset) + u64::from(length) > MAX_PACK_SIZE
+                    || length == 0
+                    || length as usize > MAX_BLOB_SIZE + 1024
                     || raw_length as usize > MAX_BLOB_SIZE
                 {
                     return Err(r.malformed("blob location out of range"));
@@ -186,7 +195,7 @@ mod tests {
             0u8..3,
             any::<[u8; 32]>(),
             0u32..(1 << 29),
-            0u32..(1 << 29),
+            1u32..(MAX_BLOB_SIZE as u32 + 1024),
             0u32..(MAX_BLOB_SIZE as u32),
             any::<bool>(),
         )

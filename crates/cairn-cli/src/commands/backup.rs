@@ -113,6 +113,12 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             anyhow::Error::from(e).context("backup failed; no snapshot was saved")
         }
     })?;
+    if let Some((n, why)) = repo.index().ssd().and_then(|s| s.failures()) {
+        eprintln!(
+            "warning: {n} lookups in the SSD index failed ({why}); those chunks were stored \
+             again, so the snapshot is complete, but they are not deduplicated until prune"
+        );
+    }
     let s = &r.snapshot.summary;
     if g.json {
         super::print_json(&serde_json::json!({

@@ -1,7 +1,7 @@
 use crate::args::{Global, InitArgs};
 use anyhow::{Result, bail};
 use cairn_core::{InitOptions, Repository};
-use cairn_format::config::Compression;
+use cairn_format::config::{Compression, IndexPlacement};
 
 pub fn parse_block_size(s: &str) -> Result<u32> {
     let t = s.trim().to_ascii_uppercase();
@@ -45,6 +45,7 @@ pub fn describe(g: &Global, repo: &Repository) -> Result<()> {
             "chunk_max": c.chunker.max_size,
             "compression": c.compression.name(),
             "encryption": c.encryption.name(),
+            "index_placement": c.index_placement.name(),
             "format_version": c.version,
         }))
     } else if !g.quiet {
@@ -61,6 +62,7 @@ pub fn describe(g: &Global, repo: &Repository) -> Result<()> {
         );
         println!("  compression  {}", c.compression.name());
         println!("  encryption   {}", c.encryption.name());
+        println!("  index        {}", c.index_placement.name());
         if c.encryption != cairn_format::envelope::Encryption::None {
             println!("keep the password safe: without it the data cannot be read");
         }
@@ -78,6 +80,15 @@ pub fn run(g: &Global, a: &InitArgs) -> Result<i32> {
             .parse::<Compression>()
             .map_err(anyhow::Error::msg)?,
         encryption: !a.no_encryption,
+        index_placement: a
+            .index_placement
+            .parse::<IndexPlacement>()
+            .map_err(anyhow::Error::msg)?,
+        index_path: a
+            .index_path
+            .as_ref()
+            .map(|p| super::index::absolute_path(p))
+            .transpose()?,
         ..InitOptions::default()
     };
     let repo = init_repo(g, &opts)?;

@@ -5,6 +5,7 @@ mod config;
 mod dump;
 mod estimate;
 mod forget;
+mod index;
 mod init;
 mod key;
 mod ls;
@@ -42,6 +43,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Stats(a) => stats::run(g, &a),
         Command::Bench(a) => bench::run(g, &a),
         Command::Estimate(a) => estimate::run(g, &a),
+        Command::Index(a) => index::run(g, &a),
         Command::Forget(a) => forget::run(g, &a),
     }
 }

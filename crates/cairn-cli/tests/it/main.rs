@@ -9,6 +9,7 @@ mod golden;
 mod jobs;
 mod keys;
 mod maintenance;
+mod placement;
 mod roundtrip;
 mod stats;
 mod util;

@@ -102,6 +102,13 @@ pub struct BenchArgs {
     /// How much generated data each stage processes
     #[arg(long, default_value = "64M")]
     pub size: String,
+    /// Instead: build an index of this many synthetic blobs (e.g. 100M) in each
+    /// placement and measure RAM per blob, build time and lookups per second
+    #[arg(long)]
+    pub index: Option<String>,
+    /// Scratch directory for the SSD placement's run of --index
+    #[arg(long, default_value = "/var/tmp/cairn-index-bench")]
+    pub index_dir: std::path::PathBuf,
 }
 
 #[derive(Args)]

@@ -228,6 +228,16 @@ pub fn measure(data_bytes: usize) -> MachineBench {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn index_bench_measures_both_placements() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = super::index_bench(5_000, dir.path()).unwrap();
+        assert_eq!(r.len(), 2);
+        assert!(r.iter().all(|p| p.blobs == 5_000 && p.present_per_s > 0.0));
+        assert!(r[0].ram_bytes_per_blob < 48.0 + 1e-9, "{:?}", r[0]);
+        assert!(r[1].disk_bytes > 5_000 * 47, "{:?}", r[1]);
+    }
+
+    #[test]
     fn measures_every_stage_and_combination() {
         let m = super::measure(2 << 20);
         assert!(
@@ -253,4 +263,161 @@ mod tests {
         assert!(std16.compressed_ratio < 0.9 && max16.compressed_ratio <= std16.compressed_ratio);
         assert!(m.index_lookups_per_s > 0.0);
     }
+}
+
+/// One placement's figures in [`index_bench`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PlacementBench {
+    pub placement: String,
+    pub blobs: u64,
+    pub build_seconds: f64,
+    /// RAM the index structure holds, per blob.
+    pub ram_bytes_per_blob: f64,
+    pub disk_bytes: u64,
+    /// Random lookups of present ids, one thread.
+    pub present_per_s: f64,
+    /// Random lookups of absent ids, one thread.
+    pub absent_per_s: f64,
+    /// Present ids looked up pack by pack (a re-backup's pattern), one thread.
+    pub present_in_order_per_s: f64,
+}
+
+/// The id of synthetic blob `i`.
+fn synthetic_id(i: u64) -> BlobId {
+    BlobId(*blake3::hash(&i.to_le_bytes()).as_bytes())
+}
+
+const SYNTHETIC_PACK_BLOBS: u64 = 1024;
+
+fn synthetic_pack(p: u64, n: u64) -> (PackId, Vec<IndexBlob>) {
+    let blobs = (p * SYNTHETIC_PACK_BLOBS..((p + 1) * SYNTHETIC_PACK_BLOBS).min(n))
+        .map(|i| IndexBlob {
+            kind: BlobKind::Data,
+            id: synthetic_id(i),
+            offset: ((i % SYNTHETIC_PACK_BLOBS) * 16_000) as u32,
+            length: 16_000,
+            raw_length: 16_384,
+            compression: BlobCompression::Zstd,
+        })
+        .collect();
+    let mut pid = [0u8; 32];
+    pid[..8].copy_from_slice(&p.to_le_bytes());
+    (PackId(pid), blobs)
+}
+
+fn lookups(index: &MasterIndex, n: u64, count: u64) -> crate::Result<(f64, f64, f64)> {
+    let wrong = |what: &str| crate::Error::Invalid(format!("index bench: {what}"));
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let present: Vec<BlobId> = (0..count).map(|_| synthetic_id(next() % n)).collect();
+    let absent: Vec<BlobId> = (0..count).map(|_| synthetic_id(n + next() % n)).collect();
+    let t = Instant::now();
+    let found = present.iter().filter(|id| index.is_live(id)).count();
+    let present_rate = count as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    if found as u64 != count {
+        return Err(wrong("a present blob was not found"));
+    }
+    let t = Instant::now();
+    let found = absent.iter().filter(|id| index.contains(id)).count();
+    let absent_rate = count as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    if found != 0 {
+        return Err(wrong("an absent blob was found"));
+    }
+    // Pack by pack from random packs: a first lookup per pack, then its neighbours.
+    let packs = n.div_ceil(SYNTHETIC_PACK_BLOBS);
+    let per_pack = SYNTHETIC_PACK_BLOBS.min(n);
+    let in_order: Vec<BlobId> = (0..count.div_ceil(per_pack))
+        .flat_map(|_| {
+            let p = next() % packs;
+            (p * SYNTHETIC_PACK_BLOBS..((p + 1) * SYNTHETIC_PACK_BLOBS).min(n)).map(synthetic_id)
+        })
+        .collect();
+    let t = Instant::now();
+    let found = in_order.iter().filter(|id| index.is_live(id)).count();
+    let order_rate = in_order.len() as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    if found != in_order.len() {
+        return Err(wrong("a present blob was not found"));
+    }
+    Ok((present_rate, absent_rate, order_rate))
+}
+
+/// Builds an index of `n` synthetic blobs in each placement and measures it: the
+/// RAM placement in memory, the SSD placement from index files written to a
+/// repository under `dir` (which this removes at the end).
+pub fn index_bench(n: u64, dir: &std::path::Path) -> crate::Result<Vec<PlacementBench>> {
+    let packs = n.div_ceil(SYNTHETIC_PACK_BLOBS);
+    let count = n.clamp(1, 1_000_000);
+    let mut out = Vec::new();
+
+    let t = Instant::now();
+    let mut ram = MasterIndex::new();
+    ram.reserve(n as usize);
+    for p in 0..packs {
+        let (id, blobs) = synthetic_pack(p, n);
+        ram.add_pack(id, &blobs);
+    }
+    ram.finish();
+    let build = t.elapsed().as_secs_f64();
+    let (present, absent, in_order) = lookups(&ram, n, count)?;
+    out.push(PlacementBench {
+        placement: "ram".into(),
+        blobs: ram.len() as u64,
+        build_seconds: build,
+        ram_bytes_per_blob: ram.ram_bytes() as f64 / n.max(1) as f64,
+        disk_bytes: 0,
+        present_per_s: present,
+        absent_per_s: absent,
+        present_in_order_per_s: in_order,
+    });
+    drop(ram);
+
+    let repo_dir = dir.join("repo");
+    let ssd_dir = dir.join("ssd");
+    std::fs::create_dir_all(&repo_dir).map_err(|e| crate::Error::io(&repo_dir, e))?;
+    let backend = std::sync::Arc::new(cairn_backend::LocalBackend::new(&repo_dir));
+    let opts = crate::InitOptions {
+        encryption: false,
+        ..Default::default()
+    };
+    let repo = crate::Repository::init(backend, None, &opts)?;
+    let per_file = 1_000_000u64.div_ceil(SYNTHETIC_PACK_BLOBS);
+    let mut p = 0;
+    while p < packs {
+        let file = cairn_format::index::IndexFile {
+            packs: (p..(p + per_file).min(packs))
+                .map(|q| {
+                    let (id, blobs) = synthetic_pack(q, n);
+                    cairn_format::index::IndexPack { id, blobs }
+                })
+                .collect(),
+            ..Default::default()
+        };
+        repo.write_index_file(&file)?;
+        p += per_file;
+    }
+    let t = Instant::now();
+    let (ssd, pack_ids) = crate::ssd::SsdIndex::open(&repo, &ssd_dir)?;
+    let build = t.elapsed().as_secs_f64();
+    let disk = crate::ssd::disk_bytes(ssd.path());
+    let index = MasterIndex::from_ssd(ssd, pack_ids);
+    let (present, absent, in_order) = lookups(&index, n, count)?;
+    out.push(PlacementBench {
+        placement: "ssd".into(),
+        blobs: index.len() as u64,
+        build_seconds: build,
+        ram_bytes_per_blob: index.ram_bytes() as f64 / n.max(1) as f64,
+        disk_bytes: disk,
+        present_per_s: present,
+        absent_per_s: absent,
+        present_in_order_per_s: in_order,
+    });
+    drop(index);
+    let _ = std::fs::remove_dir_all(&repo_dir);
+    let _ = std::fs::remove_dir_all(&ssd_dir);
+    Ok(out)
 }

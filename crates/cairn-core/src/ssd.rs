@@ -170,7 +170,14 @@ struct Cache {
     map: HashMap<BlobId, (BlobLocation, bool)>,
     order: VecDeque<(u32, Vec<BlobId>)>,
     loaded: HashSet<u32>,
+    /// Packs of the last few lookups that went to disk: a pack is loaded whole
+    /// on its second hit among them, so random lookups (no locality to exploit)
+    /// do not pay for reading and caching whole packs.
+    recent: VecDeque<u32>,
 }
+
+/// Disk hits remembered to decide whether a pack is worth loading.
+const RECENT_HITS: usize = 16;
 
 impl Cache {
     fn insert_pack(&mut self, pack: u32, records: Vec<(BlobId, BlobLocation, bool)>) {
@@ -427,11 +434,23 @@ impl SsdIndex {
         (pos < r.start + u64::from(r.count)).then_some(r)
     }
 
-    /// Loads every record of the pack run holding `pos` into the cache.
+    /// Loads every record of the pack run holding `pos` into the cache, when
+    /// its pack was hit on disk recently too.
     fn load_run(&self, pos: u64) -> std::io::Result<()> {
         let Some(run) = self.run_of(pos) else {
             return Ok(());
         };
+        {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            let again = cache.recent.contains(&run.pack);
+            if cache.recent.len() == RECENT_HITS {
+                cache.recent.pop_front();
+            }
+            cache.recent.push_back(run.pack);
+            if !again {
+                return Ok(());
+            }
+        }
         let mut buf = vec![0u8; run.count as usize * RECORD_LEN];
         self.records
             .read_exact_at(&mut buf, run.start * RECORD_LEN as u64)?;

@@ -2,6 +2,9 @@ use crate::args::{BenchArgs, Global};
 use anyhow::Result;
 
 pub fn run(g: &Global, a: &BenchArgs) -> Result<i32> {
+    if let Some(n) = &a.index {
+        return index(g, a, n);
+    }
     let size = super::parse_size(&a.size)?;
     if !(1 << 20..=4 << 30).contains(&size) {
         anyhow::bail!("--size must be between 1M and 4G");
@@ -42,4 +45,68 @@ pub fn run(g: &Global, a: &BenchArgs) -> Result<i32> {
         );
     }
     Ok(0)
+}
+
+/// Counts such as 100M are decimal here (blobs, not bytes).
+fn parse_count(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1e3),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1e6),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1e9),
+        _ => (t, 1.0),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("invalid count {s:?} (e.g. 100M)"))?;
+    if !(1.0..=1e10).contains(&(v * mult)) {
+        anyhow::bail!("--index must be between 1 and 10G blobs");
+    }
+    Ok((v * mult) as u64)
+}
+
+fn index(g: &Global, a: &BenchArgs, n: &str) -> Result<i32> {
+    let n = parse_count(n)?;
+    std::fs::create_dir_all(&a.index_dir)?;
+    let dir = tempfile_dir(&a.index_dir)?;
+    let r = cairn_core::machine::index_bench(n, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = r?;
+    if g.json {
+        super::print_json(&r)?;
+        return Ok(0);
+    }
+    println!(
+        "  {:<6} {:>12} {:>9} {:>11} {:>12} {:>14} {:>14} {:>16}",
+        "place",
+        "blobs",
+        "build s",
+        "RAM B/blob",
+        "disk",
+        "present/s",
+        "absent/s",
+        "in pack order/s"
+    );
+    for p in &r {
+        println!(
+            "  {:<6} {:>12} {:>9.1} {:>11.2} {:>12} {:>14.0} {:>14.0} {:>16.0}",
+            p.placement,
+            p.blobs,
+            p.build_seconds,
+            p.ram_bytes_per_blob,
+            crate::ui::bytes(p.disk_bytes),
+            p.present_per_s,
+            p.absent_per_s,
+            p.present_in_order_per_s
+        );
+    }
+    Ok(0)
+}
+
+/// A fresh directory under `base` for one run.
+fn tempfile_dir(base: &std::path::Path) -> Result<std::path::PathBuf> {
+    let d = base.join(format!("run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
 }

@@ -26,7 +26,8 @@ pub fn run(g: &Global, a: &EstimateArgs) -> Result<i32> {
         memory,
         excludes: a.excludes.clone(),
         one_file_system: a.one_file_system,
-        threads: std::thread::available_parallelism()
+        // Twice the cores: a thread waiting for a read leaves its core to another.
+        threads: 2 * std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2),
     };

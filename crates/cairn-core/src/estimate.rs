@@ -43,14 +43,9 @@ use std::time::Instant;
 /// compression (varints at their usual sizes).
 pub const INDEX_BYTES_PER_BLOB: f64 = 1.0 + ID_LEN as f64 + 3.0 + 3.0 + 3.0 + 1.0;
 
-/// RAM per unique chunk that the SSD placement of the index is held to (a compact
-/// filter and a locality cache; issue #5). Until that placement exists these
-/// figures are the budget it is built to, not a measurement.
-pub const SSD_RAM_BYTES_PER_BLOB: f64 = 2.0;
-
-/// Bytes per unique chunk of the on-disk table of the SSD placement (the index
-/// entry in buckets kept at most 3/4 full).
-pub const SSD_DISK_BYTES_PER_BLOB: f64 = 64.0;
+/// RAM and local disk per unique chunk of the SSD placement (see [`crate::ssd`]).
+pub const SSD_RAM_BYTES_PER_BLOB: f64 = crate::ssd::RAM_BYTES_PER_BLOB;
+pub const SSD_DISK_BYTES_PER_BLOB: f64 = crate::ssd::DISK_BYTES_PER_BLOB;
 
 /// Bytes of trees and chunk lists per chunk reference (an id and a length) and per
 /// file (name, mode, owners, times, sizes, and the tree's framing), as measured on
@@ -103,7 +98,7 @@ pub struct Projection {
     pub index_bytes: u64,
     /// RAM for the index in the RAM placement.
     pub ram_placement_ram_bytes: u64,
-    /// RAM and local disk for the index in the SSD placement (planned budget).
+    /// RAM and local disk for the index in the SSD placement.
     pub ssd_placement_ram_bytes: u64,
     pub ssd_placement_disk_bytes: u64,
     /// Space the datastore occupies, with standard and with maximum compression.
@@ -260,6 +255,8 @@ struct Worker {
     standard: zstd::bulk::Compressor<'static>,
     max: zstd::bulk::Compressor<'static>,
     counts: Vec<Counts>,
+    /// Chunk lengths of the current unit, per block size.
+    cuts: Vec<Vec<u32>>,
 }
 
 /// A compressed chunk of the sample: its sample value, plaintext size, stored size
@@ -551,14 +548,7 @@ pub fn estimate(
     let dedup_share = (opts.memory as f64 / SET_BYTES_PER_HASH / expected_chunks.max(1.0)).min(1.0);
     let dedup_threshold = threshold(dedup_share);
 
-    let seed: u64 = 0x6361_6972_6e20_6573; // any fixed seed; see the module comment
-    let chunkers: Vec<cairn_chunker::Chunker> = sizes
-        .iter()
-        .map(|&b| {
-            let p = ChunkerParams::for_block_size(b);
-            cairn_chunker::Chunker::new(p.min_size, p.avg_size, p.max_size, p.normalization, seed)
-        })
-        .collect();
+    let chunkers = MultiChunker::new(&sizes);
     let lanes: Vec<Lane> = chunk_counts
         .iter()
         .map(|&n| {
@@ -587,6 +577,7 @@ pub fn estimate(
                         standard: zstd::bulk::Compressor::new(standard_level).map_err(zerr)?,
                         max: zstd::bulk::Compressor::new(max_level).map_err(zerr)?,
                         counts: vec![Counts::default(); sizes.len()],
+                        cuts: vec![Vec::new(); sizes.len()],
                     };
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed) as usize;
@@ -652,23 +643,137 @@ struct Lane {
     sample: CompressionSample,
 }
 
+/// Every block size's content-defined chunking in one pass over the data.
+///
+/// A datastore's chunker is FastCDC: from a chunk's start it skips `min` bytes,
+/// then cuts at the first position where a gear hash (`h = (h << 1) + gear[byte]`,
+/// which depends only on the last 64 bytes) has zero bits under a mask — a stricter
+/// mask before `avg`, a looser one after — or at `max`. Five such chunkers would
+/// compute five gear hashes over the same bytes. Here one hash serves them all:
+/// the masks are the top bits of the hash (the stricter the mask, the more bits),
+/// so they are nested, and a position where the loosest mask's bits are not zero —
+/// all but one in two thousand — cannot be a cut point for any block size. Only
+/// the rare positions that pass it (and forced cuts at `max`) look at each block
+/// size's state. Cut probabilities, minimum, average and maximum are those of the
+/// datastore's chunker (normalisation level 1), so the chunks are statistically
+/// the same; their exact boundaries differ anyway (a datastore's gear table is
+/// derived from its key).
+struct MultiChunker {
+    gear: [u64; 256],
+    lanes: Vec<LaneParams>,
+    loose: u64,
+}
+
+struct LaneParams {
+    min: usize,
+    avg: usize,
+    max: usize,
+    mask_strict: u64,
+    mask_loose: u64,
+}
+
+fn top_bits(n: u32) -> u64 {
+    if n == 0 { 0 } else { !0u64 << (64 - n.min(64)) }
+}
+
+impl MultiChunker {
+    fn new(sizes: &[u32]) -> Self {
+        let mut x: u64 = 0x6361_6972_6e20_6573;
+        let mut gear = [0u64; 256];
+        for g in gear.iter_mut() {
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            *g = mix64(x);
+        }
+        let lanes: Vec<LaneParams> = sizes
+            .iter()
+            .map(|&b| {
+                let p = ChunkerParams::for_block_size(b);
+                let bits = p.avg_size.trailing_zeros();
+                LaneParams {
+                    min: p.min_size as usize,
+                    avg: p.avg_size as usize,
+                    max: p.max_size as usize,
+                    mask_strict: top_bits(bits + 1),
+                    mask_loose: top_bits(bits - 1),
+                }
+            })
+            .collect();
+        let loose = lanes.iter().map(|l| l.mask_loose).fold(!0u64, |a, m| a & m);
+        MultiChunker { gear, lanes, loose }
+    }
+
+    /// Appends the chunk lengths of `data` (a whole file or range) to `out`, one
+    /// list per block size; each list sums to `data.len()`.
+    fn cut(&self, data: &[u8], out: &mut [Vec<u32>]) {
+        let n = data.len();
+        let mut start = vec![0usize; self.lanes.len()];
+        let mut deadline = self.lanes.iter().map(|l| l.max).min().unwrap_or(usize::MAX);
+        let mut h = 0u64;
+        for (i, &b) in data.iter().enumerate() {
+            h = (h << 1).wrapping_add(self.gear[b as usize]);
+            if h & self.loose != 0 && i < deadline {
+                continue;
+            }
+            deadline = usize::MAX;
+            for ((l, s), o) in self.lanes.iter().zip(start.iter_mut()).zip(out.iter_mut()) {
+                let mut len = i - *s;
+                if len >= l.max {
+                    o.push(l.max as u32);
+                    *s += l.max;
+                    len = i - *s;
+                }
+                if len >= l.min {
+                    let m = if len < l.avg {
+                        l.mask_strict
+                    } else {
+                        l.mask_loose
+                    };
+                    if h & m == 0 {
+                        o.push(len as u32);
+                        *s = i;
+                    }
+                }
+                deadline = deadline.min(*s + l.max);
+            }
+        }
+        for ((l, s), o) in self.lanes.iter().zip(start.iter_mut()).zip(out.iter_mut()) {
+            while n - *s > l.max {
+                o.push(l.max as u32);
+                *s += l.max;
+            }
+            if n > *s {
+                o.push((n - *s) as u32);
+            }
+        }
+    }
+}
+
+fn mix64(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 /// Chunks, hashes and samples one unit's data for every block size.
-fn process(
-    w: &mut Worker,
-    chunkers: &[cairn_chunker::Chunker],
-    lanes: &[Lane],
-    dedup_threshold: u64,
-) {
+fn process(w: &mut Worker, chunkers: &MultiChunker, lanes: &[Lane], dedup_threshold: u64) {
     let Worker {
         buf,
         scratch,
         standard,
         max,
         counts,
+        cuts,
     } = w;
-    for ((chunker, lane), c) in chunkers.iter().zip(lanes).zip(counts.iter_mut()) {
+    for c in cuts.iter_mut() {
+        c.clear();
+    }
+    chunkers.cut(buf, cuts);
+    for ((lens, lane), c) in cuts.iter().zip(lanes).zip(counts.iter_mut()) {
         let mut rest: &[u8] = buf;
-        while let Some(n) = chunker.next_boundary(rest, true) {
+        for &n in lens {
+            let n = n as usize;
             let piece = &rest[..n];
             rest = &rest[n..];
             c.chunks += 1;
@@ -945,6 +1050,38 @@ mod tests {
             assert_eq!(b.unique_bytes, 4 << 20);
             let avg = b.average_chunk_bytes as f64 / b.block_size as f64;
             assert!((0.7..1.5).contains(&avg), "{b:?}");
+        }
+    }
+
+    #[test]
+    fn one_pass_chunking_has_each_block_sizes_bounds_and_average_and_resynchronises() {
+        let m = MultiChunker::new(&BLOCK_SIZES);
+        let data = noise(32 << 20, 11);
+        let mut out = vec![Vec::new(); BLOCK_SIZES.len()];
+        m.cut(&data, &mut out);
+        for (lens, &b) in out.iter().zip(&BLOCK_SIZES) {
+            let p = ChunkerParams::for_block_size(b);
+            assert_eq!(lens.iter().map(|&l| l as usize).sum::<usize>(), data.len());
+            let (last, body) = lens.split_last().unwrap();
+            assert!(*last <= p.max_size);
+            assert!(
+                body.iter().all(|&l| l >= p.min_size && l <= p.max_size),
+                "{b}"
+            );
+            let avg = data.len() as f64 / lens.len() as f64 / b as f64;
+            assert!(
+                (0.8..1.6).contains(&avg),
+                "{b}: average {avg} of the block size"
+            );
+        }
+        // Bytes inserted at the front change only the first chunks.
+        let mut shifted = noise(1000, 3);
+        shifted.extend_from_slice(&data);
+        let mut out2 = vec![Vec::new(); BLOCK_SIZES.len()];
+        m.cut(&shifted, &mut out2);
+        for (a, b) in out.iter().zip(&out2) {
+            let tail = |v: &Vec<u32>| v[v.len() - 100..].to_vec();
+            assert_eq!(tail(a), tail(b));
         }
     }
 

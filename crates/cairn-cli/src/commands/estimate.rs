@@ -118,7 +118,7 @@ fn print_text(e: &Estimate) {
         "unique chunks",
         "index disk",
         "RAM placement",
-        "SSD placement RAM/disk*",
+        "SSD placement RAM/disk",
         "store std",
         "store max"
     );
@@ -139,7 +139,6 @@ fn print_text(e: &Estimate) {
             b(s.datastore_max_bytes)
         );
     }
-    println!("  * the SSD placement's budget (issue #5); not yet available");
     let r = &e.recommendation;
     println!(
         "\nrecommended for {} of RAM: {} blocks, index in {}",
@@ -385,7 +384,7 @@ fn html(e: &Estimate, paths: &[std::path::PathBuf]) -> String {
         esc(&b(e.scale_bytes))
     );
     s.push_str(&index_chart(e));
-    s.push_str("<h2>Figures</h2><table><tr><th>block</th><th>avg chunk</th><th>dedup</th><th>compression std</th><th>compression max</th><th>reduction std</th><th>reduction max</th><th>unique chunks at scale</th><th>index on disk</th><th>RAM, RAM placement</th><th>RAM / disk, SSD placement*</th><th>datastore std</th><th>datastore max</th></tr>");
+    s.push_str("<h2>Figures</h2><table><tr><th>block</th><th>avg chunk</th><th>dedup</th><th>compression std</th><th>compression max</th><th>reduction std</th><th>reduction max</th><th>unique chunks at scale</th><th>index on disk</th><th>RAM, RAM placement</th><th>RAM / disk, SSD placement</th><th>datastore std</th><th>datastore max</th></tr>");
     for x in &e.block_sizes {
         let sc = &x.scaled;
         let _ = write!(
@@ -409,7 +408,7 @@ fn html(e: &Estimate, paths: &[std::path::PathBuf]) -> String {
     }
     let _ = write!(
         s,
-        "</table><p>* The SSD placement's budget (issue #5), not yet available. Sampled by chunk hash: {} of chunks for deduplication; compression measured on {} of the unique chunks at standard, {} at max.</p></body></html>",
+        "</table><p>Sampled by chunk hash: {} of chunks for deduplication; compression measured on {} of the unique chunks at standard, {} at max.</p></body></html>",
         share(e.dedup_share),
         shares(e, |x| x.standard_sample_share),
         shares(e, |x| x.max_sample_share)

@@ -21,6 +21,15 @@ cached), runs `cairn estimate --block-sizes ...` over all day dirs once, then
 for each block size x compression creates a datastore, backs up every day dir,
 restores the last day, records `cairn stats --json` and compares it with the
 estimate (within 2 percentage points expected).
+The jobs scenario (--scenario jobs; cairn and restic; not part of all) starts
+1, 2 and 4 backups at once into one fresh repository, job k backing up history
+day k (the blocksizes day dirs), and records the total wall time (first start
+to last end), the aggregate MB/s and what the repository holds (cairn stats
+--json, restic stats --mode raw-data, du); the same trees backed up one after
+another give the baseline, so occupied(concurrent) - occupied(sequential) is the
+duplicate data the concurrent jobs stored. cairn then runs prune --max-unused 0%
+and, after the largest run, restores and verifies every job's snapshot and runs
+check --read-data.
 Every command runs under /usr/bin/time -v (CPU user+sys, peak RSS); wall time
 is measured here. After each command `sync` runs (timed separately, not part
 of wall) so one tool's dirty pages do not slow the next one down.
@@ -36,6 +45,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -47,8 +57,8 @@ REPO_ROOT = os.path.dirname(BENCH_DIR)
 PASSWORD = "cairn-bench-password"
 ALL_TOOLS = ["cairn", "restic", "borg"]
 ALL_DATASETS = ["mixed", "small", "image"]
-ALL_SCENARIOS = ["backup", "maintenance", "blocksizes"]
-DEFAULT_SCENARIOS = ["backup", "maintenance"]  # what --scenario all runs (blocksizes is long: opt in)
+ALL_SCENARIOS = ["backup", "maintenance", "blocksizes", "jobs"]
+DEFAULT_SCENARIOS = ["backup", "maintenance"]  # what --scenario all runs (blocksizes and jobs: opt in)
 MAINT_TOOLS = ["cairn", "restic"]
 MAINT_PHASES = ["forget", "prune", "check-rd"]
 MAINT_DATASET = "maint"
@@ -62,6 +72,17 @@ STATS_FIELDS = ["stored_bytes", "dedup_percent", "compression_percent", "reducti
 EST_FIELDS = ["dedup_percent", "compression_standard_percent", "compression_max_percent",
               "reduction_standard_percent", "reduction_max_percent"]
 EST_TOLERANCE_PP = 2.0  # estimate vs real datastore: required to agree within this many percentage points
+JOBS_DATASET = "jobs"
+JOBS_TOOLS = ["cairn", "restic"]
+JOBS_COUNTS = "1,2,4"
+# fields of `cairn stats --json` recorded in the jobs scenario (name in the CSV note -> path in the JSON)
+JOBS_CAIRN_STATS = {"stored_bytes": ("stored_bytes",), "unique_data_bytes": ("unique_data_bytes",),
+                    "compressed_data_bytes": ("compressed_data_bytes",), "occupied_bytes": ("occupied_bytes",),
+                    "unused_bytes": ("overhead", "unused_bytes"), "packs_bytes": ("packs", "bytes"),
+                    "unique_chunks": ("unique_chunks",), "snapshots": ("snapshots",)}
+# fields of `restic stats --mode raw-data --json`
+JOBS_RESTIC_STATS = {"raw_total_size": ("total_size",), "raw_total_uncompressed_size": ("total_uncompressed_size",),
+                     "raw_blob_count": ("total_blob_count",), "snapshots": ("snapshots_count",)}
 MB = 1e6
 
 
@@ -376,7 +397,8 @@ class Runner:
                          f"cache={self.cache_mode} datasets={','.join(self.a.datasets)} tools={','.join(self.a.tools)} "
                          f"scenarios={','.join(self.a.scenarios)} maint_days={self.a.maint_days} "
                          f"maint_keep_last={self.a.maint_keep} maint_churn={self.a.maint_churn} "
-                         f"block_sizes={','.join(self.a.block_sizes)} compressions={','.join(self.a.compressions)}\n")
+                         f"block_sizes={','.join(self.a.block_sizes)} compressions={','.join(self.a.compressions)} "
+                         f"job_counts={','.join(map(str, self.a.job_counts))}\n")
         self.csv_f.write(f"# versions: {json.dumps(self.versions, sort_keys=True)}\n")
         self.csv_f.write("# units: mb_per_s = 10^6 bytes of input (backup) or restored data (restore) per wall second; "
                          "cpu_s = user+sys; max_rss_kib from /usr/bin/time -v; maintenance rows (dataset maint): "
@@ -385,7 +407,14 @@ class Runner:
                          "(dataset blocksizes): backup-<block>-<compression> sums the backups of all days "
                          "(max_rss_kib = the largest), note = key=value pairs of cairn stats --json, the "
                          "matching cairn estimate --json values (est_*) and estimate - real in percentage "
-                         "points (diff_*_pp); the estimate row's note holds the estimate per block size\n")
+                         "points (diff_*_pp); the estimate row's note holds the estimate per block size; "
+                         "jobs rows (dataset jobs): jobs<N> = N backups started at once into one fresh "
+                         "repository, wall_s = first start to last end, mb_per_s = sum of the N sources / wall_s, "
+                         "cpu_s = sum, max_rss_kib = the largest; seq<N> = the same N sources backed up one after "
+                         "another (wall_s summed); note = key=value pairs: cairn stats --json fields or restic "
+                         "stats --mode raw-data (raw_*), occupied_bytes (restic: du -sb), seq_occupied_bytes, "
+                         "duplicate_bytes = occupied - seq_occupied, after prune --max-unused 0%: "
+                         "*_after_prune_bytes\n")
         self.w = csv.DictWriter(self.csv_f, fieldnames=CSV_FIELDS)
         self.w.writeheader()
         self.csv_f.flush()
@@ -440,6 +469,65 @@ class Runner:
             tail = open(base + ".log", errors="replace").read()[-1500:]
             log(f"{label}: exit {rc}; log tail:\n{tail}")
         return r
+
+    def measure_concurrent(self, tool, jobs):
+        """Start every (label, argv) of jobs at once, each under /usr/bin/time -v like measure(),
+        and wait for all of them. Returns (per-job results, total): each per-job result has what
+        measure() returns (wall_s = that job's own start to end) plus start_s/end_s relative to
+        the first start; total has wall_s (first start to last end), cpu_s (sum), other_cpu_s,
+        steal_s and sync_s (one sync after the last job)."""
+        logdir = os.path.join(self.work, "logs")
+        os.makedirs(logdir, exist_ok=True)
+        if self.a.cold:
+            drop_caches()
+        env = tool.env()
+        procs, files, res = [], [], []
+        busy0, steal0 = cpu_jiffies()
+        t0 = time.monotonic()
+        for label, argv in jobs:
+            base = os.path.join(logdir, label)
+            lf = open(base + ".log", "w")
+            lf.write("$ " + " ".join(argv) + "\n")
+            lf.flush()
+            start = time.monotonic()
+            p = subprocess.Popen(["/usr/bin/time", "-v", "-o", base + ".time"] + argv, env=env, stdout=lf,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            procs.append(p)
+            files.append(lf)
+            res.append(dict(label=label, base=base, start=start))
+
+        def waiter(p, r):
+            r["rc"] = p.wait()
+            r["end"] = time.monotonic()
+
+        threads = [threading.Thread(target=waiter, args=(p, r)) for p, r in zip(procs, res)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        t_end = max(r["end"] for r in res)
+        busy1, steal1 = cpu_jiffies()
+        for lf in files:
+            lf.close()
+        t1 = time.monotonic()
+        subprocess.run(["sync"])
+        sync_s = time.monotonic() - t1
+        out = []
+        for r in res:
+            m = parse_time_v(r["base"] + ".time")
+            m.update(rc=r["rc"], wall_s=r["end"] - r["start"], start_s=r["start"] - t0, end_s=r["end"] - t0,
+                     log=os.path.relpath(r["base"] + ".log", BENCH_DIR))
+            m["cpu_s"] = m.get("user_s", 0.0) + m.get("sys_s", 0.0)
+            if r["rc"] != 0:
+                tail = open(r["base"] + ".log", errors="replace").read()[-1500:]
+                log(f"{r['label']}: exit {r['rc']}; log tail:\n{tail}")
+            out.append(m)
+        hz = os.sysconf("SC_CLK_TCK")
+        cpu = sum(m["cpu_s"] for m in out)
+        total = dict(wall_s=t_end - t0, cpu_s=cpu, sync_s=sync_s,
+                     other_cpu_s=f"{max(0.0, (busy1 - busy0) / hz - cpu):.2f}",
+                     steal_s=f"{(steal1 - steal0) / hz:.2f}")
+        return out, total
 
     # -- dataset preparation
     def dataset_src(self, kind):
@@ -702,9 +790,9 @@ class Runner:
             pass
         if (have and all(have.get(k) == v for k, v in want.items()) and have.get("last_day_digest")
                 and all(os.path.isdir(d) for d in day_dirs)):
-            log(f"blocksizes: reusing history {root} ({days} days of {want['source']})")
+            log(f"history: reusing {root} ({days} days of {want['source']})")
             return day_dirs, have
-        log(f"blocksizes: building history {root}: {days} days of {want['source']}, "
+        log(f"history: building {root}: {days} days of {want['source']}, "
             f"{churn:.0%} of files changed per day")
         t0 = time.monotonic()
         if os.path.exists(mpath):
@@ -725,14 +813,14 @@ class Runner:
             nfiles, nbytes = tree_size(dst)
             per_day.append(dict(day=d, files=nfiles, bytes=nbytes, edits=edits))
         os.rename(tmp, root)
-        log("blocksizes: hashing the last day for restore verification")
+        log("history: hashing the last day for restore verification")
         manifest = dict(want, per_day=per_day, last_day_digest=datasets.tree_digest(day_dirs[-1]),
                         built_in_s=round(time.monotonic() - t0, 1))
         with open(mpath + ".tmp", "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
         os.rename(mpath + ".tmp", mpath)
         settle()
-        log(f"blocksizes: history built in {manifest['built_in_s']}s")
+        log(f"history: built in {manifest['built_in_s']}s")
         return day_dirs, manifest
 
     def run_blocksizes(self, rep):
@@ -889,6 +977,288 @@ class Runner:
                     shutil.rmtree(t.cache, ignore_errors=True)
                 settle()
 
+    # -- jobs scenario: N concurrent backups of different, overlapping trees into one repository
+    def jobs_stats(self, name, t, label):
+        """What the repository holds now: `cairn stats --json` (JOBS_CAIRN_STATS) or
+        `restic stats --mode raw-data --json` (JOBS_RESTIC_STATS), plus repo_bytes (du -sb).
+        For restic, occupied_bytes is du -sb of the repository (restic reports no such figure)."""
+        if name == "cairn":
+            argv, fields = [t.bin, "stats", "--repo", t.repo, "--json"], JOBS_CAIRN_STATS
+        else:
+            argv, fields = [t.bin, "stats", "--repo", t.repo, "--mode", "raw-data", "--json"], JOBS_RESTIC_STATS
+        out = subprocess.run(argv, env=t.env(), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        with open(os.path.join(self.work, "logs", label + ".json"), "w") as f:
+            f.write("$ " + " ".join(argv) + "\n" + out.stdout + out.stderr)
+        vals = {}
+        try:
+            doc = json.loads(out.stdout)
+            for k, path in fields.items():
+                v = doc
+                for p in path:
+                    v = v.get(p) if isinstance(v, dict) else None
+                vals[k] = v
+        except ValueError:
+            log(f"{label}: stats failed (exit {out.returncode}): {out.stderr[-500:]}")
+            vals["stats_error"] = f"rc={out.returncode}"
+        vals["repo_bytes"] = du_bytes(t.repo)
+        if name != "cairn":
+            vals["occupied_bytes"] = vals["repo_bytes"]
+        return vals
+
+    def run_jobs(self, rep):
+        names = [t for t in self.a.tools if t in JOBS_TOOLS]
+        skipped = [t for t in self.a.tools if t not in JOBS_TOOLS]
+        if skipped:
+            log(f"jobs: skipping {','.join(skipped)} (the scenario runs cairn and restic)")
+        if not names:
+            return
+        counts = self.a.job_counts
+        nmax = max(counts)
+        day_dirs, manifest = self.history_days()
+        per_day = {d["day"]: d for d in manifest["per_day"]}
+        ds = day_dirs[:nmax]
+        log(f"jobs (repetition {rep}): {','.join(map(str, counts))} concurrent backups into one repository; "
+            f"job k backs up {os.path.basename(os.path.dirname(ds[0]))}/day-0k "
+            f"({', '.join('%.0f' % (per_day[k]['bytes'] / 2**20) for k in range(1, nmax + 1))} MiB); "
+            f"tools {','.join(names)}")
+        for d in ("repos", "restore", "logs"):
+            os.makedirs(os.path.join(self.work, d), exist_ok=True)
+        order = names[(rep - 1) % len(names):] + names[:(rep - 1) % len(names)]
+        common = dict(dataset=JOBS_DATASET, rep=rep)
+
+        def in_sizes(n):
+            return (sum(per_day[k]["files"] for k in range(1, n + 1)),
+                    sum(per_day[k]["bytes"] for k in range(1, n + 1)))
+
+        def fresh(name, tag):
+            t = TOOL_CLASSES[name](self.bins[name], self.work, f"{JOBS_DATASET}-{tag}")
+            for p in (t.repo, t.cache):
+                if os.path.exists(p):
+                    shutil.rmtree(p)
+            os.makedirs(t.cache)
+            settle()
+            return t
+
+        def measured(r):
+            return dict(wall_s=f"{r['wall_s']:.3f}", user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""),
+                        cpu_s=f"{r['cpu_s']:.2f}", max_rss_kib=r.get("max_rss_kib", ""),
+                        sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"],
+                        log=r["log"])
+
+        def kv(d):
+            return " ".join(f"{k}={_fmt_num(v)}" for k, v in d.items() if v is not None and v != "")
+
+        def cleanup(t):
+            if not self.a.keep:
+                shutil.rmtree(t.repo, ignore_errors=True)
+                shutil.rmtree(t.cache, ignore_errors=True)
+            settle()
+
+        # 1. baseline: the same trees backed up one after another into a fresh repository.
+        # After k backups the repository is what k sequential backups make, so one repository
+        # gives the baseline of every job count.
+        baseline = {}
+        for name in order:
+            ver = self.versions.get(name)
+            t = fresh(name, "seq")
+            r = self.measure(t, f"{JOBS_DATASET}-{name}-seq-init-r{rep}", *t.init_cmd())
+            if r["rc"] != 0:
+                self.add_row(dict(common, tool=name, tool_version=ver, phase="seq", status=f"fail init rc={r['rc']}",
+                                  **measured(r)))
+                cleanup(t)
+                continue
+            walls, tot, rss = [], dict(cpu_s=0.0, user_s=0.0, sys_s=0.0, sync_s=0.0, other=0.0, steal=0.0), 0
+            for k in range(1, nmax + 1):
+                r = self.measure(t, f"{JOBS_DATASET}-{name}-seq-day{k:02d}-r{rep}",
+                                 *t.backup_cmd(ds[k - 1], f"day{k}"))
+                walls.append(r["wall_s"])
+                for f in ("cpu_s", "user_s", "sys_s", "sync_s"):
+                    tot[f] += r.get(f, 0.0)
+                tot["other"] += float(r["other_cpu_s"])
+                tot["steal"] += float(r["steal_s"])
+                rss = max(rss, r.get("max_rss_kib", 0))
+                log(f"jobs {name} sequential day-{k:02d}: wall={r['wall_s']:.2f}s cpu={r['cpu_s']:.2f}s"
+                    + ("" if r["rc"] == 0 else f" FAILED rc={r['rc']}"))
+                if r["rc"] != 0:
+                    self.add_row(dict(common, tool=name, tool_version=ver, phase=f"seq{k}",
+                                      status=f"fail day{k} rc={r['rc']}", **measured(r)))
+                    break
+                if k not in counts:
+                    continue
+                st = self.jobs_stats(name, t, f"{JOBS_DATASET}-{name}-seq{k}-stats-r{rep}")
+                wall = sum(walls)
+                baseline[(name, k)] = dict(st, wall_s=wall)
+                nfiles, nbytes = in_sizes(k)
+                self.add_row(dict(common, tool=name, tool_version=ver, phase=f"seq{k}",
+                                  status="ok" if "stats_error" not in st else "fail stats",
+                                  input_bytes=nbytes, input_files=nfiles, wall_s=f"{wall:.3f}",
+                                  user_s=f"{tot['user_s']:.2f}", sys_s=f"{tot['sys_s']:.2f}",
+                                  cpu_s=f"{tot['cpu_s']:.2f}", max_rss_kib=rss or "",
+                                  mb_per_s=f"{nbytes / MB / wall:.2f}", files_per_s=f"{nfiles / wall:.1f}",
+                                  repo_bytes=st["repo_bytes"], cache_bytes=du_bytes(t.cache),
+                                  sync_s=f"{tot['sync_s']:.2f}", other_cpu_s=f"{tot['other']:.2f}",
+                                  steal_s=f"{tot['steal']:.2f}", log=r["log"],
+                                  note=kv(dict(jobs=k, mode="sequential",
+                                               day_wall_s="/".join(f"{w:.2f}" for w in walls), **st))))
+                self.print_row(self.rows[-1])
+            cleanup(t)
+
+        # 2. N backups at once into a fresh repository, for each N
+        for n in counts:
+            nfiles, nbytes = in_sizes(n)
+            for name in order:
+                ver = self.versions.get(name)
+                t = fresh(name, f"n{n}")
+                r = self.measure(t, f"{JOBS_DATASET}-{name}-n{n}-init-r{rep}", *t.init_cmd())
+                if r["rc"] != 0:
+                    self.add_row(dict(common, tool=name, tool_version=ver, phase=f"jobs{n}",
+                                      status=f"fail init rc={r['rc']}", **measured(r)))
+                    cleanup(t)
+                    continue
+                log(f"jobs {name}: starting {n} backup(s) at once")
+                jobs = [(f"{JOBS_DATASET}-{name}-n{n}-job{k}-r{rep}", t.backup_cmd(ds[k - 1], f"day{k}")[0])
+                        for k in range(1, n + 1)]
+                res, tot = self.measure_concurrent(t, jobs)
+                for k, jr in enumerate(res, 1):
+                    self.add_row(dict(common, tool=name, tool_version=ver, phase=f"jobs{n}-job{k}",
+                                      status="ok" if jr["rc"] == 0 else f"fail rc={jr['rc']}",
+                                      input_bytes=per_day[k]["bytes"], input_files=per_day[k]["files"],
+                                      wall_s=f"{jr['wall_s']:.3f}", user_s=jr.get("user_s", ""),
+                                      sys_s=jr.get("sys_s", ""), cpu_s=f"{jr['cpu_s']:.2f}",
+                                      max_rss_kib=jr.get("max_rss_kib", ""),
+                                      mb_per_s=f"{per_day[k]['bytes'] / MB / jr['wall_s']:.2f}",
+                                      files_per_s=f"{per_day[k]['files'] / jr['wall_s']:.1f}", log=jr["log"],
+                                      note=f"jobs={n} job={k} source={os.path.basename(ds[k - 1])} "
+                                           f"start_s={jr['start_s']:.3f} end_s={jr['end_s']:.3f}"))
+                failed = [k for k, jr in enumerate(res, 1) if jr["rc"] != 0]
+                status = "ok" if not failed else "fail job" + ",".join(map(str, failed))
+                wall = tot["wall_s"]
+                log(f"jobs {name} x{n}: total wall={wall:.2f}s ({nbytes / MB / wall:.1f} MB/s aggregate), "
+                    f"job walls " + "/".join(f"{jr['wall_s']:.2f}" for jr in res) + f"s, cpu={tot['cpu_s']:.2f}s"
+                    + ("" if not failed else f" FAILED jobs {failed}"))
+                st = self.jobs_stats(name, t, f"{JOBS_DATASET}-{name}-n{n}-stats-r{rep}")
+                base = baseline.get((name, n), {})
+                dup = None
+                if st.get("occupied_bytes") is not None and base.get("occupied_bytes") is not None:
+                    dup = st["occupied_bytes"] - base["occupied_bytes"]
+                info = dict(jobs=n, mode="concurrent", **st)
+                info.update(seq_occupied_bytes=base.get("occupied_bytes"), seq_wall_s=base.get("wall_s"),
+                            duplicate_bytes=dup,
+                            job_wall_s="/".join(f"{jr['wall_s']:.2f}" for jr in res),
+                            job_cpu_s="/".join(f"{jr['cpu_s']:.2f}" for jr in res),
+                            job_rss_kib="/".join(str(jr.get("max_rss_kib", "")) for jr in res),
+                            job_start_s="/".join(f"{jr['start_s']:.3f}" for jr in res),
+                            job_end_s="/".join(f"{jr['end_s']:.3f}" for jr in res))
+                if name == "restic" and base.get("raw_total_size") is not None:
+                    info["seq_raw_total_size"] = base.get("raw_total_size")
+
+                # cairn: prune away the duplicate copies, then look again
+                if name == "cairn" and not failed:
+                    before = du_bytes(t.repo)
+                    pr = self.measure(t, f"{JOBS_DATASET}-{name}-n{n}-prune-r{rep}",
+                                      [t.bin, "prune", "--repo", t.repo, "--max-unused", "0%"])
+                    st2 = self.jobs_stats(name, t, f"{JOBS_DATASET}-{name}-n{n}-stats-after-prune-r{rep}")
+                    self.add_row(dict(common, tool=name, tool_version=ver, phase=f"jobs{n}-prune",
+                                      status="ok" if pr["rc"] == 0 else f"fail rc={pr['rc']}",
+                                      input_bytes=before, repo_bytes=st2["repo_bytes"],
+                                      repo_delta_bytes=st2["repo_bytes"] - before, cache_bytes=du_bytes(t.cache),
+                                      note=" ".join(x for x in (
+                                          kv(dict(jobs=n, max_unused="0%",
+                                                  occupied_before_bytes=st.get("occupied_bytes"),
+                                                  unused_before_bytes=st.get("unused_bytes"),
+                                                  occupied_after_bytes=st2.get("occupied_bytes"),
+                                                  unused_after_bytes=st2.get("unused_bytes"))),
+                                          t.summary("prune", os.path.join(BENCH_DIR, pr["log"]))) if x),
+                                      **measured(pr)))
+                    self.print_row(self.rows[-1])
+                    info.update(prune_wall_s=pr["wall_s"], prune_rc=pr["rc"],
+                                occupied_after_prune_bytes=st2.get("occupied_bytes"),
+                                unused_after_prune_bytes=st2.get("unused_bytes"),
+                                stored_after_prune_bytes=st2.get("stored_bytes"))
+                    if pr["rc"] != 0:
+                        status = f"fail prune rc={pr['rc']}"
+                    elif st2.get("unused_bytes"):
+                        log(f"jobs cairn x{n}: WARNING {st2['unused_bytes']} B still unused after prune "
+                            f"--max-unused 0%")
+                if "stats_error" in st and status == "ok":
+                    status = "fail stats"
+                if st.get("stored_bytes") is not None and st["stored_bytes"] != nbytes:
+                    log(f"jobs {name} x{n}: WARNING stored_bytes {st['stored_bytes']} != {nbytes} B in the sources")
+                self.add_row(dict(common, tool=name, tool_version=ver, phase=f"jobs{n}", status=status,
+                                  input_bytes=nbytes, input_files=nfiles, wall_s=f"{wall:.3f}",
+                                  user_s=f"{sum(jr.get('user_s', 0.0) for jr in res):.2f}",
+                                  sys_s=f"{sum(jr.get('sys_s', 0.0) for jr in res):.2f}",
+                                  cpu_s=f"{tot['cpu_s']:.2f}",
+                                  max_rss_kib=max(jr.get("max_rss_kib", 0) for jr in res) or "",
+                                  mb_per_s=f"{nbytes / MB / wall:.2f}", files_per_s=f"{nfiles / wall:.1f}",
+                                  repo_bytes=st["repo_bytes"], cache_bytes=du_bytes(t.cache),
+                                  sync_s=f"{tot['sync_s']:.2f}", other_cpu_s=tot["other_cpu_s"],
+                                  steal_s=tot["steal_s"], log=res[-1]["log"], note=kv(info)))
+                self.print_row(self.rows[-1])
+
+                # 3. after the largest run: restore every job's snapshot, compare, check --read-data
+                if name == "cairn" and n == nmax and not failed and not self.a.no_verify:
+                    self.jobs_verify(t, n, rep, ds, manifest)
+                cleanup(t)
+
+    def jobs_verify(self, t, n, rep, ds, manifest):
+        """Restore each job's snapshot of cairn's n-job repository, compare it with its source
+        day dir, then check --read-data (rows jobs<n>-restore-job<k> and jobs<n>-check-rd)."""
+        common = dict(dataset=JOBS_DATASET, rep=rep, tool="cairn", tool_version=self.versions.get("cairn"))
+        out = subprocess.run([t.bin, "snapshots", "--repo", t.repo, "--json"], env=t.env(), capture_output=True,
+                             text=True, stdin=subprocess.DEVNULL)
+        try:
+            snaps = json.loads(out.stdout)
+        except ValueError:
+            snaps = []
+            log(f"jobs: cairn snapshots failed: {out.stderr[-500:]}")
+        by_path = {}
+        for s in snaps:
+            for p in s.get("paths") or []:
+                by_path[os.path.realpath(p)] = s.get("id")
+        for k in range(1, n + 1):
+            src = ds[k - 1]
+            sid = by_path.get(os.path.realpath(src))
+            if not sid:
+                self.add_row(dict(common, phase=f"jobs{n}-restore-job{k}", status="fail no snapshot",
+                                  verify="MISMATCH: no snapshot of " + os.path.basename(src)))
+                continue
+            target = os.path.join(self.work, "restore", f"cairn-{JOBS_DATASET}")
+            if os.path.exists(target):
+                shutil.rmtree(target)
+            os.makedirs(target)
+            settle()
+            r = self.measure(t, f"{JOBS_DATASET}-cairn-n{n}-restore-job{k}-r{rep}",
+                             [t.bin, "restore", sid, "--repo", t.repo, "--target", target])
+            rfiles, rbytes = tree_size(target)
+            verify = "skipped"
+            if r["rc"] == 0:
+                log(f"jobs: hashing {os.path.basename(src)} to verify the restore")
+                last = os.path.basename(src) == f"day-{manifest['days']:02d}"
+                digest = manifest["last_day_digest"] if last else datasets.tree_digest(src)
+                verify = self.verify(target, src, digest)
+            self.add_row(dict(common, phase=f"jobs{n}-restore-job{k}",
+                              status="ok" if r["rc"] == 0 else f"fail rc={r['rc']}",
+                              input_bytes=rbytes, input_files=rfiles, wall_s=f"{r['wall_s']:.3f}",
+                              user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""), cpu_s=f"{r['cpu_s']:.2f}",
+                              max_rss_kib=r.get("max_rss_kib", ""), mb_per_s=f"{rbytes / MB / r['wall_s']:.2f}",
+                              files_per_s=f"{rfiles / r['wall_s']:.1f}", repo_bytes=du_bytes(t.repo),
+                              sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"],
+                              verify=verify, log=r["log"], note=f"jobs={n} job={k} snapshot={sid[:8]} "
+                                                                f"source={os.path.basename(src)}"))
+            self.print_row(self.rows[-1])
+            shutil.rmtree(target, ignore_errors=True)
+        before = du_bytes(t.repo)
+        r = self.measure(t, f"{JOBS_DATASET}-cairn-n{n}-check-rd-r{rep}", *t.check_data_cmd())
+        note = t.summary("check-rd", os.path.join(BENCH_DIR, r["log"]))
+        self.add_row(dict(common, phase=f"jobs{n}-check-rd", status="ok" if r["rc"] == 0 else f"fail rc={r['rc']}",
+                          input_bytes=before, repo_bytes=du_bytes(t.repo), mb_per_s=f"{before / MB / r['wall_s']:.2f}",
+                          wall_s=f"{r['wall_s']:.3f}", user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""),
+                          cpu_s=f"{r['cpu_s']:.2f}", max_rss_kib=r.get("max_rss_kib", ""),
+                          sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"],
+                          verify="ok" if r["rc"] == 0 else "FAILED", log=r["log"], note=f"jobs={n} {note}".strip()))
+        self.print_row(self.rows[-1])
+
     def verify(self, target, live, src_digest):
         rel = live.lstrip("/")
         for cand in (os.path.join(target, rel), os.path.join(target, os.path.basename(live)), target):
@@ -935,6 +1305,9 @@ class Runner:
         if "blocksizes" in self.a.scenarios:
             for rep in range(1, self.a.repeat + 1):
                 self.run_blocksizes(rep)
+        if "jobs" in self.a.scenarios:
+            for rep in range(1, self.a.repeat + 1):
+                self.run_jobs(rep)
         self.csv_f.close()
         print(render_all(self.rows, self.a.tools))
         print(f"\nCSV: {self.csv_path}")
@@ -1209,15 +1582,130 @@ def render_blocksizes(rows):
     return "\n".join(out)
 
 
+def render_jobs(rows):
+    """Tables of the jobs scenario (text and Markdown), from its CSV rows."""
+    rows = [r for r in rows if r.get("dataset") == JOBS_DATASET]
+    reps = sorted({str(r.get("rep")) for r in rows})
+    multi = len(reps) > 1
+
+    def n(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    def mib(v):
+        v = _f(v)
+        return None if v is None else v / 2**20
+
+    data = []
+    for r in rows:
+        m = re.fullmatch(r"jobs(\d+)", r.get("phase", ""))
+        if not m:
+            continue
+        kv = _note_kv(r.get("note"))
+        wall, seq = _f(r.get("wall_s")), _f(kv.get("seq_wall_s"))
+        data.append(dict(
+            rep=str(r["rep"]), tool=r["tool"], jobs=int(m.group(1)), status=r["status"], wall=wall,
+            mbs=_f(r.get("mb_per_s")), seq=seq, speedup=seq / wall if seq and wall else None,
+            stored=mib(kv.get("stored_bytes")),
+            data=mib(kv.get("compressed_data_bytes", kv.get("raw_total_size"))),
+            occupied=mib(kv.get("occupied_bytes")), seq_occupied=mib(kv.get("seq_occupied_bytes")),
+            dup=mib(kv.get("duplicate_bytes")), unused=mib(kv.get("unused_bytes")),
+            unused_after=mib(kv.get("unused_after_prune_bytes")),
+            occupied_after=mib(kv.get("occupied_after_prune_bytes")), prune=_f(kv.get("prune_wall_s")),
+            job_walls=kv.get("job_wall_s", "-"), cpu=_f(r.get("cpu_s")),
+            rss=None if _f(r.get("max_rss_kib")) is None else _f(r.get("max_rss_kib")) / 1024,
+            other=_f(r.get("other_cpu_s"))))
+    if not data and not rows:
+        return ""
+    cols = [("tool", 6), ("jobs", 4), ("wall s", 8), ("MB/s", 7), ("seq. s", 8), ("speedup", 7),
+            ("stored MiB", 10), ("data MiB", 9), ("occupied MiB", 12), ("dup. MiB", 9), ("unused MiB", 10),
+            ("unused after", 12), ("prune s", 7), ("status", 6)]
+    if multi:
+        cols.insert(0, ("rep", 3))
+    first_num = 2 if multi else 1  # columns before this one are left-aligned
+
+    def line(vals):
+        return " ".join(v.ljust(w) if i < first_num else v.rjust(w) for i, (v, (_, w)) in enumerate(zip(vals, cols)))
+
+    def vals_of(d):
+        v = [d["tool"], str(d["jobs"]), n(d["wall"], ".2f"), n(d["mbs"], ".1f"), n(d["seq"], ".2f"),
+             n(d["speedup"], ".2f"), n(d["stored"], ".2f"), n(d["data"], ".2f"), n(d["occupied"], ".2f"),
+             n(d["dup"], "+.2f"), n(d["unused"], ".2f"), n(d["unused_after"], ".2f"), n(d["prune"], ".2f"),
+             d["status"]]
+        return [d["rep"]] + v if multi else v
+
+    out = ["", "jobs: N backups started at once into one fresh repository, job k backing up history day k",
+           "(wall s = first start to last end; MB/s = the N sources' bytes / wall s; seq. s = the same N sources "
+           "backed up one after another into a fresh repository, summed; speedup = seq. s / wall s;",
+           " stored = data the snapshots hold, data = compressed unique data (cairn compressed_data_bytes, restic "
+           "raw-data total_size), occupied = repository space (cairn stats; restic du -sb);",
+           " dup. = occupied - occupied of the sequential repository: duplicate copies the concurrent jobs "
+           "stored; unused = cairn overhead.unused_bytes before / after prune --max-unused 0%)"]
+    hdr = line([c for c, _ in cols])
+    out.append(hdr)
+    out.append("-" * len(hdr))
+    for d in data:
+        out.append(line(vals_of(d)))
+    out.append("")
+    h2 = ("rep " if multi else "") + (f"{'tool':6} {'jobs':>4} {'job wall s':>27} {'CPU s':>8} {'RSS MiB':>8} "
+                                      f"{'other':>6} {'seq. occupied MiB':>17} {'occupied after prune MiB':>24}")
+    out.append(h2)
+    out.append("-" * len(h2))
+    for d in data:
+        out.append((f"{d['rep']:3} " if multi else "") +
+                   f"{d['tool']:6} {d['jobs']:>4} {d['job_walls']:>27} {n(d['cpu'], '.2f'):>8} "
+                   f"{n(d['rss'], '.0f'):>8} {n(d['other'], '.1f'):>6} {n(d['seq_occupied'], '.2f'):>17} "
+                   f"{n(d['occupied_after'], '.2f'):>24}")
+    checks = [r for r in rows if re.fullmatch(r"jobs\d+-(restore-job\d+|check-rd)", r.get("phase", ""))]
+    if checks:
+        out.append("")
+        out.append("Verification (cairn, largest job count, after the prune):")
+        for r in checks:
+            what = "restore " + _note_kv(r.get("note")).get("source", "") if "restore" in r["phase"] else "check --read-data"
+            out.append(f"  {('r' + str(r['rep']) + ' ') if multi else ''}{r['phase']}: {what}: status {r['status']}, "
+                       f"verify {r.get('verify') or '-'}, {n(_f(r.get('wall_s')), '.2f')} s"
+                       + (f" ({r['note']})" if "check" in r["phase"] and r.get("note") else ""))
+    bad = [d for d in data if d["status"] != "ok"]
+    bad_checks = [r for r in checks if r["status"] != "ok" or (r.get("verify") or "ok") not in ("ok", "skipped")]
+    left = [d for d in data if d["unused_after"]]
+    if bad or bad_checks or left:
+        out.append("")
+    if bad or bad_checks:
+        out.append("WARNING: failed or unverified: " + ", ".join(
+            [f"{d['tool']} x{d['jobs']} ({d['status']})" for d in bad]
+            + [f"{r['phase']} ({r['status']}, verify {r.get('verify')})" for r in bad_checks]))
+    if left:
+        out.append("WARNING: unused space left after prune --max-unused 0%: "
+                   + ", ".join(f"{d['tool']} x{d['jobs']} {d['unused_after']:.2f} MiB" for d in left))
+    out.append("")
+    out.append("Markdown:")
+    out.append("")
+    mcols = ["tool", "jobs", "wall s", "aggregate MB/s", "sequential s", "speedup", "stored MiB", "data MiB",
+             "occupied MiB", "duplicate MiB (concurrent - sequential)", "unused MiB before prune",
+             "unused MiB after prune", "prune s"]
+    if multi:
+        mcols.insert(0, "rep")
+    out.append("| " + " | ".join(mcols) + " |")
+    out.append("| " + " | ".join(["---"] * (2 if multi else 1) + ["---:"] * (len(mcols) - (2 if multi else 1))) + " |")
+    for d in data:
+        v = vals_of(d)[:-1]
+        if d["status"] != "ok":
+            v[-1] += f" ({d['status']})"
+        out.append("| " + " | ".join(v) + " |")
+    return "\n".join(out)
+
+
 def render_all(rows, tools):
-    """The scenario tables: backup/maintenance ones, then the blocksizes ones."""
-    other = [r for r in rows if r.get("dataset") != BS_DATASET]
+    """The scenario tables: backup/maintenance ones, then the blocksizes ones, then the jobs ones."""
+    other = [r for r in rows if r.get("dataset") not in (BS_DATASET, JOBS_DATASET)]
     bs = [r for r in rows if r.get("dataset") == BS_DATASET]
+    jobs = [r for r in rows if r.get("dataset") == JOBS_DATASET]
     parts = []
-    if other or not bs:
+    if other or not (bs or jobs):
         parts.append(render_table(other, tools))
     if bs:
         parts.append(render_blocksizes(bs))
+    if jobs:
+        parts.append(render_jobs(jobs))
     return "\n".join(parts)
 
 
@@ -1237,9 +1725,11 @@ def main():
     ap.add_argument("--tools", default=",".join(ALL_TOOLS), help="comma list of cairn,restic,borg")
     ap.add_argument("--scenario", default="all",
                     help="comma list of backup (the --datasets runs), maintenance (day-by-day history, "
-                         "then forget/prune/check --read-data; cairn and restic) and blocksizes (the same history "
+                         "then forget/prune/check --read-data; cairn and restic), blocksizes (the same history "
                          "into one cairn datastore per --block-sizes x --compressions, compared with cairn "
-                         "estimate; long, so not part of all), or all (default: backup,maintenance)")
+                         "estimate; long, so not part of all) and jobs (1, 2 and 4 backups of different history "
+                         "days at once into one repository: aggregate throughput and duplicate bytes stored; "
+                         "cairn and restic; not part of all), or all (default: backup,maintenance)")
     ap.add_argument("--maint-days", type=int, default=8,
                     help="daily versions in the maintenance history (default 8, at every scale: with fewer, "
                          "keep-last 3 forgets too little for prune to repack anything)")
@@ -1249,6 +1739,9 @@ def main():
     ap.add_argument("--block-sizes", default=BS_SIZES, help=f"blocksizes scenario: block sizes (default {BS_SIZES})")
     ap.add_argument("--compressions", default=BS_COMPRESSIONS,
                     help=f"blocksizes scenario: compressions (default {BS_COMPRESSIONS})")
+    ap.add_argument("--job-counts", default=JOBS_COUNTS,
+                    help=f"jobs scenario: numbers of concurrent backups (default {JOBS_COUNTS}); job k backs up "
+                         "history day k, so the largest must not exceed --maint-days")
     ap.add_argument("--scale", default=None, help="full | quick | fraction (default: $BENCH_SCALE or full)")
     ap.add_argument("--data-dir", default=os.environ.get("BENCH_DATA", os.path.join(BENCH_DIR, ".work", "data")))
     ap.add_argument("--work-dir", default=os.environ.get("BENCH_WORK", os.path.join(BENCH_DIR, ".work", "run")))
@@ -1272,7 +1765,7 @@ def main():
     a.scenarios = DEFAULT_SCENARIOS if a.scenario == "all" else [x for x in a.scenario.split(",") if x]
     for x in a.scenarios:
         if x not in ALL_SCENARIOS:
-            ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes or all)")
+            ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes, jobs or all)")
     a.block_sizes = [b.strip().upper() for b in a.block_sizes.split(",") if b.strip()]
     a.compressions = [c.strip() for c in a.compressions.split(",") if c.strip()]
     for b in a.block_sizes:
@@ -1285,6 +1778,12 @@ def main():
             ap.error(f"unknown compression {c} (none, standard or max)")
     if a.maint_days < 1 or a.maint_keep < 1:
         ap.error("--maint-days and --maint-keep must be at least 1")
+    try:
+        a.job_counts = sorted({int(x) for x in a.job_counts.split(",") if x.strip()})
+    except ValueError:
+        ap.error(f"bad --job-counts {a.job_counts} (a comma list of numbers, e.g. 1,2,4)")
+    if not a.job_counts or a.job_counts[0] < 1 or a.job_counts[-1] > a.maint_days:
+        ap.error(f"--job-counts must be between 1 and --maint-days ({a.maint_days}): job k backs up history day k")
     for d in a.datasets:
         if d not in ALL_DATASETS:
             ap.error(f"unknown dataset {d}")

@@ -2,7 +2,7 @@
 # Benchmark cairn against restic and borg in the same run.
 #
 #   bench/run.sh [--quick] [--datasets mixed,small,image] [--tools cairn,restic,borg]
-#                [--scenario all|backup|maintenance|blocksizes] [--scale full|quick|FRACTION]
+#                [--scenario all|backup|maintenance|blocksizes|jobs] [--scale full|quick|FRACTION]
 #                [--cold] [--keep] [--no-verify] [--no-build] [--no-install]
 #
 # --scenario maintenance: 8 daily versions of the mixed tree backed up by cairn
@@ -14,6 +14,13 @@
 # (4K..64K) x compression (standard, max): back up every day, restore the last,
 # cairn stats; prints real vs estimated dedup/compression/reduction (must be
 # within 2 points) and a Markdown table. Use: --scenario blocksizes --tools cairn
+# --scenario jobs (cairn and restic; not part of all, ~10-15 min at full scale):
+# 1, 2 and 4 backups started at once into one fresh repository, job k backing
+# up history day k (the blocksizes day dirs); total wall, aggregate MB/s, stats
+# (stored, occupied, unused) and the duplicate bytes = occupied minus that of the
+# same trees backed up one after another; cairn then prunes --max-unused 0%,
+# and restores, verifies and check --read-data after the 4-job run.
+# Use: --scenario jobs --tools cairn,restic
 # Builds cairn (cargo build --release), installs restic/borg if missing
 # (install-peers.sh), generates datasets if missing (bench/.work/data), then
 # runs bench.py, which writes bench/results/<date>-<gitsha>.csv and prints a
@@ -35,7 +42,7 @@ while [ $# -gt 0 ]; do
     --tools=*) TOOLS="${1#*=}" ;;
     --no-build) BUILD=0 ;;
     --no-install) INSTALL=0 ;;
-    -h|--help) sed -n '2,20p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
     *) ARGS+=("$1") ;;
   esac
   shift

@@ -79,7 +79,7 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
     // meanwhile cannot look like one whose blobs are missing.
     let (snaps, bad_snaps) = repo.snapshots()?;
     let state = repo.read_index_state()?;
-    repo.set_index(&state);
+    repo.set_index(&state)?;
     report.index_files = state.live.len();
     report.pending_deletions = state.pending.len();
     let pending_orphans: HashSet<PackId> = state

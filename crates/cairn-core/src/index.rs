@@ -145,6 +145,10 @@ const PER_BUCKET: usize = 16;
 /// Most records the RAM placement holds (the directory counts in 32 bits).
 pub const MAX_RECORDS: usize = u32::MAX as usize;
 
+fn human_bytes(b: u64) -> String {
+    format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
 fn prefix(id: &[u8]) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&id[..8]);
@@ -157,8 +161,21 @@ impl MasterIndex {
     }
 
     /// Room for `n` more records, so that building does not double the memory.
-    pub fn reserve(&mut self, n: usize) {
-        self.records.reserve_exact(n);
+    /// Fails, saying so, when the RAM placement cannot hold them: the index never
+    /// silently holds less than the repository has.
+    pub fn reserve(&mut self, n: usize) -> crate::Result<()> {
+        let total = self.records.len() + n;
+        let too_big = || {
+            crate::Error::Invalid(format!(
+                "the index has {total} blobs, more than the RAM placement can hold here \
+                 ({} of RAM needed); move it to the SSD placement: cairn index --placement ssd",
+                human_bytes(total as u64 * RECORD_LEN as u64)
+            ))
+        };
+        if total > MAX_RECORDS {
+            return Err(too_big());
+        }
+        self.records.try_reserve_exact(n).map_err(|_| too_big())
     }
 
     /// The index of the SSD placement, opened on its local files.

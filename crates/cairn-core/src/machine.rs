@@ -356,7 +356,7 @@ pub fn index_bench(n: u64, dir: &std::path::Path) -> crate::Result<Vec<Placement
 
     let t = Instant::now();
     let mut ram = MasterIndex::new();
-    ram.reserve(n as usize);
+    ram.reserve(n as usize)?;
     for p in 0..packs {
         let (id, blobs) = synthetic_pack(p, n);
         ram.add_pack(id, &blobs);

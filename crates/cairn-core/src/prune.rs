@@ -165,7 +165,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
             "{e}; run `cairn repair index` before prune"
         )));
     }
-    repo.set_index(&state);
+    repo.set_index(&state)?;
 
     let listed: HashSet<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
     let mut used = IdSet::default();

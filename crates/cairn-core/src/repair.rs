@@ -283,7 +283,7 @@ pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSn
     // look like one whose data is lost.
     let (snaps, bad) = repo.snapshots()?;
     let state = repo.read_index_state()?;
-    repo.set_index(&state);
+    repo.set_index(&state)?;
     let (announced, forgotten) = state.snapshot_records();
     let mut report = RepairSnapshotsReport {
         dry_run,

@@ -565,7 +565,7 @@ impl Repository {
     /// that walks every entry anyway).
     pub fn load_index_in_ram(&mut self) -> Result<()> {
         let state = self.read_index_state()?;
-        self.set_index(&state);
+        self.set_index(&state)?;
         self.index_errors = state.errors;
         Ok(())
     }
@@ -605,7 +605,7 @@ impl Repository {
     }
 
     /// Builds the master index from an [`IndexState`] already read.
-    pub fn set_index(&mut self, state: &IndexState) {
+    pub fn set_index(&mut self, state: &IndexState) -> Result<()> {
         let mut index = MasterIndex::new();
         let live: usize = state.live.iter().map(|(_, f)| f.blob_count()).sum();
         let pending: usize = state
@@ -614,7 +614,7 @@ impl Repository {
             .flat_map(|(_, p)| &p.packs)
             .map(|p| p.blobs.len())
             .sum();
-        index.reserve(live + pending);
+        index.reserve(live + pending)?;
         for (_, f) in &state.live {
             index.add_file(f);
         }
@@ -625,6 +625,7 @@ impl Repository {
         }
         index.finish();
         self.index = Arc::new(index);
+        Ok(())
     }
 
     /// Every stored pack with its size.

@@ -7,7 +7,7 @@
 //! - the records (id and location, [`RECORD_LEN`] bytes) sit on disk in the order
 //!   the index files list them, that is, pack by pack; a sorted table of 13-byte
 //!   keys (the id's first 8 bytes and the record's position) is on disk too, and a
-//!   directory in RAM (4 bytes per 64 keys) tells where the keys of each id prefix
+//!   directory in RAM (8 bytes per 64 keys) tells where the keys of each id prefix
 //!   start, so a lookup that passes the filter reads one small run of keys and one
 //!   record;
 //! - a locality cache: when a lookup finds a blob, every record of its pack is
@@ -15,7 +15,7 @@
 //!   the same files are almost always in the same pack. A re-backup of known data
 //!   then costs one disk read per pack, not one per chunk.
 //!
-//! RAM per blob: filter 1.25 B, directory 0.06 B, pack list and pack runs a few
+//! RAM per blob: filter 1.25 B, directory 0.13 B, pack list and pack runs a few
 //! hundredths; the cache and the build's buffers are fixed sizes.
 //!
 //! The files are a cache of the repository's index files: a manifest records which
@@ -57,7 +57,7 @@ const MANIFEST_VERSION: u32 = 1;
 
 /// RAM bytes per blob of the SSD placement (filter, directory, pack runs).
 pub const RAM_BYTES_PER_BLOB: f64 =
-    FILTER_BITS_PER_BLOB as f64 / 8.0 + 4.0 / KEYS_PER_BUCKET as f64 + 0.05;
+    FILTER_BITS_PER_BLOB as f64 / 8.0 + 8.0 / KEYS_PER_BUCKET as f64 + 0.05;
 /// Local-disk bytes per blob (record and key).
 pub const DISK_BYTES_PER_BLOB: f64 = (RECORD_LEN + KEY_LEN) as f64;
 
@@ -210,7 +210,7 @@ pub struct SsdIndex {
     unique: u64,
     live: u64,
     dir_bits: u32,
-    dir: Vec<u32>,
+    dir: Vec<u64>,
     filter: Filter,
     runs: Vec<Run>,
     /// Record positions that are not the chosen copy of their id (duplicates).
@@ -323,12 +323,10 @@ impl SsdIndex {
             return Err(bad("record or key file size"));
         }
         let dir_bytes = read_file(dir, "dir.bin")?;
-        let d: Vec<u32> = dir_bytes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        if d.len() != (1usize << m.dir_bits) + 1
-            || d.last().copied().map(u64::from) != Some(m.records)
+        let d: Vec<u64> = u64s(&dir_bytes);
+        if m.dir_bits > 40
+            || d.len() != (1usize << m.dir_bits) + 1
+            || d.last().copied() != Some(m.records)
             || d.windows(2).any(|w| w[0] > w[1])
         {
             return Err(bad("directory"));
@@ -394,7 +392,7 @@ impl SsdIndex {
     /// bounded separately).
     pub fn ram_bytes(&self) -> usize {
         self.filter.blocks.len() * 64
-            + self.dir.len() * 4
+            + self.dir.len() * 8
             + self.runs.len() * std::mem::size_of::<Run>()
             + self.skipped.len() * 8
     }
@@ -476,7 +474,7 @@ impl SsdIndex {
         } else {
             (prefix >> (64 - self.dir_bits)) as usize
         };
-        let (lo, hi) = (u64::from(self.dir[b]), u64::from(self.dir[b + 1]));
+        let (lo, hi) = (self.dir[b], self.dir[b + 1]);
         if lo == hi {
             return Ok(None);
         }
@@ -749,7 +747,7 @@ fn build_into(
     while dir_bits < 40 && (n >> dir_bits) > KEYS_PER_BUCKET {
         dir_bits += 1;
     }
-    let mut dir = vec![0u32; (1usize << dir_bits) + 1];
+    let mut dir = vec![0u64; (1usize << dir_bits) + 1];
     let mut filter = Filter::with_capacity(n);
     let keys_path = tmp.join("keys.bin");
     let mut keys_out = BufWriter::with_capacity(
@@ -822,7 +820,7 @@ fn build_into(
             filter.insert(prefix);
             let d = bucket_of(prefix);
             while next_dir <= d {
-                dir[next_dir] = written as u32;
+                dir[next_dir] = written;
                 next_dir += 1;
             }
             for k in group {
@@ -833,7 +831,7 @@ fn build_into(
         }
     }
     while next_dir < dir.len() {
-        dir[next_dir] = written as u32;
+        dir[next_dir] = written;
         next_dir += 1;
     }
     keys_out

@@ -136,7 +136,7 @@ pub fn stats(repo: &mut Repository, selected: Option<&[SnapshotId]>) -> Result<S
             "{e}; statistics would be wrong (run `cairn repair index`)"
         )));
     }
-    repo.set_index(&state);
+    repo.set_index(&state)?;
     let index = repo.index().clone();
 
     let mut st = Stats {

@@ -10,8 +10,16 @@ pub fn run(g: &Global, a: &BenchArgs) -> Result<i32> {
         anyhow::bail!("--size must be between 1M and 4G");
     }
     let m = cairn_core::machine::measure(size as usize);
+    // Lookups in each placement on an index of synthetic blobs (a million at the
+    // default size).
+    let dir = tempfile_dir(&std::env::temp_dir())?;
+    let placements = cairn_core::machine::index_bench((size / 64).clamp(10_000, 1_000_000), &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let placements = placements?;
     if g.json {
-        super::print_json(&m)?;
+        let mut v = serde_json::to_value(&m)?;
+        v["index_placements"] = serde_json::to_value(&placements)?;
+        super::print_json(&v)?;
         return Ok(0);
     }
     println!(
@@ -24,11 +32,16 @@ pub fn run(g: &Global, a: &BenchArgs) -> Result<i32> {
     for s in &m.stages {
         println!("  {:<32} {:>9.0} MB/s", s.stage, s.mb_per_s);
     }
-    println!(
-        "  {:<32} {:>9.1} M/s",
-        "index lookups (RAM placement)",
-        m.index_lookups_per_s / 1e6
-    );
+    for p in &placements {
+        println!(
+            "  {:<32} {:>9.2} M/s present, {:.2} M/s absent, {:.2} M/s in pack order ({:.2} B of RAM per blob)",
+            format!("index lookups ({} placement)", p.placement),
+            p.present_per_s / 1e6,
+            p.absent_per_s / 1e6,
+            p.present_in_order_per_s / 1e6,
+            p.ram_bytes_per_blob
+        );
+    }
     println!("\nexpected on all cores (CPU only; storage not included):");
     println!(
         "  {:<7} {:<12} {:>11} {:>14} {:>15}",
@@ -67,7 +80,6 @@ fn parse_count(s: &str) -> Result<u64> {
 
 fn index(g: &Global, a: &BenchArgs, n: &str) -> Result<i32> {
     let n = parse_count(n)?;
-    std::fs::create_dir_all(&a.index_dir)?;
     let dir = tempfile_dir(&a.index_dir)?;
     let r = cairn_core::machine::index_bench(n, &dir);
     let _ = std::fs::remove_dir_all(&dir);
@@ -105,8 +117,9 @@ fn index(g: &Global, a: &BenchArgs, n: &str) -> Result<i32> {
 
 /// A fresh directory under `base` for one run.
 fn tempfile_dir(base: &std::path::Path) -> Result<std::path::PathBuf> {
-    let d = base.join(format!("run-{}", std::process::id()));
+    use anyhow::Context;
+    let d = base.join(format!("cairn-index-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d)?;
+    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
     Ok(d)
 }

@@ -119,5 +119,15 @@ fn bench_measures_without_a_repository() {
         serde_json::from_str(&env.ok(&["bench", "--size", "2M", "--json"])).unwrap();
     assert_eq!(v["expected"].as_array().unwrap().len(), 10, "{v}");
     assert!(v["stages"].as_array().unwrap().len() >= 10, "{v}");
+    let places = v["index_placements"].as_array().unwrap();
+    assert_eq!(places.len(), 2, "{v}");
+    assert!(
+        places[0]["ram_bytes_per_blob"].as_f64().unwrap() < 48.0,
+        "{v}"
+    );
+    assert!(
+        places[1]["ram_bytes_per_blob"].as_f64().unwrap() < 2.0,
+        "{v}"
+    );
     env.fails(&["bench", "--size", "1K"], 1);
 }

@@ -226,8 +226,10 @@ impl Seen {
     }
     /// True when `h` was not seen before.
     fn insert(&self, h: u128) -> bool {
-        // Shard by high bits, so that the low half the table hashes by stays uniform.
-        let shard = &self.shards[((h >> 120) as usize) % SHARDS];
+        // Shard by the low bits of the high half: uniform even when only hashes
+        // whose high half is below a threshold are kept, and independent of the
+        // low half the table hashes by.
+        let shard = &self.shards[((h >> 64) as usize) % SHARDS];
         match shard.lock() {
             Ok(mut s) => s.insert(h),
             Err(p) => p.into_inner().insert(h),
@@ -290,11 +292,14 @@ struct Records {
 }
 
 impl CompressionSample {
-    fn new(expected_unique_chunks: f64) -> Self {
+    /// `expected_unique_chunks` among those the dedup sample keeps, which is
+    /// `dedup_share` of all chunks (thresholds compare against the whole hash range).
+    fn new(expected_unique_chunks: f64, dedup_share: f64) -> Self {
         // 1.5 times the target expected at first: little is compressed in vain when
         // the threshold goes down, and duplicates seldom leave it short.
-        let guess =
-            |target: usize| threshold(1.5 * target as f64 / expected_unique_chunks.max(1.0));
+        let guess = |target: usize| {
+            threshold(dedup_share * 1.5 * target as f64 / expected_unique_chunks.max(1.0))
+        };
         CompressionSample {
             standard_threshold: AtomicU64::new(guess(SAMPLE_STANDARD_CHUNKS)),
             max_threshold: AtomicU64::new(guess(SAMPLE_MAX_CHUNKS)),
@@ -555,7 +560,7 @@ pub fn estimate(
             let expected = n * dedup_share;
             Lane {
                 seen: Seen::new(expected as u64),
-                sample: CompressionSample::new(expected),
+                sample: CompressionSample::new(expected, dedup_share),
             }
         })
         .collect();

@@ -45,6 +45,10 @@ pub struct BlobLocation {
 }
 
 impl BlobLocation {
+    pub(crate) fn pack_number(&self) -> u32 {
+        self.pack
+    }
+
     pub(crate) fn new(pack: u32, b: &IndexBlob) -> Self {
         BlobLocation {
             pack,

@@ -320,8 +320,9 @@ const JOB_POLL: Duration = Duration::from_secs(2);
 
 /// Waits until fewer than `max` backup jobs are ahead of `lock` (the datastore's
 /// `max_concurrent_jobs`). Jobs queue in the order their locks were created, so
-/// two jobs never both take the last slot, and none starves. `waiting` is called
-/// once, with the jobs ahead, when the job has to wait; its lock stays refreshed
+/// none starves. The limit is load control, not safety: a lock write delayed past
+/// another job's check, or a clock behind the others, can let one job too many run.
+/// `waiting` is called once, with the jobs ahead, when the job has to wait; its lock stays refreshed
 /// meanwhile, and a killed job ahead is seen as gone as soon as its lock is stale.
 pub fn wait_for_job_slot(
     repo: &Repository,

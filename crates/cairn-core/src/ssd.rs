@@ -51,6 +51,9 @@ const KEYS_PER_BUCKET: u64 = 64;
 const FILTER_BITS_PER_BLOB: u64 = 10;
 /// Bit positions set per blob within its 512-bit block.
 const FILTER_PROBES: u32 = 7;
+/// Keys one directory bucket may hold in a valid build (64 on average; a build
+/// is judged damaged past this, rather than reading a huge run per lookup).
+const MAX_BUCKET_KEYS: u64 = 1 << 16;
 /// Records the locality cache holds (about 5 MB of RAM whatever the index size).
 const CACHE_RECORDS: usize = 64 * 1024;
 const MANIFEST_VERSION: u32 = 1;
@@ -215,6 +218,8 @@ pub struct SsdIndex {
     runs: Vec<Run>,
     /// Record positions that are not the chosen copy of their id (duplicates).
     skipped: Vec<u64>,
+    /// Packs the build knows; a record naming another is damage.
+    n_packs: u32,
     cache: Mutex<Cache>,
     /// Lookups that failed to read the disk (their answer was "absent").
     failures: AtomicU64,
@@ -267,8 +272,7 @@ impl SsdIndex {
             let mut pending: Vec<String> =
                 repo.list_pending()?.iter().map(PendingId::to_hex).collect();
             pending.sort();
-            let current = dir.join("current");
-            if let Ok(ix) = Self::load(&current, &repo_id, &files, &pending) {
+            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending) {
                 return Ok(ix);
             }
             // One builder at a time; whoever waited finds the fresh build above.
@@ -277,7 +281,7 @@ impl SsdIndex {
                 nix::fcntl::FlockArg::LockExclusive,
             )
             .map_err(|(_, e)| Error::Invalid(format!("locking {}: {e}", lock_path.display())))?;
-            if let Ok(ix) = Self::load(&current, &repo_id, &files, &pending) {
+            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending) {
                 drop(guard);
                 return Ok(ix);
             }
@@ -290,8 +294,29 @@ impl SsdIndex {
                 Err(e) => return Err(e),
             }
             drop(guard);
-            return Self::load(&current, &repo_id, &files, &pending);
+            return Self::load_current(&dir, &repo_id, &files, &pending);
         }
+    }
+
+    /// Loads the build `dir/CURRENT` names. Builds are never modified once named
+    /// there, so every file read belongs to the same build; a build deleted while
+    /// being opened is an error, and the caller then takes the build lock and
+    /// looks again.
+    fn load_current(
+        dir: &Path,
+        repo_id: &str,
+        files: &[String],
+        pending: &[String],
+    ) -> Result<(SsdIndex, Vec<PackId>)> {
+        let name = String::from_utf8(read_file(dir, "CURRENT")?)
+            .map_err(|_| Error::Invalid("SSD index: CURRENT is not a name".into()))?;
+        let name = name.trim();
+        if !name.starts_with("b-") || !name[2..].bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::Invalid(
+                "SSD index: CURRENT is not a build name".into(),
+            ));
+        }
+        Self::load(&dir.join(name), repo_id, files, pending)
     }
 
     fn load(
@@ -302,10 +327,13 @@ impl SsdIndex {
     ) -> Result<(SsdIndex, Vec<PackId>)> {
         let m: Manifest = serde_json::from_slice(&read_file(dir, "manifest.json")?)
             .map_err(|e| Error::Invalid(format!("SSD index manifest: {e}")))?;
+        // A build that met unreadable index files is redone at every open, as the
+        // RAM placement reads them again every time: the damage may have been passing.
         if m.version != MANIFEST_VERSION
             || m.repo_id != repo_id
             || m.index_files != files
             || m.pending != pending
+            || !m.errors.is_empty()
         {
             return Err(Error::Invalid("SSD index is out of date".into()));
         }
@@ -331,8 +359,14 @@ impl SsdIndex {
         {
             return Err(bad("directory"));
         }
+        if d.windows(2).any(|w| w[1] - w[0] > MAX_BUCKET_KEYS) {
+            return Err(bad("directory"));
+        }
         let filter =
             Filter::from_bytes(&read_file(dir, "filter.bin")?).ok_or_else(|| bad("filter"))?;
+        if filter.blocks.len() as u64 != (m.records * FILTER_BITS_PER_BLOB).div_ceil(512).max(1) {
+            return Err(bad("filter"));
+        }
         let packs: Vec<PackId> = read_file(dir, "packs.bin")?
             .chunks_exact(32)
             .map(|c| {
@@ -347,12 +381,23 @@ impl SsdIndex {
             let start = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
             let count = u32::from_le_bytes([c[8], c[9], c[10], c[11]]);
             let pack = u32::from_le_bytes([c[12], c[13], c[14], c[15]]);
-            if start + u64::from(count) > m.records || pack as usize >= packs.len() {
+            if start
+                .checked_add(u64::from(count))
+                .is_none_or(|end| end > m.records)
+                || pack as usize >= packs.len()
+            {
                 return Err(bad("pack runs"));
             }
             runs.push(Run { start, count, pack });
         }
         let skipped = u64s(&read_file(dir, "skipped.bin")?);
+        if m.unique > m.records
+            || skipped.len() as u64 != m.records - m.unique
+            || skipped.windows(2).any(|w| w[0] >= w[1])
+            || skipped.last().is_some_and(|&s| s >= m.records)
+        {
+            return Err(bad("skip list"));
+        }
         Ok((
             SsdIndex {
                 dir_path: dir.to_path_buf(),
@@ -366,6 +411,7 @@ impl SsdIndex {
                 filter,
                 runs,
                 skipped,
+                n_packs: packs.len() as u32,
                 cache: Mutex::new(Cache::default()),
                 failures: AtomicU64::new(0),
                 last_failure: Mutex::new(None),
@@ -460,7 +506,10 @@ impl SsdIndex {
             }
             let mut r = [0u8; RECORD_LEN];
             r.copy_from_slice(c);
-            out.push((record_id(&r), unpack_record(&r), record_pending(&r)));
+            let loc = unpack_record(&r);
+            if loc.pack_number() < self.n_packs {
+                out.push((record_id(&r), loc, record_pending(&r)));
+            }
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         cache.insert_pack(run.pack, out);
@@ -490,8 +539,13 @@ impl SsdIndex {
             }
             let r = self.read_record(pos)?;
             if r[..32] == id.0 {
-                self.load_run(pos)?;
-                return Ok(Some((unpack_record(&r), record_pending(&r))));
+                let loc = unpack_record(&r);
+                if loc.pack_number() >= self.n_packs {
+                    return Err(std::io::Error::other("a record names an unknown pack"));
+                }
+                // The locality cache only saves later reads: its failure is no error.
+                let _ = self.load_run(pos);
+                return Ok(Some((loc, record_pending(&r))));
             }
         }
         Ok(None)
@@ -557,14 +611,20 @@ impl SsdIndex {
                 if skip.peek() == Some(&&p) {
                     continue;
                 }
-                return Some((record_id(&r), unpack_record(&r), record_pending(&r)));
+                let loc = unpack_record(&r);
+                if loc.pack_number() >= self.n_packs {
+                    self.fail("a record names an unknown pack");
+                    return None;
+                }
+                return Some((record_id(&r), loc, record_pending(&r)));
             }
         })
     }
 }
 
-/// Reads every index file and pending record of `repo` into a new build under
-/// `dir`, then makes it `dir/current`.
+/// Reads every index file and pending record of `repo` into a new build
+/// directory under `dir`, names it in `dir/CURRENT`, and removes every other
+/// build (older ones, and any a killed builder left). Called under the build lock.
 fn build(
     repo: &Repository,
     dir: &Path,
@@ -572,21 +632,27 @@ fn build(
     files: &[String],
     pending: &[String],
 ) -> Result<()> {
-    let tmp = dir.join(format!("build-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
+    let id: [u8; 8] = cairn_format::envelope::random_bytes();
+    let name = format!("b-{}", hex::encode(id));
+    let tmp = dir.join(&name);
     std::fs::create_dir_all(&tmp).map_err(|e| io_err(&tmp, e))?;
     let r = build_into(repo, &tmp, repo_id, files, pending);
     if r.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
         return r;
     }
-    let current = dir.join("current");
-    let old = dir.join(format!("old-{}", std::process::id()));
-    if current.exists() {
-        std::fs::rename(&current, &old).map_err(|e| io_err(&current, e))?;
+    let pointer = dir.join("CURRENT.tmp");
+    std::fs::write(&pointer, name.as_bytes()).map_err(|e| io_err(&pointer, e))?;
+    std::fs::rename(&pointer, dir.join("CURRENT")).map_err(|e| io_err(&pointer, e))?;
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            if n != name && (n.starts_with("b-") || n.starts_with("build-") || n == "current") {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
     }
-    std::fs::rename(&tmp, &current).map_err(|e| io_err(&tmp, e))?;
-    let _ = std::fs::remove_dir_all(&old);
     Ok(())
 }
 
@@ -1070,7 +1136,9 @@ mod tests {
         assert_same(&mut repo, dir.path(), &probes, &[dup]);
 
         // A damaged cache is rebuilt, not trusted.
-        let cur = SsdIndex::dir_for(dir.path(), &repo.config().id).join("current");
+        let base = SsdIndex::dir_for(dir.path(), &repo.config().id);
+        let name = std::fs::read_to_string(base.join("CURRENT")).unwrap();
+        let cur = base.join(name.trim());
         let keys = cur.join("keys.bin");
         let len = std::fs::metadata(&keys).unwrap().len();
         std::fs::OpenOptions::new()

@@ -25,7 +25,7 @@
 //! duplicates found do not, which the accuracy test in `tests/it/estimate.rs`
 //! checks against real datastores.
 
-use crate::backup::source::Excludes;
+use crate::backup::source::{Excludes, open_source};
 use crate::error::{Error, Result};
 use crate::progress::EstimateProgress;
 use crate::stats::RAM_BYTES_PER_BLOB;
@@ -33,8 +33,8 @@ use cairn_format::config::{ChunkerParams, Compression};
 use cairn_format::consts::{BLOCK_SIZES, ENVELOPE_OVERHEAD, ID_LEN, PACK_HEADER_ENTRY_LEN};
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -394,24 +394,6 @@ fn threshold(share: f64) -> u64 {
     }
 }
 
-fn open_source(path: &Path) -> std::io::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOATIME | libc::O_NOFOLLOW)
-        .open(path)
-        .or_else(|e| {
-            // O_NOATIME is refused for files we do not own.
-            if e.raw_os_error() == Some(libc::EPERM) {
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(path)
-            } else {
-                Err(e)
-            }
-        })
-}
-
 /// Reads a unit into `buf`.
 fn read_unit(files: &[FileEntry], u: &Unit, buf: &mut Vec<u8>) -> std::io::Result<()> {
     let mut f = open_source(&files[u.file].path)?;
@@ -687,7 +669,7 @@ impl MultiChunker {
         let mut gear = [0u64; 256];
         for g in gear.iter_mut() {
             x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            *g = mix64(x);
+            *g = crate::ssd::mix(x);
         }
         let lanes: Vec<LaneParams> = sizes
             .iter()
@@ -751,14 +733,6 @@ impl MultiChunker {
             }
         }
     }
-}
-
-fn mix64(mut x: u64) -> u64 {
-    x ^= x >> 30;
-    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^= x >> 27;
-    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// Chunks, hashes and samples one unit's data for every block size.

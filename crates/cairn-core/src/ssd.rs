@@ -70,8 +70,9 @@ fn prefix_of(id: &[u8]) -> u64 {
     u64::from_be_bytes(b)
 }
 
-fn mix(mut x: u64) -> u64 {
-    // splitmix64 finaliser: the filter's probes from the id prefix.
+pub(crate) fn mix(mut x: u64) -> u64 {
+    // splitmix64's finaliser: the filter's probes from the id prefix, the
+    // estimate's gear table from a counter.
     x ^= x >> 30;
     x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x ^= x >> 27;

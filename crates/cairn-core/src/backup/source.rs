@@ -46,6 +46,27 @@ fn cached(
         .clone()
 }
 
+/// Opens a source file for reading without following a symlink put in its place,
+/// and without touching its access time where the OS allows it (`O_NOATIME` is
+/// refused, EPERM, for files we do not own).
+pub fn open_source(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME | libc::O_NOFOLLOW)
+        .open(path)
+        .or_else(|e| {
+            if e.raw_os_error() == Some(libc::EPERM) {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(path)
+            } else {
+                Err(e)
+            }
+        })
+}
+
 pub fn kind_of(meta: &Metadata) -> NodeKind {
     let ft = meta.file_type();
     if ft.is_dir() {

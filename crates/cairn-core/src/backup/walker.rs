@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Bytes of chunks sent to the workers as one item.
@@ -322,21 +321,7 @@ impl<'a> Walker<'a> {
             });
         }
         let changed = parent.is_some_and(|p| p.kind == NodeKind::File);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOATIME | libc::O_NOFOLLOW)
-            .open(path)
-            .or_else(|e| {
-                // O_NOATIME is refused for files we do not own (EPERM).
-                if e.raw_os_error() == Some(libc::EPERM) {
-                    std::fs::OpenOptions::new()
-                        .read(true)
-                        .custom_flags(libc::O_NOFOLLOW)
-                        .open(path)
-                } else {
-                    Err(e)
-                }
-            });
+        let file = super::source::open_source(path);
         let mut file: File = match file {
             Ok(f) => f,
             Err(e) => return self.skip(path, e.to_string()),

@@ -106,6 +106,10 @@ pub struct BenchArgs {
     /// placement and measure RAM per blob, build time and lookups per second
     #[arg(long)]
     pub index: Option<String>,
+    /// With --index: only this placement (ram or ssd), so that the process's peak
+    /// memory is that placement's
+    #[arg(long, requires = "index")]
+    pub placement: Option<String>,
     /// Scratch directory for the SSD placement's run of --index
     #[arg(long, default_value = "/var/tmp/cairn-index-bench")]
     pub index_dir: std::path::PathBuf,

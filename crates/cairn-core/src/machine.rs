@@ -350,10 +350,15 @@ fn lookups(index: &MasterIndex, n: u64, count: u64) -> crate::Result<(f64, f64, 
 /// RAM placement in memory, the SSD placement from index files written to a
 /// repository under `dir` (which this removes at the end).
 pub fn index_bench(n: u64, dir: &std::path::Path) -> crate::Result<Vec<PlacementBench>> {
+    let mut out = vec![index_bench_ram(n)?];
+    out.push(index_bench_ssd(n, dir)?);
+    Ok(out)
+}
+
+/// [`index_bench`] for the RAM placement alone.
+pub fn index_bench_ram(n: u64) -> crate::Result<PlacementBench> {
     let packs = n.div_ceil(SYNTHETIC_PACK_BLOBS);
     let count = n.clamp(1, 1_000_000);
-    let mut out = Vec::new();
-
     let t = Instant::now();
     let mut ram = MasterIndex::new();
     ram.reserve(n as usize)?;
@@ -364,7 +369,7 @@ pub fn index_bench(n: u64, dir: &std::path::Path) -> crate::Result<Vec<Placement
     ram.finish();
     let build = t.elapsed().as_secs_f64();
     let (present, absent, in_order) = lookups(&ram, n, count)?;
-    out.push(PlacementBench {
+    Ok(PlacementBench {
         placement: "ram".into(),
         blobs: ram.len() as u64,
         build_seconds: build,
@@ -373,9 +378,14 @@ pub fn index_bench(n: u64, dir: &std::path::Path) -> crate::Result<Vec<Placement
         present_per_s: present,
         absent_per_s: absent,
         present_in_order_per_s: in_order,
-    });
-    drop(ram);
+    })
+}
 
+/// [`index_bench`] for the SSD placement alone (in its own process, its peak RSS
+/// is the placement's).
+pub fn index_bench_ssd(n: u64, dir: &std::path::Path) -> crate::Result<PlacementBench> {
+    let packs = n.div_ceil(SYNTHETIC_PACK_BLOBS);
+    let count = n.clamp(1, 1_000_000);
     let repo_dir = dir.join("repo");
     let ssd_dir = dir.join("ssd");
     std::fs::create_dir_all(&repo_dir).map_err(|e| crate::Error::io(&repo_dir, e))?;
@@ -406,7 +416,7 @@ pub fn index_bench(n: u64, dir: &std::path::Path) -> crate::Result<Vec<Placement
     let disk = crate::ssd::disk_bytes(ssd.path());
     let index = MasterIndex::from_ssd(ssd, pack_ids);
     let (present, absent, in_order) = lookups(&index, n, count)?;
-    out.push(PlacementBench {
+    let r = PlacementBench {
         placement: "ssd".into(),
         blobs: index.len() as u64,
         build_seconds: build,
@@ -415,9 +425,9 @@ pub fn index_bench(n: u64, dir: &std::path::Path) -> crate::Result<Vec<Placement
         present_per_s: present,
         absent_per_s: absent,
         present_in_order_per_s: in_order,
-    });
+    };
     drop(index);
     let _ = std::fs::remove_dir_all(&repo_dir);
     let _ = std::fs::remove_dir_all(&ssd_dir);
-    Ok(out)
+    Ok(r)
 }

@@ -81,7 +81,12 @@ fn parse_count(s: &str) -> Result<u64> {
 fn index(g: &Global, a: &BenchArgs, n: &str) -> Result<i32> {
     let n = parse_count(n)?;
     let dir = tempfile_dir(&a.index_dir)?;
-    let r = cairn_core::machine::index_bench(n, &dir);
+    let r = match a.placement.as_deref() {
+        None => cairn_core::machine::index_bench(n, &dir),
+        Some("ram") => cairn_core::machine::index_bench_ram(n).map(|r| vec![r]),
+        Some("ssd") => cairn_core::machine::index_bench_ssd(n, &dir).map(|r| vec![r]),
+        Some(p) => anyhow::bail!("unknown placement {p:?} (expected ram or ssd)"),
+    };
     let _ = std::fs::remove_dir_all(&dir);
     let r = r?;
     if g.json {

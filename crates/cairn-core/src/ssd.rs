@@ -57,6 +57,10 @@ const MAX_BUCKET_KEYS: u64 = 1 << 16;
 /// Records the locality cache holds (about 5 MB of RAM whatever the index size).
 const CACHE_RECORDS: usize = 64 * 1024;
 const MANIFEST_VERSION: u32 = 1;
+/// Index files read (in parallel) and held at once while building: what bounds the
+/// build's memory (a backup's index file holds up to 200,000 blobs, a prune's
+/// compacted one more).
+const READ_BATCH: usize = 4;
 
 /// RAM bytes per blob of the SSD placement (filter, directory, pack runs).
 pub const RAM_BYTES_PER_BLOB: f64 =
@@ -721,7 +725,7 @@ fn build_into(
     let mut superseded: HashSet<IndexId> = HashSet::new();
     let mut errors = Vec::new();
     let mut readable: Vec<IndexId> = Vec::new();
-    for batch in ids.chunks(16) {
+    for batch in ids.chunks(READ_BATCH) {
         let got = crate::repo::parallel_map(batch, 4, |id| repo.read_index_file(id));
         for (id, r) in batch.iter().zip(got) {
             match r {
@@ -749,7 +753,7 @@ fn build_into(
         .into_iter()
         .filter(|id| !superseded.contains(id))
         .collect();
-    for batch in live_files.chunks(16) {
+    for batch in live_files.chunks(READ_BATCH) {
         let got: Vec<Result<IndexFile>> =
             crate::repo::parallel_map(batch, 4, |id| repo.read_index_file(id));
         for f in got {

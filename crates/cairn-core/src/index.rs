@@ -49,6 +49,11 @@ impl BlobLocation {
         self.pack
     }
 
+    pub(crate) fn with_pack_offset(mut self, offset: u32) -> Self {
+        self.pack += offset;
+        self
+    }
+
     pub(crate) fn new(pack: u32, b: &IndexBlob) -> Self {
         BlobLocation {
             pack,

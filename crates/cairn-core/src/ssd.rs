@@ -164,6 +164,18 @@ struct Manifest {
     errors: Vec<String>,
 }
 
+/// Reads and checks a segment's manifest. A build that met unreadable index files
+/// is redone at every open, as the RAM placement reads them again every time: the
+/// damage may have been passing.
+fn read_manifest(dir: &Path, repo_id: &str) -> Result<Manifest> {
+    let m: Manifest = serde_json::from_slice(&read_file(dir, "manifest.json")?)
+        .map_err(|e| Error::Invalid(format!("SSD index manifest: {e}")))?;
+    if m.version != MANIFEST_VERSION || m.repo_id != repo_id || !m.errors.is_empty() {
+        return Err(Error::Invalid("SSD index is out of date".into()));
+    }
+    Ok(m)
+}
+
 /// A run of consecutive records of one pack.
 #[derive(Clone, Copy)]
 struct Run {
@@ -225,6 +237,10 @@ pub struct SsdIndex {
     skipped: Vec<u64>,
     /// Packs the build knows; a record naming another is damage.
     n_packs: u32,
+    /// Index files added since this segment was built, in a segment of their own
+    /// whose pack numbers follow this one's (`base_packs` of them).
+    delta: Option<Box<SsdIndex>>,
+    base_packs: u32,
     cache: Mutex<Cache>,
     /// Lookups that failed to read the disk (their answer was "absent").
     failures: AtomicU64,
@@ -290,6 +306,15 @@ impl SsdIndex {
                 drop(guard);
                 return Ok(ix);
             }
+            let incremental = match build_incremental(repo, &dir, &repo_id, &files, &pending) {
+                Ok(done) => done,
+                Err(Error::Backend(b)) if b.is_not_found() && attempt < 5 => continue,
+                Err(e) => return Err(e),
+            };
+            if incremental && let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending) {
+                drop(guard);
+                return Ok(ix);
+            }
             match build(repo, &dir, &repo_id, &files, &pending) {
                 Ok(()) => {}
                 Err(Error::Backend(b)) if b.is_not_found() && attempt < 5 => {
@@ -324,24 +349,45 @@ impl SsdIndex {
         Self::load(&dir.join(name), repo_id, files, pending)
     }
 
+    /// Loads a build: its base segment, and its delta segment when it has one
+    /// (index files added since the base was built). Together they must have been
+    /// built from exactly `files` and `pending`.
     fn load(
         dir: &Path,
         repo_id: &str,
         files: &[String],
         pending: &[String],
     ) -> Result<(SsdIndex, Vec<PackId>)> {
-        let m: Manifest = serde_json::from_slice(&read_file(dir, "manifest.json")?)
-            .map_err(|e| Error::Invalid(format!("SSD index manifest: {e}")))?;
-        // A build that met unreadable index files is redone at every open, as the
-        // RAM placement reads them again every time: the damage may have been passing.
-        if m.version != MANIFEST_VERSION
-            || m.repo_id != repo_id
-            || m.index_files != files
-            || m.pending != pending
-            || !m.errors.is_empty()
-        {
-            return Err(Error::Invalid("SSD index is out of date".into()));
+        let stale = || Error::Invalid("SSD index is out of date".into());
+        let m = read_manifest(dir, repo_id)?;
+        let delta_dir = dir.join("delta");
+        if !delta_dir.exists() {
+            if m.index_files != files || m.pending != pending {
+                return Err(stale());
+            }
+            return Self::load_segment(dir, m);
         }
+        let md = read_manifest(&delta_dir, repo_id)?;
+        let mut all: Vec<String> = m
+            .index_files
+            .iter()
+            .chain(&md.index_files)
+            .cloned()
+            .collect();
+        all.sort();
+        if all != files || m.pending != pending || !md.pending.is_empty() {
+            return Err(stale());
+        }
+        let (mut base, mut packs) = Self::load_segment(dir, m)?;
+        let (delta, delta_packs) = Self::load_segment(&delta_dir, md)?;
+        base.base_packs = packs.len() as u32;
+        packs.extend(delta_packs);
+        base.delta = Some(Box::new(delta));
+        Ok((base, packs))
+    }
+
+    /// Loads one segment's files, checking that they are consistent.
+    fn load_segment(dir: &Path, m: Manifest) -> Result<(SsdIndex, Vec<PackId>)> {
         let bad = |what: &str| Error::Invalid(format!("SSD index: {what} is inconsistent"));
         let records_path = dir.join("records.bin");
         let records = File::open(&records_path).map_err(|e| io_err(&records_path, e))?;
@@ -417,6 +463,8 @@ impl SsdIndex {
                 runs,
                 skipped,
                 n_packs: packs.len() as u32,
+                delta: None,
+                base_packs: 0,
                 cache: Mutex::new(Cache::default()),
                 failures: AtomicU64::new(0),
                 last_failure: Mutex::new(None),
@@ -426,14 +474,16 @@ impl SsdIndex {
         ))
     }
 
+    /// Blobs findable (a blob stored again after the base was built counts twice
+    /// until the next full build).
     pub fn len(&self) -> usize {
-        self.unique as usize
+        self.unique as usize + self.delta.as_ref().map_or(0, |d| d.len())
     }
     pub fn is_empty(&self) -> bool {
-        self.unique == 0
+        self.len() == 0
     }
     pub fn live_len(&self) -> usize {
-        self.live as usize
+        self.live as usize + self.delta.as_ref().map_or(0, |d| d.live_len())
     }
     pub fn path(&self) -> &Path {
         &self.dir_path
@@ -442,7 +492,8 @@ impl SsdIndex {
     /// RAM the open index holds (filter, directory, runs, skip list; the cache is
     /// bounded separately).
     pub fn ram_bytes(&self) -> usize {
-        self.filter.blocks.len() * 64
+        self.delta.as_ref().map_or(0, |d| d.ram_bytes())
+            + self.filter.blocks.len() * 64
             + self.dir.len() * 8
             + self.runs.len() * std::mem::size_of::<Run>()
             + self.skipped.len() * 8
@@ -458,6 +509,9 @@ impl SsdIndex {
     /// Lookups that could not read the disk since the index was opened, and the
     /// last reason.
     pub fn failures(&self) -> Option<(u64, String)> {
+        if let Some(f) = self.delta.as_ref().and_then(|d| d.failures()) {
+            return Some(f);
+        }
         let n = self.failures.load(Ordering::Relaxed);
         (n > 0).then(|| {
             let why = self
@@ -558,6 +612,16 @@ impl SsdIndex {
 
     /// The location of a blob and whether it is only pending.
     pub fn lookup(&self, id: &BlobId) -> Option<(BlobLocation, bool)> {
+        // The delta holds only live records: a hit there is as good as any.
+        if let Some(d) = &self.delta
+            && let Some((loc, pending)) = d.lookup_segment(id)
+        {
+            return Some((loc.with_pack_offset(self.base_packs), pending));
+        }
+        self.lookup_segment(id)
+    }
+
+    fn lookup_segment(&self, id: &BlobId) -> Option<(BlobLocation, bool)> {
         if let Some(hit) = self
             .cache
             .lock()
@@ -581,7 +645,23 @@ impl SsdIndex {
 
     /// Every record (chosen copies only), in disk order. A read error ends the
     /// iteration and is counted as a failure.
-    pub fn iter(&self) -> impl Iterator<Item = (BlobId, BlobLocation, bool)> + '_ {
+    pub fn iter(&self) -> Box<dyn Iterator<Item = (BlobId, BlobLocation, bool)> + '_> {
+        let base = self.iter_segment();
+        match &self.delta {
+            None => Box::new(base),
+            Some(d) => {
+                let offset = self.base_packs;
+                Box::new(
+                    base.chain(
+                        d.iter_segment()
+                            .map(move |(id, l, p)| (id, l.with_pack_offset(offset), p)),
+                    ),
+                )
+            }
+        }
+    }
+
+    fn iter_segment(&self) -> impl Iterator<Item = (BlobId, BlobLocation, bool)> + '_ {
         // Positional reads: several iterations (and lookups) may share the file.
         const BATCH: u64 = 16 * 1024;
         let mut buf: Vec<u8> = Vec::new();
@@ -637,16 +717,21 @@ fn build(
     files: &[String],
     pending: &[String],
 ) -> Result<()> {
-    let id: [u8; 8] = cairn_format::envelope::random_bytes();
-    let name = format!("b-{}", hex::encode(id));
+    let name = new_build_name();
     let tmp = dir.join(&name);
     std::fs::create_dir_all(&tmp).map_err(|e| io_err(&tmp, e))?;
-    let r = build_into(repo, &tmp, repo_id, files, pending);
-    if r.is_err() {
+    if let Err(e) = build_into(repo, &tmp, repo_id, files, pending, false) {
         let _ = std::fs::remove_dir_all(&tmp);
-        return r;
+        return Err(e);
     }
+    publish(dir, &name)
+}
+
+/// Names the build `name` in `dir/CURRENT` and removes every other build (older
+/// ones, and any a killed builder left). Called under the build lock.
+fn publish(dir: &Path, name: &str) -> Result<()> {
     let pointer = dir.join("CURRENT.tmp");
+    let name = name.to_string();
     std::fs::write(&pointer, name.as_bytes()).map_err(|e| io_err(&pointer, e))?;
     std::fs::rename(&pointer, dir.join("CURRENT")).map_err(|e| io_err(&pointer, e))?;
     if let Ok(rd) = std::fs::read_dir(dir) {
@@ -659,6 +744,80 @@ fn build(
         }
     }
     Ok(())
+}
+
+fn new_build_name() -> String {
+    let id: [u8; 8] = cairn_format::envelope::random_bytes();
+    format!("b-{}", hex::encode(id))
+}
+
+/// When the repository only gained index files since the current build (no
+/// pending record changed, nothing superseded) and not too many: a new build that
+/// shares the current build's base segment (hard links; builds are never
+/// modified) and holds every file the base lacks in a delta segment. Returns
+/// `Ok(false)` when that does not apply; the caller then builds in full.
+fn build_incremental(
+    repo: &Repository,
+    dir: &Path,
+    repo_id: &str,
+    files: &[String],
+    pending: &[String],
+) -> Result<bool> {
+    let Ok(current) = std::fs::read_to_string(dir.join("CURRENT")) else {
+        return Ok(false);
+    };
+    let base_dir = dir.join(current.trim());
+    let Ok(m) = read_manifest(&base_dir, repo_id) else {
+        return Ok(false);
+    };
+    let known: HashSet<&String> = m.index_files.iter().collect();
+    let listed: HashSet<&String> = files.iter().collect();
+    let new: Vec<String> = files
+        .iter()
+        .filter(|f| !known.contains(f))
+        .cloned()
+        .collect();
+    if m.pending != pending || !known.iter().all(|f| listed.contains(f)) || new.is_empty() {
+        return Ok(false);
+    }
+    // The delta is rebuilt whole at each change: keep it under a quarter of the
+    // base (an index file holds about 45 bytes per blob), else build in full.
+    let new_set: HashSet<&String> = new.iter().collect();
+    let new_bytes: u64 = repo
+        .backend()
+        .list(cairn_backend::names::INDEX)?
+        .iter()
+        .filter(|o| new_set.contains(&cairn_backend::names::base(&o.name).to_string()))
+        .map(|o| o.size)
+        .sum();
+    if new_bytes / 45 > m.records / 4 {
+        return Ok(false);
+    }
+    let name = new_build_name();
+    let tmp = dir.join(&name);
+    std::fs::create_dir_all(&tmp).map_err(|e| io_err(&tmp, e))?;
+    let result = (|| -> Result<bool> {
+        for e in std::fs::read_dir(&base_dir).map_err(|e| io_err(&base_dir, e))? {
+            let e = e.map_err(|e| io_err(&base_dir, e))?;
+            if e.file_type().map_err(|er| io_err(&e.path(), er))?.is_file() {
+                let to = tmp.join(e.file_name());
+                std::fs::hard_link(e.path(), &to).map_err(|er| io_err(&to, er))?;
+            }
+        }
+        let delta = tmp.join("delta");
+        std::fs::create_dir_all(&delta).map_err(|e| io_err(&delta, e))?;
+        build_into(repo, &delta, repo_id, &new, &[], true)
+    })();
+    match result {
+        Ok(true) => {
+            publish(dir, &name)?;
+            Ok(true)
+        }
+        other => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            other
+        }
+    }
 }
 
 struct RecordWriter {
@@ -709,13 +868,18 @@ impl RecordWriter {
     }
 }
 
+/// Builds one segment from `files` and `pending` into `tmp`. With `delta`, the
+/// segment is to sit on top of an existing base: it returns `Ok(false)` (nothing
+/// usable built) when one of the files supersedes others, as a prune's do — the
+/// base then holds entries that are no longer live, and only a full build is right.
 fn build_into(
     repo: &Repository,
     tmp: &Path,
     repo_id: &str,
     files: &[String],
     pending: &[String],
-) -> Result<()> {
+    delta: bool,
+) -> Result<bool> {
     // Pass 1: every index file's supersedes list (files are read again in pass 2,
     // a few at a time, so that memory holds only a few of them).
     let ids: Vec<IndexId> = files
@@ -730,6 +894,9 @@ fn build_into(
         for (id, r) in batch.iter().zip(got) {
             match r {
                 Ok(f) => {
+                    if delta && !f.supersedes.is_empty() {
+                        return Ok(false);
+                    }
                     superseded.extend(f.supersedes.iter().copied());
                     readable.push(*id);
                 }
@@ -954,7 +1121,7 @@ fn build_into(
     let body = serde_json::to_vec_pretty(&m).map_err(|e| Error::Invalid(e.to_string()))?;
     // The manifest last: a build without one is never used.
     write("manifest.json", &body)?;
-    Ok(())
+    Ok(true)
 }
 
 fn key_value(k: &[u8]) -> u64 {
@@ -978,17 +1145,20 @@ fn read_at(f: &File, pos: u64, path: &Path) -> Result<Record> {
     Ok(r)
 }
 
-/// Bytes of the files in an SSD index directory.
+/// Bytes of the files of an SSD index build (its base and its delta).
 pub fn disk_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .filter_map(|e| e.metadata().ok())
-                .filter(|m| m.is_file())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
+    let files = |d: &Path| -> u64 {
+        std::fs::read_dir(d)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter_map(|e| e.metadata().ok())
+                    .filter(|m| m.is_file())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    files(dir) + files(&dir.join("delta"))
 }
 
 #[cfg(test)]
@@ -1139,11 +1309,46 @@ mod tests {
         .unwrap();
         probes.extend(p3.blobs.iter().map(|b| b.id));
         assert_same(&mut repo, dir.path(), &probes, &[dup]);
+        let base = SsdIndex::dir_for(dir.path(), &repo.config().id);
+        let current = || {
+            let name = std::fs::read_to_string(base.join("CURRENT")).unwrap();
+            base.join(name.trim())
+        };
+        assert!(
+            current().join("delta").exists(),
+            "a new file goes to a delta"
+        );
+        // Another: the delta is rebuilt with both, the base shared.
+        let p4 = pack(&mut g, 40, &[p3.blobs[0].id]);
+        repo.write_index_file(&IndexFile {
+            packs: vec![p4.clone()],
+            ..Default::default()
+        })
+        .unwrap();
+        probes.extend(p4.blobs.iter().map(|b| b.id));
+        assert_same(&mut repo, dir.path(), &probes, &[dup, p3.blobs[0].id]);
+        assert!(current().join("delta").exists());
+        // A file that supersedes others (a prune's) means a full build.
+        let all = repo.list_index_files().unwrap();
+        repo.write_index_file(&IndexFile {
+            supersedes: all,
+            packs: p1[..10]
+                .iter()
+                .chain(&p2)
+                .cloned()
+                .chain([p3.clone(), p4.clone()])
+                .collect(),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_same(&mut repo, dir.path(), &probes, &[dup, p3.blobs[0].id]);
+        assert!(
+            !current().join("delta").exists(),
+            "superseding files: full build"
+        );
 
         // A damaged cache is rebuilt, not trusted.
-        let base = SsdIndex::dir_for(dir.path(), &repo.config().id);
-        let name = std::fs::read_to_string(base.join("CURRENT")).unwrap();
-        let cur = base.join(name.trim());
+        let cur = current();
         let keys = cur.join("keys.bin");
         let len = std::fs::metadata(&keys).unwrap().len();
         std::fs::OpenOptions::new()

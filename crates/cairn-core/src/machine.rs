@@ -280,6 +280,8 @@ pub struct PlacementBench {
     pub absent_per_s: f64,
     /// Present ids looked up pack by pack (a re-backup's pattern), one thread.
     pub present_in_order_per_s: f64,
+    /// SSD placement: the open after one more index file of 200,000 blobs.
+    pub update_seconds: Option<f64>,
 }
 
 /// The id of synthetic blob `i`.
@@ -378,6 +380,7 @@ pub fn index_bench_ram(n: u64) -> crate::Result<PlacementBench> {
         present_per_s: present,
         absent_per_s: absent,
         present_in_order_per_s: in_order,
+        update_seconds: None,
     })
 }
 
@@ -425,8 +428,32 @@ pub fn index_bench_ssd(n: u64, dir: &std::path::Path) -> crate::Result<Placement
         present_per_s: present,
         absent_per_s: absent,
         present_in_order_per_s: in_order,
+        update_seconds: None,
     };
     drop(index);
+    // What a backup adds: one index file of 200,000 new blobs (its flush size),
+    // then the open that brings the SSD index up to date.
+    let extra = 200_000u64;
+    let first = packs;
+    let last = packs + extra.div_ceil(SYNTHETIC_PACK_BLOBS);
+    let file = cairn_format::index::IndexFile {
+        packs: (first..last)
+            .map(|q| {
+                let (id, blobs) = synthetic_pack(q, n + extra);
+                cairn_format::index::IndexPack { id, blobs }
+            })
+            .collect(),
+        ..Default::default()
+    };
+    repo.write_index_file(&file)?;
+    let t = Instant::now();
+    let (ssd, _) = crate::ssd::SsdIndex::open(&repo, &ssd_dir)?;
+    let update = t.elapsed().as_secs_f64();
+    drop(ssd);
+    let r = PlacementBench {
+        update_seconds: Some(update),
+        ..r
+    };
     let _ = std::fs::remove_dir_all(&repo_dir);
     let _ = std::fs::remove_dir_all(&ssd_dir);
     Ok(r)

@@ -117,6 +117,13 @@ fn index(g: &Global, a: &BenchArgs, n: &str) -> Result<i32> {
             p.present_in_order_per_s
         );
     }
+    for p in r.iter().filter(|p| p.update_seconds.is_some()) {
+        println!(
+            "  {}: after one more index file of 200,000 blobs, the next open took {:.1} s",
+            p.placement,
+            p.update_seconds.unwrap_or(0.0)
+        );
+    }
     Ok(0)
 }
 

@@ -853,18 +853,7 @@ fn block_estimate(
 const REDUCTION_TOLERANCE_PP: f64 = 1.0;
 
 fn human(b: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < units.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", units[i])
-    }
+    crate::units::bytes(b, 1)
 }
 
 /// Picks the block size for a machine with `ram`: the index may use half of it

@@ -66,6 +66,35 @@ impl BlobLocation {
     }
 }
 
+/// Pack ids numbered in the order first seen, so that records hold a `u32` instead
+/// of a 32-byte id. Shared by both placements' builders.
+#[derive(Default)]
+pub(crate) struct PackTable {
+    pub(crate) ids: Vec<PackId>,
+    numbers: HashMap<PackId, u32>,
+}
+
+impl PackTable {
+    pub(crate) fn from_ids(ids: Vec<PackId>) -> Self {
+        let numbers = ids
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (*p, i as u32))
+            .collect();
+        PackTable { ids, numbers }
+    }
+
+    /// The pack's number, giving it the next one when it is new.
+    pub(crate) fn number(&mut self, id: PackId) -> u32 {
+        let next = self.ids.len() as u32;
+        let n = *self.numbers.entry(id).or_insert(next);
+        if n == next {
+            self.ids.push(id);
+        }
+        n
+    }
+}
+
 /// Bytes of one table record: the 32-byte id and the packed location.
 pub const RECORD_LEN: usize = ID_LEN + 15;
 
@@ -135,8 +164,7 @@ pub(crate) fn fits(b: &IndexBlob) -> bool {
 /// that is about to go.
 #[derive(Default)]
 pub struct MasterIndex {
-    packs: Vec<PackId>,
-    pack_numbers: HashMap<PackId, u32>,
+    packs: PackTable,
     records: Vec<Record>,
     /// `dir[b]..dir[b + 1]` are the records whose ids start with the `bits`-bit value `b`.
     dir: Vec<u32>,
@@ -153,10 +181,6 @@ const PER_BUCKET: usize = 16;
 
 /// Most records the RAM placement holds (the directory counts in 32 bits).
 pub const MAX_RECORDS: usize = u32::MAX as usize;
-
-fn human_bytes(b: u64) -> String {
-    format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
-}
 
 fn prefix(id: &[u8]) -> u64 {
     let mut b = [0u8; 8];
@@ -178,7 +202,7 @@ impl MasterIndex {
             crate::Error::Invalid(format!(
                 "the index has {total} blobs, more than the RAM placement can hold here \
                  ({} of RAM needed); move it to the SSD placement: cairn index --placement ssd",
-                human_bytes(total as u64 * RECORD_LEN as u64)
+                crate::units::bytes(total as u64 * RECORD_LEN as u64, 1)
             ))
         };
         if total > MAX_RECORDS {
@@ -189,14 +213,8 @@ impl MasterIndex {
 
     /// The index of the SSD placement, opened on its local files.
     pub fn from_ssd(ssd: crate::ssd::SsdIndex, packs: Vec<PackId>) -> Self {
-        let pack_numbers = packs
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (*p, i as u32))
-            .collect();
         MasterIndex {
-            packs,
-            pack_numbers,
+            packs: PackTable::from_ids(packs),
             ssd: Some(ssd),
             ..Default::default()
         }
@@ -223,21 +241,11 @@ impl MasterIndex {
         self.ssd.as_ref().map_or(0, |s| s.ram_bytes())
             + self.records.capacity() * RECORD_LEN
             + self.dir.capacity() * 4
-            + self.packs.capacity() * (ID_LEN + 4 + 8)
-    }
-
-    fn pack_number(&mut self, id: PackId) -> u32 {
-        if let Some(n) = self.pack_numbers.get(&id) {
-            return *n;
-        }
-        let n = self.packs.len() as u32;
-        self.packs.push(id);
-        self.pack_numbers.insert(id, n);
-        n
+            + self.packs.ids.capacity() * (ID_LEN + 4 + 8)
     }
 
     fn stage(&mut self, pack: PackId, blobs: &[IndexBlob], pending: bool) {
-        let n = self.pack_number(pack);
+        let n = self.packs.number(pack);
         for b in blobs.iter().filter(|b| fits(b)) {
             self.records
                 .push(pack_record(&b.id, &BlobLocation::new(n, b), pending));
@@ -345,7 +353,7 @@ impl MasterIndex {
     }
 
     pub fn pack_of(&self, loc: &BlobLocation) -> PackId {
-        self.packs[loc.pack as usize]
+        self.packs.ids[loc.pack as usize]
     }
 
     /// Number of the pack, stable for this index's lifetime; lets planners group by
@@ -355,11 +363,11 @@ impl MasterIndex {
     }
 
     pub fn pack_by_number(&self, n: u32) -> PackId {
-        self.packs[n as usize]
+        self.packs.ids[n as usize]
     }
 
     pub fn packs(&self) -> &[PackId] {
-        &self.packs
+        &self.packs.ids
     }
 
     fn iter_all(&self) -> Box<dyn Iterator<Item = (BlobId, BlobLocation, bool)> + '_> {

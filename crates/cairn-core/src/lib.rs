@@ -19,6 +19,7 @@ pub mod repo;
 pub mod ssd;
 pub mod stats;
 pub mod time;
+pub mod units;
 
 #[cfg(test)]
 mod testutil;

@@ -28,7 +28,8 @@
 
 use crate::error::{Error, Result};
 use crate::index::{
-    BlobLocation, RECORD_LEN, Record, pack_record, record_id, record_pending, unpack_record,
+    BlobLocation, PackTable, RECORD_LEN, Record, pack_record, record_id, record_pending,
+    unpack_record,
 };
 use crate::repo::Repository;
 use cairn_format::index::IndexFile;
@@ -622,6 +623,11 @@ impl SsdIndex {
     }
 
     fn lookup_segment(&self, id: &BlobId) -> Option<(BlobLocation, bool)> {
+        // The filter first: it needs no lock, and new data (most of a first
+        // backup) ends there; every cached blob passes it.
+        if !self.filter.may_contain(prefix_of(&id.0)) {
+            return None;
+        }
         if let Some(hit) = self
             .cache
             .lock()
@@ -630,9 +636,6 @@ impl SsdIndex {
             .get(id)
         {
             return Some(*hit);
-        }
-        if !self.filter.may_contain(prefix_of(&id.0)) {
-            return None;
         }
         match self.lookup_disk(id) {
             Ok(r) => r,
@@ -824,29 +827,18 @@ struct RecordWriter {
     out: BufWriter<File>,
     n: u64,
     runs: Vec<Run>,
-    packs: Vec<PackId>,
-    pack_numbers: HashMap<PackId, u32>,
+    packs: PackTable,
     path: PathBuf,
 }
 
 impl RecordWriter {
-    fn pack_number(&mut self, id: PackId) -> u32 {
-        if let Some(n) = self.pack_numbers.get(&id) {
-            return *n;
-        }
-        let n = self.packs.len() as u32;
-        self.packs.push(id);
-        self.pack_numbers.insert(id, n);
-        n
-    }
-
     fn add_pack(
         &mut self,
         pack: PackId,
         blobs: &[cairn_format::index::IndexBlob],
         pending: bool,
     ) -> Result<()> {
-        let n = self.pack_number(pack);
+        let n = self.packs.number(pack);
         let start = self.n;
         let mut count = 0u32;
         for b in blobs.iter().filter(|b| crate::index::fits(b)) {
@@ -880,12 +872,23 @@ fn build_into(
     pending: &[String],
     delta: bool,
 ) -> Result<bool> {
-    // Pass 1: every index file's supersedes list (files are read again in pass 2,
-    // a few at a time, so that memory holds only a few of them).
     let ids: Vec<IndexId> = files
         .iter()
         .filter_map(|h| IndexId::from_hex(h).ok())
         .collect();
+    // Records go to disk as each file is read, in file order (so pack by pack).
+    let records_path = tmp.join("records.bin");
+    let writer = || -> Result<RecordWriter> {
+        let f = File::create(&records_path).map_err(|e| io_err(&records_path, e))?;
+        Ok(RecordWriter {
+            out: BufWriter::with_capacity(1 << 20, f),
+            n: 0,
+            runs: Vec::new(),
+            packs: PackTable::default(),
+            path: records_path.clone(),
+        })
+    };
+    let mut w = writer()?;
     let mut superseded: HashSet<IndexId> = HashSet::new();
     let mut errors = Vec::new();
     let mut readable: Vec<IndexId> = Vec::new();
@@ -899,37 +902,36 @@ fn build_into(
                     }
                     superseded.extend(f.supersedes.iter().copied());
                     readable.push(*id);
+                    for p in &f.packs {
+                        w.add_pack(p.id, &p.blobs, false)?;
+                    }
                 }
                 Err(e @ Error::Damaged { .. }) => errors.push(e.to_string()),
                 Err(e) => return Err(e),
             }
         }
     }
-    // Pass 2: records of live files, in file order (so pack by pack), then pending.
-    let records_path = tmp.join("records.bin");
-    let f = File::create(&records_path).map_err(|e| io_err(&records_path, e))?;
-    let mut w = RecordWriter {
-        out: BufWriter::with_capacity(1 << 20, f),
-        n: 0,
-        runs: Vec::new(),
-        packs: Vec::new(),
-        pack_numbers: HashMap::new(),
-        path: records_path.clone(),
-    };
-    let live_files: Vec<IndexId> = readable
-        .into_iter()
-        .filter(|id| !superseded.contains(id))
-        .collect();
-    for batch in live_files.chunks(READ_BATCH) {
-        let got: Vec<Result<IndexFile>> =
-            crate::repo::parallel_map(batch, 4, |id| repo.read_index_file(id));
-        for f in got {
-            let f = f?;
-            for p in &f.packs {
-                w.add_pack(p.id, &p.blobs, false)?;
+    // Which files are superseded is known only once all are read. Superseded
+    // files still listed are rare (a prune's replacement beside the files it
+    // replaces, until that prune deletes them): then the live ones are read again.
+    if readable.iter().any(|id| superseded.contains(id)) {
+        drop(w);
+        w = writer()?;
+        let live_files: Vec<IndexId> = readable
+            .into_iter()
+            .filter(|id| !superseded.contains(id))
+            .collect();
+        for batch in live_files.chunks(READ_BATCH) {
+            let got: Vec<Result<IndexFile>> =
+                crate::repo::parallel_map(batch, 4, |id| repo.read_index_file(id));
+            for f in got {
+                for p in &f?.packs {
+                    w.add_pack(p.id, &p.blobs, false)?;
+                }
             }
         }
     }
+    // Then the packs of pending-deletion records.
     for h in pending {
         let Ok(id) = PendingId::from_hex(h) else {
             continue;
@@ -1091,7 +1093,7 @@ fn build_into(
     write("filter.bin", &filter.to_bytes())?;
     write(
         "packs.bin",
-        &w.packs.iter().flat_map(|p| p.0).collect::<Vec<u8>>(),
+        &w.packs.ids.iter().flat_map(|p| p.0).collect::<Vec<u8>>(),
     )?;
     let mut runs = Vec::with_capacity(w.runs.len() * 16);
     for r in &w.runs {

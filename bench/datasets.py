@@ -9,12 +9,16 @@ Datasets (see scale_config for sizes):
   mixed  a tree of real files copied from /usr (whole directories picked
          deterministically), ~2 GiB at full scale; `day N` edits ~2% of it.
   small  N small files (1-8 KiB; compressible text-like and random) in D dirs.
+  dense  the same kind of tree at dense-filesystem size: 1,000,000 files in
+         10,000 dirs (100 top dirs x 100 subdirs x 100 files) at full scale.
   image  one large image-like file (sparse zero regions, /usr-derived
          compressible content, random blocks) plus a changed copy (~2% of 4K
          blocks rewritten in scattered runs plus an unaligned inserted region).
 
 Subcommands:
-  gen {mixed,small,image} --out DIR [--size-mib N] [--files N --dirs D] [--seed S]
+  gen {mixed,small,image,dense} --out DIR [--size-mib N] [--files N --dirs D] [--seed S]
+  small-change --dir TREE [--fraction 0.01]
+                                         rewrite 1% of a small/dense tree's files
   day --dir TREE --day N [--seed S]      apply the day-N edits in place
   history --dir TREE --day N [--seed S] [--fraction F]
                                          apply day-N edits of the maintenance history
@@ -55,16 +59,21 @@ def scale_config(scale=None):
         scale = os.environ.get("BENCH_SCALE", "full")
     scale = str(scale).strip().lower()
     if scale in ("full", "", "1", "1.0"):
-        cfg = dict(mixed_mib=2048, small_files=200_000, small_dirs=2_000, image_mib=2048)
+        cfg = dict(mixed_mib=2048, small_files=200_000, small_dirs=2_000, image_mib=2048,
+                   dense_files=1_000_000, dense_dirs=10_000)
     elif scale in ("quick", "small"):
-        cfg = dict(mixed_mib=300, small_files=20_000, small_dirs=200, image_mib=300)
+        cfg = dict(mixed_mib=300, small_files=20_000, small_dirs=200, image_mib=300,
+                   dense_files=50_000, dense_dirs=500)
     else:
         f = float(scale)
         files = max(100, int(200_000 * f))
+        dense = max(100, int(1_000_000 * f))
         cfg = dict(mixed_mib=max(16, int(2048 * f)), small_files=files,
-                   small_dirs=max(1, files // 100), image_mib=max(16, int(2048 * f)))
+                   small_dirs=max(1, files // 100), image_mib=max(16, int(2048 * f)),
+                   dense_files=dense, dense_dirs=max(1, dense // 100))
     for key, env in (("mixed_mib", "BENCH_MIXED_MIB"), ("small_files", "BENCH_SMALL_FILES"),
-                     ("small_dirs", "BENCH_SMALL_DIRS"), ("image_mib", "BENCH_IMAGE_MIB")):
+                     ("small_dirs", "BENCH_SMALL_DIRS"), ("image_mib", "BENCH_IMAGE_MIB"),
+                     ("dense_files", "BENCH_DENSE_FILES"), ("dense_dirs", "BENCH_DENSE_DIRS")):
         if os.environ.get(env):
             cfg[key] = int(os.environ[env])
     cfg["scale"] = scale
@@ -78,6 +87,8 @@ def dataset_dirname(kind, cfg):
         return f"small-{cfg['small_files']}f-{cfg['small_dirs']}d"
     if kind == "image":
         return f"image-{cfg['image_mib']}M"
+    if kind == "dense":
+        return f"dense-{cfg['dense_files']}f-{cfg['dense_dirs']}d"
     raise ValueError(kind)
 
 
@@ -454,6 +465,29 @@ def gen_small(out, nfiles, ndirs, seed):
     return manifest
 
 
+def apply_small_change(tree, seed, fraction=0.01):
+    """Rewrites `fraction` of the files of a small/dense tree (chosen by a generator
+    seeded by `seed`): new bytes of a new length (1-8 KiB) and an mtime one day
+    later, as an application rewriting its small files would. Returns counts."""
+    files = []
+    for dirpath, dirnames, filenames in os.walk(tree):
+        dirnames.sort()
+        for fn in sorted(filenames):
+            files.append(os.path.join(dirpath, fn))
+    rng = random.Random(f"{seed}-small-change")
+    n = max(1, int(len(files) * fraction)) if files else 0
+    chosen = rng.sample(files, n) if n else []
+    nbytes = 0
+    for p in chosen:
+        data = rng.randbytes(rng.randint(1024, 8192))
+        with open(p, "wb") as f:
+            f.write(data)
+        os.utime(p, (BASE_MTIME + DAY, BASE_MTIME + DAY))
+        nbytes += len(data)
+    log(f"small change: rewrote {n} of {len(files)} files ({nbytes / MiB:.1f} MiB) in {tree}")
+    return dict(files=len(files), changed=n, bytes=nbytes)
+
+
 # --------------------------------------------------------------------------
 # image
 # --------------------------------------------------------------------------
@@ -601,7 +635,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gen")
-    g.add_argument("kind", choices=["mixed", "small", "image"])
+    g.add_argument("kind", choices=["mixed", "small", "image", "dense"])
     g.add_argument("--out", required=True)
     g.add_argument("--seed", type=int, default=DEFAULT_SEED)
     g.add_argument("--size-mib", type=int)
@@ -616,6 +650,10 @@ def main(argv=None):
     hd.add_argument("--day", type=int, required=True)
     hd.add_argument("--seed", type=int, default=DEFAULT_SEED)
     hd.add_argument("--fraction", type=float, default=0.04)
+    sc = sub.add_parser("small-change")
+    sc.add_argument("--dir", required=True)
+    sc.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    sc.add_argument("--fraction", type=float, default=0.01)
     dg = sub.add_parser("digest")
     dg.add_argument("dir")
     c = sub.add_parser("config")
@@ -628,6 +666,8 @@ def main(argv=None):
             m = gen_mixed(a.out, a.size_mib or cfg["mixed_mib"], a.seed)
         elif a.kind == "small":
             m = gen_small(a.out, a.files or cfg["small_files"], a.dirs or cfg["small_dirs"], a.seed)
+        elif a.kind == "dense":
+            m = gen_small(a.out, a.files or cfg["dense_files"], a.dirs or cfg["dense_dirs"], a.seed)
         else:
             m = gen_image(a.out, a.size_mib or cfg["image_mib"], a.seed)
         print(json.dumps(m))
@@ -635,11 +675,13 @@ def main(argv=None):
         print(json.dumps(apply_day(a.dir, a.day, a.seed)))
     elif a.cmd == "history":
         print(json.dumps(apply_history_day(a.dir, a.day, a.seed, a.fraction)))
+    elif a.cmd == "small-change":
+        print(json.dumps(apply_small_change(a.dir, a.seed, a.fraction)))
     elif a.cmd == "digest":
         print(json.dumps(tree_digest(a.dir)))
     elif a.cmd == "config":
         c = scale_config(a.scale)
-        c["dirs"] = {k: dataset_dirname(k, c) for k in ("mixed", "small", "image")}
+        c["dirs"] = {k: dataset_dirname(k, c) for k in ("mixed", "small", "image", "dense")}
         print(json.dumps(c))
 
 

@@ -2,12 +2,14 @@
 # Idempotently install the peer tools cairn is benchmarked against:
 #   restic 0.18.1 (built from the Go module proxy) -> bench/.tools/restic
 #   borg 1.4.x (PyPI, in a venv)                   -> bench/.tools/borg-venv/bin/borg
+#   kopia 0.21.1 (built from the Go module proxy)  -> bench/.tools/kopia
 # plus the apt packages the harness needs (GNU time, borg build deps).
 set -euo pipefail
 
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TOOLS="$BENCH_DIR/.tools"
 RESTIC_VERSION="${RESTIC_VERSION:-0.18.1}"
+KOPIA_VERSION="${KOPIA_VERSION:-0.21.1}"
 BORG_SPEC="${BORG_SPEC:-borgbackup>=1.4,<1.5}"
 mkdir -p "$TOOLS"
 
@@ -42,6 +44,21 @@ else
   ( cd "$src" && GOFLAGS=-mod=mod nice -n 10 go build -o "$TOOLS/restic.tmp" ./cmd/restic )
   mv "$TOOLS/restic.tmp" "$TOOLS/restic"
   "$TOOLS/restic" version
+fi
+
+# ---- kopia ----------------------------------------------------------------
+# a module-proxy build reports "v0-unofficial", so the version built is kept in a stamp file
+if [ -x "$TOOLS/kopia" ] && [ "$(cat "$TOOLS/kopia.version" 2>/dev/null)" = "$KOPIA_VERSION" ]; then
+  log "kopia $KOPIA_VERSION present"
+else
+  command -v go >/dev/null || { log "go toolchain not found"; exit 1; }
+  log "downloading kopia v$KOPIA_VERSION from the Go module proxy"
+  go mod download -json "github.com/kopia/kopia@v$KOPIA_VERSION" >/dev/null
+  src="$(go env GOMODCACHE)/github.com/kopia/kopia@v$KOPIA_VERSION"
+  log "building kopia in $src"
+  ( cd "$src" && GOFLAGS=-mod=mod nice -n 10 go build -o "$TOOLS/kopia.tmp" . )
+  mv "$TOOLS/kopia.tmp" "$TOOLS/kopia"
+  echo "$KOPIA_VERSION" > "$TOOLS/kopia.version"
 fi
 
 # ---- borg -----------------------------------------------------------------

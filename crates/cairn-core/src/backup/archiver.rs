@@ -1,7 +1,7 @@
 //! Stage 3 of backup: put the processed item stream back in order, pack new blobs,
 //! and build chunk lists and trees. Runs on one thread, so its sets need no locks.
 
-use super::{Budget, Item, Skipped};
+use super::{Budget, ChunkOut, InFlight, Item, Skipped};
 use crate::blob::BlobEncoder;
 use crate::chunklist::ChunkListBuilder;
 use crate::error::{Error, Result};
@@ -33,8 +33,11 @@ struct OpenFile {
 
 struct State<'a> {
     repo: &'a Repository,
-    /// Blobs packed by this run (the workers' in-flight set only covers data).
+    /// Tree and chunk-list blobs packed by this run. Data blobs are in the workers'
+    /// in-flight set (each is encoded by the one worker that claimed it), so they
+    /// are not remembered twice.
     written: IdSet,
+    inflight: &'a InFlight,
     data: Packer,
     meta: Packer,
     encoder: BlobEncoder,
@@ -44,7 +47,9 @@ struct State<'a> {
 
 impl State<'_> {
     fn store(&mut self, blob: crate::blob::EncodedBlob) -> Result<()> {
-        if self.repo.index().is_live(&blob.id) || !self.written.insert(blob.id) {
+        if blob.kind != BlobKind::Data
+            && (self.repo.index().is_live(&blob.id) || !self.written.insert(blob.id))
+        {
             return Ok(());
         }
         self.summary.blobs_added += 1;
@@ -73,7 +78,11 @@ impl State<'_> {
         }
         let key = self.repo.key().clone();
         let id = key.blob_id(plaintext);
-        if !self.repo.index().is_live(&id) && !self.written.contains(&id) {
+        // A data chunk with the same bytes has the same id and serves as well.
+        if !self.repo.index().is_live(&id)
+            && !self.written.contains(&id)
+            && !self.inflight.contains(&id)
+        {
             let b = self.encoder.encode(&key, kind, id, plaintext)?;
             self.store(b)?;
         }
@@ -85,6 +94,7 @@ pub(crate) fn archive(
     repo: &Repository,
     rx: Receiver<(u64, Vec<Item>)>,
     budget: &Budget,
+    inflight: &InFlight,
 ) -> Result<Archived> {
     let level = repo.config().compression.zstd_level();
     let pack_size = repo.config().pack_size as usize;
@@ -92,6 +102,7 @@ pub(crate) fn archive(
     let mut st = State {
         repo,
         written: IdSet::default(),
+        inflight,
         data: Packer::new(repo.key().clone(), pool.clone(), pack_size),
         meta: Packer::new(repo.key().clone(), pool.clone(), pack_size),
         encoder: BlobEncoder::new(level),
@@ -169,19 +180,36 @@ fn run(
                         let f = file
                             .as_mut()
                             .ok_or_else(|| Error::Invalid("chunk data outside a file".into()))?;
-                        for c in chunks {
-                            f.bytes += u64::from(c.length);
-                            if let Some(b) = c.blob {
-                                st.store(b)?;
-                            }
-                            let r = ChunkRef {
-                                id: c.id,
-                                length: c.length.into(),
-                            };
-                            let mut emit =
-                                |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
-                            f.builder.push(r, &mut emit)?;
-                        }
+                        add_chunks(st, f, chunks)?;
+                    }
+                    Item::SmallFile { .. } => {
+                        return Err(Error::Invalid(
+                            "an unread small file reached the archiver".into(),
+                        ));
+                    }
+                    Item::SmallDone {
+                        node,
+                        changed,
+                        chunks,
+                        budget: b,
+                    } => {
+                        budget.release(b);
+                        let mut f = OpenFile {
+                            node: *node,
+                            changed,
+                            builder: ChunkListBuilder::new(),
+                            bytes: 0,
+                        };
+                        add_chunks(st, &mut f, chunks)?;
+                        finish_file(st, &mut frames, f)?;
+                    }
+                    Item::SmallFailed {
+                        skipped: s,
+                        budget: b,
+                    } => {
+                        budget.release(b);
+                        st.summary.entries_skipped += 1;
+                        skipped.push(s);
                     }
                     Item::Data { .. } => {
                         return Err(Error::Invalid(
@@ -193,23 +221,7 @@ fn run(
                             .take()
                             .ok_or_else(|| Error::Invalid("file end outside a file".into()))?;
                         if ok {
-                            let mut node = f.node;
-                            let mut emit =
-                                |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
-                            node.content = f.builder.finish(&mut emit)?;
-                            node.size = f.bytes;
-                            st.summary.bytes_read += f.bytes;
-                            st.summary.total_bytes += f.bytes;
-                            if f.changed {
-                                st.summary.files_changed += 1;
-                            } else {
-                                st.summary.files_new += 1;
-                            }
-                            frames
-                                .last_mut()
-                                .ok_or_else(|| Error::Invalid("file outside a directory".into()))?
-                                .1
-                                .push(node);
+                            finish_file(st, &mut frames, f)?;
                         }
                     }
                     Item::Entry { node, unchanged } => {
@@ -241,4 +253,42 @@ fn run(
         }
     }
     Err(Error::Interrupted)
+}
+
+/// Packs a file's new chunks and adds them to its chunk list.
+fn add_chunks(st: &mut State<'_>, f: &mut OpenFile, chunks: Vec<ChunkOut>) -> Result<()> {
+    for c in chunks {
+        f.bytes += u64::from(c.length);
+        if let Some(b) = c.blob {
+            st.store(b)?;
+        }
+        let r = ChunkRef {
+            id: c.id,
+            length: c.length.into(),
+        };
+        let mut emit = |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
+        f.builder.push(r, &mut emit)?;
+    }
+    Ok(())
+}
+
+/// A completely read file joins its directory.
+fn finish_file(st: &mut State<'_>, frames: &mut [(Node, Vec<Node>)], f: OpenFile) -> Result<()> {
+    let mut node = f.node;
+    let mut emit = |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
+    node.content = f.builder.finish(&mut emit)?;
+    node.size = f.bytes;
+    st.summary.bytes_read += f.bytes;
+    st.summary.total_bytes += f.bytes;
+    if f.changed {
+        st.summary.files_changed += 1;
+    } else {
+        st.summary.files_new += 1;
+    }
+    frames
+        .last_mut()
+        .ok_or_else(|| Error::Invalid("file outside a directory".into()))?
+        .1
+        .push(node);
+    Ok(())
 }

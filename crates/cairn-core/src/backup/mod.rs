@@ -2,12 +2,15 @@
 //!
 //! Three stages, each on its own threads, joined by bounded channels:
 //!
-//! 1. the *walker* (one thread, [`walker`]) visits the source in sorted order, reuses
-//!    the parent snapshot's chunk list for unchanged files, reads and chunks the rest,
-//!    and emits a numbered stream of items (directory start/end, file start, batches
-//!    of chunk data, file end, complete entries);
-//! 2. *workers* (one per core) hash each chunk, skip the ones the index or another
-//!    worker already has, and compress and seal the new ones;
+//! 1. the *walker* (one thread, [`walker`]) visits the source in sorted order and
+//!    emits a numbered stream of items (directory start/end, small files to read,
+//!    large-file starts, batches of chunk data, file ends, complete entries).
+//!    *Scanners* ([`scan`], a small pool) list, stat and compare directories against
+//!    the parent snapshot ahead of the walker, several at once; unchanged files reuse
+//!    the parent's chunk list there. The walker reads and chunks large files itself;
+//! 2. *workers* (two per core: they also wait on small-file reads) read, chunk and
+//!    hash small files and hash the walker's chunks, skip the chunks the index or
+//!    another worker already has, and compress and seal the new ones;
 //! 3. the *archiver* ([`archiver`], on the calling thread) takes the items back in
 //!    stream order, appends new blobs to packs (so packs keep stream order), builds
 //!    chunk lists and directory trees as directories complete, and hands sealed packs
@@ -20,6 +23,7 @@
 //! the index files that list them. A crash before that loses only this snapshot.
 
 mod archiver;
+mod scan;
 pub mod source;
 mod walker;
 
@@ -93,6 +97,25 @@ pub(crate) enum Item {
     Chunks {
         chunks: Vec<ChunkOut>,
         bytes: usize,
+    },
+    /// A regular file of at most [`walker::SMALL_FILE_BYTES`] for a worker to read.
+    SmallFile {
+        path: PathBuf,
+        node: Box<Node>,
+        changed: bool,
+    },
+    /// A `SmallFile` a worker has read, chunked, hashed and encoded. `budget` is
+    /// what the walker took for it.
+    SmallDone {
+        node: Box<Node>,
+        changed: bool,
+        chunks: Vec<ChunkOut>,
+        budget: usize,
+    },
+    /// A `SmallFile` that could not be read: left out of the snapshot.
+    SmallFailed {
+        skipped: Skipped,
+        budget: usize,
     },
     /// `ok == false`: reading failed part-way; the file is left out.
     FileEnd {
@@ -172,10 +195,18 @@ impl InFlight {
             shards: (0..64).map(|_| Mutex::new(IdSet::default())).collect(),
         }
     }
+    fn shard(&self, id: &BlobId) -> std::sync::MutexGuard<'_, IdSet> {
+        self.shards[id.0[0] as usize % self.shards.len()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
     /// True if the id was already claimed; otherwise claims it.
     fn claim(&self, id: &BlobId) -> bool {
-        let shard = &self.shards[id.0[0] as usize % self.shards.len()];
-        !shard.lock().unwrap_or_else(|e| e.into_inner()).insert(*id)
+        !self.shard(id).insert(*id)
+    }
+    /// Whether some worker has claimed the id in this run.
+    pub(crate) fn contains(&self, id: &BlobId) -> bool {
+        self.shard(id).contains(id)
     }
 }
 
@@ -260,10 +291,14 @@ pub fn backup(
     let level = repo.config().compression.zstd_level();
     let budget = Budget::new(CHUNK_BYTES_IN_FLIGHT);
     let inflight = InFlight::new();
-    let workers = std::thread::available_parallelism()
+    let cores = std::thread::available_parallelism()
         .map(|n| n.get())
-        .unwrap_or(2)
-        .max(1);
+        .unwrap_or(2);
+    // Workers also wait on small-file reads, so two per core keep the cores busy;
+    // scanners mostly wait on metadata reads.
+    let workers = (2 * cores).clamp(2, 64);
+    let scanners = cores.clamp(2, 8);
+    let pool = scan::Pool::new();
     let (work_tx, work_rx) = bounded::<(u64, Vec<Item>)>(16);
     let (res_tx, res_rx) = bounded::<(u64, Vec<Item>)>(16);
     let stdin = opts.stdin.take();
@@ -271,17 +306,31 @@ pub fn backup(
     let (archived, walk_result) = std::thread::scope(|s| {
         let budget = &budget;
         let inflight = &inflight;
+        let pool = &pool;
+        let excludes = &excludes;
+        for _ in 0..scanners {
+            let spawned = std::thread::Builder::new()
+                .name("cairn-scan".into())
+                .spawn_scoped(s, move || {
+                    pool.run_scanner(&scan::ScanContext { repo, excludes });
+                });
+            if spawned.is_err() {
+                break; // the walker scans what no scanner takes
+            }
+        }
         let walk = {
-            let excludes = &excludes;
             let paths = &paths;
             std::thread::Builder::new()
                 .name("cairn-walk".into())
                 .spawn_scoped(s, move || {
+                    // Scanners wait for work until stopped, even if the walker panics.
+                    let _stop = scan::StopOnDrop(pool);
                     let mut w = walker::Walker::new(
                         repo,
                         work_tx,
                         budget,
-                        excludes,
+                        scan::ScanContext { repo, excludes },
+                        pool,
                         progress,
                         opts.one_file_system,
                     );
@@ -295,65 +344,32 @@ pub fn backup(
                     r
                 })
         };
+        if walk.is_err() {
+            pool.stop();
+        }
         for _ in 0..workers {
             let work_rx = work_rx.clone();
             let res_tx = res_tx.clone();
-            let key = key.clone();
-            let index = index.clone();
+            let w = Worker {
+                key: key.clone(),
+                index: index.clone(),
+                inflight,
+                budget,
+                progress,
+                enc: BlobEncoder::new(level),
+                chunker: repo.chunker(),
+                buf: Vec::new(),
+            };
             let spawned = std::thread::Builder::new()
                 .name("cairn-chunk".into())
-                .spawn_scoped(s, move || {
-                    let mut enc = BlobEncoder::new(level);
-                    for (seq, bundle) in work_rx {
-                        let mut out_bundle = Vec::with_capacity(bundle.len());
-                        for item in bundle {
-                            let out = match item {
-                                Item::Data { buf, lens } => {
-                                    let mut chunks = Vec::with_capacity(lens.len());
-                                    let mut pos = 0usize;
-                                    for len in lens {
-                                        let data = &buf[pos..pos + len as usize];
-                                        pos += len as usize;
-                                        let id = key.blob_id(data);
-                                        let blob = if index.is_live(&id) || inflight.claim(&id) {
-                                            None
-                                        } else {
-                                            match enc.encode(&key, BlobKind::Data, id, data) {
-                                                Ok(b) => Some(b),
-                                                Err(_) => {
-                                                    budget.abort();
-                                                    return;
-                                                }
-                                            }
-                                        };
-                                        chunks.push(ChunkOut {
-                                            id,
-                                            length: len,
-                                            blob,
-                                        });
-                                    }
-                                    let bytes = buf.len();
-                                    if buf.capacity() >= 1 << 20 {
-                                        budget.pool.put(buf);
-                                    }
-                                    Item::Chunks { chunks, bytes }
-                                }
-                                other => other,
-                            };
-                            out_bundle.push(out);
-                        }
-                        if res_tx.send((seq, out_bundle)).is_err() {
-                            return;
-                        }
-                    }
-                });
+                .spawn_scoped(s, move || w.run(work_rx, res_tx));
             if spawned.is_err() {
                 budget.abort();
             }
         }
         drop(work_rx);
         drop(res_tx);
-        let archived = archiver::archive(repo, res_rx, budget);
+        let archived = archiver::archive(repo, res_rx, budget, inflight);
         if archived.is_err() {
             budget.abort();
         }
@@ -399,4 +415,144 @@ pub fn backup(
         skipped: archived.skipped,
         packs_written: archived.packs,
     })
+}
+
+/// A worker thread: hashes and encodes chunk batches, reads small files.
+struct Worker<'a> {
+    key: std::sync::Arc<cairn_format::key::MasterKey>,
+    index: std::sync::Arc<crate::index::MasterIndex>,
+    inflight: &'a InFlight,
+    budget: &'a Budget,
+    progress: &'a dyn BackupProgress,
+    enc: BlobEncoder,
+    chunker: cairn_chunker::Chunker,
+    /// A small file's content, reused between files.
+    buf: Vec<u8>,
+}
+
+/// How far a small file may grow between its stat and its read before it is left
+/// out (its whole content is held in memory while it is encoded).
+const SMALL_FILE_GROWTH_LIMIT: usize = 4 * walker::SMALL_FILE_BYTES as usize;
+
+impl Worker<'_> {
+    fn run(
+        mut self,
+        rx: crossbeam_channel::Receiver<(u64, Vec<Item>)>,
+        tx: crossbeam_channel::Sender<(u64, Vec<Item>)>,
+    ) {
+        for (seq, bundle) in rx {
+            let mut out_bundle = Vec::with_capacity(bundle.len());
+            for item in bundle {
+                let out = match item {
+                    Item::Data { buf, lens } => {
+                        let mut chunks = Vec::with_capacity(lens.len());
+                        let mut pos = 0usize;
+                        for len in lens {
+                            let data = &buf[pos..pos + len as usize];
+                            pos += len as usize;
+                            match self.chunk(data) {
+                                Some(c) => chunks.push(c),
+                                None => return,
+                            }
+                        }
+                        let bytes = buf.len();
+                        if buf.capacity() >= 1 << 20 {
+                            self.budget.pool.put(buf);
+                        }
+                        Item::Chunks { chunks, bytes }
+                    }
+                    Item::SmallFile {
+                        path,
+                        node,
+                        changed,
+                    } => match self.small_file(path, node, changed) {
+                        Some(item) => item,
+                        None => return,
+                    },
+                    other => other,
+                };
+                out_bundle.push(out);
+            }
+            if tx.send((seq, out_bundle)).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Hashes a chunk and encodes it if neither the index nor another worker has it.
+    /// `None`: encoding failed and the pipeline is aborted.
+    fn chunk(&mut self, data: &[u8]) -> Option<ChunkOut> {
+        let id = self.key.blob_id(data);
+        let blob = if self.index.is_live(&id) || self.inflight.claim(&id) {
+            None
+        } else {
+            match self.enc.encode(&self.key, BlobKind::Data, id, data) {
+                Ok(b) => Some(b),
+                Err(_) => {
+                    self.budget.abort();
+                    return None;
+                }
+            }
+        };
+        Some(ChunkOut {
+            id,
+            length: data.len() as u32,
+            blob,
+        })
+    }
+
+    fn small_file(&mut self, path: PathBuf, node: Box<Node>, changed: bool) -> Option<Item> {
+        let budget = walker::small_budget(&node);
+        let limit = (node.size as usize)
+            .saturating_mul(2)
+            .max(SMALL_FILE_GROWTH_LIMIT);
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.reserve(node.size as usize + 1);
+        let read = read_small(&path, &mut buf, limit);
+        let out = match read {
+            Ok(()) => {
+                self.progress.bytes_done(buf.len() as u64);
+                let mut chunks = Vec::new();
+                let mut rest = &buf[..];
+                while let Some(n) = self.chunker.next_boundary(rest, true) {
+                    let c = self.chunk(&rest[..n])?;
+                    chunks.push(c);
+                    rest = &rest[n..];
+                }
+                self.progress.entry_done();
+                Item::SmallDone {
+                    node,
+                    changed,
+                    chunks,
+                    budget,
+                }
+            }
+            Err(message) => {
+                self.progress.warning(&path, &message);
+                Item::SmallFailed {
+                    skipped: Skipped { path, message },
+                    budget,
+                }
+            }
+        };
+        buf.clear();
+        if buf.capacity() <= 2 * walker::SMALL_FILE_BYTES as usize {
+            self.buf = buf;
+        }
+        Some(out)
+    }
+}
+
+/// Reads a whole small file into `buf`; more than `limit` bytes is an error.
+fn read_small(path: &Path, buf: &mut Vec<u8>, limit: usize) -> std::result::Result<(), String> {
+    let f = source::open_source(path).map_err(|e| e.to_string())?;
+    f.take(limit as u64 + 1)
+        .read_to_end(buf)
+        .map_err(|e| format!("read failed: {e}"))?;
+    if buf.len() > limit {
+        return Err(format!(
+            "grew to more than {limit} bytes while being read; left out of this snapshot"
+        ));
+    }
+    Ok(())
 }

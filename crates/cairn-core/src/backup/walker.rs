@@ -1,6 +1,7 @@
 //! Stage 1 of backup: walk the source in sorted order and emit the item stream.
 
-use super::source::{Excludes, NameCache, node_from_metadata};
+use super::scan::{self, Pending, Pool, ScanContext, Scanned, find};
+use super::source::{NameCache, node_from_metadata};
 use super::{Budget, Item, Skipped};
 use crate::error::{Error, Result};
 use crate::progress::BackupProgress;
@@ -23,6 +24,9 @@ const BUNDLE_ITEMS: usize = 256;
 const SMALL_BATCH_BYTES: usize = 256 << 10;
 /// Bytes asked of one `read` call.
 const READ_BYTES: usize = 1 << 20;
+/// Regular files up to this size are read by the workers, many at once; larger ones
+/// are read here, in order, one at a time (their reads are large and sequential).
+pub(crate) const SMALL_FILE_BYTES: u64 = 1 << 20;
 
 /// The command-line paths as a tree of path components: interior nodes are the
 /// directories leading to what was asked for, leaves are backed up whole.
@@ -70,7 +74,10 @@ pub(crate) struct Walker<'a> {
     bundle: Vec<Item>,
     bundle_bytes: usize,
     budget: &'a Budget,
-    excludes: &'a Excludes,
+    ctx: ScanContext<'a>,
+    pool: &'a Pool,
+    /// Top-level trees walked so far (the first component of scan-job keys).
+    tops: u32,
     progress: &'a dyn BackupProgress,
     one_file_system: bool,
     names: NameCache,
@@ -84,7 +91,8 @@ impl<'a> Walker<'a> {
         repo: &'a Repository,
         tx: Sender<(u64, Vec<Item>)>,
         budget: &'a Budget,
-        excludes: &'a Excludes,
+        ctx: ScanContext<'a>,
+        pool: &'a Pool,
         progress: &'a dyn BackupProgress,
         one_file_system: bool,
     ) -> Self {
@@ -95,7 +103,9 @@ impl<'a> Walker<'a> {
             bundle: Vec::with_capacity(BUNDLE_ITEMS),
             bundle_bytes: 0,
             budget,
-            excludes,
+            ctx,
+            pool,
+            tops: 0,
             progress,
             one_file_system,
             names: NameCache::default(),
@@ -109,8 +119,10 @@ impl<'a> Walker<'a> {
     /// channel message per few hundred entries, not several per file.
     fn emit(&mut self, item: Item) -> Result<()> {
         let end = matches!(item, Item::End);
-        if let Item::Data { buf, .. } = &item {
-            self.bundle_bytes += buf.len();
+        match &item {
+            Item::Data { buf, .. } => self.bundle_bytes += buf.len(),
+            Item::SmallFile { node, .. } => self.bundle_bytes += small_budget(node),
+            _ => {}
         }
         self.bundle.push(item);
         if end || self.bundle_bytes >= BATCH_BYTES || self.bundle.len() >= BUNDLE_ITEMS {
@@ -152,9 +164,7 @@ impl<'a> Walker<'a> {
             let root = Path::new("/");
             let meta = std::fs::symlink_metadata(root).map_err(|e| Error::io(root, e))?;
             let (node, _) = node_from_metadata(Vec::new(), root, &meta, &mut self.names);
-            let mut parent = Node::new(Vec::new(), NodeKind::Dir);
-            parent.subtree = parent_root;
-            self.walk_dir(root, node, Some(&parent), None)?;
+            self.walk_dir(root, node, parent_root, None, Vec::new(), None)?;
             return self.emit(Item::End);
         }
         let sel = build_selection(paths);
@@ -213,7 +223,7 @@ impl<'a> Walker<'a> {
         for (name, s) in sel {
             let pnode = parent.and_then(|t| find(t, name));
             match s {
-                Selection::Leaf(path) => self.walk_entry(path, name, pnode, None)?,
+                Selection::Leaf(path) => self.walk_leaf(path, name, pnode)?,
                 Selection::Dir(path, children) => {
                     let meta = match std::fs::symlink_metadata(path) {
                         Ok(m) => m,
@@ -233,14 +243,9 @@ impl<'a> Walker<'a> {
         Ok(())
     }
 
-    fn walk_entry(
-        &mut self,
-        path: &Path,
-        name: &[u8],
-        parent: Option<&Node>,
-        root_dev: Option<u64>,
-    ) -> Result<()> {
-        if self.excludes.is_excluded(path) {
+    /// A path named on the command line, backed up whole.
+    fn walk_leaf(&mut self, path: &Path, name: &[u8], pnode: Option<&Node>) -> Result<()> {
+        if self.ctx.excludes.is_excluded(path) {
             return Ok(());
         }
         let meta = match std::fs::symlink_metadata(path) {
@@ -248,16 +253,59 @@ impl<'a> Walker<'a> {
             Err(e) => return self.skip(path, e.to_string()),
         };
         let (node, warning) = node_from_metadata(name.to_vec(), path, &meta, &mut self.names);
+        let scanned = scan::prepare(self.repo, node, warning, pnode);
+        // Each top-level tree gets its own first key component, so scan jobs of
+        // later trees sort after this one's.
+        let key = vec![self.tops];
+        self.tops += 1;
+        self.walk_scanned(path, scanned, None, key, None)
+    }
+
+    /// Emits one prepared entry; a directory is walked whole.
+    fn walk_scanned(
+        &mut self,
+        path: &Path,
+        scanned: Scanned,
+        root_dev: Option<u64>,
+        key: Vec<u32>,
+        pending: Option<Pending<'a>>,
+    ) -> Result<()> {
+        let (node, warning, had_file, reused, parent_subtree) = match scanned {
+            Scanned::Failed(message) => return self.skip(path, message),
+            Scanned::Node {
+                node,
+                warning,
+                had_file,
+                reused,
+                parent_subtree,
+            } => (node, warning, had_file, reused, parent_subtree),
+        };
         if let Some(w) = warning {
             self.progress.warning(path, &w);
         }
         match node.kind {
-            NodeKind::Dir => self.walk_dir(path, node, parent, root_dev),
-            NodeKind::File => self.walk_file(path, node, parent),
+            NodeKind::Dir => self.walk_dir(path, *node, parent_subtree, root_dev, key, pending),
+            NodeKind::File if reused => {
+                self.progress.bytes_done(node.size);
+                self.progress.entry_done();
+                self.emit(Item::Entry {
+                    node,
+                    unchanged: true,
+                })
+            }
+            NodeKind::File if node.size <= SMALL_FILE_BYTES => {
+                // Read, chunked and encoded by a worker: many small files in flight.
+                self.emit(Item::SmallFile {
+                    path: path.to_path_buf(),
+                    node,
+                    changed: had_file,
+                })
+            }
+            NodeKind::File => self.walk_file(path, *node, had_file),
             _ => {
                 self.progress.entry_done();
                 self.emit(Item::Entry {
-                    node: Box::new(node),
+                    node,
                     unchanged: false,
                 })
             }
@@ -268,59 +316,63 @@ impl<'a> Walker<'a> {
         &mut self,
         path: &Path,
         node: Node,
-        parent: Option<&Node>,
+        parent_subtree: Option<BlobId>,
         root_dev: Option<u64>,
+        key: Vec<u32>,
+        pending: Option<Pending<'a>>,
     ) -> Result<()> {
         let dev = node.dev;
         let root_dev = root_dev.unwrap_or(dev);
         let descend = !self.one_file_system || dev == root_dev;
-        let mut names: Vec<Vec<u8>> = Vec::new();
-        if descend {
-            let rd = match std::fs::read_dir(path) {
-                Ok(rd) => rd,
-                Err(e) => return self.skip(path, e.to_string()),
+        let entries = if descend {
+            let listing = match pending {
+                Some(p) => p.take(&self.ctx, path, parent_subtree, &mut self.names),
+                None => scan::scan_dir(&self.ctx, path, parent_subtree, &mut self.names),
             };
-            for ent in rd {
-                match ent {
-                    Ok(ent) => names.push(ent.file_name().as_bytes().to_vec()),
-                    Err(e) => return self.skip(path, e.to_string()),
-                }
+            match listing {
+                Ok(v) => v,
+                Err(e) => return self.skip(path, e.to_string()),
             }
-            names.sort_unstable();
-        }
-        let ptree = match parent {
-            Some(p) if p.kind == NodeKind::Dir => self.load_parent(p.subtree),
-            _ => None,
+        } else {
+            Vec::new()
         };
+        // Hand the subdirectories this walk will enter to the scanners, in order.
+        let mut pendings: Vec<Option<Pending<'a>>> = Vec::with_capacity(entries.len());
+        let mut child = path.to_path_buf();
+        for (i, e) in entries.iter().enumerate() {
+            let p = match &e.scanned {
+                Scanned::Node {
+                    node,
+                    parent_subtree,
+                    ..
+                } if node.kind == NodeKind::Dir
+                    && (!self.one_file_system || node.dev == root_dev) =>
+                {
+                    child.push(std::ffi::OsStr::from_bytes(&e.name));
+                    let mut k = key.clone();
+                    k.push(i as u32);
+                    let p = self.pool.submit(k, child.clone(), *parent_subtree);
+                    child.pop();
+                    p
+                }
+                _ => None,
+            };
+            pendings.push(p);
+        }
         self.emit(Item::DirStart(Box::new(node)))?;
-        for name in names {
-            let child = path.join(std::ffi::OsStr::from_bytes(&name));
-            let pnode = ptree.as_ref().and_then(|t| find(t, &name));
-            self.walk_entry(&child, &name, pnode, Some(root_dev))?;
+        for ((i, e), p) in entries.into_iter().enumerate().zip(pendings) {
+            child.push(std::ffi::OsStr::from_bytes(&e.name));
+            let mut k = key.clone();
+            k.push(i as u32);
+            let r = self.walk_scanned(&child, e.scanned, Some(root_dev), k, p);
+            child.pop();
+            r?;
         }
         self.progress.entry_done();
         self.emit(Item::DirEnd)
     }
 
-    fn walk_file(&mut self, path: &Path, mut node: Node, parent: Option<&Node>) -> Result<()> {
-        if let Some(p) = parent
-            && p.kind == NodeKind::File
-            && p.size == node.size
-            && p.mtime == node.mtime
-            && p.ctime == node.ctime
-            && p.inode == node.inode
-            && p.dev == node.dev
-            && content_is_live(self.repo, &p.content)
-        {
-            node.content = p.content.clone();
-            self.progress.bytes_done(node.size);
-            self.progress.entry_done();
-            return self.emit(Item::Entry {
-                node: Box::new(node),
-                unchanged: true,
-            });
-        }
-        let changed = parent.is_some_and(|p| p.kind == NodeKind::File);
+    fn walk_file(&mut self, path: &Path, node: Node, changed: bool) -> Result<()> {
         let file = super::source::open_source(path);
         let mut file: File = match file {
             Ok(f) => f,
@@ -401,107 +453,15 @@ impl<'a> Walker<'a> {
     }
 }
 
+/// The chunk-byte budget a small file's read takes (its size when stat'ed; a worker
+/// reading it releases the same amount whatever it finds).
+pub(crate) fn small_budget(node: &Node) -> usize {
+    node.size.min(SMALL_FILE_BYTES) as usize
+}
+
 enum ReadError {
     /// The source could not be read: the file is skipped.
     Source(std::io::Error),
     /// The pipeline stopped: the backup fails.
     Fatal(Error),
-}
-
-fn find<'t>(tree: &'t Tree, name: &[u8]) -> Option<&'t Node> {
-    tree.nodes
-        .binary_search_by(|n| n.name.as_slice().cmp(name))
-        .ok()
-        .map(|i| &tree.nodes[i])
-}
-
-/// Whether every blob a parent's file content needs — chunks, and for large files the
-/// chunk-list blobs and every chunk they list — is in a live index file of the index
-/// this backup loaded. Only then may the content be reused without reading the file:
-/// a blob retired by a prune that ran before this backup loaded its index is not
-/// live, and a prune that retires one later waits for this backup's lock
-/// (docs/FORMAT.md, "Prune and concurrent writers"). Reading a large file's chunk
-/// lists costs one small read per 4096 chunks.
-fn content_is_live(repo: &Repository, c: &cairn_format::tree::Content) -> bool {
-    let index = repo.index();
-    match c {
-        cairn_format::tree::Content::None => true,
-        cairn_format::tree::Content::Inline(refs) => refs.iter().all(|r| index.is_live(&r.id)),
-        tree @ cairn_format::tree::Content::Tree { .. } => {
-            let mut all = true;
-            let walked = crate::chunklist::for_each_content_blob(repo, tree, &mut |b| {
-                all &= index.is_live(&b);
-                all
-            });
-            walked.is_ok() && all
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testutil::{mem_repo, store};
-    use cairn_format::index::IndexFile;
-    use cairn_format::pack::BlobKind;
-    use cairn_format::pending::PendingDeletion;
-    use cairn_format::tree::{ChunkList, ChunkRef, Content};
-
-    #[test]
-    fn parent_content_is_reused_only_if_every_blob_is_live() {
-        let mut repo = mem_repo();
-        let chunk = b"chunk data".to_vec();
-        let x = repo.key().blob_id(&chunk);
-        let list = ChunkList {
-            level: 0,
-            entries: vec![ChunkRef { id: x, length: 10 }],
-        }
-        .encode();
-        let root = repo.key().blob_id(&list);
-        let content = Content::Tree {
-            root,
-            depth: 1,
-            chunks: 1,
-        };
-        let data_pack = store(&repo, &[(BlobKind::Data, chunk)]);
-        let list_pack = store(&repo, &[(BlobKind::ChunkList, list)]);
-        repo.write_index_file(&IndexFile {
-            packs: vec![list_pack],
-            ..Default::default()
-        })
-        .unwrap();
-        // The chunk is only in a pack a prune retired: readable, but not live.
-        repo.write_pending(&PendingDeletion {
-            packs: vec![data_pack.clone()],
-            ..Default::default()
-        })
-        .unwrap();
-        repo.load_index().unwrap();
-        assert!(repo.index().contains(&x) && !repo.index().is_live(&x));
-        assert!(repo.index().is_live(&root));
-        assert!(
-            !content_is_live(&repo, &content),
-            "a retired chunk blocks reuse"
-        );
-        // Once the chunk is live, the content may be reused.
-        repo.write_index_file(&IndexFile {
-            packs: vec![data_pack],
-            ..Default::default()
-        })
-        .unwrap();
-        repo.load_index().unwrap();
-        assert!(content_is_live(&repo, &content));
-        assert!(content_is_live(
-            &repo,
-            &Content::Inline(vec![ChunkRef { id: x, length: 10 }])
-        ));
-        let absent = BlobId([7; 32]);
-        assert!(!content_is_live(
-            &repo,
-            &Content::Inline(vec![ChunkRef {
-                id: absent,
-                length: 1
-            }])
-        ));
-    }
 }

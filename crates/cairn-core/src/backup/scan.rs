@@ -1,0 +1,469 @@
+//! Directory scanning for the walker, several directories at once.
+//!
+//! A dense filesystem costs per entry, not per byte: a `readdir` share, an `lstat`,
+//! an `llistxattr`, a parent-tree lookup and a node to build. The walker must emit
+//! entries in depth-first order (trees are built as directories complete), but the
+//! work of *preparing* a directory does not depend on that order. So the walker
+//! hands the directories it will enter to a small pool of scanner threads, which
+//! list, stat and compare each one against its parent-snapshot tree ahead of time;
+//! the walker then only puts prepared listings in order.
+//!
+//! The pool takes jobs earliest-in-walk-order first (a job's key is its path of
+//! child indexes, which sorts in depth-first pre-order), so the directory the walker
+//! needs next is never queued behind ones it needs much later. Memory stays bounded:
+//! at most [`MAX_QUEUED_DIRS`] directories are handed out, scanners stop starting
+//! jobs while prepared-but-unconsumed listings hold more than [`MAX_HELD_ENTRIES`]
+//! entries, and a walker that finds its job not yet started takes it back and scans
+//! the directory itself — so it never waits on a pool that is holding back.
+
+use super::source::{Excludes, NameCache, node_from_metadata};
+use crate::repo::Repository;
+use cairn_format::BlobId;
+use cairn_format::tree::{Node, NodeKind, Tree};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// Directories handed to the pool and not yet consumed by the walker, at most.
+pub(crate) const MAX_QUEUED_DIRS: usize = 1024;
+/// Entries of prepared listings waiting for the walker above which the scanners
+/// pause (about 200 bytes each).
+pub(crate) const MAX_HELD_ENTRIES: usize = 256 * 1024;
+
+/// One prepared directory entry.
+pub(crate) enum Scanned {
+    /// `lstat` failed (the entry vanished, permission...): skipped with this message.
+    Failed(String),
+    Node {
+        node: Box<Node>,
+        /// A link target or xattrs could not be read; the entry is kept.
+        warning: Option<String>,
+        /// The parent snapshot has this name as a regular file.
+        had_file: bool,
+        /// A regular file whose parent-snapshot content was reused (unchanged
+        /// metadata and every blob live): no read needed.
+        reused: bool,
+        /// For a directory: the parent snapshot's tree of the same name.
+        parent_subtree: Option<BlobId>,
+    },
+}
+
+pub(crate) struct Entry {
+    pub name: Vec<u8>,
+    pub scanned: Scanned,
+}
+
+/// A directory's entries in name order, excluded ones left out.
+pub(crate) type Listing = std::io::Result<Vec<Entry>>;
+
+/// What a scan needs besides the directory: shared, read-only.
+pub(crate) struct ScanContext<'a> {
+    pub repo: &'a Repository,
+    pub excludes: &'a Excludes,
+}
+
+/// Lists, stats and prepares one directory. `names` caches owner names.
+pub(crate) fn scan_dir(
+    ctx: &ScanContext<'_>,
+    path: &Path,
+    parent_subtree: Option<BlobId>,
+    names: &mut NameCache,
+) -> Listing {
+    let mut ents: Vec<std::fs::DirEntry> = Vec::new();
+    for ent in std::fs::read_dir(path)? {
+        ents.push(ent?);
+    }
+    ents.sort_unstable_by(|a, b| a.file_name().as_bytes().cmp(b.file_name().as_bytes()));
+    // A parent tree that cannot be read only costs re-reading files.
+    let ptree: Option<Tree> = parent_subtree.and_then(|id| ctx.repo.load_tree(&id).ok());
+    let mut out = Vec::with_capacity(ents.len());
+    let mut child = path.to_path_buf();
+    for ent in ents {
+        let name = ent.file_name().as_bytes().to_vec();
+        child.push(ent.file_name());
+        if ctx.excludes.is_excluded(&child) {
+            child.pop();
+            continue;
+        }
+        // `DirEntry::metadata` is an lstat relative to the open directory.
+        let scanned = match ent.metadata() {
+            Err(e) => Scanned::Failed(e.to_string()),
+            Ok(meta) => {
+                let (node, warning) = node_from_metadata(name.clone(), &child, &meta, names);
+                let pnode = ptree.as_ref().and_then(|t| find(t, &name));
+                prepare(ctx.repo, node, warning, pnode)
+            }
+        };
+        child.pop();
+        out.push(Entry { name, scanned });
+    }
+    Ok(out)
+}
+
+/// Compares a node with its parent-snapshot node.
+pub(crate) fn prepare(
+    repo: &Repository,
+    mut node: Node,
+    warning: Option<String>,
+    pnode: Option<&Node>,
+) -> Scanned {
+    let had_file = pnode.is_some_and(|p| p.kind == NodeKind::File);
+    let mut reused = false;
+    let mut parent_subtree = None;
+    match node.kind {
+        NodeKind::File => {
+            if let Some(p) = pnode
+                && unchanged(p, &node)
+                && content_is_live(repo, &p.content)
+            {
+                node.content = p.content.clone();
+                reused = true;
+            }
+        }
+        NodeKind::Dir => {
+            parent_subtree = pnode
+                .filter(|p| p.kind == NodeKind::Dir)
+                .and_then(|p| p.subtree);
+        }
+        _ => {}
+    }
+    Scanned::Node {
+        node: Box::new(node),
+        warning,
+        had_file,
+        reused,
+        parent_subtree,
+    }
+}
+
+fn unchanged(p: &Node, n: &Node) -> bool {
+    p.kind == NodeKind::File
+        && p.size == n.size
+        && p.mtime == n.mtime
+        && p.ctime == n.ctime
+        && p.inode == n.inode
+        && p.dev == n.dev
+}
+
+pub(crate) fn find<'t>(tree: &'t Tree, name: &[u8]) -> Option<&'t Node> {
+    tree.nodes
+        .binary_search_by(|n| n.name.as_slice().cmp(name))
+        .ok()
+        .map(|i| &tree.nodes[i])
+}
+
+/// Whether every blob a parent's file content needs — chunks, and for large files the
+/// chunk-list blobs and every chunk they list — is in a live index file of the index
+/// this backup loaded. Only then may the content be reused without reading the file:
+/// a blob retired by a prune that ran before this backup loaded its index is not
+/// live, and a prune that retires one later waits for this backup's lock
+/// (docs/FORMAT.md, "Prune and concurrent writers"). Reading a large file's chunk
+/// lists costs one small read per 4096 chunks.
+pub(crate) fn content_is_live(repo: &Repository, c: &cairn_format::tree::Content) -> bool {
+    let index = repo.index();
+    match c {
+        cairn_format::tree::Content::None => true,
+        cairn_format::tree::Content::Inline(refs) => refs.iter().all(|r| index.is_live(&r.id)),
+        tree @ cairn_format::tree::Content::Tree { .. } => {
+            let mut all = true;
+            let walked = crate::chunklist::for_each_content_blob(repo, tree, &mut |b| {
+                all &= index.is_live(&b);
+                all
+            });
+            walked.is_ok() && all
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the pool
+
+enum SlotState {
+    Queued,
+    Running,
+    Done(Listing, usize),
+    /// The walker took the job back (or dropped it) before a scanner started it.
+    Taken,
+    /// The walker dropped the job while a scanner worked on it: the listing is
+    /// discarded when it lands.
+    Abandoned,
+}
+
+struct Slot {
+    state: Mutex<SlotState>,
+    cv: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Job {
+    key: Vec<u32>,
+    path: PathBuf,
+    parent_subtree: Option<BlobId>,
+    slot: Arc<Slot>,
+}
+
+impl PartialEq for Job {
+    fn eq(&self, o: &Self) -> bool {
+        self.key == o.key
+    }
+}
+impl Eq for Job {}
+impl PartialOrd for Job {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Job {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.key.cmp(&o.key)
+    }
+}
+
+/// The scanner pool's shared state.
+pub(crate) struct Pool {
+    queue: Mutex<BinaryHeap<Reverse<Job>>>,
+    cv: Condvar,
+    /// Entries in `Done` listings the walker has not taken yet.
+    held: AtomicUsize,
+    /// Jobs handed out and not yet consumed (or dropped) by the walker.
+    outstanding: AtomicUsize,
+    stop: AtomicBool,
+}
+
+impl Pool {
+    pub(crate) fn new() -> Self {
+        Pool {
+            queue: Mutex::new(BinaryHeap::new()),
+            cv: Condvar::new(),
+            held: AtomicUsize::new(0),
+            outstanding: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    /// Hands a directory to the scanners, unless enough are already handed out
+    /// (the walker then scans it itself when it gets there).
+    pub(crate) fn submit(
+        &self,
+        key: Vec<u32>,
+        path: PathBuf,
+        parent_subtree: Option<BlobId>,
+    ) -> Option<Pending<'_>> {
+        if self.outstanding.load(Ordering::Relaxed) >= MAX_QUEUED_DIRS {
+            return None;
+        }
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        let slot = Arc::new(Slot {
+            state: Mutex::new(SlotState::Queued),
+            cv: Condvar::new(),
+        });
+        lock(&self.queue).push(Reverse(Job {
+            key,
+            path,
+            parent_subtree,
+            slot: slot.clone(),
+        }));
+        self.cv.notify_one();
+        Some(Pending {
+            pool: self,
+            slot: Some(slot),
+        })
+    }
+
+    /// Wakes and ends the scanner threads.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _q = lock(&self.queue);
+        self.cv.notify_all();
+    }
+
+    /// A scanner thread's loop: runs until [`Pool::stop`].
+    pub(crate) fn run_scanner(&self, ctx: &ScanContext<'_>) {
+        let mut names = NameCache::default();
+        loop {
+            let job = {
+                let mut q = lock(&self.queue);
+                loop {
+                    if self.stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if self.held.load(Ordering::Relaxed) < MAX_HELD_ENTRIES
+                        && let Some(Reverse(job)) = q.pop()
+                    {
+                        break job;
+                    }
+                    q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            {
+                let mut st = lock(&job.slot.state);
+                if !matches!(*st, SlotState::Queued) {
+                    continue; // taken back by the walker
+                }
+                *st = SlotState::Running;
+            }
+            let listing = scan_dir(ctx, &job.path, job.parent_subtree, &mut names);
+            let n = listing.as_ref().map(|v| v.len()).unwrap_or(0);
+            let mut st = lock(&job.slot.state);
+            if matches!(*st, SlotState::Running) {
+                self.held.fetch_add(n, Ordering::Relaxed);
+                *st = SlotState::Done(listing, n);
+                job.slot.cv.notify_all();
+            }
+        }
+    }
+
+    fn release(&self, held: usize) {
+        self.outstanding.fetch_sub(1, Ordering::Relaxed);
+        if held > 0 {
+            let before = self.held.fetch_sub(held, Ordering::Relaxed);
+            if before >= MAX_HELD_ENTRIES {
+                let _q = lock(&self.queue);
+                self.cv.notify_all();
+            }
+        }
+    }
+}
+
+/// Stops the pool when dropped.
+pub(crate) struct StopOnDrop<'p>(pub &'p Pool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// The walker's handle on a directory handed to the pool. Dropping it unused
+/// cancels the job (or frees its listing).
+pub(crate) struct Pending<'p> {
+    pool: &'p Pool,
+    slot: Option<Arc<Slot>>,
+}
+
+impl Pending<'_> {
+    /// The prepared listing: waits while a scanner works on it, scans it here if no
+    /// scanner has started it.
+    pub(crate) fn take(
+        mut self,
+        ctx: &ScanContext<'_>,
+        path: &Path,
+        parent_subtree: Option<BlobId>,
+        names: &mut NameCache,
+    ) -> Listing {
+        let Some(slot) = self.slot.take() else {
+            return scan_dir(ctx, path, parent_subtree, names);
+        };
+        let mut st = lock(&slot.state);
+        loop {
+            match std::mem::replace(&mut *st, SlotState::Taken) {
+                SlotState::Queued | SlotState::Taken | SlotState::Abandoned => {
+                    drop(st);
+                    self.pool.release(0);
+                    return scan_dir(ctx, path, parent_subtree, names);
+                }
+                SlotState::Running => {
+                    *st = SlotState::Running;
+                    st = slot.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                }
+                SlotState::Done(listing, n) => {
+                    drop(st);
+                    self.pool.release(n);
+                    return listing;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            let mut st = lock(&slot.state);
+            let prev = std::mem::replace(&mut *st, SlotState::Taken);
+            match prev {
+                SlotState::Done(_, n) => self.pool.release(n),
+                // The scanner discards its listing when it sees this.
+                SlotState::Running => {
+                    *st = SlotState::Abandoned;
+                    self.pool.release(0);
+                }
+                _ => self.pool.release(0),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{mem_repo, store};
+    use cairn_format::index::IndexFile;
+    use cairn_format::pack::BlobKind;
+    use cairn_format::pending::PendingDeletion;
+    use cairn_format::tree::{ChunkList, ChunkRef, Content};
+
+    #[test]
+    fn parent_content_is_reused_only_if_every_blob_is_live() {
+        let mut repo = mem_repo();
+        let chunk = b"chunk data".to_vec();
+        let x = repo.key().blob_id(&chunk);
+        let list = ChunkList {
+            level: 0,
+            entries: vec![ChunkRef { id: x, length: 10 }],
+        }
+        .encode();
+        let root = repo.key().blob_id(&list);
+        let content = Content::Tree {
+            root,
+            depth: 1,
+            chunks: 1,
+        };
+        let data_pack = store(&repo, &[(BlobKind::Data, chunk)]);
+        let list_pack = store(&repo, &[(BlobKind::ChunkList, list)]);
+        repo.write_index_file(&IndexFile {
+            packs: vec![list_pack],
+            ..Default::default()
+        })
+        .unwrap();
+        // The chunk is only in a pack a prune retired: readable, but not live.
+        repo.write_pending(&PendingDeletion {
+            packs: vec![data_pack.clone()],
+            ..Default::default()
+        })
+        .unwrap();
+        repo.load_index().unwrap();
+        assert!(repo.index().contains(&x) && !repo.index().is_live(&x));
+        assert!(repo.index().is_live(&root));
+        assert!(
+            !content_is_live(&repo, &content),
+            "a retired chunk blocks reuse"
+        );
+        // Once the chunk is live, the content may be reused.
+        repo.write_index_file(&IndexFile {
+            packs: vec![data_pack],
+            ..Default::default()
+        })
+        .unwrap();
+        repo.load_index().unwrap();
+        assert!(content_is_live(&repo, &content));
+        assert!(content_is_live(
+            &repo,
+            &Content::Inline(vec![ChunkRef { id: x, length: 10 }])
+        ));
+        let absent = BlobId([7; 32]);
+        assert!(!content_is_live(
+            &repo,
+            &Content::Inline(vec![ChunkRef {
+                id: absent,
+                length: 1
+            }])
+        ));
+    }
+}

@@ -50,7 +50,7 @@ done
 
 log() { printf '[run.sh] %s\n' "$*" >&2; }
 
-if [ "$INSTALL" = 1 ] && [[ ",$TOOLS," == *,restic,* || ",$TOOLS," == *,borg,* ]]; then
+if [ "$INSTALL" = 1 ] && [[ ",$TOOLS," == *,restic,* || ",$TOOLS," == *,borg,* || ",$TOOLS," == *,kopia,* ]]; then
   "$BENCH_DIR/install-peers.sh"
 fi
 [ -x /usr/bin/time ] || { log "installing GNU time"; apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q time; }

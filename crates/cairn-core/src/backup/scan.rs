@@ -16,13 +16,13 @@
 //! entries, and a walker that finds its job not yet started takes it back and scans
 //! the directory itself — so it never waits on a pool that is holding back.
 
-use super::source::{Excludes, NameCache, node_from_metadata};
+use super::source::{Excludes, NameCache, node_reusing_parent};
 use crate::repo::Repository;
 use cairn_format::BlobId;
 use cairn_format::tree::{Node, NodeKind, Tree};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -72,18 +72,19 @@ pub(crate) fn scan_dir(
     parent_subtree: Option<BlobId>,
     names: &mut NameCache,
 ) -> Listing {
-    let mut ents: Vec<std::fs::DirEntry> = Vec::new();
+    // Names are taken out once: `DirEntry::file_name` allocates on every call.
+    let mut ents: Vec<(Vec<u8>, std::fs::DirEntry)> = Vec::new();
     for ent in std::fs::read_dir(path)? {
-        ents.push(ent?);
+        let ent = ent?;
+        ents.push((ent.file_name().into_vec(), ent));
     }
-    ents.sort_unstable_by(|a, b| a.file_name().as_bytes().cmp(b.file_name().as_bytes()));
+    ents.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     // A parent tree that cannot be read only costs re-reading files.
     let ptree: Option<Tree> = parent_subtree.and_then(|id| ctx.repo.load_tree(&id).ok());
     let mut out = Vec::with_capacity(ents.len());
     let mut child = path.to_path_buf();
-    for ent in ents {
-        let name = ent.file_name().as_bytes().to_vec();
-        child.push(ent.file_name());
+    for (name, ent) in ents {
+        child.push(std::ffi::OsStr::from_bytes(&name));
         if ctx.excludes.is_excluded(&child) {
             child.pop();
             continue;
@@ -92,8 +93,9 @@ pub(crate) fn scan_dir(
         let scanned = match ent.metadata() {
             Err(e) => Scanned::Failed(e.to_string()),
             Ok(meta) => {
-                let (node, warning) = node_from_metadata(name.clone(), &child, &meta, names);
                 let pnode = ptree.as_ref().and_then(|t| find(t, &name));
+                let (node, warning) =
+                    node_reusing_parent(name.clone(), &child, &meta, names, pnode);
                 prepare(ctx.repo, node, warning, pnode)
             }
         };

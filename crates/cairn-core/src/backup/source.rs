@@ -101,6 +101,21 @@ pub fn node_from_metadata(
     meta: &Metadata,
     names: &mut NameCache,
 ) -> (Node, Option<String>) {
+    node_reusing_parent(name, path, meta, names, None)
+}
+
+/// [`node_from_metadata`], but a link target and xattrs are taken from the parent
+/// snapshot's node when it is the same inode with the same ctime: the kernel moves
+/// ctime forward on every xattr change (and a symlink's target cannot change in
+/// place), so they are what a read would return. This saves an `llistxattr` (a
+/// path walk) per unchanged entry.
+pub fn node_reusing_parent(
+    name: Vec<u8>,
+    path: &Path,
+    meta: &Metadata,
+    names: &mut NameCache,
+    parent: Option<&Node>,
+) -> (Node, Option<String>) {
     let kind = kind_of(meta);
     let mut node = Node::new(name, kind);
     node.mode = meta.mode();
@@ -120,6 +135,16 @@ pub fn node_from_metadata(
     } else {
         0
     };
+    if let Some(p) = parent
+        && p.kind == kind
+        && p.ctime == node.ctime
+        && p.inode == node.inode
+        && p.dev == node.dev
+    {
+        node.link_target = p.link_target.clone();
+        node.xattrs = p.xattrs.clone();
+        return (node, None);
+    }
     let mut warning = None;
     if kind == NodeKind::Symlink {
         match std::fs::read_link(path) {

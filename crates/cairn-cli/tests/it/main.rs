@@ -3,6 +3,7 @@
 mod bad_input;
 mod corruption;
 mod crash;
+mod dense;
 mod estimate;
 mod forget;
 mod golden;

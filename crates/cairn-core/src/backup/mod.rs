@@ -556,3 +556,28 @@ fn read_small(path: &Path, buf: &mut Vec<u8>, limit: usize) -> std::result::Resu
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_reads_are_whole_and_bounded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("f");
+        std::fs::write(&p, vec![7u8; 5000]).unwrap();
+        let mut buf = Vec::new();
+        read_small(&p, &mut buf, 5000).unwrap();
+        assert_eq!(buf, vec![7u8; 5000]);
+        // A file that grew past the limit is refused, not cut short.
+        buf.clear();
+        let e = read_small(&p, &mut buf, 4999).unwrap_err();
+        assert!(e.contains("grew to more than 4999 bytes"), "{e}");
+        buf.clear();
+        let e = read_small(&tmp.path().join("gone"), &mut buf, 10).unwrap_err();
+        assert!(e.contains("No such file"), "{e}");
+        // A symlink put in a file's place is not followed.
+        std::os::unix::fs::symlink(&p, tmp.path().join("link")).unwrap();
+        assert!(read_small(&tmp.path().join("link"), &mut buf, 1 << 20).is_err());
+    }
+}

@@ -411,6 +411,93 @@ mod tests {
     use cairn_format::pending::PendingDeletion;
     use cairn_format::tree::{ChunkList, ChunkRef, Content};
 
+    fn names_of(l: &[Entry]) -> Vec<Vec<u8>> {
+        l.iter().map(|e| e.name.clone()).collect()
+    }
+
+    #[test]
+    fn pool_listings_match_direct_scans_and_everything_is_released() {
+        let repo = mem_repo();
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs: Vec<PathBuf> = (0..60)
+            .map(|i| {
+                let d = tmp.path().join(format!("d{i:02}"));
+                std::fs::create_dir(&d).unwrap();
+                for j in 0..i {
+                    std::fs::write(d.join(format!("f{}", 100 - j)), b"x").unwrap();
+                }
+                d
+            })
+            .collect();
+        let excludes = Excludes::new(&["f99".into()]).unwrap();
+        let ctx = ScanContext {
+            repo: &repo,
+            excludes: &excludes,
+        };
+        let pool = Pool::new();
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| pool.run_scanner(&ctx));
+            }
+            let _stop = StopOnDrop(&pool);
+            let pending: Vec<_> = dirs
+                .iter()
+                .enumerate()
+                .map(|(i, d)| pool.submit(vec![0, i as u32], d.clone(), None))
+                .collect();
+            let mut names = NameCache::default();
+            for (i, p) in pending.into_iter().enumerate() {
+                let p = p.expect("under the cap");
+                if i % 3 == 0 {
+                    drop(p); // not walked after all
+                    continue;
+                }
+                let got = p.take(&ctx, &dirs[i], None, &mut names).unwrap();
+                let want = scan_dir(&ctx, &dirs[i], None, &mut names).unwrap();
+                assert_eq!(names_of(&got), names_of(&want));
+                // Sorted, the excluded name left out.
+                assert_eq!(got.len(), if i >= 2 { i - 1 } else { i });
+                assert!(got.windows(2).all(|w| w[0].name < w[1].name));
+            }
+        });
+        assert_eq!(pool.outstanding.load(Ordering::Relaxed), 0);
+        assert_eq!(pool.held.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn without_scanners_the_walker_scans_and_hand_outs_are_capped() {
+        let repo = mem_repo();
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("a"), b"a").unwrap();
+        let excludes = Excludes::new(&[]).unwrap();
+        let ctx = ScanContext {
+            repo: &repo,
+            excludes: &excludes,
+        };
+        let pool = Pool::new();
+        let mut pending: Vec<_> = (0..MAX_QUEUED_DIRS)
+            .map(|i| {
+                pool.submit(vec![i as u32], tmp.path().to_path_buf(), None)
+                    .expect("under the cap")
+            })
+            .collect();
+        assert!(
+            pool.submit(vec![u32::MAX], tmp.path().to_path_buf(), None)
+                .is_none()
+        );
+        // Nobody started the job: the walker takes it back and scans it itself.
+        let mut names = NameCache::default();
+        let first = pending.remove(0);
+        let got = first.take(&ctx, tmp.path(), None, &mut names).unwrap();
+        assert_eq!(names_of(&got), vec![b"a".to_vec()]);
+        let again = pool.submit(vec![u32::MAX], tmp.path().to_path_buf(), None);
+        assert!(again.is_some(), "a consumed job frees its place");
+        drop(pending);
+        assert_eq!(pool.outstanding.load(Ordering::Relaxed), 1);
+        drop(again);
+        assert_eq!(pool.outstanding.load(Ordering::Relaxed), 0);
+    }
+
     #[test]
     fn parent_content_is_reused_only_if_every_blob_is_live() {
         let mut repo = mem_repo();

@@ -221,6 +221,10 @@ pub struct BackupArgs {
     /// Read every file, even ones the parent snapshot shows unchanged
     #[arg(long)]
     pub force: bool,
+    /// Small files (up to 1 MiB) read at once (default: 8 per core, at least 16;
+    /// more helps on network filesystems and cold disks)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub read_concurrency: Option<u32>,
 }
 
 #[derive(Args)]

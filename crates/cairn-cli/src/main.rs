@@ -46,6 +46,19 @@ fn main() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
         libc::mallopt(libc::M_ARENA_MAX, 4);
     }
+    // Backups keep directories open for the scanner and reader threads, and
+    // restores keep files open while their chunks arrive: use the hard limit on open
+    // files rather than the soft one (often 1024), as Go programs do at startup.
+    if let Ok((soft, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        let _ = nix::sys::resource::setrlimit(
+            nix::sys::resource::Resource::RLIMIT_NOFILE,
+            hard.min(1 << 20),
+            hard,
+        );
+    }
     let cli = args::Cli::parse();
     match commands::run(cli) {
         Ok(code) => std::process::exit(code),

@@ -3,8 +3,8 @@
 //!
 //! Ordering invariant (docs/FORMAT.md, "Write ordering"): a pack is stored before any
 //! index file lists it, and an index file is stored before any snapshot needs it. The
-//! uploader thread keeps it: it writes each pack, then records it for the next index
-//! file, which it writes after the packs it lists.
+//! upload threads keep it: each writes a pack, then records it for the next index
+//! file, which is written after the packs it lists.
 
 use crate::blob::EncodedBlob;
 use crate::error::{Error, Result};
@@ -155,86 +155,166 @@ pub fn write_index_file(
     Ok(id)
 }
 
-/// A background thread that stores packs and then the index files listing them.
+/// Packs stored at once by default. A local disk takes several writes (each ending in
+/// an fsync) in flight faster than one after another; object storage wants more.
+pub const DEFAULT_UPLOAD_THREADS: usize = 3;
+
+/// What the upload threads share: packs stored but not yet in an index file, the
+/// counts, and the first error.
+struct UploadShared {
+    pending: Mutex<(IndexFile, usize)>,
+    stats: Mutex<UploadStats>,
+    failed: Mutex<Option<Error>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Background threads that store packs and then the index files listing them. Each
+/// pack joins the pending index file only once its own `put` has returned, and an
+/// index file is written from those, so an index file never lists a pack that is
+/// not stored, whatever order the threads finish in.
 pub struct Uploader {
     tx: Option<Sender<SealedPack>>,
-    handle: Option<JoinHandle<Result<UploadStats>>>,
+    handles: Vec<JoinHandle<()>>,
+    shared: Arc<UploadShared>,
+    backend: Arc<dyn Backend>,
+    key: Arc<MasterKey>,
+    started: bool,
 }
 
 impl Uploader {
     /// Stored packs' buffers go back to `pool` for the packers to reuse.
     pub fn start(backend: Arc<dyn Backend>, key: Arc<MasterKey>, pool: Arc<BufferPool>) -> Self {
+        Self::start_with(backend, key, pool, DEFAULT_UPLOAD_THREADS)
+    }
+
+    pub fn start_with(
+        backend: Arc<dyn Backend>,
+        key: Arc<MasterKey>,
+        pool: Arc<BufferPool>,
+        threads: usize,
+    ) -> Self {
+        let threads = threads.max(1);
         let (tx, rx): (Sender<SealedPack>, Receiver<SealedPack>) = bounded(1);
-        let handle = std::thread::Builder::new()
-            .name("cairn-upload".into())
-            .spawn(move || {
-                let mut stats = UploadStats::default();
-                let mut pending = IndexFile::default();
-                let mut pending_blobs = 0usize;
-                for p in rx {
-                    if let Err(e) = backend.put(&names::pack(&p.id.to_hex()), &p.bytes) {
-                        // Leave either indexed, reusable data or nothing: index what
-                        // was stored, or, if even that fails (disk full), delete it.
-                        if !pending.packs.is_empty()
-                            && write_index_file(backend.as_ref(), &key, &pending).is_err()
-                        {
-                            for p in &pending.packs {
-                                let _ = backend.delete(&names::pack(&p.id.to_hex()));
-                            }
-                        }
-                        return Err(e.into());
-                    }
-                    stats.packs += 1;
-                    stats.bytes += p.bytes.len() as u64;
-                    pool.put(p.bytes);
-                    pending_blobs += p.blobs.len();
-                    pending.packs.push(IndexPack {
-                        id: p.id,
-                        blobs: p.blobs,
-                    });
-                    if pending_blobs >= INDEX_FLUSH_BLOBS {
-                        stats
-                            .index_files
-                            .push(write_index_file(backend.as_ref(), &key, &pending)?);
-                        pending = IndexFile::default();
-                        pending_blobs = 0;
-                    }
-                }
-                if !pending.packs.is_empty() {
-                    stats
-                        .index_files
-                        .push(write_index_file(backend.as_ref(), &key, &pending)?);
-                }
-                Ok(stats)
-            });
-        match handle {
-            Ok(h) => Uploader {
-                tx: Some(tx),
-                handle: Some(h),
-            },
-            Err(_) => Uploader {
-                tx: None,
-                handle: None,
-            },
+        let shared = Arc::new(UploadShared {
+            pending: Mutex::new((IndexFile::default(), 0)),
+            stats: Mutex::new(UploadStats::default()),
+            failed: Mutex::new(None),
+        });
+        let mut handles = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let rx = rx.clone();
+            let (backend, key, pool, shared) =
+                (backend.clone(), key.clone(), pool.clone(), shared.clone());
+            let h = std::thread::Builder::new()
+                .name("cairn-upload".into())
+                .spawn(move || upload_loop(rx, backend.as_ref(), &key, &pool, &shared));
+            match h {
+                Ok(h) => handles.push(h),
+                Err(_) => break,
+            }
+        }
+        let started = !handles.is_empty();
+        Uploader {
+            tx: started.then_some(tx),
+            handles,
+            shared,
+            backend,
+            key,
+            started,
         }
     }
 
     /// Queues a pack. An error here means the uploader stopped; `finish` says why.
     pub fn send(&self, p: SealedPack) -> Result<()> {
+        if lock(&self.shared.failed).is_some() {
+            return Err(Error::Interrupted);
+        }
         match &self.tx {
             Some(tx) => tx.send(p).map_err(|_| Error::Interrupted),
             None => Err(Error::Invalid("could not start the upload thread".into())),
         }
     }
 
-    /// Waits for every queued pack and the final index file.
+    /// Waits for every queued pack and writes the final index file. After a failed
+    /// put, the packs that were stored are still indexed (reusable data), or, if even
+    /// that fails (disk full), deleted; the first error is returned.
     pub fn finish(mut self) -> Result<UploadStats> {
         self.tx = None;
-        match self.handle.take() {
-            Some(h) => h
-                .join()
-                .unwrap_or_else(|_| Err(Error::Invalid("upload thread panicked".into()))),
-            None => Err(Error::Invalid("could not start the upload thread".into())),
+        let mut panicked = false;
+        for h in self.handles.drain(..) {
+            panicked |= h.join().is_err();
+        }
+        if !self.started {
+            return Err(Error::Invalid("could not start the upload thread".into()));
+        }
+        let failed = lock(&self.shared.failed).take();
+        let (pending, _) = std::mem::take(&mut *lock(&self.shared.pending));
+        let written = if pending.packs.is_empty() {
+            Ok(None)
+        } else {
+            write_index_file(self.backend.as_ref(), &self.key, &pending).map(Some)
+        };
+        if let Some(e) = failed {
+            if written.is_err() {
+                for p in &pending.packs {
+                    let _ = self.backend.delete(&names::pack(&p.id.to_hex()));
+                }
+            }
+            return Err(e);
+        }
+        if panicked {
+            return Err(Error::Invalid("upload thread panicked".into()));
+        }
+        let mut stats = std::mem::take(&mut *lock(&self.shared.stats));
+        if let Some(id) = written? {
+            stats.index_files.push(id);
+        }
+        Ok(stats)
+    }
+}
+
+fn upload_loop(
+    rx: Receiver<SealedPack>,
+    backend: &dyn Backend,
+    key: &MasterKey,
+    pool: &BufferPool,
+    shared: &UploadShared,
+) {
+    for p in rx {
+        if lock(&shared.failed).is_some() {
+            continue; // drain: the backup is failing, nothing more is stored
+        }
+        if let Err(e) = backend.put(&names::pack(&p.id.to_hex()), &p.bytes) {
+            lock(&shared.failed).get_or_insert(e.into());
+            continue;
+        }
+        {
+            let mut st = lock(&shared.stats);
+            st.packs += 1;
+            st.bytes += p.bytes.len() as u64;
+        }
+        pool.put(p.bytes);
+        let mut pending = lock(&shared.pending);
+        pending.1 += p.blobs.len();
+        pending.0.packs.push(IndexPack {
+            id: p.id,
+            blobs: p.blobs,
+        });
+        if pending.1 >= INDEX_FLUSH_BLOBS {
+            // Written under the lock: index files are rare, and a pack stored by
+            // another thread meanwhile simply waits for the next one.
+            match write_index_file(backend, key, &pending.0) {
+                Ok(id) => {
+                    lock(&shared.stats).index_files.push(id);
+                    *pending = (IndexFile::default(), 0);
+                }
+                Err(e) => {
+                    lock(&shared.failed).get_or_insert(e);
+                }
+            }
         }
     }
 }

@@ -94,6 +94,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         one_file_system: a.one_file_system,
         parent,
         force: a.force,
+        read_concurrency: a.read_concurrency.map(|n| n as usize),
         lock,
     };
     let progress = Progress::new(ui::interactive(g));

@@ -4,6 +4,7 @@
 
 use crate::util::*;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// More directories than the scanners are handed at once (1024), some deep, with
@@ -42,20 +43,37 @@ fn dense_tree_round_trips_and_rebackups_read_only_what_changed() {
     let src = env.path("src");
     let mut rng = Rng(41);
     make_dense_tree(&src, &mut rng);
+    // Access times the first backup must not move (relatime would: atime == mtime).
+    let watched = [
+        "d00",
+        "d00/s0040",
+        "deep/level0",
+        "d01/s0001/f0",
+        "edge/3MiB",
+    ];
+    let atimes = |src: &Path| -> Vec<i64> {
+        watched
+            .iter()
+            .map(|w| fs::symlink_metadata(src.join(w)).unwrap().atime())
+            .collect()
+    };
+    let before = atimes(&src);
     let v = env.backup_json(&[&src]);
+    assert_eq!(atimes(&src), before, "the backup moved access times");
     let files = v["files_new"].as_u64().unwrap();
     assert!(files > 1900, "{v}");
     assert_eq!(v["entries_skipped"], 0, "{v}");
     let s1 = v["snapshot_id"].as_str().unwrap().to_string();
-    let r1 = env.restore(&s1, &src, "out1");
-    assert_same(&src, &r1);
-    let copy1 = env.path("copy1");
-    copy_tree(&src, &copy1);
 
     // Unchanged: nothing read, every file reused.
     let v = env.backup_json(&[&src]);
     assert_eq!(v["bytes_read"], 0, "{v}");
     assert_eq!(v["files_unchanged"].as_u64().unwrap(), files, "{v}");
+
+    let r1 = env.restore(&s1, &src, "out1");
+    assert_same(&src, &r1);
+    let copy1 = env.path("copy1");
+    copy_tree(&src, &copy1);
 
     // A rewritten small file, a new xattr on an unchanged-content file (only its
     // ctime moves), a removed and an added directory: each is seen.

@@ -98,7 +98,7 @@ pub(crate) fn archive(
 ) -> Result<Archived> {
     let level = repo.config().compression.zstd_level();
     let pack_size = repo.config().pack_size as usize;
-    let pool = Arc::new(BufferPool::new(1));
+    let pool = Arc::new(BufferPool::new(crate::packer::DEFAULT_UPLOAD_THREADS + 1));
     let mut st = State {
         repo,
         written: IdSet::default(),

@@ -59,6 +59,9 @@ pub struct BackupOptions {
     pub parent: Option<SnapshotId>,
     /// Read every file even when the parent says it is unchanged.
     pub force: bool,
+    /// Worker threads, which read small files (several at once hide read latency);
+    /// `None`: [`default_read_concurrency`].
+    pub read_concurrency: Option<usize>,
     /// The lock this backup holds. It must have been taken before the index was
     /// loaded; the snapshot is only written while it is provably fresh.
     pub lock: Option<std::sync::Arc<crate::lock::RepoLock>>,
@@ -101,8 +104,13 @@ pub(crate) enum Item {
     /// A regular file of at most [`walker::SMALL_FILE_BYTES`] for a worker to read.
     SmallFile {
         path: PathBuf,
+        /// The open directory holding it (opened by name there), if the walker
+        /// listed it; a file named on the command line is opened by path.
+        dir: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
         node: Box<Node>,
         changed: bool,
+        /// Read its xattrs from the open file (the scanner left them).
+        xattrs_unread: bool,
     },
     /// A `SmallFile` a worker has read, chunked, hashed and encoded. `budget` is
     /// what the walker took for it.
@@ -294,9 +302,11 @@ pub fn backup(
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2);
-    // Workers also wait on small-file reads, so two per core keep the cores busy;
-    // scanners mostly wait on metadata reads.
-    let workers = (2 * cores).clamp(2, 64);
+    // Scanners mostly wait on metadata reads.
+    let workers = opts
+        .read_concurrency
+        .unwrap_or_else(|| default_read_concurrency(cores))
+        .clamp(1, 256);
     let scanners = cores.clamp(2, 8);
     let pool = scan::Pool::new();
     let (work_tx, work_rx) = bounded::<(u64, Vec<Item>)>(16);
@@ -417,6 +427,13 @@ pub fn backup(
     })
 }
 
+/// Workers by default: they read small files as well as hash and compress, and a
+/// read that misses the page cache blocks its thread, so several per core keep both
+/// the cores and the disk busy (measured in docs/PERFORMANCE.md, "Dense filesystems").
+pub fn default_read_concurrency(cores: usize) -> usize {
+    (8 * cores).max(16)
+}
+
 /// A worker thread: hashes and encodes chunk batches, reads small files.
 struct Worker<'a> {
     key: std::sync::Arc<cairn_format::key::MasterKey>,
@@ -463,9 +480,11 @@ impl Worker<'_> {
                     }
                     Item::SmallFile {
                         path,
+                        dir,
                         node,
                         changed,
-                    } => match self.small_file(path, node, changed) {
+                        xattrs_unread,
+                    } => match self.small_file(path, dir, node, changed, xattrs_unread) {
                         Some(item) => item,
                         None => return,
                     },
@@ -501,14 +520,34 @@ impl Worker<'_> {
         })
     }
 
-    fn small_file(&mut self, path: PathBuf, node: Box<Node>, changed: bool) -> Option<Item> {
+    fn small_file(
+        &mut self,
+        path: PathBuf,
+        dir: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+        mut node: Box<Node>,
+        changed: bool,
+        xattrs_unread: bool,
+    ) -> Option<Item> {
         let budget = walker::small_budget(&node);
         let limit = (node.size as usize)
             .saturating_mul(2)
             .max(SMALL_FILE_GROWTH_LIMIT);
         let mut buf = std::mem::take(&mut self.buf);
         buf.reserve(node.size as usize + 1);
-        let read = read_small(&path, &mut buf, limit);
+        let opened = match &dir {
+            Some(d) => source::open_source_at(d, &node.name),
+            None => source::open_source(&path),
+        };
+        drop(dir);
+        let read = opened.map_err(|e| e.to_string()).and_then(|f| {
+            if xattrs_unread {
+                match source::read_xattrs_of(&f) {
+                    Ok(x) => node.xattrs = x,
+                    Err(w) => self.progress.warning(&path, &w),
+                }
+            }
+            read_small(f, &mut buf, limit)
+        });
         let out = match read {
             Ok(()) => {
                 self.progress.bytes_done(buf.len() as u64);
@@ -544,8 +583,11 @@ impl Worker<'_> {
 }
 
 /// Reads a whole small file into `buf`; more than `limit` bytes is an error.
-fn read_small(path: &Path, buf: &mut Vec<u8>, limit: usize) -> std::result::Result<(), String> {
-    let f = source::open_source(path).map_err(|e| e.to_string())?;
+fn read_small(
+    f: std::fs::File,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> std::result::Result<(), String> {
     f.take(limit as u64 + 1)
         .read_to_end(buf)
         .map_err(|e| format!("read failed: {e}"))?;
@@ -566,18 +608,22 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let p = tmp.path().join("f");
         std::fs::write(&p, vec![7u8; 5000]).unwrap();
+        let dir = source::open_dir(tmp.path()).unwrap();
         let mut buf = Vec::new();
-        read_small(&p, &mut buf, 5000).unwrap();
+        read_small(source::open_source_at(&dir, b"f").unwrap(), &mut buf, 5000).unwrap();
         assert_eq!(buf, vec![7u8; 5000]);
         // A file that grew past the limit is refused, not cut short.
         buf.clear();
-        let e = read_small(&p, &mut buf, 4999).unwrap_err();
+        let e = read_small(source::open_source(&p).unwrap(), &mut buf, 4999).unwrap_err();
         assert!(e.contains("grew to more than 4999 bytes"), "{e}");
-        buf.clear();
-        let e = read_small(&tmp.path().join("gone"), &mut buf, 10).unwrap_err();
-        assert!(e.contains("No such file"), "{e}");
+        let e = source::open_source_at(&dir, b"gone").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
         // A symlink put in a file's place is not followed.
         std::os::unix::fs::symlink(&p, tmp.path().join("link")).unwrap();
-        assert!(read_small(&tmp.path().join("link"), &mut buf, 1 << 20).is_err());
+        assert!(source::open_source_at(&dir, b"link").is_err());
+        assert!(source::open_source(&tmp.path().join("link")).is_err());
+        // Nor is one put in a directory's place.
+        std::os::unix::fs::symlink(tmp.path(), tmp.path().join("dirlink")).unwrap();
+        assert!(source::open_dir(&tmp.path().join("dirlink")).is_err());
     }
 }

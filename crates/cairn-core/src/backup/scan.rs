@@ -16,19 +16,21 @@
 //! entries, and a walker that finds its job not yet started takes it back and scans
 //! the directory itself — so it never waits on a pool that is holding back.
 
-use super::source::{Excludes, NameCache, node_reusing_parent};
+use super::source::{Excludes, NameCache, Stat, node_reusing_parent, open_dir};
 use crate::repo::Repository;
 use cairn_format::BlobId;
 use cairn_format::tree::{Node, NodeKind, Tree};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-/// Directories handed to the pool and not yet consumed by the walker, at most.
-pub(crate) const MAX_QUEUED_DIRS: usize = 1024;
+/// Directories handed to the pool and not yet consumed by the walker, at most (each
+/// prepared one holds an open directory).
+pub(crate) const MAX_QUEUED_DIRS: usize = 256;
 /// Entries of prepared listings waiting for the walker above which the scanners
 /// pause (about 200 bytes each).
 pub(crate) const MAX_HELD_ENTRIES: usize = 256 * 1024;
@@ -48,6 +50,8 @@ pub(crate) enum Scanned {
         reused: bool,
         /// For a directory: the parent snapshot's tree of the same name.
         parent_subtree: Option<BlobId>,
+        /// A regular file whose xattrs are to be read from it when it is opened.
+        xattrs_unread: bool,
     },
 }
 
@@ -56,8 +60,14 @@ pub(crate) struct Entry {
     pub scanned: Scanned,
 }
 
-/// A directory's entries in name order, excluded ones left out.
-pub(crate) type Listing = std::io::Result<Vec<Entry>>;
+/// A directory's entries in name order, excluded ones left out, and the directory
+/// itself, kept open so that workers open its small files by name.
+pub(crate) struct DirListing {
+    pub dir: Arc<OwnedFd>,
+    pub entries: Vec<Entry>,
+}
+
+pub(crate) type Listing = std::io::Result<DirListing>;
 
 /// What a scan needs besides the directory: shared, read-only.
 pub(crate) struct ScanContext<'a> {
@@ -72,37 +82,55 @@ pub(crate) fn scan_dir(
     parent_subtree: Option<BlobId>,
     names: &mut NameCache,
 ) -> Listing {
-    // Names are taken out once: `DirEntry::file_name` allocates on every call.
-    let mut ents: Vec<(Vec<u8>, std::fs::DirEntry)> = Vec::new();
-    for ent in std::fs::read_dir(path)? {
-        let ent = ent?;
-        ents.push((ent.file_name().into_vec(), ent));
+    let dir = open_dir(path)?;
+    let mut ents: Vec<Vec<u8>> = Vec::new();
+    {
+        let mut it = nix::dir::Dir::from_fd(dir.try_clone()?).map_err(std::io::Error::from)?;
+        for ent in it.iter() {
+            let ent = ent.map_err(std::io::Error::from)?;
+            let name = ent.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                ents.push(name.to_vec());
+            }
+        }
     }
-    ents.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    ents.sort_unstable();
     // A parent tree that cannot be read only costs re-reading files.
     let ptree: Option<Tree> = parent_subtree.and_then(|id| ctx.repo.load_tree(&id).ok());
     let mut out = Vec::with_capacity(ents.len());
     let mut child = path.to_path_buf();
-    for (name, ent) in ents {
+    for name in ents {
         child.push(std::ffi::OsStr::from_bytes(&name));
         if ctx.excludes.is_excluded(&child) {
             child.pop();
             continue;
         }
-        // `DirEntry::metadata` is an lstat relative to the open directory.
-        let scanned = match ent.metadata() {
-            Err(e) => Scanned::Failed(e.to_string()),
-            Ok(meta) => {
+        // lstat relative to the open directory: one component to resolve.
+        let st = nix::sys::stat::fstatat(
+            &dir,
+            std::ffi::OsStr::from_bytes(&name),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        );
+        let scanned = match st {
+            Err(e) => Scanned::Failed(std::io::Error::from(e).to_string()),
+            Ok(st) => {
                 let pnode = ptree.as_ref().and_then(|t| find(t, &name));
-                let (node, warning) =
-                    node_reusing_parent(name.clone(), &child, &meta, names, pnode);
-                prepare(ctx.repo, node, warning, pnode)
+                let (node, warning, xattrs_deferred) =
+                    node_reusing_parent(name.clone(), &child, &Stat::from(&st), names, pnode, true);
+                let mut scanned = prepare(ctx.repo, node, warning, pnode);
+                if let Scanned::Node { xattrs_unread, .. } = &mut scanned {
+                    *xattrs_unread = xattrs_deferred;
+                }
+                scanned
             }
         };
         child.pop();
         out.push(Entry { name, scanned });
     }
-    Ok(out)
+    Ok(DirListing {
+        dir: Arc::new(dir),
+        entries: out,
+    })
 }
 
 /// Compares a node with its parent-snapshot node.
@@ -138,6 +166,7 @@ pub(crate) fn prepare(
         had_file,
         reused,
         parent_subtree,
+        xattrs_unread: false,
     }
 }
 
@@ -311,7 +340,7 @@ impl Pool {
                 *st = SlotState::Running;
             }
             let listing = scan_dir(ctx, &job.path, job.parent_subtree, &mut names);
-            let n = listing.as_ref().map(|v| v.len()).unwrap_or(0);
+            let n = listing.as_ref().map(|v| v.entries.len()).unwrap_or(0);
             let mut st = lock(&job.slot.state);
             if matches!(*st, SlotState::Running) {
                 self.held.fetch_add(n, Ordering::Relaxed);
@@ -452,8 +481,8 @@ mod tests {
                     drop(p); // not walked after all
                     continue;
                 }
-                let got = p.take(&ctx, &dirs[i], None, &mut names).unwrap();
-                let want = scan_dir(&ctx, &dirs[i], None, &mut names).unwrap();
+                let got = p.take(&ctx, &dirs[i], None, &mut names).unwrap().entries;
+                let want = scan_dir(&ctx, &dirs[i], None, &mut names).unwrap().entries;
                 assert_eq!(names_of(&got), names_of(&want));
                 // Sorted, the excluded name left out.
                 assert_eq!(got.len(), if i >= 2 { i - 1 } else { i });
@@ -488,7 +517,10 @@ mod tests {
         // Nobody started the job: the walker takes it back and scans it itself.
         let mut names = NameCache::default();
         let first = pending.remove(0);
-        let got = first.take(&ctx, tmp.path(), None, &mut names).unwrap();
+        let got = first
+            .take(&ctx, tmp.path(), None, &mut names)
+            .unwrap()
+            .entries;
         assert_eq!(names_of(&got), vec![b"a".to_vec()]);
         let again = pool.submit(vec![u32::MAX], tmp.path().to_path_buf(), None);
         assert!(again.is_some(), "a consumed job frees its place");

@@ -5,8 +5,9 @@ use cairn_format::tree::{Node, NodeKind, Timestamp};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use std::collections::HashMap;
 use std::fs::Metadata;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// uid/gid -> name, looked up once each.
@@ -67,22 +68,97 @@ pub fn open_source(path: &Path) -> std::io::Result<std::fs::File> {
         })
 }
 
-pub fn kind_of(meta: &Metadata) -> NodeKind {
-    let ft = meta.file_type();
-    if ft.is_dir() {
-        NodeKind::Dir
-    } else if ft.is_symlink() {
-        NodeKind::Symlink
-    } else if ft.is_fifo() {
-        NodeKind::Fifo
-    } else if ft.is_char_device() {
-        NodeKind::CharDevice
-    } else if ft.is_block_device() {
-        NodeKind::BlockDevice
-    } else if ft.is_socket() {
-        NodeKind::Socket
-    } else {
-        NodeKind::File
+/// Opens `name` in the open directory `dir` like [`open_source`]: one path
+/// component to resolve instead of the whole path.
+pub fn open_source_at(dir: &OwnedFd, name: &[u8]) -> std::io::Result<std::fs::File> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+    let name = std::ffi::OsStr::from_bytes(name);
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = match nix::fcntl::openat(dir, name, flags | OFlag::O_NOATIME, Mode::empty()) {
+        Err(nix::errno::Errno::EPERM) => nix::fcntl::openat(dir, name, flags, Mode::empty()),
+        r => r,
+    }
+    .map_err(std::io::Error::from)?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// Opens a directory for listing without changing its access time (reading a
+/// directory moves its atime, which would make the next backup see every directory
+/// as changed) and without following a symlink put in its place.
+pub fn open_dir(path: &Path) -> std::io::Result<OwnedFd> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match nix::fcntl::open(path, flags | OFlag::O_NOATIME, Mode::empty()) {
+        Err(nix::errno::Errno::EPERM) => nix::fcntl::open(path, flags, Mode::empty()),
+        r => r,
+    }
+    .map_err(std::io::Error::from)
+}
+
+/// The lstat fields a node records, from std's metadata or from a raw `fstatat`.
+pub struct Stat {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub ino: u64,
+    pub dev: u64,
+    pub nlink: u64,
+    pub rdev: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+}
+
+impl From<&Metadata> for Stat {
+    fn from(m: &Metadata) -> Self {
+        Stat {
+            mode: m.mode(),
+            uid: m.uid(),
+            gid: m.gid(),
+            size: m.size(),
+            ino: m.ino(),
+            dev: m.dev(),
+            nlink: m.nlink(),
+            rdev: m.rdev(),
+            atime: ts(m.atime(), m.atime_nsec()),
+            mtime: ts(m.mtime(), m.mtime_nsec()),
+            ctime: ts(m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+impl From<&libc::stat> for Stat {
+    #[allow(clippy::unnecessary_cast, clippy::useless_conversion)] // field widths vary by target
+    fn from(s: &libc::stat) -> Self {
+        Stat {
+            mode: s.st_mode as u32,
+            uid: s.st_uid,
+            gid: s.st_gid,
+            size: s.st_size.max(0) as u64,
+            ino: s.st_ino as u64,
+            dev: s.st_dev as u64,
+            nlink: s.st_nlink as u64,
+            rdev: s.st_rdev as u64,
+            atime: ts(s.st_atime as i64, s.st_atime_nsec as i64),
+            mtime: ts(s.st_mtime as i64, s.st_mtime_nsec as i64),
+            ctime: ts(s.st_ctime as i64, s.st_ctime_nsec as i64),
+        }
+    }
+}
+
+/// The node kind of a `st_mode`.
+pub fn kind_of_mode(mode: u32) -> NodeKind {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => NodeKind::Dir,
+        libc::S_IFLNK => NodeKind::Symlink,
+        libc::S_IFIFO => NodeKind::Fifo,
+        libc::S_IFCHR => NodeKind::CharDevice,
+        libc::S_IFBLK => NodeKind::BlockDevice,
+        libc::S_IFSOCK => NodeKind::Socket,
+        _ => NodeKind::File,
     }
 }
 
@@ -101,40 +177,41 @@ pub fn node_from_metadata(
     meta: &Metadata,
     names: &mut NameCache,
 ) -> (Node, Option<String>) {
-    node_reusing_parent(name, path, meta, names, None)
+    let (node, warning, _) = node_reusing_parent(name, path, &Stat::from(meta), names, None, false);
+    (node, warning)
 }
 
 /// [`node_from_metadata`], but a link target and xattrs are taken from the parent
 /// snapshot's node when it is the same inode with the same ctime: the kernel moves
 /// ctime forward on every xattr change (and a symlink's target cannot change in
 /// place), so they are what a read would return. This saves an `llistxattr` (a
-/// path walk) per unchanged entry.
+/// path walk) per unchanged entry. With `defer_file_xattrs`, a regular file that
+/// does not match its parent gets no xattrs here and the third value is true: they
+/// are to be read from the open file when its content is read
+/// ([`read_xattrs_of`]), saving a path walk per file.
 pub fn node_reusing_parent(
     name: Vec<u8>,
     path: &Path,
-    meta: &Metadata,
+    st: &Stat,
     names: &mut NameCache,
     parent: Option<&Node>,
-) -> (Node, Option<String>) {
-    let kind = kind_of(meta);
+    defer_file_xattrs: bool,
+) -> (Node, Option<String>, bool) {
+    let kind = kind_of_mode(st.mode);
     let mut node = Node::new(name, kind);
-    node.mode = meta.mode();
-    node.uid = meta.uid();
-    node.gid = meta.gid();
-    node.user = names.user(meta.uid());
-    node.group = names.group(meta.gid());
-    node.mtime = ts(meta.mtime(), meta.mtime_nsec());
-    node.atime = ts(meta.atime(), meta.atime_nsec());
-    node.ctime = ts(meta.ctime(), meta.ctime_nsec());
-    node.inode = meta.ino();
-    node.dev = meta.dev();
-    node.nlink = meta.nlink();
-    node.rdev = meta.rdev();
-    node.size = if kind == NodeKind::File {
-        meta.size()
-    } else {
-        0
-    };
+    node.mode = st.mode;
+    node.uid = st.uid;
+    node.gid = st.gid;
+    node.user = names.user(st.uid);
+    node.group = names.group(st.gid);
+    node.mtime = st.mtime;
+    node.atime = st.atime;
+    node.ctime = st.ctime;
+    node.inode = st.ino;
+    node.dev = st.dev;
+    node.nlink = st.nlink;
+    node.rdev = st.rdev;
+    node.size = if kind == NodeKind::File { st.size } else { 0 };
     if let Some(p) = parent
         && p.kind == kind
         && p.ctime == node.ctime
@@ -143,7 +220,11 @@ pub fn node_reusing_parent(
     {
         node.link_target = p.link_target.clone();
         node.xattrs = p.xattrs.clone();
-        return (node, None);
+        return (node, None, false);
+    }
+    if kind == NodeKind::File && defer_file_xattrs {
+        // Read from the open file by whoever reads its content (`read_xattrs_of`).
+        return (node, None, true);
     }
     let mut warning = None;
     if kind == NodeKind::Symlink {
@@ -156,10 +237,33 @@ pub fn node_reusing_parent(
         Ok(x) => node.xattrs = x,
         Err(e) => warning = Some(format!("reading extended attributes: {e}")),
     }
-    (node, warning)
+    (node, warning, false)
 }
 
-fn read_xattrs(path: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+/// The xattrs of an open file, sorted; a warning message when they cannot be read.
+pub fn read_xattrs_of(f: &std::fs::File) -> Result<Xattrs, String> {
+    use xattr::FileExt;
+    let mut out = Vec::new();
+    let names = match f.list_xattr() {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(out),
+        Err(e) => return Err(format!("reading extended attributes: {e}")),
+    };
+    for name in names {
+        match f.get_xattr(&name) {
+            Ok(Some(v)) => out.push((name.as_bytes().to_vec(), v)),
+            Ok(None) => {}
+            Err(e) => return Err(format!("reading extended attributes: {e}")),
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Extended attributes as (name, value) pairs, sorted by name.
+pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+fn read_xattrs(path: &Path) -> std::io::Result<Xattrs> {
     let mut out = Vec::new();
     let names = match xattr::list(path) {
         Ok(n) => n,

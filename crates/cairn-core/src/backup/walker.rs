@@ -13,8 +13,10 @@ use crossbeam_channel::Sender;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Bytes of chunks sent to the workers as one item.
 const BATCH_BYTES: usize = 4 << 20;
@@ -258,7 +260,7 @@ impl<'a> Walker<'a> {
         // later trees sort after this one's.
         let key = vec![self.tops];
         self.tops += 1;
-        self.walk_scanned(path, scanned, None, key, None)
+        self.walk_scanned(path, scanned, None, key, None, None)
     }
 
     /// Emits one prepared entry; a directory is walked whole.
@@ -269,8 +271,9 @@ impl<'a> Walker<'a> {
         root_dev: Option<u64>,
         key: Vec<u32>,
         pending: Option<Pending<'a>>,
+        dir: Option<&Arc<OwnedFd>>,
     ) -> Result<()> {
-        let (node, warning, had_file, reused, parent_subtree) = match scanned {
+        let (node, warning, had_file, reused, parent_subtree, xattrs_unread) = match scanned {
             Scanned::Failed(message) => return self.skip(path, message),
             Scanned::Node {
                 node,
@@ -278,7 +281,15 @@ impl<'a> Walker<'a> {
                 had_file,
                 reused,
                 parent_subtree,
-            } => (node, warning, had_file, reused, parent_subtree),
+                xattrs_unread,
+            } => (
+                node,
+                warning,
+                had_file,
+                reused,
+                parent_subtree,
+                xattrs_unread,
+            ),
         };
         if let Some(w) = warning {
             self.progress.warning(path, &w);
@@ -297,11 +308,13 @@ impl<'a> Walker<'a> {
                 // Read, chunked and encoded by a worker: many small files in flight.
                 self.emit(Item::SmallFile {
                     path: path.to_path_buf(),
+                    dir: dir.cloned(),
                     node,
                     changed: had_file,
+                    xattrs_unread,
                 })
             }
-            NodeKind::File => self.walk_file(path, *node, had_file),
+            NodeKind::File => self.walk_file(path, *node, had_file, xattrs_unread),
             _ => {
                 self.progress.entry_done();
                 self.emit(Item::Entry {
@@ -324,17 +337,17 @@ impl<'a> Walker<'a> {
         let dev = node.dev;
         let root_dev = root_dev.unwrap_or(dev);
         let descend = !self.one_file_system || dev == root_dev;
-        let entries = if descend {
+        let (dir, entries) = if descend {
             let listing = match pending {
                 Some(p) => p.take(&self.ctx, path, parent_subtree, &mut self.names),
                 None => scan::scan_dir(&self.ctx, path, parent_subtree, &mut self.names),
             };
             match listing {
-                Ok(v) => v,
+                Ok(l) => (Some(l.dir), l.entries),
                 Err(e) => return self.skip(path, e.to_string()),
             }
         } else {
-            Vec::new()
+            (None, Vec::new())
         };
         // Hand the subdirectories this walk will enter to the scanners, in order.
         let mut pendings: Vec<Option<Pending<'a>>> = Vec::with_capacity(entries.len());
@@ -364,7 +377,7 @@ impl<'a> Walker<'a> {
             child.push(std::ffi::OsStr::from_bytes(&e.name));
             let mut k = key.clone();
             k.push(i as u32);
-            let r = self.walk_scanned(&child, e.scanned, Some(root_dev), k, p);
+            let r = self.walk_scanned(&child, e.scanned, Some(root_dev), k, p, dir.as_ref());
             child.pop();
             r?;
         }
@@ -372,12 +385,24 @@ impl<'a> Walker<'a> {
         self.emit(Item::DirEnd)
     }
 
-    fn walk_file(&mut self, path: &Path, node: Node, changed: bool) -> Result<()> {
+    fn walk_file(
+        &mut self,
+        path: &Path,
+        mut node: Node,
+        changed: bool,
+        xattrs_unread: bool,
+    ) -> Result<()> {
         let file = super::source::open_source(path);
         let mut file: File = match file {
             Ok(f) => f,
             Err(e) => return self.skip(path, e.to_string()),
         };
+        if xattrs_unread {
+            match super::source::read_xattrs_of(&file) {
+                Ok(x) => node.xattrs = x,
+                Err(w) => self.progress.warning(path, &w),
+            }
+        }
         self.progress.file_started(path);
         self.emit(Item::FileStart {
             node: Box::new(node),

@@ -34,6 +34,8 @@ fn make_dense_tree(root: &Path, rng: &mut Rng) {
     fs::write(edge.join("3MiB"), rng.bytes(3 << 20, true)).unwrap();
     std::os::unix::fs::symlink("../d00", edge.join("link")).unwrap();
     xattr::set(edge.join("exactly-1MiB"), "user.kind", b"edge").unwrap();
+    // Read by the walker (over 1 MiB), its xattrs from the open file.
+    xattr::set(edge.join("3MiB"), "user.kind", b"large").unwrap();
 }
 
 #[test]
@@ -69,6 +71,19 @@ fn dense_tree_round_trips_and_rebackups_read_only_what_changed() {
     let v = env.backup_json(&[&src]);
     assert_eq!(v["bytes_read"], 0, "{v}");
     assert_eq!(v["files_unchanged"].as_u64().unwrap(), files, "{v}");
+
+    // Someone reads files and lists directories: access times move, nothing else.
+    // Only the trees above the source (/, /tmp, ...: other tests change them) may be
+    // new; a tree per directory read would be dozens.
+    for i in 0..32 {
+        let d = src.join(format!("d01/s{:04}", i * 40 + 1));
+        for e in fs::read_dir(&d).unwrap() {
+            let _ = fs::read(e.unwrap().path()).unwrap();
+        }
+    }
+    let v = env.backup_json(&[&src]);
+    assert_eq!(v["bytes_read"], 0, "{v}");
+    assert!(v["blobs_added"].as_u64().unwrap() <= 3, "{v}");
 
     let r1 = env.restore(&s1, &src, "out1");
     assert_same(&src, &r1);

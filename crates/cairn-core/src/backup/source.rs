@@ -185,7 +185,8 @@ pub fn node_from_metadata(
 /// snapshot's node when it is the same inode with the same ctime: the kernel moves
 /// ctime forward on every xattr change (and a symlink's target cannot change in
 /// place), so they are what a read would return. This saves an `llistxattr` (a
-/// path walk) per unchanged entry. With `defer_file_xattrs`, a regular file that
+/// path walk) per unchanged entry. The access time is kept from the parent too: an
+/// atime is recorded when an entry is new or its ctime moved. With `defer_file_xattrs`, a regular file that
 /// does not match its parent gets no xattrs here and the third value is true: they
 /// are to be read from the open file when its content is read
 /// ([`read_xattrs_of`]), saving a path walk per file.
@@ -220,6 +221,11 @@ pub fn node_reusing_parent(
     {
         node.link_target = p.link_target.clone();
         node.xattrs = p.xattrs.clone();
+        // Only an access happened since (anything else moves ctime): keep the
+        // recorded access time, so that listing a directory or reading a file —
+        // by anyone, another backup tool included — does not rewrite every tree
+        // above it.
+        node.atime = p.atime;
         return (node, None, false);
     }
     if kind == NodeKind::File && defer_file_xattrs {

@@ -7,7 +7,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-/// More directories than the scanners are handed at once (1024), some deep, with
+/// More directories than the scanners are handed at once (256), some deep, with
 /// files on both sides of the 1 MiB small-file limit.
 fn make_dense_tree(root: &Path, rng: &mut Rng) {
     for i in 0..1300 {

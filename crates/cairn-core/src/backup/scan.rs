@@ -39,20 +39,23 @@ pub(crate) const MAX_HELD_ENTRIES: usize = 256 * 1024;
 pub(crate) enum Scanned {
     /// `lstat` failed (the entry vanished, permission...): skipped with this message.
     Failed(String),
-    Node {
-        node: Box<Node>,
-        /// A link target or xattrs could not be read; the entry is kept.
-        warning: Option<String>,
-        /// The parent snapshot has this name as a regular file.
-        had_file: bool,
-        /// A regular file whose parent-snapshot content was reused (unchanged
-        /// metadata and every blob live): no read needed.
-        reused: bool,
-        /// For a directory: the parent snapshot's tree of the same name.
-        parent_subtree: Option<BlobId>,
-        /// A regular file whose xattrs are to be read from it when it is opened.
-        xattrs_unread: bool,
-    },
+    Node(Prepared),
+}
+
+/// An entry ready for the walker.
+pub(crate) struct Prepared {
+    pub node: Box<Node>,
+    /// A link target or xattrs could not be read; the entry is kept.
+    pub warning: Option<String>,
+    /// The parent snapshot has this name as a regular file.
+    pub had_file: bool,
+    /// A regular file whose parent-snapshot content was reused (unchanged metadata
+    /// and every blob live): no read needed.
+    pub reused: bool,
+    /// For a directory: the parent snapshot's tree of the same name.
+    pub parent_subtree: Option<BlobId>,
+    /// A regular file whose xattrs are to be read from it when it is opened.
+    pub xattrs_unread: bool,
 }
 
 pub(crate) struct Entry {
@@ -118,8 +121,8 @@ pub(crate) fn scan_dir(
                 let (node, warning, xattrs_deferred) =
                     node_reusing_parent(name.clone(), &child, &Stat::from(&st), names, pnode, true);
                 let mut scanned = prepare(ctx.repo, node, warning, pnode);
-                if let Scanned::Node { xattrs_unread, .. } = &mut scanned {
-                    *xattrs_unread = xattrs_deferred;
+                if let Scanned::Node(p) = &mut scanned {
+                    p.xattrs_unread = xattrs_deferred;
                 }
                 scanned
             }
@@ -160,14 +163,14 @@ pub(crate) fn prepare(
         }
         _ => {}
     }
-    Scanned::Node {
+    Scanned::Node(Prepared {
         node: Box::new(node),
         warning,
         had_file,
         reused,
         parent_subtree,
         xattrs_unread: false,
-    }
+    })
 }
 
 fn unchanged(p: &Node, n: &Node) -> bool {

@@ -273,30 +273,17 @@ impl<'a> Walker<'a> {
         pending: Option<Pending<'a>>,
         dir: Option<&Arc<OwnedFd>>,
     ) -> Result<()> {
-        let (node, warning, had_file, reused, parent_subtree, xattrs_unread) = match scanned {
+        let p = match scanned {
             Scanned::Failed(message) => return self.skip(path, message),
-            Scanned::Node {
-                node,
-                warning,
-                had_file,
-                reused,
-                parent_subtree,
-                xattrs_unread,
-            } => (
-                node,
-                warning,
-                had_file,
-                reused,
-                parent_subtree,
-                xattrs_unread,
-            ),
+            Scanned::Node(p) => p,
         };
-        if let Some(w) = warning {
+        let (node, had_file, xattrs_unread) = (p.node, p.had_file, p.xattrs_unread);
+        if let Some(w) = p.warning {
             self.progress.warning(path, &w);
         }
         match node.kind {
-            NodeKind::Dir => self.walk_dir(path, *node, parent_subtree, root_dev, key, pending),
-            NodeKind::File if reused => {
+            NodeKind::Dir => self.walk_dir(path, *node, p.parent_subtree, root_dev, key, pending),
+            NodeKind::File if p.reused => {
                 self.progress.bytes_done(node.size);
                 self.progress.entry_done();
                 self.emit(Item::Entry {
@@ -354,17 +341,14 @@ impl<'a> Walker<'a> {
         let mut child = path.to_path_buf();
         for (i, e) in entries.iter().enumerate() {
             let p = match &e.scanned {
-                Scanned::Node {
-                    node,
-                    parent_subtree,
-                    ..
-                } if node.kind == NodeKind::Dir
-                    && (!self.one_file_system || node.dev == root_dev) =>
+                Scanned::Node(p)
+                    if p.node.kind == NodeKind::Dir
+                        && (!self.one_file_system || p.node.dev == root_dev) =>
                 {
                     child.push(std::ffi::OsStr::from_bytes(&e.name));
                     let mut k = key.clone();
                     k.push(i as u32);
-                    let p = self.pool.submit(k, child.clone(), *parent_subtree);
+                    let p = self.pool.submit(k, child.clone(), p.parent_subtree);
                     child.pop();
                     p
                 }

@@ -31,3 +31,9 @@ pub mod dump;
 pub mod forget;
 pub mod ls;
 pub mod restore;
+
+/// Locks a mutex whether or not a thread panicked while holding it: every mutex in
+/// the engine guards data that stays consistent between statements.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -8,6 +8,7 @@
 
 use crate::blob::EncodedBlob;
 use crate::error::{Error, Result};
+use crate::lock;
 use cairn_backend::{Backend, names};
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
@@ -165,10 +166,6 @@ struct UploadShared {
     pending: Mutex<(IndexFile, usize)>,
     stats: Mutex<UploadStats>,
     failed: Mutex<Option<Error>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Background threads that store packs and then the index files listing them. Each

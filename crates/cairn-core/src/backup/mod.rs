@@ -8,8 +8,8 @@
 //!    *Scanners* ([`scan`], a small pool) list, stat and compare directories against
 //!    the parent snapshot ahead of the walker, several at once; unchanged files reuse
 //!    the parent's chunk list there. The walker reads and chunks large files itself;
-//! 2. *workers* (two per core: they also wait on small-file reads) read, chunk and
-//!    hash small files and hash the walker's chunks, skip the chunks the index or
+//! 2. *workers* ([`default_read_concurrency`], several per core: they also wait on
+//!    small-file reads) read, chunk and hash small files and hash the walker's chunks, skip the chunks the index or
 //!    another worker already has, and compress and seal the new ones;
 //! 3. the *archiver* ([`archiver`], on the calling thread) takes the items back in
 //!    stream order, appends new blobs to packs (so packs keep stream order), builds
@@ -302,11 +302,11 @@ pub fn backup(
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2);
-    // Scanners mostly wait on metadata reads.
     let workers = opts
         .read_concurrency
         .unwrap_or_else(|| default_read_concurrency(cores))
         .clamp(1, 256);
+    // Scanners mostly wait on metadata reads; two keep the walker fed on 2 cores.
     let scanners = cores.clamp(2, 8);
     let pool = scan::Pool::new();
     let (work_tx, work_rx) = bounded::<(u64, Vec<Item>)>(16);

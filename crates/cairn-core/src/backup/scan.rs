@@ -17,6 +17,7 @@
 //! the directory itself — so it never waits on a pool that is holding back.
 
 use super::source::{Excludes, NameCache, Stat, node_reusing_parent, open_dir};
+use crate::lock;
 use crate::repo::Repository;
 use cairn_format::BlobId;
 use cairn_format::tree::{Node, NodeKind, Tree};
@@ -26,7 +27,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Directories handed to the pool and not yet consumed by the walker, at most (each
 /// prepared one holds an open directory).
@@ -38,8 +39,20 @@ pub(crate) const MAX_HELD_ENTRIES: usize = 256 * 1024;
 /// One prepared directory entry.
 pub(crate) enum Scanned {
     /// `lstat` failed (the entry vanished, permission...): skipped with this message.
-    Failed(String),
+    Failed {
+        name: Vec<u8>,
+        message: String,
+    },
     Node(Prepared),
+}
+
+impl Scanned {
+    pub(crate) fn name(&self) -> &[u8] {
+        match self {
+            Scanned::Failed { name, .. } => name,
+            Scanned::Node(p) => &p.node.name,
+        }
+    }
 }
 
 /// An entry ready for the walker.
@@ -58,16 +71,11 @@ pub(crate) struct Prepared {
     pub xattrs_unread: bool,
 }
 
-pub(crate) struct Entry {
-    pub name: Vec<u8>,
-    pub scanned: Scanned,
-}
-
 /// A directory's entries in name order, excluded ones left out, and the directory
 /// itself, kept open so that workers open its small files by name.
 pub(crate) struct DirListing {
     pub dir: Arc<OwnedFd>,
-    pub entries: Vec<Entry>,
+    pub entries: Vec<Scanned>,
 }
 
 pub(crate) type Listing = std::io::Result<DirListing>;
@@ -115,20 +123,19 @@ pub(crate) fn scan_dir(
             nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
         );
         let scanned = match st {
-            Err(e) => Scanned::Failed(std::io::Error::from(e).to_string()),
+            Err(e) => Scanned::Failed {
+                name,
+                message: std::io::Error::from(e).to_string(),
+            },
             Ok(st) => {
                 let pnode = ptree.as_ref().and_then(|t| find(t, &name));
-                let (node, warning, xattrs_deferred) =
-                    node_reusing_parent(name.clone(), &child, &Stat::from(&st), names, pnode, true);
-                let mut scanned = prepare(ctx.repo, node, warning, pnode);
-                if let Scanned::Node(p) = &mut scanned {
-                    p.xattrs_unread = xattrs_deferred;
-                }
-                scanned
+                let (node, warning, xattrs_unread) =
+                    node_reusing_parent(name, &child, &Stat::from(&st), names, pnode, true);
+                prepare(ctx.repo, node, warning, pnode, xattrs_unread)
             }
         };
         child.pop();
-        out.push(Entry { name, scanned });
+        out.push(scanned);
     }
     Ok(DirListing {
         dir: Arc::new(dir),
@@ -142,6 +149,7 @@ pub(crate) fn prepare(
     mut node: Node,
     warning: Option<String>,
     pnode: Option<&Node>,
+    xattrs_unread: bool,
 ) -> Scanned {
     let had_file = pnode.is_some_and(|p| p.kind == NodeKind::File);
     let mut reused = false;
@@ -169,7 +177,7 @@ pub(crate) fn prepare(
         had_file,
         reused,
         parent_subtree,
-        xattrs_unread: false,
+        xattrs_unread,
     })
 }
 
@@ -229,10 +237,6 @@ enum SlotState {
 struct Slot {
     state: Mutex<SlotState>,
     cv: Condvar,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 struct Job {
@@ -443,8 +447,8 @@ mod tests {
     use cairn_format::pending::PendingDeletion;
     use cairn_format::tree::{ChunkList, ChunkRef, Content};
 
-    fn names_of(l: &[Entry]) -> Vec<Vec<u8>> {
-        l.iter().map(|e| e.name.clone()).collect()
+    fn names_of(l: &[Scanned]) -> Vec<Vec<u8>> {
+        l.iter().map(|e| e.name().to_vec()).collect()
     }
 
     #[test]
@@ -489,7 +493,7 @@ mod tests {
                 assert_eq!(names_of(&got), names_of(&want));
                 // Sorted, the excluded name left out.
                 assert_eq!(got.len(), if i >= 2 { i - 1 } else { i });
-                assert!(got.windows(2).all(|w| w[0].name < w[1].name));
+                assert!(got.windows(2).all(|w| w[0].name() < w[1].name()));
             }
         });
         assert_eq!(pool.outstanding.load(Ordering::Relaxed), 0);

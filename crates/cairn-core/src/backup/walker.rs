@@ -255,26 +255,28 @@ impl<'a> Walker<'a> {
             Err(e) => return self.skip(path, e.to_string()),
         };
         let (node, warning) = node_from_metadata(name.to_vec(), path, &meta, &mut self.names);
-        let scanned = scan::prepare(self.repo, node, warning, pnode);
+        let scanned = scan::prepare(self.repo, node, warning, pnode, false);
         // Each top-level tree gets its own first key component, so scan jobs of
         // later trees sort after this one's.
-        let key = vec![self.tops];
+        let index = self.tops;
         self.tops += 1;
-        self.walk_scanned(path, scanned, None, key, None, None)
+        self.walk_scanned(path, scanned, None, (&[], index), None, None)
     }
 
-    /// Emits one prepared entry; a directory is walked whole.
+    /// Emits one prepared entry; a directory is walked whole. `key` is the parent
+    /// directory's scan key and this entry's index in it (a directory's own key is
+    /// built only for directories: most entries are files).
     fn walk_scanned(
         &mut self,
         path: &Path,
         scanned: Scanned,
         root_dev: Option<u64>,
-        key: Vec<u32>,
+        key: (&[u32], u32),
         pending: Option<Pending<'a>>,
         dir: Option<&Arc<OwnedFd>>,
     ) -> Result<()> {
         let p = match scanned {
-            Scanned::Failed(message) => return self.skip(path, message),
+            Scanned::Failed { message, .. } => return self.skip(path, message),
             Scanned::Node(p) => p,
         };
         let (node, had_file, xattrs_unread) = (p.node, p.had_file, p.xattrs_unread);
@@ -282,7 +284,10 @@ impl<'a> Walker<'a> {
             self.progress.warning(path, &w);
         }
         match node.kind {
-            NodeKind::Dir => self.walk_dir(path, *node, p.parent_subtree, root_dev, key, pending),
+            NodeKind::Dir => {
+                let key = child_key(key.0, key.1);
+                self.walk_dir(path, *node, p.parent_subtree, root_dev, key, pending)
+            }
             NodeKind::File if p.reused => {
                 self.progress.bytes_done(node.size);
                 self.progress.entry_done();
@@ -340,14 +345,13 @@ impl<'a> Walker<'a> {
         let mut pendings: Vec<Option<Pending<'a>>> = Vec::with_capacity(entries.len());
         let mut child = path.to_path_buf();
         for (i, e) in entries.iter().enumerate() {
-            let p = match &e.scanned {
+            let p = match e {
                 Scanned::Node(p)
                     if p.node.kind == NodeKind::Dir
                         && (!self.one_file_system || p.node.dev == root_dev) =>
                 {
-                    child.push(std::ffi::OsStr::from_bytes(&e.name));
-                    let mut k = key.clone();
-                    k.push(i as u32);
+                    child.push(std::ffi::OsStr::from_bytes(&p.node.name));
+                    let k = child_key(&key, i as u32);
                     let p = self.pool.submit(k, child.clone(), p.parent_subtree);
                     child.pop();
                     p
@@ -358,10 +362,9 @@ impl<'a> Walker<'a> {
         }
         self.emit(Item::DirStart(Box::new(node)))?;
         for ((i, e), p) in entries.into_iter().enumerate().zip(pendings) {
-            child.push(std::ffi::OsStr::from_bytes(&e.name));
-            let mut k = key.clone();
-            k.push(i as u32);
-            let r = self.walk_scanned(&child, e.scanned, Some(root_dev), k, p, dir.as_ref());
+            child.push(std::ffi::OsStr::from_bytes(e.name()));
+            let k = (&key[..], i as u32);
+            let r = self.walk_scanned(&child, e, Some(root_dev), k, p, dir.as_ref());
             child.pop();
             r?;
         }
@@ -460,6 +463,15 @@ impl<'a> Walker<'a> {
         self.take_chunks()?;
         self.flush_batch()
     }
+}
+
+/// The scan key of child `index` of the directory keyed `parent`: its path of child
+/// indexes, which sorts in depth-first pre-order.
+fn child_key(parent: &[u32], index: u32) -> Vec<u32> {
+    let mut k = Vec::with_capacity(parent.len() + 1);
+    k.extend_from_slice(parent);
+    k.push(index);
+    k
 }
 
 /// The chunk-byte budget a small file's read takes (its size when stat'ed; a worker

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: format, lints, unit, property and integration tests.
-# Installs what the tests need (rsync for the restore comparison) on a fresh machine.
+# Installs what the tests need (rsync for the restore comparison) on a fresh machine,
+# and runs a local S3 server (MinIO, scripts/s3-server.sh) for the S3 backend tests:
+# built with go on first use (about 10 minutes), cached in ~/.cache/cairn-ci afterwards.
 # Integration tests mount tmpfs filesystems (disk-full, read-only target): run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +10,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v rsync >/dev/null || need_apt+=(rsync)
 command -v mount >/dev/null || need_apt+=(mount)
+command -v curl >/dev/null || need_apt+=(curl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
@@ -17,11 +20,18 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# Before the long steps, so that a missing go or a failed build shows at once.
+minio=$(bash scripts/s3-server.sh ensure)
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+s3dir=$(mktemp -d)
+trap 'bash scripts/s3-server.sh stop "$s3dir" || true; rm -rf "$s3dir"' EXIT
+s3env=$(CAIRN_MINIO=$minio bash scripts/s3-server.sh start "$s3dir")
+eval "$s3env"
+echo "== S3 server: MinIO on ${CAIRN_TEST_S3_ENDPOINT#http://} (bucket $CAIRN_TEST_S3_BUCKET)"
 echo "== cargo test"
 log=$(mktemp)
 set +e

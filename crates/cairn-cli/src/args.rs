@@ -15,9 +15,10 @@ pub struct Cli {
 
 #[derive(Args, Clone)]
 pub struct Global {
-    /// Repository location (a local directory)
+    /// Repository location: a local directory, or s3:http(s)://HOST[:PORT]/BUCKET[/PREFIX]
+    /// (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)
     #[arg(short = 'r', long, env = "CAIRN_REPO", global = true)]
-    pub repo: Option<PathBuf>,
+    pub repo: Option<String>,
     /// Read the password from this file (first line)
     #[arg(long, env = "CAIRN_PASSWORD_FILE", global = true)]
     pub password_file: Option<PathBuf>,
@@ -27,6 +28,40 @@ pub struct Global {
     /// Print only errors and warnings
     #[arg(short, long, global = true)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// How to reach remote repositories (and how fast). Every command takes them.
+#[derive(Args, Clone, Default)]
+pub struct RemoteArgs {
+    /// Send at most this many bytes per second to the repository (e.g. 5M, 500K)
+    #[arg(long, env = "CAIRN_LIMIT_UPLOAD", global = true, value_name = "RATE")]
+    pub limit_upload: Option<String>,
+    /// Read at most this many bytes per second from the repository
+    #[arg(long, env = "CAIRN_LIMIT_DOWNLOAD", global = true, value_name = "RATE")]
+    pub limit_download: Option<String>,
+    /// Keep no local cache of a remote repository's index, snapshots and trees
+    #[arg(long, global = true)]
+    pub no_cache: bool,
+    /// Where remote repositories' caches live (default ~/.cache/cairn)
+    #[arg(long, env = "CAIRN_CACHE_DIR", global = true, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// S3 region to sign requests for (default AWS_REGION, else us-east-1)
+    #[arg(long, global = true, value_name = "REGION")]
+    pub s3_region: Option<String>,
+    /// Address buckets as BUCKET.HOST (virtual-host style) instead of HOST/BUCKET
+    #[arg(long, global = true)]
+    pub s3_virtual_host: bool,
+    /// AWS profile for S3 credentials (default AWS_PROFILE)
+    #[arg(long, global = true, value_name = "NAME")]
+    pub s3_profile: Option<String>,
+    /// Also trust the CA certificate(s) in this PEM file for https
+    #[arg(long, env = "CAIRN_CACERT", global = true, value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
+    /// Accept any TLS certificate (testing only)
+    #[arg(long, global = true)]
+    pub insecure_tls: bool,
 }
 
 #[derive(Subcommand)]

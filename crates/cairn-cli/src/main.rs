@@ -62,7 +62,9 @@ fn main() {
         );
     }
     let cli = args::Cli::parse();
-    match commands::run(cli) {
+    let result = commands::run(cli);
+    commands::report_traffic();
+    match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("cairn: error: {e:#}");

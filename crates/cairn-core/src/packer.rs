@@ -64,6 +64,17 @@ pub struct SealedPack {
     pub blobs: Vec<IndexBlob>,
 }
 
+impl SealedPack {
+    /// Holds only trees and chunk lists (backup keeps them apart from data).
+    pub fn is_metadata(&self) -> bool {
+        !self.blobs.is_empty()
+            && self
+                .blobs
+                .iter()
+                .all(|b| b.kind != cairn_format::pack::BlobKind::Data)
+    }
+}
+
 /// Accumulates blobs into one pack at a time.
 pub struct Packer {
     key: Arc<MasterKey>,
@@ -284,7 +295,15 @@ fn upload_loop(
         if lock(&shared.failed).is_some() {
             continue; // drain: the backup is failing, nothing more is stored
         }
-        if let Err(e) = backend.put(&names::pack(&p.id.to_hex()), &p.bytes) {
+        // Packs of trees and chunk lists go through `put_metadata`: a caching
+        // backend keeps them, so the next backup reads its parent's trees locally.
+        let name = names::pack(&p.id.to_hex());
+        let stored = if p.is_metadata() {
+            backend.put_metadata(&name, &p.bytes)
+        } else {
+            backend.put(&name, &p.bytes)
+        };
+        if let Err(e) = stored {
             lock(&shared.failed).get_or_insert(e.into());
             continue;
         }

@@ -681,16 +681,21 @@ impl Repository {
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
         let loc = self.index.get(id).ok_or(Error::BlobNotFound(*id))?;
         let pack = self.index.pack_of(&loc);
-        let sealed = self
-            .read_pack_range(&pack, loc.offset.into(), loc.length.into())
-            .map_err(|e| match e {
-                Error::Backend(b) if b.is_not_found() => Error::Invalid(format!(
-                    "pack {} holding blob {} is missing",
-                    pack.short(),
-                    id.short()
-                )),
-                e => e,
-            })?;
+        let name = names::pack(&pack.to_hex());
+        let (offset, length) = (loc.offset.into(), loc.length.into());
+        let sealed = if loc.kind == cairn_format::pack::BlobKind::Data {
+            self.backend.get_range(&name, offset, length)
+        } else {
+            self.backend.get_metadata_range(&name, offset, length)
+        };
+        let sealed = sealed.map_err(Error::from).map_err(|e| match e {
+            Error::Backend(b) if b.is_not_found() => Error::Invalid(format!(
+                "pack {} holding blob {} is missing",
+                pack.short(),
+                id.short()
+            )),
+            e => e,
+        })?;
         blob::decode(&self.key, id, &sealed, loc.raw_length, loc.compression)
     }
 

@@ -40,11 +40,11 @@ fn scan_total(paths: Vec<PathBuf>, progress: &Progress) {
 }
 
 pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
-    let path = super::repo_path(g)?;
-    let mut repo = if a.init && !path.join("config").exists() {
+    let location = super::repo_location(g)?;
+    let mut repo = if a.init && !super::repo_exists(g, &location)? {
         let r = super::init::init_repo(g, &cairn_core::InitOptions::default())?;
         if !g.quiet && !g.json {
-            eprintln!("created repository at {}", path.display());
+            eprintln!("created repository at {location}");
         }
         r
     } else {

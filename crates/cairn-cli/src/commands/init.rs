@@ -18,7 +18,7 @@ pub fn parse_block_size(s: &str) -> Result<u32> {
 }
 
 pub fn init_repo(g: &Global, opts: &InitOptions) -> Result<Repository> {
-    let path = super::repo_path(g)?;
+    let location = super::repo_location(g)?;
     let password = if opts.encryption {
         Some(match &g.password_file {
             Some(f) => crate::ui::read_password_file(f)?,
@@ -27,9 +27,11 @@ pub fn init_repo(g: &Global, opts: &InitOptions) -> Result<Repository> {
     } else {
         None
     };
-    std::fs::create_dir_all(&path).map_err(|e| {
-        anyhow::anyhow!("cannot create repository directory {}: {e}", path.display())
-    })?;
+    if let Some(path) = super::local_dir(&location) {
+        std::fs::create_dir_all(&path).map_err(|e| {
+            anyhow::anyhow!("cannot create repository directory {}: {e}", path.display())
+        })?;
+    }
     let repo = Repository::init(super::backend(g)?, password.as_deref(), opts)?;
     Ok(repo)
 }
@@ -38,7 +40,7 @@ pub fn describe(g: &Global, repo: &Repository) -> Result<()> {
     let c = repo.config();
     if g.json {
         super::print_json(&serde_json::json!({
-            "repository": super::repo_path(g)?.display().to_string(),
+            "repository": super::repo_location(g)?,
             "id": c.id,
             "block_size": c.chunker.avg_size,
             "chunk_min": c.chunker.min_size,
@@ -52,7 +54,7 @@ pub fn describe(g: &Global, repo: &Repository) -> Result<()> {
         println!(
             "created cairn repository {} at {}",
             &c.id[..10],
-            super::repo_path(g)?.display()
+            super::repo_location(g)?
         );
         println!(
             "  block size   {} KiB average (chunks {}-{} KiB)",

@@ -18,7 +18,10 @@ mod unlock;
 
 use crate::args::{Cli, Command, Global};
 use anyhow::{Context, Result, anyhow};
-use cairn_backend::LocalBackend;
+use cairn_backend::{
+    Backend, CachedBackend, FaultSpec, FaultyBackend, LocalBackend, RetryBackend, RetryPolicy,
+    S3Backend, S3Options, ThrottledBackend, Traffic,
+};
 use cairn_core::Repository;
 use cairn_core::lock::RepoLock;
 use cairn_format::snapshot::Snapshot;
@@ -48,25 +51,133 @@ pub fn run(cli: Cli) -> Result<i32> {
     }
 }
 
-pub fn repo_path(g: &Global) -> Result<PathBuf> {
+/// The repository location as given (`--repo` / `CAIRN_REPO`).
+pub fn repo_location(g: &Global) -> Result<String> {
     g.repo
         .clone()
+        .filter(|r| !r.is_empty())
         .ok_or_else(|| anyhow!("no repository given: use --repo or set CAIRN_REPO"))
 }
 
-pub fn backend(g: &Global) -> Result<Arc<LocalBackend>> {
-    Ok(Arc::new(LocalBackend::new(repo_path(g)?)))
+/// A local directory, or `None` for a remote location (`s3:...`).
+pub fn local_dir(location: &str) -> Option<PathBuf> {
+    (!location.starts_with("s3:")).then(|| PathBuf::from(location))
+}
+
+/// Traffic counters of every repository opened, reported at exit when
+/// `CAIRN_TRAFFIC_REPORT` is set (a diagnostic: proves what the cache saves).
+static TRAFFIC: std::sync::Mutex<Vec<(String, Arc<Traffic>)>> = std::sync::Mutex::new(Vec::new());
+
+pub fn report_traffic() {
+    if std::env::var_os("CAIRN_TRAFFIC_REPORT").is_none() {
+        return;
+    }
+    for (loc, t) in TRAFFIC.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        eprintln!(
+            "traffic: {loc}: uploaded {} bytes, downloaded {} bytes, {} requests",
+            t.uploaded(),
+            t.downloaded(),
+            t.requests()
+        );
+    }
+}
+
+/// The storage stack for a location. From the bottom: the store itself (local
+/// directory or S3), fault injection when `CAIRN_FAULTS` is set (tests), rate limits
+/// and traffic counters, retries with backoff, and for remote stores the local cache
+/// of index, snapshot and tree data.
+pub fn backend_at(g: &Global, location: &str) -> Result<(Arc<dyn Backend>, Arc<Traffic>)> {
+    let r = &g.remote;
+    let store: Arc<dyn Backend> = match local_dir(location) {
+        Some(dir) => Arc::new(LocalBackend::new(dir)),
+        None => {
+            let opts = S3Options {
+                region: r.s3_region.clone(),
+                virtual_host: r.s3_virtual_host,
+                profile: r.s3_profile.clone(),
+                ca_cert: r.cacert.clone(),
+                insecure_tls: r.insecure_tls,
+            };
+            Arc::new(S3Backend::open(location, &opts)?)
+        }
+    };
+    let store: Arc<dyn Backend> = match std::env::var("CAIRN_FAULTS") {
+        Ok(spec) if !spec.is_empty() => {
+            let spec = FaultSpec::parse(&spec).map_err(|e| anyhow!("CAIRN_FAULTS: {e}"))?;
+            Arc::new(FaultyBackend::new(store, spec))
+        }
+        _ => store,
+    };
+    let rate = |v: &Option<String>, what: &str| -> Result<Option<u64>> {
+        v.as_deref()
+            .map(|s| parse_size(s).with_context(|| format!("--limit-{what}")))
+            .transpose()
+    };
+    let throttled = Arc::new(ThrottledBackend::new(
+        store,
+        rate(&r.limit_upload, "upload")?,
+        rate(&r.limit_download, "download")?,
+    ));
+    let traffic = throttled.traffic();
+    TRAFFIC
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((location.to_string(), traffic.clone()));
+    let mut backend: Arc<dyn Backend> =
+        Arc::new(RetryBackend::new(throttled, RetryPolicy::default()));
+    if local_dir(location).is_none() && !r.no_cache {
+        let dir = match &r.cache_dir {
+            Some(d) => Some(d.join(cache_key(location))),
+            None => CachedBackend::default_dir(location),
+        };
+        if let Some(dir) = dir {
+            backend = Arc::new(CachedBackend::new(backend, dir));
+        }
+    }
+    Ok((backend, traffic))
+}
+
+fn cache_key(location: &str) -> String {
+    CachedBackend::default_dir(location)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "repo".into())
+}
+
+pub fn backend(g: &Global) -> Result<Arc<dyn Backend>> {
+    Ok(backend_at(g, &repo_location(g)?)?.0)
+}
+
+/// Whether a repository exists at the location (its config object is there).
+pub fn repo_exists(g: &Global, location: &str) -> Result<bool> {
+    if let Some(dir) = local_dir(location) {
+        return Ok(dir.join("config").exists());
+    }
+    match backend_at(g, location)?.0.get("config") {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Opens the repository (asking for the password only if it is encrypted).
 pub fn open(g: &Global) -> Result<Repository> {
-    let path = repo_path(g)?;
-    if !path.exists() {
-        return Err(cairn_core::Error::RepositoryNotFound(path.display().to_string()).into());
+    open_at(g, &repo_location(g)?, || crate::ui::password(g))
+}
+
+/// Opens the repository at `location`; `password` is asked only when needed.
+pub fn open_at(
+    g: &Global,
+    location: &str,
+    password: impl FnOnce() -> Result<String>,
+) -> Result<Repository> {
+    if let Some(dir) = local_dir(location)
+        && !dir.exists()
+    {
+        return Err(cairn_core::Error::RepositoryNotFound(dir.display().to_string()).into());
     }
-    let backend = backend(g)?;
+    let (backend, _) = backend_at(g, location)?;
     let repo = Repository::open(backend, || {
-        crate::ui::password(g).map_err(|e| cairn_core::Error::Invalid(format!("{e:#}")))
+        password().map_err(|e| cairn_core::Error::Invalid(format!("{e:#}")))
     })?;
     Ok(repo)
 }

@@ -1,0 +1,185 @@
+//! Retries with exponential backoff for transient failures (timeouts, dropped
+//! connections, 5xx and 429 answers). Every operation of the trait is safe to repeat:
+//! a put replaces the whole object with the same bytes, reads have no effect, and a
+//! delete that is repeated after its first attempt in fact succeeded finds nothing,
+//! which counts as success.
+
+use crate::{Backend, BackendError, BackendErrorKind, ObjectInfo, Result};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub attempts: u32,
+    /// Wait before the second attempt; doubles each time up to `max_delay`.
+    pub first_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// About a minute and a half of retrying in all before a call fails: long enough
+    /// for a server restart or a network blip, short enough that a dead server is
+    /// reported while the administrator is still watching.
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 8,
+            first_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct RetryBackend {
+    inner: Arc<dyn Backend>,
+    policy: RetryPolicy,
+    retries: AtomicU64,
+}
+
+impl RetryBackend {
+    pub fn new(inner: Arc<dyn Backend>, policy: RetryPolicy) -> Self {
+        RetryBackend {
+            inner,
+            policy,
+            retries: AtomicU64::new(0),
+        }
+    }
+
+    /// Calls that failed transiently and were repeated.
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    fn delay(&self, attempt: u32) -> Duration {
+        let base = self
+            .policy
+            .first_delay
+            .saturating_mul(1u32 << attempt.min(20))
+            .min(self.policy.max_delay);
+        // Up to 25% random jitter, so that many threads retrying after one outage do
+        // not all come back in the same instant.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let mut x = u64::from(nanos) ^ (u64::from(attempt) << 32) ^ 0x9e37_79b9_7f4a_7c15;
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        base + base.mul_f64((x % 1000) as f64 / 4000.0)
+    }
+
+    fn run<T>(&self, mut f: impl FnMut(u32) -> Result<T>) -> Result<T> {
+        let mut attempt = 0;
+        loop {
+            match f(attempt) {
+                Err(e) if e.kind == BackendErrorKind::Transient => {
+                    if attempt + 1 >= self.policy.attempts {
+                        return Err(BackendError {
+                            message: format!(
+                                "{} (gave up after {} attempts)",
+                                e.message, self.policy.attempts
+                            ),
+                            ..e
+                        });
+                    }
+                    std::thread::sleep(self.delay(attempt));
+                    self.retries.fetch_add(1, Ordering::Relaxed);
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+impl Backend for RetryBackend {
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+    fn put(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.run(|_| self.inner.put(name, data))
+    }
+    fn get(&self, name: &str) -> Result<Vec<u8>> {
+        self.run(|_| self.inner.get(name))
+    }
+    fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
+        self.run(|_| self.inner.get_range(name, offset, length))
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        self.run(|_| self.inner.list(prefix))
+    }
+    fn delete(&self, name: &str) -> Result<()> {
+        self.run(|attempt| match self.inner.delete(name) {
+            // An earlier attempt may have deleted it and lost only the answer.
+            Err(e) if attempt > 0 && e.is_not_found() => Ok(()),
+            r => r,
+        })
+    }
+    fn put_metadata(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.run(|_| self.inner.put_metadata(name, data))
+    }
+    fn get_metadata_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
+        self.run(|_| self.inner.get_metadata_range(name, offset, length))
+    }
+    fn remove_stale_temporaries(&self) -> Result<u64> {
+        self.run(|_| self.inner.remove_stale_temporaries())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FaultSpec, FaultyBackend, MemBackend};
+
+    fn quick() -> RetryPolicy {
+        RetryPolicy {
+            attempts: 30,
+            first_delay: Duration::from_micros(50),
+            max_delay: Duration::from_millis(1),
+        }
+    }
+
+    /// A third of all calls failing (before or after reaching the store) is invisible
+    /// above the retry layer: the whole conformance suite passes.
+    #[test]
+    fn conformance_through_faults() {
+        let faulty = FaultyBackend::new(
+            Arc::new(MemBackend::new()),
+            FaultSpec::parse("fail=0.33,seed=11").unwrap(),
+        );
+        let faulty = Arc::new(faulty);
+        let b = RetryBackend::new(faulty.clone(), quick());
+        crate::conformance::run(&b);
+        assert!(faulty.injected() > 20, "faults were injected");
+        assert!(b.retries() >= faulty.injected() / 2);
+    }
+
+    #[test]
+    fn gives_up_with_the_last_error() {
+        let faulty = FaultyBackend::new(
+            Arc::new(MemBackend::new()),
+            FaultSpec::parse("fail=1").unwrap(),
+        );
+        let b = RetryBackend::new(
+            Arc::new(faulty),
+            RetryPolicy {
+                attempts: 3,
+                ..quick()
+            },
+        );
+        let e = b.get("config").unwrap_err();
+        assert_eq!(e.kind, BackendErrorKind::Transient);
+        assert!(e.message.contains("after 3 attempts"), "{e}");
+        assert_eq!(b.retries(), 2);
+    }
+
+    #[test]
+    fn permanent_errors_are_not_retried() {
+        let b = RetryBackend::new(Arc::new(MemBackend::new()), quick());
+        assert!(b.get("config").unwrap_err().is_not_found());
+        assert_eq!(b.retries(), 0);
+    }
+}

@@ -1,0 +1,332 @@
+//! S3-compatible object storage through Apache OpenDAL. The engine's calls are
+//! synchronous; each one runs to completion on a small tokio runtime owned by the
+//! backend, so many engine threads (uploaders, restore readers) keep many requests in
+//! flight at once. Retries are not done here but by [`crate::RetryBackend`], above
+//! any backend, so that the fault-injection tests exercise the same retry code.
+
+use crate::{Backend, BackendError, BackendErrorKind, ObjectInfo, Result};
+use opendal::layers::TimeoutLayer;
+use opendal::services::S3;
+use opendal::{ErrorKind, HttpTransporter, Operator};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where a repository lives on S3: parsed from `s3:http(s)://HOST[:PORT]/BUCKET[/PREFIX]`
+/// (or `s3:HOST/BUCKET[/PREFIX]`, meaning https).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct S3Location {
+    /// `scheme://host[:port]`
+    pub endpoint: String,
+    pub bucket: String,
+    /// Key prefix inside the bucket without leading or trailing `/`; may be empty.
+    pub prefix: String,
+}
+
+impl S3Location {
+    pub fn parse(location: &str) -> std::result::Result<S3Location, String> {
+        let rest = location
+            .strip_prefix("s3:")
+            .ok_or_else(|| format!("{location:?} is not an s3: location"))?;
+        let (scheme, rest) = if let Some(r) = rest.strip_prefix("https://") {
+            ("https", r)
+        } else if let Some(r) = rest.strip_prefix("http://") {
+            ("http", r)
+        } else {
+            ("https", rest.trim_start_matches('/'))
+        };
+        let mut parts = rest.splitn(3, '/');
+        let host = parts.next().unwrap_or("");
+        let bucket = parts.next().unwrap_or("");
+        let prefix = parts.next().unwrap_or("").trim_matches('/');
+        let usage = "use s3:http(s)://HOST[:PORT]/BUCKET[/PREFIX]";
+        if host.is_empty() {
+            return Err(format!("{location:?} names no host ({usage})"));
+        }
+        if bucket.is_empty() {
+            return Err(format!("{location:?} names no bucket ({usage})"));
+        }
+        if prefix.split('/').any(|c| c == "." || c == "..") {
+            return Err(format!("{location:?}: the prefix may not contain . or .."));
+        }
+        Ok(S3Location {
+            endpoint: format!("{scheme}://{host}"),
+            bucket: bucket.to_string(),
+            prefix: prefix.to_string(),
+        })
+    }
+}
+
+/// Settings S3 users expect beside the location. Credentials are not here: they come
+/// from the AWS environment variables or the shared config/credentials files
+/// (`AWS_PROFILE`), as every AWS tool reads them.
+#[derive(Clone, Debug, Default)]
+pub struct S3Options {
+    /// Region to sign for; default `AWS_REGION`, `AWS_DEFAULT_REGION`, else us-east-1.
+    pub region: Option<String>,
+    /// `https://BUCKET.host/key` instead of `https://host/BUCKET/key` (path style,
+    /// the default, which MinIO and most S3-compatible servers need).
+    pub virtual_host: bool,
+    /// Profile from `~/.aws/credentials` / `~/.aws/config` (default: `AWS_PROFILE`).
+    pub profile: Option<String>,
+    /// Extra PEM certificate(s) to trust (a private CA).
+    pub ca_cert: Option<PathBuf>,
+    /// Accept any server certificate. For testing only.
+    pub insecure_tls: bool,
+}
+
+pub struct S3Backend {
+    op: Operator,
+    rt: tokio::runtime::Runtime,
+    location: String,
+}
+
+impl std::fmt::Debug for S3Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Backend")
+            .field("location", &self.location)
+            .finish()
+    }
+}
+
+fn config_error(location: &str, message: String) -> BackendError {
+    BackendError {
+        kind: BackendErrorKind::Other,
+        op: "open",
+        path: location.to_string(),
+        message,
+    }
+}
+
+impl S3Backend {
+    pub fn open(location: &str, opts: &S3Options) -> Result<S3Backend> {
+        let loc = S3Location::parse(location).map_err(|m| config_error(location, m))?;
+        let region = opts
+            .region
+            .clone()
+            .or_else(|| std::env::var("AWS_REGION").ok())
+            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+            .filter(|r| !r.is_empty())
+            .unwrap_or_else(|| "us-east-1".to_string());
+        let mut builder = S3::default()
+            .endpoint(&loc.endpoint)
+            .bucket(&loc.bucket)
+            .root(&format!("/{}", loc.prefix))
+            .region(&region);
+        if opts.virtual_host {
+            builder = builder.enable_virtual_host_style();
+        }
+        if let Some(p) = &opts.profile {
+            builder = builder.profile(p);
+        }
+        let mut client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .pool_max_idle_per_host(32);
+        if let Some(path) = &opts.ca_cert {
+            let pem = std::fs::read(path).map_err(|e| {
+                config_error(
+                    location,
+                    format!("cannot read CA certificate {}: {e}", path.display()),
+                )
+            })?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                config_error(
+                    location,
+                    format!("invalid CA certificate {}: {e}", path.display()),
+                )
+            })?;
+            for c in certs {
+                client = client.add_root_certificate(c);
+            }
+        }
+        if opts.insecure_tls {
+            client = client.tls_danger_accept_invalid_certs(true);
+        }
+        let client = client
+            .build()
+            .map_err(|e| config_error(location, format!("cannot set up HTTP: {e}")))?;
+        let op = Operator::new(builder)
+            .map_err(|e| config_error(location, format!("invalid S3 settings: {e}")))?;
+        let ctx = op.context().with_http_transport(HttpTransporter::new(
+            opendal_http_transport_reqwest::ReqwestTransport::new(client),
+        ));
+        // A stalled connection becomes a transient error that the retry layer above
+        // repeats, instead of a backup that hangs forever.
+        let op = op.with_context(ctx).layer(
+            TimeoutLayer::new()
+                .with_timeout(Duration::from_secs(60))
+                .with_io_timeout(Duration::from_secs(120)),
+        );
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("cairn-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| config_error(location, format!("cannot start I/O threads: {e}")))?;
+        Ok(S3Backend {
+            op,
+            rt,
+            location: location.to_string(),
+        })
+    }
+}
+
+fn map_err(op: &'static str, path: &str, e: opendal::Error) -> BackendError {
+    let text = e.to_string();
+    let (kind, message) = if text.contains("NoSuchBucket") {
+        (
+            BackendErrorKind::Other,
+            "the bucket does not exist (create it first)".to_string(),
+        )
+    } else {
+        let kind = match e.kind() {
+            ErrorKind::NotFound => BackendErrorKind::NotFound,
+            ErrorKind::PermissionDenied => BackendErrorKind::PermissionDenied,
+            ErrorKind::RateLimited => BackendErrorKind::Transient,
+            _ if e.is_temporary() => BackendErrorKind::Transient,
+            _ => BackendErrorKind::Other,
+        };
+        let message = match kind {
+            BackendErrorKind::NotFound => "object not found".to_string(),
+            _ => first_line(&text),
+        };
+        (kind, message)
+    };
+    BackendError {
+        kind,
+        op,
+        path: path.to_string(),
+        message,
+    }
+}
+
+/// OpenDAL's messages carry a multi-line context dump; one line is enough here.
+fn first_line(s: &str) -> String {
+    let line = s.lines().next().unwrap_or(s).trim();
+    if line.len() > 400 {
+        let mut end = 400;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &line[..end])
+    } else {
+        line.to_string()
+    }
+}
+
+impl Backend for S3Backend {
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
+    fn put(&self, name: &str, data: &[u8]) -> Result<()> {
+        // One PUT: S3 makes an object visible only whole, and once the reply came it
+        // is stored durably, which is the contract's atomic, durable put.
+        self.rt
+            .block_on(self.op.write(name, data.to_vec()))
+            .map(|_| ())
+            .map_err(|e| map_err("put", name, e))
+    }
+
+    fn get(&self, name: &str) -> Result<Vec<u8>> {
+        self.rt
+            .block_on(self.op.read(name))
+            .map(|b| b.to_vec())
+            .map_err(|e| map_err("get", name, e))
+    }
+
+    fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
+        let end = offset.checked_add(length).ok_or_else(|| BackendError {
+            kind: BackendErrorKind::Other,
+            op: "get",
+            path: name.to_string(),
+            message: "range overflows".into(),
+        })?;
+        if length == 0 {
+            // A zero-length range is not expressible in HTTP; the object must exist.
+            let meta = self
+                .rt
+                .block_on(self.op.stat(name))
+                .map_err(|e| map_err("get", name, e))?;
+            return if offset <= meta.content_length() {
+                Ok(Vec::new())
+            } else {
+                Err(short_read(name, offset, length, meta.content_length()))
+            };
+        }
+        let data = self
+            .rt
+            .block_on(async { self.op.read_with(name).range(offset..end).await })
+            .map_err(|e| match e.kind() {
+                ErrorKind::RangeNotSatisfied => short_read(name, offset, length, 0),
+                _ => map_err("get", name, e),
+            })?
+            .to_vec();
+        // A range running past the end comes back short from S3: an error here.
+        if data.len() as u64 != length {
+            return Err(short_read(name, offset, length, data.len() as u64));
+        }
+        Ok(data)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        let entries = self
+            .rt
+            .block_on(async { self.op.list_with(prefix).recursive(true).await })
+            .map_err(|e| map_err("list", prefix, e))?;
+        Ok(entries
+            .into_iter()
+            .filter(|e| !e.metadata().is_dir() && !e.path().ends_with('/'))
+            .map(|e| ObjectInfo {
+                name: e.path().trim_start_matches('/').to_string(),
+                size: e.metadata().content_length(),
+            })
+            .collect())
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        // S3 answers a delete of a missing key with success; the contract allows it.
+        self.rt
+            .block_on(self.op.delete(name))
+            .map_err(|e| map_err("delete", name, e))
+    }
+}
+
+fn short_read(name: &str, offset: u64, length: u64, got: u64) -> BackendError {
+    BackendError {
+        kind: BackendErrorKind::Other,
+        op: "get",
+        path: name.to_string(),
+        message: format!(
+            "range {offset}+{length} runs past the end of the object (got {got} bytes)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_parse() {
+        let l = S3Location::parse("s3:http://127.0.0.1:9000/bucket/some/prefix/").unwrap();
+        assert_eq!(l.endpoint, "http://127.0.0.1:9000");
+        assert_eq!(l.bucket, "bucket");
+        assert_eq!(l.prefix, "some/prefix");
+        let l = S3Location::parse("s3:s3.example.com/b").unwrap();
+        assert_eq!(l.endpoint, "https://s3.example.com");
+        assert_eq!((l.bucket.as_str(), l.prefix.as_str()), ("b", ""));
+        assert!(S3Location::parse("s3:http://host").is_err());
+        assert!(S3Location::parse("s3:http://host/").is_err());
+        assert!(S3Location::parse("s3:").is_err());
+        assert!(S3Location::parse("s3:http://h/b/../x").is_err());
+        assert!(S3Location::parse("/local/dir").is_err());
+    }
+
+    /// The same behaviour as every other backend, on the S3 server the test script
+    /// starts. Fails (never skips) when that server is not there.
+    #[test]
+    fn conformance_on_s3() {
+        let b = crate::testing::s3_backend("conformance");
+        crate::conformance::run(&b);
+    }
+}

@@ -23,6 +23,11 @@ pub struct FaultSpec {
     pub seed: u64,
     /// Operations affected (`put`, `get`, `list`, `delete`); empty = all.
     pub ops: Vec<String>,
+    /// Calls of the affected operations that pass untouched before faults start.
+    pub after: u64,
+    /// Injected errors are permanent (not retried): simulates a dead server or a
+    /// full bucket, to test that commands fail cleanly.
+    pub permanent: bool,
 }
 
 impl FaultSpec {
@@ -33,6 +38,8 @@ impl FaultSpec {
             delay_time: Duration::from_millis(10),
             seed: 1,
             ops: Vec::new(),
+            after: 0,
+            permanent: false,
         };
         let fraction = |v: &str| -> std::result::Result<f64, String> {
             match v.parse::<f64>() {
@@ -58,6 +65,18 @@ impl FaultSpec {
                         .parse()
                         .map_err(|_| format!("seed: {v:?} is not a number"))?
                 }
+                "after" => {
+                    spec.after = v
+                        .parse()
+                        .map_err(|_| format!("after: {v:?} is not a number"))?
+                }
+                "kind" => {
+                    spec.permanent = match v {
+                        "transient" => false,
+                        "permanent" => true,
+                        _ => return Err(format!("kind: {v:?} is not transient or permanent")),
+                    }
+                }
                 "ops" => {
                     for op in v.split('+') {
                         if !["put", "get", "list", "delete"].contains(&op) {
@@ -79,6 +98,7 @@ pub struct FaultyBackend {
     spec: FaultSpec,
     rng: Mutex<u64>,
     injected: AtomicU64,
+    calls: AtomicU64,
 }
 
 enum Fault {
@@ -95,6 +115,7 @@ impl FaultyBackend {
             spec,
             rng: Mutex::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1),
             injected: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
         }
     }
 
@@ -118,6 +139,9 @@ impl FaultyBackend {
         if !self.spec.ops.is_empty() && !self.spec.ops.iter().any(|o| o == op) {
             return Fault::None;
         }
+        if self.calls.fetch_add(1, Ordering::Relaxed) < self.spec.after {
+            return Fault::None;
+        }
         if self.spec.delay > 0.0 && self.uniform() < self.spec.delay {
             std::thread::sleep(self.spec.delay_time);
         }
@@ -135,7 +159,11 @@ impl FaultyBackend {
 
     fn call<T>(&self, op: &'static str, name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let injected = || BackendError {
-            kind: BackendErrorKind::Transient,
+            kind: if self.spec.permanent {
+                BackendErrorKind::Other
+            } else {
+                BackendErrorKind::Transient
+            },
             op,
             path: name.to_string(),
             message: "injected fault (connection reset)".into(),
@@ -195,7 +223,17 @@ mod tests {
         assert_eq!(s.delay_time, Duration::from_millis(3));
         assert_eq!(s.seed, 9);
         assert_eq!(s.ops, vec!["put", "delete"]);
-        for bad in ["fail=2", "fail", "ops=rename", "colour=blue", "seed=x"] {
+        let s = FaultSpec::parse("fail=1,after=3,kind=permanent").unwrap();
+        assert_eq!((s.after, s.permanent), (3, true));
+        for bad in [
+            "fail=2",
+            "fail",
+            "ops=rename",
+            "colour=blue",
+            "seed=x",
+            "kind=odd",
+            "after=-1",
+        ] {
             assert!(FaultSpec::parse(bad).is_err(), "{bad}");
         }
     }
@@ -206,9 +244,21 @@ mod tests {
             Arc::new(crate::MemBackend::new()),
             FaultSpec::parse("fail=1,ops=put").unwrap(),
         );
-        assert!(b.put("config", b"x").is_err());
+        let e = b.put("config", b"x").unwrap_err();
+        assert_eq!(e.kind, BackendErrorKind::Transient);
         assert!(b.get("config").unwrap_err().is_not_found());
         assert!(b.list("data/").unwrap().is_empty());
         assert_eq!(b.injected(), 1);
+    }
+
+    #[test]
+    fn faults_start_after_the_given_calls() {
+        let b = FaultyBackend::new(
+            Arc::new(crate::MemBackend::new()),
+            FaultSpec::parse("fail=1,after=2,kind=permanent").unwrap(),
+        );
+        b.put("a", b"1").unwrap();
+        b.put("b", b"2").unwrap();
+        assert_eq!(b.put("c", b"3").unwrap_err().kind, BackendErrorKind::Other);
     }
 }

@@ -1,10 +1,11 @@
 //! Upload and download rate limits (`--limit-upload`, `--limit-download`) and the
 //! traffic counters that commands report (bytes sent to and read from the
 //! repository, requests made). The limit is a reservation clock per direction:
-//! each transfer reserves `bytes / rate` seconds on it and waits until its turn, so
-//! over any stretch of transfers the average stays at or under the limit, whatever
-//! the number of threads. Objects are sent whole, so a single large pack goes out at
-//! line speed and the next one waits for the average to catch up.
+//! each transfer books `bytes / rate` seconds on it, after the transfers booked
+//! before it, and does not return before its booking ends. Over any stretch of
+//! transfers the average stays at or under the limit, whatever the number of
+//! threads. Objects travel whole, so the link sees bursts at line speed separated
+//! by pauses; the average is what a shared WAN link or a metered quota cares about.
 
 use crate::{Backend, ObjectInfo, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,20 +46,18 @@ impl Limiter {
         }
     }
 
-    /// Waits for this transfer's turn and books its time.
+    /// Books this transfer's time and waits until the booking ends.
     fn take(&self, bytes: u64) {
         let cost = Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
-        let start = {
+        let end = {
             let mut next = self.next_free.lock().unwrap_or_else(|p| p.into_inner());
-            let now = Instant::now();
-            let start = (*next).max(now);
+            let start = (*next).max(Instant::now());
             *next = start + cost;
-            start
+            *next
         };
-        // Wait until the transfers booked before this one have had their time.
         let now = Instant::now();
-        if start > now {
-            std::thread::sleep(start - now);
+        if end > now {
+            std::thread::sleep(end - now);
         }
     }
 }
@@ -99,7 +98,8 @@ impl ThrottledBackend {
         if let Ok(d) = &r {
             let n = d.as_ref().len() as u64;
             self.traffic.downloaded.fetch_add(n, Ordering::Relaxed);
-            // Booked after the fact: the size is known only once it arrived.
+            // Booked once it arrived: the size of a listing-driven read is known only
+            // then. The call returns when the average allows it.
             if let Some(l) = &self.down {
                 l.take(n);
             }
@@ -159,8 +159,8 @@ mod tests {
         assert!(t.requests() > 100);
     }
 
-    /// 3 MB at 10 MB/s from 3 threads takes at least ~0.2 s (the first transfer is
-    /// free), and the counters see every byte.
+    /// 3 MB at 10 MB/s from 3 threads takes at least 0.3 s, and the counters see
+    /// every byte.
     #[test]
     fn uploads_are_paced() {
         let b = ThrottledBackend::new(Arc::new(MemBackend::new()), Some(10_000_000), None);

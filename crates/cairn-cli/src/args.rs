@@ -87,6 +87,8 @@ pub enum Command {
     Check(CheckArgs),
     /// Remove snapshots: the ones named, or those a --keep-* policy does not keep
     Forget(ForgetArgs),
+    /// Copy snapshots to another repository, sending only the data it lacks
+    Copy(CopyArgs),
     /// Remove data no snapshot needs (safe while backups run)
     Prune(PruneArgs),
     /// Show locks and remove stale ones (they also expire by themselves)
@@ -385,4 +387,22 @@ pub struct ForgetArgs {
     /// Run prune afterwards if snapshots were removed
     #[arg(long)]
     pub prune: bool,
+}
+
+#[derive(Args)]
+pub struct CopyArgs {
+    /// Repository to copy from (a directory or s3:...)
+    #[arg(long, env = "CAIRN_FROM_REPO", value_name = "REPO")]
+    pub from: String,
+    /// Repository to copy to (default: --repo / CAIRN_REPO)
+    #[arg(long, value_name = "REPO")]
+    pub to: Option<String>,
+    /// The source repository's password file (else CAIRN_FROM_PASSWORD, or a prompt)
+    #[arg(long, env = "CAIRN_FROM_PASSWORD_FILE", value_name = "FILE")]
+    pub from_password_file: Option<PathBuf>,
+    /// Snapshots to copy (id prefixes or "latest"); default: all
+    pub snapshots: Vec<String>,
+    /// Files re-chunked in parallel (default: the number of cores)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub threads: Option<u32>,
 }

@@ -618,6 +618,7 @@ mod tests {
             parent: None,
             excludes: vec![],
             original: None,
+            copied_from: None,
             program_version: "cairn test".into(),
             summary: SnapshotSummary::default(),
         }

@@ -5,6 +5,7 @@
 pub mod backup;
 pub mod blob;
 pub mod chunklist;
+pub mod copy;
 pub mod error;
 pub mod estimate;
 pub mod index;

@@ -177,6 +177,7 @@ struct UploadShared {
     pending: Mutex<(IndexFile, usize)>,
     stats: Mutex<UploadStats>,
     failed: Mutex<Option<Error>>,
+    flush_blobs: std::sync::atomic::AtomicUsize,
 }
 
 /// Background threads that store packs and then the index files listing them. Each
@@ -210,6 +211,7 @@ impl Uploader {
             pending: Mutex::new((IndexFile::default(), 0)),
             stats: Mutex::new(UploadStats::default()),
             failed: Mutex::new(None),
+            flush_blobs: std::sync::atomic::AtomicUsize::new(INDEX_FLUSH_BLOBS),
         });
         let mut handles = Vec::with_capacity(threads);
         for _ in 0..threads {
@@ -233,6 +235,14 @@ impl Uploader {
             key,
             started,
         }
+    }
+
+    /// Writes an index file every `blobs` blobs stored (default 200,000): fewer
+    /// re-sent packs after an interruption, more index files.
+    pub fn set_index_flush(&mut self, blobs: usize) {
+        self.shared
+            .flush_blobs
+            .store(blobs.max(1), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Queues a pack. An error here means the uploader stopped; `finish` says why.
@@ -319,7 +329,11 @@ fn upload_loop(
             id: p.id,
             blobs: p.blobs,
         });
-        if pending.1 >= INDEX_FLUSH_BLOBS {
+        if pending.1
+            >= shared
+                .flush_blobs
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
             // Written under the lock: index files are rare, and a pack stored by
             // another thread meanwhile simply waits for the next one.
             match write_index_file(backend, key, &pending.0) {

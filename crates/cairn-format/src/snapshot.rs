@@ -25,6 +25,12 @@ pub struct SnapshotSummary {
     pub duration_secs: f64,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopiedFrom {
+    pub repository: String,
+    pub snapshot: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub version: u32,
@@ -44,6 +50,10 @@ pub struct Snapshot {
     /// Set by `repair snapshots`: the id of the snapshot this one replaces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original: Option<String>,
+    /// Set by `copy`: the id of the snapshot this one was copied from, and the id of
+    /// the repository that holds it. Copying it again finds this and does nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copied_from: Option<CopiedFrom>,
     pub program_version: String,
     pub summary: SnapshotSummary,
 }
@@ -98,6 +108,7 @@ mod tests {
                 parent: None,
                 excludes: vec![],
                 original: None,
+                copied_from: None,
                 program_version: "cairn test".into(),
                 summary: SnapshotSummary { files_new: files, ..Default::default() },
             };

@@ -2,6 +2,7 @@ mod backup;
 mod bench;
 mod check;
 mod config;
+mod copy;
 mod dump;
 mod estimate;
 mod forget;
@@ -48,6 +49,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Estimate(a) => estimate::run(g, &a),
         Command::Index(a) => index::run(g, &a),
         Command::Forget(a) => forget::run(g, &a),
+        Command::Copy(a) => copy::run(g, &a),
     }
 }
 
@@ -67,6 +69,17 @@ pub fn local_dir(location: &str) -> Option<PathBuf> {
 /// Traffic counters of every repository opened, reported at exit when
 /// `CAIRN_TRAFFIC_REPORT` is set (a diagnostic: proves what the cache saves).
 static TRAFFIC: std::sync::Mutex<Vec<(String, Arc<Traffic>)>> = std::sync::Mutex::new(Vec::new());
+
+/// The traffic counters of the repository opened at `location`.
+pub fn traffic_of(location: &str) -> Option<Arc<Traffic>> {
+    TRAFFIC
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .rev()
+        .find(|(l, _)| l == location)
+        .map(|(_, t)| t.clone())
+}
 
 pub fn report_traffic() {
     if std::env::var_os("CAIRN_TRAFFIC_REPORT").is_none() {
@@ -135,6 +148,14 @@ pub fn backend_at(g: &Global, location: &str) -> Result<(Arc<dyn Backend>, Arc<T
         }
     }
     Ok((backend, traffic))
+}
+
+/// Where cairn keeps local state for remote repositories and copies.
+pub fn cache_base(g: &Global) -> Option<PathBuf> {
+    if let Some(d) = &g.remote.cache_dir {
+        return Some(d.clone());
+    }
+    CachedBackend::default_dir("").and_then(|p| p.parent().map(std::path::Path::to_path_buf))
 }
 
 fn cache_key(location: &str) -> String {

@@ -355,10 +355,7 @@ fn disk_full_fails_cleanly_and_next_backup_works() {
         }
     }
     let _guard = Unmount(mnt.clone());
-    let env2 = Env {
-        dir: tempfile::tempdir().unwrap(),
-        repo: mnt.join("repo"),
-    };
+    let env2 = Env::at(tempfile::tempdir().unwrap(), mnt.join("repo"));
     env2.init(&[]);
     let src = small_tree(&env);
     let s1 = env2.backup(&[&src]);

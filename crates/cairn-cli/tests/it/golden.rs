@@ -22,10 +22,8 @@ fn golden_v1_repository_opens_restores_and_checks() {
         .status()
         .unwrap();
     assert!(st.success(), "golden fixture must exist and unpack");
-    let env = Env {
-        repo: env.dir.path().join("v1/repo"),
-        dir: env.dir,
-    };
+    let repo = env.dir.path().join("v1/repo");
+    let env = Env::at(env.dir, repo);
     let out = env.ok(&["check", "--read-data"]);
     assert!(out.contains("no errors were found"), "{out}");
     let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();

@@ -1,6 +1,7 @@
 //! Integration tests: every test drives the real `cairn` binary.
 
 mod bad_input;
+mod copy;
 mod corruption;
 mod crash;
 mod dense;
@@ -11,6 +12,7 @@ mod jobs;
 mod keys;
 mod maintenance;
 mod placement;
+mod remote;
 mod roundtrip;
 mod stats;
 mod util;

@@ -19,6 +19,8 @@ pub fn bin() -> &'static str {
 pub struct Env {
     pub dir: tempfile::TempDir,
     pub repo: PathBuf,
+    /// What `--repo` gets: `repo`'s path, or an `s3:` location.
+    pub location: String,
 }
 
 impl Env {
@@ -28,7 +30,30 @@ impl Env {
             .tempdir()
             .unwrap();
         let repo = dir.path().join("repo");
-        Env { dir, repo }
+        let location = repo.to_string_lossy().into_owned();
+        Env {
+            dir,
+            repo,
+            location,
+        }
+    }
+
+    /// A repository at `repo` with scratch space `dir`.
+    pub fn at(dir: tempfile::TempDir, repo: PathBuf) -> Self {
+        let location = repo.to_string_lossy().into_owned();
+        Env {
+            dir,
+            repo,
+            location,
+        }
+    }
+
+    /// A repository on the loopback S3 server that scripts/test.sh starts, under a
+    /// prefix of its own. Fails (never skips) when the server is not there.
+    pub fn s3(test: &str) -> Self {
+        let mut env = Env::new();
+        env.location = s3_location(test);
+        env
     }
 
     pub fn path(&self, p: &str) -> PathBuf {
@@ -37,9 +62,14 @@ impl Env {
 
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(bin());
-        c.arg("--repo").arg(&self.repo);
+        c.arg("--repo").arg(&self.location);
         c.args(args);
         c.env("CAIRN_PASSWORD", PASSWORD);
+        // The cache of remote repositories and copy maps stay in the scratch area.
+        c.env("XDG_CACHE_HOME", self.dir.path().join("cache"));
+        c.env_remove("CAIRN_FAULTS");
+        c.env_remove("CAIRN_LIMIT_UPLOAD");
+        c.env_remove("CAIRN_LIMIT_DOWNLOAD");
         c.env_remove("CAIRN_REPO");
         c.env_remove("CAIRN_PASSWORD_FILE");
         c.stdin(Stdio::null());
@@ -123,6 +153,25 @@ impl Env {
         let out = self.ok(&["check", "--read-data"]);
         assert!(out.contains("no errors were found"), "{out}");
     }
+}
+
+/// A fresh location on the test S3 server (`CAIRN_TEST_S3`, set by scripts/test.sh).
+pub fn s3_location(test: &str) -> String {
+    let base = std::env::var("CAIRN_TEST_S3").unwrap_or_else(|_| {
+        panic!(
+            "CAIRN_TEST_S3 is not set: the S3 tests need the MinIO server that \
+             scripts/test.sh starts (run the suite with `bash scripts/test.sh`)"
+        )
+    });
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "{}/it-{test}-{}-{nanos}",
+        base.trim_end_matches('/'),
+        std::process::id()
+    )
 }
 
 /// Deterministic pseudo-random bytes (xorshift), optionally compressible.

@@ -411,6 +411,7 @@ pub fn backup(
         parent: parent.as_ref().map(|(id, _)| id.to_hex()),
         excludes: opts.excludes.clone(),
         original: None,
+        copied_from: None,
         program_version: format!("cairn {}", env!("CARGO_PKG_VERSION")),
         summary,
     };

@@ -217,11 +217,8 @@ pub(crate) fn execute(
                             let r = if job.direct {
                                 write_direct(job, data, owners)
                                     .map_err(|e| (n.file, format!("writing: {e}")))
-                            } else if data.iter().all(|b| *b == 0) {
-                                // Left as a hole: the file was created at its full size.
-                                Ok(())
                             } else {
-                                w.write(n.file, n.file_offset, data)
+                                write_skipping_zero_pages(&mut w, n.file, n.file_offset, data)
                             };
                             match r {
                                 Ok(()) => done(data.len()),
@@ -240,6 +237,46 @@ pub(crate) fn execute(
         bytes: bytes.into_inner(),
         failed: failed.into_inner().unwrap_or_else(|e| e.into_inner()),
     })
+}
+
+/// All-zero stretches of a chunk, page by page, are not written: the file was
+/// created at its full size, so they read as zeros and whole pages stay holes. With
+/// large chunks, a chunk often straddles the edge of a sparse region, and writing its
+/// zeros would make the restored file denser than the original.
+const PAGE: u64 = 4096;
+
+fn write_skipping_zero_pages(
+    w: &mut FileWriter<'_>,
+    file: u32,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), (u32, String)> {
+    let end = offset + data.len() as u64;
+    let mut pos = offset;
+    let mut pending: Option<u64> = None; // start of the non-zero stretch being collected
+    while pos < end {
+        let next = ((pos / PAGE) + 1) * PAGE;
+        let piece_end = next.min(end);
+        let piece = &data[(pos - offset) as usize..(piece_end - offset) as usize];
+        let hole = piece.iter().all(|b| *b == 0);
+        match (hole, pending) {
+            (true, Some(start)) => {
+                w.write(
+                    file,
+                    start,
+                    &data[(start - offset) as usize..(pos - offset) as usize],
+                )?;
+                pending = None;
+            }
+            (false, None) => pending = Some(pos),
+            _ => {}
+        }
+        pos = piece_end;
+    }
+    if let Some(start) = pending {
+        w.write(file, start, &data[(start - offset) as usize..])?;
+    }
+    Ok(())
 }
 
 /// Creates a single-chunk file, writes it and sets its metadata on one descriptor.

@@ -1,0 +1,196 @@
+//! `cairn copy`: snapshots move between repositories of different block sizes and
+//! keys, exactly; only what the destination lacks is sent; a second copy does
+//! nothing; an interrupted copy resumes without sending again what arrived.
+
+use crate::util::*;
+use std::fs;
+
+fn copy_cmd(src: &Env, dst: &Env, extra: &[&str]) -> std::process::Command {
+    let mut c = dst.cmd(&["copy", "--json", "--from", &src.location]);
+    c.args(extra);
+    c.env("CAIRN_FROM_PASSWORD", PASSWORD);
+    c
+}
+
+fn copy(src: &Env, dst: &Env, extra: &[&str]) -> serde_json::Value {
+    let o = copy_cmd(src, dst, extra).output().unwrap();
+    assert!(
+        o.status.success(),
+        "copy failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// Three days of backups: a tree with every kind of entry, then a changed file,
+/// a new directory and a large file edited in its middle.
+fn history(env: &Env) -> (std::path::PathBuf, Vec<std::path::PathBuf>) {
+    let src = env.path("src");
+    make_full_tree(&src, 31);
+    let big = Rng(77).bytes(5 << 20, true);
+    fs::write(src.join("image.bin"), &big).unwrap();
+    let mut days = Vec::new();
+    for day in 0..3 {
+        if day == 1 {
+            fs::write(src.join("small.txt"), b"day two").unwrap();
+            fs::create_dir_all(src.join("new/deeper")).unwrap();
+            fs::write(src.join("new/deeper/f"), Rng(5).bytes(100_000, false)).unwrap();
+        }
+        if day == 2 {
+            let mut b = big.clone();
+            b[2 << 20..(2 << 20) + 5000].fill(0xee);
+            fs::write(src.join("image.bin"), &b).unwrap();
+        }
+        env.backup(&[&src]);
+        let keep = env.path(&format!("day{day}"));
+        copy_tree(&src, &keep);
+        days.push(keep);
+    }
+    (src, days)
+}
+
+#[test]
+fn copies_rechunk_into_another_block_size_exactly_once() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let (src, days) = history(&r1);
+    let r2 = Env::new();
+    r2.init(&["--block-size", "64K", "--compression", "max"]);
+
+    // Day one alone, then everything: the second run sends only the later days'
+    // new data, and re-chunks only the files that changed.
+    let ids = r1.snapshot_ids();
+    let first = copy(&r1, &r2, &[&ids[0]]);
+    assert_eq!(first["snapshots_copied"], 1);
+    assert_eq!(first["same_chunking"], false);
+    let rest = copy(&r1, &r2, &[]);
+    assert_eq!(rest["snapshots_copied"], 2, "{rest}");
+    let sent_first = first["bytes_sent"].as_u64().unwrap();
+    let sent_rest = rest["bytes_sent"].as_u64().unwrap();
+    assert!(
+        sent_rest * 4 < sent_first,
+        "two later days sent {sent_rest} bytes, the first {sent_first}"
+    );
+    let files = first["files_rechunked"].as_u64().unwrap();
+    let again = rest["files_rechunked"].as_u64().unwrap();
+    assert!(
+        again <= 4,
+        "re-chunked {again} files of {files} on later days"
+    );
+
+    // Every copied snapshot restores exactly as its day was.
+    let copied = r2.snapshot_ids();
+    assert_eq!(copied.len(), 3);
+    for (day, id) in copied.iter().enumerate() {
+        let out = r2.restore(id, &src, &format!("r{day}"));
+        assert_same(&days[day], &out);
+    }
+    r2.check_clean();
+
+    // Copying again is a no-op.
+    let noop = copy(&r1, &r2, &[]);
+    assert_eq!(noop["snapshots_copied"], 0);
+    assert_eq!(noop["blobs_added"], 0);
+    assert_eq!(r2.snapshot_ids().len(), 3);
+}
+
+/// A copy killed part-way (here: storage refusing writes after a few) resumes
+/// without sending again the packs that arrived, and ends exact.
+#[test]
+fn an_interrupted_copy_resumes() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let src = r1.path("src");
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..5 {
+        fs::write(
+            src.join(format!("f{i}")),
+            Rng(100 + i).bytes(8 << 20, false),
+        )
+        .unwrap();
+    }
+    r1.backup(&[&src]);
+
+    // The whole copy into a fresh repository, for comparison.
+    let clean = Env::new();
+    clean.init(&["--block-size", "4K"]);
+    let full = copy(&r1, &clean, &[])["bytes_sent"].as_u64().unwrap();
+
+    let r2 = Env::new();
+    r2.init(&["--block-size", "4K"]);
+    let o = copy_cmd(&r1, &r2, &[])
+        .env("CAIRN_FAULTS", "fail=1,kind=permanent,ops=put,after=6")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("injected fault") && !err.contains("panicked"),
+        "{err}"
+    );
+    assert!(r2.snapshot_ids().is_empty());
+    r2.check_clean();
+
+    let resumed = copy(&r1, &r2, &[]);
+    let sent = resumed["bytes_sent"].as_u64().unwrap();
+    assert_eq!(resumed["snapshots_copied"], 1);
+    assert!(
+        sent * 10 < full * 7,
+        "resumed copy sent {sent} bytes of {full}: what arrived was sent again"
+    );
+    let id = &r2.snapshot_ids()[0];
+    assert_same(&src, &r2.restore(id, &src, "r"));
+    r2.check_clean();
+}
+
+#[test]
+fn copy_between_local_and_s3() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let (src, days) = history(&r1);
+    let s3 = Env::s3("copy");
+    s3.init(&["--block-size", "64K"]);
+    let up = copy(&r1, &s3, &[]);
+    assert_eq!(up["snapshots_copied"], 3);
+    s3.check_clean();
+    // And back down into a third repository, from S3.
+    let r3 = Env::new();
+    r3.init(&["--block-size", "8K", "--no-encryption"]);
+    let down = copy(&s3, &r3, &[]);
+    assert_eq!(down["snapshots_copied"], 3);
+    let ids = r3.snapshot_ids();
+    assert_same(&days[2], &r3.restore(&ids[2], &src, "r"));
+    r3.check_clean();
+}
+
+#[test]
+fn copy_refuses_bad_input() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let src = r1.path("src");
+    make_full_tree(&src, 3);
+    r1.backup(&[&src]);
+    // Into itself.
+    let o = copy_cmd(&r1, &r1, &[]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("same repository"));
+    // A wrong source password; a missing source; an unknown snapshot.
+    let r2 = Env::new();
+    r2.init(&[]);
+    let o = copy_cmd(&r1, &r2, &[])
+        .env("CAIRN_FROM_PASSWORD", "wrong")
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(12),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut c = r2.cmd(&["copy", "--from", "/nonexistent/repo"]);
+    c.env("CAIRN_FROM_PASSWORD", PASSWORD);
+    assert_eq!(c.output().unwrap().status.code(), Some(10));
+    let o = copy_cmd(&r1, &r2, &["ffffffff"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(r2.snapshot_ids().is_empty());
+}

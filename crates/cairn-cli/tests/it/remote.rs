@@ -1,0 +1,290 @@
+//! Repositories on S3 (the MinIO server scripts/test.sh starts), storage faults
+//! (`CAIRN_FAULTS`) and rate limits: every command works on S3 as on a directory,
+//! transient failures are retried, permanent ones fail cleanly and lose nothing.
+
+use crate::util::*;
+use std::fs;
+use std::time::{Duration, Instant};
+
+/// Bytes downloaded, from the line `CAIRN_TRAFFIC_REPORT` makes cairn print.
+fn downloaded(stderr: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("traffic: "))
+        .unwrap_or_else(|| panic!("no traffic line in {stderr}"));
+    let after = line.split("downloaded ").nth(1).unwrap();
+    after.split(' ').next().unwrap().parse().unwrap()
+}
+
+fn traffic(env: &Env, args: &[&str]) -> u64 {
+    let o = env
+        .cmd(args)
+        .env("CAIRN_TRAFFIC_REPORT", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "cairn {args:?}: {stderr}");
+    downloaded(&stderr)
+}
+
+#[test]
+fn every_command_works_on_s3() {
+    let env = Env::s3("commands");
+    let src = env.path("src");
+    make_full_tree(&src, 21);
+    env.init(&[]);
+    // A second init refuses (the repository exists).
+    env.fails(&["init"], 1);
+    let first = env.backup(&[&src]);
+    let orig = env.path("orig");
+    copy_tree(&src, &orig);
+    fs::write(src.join("small.txt"), b"changed on day two").unwrap();
+    fs::create_dir_all(src.join("new-dir")).unwrap();
+    fs::write(src.join("new-dir/new.bin"), Rng(5).bytes(3 << 20, false)).unwrap();
+    let second = env.backup(&[&src]);
+    assert_eq!(env.snapshot_ids().len(), 2);
+
+    let restored = env.restore(&second, &src, "r2");
+    assert_same(&src, &restored);
+    let restored = env.restore(&first, &src, "r1");
+    assert_same(&orig, &restored);
+    let listing = env.ok(&["ls", &second]);
+    assert!(listing.contains("new.bin"), "{listing}");
+    let dumped = env
+        .cmd(&["dump", &second, &format!("{}/small.txt", src.display())])
+        .output()
+        .unwrap();
+    assert_eq!(dumped.stdout, b"changed on day two");
+    let stats: serde_json::Value = serde_json::from_str(&env.ok(&["stats", "--json"])).unwrap();
+    assert!(stats["snapshots"].as_u64().unwrap_or(2) >= 1, "{stats}");
+    let pw2 = env.path("pw2");
+    fs::write(&pw2, "second password\n").unwrap();
+    env.ok(&["key", "add", "--new-password-file", pw2.to_str().unwrap()]);
+    let o = env
+        .cmd(&["snapshots"])
+        .env_remove("CAIRN_PASSWORD")
+        .arg("--password-file")
+        .arg(&pw2)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    env.ok(&["forget", &first]);
+    env.ok(&["prune"]);
+    env.check_clean();
+    assert_same(&src, &env.restore(&second, &src, "r3"));
+}
+
+#[test]
+fn the_cache_spares_downloads() {
+    let env = Env::s3("cache");
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    for d in 0..20 {
+        let dir = src.join(format!("d{d}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..20 {
+            fs::write(dir.join(format!("f{f}")), format!("{d}/{f}").repeat(50)).unwrap();
+        }
+    }
+    env.init(&[]);
+    env.backup(&[&src]);
+    // Listing and an unchanged re-backup read index, snapshots and the parent's
+    // trees: from the cache, not from S3 (only config, key and locks travel).
+    let listed = traffic(&env, &["snapshots"]);
+    let rebackup = traffic(&env, &["backup", src.to_str().unwrap()]);
+    let uncached = traffic(&env, &["--no-cache", "backup", src.to_str().unwrap()]);
+    assert!(listed < 4096, "snapshots downloaded {listed} bytes");
+    assert!(
+        rebackup * 3 < uncached,
+        "cached re-backup downloaded {rebackup} bytes, uncached {uncached}"
+    );
+    // A cache emptied by hand is only slower.
+    fs::remove_dir_all(env.dir.path().join("cache")).unwrap();
+    env.ok(&["backup", src.to_str().unwrap()]);
+    env.check_clean();
+}
+
+#[test]
+fn s3_errors_are_one_clear_line() {
+    let env = Env::s3("errors");
+    let base = std::env::var("CAIRN_TEST_S3").unwrap();
+    let endpoint = base.rsplit_once('/').unwrap().0.to_string();
+    // A bucket that does not exist.
+    let mut c = env.cmd(&["init"]);
+    c.arg("--repo")
+        .arg(format!("{endpoint}/no-such-bucket-here/x"));
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("bucket does not exist"), "{err}");
+    // Nothing there yet: not a repository (exit 10).
+    let err = env.fails(&["snapshots"], 10);
+    assert!(
+        err.contains("not a cairn repository") || err.contains("no repository"),
+        "{err}"
+    );
+    // Wrong credentials are refused, not retried for minutes.
+    env.init(&[]);
+    let t0 = Instant::now();
+    let o = env
+        .cmd(&["snapshots"])
+        .env("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    // Malformed locations.
+    for bad in ["s3:http://127.0.0.1:1", "s3:"] {
+        let mut c = env.cmd(&["snapshots"]);
+        c.arg("--repo").arg(bad);
+        let o = c.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{bad}: {err}");
+        assert!(
+            err.contains("bucket") || err.contains("host"),
+            "{bad}: {err}"
+        );
+    }
+}
+
+/// One failed call in ten (before or after reaching the store) is retried away:
+/// backup, restore, forget, prune and check all succeed, and the data is exact.
+#[test]
+fn transient_faults_are_retried() {
+    let env = Env::new();
+    let src = env.path("src");
+    make_full_tree(&src, 22);
+    env.init(&[]);
+    let faults = |args: &[&str], seed: u32| {
+        let o = env
+            .cmd(args)
+            .env(
+                "CAIRN_FAULTS",
+                format!("fail=0.1,delay=0.1,delay-ms=5,seed={seed}"),
+            )
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "cairn {args:?} under faults: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    faults(&["backup", src.to_str().unwrap()], 1);
+    fs::write(src.join("small.txt"), b"second").unwrap();
+    faults(&["backup", src.to_str().unwrap()], 2);
+    let ids = env.snapshot_ids();
+    let target = env.path("r");
+    faults(
+        &["restore", &ids[1], "--target", target.to_str().unwrap()],
+        3,
+    );
+    assert_same(&src, &target.join(src.strip_prefix("/").unwrap()));
+    faults(&["forget", &ids[0]], 4);
+    faults(&["prune"], 5);
+    faults(&["check", "--read-data"], 6);
+    env.check_clean();
+}
+
+/// Storage that stops working part-way (dead server, full bucket): each command
+/// fails with a clear error, and what was committed before is intact.
+#[test]
+fn permanent_faults_fail_cleanly_and_lose_nothing() {
+    let env = Env::new();
+    let src = env.path("src");
+    make_full_tree(&src, 23);
+    env.init(&[]);
+    let first = env.backup(&[&src]);
+    let orig = env.path("orig");
+    copy_tree(&src, &orig);
+    fs::write(src.join("big.bin"), Rng(9).bytes(6 << 20, false)).unwrap();
+    for (ops, after) in [("put", 0), ("put", 1), ("put", 2), ("get", 3), ("list", 2)] {
+        let o = env
+            .cmd(&["backup", src.to_str().unwrap()])
+            .env(
+                "CAIRN_FAULTS",
+                format!("fail=1,kind=permanent,ops={ops},after={after}"),
+            )
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{ops} after {after}: {err}");
+        assert!(err.contains("injected fault"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        env.check_clean();
+        assert_same(
+            &orig,
+            &env.restore(&first, &src, &format!("r-{ops}-{after}")),
+        );
+    }
+    // Prune whose deletes fail, and a restore whose reads fail. The first snapshot's
+    // random.bin is in no other snapshot: prune has a pack to delete.
+    fs::remove_file(src.join("dir/random.bin")).unwrap();
+    let second = env.backup(&[&src]);
+    env.ok(&["forget", &first]);
+    let o = env
+        .cmd(&["prune"])
+        .env("CAIRN_FAULTS", "fail=1,kind=permanent,ops=delete")
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    env.check_clean();
+    let target = env.path("rf");
+    let o = env
+        .cmd(&["restore", &second, "--target", target.to_str().unwrap()])
+        .env("CAIRN_FAULTS", "fail=1,kind=permanent,ops=get,after=4")
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
+    env.ok(&["prune"]);
+    env.check_clean();
+    assert_same(&src, &env.restore(&second, &src, "r-final"));
+}
+
+/// `--limit-upload` / `--limit-download` hold the average rate: 3 MiB of
+/// incompressible data at 1 MiB/s takes at least ~3 s each way.
+#[test]
+fn rate_limits_hold() {
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("random.bin"), Rng(3).bytes(3 << 20, false)).unwrap();
+    env.init(&[]);
+    let t0 = Instant::now();
+    env.ok(&["--limit-upload", "1M", "backup", src.to_str().unwrap()]);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(2900),
+        "{:?}",
+        t0.elapsed()
+    );
+    let ids = env.snapshot_ids();
+    let target = env.path("r");
+    let t0 = Instant::now();
+    env.ok(&[
+        "--limit-download",
+        "1M",
+        "restore",
+        &ids[0],
+        "--target",
+        target.to_str().unwrap(),
+    ]);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(2900),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_same(&src, &target.join(src.strip_prefix("/").unwrap()));
+    let err = env.fails(&["--limit-upload", "fast", "snapshots"], 1);
+    assert!(err.contains("limit-upload"), "{err}");
+}

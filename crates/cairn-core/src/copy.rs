@@ -1,0 +1,629 @@
+//! Copying snapshots from one repository to another (`cairn copy`), sending only
+//! what the destination lacks.
+//!
+//! Two repositories share blob ids only when they share their master secret and
+//! chunker parameters (ids are keyed hashes, chunk boundaries are seeded by the key).
+//! Then a copy is a set difference: every blob the snapshot needs and the
+//! destination's index does not hold is read from the source, re-encoded with the
+//! destination's compression and sealed with its key. Otherwise (the usual case:
+//! independent repositories, possibly of different block sizes) each file is
+//! re-chunked with the destination's chunker on the way, and only chunks whose
+//! destination id is missing are stored.
+//!
+//! Re-chunking reads the file from the source; a *file map* remembers, per source
+//! content (its chunk list), the destination content it became, so a file seen in
+//! an earlier snapshot, or an earlier run, is neither read nor re-chunked again. The
+//! map is kept in memory for the run and, when given a path, appended to a local
+//! file authenticated with the destination's key; an entry from disk is used only
+//! after every blob it names is found in the destination's index.
+//!
+//! Commit and resume: each snapshot is finished separately (packs, then index
+//! files, then the snapshot object, the order of a backup), and the destination's
+//! index is flushed every few thousand blobs, so a killed copy keeps what it sent;
+//! the next run finds those blobs in the index and does not send them again. A copy
+//! records where it came from (`Snapshot::copied_from`), so copying the same
+//! snapshot again does nothing.
+
+use crate::blob::{BlobEncoder, EncodedBlob};
+use crate::chunklist::{ChunkListBuilder, for_each_chunk, for_each_content_blob};
+use crate::error::{Error, Result};
+use crate::index::{IdMap, IdSet};
+use crate::lock::RepoLock;
+use crate::packer::{BufferPool, DEFAULT_UPLOAD_THREADS, Packer, Uploader};
+use crate::progress::RestoreProgress;
+use crate::repo::Repository;
+use cairn_format::pack::BlobKind;
+use cairn_format::snapshot::{CopiedFrom, Snapshot};
+use cairn_format::tree::{ChunkList, ChunkRef, Content, Node, NodeKind, Tree};
+use cairn_format::{BlobId, SnapshotId};
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Blobs between index flushes while copying: a killed copy re-sends at most this
+/// many blobs' packs.
+const COPY_INDEX_FLUSH_BLOBS: usize = 4096;
+
+pub struct CopyOptions {
+    /// Threads re-chunking or re-encoding files in parallel.
+    pub threads: usize,
+    /// The file map's location (None: kept in memory for this run only).
+    pub map_path: Option<PathBuf>,
+    /// The destination's lock, checked before each snapshot is committed.
+    pub lock: Option<Arc<RepoLock>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SnapshotCopy {
+    pub source: SnapshotId,
+    pub target: SnapshotId,
+    /// The destination already had a copy of it (nothing was done).
+    pub already_present: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct CopyStats {
+    pub snapshots: Vec<SnapshotCopy>,
+    /// Blob ids shared with the source: copied blob by blob, without re-chunking.
+    pub same_chunking: bool,
+    /// Logical bytes of the files in the snapshots copied.
+    pub logical_bytes: u64,
+    pub files: u64,
+    /// Files read from the source and re-chunked (the rest came from the file map).
+    pub files_rechunked: u64,
+    /// Bytes read from the source's files (plaintext).
+    pub bytes_read: u64,
+    pub blobs_added: u64,
+    /// Bytes of the blobs added, as stored (compressed and sealed).
+    pub bytes_added: u64,
+}
+
+/// Copies `snapshots` of `src` into `dst`, oldest first. Both repositories must have
+/// their index loaded; `dst` must be locked by the caller (non-exclusively, like a
+/// backup) and `src` at least for reading.
+pub fn copy_snapshots(
+    src: &Repository,
+    dst: &Repository,
+    snapshots: &[(SnapshotId, Snapshot)],
+    opts: &CopyOptions,
+    progress: &dyn RestoreProgress,
+) -> Result<CopyStats> {
+    let same_chunking = shares_ids(src, dst);
+    let mut present: HashMap<String, SnapshotId> = HashMap::new();
+    let src_repo = src.config().id.clone();
+    for (id, s) in dst.snapshots()?.0.iter() {
+        if let Some(c) = &s.copied_from
+            && c.repository == src_repo
+        {
+            present.insert(c.snapshot.clone(), *id);
+        }
+    }
+    let mut order: Vec<&(SnapshotId, Snapshot)> = snapshots.iter().collect();
+    order.sort_by(|a, b| a.1.time.cmp(&b.1.time));
+
+    let map = FileMap::open(dst, opts.map_path.as_deref())?;
+    let copier = Copier {
+        src,
+        dst,
+        same_chunking,
+        threads: opts.threads.max(1),
+        map: Mutex::new(map),
+        sink: Mutex::new(None),
+        written: Mutex::new(IdSet::default()),
+        progress,
+        counters: Counters::default(),
+        trees: Mutex::new(IdMap::default()),
+    };
+    let mut stats = CopyStats {
+        same_chunking,
+        ..Default::default()
+    };
+    for (sid, snap) in order {
+        if let Some(t) = present.get(&sid.to_hex()) {
+            stats.snapshots.push(SnapshotCopy {
+                source: *sid,
+                target: *t,
+                already_present: true,
+            });
+            continue;
+        }
+        let target = copier.copy_one(sid, snap, opts)?;
+        present.insert(sid.to_hex(), target);
+        stats.snapshots.push(SnapshotCopy {
+            source: *sid,
+            target,
+            already_present: false,
+        });
+        stats.logical_bytes += snap.summary.total_bytes;
+    }
+    let c = &copier.counters;
+    stats.files = c.files.load(Ordering::Relaxed);
+    stats.files_rechunked = c.files_rechunked.load(Ordering::Relaxed);
+    stats.bytes_read = c.bytes_read.load(Ordering::Relaxed);
+    stats.blobs_added = c.blobs_added.load(Ordering::Relaxed);
+    stats.bytes_added = c.bytes_added.load(Ordering::Relaxed);
+    Ok(stats)
+}
+
+/// Whether `src` and `dst` produce the same blob ids for the same data: same id
+/// key, same chunker seed and parameters.
+pub fn shares_ids(src: &Repository, dst: &Repository) -> bool {
+    let (a, b) = (src.key(), dst.key());
+    a.id_key == b.id_key
+        && a.chunker_seed == b.chunker_seed
+        && src.config().chunker == dst.config().chunker
+}
+
+#[derive(Default)]
+struct Counters {
+    files: AtomicU64,
+    files_rechunked: AtomicU64,
+    bytes_read: AtomicU64,
+    blobs_added: AtomicU64,
+    bytes_added: AtomicU64,
+}
+
+/// Packers and the uploader of the snapshot being copied.
+struct Sink {
+    data: Packer,
+    meta: Packer,
+    uploader: Uploader,
+}
+
+struct Copier<'a> {
+    src: &'a Repository,
+    dst: &'a Repository,
+    same_chunking: bool,
+    threads: usize,
+    map: Mutex<FileMap<'a>>,
+    sink: Mutex<Option<Sink>>,
+    /// Blobs stored by this run (not yet in the destination's loaded index).
+    written: Mutex<IdSet>,
+    progress: &'a dyn RestoreProgress,
+    counters: Counters,
+    /// Source tree -> destination tree, for trees copied by this run: the next
+    /// snapshot's unchanged directories are not walked again.
+    trees: Mutex<IdMap<BlobId>>,
+}
+
+impl Copier<'_> {
+    fn copy_one(
+        &self,
+        sid: &SnapshotId,
+        snap: &Snapshot,
+        opts: &CopyOptions,
+    ) -> Result<SnapshotId> {
+        let pool = Arc::new(BufferPool::new(DEFAULT_UPLOAD_THREADS + 1));
+        let pack_size = self.dst.config().pack_size as usize;
+        let mut uploader = Uploader::start(
+            self.dst.backend().clone(),
+            self.dst.key().clone(),
+            pool.clone(),
+        );
+        uploader.set_index_flush(COPY_INDEX_FLUSH_BLOBS);
+        *crate::lock(&self.sink) = Some(Sink {
+            data: Packer::new(self.dst.key().clone(), pool.clone(), pack_size),
+            meta: Packer::new(self.dst.key().clone(), pool, pack_size),
+            uploader,
+        });
+        let root = snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?;
+        // Deep directory chains recurse once per level: give the walk a large stack.
+        let walked = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("cairn-copy".into())
+                .stack_size(256 << 20)
+                .spawn_scoped(s, || self.copy_tree(&root))
+                .map_err(|e| Error::Invalid(format!("cannot start the copy thread: {e}")))?
+                .join()
+                .unwrap_or_else(|_| Err(Error::Invalid("copy thread panicked".into())))
+        });
+        let sink = crate::lock(&self.sink).take();
+        let finished = match sink {
+            Some(mut s) => {
+                let flushed = (|| {
+                    if let Some(p) = s.data.finish() {
+                        s.uploader.send(p)?;
+                    }
+                    if let Some(p) = s.meta.finish() {
+                        s.uploader.send(p)?;
+                    }
+                    Ok::<_, Error>(())
+                })();
+                // Finish the uploader even after a failure: what was stored is indexed.
+                let up = s.uploader.finish();
+                flushed.and(up.map(|_| ()))
+            }
+            None => Err(Error::Invalid("copy state lost".into())),
+        };
+        crate::lock(&self.map).flush()?;
+        let new_root = walked?;
+        finished?;
+        let mut copy = snap.clone();
+        copy.tree = new_root.to_hex();
+        copy.parent = None;
+        copy.original = None;
+        copy.copied_from = Some(CopiedFrom {
+            repository: self.src.config().id.clone(),
+            snapshot: sid.to_hex(),
+        });
+        if let Some(l) = &opts.lock {
+            l.check_fresh()?;
+        }
+        self.dst.write_snapshot(&copy)
+    }
+
+    fn is_stored(&self, id: &BlobId) -> bool {
+        self.dst.index().is_live(id) || crate::lock(&self.written).contains(id)
+    }
+
+    /// Adds an encoded blob to the destination unless another thread just did.
+    fn store(&self, b: EncodedBlob) -> Result<()> {
+        if !crate::lock(&self.written).insert(b.id) {
+            return Ok(());
+        }
+        self.counters.blobs_added.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_added
+            .fetch_add(b.sealed.len() as u64, Ordering::Relaxed);
+        let mut guard = crate::lock(&self.sink);
+        let sink = guard
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("copy state lost".into()))?;
+        let packer = if b.kind == BlobKind::Data {
+            &mut sink.data
+        } else {
+            &mut sink.meta
+        };
+        if let Some(p) = packer.add(b) {
+            sink.uploader.send(p)?;
+        }
+        Ok(())
+    }
+
+    /// Stores `plaintext` as a blob of `kind` in the destination if it is missing
+    /// there, and returns its destination id.
+    fn put_blob(&self, enc: &mut BlobEncoder, kind: BlobKind, plaintext: &[u8]) -> Result<BlobId> {
+        let key = self.dst.key();
+        let id = key.blob_id(plaintext);
+        if !self.is_stored(&id) {
+            self.store(enc.encode(key, kind, id, plaintext)?)?;
+        }
+        Ok(id)
+    }
+
+    fn encoder(&self) -> BlobEncoder {
+        BlobEncoder::new(self.dst.config().compression.zstd_level())
+    }
+
+    fn copy_tree(&self, id: &BlobId) -> Result<BlobId> {
+        if let Some(done) = crate::lock(&self.trees).get(id) {
+            return Ok(*done);
+        }
+        let tree = self.src.load_tree(id)?;
+        let mut nodes = tree.nodes;
+        for n in nodes.iter_mut() {
+            if n.kind == NodeKind::Dir
+                && let Some(sub) = n.subtree
+            {
+                n.subtree = Some(self.copy_tree(&sub)?);
+            }
+            self.progress.entry_done();
+        }
+        self.copy_files(&mut nodes)?;
+        let mut enc = self.encoder();
+        let new = self.put_blob(&mut enc, BlobKind::Tree, &Tree { nodes }.encode())?;
+        crate::lock(&self.trees).insert(*id, new);
+        Ok(new)
+    }
+
+    /// Translates the content of every file of one directory, on several threads
+    /// when there are several files.
+    fn copy_files(&self, nodes: &mut [Node]) -> Result<()> {
+        let files: Vec<usize> = (0..nodes.len())
+            .filter(|&i| nodes[i].kind == NodeKind::File && nodes[i].content != Content::None)
+            .collect();
+        self.counters
+            .files
+            .fetch_add(files.len() as u64, Ordering::Relaxed);
+        let threads = self.threads.min(files.len());
+        if threads <= 1 {
+            let mut enc = self.encoder();
+            for &i in &files {
+                nodes[i].content = self.copy_content(&mut enc, &nodes[i].content)?;
+            }
+            return Ok(());
+        }
+        let next = AtomicUsize::new(0);
+        let results: Mutex<Vec<(usize, Content)>> = Mutex::new(Vec::with_capacity(files.len()));
+        let failed: Mutex<Option<Error>> = Mutex::new(None);
+        let shared: &[Node] = nodes;
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    let mut enc = self.encoder();
+                    loop {
+                        if crate::lock(&failed).is_some() {
+                            return;
+                        }
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&i) = files.get(k) else { return };
+                        match self.copy_content(&mut enc, &shared[i].content) {
+                            Ok(c) => crate::lock(&results).push((i, c)),
+                            Err(e) => {
+                                crate::lock(&failed).get_or_insert(e);
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        for (i, c) in results.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            nodes[i].content = c;
+        }
+        Ok(())
+    }
+
+    fn copy_content(&self, enc: &mut BlobEncoder, content: &Content) -> Result<Content> {
+        if self.same_chunking {
+            self.copy_missing_blobs(enc, content)?;
+            return Ok(content.clone());
+        }
+        let key = content_key(content);
+        let known = crate::lock(&self.map).get(&key);
+        if let Some(c) = known {
+            let size: u64 = content_size(self.dst, &c).unwrap_or(0);
+            self.progress.bytes_done(size);
+            return Ok(c);
+        }
+        let c = self.rechunk(enc, content)?;
+        crate::lock(&self.map).insert(key, &c)?;
+        Ok(c)
+    }
+
+    /// Same ids on both sides: store every blob of the content the destination lacks.
+    fn copy_missing_blobs(&self, enc: &mut BlobEncoder, content: &Content) -> Result<()> {
+        let mut needed = Vec::new();
+        let mut err = None;
+        for_each_content_blob(self.src, content, &mut |id| {
+            if self.is_stored(&id) {
+                // Reported as seen so that a chunk list already present is not
+                // walked; its chunks were stored with it.
+                return false;
+            }
+            needed.push(id);
+            true
+        })?;
+        for id in needed {
+            let Some(loc) = self.src.index().get(&id) else {
+                err.get_or_insert(Error::BlobNotFound(id));
+                continue;
+            };
+            let data = self.src.read_blob(&id)?;
+            self.counters
+                .bytes_read
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            if loc.kind == BlobKind::Data {
+                self.progress.bytes_done(data.len() as u64);
+            }
+            if !self.is_stored(&id) {
+                self.store(enc.encode(self.dst.key(), loc.kind, id, &data)?)?;
+            }
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads a file from the source and chunks it with the destination's chunker.
+    fn rechunk(&self, enc: &mut BlobEncoder, content: &Content) -> Result<Content> {
+        self.counters
+            .files_rechunked
+            .fetch_add(1, Ordering::Relaxed);
+        let mut stream = cairn_chunker::StreamChunker::new(self.dst.chunker());
+        let mut builder = ChunkListBuilder::new();
+        let mut meta_enc = self.encoder();
+        let mut emit = |cl: ChunkList| -> Result<BlobId> {
+            self.put_blob(&mut meta_enc, BlobKind::ChunkList, &cl.encode())
+        };
+        let mut drain = |stream: &mut cairn_chunker::StreamChunker,
+                         builder: &mut ChunkListBuilder,
+                         emit: &mut dyn FnMut(ChunkList) -> Result<BlobId>|
+         -> Result<()> {
+            while let Some(chunk) = stream.next_chunk() {
+                let length = chunk.len() as u64;
+                let id = self.put_blob(enc, BlobKind::Data, chunk)?;
+                builder.push(ChunkRef { id, length }, emit)?;
+            }
+            Ok(())
+        };
+        for_each_chunk(self.src, content, &mut |r: ChunkRef| {
+            let data = self.src.read_blob(&r.id)?;
+            if data.len() as u64 != r.length {
+                return Err(Error::Invalid(format!(
+                    "chunk {} holds {} bytes where its file lists {}",
+                    r.id.short(),
+                    data.len(),
+                    r.length
+                )));
+            }
+            self.counters
+                .bytes_read
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.progress.bytes_done(data.len() as u64);
+            stream.push(&data);
+            drain(&mut stream, &mut builder, &mut emit)
+        })?;
+        stream.finish();
+        drain(&mut stream, &mut builder, &mut emit)?;
+        builder.finish(&mut emit)
+    }
+}
+
+/// Identifies a file's content in the source: its chunk list's root, or the hash of
+/// its inline chunk ids and lengths.
+fn content_key(content: &Content) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    match content {
+        Content::None => {
+            h.update(b"none");
+        }
+        Content::Inline(refs) => {
+            h.update(b"inline");
+            for r in refs {
+                h.update(&r.id.0);
+                h.update(&r.length.to_le_bytes());
+            }
+        }
+        Content::Tree {
+            root,
+            depth,
+            chunks,
+        } => {
+            h.update(b"tree");
+            h.update(&root.0);
+            h.update(&[*depth]);
+            h.update(&chunks.to_le_bytes());
+        }
+    }
+    *h.finalize().as_bytes()
+}
+
+/// A file's size from its content (inline lengths; for a chunk list, its root's
+/// entries), for progress only.
+fn content_size(repo: &Repository, c: &Content) -> Option<u64> {
+    match c {
+        Content::None => Some(0),
+        Content::Inline(refs) => Some(refs.iter().map(|r| r.length).sum()),
+        Content::Tree { root, .. } => repo
+            .load_chunk_list(root)
+            .ok()
+            .map(|l| l.entries.iter().map(|e| e.length).sum()),
+    }
+}
+
+/// Source content -> destination content, for files already re-chunked.
+struct FileMap<'a> {
+    dst: &'a Repository,
+    /// Entries made by this run (their blobs are stored or queued): trusted.
+    fresh: HashMap<[u8; 32], Content>,
+    /// Entries read from disk: used only once every blob they name is in the
+    /// destination's index.
+    loaded: HashMap<[u8; 32], Content>,
+    out: Option<std::io::BufWriter<std::fs::File>>,
+    path: Option<PathBuf>,
+}
+
+/// `len:u32le || source key[32] || encoded one-node tree || mac[32]`, the MAC keyed by
+/// the destination's key over everything before it.
+const MAP_MAGIC: &[u8; 8] = b"CAIRNCM1";
+const MAX_MAP_RECORD: usize = 16 << 20;
+
+impl<'a> FileMap<'a> {
+    fn open(dst: &'a Repository, path: Option<&Path>) -> Result<FileMap<'a>> {
+        let mut map = FileMap {
+            dst,
+            fresh: HashMap::new(),
+            loaded: HashMap::new(),
+            out: None,
+            path: path.map(Path::to_path_buf),
+        };
+        let Some(path) = path else { return Ok(map) };
+        if let Ok(raw) = std::fs::read(path) {
+            map.load(&raw);
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        if f.metadata().map(|m| m.len()).unwrap_or(0) == 0 {
+            f.write_all(MAP_MAGIC).map_err(|e| Error::io(path, e))?;
+        }
+        map.out = Some(std::io::BufWriter::new(f));
+        Ok(map)
+    }
+
+    /// Reads records up to the first damaged one (a killed run's partial tail).
+    fn load(&mut self, raw: &[u8]) {
+        let Some(mut rest) = raw.strip_prefix(MAP_MAGIC.as_slice()) else {
+            return;
+        };
+        while rest.len() >= 4 {
+            let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            if !(64..=MAX_MAP_RECORD).contains(&len) || rest.len() < 4 + len {
+                return;
+            }
+            let (body, mac) = rest[4..4 + len].split_at(len - 32);
+            if self.dst.key().mac(body)[..] != *mac {
+                return;
+            }
+            let mut key = [0u8; 32];
+            key.copy_from_slice(&body[..32]);
+            let Ok(tree) = Tree::decode(&body[32..]) else {
+                return;
+            };
+            if let Some(n) = tree.nodes.into_iter().next() {
+                self.loaded.insert(key, n.content);
+            }
+            rest = &rest[4 + len..];
+        }
+    }
+
+    fn get(&mut self, key: &[u8; 32]) -> Option<Content> {
+        if let Some(c) = self.fresh.get(key) {
+            return Some(c.clone());
+        }
+        let c = self.loaded.remove(key)?;
+        if !self.all_stored(&c) {
+            return None;
+        }
+        self.fresh.insert(*key, c.clone());
+        Some(c)
+    }
+
+    fn all_stored(&self, c: &Content) -> bool {
+        let index = self.dst.index();
+        let mut ok = true;
+        let walked = for_each_content_blob(self.dst, c, &mut |id| {
+            ok &= index.is_live(&id);
+            ok
+        });
+        walked.is_ok() && ok
+    }
+
+    fn insert(&mut self, key: [u8; 32], c: &Content) -> Result<()> {
+        self.fresh.insert(key, c.clone());
+        let Some(out) = self.out.as_mut() else {
+            return Ok(());
+        };
+        let mut node = Node::new(b"f".to_vec(), NodeKind::File);
+        node.content = c.clone();
+        let mut body = key.to_vec();
+        body.extend_from_slice(&Tree { nodes: vec![node] }.encode());
+        let mac = self.dst.key().mac(&body);
+        let len = (body.len() + 32) as u32;
+        let path = self.path.clone().unwrap_or_default();
+        out.write_all(&len.to_le_bytes())
+            .and_then(|_| out.write_all(&body))
+            .and_then(|_| out.write_all(&mac))
+            .map_err(|e| Error::io(&path, e))
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if let Some(out) = self.out.as_mut() {
+            let path = self.path.clone().unwrap_or_default();
+            out.flush().map_err(|e| Error::io(&path, e))?;
+        }
+        Ok(())
+    }
+}

@@ -212,6 +212,14 @@ pub struct InitArgs {
     /// Directory for the SSD placement (default: ~/.cache/cairn/index)
     #[arg(long)]
     pub index_path: Option<PathBuf>,
+    /// Share this repository's key and chunking (its block size) so that `copy`
+    /// between the two sends blobs as they are, reading only what is missing
+    #[arg(long, value_name = "REPO")]
+    pub copy_key_from: Option<String>,
+    /// With --copy-key-from: that repository's password file (else
+    /// CAIRN_FROM_PASSWORD, or a prompt)
+    #[arg(long, env = "CAIRN_FROM_PASSWORD_FILE", value_name = "FILE")]
+    pub from_password_file: Option<PathBuf>,
 }
 
 #[derive(Args)]

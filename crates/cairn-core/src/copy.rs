@@ -390,13 +390,13 @@ impl Copier<'_> {
     fn copy_missing_blobs(&self, enc: &mut BlobEncoder, content: &Content) -> Result<()> {
         let mut needed = Vec::new();
         let mut err = None;
+        // Every chunk list is walked, even one the destination has: its chunks are
+        // checked one by one rather than assumed (a prune may have kept a list
+        // without its chunks if nothing used it).
         for_each_content_blob(self.src, content, &mut |id| {
-            if self.is_stored(&id) {
-                // Reported as seen so that a chunk list already present is not
-                // walked; its chunks were stored with it.
-                return false;
+            if !self.is_stored(&id) {
+                needed.push(id);
             }
-            needed.push(id);
             true
         })?;
         for id in needed {

@@ -29,6 +29,43 @@ pub struct InitOptions {
     pub kdf: KdfParams,
     pub index_placement: IndexPlacement,
     pub index_path: Option<String>,
+    /// Share another repository's master secret and chunker settings (`init
+    /// --copy-key-from`): both then give the same data the same blob ids, so `copy`
+    /// between them compares ids instead of re-chunking, and reads from the source
+    /// only what the destination lacks. `block_size` is ignored.
+    pub shared: Option<SharedKey>,
+}
+
+/// What a repository shares with the one whose key it copies.
+#[derive(Clone)]
+pub struct SharedKey {
+    pub secret: [u8; 32],
+    pub chunker: ChunkerParams,
+}
+
+impl std::fmt::Debug for SharedKey {
+    /// The secret never reaches a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedKey")
+            .field("chunker", &self.chunker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedKey {
+    /// Refuses to put the secret of an unencrypted repository (stored in plain text
+    /// in its config) behind a password: the new repository would only look secret.
+    pub fn of(repo: &Repository, encrypt: bool) -> Result<SharedKey> {
+        if encrypt && repo.config().encryption == Encryption::None {
+            return Err(Error::Invalid(
+                "the source repository is not encrypted: its key is readable by anyone with access to it, so an encrypted repository cannot share it (use --no-encryption, or do not share the key)".into(),
+            ));
+        }
+        Ok(SharedKey {
+            secret: *repo.key().secret(),
+            chunker: repo.config().chunker.clone(),
+        })
+    }
 }
 
 impl Default for InitOptions {
@@ -40,6 +77,7 @@ impl Default for InitOptions {
             kdf: KdfParams::new_default(),
             index_placement: IndexPlacement::Ram,
             index_path: None,
+            shared: None,
         }
     }
 }
@@ -168,13 +206,20 @@ impl Repository {
         } else {
             Encryption::None
         };
-        let key = MasterKey::generate(encryption);
+        let key = match &opts.shared {
+            Some(s) => MasterKey::from_secret(s.secret, encryption),
+            None => MasterKey::generate(encryption),
+        };
+        let chunker = match &opts.shared {
+            Some(s) => s.chunker.clone(),
+            None => ChunkerParams::for_block_size(opts.block_size),
+        };
         let config = Config {
             version: REPO_FORMAT_VERSION,
             id: RepoId(random_bytes()).to_hex(),
             created: crate::time::now_rfc3339(),
             encryption,
-            chunker: ChunkerParams::for_block_size(opts.block_size),
+            chunker,
             compression: opts.compression,
             pack_size: DEFAULT_PACK_SIZE as u32,
             max_concurrent_jobs: cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS,

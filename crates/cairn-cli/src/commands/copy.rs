@@ -8,11 +8,12 @@ use cairn_core::copy::{CopyOptions, copy_snapshots};
 use std::io::IsTerminal;
 use std::time::Instant;
 
-fn source_password(a: &CopyArgs) -> Result<String> {
+/// The source repository's password: CAIRN_FROM_PASSWORD, the file, or a prompt.
+pub fn source_password(file: Option<&std::path::Path>) -> Result<String> {
     if let Ok(p) = std::env::var("CAIRN_FROM_PASSWORD") {
         return Ok(p);
     }
-    if let Some(f) = &a.from_password_file {
+    if let Some(f) = file {
         return ui::read_password_file(f);
     }
     if std::io::stdin().is_terminal() {
@@ -33,8 +34,10 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     if to == a.from {
         bail!("the source and the destination are the same repository");
     }
-    let mut src = super::open_at(g, &a.from, || source_password(a))
-        .with_context(|| format!("opening the source {}", a.from))?;
+    let mut src = super::open_at(g, &a.from, || {
+        source_password(a.from_password_file.as_deref())
+    })
+    .with_context(|| format!("opening the source {}", a.from))?;
     let mut dst = super::open_at(g, &to, || ui::password(g))
         .with_context(|| format!("opening the destination {to}"))?;
     if src.config().id == dst.config().id {

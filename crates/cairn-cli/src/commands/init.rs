@@ -1,5 +1,5 @@
 use crate::args::{Global, InitArgs};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use cairn_core::{InitOptions, Repository};
 use cairn_format::config::{Compression, IndexPlacement};
 
@@ -93,6 +93,14 @@ pub fn run(g: &Global, a: &InitArgs) -> Result<i32> {
             .transpose()?,
         ..InitOptions::default()
     };
+    let mut opts = opts;
+    if let Some(from) = &a.copy_key_from {
+        let src = super::open_at(g, from, || {
+            super::copy::source_password(a.from_password_file.as_deref())
+        })
+        .with_context(|| format!("opening {from}"))?;
+        opts.shared = Some(cairn_core::repo::SharedKey::of(&src, opts.encryption)?);
+    }
     let repo = init_repo(g, &opts)?;
     describe(g, &repo)?;
     Ok(0)

@@ -194,3 +194,57 @@ fn copy_refuses_bad_input() {
     assert_eq!(o.status.code(), Some(1));
     assert!(r2.snapshot_ids().is_empty());
 }
+
+/// A repository made with `init --copy-key-from` gives the same data the same ids:
+/// copy then moves blobs as they are (no re-chunking), reading from the source only
+/// what the destination lacks.
+#[test]
+fn repositories_sharing_a_key_copy_blob_by_blob() {
+    let r1 = Env::new();
+    r1.init(&["--block-size", "8K"]);
+    let (src, days) = history(&r1);
+    let r2 = Env::new();
+    let o = r2
+        .cmd(&[
+            "init",
+            "--json",
+            "--compression",
+            "max",
+            "--copy-key-from",
+            &r1.location,
+        ])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let made: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(made["block_size"], 8192, "the source's chunking is kept");
+
+    let ids = r1.snapshot_ids();
+    let first = copy(&r1, &r2, &[&ids[0], &ids[1]]);
+    assert_eq!(first["same_chunking"], true);
+    assert_eq!(first["files_rechunked"], 0);
+    let last = copy(&r1, &r2, &[]);
+    assert_eq!(last["snapshots_copied"], 1);
+    let read = last["bytes_read_from_source"].as_u64().unwrap();
+    assert!(
+        read < 1 << 20,
+        "day three read {read} bytes from the source"
+    );
+    let copied = r2.snapshot_ids();
+    for (day, id) in copied.iter().enumerate() {
+        assert_same(&days[day], &r2.restore(id, &src, &format!("r{day}")));
+    }
+    r2.check_clean();
+
+    // An unencrypted repository's key is not put behind a password.
+    let plain = Env::new();
+    plain.init(&["--no-encryption"]);
+    let r3 = Env::new();
+    let o = r3
+        .cmd(&["init", "--copy-key-from", &plain.location])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not encrypted"));
+}

@@ -42,9 +42,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Blobs between index flushes while copying: a killed copy re-sends at most this
-/// many blobs' packs.
+/// Index flushes while copying: every this many blobs or packs (64 MiB at the
+/// default pack size), so a killed copy re-sends at most that much.
 const COPY_INDEX_FLUSH_BLOBS: usize = 4096;
+const COPY_INDEX_FLUSH_PACKS: usize = 4;
 
 pub struct CopyOptions {
     /// Threads re-chunking or re-encoding files in parallel.
@@ -202,7 +203,7 @@ impl Copier<'_> {
             self.dst.key().clone(),
             pool.clone(),
         );
-        uploader.set_index_flush(COPY_INDEX_FLUSH_BLOBS);
+        uploader.set_index_flush(COPY_INDEX_FLUSH_BLOBS, COPY_INDEX_FLUSH_PACKS);
         *crate::lock(&self.sink) = Some(Sink {
             data: Packer::new(self.dst.key().clone(), pool.clone(), pack_size),
             meta: Packer::new(self.dst.key().clone(), pool, pack_size),

@@ -178,6 +178,7 @@ struct UploadShared {
     stats: Mutex<UploadStats>,
     failed: Mutex<Option<Error>>,
     flush_blobs: std::sync::atomic::AtomicUsize,
+    flush_packs: std::sync::atomic::AtomicUsize,
 }
 
 /// Background threads that store packs and then the index files listing them. Each
@@ -212,6 +213,7 @@ impl Uploader {
             stats: Mutex::new(UploadStats::default()),
             failed: Mutex::new(None),
             flush_blobs: std::sync::atomic::AtomicUsize::new(INDEX_FLUSH_BLOBS),
+            flush_packs: std::sync::atomic::AtomicUsize::new(usize::MAX),
         });
         let mut handles = Vec::with_capacity(threads);
         for _ in 0..threads {
@@ -237,12 +239,13 @@ impl Uploader {
         }
     }
 
-    /// Writes an index file every `blobs` blobs stored (default 200,000): fewer
-    /// re-sent packs after an interruption, more index files.
-    pub fn set_index_flush(&mut self, blobs: usize) {
-        self.shared
-            .flush_blobs
-            .store(blobs.max(1), std::sync::atomic::Ordering::Relaxed);
+    /// Writes an index file every `blobs` blobs or `packs` packs stored (default
+    /// 200,000 blobs, any number of packs): fewer re-sent packs after an
+    /// interruption, more index files.
+    pub fn set_index_flush(&mut self, blobs: usize, packs: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.shared.flush_blobs.store(blobs.max(1), Relaxed);
+        self.shared.flush_packs.store(packs.max(1), Relaxed);
     }
 
     /// Queues a pack. An error here means the uploader stopped; `finish` says why.
@@ -329,10 +332,9 @@ fn upload_loop(
             id: p.id,
             blobs: p.blobs,
         });
-        if pending.1
-            >= shared
-                .flush_blobs
-                .load(std::sync::atomic::Ordering::Relaxed)
+        let (blobs, packs) = (&shared.flush_blobs, &shared.flush_packs);
+        if pending.1 >= blobs.load(std::sync::atomic::Ordering::Relaxed)
+            || pending.0.packs.len() >= packs.load(std::sync::atomic::Ordering::Relaxed)
         {
             // Written under the lock: index files are rare, and a pack stored by
             // another thread meanwhile simply waits for the next one.

@@ -73,6 +73,45 @@ fn every_command_works_on_s3() {
     env.ok(&["prune"]);
     env.check_clean();
     assert_same(&src, &env.restore(&second, &src, "r3"));
+
+    // Settings, locks, the index's placement, and rebuilding the index from packs.
+    env.ok(&["config", "--max-concurrent-jobs", "3"]);
+    env.ok(&["unlock"]);
+    let ssd = env.path("ssd-index");
+    env.ok(&[
+        "index",
+        "--placement",
+        "ssd",
+        "--path",
+        ssd.to_str().unwrap(),
+    ]);
+    env.ok(&["index", "--placement", "ram"]);
+    env.ok(&["repair", "index"]);
+    env.check_clean();
+
+    // Three backups at once into the same S3 repository.
+    let trees: Vec<_> = (0..3)
+        .map(|i| {
+            let t = env.path(&format!("job{i}"));
+            fs::create_dir_all(&t).unwrap();
+            fs::write(t.join("shared.bin"), Rng(40).bytes(2 << 20, false)).unwrap();
+            fs::write(t.join("own.bin"), Rng(41 + i).bytes(1 << 20, false)).unwrap();
+            t
+        })
+        .collect();
+    let children: Vec<_> = trees
+        .iter()
+        .map(|t| {
+            env.cmd(&["backup", "-q", t.to_str().unwrap()])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    assert_eq!(env.snapshot_ids().len(), 4);
+    env.check_clean();
 }
 
 #[test]

@@ -24,6 +24,11 @@ fn subset(s: &str) -> Result<Subset> {
 
 pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
     let subset = a.read_data_subset.as_deref().map(subset).transpose()?;
+    // Check reads what the storage holds, never the local cache's copies (a damaged
+    // remote index file must be found even if an intact copy is cached).
+    let mut g = g.clone();
+    g.remote.no_cache = true;
+    let g = &g;
     let mut repo = super::open(g)?;
     let _lock = super::lock(&repo, "read", false)?;
     let report = check::check(

@@ -327,3 +327,32 @@ fn rate_limits_hold() {
     let err = env.fails(&["--limit-upload", "fast", "snapshots"], 1);
     assert!(err.contains("limit-upload"), "{err}");
 }
+
+/// Damage on the S3 server is found by `check` even when the local cache holds
+/// intact copies: check reads what the storage holds.
+#[test]
+fn check_sees_damage_on_s3_behind_the_cache() {
+    use cairn_backend::{Backend, S3Backend, S3Options};
+    let env = Env::s3("damage");
+    let src = env.path("src");
+    make_full_tree(&src, 24);
+    env.init(&[]);
+    env.backup(&[&src]);
+    env.ok(&["snapshots"]); // fills the cache
+    env.check_clean();
+    let store = S3Backend::open(&env.location, &S3Options::default()).unwrap();
+    let index = store.list("index/").unwrap();
+    let victim = &index[0].name;
+    let mut raw = store.get(victim).unwrap();
+    let mid = raw.len() / 2;
+    raw[mid] ^= 0x40;
+    store.put(victim, &raw).unwrap();
+    let out = env.run(&["check"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(!text.contains("no errors were found"), "{text}");
+}

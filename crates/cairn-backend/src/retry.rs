@@ -31,11 +31,24 @@ impl Default for RetryPolicy {
     }
 }
 
-#[derive(Debug)]
+/// Told about each retry (error, attempt that failed counting from 1, wait before
+/// the next): the CLI prints it, so a slow or flapping server is visible.
+pub type RetryNotice = Box<dyn Fn(&BackendError, u32, Duration) + Send + Sync>;
+
 pub struct RetryBackend {
     inner: Arc<dyn Backend>,
     policy: RetryPolicy,
     retries: AtomicU64,
+    notice: Option<RetryNotice>,
+}
+
+impl std::fmt::Debug for RetryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetryBackend")
+            .field("inner", &self.inner)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RetryBackend {
@@ -44,7 +57,13 @@ impl RetryBackend {
             inner,
             policy,
             retries: AtomicU64::new(0),
+            notice: None,
         }
+    }
+
+    pub fn with_notice(mut self, notice: RetryNotice) -> Self {
+        self.notice = Some(notice);
+        self
     }
 
     /// Calls that failed transiently and were repeated.
@@ -85,7 +104,11 @@ impl RetryBackend {
                             ..e
                         });
                     }
-                    std::thread::sleep(self.delay(attempt));
+                    let wait = self.delay(attempt);
+                    if let Some(n) = &self.notice {
+                        n(&e, attempt + 1, wait);
+                    }
+                    std::thread::sleep(wait);
                     self.retries.fetch_add(1, Ordering::Relaxed);
                     attempt += 1;
                 }
@@ -170,10 +193,20 @@ mod tests {
                 ..quick()
             },
         );
+        let seen = Arc::new(AtomicU64::new(0));
+        let counter = seen.clone();
+        let b = b.with_notice(Box::new(move |e, attempt, _| {
+            assert_eq!(e.kind, BackendErrorKind::Transient);
+            assert_eq!(
+                u64::from(attempt),
+                counter.fetch_add(1, Ordering::Relaxed) + 1
+            );
+        }));
         let e = b.get("config").unwrap_err();
         assert_eq!(e.kind, BackendErrorKind::Transient);
         assert!(e.message.contains("after 3 attempts"), "{e}");
         assert_eq!(b.retries(), 2);
+        assert_eq!(seen.load(Ordering::Relaxed), 2);
     }
 
     #[test]

@@ -136,8 +136,18 @@ pub fn backend_at(g: &Global, location: &str) -> Result<(Arc<dyn Backend>, Arc<T
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push((location.to_string(), traffic.clone()));
-    let mut backend: Arc<dyn Backend> =
-        Arc::new(RetryBackend::new(throttled, RetryPolicy::default()));
+    let mut retry = RetryBackend::new(throttled, RetryPolicy::default());
+    if !g.quiet {
+        retry = retry.with_notice(Box::new(|e, attempt, wait| {
+            eprintln!(
+                "warning: {e}; retrying in {:.1}s (attempt {} of {})",
+                wait.as_secs_f64(),
+                attempt + 1,
+                RetryPolicy::default().attempts
+            );
+        }));
+    }
+    let mut backend: Arc<dyn Backend> = Arc::new(retry);
     if local_dir(location).is_none() && !r.no_cache {
         let dir = match &r.cache_dir {
             Some(d) => Some(d.join(cache_key(location))),

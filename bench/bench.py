@@ -30,6 +30,23 @@ another give the baseline, so occupied(concurrent) - occupied(sequential) is the
 duplicate data the concurrent jobs stored. cairn then runs prune --max-unused 0%
 and, after the largest run, restores and verifies every job's snapshot and runs
 check --read-data.
+The s3 scenario (--scenario s3; cairn and restic; not part of all) starts a
+throwaway MinIO (scripts/s3-server.sh, under WORK/s3-server, stopped at the
+end even on error) and, for each --datasets entry, backs up to a fresh S3
+prefix per tool (first, unchanged) and restores (verified); besides wall, MB/s,
+CPU and RSS it records the bytes each command sent and received: cairn's own
+counters (CAIRN_TRAFFIC_REPORT=1) and, for every tool, MinIO's server-side
+counters (v3 metrics). Repository size = bytes of the prefix's objects.
+The copy scenario (--scenario copy; cairn, restic optional; not part of all)
+backs up a --copy-days (12) history of the mixed tree (the maintenance
+history: datasets.apply_history_day on one live tree) into a cairn repository
+R1 with --block-size 4K, then measures `cairn copy --from R1` into a fresh
+local 64K repository (and into a 64K repository on MinIO when a MinIO binary
+is present), records bytes_sent against the snapshots' logical bytes, runs
+each copy a second time (must send nothing), and copies days 1..N-1 and then
+day N alone into a third repository (day N's bytes_sent against the bytes that
+day changed). With restic in --tools, `restic copy` of the same days between
+two restic repositories (target made with init --copy-chunker-params).
 Every command runs under /usr/bin/time -v (CPU user+sys, peak RSS); wall time
 is measured here. After each command `sync` runs (timed separately, not part
 of wall) so one tool's dirty pages do not slow the next one down.
@@ -41,6 +58,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -59,8 +77,8 @@ ALL_TOOLS = ["cairn", "restic", "borg", "kopia"]
 DEFAULT_TOOLS = ["cairn", "restic", "borg"]  # kopia: name it (--tools ...,kopia)
 ALL_DATASETS = ["mixed", "small", "image", "dense"]
 DEFAULT_DATASETS = ["mixed", "small", "image"]  # dense (1M files): name it
-ALL_SCENARIOS = ["backup", "maintenance", "blocksizes", "jobs"]
-DEFAULT_SCENARIOS = ["backup", "maintenance"]  # what --scenario all runs (blocksizes and jobs: opt in)
+ALL_SCENARIOS = ["backup", "maintenance", "blocksizes", "jobs", "s3", "copy"]
+DEFAULT_SCENARIOS = ["backup", "maintenance"]  # what --scenario all runs (blocksizes, jobs, s3, copy: opt in)
 MAINT_TOOLS = ["cairn", "restic"]
 MAINT_PHASES = ["forget", "prune", "check-rd"]
 MAINT_DATASET = "maint"
@@ -85,6 +103,19 @@ JOBS_CAIRN_STATS = {"stored_bytes": ("stored_bytes",), "unique_data_bytes": ("un
 # fields of `restic stats --mode raw-data --json`
 JOBS_RESTIC_STATS = {"raw_total_size": ("total_size",), "raw_total_uncompressed_size": ("total_uncompressed_size",),
                      "raw_blob_count": ("total_blob_count",), "snapshots": ("snapshots_count",)}
+S3_TOOLS = ["cairn", "restic"]
+S3_SCRIPT = os.path.join(REPO_ROOT, "scripts", "s3-server.sh")
+S3_PREFIX = "s3-"  # dataset of the s3 scenario's rows: s3-<kind>
+COPY_DATASET = "copy"
+COPY_DAYS = 12
+COPY_SRC_BLOCK = "4K"
+COPY_DST_BLOCK = "64K"
+# fields of `cairn copy --json` recorded in the note
+COPY_FIELDS = ["snapshots_copied", "same_chunking", "logical_bytes", "files", "files_rechunked",
+               "bytes_read_from_source", "blobs_added", "bytes_added", "bytes_sent", "bytes_received",
+               "duration_secs"]
+# what cairn prints at exit with CAIRN_TRAFFIC_REPORT=1, one line per repository opened
+TRAFFIC_RE = re.compile(r"^traffic: (.+): uploaded (\d+) bytes, downloaded (\d+) bytes, (\d+) requests\s*$")
 MB = 1e6
 
 
@@ -115,6 +146,176 @@ def du_bytes(path):
         return int(out.stdout.split()[0])
     except (IndexError, ValueError):
         return 0
+
+
+def repo_size(t):
+    """Bytes a tool's repository holds: du -sb of a local directory, or for a repository on the
+    s3 server the sum of its objects' sizes (ListObjectsV2 of its prefix)."""
+    s3 = getattr(t, "s3", None)
+    if s3 is not None:
+        n = s3.prefix_bytes(t.s3_prefix)
+        return 0 if n is None else n
+    return du_bytes(t.repo)
+
+
+def cairn_traffic(log_path):
+    """{location: (uploaded, downloaded, requests)} from the `traffic:` lines cairn prints at
+    exit when CAIRN_TRAFFIC_REPORT is set (one line per repository it opened)."""
+    out = {}
+    try:
+        text = open(log_path, errors="replace").read()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        m = TRAFFIC_RE.match(line.strip())
+        if m:
+            out[m.group(1)] = (int(m.group(2)), int(m.group(3)), int(m.group(4)))
+    return out
+
+
+def minio_binary():
+    """The MinIO binary scripts/s3-server.sh would use, without building one: $CAIRN_MINIO,
+    `minio` on PATH, the CI cache, or go's bin directory. None if there is none."""
+    cands = [os.environ.get("CAIRN_MINIO"), shutil.which("minio"),
+             os.path.join(os.environ.get("CAIRN_CI_CACHE") or os.path.join(os.environ.get("HOME") or "/tmp",
+                                                                          ".cache", "cairn-ci"), "minio")]
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
+    if go:
+        try:
+            gobin, gopath = subprocess.run([go, "env", "GOBIN", "GOPATH"], capture_output=True, text=True,
+                                           timeout=30).stdout.splitlines()[:2]
+            cands.append(os.path.join(gobin, "minio") if gobin else
+                         os.path.join(gopath.split(":")[0], "bin", "minio"))
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+    for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+class S3Server:
+    """A throwaway MinIO on loopback (scripts/s3-server.sh) for the s3 and copy scenarios.
+
+    It runs with MINIO_PROMETHEUS_AUTH_TYPE=public, so its v3 metrics (bytes received and sent,
+    requests; updated at once, unlike the cached v2 ones) can be read without a token: the same
+    traffic counters for every tool. Data lives in DIR/data, which remove() and the end of the
+    scenario clean up."""
+    BUCKET_ENV = "CAIRN_TEST_S3_BUCKET"
+
+    def __init__(self, work, name="s3-server"):
+        self.dir = os.path.join(work, name)
+        self.env = {}
+
+    def start(self, build=True):
+        """Start MinIO and read its `export` lines. With build=False, only when a MinIO binary
+        exists already (s3-server.sh would otherwise spend ~10 minutes building one).
+        Raises RuntimeError when it cannot."""
+        env = dict(os.environ, MINIO_PROMETHEUS_AUTH_TYPE="public")
+        if not build:
+            b = minio_binary()
+            if not b:
+                raise RuntimeError("no MinIO binary (CAIRN_MINIO, PATH, ~/.cache/cairn-ci, go bin); "
+                                   "`scripts/s3-server.sh ensure` builds one")
+            env["CAIRN_MINIO"] = b
+        if os.path.exists(self.dir):  # left over from an interrupted run
+            subprocess.run([S3_SCRIPT, "stop", self.dir], capture_output=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        out = subprocess.run([S3_SCRIPT, "start", self.dir], env=env, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"scripts/s3-server.sh start failed (exit {out.returncode}): {out.stderr.strip()[-800:]}")
+        for line in out.stdout.splitlines():
+            toks = shlex.split(line)
+            if toks[:1] == ["export"]:
+                for tok in toks[1:]:
+                    k, _, v = tok.partition("=")
+                    self.env[k] = v
+        for k in ("CAIRN_TEST_S3", "CAIRN_TEST_S3_ENDPOINT", self.BUCKET_ENV, "AWS_ACCESS_KEY_ID",
+                  "AWS_SECRET_ACCESS_KEY"):
+            if not self.env.get(k):
+                self.stop()
+                raise RuntimeError(f"scripts/s3-server.sh start printed no {k}")
+        self.env.setdefault("AWS_REGION", "us-east-1")
+        self.endpoint = self.env["CAIRN_TEST_S3_ENDPOINT"]
+        self.bucket = self.env[self.BUCKET_ENV]
+        log(f"s3: MinIO at {self.endpoint}, bucket {self.bucket}, data in {self.dir}/data")
+        return self
+
+    def stop(self):
+        subprocess.run([S3_SCRIPT, "stop", self.dir], capture_output=True)
+
+    def location(self, prefix):
+        return f"{self.env['CAIRN_TEST_S3']}/{prefix}"
+
+    def tool_env(self):
+        """What a tool needs to reach the server (restic and cairn read the same AWS_* variables)."""
+        return {k: v for k, v in self.env.items() if k.startswith("AWS_") or k.lower() == "no_proxy"}
+
+    def _curl(self, url):
+        r = subprocess.run(["curl", "-fsS", "--noproxy", "*", "--max-time", "60", "--aws-sigv4",
+                            f"aws:amz:{self.env['AWS_REGION']}:s3", "--user",
+                            f"{self.env['AWS_ACCESS_KEY_ID']}:{self.env['AWS_SECRET_ACCESS_KEY']}", url],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr.strip())
+        return r.stdout
+
+    def prefix_bytes(self, prefix):
+        """Sum of the sizes of the objects under prefix/ (ListObjectsV2, paged), or None."""
+        import urllib.parse
+        import xml.etree.ElementTree as ET
+        total, token = 0, None
+        try:
+            while True:
+                q = "list-type=2&prefix=" + urllib.parse.quote(prefix.rstrip("/") + "/", safe="")
+                if token:
+                    # sigv4 wants the query sorted: continuation-token < list-type < prefix
+                    q = "continuation-token=" + urllib.parse.quote(token, safe="") + "&" + q
+                doc = ET.fromstring(self._curl(f"{self.endpoint}/{self.bucket}?{q}"))
+                ns = doc.tag[:doc.tag.index("}") + 1] if doc.tag.startswith("{") else ""
+                for c in doc.iter(ns + "Contents"):
+                    total += int(c.findtext(ns + "Size") or 0)
+                if (doc.findtext(ns + "IsTruncated") or "").lower() != "true":
+                    return total
+                token = doc.findtext(ns + "NextContinuationToken")
+                if not token:
+                    return total
+        except (RuntimeError, ValueError, ET.ParseError) as ex:
+            log(f"s3: listing {prefix} failed: {ex}")
+            return None
+
+    def metrics(self):
+        """Server-side counters: {rx: bytes received, tx: bytes sent, requests}, or {}."""
+        import urllib.request
+        try:
+            req = urllib.request.Request(f"{self.endpoint}/minio/metrics/v3/api/requests")
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            text = opener.open(req, timeout=30).read().decode()
+        except OSError as ex:
+            log(f"s3: reading MinIO metrics failed: {ex}")
+            return {}
+        m = dict(rx=0, tx=0, requests=0)
+        for line in text.splitlines():
+            if line.startswith("#") or 'type="s3"' not in line:
+                continue
+            try:
+                v = float(line.rsplit(None, 1)[1])
+            except (IndexError, ValueError):
+                continue
+            if line.startswith("minio_api_requests_traffic_received_bytes{"):
+                m["rx"] += int(v)
+            elif line.startswith("minio_api_requests_traffic_sent_bytes{"):
+                m["tx"] += int(v)
+            elif line.startswith("minio_api_requests_total{"):
+                m["requests"] += int(v)
+        return m
+
+    def remove(self, prefix):
+        """Delete a repository's objects. Straight from MinIO's data directory (a single-drive
+        MinIO keeps each object as a directory there and no index of them), which is much
+        faster than deleting thousands of objects through the API."""
+        shutil.rmtree(os.path.join(self.dir, "data", self.bucket, prefix), ignore_errors=True)
 
 
 def tree_size(path):
@@ -228,10 +429,19 @@ class Tool:
         self.repo = os.path.join(work, "repos", f"{self.name}-{dataset}")
         self.cache = os.path.join(work, "cache", f"{self.name}-{dataset}")
         os.makedirs(self.cache, exist_ok=True)
+        self.extra_env = {}  # e.g. the s3 server's credentials
+        self.s3 = None  # set (with s3_prefix) when the repository is on the s3 server
+
+    def use_s3(self, server, prefix):
+        """Put the repository on the s3 server, under a prefix of the bucket."""
+        self.s3, self.s3_prefix = server, prefix
+        self.repo = server.location(prefix)
+        self.extra_env.update(server.tool_env())
 
     def env(self):
         e = dict(os.environ)
         e["XDG_CACHE_HOME"] = self.cache
+        e.update(self.extra_env)
         return e
 
     def version(self):
@@ -283,8 +493,12 @@ class Cairn(Tool):
     def env(self):
         e = super().env()
         e["CAIRN_PASSWORD"] = PASSWORD
-        for k in ("CAIRN_REPO", "CAIRN_PASSWORD_FILE"):
-            e.pop(k, None)
+        e["CAIRN_FROM_PASSWORD"] = PASSWORD  # copy: the source repository's password
+        # settings from the caller's environment that would change what is measured
+        for k in ("CAIRN_REPO", "CAIRN_PASSWORD_FILE", "CAIRN_FROM_REPO", "CAIRN_FROM_PASSWORD_FILE",
+                  "CAIRN_CACHE_DIR", "CAIRN_LIMIT_UPLOAD", "CAIRN_LIMIT_DOWNLOAD", "CAIRN_FAULTS"):
+            if k not in self.extra_env:
+                e.pop(k, None)
         return e
 
     def version_cmd(self):
@@ -315,7 +529,9 @@ class Restic(Tool):
         e = super().env()
         e["RESTIC_PASSWORD"] = PASSWORD
         e["RESTIC_CACHE_DIR"] = self.cache
-        e.pop("RESTIC_REPOSITORY", None)
+        for k in ("RESTIC_REPOSITORY", "RESTIC_PASSWORD_FILE", "RESTIC_PASSWORD_COMMAND", "RESTIC_FROM_REPOSITORY",
+                  "RESTIC_FROM_PASSWORD", "RESTIC_FROM_PASSWORD_FILE", "RESTIC_FROM_PASSWORD_COMMAND"):
+            e.pop(k, None)
         return e
 
     def version_cmd(self):
@@ -435,10 +651,11 @@ class Runner:
         self.csv_f.write(f"# hardware: {hardware_line()}\n")
         self.csv_f.write(f"# settings: scale={self.cfg['scale']} cfg={json.dumps(self.cfg, sort_keys=True)} "
                          f"cache={self.cache_mode} datasets={','.join(self.a.datasets)} tools={','.join(self.a.tools)} "
-                         f"scenarios={','.join(self.a.scenarios)} maint_days={self.a.maint_days} "
+                         f"scenarios={','.join(self.a.scenarios)} cairn_bin={self.bins.get('cairn')} "
+                         f"maint_days={self.a.maint_days} "
                          f"maint_keep_last={self.a.maint_keep} maint_churn={self.a.maint_churn} "
                          f"block_sizes={','.join(self.a.block_sizes)} compressions={','.join(self.a.compressions)} "
-                         f"job_counts={','.join(map(str, self.a.job_counts))}\n")
+                         f"job_counts={','.join(map(str, self.a.job_counts))} copy_days={self.a.copy_days}\n")
         self.csv_f.write(f"# versions: {json.dumps(self.versions, sort_keys=True)}\n")
         self.csv_f.write("# units: mb_per_s = 10^6 bytes of input (backup) or restored data (restore) per wall second; "
                          "cpu_s = user+sys; max_rss_kib from /usr/bin/time -v; maintenance rows (dataset maint): "
@@ -454,7 +671,17 @@ class Runner:
                          "another (wall_s summed); note = key=value pairs: cairn stats --json fields or restic "
                          "stats --mode raw-data (raw_*), occupied_bytes (restic: du -sb), seq_occupied_bytes, "
                          "duplicate_bytes = occupied - seq_occupied, after prune --max-unused 0%: "
-                         "*_after_prune_bytes\n")
+                         "*_after_prune_bytes; s3 rows (dataset s3-<kind>): the backup scenario against a "
+                         "MinIO server, repo_bytes = bytes of the repository's objects, note = srv_rx_bytes / "
+                         "srv_tx_bytes / srv_requests (MinIO's counters: bytes it received = uploaded, sent = "
+                         "downloaded, S3 requests) and for cairn uploaded_bytes / downloaded_bytes / requests "
+                         "(CAIRN_TRAFFIC_REPORT); copy rows (dataset copy): day<N> = backups of the history "
+                         "(cairn into R1, 4K blocks; restic into its source repository), copy-<target>[-again] = "
+                         "cairn copy into a 64K repository (input_bytes = logical_bytes, note = the copy --json "
+                         "fields, sent_pct = bytes_sent / logical_bytes, sent_pct_history = bytes_sent / the sum "
+                         "of the days' sizes), incr-* = days 1..N-1 then day N alone (day_new_bytes = bytes that "
+                         "day's edits wrote), restore-<target> = the copied last day restored and verified; "
+                         "restic copy-local: repo_delta_bytes = target growth\n")
         self.w = csv.DictWriter(self.csv_f, fieldnames=CSV_FIELDS)
         self.w.writeheader()
         self.csv_f.flush()
@@ -602,43 +829,78 @@ class Runner:
         return live
 
     # -- one dataset
-    def run_dataset(self, kind, rep):
+    def measure_traffic(self, t, label, argv, cwd=None, stdout_path=None):
+        """measure(), plus for a repository on the s3 server what went over the wire: MinIO's own
+        counters before and after (r["srv"] = dict(rx, tx, requests): bytes the server received,
+        i.e. the tool uploaded, bytes it sent, requests) and cairn's `traffic:` lines (r["traffic"]
+        = {location: (uploaded, downloaded, requests)}; set CAIRN_TRAFFIC_REPORT=1 in the tool's
+        env). r["note"] holds them as key=value pairs (empty for a local repository)."""
+        m0 = t.s3.metrics() if t.s3 is not None else {}
+        r = self.measure(t, label, argv, cwd=cwd, stdout_path=stdout_path)
+        m1 = t.s3.metrics() if t.s3 is not None else {}
+        r["traffic"] = cairn_traffic(os.path.join(BENCH_DIR, r["log"]))
+        parts = []
+        if m0 and m1:
+            r["srv"] = {k: m1[k] - m0[k] for k in ("rx", "tx", "requests")}
+            parts += [f"srv_rx_bytes={r['srv']['rx']}", f"srv_tx_bytes={r['srv']['tx']}",
+                      f"srv_requests={r['srv']['requests']}"]
+        tr = r["traffic"].get(t.repo)
+        if tr is not None:
+            parts += [f"uploaded_bytes={tr[0]}", f"downloaded_bytes={tr[1]}", f"requests={tr[2]}"]
+        r["note"] = " ".join(parts)
+        return r
+
+    # -- one dataset
+    def run_dataset(self, kind, rep, s3=None, tool_names=None):
+        """The backup scenario for one dataset: first, unchanged (and day2/changed/changed1),
+        restore. With s3 (an S3Server), the s3 scenario: each repository on a fresh prefix of the
+        s3 server, phases first, unchanged and restore, rows under dataset s3-<kind> with the
+        traffic of each command in the note."""
+        ds = kind if s3 is None else S3_PREFIX + kind
+        names = tool_names or self.a.tools
         src = self.dataset_src(kind)
-        log(f"{kind} (repetition {rep}): preparing live copy of {src}")
+        log(f"{ds} (repetition {rep}): preparing live copy of {src}")
         live = self.prepare_live(kind, src)
         for d in ("repos", "restore"):
             os.makedirs(os.path.join(self.work, d), exist_ok=True)
         # rotate the tool order between repetitions to cancel order effects
-        order = self.a.tools[(rep - 1) % len(self.a.tools):] + self.a.tools[:(rep - 1) % len(self.a.tools)]
+        order = names[(rep - 1) % len(names):] + names[:(rep - 1) % len(names)]
         tools = {}
         for name in order:
-            t = TOOL_CLASSES[name](self.bins[name], self.work, kind)
+            t = TOOL_CLASSES[name](self.bins[name], self.work, ds)
             for p in (t.repo, t.cache):
                 if os.path.exists(p):
                     shutil.rmtree(p)
             os.makedirs(t.cache)
+            if s3 is not None:
+                # a fresh prefix per tool, dataset and run
+                t.use_s3(s3, f"{name}-{kind}-r{rep}-{self.date}")
+                if name == "cairn":
+                    t.extra_env["CAIRN_TRAFFIC_REPORT"] = "1"
             tools[name] = t
         settle()
-        common = dict(dataset=kind, rep=rep)
+        common = dict(dataset=ds, rep=rep)
         alive = {}
         last_repo = {}
         last_snap = {}
         for name, t in tools.items():
-            r = self.measure(t, f"{kind}-{name}-init-r{rep}", *t.init_cmd())
+            r = self.measure_traffic(t, f"{ds}-{name}-init-r{rep}", *t.init_cmd())
             alive[name] = r["rc"] == 0
-            last_repo[name] = du_bytes(t.repo)
+            last_repo[name] = repo_size(t)
             self.add_row(dict(common, tool=name, tool_version=self.versions.get(name), phase="init",
                               status="ok" if alive[name] else f"fail rc={r['rc']}", wall_s=f"{r['wall_s']:.3f}",
                               user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""), cpu_s=f"{r['cpu_s']:.2f}",
-                              max_rss_kib=r.get("max_rss_kib", ""), repo_bytes=last_repo[name], log=r["log"]))
+                              max_rss_kib=r.get("max_rss_kib", ""), repo_bytes=last_repo[name], log=r["log"],
+                              note=r["note"]))
 
         phases = ["first", "unchanged"]
-        if kind == "mixed":
-            phases.append("day2")
-        if kind == "image":
-            phases.append("changed")
-        if kind == "dense":
-            phases.append("changed1")
+        if s3 is None:
+            if kind == "mixed":
+                phases.append("day2")
+            if kind == "image":
+                phases.append("changed")
+            if kind == "dense":
+                phases.append("changed1")
         for phase in phases:
             if phase == "day2":
                 log("applying day-2 edits to live mixed tree")
@@ -658,8 +920,8 @@ class Runner:
                 if not alive[name]:
                     continue
                 snap = f"{kind}-{phase}"
-                r = self.measure(t, f"{kind}-{name}-{phase}-r{rep}", *t.backup_cmd(live, snap))
-                repo = du_bytes(t.repo)
+                r = self.measure_traffic(t, f"{ds}-{name}-{phase}-r{rep}", *t.backup_cmd(live, snap))
+                repo = repo_size(t)
                 ok = r["rc"] == 0
                 if ok:
                     last_snap[name] = snap
@@ -673,7 +935,8 @@ class Runner:
                     max_rss_kib=r.get("max_rss_kib", ""),
                     mb_per_s=f"{nbytes / MB / r['wall_s']:.2f}", files_per_s=f"{nfiles / r['wall_s']:.1f}",
                     repo_bytes=repo, repo_delta_bytes=repo - last_repo[name], cache_bytes=du_bytes(t.cache),
-                    sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"], log=r["log"]))
+                    sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"], log=r["log"],
+                    note=r["note"]))
                 last_repo[name] = repo
                 self.print_row(self.rows[-1])
 
@@ -682,19 +945,19 @@ class Runner:
         # files is slow here and would disturb the next tool's measurement)
         src_digest = None
         if not self.a.no_verify:
-            log(f"{kind}: hashing source tree for restore verification")
+            log(f"{ds}: hashing source tree for restore verification")
             src_digest = datasets.tree_digest(live)
         targets = []
         for name, t in tools.items():
             if not alive[name] or name not in last_snap:
                 continue
-            target = os.path.join(self.work, "restore", f"{name}-{kind}")
+            target = os.path.join(self.work, "restore", f"{name}-{ds}")
             if os.path.exists(target):
                 shutil.rmtree(target)
             os.makedirs(target)
             settle()
             targets.append(target)
-            r = self.measure(t, f"{kind}-{name}-restore-r{rep}", *t.restore_cmd(target, last_snap[name]))
+            r = self.measure_traffic(t, f"{ds}-{name}-restore-r{rep}", *t.restore_cmd(target, last_snap[name]))
             verify = "skipped"
             rfiles, rbytes = tree_size(target)
             if r["rc"] == 0 and src_digest is not None:
@@ -706,22 +969,51 @@ class Runner:
                 user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""), cpu_s=f"{r['cpu_s']:.2f}",
                 max_rss_kib=r.get("max_rss_kib", ""),
                 mb_per_s=f"{rbytes / MB / r['wall_s']:.2f}", files_per_s=f"{rfiles / r['wall_s']:.1f}",
-                repo_bytes=du_bytes(t.repo), cache_bytes=du_bytes(t.cache), sync_s=f"{r['sync_s']:.2f}",
-                other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"], verify=verify, log=r["log"]))
+                repo_bytes=repo_size(t), cache_bytes=du_bytes(t.cache), sync_s=f"{r['sync_s']:.2f}",
+                other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"], verify=verify, log=r["log"], note=r["note"]))
             self.print_row(self.rows[-1])
             if kind == "dense":
                 # a million restored files per tool would not fit beside the others
                 shutil.rmtree(target, ignore_errors=True)
                 settle()
-        log(f"{kind}: cleaning up")
+        log(f"{ds}: cleaning up")
         for target in targets:
             shutil.rmtree(target, ignore_errors=True)
         if not self.a.keep:
             for t in tools.values():
-                shutil.rmtree(t.repo, ignore_errors=True)
+                if t.s3 is not None:
+                    t.s3.remove(t.s3_prefix)
+                else:
+                    shutil.rmtree(t.repo, ignore_errors=True)
                 shutil.rmtree(t.cache, ignore_errors=True)
             shutil.rmtree(live, ignore_errors=True)
         settle()
+
+    # -- s3 scenario: the backup scenario's first/unchanged/restore against a MinIO server
+    def run_s3(self):
+        names = [t for t in self.a.tools if t in S3_TOOLS]
+        skipped = [t for t in self.a.tools if t not in S3_TOOLS]
+        if skipped:
+            log(f"s3: skipping {','.join(skipped)} (the scenario runs cairn and restic)")
+        if not names:
+            return
+        server = S3Server(self.work)
+        try:
+            log("s3: starting MinIO (scripts/s3-server.sh; it builds MinIO first if there is none, ~10 min)")
+            server.start(build=True)
+        except RuntimeError as ex:
+            log(f"s3: ERROR, scenario skipped: {ex}")
+            self.add_row(dict(dataset="s3", tool="minio", phase="server", status="fail", rep=1, note=str(ex)[:500]))
+            return
+        try:
+            for kind in self.a.datasets:
+                for rep in range(1, self.a.repeat + 1):
+                    self.run_dataset(kind, rep, s3=server, tool_names=names)
+        finally:
+            log("s3: stopping MinIO")
+            server.stop()
+            if not self.a.keep:
+                shutil.rmtree(server.dir, ignore_errors=True)
 
     # -- maintenance scenario: prune and check --read-data on a day-by-day history
     def run_maintenance(self, rep):
@@ -1311,6 +1603,281 @@ class Runner:
                           verify="ok" if r["rc"] == 0 else "FAILED", log=r["log"], note=f"jobs={n} {note}".strip()))
         self.print_row(self.rows[-1])
 
+    # -- copy scenario: cairn copy of a day-by-day history into repositories with another block size
+    def run_copy(self, rep):
+        if "cairn" not in self.a.tools:
+            log("copy: skipped (the scenario needs cairn in --tools)")
+            return
+        skipped = [t for t in self.a.tools if t not in ("cairn", "restic")]
+        if skipped:
+            log(f"copy: skipping {','.join(skipped)} (the scenario runs cairn, and restic when named)")
+        use_restic = "restic" in self.a.tools
+        ds = COPY_DATASET
+        days, churn = self.a.copy_days, self.a.maint_churn
+        src = self.dataset_src("mixed")
+        log(f"copy (repetition {rep}): {days} daily versions of {os.path.basename(src)} "
+            f"({churn:.0%} of files changed per day) into cairn R1 ({COPY_SRC_BLOCK} blocks), then cairn copy "
+            f"into {COPY_DST_BLOCK} repositories" + ("; restic copy between two restic repositories" if use_restic else ""))
+        live = os.path.join(self.work, "live", ds)
+        if os.path.exists(live):
+            shutil.rmtree(live)
+        os.makedirs(os.path.dirname(live), exist_ok=True)
+        subprocess.run(["cp", "-a", src, live], check=True)
+        for d in ("repos", "restore", "logs"):
+            os.makedirs(os.path.join(self.work, d), exist_ok=True)
+        common = dict(dataset=ds, rep=rep)
+        made = []
+
+        def fresh(name, tag):
+            t = TOOL_CLASSES[name](self.bins[name], self.work, f"{ds}-{tag}")
+            for p in (t.repo, t.cache):
+                if os.path.exists(p):
+                    shutil.rmtree(p)
+            os.makedirs(t.cache)
+            if name == "cairn":
+                t.extra_env["CAIRN_TRAFFIC_REPORT"] = "1"
+            made.append(t)
+            return t
+
+        def measured(r):
+            return dict(wall_s=f"{r['wall_s']:.3f}", user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""),
+                        cpu_s=f"{r['cpu_s']:.2f}", max_rss_kib=r.get("max_rss_kib", ""),
+                        sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"],
+                        log=r["log"])
+
+        def kv(d):
+            return " ".join(f"{k}={_fmt_num(v)}" for k, v in d.items() if v is not None and v != "")
+
+        def init(name, t, phase, argv, note):
+            r = self.measure_traffic(t, f"{ds}-{name}-{phase}-r{rep}", argv)
+            self.add_row(dict(common, tool=name, tool_version=self.versions.get(name), phase=phase,
+                              status="ok" if r["rc"] == 0 else f"fail rc={r['rc']}", repo_bytes=repo_size(t),
+                              note=" ".join(x for x in (note, r["note"]) if x), **measured(r)))
+            return r["rc"] == 0
+
+        # 1. the history, backed up day by day into R1 (cairn, 4K) and RS (restic), like the
+        # maintenance scenario: one live tree, datasets.apply_history_day in place
+        r1 = fresh("cairn", "r1")
+        tools = {"cairn": r1}
+        alive = {"cairn": init("cairn", r1, "init", [r1.bin, "init", "--repo", r1.repo, "--block-size",
+                                                      COPY_SRC_BLOCK], f"repo=R1 block={COPY_SRC_BLOCK}")}
+        if use_restic:
+            rs = fresh("restic", "src")
+            tools["restic"] = rs
+            alive["restic"] = init("restic", rs, "init", rs.init_cmd()[0], "repo=source")
+        last = {name: repo_size(t) for name, t in tools.items()}
+        per_day = []
+        for day in range(1, days + 1):
+            edits = {}
+            if day > 1:
+                edits = datasets.apply_history_day(live, day, datasets.DEFAULT_SEED, churn)
+                settle()
+            nfiles, nbytes = tree_size(live)
+            info = dict(day=day, files=nfiles, bytes=nbytes,
+                        new_bytes=nbytes if day == 1 else edits.get("new_bytes", 0),
+                        removed_bytes=edits.get("removed_bytes", 0))
+            for name, t in tools.items():
+                if not alive[name]:
+                    continue
+                r = self.measure(t, f"{ds}-{name}-day{day}-r{rep}", *t.backup_cmd(live, f"day{day}"))
+                repo = repo_size(t)
+                alive[name] = r["rc"] == 0
+                info[f"{name}_added_bytes"] = repo - last[name]
+                self.add_row(dict(common, tool=name, tool_version=self.versions.get(name), phase=f"day{day}",
+                                  status="ok" if r["rc"] == 0 else f"fail rc={r['rc']}", input_bytes=nbytes,
+                                  input_files=nfiles, mb_per_s=f"{nbytes / MB / r['wall_s']:.2f}",
+                                  files_per_s=f"{nfiles / r['wall_s']:.1f}", repo_bytes=repo,
+                                  repo_delta_bytes=repo - last[name], cache_bytes=du_bytes(t.cache),
+                                  note=kv(dict(day=day, block=COPY_SRC_BLOCK if name == "cairn" else None,
+                                               new_bytes=info["new_bytes"], removed_bytes=info["removed_bytes"])),
+                                  **measured(r)))
+                last[name] = repo
+                self.print_row(self.rows[-1])
+            per_day.append(info)
+        history_bytes = sum(d["bytes"] for d in per_day)
+        history_files = sum(d["files"] for d in per_day)
+        log(f"copy: history of {days} days holds {history_bytes / 2**20:.1f} MiB in {history_files} files "
+            f"(day {days}: {per_day[-1]['bytes'] / 2**20:.1f} MiB, {per_day[-1]['new_bytes'] / 2**20:.2f} MiB new)")
+        digest = None
+        if not self.a.no_verify:
+            log("copy: hashing the last day for restore verification")
+            digest = datasets.tree_digest(live)
+
+        ids = []
+        if alive["cairn"]:
+            out = subprocess.run([r1.bin, "snapshots", "--repo", r1.repo, "--json"], env=r1.env(),
+                                 capture_output=True, text=True, stdin=subprocess.DEVNULL)
+            try:
+                ids = [x["id"] for x in sorted(json.loads(out.stdout), key=lambda x: x.get("time") or "")]
+            except (ValueError, KeyError, TypeError):
+                log(f"copy: cairn snapshots failed: {out.stderr[-500:]}")
+            if len(ids) != days:
+                log(f"copy: WARNING R1 holds {len(ids)} snapshots, expected {days}")
+
+        def copy_run(t, phase, target, snaps, **extra):
+            """One measured `cairn copy --from R1 --to T --json [SNAPSHOT...]` (a row); returns its JSON."""
+            label = f"{ds}-cairn-{phase}-r{rep}"
+            out_json = os.path.join(self.work, "logs", label + ".json")
+            before = repo_size(t)
+            settle()
+            r = self.measure_traffic(t, label, [t.bin, "copy", "--from", r1.repo, "--to", t.repo, "--json"] + snaps,
+                                     stdout_path=out_json)
+            doc = {}
+            if r["rc"] == 0:
+                try:
+                    with open(out_json) as f:
+                        doc = json.load(f)
+                except (OSError, ValueError) as ex:
+                    log(f"copy {phase}: cannot parse {out_json}: {ex}")
+            after = repo_size(t)
+            info = {k: doc.get(k) for k in COPY_FIELDS}
+            logical, sent = _f(doc.get("logical_bytes")), _f(doc.get("bytes_sent"))
+            src_tr = r["traffic"].get(r1.repo)
+            info.update(target=target, block=COPY_DST_BLOCK, source_block=COPY_SRC_BLOCK,
+                        snapshots_asked=len(snaps) if snaps else len(ids), history_bytes=history_bytes,
+                        sent_pct=100 * sent / logical if sent is not None and logical else None,
+                        sent_pct_history=100 * sent / history_bytes if sent is not None and history_bytes else None,
+                        src_downloaded_bytes=src_tr[1] if src_tr else None, src_requests=src_tr[2] if src_tr else None)
+            info.update(extra)
+            status = "ok" if r["rc"] == 0 and doc else (f"fail rc={r['rc']}" if r["rc"] else "fail json")
+            wall = r["wall_s"] or 1e-9
+            self.add_row(dict(common, tool="cairn", tool_version=self.versions.get("cairn"), phase=phase,
+                              status=status, input_bytes=doc.get("logical_bytes", ""), input_files=doc.get("files", ""),
+                              mb_per_s=f"{logical / MB / wall:.2f}" if logical else "",
+                              repo_bytes=after, repo_delta_bytes=after - before, cache_bytes=du_bytes(t.cache),
+                              note=" ".join(x for x in (kv(info), r["note"]) if x), **measured(r)))
+            self.print_row(self.rows[-1])
+            if doc:
+                log(f"copy {phase}: {doc.get('snapshots_copied')} snapshots, logical "
+                    f"{(logical or 0) / 2**20:.1f} MiB, sent {(sent or 0) / 2**20:.2f} MiB"
+                    + (f" ({info['sent_pct']:.2f}% of logical)" if info["sent_pct"] is not None else "")
+                    + f", {doc.get('files_rechunked')}/{doc.get('files')} files re-chunked, "
+                      f"{doc.get('duration_secs', 0):.2f}s")
+            return doc if status == "ok" else None
+
+        def restore_check(t, phase, target_desc):
+            if digest is None:
+                return
+            target = os.path.join(self.work, "restore", f"cairn-{ds}")
+            if os.path.exists(target):
+                shutil.rmtree(target)
+            os.makedirs(target)
+            settle()
+            r = self.measure_traffic(t, f"{ds}-cairn-{phase}-r{rep}", *t.restore_cmd(target, "latest"))
+            rfiles, rbytes = tree_size(target)
+            verify = self.verify(target, live, digest) if r["rc"] == 0 else "skipped"
+            self.add_row(dict(common, tool="cairn", tool_version=self.versions.get("cairn"), phase=phase,
+                              status="ok" if r["rc"] == 0 else f"fail rc={r['rc']}", input_bytes=rbytes,
+                              input_files=rfiles, mb_per_s=f"{rbytes / MB / r['wall_s']:.2f}",
+                              files_per_s=f"{rfiles / r['wall_s']:.1f}", repo_bytes=repo_size(t), verify=verify,
+                              note=" ".join(x for x in (f"target={target_desc} snapshot=latest day={days}", r["note"])
+                                            if x), **measured(r)))
+            self.print_row(self.rows[-1])
+            shutil.rmtree(target, ignore_errors=True)
+
+        def copy_target(tag, target_desc, t):
+            """init 64K, copy everything, copy again (no-op), restore the last day and verify."""
+            ok = init("cairn", t, f"init-{tag}", [t.bin, "init", "--repo", t.repo, "--block-size", COPY_DST_BLOCK],
+                      f"target={target_desc} block={COPY_DST_BLOCK}")
+            if not ok:
+                return
+            doc = copy_run(t, f"copy-{tag}", target_desc, [])
+            if doc is None:
+                return
+            if doc.get("logical_bytes") not in (None, history_bytes):
+                log(f"copy {tag}: WARNING logical_bytes {doc.get('logical_bytes')} != {history_bytes} B, the sum "
+                    f"of the {days} days")
+            again = copy_run(t, f"copy-{tag}-again", target_desc, [])
+            if again is not None and again.get("snapshots_copied"):
+                log(f"copy {tag}: WARNING the second copy copied {again.get('snapshots_copied')} snapshots "
+                    f"(expected none)")
+            restore_check(t, f"restore-{tag}", target_desc)
+
+        if alive["cairn"] and ids:
+            # 2. into a fresh local repository with 64K blocks
+            copy_target("local", "local", fresh("cairn", "r2"))
+            # 3. into a 64K repository on MinIO, when there is a MinIO binary (none is built here)
+            server = S3Server(self.work, "s3-server-copy")
+            try:
+                server.start(build=False)
+            except RuntimeError as ex:
+                server = None
+                log(f"copy: no S3 target ({ex})")
+            if server is not None:
+                try:
+                    r3 = fresh("cairn", "r3")
+                    r3.use_s3(server, f"copy-r3-r{rep}-{self.date}")
+                    copy_target("s3", "s3", r3)
+                finally:
+                    log("copy: stopping MinIO")
+                    server.stop()
+                    if not self.a.keep:
+                        shutil.rmtree(server.dir, ignore_errors=True)
+            # 4. incremental: days 1..N-1 first, then day N alone
+            r4 = fresh("cairn", "r4")
+            if days > 1 and init("cairn", r4, "init-incr", [r4.bin, "init", "--repo", r4.repo, "--block-size",
+                                                             COPY_DST_BLOCK], f"target=incr block={COPY_DST_BLOCK}"):
+                first = copy_run(r4, f"incr-days1-{days - 1}", "local", ids[:-1], days_copied=f"1-{days - 1}")
+                if first is not None:
+                    lastd = per_day[-1]
+                    doc = copy_run(r4, f"incr-day{days}", "local", ids[-1:], days_copied=str(days),
+                                   day_bytes=lastd["bytes"], day_new_bytes=lastd["new_bytes"],
+                                   day_removed_bytes=lastd["removed_bytes"],
+                                   day_r1_added_bytes=lastd.get("cairn_added_bytes"))
+                    if doc is not None and lastd["new_bytes"]:
+                        log(f"copy incr-day{days}: sent {doc.get('bytes_sent', 0) / 2**20:.2f} MiB for a day that "
+                            f"wrote {lastd['new_bytes'] / 2**20:.2f} MiB of new bytes "
+                            f"({100 * doc.get('bytes_sent', 0) / lastd['new_bytes']:.1f}%)")
+                    restore_check(r4, "restore-incr", "incr")
+
+        # 5. restic copy between two restic repositories (target shares the source's chunker parameters)
+        if use_restic and alive.get("restic"):
+            rs = tools["restic"]
+            rt = fresh("restic", "dst")
+            pw = os.path.join(self.work, "copy-from-password")
+            with open(os.open(pw, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(PASSWORD + "\n")
+            src_args = ["--from-repo", rs.repo, "--from-password-file", pw]
+            if init("restic", rt, "init-local", [rt.bin, "init", "--repo", rt.repo, "--copy-chunker-params"]
+                    + src_args, "target=local copy_chunker_params=yes"):
+                for phase in ("copy-local", "copy-local-again"):
+                    before = repo_size(rt)
+                    settle()
+                    r = self.measure(rt, f"{ds}-restic-{phase}-r{rep}",
+                                     [rt.bin, "copy", "--repo", rt.repo] + src_args)
+                    after = repo_size(rt)
+                    try:
+                        text = open(os.path.join(BENCH_DIR, r["log"]), errors="replace").read()
+                    except OSError:
+                        text = ""
+                    copied = len(re.findall(r"^snapshot [0-9a-f]+ saved", text, re.M))
+                    if copied not in (0, days):
+                        log(f"copy restic {phase}: WARNING {copied} of {days} snapshots copied")
+                    self.add_row(dict(common, tool="restic", tool_version=self.versions.get("restic"), phase=phase,
+                                      status="ok" if r["rc"] == 0 else f"fail rc={r['rc']}",
+                                      input_bytes=history_bytes if copied else 0,
+                                      input_files=history_files if copied else 0,
+                                      mb_per_s=f"{history_bytes / MB / r['wall_s']:.2f}" if copied else "",
+                                      repo_bytes=after, repo_delta_bytes=after - before, cache_bytes=du_bytes(rt.cache),
+                                      note=kv(dict(target="local", snapshots_copied=copied, history_bytes=history_bytes,
+                                                   added_pct_history=100 * (after - before) / history_bytes
+                                                   if history_bytes else None,
+                                                   source_repo_bytes=repo_size(rs))),
+                                      **measured(r)))
+                    self.print_row(self.rows[-1])
+                    if r["rc"] != 0:
+                        break
+            os.unlink(pw)
+
+        log(f"{ds}: cleaning up")
+        if not self.a.keep:
+            for t in made:
+                if t.s3 is None:
+                    shutil.rmtree(t.repo, ignore_errors=True)
+                shutil.rmtree(t.cache, ignore_errors=True)
+            shutil.rmtree(live, ignore_errors=True)
+        settle()
+
     def verify(self, target, live, src_digest):
         rel = live.lstrip("/")
         for cand in (os.path.join(target, rel), os.path.join(target, os.path.basename(live)), target):
@@ -1342,6 +1909,14 @@ class Runner:
             self.versions[name] = TOOL_CLASSES[name](b, self.work, "version").version()
         for name in self.a.tools:
             shutil.rmtree(os.path.join(self.work, "cache", f"{name}-version"), ignore_errors=True)
+        if {"s3", "copy"} & set(self.a.scenarios):
+            mb = minio_binary()
+            if mb:
+                try:
+                    out = subprocess.run([mb, "--version"], capture_output=True, text=True, timeout=60)
+                    self.versions["minio"] = (out.stdout or out.stderr).strip().splitlines()[0]
+                except (OSError, IndexError, subprocess.SubprocessError) as ex:
+                    self.versions["minio"] = f"unknown ({ex})"
         shutil.rmtree(os.path.join(self.work, "logs"), ignore_errors=True)
         self.open_csv()
         log(f"results -> {self.csv_path}")
@@ -1360,6 +1935,11 @@ class Runner:
         if "jobs" in self.a.scenarios:
             for rep in range(1, self.a.repeat + 1):
                 self.run_jobs(rep)
+        if "s3" in self.a.scenarios:
+            self.run_s3()
+        if "copy" in self.a.scenarios:
+            for rep in range(1, self.a.repeat + 1):
+                self.run_copy(rep)
         self.csv_f.close()
         print(render_all(self.rows, self.a.tools))
         print(f"\nCSV: {self.csv_path}")
@@ -1417,16 +1997,17 @@ def _num(v, fmt, width):
 
 def render_table(rows, tools):
     agg = aggregate(rows, tools)
+    dw = max([7] + [len(a["dataset"]) for a in agg])  # s3-mixed and the like are 8 wide
     reps = max([a["n"] for a in agg] or [1])
     out = []
     if reps > 1:
         out.append(f"(medians over {reps} repetitions)")
-    hdr = f"{'dataset':7} {'phase':9} {'tool':6} {'status':6} {'wall s':>8} {'MB/s':>8} {'files/s':>9} " \
+    hdr = f"{'dataset':{dw}} {'phase':9} {'tool':6} {'status':6} {'wall s':>8} {'MB/s':>8} {'files/s':>9} " \
           f"{'CPU s':>7} {'RSS MiB':>8} {'repo MiB':>9} {'+repo MiB':>9} {'other':>6} verify"
     out.append(hdr)
     out.append("-" * len(hdr))
     for a in agg:
-        out.append(f"{a['dataset']:7} {a['phase']:9} {a['tool']:6} {a['status'][:6]:6} "
+        out.append(f"{a['dataset']:{dw}} {a['phase']:9} {a['tool']:6} {a['status'][:6]:6} "
                    f"{_num(a['wall_s'], '.2f', 8)} {_num(a['mb_per_s'], '.1f', 8)} {_num(a['files_per_s'], '.0f', 9)} "
                    f"{_num(a['cpu_s'], '.2f', 7)} "
                    f"{_num(a['max_rss_kib'] and a['max_rss_kib'] / 1024, '.1f', 8)} "
@@ -1446,7 +2027,7 @@ def render_table(rows, tools):
         out.append("")
         out.append("Ratios cairn vs peer: speed = cairn MB/s / peer MB/s (>1: cairn faster); "
                    "cpu, rss, repo = cairn / peer (<1: cairn uses less)")
-        h2 = f"{'dataset':7} {'phase':9} {'peer':6} {'speed':>6} {'cpu':>6} {'rss':>6} {'repo':>6}"
+        h2 = f"{'dataset':{dw}} {'phase':9} {'peer':6} {'speed':>6} {'cpu':>6} {'rss':>6} {'repo':>6}"
         out.append(h2)
         out.append("-" * len(h2))
         idx = {(a["dataset"], a["phase"], a["tool"]): a for a in agg if a["mb_per_s"] is not None}
@@ -1457,7 +2038,7 @@ def render_table(rows, tools):
                 pr = idx.get((a["dataset"], a["phase"], p))
                 if not pr:
                     continue
-                out.append(f"{a['dataset']:7} {a['phase']:9} {p:6} {_ratio(a['mb_per_s'], pr['mb_per_s']):>6} "
+                out.append(f"{a['dataset']:{dw}} {a['phase']:9} {p:6} {_ratio(a['mb_per_s'], pr['mb_per_s']):>6} "
                            f"{_ratio(a['cpu_s'], pr['cpu_s']):>6} {_ratio(a['max_rss_kib'], pr['max_rss_kib']):>6} "
                            f"{_ratio(a['repo_bytes'], pr['repo_bytes']):>6}")
     maint = [a for a in agg if a["phase"] in MAINT_PHASES]
@@ -1465,7 +2046,7 @@ def render_table(rows, tools):
         out.append("")
         out.append("Maintenance ratios cairn vs peer: time = peer wall s / cairn wall s (>1: cairn faster); "
                    "cpu, rss = cairn / peer (<1: cairn uses less); repo = repository size after, cairn / peer")
-        h3 = f"{'dataset':7} {'phase':9} {'peer':6} {'time':>6} {'cpu':>6} {'rss':>6} {'repo':>6}"
+        h3 = f"{'dataset':{dw}} {'phase':9} {'peer':6} {'time':>6} {'cpu':>6} {'rss':>6} {'repo':>6}"
         out.append(h3)
         out.append("-" * len(h3))
         idx = {(a["dataset"], a["phase"], a["tool"]): a for a in maint if a["wall_s"] is not None}
@@ -1476,7 +2057,7 @@ def render_table(rows, tools):
                 pr = idx.get((a["dataset"], a["phase"], p))
                 if not pr:
                     continue
-                out.append(f"{a['dataset']:7} {a['phase']:9} {p:6} {_ratio(pr['wall_s'], a['wall_s']):>6} "
+                out.append(f"{a['dataset']:{dw}} {a['phase']:9} {p:6} {_ratio(pr['wall_s'], a['wall_s']):>6} "
                            f"{_ratio(a['cpu_s'], pr['cpu_s']):>6} {_ratio(a['max_rss_kib'], pr['max_rss_kib']):>6} "
                            f"{_ratio(a['repo_bytes'], pr['repo_bytes']):>6}")
     notes = [r for r in rows if r.get("phase") in ("forget", "prune", "check-rd") and r.get("note")]
@@ -1746,18 +2327,278 @@ def render_jobs(rows):
     return "\n".join(out)
 
 
+def _mib(v):
+    v = _f(v)
+    return None if v is None else v / 2**20
+
+
+def _n(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+def render_s3(rows):
+    """Tables of the s3 scenario (text and Markdown): what each backup and restore sent and
+    received, from its CSV rows (dataset s3-<kind>)."""
+    rows = [r for r in rows if str(r.get("dataset", "")).startswith(S3_PREFIX) or r.get("dataset") == "s3"]
+    fails = [r for r in rows if r.get("dataset") == "s3"]
+    rows = [r for r in rows if r.get("dataset") != "s3" and r.get("phase") != "init"]
+    multi = len({str(r.get("rep")) for r in rows}) > 1
+    out = ["", "s3: backups to and restores from a MinIO server on loopback (a fresh prefix per tool and dataset)",
+           "(repo = bytes of the repository's objects; srv up/down = MinIO's counters: bytes it received (the tool "
+           "uploaded) and sent (the tool downloaded), req = S3 requests, the same for every tool;",
+           " cairn up/down = cairn's own counters (CAIRN_TRAFFIC_REPORT), request bodies only; "
+           "MB/s = dataset bytes / wall s)"]
+    for r in fails:
+        out.append(f"WARNING: the s3 scenario did not run: {r.get('note')}")
+    data = []
+    for r in rows:
+        kv = _note_kv(r.get("note"))
+        data.append(dict(rep=str(r["rep"]), ds=r["dataset"], phase=r["phase"], tool=r["tool"], status=r["status"],
+                         wall=_f(r.get("wall_s")), mbs=_f(r.get("mb_per_s")), cpu=_f(r.get("cpu_s")),
+                         rss=None if _f(r.get("max_rss_kib")) is None else _f(r["max_rss_kib"]) / 1024,
+                         repo=_mib(r.get("repo_bytes")), srv_up=_mib(kv.get("srv_rx_bytes")),
+                         srv_down=_mib(kv.get("srv_tx_bytes")), req=_f(kv.get("srv_requests")),
+                         up=_mib(kv.get("uploaded_bytes")), down=_mib(kv.get("downloaded_bytes")),
+                         creq=_f(kv.get("requests")), verify=r.get("verify") or ""))
+    if not data:
+        return "\n".join(out) if fails else ""
+    cols = [("dataset", 8), ("phase", 9), ("tool", 6), ("status", 6), ("wall s", 8), ("MB/s", 7), ("CPU s", 7),
+            ("RSS MiB", 7), ("repo MiB", 9), ("srv up MiB", 10), ("srv down MiB", 12), ("req", 6),
+            ("cairn up MiB", 12), ("cairn down MiB", 14), ("cairn req", 9), ("verify", 6)]
+    if multi:
+        cols.insert(0, ("rep", 3))
+    first_num = 5 if multi else 4
+
+    def vals(d):
+        v = [d["ds"], d["phase"], d["tool"], d["status"][:6], _n(d["wall"], ".2f"), _n(d["mbs"], ".1f"),
+             _n(d["cpu"], ".2f"), _n(d["rss"], ".0f"), _n(d["repo"], ".2f"), _n(d["srv_up"], ".2f"),
+             _n(d["srv_down"], ".2f"), _n(d["req"], ".0f"), _n(d["up"], ".2f"), _n(d["down"], ".2f"),
+             _n(d["creq"], ".0f"), d["verify"] or "-"]
+        return [d["rep"]] + v if multi else v
+
+    def line(v):
+        return " ".join(x.ljust(w) if i < first_num or i == len(cols) - 1 else x.rjust(w)
+                        for i, (x, (_, w)) in enumerate(zip(v, cols)))
+
+    hdr = line([c for c, _ in cols])
+    out.append(hdr)
+    out.append("-" * len(hdr))
+    for d in data:
+        out.append(line(vals(d)))
+    # cairn vs restic, per dataset and phase (medians over repetitions)
+    groups = {}
+    for d in data:
+        if d["status"] == "ok":
+            groups.setdefault((d["ds"], d["phase"]), {}).setdefault(d["tool"], []).append(d)
+    med = lambda ds, k: (lambda v: statistics.median(v) if v else None)(  # noqa: E731
+        [d[k] for d in ds if d[k] is not None])
+    ratios = []
+    for (dsn, ph), by in groups.items():
+        if "cairn" in by and "restic" in by:
+            c, p = by["cairn"], by["restic"]
+            ratios.append([dsn, ph, _ratio(med(c, "mbs"), med(p, "mbs")), _ratio(med(c, "cpu"), med(p, "cpu")),
+                           _ratio(med(c, "rss"), med(p, "rss")), _ratio(med(c, "repo"), med(p, "repo")),
+                           _ratio(med(c, "srv_up"), med(p, "srv_up")), _ratio(med(c, "srv_down"), med(p, "srv_down")),
+                           _ratio(med(c, "req"), med(p, "req"))])
+    rh = ["dataset", "phase", "speed", "cpu", "rss", "repo", "up", "down", "requests"]
+    if ratios:
+        out.append("")
+        out.append("s3 ratios cairn vs restic: speed = cairn MB/s / restic MB/s (>1: cairn faster); cpu, rss, repo, "
+                   "up, down, requests = cairn / restic (<1: cairn uses less); up/down/requests from MinIO's counters")
+        h = f"{'dataset':8} {'phase':9} " + " ".join(f"{x:>8}" for x in rh[2:])
+        out.append(h)
+        out.append("-" * len(h))
+        for x in ratios:
+            out.append(f"{x[0]:8} {x[1]:9} " + " ".join(f"{v:>8}" for v in x[2:]))
+    bad = [d for d in data if d["status"] != "ok" or d["verify"] not in ("", "ok", "skipped")]
+    if bad:
+        out.append("")
+        out.append("WARNING: failed or unverified: " + ", ".join(
+            f"{d['ds']}/{d['phase']}/{d['tool']} ({d['status']}, verify {d['verify'] or '-'})" for d in bad))
+    out.append("")
+    out.append("Markdown:")
+    out.append("")
+    mcols = ["dataset", "phase", "tool", "wall s", "MB/s", "CPU s", "RSS MiB", "repo MiB", "uploaded MiB (MinIO)",
+             "downloaded MiB (MinIO)", "requests", "uploaded MiB (cairn)", "downloaded MiB (cairn)", "verify"]
+    if multi:
+        mcols.insert(0, "rep")
+    nl = 4 if multi else 3
+    out.append("| " + " | ".join(mcols) + " |")
+    out.append("| " + " | ".join(["---"] * nl + ["---:"] * (len(mcols) - nl - 1) + ["---"]) + " |")
+    for d in data:
+        v = vals(d)
+        v = v[:nl] + v[nl + 1:]  # no status column: a failure shows in verify
+        if d["status"] != "ok":
+            v[-1] = d["status"]
+        del v[-2]  # cairn req
+        out.append("| " + " | ".join(v) + " |")
+    if ratios:
+        out.append("")
+        out.append("| " + " | ".join(["dataset", "phase", "speed (cairn/restic)", "CPU", "RSS", "repo size",
+                                      "uploaded", "downloaded", "requests"]) + " |")
+        out.append("| --- | --- | " + " | ".join(["---:"] * 7) + " |")
+        for x in ratios:
+            out.append("| " + " | ".join(x) + " |")
+    return "\n".join(out)
+
+
+def render_copy(rows):
+    """Tables of the copy scenario (text and Markdown), from its CSV rows (dataset copy)."""
+    rows = [r for r in rows if r.get("dataset") == COPY_DATASET]
+    if not rows:
+        return ""
+    reps = sorted({str(r.get("rep")) for r in rows}, key=lambda x: int(x) if x.isdigit() else 0)
+    out = []
+    for rep in reps:
+        rr = [r for r in rows if str(r.get("rep")) == rep]
+        out.append(_render_copy_rep(rr, rep if len(reps) > 1 else None))
+    return "\n".join(out)
+
+
+def _render_copy_rep(rows, rep):
+    days = [r for r in rows if re.fullmatch(r"day\d+", r.get("phase", ""))]
+    cdays = [r for r in days if r["tool"] == "cairn"]
+    rdays = [r for r in days if r["tool"] == "restic"]
+    ndays = len(cdays)
+    hist = sum(_f(r.get("input_bytes")) or 0 for r in cdays)
+    day_kv = [_note_kv(r.get("note")) for r in cdays]
+    title = "copy" + (f" (repetition {rep})" if rep else "")
+    out = ["", f"{title}: {ndays} days of the mixed tree backed up into cairn R1 ({COPY_SRC_BLOCK} blocks), then "
+               f"cairn copy from R1 into {COPY_DST_BLOCK} repositories"]
+    if cdays:
+        r1 = _mib(cdays[-1].get("repo_bytes"))
+        out.append(f"history: {hist / 2**20:.1f} MiB in all (sum of the {ndays} days; last day "
+                   f"{(_f(cdays[-1].get('input_bytes')) or 0) / 2**20:.1f} MiB, "
+                   f"{(_f(day_kv[-1].get('new_bytes')) or 0) / 2**20:.2f} MiB of it new); backups into R1 "
+                   f"{sum(_f(r.get('wall_s')) or 0 for r in cdays):.1f} s, R1 {_n(r1, '.1f')} MiB"
+                   + (f"; restic source repository {sum(_f(r.get('wall_s')) or 0 for r in rdays):.1f} s, "
+                      f"{_n(_mib(rdays[-1].get('repo_bytes')), '.1f')} MiB" if rdays else ""))
+        bad_days = [r for r in days if r["status"] != "ok"]
+        if bad_days:
+            out.append("WARNING: failed backups: " + ", ".join(f"{r['tool']} {r['phase']} ({r['status']})"
+                                                               for r in bad_days))
+    out.append("(sent = bytes uploaded to the destination: cairn bytes_sent; restic: the target repository's growth; "
+               "% logical = sent / logical_bytes of the copied snapshots; % history = sent / the sum of the days;")
+    out.append(" rechunked = files re-chunked / files; re-read = plaintext of the files re-chunked "
+               "(bytes_read_from_source); recv = bytes downloaded from R1 (bytes_received); "
+               "+repo = growth of the target (du -sb, or its objects on MinIO))")
+    runs = [r for r in rows if r.get("phase", "").startswith(("copy-", "incr-"))]
+    cols = [("tool", 6), ("run", 16), ("status", 6), ("wall s", 8), ("snaps", 5), ("logical MiB", 11),
+            ("sent MiB", 9), ("% logical", 9), ("% history", 9), ("rechunked", 11), ("re-read MiB", 11),
+            ("recv MiB", 9), ("+repo MiB", 9), ("repo MiB", 9), ("CPU s", 7), ("RSS MiB", 7)]
+
+    def vals(r):
+        kv = _note_kv(r.get("note"))
+        if r["tool"] == "cairn":
+            sent = _mib(kv.get("bytes_sent"))
+            pl, ph = _f(kv.get("sent_pct")), _f(kv.get("sent_pct_history"))
+            rech = f"{kv.get('files_rechunked', '-')}/{kv.get('files', '-')}"
+            snaps = kv.get("snapshots_copied", "-")
+            logical = _mib(kv.get("logical_bytes"))
+            read, recv = _mib(kv.get("bytes_read_from_source")), _mib(kv.get("bytes_received"))
+        else:
+            sent = _mib(r.get("repo_delta_bytes"))
+            pl, ph = None, _f(kv.get("added_pct_history"))
+            rech, snaps, logical, read, recv = "-", kv.get("snapshots_copied", "-"), _mib(r.get("input_bytes")), None, None
+        return [r["tool"], r["phase"], r["status"][:6], _n(_f(r.get("wall_s")), ".2f"), str(snaps),
+                _n(logical, ".1f"), _n(sent, ".2f"), _n(pl, ".2f"), _n(ph, ".2f"), rech, _n(read, ".1f"),
+                _n(recv, ".2f"), _n(_mib(r.get("repo_delta_bytes")), ".2f"), _n(_mib(r.get("repo_bytes")), ".1f"),
+                _n(_f(r.get("cpu_s")), ".2f"),
+                _n(None if _f(r.get("max_rss_kib")) is None else _f(r["max_rss_kib"]) / 1024, ".0f")]
+
+    def line(v):
+        return " ".join(x.ljust(w) if i < 3 else x.rjust(w) for i, (x, (_, w)) in enumerate(zip(v, cols)))
+
+    hdr = line([c for c, _ in cols])
+    out.append(hdr)
+    out.append("-" * len(hdr))
+    for r in runs:
+        out.append(line(vals(r)))
+    by = {(r["tool"], r["phase"]): r for r in runs}
+    notes = []
+    inc = [r for r in runs if r["tool"] == "cairn" and re.fullmatch(r"incr-day\d+", r["phase"])]
+    for r in inc:
+        kv = _note_kv(r.get("note"))
+        sent, new = _f(kv.get("bytes_sent")), _f(kv.get("day_new_bytes"))
+        added = _f(kv.get("day_r1_added_bytes"))
+        notes.append(f"incremental: {r['phase']} alone sent {_n(sent and sent / 2**20, '.2f')} MiB; that day's "
+                     f"edits wrote {_n(new and new / 2**20, '.2f')} MiB of new bytes"
+                     + (f" (sent = {100 * sent / new:.1f}% of them)" if sent is not None and new else "")
+                     + f"; its backup grew R1 ({COPY_SRC_BLOCK}) by {_n(added and added / 2**20, '.2f')} MiB; "
+                       f"{kv.get('files_rechunked', '-')}/{kv.get('files', '-')} files re-chunked")
+    for r in runs:
+        kv = _note_kv(r.get("note"))
+        if r["tool"] == "cairn" and kv.get("srv_rx_bytes") is not None:
+            notes.append(f"{r['phase']}: MinIO received {_n(_mib(kv.get('srv_rx_bytes')), '.2f')} MiB and sent "
+                         f"{_n(_mib(kv.get('srv_tx_bytes')), '.2f')} MiB in {kv.get('srv_requests')} requests "
+                         f"(cairn counted {_n(_mib(kv.get('uploaded_bytes')), '.2f')} MiB up, "
+                         f"{_n(_mib(kv.get('downloaded_bytes')), '.2f')} MiB down)")
+    for tag in ("local", "s3"):
+        c, again = by.get(("cairn", f"copy-{tag}")), by.get(("cairn", f"copy-{tag}-again"))
+        if c and again:
+            kv, ka = _note_kv(c.get("note")), _note_kv(again.get("note"))
+            notes.append(f"copy-{tag}-again (no-op): {ka.get('snapshots_copied', '-')} snapshots copied, "
+                         f"{_n(_f(ka.get('bytes_sent')), '.0f')} B sent, {_n(_f(again.get('wall_s')), '.2f')} s "
+                         f"(first copy {_n(_f(c.get('wall_s')), '.2f')} s)")
+            if _f(kv.get("logical_bytes")) is not None and hist and abs(_f(kv["logical_bytes"]) - hist) > 0.5:
+                notes.append(f"WARNING: copy-{tag} logical_bytes {kv['logical_bytes']} != {hist:.0f} B, the sum of "
+                             f"the days")
+            if _f(ka.get("snapshots_copied")):
+                notes.append(f"WARNING: copy-{tag}-again copied {ka['snapshots_copied']} snapshots (expected none)")
+    rc, cc = by.get(("restic", "copy-local")), by.get(("cairn", "copy-local"))
+    if rc and cc:
+        notes.append(f"restic copy (blob by blob: the target has the source's chunker parameters, nothing is "
+                     f"re-chunked) took {_n(_f(rc.get('wall_s')), '.2f')} s and grew its target by "
+                     f"{_n(_mib(rc.get('repo_delta_bytes')), '.2f')} MiB; cairn copy-local (re-chunked "
+                     f"{COPY_SRC_BLOCK} -> {COPY_DST_BLOCK}) {_n(_f(cc.get('wall_s')), '.2f')} s, "
+                     f"{_n(_mib(cc.get('repo_delta_bytes')), '.2f')} MiB; time restic/cairn = "
+                     f"{_ratio(rc.get('wall_s'), cc.get('wall_s'))}")
+    checks = [r for r in rows if r.get("phase", "").startswith("restore-")]
+    for r in checks:
+        notes.append(f"{r['phase']}: latest copied snapshot restored in {_n(_f(r.get('wall_s')), '.2f')} s, "
+                     f"status {r['status']}, verify {r.get('verify') or '-'}")
+    bad = [r for r in runs + checks if r["status"] != "ok" or (r.get("verify") or "ok") not in ("ok", "skipped")]
+    if bad:
+        notes.append("WARNING: failed or unverified: " + ", ".join(
+            f"{r['tool']} {r['phase']} ({r['status']}{', verify ' + r['verify'] if r.get('verify') else ''})"
+            for r in bad))
+    if notes:
+        out.append("")
+        out += notes
+    out.append("")
+    out.append("Markdown:")
+    out.append("")
+    mcols = ["tool", "run", "wall s", "snapshots copied", "logical MiB", "sent MiB", "sent % of logical",
+             "sent % of history", "files re-chunked", "re-read MiB", "received MiB", "target growth MiB", "CPU s",
+             "RSS MiB"]
+    out.append("| " + " | ".join(mcols) + " |")
+    out.append("| --- | --- | " + " | ".join(["---:"] * (len(mcols) - 2)) + " |")
+    for r in runs:
+        v = vals(r)
+        run = v[1] + ("" if r["status"] == "ok" else f" ({r['status']})")
+        out.append("| " + " | ".join([v[0], run] + v[3:13] + v[14:]) + " |")
+    return "\n".join(out)
+
+
 def render_all(rows, tools):
-    """The scenario tables: backup/maintenance ones, then the blocksizes ones, then the jobs ones."""
-    other = [r for r in rows if r.get("dataset") not in (BS_DATASET, JOBS_DATASET)]
+    """The scenario tables: backup/maintenance ones (with the s3 scenario's rows and ratios), then
+    the blocksizes, jobs, s3 (traffic) and copy ones."""
+    other = [r for r in rows if r.get("dataset") not in (BS_DATASET, JOBS_DATASET, COPY_DATASET, "s3")]
     bs = [r for r in rows if r.get("dataset") == BS_DATASET]
     jobs = [r for r in rows if r.get("dataset") == JOBS_DATASET]
+    s3 = [r for r in rows if str(r.get("dataset", "")).startswith(S3_PREFIX) or r.get("dataset") == "s3"]
+    cp = [r for r in rows if r.get("dataset") == COPY_DATASET]
     parts = []
-    if other or not (bs or jobs):
+    if other or not (bs or jobs or s3 or cp):
         parts.append(render_table(other, tools))
     if bs:
         parts.append(render_blocksizes(bs))
     if jobs:
         parts.append(render_jobs(jobs))
+    if s3:
+        parts.append(render_s3(s3))
+    if cp:
+        parts.append(render_copy(cp))
     return "\n".join(parts)
 
 
@@ -1782,7 +2623,12 @@ def main():
                          "into one cairn datastore per --block-sizes x --compressions, compared with cairn "
                          "estimate; long, so not part of all) and jobs (1, 2 and 4 backups of different history "
                          "days at once into one repository: aggregate throughput and duplicate bytes stored; "
-                         "cairn and restic; not part of all), or all (default: backup,maintenance)")
+                         "cairn and restic; not part of all), s3 (the --datasets backed up to and restored "
+                         "from a MinIO server, with the bytes sent and received; cairn and restic; not part of "
+                         "all), copy (a --copy-days history in a 4K cairn repository copied with cairn copy into "
+                         "64K repositories, local and on MinIO: bytes sent, no-op re-copy, incremental day; "
+                         "restic copy when restic is in --tools; not part of all), or all (default: "
+                         "backup,maintenance)")
     ap.add_argument("--maint-days", type=int, default=8,
                     help="daily versions in the maintenance history (default 8, at every scale: with fewer, "
                          "keep-last 3 forgets too little for prune to repack anything)")
@@ -1795,6 +2641,9 @@ def main():
     ap.add_argument("--job-counts", default=JOBS_COUNTS,
                     help=f"jobs scenario: numbers of concurrent backups (default {JOBS_COUNTS}); job k backs up "
                          "history day k, so the largest must not exceed --maint-days")
+    ap.add_argument("--copy-days", type=int, default=COPY_DAYS,
+                    help=f"copy scenario: days in the history (default {COPY_DAYS}); the incremental check copies "
+                         "days 1..N-1, then day N alone")
     ap.add_argument("--scale", default=None, help="full | quick | fraction (default: $BENCH_SCALE or full)")
     ap.add_argument("--data-dir", default=os.environ.get("BENCH_DATA", os.path.join(BENCH_DIR, ".work", "data")))
     ap.add_argument("--work-dir", default=os.environ.get("BENCH_WORK", os.path.join(BENCH_DIR, ".work", "run")))
@@ -1819,7 +2668,7 @@ def main():
     a.scenarios = DEFAULT_SCENARIOS if a.scenario == "all" else [x for x in a.scenario.split(",") if x]
     for x in a.scenarios:
         if x not in ALL_SCENARIOS:
-            ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes, jobs or all)")
+            ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes, jobs, s3, copy or all)")
     a.block_sizes = [b.strip().upper() for b in a.block_sizes.split(",") if b.strip()]
     a.compressions = [c.strip() for c in a.compressions.split(",") if c.strip()]
     for b in a.block_sizes:
@@ -1832,6 +2681,8 @@ def main():
             ap.error(f"unknown compression {c} (none, standard or max)")
     if a.maint_days < 1 or a.maint_keep < 1:
         ap.error("--maint-days and --maint-keep must be at least 1")
+    if a.copy_days < 2:
+        ap.error("--copy-days must be at least 2 (the incremental check copies the last day on its own)")
     try:
         a.job_counts = sorted({int(x) for x in a.job_counts.split(",") if x.strip()})
     except ValueError:

@@ -2,7 +2,7 @@
 # Benchmark cairn against restic and borg in the same run.
 #
 #   bench/run.sh [--quick] [--datasets mixed,small,image] [--tools cairn,restic,borg]
-#                [--scenario all|backup|maintenance|blocksizes|jobs] [--scale full|quick|FRACTION]
+#                [--scenario all|backup|maintenance|blocksizes|jobs|s3|copy] [--scale full|quick|FRACTION]
 #                [--cold] [--keep] [--no-verify] [--no-build] [--no-install]
 #
 # --scenario maintenance: 8 daily versions of the mixed tree backed up by cairn
@@ -21,6 +21,14 @@
 # same trees backed up one after another; cairn then prunes --max-unused 0%,
 # and restores, verifies and check --read-data after the 4-job run.
 # Use: --scenario jobs --tools cairn,restic
+# --scenario s3 (cairn and restic; not part of all): starts MinIO with
+# scripts/s3-server.sh, then first/unchanged backup and restore of each
+# --datasets entry to a fresh S3 prefix per tool, with the bytes each command
+# uploaded/downloaded (MinIO's counters; cairn's CAIRN_TRAFFIC_REPORT).
+# --scenario copy (cairn, restic optional; not part of all): a 12-day history
+# (--copy-days) in a 4K cairn repository, cairn copy into 64K repositories
+# (local, and on MinIO if a MinIO binary exists), again (no-op), and days 1-11
+# then day 12 alone; bytes_sent vs logical bytes; restic copy when named.
 # Builds cairn (cargo build --release), installs restic/borg if missing
 # (install-peers.sh), generates datasets if missing (bench/.work/data), then
 # runs bench.py, which writes bench/results/<date>-<gitsha>.csv and prints a
@@ -42,7 +50,7 @@ while [ $# -gt 0 ]; do
     --tools=*) TOOLS="${1#*=}" ;;
     --no-build) BUILD=0 ;;
     --no-install) INSTALL=0 ;;
-    -h|--help) sed -n '2,27p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
     *) ARGS+=("$1") ;;
   esac
   shift

@@ -92,15 +92,7 @@ pub fn copy_snapshots(
     progress: &dyn RestoreProgress,
 ) -> Result<CopyStats> {
     let same_chunking = shares_ids(src, dst);
-    let mut present: HashMap<String, SnapshotId> = HashMap::new();
-    let src_repo = src.config().id.clone();
-    for (id, s) in dst.snapshots()?.0.iter() {
-        if let Some(c) = &s.copied_from
-            && c.repository == src_repo
-        {
-            present.insert(c.snapshot.clone(), *id);
-        }
-    }
+    let mut present = copies_in(src, dst)?;
     let mut order: Vec<&(SnapshotId, Snapshot)> = snapshots.iter().collect();
     order.sort_by(|a, b| a.1.time.cmp(&b.1.time));
 
@@ -146,6 +138,21 @@ pub fn copy_snapshots(
     stats.blobs_added = c.blobs_added.load(Ordering::Relaxed);
     stats.bytes_added = c.bytes_added.load(Ordering::Relaxed);
     Ok(stats)
+}
+
+/// Source snapshot id (hex) -> the destination's copy of it. Needs no index: call it
+/// first, and skip loading indexes when everything asked for is already there.
+pub fn copies_in(src: &Repository, dst: &Repository) -> Result<HashMap<String, SnapshotId>> {
+    let src_repo = &src.config().id;
+    let mut present = HashMap::new();
+    for (id, s) in dst.snapshots()?.0.iter() {
+        if let Some(c) = &s.copied_from
+            && &c.repository == src_repo
+        {
+            present.insert(c.snapshot.clone(), *id);
+        }
+    }
+    Ok(present)
 }
 
 /// Whether `src` and `dst` produce the same blob ids for the same data: same id

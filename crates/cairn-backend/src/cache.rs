@@ -14,6 +14,7 @@
 use crate::{Backend, BackendError, BackendErrorKind, ObjectInfo, Result, names};
 use std::collections::HashSet;
 use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -103,7 +104,13 @@ impl CachedBackend {
     fn store(&self, name: &str, data: &[u8]) {
         let Some(path) = self.path(name) else { return };
         let Some(parent) = path.parent() else { return };
-        if std::fs::create_dir_all(parent).is_err() {
+        // Private to this user, as the trees it holds name every backed-up file.
+        if std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .is_err()
+        {
             return;
         }
         self.tag_cache_dir();
@@ -143,7 +150,11 @@ impl CachedBackend {
         let body = f.metadata().ok()?.len().checked_sub(SUM_LEN as u64)?;
         match offset.checked_add(length) {
             Some(end) if end <= body => {}
-            _ => return Some(range_of(name, &[], offset, length)),
+            // Shorter than when it was checked (changed under us): fetch it again.
+            _ => {
+                self.forget(name);
+                return None;
+            }
         }
         let mut buf = vec![0u8; usize::try_from(length).ok()?];
         f.read_exact_at(&mut buf, offset).ok()?;
@@ -194,7 +205,17 @@ impl CachedBackend {
                 };
                 let Some(rel) = rel.to_str() else { continue };
                 if rel.contains("/.tmp-") {
-                    continue; // another process's write in progress
+                    // Another process's write in progress, or a killed one's leftover.
+                    let stale = e
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > std::time::Duration::from_secs(3600));
+                    if stale {
+                        let _ = std::fs::remove_file(&p);
+                    }
+                    continue;
                 }
                 if !live.contains(rel) {
                     let _ = std::fs::remove_file(&p);

@@ -118,8 +118,13 @@ impl S3Backend {
         if let Some(p) = &opts.profile {
             builder = builder.profile(p);
         }
+        // Stalls are caught per read and per unacknowledged write (TCP user timeout),
+        // not by a cap on a whole transfer, which a slow link could never meet.
         let mut client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(120))
+            .tcp_user_timeout(Duration::from_secs(120))
+            .tcp_keepalive(Duration::from_secs(30))
             .pool_max_idle_per_host(32);
         if let Some(path) = &opts.ca_cert {
             let pem = std::fs::read(path).map_err(|e| {
@@ -149,12 +154,15 @@ impl S3Backend {
         let ctx = op.context().with_http_transport(HttpTransporter::new(
             opendal_http_transport_reqwest::ReqwestTransport::new(client),
         ));
-        // A stalled connection becomes a transient error that the retry layer above
-        // repeats, instead of a backup that hangs forever.
+        // A stalled request becomes a transient error that the retry layer above
+        // repeats, instead of a backup that hangs forever. The data-carrying calls
+        // (whole-object PUT and GET) get a generous bound: the HTTP client's read and
+        // TCP timeouts above catch a stall long before it, and a 64 MiB object at 256
+        // KiB/s still fits.
         let op = op.with_context(ctx).layer(
             TimeoutLayer::new()
-                .with_timeout(Duration::from_secs(60))
-                .with_io_timeout(Duration::from_secs(120)),
+                .with_timeout(Duration::from_secs(120))
+                .with_io_timeout(Duration::from_secs(30 * 60)),
         );
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -170,8 +178,37 @@ impl S3Backend {
     }
 }
 
+/// What went wrong, in one line: the S3 error code and message when the server sent
+/// one (`SignatureDoesNotMatch: The request signature we calculated does not
+/// match…`), else OpenDAL's message and the chain of causes (`connection refused`).
+/// OpenDAL's `Display` puts a dump of the response headers first; it is not used.
+fn describe(e: &opendal::Error) -> String {
+    let m = e.message();
+    let field = |name: &str| -> Option<String> {
+        let start = m.find(&format!("{name}: \""))? + name.len() + 3;
+        let rest = &m[start..];
+        let end = rest.find('"')?;
+        Some(rest[..end].to_string())
+    };
+    let mut text = match (field("code"), field("message")) {
+        (Some(code), Some(msg)) if !code.is_empty() => format!("{code}: {msg}"),
+        (Some(code), None) if !code.is_empty() => code,
+        _ => m.to_string(),
+    };
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let t = s.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        source = s.source();
+    }
+    first_line(&text)
+}
+
 fn map_err(op: &'static str, path: &str, e: opendal::Error) -> BackendError {
-    let text = e.to_string();
+    let text = describe(&e);
     let (kind, message) = if text.contains("NoSuchBucket") {
         (
             BackendErrorKind::Other,
@@ -187,7 +224,10 @@ fn map_err(op: &'static str, path: &str, e: opendal::Error) -> BackendError {
         };
         let message = match kind {
             BackendErrorKind::NotFound => "object not found".to_string(),
-            _ => first_line(&text),
+            BackendErrorKind::PermissionDenied => format!(
+                "access denied ({text}); check the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or the profile), the region and this machine's clock"
+            ),
+            _ => text,
         };
         (kind, message)
     };
@@ -201,7 +241,8 @@ fn map_err(op: &'static str, path: &str, e: opendal::Error) -> BackendError {
 
 /// OpenDAL's messages carry a multi-line context dump; one line is enough here.
 fn first_line(s: &str) -> String {
-    let line = s.lines().next().unwrap_or(s).trim();
+    let joined = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let line = joined.as_str();
     if line.len() > 400 {
         let mut end = 400;
         while !line.is_char_boundary(end) {

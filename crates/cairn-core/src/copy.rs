@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex};
 
 /// Index flushes while copying: every this many blobs or packs (64 MiB at the
 /// default pack size), so a killed copy re-sends at most that much.
-const COPY_INDEX_FLUSH_BLOBS: usize = 4096;
+const COPY_INDEX_FLUSH_BLOBS: usize = 65_536;
 const COPY_INDEX_FLUSH_PACKS: usize = 4;
 
 pub struct CopyOptions {
@@ -79,31 +79,40 @@ pub struct CopyStats {
     pub blobs_added: u64,
     /// Bytes of the blobs added, as stored (compressed and sealed).
     pub bytes_added: u64,
+    /// Snapshots that could not be copied (damaged or missing data in the source),
+    /// with the reason; the others were copied.
+    pub failed: Vec<(SnapshotId, String)>,
+    /// Things the caller should tell the user (e.g. the file map is not kept).
+    pub warnings: Vec<String>,
 }
 
-/// Copies `snapshots` of `src` into `dst`, oldest first. Both repositories must have
-/// their index loaded; `dst` must be locked by the caller (non-exclusively, like a
-/// backup) and `src` at least for reading.
+/// Copies `snapshots` of `src` into `dst`, oldest first, skipping those `present`
+/// (from [`copies_in`]) says are there. Both repositories must have their index
+/// loaded; `dst` must be locked by the caller (non-exclusively, like a backup) and
+/// `src` at least for reading. A snapshot whose data cannot be read from the source
+/// is skipped (listed in `failed`); a storage failure stops the copy.
 pub fn copy_snapshots(
     src: &Repository,
     dst: &Repository,
     snapshots: &[(SnapshotId, Snapshot)],
+    mut present: HashMap<String, SnapshotId>,
     opts: &CopyOptions,
     progress: &dyn RestoreProgress,
 ) -> Result<CopyStats> {
     let same_chunking = shares_ids(src, dst);
-    let mut present = copies_in(src, dst)?;
     let mut order: Vec<&(SnapshotId, Snapshot)> = snapshots.iter().collect();
     order.sort_by(|a, b| a.1.time.cmp(&b.1.time));
 
-    let map = FileMap::open(dst, opts.map_path.as_deref())?;
+    let mut warnings = Vec::new();
+    let map = FileMap::open(dst, opts.map_path.as_deref(), &mut warnings);
     let copier = Copier {
         src,
         dst,
         same_chunking,
         threads: opts.threads.max(1),
         map: Mutex::new(map),
-        sink: Mutex::new(None),
+        packers: Mutex::new(None),
+        uploader: Mutex::new(None),
         written: Mutex::new(IdSet::default()),
         progress,
         counters: Counters::default(),
@@ -111,6 +120,7 @@ pub fn copy_snapshots(
     };
     let mut stats = CopyStats {
         same_chunking,
+        warnings,
         ..Default::default()
     };
     for (sid, snap) in order {
@@ -122,7 +132,15 @@ pub fn copy_snapshots(
             });
             continue;
         }
-        let target = copier.copy_one(sid, snap, opts)?;
+        let target = match copier.copy_one(sid, snap, opts) {
+            Ok(t) => t,
+            // The source's data is damaged or missing: the other snapshots may be fine.
+            Err(e @ (Error::Damaged { .. } | Error::BlobNotFound(_) | Error::Invalid(_))) => {
+                stats.failed.push((*sid, e.to_string()));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         present.insert(sid.to_hex(), target);
         stats.snapshots.push(SnapshotCopy {
             source: *sid,
@@ -173,11 +191,10 @@ struct Counters {
     bytes_added: AtomicU64,
 }
 
-/// Packers and the uploader of the snapshot being copied.
-struct Sink {
+/// The packers of the snapshot being copied.
+struct Packers {
     data: Packer,
     meta: Packer,
-    uploader: Uploader,
 }
 
 struct Copier<'a> {
@@ -186,7 +203,10 @@ struct Copier<'a> {
     same_chunking: bool,
     threads: usize,
     map: Mutex<FileMap<'a>>,
-    sink: Mutex<Option<Sink>>,
+    packers: Mutex<Option<Packers>>,
+    /// Sent to without holding `packers`: a full upload queue blocks only the
+    /// thread whose blob sealed a pack.
+    uploader: Mutex<Option<Arc<Uploader>>>,
     /// Blobs stored by this run (not yet in the destination's loaded index).
     written: Mutex<IdSet>,
     progress: &'a dyn RestoreProgress,
@@ -211,11 +231,11 @@ impl Copier<'_> {
             pool.clone(),
         );
         uploader.set_index_flush(COPY_INDEX_FLUSH_BLOBS, COPY_INDEX_FLUSH_PACKS);
-        *crate::lock(&self.sink) = Some(Sink {
+        *crate::lock(&self.packers) = Some(Packers {
             data: Packer::new(self.dst.key().clone(), pool.clone(), pack_size),
             meta: Packer::new(self.dst.key().clone(), pool, pack_size),
-            uploader,
         });
+        *crate::lock(&self.uploader) = Some(Arc::new(uploader));
         let root = snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?;
         // Deep directory chains recurse once per level: give the walk a large stack.
         let walked = std::thread::scope(|s| {
@@ -227,25 +247,29 @@ impl Copier<'_> {
                 .join()
                 .unwrap_or_else(|_| Err(Error::Invalid("copy thread panicked".into())))
         });
-        let sink = crate::lock(&self.sink).take();
-        let finished = match sink {
-            Some(mut s) => {
+        // Every copy thread has ended (the scope joined them): the state is ours alone.
+        let packers = crate::lock(&self.packers).take();
+        let uploader = crate::lock(&self.uploader)
+            .take()
+            .and_then(|u| Arc::try_unwrap(u).ok());
+        let finished = match (packers, uploader) {
+            (Some(mut p), Some(up)) => {
                 let flushed = (|| {
-                    if let Some(p) = s.data.finish() {
-                        s.uploader.send(p)?;
+                    if let Some(sp) = p.data.finish() {
+                        up.send(sp)?;
                     }
-                    if let Some(p) = s.meta.finish() {
-                        s.uploader.send(p)?;
+                    if let Some(sp) = p.meta.finish() {
+                        up.send(sp)?;
                     }
                     Ok::<_, Error>(())
                 })();
                 // Finish the uploader even after a failure: what was stored is indexed.
-                let up = s.uploader.finish();
-                flushed.and(up.map(|_| ()))
+                let done = up.finish();
+                flushed.and(done.map(|_| ()))
             }
-            None => Err(Error::Invalid("copy state lost".into())),
+            _ => Err(Error::Invalid("copy state lost".into())),
         };
-        crate::lock(&self.map).flush()?;
+        crate::lock(&self.map).flush();
         let new_root = walked?;
         finished?;
         let mut copy = snap.clone();
@@ -275,17 +299,22 @@ impl Copier<'_> {
         self.counters
             .bytes_added
             .fetch_add(b.sealed.len() as u64, Ordering::Relaxed);
-        let mut guard = crate::lock(&self.sink);
-        let sink = guard
-            .as_mut()
-            .ok_or_else(|| Error::Invalid("copy state lost".into()))?;
-        let packer = if b.kind == BlobKind::Data {
-            &mut sink.data
-        } else {
-            &mut sink.meta
+        let sealed = {
+            let mut guard = crate::lock(&self.packers);
+            let p = guard
+                .as_mut()
+                .ok_or_else(|| Error::Invalid("copy state lost".into()))?;
+            if b.kind == BlobKind::Data {
+                p.data.add(b)
+            } else {
+                p.meta.add(b)
+            }
         };
-        if let Some(p) = packer.add(b) {
-            sink.uploader.send(p)?;
+        if let Some(sp) = sealed {
+            let up = crate::lock(&self.uploader)
+                .clone()
+                .ok_or_else(|| Error::Invalid("copy state lost".into()))?;
+            up.send(sp)?;
         }
         Ok(())
     }
@@ -383,14 +412,25 @@ impl Copier<'_> {
             return Ok(content.clone());
         }
         let key = content_key(content);
-        let known = crate::lock(&self.map).get(&key);
+        // Bound first: a guard in the match scrutinee would live through the arms.
+        let found = crate::lock(&self.map).lookup(&key);
+        let known = match found {
+            Lookup::Fresh(c) => Some(c),
+            // Checked against the index without holding the map (it may read chunk
+            // lists); kept for later files only if every blob is there.
+            Lookup::Loaded(c) => FileMap::all_stored(self.dst, &c).then(|| {
+                crate::lock(&self.map).adopt(key, c.clone());
+                c
+            }),
+            Lookup::Missing => None,
+        };
         if let Some(c) = known {
             let size: u64 = content_size(self.dst, &c).unwrap_or(0);
             self.progress.bytes_done(size);
             return Ok(c);
         }
         let c = self.rechunk(enc, content)?;
-        crate::lock(&self.map).insert(key, &c)?;
+        crate::lock(&self.map).insert(key, &c);
         Ok(c)
     }
 
@@ -519,13 +559,25 @@ fn content_size(repo: &Repository, c: &Content) -> Option<u64> {
 /// Source content -> destination content, for files already re-chunked.
 struct FileMap<'a> {
     dst: &'a Repository,
-    /// Entries made by this run (their blobs are stored or queued): trusted.
+    /// Entries made or checked by this run: trusted.
     fresh: HashMap<[u8; 32], Content>,
     /// Entries read from disk: used only once every blob they name is in the
     /// destination's index.
     loaded: HashMap<[u8; 32], Content>,
-    out: Option<std::io::BufWriter<std::fs::File>>,
-    path: Option<PathBuf>,
+    /// The file, locked against other copies of the same pair; None: memory only.
+    out: Option<MapFile>,
+}
+
+struct MapFile {
+    /// A duplicate of the locked descriptor (it shares the lock).
+    writer: std::io::BufWriter<std::fs::File>,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+enum Lookup {
+    Fresh(Content),
+    Loaded(Content),
+    Missing,
 }
 
 /// `len:u32le || source key[32] || encoded one-node tree || mac[32]`, the MAC keyed by
@@ -534,85 +586,129 @@ const MAP_MAGIC: &[u8; 8] = b"CAIRNCM1";
 const MAX_MAP_RECORD: usize = 16 << 20;
 
 impl<'a> FileMap<'a> {
-    fn open(dst: &'a Repository, path: Option<&Path>) -> Result<FileMap<'a>> {
+    /// Opens (or creates) the map file. It is an optimisation: any problem (no
+    /// cache directory, a full disk, another copy of the same pair holding it) leaves
+    /// a map in memory only, with a warning.
+    fn open(dst: &'a Repository, path: Option<&Path>, warnings: &mut Vec<String>) -> FileMap<'a> {
         let mut map = FileMap {
             dst,
             fresh: HashMap::new(),
             loaded: HashMap::new(),
             out: None,
-            path: path.map(Path::to_path_buf),
         };
-        let Some(path) = path else { return Ok(map) };
-        if let Ok(raw) = std::fs::read(path) {
-            map.load(&raw);
+        if let Some(path) = path {
+            match map.open_file(path) {
+                Ok(out) => map.out = Some(out),
+                Err(e) => warnings.push(format!(
+                    "the copy file map {} is not kept ({e}): files are re-read next time",
+                    path.display()
+                )),
+            }
         }
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        }
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| Error::io(path, e))?;
-        if f.metadata().map(|m| m.len()).unwrap_or(0) == 0 {
-            f.write_all(MAP_MAGIC).map_err(|e| Error::io(path, e))?;
-        }
-        map.out = Some(std::io::BufWriter::new(f));
-        Ok(map)
+        map
     }
 
-    /// Reads records up to the first damaged one (a killed run's partial tail).
-    fn load(&mut self, raw: &[u8]) {
+    fn open_file(&mut self, path: &Path) -> std::result::Result<MapFile, String> {
+        use nix::fcntl::{Flock, FlockArg};
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| e.to_string())?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+            .map_err(|_| "another copy between these repositories is using it".to_string())?;
+        let mut file = lock.try_clone().map_err(|e| e.to_string())?;
+        let mut raw = Vec::new();
+        {
+            use std::io::Read;
+            file.read_to_end(&mut raw).map_err(|e| e.to_string())?;
+        }
+        // Everything after the last whole, authentic record (a killed run's partial
+        // tail) is cut off, so that new records follow valid ones.
+        let valid = self.load(&raw);
+        if valid != raw.len() || raw.is_empty() {
+            file.set_len(valid as u64).map_err(|e| e.to_string())?;
+        }
+        {
+            use std::io::{Seek, SeekFrom};
+            file.seek(SeekFrom::Start(valid as u64))
+                .map_err(|e| e.to_string())?;
+            if valid == 0 {
+                file.write_all(MAP_MAGIC).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(MapFile {
+            writer: std::io::BufWriter::new(file),
+            _lock: lock,
+        })
+    }
+
+    /// Reads records up to the first damaged one; returns the length of the valid
+    /// prefix (0 when even the header is wrong).
+    fn load(&mut self, raw: &[u8]) -> usize {
         let Some(mut rest) = raw.strip_prefix(MAP_MAGIC.as_slice()) else {
-            return;
+            return 0;
         };
+        let mut valid = MAP_MAGIC.len();
         while rest.len() >= 4 {
             let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
             if !(64..=MAX_MAP_RECORD).contains(&len) || rest.len() < 4 + len {
-                return;
+                break;
             }
             let (body, mac) = rest[4..4 + len].split_at(len - 32);
             if self.dst.key().mac(body)[..] != *mac {
-                return;
+                break;
             }
             let mut key = [0u8; 32];
             key.copy_from_slice(&body[..32]);
             let Ok(tree) = Tree::decode(&body[32..]) else {
-                return;
+                break;
             };
             if let Some(n) = tree.nodes.into_iter().next() {
                 self.loaded.insert(key, n.content);
             }
             rest = &rest[4 + len..];
+            valid += 4 + len;
         }
+        valid
     }
 
-    fn get(&mut self, key: &[u8; 32]) -> Option<Content> {
+    fn lookup(&mut self, key: &[u8; 32]) -> Lookup {
         if let Some(c) = self.fresh.get(key) {
-            return Some(c.clone());
+            return Lookup::Fresh(c.clone());
         }
-        let c = self.loaded.remove(key)?;
-        if !self.all_stored(&c) {
-            return None;
+        match self.loaded.remove(key) {
+            Some(c) => Lookup::Loaded(c),
+            None => Lookup::Missing,
         }
-        self.fresh.insert(*key, c.clone());
-        Some(c)
     }
 
-    fn all_stored(&self, c: &Content) -> bool {
-        let index = self.dst.index();
+    /// A loaded entry that passed [`FileMap::all_stored`].
+    fn adopt(&mut self, key: [u8; 32], c: Content) {
+        self.fresh.insert(key, c);
+    }
+
+    fn all_stored(dst: &Repository, c: &Content) -> bool {
+        let index = dst.index();
         let mut ok = true;
-        let walked = for_each_content_blob(self.dst, c, &mut |id| {
+        let walked = for_each_content_blob(dst, c, &mut |id| {
             ok &= index.is_live(&id);
             ok
         });
         walked.is_ok() && ok
     }
 
-    fn insert(&mut self, key: [u8; 32], c: &Content) -> Result<()> {
+    /// Records an entry made by this run. A failed write only stops the file from
+    /// growing (the run goes on; its later records are kept in memory).
+    fn insert(&mut self, key: [u8; 32], c: &Content) {
         self.fresh.insert(key, c.clone());
         let Some(out) = self.out.as_mut() else {
-            return Ok(());
+            return;
         };
         let mut node = Node::new(b"f".to_vec(), NodeKind::File);
         node.content = c.clone();
@@ -620,18 +716,21 @@ impl<'a> FileMap<'a> {
         body.extend_from_slice(&Tree { nodes: vec![node] }.encode());
         let mac = self.dst.key().mac(&body);
         let len = (body.len() + 32) as u32;
-        let path = self.path.clone().unwrap_or_default();
-        out.write_all(&len.to_le_bytes())
-            .and_then(|_| out.write_all(&body))
-            .and_then(|_| out.write_all(&mac))
-            .map_err(|e| Error::io(&path, e))
+        let w = &mut out.writer;
+        let written = w
+            .write_all(&len.to_le_bytes())
+            .and_then(|_| w.write_all(&body))
+            .and_then(|_| w.write_all(&mac));
+        if written.is_err() {
+            self.out = None;
+        }
     }
 
-    fn flush(&mut self) -> Result<()> {
-        if let Some(out) = self.out.as_mut() {
-            let path = self.path.clone().unwrap_or_default();
-            out.flush().map_err(|e| Error::io(&path, e))?;
+    fn flush(&mut self) {
+        if let Some(out) = self.out.as_mut()
+            && out.writer.flush().is_err()
+        {
+            self.out = None;
         }
-        Ok(())
     }
 }

@@ -27,7 +27,7 @@ pub enum Error {
     },
     #[error("blob {0} is referenced but missing from the index")]
     BlobNotFound(BlobId),
-    #[error("{0}")]
+    #[error(transparent)]
     Backend(#[from] BackendError),
     #[error("{}: {source}", path.display())]
     Io {

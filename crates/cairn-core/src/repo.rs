@@ -56,9 +56,17 @@ impl SharedKey {
     /// Refuses to put the secret of an unencrypted repository (stored in plain text
     /// in its config) behind a password: the new repository would only look secret.
     pub fn of(repo: &Repository, encrypt: bool) -> Result<SharedKey> {
-        if encrypt && repo.config().encryption == Encryption::None {
+        let source_encrypted = repo.config().encryption != Encryption::None;
+        if encrypt && !source_encrypted {
             return Err(Error::Invalid(
                 "the source repository is not encrypted: its key is readable by anyone with access to it, so an encrypted repository cannot share it (use --no-encryption, or do not share the key)".into(),
+            ));
+        }
+        if !encrypt && source_encrypted {
+            // An unencrypted repository keeps its secret in plain text in `config`:
+            // sharing would publish the key that decrypts the source.
+            return Err(Error::Invalid(
+                "the source repository is encrypted: an unencrypted repository stores its key in plain text, which would expose the source's data (drop --no-encryption, or do not share the key)".into(),
             ));
         }
         Ok(SharedKey {

@@ -46,11 +46,13 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     let _src_lock = super::lock(&src, "read", false)?;
     let dst_lock = super::lock(&dst, "copy", false)?;
 
+    let mut unreadable = 0;
     let wanted = if a.snapshots.is_empty() {
         let (list, bad) = src.snapshots()?;
-        for e in bad {
+        for e in &bad {
             eprintln!("warning: {e} (not copied)");
         }
+        unreadable = bad.len();
         list
     } else {
         let mut v = Vec::new();
@@ -97,7 +99,7 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
         map_path,
         lock: dst_lock,
     };
-    let result = copy_snapshots(&src, &dst, &wanted, &opts, &progress);
+    let result = copy_snapshots(&src, &dst, &wanted, present, &opts, &progress);
     progress.finish();
     let stats = result?;
     let secs = start.elapsed().as_secs_f64();
@@ -110,6 +112,12 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
         .iter()
         .filter(|s| !s.already_present)
         .count();
+    for w in &stats.warnings {
+        eprintln!("warning: {w}");
+    }
+    for (id, why) in &stats.failed {
+        eprintln!("warning: snapshot {} not copied: {why}", id.short());
+    }
     if g.json {
         super::print_json(&serde_json::json!({
             "from": a.from,
@@ -130,6 +138,11 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
             "bytes_sent": sent,
             "bytes_received": received,
             "duration_secs": secs,
+            "failed": stats.failed.iter().map(|(id, why)| serde_json::json!({
+                "source": id.to_hex(),
+                "error": why,
+            })).collect::<Vec<_>>(),
+            "unreadable_source_snapshots": unreadable,
         }))?;
     } else if !g.quiet {
         for s in &stats.snapshots {
@@ -168,6 +181,13 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
                 ""
             }
         );
+    }
+    if !stats.failed.is_empty() || unreadable > 0 {
+        eprintln!(
+            "cairn: {} snapshots could not be copied (listed above); the others were",
+            stats.failed.len() + unreadable
+        );
+        return Ok(crate::EXIT_INCOMPLETE);
     }
     Ok(0)
 }

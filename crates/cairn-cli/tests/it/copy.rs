@@ -249,4 +249,91 @@ fn repositories_sharing_a_key_copy_blob_by_blob() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not encrypted"));
+    // Nor an encrypted repository's key put in plain text.
+    let r4 = Env::new();
+    let o = r4
+        .cmd(&["init", "--no-encryption", "--copy-key-from", &r1.location])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is encrypted"));
+    assert!(!r4.repo.join("config").exists());
+}
+
+/// A killed copy leaves a partial record at the end of the file map: the next run
+/// cuts it off before appending, so what later runs learn is kept.
+#[test]
+fn the_file_map_survives_a_damaged_tail() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let (_src, _days) = history(&r1);
+    let ids = r1.snapshot_ids();
+    let r2 = Env::new();
+    r2.init(&["--block-size", "32K"]);
+    copy(&r1, &r2, &[&ids[0]]);
+    let dir = r2.dir.path().join("cache/cairn/copy");
+    let map = fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
+    let mut raw = fs::read(&map).unwrap();
+    raw.extend_from_slice(&[0x55; 37]); // a partial record
+    fs::write(&map, &raw).unwrap();
+    // Day two re-chunks its two changed files and records them after the cut.
+    let day2 = copy(&r1, &r2, &[&ids[1]]);
+    assert_eq!(day2["files_rechunked"], 2, "{day2}");
+    // Day three finds them: only the image edited that day is read again.
+    let day3 = copy(&r1, &r2, &[&ids[2]]);
+    assert_eq!(day3["files_rechunked"], 1, "{day3}");
+    r2.check_clean();
+}
+
+fn packs(env: &Env) -> std::collections::BTreeMap<std::path::PathBuf, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for d in fs::read_dir(env.repo.join("data")).unwrap() {
+        for f in fs::read_dir(d.unwrap().path()).unwrap() {
+            let f = f.unwrap();
+            out.insert(f.path(), f.metadata().unwrap().len());
+        }
+    }
+    out
+}
+
+/// A snapshot whose data is lost in the source is skipped with a warning (exit 3);
+/// the others are copied, and the next run does not copy them twice.
+#[test]
+fn a_damaged_source_snapshot_does_not_block_the_others() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let src = r1.path("src");
+    make_full_tree(&src, 51);
+    let first = r1.backup(&[&src]);
+    let keep = r1.path("keep");
+    copy_tree(&src, &keep);
+    let before = packs(&r1);
+    fs::write(src.join("only-in-second.bin"), Rng(6).bytes(3 << 20, false)).unwrap();
+    r1.backup(&[&src]);
+    // The second snapshot's new data pack (the largest new pack) is lost.
+    let lost = packs(&r1)
+        .into_iter()
+        .filter(|(p, _)| !before.contains_key(p))
+        .max_by_key(|(_, n)| *n)
+        .unwrap()
+        .0;
+    fs::remove_file(&lost).unwrap();
+
+    let r2 = Env::new();
+    r2.init(&["--block-size", "64K"]);
+    let o = copy_cmd(&r1, &r2, &[]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("not copied"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["snapshots_copied"], 1);
+    assert_eq!(v["failed"].as_array().unwrap().len(), 1);
+    let ids = r2.snapshot_ids();
+    assert_eq!(ids.len(), 1);
+    assert_same(&keep, &r2.restore(&ids[0], &src, "r"));
+    r2.check_clean();
+    // Copying the first again by id is a no-op.
+    let again = copy(&r1, &r2, &[&first]);
+    assert_eq!(again["snapshots_copied"], 0);
 }

@@ -175,6 +175,10 @@ fn s3_errors_are_one_clear_line() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("access denied") && err.contains("SignatureDoesNotMatch"),
+        "{err}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(20));
     // Malformed locations.
     for bad in ["s3:http://127.0.0.1:1", "s3:"] {

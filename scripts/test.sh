@@ -11,6 +11,7 @@ need_apt=()
 command -v rsync >/dev/null || need_apt+=(rsync)
 command -v mount >/dev/null || need_apt+=(mount)
 command -v curl >/dev/null || need_apt+=(curl)
+command -v openssl >/dev/null || need_apt+=(openssl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
@@ -31,6 +32,8 @@ s3dir=$(mktemp -d)
 trap 'bash scripts/s3-server.sh stop "$s3dir" || true; rm -rf "$s3dir"' EXIT
 s3env=$(CAIRN_MINIO=$minio bash scripts/s3-server.sh start "$s3dir")
 eval "$s3env"
+# The TLS test starts a MinIO of its own with a private CA.
+export CAIRN_TEST_MINIO_BIN="$minio"
 echo "== S3 server: MinIO on ${CAIRN_TEST_S3_ENDPOINT#http://} (bucket $CAIRN_TEST_S3_BUCKET)"
 echo "== cargo test"
 log=$(mktemp)

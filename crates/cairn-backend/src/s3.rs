@@ -214,6 +214,12 @@ fn map_err(op: &'static str, path: &str, e: opendal::Error) -> BackendError {
             BackendErrorKind::Other,
             "the bucket does not exist (create it first)".to_string(),
         )
+    } else if text.contains("certificate") {
+        // A TLS verification failure does not heal by retrying.
+        (
+            BackendErrorKind::Other,
+            format!("{text} (a private CA: --cacert FILE; testing only: --insecure-tls)"),
+        )
     } else {
         let kind = match e.kind() {
             ErrorKind::NotFound => BackendErrorKind::NotFound,

@@ -360,3 +360,237 @@ fn check_sees_damage_on_s3_behind_the_cache() {
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(!text.contains("no errors were found"), "{text}");
 }
+
+/// A MinIO serving https with a certificate from a private CA, started by the test
+/// (the binary scripts/test.sh found); killed on drop.
+struct TlsMinio {
+    child: std::process::Child,
+    endpoint: String,
+    ca: std::path::PathBuf,
+}
+
+impl Drop for TlsMinio {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let o = std::process::Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl is needed (scripts/test.sh installs it)");
+    assert!(
+        o.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn tls_minio(env: &Env) -> TlsMinio {
+    let bin = std::env::var("CAIRN_TEST_MINIO_BIN")
+        .expect("CAIRN_TEST_MINIO_BIN is not set: run the suite with scripts/test.sh");
+    let dir = env.path("tls");
+    fs::create_dir_all(dir.join("certs")).unwrap();
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=cairn test CA",
+        ],
+    );
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "certs/private.key",
+            "-out",
+            "srv.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    );
+    fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    openssl(
+        &dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "srv.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "certs/public.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let console = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let child = std::process::Command::new(bin)
+        .args([
+            "server",
+            dir.join("data").to_str().unwrap(),
+            "--certs-dir",
+            dir.join("certs").to_str().unwrap(),
+            "--address",
+            &format!("127.0.0.1:{port}"),
+            "--console-address",
+            &format!("127.0.0.1:{console}"),
+        ])
+        .env("MINIO_ROOT_USER", "tlsadmin")
+        .env("MINIO_ROOT_PASSWORD", "tlsadmin-secret")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = TlsMinio {
+        child,
+        endpoint: format!("https://127.0.0.1:{port}"),
+        ca: dir.join("ca.crt"),
+    };
+    let t0 = Instant::now();
+    loop {
+        let made = std::process::Command::new("curl")
+            .args([
+                "-fsS",
+                "--cacert",
+                server.ca.to_str().unwrap(),
+                "--aws-sigv4",
+                "aws:amz:us-east-1:s3",
+                "--user",
+                "tlsadmin:tlsadmin-secret",
+                "-X",
+                "PUT",
+                &format!("{}/tlsbucket", server.endpoint),
+            ])
+            .output()
+            .unwrap();
+        if made.status.success() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "TLS MinIO did not start"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    server
+}
+
+/// https with a private CA: refused (at once, not retried) without it, accepted with
+/// `--cacert`, and with `--insecure-tls`.
+#[test]
+fn tls_with_a_private_ca() {
+    let mut env = Env::new();
+    let server = tls_minio(&env);
+    env.location = format!("s3:{}/tlsbucket/repo", server.endpoint);
+    let with_creds = |c: &mut std::process::Command| {
+        c.env("AWS_ACCESS_KEY_ID", "tlsadmin")
+            .env("AWS_SECRET_ACCESS_KEY", "tlsadmin-secret");
+    };
+    let t0 = Instant::now();
+    let mut c = env.cmd(&["init"]);
+    with_creds(&mut c);
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("certificate") && err.contains("--cacert"),
+        "{err}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "a certificate error was retried"
+    );
+    let ca = server.ca.to_str().unwrap().to_string();
+    let mut c = env.cmd(&["--cacert", &ca, "init"]);
+    with_creds(&mut c);
+    assert!(c.status().unwrap().success());
+    let src = env.path("src");
+    make_full_tree(&src, 25);
+    let mut c = env.cmd(&["--insecure-tls", "backup", "-q", src.to_str().unwrap()]);
+    with_creds(&mut c);
+    assert!(c.status().unwrap().success());
+    let target = env.path("r");
+    let mut c = env.cmd(&[
+        "--cacert",
+        &ca,
+        "restore",
+        "latest",
+        "--target",
+        target.to_str().unwrap(),
+    ]);
+    with_creds(&mut c);
+    assert!(c.status().unwrap().success());
+    assert_same(&src, &target.join(src.strip_prefix("/").unwrap()));
+}
+
+/// Credentials from a profile in the shared credentials file (no AWS_* keys set).
+#[test]
+fn credentials_from_a_profile() {
+    let env = Env::s3("profile");
+    let home = env.path("home");
+    fs::create_dir_all(home.join(".aws")).unwrap();
+    fs::write(
+        home.join(".aws/credentials"),
+        format!(
+            "[default]\naws_access_key_id = nobody\naws_secret_access_key = nothing\n\n[backup]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
+            std::env::var("AWS_ACCESS_KEY_ID").unwrap(),
+            std::env::var("AWS_SECRET_ACCESS_KEY").unwrap()
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str], profile: Option<&str>| {
+        let mut c = env.cmd(args);
+        c.env("HOME", &home)
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env_remove("AWS_PROFILE");
+        if let Some(p) = profile {
+            c.env("AWS_PROFILE", p);
+        }
+        c.output().unwrap()
+    };
+    let o = run(&["init"], Some("backup"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&["--s3-profile", "backup", "snapshots"], None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The default profile's keys are refused by the server.
+    let o = run(&["snapshots"], None);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("access denied"));
+}

@@ -356,6 +356,19 @@ def cpu_jiffies():
     return busy, steal
 
 
+def measured_fields(r):
+    """The CSV fields of one measured command (see Runner.measure)."""
+    return dict(wall_s=f"{r['wall_s']:.3f}", user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""),
+                cpu_s=f"{r['cpu_s']:.2f}", max_rss_kib=r.get("max_rss_kib", ""),
+                sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"],
+                log=r["log"])
+
+
+def kv_note(d):
+    """key=value pairs for a CSV note, leaving out empty values."""
+    return " ".join(f"{k}={_fmt_num(v)}" for k, v in d.items() if v is not None and v != "")
+
+
 def warm_tree(path):
     """Read every file of the tree once, right before a measured backup in warm mode. This VM
     reclaims clean page-cache pages that were not used for ~20 s (DAMON), so without it "warm"
@@ -1399,14 +1412,7 @@ class Runner:
             settle()
             return t
 
-        def measured(r):
-            return dict(wall_s=f"{r['wall_s']:.3f}", user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""),
-                        cpu_s=f"{r['cpu_s']:.2f}", max_rss_kib=r.get("max_rss_kib", ""),
-                        sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"],
-                        log=r["log"])
-
-        def kv(d):
-            return " ".join(f"{k}={_fmt_num(v)}" for k, v in d.items() if v is not None and v != "")
+        measured, kv = measured_fields, kv_note
 
         def cleanup(t):
             if not self.a.keep:
@@ -1655,14 +1661,7 @@ class Runner:
             made.append(t)
             return t
 
-        def measured(r):
-            return dict(wall_s=f"{r['wall_s']:.3f}", user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""),
-                        cpu_s=f"{r['cpu_s']:.2f}", max_rss_kib=r.get("max_rss_kib", ""),
-                        sync_s=f"{r['sync_s']:.2f}", other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"],
-                        log=r["log"])
-
-        def kv(d):
-            return " ".join(f"{k}={_fmt_num(v)}" for k, v in d.items() if v is not None and v != "")
+        measured, kv = measured_fields, kv_note
 
         def init(name, t, phase, argv, note):
             r = self.measure_traffic(t, f"{ds}-{name}-{phase}-r{rep}", argv)

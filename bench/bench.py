@@ -356,6 +356,13 @@ def cpu_jiffies():
     return busy, steal
 
 
+def fresh_dir(path):
+    """An empty directory at path (removing what was there)."""
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.makedirs(path)
+
+
 def measured_fields(r):
     """The CSV fields of one measured command (see Runner.measure)."""
     return dict(wall_s=f"{r['wall_s']:.3f}", user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""),
@@ -981,9 +988,7 @@ class Runner:
             if not alive[name] or name not in last_snap:
                 continue
             target = os.path.join(self.work, "restore", f"{name}-{ds}")
-            if os.path.exists(target):
-                shutil.rmtree(target)
-            os.makedirs(target)
+            fresh_dir(target)
             settle()
             targets.append(target)
             r = self.measure_traffic(t, f"{ds}-{name}-restore-r{rep}", *t.restore_cmd(target, last_snap[name]))
@@ -1328,9 +1333,7 @@ class Runner:
 
                 if status == "ok":
                     target = os.path.join(self.work, "restore", f"cairn-{BS_DATASET}")
-                    if os.path.exists(target):
-                        shutil.rmtree(target)
-                    os.makedirs(target)
+                    fresh_dir(target)
                     settle()
                     r = self.measure(t, f"{BS_DATASET}-{tag}-restore-r{rep}", *t.restore_cmd(target, "latest"))
                     rfiles, rbytes = tree_size(target)
@@ -1590,9 +1593,7 @@ class Runner:
                                   verify="MISMATCH: no snapshot of " + os.path.basename(src)))
                 continue
             target = os.path.join(self.work, "restore", f"cairn-{JOBS_DATASET}")
-            if os.path.exists(target):
-                shutil.rmtree(target)
-            os.makedirs(target)
+            fresh_dir(target)
             settle()
             r = self.measure(t, f"{JOBS_DATASET}-cairn-n{n}-restore-job{k}-r{rep}",
                              [t.bin, "restore", sid, "--repo", t.repo, "--target", target])
@@ -1774,9 +1775,7 @@ class Runner:
             if digest is None:
                 return
             target = os.path.join(self.work, "restore", f"cairn-{ds}")
-            if os.path.exists(target):
-                shutil.rmtree(target)
-            os.makedirs(target)
+            fresh_dir(target)
             settle()
             r = self.measure_traffic(t, f"{ds}-cairn-{phase}-r{rep}", *t.restore_cmd(target, "latest"))
             rfiles, rbytes = tree_size(target)

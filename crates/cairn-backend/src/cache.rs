@@ -20,6 +20,20 @@ use std::sync::{Arc, Mutex};
 
 const SUM_LEN: usize = 32;
 
+/// Where cairn keeps local state for repositories (caches, the SSD index, copy
+/// maps): `$XDG_CACHE_HOME/cairn`, else `~/.cache/cairn`; None without either.
+pub fn base_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("cairn"))
+}
+
 #[derive(Debug)]
 pub struct CachedBackend {
     inner: Arc<dyn Backend>,
@@ -50,19 +64,10 @@ impl CachedBackend {
         }
     }
 
-    /// The default cache directory for a repository location:
-    /// `$XDG_CACHE_HOME/cairn/<hash of the location>` (else `~/.cache/cairn/...`).
-    pub fn default_dir(location: &str) -> Option<PathBuf> {
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME")
-                    .filter(|v| !v.is_empty())
-                    .map(|h| PathBuf::from(h).join(".cache"))
-            })?;
-        let h = blake3::hash(location.as_bytes()).to_hex();
-        Some(base.join("cairn").join(&h.as_str()[..24]))
+    /// The name of a repository's cache directory under the cache base: 24 hex
+    /// digits of the hash of its location.
+    pub fn dir_name(location: &str) -> String {
+        blake3::hash(location.as_bytes()).to_hex().as_str()[..24].to_string()
     }
 
     pub fn dir(&self) -> &Path {

@@ -15,7 +15,7 @@
 //! of index, snapshot and tree data), [`ThrottledBackend`] (rate limits and traffic
 //! counters) and, for tests, [`FaultyBackend`].
 
-mod cache;
+pub mod cache;
 pub mod direct;
 mod fault;
 mod local;

@@ -24,10 +24,11 @@
 //! records where it came from (`Snapshot::copied_from`), so copying the same
 //! snapshot again does nothing.
 
+use crate::backup::InFlight;
 use crate::blob::{BlobEncoder, EncodedBlob};
 use crate::chunklist::{ChunkListBuilder, for_each_chunk, for_each_content_blob};
 use crate::error::{Error, Result};
-use crate::index::{IdMap, IdSet};
+use crate::index::IdMap;
 use crate::lock::RepoLock;
 use crate::packer::{BufferPool, DEFAULT_UPLOAD_THREADS, Packer, Uploader};
 use crate::progress::RestoreProgress;
@@ -35,11 +36,12 @@ use crate::repo::Repository;
 use cairn_format::pack::BlobKind;
 use cairn_format::snapshot::{CopiedFrom, Snapshot};
 use cairn_format::tree::{ChunkList, ChunkRef, Content, Node, NodeKind, Tree};
-use cairn_format::{BlobId, SnapshotId};
+use cairn_format::{BlobId, FormatError, SnapshotId};
+use crossbeam_channel::{Sender, bounded, unbounded};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Index flushes while copying: every this many blobs or packs (64 MiB at the
@@ -113,7 +115,7 @@ pub fn copy_snapshots(
         map: Mutex::new(map),
         packers: Mutex::new(None),
         uploader: Mutex::new(None),
-        written: Mutex::new(IdSet::default()),
+        written: InFlight::new(),
         progress,
         counters: Counters::default(),
         trees: Mutex::new(IdMap::default()),
@@ -135,7 +137,9 @@ pub fn copy_snapshots(
         let target = match copier.copy_one(sid, snap, opts) {
             Ok(t) => t,
             // The source's data is damaged or missing: the other snapshots may be fine.
-            Err(e @ (Error::Damaged { .. } | Error::BlobNotFound(_) | Error::Invalid(_))) => {
+            Err(
+                e @ (Error::Damaged { .. } | Error::BlobNotFound(_) | Error::PackMissing { .. }),
+            ) => {
                 stats.failed.push((*sid, e.to_string()));
                 continue;
             }
@@ -207,13 +211,24 @@ struct Copier<'a> {
     /// Sent to without holding `packers`: a full upload queue blocks only the
     /// thread whose blob sealed a pack.
     uploader: Mutex<Option<Arc<Uploader>>>,
-    /// Blobs stored by this run (not yet in the destination's loaded index).
-    written: Mutex<IdSet>,
+    /// Blobs queued for storing by this run (not in the destination's loaded index).
+    /// An id enters only when its blob goes to a packer: after a failed snapshot,
+    /// whose packs are still stored, every id here is in the destination.
+    written: InFlight,
     progress: &'a dyn RestoreProgress,
     counters: Counters,
     /// Source tree -> destination tree, for trees copied by this run: the next
     /// snapshot's unchanged directories are not walked again.
     trees: Mutex<IdMap<BlobId>>,
+}
+
+/// A file for the worker pool: its source content and size, and where the answer
+/// goes (the directory's index of the node).
+struct FileJob {
+    node: usize,
+    content: Content,
+    size: u64,
+    reply: Sender<(usize, Result<Content>)>,
 }
 
 impl Copier<'_> {
@@ -237,12 +252,30 @@ impl Copier<'_> {
         });
         *crate::lock(&self.uploader) = Some(Arc::new(uploader));
         let root = snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?;
-        // Deep directory chains recurse once per level: give the walk a large stack.
+        // One walk thread (a large stack: deep directory chains recurse once per
+        // level) hands each directory's files to a pool of workers, each with its own
+        // encoder for the whole snapshot.
         let walked = std::thread::scope(|s| {
+            let (jobs, queue) = bounded::<FileJob>(self.threads * 4);
+            for _ in 0..self.threads {
+                let queue = queue.clone();
+                s.spawn(move || {
+                    let mut enc = self.encoder();
+                    for job in queue {
+                        let r = self.copy_content(&mut enc, &job.content, job.size);
+                        let _ = job.reply.send((job.node, r));
+                    }
+                });
+            }
+            drop(queue);
             std::thread::Builder::new()
                 .name("cairn-copy".into())
                 .stack_size(256 << 20)
-                .spawn_scoped(s, || self.copy_tree(&root))
+                .spawn_scoped(s, move || {
+                    let mut enc = self.encoder();
+                    // `jobs` is dropped when the walk ends, which stops the workers.
+                    self.copy_tree(&root, &jobs, &mut enc)
+                })
                 .map_err(|e| Error::Invalid(format!("cannot start the copy thread: {e}")))?
                 .join()
                 .unwrap_or_else(|_| Err(Error::Invalid("copy thread panicked".into())))
@@ -270,8 +303,10 @@ impl Copier<'_> {
             _ => Err(Error::Invalid("copy state lost".into())),
         };
         crate::lock(&self.map).flush();
-        let new_root = walked?;
+        // A storage failure first: it means queued blobs may not be stored, so the
+        // copy must stop, even if the walk failed for another reason meanwhile.
         finished?;
+        let new_root = walked?;
         let mut copy = snap.clone();
         copy.tree = new_root.to_hex();
         copy.parent = None;
@@ -287,12 +322,12 @@ impl Copier<'_> {
     }
 
     fn is_stored(&self, id: &BlobId) -> bool {
-        self.dst.index().is_live(id) || crate::lock(&self.written).contains(id)
+        self.dst.index().is_live(id) || self.written.contains(id)
     }
 
     /// Adds an encoded blob to the destination unless another thread just did.
     fn store(&self, b: EncodedBlob) -> Result<()> {
-        if !crate::lock(&self.written).insert(b.id) {
+        if self.written.claim(&b.id) {
             return Ok(());
         }
         self.counters.blobs_added.fetch_add(1, Ordering::Relaxed);
@@ -334,7 +369,12 @@ impl Copier<'_> {
         BlobEncoder::new(self.dst.config().compression.zstd_level())
     }
 
-    fn copy_tree(&self, id: &BlobId) -> Result<BlobId> {
+    fn copy_tree(
+        &self,
+        id: &BlobId,
+        jobs: &Sender<FileJob>,
+        enc: &mut BlobEncoder,
+    ) -> Result<BlobId> {
         if let Some(done) = crate::lock(&self.trees).get(id) {
             return Ok(*done);
         }
@@ -344,71 +384,54 @@ impl Copier<'_> {
             if n.kind == NodeKind::Dir
                 && let Some(sub) = n.subtree
             {
-                n.subtree = Some(self.copy_tree(&sub)?);
+                n.subtree = Some(self.copy_tree(&sub, jobs, enc)?);
             }
             self.progress.entry_done();
         }
-        self.copy_files(&mut nodes)?;
-        let mut enc = self.encoder();
-        let new = self.put_blob(&mut enc, BlobKind::Tree, &Tree { nodes }.encode())?;
+        self.copy_files(&mut nodes, jobs)?;
+        let new = self.put_blob(enc, BlobKind::Tree, &Tree { nodes }.encode())?;
         crate::lock(&self.trees).insert(*id, new);
         Ok(new)
     }
 
-    /// Translates the content of every file of one directory, on several threads
-    /// when there are several files.
-    fn copy_files(&self, nodes: &mut [Node]) -> Result<()> {
-        let files: Vec<usize> = (0..nodes.len())
-            .filter(|&i| nodes[i].kind == NodeKind::File && nodes[i].content != Content::None)
-            .collect();
+    /// Translates the content of every file of one directory on the worker pool.
+    fn copy_files(&self, nodes: &mut [Node], jobs: &Sender<FileJob>) -> Result<()> {
+        let (reply, answers) = unbounded();
+        let mut sent = 0usize;
+        for (i, n) in nodes.iter().enumerate() {
+            if n.kind != NodeKind::File || n.content == Content::None {
+                continue;
+            }
+            let job = FileJob {
+                node: i,
+                content: n.content.clone(),
+                size: n.size,
+                reply: reply.clone(),
+            };
+            jobs.send(job)
+                .map_err(|_| Error::Invalid("copy workers stopped".into()))?;
+            sent += 1;
+        }
+        // Only the jobs hold senders now: a worker that died drops its job's, so the
+        // wait below ends with an error instead of hanging.
+        drop(reply);
         self.counters
             .files
-            .fetch_add(files.len() as u64, Ordering::Relaxed);
-        let threads = self.threads.min(files.len());
-        if threads <= 1 {
-            let mut enc = self.encoder();
-            for &i in &files {
-                nodes[i].content = self.copy_content(&mut enc, &nodes[i].content)?;
-            }
-            return Ok(());
-        }
-        let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<(usize, Content)>> = Mutex::new(Vec::with_capacity(files.len()));
-        let failed: Mutex<Option<Error>> = Mutex::new(None);
-        let shared: &[Node] = nodes;
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| {
-                    let mut enc = self.encoder();
-                    loop {
-                        if crate::lock(&failed).is_some() {
-                            return;
-                        }
-                        let k = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&i) = files.get(k) else { return };
-                        match self.copy_content(&mut enc, &shared[i].content) {
-                            Ok(c) => crate::lock(&results).push((i, c)),
-                            Err(e) => {
-                                crate::lock(&failed).get_or_insert(e);
-                                return;
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            return Err(e);
-        }
-        for (i, c) in results.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            nodes[i].content = c;
+            .fetch_add(sent as u64, Ordering::Relaxed);
+        for _ in 0..sent {
+            let (i, content) = answers
+                .recv()
+                .map_err(|_| Error::Invalid("copy workers stopped".into()))?;
+            nodes[i].content = content?;
         }
         Ok(())
     }
 
-    fn copy_content(&self, enc: &mut BlobEncoder, content: &Content) -> Result<Content> {
+    /// The destination's content for one file; `size` is its length (progress).
+    fn copy_content(&self, enc: &mut BlobEncoder, content: &Content, size: u64) -> Result<Content> {
         if self.same_chunking {
             self.copy_missing_blobs(enc, content)?;
+            self.progress.bytes_done(size);
             return Ok(content.clone());
         }
         let key = content_key(content);
@@ -425,10 +448,10 @@ impl Copier<'_> {
             Lookup::Missing => None,
         };
         if let Some(c) = known {
-            let size: u64 = content_size(self.dst, &c).unwrap_or(0);
             self.progress.bytes_done(size);
             return Ok(c);
         }
+        // Progress is reported chunk by chunk as the file is read.
         let c = self.rechunk(enc, content)?;
         crate::lock(&self.map).insert(key, &c);
         Ok(c)
@@ -437,7 +460,6 @@ impl Copier<'_> {
     /// Same ids on both sides: store every blob of the content the destination lacks.
     fn copy_missing_blobs(&self, enc: &mut BlobEncoder, content: &Content) -> Result<()> {
         let mut needed = Vec::new();
-        let mut err = None;
         // Every chunk list is walked, even one the destination has: its chunks are
         // checked one by one rather than assumed (a prune may have kept a list
         // without its chunks if nothing used it).
@@ -448,25 +470,14 @@ impl Copier<'_> {
             true
         })?;
         for id in needed {
-            let Some(loc) = self.src.index().get(&id) else {
-                err.get_or_insert(Error::BlobNotFound(id));
-                continue;
-            };
+            let loc = self.src.index().get(&id).ok_or(Error::BlobNotFound(id))?;
             let data = self.src.read_blob(&id)?;
             self.counters
                 .bytes_read
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
-            if loc.kind == BlobKind::Data {
-                self.progress.bytes_done(data.len() as u64);
-            }
-            if !self.is_stored(&id) {
-                self.store(enc.encode(self.dst.key(), loc.kind, id, &data)?)?;
-            }
+            self.store(enc.encode(self.dst.key(), loc.kind, id, &data)?)?;
         }
-        match err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     /// Reads a file from the source and chunks it with the destination's chunker.
@@ -494,12 +505,17 @@ impl Copier<'_> {
         for_each_chunk(self.src, content, &mut |r: ChunkRef| {
             let data = self.src.read_blob(&r.id)?;
             if data.len() as u64 != r.length {
-                return Err(Error::Invalid(format!(
-                    "chunk {} holds {} bytes where its file lists {}",
-                    r.id.short(),
-                    data.len(),
-                    r.length
-                )));
+                return Err(Error::damaged(
+                    format!("chunk {}", r.id.short()),
+                    FormatError::malformed(
+                        "chunk",
+                        format!(
+                            "holds {} bytes where its file lists {}",
+                            data.len(),
+                            r.length
+                        ),
+                    ),
+                ));
             }
             self.counters
                 .bytes_read
@@ -541,19 +557,6 @@ fn content_key(content: &Content) -> [u8; 32] {
         }
     }
     *h.finalize().as_bytes()
-}
-
-/// A file's size from its content (inline lengths; for a chunk list, its root's
-/// entries), for progress only.
-fn content_size(repo: &Repository, c: &Content) -> Option<u64> {
-    match c {
-        Content::None => Some(0),
-        Content::Inline(refs) => Some(refs.iter().map(|r| r.length).sum()),
-        Content::Tree { root, .. } => repo
-            .load_chunk_list(root)
-            .ok()
-            .map(|l| l.entries.iter().map(|e| e.length).sum()),
-    }
 }
 
 /// Source content -> destination content, for files already re-chunked.

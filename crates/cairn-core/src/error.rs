@@ -27,6 +27,10 @@ pub enum Error {
     },
     #[error("blob {0} is referenced but missing from the index")]
     BlobNotFound(BlobId),
+    /// The index names a pack the storage does not hold (lost or deleted behind
+    /// cairn's back).
+    #[error("pack {pack} holding blob {blob} is missing")]
+    PackMissing { pack: String, blob: String },
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error("{}: {source}", path.display())]

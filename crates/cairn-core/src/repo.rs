@@ -632,11 +632,8 @@ impl Repository {
         if let Some(p) = &self.config.index_path {
             return Ok(PathBuf::from(p));
         }
-        if let Some(p) = std::env::var_os("XDG_CACHE_HOME").filter(|p| !p.is_empty()) {
-            return Ok(PathBuf::from(p).join("cairn/index"));
-        }
-        match std::env::var_os("HOME").filter(|p| !p.is_empty()) {
-            Some(h) => Ok(PathBuf::from(h).join(".cache/cairn/index")),
+        match cairn_backend::cache::base_dir() {
+            Some(base) => Ok(base.join("index")),
             None => Err(Error::Invalid(
                 "no directory for the SSD index: set CAIRN_INDEX_PATH or `cairn index --path`"
                     .into(),
@@ -742,11 +739,10 @@ impl Repository {
             self.backend.get_metadata_range(&name, offset, length)
         };
         let sealed = sealed.map_err(Error::from).map_err(|e| match e {
-            Error::Backend(b) if b.is_not_found() => Error::Invalid(format!(
-                "pack {} holding blob {} is missing",
-                pack.short(),
-                id.short()
-            )),
+            Error::Backend(b) if b.is_not_found() => Error::PackMissing {
+                pack: pack.short(),
+                blob: id.short(),
+            },
             e => e,
         })?;
         blob::decode(&self.key, id, &sealed, loc.raw_length, loc.compression)

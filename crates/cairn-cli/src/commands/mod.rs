@@ -136,26 +136,25 @@ pub fn backend_at(g: &Global, location: &str) -> Result<(Arc<dyn Backend>, Arc<T
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push((location.to_string(), traffic.clone()));
-    let mut retry = RetryBackend::new(throttled, RetryPolicy::default());
+    let policy = RetryPolicy::default();
+    let mut retry = RetryBackend::new(throttled, policy);
     if !g.quiet {
-        retry = retry.with_notice(Box::new(|e, attempt, wait| {
+        retry = retry.with_notice(Box::new(move |e, attempt, wait| {
             eprintln!(
                 "warning: {e}; retrying in {:.1}s (attempt {} of {})",
                 wait.as_secs_f64(),
                 attempt + 1,
-                RetryPolicy::default().attempts
+                policy.attempts
             );
         }));
     }
     let mut backend: Arc<dyn Backend> = Arc::new(retry);
-    if local_dir(location).is_none() && !r.no_cache {
-        let dir = match &r.cache_dir {
-            Some(d) => Some(d.join(cache_key(location))),
-            None => CachedBackend::default_dir(location),
-        };
-        if let Some(dir) = dir {
-            backend = Arc::new(CachedBackend::new(backend, dir));
-        }
+    if local_dir(location).is_none()
+        && !r.no_cache
+        && let Some(base) = cache_base(g)
+    {
+        let dir = base.join(CachedBackend::dir_name(location));
+        backend = Arc::new(CachedBackend::new(backend, dir));
     }
     Ok((backend, traffic))
 }
@@ -165,13 +164,7 @@ pub fn cache_base(g: &Global) -> Option<PathBuf> {
     if let Some(d) = &g.remote.cache_dir {
         return Some(d.clone());
     }
-    CachedBackend::default_dir("").and_then(|p| p.parent().map(std::path::Path::to_path_buf))
-}
-
-fn cache_key(location: &str) -> String {
-    CachedBackend::default_dir(location)
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "repo".into())
+    cairn_backend::cache::base_dir()
 }
 
 pub fn backend(g: &Global) -> Result<Arc<dyn Backend>> {

@@ -198,7 +198,7 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         InFlight {
             shards: (0..64).map(|_| Mutex::new(IdSet::default())).collect(),
         }
@@ -209,7 +209,7 @@ impl InFlight {
             .unwrap_or_else(|e| e.into_inner())
     }
     /// True if the id was already claimed; otherwise claims it.
-    fn claim(&self, id: &BlobId) -> bool {
+    pub(crate) fn claim(&self, id: &BlobId) -> bool {
         !self.shard(id).insert(*id)
     }
     /// Whether some worker has claimed the id in this run.

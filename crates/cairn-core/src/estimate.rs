@@ -6,7 +6,7 @@
 //! and for each block size the engine counts the bytes and chunks it has seen and
 //! those it has seen for the first time. Unique chunks are compressed with the
 //! datastore's own rule (zstd at the standard and at the maximum level, kept only
-//! when that saves at least 1/32, as [`crate::blob::BlobEncoder`] does).
+//! when that saves at least 1/32, as [`crate::repo::blob::BlobEncoder`] does).
 //!
 //! Two samples keep this fast and small on large data, both chosen by the chunk's
 //! hash, so that a chunk is in or out of the sample wherever it occurs and
@@ -25,10 +25,10 @@
 //! duplicates found do not, which the accuracy test in `tests/it/estimate.rs`
 //! checks against real datastores.
 
-use crate::backup::source::{Excludes, open_source};
 use crate::error::{Error, Result};
+use crate::ops::backup::source::{Excludes, open_source};
+use crate::ops::stats::RAM_BYTES_PER_BLOB;
 use crate::progress::EstimateProgress;
-use crate::stats::RAM_BYTES_PER_BLOB;
 use cairn_format::config::{ChunkerParams, Compression};
 use cairn_format::consts::{BLOCK_SIZES, ENVELOPE_OVERHEAD, ID_LEN, PACK_HEADER_ENTRY_LEN};
 use std::collections::HashSet;
@@ -44,8 +44,8 @@ use std::time::Instant;
 pub const INDEX_BYTES_PER_BLOB: f64 = 1.0 + ID_LEN as f64 + 3.0 + 3.0 + 3.0 + 1.0;
 
 /// RAM and local disk per unique chunk of the SSD placement (see [`crate::ssd`]).
-pub const SSD_RAM_BYTES_PER_BLOB: f64 = crate::ssd::RAM_BYTES_PER_BLOB;
-pub const SSD_DISK_BYTES_PER_BLOB: f64 = crate::ssd::DISK_BYTES_PER_BLOB;
+pub const SSD_RAM_BYTES_PER_BLOB: f64 = crate::index::ssd::RAM_BYTES_PER_BLOB;
+pub const SSD_DISK_BYTES_PER_BLOB: f64 = crate::index::ssd::DISK_BYTES_PER_BLOB;
 
 /// Bytes of trees and chunk lists per chunk reference (an id and a length) and per
 /// file (name, mode, owners, times, sizes, and the tree's framing), as measured on
@@ -669,7 +669,7 @@ impl MultiChunker {
         let mut gear = [0u64; 256];
         for g in gear.iter_mut() {
             x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            *g = crate::ssd::mix(x);
+            *g = crate::index::ssd::mix(x);
         }
         let lanes: Vec<LaneParams> = sizes
             .iter()

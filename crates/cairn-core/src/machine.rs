@@ -414,9 +414,9 @@ pub fn index_bench_ssd(n: u64, dir: &std::path::Path) -> crate::Result<Placement
         p += per_file;
     }
     let t = Instant::now();
-    let (ssd, pack_ids) = crate::ssd::SsdIndex::open(&repo, &ssd_dir)?;
+    let (ssd, pack_ids) = crate::index::ssd::SsdIndex::open(&repo, &ssd_dir)?;
     let build = t.elapsed().as_secs_f64();
-    let disk = crate::ssd::disk_bytes(ssd.path());
+    let disk = crate::index::ssd::disk_bytes(ssd.path());
     let index = MasterIndex::from_ssd(ssd, pack_ids);
     let (present, absent, in_order) = lookups(&index, n, count)?;
     let r = PlacementBench {
@@ -447,7 +447,7 @@ pub fn index_bench_ssd(n: u64, dir: &std::path::Path) -> crate::Result<Placement
     };
     repo.write_index_file(&file)?;
     let t = Instant::now();
-    let (ssd, _) = crate::ssd::SsdIndex::open(&repo, &ssd_dir)?;
+    let (ssd, _) = crate::index::ssd::SsdIndex::open(&repo, &ssd_dir)?;
     let update = t.elapsed().as_secs_f64();
     drop(ssd);
     let r = PlacementBench {

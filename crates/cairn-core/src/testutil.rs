@@ -1,7 +1,7 @@
 //! Helpers for unit tests that need a small repository.
 
-use crate::blob::BlobEncoder;
-use crate::packer::{BufferPool, Packer};
+use crate::repo::blob::BlobEncoder;
+use crate::repo::packer::{BufferPool, Packer};
 use crate::repo::{InitOptions, Repository};
 use cairn_backend::MemBackend;
 use cairn_format::index::IndexPack;

@@ -21,7 +21,7 @@ pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
         IndexPlacement::Ssd => repo
             .index_path()
             .ok()
-            .map(|p| cairn_core::ssd::SsdIndex::dir_for(&p, &repo.config().id)),
+            .map(|p| cairn_core::index::ssd::SsdIndex::dir_for(&p, &repo.config().id)),
         IndexPlacement::Ram => None,
     };
     if a.placement.is_some() || a.path.is_some() {
@@ -44,7 +44,7 @@ pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
     let (path, disk) = match index.ssd() {
         Some(s) => (
             Some(s.path().display().to_string()),
-            cairn_core::ssd::disk_bytes(s.path()),
+            cairn_core::index::ssd::disk_bytes(s.path()),
         ),
         None => (None, 0),
     };

@@ -2,12 +2,12 @@
 //! and build chunk lists and trees. Runs on one thread, so its sets need no locks.
 
 use super::{Budget, ChunkOut, InFlight, Item, Skipped};
-use crate::blob::BlobEncoder;
-use crate::chunklist::ChunkListBuilder;
 use crate::error::{Error, Result};
 use crate::index::IdSet;
-use crate::packer::{BufferPool, Packer, Uploader};
 use crate::repo::Repository;
+use crate::repo::blob::BlobEncoder;
+use crate::repo::packer::{BufferPool, Packer, Uploader};
+use crate::tree::chunklist::ChunkListBuilder;
 use cairn_format::BlobId;
 use cairn_format::consts::MAX_BLOB_SIZE;
 use cairn_format::pack::BlobKind;
@@ -46,7 +46,7 @@ struct State<'a> {
 }
 
 impl State<'_> {
-    fn store(&mut self, blob: crate::blob::EncodedBlob) -> Result<()> {
+    fn store(&mut self, blob: crate::repo::blob::EncodedBlob) -> Result<()> {
         if blob.kind != BlobKind::Data
             && (self.repo.index().is_live(&blob.id) || !self.written.insert(blob.id))
         {
@@ -98,7 +98,9 @@ pub(crate) fn archive(
 ) -> Result<Archived> {
     let level = repo.config().compression.zstd_level();
     let pack_size = repo.config().pack_size as usize;
-    let pool = Arc::new(BufferPool::new(crate::packer::DEFAULT_UPLOAD_THREADS + 1));
+    let pool = Arc::new(BufferPool::new(
+        crate::repo::packer::DEFAULT_UPLOAD_THREADS + 1,
+    ));
     let mut st = State {
         repo,
         written: IdSet::default(),

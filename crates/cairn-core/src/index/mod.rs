@@ -6,6 +6,24 @@
 //! the hash instead of hashing them again, and the master index finds an id's place
 //! in its sorted table from its first bits.
 
+pub mod ssd;
+
+/// What an index placement is built from: the repository's index files and
+/// pending-deletion records. The repository implements it; the index layer never
+/// names the repository, so the dependency points one way (repo -> index).
+pub trait IndexSource: Sync {
+    /// The repository's id (the SSD placement keeps one directory per repository).
+    fn repository_id(&self) -> &str;
+    /// Every stored index file (live and superseded) with its stored size.
+    fn index_files(&self) -> crate::Result<Vec<(cairn_format::IndexId, u64)>>;
+    fn read_index_file(&self, id: &cairn_format::IndexId) -> crate::Result<IndexFile>;
+    fn pending_records(&self) -> crate::Result<Vec<cairn_format::PendingId>>;
+    fn read_pending(
+        &self,
+        id: &cairn_format::PendingId,
+    ) -> crate::Result<cairn_format::pending::PendingDeletion>;
+}
+
 use cairn_format::consts::ID_LEN;
 use cairn_format::index::{IndexBlob, IndexFile};
 use cairn_format::pack::{BlobCompression, BlobKind};
@@ -173,7 +191,7 @@ pub struct MasterIndex {
     staged: usize,
     live: usize,
     /// The SSD placement: lookups go there and `records` stays empty.
-    ssd: Option<crate::ssd::SsdIndex>,
+    ssd: Option<crate::index::ssd::SsdIndex>,
 }
 
 /// Records per directory bucket on average.
@@ -212,7 +230,7 @@ impl MasterIndex {
     }
 
     /// The index of the SSD placement, opened on its local files.
-    pub fn from_ssd(ssd: crate::ssd::SsdIndex, packs: Vec<PackId>) -> Self {
+    pub fn from_ssd(ssd: crate::index::ssd::SsdIndex, packs: Vec<PackId>) -> Self {
         MasterIndex {
             packs: PackTable::from_ids(packs),
             ssd: Some(ssd),
@@ -221,7 +239,7 @@ impl MasterIndex {
     }
 
     /// The SSD placement's index, when that is where this one lives.
-    pub fn ssd(&self) -> Option<&crate::ssd::SsdIndex> {
+    pub fn ssd(&self) -> Option<&crate::index::ssd::SsdIndex> {
         self.ssd.as_ref()
     }
 

@@ -211,7 +211,7 @@ pub(crate) fn content_is_live(repo: &Repository, c: &cairn_format::tree::Content
         cairn_format::tree::Content::Inline(refs) => refs.iter().all(|r| index.is_live(&r.id)),
         tree @ cairn_format::tree::Content::Tree { .. } => {
             let mut all = true;
-            let walked = crate::chunklist::for_each_content_blob(repo, tree, &mut |b| {
+            let walked = crate::tree::chunklist::for_each_content_blob(repo, tree, &mut |b| {
                 all &= index.is_live(&b);
                 all
             });

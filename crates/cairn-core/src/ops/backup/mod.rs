@@ -27,12 +27,12 @@ mod scan;
 pub mod source;
 mod walker;
 
-use crate::blob::{BlobEncoder, EncodedBlob};
 use crate::error::{Error, Result};
 use crate::index::IdSet;
-use crate::packer::BufferPool;
 use crate::progress::BackupProgress;
 use crate::repo::Repository;
+use crate::repo::blob::{BlobEncoder, EncodedBlob};
+use crate::repo::packer::BufferPool;
 use cairn_format::pack::BlobKind;
 use cairn_format::snapshot::{Snapshot, SnapshotSummary};
 use cairn_format::tree::Node;
@@ -64,7 +64,7 @@ pub struct BackupOptions {
     pub read_concurrency: Option<usize>,
     /// The lock this backup holds. It must have been taken before the index was
     /// loaded; the snapshot is only written while it is provably fresh.
-    pub lock: Option<std::sync::Arc<crate::lock::RepoLock>>,
+    pub lock: Option<std::sync::Arc<crate::repo::lock::RepoLock>>,
 }
 
 /// An entry that could not be backed up.

@@ -1,10 +1,10 @@
 //! Writing one file of a snapshot to a stream (`cairn dump`). Blobs are fetched a few
 //! at a time ahead of the writer so a large file streams at pack-read speed.
 
-use crate::chunklist::for_each_chunk;
 use crate::error::{Error, Result};
-use crate::ls::find_node;
+use crate::ops::ls::find_node;
 use crate::repo::Repository;
+use crate::tree::chunklist::for_each_chunk;
 use cairn_format::BlobId;
 use cairn_format::tree::NodeKind;
 use std::io::Write;

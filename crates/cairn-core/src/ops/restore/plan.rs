@@ -3,10 +3,10 @@
 //! execution reads every pack once, front to back.
 
 use super::FileJob;
-use crate::chunklist::for_each_chunk;
 use crate::error::Error;
 use crate::index::MasterIndex;
 use crate::repo::Repository;
+use crate::tree::chunklist::for_each_chunk;
 use cairn_format::BlobId;
 use cairn_format::pack::BlobCompression;
 use std::collections::HashMap;

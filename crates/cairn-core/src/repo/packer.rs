@@ -6,9 +6,9 @@
 //! upload threads keep it: each writes a pack, then records it for the next index
 //! file, which is written after the packs it lists.
 
-use crate::blob::EncodedBlob;
 use crate::error::{Error, Result};
 use crate::lock;
+use crate::repo::blob::EncodedBlob;
 use cairn_backend::{Backend, names};
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::{IndexBlob, IndexFile, IndexPack};

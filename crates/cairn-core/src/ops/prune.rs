@@ -20,7 +20,7 @@
 
 use crate::error::{Error, Result};
 use crate::index::IdSet;
-use crate::lock::{self, RepoLock};
+use crate::repo::lock::{self, RepoLock};
 use crate::repo::{IndexState, Repository};
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
@@ -169,7 +169,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
 
     let listed: HashSet<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
     let mut used = IdSet::default();
-    crate::reachable::collect_snapshots(repo, &snaps, &mut used)?;
+    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut used)?;
 
     let pending_packs: HashSet<PackId> = state
         .pending
@@ -230,7 +230,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
                 }
             })
             .collect();
-        let stats = crate::repair::copy_blobs(repo, &lists, false)?;
+        let stats = crate::ops::repair::copy_blobs(repo, &lists, false)?;
         report.new_packs = stats.packs;
         new_index_files.extend(stats.index_files);
     }
@@ -577,7 +577,7 @@ fn delete_pending(
         .into_iter()
         .filter(|(id, _)| !listed.contains(id))
         .collect();
-    crate::reachable::collect_snapshots(repo, &new, &mut used)?;
+    crate::tree::reachable::collect_snapshots(repo, &new, &mut used)?;
     let stored = repo.list_packs()?;
     let index = repo.index().clone();
     let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(&l)).collect();

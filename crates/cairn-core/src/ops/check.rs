@@ -3,11 +3,11 @@
 //! every pack read whole, its hash, header and every blob verified. Each problem names
 //! the damaged object and, where known, the snapshots and files it affects.
 
-use crate::blob;
-use crate::chunklist::for_each_chunk;
 use crate::error::{Error, Result};
 use crate::index::IdSet;
 use crate::repo::Repository;
+use crate::repo::blob;
+use crate::tree::chunklist::for_each_chunk;
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::pack;
@@ -343,7 +343,7 @@ fn read_packs(
     for (b, l) in index.iter() {
         by_pack.entry(index.pack_of(&l)).or_default().push((b, l));
     }
-    let results = crate::repo::parallel_map(packs, crate::repo::cores(), |(id, size)| {
+    let results = crate::threads::parallel_map(packs, crate::threads::cores(), |(id, size)| {
         let indexed = by_pack.get(id).map(Vec::as_slice).unwrap_or(&[]);
         verify_pack(repo, id, *size, indexed, live.contains(id))
     });

@@ -24,15 +24,15 @@
 //! records where it came from (`Snapshot::copied_from`), so copying the same
 //! snapshot again does nothing.
 
-use crate::backup::InFlight;
-use crate::blob::{BlobEncoder, EncodedBlob};
-use crate::chunklist::{ChunkListBuilder, for_each_chunk, for_each_content_blob};
 use crate::error::{Error, Result};
 use crate::index::IdMap;
-use crate::lock::RepoLock;
-use crate::packer::{BufferPool, DEFAULT_UPLOAD_THREADS, Packer, Uploader};
+use crate::ops::backup::InFlight;
 use crate::progress::RestoreProgress;
 use crate::repo::Repository;
+use crate::repo::blob::{BlobEncoder, EncodedBlob};
+use crate::repo::lock::RepoLock;
+use crate::repo::packer::{BufferPool, DEFAULT_UPLOAD_THREADS, Packer, Uploader};
+use crate::tree::chunklist::{ChunkListBuilder, for_each_chunk, for_each_content_blob};
 use cairn_format::pack::BlobKind;
 use cairn_format::snapshot::{CopiedFrom, Snapshot};
 use cairn_format::tree::{ChunkList, ChunkRef, Content, Node, NodeKind, Tree};

@@ -3,10 +3,10 @@
 //! at once (loading means reading, decrypting and decompressing; most of it waits on
 //! storage), and a tree or chunk list reached twice is read once.
 
-use crate::chunklist::for_each_content_blob;
 use crate::error::{Error, Result};
 use crate::index::IdSet;
 use crate::repo::Repository;
+use crate::tree::chunklist::for_each_content_blob;
 use cairn_format::BlobId;
 use cairn_format::tree::NodeKind;
 use std::sync::{Condvar, Mutex};

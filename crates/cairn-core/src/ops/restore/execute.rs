@@ -5,10 +5,10 @@
 
 use super::FileJob;
 use super::plan::{Need, Plan};
-use crate::blob;
 use crate::error::Result;
 use crate::progress::RestoreProgress;
 use crate::repo::Repository;
+use crate::repo::blob;
 use cairn_backend::direct::{self, AlignedBuf, DIRECT_MIN_BYTES};
 use std::collections::HashMap;
 use std::fs::File;

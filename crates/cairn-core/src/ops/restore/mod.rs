@@ -377,10 +377,10 @@ fn remove_existing(path: &Path, fresh: bool) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blob::BlobEncoder;
-    use crate::packer::{Packer, Uploader};
     use crate::progress::NoProgress;
     use crate::repo::InitOptions;
+    use crate::repo::blob::BlobEncoder;
+    use crate::repo::packer::{Packer, Uploader};
     use cairn_backend::MemBackend;
     use cairn_format::pack::BlobKind;
     use cairn_format::tree::Tree;
@@ -395,7 +395,7 @@ mod tests {
         };
         let mut repo = Repository::init(backend.clone(), None, &opts).unwrap();
         let mut enc = BlobEncoder::new(None);
-        let pool = Arc::new(crate::packer::BufferPool::new(1));
+        let pool = Arc::new(crate::repo::packer::BufferPool::new(1));
         let mut packer = Packer::new(repo.key().clone(), pool.clone(), 1 << 20);
         let mut ids = Vec::new();
         for t in trees {

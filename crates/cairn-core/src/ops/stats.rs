@@ -145,7 +145,7 @@ pub fn stats(repo: &mut Repository, selected: Option<&[SnapshotId]>) -> Result<S
         ..Default::default()
     };
     let mut used = IdSet::default();
-    crate::reachable::collect_snapshots(repo, &snaps, &mut used)?;
+    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut used)?;
 
     let overhead_per_blob = repo.config().encryption.overhead() as u64;
     let mut used_in_packs = 0u64;

@@ -12,13 +12,13 @@
 //! snapshot is written again (tagged `repaired`, naming the original) before the
 //! original is deleted. Everything dropped is reported by path.
 
-use crate::blob::{self, BlobEncoder};
-use crate::chunklist::for_each_content_blob;
 use crate::error::{Error, Result};
 use crate::index::{IdMap, IdSet, MasterIndex};
-use crate::lock::RepoLock;
-use crate::packer::{BufferPool, Packer, Uploader};
 use crate::repo::Repository;
+use crate::repo::blob::{self, BlobEncoder};
+use crate::repo::lock::RepoLock;
+use crate::repo::packer::{BufferPool, Packer, Uploader};
+use crate::tree::chunklist::for_each_content_blob;
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
@@ -78,7 +78,7 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
     packs.sort();
     report.packs_read = packs.len();
 
-    let salvaged = crate::repo::parallel_map(&packs, crate::repo::cores(), |(id, _)| {
+    let salvaged = crate::threads::parallel_map(&packs, crate::threads::cores(), |(id, _)| {
         salvage_pack(repo, id, known.get(id).map(Vec::as_slice))
     });
     let mut results = Vec::with_capacity(packs.len());
@@ -142,7 +142,7 @@ pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
     // Damaged packs: their good blobs have live copies now. Delete them at once if
     // nothing else runs; otherwise leave them to prune's two-phase deletion.
     if !rewrite.is_empty() {
-        let others: Vec<[u8; 32]> = crate::lock::list_locks(repo)?
+        let others: Vec<[u8; 32]> = crate::repo::lock::list_locks(repo)?
             .into_iter()
             .filter(|l| l.id != lock.id() && !l.stale)
             .map(|l| l.id)
@@ -525,7 +525,7 @@ pub(crate) fn copy_blobs(
     repo: &Repository,
     packs: &[IndexPack],
     skip_damaged: bool,
-) -> Result<crate::packer::UploadStats> {
+) -> Result<crate::repo::packer::UploadStats> {
     let pool = Arc::new(BufferPool::new(1));
     let uploader = Uploader::start(repo.backend().clone(), repo.key().clone(), pool.clone());
     let size = repo.config().pack_size as usize;

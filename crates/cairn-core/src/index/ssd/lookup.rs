@@ -1,0 +1,261 @@
+//! Answering lookups: filter, directory, a run of keys, one record; and iterating
+//! every record.
+
+use super::*;
+
+impl SsdIndex {
+    /// Blobs findable (a blob stored again after the base was built counts twice
+    /// until the next full build).
+    pub fn len(&self) -> usize {
+        self.unique as usize + self.delta.as_ref().map_or(0, |d| d.len())
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn live_len(&self) -> usize {
+        self.live as usize + self.delta.as_ref().map_or(0, |d| d.live_len())
+    }
+    pub fn path(&self) -> &Path {
+        &self.dir_path
+    }
+
+    /// RAM the open index holds (filter, directory, runs, skip list; the cache is
+    /// bounded separately).
+    pub fn ram_bytes(&self) -> usize {
+        self.delta.as_ref().map_or(0, |d| d.ram_bytes())
+            + self.filter.blocks.len() * 64
+            + self.dir.len() * 8
+            + self.runs.len() * std::mem::size_of::<Run>()
+            + self.skipped.len() * 8
+    }
+
+    pub(super) fn fail(&self, e: impl std::fmt::Display) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut l) = self.last_failure.lock() {
+            *l = Some(e.to_string());
+        }
+    }
+
+    /// Lookups that could not read the disk since the index was opened, and the
+    /// last reason.
+    pub fn failures(&self) -> Option<(u64, String)> {
+        if let Some(f) = self.delta.as_ref().and_then(|d| d.failures()) {
+            return Some(f);
+        }
+        let n = self.failures.load(Ordering::Relaxed);
+        (n > 0).then(|| {
+            let why = self
+                .last_failure
+                .lock()
+                .ok()
+                .and_then(|l| l.clone())
+                .unwrap_or_default();
+            (n, why)
+        })
+    }
+
+    pub(super) fn read_record(&self, pos: u64) -> std::io::Result<Record> {
+        let mut r = [0u8; RECORD_LEN];
+        self.records
+            .read_exact_at(&mut r, pos * RECORD_LEN as u64)?;
+        Ok(r)
+    }
+
+    pub(super) fn run_of(&self, pos: u64) -> Option<Run> {
+        let i = self.runs.partition_point(|r| r.start <= pos);
+        let r = *self.runs.get(i.checked_sub(1)?)?;
+        (pos < r.start + u64::from(r.count)).then_some(r)
+    }
+
+    /// Loads every record of the pack run holding `pos` into the cache, when
+    /// its pack was hit on disk recently too.
+    pub(super) fn load_run(&self, pos: u64) -> std::io::Result<()> {
+        let Some(run) = self.run_of(pos) else {
+            return Ok(());
+        };
+        {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            let again = cache.recent.contains(&run.pack);
+            if cache.recent.len() == RECENT_HITS {
+                cache.recent.pop_front();
+            }
+            cache.recent.push_back(run.pack);
+            if !again {
+                return Ok(());
+            }
+        }
+        let mut buf = vec![0u8; run.count as usize * RECORD_LEN];
+        self.records
+            .read_exact_at(&mut buf, run.start * RECORD_LEN as u64)?;
+        let mut out = Vec::with_capacity(run.count as usize);
+        for (i, c) in buf.chunks_exact(RECORD_LEN).enumerate() {
+            let p = run.start + i as u64;
+            if self.skipped.binary_search(&p).is_ok() {
+                continue;
+            }
+            let mut r = [0u8; RECORD_LEN];
+            r.copy_from_slice(c);
+            let loc = unpack_record(&r);
+            if loc.pack_number() < self.n_packs {
+                out.push((record_id(&r), loc, record_pending(&r)));
+            }
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache.insert_pack(run.pack, out);
+        Ok(())
+    }
+
+    pub(super) fn lookup_disk(&self, id: &BlobId) -> std::io::Result<Option<(BlobLocation, bool)>> {
+        let prefix = prefix_of(&id.0);
+        let b = if self.dir_bits == 0 {
+            0
+        } else {
+            (prefix >> (64 - self.dir_bits)) as usize
+        };
+        let (lo, hi) = (self.dir[b], self.dir[b + 1]);
+        if lo == hi {
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; ((hi - lo) as usize) * KEY_LEN];
+        self.keys.read_exact_at(&mut buf, lo * KEY_LEN as u64)?;
+        for k in buf.chunks_exact(KEY_LEN) {
+            if prefix_of(k) != prefix {
+                continue;
+            }
+            let pos = key_pos(k);
+            if self.skipped.binary_search(&pos).is_ok() {
+                continue;
+            }
+            let r = self.read_record(pos)?;
+            if r[..32] == id.0 {
+                let loc = unpack_record(&r);
+                if loc.pack_number() >= self.n_packs {
+                    return Err(std::io::Error::other("a record names an unknown pack"));
+                }
+                // The locality cache only saves later reads: its failure is no error.
+                let _ = self.load_run(pos);
+                return Ok(Some((loc, record_pending(&r))));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The location of a blob and whether it is only pending.
+    pub fn lookup(&self, id: &BlobId) -> Option<(BlobLocation, bool)> {
+        // The delta holds only live records: a hit there is as good as any.
+        if let Some(d) = &self.delta
+            && let Some((loc, pending)) = d.lookup_segment(id)
+        {
+            return Some((loc.with_pack_offset(self.base_packs), pending));
+        }
+        self.lookup_segment(id)
+    }
+
+    pub(super) fn lookup_segment(&self, id: &BlobId) -> Option<(BlobLocation, bool)> {
+        // The filter first: it needs no lock, and new data (most of a first
+        // backup) ends there; every cached blob passes it.
+        if !self.filter.may_contain(prefix_of(&id.0)) {
+            return None;
+        }
+        if let Some(hit) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map
+            .get(id)
+        {
+            return Some(*hit);
+        }
+        match self.lookup_disk(id) {
+            Ok(r) => r,
+            Err(e) => {
+                self.fail(format!("reading {}: {e}", self.dir_path.display()));
+                None
+            }
+        }
+    }
+
+    /// Every record (chosen copies only), in disk order. A read error ends the
+    /// iteration and is counted as a failure.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = (BlobId, BlobLocation, bool)> + '_> {
+        let base = self.iter_segment();
+        match &self.delta {
+            None => Box::new(base),
+            Some(d) => {
+                let offset = self.base_packs;
+                Box::new(
+                    base.chain(
+                        d.iter_segment()
+                            .map(move |(id, l, p)| (id, l.with_pack_offset(offset), p)),
+                    ),
+                )
+            }
+        }
+    }
+
+    pub(super) fn iter_segment(&self) -> impl Iterator<Item = (BlobId, BlobLocation, bool)> + '_ {
+        // Positional reads: several iterations (and lookups) may share the file.
+        const BATCH: u64 = 16 * 1024;
+        let mut buf: Vec<u8> = Vec::new();
+        let mut at = 0usize;
+        let mut pos = 0u64;
+        let mut skip = self.skipped.iter().peekable();
+        std::iter::from_fn(move || {
+            loop {
+                if pos >= self.n_records {
+                    return None;
+                }
+                if at >= buf.len() {
+                    let n = BATCH.min(self.n_records - pos) as usize;
+                    buf.resize(n * RECORD_LEN, 0);
+                    if let Err(e) = self
+                        .records
+                        .read_exact_at(&mut buf, pos * RECORD_LEN as u64)
+                    {
+                        self.fail(e);
+                        return None;
+                    }
+                    at = 0;
+                }
+                let mut r = [0u8; RECORD_LEN];
+                r.copy_from_slice(&buf[at..at + RECORD_LEN]);
+                at += RECORD_LEN;
+                let p = pos;
+                pos += 1;
+                while skip.peek().is_some_and(|s| **s < p) {
+                    skip.next();
+                }
+                if skip.peek() == Some(&&p) {
+                    continue;
+                }
+                let loc = unpack_record(&r);
+                if loc.pack_number() >= self.n_packs {
+                    self.fail("a record names an unknown pack");
+                    return None;
+                }
+                return Some((record_id(&r), loc, record_pending(&r)));
+            }
+        })
+    }
+}
+
+pub(super) fn key_value(k: &[u8]) -> u64 {
+    let mut p = [0u8; 8];
+    p[..5].copy_from_slice(&k[8..13]);
+    u64::from_le_bytes(p)
+}
+
+pub(super) fn key_pos(k: &[u8]) -> u64 {
+    key_value(k) & POS_MASK
+}
+
+pub(super) fn key_pending(k: &[u8]) -> bool {
+    key_value(k) >> 39 != 0
+}
+
+pub(super) fn read_at(f: &File, pos: u64, path: &Path) -> Result<Record> {
+    let mut r = [0u8; RECORD_LEN];
+    f.read_exact_at(&mut r, pos * RECORD_LEN as u64)
+        .map_err(|e| io_err(path, e))?;
+    Ok(r)
+}

@@ -1,0 +1,33 @@
+//! What a build was made from: the manifest that says when the SSD index is out
+//! of date.
+
+use super::*;
+
+/// What the cache was built from.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct Manifest {
+    pub(super) version: u32,
+    pub(super) repo_id: String,
+    /// Every index file listed when it was built (live and superseded), sorted.
+    pub(super) index_files: Vec<String>,
+    /// Every pending-deletion record listed, sorted.
+    pub(super) pending: Vec<String>,
+    pub(super) records: u64,
+    pub(super) unique: u64,
+    pub(super) live: u64,
+    pub(super) dir_bits: u32,
+    /// Index files that could not be read (their blobs count as missing).
+    pub(super) errors: Vec<String>,
+}
+
+/// Reads and checks a segment's manifest. A build that met unreadable index files
+/// is redone at every open, as the RAM placement reads them again every time: the
+/// damage may have been passing.
+pub(super) fn read_manifest(dir: &Path, repo_id: &str) -> Result<Manifest> {
+    let m: Manifest = serde_json::from_slice(&read_file(dir, "manifest.json")?)
+        .map_err(|e| Error::Invalid(format!("SSD index manifest: {e}")))?;
+    if m.version != MANIFEST_VERSION || m.repo_id != repo_id || !m.errors.is_empty() {
+        return Err(Error::Invalid("SSD index is out of date".into()));
+    }
+    Ok(m)
+}

@@ -1,0 +1,557 @@
+//! The SSD placement of the index: the master index kept on a local disk, with at
+//! most about 1.4 bytes of RAM per unique blob.
+//!
+//! The approach is the one Data Domain's and ChunkStash's papers describe:
+//! - a Bloom filter in RAM (10 bits per blob, about 1% false positives) answers
+//!   "certainly new" for most new chunks without touching the disk;
+//! - the records (id and location, [`RECORD_LEN`] bytes) sit on disk in the order
+//!   the index files list them, that is, pack by pack; a sorted table of 13-byte
+//!   keys (the id's first 8 bytes and the record's position) is on disk too, and a
+//!   directory in RAM (8 bytes per 64 keys) tells where the keys of each id prefix
+//!   start, so a lookup that passes the filter reads one small run of keys and one
+//!   record;
+//! - a locality cache: when a lookup finds a blob, every record of its pack is
+//!   read (one sequential read) into a bounded cache, because the next chunks of
+//!   the same files are almost always in the same pack. A re-backup of known data
+//!   then costs one disk read per pack, not one per chunk.
+//!
+//! RAM per blob: filter 1.25 B, directory 0.13 B, pack list and pack runs a few
+//! hundredths; the cache and the build's buffers are fixed sizes.
+//!
+//! The files are a cache of the repository's index files: a manifest records which
+//! index files and pending-deletion records they were built from, and when the
+//! repository's listing differs they are rebuilt (streaming, in bounded memory:
+//! records go to disk as each index file is read, keys are sorted in 256 buckets).
+//! Anything unreadable or inconsistent in the cache means a rebuild, never an
+//! answer: ids are compared in full, so a damaged cache cannot claim a blob that
+//! is not there; a lookup that fails to read counts as an error the caller sees.
+
+mod build;
+mod cache;
+mod filter;
+mod lookup;
+mod manifest;
+
+use build::*;
+use cache::*;
+pub(crate) use filter::mix;
+use filter::*;
+use lookup::*;
+use manifest::*;
+
+use crate::error::{Error, Result};
+use crate::index::IndexSource;
+use crate::index::{
+    BlobLocation, PackTable, RECORD_LEN, Record, pack_record, record_id, record_pending,
+    unpack_record,
+};
+use cairn_format::index::IndexFile;
+use cairn_format::{BlobId, IndexId, PackId, PendingId};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes of one key: the id's first 8 bytes (big-endian), then the record's
+/// position (39 bits) and its pending flag (the top bit), little-endian.
+const KEY_LEN: usize = 13;
+const POS_MASK: u64 = (1 << 39) - 1;
+/// Keys per directory bucket on average (one small read per lookup).
+const KEYS_PER_BUCKET: u64 = 64;
+/// Filter bits per blob.
+const FILTER_BITS_PER_BLOB: u64 = 10;
+/// Bit positions set per blob within its 512-bit block.
+const FILTER_PROBES: u32 = 7;
+/// Keys one directory bucket may hold in a valid build (64 on average; a build
+/// is judged damaged past this, rather than reading a huge run per lookup).
+const MAX_BUCKET_KEYS: u64 = 1 << 16;
+/// Records the locality cache holds (about 5 MB of RAM whatever the index size).
+const CACHE_RECORDS: usize = 64 * 1024;
+const MANIFEST_VERSION: u32 = 1;
+/// Index files read (in parallel) and held at once while building: what bounds the
+/// build's memory (a backup's index file holds up to 200,000 blobs, a prune's
+/// compacted one more).
+const READ_BATCH: usize = 4;
+
+/// RAM bytes per blob of the SSD placement (filter, directory, pack runs).
+pub const RAM_BYTES_PER_BLOB: f64 =
+    FILTER_BITS_PER_BLOB as f64 / 8.0 + 8.0 / KEYS_PER_BUCKET as f64 + 0.05;
+/// Local-disk bytes per blob (record and key).
+pub const DISK_BYTES_PER_BLOB: f64 = (RECORD_LEN + KEY_LEN) as f64;
+
+/// The open SSD index.
+pub struct SsdIndex {
+    dir_path: PathBuf,
+    records: File,
+    keys: File,
+    n_records: u64,
+    unique: u64,
+    live: u64,
+    dir_bits: u32,
+    dir: Vec<u64>,
+    filter: Filter,
+    runs: Vec<Run>,
+    /// Record positions that are not the chosen copy of their id (duplicates).
+    skipped: Vec<u64>,
+    /// Packs the build knows; a record naming another is damage.
+    n_packs: u32,
+    /// Index files added since this segment was built, in a segment of their own
+    /// whose pack numbers follow this one's (`base_packs` of them).
+    delta: Option<Box<SsdIndex>>,
+    base_packs: u32,
+    cache: Mutex<Cache>,
+    /// Lookups that failed to read the disk (their answer was "absent").
+    failures: AtomicU64,
+    last_failure: Mutex<Option<String>>,
+    pub(crate) errors: Vec<String>,
+}
+
+fn io_err(what: &Path, e: std::io::Error) -> Error {
+    Error::io(what, e)
+}
+
+fn read_file(dir: &Path, name: &str) -> Result<Vec<u8>> {
+    let p = dir.join(name);
+    std::fs::read(&p).map_err(|e| io_err(&p, e))
+}
+
+fn u64s(data: &[u8]) -> Vec<u64> {
+    data.chunks_exact(8)
+        .map(|c| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(c);
+            u64::from_le_bytes(a)
+        })
+        .collect()
+}
+
+impl SsdIndex {
+    /// The cache directory of a repository under the placement's path.
+    pub fn dir_for(base: &Path, repo_id: &str) -> PathBuf {
+        base.join(repo_id)
+    }
+
+    /// Opens the index at `base` for `repo`, rebuilding it first when the
+    /// repository's index files changed since it was built.
+    pub fn open(repo: &dyn IndexSource, base: &Path) -> Result<(SsdIndex, Vec<PackId>)> {
+        let repo_id = repo.repository_id().to_string();
+        let dir = Self::dir_for(base, &repo_id);
+        std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+        let lock_path = dir.join("lock");
+        let lock_file = File::create(&lock_path).map_err(|e| io_err(&lock_path, e))?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut files: Vec<String> = repo
+                .index_files()?
+                .iter()
+                .map(|(id, _)| id.to_hex())
+                .collect();
+            files.sort();
+            let mut pending: Vec<String> = repo
+                .pending_records()?
+                .iter()
+                .map(PendingId::to_hex)
+                .collect();
+            pending.sort();
+            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending) {
+                return Ok(ix);
+            }
+            // One builder at a time; whoever waited finds the fresh build above.
+            let guard = nix::fcntl::Flock::lock(
+                lock_file.try_clone().map_err(|e| io_err(&lock_path, e))?,
+                nix::fcntl::FlockArg::LockExclusive,
+            )
+            .map_err(|(_, e)| Error::Invalid(format!("locking {}: {e}", lock_path.display())))?;
+            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending) {
+                drop(guard);
+                return Ok(ix);
+            }
+            let incremental = match build_incremental(repo, &dir, &repo_id, &files, &pending) {
+                Ok(done) => done,
+                Err(Error::Backend(b)) if b.is_not_found() && attempt < 5 => continue,
+                Err(e) => return Err(e),
+            };
+            if incremental && let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending) {
+                drop(guard);
+                return Ok(ix);
+            }
+            match build(repo, &dir, &repo_id, &files, &pending) {
+                Ok(()) => {}
+                Err(Error::Backend(b)) if b.is_not_found() && attempt < 5 => {
+                    // An index file vanished while being read (prune replaced it).
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            drop(guard);
+            return Self::load_current(&dir, &repo_id, &files, &pending);
+        }
+    }
+
+    /// Loads the build `dir/CURRENT` names. Builds are never modified once named
+    /// there, so every file read belongs to the same build; a build deleted while
+    /// being opened is an error, and the caller then takes the build lock and
+    /// looks again.
+    fn load_current(
+        dir: &Path,
+        repo_id: &str,
+        files: &[String],
+        pending: &[String],
+    ) -> Result<(SsdIndex, Vec<PackId>)> {
+        let name = String::from_utf8(read_file(dir, "CURRENT")?)
+            .map_err(|_| Error::Invalid("SSD index: CURRENT is not a name".into()))?;
+        let name = name.trim();
+        if !name.starts_with("b-") || !name[2..].bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::Invalid(
+                "SSD index: CURRENT is not a build name".into(),
+            ));
+        }
+        Self::load(&dir.join(name), repo_id, files, pending)
+    }
+
+    /// Loads a build: its base segment, and its delta segment when it has one
+    /// (index files added since the base was built). Together they must have been
+    /// built from exactly `files` and `pending`.
+    fn load(
+        dir: &Path,
+        repo_id: &str,
+        files: &[String],
+        pending: &[String],
+    ) -> Result<(SsdIndex, Vec<PackId>)> {
+        let stale = || Error::Invalid("SSD index is out of date".into());
+        let m = read_manifest(dir, repo_id)?;
+        let delta_dir = dir.join("delta");
+        if !delta_dir.exists() {
+            if m.index_files != files || m.pending != pending {
+                return Err(stale());
+            }
+            return Self::load_segment(dir, m);
+        }
+        let md = read_manifest(&delta_dir, repo_id)?;
+        let mut all: Vec<String> = m
+            .index_files
+            .iter()
+            .chain(&md.index_files)
+            .cloned()
+            .collect();
+        all.sort();
+        if all != files || m.pending != pending || !md.pending.is_empty() {
+            return Err(stale());
+        }
+        let (mut base, mut packs) = Self::load_segment(dir, m)?;
+        let (delta, delta_packs) = Self::load_segment(&delta_dir, md)?;
+        base.base_packs = packs.len() as u32;
+        packs.extend(delta_packs);
+        base.delta = Some(Box::new(delta));
+        Ok((base, packs))
+    }
+
+    /// Loads one segment's files, checking that they are consistent.
+    fn load_segment(dir: &Path, m: Manifest) -> Result<(SsdIndex, Vec<PackId>)> {
+        let bad = |what: &str| Error::Invalid(format!("SSD index: {what} is inconsistent"));
+        let records_path = dir.join("records.bin");
+        let records = File::open(&records_path).map_err(|e| io_err(&records_path, e))?;
+        let keys_path = dir.join("keys.bin");
+        let keys = File::open(&keys_path).map_err(|e| io_err(&keys_path, e))?;
+        let rlen = records
+            .metadata()
+            .map_err(|e| io_err(&records_path, e))?
+            .len();
+        let klen = keys.metadata().map_err(|e| io_err(&keys_path, e))?.len();
+        if rlen != m.records * RECORD_LEN as u64 || klen != m.records * KEY_LEN as u64 {
+            return Err(bad("record or key file size"));
+        }
+        let dir_bytes = read_file(dir, "dir.bin")?;
+        let d: Vec<u64> = u64s(&dir_bytes);
+        if m.dir_bits > 40
+            || d.len() != (1usize << m.dir_bits) + 1
+            || d.last().copied() != Some(m.records)
+            || d.windows(2).any(|w| w[0] > w[1])
+        {
+            return Err(bad("directory"));
+        }
+        if d.windows(2).any(|w| w[1] - w[0] > MAX_BUCKET_KEYS) {
+            return Err(bad("directory"));
+        }
+        let filter =
+            Filter::from_bytes(&read_file(dir, "filter.bin")?).ok_or_else(|| bad("filter"))?;
+        if filter.blocks.len() as u64 != (m.records * FILTER_BITS_PER_BLOB).div_ceil(512).max(1) {
+            return Err(bad("filter"));
+        }
+        let packs: Vec<PackId> = read_file(dir, "packs.bin")?
+            .chunks_exact(32)
+            .map(|c| {
+                let mut a = [0u8; 32];
+                a.copy_from_slice(c);
+                PackId(a)
+            })
+            .collect();
+        let runs_raw = read_file(dir, "runs.bin")?;
+        let mut runs = Vec::new();
+        for c in runs_raw.chunks_exact(16) {
+            let start = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            let count = u32::from_le_bytes([c[8], c[9], c[10], c[11]]);
+            let pack = u32::from_le_bytes([c[12], c[13], c[14], c[15]]);
+            if start
+                .checked_add(u64::from(count))
+                .is_none_or(|end| end > m.records)
+                || pack as usize >= packs.len()
+            {
+                return Err(bad("pack runs"));
+            }
+            runs.push(Run { start, count, pack });
+        }
+        let skipped = u64s(&read_file(dir, "skipped.bin")?);
+        if m.unique > m.records
+            || skipped.len() as u64 != m.records - m.unique
+            || skipped.windows(2).any(|w| w[0] >= w[1])
+            || skipped.last().is_some_and(|&s| s >= m.records)
+        {
+            return Err(bad("skip list"));
+        }
+        Ok((
+            SsdIndex {
+                dir_path: dir.to_path_buf(),
+                records,
+                keys,
+                n_records: m.records,
+                unique: m.unique,
+                live: m.live,
+                dir_bits: m.dir_bits,
+                dir: d,
+                filter,
+                runs,
+                skipped,
+                n_packs: packs.len() as u32,
+                delta: None,
+                base_packs: 0,
+                cache: Mutex::new(Cache::default()),
+                failures: AtomicU64::new(0),
+                last_failure: Mutex::new(None),
+                errors: m.errors,
+            },
+            packs,
+        ))
+    }
+}
+
+/// Bytes of the files of an SSD index build (its base and its delta).
+pub fn disk_bytes(dir: &Path) -> u64 {
+    let files = |d: &Path| -> u64 {
+        std::fs::read_dir(d)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter_map(|e| e.metadata().ok())
+                    .filter(|m| m.is_file())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    files(dir) + files(&dir.join("delta"))
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::index::MasterIndex;
+    use crate::repo::Repository;
+    use crate::testutil::mem_repo;
+    use cairn_format::index::{IndexBlob, IndexPack};
+    use cairn_format::pack::{BlobCompression, BlobKind};
+    use cairn_format::pending::PendingDeletion;
+
+    pub(crate) struct Gen(pub(crate) u64);
+    impl Gen {
+        pub(crate) fn id(&mut self) -> BlobId {
+            let mut id = [0u8; 32];
+            for c in id.chunks_mut(8) {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                c.copy_from_slice(&self.0.to_le_bytes());
+            }
+            BlobId(id)
+        }
+    }
+
+    fn pack(g: &mut Gen, n: u32, extra: &[BlobId]) -> IndexPack {
+        let mut blobs: Vec<IndexBlob> = (0..n)
+            .map(|i| IndexBlob {
+                kind: if i % 7 == 0 {
+                    BlobKind::Tree
+                } else {
+                    BlobKind::Data
+                },
+                id: g.id(),
+                offset: i * 1000,
+                length: 900 + i,
+                raw_length: 2000 + i,
+                compression: BlobCompression::Zstd,
+            })
+            .collect();
+        for (i, id) in extra.iter().enumerate() {
+            blobs.push(IndexBlob {
+                id: *id,
+                offset: 900_000 + i as u32 * 10,
+                ..blobs[1]
+            });
+        }
+        let mut pid = [0u8; 32];
+        pid[..8].copy_from_slice(&g.0.to_le_bytes());
+        IndexPack {
+            id: PackId(pid),
+            blobs,
+        }
+    }
+
+    /// Every answer of the SSD index equals the RAM index's on the same files.
+    fn assert_same(repo: &mut Repository, base: &Path, probes: &[BlobId], dups: &[BlobId]) {
+        let (ssd, packs) = SsdIndex::open(repo, base).unwrap();
+        let ssd = MasterIndex::from_ssd(ssd, packs);
+        repo.load_index_in_ram().unwrap();
+        let ram = repo.index().clone();
+        assert_eq!(ssd.len(), ram.len());
+        assert_eq!(ssd.live_len(), ram.live_len());
+        for id in probes {
+            assert_eq!(ssd.contains(id), ram.contains(id), "{id:?}");
+            assert_eq!(ssd.is_live(id), ram.is_live(id), "{id:?}");
+            match (ssd.get(id), ram.get(id)) {
+                // Live copies of a blob stored twice are equally good.
+                (Some(_), Some(_)) if dups.contains(id) => {}
+                (Some(a), Some(b)) => {
+                    assert_eq!(ssd.pack_of(&a), ram.pack_of(&b));
+                    assert_eq!((a.offset, a.length, a.kind), (b.offset, b.length, b.kind));
+                }
+                (None, None) => {}
+                other => panic!("{id:?}: {other:?}"),
+            }
+        }
+        let mut a: Vec<(BlobId, PackId)> = ssd
+            .iter_live()
+            .map(|(id, l)| (id, ssd.pack_of(&l)))
+            .collect();
+        let mut b: Vec<(BlobId, PackId)> = ram
+            .iter_live()
+            .map(|(id, l)| (id, ram.pack_of(&l)))
+            .collect();
+        a.sort();
+        b.sort();
+        assert_eq!(a.len(), b.len());
+        assert_eq!(
+            a.iter().map(|x| x.0).collect::<Vec<_>>(),
+            b.iter().map(|x| x.0).collect::<Vec<_>>()
+        );
+        assert_eq!(ssd.iter().count(), ram.iter().count());
+        assert!(ssd.ssd().unwrap().failures().is_none());
+    }
+
+    #[test]
+    fn the_ssd_index_answers_exactly_like_the_ram_index() {
+        let mut repo = mem_repo();
+        let dir = tempfile::tempdir().unwrap();
+        let mut g = Gen(0x1234_5678);
+        let p1: Vec<IndexPack> = (0..20).map(|_| pack(&mut g, 500, &[])).collect();
+        let dup = p1[3].blobs[10].id;
+        let p2: Vec<IndexPack> = (0..10).map(|_| pack(&mut g, 300, &[dup])).collect();
+        let old = repo
+            .write_index_file(&IndexFile {
+                packs: p1.clone(),
+                ..Default::default()
+            })
+            .unwrap();
+        // A replacement that keeps half of the old file's packs.
+        repo.write_index_file(&IndexFile {
+            supersedes: vec![old],
+            packs: p1[..10].to_vec(),
+            ..Default::default()
+        })
+        .unwrap();
+        repo.write_index_file(&IndexFile {
+            packs: p2.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+        // Retired packs: one of the superseded ones (pending only) and one holding a
+        // blob that also has a live copy.
+        let only_pending = p1[15].blobs[0].id;
+        repo.write_pending(&PendingDeletion {
+            packs: vec![p1[15].clone(), pack(&mut g, 5, &[dup])],
+            ..Default::default()
+        })
+        .unwrap();
+        let mut probes: Vec<BlobId> = p1
+            .iter()
+            .chain(&p2)
+            .flat_map(|p| p.blobs.iter().map(|b| b.id))
+            .collect();
+        probes.extend((0..2000).map(|_| g.id()));
+        assert_same(&mut repo, dir.path(), &probes, &[dup]);
+        repo.load_index_in_ram().unwrap();
+        assert!(repo.index().contains(&only_pending) && !repo.index().is_live(&only_pending));
+        assert!(repo.index().is_live(&dup));
+
+        // A new index file: the next open rebuilds and finds it.
+        let p3 = pack(&mut g, 50, &[]);
+        repo.write_index_file(&IndexFile {
+            packs: vec![p3.clone()],
+            ..Default::default()
+        })
+        .unwrap();
+        probes.extend(p3.blobs.iter().map(|b| b.id));
+        assert_same(&mut repo, dir.path(), &probes, &[dup]);
+        let base = SsdIndex::dir_for(dir.path(), &repo.config().id);
+        let current = || {
+            let name = std::fs::read_to_string(base.join("CURRENT")).unwrap();
+            base.join(name.trim())
+        };
+        assert!(
+            current().join("delta").exists(),
+            "a new file goes to a delta"
+        );
+        // Another: the delta is rebuilt with both, the base shared.
+        let p4 = pack(&mut g, 40, &[p3.blobs[0].id]);
+        repo.write_index_file(&IndexFile {
+            packs: vec![p4.clone()],
+            ..Default::default()
+        })
+        .unwrap();
+        probes.extend(p4.blobs.iter().map(|b| b.id));
+        assert_same(&mut repo, dir.path(), &probes, &[dup, p3.blobs[0].id]);
+        assert!(current().join("delta").exists());
+        // A file that supersedes others (a prune's) means a full build.
+        let all = repo.list_index_files().unwrap();
+        repo.write_index_file(&IndexFile {
+            supersedes: all,
+            packs: p1[..10]
+                .iter()
+                .chain(&p2)
+                .cloned()
+                .chain([p3.clone(), p4.clone()])
+                .collect(),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_same(&mut repo, dir.path(), &probes, &[dup, p3.blobs[0].id]);
+        assert!(
+            !current().join("delta").exists(),
+            "superseding files: full build"
+        );
+
+        // A damaged cache is rebuilt, not trusted.
+        let cur = current();
+        let keys = cur.join("keys.bin");
+        let len = std::fs::metadata(&keys).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&keys)
+            .unwrap()
+            .set_len(len - 13)
+            .unwrap();
+        assert_same(&mut repo, dir.path(), &probes, &[dup]);
+    }
+}

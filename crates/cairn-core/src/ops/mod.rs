@@ -1,0 +1,12 @@
+//! The operations: each takes options and returns a typed report.
+
+pub mod backup;
+pub mod check;
+pub mod copy;
+pub mod dump;
+pub mod forget;
+pub mod ls;
+pub mod prune;
+pub mod repair;
+pub mod restore;
+pub mod stats;

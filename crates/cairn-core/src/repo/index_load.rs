@@ -1,0 +1,202 @@
+//! Reading the repository's index files and loading the master index in its
+//! placement.
+
+use super::*;
+
+/// What the repository's index files and pending-deletion records say.
+#[derive(Default)]
+pub struct IndexState {
+    /// Index files in force.
+    pub live: Vec<(IndexId, IndexFile)>,
+    /// Index files still stored whose content a live file replaces.
+    pub superseded: Vec<IndexId>,
+    pub pending: Vec<(PendingId, PendingDeletion)>,
+    /// Files that could not be read.
+    pub errors: Vec<Error>,
+}
+
+impl IndexState {
+    /// Snapshots recorded as committed, and as forgotten, by live index files.
+    pub fn snapshot_records(&self) -> (HashSet<SnapshotId>, HashSet<SnapshotId>) {
+        let mut announced = HashSet::new();
+        let mut forgotten = HashSet::new();
+        for (_, f) in &self.live {
+            announced.extend(f.snapshots.iter().copied());
+            forgotten.extend(f.forgotten.iter().copied());
+        }
+        (announced, forgotten)
+    }
+}
+
+impl Repository {
+    pub fn read_index_state(&self) -> Result<IndexState> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let ids = self.list_index_files()?;
+            let results = crate::threads::parallel_map(&ids, 4, |id| self.read_index_file(id));
+            let mut files = Vec::new();
+            let mut errors = Vec::new();
+            let mut vanished = Vec::new();
+            for (id, r) in ids.iter().zip(results) {
+                match r {
+                    Ok(f) => files.push((*id, f)),
+                    Err(e @ Error::Damaged { .. }) => errors.push(e),
+                    Err(Error::Backend(b)) if b.is_not_found() => vanished.push(*id),
+                    Err(e) => return Err(e),
+                }
+            }
+            let superseded: HashSet<IndexId> = files
+                .iter()
+                .flat_map(|(_, f)| f.supersedes.iter().copied())
+                .collect();
+            let unexplained: Vec<_> = vanished
+                .iter()
+                .filter(|v| !superseded.contains(*v))
+                .collect();
+            if !unexplained.is_empty() {
+                if attempt < 5 {
+                    continue;
+                }
+                // Never return a silently incomplete index: callers deciding what to
+                // delete must see that something is missing.
+                for v in unexplained {
+                    errors.push(Error::Invalid(format!(
+                        "index file {} disappeared while being read and nothing replaces it",
+                        v.short()
+                    )));
+                }
+            }
+            let (old, live): (Vec<_>, Vec<_>) = files
+                .into_iter()
+                .partition(|(id, _)| superseded.contains(id));
+            let mut pending = Vec::new();
+            for id in self.list_pending()? {
+                match self.read_pending(&id) {
+                    Ok(p) => pending.push((id, p)),
+                    Err(e @ Error::Damaged { .. }) => errors.push(e),
+                    Err(Error::Backend(b)) if b.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(IndexState {
+                live,
+                superseded: old.into_iter().map(|(id, _)| id).collect(),
+                pending,
+                errors,
+            });
+        }
+    }
+
+    /// Loads the master index in its placement: in RAM from the index files, or
+    /// from the SSD placement's local files (rebuilt first when the repository's
+    /// index files changed). Damaged files are remembered in
+    /// [`Repository::index_errors`] and skipped: their blobs count as missing.
+    pub fn load_index(&mut self) -> Result<()> {
+        match self.config.index_placement {
+            IndexPlacement::Ram => self.load_index_in_ram(),
+            IndexPlacement::Ssd => {
+                let base = self.index_path()?;
+                let (ssd, packs) = crate::index::ssd::SsdIndex::open(self, &base)?;
+                self.index_errors = ssd
+                    .errors
+                    .iter()
+                    .map(|e| Error::Invalid(e.clone()))
+                    .collect();
+                self.index = Arc::new(MasterIndex::from_ssd(ssd, packs));
+                Ok(())
+            }
+        }
+    }
+
+    /// Loads the master index into RAM whatever the placement (for maintenance
+    /// that walks every entry anyway).
+    pub fn load_index_in_ram(&mut self) -> Result<()> {
+        let state = self.read_index_state()?;
+        self.set_index(&state)?;
+        self.index_errors = state.errors;
+        Ok(())
+    }
+
+    /// Where the SSD placement keeps its files on this machine: `CAIRN_INDEX_PATH`,
+    /// else the configured path, else the user's cache directory.
+    pub fn index_path(&self) -> Result<PathBuf> {
+        if let Some(p) = std::env::var_os("CAIRN_INDEX_PATH").filter(|p| !p.is_empty()) {
+            return Ok(PathBuf::from(p));
+        }
+        if let Some(p) = &self.config.index_path {
+            return Ok(PathBuf::from(p));
+        }
+        match cairn_backend::cache::base_dir() {
+            Some(base) => Ok(base.join("index")),
+            None => Err(Error::Invalid(
+                "no directory for the SSD index: set CAIRN_INDEX_PATH or `cairn index --path`"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Changes where the index lives (and, for the SSD placement, the directory).
+    pub fn set_index_placement(
+        &mut self,
+        placement: IndexPlacement,
+        path: Option<String>,
+    ) -> Result<()> {
+        self.config.index_placement = placement;
+        if path.is_some() {
+            self.config.index_path = path;
+        }
+        self.write_config()
+    }
+
+    /// Builds the master index from an [`IndexState`] already read.
+    pub fn set_index(&mut self, state: &IndexState) -> Result<()> {
+        let mut index = MasterIndex::new();
+        let live: usize = state.live.iter().map(|(_, f)| f.blob_count()).sum();
+        let pending: usize = state
+            .pending
+            .iter()
+            .flat_map(|(_, p)| &p.packs)
+            .map(|p| p.blobs.len())
+            .sum();
+        index.reserve(live + pending)?;
+        for (_, f) in &state.live {
+            index.add_file(f);
+        }
+        for (_, p) in &state.pending {
+            for pack in &p.packs {
+                index.add_pending_pack(pack.id, &pack.blobs);
+            }
+        }
+        index.finish();
+        self.index = Arc::new(index);
+        Ok(())
+    }
+}
+
+impl crate::index::IndexSource for Repository {
+    fn repository_id(&self) -> &str {
+        &self.config.id
+    }
+    fn index_files(&self) -> Result<Vec<(IndexId, u64)>> {
+        Ok(self
+            .backend
+            .list(names::INDEX)?
+            .iter()
+            .filter_map(|i| {
+                IndexId::from_hex(names::base(&i.name))
+                    .ok()
+                    .map(|id| (id, i.size))
+            })
+            .collect())
+    }
+    fn read_index_file(&self, id: &IndexId) -> Result<IndexFile> {
+        Repository::read_index_file(self, id)
+    }
+    fn pending_records(&self) -> Result<Vec<PendingId>> {
+        self.list_pending()
+    }
+    fn read_pending(&self, id: &PendingId) -> Result<PendingDeletion> {
+        Repository::read_pending(self, id)
+    }
+}

@@ -1,0 +1,334 @@
+//! Opening, creating and reading a repository.
+//!
+//! Order of objects at `init`: key file first, `config` last, so a crash leaves either
+//! no config (no repository; `init` may be run again) or a complete one. `config` is
+//! the marker that a repository exists, and `init` refuses to run where one does.
+
+use crate::error::{Error, Result};
+use crate::index::MasterIndex;
+use cairn_backend::{Backend, names};
+use cairn_format::config::{ChunkerParams, Compression, Config, IndexPlacement};
+use cairn_format::consts::*;
+use cairn_format::envelope::{Encryption, random_bytes};
+use cairn_format::index::IndexFile;
+use cairn_format::key::{KdfParams, KeyFile, MasterKey};
+use cairn_format::pending::PendingDeletion;
+use cairn_format::snapshot::Snapshot;
+use cairn_format::tree::{ChunkList, Tree};
+use cairn_format::{BlobId, FormatError, IndexId, KeyId, PackId, PendingId, RepoId, SnapshotId};
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub mod blob;
+mod index_load;
+mod keys;
+pub mod lock;
+mod objects;
+pub mod packer;
+mod snapshots;
+
+pub use index_load::IndexState;
+pub use snapshots::SnapshotList;
+
+#[derive(Clone, Debug)]
+pub struct InitOptions {
+    pub block_size: u32,
+    pub compression: Compression,
+    pub encryption: bool,
+    pub kdf: KdfParams,
+    pub index_placement: IndexPlacement,
+    pub index_path: Option<String>,
+    /// Share another repository's master secret and chunker settings (`init
+    /// --copy-key-from`): both then give the same data the same blob ids, so `copy`
+    /// between them compares ids instead of re-chunking, and reads from the source
+    /// only what the destination lacks. `block_size` is ignored.
+    pub shared: Option<SharedKey>,
+}
+
+/// What a repository shares with the one whose key it copies.
+#[derive(Clone)]
+pub struct SharedKey {
+    pub secret: [u8; 32],
+    pub chunker: ChunkerParams,
+}
+
+impl std::fmt::Debug for SharedKey {
+    /// The secret never reaches a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedKey")
+            .field("chunker", &self.chunker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedKey {
+    /// Refuses to put the secret of an unencrypted repository (stored in plain text
+    /// in its config) behind a password: the new repository would only look secret.
+    pub fn of(repo: &Repository, encrypt: bool) -> Result<SharedKey> {
+        let source_encrypted = repo.config().encryption != Encryption::None;
+        if encrypt && !source_encrypted {
+            return Err(Error::Invalid(
+                "the source repository is not encrypted: its key is readable by anyone with access to it, so an encrypted repository cannot share it (use --no-encryption, or do not share the key)".into(),
+            ));
+        }
+        if !encrypt && source_encrypted {
+            // An unencrypted repository keeps its secret in plain text in `config`:
+            // sharing would publish the key that decrypts the source.
+            return Err(Error::Invalid(
+                "the source repository is encrypted: an unencrypted repository stores its key in plain text, which would expose the source's data (drop --no-encryption, or do not share the key)".into(),
+            ));
+        }
+        Ok(SharedKey {
+            secret: *repo.key().secret(),
+            chunker: repo.config().chunker.clone(),
+        })
+    }
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        InitOptions {
+            block_size: DEFAULT_BLOCK_SIZE,
+            compression: Compression::Standard,
+            encryption: true,
+            kdf: KdfParams::new_default(),
+            index_placement: IndexPlacement::Ram,
+            index_path: None,
+            shared: None,
+        }
+    }
+}
+
+pub struct Repository {
+    backend: Arc<dyn Backend>,
+    config: Config,
+    key: Arc<MasterKey>,
+    key_id: Option<KeyId>,
+    index: Arc<MasterIndex>,
+    /// Index files that could not be read, with why; blobs only they listed are
+    /// treated as missing.
+    index_errors: Vec<Error>,
+}
+
+pub fn hostname() -> String {
+    cairn_backend::process::hostname()
+}
+
+pub fn username() -> String {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| nix::unistd::getuid().to_string())
+}
+
+fn config_exists(backend: &dyn Backend) -> Result<bool> {
+    match backend.get(names::CONFIG) {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Repository {
+    /// Creates a repository. `password` is required unless encryption is off.
+    pub fn init(
+        backend: Arc<dyn Backend>,
+        password: Option<&str>,
+        opts: &InitOptions,
+    ) -> Result<Repository> {
+        if !BLOCK_SIZES.contains(&opts.block_size) {
+            return Err(Error::Invalid(format!(
+                "block size {} is not one of 4K, 8K, 16K, 32K, 64K",
+                opts.block_size
+            )));
+        }
+        if config_exists(backend.as_ref())? || !backend.list(names::KEYS)?.is_empty() {
+            return Err(Error::RepositoryExists(backend.location()));
+        }
+        let encryption = if opts.encryption {
+            Encryption::best_for_this_cpu()
+        } else {
+            Encryption::None
+        };
+        let key = match &opts.shared {
+            Some(s) => MasterKey::from_secret(s.secret, encryption),
+            None => MasterKey::generate(encryption),
+        };
+        let chunker = match &opts.shared {
+            Some(s) => s.chunker.clone(),
+            None => ChunkerParams::for_block_size(opts.block_size),
+        };
+        let config = Config {
+            version: REPO_FORMAT_VERSION,
+            id: RepoId(random_bytes()).to_hex(),
+            created: crate::time::now_rfc3339(),
+            encryption,
+            chunker,
+            compression: opts.compression,
+            pack_size: DEFAULT_PACK_SIZE as u32,
+            max_concurrent_jobs: cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS,
+            index_placement: opts.index_placement,
+            index_path: opts.index_path.clone(),
+            plain_master_secret: (encryption == Encryption::None)
+                .then(|| hex::encode(key.secret())),
+        };
+        let mut repo = Repository {
+            backend,
+            config,
+            key: Arc::new(key),
+            key_id: None,
+            index: Arc::new(MasterIndex::new()),
+            index_errors: Vec::new(),
+        };
+        if opts.encryption {
+            let pw = password.ok_or_else(|| {
+                Error::Invalid("a password is needed for an encrypted repository".into())
+            })?;
+            repo.key_id = Some(repo.add_key_with(pw, opts.kdf.clone())?);
+        }
+        repo.write_config()?;
+        Ok(repo)
+    }
+
+    /// Opens an existing repository. `password` is asked for only when a key file
+    /// must be unwrapped.
+    pub fn open(
+        backend: Arc<dyn Backend>,
+        password: impl FnOnce() -> Result<String>,
+    ) -> Result<Repository> {
+        let raw = match backend.get(names::CONFIG) {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => return Err(Error::NotARepository(backend.location())),
+            Err(e) => return Err(e.into()),
+        };
+        let (config, body, mac) =
+            Config::parse(&raw).map_err(|e| Error::damaged("repository config", e))?;
+        let (key, key_id) = match config.encryption {
+            Encryption::None => {
+                let hexs = config.plain_master_secret.as_deref().ok_or_else(|| {
+                    Error::damaged(
+                        "repository config",
+                        FormatError::malformed("config", "unencrypted repository without key"),
+                    )
+                })?;
+                let mut secret = [0u8; 32];
+                hex::decode_to_slice(hexs, &mut secret).map_err(|e| {
+                    Error::damaged(
+                        "repository config",
+                        FormatError::malformed("config", e.to_string()),
+                    )
+                })?;
+                (MasterKey::from_secret(secret, Encryption::None), None)
+            }
+            enc => {
+                let pw = password()?;
+                let (secret, id) = Self::unwrap_any_key(backend.as_ref(), pw.as_bytes())?;
+                (MasterKey::from_secret(secret, enc), Some(id))
+            }
+        };
+        if key.mac(&body) != mac {
+            return Err(Error::damaged(
+                "repository config",
+                FormatError::Authentication { what: "config" },
+            ));
+        }
+        Ok(Repository {
+            backend,
+            config,
+            key: Arc::new(key),
+            key_id,
+            index: Arc::new(MasterIndex::new()),
+            index_errors: Vec::new(),
+        })
+    }
+
+    fn unwrap_any_key(backend: &dyn Backend, password: &[u8]) -> Result<([u8; 32], KeyId)> {
+        let keys = backend.list(names::KEYS)?;
+        if keys.is_empty() {
+            return Err(Error::Invalid(
+                "the repository has no key files: it cannot be opened".into(),
+            ));
+        }
+        let mut damaged = None;
+        for info in keys {
+            let base = names::base(&info.name);
+            let Ok(id) = KeyId::from_hex(base) else {
+                continue;
+            };
+            let data = backend.get(&info.name)?;
+            let kf = match KeyFile::from_bytes(&data) {
+                Ok(k) => k,
+                Err(e) => {
+                    damaged = Some(Error::damaged(format!("key file {}", id.short()), e));
+                    continue;
+                }
+            };
+            match kf.unwrap_secret(password) {
+                Ok(secret) => return Ok((secret, id)),
+                Err(FormatError::Authentication { .. }) => continue,
+                Err(e) => {
+                    damaged = Some(Error::damaged(format!("key file {}", id.short()), e));
+                }
+            }
+        }
+        Err(damaged.unwrap_or(Error::WrongPassword))
+    }
+
+    fn write_config(&self) -> Result<()> {
+        let key = self.key.clone();
+        let bytes = self.config.to_bytes(move |b| key.mac(b));
+        self.backend.put(names::CONFIG, &bytes)?;
+        Ok(())
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    pub fn key(&self) -> &Arc<MasterKey> {
+        &self.key
+    }
+    pub fn key_id(&self) -> Option<KeyId> {
+        self.key_id
+    }
+    pub fn index(&self) -> &Arc<MasterIndex> {
+        &self.index
+    }
+    pub fn index_errors(&self) -> &[Error] {
+        &self.index_errors
+    }
+
+    pub fn chunker(&self) -> cairn_chunker::Chunker {
+        let c = &self.config.chunker;
+        cairn_chunker::Chunker::new(
+            c.min_size,
+            c.avg_size,
+            c.max_size,
+            c.normalization,
+            self.key.chunker_seed,
+        )
+    }
+
+    /// Changes the compression policy for blobs written from now on.
+    pub fn set_compression(&mut self, c: Compression) -> Result<()> {
+        self.config.compression = c;
+        self.write_config()
+    }
+
+    /// Sets how many backup jobs may write at once (1 to 1024); takes effect for
+    /// jobs that start from now on.
+    pub fn set_max_concurrent_jobs(&mut self, n: u32) -> Result<()> {
+        if !(1..=cairn_format::config::MAX_MAX_CONCURRENT_JOBS).contains(&n) {
+            return Err(Error::Invalid(format!(
+                "max-concurrent-jobs must be between 1 and {}",
+                cairn_format::config::MAX_MAX_CONCURRENT_JOBS
+            )));
+        }
+        self.config.max_concurrent_jobs = n;
+        self.write_config()
+    }
+}

@@ -1,0 +1,136 @@
+//! Sealed objects stored under the hash of their bytes (index files, pending
+//! deletions), pack listings and blob reads.
+
+use super::*;
+
+impl Repository {
+    pub fn list_index_files(&self) -> Result<Vec<IndexId>> {
+        Ok(self
+            .backend
+            .list(names::INDEX)?
+            .iter()
+            .filter_map(|i| IndexId::from_hex(names::base(&i.name)).ok())
+            .collect())
+    }
+
+    /// Reads an object stored under the BLAKE3 hash of its sealed bytes, checks the
+    /// hash and opens the envelope. `what` names the object in errors.
+    pub(crate) fn read_sealed_object(
+        &self,
+        name: &str,
+        hash: &[u8; 32],
+        kind: &'static str,
+        what: &str,
+    ) -> Result<Vec<u8>> {
+        let data = self.backend.get(name)?;
+        if blake3::hash(&data).as_bytes() != hash {
+            return Err(Error::damaged(
+                what,
+                FormatError::IdMismatch {
+                    expected: hex::encode(hash),
+                },
+            ));
+        }
+        self.key
+            .sealer
+            .open(kind, &data)
+            .map_err(|e| Error::damaged(what, e))
+    }
+
+    pub fn read_index_file(&self, id: &IndexId) -> Result<IndexFile> {
+        let what = format!("index file {}", id.to_hex());
+        let plain =
+            self.read_sealed_object(&names::index(&id.to_hex()), &id.0, "index file", &what)?;
+        IndexFile::decode(&plain).map_err(|e| Error::damaged(what, e))
+    }
+
+    pub fn write_index_file(&self, file: &IndexFile) -> Result<IndexId> {
+        crate::repo::packer::write_index_file(self.backend.as_ref(), &self.key, file)
+    }
+
+    /// Reads every index file (several in parallel) and every pending-deletion
+    /// record. Files superseded by a readable one are set aside. Damaged files are
+    /// returned in `errors`, not fatal. A file that vanishes between listing and
+    /// reading (prune replaced it) makes the whole read start again, so the result
+    /// is never a mix that misses entries.
+    /// Every stored pack with its size.
+    pub fn list_packs(&self) -> Result<std::collections::HashMap<PackId, u64>> {
+        Ok(self
+            .backend
+            .list(names::DATA)?
+            .into_iter()
+            .filter_map(|o| {
+                PackId::from_hex(names::base(&o.name))
+                    .ok()
+                    .map(|id| (id, o.size))
+            })
+            .collect())
+    }
+
+    pub fn list_pending(&self) -> Result<Vec<PendingId>> {
+        Ok(self
+            .backend
+            .list(names::PENDING)?
+            .iter()
+            .filter_map(|i| PendingId::from_hex(names::base(&i.name)).ok())
+            .collect())
+    }
+
+    pub fn read_pending(&self, id: &PendingId) -> Result<PendingDeletion> {
+        let what = format!("pending deletion {}", id.to_hex());
+        let plain = self.read_sealed_object(
+            &names::pending(&id.to_hex()),
+            &id.0,
+            "pending deletion",
+            &what,
+        )?;
+        PendingDeletion::decode(&plain).map_err(|e| Error::damaged(what, e))
+    }
+
+    pub fn write_pending(&self, p: &PendingDeletion) -> Result<PendingId> {
+        let sealed = self.key.sealer.seal(&p.encode());
+        let id = PendingId::of_content(&sealed);
+        self.backend.put(&names::pending(&id.to_hex()), &sealed)?;
+        Ok(id)
+    }
+
+    // ---- blobs ----
+
+    pub fn read_pack_range(&self, pack: &PackId, offset: u64, length: u64) -> Result<Vec<u8>> {
+        Ok(self
+            .backend
+            .get_range(&names::pack(&pack.to_hex()), offset, length)?)
+    }
+
+    /// Reads, opens, decompresses and verifies one blob.
+    pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
+        let loc = self.index.get(id).ok_or(Error::BlobNotFound(*id))?;
+        let pack = self.index.pack_of(&loc);
+        let name = names::pack(&pack.to_hex());
+        let (offset, length) = (loc.offset.into(), loc.length.into());
+        let sealed = if loc.kind == cairn_format::pack::BlobKind::Data {
+            self.backend.get_range(&name, offset, length)
+        } else {
+            self.backend.get_metadata_range(&name, offset, length)
+        };
+        let sealed = sealed.map_err(Error::from).map_err(|e| match e {
+            Error::Backend(b) if b.is_not_found() => Error::PackMissing {
+                pack: pack.short(),
+                blob: id.short(),
+            },
+            e => e,
+        })?;
+        blob::decode(&self.key, id, &sealed, loc.raw_length, loc.compression)
+    }
+
+    pub fn load_tree(&self, id: &BlobId) -> Result<Tree> {
+        let data = self.read_blob(id)?;
+        Tree::decode(&data).map_err(|e| Error::damaged(format!("tree {}", id.short()), e))
+    }
+
+    pub fn load_chunk_list(&self, id: &BlobId) -> Result<ChunkList> {
+        let data = self.read_blob(id)?;
+        ChunkList::decode(&data)
+            .map_err(|e| Error::damaged(format!("chunk list {}", id.short()), e))
+    }
+}

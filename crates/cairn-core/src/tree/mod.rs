@@ -1,0 +1,5 @@
+//! Directory trees and chunk lists as stored in a repository: reading them, walking
+//! them, and finding every blob snapshots reach.
+
+pub mod chunklist;
+pub mod reachable;

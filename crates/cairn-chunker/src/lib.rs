@@ -13,6 +13,8 @@
 //! on input not yet seen, and that is exactly when [`Chunker::next_boundary`] asks for
 //! more.
 
+pub mod multi;
+
 use fastcdc::v2020::{Normalization, cut_gear, get_gear_with_seed, select_masks};
 use std::borrow::Cow;
 

@@ -14,9 +14,7 @@
 //! `tests::layers` checks that no module of a lower layer names a higher one.
 
 pub mod error;
-pub mod estimate;
 pub mod index;
-pub mod machine;
 pub mod ops;
 pub mod progress;
 pub mod repo;

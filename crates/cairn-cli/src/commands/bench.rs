@@ -9,11 +9,11 @@ pub fn run(g: &Global, a: &BenchArgs) -> Result<i32> {
     if !(1 << 20..=4 << 30).contains(&size) {
         anyhow::bail!("--size must be between 1M and 4G");
     }
-    let m = cairn_core::machine::measure(size as usize);
+    let m = cairn_plan::machine::measure(size as usize);
     // Lookups in each placement on an index of synthetic blobs (a million at the
     // default size).
     let dir = tempfile_dir(&std::env::temp_dir())?;
-    let placements = cairn_core::machine::index_bench((size / 64).clamp(10_000, 1_000_000), &dir);
+    let placements = cairn_plan::machine::index_bench((size / 64).clamp(10_000, 1_000_000), &dir);
     let _ = std::fs::remove_dir_all(&dir);
     let placements = placements?;
     if g.json {
@@ -82,9 +82,9 @@ fn index(g: &Global, a: &BenchArgs, n: &str) -> Result<i32> {
     let n = parse_count(n)?;
     let dir = tempfile_dir(&a.index_dir)?;
     let r = match a.placement.as_deref() {
-        None => cairn_core::machine::index_bench(n, &dir),
-        Some("ram") => cairn_core::machine::index_bench_ram(n).map(|r| vec![r]),
-        Some("ssd") => cairn_core::machine::index_bench_ssd(n, &dir).map(|r| vec![r]),
+        None => cairn_plan::machine::index_bench(n, &dir),
+        Some("ram") => cairn_plan::machine::index_bench_ram(n).map(|r| vec![r]),
+        Some("ssd") => cairn_plan::machine::index_bench_ssd(n, &dir).map(|r| vec![r]),
         Some(p) => anyhow::bail!("unknown placement {p:?} (expected ram or ssd)"),
     };
     let _ = std::fs::remove_dir_all(&dir);

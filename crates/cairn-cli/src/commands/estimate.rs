@@ -1,7 +1,7 @@
 use crate::args::{EstimateArgs, Global};
 use crate::ui::{self, Progress};
 use anyhow::{Context, Result};
-use cairn_core::estimate::{Estimate, EstimateOptions};
+use cairn_plan::estimate::{Estimate, EstimateOptions};
 use std::fmt::Write as _;
 
 pub fn run(g: &Global, a: &EstimateArgs) -> Result<i32> {
@@ -11,7 +11,7 @@ pub fn run(g: &Global, a: &EstimateArgs) -> Result<i32> {
     }
     let ram = match &a.ram {
         Some(r) => super::parse_size(r)?,
-        None => cairn_core::estimate::machine_ram()
+        None => cairn_plan::estimate::machine_ram()
             .context("cannot read this machine's RAM from /proc/meminfo; give --ram")?,
     };
     let scale = a.scale.as_deref().map(super::parse_size).transpose()?;
@@ -32,7 +32,7 @@ pub fn run(g: &Global, a: &EstimateArgs) -> Result<i32> {
             .unwrap_or(2),
     };
     let progress = Progress::new(ui::interactive(g));
-    let est = cairn_core::estimate::estimate(&a.paths, &opts, &progress);
+    let est = cairn_plan::estimate::estimate(&a.paths, &opts, &progress);
     progress.finish();
     let est = est?;
     if let Some(path) = &a.html {
@@ -60,7 +60,7 @@ fn share(s: f64) -> String {
 }
 
 /// The sample shares of every block size, smallest block first ("all" when equal).
-fn shares(e: &Estimate, f: impl Fn(&cairn_core::estimate::BlockEstimate) -> f64) -> String {
+fn shares(e: &Estimate, f: impl Fn(&cairn_plan::estimate::BlockEstimate) -> f64) -> String {
     let v: Vec<String> = e.block_sizes.iter().map(|x| share(f(x))).collect();
     if v.iter().all(|x| x == "all") {
         "all".into()
@@ -200,7 +200,7 @@ fn line_chart(e: &Estimate) -> String {
             kib(b.block_size)
         );
     }
-    type Pick = fn(&cairn_core::estimate::BlockEstimate) -> f64;
+    type Pick = fn(&cairn_plan::estimate::BlockEstimate) -> f64;
     let series: [(&str, &str, Pick); 5] = [
         ("overall, max", "#6a3d9a", |b| b.reduction_max_percent),
         ("overall, standard", "#1f78b4", |b| {

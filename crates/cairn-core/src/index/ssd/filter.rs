@@ -9,7 +9,7 @@ pub(super) fn prefix_of(id: &[u8]) -> u64 {
     u64::from_be_bytes(b)
 }
 
-pub(crate) fn mix(mut x: u64) -> u64 {
+pub(super) fn mix(mut x: u64) -> u64 {
     // splitmix64's finaliser: the filter's probes from the id prefix, the
     // estimate's gear table from a counter.
     x ^= x >> 30;

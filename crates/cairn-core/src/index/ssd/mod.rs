@@ -34,7 +34,6 @@ mod manifest;
 
 use build::*;
 use cache::*;
-pub(crate) use filter::mix;
 use filter::*;
 use lookup::*;
 use manifest::*;

@@ -6,7 +6,7 @@
 //! and for each block size the engine counts the bytes and chunks it has seen and
 //! those it has seen for the first time. Unique chunks are compressed with the
 //! datastore's own rule (zstd at the standard and at the maximum level, kept only
-//! when that saves at least 1/32, as [`crate::repo::blob::BlobEncoder`] does).
+//! when that saves at least 1/32, as `cairn_core::repo::blob::BlobEncoder` does).
 //!
 //! Two samples keep this fast and small on large data, both chosen by the chunk's
 //! hash, so that a chunk is in or out of the sample wherever it occurs and
@@ -25,10 +25,11 @@
 //! duplicates found do not, which the accuracy test in `tests/it/estimate.rs`
 //! checks against real datastores.
 
-use crate::error::{Error, Result};
-use crate::ops::backup::source::{Excludes, open_source};
-use crate::ops::stats::RAM_BYTES_PER_BLOB;
-use crate::progress::EstimateProgress;
+use cairn_chunker::multi::MultiChunker;
+use cairn_core::ops::backup::source::{Excludes, open_source};
+use cairn_core::ops::stats::RAM_BYTES_PER_BLOB;
+use cairn_core::progress::EstimateProgress;
+use cairn_core::{Error, Result};
 use cairn_format::config::{ChunkerParams, Compression};
 use cairn_format::consts::{BLOCK_SIZES, ENVELOPE_OVERHEAD, ID_LEN, PACK_HEADER_ENTRY_LEN};
 use std::collections::HashSet;
@@ -43,9 +44,9 @@ use std::time::Instant;
 /// compression (varints at their usual sizes).
 pub const INDEX_BYTES_PER_BLOB: f64 = 1.0 + ID_LEN as f64 + 3.0 + 3.0 + 3.0 + 1.0;
 
-/// RAM and local disk per unique chunk of the SSD placement (see [`crate::ssd`]).
-pub const SSD_RAM_BYTES_PER_BLOB: f64 = crate::index::ssd::RAM_BYTES_PER_BLOB;
-pub const SSD_DISK_BYTES_PER_BLOB: f64 = crate::index::ssd::DISK_BYTES_PER_BLOB;
+/// RAM and local disk per unique chunk of the SSD placement (see `cairn_core::index::ssd`).
+pub const SSD_RAM_BYTES_PER_BLOB: f64 = cairn_core::index::ssd::RAM_BYTES_PER_BLOB;
+pub const SSD_DISK_BYTES_PER_BLOB: f64 = cairn_core::index::ssd::DISK_BYTES_PER_BLOB;
 
 /// Bytes of trees and chunk lists per chunk reference (an id and a length) and per
 /// file (name, mode, owners, times, sizes, and the tree's framing), as measured on
@@ -535,7 +536,15 @@ pub fn estimate(
     let dedup_share = (opts.memory as f64 / SET_BYTES_PER_HASH / expected_chunks.max(1.0)).min(1.0);
     let dedup_threshold = threshold(dedup_share);
 
-    let chunkers = MultiChunker::new(&sizes);
+    let chunkers = MultiChunker::new(
+        &sizes
+            .iter()
+            .map(|&b| {
+                let p = ChunkerParams::for_block_size(b);
+                (p.min_size, p.avg_size, p.max_size)
+            })
+            .collect::<Vec<_>>(),
+    );
     let lanes: Vec<Lane> = chunk_counts
         .iter()
         .map(|&n| {
@@ -628,111 +637,6 @@ pub fn estimate(
 struct Lane {
     seen: Seen,
     sample: CompressionSample,
-}
-
-/// Every block size's content-defined chunking in one pass over the data.
-///
-/// A datastore's chunker is FastCDC: from a chunk's start it skips `min` bytes,
-/// then cuts at the first position where a gear hash (`h = (h << 1) + gear[byte]`,
-/// which depends only on the last 64 bytes) has zero bits under a mask — a stricter
-/// mask before `avg`, a looser one after — or at `max`. Five such chunkers would
-/// compute five gear hashes over the same bytes. Here one hash serves them all:
-/// the masks are the top bits of the hash (the stricter the mask, the more bits),
-/// so they are nested, and a position where the loosest mask's bits are not zero —
-/// all but one in two thousand — cannot be a cut point for any block size. Only
-/// the rare positions that pass it (and forced cuts at `max`) look at each block
-/// size's state. Cut probabilities, minimum, average and maximum are those of the
-/// datastore's chunker (normalisation level 1), so the chunks are statistically
-/// the same; their exact boundaries differ anyway (a datastore's gear table is
-/// derived from its key).
-struct MultiChunker {
-    gear: [u64; 256],
-    lanes: Vec<LaneParams>,
-    loose: u64,
-}
-
-struct LaneParams {
-    min: usize,
-    avg: usize,
-    max: usize,
-    mask_strict: u64,
-    mask_loose: u64,
-}
-
-fn top_bits(n: u32) -> u64 {
-    if n == 0 { 0 } else { !0u64 << (64 - n.min(64)) }
-}
-
-impl MultiChunker {
-    fn new(sizes: &[u32]) -> Self {
-        let mut x: u64 = 0x6361_6972_6e20_6573;
-        let mut gear = [0u64; 256];
-        for g in gear.iter_mut() {
-            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            *g = crate::index::ssd::mix(x);
-        }
-        let lanes: Vec<LaneParams> = sizes
-            .iter()
-            .map(|&b| {
-                let p = ChunkerParams::for_block_size(b);
-                let bits = p.avg_size.trailing_zeros();
-                LaneParams {
-                    min: p.min_size as usize,
-                    avg: p.avg_size as usize,
-                    max: p.max_size as usize,
-                    mask_strict: top_bits(bits + 1),
-                    mask_loose: top_bits(bits - 1),
-                }
-            })
-            .collect();
-        let loose = lanes.iter().map(|l| l.mask_loose).fold(!0u64, |a, m| a & m);
-        MultiChunker { gear, lanes, loose }
-    }
-
-    /// Appends the chunk lengths of `data` (a whole file or range) to `out`, one
-    /// list per block size; each list sums to `data.len()`.
-    fn cut(&self, data: &[u8], out: &mut [Vec<u32>]) {
-        let n = data.len();
-        let mut start = vec![0usize; self.lanes.len()];
-        let mut deadline = self.lanes.iter().map(|l| l.max).min().unwrap_or(usize::MAX);
-        let mut h = 0u64;
-        for (i, &b) in data.iter().enumerate() {
-            h = (h << 1).wrapping_add(self.gear[b as usize]);
-            if h & self.loose != 0 && i < deadline {
-                continue;
-            }
-            deadline = usize::MAX;
-            for ((l, s), o) in self.lanes.iter().zip(start.iter_mut()).zip(out.iter_mut()) {
-                let mut len = i - *s;
-                if len >= l.max {
-                    o.push(l.max as u32);
-                    *s += l.max;
-                    len = i - *s;
-                }
-                if len >= l.min {
-                    let m = if len < l.avg {
-                        l.mask_strict
-                    } else {
-                        l.mask_loose
-                    };
-                    if h & m == 0 {
-                        o.push(len as u32);
-                        *s = i;
-                    }
-                }
-                deadline = deadline.min(*s + l.max);
-            }
-        }
-        for ((l, s), o) in self.lanes.iter().zip(start.iter_mut()).zip(out.iter_mut()) {
-            while n - *s > l.max {
-                o.push(l.max as u32);
-                *s += l.max;
-            }
-            if n > *s {
-                o.push((n - *s) as u32);
-            }
-        }
-    }
 }
 
 /// Chunks, hashes and samples one unit's data for every block size.
@@ -853,7 +757,7 @@ fn block_estimate(
 const REDUCTION_TOLERANCE_PP: f64 = 1.0;
 
 fn human(b: u64) -> String {
-    crate::units::bytes(b, 1)
+    cairn_core::units::bytes(b, 1)
 }
 
 /// Picks the block size for a machine with `ram`: the index may use half of it
@@ -976,7 +880,7 @@ pub fn machine_ram() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::progress::NoProgress;
+    use cairn_core::progress::NoProgress;
 
     fn opts() -> EstimateOptions {
         EstimateOptions {
@@ -1018,38 +922,6 @@ mod tests {
             assert_eq!(b.unique_bytes, 4 << 20);
             let avg = b.average_chunk_bytes as f64 / b.block_size as f64;
             assert!((0.7..1.5).contains(&avg), "{b:?}");
-        }
-    }
-
-    #[test]
-    fn one_pass_chunking_has_each_block_sizes_bounds_and_average_and_resynchronises() {
-        let m = MultiChunker::new(&BLOCK_SIZES);
-        let data = noise(32 << 20, 11);
-        let mut out = vec![Vec::new(); BLOCK_SIZES.len()];
-        m.cut(&data, &mut out);
-        for (lens, &b) in out.iter().zip(&BLOCK_SIZES) {
-            let p = ChunkerParams::for_block_size(b);
-            assert_eq!(lens.iter().map(|&l| l as usize).sum::<usize>(), data.len());
-            let (last, body) = lens.split_last().unwrap();
-            assert!(*last <= p.max_size);
-            assert!(
-                body.iter().all(|&l| l >= p.min_size && l <= p.max_size),
-                "{b}"
-            );
-            let avg = data.len() as f64 / lens.len() as f64 / b as f64;
-            assert!(
-                (0.8..1.6).contains(&avg),
-                "{b}: average {avg} of the block size"
-            );
-        }
-        // Bytes inserted at the front change only the first chunks.
-        let mut shifted = noise(1000, 3);
-        shifted.extend_from_slice(&data);
-        let mut out2 = vec![Vec::new(); BLOCK_SIZES.len()];
-        m.cut(&shifted, &mut out2);
-        for (a, b) in out.iter().zip(&out2) {
-            let tail = |v: &Vec<u32>| v[v.len() - 100..].to_vec();
-            assert_eq!(tail(a), tail(b));
         }
     }
 

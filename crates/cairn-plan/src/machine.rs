@@ -7,7 +7,7 @@
 //! open -> decompress -> hash for restore, so per core the stage times add up, and
 //! the cores work in parallel. Storage speed is not included.
 
-use crate::index::MasterIndex;
+use cairn_core::index::MasterIndex;
 use cairn_format::config::ChunkerParams;
 use cairn_format::consts::BLOCK_SIZES;
 use cairn_format::envelope::Encryption;
@@ -307,8 +307,8 @@ fn synthetic_pack(p: u64, n: u64) -> (PackId, Vec<IndexBlob>) {
     (PackId(pid), blobs)
 }
 
-fn lookups(index: &MasterIndex, n: u64, count: u64) -> crate::Result<(f64, f64, f64)> {
-    let wrong = |what: &str| crate::Error::Invalid(format!("index bench: {what}"));
+fn lookups(index: &MasterIndex, n: u64, count: u64) -> cairn_core::Result<(f64, f64, f64)> {
+    let wrong = |what: &str| cairn_core::Error::Invalid(format!("index bench: {what}"));
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
     let mut next = || {
         x ^= x << 13;
@@ -351,14 +351,14 @@ fn lookups(index: &MasterIndex, n: u64, count: u64) -> crate::Result<(f64, f64, 
 /// Builds an index of `n` synthetic blobs in each placement and measures it: the
 /// RAM placement in memory, the SSD placement from index files written to a
 /// repository under `dir` (which this removes at the end).
-pub fn index_bench(n: u64, dir: &std::path::Path) -> crate::Result<Vec<PlacementBench>> {
+pub fn index_bench(n: u64, dir: &std::path::Path) -> cairn_core::Result<Vec<PlacementBench>> {
     let mut out = vec![index_bench_ram(n)?];
     out.push(index_bench_ssd(n, dir)?);
     Ok(out)
 }
 
 /// [`index_bench`] for the RAM placement alone.
-pub fn index_bench_ram(n: u64) -> crate::Result<PlacementBench> {
+pub fn index_bench_ram(n: u64) -> cairn_core::Result<PlacementBench> {
     let packs = n.div_ceil(SYNTHETIC_PACK_BLOBS);
     let count = n.clamp(1, 1_000_000);
     let t = Instant::now();
@@ -386,18 +386,18 @@ pub fn index_bench_ram(n: u64) -> crate::Result<PlacementBench> {
 
 /// [`index_bench`] for the SSD placement alone (in its own process, its peak RSS
 /// is the placement's).
-pub fn index_bench_ssd(n: u64, dir: &std::path::Path) -> crate::Result<PlacementBench> {
+pub fn index_bench_ssd(n: u64, dir: &std::path::Path) -> cairn_core::Result<PlacementBench> {
     let packs = n.div_ceil(SYNTHETIC_PACK_BLOBS);
     let count = n.clamp(1, 1_000_000);
     let repo_dir = dir.join("repo");
     let ssd_dir = dir.join("ssd");
-    std::fs::create_dir_all(&repo_dir).map_err(|e| crate::Error::io(&repo_dir, e))?;
+    std::fs::create_dir_all(&repo_dir).map_err(|e| cairn_core::Error::io(&repo_dir, e))?;
     let backend = std::sync::Arc::new(cairn_backend::LocalBackend::new(&repo_dir));
-    let opts = crate::InitOptions {
+    let opts = cairn_core::InitOptions {
         encryption: false,
         ..Default::default()
     };
-    let repo = crate::Repository::init(backend, None, &opts)?;
+    let repo = cairn_core::Repository::init(backend, None, &opts)?;
     let per_file = 1_000_000u64.div_ceil(SYNTHETIC_PACK_BLOBS);
     let mut p = 0;
     while p < packs {
@@ -414,9 +414,9 @@ pub fn index_bench_ssd(n: u64, dir: &std::path::Path) -> crate::Result<Placement
         p += per_file;
     }
     let t = Instant::now();
-    let (ssd, pack_ids) = crate::index::ssd::SsdIndex::open(&repo, &ssd_dir)?;
+    let (ssd, pack_ids) = cairn_core::index::ssd::SsdIndex::open(&repo, &ssd_dir)?;
     let build = t.elapsed().as_secs_f64();
-    let disk = crate::index::ssd::disk_bytes(ssd.path());
+    let disk = cairn_core::index::ssd::disk_bytes(ssd.path());
     let index = MasterIndex::from_ssd(ssd, pack_ids);
     let (present, absent, in_order) = lookups(&index, n, count)?;
     let r = PlacementBench {
@@ -447,7 +447,7 @@ pub fn index_bench_ssd(n: u64, dir: &std::path::Path) -> crate::Result<Placement
     };
     repo.write_index_file(&file)?;
     let t = Instant::now();
-    let (ssd, _) = crate::index::ssd::SsdIndex::open(&repo, &ssd_dir)?;
+    let (ssd, _) = cairn_core::index::ssd::SsdIndex::open(&repo, &ssd_dir)?;
     let update = t.elapsed().as_secs_f64();
     drop(ssd);
     let r = PlacementBench {

@@ -3,15 +3,18 @@
 
 mod args;
 mod commands;
+mod events;
 mod ui;
 
 use clap::Parser;
 
 /// Exit codes (restic's where they exist): 1 error, 3 backup saved but some entries
-/// could not be read, 10 no repository, 12 wrong password.
+/// could not be read, 10 no repository, 12 wrong password, 130 cancelled (SIGINT or
+/// SIGTERM: the operation stopped at a safe point).
 pub const EXIT_INCOMPLETE: i32 = 3;
 const EXIT_NO_REPO: i32 = 10;
 const EXIT_WRONG_PASSWORD: i32 = 12;
+const EXIT_CANCELLED: i32 = 130;
 
 fn exit_code(e: &anyhow::Error) -> i32 {
     for cause in e.chain() {
@@ -21,6 +24,7 @@ fn exit_code(e: &anyhow::Error) -> i32 {
                 cairn_core::Error::RepositoryNotFound(_) | cairn_core::Error::NotARepository(_) => {
                     EXIT_NO_REPO
                 }
+                cairn_core::Error::Cancelled => EXIT_CANCELLED,
                 _ => 1,
             };
         }
@@ -61,6 +65,7 @@ fn main() {
             hard,
         );
     }
+    cancel_on_signals();
     let cli = args::Cli::parse();
     let result = commands::run(cli);
     commands::report_traffic();
@@ -69,6 +74,39 @@ fn main() {
         Err(e) => {
             eprintln!("cairn: error: {e:#}");
             std::process::exit(exit_code(&e));
+        }
+    }
+}
+
+/// The first SIGINT or SIGTERM asks the running operation to stop at its next safe
+/// point (a backup saves no snapshot, a restore stops between files, a prune
+/// before it changes anything); a second one ends the process at once, which is
+/// as safe as a crash.
+fn cancel_on_signals() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    // Created before the handler can run: the handler only reads it.
+    let _ = events::cancel_token();
+    extern "C" fn on_signal(_: libc::c_int) {
+        let token = events::cancel_token();
+        if token.is_cancelled() {
+            #[allow(unsafe_code)]
+            // SAFETY: _exit is async-signal-safe.
+            unsafe {
+                libc::_exit(EXIT_CANCELLED)
+            }
+        }
+        token.cancel();
+    }
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        #[allow(unsafe_code)]
+        // SAFETY: the handler only loads and stores atomics (and calls _exit).
+        unsafe {
+            let _ = sigaction(sig, &action);
         }
     }
 }

@@ -1,13 +1,9 @@
-//! Terminal output: byte formatting, the progress display, and the password prompt.
-//! Progress shows only when stderr is a terminal and neither --quiet nor --json is set.
+//! Terminal helpers: byte formatting, whether output is interactive, and the
+//! password prompts. The progress display is in `events`.
 
 use anyhow::{Context, Result, bail};
-use cairn_core::progress::{BackupProgress, EstimateProgress, RestoreProgress};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 pub fn bytes(n: u64) -> String {
     cairn_core::units::bytes(n, 2)
@@ -71,127 +67,4 @@ pub fn new_password(file: Option<&PathBuf>, allow_current_env: bool) -> Result<S
         bail!("an empty password is not allowed");
     }
     Ok(a)
-}
-
-/// Progress for backup and restore, drawn by indicatif at a fixed rate. Byte counts
-/// go straight to the bar (an atomic add); the message (entries, current file) is
-/// rebuilt only when a file starts or every 256 entries, never per chunk.
-pub struct Progress {
-    bar: Option<ProgressBar>,
-    entries: AtomicU64,
-}
-
-/// The last `max` characters of a path, for a one-line display.
-fn tail(path: &Path, max: usize) -> String {
-    let name = path.to_string_lossy();
-    let n = name.chars().count();
-    if n <= max {
-        return name.into_owned();
-    }
-    let t: String = name.chars().skip(n - (max - 1)).collect();
-    format!("…{t}")
-}
-
-impl Progress {
-    pub fn new(show: bool) -> Self {
-        let bar = show.then(|| {
-            let b = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr_with_hz(8));
-            b.set_style(
-                ProgressStyle::with_template(
-                    "{elapsed_precise} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
-            b.enable_steady_tick(Duration::from_millis(250));
-            b
-        });
-        Progress {
-            bar,
-            entries: AtomicU64::new(0),
-        }
-    }
-
-    pub fn set_total(&self, bytes: u64) {
-        if let Some(b) = &self.bar {
-            b.set_length(bytes);
-        }
-    }
-
-    fn warn(&self, path: &Path, message: &str) {
-        let line = format!("warning: {}: {message}", path.display());
-        // Warnings go to stderr even with --quiet: they mean data was left out.
-        match &self.bar {
-            Some(b) => b.suspend(|| eprintln!("{line}")),
-            None => eprintln!("{line}"),
-        }
-    }
-
-    pub fn finish(&self) {
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
-    }
-
-    fn add_bytes(&self, n: u64) {
-        if let Some(b) = &self.bar {
-            b.inc(n);
-        }
-    }
-
-    fn add_entry(&self) {
-        if let Some(b) = &self.bar {
-            let e = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
-            if e.is_multiple_of(256) {
-                b.set_message(format!("{e} entries"));
-            }
-        }
-    }
-}
-
-impl BackupProgress for Progress {
-    fn file_started(&self, path: &Path) {
-        if let Some(b) = &self.bar {
-            let e = self.entries.load(Ordering::Relaxed);
-            b.set_message(format!("{e} entries {}", tail(path, 40)));
-        }
-    }
-    fn bytes_done(&self, n: u64) {
-        self.add_bytes(n);
-    }
-    fn entry_done(&self) {
-        self.add_entry();
-    }
-    fn warning(&self, path: &Path, message: &str) {
-        self.warn(path, message);
-    }
-}
-
-impl RestoreProgress for Progress {
-    fn bytes_done(&self, n: u64) {
-        self.add_bytes(n);
-    }
-    fn entry_done(&self) {
-        self.add_entry();
-    }
-    fn warning(&self, path: &Path, message: &str) {
-        self.warn(path, message);
-    }
-}
-
-impl EstimateProgress for Progress {
-    fn walked(&self, files: u64, bytes: u64) {
-        self.set_total(bytes);
-        if let Some(b) = &self.bar {
-            b.set_message(format!("{files} files"));
-        }
-    }
-    fn bytes_done(&self, n: u64) {
-        self.add_bytes(n);
-    }
-    fn file_done(&self) {
-        self.add_entry();
-    }
-    fn warning(&self, path: &Path, message: &str) {
-        self.warn(path, message);
-    }
 }

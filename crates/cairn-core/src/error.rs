@@ -17,6 +17,19 @@ pub enum Error {
     WrongPassword,
     #[error("no snapshot matches {0:?}")]
     SnapshotNotFound(String),
+    /// `latest` was asked for while some snapshot could not be read: the damaged one
+    /// may be the newest.
+    #[error(
+        "`latest` is uncertain: a snapshot could not be read ({unreadable}), and it may be the newest; {}",
+        match newest_readable {
+            Some(id) => format!("name the snapshot to use (the newest readable one is {id})"),
+            None => "no snapshot is readable".to_string(),
+        }
+    )]
+    LatestUncertain {
+        unreadable: String,
+        newest_readable: Option<String>,
+    },
     #[error("snapshot id {prefix:?} is ambiguous: it matches {matches}")]
     AmbiguousSnapshot { prefix: String, matches: String },
     #[error("{what} is damaged: {source}")]
@@ -43,6 +56,10 @@ pub enum Error {
     Invalid(String),
     #[error("operation interrupted")]
     Interrupted,
+    /// The caller asked the operation to stop ([`crate::progress::CancelToken`]); it
+    /// stopped at a safe point, leaving the repository as a crash there would.
+    #[error("cancelled")]
+    Cancelled,
     /// Another exclusive operation (prune, repair) holds the repository.
     #[error("{0}")]
     Locked(String),

@@ -18,6 +18,8 @@ pub mod index;
 pub mod ops;
 pub mod progress;
 pub mod repo;
+pub mod report;
+pub mod session;
 pub mod threads;
 pub mod time;
 pub mod tree;
@@ -29,6 +31,7 @@ mod testutil;
 pub use error::{Error, Result};
 pub use ops::{backup, check, copy, dump, forget, ls, prune, repair, restore, stats};
 pub use repo::{InitOptions, Repository, blob, lock, packer};
+pub use session::{IndexLoad, Session};
 
 /// Locks a mutex whether or not a thread panicked while holding it: every mutex in
 /// the engine guards data that stays consistent between statements.

@@ -1,36 +1,454 @@
-//! How long operations report progress without printing: the CLI implements these
-//! traits (a terminal display, or nothing in scripts). All methods have empty
-//! defaults and are called from engine threads, so implementations use atomics.
+//! How a running operation talks to whoever started it, without printing: a stream
+//! of typed [`Event`]s out (phases, periodic counters, the current item, warnings,
+//! notices) and a [`CancelToken`] in.
+//!
+//! The engine's threads update counters with atomic adds (a chunk's bytes, an entry
+//! done) and send discrete events (a phase starts, an entry is skipped) to an
+//! [`EventSink`]. Counters are not sent one by one: a [`Ticker`] samples them into
+//! [`Event::Status`] at a fixed rate, so a million small files cost a million atomic
+//! adds, not a million messages. The terminal display, the `--json` progress stream
+//! and the server's job records are three sinks of the same events.
+//!
+//! Cancellation is cooperative: long operations call [`Progress::check_cancelled`] at
+//! points where stopping leaves the repository as it was before (a backup before its
+//! snapshot, a restore between files, a prune before it replaces the index) and
+//! return [`Error::Cancelled`](crate::Error::Cancelled).
 
+use crate::error::{Error, Result};
+use serde::Serialize;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-pub trait BackupProgress: Send + Sync {
-    /// A regular file is about to be read.
-    fn file_started(&self, _path: &Path) {}
-    /// Bytes of file content read (or skipped as unchanged).
-    fn bytes_done(&self, _n: u64) {}
-    /// A file, directory or other entry has been recorded.
-    fn entry_done(&self) {}
-    /// An entry could not be read and is left out of the snapshot.
-    fn warning(&self, _path: &Path, _message: &str) {}
+/// What an operation is doing. Phases follow one another; each is announced when
+/// it starts and when it ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Taking the repository lock.
+    Locking,
+    /// Queued behind other backup jobs (the datastore's `max_concurrent_jobs`).
+    WaitingForJobSlot,
+    /// Listing and reading snapshots.
+    ListingSnapshots,
+    /// Reading index files into the index's placement.
+    LoadingIndex,
+    /// Reading the source and storing what is new.
+    Backup,
+    /// Writing files under the target.
+    Restore,
+    /// Copying snapshots to another repository.
+    Copy,
+    /// Reading packs whole and verifying every blob.
+    ReadingPacks,
+    /// Walking snapshots' trees.
+    WalkingSnapshots,
+    /// Deciding what to delete and repack.
+    Planning,
+    /// Copying the blobs still needed out of packs that go.
+    Repacking,
+    /// Writing the index files that replace the old ones.
+    WritingIndex,
+    /// Deleting packs and objects nothing needs.
+    Deleting,
+    /// Reading every pack to rebuild the index.
+    RebuildingIndex,
+    /// Reading a tree of files to estimate what a datastore would make of it.
+    Estimating,
 }
 
-pub trait RestoreProgress: Send + Sync {
-    fn bytes_done(&self, _n: u64) {}
-    fn entry_done(&self) {}
-    fn warning(&self, _path: &Path, _message: &str) {}
+/// Why an entry was left out or could not be done in full.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Warning {
+    /// The file or object concerned, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    pub message: String,
 }
 
-pub trait EstimateProgress: Send + Sync {
-    /// The walk found `files` regular files holding `bytes`.
-    fn walked(&self, _files: u64, _bytes: u64) {}
-    fn bytes_done(&self, _n: u64) {}
-    fn file_done(&self) {}
-    fn warning(&self, _path: &Path, _message: &str) {}
+/// A sample of an operation's counters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Status {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    pub elapsed_secs: f64,
+    pub bytes_done: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<u64>,
+    pub files_done: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files_total: Option<u64>,
+    /// Files, directories and other entries finished.
+    pub entries_done: u64,
+    pub warnings: u64,
+    /// Bytes per second since the operation started.
+    pub bytes_per_sec: f64,
+    /// Seconds left at the average rate so far, when a total is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eta_secs: Option<f64>,
+    /// The item being worked on (a file's path), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current: Option<String>,
 }
 
-/// Reports nothing.
-pub struct NoProgress;
-impl BackupProgress for NoProgress {}
-impl RestoreProgress for NoProgress {}
-impl EstimateProgress for NoProgress {}
+/// Everything an operation tells its caller while it runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    PhaseStarted {
+        phase: Phase,
+    },
+    PhaseEnded {
+        phase: Phase,
+        secs: f64,
+    },
+    /// Counters, sampled by a [`Ticker`] (and once more at the end).
+    Status(Status),
+    /// Something was left out or could not be done; the operation goes on.
+    Warning(Warning),
+    /// Something the user should know that is not a problem with their data (a
+    /// retried request, a queue, a lock that could not be written).
+    Notice {
+        message: String,
+    },
+}
+
+/// Receives events, from any thread.
+pub trait EventSink: Send + Sync {
+    fn event(&self, event: &Event);
+}
+
+/// Discards every event.
+pub struct NullSink;
+impl EventSink for NullSink {
+    fn event(&self, _: &Event) {}
+}
+
+/// Keeps every event (tests, and callers that want to look afterwards).
+#[derive(Default)]
+pub struct CollectSink(Mutex<Vec<Event>>);
+impl CollectSink {
+    pub fn events(&self) -> Vec<Event> {
+        crate::lock(&self.0).clone()
+    }
+}
+impl EventSink for CollectSink {
+    fn event(&self, event: &Event) {
+        crate::lock(&self.0).push(event.clone());
+    }
+}
+
+/// Asks a running operation to stop at its next safe point. Cloning shares it.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+    /// The flag itself, for a signal handler that may only store to an atomic.
+    pub fn flag(&self) -> &Arc<AtomicBool> {
+        &self.0
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    bytes_done: AtomicU64,
+    bytes_total: AtomicU64,
+    files_done: AtomicU64,
+    files_total: AtomicU64,
+    entries_done: AtomicU64,
+    warnings: AtomicU64,
+}
+
+/// `u64::MAX` in a total means "not known".
+const UNKNOWN: u64 = u64::MAX;
+
+struct Inner {
+    sink: Arc<dyn EventSink>,
+    cancel: CancelToken,
+    counters: Counters,
+    current: Mutex<Option<String>>,
+    phase: Mutex<Option<(Phase, Instant)>>,
+    started: Instant,
+}
+
+/// An operation's channel to its caller: events out, cancellation in. Cheap to
+/// clone (shared); every method may be called from any engine thread.
+#[derive(Clone)]
+pub struct Progress(Arc<Inner>);
+
+impl Progress {
+    pub fn new(sink: Arc<dyn EventSink>, cancel: CancelToken) -> Self {
+        let counters = Counters::default();
+        counters.bytes_total.store(UNKNOWN, Ordering::Relaxed);
+        counters.files_total.store(UNKNOWN, Ordering::Relaxed);
+        Progress(Arc::new(Inner {
+            sink,
+            cancel,
+            counters,
+            current: Mutex::new(None),
+            phase: Mutex::new(None),
+            started: Instant::now(),
+        }))
+    }
+
+    /// Reports nothing and is never cancelled.
+    pub fn none() -> Self {
+        Self::new(Arc::new(NullSink), CancelToken::new())
+    }
+
+    pub fn cancel_token(&self) -> &CancelToken {
+        &self.0.cancel
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.cancel.is_cancelled()
+    }
+
+    /// `Err(Cancelled)` once cancellation was asked for: call it where stopping is
+    /// safe.
+    pub fn check_cancelled(&self) -> Result<()> {
+        if self.is_cancelled() {
+            Err(Error::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn emit(&self, event: Event) {
+        self.0.sink.event(&event);
+    }
+
+    /// Ends the current phase (if any) and starts `phase`.
+    pub fn phase(&self, phase: Phase) {
+        let previous = crate::lock(&self.0.phase).replace((phase, Instant::now()));
+        if let Some((p, since)) = previous {
+            self.emit(Event::PhaseEnded {
+                phase: p,
+                secs: since.elapsed().as_secs_f64(),
+            });
+        }
+        self.emit(Event::PhaseStarted { phase });
+    }
+
+    /// Ends the current phase, and sends a last status sample.
+    pub fn finish(&self) {
+        if let Some((p, since)) = crate::lock(&self.0.phase).take() {
+            self.emit(Event::PhaseEnded {
+                phase: p,
+                secs: since.elapsed().as_secs_f64(),
+            });
+        }
+    }
+
+    pub fn notice(&self, message: impl Into<String>) {
+        self.emit(Event::Notice {
+            message: message.into(),
+        });
+    }
+
+    /// An entry left out or not done in full; the operation goes on.
+    pub fn warning(&self, path: &Path, message: &str) {
+        self.0.counters.warnings.fetch_add(1, Ordering::Relaxed);
+        self.emit(Event::Warning(Warning {
+            path: Some(path.display().to_string()),
+            message: message.to_string(),
+        }));
+    }
+
+    /// A warning about no particular path.
+    pub fn warning_msg(&self, message: impl Into<String>) {
+        self.0.counters.warnings.fetch_add(1, Ordering::Relaxed);
+        self.emit(Event::Warning(Warning {
+            path: None,
+            message: message.into(),
+        }));
+    }
+
+    /// The work ahead, when known (for the rate and ETA).
+    pub fn set_total(&self, bytes: Option<u64>, files: Option<u64>) {
+        let c = &self.0.counters;
+        c.bytes_total
+            .store(bytes.unwrap_or(UNKNOWN), Ordering::Relaxed);
+        c.files_total
+            .store(files.unwrap_or(UNKNOWN), Ordering::Relaxed);
+    }
+
+    /// Bytes of content done (read, written or verified).
+    pub fn bytes_done(&self, n: u64) {
+        self.0.counters.bytes_done.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A file, directory or other entry finished.
+    pub fn entry_done(&self) {
+        self.0.counters.entries_done.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A regular file finished (counted towards `files_total`).
+    pub fn file_done(&self) {
+        self.0.counters.files_done.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The item now being worked on.
+    pub fn file_started(&self, path: &Path) {
+        *crate::lock(&self.0.current) = Some(path.display().to_string());
+    }
+
+    /// A sample of the counters now.
+    pub fn status(&self) -> Status {
+        let c = &self.0.counters;
+        let known = |v: u64| (v != UNKNOWN).then_some(v);
+        let elapsed = self.0.started.elapsed().as_secs_f64();
+        let bytes_done = c.bytes_done.load(Ordering::Relaxed);
+        let bytes_total = known(c.bytes_total.load(Ordering::Relaxed));
+        let rate = if elapsed > 0.0 {
+            bytes_done as f64 / elapsed
+        } else {
+            0.0
+        };
+        let eta = bytes_total
+            .filter(|_| rate > 0.0)
+            .map(|t| t.saturating_sub(bytes_done) as f64 / rate);
+        Status {
+            phase: crate::lock(&self.0.phase).map(|(p, _)| p),
+            elapsed_secs: elapsed,
+            bytes_done,
+            bytes_total,
+            files_done: c.files_done.load(Ordering::Relaxed),
+            files_total: known(c.files_total.load(Ordering::Relaxed)),
+            entries_done: c.entries_done.load(Ordering::Relaxed),
+            warnings: c.warnings.load(Ordering::Relaxed),
+            bytes_per_sec: rate,
+            eta_secs: eta,
+            current: crate::lock(&self.0.current).clone(),
+        }
+    }
+
+    /// Samples the counters into [`Event::Status`] every `every` until the returned
+    /// guard is dropped (which sends one last sample).
+    pub fn ticker(&self, every: Duration) -> Ticker {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let progress = self.clone();
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("cairn-progress".into())
+            .spawn(move || {
+                let (lock, cv) = &*stop2;
+                let mut stopped = crate::lock(lock);
+                loop {
+                    let (s, _) = cv
+                        .wait_timeout(stopped, every)
+                        .unwrap_or_else(|e| e.into_inner());
+                    stopped = s;
+                    if *stopped {
+                        return;
+                    }
+                    progress.emit(Event::Status(progress.status()));
+                }
+            })
+            .ok();
+        Ticker {
+            progress: self.clone(),
+            stop,
+            thread,
+        }
+    }
+}
+
+/// Stops a [`Progress::ticker`] on drop, after one last sample.
+pub struct Ticker {
+    progress: Progress,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        *crate::lock(&self.stop.0) = true;
+        self.stop.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.progress.emit(Event::Status(self.progress.status()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_phases_counters_and_cancel() {
+        let sink = Arc::new(CollectSink::default());
+        let cancel = CancelToken::new();
+        let p = Progress::new(sink.clone(), cancel.clone());
+        p.set_total(Some(100), None);
+        p.phase(Phase::Backup);
+        p.bytes_done(40);
+        p.entry_done();
+        p.warning(Path::new("/x"), "unreadable");
+        assert!(p.check_cancelled().is_ok());
+        cancel.cancel();
+        assert!(matches!(p.check_cancelled(), Err(Error::Cancelled)));
+        p.phase(Phase::Restore);
+        p.finish();
+        let s = p.status();
+        assert_eq!(
+            (s.bytes_done, s.bytes_total, s.entries_done, s.warnings),
+            (40, Some(100), 1, 1)
+        );
+        assert_eq!(s.files_total, None);
+        let ev = sink.events();
+        let kinds: Vec<String> = ev
+            .iter()
+            .map(|e| {
+                serde_json::to_value(e).unwrap()["type"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "phase_started",
+                "warning",
+                "phase_ended",
+                "phase_started",
+                "phase_ended"
+            ]
+        );
+        let json = serde_json::to_string(&ev[1]).unwrap();
+        assert_eq!(
+            json,
+            r#"{"type":"warning","path":"/x","message":"unreadable"}"#
+        );
+    }
+
+    #[test]
+    fn the_ticker_samples_and_ends_with_a_sample() {
+        let sink = Arc::new(CollectSink::default());
+        let p = Progress::new(sink.clone(), CancelToken::new());
+        let t = p.ticker(Duration::from_millis(1));
+        p.bytes_done(7);
+        // Wait on the condition (a sample showing the bytes), not on a fixed time.
+        while !sink
+            .events()
+            .iter()
+            .any(|e| matches!(e, Event::Status(s) if s.bytes_done == 7))
+        {
+            std::thread::yield_now();
+        }
+        drop(t);
+        assert!(matches!(sink.events().last(), Some(Event::Status(s)) if s.bytes_done == 7));
+    }
+}

@@ -36,6 +36,12 @@ macro_rules! id_type {
                 write!(f, "{}({})", stringify!($name), self.short())
             }
         }
+        /// Serialized as 64 hex digits, as ids appear everywhere else.
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.to_hex())
+            }
+        }
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.to_hex())

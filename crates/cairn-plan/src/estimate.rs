@@ -28,7 +28,7 @@
 use cairn_chunker::multi::MultiChunker;
 use cairn_core::ops::backup::source::{Excludes, open_source};
 use cairn_core::ops::stats::RAM_BYTES_PER_BLOB;
-use cairn_core::progress::EstimateProgress;
+use cairn_core::progress::Progress;
 use cairn_core::{Error, Result};
 use cairn_format::config::{ChunkerParams, Compression};
 use cairn_format::consts::{BLOCK_SIZES, ENVELOPE_OVERHEAD, ID_LEN, PACK_HEADER_ENTRY_LEN};
@@ -420,7 +420,7 @@ fn walk(
     roots: &[PathBuf],
     excludes: &Excludes,
     one_file_system: bool,
-    progress: &dyn EstimateProgress,
+    progress: &Progress,
     skipped: &AtomicU64,
 ) -> Result<Vec<FileEntry>> {
     let mut files = Vec::new();
@@ -501,7 +501,7 @@ fn parse_units(files: &[FileEntry]) -> Vec<Unit> {
 pub fn estimate(
     roots: &[PathBuf],
     opts: &EstimateOptions,
-    progress: &dyn EstimateProgress,
+    progress: &Progress,
 ) -> Result<Estimate> {
     let started = Instant::now();
     let mut sizes = opts.block_sizes.clone();
@@ -519,7 +519,7 @@ pub fn estimate(
     let skipped = AtomicU64::new(0);
     let files = walk(roots, &excludes, opts.one_file_system, progress, &skipped)?;
     let planned: u64 = files.iter().map(|f| f.size).sum();
-    progress.walked(files.len() as u64, planned);
+    progress.set_total(Some(planned), Some(files.len() as u64));
 
     // Remember every chunk's hash when that fits in `memory`, else a hash-chosen share.
     // Chunks per block size if nothing repeats: a file is at least one chunk.
@@ -880,7 +880,7 @@ pub fn machine_ram() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_core::progress::NoProgress;
+    use cairn_core::progress::Progress;
 
     fn opts() -> EstimateOptions {
         EstimateOptions {
@@ -912,7 +912,7 @@ mod tests {
         let data = noise(4 << 20, 7);
         std::fs::write(dir.path().join("a"), &data).unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(dir.path().join("b"), &data).unwrap_or_else(|e| panic!("{e}"));
-        let e = estimate(&[dir.path().to_path_buf()], &opts(), &NoProgress)
+        let e = estimate(&[dir.path().to_path_buf()], &opts(), &Progress::none())
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(e.bytes, 8 << 20);
         assert_eq!(e.files, 2);
@@ -932,7 +932,7 @@ mod tests {
         std::fs::write(dir.path().join("big"), noise(n, 3)).unwrap_or_else(|e| panic!("{e}"));
         let mut o = opts();
         o.block_sizes = vec![65536];
-        let e = estimate(&[dir.path().to_path_buf()], &o, &NoProgress)
+        let e = estimate(&[dir.path().to_path_buf()], &o, &Progress::none())
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(e.bytes, n as u64);
         assert_eq!(e.block_sizes[0].unique_bytes, n as u64);

@@ -284,6 +284,14 @@ pub struct PlacementBench {
     pub update_seconds: Option<f64>,
 }
 
+/// `cairn bench`: the machine's stage speeds and both index placements.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchReport {
+    #[serde(flatten)]
+    pub machine: MachineBench,
+    pub index_placements: Vec<PlacementBench>,
+}
+
 /// The id of synthetic blob `i`.
 fn synthetic_id(i: u64) -> BlobId {
     BlobId(*blake3::hash(&i.to_le_bytes()).as_bytes())

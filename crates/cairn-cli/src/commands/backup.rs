@@ -1,8 +1,9 @@
 use crate::args::{BackupArgs, Global};
-use crate::ui::{self, Progress};
+use crate::ui;
 use anyhow::{Context, Result};
 use cairn_core::backup::{self, BackupOptions};
-use cairn_format::SnapshotId;
+use cairn_core::progress::Progress;
+use cairn_core::session::{self, IndexLoad, Session};
 use std::path::PathBuf;
 
 fn read_exclude_files(files: &[PathBuf]) -> Result<Vec<String>> {
@@ -34,57 +35,42 @@ fn scan_total(paths: Vec<PathBuf>, progress: &Progress) {
             }
         } else if m.is_file() {
             total += m.len();
-            progress.set_total(total);
+            progress.set_total(Some(total), None);
         }
     }
 }
 
 pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
+    if a.stdin && !a.paths.is_empty() {
+        anyhow::bail!("--stdin cannot be combined with paths");
+    }
+    let mut excludes = a.excludes.clone();
+    excludes.extend(read_exclude_files(&a.exclude_files)?);
+    let mut p = super::progress(g);
     let location = super::repo_location(g)?;
-    let mut repo = if a.init && !super::repo_exists(g, &location)? {
-        let r = super::init::init_repo(g, &cairn_core::InitOptions::default())?;
+    let storage = super::storage_options(g)?;
+    let exists = cairn_core::repo::storage::repository_exists(
+        &cairn_core::repo::storage::open_storage(&location, &storage, &p.progress)?,
+    )?;
+    let repo = if a.init && !exists {
+        let r = super::init::init_repo(g, &cairn_core::InitOptions::default(), &p.progress)?;
         if !g.quiet && !g.json {
             eprintln!("created repository at {location}");
         }
         r
     } else {
-        super::open(g)?
+        super::open(g, &p.progress)?
     };
-    let lock = super::lock(&repo, "backup", false)?;
-    // Wait for a job slot before loading the index: the jobs ahead are then
-    // finished, and this one deduplicates against what they stored.
-    if let Some(l) = &lock {
-        let max = repo.config().max_concurrent_jobs;
-        cairn_core::lock::wait_for_job_slot(&repo, l, max, |ahead| {
-            eprintln!(
-                "waiting: {} backup jobs are running or queued ahead (max-concurrent-jobs is {max}; change it with `cairn config --max-concurrent-jobs N`):",
-                ahead.len()
-            );
-            for j in ahead.iter().take(max as usize + 2) {
-                eprintln!("  {}", j.describe());
-            }
-        })
-        .context("waiting for a job slot")?;
-    }
-    repo.load_index().context("loading the index")?;
-    for e in repo.index_errors() {
-        eprintln!("warning: {e} (its data will be stored again)");
-    }
-    let mut excludes = a.excludes.clone();
-    excludes.extend(read_exclude_files(&a.exclude_files)?);
-    let parent = match &a.parent {
-        Some(p) => Some(repo.find_snapshot(p)?.0),
-        None => None,
-    };
+    // The session waits for a job slot before loading the index: the jobs ahead
+    // are then finished, and this one deduplicates against what they stored.
+    let session: Session<session::Backup> =
+        Session::open(repo, "backup", IndexLoad::Placement, &p.progress)?;
     let stdin: Option<(String, Box<dyn std::io::Read + Send>)> = a.stdin.then(|| {
         (
             a.stdin_name.clone(),
             Box::new(std::io::stdin()) as Box<dyn std::io::Read + Send>,
         )
     });
-    if a.stdin && !a.paths.is_empty() {
-        anyhow::bail!("--stdin cannot be combined with paths");
-    }
     let opts = BackupOptions {
         paths: a.paths.clone(),
         stdin,
@@ -92,56 +78,39 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         host: a.host.clone(),
         excludes,
         one_file_system: a.one_file_system,
-        parent,
+        parent: a.parent.clone(),
         force: a.force,
         read_concurrency: a.read_concurrency.map(|n| n as usize),
-        lock,
     };
-    let progress = Progress::new(ui::interactive(g));
+    p.start();
     let result = std::thread::scope(|s| {
         if ui::interactive(g) && !a.stdin {
             let paths = a.paths.clone();
-            let p = &progress;
-            s.spawn(move || scan_total(paths, p));
+            let progress = &p.progress;
+            s.spawn(move || scan_total(paths, progress));
         }
-        backup::backup(&repo, opts, &progress)
+        backup::backup(&session, opts)
     });
-    progress.finish();
-    let r = result.map_err(|e| {
-        if e.is_no_space() {
-            anyhow::anyhow!("{e}: the backup was not saved; earlier snapshots are intact (free space, then run the backup again)")
-        } else {
-            anyhow::Error::from(e).context("backup failed; no snapshot was saved")
-        }
+    p.finish();
+    let r = result.map_err(|e| match e {
+        e if e.is_no_space() => anyhow::anyhow!(
+            "{e}: the backup was not saved; earlier snapshots are intact (free space, then run the backup again)"
+        ),
+        cairn_core::Error::Cancelled => anyhow::Error::from(e).context(
+            "backup cancelled; no snapshot was saved (what was stored so far is reused by the next backup)",
+        ),
+        e => anyhow::Error::from(e).context("backup failed; no snapshot was saved"),
     })?;
-    if let Some((n, why)) = repo.index().ssd().and_then(|s| s.failures()) {
+    if let Some(f) = &r.index_lookup_failures {
         eprintln!(
-            "warning: {n} lookups in the SSD index failed ({why}); those chunks were stored \
-             again, so the snapshot is complete, but they are not deduplicated until prune"
+            "warning: {} lookups in the SSD index failed ({}); those chunks were stored \
+             again, so the snapshot is complete, but they are not deduplicated until prune",
+            f.count, f.error
         );
     }
-    let s = &r.snapshot.summary;
+    let s = &r.summary;
     if g.json {
-        super::print_json(&serde_json::json!({
-            "snapshot_id": r.snapshot_id.to_hex(),
-            "parent": r.parent.map(|p: SnapshotId| p.to_hex()),
-            "time": r.snapshot.time,
-            "paths": r.snapshot.paths,
-            "files_new": s.files_new,
-            "files_changed": s.files_changed,
-            "files_unchanged": s.files_unchanged,
-            "dirs": s.dirs,
-            "other_entries": s.other_entries,
-            "entries_skipped": s.entries_skipped,
-            "skipped": r.skipped.iter().map(|k| serde_json::json!({"path": k.path, "error": k.message})).collect::<Vec<_>>(),
-            "bytes_read": s.bytes_read,
-            "total_bytes": s.total_bytes,
-            "blobs_added": s.blobs_added,
-            "data_added": s.data_added,
-            "data_added_packed": s.data_added_packed,
-            "packs_written": r.packs_written,
-            "duration_secs": s.duration_secs,
-        }))?;
+        super::print_json(&r)?;
     } else if !g.quiet {
         let d = s.duration_secs;
         println!(

@@ -17,9 +17,10 @@ pub fn run(g: &Global, a: &BenchArgs) -> Result<i32> {
     let _ = std::fs::remove_dir_all(&dir);
     let placements = placements?;
     if g.json {
-        let mut v = serde_json::to_value(&m)?;
-        v["index_placements"] = serde_json::to_value(&placements)?;
-        super::print_json(&v)?;
+        super::print_json(&cairn_plan::machine::BenchReport {
+            machine: m,
+            index_placements: placements,
+        })?;
         return Ok(0);
     }
     println!(

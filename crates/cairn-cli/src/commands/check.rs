@@ -1,6 +1,8 @@
 use crate::args::{CheckArgs, Global};
 use anyhow::{Result, anyhow, bail};
-use cairn_core::check::{self, CheckOptions, Subset};
+use cairn_core::check::{self, BlobRole, CheckOptions, Problem, Subset};
+use cairn_core::repo::IndexObject;
+use cairn_core::session::{IndexLoad, Read};
 
 fn subset(s: &str) -> Result<Subset> {
     let bad = || {
@@ -22,6 +24,50 @@ fn subset(s: &str) -> Result<Subset> {
     Ok(Subset::Part { n, m })
 }
 
+/// One line per problem, then the paths it affects.
+fn render(p: &Problem) -> String {
+    let role = |r: &BlobRole| match r {
+        BlobRole::Tree => "tree",
+        BlobRole::ChunkList => "chunk list",
+        BlobRole::Chunk => "blob",
+    };
+    match p {
+        Problem::IndexUnreadable { object, error } => match object {
+            IndexObject::IndexFile(id) => format!("index file {id}: {error}"),
+            IndexObject::PendingDeletion(id) => format!("pending deletion {id}: {error}"),
+        },
+        Problem::PackMissing { pack } => {
+            format!("pack {pack}: listed in the index but missing from storage")
+        }
+        Problem::PackTruncated { pack, size, needed } => {
+            format!("pack {pack}: truncated: {size} bytes, the index needs {needed}")
+        }
+        Problem::PackDamaged { pack, error } => format!("pack {pack}: {error}"),
+        Problem::SnapshotUnreadable { snapshot, error } => {
+            format!("snapshot {snapshot}: {error}")
+        }
+        Problem::SnapshotVanished { snapshot } => format!(
+            "snapshot {snapshot}: was committed but its object is missing (deleted from \
+             storage without `cairn forget`); `cairn repair snapshots` records it as lost"
+        ),
+        Problem::BlobMissing { blob, role: r, .. } => {
+            format!("{} {blob}: missing from the index", role(r))
+        }
+        Problem::BlobInDamagedPack { blob, role: r, .. } => {
+            format!("{} {blob}: stored in a damaged or missing pack", role(r))
+        }
+        Problem::BlobDamaged {
+            blob,
+            role: r,
+            error,
+            ..
+        } => match blob {
+            Some(b) => format!("{} {b}: {error}", role(r)),
+            None => format!("{}: {error}", role(r)),
+        },
+    }
+}
+
 pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
     let subset = a.read_data_subset.as_deref().map(subset).transpose()?;
     // Check reads what the storage holds, never the local cache's copies (a damaged
@@ -29,22 +75,25 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
     let mut g = g.clone();
     g.remote.no_cache = true;
     let g = &g;
-    let mut repo = super::open(g)?;
-    let _lock = super::lock(&repo, "read", false)?;
+    let mut p = super::progress(g);
+    let session = super::session::<Read>(g, "check", IndexLoad::Full, &p.progress)?;
+    p.start();
     let report = check::check(
-        &mut repo,
+        &session,
         &CheckOptions {
             read_data: a.read_data,
             subset,
         },
-    )?;
+    );
+    p.finish();
+    let report = report?;
     if g.json {
         super::print_json(&report)?;
     } else {
-        for p in &report.problems {
-            println!("error: {}: {}", p.object, p.message);
-            for a in &p.affects {
-                println!("    affects {a}");
+        for problem in &report.problems {
+            println!("error: {}", render(problem));
+            for a in problem.affects() {
+                println!("    affects {}:{}", a.snapshot.short(), a.path);
             }
         }
         if !g.quiet {

@@ -1,9 +1,11 @@
 use crate::args::{ConfigArgs, Global};
 use anyhow::Result;
+use cairn_core::repo::info::RepositoryInfo;
 use cairn_format::config::Compression;
 
 pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
-    let mut repo = super::open(g)?;
+    let p = super::progress(g);
+    let mut repo = super::open(g, &p.progress)?;
     if let Some(c) = &a.compression {
         let c: Compression = c.parse().map_err(anyhow::Error::msg)?;
         repo.set_compression(c)?;
@@ -18,25 +20,15 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
             );
         }
     }
-    let c = repo.config();
+    let c = RepositoryInfo::of(&repo);
     if g.json {
-        super::print_json(&serde_json::json!({
-            "id": c.id,
-            "format_version": c.version,
-            "block_size": c.chunker.avg_size,
-            "chunker": c.chunker,
-            "compression": c.compression.name(),
-            "encryption": c.encryption.name(),
-            "pack_size": c.pack_size,
-            "max_concurrent_jobs": c.max_concurrent_jobs,
-            "created": c.created,
-        }))?;
+        super::print_json(&c)?;
     } else if !g.quiet {
         println!("repository    {}", c.id);
         println!("created       {}", c.created);
-        println!("block size    {} KiB", c.chunker.avg_size / 1024);
-        println!("compression   {}", c.compression.name());
-        println!("encryption    {}", c.encryption.name());
+        println!("block size    {} KiB", c.block_size / 1024);
+        println!("compression   {}", c.compression);
+        println!("encryption    {}", c.encryption);
         println!("max jobs      {} concurrent backups", c.max_concurrent_jobs);
     }
     Ok(0)

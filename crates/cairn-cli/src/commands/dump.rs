@@ -1,9 +1,12 @@
 use crate::args::{DumpArgs, Global};
 use anyhow::Result;
+use cairn_core::session::{IndexLoad, Read};
 
 pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
-    let (repo, _lock, _, snap) = super::open_snapshot(g, &a.snapshot)?;
+    let p = super::progress(g);
+    let session = super::session::<Read>(g, "dump", IndexLoad::Placement, &p.progress)?;
+    let (_, snap) = session.find_snapshot(&a.snapshot)?;
     let mut out = std::io::stdout().lock();
-    cairn_core::dump::dump(&repo, &snap.tree_id()?, &a.file, &mut out)?;
+    cairn_core::dump::dump(&session, &snap.tree_id()?, &a.file, &mut out)?;
     Ok(0)
 }

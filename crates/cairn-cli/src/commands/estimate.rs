@@ -1,5 +1,5 @@
 use crate::args::{EstimateArgs, Global};
-use crate::ui::{self, Progress};
+use crate::ui;
 use anyhow::{Context, Result};
 use cairn_plan::estimate::{Estimate, EstimateOptions};
 use std::fmt::Write as _;
@@ -31,9 +31,10 @@ pub fn run(g: &Global, a: &EstimateArgs) -> Result<i32> {
             .map(|n| n.get())
             .unwrap_or(2),
     };
-    let progress = Progress::new(ui::interactive(g));
-    let est = cairn_plan::estimate::estimate(&a.paths, &opts, &progress);
-    progress.finish();
+    let mut p = super::progress(g);
+    p.start();
+    let est = cairn_plan::estimate::estimate(&a.paths, &opts, &p.progress);
+    p.finish();
     let est = est?;
     if let Some(path) = &a.html {
         std::fs::write(path, html(&est, &a.paths))

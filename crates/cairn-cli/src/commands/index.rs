@@ -3,6 +3,8 @@
 use crate::args::{Global, IndexArgs};
 use crate::ui;
 use anyhow::{Context, Result};
+use cairn_core::repo::info::IndexInfo;
+use cairn_core::session::{IndexLoad, Read, Session};
 use cairn_format::config::IndexPlacement;
 use std::path::Path;
 
@@ -16,7 +18,8 @@ pub fn absolute_path(p: &Path) -> Result<String> {
 }
 
 pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
-    let mut repo = super::open(g)?;
+    let p = super::progress(g);
+    let mut repo = super::open(g, &p.progress)?;
     let old_dir = match repo.config().index_placement {
         IndexPlacement::Ssd => repo
             .index_path()
@@ -32,23 +35,13 @@ pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
         let path = a.path.as_deref().map(absolute_path).transpose()?;
         repo.set_index_placement(placement, path)?;
     }
-    let _lock = super::lock(&repo, "read", false)?;
+    let mut session: Session<Read> =
+        Session::open(repo, "index", IndexLoad::Deferred, &p.progress)?;
     let started = std::time::Instant::now();
-    repo.load_index().context("loading the index")?;
-    let seconds = started.elapsed().as_secs_f64();
-    for e in repo.index_errors() {
-        eprintln!("warning: {e} (its blobs are treated as missing)");
-    }
-    let c = repo.config();
-    let index = repo.index();
-    let (path, disk) = match index.ssd() {
-        Some(s) => (
-            Some(s.path().display().to_string()),
-            cairn_core::index::ssd::disk_bytes(s.path()),
-        ),
-        None => (None, 0),
-    };
+    session.load_index().context("loading the index")?;
+    let info = IndexInfo::of(session.repo(), started.elapsed().as_secs_f64());
     // A moved SSD index leaves its old files behind: they are only a cache.
+    let index = session.repo().index();
     if let (Some(old), Some(new)) = (&old_dir, index.ssd().map(|s| s.path().to_path_buf())) {
         if !new.starts_with(old) && old.exists() {
             let _ = std::fs::remove_dir_all(old);
@@ -56,35 +49,25 @@ pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
     } else if let (Some(old), None) = (&old_dir, index.ssd()) {
         let _ = std::fs::remove_dir_all(old);
     }
-    let blobs = index.len();
-    let ram = index.ram_bytes();
     if g.json {
-        super::print_json(&serde_json::json!({
-            "placement": c.index_placement.name(),
-            "path": path,
-            "blobs": blobs,
-            "ram_bytes": ram,
-            "ram_bytes_per_blob": if blobs > 0 { ram as f64 / blobs as f64 } else { 0.0 },
-            "disk_bytes": disk,
-            "load_seconds": seconds,
-        }))?;
+        super::print_json(&info)?;
     } else if !g.quiet {
-        println!("placement   {}", c.index_placement.name());
-        if let Some(p) = &path {
+        println!("placement   {}", info.placement);
+        if let Some(p) = &info.path {
             println!("path        {p}");
-            println!("local disk  {}", ui::bytes(disk));
+            println!("local disk  {}", ui::bytes(info.disk_bytes));
         }
-        println!("blobs       {blobs}");
+        println!("blobs       {}", info.blobs);
         println!(
             "RAM         {}{}",
-            ui::bytes(ram as u64),
-            if blobs > 0 {
-                format!(" ({:.2} bytes per blob)", ram as f64 / blobs as f64)
+            ui::bytes(info.ram_bytes as u64),
+            if info.blobs > 0 {
+                format!(" ({:.2} bytes per blob)", info.ram_bytes_per_blob)
             } else {
                 String::new()
             }
         );
-        println!("loaded in   {seconds:.2} s");
+        println!("loaded in   {:.2} s", info.load_seconds);
     }
     Ok(0)
 }

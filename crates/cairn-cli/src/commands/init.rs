@@ -1,5 +1,7 @@
 use crate::args::{Global, InitArgs};
 use anyhow::{Context, Result, bail};
+use cairn_core::progress::Progress;
+use cairn_core::repo::info::RepositoryInfo;
 use cairn_core::{InitOptions, Repository};
 use cairn_format::config::{Compression, IndexPlacement};
 
@@ -17,7 +19,7 @@ pub fn parse_block_size(s: &str) -> Result<u32> {
     Ok(n)
 }
 
-pub fn init_repo(g: &Global, opts: &InitOptions) -> Result<Repository> {
+pub fn init_repo(g: &Global, opts: &InitOptions, progress: &Progress) -> Result<Repository> {
     let location = super::repo_location(g)?;
     let password = if opts.encryption {
         Some(match &g.password_file {
@@ -27,51 +29,42 @@ pub fn init_repo(g: &Global, opts: &InitOptions) -> Result<Repository> {
     } else {
         None
     };
-    if let Some(path) = super::local_dir(&location) {
-        std::fs::create_dir_all(&path).map_err(|e| {
-            anyhow::anyhow!("cannot create repository directory {}: {e}", path.display())
-        })?;
-    }
-    let repo = Repository::init(super::backend(g)?, password.as_deref(), opts)?;
+    let repo = Repository::init_at(
+        &location,
+        &super::storage_options(g)?,
+        password.as_deref(),
+        opts,
+        progress,
+    )?;
     Ok(repo)
 }
 
 pub fn describe(g: &Global, repo: &Repository) -> Result<()> {
-    let c = repo.config();
+    let info = RepositoryInfo::of(repo);
     if g.json {
-        super::print_json(&serde_json::json!({
-            "repository": super::repo_location(g)?,
-            "id": c.id,
-            "block_size": c.chunker.avg_size,
-            "chunk_min": c.chunker.min_size,
-            "chunk_max": c.chunker.max_size,
-            "compression": c.compression.name(),
-            "encryption": c.encryption.name(),
-            "index_placement": c.index_placement.name(),
-            "format_version": c.version,
-        }))
-    } else if !g.quiet {
-        println!(
-            "created cairn repository {} at {}",
-            &c.id[..10],
-            super::repo_location(g)?
-        );
-        println!(
-            "  block size   {} KiB average (chunks {}-{} KiB)",
-            c.chunker.avg_size / 1024,
-            c.chunker.min_size / 1024,
-            c.chunker.max_size / 1024
-        );
-        println!("  compression  {}", c.compression.name());
-        println!("  encryption   {}", c.encryption.name());
-        println!("  index        {}", c.index_placement.name());
-        if c.encryption != cairn_format::envelope::Encryption::None {
-            println!("keep the password safe: without it the data cannot be read");
-        }
-        Ok(())
-    } else {
-        Ok(())
+        return super::print_json(&info);
     }
+    if g.quiet {
+        return Ok(());
+    }
+    println!(
+        "created cairn repository {} at {}",
+        info.id.get(..10).unwrap_or(&info.id),
+        info.repository
+    );
+    println!(
+        "  block size   {} KiB average (chunks {}-{} KiB)",
+        info.block_size / 1024,
+        info.chunk_min / 1024,
+        info.chunk_max / 1024
+    );
+    println!("  compression  {}", info.compression);
+    println!("  encryption   {}", info.encryption);
+    println!("  index        {}", info.index_placement);
+    if info.encryption != "none" {
+        println!("keep the password safe: without it the data cannot be read");
+    }
+    Ok(())
 }
 
 pub fn run(g: &Global, a: &InitArgs) -> Result<i32> {
@@ -94,14 +87,18 @@ pub fn run(g: &Global, a: &InitArgs) -> Result<i32> {
         ..InitOptions::default()
     };
     let mut opts = opts;
+    let p = super::progress(g);
     if let Some(from) = &a.copy_key_from {
-        let src = super::open_at(g, from, || {
-            super::copy::source_password(a.from_password_file.as_deref())
-        })
+        let src = super::open_at(
+            g,
+            from,
+            || super::copy::source_password(a.from_password_file.as_deref()),
+            &p.progress,
+        )
         .with_context(|| format!("opening {from}"))?;
         opts.shared = Some(cairn_core::repo::SharedKey::of(&src, opts.encryption)?);
     }
-    let repo = init_repo(g, &opts)?;
+    let repo = init_repo(g, &opts, &p.progress)?;
     describe(g, &repo)?;
     Ok(0)
 }

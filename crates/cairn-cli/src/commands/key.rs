@@ -1,36 +1,28 @@
 use crate::args::{Global, KeyCommand};
 use anyhow::Result;
+use cairn_core::repo::info::KeyChange;
 
 pub fn run(g: &Global, k: KeyCommand) -> Result<i32> {
-    let mut repo = super::open(g)?;
+    let p = super::progress(g);
+    let mut repo = super::open(g, &p.progress)?;
     match k {
         KeyCommand::List => {
-            let keys = repo.list_keys()?;
+            let keys = repo.key_infos()?;
             if g.json {
-                let v: Vec<_> = keys
-                    .iter()
-                    .map(|(id, kf)| match kf {
-                        Ok(kf) => serde_json::json!({
-                            "id": id.to_hex(), "current": Some(*id) == repo.key_id(),
-                            "created": kf.created, "hostname": kf.hostname, "username": kf.username,
-                        }),
-                        Err(e) => serde_json::json!({"id": id.to_hex(), "error": e.to_string()}),
-                    })
-                    .collect();
-                super::print_json(&v)?;
+                super::print_json(&keys)?;
             } else {
                 println!(" {:<10} {:<31} {:<16} user", "id", "created", "host");
-                for (id, kf) in &keys {
-                    let cur = if Some(*id) == repo.key_id() { "*" } else { " " };
-                    match kf {
-                        Ok(kf) => println!(
+                for k in &keys {
+                    let cur = if k.current { "*" } else { " " };
+                    match &k.error {
+                        None => println!(
                             "{cur}{:<10} {:<31} {:<16} {}",
-                            id.short(),
-                            kf.created,
-                            kf.hostname,
-                            kf.username
+                            k.id.short(),
+                            k.created.as_deref().unwrap_or(""),
+                            k.hostname.as_deref().unwrap_or(""),
+                            k.username.as_deref().unwrap_or("")
                         ),
-                        Err(e) => println!("{cur}{:<10} damaged: {e}", id.short()),
+                        Some(e) => println!("{cur}{:<10} damaged: {e}", k.id.short()),
                     }
                 }
             }
@@ -39,7 +31,10 @@ pub fn run(g: &Global, k: KeyCommand) -> Result<i32> {
             let pw = crate::ui::new_password(np.new_password_file.as_ref(), false)?;
             let id = repo.add_key(&pw)?;
             if g.json {
-                super::print_json(&serde_json::json!({"id": id.to_hex()}))?;
+                super::print_json(&KeyChange {
+                    id: Some(id),
+                    removed: None,
+                })?;
             } else if !g.quiet {
                 println!("added key {}", id.short());
             }
@@ -48,7 +43,10 @@ pub fn run(g: &Global, k: KeyCommand) -> Result<i32> {
             let pw = crate::ui::new_password(np.new_password_file.as_ref(), false)?;
             let id = repo.change_password(&pw)?;
             if g.json {
-                super::print_json(&serde_json::json!({"id": id.to_hex()}))?;
+                super::print_json(&KeyChange {
+                    id: Some(id),
+                    removed: None,
+                })?;
             } else if !g.quiet {
                 println!(
                     "password changed (new key {}); no data was re-encrypted",
@@ -60,7 +58,10 @@ pub fn run(g: &Global, k: KeyCommand) -> Result<i32> {
             let kid = repo.find_key(&id)?;
             repo.remove_key(kid)?;
             if g.json {
-                super::print_json(&serde_json::json!({"removed": kid.to_hex()}))?;
+                super::print_json(&KeyChange {
+                    id: None,
+                    removed: Some(kid),
+                })?;
             } else if !g.quiet {
                 println!("removed key {}", kid.short());
             }

@@ -1,5 +1,7 @@
 use crate::args::{Global, LsArgs};
 use anyhow::Result;
+use cairn_core::ls::{Entry, Listing};
+use cairn_core::session::{IndexLoad, Read};
 use cairn_format::tree::{Node, NodeKind};
 
 fn mode_string(n: &Node) -> String {
@@ -21,57 +23,50 @@ fn mode_string(n: &Node) -> String {
 }
 
 pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
-    let (repo, _lock, id, snap) = super::open_snapshot(g, &a.snapshot)?;
+    let p = super::progress(g);
+    let session = super::session::<Read>(g, "ls", IndexLoad::Placement, &p.progress)?;
+    let (id, snap) = session.find_snapshot(&a.snapshot)?;
     let root = snap.tree_id()?;
     let mut errors = 0;
     let mut entries = Vec::new();
     let mut out = std::io::stdout().lock();
     use std::io::Write;
-    let mut f = |p: &str, n: &Node| {
+    let mut f = |path: &str, n: &Node| {
         if g.json {
-            entries.push(serde_json::json!({
-                "path": p,
-                "type": n.kind.name(),
-                "mode": n.mode & 0o7777,
-                "uid": n.uid, "gid": n.gid, "user": n.user, "group": n.group,
-                "size": n.size,
-                "mtime": cairn_core::time::format_unix(n.mtime.secs, n.mtime.nanos),
-                "link_target": (n.kind == NodeKind::Symlink).then(|| String::from_utf8_lossy(&n.link_target).into_owned()),
-            }));
+            entries.push(Entry::new(path, n));
         } else if a.long {
+            let e = Entry::new(path, n);
             let mut line = format!(
                 "{} {:>8} {:>8} {:>12} {} {}",
                 mode_string(n),
-                if n.user.is_empty() {
-                    n.uid.to_string()
+                if e.user.is_empty() {
+                    e.uid.to_string()
                 } else {
-                    n.user.clone()
+                    e.user.clone()
                 },
-                if n.group.is_empty() {
-                    n.gid.to_string()
+                if e.group.is_empty() {
+                    e.gid.to_string()
                 } else {
-                    n.group.clone()
+                    e.group.clone()
                 },
-                n.size,
-                cairn_core::time::format_unix(n.mtime.secs, n.mtime.nanos)
-                    .get(..19)
-                    .unwrap_or(""),
-                p
+                e.size,
+                e.mtime.get(..19).unwrap_or(""),
+                path
             );
-            if n.kind == NodeKind::Symlink {
-                line.push_str(&format!(" -> {}", String::from_utf8_lossy(&n.link_target)));
+            if let Some(t) = &e.link_target {
+                line.push_str(&format!(" -> {t}"));
             }
             let _ = writeln!(out, "{line}");
         } else {
-            let _ = writeln!(out, "{p}");
+            let _ = writeln!(out, "{path}");
         }
     };
-    let mut on_err = |p: &str, e: cairn_core::Error| {
+    let mut on_err = |path: &str, e: cairn_core::Error| {
         errors += 1;
-        eprintln!("error: {p}: {e}");
+        eprintln!("error: {path}: {e}");
     };
-    cairn_core::ls::walk(
-        &repo,
+    cairn_core::ls::list(
+        &session,
         &root,
         a.path.as_deref().unwrap_or("/"),
         !a.no_recursive,
@@ -79,7 +74,10 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         &mut on_err,
     )?;
     if g.json {
-        super::print_json(&serde_json::json!({"snapshot": id.to_hex(), "entries": entries}))?;
+        super::print_json(&Listing {
+            snapshot: id,
+            entries,
+        })?;
     }
     Ok(if errors > 0 { 1 } else { 0 })
 }

@@ -2,6 +2,7 @@ use crate::args::{Global, PruneArgs};
 use crate::ui;
 use anyhow::{Context, Result, anyhow};
 use cairn_core::prune::{self, MaxUnused, PruneOptions, PruneReport};
+use cairn_core::session::{Exclusive, IndexLoad, Read};
 
 pub fn options(a: &PruneArgs) -> Result<PruneOptions> {
     let mu = a.max_unused.trim();
@@ -32,9 +33,18 @@ pub fn options(a: &PruneArgs) -> Result<PruneOptions> {
 
 pub fn run(g: &Global, a: &PruneArgs) -> Result<i32> {
     let opts = options(a)?;
-    let mut repo = super::open(g)?;
-    let report = prune::prune(&mut repo, &opts)?;
-    render(g, &report)?;
+    let mut p = super::progress(g);
+    let report = if opts.dry_run {
+        let mut s = super::session::<Read>(g, "prune", IndexLoad::None, &p.progress)?;
+        p.start();
+        prune::plan(&mut s, &opts)
+    } else {
+        let mut s = super::session::<Exclusive>(g, "prune", IndexLoad::None, &p.progress)?;
+        p.start();
+        prune::prune(&mut s, &opts)
+    };
+    p.finish();
+    render(g, &report?)?;
     Ok(0)
 }
 

@@ -1,12 +1,21 @@
 use crate::args::{Global, RepairCommand};
 use anyhow::Result;
 use cairn_core::repair;
+use cairn_core::session::{Exclusive, IndexLoad};
 
 pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
-    let mut repo = super::open(g)?;
+    let mut p = super::progress(g);
+    let operation = match c {
+        RepairCommand::Index => "repair index",
+        RepairCommand::Snapshots { .. } => "repair snapshots",
+    };
+    let mut session = super::session::<Exclusive>(g, operation, IndexLoad::None, &p.progress)?;
+    p.start();
     match c {
         RepairCommand::Index => {
-            let r = repair::repair_index(&mut repo)?;
+            let r = repair::repair_index(&mut session);
+            p.finish();
+            let r = r?;
             if g.json {
                 super::print_json(&r)?;
             } else {
@@ -34,7 +43,9 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
             Ok(0)
         }
         RepairCommand::Snapshots { dry_run } => {
-            let r = repair::repair_snapshots(&mut repo, dry_run)?;
+            let r = repair::repair_snapshots(&mut session, dry_run);
+            p.finish();
+            let r = r?;
             if g.json {
                 super::print_json(&r)?;
             } else if !g.quiet || !r.repaired.is_empty() {

@@ -1,30 +1,19 @@
 use crate::args::Global;
 use crate::ui;
 use anyhow::Result;
+use cairn_core::repo::info::SnapshotInfo;
 
 pub fn run(g: &Global) -> Result<i32> {
-    let repo = super::open(g)?;
+    let p = super::progress(g);
+    let repo = super::open(g, &p.progress)?;
     let (snaps, bad) = repo.snapshots()?;
     for e in &bad {
-        eprintln!("warning: {e}");
+        p.progress.warning_msg(e.to_string());
     }
     if g.json {
-        let v: Vec<_> = snaps
+        let v: Vec<SnapshotInfo> = snaps
             .iter()
-            .map(|(id, s)| {
-                serde_json::json!({
-                    "id": id.to_hex(),
-                    "short_id": id.short(),
-                    "time": s.time,
-                    "hostname": s.hostname,
-                    "username": s.username,
-                    "paths": s.paths,
-                    "tags": s.tags,
-                    "tree": s.tree,
-                    "parent": s.parent,
-                    "summary": s.summary,
-                })
-            })
+            .map(|(id, s)| SnapshotInfo::of(id, s))
             .collect();
         super::print_json(&v)?;
     } else {

@@ -1,28 +1,32 @@
 use crate::args::{Global, StatsArgs};
 use crate::ui;
 use anyhow::Result;
+use cairn_core::session::{IndexLoad, Read};
 
 pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
-    let mut repo = super::open(g)?;
-    let _lock = super::lock(&repo, "read", false)?;
+    let mut p = super::progress(g);
+    let session = super::session::<Read>(g, "stats", IndexLoad::Full, &p.progress)?;
     let selected = if a.snapshots.is_empty() && a.host.is_empty() {
         None
     } else {
         let mut ids = Vec::new();
         for s in &a.snapshots {
-            ids.push(repo.find_snapshot(s)?.0);
+            ids.push(session.find_snapshot(s)?.0);
         }
         if !a.host.is_empty() {
-            let (all, _) = repo.snapshots()?;
+            let (all, _) = session.snapshots()?;
             ids.extend(
-                all.into_iter()
+                all.iter()
                     .filter(|(_, s)| a.host.contains(&s.hostname))
-                    .map(|(id, _)| id),
+                    .map(|(id, _)| *id),
             );
         }
         Some(ids)
     };
-    let st = cairn_core::stats::stats(&mut repo, selected.as_deref())?;
+    p.start();
+    let st = cairn_core::stats::stats(&session, selected.as_deref());
+    p.finish();
+    let st = st?;
     if g.json {
         super::print_json(&st)?;
         return Ok(0);

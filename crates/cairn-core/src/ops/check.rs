@@ -5,13 +5,15 @@
 
 use crate::error::{Error, Result};
 use crate::index::IdSet;
-use crate::repo::Repository;
+use crate::progress::{Phase, Progress};
 use crate::repo::blob;
+use crate::repo::{IndexObject, IndexState, Repository};
+use crate::session::{Read, Session};
 use crate::tree::chunklist::for_each_chunk;
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::pack;
-use cairn_format::tree::NodeKind;
+use cairn_format::tree::{Content, NodeKind};
 use cairn_format::{BlobId, PackId, SnapshotId};
 use std::collections::{HashMap, HashSet};
 
@@ -50,13 +52,84 @@ impl Subset {
     }
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Problem {
-    /// The damaged or missing object, e.g. `pack 3fa2…` or `snapshot 91bc…`.
-    pub object: String,
-    pub message: String,
-    /// `snapshot-id:path` of files and directories that cannot be fully restored.
-    pub affects: Vec<String>,
+/// A file or directory of a snapshot that a problem makes unrestorable (in full).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Affected {
+    pub snapshot: SnapshotId,
+    pub path: String,
+}
+
+/// The kind of blob a problem concerns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlobRole {
+    Tree,
+    ChunkList,
+    Chunk,
+}
+
+/// One thing `check` found wrong, with the object it concerns. Text wording is the
+/// caller's (the CLI renders each kind).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Problem {
+    /// An index file or pending-deletion record cannot be read; the blobs only it
+    /// lists count as missing.
+    IndexUnreadable { object: IndexObject, error: String },
+    /// The index lists a pack that storage does not hold.
+    PackMissing { pack: PackId },
+    /// A pack is shorter than its index entries need.
+    PackTruncated {
+        pack: PackId,
+        size: u64,
+        needed: u64,
+    },
+    /// Reading a pack whole found damage (`--read-data`): its hash, header or blobs.
+    PackDamaged { pack: PackId, error: String },
+    /// A snapshot object cannot be read or names no valid tree.
+    SnapshotUnreadable { snapshot: SnapshotId, error: String },
+    /// A snapshot recorded as committed is gone without `forget`.
+    SnapshotVanished { snapshot: SnapshotId },
+    /// A blob a snapshot needs is in no index.
+    BlobMissing {
+        blob: BlobId,
+        role: BlobRole,
+        affects: Vec<Affected>,
+    },
+    /// A blob a snapshot needs is in a pack found damaged or missing.
+    BlobInDamagedPack {
+        blob: BlobId,
+        role: BlobRole,
+        affects: Vec<Affected>,
+    },
+    /// A tree or chunk list was found but does not decode, authenticate or fit its
+    /// place.
+    BlobDamaged {
+        blob: Option<BlobId>,
+        role: BlobRole,
+        error: String,
+        affects: Vec<Affected>,
+    },
+}
+
+impl Problem {
+    /// The paths the problem makes unrestorable, for the kinds that have them.
+    pub fn affects(&self) -> &[Affected] {
+        match self {
+            Problem::BlobMissing { affects, .. }
+            | Problem::BlobInDamagedPack { affects, .. }
+            | Problem::BlobDamaged { affects, .. } => affects,
+            _ => &[],
+        }
+    }
+    fn affects_mut(&mut self) -> Option<&mut Vec<Affected>> {
+        match self {
+            Problem::BlobMissing { affects, .. }
+            | Problem::BlobInDamagedPack { affects, .. }
+            | Problem::BlobDamaged { affects, .. } => Some(affects),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -73,13 +146,17 @@ pub struct CheckReport {
     pub problems: Vec<Problem>,
 }
 
-pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> {
+/// Checks the repository of a read session opened with [`IndexLoad::Full`](crate::session::IndexLoad::Full)
+/// (snapshots listed before the index was read, so a backup committing meanwhile
+/// cannot look like one whose blobs are missing).
+pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport> {
+    let state = session
+        .index_state()
+        .ok_or_else(|| Error::Invalid("check needs a session that read the whole index".into()))?;
+    let repo = session.repo();
+    let progress = session.progress();
     let mut report = CheckReport::default();
-    // Snapshots are listed before the index is read, so a backup committing
-    // meanwhile cannot look like one whose blobs are missing.
-    let (snaps, bad_snaps) = repo.snapshots()?;
-    let state = repo.read_index_state()?;
-    repo.set_index(&state)?;
+    let (snaps, bad_snaps) = session.snapshots()?;
     report.index_files = state.live.len();
     report.pending_deletions = state.pending.len();
     let pending_orphans: HashSet<PackId> = state
@@ -88,10 +165,9 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
         .flat_map(|(_, p)| p.orphans.iter().copied())
         .collect();
     for e in &state.errors {
-        report.problems.push(Problem {
-            object: "index".into(),
-            message: e.to_string(),
-            affects: vec![],
+        report.problems.push(Problem::IndexUnreadable {
+            object: e.object,
+            error: e.error.to_string(),
         });
     }
     let index = repo.index().clone();
@@ -110,7 +186,9 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
     }
     let mut bad_blobs: IdSet = IdSet::default();
     let mut bad_packs: HashSet<PackId> = HashSet::new();
-    for (p, end) in &extent {
+    let mut extents: Vec<_> = extent.iter().collect();
+    extents.sort();
+    for (p, end) in extents {
         match stored.get(p) {
             // A pack prune retired may already be gone; only a snapshot needing one
             // of its blobs makes that a problem (reported below).
@@ -119,18 +197,14 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
             }
             None => {
                 bad_packs.insert(*p);
-                report.problems.push(Problem {
-                    object: format!("pack {}", p.to_hex()),
-                    message: "listed in the index but missing from storage".into(),
-                    affects: vec![],
-                });
+                report.problems.push(Problem::PackMissing { pack: *p });
             }
             Some(size) if *end + PACK_TRAILER_LEN as u64 > *size => {
                 bad_packs.insert(*p);
-                report.problems.push(Problem {
-                    object: format!("pack {}", p.to_hex()),
-                    message: format!("truncated: {size} bytes, the index needs more than {end}"),
-                    affects: vec![],
+                report.problems.push(Problem::PackTruncated {
+                    pack: *p,
+                    size: *size,
+                    needed: *end + PACK_TRAILER_LEN as u64,
                 });
             }
             Some(_) => {}
@@ -142,12 +216,14 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
         .count();
 
     if opts.read_data || opts.subset.is_some() {
+        progress.phase(Phase::ReadingPacks);
         let mut packs: Vec<(PackId, u64)> = stored.iter().map(|(p, s)| (*p, *s)).collect();
         packs.sort();
         if let Some(sub) = &opts.subset {
             sub.select(&mut packs);
         }
-        let (problems, bad) = read_packs(repo, &packs, &live_packs);
+        progress.set_total(Some(packs.iter().map(|(_, s)| s).sum()), None);
+        let (problems, bad) = read_packs(repo, &packs, &live_packs, progress)?;
         report.packs_read = packs.len();
         report.problems.extend(problems);
         bad_blobs.extend(bad);
@@ -159,24 +235,24 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
     }
 
     // Snapshots: every tree, chunk list and chunk must resolve.
+    progress.phase(Phase::WalkingSnapshots);
     report.snapshots = snaps.len() + bad_snaps.len();
     for e in bad_snaps {
-        report.problems.push(Problem {
-            object: "snapshot".into(),
-            message: e.to_string(),
-            affects: vec![],
+        report.problems.push(Problem::SnapshotUnreadable {
+            snapshot: e.id,
+            error: e.error.to_string(),
         });
     }
     let mut seen_trees = IdSet::default();
-    let mut object_problems: HashMap<String, Problem> = HashMap::new();
-    for (sid, snap) in &snaps {
+    let mut object_problems = ObjectProblems::new();
+    for (sid, snap) in snaps {
+        progress.check_cancelled()?;
         let root = match snap.tree_id() {
             Ok(r) => r,
             Err(e) => {
-                report.problems.push(Problem {
-                    object: format!("snapshot {}", sid.to_hex()),
-                    message: e.to_string(),
-                    affects: vec![],
+                report.problems.push(Problem::SnapshotUnreadable {
+                    snapshot: *sid,
+                    error: e.to_string(),
                 });
                 continue;
             }
@@ -191,10 +267,10 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
             &mut object_problems,
         );
     }
-    let mut extra: Vec<Problem> = object_problems.into_values().collect();
-    extra.sort_by(|a, b| a.object.cmp(&b.object));
-    report.problems.extend(extra);
-    report.problems.extend(vanished_snapshots(repo, &state)?);
+    let mut extra: Vec<(ProblemKey, Problem)> = object_problems.into_iter().collect();
+    extra.sort_by(|a, b| a.0.cmp(&b.0));
+    report.problems.extend(extra.into_iter().map(|(_, p)| p));
+    report.problems.extend(vanished_snapshots(repo, state)?);
     Ok(report)
 }
 
@@ -203,7 +279,7 @@ pub fn check(repo: &mut Repository, opts: &CheckOptions) -> Result<CheckReport> 
 /// index was read (a recorded snapshot was written before its record); a candidate
 /// is confirmed against a fresh read of the records, since a `forget` running
 /// meanwhile records the removal before it deletes.
-fn vanished_snapshots(repo: &Repository, state: &crate::repo::IndexState) -> Result<Vec<Problem>> {
+fn vanished_snapshots(repo: &Repository, state: &IndexState) -> Result<Vec<Problem>> {
     let (announced, forgotten) = state.snapshot_records();
     let present: HashSet<SnapshotId> = repo.list_snapshot_ids()?.into_iter().collect();
     let mut missing: Vec<SnapshotId> = announced
@@ -219,14 +295,46 @@ fn vanished_snapshots(repo: &Repository, state: &crate::repo::IndexState) -> Res
     missing.sort();
     Ok(missing
         .into_iter()
-        .map(|id| Problem {
-            object: format!("snapshot {}", id.to_hex()),
-            message: "was committed but its object is missing (deleted from storage without \
-                      `cairn forget`); `cairn repair snapshots` records it as lost"
-                .into(),
-            affects: vec![id.short()],
-        })
+        .map(|snapshot| Problem::SnapshotVanished { snapshot })
         .collect())
+}
+
+/// Problems found while walking snapshots, one per object, with the paths they
+/// affect added as they are met.
+type ObjectProblems = HashMap<ProblemKey, Problem>;
+/// Orders and identifies a problem: its kind, the blob, and (for damage found below
+/// a file's chunk-list root) the message.
+type ProblemKey = (u8, Option<BlobId>, String);
+
+/// At most this many affected paths are listed per problem.
+const MAX_AFFECTED: usize = 100;
+
+fn record(problems: &mut ObjectProblems, p: Problem, sid: &SnapshotId, at: &str) {
+    let (order, blob) = match &p {
+        Problem::BlobMissing { blob, .. } => (0, Some(*blob)),
+        Problem::BlobInDamagedPack { blob, .. } => (1, Some(*blob)),
+        Problem::BlobDamaged { blob, .. } => (2, *blob),
+        _ => (3, None),
+    };
+    let key_text = match &p {
+        Problem::BlobDamaged {
+            error, blob: None, ..
+        } => error.clone(),
+        _ => String::new(),
+    };
+    let entry = problems.entry((order, blob, key_text)).or_insert(p);
+    if let Some(a) = entry.affects_mut()
+        && a.len() < MAX_AFFECTED
+    {
+        a.push(Affected {
+            snapshot: *sid,
+            path: if at.is_empty() {
+                "/".into()
+            } else {
+                at.to_string()
+            },
+        });
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -237,34 +345,17 @@ fn walk_snapshot(
     path: &str,
     bad: &IdSet,
     seen: &mut IdSet,
-    problems: &mut HashMap<String, Problem>,
+    problems: &mut ObjectProblems,
 ) {
-    fn record(
-        problems: &mut HashMap<String, Problem>,
-        sid: &SnapshotId,
-        object: String,
-        message: String,
-        at: &str,
-    ) {
-        let p = problems.entry(object.clone()).or_insert(Problem {
-            object,
-            message,
-            affects: vec![],
-        });
-        if p.affects.len() < 100 {
-            p.affects.push(format!(
-                "{}:{}",
-                sid.short(),
-                if at.is_empty() { "/" } else { at }
-            ));
-        }
-    }
     let tree = if bad.contains(&tree_id) {
         record(
             problems,
+            Problem::BlobInDamagedPack {
+                blob: tree_id,
+                role: BlobRole::Tree,
+                affects: vec![],
+            },
             sid,
-            format!("tree {}", tree_id.to_hex()),
-            "stored in a damaged pack".into(),
             path,
         );
         return;
@@ -274,9 +365,8 @@ fn walk_snapshot(
             Err(e) => {
                 record(
                     problems,
+                    blob_problem(tree_id, BlobRole::Tree, e),
                     sid,
-                    format!("tree {}", tree_id.to_hex()),
-                    e.to_string(),
                     path,
                 );
                 return;
@@ -302,33 +392,61 @@ fn walk_snapshot(
                     if bad.contains(&c.id) {
                         record(
                             problems,
+                            Problem::BlobInDamagedPack {
+                                blob: c.id,
+                                role: BlobRole::Chunk,
+                                affects: vec![],
+                            },
                             sid,
-                            format!("blob {}", c.id.to_hex()),
-                            "stored in a damaged pack".into(),
                             &p,
                         );
                     } else if !repo.index().contains(&c.id) {
                         record(
                             problems,
+                            Problem::BlobMissing {
+                                blob: c.id,
+                                role: BlobRole::Chunk,
+                                affects: vec![],
+                            },
                             sid,
-                            format!("blob {}", c.id.to_hex()),
-                            "missing from the index".into(),
                             &p,
                         );
                     }
                     Ok(())
                 });
                 if let Err(e) = r {
-                    let obj = match &e {
-                        Error::BlobNotFound(id) => format!("chunk list {}", id.to_hex()),
-                        Error::Damaged { what, .. } => what.clone(),
-                        _ => "chunk list".into(),
+                    let id = match &n.content {
+                        Content::Tree { root, .. } => *root,
+                        _ => BlobId([0; 32]),
                     };
-                    record(problems, sid, obj, e.to_string(), &p);
+                    record(problems, blob_problem(id, BlobRole::ChunkList, e), sid, &p);
                 }
             }
             _ => {}
         }
+    }
+}
+
+/// The problem a failed read of a tree or chunk list shows.
+fn blob_problem(id: BlobId, role: BlobRole, e: Error) -> Problem {
+    match e {
+        Error::BlobNotFound(blob) => Problem::BlobMissing {
+            blob,
+            role,
+            affects: vec![],
+        },
+        Error::PackMissing { .. } => Problem::BlobInDamagedPack {
+            blob: id,
+            role,
+            affects: vec![],
+        },
+        other => Problem::BlobDamaged {
+            // A chunk list below the root names itself in the message.
+            blob: (role == BlobRole::Tree).then_some(id),
+            role,
+            error: other.to_string(),
+            affects: vec![],
+        },
     }
 }
 
@@ -337,27 +455,33 @@ fn read_packs(
     repo: &Repository,
     packs: &[(PackId, u64)],
     live: &HashSet<PackId>,
-) -> (Vec<Problem>, IdSet) {
+    progress: &Progress,
+) -> Result<(Vec<Problem>, IdSet)> {
     let index = repo.index();
     let mut by_pack: HashMap<PackId, Vec<(BlobId, crate::index::BlobLocation)>> = HashMap::new();
     for (b, l) in index.iter() {
         by_pack.entry(index.pack_of(&l)).or_default().push((b, l));
     }
     let results = crate::threads::parallel_map(packs, crate::threads::cores(), |(id, size)| {
+        if progress.is_cancelled() {
+            return None;
+        }
         let indexed = by_pack.get(id).map(Vec::as_slice).unwrap_or(&[]);
-        verify_pack(repo, id, *size, indexed, live.contains(id))
+        let r = verify_pack(repo, id, *size, indexed, live.contains(id));
+        progress.bytes_done(*size);
+        Some(r)
     });
+    progress.check_cancelled()?;
     let mut problems = Vec::new();
     let mut bad = IdSet::default();
-    for ((id, _), (msgs, blobs)) in packs.iter().zip(results) {
-        problems.extend(msgs.into_iter().map(|m| Problem {
-            object: format!("pack {}", id.to_hex()),
-            message: m,
-            affects: vec![],
-        }));
+    for ((id, _), (msgs, blobs)) in packs.iter().zip(results.into_iter().flatten()) {
+        problems.extend(
+            msgs.into_iter()
+                .map(|error| Problem::PackDamaged { pack: *id, error }),
+        );
         bad.extend(blobs);
     }
-    (problems, bad)
+    Ok((problems, bad))
 }
 
 /// Returns problems found and the blob ids (per the index) that are unusable.

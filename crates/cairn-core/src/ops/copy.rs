@@ -27,11 +27,12 @@
 use crate::error::{Error, Result};
 use crate::index::IdMap;
 use crate::ops::backup::InFlight;
-use crate::progress::RestoreProgress;
+use crate::progress::Progress;
 use crate::repo::Repository;
 use crate::repo::blob::{BlobEncoder, EncodedBlob};
 use crate::repo::lock::RepoLock;
 use crate::repo::packer::{BufferPool, DEFAULT_UPLOAD_THREADS, Packer, Uploader};
+use crate::session::{self, Session};
 use crate::tree::chunklist::{ChunkListBuilder, for_each_chunk, for_each_content_blob};
 use cairn_format::pack::BlobKind;
 use cairn_format::snapshot::{CopiedFrom, Snapshot};
@@ -52,13 +53,20 @@ const COPY_INDEX_FLUSH_PACKS: usize = 4;
 pub struct CopyOptions {
     /// Threads re-chunking or re-encoding files in parallel.
     pub threads: usize,
-    /// The file map's location (None: kept in memory for this run only).
-    pub map_path: Option<PathBuf>,
-    /// The destination's lock, checked before each snapshot is committed.
-    pub lock: Option<Arc<RepoLock>>,
+    /// Where file maps are kept (`<dir>/<source id>-<destination id>.map`); None:
+    /// in memory for this run only.
+    pub map_dir: Option<PathBuf>,
 }
 
-#[derive(Clone, Debug)]
+/// What the copy internals need besides the options.
+struct Run<'a> {
+    threads: usize,
+    map_path: Option<PathBuf>,
+    /// The destination's lock, checked before each snapshot is committed.
+    lock: &'a RepoLock,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct SnapshotCopy {
     pub source: SnapshotId,
     pub target: SnapshotId,
@@ -66,8 +74,139 @@ pub struct SnapshotCopy {
     pub already_present: bool,
 }
 
+/// A source snapshot that could not be copied, with why.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FailedCopy {
+    pub source: SnapshotId,
+    pub error: String,
+}
+
+/// What `cairn copy` did. `bytes_sent` and `bytes_received` are what crossed the
+/// wire to the destination and from the source (after compression, with headers).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct CopyReport {
+    pub from: String,
+    pub to: String,
+    pub snapshots: Vec<SnapshotCopy>,
+    pub snapshots_copied: usize,
+    pub same_chunking: bool,
+    pub logical_bytes: u64,
+    pub files: u64,
+    pub files_rechunked: u64,
+    pub bytes_read_from_source: u64,
+    pub blobs_added: u64,
+    pub bytes_added: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub duration_secs: f64,
+    pub failed: Vec<FailedCopy>,
+    /// Source snapshots that could not even be read (not copied).
+    pub unreadable_source_snapshots: Vec<String>,
+    /// Things to tell the user (e.g. the file map could not be kept).
+    pub warnings: Vec<String>,
+}
+
+/// Copies the snapshots named by `specs` (`latest`, id prefixes; all when empty)
+/// from the source session's repository to the destination's. Indexes are loaded
+/// only when something is to be copied.
+pub fn copy(
+    src: &mut Session<session::Read>,
+    dst: &mut Session<session::Write>,
+    specs: &[String],
+    opts: &CopyOptions,
+) -> Result<CopyReport> {
+    let start = std::time::Instant::now();
+    if src.repo().config().id == dst.repo().config().id {
+        return Err(Error::Invalid(
+            "the source and the destination are the same repository".into(),
+        ));
+    }
+    let progress = dst.progress().clone();
+    let mut report = CopyReport {
+        from: src.repo().location().to_string(),
+        to: dst.repo().location().to_string(),
+        ..Default::default()
+    };
+    let wanted = if specs.is_empty() {
+        let (list, bad) = src.snapshots()?;
+        report.unreadable_source_snapshots = bad.iter().map(|e| e.to_string()).collect();
+        list.clone()
+    } else {
+        let mut v = Vec::new();
+        for spec in specs {
+            v.push(src.find_snapshot(spec)?);
+        }
+        v.sort_by_key(|x| x.0);
+        v.dedup_by(|x, y| x.0 == y.0);
+        v
+    };
+    // Nothing to do: no index is loaded (a no-op copy reads only snapshot objects).
+    let present = copies_in(src.repo(), dst)?;
+    if !wanted
+        .iter()
+        .all(|(id, _)| present.contains_key(&id.to_hex()))
+    {
+        src.load_index()?;
+        dst.load_index()?;
+    }
+    progress.phase(crate::progress::Phase::Copy);
+    progress.set_total(
+        Some(wanted.iter().map(|(_, s)| s.summary.total_bytes).sum()),
+        None,
+    );
+    let sent_before = dst.repo().traffic().map(|t| t.uploaded()).unwrap_or(0);
+    let received_before = src.repo().traffic().map(|t| t.downloaded()).unwrap_or(0);
+    let lock = dst.lock()?;
+    let map_path = opts.map_dir.as_ref().map(|d| {
+        d.join(format!(
+            "{}-{}.map",
+            src.repo().config().id,
+            dst.repo().config().id
+        ))
+    });
+    let run = Run {
+        threads: opts.threads.max(1),
+        map_path,
+        lock: &lock,
+    };
+    let stats = copy_snapshots(src.repo(), dst.repo(), &wanted, present, &run, &progress)?;
+    report.bytes_sent = dst
+        .repo()
+        .traffic()
+        .map(|t| t.uploaded())
+        .unwrap_or(0)
+        .saturating_sub(sent_before);
+    report.bytes_received = src
+        .repo()
+        .traffic()
+        .map(|t| t.downloaded())
+        .unwrap_or(0)
+        .saturating_sub(received_before);
+    report.snapshots_copied = stats
+        .snapshots
+        .iter()
+        .filter(|s| !s.already_present)
+        .count();
+    report.snapshots = stats.snapshots;
+    report.same_chunking = stats.same_chunking;
+    report.logical_bytes = stats.logical_bytes;
+    report.files = stats.files;
+    report.files_rechunked = stats.files_rechunked;
+    report.bytes_read_from_source = stats.bytes_read;
+    report.blobs_added = stats.blobs_added;
+    report.bytes_added = stats.bytes_added;
+    report.failed = stats
+        .failed
+        .into_iter()
+        .map(|(source, error)| FailedCopy { source, error })
+        .collect();
+    report.warnings = stats.warnings;
+    report.duration_secs = start.elapsed().as_secs_f64();
+    Ok(report)
+}
+
 #[derive(Clone, Debug, Default)]
-pub struct CopyStats {
+struct CopyStats {
     pub snapshots: Vec<SnapshotCopy>,
     /// Blob ids shared with the source: copied blob by blob, without re-chunking.
     pub same_chunking: bool,
@@ -89,17 +228,17 @@ pub struct CopyStats {
 }
 
 /// Copies `snapshots` of `src` into `dst`, oldest first, skipping those `present`
-/// (from [`copies_in`]) says are there. Both repositories must have their index
-/// loaded; `dst` must be locked by the caller (non-exclusively, like a backup) and
-/// `src` at least for reading. A snapshot whose data cannot be read from the source
-/// is skipped (listed in `failed`); a storage failure stops the copy.
-pub fn copy_snapshots(
+/// (from [`copies_in`]) says are there. Both repositories have their index
+/// loaded; `dst` is locked (non-exclusively, like a backup) and `src` at least for
+/// reading. A snapshot whose data cannot be read from the source is skipped
+/// (listed in `failed`); a storage failure stops the copy.
+fn copy_snapshots(
     src: &Repository,
     dst: &Repository,
     snapshots: &[(SnapshotId, Snapshot)],
     mut present: HashMap<String, SnapshotId>,
-    opts: &CopyOptions,
-    progress: &dyn RestoreProgress,
+    opts: &Run<'_>,
+    progress: &Progress,
 ) -> Result<CopyStats> {
     let same_chunking = shares_ids(src, dst);
     let mut order: Vec<&(SnapshotId, Snapshot)> = snapshots.iter().collect();
@@ -126,6 +265,7 @@ pub fn copy_snapshots(
         ..Default::default()
     };
     for (sid, snap) in order {
+        progress.check_cancelled()?;
         if let Some(t) = present.get(&sid.to_hex()) {
             stats.snapshots.push(SnapshotCopy {
                 source: *sid,
@@ -162,9 +302,13 @@ pub fn copy_snapshots(
     Ok(stats)
 }
 
-/// Source snapshot id (hex) -> the destination's copy of it. Needs no index: call it
-/// first, and skip loading indexes when everything asked for is already there.
-pub fn copies_in(src: &Repository, dst: &Repository) -> Result<HashMap<String, SnapshotId>> {
+/// Source snapshot id (hex) -> the destination's copy of it, among the snapshots
+/// the destination's session listed. Needs no index: it is called first, and no
+/// index is loaded when everything asked for is already there.
+fn copies_in<A: session::Access>(
+    src: &Repository,
+    dst: &Session<A>,
+) -> Result<HashMap<String, SnapshotId>> {
     let src_repo = &src.config().id;
     let mut present = HashMap::new();
     for (id, s) in dst.snapshots()?.0.iter() {
@@ -215,7 +359,7 @@ struct Copier<'a> {
     /// An id enters only when its blob goes to a packer: after a failed snapshot,
     /// whose packs are still stored, every id here is in the destination.
     written: InFlight,
-    progress: &'a dyn RestoreProgress,
+    progress: &'a Progress,
     counters: Counters,
     /// Source tree -> destination tree, for trees copied by this run: the next
     /// snapshot's unchanged directories are not walked again.
@@ -232,12 +376,7 @@ struct FileJob {
 }
 
 impl Copier<'_> {
-    fn copy_one(
-        &self,
-        sid: &SnapshotId,
-        snap: &Snapshot,
-        opts: &CopyOptions,
-    ) -> Result<SnapshotId> {
+    fn copy_one(&self, sid: &SnapshotId, snap: &Snapshot, opts: &Run<'_>) -> Result<SnapshotId> {
         let pool = Arc::new(BufferPool::new(DEFAULT_UPLOAD_THREADS + 1));
         let pack_size = self.dst.config().pack_size as usize;
         let mut uploader = Uploader::start(
@@ -315,10 +454,7 @@ impl Copier<'_> {
             repository: self.src.config().id.clone(),
             snapshot: sid.to_hex(),
         });
-        if let Some(l) = &opts.lock {
-            l.check_fresh()?;
-        }
-        self.dst.write_snapshot(&copy)
+        self.dst.write_snapshot(&copy, opts.lock)
     }
 
     fn is_stored(&self, id: &BlobId) -> bool {

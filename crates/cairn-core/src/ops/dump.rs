@@ -3,13 +3,21 @@
 
 use crate::error::{Error, Result};
 use crate::ops::ls::find_node;
-use crate::repo::Repository;
+use crate::session::{Access, Session};
 use crate::tree::chunklist::for_each_chunk;
 use cairn_format::BlobId;
 use cairn_format::tree::NodeKind;
 use std::io::Write;
 
-pub fn dump(repo: &Repository, root: &BlobId, path: &str, out: &mut dyn Write) -> Result<u64> {
+/// Writes the file at `path` of the snapshot whose root tree is `root` to `out`;
+/// returns the bytes written.
+pub fn dump<A: Access>(
+    session: &Session<A>,
+    root: &BlobId,
+    path: &str,
+    out: &mut dyn Write,
+) -> Result<u64> {
+    let repo = session.repo();
     let node = find_node(repo, root, path)?
         .ok_or_else(|| Error::Invalid("dump needs a file path, not the snapshot root".into()))?;
     if node.kind != NodeKind::File {

@@ -600,6 +600,151 @@ fn apply<Tz: TimeZone>(
     ForgetGroup { key, keep, remove }
 }
 
+/// What `forget` is asked to remove.
+#[derive(Clone, Debug)]
+pub enum ForgetRequest {
+    /// These snapshots (`latest` or id prefixes), all resolved before any is removed.
+    Ids(Vec<String>),
+    /// What a retention policy does not keep.
+    Policy {
+        policy: Policy,
+        group_by: GroupBy,
+        filter: SnapshotFilter,
+    },
+}
+
+/// A snapshot as `forget` reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct SnapshotEntry {
+    pub id: SnapshotId,
+    pub short_id: String,
+    pub time: String,
+    pub host: String,
+    pub paths: Vec<String>,
+    pub tags: Vec<String>,
+    /// Why a kept snapshot is kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasons: Option<Vec<String>>,
+}
+
+/// One group's decision, as `forget --json` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupReport {
+    pub group: GroupKey,
+    pub keep: Vec<SnapshotEntry>,
+    pub remove: Vec<SnapshotEntry>,
+}
+
+/// What `forget` decided and did. `--json` prints the groups (restic's shape).
+#[derive(Clone, Debug, Serialize)]
+#[serde(transparent)]
+pub struct ForgetReport {
+    pub groups: Vec<GroupReport>,
+    /// Whether a policy chose (else ids were named).
+    #[serde(skip)]
+    pub by_policy: bool,
+    #[serde(skip)]
+    pub dry_run: bool,
+    /// Snapshots removed.
+    #[serde(skip)]
+    pub removed: usize,
+    /// Snapshots whose removal failed, with why.
+    #[serde(skip)]
+    pub failed: Vec<(SnapshotId, String)>,
+    /// Snapshot objects that could not be read (left alone).
+    #[serde(skip)]
+    pub unreadable: Vec<String>,
+}
+
+impl ForgetReport {
+    pub fn planned(&self) -> usize {
+        self.groups.iter().map(|g| g.remove.len()).sum()
+    }
+}
+
+/// Decides what to remove and, unless `dry_run`, removes it: the snapshot objects
+/// only (their data stays until prune).
+pub fn forget(
+    session: &crate::session::Session<crate::session::Write>,
+    request: &ForgetRequest,
+    dry_run: bool,
+) -> Result<ForgetReport> {
+    let (snaps, groups, unreadable) = match request {
+        ForgetRequest::Ids(specs) => {
+            // Every id resolved before anything is removed: one typo removes nothing.
+            let mut snaps: Vec<(SnapshotId, Snapshot)> = Vec::new();
+            for spec in specs {
+                let (id, s) = session.find_snapshot(spec)?;
+                if !snaps.iter().any(|(i, _)| *i == id) {
+                    snaps.push((id, s));
+                }
+            }
+            snaps.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
+            let group = ForgetGroup {
+                key: GroupKey::default(),
+                keep: Vec::new(),
+                remove: snaps.iter().map(|(id, _)| *id).collect(),
+            };
+            (snaps, vec![group], Vec::new())
+        }
+        ForgetRequest::Policy {
+            policy,
+            group_by,
+            filter,
+        } => {
+            let (snaps, bad) = session.snapshots()?;
+            let groups = plan(snaps, policy, *group_by, filter)?;
+            (
+                snaps.clone(),
+                groups,
+                bad.iter().map(|e| e.to_string()).collect(),
+            )
+        }
+    };
+    let by_id: std::collections::HashMap<SnapshotId, &Snapshot> =
+        snaps.iter().map(|(i, s)| (*i, s)).collect();
+    let entry = |id: &SnapshotId, reasons: Option<&[String]>| {
+        let s = by_id.get(id);
+        SnapshotEntry {
+            id: *id,
+            short_id: id.short(),
+            time: s.map(|s| s.time.clone()).unwrap_or_default(),
+            host: s.map(|s| s.hostname.clone()).unwrap_or_default(),
+            paths: s.map(|s| s.paths.clone()).unwrap_or_default(),
+            tags: s.map(|s| s.tags.clone()).unwrap_or_default(),
+            reasons: reasons.map(<[String]>::to_vec),
+        }
+    };
+    let mut report = ForgetReport {
+        groups: groups
+            .iter()
+            .map(|g| GroupReport {
+                group: g.key.clone(),
+                keep: g.keep.iter().map(|(id, r)| entry(id, Some(r))).collect(),
+                remove: g.remove.iter().map(|id| entry(id, None)).collect(),
+            })
+            .collect(),
+        by_policy: matches!(request, ForgetRequest::Policy { .. }),
+        dry_run,
+        removed: 0,
+        failed: Vec::new(),
+        unreadable,
+    };
+    if !dry_run {
+        let ids: Vec<SnapshotId> = groups
+            .iter()
+            .flat_map(|g| g.remove.iter().copied())
+            .collect();
+        for (id, r) in session.repo().forget_snapshots(&ids)? {
+            match r {
+                Ok(()) => report.removed += 1,
+                Err(e) => report.failed.push((id, e.to_string())),
+            }
+        }
+    }
+    Ok(report)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

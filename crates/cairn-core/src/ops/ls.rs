@@ -2,8 +2,9 @@
 
 use crate::error::{Error, Result};
 use crate::repo::Repository;
-use cairn_format::BlobId;
+use crate::session::{Access, Session};
 use cairn_format::tree::{Node, NodeKind, Tree};
+use cairn_format::{BlobId, SnapshotId};
 
 /// Splits a snapshot path (`/home/a/b`) into its components.
 fn components(path: &str) -> Vec<&str> {
@@ -41,9 +42,66 @@ pub fn find_node(repo: &Repository, root: &BlobId, path: &str) -> Result<Option<
     Ok(found)
 }
 
+/// One entry of a listing, as `cairn ls --json` prints it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Entry {
+    pub path: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub user: String,
+    pub group: String,
+    pub size: u64,
+    pub mtime: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_target: Option<String>,
+}
+
+impl Entry {
+    pub fn new(path: &str, n: &Node) -> Entry {
+        Entry {
+            path: path.to_string(),
+            kind: n.kind.name(),
+            mode: n.mode & 0o7777,
+            uid: n.uid,
+            gid: n.gid,
+            user: n.user.clone(),
+            group: n.group.clone(),
+            size: n.size,
+            mtime: crate::time::format_unix(n.mtime.secs, n.mtime.nanos),
+            link_target: (n.kind == NodeKind::Symlink)
+                .then(|| String::from_utf8_lossy(&n.link_target).into_owned()),
+        }
+    }
+}
+
+/// `cairn ls --json`: the snapshot and its entries.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Listing {
+    pub snapshot: SnapshotId,
+    pub entries: Vec<Entry>,
+}
+
+/// Calls `f(path, node)` for every entry at and below `path` in the snapshot's tree,
+/// depth first, in name order. Unreadable subtrees are passed to `on_error` and
+/// skipped.
+pub fn list<A: Access>(
+    session: &Session<A>,
+    root: &BlobId,
+    path: &str,
+    recursive: bool,
+    f: &mut dyn FnMut(&str, &Node),
+    on_error: &mut dyn FnMut(&str, Error),
+) -> Result<()> {
+    walk(session.repo(), root, path, recursive, f, on_error)
+}
+
 /// Calls `f(path, node)` for every entry at and below `path`, depth first, in name
 /// order. Unreadable subtrees are passed to `on_error` and skipped.
-pub fn walk(
+pub(crate) fn walk(
     repo: &Repository,
     root: &BlobId,
     path: &str,

@@ -20,8 +20,10 @@
 
 use crate::error::{Error, Result};
 use crate::index::IdSet;
+use crate::progress::{Phase, Progress};
 use crate::repo::lock::{self, RepoLock};
 use crate::repo::{IndexState, Repository};
+use crate::session::{Exclusive, Read, Session};
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::{IndexFile, IndexPack};
@@ -135,15 +137,31 @@ enum Action {
     DropMissing,
 }
 
-/// Runs prune. `repo` gets a fresh index at the end.
-pub fn prune(repo: &mut Repository, opts: &PruneOptions) -> Result<PruneReport> {
-    let lock = RepoLock::acquire(repo, "prune", !opts.dry_run)?;
-    let result = run(repo, opts, &lock);
-    drop(lock);
-    result
+/// Runs prune under the session's exclusive lock. The session's repository gets a
+/// fresh index at the end. With `opts.dry_run`, only plans (see [`plan`]).
+pub fn prune(session: &mut Session<Exclusive>, opts: &PruneOptions) -> Result<PruneReport> {
+    let lock = session.lock()?;
+    let progress = session.progress().clone();
+    run(session.repo_mut(), opts, Some(&lock), &progress)
 }
 
-fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<PruneReport> {
+/// What prune would do, changing nothing: a shared lock is enough, so it runs
+/// while another prune does.
+pub fn plan(session: &mut Session<Read>, opts: &PruneOptions) -> Result<PruneReport> {
+    let opts = PruneOptions {
+        dry_run: true,
+        ..opts.clone()
+    };
+    let progress = session.progress().clone();
+    run(session.repo_mut(), &opts, None, &progress)
+}
+
+fn run(
+    repo: &mut Repository,
+    opts: &PruneOptions,
+    lock: Option<&RepoLock>,
+    progress: &Progress,
+) -> Result<PruneReport> {
     let mut report = PruneReport {
         dry_run: opts.dry_run,
         ..Default::default()
@@ -152,6 +170,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
     // Order matters (docs/FORMAT.md): packs, then snapshots, then index. A snapshot
     // listed here has its blobs in index files written before it, so the index read
     // afterwards knows them.
+    progress.phase(Phase::Planning);
     let stored: HashMap<PackId, u64> = repo.list_packs()?;
     let (snaps, bad) = repo.snapshots()?;
     if let Some(e) = bad.into_iter().next() {
@@ -169,7 +188,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
 
     let listed: HashSet<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
     let mut used = IdSet::default();
-    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut used)?;
+    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut used, progress)?;
 
     let pending_packs: HashSet<PackId> = state
         .pending
@@ -200,9 +219,12 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
     plan.snapshots = snaps.len();
     plan.earlier_pending_packs = pending_packs.len();
     report.plan = plan;
-    if opts.dry_run {
-        return Ok(report);
-    }
+    let lock = match lock {
+        Some(l) if !opts.dry_run => l,
+        _ => return Ok(report),
+    };
+    // The last point where stopping changes nothing.
+    progress.check_cancelled()?;
 
     // ---- phase 1: repack, replace the index, record what is retired ----
     report.temporaries_removed_bytes = repo.backend().remove_stale_temporaries()?;
@@ -214,6 +236,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
         .map(|(i, _)| i)
         .collect();
     if !repack.is_empty() {
+        progress.phase(Phase::Repacking);
         let lists: Vec<IndexPack> = repack
             .iter()
             .map(|i| {
@@ -241,6 +264,7 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
     let mut retired: Vec<IndexPack> = Vec::new();
     let mut old_files: Vec<cairn_format::IndexId> = state.superseded.clone();
     if changed {
+        progress.phase(Phase::WritingIndex);
         let mut kept = Vec::new();
         for (info, a) in infos.drain(..).zip(&actions) {
             match a {
@@ -281,7 +305,8 @@ fn run(repo: &mut Repository, opts: &PruneOptions, lock: &RepoLock) -> Result<Pr
     }
 
     // ---- phase 2: delete what no live operation can still use ----
-    delete_pending(repo, lock, &listed, used, &mut report)?;
+    progress.phase(Phase::Deleting);
+    delete_pending(repo, lock, &listed, used, &mut report, progress)?;
     repo.load_index_in_ram()?;
     Ok(report)
 }
@@ -528,6 +553,7 @@ fn delete_pending(
     listed: &HashSet<SnapshotId>,
     mut used: IdSet,
     report: &mut PruneReport,
+    progress: &Progress,
 ) -> Result<()> {
     let ids = repo.list_pending()?;
     if ids.is_empty() {
@@ -577,7 +603,7 @@ fn delete_pending(
         .into_iter()
         .filter(|(id, _)| !listed.contains(id))
         .collect();
-    crate::tree::reachable::collect_snapshots(repo, &new, &mut used)?;
+    crate::tree::reachable::collect_snapshots(repo, &new, &mut used, progress)?;
     let stored = repo.list_packs()?;
     let index = repo.index().clone();
     let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(&l)).collect();
@@ -704,7 +730,7 @@ mod tests {
     #[test]
     fn a_pack_named_by_a_waiting_record_stays() {
         use crate::testutil::{mem_repo, store};
-        let mut repo = mem_repo();
+        let repo = mem_repo();
         let p = store(
             &repo,
             &[(pack::BlobKind::Data, b"nobody needs this".to_vec())],
@@ -720,7 +746,18 @@ mod tests {
             })
             .unwrap();
         }
-        let r = prune(&mut repo, &PruneOptions::default()).unwrap();
+        let prune_once = |repo: crate::Repository| {
+            let mut s: Session<Exclusive> = Session::open(
+                repo,
+                "prune",
+                crate::session::IndexLoad::None,
+                &Progress::none(),
+            )
+            .unwrap();
+            let r = prune(&mut s, &PruneOptions::default()).unwrap();
+            (s.into_repo(), r)
+        };
+        let (repo, r) = prune_once(repo);
         assert_eq!(r.deleted_packs, 0, "{r:?}");
         assert!(repo.backend().get(&name).is_ok());
         assert_eq!(
@@ -729,7 +766,7 @@ mod tests {
             "the ready record went"
         );
         drop(other);
-        let r = prune(&mut repo, &PruneOptions::default()).unwrap();
+        let (repo, r) = prune_once(repo);
         assert_eq!(r.deleted_packs, 1, "{r:?}");
         assert!(repo.backend().get(&name).is_err());
         assert!(repo.list_pending().unwrap().is_empty());

@@ -14,10 +14,11 @@
 
 use crate::error::{Error, Result};
 use crate::index::{IdMap, IdSet, MasterIndex};
+use crate::progress::Phase;
 use crate::repo::Repository;
 use crate::repo::blob::{self, BlobEncoder};
-use crate::repo::lock::RepoLock;
 use crate::repo::packer::{BufferPool, Packer, Uploader};
+use crate::session::{Exclusive, Session};
 use crate::tree::chunklist::for_each_content_blob;
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
@@ -50,8 +51,10 @@ pub struct RepairIndexReport {
 }
 
 /// Rebuilds the index from every stored pack.
-pub fn repair_index(repo: &mut Repository) -> Result<RepairIndexReport> {
-    let lock = RepoLock::acquire(repo, "repair index", true)?;
+pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexReport> {
+    let lock = session.lock()?;
+    session.progress().phase(Phase::RebuildingIndex);
+    let repo = session.repo_mut();
     let mut report = RepairIndexReport::default();
     let old_ids = repo.list_index_files()?;
     let old_state = repo.read_index_state()?;
@@ -277,8 +280,13 @@ pub struct RepairSnapshotsReport {
 }
 
 /// Rewrites snapshots that need missing or unreadable blobs.
-pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSnapshotsReport> {
-    let _lock = RepoLock::acquire(repo, "repair snapshots", !dry_run)?;
+pub fn repair_snapshots(
+    session: &mut Session<Exclusive>,
+    dry_run: bool,
+) -> Result<RepairSnapshotsReport> {
+    let lock = session.lock()?;
+    session.progress().phase(Phase::WalkingSnapshots);
+    let repo = session.repo_mut();
     // Snapshots first, then the index: a backup committing in between must not
     // look like one whose data is lost.
     let (snaps, bad) = repo.snapshots()?;
@@ -338,7 +346,7 @@ pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSn
             }
             snap.original = Some(sid.to_hex());
             if !dry_run {
-                entry.new = Some(repo.write_snapshot(&snap)?.to_hex());
+                entry.new = Some(repo.write_snapshot(&snap, &lock)?.to_hex());
             }
         }
         if !dry_run {
@@ -347,18 +355,12 @@ pub fn repair_snapshots(repo: &mut Repository, dry_run: bool) -> Result<RepairSn
         report.repaired.push(entry);
     }
     for e in bad {
-        let what = match &e {
-            Error::Damaged { what, .. } => what.clone(),
-            other => other.to_string(),
-        };
-        if let Some(hex) = what.strip_prefix("snapshot ")
-            && SnapshotId::from_hex(hex).is_ok()
-        {
-            if !dry_run && let Ok(id) = SnapshotId::from_hex(hex) {
-                forget(repo, id)?;
-            }
-            report.unreadable_removed.push(format!("{hex}: {e}"));
+        if !dry_run {
+            forget(repo, e.id)?;
         }
+        report
+            .unreadable_removed
+            .push(format!("{}: {}", e.id.to_hex(), e.error));
     }
     // Snapshots recorded as committed whose object is gone: nothing can bring them
     // back; record them as forgotten so that check stops reporting them.

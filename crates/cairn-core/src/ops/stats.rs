@@ -17,6 +17,7 @@
 use crate::error::{Error, Result};
 use crate::index::IdSet;
 use crate::repo::Repository;
+use crate::session::{Read, Session};
 use cairn_backend::names;
 use cairn_format::pack::BlobKind;
 use cairn_format::{PackId, SnapshotId};
@@ -112,32 +113,39 @@ fn percent(part: u64, whole: u64) -> f64 {
 /// byte of directory (see [`crate::index::MasterIndex`]).
 pub const RAM_BYTES_PER_BLOB: f64 = crate::index::RECORD_LEN as f64 + 0.25;
 
-/// Computes the statistics for `selected` snapshots (all when `None`).
-pub fn stats(repo: &mut Repository, selected: Option<&[SnapshotId]>) -> Result<Stats> {
-    // Snapshots before the index: their blobs are then all in the index read.
-    let (all, bad) = repo.snapshots()?;
-    if let Some(e) = bad.into_iter().next() {
+/// Computes the statistics for `selected` snapshots (all when `None`) in a read
+/// session opened with [`IndexLoad::Full`](crate::session::IndexLoad::Full).
+pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result<Stats> {
+    let state = session
+        .index_state()
+        .ok_or_else(|| Error::Invalid("stats needs a session that read the whole index".into()))?;
+    let repo = session.repo();
+    // Snapshots were listed before the index: their blobs are all in it.
+    let (all, bad) = session.snapshots()?;
+    if let Some(e) = bad.first() {
         return Err(Error::Invalid(format!(
             "{e}; statistics would be incomplete"
         )));
     }
     let snaps: Vec<_> = match selected {
-        None => all,
+        None => all.clone(),
         Some(ids) => {
             let want: HashSet<&SnapshotId> = ids.iter().collect();
-            all.into_iter()
+            all.iter()
                 .filter(|(id, _)| want.contains(id))
+                .cloned()
                 .collect()
         }
     };
-    let state = repo.read_index_state()?;
     if let Some(e) = state.errors.first() {
         return Err(Error::Invalid(format!(
             "{e}; statistics would be wrong (run `cairn repair index`)"
         )));
     }
-    repo.set_index(&state)?;
     let index = repo.index().clone();
+    session
+        .progress()
+        .phase(crate::progress::Phase::WalkingSnapshots);
 
     let mut st = Stats {
         snapshots: snaps.len(),
@@ -145,7 +153,7 @@ pub fn stats(repo: &mut Repository, selected: Option<&[SnapshotId]>) -> Result<S
         ..Default::default()
     };
     let mut used = IdSet::default();
-    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut used)?;
+    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut used, session.progress())?;
 
     let overhead_per_blob = repo.config().encryption.overhead() as u64;
     let mut used_in_packs = 0u64;

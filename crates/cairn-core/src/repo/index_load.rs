@@ -12,7 +12,29 @@ pub struct IndexState {
     pub superseded: Vec<IndexId>,
     pub pending: Vec<(PendingId, PendingDeletion)>,
     /// Files that could not be read.
-    pub errors: Vec<Error>,
+    pub errors: Vec<IndexReadError>,
+}
+
+/// An object of the index: an index file or a pending-deletion record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "type", content = "id", rename_all = "snake_case")]
+pub enum IndexObject {
+    IndexFile(IndexId),
+    PendingDeletion(PendingId),
+}
+
+/// An index file or pending record that could not be read, with why. Its blobs are
+/// treated as missing.
+#[derive(Debug)]
+pub struct IndexReadError {
+    pub object: IndexObject,
+    pub error: Error,
+}
+
+impl std::fmt::Display for IndexReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
 }
 
 impl IndexState {
@@ -29,6 +51,11 @@ impl IndexState {
 }
 
 impl Repository {
+    /// Reads every index file (several in parallel) and every pending-deletion
+    /// record. Files superseded by a readable one are set aside. Damaged files are
+    /// returned in `errors`, not fatal. A file that vanishes between listing and
+    /// reading (prune replaced it) makes the whole read start again, so the result
+    /// is never a mix that misses entries.
     pub fn read_index_state(&self) -> Result<IndexState> {
         let mut attempt = 0;
         loop {
@@ -41,7 +68,10 @@ impl Repository {
             for (id, r) in ids.iter().zip(results) {
                 match r {
                     Ok(f) => files.push((*id, f)),
-                    Err(e @ Error::Damaged { .. }) => errors.push(e),
+                    Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
+                        object: IndexObject::IndexFile(*id),
+                        error: e,
+                    }),
                     Err(Error::Backend(b)) if b.is_not_found() => vanished.push(*id),
                     Err(e) => return Err(e),
                 }
@@ -61,10 +91,13 @@ impl Repository {
                 // Never return a silently incomplete index: callers deciding what to
                 // delete must see that something is missing.
                 for v in unexplained {
-                    errors.push(Error::Invalid(format!(
-                        "index file {} disappeared while being read and nothing replaces it",
-                        v.short()
-                    )));
+                    errors.push(IndexReadError {
+                        object: IndexObject::IndexFile(*v),
+                        error: Error::Invalid(format!(
+                            "index file {} disappeared while being read and nothing replaces it",
+                            v.short()
+                        )),
+                    });
                 }
             }
             let (old, live): (Vec<_>, Vec<_>) = files
@@ -74,7 +107,10 @@ impl Repository {
             for id in self.list_pending()? {
                 match self.read_pending(&id) {
                     Ok(p) => pending.push((id, p)),
-                    Err(e @ Error::Damaged { .. }) => errors.push(e),
+                    Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
+                        object: IndexObject::PendingDeletion(id),
+                        error: e,
+                    }),
                     Err(Error::Backend(b)) if b.is_not_found() => {}
                     Err(e) => return Err(e),
                 }
@@ -92,7 +128,7 @@ impl Repository {
     /// from the SSD placement's local files (rebuilt first when the repository's
     /// index files changed). Damaged files are remembered in
     /// [`Repository::index_errors`] and skipped: their blobs count as missing.
-    pub fn load_index(&mut self) -> Result<()> {
+    pub(crate) fn load_index(&mut self) -> Result<()> {
         match self.config.index_placement {
             IndexPlacement::Ram => self.load_index_in_ram(),
             IndexPlacement::Ssd => {
@@ -111,10 +147,10 @@ impl Repository {
 
     /// Loads the master index into RAM whatever the placement (for maintenance
     /// that walks every entry anyway).
-    pub fn load_index_in_ram(&mut self) -> Result<()> {
+    pub(crate) fn load_index_in_ram(&mut self) -> Result<()> {
         let state = self.read_index_state()?;
         self.set_index(&state)?;
-        self.index_errors = state.errors;
+        self.index_errors = state.errors.into_iter().map(|e| e.error).collect();
         Ok(())
     }
 
@@ -150,7 +186,7 @@ impl Repository {
     }
 
     /// Builds the master index from an [`IndexState`] already read.
-    pub fn set_index(&mut self, state: &IndexState) -> Result<()> {
+    pub(crate) fn set_index(&mut self, state: &IndexState) -> Result<()> {
         let mut index = MasterIndex::new();
         let live: usize = state.live.iter().map(|(_, f)| f.blob_count()).sum();
         let pending: usize = state

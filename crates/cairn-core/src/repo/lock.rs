@@ -328,6 +328,7 @@ pub fn wait_for_job_slot(
     repo: &Repository,
     lock: &RepoLock,
     max: u32,
+    progress: &crate::progress::Progress,
     mut waiting: impl FnMut(&[LockInfo]),
 ) -> Result<()> {
     let mut told = false;
@@ -344,7 +345,11 @@ pub fn wait_for_job_slot(
         // Jitter keeps many queued jobs from listing the locks in step.
         let jitter: [u8; 2] = cairn_format::envelope::random_bytes();
         let jitter = u64::from(u16::from_le_bytes(jitter)) % 1000;
-        std::thread::sleep(JOB_POLL + Duration::from_millis(jitter));
+        let until = Instant::now() + JOB_POLL + Duration::from_millis(jitter);
+        while Instant::now() < until {
+            progress.check_cancelled()?;
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 

@@ -22,14 +22,17 @@ use std::sync::Arc;
 
 pub mod blob;
 mod index_load;
+pub mod info;
 mod keys;
 pub mod lock;
 mod objects;
 pub mod packer;
 mod snapshots;
+pub mod storage;
 
-pub use index_load::IndexState;
-pub use snapshots::SnapshotList;
+pub use index_load::{IndexObject, IndexReadError, IndexState};
+pub(crate) use snapshots::latest;
+pub use snapshots::{SnapshotError, SnapshotList, resolve_snapshot_prefix};
 
 #[derive(Clone, Debug)]
 pub struct InitOptions {
@@ -109,6 +112,10 @@ pub struct Repository {
     /// Index files that could not be read, with why; blobs only they listed are
     /// treated as missing.
     index_errors: Vec<Error>,
+    /// What went to and came from the storage, when opened through [`storage`].
+    traffic: Option<Arc<cairn_backend::Traffic>>,
+    /// The location as the user gave it.
+    location: String,
 }
 
 pub fn hostname() -> String {
@@ -181,7 +188,10 @@ impl Repository {
             key_id: None,
             index: Arc::new(MasterIndex::new()),
             index_errors: Vec::new(),
+            traffic: None,
+            location: String::new(),
         };
+        repo.location = repo.backend.location();
         if opts.encryption {
             let pw = password.ok_or_else(|| {
                 Error::Invalid("a password is needed for an encrypted repository".into())
@@ -235,13 +245,64 @@ impl Repository {
             ));
         }
         Ok(Repository {
-            backend,
             config,
             key: Arc::new(key),
             key_id,
             index: Arc::new(MasterIndex::new()),
             index_errors: Vec::new(),
+            traffic: None,
+            location: backend.location(),
+            backend,
         })
+    }
+
+    /// Opens the repository at a location string (`/path`, `s3:...`) with the
+    /// storage stack of [`storage::open_storage`]; `password` is asked for only when
+    /// the repository is encrypted.
+    pub fn open_at(
+        location: &str,
+        opts: &storage::StorageOptions,
+        password: impl FnOnce() -> Result<String>,
+        progress: &crate::progress::Progress,
+    ) -> Result<Repository> {
+        let st = storage::open_storage(location, opts, progress)?;
+        if let storage::Location::Local(dir) = &st.location
+            && !dir.exists()
+        {
+            return Err(Error::RepositoryNotFound(dir.display().to_string()));
+        }
+        let mut repo = Repository::open(st.backend.clone(), password)?;
+        repo.traffic = Some(st.traffic);
+        repo.location = st.name;
+        Ok(repo)
+    }
+
+    /// Creates a repository at a location string (a local directory is created).
+    pub fn init_at(
+        location: &str,
+        opts: &storage::StorageOptions,
+        password: Option<&str>,
+        init: &InitOptions,
+        progress: &crate::progress::Progress,
+    ) -> Result<Repository> {
+        let st = storage::open_storage(location, opts, progress)?;
+        if let storage::Location::Local(dir) = &st.location {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        let mut repo = Repository::init(st.backend.clone(), password, init)?;
+        repo.traffic = Some(st.traffic);
+        repo.location = st.name;
+        Ok(repo)
+    }
+
+    /// Bytes and requests to and from the storage so far (when opened at a location).
+    pub fn traffic(&self) -> Option<&Arc<cairn_backend::Traffic>> {
+        self.traffic.as_ref()
+    }
+
+    /// The location the repository was opened at, as given.
+    pub fn location(&self) -> &str {
+        &self.location
     }
 
     fn unwrap_any_key(backend: &dyn Backend, password: &[u8]) -> Result<([u8; 32], KeyId)> {

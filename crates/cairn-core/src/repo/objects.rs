@@ -48,11 +48,6 @@ impl Repository {
         crate::repo::packer::write_index_file(self.backend.as_ref(), &self.key, file)
     }
 
-    /// Reads every index file (several in parallel) and every pending-deletion
-    /// record. Files superseded by a readable one are set aside. Damaged files are
-    /// returned in `errors`, not fatal. A file that vanishes between listing and
-    /// reading (prune replaced it) makes the whole read start again, so the result
-    /// is never a mix that misses entries.
     /// Every stored pack with its size.
     pub fn list_packs(&self) -> Result<std::collections::HashMap<PackId, u64>> {
         Ok(self

@@ -4,7 +4,20 @@
 use super::*;
 
 /// Readable snapshots (oldest first) and the errors of those that could not be read.
-pub type SnapshotList = (Vec<(SnapshotId, Snapshot)>, Vec<Error>);
+pub type SnapshotList = (Vec<(SnapshotId, Snapshot)>, Vec<SnapshotError>);
+
+/// A snapshot object that could not be read, with why.
+#[derive(Debug)]
+pub struct SnapshotError {
+    pub id: SnapshotId,
+    pub error: Error,
+}
+
+impl std::fmt::Display for SnapshotError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
 
 impl Repository {
     // ---- snapshots ----
@@ -29,7 +42,16 @@ impl Repository {
     /// small index file records that the snapshot exists, so that `check` notices
     /// if the object is ever deleted without `forget`. That record is best effort:
     /// the snapshot is committed whether or not it could be written.
-    pub fn write_snapshot(&self, snap: &Snapshot) -> Result<SnapshotId> {
+    ///
+    /// It takes the writer's lock and checks that it is fresh first: a writer whose
+    /// lock may have looked stale to a prune must not commit (the prune may have
+    /// removed data the snapshot needs).
+    pub fn write_snapshot(
+        &self,
+        snap: &Snapshot,
+        lock: &super::lock::RepoLock,
+    ) -> Result<SnapshotId> {
+        lock.check_fresh()?;
         let sealed = self.key.sealer.seal(&snap.to_bytes());
         let id = SnapshotId::of_content(&sealed);
         self.backend.put(&names::snapshot(&id.to_hex()), &sealed)?;
@@ -66,13 +88,19 @@ impl Repository {
 
     /// All snapshots sorted by time (oldest first), plus the ones that could not be read.
     pub fn snapshots(&self) -> Result<SnapshotList> {
+        self.read_snapshots(&self.list_snapshot_ids()?)
+    }
+
+    /// The given snapshots sorted by time (oldest first), plus the errors of those
+    /// that could not be read. One deleted meanwhile (forget) is left out.
+    pub fn read_snapshots(&self, ids: &[SnapshotId]) -> Result<SnapshotList> {
         let mut ok = Vec::new();
         let mut bad = Vec::new();
-        for id in self.list_snapshot_ids()? {
-            match self.read_snapshot(&id) {
-                Ok(s) => ok.push((id, s)),
+        for id in ids {
+            match self.read_snapshot(id) {
+                Ok(s) => ok.push((*id, s)),
                 Err(Error::Backend(b)) if b.is_not_found() => {}
-                Err(e @ Error::Damaged { .. }) => bad.push(e),
+                Err(e @ Error::Damaged { .. }) => bad.push(SnapshotError { id: *id, error: e }),
                 Err(e) => return Err(e),
             }
         }
@@ -80,36 +108,59 @@ impl Repository {
         Ok((ok, bad))
     }
 
-    /// Resolves `latest` or an id prefix (at least one hex digit).
+    /// Resolves `latest` or an id prefix (at least one hex digit) among all stored
+    /// snapshots (operations resolve through their session instead).
     pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
         if spec == "latest" {
-            let (all, _) = self.snapshots()?;
-            return all
-                .into_iter()
-                .next_back()
-                .ok_or_else(|| Error::SnapshotNotFound(spec.into()));
+            return latest(&self.snapshots()?);
         }
-        let lower = spec.to_ascii_lowercase();
-        if lower.is_empty() || !lower.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(Error::SnapshotNotFound(spec.into()));
-        }
-        let matches: Vec<SnapshotId> = self
-            .list_snapshot_ids()?
-            .into_iter()
-            .filter(|id| id.to_hex().starts_with(&lower))
-            .collect();
-        match matches.len() {
-            0 => Err(Error::SnapshotNotFound(spec.into())),
-            1 => Ok((matches[0], self.read_snapshot(&matches[0])?)),
-            _ => Err(Error::AmbiguousSnapshot {
-                prefix: spec.into(),
-                matches: matches
-                    .iter()
-                    .take(5)
-                    .map(|m| m.short())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            }),
-        }
+        let id = resolve_snapshot_prefix(spec, &self.list_snapshot_ids()?)?;
+        Ok((id, self.read_snapshot(&id)?))
+    }
+}
+
+/// The newest snapshot, refusing to guess when some snapshot could not be read: a
+/// damaged one may be the newest, and silently taking an older one would restore
+/// older data than the user asked for.
+pub(crate) fn latest(list: &SnapshotList) -> Result<(SnapshotId, Snapshot)> {
+    let (all, bad) = list;
+    if !bad.is_empty() {
+        return Err(Error::LatestUncertain {
+            unreadable: bad
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+            newest_readable: all.last().map(|(id, _)| id.short()),
+        });
+    }
+    all.last()
+        .cloned()
+        .ok_or_else(|| Error::SnapshotNotFound("latest".into()))
+}
+
+/// The one id among `ids` that starts with `spec` (hex, at least one digit).
+pub fn resolve_snapshot_prefix(spec: &str, ids: &[SnapshotId]) -> Result<SnapshotId> {
+    let lower = spec.to_ascii_lowercase();
+    if lower.is_empty() || !lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Error::SnapshotNotFound(spec.into()));
+    }
+    let matches: Vec<SnapshotId> = ids
+        .iter()
+        .filter(|id| id.to_hex().starts_with(&lower))
+        .copied()
+        .collect();
+    match matches.len() {
+        0 => Err(Error::SnapshotNotFound(spec.into())),
+        1 => Ok(matches[0]),
+        _ => Err(Error::AmbiguousSnapshot {
+            prefix: spec.into(),
+            matches: matches
+                .iter()
+                .take(5)
+                .map(|m| m.short())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
     }
 }

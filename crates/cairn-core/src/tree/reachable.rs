@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::index::IdSet;
+use crate::progress::Progress;
 use crate::repo::Repository;
 use crate::tree::chunklist::for_each_content_blob;
 use cairn_format::BlobId;
@@ -22,6 +23,7 @@ pub fn collect_snapshots(
     repo: &Repository,
     snaps: &[(cairn_format::SnapshotId, cairn_format::snapshot::Snapshot)],
     seen: &mut IdSet,
+    progress: &Progress,
 ) -> Result<()> {
     let roots = snaps
         .iter()
@@ -30,13 +32,19 @@ pub fn collect_snapshots(
                 .map_err(|e| Error::damaged(format!("snapshot {}", id.to_hex()), e))
         })
         .collect::<Result<Vec<BlobId>>>()?;
-    collect(repo, &roots, seen)
+    collect(repo, &roots, seen, progress)
 }
 
 /// Adds to `seen` every blob reachable from `roots` (tree ids). Fails on the first
 /// tree or chunk list that cannot be read: a caller deciding what to delete must not
 /// go on with an incomplete set.
-pub fn collect(repo: &Repository, roots: &[BlobId], seen: &mut IdSet) -> Result<()> {
+/// Stops with [`Error::Cancelled`] when `progress` is cancelled.
+pub fn collect(
+    repo: &Repository,
+    roots: &[BlobId],
+    seen: &mut IdSet,
+    progress: &Progress,
+) -> Result<()> {
     let mut start = Vec::new();
     for r in roots {
         if seen.insert(*r) {
@@ -56,7 +64,7 @@ pub fn collect(repo: &Repository, roots: &[BlobId], seen: &mut IdSet) -> Result<
         .clamp(2, 16);
     std::thread::scope(|s| {
         for _ in 0..threads {
-            s.spawn(|| worker(repo, &queue, &wake, &shared_seen));
+            s.spawn(|| worker(repo, &queue, &wake, &shared_seen, progress));
         }
     });
     *seen = shared_seen.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -66,11 +74,20 @@ pub fn collect(repo: &Repository, roots: &[BlobId], seen: &mut IdSet) -> Result<
     }
 }
 
-fn worker(repo: &Repository, queue: &Mutex<Queue>, wake: &Condvar, seen: &Mutex<IdSet>) {
+fn worker(
+    repo: &Repository,
+    queue: &Mutex<Queue>,
+    wake: &Condvar,
+    seen: &Mutex<IdSet>,
+    progress: &Progress,
+) {
     loop {
         let id = {
             let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
             loop {
+                if q.error.is_none() && progress.is_cancelled() {
+                    q.error = Some(Error::Cancelled);
+                }
                 if q.error.is_some() {
                     wake.notify_all();
                     return;

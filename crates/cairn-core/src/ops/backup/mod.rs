@@ -29,10 +29,11 @@ mod walker;
 
 use crate::error::{Error, Result};
 use crate::index::IdSet;
-use crate::progress::BackupProgress;
+use crate::progress::{Phase, Progress};
 use crate::repo::Repository;
 use crate::repo::blob::{BlobEncoder, EncodedBlob};
 use crate::repo::packer::BufferPool;
+use crate::session::{self, Session};
 use cairn_format::pack::BlobKind;
 use cairn_format::snapshot::{Snapshot, SnapshotSummary};
 use cairn_format::tree::Node;
@@ -54,32 +55,48 @@ pub struct BackupOptions {
     pub host: Option<String>,
     pub excludes: Vec<String>,
     pub one_file_system: bool,
-    /// Parent snapshot for change detection; `None` picks the latest one with the same
-    /// host and paths.
-    pub parent: Option<SnapshotId>,
+    /// Parent snapshot for change detection (`latest` or an id prefix); `None`
+    /// picks the latest one with the same host and paths.
+    pub parent: Option<String>,
     /// Read every file even when the parent says it is unchanged.
     pub force: bool,
     /// Worker threads, which read small files (several at once hide read latency);
     /// `None`: [`default_read_concurrency`].
     pub read_concurrency: Option<usize>,
-    /// The lock this backup holds. It must have been taken before the index was
-    /// loaded; the snapshot is only written while it is provably fresh.
-    pub lock: Option<std::sync::Arc<crate::repo::lock::RepoLock>>,
 }
 
 /// An entry that could not be backed up.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct Skipped {
+    #[serde(serialize_with = "crate::report::lossy_path")]
     pub path: PathBuf,
+    #[serde(rename = "error")]
     pub message: String,
 }
 
-pub struct BackupResult {
+/// What a backup did: the snapshot it saved and what it left out.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BackupReport {
     pub snapshot_id: SnapshotId,
-    pub snapshot: Snapshot,
     pub parent: Option<SnapshotId>,
+    pub time: String,
+    pub paths: Vec<String>,
+    #[serde(flatten)]
+    pub summary: SnapshotSummary,
     pub skipped: Vec<Skipped>,
     pub packs_written: u64,
+    /// Lookups in the SSD placement that failed to read its local files: those
+    /// chunks were stored again (the snapshot is complete) but not deduplicated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index_lookup_failures: Option<LookupFailures>,
+    #[serde(skip)]
+    pub snapshot: Snapshot,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LookupFailures {
+    pub count: u64,
+    pub error: String,
 }
 
 /// One element of the stream from walker to archiver.
@@ -241,11 +258,55 @@ fn same_paths(a: &[String], b: &[String]) -> bool {
     a == b
 }
 
-pub fn backup(
+/// Backs up `opts.paths` (or standard input) into a new snapshot. The session
+/// holds the backup's lock and job slot and has loaded the index.
+pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result<BackupReport> {
+    let progress = session.progress();
+    progress.phase(Phase::Backup);
+    let parent = match &opts.parent {
+        Some(spec) => Some(session.find_snapshot(spec)?),
+        None => None,
+    };
+    let listed = session.snapshots()?.0.clone();
+    let r = run(session.repo(), opts, parent, &listed, progress)?;
+    progress.check_cancelled()?;
+    let snapshot_id = session
+        .repo()
+        .write_snapshot(&r.snapshot, session.commit_lock()?)?;
+    let index_lookup_failures = session
+        .repo()
+        .index()
+        .ssd()
+        .and_then(|s| s.failures())
+        .map(|(count, error)| LookupFailures { count, error });
+    Ok(BackupReport {
+        snapshot_id,
+        parent: r.parent,
+        time: r.snapshot.time.clone(),
+        paths: r.snapshot.paths.clone(),
+        summary: r.snapshot.summary.clone(),
+        skipped: r.skipped,
+        packs_written: r.packs_written,
+        index_lookup_failures,
+        snapshot: r.snapshot,
+    })
+}
+
+struct Ran {
+    snapshot: Snapshot,
+    parent: Option<SnapshotId>,
+    skipped: Vec<Skipped>,
+    packs_written: u64,
+}
+
+/// Everything before the commit: stores every new blob and builds the snapshot.
+fn run(
     repo: &Repository,
     mut opts: BackupOptions,
-    progress: &dyn BackupProgress,
-) -> Result<BackupResult> {
+    parent: Option<(SnapshotId, Snapshot)>,
+    listed: &[(SnapshotId, Snapshot)],
+    progress: &Progress,
+) -> Result<Ran> {
     let start = Instant::now();
     let started_at = crate::time::now_rfc3339();
     let host = opts.host.clone().unwrap_or_else(crate::repo::hostname);
@@ -277,14 +338,13 @@ pub fn backup(
         }
     };
 
-    let parent = match opts.parent {
-        Some(id) => Some((id, repo.read_snapshot(&id)?)),
-        None => {
-            let (all, _) = repo.snapshots()?;
-            all.into_iter()
-                .rev()
-                .find(|(_, s)| s.hostname == host && same_paths(&s.paths, &snapshot_paths))
-        }
+    let parent = match parent {
+        Some(p) => Some(p),
+        None => listed
+            .iter()
+            .rev()
+            .find(|(_, s)| s.hostname == host && same_paths(&s.paths, &snapshot_paths))
+            .cloned(),
     };
     let parent_tree = match (&parent, opts.force) {
         (Some((_, s)), false) => Some(
@@ -415,12 +475,7 @@ pub fn backup(
         program_version: format!("cairn {}", env!("CARGO_PKG_VERSION")),
         summary,
     };
-    if let Some(l) = &opts.lock {
-        l.check_fresh()?;
-    }
-    let snapshot_id = repo.write_snapshot(&snapshot)?;
-    Ok(BackupResult {
-        snapshot_id,
+    Ok(Ran {
         snapshot,
         parent: parent.map(|(id, _)| id),
         skipped: archived.skipped,
@@ -441,7 +496,7 @@ struct Worker<'a> {
     index: std::sync::Arc<crate::index::MasterIndex>,
     inflight: &'a InFlight,
     budget: &'a Budget,
-    progress: &'a dyn BackupProgress,
+    progress: &'a Progress,
     enc: BlobEncoder,
     chunker: cairn_chunker::Chunker,
     /// A small file's content, reused between files.

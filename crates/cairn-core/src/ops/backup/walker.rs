@@ -4,7 +4,7 @@ use super::scan::{self, Pending, Pool, ScanContext, Scanned, find};
 use super::source::{NameCache, node_from_metadata};
 use super::{Budget, Item, Skipped};
 use crate::error::{Error, Result};
-use crate::progress::BackupProgress;
+use crate::progress::Progress;
 use crate::repo::Repository;
 use cairn_chunker::StreamChunker;
 use cairn_format::BlobId;
@@ -80,7 +80,7 @@ pub(crate) struct Walker<'a> {
     pool: &'a Pool,
     /// Top-level trees walked so far (the first component of scan-job keys).
     tops: u32,
-    progress: &'a dyn BackupProgress,
+    progress: &'a Progress,
     one_file_system: bool,
     names: NameCache,
     chunker: StreamChunker,
@@ -95,7 +95,7 @@ impl<'a> Walker<'a> {
         budget: &'a Budget,
         ctx: ScanContext<'a>,
         pool: &'a Pool,
-        progress: &'a dyn BackupProgress,
+        progress: &'a Progress,
         one_file_system: bool,
     ) -> Self {
         Walker {
@@ -137,6 +137,9 @@ impl<'a> Walker<'a> {
         if self.bundle.is_empty() {
             return Ok(());
         }
+        // Stopping here is safe: no snapshot is written, and what was stored so far
+        // is indexed (the next backup reuses it).
+        self.progress.check_cancelled()?;
         // Budget is taken for a whole bundle just before it is sent, so the walker
         // never waits while holding budget for data the archiver cannot yet see.
         self.budget.acquire(self.bundle_bytes)?;

@@ -6,7 +6,7 @@
 use super::FileJob;
 use super::plan::{Need, Plan};
 use crate::error::Result;
-use crate::progress::RestoreProgress;
+use crate::progress::Progress;
 use crate::repo::Repository;
 use crate::repo::blob;
 use cairn_backend::direct::{self, AlignedBuf, DIRECT_MIN_BYTES};
@@ -134,7 +134,7 @@ pub(crate) fn execute(
     jobs: &[FileJob],
     plan: &Plan,
     owners: bool,
-    progress: &dyn RestoreProgress,
+    progress: &Progress,
 ) -> Result<Executed> {
     let next = AtomicUsize::new(0);
     let bytes = AtomicU64::new(0);

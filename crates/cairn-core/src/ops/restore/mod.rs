@@ -18,9 +18,12 @@
 mod execute;
 mod metadata;
 mod plan;
+mod run;
+
+pub use run::{Issue, RestoreReport, restore_snapshot};
 
 use crate::error::{Error, Result};
-use crate::progress::RestoreProgress;
+use crate::progress::Progress;
 use crate::repo::Repository;
 use cairn_format::BlobId;
 use cairn_format::tree::{Content, Node, NodeKind};
@@ -70,7 +73,7 @@ const BATCH_FILES: usize = 50_000;
 struct Walk<'a> {
     repo: &'a Repository,
     opts: &'a RestoreOptions,
-    progress: &'a dyn RestoreProgress,
+    progress: &'a Progress,
     stats: RestoreStats,
     batch: Vec<FileJob>,
     batch_chunks: u64,
@@ -82,7 +85,7 @@ pub fn restore(
     repo: &Repository,
     root: &BlobId,
     opts: &RestoreOptions,
-    progress: &dyn RestoreProgress,
+    progress: &Progress,
 ) -> Result<RestoreStats> {
     let target = &opts.target;
     fs::create_dir_all(target).map_err(|e| Error::io(target, e))?;
@@ -377,7 +380,7 @@ fn remove_existing(path: &Path, fresh: bool) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::progress::NoProgress;
+    use crate::progress::Progress;
     use crate::repo::InitOptions;
     use crate::repo::blob::BlobEncoder;
     use crate::repo::packer::{Packer, Uploader};
@@ -437,7 +440,7 @@ mod tests {
                 includes: vec![],
                 owners: false,
             };
-            let r = restore(&repo, &ids[0], &opts, &NoProgress);
+            let r = restore(&repo, &ids[0], &opts, &Progress::none());
             assert!(matches!(r, Err(Error::Damaged { .. })), "{name:?}: {r:?}");
             let outside: Vec<_> = std::fs::read_dir(outer.path()).unwrap().collect();
             assert_eq!(outside.len(), 1, "only the target may exist for {name:?}");
@@ -461,6 +464,6 @@ mod tests {
             includes: vec![],
             owners: false,
         };
-        assert!(restore(&repo, &ids[0], &opts, &NoProgress).is_err());
+        assert!(restore(&repo, &ids[0], &opts, &Progress::none()).is_err());
     }
 }

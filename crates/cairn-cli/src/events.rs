@@ -1,0 +1,187 @@
+//! The three ways the CLI shows an operation's events ([`cairn_core::progress`]):
+//! a progress bar on a terminal, one JSON object per line on stderr with `--json`
+//! (like restic's status messages), and plain lines otherwise (scripts, `--quiet`):
+//! warnings always, notices unless quiet.
+
+use crate::ui;
+use cairn_core::progress::{CancelToken, Event, EventSink, Progress, Status, Ticker};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+/// How events are shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A progress bar on stderr (a terminal, neither --json nor --quiet).
+    Bar,
+    /// JSON lines on stderr (--json).
+    Json,
+    /// Warnings and notices as text lines on stderr.
+    Plain,
+    /// Warnings only (--quiet).
+    Quiet,
+}
+
+impl Mode {
+    pub fn of(g: &crate::args::Global) -> Mode {
+        if g.json {
+            Mode::Json
+        } else if g.quiet {
+            Mode::Quiet
+        } else if ui::interactive(g) {
+            Mode::Bar
+        } else {
+            Mode::Plain
+        }
+    }
+}
+
+/// The process's cancellation token: SIGINT and SIGTERM set it (see `main`).
+pub fn cancel_token() -> &'static CancelToken {
+    static TOKEN: OnceLock<CancelToken> = OnceLock::new();
+    TOKEN.get_or_init(CancelToken::new)
+}
+
+/// Shows events in one of the [`Mode`]s.
+pub struct CliSink {
+    mode: Mode,
+    bar: Option<ProgressBar>,
+    /// Serialises JSON lines from several engine threads.
+    out: Mutex<()>,
+}
+
+impl CliSink {
+    fn new(mode: Mode) -> CliSink {
+        let bar = (mode == Mode::Bar).then(|| {
+            let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(8));
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{elapsed_precise} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            b
+        });
+        CliSink {
+            mode,
+            bar,
+            out: Mutex::new(()),
+        }
+    }
+
+    fn line(&self, text: &str) {
+        match &self.bar {
+            Some(b) => b.suspend(|| eprintln!("{text}")),
+            None => {
+                let _g = self.out.lock().unwrap_or_else(|e| e.into_inner());
+                eprintln!("{text}");
+            }
+        }
+    }
+
+    fn draw(&self, b: &ProgressBar, s: &Status) {
+        match s.bytes_total {
+            Some(t) => b.set_length(t),
+            None => b.unset_length(),
+        }
+        b.set_position(s.bytes_done);
+        let mut msg = format!("{} entries", s.entries_done);
+        if let Some(c) = &s.current {
+            msg.push(' ');
+            msg.push_str(&tail(c, 40));
+        }
+        b.set_message(msg);
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// The last `max` characters of a path, for a one-line display.
+fn tail(name: &str, max: usize) -> String {
+    let n = name.chars().count();
+    if n <= max {
+        return name.to_string();
+    }
+    let t: String = name.chars().skip(n - (max - 1)).collect();
+    format!("…{t}")
+}
+
+impl EventSink for CliSink {
+    fn event(&self, event: &Event) {
+        match self.mode {
+            Mode::Json => {
+                if let Ok(line) = serde_json::to_string(event) {
+                    let _g = self.out.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut err = std::io::stderr().lock();
+                    let _ = writeln!(err, "{line}");
+                }
+            }
+            Mode::Bar | Mode::Plain | Mode::Quiet => match event {
+                // Warnings go to stderr even with --quiet: they mean data was left out.
+                Event::Warning(w) => match &w.path {
+                    Some(p) => self.line(&format!("warning: {p}: {}", w.message)),
+                    None => self.line(&format!("warning: {}", w.message)),
+                },
+                Event::Notice { message } if self.mode != Mode::Quiet => self.line(message),
+                Event::Status(s) => {
+                    if let Some(b) = &self.bar {
+                        self.draw(b, s);
+                    }
+                }
+                _ => {}
+            },
+        }
+    }
+}
+
+/// An operation's progress for the CLI: the sink for the mode, the process's
+/// cancellation token, and a ticker sampling the counters while it lives.
+pub struct CliProgress {
+    pub progress: Progress,
+    sink: Arc<CliSink>,
+    ticker: Option<Ticker>,
+}
+
+impl CliProgress {
+    pub fn new(g: &crate::args::Global) -> CliProgress {
+        let mode = Mode::of(g);
+        let sink = Arc::new(CliSink::new(mode));
+        let progress = Progress::new(sink.clone(), cancel_token().clone());
+        CliProgress {
+            progress,
+            sink,
+            ticker: None,
+        }
+    }
+
+    /// Starts sampling counters (a bar redraws 8 times a second; JSON lines once
+    /// a second). Call it when the long part of the operation begins.
+    pub fn start(&mut self) {
+        let every = match self.sink.mode {
+            Mode::Bar => Duration::from_millis(125),
+            Mode::Json => Duration::from_secs(1),
+            Mode::Plain | Mode::Quiet => return,
+        };
+        if self.ticker.is_none() {
+            self.ticker = Some(self.progress.ticker(every));
+        }
+    }
+
+    /// Stops the ticker (one last sample), ends the phase and clears the bar.
+    pub fn finish(&mut self) {
+        self.ticker = None;
+        self.progress.finish();
+        self.sink.finish();
+    }
+}
+
+impl Drop for CliProgress {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

@@ -1,0 +1,67 @@
+//! Restore through a session: the report `cairn restore` prints.
+
+use super::{RestoreOptions, restore};
+use crate::error::Result;
+use crate::progress::Phase;
+use crate::session::{Access, Session};
+use cairn_format::SnapshotId;
+use cairn_format::snapshot::Snapshot;
+use std::path::PathBuf;
+
+/// An entry that could not be restored in full.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Issue {
+    pub path: String,
+    pub error: String,
+}
+
+/// What a restore did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RestoreReport {
+    pub snapshot_id: SnapshotId,
+    #[serde(serialize_with = "crate::report::lossy_path")]
+    pub target: PathBuf,
+    pub files: u64,
+    pub dirs: u64,
+    pub other_entries: u64,
+    pub bytes: u64,
+    pub duration_secs: f64,
+    /// Entries not restored in full; everything else was.
+    pub errors: Vec<Issue>,
+}
+
+/// Restores the snapshot (found through the session) into `opts.target`.
+pub fn restore_snapshot<A: Access>(
+    session: &Session<A>,
+    snapshot: &(SnapshotId, Snapshot),
+    opts: &RestoreOptions,
+) -> Result<RestoreReport> {
+    let start = std::time::Instant::now();
+    let progress = session.progress();
+    progress.phase(Phase::Restore);
+    if opts.includes.is_empty() {
+        progress.set_total(Some(snapshot.1.summary.total_bytes), None);
+    }
+    let root = snapshot
+        .1
+        .tree_id()
+        .map_err(|e| crate::Error::damaged(format!("snapshot {}", snapshot.0.to_hex()), e))?;
+    let stats = restore(session.repo(), &root, opts, progress)?;
+    Ok(RestoreReport {
+        snapshot_id: snapshot.0,
+        target: opts.target.clone(),
+        files: stats.files,
+        dirs: stats.dirs,
+        other_entries: stats.other,
+        bytes: stats.bytes,
+        duration_secs: start.elapsed().as_secs_f64(),
+        errors: stats
+            .issues
+            .iter()
+            .map(|i| Issue {
+                path: i.path.to_string_lossy().into_owned(),
+                error: i.message.clone(),
+            })
+            .collect(),
+    })
+}

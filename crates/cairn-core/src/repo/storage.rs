@@ -1,0 +1,201 @@
+//! From a location string (`/srv/repo`, `s3:https://host/bucket/prefix`) and
+//! options to the storage stack a repository lives on. Every caller — the CLI, the
+//! server, tests — opens storage here, so the stack is the same for all of them.
+//!
+//! From the bottom: the store itself (a local directory or S3), fault injection
+//! (only in builds with the `test-hooks` feature, for the test suite), rate limits and
+//! traffic counters, retries with backoff, and for remote stores a local cache of
+//! index, snapshot and tree data.
+
+use crate::error::{Error, Result};
+use crate::progress::Progress;
+use cairn_backend::{
+    Backend, CachedBackend, LocalBackend, RetryBackend, RetryPolicy, S3Backend, S3Options,
+    ThrottledBackend, Traffic,
+};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Where a repository lives, parsed from its location string.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// A directory on this machine (the embedded default).
+    Local(PathBuf),
+    /// S3-compatible object storage: the location as given (`s3:...`).
+    S3(String),
+}
+
+impl Location {
+    pub fn parse(location: &str) -> Result<Location> {
+        if location.is_empty() {
+            return Err(Error::Invalid("the repository location is empty".into()));
+        }
+        if location.starts_with("s3:") {
+            cairn_backend::S3Location::parse(location).map_err(Error::Invalid)?;
+            return Ok(Location::S3(location.to_string()));
+        }
+        Ok(Location::Local(PathBuf::from(location)))
+    }
+
+    pub fn is_remote(&self) -> bool {
+        !matches!(self, Location::Local(_))
+    }
+}
+
+/// Whether and where remote repositories keep a local cache.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum CacheChoice {
+    /// Under the user's cache directory ([`cairn_backend::cache::base_dir`]).
+    #[default]
+    Default,
+    /// Under this directory.
+    Dir(PathBuf),
+    /// No cache: every read goes to the storage (`check` always reads this way).
+    Off,
+}
+
+impl CacheChoice {
+    /// The base directory for local state of remote repositories (cache, copy maps).
+    pub fn base(&self) -> Option<PathBuf> {
+        match self {
+            CacheChoice::Default => cairn_backend::cache::base_dir(),
+            CacheChoice::Dir(d) => Some(d.clone()),
+            CacheChoice::Off => None,
+        }
+    }
+}
+
+/// How to reach storage and how fast. The CLI turns its flags into this.
+#[derive(Clone, Debug, Default)]
+pub struct StorageOptions {
+    pub s3: S3Options,
+    /// Average upload and download rates, bytes per second.
+    pub limit_upload: Option<u64>,
+    pub limit_download: Option<u64>,
+    pub cache: CacheChoice,
+    pub retry: RetryPolicy,
+}
+
+/// A repository's storage stack, ready for [`crate::Repository::open`].
+#[derive(Clone)]
+pub struct Storage {
+    pub location: Location,
+    /// The location as the user wrote it (for messages).
+    pub name: String,
+    pub backend: Arc<dyn Backend>,
+    /// Bytes and requests that went to and came from the store.
+    pub traffic: Arc<Traffic>,
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens the storage at `location`. Retries are announced on `progress` (as
+/// notices), so a slow or flapping server is visible to whoever watches.
+pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) -> Result<Storage> {
+    let loc = Location::parse(location)?;
+    let store: Arc<dyn Backend> = match &loc {
+        Location::Local(dir) => Arc::new(LocalBackend::new(dir)),
+        Location::S3(s) => Arc::new(S3Backend::open(s, &opts.s3)?),
+    };
+    let store = test_hooks::faults(store, progress)?;
+    let throttled = Arc::new(ThrottledBackend::new(
+        store,
+        opts.limit_upload,
+        opts.limit_download,
+    ));
+    let traffic = throttled.traffic();
+    let policy = opts.retry;
+    let notices = progress.clone();
+    let retry =
+        RetryBackend::new(throttled, policy).with_notice(Box::new(move |e, attempt, wait| {
+            notices.notice(format!(
+                "{e}; retrying in {:.1}s (attempt {} of {})",
+                wait.as_secs_f64(),
+                attempt + 1,
+                policy.attempts
+            ));
+        }));
+    let mut backend: Arc<dyn Backend> = Arc::new(retry);
+    if loc.is_remote()
+        && let Some(base) = opts.cache.base()
+    {
+        let dir = base.join(CachedBackend::dir_name(location));
+        backend = Arc::new(CachedBackend::new(backend, dir));
+    }
+    Ok(Storage {
+        location: loc,
+        name: location.to_string(),
+        backend,
+        traffic,
+    })
+}
+
+/// Whether a repository exists at the storage (its config object is there).
+pub fn repository_exists(storage: &Storage) -> Result<bool> {
+    if let Location::Local(dir) = &storage.location
+        && !dir.exists()
+    {
+        return Ok(false);
+    }
+    match storage.backend.get(cairn_backend::names::CONFIG) {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Hooks the test suite drives through the environment. They exist only in builds
+/// with the `test-hooks` feature (the CLI's integration tests enable it as a
+/// dev-dependency feature); a release binary ignores the variables and says so.
+mod test_hooks {
+    use super::*;
+
+    /// `CAIRN_FAULTS=<spec>`: inject storage failures ([`cairn_backend::FaultSpec`]).
+    #[cfg(feature = "test-hooks")]
+    pub(super) fn faults(store: Arc<dyn Backend>, _: &Progress) -> Result<Arc<dyn Backend>> {
+        match std::env::var("CAIRN_FAULTS") {
+            Ok(spec) if !spec.is_empty() => {
+                let spec = cairn_backend::FaultSpec::parse(&spec)
+                    .map_err(|e| Error::Invalid(format!("CAIRN_FAULTS: {e}")))?;
+                Ok(Arc::new(cairn_backend::FaultyBackend::new(store, spec)))
+            }
+            _ => Ok(store),
+        }
+    }
+
+    #[cfg(not(feature = "test-hooks"))]
+    pub(super) fn faults(store: Arc<dyn Backend>, progress: &Progress) -> Result<Arc<dyn Backend>> {
+        if std::env::var_os("CAIRN_FAULTS").is_some_and(|v| !v.is_empty()) {
+            progress.notice(
+                "CAIRN_FAULTS is ignored: fault injection exists only in test builds of cairn",
+            );
+        }
+        Ok(store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations() {
+        assert_eq!(
+            Location::parse("/srv/r").unwrap(),
+            Location::Local("/srv/r".into())
+        );
+        assert!(
+            Location::parse("s3:http://127.0.0.1:9000/bucket/p")
+                .unwrap()
+                .is_remote()
+        );
+        assert!(Location::parse("").is_err());
+        assert!(Location::parse("s3:").is_err());
+    }
+}

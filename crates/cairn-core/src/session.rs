@@ -1,0 +1,296 @@
+//! Sessions: the only way to run an operation that reads or writes a repository's
+//! data. A session takes, in this order, what keeps concurrent prunes safe (the
+//! argument is in docs/FORMAT.md, "Prune and concurrent writers"):
+//!
+//! 1. the repository lock the operation needs (shared for everything but prune and
+//!    repair, which take an exclusive one), refreshed in the background;
+//! 2. for backups, a job slot (`max_concurrent_jobs`): it waits for the jobs ahead;
+//! 3. the list of snapshots, and only then
+//! 4. the index, in its placement.
+//!
+//! Snapshots are listed before the index is read, so every snapshot the session
+//! hands out has its blobs in the index it loaded; a snapshot written later is not
+//! in the session's list. Everything is released when the session is dropped
+//! (including after a cancellation or an error).
+//!
+//! The kind of session is a type: [`Backup`], [`Read`], [`Write`] (a copy's
+//! destination, `forget`) and [`Exclusive`] (prune, repair). Each operation asks
+//! for the kind it needs (`backup` takes a `&Session<Backup>`), so a backup cannot
+//! run without its job slot, and nothing commits a snapshot without a lock that is
+//! provably fresh ([`Session::commit_lock`]). Only a read session may go on when
+//! its lock cannot be written (read-only storage, a full disk: the day a restore
+//! matters most); the worst a concurrent prune can then do is make a read fail.
+
+use crate::error::{Error, Result};
+use crate::progress::{Phase, Progress};
+use crate::repo::lock::{self, RepoLock};
+use crate::repo::{IndexState, Repository, SnapshotList};
+use cairn_format::SnapshotId;
+use cairn_format::snapshot::Snapshot;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// What a kind of session takes from the repository.
+pub trait Access: sealed::Sealed {
+    /// The lock excludes other exclusive locks (prune, repair).
+    const EXCLUSIVE: bool;
+    /// The session waits for a job slot before loading the index.
+    const JOB_SLOT: bool;
+    /// The session only reads: it may go on without a lock it cannot write.
+    const READ_ONLY: bool;
+}
+
+/// Restore, ls, dump, check, stats, mount, a copy's source.
+pub struct Read;
+/// A backup: a shared lock and a job slot.
+pub struct Backup;
+/// Writes snapshots or records without a job slot: a copy's destination, forget.
+pub struct Write;
+/// Prune and repair: an exclusive lock.
+pub struct Exclusive;
+
+impl sealed::Sealed for Read {}
+impl sealed::Sealed for Backup {}
+impl sealed::Sealed for Write {}
+impl sealed::Sealed for Exclusive {}
+impl Access for Read {
+    const EXCLUSIVE: bool = false;
+    const JOB_SLOT: bool = false;
+    const READ_ONLY: bool = true;
+}
+impl Access for Backup {
+    const EXCLUSIVE: bool = false;
+    const JOB_SLOT: bool = true;
+    const READ_ONLY: bool = false;
+}
+impl Access for Write {
+    const EXCLUSIVE: bool = false;
+    const JOB_SLOT: bool = false;
+    const READ_ONLY: bool = false;
+}
+impl Access for Exclusive {
+    const EXCLUSIVE: bool = true;
+    const JOB_SLOT: bool = false;
+    const READ_ONLY: bool = false;
+}
+
+/// Sessions that may write snapshots (and so must prove their lock is fresh).
+pub trait Commits: Access {}
+impl Commits for Backup {}
+impl Commits for Write {}
+impl Commits for Exclusive {}
+
+/// How much of the index a session loads when it opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexLoad {
+    /// The index in the repository's placement (RAM or SSD): restore, backup, ls.
+    Placement,
+    /// Every index file and pending record, kept as read, with the index in RAM:
+    /// check and stats, which look at the files themselves.
+    Full,
+    /// Not yet: [`Session::load_index`] loads it when the operation knows it needs
+    /// it (a copy with nothing to copy loads none). Snapshots are still listed at
+    /// open, so the order holds.
+    Deferred,
+    /// Never: the operation reads the index itself, in the order it needs (prune,
+    /// repair), or not at all (forget).
+    None,
+}
+
+/// What the session holds in the repository's `locks/`.
+enum Held {
+    Lock(Arc<RepoLock>),
+    /// A read session whose lock could not be written, with why.
+    Unwritable(String),
+}
+
+/// An operation's hold on a repository. See the module documentation.
+pub struct Session<A: Access> {
+    repo: Repository,
+    held: Held,
+    progress: Progress,
+    snapshot_ids: Vec<SnapshotId>,
+    snapshots: std::sync::OnceLock<Result<SnapshotList, String>>,
+    state: Option<IndexState>,
+    index_loaded: bool,
+    _access: PhantomData<A>,
+}
+
+impl<A: Access> Session<A> {
+    /// Opens a session for `operation` (the name others see in its lock: "backup",
+    /// "restore", "prune", ...). Blocks while waiting for a job slot; `progress`'s
+    /// cancellation token ends the wait.
+    pub fn open(
+        repo: Repository,
+        operation: &str,
+        index: IndexLoad,
+        progress: &Progress,
+    ) -> Result<Session<A>> {
+        progress.check_cancelled()?;
+        progress.phase(Phase::Locking);
+        let held = match RepoLock::acquire(&repo, operation, A::EXCLUSIVE) {
+            Ok(l) => Held::Lock(Arc::new(l)),
+            Err(Error::Backend(b)) if A::READ_ONLY => {
+                progress.warning_msg(format!(
+                    "cannot write a lock ({b}); going on without one (a prune running now \
+                     could make this read fail, never return wrong data)"
+                ));
+                Held::Unwritable(b.to_string())
+            }
+            Err(e) => return Err(e),
+        };
+        if A::JOB_SLOT
+            && let Held::Lock(l) = &held
+        {
+            let max = repo.config().max_concurrent_jobs;
+            lock::wait_for_job_slot(&repo, l, max, progress, |ahead| {
+                progress.phase(Phase::WaitingForJobSlot);
+                let mut m = format!(
+                    "waiting: {} backup jobs are running or queued ahead (max-concurrent-jobs is {max}; \
+                     change it with `cairn config --max-concurrent-jobs N`):",
+                    ahead.len()
+                );
+                for j in ahead.iter().take(max as usize + 2) {
+                    m.push_str("\n  ");
+                    m.push_str(&j.describe());
+                }
+                progress.notice(m);
+            })?;
+        }
+        progress.phase(Phase::ListingSnapshots);
+        let snapshot_ids = repo.list_snapshot_ids()?;
+        let mut s = Session {
+            repo,
+            held,
+            progress: progress.clone(),
+            snapshot_ids,
+            snapshots: std::sync::OnceLock::new(),
+            state: None,
+            index_loaded: false,
+            _access: PhantomData,
+        };
+        match index {
+            IndexLoad::Placement => s.load_index()?,
+            IndexLoad::Full => s.load_full_index()?,
+            IndexLoad::Deferred | IndexLoad::None => {}
+        }
+        Ok(s)
+    }
+
+    pub fn repo(&self) -> &Repository {
+        &self.repo
+    }
+
+    /// Ends the session (its lock is released) and gives the repository back.
+    pub fn into_repo(self) -> Repository {
+        self.repo
+    }
+
+    /// The repository, for operations inside the engine that load or replace its
+    /// index in an order of their own (prune, repair, check). Not public: outside
+    /// the engine, the index comes only through the session's order.
+    pub(crate) fn repo_mut(&mut self) -> &mut Repository {
+        &mut self.repo
+    }
+
+    pub fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    /// Loads the index in the repository's placement, unless it is loaded.
+    pub fn load_index(&mut self) -> Result<()> {
+        if self.index_loaded {
+            return Ok(());
+        }
+        self.progress.check_cancelled()?;
+        self.progress.phase(Phase::LoadingIndex);
+        self.repo.load_index()?;
+        for e in self.repo.index_errors() {
+            self.progress
+                .warning_msg(format!("{e} (its blobs are treated as missing)"));
+        }
+        self.index_loaded = true;
+        Ok(())
+    }
+
+    /// Reads every index file and pending record and loads the index in RAM from
+    /// them; [`Session::index_state`] then has what was read.
+    pub fn load_full_index(&mut self) -> Result<()> {
+        self.progress.check_cancelled()?;
+        self.progress.phase(Phase::LoadingIndex);
+        let state = self.repo.read_index_state()?;
+        self.repo.set_index(&state)?;
+        self.state = Some(state);
+        self.index_loaded = true;
+        Ok(())
+    }
+
+    /// What [`IndexLoad::Full`] read.
+    pub fn index_state(&self) -> Option<&IndexState> {
+        self.state.as_ref()
+    }
+
+    pub fn index_loaded(&self) -> bool {
+        self.index_loaded
+    }
+
+    /// Snapshot ids listed when the session opened (before the index was read).
+    pub fn snapshot_ids(&self) -> &[SnapshotId] {
+        &self.snapshot_ids
+    }
+
+    /// The snapshots listed at open, read once (oldest first), and the errors of
+    /// those that could not be read.
+    pub fn snapshots(&self) -> Result<&SnapshotList> {
+        let r = self.snapshots.get_or_init(|| {
+            self.repo
+                .read_snapshots(&self.snapshot_ids)
+                .map_err(|e| e.to_string())
+        });
+        r.as_ref().map_err(|e| Error::Invalid(e.clone()))
+    }
+
+    /// Resolves `latest` or an id prefix among the snapshots listed at open.
+    pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
+        if spec == "latest" {
+            return crate::repo::latest(self.snapshots()?);
+        }
+        let id = crate::repo::resolve_snapshot_prefix(spec, &self.snapshot_ids)?;
+        Ok((id, self.repo.read_snapshot(&id)?))
+    }
+
+    /// Whether the session holds a lock (a read session may not).
+    pub fn holds_lock(&self) -> bool {
+        matches!(self.held, Held::Lock(_))
+    }
+}
+
+impl<A: Commits> Session<A> {
+    /// The lock, after checking that it is fresh: a session whose lock may have
+    /// looked stale to others must not commit anything (a prune may have removed
+    /// data it relies on).
+    pub fn commit_lock(&self) -> Result<&RepoLock> {
+        match &self.held {
+            Held::Lock(l) => {
+                l.check_fresh()?;
+                Ok(l)
+            }
+            // Sessions that commit never go on without a lock (see `open`).
+            Held::Unwritable(why) => Err(Error::Invalid(format!(
+                "no repository lock ({why}): refusing to commit"
+            ))),
+        }
+    }
+
+    /// The lock, for an operation that checks it itself at several points.
+    pub fn lock(&self) -> Result<Arc<RepoLock>> {
+        match &self.held {
+            Held::Lock(l) => Ok(l.clone()),
+            Held::Unwritable(why) => Err(Error::Invalid(format!("no repository lock ({why})"))),
+        }
+    }
+}

@@ -76,8 +76,20 @@ pub struct S3Options {
 
 pub struct S3Backend {
     op: Operator,
-    rt: tokio::runtime::Runtime,
+    /// The backend's own runtime; `None` only while dropping.
+    rt: Option<tokio::runtime::Runtime>,
     location: String,
+}
+
+impl Drop for S3Backend {
+    /// Dropping a runtime normally waits for its threads, which tokio forbids inside
+    /// another runtime's tasks: shut it down without waiting, so an `S3Backend` may
+    /// be dropped anywhere.
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl std::fmt::Debug for S3Backend {
@@ -172,9 +184,37 @@ impl S3Backend {
             .map_err(|e| config_error(location, format!("cannot start I/O threads: {e}")))?;
         Ok(S3Backend {
             op,
-            rt,
+            rt: Some(rt),
             location: location.to_string(),
         })
+    }
+
+    /// Runs one request on the backend's runtime and waits for it on this thread.
+    ///
+    /// The engine is blocking, and its callers may themselves live inside a tokio
+    /// runtime (the server calls it through `spawn_blocking`), where
+    /// `Runtime::block_on` panics ("Cannot start a runtime from within a runtime").
+    /// Spawning onto this backend's runtime and waiting on a channel works from any
+    /// thread. The request is built from owned values, so it may outlive the call
+    /// only as long as the runtime runs.
+    fn run<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        name: &str,
+        fut: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T> {
+        let gone = || BackendError {
+            kind: BackendErrorKind::Other,
+            op,
+            path: name.to_string(),
+            message: "the S3 client stopped".into(),
+        };
+        let rt = self.rt.as_ref().ok_or_else(gone)?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        rt.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv().map_err(|_| gone())
     }
 }
 
@@ -268,17 +308,18 @@ impl Backend for S3Backend {
     fn put(&self, name: &str, data: &[u8]) -> Result<()> {
         // One PUT: S3 makes an object visible only whole, and once the reply came it
         // is stored durably, which is the contract's atomic, durable put.
-        self.rt
-            .block_on(self.op.write(name, data.to_vec()))
+        let (op, key, data) = (self.op.clone(), name.to_string(), data.to_vec());
+        self.run("put", name, async move { op.write(&key, data).await })?
             .map(|_| ())
             .map_err(|e| map_err("put", name, e))
     }
 
     fn get(&self, name: &str) -> Result<Vec<u8>> {
-        self.rt
-            .block_on(self.op.read(name))
-            .map(|b| b.to_vec())
-            .map_err(|e| map_err("get", name, e))
+        let (op, key) = (self.op.clone(), name.to_string());
+        self.run("get", name, async move {
+            op.read(&key).await.map(|b| b.to_vec())
+        })?
+        .map_err(|e| map_err("get", name, e))
     }
 
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
@@ -290,9 +331,9 @@ impl Backend for S3Backend {
         })?;
         if length == 0 {
             // A zero-length range is not expressible in HTTP; the object must exist.
+            let (op, key) = (self.op.clone(), name.to_string());
             let meta = self
-                .rt
-                .block_on(self.op.stat(name))
+                .run("get", name, async move { op.stat(&key).await })?
                 .map_err(|e| map_err("get", name, e))?;
             return if offset <= meta.content_length() {
                 Ok(Vec::new())
@@ -300,14 +341,18 @@ impl Backend for S3Backend {
                 Err(short_read(name, offset, length, meta.content_length()))
             };
         }
+        let (op, key) = (self.op.clone(), name.to_string());
         let data = self
-            .rt
-            .block_on(async { self.op.read_with(name).range(offset..end).await })
+            .run("get", name, async move {
+                op.read_with(&key)
+                    .range(offset..end)
+                    .await
+                    .map(|b| b.to_vec())
+            })?
             .map_err(|e| match e.kind() {
                 ErrorKind::RangeNotSatisfied => short_read(name, offset, length, 0),
                 _ => map_err("get", name, e),
-            })?
-            .to_vec();
+            })?;
         // A range running past the end comes back short from S3: an error here.
         if data.len() as u64 != length {
             return Err(short_read(name, offset, length, data.len() as u64));
@@ -316,9 +361,11 @@ impl Backend for S3Backend {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        let (op, key) = (self.op.clone(), prefix.to_string());
         let entries = self
-            .rt
-            .block_on(async { self.op.list_with(prefix).recursive(true).await })
+            .run("list", prefix, async move {
+                op.list_with(&key).recursive(true).await
+            })?
             .map_err(|e| map_err("list", prefix, e))?;
         Ok(entries
             .into_iter()
@@ -332,8 +379,8 @@ impl Backend for S3Backend {
 
     fn delete(&self, name: &str) -> Result<()> {
         // S3 answers a delete of a missing key with success; the contract allows it.
-        self.rt
-            .block_on(self.op.delete(name))
+        let (op, key) = (self.op.clone(), name.to_string());
+        self.run("delete", name, async move { op.delete(&key).await })?
             .map_err(|e| map_err("delete", name, e))
     }
 }
@@ -375,5 +422,35 @@ mod tests {
     fn conformance_on_s3() {
         let b = crate::testing::s3_backend("conformance");
         crate::conformance::run(&b);
+    }
+
+    /// The engine is blocking and the server calls it from inside tokio (through
+    /// `spawn_blocking`, and sometimes, wrongly, straight from a task): every call,
+    /// and dropping the backend, must work from such threads.
+    #[test]
+    fn works_from_inside_a_tokio_runtime() {
+        let outer = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        outer.block_on(async {
+            let b = crate::testing::s3_backend("in-tokio");
+            let b = std::sync::Arc::new(b);
+            let b2 = b.clone();
+            tokio::task::spawn_blocking(move || {
+                b2.put("data/ab/x", b"hello").unwrap();
+                assert_eq!(b2.get("data/ab/x").unwrap(), b"hello");
+                assert_eq!(b2.get_range("data/ab/x", 1, 3).unwrap(), b"ell");
+                assert_eq!(b2.list("data/").unwrap().len(), 1);
+                b2.delete("data/ab/x").unwrap();
+            })
+            .await
+            .unwrap();
+            // Straight from a task (blocking it, but not panicking).
+            b.put("index/y", b"z").unwrap();
+            assert_eq!(b.get("index/y").unwrap(), b"z");
+            drop(b);
+        });
     }
 }

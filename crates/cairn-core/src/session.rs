@@ -294,3 +294,90 @@ impl<A: Commits> Session<A> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repo::storage::{CacheChoice, StorageOptions};
+    use crate::{InitOptions, backup, check, restore};
+
+    /// The server runs operations through `spawn_blocking` inside its tokio runtime:
+    /// a backup, a restore and a check of a repository on S3 must work there (the S3
+    /// client has a runtime of its own). Fails, never skips, without the test
+    /// script's S3 server.
+    #[test]
+    fn operations_run_inside_a_tokio_runtime_on_s3() {
+        let base = std::env::var("CAIRN_TEST_S3").unwrap_or_else(|_| {
+            panic!("CAIRN_TEST_S3 is not set: run the suite with `bash scripts/test.sh`")
+        });
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let location = format!("{}/core-in-tokio-{nanos}", base.trim_end_matches('/'));
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("sub")).unwrap();
+        std::fs::write(src.join("a"), vec![7u8; 300_000]).unwrap();
+        std::fs::write(src.join("sub/b"), b"bee").unwrap();
+        let target = dir.path().join("target");
+        let opts = StorageOptions {
+            cache: CacheChoice::Dir(dir.path().join("cache")),
+            ..Default::default()
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (src2, target2) = (src.clone(), target.clone());
+        rt.block_on(async move {
+            tokio::task::spawn_blocking(move || {
+                let p = Progress::none();
+                let init = InitOptions {
+                    encryption: false,
+                    ..InitOptions::default()
+                };
+                let repo = Repository::init_at(&location, &opts, None, &init, &p).unwrap();
+                let s: Session<Backup> =
+                    Session::open(repo, "backup", IndexLoad::Placement, &p).unwrap();
+                let b = backup::backup(
+                    &s,
+                    backup::BackupOptions {
+                        paths: vec![src2],
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+                drop(s);
+                let repo = Repository::open_at(&location, &opts, || unreachable!(), &p).unwrap();
+                let s: Session<Read> =
+                    Session::open(repo, "restore", IndexLoad::Placement, &p).unwrap();
+                let snap = s.find_snapshot(&b.snapshot_id.to_hex()).unwrap();
+                let r = restore::restore_snapshot(
+                    &s,
+                    &snap,
+                    &restore::RestoreOptions {
+                        target: target2,
+                        includes: vec![],
+                        owners: false,
+                    },
+                )
+                .unwrap();
+                assert!(r.errors.is_empty(), "{:?}", r.errors);
+                let repo = s.into_repo();
+                let s: Session<Read> = Session::open(repo, "check", IndexLoad::Full, &p).unwrap();
+                let c = check::check(&s, &check::CheckOptions::default()).unwrap();
+                assert!(c.problems.is_empty(), "{:?}", c.problems);
+            })
+            .await
+            .unwrap();
+        });
+        let restored = target.join(src.strip_prefix("/").unwrap());
+        assert_eq!(
+            std::fs::read(restored.join("a")).unwrap(),
+            vec![7u8; 300_000]
+        );
+        assert_eq!(std::fs::read(restored.join("sub/b")).unwrap(), b"bee");
+    }
+}

@@ -10,10 +10,11 @@ use crate::repo::blob;
 use crate::repo::{IndexObject, IndexState, Repository};
 use crate::session::{Read, Session};
 use crate::tree::chunklist::for_each_chunk;
+use crate::tree::walk::Visitor;
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::pack;
-use cairn_format::tree::{Content, NodeKind};
+use cairn_format::tree::{Content, Node, NodeKind, Tree};
 use cairn_format::{BlobId, PackId, SnapshotId};
 use std::collections::{HashMap, HashSet};
 
@@ -261,7 +262,6 @@ pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport
             repo,
             sid,
             root,
-            "",
             &bad_blobs,
             &mut seen_trees,
             &mut object_problems,
@@ -337,80 +337,95 @@ fn record(problems: &mut ObjectProblems, p: Problem, sid: &SnapshotId, at: &str)
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Walks one snapshot, recording every tree, chunk list and chunk it needs that is
+/// missing or damaged, with the paths affected.
 fn walk_snapshot(
     repo: &Repository,
     sid: &SnapshotId,
-    tree_id: BlobId,
-    path: &str,
+    root: BlobId,
     bad: &IdSet,
     seen: &mut IdSet,
     problems: &mut ObjectProblems,
 ) {
-    let tree = if bad.contains(&tree_id) {
-        record(
-            problems,
-            Problem::BlobInDamagedPack {
-                blob: tree_id,
-                role: BlobRole::Tree,
-                affects: vec![],
-            },
-            sid,
-            path,
-        );
-        return;
-    } else {
-        match repo.load_tree(&tree_id) {
-            Ok(t) => t,
-            Err(e) => {
-                record(
-                    problems,
-                    blob_problem(tree_id, BlobRole::Tree, e),
-                    sid,
-                    path,
-                );
-                return;
-            }
-        }
-    };
-    // A tree already checked in full (in this or another snapshot) needs no second
-    // walk, unless damage was found, in which case affected paths are still listed.
-    let first_visit = seen.insert(tree_id);
-    if !first_visit && problems.is_empty() {
+    if bad.contains(&root) {
+        let p = Problem::BlobInDamagedPack {
+            blob: root,
+            role: BlobRole::Tree,
+            affects: vec![],
+        };
+        record(problems, p, sid, "");
         return;
     }
-    for n in &tree.nodes {
-        let p = format!("{path}/{}", String::from_utf8_lossy(&n.name));
+    // A tree already checked in full (in this or another snapshot) needs no second
+    // walk, unless damage was found, in which case affected paths are still listed.
+    if !seen.insert(root) && problems.is_empty() {
+        return;
+    }
+    let mut w = SnapshotWalk {
+        repo,
+        sid,
+        bad,
+        seen,
+        problems,
+    };
+    if let Err(e) = crate::tree::walk::walk(repo, &root, &mut w) {
+        record(problems, blob_problem(root, BlobRole::Tree, e), sid, "");
+    }
+}
+
+struct SnapshotWalk<'a> {
+    repo: &'a Repository,
+    sid: &'a SnapshotId,
+    bad: &'a IdSet,
+    seen: &'a mut IdSet,
+    problems: &'a mut ObjectProblems,
+}
+
+impl Visitor for SnapshotWalk<'_> {
+    type Dir = ();
+    type Out = ();
+    fn enter(&mut self, _: &str, _: Option<&Node>, _: &Tree) -> Result<()> {
+        Ok(())
+    }
+
+    fn entry(&mut self, _: &mut (), p: &str, n: &Node) -> Result<Option<BlobId>> {
+        let (repo, sid) = (self.repo, self.sid);
         match n.kind {
             NodeKind::Dir => {
-                if let Some(sub) = n.subtree {
-                    walk_snapshot(repo, sid, sub, &p, bad, seen, problems);
+                let Some(sub) = n.subtree else {
+                    return Ok(None);
+                };
+                if self.bad.contains(&sub) {
+                    let problem = Problem::BlobInDamagedPack {
+                        blob: sub,
+                        role: BlobRole::Tree,
+                        affects: vec![],
+                    };
+                    record(self.problems, problem, sid, p);
+                    return Ok(None);
                 }
+                if !self.seen.insert(sub) && self.problems.is_empty() {
+                    return Ok(None);
+                }
+                Ok(Some(sub))
             }
             NodeKind::File => {
+                let (bad, problems) = (self.bad, &mut *self.problems);
                 let r = for_each_chunk(repo, &n.content, &mut |c| {
                     if bad.contains(&c.id) {
-                        record(
-                            problems,
-                            Problem::BlobInDamagedPack {
-                                blob: c.id,
-                                role: BlobRole::Chunk,
-                                affects: vec![],
-                            },
-                            sid,
-                            &p,
-                        );
+                        let problem = Problem::BlobInDamagedPack {
+                            blob: c.id,
+                            role: BlobRole::Chunk,
+                            affects: vec![],
+                        };
+                        record(problems, problem, sid, p);
                     } else if !repo.index().contains(&c.id) {
-                        record(
-                            problems,
-                            Problem::BlobMissing {
-                                blob: c.id,
-                                role: BlobRole::Chunk,
-                                affects: vec![],
-                            },
-                            sid,
-                            &p,
-                        );
+                        let problem = Problem::BlobMissing {
+                            blob: c.id,
+                            role: BlobRole::Chunk,
+                            affects: vec![],
+                        };
+                        record(problems, problem, sid, p);
                     }
                     Ok(())
                 });
@@ -419,11 +434,31 @@ fn walk_snapshot(
                         Content::Tree { root, .. } => *root,
                         _ => BlobId([0; 32]),
                     };
-                    record(problems, blob_problem(id, BlobRole::ChunkList, e), sid, &p);
+                    record(problems, blob_problem(id, BlobRole::ChunkList, e), sid, p);
                 }
+                Ok(None)
             }
-            _ => {}
+            _ => Ok(None),
         }
+    }
+
+    fn unreadable(&mut self, _: &mut (), p: &str, n: &Node, e: Error) -> Result<()> {
+        let id = n.subtree.unwrap_or(BlobId([0; 32]));
+        record(
+            self.problems,
+            blob_problem(id, BlobRole::Tree, e),
+            self.sid,
+            p,
+        );
+        Ok(())
+    }
+
+    fn leave(&mut self, _: &str, _: Option<&Node>, _: ()) -> Result<()> {
+        Ok(())
+    }
+
+    fn child(&mut self, _: &mut (), _: &str, _: &Node, _: ()) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -34,6 +34,7 @@ use crate::repo::lock::RepoLock;
 use crate::repo::packer::{BufferPool, DEFAULT_UPLOAD_THREADS, Packer, Uploader};
 use crate::session::{self, Session};
 use crate::tree::chunklist::{ChunkListBuilder, for_each_chunk, for_each_content_blob};
+use crate::tree::walk::Visitor;
 use cairn_format::pack::BlobKind;
 use cairn_format::snapshot::{CopiedFrom, Snapshot};
 use cairn_format::tree::{ChunkList, ChunkRef, Content, Node, NodeKind, Tree};
@@ -366,6 +367,62 @@ struct Copier<'a> {
     trees: Mutex<IdMap<BlobId>>,
 }
 
+/// Copies one snapshot's trees: the walk's visitor.
+struct TreeCopy<'c, 'a> {
+    copier: &'c Copier<'a>,
+    jobs: &'c Sender<FileJob>,
+    enc: &'c mut BlobEncoder,
+}
+
+impl Visitor for TreeCopy<'_, '_> {
+    /// The directory's nodes so far, with destination subtrees.
+    type Dir = Vec<Node>;
+    /// The directory's tree id in the destination.
+    type Out = BlobId;
+
+    fn enter(&mut self, _: &str, _: Option<&Node>, t: &Tree) -> Result<Vec<Node>> {
+        Ok(Vec::with_capacity(t.nodes.len()))
+    }
+
+    fn entry(&mut self, dir: &mut Vec<Node>, _: &str, n: &Node) -> Result<Option<BlobId>> {
+        self.copier.progress.check_cancelled()?;
+        self.copier.progress.entry_done();
+        let mut n = n.clone();
+        let walk = match (n.kind, n.subtree) {
+            (NodeKind::Dir, Some(sub)) => match crate::lock(&self.copier.trees).get(&sub) {
+                Some(done) => {
+                    n.subtree = Some(*done);
+                    None
+                }
+                None => Some(sub),
+            },
+            _ => None,
+        };
+        dir.push(n);
+        Ok(walk)
+    }
+
+    fn unreadable(&mut self, _: &mut Vec<Node>, _: &str, _: &Node, e: Error) -> Result<()> {
+        Err(e)
+    }
+
+    fn leave(&mut self, _: &str, _: Option<&Node>, mut nodes: Vec<Node>) -> Result<BlobId> {
+        self.copier.copy_files(&mut nodes, self.jobs)?;
+        self.copier
+            .put_blob(self.enc, BlobKind::Tree, &Tree { nodes }.encode())
+    }
+
+    fn child(&mut self, dir: &mut Vec<Node>, _: &str, n: &Node, out: BlobId) -> Result<()> {
+        if let Some(sub) = n.subtree {
+            crate::lock(&self.copier.trees).insert(sub, out);
+        }
+        if let Some(last) = dir.last_mut() {
+            last.subtree = Some(out);
+        }
+        Ok(())
+    }
+}
+
 /// A file for the worker pool: its source content and size, and where the answer
 /// goes (the directory's index of the node).
 struct FileJob {
@@ -391,9 +448,8 @@ impl Copier<'_> {
         });
         *crate::lock(&self.uploader) = Some(Arc::new(uploader));
         let root = snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?;
-        // One walk thread (a large stack: deep directory chains recurse once per
-        // level) hands each directory's files to a pool of workers, each with its own
-        // encoder for the whole snapshot.
+        // One walk thread hands each directory's files to a pool of workers, each
+        // with its own encoder for the whole snapshot.
         let walked = std::thread::scope(|s| {
             let (jobs, queue) = bounded::<FileJob>(self.threads * 4);
             for _ in 0..self.threads {
@@ -409,7 +465,6 @@ impl Copier<'_> {
             drop(queue);
             std::thread::Builder::new()
                 .name("cairn-copy".into())
-                .stack_size(256 << 20)
                 .spawn_scoped(s, move || {
                     let mut enc = self.encoder();
                     // `jobs` is dropped when the walk ends, which stops the workers.
@@ -505,6 +560,9 @@ impl Copier<'_> {
         BlobEncoder::new(self.dst.config().compression.zstd_level())
     }
 
+    /// The destination's id of the source tree `id`: every directory below it
+    /// copied bottom-up (each directory's files on the worker pool), trees copied
+    /// earlier in this run reused.
     fn copy_tree(
         &self,
         id: &BlobId,
@@ -514,18 +572,12 @@ impl Copier<'_> {
         if let Some(done) = crate::lock(&self.trees).get(id) {
             return Ok(*done);
         }
-        let tree = self.src.load_tree(id)?;
-        let mut nodes = tree.nodes;
-        for n in nodes.iter_mut() {
-            if n.kind == NodeKind::Dir
-                && let Some(sub) = n.subtree
-            {
-                n.subtree = Some(self.copy_tree(&sub, jobs, enc)?);
-            }
-            self.progress.entry_done();
-        }
-        self.copy_files(&mut nodes, jobs)?;
-        let new = self.put_blob(enc, BlobKind::Tree, &Tree { nodes }.encode())?;
+        let mut w = TreeCopy {
+            copier: self,
+            jobs,
+            enc,
+        };
+        let new = crate::tree::walk::walk(self.src, id, &mut w)?;
         crate::lock(&self.trees).insert(*id, new);
         Ok(new)
     }

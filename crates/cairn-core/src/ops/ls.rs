@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use crate::repo::Repository;
 use crate::session::{Access, Session};
+use crate::tree::walk::Visitor;
 use cairn_format::tree::{Node, NodeKind, Tree};
 use cairn_format::{BlobId, SnapshotId};
 
@@ -121,26 +122,41 @@ pub(crate) fn walk(
             }
         }
     };
-    fn rec(
-        repo: &Repository,
-        tree: &Tree,
-        prefix: &str,
+    struct Lister<'a> {
         recursive: bool,
-        f: &mut dyn FnMut(&str, &Node),
-        on_error: &mut dyn FnMut(&str, Error),
-    ) {
-        for n in &tree.nodes {
-            let p = format!("{prefix}/{}", String::from_utf8_lossy(&n.name));
-            f(&p, n);
-            if recursive && let Some(sub) = n.subtree {
-                match repo.load_tree(&sub) {
-                    Ok(t) => rec(repo, &t, &p, recursive, f, on_error),
-                    Err(e) => on_error(&p, e),
-                }
-            }
+        f: &'a mut dyn FnMut(&str, &Node),
+        on_error: &'a mut dyn FnMut(&str, Error),
+    }
+    impl Visitor for Lister<'_> {
+        type Dir = ();
+        type Out = ();
+        fn enter(&mut self, _: &str, _: Option<&Node>, _: &Tree) -> Result<()> {
+            Ok(())
+        }
+        fn entry(&mut self, _: &mut (), path: &str, n: &Node) -> Result<Option<BlobId>> {
+            (self.f)(path, n);
+            Ok(if self.recursive { n.subtree } else { None })
+        }
+        fn unreadable(&mut self, _: &mut (), path: &str, _: &Node, e: Error) -> Result<()> {
+            (self.on_error)(path, e);
+            Ok(())
+        }
+        fn leave(&mut self, _: &str, _: Option<&Node>, _: ()) -> Result<()> {
+            Ok(())
+        }
+        fn child(&mut self, _: &mut (), _: &str, _: &Node, _: ()) -> Result<()> {
+            Ok(())
         }
     }
-    let tree = repo.load_tree(&tree_id)?;
-    rec(repo, &tree, &base, recursive, f, on_error);
-    Ok(())
+    crate::tree::walk::walk_from(
+        repo,
+        &tree_id,
+        &base,
+        start,
+        &mut Lister {
+            recursive,
+            f,
+            on_error,
+        },
+    )
 }

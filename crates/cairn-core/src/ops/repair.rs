@@ -20,6 +20,7 @@ use crate::repo::blob::{self, BlobEncoder};
 use crate::repo::packer::{BufferPool, Packer, Uploader};
 use crate::session::{Exclusive, Session};
 use crate::tree::chunklist::for_each_content_blob;
+use crate::tree::walk::Visitor;
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
@@ -306,6 +307,7 @@ pub fn repair_snapshots(
     };
     let mut rw = Rewriter {
         repo,
+        root: None,
         present: &present,
         index: &index,
         memo: IdMap::default(),
@@ -381,7 +383,9 @@ pub fn repair_snapshots(
 }
 
 struct Rewriter<'a, F: Fn(&BlobId) -> bool> {
-    repo: &'a mut Repository,
+    repo: &'a Repository,
+    /// The tree whose walk is running (the root has no node to tell it).
+    root: Option<BlobId>,
     present: &'a F,
     index: &'a MasterIndex,
     /// Tree id -> its repaired id (`None`: unreadable).
@@ -403,8 +407,15 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
     ) -> Result<Option<BlobId>> {
         let (new, rel) = match self.memo.get(id) {
             Some(r) => r.clone(),
+            None if !(self.present)(id) => (None, Vec::new()),
             None => {
-                let r = self.walk(id)?;
+                self.root = Some(*id);
+                let repo = self.repo;
+                let r = match crate::tree::walk::walk(repo, id, self) {
+                    Ok(r) => r,
+                    Err(e) if is_loss(&e) => (None, Vec::new()),
+                    Err(e) => return Err(e),
+                };
                 self.memo.insert(*id, r.clone());
                 r
             }
@@ -413,53 +424,25 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
         Ok(new)
     }
 
-    fn walk(&mut self, id: &BlobId) -> Result<(Option<BlobId>, Vec<String>)> {
-        let mut dropped = Vec::new();
-        if !(self.present)(id) {
-            return Ok((None, dropped));
-        }
-        let tree = match self.repo.load_tree(id) {
-            Ok(t) => t,
-            Err(e) if is_loss(&e) => return Ok((None, dropped)),
-            Err(e) => return Err(e),
-        };
-        let mut nodes = Vec::with_capacity(tree.nodes.len());
-        let mut changed = false;
-        for n in tree.nodes {
-            let p = format!("/{}", String::from_utf8_lossy(&n.name));
-            match n.kind {
-                NodeKind::Dir => {
-                    let mut n = n;
-                    if let Some(sub) = n.subtree {
-                        let new = match self.tree(&sub, &p, &mut dropped)? {
-                            Some(x) => x,
-                            None => {
-                                dropped.push(format!("{p}/ (directory listing lost; kept empty)"));
-                                self.empty_tree()
-                            }
-                        };
-                        if new != sub {
-                            changed = true;
-                            n.subtree = Some(new);
-                        }
-                    }
-                    nodes.push(n);
-                }
-                NodeKind::File => {
-                    if self.file_ok(&n)? {
-                        nodes.push(n);
-                    } else {
-                        dropped.push(format!("{p} (file data lost)"));
-                        changed = true;
-                    }
-                }
-                _ => nodes.push(n),
+    /// Adds a (possibly repaired) directory entry to `dir`: `new` is its repaired
+    /// tree (`None`: lost, kept empty) and `rel` what it lost, under it.
+    fn add_dir(&mut self, dir: &mut RepairDir, node: &Node, new: Option<BlobId>, rel: &[String]) {
+        let name = format!("/{}", String::from_utf8_lossy(&node.name));
+        dir.dropped.extend(rel.iter().map(|d| format!("{name}{d}")));
+        let new = match new {
+            Some(x) => x,
+            None => {
+                dir.dropped
+                    .push(format!("{name}/ (directory listing lost; kept empty)"));
+                self.empty_tree()
             }
+        };
+        let mut n = node.clone();
+        if n.subtree != Some(new) {
+            dir.changed = true;
+            n.subtree = Some(new);
         }
-        if !changed {
-            return Ok((Some(*id), dropped));
-        }
-        Ok((Some(self.add_tree(&Tree { nodes })), dropped))
+        dir.nodes.push(n);
     }
 
     fn file_ok(&self, n: &Node) -> Result<bool> {
@@ -492,6 +475,97 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
             self.new_trees.push((id, data));
         }
         id
+    }
+}
+
+/// A directory being repaired: its entries so far and what it lost.
+#[derive(Default)]
+struct RepairDir {
+    /// The directory's own tree id (`None` for the root, whose id the caller has).
+    id: Option<BlobId>,
+    nodes: Vec<Node>,
+    changed: bool,
+    /// Lost paths, relative to this directory (`/name ...`).
+    dropped: Vec<String>,
+}
+
+impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
+    type Dir = RepairDir;
+    /// The repaired tree and what was lost below it.
+    type Out = (Option<BlobId>, Vec<String>);
+
+    fn enter(&mut self, _: &str, node: Option<&Node>, _: &Tree) -> Result<RepairDir> {
+        Ok(RepairDir {
+            id: match node {
+                Some(n) => n.subtree,
+                None => self.root,
+            },
+            ..Default::default()
+        })
+    }
+
+    fn entry(&mut self, dir: &mut RepairDir, _: &str, n: &Node) -> Result<Option<BlobId>> {
+        match n.kind {
+            NodeKind::Dir => {
+                let Some(sub) = n.subtree else {
+                    dir.nodes.push(n.clone());
+                    return Ok(None);
+                };
+                if let Some((new, rel)) = self.memo.get(&sub).cloned() {
+                    self.add_dir(dir, n, new, &rel);
+                    return Ok(None);
+                }
+                if !(self.present)(&sub) {
+                    self.memo.insert(sub, (None, Vec::new()));
+                    self.add_dir(dir, n, None, &[]);
+                    return Ok(None);
+                }
+                Ok(Some(sub))
+            }
+            NodeKind::File => {
+                if self.file_ok(n)? {
+                    dir.nodes.push(n.clone());
+                } else {
+                    dir.dropped.push(format!(
+                        "/{} (file data lost)",
+                        String::from_utf8_lossy(&n.name)
+                    ));
+                    dir.changed = true;
+                }
+                Ok(None)
+            }
+            _ => {
+                dir.nodes.push(n.clone());
+                Ok(None)
+            }
+        }
+    }
+
+    fn unreadable(&mut self, dir: &mut RepairDir, _: &str, n: &Node, e: Error) -> Result<()> {
+        if !is_loss(&e) {
+            return Err(e);
+        }
+        if let Some(sub) = n.subtree {
+            self.memo.insert(sub, (None, Vec::new()));
+        }
+        self.add_dir(dir, n, None, &[]);
+        Ok(())
+    }
+
+    fn leave(&mut self, _: &str, _: Option<&Node>, dir: RepairDir) -> Result<Self::Out> {
+        let new = match (dir.changed, dir.id) {
+            (false, Some(id)) => id,
+            _ => self.add_tree(&Tree { nodes: dir.nodes }),
+        };
+        Ok((Some(new), dir.dropped))
+    }
+
+    fn child(&mut self, parent: &mut RepairDir, _: &str, n: &Node, out: Self::Out) -> Result<()> {
+        if let Some(sub) = n.subtree {
+            self.memo.insert(sub, out.clone());
+        }
+        self.add_dir(parent, n, out.0, &out.1);
+        Ok(())
     }
 }
 

@@ -3,3 +3,4 @@
 
 pub mod chunklist;
 pub mod reachable;
+pub mod walk;

@@ -16,7 +16,9 @@
 //! entries, and a walker that finds its job not yet started takes it back and scans
 //! the directory itself — so it never waits on a pool that is holding back.
 
-use super::source::{Excludes, NameCache, Stat, node_reusing_parent, open_dir};
+use super::source::{
+    Excludes, NameCache, Stat, entry_path, node_reusing_parent, open_dir, open_dir_at,
+};
 use crate::lock;
 use crate::repo::Repository;
 use cairn_format::BlobId;
@@ -86,14 +88,20 @@ pub(crate) struct ScanContext<'a> {
     pub excludes: &'a Excludes,
 }
 
-/// Lists, stats and prepares one directory. `names` caches owner names.
+/// Lists, stats and prepares one directory: opened relative to its parent's open
+/// descriptor when there is one (`path` is then only for messages and excludes),
+/// else by path. `names` caches owner names.
 pub(crate) fn scan_dir(
     ctx: &ScanContext<'_>,
     path: &Path,
+    parent: Option<&OwnedFd>,
     parent_subtree: Option<BlobId>,
     names: &mut NameCache,
 ) -> Listing {
-    let dir = open_dir(path)?;
+    let dir = match (parent, path.file_name()) {
+        (Some(p), Some(name)) => open_dir_at(p, name.as_bytes())?,
+        _ => open_dir(path)?,
+    };
     let mut ents: Vec<Vec<u8>> = Vec::new();
     {
         let mut it = nix::dir::Dir::from_fd(dir.try_clone()?).map_err(std::io::Error::from)?;
@@ -129,8 +137,12 @@ pub(crate) fn scan_dir(
             },
             Ok(st) => {
                 let pnode = ptree.as_ref().and_then(|t| find(t, &name));
+                // Link targets and xattrs are read through a short path from the open
+                // directory: the full one may be too long for the kernel.
+                let short = entry_path(&dir, &name);
+                let at = short.as_deref().unwrap_or(&child);
                 let (node, warning, xattrs_unread) =
-                    node_reusing_parent(name, &child, &Stat::from(&st), names, pnode, true);
+                    node_reusing_parent(name, at, &Stat::from(&st), names, pnode, true);
                 prepare(ctx.repo, node, warning, pnode, xattrs_unread)
             }
         };
@@ -242,6 +254,8 @@ struct Slot {
 struct Job {
     key: Vec<u32>,
     path: PathBuf,
+    /// The open parent directory (the job opens its directory relative to it).
+    parent: Option<Arc<OwnedFd>>,
     parent_subtree: Option<BlobId>,
     slot: Arc<Slot>,
 }
@@ -291,6 +305,7 @@ impl Pool {
         &self,
         key: Vec<u32>,
         path: PathBuf,
+        parent: Option<Arc<OwnedFd>>,
         parent_subtree: Option<BlobId>,
     ) -> Option<Pending<'_>> {
         if self.outstanding.load(Ordering::Relaxed) >= MAX_QUEUED_DIRS {
@@ -304,6 +319,7 @@ impl Pool {
         lock(&self.queue).push(Reverse(Job {
             key,
             path,
+            parent,
             parent_subtree,
             slot: slot.clone(),
         }));
@@ -346,7 +362,15 @@ impl Pool {
                 }
                 *st = SlotState::Running;
             }
-            let listing = scan_dir(ctx, &job.path, job.parent_subtree, &mut names);
+            let listing = scan_dir(
+                ctx,
+                &job.path,
+                job.parent.as_deref(),
+                job.parent_subtree,
+                &mut names,
+            );
+            // The parent's descriptor is not needed any more.
+            drop(job.parent);
             let n = listing.as_ref().map(|v| v.entries.len()).unwrap_or(0);
             let mut st = lock(&job.slot.state);
             if matches!(*st, SlotState::Running) {
@@ -392,11 +416,12 @@ impl Pending<'_> {
         mut self,
         ctx: &ScanContext<'_>,
         path: &Path,
+        parent: Option<&OwnedFd>,
         parent_subtree: Option<BlobId>,
         names: &mut NameCache,
     ) -> Listing {
         let Some(slot) = self.slot.take() else {
-            return scan_dir(ctx, path, parent_subtree, names);
+            return scan_dir(ctx, path, parent, parent_subtree, names);
         };
         let mut st = lock(&slot.state);
         loop {
@@ -404,7 +429,7 @@ impl Pending<'_> {
                 SlotState::Queued | SlotState::Taken | SlotState::Abandoned => {
                     drop(st);
                     self.pool.release(0);
-                    return scan_dir(ctx, path, parent_subtree, names);
+                    return scan_dir(ctx, path, parent, parent_subtree, names);
                 }
                 SlotState::Running => {
                     *st = SlotState::Running;
@@ -479,7 +504,7 @@ mod tests {
             let pending: Vec<_> = dirs
                 .iter()
                 .enumerate()
-                .map(|(i, d)| pool.submit(vec![0, i as u32], d.clone(), None))
+                .map(|(i, d)| pool.submit(vec![0, i as u32], d.clone(), None, None))
                 .collect();
             let mut names = NameCache::default();
             for (i, p) in pending.into_iter().enumerate() {
@@ -488,8 +513,13 @@ mod tests {
                     drop(p); // not walked after all
                     continue;
                 }
-                let got = p.take(&ctx, &dirs[i], None, &mut names).unwrap().entries;
-                let want = scan_dir(&ctx, &dirs[i], None, &mut names).unwrap().entries;
+                let got = p
+                    .take(&ctx, &dirs[i], None, None, &mut names)
+                    .unwrap()
+                    .entries;
+                let want = scan_dir(&ctx, &dirs[i], None, None, &mut names)
+                    .unwrap()
+                    .entries;
                 assert_eq!(names_of(&got), names_of(&want));
                 // Sorted, the excluded name left out.
                 assert_eq!(got.len(), if i >= 2 { i - 1 } else { i });
@@ -513,23 +543,23 @@ mod tests {
         let pool = Pool::new();
         let mut pending: Vec<_> = (0..MAX_QUEUED_DIRS)
             .map(|i| {
-                pool.submit(vec![i as u32], tmp.path().to_path_buf(), None)
+                pool.submit(vec![i as u32], tmp.path().to_path_buf(), None, None)
                     .expect("under the cap")
             })
             .collect();
         assert!(
-            pool.submit(vec![u32::MAX], tmp.path().to_path_buf(), None)
+            pool.submit(vec![u32::MAX], tmp.path().to_path_buf(), None, None)
                 .is_none()
         );
         // Nobody started the job: the walker takes it back and scans it itself.
         let mut names = NameCache::default();
         let first = pending.remove(0);
         let got = first
-            .take(&ctx, tmp.path(), None, &mut names)
+            .take(&ctx, tmp.path(), None, None, &mut names)
             .unwrap()
             .entries;
         assert_eq!(names_of(&got), vec![b"a".to_vec()]);
-        let again = pool.submit(vec![u32::MAX], tmp.path().to_path_buf(), None);
+        let again = pool.submit(vec![u32::MAX], tmp.path().to_path_buf(), None, None);
         assert!(again.is_some(), "a consumed job frees its place");
         drop(pending);
         assert_eq!(pool.outstanding.load(Ordering::Relaxed), 1);

@@ -8,7 +8,7 @@ use std::fs::Metadata;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// uid/gid -> name, looked up once each.
 #[derive(Default)]
@@ -81,6 +81,36 @@ pub fn open_source_at(dir: &OwnedFd, name: &[u8]) -> std::io::Result<std::fs::Fi
     }
     .map_err(std::io::Error::from)?;
     Ok(std::fs::File::from(fd))
+}
+
+/// Opens the directory `name` in the open directory `dir` like [`open_dir`]: one
+/// component to resolve, so a directory 100,000 levels deep opens as easily as one
+/// at the top (its full path would be far beyond `PATH_MAX`).
+pub fn open_dir_at(dir: &OwnedFd, name: &[u8]) -> std::io::Result<OwnedFd> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+    let name = std::ffi::OsStr::from_bytes(name);
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match nix::fcntl::openat(dir, name, flags | OFlag::O_NOATIME, Mode::empty()) {
+        Err(nix::errno::Errno::EPERM) => nix::fcntl::openat(dir, name, flags, Mode::empty()),
+        r => r,
+    }
+    .map_err(std::io::Error::from)
+}
+
+/// A short path to the entry `name` of the open directory `dir`, through
+/// `/proc/self/fd`, for the calls that have no `*at` form (`llistxattr`,
+/// `lgetxattr`): the entry's real path may be too long for the kernel. `None` when
+/// `/proc` is not mounted.
+pub fn entry_path(dir: &OwnedFd, name: &[u8]) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    static PROC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*PROC.get_or_init(|| Path::new("/proc/self/fd").is_dir()) {
+        return None;
+    }
+    let mut p = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    p.push(std::ffi::OsStr::from_bytes(name));
+    Some(p)
 }
 
 /// Opens a directory for listing without changing its access time (reading a

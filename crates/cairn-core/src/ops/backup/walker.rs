@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read};
 use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -169,7 +169,11 @@ impl<'a> Walker<'a> {
             let root = Path::new("/");
             let meta = std::fs::symlink_metadata(root).map_err(|e| Error::io(root, e))?;
             let (node, _) = node_from_metadata(Vec::new(), root, &meta, &mut self.names);
-            self.walk_dir(root, node, parent_root, None, Vec::new(), None)?;
+            let top = DirEntry {
+                node: Box::new(node),
+                parent_subtree: parent_root,
+            };
+            self.walk_dir(root, top, None, Vec::new(), None)?;
             return self.emit(Item::End);
         }
         let sel = build_selection(paths);
@@ -263,23 +267,25 @@ impl<'a> Walker<'a> {
         // later trees sort after this one's.
         let index = self.tops;
         self.tops += 1;
-        self.walk_scanned(path, scanned, None, (&[], index), None, None)
+        match self.walk_scanned(path, scanned, None)? {
+            Step::Done => Ok(()),
+            Step::Dir(d) => self.walk_dir(path, d, None, child_key(&[], index), None),
+        }
     }
 
-    /// Emits one prepared entry; a directory is walked whole. `key` is the parent
-    /// directory's scan key and this entry's index in it (a directory's own key is
-    /// built only for directories: most entries are files).
+    /// Emits one prepared entry, or, for a directory to walk, says so (the caller
+    /// walks it: directories are never walked by recursion).
     fn walk_scanned(
         &mut self,
         path: &Path,
         scanned: Scanned,
-        root_dev: Option<u64>,
-        key: (&[u32], u32),
-        pending: Option<Pending<'a>>,
         dir: Option<&Arc<OwnedFd>>,
-    ) -> Result<()> {
+    ) -> Result<Step> {
         let p = match scanned {
-            Scanned::Failed { message, .. } => return self.skip(path, message),
+            Scanned::Failed { message, .. } => {
+                self.skip(path, message)?;
+                return Ok(Step::Done);
+            }
             Scanned::Node(p) => p,
         };
         let (node, had_file, xattrs_unread) = (p.node, p.had_file, p.xattrs_unread);
@@ -288,8 +294,10 @@ impl<'a> Walker<'a> {
         }
         match node.kind {
             NodeKind::Dir => {
-                let key = child_key(key.0, key.1);
-                self.walk_dir(path, *node, p.parent_subtree, root_dev, key, pending)
+                return Ok(Step::Dir(DirEntry {
+                    node,
+                    parent_subtree: p.parent_subtree,
+                }));
             }
             NodeKind::File if p.reused => {
                 self.progress.bytes_done(node.size);
@@ -297,7 +305,7 @@ impl<'a> Walker<'a> {
                 self.emit(Item::Entry {
                     node,
                     unchanged: true,
-                })
+                })?;
             }
             NodeKind::File if node.size <= SMALL_FILE_BYTES => {
                 // Read, chunked and encoded by a worker: many small files in flight.
@@ -307,45 +315,111 @@ impl<'a> Walker<'a> {
                     node,
                     changed: had_file,
                     xattrs_unread,
-                })
+                })?;
             }
-            NodeKind::File => self.walk_file(path, *node, had_file, xattrs_unread),
+            NodeKind::File => self.walk_file(path, dir, *node, had_file, xattrs_unread)?,
             _ => {
                 self.progress.entry_done();
                 self.emit(Item::Entry {
                     node,
                     unchanged: false,
-                })
+                })?;
             }
         }
+        Ok(Step::Done)
     }
 
+    /// Walks the directory at `path` and everything below it, depth first, with an
+    /// explicit stack: a tree 100,000 levels deep costs memory for its path, not a
+    /// thread's stack. Each level keeps its directory open only while an entry
+    /// still to come needs it (a file to read, a subdirectory to open), so a deep
+    /// chain of directories holds a few descriptors, not one per level.
     fn walk_dir(
         &mut self,
         path: &Path,
-        node: Node,
-        parent_subtree: Option<BlobId>,
+        top: DirEntry,
         root_dev: Option<u64>,
         key: Vec<u32>,
         pending: Option<Pending<'a>>,
     ) -> Result<()> {
+        let mut path = path.to_path_buf();
+        let mut stack: Vec<Frame<'a>> = Vec::new();
+        if let Some(f) = self.enter_dir(&path, top, root_dev, key, pending, None)? {
+            stack.push(f);
+        }
+        while let Some(frame) = stack.last_mut() {
+            let Some((entry, pending)) = frame.entries.next() else {
+                self.progress.entry_done();
+                self.emit(Item::DirEnd)?;
+                let done = stack.pop();
+                if let Some(f) = done {
+                    truncate(&mut path, f.path_len);
+                }
+                continue;
+            };
+            let index = frame.next;
+            frame.next += 1;
+            // The descriptor goes once no later entry needs it (the current one
+            // still gets it through `dir`).
+            let dir = frame.dir.clone();
+            if frame.next >= frame.fd_needed_until {
+                frame.dir = None;
+            }
+            let (root_dev, key) = (frame.root_dev, child_key(&frame.key, index));
+            let path_len = path.as_os_str().len();
+            path.push(std::ffi::OsStr::from_bytes(entry.name()));
+            match self.walk_scanned(&path, entry, dir.as_ref())? {
+                Step::Done => truncate(&mut path, path_len),
+                Step::Dir(d) => {
+                    match self.enter_dir(&path, d, Some(root_dev), key, pending, dir.as_ref())? {
+                        Some(mut f) => {
+                            f.path_len = path_len;
+                            stack.push(f);
+                        }
+                        None => truncate(&mut path, path_len),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Lists a directory (from its scan job, or here), hands its subdirectories to
+    /// the scanners, and emits its start. `None` when it could not be listed (left
+    /// out with a warning).
+    fn enter_dir(
+        &mut self,
+        path: &Path,
+        d: DirEntry,
+        root_dev: Option<u64>,
+        key: Vec<u32>,
+        pending: Option<Pending<'a>>,
+        parent: Option<&Arc<OwnedFd>>,
+    ) -> Result<Option<Frame<'a>>> {
+        let node = *d.node;
         let dev = node.dev;
         let root_dev = root_dev.unwrap_or(dev);
         let descend = !self.one_file_system || dev == root_dev;
         let (dir, entries) = if descend {
+            let parent = parent.map(|p| &**p);
             let listing = match pending {
-                Some(p) => p.take(&self.ctx, path, parent_subtree, &mut self.names),
-                None => scan::scan_dir(&self.ctx, path, parent_subtree, &mut self.names),
+                Some(p) => p.take(&self.ctx, path, parent, d.parent_subtree, &mut self.names),
+                None => scan::scan_dir(&self.ctx, path, parent, d.parent_subtree, &mut self.names),
             };
             match listing {
                 Ok(l) => (Some(l.dir), l.entries),
-                Err(e) => return self.skip(path, e.to_string()),
+                Err(e) => {
+                    self.skip(path, e.to_string())?;
+                    return Ok(None);
+                }
             }
         } else {
             (None, Vec::new())
         };
-        // Hand the subdirectories this walk will enter to the scanners, in order.
+        // Hand the subdirectories this walk will enter to the scanners, in order,
+        // and find the last entry that needs this directory open.
         let mut pendings: Vec<Option<Pending<'a>>> = Vec::with_capacity(entries.len());
+        let mut fd_needed_until = 0u32;
         let mut child = path.to_path_buf();
         for (i, e) in entries.iter().enumerate() {
             let p = match e {
@@ -353,36 +427,52 @@ impl<'a> Walker<'a> {
                     if p.node.kind == NodeKind::Dir
                         && (!self.one_file_system || p.node.dev == root_dev) =>
                 {
+                    fd_needed_until = i as u32 + 1;
                     child.push(std::ffi::OsStr::from_bytes(&p.node.name));
                     let k = child_key(&key, i as u32);
-                    let p = self.pool.submit(k, child.clone(), p.parent_subtree);
+                    let p = self
+                        .pool
+                        .submit(k, child.clone(), dir.clone(), p.parent_subtree);
                     child.pop();
                     p
+                }
+                Scanned::Node(p) if p.node.kind == NodeKind::File && !p.reused => {
+                    fd_needed_until = i as u32 + 1;
+                    None
                 }
                 _ => None,
             };
             pendings.push(p);
         }
         self.emit(Item::DirStart(Box::new(node)))?;
-        for ((i, e), p) in entries.into_iter().enumerate().zip(pendings) {
-            child.push(std::ffi::OsStr::from_bytes(e.name()));
-            let k = (&key[..], i as u32);
-            let r = self.walk_scanned(&child, e, Some(root_dev), k, p, dir.as_ref());
-            child.pop();
-            r?;
-        }
-        self.progress.entry_done();
-        self.emit(Item::DirEnd)
+        Ok(Some(Frame {
+            entries: entries
+                .into_iter()
+                .zip(pendings)
+                .collect::<Vec<_>>()
+                .into_iter(),
+            next: 0,
+            dir,
+            fd_needed_until,
+            key,
+            root_dev,
+            path_len: 0,
+        }))
     }
 
     fn walk_file(
         &mut self,
         path: &Path,
+        dir: Option<&Arc<OwnedFd>>,
         mut node: Node,
         changed: bool,
         xattrs_unread: bool,
     ) -> Result<()> {
-        let file = super::source::open_source(path);
+        // Relative to the open directory when there is one: one component to resolve.
+        let file = match dir {
+            Some(d) => super::source::open_source_at(d, &node.name),
+            None => super::source::open_source(path),
+        };
         let mut file: File = match file {
             Ok(f) => f,
             Err(e) => return self.skip(path, e.to_string()),
@@ -468,9 +558,54 @@ impl<'a> Walker<'a> {
     }
 }
 
+/// Scan keys keep at most this many levels: deeper directories share their
+/// ancestor's key. The key only orders the scanners' work (the walker takes back a
+/// job nobody started), and a full key per level would cost memory quadratic in
+/// the depth of a deep chain of directories.
+const MAX_KEY_LEVELS: usize = 48;
+
+/// What the walker does next with an entry.
+enum Step {
+    Done,
+    /// A directory to walk into.
+    Dir(DirEntry),
+}
+
+/// A directory entry to walk into.
+struct DirEntry {
+    node: Box<Node>,
+    /// The parent snapshot's tree of the same name.
+    parent_subtree: Option<BlobId>,
+}
+
+/// One directory being walked (see [`Walker::walk_dir`]).
+struct Frame<'a> {
+    entries: std::vec::IntoIter<(Scanned, Option<Pending<'a>>)>,
+    /// Index of the next entry.
+    next: u32,
+    /// The open directory, while an entry still to come needs it.
+    dir: Option<Arc<OwnedFd>>,
+    /// Entries from this index on need no descriptor.
+    fd_needed_until: u32,
+    key: Vec<u32>,
+    root_dev: u64,
+    /// The walk path's length before this directory's name.
+    path_len: usize,
+}
+
+/// Cuts a path back to `len` bytes (the parent it was pushed onto).
+fn truncate(path: &mut PathBuf, len: usize) {
+    let mut bytes = std::mem::take(path).into_os_string().into_vec();
+    bytes.truncate(len);
+    *path = PathBuf::from(std::ffi::OsString::from_vec(bytes));
+}
+
 /// The scan key of child `index` of the directory keyed `parent`: its path of child
-/// indexes, which sorts in depth-first pre-order.
+/// indexes, which sorts in depth-first pre-order (capped at [`MAX_KEY_LEVELS`]).
 fn child_key(parent: &[u32], index: u32) -> Vec<u32> {
+    if parent.len() >= MAX_KEY_LEVELS {
+        return parent.to_vec();
+    }
     let mut k = Vec::with_capacity(parent.len() + 1);
     k.extend_from_slice(parent);
     k.push(index);

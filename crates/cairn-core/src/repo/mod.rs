@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub mod blob;
+pub mod blobcache;
 mod index_load;
 pub mod info;
 mod keys;
@@ -116,6 +117,8 @@ pub struct Repository {
     traffic: Option<Arc<cairn_backend::Traffic>>,
     /// The location as the user gave it.
     location: String,
+    /// Recently read blobs (for repeated reads: mounts, image file systems).
+    blob_cache: Arc<blobcache::BlobCache>,
 }
 
 pub fn hostname() -> String {
@@ -190,6 +193,9 @@ impl Repository {
             index_errors: Vec::new(),
             traffic: None,
             location: String::new(),
+            blob_cache: Arc::new(blobcache::BlobCache::new(
+                blobcache::DEFAULT_BLOB_CACHE_BYTES,
+            )),
         };
         repo.location = repo.backend.location();
         if opts.encryption {
@@ -251,6 +257,9 @@ impl Repository {
             index: Arc::new(MasterIndex::new()),
             index_errors: Vec::new(),
             traffic: None,
+            blob_cache: Arc::new(blobcache::BlobCache::new(
+                blobcache::DEFAULT_BLOB_CACHE_BYTES,
+            )),
             location: backend.location(),
             backend,
         })

@@ -260,6 +260,13 @@ impl Backend for CachedBackend {
         }
         Ok(())
     }
+    fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.inner.put_new(name, data)?;
+        if cached_by_name(name) {
+            self.store(name, data);
+        }
+        Ok(())
+    }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         if cached_by_name(name) {
             if let Some(d) = self.load(name) {
@@ -287,8 +294,8 @@ impl Backend for CachedBackend {
         self.forget(name);
         self.inner.delete(name)
     }
-    fn put_metadata(&self, name: &str, data: &[u8]) -> Result<()> {
-        self.inner.put_metadata(name, data)?;
+    fn put_metadata_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.inner.put_metadata_new(name, data)?;
         self.store(name, data);
         Ok(())
     }

@@ -186,6 +186,9 @@ impl Backend for FaultyBackend {
     fn put(&self, name: &str, data: &[u8]) -> Result<()> {
         self.call("put", name, || self.inner.put(name, data))
     }
+    fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.call("put", name, || self.inner.put_new(name, data))
+    }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         self.call("get", name, || self.inner.get(name))
     }
@@ -198,8 +201,8 @@ impl Backend for FaultyBackend {
     fn delete(&self, name: &str) -> Result<()> {
         self.call("delete", name, || self.inner.delete(name))
     }
-    fn put_metadata(&self, name: &str, data: &[u8]) -> Result<()> {
-        self.call("put", name, || self.inner.put_metadata(name, data))
+    fn put_metadata_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.call("put", name, || self.inner.put_metadata_new(name, data))
     }
     fn get_metadata_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         self.call("get", name, || {

@@ -9,6 +9,12 @@
 //! - once `put` returns, the object survives a crash of this machine.
 //! - a missing object is [`BackendErrorKind::NotFound`], never an empty read.
 //! - deleting a missing object is either `Ok` or `NotFound` (S3 cannot tell).
+//! - `put_new` never replaces an object: if the name exists it fails with
+//!   [`BackendErrorKind::AlreadyExists`] and the stored object is unchanged (local:
+//!   `link`, which fails on an existing name; S3: a conditional write, which most
+//!   servers honour but some ignore — nothing relies on it for correctness, since
+//!   immutable objects are named by the hash of their bytes, and `cairn serve`
+//!   checks it itself for untrusted writers).
 //!
 //! Wrappers add what remote storage needs without touching the engine:
 //! [`RetryBackend`] (backoff on transient errors), [`CachedBackend`] (a local copy
@@ -38,6 +44,8 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendErrorKind {
     NotFound,
+    /// `put_new` found an object of that name.
+    AlreadyExists,
     /// The medium is full (ENOSPC, EDQUOT).
     NoSpace,
     PermissionDenied,
@@ -87,8 +95,19 @@ impl BackendError {
             message,
         }
     }
+    pub fn already_exists(op: &'static str, path: &str) -> Self {
+        BackendError {
+            kind: BackendErrorKind::AlreadyExists,
+            op,
+            path: path.to_string(),
+            message: "an object of that name exists".into(),
+        }
+    }
     pub fn is_not_found(&self) -> bool {
         self.kind == BackendErrorKind::NotFound
+    }
+    pub fn is_already_exists(&self) -> bool {
+        self.kind == BackendErrorKind::AlreadyExists
     }
 }
 
@@ -104,8 +123,13 @@ pub struct ObjectInfo {
 pub trait Backend: Send + Sync + fmt::Debug {
     /// Human-readable location for messages.
     fn location(&self) -> String;
-    /// Stores a whole object atomically, replacing any object of that name.
+    /// Stores a whole object atomically, replacing any object of that name (config
+    /// and locks, the only objects rewritten in place).
     fn put(&self, name: &str, data: &[u8]) -> Result<()>;
+    /// Stores a whole object atomically, only if no object of that name exists;
+    /// else [`BackendErrorKind::AlreadyExists`]. Every immutable object is written
+    /// this way.
+    fn put_new(&self, name: &str, data: &[u8]) -> Result<()>;
     fn get(&self, name: &str) -> Result<Vec<u8>>;
     /// Reads `length` bytes at `offset`; a range past the end is an error, never short.
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>>;
@@ -113,10 +137,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
     fn delete(&self, name: &str) -> Result<()>;
 
-    /// Stores a pack of trees and chunk lists. A backend with a local cache keeps a
-    /// copy, so the next backup and every listing read it locally.
-    fn put_metadata(&self, name: &str, data: &[u8]) -> Result<()> {
-        self.put(name, data)
+    /// Stores a pack of trees and chunk lists like [`Backend::put_new`]. A backend
+    /// with a local cache keeps a copy, so the next backup and every listing read it
+    /// locally.
+    fn put_metadata_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.put_new(name, data)
     }
     /// Reads from a pack of trees and chunk lists. A backend with a local cache
     /// downloads such a pack whole once and serves every later range from its copy.
@@ -209,7 +234,45 @@ pub(crate) mod conformance {
         basics(b);
         missing_objects(b);
         concurrent_writers(b);
+        create_only(b);
         large_objects(b);
+    }
+
+    /// `put_new` creates, never replaces; of writers racing on one name exactly one
+    /// succeeds and its bytes are what is stored.
+    fn create_only(b: &dyn Backend) {
+        b.put_new("snapshots/aa01", b"first").unwrap();
+        let e = b.put_new("snapshots/aa01", b"second").unwrap_err();
+        assert!(e.is_already_exists(), "{e}");
+        assert_eq!(b.get("snapshots/aa01").unwrap(), b"first");
+        b.put_metadata_new("data/aa/aa02", b"trees").unwrap();
+        assert!(
+            b.put_metadata_new("data/aa/aa02", b"other")
+                .unwrap_err()
+                .is_already_exists()
+        );
+        assert_eq!(b.get("data/aa/aa02").unwrap(), b"trees");
+        let results: Vec<(usize, bool)> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..6)
+                .map(|i| {
+                    s.spawn(move || {
+                        let data = vec![i as u8; 4096];
+                        match b.put_new("index/aa03", &data) {
+                            Ok(()) => (i, true),
+                            Err(e) if e.is_already_exists() => (i, false),
+                            Err(e) => panic!("racing put_new: {e}"),
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let winners: Vec<usize> = results.iter().filter(|r| r.1).map(|r| r.0).collect();
+        assert_eq!(winners.len(), 1, "{results:?}");
+        assert_eq!(b.get("index/aa03").unwrap(), vec![winners[0] as u8; 4096]);
+        for n in ["snapshots/aa01", "data/aa/aa02", "index/aa03"] {
+            b.delete(n).unwrap();
+        }
     }
 
     fn sorted(mut l: Vec<ObjectInfo>) -> Vec<ObjectInfo> {
@@ -260,7 +323,7 @@ pub(crate) mod conformance {
                 size: 0
             }]
         );
-        b.put_metadata("data/ee/eeff", b"trees").unwrap();
+        b.put_metadata_new("data/ee/eeff", b"trees").unwrap();
         assert_eq!(b.get_metadata_range("data/ee/eeff", 1, 3).unwrap(), b"ree");
         assert_eq!(b.get("data/ee/eeff").unwrap(), b"trees");
         for n in [

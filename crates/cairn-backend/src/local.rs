@@ -76,96 +76,16 @@ impl Backend for LocalBackend {
     }
 
     fn put(&self, name: &str, data: &[u8]) -> Result<()> {
-        let dest = self.path(name);
-        let dir = dest.parent().unwrap_or(&self.root).to_path_buf();
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        // The writer's machine and pid are in the name, so a later cleanup can tell
-        // a dead writer's leftovers from a live one's work.
-        let tmp = dir.join(format!(
-            "{}{TMP_MARK}{}-{}-{n}",
-            crate::names::base(name),
-            self.host,
-            std::process::id()
-        ));
-        let write = || -> std::io::Result<()> {
-            let mut f = match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-                Ok(f) => f,
-                Err(e) if e.kind() == ErrorKind::NotFound => {
-                    fs::create_dir_all(&dir)?;
-                    OpenOptions::new().write(true).create_new(true).open(&tmp)?
-                }
-                Err(e) => return Err(e),
-            };
-            let direct_file =
-                if self.direct.load(Ordering::Relaxed) && data.len() as u64 >= DIRECT_MIN_BYTES {
-                    direct::open_direct(&tmp)?
-                } else {
-                    None
-                };
-            match direct_file {
-                Some(d) => {
-                    let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-                    if !direct::write_at(&f, Some(&d), &mut scratch, data, 0)? {
-                        self.direct.store(false, Ordering::Relaxed);
-                    }
-                }
-                None => f.write_all(data)?,
-            }
-            if self.sync {
-                f.sync_all()?;
-            }
-            drop(f);
-            fs::rename(&tmp, &dest)?;
-            if self.sync {
-                sync_dir(&dir)?;
-            }
-            Ok(())
-        };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            BackendError::from_io("put", name, &e)
-        })
+        self.write(name, data, false)
+    }
+
+    fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.write(name, data, true)
     }
 
     fn remove_stale_temporaries(&self) -> Result<u64> {
-        let mut freed = 0;
-        let mut stack = vec![self.root.clone()];
-        while let Some(dir) = stack.pop() {
-            let rd = match fs::read_dir(&dir) {
-                Ok(rd) => rd,
-                Err(e) if e.kind() == ErrorKind::NotFound => continue,
-                Err(e) => return Err(BackendError::from_io("list", &dir.to_string_lossy(), &e)),
-            };
-            for ent in rd.flatten() {
-                let Ok(ft) = ent.file_type() else { continue };
-                let fname = ent.file_name();
-                let fname = fname.to_string_lossy();
-                if ft.is_dir() {
-                    stack.push(ent.path());
-                    continue;
-                }
-                let Some((_, tag)) = fname.split_once(TMP_MARK) else {
-                    continue;
-                };
-                let Ok(meta) = ent.metadata() else { continue };
-                if temporary_is_stale(tag, &self.host, &meta) {
-                    match fs::remove_file(ent.path()) {
-                        Ok(()) => freed += meta.len(),
-                        Err(e) if e.kind() == ErrorKind::NotFound => {}
-                        Err(e) => {
-                            return Err(BackendError::from_io(
-                                "delete",
-                                &ent.path().to_string_lossy(),
-                                &e,
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-        Ok(freed)
+        self.remove_temporaries()
     }
-
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         fs::read(self.path(name)).map_err(|e| BackendError::from_io("get", name, &e))
     }
@@ -246,6 +166,111 @@ impl Backend for LocalBackend {
 
     fn delete(&self, name: &str) -> Result<()> {
         fs::remove_file(self.path(name)).map_err(|e| BackendError::from_io("delete", name, &e))
+    }
+}
+
+impl LocalBackend {
+    /// Writes a temporary file, fsyncs it, and moves it into place: `rename` (which
+    /// replaces) for `put`, `link` (which fails if the name exists, then the
+    /// temporary is removed) for `put_new`; then fsyncs the directory.
+    fn write(&self, name: &str, data: &[u8], exclusive: bool) -> Result<()> {
+        let dest = self.path(name);
+        let dir = dest.parent().unwrap_or(&self.root).to_path_buf();
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        // The writer's machine and pid are in the name, so a later cleanup can tell
+        // a dead writer's leftovers from a live one's work.
+        let tmp = dir.join(format!(
+            "{}{TMP_MARK}{}-{}-{n}",
+            crate::names::base(name),
+            self.host,
+            std::process::id()
+        ));
+        let write = || -> std::io::Result<()> {
+            let mut f = match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+                Ok(f) => f,
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    fs::create_dir_all(&dir)?;
+                    OpenOptions::new().write(true).create_new(true).open(&tmp)?
+                }
+                Err(e) => return Err(e),
+            };
+            let direct_file =
+                if self.direct.load(Ordering::Relaxed) && data.len() as u64 >= DIRECT_MIN_BYTES {
+                    direct::open_direct(&tmp)?
+                } else {
+                    None
+                };
+            match direct_file {
+                Some(d) => {
+                    let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+                    if !direct::write_at(&f, Some(&d), &mut scratch, data, 0)? {
+                        self.direct.store(false, Ordering::Relaxed);
+                    }
+                }
+                None => f.write_all(data)?,
+            }
+            if self.sync {
+                f.sync_all()?;
+            }
+            drop(f);
+            if exclusive {
+                let linked = fs::hard_link(&tmp, &dest);
+                let _ = fs::remove_file(&tmp);
+                linked?;
+            } else {
+                fs::rename(&tmp, &dest)?;
+            }
+            if self.sync {
+                sync_dir(&dir)?;
+            }
+            Ok(())
+        };
+        write().map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            if exclusive && e.kind() == ErrorKind::AlreadyExists {
+                return BackendError::already_exists("put", name);
+            }
+            BackendError::from_io("put", name, &e)
+        })
+    }
+
+    fn remove_temporaries(&self) -> Result<u64> {
+        let mut freed = 0;
+        let mut stack = vec![self.root.clone()];
+        while let Some(dir) = stack.pop() {
+            let rd = match fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(BackendError::from_io("list", &dir.to_string_lossy(), &e)),
+            };
+            for ent in rd.flatten() {
+                let Ok(ft) = ent.file_type() else { continue };
+                let fname = ent.file_name();
+                let fname = fname.to_string_lossy();
+                if ft.is_dir() {
+                    stack.push(ent.path());
+                    continue;
+                }
+                let Some((_, tag)) = fname.split_once(TMP_MARK) else {
+                    continue;
+                };
+                let Ok(meta) = ent.metadata() else { continue };
+                if temporary_is_stale(tag, &self.host, &meta) {
+                    match fs::remove_file(ent.path()) {
+                        Ok(()) => freed += meta.len(),
+                        Err(e) if e.kind() == ErrorKind::NotFound => {}
+                        Err(e) => {
+                            return Err(BackendError::from_io(
+                                "delete",
+                                &ent.path().to_string_lossy(),
+                                &e,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(freed)
     }
 }
 

@@ -26,6 +26,14 @@ impl Backend for MemBackend {
         self.map().insert(name.to_string(), data.to_vec());
         Ok(())
     }
+    fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        let mut m = self.map();
+        if m.contains_key(name) {
+            return Err(BackendError::already_exists("put", name));
+        }
+        m.insert(name.to_string(), data.to_vec());
+        Ok(())
+    }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         self.map()
             .get(name)

@@ -125,6 +125,12 @@ impl Backend for RetryBackend {
     fn put(&self, name: &str, data: &[u8]) -> Result<()> {
         self.run(|_| self.inner.put(name, data))
     }
+    /// A repeated `put_new` whose first attempt in fact stored the object gets
+    /// `AlreadyExists`: callers write immutable objects under the hash of their
+    /// bytes and take that as stored.
+    fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.run(|_| self.inner.put_new(name, data))
+    }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         self.run(|_| self.inner.get(name))
     }
@@ -141,8 +147,8 @@ impl Backend for RetryBackend {
             r => r,
         })
     }
-    fn put_metadata(&self, name: &str, data: &[u8]) -> Result<()> {
-        self.run(|_| self.inner.put_metadata(name, data))
+    fn put_metadata_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.run(|_| self.inner.put_metadata_new(name, data))
     }
     fn get_metadata_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         self.run(|_| self.inner.get_metadata_range(name, offset, length))

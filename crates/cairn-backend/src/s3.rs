@@ -314,6 +314,22 @@ impl Backend for S3Backend {
             .map_err(|e| map_err("put", name, e))
     }
 
+    fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        // A conditional PUT (If-None-Match: *): the server refuses it when the key
+        // exists. Not every S3 server honours the header (see the trait's contract).
+        let (op, key, data) = (self.op.clone(), name.to_string(), data.to_vec());
+        self.run("put", name, async move {
+            op.write_with(&key, data).if_not_exists(true).await
+        })?
+        .map(|_| ())
+        .map_err(|e| match e.kind() {
+            ErrorKind::ConditionNotMatch | ErrorKind::AlreadyExists => {
+                BackendError::already_exists("put", name)
+            }
+            _ => map_err("put", name, e),
+        })
+    }
+
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         let (op, key) = (self.op.clone(), name.to_string());
         self.run("get", name, async move {

@@ -116,6 +116,10 @@ impl Backend for ThrottledBackend {
         self.sent(data.len());
         self.inner.put(name, data)
     }
+    fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.sent(data.len());
+        self.inner.put_new(name, data)
+    }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         self.received(self.inner.get(name))
     }
@@ -130,9 +134,9 @@ impl Backend for ThrottledBackend {
         self.traffic.requests.fetch_add(1, Ordering::Relaxed);
         self.inner.delete(name)
     }
-    fn put_metadata(&self, name: &str, data: &[u8]) -> Result<()> {
+    fn put_metadata_new(&self, name: &str, data: &[u8]) -> Result<()> {
         self.sent(data.len());
-        self.inner.put_metadata(name, data)
+        self.inner.put_metadata_new(name, data)
     }
     fn get_metadata_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         // A cache below this layer may fetch more than the range (the whole pack);

@@ -17,7 +17,12 @@ impl Repository {
         .map_err(|e| Error::Invalid(e.to_string()))?;
         let bytes = kf.to_bytes();
         let id = KeyId::of_content(&bytes);
-        self.backend.put(&names::key(&id.to_hex()), &bytes)?;
+        super::objects::store_immutable(
+            self.backend.as_ref(),
+            &names::key(&id.to_hex()),
+            &bytes,
+            false,
+        )?;
         Ok(id)
     }
 

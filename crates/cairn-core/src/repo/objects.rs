@@ -3,6 +3,28 @@
 
 use super::*;
 
+/// Stores an immutable object under a name that is the hash of its bytes, never
+/// replacing one: an object already stored under that name has these bytes (or is
+/// damaged, which `check` finds), so `AlreadyExists` — a retried request whose first
+/// attempt arrived, or two writers storing the same index record — counts as stored.
+pub(crate) fn store_immutable(
+    backend: &dyn Backend,
+    name: &str,
+    data: &[u8],
+    metadata: bool,
+) -> Result<()> {
+    let r = if metadata {
+        backend.put_metadata_new(name, data)
+    } else {
+        backend.put_new(name, data)
+    };
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_already_exists() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 impl Repository {
     pub fn list_index_files(&self) -> Result<Vec<IndexId>> {
         Ok(self
@@ -85,7 +107,12 @@ impl Repository {
     pub fn write_pending(&self, p: &PendingDeletion) -> Result<PendingId> {
         let sealed = self.key.sealer.seal(&p.encode());
         let id = PendingId::of_content(&sealed);
-        self.backend.put(&names::pending(&id.to_hex()), &sealed)?;
+        store_immutable(
+            self.backend.as_ref(),
+            &names::pending(&id.to_hex()),
+            &sealed,
+            false,
+        )?;
         Ok(id)
     }
 

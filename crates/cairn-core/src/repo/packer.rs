@@ -163,7 +163,7 @@ pub fn write_index_file(
 ) -> Result<IndexId> {
     let sealed = key.sealer.seal(&file.encode());
     let id = IndexId::of_content(&sealed);
-    backend.put(&names::index(&id.to_hex()), &sealed)?;
+    super::objects::store_immutable(backend, &names::index(&id.to_hex()), &sealed, false)?;
     Ok(id)
 }
 
@@ -308,16 +308,12 @@ fn upload_loop(
         if lock(&shared.failed).is_some() {
             continue; // drain: the backup is failing, nothing more is stored
         }
-        // Packs of trees and chunk lists go through `put_metadata`: a caching
+        // Packs of trees and chunk lists go through `put_metadata_new`: a caching
         // backend keeps them, so the next backup reads its parent's trees locally.
         let name = names::pack(&p.id.to_hex());
-        let stored = if p.is_metadata() {
-            backend.put_metadata(&name, &p.bytes)
-        } else {
-            backend.put(&name, &p.bytes)
-        };
+        let stored = super::objects::store_immutable(backend, &name, &p.bytes, p.is_metadata());
         if let Err(e) = stored {
-            lock(&shared.failed).get_or_insert(e.into());
+            lock(&shared.failed).get_or_insert(e);
             continue;
         }
         {

@@ -54,7 +54,12 @@ impl Repository {
         lock.check_fresh()?;
         let sealed = self.key.sealer.seal(&snap.to_bytes());
         let id = SnapshotId::of_content(&sealed);
-        self.backend.put(&names::snapshot(&id.to_hex()), &sealed)?;
+        super::objects::store_immutable(
+            self.backend.as_ref(),
+            &names::snapshot(&id.to_hex()),
+            &sealed,
+            false,
+        )?;
         let _ = self.write_index_file(&IndexFile {
             snapshots: vec![id],
             ..Default::default()

@@ -40,6 +40,12 @@ pub enum Error {
     },
     #[error("blob {0} is referenced but missing from the index")]
     BlobNotFound(BlobId),
+    /// The SSD placement's local files could not answer (damaged or unreadable):
+    /// they are marked and rebuilt from the repository at the next run.
+    #[error(
+        "blob {blob}: the local SSD index could not be read ({error}); it is rebuilt from the repository at the next run"
+    )]
+    LocalIndexFailed { blob: BlobId, error: String },
     /// The index names a pack the storage does not hold (lost or deleted behind
     /// cairn's back).
     #[error("pack {pack} holding blob {blob} is missing")]

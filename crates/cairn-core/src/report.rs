@@ -8,3 +8,21 @@ use std::path::Path;
 pub fn lossy_path<S: Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&p.to_string_lossy())
 }
+
+/// Lookups in the SSD placement that failed to read or verify its local files (the
+/// files are marked and rebuilt at the next open).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LookupFailures {
+    pub count: u64,
+    pub error: String,
+}
+
+impl LookupFailures {
+    /// The failures the repository's loaded index met, if any.
+    pub fn of(repo: &crate::Repository) -> Option<LookupFailures> {
+        repo.index()
+            .ssd()
+            .and_then(|s| s.failures())
+            .map(|(count, error)| LookupFailures { count, error })
+    }
+}

@@ -1,6 +1,6 @@
 use crate::args::{CheckArgs, Global};
 use anyhow::{Result, anyhow, bail};
-use cairn_core::check::{self, BlobRole, CheckOptions, Problem, Subset};
+use cairn_core::check::{self, BlobRole, CheckOptions, LocalIndexState, Problem, Subset};
 use cairn_core::repo::IndexObject;
 use cairn_core::session::{IndexLoad, Read};
 
@@ -94,6 +94,20 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             println!("error: {}", render(problem));
             for a in problem.affects() {
                 println!("    affects {}:{}", a.snapshot.short(), a.path);
+            }
+        }
+        if let Some(l) = &report.local_index {
+            let why = l.error.as_deref().unwrap_or("");
+            match l.state {
+                LocalIndexState::Rebuilt => eprintln!(
+                    "warning: the local SSD index at {} was damaged ({why}); it was rebuilt from the repository",
+                    l.path
+                ),
+                LocalIndexState::Damaged => eprintln!(
+                    "warning: the local SSD index at {} is damaged ({why}); it is rebuilt at the next use",
+                    l.path
+                ),
+                _ => {}
             }
         }
         if !g.quiet {

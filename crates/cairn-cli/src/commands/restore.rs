@@ -32,6 +32,13 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             ui::rate(r.bytes, r.duration_secs)
         );
     }
+    if let Some(f) = &r.index_lookup_failures {
+        eprintln!(
+            "warning: {} lookups in the local SSD index failed ({}); it was marked and is rebuilt \
+             from the repository at the next run, which restores what this one could not",
+            f.count, f.error
+        );
+    }
     if !r.errors.is_empty() {
         eprintln!(
             "cairn: error: {} entries could not be restored completely (listed above); everything else was restored",

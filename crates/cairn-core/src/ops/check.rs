@@ -145,6 +145,34 @@ pub struct CheckReport {
     /// Prune records whose packs wait for deletion.
     pub pending_deletions: usize,
     pub problems: Vec<Problem>,
+    /// This machine's SSD index of the repository, when it uses that placement.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_index: Option<LocalIndex>,
+}
+
+/// What `check` found of the SSD placement's files on this machine: derived state,
+/// not part of the repository, but a damaged copy would make every restore fail.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LocalIndex {
+    pub path: String,
+    pub state: LocalIndexState,
+    /// What was wrong, when it was damaged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LocalIndexState {
+    /// Up to date and every file matches its checksums.
+    Intact,
+    /// Not on this machine, or built from older index files: built at the next use.
+    Absent,
+    OutOfDate,
+    /// Damaged, and rebuilt from the repository by this check.
+    Rebuilt,
+    /// Damaged; rebuilding failed (it is rebuilt at the next use).
+    Damaged,
 }
 
 /// Checks the repository of a read session opened with [`IndexLoad::Full`](crate::session::IndexLoad::Full)
@@ -271,7 +299,35 @@ pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport
     extra.sort_by(|a, b| a.0.cmp(&b.0));
     report.problems.extend(extra.into_iter().map(|(_, p)| p));
     report.problems.extend(vanished_snapshots(repo, state)?);
+    report.local_index = local_index(repo)?;
     Ok(report)
+}
+
+/// Checks this machine's SSD index of the repository, rebuilding it when damaged.
+fn local_index(repo: &Repository) -> Result<Option<LocalIndex>> {
+    use crate::index::ssd::{CacheState, SsdIndex};
+    if repo.config().index_placement != cairn_format::config::IndexPlacement::Ssd {
+        return Ok(None);
+    }
+    let Ok(base) = repo.index_path() else {
+        return Ok(None);
+    };
+    let path = SsdIndex::dir_for(&base, &repo.config().id)
+        .display()
+        .to_string();
+    let (state, error) = match SsdIndex::check_cached(repo, &base)? {
+        CacheState::Absent => (LocalIndexState::Absent, None),
+        CacheState::OutOfDate => (LocalIndexState::OutOfDate, None),
+        CacheState::Intact => (LocalIndexState::Intact, None),
+        CacheState::Damaged(e) => match SsdIndex::open(repo, &base) {
+            Ok(_) => (LocalIndexState::Rebuilt, Some(e)),
+            Err(r) => (
+                LocalIndexState::Damaged,
+                Some(format!("{e}; rebuilding failed: {r}")),
+            ),
+        },
+    };
+    Ok(Some(LocalIndex { path, state, error }))
 }
 
 /// Snapshots that index files record as committed, that were not forgotten, and

@@ -126,7 +126,12 @@ impl Repository {
 
     /// Reads, opens, decompresses and verifies one blob.
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
-        let loc = self.index.get(id).ok_or(Error::BlobNotFound(*id))?;
+        let loc = self.index.get(id).ok_or_else(|| {
+            match self.index.ssd().and_then(|s| s.failures()) {
+                Some((_, error)) => Error::LocalIndexFailed { blob: *id, error },
+                None => Error::BlobNotFound(*id),
+            }
+        })?;
         let pack = self.index.pack_of(&loc);
         let name = names::pack(&pack.to_hex());
         let (offset, length) = (loc.offset.into(), loc.length.into());

@@ -372,8 +372,18 @@ pub(super) fn build_into(
         .flush()
         .map_err(|e| io_err(&keys_path, e))?;
     skipped.sort_unstable();
-    let write = |name: &str, data: &[u8]| -> Result<()> {
+    let mut checksums = std::collections::BTreeMap::new();
+    checksums.insert(
+        "records.bin.sums".to_string(),
+        write_block_sums(tmp, "records.bin")?,
+    );
+    checksums.insert(
+        "keys.bin.sums".to_string(),
+        write_block_sums(tmp, "keys.bin")?,
+    );
+    let mut write = |name: &str, data: &[u8]| -> Result<()> {
         let p = tmp.join(name);
+        checksums.insert(name.to_string(), file_sum(data));
         std::fs::write(&p, data).map_err(|e| io_err(&p, e))
     };
     write(
@@ -411,9 +421,11 @@ pub(super) fn build_into(
         live,
         dir_bits,
         errors,
+        checksums,
     };
     let body = serde_json::to_vec_pretty(&m).map_err(|e| Error::Invalid(e.to_string()))?;
     // The manifest last: a build without one is never used.
-    write("manifest.json", &body)?;
+    let mp = tmp.join("manifest.json");
+    std::fs::write(&mp, &body).map_err(|e| io_err(&mp, e))?;
     Ok(true)
 }

@@ -27,10 +27,15 @@ impl SsdIndex {
             + self.dir.len() * 8
             + self.runs.len() * std::mem::size_of::<Run>()
             + self.skipped.len() * 8
+            + self.records.ram_bytes()
+            + self.keys.ram_bytes()
     }
 
     pub(super) fn fail(&self, e: impl std::fmt::Display) {
         self.failures.fetch_add(1, Ordering::Relaxed);
+        // Whatever failed (damage, a read error), the next open rebuilds the files
+        // rather than meeting it again.
+        mark_damaged(&self.dir_path);
         if let Ok(mut l) = self.last_failure.lock() {
             *l = Some(e.to_string());
         }
@@ -89,6 +94,7 @@ impl SsdIndex {
             .read_exact_at(&mut buf, run.start * RECORD_LEN as u64)?;
         let mut out = Vec::with_capacity(run.count as usize);
         for (i, c) in buf.chunks_exact(RECORD_LEN).enumerate() {
+            // (checked: `records` reads whole blocks and verifies them)
             let p = run.start + i as u64;
             if self.skipped.binary_search(&p).is_ok() {
                 continue;
@@ -172,6 +178,24 @@ impl SsdIndex {
                 self.fail(format!("reading {}: {e}", self.dir_path.display()));
                 None
             }
+        }
+    }
+
+    /// Reads every file of the build (and its delta) and checks it against its
+    /// checksums; on damage the build is marked and the next open rebuilds it.
+    pub fn verify(&self) -> std::result::Result<(), String> {
+        let r = self
+            .records
+            .verify()
+            .and_then(|()| self.keys.verify())
+            .map_err(|e| e.to_string());
+        if let Err(e) = &r {
+            mark_damaged(&self.dir_path);
+            return Err(e.clone());
+        }
+        match &self.delta {
+            Some(d) => d.verify(),
+            None => Ok(()),
         }
     }
 

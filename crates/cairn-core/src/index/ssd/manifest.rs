@@ -18,6 +18,8 @@ pub(super) struct Manifest {
     pub(super) dir_bits: u32,
     /// Index files that could not be read (their blobs count as missing).
     pub(super) errors: Vec<String>,
+    /// BLAKE3 (hex) of each file read whole at open (see `checked`).
+    pub(super) checksums: std::collections::BTreeMap<String, String>,
 }
 
 /// Reads and checks a segment's manifest. A build that met unreadable index files
@@ -28,6 +30,13 @@ pub(super) fn read_manifest(dir: &Path, repo_id: &str) -> Result<Manifest> {
         .map_err(|e| Error::Invalid(format!("SSD index manifest: {e}")))?;
     if m.version != MANIFEST_VERSION || m.repo_id != repo_id || !m.errors.is_empty() {
         return Err(Error::Invalid("SSD index is out of date".into()));
+    }
+    if dir.join(DAMAGED).exists()
+        || dir
+            .parent()
+            .is_some_and(|p| dir.ends_with("delta") && p.join(DAMAGED).exists())
+    {
+        return Err(Error::Invalid("SSD index was found damaged".into()));
     }
     Ok(m)
 }

@@ -28,12 +28,14 @@
 
 mod build;
 mod cache;
+mod checked;
 mod filter;
 mod lookup;
 mod manifest;
 
 use build::*;
 use cache::*;
+use checked::*;
 use filter::*;
 use lookup::*;
 use manifest::*;
@@ -69,7 +71,9 @@ const FILTER_PROBES: u32 = 7;
 const MAX_BUCKET_KEYS: u64 = 1 << 16;
 /// Records the locality cache holds (about 5 MB of RAM whatever the index size).
 const CACHE_RECORDS: usize = 64 * 1024;
-const MANIFEST_VERSION: u32 = 1;
+/// 2: checksums (files read whole: BLAKE3 in the manifest; records and keys:
+/// XXH3 per 4 KiB block).
+const MANIFEST_VERSION: u32 = 2;
 /// Index files read (in parallel) and held at once while building: what bounds the
 /// build's memory (a backup's index file holds up to 200,000 blobs, a prune's
 /// compacted one more).
@@ -84,8 +88,8 @@ pub const DISK_BYTES_PER_BLOB: f64 = (RECORD_LEN + KEY_LEN) as f64;
 /// The open SSD index.
 pub struct SsdIndex {
     dir_path: PathBuf,
-    records: File,
-    keys: File,
+    records: CheckedFile,
+    keys: CheckedFile,
     n_records: u64,
     unique: u64,
     live: u64,
@@ -106,6 +110,20 @@ pub struct SsdIndex {
     failures: AtomicU64,
     last_failure: Mutex<Option<String>>,
     pub(crate) errors: Vec<String>,
+}
+
+/// What [`SsdIndex::check_cached`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheState {
+    /// No SSD index of this repository on this machine (built at the next use).
+    Absent,
+    /// Built from other index files than the repository has now (rebuilt at the
+    /// next use).
+    OutOfDate,
+    /// Up to date, every file matching its checksums.
+    Intact,
+    /// Damaged (marked: rebuilt at the next use), with what was found.
+    Damaged(String),
 }
 
 fn io_err(what: &Path, e: std::io::Error) -> Error {
@@ -191,6 +209,43 @@ impl SsdIndex {
         }
     }
 
+    /// Looks at this machine's SSD index of the repository without building one:
+    /// whether it is there, up to date, and intact (every file read and checked).
+    /// A damaged one is marked, so the next open rebuilds it.
+    pub fn check_cached(repo: &dyn IndexSource, base: &Path) -> Result<CacheState> {
+        let repo_id = repo.repository_id().to_string();
+        let dir = Self::dir_for(base, &repo_id);
+        if !dir.join("CURRENT").exists() {
+            return Ok(CacheState::Absent);
+        }
+        let mut files: Vec<String> = repo
+            .index_files()?
+            .iter()
+            .map(|(id, _)| id.to_hex())
+            .collect();
+        files.sort();
+        let mut pending: Vec<String> = repo
+            .pending_records()?
+            .iter()
+            .map(PendingId::to_hex)
+            .collect();
+        pending.sort();
+        let damaged_marker = || {
+            std::fs::read_to_string(dir.join("CURRENT"))
+                .ok()
+                .map(|n| dir.join(n.trim()).join(DAMAGED))
+                .is_some_and(|p| p.exists())
+        };
+        match Self::load_current(&dir, &repo_id, &files, &pending) {
+            Ok((ix, _)) => Ok(match ix.verify() {
+                Ok(()) => CacheState::Intact,
+                Err(e) => CacheState::Damaged(e),
+            }),
+            Err(e) if damaged_marker() => Ok(CacheState::Damaged(e.to_string())),
+            Err(_) => Ok(CacheState::OutOfDate),
+        }
+    }
+
     /// Loads the build `dir/CURRENT` names. Builds are never modified once named
     /// there, so every file read belongs to the same build; a build deleted while
     /// being opened is an error, and the caller then takes the build lock and
@@ -251,20 +306,10 @@ impl SsdIndex {
 
     /// Loads one segment's files, checking that they are consistent.
     fn load_segment(dir: &Path, m: Manifest) -> Result<(SsdIndex, Vec<PackId>)> {
-        let bad = |what: &str| Error::Invalid(format!("SSD index: {what} is inconsistent"));
-        let records_path = dir.join("records.bin");
-        let records = File::open(&records_path).map_err(|e| io_err(&records_path, e))?;
-        let keys_path = dir.join("keys.bin");
-        let keys = File::open(&keys_path).map_err(|e| io_err(&keys_path, e))?;
-        let rlen = records
-            .metadata()
-            .map_err(|e| io_err(&records_path, e))?
-            .len();
-        let klen = keys.metadata().map_err(|e| io_err(&keys_path, e))?.len();
-        if rlen != m.records * RECORD_LEN as u64 || klen != m.records * KEY_LEN as u64 {
-            return Err(bad("record or key file size"));
-        }
-        let dir_bytes = read_file(dir, "dir.bin")?;
+        let bad = |what: &str| damage(dir, &format!("{what} is inconsistent"));
+        let records = CheckedFile::open(dir, "records.bin", m.records * RECORD_LEN as u64, &m)?;
+        let keys = CheckedFile::open(dir, "keys.bin", m.records * KEY_LEN as u64, &m)?;
+        let dir_bytes = read_verified(dir, "dir.bin", &m)?;
         let d: Vec<u64> = u64s(&dir_bytes);
         if m.dir_bits > 40
             || d.len() != (1usize << m.dir_bits) + 1
@@ -276,12 +321,12 @@ impl SsdIndex {
         if d.windows(2).any(|w| w[1] - w[0] > MAX_BUCKET_KEYS) {
             return Err(bad("directory"));
         }
-        let filter =
-            Filter::from_bytes(&read_file(dir, "filter.bin")?).ok_or_else(|| bad("filter"))?;
+        let filter = Filter::from_bytes(&read_verified(dir, "filter.bin", &m)?)
+            .ok_or_else(|| bad("filter"))?;
         if filter.blocks.len() as u64 != (m.records * FILTER_BITS_PER_BLOB).div_ceil(512).max(1) {
             return Err(bad("filter"));
         }
-        let packs: Vec<PackId> = read_file(dir, "packs.bin")?
+        let packs: Vec<PackId> = read_verified(dir, "packs.bin", &m)?
             .chunks_exact(32)
             .map(|c| {
                 let mut a = [0u8; 32];
@@ -289,7 +334,7 @@ impl SsdIndex {
                 PackId(a)
             })
             .collect();
-        let runs_raw = read_file(dir, "runs.bin")?;
+        let runs_raw = read_verified(dir, "runs.bin", &m)?;
         let mut runs = Vec::new();
         for c in runs_raw.chunks_exact(16) {
             let start = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
@@ -304,7 +349,7 @@ impl SsdIndex {
             }
             runs.push(Run { start, count, pack });
         }
-        let skipped = u64s(&read_file(dir, "skipped.bin")?);
+        let skipped = u64s(&read_verified(dir, "skipped.bin", &m)?);
         if m.unique > m.records
             || skipped.len() as u64 != m.records - m.unique
             || skipped.windows(2).any(|w| w[0] >= w[1])
@@ -552,5 +597,107 @@ pub(super) mod tests {
             .set_len(len - 13)
             .unwrap();
         assert_same(&mut repo, dir.path(), &probes, &[dup]);
+    }
+
+    /// Flips 2% of a file's bytes, spread over it (at least one).
+    fn flip(path: &Path) {
+        let mut data = std::fs::read(path).unwrap();
+        let n = (data.len() / 50).max(1);
+        let step = (data.len() / n).max(1);
+        for i in (0..data.len()).step_by(step).take(n) {
+            data[i] ^= 0x5a;
+        }
+        std::fs::write(path, data).unwrap();
+    }
+
+    /// See: issue "a damaged local SSD-index cache breaks every restore while check
+    /// passes". Damage in a file read whole at open is found at open and the build is
+    /// rebuilt; damage in records or keys fails the lookups that meet it (never a
+    /// wrong answer), marks the build, and the next open rebuilds it. `check_cached`
+    /// finds any of it.
+    #[test]
+    fn damaged_files_are_found_and_rebuilt() {
+        let mut repo = mem_repo();
+        let dir = tempfile::tempdir().unwrap();
+        let mut g = Gen(0x5eed);
+        let packs: Vec<IndexPack> = (0..30).map(|_| pack(&mut g, 400, &[])).collect();
+        let probes: Vec<BlobId> = packs
+            .iter()
+            .flat_map(|p| p.blobs.iter().map(|b| b.id))
+            .step_by(7)
+            .collect();
+        repo.write_index_file(&IndexFile {
+            packs,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_same(&mut repo, dir.path(), &probes, &[]);
+        let base = SsdIndex::dir_for(dir.path(), &repo.config().id);
+        let current = || {
+            base.join(
+                std::fs::read_to_string(base.join("CURRENT"))
+                    .unwrap()
+                    .trim(),
+            )
+        };
+        assert_eq!(
+            SsdIndex::check_cached(&repo, dir.path()).unwrap(),
+            CacheState::Intact
+        );
+        // Read whole at open: found there, rebuilt at once.
+        for name in [
+            "packs.bin",
+            "filter.bin",
+            "dir.bin",
+            "runs.bin",
+            "keys.bin.sums",
+        ] {
+            let before = current();
+            flip(&before.join(name));
+            assert!(
+                matches!(
+                    SsdIndex::check_cached(&repo, dir.path()).unwrap(),
+                    CacheState::Damaged(_)
+                ),
+                "{name}"
+            );
+            assert_same(&mut repo, dir.path(), &probes, &[]);
+            assert_ne!(current(), before, "{name}: rebuilt into a new build");
+        }
+        // Read piecemeal: lookups that meet the damage fail (no false answer), the
+        // build is marked, and the next open rebuilds it.
+        for name in ["records.bin", "keys.bin"] {
+            let before = current();
+            flip(&before.join(name));
+            let (ssd, packs) = SsdIndex::open(&repo, dir.path()).unwrap();
+            let ssd = MasterIndex::from_ssd(ssd, packs);
+            repo.load_index_in_ram().unwrap();
+            let ram = repo.index().clone();
+            let mut answered = 0;
+            for id in &probes {
+                if let Some(a) = ssd.get(id) {
+                    let b = ram.get(id).unwrap();
+                    assert_eq!(
+                        (a.offset, a.length),
+                        (b.offset, b.length),
+                        "{name}: wrong answer"
+                    );
+                    answered += 1;
+                }
+            }
+            assert!(answered < probes.len(), "{name}: damage never met");
+            assert!(
+                ssd.ssd().unwrap().failures().is_some(),
+                "{name}: failures counted"
+            );
+            assert!(before.join(DAMAGED).exists(), "{name}: marked");
+            drop(ssd);
+            assert_same(&mut repo, dir.path(), &probes, &[]);
+            assert_ne!(current(), before, "{name}: rebuilt");
+            assert_eq!(
+                SsdIndex::check_cached(&repo, dir.path()).unwrap(),
+                CacheState::Intact
+            );
+        }
     }
 }

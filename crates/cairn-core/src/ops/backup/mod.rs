@@ -93,11 +93,7 @@ pub struct BackupReport {
     pub snapshot: Snapshot,
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct LookupFailures {
-    pub count: u64,
-    pub error: String,
-}
+pub use crate::report::LookupFailures;
 
 /// One element of the stream from walker to archiver.
 pub(crate) enum Item {
@@ -273,12 +269,7 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
     let snapshot_id = session
         .repo()
         .write_snapshot(&r.snapshot, session.commit_lock()?)?;
-    let index_lookup_failures = session
-        .repo()
-        .index()
-        .ssd()
-        .and_then(|s| s.failures())
-        .map(|(count, error)| LookupFailures { count, error });
+    let index_lookup_failures = LookupFailures::of(session.repo());
     Ok(BackupReport {
         snapshot_id,
         parent: r.parent,

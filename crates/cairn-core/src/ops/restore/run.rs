@@ -28,6 +28,10 @@ pub struct RestoreReport {
     pub duration_secs: f64,
     /// Entries not restored in full; everything else was.
     pub errors: Vec<Issue>,
+    /// The SSD placement's local files failed lookups (they are rebuilt at the next
+    /// run, which then restores what this one could not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index_lookup_failures: Option<crate::report::LookupFailures>,
 }
 
 /// Restores the snapshot (found through the session) into `opts.target`.
@@ -63,5 +67,6 @@ pub fn restore_snapshot<A: Access>(
                 error: i.message.clone(),
             })
             .collect(),
+        index_lookup_failures: crate::report::LookupFailures::of(session.repo()),
     })
 }

@@ -59,35 +59,39 @@ struct FileWriter<'a> {
     scratch: AlignedBuf,
     /// Cleared when the target filesystem refuses O_DIRECT.
     direct: bool,
+    /// Files a run could not be written to, with why; drained by the caller.
+    failed: Vec<(u32, String)>,
 }
 
 const MAX_WRITE: usize = 4 << 20;
 
 impl FileWriter<'_> {
-    fn write(&mut self, file: u32, offset: u64, data: &[u8]) -> Result<(), (u32, String)> {
+    /// Queues `data` for `file` at `offset`, writing the pending run first when this
+    /// does not continue it. A failure of that run is recorded against the run's file
+    /// and never stops `data` from being queued: it belongs to another file or place.
+    fn write(&mut self, file: u32, offset: u64, data: &[u8]) {
         if !self.buf.is_empty()
             && (file != self.file
                 || offset != self.offset + self.buf.len() as u64
                 || self.buf.len() + data.len() > MAX_WRITE)
         {
-            self.flush()?;
+            self.flush();
         }
         if self.buf.is_empty() {
             self.file = file;
             self.offset = offset;
         }
         self.buf.extend_from_slice(data);
-        Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), (u32, String)> {
+    fn flush(&mut self) {
         if self.buf.is_empty() {
-            return Ok(());
+            return;
         }
-        let file = self.file;
-        let r = self.write_run();
+        if let Err(m) = self.write_run() {
+            self.failed.push((self.file, m));
+        }
         self.buf.clear();
-        r.map_err(|m| (file, m))
     }
 
     /// Writes the pending run; large runs go mostly through O_DIRECT (see
@@ -167,6 +171,7 @@ pub(crate) fn execute(
                     buf: Vec::new(),
                     scratch: AlignedBuf::default(),
                     direct: true,
+                    failed: Vec::new(),
                 };
                 while let Some((pack_no, needs)) =
                     plan.packs.get(next.fetch_add(1, Ordering::Relaxed))
@@ -214,19 +219,22 @@ pub(crate) fn execute(
                                 }
                             };
                             let job = &jobs[n.file as usize];
-                            let r = if job.direct {
-                                write_direct(job, data, owners)
-                                    .map_err(|e| (n.file, format!("writing: {e}")))
+                            if job.direct {
+                                match write_direct(job, data, owners) {
+                                    Ok(()) => done(data.len()),
+                                    Err(e) => fail(n.file, format!("writing: {e}")),
+                                }
                             } else {
-                                write_skipping_zero_pages(&mut w, n.file, n.file_offset, data)
-                            };
-                            match r {
-                                Ok(()) => done(data.len()),
-                                Err((f, m)) => fail(f, m),
+                                write_skipping_zero_pages(&mut w, n.file, n.file_offset, data);
+                                done(data.len());
+                            }
+                            for (f, m) in w.failed.drain(..) {
+                                fail(f, m);
                             }
                         }
                     }
-                    if let Err((f, m)) = w.flush() {
+                    w.flush();
+                    for (f, m) in w.failed.drain(..) {
                         fail(f, m);
                     }
                 }
@@ -245,12 +253,7 @@ pub(crate) fn execute(
 /// zeros would make the restored file denser than the original.
 const PAGE: u64 = 4096;
 
-fn write_skipping_zero_pages(
-    w: &mut FileWriter<'_>,
-    file: u32,
-    offset: u64,
-    data: &[u8],
-) -> Result<(), (u32, String)> {
+fn write_skipping_zero_pages(w: &mut FileWriter<'_>, file: u32, offset: u64, data: &[u8]) {
     let end = offset + data.len() as u64;
     let mut pos = offset;
     let mut pending: Option<u64> = None; // start of the non-zero stretch being collected
@@ -265,7 +268,7 @@ fn write_skipping_zero_pages(
                     file,
                     start,
                     &data[(start - offset) as usize..(pos - offset) as usize],
-                )?;
+                );
                 pending = None;
             }
             (false, None) => pending = Some(pos),
@@ -274,9 +277,8 @@ fn write_skipping_zero_pages(
         pos = piece_end;
     }
     if let Some(start) = pending {
-        w.write(file, start, &data[(start - offset) as usize..])?;
+        w.write(file, start, &data[(start - offset) as usize..]);
     }
-    Ok(())
 }
 
 /// Creates a single-chunk file, writes it and sets its metadata on one descriptor.
@@ -327,5 +329,39 @@ mod tests {
         assert_eq!(r[0].len(), 4);
         assert_eq!(r[1].len(), 1);
         assert!(ranges(&[]).is_empty());
+    }
+
+    /// A run that cannot be written (here: its file is gone) is reported against its
+    /// own file; the data queued after it, for another file, is still written.
+    #[test]
+    fn a_failed_file_does_not_cost_the_next_file_its_data() {
+        use cairn_format::tree::{Node, NodeKind};
+        let tmp = tempfile::tempdir().unwrap();
+        let b = tmp.path().join("b");
+        std::fs::write(&b, b"").unwrap();
+        let jobs: Vec<FileJob> = [tmp.path().join("gone"), b.clone()]
+            .into_iter()
+            .map(|path| FileJob {
+                path,
+                node: Node::new(b"f".to_vec(), NodeKind::File),
+                direct: false,
+            })
+            .collect();
+        let mut w = FileWriter {
+            jobs: &jobs,
+            files: HashMap::new(),
+            file: 0,
+            offset: 0,
+            buf: Vec::new(),
+            scratch: AlignedBuf::default(),
+            direct: true,
+            failed: Vec::new(),
+        };
+        w.write(0, 0, b"for the first");
+        w.write(1, 0, b"for b");
+        w.flush();
+        assert_eq!(w.failed.len(), 1, "{:?}", w.failed);
+        assert_eq!(w.failed[0].0, 0);
+        assert_eq!(std::fs::read(&b).unwrap(), b"for b");
     }
 }

@@ -228,6 +228,16 @@ fn root_restore_never_follows_symlinks_a_user_plants_in_the_target() {
         // what the user tampered with.
         assert_same(&src.join("srv"), &base.join("srv"));
         let code = out.status.code();
+        let reported: Vec<String> = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .ok()
+            .and_then(|v| v["errors"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        eprintln!(
+            "trial {trial}: exit {code:?}, {swaps} swaps, breaches {breach:?}, reported {reported:#?}"
+        );
         if code == Some(0) {
             assert_eq!(
                 fs::read(t_alice.join("keep.txt")).unwrap(),

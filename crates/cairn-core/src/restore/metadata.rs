@@ -25,7 +25,11 @@ pub(crate) fn apply(
     owners: bool,
 ) -> std::io::Result<()> {
     if owners {
-        sys::chown_fd(fd, node.uid, node.gid)?;
+        if path_only {
+            sys::chown_path_fd(fd, node.uid, node.gid)?;
+        } else {
+            sys::chown_fd(fd, node.uid, node.gid)?;
+        }
     }
     for (k, v) in &node.xattrs {
         let name = super::target::c_name(k)?;

@@ -234,9 +234,15 @@ pub(crate) fn link_at(
     .map(drop)
 }
 
-/// The owner of the entry `fd` refers to. Works on `O_PATH` descriptors too
-/// (`AT_EMPTY_PATH`), and on a symlink's own descriptor changes the link itself.
+/// The owner of an open file or directory.
 pub(crate) fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: plain integer arguments.
+    retry(|| unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) }).map(drop)
+}
+
+/// The owner through an `O_PATH` descriptor (`AT_EMPTY_PATH`); on a symlink's own
+/// descriptor it changes the link itself.
+pub(crate) fn chown_path_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
     // SAFETY: the empty path is a valid NUL-terminated string.
     retry(|| unsafe {
         libc::fchownat(

@@ -14,6 +14,7 @@ mod keys;
 mod maintenance;
 mod placement;
 mod remote;
+mod restore_race;
 mod roundtrip;
 mod stats;
 mod util;

@@ -2,6 +2,10 @@
 //! few coalesced ranges, decodes and verifies every needed blob once, and writes it to
 //! every place that needs it with positional writes. All-zero chunks are not written:
 //! the file was created at its full size, so they stay holes.
+//!
+//! Files are reached through their parent directory's descriptor and their name, and
+//! a file the walk created is used only after checking it is still that inode (see
+//! [`super::target`]); nothing is opened by path.
 
 use super::FileJob;
 use super::plan::{Need, Plan};
@@ -12,7 +16,8 @@ use crate::repo::blob;
 use cairn_backend::direct::{self, AlignedBuf, DIRECT_MIN_BYTES};
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -20,7 +25,17 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 const MAX_GAP: u32 = 512 << 10;
 /// Upper bound of one range read.
 const MAX_RANGE: u32 = 8 << 20;
-const OPEN_FILES_PER_WORKER: usize = 64;
+/// Files a worker keeps open (each with up to two descriptors).
+pub(crate) const OPEN_FILES_PER_WORKER: usize = 64;
+
+/// Reads and large writes bypass the page cache and wait for the device: a couple
+/// of requests in flight beyond the cores (measured: more threads only cost memory).
+pub(crate) fn threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        + 2
+}
 
 pub(crate) struct Executed {
     pub bytes: u64,
@@ -59,35 +74,39 @@ struct FileWriter<'a> {
     scratch: AlignedBuf,
     /// Cleared when the target filesystem refuses O_DIRECT.
     direct: bool,
+    /// Files a run could not be written to, with why; drained by the caller.
+    failed: Vec<(u32, String)>,
 }
 
 const MAX_WRITE: usize = 4 << 20;
 
 impl FileWriter<'_> {
-    fn write(&mut self, file: u32, offset: u64, data: &[u8]) -> Result<(), (u32, String)> {
+    /// Queues `data` for `file` at `offset`, writing the pending run first when this
+    /// does not continue it. A failure of that run is recorded against the run's file
+    /// and never stops `data` from being queued: it belongs to another file or place.
+    fn write(&mut self, file: u32, offset: u64, data: &[u8]) {
         if !self.buf.is_empty()
             && (file != self.file
                 || offset != self.offset + self.buf.len() as u64
                 || self.buf.len() + data.len() > MAX_WRITE)
         {
-            self.flush()?;
+            self.flush();
         }
         if self.buf.is_empty() {
             self.file = file;
             self.offset = offset;
         }
         self.buf.extend_from_slice(data);
-        Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), (u32, String)> {
+    fn flush(&mut self) {
         if self.buf.is_empty() {
-            return Ok(());
+            return;
         }
-        let file = self.file;
-        let r = self.write_run();
+        if let Err(m) = self.write_run() {
+            self.failed.push((self.file, m));
+        }
         self.buf.clear();
-        r.map_err(|m| (file, m))
     }
 
     /// Writes the pending run; large runs go mostly through O_DIRECT (see
@@ -98,22 +117,23 @@ impl FileWriter<'_> {
             self.files.clear();
         }
         let want_direct = self.direct && self.buf.len() as u64 >= DIRECT_MIN_BYTES;
-        let path = &self.jobs[file as usize].path;
+        let job = &self.jobs[file as usize];
         let entry = match self.files.entry(file) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(path)
+                let f = job
+                    .reopen(libc::O_WRONLY)
                     .map_err(|e| format!("opening for writing: {e}"))?;
                 v.insert((f, None))
             }
         };
         if want_direct && entry.1.is_none() {
-            match direct::open_direct(path) {
-                Ok(Some(d)) => entry.1 = Some(d),
-                Ok(None) => self.direct = false,
+            // A second descriptor of the same checked inode, opened with O_DIRECT.
+            match job.reopen(libc::O_WRONLY | libc::O_DIRECT) {
+                Ok(d) => entry.1 = Some(d),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+                    self.direct = false
+                }
                 Err(e) => return Err(format!("opening for writing: {e}")),
             }
         }
@@ -139,12 +159,7 @@ pub(crate) fn execute(
     let next = AtomicUsize::new(0);
     let bytes = AtomicU64::new(0);
     let failed: Mutex<HashMap<u32, String>> = Mutex::new(HashMap::new());
-    // Reads and large writes bypass the page cache and wait for the device: a couple
-    // of requests in flight beyond the cores (measured: more threads only cost memory).
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-        + 2;
+    let threads = threads();
     let fail = |file: u32, msg: String| {
         failed
             .lock()
@@ -167,6 +182,7 @@ pub(crate) fn execute(
                     buf: Vec::new(),
                     scratch: AlignedBuf::default(),
                     direct: true,
+                    failed: Vec::new(),
                 };
                 while let Some((pack_no, needs)) =
                     plan.packs.get(next.fetch_add(1, Ordering::Relaxed))
@@ -214,19 +230,22 @@ pub(crate) fn execute(
                                 }
                             };
                             let job = &jobs[n.file as usize];
-                            let r = if job.direct {
-                                write_direct(job, data, owners)
-                                    .map_err(|e| (n.file, format!("writing: {e}")))
+                            if job.direct {
+                                match write_direct(job, data, owners) {
+                                    Ok(()) => done(data.len()),
+                                    Err(e) => fail(n.file, format!("writing: {e}")),
+                                }
                             } else {
-                                write_skipping_zero_pages(&mut w, n.file, n.file_offset, data)
-                            };
-                            match r {
-                                Ok(()) => done(data.len()),
-                                Err((f, m)) => fail(f, m),
+                                write_skipping_zero_pages(&mut w, n.file, n.file_offset, data);
+                                done(data.len());
+                            }
+                            for (f, m) in w.failed.drain(..) {
+                                fail(f, m);
                             }
                         }
                     }
-                    if let Err((f, m)) = w.flush() {
+                    w.flush();
+                    for (f, m) in w.failed.drain(..) {
                         fail(f, m);
                     }
                 }
@@ -245,12 +264,7 @@ pub(crate) fn execute(
 /// zeros would make the restored file denser than the original.
 const PAGE: u64 = 4096;
 
-fn write_skipping_zero_pages(
-    w: &mut FileWriter<'_>,
-    file: u32,
-    offset: u64,
-    data: &[u8],
-) -> Result<(), (u32, String)> {
+fn write_skipping_zero_pages(w: &mut FileWriter<'_>, file: u32, offset: u64, data: &[u8]) {
     let end = offset + data.len() as u64;
     let mut pos = offset;
     let mut pending: Option<u64> = None; // start of the non-zero stretch being collected
@@ -265,7 +279,7 @@ fn write_skipping_zero_pages(
                     file,
                     start,
                     &data[(start - offset) as usize..(pos - offset) as usize],
-                )?;
+                );
                 pending = None;
             }
             (false, None) => pending = Some(pos),
@@ -274,25 +288,20 @@ fn write_skipping_zero_pages(
         pos = piece_end;
     }
     if let Some(start) = pending {
-        w.write(file, start, &data[(start - offset) as usize..])?;
+        w.write(file, start, &data[(start - offset) as usize..]);
     }
-    Ok(())
 }
 
-/// Creates a single-chunk file, writes it and sets its metadata on one descriptor.
+/// Creates a single-chunk file (exclusively, in its parent's descriptor), writes it
+/// and sets its metadata on that one descriptor.
 fn write_direct(job: &FileJob, data: &[u8], owners: bool) -> std::io::Result<()> {
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&job.path)?;
+    let f = super::target::create_file(job.dir.fd(), &job.name)?;
     if data.iter().all(|b| *b == 0) {
         f.set_len(data.len() as u64)?;
     } else {
         f.write_all_at(data, 0)?;
     }
-    super::metadata::apply_fd(&f, &job.node, owners)
+    super::metadata::apply(f.as_fd(), false, &job.node, owners)
 }
 
 #[cfg(test)]
@@ -327,5 +336,58 @@ mod tests {
         assert_eq!(r[0].len(), 4);
         assert_eq!(r[1].len(), 1);
         assert!(ranges(&[]).is_empty());
+    }
+
+    /// A run that cannot be written (its file was replaced under restore) is reported
+    /// against its own file; the data queued after it, for another file, is still
+    /// written.
+    #[test]
+    fn a_failed_file_does_not_cost_the_next_file_its_data() {
+        use crate::restore::target::{self, Dir, DirNode};
+        use cairn_format::tree::{Node, NodeKind};
+        use std::sync::Arc;
+        let tmp = tempfile::tempdir().unwrap();
+        let fd: std::os::fd::OwnedFd = File::open(tmp.path()).unwrap().into();
+        let id = crate::restore::sys::fstat(fd.as_fd()).unwrap().id();
+        let dir = Arc::new(Dir {
+            fd,
+            node: DirNode::root(tmp.path(), id),
+            path_only: false,
+        });
+        let mut jobs = Vec::new();
+        for name in [c"a", c"b"] {
+            let f = target::create_file(dir.fd(), name).unwrap();
+            let created = Some(crate::restore::sys::fstat(f.as_fd()).unwrap());
+            jobs.push(FileJob {
+                dir: dir.clone(),
+                name: name.to_owned(),
+                node: Node::new(name.to_bytes().to_vec(), NodeKind::File),
+                direct: false,
+                created,
+            });
+        }
+        // `a` is replaced before the executor reopens it.
+        std::fs::rename(tmp.path().join("a"), tmp.path().join("moved")).unwrap();
+        std::fs::write(tmp.path().join("a"), b"someone else's").unwrap();
+        let mut w = FileWriter {
+            jobs: &jobs,
+            files: HashMap::new(),
+            file: 0,
+            offset: 0,
+            buf: Vec::new(),
+            scratch: AlignedBuf::default(),
+            direct: true,
+            failed: Vec::new(),
+        };
+        w.write(0, 0, b"for a");
+        w.write(1, 0, b"for b");
+        w.flush();
+        assert_eq!(w.failed.len(), 1, "{:?}", w.failed);
+        assert_eq!(w.failed[0].0, 0);
+        assert_eq!(std::fs::read(tmp.path().join("b")).unwrap(), b"for b");
+        assert_eq!(
+            std::fs::read(tmp.path().join("a")).unwrap(),
+            b"someone else's"
+        );
     }
 }

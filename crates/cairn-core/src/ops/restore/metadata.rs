@@ -1,60 +1,55 @@
 //! Applying an entry's metadata after its content: owner (as root), extended
-//! attributes, permission bits, then times last (every earlier step may change them).
-//! Symlinks get owner, xattrs and times, never a chmod (it would follow the link).
+//! attributes, permission bits, then times last (every earlier step may change them;
+//! a chown clears set-id bits, so the mode comes after it).
+//!
+//! Always through a descriptor of the entry itself, never a path: a path through a
+//! directory another user controls could lead anywhere by the time it is used, and
+//! `chmod` follows symlinks. Regular files and directories are changed through an
+//! ordinary descriptor; symlinks, FIFOs and devices (which restore must not open)
+//! through an `O_PATH` one. Symlinks get owner, xattrs and times, never a mode.
 
+use super::sys;
 use cairn_format::tree::{Node, NodeKind, Timestamp};
-use nix::sys::stat::{UtimensatFlags, utimensat};
-use nix::sys::time::TimeSpec;
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::os::fd::BorrowedFd;
 
-fn timespec(t: Timestamp) -> TimeSpec {
-    TimeSpec::new(t.secs as libc::time_t, t.nanos as libc::c_long)
+fn time(t: Timestamp) -> (i64, u32) {
+    (t.secs, t.nanos)
 }
 
-pub(crate) fn apply(path: &Path, node: &Node, owners: bool) -> std::io::Result<()> {
-    let to_io = |e: nix::Error| std::io::Error::from_raw_os_error(e as i32);
+/// Through `fd`, an ordinary descriptor of a regular file or directory, or (with
+/// `path_only`) an `O_PATH` descriptor of any entry.
+pub(crate) fn apply(
+    fd: BorrowedFd<'_>,
+    path_only: bool,
+    node: &Node,
+    owners: bool,
+) -> std::io::Result<()> {
     if owners {
-        nix::unistd::fchownat(
-            nix::fcntl::AT_FDCWD,
-            path,
-            Some(node.uid.into()),
-            Some(node.gid.into()),
-            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
-        .map_err(to_io)?;
+        if path_only {
+            sys::chown_path_fd(fd, node.uid, node.gid)?;
+        } else {
+            sys::chown_fd(fd, node.uid, node.gid)?;
+        }
     }
     for (k, v) in &node.xattrs {
-        xattr::set(path, OsStr::from_bytes(k), v)?;
+        let name = super::target::c_name(k)?;
+        if path_only {
+            sys::set_xattr_path_fd(fd, &name, v)?;
+        } else {
+            sys::set_xattr_fd(fd, &name, v)?;
+        }
     }
     if node.kind != NodeKind::Symlink {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(node.mode & 0o7777))?;
+        let mode = (node.mode & 0o7777) as libc::mode_t;
+        if path_only {
+            sys::chmod_path_fd(fd, mode)?;
+        } else {
+            sys::chmod_fd(fd, mode)?;
+        }
     }
-    utimensat(
-        nix::fcntl::AT_FDCWD,
-        path,
-        &timespec(node.atime),
-        &timespec(node.mtime),
-        UtimensatFlags::NoFollowSymlink,
-    )
-    .map_err(to_io)
-}
-
-/// The same through an open descriptor of a regular file (no path lookups).
-pub(crate) fn apply_fd(file: &std::fs::File, node: &Node, owners: bool) -> std::io::Result<()> {
-    use std::os::fd::AsFd;
-    use xattr::FileExt;
-    let to_io = |e: nix::Error| std::io::Error::from_raw_os_error(e as i32);
-    if owners {
-        nix::unistd::fchown(file.as_fd(), Some(node.uid.into()), Some(node.gid.into()))
-            .map_err(to_io)?;
+    if path_only {
+        sys::utimens_path_fd(fd, time(node.atime), time(node.mtime))
+    } else {
+        sys::futimens(fd, time(node.atime), time(node.mtime))
     }
-    for (k, v) in &node.xattrs {
-        file.set_xattr(OsStr::from_bytes(k), v)?;
-    }
-    file.set_permissions(std::fs::Permissions::from_mode(node.mode & 0o7777))?;
-    nix::sys::stat::futimens(file.as_fd(), &timespec(node.atime), &timespec(node.mtime))
-        .map_err(to_io)
 }

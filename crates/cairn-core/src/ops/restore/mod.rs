@@ -1,16 +1,26 @@
 //! Restore: snapshot tree -> files under a target directory.
 //!
-//! 1. Walk the tree (filtered by `--include`), creating directories, links, FIFOs and
-//!    devices, and creating each regular file at its final size (so unwritten ranges
-//!    stay holes). Every name was checked by the tree decoder (no `/`, `.`, `..`,
-//!    NUL, duplicates) and every directory on the way is one this restore created or
-//!    checked is a real directory, so nothing is written outside the target.
-//! 2. In batches of files (bounded memory), [`plan`] expands their chunk lists and
-//!    groups the needed blobs by pack; [`execute`] reads each pack once in coalesced
-//!    ranges on several threads, opens, decompresses and verifies every blob against
-//!    its id, and writes it with positional writes, skipping all-zero chunks.
-//! 3. File metadata is applied after a batch's content, directory metadata last and
-//!    deepest first (so writing children does not disturb a parent's times).
+//! 1. Walk the tree (filtered by `--include`) with an explicit stack, creating
+//!    directories, links, FIFOs and devices, and creating each regular file at its
+//!    final size (so unwritten ranges stay holes). Every name was checked by the tree
+//!    decoder (no `/`, `.`, `..`, NUL, duplicates).
+//! 2. In batches of files (bounded memory and descriptors), [`plan`] expands their
+//!    chunk lists and groups the needed blobs by pack; [`execute`] reads each pack
+//!    once in coalesced ranges on several threads, opens, decompresses and verifies
+//!    every blob against its id, and writes it with positional writes, skipping
+//!    all-zero chunks.
+//! 3. File metadata is applied after a batch's content; a directory's once its
+//!    entries are complete and written (children before parents, so writing
+//!    children does not disturb a parent's times).
+//!
+//! Nothing is done by path below the target: the target is opened once, and every
+//! entry is created, opened and changed by one name relative to a directory
+//! descriptor restore holds, without following symlinks ([`target`], [`sys`]). A user
+//! who owns a directory in the target and swaps entries for symlinks while a root
+//! restore runs can make entries fail, never make restore write, chmod or chown
+//! anything outside the directories that user could change anyway (docs/FORMAT.md,
+//! threat model). Deep trees keep a bounded number of ancestors open and reopen the
+//! others through `..`, checked by device and inode.
 //!
 //! Damage is reported per file: a restore writes everything it can and returns the
 //! list of what it could not.
@@ -19,6 +29,8 @@ mod execute;
 mod metadata;
 mod plan;
 mod run;
+mod sys;
+mod target;
 
 pub use run::{Issue, RestoreReport, restore_snapshot};
 
@@ -28,11 +40,13 @@ use crate::repo::Repository;
 use cairn_format::BlobId;
 use cairn_format::tree::{Content, Node, NodeKind};
 use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::ffi::{CStr, CString};
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use target::{Dir, DirNode, c_name};
 
 pub struct RestoreOptions {
     pub target: PathBuf,
@@ -57,28 +71,100 @@ pub struct RestoreStats {
     pub issues: Vec<RestoreIssue>,
 }
 
-/// A regular file whose content still has to be written.
+/// A regular file whose content still has to be written. It is named by its parent
+/// directory's descriptor and its name there, never by a path: the executor writes
+/// it later, and a path could lead elsewhere by then.
 pub(crate) struct FileJob {
-    pub path: PathBuf,
+    pub dir: Arc<Dir>,
+    pub name: CString,
     pub node: Node,
     /// A single-chunk file with one link: the executor creates it, writes it and sets
     /// its metadata through one open descriptor (the common case of a dense tree:
-    /// one path lookup instead of five).
+    /// one lookup instead of five).
     pub direct: bool,
+    /// The file the walk created (`None` for `direct` jobs): what the executor
+    /// checks it reopened.
+    pub created: Option<sys::Stat>,
+}
+
+impl FileJob {
+    pub fn path(&self) -> PathBuf {
+        self.dir.node.join(&self.name)
+    }
+
+    /// Opens the file the walk created again, checked to be that very file.
+    pub fn reopen(&self, flags: libc::c_int) -> std::io::Result<fs::File> {
+        let created = self
+            .created
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("the file was not created yet"))?;
+        target::reopen_file(self.dir.fd(), &self.name, flags, created)
+    }
 }
 
 const BATCH_CHUNKS: u64 = 1 << 21;
 const BATCH_FILES: usize = 50_000;
+/// Ancestor directories kept open on the way down a deep tree (besides the target):
+/// one descriptor per level would exceed the limit on open files at 100,000 levels.
+/// Closed ones are reopened through `..` on the way back up, and checked.
+const OPEN_ANCESTORS: usize = 256;
+
+/// A directory being restored: the walk's explicit stack holds one per level (a
+/// recursive walk would overflow the thread's stack on a very deep tree).
+struct Frame {
+    /// Entries still to restore, last first (popped in tree order).
+    todo: Vec<Node>,
+    /// Open while the frame is among the deepest [`OPEN_ANCESTORS`] (the target always).
+    dir: Option<Arc<Dir>>,
+    /// The descriptor while anything (the batch) still holds it, to use it again.
+    weak: Weak<Dir>,
+    node: Arc<DirNode>,
+    /// The directory's own entry, for its metadata; `None` for the target.
+    meta: Option<Node>,
+    /// Everything below is selected (no `--include`, or inside one).
+    all: bool,
+    /// The snapshot path, kept only while `!all` (to match includes against).
+    snap_path: String,
+    /// Created by this restore: nothing can be in it that restore did not put there.
+    fresh: bool,
+}
+
+/// The first name restored for a hard-linked inode; later names link to it.
+struct FirstLink {
+    dir: Weak<Dir>,
+    dir_node: Arc<DirNode>,
+    name: CString,
+    /// (device, inode) of the file restore created.
+    id: (u64, u64),
+    /// Its owner: restore's until its metadata is applied, then the snapshot's (an
+    /// inode number can be reused by a file someone else creates, an owner cannot).
+    owners: [u32; 2],
+}
 
 struct Walk<'a> {
     repo: &'a Repository,
     opts: &'a RestoreOptions,
     progress: &'a Progress,
     stats: RestoreStats,
+    includes: Vec<String>,
+    root: Arc<Dir>,
+    stack: Vec<Frame>,
     batch: Vec<FileJob>,
     batch_chunks: u64,
-    dirs: Vec<(PathBuf, Node)>,
-    hardlinks: HashMap<(u64, u64), PathBuf>,
+    /// Directory descriptors the batch and `pending` keep open (counted once per
+    /// change of directory, an upper bound), and how many they may.
+    batch_dirs: usize,
+    dir_budget: usize,
+    last_dir: Option<Arc<Dir>>,
+    /// Directories whose entries are all created, in the order they were completed
+    /// (children before parents): their metadata is applied after the batch that
+    /// writes their last files.
+    pending: Vec<(Arc<Dir>, Node)>,
+    hardlinks: HashMap<(u64, u64), FirstLink>,
+    /// The last directory reopened to link to a first name in it.
+    link_dir: Option<Arc<Dir>>,
+    /// Cancelled: the walk stopped between entries.
+    stopped: bool,
 }
 
 pub fn restore(
@@ -96,10 +182,31 @@ pub fn restore(
             target.display()
         )));
     }
-    // Fail early and clearly when the target cannot be written.
-    let probe = target.join(format!(".cairn-restore-probe-{}", std::process::id()));
-    fs::File::create(&probe).map_err(|e| Error::io(target, e))?;
-    let _ = fs::remove_file(&probe);
+    // The target is opened once, by the path the caller gave; everything below it is
+    // reached through this descriptor.
+    let root_fd: OwnedFd = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(target)
+        .map_err(|e| Error::io(target, e))?
+        .into();
+    sys::probe_openat2(root_fd.as_fd());
+    let st = sys::fstat(root_fd.as_fd()).map_err(|e| Error::io(target, e))?;
+    // Fail early and clearly when the target cannot be written. The probe's name is
+    // predictable, so whatever is there already is removed (never followed: a symlink
+    // planted there must not make restore create or truncate a file elsewhere), and
+    // the probe is created exclusively; an entry that reappears in between is someone
+    // else's and proves nothing either way.
+    let probe = c_name(format!(".cairn-restore-probe-{}", std::process::id()).as_bytes())
+        .map_err(|e| Error::io(target, e))?;
+    let _ = sys::unlink_at(root_fd.as_fd(), &probe);
+    match target::create_file(root_fd.as_fd(), &probe) {
+        Ok(_) => {
+            let _ = sys::unlink_at(root_fd.as_fd(), &probe);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io(target, e)),
+    }
 
     let includes: Vec<String> = opts
         .includes
@@ -113,27 +220,61 @@ pub fn restore(
             }
         })
         .collect();
+    let tree = repo.load_tree(root)?;
+    let root_dir = Arc::new(Dir {
+        fd: root_fd,
+        node: DirNode::root(target, st.id()),
+        path_only: false,
+    });
+    let all = includes.is_empty();
     let mut w = Walk {
         repo,
         opts,
         progress,
         stats: RestoreStats::default(),
+        includes,
+        root: root_dir.clone(),
+        stack: Vec::new(),
         batch: Vec::new(),
         batch_chunks: 0,
-        dirs: Vec::new(),
+        batch_dirs: 0,
+        dir_budget: dir_budget(),
+        last_dir: None,
+        pending: Vec::new(),
         hardlinks: HashMap::new(),
+        link_dir: None,
+        stopped: false,
     };
-    let tree = repo.load_tree(root)?;
-    w.walk_tree(&tree, target, "", &includes, includes.is_empty(), false)?;
+    let mut todo = tree.nodes;
+    todo.reverse();
+    w.stack.push(Frame {
+        todo,
+        weak: Arc::downgrade(&root_dir),
+        dir: Some(root_dir.clone()),
+        node: root_dir.node.clone(),
+        meta: None,
+        all,
+        snap_path: String::new(),
+        fresh: false,
+    });
+    w.run()?;
     w.flush_batch()?;
-    // Directories deepest first.
-    let dirs = std::mem::take(&mut w.dirs);
-    for (path, node) in dirs.iter().rev() {
-        if let Err(e) = metadata::apply(path, node, opts.owners) {
-            w.issue(path, format!("setting metadata: {e}"));
-        }
+    if w.stopped {
+        // The files created so far are whole (their batch was written); the rest
+        // was not started.
+        return Err(Error::Cancelled);
     }
     Ok(w.stats)
+}
+
+/// How many directory descriptors a batch may keep open: what the limit on open
+/// files leaves after the open ancestors and the executor's files, halved for
+/// everything else; at most 4,096 (a batch then still holds 50,000 files of dense
+/// trees).
+fn dir_budget() -> usize {
+    let reserve = OPEN_ANCESTORS + 2 * execute::OPEN_FILES_PER_WORKER * execute::threads() + 64;
+    let limit = usize::try_from(sys::nofile_limit()).unwrap_or(usize::MAX);
+    (limit.saturating_sub(reserve) / 2).clamp(16, 4096)
 }
 
 /// Is `path` (snapshot-absolute) selected by the includes, or an ancestor of one?
@@ -150,130 +291,291 @@ fn selection(path: &str, includes: &[String]) -> (bool, bool) {
     (inside, ancestor)
 }
 
+fn chunks_of(node: &Node) -> u64 {
+    match &node.content {
+        Content::None => 0,
+        Content::Inline(v) => v.len() as u64,
+        Content::Tree { chunks, .. } => *chunks,
+    }
+}
+
 impl Walk<'_> {
-    fn issue(&mut self, path: &Path, message: String) {
-        self.progress.warning(path, &message);
-        self.stats.issues.push(RestoreIssue {
-            path: path.to_path_buf(),
-            message,
-        });
+    fn issue(&mut self, path: PathBuf, message: String) {
+        self.progress.warning(&path, &message);
+        self.stats.issues.push(RestoreIssue { path, message });
     }
 
-    fn walk_tree(
-        &mut self,
-        tree: &cairn_format::tree::Tree,
-        dir: &Path,
-        snap_dir: &str,
-        includes: &[String],
-        all: bool,
-        fresh: bool,
-    ) -> Result<()> {
-        for node in &tree.nodes {
-            let name = OsStr::from_bytes(&node.name);
-            let snap_path = format!("{snap_dir}/{}", String::from_utf8_lossy(&node.name));
-            let (inside, ancestor) = if all {
-                (true, false)
+    fn run(&mut self) -> Result<()> {
+        while let Some(top) = self.stack.last_mut() {
+            // Between entries: stopping here leaves only whole files behind (the
+            // batch written so far is finished by the caller's flush).
+            if self.progress.is_cancelled() {
+                self.stopped = true;
+                return Ok(());
+            }
+            let Some(node) = top.todo.pop() else {
+                self.leave()?;
+                continue;
+            };
+            // Only a frame that could not be reopened has no descriptor, and its
+            // entries were dropped then.
+            let Some(parent) = top.dir.clone() else {
+                continue;
+            };
+            let fresh = top.fresh;
+            let (inside, ancestor, snap_path) = if top.all {
+                (true, false, String::new())
             } else {
-                selection(&snap_path, includes)
+                let p = format!("{}/{}", top.snap_path, String::from_utf8_lossy(&node.name));
+                let (i, a) = selection(&p, &self.includes);
+                (i, a, p)
             };
             if !inside && !ancestor {
                 continue;
             }
-            let path = dir.join(name);
+            let name = match c_name(&node.name) {
+                Ok(n) => n,
+                Err(e) => {
+                    let p = parent
+                        .node
+                        .path()
+                        .join(String::from_utf8_lossy(&node.name).as_ref());
+                    self.issue(p, e.to_string());
+                    continue;
+                }
+            };
             match node.kind {
-                NodeKind::Dir => {
-                    let created = match ensure_dir(&path, fresh) {
-                        Ok(c) => c,
-                        Err(e) => {
-                            self.issue(&path, format!("creating directory: {e}"));
-                            continue;
-                        }
-                    };
-                    self.stats.dirs += 1;
-                    self.dirs.push((path.clone(), node.clone()));
-                    let Some(sub) = node.subtree else { continue };
-                    match self.repo.load_tree(&sub) {
-                        Ok(t) => {
-                            self.walk_tree(&t, &path, &snap_path, includes, inside, created)?
-                        }
-                        Err(e) => self.issue(&path, format!("directory contents lost: {e}")),
-                    }
-                    self.progress.entry_done();
-                }
+                NodeKind::Dir => self.dir(&parent, name, node, fresh, inside, snap_path)?,
                 _ if !inside => {}
-                NodeKind::File => self.file(path, node, fresh)?,
-                _ => {
-                    if let Err(e) = self.special(&path, node, fresh) {
-                        self.issue(&path, e.to_string());
-                    } else {
-                        self.stats.other += 1;
-                        if let Err(e) = metadata::apply(&path, node, self.opts.owners) {
-                            self.issue(&path, format!("setting metadata: {e}"));
-                        }
-                    }
-                    self.progress.entry_done();
-                }
+                NodeKind::File => self.file(parent, name, node, fresh)?,
+                _ => self.special(&parent, &name, &node, fresh),
             }
         }
         Ok(())
     }
 
-    fn file(&mut self, path: PathBuf, node: &Node, fresh: bool) -> Result<()> {
-        if node.nlink > 1 {
-            if let Some(first) = self.hardlinks.get(&(node.dev, node.inode)).cloned() {
-                if let Err(e) =
-                    remove_existing(&path, fresh).and_then(|_| fs::hard_link(&first, &path))
-                {
-                    self.issue(&path, format!("creating hard link: {e}"));
-                }
-                self.stats.files += 1;
-                self.progress.entry_done();
+    fn dir(
+        &mut self,
+        parent: &Arc<Dir>,
+        name: CString,
+        node: Node,
+        fresh: bool,
+        all: bool,
+        snap_path: String,
+    ) -> Result<()> {
+        let opened = match target::ensure_dir(parent, &name, fresh) {
+            Ok(o) => o,
+            Err(e) => {
+                self.issue(parent.node.join(&name), format!("creating directory: {e}"));
                 return Ok(());
             }
-            self.hardlinks.insert((node.dev, node.inode), path.clone());
+        };
+        self.stats.dirs += 1;
+        let dir_node = DirNode::child(&parent.node, name, opened.stat.id());
+        let dir = Arc::new(Dir {
+            fd: opened.fd,
+            node: dir_node.clone(),
+            path_only: opened.path_only,
+        });
+        let tree = match node.subtree.map(|sub| self.repo.load_tree(&sub)) {
+            Some(Ok(t)) => t,
+            Some(Err(e)) => {
+                self.issue(dir_node.path(), format!("directory contents lost: {e}"));
+                return self.complete_dir(Some(dir), node);
+            }
+            None => return self.complete_dir(Some(dir), node),
+        };
+        let mut todo = tree.nodes;
+        todo.reverse();
+        self.stack.push(Frame {
+            todo,
+            weak: Arc::downgrade(&dir),
+            dir: Some(dir),
+            node: dir_node,
+            meta: Some(node),
+            all,
+            snap_path: if all { String::new() } else { snap_path },
+            fresh: opened.created,
+        });
+        let n = self.stack.len();
+        if n > OPEN_ANCESTORS + 1 {
+            self.stack[n - 1 - OPEN_ANCESTORS].dir = None;
+        }
+        Ok(())
+    }
+
+    /// The walk leaves the directory on top of the stack: all its entries exist.
+    /// Its metadata waits for the batch holding its last files; the directory above
+    /// is reopened (and checked) if its descriptor was closed on the way down.
+    fn leave(&mut self) -> Result<()> {
+        let Some(f) = self.stack.pop() else {
+            return Ok(());
+        };
+        let child = f.dir.clone();
+        if let Some(meta) = f.meta {
+            self.complete_dir(f.dir, meta)?;
+        }
+        let Some(top) = self.stack.last() else {
+            return Ok(());
+        };
+        if top.dir.is_some() {
+            return Ok(());
+        }
+        let node = top.node.clone();
+        let reopened = match top.weak.upgrade() {
+            Some(d) => Ok(d),
+            None => match child.as_ref().map(|c| target::reopen_parent(c, &node)) {
+                Some(Ok(d)) => Ok(Arc::new(d)),
+                _ => target::reopen_dir(&self.root, &node).map(Arc::new),
+            },
+        };
+        match reopened {
+            Ok(d) => {
+                if let Some(top) = self.stack.last_mut() {
+                    top.weak = Arc::downgrade(&d);
+                    top.dir = Some(d);
+                }
+            }
+            Err(e) => {
+                let left = self.stack.last_mut().map_or(0, |top| {
+                    let n = top.todo.len();
+                    top.todo.clear();
+                    n
+                });
+                let what = if left == 0 {
+                    "its metadata was not applied".to_string()
+                } else {
+                    format!("{left} of its entries were not restored")
+                };
+                self.issue(
+                    node.path(),
+                    format!("could not return to the directory: {e}; {what}"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// A directory is complete (`dir` is `None` when it could not be reopened).
+    fn complete_dir(&mut self, dir: Option<Arc<Dir>>, meta: Node) -> Result<()> {
+        if let Some(dir) = dir {
+            self.pending.push((dir, meta));
+            self.batch_dirs += 1;
+        }
+        self.progress.entry_done();
+        self.maybe_flush()
+    }
+
+    fn file(&mut self, parent: Arc<Dir>, name: CString, node: Node, fresh: bool) -> Result<()> {
+        let key = (node.dev, node.inode);
+        if node.nlink > 1 && self.hardlinks.contains_key(&key) {
+            if let Err(e) = self.link(&parent, &name, key, fresh) {
+                self.issue(parent.node.join(&name), format!("creating hard link: {e}"));
+            }
+            self.stats.files += 1;
+            self.progress.entry_done();
+            return Ok(());
         }
         let direct = node.nlink <= 1 && matches!(&node.content, Content::Inline(v) if v.len() == 1);
-        if let Err(e) = remove_existing(&path, fresh) {
-            self.issue(&path, format!("creating file: {e}"));
+        if let Err(e) = target::remove_existing(&parent, &name, fresh) {
+            self.issue(parent.node.join(&name), format!("creating file: {e}"));
             return Ok(());
         }
-        if direct {
-            self.stats.files += 1;
-            self.batch_chunks += 1;
-            self.batch.push(FileJob {
-                path,
-                node: node.clone(),
-                direct,
+        let created = if direct {
+            None
+        } else {
+            let made = target::create_file(parent.fd(), &name).and_then(|f| {
+                f.set_len(node.size)?;
+                sys::fstat(f.as_fd())
             });
-            if self.batch_chunks >= BATCH_CHUNKS || self.batch.len() >= BATCH_FILES {
-                self.flush_batch()?;
+            let st = match made {
+                Ok(st) => st,
+                Err(e) => {
+                    self.issue(parent.node.join(&name), format!("creating file: {e}"));
+                    return Ok(());
+                }
+            };
+            if node.nlink > 1 {
+                self.hardlinks.insert(
+                    key,
+                    FirstLink {
+                        dir: Arc::downgrade(&parent),
+                        dir_node: parent.node.clone(),
+                        name: name.clone(),
+                        id: st.id(),
+                        owners: [st.uid, if self.opts.owners { node.uid } else { st.uid }],
+                    },
+                );
             }
-            return Ok(());
-        }
-        let created = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .and_then(|f| f.set_len(node.size));
-        if let Err(e) = created {
-            self.issue(&path, format!("creating file: {e}"));
-            return Ok(());
-        }
-        self.stats.files += 1;
-        let chunks = match &node.content {
-            Content::None => 0,
-            Content::Inline(v) => v.len() as u64,
-            Content::Tree { chunks, .. } => *chunks,
+            Some(st)
         };
-        self.batch_chunks += chunks;
+        self.stats.files += 1;
+        self.batch_chunks += if direct { 1 } else { chunks_of(&node) };
+        if !self
+            .last_dir
+            .as_ref()
+            .is_some_and(|d| Arc::ptr_eq(d, &parent))
+        {
+            self.batch_dirs += 1;
+            self.last_dir = Some(parent.clone());
+        }
         self.batch.push(FileJob {
-            path,
-            node: node.clone(),
-            direct: false,
+            dir: parent,
+            name,
+            node,
+            direct,
+            created,
         });
-        if self.batch_chunks >= BATCH_CHUNKS || self.batch.len() >= BATCH_FILES {
+        self.maybe_flush()
+    }
+
+    /// Another name for a hard-linked file restored earlier: linked to the inode
+    /// restore created, found through its directory's descriptor (reopened and
+    /// checked if it was closed), and checked after linking.
+    fn link(
+        &mut self,
+        parent: &Arc<Dir>,
+        name: &CStr,
+        key: (u64, u64),
+        fresh: bool,
+    ) -> std::io::Result<()> {
+        let Some(first) = self.hardlinks.get(&key) else {
+            return Err(std::io::Error::other("no first name"));
+        };
+        let (first_name, first_id, owners, dir_node) = (
+            first.name.clone(),
+            first.id,
+            first.owners,
+            first.dir_node.clone(),
+        );
+        let src = match first.dir.upgrade() {
+            Some(d) => d,
+            None => match &self.link_dir {
+                Some(d) if Arc::ptr_eq(&d.node, &dir_node) => d.clone(),
+                _ => {
+                    let d = Arc::new(target::reopen_dir(&self.root, &dir_node)?);
+                    self.link_dir = Some(d.clone());
+                    d
+                }
+            },
+        };
+        target::remove_existing(parent, name, fresh)?;
+        sys::link_at(src.fd(), &first_name, parent.fd(), name)?;
+        let st = sys::stat_at(parent.fd(), name)?;
+        if st.id() != first_id || !owners.contains(&st.uid) {
+            let _ = sys::unlink_at(parent.fd(), name);
+            return Err(std::io::Error::other(
+                "its first name was replaced during the restore (the link was removed)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn maybe_flush(&mut self) -> Result<()> {
+        if self.batch_chunks >= BATCH_CHUNKS
+            || self.batch.len() >= BATCH_FILES
+            || self.batch_dirs >= self.dir_budget
+        {
             self.flush_batch()?;
         }
         Ok(())
@@ -282,98 +584,92 @@ impl Walk<'_> {
     fn flush_batch(&mut self) -> Result<()> {
         let jobs = std::mem::take(&mut self.batch);
         self.batch_chunks = 0;
-        if jobs.is_empty() {
-            return Ok(());
-        }
-        let plan = plan::plan(self.repo, &jobs);
+        self.batch_dirs = 0;
+        self.last_dir = None;
         let owners = self.opts.owners;
-        let mut failed: HashMap<u32, String> = plan.failed.clone();
-        let exec = execute::execute(self.repo, &jobs, &plan, owners, self.progress)?;
-        self.stats.bytes += exec.bytes;
-        for (f, m) in exec.failed {
-            failed.entry(f).or_insert(m);
-        }
-        for (i, job) in jobs.iter().enumerate() {
-            if let Some(m) = failed.get(&(i as u32)) {
-                self.issue(&job.path, format!("content not restored: {m}"));
-                if job.direct {
+        if !jobs.is_empty() {
+            let plan = plan::plan(self.repo, &jobs);
+            let mut failed: HashMap<u32, String> = plan.failed.clone();
+            let exec = execute::execute(self.repo, &jobs, &plan, owners, self.progress)?;
+            self.stats.bytes += exec.bytes;
+            for (f, m) in exec.failed {
+                failed.entry(f).or_insert(m);
+            }
+            for (i, job) in jobs.iter().enumerate() {
+                if let Some(m) = failed.get(&(i as u32)) {
+                    // Not given its metadata: it keeps the restore's time and mode
+                    // 0600, so nothing syncing by size and time takes it as intact.
+                    self.issue(
+                        job.path(),
+                        format!(
+                            "content not restored in full ({m}); left with the restore's time and mode 0600"
+                        ),
+                    );
                     continue;
                 }
-            }
-            if job.direct {
-                // Created, written and given its metadata by the executor.
+                if job.direct {
+                    // Created, written and given its metadata by the executor.
+                    self.progress.entry_done();
+                    continue;
+                }
+                let r = job
+                    .reopen(libc::O_RDONLY)
+                    .and_then(|f| metadata::apply(f.as_fd(), false, &job.node, owners));
+                if let Err(e) = r {
+                    self.issue(job.path(), format!("setting metadata: {e}"));
+                }
                 self.progress.entry_done();
-                continue;
             }
-            if let Err(e) = metadata::apply(&job.path, &job.node, self.opts.owners) {
-                self.issue(&job.path, format!("setting metadata: {e}"));
+        }
+        // Directories whose entries are all written, deepest first, through the
+        // descriptors restore holds (never a path someone could have changed).
+        for (dir, node) in std::mem::take(&mut self.pending) {
+            if let Err(e) = metadata::apply(dir.fd(), dir.path_only, &node, owners) {
+                self.issue(dir.node.path(), format!("setting metadata: {e}"));
             }
-            self.progress.entry_done();
         }
         Ok(())
     }
 
-    fn special(&mut self, path: &Path, node: &Node, fresh: bool) -> std::io::Result<()> {
-        use nix::sys::stat::{Mode, SFlag, mknod};
-        remove_existing(path, fresh)?;
-        let perm = Mode::from_bits_truncate((node.mode & 0o7777) as libc::mode_t);
-        let to_io = |e: nix::Error| std::io::Error::from_raw_os_error(e as i32);
-        match node.kind {
-            NodeKind::Symlink => {
-                std::os::unix::fs::symlink(OsStr::from_bytes(&node.link_target), path)
+    /// A symlink, FIFO or device: created by name in its parent's descriptor, then
+    /// given its metadata through an `O_PATH` descriptor checked to be what was
+    /// created.
+    fn special(&mut self, parent: &Arc<Dir>, name: &CStr, node: &Node, fresh: bool) {
+        let (kind, rdev) = match node.kind {
+            NodeKind::Symlink => (libc::S_IFLNK, None),
+            NodeKind::Fifo => (libc::S_IFIFO, None),
+            NodeKind::CharDevice => (libc::S_IFCHR, Some(node.rdev)),
+            NodeKind::BlockDevice => (libc::S_IFBLK, Some(node.rdev)),
+            NodeKind::Socket => {
+                self.issue(parent.node.join(name), "sockets are not restored".into());
+                self.progress.entry_done();
+                return;
             }
-            NodeKind::Fifo => nix::unistd::mkfifo(path, perm).map_err(to_io),
-            NodeKind::CharDevice => {
-                mknod(path, SFlag::S_IFCHR, perm, node.rdev as libc::dev_t).map_err(to_io)
+            NodeKind::File | NodeKind::Dir => return,
+        };
+        let created = target::remove_existing(parent, name, fresh).and_then(|()| {
+            if node.kind == NodeKind::Symlink {
+                sys::symlink_at(&c_name(&node.link_target)?, parent.fd(), name)
+            } else {
+                sys::mknod_at(
+                    parent.fd(),
+                    name,
+                    kind | 0o600,
+                    rdev.unwrap_or(0) as libc::dev_t,
+                )
             }
-            NodeKind::BlockDevice => {
-                mknod(path, SFlag::S_IFBLK, perm, node.rdev as libc::dev_t).map_err(to_io)
+        });
+        if let Err(e) = created {
+            self.issue(parent.node.join(name), e.to_string());
+        } else {
+            self.stats.other += 1;
+            let r = target::open_created_special(parent.fd(), name, kind, rdev)
+                .and_then(|fd| metadata::apply(fd.as_fd(), true, node, self.opts.owners));
+            if let Err(e) = r {
+                self.issue(parent.node.join(name), format!("setting metadata: {e}"));
             }
-            NodeKind::Socket => Err(std::io::Error::other("sockets are not restored")),
-            NodeKind::File | NodeKind::Dir => Ok(()),
         }
-    }
-}
-
-/// Makes `path` a real directory: an existing directory is kept, anything else
-/// (including a symlink, which could point outside the target) is replaced. Returns
-/// whether it was created (so its children need no existence checks). In a `fresh`
-/// parent (created by this restore) nothing can exist yet.
-fn ensure_dir(path: &Path, fresh: bool) -> std::io::Result<bool> {
-    use std::os::unix::fs::DirBuilderExt;
-    let create = || fs::DirBuilder::new().mode(0o700).create(path);
-    if fresh {
-        create()?;
-        return Ok(true);
-    }
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => Ok(false),
-        Ok(_) => {
-            fs::remove_file(path)?;
-            create()?;
-            Ok(true)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            create()?;
-            Ok(true)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Removes a non-directory at `path` so a new entry can be created there.
-fn remove_existing(path: &Path, fresh: bool) -> std::io::Result<()> {
-    if fresh {
-        return Ok(());
-    }
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => Err(std::io::Error::new(
-            std::io::ErrorKind::AlreadyExists,
-            "a directory is in the way",
-        )),
-        Ok(_) => fs::remove_file(path),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
+        self.progress.entry_done();
     }
 }
 
@@ -391,6 +687,19 @@ mod tests {
 
     /// Stores `trees` (already encoded, possibly malicious) as blobs; returns their ids.
     fn repo_with_trees(trees: &[Vec<u8>]) -> (Repository, Vec<BlobId>) {
+        let mut ids = Vec::new();
+        let repo = repo_built(|store| {
+            for t in trees {
+                ids.push(store(t));
+            }
+        });
+        (repo, ids)
+    }
+
+    /// A repository holding the trees `build` stores through the function it is
+    /// handed (which returns each tree's id, so trees can refer to trees stored
+    /// before them).
+    fn repo_built(build: impl FnOnce(&mut dyn FnMut(&[u8]) -> BlobId)) -> Repository {
         let backend = Arc::new(MemBackend::new());
         let opts = InitOptions {
             encryption: false,
@@ -400,13 +709,14 @@ mod tests {
         let mut enc = BlobEncoder::new(None);
         let pool = Arc::new(crate::repo::packer::BufferPool::new(1));
         let mut packer = Packer::new(repo.key().clone(), pool.clone(), 1 << 20);
-        let mut ids = Vec::new();
-        for t in trees {
-            let id = repo.key().blob_id(t);
-            packer.add(enc.encode(repo.key(), BlobKind::Tree, id, t).unwrap());
-            ids.push(id);
-        }
         let up = Uploader::start(backend, repo.key().clone(), pool);
+        build(&mut |t: &[u8]| {
+            let id = repo.key().blob_id(t);
+            if let Some(p) = packer.add(enc.encode(repo.key(), BlobKind::Tree, id, t).unwrap()) {
+                up.send(p).unwrap();
+            }
+            id
+        });
         up.send(packer.finish().unwrap()).unwrap();
         up.finish().unwrap();
         repo.load_index().unwrap();
@@ -416,7 +726,7 @@ mod tests {
             "index empty; files {:?}",
             repo.list_index_files()
         );
-        (repo, ids)
+        repo
     }
 
     #[test]
@@ -465,5 +775,94 @@ mod tests {
             owners: false,
         };
         assert!(restore(&repo, &ids[0], &opts, &Progress::none()).is_err());
+    }
+
+    /// Removes a tree too deep for path system calls (and for `remove_dir_all`, which
+    /// recurses) one level at a time through descriptors.
+    fn remove_deep(top: &std::path::Path, name: &CStr) {
+        use nix::fcntl::{OFlag, openat};
+        use nix::sys::stat::Mode;
+        use nix::unistd::{UnlinkatFlags, unlinkat};
+        let dir = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY;
+        let mut fd: OwnedFd = fs::File::open(top).unwrap().into();
+        let mut depth = 0;
+        while let Ok(child) = openat(&fd, name, dir, Mode::empty()) {
+            fd = child;
+            depth += 1;
+        }
+        for e in nix::dir::Dir::openat(&fd, ".", dir, Mode::empty())
+            .unwrap()
+            .iter()
+        {
+            let e = e.unwrap();
+            let n = e.file_name();
+            if n != c"." && n != c".." {
+                unlinkat(&fd, n, UnlinkatFlags::NoRemoveDir).unwrap();
+            }
+        }
+        for _ in 0..depth {
+            let parent = openat(&fd, "..", dir, Mode::empty()).unwrap();
+            unlinkat(&parent, name, UnlinkatFlags::RemoveDir).unwrap();
+            fd = parent;
+        }
+    }
+
+    #[test]
+    fn a_tree_100000_levels_deep_restores_to_the_bottom() {
+        const DEPTH: usize = 100_000;
+        let mut bottom = Node::new(b"bottom".to_vec(), NodeKind::File);
+        bottom.mode = libc::S_IFREG | 0o640;
+        let mut link = Node::new(b"up".to_vec(), NodeKind::Symlink);
+        link.link_target = b"..".to_vec();
+        link.mode = libc::S_IFLNK | 0o777;
+        let mut root = BlobId([0; 32]);
+        let repo = repo_built(|store| {
+            let mut id = store(
+                &Tree {
+                    nodes: vec![bottom, link],
+                }
+                .encode(),
+            );
+            for level in (0..DEPTH).rev() {
+                let mut d = Node::new(b"d".to_vec(), NodeKind::Dir);
+                d.mode = libc::S_IFDIR | 0o750;
+                d.mtime.secs = 1_000_000 + level as i64;
+                d.subtree = Some(id);
+                id = store(&Tree { nodes: vec![d] }.encode());
+            }
+            root = id;
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("t");
+        let opts = RestoreOptions {
+            target: target.clone(),
+            includes: vec![],
+            owners: false,
+        };
+        let stats = restore(&repo, &root, &opts, &Progress::none()).unwrap();
+        assert!(
+            stats.issues.is_empty(),
+            "{:?}",
+            &stats.issues[..3.min(stats.issues.len())]
+        );
+        assert_eq!((stats.dirs, stats.files, stats.other), (DEPTH as u64, 1, 1));
+        // Down through descriptors: the paths are far beyond PATH_MAX.
+        let mut fd: OwnedFd = fs::File::open(&target).unwrap().into();
+        for level in 0..DEPTH {
+            let child = sys::open_at(fd.as_fd(), c"d", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                .unwrap_or_else(|e| panic!("level {level}: {e}"));
+            let st = nix::sys::stat::fstat(&child).unwrap();
+            assert_eq!(st.st_mode & 0o7777, 0o750, "level {level}");
+            assert_eq!(st.st_mtime, 1_000_000 + level as i64, "level {level}");
+            fd = child;
+        }
+        let st = sys::stat_at(fd.as_fd(), c"bottom").unwrap();
+        assert_eq!(st.mode, libc::S_IFREG | 0o640);
+        assert_eq!(
+            sys::stat_at(fd.as_fd(), c"up").unwrap().kind(),
+            libc::S_IFLNK
+        );
+        drop(fd);
+        remove_deep(&target, c"d");
     }
 }

@@ -1,0 +1,525 @@
+//! The restore target, reached only through descriptors restore opened itself.
+//!
+//! A root restore may run over directories that an ordinary user owns (restoring
+//! `/home` over itself, or into a shared scratch area). That user can rename any entry
+//! in such a directory and put a symlink, a hard link or another file in its place at
+//! any moment, so no decision may be taken on a path and acted on later: every entry
+//! is created, opened and changed by one name relative to a directory descriptor that
+//! restore holds, never following a symlink (see [`super::sys`]); what restore opens
+//! again later (to write a file's content, to set its metadata) is checked to be the
+//! very inode it created. A directory that is renamed while restore holds it is
+//! followed to wherever it went (it stays the user's own directory; nothing new is
+//! reachable through it), never through a symlink left in its place.
+
+use super::sys::{self, Stat};
+use std::ffi::{CStr, CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Where a directory of the target is: its name in its parent and its identity when
+/// restore first opened it. Holds no descriptor, so it can be kept for every
+/// directory something still refers to: it names entries in messages, and it lets
+/// restore find a directory again (and check it is the same one) after closing it.
+pub(crate) struct DirNode {
+    parent: Option<Arc<DirNode>>,
+    /// The name in the parent; for the target itself, the target's path.
+    name: CString,
+    /// (device, inode).
+    pub id: (u64, u64),
+}
+
+impl DirNode {
+    pub fn root(path: &std::path::Path, id: (u64, u64)) -> Arc<Self> {
+        Arc::new(DirNode {
+            parent: None,
+            name: CString::new(path.as_os_str().as_bytes()).unwrap_or_default(),
+            id,
+        })
+    }
+
+    pub fn child(parent: &Arc<DirNode>, name: CString, id: (u64, u64)) -> Arc<Self> {
+        Arc::new(DirNode {
+            parent: Some(parent.clone()),
+            name,
+            id,
+        })
+    }
+
+    /// The directories from the target (first) down to this one.
+    fn chain(&self) -> Vec<&DirNode> {
+        let mut v = vec![self];
+        let mut cur = self;
+        while let Some(p) = &cur.parent {
+            v.push(p);
+            cur = p;
+        }
+        v.reverse();
+        v
+    }
+
+    /// The path, for messages only (built on demand: a path per entry would cost
+    /// memory quadratic in the depth of the tree).
+    pub fn path(&self) -> PathBuf {
+        let mut p = PathBuf::new();
+        for d in self.chain() {
+            p.push(OsStr::from_bytes(d.name.to_bytes()));
+        }
+        p
+    }
+
+    pub fn join(&self, name: &CStr) -> PathBuf {
+        self.path().join(OsStr::from_bytes(name.to_bytes()))
+    }
+}
+
+impl Drop for DirNode {
+    /// Unlinks the chain of parents iteratively: the default drop recurses once per
+    /// level and would overflow the stack on a very deep tree.
+    fn drop(&mut self) {
+        let mut next = self.parent.take();
+        while let Some(p) = next {
+            match Arc::try_unwrap(p) {
+                Ok(mut node) => next = node.parent.take(),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// An open directory of the target.
+pub(crate) struct Dir {
+    pub fd: OwnedFd,
+    pub node: Arc<DirNode>,
+    /// Opened `O_PATH` because the restoring user may not read it: metadata then goes
+    /// through `/proc/self/fd` rather than `fchmod` and friends.
+    pub path_only: bool,
+}
+
+impl Dir {
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+pub(crate) fn c_name(name: &[u8]) -> io::Result<CString> {
+    // The tree decoder rejects names with NUL; this is a second line only.
+    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "NUL in a name"))
+}
+
+fn errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// Opens directory `name` in `parent` (no symlinks; falling back to `O_PATH` when the
+/// restoring user may search but not read it).
+fn open_dir_at(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<(OwnedFd, bool)> {
+    match sys::open_at(parent, name, libc::O_RDONLY | libc::O_DIRECTORY, 0) {
+        Ok(fd) => Ok((fd, false)),
+        Err(e) if errno(&e) == libc::EACCES => {
+            sys::open_at(parent, name, libc::O_PATH | libc::O_DIRECTORY, 0).map(|fd| (fd, true))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// How often an entry is created again when it keeps being replaced under restore.
+const ATTEMPTS: usize = 3;
+
+fn kept_changing() -> io::Error {
+    io::Error::other(
+        "it was replaced again and again while being created (someone is changing this directory)",
+    )
+}
+
+/// A directory [`ensure_dir`] opened.
+pub(crate) struct Opened {
+    pub fd: OwnedFd,
+    pub stat: Stat,
+    /// Created by restore (and still owned by the restoring user).
+    pub created: bool,
+    /// See [`Dir::path_only`].
+    pub path_only: bool,
+}
+
+/// Makes `name` in `parent` a real directory and opens it: an existing directory is
+/// kept, anything else (a symlink included, which could point outside the target) is
+/// removed first. Returns the open directory, its identity and whether restore created
+/// it (a fresh directory of the restoring user, whose children need no check for
+/// existing entries). Every creation is exclusive, so even a wrong guess about
+/// freshness can only fail an entry, never write through something planted.
+pub(crate) fn ensure_dir(parent: &Dir, name: &CStr, fresh: bool) -> io::Result<Opened> {
+    let p = parent.fd();
+    for attempt in 0..ATTEMPTS {
+        if !fresh || attempt > 0 {
+            match open_dir_at(p, name) {
+                Ok((fd, path_only)) => {
+                    let stat = sys::fstat(fd.as_fd())?;
+                    return Ok(Opened {
+                        fd,
+                        stat,
+                        created: false,
+                        path_only,
+                    });
+                }
+                Err(e) if errno(&e) == libc::ENOENT => {}
+                // A symlink or a non-directory is in the way.
+                Err(e) if matches!(errno(&e), libc::ELOOP | libc::ENOTDIR) => {
+                    match sys::unlink_at(p, name) {
+                        Ok(()) => {}
+                        Err(e) if matches!(errno(&e), libc::ENOENT | libc::EISDIR) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match sys::mkdir_at(p, name, 0o700) {
+            Ok(()) => {}
+            Err(e) if errno(&e) == libc::EEXIST && attempt + 1 < ATTEMPTS => continue,
+            Err(e) => return Err(e),
+        }
+        match open_dir_at(p, name) {
+            Ok((fd, path_only)) => {
+                let stat = sys::fstat(fd.as_fd())?;
+                // Someone may have put a directory of their own in place of the new one.
+                let created = stat.uid == sys::euid();
+                return Ok(Opened {
+                    fd,
+                    stat,
+                    created,
+                    path_only,
+                });
+            }
+            // Replaced between creating and opening it.
+            Err(e) if matches!(errno(&e), libc::ENOENT | libc::ELOOP | libc::ENOTDIR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(kept_changing())
+}
+
+/// Removes a non-directory `name` from `parent` so a new entry can be created there
+/// (the entry itself: a symlink is removed, never followed). Nothing to do in a
+/// directory restore just created.
+pub(crate) fn remove_existing(parent: &Dir, name: &CStr, fresh: bool) -> io::Result<()> {
+    if fresh {
+        return Ok(());
+    }
+    match sys::unlink_at(parent.fd(), name) {
+        Ok(()) => Ok(()),
+        Err(e) if errno(&e) == libc::ENOENT => Ok(()),
+        Err(e) if matches!(errno(&e), libc::EISDIR | libc::EPERM) => {
+            // Linux says EISDIR for a directory; EPERM may also mean an immutable file.
+            match sys::stat_at(parent.fd(), name) {
+                Ok(st) if st.kind() == libc::S_IFDIR => Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "a directory is in the way",
+                )),
+                _ => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates the regular file `name` in `parent` (exclusively, never through a symlink),
+/// mode 0600 until its metadata is applied.
+pub(crate) fn create_file(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<File> {
+    let fd = sys::open_at(
+        parent,
+        name,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+        0o600,
+    )?;
+    Ok(File::from(fd))
+}
+
+/// Opens again the regular file `name` in `parent` that restore created (`created`
+/// is what `fstat` said then). Fails if it is anything else now: a file moved there,
+/// a hard link to another file, a symlink (never followed). The owner is compared too
+/// (it changes last, with the metadata): a file someone else created after deleting
+/// restore's could reuse its inode number, never its owner. `O_NONBLOCK | O_NOCTTY` so
+/// that a FIFO or terminal put there cannot block or take over the process before
+/// the check.
+pub(crate) fn reopen_file(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    flags: libc::c_int,
+    created: &Stat,
+) -> io::Result<File> {
+    let fd = match sys::open_at(parent, name, flags | libc::O_NONBLOCK | libc::O_NOCTTY, 0) {
+        Ok(fd) => fd,
+        Err(e) if errno(&e) == libc::ELOOP => {
+            return Err(io::Error::other(
+                "it was replaced by a symlink during the restore (not followed)",
+            ));
+        }
+        Err(e) => return Err(e),
+    };
+    let st = sys::fstat(fd.as_fd())?;
+    if st.kind() != libc::S_IFREG || st.id() != created.id() || st.uid != created.uid {
+        return Err(io::Error::other(
+            "it was replaced during the restore (another file is there now; not written)",
+        ));
+    }
+    Ok(File::from(fd))
+}
+
+/// Opens the entry `name` in `parent` that restore just created (a symlink, FIFO or
+/// device) as an `O_PATH` descriptor, which neither opens the device or FIFO nor
+/// follows the symlink, and checks that it is still what was created: the right type
+/// (and device number), owned by the restoring user, with no other link (a hard link
+/// to something else put in its place would have two).
+pub(crate) fn open_created_special(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    kind: u32,
+    rdev: Option<u64>,
+) -> io::Result<OwnedFd> {
+    let fd = sys::open_at(parent, name, libc::O_PATH, 0)?;
+    let st = sys::fstat(fd.as_fd())?;
+    if st.kind() != kind
+        || st.nlink != 1
+        || st.uid != sys::euid()
+        || rdev.is_some_and(|r| r != st.rdev)
+    {
+        return Err(io::Error::other(
+            "it was replaced during the restore (its metadata was not applied)",
+        ));
+    }
+    Ok(fd)
+}
+
+/// Opens the directory `node` again from the target's descriptor `root`, checking
+/// that what is found is the directory restore opened before (same device and inode;
+/// with `openat2`, one confined lookup, otherwise every level). Used when its
+/// descriptor was closed (bounded descriptors on deep trees; the first name of a hard
+/// link far away).
+pub(crate) fn reopen_dir(root: &Dir, node: &Arc<DirNode>) -> io::Result<Dir> {
+    let moved = || io::Error::other("it was moved or replaced during the restore (not followed)");
+    let chain = node.chain();
+    if chain.len() <= 1 {
+        return Err(moved());
+    }
+    let mut rel = Vec::new();
+    for d in &chain[1..] {
+        if !rel.is_empty() {
+            rel.push(b'/');
+        }
+        rel.extend_from_slice(d.name.to_bytes());
+    }
+    // openat2 takes paths up to PATH_MAX; longer ones are walked.
+    if rel.len() < 4000 {
+        let path = c_name(&rel)?;
+        let opened = sys::open_beneath_path(root.fd(), &path, libc::O_RDONLY | libc::O_DIRECTORY)
+            .map(|r| match r {
+                Err(e) if errno(&e) == libc::EACCES => {
+                    sys::open_beneath_path(root.fd(), &path, libc::O_PATH | libc::O_DIRECTORY)
+                        .unwrap_or(Err(e))
+                        .map(|fd| (fd, true))
+                }
+                r => r.map(|fd| (fd, false)),
+            });
+        if let Some(r) = opened {
+            let (fd, path_only) = r.map_err(|e| match errno(&e) {
+                libc::ENOENT | libc::ELOOP | libc::ENOTDIR | libc::EXDEV => moved(),
+                _ => e,
+            })?;
+            if sys::fstat(fd.as_fd())?.id() != node.id {
+                return Err(moved());
+            }
+            return Ok(Dir {
+                fd,
+                node: node.clone(),
+                path_only,
+            });
+        }
+    }
+    walk_down(root, node)
+}
+
+/// [`reopen_dir`] one level at a time (without `openat2`, or for paths longer than
+/// it takes), checking every level.
+fn walk_down(root: &Dir, node: &Arc<DirNode>) -> io::Result<Dir> {
+    let moved = || io::Error::other("it was moved or replaced during the restore (not followed)");
+    let chain = node.chain();
+    let mut cur: Option<(OwnedFd, bool)> = None;
+    for d in chain.iter().skip(1) {
+        let parent = cur.as_ref().map_or(root.fd(), |(fd, _)| fd.as_fd());
+        let (fd, path_only) = open_dir_at(parent, &d.name).map_err(|e| match errno(&e) {
+            libc::ENOENT | libc::ELOOP | libc::ENOTDIR => moved(),
+            _ => e,
+        })?;
+        if sys::fstat(fd.as_fd())?.id() != d.id {
+            return Err(moved());
+        }
+        cur = Some((fd, path_only));
+    }
+    let (fd, path_only) = cur.ok_or_else(moved)?;
+    Ok(Dir {
+        fd,
+        node: node.clone(),
+        path_only,
+    })
+}
+
+/// Reopens the parent of `child` (its `..`) and checks that it is `node`, the
+/// directory restore opened before. Cheaper than [`reopen_dir`] (one lookup) when
+/// climbing back up a deep tree whose upper descriptors were closed.
+pub(crate) fn reopen_parent(child: &Dir, node: &Arc<DirNode>) -> io::Result<Dir> {
+    let (fd, path_only) = match sys::open_parent(child.fd(), libc::O_RDONLY) {
+        Ok(fd) => (fd, false),
+        Err(e) if errno(&e) == libc::EACCES => (sys::open_parent(child.fd(), libc::O_PATH)?, true),
+        Err(e) => return Err(e),
+    };
+    if sys::fstat(fd.as_fd())?.id() != node.id {
+        return Err(io::Error::other("moved during the restore"));
+    }
+    Ok(Dir {
+        fd,
+        node: node.clone(),
+        path_only,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+
+    fn open_root(p: &Path) -> Dir {
+        let fd: OwnedFd = File::open(p).unwrap().into();
+        sys::probe_openat2(fd.as_fd());
+        let id = sys::fstat(fd.as_fd()).unwrap().id();
+        Dir {
+            fd,
+            node: DirNode::root(p, id),
+            path_only: false,
+        }
+    }
+
+    fn sub(parent: &Dir, name: &CStr) -> Dir {
+        let o = ensure_dir(parent, name, false).unwrap();
+        Dir {
+            fd: o.fd,
+            node: DirNode::child(&parent.node, name.to_owned(), o.stat.id()),
+            path_only: o.path_only,
+        }
+    }
+
+    #[test]
+    fn symlinks_and_files_in_the_way_of_a_directory_are_replaced_never_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        let t = tmp.path().join("t");
+        fs::create_dir(&t).unwrap();
+        std::os::unix::fs::symlink(&outside, t.join("a")).unwrap();
+        fs::write(t.join("b"), b"x").unwrap();
+        let root = open_root(&t);
+        let a = sub(&root, c"a");
+        let b = sub(&root, c"b");
+        create_file(a.fd(), c"f").unwrap();
+        create_file(b.fd(), c"f").unwrap();
+        assert!(fs::symlink_metadata(t.join("a")).unwrap().is_dir());
+        assert!(fs::symlink_metadata(t.join("b")).unwrap().is_dir());
+        assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+        // An existing directory is kept, and is never removed for a file.
+        let again = ensure_dir(&root, c"a", false).unwrap();
+        assert!(!again.created);
+        assert_eq!(again.stat.id(), a.node.id);
+        let e = remove_existing(&root, c"a", false).unwrap_err();
+        assert!(e.to_string().contains("directory is in the way"), "{e}");
+    }
+
+    #[test]
+    fn a_file_is_reopened_only_if_it_is_the_inode_restore_created() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        let root = open_root(t);
+        let f = create_file(root.fd(), c"f").unwrap();
+        let id = sys::fstat(f.as_fd()).unwrap();
+        drop(f);
+        assert!(
+            create_file(root.fd(), c"f").is_err(),
+            "creation is exclusive"
+        );
+        reopen_file(root.fd(), c"f", libc::O_WRONLY, &id).unwrap();
+        // Moved away and replaced by another file, a hard link, a symlink.
+        fs::rename(t.join("f"), t.join("moved")).unwrap();
+        fs::write(t.join("other"), b"other").unwrap();
+        for how in ["file", "hard link", "symlink"] {
+            match how {
+                "file" => fs::write(t.join("f"), b"x").unwrap(),
+                "hard link" => fs::hard_link(t.join("other"), t.join("f")).unwrap(),
+                _ => std::os::unix::fs::symlink(t.join("moved"), t.join("f")).unwrap(),
+            }
+            let e = reopen_file(root.fd(), c"f", libc::O_WRONLY, &id).unwrap_err();
+            assert!(e.to_string().contains("replaced"), "{how}: {e}");
+            fs::remove_file(t.join("f")).unwrap();
+        }
+        assert_eq!(fs::read(t.join("other")).unwrap(), b"other");
+        assert_eq!(fs::metadata(t.join("moved")).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn specials_are_checked_before_their_metadata_is_applied() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        let root = open_root(t);
+        sys::mknod_at(root.fd(), c"p", libc::S_IFIFO | 0o600, 0).unwrap();
+        open_created_special(root.fd(), c"p", libc::S_IFIFO, None).unwrap();
+        // Wrong type, or a second link (a hard link to something else planted there).
+        assert!(open_created_special(root.fd(), c"p", libc::S_IFLNK, None).is_err());
+        fs::hard_link(t.join("p"), t.join("p2")).unwrap();
+        assert!(open_created_special(root.fd(), c"p", libc::S_IFIFO, None).is_err());
+        // A symlink is opened itself (O_PATH), never what it points to.
+        sys::symlink_at(c"/etc/passwd", root.fd(), c"l").unwrap();
+        let fd = open_created_special(root.fd(), c"l", libc::S_IFLNK, None).unwrap();
+        let before = fs::metadata("/etc/passwd").unwrap();
+        sys::utimens_path_fd(fd.as_fd(), (1_000, 5), (2_000, 7)).unwrap();
+        let l = fs::symlink_metadata(t.join("l")).unwrap();
+        assert_eq!((l.mtime(), l.mtime_nsec()), (2_000, 7));
+        assert_eq!(fs::metadata("/etc/passwd").unwrap().mtime(), before.mtime());
+    }
+
+    #[test]
+    fn a_closed_directory_is_found_again_only_if_it_is_the_same_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        let root = open_root(t);
+        let a = sub(&root, c"a");
+        let b = sub(&a, c"b");
+        assert_eq!(reopen_dir(&root, &b.node).unwrap().node.id, b.node.id);
+        assert_eq!(walk_down(&root, &b.node).unwrap().node.id, b.node.id);
+        assert_eq!(reopen_parent(&b, &a.node).unwrap().node.id, a.node.id);
+        // `a` is moved away and a look-alike put in its place.
+        fs::rename(t.join("a"), t.join("x")).unwrap();
+        fs::create_dir_all(t.join("a/b")).unwrap();
+        let e = reopen_dir(&root, &b.node).err().unwrap();
+        assert!(e.to_string().contains("moved or replaced"), "{e}");
+        let e = walk_down(&root, &b.node).err().unwrap();
+        assert!(e.to_string().contains("moved or replaced"), "{e}");
+        // From `b` itself, `..` is still the directory restore opened (now `x`).
+        let up = reopen_parent(&b, &a.node).unwrap();
+        assert_eq!(sys::fstat(up.fd()).unwrap().id(), a.node.id);
+        // And `..` of the look-alike is refused as `a`'s stand-in.
+        let fake = open_root(&t.join("a/b"));
+        assert!(reopen_parent(&fake, &a.node).is_err());
+    }
+
+    #[test]
+    fn deep_chains_drop_without_recursion() {
+        let mut node = DirNode::root(Path::new("/t"), (0, 0));
+        for i in 0..200_000u64 {
+            node = DirNode::child(&node, c"d".to_owned(), (0, i));
+        }
+        drop(node);
+    }
+}

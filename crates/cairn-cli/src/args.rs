@@ -19,8 +19,9 @@ pub struct Global {
     /// (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)
     #[arg(short = 'r', long, env = "CAIRN_REPO", global = true)]
     pub repo: Option<String>,
-    /// Read the password from this file (first line)
-    #[arg(long, env = "CAIRN_PASSWORD_FILE", global = true)]
+    /// Read the password from this file (first line); wins over CAIRN_PASSWORD
+    /// and CAIRN_PASSWORD_FILE
+    #[arg(long, global = true)]
     pub password_file: Option<PathBuf>,
     /// Print machine-readable JSON instead of text
     #[arg(long, global = true)]
@@ -217,8 +218,8 @@ pub struct InitArgs {
     #[arg(long, value_name = "REPO")]
     pub copy_key_from: Option<String>,
     /// With --copy-key-from: that repository's password file (else
-    /// CAIRN_FROM_PASSWORD, or a prompt)
-    #[arg(long, env = "CAIRN_FROM_PASSWORD_FILE", value_name = "FILE")]
+    /// CAIRN_FROM_PASSWORD, CAIRN_FROM_PASSWORD_FILE, or a prompt)
+    #[arg(long, value_name = "FILE")]
     pub from_password_file: Option<PathBuf>,
 }
 
@@ -405,8 +406,9 @@ pub struct CopyArgs {
     /// Repository to copy to (default: --repo / CAIRN_REPO)
     #[arg(long, value_name = "REPO")]
     pub to: Option<String>,
-    /// The source repository's password file (else CAIRN_FROM_PASSWORD, or a prompt)
-    #[arg(long, env = "CAIRN_FROM_PASSWORD_FILE", value_name = "FILE")]
+    /// The source repository's password file (else CAIRN_FROM_PASSWORD,
+    /// CAIRN_FROM_PASSWORD_FILE, or a prompt)
+    #[arg(long, value_name = "FILE")]
     pub from_password_file: Option<PathBuf>,
     /// Snapshots to copy (id prefixes or "latest"); default: all
     pub snapshots: Vec<String>,

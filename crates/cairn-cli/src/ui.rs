@@ -20,19 +20,105 @@ pub fn interactive(global: &crate::args::Global) -> bool {
     !global.quiet && !global.json && std::io::stderr().is_terminal()
 }
 
-/// Password from CAIRN_PASSWORD, --password-file, or a prompt on a terminal.
+/// Where a password comes from, in the order every command asks (one rule
+/// everywhere): a file named by a flag, else the environment variable with the
+/// password, else one naming a file, else a prompt on a terminal. An explicit flag
+/// always wins over the environment, and a named file that cannot be read is an
+/// error, never skipped.
+pub struct Source<'a> {
+    /// The flag's file (`--password-file`, `--from-password-file`,
+    /// `--new-password-file`).
+    pub flag: Option<&'a Path>,
+    /// The variable holding the password itself (`CAIRN_PASSWORD`, ...).
+    pub env: &'static str,
+    /// The variable naming a file (`CAIRN_PASSWORD_FILE`, ...).
+    pub env_file: &'static str,
+    /// The prompt's words ("the repository", "the source repository").
+    pub what: &'static str,
+    /// The flags to name when no password is given.
+    pub flags: &'static str,
+}
+
+impl Source<'_> {
+    fn given(&self) -> Result<Option<String>> {
+        if let Some(f) = self.flag {
+            return read_password_file(f).map(Some);
+        }
+        if let Ok(p) = std::env::var(self.env) {
+            return Ok(Some(p));
+        }
+        if let Some(f) = std::env::var_os(self.env_file).filter(|f| !f.is_empty()) {
+            return read_password_file(Path::new(&f))
+                .with_context(|| format!("{} names it", self.env_file))
+                .map(Some);
+        }
+        Ok(None)
+    }
+
+    /// A password to open a repository with.
+    pub fn password(&self) -> Result<String> {
+        if let Some(p) = self.given()? {
+            return Ok(p);
+        }
+        if std::io::stdin().is_terminal() {
+            return rpassword::prompt_password(format!("enter password for {}: ", self.what))
+                .context("reading password");
+        }
+        bail!(
+            "no password given for {}: use {}, set {} or {}, or run on a terminal",
+            self.what,
+            self.flags,
+            self.env,
+            self.env_file
+        )
+    }
+
+    /// A new password (init, key add/passwd): never empty; asked twice on a
+    /// terminal.
+    pub fn new_password(&self) -> Result<String> {
+        let p = match self.given()? {
+            Some(p) => p,
+            None => {
+                if !std::io::stdin().is_terminal() {
+                    bail!(
+                        "no new password given: use {}, set {} or {}, or run on a terminal",
+                        self.flags,
+                        self.env,
+                        self.env_file
+                    );
+                }
+                let a = rpassword::prompt_password("enter new password: ")
+                    .context("reading password")?;
+                let b = rpassword::prompt_password("enter the password again: ")
+                    .context("reading password")?;
+                if a != b {
+                    bail!("the passwords do not match");
+                }
+                a
+            }
+        };
+        if p.is_empty() {
+            bail!("an empty password is not allowed");
+        }
+        Ok(p)
+    }
+}
+
+/// The repository's password (`--password-file`, `CAIRN_PASSWORD`,
+/// `CAIRN_PASSWORD_FILE`, a prompt).
+pub fn repo_source(global: &crate::args::Global) -> Source<'_> {
+    Source {
+        flag: global.password_file.as_deref(),
+        env: "CAIRN_PASSWORD",
+        env_file: "CAIRN_PASSWORD_FILE",
+        what: "the repository",
+        flags: "--password-file",
+    }
+}
+
+/// Password to open the repository with.
 pub fn password(global: &crate::args::Global) -> Result<String> {
-    if let Ok(p) = std::env::var("CAIRN_PASSWORD") {
-        return Ok(p);
-    }
-    if let Some(f) = &global.password_file {
-        return read_password_file(f);
-    }
-    if std::io::stdin().is_terminal() {
-        return rpassword::prompt_password("enter password for repository: ")
-            .context("reading password");
-    }
-    bail!("no password given: set CAIRN_PASSWORD, use --password-file, or run on a terminal")
+    repo_source(global).password()
 }
 
 pub fn read_password_file(f: &Path) -> Result<String> {
@@ -41,30 +127,15 @@ pub fn read_password_file(f: &Path) -> Result<String> {
     Ok(s.lines().next().unwrap_or("").to_string())
 }
 
-/// A new password (init, key add/passwd): from a file, CAIRN_NEW_PASSWORD /
-/// CAIRN_PASSWORD, or asked twice on a terminal.
-pub fn new_password(file: Option<&PathBuf>, allow_current_env: bool) -> Result<String> {
-    if let Some(f) = file {
-        return read_password_file(f);
+/// A new password for `key add` / `key passwd`: `--new-password-file`,
+/// `CAIRN_NEW_PASSWORD`, `CAIRN_NEW_PASSWORD_FILE`, or asked twice on a terminal.
+pub fn new_password(file: Option<&PathBuf>) -> Result<String> {
+    Source {
+        flag: file.map(PathBuf::as_path),
+        env: "CAIRN_NEW_PASSWORD",
+        env_file: "CAIRN_NEW_PASSWORD_FILE",
+        what: "the new key",
+        flags: "--new-password-file",
     }
-    if let Ok(p) = std::env::var("CAIRN_NEW_PASSWORD") {
-        return Ok(p);
-    }
-    if allow_current_env && let Ok(p) = std::env::var("CAIRN_PASSWORD") {
-        return Ok(p);
-    }
-    if !std::io::stdin().is_terminal() {
-        bail!(
-            "no new password given: set CAIRN_NEW_PASSWORD, use --new-password-file, or run on a terminal"
-        );
-    }
-    let a = rpassword::prompt_password("enter new password: ").context("reading password")?;
-    let b = rpassword::prompt_password("enter the password again: ").context("reading password")?;
-    if a != b {
-        bail!("the passwords do not match");
-    }
-    if a.is_empty() {
-        bail!("an empty password is not allowed");
-    }
-    Ok(a)
+    .new_password()
 }

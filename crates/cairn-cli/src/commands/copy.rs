@@ -6,23 +6,18 @@ use crate::ui;
 use anyhow::{Context, Result, bail};
 use cairn_core::copy::{self, CopyOptions};
 use cairn_core::session::{IndexLoad, Read, Session, Write};
-use std::io::IsTerminal;
 
-/// The source repository's password: CAIRN_FROM_PASSWORD, the file, or a prompt.
+/// The source repository's password: `--from-password-file`, `CAIRN_FROM_PASSWORD`,
+/// `CAIRN_FROM_PASSWORD_FILE`, or a prompt.
 pub fn source_password(file: Option<&std::path::Path>) -> Result<String> {
-    if let Ok(p) = std::env::var("CAIRN_FROM_PASSWORD") {
-        return Ok(p);
+    ui::Source {
+        flag: file,
+        env: "CAIRN_FROM_PASSWORD",
+        env_file: "CAIRN_FROM_PASSWORD_FILE",
+        what: "the source repository",
+        flags: "--from-password-file",
     }
-    if let Some(f) = file {
-        return ui::read_password_file(f);
-    }
-    if std::io::stdin().is_terminal() {
-        return rpassword::prompt_password("enter password for the source repository: ")
-            .context("reading password");
-    }
-    bail!(
-        "no password for the source repository: set CAIRN_FROM_PASSWORD, use --from-password-file, or run on a terminal"
-    )
+    .password()
 }
 
 pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {

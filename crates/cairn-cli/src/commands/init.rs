@@ -22,10 +22,7 @@ pub fn parse_block_size(s: &str) -> Result<u32> {
 pub fn init_repo(g: &Global, opts: &InitOptions, progress: &Progress) -> Result<Repository> {
     let location = super::repo_location(g)?;
     let password = if opts.encryption {
-        Some(match &g.password_file {
-            Some(f) => crate::ui::read_password_file(f)?,
-            None => crate::ui::new_password(None, true)?,
-        })
+        Some(crate::ui::repo_source(g).new_password()?)
     } else {
         None
     };

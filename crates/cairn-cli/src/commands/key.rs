@@ -28,7 +28,7 @@ pub fn run(g: &Global, k: KeyCommand) -> Result<i32> {
             }
         }
         KeyCommand::Add(np) => {
-            let pw = crate::ui::new_password(np.new_password_file.as_ref(), false)?;
+            let pw = crate::ui::new_password(np.new_password_file.as_ref())?;
             let id = repo.add_key(&pw)?;
             if g.json {
                 super::print_json(&KeyChange {
@@ -40,7 +40,7 @@ pub fn run(g: &Global, k: KeyCommand) -> Result<i32> {
             }
         }
         KeyCommand::Passwd(np) => {
-            let pw = crate::ui::new_password(np.new_password_file.as_ref(), false)?;
+            let pw = crate::ui::new_password(np.new_password_file.as_ref())?;
             let id = repo.change_password(&pw)?;
             if g.json {
                 super::print_json(&KeyChange {

@@ -32,6 +32,12 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             ui::rate(r.bytes, r.duration_secs)
         );
     }
+    if r.sockets_skipped > 0 && !g.quiet && !g.json {
+        eprintln!(
+            "note: {} sockets were not restored (a socket is created by the program that listens on it)",
+            r.sockets_skipped
+        );
+    }
     if let Some(f) = &r.index_lookup_failures {
         eprintln!(
             "warning: {} lookups in the local SSD index failed ({}); it was marked and is rebuilt \

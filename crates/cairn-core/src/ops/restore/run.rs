@@ -25,6 +25,8 @@ pub struct RestoreReport {
     pub dirs: u64,
     pub other_entries: u64,
     pub bytes: u64,
+    /// Sockets in the snapshot, skipped (they are made by the program that listens).
+    pub sockets_skipped: u64,
     pub duration_secs: f64,
     /// Entries not restored in full; everything else was.
     pub errors: Vec<Issue>,
@@ -58,6 +60,7 @@ pub fn restore_snapshot<A: Access>(
         dirs: stats.dirs,
         other_entries: stats.other,
         bytes: stats.bytes,
+        sockets_skipped: stats.sockets_skipped,
         duration_secs: start.elapsed().as_secs_f64(),
         errors: stats
             .issues

@@ -235,6 +235,8 @@ impl Repository {
             index_path: opts.index_path.clone(),
             plain_master_secret: (encryption == Encryption::None)
                 .then(|| hex::encode(key.secret())),
+            features: Vec::new(),
+            unknown_fields: Default::default(),
         };
         let mut repo = Repository {
             backend,
@@ -265,8 +267,14 @@ impl Repository {
             Err(e) if e.is_not_found() => return Err(Error::NotARepository(backend.location())),
             Err(e) => return Err(e.into()),
         };
-        let (config, body, mac) =
-            Config::parse(&raw).map_err(|e| Error::damaged("repository config", e))?;
+        let (config, body, mac) = Config::parse(&raw).map_err(|e| {
+            // A newer format is not damage: say to upgrade.
+            if e.needs_newer_cairn() {
+                Error::Invalid(e.to_string())
+            } else {
+                Error::damaged("repository config", e)
+            }
+        })?;
         let (key, key_id) = match config.encryption {
             Encryption::None => {
                 let hexs = config.plain_master_secret.as_deref().ok_or_else(|| {

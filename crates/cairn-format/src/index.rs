@@ -12,7 +12,7 @@
 //! The plaintext is sealed; the file name is BLAKE3 of the sealed bytes.
 
 use crate::consts::*;
-use crate::error::{FormatError, Result};
+use crate::error::{Result, check_version};
 use crate::id::{BlobId, IndexId, PackId, SnapshotId};
 use crate::pack::{BlobCompression, BlobKind};
 use crate::wire::{Reader, Writer};
@@ -116,12 +116,12 @@ impl IndexFile {
     pub fn decode(data: &[u8]) -> Result<Self> {
         let mut r = Reader::new(data, "index file");
         let v = r.u8()?;
-        if v != INDEX_VERSION && v != INDEX_VERSION_SNAPSHOTS {
-            return Err(FormatError::UnsupportedVersion {
-                what: "index file",
-                version: v.into(),
-            });
-        }
+        check_version(
+            "index file",
+            v.into(),
+            INDEX_VERSION.into(),
+            INDEX_VERSION_SNAPSHOTS.into(),
+        )?;
         let ns = r.count(ID_LEN, usize::MAX)?;
         let mut supersedes = Vec::with_capacity(ns);
         for _ in 0..ns {

@@ -8,7 +8,8 @@
 
 use crate::consts::*;
 use crate::envelope::{Encryption, Sealer, random_bytes};
-use crate::error::{FormatError, Result};
+use crate::error::{FormatError, Result, check_version};
+use crate::json::check_json_version;
 use serde::{Deserialize, Serialize};
 
 /// The repository's root secret and the keys derived from it.
@@ -145,6 +146,9 @@ pub struct KeyFile {
     pub data: String,
 }
 
+/// Key file version written and read by this code.
+pub const KEY_FILE_VERSION: u32 = 1;
+
 impl KeyFile {
     pub fn wrap(
         master: &MasterKey,
@@ -154,6 +158,29 @@ impl KeyFile {
         hostname: String,
         username: String,
     ) -> Result<Self> {
+        Self::wrap_with_nonce(
+            master,
+            password,
+            kdf,
+            created,
+            hostname,
+            username,
+            random_bytes(),
+        )
+    }
+
+    /// [`KeyFile::wrap`] with a chosen envelope nonce, for known-answer test vectors
+    /// only (see [`Sealer::seal_with_nonce`] for why nothing else may use it).
+    #[doc(hidden)]
+    pub fn wrap_with_nonce(
+        master: &MasterKey,
+        password: &[u8],
+        kdf: KdfParams,
+        created: String,
+        hostname: String,
+        username: String,
+        nonce: [u8; ENVELOPE_NONCE_LEN],
+    ) -> Result<Self> {
         let wrapping = kdf.derive(password)?;
         // Key files are always encrypted, even for unencrypted repositories: the
         // password then still guards nothing, but the code path is the same.
@@ -161,9 +188,9 @@ impl KeyFile {
             Encryption::None => Encryption::ChaCha20Poly1305,
             e => e,
         };
-        let sealed = Sealer::new(enc, wrapping).seal(master.secret());
+        let sealed = Sealer::new(enc, wrapping).seal_with_nonce(nonce, master.secret());
         Ok(KeyFile {
-            version: 1,
+            version: KEY_FILE_VERSION,
             created,
             hostname,
             username,
@@ -175,12 +202,12 @@ impl KeyFile {
 
     /// Returns the master secret, or `Authentication` for a wrong password.
     pub fn unwrap_secret(&self, password: &[u8]) -> Result<[u8; 32]> {
-        if self.version != 1 {
-            return Err(FormatError::UnsupportedVersion {
-                what: "key file",
-                version: self.version,
-            });
-        }
+        check_version(
+            "key file",
+            self.version.into(),
+            KEY_FILE_VERSION.into(),
+            KEY_FILE_VERSION.into(),
+        )?;
         if self.encryption == Encryption::None {
             return Err(FormatError::malformed("key file", "unencrypted key file"));
         }
@@ -207,6 +234,8 @@ impl KeyFile {
                 limit: MAX_METADATA_OBJECT_SIZE as u64,
             });
         }
+        // The version first: a newer key file may change any other field.
+        check_json_version("key file", data, KEY_FILE_VERSION)?;
         serde_json::from_slice(data).map_err(|e| FormatError::malformed("key file", e.to_string()))
     }
 }
@@ -234,6 +263,23 @@ mod tests {
             back.unwrap_secret(b"wrong"),
             Err(FormatError::Authentication { .. })
         ));
+    }
+
+    #[test]
+    fn newer_key_files_say_upgrade_and_unknown_members_are_ignored() {
+        let mk = MasterKey::generate(Encryption::ChaCha20Poly1305);
+        let kf =
+            KeyFile::wrap(&mk, b"pw", cheap_kdf(), "t".into(), "h".into(), "u".into()).unwrap();
+        let text = String::from_utf8(kf.to_bytes()).unwrap();
+        let more = text.replacen('{', r#"{"zz_hint": "x","#, 1);
+        let back = KeyFile::from_bytes(more.as_bytes()).unwrap();
+        assert_eq!(&back.unwrap_secret(b"pw").unwrap(), mk.secret());
+        let newer = text.replacen("\"version\": 1", "\"version\": 2", 1);
+        let err = KeyFile::from_bytes(newer.as_bytes()).unwrap_err();
+        assert!(
+            matches!(err, FormatError::NewerVersion { version: 2, .. }),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod envelope;
 pub mod error;
 pub mod id;
 pub mod index;
+pub mod json;
 pub mod key;
 pub mod lock;
 pub mod pack;

@@ -10,7 +10,7 @@
 //! The pack id is BLAKE3 of the whole file, so a pack can be checked without a key.
 
 use crate::consts::*;
-use crate::error::{FormatError, Result};
+use crate::error::{FormatError, Result, check_version};
 use crate::id::BlobId;
 use crate::wire::{Reader, Writer};
 
@@ -91,12 +91,8 @@ pub fn encode_header(entries: &[PackEntry]) -> Vec<u8> {
 pub fn decode_header(data: &[u8]) -> Result<Vec<PackEntry>> {
     let mut r = Reader::new(data, "pack header");
     let v = r.u8()?;
-    if v != PACK_HEADER_VERSION {
-        return Err(FormatError::UnsupportedVersion {
-            what: "pack header",
-            version: v.into(),
-        });
-    }
+    let newest = PACK_HEADER_VERSION.into();
+    check_version("pack header", v.into(), newest, newest)?;
     let n = r.count(PACK_HEADER_ENTRY_LEN, MAX_PACK_BLOBS)?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {

@@ -13,7 +13,7 @@
 //! object; the name is BLAKE3 of the sealed bytes.
 
 use crate::consts::*;
-use crate::error::{FormatError, Result};
+use crate::error::{Result, check_version};
 use crate::id::PackId;
 use crate::index::{IndexFile, IndexPack};
 use crate::wire::{Reader, Writer};
@@ -58,12 +58,8 @@ impl PendingDeletion {
     pub fn decode(data: &[u8]) -> Result<Self> {
         let mut r = Reader::new(data, "pending deletion");
         let v = r.u8()?;
-        if v != PENDING_VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                what: "pending deletion",
-                version: v.into(),
-            });
-        }
+        let newest = PENDING_VERSION.into();
+        check_version("pending deletion", v.into(), newest, newest)?;
         let created = r.varint_i64()?;
         let nl = r.count(ID_LEN, usize::MAX)?;
         let mut locks = Vec::with_capacity(nl);

@@ -2,9 +2,13 @@
 //! a backup: it must only be written after every pack and index file it needs.
 
 use crate::consts::MAX_METADATA_OBJECT_SIZE;
-use crate::error::{FormatError, Result};
+use crate::error::{FormatError, Result, check_version};
 use crate::id::BlobId;
+use crate::json::check_json_version;
 use serde::{Deserialize, Serialize};
+
+/// Snapshot version written and read by this code.
+pub const SNAPSHOT_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotSummary {
@@ -76,14 +80,11 @@ impl Snapshot {
                 limit: MAX_METADATA_OBJECT_SIZE as u64,
             });
         }
+        // The version first: a newer snapshot may change any other member.
+        check_json_version("snapshot", data, SNAPSHOT_VERSION)?;
         let s: Snapshot = serde_json::from_slice(data)
             .map_err(|e| FormatError::malformed("snapshot", e.to_string()))?;
-        if s.version != 1 {
-            return Err(FormatError::UnsupportedVersion {
-                what: "snapshot",
-                version: s.version,
-            });
-        }
+        check_version("snapshot", s.version.into(), 1, SNAPSHOT_VERSION.into())?;
         s.tree_id()?;
         Ok(s)
     }
@@ -93,6 +94,53 @@ impl Snapshot {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn sample() -> Snapshot {
+        Snapshot {
+            version: 1,
+            time: "2026-11-22T01:02:03.123456789Z".into(),
+            hostname: "h".into(),
+            username: "u".into(),
+            paths: vec!["/a".into()],
+            tags: vec![],
+            tree: "ab".repeat(32),
+            parent: None,
+            excludes: vec![],
+            original: None,
+            copied_from: Some(CopiedFrom {
+                repository: "cd".repeat(32),
+                snapshot: "ef".repeat(32),
+            }),
+            program_version: "cairn test".into(),
+            summary: SnapshotSummary::default(),
+        }
+    }
+
+    #[test]
+    fn unknown_members_are_ignored() {
+        let s = sample();
+        let text = String::from_utf8(s.to_bytes()).unwrap();
+        let more = text.replacen("{", r#"{"zz_new":{"a":[1,2]},"#, 1);
+        assert_eq!(Snapshot::from_bytes(more.as_bytes()).unwrap(), s);
+    }
+
+    #[test]
+    fn a_newer_snapshot_says_upgrade() {
+        let text = String::from_utf8(sample().to_bytes()).unwrap();
+        let newer = text.replacen("\"version\":1", "\"version\":2,\"tree\":{}", 1);
+        let err = Snapshot::from_bytes(newer.as_bytes()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                FormatError::NewerVersion {
+                    version: 2,
+                    supported: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
 
     proptest! {
         #[test]

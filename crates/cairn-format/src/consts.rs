@@ -42,6 +42,9 @@ pub const DEFAULT_PACK_SIZE: usize = 16 << 20;
 /// chunk lists about 144 KiB; the cap is set by tree blobs of very large directories
 /// (about 100 bytes per entry: 64 MiB is over 500,000 entries in one directory).
 pub const MAX_BLOB_SIZE: usize = 64 << 20;
+/// Hard cap on a blob's stored (sealed) length: its plaintext, compressed only when
+/// that makes it smaller, plus the envelope; the rest is slack.
+pub const MAX_SEALED_BLOB_LEN: usize = MAX_BLOB_SIZE + 1024;
 /// Hard cap on index, snapshot, key and config objects.
 pub const MAX_METADATA_OBJECT_SIZE: usize = 256 << 20;
 

@@ -148,7 +148,7 @@ impl IndexFile {
                 // envelope: never empty, never much over a blob's plaintext limit.
                 if u64::from(offset) + u64::from(length) > MAX_PACK_SIZE
                     || length == 0
-                    || length as usize > MAX_BLOB_SIZE + 1024
+                    || length as usize > MAX_SEALED_BLOB_LEN
                     || raw_length as usize > MAX_BLOB_SIZE
                 {
                     return Err(r.malformed("blob location out of range"));

@@ -9,6 +9,8 @@ pub mod config;
 pub mod consts;
 pub mod envelope;
 pub mod error;
+#[cfg(test)]
+mod fuzz;
 pub mod id;
 pub mod index;
 pub mod json;

@@ -233,6 +233,30 @@ impl Config {
                 "max_concurrent_jobs out of range",
             ));
         }
+        // The master secret is in the config exactly when nothing is encrypted: an
+        // unencrypted repository cannot be opened without it, and an encrypted one
+        // must never show it.
+        match (self.encryption, &self.plain_master_secret) {
+            (Encryption::None, Some(s)) => {
+                let mut secret = [0u8; 32];
+                hex::decode_to_slice(s, &mut secret).map_err(|e| {
+                    FormatError::malformed("config", format!("plain_master_secret: {e}"))
+                })?;
+            }
+            (Encryption::None, None) => {
+                return Err(FormatError::malformed(
+                    "config",
+                    "unencrypted repository without plain_master_secret",
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(FormatError::malformed(
+                    "config",
+                    "encrypted repository with a plain_master_secret",
+                ));
+            }
+            (_, None) => {}
+        }
         Ok(())
     }
 
@@ -292,6 +316,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn round_trip_and_mac() {
@@ -327,6 +352,90 @@ mod tests {
             "\"pack_size\": 16777216, \"max_concurrent_jobs\": 0",
         );
         assert!(Config::parse(zero.as_bytes()).is_err());
+    }
+
+    fn arb_config() -> impl Strategy<Value = Config> {
+        (
+            (
+                any::<[u8; 32]>(),
+                ".*",
+                prop_oneof![
+                    Just(Encryption::Aes256Gcm),
+                    Just(Encryption::ChaCha20Poly1305),
+                    Just(Encryption::None)
+                ],
+                proptest::sample::select(BLOCK_SIZES.to_vec()),
+                0u32..=3,
+            ),
+            (
+                prop_oneof![
+                    Just(Compression::None),
+                    Just(Compression::Standard),
+                    Just(Compression::Max)
+                ],
+                (1u32 << 20)..=(256 << 20),
+                1u32..=MAX_MAX_CONCURRENT_JOBS,
+                any::<bool>(),
+                proptest::option::of(".*"),
+                proptest::option::of(any::<u64>()),
+            ),
+        )
+            .prop_map(
+                |(
+                    (id, created, encryption, avg, norm),
+                    (compression, pack_size, jobs, ssd, path, extra),
+                )| {
+                    let mut chunker = ChunkerParams::for_block_size(avg);
+                    chunker.normalization = norm;
+                    let mut unknown_fields = UnknownFields::default();
+                    if let Some(v) = extra {
+                        unknown_fields.insert("zz_setting", &v.to_string()).unwrap();
+                    }
+                    Config {
+                        version: REPO_FORMAT_VERSION,
+                        id: hex::encode(id),
+                        created,
+                        encryption,
+                        chunker,
+                        compression,
+                        pack_size,
+                        max_concurrent_jobs: jobs,
+                        index_placement: if ssd {
+                            IndexPlacement::Ssd
+                        } else {
+                            IndexPlacement::Ram
+                        },
+                        index_path: path,
+                        plain_master_secret: (encryption == Encryption::None)
+                            .then(|| hex::encode(id)),
+                        features: vec![],
+                        unknown_fields,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn config_round_trips(c in arb_config()) {
+            let bytes = c.to_bytes(mac);
+            let (back, body, tag) = Config::parse(&bytes).unwrap();
+            prop_assert_eq!(mac(&body), tag);
+            prop_assert_eq!(back, c);
+        }
+
+        #[test]
+        fn parse_never_panics(data: Vec<u8>) {
+            let _ = Config::parse(&data);
+        }
+
+        #[test]
+        fn policy_names_round_trip(c in 0usize..3, p: bool) {
+            let c = [Compression::None, Compression::Standard, Compression::Max][c];
+            prop_assert_eq!(c.name().parse::<Compression>().unwrap(), c);
+            let p = if p { IndexPlacement::Ssd } else { IndexPlacement::Ram };
+            prop_assert_eq!(p.name().parse::<IndexPlacement>().unwrap(), p);
+        }
     }
 
     fn sample() -> Config {
@@ -463,6 +572,19 @@ mod tests {
         );
         let (_, body, tag) = Config::parse(text.as_bytes()).unwrap();
         assert_ne!(mac(&body), tag);
+    }
+
+    #[test]
+    fn the_plain_master_secret_is_there_exactly_without_encryption() {
+        let mut c = sample();
+        c.plain_master_secret = Some("00".repeat(32));
+        assert!(c.validate().is_err(), "encrypted, secret shown");
+        c.encryption = Encryption::None;
+        assert!(c.validate().is_ok());
+        c.plain_master_secret = Some("00".repeat(31));
+        assert!(c.validate().is_err(), "short secret");
+        c.plain_master_secret = None;
+        assert!(c.validate().is_err(), "unencrypted, no secret");
     }
 
     #[test]

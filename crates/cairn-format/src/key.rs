@@ -243,6 +243,7 @@ impl KeyFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn cheap_kdf() -> KdfParams {
         KdfParams {
@@ -280,6 +281,62 @@ mod tests {
             matches!(err, FormatError::NewerVersion { version: 2, .. }),
             "{err}"
         );
+    }
+
+    proptest! {
+        #[test]
+        fn key_file_round_trips(
+            created in ".*",
+            host in ".*",
+            user in ".*",
+            memory in 8u32..KDF_MAX_MEMORY_KIB,
+            iterations in 1u32..=KDF_MAX_ITERATIONS,
+            salt: [u8; 16],
+            data: Vec<u8>,
+            aes: bool,
+        ) {
+            let kf = KeyFile {
+                version: KEY_FILE_VERSION,
+                created,
+                hostname: host,
+                username: user,
+                kdf: KdfParams {
+                    memory_kib: memory,
+                    iterations,
+                    salt: hex::encode(salt),
+                    ..KdfParams::new_default()
+                },
+                encryption: if aes { Encryption::Aes256Gcm } else { Encryption::ChaCha20Poly1305 },
+                data: hex::encode(data),
+            };
+            let back = KeyFile::from_bytes(&kf.to_bytes()).unwrap();
+            prop_assert_eq!(back.to_bytes(), kf.to_bytes());
+            prop_assert_eq!(back.kdf, kf.kdf);
+        }
+
+        #[test]
+        fn from_bytes_never_panics(data: Vec<u8>) {
+            let _ = KeyFile::from_bytes(&data);
+        }
+    }
+
+    #[test]
+    fn every_encryption_wraps_and_unwraps() {
+        for enc in [
+            Encryption::Aes256Gcm,
+            Encryption::ChaCha20Poly1305,
+            Encryption::None,
+        ] {
+            let mk = MasterKey::generate(enc);
+            let kf =
+                KeyFile::wrap(&mk, b"pw", cheap_kdf(), "t".into(), "h".into(), "u".into()).unwrap();
+            assert_ne!(
+                kf.encryption,
+                Encryption::None,
+                "key files are always encrypted"
+            );
+            assert_eq!(&kf.unwrap_secret(b"pw").unwrap(), mk.secret());
+        }
     }
 
     #[test]

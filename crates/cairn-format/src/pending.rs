@@ -117,7 +117,52 @@ mod tests {
         assert_eq!(PendingDeletion::decode(&empty.encode()).unwrap(), empty);
     }
 
+    fn index_blob() -> impl Strategy<Value = IndexBlob> {
+        (
+            0u8..3,
+            any::<[u8; 32]>(),
+            0u32..(1 << 29),
+            1u32..(1 << 20),
+            any::<u32>(),
+            any::<bool>(),
+        )
+            .prop_map(|(k, id, offset, length, raw, z)| IndexBlob {
+                kind: BlobKind::from_u8(k).unwrap(),
+                id: BlobId(id),
+                offset,
+                length,
+                raw_length: raw % (MAX_BLOB_SIZE as u32 + 1),
+                compression: if z {
+                    BlobCompression::Zstd
+                } else {
+                    BlobCompression::Raw
+                },
+            })
+    }
+
     proptest! {
+        #[test]
+        fn round_trips(
+            created: i64,
+            locks in proptest::collection::vec(any::<[u8; 32]>(), 0..4),
+            packs in proptest::collection::vec(
+                (any::<[u8; 32]>(), proptest::collection::vec(index_blob(), 0..6)),
+                0..4,
+            ),
+            orphans in proptest::collection::vec(any::<[u8; 32]>(), 0..4),
+        ) {
+            let p = PendingDeletion {
+                created,
+                locks,
+                packs: packs
+                    .into_iter()
+                    .map(|(id, blobs)| IndexPack { id: PackId(id), blobs })
+                    .collect(),
+                orphans: orphans.into_iter().map(PackId).collect(),
+            };
+            prop_assert_eq!(PendingDeletion::decode(&p.encode()).unwrap(), p);
+        }
+
         #[test]
         fn decode_never_panics(data: Vec<u8>) {
             let _ = PendingDeletion::decode(&data);

@@ -66,7 +66,10 @@ impl PendingDeletion {
         for _ in 0..nl {
             locks.push(r.array()?);
         }
-        let inner = r.bytes(MAX_METADATA_OBJECT_SIZE)?;
+        // No cap beyond the record itself: the index of a large prune may exceed the
+        // metadata object cap (256 MiB is about 6 million blob entries), and `bytes`
+        // only borrows from the input, so nothing is allocated for it here.
+        let inner = r.bytes(usize::MAX)?;
         let index = IndexFile::decode(inner)?;
         if !index.supersedes.is_empty() {
             return Err(r.malformed("pending deletion lists superseded index files"));

@@ -3,7 +3,7 @@
 # for longer than the test suite's fixed 3,000 cases per decoder: release build with
 # overflow checks and debug assertions on, each decoder fuzzed for SECONDS.
 #   scripts/fuzz.sh [SECONDS_PER_DECODER] [SEED]
-# Wall time is about SECONDS x 14 decoders / cores. Prints the cases run per
+# Wall time is about SECONDS x 13 decoders / cores, plus the build. Prints the cases run per
 # decoder; on a failure prints the decoder, the input as hex and the
 # CAIRN_FUZZ_SEED / CAIRN_FUZZ_CASE that reproduce it, and exits non-zero.
 set -euo pipefail

@@ -32,6 +32,14 @@ pub enum Error {
     },
     #[error("snapshot id {prefix:?} is ambiguous: it matches {matches}")]
     AmbiguousSnapshot { prefix: String, matches: String },
+    /// An object written under newer format rules than this cairn knows (a newer
+    /// version, an unknown feature): not damage, an upgrade is needed.
+    #[error("{what}: {source}")]
+    NewerFormat {
+        what: String,
+        #[source]
+        source: FormatError,
+    },
     #[error("{what} is damaged: {source}")]
     Damaged {
         what: String,
@@ -90,7 +98,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error for an object that failed to decode: damage, unless the object
+    /// was written by a newer cairn (then it says to upgrade, never "damaged").
     pub fn damaged(what: impl Into<String>, source: FormatError) -> Self {
+        if source.needs_newer_cairn() {
+            return Error::NewerFormat {
+                what: what.into(),
+                source,
+            };
+        }
         Error::Damaged {
             what: what.into(),
             source,

@@ -5,8 +5,9 @@
 
 use crate::consts::*;
 use crate::envelope::Encryption;
-use crate::error::{FormatError, Result};
+use crate::error::{FormatError, Result, check_version};
 use crate::id::RepoId;
+use crate::json::{UnknownFields, check_json_version};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -150,7 +151,33 @@ pub struct Config {
     /// Only for `encryption: none`: the master secret, hex (nothing to protect).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plain_master_secret: Option<String>,
+    /// Format features the repository uses beyond version 1's rules; a reader must
+    /// implement every one of them or refuse the repository (see
+    /// [`KNOWN_FEATURES`]). Empty, and then not written, for every repository so far.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
+    /// Top-level members this code does not know (written by a newer cairn), kept so
+    /// that rewriting the config here does not drop them.
+    #[serde(flatten, skip_deserializing)]
+    pub unknown_fields: UnknownFields,
 }
+
+/// Names of the top-level config members [`Config`] reads; every other member is
+/// kept in [`Config::unknown_fields`].
+const KNOWN_FIELDS: &[&str] = &[
+    "version",
+    "id",
+    "created",
+    "encryption",
+    "chunker",
+    "compression",
+    "pack_size",
+    "max_concurrent_jobs",
+    "index_placement",
+    "index_path",
+    "plain_master_secret",
+    "features",
+];
 
 #[derive(Serialize, Deserialize)]
 struct ConfigFile<'a> {
@@ -168,18 +195,33 @@ fn default_max_concurrent_jobs() -> u32 {
     DEFAULT_MAX_CONCURRENT_JOBS
 }
 
+/// Refuses a feature list naming anything this code does not implement.
+fn check_features(features: &[String]) -> Result<()> {
+    let unknown: Vec<String> = features
+        .iter()
+        .filter(|f| !KNOWN_FEATURES.contains(&f.as_str()))
+        .cloned()
+        .collect();
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(FormatError::UnknownFeatures { features: unknown })
+    }
+}
+
 impl Config {
     pub fn repo_id(&self) -> Result<RepoId> {
         RepoId::from_hex(&self.id)
     }
 
     pub fn validate(&self) -> Result<()> {
-        if self.version != REPO_FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                what: "repository config",
-                version: self.version,
-            });
-        }
+        check_version(
+            "repository config",
+            self.version.into(),
+            1,
+            REPO_FORMAT_VERSION.into(),
+        )?;
+        check_features(&self.features)?;
         self.chunker.validate()?;
         self.repo_id()?;
         if !(1 << 20..=256 << 20).contains(&self.pack_size) {
@@ -190,6 +232,30 @@ impl Config {
                 "config",
                 "max_concurrent_jobs out of range",
             ));
+        }
+        // The master secret is in the config exactly when nothing is encrypted: an
+        // unencrypted repository cannot be opened without it, and an encrypted one
+        // must never show it.
+        match (self.encryption, &self.plain_master_secret) {
+            (Encryption::None, Some(s)) => {
+                let mut secret = [0u8; 32];
+                hex::decode_to_slice(s, &mut secret).map_err(|e| {
+                    FormatError::malformed("config", format!("plain_master_secret: {e}"))
+                })?;
+            }
+            (Encryption::None, None) => {
+                return Err(FormatError::malformed(
+                    "config",
+                    "unencrypted repository without plain_master_secret",
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(FormatError::malformed(
+                    "config",
+                    "encrypted repository with a plain_master_secret",
+                ));
+            }
+            (_, None) => {}
         }
         Ok(())
     }
@@ -222,7 +288,22 @@ impl Config {
         let file: ConfigFile<'_> = serde_json::from_slice(data)
             .map_err(|e| FormatError::malformed("config", e.to_string()))?;
         let body = file.config.get().as_bytes().to_vec();
-        let config: Config = serde_json::from_slice(&body)
+        // Version and features before anything else: a newer format may have changed
+        // the other members, and its reader must be told to upgrade, not that the
+        // repository is damaged. Neither needs the MAC: forging them only makes this
+        // cairn refuse, which deleting the config would do as well.
+        check_json_version("repository config", &body, REPO_FORMAT_VERSION)?;
+        #[derive(Deserialize)]
+        struct FeatureProbe {
+            #[serde(default)]
+            features: Vec<String>,
+        }
+        if let Ok(probe) = serde_json::from_slice::<FeatureProbe>(&body) {
+            check_features(&probe.features)?;
+        }
+        let mut config: Config = serde_json::from_slice(&body)
+            .map_err(|e| FormatError::malformed("config", e.to_string()))?;
+        config.unknown_fields = UnknownFields::collect(&body, KNOWN_FIELDS)
             .map_err(|e| FormatError::malformed("config", e.to_string()))?;
         let mut mac = [0u8; 32];
         hex::decode_to_slice(&file.mac, &mut mac)
@@ -235,6 +316,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn round_trip_and_mac() {
@@ -250,6 +332,8 @@ mod tests {
             index_placement: IndexPlacement::Ssd,
             index_path: Some("/var/cache/cairn".into()),
             plain_master_secret: None,
+            features: vec![],
+            unknown_fields: UnknownFields::default(),
         };
         let mac = |b: &[u8]| *blake3::keyed_hash(&[1u8; 32], b).as_bytes();
         let bytes = c.to_bytes(mac);
@@ -268,5 +352,250 @@ mod tests {
             "\"pack_size\": 16777216, \"max_concurrent_jobs\": 0",
         );
         assert!(Config::parse(zero.as_bytes()).is_err());
+    }
+
+    fn arb_config() -> impl Strategy<Value = Config> {
+        (
+            (
+                any::<[u8; 32]>(),
+                ".*",
+                prop_oneof![
+                    Just(Encryption::Aes256Gcm),
+                    Just(Encryption::ChaCha20Poly1305),
+                    Just(Encryption::None)
+                ],
+                proptest::sample::select(BLOCK_SIZES.to_vec()),
+                0u32..=3,
+            ),
+            (
+                prop_oneof![
+                    Just(Compression::None),
+                    Just(Compression::Standard),
+                    Just(Compression::Max)
+                ],
+                (1u32 << 20)..=(256 << 20),
+                1u32..=MAX_MAX_CONCURRENT_JOBS,
+                any::<bool>(),
+                proptest::option::of(".*"),
+                proptest::option::of(any::<u64>()),
+            ),
+        )
+            .prop_map(
+                |(
+                    (id, created, encryption, avg, norm),
+                    (compression, pack_size, jobs, ssd, path, extra),
+                )| {
+                    let mut chunker = ChunkerParams::for_block_size(avg);
+                    chunker.normalization = norm;
+                    let mut unknown_fields = UnknownFields::default();
+                    if let Some(v) = extra {
+                        unknown_fields.insert("zz_setting", &v.to_string()).unwrap();
+                    }
+                    Config {
+                        version: REPO_FORMAT_VERSION,
+                        id: hex::encode(id),
+                        created,
+                        encryption,
+                        chunker,
+                        compression,
+                        pack_size,
+                        max_concurrent_jobs: jobs,
+                        index_placement: if ssd {
+                            IndexPlacement::Ssd
+                        } else {
+                            IndexPlacement::Ram
+                        },
+                        index_path: path,
+                        plain_master_secret: (encryption == Encryption::None)
+                            .then(|| hex::encode(id)),
+                        features: vec![],
+                        unknown_fields,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn config_round_trips(c in arb_config()) {
+            let bytes = c.to_bytes(mac);
+            let (back, body, tag) = Config::parse(&bytes).unwrap();
+            prop_assert_eq!(mac(&body), tag);
+            prop_assert_eq!(back, c);
+        }
+
+        #[test]
+        fn parse_never_panics(data: Vec<u8>) {
+            let _ = Config::parse(&data);
+        }
+
+        #[test]
+        fn policy_names_round_trip(c in 0usize..3, p: bool) {
+            let c = [Compression::None, Compression::Standard, Compression::Max][c];
+            prop_assert_eq!(c.name().parse::<Compression>().unwrap(), c);
+            let p = if p { IndexPlacement::Ssd } else { IndexPlacement::Ram };
+            prop_assert_eq!(p.name().parse::<IndexPlacement>().unwrap(), p);
+        }
+    }
+
+    fn sample() -> Config {
+        Config {
+            version: 1,
+            id: "11".repeat(32),
+            created: "2026-11-22T01:02:03Z".into(),
+            encryption: Encryption::ChaCha20Poly1305,
+            chunker: ChunkerParams::for_block_size(4096),
+            compression: Compression::None,
+            pack_size: 16 << 20,
+            max_concurrent_jobs: 2,
+            index_placement: IndexPlacement::Ram,
+            index_path: None,
+            plain_master_secret: None,
+            features: vec![],
+            unknown_fields: UnknownFields::default(),
+        }
+    }
+
+    fn mac(b: &[u8]) -> [u8; 32] {
+        *blake3::keyed_hash(&[3u8; 32], b).as_bytes()
+    }
+
+    /// Replaces the `config` member's text and re-MACs it, as a newer writer would.
+    fn with_body(body: &str) -> Vec<u8> {
+        format!(
+            "{{\"config\": {body}, \"mac\": \"{}\"}}",
+            hex::encode(mac(body.as_bytes()))
+        )
+        .into_bytes()
+    }
+
+    fn body_of(c: &Config) -> String {
+        let (_, body, _) = Config::parse(&c.to_bytes(mac)).unwrap();
+        String::from_utf8(body).unwrap()
+    }
+
+    #[test]
+    fn a_newer_config_says_upgrade_not_damaged() {
+        let body = body_of(&sample()).replacen("\"version\": 1", "\"version\": 2", 1);
+        let err = Config::parse(&with_body(&body)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "repository config was made by a newer version of cairn (format version 2; this cairn reads up to 1)"
+        );
+        assert!(err.needs_newer_cairn());
+        // Even when the newer version changed other members beyond recognition.
+        let strange = r#"{"version": 7, "encryption": {"suite": "future"}, "chunker": 5}"#;
+        let err = Config::parse(&with_body(strange)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                FormatError::NewerVersion {
+                    version: 7,
+                    supported: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // Version 0 was never written: that is damage.
+        let body = body_of(&sample()).replacen("\"version\": 1", "\"version\": 0", 1);
+        let err = Config::parse(&with_body(&body)).unwrap_err();
+        assert!(matches!(
+            err,
+            FormatError::UnsupportedVersion { version: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn unknown_features_are_refused_by_name() {
+        let mut c = sample();
+        c.features = vec!["zz-future".into(), "other-thing".into()];
+        let err = Config::parse(&c.to_bytes(mac)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the repository uses format features this cairn does not know (zz-future, other-thing); upgrade cairn to open it"
+        );
+        assert!(err.needs_newer_cairn());
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn no_features_means_no_features_member() {
+        let c = sample();
+        assert!(!body_of(&c).contains("features"));
+        let (back, _, _) = Config::parse(&c.to_bytes(mac)).unwrap();
+        assert!(back.features.is_empty());
+        let empty = body_of(&c).replacen("\"version\": 1", "\"version\": 1, \"features\": []", 1);
+        let (back, _, _) = Config::parse(&with_body(&empty)).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn unknown_members_are_kept_when_the_config_is_rewritten() {
+        // A newer cairn added two settings; this one changes the compression.
+        let body = body_of(&sample()).replacen(
+            "\"version\": 1,",
+            "\"version\": 1, \"zz_retention\": {\"days\": [1, 2.5, \"x\"]}, \"zz_flag\": true,",
+            1,
+        );
+        let stored = with_body(&body);
+        let (mut c, body, tag) = Config::parse(&stored).unwrap();
+        // The MAC covers the stored bytes exactly, unknown members included.
+        assert_eq!(mac(&body), tag);
+        assert_eq!(
+            c.unknown_fields.names().collect::<Vec<_>>(),
+            ["zz_retention", "zz_flag"]
+        );
+        c.compression = Compression::Max;
+        let rewritten = c.to_bytes(mac);
+        let (back, body, tag) = Config::parse(&rewritten).unwrap();
+        assert_eq!(mac(&body), tag);
+        assert_eq!(back, c);
+        let text = String::from_utf8(body).unwrap();
+        assert!(
+            text.contains(r#""zz_retention": {"days": [1, 2.5, "x"]}"#),
+            "{text}"
+        );
+        assert!(text.contains(r#""zz_flag": true"#), "{text}");
+        assert!(text.contains(r#""compression": "max""#), "{text}");
+    }
+
+    #[test]
+    fn a_changed_byte_fails_the_mac() {
+        let stored = sample().to_bytes(mac);
+        let (_, body, tag) = Config::parse(&stored).unwrap();
+        assert_eq!(mac(&body), tag);
+        let text = String::from_utf8(stored).unwrap().replacen(
+            "\"max_concurrent_jobs\": 2",
+            "\"max_concurrent_jobs\": 3",
+            1,
+        );
+        let (_, body, tag) = Config::parse(text.as_bytes()).unwrap();
+        assert_ne!(mac(&body), tag);
+    }
+
+    #[test]
+    fn the_plain_master_secret_is_there_exactly_without_encryption() {
+        let mut c = sample();
+        c.plain_master_secret = Some("00".repeat(32));
+        assert!(c.validate().is_err(), "encrypted, secret shown");
+        c.encryption = Encryption::None;
+        assert!(c.validate().is_ok());
+        c.plain_master_secret = Some("00".repeat(31));
+        assert!(c.validate().is_err(), "short secret");
+        c.plain_master_secret = None;
+        assert!(c.validate().is_err(), "unencrypted, no secret");
+    }
+
+    #[test]
+    fn normalization_levels_zero_to_three_are_accepted() {
+        for level in 0..=3 {
+            let mut p = ChunkerParams::for_block_size(16384);
+            p.normalization = level;
+            assert!(p.validate().is_ok(), "{level}");
+        }
+        let mut p = ChunkerParams::for_block_size(16384);
+        p.normalization = 4;
+        assert!(p.validate().is_err());
     }
 }

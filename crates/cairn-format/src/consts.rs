@@ -4,6 +4,12 @@
 /// Repository format version written by this code (the `version` field of `config`).
 pub const REPO_FORMAT_VERSION: u32 = 1;
 
+/// Format features (names in the config's `features` list) this code implements.
+/// A repository listing any other name is refused: it was written under rules this
+/// code does not know. Empty: no feature has been added to version 1 yet; a change
+/// that old readers would misread adds its name here and to docs/FORMAT.md.
+pub const KNOWN_FEATURES: &[&str] = &[];
+
 /// Length of every object and blob id in bytes (BLAKE3 output size).
 pub const ID_LEN: usize = 32;
 
@@ -36,6 +42,9 @@ pub const DEFAULT_PACK_SIZE: usize = 16 << 20;
 /// chunk lists about 144 KiB; the cap is set by tree blobs of very large directories
 /// (about 100 bytes per entry: 64 MiB is over 500,000 entries in one directory).
 pub const MAX_BLOB_SIZE: usize = 64 << 20;
+/// Hard cap on a blob's stored (sealed) length: its plaintext, compressed only when
+/// that makes it smaller, plus the envelope; the rest is slack.
+pub const MAX_SEALED_BLOB_LEN: usize = MAX_BLOB_SIZE + 1024;
 /// Hard cap on index, snapshot, key and config objects.
 pub const MAX_METADATA_OBJECT_SIZE: usize = 256 << 20;
 
@@ -58,6 +67,9 @@ pub const MAX_CHUNK_LIST_DEPTH: u8 = 6;
 pub const MAX_NAME_LEN: usize = 64 << 10;
 /// Hard cap on one extended attribute value.
 pub const MAX_XATTR_VALUE_LEN: usize = 16 << 20;
+/// Hard cap on extended attributes of one node (Linux allows 64 KiB of names per
+/// file, so real files have far fewer).
+pub const MAX_XATTRS: usize = 1 << 16;
 
 /// Argon2id defaults for new keys (OWASP-style: 64 MiB, 3 passes).
 pub const KDF_DEFAULT_MEMORY_KIB: u32 = 64 * 1024;
@@ -79,4 +91,3 @@ pub const KDF_CONTEXT_ENCRYPTION: &str = "cairn 2026-11 v1 encryption key";
 pub const KDF_CONTEXT_ID: &str = "cairn 2026-11 v1 blob id key";
 pub const KDF_CONTEXT_MAC: &str = "cairn 2026-11 v1 mac key";
 pub const KDF_CONTEXT_CHUNKER: &str = "cairn 2026-11 v1 chunker seed";
-pub const KDF_CONTEXT_SUBKEY: &str = "cairn 2026-11 v1 envelope subkey";

@@ -9,8 +9,28 @@ pub enum FormatError {
     Malformed { what: &'static str, detail: String },
     #[error("{what} failed authentication (corrupted, or sealed with another key)")]
     Authentication { what: &'static str },
+    /// A version this code never wrote and no later one will (0, or a hole in the
+    /// numbering): the object is damaged, not new.
     #[error("{what} has unsupported version {version}")]
     UnsupportedVersion { what: &'static str, version: u32 },
+    /// A version above the highest this code reads: the object is most likely fine
+    /// and the reader is too old, so the message says to upgrade rather than calling
+    /// the repository damaged.
+    #[error(
+        "{what} was made by a newer version of cairn (format version {version}; this cairn reads up to {supported})"
+    )]
+    NewerVersion {
+        what: &'static str,
+        version: u64,
+        supported: u64,
+    },
+    /// The repository's config lists format features this code does not implement;
+    /// reading on could misread data written under rules it does not know.
+    #[error(
+        "the repository uses format features this cairn does not know ({}); upgrade cairn to open it",
+        features.join(", ")
+    )]
+    UnknownFeatures { features: Vec<String> },
     #[error("{what} is too large ({size} bytes, limit {limit})")]
     TooLarge {
         what: &'static str,
@@ -30,6 +50,66 @@ impl FormatError {
             detail: detail.into(),
         }
     }
+
+    /// True when the bytes are probably intact but need a newer cairn: a newer
+    /// version or an unknown feature. Callers report these as "upgrade", not
+    /// "damaged".
+    pub fn needs_newer_cairn(&self) -> bool {
+        matches!(
+            self,
+            FormatError::NewerVersion { .. } | FormatError::UnknownFeatures { .. }
+        )
+    }
+}
+
+/// Checks a version number read from an object: `min..=max` is what this code
+/// reads; above `max` is a newer writer, below `min` is damage.
+pub fn check_version(what: &'static str, version: u64, min: u64, max: u64) -> Result<()> {
+    if version > max {
+        return Err(FormatError::NewerVersion {
+            what,
+            version,
+            supported: max,
+        });
+    }
+    if version < min {
+        return Err(FormatError::UnsupportedVersion {
+            what,
+            version: u32::try_from(version).unwrap_or(u32::MAX),
+        });
+    }
+    Ok(())
 }
 
 pub type Result<T, E = FormatError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newer_versions_say_upgrade_and_older_ones_say_unsupported() {
+        let e = check_version("index file", 3, 1, 2).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "index file was made by a newer version of cairn (format version 3; this cairn reads up to 2)"
+        );
+        assert!(e.needs_newer_cairn());
+        let e = check_version("index file", 0, 1, 2).unwrap_err();
+        assert_eq!(e.to_string(), "index file has unsupported version 0");
+        assert!(!e.needs_newer_cairn());
+        assert!(check_version("index file", 1, 1, 2).is_ok());
+        assert!(check_version("index file", 2, 1, 2).is_ok());
+    }
+
+    #[test]
+    fn unknown_features_are_named() {
+        let e = FormatError::UnknownFeatures {
+            features: vec!["zz-future".into(), "other".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "the repository uses format features this cairn does not know (zz-future, other); upgrade cairn to open it"
+        );
+    }
+}

@@ -78,3 +78,31 @@ id_type!(
     /// Random identity of a repository, fixed at creation.
     RepoId
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn hex_round_trip(bytes: [u8; 32]) {
+            let id = BlobId(bytes);
+            prop_assert_eq!(BlobId::from_hex(&id.to_hex()).unwrap(), id);
+            prop_assert_eq!(id.to_hex().len(), 64);
+            prop_assert!(id.to_hex().starts_with(&id.short()));
+        }
+
+        #[test]
+        fn from_hex_never_panics(s in ".*") {
+            let _ = SnapshotId::from_hex(&s);
+        }
+    }
+
+    #[test]
+    fn wrong_lengths_and_digits_are_refused() {
+        assert!(PackId::from_hex(&"ab".repeat(31)).is_err());
+        assert!(PackId::from_hex(&"ab".repeat(33)).is_err());
+        assert!(PackId::from_hex(&"zz".repeat(32)).is_err());
+    }
+}

@@ -12,7 +12,7 @@
 //! The plaintext is sealed; the file name is BLAKE3 of the sealed bytes.
 
 use crate::consts::*;
-use crate::error::{FormatError, Result};
+use crate::error::{Result, check_version};
 use crate::id::{BlobId, IndexId, PackId, SnapshotId};
 use crate::pack::{BlobCompression, BlobKind};
 use crate::wire::{Reader, Writer};
@@ -116,12 +116,12 @@ impl IndexFile {
     pub fn decode(data: &[u8]) -> Result<Self> {
         let mut r = Reader::new(data, "index file");
         let v = r.u8()?;
-        if v != INDEX_VERSION && v != INDEX_VERSION_SNAPSHOTS {
-            return Err(FormatError::UnsupportedVersion {
-                what: "index file",
-                version: v.into(),
-            });
-        }
+        check_version(
+            "index file",
+            v.into(),
+            INDEX_VERSION.into(),
+            INDEX_VERSION_SNAPSHOTS.into(),
+        )?;
         let ns = r.count(ID_LEN, usize::MAX)?;
         let mut supersedes = Vec::with_capacity(ns);
         for _ in 0..ns {
@@ -148,7 +148,7 @@ impl IndexFile {
                 // envelope: never empty, never much over a blob's plaintext limit.
                 if u64::from(offset) + u64::from(length) > MAX_PACK_SIZE
                     || length == 0
-                    || length as usize > MAX_BLOB_SIZE + 1024
+                    || length as usize > MAX_SEALED_BLOB_LEN
                     || raw_length as usize > MAX_BLOB_SIZE
                 {
                     return Err(r.malformed("blob location out of range"));

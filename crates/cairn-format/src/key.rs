@@ -8,7 +8,8 @@
 
 use crate::consts::*;
 use crate::envelope::{Encryption, Sealer, random_bytes};
-use crate::error::{FormatError, Result};
+use crate::error::{FormatError, Result, check_version};
+use crate::json::check_json_version;
 use serde::{Deserialize, Serialize};
 
 /// The repository's root secret and the keys derived from it.
@@ -145,6 +146,9 @@ pub struct KeyFile {
     pub data: String,
 }
 
+/// Key file version written and read by this code.
+pub const KEY_FILE_VERSION: u32 = 1;
+
 impl KeyFile {
     pub fn wrap(
         master: &MasterKey,
@@ -154,6 +158,29 @@ impl KeyFile {
         hostname: String,
         username: String,
     ) -> Result<Self> {
+        Self::wrap_with_nonce(
+            master,
+            password,
+            kdf,
+            created,
+            hostname,
+            username,
+            random_bytes(),
+        )
+    }
+
+    /// [`KeyFile::wrap`] with a chosen envelope nonce, for known-answer test vectors
+    /// only (see [`Sealer::seal_with_nonce`] for why nothing else may use it).
+    #[doc(hidden)]
+    pub fn wrap_with_nonce(
+        master: &MasterKey,
+        password: &[u8],
+        kdf: KdfParams,
+        created: String,
+        hostname: String,
+        username: String,
+        nonce: [u8; ENVELOPE_NONCE_LEN],
+    ) -> Result<Self> {
         let wrapping = kdf.derive(password)?;
         // Key files are always encrypted, even for unencrypted repositories: the
         // password then still guards nothing, but the code path is the same.
@@ -161,9 +188,9 @@ impl KeyFile {
             Encryption::None => Encryption::ChaCha20Poly1305,
             e => e,
         };
-        let sealed = Sealer::new(enc, wrapping).seal(master.secret());
+        let sealed = Sealer::new(enc, wrapping).seal_with_nonce(nonce, master.secret());
         Ok(KeyFile {
-            version: 1,
+            version: KEY_FILE_VERSION,
             created,
             hostname,
             username,
@@ -175,12 +202,12 @@ impl KeyFile {
 
     /// Returns the master secret, or `Authentication` for a wrong password.
     pub fn unwrap_secret(&self, password: &[u8]) -> Result<[u8; 32]> {
-        if self.version != 1 {
-            return Err(FormatError::UnsupportedVersion {
-                what: "key file",
-                version: self.version,
-            });
-        }
+        check_version(
+            "key file",
+            self.version.into(),
+            KEY_FILE_VERSION.into(),
+            KEY_FILE_VERSION.into(),
+        )?;
         if self.encryption == Encryption::None {
             return Err(FormatError::malformed("key file", "unencrypted key file"));
         }
@@ -207,6 +234,8 @@ impl KeyFile {
                 limit: MAX_METADATA_OBJECT_SIZE as u64,
             });
         }
+        // The version first: a newer key file may change any other field.
+        check_json_version("key file", data, KEY_FILE_VERSION)?;
         serde_json::from_slice(data).map_err(|e| FormatError::malformed("key file", e.to_string()))
     }
 }
@@ -214,6 +243,7 @@ impl KeyFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn cheap_kdf() -> KdfParams {
         KdfParams {
@@ -234,6 +264,79 @@ mod tests {
             back.unwrap_secret(b"wrong"),
             Err(FormatError::Authentication { .. })
         ));
+    }
+
+    #[test]
+    fn newer_key_files_say_upgrade_and_unknown_members_are_ignored() {
+        let mk = MasterKey::generate(Encryption::ChaCha20Poly1305);
+        let kf =
+            KeyFile::wrap(&mk, b"pw", cheap_kdf(), "t".into(), "h".into(), "u".into()).unwrap();
+        let text = String::from_utf8(kf.to_bytes()).unwrap();
+        let more = text.replacen('{', r#"{"zz_hint": "x","#, 1);
+        let back = KeyFile::from_bytes(more.as_bytes()).unwrap();
+        assert_eq!(&back.unwrap_secret(b"pw").unwrap(), mk.secret());
+        let newer = text.replacen("\"version\": 1", "\"version\": 2", 1);
+        let err = KeyFile::from_bytes(newer.as_bytes()).unwrap_err();
+        assert!(
+            matches!(err, FormatError::NewerVersion { version: 2, .. }),
+            "{err}"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn key_file_round_trips(
+            created in ".*",
+            host in ".*",
+            user in ".*",
+            memory in 8u32..KDF_MAX_MEMORY_KIB,
+            iterations in 1u32..=KDF_MAX_ITERATIONS,
+            salt: [u8; 16],
+            data: Vec<u8>,
+            aes: bool,
+        ) {
+            let kf = KeyFile {
+                version: KEY_FILE_VERSION,
+                created,
+                hostname: host,
+                username: user,
+                kdf: KdfParams {
+                    memory_kib: memory,
+                    iterations,
+                    salt: hex::encode(salt),
+                    ..KdfParams::new_default()
+                },
+                encryption: if aes { Encryption::Aes256Gcm } else { Encryption::ChaCha20Poly1305 },
+                data: hex::encode(data),
+            };
+            let back = KeyFile::from_bytes(&kf.to_bytes()).unwrap();
+            prop_assert_eq!(back.to_bytes(), kf.to_bytes());
+            prop_assert_eq!(back.kdf, kf.kdf);
+        }
+
+        #[test]
+        fn from_bytes_never_panics(data: Vec<u8>) {
+            let _ = KeyFile::from_bytes(&data);
+        }
+    }
+
+    #[test]
+    fn every_encryption_wraps_and_unwraps() {
+        for enc in [
+            Encryption::Aes256Gcm,
+            Encryption::ChaCha20Poly1305,
+            Encryption::None,
+        ] {
+            let mk = MasterKey::generate(enc);
+            let kf =
+                KeyFile::wrap(&mk, b"pw", cheap_kdf(), "t".into(), "h".into(), "u".into()).unwrap();
+            assert_ne!(
+                kf.encryption,
+                Encryption::None,
+                "key files are always encrypted"
+            );
+            assert_eq!(&kf.unwrap_secret(b"pw").unwrap(), mk.secret());
+        }
     }
 
     #[test]

@@ -9,8 +9,11 @@ pub mod config;
 pub mod consts;
 pub mod envelope;
 pub mod error;
+#[cfg(test)]
+mod fuzz;
 pub mod id;
 pub mod index;
+pub mod json;
 pub mod key;
 pub mod lock;
 pub mod pack;

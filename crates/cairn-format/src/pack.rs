@@ -10,7 +10,7 @@
 //! The pack id is BLAKE3 of the whole file, so a pack can be checked without a key.
 
 use crate::consts::*;
-use crate::error::{FormatError, Result};
+use crate::error::{FormatError, Result, check_version};
 use crate::id::BlobId;
 use crate::wire::{Reader, Writer};
 
@@ -91,14 +91,12 @@ pub fn encode_header(entries: &[PackEntry]) -> Vec<u8> {
 pub fn decode_header(data: &[u8]) -> Result<Vec<PackEntry>> {
     let mut r = Reader::new(data, "pack header");
     let v = r.u8()?;
-    if v != PACK_HEADER_VERSION {
-        return Err(FormatError::UnsupportedVersion {
-            what: "pack header",
-            version: v.into(),
-        });
-    }
+    let newest = PACK_HEADER_VERSION.into();
+    check_version("pack header", v.into(), newest, newest)?;
     let n = r.count(PACK_HEADER_ENTRY_LEN, MAX_PACK_BLOBS)?;
     let mut out = Vec::with_capacity(n);
+    // Where the next blob starts: blobs lie back to back from offset 0.
+    let mut offset = 0u64;
     for _ in 0..n {
         let kind = r.u8()?;
         let kind = BlobKind::from_u8(kind).ok_or_else(|| r.malformed("unknown blob kind"))?;
@@ -110,6 +108,12 @@ pub fn decode_header(data: &[u8]) -> Result<Vec<PackEntry>> {
             BlobCompression::from_u8(c).ok_or_else(|| r.malformed("unknown compression"))?;
         if raw_length as usize > MAX_BLOB_SIZE {
             return Err(r.malformed("blob raw length exceeds limit"));
+        }
+        // The limits an index file has for the same blob, so that an index built
+        // from an accepted header (prune, `repair index`) is accepted too.
+        offset += u64::from(length);
+        if length == 0 || length as usize > MAX_SEALED_BLOB_LEN || offset > MAX_PACK_SIZE {
+            return Err(r.malformed("blob length out of range"));
         }
         out.push(PackEntry {
             kind,
@@ -162,7 +166,7 @@ mod tests {
         (
             0u8..3,
             any::<[u8; 32]>(),
-            any::<u32>(),
+            prop_oneof![1u32..2_000_000, Just(1), Just(MAX_SEALED_BLOB_LEN as u32)],
             0u32..(MAX_BLOB_SIZE as u32),
             any::<bool>(),
         )
@@ -179,9 +183,35 @@ mod tests {
             })
     }
 
+    fn one(length: u32) -> PackEntry {
+        PackEntry {
+            kind: BlobKind::Data,
+            id: BlobId([1; 32]),
+            length,
+            raw_length: 10,
+            compression: BlobCompression::Raw,
+        }
+    }
+
+    #[test]
+    fn header_entries_have_the_limits_of_index_entries() {
+        // Found by the fuzzer: a header with a zero-length blob, a blob over the
+        // sealed-blob cap or blobs past 1 GiB decoded, but the index file that prune
+        // or `repair index` writes from it would be refused by every reader.
+        for bad in [
+            vec![one(0)],
+            vec![one(MAX_SEALED_BLOB_LEN as u32 + 1)],
+            vec![one(MAX_SEALED_BLOB_LEN as u32); 17],
+        ] {
+            assert!(decode_header(&encode_header(&bad)).is_err(), "{bad:?}");
+        }
+        let ok = vec![one(MAX_SEALED_BLOB_LEN as u32); 15];
+        assert_eq!(decode_header(&encode_header(&ok)).unwrap(), ok);
+    }
+
     proptest! {
         #[test]
-        fn header_round_trip(entries in proptest::collection::vec(entry(), 0..50)) {
+        fn header_round_trip(entries in proptest::collection::vec(entry(), 0..15)) {
             let enc = encode_header(&entries);
             prop_assert_eq!(decode_header(&enc).unwrap(), entries);
         }
@@ -189,6 +219,13 @@ mod tests {
         #[test]
         fn header_decode_never_panics(data: Vec<u8>) {
             let _ = decode_header(&data);
+        }
+
+        #[test]
+        fn trailer_round_trip(header_len: u32, blobs in 0u64..(1 << 40)) {
+            let size = blobs + u64::from(header_len) + PACK_TRAILER_LEN as u64;
+            let t = encode_trailer(header_len);
+            prop_assert_eq!(parse_trailer(size, &t).unwrap(), (blobs, header_len));
         }
 
         #[test]

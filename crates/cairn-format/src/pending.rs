@@ -13,7 +13,7 @@
 //! object; the name is BLAKE3 of the sealed bytes.
 
 use crate::consts::*;
-use crate::error::{FormatError, Result};
+use crate::error::{Result, check_version};
 use crate::id::PackId;
 use crate::index::{IndexFile, IndexPack};
 use crate::wire::{Reader, Writer};
@@ -58,19 +58,18 @@ impl PendingDeletion {
     pub fn decode(data: &[u8]) -> Result<Self> {
         let mut r = Reader::new(data, "pending deletion");
         let v = r.u8()?;
-        if v != PENDING_VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                what: "pending deletion",
-                version: v.into(),
-            });
-        }
+        let newest = PENDING_VERSION.into();
+        check_version("pending deletion", v.into(), newest, newest)?;
         let created = r.varint_i64()?;
         let nl = r.count(ID_LEN, usize::MAX)?;
         let mut locks = Vec::with_capacity(nl);
         for _ in 0..nl {
             locks.push(r.array()?);
         }
-        let inner = r.bytes(MAX_METADATA_OBJECT_SIZE)?;
+        // No cap beyond the record itself: the index of a large prune may exceed the
+        // metadata object cap (256 MiB is about 6 million blob entries), and `bytes`
+        // only borrows from the input, so nothing is allocated for it here.
+        let inner = r.bytes(usize::MAX)?;
         let index = IndexFile::decode(inner)?;
         if !index.supersedes.is_empty() {
             return Err(r.malformed("pending deletion lists superseded index files"));
@@ -121,7 +120,52 @@ mod tests {
         assert_eq!(PendingDeletion::decode(&empty.encode()).unwrap(), empty);
     }
 
+    fn index_blob() -> impl Strategy<Value = IndexBlob> {
+        (
+            0u8..3,
+            any::<[u8; 32]>(),
+            0u32..(1 << 29),
+            1u32..(1 << 20),
+            any::<u32>(),
+            any::<bool>(),
+        )
+            .prop_map(|(k, id, offset, length, raw, z)| IndexBlob {
+                kind: BlobKind::from_u8(k).unwrap(),
+                id: BlobId(id),
+                offset,
+                length,
+                raw_length: raw % (MAX_BLOB_SIZE as u32 + 1),
+                compression: if z {
+                    BlobCompression::Zstd
+                } else {
+                    BlobCompression::Raw
+                },
+            })
+    }
+
     proptest! {
+        #[test]
+        fn round_trips(
+            created: i64,
+            locks in proptest::collection::vec(any::<[u8; 32]>(), 0..4),
+            packs in proptest::collection::vec(
+                (any::<[u8; 32]>(), proptest::collection::vec(index_blob(), 0..6)),
+                0..4,
+            ),
+            orphans in proptest::collection::vec(any::<[u8; 32]>(), 0..4),
+        ) {
+            let p = PendingDeletion {
+                created,
+                locks,
+                packs: packs
+                    .into_iter()
+                    .map(|(id, blobs)| IndexPack { id: PackId(id), blobs })
+                    .collect(),
+                orphans: orphans.into_iter().map(PackId).collect(),
+            };
+            prop_assert_eq!(PendingDeletion::decode(&p.encode()).unwrap(), p);
+        }
+
         #[test]
         fn decode_never_panics(data: Vec<u8>) {
             let _ = PendingDeletion::decode(&data);

@@ -19,7 +19,7 @@
 //! of file bytes each covers.
 
 use crate::consts::*;
-use crate::error::{FormatError, Result};
+use crate::error::{Result, check_version};
 use crate::id::BlobId;
 use crate::wire::{Reader, Writer};
 
@@ -145,6 +145,11 @@ impl Node {
     }
 }
 
+/// Fewest bytes a node takes in a tree, with its length prefix: one-byte length,
+/// a one-byte name, and the smallest form of every other field (22 bytes). Bounds
+/// the node count a tree of a given size can claim before anything is allocated.
+const MIN_NODE_RECORD_LEN: usize = 24;
+
 fn put_time(w: &mut Writer, t: Timestamp) {
     w.varint_i64(t.secs);
     w.varint(t.nanos.into());
@@ -246,7 +251,7 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node> {
     let size = r.varint()?;
     let rdev = r.varint()?;
     let link_target = r.bytes(MAX_NAME_LEN)?.to_vec();
-    let nx = r.count(2, 1 << 16)?;
+    let nx = r.count(2, MAX_XATTRS)?;
     let mut xattrs = Vec::with_capacity(nx);
     for _ in 0..nx {
         let k = r.bytes(MAX_NAME_LEN)?.to_vec();
@@ -324,13 +329,9 @@ impl Tree {
     pub fn decode(data: &[u8]) -> Result<Self> {
         let mut r = Reader::new(data, "tree");
         let v = r.u8()?;
-        if v != TREE_VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                what: "tree",
-                version: v.into(),
-            });
-        }
-        let n = r.count(8, usize::MAX)?;
+        let newest = TREE_VERSION.into();
+        check_version("tree", v.into(), newest, newest)?;
+        let n = r.count(MIN_NODE_RECORD_LEN, usize::MAX)?;
         let mut nodes: Vec<Node> = Vec::with_capacity(n);
         for _ in 0..n {
             let nb = r.bytes(MAX_BLOB_SIZE)?;
@@ -379,12 +380,8 @@ impl ChunkList {
     pub fn decode(data: &[u8]) -> Result<Self> {
         let mut r = Reader::new(data, "chunk list");
         let v = r.u8()?;
-        if v != CHUNK_LIST_VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                what: "chunk list",
-                version: v.into(),
-            });
-        }
+        let newest = CHUNK_LIST_VERSION.into();
+        check_version("chunk list", v.into(), newest, newest)?;
         let level = r.u8()?;
         if level >= MAX_CHUNK_LIST_DEPTH {
             return Err(r.malformed("chunk-list level out of range"));

@@ -87,24 +87,34 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
     pub fn u8(&mut self) -> Result<u8> {
-        Ok(self.array::<1>()?[0])
+        let v = self.array::<1>()?[0];
+        #[cfg(test)]
+        self.trace(self.pos - 1, trace::FieldKind::U8);
+        Ok(v)
     }
     pub fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.array()?))
+        let v = u32::from_le_bytes(self.array()?);
+        #[cfg(test)]
+        self.trace(self.pos - 4, trace::FieldKind::U32);
+        Ok(v)
     }
     pub fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array()?))
     }
     pub fn varint(&mut self) -> Result<u64> {
+        #[cfg(test)]
+        let start = self.pos;
         let mut v: u64 = 0;
         for shift in (0..64).step_by(7) {
-            let b = self.u8()?;
+            let b = self.array::<1>()?[0];
             let part = u64::from(b & 0x7f);
             if shift == 63 && part > 1 {
                 return Err(self.malformed("varint overflows 64 bits"));
             }
             v |= part << shift;
             if b & 0x80 == 0 {
+                #[cfg(test)]
+                self.trace(start, trace::FieldKind::Varint);
                 return Ok(v);
             }
         }
@@ -139,11 +149,73 @@ impl<'a> Reader<'a> {
         }
         self.take(n as usize)
     }
+    /// Records the field just read (test builds only): the fuzzer mutates fields
+    /// where the decoder found them.
+    #[cfg(test)]
+    fn trace(&self, start: usize, kind: trace::FieldKind) {
+        trace::record(self.data.as_ptr() as usize + start, self.pos - start, kind);
+    }
+
     pub fn finish(&self) -> Result<()> {
         if self.remaining() != 0 {
             return Err(self.malformed(format!("{} trailing bytes", self.remaining())));
         }
         Ok(())
+    }
+}
+
+/// Where a decoder found its fields, for the structure-aware fuzzer (`fuzz.rs`):
+/// while [`trace::capture`] runs, every integer a [`Reader`] reads is recorded by
+/// address, so fields of nested readers (tree nodes, a pending record's index) are
+/// found too.
+#[cfg(test)]
+pub(crate) mod trace {
+    use std::cell::RefCell;
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum FieldKind {
+        U8,
+        U32,
+        Varint,
+    }
+
+    /// A field at `offset` (in the buffer given to [`capture`]) of `len` bytes.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Field {
+        pub offset: usize,
+        pub len: usize,
+        pub kind: FieldKind,
+    }
+
+    thread_local! {
+        static FIELDS: RefCell<Option<Vec<(usize, usize, FieldKind)>>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn record(addr: usize, len: usize, kind: FieldKind) {
+        // try_with: a reader may run while the thread is being torn down.
+        let _ = FIELDS.try_with(|f| {
+            if let Some(v) = f.borrow_mut().as_mut() {
+                v.push((addr, len, kind));
+            }
+        });
+    }
+
+    /// Runs `decode` on `data` and returns the fields it read within `data`.
+    pub fn capture<R>(data: &[u8], decode: impl FnOnce(&[u8]) -> R) -> (R, Vec<Field>) {
+        FIELDS.with(|f| *f.borrow_mut() = Some(Vec::new()));
+        let out = decode(data);
+        let raw = FIELDS.with(|f| f.borrow_mut().take()).unwrap_or_default();
+        let base = data.as_ptr() as usize;
+        let fields = raw
+            .into_iter()
+            .filter(|&(addr, len, _)| addr >= base && addr + len <= base + data.len())
+            .map(|(addr, len, kind)| Field {
+                offset: addr - base,
+                len,
+                kind,
+            })
+            .collect();
+        (out, fields)
     }
 }
 

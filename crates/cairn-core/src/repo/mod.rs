@@ -183,6 +183,8 @@ impl Repository {
             index_path: opts.index_path.clone(),
             plain_master_secret: (encryption == Encryption::None)
                 .then(|| hex::encode(key.secret())),
+            features: Vec::new(),
+            unknown_fields: Default::default(),
         };
         let mut repo = Repository {
             backend,

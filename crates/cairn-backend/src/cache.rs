@@ -278,6 +278,20 @@ impl Backend for CachedBackend {
         }
         self.inner.get(name)
     }
+    fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
+        if cached_by_name(name) {
+            if let Some(d) = self.load(name) {
+                if d.len() as u64 > max {
+                    return Err(BackendError::too_large("get", name, d.len() as u64, max));
+                }
+                return Ok(d);
+            }
+            let d = self.inner.get_bounded(name, max)?;
+            self.store(name, &d);
+            return Ok(d);
+        }
+        self.inner.get_bounded(name, max)
+    }
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         // Plain range reads (restore's data, a pack read whole to verify it) always
         // go to the storage; only `get_metadata_range` uses cached packs.

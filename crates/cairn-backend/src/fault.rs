@@ -192,6 +192,9 @@ impl Backend for FaultyBackend {
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         self.call("get", name, || self.inner.get(name))
     }
+    fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
+        self.call("get", name, || self.inner.get_bounded(name, max))
+    }
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         self.call("get", name, || self.inner.get_range(name, offset, length))
     }

@@ -46,6 +46,8 @@ pub enum BackendErrorKind {
     NotFound,
     /// `put_new` found an object of that name.
     AlreadyExists,
+    /// `get_bounded` found an object larger than its kind may be.
+    TooLarge,
     /// The medium is full (ENOSPC, EDQUOT).
     NoSpace,
     PermissionDenied,
@@ -103,6 +105,16 @@ impl BackendError {
             message: "an object of that name exists".into(),
         }
     }
+    pub fn too_large(op: &'static str, path: &str, size: u64, max: u64) -> Self {
+        BackendError {
+            kind: BackendErrorKind::TooLarge,
+            op,
+            path: path.to_string(),
+            message: format!(
+                "the object is {size} bytes, more than the {max} this kind of object may be (damaged or hostile)"
+            ),
+        }
+    }
     pub fn is_not_found(&self) -> bool {
         self.kind == BackendErrorKind::NotFound
     }
@@ -131,6 +143,17 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// this way.
     fn put_new(&self, name: &str, data: &[u8]) -> Result<()>;
     fn get(&self, name: &str) -> Result<Vec<u8>>;
+    /// Reads a whole object of at most `max` bytes, refusing a larger one
+    /// ([`BackendErrorKind::TooLarge`]) before reading it into memory: small
+    /// objects (locks, keys, snapshots, config) are read this way, so a hostile
+    /// 1.5 GB lock costs nothing. The default reads first (backends override it).
+    fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
+        let data = self.get(name)?;
+        if data.len() as u64 > max {
+            return Err(BackendError::too_large("get", name, data.len() as u64, max));
+        }
+        Ok(data)
+    }
     /// Reads `length` bytes at `offset`; a range past the end is an error, never short.
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>>;
     /// Every object whose name starts with `prefix` (a directory such as `index/`).
@@ -235,7 +258,23 @@ pub(crate) mod conformance {
         missing_objects(b);
         concurrent_writers(b);
         create_only(b);
+        bounded_reads(b);
         large_objects(b);
+    }
+
+    /// `get_bounded` reads objects up to the bound and refuses larger ones.
+    fn bounded_reads(b: &dyn Backend) {
+        b.put("locks/bb01", &[7u8; 1000]).unwrap();
+        assert_eq!(b.get_bounded("locks/bb01", 1000).unwrap(), vec![7u8; 1000]);
+        assert_eq!(b.get_bounded("locks/bb01", 5000).unwrap().len(), 1000);
+        let e = b.get_bounded("locks/bb01", 999).unwrap_err();
+        assert_eq!(e.kind, BackendErrorKind::TooLarge, "{e}");
+        assert!(
+            b.get_bounded("locks/missing", 10)
+                .unwrap_err()
+                .is_not_found()
+        );
+        b.delete("locks/bb01").unwrap();
     }
 
     /// `put_new` creates, never replaces; of writers racing on one name exactly one

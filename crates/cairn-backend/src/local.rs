@@ -90,6 +90,22 @@ impl Backend for LocalBackend {
         fs::read(self.path(name)).map_err(|e| BackendError::from_io("get", name, &e))
     }
 
+    fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
+        let err = |e: std::io::Error| BackendError::from_io("get", name, &e);
+        let mut f = File::open(self.path(name)).map_err(err)?;
+        let size = f.metadata().map_err(err)?.len();
+        if size > max {
+            return Err(BackendError::too_large("get", name, size, max));
+        }
+        // Read at most one byte beyond the bound: the file may grow meanwhile.
+        let mut data = Vec::with_capacity(size as usize);
+        (&mut f).take(max + 1).read_to_end(&mut data).map_err(err)?;
+        if data.len() as u64 > max {
+            return Err(BackendError::too_large("get", name, data.len() as u64, max));
+        }
+        Ok(data)
+    }
+
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         let err = |e: std::io::Error| BackendError::from_io("get range", name, &e);
         let mut f = File::open(self.path(name)).map_err(err)?;

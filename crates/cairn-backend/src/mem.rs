@@ -40,6 +40,16 @@ impl Backend for MemBackend {
             .cloned()
             .ok_or_else(|| BackendError::not_found("get", name))
     }
+    fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
+        let m = self.map();
+        let d = m
+            .get(name)
+            .ok_or_else(|| BackendError::not_found("get", name))?;
+        if d.len() as u64 > max {
+            return Err(BackendError::too_large("get", name, d.len() as u64, max));
+        }
+        Ok(d.clone())
+    }
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         let m = self.map();
         let d = m

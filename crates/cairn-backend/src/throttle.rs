@@ -123,6 +123,9 @@ impl Backend for ThrottledBackend {
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         self.received(self.inner.get(name))
     }
+    fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
+        self.received(self.inner.get_bounded(name, max))
+    }
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         self.received(self.inner.get_range(name, offset, length))
     }

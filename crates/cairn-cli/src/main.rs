@@ -9,7 +9,7 @@ mod ui;
 use clap::Parser;
 
 /// Exit codes (restic's where they exist): 1 error, 3 backup saved but some entries
-/// could not be read, 10 no repository, 12 wrong password, 130 cancelled (SIGINT or
+/// could not be read (or changed while they were read), 10 no repository, 12 wrong password, 130 cancelled (SIGINT or
 /// SIGTERM: the operation stopped at a safe point).
 pub const EXIT_INCOMPLETE: i32 = 3;
 const EXIT_NO_REPO: i32 = 10;

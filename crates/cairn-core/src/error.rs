@@ -15,6 +15,11 @@ pub enum Error {
     RepositoryExists(String),
     #[error("wrong password: no key in the repository opens with it")]
     WrongPassword,
+    /// No intact key opened, and a key file is damaged (the password may be its).
+    #[error(
+        "no intact key opens with this password, and {0}; if the password belongs to that key, restore its key file from a copy or use another key's password"
+    )]
+    KeyDamaged(String),
     #[error("no snapshot matches {0:?}")]
     SnapshotNotFound(String),
     /// `latest` was asked for while some snapshot could not be read: the damaged one

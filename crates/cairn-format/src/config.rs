@@ -278,11 +278,11 @@ impl Config {
     /// Parses without checking the MAC; returns the config and a closure input for
     /// [`Config::verify`]: (body bytes, mac).
     pub fn parse(data: &[u8]) -> Result<(Config, Vec<u8>, [u8; 32])> {
-        if data.len() > MAX_METADATA_OBJECT_SIZE {
+        if data.len() > MAX_SMALL_OBJECT_SIZE {
             return Err(FormatError::TooLarge {
                 what: "config",
                 size: data.len() as u64,
-                limit: MAX_METADATA_OBJECT_SIZE as u64,
+                limit: MAX_SMALL_OBJECT_SIZE as u64,
             });
         }
         let file: ConfigFile<'_> = serde_json::from_slice(data)

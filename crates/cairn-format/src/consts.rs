@@ -45,8 +45,15 @@ pub const MAX_BLOB_SIZE: usize = 64 << 20;
 /// Hard cap on a blob's stored (sealed) length: its plaintext, compressed only when
 /// that makes it smaller, plus the envelope; the rest is slack.
 pub const MAX_SEALED_BLOB_LEN: usize = MAX_BLOB_SIZE + 1024;
-/// Hard cap on index, snapshot, key and config objects.
+/// Hard cap on snapshot objects (and on any metadata object's decoder).
 pub const MAX_METADATA_OBJECT_SIZE: usize = 256 << 20;
+/// Hard cap on config, key file and lock objects: each is under 2 KiB, and they
+/// are read before anything else (a lock by every operation), so a hostile giant
+/// must cost nothing.
+pub const MAX_SMALL_OBJECT_SIZE: usize = 1 << 20;
+/// Hard cap on an index file: cairn writes them at about 200,000 blobs (9 MB);
+/// this is 20 million.
+pub const MAX_INDEX_FILE_SIZE: usize = 1 << 30;
 
 /// Version byte at the start of an index file plaintext.
 pub const INDEX_VERSION: u8 = 1;

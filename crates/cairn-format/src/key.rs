@@ -227,11 +227,11 @@ impl KeyFile {
     }
 
     pub fn from_bytes(data: &[u8]) -> Result<Self> {
-        if data.len() > MAX_METADATA_OBJECT_SIZE {
+        if data.len() > MAX_SMALL_OBJECT_SIZE {
             return Err(FormatError::TooLarge {
                 what: "key file",
                 size: data.len() as u64,
-                limit: MAX_METADATA_OBJECT_SIZE as u64,
+                limit: MAX_SMALL_OBJECT_SIZE as u64,
             });
         }
         // The version first: a newer key file may change any other field.

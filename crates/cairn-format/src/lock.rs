@@ -3,7 +3,7 @@
 //! alive (`refreshed`). Locks never block backups; they tell prune which operations
 //! may still use blobs it is about to delete, and keep two prunes apart.
 
-use crate::consts::MAX_METADATA_OBJECT_SIZE;
+use crate::consts::MAX_SMALL_OBJECT_SIZE;
 use crate::error::{FormatError, Result, check_version};
 use crate::json::check_json_version;
 use serde::{Deserialize, Serialize};
@@ -41,11 +41,11 @@ impl Lock {
     }
 
     pub fn from_bytes(data: &[u8]) -> Result<Self> {
-        if data.len() > MAX_METADATA_OBJECT_SIZE {
+        if data.len() > MAX_SMALL_OBJECT_SIZE {
             return Err(FormatError::TooLarge {
                 what: "lock",
                 size: data.len() as u64,
-                limit: MAX_METADATA_OBJECT_SIZE as u64,
+                limit: MAX_SMALL_OBJECT_SIZE as u64,
             });
         }
         // The version first: a newer lock may change any other member.

@@ -140,11 +140,19 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
                 s.entries_skipped
             );
         }
+        if !r.changed_while_read.is_empty() {
+            println!(
+                "changed:   {} files changed while they were read: saved as read (see warnings above)",
+                r.changed_while_read.len()
+            );
+        }
         println!("snapshot {} saved", r.snapshot_id.short());
     }
-    Ok(if s.entries_skipped > 0 {
-        crate::EXIT_INCOMPLETE
-    } else {
-        0
-    })
+    Ok(
+        if s.entries_skipped > 0 || !r.changed_while_read.is_empty() {
+            crate::EXIT_INCOMPLETE
+        } else {
+            0
+        },
+    )
 }

@@ -56,6 +56,8 @@ fn render(p: &Problem) -> String {
         Problem::BlobInDamagedPack { blob, role: r, .. } => {
             format!("{} {blob}: stored in a damaged or missing pack", role(r))
         }
+        Problem::FileInconsistent { error, .. } => format!("file content: {error}"),
+        Problem::KeyUnreadable { key, error } => format!("key file {key}: {error}"),
         Problem::BlobDamaged {
             blob,
             role: r,

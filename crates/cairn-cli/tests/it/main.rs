@@ -9,6 +9,7 @@ mod dense;
 mod estimate;
 mod forget;
 mod golden;
+mod hostile;
 mod jobs;
 mod keys;
 mod maintenance;

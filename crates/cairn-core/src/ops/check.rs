@@ -103,6 +103,18 @@ pub enum Problem {
         role: BlobRole,
         affects: Vec<Affected>,
     },
+    /// A file's node disagrees with its content: its size is not what its chunks
+    /// add up to, a chunk's length is not its blob's, or a chunk-list root claims
+    /// another number of chunks than it lists. Restore would fail on it.
+    FileInconsistent {
+        error: String,
+        affects: Vec<Affected>,
+    },
+    /// A key file cannot be read or does not match its name.
+    KeyUnreadable {
+        key: cairn_format::KeyId,
+        error: String,
+    },
     /// A tree or chunk list was found but does not decode, authenticate or fit its
     /// place.
     BlobDamaged {
@@ -119,7 +131,8 @@ impl Problem {
         match self {
             Problem::BlobMissing { affects, .. }
             | Problem::BlobInDamagedPack { affects, .. }
-            | Problem::BlobDamaged { affects, .. } => affects,
+            | Problem::BlobDamaged { affects, .. }
+            | Problem::FileInconsistent { affects, .. } => affects,
             _ => &[],
         }
     }
@@ -127,7 +140,8 @@ impl Problem {
         match self {
             Problem::BlobMissing { affects, .. }
             | Problem::BlobInDamagedPack { affects, .. }
-            | Problem::BlobDamaged { affects, .. } => Some(affects),
+            | Problem::BlobDamaged { affects, .. }
+            | Problem::FileInconsistent { affects, .. } => Some(affects),
             _ => None,
         }
     }
@@ -299,6 +313,14 @@ pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport
     extra.sort_by(|a, b| a.0.cmp(&b.0));
     report.problems.extend(extra.into_iter().map(|(_, p)| p));
     report.problems.extend(vanished_snapshots(repo, state)?);
+    for (key, kf) in repo.list_keys()? {
+        if let Err(e) = kf {
+            report.problems.push(Problem::KeyUnreadable {
+                key,
+                error: e.to_string(),
+            });
+        }
+    }
     report.local_index = local_index(repo)?;
     Ok(report)
 }
@@ -372,10 +394,12 @@ fn record(problems: &mut ObjectProblems, p: Problem, sid: &SnapshotId, at: &str)
         Problem::BlobDamaged { blob, .. } => (2, *blob),
         _ => (3, None),
     };
+    // Problems without a blob of their own are told apart by their message.
     let key_text = match &p {
         Problem::BlobDamaged {
             error, blob: None, ..
         } => error.clone(),
+        Problem::FileInconsistent { error, .. } => error.clone(),
         _ => String::new(),
     };
     let entry = problems.entry((order, blob, key_text)).or_insert(p);
@@ -467,7 +491,24 @@ impl Visitor for SnapshotWalk<'_> {
             }
             NodeKind::File => {
                 let (bad, problems) = (self.bad, &mut *self.problems);
+                let (mut bytes, mut count) = (0u64, 0u64);
                 let r = for_each_chunk(repo, &n.content, &mut |c| {
+                    bytes = bytes.saturating_add(c.length);
+                    count += 1;
+                    if let Some(loc) = repo.index().get(&c.id)
+                        && u64::from(loc.raw_length) != c.length
+                    {
+                        let problem = Problem::FileInconsistent {
+                            error: format!(
+                                "chunk {} is listed as {} bytes, its blob has {}",
+                                c.id.short(),
+                                c.length,
+                                loc.raw_length
+                            ),
+                            affects: vec![],
+                        };
+                        record(problems, problem, sid, p);
+                    }
                     if bad.contains(&c.id) {
                         let problem = Problem::BlobInDamagedPack {
                             blob: c.id,
@@ -491,6 +532,28 @@ impl Visitor for SnapshotWalk<'_> {
                         _ => BlobId([0; 32]),
                     };
                     record(problems, blob_problem(id, BlobRole::ChunkList, e), sid, p);
+                    return Ok(None);
+                }
+                let mut wrong = Vec::new();
+                if bytes != n.size {
+                    wrong.push(format!(
+                        "its chunks hold {bytes} bytes, the file has {}",
+                        n.size
+                    ));
+                }
+                if let Content::Tree { chunks, .. } = n.content
+                    && chunks != count
+                {
+                    wrong.push(format!(
+                        "its chunk list claims {chunks} chunks and lists {count}"
+                    ));
+                }
+                for error in wrong {
+                    let problem = Problem::FileInconsistent {
+                        error,
+                        affects: vec![],
+                    };
+                    record(self.problems, problem, sid, p);
                 }
                 Ok(None)
             }
@@ -706,5 +769,112 @@ mod tests {
         p.sort();
         p.dedup();
         assert_eq!(p.len(), 20);
+    }
+
+    /// See: issue "check --read-data misses what restore then fails on": a file
+    /// whose size is not what its chunks hold, a chunk listed with another length
+    /// than its blob, and a chunk-list root claiming 2^60 chunks.
+    #[test]
+    fn files_inconsistent_with_their_content_are_problems() {
+        use crate::progress::Progress;
+        use crate::session::IndexLoad;
+        use cairn_format::pack::BlobKind;
+        use cairn_format::snapshot::Snapshot;
+        use cairn_format::tree::{ChunkList, ChunkRef, Node, Tree};
+        let mut repo = crate::testutil::mem_repo();
+        let chunk = b"some file content".to_vec();
+        let cid = repo.key().blob_id(&chunk);
+        let list = ChunkList {
+            level: 0,
+            entries: vec![ChunkRef {
+                id: cid,
+                length: chunk.len() as u64,
+            }],
+        }
+        .encode();
+        let lid = repo.key().blob_id(&list);
+        let file = |name: &str, size: u64, content: Content| {
+            let mut n = Node::new(name.as_bytes().to_vec(), NodeKind::File);
+            n.size = size;
+            n.content = content;
+            n
+        };
+        let inline = |length: u64| Content::Inline(vec![ChunkRef { id: cid, length }]);
+        let tree = Tree {
+            // Names in byte order, as trees must have them.
+            nodes: vec![
+                file(
+                    "count",
+                    chunk.len() as u64,
+                    Content::Tree {
+                        root: lid,
+                        depth: 1,
+                        chunks: 1 << 60,
+                    },
+                ),
+                file("length", 5, inline(5)),
+                file("ok", chunk.len() as u64, inline(chunk.len() as u64)),
+                file("size", 999, inline(chunk.len() as u64)),
+            ],
+        }
+        .encode();
+        let tid = repo.key().blob_id(&tree);
+        let pack = crate::testutil::store(
+            &repo,
+            &[
+                (BlobKind::Data, chunk.clone()),
+                (BlobKind::ChunkList, list),
+                (BlobKind::Tree, tree),
+            ],
+        );
+        repo.write_index_file(&cairn_format::index::IndexFile {
+            packs: vec![pack],
+            ..Default::default()
+        })
+        .unwrap();
+        let lock = crate::lock::RepoLock::acquire(&repo, "test", false).unwrap();
+        repo.write_snapshot(
+            &Snapshot {
+                version: 1,
+                time: crate::time::now_rfc3339(),
+                hostname: "h".into(),
+                username: "u".into(),
+                paths: vec!["/x".into()],
+                tags: vec![],
+                tree: tid.to_hex(),
+                parent: None,
+                excludes: vec![],
+                original: None,
+                copied_from: None,
+                program_version: "test".into(),
+                summary: Default::default(),
+            },
+            &lock,
+        )
+        .unwrap();
+        drop(lock);
+        repo.load_index_in_ram().unwrap();
+        let s: Session<Read> =
+            Session::open(repo, "check", IndexLoad::Full, &Progress::none()).unwrap();
+        let r = check(&s, &CheckOptions::default()).unwrap();
+        let found: Vec<(String, String)> = r
+            .problems
+            .iter()
+            .filter_map(|p| match p {
+                Problem::FileInconsistent { error, affects } => {
+                    Some((affects[0].path.clone(), error.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(found.len(), 3, "{:?}", r.problems);
+        let has =
+            |path: &str, words: &str| found.iter().any(|(p, e)| p == path && e.contains(words));
+        assert!(has("/size", "the file has 999"), "{found:?}");
+        assert!(has("/length", "listed as 5 bytes"), "{found:?}");
+        assert!(
+            has("/count", "claims 1152921504606846976 chunks"),
+            "{found:?}"
+        );
     }
 }

@@ -188,7 +188,10 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
         + listed_bytes(repo, names::PENDING)?
         + repo
             .backend()
-            .get(names::CONFIG)
+            .get_bounded(
+                names::CONFIG,
+                cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64,
+            )
             .map(|c| c.len() as u64)
             .unwrap_or(0);
     st.index.files = state.live.len() + state.superseded.len();

@@ -43,9 +43,17 @@ impl Repository {
             };
             let kf = self
                 .backend
-                .get(&info.name)
+                .get_bounded(&info.name, MAX_SMALL_OBJECT_SIZE as u64)
                 .map_err(Error::from)
                 .and_then(|d| {
+                    if KeyId::of_content(&d) != id {
+                        return Err(Error::damaged(
+                            format!("key file {}", id.short()),
+                            FormatError::IdMismatch {
+                                expected: id.to_hex(),
+                            },
+                        ));
+                    }
                     KeyFile::from_bytes(&d)
                         .map_err(|e| Error::damaged(format!("key file {}", id.short()), e))
                 });
@@ -91,7 +99,13 @@ impl Repository {
         let old = self.key_id;
         let new = self.add_key(new_password)?;
         if let Some(old) = old {
-            self.backend.delete(&names::key(&old.to_hex()))?;
+            // Another `key passwd` of the same key may have removed it already: the
+            // new key is written and works, which is what was asked.
+            match self.backend.delete(&names::key(&old.to_hex())) {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         self.key_id = Some(new);
         Ok(new)

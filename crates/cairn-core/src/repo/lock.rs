@@ -92,7 +92,10 @@ pub fn list_locks(repo: &Repository) -> Result<Vec<LockInfo>> {
         let Some(id) = parse_id(&o.name) else {
             continue;
         };
-        let lock = match repo.backend().get(&o.name) {
+        // Bounded: a giant object in locks/ (damage, or a hostile writer) is an
+        // unreadable lock, not gigabytes of memory for every operation.
+        let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
+        let lock = match repo.backend().get_bounded(&o.name, max) {
             Ok(data) => repo
                 .key()
                 .sealer
@@ -100,6 +103,7 @@ pub fn list_locks(repo: &Repository) -> Result<Vec<LockInfo>> {
                 .ok()
                 .and_then(|p| Lock::from_bytes(&p).ok()),
             Err(e) if e.is_not_found() => continue,
+            Err(e) if e.kind == cairn_backend::BackendErrorKind::TooLarge => None,
             Err(e) => return Err(e.into()),
         };
         let stale = lock.as_ref().is_some_and(|l| is_stale(l, now));
@@ -241,7 +245,8 @@ impl RepoLock {
                     }
                     // Someone removed the lock (`unlock --remove-all`): others may
                     // already have acted as if this operation had ended.
-                    if matches!(backend.get(&name), Err(e) if e.is_not_found()) {
+                    let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
+                    if matches!(backend.get_bounded(&name, max), Err(e) if e.is_not_found()) {
                         shared.expired.store(true, Ordering::SeqCst);
                     }
                     lock.refreshed = now_unix();

@@ -134,7 +134,7 @@ pub fn username() -> String {
 }
 
 fn config_exists(backend: &dyn Backend) -> Result<bool> {
-    match backend.get(names::CONFIG) {
+    match backend.get_bounded(names::CONFIG, MAX_SMALL_OBJECT_SIZE as u64) {
         Ok(_) => Ok(true),
         Err(e) if e.is_not_found() => Ok(false),
         Err(e) => Err(e.into()),
@@ -216,10 +216,10 @@ impl Repository {
         backend: Arc<dyn Backend>,
         password: impl FnOnce() -> Result<String>,
     ) -> Result<Repository> {
-        let raw = match backend.get(names::CONFIG) {
+        let raw = match backend.get_bounded(names::CONFIG, MAX_SMALL_OBJECT_SIZE as u64) {
             Ok(r) => r,
             Err(e) if e.is_not_found() => return Err(Error::NotARepository(backend.location())),
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(objects::too_large_is_damage(e, "repository config")),
         };
         let (config, body, mac) =
             Config::parse(&raw).map_err(|e| Error::damaged("repository config", e))?;
@@ -329,7 +329,28 @@ impl Repository {
             let Ok(id) = KeyId::from_hex(base) else {
                 continue;
             };
-            let data = backend.get(&info.name)?;
+            let data = match backend.get_bounded(&info.name, MAX_SMALL_OBJECT_SIZE as u64) {
+                Ok(d) => d,
+                Err(e) if e.kind == cairn_backend::BackendErrorKind::TooLarge => {
+                    damaged = Some(objects::too_large_is_damage(
+                        e,
+                        &format!("key file {}", id.short()),
+                    ));
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            // Named by the hash of its bytes: a flipped byte anywhere is damage, not
+            // a wrong password (the wrapped secret would just fail to open).
+            if KeyId::of_content(&data) != id {
+                damaged = Some(Error::damaged(
+                    format!("key file {}", id.short()),
+                    FormatError::IdMismatch {
+                        expected: id.to_hex(),
+                    },
+                ));
+                continue;
+            }
             let kf = match KeyFile::from_bytes(&data) {
                 Ok(k) => k,
                 Err(e) => {
@@ -345,7 +366,12 @@ impl Repository {
                 }
             }
         }
-        Err(damaged.unwrap_or(Error::WrongPassword))
+        Err(match damaged {
+            // The password may belong to the damaged key: say so rather than call
+            // it wrong.
+            Some(d) => Error::KeyDamaged(d.to_string()),
+            None => Error::WrongPassword,
+        })
     }
 
     fn write_config(&self) -> Result<()> {

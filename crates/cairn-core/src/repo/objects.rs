@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// An object larger than its kind may be is damage (or an attack), named as such.
+pub(crate) fn too_large_is_damage(e: cairn_backend::BackendError, what: &str) -> Error {
+    if e.kind == cairn_backend::BackendErrorKind::TooLarge {
+        return Error::damaged(what, FormatError::malformed("object", e.message));
+    }
+    e.into()
+}
+
 /// Stores an immutable object under a name that is the hash of its bytes, never
 /// replacing one: an object already stored under that name has these bytes (or is
 /// damaged, which `check` finds), so `AlreadyExists` — a retried request whose first
@@ -43,8 +51,13 @@ impl Repository {
         hash: &[u8; 32],
         kind: &'static str,
         what: &str,
+        max: Option<usize>,
     ) -> Result<Vec<u8>> {
-        let data = self.backend.get(name)?;
+        let data = match max {
+            Some(m) => self.backend.get_bounded(name, m as u64),
+            None => self.backend.get(name),
+        }
+        .map_err(|e| too_large_is_damage(e, what))?;
         if blake3::hash(&data).as_bytes() != hash {
             return Err(Error::damaged(
                 what,
@@ -61,8 +74,13 @@ impl Repository {
 
     pub fn read_index_file(&self, id: &IndexId) -> Result<IndexFile> {
         let what = format!("index file {}", id.to_hex());
-        let plain =
-            self.read_sealed_object(&names::index(&id.to_hex()), &id.0, "index file", &what)?;
+        let plain = self.read_sealed_object(
+            &names::index(&id.to_hex()),
+            &id.0,
+            "index file",
+            &what,
+            Some(MAX_INDEX_FILE_SIZE),
+        )?;
         IndexFile::decode(&plain).map_err(|e| Error::damaged(what, e))
     }
 
@@ -100,6 +118,7 @@ impl Repository {
             &id.0,
             "pending deletion",
             &what,
+            None,
         )?;
         PendingDeletion::decode(&plain).map_err(|e| Error::damaged(what, e))
     }

@@ -33,8 +33,13 @@ impl Repository {
 
     pub fn read_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
         let what = format!("snapshot {}", id.to_hex());
-        let plain =
-            self.read_sealed_object(&names::snapshot(&id.to_hex()), &id.0, "snapshot", &what)?;
+        let plain = self.read_sealed_object(
+            &names::snapshot(&id.to_hex()),
+            &id.0,
+            "snapshot",
+            &what,
+            Some(MAX_METADATA_OBJECT_SIZE),
+        )?;
         Snapshot::from_bytes(&plain).map_err(|e| Error::damaged(what, e))
     }
 

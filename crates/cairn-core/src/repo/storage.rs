@@ -143,9 +143,14 @@ pub fn repository_exists(storage: &Storage) -> Result<bool> {
     {
         return Ok(false);
     }
-    match storage.backend.get(cairn_backend::names::CONFIG) {
+    let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
+    match storage
+        .backend
+        .get_bounded(cairn_backend::names::CONFIG, max)
+    {
         Ok(_) => Ok(true),
         Err(e) if e.is_not_found() => Ok(false),
+        Err(e) if e.kind == cairn_backend::BackendErrorKind::TooLarge => Ok(true),
         Err(e) => Err(e.into()),
     }
 }

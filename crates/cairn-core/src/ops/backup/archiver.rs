@@ -21,6 +21,7 @@ pub(crate) struct Archived {
     pub root: BlobId,
     pub summary: SnapshotSummary,
     pub skipped: Vec<Skipped>,
+    pub changed_while_read: Vec<Skipped>,
     pub packs: u64,
 }
 
@@ -125,10 +126,11 @@ pub(crate) fn archive(
         // the archiver only saw its queue close.
         (_, Err(up)) => Err(up),
         (Err(e), Ok(_)) => Err(e),
-        (Ok((root, skipped)), Ok(up)) => Ok(Archived {
+        (Ok((root, skipped, changed_while_read)), Ok(up)) => Ok(Archived {
             root,
             summary: st.summary,
             skipped,
+            changed_while_read,
             packs: up.packs,
         }),
     }
@@ -138,12 +140,13 @@ fn run(
     st: &mut State<'_>,
     rx: Receiver<(u64, Vec<Item>)>,
     budget: &Budget,
-) -> Result<(BlobId, Vec<Skipped>)> {
+) -> Result<(BlobId, Vec<Skipped>, Vec<Skipped>)> {
     let mut pending: BTreeMap<u64, Vec<Item>> = BTreeMap::new();
     let mut next = 0u64;
     let mut frames: Vec<(Node, Vec<Node>)> = Vec::new();
     let mut file: Option<OpenFile> = None;
     let mut skipped = Vec::new();
+    let mut torn_files = Vec::new();
     let mut root: Option<BlobId> = None;
 
     for (seq, bundle) in rx {
@@ -194,8 +197,10 @@ fn run(
                         changed,
                         chunks,
                         budget: b,
+                        torn,
                     } => {
                         budget.release(b);
+                        torn_files.extend(torn);
                         let mut f = OpenFile {
                             node: *node,
                             changed,
@@ -218,7 +223,8 @@ fn run(
                             "unprocessed chunk data reached the archiver".into(),
                         ));
                     }
-                    Item::FileEnd { ok } => {
+                    Item::FileEnd { ok, torn } => {
+                        torn_files.extend(torn);
                         let f = file
                             .take()
                             .ok_or_else(|| Error::Invalid("file end outside a file".into()))?;
@@ -246,7 +252,7 @@ fn run(
                         skipped.push(s);
                     }
                     Item::End => {
-                        return root.map(|r| (r, skipped)).ok_or_else(|| {
+                        return root.map(|r| (r, skipped, torn_files)).ok_or_else(|| {
                             Error::Invalid("backup stream ended without a root".into())
                         });
                     }

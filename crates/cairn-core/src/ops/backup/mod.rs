@@ -39,7 +39,7 @@ use cairn_format::snapshot::{Snapshot, SnapshotSummary};
 use cairn_format::tree::Node;
 use cairn_format::{BlobId, SnapshotId};
 use crossbeam_channel::bounded;
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -84,6 +84,9 @@ pub struct BackupReport {
     #[serde(flatten)]
     pub summary: SnapshotSummary,
     pub skipped: Vec<Skipped>,
+    /// Files that changed while they were read: saved as read (the content may mix
+    /// old and new data), and read again by the next backup.
+    pub changed_while_read: Vec<Skipped>,
     pub packs_written: u64,
     /// Lookups in the SSD placement that failed to read its local files: those
     /// chunks were stored again (the snapshot is complete) but not deduplicated.
@@ -132,6 +135,8 @@ pub(crate) enum Item {
         changed: bool,
         chunks: Vec<ChunkOut>,
         budget: usize,
+        /// The file kept changing while it was read (saved as last read).
+        torn: Option<Skipped>,
     },
     /// A `SmallFile` that could not be read: left out of the snapshot.
     SmallFailed {
@@ -141,6 +146,8 @@ pub(crate) enum Item {
     /// `ok == false`: reading failed part-way; the file is left out.
     FileEnd {
         ok: bool,
+        /// The file changed while it was read (saved as read).
+        torn: Option<Skipped>,
     },
     /// A complete entry: an unchanged file (content reused), a symlink, a device...
     Entry {
@@ -277,6 +284,7 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
         paths: r.snapshot.paths.clone(),
         summary: r.snapshot.summary.clone(),
         skipped: r.skipped,
+        changed_while_read: r.changed_while_read,
         packs_written: r.packs_written,
         index_lookup_failures,
         snapshot: r.snapshot,
@@ -287,6 +295,7 @@ struct Ran {
     snapshot: Snapshot,
     parent: Option<SnapshotId>,
     skipped: Vec<Skipped>,
+    changed_while_read: Vec<Skipped>,
     packs_written: u64,
 }
 
@@ -470,6 +479,7 @@ fn run(
         snapshot,
         parent: parent.map(|(id, _)| id),
         skipped: archived.skipped,
+        changed_while_read: archived.changed_while_read,
         packs_written: archived.packs,
     })
 }
@@ -586,14 +596,37 @@ impl Worker<'_> {
             None => source::open_source(&path),
         };
         drop(dir);
-        let read = opened.map_err(|e| e.to_string()).and_then(|f| {
+        let mut torn = None;
+        let read = opened.map_err(|e| e.to_string()).and_then(|mut f| {
             if xattrs_unread {
                 match source::read_xattrs_of(&f) {
                     Ok(x) => node.xattrs = x,
                     Err(w) => self.progress.warning(&path, &w),
                 }
             }
-            read_small(f, &mut buf, limit)
+            // As tar does: a file whose size or times moved while it was read is
+            // read again (twice at most), then saved as read with a warning.
+            for attempt in 0..3 {
+                let before = source::Changes::of(&f);
+                buf.clear();
+                read_small(&mut f, &mut buf, limit)?;
+                if before == source::Changes::of(&f) {
+                    return Ok(());
+                }
+                if attempt < 2 {
+                    f.seek(std::io::SeekFrom::Start(0))
+                        .map_err(|e| format!("read failed: {e}"))?;
+                }
+            }
+            let message =
+                "changed while it was being read (saved as read; the next backup reads it again)"
+                    .to_string();
+            self.progress.warning(&path, &message);
+            torn = Some(Skipped {
+                path: path.clone(),
+                message,
+            });
+            Ok(())
         });
         let out = match read {
             Ok(()) => {
@@ -611,6 +644,7 @@ impl Worker<'_> {
                     changed,
                     chunks,
                     budget,
+                    torn,
                 }
             }
             Err(message) => {
@@ -631,7 +665,7 @@ impl Worker<'_> {
 
 /// Reads a whole small file into `buf`; more than `limit` bytes is an error.
 fn read_small(
-    f: std::fs::File,
+    f: &mut std::fs::File,
     buf: &mut Vec<u8>,
     limit: usize,
 ) -> std::result::Result<(), String> {
@@ -657,11 +691,16 @@ mod tests {
         std::fs::write(&p, vec![7u8; 5000]).unwrap();
         let dir = source::open_dir(tmp.path()).unwrap();
         let mut buf = Vec::new();
-        read_small(source::open_source_at(&dir, b"f").unwrap(), &mut buf, 5000).unwrap();
+        read_small(
+            &mut source::open_source_at(&dir, b"f").unwrap(),
+            &mut buf,
+            5000,
+        )
+        .unwrap();
         assert_eq!(buf, vec![7u8; 5000]);
         // A file that grew past the limit is refused, not cut short.
         buf.clear();
-        let e = read_small(source::open_source(&p).unwrap(), &mut buf, 4999).unwrap_err();
+        let e = read_small(&mut source::open_source(&p).unwrap(), &mut buf, 4999).unwrap_err();
         assert!(e.contains("grew to more than 4999 bytes"), "{e}");
         let e = source::open_source_at(&dir, b"gone").unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound);

@@ -83,6 +83,26 @@ pub fn open_source_at(dir: &OwnedFd, name: &[u8]) -> std::io::Result<std::fs::Fi
     Ok(std::fs::File::from(fd))
 }
 
+/// What moves when a file is written to while it is read: size, modification and
+/// change times (compared before and after a read, as tar does). `None` fields: the
+/// file could not be stat'ed (then nothing is compared).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Changes(Option<(u64, i64, i64, i64, i64)>);
+
+impl Changes {
+    pub fn of(f: &std::fs::File) -> Changes {
+        Changes(f.metadata().ok().map(|m| {
+            (
+                m.len(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec(),
+            )
+        }))
+    }
+}
+
 /// Opens the directory `name` in the open directory `dir` like [`open_dir`]: one
 /// component to resolve, so a directory 100,000 levels deep opens as easily as one
 /// at the top (its full path would be far beyond `PATH_MAX`).

@@ -214,7 +214,10 @@ impl<'a> Walker<'a> {
             changed: false,
         })?;
         match self.read_content(&mut reader) {
-            Ok(()) => self.emit(Item::FileEnd { ok: true })?,
+            Ok(()) => self.emit(Item::FileEnd {
+                ok: true,
+                torn: None,
+            })?,
             Err(ReadError::Source(e)) => {
                 return Err(Error::io(path, e));
             }
@@ -488,13 +491,28 @@ impl<'a> Walker<'a> {
             node: Box::new(node),
             changed,
         })?;
+        let before = super::source::Changes::of(&file);
         match self.read_content(&mut file) {
             Ok(()) => {
                 self.progress.entry_done();
-                self.emit(Item::FileEnd { ok: true })
+                // Its chunks are on their way: a large file that changed meanwhile is
+                // saved as read, with a warning (the next backup sees it changed,
+                // since its node keeps the times from before, and reads it again).
+                let torn = (before != super::source::Changes::of(&file)).then(|| {
+                    let message = "changed while it was being read (saved as read; the next backup reads it again)".to_string();
+                    self.progress.warning(path, &message);
+                    Skipped {
+                        path: path.to_path_buf(),
+                        message,
+                    }
+                });
+                self.emit(Item::FileEnd { ok: true, torn })
             }
             Err(ReadError::Source(e)) => {
-                self.emit(Item::FileEnd { ok: false })?;
+                self.emit(Item::FileEnd {
+                    ok: false,
+                    torn: None,
+                })?;
                 self.skip(path, format!("read failed: {e}"))
             }
             Err(ReadError::Fatal(e)) => Err(e),

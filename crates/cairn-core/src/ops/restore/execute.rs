@@ -195,30 +195,54 @@ pub(crate) fn execute(
                             .map(|n| n.offset + n.length)
                             .max()
                             .unwrap_or(start);
-                        let buf =
+                        // One read for the whole range; when it fails (a truncated or
+                        // partly unreadable pack), one read per blob, so that what is
+                        // still readable is restored.
+                        let whole =
                             match repo.read_pack_range(&pack, start.into(), (end - start).into()) {
-                                Ok(b) => b,
-                                Err(e) => {
+                                Ok(b) => Some(b),
+                                // A missing pack: no blob of it can be read one by one either.
+                                Err(crate::Error::Backend(e)) if e.is_not_found() => {
                                     let m = format!("pack {}: {e}", pack.short());
                                     for n in range {
                                         fail(n.file, m.clone());
                                     }
                                     continue;
                                 }
+                                Err(_) => None,
                             };
                         let mut last: Option<(u32, Result<Vec<u8>, String>)> = None;
                         for n in range {
                             if last.as_ref().is_none_or(|(off, _)| *off != n.offset) {
-                                let lo = (n.offset - start) as usize;
-                                let sealed = &buf[lo..lo + n.length as usize];
-                                let r = blob::decode(
-                                    repo.key(),
-                                    &n.id,
-                                    sealed,
-                                    n.raw_length,
-                                    n.compression,
-                                )
-                                .map_err(|e| format!("pack {}: {e}", pack.short()));
+                                let sealed: Result<std::borrow::Cow<'_, [u8]>, String> =
+                                    match &whole {
+                                        Some(buf) => {
+                                            let lo = (n.offset - start) as usize;
+                                            Ok(std::borrow::Cow::Borrowed(
+                                                &buf[lo..lo + n.length as usize],
+                                            ))
+                                        }
+                                        None => repo
+                                            .read_pack_range(
+                                                &pack,
+                                                n.offset.into(),
+                                                n.length.into(),
+                                            )
+                                            .map(std::borrow::Cow::Owned)
+                                            .map_err(|e| e.to_string()),
+                                    };
+                                let r = sealed
+                                    .and_then(|sealed| {
+                                        blob::decode(
+                                            repo.key(),
+                                            &n.id,
+                                            &sealed,
+                                            n.raw_length,
+                                            n.compression,
+                                        )
+                                        .map_err(|e| e.to_string())
+                                    })
+                                    .map_err(|e| format!("pack {}: {e}", pack.short()));
                                 last = Some((n.offset, r));
                             }
                             let Some((_, decoded)) = &last else { continue };

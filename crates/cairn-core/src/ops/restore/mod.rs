@@ -168,6 +168,8 @@ struct Walk<'a> {
     link_dir: Option<Arc<Dir>>,
     /// Cancelled: the walk stopped between entries.
     stopped: bool,
+    /// Which includes named an entry of the snapshot.
+    include_found: Vec<bool>,
 }
 
 pub fn restore(
@@ -247,7 +249,9 @@ pub fn restore(
         hardlinks: HashMap::new(),
         link_dir: None,
         stopped: false,
+        include_found: Vec::new(),
     };
+    w.include_found = w.includes.iter().map(|i| i == "/").collect();
     let mut todo = tree.nodes;
     todo.reverse();
     w.stack.push(Frame {
@@ -266,6 +270,16 @@ pub fn restore(
         // The files created so far are whole (their batch was written); the rest
         // was not started.
         return Err(Error::Cancelled);
+    }
+    // An include that names nothing restores nothing: a typo must not look like
+    // success.
+    for (inc, found) in w.includes.clone().iter().zip(w.include_found.clone()) {
+        if !found {
+            w.issue(
+                std::path::PathBuf::from(inc),
+                "no file or directory of the snapshot is at this path (--include)".into(),
+            );
+        }
     }
     Ok(w.stats)
 }
@@ -331,6 +345,11 @@ impl Walk<'_> {
             } else {
                 let p = format!("{}/{}", top.snap_path, String::from_utf8_lossy(&node.name));
                 let (i, a) = selection(&p, &self.includes);
+                if i {
+                    for (found, inc) in self.include_found.iter_mut().zip(&self.includes) {
+                        *found |= *inc == p;
+                    }
+                }
                 (i, a, p)
             };
             if !inside && !ancestor {

@@ -134,8 +134,57 @@ pub struct Recommendation {
     pub block_size: u32,
     /// "ram" or "ssd".
     pub placement: String,
-    /// Why, one sentence each.
-    pub reasons: Vec<String>,
+    /// Why, as data: the CLI words each reason.
+    pub reasons: Vec<Reason>,
+}
+
+/// One reason for (or against) a choice. Sizes in bytes, reductions in percent
+/// (points for differences).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reason {
+    /// Even the largest block size needs more RAM than half the machine has.
+    NothingFits {
+        block_size: u32,
+        scale_bytes: u64,
+        ssd_ram_bytes: u64,
+        ram_bytes: u64,
+    },
+    /// The chosen placement's index fits in half the machine's RAM.
+    IndexFits {
+        scale_bytes: u64,
+        ram_needed_bytes: u64,
+        placement: String,
+        ram_bytes: u64,
+        /// With the SSD placement: what the RAM placement would need, and what the
+        /// SSD placement keeps on local disk.
+        ram_placement_bytes: Option<u64>,
+        ssd_disk_bytes: Option<u64>,
+    },
+    /// What the chosen block size makes of the data.
+    Reduction {
+        reduction_percent: f64,
+        dedup_percent: f64,
+        compression_percent: f64,
+        datastore_bytes: u64,
+    },
+    /// A smaller block size would reduce more, at a cost.
+    SmallerReducesMore {
+        block_size: u32,
+        more_points: f64,
+        /// Its index would not fit: the RAM it would need.
+        ram_needed_bytes: Option<u64>,
+        /// Else what it costs over the chosen one.
+        extra_ram_bytes: u64,
+        extra_index_bytes: u64,
+    },
+    /// A larger block size would reduce less, and save RAM.
+    LargerReducesLess {
+        block_size: u32,
+        fewer_points: f64,
+        larger_datastore_bytes: u64,
+        saved_ram_bytes: u64,
+    },
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -756,10 +805,6 @@ fn block_estimate(
 /// larger one restores faster and needs a smaller index.
 const REDUCTION_TOLERANCE_PP: f64 = 1.0;
 
-fn human(b: u64) -> String {
-    cairn_core::units::bytes(b, 1)
-}
-
 /// Picks the block size for a machine with `ram`: the index may use half of it
 /// (the rest is for the system, the backup pipeline and the page cache). Among the
 /// sizes whose index fits in the RAM placement, the largest whose overall
@@ -767,7 +812,6 @@ fn human(b: u64) -> String {
 /// same choice in the SSD placement; when nothing fits at all, the largest size.
 pub fn recommend(blocks: &[BlockEstimate], ram: u64, scale: u64) -> Recommendation {
     let budget = ram / 2;
-    let kib = |b: u32| format!("{}K", b / 1024);
     let choose = |ram_of: &dyn Fn(&BlockEstimate) -> u64| -> Option<&BlockEstimate> {
         let fits: Vec<&BlockEstimate> = blocks.iter().filter(|b| ram_of(b) <= budget).collect();
         let best = fits
@@ -781,85 +825,63 @@ pub fn recommend(blocks: &[BlockEstimate], ram: u64, scale: u64) -> Recommendati
     let ram_of = |b: &BlockEstimate| b.scaled.ram_placement_ram_bytes;
     let ssd_of = |b: &BlockEstimate| b.scaled.ssd_placement_ram_bytes;
     type RamOf<'a> = &'a dyn Fn(&BlockEstimate) -> u64;
-    let (chosen, placement, ram_needed): (&BlockEstimate, &str, RamOf) = if let Some(b) =
-        choose(&ram_of)
-    {
-        (b, "ram", &ram_of)
-    } else if let Some(b) = choose(&ssd_of) {
-        (b, "ssd", &ssd_of)
-    } else {
-        let Some(b) = blocks.iter().max_by_key(|b| b.block_size) else {
-            return Recommendation::default();
-        };
-        return Recommendation {
-            block_size: b.block_size,
-            placement: "ssd".into(),
-            reasons: vec![format!(
-                "even at {} blocks the index for {} needs {} of RAM in the SSD placement, more than half of {}: plan more RAM or split the data over several datastores",
-                kib(b.block_size),
-                human(scale),
-                human(ssd_of(b)),
-                human(ram)
-            )],
-        };
-    };
-    let mut reasons = vec![format!(
-        "at {} of protected data its index needs {} of RAM in the {} placement, within half of {} ({})",
-        human(scale),
-        human(ram_needed(chosen)),
-        placement,
-        human(ram),
-        if placement == "ssd" {
-            format!(
-                "the RAM placement would need {}; the SSD placement keeps {} on local disk",
-                human(ram_of(chosen)),
-                human(chosen.scaled.ssd_placement_disk_bytes)
-            )
+    let (chosen, placement, ram_needed): (&BlockEstimate, &str, RamOf) =
+        if let Some(b) = choose(&ram_of) {
+            (b, "ram", &ram_of)
+        } else if let Some(b) = choose(&ssd_of) {
+            (b, "ssd", &ssd_of)
         } else {
-            "no SSD needed".to_string()
-        }
-    )];
-    reasons.push(format!(
-        "overall reduction {:.1}% (dedup {:.1}%, compression {:.1}%): datastore about {}",
-        chosen.reduction_standard_percent,
-        chosen.dedup_percent,
-        chosen.compression_standard_percent,
-        human(chosen.scaled.datastore_standard_bytes)
-    ));
+            let Some(b) = blocks.iter().max_by_key(|b| b.block_size) else {
+                return Recommendation::default();
+            };
+            return Recommendation {
+                block_size: b.block_size,
+                placement: "ssd".into(),
+                reasons: vec![Reason::NothingFits {
+                    block_size: b.block_size,
+                    scale_bytes: scale,
+                    ssd_ram_bytes: ssd_of(b),
+                    ram_bytes: ram,
+                }],
+            };
+        };
+    let ssd = placement == "ssd";
+    let mut reasons = vec![Reason::IndexFits {
+        scale_bytes: scale,
+        ram_needed_bytes: ram_needed(chosen),
+        placement: placement.to_string(),
+        ram_bytes: ram,
+        ram_placement_bytes: ssd.then(|| ram_of(chosen)),
+        ssd_disk_bytes: ssd.then_some(chosen.scaled.ssd_placement_disk_bytes),
+    }];
+    reasons.push(Reason::Reduction {
+        reduction_percent: chosen.reduction_standard_percent,
+        dedup_percent: chosen.dedup_percent,
+        compression_percent: chosen.compression_standard_percent,
+        datastore_bytes: chosen.scaled.datastore_standard_bytes,
+    });
     for b in blocks {
         if b.block_size < chosen.block_size {
-            let gain = b.reduction_standard_percent - chosen.reduction_standard_percent;
-            let why = if ram_needed(b) > budget {
-                format!("its index would need {} of RAM", human(ram_needed(b)))
-            } else {
-                format!(
-                    "for {} more RAM, slower restores and {} more index",
-                    human(ram_needed(b).saturating_sub(ram_needed(chosen))),
-                    human(
-                        b.scaled
-                            .index_bytes
-                            .saturating_sub(chosen.scaled.index_bytes)
-                    )
-                )
-            };
-            reasons.push(format!(
-                "{} would reduce {:.1} points more, {}",
-                kib(b.block_size),
-                gain,
-                why
-            ));
+            reasons.push(Reason::SmallerReducesMore {
+                block_size: b.block_size,
+                more_points: b.reduction_standard_percent - chosen.reduction_standard_percent,
+                ram_needed_bytes: (ram_needed(b) > budget).then(|| ram_needed(b)),
+                extra_ram_bytes: ram_needed(b).saturating_sub(ram_needed(chosen)),
+                extra_index_bytes: b
+                    .scaled
+                    .index_bytes
+                    .saturating_sub(chosen.scaled.index_bytes),
+            });
         } else if b.block_size > chosen.block_size {
-            reasons.push(format!(
-                "{} would reduce {:.1} points less (datastore {} larger) to save {} of RAM",
-                kib(b.block_size),
-                chosen.reduction_standard_percent - b.reduction_standard_percent,
-                human(
-                    b.scaled
-                        .datastore_standard_bytes
-                        .saturating_sub(chosen.scaled.datastore_standard_bytes)
-                ),
-                human(ram_needed(chosen).saturating_sub(ram_needed(b)))
-            ));
+            reasons.push(Reason::LargerReducesLess {
+                block_size: b.block_size,
+                fewer_points: chosen.reduction_standard_percent - b.reduction_standard_percent,
+                larger_datastore_bytes: b
+                    .scaled
+                    .datastore_standard_bytes
+                    .saturating_sub(chosen.scaled.datastore_standard_bytes),
+                saved_ram_bytes: ram_needed(chosen).saturating_sub(ram_needed(b)),
+            });
         }
     }
     Recommendation {

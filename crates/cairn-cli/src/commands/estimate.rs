@@ -1,7 +1,7 @@
 use crate::args::{EstimateArgs, Global};
 use crate::ui;
 use anyhow::{Context, Result};
-use cairn_plan::estimate::{Estimate, EstimateOptions};
+use cairn_plan::estimate::{Estimate, EstimateOptions, Reason};
 use std::fmt::Write as _;
 
 pub fn run(g: &Global, a: &EstimateArgs) -> Result<i32> {
@@ -148,7 +148,86 @@ fn print_text(e: &Estimate) {
         r.placement.to_uppercase()
     );
     for reason in &r.reasons {
-        println!("  - {reason}");
+        println!("  - {}", wording(reason));
+    }
+}
+
+/// One sentence for a reason of the recommendation.
+fn wording(r: &Reason) -> String {
+    let h = |b: u64| cairn_core::units::bytes(b, 1);
+    match r {
+        Reason::NothingFits {
+            block_size,
+            scale_bytes,
+            ssd_ram_bytes,
+            ram_bytes,
+        } => format!(
+            "even at {} blocks the index for {} needs {} of RAM in the SSD placement, more than half of {}: plan more RAM or split the data over several datastores",
+            kib(*block_size),
+            h(*scale_bytes),
+            h(*ssd_ram_bytes),
+            h(*ram_bytes)
+        ),
+        Reason::IndexFits {
+            scale_bytes,
+            ram_needed_bytes,
+            placement,
+            ram_bytes,
+            ram_placement_bytes,
+            ssd_disk_bytes,
+        } => format!(
+            "at {} of protected data its index needs {} of RAM in the {} placement, within half of {} ({})",
+            h(*scale_bytes),
+            h(*ram_needed_bytes),
+            placement,
+            h(*ram_bytes),
+            match (ram_placement_bytes, ssd_disk_bytes) {
+                (Some(r), Some(d)) => format!(
+                    "the RAM placement would need {}; the SSD placement keeps {} on local disk",
+                    h(*r),
+                    h(*d)
+                ),
+                _ => "no SSD needed".to_string(),
+            }
+        ),
+        Reason::Reduction {
+            reduction_percent,
+            dedup_percent,
+            compression_percent,
+            datastore_bytes,
+        } => format!(
+            "overall reduction {reduction_percent:.1}% (dedup {dedup_percent:.1}%, compression {compression_percent:.1}%): datastore about {}",
+            h(*datastore_bytes)
+        ),
+        Reason::SmallerReducesMore {
+            block_size,
+            more_points,
+            ram_needed_bytes,
+            extra_ram_bytes,
+            extra_index_bytes,
+        } => format!(
+            "{} would reduce {more_points:.1} points more, {}",
+            kib(*block_size),
+            match ram_needed_bytes {
+                Some(n) => format!("its index would need {} of RAM", h(*n)),
+                None => format!(
+                    "for {} more RAM, slower restores and {} more index",
+                    h(*extra_ram_bytes),
+                    h(*extra_index_bytes)
+                ),
+            }
+        ),
+        Reason::LargerReducesLess {
+            block_size,
+            fewer_points,
+            larger_datastore_bytes,
+            saved_ram_bytes,
+        } => format!(
+            "{} would reduce {fewer_points:.1} points less (datastore {} larger) to save {} of RAM",
+            kib(*block_size),
+            h(*larger_datastore_bytes),
+            h(*saved_ram_bytes)
+        ),
     }
 }
 
@@ -375,7 +454,7 @@ fn html(e: &Estimate, paths: &[std::path::PathBuf]) -> String {
         r.placement.to_uppercase()
     );
     for reason in &r.reasons {
-        let _ = write!(s, "<li>{}</li>", esc(reason));
+        let _ = write!(s, "<li>{}</li>", esc(&wording(reason)));
     }
     s.push_str("</ul></div><h2>Reduction by block size</h2>");
     s.push_str(&line_chart(e));

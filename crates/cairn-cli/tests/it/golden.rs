@@ -1,44 +1,94 @@
-//! The golden repository made by format version 1 must keep opening, restoring and
-//! checking clean. It lives in tests/fixtures/repos/v1.tar.gz with the source tree it
-//! was made from; `bench/make-golden.sh` regenerates both (only for a new format
-//! version: existing fixtures are never rewritten).
+//! Golden repositories: every fixture in tests/fixtures/repos must keep opening,
+//! restoring exactly and checking clean. `v1` is the day-one repository (two
+//! snapshots); `v1-2026-11` holds everything the format has gained since (index
+//! files of version 2 with snapshot and forgotten records, snapshots copied from
+//! another repository with `copied_from`, superseding index files of a prune).
+//! `tests/fixtures/make-golden.sh NAME` makes a new one; existing fixtures are never
+//! rewritten.
 
 use crate::util::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/repos/v1.tar.gz")
-}
-
-#[test]
-fn golden_v1_repository_opens_restores_and_checks() {
+fn unpack(name: &str) -> Env {
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../../tests/fixtures/repos/{name}.tar.gz"));
     let env = Env::new();
     let st = Command::new("tar")
         .arg("-xzf")
-        .arg(fixture())
+        .arg(&fixture)
         .arg("-C")
         .arg(env.dir.path())
         .status()
         .unwrap();
-    assert!(st.success(), "golden fixture must exist and unpack");
-    let repo = env.dir.path().join("v1/repo");
-    let env = Env::at(env.dir, repo);
-    let out = env.ok(&["check", "--read-data"]);
-    assert!(out.contains("no errors were found"), "{out}");
-    let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
-    assert_eq!(snaps.as_array().unwrap().len(), 2);
-    // The snapshot was taken of /tmp/cairn-golden-src; the fixture holds a copy of it.
-    let target = env.dir.path().join("out");
-    env.ok(&["restore", "latest", "--target", target.to_str().unwrap()]);
-    let expected = env.dir.path().join("v1/src");
+    assert!(st.success(), "golden fixture {name} must exist and unpack");
+    let repo = env.dir.path().join(name).join("repo");
+    Env::at(env.dir, repo)
+}
+
+/// Restores `snap` and compares it with the reference copy `expected` of the tree
+/// it was taken of (`/tmp/cairn-golden-src`).
+fn restores_as(env: &Env, snap: &str, expected: &Path, into: &str) {
+    let target = env.dir.path().join(into);
+    env.ok(&["restore", snap, "--target", target.to_str().unwrap()]);
     let restored = target.join("tmp/cairn-golden-src");
-    let diffs = compare(&expected, &restored);
+    let diffs = compare(expected, &restored);
     // Owners and xattrs of the unpacked reference copy come from tar; compare content,
     // names, types, modes and times only.
     let relevant: Vec<_> = diffs
         .iter()
         .filter(|d| !d.contains("owner") && !d.contains("xattrs"))
         .collect();
-    assert!(relevant.is_empty(), "{relevant:#?}");
+    assert!(relevant.is_empty(), "{snap}: {relevant:#?}");
+}
+
+#[test]
+fn golden_v1_repository_opens_restores_and_checks() {
+    let env = unpack("v1");
+    let out = env.ok(&["check", "--read-data"]);
+    assert!(out.contains("no errors were found"), "{out}");
+    let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    assert_eq!(snaps.as_array().unwrap().len(), 2);
+    let expected = env.dir.path().join("v1/src");
+    restores_as(&env, "latest", &expected, "out");
+}
+
+#[test]
+fn golden_v1_2026_11_repository_opens_restores_and_checks() {
+    let env = unpack("v1-2026-11");
+    let out = env.ok(&["check", "--read-data"]);
+    assert!(out.contains("no errors were found"), "{out}");
+    let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    let snaps = snaps.as_array().unwrap();
+    // The first backup, the second (tagged), the copy (tagged elsewhere); the
+    // third was forgotten and pruned.
+    assert_eq!(snaps.len(), 3, "{snaps:#?}");
+    let tagged = |t: &str| {
+        snaps
+            .iter()
+            .find(|s| s["tags"].as_array().unwrap().iter().any(|x| x == t))
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .unwrap_or_else(|| panic!("no snapshot tagged {t}"))
+    };
+    let dir = env.dir.path().join("v1-2026-11");
+    restores_as(&env, &tagged("second"), &dir.join("src2"), "second");
+    restores_as(&env, &tagged("elsewhere"), &dir.join("src1"), "copied");
+    let first = snaps
+        .iter()
+        .find(|s| s["tags"].as_array().unwrap().is_empty())
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    restores_as(&env, &first, &dir.join("src1"), "first");
+    // The copied snapshot records where it came from: copying again is a no-op.
+    let stats: serde_json::Value = serde_json::from_str(&env.ok(&["stats", "--json"])).unwrap();
+    assert_eq!(stats["snapshots"], 3, "{stats}");
+    // A backup into it still works, and so does prune.
+    let src = env.dir.path().join("new-src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"new").unwrap();
+    env.backup(&[&src]);
+    env.ok(&["prune"]);
+    env.check_clean();
 }

@@ -1,6 +1,12 @@
 //! cairn-core: the engine. It never prints, parses arguments or exits: operations take
-//! `XxxOptions`, report through [`progress`], and return typed reports or a typed
+//! `XxxOptions` and a [`Session`] of the kind they need, report through
+//! [`progress`] (events out, cancellation in), and return typed reports or a typed
 //! [`Error`].
+//!
+//! The engine is blocking: an operation runs on the calling thread and threads of
+//! its own, and returns when it is done. An async caller (the server) runs it
+//! through `tokio::task::spawn_blocking`; the S3 backend keeps a runtime of its own
+//! and works from such threads (tested: `session::tests`).
 //!
 //! Layers (each may use the ones below it, never the ones above):
 //!

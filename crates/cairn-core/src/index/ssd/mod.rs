@@ -126,6 +126,24 @@ pub enum CacheState {
     Damaged(String),
 }
 
+/// The repository's index files and pending records, as a build's manifest names
+/// them (sorted hex ids): what decides whether a build is current.
+fn listing(repo: &dyn IndexSource) -> Result<(Vec<String>, Vec<String>)> {
+    let mut files: Vec<String> = repo
+        .index_files()?
+        .iter()
+        .map(|(id, _)| id.to_hex())
+        .collect();
+    files.sort();
+    let mut pending: Vec<String> = repo
+        .pending_records()?
+        .iter()
+        .map(PendingId::to_hex)
+        .collect();
+    pending.sort();
+    Ok((files, pending))
+}
+
 fn io_err(what: &Path, e: std::io::Error) -> Error {
     Error::io(what, e)
 }
@@ -162,18 +180,7 @@ impl SsdIndex {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut files: Vec<String> = repo
-                .index_files()?
-                .iter()
-                .map(|(id, _)| id.to_hex())
-                .collect();
-            files.sort();
-            let mut pending: Vec<String> = repo
-                .pending_records()?
-                .iter()
-                .map(PendingId::to_hex)
-                .collect();
-            pending.sort();
+            let (files, pending) = listing(repo)?;
             if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending) {
                 return Ok(ix);
             }
@@ -218,18 +225,7 @@ impl SsdIndex {
         if !dir.join("CURRENT").exists() {
             return Ok(CacheState::Absent);
         }
-        let mut files: Vec<String> = repo
-            .index_files()?
-            .iter()
-            .map(|(id, _)| id.to_hex())
-            .collect();
-        files.sort();
-        let mut pending: Vec<String> = repo
-            .pending_records()?
-            .iter()
-            .map(PendingId::to_hex)
-            .collect();
-        pending.sort();
+        let (files, pending) = listing(repo)?;
         let damaged_marker = || {
             std::fs::read_to_string(dir.join("CURRENT"))
                 .ok()

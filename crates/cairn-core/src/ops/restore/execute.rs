@@ -80,6 +80,21 @@ struct FileWriter<'a> {
 
 const MAX_WRITE: usize = 4 << 20;
 
+impl<'a> FileWriter<'a> {
+    fn new(jobs: &'a [FileJob]) -> Self {
+        FileWriter {
+            jobs,
+            files: HashMap::new(),
+            file: 0,
+            offset: 0,
+            buf: Vec::new(),
+            scratch: AlignedBuf::default(),
+            direct: true,
+            failed: Vec::new(),
+        }
+    }
+}
+
 impl FileWriter<'_> {
     /// Queues `data` for `file` at `offset`, writing the pending run first when this
     /// does not continue it. A failure of that run is recorded against the run's file
@@ -174,16 +189,7 @@ pub(crate) fn execute(
     std::thread::scope(|s| {
         for _ in 0..threads.min(plan.packs.len().max(1)) {
             s.spawn(|| {
-                let mut w = FileWriter {
-                    jobs,
-                    files: HashMap::new(),
-                    file: 0,
-                    offset: 0,
-                    buf: Vec::new(),
-                    scratch: AlignedBuf::default(),
-                    direct: true,
-                    failed: Vec::new(),
-                };
+                let mut w = FileWriter::new(jobs);
                 while let Some((pack_no, needs)) =
                     plan.packs.get(next.fetch_add(1, Ordering::Relaxed))
                 {
@@ -393,16 +399,7 @@ mod tests {
         // `a` is replaced before the executor reopens it.
         std::fs::rename(tmp.path().join("a"), tmp.path().join("moved")).unwrap();
         std::fs::write(tmp.path().join("a"), b"someone else's").unwrap();
-        let mut w = FileWriter {
-            jobs: &jobs,
-            files: HashMap::new(),
-            file: 0,
-            offset: 0,
-            buf: Vec::new(),
-            scratch: AlignedBuf::default(),
-            direct: true,
-            failed: Vec::new(),
-        };
+        let mut w = FileWriter::new(&jobs);
         w.write(0, 0, b"for a");
         w.write(1, 0, b"for b");
         w.flush();

@@ -9,6 +9,13 @@
 //! trees bottom-up (repair, copy). Which subtrees to walk into is the visitor's
 //! choice: it can skip a tree it has already handled (a tree shared by many
 //! snapshots is walked once).
+//!
+//! Two walks are not this one, for reasons of their own: restore
+//! (`ops/restore`) walks the target's directory descriptors alongside the trees
+//! (it must hold, close and re-derive them, checked by device and inode, which a
+//! visitor's per-directory state cannot), with the same explicit-stack shape; and
+//! [`super::reachable`] loads trees in parallel and in no order, each once across
+//! all snapshots, because prune and stats wait on storage latency, not on order.
 
 use crate::error::{Error, Result};
 use crate::repo::Repository;

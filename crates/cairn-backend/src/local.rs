@@ -18,6 +18,8 @@ pub struct LocalBackend {
     sync: bool,
     /// Large objects (packs) are written with O_DIRECT while the filesystem allows it.
     direct: AtomicBool,
+    /// Set once the file system refused a hard link: `put_new` renames instead.
+    no_hard_links: AtomicBool,
     /// [`crate::process::machine_tag`], as used in temporary file names.
     host: String,
     scratch: Mutex<AlignedBuf>,
@@ -35,6 +37,7 @@ impl LocalBackend {
             host: crate::process::machine_tag(),
             sync: true,
             direct: AtomicBool::new(true),
+            no_hard_links: AtomicBool::new(false),
             scratch: Mutex::new(AlignedBuf::default()),
             read_scratch: Mutex::new(Vec::new()),
         }
@@ -64,6 +67,22 @@ fn temporary_is_stale(tag: &str, host: &str, meta: &fs::Metadata) -> bool {
         .ok()
         .and_then(|m| m.elapsed().ok())
         .is_some_and(|age| age > std::time::Duration::from_secs(24 * 3600))
+}
+
+/// `rename` that fails with `AlreadyExists` instead of replacing `to`.
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    match renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS) => {
+            // The file system has no RENAME_NOREPLACE either: check, then rename.
+            if to.symlink_metadata().is_ok() {
+                return Err(std::io::Error::from(ErrorKind::AlreadyExists));
+            }
+            fs::rename(from, to)
+        }
+        Err(e) => Err(std::io::Error::from(e)),
+    }
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
@@ -230,9 +249,7 @@ impl LocalBackend {
             }
             drop(f);
             if exclusive {
-                let linked = fs::hard_link(&tmp, &dest);
-                let _ = fs::remove_file(&tmp);
-                linked?;
+                self.place_new(&tmp, &dest)?;
             } else {
                 fs::rename(&tmp, &dest)?;
             }
@@ -248,6 +265,44 @@ impl LocalBackend {
             }
             BackendError::from_io("put", name, &e)
         })
+    }
+
+    /// Moves a written temporary file to `dest` unless `dest` exists: a hard link
+    /// where the file system has them (the name is taken atomically or not at all),
+    /// else `renameat2(RENAME_NOREPLACE)` (exFAT, vfat and some network or FUSE
+    /// file systems have no hard links), else, where neither works, a rename after
+    /// checking the name is free (a race with another writer of the same name can
+    /// then replace the object with the same bytes: names are hashes of contents).
+    fn place_new(&self, tmp: &Path, dest: &Path) -> std::io::Result<()> {
+        let no_link = |e: &std::io::Error| {
+            matches!(
+                e.raw_os_error(),
+                Some(libc::EPERM | libc::EOPNOTSUPP | libc::ENOSYS | libc::EMLINK | libc::EXDEV)
+            )
+        };
+        let linked = if self.no_hard_links.load(Ordering::Relaxed) {
+            Err(std::io::Error::from_raw_os_error(libc::EPERM))
+        } else {
+            fs::hard_link(tmp, dest)
+        };
+        match linked {
+            Ok(()) => {
+                let _ = fs::remove_file(tmp);
+                Ok(())
+            }
+            Err(e) if no_link(&e) => {
+                self.no_hard_links.store(true, Ordering::Relaxed);
+                let r = rename_noreplace(tmp, dest);
+                if r.is_err() {
+                    let _ = fs::remove_file(tmp);
+                }
+                r
+            }
+            Err(e) => {
+                let _ = fs::remove_file(tmp);
+                Err(e)
+            }
+        }
     }
 
     fn remove_temporaries(&self) -> Result<u64> {
@@ -298,6 +353,24 @@ mod tests {
     fn conformance() {
         let dir = tempfile::tempdir().unwrap();
         crate::conformance::run(&LocalBackend::new(dir.path()));
+    }
+
+    /// On file systems without hard links (exFAT, vfat: the kernel here has neither
+    /// to mount, so the refusal is simulated), create-only puts rename instead and
+    /// keep the contract.
+    #[test]
+    fn conformance_without_hard_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = LocalBackend::new(dir.path());
+        b.no_hard_links.store(true, Ordering::Relaxed);
+        crate::conformance::run(&b);
+        // And rename_noreplace itself refuses an existing name.
+        let (a, c) = (dir.path().join("a"), dir.path().join("c"));
+        fs::write(&a, b"a").unwrap();
+        fs::write(&c, b"c").unwrap();
+        let e = rename_noreplace(&a, &c).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::AlreadyExists);
+        assert_eq!(fs::read(&c).unwrap(), b"c");
     }
 
     #[test]

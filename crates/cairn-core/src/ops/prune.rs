@@ -275,6 +275,9 @@ fn run(
         }
         old_files.extend(state.live.iter().map(|(id, _)| *id));
         let records = carried_snapshot_records(&state, &listed);
+        // Only a prune whose lock nobody could have taken for stale may change
+        // what readers see (another prune may have run meanwhile).
+        lock.check_fresh()?;
         new_index_files.extend(write_replacement_index(
             repo,
             kept,
@@ -287,6 +290,7 @@ fn run(
         // Locks are listed after the new index is stored: any operation that read
         // the old index took its lock before that, so it is in this list.
         let locks = live_lock_ids(repo, lock)?;
+        lock.check_fresh()?;
         repo.write_pending(&PendingDeletion {
             created: crate::time::now_unix(),
             locks,
@@ -648,6 +652,9 @@ fn delete_pending(
             report.rescued_packs += rescue.packs.len();
             repo.write_index_file(&rescue)?;
         }
+        // Deleting on the strength of this prune's view of the locks and index: only
+        // while its own lock cannot have looked stale to another prune.
+        mine.check_fresh()?;
         for p in delete {
             let size = stored.get(&p).copied().unwrap_or(0);
             match repo.backend().delete(&names::pack(&p.to_hex())) {

@@ -130,6 +130,9 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
     file.snapshots.sort();
     file.forgotten = forgotten.into_iter().collect();
     file.forgotten.sort();
+    // The switch and the deletions below only with a lock that cannot have looked
+    // stale to another prune or repair.
+    lock.check_fresh()?;
     written.push(repo.write_index_file(&file)?);
     report.index_files_written = written.len();
     report.index_files_replaced = supersedes.len();
@@ -152,6 +155,7 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
             .map(|l| l.id)
             .collect();
         if others.is_empty() {
+            lock.check_fresh()?;
             for p in &rewrite {
                 ignore_missing(repo.backend().delete(&names::pack(&p.id.to_hex())))?;
             }
@@ -358,6 +362,7 @@ pub fn repair_snapshots(
     }
     for e in bad {
         if !dry_run {
+            lock.check_fresh()?;
             forget(repo, e.id)?;
         }
         report

@@ -109,6 +109,17 @@ pub struct Node {
     pub subtree: Option<BlobId>,
 }
 
+impl Tree {
+    /// The node named `name`: a binary search, since a valid tree's names are
+    /// strictly increasing.
+    pub fn find(&self, name: &[u8]) -> Option<&Node> {
+        self.nodes
+            .binary_search_by(|n| n.name.as_slice().cmp(name))
+            .ok()
+            .and_then(|i| self.nodes.get(i))
+    }
+}
+
 impl Node {
     pub fn new(name: Vec<u8>, kind: NodeKind) -> Self {
         Node {

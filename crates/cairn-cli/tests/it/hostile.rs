@@ -271,6 +271,26 @@ fn an_include_that_matches_nothing_fails() {
         1,
     );
     assert!(e.contains("/nonexistent") && e.contains("--include"), "{e}");
+    assert!(
+        !t.join(src.strip_prefix("/").unwrap()).exists(),
+        "nothing restored"
+    );
+    // Nested includes, and "/" with another: each names something, all is fine.
+    let inner = src.join("f");
+    for (i, extra) in [src.to_str().unwrap(), "/"].iter().enumerate() {
+        let t = env.path(&format!("t{i}"));
+        env.ok(&[
+            "restore",
+            &id,
+            "--target",
+            t.to_str().unwrap(),
+            "--include",
+            extra,
+            "--include",
+            inner.to_str().unwrap(),
+        ]);
+        assert!(t.join(inner.strip_prefix("/").unwrap()).exists());
+    }
 }
 
 /// A socket in a snapshot made every restore exit 1: sockets are skipped, noted.

@@ -20,14 +20,9 @@ pub fn find_node(repo: &Repository, root: &BlobId, path: &str) -> Result<Option<
     let mut tree = repo.load_tree(root)?;
     let mut found: Option<Node> = None;
     for (i, c) in comps.iter().enumerate() {
-        let node = tree
-            .nodes
-            .iter()
-            .find(|n| n.name == c.as_bytes())
-            .cloned()
-            .ok_or_else(|| {
-                Error::Invalid(format!("{path}: no such file or directory in the snapshot"))
-            })?;
+        let node = tree.find(c.as_bytes()).cloned().ok_or_else(|| {
+            Error::Invalid(format!("{path}: no such file or directory in the snapshot"))
+        })?;
         if i + 1 < comps.len() {
             match (node.kind, node.subtree) {
                 (NodeKind::Dir, Some(sub)) => tree = repo.load_tree(&sub)?,

@@ -203,10 +203,7 @@ fn unchanged(p: &Node, n: &Node) -> bool {
 }
 
 pub(crate) fn find<'t>(tree: &'t Tree, name: &[u8]) -> Option<&'t Node> {
-    tree.nodes
-        .binary_search_by(|n| n.name.as_slice().cmp(name))
-        .ok()
-        .map(|i| &tree.nodes[i])
+    tree.find(name)
 }
 
 /// Whether every blob a parent's file content needs — chunks, and for large files the

@@ -168,8 +168,6 @@ struct Walk<'a> {
     link_dir: Option<Arc<Dir>>,
     /// Cancelled: the walk stopped between entries.
     stopped: bool,
-    /// Which includes named an entry of the snapshot.
-    include_found: Vec<bool>,
 }
 
 pub fn restore(
@@ -225,6 +223,17 @@ pub fn restore(
             }
         })
         .collect();
+    // An include that names nothing would restore nothing: a typo must not look
+    // like success. Each is looked up before anything is written.
+    for inc in &includes {
+        match crate::ops::ls::find_node(repo, root, inc) {
+            Ok(_) => {}
+            Err(Error::Invalid(m)) => {
+                return Err(Error::Invalid(format!("--include {m}")));
+            }
+            Err(e) => return Err(e),
+        }
+    }
     let tree = repo.load_tree(root)?;
     let root_dir = Arc::new(Dir {
         fd: root_fd,
@@ -249,9 +258,7 @@ pub fn restore(
         hardlinks: HashMap::new(),
         link_dir: None,
         stopped: false,
-        include_found: Vec::new(),
     };
-    w.include_found = w.includes.iter().map(|i| i == "/").collect();
     let mut todo = tree.nodes;
     todo.reverse();
     w.stack.push(Frame {
@@ -270,16 +277,6 @@ pub fn restore(
         // The files created so far are whole (their batch was written); the rest
         // was not started.
         return Err(Error::Cancelled);
-    }
-    // An include that names nothing restores nothing: a typo must not look like
-    // success.
-    for (inc, found) in w.includes.clone().iter().zip(w.include_found.clone()) {
-        if !found {
-            w.issue(
-                std::path::PathBuf::from(inc),
-                "no file or directory of the snapshot is at this path (--include)".into(),
-            );
-        }
     }
     Ok(w.stats)
 }
@@ -345,11 +342,7 @@ impl Walk<'_> {
             } else {
                 let p = format!("{}/{}", top.snap_path, String::from_utf8_lossy(&node.name));
                 let (i, a) = selection(&p, &self.includes);
-                if i {
-                    for (found, inc) in self.include_found.iter_mut().zip(&self.includes) {
-                        *found |= *inc == p;
-                    }
-                }
+
                 (i, a, p)
             };
             if !inside && !ancestor {
@@ -621,6 +614,18 @@ impl Walk<'_> {
                 if let Some(m) = failed.get(&(i as u32)) {
                     // Not given its metadata: it keeps the restore's time and mode
                     // 0600, so nothing syncing by size and time takes it as intact.
+                    // A one-chunk file is created only with its content: when that
+                    // never came, it is created here, at its size (a hole), so that
+                    // it is there to see, like a multi-chunk file.
+                    if job.direct {
+                        let placeholder = target::create_file(job.dir.fd(), &job.name)
+                            .and_then(|f| f.set_len(job.node.size));
+                        if let Err(e) = placeholder
+                            && e.kind() != std::io::ErrorKind::AlreadyExists
+                        {
+                            self.issue(job.path(), format!("creating file: {e}"));
+                        }
+                    }
                     self.issue(
                         job.path(),
                         format!(

@@ -65,8 +65,20 @@ fn main() {
             hard,
         );
     }
-    cancel_on_signals();
     let cli = args::Cli::parse();
+    // Only operations that stop cleanly when asked get a handler; for every other
+    // command SIGINT and SIGTERM keep ending the process at once, which is safe.
+    if matches!(
+        cli.command,
+        args::Command::Backup(_)
+            | args::Command::Restore(_)
+            | args::Command::Copy(_)
+            | args::Command::Check(_)
+            | args::Command::Prune(_)
+            | args::Command::Stats(_)
+    ) {
+        cancel_on_signals();
+    }
     let result = commands::run(cli);
     commands::report_traffic();
     match result {

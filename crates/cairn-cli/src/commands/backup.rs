@@ -5,6 +5,7 @@ use cairn_core::backup::{self, BackupOptions};
 use cairn_core::progress::Progress;
 use cairn_core::session::{self, IndexLoad, Session};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 fn read_exclude_files(files: &[PathBuf]) -> Result<Vec<String>> {
     let mut out = Vec::new();
@@ -22,10 +23,14 @@ fn read_exclude_files(files: &[PathBuf]) -> Result<Vec<String>> {
 }
 
 /// Sums file sizes in the background so the progress display can show an ETA.
-fn scan_total(paths: Vec<PathBuf>, progress: &Progress) {
+/// Stops when `done` is set (the backup ended first) or the operation is cancelled.
+fn scan_total(paths: Vec<PathBuf>, progress: &Progress, done: &AtomicBool) {
     let mut total = 0u64;
     let mut stack = paths;
     while let Some(p) = stack.pop() {
+        if progress.is_cancelled() || done.load(Ordering::Relaxed) {
+            return;
+        }
         let Ok(m) = std::fs::symlink_metadata(&p) else {
             continue;
         };
@@ -83,13 +88,16 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         read_concurrency: a.read_concurrency.map(|n| n as usize),
     };
     p.start();
+    let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {
         if ui::interactive(g) && !a.stdin {
             let paths = a.paths.clone();
-            let progress = &p.progress;
-            s.spawn(move || scan_total(paths, progress));
+            let (progress, done) = (&p.progress, &done);
+            s.spawn(move || scan_total(paths, progress, done));
         }
-        backup::backup(&session, opts)
+        let r = backup::backup(&session, opts);
+        done.store(true, Ordering::Relaxed);
+        r
     });
     p.finish();
     let r = result.map_err(|e| match e {

@@ -310,7 +310,9 @@ fn run(
 
     // ---- phase 2: delete what no live operation can still use ----
     progress.phase(Phase::Deleting);
-    delete_pending(repo, lock, &listed, used, &mut report, progress)?;
+    // Past the index switch nothing stops early: a cancellation would only hide
+    // what was done (the report) and leave deletions for the next prune.
+    delete_pending(repo, lock, &listed, used, &mut report, &Progress::none())?;
     repo.load_index_in_ram()?;
     Ok(report)
 }

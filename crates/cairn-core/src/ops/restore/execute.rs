@@ -193,6 +193,14 @@ pub(crate) fn execute(
                 while let Some((pack_no, needs)) =
                     plan.packs.get(next.fetch_add(1, Ordering::Relaxed))
                 {
+                    // Cancelled: the files still waiting for this pack are marked as
+                    // not restored in full (mode 0600, the restore's time).
+                    if progress.is_cancelled() {
+                        for n in needs {
+                            fail(n.file, "cancelled".into());
+                        }
+                        continue;
+                    }
                     let pack = repo.index().pack_by_number(*pack_no);
                     for range in ranges(needs) {
                         let start = range[0].offset;
@@ -207,15 +215,22 @@ pub(crate) fn execute(
                         let whole =
                             match repo.read_pack_range(&pack, start.into(), (end - start).into()) {
                                 Ok(b) => Some(b),
-                                // A missing pack: no blob of it can be read one by one either.
-                                Err(crate::Error::Backend(e)) if e.is_not_found() => {
+                                // A short or damaged pack: read it blob by blob below.
+                                // Any other failure (a missing pack, storage still
+                                // unreachable after the retries) would only fail again
+                                // once per blob.
+                                Err(crate::Error::Backend(e))
+                                    if e.kind == cairn_backend::BackendErrorKind::Other =>
+                                {
+                                    None
+                                }
+                                Err(e) => {
                                     let m = format!("pack {}: {e}", pack.short());
                                     for n in range {
                                         fail(n.file, m.clone());
                                     }
                                     continue;
                                 }
-                                Err(_) => None,
                             };
                         let mut last: Option<(u32, Result<Vec<u8>, String>)> = None;
                         for n in range {

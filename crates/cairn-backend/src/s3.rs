@@ -339,22 +339,29 @@ impl Backend for S3Backend {
     }
 
     fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
-        // The size first (a HEAD request): OpenDAL refuses a range that runs past
-        // the end, so "the first max + 1 bytes" cannot be asked for in one request.
+        // The size first (a HEAD): OpenDAL refuses a range that runs past the end,
+        // and streams an open-ended read only after a HEAD of its own, so "at most
+        // max + 1 bytes" cannot be one request. Callers that listed the object skip
+        // this and use the listed size (`list_locks`, the keys).
         let (op, key) = (self.op.clone(), name.to_string());
-        let size = match self.run("get", name, async move { op.stat(&key).await })? {
-            Ok(meta) => meta.content_length(),
-            Err(e) if e.kind() == ErrorKind::NotFound => return Err(map_err("get", name, e)),
-            // A HEAD answer has no body, so the server's error code and message
-            // (SignatureDoesNotMatch: ...) come only with a GET: ask again that way.
-            Err(_) => {
-                let data = self.get(name)?;
-                if data.len() as u64 > max {
-                    return Err(BackendError::too_large("get", name, data.len() as u64, max));
+        let size =
+            match self.run("get", name, async move { op.stat(&key).await })? {
+                Ok(meta) => meta.content_length(),
+                Err(e) if e.kind() == ErrorKind::NotFound => return Err(map_err("get", name, e)),
+                Err(e) => {
+                    // A HEAD answer has no body, so the server's code and message
+                    // (SignatureDoesNotMatch: ...) come only with a GET: one byte of it.
+                    let (op, key) = (self.op.clone(), name.to_string());
+                    return Err(
+                        match self.run("get", name, async move {
+                            op.read_with(&key).range(0..1).await
+                        })? {
+                            Err(detail) => map_err("get", name, detail),
+                            Ok(_) => map_err("get", name, e),
+                        },
+                    );
                 }
-                return Ok(data);
-            }
-        };
+            };
         if size > max {
             return Err(BackendError::too_large("get", name, size, max));
         }

@@ -41,22 +41,7 @@ impl Repository {
             let Ok(id) = KeyId::from_hex(names::base(&info.name)) else {
                 continue;
             };
-            let kf = self
-                .backend
-                .get_bounded(&info.name, MAX_SMALL_OBJECT_SIZE as u64)
-                .map_err(Error::from)
-                .and_then(|d| {
-                    if KeyId::of_content(&d) != id {
-                        return Err(Error::damaged(
-                            format!("key file {}", id.short()),
-                            FormatError::IdMismatch {
-                                expected: id.to_hex(),
-                            },
-                        ));
-                    }
-                    KeyFile::from_bytes(&d)
-                        .map_err(|e| Error::damaged(format!("key file {}", id.short()), e))
-                });
+            let kf = read_key_file(self.backend.as_ref(), &info, &id);
             out.push((id, kf));
         }
         out.sort_by_key(|a| a.0);
@@ -110,4 +95,26 @@ impl Repository {
         self.key_id = Some(new);
         Ok(new)
     }
+}
+
+/// Reads, checks and parses a listed key file. Damage (too large, not matching its
+/// name — the name is the hash of its bytes —, not parsing) is `Damaged`: a flipped
+/// byte anywhere would otherwise only make the password look wrong.
+pub(super) fn read_key_file(
+    backend: &dyn Backend,
+    info: &cairn_backend::ObjectInfo,
+    id: &KeyId,
+) -> Result<KeyFile> {
+    let what = format!("key file {}", id.short());
+    let data = super::objects::get_listed(backend, info)
+        .map_err(|e| super::objects::too_large_is_damage(e, &what))?;
+    if KeyId::of_content(&data) != *id {
+        return Err(Error::damaged(
+            what,
+            FormatError::IdMismatch {
+                expected: id.to_hex(),
+            },
+        ));
+    }
+    KeyFile::from_bytes(&data).map_err(|e| Error::damaged(what, e))
 }

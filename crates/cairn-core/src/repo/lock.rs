@@ -93,9 +93,10 @@ pub fn list_locks(repo: &Repository) -> Result<Vec<LockInfo>> {
             continue;
         };
         // Bounded: a giant object in locks/ (damage, or a hostile writer) is an
-        // unreadable lock, not gigabytes of memory for every operation.
-        let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
-        let lock = match repo.backend().get_bounded(&o.name, max) {
+        // unreadable lock, not gigabytes of memory for every operation. The listed
+        // size decides first (locks are listed every few seconds by queued jobs:
+        // one request each, not a size query and a read).
+        let lock = match super::objects::get_listed(repo.backend().as_ref(), &o) {
             Ok(data) => repo
                 .key()
                 .sealer

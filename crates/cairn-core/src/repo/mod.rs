@@ -329,34 +329,13 @@ impl Repository {
             let Ok(id) = KeyId::from_hex(base) else {
                 continue;
             };
-            let data = match backend.get_bounded(&info.name, MAX_SMALL_OBJECT_SIZE as u64) {
-                Ok(d) => d,
-                Err(e) if e.kind == cairn_backend::BackendErrorKind::TooLarge => {
-                    damaged = Some(objects::too_large_is_damage(
-                        e,
-                        &format!("key file {}", id.short()),
-                    ));
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            // Named by the hash of its bytes: a flipped byte anywhere is damage, not
-            // a wrong password (the wrapped secret would just fail to open).
-            if KeyId::of_content(&data) != id {
-                damaged = Some(Error::damaged(
-                    format!("key file {}", id.short()),
-                    FormatError::IdMismatch {
-                        expected: id.to_hex(),
-                    },
-                ));
-                continue;
-            }
-            let kf = match KeyFile::from_bytes(&data) {
+            let kf = match keys::read_key_file(backend, &info, &id) {
                 Ok(k) => k,
-                Err(e) => {
-                    damaged = Some(Error::damaged(format!("key file {}", id.short()), e));
+                Err(e @ (Error::Damaged { .. } | Error::NewerFormat { .. })) => {
+                    damaged = Some(e);
                     continue;
                 }
+                Err(e) => return Err(e),
             };
             match kf.unwrap_secret(password) {
                 Ok(secret) => return Ok((secret, id)),

@@ -11,6 +11,31 @@ pub(crate) fn too_large_is_damage(e: cairn_backend::BackendError, what: &str) ->
     e.into()
 }
 
+/// Reads a listed small object (a lock, a key file) with the bound its listing
+/// already shows: refused unread when the listing says it is too large, else one
+/// read, whose length is checked again (it may have been replaced meanwhile).
+pub(crate) fn get_listed(
+    backend: &dyn Backend,
+    o: &cairn_backend::ObjectInfo,
+) -> cairn_backend::Result<Vec<u8>> {
+    let max = MAX_SMALL_OBJECT_SIZE as u64;
+    if o.size > max {
+        return Err(cairn_backend::BackendError::too_large(
+            "get", &o.name, o.size, max,
+        ));
+    }
+    let data = backend.get(&o.name)?;
+    if data.len() as u64 > max {
+        return Err(cairn_backend::BackendError::too_large(
+            "get",
+            &o.name,
+            data.len() as u64,
+            max,
+        ));
+    }
+    Ok(data)
+}
+
 /// Stores an immutable object under a name that is the hash of its bytes, never
 /// replacing one: an object already stored under that name has these bytes (or is
 /// damaged, which `check` finds), so `AlreadyExists` — a retried request whose first

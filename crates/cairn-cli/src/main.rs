@@ -19,7 +19,7 @@ const EXIT_CANCELLED: i32 = 130;
 fn exit_code(e: &anyhow::Error) -> i32 {
     for cause in e.chain() {
         if let Some(ce) = cause.downcast_ref::<cairn_core::Error>() {
-            return match ce {
+            return match ce.root() {
                 cairn_core::Error::WrongPassword => EXIT_WRONG_PASSWORD,
                 cairn_core::Error::RepositoryNotFound(_) | cairn_core::Error::NotARepository(_) => {
                     EXIT_NO_REPO

@@ -75,6 +75,9 @@ pub enum Error {
     Invalid(String),
     #[error("operation interrupted")]
     Interrupted,
+    /// An error kept to be handed out again (a session's snapshot list).
+    #[error("{0}")]
+    Shared(std::sync::Arc<Error>),
     /// The caller asked the operation to stop ([`crate::progress::CancelToken`]); it
     /// stopped at a safe point, leaving the repository as a crash there would.
     #[error("cancelled")]
@@ -123,9 +126,17 @@ impl Error {
             source,
         }
     }
+    /// The error itself, looking through [`Error::Shared`].
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::Shared(e) => e.root(),
+            e => e,
+        }
+    }
+
     /// True when the repository's storage ran out of space.
     pub fn is_no_space(&self) -> bool {
-        match self {
+        match self.root() {
             Error::Backend(b) => b.kind == BackendErrorKind::NoSpace,
             Error::Io { source, .. } => source.kind() == std::io::ErrorKind::StorageFull,
             _ => false,

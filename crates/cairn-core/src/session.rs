@@ -114,7 +114,7 @@ pub struct Session<A: Access> {
     held: Held,
     progress: Progress,
     snapshot_ids: Vec<SnapshotId>,
-    snapshots: std::sync::OnceLock<Result<SnapshotList, String>>,
+    snapshots: std::sync::OnceLock<Result<SnapshotList, Arc<Error>>>,
     state: Option<IndexState>,
     index_loaded: bool,
     _access: PhantomData<A>,
@@ -249,9 +249,9 @@ impl<A: Access> Session<A> {
         let r = self.snapshots.get_or_init(|| {
             self.repo
                 .read_snapshots(&self.snapshot_ids)
-                .map_err(|e| e.to_string())
+                .map_err(Arc::new)
         });
-        r.as_ref().map_err(|e| Error::Invalid(e.clone()))
+        r.as_ref().map_err(|e| Error::Shared(e.clone()))
     }
 
     /// Resolves `latest` or an id prefix among the snapshots listed at open.

@@ -110,7 +110,11 @@ impl Repository {
             match self.read_snapshot(id) {
                 Ok(s) => ok.push((*id, s)),
                 Err(Error::Backend(b)) if b.is_not_found() => {}
-                Err(e @ Error::Damaged { .. }) => bad.push(SnapshotError { id: *id, error: e }),
+                // A snapshot written by a newer cairn is not readable here, but the
+                // others are: listing them must go on (a backup only needs a parent).
+                Err(e @ (Error::Damaged { .. } | Error::NewerFormat { .. })) => {
+                    bad.push(SnapshotError { id: *id, error: e })
+                }
                 Err(e) => return Err(e),
             }
         }

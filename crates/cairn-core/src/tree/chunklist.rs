@@ -157,19 +157,39 @@ pub fn for_each_content_blob(
     }
 }
 
+/// Checks a chunk-list blob against its place in the tree: its level (one below
+/// its parent's, `depth - 1` for the root) and, when the parent says, the bytes
+/// its entries cover.
+fn checked(
+    id: &BlobId,
+    list: ChunkList,
+    depth: u8,
+    expected_len: Option<u64>,
+) -> Result<ChunkList> {
+    let bad = |d: &str| {
+        Error::damaged(
+            format!("chunk list {}", id.short()),
+            FormatError::malformed("chunk list", d.to_string()),
+        )
+    };
+    if depth == 0 || list.level != depth - 1 {
+        return Err(bad("level does not match its place in the tree"));
+    }
+    if let Some(len) = expected_len
+        && list.entries.iter().map(|e| e.length).sum::<u64>() != len
+    {
+        return Err(bad("byte count does not match its parent"));
+    }
+    Ok(list)
+}
+
 fn walk_lists(
     repo: &Repository,
     id: BlobId,
     depth: u8,
     first_seen: &mut dyn FnMut(BlobId) -> bool,
 ) -> Result<()> {
-    let list = repo.load_chunk_list(&id)?;
-    if depth == 0 || list.level != depth - 1 {
-        return Err(Error::damaged(
-            format!("chunk list {}", id.short()),
-            FormatError::malformed("chunk list", "level does not match its place in the tree"),
-        ));
-    }
+    let list = checked(&id, repo.load_chunk_list(&id)?, depth, None)?;
     for e in list.entries {
         if first_seen(e.id) && list.level > 0 {
             walk_lists(repo, e.id, depth - 1, first_seen)?;
@@ -185,21 +205,7 @@ fn walk(
     expected_len: Option<u64>,
     f: &mut dyn FnMut(ChunkRef) -> Result<()>,
 ) -> Result<()> {
-    let list = repo.load_chunk_list(&id)?;
-    let bad = |d: &str| {
-        Error::damaged(
-            format!("chunk list {}", id.short()),
-            FormatError::malformed("chunk list", d.to_string()),
-        )
-    };
-    if depth == 0 || list.level != depth - 1 {
-        return Err(bad("level does not match its place in the tree"));
-    }
-    if let Some(len) = expected_len
-        && list.entries.iter().map(|e| e.length).sum::<u64>() != len
-    {
-        return Err(bad("byte count does not match its parent"));
-    }
+    let list = checked(&id, repo.load_chunk_list(&id)?, depth, expected_len)?;
     for e in list.entries {
         if list.level == 0 {
             f(e)?;
@@ -268,22 +274,9 @@ impl<'r> FileReader<'r> {
 
     fn load(&self, id: &BlobId, level: u8, expected: Option<u64>) -> Result<ChunkList> {
         let data = self.repo.read_blob_cached(id)?;
-        let bad = |d: &str| {
-            Error::damaged(
-                format!("chunk list {}", id.short()),
-                FormatError::malformed("chunk list", d.to_string()),
-            )
-        };
-        let list = ChunkList::decode(&data).map_err(|e| bad(&e.to_string()))?;
-        if list.level != level {
-            return Err(bad("level does not match its place in the tree"));
-        }
-        if let Some(len) = expected
-            && list.entries.iter().map(|e| e.length).sum::<u64>() != len
-        {
-            return Err(bad("byte count does not match its parent"));
-        }
-        Ok(list)
+        let list = ChunkList::decode(&data)
+            .map_err(|e| Error::damaged(format!("chunk list {}", id.short()), e))?;
+        checked(id, list, level + 1, expected)
     }
 
     fn tree_from(

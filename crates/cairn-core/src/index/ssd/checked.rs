@@ -92,12 +92,15 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// A large file read in whole, checked blocks.
+/// A large file read in whole, checked blocks. A block is hashed the first time it
+/// is read and marked (one bit per block) so that repeated lookups in it cost a
+/// read, not a hash.
 pub(super) struct CheckedFile {
     file: File,
     path: PathBuf,
     len: u64,
     sums: Vec<u64>,
+    verified: Vec<std::sync::atomic::AtomicU64>,
 }
 
 impl CheckedFile {
@@ -114,12 +117,24 @@ impl CheckedFile {
         if sums.len() as u64 != len.div_ceil(SUM_BLOCK as u64) || raw.len() % 8 != 0 {
             return Err(damage(dir, &format!("{name}.sums has the wrong size")));
         }
+        let verified = (0..sums.len().div_ceil(64))
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect();
         Ok(CheckedFile {
             file,
             path,
             len,
             sums,
+            verified,
         })
+    }
+
+    fn is_verified(&self, b: usize) -> bool {
+        self.verified[b / 64].load(Ordering::Relaxed) & (1 << (b % 64)) != 0
+    }
+
+    fn set_verified(&self, b: usize) {
+        self.verified[b / 64].fetch_or(1 << (b % 64), Ordering::Relaxed);
     }
 
     /// Reads `buf.len()` bytes at `offset`, checking every block it touches.
@@ -135,10 +150,22 @@ impl CheckedFile {
         let last = (end - 1) / SUM_BLOCK as u64;
         let start = first * SUM_BLOCK as u64;
         let stop = ((last + 1) * SUM_BLOCK as u64).min(self.len);
-        let mut whole = vec![0u8; (stop - start) as usize];
-        self.file.read_exact_at(&mut whole, start)?;
+        let n = (stop - start) as usize;
+        // Lookups read one or two blocks: no allocation for them.
+        let mut small = [0u8; 2 * SUM_BLOCK];
+        let mut large = Vec::new();
+        let whole: &mut [u8] = if n <= small.len() {
+            &mut small[..n]
+        } else {
+            large.resize(n, 0);
+            &mut large
+        };
+        self.file.read_exact_at(whole, start)?;
         for (i, block) in whole.chunks(SUM_BLOCK).enumerate() {
             let b = first as usize + i;
+            if self.is_verified(b) {
+                continue;
+            }
             if self.sums.get(b).copied() != Some(xxh3_64(block)) {
                 return Err(std::io::Error::new(
                     ErrorKind::InvalidData,
@@ -148,14 +175,18 @@ impl CheckedFile {
                     ),
                 ));
             }
+            self.set_verified(b);
         }
         let from = (offset - start) as usize;
         buf.copy_from_slice(&whole[from..from + buf.len()]);
         Ok(())
     }
 
-    /// Reads the whole file and checks every block.
+    /// Reads the whole file and checks every block (also those read before).
     pub(super) fn verify(&self) -> std::io::Result<()> {
+        for w in &self.verified {
+            w.store(0, Ordering::Relaxed);
+        }
         let step = 256 * SUM_BLOCK as u64;
         let mut buf = Vec::new();
         let mut at = 0;
@@ -169,6 +200,6 @@ impl CheckedFile {
     }
 
     pub(super) fn ram_bytes(&self) -> usize {
-        self.sums.len() * 8
+        self.sums.len() * 8 + self.verified.len() * 8
     }
 }

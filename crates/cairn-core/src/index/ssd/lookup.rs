@@ -41,22 +41,23 @@ impl SsdIndex {
         }
     }
 
-    /// Lookups that could not read the disk since the index was opened, and the
-    /// last reason.
+    /// Lookups that could not read the disk since the index was opened (base and
+    /// delta together), and the last reason.
     pub fn failures(&self) -> Option<(u64, String)> {
-        if let Some(f) = self.delta.as_ref().and_then(|d| d.failures()) {
-            return Some(f);
-        }
+        let delta = self.delta.as_ref().and_then(|d| d.failures());
         let n = self.failures.load(Ordering::Relaxed);
-        (n > 0).then(|| {
-            let why = self
-                .last_failure
+        let why = || {
+            self.last_failure
                 .lock()
                 .ok()
                 .and_then(|l| l.clone())
-                .unwrap_or_default();
-            (n, why)
-        })
+                .unwrap_or_default()
+        };
+        match (n, delta) {
+            (0, d) => d,
+            (n, None) => Some((n, why())),
+            (n, Some((dn, dwhy))) => Some((n + dn, dwhy)),
+        }
     }
 
     pub(super) fn read_record(&self, pos: u64) -> std::io::Result<Record> {
@@ -138,8 +139,13 @@ impl SsdIndex {
                 if loc.pack_number() >= self.n_packs {
                     return Err(std::io::Error::other("a record names an unknown pack"));
                 }
-                // The locality cache only saves later reads: its failure is no error.
-                let _ = self.load_run(pos);
+                // The locality cache only saves later reads: a failure there is no
+                // error for this lookup, but damage found there is damage.
+                if let Err(e) = self.load_run(pos)
+                    && e.kind() == std::io::ErrorKind::InvalidData
+                {
+                    self.fail(format!("reading {}: {e}", self.dir_path.display()));
+                }
                 return Ok(Some((loc, record_pending(&r))));
             }
         }

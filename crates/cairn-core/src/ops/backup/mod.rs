@@ -240,6 +240,10 @@ impl InFlight {
 
 const CHUNK_BYTES_IN_FLIGHT: usize = 16 << 20;
 
+/// The warning for a file that changed while it was being read.
+pub(crate) const CHANGED_WHILE_READ: &str =
+    "changed while it was being read (saved as read; the next backup reads it again)";
+
 fn absolute(p: &Path) -> Result<PathBuf> {
     let abs = std::path::absolute(p).map_err(|e| Error::io(p, e))?;
     // Resolve `..` and symlinks in the parent, keep the last component as it is (a
@@ -605,9 +609,14 @@ impl Worker<'_> {
                 }
             }
             // As tar does: a file whose size or times moved while it was read is
-            // read again (twice at most), then saved as read with a warning.
+            // read again (twice at most), then saved as read with a warning. The
+            // first read is compared with what the scan saw (one fstat per file);
+            // only a file that differs is watched before and after each read.
+            let mut before = source::Changes::of_node(&node);
             for attempt in 0..3 {
-                let before = source::Changes::of(&f);
+                if attempt > 0 {
+                    before = source::Changes::of(&f);
+                }
                 buf.clear();
                 read_small(&mut f, &mut buf, limit)?;
                 if before == source::Changes::of(&f) {
@@ -618,9 +627,7 @@ impl Worker<'_> {
                         .map_err(|e| format!("read failed: {e}"))?;
                 }
             }
-            let message =
-                "changed while it was being read (saved as read; the next backup reads it again)"
-                    .to_string();
+            let message = CHANGED_WHILE_READ.to_string();
             self.progress.warning(&path, &message);
             torn = Some(Skipped {
                 path: path.clone(),

@@ -138,11 +138,11 @@ pub(crate) fn scan_dir(
             Ok(st) => {
                 let pnode = ptree.as_ref().and_then(|t| find(t, &name));
                 // Link targets and xattrs are read through a short path from the open
-                // directory: the full one may be too long for the kernel.
-                let short = entry_path(&dir, &name);
-                let at = short.as_deref().unwrap_or(&child);
+                // directory (the full one may be too long for the kernel), built
+                // only when they are read.
+                let at = |n: &[u8]| entry_path(&dir, n).unwrap_or_else(|| child.clone());
                 let (node, warning, xattrs_unread) =
-                    node_reusing_parent(name, at, &Stat::from(&st), names, pnode, true);
+                    node_reusing_parent(name, &at, &Stat::from(&st), names, pnode, true);
                 prepare(ctx.repo, node, warning, pnode, xattrs_unread)
             }
         };

@@ -51,36 +51,39 @@ fn cached(
 /// and without touching its access time where the OS allows it (`O_NOATIME` is
 /// refused, EPERM, for files we do not own).
 pub fn open_source(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOATIME | libc::O_NOFOLLOW)
-        .open(path)
-        .or_else(|e| {
-            if e.raw_os_error() == Some(libc::EPERM) {
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(path)
-            } else {
-                Err(e)
-            }
-        })
+    open_noatime(None, path.as_os_str(), false).map(std::fs::File::from)
 }
 
 /// Opens `name` in the open directory `dir` like [`open_source`]: one path
 /// component to resolve instead of the whole path.
 pub fn open_source_at(dir: &OwnedFd, name: &[u8]) -> std::io::Result<std::fs::File> {
+    open_noatime(Some(dir), std::ffi::OsStr::from_bytes(name), false).map(std::fs::File::from)
+}
+
+/// Every open of the source: read-only, never following a symlink put in the
+/// entry's place, and without moving its access time (`O_NOATIME`, refused with
+/// EPERM for files the user does not own: then without it). Relative to `dir` when
+/// given (one component to resolve), else by path.
+fn open_noatime(
+    dir: Option<&OwnedFd>,
+    name: &std::ffi::OsStr,
+    directory: bool,
+) -> std::io::Result<OwnedFd> {
     use nix::fcntl::OFlag;
     use nix::sys::stat::Mode;
-    let name = std::ffi::OsStr::from_bytes(name);
-    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let fd = match nix::fcntl::openat(dir, name, flags | OFlag::O_NOATIME, Mode::empty()) {
-        Err(nix::errno::Errno::EPERM) => nix::fcntl::openat(dir, name, flags, Mode::empty()),
+    let mut flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    if directory {
+        flags |= OFlag::O_DIRECTORY;
+    }
+    let open = |flags| match dir {
+        Some(d) => nix::fcntl::openat(d, name, flags, Mode::empty()),
+        None => nix::fcntl::open(name, flags, Mode::empty()),
+    };
+    match open(flags | OFlag::O_NOATIME) {
+        Err(nix::errno::Errno::EPERM) => open(flags),
         r => r,
     }
-    .map_err(std::io::Error::from)?;
-    Ok(std::fs::File::from(fd))
+    .map_err(std::io::Error::from)
 }
 
 /// What moves when a file is written to while it is read: size, modification and
@@ -90,6 +93,17 @@ pub fn open_source_at(dir: &OwnedFd, name: &[u8]) -> std::io::Result<std::fs::Fi
 pub struct Changes(Option<(u64, i64, i64, i64, i64)>);
 
 impl Changes {
+    /// What the scan saw of a file (its node's size and times).
+    pub fn of_node(n: &Node) -> Changes {
+        Changes(Some((
+            n.size,
+            n.mtime.secs,
+            i64::from(n.mtime.nanos),
+            n.ctime.secs,
+            i64::from(n.ctime.nanos),
+        )))
+    }
+
     pub fn of(f: &std::fs::File) -> Changes {
         Changes(f.metadata().ok().map(|m| {
             (
@@ -107,15 +121,7 @@ impl Changes {
 /// component to resolve, so a directory 100,000 levels deep opens as easily as one
 /// at the top (its full path would be far beyond `PATH_MAX`).
 pub fn open_dir_at(dir: &OwnedFd, name: &[u8]) -> std::io::Result<OwnedFd> {
-    use nix::fcntl::OFlag;
-    use nix::sys::stat::Mode;
-    let name = std::ffi::OsStr::from_bytes(name);
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    match nix::fcntl::openat(dir, name, flags | OFlag::O_NOATIME, Mode::empty()) {
-        Err(nix::errno::Errno::EPERM) => nix::fcntl::openat(dir, name, flags, Mode::empty()),
-        r => r,
-    }
-    .map_err(std::io::Error::from)
+    open_noatime(Some(dir), std::ffi::OsStr::from_bytes(name), true)
 }
 
 /// A short path to the entry `name` of the open directory `dir`, through
@@ -137,14 +143,7 @@ pub fn entry_path(dir: &OwnedFd, name: &[u8]) -> Option<PathBuf> {
 /// directory moves its atime, which would make the next backup see every directory
 /// as changed) and without following a symlink put in its place.
 pub fn open_dir(path: &Path) -> std::io::Result<OwnedFd> {
-    use nix::fcntl::OFlag;
-    use nix::sys::stat::Mode;
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    match nix::fcntl::open(path, flags | OFlag::O_NOATIME, Mode::empty()) {
-        Err(nix::errno::Errno::EPERM) => nix::fcntl::open(path, flags, Mode::empty()),
-        r => r,
-    }
-    .map_err(std::io::Error::from)
+    open_noatime(None, path.as_os_str(), true)
 }
 
 /// The lstat fields a node records, from std's metadata or from a raw `fstatat`.
@@ -227,7 +226,14 @@ pub fn node_from_metadata(
     meta: &Metadata,
     names: &mut NameCache,
 ) -> (Node, Option<String>) {
-    let (node, warning, _) = node_reusing_parent(name, path, &Stat::from(meta), names, None, false);
+    let (node, warning, _) = node_reusing_parent(
+        name,
+        &|_| path.to_path_buf(),
+        &Stat::from(meta),
+        names,
+        None,
+        false,
+    );
     (node, warning)
 }
 
@@ -240,9 +246,12 @@ pub fn node_from_metadata(
 /// does not match its parent gets no xattrs here and the third value is true: they
 /// are to be read from the open file when its content is read
 /// ([`read_xattrs_of`]), saving a path walk per file.
+/// `path` gives, from the entry's name, the path to read a link target and xattrs
+/// through, only when they must be read (most entries take them from the parent or
+/// read them later from the open file).
 pub fn node_reusing_parent(
     name: Vec<u8>,
-    path: &Path,
+    path: &dyn Fn(&[u8]) -> PathBuf,
     st: &Stat,
     names: &mut NameCache,
     parent: Option<&Node>,
@@ -283,13 +292,14 @@ pub fn node_reusing_parent(
         return (node, None, true);
     }
     let mut warning = None;
+    let path = path(&node.name);
     if kind == NodeKind::Symlink {
-        match std::fs::read_link(path) {
+        match std::fs::read_link(&path) {
             Ok(t) => node.link_target = t.as_os_str().as_bytes().to_vec(),
             Err(e) => warning = Some(format!("reading link target: {e}")),
         }
     }
-    match read_xattrs(path) {
+    match read_xattrs(&path) {
         Ok(x) => node.xattrs = x,
         Err(e) => warning = Some(format!("reading extended attributes: {e}")),
     }

@@ -368,12 +368,17 @@ impl<'a> Walker<'a> {
             if frame.next >= frame.fd_needed_until {
                 frame.dir = None;
             }
-            let (root_dev, key) = (frame.root_dev, child_key(&frame.key, index));
+            let root_dev = frame.root_dev;
             let path_len = path.as_os_str().len();
             path.push(std::ffi::OsStr::from_bytes(entry.name()));
             match self.walk_scanned(&path, entry, dir.as_ref())? {
                 Step::Done => truncate(&mut path, path_len),
                 Step::Dir(d) => {
+                    // The scan key only for directories: most entries are files.
+                    let key = stack
+                        .last()
+                        .map(|f| child_key(&f.key, index))
+                        .unwrap_or_default();
                     match self.enter_dir(&path, d, Some(root_dev), key, pending, dir.as_ref())? {
                         Some(mut f) => {
                             f.path_len = path_len;
@@ -499,7 +504,7 @@ impl<'a> Walker<'a> {
                 // saved as read, with a warning (the next backup sees it changed,
                 // since its node keeps the times from before, and reads it again).
                 let torn = (before != super::source::Changes::of(&file)).then(|| {
-                    let message = "changed while it was being read (saved as read; the next backup reads it again)".to_string();
+                    let message = super::CHANGED_WHILE_READ.to_string();
                     self.progress.warning(path, &message);
                     Skipped {
                         path: path.to_path_buf(),

@@ -181,6 +181,20 @@ impl<A: Access> Session<A> {
         Ok(s)
     }
 
+    /// Opens the repository at a location string with `storage` options (the
+    /// password asked only if it is encrypted), then the session, in one call.
+    pub fn open_at(
+        location: &str,
+        storage: &crate::repo::storage::StorageOptions,
+        password: impl FnOnce() -> Result<String>,
+        operation: &str,
+        index: IndexLoad,
+        progress: &Progress,
+    ) -> Result<Session<A>> {
+        let repo = Repository::open_at(location, storage, password, progress)?;
+        Session::open(repo, operation, index, progress)
+    }
+
     pub fn repo(&self) -> &Repository {
         &self.repo
     }
@@ -338,9 +352,16 @@ mod tests {
                     encryption: false,
                     ..InitOptions::default()
                 };
-                let repo = Repository::init_at(&location, &opts, None, &init, &p).unwrap();
-                let s: Session<Backup> =
-                    Session::open(repo, "backup", IndexLoad::Placement, &p).unwrap();
+                Repository::init_at(&location, &opts, None, &init, &p).unwrap();
+                let s: Session<Backup> = Session::open_at(
+                    &location,
+                    &opts,
+                    || unreachable!(),
+                    "backup",
+                    IndexLoad::Placement,
+                    &p,
+                )
+                .unwrap();
                 let b = backup::backup(
                     &s,
                     backup::BackupOptions {

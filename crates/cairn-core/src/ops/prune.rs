@@ -254,6 +254,7 @@ fn run(
             })
             .collect();
         let stats = crate::ops::repair::copy_blobs(repo, &lists, false)?;
+        crate::hooks::point("prune:repacked");
         report.new_packs = stats.packs;
         new_index_files.extend(stats.index_files);
     }
@@ -281,6 +282,7 @@ fn run(
             old_files.clone(),
             records,
         )?);
+        crate::hooks::point("prune:index-replaced");
         report.new_index_files = new_index_files.len();
     }
     if !retired.is_empty() || !orphans.is_empty() {
@@ -293,6 +295,7 @@ fn run(
             packs: retired,
             orphans,
         })?;
+        crate::hooks::point("prune:pending-written");
     }
     // Superseded files are ignored by every reader; a reader that listed one just
     // before finds it gone and reads the listing again.
@@ -302,6 +305,7 @@ fn run(
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e.into()),
         }
+        crate::hooks::point("prune:superseded-deleted");
     }
 
     // ---- phase 2: delete what no live operation can still use ----
@@ -654,6 +658,7 @@ fn delete_pending(
                 Ok(()) => {
                     report.deleted_packs += 1;
                     report.deleted_bytes += size;
+                    crate::hooks::point("prune:pack-deleted");
                 }
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e.into()),

@@ -608,7 +608,9 @@ fn delete_pending(
         .filter(|(id, _)| !listed.contains(id))
         .collect();
     crate::tree::reachable::collect_snapshots(repo, &new, &mut used, progress)?;
-    let stored = repo.list_packs()?;
+    // Kept current as packs go: a pack two ready records name (see `held`) is
+    // deleted through the first, and the second must not read it as an orphan.
+    let mut stored = repo.list_packs()?;
     let index = repo.index().clone();
     let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(&l)).collect();
     for (id, rec) in ready {
@@ -653,7 +655,7 @@ fn delete_pending(
             repo.write_index_file(&rescue)?;
         }
         for p in delete {
-            let size = stored.get(&p).copied().unwrap_or(0);
+            let size = stored.remove(&p).unwrap_or(0);
             match repo.backend().delete(&names::pack(&p.to_hex())) {
                 Ok(()) => {
                     report.deleted_packs += 1;
@@ -730,6 +732,57 @@ mod tests {
         let (ann, forgot) = carried_snapshot_records(&state, &listed);
         assert_eq!(ann, vec![sid(1), sid(3), sid(4)]);
         assert_eq!(forgot, vec![sid(3)]);
+    }
+
+    /// A pack two ready records name, retired by one and an orphan in the other
+    /// (left so by a `repair index` or a rescue killed before it deleted the older
+    /// record; found by the crash harness): deleted once, and the record read
+    /// second does not fail on the header of the pack the first deleted.
+    #[test]
+    fn a_pack_named_by_two_ready_records_is_deleted_once() {
+        use crate::testutil::{mem_repo, store};
+        let repo = mem_repo();
+        let p = store(
+            &repo,
+            &[(pack::BlobKind::Data, b"nobody needs this".to_vec())],
+        );
+        // Records are read in name order: the one retiring the pack must come first.
+        for created in 0.. {
+            let retiring = repo
+                .write_pending(&PendingDeletion {
+                    created,
+                    packs: vec![p.clone()],
+                    ..Default::default()
+                })
+                .unwrap();
+            let orphaned = repo
+                .write_pending(&PendingDeletion {
+                    created,
+                    orphans: vec![p.id],
+                    ..Default::default()
+                })
+                .unwrap();
+            if retiring.to_hex() < orphaned.to_hex() {
+                break;
+            }
+            for id in [retiring, orphaned] {
+                repo.backend()
+                    .delete(&names::pending(&id.to_hex()))
+                    .unwrap();
+            }
+        }
+        let mut s: Session<Exclusive> = Session::open(
+            repo,
+            "prune",
+            crate::session::IndexLoad::None,
+            &Progress::none(),
+        )
+        .unwrap();
+        let r = prune(&mut s, &PruneOptions::default()).unwrap();
+        assert_eq!(r.deleted_packs, 1, "{r:?}");
+        let repo = s.into_repo();
+        assert!(repo.backend().get(&names::pack(&p.id.to_hex())).is_err());
+        assert!(repo.list_pending().unwrap().is_empty());
     }
 
     #[test]

@@ -8,9 +8,10 @@
 //! trial cannot pass by dying somewhere else or by finishing first. Random delays
 //! stay for the places no one named; how many of them land while the operation
 //! still runs depends on the machine's speed and load, so that is counted and
-//! printed, never asserted.
+//! printed, never asserted; to keep most of them useful on a busy machine, their
+//! scale follows the last run that finished ([`Tally::pace`]).
 
-use crate::util::StderrLines;
+use crate::util::{Rng, StderrLines};
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
@@ -61,8 +62,8 @@ pub enum Outcome {
     DiedAtPoint,
     /// Killed by the harness while it ran.
     KilledMidRun,
-    /// Ended successfully before the delay ran out.
-    Finished,
+    /// Ended successfully before the delay ran out, after this long.
+    Finished(Duration),
 }
 
 /// Runs `cmd` under `kill` and says how it ended. Fails the test when a kill point
@@ -108,7 +109,7 @@ pub fn run(mut cmd: Command, kill: &Kill, label: &str) -> Outcome {
                     status.success(),
                     "{label}: failed by itself ({status:?}):\n{err}"
                 );
-                Outcome::Finished
+                Outcome::Finished(start.elapsed())
             }
         }
     }
@@ -122,6 +123,8 @@ struct OpCount {
     random_mid_run: u64,
     failures: u64,
     points: BTreeMap<String, u64>,
+    /// How long an uninterrupted run takes, as last seen.
+    pace: Duration,
 }
 
 /// Per-operation counts of one harness, printed when it ends (also when a trial
@@ -155,22 +158,27 @@ impl Tally {
         self.open = None;
     }
 
+    /// How long `op` takes when nothing stops it, from a run outside the trials;
+    /// random trials that finish keep it current.
+    pub fn pace(&mut self, op: &'static str, took: Duration) {
+        self.ops.entry(op).or_default().pace = took;
+    }
+
     /// The kill for the current trial of `op`: two trials in three die at the point
-    /// of `reachable` hit least so far (so every point comes round), the third after
-    /// a delay drawn by `random` (also used when no point is reachable).
-    pub fn choose(
-        &self,
-        op: &'static str,
-        reachable: &[Spec],
-        random: impl FnOnce() -> Duration,
-    ) -> Kill {
+    /// of `reachable` hit least so far (so every point comes round), the third (and
+    /// any trial with no reachable point) after a delay drawn from `rng` between
+    /// nothing and 1.3 times the pace: from "just started" to "already done".
+    pub fn choose(&self, op: &'static str, reachable: &[Spec], rng: &mut Rng) -> Kill {
         let c = &self.ops[op];
         let least = reachable
             .iter()
             .min_by_key(|s| c.points.get(&key(**s)).copied().unwrap_or(0));
         match least {
             Some(s) if c.trials % 3 != 0 => Kill::At(*s),
-            _ => Kill::After(random()),
+            _ => {
+                let scale = c.pace.as_micros() as u64 * 13 / 10;
+                Kill::After(Duration::from_micros(rng.below(scale + 1)))
+            }
         }
     }
 
@@ -183,8 +191,10 @@ impl Tally {
             }
             Kill::After(_) => {
                 c.random += 1;
-                if outcome == Outcome::KilledMidRun {
-                    c.random_mid_run += 1;
+                match outcome {
+                    Outcome::KilledMidRun => c.random_mid_run += 1,
+                    Outcome::Finished(took) => c.pace = took,
+                    Outcome::DiedAtPoint => {}
                 }
             }
         }

@@ -153,25 +153,25 @@ fn killed_backups_and_prunes_lose_nothing_committed() {
         versions: BTreeMap::new(),
     };
     // Uninterrupted runs first: they give the time scale for random delays.
-    let t = Instant::now();
+    let mut tally = Tally::new("maintenance");
     let id = env.backup(&[&src]);
-    let backup_time = t.elapsed();
     let copy = env.path("v-first");
     copy_tree(&src, &copy);
     committed.versions.insert(id, (src.clone(), copy));
     mutate(&src, &mut rng, 0);
+    let t = Instant::now();
     let id = env.backup(&[&src]);
+    tally.pace("backup", t.elapsed());
     let copy = env.path("v-second");
     copy_tree(&src, &copy);
     committed.versions.insert(id, (src.clone(), copy));
     let t = Instant::now();
     env.ok(&["prune", "--max-unused", "0%"]);
-    let prune_time = t.elapsed();
+    tally.pace("prune", t.elapsed());
     let t = Instant::now();
     env.ok(&["repair", "index"]);
-    let repair_time = t.elapsed();
+    tally.pace("repair", t.elapsed());
 
-    let mut tally = Tally::new("maintenance");
     for trial in 1..=trials {
         let label = format!("trial {trial} (seed {seed})");
         let op = if trial % 10 == 0 {
@@ -182,10 +182,10 @@ fn killed_backups_and_prunes_lose_nothing_committed() {
             "prune"
         };
         tally.begin(op);
-        let (reachable, scale) = match op {
+        let reachable = match op {
             "backup" => {
                 mutate(&src, &mut rng, trial);
-                (BACKUP_POINTS.to_vec(), backup_time)
+                BACKUP_POINTS.to_vec()
             }
             "prune" => {
                 // Give prune work: forget the oldest snapshot while more than two remain.
@@ -207,13 +207,11 @@ fn killed_backups_and_prunes_lose_nothing_committed() {
                     "0%",
                 ]))
                 .unwrap();
-                (prune_points(&r["plan"]), prune_time)
+                prune_points(&r["plan"])
             }
-            _ => (REPAIR_POINTS.to_vec(), repair_time),
+            _ => REPAIR_POINTS.to_vec(),
         };
-        let kill = tally.choose(op, &reachable, || {
-            Duration::from_micros(rng.below(scale.as_micros() as u64 * 13 / 10 + 1))
-        });
+        let kill = tally.choose(op, &reachable, &mut rng);
         let before = env.snapshot_ids();
         let args: Vec<&str> = match op {
             "backup" => vec!["backup", "-q", src.to_str().unwrap()],

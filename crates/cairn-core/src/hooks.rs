@@ -143,10 +143,14 @@ pub fn check_env(_: &Progress) -> Result<()> {
 
 #[cfg(not(feature = "test-hooks"))]
 pub fn check_env(progress: &Progress) -> Result<()> {
+    // Once per process: a command may open storage more than once.
+    static TOLD: std::sync::Once = std::sync::Once::new();
     if std::env::var_os(KILL_AT_VAR).is_some_and(|v| !v.is_empty()) {
-        progress.notice(format!(
-            "{KILL_AT_VAR} is ignored: kill points exist only in test builds of cairn"
-        ));
+        TOLD.call_once(|| {
+            progress.notice(format!(
+                "{KILL_AT_VAR} is ignored: kill points exist only in test builds of cairn"
+            ));
+        });
     }
     Ok(())
 }

@@ -135,7 +135,7 @@ fn killed_copies_lose_nothing_committed() {
     let new_day = |day: u64, rng: &mut Rng, versions: &mut BTreeMap<String, PathBuf>| {
         fs::write(
             src.join(format!("day-{day}.bin")),
-            rng.bytes(300_000, day % 2 == 0),
+            rng.bytes(300_000, day.is_multiple_of(2)),
         )
         .unwrap();
         let _ = fs::remove_file(src.join(format!("day-{}.bin", day.wrapping_sub(3))));

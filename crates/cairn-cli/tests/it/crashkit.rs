@@ -174,7 +174,7 @@ impl Tally {
             .iter()
             .min_by_key(|s| c.points.get(&key(**s)).copied().unwrap_or(0));
         match least {
-            Some(s) if c.trials % 3 != 0 => Kill::At(*s),
+            Some(s) if !c.trials.is_multiple_of(3) => Kill::At(*s),
             _ => {
                 let scale = c.pace.as_micros() as u64 * 13 / 10;
                 Kill::After(Duration::from_micros(rng.below(scale + 1)))

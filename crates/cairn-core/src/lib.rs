@@ -20,6 +20,7 @@
 //! `tests::layers` checks that no module of a lower layer names a higher one.
 
 pub mod error;
+pub mod hooks;
 pub mod index;
 pub mod ops;
 pub mod progress;

@@ -104,14 +104,6 @@ fn backup_locks(env: &Env) -> usize {
     fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(60), "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn jobs_over_max_concurrent_jobs_wait_their_turn_and_say_so() {
     let env = Env::new();
@@ -121,38 +113,47 @@ fn jobs_over_max_concurrent_jobs_wait_their_turn_and_say_so() {
     let src = env.path("src");
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("f"), b"data").unwrap();
+    let minute = Duration::from_secs(60);
 
     let mut first = held_job(&env);
-    wait_until("the first job's lock", || backup_locks(&env) == 1);
-    let second = env
+    wait_until("the first job's lock", minute, || backup_locks(&env) == 1);
+    let mut second = env
         .cmd(&["backup", "--json", src.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_until("the second job's lock", || backup_locks(&env) == 2);
-    // The second job queues behind the first for as long as the first runs.
-    std::thread::sleep(Duration::from_secs(3));
+    // The second job says that it queues behind the first ...
+    let mut events = StderrLines::of(&mut second);
+    let notice = events.wait_for("waiting: 1 backup jobs", minute);
+    assert!(notice.contains("max-concurrent-jobs is 1"), "{notice}");
+    assert!(
+        notice.contains("backup lock"),
+        "names the job it waits for: {notice}"
+    );
+    // ... has committed nothing while the first still runs ...
+    assert!(first.try_wait().unwrap().is_none(), "the first job ended");
     assert_eq!(env.snapshot_ids().len(), 0);
+    // ... and starts its backup only after the first ends: its snapshot's time (when
+    // its backup began) is later than the first job's release.
+    let released = cairn_core::time::now_rfc3339();
     drop(first.stdin.take());
     let a = first.wait_with_output().unwrap();
     assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
     let b = second.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&b.stderr);
+    let err = events.all();
     assert!(b.status.success(), "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&b.stdout).unwrap();
+    let began = report["time"].as_str().unwrap();
     assert!(
-        err.contains("waiting: 1 backup jobs") && err.contains("max-concurrent-jobs is 1"),
-        "{err}"
-    );
-    assert!(
-        err.contains("backup lock"),
-        "names the job it waits for: {err}"
+        began > released.as_str(),
+        "the second job began at {began}, before the first was released at {released}"
     );
     assert_eq!(env.snapshot_ids().len(), 2);
 
     // A killed job ahead frees its slot at once (its pid is gone on this machine).
     let mut killed = held_job(&env);
-    wait_until("the held job's lock", || backup_locks(&env) == 1);
+    wait_until("the held job's lock", minute, || backup_locks(&env) == 1);
     killed.kill().unwrap();
     killed.wait().unwrap();
     let t = Instant::now();

@@ -4,6 +4,7 @@ mod bad_input;
 mod copy;
 mod corruption;
 mod crash;
+mod crashkit;
 mod deep;
 mod dense;
 mod estimate;

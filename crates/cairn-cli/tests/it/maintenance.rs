@@ -1,15 +1,17 @@
 //! Prune, locks and crash safety, driven through the binary.
 //!
 //! - `killed_backups_and_prunes_lose_nothing_committed`: the crash harness. It kills
-//!   `cairn backup` and `cairn prune` with SIGKILL at random points (100 trials by
-//!   default; `CAIRN_CRASH_TRIALS=N` for more, `CAIRN_CRASH_SEED` to vary) and after
-//!   each one requires `check --read-data` to be clean and every committed snapshot to
-//!   restore exactly.
+//!   `cairn backup`, `cairn prune` and `cairn repair index` with SIGKILL at their
+//!   kill points and after random delays (50 trials by default;
+//!   `CAIRN_CRASH_TRIALS=N` for more, `CAIRN_CRASH_SEED` to vary; crashkit.rs) and
+//!   after each one requires `check --read-data` to be clean and every committed
+//!   snapshot to restore exactly.
 //! - `backups_and_prune_run_together`: two backups and a prune at the same time,
 //!   several rounds with forget in between (`CAIRN_CONCURRENCY_ROUNDS=N` for more).
 //! - `prune_waits_for_a_running_backup_and_rescues_what_it_used`: the deterministic
 //!   version of the hard case: a backup that deduplicated against data prune retires.
 
+use crate::crashkit::{self, BACKUP_POINTS, Kill, Spec, Tally, backup_committed_at, env_u64};
 use crate::util::*;
 use std::collections::BTreeMap;
 use std::fs;
@@ -77,54 +79,71 @@ impl Committed {
     }
 }
 
-/// Waits until a lock object (not a temporary file being written) exists.
-fn wait_for_lock(env: &Env) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n = fs::read_dir(env.repo.join("locks")).map_or(0, |d| {
-            d.filter(|e| {
-                e.as_ref()
-                    .is_ok_and(|e| !e.file_name().to_string_lossy().contains(".tmp-"))
-            })
-            .count()
-        });
-        if n > 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the job never took its lock");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+/// Lock objects in the repository (not temporary files being written).
+fn locks(env: &Env) -> usize {
+    fs::read_dir(env.repo.join("locks")).map_or(0, |d| {
+        d.filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| !e.file_name().to_string_lossy().contains(".tmp-"))
+        })
+        .count()
+    })
 }
 
-fn kill_after(mut child: std::process::Child, delay: Duration) -> (bool, String) {
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if start.elapsed() >= delay {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(2));
+/// Kill points a prune can reach, from its dry-run plan (made just before, on the
+/// same repository: nothing else runs between the two).
+fn prune_points(plan: &serde_json::Value) -> Vec<Spec> {
+    let n = |k: &str| plan[k].as_u64().unwrap_or_else(|| panic!("{k}: {plan}"));
+    let mut v = Vec::new();
+    if n("repack_packs") > 0 {
+        v.extend([("pack:stored", 1), ("prune:repacked", 1)]);
     }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
+    let rewrite = n("delete_packs") + n("repack_packs") + n("missing_unused_packs") > 0;
+    if rewrite {
+        v.extend([("index:written", 1), ("prune:index-replaced", 1)]);
+    }
+    if n("index_files_replaced") > 0 {
+        v.push(("prune:superseded-deleted", 1));
+    }
+    if n("delete_packs") + n("repack_packs") + n("unindexed_packs") > 0 {
+        v.push(("prune:pending-written", 1));
+    }
+    if n("delete_packs") + n("repack_packs") > 0 {
+        v.push(("prune:pack-deleted", 1));
+    }
+    v
 }
 
+/// Every kill point of prune, for the check that each was hit.
+const PRUNE_POINTS: &[Spec] = &[
+    ("pack:stored", 1),
+    ("prune:repacked", 1),
+    ("index:written", 1),
+    ("prune:index-replaced", 1),
+    ("prune:superseded-deleted", 1),
+    ("prune:pending-written", 1),
+    ("prune:pack-deleted", 1),
+];
+
+/// `repair index` always has old index files to replace (backups wrote them).
+const REPAIR_POINTS: &[Spec] = &[
+    ("index:written", 1),
+    ("repair:index-written", 1),
+    ("repair:old-index-deleted", 1),
+];
+
+fn count_dir(dir: &Path) -> usize {
+    fs::read_dir(dir).map_or(0, |d| d.count())
+}
+
+/// The crash harness for backup, prune and `repair index`. Each trial kills one
+/// of them, at a kill point (two trials in three, every point in turn) or after a
+/// random delay, then requires `check --read-data` to be clean and every committed
+/// snapshot to restore exactly.
 #[test]
 fn killed_backups_and_prunes_lose_nothing_committed() {
-    let trials: u64 = std::env::var("CAIRN_CRASH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    let seed: u64 = std::env::var("CAIRN_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5eed);
+    let trials = env_u64("CAIRN_CRASH_TRIALS", 50);
+    let seed = env_u64("CAIRN_CRASH_SEED", 0x5eed);
     let env = Env::new();
     env.init(&["--block-size", "4K"]);
     let src = env.path("src");
@@ -133,60 +152,87 @@ fn killed_backups_and_prunes_lose_nothing_committed() {
     let mut committed = Committed {
         versions: BTreeMap::new(),
     };
-    // Uninterrupted runs first: they give the time scale for kill points.
-    let t = Instant::now();
+    // Uninterrupted runs first: they give the time scale for random delays.
+    let mut tally = Tally::new("maintenance");
     let id = env.backup(&[&src]);
-    let backup_time = t.elapsed();
     let copy = env.path("v-first");
     copy_tree(&src, &copy);
     committed.versions.insert(id, (src.clone(), copy));
     mutate(&src, &mut rng, 0);
+    let t = Instant::now();
     let id = env.backup(&[&src]);
+    tally.pace("backup", t.elapsed());
     let copy = env.path("v-second");
     copy_tree(&src, &copy);
     committed.versions.insert(id, (src.clone(), copy));
     let t = Instant::now();
     env.ok(&["prune", "--max-unused", "0%"]);
-    let prune_time = t.elapsed();
+    tally.pace("prune", t.elapsed());
+    let t = Instant::now();
+    env.ok(&["repair", "index"]);
+    tally.pace("repair", t.elapsed());
 
-    let (mut killed, mut finished) = (0u64, 0u64);
     for trial in 1..=trials {
         let label = format!("trial {trial} (seed {seed})");
-        let (op, scale) = if trial % 2 == 1 {
-            mutate(&src, &mut rng, trial);
-            ("backup", backup_time)
+        let op = if trial % 10 == 0 {
+            "repair"
+        } else if trial % 2 == 1 {
+            "backup"
         } else {
-            // Give prune work: forget the oldest snapshot while more than two remain.
-            if committed.versions.len() > 2 {
-                let ids = env.snapshot_ids();
-                let oldest = ids
-                    .iter()
-                    .find(|i| committed.versions.contains_key(*i))
-                    .unwrap()
-                    .clone();
-                env.ok(&["forget", &oldest]);
-                committed.versions.remove(&oldest);
-            }
-            ("prune", prune_time)
+            "prune"
         };
+        tally.begin(op);
+        let reachable = match op {
+            "backup" => {
+                mutate(&src, &mut rng, trial);
+                BACKUP_POINTS.to_vec()
+            }
+            "prune" => {
+                // Give prune work: forget the oldest snapshot while more than two remain.
+                if committed.versions.len() > 2 {
+                    let ids = env.snapshot_ids();
+                    let oldest = ids
+                        .iter()
+                        .find(|i| committed.versions.contains_key(*i))
+                        .unwrap()
+                        .clone();
+                    env.ok(&["forget", &oldest]);
+                    committed.versions.remove(&oldest);
+                }
+                let r: serde_json::Value = serde_json::from_str(&env.ok(&[
+                    "prune",
+                    "--dry-run",
+                    "--json",
+                    "--max-unused",
+                    "0%",
+                ]))
+                .unwrap();
+                prune_points(&r["plan"])
+            }
+            _ => REPAIR_POINTS.to_vec(),
+        };
+        let kill = tally.choose(op, &reachable, &mut rng);
         let before = env.snapshot_ids();
-        let delay = Duration::from_micros(rng.below(scale.as_micros() as u64 * 13 / 10 + 1));
         let args: Vec<&str> = match op {
             "backup" => vec!["backup", "-q", src.to_str().unwrap()],
-            _ => vec!["prune", "-q", "--max-unused", "0%"],
+            "prune" => vec!["prune", "-q", "--max-unused", "0%"],
+            _ => vec!["repair", "-q", "index"],
         };
-        let child = env.cmd(&args).stdout(Stdio::piped()).spawn().unwrap();
-        let (ok, _) = kill_after(child, delay);
-        if ok {
-            finished += 1;
-        } else {
-            killed += 1;
-        }
+        let outcome = crashkit::run(env.cmd(&args), &kill, &label);
+        tally.record(op, &kill, outcome);
+        let after = env.snapshot_ids();
+        let new: Vec<_> = after.iter().filter(|i| !before.contains(i)).collect();
         if op == "backup" {
-            // A backup may have committed just before the kill.
-            let after = env.snapshot_ids();
-            let new: Vec<_> = after.iter().filter(|i| !before.contains(i)).collect();
+            // A backup may have committed just before the kill; at a kill point,
+            // exactly when the point is past the snapshot's write.
             assert!(new.len() <= 1, "{label}: {new:?}");
+            if let Kill::At(spec) = kill {
+                assert_eq!(
+                    new.len(),
+                    usize::from(backup_committed_at(spec)),
+                    "{label}: killed at {spec:?}, new snapshots {new:?}"
+                );
+            }
             if let Some(id) = new.first() {
                 let copy = env.path(&format!("v{trial}"));
                 copy_tree(&src, &copy);
@@ -194,14 +240,21 @@ fn killed_backups_and_prunes_lose_nothing_committed() {
                     .versions
                     .insert((*id).clone(), (src.clone(), copy));
             }
+        } else {
+            assert!(new.is_empty(), "{label}: {op} made snapshots {new:?}");
+        }
+        if let Kill::At(("prune:pending-written", _)) = kill {
+            assert!(
+                count_dir(&env.repo.join("pending")) > 0,
+                "{label}: killed after writing its pending record, which is not there"
+            );
         }
         committed.verify(&env, &label);
+        tally.passed();
     }
-    eprintln!("crash harness: {trials} trials, {killed} killed mid-run, {finished} finished first");
-    assert!(
-        killed >= trials / 3,
-        "only {killed} of {trials} kills hit a running operation"
-    );
+    tally.assert_all_hit("backup", BACKUP_POINTS);
+    tally.assert_all_hit("repair", REPAIR_POINTS);
+    tally.assert_all_hit("prune", PRUNE_POINTS);
     // Whatever the kills left behind, one prune removes it.
     env.ok(&["prune"]);
     let report: serde_json::Value = serde_json::from_str(&env.ok(&["check", "--json"])).unwrap();
@@ -245,8 +298,16 @@ fn backups_and_prune_run_together() {
                 .spawn()
                 .unwrap()
         };
-        let (ja, jb) = (spawn(&a), spawn(&b));
-        std::thread::sleep(Duration::from_millis(30));
+        let (mut ja, mut jb) = (spawn(&a), spawn(&b));
+        // Prune starts once both backups are under way: each holds its lock, or
+        // has already ended (and so no longer does).
+        wait_until("both backups to start", Duration::from_secs(60), || {
+            let ended: usize = [&mut ja, &mut jb]
+                .into_iter()
+                .map(|c| usize::from(c.try_wait().unwrap().is_some()))
+                .sum();
+            locks(&env) + ended >= 2
+        });
         let prune = env
             .cmd(&["prune", "--json", "--max-unused", "0%"])
             .stdout(Stdio::piped())
@@ -300,17 +361,23 @@ fn prune_waits_for_a_running_backup_and_rescues_what_it_used() {
     env.ok(&["forget", a["snapshot_id"].as_str().unwrap()]);
 
     // Backup B starts (loads the index, which still lists A's data) and is fed the
-    // same bytes, so it stores nothing new: it relies on A's packs.
+    // same bytes, so it stores nothing new: it relies on A's packs. Its backup phase
+    // begins only after its session has loaded the index: once B reports it, prune
+    // may go ahead.
     let mut b = env
         .cmd(&["backup", "--json", "--stdin", "--stdin-name", "b"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut b_events = StderrLines::of(&mut b);
+    b_events.wait_for(
+        r#"{"type":"phase_started","phase":"backup"}"#,
+        Duration::from_secs(60),
+    );
     let mut pipe = b.stdin.take().unwrap();
     pipe.write_all(&data).unwrap();
-    wait_for_lock(&env);
-    std::thread::sleep(Duration::from_millis(500));
 
     // Prune retires A's packs but must not delete them while B runs.
     let r: serde_json::Value = serde_json::from_str(&env.ok(&["prune", "--json"])).unwrap();
@@ -329,7 +396,7 @@ fn prune_waits_for_a_running_backup_and_rescues_what_it_used() {
 
     drop(pipe);
     let out = b.wait_with_output().unwrap();
-    assert!(out.status.success());
+    assert!(out.status.success(), "{}", b_events.all());
     let bj: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let bid = bj["snapshot_id"].as_str().unwrap();
     // Only B's own root tree (a few dozen bytes) is new.
@@ -365,13 +432,13 @@ fn a_killed_job_never_blocks_the_next_one() {
     env.init(&[]);
     let src = env.path("src");
     make_files(&src, &mut Rng(5), 10, 2_000_000);
-    let child = env
-        .cmd(&["backup", "-q", src.to_str().unwrap()])
-        .spawn()
-        .unwrap();
-    wait_for_lock(&env);
-    let _ = kill_after(child, Duration::ZERO);
-    assert_eq!(fs::read_dir(env.repo.join("locks")).unwrap().count(), 1);
+    // Killed after storing its first pack: well inside its run, holding its lock.
+    crashkit::run(
+        env.cmd(&["backup", "-q", src.to_str().unwrap()]),
+        &Kill::At(("pack:stored", 1)),
+        "backup",
+    );
+    assert_eq!(locks(&env), 1);
     // Its lock is left behind but known stale: prune and backup go ahead.
     let r: serde_json::Value = serde_json::from_str(&env.ok(&["prune", "--json"])).unwrap();
     assert_eq!(r["deferred_packs"], 0, "{r}");

@@ -7,7 +7,8 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 pub const PASSWORD: &str = "correct horse battery staple";
 
@@ -68,6 +69,7 @@ impl Env {
         // The cache of remote repositories and copy maps stay in the scratch area.
         c.env("XDG_CACHE_HOME", self.dir.path().join("cache"));
         c.env_remove("CAIRN_FAULTS");
+        c.env_remove(cairn_core::hooks::KILL_AT_VAR);
         c.env_remove("CAIRN_LIMIT_UPLOAD");
         c.env_remove("CAIRN_LIMIT_DOWNLOAD");
         c.env_remove("CAIRN_REPO");
@@ -152,6 +154,76 @@ impl Env {
     pub fn check_clean(&self) {
         let out = self.ok(&["check", "--read-data"]);
         assert!(out.contains("no errors were found"), "{out}");
+    }
+}
+
+/// Polls `f` until it holds, failing the test after `timeout`: for states nothing
+/// announces (a lock file appearing, a counter moving). The poll interval only sets
+/// how soon the wait notices; whether the test passes depends on the condition alone.
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A child's stderr read line by line on a thread, so that a test waits for the line
+/// in which cairn reports a state (a job queued, a phase begun) instead of sleeping
+/// and hoping the state was reached.
+pub struct StderrLines {
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl StderrLines {
+    /// Takes over `child`'s stderr, which must be piped.
+    pub fn of(child: &mut Child) -> Self {
+        use std::io::BufRead;
+        let err = child.stderr.take().expect("stderr must be piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        StderrLines {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a line containing `needle` and returns it; fails the test when the
+    /// child closes stderr (ends) without one, or after `timeout`.
+    pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!(
+                    "no line with {needle:?} on stderr ({e}); it said:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Everything the child wrote on stderr; call it once the child has ended.
+    pub fn all(mut self) -> String {
+        self.seen.extend(self.rx.iter());
+        self.seen.join("\n")
     }
 }
 

@@ -286,6 +286,7 @@ fn copy_snapshots(
             }
             Err(e) => return Err(e),
         };
+        crate::hooks::point("copy:snapshot-committed");
         present.insert(sid.to_hex(), target);
         stats.snapshots.push(SnapshotCopy {
             source: *sid,
@@ -617,6 +618,7 @@ impl Copier<'_> {
 
     /// The destination's content for one file; `size` is its length (progress).
     fn copy_content(&self, enc: &mut BlobEncoder, content: &Content, size: u64) -> Result<Content> {
+        crate::hooks::point("copy:before-file");
         if self.same_chunking {
             self.copy_missing_blobs(enc, content)?;
             self.progress.bytes_done(size);

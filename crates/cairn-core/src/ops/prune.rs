@@ -254,6 +254,7 @@ fn run(
             })
             .collect();
         let stats = crate::ops::repair::copy_blobs(repo, &lists, false)?;
+        crate::hooks::point("prune:repacked");
         report.new_packs = stats.packs;
         new_index_files.extend(stats.index_files);
     }
@@ -284,6 +285,7 @@ fn run(
             old_files.clone(),
             records,
         )?);
+        crate::hooks::point("prune:index-replaced");
         report.new_index_files = new_index_files.len();
     }
     if !retired.is_empty() || !orphans.is_empty() {
@@ -297,6 +299,7 @@ fn run(
             packs: retired,
             orphans,
         })?;
+        crate::hooks::point("prune:pending-written");
     }
     // Superseded files are ignored by every reader; a reader that listed one just
     // before finds it gone and reads the listing again.
@@ -306,6 +309,7 @@ fn run(
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e.into()),
         }
+        crate::hooks::point("prune:superseded-deleted");
     }
 
     // ---- phase 2: delete what no live operation can still use ----
@@ -610,7 +614,9 @@ fn delete_pending(
         .filter(|(id, _)| !listed.contains(id))
         .collect();
     crate::tree::reachable::collect_snapshots(repo, &new, &mut used, progress)?;
-    let stored = repo.list_packs()?;
+    // Kept current as packs go: a pack two ready records name (see `held`) is
+    // deleted through the first, and the second must not read it as an orphan.
+    let mut stored = repo.list_packs()?;
     let index = repo.index().clone();
     let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(&l)).collect();
     for (id, rec) in ready {
@@ -658,11 +664,12 @@ fn delete_pending(
         // while its own lock cannot have looked stale to another prune.
         mine.check_fresh()?;
         for p in delete {
-            let size = stored.get(&p).copied().unwrap_or(0);
+            let size = stored.remove(&p).unwrap_or(0);
             match repo.backend().delete(&names::pack(&p.to_hex())) {
                 Ok(()) => {
                     report.deleted_packs += 1;
                     report.deleted_bytes += size;
+                    crate::hooks::point("prune:pack-deleted");
                 }
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e.into()),
@@ -734,6 +741,57 @@ mod tests {
         let (ann, forgot) = carried_snapshot_records(&state, &listed);
         assert_eq!(ann, vec![sid(1), sid(3), sid(4)]);
         assert_eq!(forgot, vec![sid(3)]);
+    }
+
+    /// A pack two ready records name, retired by one and an orphan in the other
+    /// (left so by a `repair index` or a rescue killed before it deleted the older
+    /// record; found by the crash harness): deleted once, and the record read
+    /// second does not fail on the header of the pack the first deleted.
+    #[test]
+    fn a_pack_named_by_two_ready_records_is_deleted_once() {
+        use crate::testutil::{mem_repo, store};
+        let repo = mem_repo();
+        let p = store(
+            &repo,
+            &[(pack::BlobKind::Data, b"nobody needs this".to_vec())],
+        );
+        // Records are read in name order: the one retiring the pack must come first.
+        for created in 0.. {
+            let retiring = repo
+                .write_pending(&PendingDeletion {
+                    created,
+                    packs: vec![p.clone()],
+                    ..Default::default()
+                })
+                .unwrap();
+            let orphaned = repo
+                .write_pending(&PendingDeletion {
+                    created,
+                    orphans: vec![p.id],
+                    ..Default::default()
+                })
+                .unwrap();
+            if retiring.to_hex() < orphaned.to_hex() {
+                break;
+            }
+            for id in [retiring, orphaned] {
+                repo.backend()
+                    .delete(&names::pending(&id.to_hex()))
+                    .unwrap();
+            }
+        }
+        let mut s: Session<Exclusive> = Session::open(
+            repo,
+            "prune",
+            crate::session::IndexLoad::None,
+            &Progress::none(),
+        )
+        .unwrap();
+        let r = prune(&mut s, &PruneOptions::default()).unwrap();
+        assert_eq!(r.deleted_packs, 1, "{r:?}");
+        let repo = s.into_repo();
+        assert!(repo.backend().get(&names::pack(&p.id.to_hex())).is_err());
+        assert!(repo.list_pending().unwrap().is_empty());
     }
 
     #[test]

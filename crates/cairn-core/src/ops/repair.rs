@@ -134,11 +134,13 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
     // stale to another prune or repair.
     lock.check_fresh()?;
     written.push(repo.write_index_file(&file)?);
+    crate::hooks::point("repair:index-written");
     report.index_files_written = written.len();
     report.index_files_replaced = supersedes.len();
     for id in &supersedes {
         if !written.contains(id) {
             ignore_missing(repo.backend().delete(&names::index(&id.to_hex())))?;
+            crate::hooks::point("repair:old-index-deleted");
         }
     }
     // Every stored pack is indexed now, so no pending record may delete one.

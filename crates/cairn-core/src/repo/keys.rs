@@ -23,6 +23,7 @@ impl Repository {
             &bytes,
             false,
         )?;
+        crate::hooks::point("key:stored");
         Ok(id)
     }
 
@@ -74,6 +75,7 @@ impl Repository {
         if self.list_keys()?.len() <= 1 {
             return Err(Error::Invalid("refusing to remove the last key".into()));
         }
+        crate::hooks::point("key:before-remove");
         self.backend.delete(&names::key(&id.to_hex()))?;
         Ok(())
     }

@@ -380,6 +380,19 @@ mod tests {
     use crate::repo::InitOptions;
     use cairn_backend::MemBackend;
 
+    /// Waits until `f` holds, failing the test after a minute: the refresh thread
+    /// runs every 20 ms in these tests, so only a stalled machine comes near.
+    fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+        let t = Instant::now();
+        while !f() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     fn repo() -> Repository {
         let opts = InitOptions {
             encryption: false,
@@ -441,8 +454,7 @@ mod tests {
         let r = repo();
         let l = RepoLock::acquire_with(&r, "backup", false, Duration::from_millis(20)).unwrap();
         let first = l.shared.last_ok.lock().unwrap().0;
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(l.shared.last_ok.lock().unwrap().0 > first, "refreshed");
+        wait_for("a refresh", || l.shared.last_ok.lock().unwrap().0 > first);
         assert!(r.backend().get(&names::lock(&hex::encode(l.id()))).is_ok());
         l.check_fresh().unwrap();
     }
@@ -459,7 +471,10 @@ mod tests {
         }
         assert!(matches!(l.check_fresh(), Err(Error::LockExpired(_))));
         // Later successful refreshes do not make it trustworthy again.
-        std::thread::sleep(Duration::from_millis(200));
+        let expired_at = Instant::now();
+        wait_for("a refresh after the gap", || {
+            l.shared.last_ok.lock().unwrap().0 > expired_at
+        });
         assert!(matches!(l.check_fresh(), Err(Error::LockExpired(_))));
     }
 
@@ -467,8 +482,11 @@ mod tests {
     fn a_removed_lock_expires() {
         let r = repo();
         let l = RepoLock::acquire_with(&r, "backup", false, Duration::from_millis(20)).unwrap();
+        l.check_fresh().unwrap();
         remove_locks(&r, true).unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(matches!(l.check_fresh(), Err(Error::LockExpired(_))));
+        // The refresh thread notices the next time it runs.
+        wait_for("the holder to see its lock gone", || {
+            matches!(l.check_fresh(), Err(Error::LockExpired(_)))
+        });
     }
 }

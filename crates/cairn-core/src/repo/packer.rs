@@ -164,6 +164,7 @@ pub fn write_index_file(
     let sealed = key.sealer.seal(&file.encode());
     let id = IndexId::of_content(&sealed);
     super::objects::store_immutable(backend, &names::index(&id.to_hex()), &sealed, false)?;
+    crate::hooks::point("index:written");
     Ok(id)
 }
 
@@ -316,6 +317,7 @@ fn upload_loop(
             lock(&shared.failed).get_or_insert(e);
             continue;
         }
+        crate::hooks::point("pack:stored");
         {
             let mut st = lock(&shared.stats);
             st.packs += 1;

@@ -59,12 +59,14 @@ impl Repository {
         lock.check_fresh()?;
         let sealed = self.key.sealer.seal(&snap.to_bytes());
         let id = SnapshotId::of_content(&sealed);
+        crate::hooks::point("snapshot:before-write");
         super::objects::store_immutable(
             self.backend.as_ref(),
             &names::snapshot(&id.to_hex()),
             &sealed,
             false,
         )?;
+        crate::hooks::point("snapshot:written");
         let _ = self.write_index_file(&IndexFile {
             snapshots: vec![id],
             ..Default::default()

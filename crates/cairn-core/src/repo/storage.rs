@@ -104,6 +104,7 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
         Location::S3(s) => Arc::new(S3Backend::open(s, &opts.s3)?),
     };
     let store = test_hooks::faults(store, progress)?;
+    crate::hooks::check_env(progress)?;
     let throttled = Arc::new(ThrottledBackend::new(
         store,
         opts.limit_upload,

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Idempotently install the peer tools cairn is benchmarked against:
-#   restic 0.18.1 (built from the Go module proxy) -> bench/.tools/restic
+#   restic 0.19.1 (built from the Go module proxy) -> bench/.tools/restic
 #   borg 1.4.x (PyPI, in a venv)                   -> bench/.tools/borg-venv/bin/borg
-#   kopia 0.21.1 (built from the Go module proxy)  -> bench/.tools/kopia
+#   kopia 0.23.1 (built from the Go module proxy)  -> bench/.tools/kopia
 # plus the apt packages the harness needs (GNU time, borg build deps).
 set -euo pipefail
 
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TOOLS="$BENCH_DIR/.tools"
-RESTIC_VERSION="${RESTIC_VERSION:-0.18.1}"
-KOPIA_VERSION="${KOPIA_VERSION:-0.21.1}"
+RESTIC_VERSION="${RESTIC_VERSION:-0.19.1}"
+KOPIA_VERSION="${KOPIA_VERSION:-0.23.1}"
 BORG_SPEC="${BORG_SPEC:-borgbackup>=1.4,<1.5}"
 mkdir -p "$TOOLS"
 

@@ -203,6 +203,26 @@ pub mod names {
     pub fn lock(hex: &str) -> String {
         format!("locks/{hex}")
     }
+    /// Marks, in a repository with the `admin-names` feature, the objects that may
+    /// remove or hide data: index files with `supersedes`/`forgotten` lists and
+    /// exclusive locks. A server tells them apart by this name alone.
+    pub const ADMIN: &str = "admin-";
+    /// `index/admin-<hex>`: an index file that supersedes or forgets.
+    pub fn admin_index(hex: &str) -> String {
+        format!("index/{ADMIN}{hex}")
+    }
+    /// `locks/admin-<hex>`: an exclusive lock.
+    pub fn admin_lock(hex: &str) -> String {
+        format!("locks/{ADMIN}{hex}")
+    }
+    /// The id part of a last path component and whether it has the admin mark:
+    /// `admin-ab12…` is `(true, "ab12…")`.
+    pub fn split_admin(base: &str) -> (bool, &str) {
+        match base.strip_prefix(ADMIN) {
+            Some(rest) => (true, rest),
+            None => (false, base),
+        }
+    }
     pub fn pending(hex: &str) -> String {
         format!("pending/{hex}")
     }

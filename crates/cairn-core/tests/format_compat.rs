@@ -64,14 +64,15 @@ fn a_newer_format_version_says_upgrade_not_damaged() {
 fn an_unknown_feature_is_named() {
     let backend = unencrypted_repo();
     rewrite_config(&backend, |b| {
-        b.replacen(
-            "\"version\": 1,",
-            "\"version\": 1, \"features\": [\"zz-future\"],",
-            1,
-        )
+        assert!(b.contains("\"features\": ["), "{b}");
+        b.replacen("\"features\": [", "\"features\": [\"zz-future\", ", 1)
     });
     let msg = open_error(backend).to_string();
     assert!(msg.contains("zz-future"), "{msg}");
+    assert!(
+        !msg.contains("admin-names"),
+        "a known feature is not named: {msg}"
+    );
     assert!(msg.contains("upgrade cairn"), "{msg}");
     assert!(!msg.contains("damaged"), "{msg}");
 }

@@ -153,7 +153,8 @@ pub struct Config {
     pub plain_master_secret: Option<String>,
     /// Format features the repository uses beyond version 1's rules; a reader must
     /// implement every one of them or refuse the repository (see
-    /// [`KNOWN_FEATURES`]). Empty, and then not written, for every repository so far.
+    /// [`KNOWN_FEATURES`]). Empty, and then not written, for repositories made before
+    /// the first feature (`admin-names`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<String>,
     /// Top-level members this code does not know (written by a newer cairn), kept so
@@ -210,6 +211,11 @@ fn check_features(features: &[String]) -> Result<()> {
 }
 
 impl Config {
+    /// Whether the repository uses a format feature (a name of [`KNOWN_FEATURES`]).
+    pub fn has_feature(&self, feature: &str) -> bool {
+        self.features.iter().any(|f| f == feature)
+    }
+
     pub fn repo_id(&self) -> Result<RepoId> {
         RepoId::from_hex(&self.id)
     }

@@ -6,9 +6,17 @@ pub const REPO_FORMAT_VERSION: u32 = 1;
 
 /// Format features (names in the config's `features` list) this code implements.
 /// A repository listing any other name is refused: it was written under rules this
-/// code does not know. Empty: no feature has been added to version 1 yet; a change
-/// that old readers would misread adds its name here and to docs/FORMAT.md.
-pub const KNOWN_FEATURES: &[&str] = &[];
+/// code does not know. A change that old readers would misread adds its name here and
+/// to docs/FORMAT.md.
+pub const KNOWN_FEATURES: &[&str] = &[FEATURE_ADMIN_NAMES];
+
+/// Feature: objects that can remove or hide data from readers carry `admin-` in
+/// their names — index files with `supersedes` or `forgotten` lists
+/// (`index/admin-<id>`) and exclusive locks (`locks/admin-<id>`) — and readers
+/// honour those lists and that exclusivity only under such a name. A server can then
+/// tell, without the key, what an append-only client must not write. Every
+/// repository created since 2026-11-25 has it.
+pub const FEATURE_ADMIN_NAMES: &str = "admin-names";
 
 /// Length of every object and blob id in bytes (BLAKE3 output size).
 pub const ID_LEN: usize = 32;

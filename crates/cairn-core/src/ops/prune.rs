@@ -304,10 +304,10 @@ fn run(
     // Superseded files are ignored by every reader; a reader that listed one just
     // before finds it gone and reads the listing again.
     for id in old_files {
-        match repo.backend().delete(&names::index(&id.to_hex())) {
+        match repo.delete_index_file(&id) {
             Ok(()) => {}
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(e.into()),
+            Err(Error::Backend(e)) if e.is_not_found() => {}
+            Err(e) => return Err(e),
         }
         crate::hooks::point("prune:superseded-deleted");
     }

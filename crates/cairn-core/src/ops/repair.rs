@@ -139,7 +139,11 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
     report.index_files_replaced = supersedes.len();
     for id in &supersedes {
         if !written.contains(id) {
-            ignore_missing(repo.backend().delete(&names::index(&id.to_hex())))?;
+            match repo.delete_index_file(id) {
+                Ok(()) => {}
+                Err(Error::Backend(e)) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
             crate::hooks::point("repair:old-index-deleted");
         }
     }

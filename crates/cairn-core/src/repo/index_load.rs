@@ -219,11 +219,7 @@ impl crate::index::IndexSource for Repository {
             .backend
             .list(names::INDEX)?
             .iter()
-            .filter_map(|i| {
-                IndexId::from_hex(names::base(&i.name))
-                    .ok()
-                    .map(|id| (id, i.size))
-            })
+            .filter_map(|i| super::objects::index_id_of(&i.name).map(|id| (id, i.size)))
             .collect())
     }
     fn read_index_file(&self, id: &IndexId) -> Result<IndexFile> {
@@ -234,5 +230,91 @@ impl crate::index::IndexSource for Repository {
     }
     fn read_pending(&self, id: &PendingId) -> Result<PendingDeletion> {
         Repository::read_pending(self, id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::repo::{InitOptions, Repository};
+    use cairn_backend::{MemBackend, names};
+    use cairn_format::index::IndexFile;
+    use cairn_format::{IndexId, SnapshotId};
+    use std::sync::Arc;
+
+    fn repo() -> Repository {
+        let opts = InitOptions {
+            encryption: false,
+            ..InitOptions::default()
+        };
+        Repository::init(Arc::new(MemBackend::new()), None, &opts).unwrap()
+    }
+
+    /// What an append-only writer can store under a plain name cannot hide other
+    /// index files or snapshots; the same lists under an admin name do.
+    #[test]
+    fn only_admin_named_index_files_supersede_or_forget() {
+        let r = repo();
+        assert!(r.admin_names(), "new repositories use admin-names");
+        let victim = r
+            .write_index_file(&IndexFile {
+                snapshots: vec![SnapshotId([7; 32])],
+                ..IndexFile::default()
+            })
+            .unwrap();
+        assert!(r.backend().get(&names::index(&victim.to_hex())).is_ok());
+        // A hostile writer stores a superseding file under a plain name, sealed
+        // with the repository's key as any client of the datastore could.
+        let hostile = IndexFile {
+            supersedes: vec![victim],
+            forgotten: vec![SnapshotId([7; 32])],
+            ..IndexFile::default()
+        };
+        let sealed = r.key().sealer.seal(&hostile.encode());
+        let hid = IndexId::of_content(&sealed);
+        r.backend()
+            .put_new(&names::index(&hid.to_hex()), &sealed)
+            .unwrap();
+        let state = r.read_index_state().unwrap();
+        assert!(state.superseded.is_empty(), "{:?}", state.superseded);
+        assert_eq!(state.live.len(), 2);
+        let (committed, forgotten) = state.snapshot_records();
+        assert!(committed.contains(&SnapshotId([7; 32])));
+        assert!(forgotten.is_empty());
+
+        // The engine's own superseding file goes under the admin name and counts.
+        let admin = r
+            .write_index_file(&IndexFile {
+                supersedes: vec![victim, hid],
+                ..IndexFile::default()
+            })
+            .unwrap();
+        assert!(
+            r.backend()
+                .get(&names::admin_index(&admin.to_hex()))
+                .is_ok()
+        );
+        let state = r.read_index_state().unwrap();
+        let live: Vec<IndexId> = state.live.iter().map(|(id, _)| *id).collect();
+        assert_eq!(live, vec![admin]);
+        r.delete_index_file(&admin).unwrap();
+        assert_eq!(r.list_index_files().unwrap().len(), 2);
+    }
+
+    /// Repositories made before the feature keep honouring plain-named lists (their
+    /// prunes wrote them that way).
+    #[test]
+    fn repositories_without_the_feature_read_as_before() {
+        let mut r = repo();
+        r.config.features.clear();
+        let victim = r.write_index_file(&IndexFile::default()).unwrap();
+        let sup = r
+            .write_index_file(&IndexFile {
+                supersedes: vec![victim],
+                ..IndexFile::default()
+            })
+            .unwrap();
+        assert!(r.backend().get(&names::index(&sup.to_hex())).is_ok());
+        let state = r.read_index_state().unwrap();
+        assert_eq!(state.superseded, vec![victim]);
     }
 }

@@ -34,6 +34,9 @@ pub const MAX_UNREFRESHED: Duration = Duration::from_secs(20 * 60);
 #[derive(Clone, Debug)]
 pub struct LockInfo {
     pub id: [u8; 32],
+    /// The object's name (`locks/<hex>`, or `locks/admin-<hex>` for an exclusive
+    /// lock in a repository with the `admin-names` feature).
+    pub name: String,
     /// `None` when the object could not be read or opened.
     pub lock: Option<Lock>,
     /// True when its holder is known dead or it was not refreshed in time.
@@ -76,10 +79,23 @@ pub fn is_stale(l: &Lock, now: i64) -> bool {
         && !cairn_backend::process::alive(l.pid)
 }
 
-fn parse_id(name: &str) -> Option<[u8; 32]> {
+/// A lock's id and whether its name has the admin mark.
+fn parse_id(name: &str) -> Option<([u8; 32], bool)> {
+    let (admin, hex) = names::split_admin(names::base(name));
     let mut id = [0u8; 32];
-    hex::decode_to_slice(names::base(name), &mut id).ok()?;
-    Some(id)
+    hex::decode_to_slice(hex, &mut id).ok()?;
+    Some((id, admin))
+}
+
+/// The object name of a lock: exclusive locks carry the admin mark where the
+/// repository uses `admin-names`, so that a server can refuse them to append-only
+/// writers.
+fn lock_name(repo: &Repository, id: &[u8; 32], exclusive: bool) -> String {
+    if exclusive && repo.admin_names() {
+        names::admin_lock(&hex::encode(id))
+    } else {
+        names::lock(&hex::encode(id))
+    }
 }
 
 /// Every lock in the repository with its state. A lock deleted while listing is
@@ -89,7 +105,7 @@ pub fn list_locks(repo: &Repository) -> Result<Vec<LockInfo>> {
     let now = now_unix();
     let mut out = Vec::new();
     for o in repo.backend().list(names::LOCKS)? {
-        let Some(id) = parse_id(&o.name) else {
+        let Some((id, admin)) = parse_id(&o.name) else {
             continue;
         };
         // Bounded: a giant object in locks/ (damage, or a hostile writer) is an
@@ -102,13 +118,26 @@ pub fn list_locks(repo: &Repository) -> Result<Vec<LockInfo>> {
                 .sealer
                 .open("lock", &data)
                 .ok()
-                .and_then(|p| Lock::from_bytes(&p).ok()),
+                .and_then(|p| Lock::from_bytes(&p).ok())
+                .map(|mut l| {
+                    // Only an admin-named lock excludes: a plain name is what an
+                    // append-only writer may create, and its claim is not honoured.
+                    if repo.admin_names() && !admin {
+                        l.exclusive = false;
+                    }
+                    l
+                }),
             Err(e) if e.is_not_found() => continue,
             Err(e) if e.kind == cairn_backend::BackendErrorKind::TooLarge => None,
             Err(e) => return Err(e.into()),
         };
         let stale = lock.as_ref().is_some_and(|l| is_stale(l, now));
-        out.push(LockInfo { id, lock, stale });
+        out.push(LockInfo {
+            id,
+            name: o.name,
+            lock,
+            stale,
+        });
     }
     Ok(out)
 }
@@ -137,13 +166,14 @@ impl Shared {
 pub struct RepoLock {
     backend: Arc<dyn Backend>,
     id: [u8; 32],
+    name: String,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
-fn write_lock(backend: &dyn Backend, key: &MasterKey, id: &[u8; 32], l: &Lock) -> Result<()> {
+fn write_lock(backend: &dyn Backend, key: &MasterKey, name: &str, l: &Lock) -> Result<()> {
     let sealed = key.sealer.seal(&l.to_bytes());
-    backend.put(&names::lock(&hex::encode(id)), &sealed)?;
+    backend.put(name, &sealed)?;
     Ok(())
 }
 
@@ -198,7 +228,8 @@ impl RepoLock {
         };
         let backend = repo.backend().clone();
         let key = repo.key().clone();
-        write_lock(backend.as_ref(), &key, &id, &lock)?;
+        let name = lock_name(repo, &id, exclusive);
+        write_lock(backend.as_ref(), &key, &name, &lock)?;
         let shared = Arc::new(Shared {
             stop: Mutex::new(false),
             wake: Condvar::new(),
@@ -209,6 +240,7 @@ impl RepoLock {
         let mut me = RepoLock {
             backend: backend.clone(),
             id,
+            name: name.clone(),
             shared: shared.clone(),
             thread: None,
         };
@@ -225,7 +257,6 @@ impl RepoLock {
         me.thread = std::thread::Builder::new()
             .name("cairn-lock".into())
             .spawn(move || {
-                let name = names::lock(&hex::encode(id));
                 let mut stop = shared.stop.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
                     // Checked before waiting too: `drop` may have run before this
@@ -251,7 +282,7 @@ impl RepoLock {
                         shared.expired.store(true, Ordering::SeqCst);
                     }
                     lock.refreshed = now_unix();
-                    if write_lock(backend.as_ref(), &key, &id, &lock).is_ok() {
+                    if write_lock(backend.as_ref(), &key, &name, &lock).is_ok() {
                         *shared.last_ok.lock().unwrap_or_else(|e| e.into_inner()) =
                             (Instant::now(), lock.refreshed);
                     }
@@ -268,6 +299,11 @@ impl RepoLock {
 
     pub fn id(&self) -> [u8; 32] {
         self.id
+    }
+
+    /// The lock's object name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Fails when the lock may have been judged stale by another process: then
@@ -297,7 +333,7 @@ impl Drop for RepoLock {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = self.backend.delete(&names::lock(&hex::encode(self.id)));
+        let _ = self.backend.delete(&self.name);
     }
 }
 
@@ -364,7 +400,7 @@ pub fn remove_locks(repo: &Repository, all: bool) -> Result<Vec<LockInfo>> {
     let mut removed = Vec::new();
     for l in list_locks(repo)? {
         if all || l.stale {
-            match repo.backend().delete(&names::lock(&l.hex())) {
+            match repo.backend().delete(&l.name) {
                 Ok(()) => removed.push(l),
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e.into()),
@@ -425,6 +461,38 @@ mod tests {
         RepoLock::acquire(&r, "prune", true).unwrap();
     }
 
+    /// An exclusive lock is stored under the admin name; one claiming to be
+    /// exclusive under a plain name (what an append-only writer may create) counts
+    /// as shared and does not keep prune out.
+    #[test]
+    fn only_admin_named_locks_exclude() {
+        let r = repo();
+        let p = RepoLock::acquire(&r, "prune", true).unwrap();
+        assert!(p.name().starts_with("locks/admin-"), "{}", p.name());
+        drop(p);
+        let hostile = Lock {
+            version: 1,
+            operation: "prune".into(),
+            exclusive: true,
+            hostname: "elsewhere".into(),
+            username: "u".into(),
+            pid: 1,
+            boot_id: String::new(),
+            pid_namespace: String::new(),
+            created: crate::time::now_rfc3339(),
+            refreshed: now_unix(),
+        };
+        let name = names::lock(&"ab".repeat(32));
+        write_lock(r.backend().as_ref(), r.key(), &name, &hostile).unwrap();
+        let listed = list_locks(&r).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(!listed[0].lock.as_ref().unwrap().exclusive);
+        let p = RepoLock::acquire(&r, "prune", true).unwrap();
+        drop(p);
+        assert_eq!(remove_locks(&r, true).unwrap().len(), 1);
+        assert!(list_locks(&r).unwrap().is_empty());
+    }
+
     #[test]
     fn dead_or_old_holders_are_stale() {
         let mut l = Lock {
@@ -455,7 +523,7 @@ mod tests {
         let l = RepoLock::acquire_with(&r, "backup", false, Duration::from_millis(20)).unwrap();
         let first = l.shared.last_ok.lock().unwrap().0;
         wait_for("a refresh", || l.shared.last_ok.lock().unwrap().0 > first);
-        assert!(r.backend().get(&names::lock(&hex::encode(l.id()))).is_ok());
+        assert!(r.backend().get(l.name()).is_ok());
         l.check_fresh().unwrap();
     }
 

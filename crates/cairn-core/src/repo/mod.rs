@@ -183,7 +183,7 @@ impl Repository {
             index_path: opts.index_path.clone(),
             plain_master_secret: (encryption == Encryption::None)
                 .then(|| hex::encode(key.secret())),
-            features: Vec::new(),
+            features: vec![cairn_format::consts::FEATURE_ADMIN_NAMES.to_string()],
             unknown_fields: Default::default(),
         };
         let mut repo = Repository {

@@ -58,14 +58,50 @@ pub(crate) fn store_immutable(
     }
 }
 
+/// The id of an index file from its object name (`index/<hex>` or
+/// `index/admin-<hex>`); `None` for names that are not index files.
+pub(crate) fn index_id_of(name: &str) -> Option<IndexId> {
+    IndexId::from_hex(names::split_admin(names::base(name)).1).ok()
+}
+
 impl Repository {
+    /// Every index file's id, once (a file stored under both names, which only a
+    /// hostile writer would do, is read under the plain one).
     pub fn list_index_files(&self) -> Result<Vec<IndexId>> {
-        Ok(self
+        let mut ids: Vec<IndexId> = self
             .backend
             .list(names::INDEX)?
             .iter()
-            .filter_map(|i| IndexId::from_hex(names::base(&i.name)).ok())
-            .collect())
+            .filter_map(|i| index_id_of(&i.name))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// Whether the repository marks objects that remove or hide data by name (the
+    /// `admin-names` feature).
+    pub fn admin_names(&self) -> bool {
+        self.config
+            .has_feature(cairn_format::consts::FEATURE_ADMIN_NAMES)
+    }
+
+    /// Deletes an index file under whichever name it has (plain or `admin-`).
+    pub(crate) fn delete_index_file(&self, id: &IndexId) -> Result<()> {
+        let hex = id.to_hex();
+        let mut found = false;
+        for name in [names::index(&hex), names::admin_index(&hex)] {
+            match self.backend.delete(&name) {
+                Ok(()) => found = true,
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if found {
+            Ok(())
+        } else {
+            Err(cairn_backend::BackendError::not_found("delete", &names::index(&hex)).into())
+        }
     }
 
     /// Reads an object stored under the BLAKE3 hash of its sealed bytes, checks the
@@ -97,20 +133,39 @@ impl Repository {
             .map_err(|e| Error::damaged(what, e))
     }
 
+    /// Reads an index file. In a repository with the `admin-names` feature, its
+    /// `supersedes` and `forgotten` lists count only when it is stored as
+    /// `index/admin-<id>`: under a plain name they are dropped, because an
+    /// append-only writer (a backup token of `cairn serve`) may write plain index
+    /// files and must not be able to hide other files or snapshots with them.
     pub fn read_index_file(&self, id: &IndexId) -> Result<IndexFile> {
         let what = format!("index file {}", id.to_hex());
-        let plain = self.read_sealed_object(
-            &names::index(&id.to_hex()),
-            &id.0,
-            "index file",
-            &what,
-            Some(MAX_INDEX_FILE_SIZE),
-        )?;
-        IndexFile::decode(&plain).map_err(|e| Error::damaged(what, e))
+        let hex = id.to_hex();
+        let read = |name: &str| {
+            self.read_sealed_object(name, &id.0, "index file", &what, Some(MAX_INDEX_FILE_SIZE))
+        };
+        let admin_names = self.admin_names();
+        let (plain, admin) = match read(&names::index(&hex)) {
+            Err(Error::Backend(e)) if e.is_not_found() && admin_names => {
+                (read(&names::admin_index(&hex))?, true)
+            }
+            r => (r?, false),
+        };
+        let mut file = IndexFile::decode(&plain).map_err(|e| Error::damaged(&what, e))?;
+        if admin_names && !admin {
+            file.supersedes.clear();
+            file.forgotten.clear();
+        }
+        Ok(file)
     }
 
     pub fn write_index_file(&self, file: &IndexFile) -> Result<IndexId> {
-        crate::repo::packer::write_index_file(self.backend.as_ref(), &self.key, file)
+        crate::repo::packer::write_index_file(
+            self.backend.as_ref(),
+            &self.key,
+            file,
+            self.admin_names(),
+        )
     }
 
     /// Every stored pack with its size.

@@ -155,17 +155,31 @@ pub struct UploadStats {
     pub index_files: Vec<IndexId>,
 }
 
-/// Seals and stores an index file under the hash of its bytes.
+/// Seals and stores an index file under the hash of its bytes. With `admin_names`
+/// (the repository's `admin-names` feature), a file that supersedes or forgets is
+/// stored as `index/admin-<id>`, the name readers require for those lists.
 pub fn write_index_file(
     backend: &dyn Backend,
     key: &MasterKey,
     file: &IndexFile,
+    admin_names: bool,
 ) -> Result<IndexId> {
     let sealed = key.sealer.seal(&file.encode());
     let id = IndexId::of_content(&sealed);
-    super::objects::store_immutable(backend, &names::index(&id.to_hex()), &sealed, false)?;
+    let name = if admin_names && has_admin_lists(file) {
+        names::admin_index(&id.to_hex())
+    } else {
+        names::index(&id.to_hex())
+    };
+    super::objects::store_immutable(backend, &name, &sealed, false)?;
     crate::hooks::point("index:written");
     Ok(id)
+}
+
+/// Whether an index file removes or hides anything from readers: only files with
+/// such lists need the `admin-` name.
+pub fn has_admin_lists(file: &IndexFile) -> bool {
+    !file.supersedes.is_empty() || !file.forgotten.is_empty()
 }
 
 /// Packs stored at once by default. A local disk takes several writes (each ending in
@@ -277,7 +291,7 @@ impl Uploader {
         let written = if pending.packs.is_empty() {
             Ok(None)
         } else {
-            write_index_file(self.backend.as_ref(), &self.key, &pending).map(Some)
+            write_index_file(self.backend.as_ref(), &self.key, &pending, false).map(Some)
         };
         if let Some(e) = failed {
             if written.is_err() {
@@ -336,7 +350,7 @@ fn upload_loop(
         {
             // Written under the lock: index files are rare, and a pack stored by
             // another thread meanwhile simply waits for the next one.
-            match write_index_file(backend, key, &pending.0) {
+            match write_index_file(backend, key, &pending.0, false) {
                 Ok(id) => {
                     lock(&shared.stats).index_files.push(id);
                     *pending = (IndexFile::default(), 0);

@@ -29,6 +29,7 @@ mod mem;
 pub mod process;
 mod retry;
 mod s3;
+mod server;
 mod throttle;
 
 pub use cache::CachedBackend;
@@ -37,6 +38,7 @@ pub use local::LocalBackend;
 pub use mem::MemBackend;
 pub use retry::{RetryBackend, RetryPolicy};
 pub use s3::{S3Backend, S3Location, S3Options};
+pub use server::{ServerBackend, ServerLocation, ServerOptions, parse_fingerprint};
 pub use throttle::{ThrottledBackend, Traffic};
 
 use std::fmt;

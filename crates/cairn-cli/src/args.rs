@@ -63,6 +63,18 @@ pub struct RemoteArgs {
     /// Accept any TLS certificate (testing only)
     #[arg(long, global = true)]
     pub insecure_tls: bool,
+    /// Read the cairn server token from this file (default: CAIRN_TOKEN)
+    #[arg(long, env = "CAIRN_TOKEN_FILE", global = true, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Accept exactly the cairn server certificate with this SHA-256 fingerprint
+    /// (what `cairn serve` prints for its self-signed certificate)
+    #[arg(
+        long,
+        env = "CAIRN_SERVER_FINGERPRINT",
+        global = true,
+        value_name = "SHA256"
+    )]
+    pub server_fingerprint: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -105,6 +117,72 @@ pub enum Command {
     Estimate(EstimateArgs),
     /// Show where the index lives and what it costs; change or move it
     Index(IndexArgs),
+    /// Serve datastores to cairn clients over HTTPS (recovery-point server)
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct ServeArgs {
+    #[command(subcommand)]
+    pub command: Option<ServeCommand>,
+    /// Settings file (TOML: listen, state_dir, tls_cert, tls_key, [datastores])
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address and port to listen on (default 127.0.0.1:8443)
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// A datastore to serve, NAME=PATH or NAME=s3:... (repeatable)
+    #[arg(long = "datastore", value_name = "NAME=LOCATION")]
+    pub datastores: Vec<String>,
+    /// Where tokens, the self-signed certificate and lock owners are kept
+    /// (default /var/lib/cairn for root, ~/.local/state/cairn otherwise)
+    #[arg(long, global = true, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// TLS certificate chain (PEM); without it and --tls-key, a self-signed one
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM)
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Plain HTTP, allowed on a loopback address only (tests, a local proxy)
+    #[arg(long)]
+    pub insecure_http: bool,
+}
+
+#[derive(Subcommand)]
+pub enum ServeCommand {
+    /// Manage the tokens clients present
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// Create a token and print it (once: only its hash is kept)
+    Add(TokenAddArgs),
+    /// List tokens (never their secrets)
+    List,
+    /// Remove a token by name or id; a running server refuses it at once
+    Remove {
+        /// The token's name or id
+        name: String,
+    },
+}
+
+#[derive(Args)]
+pub struct TokenAddArgs {
+    /// A name for people (e.g. the client's host name)
+    pub name: String,
+    /// The datastore the token opens
+    #[arg(long)]
+    pub datastore: String,
+    /// backup (add backups, never delete or overwrite), restore (read), admin (all)
+    #[arg(long, value_parser = ["backup", "restore", "admin"])]
+    pub role: String,
+    /// The host the token is meant for (recorded with the token)
+    #[arg(long)]
+    pub host: Option<String>,
 }
 
 #[derive(Args)]

@@ -17,6 +17,7 @@ mod ls;
 mod prune;
 mod repair;
 mod restore;
+mod serve;
 mod snapshots;
 mod stats;
 mod unlock;
@@ -50,6 +51,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Index(a) => index::run(g, &a),
         Command::Forget(a) => forget::run(g, &a),
         Command::Copy(a) => copy::run(g, &a),
+        Command::Serve(a) => serve::run(g, &a),
     }
 }
 
@@ -88,7 +90,28 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
             }
         },
         retry: Default::default(),
+        server: cairn_backend::ServerOptions {
+            token: server_token(r)?,
+            fingerprint: r.server_fingerprint.clone(),
+            ca_cert: r.cacert.clone(),
+        },
     })
+}
+
+/// The cairn server token: `--token-file` (first line) wins over `CAIRN_TOKEN`.
+fn server_token(r: &crate::args::RemoteArgs) -> Result<Option<String>> {
+    if let Some(path) = &r.token_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the token file {}", path.display()))?;
+        let token = text.lines().next().unwrap_or("").trim().to_string();
+        if token.is_empty() {
+            return Err(anyhow!("the token file {} is empty", path.display()));
+        }
+        return Ok(Some(token));
+    }
+    Ok(std::env::var("CAIRN_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty()))
 }
 
 /// Traffic of every repository opened, reported at exit when

@@ -10,7 +10,7 @@ use crate::util::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn unpack(name: &str) -> Env {
+pub(crate) fn unpack(name: &str) -> Env {
     let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join(format!("../../tests/fixtures/repos/{name}.tar.gz"));
     let env = Env::new();

@@ -18,5 +18,6 @@ mod placement;
 mod remote;
 mod restore_race;
 mod roundtrip;
+mod server;
 mod stats;
 mod util;

@@ -171,9 +171,21 @@ pub struct RepoLock {
     thread: Option<JoinHandle<()>>,
 }
 
-fn write_lock(backend: &dyn Backend, key: &MasterKey, name: &str, l: &Lock) -> Result<()> {
+/// Stores a lock: the first time create-only (its name is fresh and random, and a
+/// server lets a token refresh only the locks it created), then by replacing it.
+fn write_lock(
+    backend: &dyn Backend,
+    key: &MasterKey,
+    name: &str,
+    l: &Lock,
+    first: bool,
+) -> Result<()> {
     let sealed = key.sealer.seal(&l.to_bytes());
-    backend.put(name, &sealed)?;
+    if first {
+        backend.put_new(name, &sealed)?;
+    } else {
+        backend.put(name, &sealed)?;
+    }
     Ok(())
 }
 
@@ -229,7 +241,7 @@ impl RepoLock {
         let backend = repo.backend().clone();
         let key = repo.key().clone();
         let name = lock_name(repo, &id, exclusive);
-        write_lock(backend.as_ref(), &key, &name, &lock)?;
+        write_lock(backend.as_ref(), &key, &name, &lock, true)?;
         let shared = Arc::new(Shared {
             stop: Mutex::new(false),
             wake: Condvar::new(),
@@ -282,7 +294,7 @@ impl RepoLock {
                         shared.expired.store(true, Ordering::SeqCst);
                     }
                     lock.refreshed = now_unix();
-                    if write_lock(backend.as_ref(), &key, &name, &lock).is_ok() {
+                    if write_lock(backend.as_ref(), &key, &name, &lock, false).is_ok() {
                         *shared.last_ok.lock().unwrap_or_else(|e| e.into_inner()) =
                             (Instant::now(), lock.refreshed);
                     }
@@ -483,7 +495,7 @@ mod tests {
             refreshed: now_unix(),
         };
         let name = names::lock(&"ab".repeat(32));
-        write_lock(r.backend().as_ref(), r.key(), &name, &hostile).unwrap();
+        write_lock(r.backend().as_ref(), r.key(), &name, &hostile, true).unwrap();
         let listed = list_locks(&r).unwrap();
         assert_eq!(listed.len(), 1);
         assert!(!listed[0].lock.as_ref().unwrap().exclusive);

@@ -1,4 +1,5 @@
-//! From a location string (`/srv/repo`, `s3:https://host/bucket/prefix`) and
+//! From a location string (`/srv/repo`, `s3:https://host/bucket/prefix`,
+//! `cairn+https://host:port/datastore`) and
 //! options to the storage stack a repository lives on. Every caller — the CLI, the
 //! server, tests — opens storage here, so the stack is the same for all of them.
 //!
@@ -23,6 +24,8 @@ pub enum Location {
     Local(PathBuf),
     /// S3-compatible object storage: the location as given (`s3:...`).
     S3(String),
+    /// A datastore of a cairn server (`cairn+https://host:port/datastore`).
+    Server(String),
 }
 
 impl Location {
@@ -33,6 +36,10 @@ impl Location {
         if location.starts_with("s3:") {
             cairn_backend::S3Location::parse(location).map_err(Error::Invalid)?;
             return Ok(Location::S3(location.to_string()));
+        }
+        if location.starts_with("cairn+") {
+            cairn_backend::ServerLocation::parse(location).map_err(Error::Invalid)?;
+            return Ok(Location::Server(location.to_string()));
         }
         Ok(Location::Local(PathBuf::from(location)))
     }
@@ -69,6 +76,8 @@ impl CacheChoice {
 #[derive(Clone, Debug, Default)]
 pub struct StorageOptions {
     pub s3: S3Options,
+    /// Token and certificate pinning for `cairn+https://` locations.
+    pub server: cairn_backend::ServerOptions,
     /// Average upload and download rates, bytes per second.
     pub limit_upload: Option<u64>,
     pub limit_download: Option<u64>,
@@ -102,6 +111,7 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
     let store: Arc<dyn Backend> = match &loc {
         Location::Local(dir) => Arc::new(LocalBackend::new(dir)),
         Location::S3(s) => Arc::new(S3Backend::open(s, &opts.s3)?),
+        Location::Server(s) => Arc::new(cairn_backend::ServerBackend::open(s, &opts.server)?),
     };
     let store = test_hooks::faults(store, progress)?;
     crate::hooks::check_env(progress)?;

@@ -1,0 +1,529 @@
+//! A repository behind `cairn serve`: `cairn+https://HOST:PORT/DATASTORE`.
+//!
+//! Every [`Backend`] call is one HTTPS request with the client's bearer token; the
+//! server decides, by the token's role, what it may do. Like [`crate::S3Backend`],
+//! requests run on this backend's own small tokio runtime and are awaited over a
+//! channel, so the blocking engine may call it from any thread, including
+//! `spawn_blocking` threads of a server.
+//!
+//! TLS: the system's roots, plus `ca_cert`, or a pinned certificate: with
+//! `fingerprint` (the SHA-256 the server printed), exactly that certificate is
+//! accepted, whatever signed it (a self-signed server certificate).
+
+use crate::{Backend, BackendError, BackendErrorKind, ObjectInfo, Result};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to reach and authenticate to a server.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// The bearer token (`CAIRN_TOKEN`, `--token-file`).
+    pub token: Option<String>,
+    /// SHA-256 of the server's certificate, hex (colons and case ignored).
+    pub fingerprint: Option<String>,
+    /// Extra PEM certificate(s) to trust.
+    pub ca_cert: Option<PathBuf>,
+}
+
+/// `cairn+https://host:port/datastore` split up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerLocation {
+    /// `https://host:port` (or `http://` on loopback).
+    pub base: String,
+    pub datastore: String,
+}
+
+impl ServerLocation {
+    pub fn parse(location: &str) -> std::result::Result<ServerLocation, String> {
+        let (scheme, rest) = if let Some(r) = location.strip_prefix("cairn+https://") {
+            ("https", r)
+        } else if let Some(r) = location.strip_prefix("cairn+http://") {
+            ("http", r)
+        } else {
+            return Err(format!(
+                "{location:?}: a server location is cairn+https://HOST:PORT/DATASTORE"
+            ));
+        };
+        let (host, ds) = rest.split_once('/').ok_or_else(|| {
+            format!("{location:?}: the datastore is missing (cairn+https://HOST:PORT/DATASTORE)")
+        })?;
+        let ds = ds.trim_end_matches('/');
+        if host.is_empty() || ds.is_empty() || ds.contains('/') {
+            return Err(format!(
+                "{location:?}: expected cairn+https://HOST:PORT/DATASTORE"
+            ));
+        }
+        if scheme == "http" {
+            let hostname = host.rsplit_once(':').map(|h| h.0).unwrap_or(host);
+            let hostname = hostname.trim_start_matches('[').trim_end_matches(']');
+            let loopback = hostname == "localhost"
+                || hostname
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            if !loopback {
+                return Err(format!(
+                    "{location:?}: plain HTTP only to a loopback address (tokens and data \
+                     would cross the network in the clear); use cairn+https://"
+                ));
+            }
+        }
+        Ok(ServerLocation {
+            base: format!("{scheme}://{host}"),
+            datastore: ds.to_string(),
+        })
+    }
+}
+
+pub struct ServerBackend {
+    client: reqwest::Client,
+    rt: Option<tokio::runtime::Runtime>,
+    loc: ServerLocation,
+    token: String,
+    location: String,
+}
+
+impl Drop for ServerBackend {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl std::fmt::Debug for ServerBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerBackend")
+            .field("location", &self.location)
+            .finish()
+    }
+}
+
+fn setup_error(location: &str, message: String) -> BackendError {
+    BackendError {
+        kind: BackendErrorKind::Other,
+        op: "open",
+        path: location.to_string(),
+        message,
+    }
+}
+
+/// Accepts exactly the certificate with this SHA-256; signatures are still
+/// checked with the provider's algorithms, so the peer must hold its key.
+#[derive(Debug)]
+struct Pinned {
+    sha256: Vec<u8>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let got = ring::digest::digest(&ring::digest::SHA256, end_entity.as_ref());
+        if got.as_ref() == self.sha256.as_slice() {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General(format!(
+                "the server's certificate has fingerprint {}, not the pinned one: \
+                 a different server, or a man in the middle",
+                hex_lower(got.as_ref())
+            )))
+        }
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Percent-encodes everything but unreserved characters and `/` (object names and
+/// prefixes are ASCII paths; anything else is escaped rather than trusted).
+fn query_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn hex_lower(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `AB:CD:…` or `abcd…` into 32 bytes.
+pub fn parse_fingerprint(s: &str) -> std::result::Result<Vec<u8>, String> {
+    let clean: String = s.chars().filter(|c| *c != ':').collect();
+    if clean.len() != 64 || !clean.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "{s:?} is not a SHA-256 fingerprint (64 hex digits, colons allowed)"
+        ));
+    }
+    Ok((0..32)
+        .map(|i| u8::from_str_radix(&clean[2 * i..2 * i + 2], 16).unwrap_or(0))
+        .collect())
+}
+
+/// The error a server sent: `{"error": kind, "message": text}`.
+#[derive(serde::Deserialize)]
+struct ErrorBody {
+    error: String,
+    message: String,
+}
+
+impl ServerBackend {
+    pub fn open(location: &str, opts: &ServerOptions) -> Result<ServerBackend> {
+        let loc = ServerLocation::parse(location).map_err(|m| setup_error(location, m))?;
+        let token = opts
+            .token
+            .clone()
+            .filter(|t| !t.trim().is_empty())
+            .ok_or_else(|| {
+                setup_error(
+                    location,
+                    "no token: set CAIRN_TOKEN or give --token-file (ask the server's admin for \
+                 one: cairn serve token add)"
+                        .into(),
+                )
+            })?;
+        let mut client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(120))
+            .tcp_user_timeout(Duration::from_secs(120))
+            .tcp_keepalive(Duration::from_secs(30))
+            .pool_max_idle_per_host(32);
+        if let Some(fp) = &opts.fingerprint {
+            let sha256 = parse_fingerprint(fp).map_err(|m| setup_error(location, m))?;
+            let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+            let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| setup_error(location, format!("TLS: {e}")))?
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Pinned { sha256, provider }))
+                .with_no_client_auth();
+            client = client.tls_backend_preconfigured(config);
+        } else if let Some(path) = &opts.ca_cert {
+            let pem = std::fs::read(path).map_err(|e| {
+                setup_error(
+                    location,
+                    format!("cannot read CA certificate {}: {e}", path.display()),
+                )
+            })?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                setup_error(
+                    location,
+                    format!("invalid CA certificate {}: {e}", path.display()),
+                )
+            })?;
+            for c in certs {
+                client = client.add_root_certificate(c);
+            }
+        }
+        let client = client
+            .build()
+            .map_err(|e| setup_error(location, format!("cannot set up HTTP: {e}")))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("cairn-client")
+            .enable_all()
+            .build()
+            .map_err(|e| setup_error(location, format!("cannot start I/O threads: {e}")))?;
+        Ok(ServerBackend {
+            client,
+            rt: Some(rt),
+            loc,
+            token: token.trim().to_string(),
+            location: location.to_string(),
+        })
+    }
+
+    fn url(&self, name: &str) -> String {
+        format!(
+            "{}/v1/datastores/{}/objects/{}",
+            self.loc.base,
+            self.loc.datastore,
+            query_escape(name)
+        )
+    }
+
+    /// Sends a request on the backend's runtime and waits for status and body.
+    fn send(
+        &self,
+        op: &'static str,
+        name: &str,
+        req: reqwest::RequestBuilder,
+    ) -> Result<(reqwest::StatusCode, Vec<u8>)> {
+        let gone = || BackendError {
+            kind: BackendErrorKind::Other,
+            op,
+            path: name.to_string(),
+            message: "the HTTP client stopped".into(),
+        };
+        let rt = self.rt.as_ref().ok_or_else(gone)?;
+        let req = req.bearer_auth(&self.token);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        rt.spawn(async move {
+            let r = async {
+                let resp = req.send().await?;
+                let status = resp.status();
+                let body = resp.bytes().await?;
+                Ok::<_, reqwest::Error>((status, body.to_vec()))
+            }
+            .await;
+            let _ = tx.send(r);
+        });
+        let r = rx.recv().map_err(|_| gone())?;
+        let (status, body) = r.map_err(|e| BackendError {
+            // A server that cannot be reached may come back (retried); one whose
+            // certificate is refused will not.
+            kind: if is_tls_refusal(&e) {
+                BackendErrorKind::PermissionDenied
+            } else {
+                BackendErrorKind::Transient
+            },
+            op,
+            path: name.to_string(),
+            message: {
+                let mut m = describe(&e);
+                if m.contains("UnknownIssuer") {
+                    m.push_str(
+                        " (a server with a self-signed certificate: pass the fingerprint \
+                         `cairn serve` printed with --server-fingerprint)",
+                    );
+                }
+                m
+            },
+        })?;
+        if status.is_success() {
+            return Ok((status, body));
+        }
+        let (kind_name, message) = match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(b) => (b.error, b.message),
+            Err(_) => (
+                String::new(),
+                format!(
+                    "HTTP {status}: {}",
+                    String::from_utf8_lossy(&body[..body.len().min(200)])
+                ),
+            ),
+        };
+        let kind = match (status.as_u16(), kind_name.as_str()) {
+            (404, "not_found") => BackendErrorKind::NotFound,
+            (409, _) => BackendErrorKind::AlreadyExists,
+            (413, _) => BackendErrorKind::TooLarge,
+            (507, _) => BackendErrorKind::NoSpace,
+            (401 | 403, _) => BackendErrorKind::PermissionDenied,
+            (408 | 429 | 502 | 503 | 504, _) => BackendErrorKind::Transient,
+            _ => BackendErrorKind::Other,
+        };
+        Err(BackendError {
+            kind,
+            op,
+            path: name.to_string(),
+            message: format!("server: {message}"),
+        })
+    }
+
+    fn put_mode(&self, name: &str, data: &[u8], mode: &str) -> Result<()> {
+        let req = self
+            .client
+            .put(format!("{}?mode={mode}", self.url(name)))
+            .body(data.to_vec());
+        self.send("put", name, req).map(|_| ())
+    }
+}
+
+/// Whether the request failed because the server's certificate was refused (a
+/// pinned fingerprint that does not match, an untrusted issuer): retrying cannot
+/// help, and the user must hear it at once.
+fn is_tls_refusal(e: &reqwest::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    // Connectors box their causes, which hides the type from `downcast_ref`; rustls'
+    // own wording is stable enough to recognise.
+    let text = describe(e);
+    text.contains("invalid peer certificate") || text.contains("the pinned one")
+}
+
+/// reqwest's error and its causes in one line (`connection refused`, the TLS
+/// failure's reason).
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let t = s.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        source = s.source();
+    }
+    text
+}
+
+impl Backend for ServerBackend {
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+    fn put(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.put_mode(name, data, "replace")
+    }
+    fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.put_mode(name, data, "new")
+    }
+    fn get(&self, name: &str) -> Result<Vec<u8>> {
+        let req = self.client.get(self.url(name));
+        self.send("get", name, req).map(|r| r.1)
+    }
+    fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
+        let req = self.client.get(format!("{}?max={max}", self.url(name)));
+        self.send("get", name, req).map(|r| r.1)
+    }
+    fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
+        // An empty range is `START-(START-1)`, which the server answers with nothing.
+        let last = (offset + length).wrapping_sub(1);
+        let end = if length == 0 {
+            offset.wrapping_sub(1)
+        } else {
+            last
+        };
+        if length == 0 && offset == 0 {
+            // No way to say "0 bytes at 0" in a Range header: check it exists.
+            let req = self.client.get(format!("{}?max=0", self.url(name)));
+            return match self.send("get", name, req) {
+                Ok(_) => Ok(Vec::new()),
+                Err(e) if e.kind == BackendErrorKind::TooLarge => Ok(Vec::new()),
+                Err(e) => Err(e),
+            };
+        }
+        let req = self
+            .client
+            .get(self.url(name))
+            .header(reqwest::header::RANGE, format!("bytes={offset}-{end}"));
+        let (_, body) = self.send("get", name, req)?;
+        if body.len() as u64 != length {
+            return Err(BackendError {
+                kind: BackendErrorKind::Other,
+                op: "get",
+                path: name.to_string(),
+                message: format!(
+                    "the server sent {} bytes for a range of {length}",
+                    body.len()
+                ),
+            });
+        }
+        Ok(body)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        #[derive(serde::Deserialize)]
+        struct Entry {
+            name: String,
+            size: u64,
+        }
+        let req = self.client.get(format!(
+            "{}/v1/datastores/{}/objects?prefix={}",
+            self.loc.base,
+            self.loc.datastore,
+            query_escape(prefix)
+        ));
+        let (_, body) = self.send("list", prefix, req)?;
+        let entries: Vec<Entry> = serde_json::from_slice(&body).map_err(|e| BackendError {
+            kind: BackendErrorKind::Other,
+            op: "list",
+            path: prefix.to_string(),
+            message: format!("the server's listing is not valid: {e}"),
+        })?;
+        Ok(entries
+            .into_iter()
+            .map(|e| ObjectInfo {
+                name: e.name,
+                size: e.size,
+            })
+            .collect())
+    }
+    fn delete(&self, name: &str) -> Result<()> {
+        let req = self.client.delete(self.url(name));
+        self.send("delete", name, req).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations() {
+        let l = ServerLocation::parse("cairn+https://backup.example:8443/main").unwrap();
+        assert_eq!(l.base, "https://backup.example:8443");
+        assert_eq!(l.datastore, "main");
+        assert!(ServerLocation::parse("cairn+http://127.0.0.1:8000/main").is_ok());
+        assert!(ServerLocation::parse("cairn+http://[::1]:8000/main").is_ok());
+        assert!(ServerLocation::parse("cairn+http://localhost:8000/main").is_ok());
+        for bad in [
+            "cairn+http://10.0.0.1:8000/main",
+            "cairn+https://host:1",
+            "cairn+https:///main",
+            "cairn+https://h:1/a/b",
+            "https://h:1/a",
+        ] {
+            assert!(ServerLocation::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn fingerprints() {
+        let fp = "AB:".repeat(31) + "AB";
+        assert_eq!(parse_fingerprint(&fp).unwrap(), vec![0xab; 32]);
+        assert_eq!(parse_fingerprint(&"0f".repeat(32)).unwrap(), vec![0x0f; 32]);
+        assert!(parse_fingerprint("abc").is_err());
+        assert!(parse_fingerprint(&"zz".repeat(32)).is_err());
+    }
+}

@@ -1,0 +1,125 @@
+//! `cairn serve` and `cairn serve token ...`: flags to the server crate's options.
+
+use crate::args::{Global, ServeArgs, ServeCommand, TokenCommand};
+use anyhow::{Result, anyhow};
+use cairn_server::config::{Flags, ServerConfig, default_state_dir};
+use cairn_server::policy::Role;
+use cairn_server::tokens::TokenStore;
+
+fn state_dir(a: &ServeArgs) -> Result<std::path::PathBuf> {
+    if let Some(d) = &a.state_dir {
+        return Ok(d.clone());
+    }
+    // The token commands must find the state directory the server uses: from its
+    // settings file when one is given.
+    if let Some(c) = &a.config
+        && let Some(d) = cairn_server::config::FileConfig::load(c)?.state_dir
+    {
+        return Ok(d);
+    }
+    Ok(default_state_dir())
+}
+
+pub fn run(g: &Global, a: &ServeArgs) -> Result<i32> {
+    match &a.command {
+        Some(ServeCommand::Token(t)) => token(g, a, t),
+        None => serve(a),
+    }
+}
+
+fn serve(a: &ServeArgs) -> Result<i32> {
+    let config = ServerConfig::from_flags(&Flags {
+        config: a.config.clone(),
+        listen: a.listen.clone(),
+        datastores: a.datastores.clone(),
+        state_dir: a.state_dir.clone(),
+        tls_cert: a.tls_cert.clone(),
+        tls_key: a.tls_key.clone(),
+        insecure_http: a.insecure_http,
+    })?;
+    let names: Vec<String> = config.datastores.keys().cloned().collect();
+    let insecure = config.tls == cairn_server::config::Tls::InsecureHttp;
+    cairn_server::serve(config, |ready| {
+        let scheme = if insecure { "http" } else { "https" };
+        // Stderr like every log line; tests and service managers wait for it.
+        cairn_server::log_line(&format!(
+            "listening on {scheme}://{} (datastores: {})",
+            ready.addr,
+            names.join(", ")
+        ));
+        if let Some(fp) = &ready.fingerprint {
+            cairn_server::log_line(&format!(
+                "certificate SHA-256 fingerprint: {fp} (clients: --server-fingerprint {fp})"
+            ));
+        }
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    Ok(0)
+}
+
+fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
+    let store = TokenStore::new(&state_dir(a)?);
+    match t {
+        TokenCommand::Add(add) => {
+            let role = Role::parse(&add.role).ok_or_else(|| anyhow!("unknown role"))?;
+            if !cairn_server::config::valid_datastore_name(&add.datastore) {
+                return Err(anyhow!("{:?} is not a datastore name", add.datastore));
+            }
+            let (entry, secret) =
+                store.add(&add.name, &add.datastore, role, add.host.as_deref())?;
+            if g.json {
+                #[derive(serde::Serialize)]
+                struct Added<'a> {
+                    #[serde(flatten)]
+                    entry: &'a cairn_server::tokens::TokenEntry,
+                    token: &'a str,
+                }
+                super::print_json(&Added {
+                    entry: &entry,
+                    token: &secret,
+                })?;
+            } else {
+                println!("{secret}");
+                eprintln!(
+                    "token {:?} ({} on datastore {}) added; it is shown only now",
+                    entry.name,
+                    entry.role.as_str(),
+                    entry.datastore
+                );
+            }
+        }
+        TokenCommand::List => {
+            let tokens = store.list()?;
+            if g.json {
+                super::print_json(&tokens)?;
+            } else if tokens.is_empty() {
+                println!("no tokens (add one: cairn serve token add NAME --datastore D --role R)");
+            } else {
+                println!(
+                    "{:<16}  {:<20}  {:<12}  {:<8}  {:<12}  created",
+                    "id", "name", "datastore", "role", "host"
+                );
+                for t in tokens {
+                    println!(
+                        "{:<16}  {:<20}  {:<12}  {:<8}  {:<12}  {}",
+                        t.id,
+                        t.name,
+                        t.datastore,
+                        t.role.as_str(),
+                        t.host.as_deref().unwrap_or("-"),
+                        t.created.get(..19).unwrap_or(&t.created)
+                    );
+                }
+            }
+        }
+        TokenCommand::Remove { name } => {
+            let removed = store.remove(name)?;
+            if g.json {
+                super::print_json(&removed)?;
+            } else {
+                println!("removed token {:?} ({})", removed.name, removed.id);
+            }
+        }
+    }
+    Ok(0)
+}

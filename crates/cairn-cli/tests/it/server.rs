@@ -1,0 +1,606 @@
+//! `cairn serve` as a real process on loopback, with real clients (TLS, a pinned
+//! self-signed certificate) and with hand-made HTTP requests for what a client
+//! would never send: a backup token adds backups and can never delete, overwrite or
+//! hide what is there.
+
+use crate::util::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running `cairn serve`, stopped (SIGTERM) on drop.
+struct Server {
+    child: Child,
+    lines: Option<StderrLines>,
+    port: u16,
+    fingerprint: Option<String>,
+    state: PathBuf,
+}
+
+impl Server {
+    fn start(state: &Path, datastores: &[(&str, &Path)], insecure: bool) -> Server {
+        Self::start_on(0, state, datastores, insecure)
+    }
+
+    fn start_on(port: u16, state: &Path, datastores: &[(&str, &Path)], insecure: bool) -> Server {
+        let mut c = Command::new(bin());
+        c.args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--state-dir",
+        ])
+        .arg(state);
+        for (name, path) in datastores {
+            c.arg("--datastore")
+                .arg(format!("{name}={}", path.display()));
+        }
+        if insecure {
+            c.arg("--insecure-http");
+        }
+        c.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let mut lines = StderrLines::of(&mut child);
+        let line = lines.wait_for("listening on", Duration::from_secs(60));
+        let port: u16 = line
+            .split("://127.0.0.1:")
+            .nth(1)
+            .and_then(|p| p.split(' ').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        let fingerprint = (!insecure).then(|| {
+            let l = lines.wait_for("fingerprint:", Duration::from_secs(10));
+            l.split("fingerprint: ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .to_string()
+        });
+        Server {
+            child,
+            lines: Some(lines),
+            port,
+            fingerprint,
+            state: state.to_path_buf(),
+        }
+    }
+
+    fn location(&self, ds: &str) -> String {
+        let scheme = if self.fingerprint.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("cairn+{scheme}://127.0.0.1:{}/{ds}", self.port)
+    }
+
+    /// Adds a token with the CLI (as an admin would, while the server runs).
+    fn token(&self, name: &str, ds: &str, role: &str) -> String {
+        let o = Command::new(bin())
+            .args([
+                "serve",
+                "token",
+                "add",
+                name,
+                "--datastore",
+                ds,
+                "--role",
+                role,
+            ])
+            .arg("--state-dir")
+            .arg(&self.state)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    }
+
+    /// Stops the server with SIGTERM and returns its log.
+    fn stop(mut self) -> String {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let status = self.child.wait().unwrap();
+        let log = self.lines.take().unwrap().all();
+        assert!(status.success(), "server exit {status:?}: {log}");
+        assert!(!log.contains("panicked"), "{log}");
+        log
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A client command against the server with `token`.
+fn client(env: &Env, srv: &Server, ds: &str, token: &str, args: &[&str]) -> std::process::Output {
+    let mut c = Command::new(bin());
+    c.arg("--repo").arg(srv.location(ds)).args(args);
+    c.env("CAIRN_PASSWORD", PASSWORD)
+        .env("CAIRN_TOKEN", token)
+        .env("XDG_CACHE_HOME", env.path("cache"))
+        .env_remove("CAIRN_REPO")
+        .env_remove("CAIRN_TOKEN_FILE")
+        .env_remove("CAIRN_FAULTS")
+        .stdin(Stdio::null());
+    match &srv.fingerprint {
+        Some(fp) => c.env("CAIRN_SERVER_FINGERPRINT", fp),
+        None => c.env_remove("CAIRN_SERVER_FINGERPRINT"),
+    };
+    c.output().unwrap()
+}
+
+fn ok(o: std::process::Output, what: &str) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{what} failed: {err}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Fails (non-zero, no panic) and returns stderr.
+fn refused(o: std::process::Output, what: &str) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{what} succeeded: {err}");
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    err
+}
+
+fn snapshot_count(env: &Env) -> usize {
+    env.snapshot_ids().len()
+}
+
+/// Every object of the repository with its bytes, to prove nothing changed.
+fn objects(repo: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for dir in ["snapshots", "index", "keys", "data"] {
+        let mut stack = vec![repo.join(dir)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    out.push((p.clone(), std::fs::read(&p).unwrap()));
+                }
+            }
+        }
+    }
+    out.push((
+        repo.join("config"),
+        std::fs::read(repo.join("config")).unwrap(),
+    ));
+    out.sort();
+    out
+}
+
+#[test]
+fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 41);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], false);
+    let backup = srv.token("web01", "main", "backup");
+    let restore = srv.token("web01-restore", "main", "restore");
+    let admin = srv.token("ops", "main", "admin");
+
+    // Backups through the server, then the same data again (only new chunks move).
+    let s = src.to_str().unwrap();
+    ok(
+        client(&env, &srv, "main", &backup, &["backup", s]),
+        "backup",
+    );
+    std::fs::write(src.join("day2.txt"), b"second day").unwrap();
+    ok(
+        client(&env, &srv, "main", &backup, &["backup", s]),
+        "backup 2",
+    );
+    let listed = ok(
+        client(&env, &srv, "main", &backup, &["snapshots", "--json"]),
+        "snapshots",
+    );
+    let snaps: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(snaps.as_array().unwrap().len(), 2, "{snaps}");
+    assert_eq!(snapshot_count(&env), 2, "a direct reader sees them too");
+
+    // What a hijacked backup client would try, through the real client.
+    let before = objects(&env.repo);
+    for (args, what) in [
+        (vec!["forget", "--keep-last", "1"], "forget"),
+        (vec!["prune"], "prune"),
+        (vec!["repair", "index"], "repair index"),
+        (vec!["config", "--compression", "max"], "config"),
+    ] {
+        let err = refused(client(&env, &srv, "main", &backup, &args), what);
+        assert!(
+            err.contains("may not") || err.contains("cannot"),
+            "{what}: {err}"
+        );
+    }
+    let pw = env.path("pw2");
+    std::fs::write(&pw, "another password\n").unwrap();
+    refused(
+        client(
+            &env,
+            &srv,
+            "main",
+            &backup,
+            &["key", "add", "--new-password-file", pw.to_str().unwrap()],
+        ),
+        "key add",
+    );
+    assert_eq!(
+        objects(&env.repo),
+        before,
+        "a backup token changed existing objects"
+    );
+    env.check_clean();
+
+    // A restore token reads everything of its datastore and writes nothing.
+    let out = env.path("restored");
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &restore,
+            &["restore", "latest", "--target", out.to_str().unwrap()],
+        ),
+        "restore",
+    );
+    assert_same(&src, &out.join(src.strip_prefix("/").unwrap()));
+    refused(
+        client(&env, &srv, "main", &restore, &["backup", s]),
+        "backup with a restore token",
+    );
+
+    // Tokens: unknown, for another datastore, removed while the server runs.
+    let err = refused(
+        client(
+            &env,
+            &srv,
+            "main",
+            "cairn_0000000000000000_0000000000000000000000000000000000000000000000000000000000000000",
+            &["snapshots"],
+        ),
+        "bad token",
+    );
+    assert!(err.contains("unknown or removed token"), "{err}");
+    let err = refused(
+        client(&env, &srv, "other", &backup, &["snapshots"]),
+        "other datastore",
+    );
+    assert!(err.contains("not \"other\""), "{err}");
+    let o = Command::new(bin())
+        .args(["serve", "token", "remove", "web01-restore", "--state-dir"])
+        .arg(&srv.state)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    refused(
+        client(&env, &srv, "main", &restore, &["snapshots"]),
+        "removed token",
+    );
+
+    // The wrong certificate fingerprint: a clear TLS error, nothing sent.
+    let mut c = Command::new(bin());
+    c.arg("--repo")
+        .arg(srv.location("main"))
+        .arg("snapshots")
+        .env("CAIRN_PASSWORD", PASSWORD)
+        .env("CAIRN_TOKEN", &admin)
+        .env("CAIRN_SERVER_FINGERPRINT", "00".repeat(32))
+        .env("XDG_CACHE_HOME", env.path("cache2"));
+    let err = refused(c.output().unwrap(), "wrong fingerprint");
+    assert!(err.contains("fingerprint"), "{err}");
+
+    // The admin forgets and prunes through the server; every kept snapshot restores.
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &admin,
+            &["forget", "--keep-last", "1", "--prune"],
+        ),
+        "forget --prune",
+    );
+    assert_eq!(snapshot_count(&env), 1);
+    ok(
+        client(&env, &srv, "main", &admin, &["check", "--read-data"]),
+        "check",
+    );
+    env.check_clean();
+    let log = srv.stop();
+    assert!(log.contains("stopped"), "{log}");
+}
+
+/// One HTTP/1.1 request on a fresh connection; returns the status code and body.
+fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(t) = token {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = Vec::new();
+    let _ = s.read_to_end(&mut resp);
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text:?}"));
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (code, body)
+}
+
+fn blake3_hex(b: &[u8]) -> String {
+    blake3::hash(b).to_hex().to_string()
+}
+
+#[test]
+fn hand_made_requests_cannot_delete_overwrite_or_hide() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 43);
+    env.backup(&[&src]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let backup = srv.token("web01", "main", "backup");
+    let other = srv.token("web02", "main", "backup");
+    let p = srv.port;
+    let before = objects(&env.repo);
+    let snap = env.snapshot_ids()[0].clone();
+    let full_snap = std::fs::read_dir(env.repo.join("snapshots"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+        .into_string()
+        .unwrap();
+    assert!(full_snap.starts_with(&snap));
+    let index = std::fs::read_dir(env.repo.join("index"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+        .into_string()
+        .unwrap();
+    let obj = |name: &str| format!("/v1/datastores/main/objects/{name}");
+    let t = Some(backup.as_str());
+
+    // No token, a bad token, a token for a datastore this server does not have.
+    assert_eq!(http(p, "GET", &obj("config"), None, b"").0, 401);
+    assert_eq!(http(p, "GET", &obj("config"), Some("cairn_x"), b"").0, 401);
+    assert_eq!(
+        http(p, "GET", "/v1/datastores/nope/objects/config", t, b"").0,
+        403
+    );
+    // Reads are allowed.
+    assert_eq!(http(p, "GET", &obj("config"), t, b"").0, 200);
+    assert_eq!(
+        http(
+            p,
+            "GET",
+            "/v1/datastores/main/objects?prefix=snapshots/",
+            t,
+            b""
+        )
+        .0,
+        200
+    );
+
+    // Delete and overwrite of what exists.
+    let sbytes = std::fs::read(env.repo.join("snapshots").join(&full_snap)).unwrap();
+    for (method, path, body) in [
+        ("DELETE", obj(&format!("snapshots/{full_snap}")), vec![]),
+        ("DELETE", obj(&format!("index/{index}")), vec![]),
+        ("DELETE", obj("config"), vec![]),
+        (
+            "PUT",
+            obj(&format!("snapshots/{full_snap}?mode=replace")),
+            sbytes.clone(),
+        ),
+        ("PUT", obj("config?mode=replace"), b"{}".to_vec()),
+        ("PUT", obj("config"), b"{}".to_vec()),
+    ] {
+        let (code, body) = http(p, method, &path, t, &body);
+        assert_eq!(code, 403, "{method} {path}: {body}");
+    }
+    // Creating an object that already exists (create-only).
+    let (code, _) = http(
+        p,
+        "PUT",
+        &obj(&format!("snapshots/{full_snap}")),
+        t,
+        &sbytes,
+    );
+    assert_eq!(code, 409);
+
+    // Objects that hide or remove: a superseding index, an exclusive lock, a
+    // pending-deletion record, a key. Named by their content, as a client would.
+    let junk = b"sealed with the key a hijacked client holds".to_vec();
+    let id = blake3_hex(&junk);
+    for name in [
+        format!("index/admin-{id}"),
+        format!("locks/admin-{id}"),
+        format!("pending/{id}"),
+        format!("keys/{id}"),
+    ] {
+        let (code, body) = http(p, "PUT", &obj(&name), t, &junk);
+        assert_eq!(code, 403, "{name}: {body}");
+    }
+
+    // Content that does not match its name, a pack without a pack's trailer,
+    // names outside the layout.
+    let (code, body) = http(
+        p,
+        "PUT",
+        &obj(&format!("index/{}", "ab".repeat(32))),
+        t,
+        &junk,
+    );
+    assert_eq!(code, 422, "{body}");
+    let (code, _) = http(p, "PUT", &obj(&format!("data/{}/{id}", &id[..2])), t, &junk);
+    assert_eq!(code, 422);
+    for name in [
+        "../config".to_string(),
+        "data/../../etc".to_string(),
+        format!("index/{id}/x"),
+        format!("data/zz/{id}"),
+        format!("index/%2e%2e%2f{id}"),
+        "tokens.json".to_string(),
+    ] {
+        let (code, body) = http(p, "PUT", &obj(&name), t, &junk);
+        assert!(code == 400 || code == 404, "{name}: {code} {body}");
+    }
+
+    // Locks: a token creates and refreshes its own, never another token's.
+    let lock = format!("locks/{}", "cd".repeat(32));
+    assert_eq!(http(p, "PUT", &obj(&lock), t, b"lock v1").0, 201);
+    assert_eq!(
+        http(
+            p,
+            "PUT",
+            &obj(&format!("{lock}?mode=replace")),
+            t,
+            b"lock v2"
+        )
+        .0,
+        201
+    );
+    let o = Some(other.as_str());
+    assert_eq!(
+        http(p, "PUT", &obj(&format!("{lock}?mode=replace")), o, b"mine").0,
+        403
+    );
+    assert_eq!(http(p, "DELETE", &obj(&lock), o, b"").0, 403);
+    assert_eq!(http(p, "PUT", &obj(&lock), o, b"mine").0, 409);
+    assert_eq!(std::fs::read(env.repo.join(&lock)).unwrap(), b"lock v2");
+    assert_eq!(http(p, "DELETE", &obj(&lock), t, b"").0, 204);
+
+    // A slow client holding a half-sent request does not stop the others.
+    let mut slow = TcpStream::connect(("127.0.0.1", p)).unwrap();
+    slow.write_all(b"GET /v1/datastores/main/objects/config HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    assert_eq!(http(p, "GET", &obj("config"), t, b"").0, 200);
+
+    // Nothing that existed changed, and the repository is whole.
+    assert_eq!(objects(&env.repo), before);
+    env.check_clean();
+    drop(slow);
+    srv.stop();
+}
+
+/// A datastore made before the `admin-names` feature: the server cannot tell a
+/// hiding index file from a plain one there, so only admin tokens may write; the
+/// others still read.
+#[test]
+fn an_older_datastore_is_read_only_to_non_admin_tokens() {
+    let env = crate::golden::unpack("v1-2026-11");
+    let srv = Server::start(&env.path("state"), &[("old", &env.repo)], false);
+    let backup = srv.token("web01", "old", "backup");
+    let restore = srv.token("reader", "old", "restore");
+    let admin = srv.token("ops", "old", "admin");
+    let src = env.path("src");
+    make_full_tree(&src, 45);
+    let s = src.to_str().unwrap();
+    let before = env.snapshot_ids().len();
+    let err = refused(client(&env, &srv, "old", &backup, &["backup", s]), "backup");
+    assert!(err.contains("only admin tokens may write"), "{err}");
+    let listed = ok(
+        client(&env, &srv, "old", &restore, &["snapshots", "--json"]),
+        "snapshots",
+    );
+    let snaps: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(snaps.as_array().unwrap().len(), before);
+    ok(
+        client(&env, &srv, "old", &admin, &["backup", s]),
+        "admin backup",
+    );
+    assert_eq!(env.snapshot_ids().len(), before + 1);
+    env.check_clean();
+    srv.stop();
+}
+
+/// The server stopped (SIGTERM) or killed (SIGKILL) in the middle of a backup (right
+/// after it stored the first pack) and started again once the client has seen it
+/// gone: the client's retries carry the backup through, and nothing committed is
+/// lost or damaged.
+#[test]
+fn a_backup_survives_the_server_stopping_and_dying_mid_upload() {
+    for signal in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGKILL,
+    ] {
+        let env = Env::new();
+        env.init(&[]);
+        let src = env.path("src");
+        std::fs::create_dir_all(&src).unwrap();
+        for i in 0..6 {
+            std::fs::write(src.join(format!("f{i}")), Rng(i + 7).bytes(12 << 20, false)).unwrap();
+        }
+        let state = env.path("state");
+        let first = Server::start(&state, &[("main", &env.repo)], false);
+        let port = first.port;
+        let token = first.token("web01", "main", "backup");
+        let mut c = Command::new(bin());
+        c.arg("--repo")
+            .arg(first.location("main"))
+            .args(["backup", src.to_str().unwrap()])
+            .env("CAIRN_PASSWORD", PASSWORD)
+            .env("CAIRN_TOKEN", &token)
+            .env(
+                "CAIRN_SERVER_FINGERPRINT",
+                first.fingerprint.clone().unwrap(),
+            )
+            .env("XDG_CACHE_HOME", env.path("cache"))
+            .env("CAIRN_LIMIT_UPLOAD", "20M")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut backup = c.spawn().unwrap();
+        let mut client_err = StderrLines::of(&mut backup);
+        let mut first = first;
+        let mut lines = first.lines.take().unwrap();
+        lines.wait_for(
+            "PUT /v1/datastores/main/objects/data/",
+            Duration::from_secs(60),
+        );
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(first.child.id() as i32), signal)
+            .unwrap();
+        let _ = first.child.wait();
+        drop(lines);
+        // The client finds the server gone and says it will try again...
+        client_err.wait_for("retrying", Duration::from_secs(120));
+        // ...and the server comes back on the same port with the same state (the
+        // self-signed certificate and the lock owners).
+        let second = Server::start_on(port, &state, &[("main", &env.repo)], false);
+        assert_eq!(second.fingerprint, first.fingerprint);
+        let status = backup.wait().unwrap();
+        let err = client_err.all();
+        assert!(status.success(), "{signal}: backup failed: {err}");
+        env.check_clean();
+        let restored = env.restore("latest", &src, "r");
+        assert_same(&src, &restored);
+        second.stop();
+    }
+}

@@ -1,0 +1,475 @@
+//! The HTTP API (see docs/SERVER.md): the object calls a remote repository needs
+//! (list, get with range, create-only and replacing put, delete), each decided by
+//! [`crate::policy`] for the caller's token and checked before it reaches the
+//! datastore's storage.
+
+use crate::policy::{self, Action, Decision, Kind, Role};
+use crate::tokens::TokenEntry;
+use crate::{App, Datastore};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use cairn_backend::{BackendError, BackendErrorKind};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// An error answer: a status and `{"error": kind, "message": text}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+    fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+    fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+}
+
+impl From<BackendError> for ApiError {
+    fn from(e: BackendError) -> ApiError {
+        let (status, kind) = match e.kind {
+            BackendErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            BackendErrorKind::AlreadyExists => (StatusCode::CONFLICT, "already_exists"),
+            BackendErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            BackendErrorKind::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
+            BackendErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, "forbidden"),
+            BackendErrorKind::Transient => (StatusCode::SERVICE_UNAVAILABLE, "transient"),
+            BackendErrorKind::Other => (StatusCode::INTERNAL_SERVER_ERROR, "storage"),
+        };
+        ApiError::new(status, kind, e.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&ErrorBody {
+            error: self.kind.to_string(),
+            message: self.message,
+        })
+        .unwrap_or_default();
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The caller, from `Authorization: Bearer <token>`.
+pub(crate) fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<TokenEntry> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "no token (send Authorization: Bearer <token>)",
+            )
+        })?;
+    match app.tokens.authenticate(presented) {
+        Ok(Some(t)) => Ok(t),
+        Ok(None) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "unknown or removed token",
+        )),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server",
+            e.to_string(),
+        )),
+    }
+}
+
+/// The datastore a token opens, which must be the one named in the path.
+fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<Arc<Datastore>> {
+    if token.datastore != name {
+        return Err(ApiError::forbidden(format!(
+            "this token is for datastore {:?}, not {name:?}",
+            token.datastore
+        )));
+    }
+    app.datastores.get(name).cloned().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_datastore",
+            format!("this server has no datastore {name:?}"),
+        )
+    })
+}
+
+/// Runs blocking storage work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
+) -> ApiResult<T> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server",
+            format!("request failed: {e}"),
+        )),
+    }
+}
+
+#[derive(Serialize)]
+pub struct WhoAmI {
+    pub name: String,
+    pub datastore: String,
+    pub role: Role,
+}
+
+pub async fn whoami(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    Ok(axum::Json(WhoAmI {
+        name: t.name,
+        datastore: t.datastore,
+        role: t.role,
+    })
+    .into_response())
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    #[serde(default)]
+    prefix: String,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct ListEntry {
+    pub name: String,
+    pub size: u64,
+}
+
+pub async fn list(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    Query(q): Query<ListQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    if !policy::may_list(t.role, &q.prefix) {
+        return Err(ApiError::bad(format!(
+            "{:?} is not a listing prefix of a repository",
+            q.prefix
+        )));
+    }
+    let backend = store.backend.clone();
+    let items = blocking(move || backend.list(&q.prefix)).await?;
+    let out: Vec<ListEntry> = items
+        .into_iter()
+        .map(|o| ListEntry {
+            name: o.name,
+            size: o.size,
+        })
+        .collect();
+    Ok(axum::Json(out).into_response())
+}
+
+/// Decides whether `t` may do `action` to `name` and returns the object's kind.
+fn allow(store: &Datastore, t: &TokenEntry, name: &str, action: Action) -> ApiResult<Kind> {
+    let kind = policy::classify(name).map_err(|e| ApiError::bad(e.to_string()))?;
+    let decision = policy::decide(t.role, kind, action);
+    if decision == Decision::Deny {
+        return Err(ApiError::forbidden(format!(
+            "a {} token may not {} {name}",
+            t.role.as_str(),
+            match action {
+                Action::List => "list",
+                Action::Read => "read",
+                Action::Create => "create",
+                Action::Replace => "overwrite",
+                Action::Delete => "delete",
+            }
+        )));
+    }
+    let writes = matches!(action, Action::Create | Action::Replace | Action::Delete);
+    if writes && t.role != Role::Admin && !store.admin_names {
+        return Err(ApiError::forbidden(format!(
+            "datastore {:?} was created before cairn marked admin objects by name, so \
+             the server cannot keep a {} token from hiding data: only admin tokens may \
+             write to it (see docs/SERVER.md, \"Older datastores\")",
+            store.name,
+            t.role.as_str()
+        )));
+    }
+    Ok(kind)
+}
+
+#[derive(Deserialize)]
+pub struct GetQuery {
+    max: Option<u64>,
+}
+
+pub async fn get(
+    State(app): State<Arc<App>>,
+    Path((ds, name)): Path<(String, String)>,
+    Query(q): Query<GetQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    allow(&store, &t, &name, Action::Read)?;
+    let range = match headers.get(header::RANGE) {
+        Some(v) => Some(parse_range(v.to_str().unwrap_or(""))?),
+        None => None,
+    };
+    let backend = store.backend.clone();
+    let n = name.clone();
+    let data = blocking(move || match (range, q.max) {
+        (Some((off, len)), _) => backend.get_range(&n, off, len),
+        (None, Some(max)) => backend.get_bounded(&n, max),
+        (None, None) => backend.get(&n),
+    })
+    .await?;
+    app.stats
+        .bytes_out
+        .fetch_add(data.len() as u64, Ordering::Relaxed);
+    let status = if range.is_some() {
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        data,
+    )
+        .into_response())
+}
+
+/// `bytes=START-END` (inclusive end) into offset and length. `bytes=START-` with
+/// an empty end is refused: a client always knows what it wants.
+fn parse_range(v: &str) -> ApiResult<(u64, u64)> {
+    let bad = || ApiError::bad(format!("unsupported Range {v:?} (use bytes=START-END)"));
+    let spec = v.strip_prefix("bytes=").ok_or_else(bad)?;
+    let (a, b) = spec.split_once('-').ok_or_else(bad)?;
+    let start: u64 = a.parse().map_err(|_| bad())?;
+    let end: u64 = b.parse().map_err(|_| bad())?;
+    if end < start {
+        // An empty range (length 0) is written as START-(START-1).
+        if end.checked_add(1) == Some(start) {
+            return Ok((start, 0));
+        }
+        return Err(bad());
+    }
+    Ok((start, end - start + 1))
+}
+
+#[derive(Deserialize)]
+pub struct PutQuery {
+    /// `new` (create-only, the default) or `replace`.
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+pub async fn put(
+    State(app): State<Arc<App>>,
+    Path((ds, name)): Path<(String, String)>,
+    Query(q): Query<PutQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    let action = match q.mode.as_deref() {
+        None | Some("new") => Action::Create,
+        Some("replace") => Action::Replace,
+        Some(m) => return Err(ApiError::bad(format!("unknown put mode {m:?}"))),
+    };
+    let kind = allow(&store, &t, &name, action)?;
+    app.stats
+        .bytes_in
+        .fetch_add(body.len() as u64, Ordering::Relaxed);
+    check_body(kind, &name, &body, app.config.max_object_size)?;
+    let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
+    let policed = t.role != Role::Admin;
+    if is_lock && policed && action == Action::Replace {
+        let max_age = app.config.max_lock_age_hours as i64 * 3600;
+        match store.owners.may_refresh(&name, &t.id, max_age) {
+            Ok(()) => {}
+            Err(crate::locks::LockRefusal::NotOwner) => {
+                return Err(ApiError::forbidden(format!(
+                    "{name} was not created by this token"
+                )));
+            }
+            Err(crate::locks::LockRefusal::TooOld { age_secs }) => {
+                return Err(ApiError::forbidden(format!(
+                    "{name} is {} hours old, more than the {} a {} token's lock may live",
+                    age_secs / 3600,
+                    app.config.max_lock_age_hours,
+                    t.role.as_str()
+                )));
+            }
+        }
+    }
+    let backend = store.backend.clone();
+    let n = name.clone();
+    blocking(move || match action {
+        Action::Replace => backend.put(&n, &body),
+        _ if is_lock => {
+            // Locks are named at random by their holder, not by content: create
+            // means "no lock of that name yet", so nobody takes over another's.
+            let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
+            match backend.get_bounded(&n, max) {
+                Err(e) if e.is_not_found() => backend.put(&n, &body),
+                Err(e) if e.kind != BackendErrorKind::TooLarge => Err(e),
+                _ => Err(BackendError::already_exists("put", &n)),
+            }
+        }
+        _ => backend.put_new(&n, &body),
+    })
+    .await?;
+    if is_lock && action == Action::Create {
+        store.owners.created(&name, &t.id);
+    }
+    Ok(StatusCode::CREATED.into_response())
+}
+
+/// What the server can check of an upload without the key: its size, that its
+/// name is the BLAKE3 hash of its bytes, and a pack's trailer.
+fn check_body(kind: Kind, name: &str, body: &[u8], max_object: u64) -> ApiResult<()> {
+    let max = kind.max_size(max_object);
+    if body.len() as u64 > max {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("{name}: {} bytes, more than the {max} allowed", body.len()),
+        ));
+    }
+    let mismatch = |what: &str| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "content_mismatch",
+            format!("{name}: {what}"),
+        )
+    };
+    if kind.content_addressed() {
+        let id = policy::id_of(name).ok_or_else(|| mismatch("no id in the name"))?;
+        if blake3::hash(body).to_hex().as_str() != id {
+            return Err(mismatch(
+                "the content does not hash to the name (damaged in transit, or forged)",
+            ));
+        }
+    }
+    if kind == Kind::Pack {
+        use cairn_format::consts::{PACK_TRAILER_LEN, PACK_TRAILER_MAGIC};
+        let n = body.len();
+        if n < PACK_TRAILER_LEN || &body[n - PACK_TRAILER_MAGIC.len()..] != PACK_TRAILER_MAGIC {
+            return Err(mismatch("not a pack (no pack trailer)"));
+        }
+        let len_at = n - PACK_TRAILER_LEN;
+        let header_len = u32::from_le_bytes([
+            body[len_at],
+            body[len_at + 1],
+            body[len_at + 2],
+            body[len_at + 3],
+        ]) as usize;
+        if header_len == 0 || header_len > len_at {
+            return Err(mismatch("the pack's header length does not fit the pack"));
+        }
+    }
+    if body.is_empty() && kind != Kind::Config {
+        return Err(mismatch("empty object"));
+    }
+    Ok(())
+}
+
+pub async fn delete(
+    State(app): State<Arc<App>>,
+    Path((ds, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    let kind = allow(&store, &t, &name, Action::Delete)?;
+    let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
+    if is_lock && t.role != Role::Admin && !store.owners.may_delete(&name, &t.id) {
+        return Err(ApiError::forbidden(format!(
+            "{name} was not created by this token"
+        )));
+    }
+    let backend = store.backend.clone();
+    let n = name.clone();
+    blocking(move || backend.delete(&n)).await?;
+    if is_lock {
+        store.owners.removed(&name);
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("bytes=0-0").unwrap(), (0, 1));
+        assert_eq!(parse_range("bytes=10-19").unwrap(), (10, 10));
+        assert_eq!(parse_range("bytes=5-4").unwrap(), (5, 0));
+        for bad in [
+            "bytes=5-",
+            "bytes=-5",
+            "bytes=9-3",
+            "items=0-1",
+            "bytes=a-b",
+            "",
+        ] {
+            assert!(parse_range(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn uploads_are_checked_against_their_names() {
+        let body = b"some sealed bytes".to_vec();
+        let id = blake3::hash(&body).to_hex().to_string();
+        let name = format!("index/{id}");
+        check_body(Kind::Index, &name, &body, 1 << 20).unwrap();
+        let e = check_body(Kind::Index, &name, b"other bytes", 1 << 20).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        // A pack must end in its trailer.
+        let pname = format!("data/{}/{id}", &id[..2]);
+        let e = check_body(Kind::Pack, &pname, &body, 1 << 20).unwrap_err();
+        assert!(e.message.contains("trailer"), "{}", e.message);
+        let mut pack = vec![1u8; 100];
+        pack.extend_from_slice(&50u32.to_le_bytes());
+        pack.extend_from_slice(b"CAIRNPK1");
+        let pid = blake3::hash(&pack).to_hex().to_string();
+        check_body(
+            Kind::Pack,
+            &format!("data/{}/{pid}", &pid[..2]),
+            &pack,
+            1 << 20,
+        )
+        .unwrap();
+        let e =
+            check_body(Kind::Pack, &format!("data/{}/{pid}", &pid[..2]), &pack, 10).unwrap_err();
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+}

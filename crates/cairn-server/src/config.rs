@@ -1,0 +1,259 @@
+//! The server's settings: a TOML file, flags, or both (flags win).
+//!
+//! ```toml
+//! listen = "0.0.0.0:8443"
+//! state_dir = "/var/lib/cairn"
+//! tls_cert = "/etc/cairn/cert.pem"   # both absent: a self-signed certificate
+//! tls_key = "/etc/cairn/key.pem"
+//! request_timeout_secs = 600
+//! max_lock_age_hours = 168
+//!
+//! [datastores]
+//! main = "/srv/cairn/main"
+//! offsite = "s3:https://s3.example.com/bucket/cairn"
+//! ```
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {message}")]
+    Read { path: PathBuf, message: String },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Everything `cairn serve` needs to run.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Datastore name to repository location (`/path` or `s3:...`).
+    pub datastores: BTreeMap<String, String>,
+    pub state_dir: PathBuf,
+    pub tls: Tls,
+    /// Seconds a request may take from its first byte to its answer.
+    pub request_timeout_secs: u64,
+    /// Hours after which a lock made by a backup or restore token may no longer be
+    /// refreshed (a week by default: longer than any sane backup, short enough that
+    /// a hijacked client cannot keep prune from deleting forever).
+    pub max_lock_age_hours: u64,
+    /// The largest object a client may upload, bytes.
+    pub max_object_size: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tls {
+    /// Certificate and key files (PEM).
+    Files { cert: PathBuf, key: PathBuf },
+    /// A self-signed certificate kept in the state directory, made on first start.
+    SelfSigned,
+    /// No TLS (`--insecure-http`): only on a loopback address.
+    InsecureHttp,
+}
+
+/// The TOML file's shape; every member is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub insecure_http: Option<bool>,
+    pub request_timeout_secs: Option<u64>,
+    pub max_lock_age_hours: Option<u64>,
+    pub max_object_size: Option<u64>,
+    #[serde(default)]
+    pub datastores: BTreeMap<String, String>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// The default state directory: `/var/lib/cairn` for root, else
+/// `$XDG_STATE_HOME/cairn` or `~/.local/state/cairn`.
+pub fn default_state_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/var/lib/cairn");
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("cairn");
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".local/state/cairn"),
+        None => PathBuf::from(".cairn-state"),
+    }
+}
+
+/// A datastore name: what appears in URLs, so letters, digits, `-`, `_`, `.`.
+pub fn valid_datastore_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+/// The flags of `cairn serve`, as the CLI parsed them.
+#[derive(Clone, Debug, Default)]
+pub struct Flags {
+    pub config: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub datastores: Vec<String>,
+    pub state_dir: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub insecure_http: bool,
+}
+
+impl ServerConfig {
+    /// Merges the file (if any) and the flags.
+    pub fn from_flags(flags: &Flags) -> Result<ServerConfig, ConfigError> {
+        let file = match &flags.config {
+            Some(p) => FileConfig::load(p)?,
+            None => FileConfig::default(),
+        };
+        let listen = flags
+            .listen
+            .clone()
+            .or(file.listen)
+            .unwrap_or_else(|| "127.0.0.1:8443".to_string());
+        let listen: SocketAddr = listen.parse().map_err(|_| {
+            ConfigError::Invalid(format!(
+                "--listen {listen:?}: expected ADDRESS:PORT such as 0.0.0.0:8443"
+            ))
+        })?;
+        let mut datastores = file.datastores;
+        for d in &flags.datastores {
+            let Some((name, location)) = d.split_once('=') else {
+                return Err(ConfigError::Invalid(format!(
+                    "--datastore {d:?}: expected NAME=PATH or NAME=s3:..."
+                )));
+            };
+            datastores.insert(name.to_string(), location.to_string());
+        }
+        for (name, location) in &datastores {
+            if !valid_datastore_name(name) {
+                return Err(ConfigError::Invalid(format!(
+                    "datastore name {name:?}: use letters, digits, '-', '_' and '.' (at most 64)"
+                )));
+            }
+            if location.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "datastore {name}: the location is empty"
+                )));
+            }
+        }
+        if datastores.is_empty() {
+            return Err(ConfigError::Invalid(
+                "no datastore: give --datastore NAME=PATH (or [datastores] in --config)".into(),
+            ));
+        }
+        let insecure = flags.insecure_http || file.insecure_http.unwrap_or(false);
+        let cert = flags.tls_cert.clone().or(file.tls_cert);
+        let key = flags.tls_key.clone().or(file.tls_key);
+        let tls = match (insecure, cert, key) {
+            (true, None, None) => {
+                if !listen.ip().is_loopback() {
+                    return Err(ConfigError::Invalid(format!(
+                        "--insecure-http is allowed on a loopback address only, not {listen}: \
+                         tokens and data would cross the network in the clear"
+                    )));
+                }
+                Tls::InsecureHttp
+            }
+            (true, _, _) => {
+                return Err(ConfigError::Invalid(
+                    "--insecure-http and a TLS certificate exclude each other".into(),
+                ));
+            }
+            (false, Some(cert), Some(key)) => Tls::Files { cert, key },
+            (false, None, None) => Tls::SelfSigned,
+            (false, _, _) => {
+                return Err(ConfigError::Invalid(
+                    "give both --tls-cert and --tls-key, or neither (a self-signed certificate)"
+                        .into(),
+                ));
+            }
+        };
+        Ok(ServerConfig {
+            listen,
+            datastores,
+            state_dir: flags
+                .state_dir
+                .clone()
+                .or(file.state_dir)
+                .unwrap_or_else(default_state_dir),
+            tls,
+            request_timeout_secs: file.request_timeout_secs.unwrap_or(600),
+            max_lock_age_hours: file.max_lock_age_hours.unwrap_or(7 * 24),
+            max_object_size: file.max_object_size.unwrap_or(512 << 20),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_and_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(
+            &f,
+            "listen = \"127.0.0.1:9000\"\n[datastores]\nmain = \"/srv/a\"\n",
+        )
+        .unwrap();
+        let c = ServerConfig::from_flags(&Flags {
+            config: Some(f.clone()),
+            datastores: vec!["two=/srv/b".into()],
+            ..Flags::default()
+        })
+        .unwrap();
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.datastores.len(), 2);
+        assert_eq!(c.tls, Tls::SelfSigned);
+        let e = ServerConfig::from_flags(&Flags {
+            listen: Some("0.0.0.0:8000".into()),
+            datastores: vec!["a=/x".into()],
+            insecure_http: true,
+            ..Flags::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("loopback"), "{e}");
+        for bad in ["../x=/a", "a", "=/a", "a b=/x"] {
+            assert!(
+                ServerConfig::from_flags(&Flags {
+                    datastores: vec![bad.into()],
+                    ..Flags::default()
+                })
+                .is_err(),
+                "{bad}"
+            );
+        }
+        std::fs::write(&f, "lisen = 1\n").unwrap();
+        let e = ServerConfig::from_flags(&Flags {
+            config: Some(f),
+            ..Flags::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("lisen"), "{e}");
+    }
+}

@@ -1,0 +1,347 @@
+//! `cairn serve`: a recovery-point server in front of ordinary cairn repositories.
+//!
+//! ```text
+//! client (chunking, hashing, compression, encryption: keys never leave it)
+//!    -> HTTPS object calls with a bearer token
+//! server: token -> policy (role x object kind x action, by name) -> checks
+//!    (name = hash of the bytes, sizes, create-only) -> the datastore's storage
+//! ```
+//!
+//! The server adds no format of its own: a datastore is a repository that an admin
+//! can also open directly, and the server never holds a key. Storage calls are
+//! blocking and run through `spawn_blocking`.
+
+pub mod api;
+pub mod config;
+pub mod locks;
+pub mod policy;
+pub mod tls;
+pub mod tokens;
+
+use axum::Router;
+use axum::routing::get;
+use cairn_backend::Backend;
+use config::{ServerConfig, Tls};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error(transparent)]
+    Tokens(#[from] tokens::TokenError),
+    #[error("datastore {name}: {message}")]
+    Datastore { name: String, message: String },
+    #[error("cannot listen on {addr}: {message}")]
+    Listen { addr: String, message: String },
+    #[error("{0}")]
+    Io(String),
+}
+
+/// One served repository.
+pub struct Datastore {
+    pub name: String,
+    pub location: String,
+    pub backend: Arc<dyn Backend>,
+    /// The repository has the `admin-names` feature: the policy can tell, by name,
+    /// what an append-only token must not write.
+    pub admin_names: bool,
+    pub owners: locks::LockOwners,
+}
+
+/// Counters for the log and, later, `/metrics`.
+#[derive(Default)]
+pub struct Stats {
+    pub requests: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+pub struct App {
+    pub config: ServerConfig,
+    pub datastores: BTreeMap<String, Arc<Datastore>>,
+    pub tokens: tokens::TokenStore,
+    pub stats: Stats,
+}
+
+/// Whether the repository's config lists a feature. The config is plaintext JSON
+/// under a MAC the server cannot check; it only decides whether to allow
+/// non-admin writes, and a forged feature list would make the readers themselves
+/// ignore the lists a hostile writer could add.
+fn config_features(backend: &dyn Backend) -> Result<Vec<String>, String> {
+    let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
+    let data = backend
+        .get_bounded(cairn_backend::names::CONFIG, max)
+        .map_err(|e| {
+            if e.is_not_found() {
+                "no repository there (create it with `cairn init`)".to_string()
+            } else {
+                e.to_string()
+            }
+        })?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&data).map_err(|e| format!("the config is damaged: {e}"))?;
+    Ok(v.get("config")
+        .and_then(|c| c.get("features"))
+        .and_then(|f| f.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+impl App {
+    /// Opens every datastore's storage (no local cache: the server reads each
+    /// object for a client, who caches it) and the token file.
+    pub fn open(config: ServerConfig) -> Result<App, ServerError> {
+        std::fs::create_dir_all(&config.state_dir).map_err(|e| {
+            ServerError::Io(format!(
+                "cannot create the state directory {}: {e}",
+                config.state_dir.display()
+            ))
+        })?;
+        let opts = cairn_core::repo::storage::StorageOptions {
+            cache: cairn_core::repo::storage::CacheChoice::Off,
+            ..Default::default()
+        };
+        let mut datastores = BTreeMap::new();
+        for (name, location) in &config.datastores {
+            let err = |message: String| ServerError::Datastore {
+                name: name.clone(),
+                message,
+            };
+            let storage = cairn_core::repo::storage::open_storage(
+                location,
+                &opts,
+                &cairn_core::progress::Progress::none(),
+            )
+            .map_err(|e| err(e.to_string()))?;
+            let features = config_features(storage.backend.as_ref()).map_err(err)?;
+            let admin_names = features
+                .iter()
+                .any(|f| f == cairn_format::consts::FEATURE_ADMIN_NAMES);
+            let owners =
+                locks::LockOwners::open(config.state_dir.join(format!("locks-{name}.json")));
+            datastores.insert(
+                name.clone(),
+                Arc::new(Datastore {
+                    name: name.clone(),
+                    location: location.clone(),
+                    backend: storage.backend,
+                    admin_names,
+                    owners,
+                }),
+            );
+        }
+        let tokens = tokens::TokenStore::new(&config.state_dir);
+        tokens.list()?;
+        Ok(App {
+            config,
+            datastores,
+            tokens,
+            stats: Stats::default(),
+        })
+    }
+
+    pub fn router(self: &Arc<App>) -> Router {
+        let limit = self.config.max_object_size as usize + 4096;
+        Router::new()
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/v1/whoami", get(api::whoami))
+            .route("/v1/datastores/{ds}/objects", get(api::list))
+            .route(
+                "/v1/datastores/{ds}/objects/{*name}",
+                get(api::get).put(api::put).delete(api::delete),
+            )
+            .layer(axum::extract::DefaultBodyLimit::max(limit))
+            .with_state(self.clone())
+    }
+}
+
+/// Where the self-signed certificate lives.
+pub fn self_signed_paths(state_dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    (
+        state_dir.join("tls/cert.pem"),
+        state_dir.join("tls/key.pem"),
+    )
+}
+
+/// What the server says when it is ready (printed by the CLI).
+pub struct Ready {
+    pub addr: std::net::SocketAddr,
+    pub fingerprint: Option<String>,
+}
+
+/// Runs the server until SIGTERM or SIGINT; `ready` is called once it listens.
+/// On the signal it stops accepting, lets running requests finish (up to 30 s),
+/// and returns.
+pub fn serve(config: ServerConfig, ready: impl FnOnce(&Ready)) -> Result<(), ServerError> {
+    let tls = match &config.tls {
+        Tls::Files { cert, key } => Some(tls::server_config(cert, key, false)?),
+        Tls::SelfSigned => {
+            let (c, k) = self_signed_paths(&config.state_dir);
+            Some(tls::server_config(&c, &k, true)?)
+        }
+        Tls::InsecureHttp => None,
+    };
+    let app = Arc::new(App::open(config)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("cairn-serve")
+        .build()
+        .map_err(|e| ServerError::Io(format!("cannot start the server's threads: {e}")))?;
+    rt.block_on(run(app, tls, ready))
+}
+
+async fn run(
+    app: Arc<App>,
+    tls: Option<(Arc<rustls::ServerConfig>, String)>,
+    ready: impl FnOnce(&Ready),
+) -> Result<(), ServerError> {
+    let addr = app.config.listen;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| ServerError::Listen {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| ServerError::Io(e.to_string()))?;
+    ready(&Ready {
+        addr: local,
+        fingerprint: tls.as_ref().map(|t| t.1.clone()),
+    });
+    let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.0));
+    let router = app.router();
+    let timeout = Duration::from_secs(app.config.request_timeout_secs);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| ServerError::Io(e.to_string()))?;
+    loop {
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    log_line(&format!("accept: {e}"));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let service = logged(app.clone(), router.clone(), timeout, peer);
+        let builder = connection_builder();
+        match &acceptor {
+            Some(acc) => {
+                let acc = acc.clone();
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    // A client that never finishes its handshake is dropped.
+                    let tls = match tokio::time::timeout(Duration::from_secs(10), acc.accept(tcp))
+                        .await
+                    {
+                        Ok(Ok(s)) => s,
+                        _ => return,
+                    };
+                    let io = hyper_util::rt::TokioIo::new(tls);
+                    let conn = builder.serve_connection_with_upgrades(io, service);
+                    let _ = watcher.watch(conn.into_owned()).await;
+                });
+            }
+            None => {
+                let io = hyper_util::rt::TokioIo::new(tcp);
+                let conn = builder
+                    .serve_connection_with_upgrades(io, service)
+                    .into_owned();
+                let fut = graceful.watch(conn);
+                tokio::spawn(async move {
+                    let _ = fut.await;
+                });
+            }
+        }
+    }
+    log_line("stopping: no new connections; waiting up to 30 s for running requests");
+    drop(listener);
+    if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        log_line("stopped with requests still running (their uploads were not committed)");
+    } else {
+        log_line("stopped");
+    }
+    Ok(())
+}
+
+fn connection_builder() -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
+    let mut b = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    // Slow clients: headers must arrive within 30 s of the connection's start.
+    b.http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
+    b.http2().timer(hyper_util::rt::TokioTimer::new());
+    b
+}
+
+/// The router wrapped with a per-request timeout and one log line per request.
+fn logged(
+    app: Arc<App>,
+    router: Router,
+    timeout: Duration,
+    peer: std::net::SocketAddr,
+) -> hyper_util::service::TowerToHyperService<
+    impl tower::Service<
+        axum::http::Request<hyper::body::Incoming>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+        Future = impl Send,
+    > + Clone,
+> {
+    use tower::ServiceExt;
+    let svc = tower::service_fn(move |req: axum::http::Request<hyper::body::Incoming>| {
+        let app = app.clone();
+        let router = router.clone();
+        async move {
+            let started = Instant::now();
+            let method = req.method().clone();
+            let path = req.uri().path().to_string();
+            let req = req.map(axum::body::Body::new);
+            let resp = match tokio::time::timeout(timeout, router.oneshot(req)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(never)) => match never {},
+                Err(_) => axum::response::IntoResponse::into_response(api::ApiError::new(
+                    axum::http::StatusCode::REQUEST_TIMEOUT,
+                    "timeout",
+                    format!("the request took longer than {} s", timeout.as_secs()),
+                )),
+            };
+            app.stats.requests.fetch_add(1, Ordering::Relaxed);
+            if resp.status().is_server_error() {
+                app.stats.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            log_line(&format!(
+                "{peer} {method} {path} {} {:.3}s",
+                resp.status().as_u16(),
+                started.elapsed().as_secs_f64()
+            ));
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    hyper_util::service::TowerToHyperService::new(svc)
+}
+
+/// One line to stderr (journald adds its own time stamps under systemd).
+pub fn log_line(msg: &str) {
+    eprintln!("{} {msg}", cairn_core::time::now_rfc3339());
+}

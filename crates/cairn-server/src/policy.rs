@@ -1,0 +1,301 @@
+//! Who may do what to which object: one table of role × object kind × action,
+//! decided from the object's *name* alone, because the server has no key.
+//!
+//! That works because the format makes the dangerous kinds visible in names: in a
+//! repository with the `admin-names` feature, index files that supersede or forget
+//! are `index/admin-<id>` and exclusive locks are `locks/admin-<id>`, and readers
+//! honour those lists and that exclusivity under such names only. An append-only
+//! (backup) token may then create packs, plain index files, snapshots and its own
+//! plain locks, and nothing it can create changes what a reader sees of existing
+//! data.
+
+use serde::{Deserialize, Serialize};
+
+/// What a token may do in its datastore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Adds backups: creates packs, plain index files, snapshots and its own locks;
+    /// reads what a backup needs. Never deletes, replaces or hides anything.
+    Backup,
+    /// Reads and lists; may hold its own (shared) locks while it reads.
+    Restore,
+    /// Everything: forget, prune, repair, key and config changes.
+    Admin,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "backup" => Some(Role::Backup),
+            "restore" => Some(Role::Restore),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Backup => "backup",
+            Role::Restore => "restore",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// The kinds of objects a repository holds, told apart by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Config,
+    Key,
+    Pack,
+    Index,
+    /// `index/admin-<id>`: may supersede other index files or forget snapshots.
+    AdminIndex,
+    Snapshot,
+    Lock,
+    /// `locks/admin-<id>`: an exclusive lock.
+    AdminLock,
+    Pending,
+}
+
+impl Kind {
+    /// Whether the object's name is the BLAKE3 hash of its bytes, which the server
+    /// checks on every write.
+    pub fn content_addressed(self) -> bool {
+        !matches!(self, Kind::Config | Kind::Lock | Kind::AdminLock)
+    }
+
+    /// The largest body a write of this kind may carry.
+    pub fn max_size(self, max_pack: u64) -> u64 {
+        use cairn_format::consts::{MAX_INDEX_FILE_SIZE, MAX_SMALL_OBJECT_SIZE};
+        match self {
+            Kind::Pack => max_pack,
+            Kind::Index | Kind::AdminIndex | Kind::Pending => MAX_INDEX_FILE_SIZE as u64,
+            _ => MAX_SMALL_OBJECT_SIZE as u64,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    List,
+    Read,
+    /// Store a new object; fails if the name exists.
+    Create,
+    /// Store an object, replacing one of that name.
+    Replace,
+    Delete,
+}
+
+/// The table's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// Allowed on a lock this token created (the server keeps who created which).
+    OwnLockOnly,
+    Deny,
+}
+
+/// The policy. Listing is decided by [`may_list`]; this is for objects.
+pub fn decide(role: Role, kind: Kind, action: Action) -> Decision {
+    use Action::*;
+    use Decision::*;
+    use Kind::*;
+    match role {
+        Role::Admin => Allow,
+        Role::Backup | Role::Restore => match (kind, action) {
+            (_, List | Read) => Allow,
+            // Readers hold shared locks so that prune waits for them; a lock is
+            // rewritten (refreshed) and deleted only by the token that made it.
+            (Lock, Create) => Allow,
+            (Lock, Replace | Delete) => OwnLockOnly,
+            (Pack | Index | Snapshot, Create) if role == Role::Backup => Allow,
+            _ => Deny,
+        },
+    }
+}
+
+/// Whether `role` may list objects under `prefix` (every role may: listings show
+/// names and sizes, which readers and backups both need).
+pub fn may_list(_role: Role, prefix: &str) -> bool {
+    valid_prefix(prefix)
+}
+
+/// A listing prefix the repository layout has: empty, a top-level directory, or
+/// `data/<xx>/`.
+pub fn valid_prefix(prefix: &str) -> bool {
+    const TOP: &[&str] = &[
+        "",
+        "config",
+        "keys/",
+        "data/",
+        "index/",
+        "snapshots/",
+        "locks/",
+        "pending/",
+    ];
+    if TOP.contains(&prefix) {
+        return true;
+    }
+    match prefix.strip_prefix("data/") {
+        Some(rest) => {
+            let rest = rest.strip_suffix('/').unwrap_or(rest);
+            rest.len() <= 2 && rest.bytes().all(is_lower_hex)
+        }
+        None => false,
+    }
+}
+
+fn is_lower_hex(b: u8) -> bool {
+    b.is_ascii_digit() || (b'a'..=b'f').contains(&b)
+}
+
+fn is_id(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(is_lower_hex)
+}
+
+/// A name that is not one of the repository's objects.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a repository object name")]
+pub struct BadName(pub String);
+
+/// The kind of the object `name`, which must be exactly one of the layout's names
+/// (so that nothing outside the datastore, and nothing the readers would not
+/// understand, can be written).
+pub fn classify(name: &str) -> Result<Kind, BadName> {
+    let bad = || BadName(name.chars().take(200).collect());
+    if name == "config" {
+        return Ok(Kind::Config);
+    }
+    let (dir, base) = name.split_once('/').ok_or_else(bad)?;
+    let (admin, id) = cairn_backend::names::split_admin(base);
+    let kind = match (dir, admin) {
+        ("keys", false) => Kind::Key,
+        ("index", false) => Kind::Index,
+        ("index", true) => Kind::AdminIndex,
+        ("snapshots", false) => Kind::Snapshot,
+        ("locks", false) => Kind::Lock,
+        ("locks", true) => Kind::AdminLock,
+        ("pending", false) => Kind::Pending,
+        ("data", false) => {
+            let (sub, id) = base.split_once('/').ok_or_else(bad)?;
+            if !is_id(id) || id.get(..2) != Some(sub) {
+                return Err(bad());
+            }
+            return Ok(Kind::Pack);
+        }
+        _ => return Err(bad()),
+    };
+    if !is_id(id) {
+        return Err(bad());
+    }
+    Ok(kind)
+}
+
+/// The id part of a content-addressed object's name.
+pub fn id_of(name: &str) -> Option<&str> {
+    let base = cairn_backend::names::base(name);
+    let (_, id) = cairn_backend::names::split_admin(base);
+    is_id(id).then_some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn names_are_classified_strictly() {
+        assert_eq!(classify("config").unwrap(), Kind::Config);
+        assert_eq!(classify(&format!("data/01/{ID}")).unwrap(), Kind::Pack);
+        assert_eq!(classify(&format!("index/{ID}")).unwrap(), Kind::Index);
+        assert_eq!(
+            classify(&format!("index/admin-{ID}")).unwrap(),
+            Kind::AdminIndex
+        );
+        assert_eq!(
+            classify(&format!("locks/admin-{ID}")).unwrap(),
+            Kind::AdminLock
+        );
+        assert_eq!(
+            classify(&format!("snapshots/{ID}")).unwrap(),
+            Kind::Snapshot
+        );
+        assert_eq!(classify(&format!("pending/{ID}")).unwrap(), Kind::Pending);
+        assert_eq!(classify(&format!("keys/{ID}")).unwrap(), Kind::Key);
+        for bad in [
+            "".to_string(),
+            "config2".into(),
+            "/config".into(),
+            format!("data/02/{ID}"),
+            format!("data/01/{ID}/x"),
+            format!("data/{ID}"),
+            format!("index/{}", &ID[1..]),
+            format!("index/{}", ID.to_uppercase()),
+            format!("index/../{ID}"),
+            format!("index/x-{ID}"),
+            format!("pending/admin-{ID}"),
+            format!("snapshots/admin-{ID}"),
+            format!("keys/admin-{ID}"),
+            format!("other/{ID}"),
+            format!("index/{ID}.tmp"),
+            format!("data/01/admin-{ID}"),
+        ] {
+            assert!(classify(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn backup_tokens_only_add() {
+        use Action::*;
+        let all_kinds = [
+            Kind::Config,
+            Kind::Key,
+            Kind::Pack,
+            Kind::Index,
+            Kind::AdminIndex,
+            Kind::Snapshot,
+            Kind::Lock,
+            Kind::AdminLock,
+            Kind::Pending,
+        ];
+        for kind in all_kinds {
+            for action in [List, Read, Create, Replace, Delete] {
+                let d = decide(Role::Backup, kind, action);
+                let expected = match (kind, action) {
+                    (_, List | Read) => Decision::Allow,
+                    (Kind::Pack | Kind::Index | Kind::Snapshot | Kind::Lock, Create) => {
+                        Decision::Allow
+                    }
+                    (Kind::Lock, Replace | Delete) => Decision::OwnLockOnly,
+                    _ => Decision::Deny,
+                };
+                assert_eq!(d, expected, "backup {kind:?} {action:?}");
+                let r = decide(Role::Restore, kind, action);
+                let expected = match (kind, action) {
+                    (_, List | Read) => Decision::Allow,
+                    (Kind::Lock, Create) => Decision::Allow,
+                    (Kind::Lock, Replace | Delete) => Decision::OwnLockOnly,
+                    _ => Decision::Deny,
+                };
+                assert_eq!(r, expected, "restore {kind:?} {action:?}");
+                assert_eq!(decide(Role::Admin, kind, action), Decision::Allow);
+            }
+        }
+    }
+
+    #[test]
+    fn prefixes() {
+        for p in [
+            "", "data/", "data/ab/", "data/a", "index/", "locks/", "keys/",
+        ] {
+            assert!(valid_prefix(p), "{p}");
+        }
+        for p in ["../", "data/abc/", "data/AB/", "/", "index", "x/"] {
+            assert!(!valid_prefix(p), "{p}");
+        }
+    }
+}

@@ -282,6 +282,7 @@ pub(crate) mod conformance {
         create_only(b);
         bounded_reads(b);
         large_objects(b);
+        empty_prefix(b);
     }
 
     /// `get_bounded` reads objects up to the bound and refuses larger ones.
@@ -398,6 +399,19 @@ pub(crate) mod conformance {
             assert!(b.get(n).unwrap_err().is_not_found(), "{n} deleted");
         }
         assert!(b.list("data/").unwrap().is_empty());
+    }
+
+    /// The empty prefix lists everything, under the same names.
+    fn empty_prefix(b: &dyn Backend) {
+        b.put("data/ab/abcd", b"x").unwrap();
+        b.put("config", b"c").unwrap();
+        let all: Vec<String> = sorted(b.list("").unwrap())
+            .into_iter()
+            .map(|o| o.name)
+            .collect();
+        assert_eq!(all, vec!["config".to_string(), "data/ab/abcd".to_string()]);
+        b.delete("data/ab/abcd").unwrap();
+        b.delete("config").unwrap();
     }
 
     fn missing_objects(b: &dyn Backend) {

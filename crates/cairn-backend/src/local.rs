@@ -180,7 +180,11 @@ impl Backend for LocalBackend {
                 if fname.contains(TMP_MARK) {
                     continue;
                 }
-                let child = format!("{rel}/{fname}");
+                let child = if rel.is_empty() {
+                    fname.to_string()
+                } else {
+                    format!("{rel}/{fname}")
+                };
                 let ft = ent
                     .file_type()
                     .map_err(|e| BackendError::from_io("list", &child, &e))?;

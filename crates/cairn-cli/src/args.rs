@@ -155,6 +155,21 @@ pub enum ServeCommand {
     /// Manage the tokens clients present
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Verify every pack, index file and snapshot against its name, without the
+    /// key (finds bit rot on the server); exit 1 when anything is damaged
+    Scrub(ScrubArgs),
+}
+
+#[derive(Args)]
+pub struct ScrubArgs {
+    /// A datastore name from --config, or a location (directory or s3:...)
+    pub datastore: String,
+    /// The server's settings file, to find the datastore by name
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Objects read at once
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
 }
 
 #[derive(Subcommand)]

@@ -108,6 +108,9 @@ pub(crate) fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<TokenEnt
 
 /// The datastore a token opens, which must be the one named in the path.
 fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<Arc<Datastore>> {
+    if let Some(d) = app.datastores.get(name) {
+        d.stats.requests.fetch_add(1, Ordering::Relaxed);
+    }
     if token.datastore != name {
         return Err(ApiError::forbidden(format!(
             "this token is for datastore {:?}, not {name:?}",
@@ -251,6 +254,10 @@ pub async fn get(
     app.stats
         .bytes_out
         .fetch_add(data.len() as u64, Ordering::Relaxed);
+    store
+        .stats
+        .bytes_out
+        .fetch_add(data.len() as u64, Ordering::Relaxed);
     let status = if range.is_some() {
         StatusCode::PARTIAL_CONTENT
     } else {
@@ -305,6 +312,10 @@ pub async fn put(
     };
     let kind = allow(&store, &t, &name, action)?;
     app.stats
+        .bytes_in
+        .fetch_add(body.len() as u64, Ordering::Relaxed);
+    store
+        .stats
         .bytes_in
         .fetch_add(body.len() as u64, Ordering::Relaxed);
     check_body(kind, &name, &body, app.config.max_object_size)?;

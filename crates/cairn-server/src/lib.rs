@@ -14,7 +14,9 @@
 pub mod api;
 pub mod config;
 pub mod locks;
+pub mod metrics;
 pub mod policy;
+pub mod scrub;
 pub mod tls;
 pub mod tokens;
 
@@ -52,11 +54,17 @@ pub struct Datastore {
     /// what an append-only token must not write.
     pub admin_names: bool,
     pub owners: locks::LockOwners,
+    /// Requests and bytes for this datastore.
+    pub stats: Stats,
+    /// What the last listing for `/metrics` found, and when.
+    pub census: tokio::sync::Mutex<Option<(Instant, metrics::Census)>>,
 }
 
 /// Counters for the log and, later, `/metrics`.
 #[derive(Default)]
 pub struct Stats {
+    /// Requests being answered now.
+    pub active: AtomicU64,
     pub requests: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
@@ -138,6 +146,8 @@ impl App {
                     backend: storage.backend,
                     admin_names,
                     owners,
+                    stats: Stats::default(),
+                    census: tokio::sync::Mutex::new(None),
                 }),
             );
         }
@@ -155,6 +165,7 @@ impl App {
         let limit = self.config.max_object_size as usize + 4096;
         Router::new()
             .route("/healthz", get(|| async { "ok\n" }))
+            .route("/metrics", get(metrics::metrics))
             .route("/v1/whoami", get(api::whoami))
             .route("/v1/datastores/{ds}/objects", get(api::list))
             .route(
@@ -317,6 +328,7 @@ fn logged(
             let method = req.method().clone();
             let path = req.uri().path().to_string();
             let req = req.map(axum::body::Body::new);
+            app.stats.active.fetch_add(1, Ordering::Relaxed);
             let resp = match tokio::time::timeout(timeout, router.oneshot(req)).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(never)) => match never {},
@@ -326,6 +338,7 @@ fn logged(
                     format!("the request took longer than {} s", timeout.as_secs()),
                 )),
             };
+            app.stats.active.fetch_sub(1, Ordering::Relaxed);
             app.stats.requests.fetch_add(1, Ordering::Relaxed);
             if resp.status().is_server_error() {
                 app.stats.errors.fetch_add(1, Ordering::Relaxed);

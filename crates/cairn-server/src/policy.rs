@@ -60,6 +60,20 @@ pub enum Kind {
 }
 
 impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Config => "config",
+            Kind::Key => "key",
+            Kind::Pack => "pack",
+            Kind::Index => "index",
+            Kind::AdminIndex => "admin_index",
+            Kind::Snapshot => "snapshot",
+            Kind::Lock => "lock",
+            Kind::AdminLock => "admin_lock",
+            Kind::Pending => "pending",
+        }
+    }
+
     /// Whether the object's name is the BLAKE3 hash of its bytes, which the server
     /// checks on every write.
     pub fn content_addressed(self) -> bool {

@@ -1,6 +1,6 @@
 //! `cairn serve` and `cairn serve token ...`: flags to the server crate's options.
 
-use crate::args::{Global, ServeArgs, ServeCommand, TokenCommand};
+use crate::args::{Global, ScrubArgs, ServeArgs, ServeCommand, TokenCommand};
 use anyhow::{Result, anyhow};
 use cairn_server::config::{Flags, ServerConfig, default_state_dir};
 use cairn_server::policy::Role;
@@ -23,6 +23,7 @@ fn state_dir(a: &ServeArgs) -> Result<std::path::PathBuf> {
 pub fn run(g: &Global, a: &ServeArgs) -> Result<i32> {
     match &a.command {
         Some(ServeCommand::Token(t)) => token(g, a, t),
+        Some(ServeCommand::Scrub(s)) => scrub(g, s),
         None => serve(a),
     }
 }
@@ -122,4 +123,80 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// `cairn serve scrub`: runs on the server's machine against the datastore's
+/// storage directly (no token, no key).
+fn scrub(g: &Global, s: &ScrubArgs) -> Result<i32> {
+    // A datastore name from the settings file, or a location as `--repo` takes it.
+    let location = match &s.config {
+        Some(c) => cairn_server::config::FileConfig::load(c)?
+            .datastores
+            .get(&s.datastore)
+            .cloned()
+            .unwrap_or_else(|| s.datastore.clone()),
+        None => s.datastore.clone(),
+    };
+    let opts = cairn_core::repo::storage::StorageOptions {
+        cache: cairn_core::repo::storage::CacheChoice::Off,
+        ..super::storage_options(g)?
+    };
+    let storage = cairn_core::repo::storage::open_storage(
+        &location,
+        &opts,
+        &cairn_core::progress::Progress::none(),
+    )?;
+    if !cairn_core::repo::storage::repository_exists(&storage)? {
+        return Err(anyhow!("no repository at {location}"));
+    }
+    let tty = !g.quiet && !g.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let started = std::time::Instant::now();
+    let last = std::sync::Mutex::new(std::time::Instant::now());
+    let report = cairn_server::scrub::scrub(storage.backend.as_ref(), s.threads, &|n, bytes| {
+        if !tty {
+            return;
+        }
+        let mut l = last.lock().unwrap_or_else(|e| e.into_inner());
+        if l.elapsed() >= std::time::Duration::from_millis(500) {
+            *l = std::time::Instant::now();
+            let secs = started.elapsed().as_secs_f64().max(0.001);
+            eprint!(
+                "\rscrub: {n} objects, {} read, {}/s   ",
+                cairn_core::units::bytes(bytes, 1),
+                cairn_core::units::bytes((bytes as f64 / secs) as u64, 1)
+            );
+        }
+    })?;
+    if tty {
+        eprintln!();
+    }
+    if g.json {
+        super::print_json(&report)?;
+    } else {
+        for p in &report.problems {
+            println!("{}: {} ({})", p.name, p.problem.replace('_', " "), p.detail);
+        }
+        for n in &report.unknown_names {
+            println!("{n}: not a repository object (left alone)");
+        }
+        println!(
+            "scrubbed {} objects, {} in {:.1}s: {}",
+            report.objects_checked,
+            cairn_core::units::bytes(report.bytes_read, 2),
+            report.secs,
+            if report.is_clean() {
+                "no damage found".to_string()
+            } else {
+                format!(
+                    "{} damaged (run `cairn check --read-data` and `cairn repair` with the key)",
+                    report
+                        .problems
+                        .iter()
+                        .filter(|p| p.problem != "vanished")
+                        .count()
+                )
+            }
+        );
+    }
+    Ok(if report.is_clean() { 0 } else { 1 })
 }

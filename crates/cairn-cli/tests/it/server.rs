@@ -503,6 +503,22 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
         .unwrap();
     assert_eq!(http(p, "GET", &obj("config"), t, b"").0, 200);
 
+    // Prometheus metrics: counters, and what the datastore holds by kind.
+    let (code, metrics) = http(p, "GET", "/metrics", None, b"");
+    assert_eq!(code, 200);
+    let packs = std::fs::read_dir(env.repo.join("data"))
+        .unwrap()
+        .map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count())
+        .sum::<usize>();
+    for needle in [
+        "cairn_requests_total ".to_string(),
+        format!("cairn_datastore_objects{{datastore=\"main\",kind=\"pack\"}} {packs}\n"),
+        "cairn_datastore_occupied_bytes{datastore=\"main\"} ".to_string(),
+        "cairn_received_bytes_total ".to_string(),
+    ] {
+        assert!(metrics.contains(&needle), "{needle} not in {metrics}");
+    }
+
     // Nothing that existed changed, and the repository is whole.
     assert_eq!(objects(&env.repo), before);
     env.check_clean();
@@ -603,4 +619,70 @@ fn a_backup_survives_the_server_stopping_and_dying_mid_upload() {
         assert_same(&src, &restored);
         second.stop();
     }
+}
+
+/// `cairn serve scrub` finds a flipped bit in a pack without the key, by name from
+/// the server's settings file, and says nothing of a healthy datastore.
+#[test]
+fn scrub_finds_bit_rot_without_the_key() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 47);
+    env.backup(&[&src]);
+    let settings = env.path("serve.toml");
+    std::fs::write(
+        &settings,
+        format!("[datastores]\nmain = \"{}\"\n", env.repo.display()),
+    )
+    .unwrap();
+    let scrub = |json: bool| {
+        let mut c = Command::new(bin());
+        c.args(["serve", "scrub", "main", "--config"])
+            .arg(&settings);
+        if json {
+            c.arg("--json");
+        }
+        // No password anywhere: scrub needs none.
+        c.env_remove("CAIRN_PASSWORD").env_remove("CAIRN_REPO");
+        c.output().unwrap()
+    };
+    let o = scrub(false);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("no damage found"), "{out}");
+    // Flip one bit in the largest pack.
+    let mut packs: Vec<PathBuf> = Vec::new();
+    for d in std::fs::read_dir(env.repo.join("data")).unwrap() {
+        for f in std::fs::read_dir(d.unwrap().path()).unwrap() {
+            packs.push(f.unwrap().path());
+        }
+    }
+    packs.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+    let victim = packs.last().unwrap();
+    let mut bytes = std::fs::read(victim).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x04;
+    std::fs::write(victim, &bytes).unwrap();
+    let o = scrub(true);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let problems = report["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "{report}");
+    assert_eq!(problems[0]["problem"], "hash_mismatch");
+    let name = victim.file_name().unwrap().to_str().unwrap();
+    assert!(
+        problems[0]["name"].as_str().unwrap().ends_with(name),
+        "{report}"
+    );
+    assert!(report["objects_checked"].as_u64().unwrap() >= 3);
 }

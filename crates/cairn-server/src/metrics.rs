@@ -1,0 +1,159 @@
+//! `GET /metrics` in Prometheus' text format: requests, bytes in and out, requests
+//! running, and per datastore what its storage holds (objects and bytes by kind,
+//! from a listing made at most once a minute). Stored and unique data need the key
+//! and are not here. No token: point Prometheus at it on a trusted network.
+
+use crate::App;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Objects and bytes of a datastore by kind.
+#[derive(Clone, Debug, Default)]
+pub struct Census {
+    pub by_kind: BTreeMap<&'static str, (u64, u64)>,
+    pub other: (u64, u64),
+}
+
+const CENSUS_MAX_AGE: Duration = Duration::from_secs(60);
+
+fn take_census(backend: &dyn cairn_backend::Backend) -> Result<Census, String> {
+    let mut c = Census::default();
+    for o in backend.list("").map_err(|e| e.to_string())? {
+        let slot = match crate::policy::classify(&o.name) {
+            Ok(k) => c.by_kind.entry(k.as_str()).or_default(),
+            Err(_) => &mut c.other,
+        };
+        slot.0 += 1;
+        slot.1 += o.size;
+    }
+    Ok(c)
+}
+
+pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
+    let mut out = String::new();
+    let counter = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    };
+    let s = &app.stats;
+    counter(
+        &mut out,
+        "cairn_requests_total",
+        "HTTP requests answered.",
+        "counter",
+        s.requests.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut out,
+        "cairn_request_errors_total",
+        "Requests answered with a server error (5xx).",
+        "counter",
+        s.errors.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut out,
+        "cairn_received_bytes_total",
+        "Object bytes clients uploaded.",
+        "counter",
+        s.bytes_in.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut out,
+        "cairn_sent_bytes_total",
+        "Object bytes sent to clients.",
+        "counter",
+        s.bytes_out.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut out,
+        "cairn_active_requests",
+        "Requests being answered now.",
+        "gauge",
+        s.active.load(Ordering::Relaxed),
+    );
+
+    let mut per_ds = String::new();
+    let mut census = String::new();
+    let _ = writeln!(
+        per_ds,
+        "# HELP cairn_datastore_requests_total Requests naming the datastore.\n# TYPE cairn_datastore_requests_total counter"
+    );
+    let _ = writeln!(
+        census,
+        "# HELP cairn_datastore_objects Objects in the datastore's storage by kind.\n# TYPE cairn_datastore_objects gauge"
+    );
+    let mut bytes = String::from(
+        "# HELP cairn_datastore_bytes Bytes in the datastore's storage by kind.\n# TYPE cairn_datastore_bytes gauge\n",
+    );
+    let mut occupied = String::from(
+        "# HELP cairn_datastore_occupied_bytes Bytes the datastore occupies.\n# TYPE cairn_datastore_occupied_bytes gauge\n",
+    );
+    let mut jobs = String::from(
+        "# HELP cairn_datastore_locks Locks held (each running job holds one).\n# TYPE cairn_datastore_locks gauge\n",
+    );
+    let mut bio = String::from(
+        "# HELP cairn_datastore_received_bytes_total Object bytes uploaded to the datastore.\n# TYPE cairn_datastore_received_bytes_total counter\n",
+    );
+    for (name, ds) in &app.datastores {
+        let _ = writeln!(
+            per_ds,
+            "cairn_datastore_requests_total{{datastore=\"{name}\"}} {}",
+            ds.stats.requests.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            bio,
+            "cairn_datastore_received_bytes_total{{datastore=\"{name}\"}} {}",
+            ds.stats.bytes_in.load(Ordering::Relaxed)
+        );
+        let mut cached = ds.census.lock().await;
+        let fresh = cached
+            .as_ref()
+            .is_some_and(|(t, _)| t.elapsed() < CENSUS_MAX_AGE);
+        if !fresh {
+            let backend = ds.backend.clone();
+            match tokio::task::spawn_blocking(move || take_census(backend.as_ref())).await {
+                Ok(Ok(c)) => *cached = Some((Instant::now(), c)),
+                Ok(Err(e)) => {
+                    crate::log_line(&format!("metrics: cannot list datastore {name}: {e}"))
+                }
+                Err(e) => crate::log_line(&format!("metrics: {e}")),
+            }
+        }
+        if let Some((_, c)) = cached.as_ref() {
+            let mut total = c.other.1;
+            for (kind, (n, b)) in &c.by_kind {
+                let _ = writeln!(
+                    census,
+                    "cairn_datastore_objects{{datastore=\"{name}\",kind=\"{kind}\"}} {n}"
+                );
+                let _ = writeln!(
+                    bytes,
+                    "cairn_datastore_bytes{{datastore=\"{name}\",kind=\"{kind}\"}} {b}"
+                );
+                total += b;
+            }
+            let locks = c.by_kind.get("lock").map_or(0, |x| x.0)
+                + c.by_kind.get("admin_lock").map_or(0, |x| x.0);
+            let _ = writeln!(
+                occupied,
+                "cairn_datastore_occupied_bytes{{datastore=\"{name}\"}} {total}"
+            );
+            let _ = writeln!(
+                jobs,
+                "cairn_datastore_locks{{datastore=\"{name}\"}} {locks}"
+            );
+        }
+    }
+    for part in [per_ds, bio, census, bytes, occupied, jobs] {
+        out.push_str(&part);
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}

@@ -77,8 +77,11 @@ ALL_TOOLS = ["cairn", "restic", "borg", "kopia"]
 DEFAULT_TOOLS = ["cairn", "restic", "borg"]  # kopia: name it (--tools ...,kopia)
 ALL_DATASETS = ["mixed", "small", "image", "dense"]
 DEFAULT_DATASETS = ["mixed", "small", "image"]  # dense (1M files): name it
-ALL_SCENARIOS = ["backup", "maintenance", "blocksizes", "jobs", "s3", "copy"]
-DEFAULT_SCENARIOS = ["backup", "maintenance"]  # what --scenario all runs (blocksizes, jobs, s3, copy: opt in)
+ALL_SCENARIOS = ["backup", "maintenance", "blocksizes", "jobs", "s3", "copy", "server"]
+DEFAULT_SCENARIOS = ["backup", "maintenance"]  # what --scenario all runs (blocksizes, jobs, s3, copy, server: opt in)
+# server scenario: each tool locally and through its server, side by side
+SERVER_TOOLS = {"cairn": "cairn-serve", "restic": "restic-rest"}
+SERVER_PREFIX = "srv-"  # dataset of the server scenario's rows: srv-<kind>
 MAINT_TOOLS = ["cairn", "restic"]
 MAINT_PHASES = ["forget", "prune", "check-rd"]
 MAINT_DATASET = "maint"
@@ -155,7 +158,66 @@ def repo_size(t):
     if s3 is not None:
         n = s3.prefix_bytes(t.s3_prefix)
         return 0 if n is None else n
-    return du_bytes(t.repo)
+    return du_bytes(getattr(t, "repo_dir", None) or t.repo)
+
+
+def free_port():
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+class ServerProcess:
+    """A server the server scenario starts for one tool (cairn serve, rest-server), logging to a
+    file; its CPU time and peak RSS come from /proc, since /usr/bin/time only sees the client."""
+
+    def __init__(self, argv, env, log_path):
+        self.argv, self.env, self.log_path = argv, env, log_path
+        self.proc = None
+
+    def start(self, ready, timeout=60):
+        """Start and wait until ready(log text) returns something true; returns that."""
+        self.logf = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=self.logf,
+                                     stderr=subprocess.STDOUT)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            got = ready(open(self.log_path, errors="replace").read())
+            if got:
+                return got
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"{self.argv[0]} did not start: {open(self.log_path, errors='replace').read()[-800:]}")
+
+    def cpu_s(self):
+        try:
+            f = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+            return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError, AttributeError):
+            return 0.0
+
+    def hwm_kib(self):
+        try:
+            for line in open(f"/proc/{self.proc.pid}/status"):
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 0
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "logf", None):
+            self.logf.close()
 
 
 def cairn_traffic(log_path):
@@ -651,7 +713,66 @@ class Kopia(Tool):
         return [self.bin, "snapshot", "restore", sid, target], None
 
 
-TOOL_CLASSES = {"cairn": Cairn, "restic": Restic, "borg": Borg, "kopia": Kopia}
+class CairnServe(Cairn):
+    """cairn through `cairn serve` on loopback: TLS with the self-signed certificate pinned by
+    fingerprint, an admin token (the policy checks run for every role). The datastore is
+    created locally first (the server serves existing repositories), then the server starts."""
+    name = "cairn-serve"
+
+    def __init__(self, bin_path, work, dataset):
+        super().__init__(bin_path, work, dataset)
+        self.repo_dir = self.repo
+        self.state = os.path.join(work, "serve-state", dataset)
+        self.server = None
+
+    def after_init(self, logdir):
+        shutil.rmtree(self.state, ignore_errors=True)
+        out = subprocess.run([self.bin, "serve", "token", "add", "bench", "--datastore", "ds", "--role", "admin",
+                              "--state-dir", self.state], capture_output=True, text=True, env=self.env())
+        if out.returncode != 0:
+            raise RuntimeError(f"cairn serve token add: {out.stderr.strip()}")
+        self.server = ServerProcess([self.bin, "serve", "--listen", "127.0.0.1:0", "--datastore",
+                                     f"ds={self.repo_dir}", "--state-dir", self.state], self.env(),
+                                    os.path.join(logdir, f"cairn-serve-{os.path.basename(self.repo_dir)}.log"))
+
+        def ready(text):
+            m = re.search(r"listening on https://127\.0\.0\.1:(\d+).*\n.*fingerprint: ([0-9a-f]{64})", text)
+            return m and (m.group(1), m.group(2))
+        port, fp = self.server.start(ready)
+        self.repo = f"cairn+https://127.0.0.1:{port}/ds"
+        self.extra_env.update(CAIRN_TOKEN=out.stdout.strip(), CAIRN_SERVER_FINGERPRINT=fp)
+
+
+class ResticRest(Restic):
+    """restic through rest-server on loopback (plain HTTP, no auth: the cheapest setting)."""
+    name = "restic-rest"
+
+    def __init__(self, bin_path, work, dataset, rest_server_bin=None):
+        super().__init__(bin_path, work, dataset)
+        self.repo_dir = self.repo
+        self.rest_server_bin = rest_server_bin
+        self.server = None
+
+    def before_init(self, logdir):
+        import socket
+        os.makedirs(self.repo_dir, exist_ok=True)
+        port = free_port()
+        self.server = ServerProcess([self.rest_server_bin, "--path", self.repo_dir, "--listen", f"127.0.0.1:{port}",
+                                     "--no-auth"], dict(os.environ),
+                                    os.path.join(logdir, f"rest-server-{os.path.basename(self.repo_dir)}.log"))
+
+        def ready(_text):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return True
+            except OSError:
+                return False
+        self.server.start(ready)
+        self.repo = f"rest:http://127.0.0.1:{port}/"
+
+
+TOOL_CLASSES = {"cairn": Cairn, "restic": Restic, "borg": Borg, "kopia": Kopia, "cairn-serve": CairnServe,
+                "restic-rest": ResticRest}
 
 
 # --------------------------------------------------------------------------
@@ -870,8 +991,17 @@ class Runner:
         = {location: (uploaded, downloaded, requests)}; set CAIRN_TRAFFIC_REPORT=1 in the tool's
         env). r["note"] holds them as key=value pairs (empty for a local repository)."""
         m0 = t.s3.metrics() if t.s3 is not None else {}
+        srv = getattr(t, "server", None)
+        c0 = srv.cpu_s() if srv else 0.0
         r = self.measure(t, label, argv, cwd=cwd, stdout_path=stdout_path)
         m1 = t.s3.metrics() if t.s3 is not None else {}
+        srv_part = []
+        if srv:
+            # The server's work is part of the job: its CPU is added to cpu_s (and given apart).
+            c1 = srv.cpu_s()
+            r["cpu_s"] += c1 - c0
+            srv_part = [f"client_cpu_s={r.get('user_s', 0.0) + r.get('sys_s', 0.0):.2f}",
+                        f"srv_cpu_s={c1 - c0:.2f}", f"srv_peak_rss_kib={srv.hwm_kib()}"]
         r["traffic"] = cairn_traffic(os.path.join(BENCH_DIR, r["log"]))
         parts = []
         if m0 and m1:
@@ -881,16 +1011,25 @@ class Runner:
         tr = r["traffic"].get(t.repo)
         if tr is not None:
             parts += [f"uploaded_bytes={tr[0]}", f"downloaded_bytes={tr[1]}", f"requests={tr[2]}"]
-        r["note"] = " ".join(parts)
+        r["note"] = " ".join(parts + srv_part)
         return r
 
     # -- one dataset
-    def run_dataset(self, kind, rep, s3=None, tool_names=None):
+    def make_tool(self, name, ds):
+        if name == "restic-rest":
+            return ResticRest(self.bins["restic"], self.work, ds, self.a.rest_server_bin)
+        if name == "cairn-serve":
+            return CairnServe(self.bins["cairn"], self.work, ds)
+        return TOOL_CLASSES[name](self.bins[name], self.work, ds)
+
+    def run_dataset(self, kind, rep, s3=None, tool_names=None, served=False):
         """The backup scenario for one dataset: first, unchanged (and day2/changed/changed1),
         restore. With s3 (an S3Server), the s3 scenario: each repository on a fresh prefix of the
         s3 server, phases first, unchanged and restore, rows under dataset s3-<kind> with the
         traffic of each command in the note."""
         ds = kind if s3 is None else S3_PREFIX + kind
+        if served:
+            ds = SERVER_PREFIX + kind
         names = tool_names or self.a.tools
         src = self.dataset_src(kind)
         log(f"{ds} (repetition {rep}): preparing live copy of {src}")
@@ -901,7 +1040,7 @@ class Runner:
         order = names[(rep - 1) % len(names):] + names[:(rep - 1) % len(names)]
         tools = {}
         for name in order:
-            t = TOOL_CLASSES[name](self.bins[name], self.work, ds)
+            t = self.make_tool(name, ds)
             for p in (t.repo, t.cache):
                 if os.path.exists(p):
                     shutil.rmtree(p)
@@ -917,9 +1056,24 @@ class Runner:
         alive = {}
         last_repo = {}
         last_snap = {}
+        logdir = os.path.join(self.work, "logs")
+        os.makedirs(logdir, exist_ok=True)
         for name, t in tools.items():
+            try:
+                if hasattr(t, "before_init"):
+                    t.before_init(logdir)
+            except RuntimeError as ex:
+                log(f"{ds}: {name}: {ex}")
+                alive[name] = False
+                continue
             r = self.measure_traffic(t, f"{ds}-{name}-init-r{rep}", *t.init_cmd())
             alive[name] = r["rc"] == 0
+            if alive[name] and hasattr(t, "after_init"):
+                try:
+                    t.after_init(logdir)
+                except RuntimeError as ex:
+                    log(f"{ds}: {name}: {ex}")
+                    alive[name] = False
             last_repo[name] = repo_size(t)
             self.add_row(dict(common, tool=name, tool_version=self.versions.get(name), phase="init",
                               status="ok" if alive[name] else f"fail rc={r['rc']}", wall_s=f"{r['wall_s']:.3f}",
@@ -928,7 +1082,7 @@ class Runner:
                               note=r["note"]))
 
         phases = ["first", "unchanged"]
-        if s3 is None:
+        if s3 is None and not served:
             if kind == "mixed":
                 phases.append("day2")
             if kind == "image":
@@ -1011,6 +1165,9 @@ class Runner:
                 shutil.rmtree(target, ignore_errors=True)
                 settle()
         log(f"{ds}: cleaning up")
+        for t in tools.values():
+            if getattr(t, "server", None):
+                t.server.stop()
         for target in targets:
             shutil.rmtree(target, ignore_errors=True)
         if not self.a.keep:
@@ -1018,7 +1175,7 @@ class Runner:
                 if t.s3 is not None:
                     t.s3.remove(t.s3_prefix)
                 else:
-                    shutil.rmtree(t.repo, ignore_errors=True)
+                    shutil.rmtree(getattr(t, "repo_dir", None) or t.repo, ignore_errors=True)
                 shutil.rmtree(t.cache, ignore_errors=True)
             shutil.rmtree(live, ignore_errors=True)
         settle()
@@ -1951,6 +2108,21 @@ class Runner:
                 self.run_jobs(rep)
         if "s3" in self.a.scenarios:
             self.run_s3()
+        if "server" in self.a.scenarios:
+            names = []
+            for t in self.a.tools:
+                if t in SERVER_TOOLS:
+                    names += [t, SERVER_TOOLS[t]]
+            if "restic-rest" in names and not os.access(self.a.rest_server_bin, os.X_OK):
+                log(f"server: no rest-server at {self.a.rest_server_bin} (bench/install-peers.sh builds it); "
+                    "restic-rest skipped")
+                names.remove("restic-rest")
+            for n in names:
+                if n not in self.versions:
+                    self.versions[n] = self.versions.get(n.split("-")[0], "")
+            for kind in self.a.datasets:
+                for rep in range(1, self.a.repeat + 1):
+                    self.run_dataset(kind, rep, tool_names=names, served=True)
         if "copy" in self.a.scenarios:
             for rep in range(1, self.a.repeat + 1):
                 self.run_copy(rep)
@@ -2597,13 +2769,15 @@ def _render_copy_rep(rows, rep):
 def render_all(rows, tools):
     """The scenario tables: backup/maintenance ones (with the s3 scenario's rows and ratios), then
     the blocksizes, jobs, s3 (traffic) and copy ones."""
-    other = [r for r in rows if r.get("dataset") not in (BS_DATASET, JOBS_DATASET, COPY_DATASET, "s3")]
+    srv = [r for r in rows if str(r.get("dataset", "")).startswith(SERVER_PREFIX)]
+    other = [r for r in rows if r.get("dataset") not in (BS_DATASET, JOBS_DATASET, COPY_DATASET, "s3")
+             and r not in srv]
     bs = [r for r in rows if r.get("dataset") == BS_DATASET]
     jobs = [r for r in rows if r.get("dataset") == JOBS_DATASET]
     s3 = [r for r in rows if str(r.get("dataset", "")).startswith(S3_PREFIX) or r.get("dataset") == "s3"]
     cp = [r for r in rows if r.get("dataset") == COPY_DATASET]
     parts = []
-    if other or not (bs or jobs or s3 or cp):
+    if other or not (bs or jobs or s3 or cp or srv):
         parts.append(render_table(other, tools))
     if bs:
         parts.append(render_blocksizes(bs))
@@ -2613,7 +2787,41 @@ def render_all(rows, tools):
         parts.append(render_s3(s3))
     if cp:
         parts.append(render_copy(cp))
+    if srv:
+        parts.append(render_server(srv))
     return "\n".join(parts)
+
+
+def render_server(rows):
+    """Server scenario: MB/s per tool locally and through its server (medians over repetitions),
+    cairn-serve / cairn (target >= 0.8) and cairn-serve / restic-rest (target >= 3), and CPU
+    seconds with the server's share."""
+    agg = {}
+    for r in rows:
+        if r.get("status") != "ok" or r.get("phase") == "init" or not r.get("mb_per_s"):
+            continue
+        agg.setdefault((r["dataset"], r["phase"], r["tool"]), []).append(r)
+
+    def med(key, field):
+        vals = [float(x[field]) for x in agg.get(key, []) if x.get(field) not in (None, "")]
+        return statistics.median(vals) if vals else None
+
+    def f(v, fmt="{:.0f}"):
+        return "-" if v is None else fmt.format(v)
+    lines = ["", "Server scenario (MB/s of the dataset per wall second, medians; CPU = client + server seconds)",
+             f"{'dataset':<10} {'phase':<10} {'cairn':>7} {'c-serve':>7} {'restic':>7} {'r-rest':>7} "
+             f"{'serve/local':>11} {'serve/r-rest':>12} {'c-serve CPU':>11} {'r-rest CPU':>10}"]
+    keys = sorted({(k[0], k[1]) for k in agg}, key=lambda k: (k[0], ["first", "unchanged", "restore"].index(k[1])
+                                                                 if k[1] in ("first", "unchanged", "restore") else 9))
+    for ds, ph in keys:
+        v = {t: med((ds, ph, t), "mb_per_s") for t in ("cairn", "cairn-serve", "restic", "restic-rest")}
+        cpu = {t: med((ds, ph, t), "cpu_s") for t in ("cairn-serve", "restic-rest")}
+        local = (v["cairn-serve"] / v["cairn"]) if v["cairn-serve"] and v["cairn"] else None
+        vs = (v["cairn-serve"] / v["restic-rest"]) if v["cairn-serve"] and v["restic-rest"] else None
+        lines.append(f"{ds:<10} {ph:<10} {f(v['cairn']):>7} {f(v['cairn-serve']):>7} {f(v['restic']):>7} "
+                     f"{f(v['restic-rest']):>7} {f(local, '{:.2f}'):>11} {f(vs, '{:.2f}'):>12} "
+                     f"{f(cpu['cairn-serve'], '{:.1f}'):>11} {f(cpu['restic-rest'], '{:.1f}'):>10}")
+    return "\n".join(lines)
 
 
 def table_from_csv(path):
@@ -2666,6 +2874,8 @@ def main():
     ap.add_argument("--cairn-bin", default=os.environ.get("CAIRN_BIN", os.path.join(REPO_ROOT, "target", "release", "cairn")))
     ap.add_argument("--restic-bin", default=os.environ.get("RESTIC_BIN", os.path.join(BENCH_DIR, ".tools", "restic")))
     ap.add_argument("--borg-bin", default=os.environ.get("BORG_BIN", os.path.join(BENCH_DIR, ".tools", "borg-venv", "bin", "borg")))
+    ap.add_argument("--rest-server-bin", default=os.environ.get("REST_SERVER_BIN",
+                                                                os.path.join(BENCH_DIR, ".tools", "rest-server")))
     ap.add_argument("--kopia-bin", default=os.environ.get("KOPIA_BIN", os.path.join(BENCH_DIR, ".tools", "kopia")))
     ap.add_argument("--cold", action="store_true", help="drop the page cache before every measured command (root)")
     ap.add_argument("--no-verify", action="store_true", help="skip content verification of restores")
@@ -2682,7 +2892,7 @@ def main():
     a.scenarios = DEFAULT_SCENARIOS if a.scenario == "all" else [x for x in a.scenario.split(",") if x]
     for x in a.scenarios:
         if x not in ALL_SCENARIOS:
-            ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes, jobs, s3, copy or all)")
+            ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes, jobs, s3, copy, server or all)")
     a.block_sizes = [b.strip().upper() for b in a.block_sizes.split(",") if b.strip()]
     a.compressions = [c.strip() for c in a.compressions.split(",") if c.strip()]
     for b in a.block_sizes:

@@ -3,6 +3,7 @@
 #   restic 0.19.1 (built from the Go module proxy) -> bench/.tools/restic
 #   borg 1.4.x (PyPI, in a venv)                   -> bench/.tools/borg-venv/bin/borg
 #   kopia 0.23.1 (built from the Go module proxy)  -> bench/.tools/kopia
+#   rest-server 0.14.0 (Go module proxy)           -> bench/.tools/rest-server (restic's server)
 # plus the apt packages the harness needs (GNU time, borg build deps).
 set -euo pipefail
 
@@ -10,6 +11,7 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TOOLS="$BENCH_DIR/.tools"
 RESTIC_VERSION="${RESTIC_VERSION:-0.19.1}"
 KOPIA_VERSION="${KOPIA_VERSION:-0.23.1}"
+REST_SERVER_VERSION="${REST_SERVER_VERSION:-0.14.0}"
 BORG_SPEC="${BORG_SPEC:-borgbackup>=1.4,<1.5}"
 mkdir -p "$TOOLS"
 
@@ -44,6 +46,19 @@ else
   ( cd "$src" && GOFLAGS=-mod=mod nice -n 10 go build -o "$TOOLS/restic.tmp" ./cmd/restic )
   mv "$TOOLS/restic.tmp" "$TOOLS/restic"
   "$TOOLS/restic" version
+fi
+
+# ---- rest-server (restic's server, for the server scenario) --------------
+if [ -x "$TOOLS/rest-server" ] && [ "$(cat "$TOOLS/rest-server.version" 2>/dev/null)" = "$REST_SERVER_VERSION" ]; then
+  log "rest-server $REST_SERVER_VERSION present"
+else
+  command -v go >/dev/null || { log "go is needed to build rest-server"; exit 1; }
+  log "downloading rest-server v$REST_SERVER_VERSION from the Go module proxy"
+  go mod download -json "github.com/restic/rest-server@v$REST_SERVER_VERSION" >/dev/null
+  src="$(go env GOMODCACHE)/github.com/restic/rest-server@v$REST_SERVER_VERSION"
+  ( cd "$src" && GOFLAGS=-mod=mod nice -n 10 go build -o "$TOOLS/rest-server.tmp" ./cmd/rest-server )
+  mv "$TOOLS/rest-server.tmp" "$TOOLS/rest-server"
+  echo "$REST_SERVER_VERSION" > "$TOOLS/rest-server.version"
 fi
 
 # ---- kopia ----------------------------------------------------------------

@@ -29,6 +29,12 @@
 # (--copy-days) in a 4K cairn repository, cairn copy into 64K repositories
 # (local, and on MinIO if a MinIO binary exists), again (no-op), and days 1-11
 # then day 12 alone; bytes_sent vs logical bytes; restic copy when named.
+# --scenario server (cairn and restic; not part of all): each tool locally and
+# through its server on loopback side by side — cairn via `cairn serve` (TLS,
+# pinned self-signed certificate), restic via rest-server 0.14 (install-peers.sh
+# builds it) — first, unchanged and restore of each --datasets entry; the
+# servers' CPU is added to the client's. Use: --scenario server --tools cairn,restic
+# --datasets mixed,small
 # Builds cairn (cargo build --release), installs restic/borg if missing
 # (install-peers.sh), generates datasets if missing (bench/.work/data), then
 # runs bench.py, which writes bench/results/<date>-<gitsha>.csv and prints a

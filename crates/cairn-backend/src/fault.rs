@@ -215,6 +215,9 @@ impl Backend for FaultyBackend {
     fn remove_stale_temporaries(&self) -> Result<u64> {
         self.inner.remove_stale_temporaries()
     }
+    fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
+        self.inner.lock_owner_prefix()
+    }
 }
 
 #[cfg(test)]

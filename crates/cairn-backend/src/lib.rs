@@ -180,6 +180,23 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn remove_stale_temporaries(&self) -> Result<u64> {
         Ok(0)
     }
+
+    /// The first 8 bytes that locks written through this backend must start with,
+    /// if the storage says who owns a lock by its name: a cairn server lets a token
+    /// refresh and remove only locks whose id starts with [`lock_owner_prefix`] of
+    /// that token, which any server fronting the datastore can check without
+    /// keeping state. `None`: ids are wholly random.
+    fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
+        None
+    }
+}
+
+/// The lock-id prefix of the token with this id (the public part of the token).
+pub fn lock_owner_prefix(token_id: &str) -> [u8; 8] {
+    let h = blake3::derive_key("cairn 2026-11 lock owner", token_id.as_bytes());
+    let mut p = [0u8; 8];
+    p.copy_from_slice(&h[..8]);
+    p
 }
 
 /// The names the repository uses, so no other module formats paths.

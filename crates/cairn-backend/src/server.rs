@@ -413,6 +413,11 @@ impl Backend for ServerBackend {
     fn location(&self) -> String {
         self.location.clone()
     }
+    fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
+        // `cairn_<id>_<secret>`: the id is public; the server derives the same.
+        let id = self.token.strip_prefix("cairn_")?.split('_').next()?;
+        Some(crate::lock_owner_prefix(id))
+    }
     fn put(&self, name: &str, data: &[u8]) -> Result<()> {
         self.put_mode(name, data, "replace")
     }

@@ -321,23 +321,22 @@ pub async fn put(
     check_body(kind, &name, &body, app.config.max_object_size)?;
     let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
     let policed = t.role != Role::Admin;
-    if is_lock && policed && action == Action::Replace {
+    if is_lock && policed {
+        if !crate::locks::owned_by(&name, &t.id) {
+            return Err(ApiError::forbidden(format!(
+                "{name} does not belong to this token (its locks' ids start with {})",
+                hex::encode(cairn_backend::lock_owner_prefix(&t.id))
+            )));
+        }
         let max_age = app.config.max_lock_age_hours as i64 * 3600;
-        match store.owners.may_refresh(&name, &t.id, max_age) {
-            Ok(()) => {}
-            Err(crate::locks::LockRefusal::NotOwner) => {
-                return Err(ApiError::forbidden(format!(
-                    "{name} was not created by this token"
-                )));
-            }
-            Err(crate::locks::LockRefusal::TooOld { age_secs }) => {
-                return Err(ApiError::forbidden(format!(
-                    "{name} is {} hours old, more than the {} a {} token's lock may live",
-                    age_secs / 3600,
-                    app.config.max_lock_age_hours,
-                    t.role.as_str()
-                )));
-            }
+        let age = store.owners.age(&name);
+        if action == Action::Replace && age > max_age {
+            return Err(ApiError::forbidden(format!(
+                "{name} is {} hours old, more than the {} a {} token's lock may live",
+                age / 3600,
+                app.config.max_lock_age_hours,
+                t.role.as_str()
+            )));
         }
     }
     let backend = store.backend.clone();
@@ -357,9 +356,6 @@ pub async fn put(
         _ => backend.put_new(&n, &body),
     })
     .await?;
-    if is_lock && action == Action::Create {
-        store.owners.created(&name, &t.id);
-    }
     Ok(StatusCode::CREATED.into_response())
 }
 
@@ -421,9 +417,9 @@ pub async fn delete(
     let store = datastore(&app, &t, &ds)?;
     let kind = allow(&store, &t, &name, Action::Delete)?;
     let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
-    if is_lock && t.role != Role::Admin && !store.owners.may_delete(&name, &t.id) {
+    if is_lock && t.role != Role::Admin && !crate::locks::owned_by(&name, &t.id) {
         return Err(ApiError::forbidden(format!(
-            "{name} was not created by this token"
+            "{name} does not belong to this token"
         )));
     }
     let backend = store.backend.clone();

@@ -1,10 +1,16 @@
-//! Which token created which lock, so that a lock is refreshed and removed only by
-//! its creator, and how long a non-admin lock may live.
+//! Locks written through the server: who owns one, and how long it may live.
 //!
-//! Kept in the state directory (`locks-<datastore>.json`), so a restarted server
-//! still lets a running backup refresh its lock. Losing the file costs no data: a
-//! backup that cannot refresh its lock stops before committing, and prune treats an
-//! unrefreshed lock as stale after 30 minutes.
+//! Ownership needs no state: a non-admin token may create only locks whose id
+//! starts with [`cairn_backend::lock_owner_prefix`] of its token id (the client
+//! names them so), and refresh or remove only those. Any server in front of the
+//! datastore checks the same, so two servers on one S3 bucket agree.
+//!
+//! The lifetime cap is best effort: the server remembers when it first saw each
+//! lock (`locks-<datastore>.json` in the state directory) and refuses to refresh a
+//! non-admin lock older than `max_lock_age_hours`, so that a hijacked client cannot
+//! keep one lock alive forever and with it keep prune from deleting. A lock first
+//! seen by another server, or before a lost state file, counts from when this server
+//! first saw it. Losing the file costs no data.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -12,39 +18,38 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
-struct Owner {
-    token: String,
-    /// Unix seconds when the server first stored it.
+struct Seen {
+    /// Unix seconds when this server first stored or refreshed it.
     first_seen: i64,
 }
 
 pub struct LockOwners {
     path: PathBuf,
-    owners: Mutex<BTreeMap<String, Owner>>,
+    seen: Mutex<BTreeMap<String, Seen>>,
 }
 
-/// Why a lock write was refused.
-#[derive(Debug, PartialEq, Eq)]
-pub enum LockRefusal {
-    NotOwner,
-    TooOld { age_secs: i64 },
+/// Whether the lock `name` belongs to the token with this id (its id's first 8
+/// bytes are the token's lock prefix).
+pub fn owned_by(name: &str, token_id: &str) -> bool {
+    let prefix = hex::encode(cairn_backend::lock_owner_prefix(token_id));
+    crate::policy::id_of(name).is_some_and(|id| id.starts_with(&prefix))
 }
 
 impl LockOwners {
     pub fn open(path: PathBuf) -> LockOwners {
-        let owners = std::fs::read(&path)
+        let seen = std::fs::read(&path)
             .ok()
             .and_then(|d| serde_json::from_slice(&d).ok())
             .unwrap_or_default();
         LockOwners {
             path,
-            owners: Mutex::new(owners),
+            seen: Mutex::new(seen),
         }
     }
 
-    fn save(&self, owners: &BTreeMap<String, Owner>) {
+    fn save(&self, seen: &BTreeMap<String, Seen>) {
         // Best effort: see the module comment for what a lost file costs.
-        if let Ok(body) = serde_json::to_vec(owners) {
+        if let Ok(body) = serde_json::to_vec(seen) {
             let tmp = self.path.with_extension("tmp");
             if std::fs::write(&tmp, body).is_ok() {
                 let _ = std::fs::rename(&tmp, &self.path);
@@ -52,46 +57,56 @@ impl LockOwners {
         }
     }
 
-    /// Records a lock created by `token`.
-    pub fn created(&self, name: &str, token: &str) {
-        let mut o = self.owners.lock().unwrap_or_else(|e| e.into_inner());
-        o.insert(
-            name.to_string(),
-            Owner {
-                token: token.to_string(),
-                first_seen: cairn_core::time::now_unix(),
-            },
-        );
-        self.save(&o);
-    }
-
-    /// Whether `token` may rewrite the lock `name` now (`max_age` seconds after
-    /// it was created, a non-admin lock may no longer be refreshed: a lock kept
-    /// alive forever would keep prune from ever deleting anything).
-    pub fn may_refresh(&self, name: &str, token: &str, max_age: i64) -> Result<(), LockRefusal> {
-        let o = self.owners.lock().unwrap_or_else(|e| e.into_inner());
-        match o.get(name) {
-            Some(owner) if owner.token == token => {
-                let age = cairn_core::time::now_unix() - owner.first_seen;
-                if age > max_age {
-                    Err(LockRefusal::TooOld { age_secs: age })
-                } else {
-                    Ok(())
-                }
-            }
-            _ => Err(LockRefusal::NotOwner),
+    /// The lock's age in seconds, counting from when this server first saw it.
+    pub fn age(&self, name: &str) -> i64 {
+        let now = cairn_core::time::now_unix();
+        let mut s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(x) = s.get(name) {
+            return now - x.first_seen;
         }
-    }
-
-    pub fn may_delete(&self, name: &str, token: &str) -> bool {
-        let o = self.owners.lock().unwrap_or_else(|e| e.into_inner());
-        o.get(name).is_some_and(|owner| owner.token == token)
+        s.insert(name.to_string(), Seen { first_seen: now });
+        self.save(&s);
+        0
     }
 
     pub fn removed(&self, name: &str) {
-        let mut o = self.owners.lock().unwrap_or_else(|e| e.into_inner());
-        if o.remove(name).is_some() {
-            self.save(&o);
+        let mut s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if s.remove(name).is_some() {
+            self.save(&s);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ownership_is_in_the_name() {
+        let p = hex::encode(cairn_backend::lock_owner_prefix("0123456789abcdef"));
+        let mine = format!("locks/{p}{}", "0".repeat(48));
+        assert!(owned_by(&mine, "0123456789abcdef"));
+        assert!(!owned_by(&mine, "fedcba9876543210"));
+        assert!(!owned_by(
+            &format!("locks/{}", "0".repeat(64)),
+            "0123456789abcdef"
+        ));
+    }
+
+    #[test]
+    fn ages_count_from_first_sight_and_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = LockOwners::open(dir.path().join("l.json"));
+        assert_eq!(o.age("locks/a"), 0);
+        let again = LockOwners::open(dir.path().join("l.json"));
+        assert!(again.age("locks/a") <= 1);
+        again.removed("locks/a");
+        assert!(
+            LockOwners::open(dir.path().join("l.json"))
+                .seen
+                .lock()
+                .unwrap()
+                .is_empty()
+        );
     }
 }

@@ -473,27 +473,24 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
         assert!(code == 400 || code == 404, "{name}: {code} {body}");
     }
 
-    // Locks: a token creates and refreshes its own, never another token's.
-    let lock = format!("locks/{}", "cd".repeat(32));
+    // Locks: a token creates and refreshes its own (their ids start with the token's
+    // prefix, so any server can tell), never another token's.
+    let token_id = |tok: &str| tok.split('_').nth(1).unwrap().to_string();
+    let prefix: String = cairn_backend::lock_owner_prefix(&token_id(&backup))
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let lock = format!("locks/{prefix}{}", "cd".repeat(24));
+    let replace = obj(&format!("{lock}?mode=replace"));
     assert_eq!(http(p, "PUT", &obj(&lock), t, b"lock v1").0, 201);
-    assert_eq!(
-        http(
-            p,
-            "PUT",
-            &obj(&format!("{lock}?mode=replace")),
-            t,
-            b"lock v2"
-        )
-        .0,
-        201
-    );
+    assert_eq!(http(p, "PUT", &replace, t, b"lock v2").0, 201);
+    assert_eq!(http(p, "PUT", &obj(&lock), t, b"again").0, 409);
+    let foreign = format!("locks/{}", "cd".repeat(32));
+    assert_eq!(http(p, "PUT", &obj(&foreign), t, b"not mine").0, 403);
     let o = Some(other.as_str());
-    assert_eq!(
-        http(p, "PUT", &obj(&format!("{lock}?mode=replace")), o, b"mine").0,
-        403
-    );
+    assert_eq!(http(p, "PUT", &replace, o, b"mine").0, 403);
     assert_eq!(http(p, "DELETE", &obj(&lock), o, b"").0, 403);
-    assert_eq!(http(p, "PUT", &obj(&lock), o, b"mine").0, 409);
+    assert_eq!(http(p, "PUT", &obj(&lock), o, b"mine").0, 403);
     assert_eq!(std::fs::read(env.repo.join(&lock)).unwrap(), b"lock v2");
     assert_eq!(http(p, "DELETE", &obj(&lock), t, b"").0, 204);
 
@@ -685,4 +682,90 @@ fn scrub_finds_bit_rot_without_the_key() {
         "{report}"
     );
     assert!(report["objects_checked"].as_u64().unwrap() >= 3);
+}
+
+/// Two servers in front of one S3 datastore, clients spread over both, a prune
+/// through one while a backup runs through the other: every snapshot restores
+/// exactly through either server, and the datastore checks clean. Nothing a server
+/// keeps locally decides anything (lock ownership is in the lock's name).
+#[test]
+fn two_servers_share_one_s3_datastore() {
+    let env = Env::s3("two-servers");
+    env.init(&[]);
+    let location = env.location.clone();
+    let state = env.path("state");
+    let ds = PathBuf::from(&location);
+    let a = Server::start(&state, &[("main", &ds)], false);
+    let b = Server::start(&state, &[("main", &ds)], false);
+    assert_eq!(
+        a.fingerprint, b.fingerprint,
+        "one state directory, one certificate"
+    );
+    let backup = a.token("web", "main", "backup");
+    let admin = a.token("ops", "main", "admin");
+    let trees: Vec<PathBuf> = (0..3)
+        .map(|i| {
+            let p = env.path(&format!("src{i}"));
+            make_full_tree(&p, 50 + i);
+            // Shared content between the trees, so the concurrent jobs deduplicate.
+            std::fs::write(p.join("shared.bin"), Rng(99).bytes(3 << 20, false)).unwrap();
+            p
+        })
+        .collect();
+    let spawn = |srv: &Server, token: &str, args: &[&str]| {
+        let mut c = Command::new(bin());
+        c.arg("--repo").arg(srv.location("main")).args(args);
+        c.env("CAIRN_PASSWORD", PASSWORD)
+            .env("CAIRN_TOKEN", token)
+            .env("CAIRN_SERVER_FINGERPRINT", srv.fingerprint.clone().unwrap())
+            .env("XDG_CACHE_HOME", env.path("cache"))
+            .env_remove("CAIRN_REPO")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    // Two backups at once, one through each server.
+    let j1 = spawn(&a, &backup, &["backup", trees[0].to_str().unwrap()]);
+    let j2 = spawn(&b, &backup, &["backup", trees[1].to_str().unwrap()]);
+    for j in [j1, j2] {
+        let o = j.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    // A backup through B while the admin forgets one snapshot and prunes through A.
+    let first = env.snapshot_ids()[0].clone();
+    let j3 = spawn(&b, &backup, &["backup", trees[2].to_str().unwrap()]);
+    let p = spawn(&a, &admin, &["forget", &first, "--prune"]);
+    for j in [j3, p] {
+        let o = j.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let snaps = env.snapshot_ids();
+    assert_eq!(snaps.len(), 2, "{snaps:?}");
+    // Every remaining snapshot restores exactly, through either server.
+    let listed = ok(
+        client(&env, &b, "main", &admin, &["snapshots", "--json"]),
+        "snapshots",
+    );
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    for (i, s) in listed.as_array().unwrap().iter().enumerate() {
+        let id = s["id"].as_str().unwrap();
+        let path = s["paths"][0].as_str().unwrap();
+        let srv = if i % 2 == 0 { &a } else { &b };
+        let out = env.path(&format!("r{i}"));
+        ok(
+            client(
+                &env,
+                srv,
+                "main",
+                &admin,
+                &["restore", id, "--target", out.to_str().unwrap()],
+            ),
+            "restore",
+        );
+        assert_same(Path::new(path), &out.join(path.trim_start_matches('/')));
+    }
+    env.check_clean();
+    a.stop();
+    b.stop();
 }

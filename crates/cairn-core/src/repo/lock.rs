@@ -225,7 +225,11 @@ impl RepoLock {
         exclusive: bool,
         refresh_every: Duration,
     ) -> Result<RepoLock> {
-        let id: [u8; 32] = cairn_format::envelope::random_bytes();
+        let mut id: [u8; 32] = cairn_format::envelope::random_bytes();
+        // Through a server, the id says which token owns the lock.
+        if let Some(prefix) = repo.backend().lock_owner_prefix() {
+            id[..8].copy_from_slice(&prefix);
+        }
         let mut lock = Lock {
             version: 1,
             operation: operation.to_string(),

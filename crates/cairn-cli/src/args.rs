@@ -148,6 +148,18 @@ pub struct ServeArgs {
     /// Plain HTTP, allowed on a loopback address only (tests, a local proxy)
     #[arg(long)]
     pub insecure_http: bool,
+    /// Average upload rate each token may use (e.g. 2M; bytes per second)
+    #[arg(long, value_name = "RATE")]
+    pub limit_upload_per_token: Option<String>,
+    /// Average download rate each token may use
+    #[arg(long, value_name = "RATE")]
+    pub limit_download_per_token: Option<String>,
+    /// Average upload rate of all clients together
+    #[arg(long = "limit-total-upload", value_name = "RATE")]
+    pub limit_total_upload: Option<String>,
+    /// Average download rate of all clients together
+    #[arg(long = "limit-total-download", value_name = "RATE")]
+    pub limit_total_download: Option<String>,
 }
 
 #[derive(Subcommand)]

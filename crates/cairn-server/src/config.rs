@@ -44,6 +44,55 @@ pub struct ServerConfig {
     pub max_lock_age_hours: u64,
     /// The largest object a client may upload, bytes.
     pub max_object_size: u64,
+    /// Bandwidth limits, bytes per second: each token's, and the whole server's.
+    pub limits: Limits,
+}
+
+/// Average rates in bytes per second; `None`: unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub upload_per_token: Option<u64>,
+    pub download_per_token: Option<u64>,
+    pub upload: Option<u64>,
+    pub download: Option<u64>,
+}
+
+/// A rate: bytes per second as a number, or a string with K, M or G (binary).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Rate {
+    Bytes(u64),
+    Text(String),
+}
+
+/// `500K`, `5M`, `1G`, `1048576` into bytes per second.
+pub fn parse_rate(s: &str) -> Result<u64, ConfigError> {
+    let bad = || {
+        ConfigError::Invalid(format!(
+            "rate {s:?}: use bytes per second, or a number with K, M or G"
+        ))
+    };
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(bad());
+    }
+    Ok(((v * mult as f64) as u64).max(1))
+}
+
+fn rate(r: &Option<Rate>) -> Result<Option<u64>, ConfigError> {
+    match r {
+        None => Ok(None),
+        Some(Rate::Bytes(0)) => Err(ConfigError::Invalid("a rate of 0".into())),
+        Some(Rate::Bytes(n)) => Ok(Some(*n)),
+        Some(Rate::Text(t)) => parse_rate(t).map(Some),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +117,10 @@ pub struct FileConfig {
     pub request_timeout_secs: Option<u64>,
     pub max_lock_age_hours: Option<u64>,
     pub max_object_size: Option<u64>,
+    pub limit_upload_per_token: Option<Rate>,
+    pub limit_download_per_token: Option<Rate>,
+    pub limit_upload: Option<Rate>,
+    pub limit_download: Option<Rate>,
     #[serde(default)]
     pub datastores: BTreeMap<String, String>,
 }
@@ -120,6 +173,8 @@ pub struct Flags {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub insecure_http: bool,
+    /// `--limit-upload-per-token` and friends, already parsed (win over the file).
+    pub limits: Limits,
 }
 
 impl ServerConfig {
@@ -204,6 +259,18 @@ impl ServerConfig {
             request_timeout_secs: file.request_timeout_secs.unwrap_or(600),
             max_lock_age_hours: file.max_lock_age_hours.unwrap_or(7 * 24),
             max_object_size: file.max_object_size.unwrap_or(512 << 20),
+            limits: Limits {
+                upload_per_token: flags
+                    .limits
+                    .upload_per_token
+                    .or(rate(&file.limit_upload_per_token)?),
+                download_per_token: flags
+                    .limits
+                    .download_per_token
+                    .or(rate(&file.limit_download_per_token)?),
+                upload: flags.limits.upload.or(rate(&file.limit_upload)?),
+                download: flags.limits.download.or(rate(&file.limit_download)?),
+            },
         })
     }
 }
@@ -248,6 +315,21 @@ mod tests {
                 "{bad}"
             );
         }
+        std::fs::write(
+            &f,
+            "limit_upload_per_token = \"2M\"\nlimit_download = 1000\n[datastores]\na = \"/x\"\n",
+        )
+        .unwrap();
+        let c = ServerConfig::from_flags(&Flags {
+            config: Some(f.clone()),
+            ..Flags::default()
+        })
+        .unwrap();
+        assert_eq!(c.limits.upload_per_token, Some(2 << 20));
+        assert_eq!(c.limits.download, Some(1000));
+        assert_eq!(c.limits.upload, None);
+        assert!(parse_rate("0").is_err() && parse_rate("x").is_err());
+        assert_eq!(parse_rate("1.5K").unwrap(), 1536);
         std::fs::write(&f, "lisen = 1\n").unwrap();
         let e = ServerConfig::from_flags(&Flags {
             config: Some(f),

@@ -15,6 +15,7 @@ pub mod api;
 pub mod config;
 pub mod locks;
 pub mod metrics;
+pub mod pace;
 pub mod policy;
 pub mod scrub;
 pub mod tls;
@@ -76,6 +77,42 @@ pub struct App {
     pub datastores: BTreeMap<String, Arc<Datastore>>,
     pub tokens: tokens::TokenStore,
     pub stats: Stats,
+    pacers: Pacers,
+}
+
+/// The bandwidth limits in force: the server's, and each token's (made when the
+/// token first transfers).
+#[derive(Default)]
+struct Pacers {
+    upload: Option<pace::Pacer>,
+    download: Option<pace::Pacer>,
+    per_token: std::sync::Mutex<std::collections::HashMap<(String, bool), Arc<pace::Pacer>>>,
+}
+
+impl App {
+    /// How long a transfer of `bytes` by `token` must wait for the limits
+    /// (`upload`: client to server).
+    pub fn pace(&self, token: &str, upload: bool, bytes: u64) -> Duration {
+        let l = &self.config.limits;
+        let (global, per_token) = if upload {
+            (&self.pacers.upload, l.upload_per_token)
+        } else {
+            (&self.pacers.download, l.download_per_token)
+        };
+        let mut wait = global.as_ref().map_or(Duration::ZERO, |p| p.reserve(bytes));
+        if let Some(rate) = per_token {
+            let p = self
+                .pacers
+                .per_token
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry((token.to_string(), upload))
+                .or_insert_with(|| Arc::new(pace::Pacer::new(rate)))
+                .clone();
+            wait = wait.max(p.reserve(bytes));
+        }
+        wait
+    }
 }
 
 /// Whether the repository's config lists a feature. The config is plaintext JSON
@@ -153,11 +190,17 @@ impl App {
         }
         let tokens = tokens::TokenStore::new(&config.state_dir);
         tokens.list()?;
+        let pacers = Pacers {
+            upload: config.limits.upload.map(pace::Pacer::new),
+            download: config.limits.download.map(pace::Pacer::new),
+            per_token: Default::default(),
+        };
         Ok(App {
             config,
             datastores,
             tokens,
             stats: Stats::default(),
+            pacers,
         })
     }
 

@@ -28,6 +28,12 @@ pub fn run(g: &Global, a: &ServeArgs) -> Result<i32> {
     }
 }
 
+fn rate(v: &Option<String>) -> Result<Option<u64>> {
+    Ok(v.as_deref()
+        .map(cairn_server::config::parse_rate)
+        .transpose()?)
+}
+
 fn serve(a: &ServeArgs) -> Result<i32> {
     let config = ServerConfig::from_flags(&Flags {
         config: a.config.clone(),
@@ -37,6 +43,12 @@ fn serve(a: &ServeArgs) -> Result<i32> {
         tls_cert: a.tls_cert.clone(),
         tls_key: a.tls_key.clone(),
         insecure_http: a.insecure_http,
+        limits: cairn_server::config::Limits {
+            upload_per_token: rate(&a.limit_upload_per_token)?,
+            download_per_token: rate(&a.limit_download_per_token)?,
+            upload: rate(&a.limit_total_upload)?,
+            download: rate(&a.limit_total_download)?,
+        },
     })?;
     let names: Vec<String> = config.datastores.keys().cloned().collect();
     let insecure = config.tls == cairn_server::config::Tls::InsecureHttp;

@@ -25,6 +25,16 @@ impl Server {
     }
 
     fn start_on(port: u16, state: &Path, datastores: &[(&str, &Path)], insecure: bool) -> Server {
+        Self::start_with(port, state, datastores, insecure, &[])
+    }
+
+    fn start_with(
+        port: u16,
+        state: &Path,
+        datastores: &[(&str, &Path)],
+        insecure: bool,
+        extra: &[&str],
+    ) -> Server {
         let mut c = Command::new(bin());
         c.args([
             "serve",
@@ -32,7 +42,8 @@ impl Server {
             &format!("127.0.0.1:{port}"),
             "--state-dir",
         ])
-        .arg(state);
+        .arg(state)
+        .args(extra);
         for (name, path) in datastores {
             c.arg("--datastore")
                 .arg(format!("{name}={}", path.display()));
@@ -768,4 +779,42 @@ fn two_servers_share_one_s3_datastore() {
     env.check_clean();
     a.stop();
     b.stop();
+}
+
+/// A per-token upload limit holds a client to its rate: 6 MiB of incompressible
+/// data at 1 MiB/s (after a one-second burst) cannot take less than about 5 s. Only
+/// a lower bound is asserted: the limit, not the machine's speed, is under test.
+#[test]
+fn a_token_upload_limit_paces_the_client() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("data.bin"), Rng(3).bytes(6 << 20, false)).unwrap();
+    let srv = Server::start_with(
+        0,
+        &env.path("state"),
+        &[("main", &env.repo)],
+        false,
+        &["--limit-upload-per-token", "1M"],
+    );
+    let token = srv.token("slow", "main", "backup");
+    let t = std::time::Instant::now();
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &token,
+            &["backup", src.to_str().unwrap()],
+        ),
+        "backup",
+    );
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_secs(4),
+        "6 MiB at 1 MiB/s took {took:?}"
+    );
+    env.check_clean();
+    srv.stop();
 }

@@ -631,10 +631,15 @@ impl Copier<'_> {
             Lookup::Fresh(c) => Some(c),
             // Checked against the index without holding the map (it may read chunk
             // lists); kept for later files only if every blob is there.
-            Lookup::Loaded(c) => FileMap::all_stored(self.dst, &c).then(|| {
-                crate::lock(&self.map).adopt(key, c.clone());
-                c
-            }),
+            Lookup::Loaded(c) => {
+                if FileMap::all_stored(self.dst, &c) {
+                    crate::lock(&self.map).adopt(key, c.clone());
+                    Some(c)
+                } else {
+                    crate::lock(&self.map).reject(&key);
+                    None
+                }
+            }
             Lookup::Missing => None,
         };
         if let Some(c) = known {
@@ -875,15 +880,23 @@ impl<'a> FileMap<'a> {
         if let Some(c) = self.fresh.get(key) {
             return Lookup::Fresh(c.clone());
         }
-        match self.loaded.remove(key) {
-            Some(c) => Lookup::Loaded(c),
+        // Left in `loaded` until checked: a file of the same content looked up
+        // meanwhile on another thread must find it too, not re-chunk.
+        match self.loaded.get(key) {
+            Some(c) => Lookup::Loaded(c.clone()),
             None => Lookup::Missing,
         }
     }
 
     /// A loaded entry that passed [`FileMap::all_stored`].
     fn adopt(&mut self, key: [u8; 32], c: Content) {
+        self.loaded.remove(&key);
         self.fresh.insert(key, c);
+    }
+
+    /// A loaded entry that failed [`FileMap::all_stored`]: not offered again.
+    fn reject(&mut self, key: &[u8; 32]) {
+        self.loaded.remove(key);
     }
 
     fn all_stored(dst: &Repository, c: &Content) -> bool {

@@ -439,6 +439,52 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// The jobs of the datastores the caller administers, with their runs (newest first).
+pub async fn jobs(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    if t.role != Role::Admin {
+        return Err(ApiError::forbidden("only admin tokens see jobs"));
+    }
+    let list: Vec<crate::jobs::JobStatus> = app
+        .jobs
+        .status()
+        .into_iter()
+        .filter(|j| j.spec.datastore == t.datastore)
+        .collect();
+    Ok(axum::Json(list).into_response())
+}
+
+/// Starts a job now (202), unless it is running (409).
+pub async fn run_job(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let Some(spec) = app.jobs.specs.iter().find(|j| j.name == name) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no job {name:?}"),
+        ));
+    };
+    if t.role != Role::Admin || spec.datastore != t.datastore {
+        return Err(ApiError::forbidden(format!(
+            "only an admin token of datastore {:?} may run this job",
+            spec.datastore
+        )));
+    }
+    if crate::jobs::start(&app, &name, "manual") {
+        Ok(StatusCode::ACCEPTED.into_response())
+    } else {
+        Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_exists",
+            format!("job {name:?} is running"),
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

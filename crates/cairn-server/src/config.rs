@@ -46,6 +46,11 @@ pub struct ServerConfig {
     pub max_object_size: u64,
     /// Bandwidth limits, bytes per second: each token's, and the whole server's.
     pub limits: Limits,
+    /// Scheduled jobs (settings file only).
+    pub jobs: Vec<crate::jobs::JobSpec>,
+    /// Password files of the datastores the server may open with the key (for
+    /// check and retention jobs).
+    pub datastore_passwords: BTreeMap<String, PathBuf>,
 }
 
 /// Average rates in bytes per second; `None`: unlimited.
@@ -123,6 +128,10 @@ pub struct FileConfig {
     pub limit_download: Option<Rate>,
     #[serde(default)]
     pub datastores: BTreeMap<String, String>,
+    #[serde(default)]
+    pub datastore_passwords: BTreeMap<String, PathBuf>,
+    #[serde(default)]
+    pub jobs: Vec<crate::jobs::JobSpec>,
 }
 
 impl FileConfig {
@@ -247,7 +256,7 @@ impl ServerConfig {
                 ));
             }
         };
-        Ok(ServerConfig {
+        let config = ServerConfig {
             listen,
             datastores,
             state_dir: flags
@@ -259,6 +268,8 @@ impl ServerConfig {
             request_timeout_secs: file.request_timeout_secs.unwrap_or(600),
             max_lock_age_hours: file.max_lock_age_hours.unwrap_or(7 * 24),
             max_object_size: file.max_object_size.unwrap_or(512 << 20),
+            jobs: file.jobs,
+            datastore_passwords: file.datastore_passwords,
             limits: Limits {
                 upload_per_token: flags
                     .limits
@@ -271,7 +282,26 @@ impl ServerConfig {
                 upload: flags.limits.upload.or(rate(&file.limit_upload)?),
                 download: flags.limits.download.or(rate(&file.limit_download)?),
             },
-        })
+        };
+        let mut names = std::collections::BTreeSet::new();
+        for j in &config.jobs {
+            j.validate(&config.datastores, &config.datastore_passwords)
+                .map_err(ConfigError::Invalid)?;
+            if !names.insert(j.name.clone()) {
+                return Err(ConfigError::Invalid(format!(
+                    "two jobs are named {:?}",
+                    j.name
+                )));
+            }
+        }
+        for name in config.datastore_passwords.keys() {
+            if !config.datastores.contains_key(name) {
+                return Err(ConfigError::Invalid(format!(
+                    "[datastore_passwords] names {name:?}, which is not a datastore"
+                )));
+            }
+        }
+        Ok(config)
     }
 }
 

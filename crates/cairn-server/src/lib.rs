@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod config;
+pub mod jobs;
 pub mod locks;
 pub mod metrics;
 pub mod pace;
@@ -78,6 +79,7 @@ pub struct App {
     pub tokens: tokens::TokenStore,
     pub stats: Stats,
     pacers: Pacers,
+    pub jobs: jobs::Jobs,
 }
 
 /// The bandwidth limits in force: the server's, and each token's (made when the
@@ -195,36 +197,54 @@ impl App {
             download: config.limits.download.map(pace::Pacer::new),
             per_token: Default::default(),
         };
+        let jobs = jobs::Jobs::new(
+            config.jobs.clone(),
+            config.datastore_passwords.clone(),
+            &config.state_dir,
+        );
         Ok(App {
             config,
             datastores,
             tokens,
             stats: Stats::default(),
             pacers,
+            jobs,
         })
     }
 
     pub fn router(self: &Arc<App>) -> Router {
         let limit = self.config.max_object_size as usize + 4096;
-        let [r_health, r_metrics, r_whoami, r_list, r_object] = ROUTES;
+        let [
+            r_health,
+            r_metrics,
+            r_whoami,
+            r_list,
+            r_object,
+            r_jobs,
+            r_run,
+        ] = ROUTES;
         Router::new()
             .route(r_health, get(|| async { "ok\n" }))
             .route(r_metrics, get(metrics::metrics))
             .route(r_whoami, get(api::whoami))
             .route(r_list, get(api::list))
             .route(r_object, get(api::get).put(api::put).delete(api::delete))
+            .route(r_jobs, get(api::jobs))
+            .route(r_run, axum::routing::post(api::run_job))
             .layer(axum::extract::DefaultBodyLimit::max(limit))
             .with_state(self.clone())
     }
 }
 
 /// Every route the server answers; docs/openapi.yaml describes each (a test checks).
-pub const ROUTES: [&str; 5] = [
+pub const ROUTES: [&str; 7] = [
     "/healthz",
     "/metrics",
     "/v1/whoami",
     "/v1/datastores/{ds}/objects",
     "/v1/datastores/{ds}/objects/{*name}",
+    "/v1/jobs",
+    "/v1/jobs/{name}/run",
 ];
 
 /// Where the self-signed certificate lives.
@@ -282,6 +302,7 @@ async fn run(
         fingerprint: tls.as_ref().map(|t| t.1.clone()),
     });
     let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.0));
+    jobs::schedule(&app);
     let router = app.router();
     let timeout = Duration::from_secs(app.config.request_timeout_secs);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();

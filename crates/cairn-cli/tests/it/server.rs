@@ -818,3 +818,105 @@ fn a_token_upload_limit_paces_the_client() {
     env.check_clean();
     srv.stop();
 }
+
+/// Jobs from the settings file, started through the API: retention forgets and
+/// prunes with the datastore's password, check finds it clean, scrub finds a
+/// flipped bit; each run is in the history with its outcome.
+#[test]
+fn scheduled_jobs_run_and_keep_a_history() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 61);
+    for i in 0..3 {
+        std::fs::write(src.join("changing"), format!("version {i}")).unwrap();
+        env.backup(&[&src]);
+    }
+    let pw = env.path("main.password");
+    std::fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
+    let settings = env.path("serve.toml");
+    std::fs::write(
+        &settings,
+        format!(
+            "[datastore_passwords]\nmain = \"{}\"\n\n\
+             [[jobs]]\nname = \"retention\"\nkind = \"retention\"\ndatastore = \"main\"\nevery = \"1d\"\nkeep_last = 1\n\n\
+             [[jobs]]\nname = \"check\"\nkind = \"check\"\ndatastore = \"main\"\nevery = \"1d\"\nread_data = \"100%\"\n\n\
+             [[jobs]]\nname = \"scrub\"\nkind = \"scrub\"\ndatastore = \"main\"\nevery = \"1d\"\n",
+            pw.display()
+        ),
+    )
+    .unwrap();
+    let srv = Server::start_with(
+        0,
+        &env.path("state"),
+        &[("main", &env.repo)],
+        true,
+        &["--config", settings.to_str().unwrap()],
+    );
+    let admin = srv.token("ops", "main", "admin");
+    let backup = srv.token("web", "main", "backup");
+    let p = srv.port;
+    let a = Some(admin.as_str());
+    let runs = |job: &str| -> Vec<serde_json::Value> {
+        let (code, body) = http(p, "GET", "/v1/jobs", a, b"");
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["name"] == job)
+            .map(|j| j["runs"].as_array().unwrap().clone())
+            .unwrap_or_default()
+    };
+    let run = |job: &str| -> serde_json::Value {
+        let before = runs(job).len();
+        let (code, body) = http(p, "POST", &format!("/v1/jobs/{job}/run"), a, b"");
+        assert_eq!(code, 202, "{body}");
+        wait_until(
+            &format!("job {job} to finish"),
+            Duration::from_secs(120),
+            || runs(job).len() > before,
+        );
+        runs(job)[0].clone()
+    };
+    // Only admin tokens see and start jobs.
+    assert_eq!(http(p, "GET", "/v1/jobs", Some(&backup), b"").0, 403);
+    assert_eq!(
+        http(p, "POST", "/v1/jobs/scrub/run", Some(&backup), b"").0,
+        403
+    );
+    assert_eq!(http(p, "POST", "/v1/jobs/nope/run", a, b"").0, 404);
+
+    let r = run("retention");
+    assert_eq!(r["outcome"], "ok", "{r}");
+    assert!(
+        r["summary"]
+            .as_str()
+            .unwrap()
+            .contains("forgot 2 snapshots"),
+        "{r}"
+    );
+    assert_eq!(env.snapshot_ids().len(), 1);
+    let r = run("check");
+    assert_eq!(r["outcome"], "ok", "{r}");
+    let r = run("scrub");
+    assert_eq!(r["outcome"], "ok", "{r}");
+    // A flipped bit in a pack: scrub reports it, naming the pack.
+    let pack = std::fs::read_dir(env.repo.join("data"))
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().path())
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    let mut bytes = std::fs::read(&pack).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(&pack, &bytes).unwrap();
+    let r = run("scrub");
+    assert_eq!(r["outcome"], "problems", "{r}");
+    let name = pack.file_name().unwrap().to_str().unwrap();
+    assert!(r["summary"].as_str().unwrap().contains(name), "{r}");
+    assert_eq!(runs("scrub").len(), 2);
+    let log = srv.stop();
+    assert!(log.contains("job scrub: problems"), "{log}");
+}

@@ -1,0 +1,427 @@
+//! Jobs the server runs on a schedule from its settings file: `scrub` (keyless),
+//! `check` and `retention` (forget by a policy, then prune), each with a history of
+//! runs and their outcome (`GET /v1/jobs`; `POST /v1/jobs/{name}/run` starts one
+//! now). `check` and `retention` need the datastore's password: the administrator
+//! unlocks the datastore for the server with a password file, which gives the
+//! server the key (docs/SERVER.md says what that means).
+//!
+//! ```toml
+//! [datastore_passwords]
+//! main = "/etc/cairn/main.password"
+//!
+//! [[jobs]]
+//! name = "nightly-scrub"
+//! kind = "scrub"
+//! datastore = "main"
+//! every = "24h"
+//!
+//! [[jobs]]
+//! name = "retention"
+//! kind = "retention"
+//! datastore = "main"
+//! every = "1d"
+//! keep_daily = 7
+//! keep_weekly = 4
+//! ```
+
+use crate::App;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Runs kept per job.
+const HISTORY: usize = 50;
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub name: String,
+    /// `scrub`, `check` or `retention`.
+    pub kind: String,
+    pub datastore: String,
+    /// `30m`, `6h`, `1d`...
+    pub every: String,
+    /// check: read this share of the data too (`10%`), or all of it (`100%`).
+    #[serde(default)]
+    pub read_data: Option<String>,
+    #[serde(default)]
+    pub keep_last: Option<i64>,
+    #[serde(default)]
+    pub keep_hourly: Option<i64>,
+    #[serde(default)]
+    pub keep_daily: Option<i64>,
+    #[serde(default)]
+    pub keep_weekly: Option<i64>,
+    #[serde(default)]
+    pub keep_monthly: Option<i64>,
+    #[serde(default)]
+    pub keep_yearly: Option<i64>,
+}
+
+/// `90s`, `30m`, `6h`, `1d` into a duration (at least a minute).
+pub fn parse_every(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let bad = || format!("every = {s:?}: use a number with s, m, h or d (at least 1m)");
+    let (num, unit) = t.split_at(t.len().saturating_sub(1));
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86400,
+        _ => return Err(bad()),
+    };
+    if secs < 60 {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+impl JobSpec {
+    /// Checks the spec against the datastores and passwords the server has.
+    pub fn validate(
+        &self,
+        datastores: &BTreeMap<String, String>,
+        passwords: &BTreeMap<String, PathBuf>,
+    ) -> Result<(), String> {
+        let me = format!("job {:?}", self.name);
+        if self.name.is_empty() || !crate::config::valid_datastore_name(&self.name) {
+            return Err(format!(
+                "{me}: a job name uses letters, digits, '-', '_', '.'"
+            ));
+        }
+        parse_every(&self.every).map_err(|e| format!("{me}: {e}"))?;
+        if !datastores.contains_key(&self.datastore) {
+            return Err(format!("{me}: no datastore {:?}", self.datastore));
+        }
+        match self.kind.as_str() {
+            "scrub" => {}
+            "check" | "retention" => {
+                if !passwords.contains_key(&self.datastore) {
+                    return Err(format!(
+                        "{me}: a {} job needs the datastore's password: add it under \
+                         [datastore_passwords] (see docs/SERVER.md)",
+                        self.kind
+                    ));
+                }
+                if self.kind == "retention" && self.policy().is_empty() {
+                    return Err(format!(
+                        "{me}: a retention job needs at least one keep_* rule"
+                    ));
+                }
+            }
+            k => {
+                return Err(format!(
+                    "{me}: unknown kind {k:?} (scrub, check or retention)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn policy(&self) -> cairn_core::forget::Policy {
+        cairn_core::forget::Policy {
+            last: self.keep_last,
+            hourly: self.keep_hourly,
+            daily: self.keep_daily,
+            weekly: self.keep_weekly,
+            monthly: self.keep_monthly,
+            yearly: self.keep_yearly,
+            ..Default::default()
+        }
+    }
+}
+
+/// One run of a job.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Run {
+    pub started: String,
+    pub ended: String,
+    pub secs: f64,
+    /// `ok`, `problems` (the job ran and found damage) or `failed` (it could not run).
+    pub outcome: String,
+    pub summary: String,
+    /// Manual (`POST /v1/jobs/{name}/run`) or scheduled.
+    pub trigger: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct JobStatus {
+    #[serde(flatten)]
+    pub spec: JobSpec,
+    pub running: bool,
+    pub runs: Vec<Run>,
+}
+
+/// The jobs, their histories (kept in `jobs-history.json` in the state directory)
+/// and which are running.
+pub struct Jobs {
+    pub specs: Vec<JobSpec>,
+    passwords: BTreeMap<String, PathBuf>,
+    path: PathBuf,
+    state: Mutex<(History, Vec<String>)>,
+}
+
+/// Each job's last runs, oldest first.
+type History = BTreeMap<String, VecDeque<Run>>;
+
+impl Jobs {
+    pub fn new(
+        specs: Vec<JobSpec>,
+        passwords: BTreeMap<String, PathBuf>,
+        state_dir: &std::path::Path,
+    ) -> Jobs {
+        let path = state_dir.join("jobs-history.json");
+        let history = std::fs::read(&path)
+            .ok()
+            .and_then(|d| serde_json::from_slice(&d).ok())
+            .unwrap_or_default();
+        Jobs {
+            specs,
+            passwords,
+            path,
+            state: Mutex::new((history, Vec::new())),
+        }
+    }
+
+    pub fn status(&self) -> Vec<JobStatus> {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.specs
+            .iter()
+            .map(|spec| JobStatus {
+                spec: spec.clone(),
+                running: s.1.contains(&spec.name),
+                runs: s
+                    .0
+                    .get(&spec.name)
+                    .map(|h| h.iter().rev().cloned().collect())
+                    .unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// Marks the job running; false if it already is.
+    fn begin(&self, name: &str) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.1.iter().any(|n| n == name) {
+            return false;
+        }
+        s.1.push(name.to_string());
+        true
+    }
+
+    fn finish(&self, name: &str, run: Run) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.1.retain(|n| n != name);
+        let h = s.0.entry(name.to_string()).or_default();
+        h.push_back(run);
+        while h.len() > HISTORY {
+            h.pop_front();
+        }
+        if let Ok(body) = serde_json::to_vec_pretty(&s.0) {
+            let tmp = self.path.with_extension("tmp");
+            if std::fs::write(&tmp, body).is_ok() {
+                let _ = std::fs::rename(&tmp, &self.path);
+            }
+        }
+    }
+}
+
+/// Starts a run of `name` in the background; false if there is no such job or it
+/// is running already.
+pub fn start(app: &Arc<App>, name: &str, trigger: &str) -> bool {
+    let Some(spec) = app.jobs.specs.iter().find(|j| j.name == name).cloned() else {
+        return false;
+    };
+    if !app.jobs.begin(&spec.name) {
+        return false;
+    }
+    let app = app.clone();
+    let trigger = trigger.to_string();
+    tokio::spawn(async move {
+        let started = cairn_core::time::now_rfc3339();
+        let t0 = std::time::Instant::now();
+        crate::log_line(&format!("job {}: started ({trigger})", spec.name));
+        let a = app.clone();
+        let s = spec.clone();
+        let result = tokio::task::spawn_blocking(move || run_job(&a, &s))
+            .await
+            .unwrap_or_else(|e| Err(format!("the job stopped: {e}")));
+        let (outcome, summary) = match result {
+            Ok((true, s)) => ("ok", s),
+            Ok((false, s)) => ("problems", s),
+            Err(e) => ("failed", e),
+        };
+        crate::log_line(&format!("job {}: {outcome}: {summary}", spec.name));
+        app.jobs.finish(
+            &spec.name,
+            Run {
+                started,
+                ended: cairn_core::time::now_rfc3339(),
+                secs: t0.elapsed().as_secs_f64(),
+                outcome: outcome.to_string(),
+                summary,
+                trigger,
+            },
+        );
+    });
+    true
+}
+
+/// The schedule: each job runs `every` after the server started, then every
+/// `every` (a run still going when the next is due is not started twice).
+pub fn schedule(app: &Arc<App>) {
+    for spec in &app.jobs.specs {
+        let Ok(every) = parse_every(&spec.every) else {
+            continue;
+        };
+        let app = app.clone();
+        let name = spec.name.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                start(&app, &name, "schedule");
+            }
+        });
+    }
+}
+
+/// Runs one job to its end (blocking): (clean, one-line summary), or why it could
+/// not run.
+fn run_job(app: &App, spec: &JobSpec) -> Result<(bool, String), String> {
+    let ds = app
+        .datastores
+        .get(&spec.datastore)
+        .ok_or_else(|| format!("no datastore {}", spec.datastore))?;
+    if spec.kind == "scrub" {
+        let r =
+            crate::scrub::scrub(ds.backend.as_ref(), 2, &|_, _| {}).map_err(|e| e.to_string())?;
+        let damaged = r
+            .problems
+            .iter()
+            .filter(|p| p.problem != "vanished")
+            .count();
+        return Ok((
+            r.is_clean(),
+            format!(
+                "{} objects, {} read, {damaged} damaged{}",
+                r.objects_checked,
+                cairn_core::units::bytes(r.bytes_read, 1),
+                r.problems
+                    .iter()
+                    .filter(|p| p.problem != "vanished")
+                    .take(3)
+                    .map(|p| format!("; {}: {}", p.name, p.problem))
+                    .collect::<String>()
+            ),
+        ));
+    }
+    let password_file = app
+        .jobs
+        .passwords
+        .get(&spec.datastore)
+        .ok_or("no password for the datastore")?
+        .clone();
+    let password = move || {
+        let text = std::fs::read_to_string(&password_file).map_err(|e| {
+            cairn_core::Error::Invalid(format!(
+                "cannot read the password file {}: {e}",
+                password_file.display()
+            ))
+        })?;
+        Ok(text.lines().next().unwrap_or("").to_string())
+    };
+    let opts = cairn_core::repo::storage::StorageOptions {
+        cache: cairn_core::repo::storage::CacheChoice::Off,
+        ..Default::default()
+    };
+    let progress = cairn_core::progress::Progress::none();
+    let repo = cairn_core::Repository::open_at(&ds.location, &opts, password, &progress)
+        .map_err(|e| e.to_string())?;
+    use cairn_core::session::{Exclusive, Read, Write};
+    use cairn_core::{IndexLoad, Session};
+    match spec.kind.as_str() {
+        "check" => {
+            let subset = match spec.read_data.as_deref() {
+                None => None,
+                Some("100%") | Some("all") => None,
+                Some(p) => {
+                    let pct: f64 = p
+                        .trim_end_matches('%')
+                        .parse()
+                        .map_err(|_| format!("read_data = {p:?}: use a percentage"))?;
+                    Some(cairn_core::check::Subset::Percent(pct))
+                }
+            };
+            let session = Session::<Read>::open(repo, "check", IndexLoad::Full, &progress)
+                .map_err(|e| e.to_string())?;
+            let r = cairn_core::check::check(
+                &session,
+                &cairn_core::check::CheckOptions {
+                    read_data: spec.read_data.is_some(),
+                    subset,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            Ok((
+                r.problems.is_empty(),
+                format!(
+                    "{} snapshots, {} packs ({} read), {} problems",
+                    r.snapshots,
+                    r.packs,
+                    r.packs_read,
+                    r.problems.len()
+                ),
+            ))
+        }
+        "retention" => {
+            let session = Session::<Write>::open(repo, "forget", IndexLoad::None, &progress)
+                .map_err(|e| e.to_string())?;
+            let f = cairn_core::forget::forget(
+                &session,
+                &cairn_core::forget::ForgetRequest::Policy {
+                    policy: spec.policy(),
+                    group_by: Default::default(),
+                    filter: Default::default(),
+                },
+                false,
+            )
+            .map_err(|e| e.to_string())?;
+            let removed: usize = f.groups.iter().map(|g| g.remove.len()).sum();
+            let repo = session.into_repo();
+            let mut session = Session::<Exclusive>::open(repo, "prune", IndexLoad::None, &progress)
+                .map_err(|e| e.to_string())?;
+            let p = cairn_core::prune::prune(&mut session, &Default::default())
+                .map_err(|e| e.to_string())?;
+            Ok((
+                true,
+                format!(
+                    "forgot {removed} snapshots; prune deleted {} packs ({}), {} waiting for running jobs",
+                    p.deleted_packs,
+                    cairn_core::units::bytes(p.deleted_bytes, 1),
+                    p.deferred_packs
+                ),
+            ))
+        }
+        k => Err(format!("unknown job kind {k}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals() {
+        assert_eq!(parse_every("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_every("6h").unwrap(), Duration::from_secs(6 * 3600));
+        assert_eq!(parse_every("1d").unwrap(), Duration::from_secs(86400));
+        for bad in ["", "10s", "5", "1w", "xh"] {
+            assert!(parse_every(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -397,7 +397,11 @@ fn logged(
         async move {
             let started = Instant::now();
             let method = req.method().clone();
-            let path = req.uri().path().to_string();
+            // With the query (prefix, mode, max): the log says what was asked.
+            let path = req
+                .uri()
+                .path_and_query()
+                .map_or_else(|| req.uri().path().to_string(), |p| p.to_string());
             let req = req.map(axum::body::Body::new);
             app.stats.active.fetch_add(1, Ordering::Relaxed);
             let resp = match tokio::time::timeout(timeout, router.oneshot(req)).await {

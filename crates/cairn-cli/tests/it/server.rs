@@ -920,3 +920,168 @@ fn scheduled_jobs_run_and_keep_a_history() {
     let log = srv.stop();
     assert!(log.contains("job scrub: problems"), "{log}");
 }
+
+/// The disk under one datastore fills up during a backup through the server: the
+/// client gets one clear line, the server goes on serving another datastore, the
+/// full one keeps its committed snapshots and checks clean, and once there is room
+/// the next backup works. A client killed in the middle of an upload costs nothing
+/// committed either.
+#[test]
+fn a_full_disk_or_a_killed_client_costs_nothing_committed() {
+    assert!(
+        is_root(),
+        "the test suite runs as root (CI does): it mounts filesystems"
+    );
+    let env = Env::new();
+    let mnt = env.path("small-fs");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let m = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(m.success());
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let full = Env::at(tempfile::tempdir().unwrap(), mnt.join("repo"));
+    full.init(&[]);
+    env.init(&[]);
+    let small = env.path("small");
+    make_full_tree(&small, 71);
+    let big = env.path("big");
+    std::fs::create_dir_all(&big).unwrap();
+    for i in 0..8 {
+        std::fs::write(
+            big.join(format!("f{i}")),
+            Rng(i + 300).bytes(6 << 20, false),
+        )
+        .unwrap();
+    }
+    let srv = Server::start(
+        &env.path("state"),
+        &[("full", &full.repo), ("other", &env.repo)],
+        false,
+    );
+    let t_full = srv.token("a", "full", "backup");
+    let t_other = srv.token("b", "other", "backup");
+    ok(
+        client(
+            &env,
+            &srv,
+            "full",
+            &t_full,
+            &["backup", small.to_str().unwrap()],
+        ),
+        "first backup",
+    );
+    let err = refused(
+        client(
+            &env,
+            &srv,
+            "full",
+            &t_full,
+            &["backup", big.to_str().unwrap()],
+        ),
+        "backup onto a full disk",
+    );
+    assert!(err.contains("no space left"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // The server still serves the other datastore.
+    ok(
+        client(
+            &env,
+            &srv,
+            "other",
+            &t_other,
+            &["backup", small.to_str().unwrap()],
+        ),
+        "backup to the other datastore",
+    );
+    full.check_clean();
+    assert_eq!(full.snapshot_ids().len(), 1);
+    // Room again: the next backup through the server works.
+    let m = Command::new("mount")
+        .args(["-o", "remount,size=300m"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(m.success());
+    ok(
+        client(
+            &env,
+            &srv,
+            "full",
+            &t_full,
+            &["backup", big.to_str().unwrap()],
+        ),
+        "backup after making room",
+    );
+    full.check_clean();
+
+    // A client killed right after its first pack reached the server.
+    std::fs::write(big.join("f-new"), Rng(999).bytes(20 << 20, false)).unwrap();
+    for i in 0..4 {
+        std::fs::write(
+            big.join(format!("g{i}")),
+            Rng(i + 500).bytes(6 << 20, false),
+        )
+        .unwrap();
+    }
+    let mut srv = srv;
+    let mut lines = srv.lines.take().unwrap();
+    // Only what the server logs from now on (the earlier backups' lines are read).
+    ok(
+        client(&env, &srv, "full", &t_full, &["snapshots"]),
+        "snapshots",
+    );
+    lines.wait_for(
+        "GET /v1/datastores/full/objects?prefix=snapshots",
+        Duration::from_secs(10),
+    );
+    lines.drain();
+    let mut c = Command::new(bin());
+    c.arg("--repo")
+        .arg(srv.location("full"))
+        .args(["backup", big.to_str().unwrap()])
+        .env("CAIRN_PASSWORD", PASSWORD)
+        .env("CAIRN_TOKEN", &t_full)
+        .env("CAIRN_SERVER_FINGERPRINT", srv.fingerprint.clone().unwrap())
+        .env("XDG_CACHE_HOME", env.path("cache"))
+        .env("CAIRN_LIMIT_UPLOAD", "10M")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    lines.wait_for(
+        "PUT /v1/datastores/full/objects/data/",
+        Duration::from_secs(60),
+    );
+    child.kill().unwrap();
+    let _ = child.wait();
+    srv.lines = Some(lines);
+    full.check_clean();
+    assert_eq!(
+        full.snapshot_ids().len(),
+        2,
+        "the killed backup committed nothing"
+    );
+    ok(
+        client(
+            &env,
+            &srv,
+            "full",
+            &t_full,
+            &["backup", big.to_str().unwrap()],
+        ),
+        "backup after the killed one",
+    );
+    full.check_clean();
+    let r = full.restore("latest", &big, "r");
+    assert_same(&big, &r);
+    srv.stop();
+}

@@ -223,6 +223,14 @@ impl StderrLines {
         }
     }
 
+    /// Takes every line written so far, so that the next [`StderrLines::wait_for`]
+    /// sees only what comes after.
+    pub fn drain(&mut self) {
+        while let Ok(line) = self.rx.try_recv() {
+            self.seen.push(line);
+        }
+    }
+
     /// Everything the child wrote on stderr; call it once the child has ended.
     pub fn all(mut self) -> String {
         self.seen.extend(self.rx.iter());

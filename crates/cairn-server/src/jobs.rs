@@ -1,5 +1,6 @@
 //! Jobs the server runs on a schedule from its settings file: `scrub` (keyless),
-//! `check` and `retention` (forget by a policy, then prune), each with a history of
+//! `check`, `retention` (forget by a policy, then prune) and `copy` (replication to
+//! another datastore, directory, S3 or cairn server), each with a history of
 //! runs and their outcome (`GET /v1/jobs`; `POST /v1/jobs/{name}/run` starts one
 //! now). `check` and `retention` need the datastore's password: the administrator
 //! unlocks the datastore for the server with a password file, which gives the
@@ -58,6 +59,19 @@ pub struct JobSpec {
     pub keep_monthly: Option<i64>,
     #[serde(default)]
     pub keep_yearly: Option<i64>,
+    /// copy: where to — a datastore of this server, or a location (directory,
+    /// `s3:...`, `cairn+https://...` of another server).
+    #[serde(default)]
+    pub to: Option<String>,
+    /// copy: the destination's password file (default: its entry under
+    /// [datastore_passwords] when `to` names a datastore of this server).
+    #[serde(default)]
+    pub to_password_file: Option<PathBuf>,
+    /// copy to another cairn server: its token file and certificate fingerprint.
+    #[serde(default)]
+    pub to_token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub to_server_fingerprint: Option<String>,
 }
 
 /// `90s`, `30m`, `6h`, `1d` into a duration (at least a minute).
@@ -98,6 +112,26 @@ impl JobSpec {
         }
         match self.kind.as_str() {
             "scrub" => {}
+            "copy" => {
+                if !passwords.contains_key(&self.datastore) {
+                    return Err(format!(
+                        "{me}: a copy job needs the source datastore's password under \
+                         [datastore_passwords]"
+                    ));
+                }
+                let Some(to) = &self.to else {
+                    return Err(format!("{me}: a copy job needs `to`"));
+                };
+                if to == &self.datastore {
+                    return Err(format!("{me}: `to` is the job's own datastore"));
+                }
+                if self.to_password_file.is_none() && !passwords.contains_key(to) {
+                    return Err(format!(
+                        "{me}: give to_password_file, or the password of datastore {to:?} \
+                         under [datastore_passwords]"
+                    ));
+                }
+            }
             "check" | "retention" => {
                 if !passwords.contains_key(&self.datastore) {
                     return Err(format!(
@@ -114,7 +148,7 @@ impl JobSpec {
             }
             k => {
                 return Err(format!(
-                    "{me}: unknown kind {k:?} (scrub, check or retention)"
+                    "{me}: unknown kind {k:?} (scrub, check, retention or copy)"
                 ));
             }
         }
@@ -326,15 +360,7 @@ fn run_job(app: &App, spec: &JobSpec) -> Result<(bool, String), String> {
         .get(&spec.datastore)
         .ok_or("no password for the datastore")?
         .clone();
-    let password = move || {
-        let text = std::fs::read_to_string(&password_file).map_err(|e| {
-            cairn_core::Error::Invalid(format!(
-                "cannot read the password file {}: {e}",
-                password_file.display()
-            ))
-        })?;
-        Ok(text.lines().next().unwrap_or("").to_string())
-    };
+    let password = password_from(password_file);
     let opts = cairn_core::repo::storage::StorageOptions {
         cache: cairn_core::repo::storage::CacheChoice::Off,
         ..Default::default()
@@ -407,7 +433,86 @@ fn run_job(app: &App, spec: &JobSpec) -> Result<(bool, String), String> {
                 ),
             ))
         }
+        "copy" => {
+            let to = spec.to.clone().ok_or("no destination")?;
+            // A datastore of this server by name, else a location.
+            let (location, pw_file) = match app.datastores.get(&to) {
+                Some(d) => (
+                    d.location.clone(),
+                    spec.to_password_file
+                        .clone()
+                        .or_else(|| app.jobs.passwords.get(&to).cloned()),
+                ),
+                None => (to.clone(), spec.to_password_file.clone()),
+            };
+            let pw_file = pw_file.ok_or("no password for the destination")?;
+            let token = match &spec.to_token_file {
+                Some(f) => Some(
+                    std::fs::read_to_string(f)
+                        .map_err(|e| format!("cannot read {}: {e}", f.display()))?
+                        .trim()
+                        .to_string(),
+                ),
+                None => None,
+            };
+            let dst_opts = cairn_core::repo::storage::StorageOptions {
+                cache: cairn_core::repo::storage::CacheChoice::Off,
+                server: cairn_backend::ServerOptions {
+                    token,
+                    fingerprint: spec.to_server_fingerprint.clone(),
+                    ca_cert: None,
+                },
+                ..Default::default()
+            };
+            let dst = cairn_core::Repository::open_at(
+                &location,
+                &dst_opts,
+                password_from(pw_file),
+                &progress,
+            )
+            .map_err(|e| format!("the destination {to}: {e}"))?;
+            let mut src = Session::<Read>::open(repo, "copy", IndexLoad::Deferred, &progress)
+                .map_err(|e| e.to_string())?;
+            let mut dst = Session::<Write>::open(dst, "copy", IndexLoad::Deferred, &progress)
+                .map_err(|e| e.to_string())?;
+            let r = cairn_core::copy::copy(
+                &mut src,
+                &mut dst,
+                &[],
+                &cairn_core::copy::CopyOptions {
+                    threads: 2,
+                    map_dir: Some(app.config.state_dir.join("copy-maps")),
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            Ok((
+                r.failed.is_empty() && r.unreadable_source_snapshots.is_empty(),
+                format!(
+                    "copied {} snapshots to {to}, {} sent{}",
+                    r.snapshots_copied,
+                    cairn_core::units::bytes(r.bytes_sent, 1),
+                    if r.failed.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", {} failed", r.failed.len())
+                    }
+                ),
+            ))
+        }
         k => Err(format!("unknown job kind {k}")),
+    }
+}
+
+/// Reads the first line of a password file when the repository asks for it.
+fn password_from(file: PathBuf) -> impl FnOnce() -> cairn_core::Result<String> {
+    move || {
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            cairn_core::Error::Invalid(format!(
+                "cannot read the password file {}: {e}",
+                file.display()
+            ))
+        })?;
+        Ok(text.lines().next().unwrap_or("").to_string())
     }
 }
 

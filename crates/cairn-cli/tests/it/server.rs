@@ -834,11 +834,14 @@ fn scheduled_jobs_run_and_keep_a_history() {
     }
     let pw = env.path("main.password");
     std::fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
+    let replica = Env::new();
+    replica.init(&["--block-size", "64K"]);
     let settings = env.path("serve.toml");
     std::fs::write(
         &settings,
         format!(
-            "[datastore_passwords]\nmain = \"{}\"\n\n\
+            "[datastore_passwords]\nmain = \"{0}\"\nreplica = \"{0}\"\n\n\
+             [[jobs]]\nname = \"replicate\"\nkind = \"copy\"\ndatastore = \"main\"\nevery = \"1d\"\nto = \"replica\"\n\n\
              [[jobs]]\nname = \"retention\"\nkind = \"retention\"\ndatastore = \"main\"\nevery = \"1d\"\nkeep_last = 1\n\n\
              [[jobs]]\nname = \"check\"\nkind = \"check\"\ndatastore = \"main\"\nevery = \"1d\"\nread_data = \"100%\"\n\n\
              [[jobs]]\nname = \"scrub\"\nkind = \"scrub\"\ndatastore = \"main\"\nevery = \"1d\"\n",
@@ -849,7 +852,7 @@ fn scheduled_jobs_run_and_keep_a_history() {
     let srv = Server::start_with(
         0,
         &env.path("state"),
-        &[("main", &env.repo)],
+        &[("main", &env.repo), ("replica", &replica.repo)],
         true,
         &["--config", settings.to_str().unwrap()],
     );
@@ -897,6 +900,27 @@ fn scheduled_jobs_run_and_keep_a_history() {
         "{r}"
     );
     assert_eq!(env.snapshot_ids().len(), 1);
+    // Replication to the other datastore (re-chunked to its 64K blocks), then again:
+    // nothing left to send.
+    let r = run("replicate");
+    assert_eq!(r["outcome"], "ok", "{r}");
+    assert!(
+        r["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("copied 1 snapshots"),
+        "{r}"
+    );
+    assert_eq!(replica.snapshot_ids().len(), 1);
+    let r = run("replicate");
+    assert!(
+        r["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("copied 0 snapshots"),
+        "{r}"
+    );
+    replica.check_clean();
     let r = run("check");
     assert_eq!(r["outcome"], "ok", "{r}");
     let r = run("scrub");

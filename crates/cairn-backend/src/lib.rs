@@ -24,6 +24,7 @@
 pub mod cache;
 pub mod direct;
 mod fault;
+mod io;
 mod local;
 mod mem;
 pub mod process;

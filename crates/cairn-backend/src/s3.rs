@@ -4,6 +4,7 @@
 //! flight at once. Retries are not done here but by [`crate::RetryBackend`], above
 //! any backend, so that the fault-injection tests exercise the same retry code.
 
+use crate::io::IoRuntime;
 use crate::{Backend, BackendError, BackendErrorKind, ObjectInfo, Result};
 use opendal::layers::TimeoutLayer;
 use opendal::services::S3;
@@ -76,20 +77,9 @@ pub struct S3Options {
 
 pub struct S3Backend {
     op: Operator,
-    /// The backend's own runtime; `None` only while dropping.
-    rt: Option<tokio::runtime::Runtime>,
+    /// The backend's own runtime (callable from any thread, droppable anywhere).
+    io: IoRuntime,
     location: String,
-}
-
-impl Drop for S3Backend {
-    /// Dropping a runtime normally waits for its threads, which tokio forbids inside
-    /// another runtime's tasks: shut it down without waiting, so an `S3Backend` may
-    /// be dropped anywhere.
-    fn drop(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
-    }
 }
 
 impl std::fmt::Debug for S3Backend {
@@ -176,45 +166,22 @@ impl S3Backend {
                 .with_timeout(Duration::from_secs(120))
                 .with_io_timeout(Duration::from_secs(30 * 60)),
         );
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("cairn-s3")
-            .enable_all()
-            .build()
+        let io = IoRuntime::new("cairn-s3", "S3")
             .map_err(|e| config_error(location, format!("cannot start I/O threads: {e}")))?;
         Ok(S3Backend {
             op,
-            rt: Some(rt),
+            io,
             location: location.to_string(),
         })
     }
 
-    /// Runs one request on the backend's runtime and waits for it on this thread.
-    ///
-    /// The engine is blocking, and its callers may themselves live inside a tokio
-    /// runtime (the server calls it through `spawn_blocking`), where
-    /// `Runtime::block_on` panics ("Cannot start a runtime from within a runtime").
-    /// Spawning onto this backend's runtime and waiting on a channel works from any
-    /// thread. The request is built from owned values, so it may outlive the call
-    /// only as long as the runtime runs.
     fn run<T: Send + 'static>(
         &self,
         op: &'static str,
         name: &str,
         fut: impl std::future::Future<Output = T> + Send + 'static,
     ) -> Result<T> {
-        let gone = || BackendError {
-            kind: BackendErrorKind::Other,
-            op,
-            path: name.to_string(),
-            message: "the S3 client stopped".into(),
-        };
-        let rt = self.rt.as_ref().ok_or_else(gone)?;
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        rt.spawn(async move {
-            let _ = tx.send(fut.await);
-        });
-        rx.recv().map_err(|_| gone())
+        self.io.run(op, name, fut)
     }
 }
 

@@ -10,6 +10,7 @@
 //! `fingerprint` (the SHA-256 the server printed), exactly that certificate is
 //! accepted, whatever signed it (a self-signed server certificate).
 
+use crate::io::IoRuntime;
 use crate::{Backend, BackendError, BackendErrorKind, ObjectInfo, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -77,18 +78,10 @@ impl ServerLocation {
 
 pub struct ServerBackend {
     client: reqwest::Client,
-    rt: Option<tokio::runtime::Runtime>,
+    io: IoRuntime,
     loc: ServerLocation,
     token: String,
     location: String,
-}
-
-impl Drop for ServerBackend {
-    fn drop(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
-    }
 }
 
 impl std::fmt::Debug for ServerBackend {
@@ -258,15 +251,11 @@ impl ServerBackend {
         let client = client
             .build()
             .map_err(|e| setup_error(location, format!("cannot set up HTTP: {e}")))?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("cairn-client")
-            .enable_all()
-            .build()
+        let io = IoRuntime::new("cairn-client", "cairn server")
             .map_err(|e| setup_error(location, format!("cannot start I/O threads: {e}")))?;
         Ok(ServerBackend {
             client,
-            rt: Some(rt),
+            io,
             loc,
             token: token.trim().to_string(),
             location: location.to_string(),
@@ -289,26 +278,13 @@ impl ServerBackend {
         name: &str,
         req: reqwest::RequestBuilder,
     ) -> Result<(reqwest::StatusCode, Vec<u8>)> {
-        let gone = || BackendError {
-            kind: BackendErrorKind::Other,
-            op,
-            path: name.to_string(),
-            message: "the HTTP client stopped".into(),
-        };
-        let rt = self.rt.as_ref().ok_or_else(gone)?;
         let req = req.bearer_auth(&self.token);
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        rt.spawn(async move {
-            let r = async {
-                let resp = req.send().await?;
-                let status = resp.status();
-                let body = resp.bytes().await?;
-                Ok::<_, reqwest::Error>((status, body.to_vec()))
-            }
-            .await;
-            let _ = tx.send(r);
-        });
-        let r = rx.recv().map_err(|_| gone())?;
+        let r = self.io.run(op, name, async move {
+            let resp = req.send().await?;
+            let status = resp.status();
+            let body = resp.bytes().await?;
+            Ok::<_, reqwest::Error>((status, body.to_vec()))
+        })?;
         let (status, body) = r.map_err(|e| BackendError {
             // A server that cannot be reached may come back (retried); one whose
             // certificate is refused will not.

@@ -258,10 +258,7 @@ pub async fn get(
         .stats
         .bytes_out
         .fetch_add(data.len() as u64, Ordering::Relaxed);
-    let wait = app.pace(&t.id, false, data.len() as u64);
-    if !wait.is_zero() {
-        tokio::time::sleep(wait).await;
-    }
+    app.pace_transfer(&t.id, false, data.len() as u64).await;
     let status = if range.is_some() {
         StatusCode::PARTIAL_CONTENT
     } else {
@@ -323,10 +320,7 @@ pub async fn put(
         .bytes_in
         .fetch_add(body.len() as u64, Ordering::Relaxed);
     check_body(kind, &name, &body, app.config.max_object_size)?;
-    let wait = app.pace(&t.id, true, body.len() as u64);
-    if !wait.is_zero() {
-        tokio::time::sleep(wait).await;
-    }
+    app.pace_transfer(&t.id, true, body.len() as u64).await;
     let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
     let policed = t.role != Role::Admin;
     if is_lock && policed {

@@ -92,6 +92,15 @@ struct Pacers {
 }
 
 impl App {
+    /// Waits as long as the bandwidth limits require for a transfer of `bytes` by
+    /// `token` (`upload`: client to server).
+    pub async fn pace_transfer(&self, token: &str, upload: bool, bytes: u64) {
+        let wait = self.pace(token, upload, bytes);
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     /// How long a transfer of `bytes` by `token` must wait for the limits
     /// (`upload`: client to server).
     pub fn pace(&self, token: &str, upload: bool, bytes: u64) -> Duration {

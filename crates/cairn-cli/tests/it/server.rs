@@ -952,26 +952,9 @@ fn scheduled_jobs_run_and_keep_a_history() {
 /// committed either.
 #[test]
 fn a_full_disk_or_a_killed_client_costs_nothing_committed() {
-    assert!(
-        is_root(),
-        "the test suite runs as root (CI does): it mounts filesystems"
-    );
     let env = Env::new();
     let mnt = env.path("small-fs");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let m = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(m.success());
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(mnt.clone());
+    let fs_small = Tmpfs::mount(&mnt, "size=24m");
     let full = Env::at(tempfile::tempdir().unwrap(), mnt.join("repo"));
     full.init(&[]);
     env.init(&[]);
@@ -1029,12 +1012,7 @@ fn a_full_disk_or_a_killed_client_costs_nothing_committed() {
     full.check_clean();
     assert_eq!(full.snapshot_ids().len(), 1);
     // Room again: the next backup through the server works.
-    let m = Command::new("mount")
-        .args(["-o", "remount,size=300m"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(m.success());
+    fs_small.remount("size=300m");
     ok(
         client(
             &env,

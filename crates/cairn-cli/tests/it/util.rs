@@ -616,3 +616,42 @@ pub fn assert_rsync_same(a: &Path, b: &Path) {
     let items = String::from_utf8_lossy(&out.stdout);
     assert!(items.trim().is_empty(), "rsync sees differences:\n{items}");
 }
+
+/// A tmpfs mounted at `dir` (created) with these mount options (`size=24m`),
+/// unmounted on drop. Needs root, as the suite runs.
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, options: &str) -> Tmpfs {
+        assert!(
+            is_root(),
+            "the test suite runs as root (CI does): it mounts filesystems"
+        );
+        fs::create_dir_all(dir).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount -t tmpfs -o {options} {}", dir.display());
+        Tmpfs(dir.to_path_buf())
+    }
+
+    /// Changes the size (or other options) in place.
+    pub fn remount(&self, options: &str) {
+        let ok = Command::new("mount")
+            .args(["-o", &format!("remount,{options}")])
+            .arg(&self.0)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "remount {options}");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}

@@ -1,0 +1,60 @@
+//! The small tokio runtime a network backend owns (S3, a cairn server).
+//!
+//! The engine is blocking, and its callers may themselves live inside a tokio
+//! runtime (the server calls it through `spawn_blocking`), where
+//! `Runtime::block_on` panics ("Cannot start a runtime from within a runtime").
+//! Spawning onto the backend's own runtime and waiting on a channel works from any
+//! thread. Dropping a runtime normally waits for its threads, which tokio forbids
+//! inside another runtime's tasks, so it is shut down without waiting.
+
+use crate::{BackendError, BackendErrorKind, Result};
+
+pub(crate) struct IoRuntime {
+    /// `None` only while dropping.
+    rt: Option<tokio::runtime::Runtime>,
+    /// Names the client in messages ("the S3 client stopped").
+    what: &'static str,
+}
+
+impl IoRuntime {
+    /// Two worker threads named `thread_name`.
+    pub(crate) fn new(thread_name: &str, what: &'static str) -> std::io::Result<IoRuntime> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(thread_name)
+            .enable_all()
+            .build()?;
+        Ok(IoRuntime { rt: Some(rt), what })
+    }
+
+    /// Runs one request on the runtime and waits for it on this thread. The request
+    /// is built from owned values, so it may outlive the call only as long as the
+    /// runtime runs.
+    pub(crate) fn run<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        name: &str,
+        fut: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T> {
+        let gone = || BackendError {
+            kind: BackendErrorKind::Other,
+            op,
+            path: name.to_string(),
+            message: format!("the {} client stopped", self.what),
+        };
+        let rt = self.rt.as_ref().ok_or_else(gone)?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        rt.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv().map_err(|_| gone())
+    }
+}
+
+impl Drop for IoRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}

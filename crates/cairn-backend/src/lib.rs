@@ -118,6 +118,15 @@ impl BackendError {
             ),
         }
     }
+    /// A backend that could not be set up (bad location, certificate, settings).
+    pub fn open_failed(location: &str, message: String) -> Self {
+        BackendError {
+            kind: BackendErrorKind::Other,
+            op: "open",
+            path: location.to_string(),
+            message,
+        }
+    }
     pub fn is_not_found(&self) -> bool {
         self.kind == BackendErrorKind::NotFound
     }

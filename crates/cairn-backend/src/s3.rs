@@ -90,18 +90,10 @@ impl std::fmt::Debug for S3Backend {
     }
 }
 
-fn config_error(location: &str, message: String) -> BackendError {
-    BackendError {
-        kind: BackendErrorKind::Other,
-        op: "open",
-        path: location.to_string(),
-        message,
-    }
-}
-
 impl S3Backend {
     pub fn open(location: &str, opts: &S3Options) -> Result<S3Backend> {
-        let loc = S3Location::parse(location).map_err(|m| config_error(location, m))?;
+        let loc =
+            S3Location::parse(location).map_err(|m| BackendError::open_failed(location, m))?;
         let region = opts
             .region
             .clone()
@@ -130,13 +122,13 @@ impl S3Backend {
             .pool_max_idle_per_host(32);
         if let Some(path) = &opts.ca_cert {
             let pem = std::fs::read(path).map_err(|e| {
-                config_error(
+                BackendError::open_failed(
                     location,
                     format!("cannot read CA certificate {}: {e}", path.display()),
                 )
             })?;
             let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-                config_error(
+                BackendError::open_failed(
                     location,
                     format!("invalid CA certificate {}: {e}", path.display()),
                 )
@@ -150,9 +142,10 @@ impl S3Backend {
         }
         let client = client
             .build()
-            .map_err(|e| config_error(location, format!("cannot set up HTTP: {e}")))?;
-        let op = Operator::new(builder)
-            .map_err(|e| config_error(location, format!("invalid S3 settings: {e}")))?;
+            .map_err(|e| BackendError::open_failed(location, format!("cannot set up HTTP: {e}")))?;
+        let op = Operator::new(builder).map_err(|e| {
+            BackendError::open_failed(location, format!("invalid S3 settings: {e}"))
+        })?;
         let ctx = op.context().with_http_transport(HttpTransporter::new(
             opendal_http_transport_reqwest::ReqwestTransport::new(client),
         ));
@@ -166,8 +159,9 @@ impl S3Backend {
                 .with_timeout(Duration::from_secs(120))
                 .with_io_timeout(Duration::from_secs(30 * 60)),
         );
-        let io = IoRuntime::new("cairn-s3", "S3")
-            .map_err(|e| config_error(location, format!("cannot start I/O threads: {e}")))?;
+        let io = IoRuntime::new("cairn-s3", "S3").map_err(|e| {
+            BackendError::open_failed(location, format!("cannot start I/O threads: {e}"))
+        })?;
         Ok(S3Backend {
             op,
             io,

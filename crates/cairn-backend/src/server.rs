@@ -92,15 +92,6 @@ impl std::fmt::Debug for ServerBackend {
     }
 }
 
-fn setup_error(location: &str, message: String) -> BackendError {
-    BackendError {
-        kind: BackendErrorKind::Other,
-        op: "open",
-        path: location.to_string(),
-        message,
-    }
-}
-
 /// Accepts exactly the certificate with this SHA-256; signatures are still
 /// checked with the provider's algorithms, so the peer must hold its key.
 #[derive(Debug)]
@@ -202,13 +193,14 @@ struct ErrorBody {
 
 impl ServerBackend {
     pub fn open(location: &str, opts: &ServerOptions) -> Result<ServerBackend> {
-        let loc = ServerLocation::parse(location).map_err(|m| setup_error(location, m))?;
+        let loc =
+            ServerLocation::parse(location).map_err(|m| BackendError::open_failed(location, m))?;
         let token = opts
             .token
             .clone()
             .filter(|t| !t.trim().is_empty())
             .ok_or_else(|| {
-                setup_error(
+                BackendError::open_failed(
                     location,
                     "no token: set CAIRN_TOKEN or give --token-file (ask the server's admin for \
                  one: cairn serve token add)"
@@ -222,24 +214,25 @@ impl ServerBackend {
             .tcp_keepalive(Duration::from_secs(30))
             .pool_max_idle_per_host(32);
         if let Some(fp) = &opts.fingerprint {
-            let sha256 = parse_fingerprint(fp).map_err(|m| setup_error(location, m))?;
+            let sha256 =
+                parse_fingerprint(fp).map_err(|m| BackendError::open_failed(location, m))?;
             let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
             let config = rustls::ClientConfig::builder_with_provider(provider.clone())
                 .with_safe_default_protocol_versions()
-                .map_err(|e| setup_error(location, format!("TLS: {e}")))?
+                .map_err(|e| BackendError::open_failed(location, format!("TLS: {e}")))?
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(Pinned { sha256, provider }))
                 .with_no_client_auth();
             client = client.tls_backend_preconfigured(config);
         } else if let Some(path) = &opts.ca_cert {
             let pem = std::fs::read(path).map_err(|e| {
-                setup_error(
+                BackendError::open_failed(
                     location,
                     format!("cannot read CA certificate {}: {e}", path.display()),
                 )
             })?;
             let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-                setup_error(
+                BackendError::open_failed(
                     location,
                     format!("invalid CA certificate {}: {e}", path.display()),
                 )
@@ -250,9 +243,10 @@ impl ServerBackend {
         }
         let client = client
             .build()
-            .map_err(|e| setup_error(location, format!("cannot set up HTTP: {e}")))?;
-        let io = IoRuntime::new("cairn-client", "cairn server")
-            .map_err(|e| setup_error(location, format!("cannot start I/O threads: {e}")))?;
+            .map_err(|e| BackendError::open_failed(location, format!("cannot set up HTTP: {e}")))?;
+        let io = IoRuntime::new("cairn-client", "cairn server").map_err(|e| {
+            BackendError::open_failed(location, format!("cannot start I/O threads: {e}"))
+        })?;
         Ok(ServerBackend {
             client,
             io,

@@ -892,34 +892,17 @@ fn scheduled_jobs_run_and_keep_a_history() {
 
     let r = run("retention");
     assert_eq!(r["outcome"], "ok", "{r}");
-    assert!(
-        r["summary"]
-            .as_str()
-            .unwrap()
-            .contains("forgot 2 snapshots"),
-        "{r}"
-    );
+    let summary = |r: &serde_json::Value| r["summary"].as_str().unwrap().to_string();
+    assert!(summary(&r).contains("forgot 2 snapshots"), "{r}");
     assert_eq!(env.snapshot_ids().len(), 1);
     // Replication to the other datastore (re-chunked to its 64K blocks), then again:
     // nothing left to send.
     let r = run("replicate");
     assert_eq!(r["outcome"], "ok", "{r}");
-    assert!(
-        r["summary"]
-            .as_str()
-            .unwrap()
-            .starts_with("copied 1 snapshots"),
-        "{r}"
-    );
+    assert!(summary(&r).starts_with("copied 1 snapshots"), "{r}");
     assert_eq!(replica.snapshot_ids().len(), 1);
     let r = run("replicate");
-    assert!(
-        r["summary"]
-            .as_str()
-            .unwrap()
-            .starts_with("copied 0 snapshots"),
-        "{r}"
-    );
+    assert!(summary(&r).starts_with("copied 0 snapshots"), "{r}");
     replica.check_clean();
     let r = run("check");
     assert_eq!(r["outcome"], "ok", "{r}");
@@ -939,7 +922,7 @@ fn scheduled_jobs_run_and_keep_a_history() {
     let r = run("scrub");
     assert_eq!(r["outcome"], "problems", "{r}");
     let name = pack.file_name().unwrap().to_str().unwrap();
-    assert!(r["summary"].as_str().unwrap().contains(name), "{r}");
+    assert!(summary(&r).contains(name), "{r}");
     assert_eq!(runs("scrub").len(), 2);
     let log = srv.stop();
     assert!(log.contains("job scrub: problems"), "{log}");

@@ -302,8 +302,10 @@ pub async fn put(
     Path((ds, name)): Path<(String, String)>,
     Query(q): Query<PutQuery>,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> ApiResult<Response> {
+    // Token, datastore, policy and size first: a body is read only for a request
+    // that may store it, and never beyond what its kind may be.
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
     let action = match q.mode.as_deref() {
@@ -312,6 +314,25 @@ pub async fn put(
         Some(m) => return Err(ApiError::bad(format!("unknown put mode {m:?}"))),
     };
     let kind = allow(&store, &t, &name, action)?;
+    let max = kind.max_size(app.config.max_object_size);
+    let too_large = |n: String| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("{name}: {n} bytes, more than the {max} allowed"),
+        )
+    };
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > max
+    {
+        return Err(too_large(len.to_string()));
+    }
+    let body: Bytes = axum::body::to_bytes(body, max as usize)
+        .await
+        .map_err(|_| too_large("more".into()))?;
     app.stats
         .bytes_in
         .fetch_add(body.len() as u64, Ordering::Relaxed);

@@ -505,6 +505,27 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
     assert_eq!(std::fs::read(env.repo.join(&lock)).unwrap(), b"lock v2");
     assert_eq!(http(p, "DELETE", &obj(&lock), t, b"").0, 204);
 
+    // An upload announcing more than the server takes is refused before its body;
+    // so is one without a valid token (nothing is read for it).
+    for (auth, code) in [
+        (format!("Bearer {backup}"), b"413"),
+        ("Bearer x".to_string(), b"401"),
+    ] {
+        let mut s = TcpStream::connect(("127.0.0.1", p)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let name = format!("data/{}/{id}", &id[..2]);
+        write!(
+            s,
+            "PUT /v1/datastores/main/objects/{name} HTTP/1.1\r\nHost: x\r\n\
+             Authorization: {auth}\r\nContent-Length: {}\r\n\r\n",
+            6u64 << 30
+        )
+        .unwrap();
+        let mut resp = [0u8; 12];
+        s.read_exact(&mut resp).unwrap();
+        assert_eq!(&resp[9..12], code, "{}", String::from_utf8_lossy(&resp));
+    }
+
     // A slow client holding a half-sent request does not stop the others.
     let mut slow = TcpStream::connect(("127.0.0.1", p)).unwrap();
     slow.write_all(b"GET /v1/datastores/main/objects/config HTTP/1.1\r\nHost: x\r\n")

@@ -77,7 +77,9 @@ ALL_TOOLS = ["cairn", "restic", "borg", "kopia"]
 DEFAULT_TOOLS = ["cairn", "restic", "borg"]  # kopia: name it (--tools ...,kopia)
 ALL_DATASETS = ["mixed", "small", "image", "dense"]
 DEFAULT_DATASETS = ["mixed", "small", "image"]  # dense (1M files): name it
-ALL_SCENARIOS = ["backup", "maintenance", "blocksizes", "jobs", "s3", "copy", "server"]
+ALL_SCENARIOS = ["backup", "maintenance", "blocksizes", "jobs", "s3", "copy", "server", "clients"]
+CLIENTS_DATASET = "clients"  # rows of the clients scenario
+CLIENTS_N = 8
 DEFAULT_SCENARIOS = ["backup", "maintenance"]  # what --scenario all runs (blocksizes, jobs, s3, copy, server: opt in)
 # server scenario: each tool locally and through its server, side by side
 SERVER_TOOLS = {"cairn": "cairn-serve", "restic": "restic-rest"}
@@ -1180,6 +1182,102 @@ class Runner:
             shutil.rmtree(live, ignore_errors=True)
         settle()
 
+    # -- clients scenario: N clients at once through each tool's server
+    def run_clients(self, rep):
+        """N backups started at once through the tool's server into one fresh repository, every
+        client backing up its own copy of the same small tree (the data overlaps entirely):
+        total wall, aggregate MB/s, CPU (clients + server), the repository against one client's
+        backup alone (duplicate bytes), and for cairn the server's request latencies (p50, p99)
+        from its log. Afterwards check --read-data, and one client's snapshot restored and
+        verified."""
+        n = CLIENTS_N
+        names = [x for x in ("cairn-serve", "restic-rest") if x.split("-")[0] in self.a.tools]
+        if "restic-rest" in names and not os.access(self.a.rest_server_bin, os.X_OK):
+            log("clients: no rest-server; restic skipped")
+            names.remove("restic-rest")
+        src = self.dataset_src("small")
+        live = self.prepare_live("small", src)
+        nfiles, nbytes = tree_size(live)
+        logdir = os.path.join(self.work, "logs")
+        os.makedirs(logdir, exist_ok=True)
+        common = dict(dataset=CLIENTS_DATASET, rep=rep)
+        for name in names:
+            ver = self.versions.get(name.split("-")[0])
+            # One client alone first (the baseline size), then N at once into a fresh repository.
+            sizes = {}
+            for phase, count in (("one", 1), (f"clients{n}", n)):
+                t = self.make_tool(name, f"{CLIENTS_DATASET}-{phase}")
+                for pth in (t.repo_dir, t.cache):
+                    shutil.rmtree(pth, ignore_errors=True)
+                os.makedirs(t.cache)
+                if hasattr(t, "before_init"):
+                    t.before_init(logdir)
+                r = self.measure(t, f"{CLIENTS_DATASET}-{name}-{phase}-init-r{rep}", *t.init_cmd())
+                if r["rc"] != 0:
+                    self.add_row(dict(common, tool=name, tool_version=ver, phase=phase, status="fail init"))
+                    continue
+                if name == "cairn-serve":
+                    subprocess.run([t.bin, "config", "--repo", t.repo_dir, "--max-concurrent-jobs", str(n)],
+                                   env=t.env(), capture_output=True)
+                if hasattr(t, "after_init"):
+                    t.after_init(logdir)
+                settle()
+                srv_log0 = os.path.getsize(t.server.log_path) if t.server else 0
+                c0 = t.server.cpu_s() if t.server else 0.0
+                jobs = []
+                for k in range(count):
+                    argv, _ = t.backup_cmd(live, f"client{k}")
+                    if name == "restic-rest":
+                        argv = [a if a != "bench" else f"client{k}" for a in argv]
+                    else:
+                        argv = argv[:-1] + ["--host", f"client{k}", argv[-1]]
+                    jobs.append((f"{CLIENTS_DATASET}-{name}-{phase}-{k}-r{rep}", argv))
+                per, total = self.measure_concurrent(t, jobs)
+                srv_cpu = (t.server.cpu_s() - c0) if t.server else 0.0
+                ok = all(x["rc"] == 0 for x in per)
+                repo = du_bytes(t.repo_dir)
+                sizes[phase] = repo
+                note = {"clients": count, "srv_cpu_s": f"{srv_cpu:.2f}",
+                        "client_cpu_s": f"{total['cpu_s']:.2f}"}
+                if phase != "one" and "one" in sizes:
+                    note["duplicate_bytes"] = repo - sizes["one"]
+                if name == "cairn-serve" and t.server:
+                    with open(t.server.log_path, errors="replace") as f:
+                        f.seek(srv_log0)
+                        lat = sorted(float(m.group(1)) for m in re.finditer(r" (\d+\.\d+)s$", f.read(), re.M))
+                    if lat:
+                        note.update(requests=len(lat), p50_ms=f"{1000 * lat[len(lat) // 2]:.1f}",
+                                    p99_ms=f"{1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))]:.1f}",
+                                    max_ms=f"{1000 * lat[-1]:.1f}")
+                verify = ""
+                if ok and phase != "one":
+                    # Integrity of everything stored, then one client's snapshot restored exactly.
+                    chk = self.measure(t, f"{CLIENTS_DATASET}-{name}-check-r{rep}", *t.check_data_cmd())
+                    note["check_read_data"] = "ok" if chk["rc"] == 0 else f"rc={chk['rc']}"
+                    target = os.path.join(self.work, "restore", f"{name}-{CLIENTS_DATASET}")
+                    fresh_dir(target)
+                    rr = self.measure(t, f"{CLIENTS_DATASET}-{name}-restore-r{rep}", *t.restore_cmd(target, "x"))
+                    verify = self.verify(target, live, datasets.tree_digest(live)) if rr["rc"] == 0 else "fail"
+                    shutil.rmtree(target, ignore_errors=True)
+                self.add_row(dict(
+                    common, tool=name, tool_version=ver, phase=phase, status="ok" if ok else "fail",
+                    input_bytes=nbytes * count, input_files=nfiles * count, wall_s=f"{total['wall_s']:.3f}",
+                    cpu_s=f"{total['cpu_s'] + srv_cpu:.2f}",
+                    max_rss_kib=max(x.get("max_rss_kib", 0) for x in per),
+                    mb_per_s=f"{nbytes * count / MB / total['wall_s']:.2f}",
+                    files_per_s=f"{nfiles * count / total['wall_s']:.1f}", repo_bytes=repo,
+                    other_cpu_s=total["other_cpu_s"], steal_s=total["steal_s"], verify=verify,
+                    note=kv_note(note)))
+                self.print_row(self.rows[-1])
+                if t.server:
+                    t.server.stop()
+                if not self.a.keep:
+                    shutil.rmtree(t.repo_dir, ignore_errors=True)
+                    shutil.rmtree(t.cache, ignore_errors=True)
+                settle()
+        if not self.a.keep:
+            shutil.rmtree(live, ignore_errors=True)
+
     # -- s3 scenario: the backup scenario's first/unchanged/restore against a MinIO server
     def run_s3(self):
         names = [t for t in self.a.tools if t in S3_TOOLS]
@@ -2108,6 +2206,9 @@ class Runner:
                 self.run_jobs(rep)
         if "s3" in self.a.scenarios:
             self.run_s3()
+        if "clients" in self.a.scenarios:
+            for rep in range(1, self.a.repeat + 1):
+                self.run_clients(rep)
         if "server" in self.a.scenarios:
             names = []
             for t in self.a.tools:
@@ -2770,14 +2871,15 @@ def render_all(rows, tools):
     """The scenario tables: backup/maintenance ones (with the s3 scenario's rows and ratios), then
     the blocksizes, jobs, s3 (traffic) and copy ones."""
     srv = [r for r in rows if str(r.get("dataset", "")).startswith(SERVER_PREFIX)]
-    other = [r for r in rows if r.get("dataset") not in (BS_DATASET, JOBS_DATASET, COPY_DATASET, "s3")
-             and r not in srv]
+    cl = [r for r in rows if r.get("dataset") == CLIENTS_DATASET]
+    other = [r for r in rows if r.get("dataset") not in (BS_DATASET, JOBS_DATASET, COPY_DATASET, "s3",
+                                                          CLIENTS_DATASET) and r not in srv]
     bs = [r for r in rows if r.get("dataset") == BS_DATASET]
     jobs = [r for r in rows if r.get("dataset") == JOBS_DATASET]
     s3 = [r for r in rows if str(r.get("dataset", "")).startswith(S3_PREFIX) or r.get("dataset") == "s3"]
     cp = [r for r in rows if r.get("dataset") == COPY_DATASET]
     parts = []
-    if other or not (bs or jobs or s3 or cp or srv):
+    if other or not (bs or jobs or s3 or cp or srv or cl):
         parts.append(render_table(other, tools))
     if bs:
         parts.append(render_blocksizes(bs))
@@ -2789,6 +2891,19 @@ def render_all(rows, tools):
         parts.append(render_copy(cp))
     if srv:
         parts.append(render_server(srv))
+    if cl:
+        lines = ["", f"Clients scenario ({CLIENTS_N} backups at once through each tool's server; CPU = clients + server)",
+                 f"{'tool':<12} {'phase':<10} {'status':<6} {'wall s':>8} {'MB/s':>8} {'CPU s':>8} {'repo MiB':>9}  note"]
+        def num(v, fmt, width, scale=1.0):
+            try:
+                return format(float(v) / scale, fmt).rjust(width)
+            except (TypeError, ValueError):
+                return "-".rjust(width)
+        for r in cl:
+            lines.append(f"{r['tool']:<12} {r['phase']:<10} {r['status']:<6} {num(r.get('wall_s'), '.2f', 8)} "
+                         f"{num(r.get('mb_per_s'), '.0f', 8)} {num(r.get('cpu_s'), '.1f', 8)} "
+                         f"{num(r.get('repo_bytes'), '.1f', 9, 2**20)}  {r.get('note', '')} {r.get('verify', '')}")
+        parts.append("\n".join(lines))
     return "\n".join(parts)
 
 
@@ -2892,7 +3007,7 @@ def main():
     a.scenarios = DEFAULT_SCENARIOS if a.scenario == "all" else [x for x in a.scenario.split(",") if x]
     for x in a.scenarios:
         if x not in ALL_SCENARIOS:
-            ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes, jobs, s3, copy, server or all)")
+            ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes, jobs, s3, copy, server, clients or all)")
     a.block_sizes = [b.strip().upper() for b in a.block_sizes.split(",") if b.strip()]
     a.compressions = [c.strip() for c in a.compressions.split(",") if c.strip()]
     for b in a.block_sizes:

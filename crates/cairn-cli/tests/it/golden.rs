@@ -2,7 +2,9 @@
 //! restoring exactly and checking clean. `v1` is the day-one repository (two
 //! snapshots); `v1-2026-11` holds everything the format has gained since (index
 //! files of version 2 with snapshot and forgotten records, snapshots copied from
-//! another repository with `copied_from`, superseding index files of a prune).
+//! another repository with `copied_from`, superseding index files of a prune);
+//! `v1-2026-11-25` the same history with the `admin-names` feature (prune's
+//! superseding file stored as `index/admin-<id>`).
 //! `tests/fixtures/make-golden.sh NAME` makes a new one; existing fixtures are never
 //! rewritten.
 
@@ -55,7 +57,44 @@ fn golden_v1_repository_opens_restores_and_checks() {
 
 #[test]
 fn golden_v1_2026_11_repository_opens_restores_and_checks() {
-    let env = unpack("v1-2026-11");
+    history_fixture("v1-2026-11");
+}
+
+/// The same history written with the `admin-names` feature: prune's superseding
+/// index file is stored as `index/admin-<id>` and is what readers follow.
+#[test]
+fn golden_v1_2026_11_25_repository_with_admin_names() {
+    let env = history_fixture("v1-2026-11-25");
+    // The prune just run in it wrote its superseding file under the admin name too.
+    let admin_named = admin_named_index_files(&env.repo);
+    assert!(admin_named >= 1);
+}
+
+/// Index files stored under the admin name (`index/admin-<id>`).
+fn admin_named_index_files(repo: &Path) -> usize {
+    std::fs::read_dir(repo.join("index"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("admin-")
+        })
+        .count()
+}
+
+/// Opens, checks, restores every snapshot of a fixture made by make-golden.sh's
+/// history, then backs up and prunes in it.
+fn history_fixture(name: &str) -> Env {
+    let env = unpack(name);
+    let admin_named = admin_named_index_files(&env.repo);
+    let config = std::fs::read_to_string(env.repo.join("config")).unwrap();
+    if config.contains("admin-names") {
+        assert!(admin_named > 0, "{name}: prune's file is admin-named");
+    } else {
+        assert_eq!(admin_named, 0, "{name}");
+    }
     let out = env.ok(&["check", "--read-data"]);
     assert!(out.contains("no errors were found"), "{out}");
     let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
@@ -70,7 +109,7 @@ fn golden_v1_2026_11_repository_opens_restores_and_checks() {
             .map(|s| s["id"].as_str().unwrap().to_string())
             .unwrap_or_else(|| panic!("no snapshot tagged {t}"))
     };
-    let dir = env.dir.path().join("v1-2026-11");
+    let dir = env.dir.path().join(name);
     restores_as(&env, &tagged("second"), &dir.join("src2"), "second");
     restores_as(&env, &tagged("elsewhere"), &dir.join("src1"), "copied");
     let first = snaps
@@ -91,4 +130,5 @@ fn golden_v1_2026_11_repository_opens_restores_and_checks() {
     env.backup(&[&src]);
     env.ok(&["prune"]);
     env.check_clean();
+    env
 }

@@ -55,31 +55,34 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = c.spawn().unwrap();
-        let mut lines = StderrLines::of(&mut child);
+        let lines = StderrLines::of(&mut child);
+        // Owned by the struct from here on: a failed start below kills the process
+        // (Drop) instead of leaving a server running after the test.
+        let mut srv = Server {
+            child,
+            lines: Some(lines),
+            port: 0,
+            fingerprint: None,
+            state: state.to_path_buf(),
+        };
+        let lines = srv.lines.as_mut().unwrap();
         let line = lines.wait_for("listening on", Duration::from_secs(60));
-        let port: u16 = line
+        srv.port = line
             .split("://127.0.0.1:")
             .nth(1)
             .and_then(|p| p.split(' ').next())
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no port in {line:?}"));
-        let fingerprint = (!insecure).then(|| {
+        if !insecure {
             let l = lines.wait_for("fingerprint:", Duration::from_secs(10));
-            l.split("fingerprint: ")
+            srv.fingerprint = l
+                .split("fingerprint: ")
                 .nth(1)
-                .unwrap()
-                .split(' ')
-                .next()
-                .unwrap()
-                .to_string()
-        });
-        Server {
-            child,
-            lines: Some(lines),
-            port,
-            fingerprint,
-            state: state.to_path_buf(),
+                .and_then(|f| f.split(' ').next())
+                .map(str::to_string);
+            assert!(srv.fingerprint.is_some(), "no fingerprint in {l:?}");
         }
+        srv
     }
 
     fn location(&self, ds: &str) -> String {

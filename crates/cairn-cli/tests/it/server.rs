@@ -1079,16 +1079,21 @@ fn a_full_disk_or_a_killed_client_costs_nothing_committed() {
         2,
         "the killed backup committed nothing"
     );
-    ok(
-        client(
-            &env,
-            &srv,
-            "full",
-            &t_full,
-            &["backup", big.to_str().unwrap()],
-        ),
-        "backup after the killed one",
+    let o = client(
+        &env,
+        &srv,
+        "full",
+        &t_full,
+        &["backup", big.to_str().unwrap()],
     );
+    if !o.status.success() {
+        let status = srv.child.try_wait();
+        let log = srv.lines.take().unwrap().all();
+        panic!(
+            "backup after the killed one failed: {}\nserver: {status:?}\n{log}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
     full.check_clean();
     let r = full.restore("latest", &big, "r");
     assert_same(&big, &r);

@@ -33,12 +33,11 @@ fn exit_code(e: &anyhow::Error) -> i32 {
 }
 
 fn main() {
-    // Writing to a closed pipe (`cairn dump … | head`) should end quietly.
-    #[allow(unsafe_code)]
-    // SAFETY: restoring the default SIGPIPE disposition before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    // SIGPIPE stays ignored (Rust's default): a network peer that goes away while a
+    // request is being written must be an error the retries handle, not the end of
+    // the process. Output to a reader that went away (`cairn ls | head`) ends
+    // quietly instead, with the status a SIGPIPE death would have had.
+    quiet_on_closed_stdout();
     // Large buffers (4 MiB chunk batches, 16 MiB packs) come and go all the time; with
     // glibc's dynamic mmap threshold they end up in arenas that do not shrink, which
     // raised peak RSS by tens of MiB. A fixed threshold returns them on free. Eight
@@ -83,11 +82,40 @@ fn main() {
     commands::report_traffic();
     match result {
         Ok(code) => std::process::exit(code),
+        Err(e) if is_closed_stdout(&e) => std::process::exit(EXIT_BROKEN_PIPE),
         Err(e) => {
             eprintln!("cairn: error: {e:#}");
             std::process::exit(exit_code(&e));
         }
     }
+}
+
+/// Exit status of a process ended by SIGPIPE, as shells report it.
+const EXIT_BROKEN_PIPE: i32 = 128 + 13;
+
+/// Printing to a closed stdout panics in `println!`: end quietly instead.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(EXIT_BROKEN_PIPE);
+        }
+        default(info);
+    }));
+}
+
+/// Whether the error is output going to a reader that went away.
+fn is_closed_stdout(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// The first SIGINT or SIGTERM asks the running operation to stop at its next safe

@@ -30,7 +30,6 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
     let mut errors = 0;
     let mut entries = Vec::new();
     let mut out = std::io::stdout().lock();
-    use std::io::Write;
     let mut f = |path: &str, n: &Node| {
         if g.json {
             entries.push(Entry::new(path, n));
@@ -56,9 +55,9 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
             if let Some(t) = &e.link_target {
                 line.push_str(&format!(" -> {t}"));
             }
-            let _ = writeln!(out, "{line}");
+            super::out_line(&mut out, &line);
         } else {
-            let _ = writeln!(out, "{path}");
+            super::out_line(&mut out, path);
         }
     };
     let mut on_err = |path: &str, e: cairn_core::Error| {

@@ -181,6 +181,19 @@ pub fn progress(g: &Global) -> CliProgress {
     CliProgress::new(g)
 }
 
+/// Writes one line of output; the end of the process if it cannot be written: quietly
+/// with SIGPIPE's status when the reader went away (`cairn ls | head`), with an error
+/// otherwise. For output written from inside a walk that cannot return an error.
+pub fn out_line(out: &mut impl std::io::Write, line: &str) {
+    if let Err(e) = writeln!(out, "{line}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(128 + 13);
+        }
+        eprintln!("cairn: error: writing the output: {e}");
+        std::process::exit(1);
+    }
+}
+
 pub fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())

@@ -35,15 +35,6 @@ fn rate(v: &Option<String>) -> Result<Option<u64>> {
 }
 
 fn serve(a: &ServeArgs) -> Result<i32> {
-    // main() restores SIGPIPE's default so that `cairn ls | head` ends quietly; a
-    // server must instead survive a client that disconnects while an answer is being
-    // written (vectored socket writes raise SIGPIPE): the write fails with EPIPE and
-    // only that connection ends.
-    #[allow(unsafe_code)]
-    // SAFETY: changes a signal disposition; no handler code runs.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-    }
     let config = ServerConfig::from_flags(&Flags {
         config: a.config.clone(),
         listen: a.listen.clone(),

@@ -4,7 +4,7 @@
 use crate::util::*;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
     let mut v: Vec<(PathBuf, u64)> = walk(dir)
@@ -383,4 +383,43 @@ fn missing_source_paths_and_bad_arguments() {
     // Nothing was committed by any of these.
     let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
     assert!(snaps.as_array().unwrap().is_empty());
+}
+
+/// Output to a reader that stops early (`cairn ls | head`, `cairn dump | head`)
+/// ends the command quietly with SIGPIPE's status, no panic and no error line.
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    use std::io::Read;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..3000 {
+        fs::write(
+            src.join(format!("a-fairly-long-file-name-{i:05}.txt")),
+            b"x",
+        )
+        .unwrap();
+    }
+    fs::write(src.join("big.bin"), Rng(8).bytes(4 << 20, false)).unwrap();
+    env.backup(&[&src]);
+    let big = format!("{}/big.bin", src.display());
+    for args in [
+        vec!["ls", "-l", "latest"],
+        vec!["dump", "latest", big.as_str()],
+    ] {
+        let mut child = env
+            .cmd(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = [0u8; 100];
+        child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+        // The reader is gone (dropped above); the rest cannot be written.
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
 }

@@ -8,6 +8,44 @@
 //! inside another runtime's tasks, so it is shut down without waiting.
 
 use crate::{BackendError, BackendErrorKind, Result};
+use std::path::Path;
+use std::time::Duration;
+
+/// The HTTP client settings every network backend uses. Stalls are caught per read
+/// and per unacknowledged write (TCP user timeout), not by a cap on a whole
+/// transfer, which a slow link could never meet.
+pub(crate) fn http_client() -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(Duration::from_secs(120))
+        .tcp_user_timeout(Duration::from_secs(120))
+        .tcp_keepalive(Duration::from_secs(30))
+        .pool_max_idle_per_host(32)
+}
+
+/// Adds the PEM certificate(s) in `path` (a private CA) to the trusted roots.
+pub(crate) fn trust_ca(
+    mut client: reqwest::ClientBuilder,
+    path: &Path,
+    location: &str,
+) -> Result<reqwest::ClientBuilder> {
+    let pem = std::fs::read(path).map_err(|e| {
+        BackendError::open_failed(
+            location,
+            format!("cannot read CA certificate {}: {e}", path.display()),
+        )
+    })?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+        BackendError::open_failed(
+            location,
+            format!("invalid CA certificate {}: {e}", path.display()),
+        )
+    })?;
+    for c in certs {
+        client = client.add_root_certificate(c);
+    }
+    Ok(client)
+}
 
 pub(crate) struct IoRuntime {
     /// `None` only while dropping.

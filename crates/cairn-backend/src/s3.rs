@@ -112,30 +112,9 @@ impl S3Backend {
         if let Some(p) = &opts.profile {
             builder = builder.profile(p);
         }
-        // Stalls are caught per read and per unacknowledged write (TCP user timeout),
-        // not by a cap on a whole transfer, which a slow link could never meet.
-        let mut client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(120))
-            .tcp_user_timeout(Duration::from_secs(120))
-            .tcp_keepalive(Duration::from_secs(30))
-            .pool_max_idle_per_host(32);
+        let mut client = crate::io::http_client();
         if let Some(path) = &opts.ca_cert {
-            let pem = std::fs::read(path).map_err(|e| {
-                BackendError::open_failed(
-                    location,
-                    format!("cannot read CA certificate {}: {e}", path.display()),
-                )
-            })?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-                BackendError::open_failed(
-                    location,
-                    format!("invalid CA certificate {}: {e}", path.display()),
-                )
-            })?;
-            for c in certs {
-                client = client.add_root_certificate(c);
-            }
+            client = crate::io::trust_ca(client, path, location)?;
         }
         if opts.insecure_tls {
             client = client.tls_danger_accept_invalid_certs(true);

@@ -14,7 +14,6 @@ use crate::io::IoRuntime;
 use crate::{Backend, BackendError, BackendErrorKind, ObjectInfo, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// How to reach and authenticate to a server.
 #[derive(Clone, Debug, Default)]
@@ -207,12 +206,7 @@ impl ServerBackend {
                         .into(),
                 )
             })?;
-        let mut client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(120))
-            .tcp_user_timeout(Duration::from_secs(120))
-            .tcp_keepalive(Duration::from_secs(30))
-            .pool_max_idle_per_host(32);
+        let mut client = crate::io::http_client();
         if let Some(fp) = &opts.fingerprint {
             let sha256 =
                 parse_fingerprint(fp).map_err(|m| BackendError::open_failed(location, m))?;
@@ -225,21 +219,7 @@ impl ServerBackend {
                 .with_no_client_auth();
             client = client.tls_backend_preconfigured(config);
         } else if let Some(path) = &opts.ca_cert {
-            let pem = std::fs::read(path).map_err(|e| {
-                BackendError::open_failed(
-                    location,
-                    format!("cannot read CA certificate {}: {e}", path.display()),
-                )
-            })?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-                BackendError::open_failed(
-                    location,
-                    format!("invalid CA certificate {}: {e}", path.display()),
-                )
-            })?;
-            for c in certs {
-                client = client.add_root_certificate(c);
-            }
+            client = crate::io::trust_ca(client, path, location)?;
         }
         let client = client
             .build()
@@ -277,7 +257,8 @@ impl ServerBackend {
             let resp = req.send().await?;
             let status = resp.status();
             let body = resp.bytes().await?;
-            Ok::<_, reqwest::Error>((status, body.to_vec()))
+            // Without a copy when the body arrived in one piece.
+            Ok::<_, reqwest::Error>((status, Vec::from(body)))
         })?;
         let (status, body) = r.map_err(|e| BackendError {
             // A server that cannot be reached may come back (retried); one whose

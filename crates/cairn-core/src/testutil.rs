@@ -1,7 +1,7 @@
 //! Helpers for unit tests that need a small repository.
 
 use crate::repo::blob::BlobEncoder;
-use crate::repo::packer::{BufferPool, Packer};
+use crate::repo::packer::{BufferPool, Packer, SealedPack};
 use crate::repo::{InitOptions, Repository};
 use cairn_backend::MemBackend;
 use cairn_format::index::IndexPack;
@@ -17,15 +17,20 @@ pub fn mem_repo() -> Repository {
     Repository::init(Arc::new(MemBackend::new()), None, &opts).unwrap()
 }
 
-/// Stores blobs in one pack; returns its index entry (not yet indexed).
-pub fn store(repo: &Repository, blobs: &[(BlobKind, Vec<u8>)]) -> IndexPack {
+/// Seals blobs into one pack (not stored).
+pub fn seal(repo: &Repository, blobs: &[(BlobKind, Vec<u8>)]) -> SealedPack {
     let mut enc = BlobEncoder::new(None);
     let mut packer = Packer::new(repo.key().clone(), Arc::new(BufferPool::new(1)), 1 << 20);
     for (kind, data) in blobs {
         let id = repo.key().blob_id(data);
         packer.add(enc.encode(repo.key(), *kind, id, data).unwrap());
     }
-    let p = packer.finish().unwrap();
+    packer.finish().unwrap()
+}
+
+/// Stores blobs in one pack; returns its index entry (not yet indexed).
+pub fn store(repo: &Repository, blobs: &[(BlobKind, Vec<u8>)]) -> IndexPack {
+    let p = seal(repo, blobs);
     repo.backend()
         .put(&cairn_backend::names::pack(&p.id.to_hex()), &p.bytes)
         .unwrap();

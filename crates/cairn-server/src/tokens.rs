@@ -9,7 +9,7 @@
 use crate::policy::Role;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 #[derive(Debug, thiserror::Error)]
@@ -52,8 +52,13 @@ struct TokenFile {
 /// The token file, re-read when its modification time or size changes.
 pub struct TokenStore {
     path: PathBuf,
-    cache: Mutex<Option<(SystemTime, u64, Vec<TokenEntry>)>>,
+    /// The entries as last read, with the file's time and size then (shared, not
+    /// copied, by every request).
+    cache: Mutex<Option<Cached>>,
 }
+
+/// Modification time, size, entries.
+type Cached = (SystemTime, u64, Arc<Vec<TokenEntry>>);
 
 fn random<const N: usize>() -> [u8; N] {
     cairn_format::envelope::random_bytes()
@@ -95,7 +100,7 @@ impl TokenStore {
     }
 
     /// The entries, read again only if the file changed since the last call.
-    fn current(&self) -> Result<Vec<TokenEntry>, TokenError> {
+    fn current(&self) -> Result<Arc<Vec<TokenEntry>>, TokenError> {
         let meta = match std::fs::metadata(&self.path) {
             Ok(m) => Some((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -109,7 +114,7 @@ impl TokenStore {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let Some((mtime, len)) = meta else {
             *cache = None;
-            return Ok(Vec::new());
+            return Ok(Arc::default());
         };
         if let Some((m, l, entries)) = cache.as_ref()
             && *m == mtime
@@ -117,7 +122,7 @@ impl TokenStore {
         {
             return Ok(entries.clone());
         }
-        let entries = self.read_file()?;
+        let entries = Arc::new(self.read_file()?);
         *cache = Some((mtime, len, entries.clone()));
         Ok(entries)
     }
@@ -128,14 +133,14 @@ impl TokenStore {
             return Ok(None);
         };
         let hash = blake3::hash(secret.as_bytes());
-        for e in self.current()? {
+        for e in self.current()?.iter() {
             if e.id == id {
                 let Ok(stored) = blake3::Hash::from_hex(&e.hash) else {
                     continue;
                 };
                 // blake3::Hash compares in constant time.
                 if stored == hash {
-                    return Ok(Some(e));
+                    return Ok(Some(e.clone()));
                 }
             }
         }

@@ -235,19 +235,10 @@ impl crate::index::IndexSource for Repository {
 
 #[cfg(test)]
 mod tests {
-    use crate::repo::{InitOptions, Repository};
-    use cairn_backend::{MemBackend, names};
+    use crate::testutil::mem_repo as repo;
+    use cairn_backend::names;
     use cairn_format::index::IndexFile;
     use cairn_format::{IndexId, SnapshotId};
-    use std::sync::Arc;
-
-    fn repo() -> Repository {
-        let opts = InitOptions {
-            encryption: false,
-            ..InitOptions::default()
-        };
-        Repository::init(Arc::new(MemBackend::new()), None, &opts).unwrap()
-    }
 
     /// What an append-only writer can store under a plain name cannot hide other
     /// index files or snapshots; the same lists under an admin name do.

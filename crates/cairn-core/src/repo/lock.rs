@@ -429,8 +429,6 @@ pub fn remove_locks(repo: &Repository, all: bool) -> Result<Vec<LockInfo>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::repo::InitOptions;
-    use cairn_backend::MemBackend;
 
     /// Waits until `f` holds, failing the test after a minute: the refresh thread
     /// runs every 20 ms in these tests, so only a stalled machine comes near.
@@ -445,13 +443,7 @@ mod tests {
         }
     }
 
-    fn repo() -> Repository {
-        let opts = InitOptions {
-            encryption: false,
-            ..InitOptions::default()
-        };
-        Repository::init(Arc::new(MemBackend::new()), None, &opts).unwrap()
-    }
+    use crate::testutil::mem_repo as repo;
 
     #[test]
     fn shared_locks_coexist_and_vanish_on_drop() {

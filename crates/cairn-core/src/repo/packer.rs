@@ -397,53 +397,41 @@ fn upload_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::repo::blob::BlobEncoder;
-    use crate::repo::{InitOptions, Repository};
-    use cairn_backend::MemBackend;
+    use crate::testutil::{mem_repo, seal};
     use cairn_format::pack::BlobKind;
+
+    /// Sends one single-blob pack per byte value and returns the index files written.
+    fn upload(
+        repo: &crate::Repository,
+        interval: Option<std::time::Duration>,
+        bytes: &[u8],
+    ) -> usize {
+        let pool = Arc::new(BufferPool::new(2));
+        let mut up = Uploader::start_with(repo.backend().clone(), repo.key().clone(), pool, 1);
+        if let Some(every) = interval {
+            up.set_index_flush_interval(every);
+        }
+        for b in bytes {
+            up.send(seal(repo, &[(BlobKind::Data, vec![*b; 1000])]))
+                .unwrap();
+        }
+        let stats = up.finish().unwrap();
+        assert_eq!(stats.packs, bytes.len() as u64);
+        stats.index_files.len()
+    }
 
     /// With the interval elapsed at every pack, each stored pack is indexed at once:
     /// an interruption then loses only the packs still in flight.
     #[test]
     fn index_files_follow_the_packs_when_the_interval_is_short() {
-        let repo = Repository::init(
-            Arc::new(MemBackend::new()),
-            None,
-            &InitOptions {
-                encryption: false,
-                ..InitOptions::default()
-            },
-        )
-        .unwrap();
-        let pool = Arc::new(BufferPool::new(2));
-        let mut up =
-            Uploader::start_with(repo.backend().clone(), repo.key().clone(), pool.clone(), 1);
-        up.set_index_flush_interval(std::time::Duration::ZERO);
-        let mut enc = BlobEncoder::new(None);
-        for i in 0..3u8 {
-            let mut packer = Packer::new(repo.key().clone(), pool.clone(), 1 << 20);
-            let data = vec![i; 1000];
-            let id = repo.key().blob_id(&data);
-            let b = enc.encode(repo.key(), BlobKind::Data, id, &data).unwrap();
-            assert!(packer.add(b).is_none());
-            up.send(packer.finish().unwrap()).unwrap();
-        }
-        let stats = up.finish().unwrap();
-        assert_eq!(stats.packs, 3);
-        assert_eq!(stats.index_files.len(), 3, "one index file per pack");
-
+        let repo = mem_repo();
+        let zero = Some(std::time::Duration::ZERO);
+        assert_eq!(
+            upload(&repo, zero, &[0, 1, 2]),
+            3,
+            "one index file per pack"
+        );
         // The default interval (a minute) batches them.
-        let mut up =
-            Uploader::start_with(repo.backend().clone(), repo.key().clone(), pool.clone(), 1);
-        up.set_index_flush(INDEX_FLUSH_BLOBS, usize::MAX);
-        for i in 10..13u8 {
-            let mut packer = Packer::new(repo.key().clone(), pool.clone(), 1 << 20);
-            let data = vec![i; 1000];
-            let id = repo.key().blob_id(&data);
-            let b = enc.encode(repo.key(), BlobKind::Data, id, &data).unwrap();
-            assert!(packer.add(b).is_none());
-            up.send(packer.finish().unwrap()).unwrap();
-        }
-        assert_eq!(up.finish().unwrap().index_files.len(), 1);
+        assert_eq!(upload(&repo, None, &[10, 11, 12]), 1);
     }
 }

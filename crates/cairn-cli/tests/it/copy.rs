@@ -286,17 +286,6 @@ fn the_file_map_survives_a_damaged_tail() {
     r2.check_clean();
 }
 
-fn packs(env: &Env) -> std::collections::BTreeMap<std::path::PathBuf, u64> {
-    let mut out = std::collections::BTreeMap::new();
-    for d in fs::read_dir(env.repo.join("data")).unwrap() {
-        for f in fs::read_dir(d.unwrap().path()).unwrap() {
-            let f = f.unwrap();
-            out.insert(f.path(), f.metadata().unwrap().len());
-        }
-    }
-    out
-}
-
 /// A snapshot whose data is lost in the source is skipped with a warning (exit 3);
 /// the others are copied, and the next run does not copy them twice.
 #[test]
@@ -308,11 +297,11 @@ fn a_damaged_source_snapshot_does_not_block_the_others() {
     let first = r1.backup(&[&src]);
     let keep = r1.path("keep");
     copy_tree(&src, &keep);
-    let before = packs(&r1);
+    let before = packs(&r1.repo);
     fs::write(src.join("only-in-second.bin"), Rng(6).bytes(3 << 20, false)).unwrap();
     r1.backup(&[&src]);
     // The second snapshot's new data pack (the largest new pack) is lost.
-    let lost = packs(&r1)
+    let lost = packs(&r1.repo)
         .into_iter()
         .filter(|(p, _)| !before.contains_key(p))
         .max_by_key(|(_, n)| *n)

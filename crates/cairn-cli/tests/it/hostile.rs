@@ -5,7 +5,7 @@
 use crate::util::*;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 
 fn snapshot_files(env: &Env) -> Vec<PathBuf> {
@@ -15,13 +15,6 @@ fn snapshot_files(env: &Env) -> Vec<PathBuf> {
         .collect();
     v.sort();
     v
-}
-
-fn flip_middle(path: &Path) {
-    let mut b = fs::read(path).unwrap();
-    let i = b.len() / 2;
-    b[i] ^= 0x10;
-    fs::write(path, b).unwrap();
 }
 
 /// `latest` silently skipped a damaged newest snapshot (restore, ls and dump

@@ -138,6 +138,12 @@ impl Drop for Server {
 
 /// A client command against the server with `token`.
 fn client(env: &Env, srv: &Server, ds: &str, token: &str, args: &[&str]) -> std::process::Output {
+    client_cmd(env, srv, ds, token, args).output().unwrap()
+}
+
+/// A client command against the server with `token` (pinning the server's
+/// certificate when it has one), to run or spawn.
+fn client_cmd(env: &Env, srv: &Server, ds: &str, token: &str, args: &[&str]) -> Command {
     let mut c = Command::new(bin());
     c.arg("--repo").arg(srv.location(ds)).args(args);
     c.env("CAIRN_PASSWORD", PASSWORD)
@@ -151,7 +157,7 @@ fn client(env: &Env, srv: &Server, ds: &str, token: &str, args: &[&str]) -> std:
         Some(fp) => c.env("CAIRN_SERVER_FINGERPRINT", fp),
         None => c.env_remove("CAIRN_SERVER_FINGERPRINT"),
     };
-    c.output().unwrap()
+    c
 }
 
 fn ok(o: std::process::Output, what: &str) -> String {
@@ -306,15 +312,12 @@ fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
     );
 
     // The wrong certificate fingerprint: a clear TLS error, nothing sent.
-    let mut c = Command::new(bin());
-    c.arg("--repo")
-        .arg(srv.location("main"))
-        .arg("snapshots")
-        .env("CAIRN_PASSWORD", PASSWORD)
-        .env("CAIRN_TOKEN", &admin)
+    let o = client_cmd(&env, &srv, "main", &admin, &["snapshots"])
         .env("CAIRN_SERVER_FINGERPRINT", "00".repeat(32))
-        .env("XDG_CACHE_HOME", env.path("cache2"));
-    let err = refused(c.output().unwrap(), "wrong fingerprint");
+        .env("XDG_CACHE_HOME", env.path("cache2"))
+        .output()
+        .unwrap();
+    let err = refused(o, "wrong fingerprint");
     assert!(err.contains("fingerprint"), "{err}");
 
     // The admin forgets and prunes through the server; every kept snapshot restores.
@@ -538,10 +541,7 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
     // Prometheus metrics: counters, and what the datastore holds by kind.
     let (code, metrics) = http(p, "GET", "/metrics", None, b"");
     assert_eq!(code, 200);
-    let packs = std::fs::read_dir(env.repo.join("data"))
-        .unwrap()
-        .map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count())
-        .sum::<usize>();
+    let packs = packs(&env.repo).len();
     for needle in [
         "cairn_requests_total ".to_string(),
         format!("cairn_datastore_objects{{datastore=\"main\",kind=\"pack\"}} {packs}\n"),
@@ -610,22 +610,18 @@ fn a_backup_survives_the_server_stopping_and_dying_mid_upload() {
         let first = Server::start(&state, &[("main", &env.repo)], false);
         let port = first.port;
         let token = first.token("web01", "main", "backup");
-        let mut c = Command::new(bin());
-        c.arg("--repo")
-            .arg(first.location("main"))
-            .args(["backup", src.to_str().unwrap()])
-            .env("CAIRN_PASSWORD", PASSWORD)
-            .env("CAIRN_TOKEN", &token)
-            .env(
-                "CAIRN_SERVER_FINGERPRINT",
-                first.fingerprint.clone().unwrap(),
-            )
-            .env("XDG_CACHE_HOME", env.path("cache"))
-            .env("CAIRN_LIMIT_UPLOAD", "20M")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut backup = c.spawn().unwrap();
+        let mut backup = client_cmd(
+            &env,
+            &first,
+            "main",
+            &token,
+            &["backup", src.to_str().unwrap()],
+        )
+        .env("CAIRN_LIMIT_UPLOAD", "20M")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
         let mut client_err = StderrLines::of(&mut backup);
         let mut first = first;
         let mut lines = first.lines.take().unwrap();
@@ -688,18 +684,8 @@ fn scrub_finds_bit_rot_without_the_key() {
     );
     assert!(out.contains("no damage found"), "{out}");
     // Flip one bit in the largest pack.
-    let mut packs: Vec<PathBuf> = Vec::new();
-    for d in std::fs::read_dir(env.repo.join("data")).unwrap() {
-        for f in std::fs::read_dir(d.unwrap().path()).unwrap() {
-            packs.push(f.unwrap().path());
-        }
-    }
-    packs.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
-    let victim = packs.last().unwrap();
-    let mut bytes = std::fs::read(victim).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x04;
-    std::fs::write(victim, &bytes).unwrap();
+    let victim = largest_pack(&env.repo);
+    flip_middle(&victim);
     let o = scrub(true);
     assert_eq!(
         o.status.code(),
@@ -748,17 +734,11 @@ fn two_servers_share_one_s3_datastore() {
         })
         .collect();
     let spawn = |srv: &Server, token: &str, args: &[&str]| {
-        let mut c = Command::new(bin());
-        c.arg("--repo").arg(srv.location("main")).args(args);
-        c.env("CAIRN_PASSWORD", PASSWORD)
-            .env("CAIRN_TOKEN", token)
-            .env("CAIRN_SERVER_FINGERPRINT", srv.fingerprint.clone().unwrap())
-            .env("XDG_CACHE_HOME", env.path("cache"))
-            .env_remove("CAIRN_REPO")
-            .stdin(Stdio::null())
+        client_cmd(&env, srv, "main", token, args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c.spawn().unwrap()
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
     };
     // Two backups at once, one through each server.
     let j1 = spawn(&a, &backup, &["backup", trees[0].to_str().unwrap()]);
@@ -933,16 +913,8 @@ fn scheduled_jobs_run_and_keep_a_history() {
     let r = run("scrub");
     assert_eq!(r["outcome"], "ok", "{r}");
     // A flipped bit in a pack: scrub reports it, naming the pack.
-    let pack = std::fs::read_dir(env.repo.join("data"))
-        .unwrap()
-        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
-        .map(|f| f.unwrap().path())
-        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
-        .unwrap();
-    let mut bytes = std::fs::read(&pack).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 1;
-    std::fs::write(&pack, &bytes).unwrap();
+    let pack = largest_pack(&env.repo);
+    flip_middle(&pack);
     let r = run("scrub");
     assert_eq!(r["outcome"], "problems", "{r}");
     let name = pack.file_name().unwrap().to_str().unwrap();
@@ -1053,19 +1025,18 @@ fn a_full_disk_or_a_killed_client_costs_nothing_committed() {
         Duration::from_secs(10),
     );
     lines.drain();
-    let mut c = Command::new(bin());
-    c.arg("--repo")
-        .arg(srv.location("full"))
-        .args(["backup", big.to_str().unwrap()])
-        .env("CAIRN_PASSWORD", PASSWORD)
-        .env("CAIRN_TOKEN", &t_full)
-        .env("CAIRN_SERVER_FINGERPRINT", srv.fingerprint.clone().unwrap())
-        .env("XDG_CACHE_HOME", env.path("cache"))
-        .env("CAIRN_LIMIT_UPLOAD", "10M")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut child = c.spawn().unwrap();
+    let mut child = client_cmd(
+        &env,
+        &srv,
+        "full",
+        &t_full,
+        &["backup", big.to_str().unwrap()],
+    )
+    .env("CAIRN_LIMIT_UPLOAD", "10M")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     lines.wait_for(
         "PUT /v1/datastores/full/objects/data/",
         Duration::from_secs(60),

@@ -655,3 +655,32 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg(&self.0).status();
     }
 }
+
+/// Every pack of a local repository with its size.
+pub fn packs(repo: &Path) -> BTreeMap<PathBuf, u64> {
+    let mut out = BTreeMap::new();
+    for d in fs::read_dir(repo.join("data")).unwrap() {
+        for f in fs::read_dir(d.unwrap().path()).unwrap() {
+            let f = f.unwrap();
+            out.insert(f.path(), f.metadata().unwrap().len());
+        }
+    }
+    out
+}
+
+/// The largest pack of a local repository.
+pub fn largest_pack(repo: &Path) -> PathBuf {
+    packs(repo)
+        .into_iter()
+        .max_by_key(|(_, size)| *size)
+        .expect("the repository has packs")
+        .0
+}
+
+/// Flips one bit in the middle of a file.
+pub fn flip_middle(path: &Path) {
+    let mut b = fs::read(path).unwrap();
+    let i = b.len() / 2;
+    b[i] ^= 0x10;
+    fs::write(path, b).unwrap();
+}

@@ -177,7 +177,7 @@ pub async fn list(
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
-    if !policy::may_list(t.role, &q.prefix) {
+    if !policy::valid_prefix(&q.prefix) {
         return Err(ApiError::bad(format!(
             "{:?} is not a listing prefix of a repository",
             q.prefix
@@ -196,21 +196,39 @@ pub async fn list(
 }
 
 /// Decides whether `t` may do `action` to `name` and returns the object's kind.
-fn allow(store: &Datastore, t: &TokenEntry, name: &str, action: Action) -> ApiResult<Kind> {
+/// A lock of another token, or one too old to refresh, is refused here too.
+fn allow(
+    app: &App,
+    store: &Datastore,
+    t: &TokenEntry,
+    name: &str,
+    action: Action,
+) -> ApiResult<Kind> {
     let kind = policy::classify(name).map_err(|e| ApiError::bad(e.to_string()))?;
     let decision = policy::decide(t.role, kind, action);
     if decision == Decision::Deny {
         return Err(ApiError::forbidden(format!(
             "a {} token may not {} {name}",
             t.role.as_str(),
-            match action {
-                Action::List => "list",
-                Action::Read => "read",
-                Action::Create => "create",
-                Action::Replace => "overwrite",
-                Action::Delete => "delete",
-            }
+            action.verb()
         )));
+    }
+    if decision == Decision::OwnLockOnly {
+        if !crate::locks::owned_by(name, &t.id) {
+            return Err(ApiError::forbidden(format!(
+                "{name} does not belong to this token (its locks' ids start with {})",
+                hex::encode(cairn_backend::lock_owner_prefix(&t.id))
+            )));
+        }
+        let age = store.owners.age(name);
+        if action == Action::Replace && age > app.config.max_lock_age_hours as i64 * 3600 {
+            return Err(ApiError::forbidden(format!(
+                "{name} is {} hours old, more than the {} a {} token's lock may live",
+                age / 3600,
+                app.config.max_lock_age_hours,
+                t.role.as_str()
+            )));
+        }
     }
     let writes = matches!(action, Action::Create | Action::Replace | Action::Delete);
     if writes && t.role != Role::Admin && !store.admin_names {
@@ -238,7 +256,7 @@ pub async fn get(
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
-    allow(&store, &t, &name, Action::Read)?;
+    allow(&app, &store, &t, &name, Action::Read)?;
     let range = match headers.get(header::RANGE) {
         Some(v) => Some(parse_range(v.to_str().unwrap_or(""))?),
         None => None,
@@ -313,7 +331,7 @@ pub async fn put(
         Some("replace") => Action::Replace,
         Some(m) => return Err(ApiError::bad(format!("unknown put mode {m:?}"))),
     };
-    let kind = allow(&store, &t, &name, action)?;
+    let kind = allow(&app, &store, &t, &name, action)?;
     let max = kind.max_size(app.config.max_object_size);
     let too_large = |n: String| {
         ApiError::new(
@@ -343,25 +361,6 @@ pub async fn put(
     check_body(kind, &name, &body, app.config.max_object_size)?;
     app.pace_transfer(&t.id, true, body.len() as u64).await;
     let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
-    let policed = t.role != Role::Admin;
-    if is_lock && policed {
-        if !crate::locks::owned_by(&name, &t.id) {
-            return Err(ApiError::forbidden(format!(
-                "{name} does not belong to this token (its locks' ids start with {})",
-                hex::encode(cairn_backend::lock_owner_prefix(&t.id))
-            )));
-        }
-        let max_age = app.config.max_lock_age_hours as i64 * 3600;
-        let age = store.owners.age(&name);
-        if action == Action::Replace && age > max_age {
-            return Err(ApiError::forbidden(format!(
-                "{name} is {} hours old, more than the {} a {} token's lock may live",
-                age / 3600,
-                app.config.max_lock_age_hours,
-                t.role.as_str()
-            )));
-        }
-    }
     let backend = store.backend.clone();
     let n = name.clone();
     blocking(move || match action {
@@ -438,13 +437,8 @@ pub async fn delete(
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
-    let kind = allow(&store, &t, &name, Action::Delete)?;
+    let kind = allow(&app, &store, &t, &name, Action::Delete)?;
     let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
-    if is_lock && t.role != Role::Admin && !crate::locks::owned_by(&name, &t.id) {
-        return Err(ApiError::forbidden(format!(
-            "{name} does not belong to this token"
-        )));
-    }
     let backend = store.backend.clone();
     let n = name.clone();
     blocking(move || backend.delete(&n)).await?;

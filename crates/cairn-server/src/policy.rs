@@ -103,16 +103,31 @@ pub enum Action {
     Delete,
 }
 
+impl Action {
+    /// The verb for messages ("a backup token may not delete ...").
+    pub fn verb(self) -> &'static str {
+        match self {
+            Action::List => "list",
+            Action::Read => "read",
+            Action::Create => "create",
+            Action::Replace => "overwrite",
+            Action::Delete => "delete",
+        }
+    }
+}
+
 /// The table's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
     Allow,
-    /// Allowed on a lock this token created (the server keeps who created which).
+    /// Allowed on a lock of this token: one whose id starts with the token's lock
+    /// prefix ([`crate::locks::owned_by`]), which any server can check.
     OwnLockOnly,
     Deny,
 }
 
-/// The policy. Listing is decided by [`may_list`]; this is for objects.
+/// The policy for objects. Every role may list (names and sizes, which readers and
+/// backups both need) any prefix of the layout ([`valid_prefix`]).
 pub fn decide(role: Role, kind: Kind, action: Action) -> Decision {
     use Action::*;
     use Decision::*;
@@ -121,20 +136,13 @@ pub fn decide(role: Role, kind: Kind, action: Action) -> Decision {
         Role::Admin => Allow,
         Role::Backup | Role::Restore => match (kind, action) {
             (_, List | Read) => Allow,
-            // Readers hold shared locks so that prune waits for them; a lock is
-            // rewritten (refreshed) and deleted only by the token that made it.
-            (Lock, Create) => Allow,
-            (Lock, Replace | Delete) => OwnLockOnly,
+            // Readers hold shared locks so that prune waits for them; a token
+            // creates, refreshes and deletes only its own.
+            (Lock, Create | Replace | Delete) => OwnLockOnly,
             (Pack | Index | Snapshot, Create) if role == Role::Backup => Allow,
             _ => Deny,
         },
     }
-}
-
-/// Whether `role` may list objects under `prefix` (every role may: listings show
-/// names and sizes, which readers and backups both need).
-pub fn may_list(_role: Role, prefix: &str) -> bool {
-    valid_prefix(prefix)
 }
 
 /// A listing prefix the repository layout has: empty, a top-level directory, or
@@ -281,18 +289,15 @@ mod tests {
                 let d = decide(Role::Backup, kind, action);
                 let expected = match (kind, action) {
                     (_, List | Read) => Decision::Allow,
-                    (Kind::Pack | Kind::Index | Kind::Snapshot | Kind::Lock, Create) => {
-                        Decision::Allow
-                    }
-                    (Kind::Lock, Replace | Delete) => Decision::OwnLockOnly,
+                    (Kind::Pack | Kind::Index | Kind::Snapshot, Create) => Decision::Allow,
+                    (Kind::Lock, Create | Replace | Delete) => Decision::OwnLockOnly,
                     _ => Decision::Deny,
                 };
                 assert_eq!(d, expected, "backup {kind:?} {action:?}");
                 let r = decide(Role::Restore, kind, action);
                 let expected = match (kind, action) {
                     (_, List | Read) => Decision::Allow,
-                    (Kind::Lock, Create) => Decision::Allow,
-                    (Kind::Lock, Replace | Delete) => Decision::OwnLockOnly,
+                    (Kind::Lock, Create | Replace | Delete) => Decision::OwnLockOnly,
                     _ => Decision::Deny,
                 };
                 assert_eq!(r, expected, "restore {kind:?} {action:?}");

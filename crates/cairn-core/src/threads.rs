@@ -3,7 +3,7 @@
 /// Runs `f` over `items` on up to `threads` threads, keeping the order. Items are
 /// handed out one at a time, so uneven work (a tree pack next to a full data pack)
 /// still keeps every thread busy.
-pub(crate) fn parallel_map<T: Sync, R: Send>(
+pub fn parallel_map<T: Sync, R: Send>(
     items: &[T],
     threads: usize,
     f: impl Fn(&T) -> R + Sync,

@@ -381,8 +381,8 @@ pub async fn put(
     Ok(StatusCode::CREATED.into_response())
 }
 
-/// What the server can check of an upload without the key: its size, that its
-/// name is the BLAKE3 hash of its bytes, and a pack's trailer.
+/// What the server can check of an upload without the key: its size, and
+/// [`policy::verify`].
 fn check_body(kind: Kind, name: &str, body: &[u8], max_object: u64) -> ApiResult<()> {
     let max = kind.max_size(max_object);
     if body.len() as u64 > max {
@@ -392,42 +392,13 @@ fn check_body(kind: Kind, name: &str, body: &[u8], max_object: u64) -> ApiResult
             format!("{name}: {} bytes, more than the {max} allowed", body.len()),
         ));
     }
-    let mismatch = |what: &str| {
+    policy::verify(kind, name, body).map_err(|m| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "content_mismatch",
-            format!("{name}: {what}"),
+            format!("{name}: {m}"),
         )
-    };
-    if kind.content_addressed() {
-        let id = policy::id_of(name).ok_or_else(|| mismatch("no id in the name"))?;
-        if blake3::hash(body).to_hex().as_str() != id {
-            return Err(mismatch(
-                "the content does not hash to the name (damaged in transit, or forged)",
-            ));
-        }
-    }
-    if kind == Kind::Pack {
-        use cairn_format::consts::{PACK_TRAILER_LEN, PACK_TRAILER_MAGIC};
-        let n = body.len();
-        if n < PACK_TRAILER_LEN || &body[n - PACK_TRAILER_MAGIC.len()..] != PACK_TRAILER_MAGIC {
-            return Err(mismatch("not a pack (no pack trailer)"));
-        }
-        let len_at = n - PACK_TRAILER_LEN;
-        let header_len = u32::from_le_bytes([
-            body[len_at],
-            body[len_at + 1],
-            body[len_at + 2],
-            body[len_at + 3],
-        ]) as usize;
-        if header_len == 0 || header_len > len_at {
-            return Err(mismatch("the pack's header length does not fit the pack"));
-        }
-    }
-    if body.is_empty() && kind != Kind::Config {
-        return Err(mismatch("empty object"));
-    }
-    Ok(())
+    })
 }
 
 pub async fn delete(

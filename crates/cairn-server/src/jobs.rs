@@ -332,8 +332,12 @@ fn run_job(app: &App, spec: &JobSpec) -> Result<(bool, String), String> {
         .get(&spec.datastore)
         .ok_or_else(|| format!("no datastore {}", spec.datastore))?;
     if spec.kind == "scrub" {
-        let r =
-            crate::scrub::scrub(ds.backend.as_ref(), 2, &|_, _| {}).map_err(|e| e.to_string())?;
+        let r = crate::scrub::scrub(
+            ds.backend.as_ref(),
+            2,
+            &cairn_core::progress::Progress::none(),
+        )
+        .map_err(|e| e.to_string())?;
         let damaged = r
             .problems
             .iter()

@@ -223,6 +223,77 @@ pub fn id_of(name: &str) -> Option<&str> {
     is_id(id).then_some(id)
 }
 
+/// Why stored bytes are not the object their name says, found without the key.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Mismatch {
+    /// The bytes hash to something else (damaged in transit or at rest, or forged).
+    Hash {
+        got: String,
+    },
+    /// A pack without a pack's trailer, or with a header that does not fit.
+    NotAPack(&'static str),
+    Empty,
+}
+
+impl Mismatch {
+    /// A short name for reports (`hash_mismatch`, `not_a_pack`, `empty`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Mismatch::Hash { .. } => "hash_mismatch",
+            Mismatch::NotAPack(_) => "not_a_pack",
+            Mismatch::Empty => "empty",
+        }
+    }
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mismatch::Hash { got } => write!(
+                f,
+                "the content hashes to {}…, not to the name (damaged or forged)",
+                &got[..16.min(got.len())]
+            ),
+            Mismatch::NotAPack(why) => write!(f, "not a pack ({why})"),
+            Mismatch::Empty => write!(f, "empty object"),
+        }
+    }
+}
+
+/// What can be checked of an object without the key: a content-addressed object's
+/// name is the BLAKE3 hash of its bytes, a pack ends in its trailer with a header
+/// that fits, and nothing but the config is empty. Uploads (refused) and scrub
+/// (reported) check the same.
+pub fn verify(kind: Kind, name: &str, body: &[u8]) -> Result<(), Mismatch> {
+    if body.is_empty() && kind != Kind::Config {
+        return Err(Mismatch::Empty);
+    }
+    if kind.content_addressed() {
+        let got = blake3::hash(body).to_hex();
+        if Some(got.as_str()) != id_of(name) {
+            return Err(Mismatch::Hash {
+                got: got.to_string(),
+            });
+        }
+    }
+    if kind == Kind::Pack {
+        use cairn_format::consts::{PACK_TRAILER_LEN, PACK_TRAILER_MAGIC};
+        let n = body.len();
+        if n < PACK_TRAILER_LEN || &body[n - PACK_TRAILER_MAGIC.len()..] != PACK_TRAILER_MAGIC {
+            return Err(Mismatch::NotAPack("no pack trailer"));
+        }
+        let at = n - PACK_TRAILER_LEN;
+        let header_len =
+            u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]) as usize;
+        if header_len == 0 || header_len > at {
+            return Err(Mismatch::NotAPack(
+                "its header length does not fit the pack",
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,15 +6,16 @@
 //! and the config (a MAC under the key) cannot be checked this way and are skipped.
 
 use cairn_backend::{Backend, BackendErrorKind, ObjectInfo};
+use cairn_core::progress::{Phase, Progress};
 use serde::Serialize;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One object that failed.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct ScrubProblem {
     pub name: String,
-    /// `hash_mismatch`, `not_a_pack`, `vanished` (listed, then gone) or `unreadable`.
+    /// `hash_mismatch`, `not_a_pack`, `empty`, `vanished` (listed, then gone) or
+    /// `unreadable`.
     pub problem: &'static str,
     pub detail: String,
 }
@@ -35,12 +36,22 @@ impl ScrubReport {
     }
 }
 
-/// Checks every content-addressed object of the datastore on `threads` threads;
-/// `progress` is called with (objects done, bytes read) after each object.
+/// What checking one object found.
+enum Checked {
+    Fine(u64),
+    Problem(ScrubProblem, u64),
+    /// The storage failed (after its retries): the scrub stops.
+    Failed(cairn_backend::BackendError),
+    /// Not read: the scrub was stopping.
+    Skipped,
+}
+
+/// Checks every content-addressed object of the datastore on `threads` threads,
+/// reporting bytes and objects done on `progress`.
 pub fn scrub(
     backend: &dyn Backend,
     threads: usize,
-    progress: &(dyn Fn(u64, u64) + Sync),
+    progress: &Progress,
 ) -> Result<ScrubReport, cairn_backend::BackendError> {
     let started = std::time::Instant::now();
     let mut work: Vec<(ObjectInfo, crate::policy::Kind)> = Vec::new();
@@ -56,93 +67,80 @@ pub fn scrub(
     }
     // Largest first: the threads finish together.
     work.sort_by_key(|w| std::cmp::Reverse(w.0.size));
-    let next = AtomicU64::new(0);
-    let done = AtomicU64::new(0);
-    let bytes = AtomicU64::new(0);
-    let problems = Mutex::new(Vec::new());
-    let fatal = Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..threads.max(1) {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                    let Some((o, kind)) = work.get(i) else { break };
-                    if let Some(p) = check_one(backend, o, *kind, &bytes, &fatal) {
-                        problems.lock().unwrap_or_else(|e| e.into_inner()).push(p);
-                    }
-                    let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-                    progress(n, bytes.load(Ordering::Relaxed));
-                    if fatal.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
-                        break;
-                    }
-                }
-            });
+    progress.phase(Phase::ReadingPacks);
+    progress.set_total(
+        Some(work.iter().map(|w| w.0.size).sum()),
+        Some(work.len() as u64),
+    );
+    let stop = AtomicBool::new(false);
+    let results = cairn_core::threads::parallel_map(&work, threads, |(o, kind)| {
+        if stop.load(Ordering::Relaxed) {
+            return Checked::Skipped;
         }
+        let r = check_one(backend, o, *kind);
+        match &r {
+            Checked::Failed(_) => stop.store(true, Ordering::Relaxed),
+            Checked::Fine(n) | Checked::Problem(_, n) => {
+                progress.bytes_done(*n);
+                progress.file_done();
+            }
+            Checked::Skipped => {}
+        }
+        r
     });
-    if let Some(e) = fatal.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        return Err(e);
-    }
-    let mut problems = problems.into_inner().unwrap_or_else(|e| e.into_inner());
-    problems.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(ScrubReport {
-        objects_checked: done.load(Ordering::Relaxed),
-        bytes_read: bytes.load(Ordering::Relaxed),
+    progress.finish();
+    let mut report = ScrubReport {
         unknown_names: unknown,
-        problems,
-        secs: started.elapsed().as_secs_f64(),
-    })
+        ..ScrubReport::default()
+    };
+    for r in results {
+        match r {
+            Checked::Fine(n) => {
+                report.objects_checked += 1;
+                report.bytes_read += n;
+            }
+            Checked::Problem(p, n) => {
+                report.objects_checked += 1;
+                report.bytes_read += n;
+                report.problems.push(p);
+            }
+            Checked::Failed(e) => return Err(e),
+            Checked::Skipped => {}
+        }
+    }
+    report.problems.sort_by(|a, b| a.name.cmp(&b.name));
+    report.secs = started.elapsed().as_secs_f64();
+    Ok(report)
 }
 
-fn check_one(
-    backend: &dyn Backend,
-    o: &ObjectInfo,
-    kind: crate::policy::Kind,
-    bytes: &AtomicU64,
-    fatal: &Mutex<Option<cairn_backend::BackendError>>,
-) -> Option<ScrubProblem> {
-    let problem = |problem, detail: String| {
-        Some(ScrubProblem {
-            name: o.name.clone(),
-            problem,
-            detail,
-        })
+fn check_one(backend: &dyn Backend, o: &ObjectInfo, kind: crate::policy::Kind) -> Checked {
+    let problem = |problem, detail: String, n| {
+        Checked::Problem(
+            ScrubProblem {
+                name: o.name.clone(),
+                problem,
+                detail,
+            },
+            n,
+        )
     };
     let data = match backend.get(&o.name) {
         Ok(d) => d,
         Err(e) if e.is_not_found() => {
-            return problem("vanished", "listed, then gone (pruned meanwhile)".into());
+            return problem("vanished", "listed, then gone (pruned meanwhile)".into(), 0);
         }
         Err(e) if matches!(e.kind, BackendErrorKind::Other | BackendErrorKind::TooLarge) => {
-            return problem("unreadable", e.to_string());
+            return problem("unreadable", e.to_string(), 0);
         }
-        Err(e) => {
-            // The storage itself failing (after retries): stop, do not report
-            // every later object as damaged.
-            *fatal.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-            return None;
-        }
+        // The storage itself failing: stop, do not report every later object as
+        // damaged.
+        Err(e) => return Checked::Failed(e),
     };
-    bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-    let id = crate::policy::id_of(&o.name).unwrap_or("");
-    let got = blake3::hash(&data);
-    if got.to_hex().as_str() != id {
-        return problem(
-            "hash_mismatch",
-            format!(
-                "{} bytes hash to {}, not to the name (bit rot or tampering)",
-                data.len(),
-                &got.to_hex()[..16]
-            ),
-        );
+    let n = data.len() as u64;
+    match crate::policy::verify(kind, &o.name, &data) {
+        Ok(()) => Checked::Fine(n),
+        Err(m) => problem(m.kind(), format!("{n} bytes: {m}"), n),
     }
-    if kind == crate::policy::Kind::Pack {
-        use cairn_format::consts::{PACK_TRAILER_LEN, PACK_TRAILER_MAGIC};
-        let n = data.len();
-        if n < PACK_TRAILER_LEN || &data[n - PACK_TRAILER_MAGIC.len()..] != PACK_TRAILER_MAGIC {
-            return problem("not_a_pack", "no pack trailer".into());
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -163,14 +161,14 @@ mod tests {
         b.put(&format!("snapshots/{sid}"), &snap).unwrap();
         b.put("locks/whatever", b"x").unwrap();
         b.put("config", b"{}").unwrap();
-        let r = scrub(&b, 2, &|_, _| {}).unwrap();
+        let r = scrub(&b, 2, &Progress::none()).unwrap();
         assert!(r.is_clean(), "{r:?}");
         assert_eq!(r.objects_checked, 2);
         assert_eq!(r.bytes_read, pack.len() as u64 + snap.len() as u64);
         // One flipped bit in the pack.
         pack[17] ^= 0x10;
         b.put(&format!("data/{}/{id}", &id[..2]), &pack).unwrap();
-        let r = scrub(&b, 2, &|_, _| {}).unwrap();
+        let r = scrub(&b, 2, &Progress::none()).unwrap();
         assert!(!r.is_clean());
         assert_eq!(r.problems.len(), 1);
         assert_eq!(r.problems[0].problem, "hash_mismatch");

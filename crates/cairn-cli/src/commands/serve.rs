@@ -161,27 +161,11 @@ fn scrub(g: &Global, s: &ScrubArgs) -> Result<i32> {
     if !cairn_core::repo::storage::repository_exists(&storage)? {
         return Err(anyhow!("no repository at {location}"));
     }
-    let tty = !g.quiet && !g.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let started = std::time::Instant::now();
-    let last = std::sync::Mutex::new(std::time::Instant::now());
-    let report = cairn_server::scrub::scrub(storage.backend.as_ref(), s.threads, &|n, bytes| {
-        if !tty {
-            return;
-        }
-        let mut l = last.lock().unwrap_or_else(|e| e.into_inner());
-        if l.elapsed() >= std::time::Duration::from_millis(500) {
-            *l = std::time::Instant::now();
-            let secs = started.elapsed().as_secs_f64().max(0.001);
-            eprint!(
-                "\rscrub: {n} objects, {} read, {}/s   ",
-                cairn_core::units::bytes(bytes, 1),
-                cairn_core::units::bytes((bytes as f64 / secs) as u64, 1)
-            );
-        }
-    })?;
-    if tty {
-        eprintln!();
-    }
+    let mut p = super::progress(g);
+    p.start();
+    let report = cairn_server::scrub::scrub(storage.backend.as_ref(), s.threads, &p.progress);
+    p.finish();
+    let report = report?;
     if g.json {
         super::print_json(&report)?;
     } else {

@@ -34,47 +34,29 @@ else
   log "apt packages present"
 fi
 
-# ---- restic ---------------------------------------------------------------
-if [ -x "$TOOLS/restic" ] && "$TOOLS/restic" version 2>/dev/null | grep -q "restic $RESTIC_VERSION"; then
-  log "restic $RESTIC_VERSION present"
-else
-  command -v go >/dev/null || { log "go toolchain not found"; exit 1; }
-  log "downloading restic v$RESTIC_VERSION from the Go module proxy"
-  go mod download -json "github.com/restic/restic@v$RESTIC_VERSION" >/dev/null
-  src="$(go env GOMODCACHE)/github.com/restic/restic@v$RESTIC_VERSION"
-  log "building restic in $src"
-  ( cd "$src" && GOFLAGS=-mod=mod nice -n 10 go build -o "$TOOLS/restic.tmp" ./cmd/restic )
-  mv "$TOOLS/restic.tmp" "$TOOLS/restic"
-  "$TOOLS/restic" version
-fi
+# A Go tool from the module proxy (`go install MOD@vX` fails here: the version
+# list is closed), with the version built kept in NAME.version (a proxy build of
+# kopia reports "v0-unofficial"). go_tool NAME MODULE VERSION PACKAGE
+go_tool() {
+  local name=$1 module=$2 version=$3 pkg=$4 src
+  if [ -x "$TOOLS/$name" ] && [ "$(cat "$TOOLS/$name.version" 2>/dev/null)" = "$version" ]; then
+    log "$name $version present"
+    return
+  fi
+  command -v go >/dev/null || { log "go is needed to build $name"; exit 1; }
+  log "downloading $name v$version from the Go module proxy"
+  go mod download -json "$module@v$version" >/dev/null
+  src="$(go env GOMODCACHE)/$module@v$version"
+  log "building $name in $src"
+  ( cd "$src" && GOFLAGS=-mod=mod nice -n 10 go build -o "$TOOLS/$name.tmp" "$pkg" )
+  mv "$TOOLS/$name.tmp" "$TOOLS/$name"
+  echo "$version" > "$TOOLS/$name.version"
+}
 
-# ---- rest-server (restic's server, for the server scenario) --------------
-if [ -x "$TOOLS/rest-server" ] && [ "$(cat "$TOOLS/rest-server.version" 2>/dev/null)" = "$REST_SERVER_VERSION" ]; then
-  log "rest-server $REST_SERVER_VERSION present"
-else
-  command -v go >/dev/null || { log "go is needed to build rest-server"; exit 1; }
-  log "downloading rest-server v$REST_SERVER_VERSION from the Go module proxy"
-  go mod download -json "github.com/restic/rest-server@v$REST_SERVER_VERSION" >/dev/null
-  src="$(go env GOMODCACHE)/github.com/restic/rest-server@v$REST_SERVER_VERSION"
-  ( cd "$src" && GOFLAGS=-mod=mod nice -n 10 go build -o "$TOOLS/rest-server.tmp" ./cmd/rest-server )
-  mv "$TOOLS/rest-server.tmp" "$TOOLS/rest-server"
-  echo "$REST_SERVER_VERSION" > "$TOOLS/rest-server.version"
-fi
-
-# ---- kopia ----------------------------------------------------------------
-# a module-proxy build reports "v0-unofficial", so the version built is kept in a stamp file
-if [ -x "$TOOLS/kopia" ] && [ "$(cat "$TOOLS/kopia.version" 2>/dev/null)" = "$KOPIA_VERSION" ]; then
-  log "kopia $KOPIA_VERSION present"
-else
-  command -v go >/dev/null || { log "go toolchain not found"; exit 1; }
-  log "downloading kopia v$KOPIA_VERSION from the Go module proxy"
-  go mod download -json "github.com/kopia/kopia@v$KOPIA_VERSION" >/dev/null
-  src="$(go env GOMODCACHE)/github.com/kopia/kopia@v$KOPIA_VERSION"
-  log "building kopia in $src"
-  ( cd "$src" && GOFLAGS=-mod=mod nice -n 10 go build -o "$TOOLS/kopia.tmp" . )
-  mv "$TOOLS/kopia.tmp" "$TOOLS/kopia"
-  echo "$KOPIA_VERSION" > "$TOOLS/kopia.version"
-fi
+go_tool restic github.com/restic/restic "$RESTIC_VERSION" ./cmd/restic
+# restic's own server, for the server and clients scenarios
+go_tool rest-server github.com/restic/rest-server "$REST_SERVER_VERSION" ./cmd/rest-server
+go_tool kopia github.com/kopia/kopia "$KOPIA_VERSION" .
 
 # ---- borg -----------------------------------------------------------------
 BORG="$TOOLS/borg-venv/bin/borg"

@@ -218,6 +218,15 @@ impl Backend for FaultyBackend {
     fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
         self.inner.lock_owner_prefix()
     }
+    fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
+        self.inner.dedup_plan()
+    }
+    fn dedup_query(&self, ids: &[[u8; 32]]) -> Result<Vec<crate::DedupAnswer>> {
+        self.inner.dedup_query(ids)
+    }
+    fn dedup_confirm(&self, ids: &[[u8; 32]]) -> Result<Vec<[u8; 32]>> {
+        self.inner.dedup_confirm(ids)
+    }
 }
 
 #[cfg(test)]

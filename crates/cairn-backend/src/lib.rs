@@ -199,6 +199,69 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
         None
     }
+
+    /// If the storage answers dedup queries (a cairn server), the index files a
+    /// backup client must still read itself; `None`: it does not, read them all.
+    fn dedup_plan(&self) -> Result<Option<DedupPlan>> {
+        Ok(None)
+    }
+    /// For each chunk id, whether the datastore holds it, whether this client should
+    /// send it (the server now counts it as in flight from this client), or whether
+    /// another client is sending it. Only after [`Backend::dedup_plan`] said yes.
+    fn dedup_query(&self, ids: &[[u8; 32]]) -> Result<Vec<DedupAnswer>> {
+        let _ = ids;
+        Err(BackendError {
+            kind: BackendErrorKind::Other,
+            op: "dedup",
+            path: String::new(),
+            message: "this storage does not answer dedup queries".into(),
+        })
+    }
+    /// Waits until ids that other clients were sending are stored and indexed, and
+    /// returns those that never arrived (now this client's to send).
+    fn dedup_confirm(&self, ids: &[[u8; 32]]) -> Result<Vec<[u8; 32]>> {
+        self.dedup_query(ids).map(|_| Vec::new())
+    }
+}
+
+/// The answer to one id of a dedup query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DedupAnswer {
+    /// In an index file of the datastore: nothing to send.
+    Stored,
+    /// Unknown: this client sends it.
+    Send,
+    /// Another client is sending it now: encode it, hold it, and confirm before the
+    /// snapshot is written.
+    InFlight,
+}
+
+impl DedupAnswer {
+    pub fn to_byte(self) -> u8 {
+        match self {
+            DedupAnswer::Send => 0,
+            DedupAnswer::Stored => 1,
+            DedupAnswer::InFlight => 2,
+        }
+    }
+    pub fn from_byte(b: u8) -> Option<DedupAnswer> {
+        match b {
+            0 => Some(DedupAnswer::Send),
+            1 => Some(DedupAnswer::Stored),
+            2 => Some(DedupAnswer::InFlight),
+            _ => None,
+        }
+    }
+}
+
+/// What a backup client reads of the index when the server answers dedup queries.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DedupPlan {
+    /// Index files (object names) that list trees or chunk lists, or have no dedup
+    /// list: the client reads these (and pending records), no others.
+    pub index_files: Vec<String>,
+    /// Data chunk ids the server knows.
+    pub chunks: u64,
 }
 
 /// The lock-id prefix of the token with this id (the public part of the token).
@@ -218,6 +281,7 @@ pub mod names {
     pub const SNAPSHOTS: &str = "snapshots/";
     pub const LOCKS: &str = "locks/";
     pub const PENDING: &str = "pending/";
+    pub const DEDUP: &str = "dedup/";
 
     /// `data/<first two hex digits>/<hex>`: 256 directories keep listings short.
     pub fn pack(hex: &str) -> String {
@@ -251,6 +315,9 @@ pub mod names {
             Some(rest) => (true, rest),
             None => (false, base),
         }
+    }
+    pub fn dedup(hex: &str) -> String {
+        format!("{DEDUP}{hex}")
     }
     pub fn pending(hex: &str) -> String {
         format!("pending/{hex}")

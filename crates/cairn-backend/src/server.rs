@@ -81,7 +81,12 @@ pub struct ServerBackend {
     loc: ServerLocation,
     token: String,
     location: String,
+    /// Names this client's claims on chunks it is sending (random per process).
+    session: String,
 }
+
+/// Ids per dedup request (the server's limit is higher).
+const DEDUP_BATCH: usize = 16384;
 
 impl std::fmt::Debug for ServerBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -233,6 +238,12 @@ impl ServerBackend {
             loc,
             token: token.trim().to_string(),
             location: location.to_string(),
+            session: {
+                let mut b = [0u8; 16];
+                ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b)
+                    .map_err(|_| BackendError::open_failed(location, "no randomness".into()))?;
+                hex_lower(&b)
+            },
         })
     }
 
@@ -309,6 +320,23 @@ impl ServerBackend {
             path: name.to_string(),
             message: format!("server: {message}"),
         })
+    }
+
+    fn dedup_url(&self, what: &str) -> String {
+        format!(
+            "{}/v1/datastores/{}/dedup{what}",
+            self.loc.base, self.loc.datastore
+        )
+    }
+
+    /// Posts ids (32 bytes each) to a dedup endpoint.
+    fn dedup_post(&self, what: &'static str, ids: &[[u8; 32]]) -> Result<Vec<u8>> {
+        let req = self
+            .client
+            .post(self.dedup_url(what))
+            .header("x-cairn-session", &self.session)
+            .body(ids.concat());
+        self.send("dedup", what, req).map(|r| r.1)
     }
 
     fn put_mode(&self, name: &str, data: &[u8], mode: &str) -> Result<()> {
@@ -448,6 +476,76 @@ impl Backend for ServerBackend {
     fn delete(&self, name: &str) -> Result<()> {
         let req = self.client.delete(self.url(name));
         self.send("delete", name, req).map(|_| ())
+    }
+    fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
+        #[derive(serde::Deserialize)]
+        struct Reply {
+            available: bool,
+            #[serde(flatten)]
+            plan: Option<crate::DedupPlan>,
+        }
+        let req = self.client.get(self.dedup_url(""));
+        let body = match self.send("dedup", "plan", req) {
+            Ok((_, b)) => b,
+            // A server from before dedup queries.
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let r: Reply = serde_json::from_slice(&body).map_err(|e| BackendError {
+            kind: BackendErrorKind::Other,
+            op: "dedup",
+            path: "plan".into(),
+            message: format!("the server's dedup plan is not valid: {e}"),
+        })?;
+        Ok(if r.available { r.plan } else { None })
+    }
+    fn dedup_query(&self, ids: &[[u8; 32]]) -> Result<Vec<crate::DedupAnswer>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for batch in ids.chunks(DEDUP_BATCH) {
+            let body = self.dedup_post("/query", batch)?;
+            if body.len() != batch.len() {
+                return Err(bad_reply("query", "a different number of answers"));
+            }
+            for b in body {
+                out.push(
+                    crate::DedupAnswer::from_byte(b)
+                        .ok_or_else(|| bad_reply("query", "an unknown answer"))?,
+                );
+            }
+        }
+        Ok(out)
+    }
+    fn dedup_confirm(&self, ids: &[[u8; 32]]) -> Result<Vec<[u8; 32]>> {
+        let mut missing = Vec::new();
+        for batch in ids.chunks(DEDUP_BATCH) {
+            let body = self.dedup_post("/confirm", batch)?;
+            if body.len() % 32 != 0 || body.len() / 32 > batch.len() {
+                return Err(bad_reply("confirm", "a list that is not ids it was asked"));
+            }
+            let asked: std::collections::HashSet<&[u8; 32]> = if body.is_empty() {
+                Default::default()
+            } else {
+                batch.iter().collect()
+            };
+            for c in body.chunks_exact(32) {
+                let mut id = [0u8; 32];
+                id.copy_from_slice(c);
+                if !asked.contains(&id) {
+                    return Err(bad_reply("confirm", "an id it was not asked"));
+                }
+                missing.push(id);
+            }
+        }
+        Ok(missing)
+    }
+}
+
+fn bad_reply(path: &str, what: &str) -> BackendError {
+    BackendError {
+        kind: BackendErrorKind::Other,
+        op: "dedup",
+        path: path.into(),
+        message: format!("the server's answer holds {what}"),
     }
 }
 

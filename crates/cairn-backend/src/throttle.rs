@@ -152,6 +152,27 @@ impl Backend for ThrottledBackend {
     fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
         self.inner.lock_owner_prefix()
     }
+    fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
+        self.traffic.requests.fetch_add(1, Ordering::Relaxed);
+        self.inner.dedup_plan()
+    }
+    // Queries count as traffic like objects do: 32 bytes per id up, one down.
+    fn dedup_query(&self, ids: &[[u8; 32]]) -> Result<Vec<crate::DedupAnswer>> {
+        self.sent(ids.len() * 32);
+        let r = self.inner.dedup_query(ids)?;
+        self.traffic
+            .downloaded
+            .fetch_add(r.len() as u64, Ordering::Relaxed);
+        Ok(r)
+    }
+    fn dedup_confirm(&self, ids: &[[u8; 32]]) -> Result<Vec<[u8; 32]>> {
+        self.sent(ids.len() * 32);
+        let r = self.inner.dedup_confirm(ids)?;
+        self.traffic
+            .downloaded
+            .fetch_add(32 * r.len() as u64, Ordering::Relaxed);
+        Ok(r)
+    }
 }
 
 #[cfg(test)]

@@ -96,6 +96,10 @@ pub enum IndexLoad {
     /// it (a copy with nothing to copy loads none). Snapshots are still listed at
     /// open, so the order holds.
     Deferred,
+    /// For a backup: when the storage is a cairn server that answers dedup queries,
+    /// only the index files listing trees and chunk lists (the server is asked
+    /// about data chunks); else as `Placement`.
+    Backup,
     /// Never: the operation reads the index itself, in the order it needs (prune,
     /// repair), or not at all (forget).
     None,
@@ -175,6 +179,7 @@ impl<A: Access> Session<A> {
         };
         match index {
             IndexLoad::Placement => s.load_index()?,
+            IndexLoad::Backup => s.load_index_for_backup()?,
             IndexLoad::Full => s.load_full_index()?,
             IndexLoad::Deferred | IndexLoad::None => {}
         }
@@ -229,6 +234,26 @@ impl<A: Access> Session<A> {
         }
         self.index_loaded = true;
         Ok(())
+    }
+
+    fn load_index_for_backup(&mut self) -> Result<()> {
+        self.progress.check_cancelled()?;
+        self.progress.phase(Phase::LoadingIndex);
+        match self.repo.load_index_for_backup()? {
+            Some((files, chunks)) => {
+                self.progress.notice(format!(
+                    "the server answers dedup queries ({chunks} chunks known): read {files} \
+                     index files listing trees, not the whole index"
+                ));
+                for e in self.repo.index_errors() {
+                    self.progress
+                        .warning_msg(format!("{e} (its blobs are treated as missing)"));
+                }
+                self.index_loaded = true;
+                Ok(())
+            }
+            None => self.load_index(),
+        }
     }
 
     /// Reads every index file and pending record and loads the index in RAM from

@@ -24,6 +24,7 @@
 
 use crate::config::{ChunkerParams, Compression, Config, IndexPlacement};
 use crate::consts::*;
+use crate::dedup::DedupList;
 use crate::envelope::{Encryption, Sealer};
 use crate::index::{IndexBlob, IndexFile, IndexPack};
 use crate::json::UnknownFields;
@@ -1249,6 +1250,38 @@ impl Target for IndexTarget {
     }
 }
 
+struct DedupTarget;
+
+impl Target for DedupTarget {
+    type Value = DedupList;
+    fn name(&self) -> &'static str {
+        "dedup list"
+    }
+    fn generate(&self, rng: &mut Rng) -> Vec<u8> {
+        let file = gen_index(rng);
+        let l = DedupList::of(IndexId(rng.array()), &file, rng.one_in(2));
+        let enc = l.encode();
+        enc[..enc.len() - 32].to_vec()
+    }
+    fn fields(&self, plain: &[u8]) -> Vec<Field> {
+        trace::capture(plain, DedupList::decode_body).1
+    }
+    fn wrap(&self, plain: &[u8], _rng: &mut Rng) -> Vec<u8> {
+        let mut v = plain.to_vec();
+        v.extend_from_slice(blake3::hash(plain).as_bytes());
+        v
+    }
+    fn decode(&self, input: &[u8]) -> Result<DedupList, FormatError> {
+        DedupList::decode(input)
+    }
+    fn verify(&self, _input: &[u8], l: &DedupList) -> Result<(), String> {
+        if l.ids.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("unsorted ids accepted".into());
+        }
+        round_trip(l, DedupList::encode, DedupList::decode)
+    }
+}
+
 struct PendingTarget;
 
 impl Target for PendingTarget {
@@ -1734,6 +1767,11 @@ fn fuzz_chunk_list() {
 #[test]
 fn fuzz_snapshot() {
     fuzz(&SnapshotTarget);
+}
+
+#[test]
+fn fuzz_dedup_list() {
+    fuzz(&DedupTarget);
 }
 
 #[test]

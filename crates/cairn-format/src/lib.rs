@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod consts;
+pub mod dedup;
 pub mod envelope;
 pub mod error;
 #[cfg(test)]

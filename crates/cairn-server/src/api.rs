@@ -359,6 +359,11 @@ pub async fn put(
         .bytes_in
         .fetch_add(body.len() as u64, Ordering::Relaxed);
     check_body(kind, &name, &body, app.config.max_object_size)?;
+    let list = if kind == Kind::DedupList {
+        Some(check_dedup_list(&store, &t, &name, &body).await?)
+    } else {
+        None
+    };
     app.pace_transfer(&t.id, true, body.len() as u64).await;
     let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
     let backend = store.backend.clone();
@@ -378,7 +383,189 @@ pub async fn put(
         _ => backend.put_new(&n, &body),
     })
     .await?;
+    if is_lock {
+        store.dedup.lock_written();
+    }
+    if let Some((index_name, list)) = list {
+        store.dedup.list_stored(&index_name, &list);
+    }
     Ok(StatusCode::CREATED.into_response())
+}
+
+/// A dedup list from a non-admin token must describe a plain index file that is
+/// stored, with no supersede list: such a list can only add ids, and only an admin
+/// may describe a file that removes some (docs/FORMAT.md, "Dedup lists"). Returns
+/// the index file's name and the list.
+async fn check_dedup_list(
+    store: &Arc<Datastore>,
+    t: &TokenEntry,
+    name: &str,
+    body: &[u8],
+) -> ApiResult<(String, cairn_format::dedup::DedupList)> {
+    let list = cairn_format::dedup::DedupList::decode(body)
+        .map_err(|e| ApiError::bad(format!("{name}: {e}")))?;
+    let hex_id = hex::encode(list.index.0);
+    let index_name = if list.admin {
+        cairn_backend::names::admin_index(&hex_id)
+    } else {
+        cairn_backend::names::index(&hex_id)
+    };
+    if t.role != Role::Admin && (list.admin || !list.supersedes.is_empty()) {
+        return Err(ApiError::forbidden(format!(
+            "a {} token may not describe an index file that supersedes others",
+            t.role.as_str()
+        )));
+    }
+    let backend = store.backend.clone();
+    let n = index_name.clone();
+    let exists = blocking(move || match backend.get_bounded(&n, 0) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind == BackendErrorKind::TooLarge => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e),
+    })
+    .await?;
+    if !exists {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "no_index_file",
+            format!("{name}: {index_name} is not stored (a list follows its index file)"),
+        ));
+    }
+    Ok((index_name, list))
+}
+
+/// `X-Cairn-Session`: names a client's claims (any short token of its choosing).
+fn session_of(headers: &HeaderMap) -> ApiResult<String> {
+    let s = headers
+        .get("x-cairn-session")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(ApiError::bad(
+            "a dedup request needs X-Cairn-Session: 1 to 64 letters or digits",
+        ));
+    }
+    Ok(s.to_string())
+}
+
+/// The token and datastore of a dedup call: backup and admin tokens (a query
+/// claims chunks, which only a writer needs).
+fn dedup_caller(
+    app: &App,
+    headers: &HeaderMap,
+    ds: &str,
+    writer: bool,
+) -> ApiResult<(TokenEntry, Arc<Datastore>)> {
+    let t = authenticate(app, headers)?;
+    let store = datastore(app, &t, ds)?;
+    if writer && t.role == Role::Restore {
+        return Err(ApiError::forbidden(
+            "a restore token may not send dedup queries (they are for backups)",
+        ));
+    }
+    Ok((t, store))
+}
+
+/// Ids from a request body: 32 bytes each, at most [`dedup::MAX_IDS_PER_REQUEST`].
+async fn ids_of(body: axum::body::Body) -> ApiResult<Vec<[u8; 32]>> {
+    let max = crate::dedup::MAX_IDS_PER_REQUEST * 32;
+    let body = axum::body::to_bytes(body, max).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "at most {} ids per request",
+                crate::dedup::MAX_IDS_PER_REQUEST
+            ),
+        )
+    })?;
+    if body.len() % 32 != 0 {
+        return Err(ApiError::bad("the body is not a list of 32-byte ids"));
+    }
+    Ok(body
+        .chunks_exact(32)
+        .map(|c| {
+            let mut id = [0u8; 32];
+            id.copy_from_slice(c);
+            id
+        })
+        .collect())
+}
+
+fn unavailable(reason: String) -> ApiError {
+    ApiError::new(StatusCode::CONFLICT, "dedup_unavailable", reason)
+}
+
+/// `GET /v1/datastores/{ds}/dedup`: whether the server answers dedup queries and
+/// which index files a backup client must still read.
+pub async fn dedup_plan(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let (_, store) = dedup_caller(&app, &headers, &ds, false)?;
+    let plan = if store.admin_names {
+        let s = store.clone();
+        blocking(move || s.dedup.plan(s.backend.as_ref())).await?
+    } else {
+        crate::dedup::Plan {
+            available: false,
+            reason: Some("the datastore predates admin names (docs/SERVER.md)".into()),
+            index_files: Vec::new(),
+            chunks: 0,
+        }
+    };
+    Ok(axum::Json(plan).into_response())
+}
+
+/// `POST /v1/datastores/{ds}/dedup/query`: one byte per id (0 send, 1 stored, 2
+/// in flight from another client).
+pub async fn dedup_query(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> ApiResult<Response> {
+    let (t, store) = dedup_caller(&app, &headers, &ds, true)?;
+    let session = format!("{}-{}", t.id, session_of(&headers)?);
+    let ids = ids_of(body).await?;
+    app.pace_transfer(&t.id, true, ids.len() as u64 * 32).await;
+    let s = store.clone();
+    let answers = blocking(move || s.dedup.query(s.backend.as_ref(), &session, &ids))
+        .await?
+        .map_err(unavailable)?;
+    let out: Vec<u8> = answers.iter().map(|a| a.to_byte()).collect();
+    Ok(out.into_response())
+}
+
+/// How long a confirmation waits at most for other clients' chunks.
+const CONFIRM_WAIT: std::time::Duration = crate::dedup::CLAIM_TTL;
+
+/// `POST /v1/datastores/{ds}/dedup/confirm`: waits until each id is stored or
+/// nobody else is sending it any more; answers the ids the caller must send.
+pub async fn dedup_confirm(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> ApiResult<Response> {
+    let (t, store) = dedup_caller(&app, &headers, &ds, true)?;
+    let session = format!("{}-{}", t.id, session_of(&headers)?);
+    let ids = ids_of(body).await?;
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        let last = started.elapsed() >= CONFIRM_WAIT;
+        let (s, ses, i) = (store.clone(), session.clone(), ids.clone());
+        let round =
+            blocking(move || s.dedup.confirm_round(s.backend.as_ref(), &ses, &i, last)).await?;
+        if round.waiting == 0 {
+            return Ok(round.missing.concat().into_response());
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_secs(2));
+    }
 }
 
 /// What the server can check of an upload without the key: its size, and

@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod config;
+pub mod dedup;
 pub mod jobs;
 pub mod locks;
 pub mod metrics;
@@ -60,6 +61,8 @@ pub struct Datastore {
     pub stats: Stats,
     /// What the last listing for `/metrics` found, and when.
     pub census: tokio::sync::Mutex<Option<(Instant, metrics::Census)>>,
+    /// Dedup queries: what the datastore holds and what clients are sending.
+    pub dedup: dedup::Dedup,
 }
 
 /// Counters for the log and, later, `/metrics`.
@@ -196,6 +199,7 @@ impl App {
                     owners,
                     stats: Stats::default(),
                     census: tokio::sync::Mutex::new(None),
+                    dedup: dedup::Dedup::default(),
                 }),
             );
         }
@@ -231,6 +235,9 @@ impl App {
             r_object,
             r_jobs,
             r_run,
+            r_plan,
+            r_query,
+            r_confirm,
         ] = ROUTES;
         Router::new()
             .route(r_health, get(|| async { "ok\n" }))
@@ -240,13 +247,16 @@ impl App {
             .route(r_object, get(api::get).put(api::put).delete(api::delete))
             .route(r_jobs, get(api::jobs))
             .route(r_run, axum::routing::post(api::run_job))
+            .route(r_plan, get(api::dedup_plan))
+            .route(r_query, axum::routing::post(api::dedup_query))
+            .route(r_confirm, axum::routing::post(api::dedup_confirm))
             .layer(axum::extract::DefaultBodyLimit::max(limit))
             .with_state(self.clone())
     }
 }
 
 /// Every route the server answers; docs/openapi.yaml describes each (a test checks).
-pub const ROUTES: [&str; 7] = [
+pub const ROUTES: [&str; 10] = [
     "/healthz",
     "/metrics",
     "/v1/whoami",
@@ -254,6 +264,9 @@ pub const ROUTES: [&str; 7] = [
     "/v1/datastores/{ds}/objects/{*name}",
     "/v1/jobs",
     "/v1/jobs/{name}/run",
+    "/v1/datastores/{ds}/dedup",
+    "/v1/datastores/{ds}/dedup/query",
+    "/v1/datastores/{ds}/dedup/confirm",
 ];
 
 /// Where the self-signed certificate lives.

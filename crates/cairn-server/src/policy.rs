@@ -57,6 +57,9 @@ pub enum Kind {
     /// `locks/admin-<id>`: an exclusive lock.
     AdminLock,
     Pending,
+    /// `dedup/<index id>`: the plaintext list of an index file's data chunk ids,
+    /// from which the server answers dedup queries.
+    DedupList,
 }
 
 impl Kind {
@@ -71,13 +74,17 @@ impl Kind {
             Kind::Lock => "lock",
             Kind::AdminLock => "admin_lock",
             Kind::Pending => "pending",
+            Kind::DedupList => "dedup_list",
         }
     }
 
     /// Whether the object's name is the BLAKE3 hash of its bytes, which the server
     /// checks on every write.
     pub fn content_addressed(self) -> bool {
-        !matches!(self, Kind::Config | Kind::Lock | Kind::AdminLock)
+        !matches!(
+            self,
+            Kind::Config | Kind::Lock | Kind::AdminLock | Kind::DedupList
+        )
     }
 
     /// The largest body a write of this kind may carry.
@@ -85,7 +92,9 @@ impl Kind {
         use cairn_format::consts::{MAX_INDEX_FILE_SIZE, MAX_SMALL_OBJECT_SIZE};
         match self {
             Kind::Pack => max_pack,
-            Kind::Index | Kind::AdminIndex | Kind::Pending => MAX_INDEX_FILE_SIZE as u64,
+            Kind::Index | Kind::AdminIndex | Kind::Pending | Kind::DedupList => {
+                MAX_INDEX_FILE_SIZE as u64
+            }
             _ => MAX_SMALL_OBJECT_SIZE as u64,
         }
     }
@@ -139,7 +148,9 @@ pub fn decide(role: Role, kind: Kind, action: Action) -> Decision {
             // Readers hold shared locks so that prune waits for them; a token
             // creates, refreshes and deletes only its own.
             (Lock, Create | Replace | Delete) => OwnLockOnly,
-            (Pack | Index | Snapshot, Create) if role == Role::Backup => Allow,
+            // A dedup list only for a plain index file that exists, which the
+            // handler checks (`api::check_dedup_list`).
+            (Pack | Index | Snapshot | DedupList, Create) if role == Role::Backup => Allow,
             _ => Deny,
         },
     }
@@ -157,6 +168,7 @@ pub fn valid_prefix(prefix: &str) -> bool {
         "snapshots/",
         "locks/",
         "pending/",
+        "dedup/",
     ];
     if TOP.contains(&prefix) {
         return true;
@@ -201,6 +213,7 @@ pub fn classify(name: &str) -> Result<Kind, BadName> {
         ("locks", false) => Kind::Lock,
         ("locks", true) => Kind::AdminLock,
         ("pending", false) => Kind::Pending,
+        ("dedup", false) => Kind::DedupList,
         ("data", false) => {
             let (sub, id) = base.split_once('/').ok_or_else(bad)?;
             if !is_id(id) || id.get(..2) != Some(sub) {
@@ -232,6 +245,8 @@ pub enum Mismatch {
     },
     /// A pack without a pack's trailer, or with a header that does not fit.
     NotAPack(&'static str),
+    /// A dedup list that does not decode or names another index file.
+    NotADedupList(String),
     Empty,
 }
 
@@ -241,6 +256,7 @@ impl Mismatch {
         match self {
             Mismatch::Hash { .. } => "hash_mismatch",
             Mismatch::NotAPack(_) => "not_a_pack",
+            Mismatch::NotADedupList(_) => "not_a_dedup_list",
             Mismatch::Empty => "empty",
         }
     }
@@ -255,6 +271,7 @@ impl std::fmt::Display for Mismatch {
                 &got[..16.min(got.len())]
             ),
             Mismatch::NotAPack(why) => write!(f, "not a pack ({why})"),
+            Mismatch::NotADedupList(why) => write!(f, "not a dedup list ({why})"),
             Mismatch::Empty => write!(f, "empty object"),
         }
     }
@@ -274,6 +291,15 @@ pub fn verify(kind: Kind, name: &str, body: &[u8]) -> Result<(), Mismatch> {
             return Err(Mismatch::Hash {
                 got: got.to_string(),
             });
+        }
+    }
+    if kind == Kind::DedupList {
+        let l = cairn_format::dedup::DedupList::decode(body)
+            .map_err(|e| Mismatch::NotADedupList(e.to_string()))?;
+        if Some(hex::encode(l.index.0).as_str()) != id_of(name) {
+            return Err(Mismatch::NotADedupList(
+                "it describes another index file".into(),
+            ));
         }
     }
     if kind == Kind::Pack {
@@ -319,6 +345,7 @@ mod tests {
         );
         assert_eq!(classify(&format!("pending/{ID}")).unwrap(), Kind::Pending);
         assert_eq!(classify(&format!("keys/{ID}")).unwrap(), Kind::Key);
+        assert_eq!(classify(&format!("dedup/{ID}")).unwrap(), Kind::DedupList);
         for bad in [
             "".to_string(),
             "config2".into(),
@@ -336,6 +363,7 @@ mod tests {
             format!("other/{ID}"),
             format!("index/{ID}.tmp"),
             format!("data/01/admin-{ID}"),
+            format!("dedup/admin-{ID}"),
         ] {
             assert!(classify(&bad).is_err(), "{bad}");
         }
@@ -354,13 +382,16 @@ mod tests {
             Kind::Lock,
             Kind::AdminLock,
             Kind::Pending,
+            Kind::DedupList,
         ];
         for kind in all_kinds {
             for action in [List, Read, Create, Replace, Delete] {
                 let d = decide(Role::Backup, kind, action);
                 let expected = match (kind, action) {
                     (_, List | Read) => Decision::Allow,
-                    (Kind::Pack | Kind::Index | Kind::Snapshot, Create) => Decision::Allow,
+                    (Kind::Pack | Kind::Index | Kind::Snapshot | Kind::DedupList, Create) => {
+                        Decision::Allow
+                    }
                     (Kind::Lock, Create | Replace | Delete) => Decision::OwnLockOnly,
                     _ => Decision::Deny,
                 };

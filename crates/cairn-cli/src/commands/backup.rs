@@ -69,7 +69,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     // The session waits for a job slot before loading the index: the jobs ahead
     // are then finished, and this one deduplicates against what they stored.
     let session: Session<session::Backup> =
-        Session::open(repo, "backup", IndexLoad::Placement, &p.progress)?;
+        Session::open(repo, "backup", IndexLoad::Backup, &p.progress)?;
     let stdin: Option<(String, Box<dyn std::io::Read + Send>)> = a.stdin.then(|| {
         (
             a.stdin_name.clone(),

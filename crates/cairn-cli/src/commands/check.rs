@@ -58,6 +58,11 @@ fn render(p: &Problem) -> String {
         }
         Problem::FileInconsistent { error, .. } => format!("file content: {error}"),
         Problem::KeyUnreadable { key, error } => format!("key file {key}: {error}"),
+        Problem::DedupListWrong { index, error } => format!(
+            "index file {}: {error} (a server would answer dedup queries wrongly; \
+             `cairn repair index` rewrites the index and its lists)",
+            index.short()
+        ),
         Problem::BlobDamaged {
             blob,
             role: r,

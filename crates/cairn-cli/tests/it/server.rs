@@ -1070,3 +1070,305 @@ fn a_full_disk_or_a_killed_client_costs_nothing_committed() {
     assert_same(&big, &r);
     srv.stop();
 }
+
+/// Bytes uploaded, from the line `CAIRN_TRAFFIC_REPORT` makes a client print.
+fn uploaded(stderr: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("traffic: "))
+        .unwrap_or_else(|| panic!("no traffic line in {stderr}"));
+    let after = line.split("uploaded ").nth(1).unwrap();
+    after.split(' ').next().unwrap().parse().unwrap()
+}
+
+/// Bytes under `data/` (every pack).
+fn data_bytes(repo: &Path) -> u64 {
+    packs(repo).values().sum()
+}
+
+#[test]
+fn dedup_queries_send_only_new_chunks_and_clients_share_what_is_in_flight() {
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], false);
+    let web01 = srv.token("web01", "main", "backup");
+    let web02 = srv.token("web02", "main", "backup");
+    let mut rng = Rng(0x5eed_d3d0);
+    let one = env.path("one");
+    make_full_tree(&one, 61);
+    std::fs::write(one.join("big.bin"), rng.bytes(12 << 20, false)).unwrap();
+    let size: u64 = walk(&one)
+        .values()
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum();
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &web01,
+            &["backup", one.to_str().unwrap()],
+        ),
+        "first backup",
+    );
+
+    // A second machine with the same data and one new file: it reads only the index
+    // files listing trees, asks about the chunks, and sends next to nothing.
+    let two = env.path("two");
+    copy_tree(&one, &two);
+    std::fs::write(two.join("new.txt"), b"only on web02").unwrap();
+    let o = client_cmd(
+        &env,
+        &srv,
+        "main",
+        &web02,
+        &["backup", "--host", "web02", two.to_str().unwrap()],
+    )
+    .env("CAIRN_TRAFFIC_REPORT", "1")
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("answers dedup queries"), "{err}");
+    let up = uploaded(&err);
+    assert!(
+        up * 50 <= size,
+        "the second client sent {up} bytes for {size} bytes the server holds (> 2%)"
+    );
+
+    // Two clients sending the same new data at the same moment store it once.
+    let three = env.path("three");
+    std::fs::create_dir_all(&three).unwrap();
+    std::fs::write(three.join("fresh.bin"), rng.bytes(16 << 20, false)).unwrap();
+    let four = env.path("four");
+    copy_tree(&three, &four);
+    let before = data_bytes(&env.repo);
+    let spawn = |token: &str, host: &str, dir: &Path| {
+        client_cmd(
+            &env,
+            &srv,
+            "main",
+            token,
+            &["backup", "--host", host, dir.to_str().unwrap()],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let a = spawn(&web01, "web01", &three);
+    let b = spawn(&web02, "web02", &four);
+    for c in [a, b] {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let grew = data_bytes(&env.repo) - before;
+    assert!(
+        grew < (16 << 20) * 5 / 4,
+        "two clients sending the same 16 MiB at once stored {grew} bytes"
+    );
+
+    // Everything restores exactly, and the datastore is sound.
+    env.check_clean();
+    let listed: serde_json::Value =
+        serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    for dir in [&two, &three, &four] {
+        let d = dir.to_str().unwrap();
+        let id = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["paths"][0] == d)
+            .unwrap_or_else(|| panic!("no snapshot of {d} in {listed}"))["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let into = format!("restored-{}", dir.file_name().unwrap().to_str().unwrap());
+        let restored = env.restore(&id, dir, &into);
+        assert_same(dir, &restored);
+    }
+    srv.stop();
+}
+
+/// An HTTP request with extra headers (`http` sends none).
+fn http_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\nAuthorization: Bearer {token}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = Vec::new();
+    let _ = s.read_to_end(&mut resp);
+    let split = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(&resp)));
+    let head = String::from_utf8_lossy(&resp[..split]).into_owned();
+    let code = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap();
+    let mut body = resp[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        // One chunk at most for these small answers: "<hex>\r\n<data>\r\n0\r\n\r\n".
+        let text = body.clone();
+        let nl = text.windows(2).position(|w| w == b"\r\n").unwrap();
+        let n = usize::from_str_radix(std::str::from_utf8(&text[..nl]).unwrap(), 16).unwrap();
+        body = text[nl + 2..nl + 2 + n].to_vec();
+    }
+    (code, body)
+}
+
+/// A dedup list as the format spells it (docs/FORMAT.md, "Dedup lists").
+fn dedup_list(index: &[u8; 32], admin: bool, supersedes: &[[u8; 32]], ids: &[[u8; 32]]) -> Vec<u8> {
+    let mut v = b"CAIRNDL1".to_vec();
+    v.extend_from_slice(index);
+    v.push(if admin { 2 } else { 0 });
+    v.push(supersedes.len() as u8);
+    for s in supersedes {
+        v.extend_from_slice(s);
+    }
+    v.push(ids.len() as u8);
+    for i in ids {
+        v.extend_from_slice(i);
+    }
+    let sum = blake3::hash(&v);
+    v.extend_from_slice(sum.as_bytes());
+    v
+}
+
+#[test]
+fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let backup = srv.token("web01", "main", "backup");
+    let restore = srv.token("web01-restore", "main", "restore");
+    let mut rng = Rng(0xd3d0_0002);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a.bin"), rng.bytes(3 << 20, false)).unwrap();
+    let s = src.to_str().unwrap();
+    ok(
+        client(&env, &srv, "main", &backup, &["backup", s]),
+        "backup",
+    );
+
+    // Forget and prune directly (an admin on the server's disk): the server still
+    // has the old chunks in its view, but the next backup's lock makes it look again,
+    // so the data is sent anew rather than "found" in deleted packs.
+    let id = env.snapshot_ids()[0].clone();
+    env.ok(&["forget", &id]);
+    env.ok(&["prune"]);
+    assert_eq!(data_bytes(&env.repo), 0, "prune removed every pack");
+    let o = client_cmd(&env, &srv, "main", &backup, &["backup", s])
+        .env("CAIRN_TRAFFIC_REPORT", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    assert!(
+        uploaded(&err) >= 3 << 20,
+        "the pruned data was not sent again: {err}"
+    );
+    let out = env.ok(&["check", "--read-data"]);
+    assert!(out.contains("no errors"), "{out}");
+    let restored = env.restore("latest", &src, "r1");
+    assert_same(&src, &restored);
+
+    // Hand-made dedup requests.
+    let p = srv.port;
+    let ses = [("X-Cairn-Session", "abc123")];
+    let q = "/v1/datastores/main/dedup/query";
+    let (code, body) = http_with(p, "GET", "/v1/datastores/main/dedup", &restore, &[], b"");
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let plan: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(plan["available"], true, "{plan}");
+    assert_eq!(http_with(p, "POST", q, &restore, &ses, &[0; 32]).0, 403);
+    assert_eq!(
+        http_with(p, "POST", q, &backup, &[], &[0; 32]).0,
+        400,
+        "no session"
+    );
+    assert_eq!(http_with(p, "POST", q, &backup, &ses, &[0; 33]).0, 400);
+    assert_eq!(
+        http_with(p, "POST", q, &backup, &ses, &vec![0; 32 * 65_537]).0,
+        413
+    );
+    let (code, answers) = http_with(p, "POST", q, &backup, &ses, &[7; 64]);
+    assert_eq!((code, answers), (200, vec![0, 0]), "unknown ids: send");
+    let other = [("X-Cairn-Session", "other1")];
+    let (_, answers) = http_with(p, "POST", q, &backup, &other, &[7; 32]);
+    assert_eq!(answers, vec![2], "claimed by the first session: in flight");
+
+    // A list for an index file that is not stored, or one that would supersede,
+    // from a backup token: refused.
+    let obj = |name: &str| format!("/v1/datastores/main/objects/{name}");
+    let ghost = [9u8; 32];
+    let (code, _) = http_with(
+        p,
+        "PUT",
+        &obj(&format!("dedup/{}", hex(&ghost))),
+        &backup,
+        &[],
+        &dedup_list(&ghost, false, &[], &[[1; 32]]),
+    );
+    assert_eq!(code, 409, "a list without its index file");
+    let index_name = std::fs::read_dir(env.repo.join("index"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().into_string().unwrap())
+        .find(|n| !n.starts_with("admin-"))
+        .expect("a plain index file");
+    let mut index_id = [0u8; 32];
+    for (i, b) in index_id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&index_name[2 * i..2 * i + 2], 16).unwrap();
+    }
+    let (code, _) = http_with(
+        p,
+        "PUT",
+        &obj(&format!("dedup/{index_name}")),
+        &backup,
+        &[],
+        &dedup_list(&index_id, true, &[[3; 32]], &[]),
+    );
+    assert_eq!(code, 403, "a supersede list from a backup token");
+    // A lying list the server cannot tell from a true one (no key): check, with the
+    // key, finds it, and repair index rewrites the lists.
+    std::fs::remove_file(env.repo.join("dedup").join(&index_name)).unwrap();
+    let (code, body) = http_with(
+        p,
+        "PUT",
+        &obj(&format!("dedup/{index_name}")),
+        &backup,
+        &[],
+        &dedup_list(&index_id, false, &[], &[[5; 32]]),
+    );
+    assert_eq!(code, 201, "{}", String::from_utf8_lossy(&body));
+    let o = env.run(&["check"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("dedup list names 1 chunk ids"), "{out}");
+    env.ok(&["repair", "index"]);
+    env.check_clean();
+    srv.stop();
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

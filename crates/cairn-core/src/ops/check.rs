@@ -115,6 +115,13 @@ pub enum Problem {
         key: cairn_format::KeyId,
         error: String,
     },
+    /// An index file's dedup list (what a server answers dedup queries from) does not
+    /// say what the file says, or an `admin-` file has none. A server could tell
+    /// clients that chunks are stored which are not (or cannot answer at all).
+    DedupListWrong {
+        index: cairn_format::IndexId,
+        error: String,
+    },
     /// A tree or chunk list was found but does not decode, authenticate or fit its
     /// place.
     BlobDamaged {
@@ -321,8 +328,59 @@ pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport
             });
         }
     }
+    if repo.admin_names() {
+        report.problems.extend(dedup_lists(repo, state));
+    }
     report.local_index = local_index(repo)?;
     Ok(report)
+}
+
+/// Compares each live index file's dedup list with the file: the data ids, the
+/// flags and the supersede list must be exactly what the file says. A plain file
+/// without a list is fine (a server then counts its chunks as unknown); an
+/// `admin-` file without one stops a server's dedup service.
+fn dedup_lists(repo: &Repository, state: &crate::repo::IndexState) -> Vec<Problem> {
+    use cairn_format::dedup::DedupList;
+    let results = crate::threads::parallel_map(&state.live, 4, |(id, file)| {
+        let admin = crate::repo::packer::has_admin_lists(file);
+        let name = cairn_backend::names::dedup(&id.to_hex());
+        let data = match repo
+            .backend()
+            .get_bounded(&name, cairn_format::consts::MAX_INDEX_FILE_SIZE as u64)
+        {
+            Ok(d) => d,
+            Err(e) if e.is_not_found() && !admin => return None,
+            Err(e) if e.is_not_found() => {
+                return Some("the admin index file has no dedup list".to_string());
+            }
+            Err(e) => return Some(format!("cannot read its dedup list: {e}")),
+        };
+        let want = DedupList::of(*id, file, admin);
+        match DedupList::decode(&data) {
+            Err(e) => Some(format!("its dedup list is damaged: {e}")),
+            Ok(l) if l != want => Some(if l.ids != want.ids {
+                let extra = l
+                    .ids
+                    .iter()
+                    .filter(|i| want.ids.binary_search(i).is_err())
+                    .count();
+                format!(
+                    "its dedup list names {} chunk ids, the file {} ({extra} not in the file)",
+                    l.ids.len(),
+                    want.ids.len()
+                )
+            } else {
+                "its dedup list's flags or supersede list differ from the file".to_string()
+            }),
+            Ok(_) => None,
+        }
+    });
+    state
+        .live
+        .iter()
+        .zip(results)
+        .filter_map(|((id, _), r)| r.map(|error| Problem::DedupListWrong { index: *id, error }))
+        .collect()
 }
 
 /// Checks this machine's SSD index of the repository, rebuilding it when damaged.

@@ -437,11 +437,7 @@ impl Copier<'_> {
     fn copy_one(&self, sid: &SnapshotId, snap: &Snapshot, opts: &Run<'_>) -> Result<SnapshotId> {
         let pool = Arc::new(BufferPool::new(DEFAULT_UPLOAD_THREADS + 1));
         let pack_size = self.dst.config().pack_size as usize;
-        let mut uploader = Uploader::start(
-            self.dst.backend().clone(),
-            self.dst.key().clone(),
-            pool.clone(),
-        );
+        let mut uploader = self.dst.uploader(pool.clone());
         uploader.set_index_flush(COPY_INDEX_FLUSH_BLOBS, COPY_INDEX_FLUSH_PACKS);
         *crate::lock(&self.packers) = Some(Packers {
             data: Packer::new(self.dst.key().clone(), pool.clone(), pack_size),

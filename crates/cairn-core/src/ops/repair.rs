@@ -17,7 +17,7 @@ use crate::index::{IdMap, IdSet, MasterIndex};
 use crate::progress::Phase;
 use crate::repo::Repository;
 use crate::repo::blob::{self, BlobEncoder};
-use crate::repo::packer::{BufferPool, Packer, Uploader};
+use crate::repo::packer::{BufferPool, Packer};
 use crate::session::{Exclusive, Session};
 use crate::tree::chunklist::for_each_content_blob;
 use crate::tree::walk::Visitor;
@@ -582,7 +582,7 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
 
 fn store_trees(repo: &Repository, trees: Vec<(BlobId, Vec<u8>)>) -> Result<()> {
     let pool = Arc::new(BufferPool::new(1));
-    let uploader = Uploader::start(repo.backend().clone(), repo.key().clone(), pool.clone());
+    let uploader = repo.uploader(pool.clone());
     let mut packer = Packer::new(repo.key().clone(), pool, repo.config().pack_size as usize);
     let mut enc = BlobEncoder::new(repo.config().compression.zstd_level());
     let mut result = Ok(());
@@ -614,7 +614,7 @@ pub(crate) fn copy_blobs(
     skip_damaged: bool,
 ) -> Result<crate::repo::packer::UploadStats> {
     let pool = Arc::new(BufferPool::new(1));
-    let uploader = Uploader::start(repo.backend().clone(), repo.key().clone(), pool.clone());
+    let uploader = repo.uploader(pool.clone());
     let size = repo.config().pack_size as usize;
     let mut data = Packer::new(repo.key().clone(), pool.clone(), size);
     let mut meta = Packer::new(repo.key().clone(), pool, size);

@@ -103,18 +103,7 @@ impl Repository {
             let (old, live): (Vec<_>, Vec<_>) = files
                 .into_iter()
                 .partition(|(id, _)| superseded.contains(id));
-            let mut pending = Vec::new();
-            for id in self.list_pending()? {
-                match self.read_pending(&id) {
-                    Ok(p) => pending.push((id, p)),
-                    Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
-                        object: IndexObject::PendingDeletion(id),
-                        error: e,
-                    }),
-                    Err(Error::Backend(b)) if b.is_not_found() => {}
-                    Err(e) => return Err(e),
-                }
-            }
+            let pending = self.read_pending_records(&mut errors)?;
             return Ok(IndexState {
                 live,
                 superseded: old.into_iter().map(|(id, _)| id).collect(),
@@ -122,6 +111,75 @@ impl Repository {
                 errors,
             });
         }
+    }
+
+    fn read_pending_records(
+        &self,
+        errors: &mut Vec<IndexReadError>,
+    ) -> Result<Vec<(PendingId, PendingDeletion)>> {
+        let mut pending = Vec::new();
+        for id in self.list_pending()? {
+            match self.read_pending(&id) {
+                Ok(p) => pending.push((id, p)),
+                Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
+                    object: IndexObject::PendingDeletion(id),
+                    error: e,
+                }),
+                Err(Error::Backend(b)) if b.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(pending)
+    }
+
+    /// For a backup: when the storage answers dedup queries (a cairn server), reads
+    /// only the index files its plan names (those listing trees and chunk lists,
+    /// and those without a dedup list) and the pending records, in RAM, and asks
+    /// the server about data chunks from then on; returns `Some(files read)`. `None`:
+    /// the storage does not, nothing was loaded. The plan is asked for after the
+    /// session's lock is written, so it reflects every prune that finished before
+    /// (no prune can start while the lock is held).
+    pub(crate) fn load_index_for_backup(&mut self) -> Result<Option<(usize, u64)>> {
+        if !self.admin_names() {
+            return Ok(None);
+        }
+        let Some(plan) = self.backend.dedup_plan()? else {
+            return Ok(None);
+        };
+        let mut ids: Vec<IndexId> = Vec::with_capacity(plan.index_files.len());
+        for name in &plan.index_files {
+            ids.push(super::objects::index_id_of(name).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "the server's dedup plan names {name:?}, not an index file"
+                ))
+            })?);
+        }
+        let results = crate::threads::parallel_map(&ids, 4, |id| self.read_index_file(id));
+        let mut live = Vec::new();
+        let mut errors = Vec::new();
+        for (id, r) in ids.iter().zip(results) {
+            match r {
+                Ok(f) => live.push((*id, f)),
+                Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
+                    object: IndexObject::IndexFile(*id),
+                    error: e,
+                }),
+                Err(e) => return Err(e),
+            }
+        }
+        let pending = self.read_pending_records(&mut errors)?;
+        let state = IndexState {
+            live,
+            superseded: Vec::new(),
+            pending,
+            errors,
+        };
+        self.set_index(&state)?;
+        self.index_errors = state.errors.into_iter().map(|e| e.error).collect();
+        self.dedup = Some(Arc::new(super::dedup::DedupClient::new(
+            self.backend.clone(),
+        )));
+        Ok(Some((ids.len(), plan.chunks)))
     }
 
     /// Loads the master index in its placement: in RAM from the index files, or

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 pub mod blob;
 pub mod blobcache;
+pub mod dedup;
 mod index_load;
 pub mod info;
 mod keys;
@@ -119,6 +120,9 @@ pub struct Repository {
     location: String,
     /// Recently read blobs (for repeated reads: mounts, image file systems).
     blob_cache: Arc<blobcache::BlobCache>,
+    /// Set when a backup loaded only part of the index because the storage (a cairn
+    /// server) answers dedup queries for the rest.
+    dedup: Option<Arc<dedup::DedupClient>>,
 }
 
 pub fn hostname() -> String {
@@ -195,6 +199,7 @@ impl Repository {
             index_errors: Vec::new(),
             traffic: None,
             location: String::new(),
+            dedup: None,
             blob_cache: Arc::new(blobcache::BlobCache::new(
                 blobcache::DEFAULT_BLOB_CACHE_BYTES,
             )),
@@ -259,6 +264,7 @@ impl Repository {
             index: Arc::new(MasterIndex::new()),
             index_errors: Vec::new(),
             traffic: None,
+            dedup: None,
             blob_cache: Arc::new(blobcache::BlobCache::new(
                 blobcache::DEFAULT_BLOB_CACHE_BYTES,
             )),
@@ -374,6 +380,11 @@ impl Repository {
     }
     pub fn index(&self) -> &Arc<MasterIndex> {
         &self.index
+    }
+    /// The server's dedup service, when this backup loaded only the index files
+    /// listing trees ([`Repository::load_index_for_backup`]).
+    pub fn dedup(&self) -> Option<&Arc<dedup::DedupClient>> {
+        self.dedup.as_ref()
     }
     pub fn index_errors(&self) -> &[Error] {
         &self.index_errors

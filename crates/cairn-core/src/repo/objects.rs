@@ -86,7 +86,8 @@ impl Repository {
             .has_feature(cairn_format::consts::FEATURE_ADMIN_NAMES)
     }
 
-    /// Deletes an index file under whichever name it has (plain or `admin-`).
+    /// Deletes an index file under whichever name it has (plain or `admin-`), and
+    /// its dedup list.
     pub(crate) fn delete_index_file(&self, id: &IndexId) -> Result<()> {
         let hex = id.to_hex();
         let mut found = false;
@@ -98,7 +99,12 @@ impl Repository {
             }
         }
         if found {
-            Ok(())
+            // Its dedup list after it (a list without its file is ignored).
+            match self.backend.delete(&names::dedup(&hex)) {
+                Ok(()) => Ok(()),
+                Err(e) if e.is_not_found() => Ok(()),
+                Err(e) => Err(e.into()),
+            }
         } else {
             Err(cairn_backend::BackendError::not_found("delete", &names::index(&hex)).into())
         }
@@ -157,6 +163,18 @@ impl Repository {
             file.forgotten.clear();
         }
         Ok(file)
+    }
+
+    /// Upload threads for packs of this repository (index files named and listed
+    /// as its features want).
+    pub fn uploader(
+        &self,
+        pool: Arc<crate::repo::packer::BufferPool>,
+    ) -> crate::repo::packer::Uploader {
+        let mut u =
+            crate::repo::packer::Uploader::start(self.backend.clone(), self.key.clone(), pool);
+        u.set_admin_names(self.admin_names());
+        u
     }
 
     pub fn write_index_file(&self, file: &IndexFile) -> Result<IndexId> {

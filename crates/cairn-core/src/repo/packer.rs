@@ -163,7 +163,8 @@ pub struct UploadStats {
 
 /// Seals and stores an index file under the hash of its bytes. With `admin_names`
 /// (the repository's `admin-names` feature), a file that supersedes or forgets is
-/// stored as `index/admin-<id>`, the name readers require for those lists.
+/// stored as `index/admin-<id>`, the name readers require for those lists, and
+/// every file gets its dedup list (`dedup/<id>`) for a server.
 pub fn write_index_file(
     backend: &dyn Backend,
     key: &MasterKey,
@@ -172,13 +173,26 @@ pub fn write_index_file(
 ) -> Result<IndexId> {
     let sealed = key.sealer.seal(&file.encode());
     let id = IndexId::of_content(&sealed);
-    let name = if admin_names && has_admin_lists(file) {
+    let admin = admin_names && has_admin_lists(file);
+    let name = if admin {
         names::admin_index(&id.to_hex())
     } else {
         names::index(&id.to_hex())
     };
     super::objects::store_immutable(backend, &name, &sealed, false)?;
     crate::hooks::point("index:written");
+    if admin_names {
+        // After the index file, never before: a list must not name ids that are not
+        // indexed (docs/FORMAT.md, "Dedup lists"). A crash between the two leaves a
+        // file without a list, which a server treats as unknown.
+        let list = cairn_format::dedup::DedupList::of(id, file, admin);
+        super::objects::store_immutable(
+            backend,
+            &names::dedup(&id.to_hex()),
+            &list.encode(),
+            false,
+        )?;
+    }
     Ok(id)
 }
 
@@ -195,7 +209,16 @@ pub const DEFAULT_UPLOAD_THREADS: usize = 3;
 /// What the upload threads share: packs stored but not yet in an index file, the
 /// counts, and the first error.
 struct UploadShared {
-    pending: Mutex<(IndexFile, usize)>,
+    /// Packs of data, and packs of trees and chunk lists, stored and not yet in an
+    /// index file (kept apart so that a backup client of a server reads only the
+    /// small files of the second kind), and the blobs in both.
+    pending: Mutex<Pending>,
+    /// Whether index files get their dedup lists (the `admin-names` feature).
+    admin_names: std::sync::atomic::AtomicBool,
+    /// Packs queued and packs done (stored or failed), for [`Uploader::flush`].
+    queued: std::sync::atomic::AtomicU64,
+    done: Mutex<u64>,
+    done_cv: std::sync::Condvar,
     stats: Mutex<UploadStats>,
     failed: Mutex<Option<Error>>,
     flush_blobs: std::sync::atomic::AtomicUsize,
@@ -204,6 +227,36 @@ struct UploadShared {
     /// written.
     flush_interval_ms: std::sync::atomic::AtomicU64,
     last_flush: Mutex<std::time::Instant>,
+}
+
+#[derive(Default)]
+struct Pending {
+    data: IndexFile,
+    meta: IndexFile,
+    blobs: usize,
+}
+
+impl Pending {
+    fn packs(&self) -> impl Iterator<Item = &IndexPack> {
+        self.data.packs.iter().chain(&self.meta.packs)
+    }
+    /// Writes the index files (data first, then metadata) and empties the lists.
+    fn write(
+        &mut self,
+        backend: &dyn Backend,
+        key: &MasterKey,
+        admin_names: bool,
+    ) -> Result<Vec<IndexId>> {
+        let mut ids = Vec::new();
+        for f in [&mut self.data, &mut self.meta] {
+            if !f.packs.is_empty() {
+                ids.push(write_index_file(backend, key, f, admin_names)?);
+                *f = IndexFile::default();
+            }
+        }
+        self.blobs = 0;
+        Ok(ids)
+    }
 }
 
 /// Background threads that store packs and then the index files listing them. Each
@@ -234,7 +287,11 @@ impl Uploader {
         let threads = threads.max(1);
         let (tx, rx): (Sender<SealedPack>, Receiver<SealedPack>) = bounded(1);
         let shared = Arc::new(UploadShared {
-            pending: Mutex::new((IndexFile::default(), 0)),
+            pending: Mutex::new(Pending::default()),
+            admin_names: std::sync::atomic::AtomicBool::new(false),
+            queued: std::sync::atomic::AtomicU64::new(0),
+            done: Mutex::new(0),
+            done_cv: std::sync::Condvar::new(),
             stats: Mutex::new(UploadStats::default()),
             failed: Mutex::new(None),
             flush_blobs: std::sync::atomic::AtomicUsize::new(INDEX_FLUSH_BLOBS),
@@ -286,15 +343,57 @@ impl Uploader {
         self.shared.flush_packs.store(packs.max(1), Relaxed);
     }
 
+    /// Gives index files their dedup lists (for a repository with the
+    /// `admin-names` feature: [`Repository::admin_names`]).
+    pub fn set_admin_names(&mut self, on: bool) {
+        self.shared
+            .admin_names
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Queues a pack. An error here means the uploader stopped; `finish` says why.
     pub fn send(&self, p: SealedPack) -> Result<()> {
         if lock(&self.shared.failed).is_some() {
             return Err(Error::Interrupted);
         }
         match &self.tx {
-            Some(tx) => tx.send(p).map_err(|_| Error::Interrupted),
+            Some(tx) => {
+                self.shared
+                    .queued
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tx.send(p).map_err(|_| Error::Interrupted)
+            }
             None => Err(Error::Invalid("could not start the upload thread".into())),
         }
+    }
+
+    /// Waits until every queued pack is stored and writes the index files listing
+    /// them, and goes on running: afterwards everything sent so far is indexed.
+    pub fn flush(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let want = self.shared.queued.load(SeqCst);
+        let mut done = lock(&self.shared.done);
+        while *done < want {
+            if self.handles.iter().all(|h| h.is_finished()) {
+                return Err(Error::Invalid("upload thread panicked".into()));
+            }
+            done = self
+                .shared
+                .done_cv
+                .wait_timeout(done, std::time::Duration::from_millis(200))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(done);
+        if lock(&self.shared.failed).is_some() {
+            return Err(Error::Interrupted);
+        }
+        let admin_names = self.shared.admin_names.load(SeqCst);
+        let ids =
+            lock(&self.shared.pending).write(self.backend.as_ref(), &self.key, admin_names)?;
+        *lock(&self.shared.last_flush) = std::time::Instant::now();
+        lock(&self.shared.stats).index_files.extend(ids);
+        Ok(())
     }
 
     /// Waits for every queued pack and writes the final index file. After a failed
@@ -310,15 +409,16 @@ impl Uploader {
             return Err(Error::Invalid("could not start the upload thread".into()));
         }
         let failed = lock(&self.shared.failed).take();
-        let (pending, _) = std::mem::take(&mut *lock(&self.shared.pending));
-        let written = if pending.packs.is_empty() {
-            Ok(None)
-        } else {
-            write_index_file(self.backend.as_ref(), &self.key, &pending, false).map(Some)
-        };
+        let mut pending = std::mem::take(&mut *lock(&self.shared.pending));
+        let admin_names = self
+            .shared
+            .admin_names
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let written = pending.write(self.backend.as_ref(), &self.key, admin_names);
         if let Some(e) = failed {
             if written.is_err() {
-                for p in &pending.packs {
+                // What was not indexed (write empties a list only once it is stored).
+                for p in pending.packs() {
                     let _ = self.backend.delete(&names::pack(&p.id.to_hex()));
                 }
             }
@@ -328,9 +428,7 @@ impl Uploader {
             return Err(Error::Invalid("upload thread panicked".into()));
         }
         let mut stats = std::mem::take(&mut *lock(&self.shared.stats));
-        if let Some(id) = written? {
-            stats.index_files.push(id);
-        }
+        stats.index_files.extend(written?);
         Ok(stats)
     }
 }
@@ -344,14 +442,17 @@ fn upload_loop(
 ) {
     for p in rx {
         if lock(&shared.failed).is_some() {
+            shared.pack_done();
             continue; // drain: the backup is failing, nothing more is stored
         }
         // Packs of trees and chunk lists go through `put_metadata_new`: a caching
         // backend keeps them, so the next backup reads its parent's trees locally.
         let name = names::pack(&p.id.to_hex());
-        let stored = super::objects::store_immutable(backend, &name, &p.bytes, p.is_metadata());
+        let metadata = p.is_metadata();
+        let stored = super::objects::store_immutable(backend, &name, &p.bytes, metadata);
         if let Err(e) = stored {
             lock(&shared.failed).get_or_insert(e);
+            shared.pack_done();
             continue;
         }
         crate::hooks::point("pack:stored");
@@ -362,8 +463,13 @@ fn upload_loop(
         }
         pool.put(p.bytes);
         let mut pending = lock(&shared.pending);
-        pending.1 += p.blobs.len();
-        pending.0.packs.push(IndexPack {
+        pending.blobs += p.blobs.len();
+        let list = if metadata {
+            &mut pending.meta
+        } else {
+            &mut pending.data
+        };
+        list.packs.push(IndexPack {
             id: p.id,
             blobs: p.blobs,
         });
@@ -374,16 +480,19 @@ fn upload_loop(
                 .load(std::sync::atomic::Ordering::Relaxed),
         );
         let due = lock(&shared.last_flush).elapsed() >= interval;
-        if pending.1 >= blobs.load(std::sync::atomic::Ordering::Relaxed)
-            || pending.0.packs.len() >= packs.load(std::sync::atomic::Ordering::Relaxed)
+        let npacks = pending.data.packs.len() + pending.meta.packs.len();
+        if pending.blobs >= blobs.load(std::sync::atomic::Ordering::Relaxed)
+            || npacks >= packs.load(std::sync::atomic::Ordering::Relaxed)
             || due
         {
             // Written under the lock: index files are rare, and a pack stored by
             // another thread meanwhile simply waits for the next one.
-            match write_index_file(backend, key, &pending.0, false) {
-                Ok(id) => {
-                    lock(&shared.stats).index_files.push(id);
-                    *pending = (IndexFile::default(), 0);
+            let admin_names = shared
+                .admin_names
+                .load(std::sync::atomic::Ordering::Relaxed);
+            match pending.write(backend, key, admin_names) {
+                Ok(ids) => {
+                    lock(&shared.stats).index_files.extend(ids);
                     *lock(&shared.last_flush) = std::time::Instant::now();
                 }
                 Err(e) => {
@@ -391,6 +500,15 @@ fn upload_loop(
                 }
             }
         }
+        drop(pending);
+        shared.pack_done();
+    }
+}
+
+impl UploadShared {
+    fn pack_done(&self) {
+        *lock(&self.done) += 1;
+        self.done_cv.notify_all();
     }
 }
 

@@ -163,7 +163,7 @@ pub fn join(parent: &str, name: &[u8]) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::repo::blob::BlobEncoder;
-    use crate::repo::packer::{BufferPool, Packer, Uploader};
+    use crate::repo::packer::{BufferPool, Packer};
     use cairn_format::pack::BlobKind;
     use cairn_format::tree::{Content, NodeKind};
     use std::sync::Arc;
@@ -186,7 +186,7 @@ pub(crate) mod tests {
     /// stored in `repo`; returns the root tree's id.
     pub(crate) fn deep_chain(repo: &mut Repository, depth: usize) -> BlobId {
         let pool = Arc::new(BufferPool::new(1));
-        let up = Uploader::start(repo.backend().clone(), repo.key().clone(), pool.clone());
+        let up = repo.uploader(pool.clone());
         let mut packer = Packer::new(repo.key().clone(), pool, 16 << 20);
         let mut enc = BlobEncoder::new(None);
         let mut put = |t: &Tree| {

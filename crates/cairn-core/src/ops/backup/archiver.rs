@@ -44,7 +44,15 @@ struct State<'a> {
     encoder: BlobEncoder,
     uploader: Uploader,
     summary: SnapshotSummary,
+    /// Chunks another client of the server was sending (see [`ChunkOut::held`]),
+    /// with their bytes: sent at the end only if that copy never arrived.
+    held: Vec<crate::repo::blob::EncodedBlob>,
+    held_bytes: usize,
 }
+
+/// Held chunk bytes at most; beyond, chunks are sent like any other (stored twice
+/// at worst, never missing).
+const HELD_BYTES_MAX: usize = 64 << 20;
 
 impl State<'_> {
     fn store(&mut self, blob: crate::repo::blob::EncodedBlob) -> Result<()> {
@@ -109,10 +117,13 @@ pub(crate) fn archive(
         data: Packer::new(repo.key().clone(), pool.clone(), pack_size),
         meta: Packer::new(repo.key().clone(), pool.clone(), pack_size),
         encoder: BlobEncoder::new(level),
-        uploader: Uploader::start(repo.backend().clone(), repo.key().clone(), pool),
+        uploader: repo.uploader(pool),
         summary: SnapshotSummary::default(),
+        held: Vec::new(),
+        held_bytes: 0,
     };
     let r = run(&mut st, rx, budget).and_then(|root| {
+        send_held_if_missing(&mut st)?;
         if let Some(p) = st.data.finish() {
             st.uploader.send(p)?;
         }
@@ -134,6 +145,31 @@ pub(crate) fn archive(
             packs: up.packs,
         }),
     }
+}
+
+/// Confirms with the server the chunks other clients were sending and sends those
+/// that never arrived. Everything this run sent is stored and indexed first, so a
+/// client waiting for this one's chunks never waits for a client that waits too.
+fn send_held_if_missing(st: &mut State<'_>) -> Result<()> {
+    let Some(dedup) = st.repo.dedup().cloned() else {
+        return Ok(());
+    };
+    if st.held.is_empty() {
+        return Ok(());
+    }
+    for p in [st.data.finish(), st.meta.finish()].into_iter().flatten() {
+        st.uploader.send(p)?;
+    }
+    st.uploader.flush()?;
+    let ids: Vec<BlobId> = st.held.iter().map(|b| b.id).collect();
+    let missing: crate::index::IdSet = dedup.confirm(&ids)?.into_iter().collect();
+    for b in std::mem::take(&mut st.held) {
+        if missing.contains(&b.id) {
+            st.store(b)?;
+        }
+    }
+    st.held_bytes = 0;
+    Ok(())
 }
 
 fn run(
@@ -268,7 +304,12 @@ fn add_chunks(st: &mut State<'_>, f: &mut OpenFile, chunks: Vec<ChunkOut>) -> Re
     for c in chunks {
         f.bytes += u64::from(c.length);
         if let Some(b) = c.blob {
-            st.store(b)?;
+            if c.held && st.held_bytes + b.sealed.len() <= HELD_BYTES_MAX {
+                st.held_bytes += b.sealed.len();
+                st.held.push(b);
+            } else {
+                st.store(b)?;
+            }
         }
         let r = ChunkRef {
             id: c.id,

@@ -34,6 +34,7 @@ use crate::repo::Repository;
 use crate::repo::blob::{BlobEncoder, EncodedBlob};
 use crate::repo::packer::BufferPool;
 use crate::session::{self, Session};
+use cairn_backend::DedupAnswer;
 use cairn_format::pack::BlobKind;
 use cairn_format::snapshot::{Snapshot, SnapshotSummary};
 use cairn_format::tree::Node;
@@ -162,6 +163,18 @@ pub(crate) struct ChunkOut {
     pub id: BlobId,
     pub length: u32,
     pub blob: Option<EncodedBlob>,
+    /// Another client of the server is sending this chunk: the archiver holds the
+    /// blob and sends it only if that client's copy never arrives.
+    pub held: bool,
+}
+
+/// What a worker does with a chunk.
+#[derive(Clone, Copy)]
+enum Decision {
+    /// Stored already, or another worker of this run encodes it.
+    Skip,
+    /// Encode it; `held`: see [`ChunkOut::held`].
+    Encode { held: bool },
 }
 
 /// Caps the chunk bytes between walker and archiver. `abort` wakes a waiting walker
@@ -427,6 +440,7 @@ fn run(
             let w = Worker {
                 key: key.clone(),
                 index: index.clone(),
+                dedup: repo.dedup().cloned(),
                 inflight,
                 budget,
                 progress,
@@ -499,6 +513,7 @@ pub fn default_read_concurrency(cores: usize) -> usize {
 struct Worker<'a> {
     key: std::sync::Arc<cairn_format::key::MasterKey>,
     index: std::sync::Arc<crate::index::MasterIndex>,
+    dedup: Option<std::sync::Arc<crate::repo::dedup::DedupClient>>,
     inflight: &'a InFlight,
     budget: &'a Budget,
     progress: &'a Progress,
@@ -523,12 +538,22 @@ impl Worker<'_> {
             for item in bundle {
                 let out = match item {
                     Item::Data { buf, lens } => {
+                        // Hash every chunk first: one dedup question for all of them.
+                        let mut ids = Vec::with_capacity(lens.len());
+                        let mut pos = 0usize;
+                        for &len in &lens {
+                            ids.push(self.key.blob_id(&buf[pos..pos + len as usize]));
+                            pos += len as usize;
+                        }
+                        let Some(decisions) = self.decide(&ids) else {
+                            return;
+                        };
                         let mut chunks = Vec::with_capacity(lens.len());
                         let mut pos = 0usize;
-                        for len in lens {
+                        for ((len, id), d) in lens.into_iter().zip(ids).zip(decisions) {
                             let data = &buf[pos..pos + len as usize];
                             pos += len as usize;
-                            match self.chunk(data) {
+                            match self.encode(id, data, d) {
                                 Some(c) => chunks.push(c),
                                 None => return,
                             }
@@ -563,14 +588,56 @@ impl Worker<'_> {
     /// `None`: encoding failed and the pipeline is aborted.
     fn chunk(&mut self, data: &[u8]) -> Option<ChunkOut> {
         let id = self.key.blob_id(data);
-        let blob = if self.index.is_live(&id) || self.inflight.claim(&id) {
-            None
-        } else {
-            match self.enc.encode(&self.key, BlobKind::Data, id, data) {
-                Ok(b) => Some(b),
-                Err(_) => {
-                    self.budget.abort();
-                    return None;
+        let d = self.decide(&[id])?;
+        self.encode(id, data, d[0])
+    }
+
+    /// Which chunks to encode: not in the loaded index, not claimed by another
+    /// worker, and, when the server answers dedup queries, not stored there. `None`:
+    /// the server could not be asked and the pipeline is aborted.
+    fn decide(&mut self, ids: &[BlobId]) -> Option<Vec<Decision>> {
+        let mut out = vec![Decision::Skip; ids.len()];
+        let mut ask = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            if !self.index.is_live(id) && !self.inflight.contains(id) {
+                ask.push(i);
+            }
+        }
+        let answers = match (&self.dedup, ask.is_empty()) {
+            (Some(d), false) => {
+                let q: Vec<BlobId> = ask.iter().map(|&i| ids[i]).collect();
+                match d.query(&q) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        self.progress
+                            .warning_msg(format!("dedup query failed: {e}"));
+                        self.budget.abort();
+                        return None;
+                    }
+                }
+            }
+            _ => vec![DedupAnswer::Send; ask.len()],
+        };
+        for (i, a) in ask.into_iter().zip(answers) {
+            if a != DedupAnswer::Stored && !self.inflight.claim(&ids[i]) {
+                out[i] = Decision::Encode {
+                    held: a == DedupAnswer::InFlight,
+                };
+            }
+        }
+        Some(out)
+    }
+
+    fn encode(&mut self, id: BlobId, data: &[u8], d: Decision) -> Option<ChunkOut> {
+        let (blob, held) = match d {
+            Decision::Skip => (None, false),
+            Decision::Encode { held } => {
+                match self.enc.encode(&self.key, BlobKind::Data, id, data) {
+                    Ok(b) => (Some(b), held),
+                    Err(_) => {
+                        self.budget.abort();
+                        return None;
+                    }
                 }
             }
         };
@@ -578,6 +645,7 @@ impl Worker<'_> {
             id,
             length: data.len() as u32,
             blob,
+            held,
         })
     }
 

@@ -116,6 +116,9 @@ pub(crate) fn scan_dir(
     ents.sort_unstable();
     // A parent tree that cannot be read only costs re-reading files.
     let ptree: Option<Tree> = parent_subtree.and_then(|id| ctx.repo.load_tree(&id).ok());
+    if let Some(t) = &ptree {
+        prefetch(ctx.repo, t);
+    }
     let mut out = Vec::with_capacity(ents.len());
     let mut child = path.to_path_buf();
     for name in ents {
@@ -213,19 +216,62 @@ pub(crate) fn find<'t>(tree: &'t Tree, name: &[u8]) -> Option<&'t Node> {
 /// live, and a prune that retires one later waits for this backup's lock
 /// (docs/FORMAT.md, "Prune and concurrent writers"). Reading a large file's chunk
 /// lists costs one small read per 4096 chunks.
+///
+/// Through a server that answers dedup queries, data chunks the loaded index lacks
+/// are asked about (one question per file, or per directory after [`prefetch`]).
 pub(crate) fn content_is_live(repo: &Repository, c: &cairn_format::tree::Content) -> bool {
     let index = repo.index();
-    match c {
+    let dedup = repo.dedup();
+    let mut ask: Vec<BlobId> = Vec::new();
+    let mut check = |id: BlobId| {
+        if index.is_live(&id) || dedup.is_some_and(|d| d.known_stored(&id)) {
+            true
+        } else if dedup.is_some() {
+            ask.push(id);
+            true
+        } else {
+            false
+        }
+    };
+    let all = match c {
         cairn_format::tree::Content::None => true,
-        cairn_format::tree::Content::Inline(refs) => refs.iter().all(|r| index.is_live(&r.id)),
+        cairn_format::tree::Content::Inline(refs) => refs.iter().all(|r| check(r.id)),
         tree @ cairn_format::tree::Content::Tree { .. } => {
             let mut all = true;
             let walked = crate::tree::chunklist::for_each_content_blob(repo, tree, &mut |b| {
-                all &= index.is_live(&b);
+                all &= check(b);
                 all
             });
             walked.is_ok() && all
         }
+    };
+    match dedup {
+        Some(d) if all && !ask.is_empty() => d.all_stored(&ask),
+        _ => all,
+    }
+}
+
+/// Asks the server, in one question, about the chunks of a parent directory's small
+/// files that the loaded index lacks, so the files' checks need no question each.
+fn prefetch(repo: &Repository, tree: &Tree) {
+    let Some(d) = repo.dedup() else {
+        return;
+    };
+    let index = repo.index();
+    let ids: Vec<BlobId> = tree
+        .nodes
+        .iter()
+        .filter(|n| n.kind == NodeKind::File)
+        .filter_map(|n| match &n.content {
+            cairn_format::tree::Content::Inline(refs) => Some(refs),
+            _ => None,
+        })
+        .flatten()
+        .map(|r| r.id)
+        .filter(|id| !index.is_live(id) && !d.known_stored(id))
+        .collect();
+    if !ids.is_empty() {
+        d.prefetch(&ids);
     }
 }
 

@@ -1,0 +1,231 @@
+//! Dedup queries: a backup through a cairn server that answers them asks which
+//! chunk ids the datastore holds instead of loading the datastore's whole index.
+//!
+//! Callers on many threads (chunk workers, directory scanners) ask at once;
+//! [`Coalescer`] turns them into few requests: whoever asks while no request is out
+//! sends everything asked so far, the others wait for that answer or send the next
+//! batch. Batches grow with the number of waiting threads and the round-trip time,
+//! without a timer. "Stored" answers are remembered for the session: while the
+//! backup holds its lock no prune can remove them (docs/FORMAT.md, "Dedup lists").
+
+use crate::error::{Error, Result};
+use crate::index::IdSet;
+use cairn_backend::{Backend, DedupAnswer};
+use cairn_format::BlobId;
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// The client side of a server's dedup service, for one backup session.
+pub struct DedupClient {
+    backend: Arc<dyn Backend>,
+    stored: Vec<Mutex<IdSet>>,
+    co: Coalescer,
+}
+
+impl std::fmt::Debug for DedupClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DedupClient").finish_non_exhaustive()
+    }
+}
+
+impl DedupClient {
+    pub(crate) fn new(backend: Arc<dyn Backend>) -> Self {
+        DedupClient {
+            backend,
+            stored: (0..32).map(|_| Mutex::new(IdSet::default())).collect(),
+            co: Coalescer::default(),
+        }
+    }
+
+    fn shard(&self, id: &BlobId) -> std::sync::MutexGuard<'_, IdSet> {
+        crate::lock(&self.stored[id.0[1] as usize % self.stored.len()])
+    }
+
+    /// Whether the server has said it holds this id in this session.
+    pub fn known_stored(&self, id: &BlobId) -> bool {
+        self.shard(id).contains(id)
+    }
+
+    /// The server's answer for each id (remembered ones without asking).
+    pub fn query(&self, ids: &[BlobId]) -> Result<Vec<DedupAnswer>> {
+        let mut out = vec![DedupAnswer::Stored; ids.len()];
+        let mut ask = Vec::new();
+        let mut at = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            if !self.known_stored(id) {
+                ask.push(id.0);
+                at.push(i);
+            }
+        }
+        if ask.is_empty() {
+            return Ok(out);
+        }
+        let answers = self
+            .co
+            .run(&ask, |batch| self.backend.dedup_query(batch))
+            .map_err(Error::Backend)?;
+        for (i, a) in at.into_iter().zip(answers) {
+            out[i] = a;
+            if a == DedupAnswer::Stored {
+                self.shard(&ids[i]).insert(ids[i]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether the server holds every id (false also when it cannot be asked: the
+    /// caller then reads the file again, which is never wrong).
+    pub fn all_stored(&self, ids: &[BlobId]) -> bool {
+        match self.query(ids) {
+            Ok(a) => a.iter().all(|a| *a == DedupAnswer::Stored),
+            Err(_) => false,
+        }
+    }
+
+    /// Asks about ids ahead of need (a directory's unchanged files), ignoring errors.
+    pub fn prefetch(&self, ids: &[BlobId]) {
+        let _ = self.query(ids);
+    }
+
+    /// Waits for ids other clients were sending; returns those that never arrived.
+    pub fn confirm(&self, ids: &[BlobId]) -> Result<Vec<BlobId>> {
+        let raw: Vec<[u8; 32]> = ids.iter().map(|i| i.0).collect();
+        let missing = self.backend.dedup_confirm(&raw).map_err(Error::Backend)?;
+        let missing: Vec<BlobId> = missing.into_iter().map(BlobId).collect();
+        let set: std::collections::HashSet<&BlobId> = missing.iter().collect();
+        for id in ids.iter().filter(|i| !set.contains(i)) {
+            self.shard(id).insert(*id);
+        }
+        Ok(missing)
+    }
+}
+
+type Shared<T> = Arc<std::result::Result<Vec<T>, cairn_backend::BackendError>>;
+
+/// Turns concurrent calls into batched requests (see the module documentation).
+#[derive(Default)]
+struct Coalescer {
+    state: Mutex<CoState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct CoState {
+    /// Ids asked for the batch not yet sent, and that batch's number.
+    open: Vec<[u8; 32]>,
+    open_no: u64,
+    /// A request is out.
+    busy: bool,
+    /// Answers of sent batches with the callers still to take their part.
+    done: HashMap<u64, (Shared<DedupAnswer>, usize)>,
+    waiting: HashMap<u64, usize>,
+}
+
+impl Coalescer {
+    fn run(
+        &self,
+        ids: &[[u8; 32]],
+        send: impl Fn(&[[u8; 32]]) -> cairn_backend::Result<Vec<DedupAnswer>>,
+    ) -> cairn_backend::Result<Vec<DedupAnswer>> {
+        let mut st = crate::lock(&self.state);
+        let batch = st.open_no;
+        let start = st.open.len();
+        st.open.extend_from_slice(ids);
+        *st.waiting.entry(batch).or_default() += 1;
+        loop {
+            if let Some((r, left)) = st.done.get_mut(&batch) {
+                let r = r.clone();
+                *left -= 1;
+                if *left == 0 {
+                    st.done.remove(&batch);
+                }
+                return match &*r {
+                    Ok(v) => Ok(v[start..start + ids.len()].to_vec()),
+                    Err(e) => Err(cairn_backend::BackendError {
+                        kind: e.kind,
+                        op: e.op,
+                        path: e.path.clone(),
+                        message: e.message.clone(),
+                    }),
+                };
+            }
+            if !st.busy && st.open_no == batch {
+                st.busy = true;
+                let asked = std::mem::take(&mut st.open);
+                st.open_no += 1;
+                drop(st);
+                let r = send(&asked).and_then(|v| {
+                    if v.len() == asked.len() {
+                        Ok(v)
+                    } else {
+                        Err(cairn_backend::BackendError {
+                            kind: cairn_backend::BackendErrorKind::Other,
+                            op: "dedup",
+                            path: String::new(),
+                            message: "a different number of answers than ids".into(),
+                        })
+                    }
+                });
+                st = crate::lock(&self.state);
+                st.busy = false;
+                let n = st.waiting.remove(&batch).unwrap_or(1);
+                st.done.insert(batch, (Arc::new(r), n));
+                self.cv.notify_all();
+                continue;
+            }
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn concurrent_callers_share_requests_and_get_their_own_answers() {
+        let co = Arc::new(Coalescer::default());
+        let requests = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..16u8)
+            .map(|t| {
+                let (co, requests) = (co.clone(), requests.clone());
+                std::thread::spawn(move || {
+                    for i in 0..50u8 {
+                        let ids = [[t; 32], [i; 32]];
+                        let a = co
+                            .run(&ids, |batch| {
+                                requests.fetch_add(1, Ordering::Relaxed);
+                                std::thread::sleep(std::time::Duration::from_millis(2));
+                                // Stored for even first bytes, Send for odd.
+                                Ok(batch
+                                    .iter()
+                                    .map(|id| {
+                                        if id[0].is_multiple_of(2) {
+                                            DedupAnswer::Stored
+                                        } else {
+                                            DedupAnswer::Send
+                                        }
+                                    })
+                                    .collect())
+                            })
+                            .unwrap();
+                        let want = |b: u8| {
+                            if b.is_multiple_of(2) {
+                                DedupAnswer::Stored
+                            } else {
+                                DedupAnswer::Send
+                            }
+                        };
+                        assert_eq!(a, vec![want(t), want(i)]);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let n = requests.load(Ordering::Relaxed);
+        assert!(n < 16 * 50 / 2, "{n} requests for 800 calls: not coalesced");
+    }
+}

@@ -1,0 +1,507 @@
+//! Dedup queries: the server answers "which of these chunk ids do you hold?" from
+//! the datastore's dedup lists (`dedup/<index id>`, docs/FORMAT.md), without a key,
+//! and knows which chunks clients are sending now, so that two clients sending the
+//! same new chunk at the same moment store it once.
+//!
+//! Correctness rests on three rules (the argument is in docs/FORMAT.md, "Dedup
+//! lists"):
+//! - "Stored" only for ids in the list of a live index file (listed, not superseded
+//!   by an admin file's list). An `admin-` file without a list makes the service
+//!   unavailable: the server cannot know what it removed.
+//! - The view is refreshed after the asking client's lock was written (every lock
+//!   written through this server bumps a generation; a view older than it is rebuilt
+//!   before answering), so a prune that finished before the backup started is
+//!   seen, and none can start while the lock is held.
+//! - Nothing here is needed for correctness after a restart: the view is rebuilt
+//!   from the datastore, claims only save uploads.
+
+use cairn_backend::{Backend, BackendError, DedupAnswer, names};
+use cairn_format::dedup::DedupList;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// How long a chunk a client was told to send counts as in flight from it.
+pub const CLAIM_TTL: Duration = Duration::from_secs(180);
+/// Claims kept at most per datastore (beyond, ids are answered "send" unclaimed).
+const MAX_CLAIMS: usize = 4_000_000;
+/// Ids per request at most.
+pub const MAX_IDS_PER_REQUEST: usize = 65_536;
+/// A view older than this is refreshed before answering (to see lists written
+/// through other servers; correctness does not depend on it).
+const MAX_VIEW_AGE: Duration = Duration::from_secs(30);
+
+/// The dedup service of one datastore.
+#[derive(Default)]
+pub struct Dedup {
+    view: RwLock<View>,
+    /// One refresh at a time.
+    refreshing: Mutex<()>,
+    /// Bumped by every lock written through this server.
+    lock_gen: AtomicU64,
+    claims: Mutex<HashMap<[u8; 32], Claim>>,
+    pub stats: DedupStats,
+}
+
+#[derive(Default)]
+pub struct DedupStats {
+    pub queries: AtomicU64,
+    pub stored: AtomicU64,
+    pub send: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub confirmed_missing: AtomicU64,
+}
+
+struct Claim {
+    session: String,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct View {
+    /// `lock_gen` when the refresh that built it began; `None`: never built.
+    gen_at: Option<u64>,
+    built: Option<Instant>,
+    /// Every listed index file: its object name and what its list says.
+    files: HashMap<[u8; 32], FileInfo>,
+    /// Data chunk ids of live files.
+    ids: HashSet<[u8; 32]>,
+    /// Why queries cannot be answered.
+    unavailable: Option<String>,
+}
+
+#[derive(Clone)]
+struct FileInfo {
+    name: String,
+    admin: bool,
+    /// `None`: no (valid) list.
+    list: Option<ListInfo>,
+}
+
+#[derive(Clone)]
+struct ListInfo {
+    metadata: bool,
+    supersedes: Vec<[u8; 32]>,
+}
+
+/// What a backup client is told to read.
+#[derive(serde::Serialize)]
+pub struct Plan {
+    pub available: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub index_files: Vec<String>,
+    pub chunks: u64,
+}
+
+fn id32(hex_id: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(hex_id, &mut out).ok()?;
+    Some(out)
+}
+
+fn read_list(
+    backend: &dyn Backend,
+    id: &[u8; 32],
+    admin: bool,
+) -> Result<Option<DedupList>, BackendError> {
+    let name = names::dedup(&hex::encode(id));
+    let data = match backend.get_bounded(&name, cairn_format::consts::MAX_INDEX_FILE_SIZE as u64) {
+        Ok(d) => d,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // A damaged list, or one that does not describe its file, counts as none.
+    Ok(DedupList::decode(&data)
+        .ok()
+        .filter(|l| l.index.0 == *id && l.admin == admin && (admin || l.supersedes.is_empty())))
+}
+
+impl Dedup {
+    /// A lock was written through this server: views from before are stale.
+    pub fn lock_written(&self) {
+        self.lock_gen.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Rebuilds the view if it predates the newest lock written here or is old.
+    /// Blocking (storage calls).
+    fn fresh(&self, backend: &dyn Backend) -> Result<(), BackendError> {
+        let need = |v: &View, generation: u64| {
+            v.gen_at.is_none_or(|g| g < generation)
+                || v.built.is_none_or(|b| b.elapsed() > MAX_VIEW_AGE)
+        };
+        let generation = self.lock_gen.load(Ordering::SeqCst);
+        if !need(
+            &self.view.read().unwrap_or_else(|e| e.into_inner()),
+            generation,
+        ) {
+            return Ok(());
+        }
+        let _one = self.refreshing.lock().unwrap_or_else(|e| e.into_inner());
+        if !need(
+            &self.view.read().unwrap_or_else(|e| e.into_inner()),
+            generation,
+        ) {
+            return Ok(()); // another request refreshed it meanwhile
+        }
+        self.refresh_locked(backend)
+    }
+
+    fn refresh(&self, backend: &dyn Backend) -> Result<(), BackendError> {
+        let _one = self.refreshing.lock().unwrap_or_else(|e| e.into_inner());
+        self.refresh_locked(backend)
+    }
+
+    fn refresh_locked(&self, backend: &dyn Backend) -> Result<(), BackendError> {
+        let generation = self.lock_gen.load(Ordering::SeqCst);
+        let listed: Vec<(String, [u8; 32], bool)> = backend
+            .list(names::INDEX)?
+            .into_iter()
+            .filter_map(|o| {
+                let (admin, id) = names::split_admin(names::base(&o.name));
+                id32(id).map(|i| (o.name.clone(), i, admin))
+            })
+            .collect();
+        let with_list: HashSet<[u8; 32]> = backend
+            .list(names::DEDUP)?
+            .iter()
+            .filter_map(|o| id32(names::base(&o.name)))
+            .collect();
+        let old_files = self
+            .view
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .files
+            .clone();
+        let mut files = HashMap::with_capacity(listed.len());
+        // Lists read now, by file.
+        let mut fresh: HashMap<[u8; 32], Vec<[u8; 32]>> = HashMap::new();
+        for (name, id, admin) in listed {
+            if let Some(f) = old_files
+                .get(&id)
+                .filter(|f| f.list.is_some() || !with_list.contains(&id))
+            {
+                files.insert(id, f.clone());
+                continue;
+            }
+            let list = if with_list.contains(&id) {
+                read_list(backend, &id, admin)?
+            } else {
+                None
+            };
+            let info = list.as_ref().map(|l| ListInfo {
+                metadata: l.metadata,
+                supersedes: l.supersedes.iter().map(|s| s.0).collect(),
+            });
+            if let Some(l) = list {
+                fresh.insert(id, l.ids.iter().map(|i| i.0).collect());
+            }
+            files.insert(
+                id,
+                FileInfo {
+                    name,
+                    admin,
+                    list: info,
+                },
+            );
+        }
+        let unavailable = files
+            .values()
+            .find(|f| f.admin && f.list.is_none())
+            .map(|f| {
+                format!(
+                    "{} has no dedup list (written by an older cairn, or by a prune that was \
+                     interrupted): clients read the whole index until `cairn repair index` \
+                     rewrites it",
+                    f.name
+                )
+            });
+        let superseded: HashSet<[u8; 32]> = files
+            .values()
+            .filter_map(|f| f.list.as_ref())
+            .flat_map(|l| l.supersedes.iter().copied())
+            .collect();
+        // Files that stopped being live since the last view (deleted or superseded),
+        // or new ones already superseded: their ids must go (or never come), which
+        // only a rebuild from the live lists can do.
+        let lost = old_files
+            .keys()
+            .any(|id| !files.contains_key(id) || superseded.contains(id))
+            || fresh.keys().any(|id| superseded.contains(id));
+        let first = self
+            .view
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .gen_at
+            .is_none();
+        let rebuilt = if lost || first {
+            let mut ids = HashSet::new();
+            for (id, f) in &files {
+                if f.list.is_none() || superseded.contains(id) {
+                    continue;
+                }
+                match fresh.get(id) {
+                    Some(v) => ids.extend(v.iter().copied()),
+                    None => {
+                        if let Some(l) = read_list(backend, id, f.admin)? {
+                            ids.extend(l.ids.iter().map(|i| i.0));
+                        }
+                    }
+                }
+            }
+            Some(ids)
+        } else {
+            None
+        };
+        let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
+        match rebuilt {
+            Some(ids) => view.ids = ids,
+            None => {
+                for v in fresh.values() {
+                    view.ids.extend(v.iter().copied());
+                }
+            }
+        }
+        view.files = files;
+        view.unavailable = unavailable;
+        view.gen_at = Some(generation);
+        view.built = Some(Instant::now());
+        Ok(())
+    }
+
+    /// The plan for a backup client (blocking).
+    pub fn plan(&self, backend: &dyn Backend) -> Result<Plan, BackendError> {
+        self.fresh(backend)?;
+        let v = self.view.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = &v.unavailable {
+            return Ok(Plan {
+                available: false,
+                reason: Some(r.clone()),
+                index_files: Vec::new(),
+                chunks: 0,
+            });
+        }
+        let superseded: HashSet<[u8; 32]> = v
+            .files
+            .values()
+            .filter_map(|f| f.list.as_ref())
+            .flat_map(|l| l.supersedes.iter().copied())
+            .collect();
+        let mut index_files: Vec<String> = v
+            .files
+            .iter()
+            .filter(|(id, f)| {
+                !superseded.contains(*id) && f.list.as_ref().is_none_or(|l| l.metadata)
+            })
+            .map(|(_, f)| f.name.clone())
+            .collect();
+        index_files.sort();
+        Ok(Plan {
+            available: true,
+            reason: None,
+            index_files,
+            chunks: v.ids.len() as u64,
+        })
+    }
+
+    /// Answers a query (blocking).
+    pub fn query(
+        &self,
+        backend: &dyn Backend,
+        session: &str,
+        ids: &[[u8; 32]],
+    ) -> Result<Result<Vec<DedupAnswer>, String>, BackendError> {
+        self.fresh(backend)?;
+        let v = self.view.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = &v.unavailable {
+            return Ok(Err(r.clone()));
+        }
+        let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        if claims.len() > MAX_CLAIMS {
+            claims.retain(|_, c| c.at.elapsed() < CLAIM_TTL);
+        }
+        let now = Instant::now();
+        let out: Vec<DedupAnswer> = ids
+            .iter()
+            .map(|id| {
+                if v.ids.contains(id) {
+                    claims.remove(id);
+                    return DedupAnswer::Stored;
+                }
+                match claims.get_mut(id) {
+                    Some(c) if c.session != session && c.at.elapsed() < CLAIM_TTL => {
+                        DedupAnswer::InFlight
+                    }
+                    Some(c) => {
+                        c.session = session.to_string();
+                        c.at = now;
+                        DedupAnswer::Send
+                    }
+                    None => {
+                        if claims.len() < MAX_CLAIMS {
+                            claims.insert(
+                                *id,
+                                Claim {
+                                    session: session.to_string(),
+                                    at: now,
+                                },
+                            );
+                        }
+                        DedupAnswer::Send
+                    }
+                }
+            })
+            .collect();
+        let s = &self.stats;
+        s.queries.fetch_add(1, Ordering::Relaxed);
+        for a in &out {
+            match a {
+                DedupAnswer::Stored => &s.stored,
+                DedupAnswer::Send => &s.send,
+                DedupAnswer::InFlight => &s.in_flight,
+            }
+            .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Ok(out))
+    }
+
+    /// One round of a confirmation: the ids that are stored now, those another
+    /// session still holds (wait), and those nobody will send (claimed for
+    /// `session` and returned).
+    pub fn confirm_round(
+        &self,
+        backend: &dyn Backend,
+        session: &str,
+        ids: &[[u8; 32]],
+        last: bool,
+    ) -> Result<Confirm, BackendError> {
+        // Lists written through other servers appear only in a listing.
+        self.refresh(backend)?;
+        let v = self.view.read().unwrap_or_else(|e| e.into_inner());
+        let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = Confirm::default();
+        let now = Instant::now();
+        for id in ids {
+            if v.ids.contains(id) {
+                continue;
+            }
+            match claims.get(id) {
+                Some(cl) if cl.session != session && cl.at.elapsed() < CLAIM_TTL && !last => {
+                    c.waiting += 1;
+                }
+                _ => {
+                    claims.insert(
+                        *id,
+                        Claim {
+                            session: session.to_string(),
+                            at: now,
+                        },
+                    );
+                    c.missing.push(*id);
+                }
+            }
+        }
+        if c.waiting == 0 {
+            self.stats
+                .confirmed_missing
+                .fetch_add(c.missing.len() as u64, Ordering::Relaxed);
+        }
+        Ok(c)
+    }
+
+    /// A dedup list was stored through this server for an index file that exists:
+    /// its ids count as stored at once (no listing needed).
+    pub fn list_stored(&self, index_name: &str, list: &DedupList) {
+        let mut v = self.view.write().unwrap_or_else(|e| e.into_inner());
+        if v.gen_at.is_none() || list.admin || !list.supersedes.is_empty() {
+            return; // the next refresh reads it
+        }
+        v.files.insert(
+            list.index.0,
+            FileInfo {
+                name: index_name.to_string(),
+                admin: false,
+                list: Some(ListInfo {
+                    metadata: list.metadata,
+                    supersedes: Vec::new(),
+                }),
+            },
+        );
+        v.ids.extend(list.ids.iter().map(|i| i.0));
+        drop(v);
+        let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        for id in &list.ids {
+            claims.remove(&id.0);
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Confirm {
+    pub waiting: usize,
+    pub missing: Vec<[u8; 32]>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_backend::MemBackend;
+    use cairn_format::{BlobId, IndexId};
+
+    fn put_index(b: &MemBackend, id: u8, admin: bool, ids: &[u8], sup: &[u8], meta: bool) {
+        let hex = hex::encode([id; 32]);
+        let name = if admin {
+            names::admin_index(&hex)
+        } else {
+            names::index(&hex)
+        };
+        b.put_new(&name, b"sealed").unwrap();
+        let l = DedupList {
+            index: IndexId([id; 32]),
+            metadata: meta,
+            admin,
+            supersedes: sup.iter().map(|s| IndexId([*s; 32])).collect(),
+            ids: ids.iter().map(|i| BlobId([*i; 32])).collect(),
+        };
+        b.put_new(&names::dedup(&hex), &l.encode()).unwrap();
+    }
+
+    #[test]
+    fn answers_follow_live_lists_and_claims() {
+        let b = MemBackend::new();
+        put_index(&b, 1, false, &[10, 11], &[], false);
+        put_index(&b, 2, false, &[12], &[], true);
+        let d = Dedup::default();
+        let plan = d.plan(&b).unwrap();
+        assert!(plan.available);
+        assert_eq!(plan.chunks, 3);
+        assert_eq!(
+            plan.index_files,
+            vec![names::index(&hex::encode([2u8; 32]))]
+        );
+        let q = |s: &str, i: u8| d.query(&b, s, &[[i; 32]]).unwrap().unwrap()[0];
+        assert_eq!(q("a", 10), DedupAnswer::Stored);
+        assert_eq!(q("a", 20), DedupAnswer::Send);
+        assert_eq!(q("b", 20), DedupAnswer::InFlight, "a is sending it");
+        assert_eq!(q("a", 20), DedupAnswer::Send, "a's own claim");
+        // A prune supersedes file 1 (keeping only 11): after a lock is written, the
+        // view drops 10.
+        put_index(&b, 3, true, &[11], &[1], false);
+        d.lock_written();
+        assert_eq!(q("a", 10), DedupAnswer::Send);
+        assert_eq!(q("a", 11), DedupAnswer::Stored);
+        let c = d
+            .confirm_round(&b, "b", &[[20; 32], [11; 32]], false)
+            .unwrap();
+        assert_eq!((c.waiting, c.missing.len()), (1, 0));
+        let c = d.confirm_round(&b, "b", &[[20; 32]], true).unwrap();
+        assert_eq!(c.missing, vec![[20; 32]]);
+        // An admin file without a list: unavailable.
+        b.put_new(&names::admin_index(&hex::encode([4u8; 32])), b"x")
+            .unwrap();
+        d.lock_written();
+        assert!(!d.plan(&b).unwrap().available);
+        assert!(d.query(&b, "a", &[[1; 32]]).unwrap().is_err());
+    }
+}

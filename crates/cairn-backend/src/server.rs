@@ -263,7 +263,11 @@ impl ServerBackend {
         name: &str,
         req: reqwest::RequestBuilder,
     ) -> Result<(reqwest::StatusCode, Vec<u8>)> {
-        let req = req.bearer_auth(&self.token);
+        // Every request names the session: the server takes a client it has not
+        // heard from for a while for gone, and releases the chunks it was sending.
+        let req = req
+            .bearer_auth(&self.token)
+            .header("x-cairn-session", &self.session);
         let r = self.io.run(op, name, async move {
             let resp = req.send().await?;
             let status = resp.status();
@@ -331,11 +335,7 @@ impl ServerBackend {
 
     /// Posts ids (32 bytes each) to a dedup endpoint.
     fn dedup_post(&self, what: &'static str, ids: &[[u8; 32]]) -> Result<Vec<u8>> {
-        let req = self
-            .client
-            .post(self.dedup_url(what))
-            .header("x-cairn-session", &self.session)
-            .body(ids.concat());
+        let req = self.client.post(self.dedup_url(what)).body(ids.concat());
         self.send("dedup", what, req).map(|r| r.1)
     }
 

@@ -376,6 +376,11 @@ pub struct BackupArgs {
     /// more helps on network filesystems and cold disks)
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub read_concurrency: Option<u32>,
+    /// This backup's pack size (128K to 256M; default: the repository's, see
+    /// `cairn config`): small packs over a slow link, so an interruption costs
+    /// seconds.
+    #[arg(long, value_name = "SIZE")]
+    pub pack_size: Option<String>,
 }
 
 #[derive(Args)]
@@ -439,6 +444,10 @@ pub struct ConfigArgs {
     /// Set how many backup jobs may write at once (default 4); more wait their turn
     #[arg(long)]
     pub max_concurrent_jobs: Option<u32>,
+    /// Pack size for new data (1M to 256M): smaller for clients on slow links, so a
+    /// dropped connection loses seconds of upload, not minutes.
+    #[arg(long, value_name = "SIZE")]
+    pub pack_size: Option<String>,
 }
 
 #[derive(Args)]

@@ -61,6 +61,11 @@ pub const POINTS: &[Point] = &[
                 that announces it to check is not",
     },
     Point {
+        name: "snapshot:recorded",
+        state: "the index record announcing the committed snapshot is stored (the \
+                backup's last write)",
+    },
+    Point {
         name: "prune:repacked",
         state: "prune copied the still-needed blobs of the packs it repacks into new, \
                 indexed packs; the old index files still list the old packs too",

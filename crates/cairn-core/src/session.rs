@@ -239,20 +239,15 @@ impl<A: Access> Session<A> {
     fn load_index_for_backup(&mut self) -> Result<()> {
         self.progress.check_cancelled()?;
         self.progress.phase(Phase::LoadingIndex);
-        match self.repo.load_index_for_backup()? {
-            Some((files, chunks)) => {
-                self.progress.notice(format!(
-                    "the server answers dedup queries ({chunks} chunks known): read {files} \
-                     index files listing trees, not the whole index"
-                ));
-                for e in self.repo.index_errors() {
-                    self.progress
-                        .warning_msg(format!("{e} (its blobs are treated as missing)"));
-                }
-                self.index_loaded = true;
-                Ok(())
+        if self.repo.load_index_for_backup()? {
+            for e in self.repo.index_errors() {
+                self.progress
+                    .warning_msg(format!("{e} (its blobs are treated as missing)"));
             }
-            None => self.load_index(),
+            self.index_loaded = true;
+            Ok(())
+        } else {
+            self.load_index()
         }
     }
 

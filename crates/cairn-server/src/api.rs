@@ -184,7 +184,17 @@ pub async fn list(
         )));
     }
     let backend = store.backend.clone();
-    let items = blocking(move || backend.list(&q.prefix)).await?;
+    let host = t.host.clone();
+    let s = store.clone();
+    let items = blocking(move || {
+        let listed = backend.list(&q.prefix)?;
+        match &host {
+            // A host-bound token sees only its host's snapshots (`hosts`).
+            Some(h) => s.hosts.filter(backend.as_ref(), listed, h),
+            None => Ok(listed),
+        }
+    })
+    .await?;
     let out: Vec<ListEntry> = items
         .into_iter()
         .map(|o| ListEntry {
@@ -205,6 +215,11 @@ fn allow(
     action: Action,
 ) -> ApiResult<Kind> {
     let kind = policy::classify(name).map_err(|e| ApiError::bad(e.to_string()))?;
+    if kind == Kind::HostRecord && t.host.is_some() && t.role != Role::Admin {
+        return Err(ApiError::forbidden(
+            "a host-bound token may not read other hosts' snapshot records",
+        ));
+    }
     let decision = policy::decide(t.role, kind, action);
     if decision == Decision::Deny {
         return Err(ApiError::forbidden(format!(
@@ -256,7 +271,23 @@ pub async fn get(
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
-    allow(&app, &store, &t, &name, Action::Read)?;
+    let kind = allow(&app, &store, &t, &name, Action::Read)?;
+    heard(&store, &t, &headers);
+    if let (Some(host), Kind::Snapshot) = (&t.host, kind) {
+        let (s, id) = (
+            store.clone(),
+            policy::id_of(&name).unwrap_or("").to_string(),
+        );
+        let owner = blocking(move || s.hosts.host_of(s.backend.as_ref(), &id)).await?;
+        if owner.as_deref() != Some(host.as_str()) {
+            // As if absent: a host-bound token does not learn other hosts' snapshots.
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("{name}: no such snapshot for host {host:?}"),
+            ));
+        }
+    }
     let range = match headers.get(header::RANGE) {
         Some(v) => Some(parse_range(v.to_str().unwrap_or(""))?),
         None => None,
@@ -332,6 +363,7 @@ pub async fn put(
         Some(m) => return Err(ApiError::bad(format!("unknown put mode {m:?}"))),
     };
     let kind = allow(&app, &store, &t, &name, action)?;
+    heard(&store, &t, &headers);
     let max = kind.max_size(app.config.max_object_size);
     let too_large = |n: String| {
         ApiError::new(
@@ -365,6 +397,20 @@ pub async fn put(
         None
     };
     app.pace_transfer(&t.id, true, body.len() as u64).await;
+    if let (Some(host), Kind::Snapshot) = (&t.host, kind) {
+        // The record first: a crash between the two leaves a record without a
+        // snapshot (ignored), never a host-bound snapshot its host cannot see.
+        let (s, id, h) = (
+            store.clone(),
+            policy::id_of(&name).unwrap_or("").to_string(),
+            host.clone(),
+        );
+        if !blocking(move || s.hosts.record(s.backend.as_ref(), &id, &h)).await? {
+            return Err(ApiError::forbidden(format!(
+                "{name} is recorded for another host"
+            )));
+        }
+    }
     let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
     let backend = store.backend.clone();
     let n = name.clone();
@@ -433,6 +479,13 @@ async fn check_dedup_list(
         ));
     }
     Ok((index_name, list))
+}
+
+/// Notes that the client behind a request is alive (its claims on chunks stand).
+fn heard(store: &Datastore, t: &TokenEntry, headers: &HeaderMap) {
+    if let Ok(s) = session_of(headers) {
+        store.dedup.touch(&format!("{}-{s}", t.id));
+    }
 }
 
 /// `X-Cairn-Session`: names a client's claims (any short token of its choosing).
@@ -600,6 +653,13 @@ pub async fn delete(
     let backend = store.backend.clone();
     let n = name.clone();
     blocking(move || backend.delete(&n)).await?;
+    if kind == Kind::Snapshot {
+        let (s, id) = (
+            store.clone(),
+            policy::id_of(&name).unwrap_or("").to_string(),
+        );
+        blocking(move || s.hosts.forget(s.backend.as_ref(), &id)).await?;
+    }
     if is_lock {
         store.owners.removed(&name);
     }

@@ -22,8 +22,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-/// How long a chunk a client was told to send counts as in flight from it.
+/// How long a chunk a client was told to send counts as in flight from it at most.
 pub const CLAIM_TTL: Duration = Duration::from_secs(180);
+/// A client not heard from for this long (any request carries its session) is
+/// taken for gone, and its claims with it: a killed client's chunks are then sent
+/// by others after seconds, not minutes.
+pub const SESSION_SILENCE: Duration = Duration::from_secs(15);
 /// Claims kept at most per datastore (beyond, ids are answered "send" unclaimed).
 const MAX_CLAIMS: usize = 4_000_000;
 /// Ids per request at most.
@@ -41,6 +45,8 @@ pub struct Dedup {
     /// Bumped by every lock written through this server.
     lock_gen: AtomicU64,
     claims: Mutex<HashMap<[u8; 32], Claim>>,
+    /// When each session (token id and the client's session header) was last heard.
+    seen: Mutex<HashMap<String, Instant>>,
     pub stats: DedupStats,
 }
 
@@ -119,6 +125,26 @@ fn read_list(
 }
 
 impl Dedup {
+    /// A request of `session` arrived.
+    pub fn touch(&self, session: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() > 100_000 {
+            seen.retain(|_, t| t.elapsed() < SESSION_SILENCE);
+        }
+        seen.insert(session.to_string(), Instant::now());
+    }
+
+    /// Whether a claim still stands: young enough, and its client heard lately.
+    fn live(&self, c: &Claim) -> bool {
+        c.at.elapsed() < CLAIM_TTL
+            && self
+                .seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&c.session)
+                .is_some_and(|t| t.elapsed() < SESSION_SILENCE)
+    }
+
     /// A lock was written through this server: views from before are stale.
     pub fn lock_written(&self) {
         self.lock_gen.fetch_add(1, Ordering::SeqCst);
@@ -312,6 +338,7 @@ impl Dedup {
         session: &str,
         ids: &[[u8; 32]],
     ) -> Result<Result<Vec<DedupAnswer>, String>, BackendError> {
+        self.touch(session);
         self.fresh(backend)?;
         let v = self.view.read().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = &v.unavailable {
@@ -319,7 +346,7 @@ impl Dedup {
         }
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
         if claims.len() > MAX_CLAIMS {
-            claims.retain(|_, c| c.at.elapsed() < CLAIM_TTL);
+            claims.retain(|_, c| self.live(c));
         }
         let now = Instant::now();
         let out: Vec<DedupAnswer> = ids
@@ -330,9 +357,7 @@ impl Dedup {
                     return DedupAnswer::Stored;
                 }
                 match claims.get_mut(id) {
-                    Some(c) if c.session != session && c.at.elapsed() < CLAIM_TTL => {
-                        DedupAnswer::InFlight
-                    }
+                    Some(c) if c.session != session && self.live(c) => DedupAnswer::InFlight,
                     Some(c) => {
                         c.session = session.to_string();
                         c.at = now;
@@ -376,6 +401,7 @@ impl Dedup {
         ids: &[[u8; 32]],
         last: bool,
     ) -> Result<Confirm, BackendError> {
+        self.touch(session);
         // Lists written through other servers appear only in a listing.
         self.refresh(backend)?;
         let v = self.view.read().unwrap_or_else(|e| e.into_inner());
@@ -387,7 +413,7 @@ impl Dedup {
                 continue;
             }
             match claims.get(id) {
-                Some(cl) if cl.session != session && cl.at.elapsed() < CLAIM_TTL && !last => {
+                Some(cl) if cl.session != session && self.live(cl) && !last => {
                     c.waiting += 1;
                 }
                 _ => {

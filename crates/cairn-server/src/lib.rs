@@ -14,6 +14,7 @@
 pub mod api;
 pub mod config;
 pub mod dedup;
+pub mod hosts;
 pub mod jobs;
 pub mod locks;
 pub mod metrics;
@@ -63,6 +64,8 @@ pub struct Datastore {
     pub census: tokio::sync::Mutex<Option<(Instant, metrics::Census)>>,
     /// Dedup queries: what the datastore holds and what clients are sending.
     pub dedup: dedup::Dedup,
+    /// Snapshot owners for host-bound tokens.
+    pub hosts: hosts::HostRecords,
 }
 
 /// Counters for the log and, later, `/metrics`.
@@ -200,6 +203,7 @@ impl App {
                     stats: Stats::default(),
                     census: tokio::sync::Mutex::new(None),
                     dedup: dedup::Dedup::default(),
+                    hosts: hosts::HostRecords::default(),
                 }),
             );
         }

@@ -60,6 +60,9 @@ pub enum Kind {
     /// `dedup/<index id>`: the plaintext list of an index file's data chunk ids,
     /// from which the server answers dedup queries.
     DedupList,
+    /// `hosts/<snapshot id>`: the host a host-bound token stored the snapshot for,
+    /// written by the server itself ([`crate::hosts`]).
+    HostRecord,
 }
 
 impl Kind {
@@ -75,6 +78,7 @@ impl Kind {
             Kind::AdminLock => "admin_lock",
             Kind::Pending => "pending",
             Kind::DedupList => "dedup_list",
+            Kind::HostRecord => "host_record",
         }
     }
 
@@ -83,7 +87,7 @@ impl Kind {
     pub fn content_addressed(self) -> bool {
         !matches!(
             self,
-            Kind::Config | Kind::Lock | Kind::AdminLock | Kind::DedupList
+            Kind::Config | Kind::Lock | Kind::AdminLock | Kind::DedupList | Kind::HostRecord
         )
     }
 
@@ -169,6 +173,7 @@ pub fn valid_prefix(prefix: &str) -> bool {
         "locks/",
         "pending/",
         "dedup/",
+        "hosts/",
     ];
     if TOP.contains(&prefix) {
         return true;
@@ -214,6 +219,7 @@ pub fn classify(name: &str) -> Result<Kind, BadName> {
         ("locks", true) => Kind::AdminLock,
         ("pending", false) => Kind::Pending,
         ("dedup", false) => Kind::DedupList,
+        ("hosts", false) => Kind::HostRecord,
         ("data", false) => {
             let (sub, id) = base.split_once('/').ok_or_else(bad)?;
             if !is_id(id) || id.get(..2) != Some(sub) {
@@ -346,6 +352,7 @@ mod tests {
         assert_eq!(classify(&format!("pending/{ID}")).unwrap(), Kind::Pending);
         assert_eq!(classify(&format!("keys/{ID}")).unwrap(), Kind::Key);
         assert_eq!(classify(&format!("dedup/{ID}")).unwrap(), Kind::DedupList);
+        assert_eq!(classify(&format!("hosts/{ID}")).unwrap(), Kind::HostRecord);
         for bad in [
             "".to_string(),
             "config2".into(),
@@ -383,6 +390,7 @@ mod tests {
             Kind::AdminLock,
             Kind::Pending,
             Kind::DedupList,
+            Kind::HostRecord,
         ];
         for kind in all_kinds {
             for action in [List, Read, Create, Replace, Delete] {

@@ -34,8 +34,8 @@ pub struct TokenEntry {
     /// The datastore it opens.
     pub datastore: String,
     pub role: Role,
-    /// When set, the host whose snapshots the token is meant for (recorded; the
-    /// server cannot read snapshots to enforce it without the key).
+    /// When set, the host the token backs up or restores: it sees only snapshots
+    /// it stored itself, recorded by the server as this host's (`hosts`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
     /// BLAKE3 of the secret, hex.

@@ -86,6 +86,12 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         parent: a.parent.clone(),
         force: a.force,
         read_concurrency: a.read_concurrency.map(|n| n as usize),
+        pack_size: a
+            .pack_size
+            .as_deref()
+            .map(super::parse_size)
+            .transpose()
+            .context("--pack-size")?,
     };
     p.start();
     let done = AtomicBool::new(false);
@@ -136,6 +142,13 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             ui::bytes(s.data_added_packed),
             ui::bytes(s.data_added)
         );
+        if let Some(sd) = &r.server_dedup {
+            println!(
+                "dedup:     asked the server about chunks ({} known); read {} index files \
+                 listing trees, not the whole index",
+                sd.chunks_known, sd.index_files_read
+            );
+        }
         println!(
             "duration:  {:.2}s, {} read, {} processed",
             d,

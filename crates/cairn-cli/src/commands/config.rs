@@ -1,5 +1,5 @@
 use crate::args::{ConfigArgs, Global};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use cairn_core::repo::info::RepositoryInfo;
 use cairn_format::config::Compression;
 
@@ -9,6 +9,9 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
     if let Some(c) = &a.compression {
         let c: Compression = c.parse().map_err(anyhow::Error::msg)?;
         repo.set_compression(c)?;
+    }
+    if let Some(s) = &a.pack_size {
+        repo.set_pack_size(super::parse_size(s).context("--pack-size")?)?;
     }
     if let Some(n) = a.max_concurrent_jobs {
         repo.set_max_concurrent_jobs(n)?;
@@ -29,6 +32,10 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
         println!("block size    {} KiB", c.block_size / 1024);
         println!("compression   {}", c.compression);
         println!("encryption    {}", c.encryption);
+        println!(
+            "pack size     {} MiB",
+            c.pack_size as f64 / (1 << 20) as f64
+        );
         println!("max jobs      {} concurrent backups", c.max_concurrent_jobs);
     }
     Ok(0)

@@ -39,13 +39,13 @@ pub const BACKUP_POINTS: &[Spec] = &[
     ("index:written", 1),
     ("snapshot:before-write", 1),
     ("snapshot:written", 1),
-    ("index:written", 2),
+    ("snapshot:recorded", 1),
 ];
 
 /// Whether a backup killed at `spec` (one of [`BACKUP_POINTS`]) has committed: the
 /// snapshot object is the commit point, and nothing before it may show.
 pub fn backup_committed_at(spec: Spec) -> bool {
-    matches!(spec, ("snapshot:written", 1) | ("index:written", 2))
+    matches!(spec, ("snapshot:written", 1) | ("snapshot:recorded", 1))
 }
 
 #[derive(Clone, Debug)]

@@ -1130,7 +1130,8 @@ fn dedup_queries_send_only_new_chunks_and_clients_share_what_is_in_flight() {
     .unwrap();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("answers dedup queries"), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("asked the server about chunks"), "{out}");
     let up = uploaded(&err);
     assert!(
         up * 50 <= size,
@@ -1371,4 +1372,161 @@ fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn a_host_bound_token_sees_only_its_hosts_snapshots() {
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let bound = |name: &str, role: &str, host: &str| {
+        let o = Command::new(bin())
+            .args(["serve", "token", "add", name, "--datastore", "main"])
+            .args(["--role", role, "--host", host, "--state-dir"])
+            .arg(&srv.state)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    };
+    let web01 = bound("web01", "backup", "web01");
+    let web02 = bound("web02", "backup", "web02");
+    let web02_restore = bound("web02-restore", "restore", "web02");
+    let admin = srv.token("ops", "main", "admin");
+    let src = env.path("src");
+    make_full_tree(&src, 71);
+    let s = src.to_str().unwrap();
+    for t in [&web01, &web02] {
+        ok(client(&env, &srv, "main", t, &["backup", s]), "backup");
+    }
+    let ids = |t: &str| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(&ok(
+            client(&env, &srv, "main", t, &["snapshots", "--json"]),
+            "snapshots",
+        ))
+        .unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (one, two) = (ids(&web01), ids(&web02));
+    assert_eq!((one.len(), two.len()), (1, 1), "{one:?} {two:?}");
+    assert_ne!(one, two);
+    assert_eq!(ids(&web02_restore), two);
+    assert_eq!(ids(&admin).len(), 2, "an unbound token sees every host");
+    // Another host's snapshot is absent to a bound token, even by id.
+    let target = env.path("stolen");
+    let err = refused(
+        client(
+            &env,
+            &srv,
+            "main",
+            &web02_restore,
+            &["restore", &one[0], "--target", target.to_str().unwrap()],
+        ),
+        "restore of another host's snapshot",
+    );
+    assert!(
+        err.contains("no snapshot") || err.contains("not found"),
+        "{err}"
+    );
+    // Its own restores, and its next backup finds its parent.
+    let restored = env.path("mine");
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &web02_restore,
+            &["restore", &two[0], "--target", restored.to_str().unwrap()],
+        ),
+        "restore",
+    );
+    assert_same(&src, &restored.join(src.strip_prefix("/").unwrap()));
+    let v: serde_json::Value = serde_json::from_str(&ok(
+        client(&env, &srv, "main", &web02, &["backup", "--json", s]),
+        "backup 2",
+    ))
+    .unwrap();
+    assert_eq!(v["parent"].as_str(), Some(two[0].as_str()), "{v}");
+    assert!(v["files_unchanged"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["files_new"].as_u64(), Some(0), "{v}");
+    // The records are the server's: a bound token can neither read nor write them.
+    let p = srv.port;
+    let rec = format!("/v1/datastores/main/objects/hosts/{}", "a".repeat(64));
+    assert_eq!(http(p, "GET", &rec, Some(&web01), b"").0, 403);
+    assert_eq!(http(p, "PUT", &rec, Some(&web01), b"web01").0, 403);
+    srv.stop();
+}
+
+#[test]
+fn a_slow_link_client_uses_small_packs_and_loses_only_those_in_flight() {
+    let env = Env::new();
+    env.init(&[]);
+    env.fails(&["config", "--pack-size", "100K"], 1);
+    let out = env.ok(&["config", "--pack-size", "2M"]);
+    assert!(out.contains("pack size     2 MiB"), "{out}");
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let t = srv.token("laptop", "main", "backup");
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a.bin"), Rng(0x5107).bytes(3 << 20, false)).unwrap();
+    let s = src.to_str().unwrap();
+    refused(
+        client(&env, &srv, "main", &t, &["backup", "--pack-size", "64K", s]),
+        "a pack size under 128 KiB",
+    );
+    // A slow link drops mid-backup (the client is killed after some packs arrived).
+    let mut slow = client_cmd(
+        &env,
+        &srv,
+        "main",
+        &t,
+        &["backup", "--pack-size", "256K", "--limit-upload", "1M", s],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_until("four packs stored", Duration::from_secs(60), || {
+        packs(&env.repo).len() >= 4
+    });
+    slow.kill().unwrap();
+    slow.wait().unwrap();
+    let arrived = data_bytes(&env.repo);
+    // The next run sends what had not arrived, and again at most the packs that were
+    // in flight (one per upload thread, three).
+    let o = client_cmd(
+        &env,
+        &srv,
+        "main",
+        &t,
+        &["backup", "--pack-size", "256K", s],
+    )
+    .env("CAIRN_TRAFFIC_REPORT", "1")
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    let sent = uploaded(&err);
+    let allowed = (3u64 << 20) - arrived + 3 * (256 << 10) + (160 << 10);
+    assert!(
+        sent <= allowed,
+        "resumed backup sent {sent} bytes; {arrived} had arrived, so at most {allowed} were due"
+    );
+    let sizes: Vec<u64> = packs(&env.repo).values().copied().collect();
+    assert!(sizes.len() >= 10, "{sizes:?}");
+    assert!(sizes.iter().all(|&n| n < 512 << 10), "{sizes:?}");
+    // Through a server, every pack is indexed as soon as it is stored (an index
+    // file per pack; the kill may have left the packs in flight unindexed).
+    let index_files = std::fs::read_dir(env.repo.join("index")).unwrap().count();
+    assert!(
+        index_files + 3 >= sizes.len(),
+        "{index_files} index files for {} packs",
+        sizes.len()
+    );
+    env.check_clean();
+    srv.stop();
 }

@@ -656,13 +656,24 @@ impl Drop for Tmpfs {
     }
 }
 
-/// Every pack of a local repository with its size.
+/// Every pack of a local repository with its size (not a writer's temporary file,
+/// which may vanish while this looks: packs can be counted while a backup runs).
 pub fn packs(repo: &Path) -> BTreeMap<PathBuf, u64> {
     let mut out = BTreeMap::new();
-    for d in fs::read_dir(repo.join("data")).unwrap() {
-        for f in fs::read_dir(d.unwrap().path()).unwrap() {
-            let f = f.unwrap();
-            out.insert(f.path(), f.metadata().unwrap().len());
+    let Ok(dirs) = fs::read_dir(repo.join("data")) else {
+        return out; // no pack yet
+    };
+    for d in dirs.flatten() {
+        let Ok(files) = fs::read_dir(d.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            if f.file_name().to_string_lossy().contains(".tmp") {
+                continue;
+            }
+            if let Ok(m) = f.metadata() {
+                out.insert(f.path(), m.len());
+            }
         }
     }
     out

@@ -116,8 +116,8 @@ pub enum Problem {
         error: String,
     },
     /// An index file's dedup list (what a server answers dedup queries from) does not
-    /// say what the file says, or an `admin-` file has none. A server could tell
-    /// clients that chunks are stored which are not (or cannot answer at all).
+    /// say what the file says: a server could tell clients that chunks are stored
+    /// which are not.
     DedupListWrong {
         index: cairn_format::IndexId,
         error: String,
@@ -336,9 +336,9 @@ pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport
 }
 
 /// Compares each live index file's dedup list with the file: the data ids, the
-/// flags and the supersede list must be exactly what the file says. A plain file
-/// without a list is fine (a server then counts its chunks as unknown); an
-/// `admin-` file without one stops a server's dedup service.
+/// flags and the supersede list must be exactly what the file says. A file without
+/// a list is fine: a server counts its chunks as unknown (an `admin-` one stops its
+/// dedup service until the next prune or `repair index` rewrites the index).
 fn dedup_lists(repo: &Repository, state: &crate::repo::IndexState) -> Vec<Problem> {
     use cairn_format::dedup::DedupList;
     let results = crate::threads::parallel_map(&state.live, 4, |(id, file)| {
@@ -349,10 +349,9 @@ fn dedup_lists(repo: &Repository, state: &crate::repo::IndexState) -> Vec<Proble
             .get_bounded(&name, cairn_format::consts::MAX_INDEX_FILE_SIZE as u64)
         {
             Ok(d) => d,
-            Err(e) if e.is_not_found() && !admin => return None,
-            Err(e) if e.is_not_found() => {
-                return Some("the admin index file has no dedup list".to_string());
-            }
+            // No list (written before lists existed, or its writer was interrupted
+            // or out of space): a server reads the file as unknown; not damage.
+            Err(e) if e.is_not_found() => return None,
             Err(e) => return Some(format!("cannot read its dedup list: {e}")),
         };
         let want = DedupList::of(*id, file, admin);

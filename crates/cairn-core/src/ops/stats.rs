@@ -36,8 +36,8 @@ pub struct Overhead {
     pub unused_bytes: u64,
     pub index_bytes: u64,
     pub snapshot_bytes: u64,
-    /// Config, key files, pending-deletion records (locks, being transient, are
-    /// not counted).
+    /// Config, key files, pending-deletion records, dedup lists and a server's host
+    /// records (locks, being transient, are not counted).
     pub other_bytes: u64,
 }
 
@@ -186,6 +186,8 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
     // Locks are left out: they come and go (this command holds one itself).
     st.overhead.other_bytes = listed_bytes(repo, names::KEYS)?
         + listed_bytes(repo, names::PENDING)?
+        + listed_bytes(repo, names::DEDUP)?
+        + listed_bytes(repo, "hosts/")?
         + repo
             .backend()
             .get_bounded(

@@ -20,6 +20,10 @@ pub struct DedupClient {
     backend: Arc<dyn Backend>,
     stored: Vec<Mutex<IdSet>>,
     co: Coalescer,
+    /// Index files the session read (those the server's plan named).
+    pub index_files_read: usize,
+    /// Data chunks the server knew at the start.
+    pub chunks_known: u64,
 }
 
 impl std::fmt::Debug for DedupClient {
@@ -29,11 +33,17 @@ impl std::fmt::Debug for DedupClient {
 }
 
 impl DedupClient {
-    pub(crate) fn new(backend: Arc<dyn Backend>) -> Self {
+    pub(crate) fn new(
+        backend: Arc<dyn Backend>,
+        index_files_read: usize,
+        chunks_known: u64,
+    ) -> Self {
         DedupClient {
             backend,
             stored: (0..32).map(|_| Mutex::new(IdSet::default())).collect(),
             co: Coalescer::default(),
+            index_files_read,
+            chunks_known,
         }
     }
 

@@ -135,16 +135,16 @@ impl Repository {
     /// For a backup: when the storage answers dedup queries (a cairn server), reads
     /// only the index files its plan names (those listing trees and chunk lists,
     /// and those without a dedup list) and the pending records, in RAM, and asks
-    /// the server about data chunks from then on; returns `Some(files read)`. `None`:
+    /// the server about data chunks from then on ([`Repository::dedup`]); false:
     /// the storage does not, nothing was loaded. The plan is asked for after the
     /// session's lock is written, so it reflects every prune that finished before
     /// (no prune can start while the lock is held).
-    pub(crate) fn load_index_for_backup(&mut self) -> Result<Option<(usize, u64)>> {
+    pub(crate) fn load_index_for_backup(&mut self) -> Result<bool> {
         if !self.admin_names() {
-            return Ok(None);
+            return Ok(false);
         }
         let Some(plan) = self.backend.dedup_plan()? else {
-            return Ok(None);
+            return Ok(false);
         };
         let mut ids: Vec<IndexId> = Vec::with_capacity(plan.index_files.len());
         for name in &plan.index_files {
@@ -178,8 +178,10 @@ impl Repository {
         self.index_errors = state.errors.into_iter().map(|e| e.error).collect();
         self.dedup = Some(Arc::new(super::dedup::DedupClient::new(
             self.backend.clone(),
+            ids.len(),
+            plan.chunks,
         )));
-        Ok(Some((ids.len(), plan.chunks)))
+        Ok(true)
     }
 
     /// Loads the master index in its placement: in RAM from the index files, or

@@ -125,6 +125,12 @@ pub struct Repository {
     dedup: Option<Arc<dedup::DedupClient>>,
 }
 
+/// The datastore's pack size: the format's bounds (docs/FORMAT.md, "Config").
+pub const PACK_SIZE_MIN: u64 = 1 << 20;
+pub const PACK_SIZE_MAX: u64 = 256 << 20;
+/// A client's own pack size (`backup --pack-size`) may be smaller, for slow links.
+pub const CLIENT_PACK_SIZE_MIN: u64 = 128 << 10;
+
 pub fn hostname() -> String {
     cairn_backend::process::hostname()
 }
@@ -409,6 +415,21 @@ impl Repository {
 
     /// Sets how many backup jobs may write at once (1 to 1024); takes effect for
     /// jobs that start from now on.
+    /// The size packs of new data fill up to before they are stored: smaller packs
+    /// lose less work when a slow link drops, larger ones mean fewer objects.
+    pub fn set_pack_size(&mut self, bytes: u64) -> Result<()> {
+        let range = PACK_SIZE_MIN..=PACK_SIZE_MAX;
+        if !range.contains(&bytes) {
+            return Err(Error::Invalid(
+                "the pack size must be between 1 MiB and 256 MiB (a client's own `backup \
+                 --pack-size` may go down to 128 KiB)"
+                    .into(),
+            ));
+        }
+        self.config.pack_size = bytes as u32;
+        self.write_config()
+    }
+
     pub fn set_max_concurrent_jobs(&mut self, n: u32) -> Result<()> {
         if !(1..=cairn_format::config::MAX_MAX_CONCURRENT_JOBS).contains(&n) {
             return Err(Error::Invalid(format!(

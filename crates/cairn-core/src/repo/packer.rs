@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 
 /// Index files are written after this many blobs, so an interrupted backup leaves
 /// most of its uploaded data findable (a later backup then does not upload it again).
-const INDEX_FLUSH_BLOBS: usize = 200_000;
+pub const INDEX_FLUSH_BLOBS: usize = 200_000;
 
 /// ... and at least this often while packs are stored, so that an interrupted backup
 /// re-sends at most about a minute of uploads, whatever the link's speed (a slow link
@@ -171,6 +171,17 @@ pub fn write_index_file(
     file: &IndexFile,
     admin_names: bool,
 ) -> Result<IndexId> {
+    write_index_file_named(backend, key, file, admin_names).map_err(|(e, _)| e)
+}
+
+/// [`write_index_file`], whose error also names the object it tried to store (a
+/// failed put may still have stored it: the caller can look).
+fn write_index_file_named(
+    backend: &dyn Backend,
+    key: &MasterKey,
+    file: &IndexFile,
+    admin_names: bool,
+) -> std::result::Result<IndexId, (Error, String)> {
     let sealed = key.sealer.seal(&file.encode());
     let id = IndexId::of_content(&sealed);
     let admin = admin_names && has_admin_lists(file);
@@ -179,19 +190,22 @@ pub fn write_index_file(
     } else {
         names::index(&id.to_hex())
     };
-    super::objects::store_immutable(backend, &name, &sealed, false)?;
+    super::objects::store_immutable(backend, &name, &sealed, false).map_err(|e| (e, name))?;
     crate::hooks::point("index:written");
     if admin_names {
         // After the index file, never before: a list must not name ids that are not
         // indexed (docs/FORMAT.md, "Dedup lists"). A crash between the two leaves a
         // file without a list, which a server treats as unknown.
+        // Its failure (a full disk, say) is not the index file's: the file is
+        // stored, and callers must know that to clean up correctly. A file without
+        // a list is a state readers and servers handle.
         let list = cairn_format::dedup::DedupList::of(id, file, admin);
-        super::objects::store_immutable(
+        let _ = super::objects::store_immutable(
             backend,
             &names::dedup(&id.to_hex()),
             &list.encode(),
             false,
-        )?;
+        );
     }
     Ok(id)
 }
@@ -241,6 +255,9 @@ impl Pending {
         self.data.packs.iter().chain(&self.meta.packs)
     }
     /// Writes the index files (data first, then metadata) and empties the lists.
+    /// A list is emptied also when its file's put failed but the file is stored
+    /// after all (a put may fail after the storage took the object): its packs are
+    /// indexed and must not be deleted.
     fn write(
         &mut self,
         backend: &dyn Backend,
@@ -250,7 +267,20 @@ impl Pending {
         let mut ids = Vec::new();
         for f in [&mut self.data, &mut self.meta] {
             if !f.packs.is_empty() {
-                ids.push(write_index_file(backend, key, f, admin_names)?);
+                match write_index_file_named(backend, key, f, admin_names) {
+                    Ok(id) => ids.push(id),
+                    Err((e, name)) => {
+                        let absent = matches!(
+                            backend.get_bounded(&name, 0),
+                            Err(ref g) if g.is_not_found()
+                        );
+                        if absent {
+                            return Err(e);
+                        }
+                        *f = IndexFile::default();
+                        return Err(e);
+                    }
+                }
                 *f = IndexFile::default();
             }
         }

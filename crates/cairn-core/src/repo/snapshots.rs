@@ -67,10 +67,15 @@ impl Repository {
             false,
         )?;
         crate::hooks::point("snapshot:written");
-        let _ = self.write_index_file(&IndexFile {
-            snapshots: vec![id],
-            ..Default::default()
-        });
+        if self
+            .write_index_file(&IndexFile {
+                snapshots: vec![id],
+                ..Default::default()
+            })
+            .is_ok()
+        {
+            crate::hooks::point("snapshot:recorded");
+        }
         Ok(id)
     }
 

@@ -104,9 +104,10 @@ pub(crate) fn archive(
     rx: Receiver<(u64, Vec<Item>)>,
     budget: &Budget,
     inflight: &InFlight,
+    pack_size: Option<u64>,
 ) -> Result<Archived> {
     let level = repo.config().compression.zstd_level();
-    let pack_size = repo.config().pack_size as usize;
+    let pack_size = pack_size.unwrap_or(repo.config().pack_size.into()) as usize;
     let pool = Arc::new(BufferPool::new(
         crate::repo::packer::DEFAULT_UPLOAD_THREADS + 1,
     ));
@@ -122,6 +123,13 @@ pub(crate) fn archive(
         held: Vec::new(),
         held_bytes: 0,
     };
+    if repo.dedup().is_some() {
+        // Through a server, an index file (and its dedup list) after every pack: an
+        // interrupted backup then sends again at most the pack that was in flight,
+        // since the server knows every chunk of the others when it restarts.
+        st.uploader
+            .set_index_flush(crate::repo::packer::INDEX_FLUSH_BLOBS, 1);
+    }
     let r = run(&mut st, rx, budget).and_then(|root| {
         send_held_if_missing(&mut st)?;
         if let Some(p) = st.data.finish() {

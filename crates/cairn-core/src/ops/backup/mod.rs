@@ -470,6 +470,9 @@ fn run(
                 key: key.clone(),
                 index: index.clone(),
                 dedup: repo.dedup().cloned(),
+                deferred: Vec::new(),
+                cur_item: 0,
+                cur_chunk: 0,
                 inflight,
                 budget,
                 progress,
@@ -543,6 +546,11 @@ struct Worker<'a> {
     key: std::sync::Arc<cairn_format::key::MasterKey>,
     index: std::sync::Arc<crate::index::MasterIndex>,
     dedup: Option<std::sync::Arc<crate::repo::dedup::DedupClient>>,
+    /// Chunks of this bundle waiting for a decision (through a server): item and
+    /// chunk position in the bundle's output, id, bytes.
+    deferred: Vec<(usize, usize, BlobId, Vec<u8>)>,
+    cur_item: usize,
+    cur_chunk: usize,
     inflight: &'a InFlight,
     budget: &'a Budget,
     progress: &'a Progress,
@@ -565,9 +573,11 @@ impl Worker<'_> {
         for (seq, bundle) in rx {
             let mut out_bundle = Vec::with_capacity(bundle.len());
             for item in bundle {
+                self.cur_item = out_bundle.len();
+                self.cur_chunk = 0;
                 let out = match item {
-                    Item::Data { buf, lens } => {
-                        // Hash every chunk first: one dedup question for all of them.
+                    Item::Data { buf, lens } if self.dedup.is_none() => {
+                        // Hash every chunk first: one decision for all of them.
                         let mut ids = Vec::with_capacity(lens.len());
                         let mut pos = 0usize;
                         for &len in &lens {
@@ -593,6 +603,23 @@ impl Worker<'_> {
                         }
                         Item::Chunks { chunks, bytes }
                     }
+                    Item::Data { buf, lens } => {
+                        // Through a server: decided with the rest of the bundle.
+                        let mut chunks = Vec::with_capacity(lens.len());
+                        let mut pos = 0usize;
+                        for len in lens {
+                            match self.chunk(&buf[pos..pos + len as usize]) {
+                                Some(c) => chunks.push(c),
+                                None => return,
+                            }
+                            pos += len as usize;
+                        }
+                        let bytes = buf.len();
+                        if buf.capacity() >= 1 << 20 {
+                            self.budget.pool.put(buf);
+                        }
+                        Item::Chunks { chunks, bytes }
+                    }
                     Item::SmallFile {
                         path,
                         dir,
@@ -607,16 +634,53 @@ impl Worker<'_> {
                 };
                 out_bundle.push(out);
             }
+            if !self.deferred.is_empty() && !self.resolve(&mut out_bundle) {
+                return;
+            }
             if tx.send((seq, out_bundle)).is_err() {
                 return;
             }
         }
     }
 
+    /// Decides and encodes the chunks [`Worker::chunk`] deferred for this bundle:
+    /// one dedup question to the server for a whole bundle of small files.
+    fn resolve(&mut self, out: &mut [Item]) -> bool {
+        let deferred = std::mem::take(&mut self.deferred);
+        let ids: Vec<BlobId> = deferred.iter().map(|d| d.2).collect();
+        let Some(decisions) = self.decide(&ids) else {
+            return false;
+        };
+        for ((item, at, id, data), d) in deferred.into_iter().zip(decisions) {
+            let Some(c) = self.encode(id, &data, d) else {
+                return false;
+            };
+            if let Item::Chunks { chunks, .. } | Item::SmallDone { chunks, .. } = &mut out[item]
+                && let Some(slot) = chunks.get_mut(at)
+            {
+                *slot = c;
+            }
+        }
+        true
+    }
+
     /// Hashes a chunk and encodes it if neither the index nor another worker has it.
     /// `None`: encoding failed and the pipeline is aborted.
+    /// Through a server, the decision waits for the end of the bundle
+    /// ([`Worker::resolve`]): the chunk is kept until then.
     fn chunk(&mut self, data: &[u8]) -> Option<ChunkOut> {
         let id = self.key.blob_id(data);
+        if self.dedup.is_some() {
+            self.deferred
+                .push((self.cur_item, self.cur_chunk, id, data.to_vec()));
+            self.cur_chunk += 1;
+            return Some(ChunkOut {
+                id,
+                length: data.len() as u32,
+                blob: None,
+                held: false,
+            });
+        }
         let d = self.decide(&[id])?;
         self.encode(id, data, d[0])
     }

@@ -102,7 +102,29 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     let mut bio = String::from(
         "# HELP cairn_datastore_received_bytes_total Object bytes uploaded to the datastore.\n# TYPE cairn_datastore_received_bytes_total counter\n",
     );
+    let mut dedup = String::from(
+        "# HELP cairn_dedup_queries_total Dedup query requests answered.\n# TYPE cairn_dedup_queries_total counter\n\
+         # HELP cairn_dedup_chunks_total Chunk ids asked about, by answer (stored, send, in_flight; confirmed_missing: held chunks whose sender never delivered).\n# TYPE cairn_dedup_chunks_total counter\n",
+    );
     for (name, ds) in &app.datastores {
+        let d = &ds.dedup.stats;
+        let _ = writeln!(
+            dedup,
+            "cairn_dedup_queries_total{{datastore=\"{name}\"}} {}",
+            d.queries.load(Ordering::Relaxed)
+        );
+        for (answer, v) in [
+            ("stored", &d.stored),
+            ("send", &d.send),
+            ("in_flight", &d.in_flight),
+            ("confirmed_missing", &d.confirmed_missing),
+        ] {
+            let _ = writeln!(
+                dedup,
+                "cairn_dedup_chunks_total{{datastore=\"{name}\",answer=\"{answer}\"}} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
         let _ = writeln!(
             per_ds,
             "cairn_datastore_requests_total{{datastore=\"{name}\"}} {}",
@@ -152,7 +174,7 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
             );
         }
     }
-    for part in [per_ds, bio, census, bytes, occupied, jobs] {
+    for part in [per_ds, bio, census, bytes, occupied, jobs, dedup] {
         out.push_str(&part);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)

@@ -1316,6 +1316,9 @@ fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
     let other = [("X-Cairn-Session", "other1")];
     let (_, answers) = http_with(p, "POST", q, &backup, &other, &[7; 32]);
     assert_eq!(answers, vec![2], "claimed by the first session: in flight");
+    let (_, metrics) = http(p, "GET", "/metrics", None, b"");
+    let needle = "cairn_dedup_chunks_total{datastore=\"main\",answer=\"in_flight\"} 1\n";
+    assert!(metrics.contains(needle), "{needle} not in {metrics}");
 
     // A list for an index file that is not stored, or one that would supersede,
     // from a backup token: refused.

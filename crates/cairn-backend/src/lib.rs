@@ -262,6 +262,10 @@ pub struct DedupPlan {
     pub index_files: Vec<String>,
     /// Data chunk ids the server knows.
     pub chunks: u64,
+    /// Changes when a chunk may have stopped being stored (a prune or repair):
+    /// "stored" answers remembered under the same epoch still hold.
+    #[serde(default)]
+    pub epoch: String,
 }
 
 /// The lock-id prefix of the token with this id (the public part of the token).

@@ -517,6 +517,12 @@ fn dedup_caller(
             "a restore token may not send dedup queries (they are for backups)",
         ));
     }
+    if writer && !store.admin_names {
+        // Its plain index files may supersede others: the lists cannot be trusted.
+        return Err(unavailable(
+            "the datastore predates admin names (docs/SERVER.md)".into(),
+        ));
+    }
     Ok((t, store))
 }
 
@@ -567,6 +573,7 @@ pub async fn dedup_plan(
             reason: Some("the datastore predates admin names (docs/SERVER.md)".into()),
             index_files: Vec::new(),
             chunks: 0,
+            epoch: String::new(),
         }
     };
     Ok(axum::Json(plan).into_response())

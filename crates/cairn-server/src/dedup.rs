@@ -99,6 +99,10 @@ pub struct Plan {
     pub reason: Option<String>,
     pub index_files: Vec<String>,
     pub chunks: u64,
+    /// Changes whenever an `admin-` index file appears or goes (the only way a
+    /// chunk stops being stored): a client may keep "stored" answers across
+    /// backups while it is the same.
+    pub epoch: String,
 }
 
 fn id32(hex_id: &str) -> Option<[u8; 32]> {
@@ -306,8 +310,22 @@ impl Dedup {
                 reason: Some(r.clone()),
                 index_files: Vec::new(),
                 chunks: 0,
+                epoch: String::new(),
             });
         }
+        let mut admin: Vec<&String> = v
+            .files
+            .values()
+            .filter(|f| f.admin)
+            .map(|f| &f.name)
+            .collect();
+        admin.sort();
+        let mut h = blake3::Hasher::new();
+        for n in admin {
+            h.update(n.as_bytes());
+            h.update(b"\n");
+        }
+        let epoch = h.finalize().to_hex()[..32].to_string();
         let superseded: HashSet<[u8; 32]> = v
             .files
             .values()
@@ -328,6 +346,7 @@ impl Dedup {
             reason: None,
             index_files,
             chunks: v.ids.len() as u64,
+            epoch,
         })
     }
 

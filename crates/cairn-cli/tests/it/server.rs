@@ -1137,6 +1137,25 @@ fn dedup_queries_send_only_new_chunks_and_clients_share_what_is_in_flight() {
         up * 50 <= size,
         "the second client sent {up} bytes for {size} bytes the server holds (> 2%)"
     );
+    // Its next, unchanged backup asks about nothing: the answers are remembered
+    // (until a prune changes the server's epoch).
+    let o = client_cmd(
+        &env,
+        &srv,
+        "main",
+        &web02,
+        &["backup", "--host", "web02", "--json", two.to_str().unwrap()],
+    )
+    .env("CAIRN_TRAFFIC_REPORT", "1")
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    let again = uploaded(&err);
+    assert!(
+        again < 16 << 10,
+        "an unchanged backup sent {again} bytes: {err}"
+    );
 
     // Two clients sending the same new data at the same moment store it once.
     let three = env.path("three");

@@ -24,7 +24,16 @@ pub struct DedupClient {
     pub index_files_read: usize,
     /// Data chunks the server knew at the start.
     pub chunks_known: u64,
+    /// Where "stored" answers are kept between backups, and the server's epoch
+    /// they hold under.
+    memo: Option<(std::path::PathBuf, String)>,
+    /// Ids taken from that file at the start.
+    pub remembered: usize,
 }
+
+const MEMO_MAGIC: &[u8; 8] = b"CAIRNDM1";
+/// Ids remembered at most (a client's own data; 32 MiB of file).
+const MEMO_MAX_IDS: usize = 1 << 20;
 
 impl std::fmt::Debug for DedupClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -33,17 +42,63 @@ impl std::fmt::Debug for DedupClient {
 }
 
 impl DedupClient {
+    /// `memo`: the file of "stored" answers from earlier backups of this datastore
+    /// and the server's epoch now; the file is used only if written under it.
     pub(crate) fn new(
         backend: Arc<dyn Backend>,
         index_files_read: usize,
         chunks_known: u64,
+        memo: Option<(std::path::PathBuf, String)>,
     ) -> Self {
-        DedupClient {
+        let mut c = DedupClient {
             backend,
             stored: (0..32).map(|_| Mutex::new(IdSet::default())).collect(),
             co: Coalescer::default(),
             index_files_read,
             chunks_known,
+            memo: memo.filter(|(_, epoch)| !epoch.is_empty()),
+            remembered: 0,
+        };
+        if let Some((path, epoch)) = &c.memo
+            && let Ok(data) = std::fs::read(path)
+        {
+            let ids = parse_memo(&data, epoch);
+            c.remembered = ids.len();
+            for id in ids {
+                c.shard(&id).insert(id);
+            }
+        }
+        c
+    }
+
+    /// Keeps, for the next backup, every id the server said it holds and every id
+    /// this backup stored (called once its snapshot is committed). Best effort: a
+    /// memo that cannot be written only costs questions next time.
+    pub fn remember(&self, stored_now: &[BlobId]) {
+        let Some((path, epoch)) = &self.memo else {
+            return;
+        };
+        let mut ids: Vec<BlobId> = Vec::new();
+        for shard in &self.stored {
+            ids.extend(crate::lock(shard).iter().copied());
+        }
+        ids.extend_from_slice(stored_now);
+        ids.sort_unstable();
+        ids.dedup();
+        ids.truncate(MEMO_MAX_IDS);
+        let mut out = Vec::with_capacity(16 + epoch.len() + ids.len() * 32);
+        out.extend_from_slice(MEMO_MAGIC);
+        out.push(epoch.len() as u8);
+        out.extend_from_slice(epoch.as_bytes());
+        for id in &ids {
+            out.extend_from_slice(&id.0);
+        }
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        if std::fs::write(&tmp, &out).is_ok() && std::fs::rename(&tmp, path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
         }
     }
 
@@ -108,6 +163,29 @@ impl DedupClient {
         }
         Ok(missing)
     }
+}
+
+/// The ids of a memo written under `epoch` (none if another epoch or damaged).
+fn parse_memo(data: &[u8], epoch: &str) -> Vec<BlobId> {
+    let head = MEMO_MAGIC.len() + 1;
+    if data.len() < head || &data[..MEMO_MAGIC.len()] != MEMO_MAGIC {
+        return Vec::new();
+    }
+    let n = data[MEMO_MAGIC.len()] as usize;
+    let Some(e) = data.get(head..head + n) else {
+        return Vec::new();
+    };
+    let body = &data[head + n..];
+    if e != epoch.as_bytes() || body.len() % 32 != 0 || body.len() / 32 > MEMO_MAX_IDS {
+        return Vec::new();
+    }
+    body.chunks_exact(32)
+        .map(|c| {
+            let mut id = [0u8; 32];
+            id.copy_from_slice(c);
+            BlobId(id)
+        })
+        .collect()
 }
 
 type Shared<T> = Arc<std::result::Result<Vec<T>, cairn_backend::BackendError>>;
@@ -192,6 +270,25 @@ impl Coalescer {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn the_memo_holds_only_under_its_epoch() {
+        let dir = std::env::temp_dir().join(format!("cairn-memo-{}", std::process::id()));
+        let path = dir.join("memo");
+        let b: Arc<dyn Backend> = Arc::new(cairn_backend::MemBackend::new());
+        let c = DedupClient::new(b.clone(), 0, 0, Some((path.clone(), "e1".into())));
+        assert_eq!(c.remembered, 0);
+        c.remember(&[BlobId([1; 32]), BlobId([2; 32])]);
+        let again = DedupClient::new(b.clone(), 0, 0, Some((path.clone(), "e1".into())));
+        assert_eq!(again.remembered, 2);
+        assert!(again.known_stored(&BlobId([2; 32])));
+        let pruned = DedupClient::new(b.clone(), 0, 0, Some((path.clone(), "e2".into())));
+        assert_eq!(pruned.remembered, 0, "a prune since: nothing remembered");
+        std::fs::write(&path, b"CAIRNDM1\x02e1xyz").unwrap();
+        let damaged = DedupClient::new(b, 0, 0, Some((path, "e1".into())));
+        assert_eq!(damaged.remembered, 0);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn concurrent_callers_share_requests_and_get_their_own_answers() {

@@ -176,10 +176,15 @@ impl Repository {
         };
         self.set_index(&state)?;
         self.index_errors = state.errors.into_iter().map(|e| e.error).collect();
+        // "Stored" answers of earlier backups, kept per repository and trusted
+        // only under the same epoch (no prune or repair since).
+        let memo = cairn_backend::cache::base_dir()
+            .map(|b| (b.join("dedup").join(&self.config.id), plan.epoch.clone()));
         self.dedup = Some(Arc::new(super::dedup::DedupClient::new(
             self.backend.clone(),
             ids.len(),
             plan.chunks,
+            memo,
         )));
         Ok(true)
     }

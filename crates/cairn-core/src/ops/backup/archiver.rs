@@ -23,6 +23,8 @@ pub(crate) struct Archived {
     pub skipped: Vec<Skipped>,
     pub changed_while_read: Vec<Skipped>,
     pub packs: u64,
+    /// Data chunks this run stored (through a server: remembered for the next).
+    pub stored_data: Vec<BlobId>,
 }
 
 struct OpenFile {
@@ -48,6 +50,8 @@ struct State<'a> {
     /// with their bytes: sent at the end only if that copy never arrived.
     held: Vec<crate::repo::blob::EncodedBlob>,
     held_bytes: usize,
+    /// Data chunks stored, when a server answers dedup queries.
+    stored_data: Vec<BlobId>,
     /// Held chunks beyond [`HELD_BYTES_MAX`], in a temporary file.
     spool: Option<Spool>,
 }
@@ -138,6 +142,9 @@ impl State<'_> {
         {
             return Ok(());
         }
+        if blob.kind == BlobKind::Data && self.repo.dedup().is_some() {
+            self.stored_data.push(blob.id);
+        }
         self.summary.blobs_added += 1;
         self.summary.data_added += u64::from(blob.raw_length);
         self.summary.data_added_packed += blob.sealed.len() as u64;
@@ -199,6 +206,7 @@ pub(crate) fn archive(
         summary: SnapshotSummary::default(),
         held: Vec::new(),
         held_bytes: 0,
+        stored_data: Vec::new(),
         spool: None,
     };
     if repo.dedup().is_some() {
@@ -229,6 +237,7 @@ pub(crate) fn archive(
             skipped,
             changed_while_read,
             packs: up.packs,
+            stored_data: std::mem::take(&mut st.stored_data),
         }),
     }
 }

@@ -310,6 +310,9 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
     let snapshot_id = session
         .repo()
         .write_snapshot(&r.snapshot, session.commit_lock()?)?;
+    if let Some(d) = session.repo().dedup() {
+        d.remember(&r.stored_data);
+    }
     let index_lookup_failures = LookupFailures::of(session.repo());
     Ok(BackupReport {
         snapshot_id,
@@ -335,6 +338,7 @@ struct Ran {
     skipped: Vec<Skipped>,
     changed_while_read: Vec<Skipped>,
     packs_written: u64,
+    stored_data: Vec<BlobId>,
 }
 
 /// Everything before the commit: stores every new blob and builds the snapshot.
@@ -531,6 +535,7 @@ fn run(
         skipped: archived.skipped,
         changed_while_read: archived.changed_while_read,
         packs_written: archived.packs,
+        stored_data: archived.stored_data,
     })
 }
 

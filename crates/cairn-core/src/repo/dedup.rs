@@ -176,7 +176,7 @@ fn parse_memo(data: &[u8], epoch: &str) -> Vec<BlobId> {
         return Vec::new();
     };
     let body = &data[head + n..];
-    if e != epoch.as_bytes() || body.len() % 32 != 0 || body.len() / 32 > MEMO_MAX_IDS {
+    if e != epoch.as_bytes() || !body.len().is_multiple_of(32) || body.len() / 32 > MEMO_MAX_IDS {
         return Vec::new();
     }
     body.chunks_exact(32)

@@ -581,8 +581,9 @@ impl Worker<'_> {
                 self.cur_item = out_bundle.len();
                 self.cur_chunk = 0;
                 let out = match item {
-                    Item::Data { buf, lens } if self.dedup.is_none() => {
-                        // Hash every chunk first: one decision for all of them.
+                    Item::Data { buf, lens } => {
+                        // Hash every chunk first: one decision (through a server, one
+                        // question) for all of them, without copying the data.
                         let mut ids = Vec::with_capacity(lens.len());
                         let mut pos = 0usize;
                         for &len in &lens {
@@ -601,23 +602,6 @@ impl Worker<'_> {
                                 Some(c) => chunks.push(c),
                                 None => return,
                             }
-                        }
-                        let bytes = buf.len();
-                        if buf.capacity() >= 1 << 20 {
-                            self.budget.pool.put(buf);
-                        }
-                        Item::Chunks { chunks, bytes }
-                    }
-                    Item::Data { buf, lens } => {
-                        // Through a server: decided with the rest of the bundle.
-                        let mut chunks = Vec::with_capacity(lens.len());
-                        let mut pos = 0usize;
-                        for len in lens {
-                            match self.chunk(&buf[pos..pos + len as usize]) {
-                                Some(c) => chunks.push(c),
-                                None => return,
-                            }
-                            pos += len as usize;
                         }
                         let bytes = buf.len();
                         if buf.capacity() >= 1 << 20 {
@@ -671,8 +655,9 @@ impl Worker<'_> {
 
     /// Hashes a chunk and encodes it if neither the index nor another worker has it.
     /// `None`: encoding failed and the pipeline is aborted.
-    /// Through a server, the decision waits for the end of the bundle
-    /// ([`Worker::resolve`]): the chunk is kept until then.
+    /// A small file's chunk. Through a server, the decision waits for the end of
+    /// the bundle ([`Worker::resolve`]), so a bundle of small files is one
+    /// question: the chunk is kept until then.
     fn chunk(&mut self, data: &[u8]) -> Option<ChunkOut> {
         let id = self.key.blob_id(data);
         if self.dedup.is_some() {

@@ -526,6 +526,20 @@ fn dedup_caller(
     Ok((t, store))
 }
 
+/// A query or confirmation: its caller (a writer), datastore, session (token id and
+/// the client's session header) and ids.
+async fn dedup_request(
+    app: &App,
+    headers: &HeaderMap,
+    ds: &str,
+    body: axum::body::Body,
+) -> ApiResult<(TokenEntry, Arc<Datastore>, String, Vec<[u8; 32]>)> {
+    let (t, store) = dedup_caller(app, headers, ds, true)?;
+    let session = format!("{}-{}", t.id, session_of(headers)?);
+    let ids = ids_of(body).await?;
+    Ok((t, store, session, ids))
+}
+
 /// Ids from a request body: 32 bytes each, at most [`dedup::MAX_IDS_PER_REQUEST`].
 async fn ids_of(body: axum::body::Body) -> ApiResult<Vec<[u8; 32]>> {
     let max = crate::dedup::MAX_IDS_PER_REQUEST * 32;
@@ -587,9 +601,7 @@ pub async fn dedup_query(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> ApiResult<Response> {
-    let (t, store) = dedup_caller(&app, &headers, &ds, true)?;
-    let session = format!("{}-{}", t.id, session_of(&headers)?);
-    let ids = ids_of(body).await?;
+    let (t, store, session, ids) = dedup_request(&app, &headers, &ds, body).await?;
     app.pace_transfer(&t.id, true, ids.len() as u64 * 32).await;
     let s = store.clone();
     let answers = blocking(move || s.dedup.query(s.backend.as_ref(), &session, &ids))
@@ -610,9 +622,7 @@ pub async fn dedup_confirm(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> ApiResult<Response> {
-    let (t, store) = dedup_caller(&app, &headers, &ds, true)?;
-    let session = format!("{}-{}", t.id, session_of(&headers)?);
-    let ids = ids_of(body).await?;
+    let (_, store, session, ids) = dedup_request(&app, &headers, &ds, body).await?;
     let started = std::time::Instant::now();
     let mut pause = std::time::Duration::from_millis(100);
     loop {

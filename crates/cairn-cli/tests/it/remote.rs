@@ -6,14 +6,8 @@ use crate::util::*;
 use std::fs;
 use std::time::{Duration, Instant};
 
-/// Bytes downloaded, from the line `CAIRN_TRAFFIC_REPORT` makes cairn print.
 fn downloaded(stderr: &str) -> u64 {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("traffic: "))
-        .unwrap_or_else(|| panic!("no traffic line in {stderr}"));
-    let after = line.split("downloaded ").nth(1).unwrap();
-    after.split(' ').next().unwrap().parse().unwrap()
+    traffic_bytes(stderr, "downloaded")
 }
 
 fn traffic(env: &Env, args: &[&str]) -> u64 {

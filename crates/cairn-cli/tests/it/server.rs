@@ -1071,14 +1071,8 @@ fn a_full_disk_or_a_killed_client_costs_nothing_committed() {
     srv.stop();
 }
 
-/// Bytes uploaded, from the line `CAIRN_TRAFFIC_REPORT` makes a client print.
 fn uploaded(stderr: &str) -> u64 {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("traffic: "))
-        .unwrap_or_else(|| panic!("no traffic line in {stderr}"));
-    let after = line.split("uploaded ").nth(1).unwrap();
-    after.split(' ').next().unwrap().parse().unwrap()
+    traffic_bytes(stderr, "uploaded")
 }
 
 /// Bytes under `data/` (every pack).

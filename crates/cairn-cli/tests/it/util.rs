@@ -656,6 +656,20 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A byte count from the line `CAIRN_TRAFFIC_REPORT` makes cairn print
+/// (`field`: "uploaded" or "downloaded").
+pub fn traffic_bytes(stderr: &str, field: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("traffic: "))
+        .unwrap_or_else(|| panic!("no traffic line in {stderr}"));
+    let after = line
+        .split(&format!("{field} "))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {field} in {line}"));
+    after.split(' ').next().unwrap().parse().unwrap()
+}
+
 /// Every pack of a local repository with its size (not a writer's temporary file,
 /// which may vanish while this looks: packs can be counted while a backup runs).
 pub fn packs(repo: &Path) -> BTreeMap<PathBuf, u64> {

@@ -139,12 +139,10 @@ impl Dedup {
     }
 
     /// Whether a claim still stands: young enough, and its client heard lately.
-    fn live(&self, c: &Claim) -> bool {
+    /// `seen`: [`Dedup::seen`], locked once per request rather than per id.
+    fn live(seen: &HashMap<String, Instant>, c: &Claim) -> bool {
         c.at.elapsed() < CLAIM_TTL
-            && self
-                .seen
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+            && seen
                 .get(&c.session)
                 .is_some_and(|t| t.elapsed() < SESSION_SILENCE)
     }
@@ -364,8 +362,9 @@ impl Dedup {
             return Ok(Err(r.clone()));
         }
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         if claims.len() > MAX_CLAIMS {
-            claims.retain(|_, c| self.live(c));
+            claims.retain(|_, c| Self::live(&seen, c));
         }
         let now = Instant::now();
         let out: Vec<DedupAnswer> = ids
@@ -376,7 +375,9 @@ impl Dedup {
                     return DedupAnswer::Stored;
                 }
                 match claims.get_mut(id) {
-                    Some(c) if c.session != session && self.live(c) => DedupAnswer::InFlight,
+                    Some(c) if c.session != session && Self::live(&seen, c) => {
+                        DedupAnswer::InFlight
+                    }
                     Some(c) => {
                         c.session = session.to_string();
                         c.at = now;
@@ -425,6 +426,7 @@ impl Dedup {
         self.refresh(backend)?;
         let v = self.view.read().unwrap_or_else(|e| e.into_inner());
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let mut c = Confirm::default();
         let now = Instant::now();
         for id in ids {
@@ -432,7 +434,7 @@ impl Dedup {
                 continue;
             }
             match claims.get(id) {
-                Some(cl) if cl.session != session && self.live(cl) && !last => {
+                Some(cl) if cl.session != session && Self::live(&seen, cl) && !last => {
                     c.waiting += 1;
                 }
                 _ => {

@@ -1075,6 +1075,24 @@ fn uploaded(stderr: &str) -> u64 {
     traffic_bytes(stderr, "uploaded")
 }
 
+/// Runs a client with `CAIRN_TRAFFIC_REPORT`, which must succeed; its output and
+/// stderr (holding the traffic line).
+fn client_traffic(
+    env: &Env,
+    srv: &Server,
+    ds: &str,
+    token: &str,
+    args: &[&str],
+) -> (std::process::Output, String) {
+    let o = client_cmd(env, srv, ds, token, args)
+        .env("CAIRN_TRAFFIC_REPORT", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "cairn {args:?}: {err}");
+    (o, err)
+}
+
 /// Bytes under `data/` (every pack).
 fn data_bytes(repo: &Path) -> u64 {
     packs(repo).values().sum()
@@ -1112,18 +1130,13 @@ fn dedup_queries_send_only_new_chunks_and_clients_share_what_is_in_flight() {
     let two = env.path("two");
     copy_tree(&one, &two);
     std::fs::write(two.join("new.txt"), b"only on web02").unwrap();
-    let o = client_cmd(
+    let (o, err) = client_traffic(
         &env,
         &srv,
         "main",
         &web02,
         &["backup", "--host", "web02", two.to_str().unwrap()],
-    )
-    .env("CAIRN_TRAFFIC_REPORT", "1")
-    .output()
-    .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(o.status.success(), "{err}");
+    );
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("asked the server about chunks"), "{out}");
     let up = uploaded(&err);
@@ -1133,18 +1146,13 @@ fn dedup_queries_send_only_new_chunks_and_clients_share_what_is_in_flight() {
     );
     // Its next, unchanged backup asks about nothing: the answers are remembered
     // (until a prune changes the server's epoch).
-    let o = client_cmd(
+    let (_, err) = client_traffic(
         &env,
         &srv,
         "main",
         &web02,
         &["backup", "--host", "web02", "--json", two.to_str().unwrap()],
-    )
-    .env("CAIRN_TRAFFIC_REPORT", "1")
-    .output()
-    .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(o.status.success(), "{err}");
+    );
     let again = uploaded(&err);
     assert!(
         again < 16 << 10,
@@ -1290,12 +1298,7 @@ fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
     env.ok(&["forget", &id]);
     env.ok(&["prune"]);
     assert_eq!(data_bytes(&env.repo), 0, "prune removed every pack");
-    let o = client_cmd(&env, &srv, "main", &backup, &["backup", s])
-        .env("CAIRN_TRAFFIC_REPORT", "1")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(o.status.success(), "{err}");
+    let (_, err) = client_traffic(&env, &srv, "main", &backup, &["backup", s]);
     assert!(
         uploaded(&err) >= 3 << 20,
         "the pruned data was not sent again: {err}"
@@ -1514,18 +1517,13 @@ fn a_slow_link_client_uses_small_packs_and_loses_only_those_in_flight() {
     let arrived = data_bytes(&env.repo);
     // The next run sends what had not arrived, and again at most the packs that were
     // in flight (one per upload thread, three).
-    let o = client_cmd(
+    let (_, err) = client_traffic(
         &env,
         &srv,
         "main",
         &t,
         &["backup", "--pack-size", "256K", s],
-    )
-    .env("CAIRN_TRAFFIC_REPORT", "1")
-    .output()
-    .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(o.status.success(), "{err}");
+    );
     let sent = uploaded(&err);
     let allowed = (3u64 << 20) - arrived + 3 * (256 << 10) + (160 << 10);
     assert!(

@@ -336,6 +336,12 @@ impl Backend for CachedBackend {
     fn dedup_confirm(&self, ids: &[[u8; 32]]) -> Result<Vec<[u8; 32]>> {
         self.inner.dedup_confirm(ids)
     }
+    fn job_slot(&self, operation: &str, host: &str) -> Result<crate::JobSlot> {
+        self.inner.job_slot(operation, host)
+    }
+    fn release_job_slot(&self) {
+        self.inner.release_job_slot()
+    }
 }
 
 #[cfg(test)]

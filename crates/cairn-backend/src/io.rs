@@ -89,6 +89,17 @@ impl IoRuntime {
     }
 }
 
+impl IoRuntime {
+    /// Runs a task in the background until it ends or is aborted (or the runtime
+    /// stops).
+    pub(crate) fn spawn(
+        &self,
+        fut: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Option<tokio::task::AbortHandle> {
+        self.rt.as_ref().map(|rt| rt.spawn(fut).abort_handle())
+    }
+}
+
 impl Drop for IoRuntime {
     fn drop(&mut self) {
         if let Some(rt) = self.rt.take() {

@@ -222,6 +222,30 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn dedup_confirm(&self, ids: &[[u8; 32]]) -> Result<Vec<[u8; 32]>> {
         self.dedup_query(ids).map(|_| Vec::new())
     }
+    /// Storage that limits how many jobs write at once (a cairn server): asks once,
+    /// waiting a few seconds at most, for this client's job slot. Granted is kept
+    /// (the client keeps it alive) until [`Backend::release_job_slot`]. Other
+    /// storage has no such limit: granted.
+    fn job_slot(&self, operation: &str, host: &str) -> Result<JobSlot> {
+        let _ = (operation, host);
+        Ok(JobSlot::Granted)
+    }
+    /// The job is over: frees the slot (best effort; a server frees the slot of a
+    /// client it stops hearing from anyway).
+    fn release_job_slot(&self) {}
+}
+
+/// The answer to [`Backend::job_slot`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobSlot {
+    Granted,
+    /// Not yet: `max` jobs may write at once; these run, and these wait ahead
+    /// (each described for people: host, operation, since when).
+    Queued {
+        max: u32,
+        running: Vec<String>,
+        ahead: Vec<String>,
+    },
 }
 
 /// The answer to one id of a dedup query.

@@ -171,6 +171,12 @@ impl Backend for RetryBackend {
     fn dedup_confirm(&self, ids: &[[u8; 32]]) -> Result<Vec<[u8; 32]>> {
         self.run(|_| self.inner.dedup_confirm(ids))
     }
+    fn job_slot(&self, operation: &str, host: &str) -> Result<crate::JobSlot> {
+        self.run(|_| self.inner.job_slot(operation, host))
+    }
+    fn release_job_slot(&self) {
+        self.inner.release_job_slot()
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! accepted, whatever signed it (a self-signed server certificate).
 
 use crate::io::IoRuntime;
-use crate::{Backend, BackendError, BackendErrorKind, ObjectInfo, Result};
+use crate::{Backend, BackendError, BackendErrorKind, JobSlot, ObjectInfo, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -81,12 +81,26 @@ pub struct ServerBackend {
     loc: ServerLocation,
     token: String,
     location: String,
-    /// Names this client's claims on chunks it is sending (random per process).
+    /// Names this client's claims on chunks it is sending and its job slot (random
+    /// per process).
     session: String,
+    /// While this client holds a job slot: the task that keeps it alive.
+    heartbeat: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
 }
+
+/// How long one request for a job slot waits on the server before it answers
+/// "queued" (short enough that an interrupted client stops promptly).
+const SLOT_WAIT_SECS: u64 = 5;
 
 /// Ids per dedup request (the server's limit is higher).
 const DEDUP_BATCH: usize = 16384;
+
+impl Drop for ServerBackend {
+    fn drop(&mut self) {
+        // The next job need not wait for the server to notice this one is gone.
+        self.release_job_slot();
+    }
+}
 
 impl std::fmt::Debug for ServerBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -244,7 +258,23 @@ impl ServerBackend {
                     .map_err(|_| BackendError::open_failed(location, "no randomness".into()))?;
                 hex_lower(&b)
             },
+            heartbeat: std::sync::Mutex::new(None),
         })
+    }
+
+    fn slots_url(&self) -> String {
+        format!(
+            "{}/v1/datastores/{}/slots",
+            self.loc.base, self.loc.datastore
+        )
+    }
+
+    /// Asks for the job slot until it is granted (for a write refused with
+    /// `no_job_slot`: a client that did not ask first, or lost its slot).
+    fn wait_for_slot(&self) -> Result<()> {
+        let host = crate::process::hostname();
+        while let JobSlot::Queued { .. } = self.job_slot("write", &host)? {}
+        Ok(())
     }
 
     fn url(&self, name: &str) -> String {
@@ -263,39 +293,55 @@ impl ServerBackend {
         name: &str,
         req: reqwest::RequestBuilder,
     ) -> Result<(reqwest::StatusCode, Vec<u8>)> {
+        self.send_telling(op, name, req).map_err(|(e, _)| e)
+    }
+
+    /// [`ServerBackend::send`], with the server's name for an error
+    /// (`no_job_slot`, ...) beside it.
+    fn send_telling(
+        &self,
+        op: &'static str,
+        name: &str,
+        req: reqwest::RequestBuilder,
+    ) -> std::result::Result<(reqwest::StatusCode, Vec<u8>), (BackendError, String)> {
         // Every request names the session: the server takes a client it has not
         // heard from for a while for gone, and releases the chunks it was sending.
         let req = req
             .bearer_auth(&self.token)
             .header("x-cairn-session", &self.session);
-        let r = self.io.run(op, name, async move {
-            let resp = req.send().await?;
-            let status = resp.status();
-            let body = resp.bytes().await?;
-            // Without a copy when the body arrived in one piece.
-            Ok::<_, reqwest::Error>((status, Vec::from(body)))
-        })?;
-        let (status, body) = r.map_err(|e| BackendError {
-            // A server that cannot be reached may come back (retried); one whose
-            // certificate is refused will not.
-            kind: if is_tls_refusal(&e) {
-                BackendErrorKind::PermissionDenied
-            } else {
-                BackendErrorKind::Transient
-            },
-            op,
-            path: name.to_string(),
-            message: {
-                let mut m = describe(&e);
-                if m.contains("UnknownIssuer") {
-                    m.push_str(
-                        " (a server with a self-signed certificate: pass the fingerprint \
+        let r = self
+            .io
+            .run(op, name, async move {
+                let resp = req.send().await?;
+                let status = resp.status();
+                let body = resp.bytes().await?;
+                // Without a copy when the body arrived in one piece.
+                Ok::<_, reqwest::Error>((status, Vec::from(body)))
+            })
+            .map_err(|e| (e, String::new()))?;
+        let (status, body) = r
+            .map_err(|e| BackendError {
+                // A server that cannot be reached may come back (retried); one whose
+                // certificate is refused will not.
+                kind: if is_tls_refusal(&e) {
+                    BackendErrorKind::PermissionDenied
+                } else {
+                    BackendErrorKind::Transient
+                },
+                op,
+                path: name.to_string(),
+                message: {
+                    let mut m = describe(&e);
+                    if m.contains("UnknownIssuer") {
+                        m.push_str(
+                            " (a server with a self-signed certificate: pass the fingerprint \
                          `cairn serve` printed with --server-fingerprint)",
-                    );
-                }
-                m
-            },
-        })?;
+                        );
+                    }
+                    m
+                },
+            })
+            .map_err(|e| (e, String::new()))?;
         if status.is_success() {
             return Ok((status, body));
         }
@@ -318,12 +364,15 @@ impl ServerBackend {
             (408 | 429 | 502 | 503 | 504, _) => BackendErrorKind::Transient,
             _ => BackendErrorKind::Other,
         };
-        Err(BackendError {
-            kind,
-            op,
-            path: name.to_string(),
-            message: format!("server: {message}"),
-        })
+        Err((
+            BackendError {
+                kind,
+                op,
+                path: name.to_string(),
+                message: format!("server: {message}"),
+            },
+            kind_name,
+        ))
     }
 
     fn dedup_url(&self, what: &str) -> String {
@@ -340,11 +389,20 @@ impl ServerBackend {
     }
 
     fn put_mode(&self, name: &str, data: &[u8], mode: &str) -> Result<()> {
-        let req = self
-            .client
-            .put(format!("{}?mode={mode}", self.url(name)))
-            .body(data.to_vec());
-        self.send("put", name, req).map(|_| ())
+        let put = || {
+            let req = self
+                .client
+                .put(format!("{}?mode={mode}", self.url(name)))
+                .body(data.to_vec());
+            self.send_telling("put", name, req).map(|_| ())
+        };
+        match put() {
+            Err((_, kind)) if kind == "no_job_slot" => {
+                self.wait_for_slot()?;
+                put().map_err(|(e, _)| e)
+            }
+            r => r.map_err(|(e, _)| e),
+        }
     }
 }
 
@@ -514,6 +572,90 @@ impl Backend for ServerBackend {
             }
         }
         Ok(out)
+    }
+    fn job_slot(&self, operation: &str, host: &str) -> Result<JobSlot> {
+        #[derive(serde::Deserialize)]
+        struct Job {
+            #[serde(default)]
+            token: String,
+            #[serde(default)]
+            host: String,
+            #[serde(default)]
+            operation: String,
+            #[serde(default)]
+            since: i64,
+        }
+        #[derive(serde::Deserialize)]
+        struct Reply {
+            granted: bool,
+            max: u32,
+            heartbeat_secs: u64,
+            #[serde(default)]
+            running: Vec<Job>,
+            #[serde(default)]
+            ahead: Vec<Job>,
+        }
+        let body = serde_json::json!({"operation": operation, "host": host}).to_string();
+        let ask = |wait: u64| {
+            self.client
+                .post(format!("{}?wait={wait}", self.slots_url()))
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.clone())
+        };
+        let reply = match self.send("slot", "", ask(SLOT_WAIT_SECS)) {
+            Ok((_, b)) => b,
+            // A server from before job slots: it limits nothing.
+            Err(e) if e.is_not_found() => return Ok(JobSlot::Granted),
+            Err(e) => return Err(e),
+        };
+        let r: Reply =
+            serde_json::from_slice(&reply).map_err(|e| bad_reply("slot", &e.to_string()))?;
+        if !r.granted {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            let describe = |j: &Job| {
+                let mins = (now - j.since).max(0) / 60;
+                format!(
+                    "{} on {} (token {}), for {mins} min",
+                    j.operation, j.host, j.token
+                )
+            };
+            return Ok(JobSlot::Queued {
+                max: r.max,
+                running: r.running.iter().map(describe).collect(),
+                ahead: r.ahead.iter().map(describe).collect(),
+            });
+        }
+        let mut hb = self.heartbeat.lock().unwrap_or_else(|e| e.into_inner());
+        if hb.is_none() {
+            // Asking again is the heartbeat; a failed one is retried at the next
+            // beat, and a slot lost meanwhile is asked for again at the next write.
+            let every = std::time::Duration::from_secs(r.heartbeat_secs.clamp(1, 3600));
+            let again = ask(0)
+                .bearer_auth(&self.token)
+                .header("x-cairn-session", &self.session);
+            *hb = self.io.spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    if let Some(req) = again.try_clone() {
+                        let _ = req.send().await;
+                    }
+                }
+            });
+        }
+        Ok(JobSlot::Granted)
+    }
+    fn release_job_slot(&self) {
+        let held = self
+            .heartbeat
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(task) = held {
+            task.abort();
+            let _ = self.send("slot", "", self.client.delete(self.slots_url()));
+        }
     }
     fn dedup_confirm(&self, ids: &[[u8; 32]]) -> Result<Vec<[u8; 32]>> {
         let mut missing = Vec::new();

@@ -173,6 +173,12 @@ impl Backend for ThrottledBackend {
             .fetch_add(32 * r.len() as u64, Ordering::Relaxed);
         Ok(r)
     }
+    fn job_slot(&self, operation: &str, host: &str) -> Result<crate::JobSlot> {
+        self.inner.job_slot(operation, host)
+    }
+    fn release_job_slot(&self) {
+        self.inner.release_job_slot()
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //!
 //! 1. the repository lock the operation needs (shared for everything but prune and
 //!    repair, which take an exclusive one), refreshed in the background;
-//! 2. for backups, a job slot (`max_concurrent_jobs`): it waits for the jobs ahead;
+//! 2. for backups, a job slot (`max_concurrent_jobs`): it waits for the jobs ahead
+//!    by their locks, then, through a cairn server, for the slot the server counts
+//!    (which a client cannot skip: the server refuses its writes without one);
 //! 3. the list of snapshots, and only then
 //! 4. the index, in its placement.
 //!
@@ -112,10 +114,62 @@ enum Held {
     Unwritable(String),
 }
 
+/// The job slot a cairn server keeps for this client (its datastore's
+/// `max_concurrent_jobs`, counted by the server), released on drop. Other storage
+/// grants it at once.
+struct ServerSlot {
+    backend: Arc<dyn cairn_backend::Backend>,
+}
+
+impl ServerSlot {
+    /// Asks until granted, saying once (and again when the line changes) who is
+    /// ahead; the cancellation token ends the wait.
+    fn take(repo: &Repository, operation: &str, progress: &Progress) -> Result<ServerSlot> {
+        let backend = repo.backend().clone();
+        let host = crate::repo::hostname();
+        let mut told: Option<usize> = None;
+        loop {
+            progress.check_cancelled()?;
+            match backend.job_slot(operation, &host)? {
+                cairn_backend::JobSlot::Granted => return Ok(ServerSlot { backend }),
+                cairn_backend::JobSlot::Queued {
+                    max,
+                    running,
+                    ahead,
+                } => {
+                    if told != Some(ahead.len()) {
+                        progress.phase(Phase::WaitingForJobSlot);
+                        let mut m = format!(
+                            "waiting: the server runs {} of at most {max} jobs on this datastore \
+                             and {} are queued ahead (max-concurrent-jobs):",
+                            running.len(),
+                            ahead.len()
+                        );
+                        for j in running.iter().chain(&ahead).take(max as usize + 2) {
+                            m.push_str("\n  ");
+                            m.push_str(j);
+                        }
+                        progress.notice(m);
+                        told = Some(ahead.len());
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ServerSlot {
+    fn drop(&mut self) {
+        self.backend.release_job_slot();
+    }
+}
+
 /// An operation's hold on a repository. See the module documentation.
 pub struct Session<A: Access> {
     repo: Repository,
     held: Held,
+    /// A cairn server's job slot, given back when the session ends.
+    _slot: Option<ServerSlot>,
     progress: Progress,
     snapshot_ids: Vec<SnapshotId>,
     snapshots: std::sync::OnceLock<Result<SnapshotList, Arc<Error>>>,
@@ -165,11 +219,17 @@ impl<A: Access> Session<A> {
                 progress.notice(m);
             })?;
         }
+        let slot = if A::JOB_SLOT {
+            Some(ServerSlot::take(&repo, operation, progress)?)
+        } else {
+            None
+        };
         progress.phase(Phase::ListingSnapshots);
         let snapshot_ids = repo.list_snapshot_ids()?;
         let mut s = Session {
             repo,
             held,
+            _slot: slot,
             progress: progress.clone(),
             snapshot_ids,
             snapshots: std::sync::OnceLock::new(),

@@ -396,6 +396,11 @@ pub async fn put(
     } else {
         None
     };
+    if t.role != Role::Admin && action == Action::Create && kind.needs_job_slot() {
+        // After the checks of the content: a malformed upload hears what is wrong
+        // with it, whatever its slot.
+        need_slot(&store, &t, &headers)?;
+    }
     app.pace_transfer(&t.id, true, body.len() as u64).await;
     if let (Some(host), Kind::Snapshot) = (&t.host, kind) {
         // The record first: a crash between the two leaves a record without a
@@ -431,6 +436,9 @@ pub async fn put(
     .await?;
     if is_lock {
         store.dedup.lock_written();
+    }
+    if kind == Kind::Config {
+        reread_config(&store).await;
     }
     if let Some((index_name, list)) = list {
         store.dedup.list_stored(&index_name, &list);
@@ -481,10 +489,50 @@ async fn check_dedup_list(
     Ok((index_name, list))
 }
 
-/// Notes that the client behind a request is alive (its claims on chunks stand).
+/// Notes that the client behind a request is alive (its claims on chunks and its
+/// job slot stand).
 fn heard(store: &Datastore, t: &TokenEntry, headers: &HeaderMap) {
     if let Ok(s) = session_of(headers) {
-        store.dedup.touch(&format!("{}-{s}", t.id));
+        let key = format!("{}-{s}", t.id);
+        store.dedup.touch(&key);
+        store.slots.touch(&key);
+    }
+}
+
+/// A non-admin write of data, an index file, a list or a snapshot: its session must
+/// hold a job slot ([`crate::slots`]).
+fn need_slot(store: &Datastore, t: &TokenEntry, headers: &HeaderMap) -> ApiResult<()> {
+    let session = session_of(headers).map_err(|_| no_slot(store))?;
+    if store.slots.holds(&format!("{}-{session}", t.id)) {
+        Ok(())
+    } else {
+        Err(no_slot(store))
+    }
+}
+
+fn no_slot(store: &Datastore) -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "no_job_slot",
+        format!(
+            "this session holds no job slot on datastore {:?} (at most {} jobs write at \
+             once): ask with POST /v1/datastores/{}/slots and X-Cairn-Session",
+            store.name,
+            store.max_jobs.load(Ordering::Relaxed),
+            store.name
+        ),
+    )
+}
+
+/// An admin replaced the config: its job limit may have changed.
+async fn reread_config(store: &Arc<Datastore>) {
+    let s = store.clone();
+    if let Ok(Ok(summary)) =
+        blocking(move || Ok(crate::read_config_summary(s.backend.as_ref()))).await
+    {
+        store
+            .max_jobs
+            .store(summary.max_concurrent_jobs, Ordering::Relaxed);
     }
 }
 
@@ -496,7 +544,7 @@ fn session_of(headers: &HeaderMap) -> ApiResult<String> {
         .unwrap_or("");
     if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return Err(ApiError::bad(
-            "a dedup request needs X-Cairn-Session: 1 to 64 letters or digits",
+            "this request needs X-Cairn-Session: 1 to 64 letters or digits",
         ));
     }
     Ok(s.to_string())
@@ -777,4 +825,141 @@ mod tests {
             check_body(Kind::Pack, &format!("data/{}/{pid}", &pid[..2]), &pack, 10).unwrap_err();
         assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
     }
+}
+
+/// What a client asks a job slot for (`POST .../slots`); both fields only describe
+/// the job to others waiting.
+#[derive(Deserialize, Default)]
+pub struct SlotAsk {
+    #[serde(default)]
+    operation: String,
+    #[serde(default)]
+    host: String,
+}
+
+#[derive(Serialize)]
+struct SlotReply {
+    granted: bool,
+    /// The datastore's limit.
+    max: u32,
+    /// How often a holder must be heard from (any request, or this one again).
+    heartbeat_secs: u64,
+    running: Vec<crate::slots::JobView>,
+    /// Queued before this client (for a `GET`: every queued job).
+    ahead: Vec<crate::slots::JobView>,
+}
+
+/// What a token may see of other clients' jobs: a host-bound token does not learn
+/// other hosts' names.
+fn visible(t: &TokenEntry, mut jobs: Vec<crate::slots::JobView>) -> Vec<crate::slots::JobView> {
+    if let (Some(host), true) = (&t.host, t.role != Role::Admin) {
+        for j in &mut jobs {
+            if &j.host != host {
+                j.host = "(another host)".into();
+                j.token = "(another token)".into();
+            }
+        }
+    }
+    jobs
+}
+
+fn short_text(s: &str) -> String {
+    s.chars().filter(|c| !c.is_control()).take(64).collect()
+}
+
+#[derive(Deserialize)]
+pub struct SlotQuery {
+    /// Seconds to wait for a slot before answering "queued" (at most 20).
+    wait: Option<u64>,
+}
+
+/// `POST /v1/datastores/{ds}/slots`: a job slot for this session now, or after a
+/// wait of up to 20 s the jobs ahead of it (ask again).
+pub async fn slot_request(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    Query(q): Query<SlotQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    if t.role == Role::Restore {
+        return Err(ApiError::forbidden(
+            "a restore token writes nothing and needs no job slot",
+        ));
+    }
+    let ask: SlotAsk = if body.is_empty() {
+        SlotAsk::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad(format!("slot request: {e}")))?
+    };
+    let session = session_of(&headers)?;
+    let request = crate::slots::Request {
+        key: format!("{}-{session}", t.id),
+        token_name: t.name.clone(),
+        host: t.host.clone().unwrap_or_else(|| short_text(&ask.host)),
+        operation: short_text(&ask.operation),
+    };
+    let max = store.max_jobs.load(Ordering::Relaxed);
+    let answer = store
+        .slots
+        .request(
+            max,
+            &request,
+            q.wait
+                .map_or(crate::slots::LONG_POLL, std::time::Duration::from_secs)
+                .min(crate::slots::LONG_POLL),
+        )
+        .await;
+    let heartbeat_secs = (store.slots.idle().as_secs() / 3).max(1);
+    let reply = match answer {
+        crate::slots::Answer::Granted => SlotReply {
+            granted: true,
+            max,
+            heartbeat_secs,
+            running: Vec::new(),
+            ahead: Vec::new(),
+        },
+        crate::slots::Answer::Queued { running, ahead } => SlotReply {
+            granted: false,
+            max,
+            heartbeat_secs,
+            running: visible(&t, running),
+            ahead: visible(&t, ahead),
+        },
+    };
+    Ok(axum::Json(reply).into_response())
+}
+
+/// `DELETE /v1/datastores/{ds}/slots`: this session's job is over.
+pub async fn slot_release(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    let session = session_of(&headers)?;
+    store.slots.release(&format!("{}-{session}", t.id));
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `GET /v1/datastores/{ds}/slots`: the running and the queued jobs.
+pub async fn slots_list(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    let (running, queued) = store.slots.jobs();
+    Ok(axum::Json(SlotReply {
+        granted: false,
+        max: store.max_jobs.load(Ordering::Relaxed),
+        heartbeat_secs: (store.slots.idle().as_secs() / 3).max(1),
+        running: visible(&t, running),
+        ahead: visible(&t, queued),
+    })
+    .into_response())
 }

@@ -7,6 +7,7 @@
 //! tls_key = "/etc/cairn/key.pem"
 //! request_timeout_secs = 600
 //! max_lock_age_hours = 168
+//! job_idle_secs = 90
 //!
 //! [datastores]
 //! main = "/srv/cairn/main"
@@ -42,6 +43,9 @@ pub struct ServerConfig {
     /// refreshed (a week by default: longer than any sane backup, short enough that
     /// a hijacked client cannot keep prune from deleting forever).
     pub max_lock_age_hours: u64,
+    /// Seconds a job slot stays with a client the server does not hear from
+    /// (a killed client's slot is freed after this; clients speak every third).
+    pub job_idle_secs: u64,
     /// The largest object a client may upload, bytes.
     pub max_object_size: u64,
     /// Bandwidth limits, bytes per second: each token's, and the whole server's.
@@ -121,6 +125,7 @@ pub struct FileConfig {
     pub insecure_http: Option<bool>,
     pub request_timeout_secs: Option<u64>,
     pub max_lock_age_hours: Option<u64>,
+    pub job_idle_secs: Option<u64>,
     pub max_object_size: Option<u64>,
     pub limit_upload_per_token: Option<Rate>,
     pub limit_download_per_token: Option<Rate>,
@@ -267,6 +272,7 @@ impl ServerConfig {
             tls,
             request_timeout_secs: file.request_timeout_secs.unwrap_or(600),
             max_lock_age_hours: file.max_lock_age_hours.unwrap_or(7 * 24),
+            job_idle_secs: file.job_idle_secs.unwrap_or(90),
             max_object_size: file.max_object_size.unwrap_or(512 << 20),
             jobs: file.jobs,
             datastore_passwords: file.datastore_passwords,
@@ -283,6 +289,12 @@ impl ServerConfig {
                 download: flags.limits.download.or(rate(&file.limit_download)?),
             },
         };
+        if !(3..=86_400).contains(&config.job_idle_secs) {
+            return Err(ConfigError::Invalid(format!(
+                "job_idle_secs = {}: must be between 3 and 86400",
+                config.job_idle_secs
+            )));
+        }
         let mut names = std::collections::BTreeSet::new();
         for j in &config.jobs {
             j.validate(&config.datastores, &config.datastore_passwords)

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod pace;
 pub mod policy;
 pub mod scrub;
+pub mod slots;
 pub mod tls;
 pub mod tokens;
 
@@ -66,6 +67,11 @@ pub struct Datastore {
     pub dedup: dedup::Dedup,
     /// Snapshot owners for host-bound tokens.
     pub hosts: hosts::HostRecords,
+    /// Job slots: who may write now.
+    pub slots: slots::Slots,
+    /// The repository's `max_concurrent_jobs` (read at start, and again when an
+    /// admin replaces the config through this server).
+    pub max_jobs: std::sync::atomic::AtomicU32,
 }
 
 /// Counters for the log and, later, `/metrics`.
@@ -132,11 +138,17 @@ impl App {
     }
 }
 
-/// Whether the repository's config lists a feature. The config is plaintext JSON
-/// under a MAC the server cannot check; it only decides whether to allow
-/// non-admin writes, and a forged feature list would make the readers themselves
-/// ignore the lists a hostile writer could add.
-fn config_features(backend: &dyn Backend) -> Result<Vec<String>, String> {
+/// What the server reads from a repository's config: its features and its job
+/// limit. The config is plaintext JSON under a MAC the server cannot check; the
+/// features only decide whether to allow non-admin writes (a forged feature list
+/// would make the readers themselves ignore the lists a hostile writer could add),
+/// and a forged job limit only changes how many clients write at once.
+pub struct ConfigSummary {
+    pub features: Vec<String>,
+    pub max_concurrent_jobs: u32,
+}
+
+pub fn read_config_summary(backend: &dyn Backend) -> Result<ConfigSummary, String> {
     let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
     let data = backend
         .get_bounded(cairn_backend::names::CONFIG, max)
@@ -149,7 +161,8 @@ fn config_features(backend: &dyn Backend) -> Result<Vec<String>, String> {
         })?;
     let v: serde_json::Value =
         serde_json::from_slice(&data).map_err(|e| format!("the config is damaged: {e}"))?;
-    Ok(v.get("config")
+    let c = v.get("config");
+    let features = c
         .and_then(|c| c.get("features"))
         .and_then(|f| f.as_array())
         .map(|a| {
@@ -157,8 +170,22 @@ fn config_features(backend: &dyn Backend) -> Result<Vec<String>, String> {
                 .filter_map(|x| x.as_str().map(str::to_string))
                 .collect()
         })
-        .unwrap_or_default())
+        .unwrap_or_default();
+    let max_concurrent_jobs = c
+        .and_then(|c| c.get("max_concurrent_jobs"))
+        .and_then(|m| m.as_u64())
+        .map_or(cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS, |m| {
+            m.clamp(1, cairn_format::config::MAX_MAX_CONCURRENT_JOBS as u64) as u32
+        });
+    Ok(ConfigSummary {
+        features,
+        max_concurrent_jobs,
+    })
 }
+
+/// Above this many simultaneous jobs per datastore the server warns: each job
+/// holds packs in flight and keeps the disks seeking.
+pub const JOBS_WARNING: u32 = 16;
 
 impl App {
     /// Opens every datastore's storage (no local cache: the server reads each
@@ -186,8 +213,16 @@ impl App {
                 &cairn_core::progress::Progress::none(),
             )
             .map_err(|e| err(e.to_string()))?;
-            let features = config_features(storage.backend.as_ref()).map_err(err)?;
-            let admin_names = features
+            let summary = read_config_summary(storage.backend.as_ref()).map_err(err)?;
+            if summary.max_concurrent_jobs > JOBS_WARNING {
+                log_line(&format!(
+                    "warning: datastore {name} allows {} simultaneous jobs (max-concurrent-jobs); \
+                     more than {JOBS_WARNING} usually makes every job slower",
+                    summary.max_concurrent_jobs
+                ));
+            }
+            let admin_names = summary
+                .features
                 .iter()
                 .any(|f| f == cairn_format::consts::FEATURE_ADMIN_NAMES);
             let owners =
@@ -204,6 +239,8 @@ impl App {
                     census: tokio::sync::Mutex::new(None),
                     dedup: dedup::Dedup::default(),
                     hosts: hosts::HostRecords::default(),
+                    slots: slots::Slots::new(Duration::from_secs(config.job_idle_secs)),
+                    max_jobs: summary.max_concurrent_jobs.into(),
                 }),
             );
         }
@@ -242,6 +279,7 @@ impl App {
             r_plan,
             r_query,
             r_confirm,
+            r_slots,
         ] = ROUTES;
         Router::new()
             .route(r_health, get(|| async { "ok\n" }))
@@ -254,13 +292,19 @@ impl App {
             .route(r_plan, get(api::dedup_plan))
             .route(r_query, axum::routing::post(api::dedup_query))
             .route(r_confirm, axum::routing::post(api::dedup_confirm))
+            .route(
+                r_slots,
+                get(api::slots_list)
+                    .post(api::slot_request)
+                    .delete(api::slot_release),
+            )
             .layer(axum::extract::DefaultBodyLimit::max(limit))
             .with_state(self.clone())
     }
 }
 
 /// Every route the server answers; docs/openapi.yaml describes each (a test checks).
-pub const ROUTES: [&str; 10] = [
+pub const ROUTES: [&str; 11] = [
     "/healthz",
     "/metrics",
     "/v1/whoami",
@@ -271,6 +315,7 @@ pub const ROUTES: [&str; 10] = [
     "/v1/datastores/{ds}/dedup",
     "/v1/datastores/{ds}/dedup/query",
     "/v1/datastores/{ds}/dedup/confirm",
+    "/v1/datastores/{ds}/slots",
 ];
 
 /// Where the self-signed certificate lives.

@@ -106,7 +106,20 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
         "# HELP cairn_dedup_queries_total Dedup query requests answered.\n# TYPE cairn_dedup_queries_total counter\n\
          # HELP cairn_dedup_chunks_total Chunk ids asked about, by answer (stored, send, in_flight; confirmed_missing: held chunks whose sender never delivered).\n# TYPE cairn_dedup_chunks_total counter\n",
     );
+    let mut slots = String::from(
+        "# HELP cairn_jobs_running Jobs holding a job slot on the datastore.\n# TYPE cairn_jobs_running gauge\n\
+         # HELP cairn_jobs_queued Jobs waiting for a job slot.\n# TYPE cairn_jobs_queued gauge\n\
+         # HELP cairn_jobs_max The datastore's max-concurrent-jobs.\n# TYPE cairn_jobs_max gauge\n",
+    );
     for (name, ds) in &app.datastores {
+        let (running, queued) = ds.slots.jobs();
+        let _ = writeln!(
+            slots,
+            "cairn_jobs_running{{datastore=\"{name}\"}} {}\ncairn_jobs_queued{{datastore=\"{name}\"}} {}\ncairn_jobs_max{{datastore=\"{name}\"}} {}",
+            running.len(),
+            queued.len(),
+            ds.max_jobs.load(Ordering::Relaxed)
+        );
         let d = &ds.dedup.stats;
         let _ = writeln!(
             dedup,
@@ -174,7 +187,7 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
             );
         }
     }
-    for part in [per_ds, bio, census, bytes, occupied, jobs, dedup] {
+    for part in [per_ds, bio, census, bytes, occupied, jobs, slots, dedup] {
         out.push_str(&part);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)

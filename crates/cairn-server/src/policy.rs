@@ -66,6 +66,15 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// What a non-admin session may create only while it holds a job slot: what a
+    /// backup writes (locks come before the slot, host records from the server).
+    pub fn needs_job_slot(self) -> bool {
+        matches!(
+            self,
+            Kind::Pack | Kind::Index | Kind::Snapshot | Kind::DedupList
+        )
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Config => "config",

@@ -442,12 +442,17 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
         let (code, body) = http(p, method, &path, t, &body);
         assert_eq!(code, 403, "{method} {path}: {body}");
     }
-    // Creating an object that already exists (create-only).
-    let (code, _) = http(
+    // Creating an object that already exists (create-only), with a job slot.
+    let ses = [("X-Cairn-Session", "handmade")];
+    let slots = "/v1/datastores/main/slots";
+    let (code, body) = http_with(p, "POST", slots, &backup, &ses, b"");
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let (code, _) = http_with(
         p,
         "PUT",
         &obj(&format!("snapshots/{full_snap}")),
-        t,
+        &backup,
+        &ses,
         &sbytes,
     );
     assert_eq!(code, 409);
@@ -1371,14 +1376,28 @@ fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
     // A lying list the server cannot tell from a true one (no key): check, with the
     // key, finds it, and repair index rewrites the lists.
     std::fs::remove_file(env.repo.join("dedup").join(&index_name)).unwrap();
-    let (code, body) = http_with(
-        p,
-        "PUT",
-        &obj(&format!("dedup/{index_name}")),
-        &backup,
-        &[],
-        &dedup_list(&index_id, false, &[], &[[5; 32]]),
+    let lie = dedup_list(&index_id, false, &[], &[[5; 32]]);
+    let put_lie = || {
+        http_with(
+            p,
+            "PUT",
+            &obj(&format!("dedup/{index_name}")),
+            &backup,
+            &ses,
+            &lie,
+        )
+    };
+    let (code, body) = put_lie();
+    assert_eq!(
+        code,
+        429,
+        "a writer needs a job slot: {}",
+        String::from_utf8_lossy(&body)
     );
+    assert!(String::from_utf8_lossy(&body).contains("no_job_slot"));
+    let slots = "/v1/datastores/main/slots";
+    assert_eq!(http_with(p, "POST", slots, &backup, &ses, b"").0, 200);
+    let (code, body) = put_lie();
     assert_eq!(code, 201, "{}", String::from_utf8_lossy(&body));
     let o = env.run(&["check"]);
     let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
@@ -1542,5 +1561,147 @@ fn a_slow_link_client_uses_small_packs_and_loses_only_those_in_flight() {
         sizes.len()
     );
     env.check_clean();
+    srv.stop();
+}
+
+/// The datastore's max-concurrent-jobs is the server's to keep: a writer without a
+/// slot is refused, a client waits in line (and says for whom), and a silent
+/// holder loses its slot.
+#[test]
+fn the_server_keeps_the_datastores_job_limit() {
+    let env = Env::new();
+    env.init(&[]);
+    env.ok(&["config", "--max-concurrent-jobs", "1"]);
+    let src = env.path("src");
+    make_full_tree(&src, 47);
+    let settings = env.path("serve.toml");
+    std::fs::write(&settings, "job_idle_secs = 3\n").unwrap();
+    let srv = Server::start_with(
+        0,
+        &env.path("state"),
+        &[("main", &env.repo)],
+        true,
+        &["--config", settings.to_str().unwrap()],
+    );
+    let backup = srv.token("web01", "main", "backup");
+    let restore = srv.token("reader", "main", "restore");
+    let p = srv.port;
+    let slots = "/v1/datastores/main/slots";
+    let squatter = [("X-Cairn-Session", "squatter")];
+    let ask = |token: &str, ses: &[(&str, &str)]| {
+        let (code, body) = http_with(
+            p,
+            "POST",
+            &format!("{slots}?wait=0"),
+            token,
+            ses,
+            b"{\"operation\":\"backup\",\"host\":\"squat\"}",
+        );
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+        String::from_utf8(body).unwrap()
+    };
+    assert!(ask(&backup, &squatter).contains("\"granted\":true"));
+    assert!(ask(&backup, &[("X-Cairn-Session", "second")]).contains("\"granted\":false"));
+    assert_eq!(
+        http_with(p, "POST", slots, &restore, &squatter, b"").0,
+        403,
+        "a restore token writes nothing"
+    );
+    // A write from a session without the slot.
+    let junk = b"a snapshot nobody may store without a slot".to_vec();
+    let name = format!(
+        "/v1/datastores/main/objects/snapshots/{}",
+        blake3_hex(&junk)
+    );
+    let (code, body) = http_with(
+        p,
+        "PUT",
+        &name,
+        &backup,
+        &[("X-Cairn-Session", "second")],
+        &junk,
+    );
+    assert_eq!(code, 429, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("no_job_slot"));
+
+    // The squatter stays alive; a real client waits and says who runs.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beat = {
+        let (stop, backup) = (stop.clone(), backup.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (code, _) = http_with(
+                    p,
+                    "POST",
+                    "/v1/datastores/main/slots?wait=0",
+                    &backup,
+                    &[("X-Cairn-Session", "squatter")],
+                    b"",
+                );
+                assert_eq!(code, 200);
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
+    let mut c = client_cmd(
+        &env,
+        &srv,
+        "main",
+        &backup,
+        &["backup", src.to_str().unwrap()],
+    );
+    let mut child = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = StderrLines::of(&mut child);
+    let line = lines.wait_for(
+        "waiting: the server runs 1 of at most 1",
+        Duration::from_secs(60),
+    );
+    assert!(line.contains("waiting"), "{line}");
+    let held = lines.wait_for("backup on squat", Duration::from_secs(10));
+    assert!(held.contains("squat"), "{held}");
+    let (_, listed) = http(p, "GET", slots, Some(&backup), b"");
+    assert!(
+        listed.contains("\"running\":[{") && listed.contains("\"ahead\":[{"),
+        "{listed}"
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        snapshot_count(&env),
+        0,
+        "the client waited while the squatter was alive"
+    );
+    // The squatter goes silent: its slot is freed after job_idle_secs.
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    beat.join().unwrap();
+    let status = child.wait().unwrap();
+    let log = lines.all();
+    assert!(status.success(), "{log}");
+    assert_eq!(snapshot_count(&env), 1);
+    // The client gave its slot back when it ended: the next one gets it at once.
+    assert!(ask(&backup, &squatter).contains("\"granted\":true"));
+    let (_, metrics) = http(p, "GET", "/metrics", None, b"");
+    for needle in [
+        "cairn_jobs_running{datastore=\"main\"} 1",
+        "cairn_jobs_max{datastore=\"main\"} 1",
+    ] {
+        assert!(metrics.contains(needle), "{needle} not in {metrics}");
+    }
+    // An admin raises the limit through the server: the server follows.
+    let admin = srv.token("root", "main", "admin");
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &admin,
+            &["config", "--max-concurrent-jobs", "2"],
+        ),
+        "config through the server",
+    );
+    assert!(ask(&backup, &[("X-Cairn-Session", "second")]).contains("\"granted\":true"));
     srv.stop();
 }

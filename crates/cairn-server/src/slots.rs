@@ -1,0 +1,300 @@
+//! Job slots: the datastore's `max_concurrent_jobs`, enforced by the server.
+//!
+//! Direct clients queue themselves by their locks (docs/FORMAT.md, "Locks"); a
+//! client behind a server could skip that, so the server keeps its own count. A
+//! writing session of a non-admin token must hold a slot before it stores a pack,
+//! an index file, a dedup list or a snapshot ([`crate::api::put`] refuses with
+//! `no_job_slot` otherwise). A client asks with `POST .../slots`, which answers at
+//! once when a slot is free and otherwise waits up to [`LONG_POLL`] and says who is
+//! ahead; the client asks again until it is its turn. Waiting clients are served
+//! in the order they first asked.
+//!
+//! A slot is freed by `DELETE .../slots`, or when its session has not been heard
+//! from for the idle time (a killed client): the client repeats its `POST` every
+//! third of that time while it works. The count is per server: two servers in
+//! front of one datastore each allow the limit (their clients still queue by
+//! locks, as direct ones do).
+
+use serde::Serialize;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long one `POST .../slots` waits for a slot before answering "queued".
+pub const LONG_POLL: Duration = Duration::from_secs(20);
+
+/// Who holds or waits for a slot.
+#[derive(Clone, Debug)]
+struct Holder {
+    /// Token id and the client's session: `<token id>-<session>`.
+    key: String,
+    token_name: String,
+    host: String,
+    operation: String,
+    since: i64,
+    seen: Instant,
+}
+
+/// One running or queued job, as `GET .../slots` and the waiting client see it.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct JobView {
+    pub token: String,
+    pub host: String,
+    pub operation: String,
+    /// Unix seconds when it started (running) or first asked (queued).
+    pub since: i64,
+}
+
+impl Holder {
+    fn view(&self) -> JobView {
+        JobView {
+            token: self.token_name.clone(),
+            host: self.host.clone(),
+            operation: self.operation.clone(),
+            since: self.since,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    running: Vec<Holder>,
+    queue: Vec<Holder>,
+}
+
+pub struct Slots {
+    state: Mutex<State>,
+    changed: tokio::sync::Notify,
+    idle: Duration,
+}
+
+/// What a request for a slot got.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    Granted,
+    /// Not yet: these jobs run, and this many are queued ahead.
+    Queued {
+        running: Vec<JobView>,
+        ahead: Vec<JobView>,
+    },
+}
+
+/// A client asking for a slot.
+pub struct Request {
+    pub key: String,
+    pub token_name: String,
+    pub host: String,
+    pub operation: String,
+}
+
+impl Slots {
+    /// `idle`: how long a silent session keeps its slot or its place in the queue.
+    pub fn new(idle: Duration) -> Slots {
+        Slots {
+            state: Mutex::new(State::default()),
+            changed: tokio::sync::Notify::new(),
+            idle,
+        }
+    }
+
+    pub fn idle(&self) -> Duration {
+        self.idle
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops silent sessions; wakes the waiters if a slot came free.
+    fn expire(&self, s: &mut State) {
+        let idle = self.idle;
+        let before = s.running.len() + s.queue.len();
+        s.running.retain(|h| h.seen.elapsed() < idle);
+        s.queue.retain(|h| h.seen.elapsed() < idle);
+        if s.running.len() + s.queue.len() != before {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// One attempt: granted if `key` holds a slot or may take one now (a free slot
+    /// and no earlier waiter for it), else queued (and remembered).
+    fn try_take(&self, max: usize, r: &Request) -> Answer {
+        let mut s = self.state();
+        self.expire(&mut s);
+        let now = Instant::now();
+        if let Some(h) = s.running.iter_mut().find(|h| h.key == r.key) {
+            h.seen = now;
+            return Answer::Granted;
+        }
+        let place = match s.queue.iter().position(|h| h.key == r.key) {
+            Some(i) => {
+                s.queue[i].seen = now;
+                i
+            }
+            None => {
+                s.queue.push(Holder {
+                    key: r.key.clone(),
+                    token_name: r.token_name.clone(),
+                    host: r.host.clone(),
+                    operation: r.operation.clone(),
+                    since: cairn_core::time::now_unix(),
+                    seen: now,
+                });
+                s.queue.len() - 1
+            }
+        };
+        if s.running.len() + place < max {
+            let mut h = s.queue.remove(place);
+            h.since = cairn_core::time::now_unix();
+            s.running.push(h);
+            return Answer::Granted;
+        }
+        Answer::Queued {
+            running: s.running.iter().map(Holder::view).collect(),
+            ahead: s.queue[..place].iter().map(Holder::view).collect(),
+        }
+    }
+
+    /// Asks for a slot for up to `wait`; `max` is the datastore's limit now.
+    pub async fn request(&self, max: u32, r: &Request, wait: Duration) -> Answer {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Registered before looking, so a release in between is not missed.
+            let woken = self.changed.notified();
+            let a = self.try_take(max.max(1) as usize, r);
+            if a == Answer::Granted || tokio::time::Instant::now() >= deadline {
+                return a;
+            }
+            // Silent holders expire by time, not by an event: look again each second.
+            let tick = (tokio::time::Instant::now() + Duration::from_secs(1)).min(deadline);
+            let _ = tokio::time::timeout_at(tick, woken).await;
+        }
+    }
+
+    /// The session ends its job (or gives up waiting).
+    pub fn release(&self, key: &str) -> bool {
+        let mut s = self.state();
+        let before = s.running.len() + s.queue.len();
+        s.running.retain(|h| h.key != key);
+        s.queue.retain(|h| h.key != key);
+        let found = s.running.len() + s.queue.len() != before;
+        if found {
+            self.changed.notify_waiters();
+        }
+        found
+    }
+
+    /// Whether `key` holds a slot (and notes that it is alive).
+    pub fn holds(&self, key: &str) -> bool {
+        let mut s = self.state();
+        self.expire(&mut s);
+        match s.running.iter_mut().find(|h| h.key == key) {
+            Some(h) => {
+                h.seen = Instant::now();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A request of `key` arrived: a running job or a waiter is alive.
+    pub fn touch(&self, key: &str) {
+        let mut guard = self.state();
+        let s = &mut *guard;
+        let now = Instant::now();
+        for h in s.running.iter_mut().chain(s.queue.iter_mut()) {
+            if h.key == key {
+                h.seen = now;
+            }
+        }
+    }
+
+    /// The running and the queued jobs.
+    pub fn jobs(&self) -> (Vec<JobView>, Vec<JobView>) {
+        let mut s = self.state();
+        self.expire(&mut s);
+        (
+            s.running.iter().map(Holder::view).collect(),
+            s.queue.iter().map(Holder::view).collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(key: &str) -> Request {
+        Request {
+            key: key.into(),
+            token_name: "t".into(),
+            host: "h".into(),
+            operation: "backup".into(),
+        }
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn slots_are_granted_up_to_the_limit_then_in_the_order_asked() {
+        let rt = rt();
+        let s = Slots::new(Duration::from_secs(60));
+        let now = Duration::ZERO;
+        rt.block_on(async {
+            assert_eq!(s.request(2, &req("a"), now).await, Answer::Granted);
+            assert_eq!(s.request(2, &req("b"), now).await, Answer::Granted);
+            let Answer::Queued { running, ahead } = s.request(2, &req("c"), now).await else {
+                panic!("c got a third slot");
+            };
+            assert_eq!((running.len(), ahead.len()), (2, 0));
+            let Answer::Queued { ahead, .. } = s.request(2, &req("d"), now).await else {
+                panic!("d got a slot");
+            };
+            assert_eq!(ahead.len(), 1, "c is ahead of d");
+            // Asking again keeps the slot; d cannot jump c when one comes free.
+            assert_eq!(s.request(2, &req("a"), now).await, Answer::Granted);
+            assert!(s.release("a"));
+            assert!(matches!(
+                s.request(2, &req("d"), now).await,
+                Answer::Queued { .. }
+            ));
+            assert_eq!(s.request(2, &req("c"), now).await, Answer::Granted);
+            assert!(s.holds("c") && s.holds("b") && !s.holds("d"));
+            // A waiter is woken by a release, not by its timeout.
+            let t = std::time::Instant::now();
+            let d = req("d");
+            let (got, _) = tokio::join!(s.request(2, &d, Duration::from_secs(30)), async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                s.release("b")
+            });
+            assert_eq!(got, Answer::Granted);
+            assert!(t.elapsed() < Duration::from_secs(5));
+        });
+    }
+
+    #[test]
+    fn a_silent_session_loses_its_slot() {
+        let rt = rt();
+        let s = Slots::new(Duration::from_millis(300));
+        rt.block_on(async {
+            assert_eq!(
+                s.request(1, &req("a"), Duration::ZERO).await,
+                Answer::Granted
+            );
+            let got = s.request(1, &req("b"), Duration::from_secs(10)).await;
+            assert_eq!(got, Answer::Granted, "a went silent");
+            assert!(!s.holds("a"));
+            // Touching keeps a holder alive.
+            for _ in 0..5 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                s.touch("b");
+            }
+            assert!(s.holds("b"));
+            assert_eq!(s.jobs().0.len(), 1);
+        });
+    }
+}

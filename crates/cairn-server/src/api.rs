@@ -372,17 +372,22 @@ pub async fn put(
             format!("{name}: {n} bytes, more than the {max} allowed"),
         )
     };
-    if let Some(len) = headers
+    let length = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(len) = length
         && len > max
     {
         return Err(too_large(len.to_string()));
     }
-    let body: Bytes = axum::body::to_bytes(body, max as usize)
-        .await
-        .map_err(|_| too_large("more".into()))?;
+    let body = match app.bodies.read(body, max, length).await {
+        Ok(b) => b,
+        Err(crate::body::ReadError::TooLarge) => return Err(too_large("more".into())),
+        Err(crate::body::ReadError::Broken(e)) => {
+            return Err(ApiError::bad(format!("{name}: the upload broke off: {e}")));
+        }
+    };
     app.stats
         .bytes_in
         .fetch_add(body.len() as u64, Ordering::Relaxed);

@@ -12,6 +12,7 @@
 //! blocking and run through `spawn_blocking`.
 
 pub mod api;
+pub mod body;
 pub mod config;
 pub mod dedup;
 pub mod hosts;
@@ -92,6 +93,8 @@ pub struct App {
     pub stats: Stats,
     pacers: Pacers,
     pub jobs: jobs::Jobs,
+    /// Upload buffers for reuse.
+    pub bodies: Arc<body::BodyPool>,
 }
 
 /// The bandwidth limits in force: the server's, and each token's (made when the
@@ -263,6 +266,7 @@ impl App {
             stats: Stats::default(),
             pacers,
             jobs,
+            bodies: Arc::new(body::BodyPool::default()),
         })
     }
 

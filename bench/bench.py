@@ -77,8 +77,11 @@ ALL_TOOLS = ["cairn", "restic", "borg", "kopia"]
 DEFAULT_TOOLS = ["cairn", "restic", "borg"]  # kopia: name it (--tools ...,kopia)
 ALL_DATASETS = ["mixed", "small", "image", "dense"]
 DEFAULT_DATASETS = ["mixed", "small", "image"]  # dense (1M files): name it
-ALL_SCENARIOS = ["backup", "maintenance", "blocksizes", "jobs", "s3", "copy", "server", "clients"]
+ALL_SCENARIOS = ["backup", "maintenance", "blocksizes", "jobs", "s3", "copy", "server", "clients", "slowlink"]
 CLIENTS_DATASET = "clients"  # rows of the clients scenario
+SLOWLINK_DATASET = "slowlink"  # rows of the slow-link scenario
+SLOWLINK_RATE = 250_000  # bytes per second: a 2 Mbit/s uplink
+SLOWLINK_PACK = "1M"  # cairn's pack size on that link (a drop loses at most ~4 s of sending)
 CLIENTS_N = 8
 DEFAULT_SCENARIOS = ["backup", "maintenance"]  # what --scenario all runs (blocksizes, jobs, s3, copy, server: opt in)
 # server scenario: each tool locally and through its server, side by side
@@ -726,6 +729,7 @@ class CairnServe(Cairn):
         self.repo_dir = self.repo
         self.state = os.path.join(work, "serve-state", dataset)
         self.server = None
+        self.server_args = []  # more `cairn serve` flags (the slow-link scenario's rate limit)
 
     def after_init(self, logdir):
         shutil.rmtree(self.state, ignore_errors=True)
@@ -734,7 +738,7 @@ class CairnServe(Cairn):
         if out.returncode != 0:
             raise RuntimeError(f"cairn serve token add: {out.stderr.strip()}")
         self.server = ServerProcess([self.bin, "serve", "--listen", "127.0.0.1:0", "--datastore",
-                                     f"ds={self.repo_dir}", "--state-dir", self.state], self.env(),
+                                     f"ds={self.repo_dir}", "--state-dir", self.state] + self.server_args, self.env(),
                                     os.path.join(logdir, f"cairn-serve-{os.path.basename(self.repo_dir)}.log"))
 
         def ready(text):
@@ -966,6 +970,8 @@ class Runner:
                 args += ["--files", str(self.cfg["small_files"]), "--dirs", str(self.cfg["small_dirs"])]
             elif kind == "dense":
                 args += ["--files", str(self.cfg["dense_files"]), "--dirs", str(self.cfg["dense_dirs"])]
+            elif kind == "seed":
+                args += ["--files", str(self.cfg["seed_files"])]
             else:
                 args += ["--size-mib", str(self.cfg["image_mib"])]
             subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
@@ -1275,6 +1281,82 @@ class Runner:
                     shutil.rmtree(t.repo_dir, ignore_errors=True)
                     shutil.rmtree(t.cache, ignore_errors=True)
                 settle()
+        if not self.a.keep:
+            shutil.rmtree(live, ignore_errors=True)
+
+    # -- slow-link scenario: the online-backup seed over a 2 Mbit/s uplink
+    def run_slowlink(self, rep):
+        """The seed of an online backup: ~200 MB of compressible small files (text only) backed
+        up once over a 2 Mbit/s uplink. cairn goes through `cairn serve --limit-total-upload
+        250000` with --pack-size 1M (the transfer unit a user sets for such a link); restic
+        through rest-server with its own --limit-upload 244 (KiB/s, the same rate). Reported:
+        the wall time against what the link allows for the bytes each stored (repository
+        growth = compressed unique bytes; link_s = those bytes / 250,000 B/s, link_use =
+        link_s / wall), then a restore of the snapshot verified against the source."""
+        names = [x for x in ("cairn-serve", "restic-rest") if x.split("-")[0] in self.a.tools]
+        if "restic-rest" in names and not os.access(self.a.rest_server_bin, os.X_OK):
+            log("slowlink: no rest-server; restic skipped")
+            names.remove("restic-rest")
+        src = self.dataset_src("seed")
+        live = self.prepare_live("seed", src)
+        nfiles, nbytes = tree_size(live)
+        digest = None if self.a.no_verify else datasets.tree_digest(live)
+        logdir = os.path.join(self.work, "logs")
+        os.makedirs(logdir, exist_ok=True)
+        common = dict(dataset=SLOWLINK_DATASET, rep=rep)
+        for name in names:
+            ver = self.versions.get(name.split("-")[0])
+            t = self.make_tool(name, SLOWLINK_DATASET)
+            for pth in (t.repo_dir, t.cache):
+                shutil.rmtree(pth, ignore_errors=True)
+            os.makedirs(t.cache)
+            if name == "cairn-serve":
+                t.server_args = ["--limit-total-upload", str(SLOWLINK_RATE)]
+            if hasattr(t, "before_init"):
+                t.before_init(logdir)
+            r = self.measure(t, f"{SLOWLINK_DATASET}-{name}-init-r{rep}", *t.init_cmd())
+            if r["rc"] != 0:
+                self.add_row(dict(common, tool=name, tool_version=ver, phase="first", status="fail init"))
+                continue
+            if hasattr(t, "after_init"):
+                t.after_init(logdir)
+            settle()
+            base = du_bytes(t.repo_dir)
+            argv, _ = t.backup_cmd(live, "seed")
+            if name == "cairn-serve":
+                argv = argv[:-1] + ["--pack-size", SLOWLINK_PACK, argv[-1]]
+            else:
+                argv = argv[:-1] + ["--limit-upload", str(SLOWLINK_RATE // 1024), argv[-1]]
+            warm_tree(live)
+            r = self.measure_traffic(t, f"{SLOWLINK_DATASET}-{name}-first-r{rep}", argv)
+            stored = du_bytes(t.repo_dir) - base
+            link_s = stored / SLOWLINK_RATE
+            note = {"link_bytes_per_s": SLOWLINK_RATE, "stored_bytes": stored, "link_s": f"{link_s:.1f}",
+                    "link_use": f"{link_s / r['wall_s']:.2f}" if r["wall_s"] > 0 else ""}
+            if name == "cairn-serve":
+                note["pack_size"] = SLOWLINK_PACK
+            verify = ""
+            if r["rc"] == 0 and digest is not None:
+                target = os.path.join(self.work, "restore", f"{name}-{SLOWLINK_DATASET}")
+                fresh_dir(target)
+                rr = self.measure(t, f"{SLOWLINK_DATASET}-{name}-restore-r{rep}", *t.restore_cmd(target, "seed"))
+                verify = self.verify(target, live, digest) if rr["rc"] == 0 else "fail"
+                shutil.rmtree(target, ignore_errors=True)
+            self.add_row(dict(
+                common, tool=name, tool_version=ver, phase="first", status="ok" if r["rc"] == 0 else f"fail rc={r['rc']}",
+                input_bytes=nbytes, input_files=nfiles, wall_s=f"{r['wall_s']:.3f}",
+                user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""), cpu_s=f"{r['cpu_s']:.2f}",
+                max_rss_kib=r.get("max_rss_kib", ""), mb_per_s=f"{nbytes / MB / r['wall_s']:.2f}",
+                files_per_s=f"{nfiles / r['wall_s']:.1f}", repo_bytes=du_bytes(t.repo_dir),
+                repo_delta_bytes=stored, other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"], verify=verify,
+                log=r["log"], note=kv_note(note) + (" " + r["note"] if r.get("note") else "")))
+            self.print_row(self.rows[-1])
+            if t.server:
+                t.server.stop()
+            if not self.a.keep:
+                shutil.rmtree(t.repo_dir, ignore_errors=True)
+                shutil.rmtree(t.cache, ignore_errors=True)
+            settle()
         if not self.a.keep:
             shutil.rmtree(live, ignore_errors=True)
 
@@ -2209,6 +2291,9 @@ class Runner:
         if "clients" in self.a.scenarios:
             for rep in range(1, self.a.repeat + 1):
                 self.run_clients(rep)
+        if "slowlink" in self.a.scenarios:
+            for rep in range(1, self.a.repeat + 1):
+                self.run_slowlink(rep)
         if "server" in self.a.scenarios:
             names = []
             for t in self.a.tools:
@@ -2872,14 +2957,15 @@ def render_all(rows, tools):
     the blocksizes, jobs, s3 (traffic) and copy ones."""
     srv = [r for r in rows if str(r.get("dataset", "")).startswith(SERVER_PREFIX)]
     cl = [r for r in rows if r.get("dataset") == CLIENTS_DATASET]
+    sl = [r for r in rows if r.get("dataset") == SLOWLINK_DATASET]
     other = [r for r in rows if r.get("dataset") not in (BS_DATASET, JOBS_DATASET, COPY_DATASET, "s3",
-                                                          CLIENTS_DATASET) and r not in srv]
+                                                          CLIENTS_DATASET, SLOWLINK_DATASET) and r not in srv]
     bs = [r for r in rows if r.get("dataset") == BS_DATASET]
     jobs = [r for r in rows if r.get("dataset") == JOBS_DATASET]
     s3 = [r for r in rows if str(r.get("dataset", "")).startswith(S3_PREFIX) or r.get("dataset") == "s3"]
     cp = [r for r in rows if r.get("dataset") == COPY_DATASET]
     parts = []
-    if other or not (bs or jobs or s3 or cp or srv or cl):
+    if other or not (bs or jobs or s3 or cp or srv or cl or sl):
         parts.append(render_table(other, tools))
     if bs:
         parts.append(render_blocksizes(bs))
@@ -2903,6 +2989,24 @@ def render_all(rows, tools):
             lines.append(f"{r['tool']:<12} {r['phase']:<10} {r['status']:<6} {num(r.get('wall_s'), '.2f', 8)} "
                          f"{num(r.get('mb_per_s'), '.0f', 8)} {num(r.get('cpu_s'), '.1f', 8)} "
                          f"{num(r.get('repo_bytes'), '.1f', 9, 2**20)}  {r.get('note', '')} {r.get('verify', '')}")
+        parts.append("\n".join(lines))
+    if sl:
+        lines = ["", f"Slow-link scenario (seed of ~200 MB compressible small files over {SLOWLINK_RATE * 8 / 1e6:g} Mbit/s up; "
+                     "link s = stored bytes / link rate)",
+                 f"{'tool':<12} {'status':<6} {'wall s':>8} {'link s':>8} {'link use':>8} {'stored MiB':>10}  verify"]
+        notes = {}
+        for r in sl:
+            kv = dict(x.split("=", 1) for x in str(r.get("note", "")).split() if "=" in x)
+            notes[r["tool"]] = (kv, r)
+            stored = float(kv.get("stored_bytes", 0) or 0) / 2**20
+            lines.append(f"{r['tool']:<12} {r['status']:<6} {float(r.get('wall_s') or 0):>8.1f} "
+                         f"{kv.get('link_s', '-'):>8} {kv.get('link_use', '-'):>8} {stored:>10.1f}  {r.get('verify', '')}")
+        if "cairn-serve" in notes and "restic-rest" in notes:
+            try:
+                ratio = float(notes["restic-rest"][1]["wall_s"]) / float(notes["cairn-serve"][1]["wall_s"])
+                lines.append(f"cairn is {ratio:.2f}x restic's speed on this link")
+            except (TypeError, ValueError, ZeroDivisionError):
+                pass
         parts.append("\n".join(lines))
     return "\n".join(parts)
 
@@ -3007,7 +3111,8 @@ def main():
     a.scenarios = DEFAULT_SCENARIOS if a.scenario == "all" else [x for x in a.scenario.split(",") if x]
     for x in a.scenarios:
         if x not in ALL_SCENARIOS:
-            ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes, jobs, s3, copy, server, clients or all)")
+            ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes, jobs, s3, copy, server, clients, "
+                     "slowlink or all)")
     a.block_sizes = [b.strip().upper() for b in a.block_sizes.split(",") if b.strip()]
     a.compressions = [c.strip() for c in a.compressions.split(",") if c.strip()]
     for b in a.block_sizes:

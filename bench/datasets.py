@@ -60,17 +60,18 @@ def scale_config(scale=None):
     scale = str(scale).strip().lower()
     if scale in ("full", "", "1", "1.0"):
         cfg = dict(mixed_mib=2048, small_files=200_000, small_dirs=2_000, image_mib=2048,
-                   dense_files=1_000_000, dense_dirs=10_000)
+                   dense_files=1_000_000, dense_dirs=10_000, seed_files=43_000)
     elif scale in ("quick", "small"):
         cfg = dict(mixed_mib=300, small_files=20_000, small_dirs=200, image_mib=300,
-                   dense_files=50_000, dense_dirs=500)
+                   dense_files=50_000, dense_dirs=500, seed_files=4_300)
     else:
         f = float(scale)
         files = max(100, int(200_000 * f))
         dense = max(100, int(1_000_000 * f))
         cfg = dict(mixed_mib=max(16, int(2048 * f)), small_files=files,
                    small_dirs=max(1, files // 100), image_mib=max(16, int(2048 * f)),
-                   dense_files=dense, dense_dirs=max(1, dense // 100))
+                   dense_files=dense, dense_dirs=max(1, dense // 100),
+                   seed_files=max(100, int(43_000 * f)))
     for key, env in (("mixed_mib", "BENCH_MIXED_MIB"), ("small_files", "BENCH_SMALL_FILES"),
                      ("small_dirs", "BENCH_SMALL_DIRS"), ("image_mib", "BENCH_IMAGE_MIB"),
                      ("dense_files", "BENCH_DENSE_FILES"), ("dense_dirs", "BENCH_DENSE_DIRS")):
@@ -89,6 +90,8 @@ def dataset_dirname(kind, cfg):
         return f"image-{cfg['image_mib']}M"
     if kind == "dense":
         return f"dense-{cfg['dense_files']}f-{cfg['dense_dirs']}d"
+    if kind == "seed":
+        return f"seed-{cfg['seed_files']}f"
     raise ValueError(kind)
 
 
@@ -414,7 +417,10 @@ def apply_history_day(tree, day, seed, fraction=0.04):
 # --------------------------------------------------------------------------
 # small
 # --------------------------------------------------------------------------
-def gen_small(out, nfiles, ndirs, seed):
+def gen_small(out, nfiles, ndirs, seed, text_share=0.6, kind="small"):
+    """Small files (1-8 KiB) in a 2-level tree; text_share of them text in a Zipf-ish
+    vocabulary (compressible), the rest random bytes. The seed kind (the slow-link
+    scenario's "200 MB of compressible small files") is all text."""
     t0 = time.time()
     rng = random.Random(f"{seed}-small")
     # pseudo-word vocabulary with a Zipf-ish frequency
@@ -443,7 +449,7 @@ def gen_small(out, nfiles, ndirs, seed):
     for i in range(nfiles):
         d = dirs[i % ndirs]
         size = rng.randint(1024, 8192)
-        if rng.random() < 0.6:
+        if rng.random() < text_share:
             ext = rng.choice([".txt", ".md", ".log", ".json", ".c", ".py"])
             words = rng.choices(vocab, cum_weights=cum, k=size // 5 + 8)
             # newline roughly every 12 words
@@ -458,10 +464,10 @@ def gen_small(out, nfiles, ndirs, seed):
             f.write(data)
         nbytes += len(data)
     set_tree_mtime(tmp, BASE_MTIME)
-    manifest = dict(kind="small", seed=seed, files=nfiles, dirs=ndirs, bytes=nbytes,
+    manifest = dict(kind=kind, seed=seed, files=nfiles, dirs=ndirs, bytes=nbytes,
                     text_files=ntext, generated_in_s=round(time.time() - t0, 1))
     finish_dir(tmp, out, manifest)
-    log(f"small: {nfiles} files in {ndirs} dirs, {nbytes / MiB:.0f} MiB in {time.time() - t0:.0f}s -> {out}")
+    log(f"{kind}: {nfiles} files in {ndirs} dirs, {nbytes / MiB:.0f} MiB in {time.time() - t0:.0f}s -> {out}")
     return manifest
 
 
@@ -635,7 +641,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gen")
-    g.add_argument("kind", choices=["mixed", "small", "image", "dense"])
+    g.add_argument("kind", choices=["mixed", "small", "image", "dense", "seed"])
     g.add_argument("--out", required=True)
     g.add_argument("--seed", type=int, default=DEFAULT_SEED)
     g.add_argument("--size-mib", type=int)
@@ -668,6 +674,9 @@ def main(argv=None):
             m = gen_small(a.out, a.files or cfg["small_files"], a.dirs or cfg["small_dirs"], a.seed)
         elif a.kind == "dense":
             m = gen_small(a.out, a.files or cfg["dense_files"], a.dirs or cfg["dense_dirs"], a.seed)
+        elif a.kind == "seed":
+            files = a.files or cfg["seed_files"]
+            m = gen_small(a.out, files, a.dirs or max(1, files // 100), a.seed, text_share=1.0, kind="seed")
         else:
             m = gen_image(a.out, a.size_mib or cfg["image_mib"], a.seed)
         print(json.dumps(m))
@@ -681,7 +690,7 @@ def main(argv=None):
         print(json.dumps(tree_digest(a.dir)))
     elif a.cmd == "config":
         c = scale_config(a.scale)
-        c["dirs"] = {k: dataset_dirname(k, c) for k in ("mixed", "small", "image", "dense")}
+        c["dirs"] = {k: dataset_dirname(k, c) for k in ("mixed", "small", "image", "dense", "seed")}
         print(json.dumps(c))
 
 

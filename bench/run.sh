@@ -2,7 +2,7 @@
 # Benchmark cairn against restic and borg in the same run.
 #
 #   bench/run.sh [--quick] [--datasets mixed,small,image] [--tools cairn,restic,borg]
-#                [--scenario all|backup|maintenance|blocksizes|jobs|s3|copy] [--scale full|quick|FRACTION]
+#                [--scenario all|backup|maintenance|blocksizes|jobs|s3|copy|server|clients|slowlink] [--scale full|quick|FRACTION]
 #                [--cold] [--keep] [--no-verify] [--no-build] [--no-install]
 #
 # --scenario maintenance: 8 daily versions of the mixed tree backed up by cairn
@@ -35,6 +35,12 @@
 # builds it) — first, unchanged and restore of each --datasets entry; the
 # servers' CPU is added to the client's. Use: --scenario server --tools cairn,restic
 # --datasets mixed,small
+# --scenario slowlink (cairn and restic; not part of all, ~10 min): the seed of an
+# online backup, ~200 MB of compressible small files over a 2 Mbit/s uplink —
+# cairn through `cairn serve --limit-total-upload 250000` with --pack-size 1M,
+# restic through rest-server with --limit-upload 244 — wall time against the
+# link time of the bytes each stored, and a verified restore.
+# Use: --scenario slowlink --tools cairn,restic
 # Builds cairn (cargo build --release), installs restic/borg if missing
 # (install-peers.sh), generates datasets if missing (bench/.work/data), then
 # runs bench.py, which writes bench/results/<date>-<gitsha>.csv and prints a
@@ -56,7 +62,7 @@ while [ $# -gt 0 ]; do
     --tools=*) TOOLS="${1#*=}" ;;
     --no-build) BUILD=0 ;;
     --no-install) INSTALL=0 ;;
-    -h|--help) sed -n '2,35p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
+    -h|--help) sed -n '2,48p' "$0"; python3 "$BENCH_DIR/bench.py" --help; exit 0 ;;
     *) ARGS+=("$1") ;;
   esac
   shift

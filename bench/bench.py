@@ -1275,14 +1275,19 @@ class Runner:
                     other_cpu_s=total["other_cpu_s"], steal_s=total["steal_s"], verify=verify,
                     note=kv_note(note)))
                 self.print_row(self.rows[-1])
-                if t.server:
-                    t.server.stop()
-                if not self.a.keep:
-                    shutil.rmtree(t.repo_dir, ignore_errors=True)
-                    shutil.rmtree(t.cache, ignore_errors=True)
-                settle()
+                self.done_with(t)
         if not self.a.keep:
             shutil.rmtree(live, ignore_errors=True)
+
+    def done_with(self, t):
+        """A served tool's run is over: its server stopped, its repository and cache removed
+        (unless --keep)."""
+        if t.server:
+            t.server.stop()
+        if not self.a.keep:
+            shutil.rmtree(t.repo_dir, ignore_errors=True)
+            shutil.rmtree(t.cache, ignore_errors=True)
+        settle()
 
     # -- slow-link scenario: the online-backup seed over a 2 Mbit/s uplink
     def run_slowlink(self, rep):
@@ -1351,12 +1356,7 @@ class Runner:
                 repo_delta_bytes=stored, other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"], verify=verify,
                 log=r["log"], note=kv_note(note) + (" " + r["note"] if r.get("note") else "")))
             self.print_row(self.rows[-1])
-            if t.server:
-                t.server.stop()
-            if not self.a.keep:
-                shutil.rmtree(t.repo_dir, ignore_errors=True)
-                shutil.rmtree(t.cache, ignore_errors=True)
-            settle()
+            self.done_with(t)
         if not self.a.keep:
             shutil.rmtree(live, ignore_errors=True)
 

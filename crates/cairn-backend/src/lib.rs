@@ -21,6 +21,7 @@
 //! of index, snapshot and tree data), [`ThrottledBackend`] (rate limits and traffic
 //! counters) and, for tests, [`FaultyBackend`].
 
+pub mod bufpool;
 pub mod cache;
 pub mod direct;
 mod fault;

@@ -86,64 +86,13 @@ pub struct ServerBackend {
     session: String,
     /// While this client holds a job slot: the task that keeps it alive.
     heartbeat: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
-    uploads: Arc<UploadBuffers>,
+    uploads: Arc<crate::bufpool::BufferPool>,
 }
 
-/// Buffers for request bodies, reused: a fresh buffer per pack had the kernel map
-/// and zero each of its pages again (a page fault per 4 KiB), which showed in a
-/// profile of a first backup through a server.
-#[derive(Default)]
-struct UploadBuffers {
-    free: std::sync::Mutex<Vec<Vec<u8>>>,
-}
-
-/// Buffers larger than this are freed, not kept; at most this many are kept.
+/// Request bodies (a copy of each pack) are kept for reuse ([`crate::bufpool`]): at
+/// most one per upload in flight, none over 64 MiB.
 const UPLOAD_KEEP_MAX: usize = 64 << 20;
 const UPLOAD_KEEP_COUNT: usize = 4;
-
-/// A request body's bytes; the buffer goes back to its pool when the HTTP client
-/// is done with it.
-struct UploadBuf {
-    buf: Vec<u8>,
-    pool: Arc<UploadBuffers>,
-}
-
-impl AsRef<[u8]> for UploadBuf {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf
-    }
-}
-
-impl Drop for UploadBuf {
-    fn drop(&mut self) {
-        let mut buf = std::mem::take(&mut self.buf);
-        if buf.capacity() <= UPLOAD_KEEP_MAX {
-            buf.clear();
-            let mut free = self.pool.free.lock().unwrap_or_else(|e| e.into_inner());
-            if free.len() < UPLOAD_KEEP_COUNT {
-                free.push(buf);
-            }
-        }
-    }
-}
-
-impl UploadBuffers {
-    /// A copy of `data` as a request body, in a kept buffer when one fits.
-    fn body_of(self: &Arc<Self>, data: &[u8]) -> reqwest::Body {
-        let mut buf = {
-            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-            match free.iter().position(|b| b.capacity() >= data.len()) {
-                Some(i) => free.swap_remove(i),
-                None => Vec::new(),
-            }
-        };
-        buf.extend_from_slice(data);
-        reqwest::Body::from(bytes::Bytes::from_owner(UploadBuf {
-            buf,
-            pool: self.clone(),
-        }))
-    }
-}
 
 /// How long one request for a job slot waits on the server before it answers
 /// "queued" (short enough that an interrupted client stops promptly).
@@ -316,7 +265,7 @@ impl ServerBackend {
                 hex_lower(&b)
             },
             heartbeat: std::sync::Mutex::new(None),
-            uploads: Arc::default(),
+            uploads: crate::bufpool::BufferPool::new(UPLOAD_KEEP_MAX, UPLOAD_KEEP_COUNT),
         })
     }
 
@@ -451,7 +400,9 @@ impl ServerBackend {
             let req = self
                 .client
                 .put(format!("{}?mode={mode}", self.url(name)))
-                .body(self.uploads.body_of(data));
+                .body(reqwest::Body::from(bytes::Bytes::from_owner(
+                    crate::bufpool::Pooled::copy_of(&self.uploads, data),
+                )));
             self.send_telling("put", name, req).map(|_| ())
         };
         match put() {

@@ -497,8 +497,7 @@ async fn check_dedup_list(
 /// Notes that the client behind a request is alive (its claims on chunks and its
 /// job slot stand).
 fn heard(store: &Datastore, t: &TokenEntry, headers: &HeaderMap) {
-    if let Ok(s) = session_of(headers) {
-        let key = format!("{}-{s}", t.id);
+    if let Ok(key) = session_key(t, headers) {
         store.dedup.touch(&key);
         store.slots.touch(&key);
     }
@@ -507,8 +506,8 @@ fn heard(store: &Datastore, t: &TokenEntry, headers: &HeaderMap) {
 /// A non-admin write of data, an index file, a list or a snapshot: its session must
 /// hold a job slot ([`crate::slots`]).
 fn need_slot(store: &Datastore, t: &TokenEntry, headers: &HeaderMap) -> ApiResult<()> {
-    let session = session_of(headers).map_err(|_| no_slot(store))?;
-    if store.slots.holds(&format!("{}-{session}", t.id)) {
+    let key = session_key(t, headers).map_err(|_| no_slot(store))?;
+    if store.slots.holds(&key) {
         Ok(())
     } else {
         Err(no_slot(store))
@@ -539,6 +538,12 @@ async fn reread_config(store: &Arc<Datastore>) {
             .max_jobs
             .store(summary.max_concurrent_jobs, Ordering::Relaxed);
     }
+}
+
+/// The caller's session as the dedup service and the job slots know it: the token's
+/// id and the client's `X-Cairn-Session`.
+fn session_key(t: &TokenEntry, headers: &HeaderMap) -> ApiResult<String> {
+    Ok(format!("{}-{}", t.id, session_of(headers)?))
 }
 
 /// `X-Cairn-Session`: names a client's claims (any short token of its choosing).
@@ -588,7 +593,7 @@ async fn dedup_request(
     body: axum::body::Body,
 ) -> ApiResult<(TokenEntry, Arc<Datastore>, String, Vec<[u8; 32]>)> {
     let (t, store) = dedup_caller(app, headers, ds, true)?;
-    let session = format!("{}-{}", t.id, session_of(headers)?);
+    let session = session_key(&t, headers)?;
     let ids = ids_of(body).await?;
     Ok((t, store, session, ids))
 }
@@ -854,6 +859,24 @@ struct SlotReply {
     ahead: Vec<crate::slots::JobView>,
 }
 
+impl SlotReply {
+    fn new(
+        store: &Datastore,
+        t: &TokenEntry,
+        granted: bool,
+        running: Vec<crate::slots::JobView>,
+        ahead: Vec<crate::slots::JobView>,
+    ) -> SlotReply {
+        SlotReply {
+            granted,
+            max: store.max_jobs.load(Ordering::Relaxed),
+            heartbeat_secs: (store.slots.idle().as_secs() / 3).max(1),
+            running: visible(t, running),
+            ahead: visible(t, ahead),
+        }
+    }
+}
+
 /// What a token may see of other clients' jobs: a host-bound token does not learn
 /// other hosts' names.
 fn visible(t: &TokenEntry, mut jobs: Vec<crate::slots::JobView>) -> Vec<crate::slots::JobView> {
@@ -899,9 +922,8 @@ pub async fn slot_request(
     } else {
         serde_json::from_slice(&body).map_err(|e| ApiError::bad(format!("slot request: {e}")))?
     };
-    let session = session_of(&headers)?;
     let request = crate::slots::Request {
-        key: format!("{}-{session}", t.id),
+        key: session_key(&t, &headers)?,
         token_name: t.name.clone(),
         host: t.host.clone().unwrap_or_else(|| short_text(&ask.host)),
         operation: short_text(&ask.operation),
@@ -917,22 +939,11 @@ pub async fn slot_request(
                 .min(crate::slots::LONG_POLL),
         )
         .await;
-    let heartbeat_secs = (store.slots.idle().as_secs() / 3).max(1);
     let reply = match answer {
-        crate::slots::Answer::Granted => SlotReply {
-            granted: true,
-            max,
-            heartbeat_secs,
-            running: Vec::new(),
-            ahead: Vec::new(),
-        },
-        crate::slots::Answer::Queued { running, ahead } => SlotReply {
-            granted: false,
-            max,
-            heartbeat_secs,
-            running: visible(&t, running),
-            ahead: visible(&t, ahead),
-        },
+        crate::slots::Answer::Granted => SlotReply::new(&store, &t, true, Vec::new(), Vec::new()),
+        crate::slots::Answer::Queued { running, ahead } => {
+            SlotReply::new(&store, &t, false, running, ahead)
+        }
     };
     Ok(axum::Json(reply).into_response())
 }
@@ -945,8 +956,7 @@ pub async fn slot_release(
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
-    let session = session_of(&headers)?;
-    store.slots.release(&format!("{}-{session}", t.id));
+    store.slots.release(&session_key(&t, &headers)?);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -959,12 +969,5 @@ pub async fn slots_list(
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
     let (running, queued) = store.slots.jobs();
-    Ok(axum::Json(SlotReply {
-        granted: false,
-        max: store.max_jobs.load(Ordering::Relaxed),
-        heartbeat_secs: (store.slots.idle().as_secs() / 3).max(1),
-        running: visible(&t, running),
-        ahead: visible(&t, queued),
-    })
-    .into_response())
+    Ok(axum::Json(SlotReply::new(&store, &t, false, running, queued)).into_response())
 }

@@ -94,7 +94,7 @@ pub struct App {
     pacers: Pacers,
     pub jobs: jobs::Jobs,
     /// Upload buffers for reuse.
-    pub bodies: Arc<body::BodyPool>,
+    pub bodies: body::BodyPool,
 }
 
 /// The bandwidth limits in force: the server's, and each token's (made when the
@@ -266,7 +266,7 @@ impl App {
             stats: Stats::default(),
             pacers,
             jobs,
-            bodies: Arc::new(body::BodyPool::default()),
+            bodies: body::BodyPool::default(),
         })
     }
 

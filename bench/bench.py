@@ -1197,10 +1197,7 @@ class Runner:
         from its log. Afterwards check --read-data, and one client's snapshot restored and
         verified."""
         n = CLIENTS_N
-        names = [x for x in ("cairn-serve", "restic-rest") if x.split("-")[0] in self.a.tools]
-        if "restic-rest" in names and not os.access(self.a.rest_server_bin, os.X_OK):
-            log("clients: no rest-server; restic skipped")
-            names.remove("restic-rest")
+        names = self.served_tools("clients")
         src = self.dataset_src("small")
         live = self.prepare_live("small", src)
         nfiles, nbytes = tree_size(live)
@@ -1279,6 +1276,14 @@ class Runner:
         if not self.a.keep:
             shutil.rmtree(live, ignore_errors=True)
 
+    def served_tools(self, scenario):
+        """cairn-serve and restic-rest, as far as --tools names them and rest-server exists."""
+        names = [x for x in ("cairn-serve", "restic-rest") if x.split("-")[0] in self.a.tools]
+        if "restic-rest" in names and not os.access(self.a.rest_server_bin, os.X_OK):
+            log(f"{scenario}: no rest-server; restic skipped")
+            names.remove("restic-rest")
+        return names
+
     def done_with(self, t):
         """A served tool's run is over: its server stopped, its repository and cache removed
         (unless --keep)."""
@@ -1298,10 +1303,7 @@ class Runner:
         the wall time against what the link allows for the bytes each stored (repository
         growth = compressed unique bytes; link_s = those bytes / 250,000 B/s, link_use =
         link_s / wall), then a restore of the snapshot verified against the source."""
-        names = [x for x in ("cairn-serve", "restic-rest") if x.split("-")[0] in self.a.tools]
-        if "restic-rest" in names and not os.access(self.a.rest_server_bin, os.X_OK):
-            log("slowlink: no rest-server; restic skipped")
-            names.remove("restic-rest")
+        names = self.served_tools("slowlink")
         src = self.dataset_src("seed")
         live = self.prepare_live("seed", src)
         nfiles, nbytes = tree_size(live)

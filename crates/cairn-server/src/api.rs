@@ -971,3 +971,114 @@ pub async fn slots_list(
     let (running, queued) = store.slots.jobs();
     Ok(axum::Json(SlotReply::new(&store, &t, false, running, queued)).into_response())
 }
+
+/// What `GET`/`POST /v1/session` answer: who is signed in, and the CSRF token the
+/// page must send with every change.
+#[derive(Serialize)]
+struct SessionReply {
+    name: String,
+    datastore: String,
+    role: Role,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host: Option<String>,
+    csrf: String,
+    /// Seconds of disuse after which the session ends.
+    idle_secs: u64,
+}
+
+#[derive(Deserialize)]
+pub struct SignInBody {
+    token: String,
+}
+
+/// `POST /v1/session` `{"token"}`: signs in; the answer sets the session cookie.
+pub async fn session_post(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    // JSON only: another site's page cannot send that without a CORS preflight,
+    // which this server never grants, so it cannot sign a browser in.
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !json {
+        return Err(ApiError::bad("sign in with Content-Type: application/json"));
+    }
+    let b: SignInBody =
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad(format!("sign-in: {e}")))?;
+    let presented = b.token.trim().to_string();
+    let t = match app.tokens.authenticate(&presented) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "unknown or removed token",
+            ));
+        }
+        Err(e) => {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server",
+                e.to_string(),
+            ));
+        }
+    };
+    let (id, csrf) = app.signins.create(presented).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "transient",
+            "too many sessions: try again later",
+        )
+    })?;
+    let secure = if app.config.tls == crate::config::Tls::InsecureHttp {
+        ""
+    } else {
+        "; Secure"
+    };
+    let cookie = format!(
+        "{}={id}; Path=/; HttpOnly; SameSite=Strict{secure}",
+        crate::signin::COOKIE
+    );
+    let reply = session_reply(&app, t, csrf);
+    Ok(([(header::SET_COOKIE, cookie)], axum::Json(reply)).into_response())
+}
+
+fn session_reply(app: &App, t: TokenEntry, csrf: String) -> SessionReply {
+    SessionReply {
+        name: t.name,
+        datastore: t.datastore,
+        role: t.role,
+        host: t.host,
+        csrf,
+        idle_secs: app.signins.idle().as_secs(),
+    }
+}
+
+/// `GET /v1/session`: the signed-in user (and the CSRF token again, for a page that
+/// was reloaded).
+pub async fn session_get(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let csrf = crate::signin::cookie(&headers, crate::signin::COOKIE)
+        .and_then(|id| app.signins.get(&id))
+        .map(|(_, csrf)| csrf)
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "not signed in"))?;
+    Ok(axum::Json(session_reply(&app, t, csrf)).into_response())
+}
+
+/// `DELETE /v1/session`: signs out (the cookie is cleared).
+pub async fn session_delete(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    if let Some(id) = crate::signin::cookie(&headers, crate::signin::COOKIE) {
+        app.signins.remove(&id);
+    }
+    let clear = format!(
+        "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
+        crate::signin::COOKIE
+    );
+    Ok(([(header::SET_COOKIE, clear)], StatusCode::NO_CONTENT).into_response())
+}

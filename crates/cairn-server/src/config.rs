@@ -8,6 +8,8 @@
 //! request_timeout_secs = 600
 //! max_lock_age_hours = 168
 //! job_idle_secs = 90
+//! session_idle_secs = 1800
+//! session_max_hours = 12
 //!
 //! [datastores]
 //! main = "/srv/cairn/main"
@@ -46,6 +48,10 @@ pub struct ServerConfig {
     /// Seconds a job slot stays with a client the server does not hear from
     /// (a killed client's slot is freed after this; clients speak every third).
     pub job_idle_secs: u64,
+    /// A console sign-in unused for this long ends.
+    pub session_idle_secs: u64,
+    /// No console sign-in lasts longer than this.
+    pub session_max_hours: u64,
     /// The largest object a client may upload, bytes.
     pub max_object_size: u64,
     /// Bandwidth limits, bytes per second: each token's, and the whole server's.
@@ -126,6 +132,8 @@ pub struct FileConfig {
     pub request_timeout_secs: Option<u64>,
     pub max_lock_age_hours: Option<u64>,
     pub job_idle_secs: Option<u64>,
+    pub session_idle_secs: Option<u64>,
+    pub session_max_hours: Option<u64>,
     pub max_object_size: Option<u64>,
     pub limit_upload_per_token: Option<Rate>,
     pub limit_download_per_token: Option<Rate>,
@@ -273,6 +281,8 @@ impl ServerConfig {
             request_timeout_secs: file.request_timeout_secs.unwrap_or(600),
             max_lock_age_hours: file.max_lock_age_hours.unwrap_or(7 * 24),
             job_idle_secs: file.job_idle_secs.unwrap_or(90),
+            session_idle_secs: file.session_idle_secs.unwrap_or(1800),
+            session_max_hours: file.session_max_hours.unwrap_or(12),
             max_object_size: file.max_object_size.unwrap_or(512 << 20),
             jobs: file.jobs,
             datastore_passwords: file.datastore_passwords,
@@ -293,6 +303,15 @@ impl ServerConfig {
             return Err(ConfigError::Invalid(format!(
                 "job_idle_secs = {}: must be between 3 and 86400",
                 config.job_idle_secs
+            )));
+        }
+        if !(1..=7 * 86_400).contains(&config.session_idle_secs)
+            || !(1..=24 * 30).contains(&config.session_max_hours)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "session_idle_secs = {} (1 to 604800) or session_max_hours = {} (1 to 720) \
+                 out of range",
+                config.session_idle_secs, config.session_max_hours
             )));
         }
         let mut names = std::collections::BTreeSet::new();

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod pace;
 pub mod policy;
 pub mod scrub;
+pub mod signin;
 pub mod slots;
 pub mod tls;
 pub mod tokens;
@@ -95,6 +96,8 @@ pub struct App {
     pub jobs: jobs::Jobs,
     /// Upload buffers for reuse.
     pub bodies: body::BodyPool,
+    /// The console's sign-ins.
+    pub signins: signin::SignIns,
 }
 
 /// The bandwidth limits in force: the server's, and each token's (made when the
@@ -259,6 +262,10 @@ impl App {
             config.datastore_passwords.clone(),
             &config.state_dir,
         );
+        let signins = signin::SignIns::new(
+            Duration::from_secs(config.session_idle_secs),
+            Duration::from_secs(config.session_max_hours * 3600),
+        );
         Ok(App {
             config,
             datastores,
@@ -267,6 +274,7 @@ impl App {
             pacers,
             jobs,
             bodies: body::BodyPool::default(),
+            signins,
         })
     }
 
@@ -284,6 +292,7 @@ impl App {
             r_query,
             r_confirm,
             r_slots,
+            r_session,
         ] = ROUTES;
         Router::new()
             .route(r_health, get(|| async { "ok\n" }))
@@ -302,13 +311,23 @@ impl App {
                     .post(api::slot_request)
                     .delete(api::slot_release),
             )
+            .route(
+                r_session,
+                get(api::session_get)
+                    .post(api::session_post)
+                    .delete(api::session_delete),
+            )
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                signin::cookie_auth,
+            ))
             .layer(axum::extract::DefaultBodyLimit::max(limit))
             .with_state(self.clone())
     }
 }
 
 /// Every route the server answers; docs/openapi.yaml describes each (a test checks).
-pub const ROUTES: [&str; 11] = [
+pub const ROUTES: [&str; 12] = [
     "/healthz",
     "/metrics",
     "/v1/whoami",
@@ -320,6 +339,7 @@ pub const ROUTES: [&str; 11] = [
     "/v1/datastores/{ds}/dedup/query",
     "/v1/datastores/{ds}/dedup/confirm",
     "/v1/datastores/{ds}/slots",
+    "/v1/session",
 ];
 
 /// Where the self-signed certificate lives.

@@ -1227,10 +1227,25 @@ fn http_with(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, Vec<u8>) {
+    let auth = format!("Bearer {token}");
+    let mut all = vec![("Authorization", auth.as_str())];
+    all.extend_from_slice(headers);
+    let (code, _, body) = http_full(port, method, path, &all, body);
+    (code, body)
+}
+
+/// An HTTP request with these headers only; the status, the response's head and body.
+fn http_full(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\nAuthorization: Bearer {token}\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
     for (k, v) in headers {
@@ -1258,7 +1273,7 @@ fn http_with(
         let n = usize::from_str_radix(std::str::from_utf8(&text[..nl]).unwrap(), 16).unwrap();
         body = text[nl + 2..nl + 2 + n].to_vec();
     }
-    (code, body)
+    (code, head, body)
 }
 
 /// A dedup list as the format spells it (docs/FORMAT.md, "Dedup lists").
@@ -1703,5 +1718,149 @@ fn the_server_keeps_the_datastores_job_limit() {
         "config through the server",
     );
     assert!(ask(&backup, &[("X-Cairn-Session", "second")]).contains("\"granted\":true"));
+    srv.stop();
+}
+
+/// The console's sign-in: a cookie instead of the token, a CSRF token for every
+/// change, sessions that end (idle, sign-out, token removed), Bearer always first.
+#[test]
+fn a_console_session_works_by_cookie_with_csrf_and_ends() {
+    let env = Env::new();
+    env.init(&[]);
+    let settings = env.path("serve.toml");
+    std::fs::write(&settings, "session_idle_secs = 2\n").unwrap();
+    let srv = Server::start_with(
+        0,
+        &env.path("state"),
+        &[("main", &env.repo)],
+        true,
+        &["--config", settings.to_str().unwrap()],
+    );
+    let admin = srv.token("root", "main", "admin");
+    let backup = srv.token("web01", "main", "backup");
+    let p = srv.port;
+    let json = ("Content-Type", "application/json");
+    let sign_in = |token: &str| {
+        let body = format!("{{\"token\": \"{token}\"}}");
+        let (code, head, body) = http_full(p, "POST", "/v1/session", &[json], body.as_bytes());
+        let body = String::from_utf8(body).unwrap();
+        assert_eq!(code, 200, "{body}");
+        let cookie = head
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("set-cookie: ")
+                    .or(l.strip_prefix("Set-Cookie: "))
+            })
+            .unwrap_or_else(|| panic!("no cookie in {head}"))
+            .to_string();
+        assert!(
+            cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+            "{cookie}"
+        );
+        assert!(
+            !cookie.contains("Secure"),
+            "plain HTTP on loopback: {cookie}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let csrf = v["csrf"].as_str().unwrap().to_string();
+        (cookie.split(';').next().unwrap().to_string(), csrf, v)
+    };
+    // Only JSON signs in (another site cannot send it without a preflight), and only a
+    // known token.
+    let (code, _, _) = http_full(
+        p,
+        "POST",
+        "/v1/session",
+        &[("Content-Type", "text/plain")],
+        format!("{{\"token\": \"{admin}\"}}").as_bytes(),
+    );
+    assert_eq!(code, 400);
+    let (code, _, _) = http_full(
+        p,
+        "POST",
+        "/v1/session",
+        &[json],
+        b"{\"token\": \"cairn_0000000000000000_00\"}",
+    );
+    assert_eq!(code, 401);
+
+    let (cookie, csrf, who) = sign_in(&admin);
+    assert_eq!(who["role"], "admin");
+    assert_eq!(who["datastore"], "main");
+    let c = ("Cookie", cookie.as_str());
+    let (code, _, body) = http_full(p, "GET", "/v1/whoami", &[c], b"");
+    assert_eq!(code, 200);
+    assert!(String::from_utf8_lossy(&body).contains("\"root\""));
+    let (code, _, _) = http_full(
+        p,
+        "GET",
+        "/v1/datastores/main/objects?prefix=keys/",
+        &[c],
+        b"",
+    );
+    assert_eq!(code, 200);
+    let (code, _, body) = http_full(p, "GET", "/v1/session", &[c], b"");
+    assert_eq!(code, 200);
+    assert!(
+        String::from_utf8_lossy(&body).contains(&csrf),
+        "a reloaded page learns the CSRF token"
+    );
+    // Changes need the CSRF token: none, a forged one, then the right one.
+    let (code, _, body) = http_full(p, "DELETE", "/v1/session", &[c], b"");
+    assert_eq!(code, 403, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("csrf"));
+    let forged = "0".repeat(64);
+    let (code, _, _) = http_full(
+        p,
+        "DELETE",
+        "/v1/session",
+        &[c, ("X-CSRF-Token", &forged)],
+        b"",
+    );
+    assert_eq!(code, 403);
+    let (code, _, _) = http_full(
+        p,
+        "DELETE",
+        "/v1/session",
+        &[c, ("X-CSRF-Token", &csrf)],
+        b"",
+    );
+    assert_eq!(code, 204);
+    let (code, _, body) = http_full(p, "GET", "/v1/whoami", &[c], b"");
+    assert_eq!(code, 401, "signed out");
+    assert!(String::from_utf8_lossy(&body).contains("session_expired"));
+    // A bearer token is decided by itself, whatever cookie comes with it.
+    let bearer = format!("Bearer {admin}");
+    let (code, _, _) = http_full(
+        p,
+        "GET",
+        "/v1/whoami",
+        &[c, ("Authorization", &bearer)],
+        b"",
+    );
+    assert_eq!(code, 200);
+
+    // Unused for longer than session_idle_secs: ended.
+    let (cookie, _, _) = sign_in(&admin);
+    std::thread::sleep(Duration::from_secs(3));
+    let (code, _, _) = http_full(p, "GET", "/v1/whoami", &[("Cookie", &cookie)], b"");
+    assert_eq!(code, 401, "idle");
+
+    // Removing the token ends its sessions at once; its role still applies before.
+    let (cookie, csrf, who) = sign_in(&backup);
+    assert_eq!(who["role"], "backup");
+    let c = ("Cookie", cookie.as_str());
+    let del = "/v1/datastores/main/objects/config";
+    let (code, _, _) = http_full(p, "DELETE", del, &[c, ("X-CSRF-Token", &csrf)], b"");
+    assert_eq!(code, 403, "a backup token's session deletes nothing");
+    let o = Command::new(bin())
+        .args(["serve", "token", "remove", "web01", "--state-dir"])
+        .arg(env.path("state"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (code, _, _) = http_full(p, "GET", "/v1/whoami", &[c], b"");
+    assert_eq!(code, 401, "the token is gone");
+    assert!(env.repo.join("config").exists());
     srv.stop();
 }

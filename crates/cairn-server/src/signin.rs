@@ -1,0 +1,218 @@
+//! Sign-in sessions for the web console: a browser signs in once with a token and
+//! then carries a cookie instead of the token.
+//!
+//! The session lives in the server's memory only (a restart signs everyone out) and
+//! holds the token the user presented, so every request is still decided by the
+//! token: a token removed with `cairn serve token remove` ends its sessions at
+//! once. The cookie is `HttpOnly` (scripts cannot read it), `SameSite=Strict` and,
+//! over TLS, `Secure`. A request authenticated by the cookie that changes anything
+//! (any method but GET and HEAD) must also carry the session's CSRF token in
+//! `X-CSRF-Token`, which only the signed-in page learned (from the sign-in answer);
+//! a request with `Authorization: Bearer` never uses the cookie. The layer
+//! [`cookie_auth`] turns a valid session into that header, so the API has one way
+//! to decide, and the console no back door.
+
+use crate::App;
+use crate::api::ApiError;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The cookie's name.
+pub const COOKIE: &str = "cairn_session";
+/// The header that must repeat the session's CSRF token.
+pub const CSRF_HEADER: &str = "x-csrf-token";
+/// At most this many live sessions (each needs a valid token to make).
+const MAX_SESSIONS: usize = 10_000;
+
+struct SignIn {
+    /// The token presented at sign-in, used for every request of the session.
+    token: String,
+    csrf: String,
+    created: Instant,
+    seen: Instant,
+}
+
+pub struct SignIns {
+    map: Mutex<HashMap<String, SignIn>>,
+    /// A session not used for this long ends.
+    idle: Duration,
+    /// Nor does any live longer than this.
+    max_age: Duration,
+}
+
+fn random_hex() -> String {
+    hex::encode(cairn_format::envelope::random_bytes::<32>())
+}
+
+/// Compares in time that does not depend on where the strings differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl SignIns {
+    pub fn new(idle: Duration, max_age: Duration) -> SignIns {
+        SignIns {
+            map: Mutex::new(HashMap::new()),
+            idle,
+            max_age,
+        }
+    }
+
+    pub fn idle(&self) -> Duration {
+        self.idle
+    }
+
+    fn live(&self, s: &SignIn) -> bool {
+        s.seen.elapsed() < self.idle && s.created.elapsed() < self.max_age
+    }
+
+    /// A new session for `token` (already authenticated): its id and CSRF token.
+    pub fn create(&self, token: String) -> Option<(String, String)> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= MAX_SESSIONS {
+            map.retain(|_, s| s.seen.elapsed() < self.idle && s.created.elapsed() < self.max_age);
+            if map.len() >= MAX_SESSIONS {
+                return None;
+            }
+        }
+        let (id, csrf) = (random_hex(), random_hex());
+        let now = Instant::now();
+        map.insert(
+            id.clone(),
+            SignIn {
+                token,
+                csrf: csrf.clone(),
+                created: now,
+                seen: now,
+            },
+        );
+        Some((id, csrf))
+    }
+
+    /// The live session `id`: its token and CSRF token (and it counts as used).
+    pub fn get(&self, id: &str) -> Option<(String, String)> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let live = map.get(id).is_some_and(|s| self.live(s));
+        if !live {
+            map.remove(id);
+            return None;
+        }
+        let s = map.get_mut(id)?;
+        s.seen = Instant::now();
+        Some((s.token.clone(), s.csrf.clone()))
+    }
+
+    pub fn remove(&self, id: &str) {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+    }
+}
+
+/// The value of cookie `name` in the request's `Cookie` headers.
+pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.trim().to_string())
+}
+
+/// The layer in front of every route: a request with the session cookie and no
+/// `Authorization` gets its session's token as `Authorization: Bearer`, after the
+/// CSRF check for anything but GET and HEAD. An ended session is refused with
+/// `session_expired` (except on `/v1/session`, where one signs in again).
+pub async fn cookie_auth(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
+    if req.headers().contains_key(header::AUTHORIZATION) {
+        return next.run(req).await;
+    }
+    let Some(id) = cookie(req.headers(), COOKIE) else {
+        return next.run(req).await;
+    };
+    let signing_in = req.uri().path() == "/v1/session";
+    if signing_in && req.method() == Method::POST {
+        // A new sign-in replaces whatever session the browser had.
+        return next.run(req).await;
+    }
+    let Some((token, csrf)) = app.signins.get(&id) else {
+        if signing_in {
+            return next.run(req).await;
+        }
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "session_expired",
+            "the session ended (signed out, unused for too long, or the server restarted): \
+             sign in again",
+        )
+        .into_response();
+    };
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        let sent = req
+            .headers()
+            .get(CSRF_HEADER)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if !same(sent, csrf.as_bytes()) {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "csrf",
+                "missing or wrong X-CSRF-Token: a page of this console must send it with every change",
+            )
+            .into_response();
+        }
+    }
+    match format!("Bearer {token}").parse() {
+        Ok(v) => {
+            req.headers_mut().insert(header::AUTHORIZATION, v);
+        }
+        Err(_) => {
+            return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "unusable token")
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_end_when_idle_or_removed() {
+        let s = SignIns::new(Duration::from_millis(200), Duration::from_secs(60));
+        let (id, csrf) = s.create("cairn_x_y".into()).unwrap();
+        assert_eq!(s.get(&id), Some(("cairn_x_y".into(), csrf.clone())));
+        assert_eq!(s.get("nope"), None);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(s.get(&id), None, "idle too long");
+        let (id, _) = s.create("t".into()).unwrap();
+        s.remove(&id);
+        assert_eq!(s.get(&id), None);
+        let old = SignIns::new(Duration::from_secs(60), Duration::from_millis(100));
+        let (id, _) = old.create("t".into()).unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(old.get(&id), None, "older than the maximum age");
+    }
+
+    #[test]
+    fn cookies_and_comparisons() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            "a=1; cairn_session=abc ; b=2".parse().unwrap(),
+        );
+        assert_eq!(cookie(&h, COOKIE).as_deref(), Some("abc"));
+        assert_eq!(cookie(&h, "c"), None);
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd") && !same(b"abc", b"ab"));
+    }
+}

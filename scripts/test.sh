@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: format, lints, unit, property and integration tests.
-# Installs what the tests need (rsync for the restore comparison) on a fresh machine,
+# Installs what the tests need (rsync for the restore comparison, chromium, node and
+# puppeteer-core for the web console's browser test) on a fresh machine,
 # and runs a local S3 server (MinIO, scripts/s3-server.sh) for the S3 backend tests:
 # built with go on first use (about 10 minutes), cached in ~/.cache/cairn-ci afterwards.
 # Integration tests mount tmpfs filesystems (disk-full, read-only target): run as root.
@@ -12,6 +13,10 @@ command -v rsync >/dev/null || need_apt+=(rsync)
 command -v mount >/dev/null || need_apt+=(mount)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v openssl >/dev/null || need_apt+=(openssl)
+# The web console's end-to-end test: Debian's chromium, driven by puppeteer-core.
+command -v chromium >/dev/null || need_apt+=(chromium)
+command -v node >/dev/null || need_apt+=(nodejs)
+command -v npm >/dev/null || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
@@ -21,6 +26,11 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# puppeteer-core only (no browser download), at the version in package-lock.json.
+if [ ! -d tests/console/node_modules/puppeteer-core ]; then
+  echo "installing the console tests' node modules (tests/console)"
+  (cd tests/console && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi
 # Before the long steps, so that a missing go or a failed build shows at once.
 minio=$(bash scripts/s3-server.sh ensure)
 

@@ -14,11 +14,13 @@
 pub mod api;
 pub mod body;
 pub mod config;
+pub mod console;
 pub mod dedup;
 pub mod hosts;
 pub mod jobs;
 pub mod locks;
 pub mod metrics;
+pub mod overview;
 pub mod pace;
 pub mod policy;
 pub mod scrub;
@@ -293,6 +295,7 @@ impl App {
             r_confirm,
             r_slots,
             r_session,
+            r_datastores,
         ] = ROUTES;
         Router::new()
             .route(r_health, get(|| async { "ok\n" }))
@@ -317,6 +320,10 @@ impl App {
                     .post(api::session_post)
                     .delete(api::session_delete),
             )
+            .route(r_datastores, get(overview::datastores))
+            .route("/", get(console::index))
+            .route("/console/app.js", get(console::app_js))
+            .route("/console/style.css", get(console::style))
             .layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 signin::cookie_auth,
@@ -327,7 +334,7 @@ impl App {
 }
 
 /// Every route the server answers; docs/openapi.yaml describes each (a test checks).
-pub const ROUTES: [&str; 12] = [
+pub const ROUTES: [&str; 13] = [
     "/healthz",
     "/metrics",
     "/v1/whoami",
@@ -340,6 +347,7 @@ pub const ROUTES: [&str; 12] = [
     "/v1/datastores/{ds}/dedup/confirm",
     "/v1/datastores/{ds}/slots",
     "/v1/session",
+    "/v1/datastores",
 ];
 
 /// Where the self-signed certificate lives.

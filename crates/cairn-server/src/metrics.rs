@@ -35,6 +35,27 @@ fn take_census(backend: &dyn cairn_backend::Backend) -> Result<Census, String> {
     Ok(c)
 }
 
+/// The datastore's census, listed again when the last is older than a minute.
+/// An error says why the storage could not be listed (the last census, if any, is
+/// kept).
+pub async fn census_of(ds: &crate::Datastore) -> Result<Census, String> {
+    let mut cached = ds.census.lock().await;
+    if let Some((t, c)) = cached.as_ref()
+        && t.elapsed() < CENSUS_MAX_AGE
+    {
+        return Ok(c.clone());
+    }
+    let backend = ds.backend.clone();
+    match tokio::task::spawn_blocking(move || take_census(backend.as_ref())).await {
+        Ok(Ok(c)) => {
+            *cached = Some((Instant::now(), c.clone()));
+            Ok(c)
+        }
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     let mut out = String::new();
     let counter = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
@@ -148,20 +169,10 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
             "cairn_datastore_received_bytes_total{{datastore=\"{name}\"}} {}",
             ds.stats.bytes_in.load(Ordering::Relaxed)
         );
-        let mut cached = ds.census.lock().await;
-        let fresh = cached
-            .as_ref()
-            .is_some_and(|(t, _)| t.elapsed() < CENSUS_MAX_AGE);
-        if !fresh {
-            let backend = ds.backend.clone();
-            match tokio::task::spawn_blocking(move || take_census(backend.as_ref())).await {
-                Ok(Ok(c)) => *cached = Some((Instant::now(), c)),
-                Ok(Err(e)) => {
-                    crate::log_line(&format!("metrics: cannot list datastore {name}: {e}"))
-                }
-                Err(e) => crate::log_line(&format!("metrics: {e}")),
-            }
+        if let Err(e) = census_of(ds).await {
+            crate::log_line(&format!("metrics: cannot list datastore {name}: {e}"));
         }
+        let cached = ds.census.lock().await;
         if let Some((_, c)) = cached.as_ref() {
             let mut total = c.other.1;
             for (kind, (n, b)) in &c.by_kind {

@@ -1864,3 +1864,99 @@ fn a_console_session_works_by_cookie_with_csrf_and_ends() {
     assert!(env.repo.join("config").exists());
     srv.stop();
 }
+
+/// The web console in a real headless Chromium (Debian's `chromium`, driven by
+/// puppeteer-core from tests/console; scripts/test.sh installs both): a wrong token
+/// is refused in the page, the right one shows the datastore table with the
+/// server's figures, the session survives a reload, sign-out returns to the form.
+/// Screenshots go to target/console-shots (docs/console shows them).
+#[test]
+fn the_console_signs_in_and_shows_the_datastore_table_in_chromium() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/console");
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        dir.join("node_modules/puppeteer-core").is_dir() && Path::new(&chromium).exists(),
+        "the console tests need Debian's chromium and tests/console/node_modules \
+         (bash scripts/test.sh installs both)"
+    );
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 53);
+    env.backup(&[&src]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], false);
+    let admin = srv.token("root", "main", "admin");
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/console-shots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let o = Command::new("node")
+        .arg(dir.join("signin.mjs"))
+        .current_dir(&dir)
+        .env("CONSOLE_URL", format!("https://127.0.0.1:{}/", srv.port))
+        .env("CONSOLE_TOKEN", &admin)
+        .env("CONSOLE_BAD_TOKEN", "cairn_0000000000000000_nope")
+        .env("CHROMIUM", &chromium)
+        .env("SHOT_DIR", &shots)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["ok"], true, "{v:#}");
+    assert!(
+        v["bad_token_alert"]
+            .as_str()
+            .unwrap()
+            .contains("unknown or removed token"),
+        "{v:#}"
+    );
+    assert_eq!(v["who"], "root (admin, main)");
+    assert_eq!(v["after_reload"], "root (admin, main)");
+    assert_eq!(
+        v["cookie_visible_to_scripts"], false,
+        "the session cookie is HttpOnly"
+    );
+    assert!(v["after_sign_out"].as_str().unwrap().contains("Signed out"));
+    // The row shows what the server sees: the storage's size, one snapshot, the
+    // config's block size, compression and encryption, and the job limit.
+    let row: Vec<String> = v["rows"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    let occupied: u64 = walk_bytes(&env.repo);
+    let shown = format!("{:.1} MiB", occupied as f64 / (1u64 << 20) as f64);
+    assert_eq!(row[0], "main");
+    assert_eq!(
+        row[1], shown,
+        "occupied, against the repository on disk: {row:?}"
+    );
+    assert_eq!(row[3], "1", "{row:?}");
+    assert_eq!(row[4], "16.0 KiB", "{row:?}");
+    assert_eq!(row[5], "standard");
+    assert_eq!(row[6], "aes-256-gcm");
+    assert_eq!(row[7], "0 running, 0 queued (max 4)");
+    assert!(row[8].starts_with("locked: "), "{row:?}");
+    assert!(v["first_paint_ms"].as_u64().unwrap() < 10_000, "{v:#}");
+    srv.stop();
+}
+
+/// Bytes of every file under `dir`.
+fn walk_bytes(dir: &Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        n += if m.is_dir() {
+            walk_bytes(&e.path())
+        } else {
+            m.len()
+        };
+    }
+    n
+}

@@ -130,7 +130,7 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
 /// The layer in front of every route: a request with the session cookie and no
 /// `Authorization` gets its session's token as `Authorization: Bearer`, after the
 /// CSRF check for anything but GET and HEAD. An ended session is refused with
-/// `session_expired` (except on `/v1/session`, where one signs in again).
+/// `session_expired` on the API (except `/v1/session`, where one signs in again).
 pub async fn cookie_auth(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
     if req.headers().contains_key(header::AUTHORIZATION) {
         return next.run(req).await;
@@ -144,7 +144,9 @@ pub async fn cookie_auth(State(app): State<Arc<App>>, mut req: Request, next: Ne
         return next.run(req).await;
     }
     let Some((token, csrf)) = app.signins.get(&id) else {
-        if signing_in {
+        // The page itself (and /metrics, /healthz) loads whatever the cookie: a
+        // browser back after a restart must get the sign-in form, not an error.
+        if signing_in || !req.uri().path().starts_with("/v1/") {
             return next.run(req).await;
         }
         return ApiError::new(

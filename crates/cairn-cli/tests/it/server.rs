@@ -1829,6 +1829,14 @@ fn a_console_session_works_by_cookie_with_csrf_and_ends() {
     let (code, _, body) = http_full(p, "GET", "/v1/whoami", &[c], b"");
     assert_eq!(code, 401, "signed out");
     assert!(String::from_utf8_lossy(&body).contains("session_expired"));
+    // The page still loads with the ended session's cookie (to sign in again).
+    let (code, head, body) = http_full(p, "GET", "/", &[c], b"");
+    assert_eq!(code, 200);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-security-policy: default-src 'self'")
+    );
+    assert!(String::from_utf8_lossy(&body).contains("sign-in-form"));
     // A bearer token is decided by itself, whatever cookie comes with it.
     let bearer = format!("Bearer {admin}");
     let (code, _, _) = http_full(

@@ -85,6 +85,20 @@ impl Server {
         srv
     }
 
+    /// Plain HTTP on loopback, the env's repository as `main`, these lines as the
+    /// settings file.
+    fn with_settings(env: &Env, toml: &str) -> Server {
+        let settings = env.path("serve.toml");
+        std::fs::write(&settings, toml).unwrap();
+        Self::start_with(
+            0,
+            &env.path("state"),
+            &[("main", &env.repo)],
+            true,
+            &["--config", settings.to_str().unwrap()],
+        )
+    }
+
     fn location(&self, ds: &str) -> String {
         let scheme = if self.fingerprint.is_some() {
             "https"
@@ -1589,15 +1603,7 @@ fn the_server_keeps_the_datastores_job_limit() {
     env.ok(&["config", "--max-concurrent-jobs", "1"]);
     let src = env.path("src");
     make_full_tree(&src, 47);
-    let settings = env.path("serve.toml");
-    std::fs::write(&settings, "job_idle_secs = 3\n").unwrap();
-    let srv = Server::start_with(
-        0,
-        &env.path("state"),
-        &[("main", &env.repo)],
-        true,
-        &["--config", settings.to_str().unwrap()],
-    );
+    let srv = Server::with_settings(&env, "job_idle_secs = 3\n");
     let backup = srv.token("web01", "main", "backup");
     let restore = srv.token("reader", "main", "restore");
     let p = srv.port;
@@ -1727,15 +1733,7 @@ fn the_server_keeps_the_datastores_job_limit() {
 fn a_console_session_works_by_cookie_with_csrf_and_ends() {
     let env = Env::new();
     env.init(&[]);
-    let settings = env.path("serve.toml");
-    std::fs::write(&settings, "session_idle_secs = 2\n").unwrap();
-    let srv = Server::start_with(
-        0,
-        &env.path("state"),
-        &[("main", &env.repo)],
-        true,
-        &["--config", settings.to_str().unwrap()],
-    );
+    let srv = Server::with_settings(&env, "session_idle_secs = 2\n");
     let admin = srv.token("root", "main", "admin");
     let backup = srv.token("web01", "main", "backup");
     let p = srv.port;

@@ -86,6 +86,8 @@ pub struct ServerBackend {
     session: String,
     /// While this client holds a job slot: the task that keeps it alive.
     heartbeat: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+    /// This client asked for a job slot: the server holds it, or a place in line.
+    asked_for_slot: std::sync::atomic::AtomicBool,
     uploads: Arc<crate::bufpool::BufferPool>,
 }
 
@@ -265,6 +267,7 @@ impl ServerBackend {
                 hex_lower(&b)
             },
             heartbeat: std::sync::Mutex::new(None),
+            asked_for_slot: Default::default(),
             uploads: crate::bufpool::BufferPool::new(UPLOAD_KEEP_MAX, UPLOAD_KEEP_COUNT),
         })
     }
@@ -611,6 +614,8 @@ impl Backend for ServerBackend {
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(body.clone())
         };
+        self.asked_for_slot
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let reply = match self.send("slot", "", ask(SLOT_WAIT_SECS)) {
             Ok((_, b)) => b,
             // A server from before job slots: it limits nothing.
@@ -661,8 +666,14 @@ impl Backend for ServerBackend {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        if let Some(task) = held {
+        if let Some(task) = &held {
             task.abort();
+        }
+        // A slot, or a place in line that a client giving up must not keep.
+        if self
+            .asked_for_slot
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
             let _ = self.send("slot", "", self.client.delete(self.slots_url()));
         }
     }

@@ -125,13 +125,16 @@ impl ServerSlot {
     /// Asks until granted, saying once (and again when the line changes) who is
     /// ahead; the cancellation token ends the wait.
     fn take(repo: &Repository, operation: &str, progress: &Progress) -> Result<ServerSlot> {
-        let backend = repo.backend().clone();
+        // Made first: a wait that ends in an error or a cancellation leaves the line.
+        let slot = ServerSlot {
+            backend: repo.backend().clone(),
+        };
         let host = crate::repo::hostname();
         let mut told: Option<usize> = None;
         loop {
             progress.check_cancelled()?;
-            match backend.job_slot(operation, &host)? {
-                cairn_backend::JobSlot::Granted => return Ok(ServerSlot { backend }),
+            match slot.backend.job_slot(operation, &host)? {
+                cairn_backend::JobSlot::Granted => return Ok(slot),
                 cairn_backend::JobSlot::Queued {
                     max,
                     running,

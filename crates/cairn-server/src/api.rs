@@ -91,6 +91,11 @@ pub(crate) fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<TokenEnt
                 "no token (send Authorization: Bearer <token>)",
             )
         })?;
+    token_entry(app, presented)
+}
+
+/// The token `presented` stands for, if it is one the server knows.
+fn token_entry(app: &App, presented: &str) -> ApiResult<TokenEntry> {
     match app.tokens.authenticate(presented) {
         Ok(Some(t)) => Ok(t),
         Ok(None) => Err(ApiError::new(
@@ -1009,23 +1014,7 @@ pub async fn session_post(
     let b: SignInBody =
         serde_json::from_slice(&body).map_err(|e| ApiError::bad(format!("sign-in: {e}")))?;
     let presented = b.token.trim().to_string();
-    let t = match app.tokens.authenticate(&presented) {
-        Ok(Some(t)) => t,
-        Ok(None) => {
-            return Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "unknown or removed token",
-            ));
-        }
-        Err(e) => {
-            return Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server",
-                e.to_string(),
-            ));
-        }
-    };
+    let t = token_entry(&app, &presented)?;
     let (id, csrf) = app.signins.create(presented).ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

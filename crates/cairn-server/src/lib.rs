@@ -156,7 +156,9 @@ pub struct ConfigSummary {
     pub max_concurrent_jobs: u32,
 }
 
-pub fn read_config_summary(backend: &dyn Backend) -> Result<ConfigSummary, String> {
+/// The repository config's plaintext settings (the `config` member, unverified:
+/// the server cannot check its MAC).
+pub fn read_config_json(backend: &dyn Backend) -> Result<serde_json::Value, String> {
     let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
     let data = backend
         .get_bounded(cairn_backend::names::CONFIG, max)
@@ -167,11 +169,18 @@ pub fn read_config_summary(backend: &dyn Backend) -> Result<ConfigSummary, Strin
                 e.to_string()
             }
         })?;
-    let v: serde_json::Value =
+    let mut v: serde_json::Value =
         serde_json::from_slice(&data).map_err(|e| format!("the config is damaged: {e}"))?;
-    let c = v.get("config");
-    let features = c
-        .and_then(|c| c.get("features"))
+    match v.get_mut("config") {
+        Some(c) => Ok(c.take()),
+        None => Err("the config is damaged: no settings".into()),
+    }
+}
+
+pub fn read_config_summary(backend: &dyn Backend) -> Result<ConfigSummary, String> {
+    let v = read_config_json(backend)?;
+    let features = v
+        .get("features")
         .and_then(|f| f.as_array())
         .map(|a| {
             a.iter()
@@ -179,8 +188,8 @@ pub fn read_config_summary(backend: &dyn Backend) -> Result<ConfigSummary, Strin
                 .collect()
         })
         .unwrap_or_default();
-    let max_concurrent_jobs = c
-        .and_then(|c| c.get("max_concurrent_jobs"))
+    let max_concurrent_jobs = v
+        .get("max_concurrent_jobs")
         .and_then(|m| m.as_u64())
         .map_or(cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS, |m| {
             m.clamp(1, cairn_format::config::MAX_MAX_CONCURRENT_JOBS as u64) as u32

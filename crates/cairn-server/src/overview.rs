@@ -53,14 +53,7 @@ pub struct KindCount {
 
 /// The plaintext config's settings the table shows.
 fn config_of(backend: &dyn cairn_backend::Backend) -> Option<serde_json::Value> {
-    let data = backend
-        .get_bounded(
-            cairn_backend::names::CONFIG,
-            cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64,
-        )
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&data).ok()?;
-    let c = v.get("config")?;
+    let c = crate::read_config_json(backend).ok()?;
     let mut out = serde_json::Map::new();
     for key in [
         "id",

@@ -75,7 +75,7 @@ impl SignIns {
     pub fn create(&self, token: String) -> Option<(String, String)> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= MAX_SESSIONS {
-            map.retain(|_, s| s.seen.elapsed() < self.idle && s.created.elapsed() < self.max_age);
+            map.retain(|_, s| self.live(s));
             if map.len() >= MAX_SESSIONS {
                 return None;
             }

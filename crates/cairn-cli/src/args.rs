@@ -401,8 +401,12 @@ pub struct LsArgs {
 pub struct DumpArgs {
     /// Snapshot id (prefix) or "latest"
     pub snapshot: String,
-    /// Path of the file inside the snapshot
+    /// Path of the file inside the snapshot (with --archive: a directory, or / for all)
     pub file: String,
+    /// Write the path and everything below it as an archive instead (`tar`: POSIX
+    /// with pax, owners, times, xattrs and hard links; streams, e.g. to tape)
+    #[arg(long, value_parser = ["tar"])]
+    pub archive: Option<String>,
 }
 
 #[derive(Args)]

@@ -92,17 +92,75 @@ pub fn list<A: Access>(
     f: &mut dyn FnMut(&str, &Node),
     on_error: &mut dyn FnMut(&str, Error),
 ) -> Result<()> {
-    walk(session.repo(), root, path, recursive, f, on_error)
+    walk(
+        session.repo(),
+        root,
+        path,
+        &mut |p, n| {
+            f(p, n);
+            recursive
+        },
+        on_error,
+    )
 }
 
-/// Calls `f(path, node)` for every entry at and below `path`, depth first, in name
-/// order. Unreadable subtrees are passed to `on_error` and skipped.
-pub(crate) fn walk(
+/// What [`search`] found.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Found {
+    pub entries: Vec<Entry>,
+    /// Entries looked at.
+    pub scanned: u64,
+    /// More would match: the search stopped at its limit.
+    pub truncated: bool,
+}
+
+/// The entries at and below `path` whose name contains `needle` (ignoring ASCII
+/// case), at most `limit` of them. Once it has them it reads no more trees, so a
+/// search that matches early is quick on any snapshot. Unreadable subtrees go to
+/// `on_error`.
+pub fn search<A: Access>(
+    session: &Session<A>,
+    root: &BlobId,
+    path: &str,
+    needle: &str,
+    limit: usize,
+    on_error: &mut dyn FnMut(&str, Error),
+) -> Result<Found> {
+    let needle = needle.to_ascii_lowercase().into_bytes();
+    let mut found = Found::default();
+    walk(
+        session.repo(),
+        root,
+        path,
+        &mut |p, n| {
+            found.scanned += 1;
+            if found.truncated {
+                return false;
+            }
+            let name = n.name.to_ascii_lowercase();
+            if needle.is_empty() || name.windows(needle.len()).any(|w| w == needle.as_slice()) {
+                if found.entries.len() >= limit {
+                    found.truncated = true;
+                    return false;
+                }
+                found.entries.push(Entry::new(p, n));
+            }
+            true
+        },
+        on_error,
+    )?;
+    Ok(found)
+}
+
+/// Calls `f(path, node)` for the entry at `path`, the entries in it and, where `f`
+/// says so, below them,
+/// depth first, in name order. Unreadable subtrees are passed to `on_error` and skipped.
+/// `f` returns whether to walk into the entry (if it is a directory).
+fn walk(
     repo: &Repository,
     root: &BlobId,
     path: &str,
-    recursive: bool,
-    f: &mut dyn FnMut(&str, &Node),
+    f: &mut dyn FnMut(&str, &Node) -> bool,
     on_error: &mut dyn FnMut(&str, Error),
 ) -> Result<()> {
     let start = find_node(repo, root, path)?;
@@ -110,6 +168,7 @@ pub(crate) fn walk(
     let tree_id = match &start {
         None => *root,
         Some(n) => {
+            // The start is always walked into: `ls /dir` lists what is in it.
             f(&base, n);
             match n.subtree {
                 Some(s) => s,
@@ -118,8 +177,7 @@ pub(crate) fn walk(
         }
     };
     struct Lister<'a> {
-        recursive: bool,
-        f: &'a mut dyn FnMut(&str, &Node),
+        f: &'a mut dyn FnMut(&str, &Node) -> bool,
         on_error: &'a mut dyn FnMut(&str, Error),
     }
     impl Visitor for Lister<'_> {
@@ -129,8 +187,7 @@ pub(crate) fn walk(
             Ok(())
         }
         fn entry(&mut self, _: &mut (), path: &str, n: &Node) -> Result<Option<BlobId>> {
-            (self.f)(path, n);
-            Ok(if self.recursive { n.subtree } else { None })
+            Ok(if (self.f)(path, n) { n.subtree } else { None })
         }
         fn unreadable(&mut self, _: &mut (), path: &str, _: &Node, e: Error) -> Result<()> {
             (self.on_error)(path, e);
@@ -143,15 +200,5 @@ pub(crate) fn walk(
             Ok(())
         }
     }
-    crate::tree::walk::walk_from(
-        repo,
-        &tree_id,
-        &base,
-        start,
-        &mut Lister {
-            recursive,
-            f,
-            on_error,
-        },
-    )
+    crate::tree::walk::walk_from(repo, &tree_id, &base, start, &mut Lister { f, on_error })
 }

@@ -4,6 +4,7 @@ pub mod backup;
 pub mod check;
 pub mod copy;
 pub mod dump;
+pub mod export;
 pub mod forget;
 pub mod ls;
 pub mod prune;

@@ -279,6 +279,46 @@ impl Repository {
         })
     }
 
+    /// Opens the repository again with the key this handle holds: the config is
+    /// read and authenticated afresh and the index starts empty, but no key file is
+    /// unwrapped (no password, no KDF). For a long-lived holder of a key, such as a
+    /// server that keeps a datastore unlocked, which opens a new session for each
+    /// piece of work.
+    pub fn reopen(&self) -> Result<Repository> {
+        let raw = match self
+            .backend
+            .get_bounded(names::CONFIG, MAX_SMALL_OBJECT_SIZE as u64)
+        {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => {
+                return Err(Error::NotARepository(self.backend.location()));
+            }
+            Err(e) => return Err(objects::too_large_is_damage(e, "repository config")),
+        };
+        let (config, body, mac) =
+            Config::parse(&raw).map_err(|e| Error::damaged("repository config", e))?;
+        if config.id != self.config.id || self.key.mac(&body) != mac {
+            return Err(Error::damaged(
+                "repository config",
+                FormatError::Authentication { what: "config" },
+            ));
+        }
+        Ok(Repository {
+            config,
+            key: self.key.clone(),
+            key_id: self.key_id,
+            index: Arc::new(MasterIndex::new()),
+            index_errors: Vec::new(),
+            traffic: self.traffic.clone(),
+            dedup: None,
+            blob_cache: Arc::new(blobcache::BlobCache::new(
+                blobcache::DEFAULT_BLOB_CACHE_BYTES,
+            )),
+            location: self.location.clone(),
+            backend: self.backend.clone(),
+        })
+    }
+
     /// Opens the repository at a location string (`/path`, `s3:...`) with the
     /// storage stack of [`storage::open_storage`]; `password` is asked for only when
     /// the repository is encrypted.
@@ -439,5 +479,38 @@ impl Repository {
         }
         self.config.max_concurrent_jobs = n;
         self.write_config()
+    }
+}
+
+#[cfg(test)]
+mod reopen_tests {
+    use super::*;
+    use cairn_backend::MemBackend;
+
+    /// A reopened handle sees the config as it is now, keeps the key without a
+    /// password, and refuses a config its key did not seal.
+    #[test]
+    fn reopen_reads_the_config_again_with_the_same_key() {
+        let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
+        let opts = InitOptions {
+            kdf: KdfParams {
+                memory_kib: 8,
+                iterations: 1,
+                parallelism: 1,
+                ..KdfParams::new_default()
+            },
+            ..InitOptions::default()
+        };
+        let mut repo = Repository::init(backend.clone(), Some("pw"), &opts).unwrap();
+        repo.set_max_concurrent_jobs(7).unwrap();
+        let again = repo.reopen().unwrap();
+        assert_eq!(again.config().max_concurrent_jobs, 7);
+        assert_eq!(again.key().secret(), repo.key().secret());
+        assert_eq!(again.key_id(), repo.key_id());
+        let mut raw = backend.get(names::CONFIG).unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 1;
+        backend.put(names::CONFIG, &raw).unwrap();
+        assert!(repo.reopen().is_err(), "a tampered config is refused");
     }
 }

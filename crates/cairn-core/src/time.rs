@@ -43,6 +43,13 @@ pub fn now_rfc3339() -> String {
     format_unix(d.as_secs() as i64, d.subsec_nanos())
 }
 
+/// Seconds since the epoch of an RFC 3339 time (a snapshot's), if it is one.
+pub fn parse_rfc3339(s: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.timestamp())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

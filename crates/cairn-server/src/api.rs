@@ -112,7 +112,7 @@ fn token_entry(app: &App, presented: &str) -> ApiResult<TokenEntry> {
 }
 
 /// The datastore a token opens, which must be the one named in the path.
-fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<Arc<Datastore>> {
+pub(crate) fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<Arc<Datastore>> {
     if let Some(d) = app.datastores.get(name) {
         d.stats.requests.fetch_add(1, Ordering::Relaxed);
     }
@@ -453,6 +453,9 @@ pub async fn put(
     if let Some((index_name, list)) = list {
         store.dedup.list_stored(&index_name, &list);
     }
+    if !matches!(kind, Kind::Pack | Kind::DedupList) && !is_lock {
+        store.content.changed();
+    }
     Ok(StatusCode::CREATED.into_response())
 }
 
@@ -742,6 +745,8 @@ pub async fn delete(
     }
     if is_lock {
         store.owners.removed(&name);
+    } else {
+        store.content.changed();
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }

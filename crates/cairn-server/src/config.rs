@@ -10,6 +10,7 @@
 //! job_idle_secs = 90
 //! session_idle_secs = 1800
 //! session_max_hours = 12
+//! stale_after_hours = 26
 //!
 //! [datastores]
 //! main = "/srv/cairn/main"
@@ -52,6 +53,8 @@ pub struct ServerConfig {
     pub session_idle_secs: u64,
     /// No console sign-in lasts longer than this.
     pub session_max_hours: u64,
+    /// The console flags a host whose last backup is older than this.
+    pub stale_after_hours: u64,
     /// The largest object a client may upload, bytes.
     pub max_object_size: u64,
     /// Bandwidth limits, bytes per second: each token's, and the whole server's.
@@ -134,6 +137,7 @@ pub struct FileConfig {
     pub job_idle_secs: Option<u64>,
     pub session_idle_secs: Option<u64>,
     pub session_max_hours: Option<u64>,
+    pub stale_after_hours: Option<u64>,
     pub max_object_size: Option<u64>,
     pub limit_upload_per_token: Option<Rate>,
     pub limit_download_per_token: Option<Rate>,
@@ -283,6 +287,7 @@ impl ServerConfig {
             job_idle_secs: file.job_idle_secs.unwrap_or(90),
             session_idle_secs: file.session_idle_secs.unwrap_or(1800),
             session_max_hours: file.session_max_hours.unwrap_or(12),
+            stale_after_hours: file.stale_after_hours.unwrap_or(26),
             max_object_size: file.max_object_size.unwrap_or(512 << 20),
             jobs: file.jobs,
             datastore_passwords: file.datastore_passwords,
@@ -312,6 +317,12 @@ impl ServerConfig {
                 "session_idle_secs = {} (1 to 604800) or session_max_hours = {} (1 to 720) \
                  out of range",
                 config.session_idle_secs, config.session_max_hours
+            )));
+        }
+        if !(1..=24 * 366).contains(&config.stale_after_hours) {
+            return Err(ConfigError::Invalid(format!(
+                "stale_after_hours = {}: must be between 1 and 8784",
+                config.stale_after_hours
             )));
         }
         let mut names = std::collections::BTreeSet::new();

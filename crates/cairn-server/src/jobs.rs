@@ -358,20 +358,36 @@ fn run_job(app: &App, spec: &JobSpec) -> Result<(bool, String), String> {
             ),
         ));
     }
-    let password_file = app
-        .jobs
-        .passwords
-        .get(&spec.datastore)
-        .ok_or("no password for the datastore")?
-        .clone();
-    let password = password_from(password_file);
-    let opts = cairn_core::repo::storage::StorageOptions {
-        cache: cairn_core::repo::storage::CacheChoice::Off,
-        ..Default::default()
-    };
     let progress = cairn_core::progress::Progress::none();
-    let repo = cairn_core::Repository::open_at(&ds.location, &opts, password, &progress)
-        .map_err(|e| e.to_string())?;
+    // The key the server holds if the datastore is unlocked, else its password file.
+    let repo = match ds.content.repository() {
+        Some(r) => r.map_err(|e| e.to_string())?,
+        None => {
+            let password_file = app
+                .jobs
+                .passwords
+                .get(&spec.datastore)
+                .ok_or(
+                    "the datastore is locked: unlock it in the console or give its password file",
+                )?
+                .clone();
+            let opts = cairn_core::repo::storage::StorageOptions {
+                cache: cairn_core::repo::storage::CacheChoice::Off,
+                ..Default::default()
+            };
+            cairn_core::Repository::open_at(
+                &ds.location,
+                &opts,
+                password_from(password_file),
+                &progress,
+            )
+            .map_err(|e| e.to_string())?
+        }
+    };
+    if spec.kind == "retention" {
+        // The console's read session would hold up the prune.
+        ds.content.end_session();
+    }
     use cairn_core::session::{Exclusive, Read, Write};
     use cairn_core::{IndexLoad, Session};
     match spec.kind.as_str() {

@@ -15,6 +15,7 @@ pub mod api;
 pub mod body;
 pub mod config;
 pub mod console;
+pub mod content;
 pub mod dedup;
 pub mod hosts;
 pub mod jobs;
@@ -76,6 +77,8 @@ pub struct Datastore {
     /// The repository's `max_concurrent_jobs` (read at start, and again when an
     /// admin replaces the config through this server).
     pub max_jobs: std::sync::atomic::AtomicU32,
+    /// The key, when an admin unlocked the datastore, and what reads with it.
+    pub content: content::Content,
 }
 
 /// Counters for the log and, later, `/metrics`.
@@ -258,6 +261,7 @@ impl App {
                     hosts: hosts::HostRecords::default(),
                     slots: slots::Slots::new(Duration::from_secs(config.job_idle_secs)),
                     max_jobs: summary.max_concurrent_jobs.into(),
+                    content: content::Content::default(),
                 }),
             );
         }
@@ -305,6 +309,12 @@ impl App {
             r_slots,
             r_session,
             r_datastores,
+            r_unlock,
+            r_stats,
+            r_snapshots,
+            r_entries,
+            r_search,
+            r_download,
         ] = ROUTES;
         Router::new()
             .route(r_health, get(|| async { "ok\n" }))
@@ -330,6 +340,15 @@ impl App {
                     .delete(api::session_delete),
             )
             .route(r_datastores, get(overview::datastores))
+            .route(
+                r_unlock,
+                axum::routing::post(content::unlock).delete(content::relock),
+            )
+            .route(r_stats, get(content::stats))
+            .route(r_snapshots, get(content::snapshots))
+            .route(r_entries, get(content::entries))
+            .route(r_search, get(content::search))
+            .route(r_download, get(content::download))
             .route("/", get(console::index))
             .route("/console/app.js", get(console::app_js))
             .route("/console/style.css", get(console::style))
@@ -343,7 +362,7 @@ impl App {
 }
 
 /// Every route the server answers; docs/openapi.yaml describes each (a test checks).
-pub const ROUTES: [&str; 13] = [
+pub const ROUTES: [&str; 19] = [
     "/healthz",
     "/metrics",
     "/v1/whoami",
@@ -357,6 +376,12 @@ pub const ROUTES: [&str; 13] = [
     "/v1/datastores/{ds}/slots",
     "/v1/session",
     "/v1/datastores",
+    "/v1/datastores/{ds}/unlock",
+    "/v1/datastores/{ds}/stats",
+    "/v1/datastores/{ds}/snapshots",
+    "/v1/datastores/{ds}/snapshots/{id}/entries",
+    "/v1/datastores/{ds}/snapshots/{id}/search",
+    "/v1/datastores/{ds}/snapshots/{id}/download",
 ];
 
 /// Where the self-signed certificate lives.
@@ -415,6 +440,7 @@ async fn run(
     });
     let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.0));
     jobs::schedule(&app);
+    content::start(&app);
     let router = app.router();
     let timeout = Duration::from_secs(app.config.request_timeout_secs);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();

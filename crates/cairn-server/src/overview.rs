@@ -1,8 +1,8 @@
 //! `GET /v1/datastores`: what the console's datastore table shows, from what the
 //! server can see without a key — the repository's plaintext config, a listing of
 //! its storage, and the job slots. Stored data, deduplication and compression need
-//! the key (`cairn stats` with a restore or admin token, or a datastore unlocked on
-//! the server): the answer says so instead of guessing.
+//! the key: for a datastore an admin unlocked, `GET …/stats` has them
+//! ([`crate::content`]); for a locked one the answer says why instead of guessing.
 
 use crate::api::{ApiError, authenticate};
 use crate::policy::Role;
@@ -25,9 +25,14 @@ pub struct Summary {
     pub reachable: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// Content figures need the key, which the server does not hold.
+    /// Content figures need the key, which the server holds only while an admin
+    /// has the datastore unlocked (`…/unlock`, or a password file).
     pub locked: bool,
+    /// Why it is locked (empty when it is not).
     pub locked_reason: String,
+    /// How it was unlocked, and since when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unlocked: Option<crate::content::UnlockState>,
     /// From the repository's config (plaintext).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config: Option<serde_json::Value>,
@@ -97,10 +102,14 @@ async fn summary(ds: &Arc<Datastore>, role: Role, host_bound: bool) -> Summary {
         reachable: census.is_ok(),
         error: census.as_ref().err().cloned(),
         locked: true,
-        locked_reason: "stored data, deduplication and compression need the datastore's key, \
-                        which this server does not hold (cairn stats shows them to a restore or \
-                        admin token)"
-            .into(),
+        locked_reason: match ds.content.unlock_error() {
+            Some(e) => format!("unlocking failed: {e}"),
+            None => "stored data, deduplication, compression and the snapshots need the \
+                     datastore's key, which this server does not hold until an admin unlocks \
+                     the datastore"
+                .into(),
+        },
+        unlocked: None,
         config,
         occupied_bytes: 0,
         index_bytes: 0,
@@ -110,6 +119,11 @@ async fn summary(ds: &Arc<Datastore>, role: Role, host_bound: bool) -> Summary {
         jobs_queued: queued.len(),
         max_concurrent_jobs: ds.max_jobs.load(Ordering::Relaxed),
     };
+    if ds.content.unlocked().is_some() {
+        s.locked = false;
+        s.locked_reason.clear();
+        s.unlocked = Some(crate::content::state_of(ds));
+    }
     if let Ok(c) = census {
         s.occupied_bytes = c.other.1 + c.by_kind.values().map(|x| x.1).sum::<u64>();
         s.index_bytes = ["index", "admin_index"]

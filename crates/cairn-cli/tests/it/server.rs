@@ -1263,11 +1263,22 @@ fn http_full(
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
     {
-        // One chunk at most for these small answers: "<hex>\r\n<data>\r\n0\r\n\r\n".
-        let text = body.clone();
-        let nl = text.windows(2).position(|w| w == b"\r\n").unwrap();
-        let n = usize::from_str_radix(std::str::from_utf8(&text[..nl]).unwrap(), 16).unwrap();
-        body = text[nl + 2..nl + 2 + n].to_vec();
+        // "<hex>\r\n<data>\r\n" per chunk, then "0\r\n\r\n"; a stream cut short
+        // (an answer that failed midway) ends without the last chunk.
+        let text = std::mem::take(&mut body);
+        let mut at = 0;
+        loop {
+            let Some(nl) = text[at..].windows(2).position(|w| w == b"\r\n") else {
+                panic!("a chunked answer cut short after {} bytes", body.len());
+            };
+            let n = usize::from_str_radix(std::str::from_utf8(&text[at..at + nl]).unwrap(), 16)
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&text[at + nl + 2..at + nl + 2 + n]);
+            at += nl + 2 + n + 2;
+        }
     }
     (code, head, body)
 }
@@ -1977,4 +1988,328 @@ fn walk_bytes(dir: &Path) -> u64 {
         };
     }
     n
+}
+
+/// A token bound to `host`, added with the CLI.
+fn bound_token(srv: &Server, name: &str, role: &str, host: &str) -> String {
+    let o = Command::new(bin())
+        .args(["serve", "token", "add", name, "--datastore", "main"])
+        .args(["--role", role, "--host", host, "--state-dir"])
+        .arg(&srv.state)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}
+
+fn get_json(port: u16, path: &str, token: &str) -> (u16, serde_json::Value) {
+    let (code, _, body) = http_full(
+        port,
+        "GET",
+        path,
+        &[("Authorization", &format!("Bearer {token}"))],
+        b"",
+    );
+    let v = serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("{path}: {e}: {}", String::from_utf8_lossy(&body)));
+    (code, v)
+}
+
+/// Percent-encodes a path for a query string.
+fn q(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"/-_.".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A datastore unlocked on the server (from a password file at start, then by an
+/// admin with the password) shows exactly `cairn stats --json`, its snapshots per
+/// host, directories page by page, files byte for byte and directories as
+/// .tar.zst; a host-bound token sees only its host's snapshots; locking it again
+/// takes it all away.
+#[test]
+fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
+    let env = Env::new();
+    env.init(&[]);
+    let pwfile = env.path("main.password");
+    std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
+    let srv = Server::with_settings(
+        &env,
+        &format!("[datastore_passwords]\nmain = \"{}\"\n", pwfile.display()),
+    );
+    let p = srv.port;
+    let admin = srv.token("root", "main", "admin");
+    let web01 = bound_token(&srv, "web01", "backup", "web01");
+    let web02 = bound_token(&srv, "web02", "backup", "web02");
+    let web02_restore = bound_token(&srv, "web02-restore", "restore", "web02");
+    let unbound_backup = srv.token("any", "main", "backup");
+    let src = env.path("src");
+    make_full_tree(&src, 29);
+    let many = src.join("many");
+    std::fs::create_dir_all(&many).unwrap();
+    for i in 0..450 {
+        std::fs::write(many.join(format!("f{i:04}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let s = src.to_str().unwrap();
+    let backup = |t: &str| -> String {
+        let v: serde_json::Value = serde_json::from_str(&ok(
+            client(&env, &srv, "main", t, &["backup", "--json", s]),
+            "backup",
+        ))
+        .unwrap();
+        v["snapshot_id"].as_str().unwrap().to_string()
+    };
+    let one = backup(&web01);
+    let two = backup(&web02);
+
+    // Unlocked at start from the password file.
+    let (code, v) = get_json(p, "/v1/datastores", &admin);
+    assert_eq!(code, 200);
+    assert_eq!(v[0]["locked"], false, "{v:#}");
+    assert!(
+        v[0]["unlocked"]["how"]
+            .as_str()
+            .unwrap()
+            .starts_with("password file"),
+        "{v:#}"
+    );
+    // Locked again by an admin (not by others): content is refused and says why.
+    let auth = |t: &str| format!("Bearer {t}");
+    let json = ("Content-Type", "application/json");
+    let send = |method: &str, path: &str, t: &str, body: &str| {
+        let a = auth(t);
+        let (code, _, b) = http_full(
+            p,
+            method,
+            path,
+            &[("Authorization", a.as_str()), json],
+            body.as_bytes(),
+        );
+        (code, String::from_utf8_lossy(&b).into_owned())
+    };
+    assert_eq!(
+        send("DELETE", "/v1/datastores/main/unlock", &web02_restore, "").0,
+        403
+    );
+    assert_eq!(
+        send("DELETE", "/v1/datastores/main/unlock", &admin, "").0,
+        200
+    );
+    let (code, v) = get_json(p, "/v1/datastores/main/snapshots", &admin);
+    assert_eq!((code, v["error"].as_str()), (409, Some("locked")), "{v}");
+    let (_, v) = get_json(p, "/v1/datastores", &admin);
+    assert_eq!(v[0]["locked"], true);
+    assert!(v[0]["locked_reason"].as_str().unwrap().contains("unlocks"));
+    // A wrong password, a non-admin, then the right one.
+    let (code, body) = send(
+        "POST",
+        "/v1/datastores/main/unlock",
+        &admin,
+        "{\"password\": \"wrong\"}",
+    );
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("wrong_password"), "{body}");
+    let pw = format!("{{\"password\": \"{PASSWORD}\"}}");
+    assert_eq!(
+        send("POST", "/v1/datastores/main/unlock", &web02_restore, &pw).0,
+        403
+    );
+    let (code, body) = send("POST", "/v1/datastores/main/unlock", &admin, &pw);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("console (token root)"), "{body}");
+
+    // The figures are `cairn stats --json`'s, to the byte.
+    let (code, server_stats) = get_json(p, "/v1/datastores/main/stats", &admin);
+    assert_eq!(code, 200, "{server_stats}");
+    let local: serde_json::Value = serde_json::from_str(&env.ok(&["stats", "--json"])).unwrap();
+    assert_eq!(server_stats, local);
+    assert_eq!(
+        get_json(p, "/v1/datastores/main/stats", &web02_restore).0,
+        403
+    );
+
+    // Snapshots and hosts, as each token may see them.
+    let (code, v) = get_json(p, "/v1/datastores/main/snapshots", &admin);
+    assert_eq!(code, 200, "{v}");
+    let ids: Vec<&str> = v["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    assert!(ids.contains(&one.as_str()) && ids.contains(&two.as_str()));
+    assert_eq!(
+        v["hosts"].as_array().unwrap().len(),
+        1,
+        "one machine, two tokens: {v}"
+    );
+    assert_eq!(v["hosts"][0]["stale"], false);
+    assert_eq!(v["hosts"][0]["snapshots"], 2);
+    let row = &v["snapshots"][0];
+    assert!(row["size"].as_u64().unwrap() > 0 && row["files"].as_u64().unwrap() > 450);
+    let (_, v) = get_json(p, "/v1/datastores/main/snapshots", &web02_restore);
+    let ids: Vec<&str> = v["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![two.as_str()],
+        "a host-bound token sees its own only"
+    );
+    assert_eq!(
+        get_json(p, "/v1/datastores/main/snapshots", &unbound_backup).0,
+        403
+    );
+
+    // A directory of 450 entries, 200 at a time, in name order.
+    let many_path = q(many.to_str().unwrap());
+    let mut names = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut path =
+            format!("/v1/datastores/main/snapshots/{one}/entries?path={many_path}&limit=200");
+        if let Some(a) = &after {
+            path.push_str(&format!("&after={}", q(a)));
+        }
+        let (code, v) = get_json(p, &path, &admin);
+        assert_eq!(code, 200, "{v}");
+        assert_eq!(v["total"], 450);
+        pages += 1;
+        for e in v["entries"].as_array().unwrap() {
+            names.push(e["name"].as_str().unwrap().to_string());
+        }
+        match v["next"].as_str() {
+            Some(n) => after = Some(n.to_string()),
+            None => break,
+        }
+    }
+    let expected: Vec<String> = (0..450).map(|i| format!("f{i:04}.txt")).collect();
+    assert_eq!((pages, names), (3, expected));
+    // Another host's snapshot is absent to a bound token, by any path.
+    let other = format!("/v1/datastores/main/snapshots/{one}/entries?path=/");
+    assert_eq!(get_json(p, &other, &web02_restore).0, 404);
+    let mine = format!("/v1/datastores/main/snapshots/{two}/entries?path=/");
+    assert_eq!(get_json(p, &mine, &web02_restore).0, 200);
+    assert_eq!(
+        get_json(p, &other, &web01).0,
+        200,
+        "a bound backup token reads its own"
+    );
+
+    // One file, byte for byte; what is not there or not a file is a clear refusal.
+    let file = src.join("dir/random.bin");
+    let a = auth(&admin);
+    let hdr = [("Authorization", a.as_str())];
+    let dl = |path: &str, format: &str| {
+        http_full(
+            p,
+            "GET",
+            &format!(
+                "/v1/datastores/main/snapshots/{two}/download?path={}&format={format}",
+                q(path)
+            ),
+            &hdr,
+            b"",
+        )
+    };
+    let (code, head, body) = dl(file.to_str().unwrap(), "file");
+    assert_eq!(code, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("attachment; filename=\"random.bin\""),
+        "{head}"
+    );
+    assert_eq!(body, std::fs::read(&file).unwrap());
+    let (code, _, body) = dl(&format!("{s}/no/such"), "file");
+    assert_eq!(code, 404, "{}", String::from_utf8_lossy(&body));
+    let (code, _, body) = dl(s, "file");
+    assert_eq!(code, 400, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("tar.zst"));
+    // A directory as .tar.zst unpacks to the same tree.
+    let (code, _, body) = dl(src.join("dir").to_str().unwrap(), "tar.zst");
+    assert_eq!(code, 200);
+    let archive = env.path("dir.tar.zst");
+    std::fs::write(&archive, &body).unwrap();
+    let out = env.path("unpacked");
+    std::fs::create_dir_all(&out).unwrap();
+    let t = Command::new("tar")
+        .args([
+            "--zstd",
+            "--xattrs",
+            "--xattrs-include=*",
+            "--same-owner",
+            "-xpf",
+        ])
+        .arg(&archive)
+        .arg("-C")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let diffs: Vec<String> = compare(&src.join("dir"), &out.join("dir"))
+        .into_iter()
+        .filter(|d| !d.contains("allocated blocks") && !d.contains("link count"))
+        .filter(|d| is_root() || !d.contains(": owner differs"))
+        .collect();
+    assert!(diffs.is_empty(), "{}", diffs.join("\n"));
+
+    // Search by name stops at its limit and says so.
+    let (code, v) = get_json(
+        p,
+        &format!("/v1/datastores/main/snapshots/{two}/search?q=RANDOM.BIN"),
+        &admin,
+    );
+    assert_eq!(code, 200, "{v}");
+    let paths: Vec<&str> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        paths.contains(&format!("{s}/dir/random.bin").as_str()),
+        "{v}"
+    );
+    let (_, v) = get_json(
+        p,
+        &format!("/v1/datastores/main/snapshots/{two}/search?q=f0&limit=10"),
+        &admin,
+    );
+    assert_eq!(v["entries"].as_array().unwrap().len(), 10);
+    assert_eq!(v["truncated"], true);
+
+    // A backup through the server shows up at once; locking takes it all away.
+    let three = backup(&web01);
+    let (_, v) = get_json(p, "/v1/datastores/main/snapshots", &admin);
+    assert!(
+        v["snapshots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == three.as_str()),
+        "{v}"
+    );
+    let (_, st) = get_json(p, "/v1/datastores/main/stats", &admin);
+    assert_eq!(st["snapshots"], 3);
+    assert_eq!(
+        send("DELETE", "/v1/datastores/main/unlock", &admin, "").0,
+        200
+    );
+    assert_eq!(get_json(p, &mine, &web02_restore).0, 409);
+    // The console's read session took a lock while it lived; none is left behind,
+    // so a prune runs at once.
+    env.ok(&["prune"]);
+    let log = srv.stop();
+    assert!(log.contains("unlocked by token root"), "{log}");
 }

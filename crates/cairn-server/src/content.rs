@@ -1,0 +1,1007 @@
+//! What needs a datastore's key: its content figures (`cairn stats`), its
+//! snapshots, their directories, files and archives, and a search by name.
+//!
+//! The server holds no key unless an administrator unlocks a datastore for it:
+//! from a password file named in the settings (`[datastore_passwords]`, read at
+//! start) or with the password entered in the console (`POST …/unlock`). The key
+//! then lives in this process's memory only, until `DELETE …/unlock` or a restart;
+//! the password itself is not kept. What that means for the threat model is in
+//! docs/SERVER.md ("Unlocked datastores").
+//!
+//! Reads go through ordinary engine sessions, so a prune (through this server or
+//! directly) stays as safe as it is for any reader: a read session is kept while
+//! the console is used and ended after [`SESSION_IDLE`] without use (its lock then
+//! goes too, so it holds up a prune for at most that long), after
+//! [`SESSION_MAX_AGE`], or as soon as a write through the server changes what a
+//! reader would see (a snapshot, an index file, a deletion).
+//!
+//! Who sees what: an admin token everything; a token bound to a host only the
+//! snapshots recorded for its host ([`crate::hosts`]); a restore token without a
+//! host every snapshot; a backup token without a host none (it may add backups,
+//! not read them back in a browser).
+
+use crate::api::{ApiError, authenticate, datastore};
+use crate::policy::Role;
+use crate::tokens::TokenEntry;
+use crate::{App, Datastore};
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use cairn_core::session::{IndexLoad, Read, Session};
+use cairn_core::{Repository, progress::Progress};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A read session unused for this long ends (and its lock with it).
+pub const SESSION_IDLE: Duration = Duration::from_secs(30);
+/// A read session is replaced after this long, to see what others wrote directly.
+pub const SESSION_MAX_AGE: Duration = Duration::from_secs(300);
+/// Entries per page of a directory listing, by default and at most.
+const PAGE: usize = 200;
+const PAGE_MAX: usize = 2000;
+/// Matches a search returns, by default and at most.
+const SEARCH: usize = 100;
+const SEARCH_MAX: usize = 1000;
+/// Bytes per piece of a streamed download.
+const PIECE: usize = 256 << 10;
+
+/// A datastore's key, if it is unlocked, and the sessions reading with it.
+#[derive(Default)]
+pub struct Content {
+    unlocked: Mutex<Option<Arc<Unlocked>>>,
+    /// Counts writes through the server that change what a reader sees.
+    generation: AtomicU64,
+    /// Why the unlock at start failed, for the console.
+    unlock_error: Mutex<Option<String>>,
+}
+
+pub struct Unlocked {
+    /// The repository opened with the key, never given an index: each session
+    /// opens a copy ([`Repository::reopen`]).
+    template: Repository,
+    /// "password file /etc/…" or "console (token NAME)".
+    pub how: String,
+    pub since: String,
+    session: Mutex<Option<Cached>>,
+    stats: Mutex<Option<(u64, Arc<cairn_core::stats::Stats>)>>,
+}
+
+struct Cached {
+    session: Arc<Session<Read>>,
+    generation: u64,
+    opened: Instant,
+    used: Instant,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Content {
+    /// Something a reader sees changed (a snapshot, an index file, a deletion).
+    pub fn changed(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn unlocked(&self) -> Option<Arc<Unlocked>> {
+        lock(&self.unlocked).clone()
+    }
+
+    pub fn unlock_error(&self) -> Option<String> {
+        lock(&self.unlock_error).clone()
+    }
+
+    /// Opens the repository with `password` and keeps its key (blocking: the key
+    /// derivation takes a second on purpose).
+    pub fn unlock(
+        &self,
+        backend: Arc<dyn cairn_backend::Backend>,
+        password: String,
+        how: String,
+    ) -> cairn_core::Result<()> {
+        let r = Repository::open(backend, move || Ok(password));
+        match r {
+            Ok(template) => {
+                *lock(&self.unlocked) = Some(Arc::new(Unlocked {
+                    template,
+                    how,
+                    since: cairn_core::time::now_rfc3339(),
+                    session: Mutex::new(None),
+                    stats: Mutex::new(None),
+                }));
+                *lock(&self.unlock_error) = None;
+                Ok(())
+            }
+            Err(e) => {
+                *lock(&self.unlock_error) = Some(format!("{how}: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// Forgets the key (blocking: a read session's lock is removed).
+    pub fn lock(&self) {
+        let u = lock(&self.unlocked).take();
+        if let Some(u) = u {
+            lock(&u.session).take();
+        }
+    }
+
+    /// A fresh handle on the repository with the key, for a job (blocking).
+    pub fn repository(&self) -> Option<cairn_core::Result<Repository>> {
+        self.unlocked().map(|u| u.template.reopen())
+    }
+
+    /// Ends the read session if unused or old (blocking: its lock is removed).
+    pub fn sweep(&self) {
+        if let Some(u) = self.unlocked() {
+            let mut s = lock(&u.session);
+            if s.as_ref().is_some_and(|c| {
+                c.used.elapsed() > SESSION_IDLE || c.opened.elapsed() > SESSION_MAX_AGE
+            }) {
+                s.take();
+            }
+        }
+    }
+
+    /// Ends the read session now, e.g. before a prune through the server.
+    pub fn end_session(&self) {
+        if let Some(u) = self.unlocked() {
+            lock(&u.session).take();
+        }
+    }
+
+    /// The read session, opened now if there is none or it is out of date
+    /// (blocking).
+    fn session(&self) -> Result<(Arc<Unlocked>, Arc<Session<Read>>), ApiError> {
+        let u = self.unlocked().ok_or_else(locked)?;
+        let generation = self.generation.load(Ordering::Relaxed);
+        let mut s = lock(&u.session);
+        if let Some(c) = s.as_mut()
+            && c.generation == generation
+            && c.opened.elapsed() < SESSION_MAX_AGE
+        {
+            c.used = Instant::now();
+            return Ok((u.clone(), c.session.clone()));
+        }
+        // The old one goes first: its lock is not needed twice.
+        s.take();
+        let repo = u.template.reopen().map_err(engine_error)?;
+        let session =
+            Session::<Read>::open(repo, "console", IndexLoad::Placement, &Progress::none())
+                .map_err(engine_error)?;
+        let session = Arc::new(session);
+        let now = Instant::now();
+        *s = Some(Cached {
+            session: session.clone(),
+            generation,
+            opened: now,
+            used: now,
+        });
+        drop(s);
+        Ok((u, session))
+    }
+
+    /// `cairn stats` for the whole datastore, computed again only after a change
+    /// (blocking).
+    fn stats(&self) -> Result<Arc<cairn_core::stats::Stats>, ApiError> {
+        let u = self.unlocked().ok_or_else(locked)?;
+        let generation = self.generation.load(Ordering::Relaxed);
+        if let Some((g, st)) = lock(&u.stats).as_ref()
+            && *g == generation
+        {
+            return Ok(st.clone());
+        }
+        let repo = u.template.reopen().map_err(engine_error)?;
+        let session = Session::<Read>::open(repo, "stats", IndexLoad::Full, &Progress::none())
+            .map_err(engine_error)?;
+        let st = Arc::new(cairn_core::stats::stats(&session, None).map_err(engine_error)?);
+        *lock(&u.stats) = Some((generation, st.clone()));
+        Ok(st)
+    }
+}
+
+/// Unlocks the datastores that have a password file (in the background: each
+/// takes a key derivation) and ends idle read sessions from then on.
+pub fn start(app: &Arc<App>) {
+    for (name, file) in &app.config.datastore_passwords {
+        let Some(ds) = app.datastores.get(name).cloned() else {
+            continue;
+        };
+        let file = file.clone();
+        tokio::task::spawn_blocking(move || {
+            let how = format!("password file {}", file.display());
+            let password = match std::fs::read_to_string(&file) {
+                Ok(t) => t.lines().next().unwrap_or("").to_string(),
+                Err(e) => {
+                    let m = format!("{how}: cannot read it: {e}");
+                    crate::log_line(&format!("datastore {}: stays locked: {m}", ds.name));
+                    *lock(&ds.content.unlock_error) = Some(m);
+                    return;
+                }
+            };
+            match ds.content.unlock(ds.backend.clone(), password, how.clone()) {
+                Ok(()) => crate::log_line(&format!("datastore {}: unlocked ({how})", ds.name)),
+                Err(e) => {
+                    crate::log_line(&format!("datastore {}: stays locked: {how}: {e}", ds.name))
+                }
+            }
+        });
+    }
+    let app = app.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            let a = app.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                for ds in a.datastores.values() {
+                    ds.content.sweep();
+                }
+            })
+            .await;
+        }
+    });
+}
+
+fn locked() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "locked",
+        "the datastore is locked: content needs its key (an admin unlocks it in the console \
+         or with a password file under [datastore_passwords])",
+    )
+}
+
+/// An engine error as an answer.
+fn engine_error(e: cairn_core::Error) -> ApiError {
+    use cairn_core::Error as E;
+    match e {
+        E::Locked(m) => ApiError::new(StatusCode::CONFLICT, "busy", m),
+        E::SnapshotNotFound(m) => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no snapshot {m}"),
+        ),
+        E::WrongPassword => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "wrong_password",
+            "wrong password: no key of the datastore opens with it",
+        ),
+        E::Backend(b) => ApiError::from(b),
+        E::Invalid(m) => ApiError::new(StatusCode::NOT_FOUND, "not_found", m),
+        e => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "content", e.to_string()),
+    }
+}
+
+/// Runs blocking content work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server",
+            format!("request failed: {e}"),
+        ))
+    })
+}
+
+/// Whether `t` may see a snapshot recorded for `host` (None: not recorded, as
+/// for snapshots stored directly or by unbound tokens).
+fn may_see(t: &TokenEntry, host: Option<&str>) -> bool {
+    match (t.role, &t.host) {
+        (Role::Admin, _) => true,
+        (_, Some(h)) => host == Some(h.as_str()),
+        (Role::Restore, None) => true,
+        (Role::Backup, None) => false,
+    }
+}
+
+fn refused_unbound_backup(t: &TokenEntry) -> Result<(), ApiError> {
+    if t.role == Role::Backup && t.host.is_none() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "a backup token without a host sees no snapshots (give it one with \
+             `cairn serve token add --host`, or sign in with a restore or admin token)",
+        ));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Unlocking
+
+#[derive(Deserialize)]
+pub struct UnlockBody {
+    password: String,
+}
+
+#[derive(Serialize)]
+pub struct UnlockState {
+    pub unlocked: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub how: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+}
+
+fn admin_of(app: &App, headers: &HeaderMap, ds: &str) -> Result<Arc<Datastore>, ApiError> {
+    let t = authenticate(app, headers)?;
+    let store = datastore(app, &t, ds)?;
+    if t.role != Role::Admin {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "only an admin token may unlock or lock a datastore",
+        ));
+    }
+    Ok(store)
+}
+
+/// `POST /v1/datastores/{ds}/unlock` `{"password": …}` (admin).
+pub async fn unlock(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let store = admin_of(&app, &headers, &ds)?;
+    let t = authenticate(&app, &headers)?;
+    let b: UnlockBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("send {{\"password\": \"…\"}}: {e}"),
+        )
+    })?;
+    let how = format!("console (token {})", t.name);
+    let s = store.clone();
+    blocking(move || {
+        s.content
+            .unlock(s.backend.clone(), b.password, how)
+            .map_err(engine_error)
+    })
+    .await?;
+    crate::log_line(&format!("datastore {ds}: unlocked by token {}", t.name));
+    Ok(axum::Json(state_of(&store)).into_response())
+}
+
+/// `DELETE /v1/datastores/{ds}/unlock` (admin): the server forgets the key.
+pub async fn relock(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let store = admin_of(&app, &headers, &ds)?;
+    let s = store.clone();
+    blocking(move || {
+        s.content.lock();
+        Ok(())
+    })
+    .await?;
+    crate::log_line(&format!("datastore {ds}: locked again"));
+    Ok(axum::Json(state_of(&store)).into_response())
+}
+
+pub fn state_of(store: &Datastore) -> UnlockState {
+    match store.content.unlocked() {
+        Some(u) => UnlockState {
+            unlocked: true,
+            how: Some(u.how.clone()),
+            since: Some(u.since.clone()),
+        },
+        None => UnlockState {
+            unlocked: false,
+            how: None,
+            since: None,
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Figures and snapshots
+
+/// `GET /v1/datastores/{ds}/stats`: exactly what `cairn stats --json` prints.
+pub async fn stats(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    if t.role == Role::Backup || (t.host.is_some() && t.role != Role::Admin) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "the whole datastore's figures are for admin and unbound restore tokens",
+        ));
+    }
+    let st = blocking(move || store.content.stats()).await?;
+    Ok(axum::Json(&*st).into_response())
+}
+
+#[derive(Serialize)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub time: String,
+    pub hostname: String,
+    pub username: String,
+    pub paths: Vec<String>,
+    pub tags: Vec<String>,
+    /// Logical bytes of the files in it.
+    pub size: u64,
+    pub files: u64,
+    /// Plaintext bytes of the chunks this backup added, and as stored.
+    pub data_added: u64,
+    pub data_added_packed: u64,
+    pub duration_secs: f64,
+}
+
+#[derive(Serialize)]
+pub struct HostRow {
+    pub host: String,
+    pub snapshots: usize,
+    pub last: String,
+    /// Hours since the last backup.
+    pub age_hours: f64,
+    /// The last backup is older than the server's `stale_after_hours`.
+    pub stale: bool,
+}
+
+#[derive(Serialize)]
+pub struct SnapshotsAnswer {
+    pub stale_after_hours: u64,
+    pub hosts: Vec<HostRow>,
+    /// Oldest first.
+    pub snapshots: Vec<SnapshotRow>,
+    /// Snapshot objects that could not be read.
+    pub errors: Vec<String>,
+}
+
+/// `GET /v1/datastores/{ds}/snapshots`: the snapshots this token may see, and a
+/// row per host with its last backup.
+pub async fn snapshots(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    refused_unbound_backup(&t)?;
+    let stale_hours = app.config.stale_after_hours;
+    let answer = blocking(move || {
+        let (_, session) = store.content.session()?;
+        let (list, errors) = session.snapshots().map_err(engine_error)?;
+        let mut rows = Vec::new();
+        for (id, s) in list {
+            let hex = id.to_hex();
+            let recorded = store
+                .hosts
+                .host_of(store.backend.as_ref(), &hex)
+                .map_err(ApiError::from)?;
+            if !may_see(&t, recorded.as_deref()) {
+                continue;
+            }
+            let sum = &s.summary;
+            rows.push(SnapshotRow {
+                id: hex,
+                time: s.time.clone(),
+                hostname: s.hostname.clone(),
+                username: s.username.clone(),
+                paths: s.paths.clone(),
+                tags: s.tags.clone(),
+                size: sum.total_bytes,
+                files: sum.files_new + sum.files_changed + sum.files_unchanged,
+                data_added: sum.data_added,
+                data_added_packed: sum.data_added_packed,
+                duration_secs: sum.duration_secs,
+            });
+        }
+        let hosts = host_rows(&rows, cairn_core::time::now_unix(), stale_hours);
+        // Which objects failed is not secret, but a host-bound token learns nothing
+        // of other hosts: it gets the count only.
+        let errors = if t.role == Role::Admin || t.host.is_none() {
+            errors.iter().map(|e| e.to_string()).collect()
+        } else {
+            Vec::new()
+        };
+        Ok(SnapshotsAnswer {
+            stale_after_hours: stale_hours,
+            hosts,
+            snapshots: rows,
+            errors,
+        })
+    })
+    .await?;
+    Ok(axum::Json(answer).into_response())
+}
+
+/// A row per host: its snapshots, the last one, and whether that is older than
+/// `stale_hours` at `now` (seconds since the epoch).
+fn host_rows(rows: &[SnapshotRow], now: i64, stale_hours: u64) -> Vec<HostRow> {
+    let mut hosts: std::collections::BTreeMap<&str, (usize, &str, i64)> = Default::default();
+    for r in rows {
+        let secs = cairn_core::time::parse_rfc3339(&r.time).unwrap_or(0);
+        let h = hosts.entry(&r.hostname).or_insert((0, "", i64::MIN));
+        h.0 += 1;
+        if secs >= h.2 {
+            (h.1, h.2) = (&r.time, secs);
+        }
+    }
+    hosts
+        .into_iter()
+        .map(|(host, (n, last, secs))| {
+            let age = (now - secs).max(0) as f64 / 3600.0;
+            HostRow {
+                host: host.to_string(),
+                snapshots: n,
+                last: last.to_string(),
+                age_hours: age,
+                stale: age > stale_hours as f64,
+            }
+        })
+        .collect()
+}
+
+/// The snapshot `id` (a full id or a prefix) if `t` may see it, and its root tree
+/// (blocking).
+fn snapshot_for(
+    store: &Datastore,
+    t: &TokenEntry,
+    id: &str,
+) -> Result<(Arc<Session<Read>>, cairn_format::BlobId), ApiError> {
+    let (_, session) = store.content.session()?;
+    let (sid, snap) = session.find_snapshot(id).map_err(engine_error)?;
+    let recorded = store
+        .hosts
+        .host_of(store.backend.as_ref(), &sid.to_hex())
+        .map_err(ApiError::from)?;
+    if !may_see(t, recorded.as_deref()) {
+        // As if absent: a host-bound token does not learn other hosts' snapshots.
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no snapshot {id} for this token"),
+        ));
+    }
+    let root = snap.tree_id().map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "damaged",
+            format!("snapshot {id}: {e}"),
+        )
+    })?;
+    Ok((session, root))
+}
+
+// ---------------------------------------------------------------------------
+// Browsing
+
+#[derive(Deserialize)]
+pub struct EntriesQuery {
+    #[serde(default)]
+    path: String,
+    /// The page starts after this name.
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+#[derive(Serialize)]
+pub struct EntryRow {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub size: u64,
+    pub mode: u32,
+    pub user: String,
+    pub group: String,
+    pub mtime: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_target: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct EntriesAnswer {
+    pub path: String,
+    /// Entries in the directory.
+    pub total: usize,
+    pub entries: Vec<EntryRow>,
+    /// The name to ask `after` for the next page, if there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// `GET /v1/datastores/{ds}/snapshots/{id}/entries?path=/a/b&after=NAME&limit=N`:
+/// one page of a directory, in name order.
+pub async fn entries(
+    State(app): State<Arc<App>>,
+    Path((ds, id)): Path<(String, String)>,
+    Query(q): Query<EntriesQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    refused_unbound_backup(&t)?;
+    let limit = q.limit.unwrap_or(PAGE).clamp(1, PAGE_MAX);
+    let answer = blocking(move || {
+        let (session, root) = snapshot_for(&store, &t, &id)?;
+        let repo = session.repo();
+        let tree_id = match cairn_core::ls::find_node(repo, &root, &q.path).map_err(engine_error)? {
+            None => root,
+            Some(n) => n.subtree.ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "not_a_directory",
+                    format!("{} is a {}, not a directory", q.path, n.kind.name()),
+                )
+            })?,
+        };
+        let tree = repo.load_tree(&tree_id).map_err(engine_error)?;
+        let start = match &q.after {
+            None => 0,
+            Some(a) => tree
+                .nodes
+                .partition_point(|n| n.name.as_slice() <= a.as_bytes()),
+        };
+        let page: Vec<EntryRow> = tree
+            .nodes
+            .iter()
+            .skip(start)
+            .take(limit)
+            .map(|n| {
+                let e = cairn_core::ls::Entry::new("", n);
+                EntryRow {
+                    name: String::from_utf8_lossy(&n.name).into_owned(),
+                    kind: e.kind,
+                    size: e.size,
+                    mode: e.mode,
+                    user: e.user,
+                    group: e.group,
+                    mtime: e.mtime,
+                    link_target: e.link_target,
+                }
+            })
+            .collect();
+        let next = (start + page.len() < tree.nodes.len())
+            .then(|| page.last().map(|e| e.name.clone()))
+            .flatten();
+        Ok(EntriesAnswer {
+            path: q.path,
+            total: tree.nodes.len(),
+            entries: page,
+            next,
+        })
+    })
+    .await?;
+    Ok(axum::Json(answer).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct SearchQuery {
+    q: String,
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `GET /v1/datastores/{ds}/snapshots/{id}/search?q=NAME&path=/a&limit=N`:
+/// entries whose name contains `q` (ignoring ASCII case).
+pub async fn search(
+    State(app): State<Arc<App>>,
+    Path((ds, id)): Path<(String, String)>,
+    Query(q): Query<SearchQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    refused_unbound_backup(&t)?;
+    if q.q.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "search for something: q is empty",
+        ));
+    }
+    let limit = q.limit.unwrap_or(SEARCH).clamp(1, SEARCH_MAX);
+    let found = blocking(move || {
+        let (session, root) = snapshot_for(&store, &t, &id)?;
+        let mut errors = 0usize;
+        cairn_core::ls::search(&session, &root, &q.path, q.q.trim(), limit, &mut |_, _| {
+            errors += 1
+        })
+        .map_err(engine_error)
+    })
+    .await?;
+    Ok(axum::Json(found).into_response())
+}
+
+// ---------------------------------------------------------------------------
+// Downloads
+
+#[derive(Deserialize)]
+pub struct DownloadQuery {
+    path: String,
+    /// `file` (one file's bytes; the default for a file) or `tar.zst`.
+    #[serde(default)]
+    format: Option<String>,
+}
+
+/// Sends what a blocking writer produces as a response body, a piece at a time:
+/// at most a few pieces wait in memory, so a download of any size takes the same
+/// memory. When the client goes away, the writer gets an error and stops.
+struct Pipe {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    buf: Vec<u8>,
+}
+
+impl Pipe {
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let piece = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(PIECE)));
+        self.tx
+            .blocking_send(Ok(piece))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client went away"))
+    }
+    fn fail(self, message: String) {
+        let _ = self.tx.blocking_send(Err(std::io::Error::other(message)));
+    }
+}
+
+impl std::io::Write for Pipe {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= PIECE {
+            self.send()?;
+        }
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
+    }
+}
+
+struct PipeBody(tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>);
+
+impl http_body::Body for PipeBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|o| o.map(|r| r.map(http_body::Frame::data)))
+    }
+}
+
+/// A name for `Content-Disposition`: what is safe in a quoted filename.
+fn file_name(s: &str) -> String {
+    let n: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-+".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if n.is_empty() || n.chars().all(|c| c == '.') {
+        "download".into()
+    } else {
+        n
+    }
+}
+
+/// The name percent-encoded for `filename*=UTF-8''…` (RFC 6266), which browsers
+/// prefer to the ASCII stand-in.
+fn utf8_name(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"._-+".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// `GET /v1/datastores/{ds}/snapshots/{id}/download?path=/a/b&format=file|tar.zst`:
+/// one file as it was backed up, or a directory (or file) as a zstd-compressed
+/// POSIX tar, streamed.
+pub async fn download(
+    State(app): State<Arc<App>>,
+    Path((ds, id)): Path<(String, String)>,
+    Query(q): Query<DownloadQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    refused_unbound_backup(&t)?;
+    let archive = match q.format.as_deref() {
+        None | Some("file") => false,
+        Some("tar.zst") => true,
+        Some(f) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("format {f:?}: use file or tar.zst"),
+            ));
+        }
+    };
+    // Checked before the answer starts: what is asked for exists and is allowed.
+    let (token, path, sid) = (t.clone(), q.path.clone(), id.clone());
+    let s = store.clone();
+    let (session, root, node) = blocking(move || {
+        let (session, root) = snapshot_for(&s, &token, &sid)?;
+        let node = cairn_core::ls::find_node(session.repo(), &root, &path).map_err(engine_error)?;
+        Ok((session, root, node))
+    })
+    .await?;
+    let base = q
+        .path
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .filter(|s| !s.is_empty())
+        .map_or_else(
+            || format!("snapshot-{}", &id[..id.len().min(8)]),
+            str::to_string,
+        );
+    let size = match &node {
+        Some(n) if !archive => {
+            if n.kind != cairn_format::tree::NodeKind::File {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "not_a_file",
+                    format!(
+                        "{} is a {}: download it as an archive (format=tar.zst)",
+                        q.path,
+                        n.kind.name()
+                    ),
+                ));
+            }
+            Some(n.size)
+        }
+        None if !archive => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "not_a_file",
+                "the snapshot's root is a directory: download it as an archive (format=tar.zst)",
+            ));
+        }
+        _ => None,
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let path = q.path.clone();
+    crate::log_line(&format!(
+        "datastore {ds}: token {} downloads {path} of snapshot {id}{}",
+        t.name,
+        if archive { " as tar.zst" } else { "" }
+    ));
+    tokio::task::spawn_blocking(move || {
+        let mut pipe = Pipe {
+            tx,
+            buf: Vec::with_capacity(PIECE),
+        };
+        let r = if archive {
+            zstd::stream::Encoder::new(&mut pipe, 3)
+                .map_err(|e| cairn_core::Error::io("the archive", e))
+                .and_then(|mut enc| {
+                    let r = cairn_core::export::export_tar(&session, &root, &path, &mut enc)?;
+                    enc.finish()
+                        .map_err(|e| cairn_core::Error::io("the archive", e))?;
+                    // A directory left out must not pass for a complete archive.
+                    match r.errors.first() {
+                        None => Ok(()),
+                        Some((p, e)) => Err(cairn_core::Error::Invalid(format!(
+                            "{} directories could not be read ({p}: {e})",
+                            r.errors.len()
+                        ))),
+                    }
+                })
+        } else {
+            cairn_core::dump::dump(&session, &root, &path, &mut pipe).map(|_| ())
+        };
+        match r.and_then(|_| {
+            std::io::Write::flush(&mut pipe).map_err(|e| cairn_core::Error::io("the download", e))
+        }) {
+            Ok(()) => {}
+            // The body ends with an error, so the browser reports a failed download
+            // instead of keeping a short file.
+            Err(e) => {
+                crate::log_line(&format!("download of {path} failed: {e}"));
+                pipe.fail(e.to_string());
+            }
+        }
+    });
+    let (name, ctype) = if archive {
+        (format!("{base}.tar.zst"), "application/zstd")
+    } else {
+        (base.clone(), "application/octet-stream")
+    };
+    let mut resp = Response::new(Body::new(PipeBody(rx)));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(ctype),
+    );
+    if let Ok(v) = format!(
+        "attachment; filename=\"{}\"; filename*=UTF-8''{}",
+        file_name(&name),
+        utf8_name(&name)
+    )
+    .parse()
+    {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    if let Some(n) = size
+        && let Ok(v) = n.to_string().parse()
+    {
+        h.insert(header::CONTENT_LENGTH, v);
+    }
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(host: &str, time: &str) -> SnapshotRow {
+        SnapshotRow {
+            id: String::new(),
+            time: time.into(),
+            hostname: host.into(),
+            username: String::new(),
+            paths: vec![],
+            tags: vec![],
+            size: 0,
+            files: 0,
+            data_added: 0,
+            data_added_packed: 0,
+            duration_secs: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_host_is_stale_when_its_last_backup_is_older_than_the_threshold() {
+        let now = cairn_core::time::parse_rfc3339("2026-11-25T12:00:00Z").unwrap();
+        let rows = [
+            row("db1", "2026-11-20T01:00:00Z"),
+            row("web01", "2026-11-23T01:00:00Z"),
+            row("web01", "2026-11-25T01:00:00Z"),
+            row("db1", "2026-11-23T12:00:00Z"),
+        ];
+        let h = host_rows(&rows, now, 26);
+        assert_eq!(h.len(), 2);
+        assert_eq!((h[0].host.as_str(), h[0].snapshots), ("db1", 2));
+        assert_eq!(
+            h[0].last, "2026-11-23T12:00:00Z",
+            "the newest, not the last listed"
+        );
+        assert!(h[0].stale && (h[0].age_hours - 48.0).abs() < 1e-9);
+        assert_eq!(h[1].last, "2026-11-25T01:00:00Z");
+        assert!(!h[1].stale, "11 hours old");
+    }
+
+    #[test]
+    fn download_names_are_safe_in_a_header() {
+        assert_eq!(file_name("report 2026.pdf"), "report_2026.pdf");
+        assert_eq!(file_name("a\"b\r\nc"), "a_b__c");
+        assert_eq!(file_name(".."), "download");
+        assert_eq!(file_name("Ünï"), "_n_");
+        assert_eq!(utf8_name("Ünï a.txt"), "%C3%9Cn%C3%AF%20a.txt");
+    }
+}

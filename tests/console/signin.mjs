@@ -36,7 +36,11 @@ try {
   await page.waitForSelector("#datastore-rows tr");
   out.who = await page.$eval("#who-text", (e) => e.textContent);
   out.rows = await page.$$eval("#datastore-rows tr", (rows) =>
-    rows.map((r) => [...r.children].map((c) => c.textContent)),
+    rows.map((r) => {
+      const o = { name: r.querySelector("th").textContent };
+      for (const c of r.querySelectorAll("td")) o[c.dataset.field] = c.textContent;
+      return o;
+    }),
   );
   out.cookie_visible_to_scripts = await page.evaluate(() => document.cookie.includes("cairn_session"));
   if (shots) await page.screenshot({ path: `${shots}/console-datastores.png`, fullPage: true });

@@ -61,11 +61,51 @@ function bytes(n) {
   return (i === 0 ? n.toString() : n.toFixed(1)) + " " + units[i];
 }
 
-function cell(row, text, cls) {
+function pct(x) {
+  return typeof x === "number" ? x.toFixed(1) + " %" : "–";
+}
+
+function when(t) {
+  // "2026-11-25T06:24:51.123Z" -> "2026-11-25 06:24:51 UTC"
+  return t ? t.replace("T", " ").replace(/\.\d+/, "").replace("Z", " UTC") : "–";
+}
+
+function duration(secs) {
+  if (typeof secs !== "number") return "–";
+  if (secs < 60) return secs.toFixed(1) + " s";
+  if (secs < 3600) return Math.floor(secs / 60) + " min " + Math.round(secs % 60) + " s";
+  return Math.floor(secs / 3600) + " h " + Math.round((secs % 3600) / 60) + " min";
+}
+
+function age(hours) {
+  if (hours < 1) return Math.round(hours * 60) + " min";
+  if (hours < 48) return hours.toFixed(1) + " h";
+  return (hours / 24).toFixed(1) + " days";
+}
+
+// A table cell; `field` names it for tests and scripts (data-field).
+function cell(row, text, cls, field) {
   const td = document.createElement("td");
   td.textContent = text;
   if (cls) td.className = cls;
+  if (field) td.dataset.field = field;
   row.appendChild(td);
+  return td;
+}
+
+function button(text, onClick, label) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = text;
+  if (label) b.setAttribute("aria-label", label);
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+let who = null;
+
+function base() {
+  return "/v1/datastores/" + encodeURIComponent(who.datastore);
 }
 
 async function loadDatastores() {
@@ -80,37 +120,363 @@ async function loadDatastores() {
     th.textContent = d.name;
     tr.appendChild(th);
     const c = d.config || {};
-    cell(tr, d.reachable ? bytes(d.occupied_bytes) : "unreachable", "num");
-    cell(tr, d.reachable ? bytes(d.index_bytes) : "–", "num");
-    cell(tr, d.snapshots === undefined ? "–" : String(d.snapshots), "num");
-    cell(tr, c.block_size ? bytes(c.block_size) : "–", "num");
-    cell(tr, c.compression || "–");
-    cell(tr, c.encryption || "–");
-    cell(tr, d.jobs_running + " running, " + d.jobs_queued + " queued (max " + d.max_concurrent_jobs + ")");
-    cell(tr, d.reachable ? (d.locked ? "locked: the key is needed" : "") : d.error, "note");
-    if (d.locked) tr.lastChild.title = d.locked_reason;
+    const figures = {};
+    for (const f of ["stored", "dedup", "compression", "reduction"]) {
+      figures[f] = cell(tr, "–", "num", f);
+    }
+    cell(tr, d.reachable ? bytes(d.occupied_bytes) : "unreachable", "num", "occupied");
+    figures.chunks = cell(tr, "–", "num", "chunks");
+    figures.index = cell(tr, d.reachable ? bytes(d.index_bytes) + " on disk" : "–", "num", "index");
+    cell(tr, d.snapshots === undefined ? "–" : String(d.snapshots), "num", "snapshots");
+    cell(tr, c.block_size ? bytes(c.block_size) : "–", "num", "block_size");
+    cell(tr, c.compression || "–", null, "compression_level");
+    cell(tr, c.encryption || "–", null, "encryption");
+    cell(tr, d.jobs_running + " running, " + d.jobs_queued + " queued (max " + d.max_concurrent_jobs + ")", null, "jobs");
+    const key = cell(tr, "", "note", "key");
+    if (!d.reachable) {
+      key.textContent = d.error;
+    } else if (d.locked) {
+      key.textContent = "locked: " + d.locked_reason;
+      if (who.role === "admin") {
+        key.appendChild(document.createTextNode(" "));
+        key.appendChild(button("Unlock", () => askUnlock(d.name), "Unlock datastore " + d.name));
+      }
+    } else {
+      key.textContent = "unlocked (" + d.unlocked.how + ")";
+      if (who.role === "admin") {
+        key.appendChild(document.createTextNode(" "));
+        key.appendChild(button("Lock", () => relock(d.name), "Lock datastore " + d.name));
+      }
+    }
     body.appendChild(tr);
+    if (!d.locked && (who.role === "admin" || (who.role === "restore" && !who.host))) {
+      loadFigures(d, figures);
+    }
+  }
+  return list;
+}
+
+// The content figures: exactly what `cairn stats --json` prints.
+async function loadFigures(d, f) {
+  try {
+    const s = await api("GET", base() + "/stats");
+    f.stored.textContent = bytes(s.stored_bytes);
+    f.dedup.textContent = pct(s.dedup_percent);
+    f.compression.textContent = pct(s.compression_percent);
+    f.reduction.textContent = pct(s.reduction_percent);
+    f.chunks.textContent = String(s.unique_chunks);
+    const placement = (d.config && d.config.index_placement) || "ram";
+    f.index.textContent = bytes(s.index.bytes) + " (" + bytes(s.index.ram_bytes) + " " +
+      (placement === "ssd" ? "if in RAM; on SSD" : "in RAM") + ")";
+    $("datastore-rows").dataset.figures = "loaded";
+  } catch (e) {
+    f.stored.textContent = "error";
+    f.stored.title = e.message;
   }
 }
 
-async function signedIn(who) {
-  csrf = who.csrf;
-  $("who-text").textContent = who.name + " (" + who.role + ", " + who.datastore + ")";
-  show("who", true);
-  show("sign-in", false);
-  show("datastores", true);
-  alertText("");
+function askUnlock(name) {
+  $("unlock-name").textContent = name;
+  show("unlock-form", true);
+  $("unlock-password").focus();
+}
+
+$("unlock-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const password = $("unlock-password").value;
   try {
-    await loadDatastores();
+    await api("POST", base() + "/unlock", { password });
+    $("unlock-password").value = "";
+    show("unlock-form", false);
+    alertText("");
+    await overview();
+  } catch (e) {
+    $("unlock-password").value = "";
+    failed(e);
+  }
+});
+
+$("unlock-cancel").addEventListener("click", () => show("unlock-form", false));
+
+async function relock() {
+  try {
+    await api("DELETE", base() + "/unlock");
+    await overview();
   } catch (e) {
     failed(e);
   }
 }
 
+// A line chart as an SVG picture: points [{x: seconds, y}], y formatted by fmt.
+function chart(el, points, fmt, label) {
+  el.replaceChildren();
+  const ns = "http://www.w3.org/2000/svg";
+  const W = 480, H = 160, L = 70, B = 24, T = 10, R = 10;
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("role", "img");
+  const last = points.length ? points[points.length - 1].y : 0;
+  svg.setAttribute("aria-label", label + ": " + points.length + " backups, now " + fmt(last));
+  const add = (tag, attrs, text) => {
+    const e = document.createElementNS(ns, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    svg.appendChild(e);
+    return e;
+  };
+  if (points.length === 0) {
+    add("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }, "no snapshots");
+    el.appendChild(svg);
+    return;
+  }
+  const xs = points.map((p) => p.x), ys = points.map((p) => p.y);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs);
+  const y0 = Math.min(0, ...ys), y1 = Math.max(...ys) || 1;
+  const px = (x) => L + (x1 === x0 ? (W - L - R) / 2 : ((x - x0) / (x1 - x0)) * (W - L - R));
+  const py = (y) => H - B - ((y - y0) / (y1 - y0 || 1)) * (H - B - T);
+  add("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" });
+  add("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" });
+  add("text", { x: L - 4, y: T + 8, "text-anchor": "end", class: "tick" }, fmt(y1));
+  add("text", { x: L - 4, y: H - B, "text-anchor": "end", class: "tick" }, fmt(y0));
+  const day = (s) => new Date(s * 1000).toISOString().slice(0, 10);
+  add("text", { x: L, y: H - 6, class: "tick" }, day(x0));
+  add("text", { x: W - R, y: H - 6, "text-anchor": "end", class: "tick" }, day(x1));
+  add("polyline", {
+    points: points.map((p) => px(p.x).toFixed(1) + "," + py(p.y).toFixed(1)).join(" "),
+    class: "line",
+  });
+  for (const p of points) add("circle", { cx: px(p.x), cy: py(p.y), r: 2.5, class: "dot" });
+  el.appendChild(svg);
+}
+
+async function loadHosts(summary) {
+  show("hosts", true);
+  $("hosts-ds").textContent = who.datastore;
+  const note = $("hosts-note");
+  for (const id of ["host-rows", "snapshot-rows"]) $(id).replaceChildren();
+  if (summary && summary.locked) {
+    note.textContent = "Snapshots need the datastore's key: " + summary.locked_reason;
+    chart($("chart-occupied"), [], bytes, "Occupied space");
+    chart($("chart-reduction"), [], pct, "Reduction");
+    return;
+  }
+  let data;
+  try {
+    data = await api("GET", base() + "/snapshots");
+  } catch (e) {
+    note.textContent = e.message;
+    return;
+  }
+  note.textContent = "A host is flagged when its last backup is older than " +
+    data.stale_after_hours + " hours." +
+    (data.errors.length ? " " + data.errors.length + " snapshots could not be read: " + data.errors[0] : "");
+  for (const h of data.hosts) {
+    const tr = document.createElement("tr");
+    const th = document.createElement("th");
+    th.scope = "row";
+    th.textContent = h.host;
+    tr.appendChild(th);
+    cell(tr, String(h.snapshots), "num");
+    cell(tr, when(h.last));
+    cell(tr, age(h.age_hours), "num");
+    const st = cell(tr, h.stale ? "no recent backup" : "ok", h.stale ? "stale" : "fresh", "status");
+    if (h.stale) tr.classList.add("stale");
+    $("host-rows").appendChild(tr);
+  }
+  let added = 0, stored = 0;
+  const occ = [], red = [];
+  for (const s of data.snapshots) {
+    const x = Date.parse(s.time) / 1000;
+    added += s.data_added_packed;
+    stored += s.size;
+    occ.push({ x, y: added });
+    red.push({ x, y: stored ? 100 * (1 - added / stored) : 0 });
+  }
+  chart($("chart-occupied"), occ, bytes, "Occupied space");
+  chart($("chart-reduction"), red, pct, "Overall reduction");
+  for (const s of [...data.snapshots].reverse()) {
+    const tr = document.createElement("tr");
+    tr.dataset.snapshot = s.id;
+    cell(tr, when(s.time));
+    cell(tr, s.hostname);
+    cell(tr, s.paths.join(", "), "path");
+    cell(tr, bytes(s.size), "num");
+    cell(tr, String(s.files), "num");
+    cell(tr, bytes(s.data_added), "num");
+    cell(tr, duration(s.duration_secs), "num");
+    const td = cell(tr, "");
+    const a = document.createElement("a");
+    a.href = "#snap=" + s.id + "&path=/";
+    a.textContent = "Browse " + s.id.slice(0, 8);
+    td.appendChild(a);
+    $("snapshot-rows").appendChild(tr);
+  }
+}
+
+// The overview: datastores, and the token's hosts and snapshots.
+async function overview() {
+  show("browse", false);
+  show("datastores", true);
+  const list = await loadDatastores();
+  await loadHosts(list.find((d) => d.name === who.datastore));
+}
+
+// ---- Browsing a snapshot: #snap=ID&path=/a/b
+
+let browsing = null;
+
+function downloadUrl(id, path, format) {
+  return base() + "/snapshots/" + encodeURIComponent(id) + "/download?path=" +
+    encodeURIComponent(path) + "&format=" + format;
+}
+
+function join(dir, name) {
+  return (dir === "/" ? "" : dir) + "/" + name;
+}
+
+async function browse(id, path) {
+  show("datastores", false);
+  show("hosts", false);
+  show("browse", true);
+  show("search-results", false);
+  $("browse-id").textContent = id.slice(0, 8);
+  const crumbs = $("crumbs");
+  crumbs.replaceChildren();
+  const back = document.createElement("a");
+  back.href = "#";
+  back.textContent = "All snapshots";
+  crumbs.appendChild(back);
+  const parts = path.split("/").filter((p) => p);
+  let acc = "";
+  const root = document.createElement("a");
+  root.href = "#snap=" + id + "&path=/";
+  root.textContent = " / ";
+  crumbs.appendChild(root);
+  for (const p of parts) {
+    acc += "/" + p;
+    const a = document.createElement("a");
+    a.href = "#snap=" + id + "&path=" + encodeURIComponent(acc);
+    a.textContent = p + " /";
+    crumbs.appendChild(a);
+  }
+  $("browse-archive").href = downloadUrl(id, path, "tar.zst");
+  $("entry-rows").replaceChildren();
+  browsing = { id, path, next: null };
+  await morePage();
+}
+
+async function morePage() {
+  const b = browsing;
+  let q = base() + "/snapshots/" + encodeURIComponent(b.id) + "/entries?path=" +
+    encodeURIComponent(b.path) + "&limit=200";
+  if (b.next) q += "&after=" + encodeURIComponent(b.next);
+  let page;
+  try {
+    page = await api("GET", q);
+  } catch (e) {
+    $("browse-total").textContent = "";
+    failed(e);
+    return;
+  }
+  alertText("");
+  $("browse-total").textContent = page.total + " entries.";
+  for (const e of page.entries) {
+    const tr = document.createElement("tr");
+    tr.dataset.name = e.name;
+    const th = document.createElement("th");
+    th.scope = "row";
+    const full = join(b.path, e.name);
+    if (e.type === "dir") {
+      const a = document.createElement("a");
+      a.href = "#snap=" + b.id + "&path=" + encodeURIComponent(full);
+      a.textContent = e.name + "/";
+      th.appendChild(a);
+    } else {
+      th.textContent = e.type === "symlink" ? e.name + " → " + e.link_target : e.name;
+    }
+    tr.appendChild(th);
+    cell(tr, e.type);
+    cell(tr, e.type === "file" ? bytes(e.size) : "", "num");
+    cell(tr, when(e.mtime));
+    cell(tr, e.user + ":" + e.group);
+    const td = cell(tr, "");
+    if (e.type === "file" || e.type === "dir") {
+      const a = document.createElement("a");
+      a.href = downloadUrl(b.id, full, e.type === "file" ? "file" : "tar.zst");
+      a.textContent = e.type === "file" ? "Download" : "Download .tar.zst";
+      a.setAttribute("aria-label", "Download " + e.name);
+      a.className = "download";
+      td.appendChild(a);
+    }
+    $("entry-rows").appendChild(tr);
+  }
+  b.next = page.next || null;
+  show("browse-more", !!b.next);
+}
+
+$("browse-more").addEventListener("click", () => morePage());
+
+$("search-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const b = browsing;
+  const text = $("search-text").value.trim();
+  if (!b || !text) return;
+  try {
+    const r = await api("GET", base() + "/snapshots/" + encodeURIComponent(b.id) +
+      "/search?q=" + encodeURIComponent(text) + "&path=" + encodeURIComponent(b.path));
+    const list = $("search-list");
+    list.replaceChildren();
+    for (const e of r.entries) {
+      const li = document.createElement("li");
+      const a = document.createElement("a");
+      if (e.type === "dir") {
+        a.href = "#snap=" + b.id + "&path=" + encodeURIComponent(e.path);
+      } else {
+        a.href = downloadUrl(b.id, e.path, "file");
+      }
+      a.textContent = e.path;
+      li.appendChild(a);
+      li.appendChild(document.createTextNode(" (" + e.type + (e.type === "file" ? ", " + bytes(e.size) : "") + ")"));
+      list.appendChild(li);
+    }
+    $("search-count").textContent = r.entries.length + (r.truncated ? "+ (the first ones; narrow the search)" : "") +
+      " of " + r.scanned + " entries looked at";
+    show("search-results", true);
+  } catch (e) {
+    failed(e);
+  }
+});
+
+async function route() {
+  if (!who) return;
+  const h = new URLSearchParams(location.hash.slice(1));
+  try {
+    if (h.get("snap")) {
+      await browse(h.get("snap"), h.get("path") || "/");
+    } else {
+      await overview();
+    }
+  } catch (e) {
+    failed(e);
+  }
+}
+
+window.addEventListener("hashchange", route);
+
+async function signedIn(w) {
+  who = w;
+  csrf = w.csrf;
+  $("who-text").textContent = w.name + " (" + w.role + ", " + w.datastore + ")";
+  show("who", true);
+  show("sign-in", false);
+  alertText("");
+  await route();
+}
+
 function signedOut(message) {
   csrf = null;
-  show("who", false);
-  show("datastores", false);
+  who = null;
+  for (const id of ["who", "datastores", "hosts", "browse", "unlock-form"]) show(id, false);
   show("sign-in", true);
   alertText(message || "");
   $("token").focus();

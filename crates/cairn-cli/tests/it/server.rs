@@ -1952,25 +1952,30 @@ fn the_console_signs_in_and_shows_the_datastore_table_in_chromium() {
     assert!(v["after_sign_out"].as_str().unwrap().contains("Signed out"));
     // The row shows what the server sees: the storage's size, one snapshot, the
     // config's block size, compression and encryption, and the job limit.
-    let row: Vec<String> = v["rows"][0]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
+    let row = &v["rows"][0];
+    let field = |f: &str| {
+        row[f]
+            .as_str()
+            .unwrap_or_else(|| panic!("{f}: {row}"))
+            .to_string()
+    };
     let occupied: u64 = walk_bytes(&env.repo);
     let shown = format!("{:.1} MiB", occupied as f64 / (1u64 << 20) as f64);
-    assert_eq!(row[0], "main");
+    assert_eq!(field("name"), "main");
     assert_eq!(
-        row[1], shown,
-        "occupied, against the repository on disk: {row:?}"
+        field("occupied"),
+        shown,
+        "occupied, against the repository on disk: {row}"
     );
-    assert_eq!(row[3], "1", "{row:?}");
-    assert_eq!(row[4], "16.0 KiB", "{row:?}");
-    assert_eq!(row[5], "standard");
-    assert_eq!(row[6], "aes-256-gcm");
-    assert_eq!(row[7], "0 running, 0 queued (max 4)");
-    assert!(row[8].starts_with("locked: "), "{row:?}");
+    assert_eq!(field("snapshots"), "1", "{row}");
+    assert_eq!(field("block_size"), "16.0 KiB", "{row}");
+    assert_eq!(field("compression_level"), "standard");
+    assert_eq!(field("encryption"), "aes-256-gcm");
+    assert_eq!(field("jobs"), "0 running, 0 queued (max 4)");
+    assert!(field("key").starts_with("locked: "), "{row}");
+    // Locked: no content figures, and no guesses.
+    assert_eq!(field("stored"), "–");
+    assert_eq!(field("dedup"), "–");
     assert!(v["first_paint_ms"].as_u64().unwrap() < 10_000, "{v:#}");
     srv.stop();
 }
@@ -2312,4 +2317,146 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
     env.ok(&["prune"]);
     let log = srv.stop();
     assert!(log.contains("unlocked by token root"), "{log}");
+}
+
+/// The console in Chromium: an admin unlocks the datastore (a wrong password is
+/// refused in the page), sees `cairn stats`' figures, the hosts, the charts and the
+/// snapshots, browses a snapshot by clicking, pages through a directory of 450
+/// entries, downloads a file (compared byte for byte) and searches by name; a
+/// backup token bound to another host is refused that snapshot.
+#[test]
+fn the_console_unlocks_browses_and_downloads_in_chromium() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/console");
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        dir.join("node_modules/puppeteer-core").is_dir() && Path::new(&chromium).exists(),
+        "the console tests need Debian's chromium and tests/console/node_modules \
+         (bash scripts/test.sh installs both)"
+    );
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], false);
+    let admin = srv.token("root", "main", "admin");
+    let web01 = bound_token(&srv, "web01", "backup", "web01");
+    let web02 = bound_token(&srv, "web02", "backup", "web02");
+    let src = env.path("src");
+    make_full_tree(&src, 61);
+    let many = src.join("many");
+    std::fs::create_dir_all(&many).unwrap();
+    for i in 0..450 {
+        std::fs::write(many.join(format!("n{i:04}")), format!("{i}\n")).unwrap();
+    }
+    let s = src.to_str().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&ok(
+        client(&env, &srv, "main", &web01, &["backup", "--json", s]),
+        "backup",
+    ))
+    .unwrap();
+    let snapshot = v["snapshot_id"].as_str().unwrap().to_string();
+    ok(
+        client(&env, &srv, "main", &web02, &["backup", s]),
+        "backup 2",
+    );
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/console-shots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let downloads = env.path("downloads");
+    std::fs::create_dir_all(&downloads).unwrap();
+    let o = Command::new("node")
+        .arg(dir.join("content.mjs"))
+        .current_dir(&dir)
+        .env("CONSOLE_URL", format!("https://127.0.0.1:{}/", srv.port))
+        .env("ADMIN_TOKEN", &admin)
+        .env("PASSWORD", PASSWORD)
+        .env("SNAPSHOT", &snapshot)
+        .env("DIRS", format!("{s}/dir"))
+        .env("MANY", "many")
+        .env("FILE", "random.bin")
+        .env("OTHER_TOKEN", &web02)
+        .env("CHROMIUM", &chromium)
+        .env("DOWNLOAD_DIR", &downloads)
+        .env("SHOT_DIR", &shots)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["ok"], true, "{v:#}");
+    assert!(
+        v["key_before"].as_str().unwrap().starts_with("locked"),
+        "{v:#}"
+    );
+    assert!(
+        v["hosts_note_locked"].as_str().unwrap().contains("key"),
+        "{v:#}"
+    );
+    assert!(
+        v["wrong_password_alert"]
+            .as_str()
+            .unwrap()
+            .contains("wrong password"),
+        "{v:#}"
+    );
+    // The figures are `cairn stats --json`'s, as the page rounds them.
+    let st: serde_json::Value = serde_json::from_str(&env.ok(&["stats", "--json"])).unwrap();
+    let f = &v["figures"];
+    let pct = |k: &str| format!("{:.1} %", st[k].as_f64().unwrap());
+    let mib = |n: u64| format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64);
+    assert_eq!(
+        f["stored"],
+        mib(st["stored_bytes"].as_u64().unwrap()),
+        "{f}"
+    );
+    assert_eq!(f["dedup"], pct("dedup_percent"), "{f}");
+    assert_eq!(f["compression"], pct("compression_percent"), "{f}");
+    assert_eq!(f["reduction"], pct("reduction_percent"), "{f}");
+    assert_eq!(f["chunks"], st["unique_chunks"].to_string(), "{f}");
+    assert!(
+        f["index"].as_str().unwrap().contains("in RAM"),
+        "placement and RAM: {f}"
+    );
+    assert!(
+        f["key"]
+            .as_str()
+            .unwrap()
+            .starts_with("unlocked (console (token root))"),
+        "{f}"
+    );
+    assert_eq!(v["snapshot_rows"].as_array().unwrap().len(), 2, "{v:#}");
+    assert_eq!(v["chart_points"], 2, "{v:#}");
+    assert!(
+        v["chart_label"].as_str().unwrap().contains("2 backups"),
+        "{v:#}"
+    );
+    assert!(v["hosts"][0].as_str().unwrap().contains("ok"), "{v:#}");
+    // 450 entries: 200, 400, then all.
+    assert_eq!(v["many_total"], "450 entries.");
+    assert_eq!(v["many_pages"], serde_json::json!([200, 400, 450]));
+    // The downloaded file is the backed-up file, byte for byte.
+    assert_eq!(v["downloaded"], true, "{v:#}");
+    assert_eq!(
+        std::fs::read(downloads.join("random.bin")).unwrap(),
+        std::fs::read(src.join("dir/random.bin")).unwrap()
+    );
+    assert!(
+        v["search"][0]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{s}/dir/random.bin")),
+        "{v:#}"
+    );
+    // Another host's token: refused in the page, and its list has only its own.
+    assert!(
+        v["other_alert"].as_str().unwrap().contains("no snapshot"),
+        "{v:#}"
+    );
+    assert_eq!(v["other_rows"], 0);
+    let theirs = v["other_snapshots"].as_array().unwrap();
+    assert_eq!(theirs.len(), 1, "{v:#}");
+    assert_ne!(theirs[0], snapshot.as_str());
+    srv.stop();
 }

@@ -69,6 +69,18 @@ try {
   out.snapshot_rows = await page.$$eval("#snapshot-rows tr", (rows) => rows.map((r) => r.dataset.snapshot));
   out.chart_points = await page.$$eval("#chart-occupied circle", (c) => c.length);
   out.chart_label = await page.$eval("#chart-reduction svg", (s) => s.getAttribute("aria-label"));
+  // Start a check and watch it finish.
+  await page.click("#start-check");
+  await page.waitForFunction(
+    () => [...document.querySelectorAll("#job-rows tr")].some(
+      (r) => r.dataset.job.endsWith("-check-now") && r.querySelector("td[data-field=outcome]").textContent !== ""),
+    { timeout: 60000 },
+  );
+  out.check = await page.$$eval("#job-rows tr", (rows) =>
+    rows.filter((r) => r.dataset.job.endsWith("-check-now")).map((r) => ({
+      outcome: r.querySelector("td[data-field=outcome]").textContent,
+      summary: r.querySelector("td[data-field=summary]").textContent,
+    }))[0]);
   if (shots) await page.screenshot({ path: `${shots}/console-overview.png`, fullPage: true });
 
   // Browse: open the snapshot, click through the directories.

@@ -313,11 +313,84 @@ async function loadHosts(summary) {
   }
 }
 
-// The overview: datastores, and the token's hosts and snapshots.
+// ---- Jobs (admin): what runs, with live progress, and the last runs.
+
+let jobTimer = null;
+
+function progressText(p) {
+  if (!p) return "";
+  let t = (p.phase || "starting").replace(/_/g, " ") + ": " + bytes(p.bytes_done);
+  if (typeof p.bytes_total === "number") {
+    t += " of " + bytes(p.bytes_total);
+    if (p.bytes_total > 0) t += " (" + (100 * p.bytes_done / p.bytes_total).toFixed(0) + " %)";
+  }
+  if (p.files_done) t += ", " + p.files_done + " files";
+  t += ", " + bytes(Math.round(p.bytes_per_sec)) + "/s";
+  if (typeof p.eta_secs === "number") t += ", ETA " + duration(p.eta_secs);
+  return t;
+}
+
+async function loadJobs() {
+  if (who.role !== "admin") {
+    show("jobs", false);
+    return;
+  }
+  show("jobs", true);
+  let list;
+  try {
+    list = await api("GET", "/v1/jobs");
+  } catch (e) {
+    failed(e);
+    return;
+  }
+  const body = $("job-rows");
+  body.replaceChildren();
+  let running = false;
+  for (const j of list) {
+    const tr = document.createElement("tr");
+    tr.dataset.job = j.name;
+    const th = document.createElement("th");
+    th.scope = "row";
+    th.textContent = j.name;
+    tr.appendChild(th);
+    cell(tr, j.kind + (j.read_data ? " (read " + j.read_data + ")" : ""));
+    cell(tr, j.adhoc ? "once" : "every " + j.every);
+    cell(tr, j.running ? progressText(j.progress) : "", null, "progress");
+    const last = j.runs[0];
+    cell(tr, last ? when(last.ended) + " (" + duration(last.secs) + ")" : "never", null, "last");
+    const o = cell(tr, last ? last.outcome : "", last ? "outcome-" + last.outcome : null, "outcome");
+    o.setAttribute("aria-live", "polite");
+    cell(tr, last ? last.summary : "", "note", "summary");
+    running = running || j.running;
+    body.appendChild(tr);
+  }
+  clearTimeout(jobTimer);
+  // Live while something runs; every 15 s otherwise (a schedule may start one).
+  jobTimer = setTimeout(() => {
+    if (who && !$("jobs").hidden) loadJobs();
+  }, running ? 1000 : 15000);
+}
+
+async function startJob(kind) {
+  try {
+    await api("POST", base() + "/jobs", { kind });
+    alertText("");
+  } catch (e) {
+    failed(e);
+  }
+  await loadJobs();
+}
+
+for (const kind of ["check", "scrub", "prune"]) {
+  $("start-" + kind).addEventListener("click", () => startJob(kind));
+}
+
+// The overview: datastores, jobs, and the token's hosts and snapshots.
 async function overview() {
   show("browse", false);
   show("datastores", true);
   const list = await loadDatastores();
+  await loadJobs();
   await loadHosts(list.find((d) => d.name === who.datastore));
 }
 
@@ -337,6 +410,7 @@ function join(dir, name) {
 async function browse(id, path) {
   show("datastores", false);
   show("hosts", false);
+  show("jobs", false);
   show("browse", true);
   show("search-results", false);
   $("browse-id").textContent = id.slice(0, 8);
@@ -476,7 +550,7 @@ async function signedIn(w) {
 function signedOut(message) {
   csrf = null;
   who = null;
-  for (const id of ["who", "datastores", "hosts", "browse", "unlock-form"]) show(id, false);
+  for (const id of ["who", "datastores", "jobs", "hosts", "browse", "unlock-form"]) show(id, false);
   show("sign-in", true);
   alertText(message || "");
   $("token").focus();

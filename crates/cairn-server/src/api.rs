@@ -766,6 +766,57 @@ pub async fn jobs(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<
     Ok(axum::Json(list).into_response())
 }
 
+#[derive(Deserialize)]
+pub struct StartJob {
+    kind: String,
+    #[serde(default)]
+    read_data: Option<String>,
+}
+
+/// `POST /v1/datastores/{ds}/jobs` `{"kind": "check"|"scrub"|"prune", "read_data":
+/// "10%"}` (admin): runs it now; 202 with its name, to follow in `GET /v1/jobs`.
+pub async fn start_job(
+    State(app): State<Arc<App>>,
+    Path(ds): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let store = datastore(&app, &t, &ds)?;
+    if t.role != Role::Admin {
+        return Err(ApiError::forbidden("only an admin token may start jobs"));
+    }
+    let b: StartJob = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad(format!("send {{\"kind\": \"check\"}}: {e}")))?;
+    if b.kind != "scrub"
+        && store.content.unlocked().is_none()
+        && !app.config.datastore_passwords.contains_key(&ds)
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "locked",
+            format!(
+                "a {} needs the datastore's key: unlock the datastore first",
+                b.kind
+            ),
+        ));
+    }
+    match crate::jobs::start_now(&app, &ds, &b.kind, b.read_data) {
+        Ok(name) => {
+            crate::log_line(&format!("job {name}: started by token {}", t.name));
+            Ok((
+                StatusCode::ACCEPTED,
+                axum::Json(serde_json::json!({ "name": name })),
+            )
+                .into_response())
+        }
+        Err(e) if e.ends_with("is running") => {
+            Err(ApiError::new(StatusCode::CONFLICT, "already_exists", e))
+        }
+        Err(e) => Err(ApiError::bad(e)),
+    }
+}
+
 /// Starts a job now (202), unless it is running (409).
 pub async fn run_job(
     State(app): State<Arc<App>>,

@@ -132,7 +132,7 @@ impl JobSpec {
                     ));
                 }
             }
-            "check" | "retention" => {
+            "check" | "retention" | "prune" => {
                 if !passwords.contains_key(&self.datastore) {
                     return Err(format!(
                         "{me}: a {} job needs the datastore's password: add it under \
@@ -148,7 +148,7 @@ impl JobSpec {
             }
             k => {
                 return Err(format!(
-                    "{me}: unknown kind {k:?} (scrub, check, retention or copy)"
+                    "{me}: unknown kind {k:?} (scrub, check, prune, retention or copy)"
                 ));
             }
         }
@@ -186,6 +186,11 @@ pub struct JobStatus {
     #[serde(flatten)]
     pub spec: JobSpec,
     pub running: bool,
+    /// Started from the console or the API, not from the settings' schedule.
+    pub adhoc: bool,
+    /// While it runs: phase, bytes (done, total), files, rate, ETA.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<cairn_core::progress::Status>,
     pub runs: Vec<Run>,
 }
 
@@ -195,7 +200,16 @@ pub struct Jobs {
     pub specs: Vec<JobSpec>,
     passwords: BTreeMap<String, PathBuf>,
     path: PathBuf,
-    state: Mutex<(History, Vec<String>)>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    history: History,
+    /// The jobs running now, with their progress.
+    running: Vec<(String, cairn_core::progress::Progress)>,
+    /// Jobs started now rather than by the schedule (`POST …/jobs`), by name.
+    adhoc: BTreeMap<String, JobSpec>,
 }
 
 /// Each job's last runs, oldest first.
@@ -216,49 +230,129 @@ impl Jobs {
             specs,
             passwords,
             path,
-            state: Mutex::new((history, Vec::new())),
+            state: Mutex::new(State {
+                history,
+                ..Default::default()
+            }),
         }
     }
 
     pub fn status(&self) -> Vec<JobStatus> {
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        self.specs
-            .iter()
-            .map(|spec| JobStatus {
-                spec: spec.clone(),
-                running: s.1.contains(&spec.name),
-                runs: s
-                    .0
-                    .get(&spec.name)
-                    .map(|h| h.iter().rev().cloned().collect())
-                    .unwrap_or_default(),
+        let scheduled = self.specs.iter().map(|spec| (spec, false));
+        let adhoc = s.adhoc.values().map(|spec| (spec, true));
+        scheduled
+            .chain(adhoc)
+            .map(|(spec, adhoc)| {
+                let progress = s
+                    .running
+                    .iter()
+                    .find(|(n, _)| *n == spec.name)
+                    .map(|(_, p)| p.status());
+                JobStatus {
+                    spec: spec.clone(),
+                    running: progress.is_some(),
+                    adhoc,
+                    progress,
+                    runs: s
+                        .history
+                        .get(&spec.name)
+                        .map(|h| h.iter().rev().cloned().collect())
+                        .unwrap_or_default(),
+                }
             })
             .collect()
     }
 
-    /// Marks the job running; false if it already is.
-    fn begin(&self, name: &str) -> bool {
+    /// Marks the job running with `progress`; false if it already is.
+    fn begin(&self, name: &str, progress: &cairn_core::progress::Progress) -> bool {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if s.1.iter().any(|n| n == name) {
+        if s.running.iter().any(|(n, _)| n == name) {
             return false;
         }
-        s.1.push(name.to_string());
+        s.running.push((name.to_string(), progress.clone()));
         true
     }
 
     fn finish(&self, name: &str, run: Run) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.1.retain(|n| n != name);
-        let h = s.0.entry(name.to_string()).or_default();
+        s.running.retain(|(n, _)| n != name);
+        let h = s.history.entry(name.to_string()).or_default();
         h.push_back(run);
         while h.len() > HISTORY {
             h.pop_front();
         }
-        if let Ok(body) = serde_json::to_vec_pretty(&s.0) {
+        if let Ok(body) = serde_json::to_vec_pretty(&s.history) {
             let tmp = self.path.with_extension("tmp");
             if std::fs::write(&tmp, body).is_ok() {
                 let _ = std::fs::rename(&tmp, &self.path);
             }
+        }
+    }
+}
+
+/// Kinds of job an admin may start now, on a datastore of this server.
+pub const ADHOC_KINDS: [&str; 3] = ["check", "scrub", "prune"];
+
+/// Starts a `kind` job on datastore `ds` now (named "`kind`-now", one of each
+/// kind per datastore at a time): its name, or why not.
+pub fn start_now(
+    app: &Arc<App>,
+    ds: &str,
+    kind: &str,
+    read_data: Option<String>,
+) -> Result<String, String> {
+    if !ADHOC_KINDS.contains(&kind) {
+        return Err(format!("kind {kind:?}: start check, scrub or prune"));
+    }
+    if let Some(p) = &read_data {
+        check_percent(p)?;
+    }
+    let name = format!("{ds}-{kind}-now");
+    let spec = JobSpec {
+        name: name.clone(),
+        kind: kind.to_string(),
+        datastore: ds.to_string(),
+        every: String::new(),
+        read_data,
+        keep_last: None,
+        keep_hourly: None,
+        keep_daily: None,
+        keep_weekly: None,
+        keep_monthly: None,
+        keep_yearly: None,
+        to: None,
+        to_password_file: None,
+        to_token_file: None,
+        to_server_fingerprint: None,
+    };
+    {
+        let mut s = app.jobs.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.running.iter().any(|(n, _)| *n == name) {
+            return Err(format!("{name} is running"));
+        }
+        s.adhoc.insert(name.clone(), spec.clone());
+    }
+    if start_spec(app, spec, "console") {
+        Ok(name)
+    } else {
+        Err(format!("{name} is running"))
+    }
+}
+
+/// `10%` into a share of the packs.
+fn check_percent(p: &str) -> Result<Option<f64>, String> {
+    match p {
+        "100%" | "all" => Ok(None),
+        p => {
+            let pct: f64 = p
+                .trim_end_matches('%')
+                .parse()
+                .map_err(|_| format!("read_data = {p:?}: use a percentage"))?;
+            if !(pct > 0.0 && pct <= 100.0) {
+                return Err(format!("read_data = {p:?}: between 0 and 100%"));
+            }
+            Ok(Some(pct))
         }
     }
 }
@@ -269,7 +363,16 @@ pub fn start(app: &Arc<App>, name: &str, trigger: &str) -> bool {
     let Some(spec) = app.jobs.specs.iter().find(|j| j.name == name).cloned() else {
         return false;
     };
-    if !app.jobs.begin(&spec.name) {
+    start_spec(app, spec, trigger)
+}
+
+/// Starts a run of `spec` in the background; false if it is running already.
+fn start_spec(app: &Arc<App>, spec: JobSpec, trigger: &str) -> bool {
+    let progress = cairn_core::progress::Progress::new(
+        Arc::new(cairn_core::progress::NullSink),
+        cairn_core::progress::CancelToken::new(),
+    );
+    if !app.jobs.begin(&spec.name, &progress) {
         return false;
     }
     let app = app.clone();
@@ -280,7 +383,7 @@ pub fn start(app: &Arc<App>, name: &str, trigger: &str) -> bool {
         crate::log_line(&format!("job {}: started ({trigger})", spec.name));
         let a = app.clone();
         let s = spec.clone();
-        let result = tokio::task::spawn_blocking(move || run_job(&a, &s))
+        let result = tokio::task::spawn_blocking(move || run_job(&a, &s, &progress))
             .await
             .unwrap_or_else(|e| Err(format!("the job stopped: {e}")));
         let (outcome, summary) = match result {
@@ -326,18 +429,17 @@ pub fn schedule(app: &Arc<App>) {
 
 /// Runs one job to its end (blocking): (clean, one-line summary), or why it could
 /// not run.
-fn run_job(app: &App, spec: &JobSpec) -> Result<(bool, String), String> {
+fn run_job(
+    app: &App,
+    spec: &JobSpec,
+    progress: &cairn_core::progress::Progress,
+) -> Result<(bool, String), String> {
     let ds = app
         .datastores
         .get(&spec.datastore)
         .ok_or_else(|| format!("no datastore {}", spec.datastore))?;
     if spec.kind == "scrub" {
-        let r = crate::scrub::scrub(
-            ds.backend.as_ref(),
-            2,
-            &cairn_core::progress::Progress::none(),
-        )
-        .map_err(|e| e.to_string())?;
+        let r = crate::scrub::scrub(ds.backend.as_ref(), 2, progress).map_err(|e| e.to_string())?;
         let damaged = r
             .problems
             .iter()
@@ -358,7 +460,7 @@ fn run_job(app: &App, spec: &JobSpec) -> Result<(bool, String), String> {
             ),
         ));
     }
-    let progress = cairn_core::progress::Progress::none();
+    let progress = progress.clone();
     // The key the server holds if the datastore is unlocked, else its password file.
     let repo = match ds.content.repository() {
         Some(r) => r.map_err(|e| e.to_string())?,
@@ -384,7 +486,7 @@ fn run_job(app: &App, spec: &JobSpec) -> Result<(bool, String), String> {
             .map_err(|e| e.to_string())?
         }
     };
-    if spec.kind == "retention" {
+    if spec.kind == "retention" || spec.kind == "prune" {
         // The console's read session would hold up the prune.
         ds.content.end_session();
     }
@@ -394,14 +496,7 @@ fn run_job(app: &App, spec: &JobSpec) -> Result<(bool, String), String> {
         "check" => {
             let subset = match spec.read_data.as_deref() {
                 None => None,
-                Some("100%") | Some("all") => None,
-                Some(p) => {
-                    let pct: f64 = p
-                        .trim_end_matches('%')
-                        .parse()
-                        .map_err(|_| format!("read_data = {p:?}: use a percentage"))?;
-                    Some(cairn_core::check::Subset::Percent(pct))
-                }
+                Some(p) => check_percent(p)?.map(cairn_core::check::Subset::Percent),
             };
             let session = Session::<Read>::open(repo, "check", IndexLoad::Full, &progress)
                 .map_err(|e| e.to_string())?;
@@ -447,6 +542,21 @@ fn run_job(app: &App, spec: &JobSpec) -> Result<(bool, String), String> {
                 true,
                 format!(
                     "forgot {removed} snapshots; prune deleted {} packs ({}), {} waiting for running jobs",
+                    p.deleted_packs,
+                    cairn_core::units::bytes(p.deleted_bytes, 1),
+                    p.deferred_packs
+                ),
+            ))
+        }
+        "prune" => {
+            let mut session = Session::<Exclusive>::open(repo, "prune", IndexLoad::None, &progress)
+                .map_err(|e| e.to_string())?;
+            let p = cairn_core::prune::prune(&mut session, &Default::default())
+                .map_err(|e| e.to_string())?;
+            Ok((
+                true,
+                format!(
+                    "deleted {} packs ({}), {} waiting for running jobs",
                     p.deleted_packs,
                     cairn_core::units::bytes(p.deleted_bytes, 1),
                     p.deferred_packs

@@ -315,6 +315,7 @@ impl App {
             r_entries,
             r_search,
             r_download,
+            r_start_job,
         ] = ROUTES;
         Router::new()
             .route(r_health, get(|| async { "ok\n" }))
@@ -349,6 +350,7 @@ impl App {
             .route(r_entries, get(content::entries))
             .route(r_search, get(content::search))
             .route(r_download, get(content::download))
+            .route(r_start_job, axum::routing::post(api::start_job))
             .route("/", get(console::index))
             .route("/console/app.js", get(console::app_js))
             .route("/console/style.css", get(console::style))
@@ -362,7 +364,7 @@ impl App {
 }
 
 /// Every route the server answers; docs/openapi.yaml describes each (a test checks).
-pub const ROUTES: [&str; 19] = [
+pub const ROUTES: [&str; 20] = [
     "/healthz",
     "/metrics",
     "/v1/whoami",
@@ -382,6 +384,7 @@ pub const ROUTES: [&str; 19] = [
     "/v1/datastores/{ds}/snapshots/{id}/entries",
     "/v1/datastores/{ds}/snapshots/{id}/search",
     "/v1/datastores/{ds}/snapshots/{id}/download",
+    "/v1/datastores/{ds}/jobs",
 ];
 
 /// Where the self-signed certificate lives.

@@ -2307,6 +2307,35 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
     );
     let (_, st) = get_json(p, "/v1/datastores/main/stats", &admin);
     assert_eq!(st["snapshots"], 3);
+    // An admin starts a prune now and follows it in /v1/jobs; others may not.
+    let prune = "{\"kind\": \"prune\"}";
+    let (code, body) = send("POST", "/v1/datastores/main/jobs", &web02_restore, prune);
+    assert_eq!(code, 403, "{body}");
+    let (code, body) = send(
+        "POST",
+        "/v1/datastores/main/jobs",
+        &admin,
+        "{\"kind\": \"format\"}",
+    );
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = send("POST", "/v1/datastores/main/jobs", &admin, prune);
+    assert_eq!(code, 202, "{body}");
+    assert!(body.contains("main-prune-now"), "{body}");
+    let mut run = serde_json::Value::Null;
+    wait_until("the prune to finish", Duration::from_secs(60), || {
+        let (_, v) = get_json(p, "/v1/jobs", &admin);
+        run = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["name"] == "main-prune-now")
+            .map(|j| j["runs"][0].clone())
+            .unwrap_or_default();
+        !run.is_null()
+    });
+    assert_eq!(run["outcome"], "ok", "{run}");
+    assert_eq!(run["trigger"], "console", "{run}");
+    env.check_clean();
     assert_eq!(
         send("DELETE", "/v1/datastores/main/unlock", &admin, "").0,
         200
@@ -2427,6 +2456,15 @@ fn the_console_unlocks_browses_and_downloads_in_chromium() {
         "{f}"
     );
     assert_eq!(v["snapshot_rows"].as_array().unwrap().len(), 2, "{v:#}");
+    // A check started in the page ran to its end, clean.
+    assert_eq!(v["check"]["outcome"], "ok", "{v:#}");
+    assert!(
+        v["check"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("2 snapshots"),
+        "{v:#}"
+    );
     assert_eq!(v["chart_points"], 2, "{v:#}");
     assert!(
         v["chart_label"].as_str().unwrap().contains("2 backups"),

@@ -857,7 +857,7 @@ pub async fn download(
         .next()
         .filter(|s| !s.is_empty())
         .map_or_else(
-            || format!("snapshot-{}", &id[..id.len().min(8)]),
+            || format!("snapshot-{}", id.chars().take(8).collect::<String>()),
             str::to_string,
         );
     let size = match &node {

@@ -301,7 +301,15 @@ fn may_see(t: &TokenEntry, host: Option<&str>) -> bool {
     }
 }
 
-fn refused_unbound_backup(t: &TokenEntry) -> Result<(), ApiError> {
+/// The caller and its datastore, for a request that reads snapshots: a backup
+/// token without a host is refused (it reads none).
+fn reader(
+    app: &App,
+    headers: &HeaderMap,
+    ds: &str,
+) -> Result<(TokenEntry, Arc<Datastore>), ApiError> {
+    let t = authenticate(app, headers)?;
+    let store = datastore(app, &t, ds)?;
     if t.role == Role::Backup && t.host.is_none() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -310,7 +318,7 @@ fn refused_unbound_backup(t: &TokenEntry) -> Result<(), ApiError> {
              `cairn serve token add --host`, or sign in with a restore or admin token)",
         ));
     }
-    Ok(())
+    Ok((t, store))
 }
 
 // ---------------------------------------------------------------------------
@@ -470,9 +478,7 @@ pub async fn snapshots(
     Path(ds): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let t = authenticate(&app, &headers)?;
-    let store = datastore(&app, &t, &ds)?;
-    refused_unbound_backup(&t)?;
+    let (t, store) = reader(&app, &headers, &ds)?;
     let stale_hours = app.config.stale_after_hours;
     let answer = blocking(move || {
         let (_, session) = store.content.session()?;
@@ -626,9 +632,7 @@ pub async fn entries(
     Query(q): Query<EntriesQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let t = authenticate(&app, &headers)?;
-    let store = datastore(&app, &t, &ds)?;
-    refused_unbound_backup(&t)?;
+    let (t, store) = reader(&app, &headers, &ds)?;
     let limit = q.limit.unwrap_or(PAGE).clamp(1, PAGE_MAX);
     let answer = blocking(move || {
         let (session, root) = snapshot_for(&store, &t, &id)?;
@@ -700,9 +704,7 @@ pub async fn search(
     Query(q): Query<SearchQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let t = authenticate(&app, &headers)?;
-    let store = datastore(&app, &t, &ds)?;
-    refused_unbound_backup(&t)?;
+    let (t, store) = reader(&app, &headers, &ds)?;
     if q.q.trim().is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -827,9 +829,7 @@ pub async fn download(
     Query(q): Query<DownloadQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let t = authenticate(&app, &headers)?;
-    let store = datastore(&app, &t, &ds)?;
-    refused_unbound_backup(&t)?;
+    let (t, store) = reader(&app, &headers, &ds)?;
     let archive = match q.format.as_deref() {
         None | Some("file") => false,
         Some("tar.zst") => true,

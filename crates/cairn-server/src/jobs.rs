@@ -490,7 +490,7 @@ fn run_job(
         // The console's read session would hold up the prune.
         ds.content.end_session();
     }
-    use cairn_core::session::{Exclusive, Read, Write};
+    use cairn_core::session::{Read, Write};
     use cairn_core::{IndexLoad, Session};
     match spec.kind.as_str() {
         "check" => {
@@ -533,36 +533,10 @@ fn run_job(
             )
             .map_err(|e| e.to_string())?;
             let removed: usize = f.groups.iter().map(|g| g.remove.len()).sum();
-            let repo = session.into_repo();
-            let mut session = Session::<Exclusive>::open(repo, "prune", IndexLoad::None, &progress)
-                .map_err(|e| e.to_string())?;
-            let p = cairn_core::prune::prune(&mut session, &Default::default())
-                .map_err(|e| e.to_string())?;
-            Ok((
-                true,
-                format!(
-                    "forgot {removed} snapshots; prune deleted {} packs ({}), {} waiting for running jobs",
-                    p.deleted_packs,
-                    cairn_core::units::bytes(p.deleted_bytes, 1),
-                    p.deferred_packs
-                ),
-            ))
+            let summary = prune_now(session.into_repo(), &progress)?;
+            Ok((true, format!("forgot {removed} snapshots; prune {summary}")))
         }
-        "prune" => {
-            let mut session = Session::<Exclusive>::open(repo, "prune", IndexLoad::None, &progress)
-                .map_err(|e| e.to_string())?;
-            let p = cairn_core::prune::prune(&mut session, &Default::default())
-                .map_err(|e| e.to_string())?;
-            Ok((
-                true,
-                format!(
-                    "deleted {} packs ({}), {} waiting for running jobs",
-                    p.deleted_packs,
-                    cairn_core::units::bytes(p.deleted_bytes, 1),
-                    p.deferred_packs
-                ),
-            ))
-        }
+        "prune" => Ok((true, prune_now(repo, &progress)?)),
         "copy" => {
             let to = spec.to.clone().ok_or("no destination")?;
             // A datastore of this server by name, else a location.
@@ -631,6 +605,24 @@ fn run_job(
         }
         k => Err(format!("unknown job kind {k}")),
     }
+}
+
+/// Prunes (blocking); a one-line summary.
+fn prune_now(
+    repo: cairn_core::Repository,
+    progress: &cairn_core::progress::Progress,
+) -> Result<String, String> {
+    use cairn_core::session::{Exclusive, IndexLoad, Session};
+    let mut session = Session::<Exclusive>::open(repo, "prune", IndexLoad::None, progress)
+        .map_err(|e| e.to_string())?;
+    let p =
+        cairn_core::prune::prune(&mut session, &Default::default()).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "deleted {} packs ({}), {} waiting for running jobs",
+        p.deleted_packs,
+        cairn_core::units::bytes(p.deleted_bytes, 1),
+        p.deferred_packs
+    ))
 }
 
 /// Reads the first line of a password file when the repository asks for it.

@@ -1901,13 +1901,6 @@ fn a_console_session_works_by_cookie_with_csrf_and_ends() {
 /// Screenshots go to target/console-shots (docs/console shows them).
 #[test]
 fn the_console_signs_in_and_shows_the_datastore_table_in_chromium() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/console");
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        dir.join("node_modules/puppeteer-core").is_dir() && Path::new(&chromium).exists(),
-        "the console tests need Debian's chromium and tests/console/node_modules \
-         (bash scripts/test.sh installs both)"
-    );
     let env = Env::new();
     env.init(&[]);
     let src = env.path("src");
@@ -1915,27 +1908,15 @@ fn the_console_signs_in_and_shows_the_datastore_table_in_chromium() {
     env.backup(&[&src]);
     let srv = Server::start(&env.path("state"), &[("main", &env.repo)], false);
     let admin = srv.token("root", "main", "admin");
-    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/console-shots");
-    std::fs::create_dir_all(&shots).unwrap();
-    let o = Command::new("node")
-        .arg(dir.join("signin.mjs"))
-        .current_dir(&dir)
-        .env("CONSOLE_URL", format!("https://127.0.0.1:{}/", srv.port))
-        .env("CONSOLE_TOKEN", &admin)
-        .env("CONSOLE_BAD_TOKEN", "cairn_0000000000000000_nope")
-        .env("CHROMIUM", &chromium)
-        .env("SHOT_DIR", &shots)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(
-        o.status.success(),
-        "{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
+    let url = format!("https://127.0.0.1:{}/", srv.port);
+    let v = run_console_script(
+        "signin.mjs",
+        &[
+            ("CONSOLE_URL", &url),
+            ("CONSOLE_TOKEN", &admin),
+            ("CONSOLE_BAD_TOKEN", "cairn_0000000000000000_nope"),
+        ],
     );
-    let v: serde_json::Value =
-        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
-    assert_eq!(v["ok"], true, "{v:#}");
     assert!(
         v["bad_token_alert"]
             .as_str()
@@ -2355,13 +2336,6 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
 /// backup token bound to another host is refused that snapshot.
 #[test]
 fn the_console_unlocks_browses_and_downloads_in_chromium() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/console");
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        dir.join("node_modules/puppeteer-core").is_dir() && Path::new(&chromium).exists(),
-        "the console tests need Debian's chromium and tests/console/node_modules \
-         (bash scripts/test.sh installs both)"
-    );
     let env = Env::new();
     env.init(&[]);
     let srv = Server::start(&env.path("state"), &[("main", &env.repo)], false);
@@ -2386,35 +2360,24 @@ fn the_console_unlocks_browses_and_downloads_in_chromium() {
         client(&env, &srv, "main", &web02, &["backup", s]),
         "backup 2",
     );
-    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/console-shots");
-    std::fs::create_dir_all(&shots).unwrap();
     let downloads = env.path("downloads");
     std::fs::create_dir_all(&downloads).unwrap();
-    let o = Command::new("node")
-        .arg(dir.join("content.mjs"))
-        .current_dir(&dir)
-        .env("CONSOLE_URL", format!("https://127.0.0.1:{}/", srv.port))
-        .env("ADMIN_TOKEN", &admin)
-        .env("PASSWORD", PASSWORD)
-        .env("SNAPSHOT", &snapshot)
-        .env("DIRS", format!("{s}/dir"))
-        .env("MANY", "many")
-        .env("FILE", "random.bin")
-        .env("OTHER_TOKEN", &web02)
-        .env("CHROMIUM", &chromium)
-        .env("DOWNLOAD_DIR", &downloads)
-        .env("SHOT_DIR", &shots)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(
-        o.status.success(),
-        "{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
+    let url = format!("https://127.0.0.1:{}/", srv.port);
+    let dirs = format!("{s}/dir");
+    let v = run_console_script(
+        "content.mjs",
+        &[
+            ("CONSOLE_URL", &url),
+            ("ADMIN_TOKEN", &admin),
+            ("PASSWORD", PASSWORD),
+            ("SNAPSHOT", &snapshot),
+            ("DIRS", &dirs),
+            ("MANY", "many"),
+            ("FILE", "random.bin"),
+            ("OTHER_TOKEN", &web02),
+            ("DOWNLOAD_DIR", downloads.to_str().unwrap()),
+        ],
     );
-    let v: serde_json::Value =
-        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
-    assert_eq!(v["ok"], true, "{v:#}");
     assert!(
         v["key_before"].as_str().unwrap().starts_with("locked"),
         "{v:#}"
@@ -2497,4 +2460,37 @@ fn the_console_unlocks_browses_and_downloads_in_chromium() {
     assert_eq!(theirs.len(), 1, "{v:#}");
     assert_ne!(theirs[0], snapshot.as_str());
     srv.stop();
+}
+
+/// Runs a console script of tests/console in Debian's chromium with `vars`, and
+/// returns the JSON line it printed (after checking it ran to its end).
+fn run_console_script(script: &str, vars: &[(&str, &str)]) -> serde_json::Value {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/console");
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        dir.join("node_modules/puppeteer-core").is_dir() && Path::new(&chromium).exists(),
+        "the console tests need Debian's chromium and tests/console/node_modules \
+         (bash scripts/test.sh installs both)"
+    );
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/console-shots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let mut c = Command::new("node");
+    c.arg(dir.join(script))
+        .current_dir(&dir)
+        .env("CHROMIUM", &chromium)
+        .env("SHOT_DIR", &shots);
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["ok"], true, "{v:#}");
+    v
 }

@@ -9,18 +9,11 @@
 // MANY (a directory under the root of DIRS with more than two pages), FILE (a
 // file name to download), OTHER_TOKEN (bound to another host), CHROMIUM,
 // DOWNLOAD_DIR, SHOT_DIR.
-import puppeteer from "puppeteer-core";
+import { drive } from "./drive.mjs";
 import fs from "node:fs";
 
 const env = process.env;
 const shots = env.SHOT_DIR;
-const browser = await puppeteer.launch({
-  executablePath: env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  acceptInsecureCerts: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-});
-const out = {};
 const text = (page, sel) => page.$eval(sel, (e) => e.textContent);
 
 async function signIn(page, token) {
@@ -41,7 +34,7 @@ async function listed(page, name) {
   );
 }
 
-try {
+await drive(async (browser, out) => {
   const page = await browser.newPage();
   await page.setViewport({ width: 1280, height: 800 });
   await signIn(page, env.ADMIN_TOKEN);
@@ -124,7 +117,7 @@ try {
   await page.waitForSelector("#search-results:not([hidden])");
   out.search = await page.$$eval("#search-list li", (l) => l.map((x) => x.textContent));
 
-  // Keyboard: the sign-out button is reachable with Tab from the page's start.
+  // Sign out.
   await page.click("#sign-out");
   await page.waitForSelector("#token", { visible: true });
 
@@ -141,11 +134,4 @@ try {
   out.other_snapshots = await page.$$eval("#snapshot-rows tr", (rows) => rows.map((r) => r.dataset.snapshot));
   await page.setViewport({ width: 390, height: 800 });
   if (shots) await page.screenshot({ path: `${shots}/console-phone-snapshots.png`, fullPage: true });
-  out.ok = true;
-} catch (e) {
-  out.ok = false;
-  out.error = String(e && e.stack ? e.stack : e);
-} finally {
-  await browser.close();
-}
-console.log(JSON.stringify(out));
+});

@@ -1,21 +1,14 @@
 // Drives the console in a real headless Chromium (Debian's `chromium`, through
-// puppeteer-core: no browser download). Called by tests/it/console.rs, which
+// puppeteer-core: no browser download). Called by crates/cairn-cli/tests/it/server.rs, which
 // starts `cairn serve`; prints one JSON line of what it saw.
 //
 // env: CONSOLE_URL, CONSOLE_TOKEN, CONSOLE_BAD_TOKEN, CHROMIUM (default
 // /usr/bin/chromium), SHOT_DIR (screenshots).
-import puppeteer from "puppeteer-core";
+import { drive } from "./drive.mjs";
 
 const url = process.env.CONSOLE_URL;
 const shots = process.env.SHOT_DIR;
-const browser = await puppeteer.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  acceptInsecureCerts: true, // the server's self-signed certificate
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-});
-const out = {};
-try {
+await drive(async (browser, out) => {
   const page = await browser.newPage();
   await page.setViewport({ width: 1280, height: 720 });
   const t0 = Date.now();
@@ -58,11 +51,4 @@ try {
   await page.click("#sign-out");
   await page.waitForSelector("#token", { visible: true });
   out.after_sign_out = await page.$eval("#alert", (e) => e.textContent);
-  out.ok = true;
-} catch (e) {
-  out.ok = false;
-  out.error = String(e && e.stack ? e.stack : e);
-} finally {
-  await browser.close();
-}
-console.log(JSON.stringify(out));
+});

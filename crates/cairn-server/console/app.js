@@ -93,6 +93,16 @@ function cell(row, text, cls, field) {
   return td;
 }
 
+// A table row whose first cell is its header (`th scope=row`), holding `text`.
+function row(text) {
+  const tr = document.createElement("tr");
+  const th = document.createElement("th");
+  th.scope = "row";
+  th.textContent = text;
+  tr.appendChild(th);
+  return tr;
+}
+
 function button(text, onClick, label) {
   const b = document.createElement("button");
   b.type = "button";
@@ -113,12 +123,8 @@ async function loadDatastores() {
   const body = $("datastore-rows");
   body.replaceChildren();
   for (const d of list) {
-    const tr = document.createElement("tr");
+    const tr = row(d.name);
     tr.dataset.datastore = d.name;
-    const th = document.createElement("th");
-    th.scope = "row";
-    th.textContent = d.name;
-    tr.appendChild(th);
     const c = d.config || {};
     const figures = {};
     for (const f of ["stored", "dedup", "compression", "reduction"]) {
@@ -271,11 +277,7 @@ async function loadHosts(summary) {
     data.stale_after_hours + " hours." +
     (data.errors.length ? " " + data.errors.length + " snapshots could not be read: " + data.errors[0] : "");
   for (const h of data.hosts) {
-    const tr = document.createElement("tr");
-    const th = document.createElement("th");
-    th.scope = "row";
-    th.textContent = h.host;
-    tr.appendChild(th);
+    const tr = row(h.host);
     cell(tr, String(h.snapshots), "num");
     cell(tr, when(h.last));
     cell(tr, age(h.age_hours), "num");
@@ -347,12 +349,8 @@ async function loadJobs() {
   body.replaceChildren();
   let running = false;
   for (const j of list) {
-    const tr = document.createElement("tr");
+    const tr = row(j.name);
     tr.dataset.job = j.name;
-    const th = document.createElement("th");
-    th.scope = "row";
-    th.textContent = j.name;
-    tr.appendChild(th);
     cell(tr, j.kind + (j.read_data ? " (read " + j.read_data + ")" : ""));
     cell(tr, j.adhoc ? "once" : "every " + j.every);
     cell(tr, j.running ? progressText(j.progress) : "", null, "progress");
@@ -455,20 +453,15 @@ async function morePage() {
   alertText("");
   $("browse-total").textContent = page.total + " entries.";
   for (const e of page.entries) {
-    const tr = document.createElement("tr");
-    tr.dataset.name = e.name;
-    const th = document.createElement("th");
-    th.scope = "row";
     const full = join(b.path, e.name);
+    const tr = row(e.type === "symlink" ? e.name + " → " + e.link_target : e.name);
+    tr.dataset.name = e.name;
     if (e.type === "dir") {
       const a = document.createElement("a");
       a.href = "#snap=" + b.id + "&path=" + encodeURIComponent(full);
       a.textContent = e.name + "/";
-      th.appendChild(a);
-    } else {
-      th.textContent = e.type === "symlink" ? e.name + " → " + e.link_target : e.name;
+      tr.firstChild.replaceChildren(a);
     }
-    tr.appendChild(th);
     cell(tr, e.type);
     cell(tr, e.type === "file" ? bytes(e.size) : "", "num");
     cell(tr, when(e.mtime));

@@ -131,12 +131,12 @@ pub(crate) fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<
     })
 }
 
-/// Runs blocking storage work off the async threads.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
+/// Runs blocking work (storage calls, engine sessions) off the async threads.
+pub(crate) async fn blocking<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> ApiResult<T> {
     match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(ApiError::from),
+        Ok(r) => r.map_err(Into::into),
         Err(e) => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "server",
@@ -540,7 +540,7 @@ fn no_slot(store: &Datastore) -> ApiError {
 async fn reread_config(store: &Arc<Datastore>) {
     let s = store.clone();
     if let Ok(Ok(summary)) =
-        blocking(move || Ok(crate::read_config_summary(s.backend.as_ref()))).await
+        blocking(move || Ok::<_, ApiError>(crate::read_config_summary(s.backend.as_ref()))).await
     {
         store
             .max_jobs

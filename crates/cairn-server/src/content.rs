@@ -20,7 +20,7 @@
 //! host every snapshot; a backup token without a host none (it may add backups,
 //! not read them back in a browser).
 
-use crate::api::{ApiError, authenticate, datastore};
+use crate::api::{ApiError, authenticate, blocking, datastore};
 use crate::policy::Role;
 use crate::tokens::TokenEntry;
 use crate::{App, Datastore};
@@ -214,10 +214,10 @@ pub fn start(app: &Arc<App>) {
         let file = file.clone();
         tokio::task::spawn_blocking(move || {
             let how = format!("password file {}", file.display());
-            let password = match std::fs::read_to_string(&file) {
-                Ok(t) => t.lines().next().unwrap_or("").to_string(),
+            let password = match crate::jobs::password_from(file)() {
+                Ok(p) => p,
                 Err(e) => {
-                    let m = format!("{how}: cannot read it: {e}");
+                    let m = format!("{how}: {e}");
                     crate::log_line(&format!("datastore {}: stays locked: {m}", ds.name));
                     *lock(&ds.content.unlock_error) = Some(m);
                     return;
@@ -277,28 +277,18 @@ fn engine_error(e: cairn_core::Error) -> ApiError {
     }
 }
 
-/// Runs blocking content work off the async threads.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server",
-            format!("request failed: {e}"),
-        ))
-    })
-}
-
-/// Whether `t` may see a snapshot recorded for `host` (None: not recorded, as
-/// for snapshots stored directly or by unbound tokens).
-fn may_see(t: &TokenEntry, host: Option<&str>) -> bool {
-    match (t.role, &t.host) {
+/// Whether `t` may see snapshot `hex` (blocking): only a host-bound token needs
+/// the host the server recorded for it (none for snapshots stored directly or by
+/// unbound tokens), so only then is the record read.
+fn may_see(store: &Datastore, t: &TokenEntry, hex: &str) -> Result<bool, ApiError> {
+    Ok(match (t.role, &t.host) {
         (Role::Admin, _) => true,
-        (_, Some(h)) => host == Some(h.as_str()),
+        (_, Some(h)) => {
+            store.hosts.host_of(store.backend.as_ref(), hex)?.as_deref() == Some(h.as_str())
+        }
         (Role::Restore, None) => true,
         (Role::Backup, None) => false,
-    }
+    })
 }
 
 /// The caller and its datastore, for a request that reads snapshots: a backup
@@ -338,7 +328,11 @@ pub struct UnlockState {
     pub since: Option<String>,
 }
 
-fn admin_of(app: &App, headers: &HeaderMap, ds: &str) -> Result<Arc<Datastore>, ApiError> {
+fn admin_of(
+    app: &App,
+    headers: &HeaderMap,
+    ds: &str,
+) -> Result<(TokenEntry, Arc<Datastore>), ApiError> {
     let t = authenticate(app, headers)?;
     let store = datastore(app, &t, ds)?;
     if t.role != Role::Admin {
@@ -348,7 +342,7 @@ fn admin_of(app: &App, headers: &HeaderMap, ds: &str) -> Result<Arc<Datastore>, 
             "only an admin token may unlock or lock a datastore",
         ));
     }
-    Ok(store)
+    Ok((t, store))
 }
 
 /// `POST /v1/datastores/{ds}/unlock` `{"password": …}` (admin).
@@ -358,8 +352,7 @@ pub async fn unlock(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let store = admin_of(&app, &headers, &ds)?;
-    let t = authenticate(&app, &headers)?;
+    let (t, store) = admin_of(&app, &headers, &ds)?;
     let b: UnlockBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -385,11 +378,11 @@ pub async fn relock(
     Path(ds): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let store = admin_of(&app, &headers, &ds)?;
+    let (_, store) = admin_of(&app, &headers, &ds)?;
     let s = store.clone();
     blocking(move || {
         s.content.lock();
-        Ok(())
+        Ok::<_, ApiError>(())
     })
     .await?;
     crate::log_line(&format!("datastore {ds}: locked again"));
@@ -486,11 +479,7 @@ pub async fn snapshots(
         let mut rows = Vec::new();
         for (id, s) in list {
             let hex = id.to_hex();
-            let recorded = store
-                .hosts
-                .host_of(store.backend.as_ref(), &hex)
-                .map_err(ApiError::from)?;
-            if !may_see(&t, recorded.as_deref()) {
+            if !may_see(&store, &t, &hex)? {
                 continue;
             }
             let sum = &s.summary;
@@ -516,7 +505,7 @@ pub async fn snapshots(
         } else {
             Vec::new()
         };
-        Ok(SnapshotsAnswer {
+        Ok::<_, ApiError>(SnapshotsAnswer {
             stale_after_hours: stale_hours,
             hosts,
             snapshots: rows,
@@ -563,11 +552,7 @@ fn snapshot_for(
 ) -> Result<(Arc<Session<Read>>, cairn_format::BlobId), ApiError> {
     let (_, session) = store.content.session()?;
     let (sid, snap) = session.find_snapshot(id).map_err(engine_error)?;
-    let recorded = store
-        .hosts
-        .host_of(store.backend.as_ref(), &sid.to_hex())
-        .map_err(ApiError::from)?;
-    if !may_see(t, recorded.as_deref()) {
+    if !may_see(store, t, &sid.to_hex())? {
         // As if absent: a host-bound token does not learn other hosts' snapshots.
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -676,7 +661,7 @@ pub async fn entries(
         let next = (start + page.len() < tree.nodes.len())
             .then(|| page.last().map(|e| e.name.clone()))
             .flatten();
-        Ok(EntriesAnswer {
+        Ok::<_, ApiError>(EntriesAnswer {
             path: q.path,
             total: tree.nodes.len(),
             entries: page,
@@ -847,7 +832,7 @@ pub async fn download(
     let (session, root, node) = blocking(move || {
         let (session, root) = snapshot_for(&s, &token, &sid)?;
         let node = cairn_core::ls::find_node(session.repo(), &root, &path).map_err(engine_error)?;
-        Ok((session, root, node))
+        Ok::<_, ApiError>((session, root, node))
     })
     .await?;
     let base = q

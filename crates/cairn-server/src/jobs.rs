@@ -626,7 +626,7 @@ fn prune_now(
 }
 
 /// Reads the first line of a password file when the repository asks for it.
-fn password_from(file: PathBuf) -> impl FnOnce() -> cairn_core::Result<String> {
+pub(crate) fn password_from(file: PathBuf) -> impl FnOnce() -> cairn_core::Result<String> {
     move || {
         let text = std::fs::read_to_string(&file).map_err(|e| {
             cairn_core::Error::Invalid(format!(

@@ -1,0 +1,25 @@
+// What every console script shares: Debian's chromium through puppeteer-core (no
+// browser download), the server's self-signed certificate accepted, and one JSON
+// line printed at the end with what the script saw (`ok` false and the error if a
+// step failed), which tests/it/server.rs reads.
+import puppeteer from "puppeteer-core";
+
+export async function drive(steps) {
+  const browser = await puppeteer.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    acceptInsecureCerts: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+  });
+  const out = {};
+  try {
+    await steps(browser, out);
+    out.ok = true;
+  } catch (e) {
+    out.ok = false;
+    out.error = String(e && e.stack ? e.stack : e);
+  } finally {
+    await browser.close();
+  }
+  console.log(JSON.stringify(out));
+}

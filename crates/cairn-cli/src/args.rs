@@ -419,6 +419,20 @@ pub struct RestoreArgs {
     /// Restore only this path of the snapshot and what is below it (repeatable)
     #[arg(short, long = "include")]
     pub includes: Vec<String>,
+    /// What to do with entries already in the target: always (replace), if-changed
+    /// (replace unless size and time, or else the content, match the snapshot),
+    /// if-newer (replace when the snapshot's is newer), never
+    #[arg(long, value_name = "WHEN", default_value = "if-changed")]
+    pub overwrite: String,
+    /// Remove entries of the restored directories that the snapshot does not have
+    #[arg(long)]
+    pub delete: bool,
+    /// Change nothing: print what would be written, kept and deleted
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    /// Read every file written back and compare it with the snapshot
+    #[arg(long)]
+    pub verify: bool,
 }
 
 #[derive(Subcommand)]

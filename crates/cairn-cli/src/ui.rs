@@ -9,6 +9,20 @@ pub fn bytes(n: u64) -> String {
     cairn_core::units::bytes(n, 2)
 }
 
+/// "1 file", "2 files": a count with its noun, singular or plural (`noun` is the
+/// singular; the plural adds an "s", or "es" after an s/x/sh).
+pub fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else if noun.ends_with('s') || noun.ends_with('x') || noun.ends_with("sh") {
+        format!("{n} {noun}es")
+    } else if let Some(stem) = noun.strip_suffix("ry") {
+        format!("{n} {stem}ries")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 pub fn rate(n: u64, secs: f64) -> String {
     if secs <= 0.0 {
         return "-".into();

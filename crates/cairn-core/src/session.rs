@@ -462,9 +462,8 @@ mod tests {
                     &s,
                     &snap,
                     &restore::RestoreOptions {
-                        target: target2,
-                        includes: vec![],
                         owners: false,
+                        ..restore::RestoreOptions::new(target2)
                     },
                 )
                 .unwrap();

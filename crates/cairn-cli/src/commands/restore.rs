@@ -5,13 +5,18 @@ use cairn_core::restore::{self, RestoreOptions};
 use cairn_core::session::{IndexLoad, Read};
 
 pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
+    // A bad --overwrite is refused before the password is asked for.
+    a.overwrite.parse::<restore::Overwrite>()?;
     let mut p = super::progress(g);
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     let snap = session.find_snapshot(&a.snapshot)?;
     let opts = RestoreOptions {
-        target: a.target.clone(),
         includes: a.includes.clone(),
-        owners: nix::unistd::geteuid().is_root(),
+        overwrite: a.overwrite.parse()?,
+        delete: a.delete,
+        verify: a.verify,
+        dry_run: a.dry_run,
+        ..RestoreOptions::new(&a.target)
     };
     p.start();
     let r = restore::restore_snapshot(&session, &snap, &opts);
@@ -20,17 +25,70 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     if g.json {
         super::print_json(&r)?;
     } else if !g.quiet {
+        let (verb, wrote) = if r.dry_run {
+            ("would restore", "would write")
+        } else {
+            ("restored", "wrote")
+        };
         println!(
-            "restored snapshot {} to {}: {} files, {} dirs, {} other, {} in {:.2}s ({})",
+            "{verb} snapshot {} to {}: {wrote} {}, {}, {} other, {}{}",
             r.snapshot_id.short(),
             a.target.display(),
-            r.files,
-            r.dirs,
+            ui::count(r.files, "file"),
+            ui::count(r.dirs, "directory"),
             r.other_entries,
             ui::bytes(r.bytes),
-            r.duration_secs,
-            ui::rate(r.bytes, r.duration_secs)
+            if r.dry_run {
+                String::new()
+            } else {
+                format!(
+                    " in {:.2}s ({})",
+                    r.duration_secs,
+                    ui::rate(r.bytes, r.duration_secs)
+                )
+            }
         );
+        let kept = r.kept + r.metadata_only;
+        if kept > 0 || r.deleted > 0 || a.delete {
+            let (keep, only, del) = if r.dry_run {
+                ("would leave", "would set", "would delete")
+            } else {
+                ("left", "set", "deleted")
+            };
+            let mut parts = vec![format!(
+                "{keep} {} ({}) as they were (--overwrite {})",
+                ui::count(kept, "existing entry"),
+                ui::bytes(r.kept_bytes),
+                a.overwrite
+            )];
+            if r.metadata_only > 0 {
+                parts.push(format!(
+                    "{only} only the metadata of {} whose content was unchanged",
+                    ui::count(r.metadata_only, "file")
+                ));
+            }
+            if a.delete {
+                parts.push(format!(
+                    "{del} {} not in the snapshot",
+                    ui::count(r.deleted, "entry")
+                ));
+            }
+            println!("{}", parts.join("; "));
+        }
+        if let Some(v) = r.verified {
+            println!(
+                "verified {} against the snapshot: {}",
+                ui::count(v, "file"),
+                if r.errors.is_empty() {
+                    "all match".to_string()
+                } else {
+                    format!(
+                        "{} (listed above)",
+                        ui::count(r.errors.len() as u64, "problem")
+                    )
+                }
+            );
+        }
     }
     if r.sockets_skipped > 0 && !g.quiet && !g.json {
         eprintln!(

@@ -16,6 +16,7 @@ mod keys;
 mod maintenance;
 mod placement;
 mod remote;
+mod restore_over;
 mod restore_race;
 mod roundtrip;
 mod server;

@@ -27,11 +27,14 @@
 
 mod execute;
 mod metadata;
+mod overwrite;
 mod plan;
 mod run;
+mod survey;
 mod sys;
 mod target;
 
+pub use overwrite::Overwrite;
 pub use run::{Issue, RestoreReport, restore_snapshot};
 
 use crate::error::{Error, Result};
@@ -39,6 +42,7 @@ use crate::progress::Progress;
 use crate::repo::Repository;
 use cairn_format::BlobId;
 use cairn_format::tree::{Content, Node, NodeKind};
+use overwrite::Decision;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::fs;
@@ -54,6 +58,30 @@ pub struct RestoreOptions {
     pub includes: Vec<String>,
     /// Restore numeric owners (default: when running as root).
     pub owners: bool,
+    /// What to do with entries that exist in the target already.
+    pub overwrite: Overwrite,
+    /// Remove what is in the target's restored directories but not in the snapshot.
+    pub delete: bool,
+    /// Read every file written back and compare it with the snapshot.
+    pub verify: bool,
+    /// Write nothing: count what a restore would write, keep and delete.
+    pub dry_run: bool,
+}
+
+impl RestoreOptions {
+    /// Restore into `target` (created if missing): everything, owners when running
+    /// as root, entries already there replaced unless they hold the snapshot's content.
+    pub fn new(target: impl Into<PathBuf>) -> Self {
+        RestoreOptions {
+            target: target.into(),
+            includes: Vec::new(),
+            owners: sys::euid() == 0,
+            overwrite: Overwrite::default(),
+            delete: false,
+            verify: false,
+            dry_run: false,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -72,6 +100,17 @@ pub struct RestoreStats {
     /// Sockets in the snapshot: not restored (a socket is made by the program that
     /// listens on it; as tar does, they are skipped and counted, not errors).
     pub sockets_skipped: u64,
+    /// Entries already in the target that were left as they were (`--overwrite`), and
+    /// the bytes of those that are files.
+    pub kept: u64,
+    pub kept_bytes: u64,
+    /// Files whose content was already the snapshot's: only their metadata was set.
+    pub metadata_only: u64,
+    /// Entries removed from the target because the snapshot does not have them
+    /// (`--delete`; a directory counts with everything in it).
+    pub deleted: u64,
+    /// Files read back and compared (`--verify`).
+    pub verified: u64,
 }
 
 /// A regular file whose content still has to be written. It is named by its parent
@@ -130,6 +169,9 @@ struct Frame {
     snap_path: String,
     /// Created by this restore: nothing can be in it that restore did not put there.
     fresh: bool,
+    /// With `--delete`, for a directory that existed and is restored whole: the
+    /// snapshot's names in it; anything else is removed when the walk leaves it.
+    keep: Option<std::collections::HashSet<Vec<u8>>>,
 }
 
 /// The first name restored for a hard-linked inode; later names link to it.
@@ -177,6 +219,15 @@ pub fn restore(
     progress: &Progress,
 ) -> Result<RestoreStats> {
     let target = &opts.target;
+    let includes = normalize_includes(repo, root, &opts.includes)?;
+    if opts.dry_run {
+        return survey::dry_run(repo, root, opts, &includes, progress);
+    }
+    // A target that is a symlink is refused, not followed: where it points is not
+    // what the user named (and may be somewhere else by the time restore writes).
+    if fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(target_is_symlink(target));
+    }
     fs::create_dir_all(target).map_err(|e| Error::io(target, e))?;
     let meta = fs::metadata(target).map_err(|e| Error::io(target, e))?;
     if !meta.is_dir() {
@@ -189,9 +240,15 @@ pub fn restore(
     // reached through this descriptor.
     let root_fd: OwnedFd = fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(target)
-        .map_err(|e| Error::io(target, e))?
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                target_is_symlink(target)
+            } else {
+                Error::io(target, e)
+            }
+        })?
         .into();
     sys::probe_openat2(root_fd.as_fd());
     let st = sys::fstat(root_fd.as_fd()).map_err(|e| Error::io(target, e))?;
@@ -211,29 +268,6 @@ pub fn restore(
         Err(e) => return Err(Error::io(target, e)),
     }
 
-    let includes: Vec<String> = opts
-        .includes
-        .iter()
-        .map(|i| {
-            let t = i.trim_end_matches('/');
-            if t.starts_with('/') {
-                t.to_string()
-            } else {
-                format!("/{t}")
-            }
-        })
-        .collect();
-    // An include that names nothing would restore nothing: a typo must not look
-    // like success. Each is looked up before anything is written.
-    for inc in &includes {
-        match crate::ops::ls::find_node(repo, root, inc) {
-            Ok(_) => {}
-            Err(Error::Invalid(m)) => {
-                return Err(Error::Invalid(format!("--include {m}")));
-            }
-            Err(e) => return Err(e),
-        }
-    }
     let tree = repo.load_tree(root)?;
     let root_dir = Arc::new(Dir {
         fd: root_fd,
@@ -259,6 +293,7 @@ pub fn restore(
         link_dir: None,
         stopped: false,
     };
+    let keep = keep_names(opts, &tree.nodes, all, false);
     let mut todo = tree.nodes;
     todo.reverse();
     w.stack.push(Frame {
@@ -270,6 +305,7 @@ pub fn restore(
         all,
         snap_path: String::new(),
         fresh: false,
+        keep,
     });
     w.run()?;
     w.flush_batch()?;
@@ -281,6 +317,50 @@ pub fn restore(
     Ok(w.stats)
 }
 
+fn target_is_symlink(target: &std::path::Path) -> Error {
+    Error::Invalid(format!(
+        "the target {} is a symlink; restore into the directory it points to by its own path",
+        target.display()
+    ))
+}
+
+/// The includes as snapshot-absolute paths without a trailing `/`, each checked to
+/// name something: an include that names nothing would restore nothing, and a typo
+/// must not look like success. Looked up before anything is written.
+fn normalize_includes(repo: &Repository, root: &BlobId, given: &[String]) -> Result<Vec<String>> {
+    let includes: Vec<String> = given
+        .iter()
+        .map(|i| {
+            let t = i.trim_end_matches('/');
+            if t.starts_with('/') {
+                t.to_string()
+            } else {
+                format!("/{t}")
+            }
+        })
+        .collect();
+    for inc in &includes {
+        match crate::ops::ls::find_node(repo, root, inc) {
+            Ok(_) => {}
+            Err(Error::Invalid(m)) => {
+                return Err(Error::Invalid(format!("--include {m}")));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(includes)
+}
+
+/// The names `--delete` keeps in a directory restored whole that existed before.
+fn keep_names(
+    opts: &RestoreOptions,
+    nodes: &[Node],
+    all: bool,
+    fresh: bool,
+) -> Option<std::collections::HashSet<Vec<u8>>> {
+    (opts.delete && all && !fresh).then(|| nodes.iter().map(|n| n.name.clone()).collect())
+}
+
 /// How many directory descriptors a batch may keep open: what the limit on open
 /// files leaves after the open ancestors and the executor's files, halved for
 /// everything else; at most 4,096 (a batch then still holds 50,000 files of dense
@@ -289,6 +369,52 @@ fn dir_budget() -> usize {
     let reserve = OPEN_ANCESTORS + 2 * execute::OPEN_FILES_PER_WORKER * execute::threads() + 64;
     let limit = usize::try_from(sys::nofile_limit()).unwrap_or(usize::MAX);
     (limit.saturating_sub(reserve) / 2).clamp(16, 4096)
+}
+
+/// `--verify`: reads back every file of the batch that was written (not those in
+/// `failed`) and compares it with the snapshot, on the executor's number of threads.
+/// Returns, per file read, why it does not match (`None`: it does).
+fn verify(
+    repo: &Repository,
+    jobs: &[FileJob],
+    failed: &HashMap<u32, String>,
+) -> Vec<(u32, Option<String>)> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let check = |job: &FileJob| -> Option<String> {
+        let r = sys::stat_at(job.dir.fd(), &job.name)
+            .map_err(|e| Error::io(job.path(), e))
+            .and_then(|st| overwrite::file_matches(repo, job.dir.fd(), &job.name, &st, &job.node));
+        match r {
+            Ok(true) => None,
+            Ok(false) => Some("verify: the file read back differs from the snapshot".into()),
+            Err(e) => Some(format!("verify: {e}")),
+        }
+    };
+    let threads = execute::threads().min(jobs.len()).max(1);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(job) = jobs.get(i) else { break };
+                        if !failed.contains_key(&(i as u32)) {
+                            out.push((i as u32, check(job)));
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| vec![(0, Some("verify: a reader panicked".into()))])
+            })
+            .collect()
+    })
 }
 
 /// Is `path` (snapshot-absolute) selected by the includes, or an ancestor of one?
@@ -317,6 +443,88 @@ impl Walk<'_> {
     fn issue(&mut self, path: PathBuf, message: String) {
         self.progress.warning(&path, &message);
         self.stats.issues.push(RestoreIssue { path, message });
+    }
+
+    /// What is at `name` in `parent` now (`None`: nothing). An entry that cannot be
+    /// looked at is reported and treated as absent (creating it then fails clearly).
+    fn existing(&mut self, parent: &Arc<Dir>, name: &CStr) -> Result<Option<sys::Stat>> {
+        match sys::stat_at(parent.fd(), name) {
+            Ok(st) => Ok(Some(st)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => {
+                self.issue(
+                    parent.node.join(name),
+                    format!("looking at the target: {e}"),
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    fn decide(
+        &self,
+        parent: &Arc<Dir>,
+        name: &CStr,
+        existing: Option<&sys::Stat>,
+        node: &Node,
+    ) -> Decision {
+        overwrite::decide(
+            self.repo,
+            self.opts.overwrite,
+            parent.fd(),
+            name,
+            existing,
+            node,
+        )
+    }
+
+    /// An entry left as it was.
+    fn kept(&mut self, st: &sys::Stat, node: &Node) {
+        self.stats.kept += 1;
+        if node.kind == NodeKind::File && st.kind() == libc::S_IFREG {
+            self.stats.kept_bytes += st.size;
+        }
+        self.progress.entry_done();
+    }
+
+    /// A hard-linked file kept as it was is the first name later names link to.
+    fn remember_first_link(&mut self, parent: &Arc<Dir>, name: &CStr, st: &sys::Stat, node: &Node) {
+        if node.nlink > 1 && st.kind() == libc::S_IFREG {
+            self.hardlinks
+                .entry((node.dev, node.inode))
+                .or_insert_with(|| FirstLink {
+                    dir: Arc::downgrade(parent),
+                    dir_node: parent.node.clone(),
+                    name: name.to_owned(),
+                    id: st.id(),
+                    owners: [st.uid, st.uid],
+                });
+        }
+    }
+
+    /// `--delete`: removes from `dir` (which existed before the restore) what the
+    /// snapshot does not have there, directories with everything in them, through
+    /// descriptors and without following symlinks.
+    fn delete_extra(&mut self, dir: &Arc<Dir>, keep: &std::collections::HashSet<Vec<u8>>) {
+        let names = match sys::list_dir(dir.fd()) {
+            Ok(n) => n,
+            Err(e) => {
+                self.issue(dir.node.path(), format!("listing it for --delete: {e}"));
+                return;
+            }
+        };
+        for name in names {
+            if keep.contains(name.to_bytes()) {
+                continue;
+            }
+            match target::remove_tree(dir.fd(), &name) {
+                Ok(n) => self.stats.deleted += n,
+                Err((n, e)) => {
+                    self.stats.deleted += n;
+                    self.issue(dir.node.join(&name), format!("deleting it: {e}"));
+                }
+            }
+        }
     }
 
     fn run(&mut self) -> Result<()> {
@@ -378,6 +586,16 @@ impl Walk<'_> {
         all: bool,
         snap_path: String,
     ) -> Result<()> {
+        // Something other than a directory where the snapshot has one: replaced
+        // unless the mode keeps it (then nothing below is restored either).
+        if !fresh
+            && let Some(st) = self.existing(parent, &name)?
+            && st.kind() != libc::S_IFDIR
+            && self.decide(parent, &name, Some(&st), &node) != Decision::Write
+        {
+            self.kept(&st, &node);
+            return Ok(());
+        }
         let opened = match target::ensure_dir(parent, &name, fresh) {
             Ok(o) => o,
             Err(e) => {
@@ -400,6 +618,7 @@ impl Walk<'_> {
             }
             None => return self.complete_dir(Some(dir), node),
         };
+        let keep = keep_names(self.opts, &tree.nodes, all, opened.created);
         let mut todo = tree.nodes;
         todo.reverse();
         self.stack.push(Frame {
@@ -411,6 +630,7 @@ impl Walk<'_> {
             all,
             snap_path: if all { String::new() } else { snap_path },
             fresh: opened.created,
+            keep,
         });
         let n = self.stack.len();
         if n > OPEN_ANCESTORS + 1 {
@@ -427,6 +647,9 @@ impl Walk<'_> {
             return Ok(());
         };
         let child = f.dir.clone();
+        if let (Some(keep), Some(dir)) = (&f.keep, &f.dir) {
+            self.delete_extra(dir, keep);
+        }
         if let Some(meta) = f.meta {
             self.complete_dir(f.dir, meta)?;
         }
@@ -483,13 +706,51 @@ impl Walk<'_> {
 
     fn file(&mut self, parent: Arc<Dir>, name: CString, node: Node, fresh: bool) -> Result<()> {
         let key = (node.dev, node.inode);
-        if node.nlink > 1 && self.hardlinks.contains_key(&key) {
+        let existing = if fresh {
+            None
+        } else {
+            self.existing(&parent, &name)?
+        };
+        if node.nlink > 1
+            && let Some(first) = self.hardlinks.get(&key)
+        {
+            // Already this inode, or kept by the mode: nothing to do.
+            if let Some(st) = &existing
+                && (st.id() == first.id || self.opts.overwrite == Overwrite::Never)
+            {
+                self.kept(st, &node);
+                return Ok(());
+            }
             if let Err(e) = self.link(&parent, &name, key, fresh) {
                 self.issue(parent.node.join(&name), format!("creating hard link: {e}"));
             }
             self.stats.files += 1;
             self.progress.entry_done();
             return Ok(());
+        }
+        match self.decide(&parent, &name, existing.as_ref(), &node) {
+            Decision::Write => {}
+            Decision::Keep => {
+                if let Some(st) = &existing {
+                    self.remember_first_link(&parent, &name, st, &node);
+                    self.kept(st, &node);
+                }
+                return Ok(());
+            }
+            Decision::Metadata => {
+                if let Some(st) = &existing {
+                    self.remember_first_link(&parent, &name, st, &node);
+                    let r = overwrite::open_checked(parent.fd(), &name, st)
+                        .and_then(|f| metadata::apply(f.as_fd(), false, &node, self.opts.owners));
+                    if let Err(e) = r {
+                        self.issue(parent.node.join(&name), format!("setting metadata: {e}"));
+                    }
+                    self.stats.metadata_only += 1;
+                    self.stats.kept_bytes += node.size;
+                    self.progress.entry_done();
+                }
+                return Ok(());
+            }
         }
         let direct = node.nlink <= 1 && matches!(&node.content, Content::Inline(v) if v.len() == 1);
         if let Err(e) = target::remove_existing(&parent, &name, fresh) {
@@ -610,6 +871,14 @@ impl Walk<'_> {
             for (f, m) in exec.failed {
                 failed.entry(f).or_insert(m);
             }
+            if self.opts.verify {
+                for (f, m) in verify(self.repo, &jobs, &failed) {
+                    self.stats.verified += 1;
+                    if let Some(m) = m {
+                        failed.entry(f).or_insert(m);
+                    }
+                }
+            }
             for (i, job) in jobs.iter().enumerate() {
                 if let Some(m) = failed.get(&(i as u32)) {
                     // Not given its metadata: it keeps the restore's time and mode
@@ -674,6 +943,21 @@ impl Walk<'_> {
             }
             NodeKind::File | NodeKind::Dir => return,
         };
+        if !fresh {
+            match sys::stat_at(parent.fd(), name) {
+                Ok(st) if self.decide(parent, name, Some(&st), node) != Decision::Write => {
+                    self.kept(&st, node);
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => {
+                    self.issue(parent.node.join(name), e.to_string());
+                    self.progress.entry_done();
+                    return;
+                }
+            }
+        }
         let created = target::remove_existing(parent, name, fresh).and_then(|()| {
             if node.kind == NodeKind::Symlink {
                 sys::symlink_at(&c_name(&node.link_target)?, parent.fd(), name)
@@ -773,9 +1057,8 @@ mod tests {
             };
             let (repo, ids) = repo_with_trees(&[tree.encode()]);
             let opts = RestoreOptions {
-                target: target.clone(),
-                includes: vec![],
                 owners: false,
+                ..RestoreOptions::new(target.clone())
             };
             let r = restore(&repo, &ids[0], &opts, &Progress::none());
             assert!(matches!(r, Err(Error::Damaged { .. })), "{name:?}: {r:?}");
@@ -797,9 +1080,8 @@ mod tests {
         let (repo, ids) = repo_with_trees(&[tree.encode()]);
         let dir = tempfile::tempdir().unwrap();
         let opts = RestoreOptions {
-            target: dir.path().join("t"),
-            includes: vec![],
             owners: false,
+            ..RestoreOptions::new(dir.path().join("t"))
         };
         assert!(restore(&repo, &ids[0], &opts, &Progress::none()).is_err());
     }
@@ -862,9 +1144,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("t");
         let opts = RestoreOptions {
-            target: target.clone(),
-            includes: vec![],
             owners: false,
+            ..RestoreOptions::new(target.clone())
         };
         let stats = restore(&repo, &root, &opts, &Progress::none()).unwrap();
         assert!(

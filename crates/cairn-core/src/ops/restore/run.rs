@@ -27,6 +27,21 @@ pub struct RestoreReport {
     pub bytes: u64,
     /// Sockets in the snapshot, skipped (they are made by the program that listens).
     pub sockets_skipped: u64,
+    /// Nothing was written: the figures say what the restore would do.
+    pub dry_run: bool,
+    /// How entries already in the target were treated.
+    pub overwrite: super::Overwrite,
+    /// Entries already in the target left as they were, and the bytes of those files.
+    pub kept: u64,
+    pub kept_bytes: u64,
+    /// Files that held the snapshot's content already: only their metadata was set.
+    pub metadata_only: u64,
+    /// Entries removed because the snapshot does not have them (`--delete`).
+    pub deleted: u64,
+    /// Files read back and compared with the snapshot (`--verify`); a difference is
+    /// in `errors`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verified: Option<u64>,
     pub duration_secs: f64,
     /// Entries not restored in full; everything else was.
     pub errors: Vec<Issue>,
@@ -45,7 +60,7 @@ pub fn restore_snapshot<A: Access>(
     let start = std::time::Instant::now();
     let progress = session.progress();
     progress.phase(Phase::Restore);
-    if opts.includes.is_empty() {
+    if opts.includes.is_empty() && !opts.dry_run {
         progress.set_total(Some(snapshot.1.summary.total_bytes), None);
     }
     let root = snapshot
@@ -61,6 +76,13 @@ pub fn restore_snapshot<A: Access>(
         other_entries: stats.other,
         bytes: stats.bytes,
         sockets_skipped: stats.sockets_skipped,
+        dry_run: opts.dry_run,
+        overwrite: opts.overwrite,
+        kept: stats.kept,
+        kept_bytes: stats.kept_bytes,
+        metadata_only: stats.metadata_only,
+        deleted: stats.deleted,
+        verified: opts.verify.then_some(stats.verified),
         duration_secs: start.elapsed().as_secs_f64(),
         errors: stats
             .issues

@@ -21,6 +21,9 @@ pub(crate) struct Stat {
     pub uid: u32,
     pub nlink: u64,
     pub rdev: u64,
+    pub size: u64,
+    /// Modification time (seconds, nanoseconds).
+    pub mtime: (i64, u32),
 }
 
 impl Stat {
@@ -159,6 +162,8 @@ fn to_stat(st: &libc::stat) -> Stat {
         uid: st.st_uid,
         nlink: st.st_nlink,
         rdev: st.st_rdev,
+        size: u64::try_from(st.st_size).unwrap_or(0),
+        mtime: (st.st_mtime, u32::try_from(st.st_mtime_nsec).unwrap_or(0)),
     }
 }
 
@@ -370,4 +375,60 @@ pub(crate) fn nofile_limit() -> u64 {
     } else {
         1024
     }
+}
+
+/// Removes the empty directory `name` from `dir`.
+pub(crate) fn rmdir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    retry(|| unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })
+        .map(drop)
+}
+
+/// The target of symlink `name` in `dir`.
+pub(crate) fn readlink_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    loop {
+        // SAFETY: `name` is NUL-terminated; readlinkat writes at most `buf.len()` bytes.
+        let n = unsafe {
+            libc::readlinkat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        let n = n as usize;
+        if n < buf.len() {
+            buf.truncate(n);
+            return Ok(buf);
+        }
+        // Possibly truncated: try again with room to spare (a target is < PATH_MAX).
+        if buf.len() >= 1 << 16 {
+            return Err(io::Error::other("symlink target too long"));
+        }
+        buf.resize(buf.len() * 4, 0);
+    }
+}
+
+/// The names in directory `dir` (without `.` and `..`), read through a descriptor of
+/// its own opened from `dir` (the caller's keeps its position and flags).
+pub(crate) fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<std::ffi::CString>> {
+    let fd = openat(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    let mut d = nix::dir::Dir::from_fd(fd).map_err(io::Error::from)?;
+    let mut names = Vec::new();
+    for e in d.iter() {
+        let e = e.map_err(io::Error::from)?;
+        let n = e.file_name();
+        if n != c"." && n != c".." {
+            names.push(n.to_owned());
+        }
+    }
+    Ok(names)
 }

@@ -386,6 +386,47 @@ pub(crate) fn reopen_parent(child: &Dir, node: &Arc<DirNode>) -> io::Result<Dir>
     })
 }
 
+/// Removes `name` from `parent` and, when it is a directory, everything in it:
+/// children through descriptors opened without following symlinks (a symlink is
+/// removed, never what it points to). Returns how many entries were removed; on an
+/// error, how many were removed before it.
+pub(crate) fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> Result<u64, (u64, io::Error)> {
+    let mut removed = 0u64;
+    let st = sys::stat_at(parent, name).map_err(|e| (0, e))?;
+    if st.kind() != libc::S_IFDIR {
+        return sys::unlink_at(parent, name).map(|()| 1).map_err(|e| (0, e));
+    }
+    // Each level: the directory's descriptor, its name in the level above, and the
+    // names still to remove in it.
+    let top =
+        sys::open_at(parent, name, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| (0, e))?;
+    let names = sys::list_dir(top.as_fd()).map_err(|e| (0, e))?;
+    let mut stack: Vec<(OwnedFd, CString, Vec<CString>)> = vec![(top, name.to_owned(), names)];
+    while let Some((fd, _, todo)) = stack.last_mut() {
+        let Some(child) = todo.pop() else {
+            let Some((fd, own, _)) = stack.pop() else {
+                break;
+            };
+            drop(fd);
+            let up = stack.last().map_or(parent, |(fd, _, _)| fd.as_fd());
+            sys::rmdir_at(up, &own).map_err(|e| (removed, e))?;
+            removed += 1;
+            continue;
+        };
+        let st = sys::stat_at(fd.as_fd(), &child).map_err(|e| (removed, e))?;
+        if st.kind() == libc::S_IFDIR {
+            let sub = sys::open_at(fd.as_fd(), &child, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                .map_err(|e| (removed, e))?;
+            let names = sys::list_dir(sub.as_fd()).map_err(|e| (removed, e))?;
+            stack.push((sub, child, names));
+        } else {
+            sys::unlink_at(fd.as_fd(), &child).map_err(|e| (removed, e))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,271 @@
+//! Restoring over a target that already holds files: what to do with each entry that
+//! is there already (`--overwrite`), and the content comparison behind `if-changed`
+//! and `--verify`.
+//!
+//! Every decision is made on what `fstatat` (no symlinks followed) says about the
+//! name in a directory descriptor restore holds; a file is compared by reading it
+//! through a descriptor opened without following symlinks and checked to be the
+//! entry that was looked at, chunk by chunk at the snapshot's chunk boundaries,
+//! hashing each with the repository's keyed blob hash. Equal hashes mean equal bytes
+//! (the same test deduplication relies on), so an equal file is left untouched:
+//! not rewritten, not even given a new time.
+
+use super::sys::{self, Stat};
+use crate::error::{Error, Result};
+use crate::repo::Repository;
+use crate::tree::chunklist::for_each_chunk;
+use cairn_format::tree::{Node, NodeKind};
+use std::ffi::CStr;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::BorrowedFd;
+use std::str::FromStr;
+
+/// What restore does with an entry that already exists in the target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overwrite {
+    /// Replace it.
+    Always,
+    /// Replace it unless it already holds the snapshot's content: same size and
+    /// modification time, or (when only the time differs) the same bytes.
+    #[default]
+    IfChanged,
+    /// Replace it only when the snapshot's entry is newer (modification time).
+    IfNewer,
+    /// Leave it alone.
+    Never,
+}
+
+impl FromStr for Overwrite {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "always" => Overwrite::Always,
+            "if-changed" => Overwrite::IfChanged,
+            "if-newer" => Overwrite::IfNewer,
+            "never" => Overwrite::Never,
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "--overwrite {s:?}: expected always, if-changed, if-newer or never"
+                )));
+            }
+        })
+    }
+}
+
+/// What to do with one entry of the snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Create it (nothing is there) or replace what is there.
+    Write,
+    /// Leave what is there: it is the snapshot's entry already, or the mode says so.
+    Keep,
+    /// A file that holds the snapshot's bytes already but not its time: set its
+    /// metadata, leave its content.
+    Metadata,
+}
+
+fn mtime_of(node: &Node) -> (i64, u32) {
+    (node.mtime.secs, node.mtime.nanos)
+}
+
+/// Decides for a non-directory entry `name` of `dir` that should become `node`.
+/// `existing` is what `fstatat` found (`None`: nothing there). Content is read only
+/// for `if-changed` when size matches and the time does not.
+pub(crate) fn decide(
+    repo: &Repository,
+    mode: Overwrite,
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    existing: Option<&Stat>,
+    node: &Node,
+) -> Decision {
+    let Some(st) = existing else {
+        return Decision::Write;
+    };
+    match mode {
+        Overwrite::Always => Decision::Write,
+        Overwrite::Never => Decision::Keep,
+        Overwrite::IfNewer => {
+            if mtime_of(node) > st.mtime {
+                Decision::Write
+            } else {
+                Decision::Keep
+            }
+        }
+        Overwrite::IfChanged => {
+            if node.kind == NodeKind::File
+                && st.kind() == libc::S_IFREG
+                && st.size == node.size
+                && st.mtime != mtime_of(node)
+            {
+                return match file_matches(repo, dir, name, st, node) {
+                    Ok(true) => Decision::Metadata,
+                    _ => Decision::Write,
+                };
+            }
+            if same_entry(repo, dir, name, st, node) {
+                Decision::Keep
+            } else {
+                Decision::Write
+            }
+        }
+    }
+}
+
+/// Is the existing entry already the snapshot's `node` (kind and content; for a
+/// regular file size and time, else its bytes)? Any error reading it means "no".
+pub(crate) fn same_entry(
+    repo: &Repository,
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    st: &Stat,
+    node: &Node,
+) -> bool {
+    let kind = st.kind();
+    match node.kind {
+        NodeKind::File => {
+            kind == libc::S_IFREG
+                && st.size == node.size
+                && (st.mtime == mtime_of(node)
+                    || matches!(file_matches(repo, dir, name, st, node), Ok(true)))
+        }
+        NodeKind::Symlink => {
+            kind == libc::S_IFLNK
+                && sys::readlink_at(dir, name).is_ok_and(|t| t == node.link_target)
+        }
+        NodeKind::Fifo => kind == libc::S_IFIFO,
+        NodeKind::CharDevice => kind == libc::S_IFCHR && st.rdev == node.rdev,
+        NodeKind::BlockDevice => kind == libc::S_IFBLK && st.rdev == node.rdev,
+        NodeKind::Dir => kind == libc::S_IFDIR,
+        NodeKind::Socket => kind == libc::S_IFSOCK,
+    }
+}
+
+/// Opens the regular file `name` of `dir` for reading, checked to be the entry `st`
+/// describes (no symlink followed, not swapped in between).
+pub(crate) fn open_checked(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> std::io::Result<File> {
+    let fd = sys::open_at(
+        dir,
+        name,
+        libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK,
+        0,
+    )?;
+    let now = sys::fstat(std::os::fd::AsFd::as_fd(&fd))?;
+    if now.id() != st.id() || now.kind() != libc::S_IFREG {
+        return Err(std::io::Error::other("the file changed while it was read"));
+    }
+    Ok(File::from(fd))
+}
+
+/// Does the regular file `name` of `dir` hold exactly the bytes of `node`? Read once,
+/// front to back, each chunk hashed and compared with the snapshot's id; stops at the
+/// first difference.
+pub(crate) fn file_matches(
+    repo: &Repository,
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    st: &Stat,
+    node: &Node,
+) -> Result<bool> {
+    let path = || String::from_utf8_lossy(name.to_bytes()).into_owned();
+    let mut f = open_checked(dir, name, st).map_err(|e| Error::io(path(), e))?;
+    content_matches(repo, &mut f, node, &path)
+}
+
+/// Does `f` (read from its current position) hold exactly the bytes of `node`, and
+/// nothing more? `path` names the file in errors.
+pub(crate) fn content_matches(
+    repo: &Repository,
+    f: &mut File,
+    node: &Node,
+    path: &dyn Fn() -> String,
+) -> Result<bool> {
+    let key = repo.key();
+    let mut buf = Vec::new();
+    let mut differs = false;
+    let mut covered = 0u64;
+    // The chunk walk is stopped at the first difference (by an error `differs` marks).
+    let r = for_each_chunk(repo, &node.content, &mut |c| {
+        let len = usize::try_from(c.length)
+            .map_err(|_| Error::Invalid(format!("chunk of {} bytes", c.length)))?;
+        buf.resize(len, 0);
+        match f.read_exact(&mut buf) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                differs = true;
+                return Err(Error::Cancelled);
+            }
+            Err(e) => return Err(Error::io(path(), e)),
+        }
+        covered += c.length;
+        if key.blob_id(&buf) != c.id {
+            differs = true;
+            return Err(Error::Cancelled);
+        }
+        Ok(())
+    });
+    match r {
+        Ok(()) => {}
+        Err(_) if differs => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    if covered != node.size {
+        return Ok(false);
+    }
+    // Nothing after the snapshot's bytes.
+    let mut one = [0u8; 1];
+    let more = f.read(&mut one).map_err(|e| Error::io(path(), e))?;
+    Ok(more == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_format::tree::{ChunkRef, Content};
+    use std::io::{Seek, Write};
+
+    /// A file node of two chunks holding `a` then `b`.
+    fn node(repo: &Repository, a: &[u8], b: &[u8]) -> Node {
+        let mut n = Node::new(b"f".to_vec(), NodeKind::File);
+        n.size = (a.len() + b.len()) as u64;
+        n.content = Content::Inline(vec![
+            ChunkRef {
+                id: repo.key().blob_id(a),
+                length: a.len() as u64,
+            },
+            ChunkRef {
+                id: repo.key().blob_id(b),
+                length: b.len() as u64,
+            },
+        ]);
+        n
+    }
+
+    fn matches(repo: &Repository, n: &Node, bytes: &[u8]) -> bool {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f.rewind().unwrap();
+        content_matches(repo, &mut f, n, &|| "f".into()).unwrap()
+    }
+
+    #[test]
+    fn only_the_exact_bytes_match() {
+        let repo = crate::testutil::mem_repo();
+        let n = node(&repo, b"first chunk", b"second");
+        assert!(matches(&repo, &n, b"first chunksecond"));
+        assert!(!matches(&repo, &n, b"first chunkSecond"), "a changed byte");
+        assert!(!matches(&repo, &n, b"first chunksecond!"), "a byte more");
+        assert!(!matches(&repo, &n, b"first chunksecon"), "a byte less");
+        assert!(!matches(&repo, &n, b""), "empty");
+    }
+
+    #[test]
+    fn modes_parse_and_bad_ones_are_named() {
+        assert_eq!("if-newer".parse::<Overwrite>().unwrap(), Overwrite::IfNewer);
+        assert_eq!(Overwrite::default(), Overwrite::IfChanged);
+        let e = "sometimes".parse::<Overwrite>().unwrap_err().to_string();
+        assert!(e.contains("sometimes") && e.contains("if-changed"), "{e}");
+    }
+}

@@ -91,6 +91,10 @@ pub enum Command {
     Dump(DumpArgs),
     /// Restore a snapshot into a directory
     Restore(RestoreArgs),
+    /// Find which snapshots hold a file or directory, by name or path pattern
+    Find(FindArgs),
+    /// Show what changed between two snapshots
+    Diff(DiffArgs),
     /// Manage the repository's passwords
     #[command(subcommand)]
     Key(KeyCommand),
@@ -395,6 +399,45 @@ pub struct LsArgs {
     /// Only list the given directory, not its subdirectories
     #[arg(long)]
     pub no_recursive: bool,
+}
+
+#[derive(Args)]
+pub struct FindArgs {
+    /// Glob matched against names (`*.conf`, `report-202?.pdf`) or, when it holds a
+    /// `/`, against whole paths in the snapshot (`/home/*/notes.txt`, `docs/**/*.pdf`)
+    pub pattern: String,
+    /// Search only these snapshots (id prefixes or "latest"; repeatable; default: all)
+    #[arg(long = "snapshot", short = 's', value_name = "SNAPSHOT")]
+    pub snapshots: Vec<String>,
+    /// Stop once the N newest snapshots holding a match are found
+    #[arg(long, value_name = "N")]
+    pub newest: Option<usize>,
+    /// Match names and paths without regard to case
+    #[arg(short, long)]
+    pub ignore_case: bool,
+    /// Only snapshots of this host (repeatable)
+    #[arg(long = "host", value_name = "HOST")]
+    pub hosts: Vec<String>,
+    /// Only snapshots carrying all of these comma-separated tags (repeatable: any)
+    #[arg(long = "tag", value_name = "TAGS")]
+    pub tags: Vec<String>,
+    /// Only snapshots that include this path (repeatable: all)
+    #[arg(long = "path", value_name = "PATH")]
+    pub paths: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct DiffArgs {
+    /// The older snapshot (id prefix or "latest")
+    pub first: String,
+    /// The newer snapshot (id prefix or "latest")
+    pub second: String,
+    /// Compare only this directory or file of both
+    pub path: Option<String>,
+    /// Also list entries whose content is the same but whose owner, mode, time or
+    /// extended attributes changed (always counted in the summary)
+    #[arg(long)]
+    pub metadata: bool,
 }
 
 #[derive(Args)]

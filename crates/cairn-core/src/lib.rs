@@ -36,7 +36,9 @@ pub mod units;
 mod testutil;
 
 pub use error::{Error, Result};
-pub use ops::{backup, check, copy, dump, export, forget, ls, prune, repair, restore, stats};
+pub use ops::{
+    backup, check, copy, diff, dump, export, find, forget, ls, prune, repair, restore, stats,
+};
 pub use repo::{InitOptions, Repository, blob, lock, packer};
 pub use session::{IndexLoad, Session};
 

@@ -2,24 +2,48 @@ use crate::args::{Global, LsArgs};
 use anyhow::Result;
 use cairn_core::ls::{Entry, Listing};
 use cairn_core::session::{IndexLoad, Read};
-use cairn_format::tree::{Node, NodeKind};
+use cairn_format::tree::Node;
 
-fn mode_string(n: &Node) -> String {
-    let t = match n.kind {
-        NodeKind::Dir => 'd',
-        NodeKind::Symlink => 'l',
-        NodeKind::Fifo => 'p',
-        NodeKind::CharDevice => 'c',
-        NodeKind::BlockDevice => 'b',
-        NodeKind::Socket => 's',
-        NodeKind::File => '-',
+/// `ls -l`'s mode column: the type letter and the nine permission bits.
+fn mode_string(e: &Entry) -> String {
+    let t = match e.kind {
+        "dir" => 'd',
+        "symlink" => 'l',
+        "fifo" => 'p',
+        "chardev" => 'c',
+        "blockdev" => 'b',
+        "socket" => 's',
+        _ => '-',
     };
-    let m = n.mode;
     let mut s = String::from(t);
     for (i, c) in "rwxrwxrwx".chars().enumerate() {
-        s.push(if m & (1 << (8 - i)) != 0 { c } else { '-' });
+        s.push(if e.mode & (1 << (8 - i)) != 0 { c } else { '-' });
     }
     s
+}
+
+/// One line of a long listing (`ls -l`, `find`): mode, owner, group, size, time, path.
+pub(super) fn long_line(e: &Entry) -> String {
+    let or_id = |name: &str, id: u32| {
+        if name.is_empty() {
+            id.to_string()
+        } else {
+            name.to_string()
+        }
+    };
+    let mut line = format!(
+        "{} {:>8} {:>8} {:>12} {} {}",
+        mode_string(e),
+        or_id(&e.user, e.uid),
+        or_id(&e.group, e.gid),
+        e.size,
+        e.mtime.get(..19).unwrap_or("").replace('T', " "),
+        e.path
+    );
+    if let Some(t) = &e.link_target {
+        line.push_str(&format!(" -> {t}"));
+    }
+    line
 }
 
 pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
@@ -34,28 +58,7 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         if g.json {
             entries.push(Entry::new(path, n));
         } else if a.long {
-            let e = Entry::new(path, n);
-            let mut line = format!(
-                "{} {:>8} {:>8} {:>12} {} {}",
-                mode_string(n),
-                if e.user.is_empty() {
-                    e.uid.to_string()
-                } else {
-                    e.user.clone()
-                },
-                if e.group.is_empty() {
-                    e.gid.to_string()
-                } else {
-                    e.group.clone()
-                },
-                e.size,
-                e.mtime.get(..19).unwrap_or(""),
-                path
-            );
-            if let Some(t) = &e.link_target {
-                line.push_str(&format!(" -> {t}"));
-            }
-            super::out_line(&mut out, &line);
+            super::out_line(&mut out, &long_line(&Entry::new(path, n)));
         } else {
             super::out_line(&mut out, path);
         }

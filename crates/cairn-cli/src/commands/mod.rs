@@ -7,8 +7,10 @@ mod bench;
 mod check;
 mod config;
 mod copy;
+mod diff;
 mod dump;
 mod estimate;
+mod find;
 mod forget;
 mod index;
 mod init;
@@ -39,6 +41,8 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Ls(a) => ls::run(g, &a),
         Command::Dump(a) => dump::run(g, &a),
         Command::Restore(a) => restore::run(g, &a),
+        Command::Find(a) => find::run(g, &a),
+        Command::Diff(a) => diff::run(g, &a),
         Command::Key(k) => key::run(g, k),
         Command::Config(a) => config::run(g, &a),
         Command::Check(a) => check::run(g, &a),

@@ -13,6 +13,7 @@ mod golden;
 mod hostile;
 mod jobs;
 mod keys;
+mod look;
 mod maintenance;
 mod placement;
 mod remote;

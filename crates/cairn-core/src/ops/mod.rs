@@ -3,8 +3,10 @@
 pub mod backup;
 pub mod check;
 pub mod copy;
+pub mod diff;
 pub mod dump;
 pub mod export;
+pub mod find;
 pub mod forget;
 pub mod ls;
 pub mod prune;

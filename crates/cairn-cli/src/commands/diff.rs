@@ -1,0 +1,68 @@
+use crate::args::{DiffArgs, Global};
+use crate::ui;
+use anyhow::Result;
+use cairn_core::diff::{self, Change};
+use cairn_core::session::{IndexLoad, Read};
+
+pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
+    let p = super::progress(g);
+    let session = super::session::<Read>(g, "diff", IndexLoad::Placement, &p.progress)?;
+    let (ida, sa) = session.find_snapshot(&a.first)?;
+    let (idb, sb) = session.find_snapshot(&a.second)?;
+    let r = diff::diff(
+        &session,
+        &sa.tree_id()?,
+        &sb.tree_id()?,
+        a.path.as_deref().unwrap_or("/"),
+    )?;
+    if g.json {
+        super::print_json(&r)?;
+        return Ok(0);
+    }
+    let mut out = std::io::stdout().lock();
+    if !g.quiet {
+        super::out_line(
+            &mut out,
+            &format!(
+                "comparing snapshot {} ({}) with {} ({})",
+                ida.short(),
+                sa.time.get(..19).unwrap_or(&sa.time).replace('T', " "),
+                idb.short(),
+                sb.time.get(..19).unwrap_or(&sb.time).replace('T', " ")
+            ),
+        );
+    }
+    for d in &r.differences {
+        if d.change == Change::Metadata && !a.metadata {
+            continue;
+        }
+        let slash = if d.kind == "dir" { "/" } else { "" };
+        super::out_line(
+            &mut out,
+            &format!("{}    {}{slash}", d.change.mark(), d.path),
+        );
+    }
+    if !g.quiet {
+        let s = &r.summary;
+        super::out_line(
+            &mut out,
+            &format!(
+                "{} added ({}), {} removed ({}), {} modified ({} -> {}), {} with new metadata{}",
+                s.added,
+                ui::bytes(s.bytes_added),
+                s.removed,
+                ui::bytes(s.bytes_removed),
+                s.modified,
+                ui::bytes(s.bytes_modified_before),
+                ui::bytes(s.bytes_modified_after),
+                s.metadata,
+                if s.type_changed > 0 {
+                    format!(", {} changed type", s.type_changed)
+                } else {
+                    String::new()
+                }
+            ),
+        );
+    }
+    Ok(0)
+}

@@ -1,0 +1,71 @@
+use crate::args::{FindArgs, Global};
+use crate::ui;
+use anyhow::Result;
+use cairn_core::find::{self, Pattern};
+use cairn_core::forget::SnapshotFilter;
+use cairn_core::session::{IndexLoad, Read};
+
+pub fn run(g: &Global, a: &FindArgs) -> Result<i32> {
+    // A bad pattern is refused before the password is asked for.
+    let pattern = Pattern::new(&a.pattern, a.ignore_case)?;
+    if a.newest == Some(0) {
+        anyhow::bail!("--newest 0 would search nothing; give 1 or more");
+    }
+    let p = super::progress(g);
+    let session = super::session::<Read>(g, "find", IndexLoad::Placement, &p.progress)?;
+    let filter = SnapshotFilter {
+        hosts: a.hosts.clone(),
+        tags: a.tags.clone(),
+        paths: a.paths.clone(),
+    };
+    let mut snapshots = Vec::new();
+    if a.snapshots.is_empty() {
+        let (all, bad) = session.snapshots()?;
+        for e in bad {
+            p.progress.warning_msg(e.to_string());
+        }
+        snapshots.extend(all.iter().filter(|(_, s)| filter.matches(s)).cloned());
+    } else {
+        for spec in &a.snapshots {
+            let s = session.find_snapshot(spec)?;
+            if filter.matches(&s.1) && !snapshots.iter().any(|(id, _)| *id == s.0) {
+                snapshots.push(s);
+            }
+        }
+    }
+    let r = find::find(&session, &snapshots, &pattern, a.newest)?;
+    for u in &r.unreadable {
+        eprintln!(
+            "error: snapshot {}: {}: {} (its matches are unknown)",
+            u.snapshot.short(),
+            u.path,
+            u.error
+        );
+    }
+    if g.json {
+        super::print_json(&r)?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        let mut matches = 0u64;
+        for s in &r.snapshots {
+            let time = s.time.get(..19).unwrap_or(&s.time).replace('T', " ");
+            super::out_line(
+                &mut out,
+                &format!("snapshot {} of {} at {time}:", s.snapshot.short(), s.host),
+            );
+            for e in &s.matches {
+                super::out_line(&mut out, &format!("  {}", super::ls::long_line(e)));
+            }
+            matches += s.matches.len() as u64;
+        }
+        if !g.quiet {
+            eprintln!(
+                "{} in {} of {} searched",
+                ui::count(matches, "match"),
+                ui::count(r.snapshots.len() as u64, "snapshot"),
+                r.snapshots_searched
+            );
+        }
+    }
+    Ok(if r.unreadable.is_empty() { 0 } else { 1 })
+}

@@ -1,0 +1,187 @@
+//! Looking before restoring: `cairn find` (which snapshots hold a file) and `cairn
+//! diff` (what changed between two), driven through the binary.
+
+use crate::util::*;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+fn json(env: &Env, args: &[&str]) -> serde_json::Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    serde_json::from_str(&env.ok(&a)).unwrap()
+}
+
+/// A tree of `dirs` directories of a few files each.
+fn wide_tree(root: &Path, dirs: usize) {
+    for d in 0..dirs {
+        let dir = root.join(format!("dir{d:03}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..3 {
+            fs::write(dir.join(format!("file{f}.txt")), format!("{d} {f}")).unwrap();
+        }
+    }
+}
+
+#[test]
+fn find_names_the_snapshots_that_hold_a_file_newest_first() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    wide_tree(&src, 40);
+    fs::write(src.join("dir007/Notes.TXT"), b"v1").unwrap();
+    let first = env.backup(&[&src]);
+    fs::write(src.join("dir007/Notes.TXT"), b"version 2").unwrap();
+    let second = env.backup(&[&src]);
+    fs::remove_file(src.join("dir007/Notes.TXT")).unwrap();
+    let third = env.backup(&[&src]);
+    // More snapshots of the same tree: their unchanged directories are not read again.
+    for _ in 0..5 {
+        env.backup(&[&src]);
+    }
+
+    let r = json(&env, &["find", "notes.txt", "-i"]);
+    let snaps: Vec<&str> = r["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["snapshot"].as_str().unwrap())
+        .collect();
+    assert_eq!(snaps, vec![second.as_str(), first.as_str()], "{r}");
+    assert_eq!(r["snapshots_searched"], 8);
+    assert_eq!(r["snapshots"][0]["matches"][0]["size"], 9);
+    assert!(
+        r["snapshots"][0]["matches"][0]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("/src/dir007/Notes.TXT"),
+        "{r}"
+    );
+    // 8 snapshots of ~45 directories: the trees without a match are read once.
+    let trees = r["trees_read"].as_u64().unwrap();
+    assert!(trees < 2 * 50, "{trees} trees read for 8 snapshots");
+
+    // Case matters without -i; --newest stops at the newest holding it.
+    assert_eq!(
+        json(&env, &["find", "notes.txt"])["snapshots"],
+        serde_json::json!([])
+    );
+    let r = json(&env, &["find", "Notes.*", "--newest", "1"]);
+    assert_eq!(r["snapshots"].as_array().unwrap().len(), 1);
+    assert_eq!(r["snapshots"][0]["snapshot"], second.as_str());
+    // A pattern with a slash matches whole paths; --snapshot narrows the search.
+    let r = json(&env, &["find", "dir00[0-1]/*.txt", "--snapshot", &third]);
+    assert_eq!(r["snapshots_searched"], 1);
+    assert_eq!(
+        r["snapshots"][0]["matches"].as_array().unwrap().len(),
+        6,
+        "{r}"
+    );
+    let text = env.ok(&["find", "file2.txt", "--newest", "2"]);
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("snapshot ")).count(),
+        2,
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.contains("/file2.txt")).count(),
+        80,
+        "{text}"
+    );
+
+    let err = env.fails(&["find", "[unclosed"], 1);
+    assert!(err.contains("pattern \"[unclosed\""), "{err}");
+}
+
+#[test]
+fn diff_lists_added_removed_modified_and_metadata_changes() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    wide_tree(&src, 20);
+    fs::create_dir_all(src.join("gone/deeper")).unwrap();
+    fs::write(src.join("gone/deeper/x"), b"12345").unwrap();
+    fs::write(src.join("dir001/becomes-dir"), b"file").unwrap();
+    let a = env.backup(&[&src]);
+
+    fs::write(src.join("dir002/file0.txt"), b"new content").unwrap();
+    fs::set_permissions(
+        src.join("dir003/file1.txt"),
+        fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    fs::remove_dir_all(src.join("gone")).unwrap();
+    fs::write(src.join("dir004/added"), b"abc").unwrap();
+    fs::remove_file(src.join("dir001/becomes-dir")).unwrap();
+    fs::create_dir(src.join("dir001/becomes-dir")).unwrap();
+    let b = env.backup(&[&src]);
+
+    let r = json(&env, &["diff", &a, &b]);
+    let base = src.to_str().unwrap();
+    let got: Vec<(String, String)> = r["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["path"].as_str().unwrap().starts_with(&format!("{base}/")))
+        .filter(|d| d["type"] != "dir" || d["change"] != "metadata")
+        .map(|d| {
+            (
+                d["path"].as_str().unwrap()[base.len()..].to_string(),
+                d["change"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("/dir001/becomes-dir", "type_changed"),
+        ("/dir002/file0.txt", "modified"),
+        ("/dir003/file1.txt", "metadata"),
+        ("/dir004/added", "added"),
+        ("/gone", "removed"),
+        ("/gone/deeper", "removed"),
+        ("/gone/deeper/x", "removed"),
+    ]
+    .iter()
+    .map(|(p, c)| (p.to_string(), c.to_string()))
+    .collect();
+    assert_eq!(got, want, "{r}");
+    let s = &r["summary"];
+    assert_eq!(
+        (&s["bytes_added"], &s["bytes_removed"]),
+        (&3.into(), &5.into()),
+        "{s}"
+    );
+    assert_eq!(s["bytes_modified_after"], 11);
+    // Only the directories on the way to a change are read: 20 unchanged ones are not.
+    let compared = s["trees_compared"].as_u64().unwrap();
+    assert!(compared < 15, "{compared} trees compared");
+
+    // The text listing: metadata-only changes with --metadata.
+    let text = env.ok(&["diff", &a, &b]);
+    assert!(
+        text.contains(&format!("M    {base}/dir002/file0.txt\n")),
+        "{text}"
+    );
+    assert!(text.contains(&format!("-    {base}/gone/\n")), "{text}");
+    assert!(!text.contains("dir003/file1.txt"), "{text}");
+    let text = env.ok(&["diff", &a, &b, "--metadata"]);
+    assert!(
+        text.contains(&format!("U    {base}/dir003/file1.txt\n")),
+        "{text}"
+    );
+
+    // A path narrows both sides; the same snapshot twice has no differences.
+    let r = json(&env, &["diff", &a, &b, &format!("{base}/dir004")]);
+    let d = r["differences"].as_array().unwrap();
+    // The directory itself (its time changed as the file was added), and the file.
+    assert_eq!(d.len(), 2, "{r}");
+    assert_eq!(
+        (&d[0]["change"], &d[1]["change"]),
+        (&"metadata".into(), &"added".into())
+    );
+    assert_eq!(
+        json(&env, &["diff", &b, &b])["differences"],
+        serde_json::json!([])
+    );
+    let err = env.fails(&["diff", &a, &b, "/no/such/path"], 1);
+    assert!(err.contains("in neither snapshot"), "{err}");
+}

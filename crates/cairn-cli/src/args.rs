@@ -95,6 +95,8 @@ pub enum Command {
     Find(FindArgs),
     /// Show what changed between two snapshots
     Diff(DiffArgs),
+    /// Write a snapshot (or part of it) as a tar or zip archive, for tape or another system
+    Export(ExportArgs),
     /// Manage the repository's passwords
     #[command(subcommand)]
     Key(KeyCommand),
@@ -447,9 +449,25 @@ pub struct DumpArgs {
     /// Path of the file inside the snapshot (with --archive: a directory, or / for all)
     pub file: String,
     /// Write the path and everything below it as an archive instead (`tar`: POSIX
-    /// with pax, owners, times, xattrs and hard links; streams, e.g. to tape)
-    #[arg(long, value_parser = ["tar"])]
+    /// with pax, owners, times, xattrs and hard links; streams, e.g. to tape; `zip`)
+    #[arg(long, value_parser = ["tar", "zip"])]
     pub archive: Option<String>,
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    /// Snapshot id (prefix) or "latest"
+    pub snapshot: String,
+    /// Directory or file of the snapshot to export (default: all of it)
+    pub path: Option<String>,
+    /// tar (POSIX with pax: owners, ns times, xattrs, hard links, devices) or zip
+    /// (names, modes, symlinks, 2 s times; deflated)
+    #[arg(long, value_parser = ["tar", "zip"], default_value = "tar")]
+    pub format: String,
+    /// Write to this file (made complete, then renamed into place) instead of
+    /// standard output
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Args)]

@@ -17,6 +17,20 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// Seconds since the epoch -> (year, month, day, hour, minute, second) in UTC.
+pub fn civil_utc(secs: i64) -> (i64, u8, u8, u8, u8, u8) {
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+    (
+        y,
+        m as u8,
+        d as u8,
+        (rem / 3600) as u8,
+        ((rem / 60) % 60) as u8,
+        (rem % 60) as u8,
+    )
+}
+
 pub fn format_unix(secs: i64, nanos: u32) -> String {
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);

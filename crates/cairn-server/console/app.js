@@ -432,6 +432,7 @@ async function browse(id, path) {
     crumbs.appendChild(a);
   }
   $("browse-archive").href = downloadUrl(id, path, "tar.zst");
+  $("browse-zip").href = downloadUrl(id, path, "zip");
   $("entry-rows").replaceChildren();
   browsing = { id, path, next: null };
   await morePage();

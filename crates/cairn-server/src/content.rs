@@ -805,9 +805,9 @@ fn utf8_name(s: &str) -> String {
         .collect()
 }
 
-/// `GET /v1/datastores/{ds}/snapshots/{id}/download?path=/a/b&format=file|tar.zst`:
+/// `GET /v1/datastores/{ds}/snapshots/{id}/download?path=/a/b&format=file|tar.zst|zip`:
 /// one file as it was backed up, or a directory (or file) as a zstd-compressed
-/// POSIX tar, streamed.
+/// POSIX tar or a zip (for systems without tar), streamed.
 pub async fn download(
     State(app): State<Arc<App>>,
     Path((ds, id)): Path<(String, String)>,
@@ -815,17 +815,19 @@ pub async fn download(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (t, store) = reader(&app, &headers, &ds)?;
-    let archive = match q.format.as_deref() {
-        None | Some("file") => false,
-        Some("tar.zst") => true,
+    let kind = match q.format.as_deref() {
+        None | Some("file") => None,
+        Some("tar.zst") => Some("tar.zst"),
+        Some("zip") => Some("zip"),
         Some(f) => {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "bad_request",
-                format!("format {f:?}: use file or tar.zst"),
+                format!("format {f:?}: use file, tar.zst or zip"),
             ));
         }
     };
+    let archive = kind.is_some();
     // Checked before the answer starts: what is asked for exists and is allowed.
     let (token, path, sid) = (t.clone(), q.path.clone(), id.clone());
     let s = store.clone();
@@ -852,7 +854,7 @@ pub async fn download(
                     StatusCode::BAD_REQUEST,
                     "not_a_file",
                     format!(
-                        "{} is a {}: download it as an archive (format=tar.zst)",
+                        "{} is a {}: download it as an archive (format=tar.zst or zip)",
                         q.path,
                         n.kind.name()
                     ),
@@ -864,7 +866,7 @@ pub async fn download(
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "not_a_file",
-                "the snapshot's root is a directory: download it as an archive (format=tar.zst)",
+                "the snapshot's root is a directory: download it as an archive (format=tar.zst or zip)",
             ));
         }
         _ => None,
@@ -874,31 +876,39 @@ pub async fn download(
     crate::log_line(&format!(
         "datastore {ds}: token {} downloads {path} of snapshot {id}{}",
         t.name,
-        if archive { " as tar.zst" } else { "" }
+        kind.map(|k| format!(" as {k}")).unwrap_or_default()
     ));
     tokio::task::spawn_blocking(move || {
         let mut pipe = Pipe {
             tx,
             buf: Vec::with_capacity(PIECE),
         };
-        let r = if archive {
-            zstd::stream::Encoder::new(&mut pipe, 3)
+        // A directory left out must not pass for a complete archive.
+        let complete = |r: cairn_core::export::ExportReport| match r.errors.first() {
+            None => Ok(()),
+            Some((p, e)) => Err(cairn_core::Error::Invalid(format!(
+                "{} directories could not be read ({p}: {e})",
+                r.errors.len()
+            ))),
+        };
+        let r = match kind {
+            Some("zip") => cairn_core::export::export(
+                &session,
+                &root,
+                &path,
+                cairn_core::export::Format::Zip,
+                &mut pipe,
+            )
+            .and_then(complete),
+            Some(_) => zstd::stream::Encoder::new(&mut pipe, 3)
                 .map_err(|e| cairn_core::Error::io("the archive", e))
                 .and_then(|mut enc| {
                     let r = cairn_core::export::export_tar(&session, &root, &path, &mut enc)?;
                     enc.finish()
                         .map_err(|e| cairn_core::Error::io("the archive", e))?;
-                    // A directory left out must not pass for a complete archive.
-                    match r.errors.first() {
-                        None => Ok(()),
-                        Some((p, e)) => Err(cairn_core::Error::Invalid(format!(
-                            "{} directories could not be read ({p}: {e})",
-                            r.errors.len()
-                        ))),
-                    }
-                })
-        } else {
-            cairn_core::dump::dump(&session, &root, &path, &mut pipe).map(|_| ())
+                    complete(r)
+                }),
+            None => cairn_core::dump::dump(&session, &root, &path, &mut pipe).map(|_| ()),
         };
         match r.and_then(|_| {
             std::io::Write::flush(&mut pipe).map_err(|e| cairn_core::Error::io("the download", e))
@@ -912,10 +922,10 @@ pub async fn download(
             }
         }
     });
-    let (name, ctype) = if archive {
-        (format!("{base}.tar.zst"), "application/zstd")
-    } else {
-        (base.clone(), "application/octet-stream")
+    let (name, ctype) = match kind {
+        Some("zip") => (format!("{base}.zip"), "application/zip"),
+        Some(_) => (format!("{base}.tar.zst"), "application/zstd"),
+        None => (base.clone(), "application/octet-stream"),
     };
     let mut resp = Response::new(Body::new(PipeBody(rx)));
     let h = resp.headers_mut();

@@ -7,12 +7,15 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     let session = super::session::<Read>(g, "dump", IndexLoad::Placement, &p.progress)?;
     let (_, snap) = session.find_snapshot(&a.snapshot)?;
     let mut out = std::io::stdout().lock();
-    if a.archive.is_some() {
-        let r = cairn_core::export::export_tar(&session, &snap.tree_id()?, &a.file, &mut out)?;
-        for (path, e) in &r.errors {
-            eprintln!("error: {path}: {e} (left out of the archive)");
-        }
-        return Ok(if r.errors.is_empty() { 0 } else { 3 });
+    if let Some(format) = &a.archive {
+        let r = cairn_core::export::export(
+            &session,
+            &snap.tree_id()?,
+            &a.file,
+            format.parse()?,
+            &mut out,
+        )?;
+        return Ok(super::export::report(&r));
     }
     cairn_core::dump::dump(&session, &snap.tree_id()?, &a.file, &mut out)?;
     Ok(0)

@@ -10,6 +10,7 @@ mod copy;
 mod diff;
 mod dump;
 mod estimate;
+mod export;
 mod find;
 mod forget;
 mod index;
@@ -43,6 +44,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Restore(a) => restore::run(g, &a),
         Command::Find(a) => find::run(g, &a),
         Command::Diff(a) => diff::run(g, &a),
+        Command::Export(a) => export::run(g, &a),
         Command::Key(k) => key::run(g, k),
         Command::Config(a) => config::run(g, &a),
         Command::Check(a) => check::run(g, &a),

@@ -2249,6 +2249,20 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
         .filter(|d| is_root() || !d.contains(": owner differs"))
         .collect();
     assert!(diffs.is_empty(), "{}", diffs.join("\n"));
+    // And as .zip: unzip finds the file with its bytes.
+    let (code, head, body) = dl(src.join("dir").to_str().unwrap(), "zip");
+    assert_eq!(code, 200, "{head}");
+    assert!(head.contains("dir.zip"), "{head}");
+    let zip = env.path("dir.zip");
+    std::fs::write(&zip, &body).unwrap();
+    let x = Command::new("unzip")
+        .arg("-p")
+        .arg(&zip)
+        .arg("dir/random.bin")
+        .output()
+        .unwrap();
+    assert!(x.status.success(), "{}", String::from_utf8_lossy(&x.stderr));
+    assert_eq!(x.stdout, std::fs::read(&file).unwrap());
 
     // Search by name stops at its limit and says so.
     let (code, v) = get_json(

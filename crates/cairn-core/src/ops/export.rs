@@ -1,14 +1,22 @@
-//! Exporting part of a snapshot as a tar stream: for tape, for another tool, for a
-//! browser download. The archive is written as the tree is walked, one file at a
-//! time, so memory does not grow with the size of what is exported (a file's
-//! chunk ids are its only per-file state: 32 bytes per chunk).
+//! Exporting part of a snapshot as an archive stream: for tape, for another tool,
+//! for a browser download. The archive is written as the tree is walked, one file at
+//! a time, so memory does not grow with the size of what is exported (a file's
+//! chunk ids are its only per-file state: 32 bytes per chunk; a zip's central
+//! directory, written at the end, holds one record per entry). A file's blobs are
+//! read several at a time, ahead of the writer.
 //!
-//! The archive is POSIX (ustar with pax extensions): long names and link targets,
+//! A tar archive is POSIX (ustar with pax extensions): long names and link targets,
 //! owners by id and name, modification times with nanoseconds, and extended
 //! attributes as `SCHILY.xattr.*` (what GNU tar and bsdtar read). Hard links
-//! within the export become tar hard links. A file whose content cannot be read
-//! completely stops the export with an error: a tar entry's size is written before
-//! its bytes, so a short file cannot be left in the archive silently.
+//! within the export become tar hard links. A zip archive (for systems without tar)
+//! carries names, permission bits, symlinks and modification times to the zip
+//! format's 2 seconds (in UTC); owners, xattrs, FIFOs and devices have no place in it
+//! (counted in the report), and a hard link is stored as another copy. Content is
+//! deflated; files past 4 GiB use zip64.
+//!
+//! A file whose content cannot be read completely stops the export with an error:
+//! an entry's size is written before (tar) or checked after (zip) its bytes, so a
+//! short file cannot be left in the archive silently.
 
 use crate::error::{Error, Result};
 use crate::ops::ls::find_node;
@@ -32,6 +40,44 @@ pub struct ExportReport {
     pub bytes: u64,
     /// Directories whose tree could not be read (left out, with why).
     pub errors: Vec<(String, String)>,
+    /// Entries the format cannot carry as they are (zip: FIFOs, devices, sockets,
+    /// names that are not UTF-8), with what was done instead.
+    pub notes: Vec<String>,
+}
+
+/// The archive formats `export` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Tar,
+    Zip,
+}
+
+impl std::str::FromStr for Format {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Format> {
+        match s {
+            "tar" => Ok(Format::Tar),
+            "zip" => Ok(Format::Zip),
+            _ => Err(Error::Invalid(format!(
+                "archive format {s:?}: expected tar or zip"
+            ))),
+        }
+    }
+}
+
+/// Writes the entry at `path` and everything below it as an archive of `format`
+/// (see [`export_tar`]).
+pub fn export<A: Access>(
+    session: &Session<A>,
+    root: &BlobId,
+    path: &str,
+    format: Format,
+    out: &mut dyn Write,
+) -> Result<ExportReport> {
+    match format {
+        Format::Tar => export_tar(session, root, path, out),
+        Format::Zip => run(session, root, path, ZipSink::new(out)),
+    }
 }
 
 /// Writes the entry at `path` of the snapshot whose root tree is `root` and
@@ -45,6 +91,22 @@ pub fn export_tar<A: Access>(
     path: &str,
     out: &mut dyn Write,
 ) -> Result<ExportReport> {
+    run(
+        session,
+        root,
+        path,
+        TarSink {
+            tar: tar::Builder::new(out),
+        },
+    )
+}
+
+fn run<A: Access, S: Sink>(
+    session: &Session<A>,
+    root: &BlobId,
+    path: &str,
+    sink: S,
+) -> Result<ExportReport> {
     let repo = session.repo();
     let start = find_node(repo, root, path)?;
     let base: String = path
@@ -54,7 +116,7 @@ pub fn export_tar<A: Access>(
         .collect();
     let mut ex = Exporter {
         repo,
-        tar: tar::Builder::new(out),
+        sink,
         dirs: Vec::new(),
         links: HashMap::new(),
         report: ExportReport::default(),
@@ -74,9 +136,26 @@ pub fn export_tar<A: Access>(
     ex.finish()
 }
 
-struct Exporter<'a> {
+/// Where entries go: one archive format.
+trait Sink {
+    /// A directory, symlink, FIFO or device (`n.kind` says which); returns a note
+    /// when the format cannot carry it (it is then left out).
+    fn entry(&mut self, name: &[u8], n: &Node) -> Result<Option<String>>;
+    /// A regular file with its content; or, with `first`, another name of a file
+    /// written before.
+    fn file(
+        &mut self,
+        name: &[u8],
+        n: &Node,
+        first: Option<&[u8]>,
+        content: &mut Content<'_>,
+    ) -> Result<()>;
+    fn finish(&mut self) -> Result<()>;
+}
+
+struct Exporter<'a, S: Sink> {
     repo: &'a Repository,
-    tar: tar::Builder<&'a mut dyn Write>,
+    sink: S,
     /// The archive names (bytes: Unix names need not be UTF-8) of the directories
     /// being walked, innermost last.
     dirs: Vec<Vec<u8>>,
@@ -89,10 +168,9 @@ fn io(e: std::io::Error) -> Error {
     Error::io("the archive", e)
 }
 
-impl Exporter<'_> {
+impl<S: Sink> Exporter<'_, S> {
     fn finish(mut self) -> Result<ExportReport> {
-        self.tar.finish().map_err(io)?;
-        self.tar.get_mut().flush().map_err(io)?;
+        self.sink.finish()?;
         Ok(self.report)
     }
 
@@ -105,8 +183,61 @@ impl Exporter<'_> {
     }
 
     fn write_node(&mut self, name: Vec<u8>, n: &Node) -> Result<()> {
-        let shown = String::from_utf8_lossy(&name).into_owned();
-        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(&name));
+        match n.kind {
+            NodeKind::File => {
+                let first = if n.nlink > 1 {
+                    let first = self.links.get(&(n.dev, n.inode)).cloned();
+                    if first.is_none() {
+                        self.links.insert((n.dev, n.inode), name.clone());
+                    }
+                    first
+                } else {
+                    None
+                };
+                let shown = String::from_utf8_lossy(&name).into_owned();
+                // Loaded for another name too: a format without hard links (zip)
+                // stores the content again.
+                let mut chunks = Vec::new();
+                for_each_chunk(self.repo, &n.content, &mut |c| {
+                    chunks.push(c.id);
+                    Ok(())
+                })?;
+                let mut content = Content {
+                    repo: self.repo,
+                    chunks: chunks.into_iter(),
+                    ready: std::collections::VecDeque::new(),
+                    buf: Vec::new(),
+                    pos: 0,
+                    left: n.size,
+                    path: &shown,
+                    error: None,
+                };
+                self.sink.file(&name, n, first.as_deref(), &mut content)?;
+                self.report.files += 1;
+                if first.is_none() {
+                    self.report.bytes += n.size;
+                }
+            }
+            // A socket cannot be archived (neither format has an entry for it; tar
+            // itself skips them too).
+            NodeKind::Socket => {}
+            _ => match self.sink.entry(&name, n)? {
+                Some(note) => self.report.notes.push(note),
+                None if n.kind == NodeKind::Dir => self.report.dirs += 1,
+                None => self.report.other_entries += 1,
+            },
+        }
+        Ok(())
+    }
+}
+
+struct TarSink<'a> {
+    tar: tar::Builder<&'a mut dyn Write>,
+}
+
+impl TarSink<'_> {
+    /// The header every entry starts from, and its pax records (written first).
+    fn header(&mut self, n: &Node) -> Result<tar::Header> {
         let mut h = tar::Header::new_ustar();
         h.set_mode(n.mode & 0o7777);
         h.set_uid(u64::from(n.uid));
@@ -136,56 +267,31 @@ impl Exporter<'_> {
         self.tar
             .append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
             .map_err(io)?;
+        Ok(h)
+    }
+}
+
+fn os_path(name: &[u8]) -> &std::path::Path {
+    std::path::Path::new(std::ffi::OsStr::from_bytes(name))
+}
+
+impl Sink for TarSink<'_> {
+    fn entry(&mut self, name: &[u8], n: &Node) -> Result<Option<String>> {
+        let mut h = self.header(n)?;
+        let path = os_path(name);
         match n.kind {
             NodeKind::Dir => {
                 h.set_entry_type(tar::EntryType::Directory);
                 self.tar
                     .append_data(&mut h, path, std::io::empty())
                     .map_err(io)?;
-                self.report.dirs += 1;
             }
             NodeKind::Symlink => {
                 h.set_entry_type(tar::EntryType::Symlink);
                 let target = std::ffi::OsStr::from_bytes(&n.link_target);
                 self.tar.append_link(&mut h, path, target).map_err(io)?;
-                self.report.other_entries += 1;
             }
-            NodeKind::File => {
-                if n.nlink > 1 {
-                    if let Some(first) = self.links.get(&(n.dev, n.inode)) {
-                        h.set_entry_type(tar::EntryType::Link);
-                        let first = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(first));
-                        self.tar.append_link(&mut h, path, first).map_err(io)?;
-                        self.report.files += 1;
-                        return Ok(());
-                    }
-                    self.links.insert((n.dev, n.inode), name.clone());
-                }
-                h.set_entry_type(tar::EntryType::Regular);
-                h.set_size(n.size);
-                let mut chunks = Vec::new();
-                for_each_chunk(self.repo, &n.content, &mut |c| {
-                    chunks.push(c.id);
-                    Ok(())
-                })?;
-                let mut content = Content {
-                    repo: self.repo,
-                    chunks: chunks.into_iter(),
-                    buf: Vec::new(),
-                    pos: 0,
-                    left: n.size,
-                    path: &shown,
-                    error: None,
-                };
-                let r = self.tar.append_data(&mut h, path, &mut content);
-                if let Some(e) = content.error.take() {
-                    return Err(e);
-                }
-                r.map_err(io)?;
-                self.report.files += 1;
-                self.report.bytes += n.size;
-            }
-            NodeKind::Fifo | NodeKind::CharDevice | NodeKind::BlockDevice => {
+            _ => {
                 h.set_entry_type(match n.kind {
                     NodeKind::Fifo => tar::EntryType::Fifo,
                     NodeKind::CharDevice => tar::EntryType::Char,
@@ -197,22 +303,158 @@ impl Exporter<'_> {
                 self.tar
                     .append_data(&mut h, path, std::io::empty())
                     .map_err(io)?;
-                self.report.other_entries += 1;
             }
-            // A socket cannot be archived (tar has no entry for it; tar itself
-            // skips them too).
-            NodeKind::Socket => {}
+        }
+        Ok(None)
+    }
+
+    fn file(
+        &mut self,
+        name: &[u8],
+        n: &Node,
+        first: Option<&[u8]>,
+        content: &mut Content<'_>,
+    ) -> Result<()> {
+        let mut h = self.header(n)?;
+        let path = os_path(name);
+        if let Some(first) = first {
+            h.set_entry_type(tar::EntryType::Link);
+            return self
+                .tar
+                .append_link(&mut h, path, os_path(first))
+                .map_err(io);
+        }
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(n.size);
+        let r = self.tar.append_data(&mut h, path, &mut *content);
+        if let Some(e) = content.error.take() {
+            return Err(e);
+        }
+        r.map_err(io)
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.tar.finish().map_err(io)?;
+        self.tar.get_mut().flush().map_err(io)
+    }
+}
+
+struct ZipSink<'a> {
+    zip: Option<zip::ZipWriter<zip::write::StreamWriter<&'a mut dyn Write>>>,
+}
+
+impl<'a> ZipSink<'a> {
+    fn new(out: &'a mut dyn Write) -> Self {
+        ZipSink {
+            zip: Some(zip::ZipWriter::new_stream(out)),
+        }
+    }
+
+    fn writer(
+        &mut self,
+    ) -> Result<&mut zip::ZipWriter<zip::write::StreamWriter<&'a mut dyn Write>>> {
+        self.zip
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("the zip archive was finished".into()))
+    }
+}
+
+fn zip_err(e: zip::result::ZipError) -> Error {
+    match e {
+        zip::result::ZipError::Io(e) => io(e),
+        e => Error::Invalid(format!("writing the zip archive: {e}")),
+    }
+}
+
+/// Zip's options for an entry: permission bits and the modification time (DOS
+/// time, 2-second steps, taken as UTC; clamped to the years zip can hold).
+fn zip_options(n: &Node) -> zip::write::SimpleFileOptions {
+    let (y, mo, d, h, mi, s) = crate::time::civil_utc(n.mtime.secs);
+    let y = y.clamp(1980, 2107);
+    let t = zip::DateTime::from_date_and_time(y as u16, mo, d, h, mi, s).unwrap_or_default();
+    zip::write::SimpleFileOptions::default()
+        .unix_permissions(n.mode & 0o7777)
+        .last_modified_time(t)
+}
+
+/// A zip entry's name: zip names are UTF-8 strings; another name is stored with
+/// its invalid bytes replaced, and said so.
+fn zip_name(name: &[u8], notes: &mut Vec<String>) -> String {
+    let s = String::from_utf8_lossy(name).into_owned();
+    if s.as_bytes() != name {
+        notes.push(format!(
+            "{s}: the name is not UTF-8; stored with U+FFFD for its invalid bytes"
+        ));
+    }
+    s
+}
+
+impl Sink for ZipSink<'_> {
+    fn entry(&mut self, name: &[u8], n: &Node) -> Result<Option<String>> {
+        let mut notes = Vec::new();
+        let shown = zip_name(name, &mut notes);
+        let opts = zip_options(n);
+        let zip = self.writer()?;
+        match n.kind {
+            NodeKind::Dir => zip.add_directory(shown, opts).map_err(zip_err)?,
+            NodeKind::Symlink => zip
+                .add_symlink(shown, String::from_utf8_lossy(&n.link_target), opts)
+                .map_err(zip_err)?,
+            _ => {
+                return Ok(Some(format!(
+                    "{shown}: a {} cannot be stored in a zip archive (left out)",
+                    n.kind.name()
+                )));
+            }
+        }
+        Ok(notes.pop())
+    }
+
+    fn file(
+        &mut self,
+        name: &[u8],
+        n: &Node,
+        _first: Option<&[u8]>,
+        content: &mut Content<'_>,
+    ) -> Result<()> {
+        let mut notes = Vec::new();
+        let shown = zip_name(name, &mut notes);
+        let opts = zip_options(n)
+            .compression_method(zip::CompressionMethod::Deflated)
+            .compression_level(Some(3))
+            .large_file(n.size >= u64::from(u32::MAX));
+        let zip = self.writer()?;
+        zip.start_file(shown, opts).map_err(zip_err)?;
+        // Zip has no hard links: another name of a file is another copy, read again.
+        let r = std::io::copy(content, zip);
+        if let Some(e) = content.error.take() {
+            return Err(e);
+        }
+        r.map_err(io)?;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if let Some(zip) = self.zip.take() {
+            let mut out = zip.finish().map_err(zip_err)?;
+            out.flush().map_err(io)?;
         }
         Ok(())
     }
 }
 
-/// A file's content as a reader of exactly its recorded size: blobs are read one
-/// at a time, and content shorter or longer than the size is an error (kept in
-/// `error`, since the tar writer only sees an I/O error).
+/// Blobs read at once, ahead of the writer: enough to keep several pack reads in
+/// flight on a disk or object store, little memory (a few MiB at most).
+const READ_AHEAD: usize = 8;
+
+/// A file's content as a reader of exactly its recorded size: blobs are read up to
+/// [`READ_AHEAD`] at a time in parallel, and content shorter or longer than the size
+/// is an error (kept in `error`, since the archive writer only sees an I/O error).
 struct Content<'a> {
     repo: &'a Repository,
     chunks: std::vec::IntoIter<BlobId>,
+    /// Blobs read ahead, in order.
+    ready: std::collections::VecDeque<Vec<u8>>,
     buf: Vec<u8>,
     pos: usize,
     left: u64,
@@ -220,39 +462,64 @@ struct Content<'a> {
     error: Option<Error>,
 }
 
+impl Content<'_> {
+    /// Reads the next blobs (several in parallel when there are several).
+    fn fill(&mut self) -> Result<()> {
+        let batch: Vec<BlobId> = self.chunks.by_ref().take(READ_AHEAD).collect();
+        let repo = self.repo;
+        let blobs: Vec<Result<Vec<u8>>> = if batch.len() <= 1 {
+            batch.iter().map(|id| repo.read_blob(id)).collect()
+        } else {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = batch
+                    .iter()
+                    .map(|id| s.spawn(move || repo.read_blob(id)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::Invalid("a blob reader panicked".into()))
+                        })
+                    })
+                    .collect()
+            })
+        };
+        for b in blobs {
+            self.ready.push_back(b?);
+        }
+        Ok(())
+    }
+}
+
 impl Read for Content<'_> {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
         while self.pos >= self.buf.len() {
-            match self.chunks.next() {
-                None => {
-                    if self.left > 0 {
-                        self.error = Some(Error::Invalid(format!(
-                            "{}: its content is {} bytes shorter than its recorded size",
-                            self.path, self.left
-                        )));
-                        return Err(std::io::Error::other("short content"));
-                    }
-                    return Ok(0);
-                }
-                Some(id) => match self.repo.read_blob(&id) {
-                    Ok(b) => {
-                        if b.len() as u64 > self.left {
-                            self.error = Some(Error::Invalid(format!(
-                                "{}: its content is longer than its recorded size",
-                                self.path
-                            )));
-                            return Err(std::io::Error::other("long content"));
-                        }
-                        self.left -= b.len() as u64;
-                        self.buf = b;
-                        self.pos = 0;
-                    }
-                    Err(e) => {
-                        self.error = Some(e);
-                        return Err(std::io::Error::other("unreadable content"));
-                    }
-                },
+            if self.ready.is_empty()
+                && let Err(e) = self.fill()
+            {
+                self.error = Some(e);
+                return Err(std::io::Error::other("unreadable content"));
             }
+            let Some(b) = self.ready.pop_front() else {
+                if self.left > 0 {
+                    self.error = Some(Error::Invalid(format!(
+                        "{}: its content is {} bytes shorter than its recorded size",
+                        self.path, self.left
+                    )));
+                    return Err(std::io::Error::other("short content"));
+                }
+                return Ok(0);
+            };
+            if b.len() as u64 > self.left {
+                self.error = Some(Error::Invalid(format!(
+                    "{}: its content is longer than its recorded size",
+                    self.path
+                )));
+                return Err(std::io::Error::other("long content"));
+            }
+            self.left -= b.len() as u64;
+            self.buf = b;
+            self.pos = 0;
         }
         let n = out.len().min(self.buf.len() - self.pos);
         out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
@@ -261,7 +528,7 @@ impl Read for Content<'_> {
     }
 }
 
-impl Visitor for Exporter<'_> {
+impl<S: Sink> Visitor for Exporter<'_, S> {
     type Dir = ();
     type Out = ();
     fn enter(&mut self, _: &str, node: Option<&Node>, _: &Tree) -> Result<()> {

@@ -448,8 +448,9 @@ pub struct DumpArgs {
     pub snapshot: String,
     /// Path of the file inside the snapshot (with --archive: a directory, or / for all)
     pub file: String,
-    /// Write the path and everything below it as an archive instead (`tar`: POSIX
-    /// with pax, owners, times, xattrs and hard links; streams, e.g. to tape; `zip`)
+    /// Write the path and everything below it as an archive (`tar`: POSIX with pax,
+    /// owners, times, xattrs and hard links; streams, e.g. to tape; `zip`). A
+    /// directory is written as tar without it.
     #[arg(long, value_parser = ["tar", "zip"])]
     pub archive: Option<String>,
 }

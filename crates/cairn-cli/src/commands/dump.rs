@@ -7,7 +7,20 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     let session = super::session::<Read>(g, "dump", IndexLoad::Placement, &p.progress)?;
     let (_, snap) = session.find_snapshot(&a.snapshot)?;
     let mut out = std::io::stdout().lock();
-    if let Some(format) = &a.archive {
+    // A directory (or the whole snapshot) is written as a tar archive, as restic's
+    // dump does: there is no other way to put it on a stream.
+    let archive = match &a.archive {
+        Some(f) => Some(f.as_str()),
+        None => {
+            let node = cairn_core::ls::find_node(session.repo(), &snap.tree_id()?, &a.file)?;
+            match node {
+                None => Some("tar"),
+                Some(n) if n.kind == cairn_format::tree::NodeKind::Dir => Some("tar"),
+                Some(_) => None,
+            }
+        }
+    };
+    if let Some(format) = archive {
         let r = cairn_core::export::export(
             &session,
             &snap.tree_id()?,

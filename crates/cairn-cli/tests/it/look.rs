@@ -260,6 +260,17 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
     let tarball = env.path("out.tar");
     env.ok(&["export", &snap, "-o", tarball.to_str().unwrap()]);
     assert!(fs::metadata(&tarball).unwrap().len() > 3 << 20);
+    // `dump` of a directory is a tar archive too.
+    let out = env
+        .cmd(&["dump", &snap, src.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout.get(257..262), Some(&b"ustar"[..]));
     flip_middle(&largest_pack(&env.repo));
     let failed = env.path("failed.tar");
     let err = env.fails(&["export", &snap, "-o", failed.to_str().unwrap()], 1);

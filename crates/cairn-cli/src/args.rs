@@ -84,7 +84,7 @@ pub enum Command {
     /// Back up files and directories (or standard input) into a new snapshot
     Backup(BackupArgs),
     /// List snapshots
-    Snapshots,
+    Snapshots(SnapshotsArgs),
     /// List the files in a snapshot
     Ls(LsArgs),
     /// Write one file of a snapshot to standard output
@@ -401,6 +401,8 @@ pub struct LsArgs {
     /// Only list the given directory, not its subdirectories
     #[arg(long)]
     pub no_recursive: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Args)]
@@ -417,6 +419,14 @@ pub struct FindArgs {
     /// Match names and paths without regard to case
     #[arg(short, long)]
     pub ignore_case: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+/// Which snapshots a command considers, as restic's flags: `latest` means the newest
+/// of those, and a snapshot named by id must be one of them.
+#[derive(Args, Clone, Default)]
+pub struct FilterArgs {
     /// Only snapshots of this host (repeatable)
     #[arg(long = "host", value_name = "HOST")]
     pub hosts: Vec<String>,
@@ -426,6 +436,22 @@ pub struct FindArgs {
     /// Only snapshots that include this path (repeatable: all)
     #[arg(long = "path", value_name = "PATH")]
     pub paths: Vec<String>,
+}
+
+impl FilterArgs {
+    pub fn engine(&self) -> cairn_core::forget::SnapshotFilter {
+        cairn_core::forget::SnapshotFilter {
+            hosts: self.hosts.clone(),
+            tags: self.tags.clone(),
+            paths: self.paths.clone(),
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct SnapshotsArgs {
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Args)]
@@ -440,6 +466,8 @@ pub struct DiffArgs {
     /// extended attributes changed (always counted in the summary)
     #[arg(long)]
     pub metadata: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Args)]
@@ -453,6 +481,8 @@ pub struct DumpArgs {
     /// directory is written as tar without it.
     #[arg(long, value_parser = ["tar", "zip"])]
     pub archive: Option<String>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Args)]
@@ -469,6 +499,8 @@ pub struct ExportArgs {
     /// standard output
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Args)]
@@ -495,6 +527,8 @@ pub struct RestoreArgs {
     /// Read every file written back and compare it with the snapshot
     #[arg(long)]
     pub verify: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Subcommand)]

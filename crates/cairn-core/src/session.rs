@@ -360,6 +360,42 @@ impl<A: Access> Session<A> {
         Ok((id, self.repo.read_snapshot(&id)?))
     }
 
+    /// [`Session::find_snapshot`] narrowed by `filter` (host, tags, paths), as
+    /// restic's `latest --host H --path P --tag T`: `latest` is the newest snapshot
+    /// that matches; an id must name a matching snapshot.
+    pub fn find_snapshot_matching(
+        &self,
+        spec: &str,
+        filter: &crate::ops::forget::SnapshotFilter,
+    ) -> Result<(SnapshotId, Snapshot)> {
+        if filter.is_empty() {
+            return self.find_snapshot(spec);
+        }
+        if spec == "latest" {
+            let (all, bad) = self.snapshots()?;
+            let matching: Vec<(SnapshotId, Snapshot)> = all
+                .iter()
+                .filter(|(_, s)| filter.matches(s))
+                .cloned()
+                .collect();
+            return crate::repo::latest_in(&matching, bad).map_err(|e| match e {
+                Error::SnapshotNotFound(_) => {
+                    Error::SnapshotNotFound(format!("latest with {}", filter.describe()))
+                }
+                e => e,
+            });
+        }
+        let found = self.find_snapshot(spec)?;
+        if !filter.matches(&found.1) {
+            return Err(Error::Invalid(format!(
+                "snapshot {} does not match {}",
+                found.0.short(),
+                filter.describe()
+            )));
+        }
+        Ok(found)
+    }
+
     /// Whether the session holds a lock (a read session may not).
     pub fn holds_lock(&self) -> bool {
         matches!(self.held, Held::Lock(_))

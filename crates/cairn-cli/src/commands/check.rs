@@ -1,4 +1,5 @@
 use crate::args::{CheckArgs, Global};
+use crate::ui;
 use anyhow::{Result, anyhow, bail};
 use cairn_core::check::{self, BlobRole, CheckOptions, LocalIndexState, Problem, Subset};
 use cairn_core::repo::IndexObject;
@@ -119,8 +120,12 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         }
         if !g.quiet {
             println!(
-                "checked {} snapshots, {} index files, {} packs ({} read in full), {} blobs",
-                report.snapshots, report.index_files, report.packs, report.packs_read, report.blobs
+                "checked {}, {}, {} ({} read in full), {}",
+                ui::count(report.snapshots as u64, "snapshot"),
+                ui::count(report.index_files as u64, "index file"),
+                ui::count(report.packs as u64, "pack"),
+                report.packs_read,
+                ui::count(report.blobs as u64, "blob")
             );
             if report.pending_deletions > 0 {
                 println!(

@@ -104,8 +104,8 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
             String::new()
         };
         println!(
-            "{} snapshots copied ({} already there): {} of files, {} sent to the destination{pct}, {} read from the source, {:.2}s{}",
-            r.snapshots_copied,
+            "{} copied ({} already there): {} of files, {} sent to the destination{pct}, {} read from the source, {:.2}s{}",
+            ui::count(r.snapshots_copied as u64, "snapshot"),
             r.snapshots.len() - r.snapshots_copied,
             ui::bytes(r.logical_bytes),
             ui::bytes(r.bytes_sent),
@@ -121,8 +121,8 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     let unreadable = r.unreadable_source_snapshots.len();
     if !r.failed.is_empty() || unreadable > 0 {
         eprintln!(
-            "cairn: {} snapshots could not be copied (listed above); the others were",
-            r.failed.len() + unreadable
+            "cairn: {} could not be copied (listed above); the others were",
+            ui::count((r.failed.len() + unreadable) as u64, "snapshot")
         );
         return Ok(crate::EXIT_INCOMPLETE);
     }

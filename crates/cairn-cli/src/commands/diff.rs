@@ -7,8 +7,8 @@ use cairn_core::session::{IndexLoad, Read};
 pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
     let p = super::progress(g);
     let session = super::session::<Read>(g, "diff", IndexLoad::Placement, &p.progress)?;
-    let (ida, sa) = session.find_snapshot(&a.first)?;
-    let (idb, sb) = session.find_snapshot(&a.second)?;
+    let (ida, sa) = session.find_snapshot_matching(&a.first, &a.filter.engine())?;
+    let (idb, sb) = session.find_snapshot_matching(&a.second, &a.filter.engine())?;
     let r = diff::diff(
         &session,
         &sa.tree_id()?,

@@ -5,7 +5,7 @@ use cairn_core::session::{IndexLoad, Read};
 pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     let p = super::progress(g);
     let session = super::session::<Read>(g, "dump", IndexLoad::Placement, &p.progress)?;
-    let (_, snap) = session.find_snapshot(&a.snapshot)?;
+    let (_, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     let mut out = std::io::stdout().lock();
     // A directory (or the whole snapshot) is written as a tar archive, as restic's
     // dump does: there is no other way to put it on a stream.

@@ -15,7 +15,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     }
     let p = super::progress(g);
     let session = super::session::<Read>(g, "export", IndexLoad::Placement, &p.progress)?;
-    let (_, snap) = session.find_snapshot(&a.snapshot)?;
+    let (_, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     let root = snap.tree_id()?;
     let path = a.path.as_deref().unwrap_or("/");
     let r = match &a.output {

@@ -2,7 +2,6 @@ use crate::args::{FindArgs, Global};
 use crate::ui;
 use anyhow::Result;
 use cairn_core::find::{self, Pattern};
-use cairn_core::forget::SnapshotFilter;
 use cairn_core::session::{IndexLoad, Read};
 
 pub fn run(g: &Global, a: &FindArgs) -> Result<i32> {
@@ -13,11 +12,7 @@ pub fn run(g: &Global, a: &FindArgs) -> Result<i32> {
     }
     let p = super::progress(g);
     let session = super::session::<Read>(g, "find", IndexLoad::Placement, &p.progress)?;
-    let filter = SnapshotFilter {
-        hosts: a.hosts.clone(),
-        tags: a.tags.clone(),
-        paths: a.paths.clone(),
-    };
+    let filter = a.filter.engine();
     let mut snapshots = Vec::new();
     if a.snapshots.is_empty() {
         let (all, bad) = session.snapshots()?;

@@ -3,6 +3,7 @@
 //! they alone referenced stays until prune.
 
 use crate::args::{ForgetArgs, Global};
+use crate::ui;
 use anyhow::{Context, Result, bail};
 use cairn_core::forget::{
     self, CalendarDuration, ForgetRequest, GroupBy, GroupReport, Policy, SnapshotEntry,
@@ -109,9 +110,12 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
             print_group(gr, r.by_policy, a.dry_run);
         }
         if a.dry_run {
-            println!("would remove {planned} snapshots (dry run: nothing was removed)");
+            println!(
+                "would remove {} (dry run: nothing was removed)",
+                ui::count(planned as u64, "snapshot")
+            );
         } else {
-            println!("removed {} snapshots", r.removed);
+            println!("removed {}", ui::count(r.removed as u64, "snapshot"));
         }
     }
     drop(session);
@@ -168,7 +172,7 @@ fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
         ),
     };
     if show_group {
-        println!("keep {} snapshots:", gr.keep.len());
+        println!("keep {}:", ui::count(gr.keep.len() as u64, "snapshot"));
         if !gr.keep.is_empty() {
             println!(
                 "{:<10} {:<20} {:<16} {:<12} {:<rw$}  paths",
@@ -181,7 +185,7 @@ fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
     }
     let verb = if dry_run { "would remove" } else { "remove" };
     if !gr.remove.is_empty() {
-        println!("{verb} {} snapshots:", gr.remove.len());
+        println!("{verb} {}:", ui::count(gr.remove.len() as u64, "snapshot"));
         println!(
             "{:<10} {:<20} {:<16} {:<12} paths",
             "id", "time", "host", "tags"

@@ -49,7 +49,7 @@ pub(super) fn long_line(e: &Entry) -> String {
 pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
     let p = super::progress(g);
     let session = super::session::<Read>(g, "ls", IndexLoad::Placement, &p.progress)?;
-    let (id, snap) = session.find_snapshot(&a.snapshot)?;
+    let (id, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     let root = snap.tree_id()?;
     let mut errors = 0;
     let mut entries = Vec::new();

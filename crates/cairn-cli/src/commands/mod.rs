@@ -38,7 +38,7 @@ pub fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Init(a) => init::run(g, &a),
         Command::Backup(a) => backup::run(g, a),
-        Command::Snapshots => snapshots::run(g),
+        Command::Snapshots(a) => snapshots::run(g, &a),
         Command::Ls(a) => ls::run(g, &a),
         Command::Dump(a) => dump::run(g, &a),
         Command::Restore(a) => restore::run(g, &a),

@@ -9,7 +9,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     a.overwrite.parse::<restore::Overwrite>()?;
     let mut p = super::progress(g);
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
-    let snap = session.find_snapshot(&a.snapshot)?;
+    let snap = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     let opts = RestoreOptions {
         includes: a.includes.clone(),
         overwrite: a.overwrite.parse()?,
@@ -105,8 +105,8 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     }
     if !r.errors.is_empty() {
         eprintln!(
-            "cairn: error: {} entries could not be restored completely (listed above); everything else was restored",
-            r.errors.len()
+            "cairn: error: {} could not be restored completely (listed above); everything else was restored",
+            ui::count(r.errors.len() as u64, "entry")
         );
         return Ok(1);
     }

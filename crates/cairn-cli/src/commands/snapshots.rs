@@ -1,12 +1,14 @@
-use crate::args::Global;
+use crate::args::{Global, SnapshotsArgs};
 use crate::ui;
 use anyhow::Result;
 use cairn_core::repo::info::SnapshotInfo;
 
-pub fn run(g: &Global) -> Result<i32> {
+pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
     let p = super::progress(g);
     let repo = super::open(g, &p.progress)?;
-    let (snaps, bad) = repo.snapshots()?;
+    let (mut snaps, bad) = repo.snapshots()?;
+    let filter = a.filter.engine();
+    snaps.retain(|(_, s)| filter.matches(s));
     for e in &bad {
         p.progress.warning_msg(e.to_string());
     }
@@ -33,7 +35,7 @@ pub fn run(g: &Global) -> Result<i32> {
                 s.paths.join(" ")
             );
         }
-        println!("{} snapshots", snaps.len());
+        println!("{}", ui::count(snaps.len() as u64, "snapshot"));
     }
     Ok(if bad.is_empty() { 0 } else { 1 })
 }

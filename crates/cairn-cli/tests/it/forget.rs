@@ -93,8 +93,8 @@ fn dry_run_removes_nothing() {
     let (_, all) = setup(&env);
     let out = env.ok(&["forget", "--keep-last", "1", "--dry-run"]);
     assert!(out.contains("would remove 2 snapshots:"), "{out}");
-    assert!(out.contains("would remove 1 snapshots:"), "{out}");
-    assert!(out.contains("keep 1 snapshots:"), "{out}");
+    assert!(out.contains("would remove 1 snapshot:"), "{out}");
+    assert!(out.contains("keep 1 snapshot:"), "{out}");
     assert!(out.contains("last snapshot"), "{out}");
     assert!(out.contains("nothing was removed"), "{out}");
     let v = forget_json(&env, &["--keep-last", "1", "-n"]);
@@ -155,9 +155,9 @@ fn keep_last_per_group_json_and_filters() {
 
     // For real now: host a keeps its newest two; host b is not touched.
     let out = env.ok(&["forget", "--host", "a", "--keep-last", "2"]);
-    assert!(out.contains("remove 1 snapshots:"), "{out}");
+    assert!(out.contains("remove 1 snapshot:"), "{out}");
     assert!(out.contains(&a1[..8]), "{out}");
-    assert!(out.contains("removed 1 snapshots"), "{out}");
+    assert!(out.contains("removed 1 snapshot\n"), "{out}");
     assert_eq!(env.snapshot_ids(), [a2, a3, b1, b2]);
 
     // Explicit ids, one by prefix; -q prints nothing.

@@ -282,3 +282,53 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// `snapshots`, `ls`, `dump`, `restore`, `export` and `diff` take restic's --host,
+/// --tag and --path: `latest` is then the newest matching snapshot.
+#[test]
+fn latest_is_narrowed_by_host_tag_and_path() {
+    let env = Env::new();
+    env.init(&[]);
+    let (a, b) = (env.path("a"), env.path("b"));
+    fs::create_dir_all(&a).unwrap();
+    fs::create_dir_all(&b).unwrap();
+    fs::write(a.join("f"), b"from web01").unwrap();
+    fs::write(b.join("f"), b"from db01").unwrap();
+    let backup = |host: &str, tag: &str, dir: &Path| {
+        env.ok(&[
+            "backup",
+            "--host",
+            host,
+            "--tag",
+            tag,
+            dir.to_str().unwrap(),
+        ]);
+    };
+    backup("web01", "daily", &a);
+    backup("db01", "daily", &b);
+    backup("db01", "manual", &b);
+    let count = |extra: &[&str]| {
+        let mut args = vec!["snapshots"];
+        args.extend_from_slice(extra);
+        json(&env, &args).as_array().unwrap().len()
+    };
+    assert_eq!(count(&[]), 3);
+    assert_eq!(count(&["--host", "db01"]), 2);
+    assert_eq!(count(&["--host", "db01", "--tag", "daily"]), 1);
+    assert_eq!(count(&["--path", a.to_str().unwrap()]), 1);
+    assert!(
+        env.ok(&["snapshots", "--host", "web01"])
+            .contains("1 snapshot\n")
+    );
+
+    let f = a.join("f");
+    let dumped = env.ok(&["dump", "latest", f.to_str().unwrap(), "--host", "web01"]);
+    assert_eq!(dumped, "from web01");
+    let listed = env.ok(&["ls", "latest", "--path", b.to_str().unwrap()]);
+    assert!(listed.contains("/b/f"), "{listed}");
+    let err = env.fails(&["ls", "latest", "--host", "nosuch"], 1);
+    assert!(err.contains("latest with --host nosuch"), "{err}");
+    let first = env.snapshot_ids()[0].clone();
+    let err = env.fails(&["ls", &first, "--host", "db01"], 1);
+    assert!(err.contains("does not match --host db01"), "{err}");
+}

@@ -304,6 +304,26 @@ pub struct SnapshotFilter {
 }
 
 impl SnapshotFilter {
+    /// No condition at all.
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty() && self.tags.is_empty() && self.paths.is_empty()
+    }
+
+    /// The conditions as flags: `--host a --tag x,y --path /srv`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        for (flag, values) in [
+            ("host", &self.hosts),
+            ("tag", &self.tags),
+            ("path", &self.paths),
+        ] {
+            for v in values {
+                parts.push(format!("--{flag} {v}"));
+            }
+        }
+        parts.join(" ")
+    }
+
     pub fn matches(&self, s: &Snapshot) -> bool {
         (self.hosts.is_empty() || self.hosts.contains(&s.hostname))
             && (self.tags.is_empty() || self.tags.iter().any(|t| has_tag_list(s, t)))

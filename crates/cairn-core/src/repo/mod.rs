@@ -33,8 +33,8 @@ mod snapshots;
 pub mod storage;
 
 pub use index_load::{IndexObject, IndexReadError, IndexState};
-pub(crate) use snapshots::latest;
 pub use snapshots::{SnapshotError, SnapshotList, resolve_snapshot_prefix};
+pub(crate) use snapshots::{latest, latest_in};
 
 #[derive(Clone, Debug)]
 pub struct InitOptions {

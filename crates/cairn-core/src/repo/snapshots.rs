@@ -144,7 +144,15 @@ impl Repository {
 /// damaged one may be the newest, and silently taking an older one would restore
 /// older data than the user asked for.
 pub(crate) fn latest(list: &SnapshotList) -> Result<(SnapshotId, Snapshot)> {
-    let (all, bad) = list;
+    latest_in(&list.0, &list.1)
+}
+
+/// The newest of `all` (sorted oldest first), unless a snapshot that could not be
+/// read (`bad`) might be newer.
+pub(crate) fn latest_in(
+    all: &[(SnapshotId, Snapshot)],
+    bad: &[SnapshotError],
+) -> Result<(SnapshotId, Snapshot)> {
     if !bad.is_empty() {
         return Err(Error::LatestUncertain {
             unreadable: bad

@@ -57,6 +57,9 @@ pub enum BackendErrorKind {
     PermissionDenied,
     /// A transient failure that may succeed when retried.
     Transient,
+    /// Nothing answers at the address (connection refused, unknown host): retried
+    /// only briefly (a server restarting), never for the full retry budget.
+    Unreachable,
     Other,
 }
 

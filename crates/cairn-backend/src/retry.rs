@@ -16,7 +16,14 @@ pub struct RetryPolicy {
     /// Wait before the second attempt; doubles each time up to `max_delay`.
     pub first_delay: Duration,
     pub max_delay: Duration,
+    /// The most time one call may spend retrying (`--retry-for`); when set, it
+    /// bounds the retries instead of `attempts`.
+    pub max_total: Option<Duration>,
 }
+
+/// Attempts at an address where nothing answers: a server restarting gets a second
+/// and a little more, a wrong address or a stopped server fails within 2 seconds.
+const UNREACHABLE_ATTEMPTS: u32 = 3;
 
 impl Default for RetryPolicy {
     /// About a minute and a half of retrying in all before a call fails: long enough
@@ -27,6 +34,7 @@ impl Default for RetryPolicy {
             attempts: 8,
             first_delay: Duration::from_millis(500),
             max_delay: Duration::from_secs(30),
+            max_total: None,
         }
     }
 }
@@ -92,19 +100,49 @@ impl RetryBackend {
 
     fn run<T>(&self, mut f: impl FnMut(u32) -> Result<T>) -> Result<T> {
         let mut attempt = 0;
+        let start = std::time::Instant::now();
         loop {
             match f(attempt) {
-                Err(e) if e.kind == BackendErrorKind::Transient => {
-                    if attempt + 1 >= self.policy.attempts {
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        BackendErrorKind::Transient | BackendErrorKind::Unreachable
+                    ) =>
+                {
+                    let wait = self.delay(attempt);
+                    let unreachable = e.kind == BackendErrorKind::Unreachable;
+                    let out_of_time = self
+                        .policy
+                        .max_total
+                        .is_some_and(|max| start.elapsed() + wait > max);
+                    let out_of_attempts = if unreachable {
+                        attempt + 1 >= UNREACHABLE_ATTEMPTS
+                    } else {
+                        self.policy.max_total.is_none() && attempt + 1 >= self.policy.attempts
+                    };
+                    if out_of_time || out_of_attempts {
+                        let why = if unreachable {
+                            "nothing answers at that address: is the server running, and \
+                             the address right?"
+                        } else if out_of_time {
+                            "--retry-for"
+                        } else {
+                            "--retry-for DURATION retries longer"
+                        };
                         return Err(BackendError {
                             message: format!(
-                                "{} (gave up after {} attempts)",
-                                e.message, self.policy.attempts
+                                "{} (gave up after {} in {:.1}s; {why})",
+                                e.message,
+                                if attempt == 0 {
+                                    "1 attempt".to_string()
+                                } else {
+                                    format!("{} attempts", attempt + 1)
+                                },
+                                start.elapsed().as_secs_f64()
                             ),
                             ..e
                         });
                     }
-                    let wait = self.delay(attempt);
                     if let Some(n) = &self.notice {
                         n(&e, attempt + 1, wait);
                     }
@@ -189,7 +227,69 @@ mod tests {
             attempts: 30,
             first_delay: Duration::from_micros(50),
             max_delay: Duration::from_millis(1),
+            max_total: None,
         }
+    }
+
+    fn failing(kind: BackendErrorKind) -> Result<()> {
+        Err(BackendError {
+            kind,
+            op: "get",
+            path: "config".into(),
+            message: "failed".into(),
+        })
+    }
+
+    /// Nothing listening is retried briefly, however many attempts the policy allows.
+    #[test]
+    fn an_unreachable_address_is_given_up_quickly() {
+        let b = RetryBackend::new(Arc::new(MemBackend::new()), quick());
+        let mut calls = 0;
+        let e = b
+            .run(|_| {
+                calls += 1;
+                failing(BackendErrorKind::Unreachable)
+            })
+            .unwrap_err();
+        assert_eq!(calls, UNREACHABLE_ATTEMPTS);
+        assert!(e.message.contains("is the server running"), "{e}");
+    }
+
+    /// `--retry-for` bounds the time spent retrying, not the number of attempts.
+    #[test]
+    fn max_total_bounds_the_retrying_time() {
+        let policy = RetryPolicy {
+            attempts: 2,
+            first_delay: Duration::from_millis(5),
+            max_delay: Duration::from_millis(5),
+            max_total: Some(Duration::from_millis(60)),
+        };
+        let b = RetryBackend::new(Arc::new(MemBackend::new()), policy);
+        let mut calls = 0;
+        let start = std::time::Instant::now();
+        let e = b
+            .run(|_| {
+                calls += 1;
+                failing(BackendErrorKind::Transient)
+            })
+            .unwrap_err();
+        assert!(calls > 2, "the attempts bound applied instead: {calls}");
+        assert!(start.elapsed() < Duration::from_secs(2));
+        assert!(e.message.contains("--retry-for"), "{e}");
+        // Zero: no retry at all.
+        let b = RetryBackend::new(
+            Arc::new(MemBackend::new()),
+            RetryPolicy {
+                max_total: Some(Duration::ZERO),
+                ..policy
+            },
+        );
+        let mut calls = 0;
+        let _ = b.run(|_| {
+            calls += 1;
+            failing(BackendErrorKind::Transient)
+        });
+        assert_eq!(calls, 1);
     }
 
     /// A third of all calls failing (before or after reaching the store) is invisible

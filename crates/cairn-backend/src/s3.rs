@@ -194,6 +194,16 @@ fn map_err(op: &'static str, path: &str, e: opendal::Error) -> BackendError {
             BackendErrorKind::Other,
             "the bucket does not exist (create it first)".to_string(),
         )
+    } else if text.contains("signing credential") || text.contains("load credential") {
+        (
+            BackendErrorKind::PermissionDenied,
+            "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (with \
+             AWS_SESSION_TOKEN for temporary ones), or name a profile of ~/.aws/credentials \
+             with AWS_PROFILE or --s3-profile"
+                .to_string(),
+        )
+    } else if is_unreachable(&text) {
+        (BackendErrorKind::Unreachable, text)
     } else if text.contains("certificate") {
         // A TLS verification failure does not heal by retrying.
         (
@@ -223,6 +233,15 @@ fn map_err(op: &'static str, path: &str, e: opendal::Error) -> BackendError {
         path: path.to_string(),
         message,
     }
+}
+
+/// Nothing listens at the address, or the name does not resolve: the words of the
+/// operating system and of hyper's resolver, which the HTTP stack passes on.
+pub(crate) fn is_unreachable(text: &str) -> bool {
+    text.contains("Connection refused")
+        || text.contains("dns error")
+        || text.contains("failed to lookup address")
+        || text.contains("No route to host")
 }
 
 /// OpenDAL's messages carry a multi-line context dump; one line is enough here.

@@ -335,6 +335,8 @@ impl ServerBackend {
                 // certificate is refused will not.
                 kind: if is_tls_refusal(&e) {
                     BackendErrorKind::PermissionDenied
+                } else if crate::s3::is_unreachable(&describe(&e)) {
+                    BackendErrorKind::Unreachable
                 } else {
                     BackendErrorKind::Transient
                 },

@@ -4,8 +4,33 @@
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
+/// Shown after `cairn --help`: every variable cairn reads, in one place.
+const ENVIRONMENT: &str = "\
+Environment:
+  CAIRN_REPO                 the repository (as --repo)
+  CAIRN_PASSWORD             the repository's password (init: the new one)
+  CAIRN_PASSWORD_FILE        a file holding it (--password-file wins over both)
+  CAIRN_NEW_PASSWORD[_FILE]  the new password of key add and key passwd
+  CAIRN_FROM_REPO, CAIRN_FROM_PASSWORD[_FILE]
+                             the source repository of copy and init --copy-key-from
+  CAIRN_TOKEN, CAIRN_TOKEN_FILE, CAIRN_SERVER_FINGERPRINT
+                             how to reach a cairn server (cairn+https:// repositories)
+  CAIRN_CACERT               extra CA certificates for https
+  CAIRN_CACHE_DIR            where remote repositories' caches live
+  CAIRN_INDEX_PATH           where the SSD index placement keeps its files
+  CAIRN_LIMIT_UPLOAD, CAIRN_LIMIT_DOWNLOAD
+                             bandwidth limits (as --limit-upload/--limit-download)
+  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE, AWS_REGION
+                             S3 credentials and region";
+
 #[derive(Parser)]
-#[command(name = "cairn", version, about = "Deduplicating, compressing, encrypting backups", long_about = None)]
+#[command(
+    name = "cairn",
+    version,
+    about = "Deduplicating, compressing, encrypting backups",
+    long_about = None,
+    after_help = ENVIRONMENT
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
@@ -36,12 +61,19 @@ pub struct Global {
 /// How to reach remote repositories (and how fast). Every command takes them.
 #[derive(Args, Clone, Default)]
 pub struct RemoteArgs {
-    /// Send at most this many bytes per second to the repository (e.g. 5M, 500K)
+    /// Send at most this many bytes per second to the repository (5M = 5 MiB/s, 500K;
+    /// or bits per second: 100Mbit)
     #[arg(long, env = "CAIRN_LIMIT_UPLOAD", global = true, value_name = "RATE")]
     pub limit_upload: Option<String>,
-    /// Read at most this many bytes per second from the repository
+    /// Read at most this many bytes per second from the repository (as --limit-upload)
     #[arg(long, env = "CAIRN_LIMIT_DOWNLOAD", global = true, value_name = "RATE")]
     pub limit_download: Option<String>,
+    /// How long a call to a remote repository may keep retrying after transient
+    /// failures (timeouts, 5xx, dropped connections): 30s, 10m, 2h; 0 retries
+    /// nothing (default: 8 attempts, about a minute). An address where nothing
+    /// answers fails within seconds either way.
+    #[arg(long, env = "CAIRN_RETRY_FOR", global = true, value_name = "DURATION")]
+    pub retry_for: Option<String>,
     /// Keep no local cache of a remote repository's index, snapshots and trees
     #[arg(long, global = true)]
     pub no_cache: bool,
@@ -257,10 +289,14 @@ pub struct BenchArgs {
     pub index: Option<String>,
     /// With --index: only this placement (ram or ssd), so that the process's peak
     /// memory is that placement's
-    #[arg(long, requires = "index")]
+    #[arg(long = "index-placement", alias = "placement", requires = "index")]
     pub placement: Option<String>,
     /// Scratch directory for the SSD placement's run of --index
-    #[arg(long, default_value = "/var/tmp/cairn-index-bench")]
+    #[arg(
+        long = "index-path",
+        alias = "index-dir",
+        default_value = "/var/tmp/cairn-index-bench"
+    )]
     pub index_dir: std::path::PathBuf,
 }
 
@@ -324,6 +360,9 @@ pub struct InitArgs {
     /// Directory for the SSD placement (default: ~/.cache/cairn/index)
     #[arg(long)]
     pub index_path: Option<PathBuf>,
+    /// How many backup jobs may write at once (default 4); more wait their turn
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_jobs: Option<u32>,
     /// Share this repository's key and chunking (its block size) so that `copy`
     /// between the two sends blobs as they are, reading only what is missing
     #[arg(long, value_name = "REPO")]
@@ -336,11 +375,11 @@ pub struct InitArgs {
 
 #[derive(Args)]
 pub struct IndexArgs {
-    /// Move the index to this placement: ram or ssd
-    #[arg(long)]
+    /// Move the index to this placement: ram or ssd (as `init --index-placement`)
+    #[arg(long = "index-placement", alias = "placement")]
     pub placement: Option<String>,
     /// Directory for the SSD placement's files on this machine
-    #[arg(long)]
+    #[arg(long = "index-path", alias = "path")]
     pub path: Option<PathBuf>,
 }
 
@@ -562,6 +601,12 @@ pub struct ConfigArgs {
     /// dropped connection loses seconds of upload, not minutes.
     #[arg(long, value_name = "SIZE")]
     pub pack_size: Option<String>,
+    /// Not a setting: the block size is fixed at creation (refused with what to do)
+    #[arg(long, hide = true, value_name = "SIZE")]
+    pub block_size: Option<String>,
+    /// Not a setting: encryption is chosen at creation (refused with what to do)
+    #[arg(long, hide = true)]
+    pub no_encryption: bool,
 }
 
 #[derive(Args)]

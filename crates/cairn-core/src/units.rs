@@ -17,8 +17,70 @@ pub fn bytes(n: u64, decimals: usize) -> String {
     }
 }
 
+/// A transfer rate in bytes per second: `500K`, `5M`, `1.5G` (binary units, with an
+/// optional `B`, `iB` or `/s`: `5MiB/s`), a plain number of bytes, or bits per second
+/// with `bit` (`100Mbit`, `1Gbit`: decimal, as network links are sold). Zero and
+/// negative rates are refused: "no limit" is leaving the flag out.
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let bad = || {
+        format!(
+            "rate {s:?}: use bytes per second (500K, 5M, 1G, or a number) or bits per second (100Mbit)"
+        )
+    };
+    let t = s.trim();
+    let t = t.strip_suffix("/s").unwrap_or(t).trim();
+    let lower = t.to_ascii_lowercase();
+    let (num, mult) = if let Some(n) = lower
+        .strip_suffix("bit")
+        .or_else(|| lower.strip_suffix("bps"))
+    {
+        let (n, m) = match n.chars().last() {
+            Some('k') => (&n[..n.len() - 1], 1e3),
+            Some('m') => (&n[..n.len() - 1], 1e6),
+            Some('g') => (&n[..n.len() - 1], 1e9),
+            _ => (n, 1.0),
+        };
+        (n.to_string(), m / 8.0)
+    } else {
+        let n = lower
+            .strip_suffix("ib")
+            .or_else(|| lower.strip_suffix('b'))
+            .unwrap_or(&lower);
+        match n.chars().last() {
+            Some('k') => (n[..n.len() - 1].to_string(), 1024.0),
+            Some('m') => (n[..n.len() - 1].to_string(), 1024.0 * 1024.0),
+            Some('g') => (n[..n.len() - 1].to_string(), 1024.0 * 1024.0 * 1024.0),
+            _ => (n.to_string(), 1.0),
+        }
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !v.is_finite() {
+        return Err(bad());
+    }
+    if v <= 0.0 {
+        return Err(format!(
+            "rate {s:?}: a rate must be above 0 (leave the limit out for none)"
+        ));
+    }
+    Ok(((v * mult) as u64).max(1))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rates_in_bytes_and_bits() {
+        use super::parse_rate;
+        assert_eq!(parse_rate("5M"), Ok(5 << 20));
+        assert_eq!(parse_rate("5MiB/s"), Ok(5 << 20));
+        assert_eq!(parse_rate("500k"), Ok(500 << 10));
+        assert_eq!(parse_rate("1048576"), Ok(1 << 20));
+        assert_eq!(parse_rate("100Mbit"), Ok(12_500_000));
+        assert_eq!(parse_rate("1 Gbit/s"), Ok(125_000_000));
+        assert!(parse_rate("0").unwrap_err().contains("above 0"));
+        assert!(parse_rate("-5M").unwrap_err().contains("above 0"));
+        assert!(parse_rate("5X").unwrap_err().contains("bits per second"));
+    }
+
     #[test]
     fn binary_units() {
         assert_eq!(super::bytes(512, 2), "512 B");

@@ -53,7 +53,9 @@ impl From<BackendError> for ApiError {
             BackendErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             BackendErrorKind::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
             BackendErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, "forbidden"),
-            BackendErrorKind::Transient => (StatusCode::SERVICE_UNAVAILABLE, "transient"),
+            BackendErrorKind::Transient | BackendErrorKind::Unreachable => {
+                (StatusCode::SERVICE_UNAVAILABLE, "transient")
+            }
             BackendErrorKind::Other => (StatusCode::INTERNAL_SERVER_ERROR, "storage"),
         };
         ApiError::new(status, kind, e.message)

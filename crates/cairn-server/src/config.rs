@@ -83,25 +83,9 @@ pub enum Rate {
     Text(String),
 }
 
-/// `500K`, `5M`, `1G`, `1048576` into bytes per second.
+/// A rate flag or setting into bytes per second ([`cairn_core::units::parse_rate`]).
 pub fn parse_rate(s: &str) -> Result<u64, ConfigError> {
-    let bad = || {
-        ConfigError::Invalid(format!(
-            "rate {s:?}: use bytes per second, or a number with K, M or G"
-        ))
-    };
-    let t = s.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    let v: f64 = num.trim().parse().map_err(|_| bad())?;
-    if !v.is_finite() || v <= 0.0 {
-        return Err(bad());
-    }
-    Ok(((v * mult as f64) as u64).max(1))
+    cairn_core::units::parse_rate(s).map_err(ConfigError::Invalid)
 }
 
 fn rate(r: &Option<Rate>) -> Result<Option<u64>, ConfigError> {

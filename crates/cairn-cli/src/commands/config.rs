@@ -4,6 +4,20 @@ use cairn_core::repo::info::RepositoryInfo;
 use cairn_format::config::Compression;
 
 pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
+    if let Some(b) = &a.block_size {
+        anyhow::bail!(
+            "--block-size {b}: the block size is fixed when a repository is created (every \
+             chunk is cut by it, and deduplication needs new data cut the same way); create \
+             one with `cairn init --block-size {b}` and `cairn copy` the snapshots into it"
+        );
+    }
+    if a.no_encryption {
+        anyhow::bail!(
+            "--no-encryption: encryption is chosen when a repository is created; create an \
+             unencrypted one with `cairn init --no-encryption` and `cairn copy` the snapshots \
+             into it (the password can be changed with `cairn key passwd`)"
+        );
+    }
     let p = super::progress(g);
     let mut repo = super::open(g, &p.progress)?;
     if let Some(c) = &a.compression {

@@ -95,7 +95,17 @@ pub fn run(g: &Global, a: &InitArgs) -> Result<i32> {
         .with_context(|| format!("opening {from}"))?;
         opts.shared = Some(cairn_core::repo::SharedKey::of(&src, opts.encryption)?);
     }
-    let repo = init_repo(g, &opts, &p.progress)?;
+    // Checked before anything is created.
+    let most = cairn_format::config::MAX_MAX_CONCURRENT_JOBS;
+    if let Some(n) = a.max_concurrent_jobs
+        && !(1..=most).contains(&n)
+    {
+        bail!("--max-concurrent-jobs {n}: give 1 to {most}");
+    }
+    let mut repo = init_repo(g, &opts, &p.progress)?;
+    if let Some(n) = a.max_concurrent_jobs {
+        repo.set_max_concurrent_jobs(n)?;
+    }
     describe(g, &repo)?;
     Ok(0)
 }

@@ -74,7 +74,11 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
     let r = &g.remote;
     let rate = |v: &Option<String>, what: &str| -> Result<Option<u64>> {
         v.as_deref()
-            .map(|s| parse_size(s).with_context(|| format!("--limit-{what}")))
+            .map(|s| {
+                cairn_core::units::parse_rate(s)
+                    .map_err(anyhow::Error::msg)
+                    .with_context(|| format!("--limit-{what}"))
+            })
             .transpose()
     };
     Ok(StorageOptions {
@@ -95,7 +99,15 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
                 None => CacheChoice::Default,
             }
         },
-        retry: Default::default(),
+        retry: cairn_backend::RetryPolicy {
+            max_total: r
+                .retry_for
+                .as_deref()
+                .map(parse_duration)
+                .transpose()
+                .context("--retry-for")?,
+            ..Default::default()
+        },
         server: cairn_backend::ServerOptions {
             token: server_token(r)?,
             fingerprint: r.server_fingerprint.clone(),
@@ -203,6 +215,24 @@ pub fn out_line(out: &mut impl std::io::Write, line: &str) {
 pub fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
+}
+
+/// Parses a duration such as `30s`, `10m`, `2h` or `90` (seconds).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('s') => (&t[..t.len() - 1], 1.0),
+        Some('m') => (&t[..t.len() - 1], 60.0),
+        Some('h') => (&t[..t.len() - 1], 3600.0),
+        _ => (t, 1.0),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| {
+        anyhow!("invalid duration {s:?}: use a number with s, m or h (30s, 10m, 2h)")
+    })?;
+    if !v.is_finite() || v < 0.0 {
+        anyhow::bail!("invalid duration {s:?}: use a number with s, m or h (30s, 10m, 2h)");
+    }
+    Ok(std::time::Duration::from_secs_f64(v * mult))
 }
 
 /// Parses a size such as `500M`, `2G`, `1.5T` or `4096` (bytes; binary units).

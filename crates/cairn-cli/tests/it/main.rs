@@ -1,6 +1,7 @@
 //! Integration tests: every test drives the real `cairn` binary.
 
 mod bad_input;
+mod cli;
 mod copy;
 mod corruption;
 mod crash;

@@ -231,7 +231,7 @@ impl Repository {
         match cairn_backend::cache::base_dir() {
             Some(base) => Ok(base.join("index")),
             None => Err(Error::Invalid(
-                "no directory for the SSD index: set CAIRN_INDEX_PATH or `cairn index --path`"
+                "no directory for the SSD index: set CAIRN_INDEX_PATH or `cairn index --index-path`"
                     .into(),
             )),
         }

@@ -125,11 +125,16 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
     let notices = progress.clone();
     let retry =
         RetryBackend::new(throttled, policy).with_notice(Box::new(move |e, attempt, wait| {
+            // The number of attempts is known only when attempts bound the retries.
+            let of = match (e.kind, policy.max_total) {
+                (cairn_backend::BackendErrorKind::Unreachable, _) => String::new(),
+                (_, Some(max)) => format!(", retrying for up to {}s", max.as_secs()),
+                (_, None) => format!(" of {}", policy.attempts),
+            };
             notices.notice(format!(
-                "{e}; retrying in {:.1}s (attempt {} of {})",
+                "{e}; retrying in {:.1}s (attempt {}{of})",
                 wait.as_secs_f64(),
                 attempt + 1,
-                policy.attempts
             ));
         }));
     let mut backend: Arc<dyn Backend> = Arc::new(retry);

@@ -1,0 +1,107 @@
+//! A CLI without rough edges: each surprise a new user met, kept fixed.
+
+use crate::util::*;
+
+#[test]
+fn settings_fixed_at_creation_are_refused_with_what_to_do() {
+    let env = Env::new();
+    env.init(&[]);
+    let err = env.fails(&["config", "--block-size", "8K"], 1);
+    assert!(err.contains("fixed when a repository is created"), "{err}");
+    assert!(err.contains("cairn init --block-size 8K"), "{err}");
+    assert!(!err.contains("unexpected argument"), "{err}");
+    let err = env.fails(&["config", "--no-encryption"], 1);
+    assert!(
+        err.contains("encryption is chosen when a repository is created"),
+        "{err}"
+    );
+}
+
+#[test]
+fn init_takes_max_concurrent_jobs_and_the_index_flags_are_spelled_alike() {
+    let env = Env::new();
+    // Refused before anything is created.
+    let err = env.fails(&["init", "--max-concurrent-jobs", "0"], 1);
+    assert!(err.contains("--max-concurrent-jobs 0"), "{err}");
+    assert!(!env.repo.exists());
+    env.init(&["--max-concurrent-jobs", "2", "--index-placement", "ram"]);
+    let c: serde_json::Value = serde_json::from_str(&env.ok(&["config", "--json"])).unwrap();
+    assert_eq!(c["max_concurrent_jobs"], 2, "{c}");
+    // `index` takes init's spelling, and its old one still works.
+    env.ok(&["index", "--index-placement", "ram"]);
+    env.ok(&["index", "--placement", "ram"]);
+    let help = env.ok(&["bench", "--help"]);
+    assert!(
+        help.contains("--index-path") && help.contains("--index-placement"),
+        "{help}"
+    );
+}
+
+#[test]
+fn rates_are_bytes_per_second_bits_are_understood_and_zero_is_refused() {
+    let env = Env::new();
+    env.init(&[]);
+    env.ok(&[
+        "snapshots",
+        "--limit-upload",
+        "100Mbit",
+        "--limit-download",
+        "5MiB/s",
+    ]);
+    let err = env.fails(&["snapshots", "--limit-upload", "0"], 1);
+    assert!(err.contains("above 0"), "{err}");
+    let err = env.fails(&["snapshots", "--limit-download", "5 furlongs"], 1);
+    assert!(err.contains("bytes per second"), "{err}");
+    let help = env.ok(&["--help"]);
+    assert!(help.contains("bytes per second"), "{help}");
+    for var in [
+        "CAIRN_PASSWORD",
+        "CAIRN_PASSWORD_FILE",
+        "CAIRN_REPO",
+        "AWS_PROFILE",
+    ] {
+        assert!(help.contains(var), "{var} missing from --help:\n{help}");
+    }
+}
+
+/// An S3 address where nothing listens fails within seconds, not after a minute and
+/// a half of retries; missing credentials say which variables are looked for.
+#[test]
+fn s3_nothing_listening_fails_fast_and_missing_credentials_are_named() {
+    let mut env = Env::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    env.location = format!("s3:http://127.0.0.1:{port}/bucket");
+    let out = env
+        .cmd(&["snapshots"])
+        .env("AWS_ACCESS_KEY_ID", "a")
+        .env("AWS_SECRET_ACCESS_KEY", "b")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    // Three attempts (a second or two), not the eight of a transient failure.
+    assert!(err.contains("gave up after 3 attempts"), "{err}");
+    assert!(err.contains("is the server running"), "{err}");
+
+    let out = env
+        .cmd(&["snapshots"])
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_PROFILE")
+        .env("HOME", env.path("home"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("AWS_ACCESS_KEY_ID") && err.contains("AWS_PROFILE"),
+        "{err}"
+    );
+
+    let err = Env::new().fails(&["snapshots", "--retry-for", "soon"], 1);
+    assert!(err.contains("--retry-for") && err.contains("30s"), "{err}");
+}

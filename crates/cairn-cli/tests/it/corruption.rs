@@ -170,10 +170,19 @@ fn every_damaged_object_is_found_named_and_repaired() {
                 assert!(rep.contains("dropped"), "{label}: {rep}");
                 let snaps: serde_json::Value =
                     serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+                // The snapshots it replaced are not reported as vanished.
+                assert!(!rep.contains("without forget"), "{label}: {rep}");
                 for s in snaps.as_array().unwrap() {
                     let id = s["id"].as_str().unwrap();
                     let dir = env.path(&format!("all-{}", &id[..8]));
                     env.ok(&["restore", id, "--target", dir.to_str().unwrap()]);
+                    // Its recorded size is what it now holds (what `stats` adds up).
+                    let held: u64 = walk(&dir)
+                        .values()
+                        .filter(|m| m.is_file())
+                        .map(|m| m.len())
+                        .sum();
+                    assert_eq!(s["summary"]["total_bytes"], held, "{label}: {id}");
                 }
             }
         }

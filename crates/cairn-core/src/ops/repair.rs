@@ -341,11 +341,18 @@ pub fn repair_snapshots(
         }
     }
     let new_trees = std::mem::take(&mut rw.new_trees);
+    // The new trees by id, to add up the repaired snapshots' sizes (the index in
+    // memory does not know them yet).
+    let written: HashMap<BlobId, Vec<u8>> = new_trees.iter().cloned().collect();
     if !dry_run && !new_trees.is_empty() {
         store_trees(rw.repo, new_trees)?;
     }
     let repo = rw.repo;
+    // Replaced or removed here: gone from storage by this repair's own doing, not
+    // "deleted without forget".
+    let mut handled: HashSet<SnapshotId> = HashSet::new();
     for (sid, mut snap, new_root, dropped) in changed {
+        handled.insert(sid);
         let mut entry = RepairedSnapshot {
             original: sid.to_hex(),
             new: None,
@@ -353,6 +360,9 @@ pub fn repair_snapshots(
         };
         if let Some(root) = new_root {
             snap.tree = root.to_hex();
+            // The files dropped no longer count in the snapshot's size (nor in
+            // `stats`, which adds these up).
+            snap.summary.total_bytes = file_bytes(repo, &root, &written)?;
             if !snap.tags.iter().any(|t| t == "repaired") {
                 snap.tags.push("repaired".into());
             }
@@ -367,6 +377,7 @@ pub fn repair_snapshots(
         report.repaired.push(entry);
     }
     for e in bad {
+        handled.insert(e.id);
         if !dry_run {
             lock.check_fresh()?;
             forget(repo, e.id)?;
@@ -380,7 +391,7 @@ pub fn repair_snapshots(
     let present: HashSet<SnapshotId> = repo.list_snapshot_ids()?.into_iter().collect();
     let mut vanished: Vec<SnapshotId> = announced
         .iter()
-        .filter(|id| !present.contains(*id) && !forgotten.contains(*id))
+        .filter(|id| !present.contains(*id) && !forgotten.contains(*id) && !handled.contains(*id))
         .copied()
         .collect();
     vanished.sort();
@@ -391,6 +402,29 @@ pub fn repair_snapshots(
         report.vanished_recorded.push(id.to_hex());
     }
     Ok(report)
+}
+
+/// The bytes of the regular files in the tree `root` (what a snapshot's
+/// `total_bytes` records); trees in `new` are taken from there, others read.
+fn file_bytes(repo: &Repository, root: &BlobId, new: &HashMap<BlobId, Vec<u8>>) -> Result<u64> {
+    let mut total = 0u64;
+    let mut todo = vec![*root];
+    while let Some(id) = todo.pop() {
+        let tree = match new.get(&id) {
+            Some(data) => {
+                Tree::decode(data).map_err(|e| Error::damaged(format!("tree {}", id.short()), e))?
+            }
+            None => repo.load_tree(&id)?,
+        };
+        for n in tree.nodes {
+            match n.kind {
+                NodeKind::File => total += n.size,
+                NodeKind::Dir => todo.extend(n.subtree),
+                _ => {}
+            }
+        }
+    }
+    Ok(total)
 }
 
 struct Rewriter<'a, F: Fn(&BlobId) -> bool> {

@@ -53,21 +53,49 @@ fn kib(b: u32) -> String {
 }
 
 fn share(s: f64) -> String {
-    if s >= 1.0 {
+    // A share that rounds to one in one is all of it ("1/1" says nothing).
+    if s <= 0.0 {
+        "none".into()
+    } else if 1.0 / s < 1.5 {
         "all".into()
     } else {
         format!("1/{:.0}", 1.0 / s)
     }
 }
 
-/// The sample shares of every block size, smallest block first ("all" when equal).
+/// The sample shares of the block sizes: one word when they are all the same, else
+/// each with its block size ("4K 1/3, 8K 1/2, 16K all").
 fn shares(e: &Estimate, f: impl Fn(&cairn_plan::estimate::BlockEstimate) -> f64) -> String {
-    let v: Vec<String> = e.block_sizes.iter().map(|x| share(f(x))).collect();
-    if v.iter().all(|x| x == "all") {
-        "all".into()
-    } else {
-        v.join(", ")
+    let v: Vec<(u32, String)> = e
+        .block_sizes
+        .iter()
+        .map(|x| (x.block_size, share(f(x))))
+        .collect();
+    match v.first() {
+        Some((_, first)) if v.iter().all(|(_, s)| s == first) => first.clone(),
+        _ => v
+            .iter()
+            .map(|(b, s)| format!("{} {s}", kib(*b)))
+            .collect::<Vec<_>>()
+            .join(", "),
     }
+}
+
+/// Said when the projection reaches far beyond what was read: deduplication across
+/// that much data (more copies of the same files, more versions) is usually higher
+/// than in a sample, and the sample may not be typical.
+fn small_sample(e: &Estimate) -> Option<String> {
+    let ratio = e.scale_bytes as f64 / e.bytes.max(1) as f64;
+    (ratio >= 100.0).then(|| {
+        format!(
+            "the {} read is 1/{:.0} of the {} projected: the figures below scale the sample, \
+             and deduplication across the whole is usually higher; read a larger, typical \
+             part of the data for a firmer estimate",
+            ui::bytes(e.bytes),
+            ratio,
+            ui::bytes(e.scale_bytes)
+        )
+    })
 }
 
 fn print_text(e: &Estimate) {
@@ -113,6 +141,9 @@ fn print_text(e: &Estimate) {
         );
     }
     println!("\nat {} of protected data:", b(e.scale_bytes));
+    if let Some(note) = small_sample(e) {
+        println!("  note: {note}");
+    }
     println!(
         "  {:<6} {:>14} {:>12} {:>14} {:>24} {:>12} {:>12}",
         "block",
@@ -205,6 +236,23 @@ fn wording(r: &Reason) -> String {
             ram_needed_bytes,
             extra_ram_bytes,
             extra_index_bytes,
+        } if *more_points < 0.05 => format!(
+            "{} would not reduce more ({}), and needs {} more RAM and {} more index",
+            kib(*block_size),
+            if *more_points <= -0.05 {
+                format!("{:.1} points less", -more_points)
+            } else {
+                "the same".to_string()
+            },
+            h(*extra_ram_bytes),
+            h(*extra_index_bytes)
+        ),
+        Reason::SmallerReducesMore {
+            block_size,
+            more_points,
+            ram_needed_bytes,
+            extra_ram_bytes,
+            extra_index_bytes,
         } => format!(
             "{} would reduce {more_points:.1} points more, {}",
             kib(*block_size),
@@ -216,6 +264,21 @@ fn wording(r: &Reason) -> String {
                     h(*extra_index_bytes)
                 ),
             }
+        ),
+        Reason::LargerReducesLess {
+            block_size,
+            fewer_points,
+            saved_ram_bytes,
+            ..
+        } if *fewer_points < 0.05 => format!(
+            "{} would reduce {} and save {} of RAM",
+            kib(*block_size),
+            if *fewer_points <= -0.05 {
+                format!("{:.1} points more", -fewer_points)
+            } else {
+                "as much".to_string()
+            },
+            h(*saved_ram_bytes)
         ),
         Reason::LargerReducesLess {
             block_size,

@@ -105,3 +105,25 @@ fn s3_nothing_listening_fails_fast_and_missing_credentials_are_named() {
     let err = Env::new().fails(&["snapshots", "--retry-for", "soon"], 1);
     assert!(err.contains("--retry-for") && err.contains("30s"), "{err}");
 }
+
+/// `estimate`'s text: no negative "points more", no "1/1" shares, and a note when the
+/// sample is tiny next to the projected scale.
+#[test]
+fn estimate_text_reads_as_english() {
+    let env = Env::new();
+    let src = env.path("data");
+    std::fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(5);
+    for i in 0..20 {
+        std::fs::write(src.join(format!("f{i}")), rng.bytes(200_000, true)).unwrap();
+    }
+    let out = env.ok(&["estimate", src.to_str().unwrap(), "--scale", "10T"]);
+    assert!(!out.contains("reduce -"), "{out}");
+    assert!(!out.contains("1/1,") && !out.contains("1/1 "), "{out}");
+    assert!(
+        out.contains("note: the ") && out.contains("10.00 TiB projected"),
+        "{out}"
+    );
+    let out = env.ok(&["estimate", src.to_str().unwrap()]);
+    assert!(!out.contains("note: the "), "{out}");
+}

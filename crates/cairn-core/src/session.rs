@@ -178,6 +178,8 @@ pub struct Session<A: Access> {
     snapshots: std::sync::OnceLock<Result<SnapshotList, Arc<Error>>>,
     state: Option<IndexState>,
     index_loaded: bool,
+    /// Time spent waiting for a job slot when the session opened.
+    slot_wait: std::time::Duration,
     _access: PhantomData<A>,
 }
 
@@ -204,6 +206,7 @@ impl<A: Access> Session<A> {
             }
             Err(e) => return Err(e),
         };
+        let waiting = std::time::Instant::now();
         if A::JOB_SLOT
             && let Held::Lock(l) = &held
         {
@@ -211,9 +214,13 @@ impl<A: Access> Session<A> {
             lock::wait_for_job_slot(&repo, l, max, progress, |ahead| {
                 progress.phase(Phase::WaitingForJobSlot);
                 let mut m = format!(
-                    "waiting: {} backup jobs are running or queued ahead (max-concurrent-jobs is {max}; \
+                    "waiting: {} running or queued ahead (max-concurrent-jobs is {max}; \
                      change it with `cairn config --max-concurrent-jobs N`):",
-                    ahead.len()
+                    if ahead.len() == 1 {
+                        "1 backup job is".to_string()
+                    } else {
+                        format!("{} backup jobs are", ahead.len())
+                    }
                 );
                 for j in ahead.iter().take(max as usize + 2) {
                     m.push_str("\n  ");
@@ -227,6 +234,7 @@ impl<A: Access> Session<A> {
         } else {
             None
         };
+        let slot_wait = waiting.elapsed();
         progress.phase(Phase::ListingSnapshots);
         let snapshot_ids = repo.list_snapshot_ids()?;
         let mut s = Session {
@@ -238,6 +246,7 @@ impl<A: Access> Session<A> {
             snapshots: std::sync::OnceLock::new(),
             state: None,
             index_loaded: false,
+            slot_wait,
             _access: PhantomData,
         };
         match index {
@@ -394,6 +403,11 @@ impl<A: Access> Session<A> {
             )));
         }
         Ok(found)
+    }
+
+    /// How long opening waited for a job slot (other backups ahead of this one).
+    pub fn slot_wait(&self) -> std::time::Duration {
+        self.slot_wait
     }
 
     /// Whether the session holds a lock (a read session may not).

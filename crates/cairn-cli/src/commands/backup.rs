@@ -150,10 +150,16 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             );
         }
         println!(
-            "duration:  {:.2}s, {} read, {} processed",
+            "duration:  {:.2}s{}, {} read, {} processed, {:.0} files/s",
             d,
+            if r.slot_wait_secs >= 0.05 {
+                format!(" (after {:.1}s waiting for a job slot)", r.slot_wait_secs)
+            } else {
+                String::new()
+            },
             ui::rate(s.bytes_read, d),
-            ui::rate(s.total_bytes, d)
+            ui::rate(s.total_bytes, d),
+            r.files_per_sec
         );
         if s.entries_skipped > 0 {
             println!(

@@ -125,7 +125,7 @@ fn jobs_over_max_concurrent_jobs_wait_their_turn_and_say_so() {
         .unwrap();
     // The second job says that it queues behind the first ...
     let mut events = StderrLines::of(&mut second);
-    let notice = events.wait_for("waiting: 1 backup jobs", minute);
+    let notice = events.wait_for("waiting: 1 backup job is", minute);
     assert!(notice.contains("max-concurrent-jobs is 1"), "{notice}");
     assert!(
         notice.contains("backup lock"),
@@ -145,6 +145,9 @@ fn jobs_over_max_concurrent_jobs_wait_their_turn_and_say_so() {
     assert!(b.status.success(), "{err}");
     let report: serde_json::Value = serde_json::from_slice(&b.stdout).unwrap();
     let began = report["time"].as_str().unwrap();
+    // The wait is reported beside the backup's own duration.
+    assert!(report["slot_wait_secs"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["files_per_sec"].as_f64().unwrap() > 0.0, "{report}");
     assert!(
         began > released.as_str(),
         "the second job began at {began}, before the first was released at {released}"

@@ -93,6 +93,11 @@ pub struct BackupReport {
     /// old and new data), and read again by the next backup.
     pub changed_while_read: Vec<Skipped>,
     pub packs_written: u64,
+    /// Seconds spent waiting for a job slot before the backup began (not part of
+    /// `duration_secs`, which is the backup's own time).
+    pub slot_wait_secs: f64,
+    /// Files in the snapshot per second of the backup's own time.
+    pub files_per_sec: f64,
     /// Lookups in the SSD placement that failed to read its local files: those
     /// chunks were stored again (the snapshot is complete) but not deduplicated.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -323,6 +328,11 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
         skipped: r.skipped,
         changed_while_read: r.changed_while_read,
         packs_written: r.packs_written,
+        slot_wait_secs: session.slot_wait().as_secs_f64(),
+        files_per_sec: {
+            let s = &r.snapshot.summary;
+            (s.files_new + s.files_changed + s.files_unchanged) as f64 / s.duration_secs.max(1e-6)
+        },
         index_lookup_failures,
         server_dedup: session.repo().dedup().map(|d| ServerDedup {
             index_files_read: d.index_files_read,

@@ -7,6 +7,7 @@ use crate::ui;
 use cairn_core::progress::{CancelToken, Event, EventSink, Progress, Status, Ticker};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -49,6 +50,8 @@ pub struct CliSink {
     bar: Option<ProgressBar>,
     /// Serialises JSON lines from several engine threads.
     out: Mutex<()>,
+    /// The bar switched to the upload (after everything was read).
+    uploading: AtomicBool,
 }
 
 impl CliSink {
@@ -67,6 +70,7 @@ impl CliSink {
             mode,
             bar,
             out: Mutex::new(()),
+            uploading: AtomicBool::new(false),
         }
     }
 
@@ -81,6 +85,21 @@ impl CliSink {
     }
 
     fn draw(&self, b: &ProgressBar, s: &Status) {
+        // Everything is read but packs are still on their way (a throttled or slow
+        // link): the bar follows the upload, so it does not sit at 100% with an ETA
+        // of 0s while the backup goes on for minutes.
+        if s.uploading() {
+            if !self.uploading.swap(true, Ordering::Relaxed) {
+                b.reset_eta();
+            }
+            b.set_length(s.upload_queued_bytes);
+            b.set_position(s.upload_done_bytes);
+            b.set_message(format!(
+                "uploading: {} still to send",
+                ui::bytes(s.upload_queued_bytes - s.upload_done_bytes)
+            ));
+            return;
+        }
         match s.bytes_total {
             Some(t) => b.set_length(t),
             None => b.unset_length(),

@@ -90,6 +90,25 @@ pub struct Status {
     /// The item being worked on (a file's path), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub current: Option<String>,
+    /// Bytes of packs handed to the upload, and stored so far: what is still on its
+    /// way to the repository after everything was read (a throttled or slow link).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub upload_queued_bytes: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub upload_done_bytes: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl Status {
+    /// Everything is read, and packs are still being stored: the display shows the
+    /// upload's progress instead of a finished read.
+    pub fn uploading(&self) -> bool {
+        let read_all = self.bytes_total.is_some_and(|t| self.bytes_done >= t);
+        read_all && self.upload_done_bytes < self.upload_queued_bytes
+    }
 }
 
 /// Everything an operation tells its caller while it runs.
@@ -167,6 +186,8 @@ struct Counters {
     files_total: AtomicU64,
     entries_done: AtomicU64,
     warnings: AtomicU64,
+    upload_queued: AtomicU64,
+    upload_done: AtomicU64,
 }
 
 /// `u64::MAX` in a total means "not known".
@@ -288,6 +309,19 @@ impl Progress {
         self.0.counters.bytes_done.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// A pack of `n` bytes was handed to the upload.
+    pub fn upload_queued(&self, n: u64) {
+        self.0
+            .counters
+            .upload_queued
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A pack of `n` bytes was stored.
+    pub fn uploaded(&self, n: u64) {
+        self.0.counters.upload_done.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// A file, directory or other entry finished.
     pub fn entry_done(&self) {
         self.0.counters.entries_done.fetch_add(1, Ordering::Relaxed);
@@ -330,6 +364,8 @@ impl Progress {
             bytes_per_sec: rate,
             eta_secs: eta,
             current: crate::lock(&self.0.current).clone(),
+            upload_queued_bytes: c.upload_queued.load(Ordering::Relaxed),
+            upload_done_bytes: c.upload_done.load(Ordering::Relaxed),
         }
     }
 

@@ -127,3 +127,48 @@ fn estimate_text_reads_as_english() {
     let out = env.ok(&["estimate", src.to_str().unwrap()]);
     assert!(!out.contains("note: the "), "{out}");
 }
+
+/// A throttled upload is visible in the progress: once everything is read, status
+/// events still show bytes queued for upload and not yet stored (the display follows
+/// them instead of sitting at 100%), and the last one shows all of them stored.
+#[test]
+fn progress_follows_a_throttled_upload_after_the_read() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("big"), Rng(9).bytes(3 << 20, false)).unwrap();
+    let out = env
+        .cmd(&[
+            "backup",
+            "--json",
+            "--limit-upload",
+            "1M",
+            src.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let statuses: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["type"] == "status")
+        .collect();
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+    assert!(
+        statuses.iter().any(|v| n(v, "bytes_done") >= 3 << 20
+            && n(v, "upload_done_bytes") < n(v, "upload_queued_bytes")),
+        "no status showed the upload running after the read: {statuses:?}"
+    );
+    let last = statuses.last().unwrap();
+    assert!(n(last, "upload_queued_bytes") >= 3 << 20, "{last}");
+    assert_eq!(
+        n(last, "upload_done_bytes"),
+        n(last, "upload_queued_bytes"),
+        "{last}"
+    );
+}

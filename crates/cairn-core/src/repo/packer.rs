@@ -223,6 +223,8 @@ pub const DEFAULT_UPLOAD_THREADS: usize = 3;
 /// What the upload threads share: packs stored but not yet in an index file, the
 /// counts, and the first error.
 struct UploadShared {
+    /// Told the bytes queued and stored, when the operation shows progress.
+    progress: std::sync::OnceLock<crate::progress::Progress>,
     /// Packs of data, and packs of trees and chunk lists, stored and not yet in an
     /// index file (kept apart so that a backup client of a server reads only the
     /// small files of the second kind), and the blobs in both.
@@ -317,6 +319,7 @@ impl Uploader {
         let threads = threads.max(1);
         let (tx, rx): (Sender<SealedPack>, Receiver<SealedPack>) = bounded(1);
         let shared = Arc::new(UploadShared {
+            progress: std::sync::OnceLock::new(),
             pending: Mutex::new(Pending::default()),
             admin_names: std::sync::atomic::AtomicBool::new(false),
             queued: std::sync::atomic::AtomicU64::new(0),
@@ -381,6 +384,12 @@ impl Uploader {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Reports the bytes queued and stored to `progress` (what a slow link still
+    /// has to carry once everything is read).
+    pub fn set_progress(&self, progress: crate::progress::Progress) {
+        let _ = self.shared.progress.set(progress);
+    }
+
     /// Queues a pack. An error here means the uploader stopped; `finish` says why.
     pub fn send(&self, p: SealedPack) -> Result<()> {
         if lock(&self.shared.failed).is_some() {
@@ -391,6 +400,9 @@ impl Uploader {
                 self.shared
                     .queued
                     .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if let Some(pr) = self.shared.progress.get() {
+                    pr.upload_queued(p.bytes.len() as u64);
+                }
                 tx.send(p).map_err(|_| Error::Interrupted)
             }
             None => Err(Error::Invalid("could not start the upload thread".into())),
@@ -486,6 +498,9 @@ fn upload_loop(
             continue;
         }
         crate::hooks::point("pack:stored");
+        if let Some(pr) = shared.progress.get() {
+            pr.uploaded(p.bytes.len() as u64);
+        }
         {
             let mut st = lock(&shared.stats);
             st.packs += 1;

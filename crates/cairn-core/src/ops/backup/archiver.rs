@@ -189,6 +189,7 @@ pub(crate) fn archive(
     budget: &Budget,
     inflight: &InFlight,
     pack_size: Option<u64>,
+    progress: &crate::progress::Progress,
 ) -> Result<Archived> {
     let level = repo.config().compression.zstd_level();
     let pack_size = pack_size.unwrap_or(repo.config().pack_size.into()) as usize;
@@ -209,6 +210,7 @@ pub(crate) fn archive(
         stored_data: Vec::new(),
         spool: None,
     };
+    st.uploader.set_progress(progress.clone());
     if repo.dedup().is_some() {
         // Through a server, an index file (and its dedup list) after every pack: an
         // interrupted backup then sends again at most the pack that was in flight,

@@ -503,7 +503,7 @@ fn run(
         }
         drop(work_rx);
         drop(res_tx);
-        let archived = archiver::archive(repo, res_rx, budget, inflight, opts.pack_size);
+        let archived = archiver::archive(repo, res_rx, budget, inflight, opts.pack_size, progress);
         if archived.is_err() {
             budget.abort();
         }

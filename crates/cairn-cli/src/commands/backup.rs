@@ -142,6 +142,14 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             ui::bytes(s.data_added_packed),
             ui::bytes(s.data_added)
         );
+        if let Some(d) = &r.concurrent_duplicates {
+            println!(
+                "           of which {} ({}) a backup running at the same time stored too; \
+                 `cairn prune` reclaims the second copy",
+                ui::bytes(d.bytes),
+                ui::count(d.chunks, "chunk")
+            );
+        }
         if let Some(sd) = &r.server_dedup {
             println!(
                 "dedup:     asked the server about chunks ({} known); read {} index files \

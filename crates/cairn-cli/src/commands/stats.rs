@@ -62,6 +62,13 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
         b(o.snapshot_bytes),
         b(o.other_bytes)
     );
+    if o.duplicate_bytes > 0 {
+        println!(
+            "  of the unused: {} are second copies of needed data (backups running at the \
+             same time stored the same new chunks); `cairn prune` reclaims them",
+            b(o.duplicate_bytes)
+        );
+    }
     println!(
         "unique chunks:         {}  (average {})",
         st.unique_chunks,

@@ -171,3 +171,48 @@ fn jobs_over_max_concurrent_jobs_wait_their_turn_and_say_so() {
     let v: serde_json::Value = serde_json::from_str(&env.ok(&["config", "--json"])).unwrap();
     assert_eq!(v["max_concurrent_jobs"], 20);
 }
+
+/// Two backups running at the same time that store the same new data: the one that
+/// finishes second says so (instead of both just reporting it as added), `stats`
+/// shows the second copy as reclaimable, and prune reclaims it.
+#[test]
+fn concurrent_backups_storing_the_same_data_say_so_and_prune_reclaims_it() {
+    let env = Env::new();
+    env.init(&[]);
+    let data = Rng(21).bytes(2 << 20, false);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("same.bin"), &data).unwrap();
+    // A: reads the data from standard input and waits, holding it, until stdin closes.
+    let mut a = env
+        .cmd(&["backup", "--stdin", "--stdin-name", "same.bin", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    a.stdin.as_mut().unwrap().write_all(&data).unwrap();
+    wait_until("A's lock", Duration::from_secs(60), || {
+        backup_locks(&env) == 1
+    });
+    // B: stores the same chunks and commits while A still runs.
+    let b = env.backup_json(&[&src]);
+    assert!(b.get("concurrent_duplicates").is_none(), "{b}");
+    drop(a.stdin.take());
+    let out = a.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ra: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dup = ra["concurrent_duplicates"]["bytes"].as_u64().unwrap_or(0);
+    assert!(dup >= data.len() as u64 * 9 / 10, "{ra}");
+
+    let st = stats(&env);
+    let reclaimable = st["overhead"]["duplicate_bytes"].as_u64().unwrap();
+    assert!(reclaimable > 1 << 20, "{st}");
+    env.ok(&["prune", "--max-unused", "0%"]);
+    assert_eq!(stats(&env)["overhead"]["duplicate_bytes"], 0);
+    env.check_clean();
+}

@@ -34,6 +34,9 @@ pub struct Overhead {
     /// Blobs no selected snapshot needs (forgotten data before prune, duplicate
     /// copies, packs no index lists).
     pub unused_bytes: u64,
+    /// Of `unused_bytes`: second copies of blobs that are needed (backups running at
+    /// the same time that stored the same new data each; prune reclaims them).
+    pub duplicate_bytes: u64,
     pub index_bytes: u64,
     pub snapshot_bytes: u64,
     /// Config, key files, pending-deletion records, dedup lists and a server's host
@@ -42,6 +45,7 @@ pub struct Overhead {
 }
 
 impl Overhead {
+    /// Every item once (`duplicate_bytes` is part of `unused_bytes`).
     pub fn total(&self) -> u64 {
         self.envelope_bytes
             + self.metadata_bytes
@@ -204,7 +208,7 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
     // Pack bytes: blob entries (from every index file and pending record, each pack
     // once) versus the pack's size; the difference is its header and trailer.
     // An entry is unused unless it is the copy of a needed blob the index chose.
-    let mut entries: HashMap<PackId, (u64, u64)> = HashMap::new();
+    let mut entries: HashMap<PackId, (u64, u64, u64)> = HashMap::new();
     let lists = state
         .live
         .iter()
@@ -214,23 +218,29 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
         entries.entry(p.id).or_insert_with(|| {
             let mut total = 0u64;
             let mut unused = 0u64;
+            let mut duplicate = 0u64;
             for b in &p.blobs {
                 total += u64::from(b.length);
-                let chosen = used.contains(&b.id)
+                let needed = used.contains(&b.id);
+                let chosen = needed
                     && index
                         .get(&b.id)
                         .is_some_and(|l| index.pack_of(&l) == p.id && l.offset == b.offset);
                 if !chosen {
                     unused += u64::from(b.length);
+                    if needed {
+                        duplicate += u64::from(b.length);
+                    }
                 }
             }
-            (total, unused)
+            (total, unused, duplicate)
         });
     }
     for (id, size) in &packs {
         match entries.get(id) {
-            Some((total, unused)) if total <= size => {
+            Some((total, unused, duplicate)) if total <= size => {
                 st.overhead.unused_bytes += unused;
+                st.overhead.duplicate_bytes += duplicate;
                 st.overhead.pack_header_bytes += size - total;
             }
             // A pack no index describes is unused space as a whole.

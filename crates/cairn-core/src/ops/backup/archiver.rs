@@ -25,6 +25,8 @@ pub(crate) struct Archived {
     pub packs: u64,
     /// Data chunks this run stored (through a server: remembered for the next).
     pub stored_data: Vec<BlobId>,
+    /// The index files this run wrote.
+    pub index_files: Vec<cairn_format::IndexId>,
 }
 
 struct OpenFile {
@@ -240,6 +242,7 @@ pub(crate) fn archive(
             changed_while_read,
             packs: up.packs,
             stored_data: std::mem::take(&mut st.stored_data),
+            index_files: up.index_files,
         }),
     }
 }

@@ -40,6 +40,7 @@ use cairn_format::snapshot::{Snapshot, SnapshotSummary};
 use cairn_format::tree::Node;
 use cairn_format::{BlobId, SnapshotId};
 use crossbeam_channel::bounded;
+use std::collections::HashSet;
 use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,6 +103,10 @@ pub struct BackupReport {
     /// chunks were stored again (the snapshot is complete) but not deduplicated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index_lookup_failures: Option<LookupFailures>,
+    /// Data this backup added that a backup running at the same time stored too
+    /// (each copy was counted as added by its backup; prune reclaims one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrent_duplicates: Option<ConcurrentDuplicates>,
     /// Set when the storage (a cairn server) answered dedup queries instead of the
     /// whole index being read.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -319,6 +324,18 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
         d.remember(&r.stored_data);
     }
     let index_lookup_failures = LookupFailures::of(session.repo());
+    // After the commit: a failure to read the others' index files only loses the
+    // note, never the snapshot.
+    let concurrent_duplicates = if session.repo().dedup().is_none() {
+        concurrent_duplicates(session.repo(), &r.index_before, &r.index_files).unwrap_or_else(|e| {
+            progress.warning_msg(format!(
+                "could not compare with backups that ran at the same time: {e}"
+            ));
+            None
+        })
+    } else {
+        None
+    };
     Ok(BackupReport {
         snapshot_id,
         parent: r.parent,
@@ -334,6 +351,7 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
             (s.files_new + s.files_changed + s.files_unchanged) as f64 / s.duration_secs.max(1e-6)
         },
         index_lookup_failures,
+        concurrent_duplicates,
         server_dedup: session.repo().dedup().map(|d| ServerDedup {
             index_files_read: d.index_files_read,
             chunks_known: d.chunks_known,
@@ -349,6 +367,69 @@ struct Ran {
     changed_while_read: Vec<Skipped>,
     packs_written: u64,
     stored_data: Vec<BlobId>,
+    index_files: Vec<cairn_format::IndexId>,
+    /// Index files that existed when the backup began.
+    index_before: HashSet<cairn_format::IndexId>,
+}
+
+/// Data this backup stored that another backup, running at the same time, stored
+/// too: both copies are in packs now, and prune reclaims one.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ConcurrentDuplicates {
+    pub chunks: u64,
+    /// Plaintext bytes of those chunks.
+    pub bytes: u64,
+}
+
+/// Most blobs read from other backups' new index files to look for duplicates: past
+/// this the check is skipped (it is a report, not a correctness matter).
+const DUPLICATE_CHECK_MAX_BLOBS: usize = 4_000_000;
+
+/// Compares the data chunks this backup indexed (`ours`) with those of index files
+/// other writers added while it ran (all not in `before` and not ours).
+fn concurrent_duplicates(
+    repo: &Repository,
+    before: &HashSet<cairn_format::IndexId>,
+    ours: &[cairn_format::IndexId],
+) -> Result<Option<ConcurrentDuplicates>> {
+    let ours_set: HashSet<_> = ours.iter().copied().collect();
+    let others: Vec<_> = repo
+        .list_index_files()?
+        .into_iter()
+        .filter(|id| !before.contains(id) && !ours_set.contains(id))
+        .collect();
+    if others.is_empty() || ours.is_empty() {
+        return Ok(None);
+    }
+    let mut theirs: HashSet<BlobId> = HashSet::new();
+    for id in &others {
+        // A file that went away meanwhile (prune superseding it) holds nothing new.
+        let Ok(f) = repo.read_index_file(id) else {
+            continue;
+        };
+        for p in &f.packs {
+            theirs.extend(
+                p.blobs
+                    .iter()
+                    .filter(|b| b.kind == cairn_format::pack::BlobKind::Data)
+                    .map(|b| b.id),
+            );
+        }
+        if theirs.len() > DUPLICATE_CHECK_MAX_BLOBS {
+            return Ok(None);
+        }
+    }
+    let mut dup = ConcurrentDuplicates::default();
+    for id in ours {
+        let f = repo.read_index_file(id)?;
+        for b in f.packs.iter().flat_map(|p| p.blobs.iter()) {
+            if b.kind == cairn_format::pack::BlobKind::Data && theirs.contains(&b.id) {
+                dup.chunks += 1;
+                dup.bytes += u64::from(b.raw_length);
+            }
+        }
+    }
+    Ok((dup.chunks > 0).then_some(dup))
 }
 
 /// Everything before the commit: stores every new blob and builds the snapshot.
@@ -361,6 +442,13 @@ fn run(
 ) -> Result<Ran> {
     let start = Instant::now();
     let started_at = crate::time::now_rfc3339();
+    // To tell, at the end, which index files other backups wrote meanwhile. Through
+    // a server, chunks another client is sending are waited for, never stored twice.
+    let index_before: HashSet<cairn_format::IndexId> = if repo.dedup().is_none() {
+        repo.list_index_files()?.into_iter().collect()
+    } else {
+        HashSet::new()
+    };
     let host = opts.host.clone().unwrap_or_else(crate::repo::hostname);
     let excludes = source::Excludes::new(&opts.excludes).map_err(Error::Invalid)?;
     if let Some(n) = opts.pack_size {
@@ -546,6 +634,8 @@ fn run(
         changed_while_read: archived.changed_while_read,
         packs_written: archived.packs,
         stored_data: archived.stored_data,
+        index_files: archived.index_files,
+        index_before,
     })
 }
 

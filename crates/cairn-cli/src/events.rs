@@ -89,14 +89,19 @@ impl CliSink {
         // link): the bar follows the upload, so it does not sit at 100% with an ETA
         // of 0s while the backup goes on for minutes.
         if s.uploading() {
-            if !self.uploading.swap(true, Ordering::Relaxed) {
-                b.reset_eta();
+            // Packs are counted when stored whole, so no rate or ETA is shown for
+            // them: the bar and what is still to send say where the upload is.
+            if !self.uploading.swap(true, Ordering::Relaxed)
+                && let Ok(style) = ProgressStyle::with_template("{elapsed_precise} {bar:30} {msg}")
+            {
+                b.set_style(style);
             }
             b.set_length(s.upload_queued_bytes);
             b.set_position(s.upload_done_bytes);
             b.set_message(format!(
-                "uploading: {} still to send",
-                ui::bytes(s.upload_queued_bytes - s.upload_done_bytes)
+                "everything read; uploading: {} of {} stored",
+                ui::bytes(s.upload_done_bytes),
+                ui::bytes(s.upload_queued_bytes)
             ));
             return;
         }

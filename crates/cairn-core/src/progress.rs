@@ -96,6 +96,9 @@ pub struct Status {
     pub upload_queued_bytes: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub upload_done_bytes: u64,
+    /// Everything the operation reads was read (what is left is storing it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub read_done: bool,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -106,8 +109,7 @@ impl Status {
     /// Everything is read, and packs are still being stored: the display shows the
     /// upload's progress instead of a finished read.
     pub fn uploading(&self) -> bool {
-        let read_all = self.bytes_total.is_some_and(|t| self.bytes_done >= t);
-        read_all && self.upload_done_bytes < self.upload_queued_bytes
+        self.read_done && self.upload_done_bytes < self.upload_queued_bytes
     }
 }
 
@@ -188,6 +190,7 @@ struct Counters {
     warnings: AtomicU64,
     upload_queued: AtomicU64,
     upload_done: AtomicU64,
+    read_done: AtomicBool,
 }
 
 /// `u64::MAX` in a total means "not known".
@@ -317,6 +320,11 @@ impl Progress {
             .fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Everything was read; what remains is storing it.
+    pub fn read_done(&self) {
+        self.0.counters.read_done.store(true, Ordering::Relaxed);
+    }
+
     /// A pack of `n` bytes was stored.
     pub fn uploaded(&self, n: u64) {
         self.0.counters.upload_done.fetch_add(n, Ordering::Relaxed);
@@ -366,6 +374,7 @@ impl Progress {
             current: crate::lock(&self.0.current).clone(),
             upload_queued_bytes: c.upload_queued.load(Ordering::Relaxed),
             upload_done_bytes: c.upload_done.load(Ordering::Relaxed),
+            read_done: c.read_done.load(Ordering::Relaxed),
         }
     }
 

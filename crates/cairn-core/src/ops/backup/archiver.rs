@@ -221,6 +221,8 @@ pub(crate) fn archive(
             .set_index_flush(crate::repo::packer::INDEX_FLUSH_BLOBS, 1);
     }
     let r = run(&mut st, rx, budget).and_then(|root| {
+        // Every item was received: what is left is storing the last packs.
+        progress.read_done();
         send_held_if_missing(&mut st)?;
         if let Some(p) = st.data.finish() {
             st.uploader.send(p)?;

@@ -14,6 +14,7 @@ mod hostile;
 mod jobs;
 mod keys;
 mod maintenance;
+mod mount;
 mod placement;
 mod remote;
 mod restore_race;

@@ -365,3 +365,45 @@ fn sigterm_or_an_outside_unmount_leaves_no_mount_behind() {
     assert!(log.contains("detached"), "{log}");
     assert!(!is_mounted(&mnt));
 }
+
+#[test]
+fn a_server_that_goes_away_gives_eio_within_seconds_not_a_hang() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(21);
+    let first = rng.bytes(400_000, false);
+    fs::write(src.join("first.bin"), &first).unwrap();
+    fs::write(src.join("second.bin"), rng.bytes(400_000, false)).unwrap();
+    env.backup(&[&src]);
+    let srv = crate::server::Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let token = srv.token("mount", "main", "admin");
+    let mnt = env.path("mnt");
+    let c = crate::server::client_cmd(
+        &env,
+        &srv,
+        "main",
+        &token,
+        &["mount", mnt.to_str().unwrap()],
+    );
+    let mut m = Mount::spawn(c, &mnt);
+    let dir = inside(&mnt.join("latest"), &src);
+    assert!(fs::read(dir.join("first.bin")).unwrap() == first);
+    drop(srv);
+    // Retried for a few seconds, then EIO; the mount keeps answering.
+    let t = Instant::now();
+    let err = fs::read(dir.join("second.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    assert_eq!(names(&dir), ["first.bin", "second.bin"]);
+    assert!(fs::read(dir.join("first.bin")).unwrap() == first, "cached");
+    m.lines
+        .as_mut()
+        .unwrap()
+        .wait_for("second.bin", Duration::from_secs(10));
+    m.signal(nix::sys::signal::Signal::SIGTERM);
+    let (status, log) = m.wait(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}: {log}");
+    assert!(!is_mounted(&mnt));
+}

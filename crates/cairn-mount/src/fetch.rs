@@ -10,6 +10,7 @@ use cairn_core::session::{Read, Session};
 use cairn_format::BlobId;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 pub type Blob = Arc<[u8]>;
@@ -27,6 +28,8 @@ pub struct Fetcher {
 struct Shared {
     cache: Arc<BlobCache>,
     inflight: Mutex<HashMap<BlobId, Arc<Pending>>>,
+    /// Set at unmount: queued read-ahead is dropped instead of read.
+    stopping: AtomicBool,
 }
 
 #[derive(Default)]
@@ -48,6 +51,7 @@ impl Fetcher {
         let shared = Arc::new(Shared {
             cache,
             inflight: Mutex::new(HashMap::new()),
+            stopping: AtomicBool::new(false),
         });
         let (tx, rx) = crossbeam_channel::bounded::<Job>(QUEUE);
         for i in 0..workers.max(1) {
@@ -56,12 +60,22 @@ impl Fetcher {
                 .name(format!("mount-fetch-{i}"))
                 .spawn(move || {
                     for job in rx {
-                        let r = fetch(&job.session, &job.id);
+                        let r = if shared.stopping.load(Ordering::Relaxed) {
+                            Err(Arc::new(Error::Interrupted))
+                        } else {
+                            fetch(&job.session, &job.id)
+                        };
                         shared.complete(&job.id, &job.pending, r);
                     }
                 });
         }
         Fetcher { shared, tx }
+    }
+
+    /// Drops read-ahead not yet started (at unmount, so that the session it holds
+    /// ends).
+    pub fn stop(&self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
     }
 
     /// The blob, from the cache, from a fetch already under way, or read now.

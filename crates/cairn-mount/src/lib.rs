@@ -264,6 +264,7 @@ impl Mounted {
                 }),
             },
         };
+        self.state.fetch.stop();
         self.state.sessions.close();
         r
     }
@@ -276,6 +277,7 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
+        self.state.fetch.stop();
         self.state.sessions.close();
     }
 }

@@ -22,7 +22,7 @@ use cairn_core::repo::blobcache::BlobCache;
 use cairn_core::session::{IndexLoad, Read, Session};
 use cairn_core::{Error, Repository, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +40,9 @@ pub struct Sessions {
     listing: Mutex<(Arc<Listing>, Instant)>,
     closed: AtomicBool,
     opened: std::sync::atomic::AtomicU64,
+    /// The newest session, to wait at unmount until every reader let go of it
+    /// (its lock is removed then).
+    last: Mutex<Weak<Session<Read>>>,
     log: Log,
 }
 
@@ -66,6 +69,7 @@ impl Sessions {
             listing: Mutex::new((Arc::new(Listing::default()), Instant::now())),
             closed: AtomicBool::new(false),
             opened: Default::default(),
+            last: Mutex::new(Weak::new()),
             log,
         };
         s.get()?;
@@ -99,6 +103,7 @@ impl Sessions {
         }
         *lock(&self.listing) = (Arc::new(list), Instant::now());
         let session = Arc::new(session);
+        *lock(&self.last) = Arc::downgrade(&session);
         let now = Instant::now();
         *cur = Some(Cached {
             session: session.clone(),
@@ -148,9 +153,16 @@ impl Sessions {
         self.opened.load(Ordering::Relaxed)
     }
 
-    /// Ends the session for good: none is opened after this.
+    /// Ends the session for good: none is opened after this. Waits (a few seconds
+    /// at most) for requests still reading with it, so that its lock is removed
+    /// before the process ends.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Relaxed);
         lock(&self.current).take();
+        let last = lock(&self.last).clone();
+        let t = Instant::now();
+        while last.strong_count() > 0 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }

@@ -142,6 +142,13 @@ pub struct MountArgs {
     /// (tests shorten it)
     #[arg(long, default_value_t = 30, hide = true)]
     pub idle_secs: u64,
+    /// Threads answering the kernel
+    #[arg(long, default_value_t = 4, hide = true)]
+    pub threads: usize,
+    /// Show no extended attributes: `ls -l` then asks nothing per file (it asks
+    /// for an SELinux label and an ACL of each, two round trips through FUSE)
+    #[arg(long)]
+    pub no_xattrs: bool,
 }
 
 #[derive(Args)]

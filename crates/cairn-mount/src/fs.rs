@@ -50,6 +50,7 @@ pub struct State {
     /// The owner of the top-level directories (the user who mounted).
     owner: (u32, u32),
     pub log: Log,
+    xattrs: bool,
 }
 
 /// An open directory: what it lists, fixed when it was opened.
@@ -161,7 +162,13 @@ pub fn node_attr(n: &Node) -> FileAttr {
 }
 
 impl State {
-    pub fn new(sessions: Sessions, trees: TreeCache, fetch: Fetcher, log: Log) -> State {
+    pub fn new(
+        sessions: Sessions,
+        trees: TreeCache,
+        fetch: Fetcher,
+        log: Log,
+        xattrs: bool,
+    ) -> State {
         State {
             sessions,
             table: Mutex::new(Table::default()),
@@ -175,6 +182,7 @@ impl State {
                 nix::unistd::getegid().as_raw(),
             ),
             log,
+            xattrs,
         }
     }
 
@@ -525,12 +533,18 @@ pub struct CairnFs(pub Arc<State>);
 impl Filesystem for CairnFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Listings carry every entry's attributes; symlink targets are cached
-        // (they never change); lookups in different directories run in parallel.
-        for cap in [
+        // (they never change); lookups in different directories run in parallel;
+        // the kernel enforces recorded POSIX ACLs and keeps each inode's ACL once
+        // read (`ls -l` asks for it on every file).
+        let mut caps = vec![
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
-        ] {
+        ];
+        if self.0.xattrs {
+            caps.push(InitFlags::FUSE_POSIX_ACL);
+        }
+        for cap in caps {
             let _ = config.add_capabilities(cap);
         }
         let _ = config.set_max_readahead(1 << 20);
@@ -837,6 +851,9 @@ impl Filesystem for CairnFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let st = &self.0;
+        if !st.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         match st.what(ino.0) {
             Ok(What::Entry {
                 has_xattrs: true, ..
@@ -867,6 +884,9 @@ impl Filesystem for CairnFs {
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let st = &self.0;
+        if !st.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         let names: Vec<u8> = match st.what(ino.0) {
             Ok(What::Entry {
                 has_xattrs: true, ..

@@ -58,6 +58,10 @@ pub struct MountOptions {
     pub threads: usize,
     /// Threads reading ahead of sequential readers.
     pub fetch_threads: usize,
+    /// Show extended attributes. Without them the kernel stops asking for any
+    /// (the first request is answered "not implemented"), which spares `ls -l`
+    /// two round trips per file (an SELinux label and an ACL).
+    pub xattrs: bool,
 }
 
 impl Default for MountOptions {
@@ -72,6 +76,7 @@ impl Default for MountOptions {
             listing_refresh: Duration::from_secs(60),
             threads: 4,
             fetch_threads: 4,
+            xattrs: true,
         }
     }
 }
@@ -171,6 +176,7 @@ pub fn mount(
         trees::TreeCache::new(opts.tree_cache_bytes),
         fetch::Fetcher::new(cache, opts.fetch_threads),
         log,
+        opts.xattrs,
     ));
     {
         let listing = state.sessions.listing();

@@ -34,6 +34,8 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
         allow_other: a.allow_other,
         cache_bytes: usize::try_from(cache_bytes).unwrap_or(usize::MAX),
         session_idle: Duration::from_secs(a.idle_secs.max(1)),
+        threads: a.threads.clamp(1, 64),
+        xattrs: !a.no_xattrs,
         ..MountOptions::default()
     };
     let sink: ErrorSink = Arc::new(|m: &str| eprintln!("cairn mount: error: {m}"));

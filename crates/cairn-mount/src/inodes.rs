@@ -127,6 +127,11 @@ impl Table {
         self.inodes.len()
     }
 
+    /// Never true once built: the root is always there.
+    pub fn is_empty(&self) -> bool {
+        self.inodes.is_empty()
+    }
+
     /// The inode for `name` in `parent`, made by `make` if the kernel holds none;
     /// counts one lookup. A hard-linked file (`link`) found under another name
     /// gets that name's inode.

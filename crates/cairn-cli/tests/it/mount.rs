@@ -311,7 +311,7 @@ fn prune_completes_while_a_mount_is_open_and_idle() {
         fs::read(inside(&mnt.join("snapshots").join(&sb), &b).join("kept.bin")).unwrap() == kept
     );
     std::thread::sleep(Duration::from_millis(1100));
-    assert_eq!(names(&mnt.join("snapshots")), [sb.clone()]);
+    assert_eq!(names(&mnt.join("snapshots")), vec![sb.clone()]);
     assert_eq!(
         fs::read_link(mnt.join("latest")).unwrap(),
         PathBuf::from(format!("snapshots/{sb}"))

@@ -118,6 +118,8 @@ mod tests {
         assert!(c.get(&id(5)).is_some());
         c.insert(id(9), vec![9; 600].into()); // over a quarter: not cached
         assert!(c.get(&id(9)).is_none());
+        // Asking whether it is there counts nothing.
+        assert!(c.contains(&id(5)) && !c.contains(&id(1)));
         let (hits, misses) = c.stats();
         assert_eq!((hits, misses), (3, 2));
     }

@@ -391,10 +391,14 @@ impl State {
     }
 
     fn lookup_in(&self, parent: u64, name: &[u8]) -> Res<(u64, FileAttr, bool)> {
-        let (what, parent_name) = {
+        let (what, parent_name, is_dir) = {
             let t = lock(&self.table);
             let i = t.get(parent).ok_or(Failure::of(Errno::ENOENT))?;
-            (i.what.clone(), i.name.clone())
+            (
+                i.what.clone(),
+                i.name.clone(),
+                i.attr.kind == FileType::Directory,
+            )
         };
         match what {
             What::SnapRoot { snap, tree } => self
@@ -407,6 +411,8 @@ impl State {
             } => self
                 .tree_lookup(parent, snap, t, &parent_name, name)
                 .map(|(i, a)| (i, a, true)),
+            // A directory recorded without a tree (nothing below it).
+            What::Entry { .. } if is_dir => Err(Failure::of(Errno::ENOENT)),
             What::Entry { .. } => Err(Failure::of(Errno::ENOTDIR)),
             What::Top | What::Hosts | What::Snapshots | What::Host(_) => {
                 self.sessions.refresh_if_stale();
@@ -452,10 +458,14 @@ impl State {
     }
 
     fn open_dir(&self, ino: u64) -> Res<DirList> {
-        let (what, name) = {
+        let (what, name, is_dir) = {
             let t = lock(&self.table);
             let i = t.get(ino).ok_or(Failure::of(Errno::ENOENT))?;
-            (i.what.clone(), i.name.clone())
+            (
+                i.what.clone(),
+                i.name.clone(),
+                i.attr.kind == FileType::Directory,
+            )
         };
         match what {
             What::SnapRoot { snap, tree } => Ok(DirList::Tree {
@@ -472,6 +482,7 @@ impl State {
                 id: t,
                 tree: self.tree(&t, &name)?,
             }),
+            What::Entry { .. } if is_dir => Ok(DirList::Virtual(Vec::new())),
             What::Entry { .. } | What::Latest | What::HostLatest(_) | What::ShortId(_) => {
                 Err(Failure::of(Errno::ENOTDIR))
             }

@@ -21,6 +21,8 @@ command -v unzip >/dev/null || need_apt+=(unzip)
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v node >/dev/null || need_apt+=(nodejs)
 command -v npm >/dev/null || need_apt+=(npm)
+# `cairn mount` tests mount FUSE file systems and unmount them from outside.
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null

@@ -157,6 +157,36 @@ pub enum Command {
     Index(IndexArgs),
     /// Serve datastores to cairn clients over HTTPS (recovery-point server)
     Serve(ServeArgs),
+    /// Show snapshots as a read-only file system (FUSE) until unmounted
+    Mount(MountArgs),
+}
+
+#[derive(Args)]
+pub struct MountArgs {
+    /// Directory to mount at (an existing, preferably empty directory)
+    pub dir: PathBuf,
+    /// Mount only this snapshot's tree (id prefix or "latest") instead of every
+    /// snapshot under hosts/, snapshots/ and latest
+    #[arg(long)]
+    pub snapshot: Option<String>,
+    /// Let other users see the mount (the kernel still checks each file's owner
+    /// and mode; as non-root needs user_allow_other in /etc/fuse.conf)
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Memory for recently read file content (e.g. 64M, 1G)
+    #[arg(long, default_value = "64M", value_name = "SIZE")]
+    pub cache_size: String,
+    /// Seconds without a request after which the read session and its lock end
+    /// (tests shorten it)
+    #[arg(long, default_value_t = 30, hide = true)]
+    pub idle_secs: u64,
+    /// Threads answering the kernel
+    #[arg(long, default_value_t = 4, hide = true)]
+    pub threads: usize,
+    /// Show no extended attributes: `ls -l` then asks nothing per file (it asks
+    /// for an SELinux label and an ACL of each, two round trips through FUSE)
+    #[arg(long)]
+    pub no_xattrs: bool,
 }
 
 #[derive(Args)]

@@ -75,6 +75,7 @@ fn main() {
             | args::Command::Check(_)
             | args::Command::Prune(_)
             | args::Command::Stats(_)
+            | args::Command::Mount(_)
     ) {
         cancel_on_signals();
     }

@@ -17,6 +17,7 @@ mod index;
 mod init;
 mod key;
 mod ls;
+mod mount;
 mod prune;
 mod repair;
 mod restore;
@@ -58,6 +59,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Forget(a) => forget::run(g, &a),
         Command::Copy(a) => copy::run(g, &a),
         Command::Serve(a) => serve::run(g, &a),
+        Command::Mount(a) => mount::run(g, &a),
     }
 }
 

@@ -16,6 +16,7 @@ mod jobs;
 mod keys;
 mod look;
 mod maintenance;
+mod mount;
 mod placement;
 mod remote;
 mod restore_over;

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// A running `cairn serve`, stopped (SIGTERM) on drop.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     lines: Option<StderrLines>,
     port: u16,
@@ -20,7 +20,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(state: &Path, datastores: &[(&str, &Path)], insecure: bool) -> Server {
+    pub(crate) fn start(state: &Path, datastores: &[(&str, &Path)], insecure: bool) -> Server {
         Self::start_on(0, state, datastores, insecure)
     }
 
@@ -109,7 +109,7 @@ impl Server {
     }
 
     /// Adds a token with the CLI (as an admin would, while the server runs).
-    fn token(&self, name: &str, ds: &str, role: &str) -> String {
+    pub(crate) fn token(&self, name: &str, ds: &str, role: &str) -> String {
         let o = Command::new(bin())
             .args([
                 "serve",
@@ -157,7 +157,7 @@ fn client(env: &Env, srv: &Server, ds: &str, token: &str, args: &[&str]) -> std:
 
 /// A client command against the server with `token` (pinning the server's
 /// certificate when it has one), to run or spawn.
-fn client_cmd(env: &Env, srv: &Server, ds: &str, token: &str, args: &[&str]) -> Command {
+pub(crate) fn client_cmd(env: &Env, srv: &Server, ds: &str, token: &str, args: &[&str]) -> Command {
     let mut c = Command::new(bin());
     c.arg("--repo").arg(srv.location(ds)).args(args);
     c.env("CAIRN_PASSWORD", PASSWORD)

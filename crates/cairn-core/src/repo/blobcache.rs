@@ -45,6 +45,12 @@ impl BlobCache {
         found
     }
 
+    /// Whether the blob is cached, without counting a hit or a miss or making it
+    /// more recent (a reader about to fetch ahead asks this).
+    pub fn contains(&self, id: &BlobId) -> bool {
+        crate::lock(&self.inner).map.contains(id)
+    }
+
     pub fn insert(&self, id: BlobId, data: Arc<[u8]>) {
         if data.len() > self.limit / 4 {
             return; // one blob may not push out most of the cache
@@ -83,6 +89,15 @@ impl Repository {
     pub fn blob_cache(&self) -> &BlobCache {
         &self.blob_cache
     }
+
+    /// Reads through `cache` from now on instead of this handle's own. A
+    /// long-lived reader that reopens the repository now and then (a mount) keeps
+    /// one cache across its handles, with a byte limit of its choosing; blobs are
+    /// named by their content, so what one handle cached is right for the next.
+    pub fn with_blob_cache(mut self, cache: Arc<BlobCache>) -> Repository {
+        self.blob_cache = cache;
+        self
+    }
 }
 
 #[cfg(test)]
@@ -103,6 +118,8 @@ mod tests {
         assert!(c.get(&id(5)).is_some());
         c.insert(id(9), vec![9; 600].into()); // over a quarter: not cached
         assert!(c.get(&id(9)).is_none());
+        // Asking whether it is there counts nothing.
+        assert!(c.contains(&id(5)) && !c.contains(&id(1)));
         let (hits, misses) = c.stats();
         assert_eq!((hits, misses), (3, 2));
     }

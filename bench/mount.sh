@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# `cairn mount` against its targets (issue #18): copying a large file out of the
+# mount vs `cairn restore` of it, `ls -l` of a directory of 100,000 files, and the
+# mount's RSS along the way. Needs root (drop_caches) and FUSE; ~2 minutes.
+#   bench/mount.sh [--size 1G] [--files 100000] [--keep DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+size=1G files=100000 work=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --size) size=$2; shift 2 ;;
+    --files) files=$2; shift 2 ;;
+    --keep) work=$2; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+cargo build --release -q -p cairn-cli
+bin=${CARGO_TARGET_DIR:-target}/release/cairn
+[ -n "$work" ] || { work=$(mktemp -d); trap 'fusermount3 -u "$work/mnt" 2>/dev/null || true; rm -rf "$work"' EXIT; }
+export CAIRN_REPO=$work/repo CAIRN_PASSWORD=bench
+mkdir -p "$work/src/big" "$work/src/many" "$work/mnt"
+head -c "$size" /dev/urandom > "$work/src/big/large.bin"
+python3 -c "
+import os, sys
+for i in range(int(sys.argv[2])): open(os.path.join(sys.argv[1], 'f%07d' % i), 'w').write(str(i))
+" "$work/src/many" "$files"
+"$bin" init -q
+big=$("$bin" backup --json "$work/src/big" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["snapshot_id"])')
+many=$("$bin" backup --json "$work/src/many" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["snapshot_id"])')
+cold() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+t() { local s; s=$(date +%s.%N); "$@" >/dev/null; python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$s" "$(date +%s.%N)"; }
+rss() { grep VmRSS "/proc/$pid/status" | awk '{print $2 " kB"}'; }
+cold; echo "restore of the large file (cold cache): $(t "$bin" restore -q "$big" --target "$work/restored") s"
+rm -rf "$work/restored"
+"$bin" mount "$work/mnt" --idle-secs 5 2>"$work/mount.log" & pid=$!
+for _ in $(seq 100); do grep -q mounted "$work/mount.log" 2>/dev/null && break; sleep 0.1; done
+echo "mount RSS at start: $(rss)"
+f=$work/mnt/snapshots/$big${work}/src/big/large.bin
+cold; echo "cp out of the mount (cold cache): $(t cp "$f" "$work/copy") s"
+cmp "$f" "$work/copy" && rm -f "$work/copy"
+echo "mount RSS after the copy: $(rss)"
+d=$work/mnt/snapshots/$many${work}/src/many
+for i in 1 2 3; do echo "ls -l of $files entries (run $i): $(t ls -l "$d") s"; done
+echo "mount RSS after ls -l: $(rss), inodes held: $(stat -f -c %c "$work/mnt")"
+cold; sleep 6
+echo "idle 6 s and drop_caches: RSS $(rss), inodes held: $(stat -f -c %c "$work/mnt"), locks: $(ls "$work/repo/locks" | wc -l)"
+kill "$pid"; wait "$pid" || true
+"$bin" mount "$work/mnt" --no-xattrs 2>"$work/mount.log" & pid=$!
+for _ in $(seq 100); do grep -q mounted "$work/mount.log" 2>/dev/null && break; sleep 0.1; done
+for i in 1 2 3; do echo "ls -l with --no-xattrs (run $i): $(t ls -l "$d") s"; done
+kill "$pid"; wait "$pid" || true

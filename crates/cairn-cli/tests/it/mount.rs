@@ -1,0 +1,409 @@
+//! `cairn mount` (issue #18) as a real FUSE mount of the real binary: the layout,
+//! a tree exactly as recorded, reads at any offset, a damaged pack, prune while a
+//! mount is open, and unmounting on a signal or from outside. Every mount is
+//! unmounted by a guard, even when a test fails.
+
+use crate::util::*;
+use std::fs;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `cairn mount`; dropping it stops the process and makes sure nothing
+/// stays mounted.
+struct Mount {
+    child: Child,
+    dir: PathBuf,
+    lines: Option<StderrLines>,
+}
+
+impl Mount {
+    fn start(env: &Env, dir: &Path, extra: &[&str]) -> Mount {
+        let mut args = vec!["mount", dir.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        Mount::spawn(env.cmd(&args), dir)
+    }
+
+    fn spawn(mut c: Command, dir: &Path) -> Mount {
+        fs::create_dir_all(dir).unwrap();
+        c.stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let lines = StderrLines::of(&mut child);
+        // Owned from here on: a failed start below still stops the process.
+        let mut m = Mount {
+            child,
+            dir: dir.to_path_buf(),
+            lines: Some(lines),
+        };
+        let line = m
+            .lines
+            .as_mut()
+            .unwrap()
+            .wait_for("mounted ", Duration::from_secs(60));
+        assert!(line.contains("fusermount3 -u"), "{line}");
+        assert!(is_mounted(dir), "not in /proc/self/mounts after: {line}");
+        m
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig);
+    }
+
+    /// Waits for the process to end by itself and returns its stderr.
+    fn wait(mut self, within: Duration) -> (std::process::ExitStatus, String) {
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                t.elapsed() < within,
+                "cairn mount still runs after {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let log = self.lines.take().unwrap().all();
+        assert!(!log.contains("panicked"), "{log}");
+        (status, log)
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.signal(nix::sys::signal::Signal::SIGTERM);
+            let t = Instant::now();
+            while self.child.try_wait().ok().flatten().is_none() && t.elapsed().as_secs() < 10 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if is_mounted(&self.dir) {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
+    }
+}
+
+/// Whether `dir` is a mount point now (by /proc, which works even when the mount's
+/// process is gone and the directory itself cannot be looked at).
+fn is_mounted(dir: &Path) -> bool {
+    let parent = dir.parent().unwrap().canonicalize().unwrap();
+    let path = parent.join(dir.file_name().unwrap());
+    let want = path.to_str().unwrap().replace(' ', "\\040");
+    fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(want.as_str()))
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn backup_host(env: &Env, src: &Path, host: &str) -> String {
+    let out = env.ok(&["backup", "--json", "--host", host, src.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["snapshot_id"].as_str().unwrap().to_string()
+}
+
+/// Where the source `src` appears inside a mounted snapshot root.
+fn inside(root: &Path, src: &Path) -> PathBuf {
+    root.join(src.strip_prefix("/").unwrap())
+}
+
+#[test]
+fn mount_shows_hosts_snapshots_and_latest_with_everything_a_restore_has() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 11);
+    let s1 = backup_host(&env, &src, "alpha");
+    let s2 = backup_host(&env, &src, "beta/gamma");
+    let mnt = env.path("mnt");
+    let m = Mount::start(&env, &mnt, &[]);
+
+    assert_eq!(names(&mnt), ["hosts", "latest", "snapshots"]);
+    assert_eq!(
+        fs::read_link(mnt.join("latest")).unwrap(),
+        PathBuf::from(format!("snapshots/{s2}"))
+    );
+    assert_eq!(names(&mnt.join("hosts")), ["alpha", "beta_gamma"]);
+    let mut ids = vec![s1.clone(), s2.clone()];
+    ids.sort();
+    assert_eq!(names(&mnt.join("snapshots")), ids);
+    // hosts/H: one directory per snapshot, named by its UTC time, and `latest`.
+    let alpha = names(&mnt.join("hosts/alpha"));
+    assert_eq!(alpha.len(), 2, "{alpha:?}");
+    let date = &alpha[0];
+    assert_eq!(alpha[1], "latest");
+    let b = date.as_bytes();
+    assert!(
+        date.len() == 20 && b[4] == b'-' && b[10] == b'T' && b[13] == b'-' && b[19] == b'Z',
+        "{date}"
+    );
+    assert_eq!(
+        fs::read_link(mnt.join("hosts/alpha/latest")).unwrap(),
+        PathBuf::from(date)
+    );
+    // A unique id prefix resolves (as a symlink), without being listed.
+    let short = mnt.join("snapshots").join(&s1[..8]);
+    assert_eq!(fs::read_link(&short).unwrap(), PathBuf::from(&s1));
+
+    // The tree as recorded: types, modes, owners, ns times, xattrs, link targets,
+    // device numbers, content, and hard links as one inode with its link count.
+    // (Sparseness is not shown: a file's blocks are its size.)
+    for root in [
+        mnt.join("snapshots").join(&s1),
+        mnt.join("hosts/alpha").join(date),
+        mnt.join("latest"),
+    ] {
+        let diffs: Vec<String> = compare(&src, &inside(&root, &src))
+            .into_iter()
+            .filter(|d| !d.contains("allocated blocks"))
+            .collect();
+        assert!(
+            diffs.is_empty(),
+            "{}:\n{}",
+            root.display(),
+            diffs.join("\n")
+        );
+    }
+    let m1 = fs::metadata(inside(&mnt.join("latest"), &src).join("hard-1")).unwrap();
+    let m2 = fs::metadata(inside(&mnt.join("latest"), &src).join("hard-2")).unwrap();
+    assert_eq!((m1.ino(), m1.nlink()), (m2.ino(), 2));
+    // `cp -a` out of the mount gives the source back, holes included.
+    let copy = env.path("copy");
+    let ok = Command::new("cp")
+        .args(["-a", "--sparse=always"])
+        .arg(inside(&mnt.join("latest"), &src))
+        .arg(&copy)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cp -a out of the mount");
+    assert_same(&src, &copy);
+    // Read-only.
+    let err = fs::write(inside(&mnt.join("latest"), &src).join("new"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+
+    let (status, log) = {
+        m.signal(nix::sys::signal::Signal::SIGINT);
+        m.wait(Duration::from_secs(20))
+    };
+    assert!(status.success(), "{status:?}: {log}");
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn reads_at_any_offset_of_a_file_with_a_deep_chunk_list() {
+    // 4 KiB blocks: 20 MB is more than 4096 chunks, so two chunk-list levels.
+    let env = Env::new();
+    env.init(&["--block-size", "4K", "--no-encryption"]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = Rng(5).bytes(20 << 20, false);
+    fs::write(src.join("image.raw"), &data).unwrap();
+    env.backup(&[&src]);
+    let mnt = env.path("mnt");
+    let _m = Mount::start(&env, &mnt, &["--snapshot", "latest"]);
+    // The snapshot alone, at the mount's root.
+    let f = fs::File::open(inside(&mnt, &src).join("image.raw")).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), data.len() as u64);
+    // From the end backwards first (nothing read before it), then scattered.
+    let len = data.len() as u64;
+    let mut offsets = vec![len - 1, len - 5000, len / 2 + 12_345, 4095, 0];
+    let mut rng = Rng(9);
+    offsets.extend((0..40).map(|_| rng.below(len)));
+    for (i, off) in offsets.into_iter().enumerate() {
+        let want = [1usize, 100, 4096, 70_000, 1 << 20][i % 5];
+        let mut buf = vec![0u8; want];
+        let n = f.read_at(&mut buf, off).unwrap();
+        let end = (off as usize + want).min(data.len());
+        assert_eq!(n, end - off as usize, "at {off}");
+        assert!(
+            buf[..n] == data[off as usize..end],
+            "bytes differ at {off}+{want}"
+        );
+    }
+    // And the whole file in order.
+    assert!(fs::read(inside(&mnt, &src).join("image.raw")).unwrap() == data);
+}
+
+#[test]
+fn a_damaged_pack_gives_eio_for_its_file_and_the_rest_still_reads() {
+    let env = Env::new();
+    env.init(&[]);
+    let (a, b) = (env.path("a"), env.path("b"));
+    let mut rng = Rng(77);
+    fs::create_dir_all(&a).unwrap();
+    fs::create_dir_all(&b).unwrap();
+    let bad = rng.bytes(1_000_000, false);
+    let good = rng.bytes(1_000_000, false);
+    fs::write(a.join("bad.bin"), &bad).unwrap();
+    fs::write(b.join("good.bin"), &good).unwrap();
+    let sa = env.backup(&[&a]);
+    let before = packs(&env.repo);
+    let sb = env.backup(&[&b]);
+    // The largest of the first backup's packs holds bad.bin's chunks.
+    let pack = before
+        .iter()
+        .max_by_key(|(_, s)| **s)
+        .map(|(p, _)| p.clone())
+        .unwrap();
+    flip_middle(&pack);
+    let mnt = env.path("mnt");
+    let mut m = Mount::start(&env, &mnt, &[]);
+    let in_a = inside(&mnt.join("snapshots").join(&sa), &a);
+    let in_b = inside(&mnt.join("snapshots").join(&sb), &b);
+    assert_eq!(names(&in_a), ["bad.bin"], "the directory still lists");
+    let err = fs::read(in_a.join("bad.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(fs::read(in_b.join("good.bin")).unwrap() == good);
+    let line = m
+        .lines
+        .as_mut()
+        .unwrap()
+        .wait_for("bad.bin", Duration::from_secs(10));
+    assert!(line.contains("blob ") && line.contains("damaged"), "{line}");
+}
+
+#[test]
+fn prune_completes_while_a_mount_is_open_and_idle() {
+    let env = Env::new();
+    env.init(&[]);
+    let (a, b) = (env.path("a"), env.path("b"));
+    fs::create_dir_all(&a).unwrap();
+    fs::create_dir_all(&b).unwrap();
+    let mut rng = Rng(3);
+    fs::write(a.join("old.bin"), rng.bytes(2_000_000, false)).unwrap();
+    let kept = rng.bytes(500_000, false);
+    fs::write(b.join("kept.bin"), &kept).unwrap();
+    let sa = env.backup(&[&a]);
+    let sb = env.backup(&[&b]);
+    let mnt = env.path("mnt");
+    let _m = Mount::start(&env, &mnt, &["--idle-secs", "1"]);
+    let locks = || {
+        fs::read_dir(env.repo.join("locks"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    // In use: a session and its lock; idle for a second: both gone.
+    fs::read(inside(&mnt.join("snapshots").join(&sa), &a).join("old.bin")).unwrap();
+    wait_until(
+        "the idle mount to drop its lock",
+        Duration::from_secs(20),
+        || locks() == 0,
+    );
+    env.ok(&["forget", &sa]);
+    let out = env.ok(&["prune", "--json"]);
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(r["deleted_packs"].as_u64().unwrap() > 0, "{out}");
+    assert_eq!(r["deferred_packs"].as_u64(), Some(0), "{out}");
+    // The next request opens a new session, which lists the snapshots again.
+    assert!(
+        fs::read(inside(&mnt.join("snapshots").join(&sb), &b).join("kept.bin")).unwrap() == kept
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(names(&mnt.join("snapshots")), vec![sb.clone()]);
+    assert_eq!(
+        fs::read_link(mnt.join("latest")).unwrap(),
+        PathBuf::from(format!("snapshots/{sb}"))
+    );
+    env.check_clean();
+}
+
+#[test]
+fn sigterm_or_an_outside_unmount_leaves_no_mount_behind() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"x").unwrap();
+    env.backup(&[&src]);
+    let mnt = env.path("mnt");
+
+    // SIGTERM: unmounted, the lock removed, exit 0.
+    let m = Mount::start(&env, &mnt, &[]);
+    assert_eq!(names(&mnt), ["hosts", "latest", "snapshots"]);
+    m.signal(nix::sys::signal::Signal::SIGTERM);
+    let (status, log) = m.wait(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}: {log}");
+    assert!(!is_mounted(&mnt));
+    assert_eq!(fs::read_dir(env.repo.join("locks")).unwrap().count(), 0);
+
+    // Unmounted from outside: the process ends by itself.
+    let m = Mount::start(&env, &mnt, &[]);
+    let ok = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "fusermount3 -u");
+    let (status, log) = m.wait(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}: {log}");
+
+    // Busy (a process sits inside it): SIGTERM still leaves no mount behind.
+    let m = Mount::start(&env, &mnt, &[]);
+    let mut inside_it = Command::new("sleep")
+        .arg("30")
+        .current_dir(mnt.join("latest"))
+        .spawn()
+        .unwrap();
+    m.signal(nix::sys::signal::Signal::SIGTERM);
+    let (status, log) = m.wait(Duration::from_secs(20));
+    let _ = inside_it.kill();
+    let _ = inside_it.wait();
+    assert!(status.success(), "{status:?}: {log}");
+    assert!(log.contains("detached"), "{log}");
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn a_server_that_goes_away_gives_eio_within_seconds_not_a_hang() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(21);
+    let first = rng.bytes(400_000, false);
+    fs::write(src.join("first.bin"), &first).unwrap();
+    fs::write(src.join("second.bin"), rng.bytes(400_000, false)).unwrap();
+    env.backup(&[&src]);
+    let srv = crate::server::Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let token = srv.token("mount", "main", "admin");
+    let mnt = env.path("mnt");
+    let c = crate::server::client_cmd(
+        &env,
+        &srv,
+        "main",
+        &token,
+        &["mount", mnt.to_str().unwrap()],
+    );
+    let mut m = Mount::spawn(c, &mnt);
+    let dir = inside(&mnt.join("latest"), &src);
+    assert!(fs::read(dir.join("first.bin")).unwrap() == first);
+    drop(srv);
+    // Retried for a few seconds, then EIO; the mount keeps answering.
+    let t = Instant::now();
+    let err = fs::read(dir.join("second.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    assert_eq!(names(&dir), ["first.bin", "second.bin"]);
+    assert!(fs::read(dir.join("first.bin")).unwrap() == first, "cached");
+    m.lines
+        .as_mut()
+        .unwrap()
+        .wait_for("second.bin", Duration::from_secs(10));
+    m.signal(nix::sys::signal::Signal::SIGTERM);
+    let (status, log) = m.wait(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}: {log}");
+    assert!(!is_mounted(&mnt));
+}

@@ -1,0 +1,952 @@
+//! The FUSE file system: requests from the kernel answered from the inode table,
+//! the snapshot listing, trees (read when a directory is looked into) and file
+//! content (read at the offsets asked).
+//!
+//! Everything below a snapshot never changes, so the kernel may keep its names and
+//! attributes for a long time ([`IMMUTABLE_TTL`]) and a listing answers with the
+//! attributes of every entry at once (`readdirplus`): `ls -l` of a directory is one
+//! tree read and no request per entry. The top level follows the snapshot list and
+//! is kept for a second only.
+//!
+//! Every failure to read from the repository answers EIO and is reported once
+//! through the log with what could not be read; the rest of the file system goes
+//! on. Nothing read from the repository is trusted to be well formed.
+
+use crate::fetch::Fetcher;
+use crate::file::OpenFile;
+use crate::inodes::{HOSTS, LinkKey, ROOT, SNAPSHOTS, Table, What};
+use crate::layout::SnapEntry;
+use crate::log::Log;
+use crate::sessions::Sessions;
+use crate::trees::{TreeCache, lock};
+use cairn_format::tree::{Node, NodeKind, Timestamp, Tree};
+use cairn_format::{BlobId, SnapshotId};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long the kernel keeps names and attributes of snapshot content.
+pub const IMMUTABLE_TTL: Duration = Duration::from_secs(24 * 3600);
+/// How long it keeps those of the top level (which follows the snapshot list).
+pub const VIRTUAL_TTL: Duration = Duration::from_secs(1);
+
+/// Shared by the kernel's request threads and the mount handle.
+pub struct State {
+    pub sessions: Sessions,
+    pub table: Mutex<Table>,
+    pub trees: TreeCache,
+    pub fetch: Fetcher,
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    dirs: Mutex<HashMap<u64, Arc<DirList>>>,
+    next_fh: AtomicU64,
+    /// The owner of the top-level directories (the user who mounted).
+    owner: (u32, u32),
+    pub log: Log,
+    xattrs: bool,
+}
+
+/// An open directory: what it lists, fixed when it was opened.
+enum DirList {
+    Virtual(Vec<VEntry>),
+    Tree {
+        snap: SnapshotId,
+        id: BlobId,
+        tree: Arc<Tree>,
+    },
+}
+
+/// An entry of a top-level directory.
+struct VEntry {
+    name: Vec<u8>,
+    what: What,
+    attr: FileAttr,
+}
+
+/// Why a request failed: the answer, and what to report (nothing for the
+/// ordinary ones such as ENOENT).
+struct Failure {
+    errno: Errno,
+    report: Option<String>,
+}
+
+impl Failure {
+    fn of(errno: Errno) -> Failure {
+        Failure {
+            errno,
+            report: None,
+        }
+    }
+    fn io(report: String) -> Failure {
+        Failure {
+            errno: Errno::EIO,
+            report: Some(report),
+        }
+    }
+}
+
+type Res<T> = Result<T, Failure>;
+
+pub fn system_time(t: Timestamp) -> SystemTime {
+    let nanos = Duration::from_nanos(u64::from(t.nanos.min(999_999_999)));
+    if t.secs >= 0 {
+        UNIX_EPOCH
+            .checked_add(Duration::from_secs(t.secs as u64))
+            .and_then(|x| x.checked_add(nanos))
+            .unwrap_or(UNIX_EPOCH)
+    } else {
+        UNIX_EPOCH
+            .checked_sub(Duration::from_secs(t.secs.unsigned_abs()))
+            .and_then(|x| x.checked_add(nanos))
+            .unwrap_or(UNIX_EPOCH)
+    }
+}
+
+/// A device number as the kernel's FUSE attributes carry it (`new_encode_dev`).
+fn encode_rdev(rdev: u64) -> u32 {
+    let (major, minor) = (
+        nix::sys::stat::major(rdev) as u32,
+        nix::sys::stat::minor(rdev) as u32,
+    );
+    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
+}
+
+fn kind_of(k: NodeKind) -> FileType {
+    match k {
+        NodeKind::File => FileType::RegularFile,
+        NodeKind::Dir => FileType::Directory,
+        NodeKind::Symlink => FileType::Symlink,
+        NodeKind::Fifo => FileType::NamedPipe,
+        NodeKind::CharDevice => FileType::CharDevice,
+        NodeKind::BlockDevice => FileType::BlockDevice,
+        NodeKind::Socket => FileType::Socket,
+    }
+}
+
+/// A snapshot entry's attributes, as a restore would give them. Directories
+/// report one link: the count recorded at backup may not match the entries the
+/// snapshot holds (excluded subdirectories), and tools such as `find` take two
+/// links to mean "no subdirectories"; one means "unknown".
+pub fn node_attr(n: &Node) -> FileAttr {
+    let size = match n.kind {
+        NodeKind::Symlink => n.link_target.len() as u64,
+        _ => n.size,
+    };
+    FileAttr {
+        ino: INodeNo(0),
+        size,
+        blocks: size.div_ceil(512),
+        atime: system_time(n.atime),
+        mtime: system_time(n.mtime),
+        ctime: system_time(n.ctime),
+        crtime: system_time(n.mtime),
+        kind: kind_of(n.kind),
+        perm: (n.mode & 0o7777) as u16,
+        nlink: match n.kind {
+            NodeKind::Dir => 1,
+            _ => n.nlink.clamp(1, u64::from(u32::MAX)) as u32,
+        },
+        uid: n.uid,
+        gid: n.gid,
+        rdev: encode_rdev(n.rdev),
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+impl State {
+    pub fn new(
+        sessions: Sessions,
+        trees: TreeCache,
+        fetch: Fetcher,
+        log: Log,
+        xattrs: bool,
+    ) -> State {
+        State {
+            sessions,
+            table: Mutex::new(Table::default()),
+            trees,
+            fetch,
+            files: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            owner: (
+                nix::unistd::geteuid().as_raw(),
+                nix::unistd::getegid().as_raw(),
+            ),
+            log,
+            xattrs,
+        }
+    }
+
+    /// The attributes of a top-level directory or symlink (`secs`: its time).
+    fn virtual_attr(&self, kind: FileType, size: u64, secs: i64) -> FileAttr {
+        let t = system_time(Timestamp { secs, nanos: 0 });
+        FileAttr {
+            ino: INodeNo(0),
+            size,
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind,
+            perm: if kind == FileType::Symlink {
+                0o777
+            } else {
+                0o555
+            },
+            nlink: 1,
+            uid: self.owner.0,
+            gid: self.owner.1,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn snap_root_attr(&self, e: &SnapEntry) -> FileAttr {
+        self.virtual_attr(FileType::Directory, 0, e.secs)
+    }
+
+    /// The root's attributes, for `mount` to build the table with.
+    pub fn root_attr(&self, single: Option<&SnapEntry>) -> FileAttr {
+        match single {
+            Some(e) => self.snap_root_attr(e),
+            None => {
+                let l = self.sessions.listing();
+                self.virtual_attr(FileType::Directory, 0, l.latest().map_or(0, |e| e.secs))
+            }
+        }
+    }
+
+    /// A symlink's target at the top level, as the snapshot list is now.
+    fn virtual_target(&self, what: &What) -> Option<String> {
+        let l = self.sessions.listing();
+        match what {
+            What::Latest => l.latest().map(|e| format!("snapshots/{}", e.id.to_hex())),
+            What::HostLatest(h) => l.host_latest(h).map(|e| e.date.clone()),
+            What::ShortId(id) => Some(id.to_hex()),
+            _ => None,
+        }
+    }
+
+    /// The entries of a top-level directory, as the snapshot list is now.
+    fn virtual_children(&self, what: &What) -> Option<Vec<VEntry>> {
+        let l = self.sessions.listing();
+        let dir = |secs| self.virtual_attr(FileType::Directory, 0, secs);
+        let newest = l.latest().map_or(0, |e| e.secs);
+        let mut v = Vec::new();
+        match what {
+            What::Top => {
+                v.push(VEntry {
+                    name: b"hosts".to_vec(),
+                    what: What::Hosts,
+                    attr: dir(newest),
+                });
+                if let Some(e) = l.latest() {
+                    let target = format!("snapshots/{}", e.id.to_hex());
+                    v.push(VEntry {
+                        name: b"latest".to_vec(),
+                        what: What::Latest,
+                        attr: self.virtual_attr(FileType::Symlink, target.len() as u64, e.secs),
+                    });
+                }
+                v.push(VEntry {
+                    name: b"snapshots".to_vec(),
+                    what: What::Snapshots,
+                    attr: dir(newest),
+                });
+            }
+            What::Hosts => {
+                for h in l.hosts() {
+                    let secs = l.host_latest(h).map_or(0, |e| e.secs);
+                    v.push(VEntry {
+                        name: h.as_bytes().to_vec(),
+                        what: What::Host(h.to_string()),
+                        attr: dir(secs),
+                    });
+                }
+            }
+            What::Snapshots => {
+                for e in l.snapshots() {
+                    v.push(VEntry {
+                        name: e.id.to_hex().into_bytes(),
+                        what: What::SnapRoot {
+                            snap: e.id,
+                            tree: e.tree,
+                        },
+                        attr: self.snap_root_attr(e),
+                    });
+                }
+            }
+            What::Host(h) => {
+                let snaps = l.host_snapshots(h);
+                for e in &snaps {
+                    v.push(VEntry {
+                        name: e.date.clone().into_bytes(),
+                        what: What::SnapRoot {
+                            snap: e.id,
+                            tree: e.tree,
+                        },
+                        attr: self.snap_root_attr(e),
+                    });
+                }
+                if let Some(e) = snaps.last() {
+                    v.push(VEntry {
+                        name: b"latest".to_vec(),
+                        what: What::HostLatest(h.clone()),
+                        attr: self.virtual_attr(FileType::Symlink, e.date.len() as u64, e.secs),
+                    });
+                }
+            }
+            _ => return None,
+        }
+        Some(v)
+    }
+
+    fn what(&self, ino: u64) -> Res<What> {
+        lock(&self.table)
+            .get(ino)
+            .map(|i| i.what.clone())
+            .ok_or(Failure::of(Errno::ENOENT))
+    }
+
+    /// A tree, from the cache or read now.
+    fn tree(&self, id: &BlobId, dir_name: &[u8]) -> Res<Arc<Tree>> {
+        if let Some(t) = self.trees.get(id) {
+            return Ok(t);
+        }
+        let session = self.session()?;
+        let tree = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            session.repo().load_tree(id)
+        }))
+        .unwrap_or_else(|_| {
+            Err(cairn_core::Error::Invalid(format!(
+                "reading tree {} panicked",
+                id.short()
+            )))
+        })
+        .map_err(|e| {
+            let what = format!("tree {}", id.short());
+            let e = e.to_string();
+            Failure::io(if e.contains(&what) {
+                format!("directory {:?}: {e}", lossy(dir_name))
+            } else {
+                format!("directory {:?}: {what}: {e}", lossy(dir_name))
+            })
+        })?;
+        let tree = Arc::new(tree);
+        self.trees.insert(*id, tree.clone());
+        Ok(tree)
+    }
+
+    fn session(&self) -> Res<Arc<cairn_core::Session<cairn_core::session::Read>>> {
+        self.sessions
+            .get()
+            .map_err(|e| Failure::io(format!("cannot open the repository: {e}")))
+    }
+
+    /// The node an entry inode stands for, with the tree holding it.
+    fn node_of(&self, ino: u64) -> Res<(Arc<Tree>, usize, SnapshotId)> {
+        let (what, name) = {
+            let t = lock(&self.table);
+            let i = t.get(ino).ok_or(Failure::of(Errno::ENOENT))?;
+            (i.what.clone(), i.name.clone())
+        };
+        let What::Entry { dir, snap, .. } = what else {
+            return Err(Failure::of(Errno::EINVAL));
+        };
+        let tree = self.tree(&dir, b"")?;
+        let i = tree
+            .nodes
+            .binary_search_by(|n| n.name.as_slice().cmp(&name))
+            .map_err(|_| Failure::of(Errno::ENOENT))?;
+        Ok((tree, i, snap))
+    }
+
+    /// `name` in the snapshot directory `parent` (whose tree is `dir`): one lookup.
+    fn tree_lookup(
+        &self,
+        parent: u64,
+        snap: SnapshotId,
+        dir: BlobId,
+        parent_name: &[u8],
+        name: &[u8],
+    ) -> Res<(u64, FileAttr)> {
+        let tree = self.tree(&dir, parent_name)?;
+        let node = tree.find(name).ok_or(Failure::of(Errno::ENOENT))?;
+        Ok(
+            lock(&self.table).lookup(parent, name, link_key(snap, node), || {
+                entry_of(snap, dir, node)
+            }),
+        )
+    }
+
+    fn lookup_in(&self, parent: u64, name: &[u8]) -> Res<(u64, FileAttr, bool)> {
+        let (what, parent_name, is_dir) = {
+            let t = lock(&self.table);
+            let i = t.get(parent).ok_or(Failure::of(Errno::ENOENT))?;
+            (
+                i.what.clone(),
+                i.name.clone(),
+                i.attr.kind == FileType::Directory,
+            )
+        };
+        match what {
+            What::SnapRoot { snap, tree } => self
+                .tree_lookup(parent, snap, tree, &parent_name, name)
+                .map(|(i, a)| (i, a, true)),
+            What::Entry {
+                snap,
+                subtree: Some(t),
+                ..
+            } => self
+                .tree_lookup(parent, snap, t, &parent_name, name)
+                .map(|(i, a)| (i, a, true)),
+            // A directory recorded without a tree (nothing below it).
+            What::Entry { .. } if is_dir => Err(Failure::of(Errno::ENOENT)),
+            What::Entry { .. } => Err(Failure::of(Errno::ENOTDIR)),
+            What::Top | What::Hosts | What::Snapshots | What::Host(_) => {
+                self.sessions.refresh_if_stale();
+                let children = self.virtual_children(&what).unwrap_or_default();
+                if let Some(c) = children.into_iter().find(|c| c.name == name) {
+                    let (ino, attr) =
+                        lock(&self.table).lookup(parent, name, None, || (c.what, c.attr));
+                    return Ok((ino, attr, false));
+                }
+                // `snapshots/PREFIX`: a unique id prefix, as a symlink to the id.
+                if what == What::Snapshots
+                    && let Some(e) = std::str::from_utf8(name)
+                        .ok()
+                        .and_then(|p| self.sessions.listing().by_prefix(p).map(|e| e.id))
+                {
+                    let attr = self.virtual_attr(FileType::Symlink, 64, 0);
+                    let (ino, attr) =
+                        lock(&self.table).lookup(parent, name, None, || (What::ShortId(e), attr));
+                    return Ok((ino, attr, false));
+                }
+                Err(Failure::of(Errno::ENOENT))
+            }
+            What::Latest | What::HostLatest(_) | What::ShortId(_) => {
+                Err(Failure::of(Errno::ENOTDIR))
+            }
+        }
+    }
+
+    /// Current attributes of an inode (the top level's follow the snapshot list).
+    fn attr(&self, ino: u64) -> Res<(FileAttr, bool)> {
+        let (what, mut attr) = {
+            let t = lock(&self.table);
+            let i = t.get(ino).ok_or(Failure::of(Errno::ENOENT))?;
+            (i.what.clone(), i.attr)
+        };
+        if matches!(what, What::Latest | What::HostLatest(_))
+            && let Some(target) = self.virtual_target(&what)
+        {
+            attr.size = target.len() as u64;
+            lock(&self.table).set_attr(ino, attr);
+        }
+        Ok((attr, what.immutable()))
+    }
+
+    fn open_dir(&self, ino: u64) -> Res<DirList> {
+        let (what, name, is_dir) = {
+            let t = lock(&self.table);
+            let i = t.get(ino).ok_or(Failure::of(Errno::ENOENT))?;
+            (
+                i.what.clone(),
+                i.name.clone(),
+                i.attr.kind == FileType::Directory,
+            )
+        };
+        match what {
+            What::SnapRoot { snap, tree } => Ok(DirList::Tree {
+                snap,
+                id: tree,
+                tree: self.tree(&tree, &name)?,
+            }),
+            What::Entry {
+                snap,
+                subtree: Some(t),
+                ..
+            } => Ok(DirList::Tree {
+                snap,
+                id: t,
+                tree: self.tree(&t, &name)?,
+            }),
+            What::Entry { .. } if is_dir => Ok(DirList::Virtual(Vec::new())),
+            What::Entry { .. } | What::Latest | What::HostLatest(_) | What::ShortId(_) => {
+                Err(Failure::of(Errno::ENOTDIR))
+            }
+            w => {
+                self.sessions.refresh_if_stale();
+                Ok(DirList::Virtual(
+                    self.virtual_children(&w).unwrap_or_default(),
+                ))
+            }
+        }
+    }
+
+    fn report(&self, f: &Failure) {
+        if let Some(r) = &f.report {
+            self.log.error(r);
+        }
+    }
+
+    fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+fn link_key(snap: SnapshotId, n: &Node) -> Option<LinkKey> {
+    (n.kind == NodeKind::File && n.nlink > 1).then_some((snap, n.dev, n.inode))
+}
+
+fn entry_of(snap: SnapshotId, dir: BlobId, n: &Node) -> (What, FileAttr) {
+    (
+        What::Entry {
+            snap,
+            dir,
+            subtree: if n.kind == NodeKind::Dir {
+                n.subtree
+            } else {
+                None
+            },
+            has_xattrs: !n.xattrs.is_empty(),
+        },
+        node_attr(n),
+    )
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ttl(immutable: bool) -> Duration {
+    if immutable {
+        IMMUTABLE_TTL
+    } else {
+        VIRTUAL_TTL
+    }
+}
+
+/// The file system given to fuser: a handle on the shared state.
+pub struct CairnFs(pub Arc<State>);
+
+impl Filesystem for CairnFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Listings carry every entry's attributes; symlink targets are cached
+        // (they never change); lookups in different directories run in parallel;
+        // the kernel enforces recorded POSIX ACLs and keeps each inode's ACL once
+        // read (`ls -l` asks for it on every file).
+        let mut caps = vec![
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ];
+        if self.0.xattrs {
+            caps.push(InitFlags::FUSE_POSIX_ACL);
+        }
+        for cap in caps {
+            let _ = config.add_capabilities(cap);
+        }
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_background(64);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let st = &self.0;
+        match st.lookup_in(parent.0, name.as_bytes()) {
+            Ok((_, attr, parent_immutable)) => {
+                let (_, immutable) = st.attr(attr.ino.0).unwrap_or((attr, false));
+                reply.entry_with_ttls(
+                    &ttl(immutable),
+                    &ttl(parent_immutable),
+                    &attr,
+                    Generation(0),
+                );
+            }
+            Err(f) => {
+                st.report(&f);
+                reply.error(f.errno);
+            }
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        lock(&self.0.table).forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.0.attr(ino.0) {
+            Ok((attr, immutable)) => reply.attr(&ttl(immutable), &attr),
+            Err(f) => reply.error(f.errno),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let st = &self.0;
+        let what = match st.what(ino.0) {
+            Ok(w) => w,
+            Err(f) => return reply.error(f.errno),
+        };
+        if let What::Entry { .. } = what {
+            match st.node_of(ino.0) {
+                Ok((tree, i, _)) => match tree.nodes.get(i) {
+                    Some(n) if n.kind == NodeKind::Symlink => reply.data(&n.link_target),
+                    _ => reply.error(Errno::EINVAL),
+                },
+                Err(f) => {
+                    st.report(&f);
+                    reply.error(f.errno)
+                }
+            }
+            return;
+        }
+        match st.virtual_target(&what) {
+            Some(t) => reply.data(t.as_bytes()),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let st = &self.0;
+        if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        let (tree, i, snap) = match st.node_of(ino.0) {
+            Ok(x) => x,
+            Err(f) => {
+                st.report(&f);
+                return reply.error(f.errno);
+            }
+        };
+        let Some(n) = tree.nodes.get(i) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if n.kind != NodeKind::File {
+            return reply.error(Errno::EINVAL);
+        }
+        let label = format!("{:?} (snapshot {})", lossy(&n.name), snap.short());
+        let f = Arc::new(OpenFile::new(n.content.clone(), n.size, label));
+        let fh = st.new_fh();
+        lock(&st.files).insert(fh, f);
+        // The content never changes: pages read once stay valid across opens.
+        reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        let st = &self.0;
+        let Some(f) = lock(&st.files).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        let session = match st.session() {
+            Ok(s) => s,
+            Err(fail) => {
+                st.report(&fail);
+                return reply.error(fail.errno);
+            }
+        };
+        match f.read(&session, &st.fetch, offset, size as usize) {
+            Ok(data) => reply.data(&data),
+            Err(e) => {
+                let msg = e.error.to_string();
+                let line = match &e.blob {
+                    Some(b) if !msg.contains(b.as_str()) => {
+                        format!("reading {}: blob {b}: {msg}", f.label)
+                    }
+                    _ => format!("reading {}: {msg}", f.label),
+                };
+                st.log.error(&line);
+                reply.error(Errno::EIO);
+            }
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.0.files).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let st = &self.0;
+        match st.open_dir(ino.0) {
+            Ok(list) => {
+                let fh = st.new_fh();
+                lock(&st.dirs).insert(fh, Arc::new(list));
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(f) => {
+                st.report(&f);
+                reply.error(f.errno);
+            }
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let st = &self.0;
+        let Some(list) = lock(&st.dirs).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        let mut t = lock(&st.table);
+        let Some(me) = t.get(ino.0) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let (my_attr, parent, immutable) = (me.attr, me.parent, me.what.immutable());
+        let parent_attr = t.get(parent).map_or(my_attr, |p| p.attr);
+        let count = match list.as_ref() {
+            DirList::Virtual(v) => v.len(),
+            DirList::Tree { tree, .. } => tree.nodes.len(),
+        } as u64;
+        let mut i = offset;
+        while i < count + 2 {
+            let full = match i {
+                // `.` and `..` take no lookup (the kernel counts none for them).
+                0 => reply.add(ino, 1, ".", &ttl(immutable), &my_attr, Generation(0)),
+                1 => reply.add(
+                    INodeNo(parent),
+                    2,
+                    "..",
+                    &ttl(immutable),
+                    &parent_attr,
+                    Generation(0),
+                ),
+                k => {
+                    let idx = (k - 2) as usize;
+                    let (name, looked) = match list.as_ref() {
+                        DirList::Virtual(v) => match v.get(idx) {
+                            Some(e) => (
+                                e.name.as_slice(),
+                                t.lookup(ino.0, &e.name, None, || (e.what.clone(), e.attr)),
+                            ),
+                            None => break,
+                        },
+                        DirList::Tree { snap, id, tree } => match tree.nodes.get(idx) {
+                            Some(n) => (
+                                n.name.as_slice(),
+                                t.lookup(ino.0, &n.name, link_key(*snap, n), || {
+                                    entry_of(*snap, *id, n)
+                                }),
+                            ),
+                            None => break,
+                        },
+                    };
+                    let (child, attr) = looked;
+                    let full = reply.add(
+                        INodeNo(child),
+                        k + 1,
+                        OsStr::from_bytes(name),
+                        &ttl(immutable),
+                        &attr,
+                        Generation(0),
+                    );
+                    if full {
+                        // Not sent: the lookup it counted is given back.
+                        t.forget(child, 1);
+                    }
+                    full
+                }
+            };
+            if full {
+                break;
+            }
+            i += 1;
+        }
+        drop(t);
+        reply.ok();
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        // Only used if the kernel does not offer readdirplus. Inode numbers of
+        // entries the kernel has not looked up are stand-ins (lookup assigns the
+        // real one); nothing is added to the table.
+        let st = &self.0;
+        let Some(list) = lock(&st.dirs).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        let entries: Vec<(Vec<u8>, FileType)> = match list.as_ref() {
+            DirList::Virtual(v) => v.iter().map(|e| (e.name.clone(), e.attr.kind)).collect(),
+            DirList::Tree { tree, .. } => tree
+                .nodes
+                .iter()
+                .skip(offset.saturating_sub(2) as usize)
+                .take(4096)
+                .map(|n| (n.name.clone(), kind_of(n.kind)))
+                .collect(),
+        };
+        let base = match list.as_ref() {
+            DirList::Virtual(_) => 0,
+            DirList::Tree { .. } => offset.saturating_sub(2),
+        };
+        let mut i = offset;
+        if i == 0 {
+            if reply.add(ino, 1, FileType::Directory, ".") {
+                return reply.ok();
+            }
+            i = 1;
+        }
+        if i == 1 {
+            if reply.add(ino, 2, FileType::Directory, "..") {
+                return reply.ok();
+            }
+            i = 2;
+        }
+        for (k, (name, kind)) in entries.iter().enumerate().skip((i - 2 - base) as usize) {
+            let pos = base + k as u64 + 2;
+            let stand_in = (1u64 << 62) | (pos & ((1 << 62) - 1));
+            if reply.add(INodeNo(stand_in), pos + 1, *kind, OsStr::from_bytes(name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.0.dirs).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let files = lock(&self.0.table).len() as u64;
+        reply.statfs(0, 0, 0, files, 0, 4096, 255, 4096);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let st = &self.0;
+        if !st.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
+        match st.what(ino.0) {
+            Ok(What::Entry {
+                has_xattrs: true, ..
+            }) => {}
+            Ok(_) => return reply.error(Errno::NO_XATTR),
+            Err(f) => return reply.error(f.errno),
+        }
+        let (tree, i, _) = match st.node_of(ino.0) {
+            Ok(x) => x,
+            Err(f) => {
+                st.report(&f);
+                return reply.error(f.errno);
+            }
+        };
+        let value = tree.nodes.get(i).and_then(|n| {
+            n.xattrs
+                .iter()
+                .find(|(k, _)| k.as_slice() == name.as_bytes())
+                .map(|(_, v)| v.as_slice())
+        });
+        match value {
+            None => reply.error(Errno::NO_XATTR),
+            Some(v) if size == 0 => reply.size(v.len() as u32),
+            Some(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+            Some(v) => reply.data(v),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let st = &self.0;
+        if !st.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
+        let names: Vec<u8> = match st.what(ino.0) {
+            Ok(What::Entry {
+                has_xattrs: true, ..
+            }) => match st.node_of(ino.0) {
+                Ok((tree, i, _)) => tree
+                    .nodes
+                    .get(i)
+                    .map(|n| {
+                        n.xattrs
+                            .iter()
+                            .flat_map(|(k, _)| k.iter().copied().chain([0u8]))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                Err(f) => {
+                    st.report(&f);
+                    return reply.error(f.errno);
+                }
+            },
+            Ok(_) => Vec::new(),
+            Err(f) => return reply.error(f.errno),
+        };
+        if size == 0 {
+            reply.size(names.len() as u32);
+        } else if names.len() > size as usize {
+            reply.error(Errno::ERANGE);
+        } else {
+            reply.data(&names);
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // The kernel checks permissions itself (default_permissions); this only
+        // answers for writes, which a snapshot never allows.
+        if mask.contains(fuser::AccessFlags::W_OK) {
+            return reply.error(Errno::EROFS);
+        }
+        match self.0.what(ino.0) {
+            Ok(_) => reply.ok(),
+            Err(f) => reply.error(f.errno),
+        }
+    }
+}
+
+/// The inode numbers the top level uses, for the mount to set up.
+pub fn fixed_top(st: &State, t: &mut Table) {
+    let l = st.sessions.listing();
+    let newest = l.latest().map_or(0, |e| e.secs);
+    let dir = st.virtual_attr(FileType::Directory, 0, newest);
+    t.insert_fixed(HOSTS, What::Hosts, ROOT, b"hosts", dir);
+    t.insert_fixed(SNAPSHOTS, What::Snapshots, ROOT, b"snapshots", dir);
+}

@@ -1,0 +1,295 @@
+//! The inode table: which inode numbers the kernel knows and what each stands for.
+//!
+//! An inode lives exactly as long as the kernel holds a reference to it: every
+//! lookup (and every entry of a `readdirplus` answer) counts one, `forget` takes
+//! them back, and at zero the entry goes. The table therefore holds what the
+//! kernel's own inode cache holds, which the kernel bounds by memory pressure, and
+//! never everything ever seen: walking a snapshot of ten million files leaves the
+//! table as small as the kernel lets its cache become (`echo 2 >
+//! /proc/sys/vm/drop_caches` empties both). Only the three fixed top-level
+//! directories are permanent.
+//!
+//! Numbers are never reused (a 64-bit counter), so the generation is always 0.
+//! Names of one hard-linked file within a snapshot (same recorded device and inode,
+//! more than one link) share one inode number, as they would after a restore.
+
+use cairn_format::{BlobId, SnapshotId};
+use fuser::FileAttr;
+use std::collections::HashMap;
+
+/// The mount's root.
+pub const ROOT: u64 = 1;
+/// `hosts/` and `snapshots/` (only when every snapshot is mounted).
+pub const HOSTS: u64 = 2;
+pub const SNAPSHOTS: u64 = 3;
+/// Fixed inodes below this are never forgotten.
+const FIRST_DYNAMIC: u64 = 16;
+
+/// What an inode stands for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum What {
+    /// The root when every snapshot is mounted.
+    Top,
+    Hosts,
+    Snapshots,
+    /// The root's `latest` symlink.
+    Latest,
+    /// `hosts/HOST/`.
+    Host(String),
+    /// `hosts/HOST/latest`.
+    HostLatest(String),
+    /// `snapshots/PREFIX`: a symlink to the full id (looked up, never listed).
+    ShortId(SnapshotId),
+    /// A snapshot's root directory (its tree has no node of its own).
+    SnapRoot {
+        snap: SnapshotId,
+        tree: BlobId,
+    },
+    /// An entry of a snapshot: its node is the one named like the inode in the
+    /// tree `dir`; `subtree` is set for directories.
+    Entry {
+        snap: SnapshotId,
+        dir: BlobId,
+        subtree: Option<BlobId>,
+        has_xattrs: bool,
+    },
+}
+
+impl What {
+    /// Content that never changes: a snapshot's tree (long cache times).
+    pub fn immutable(&self) -> bool {
+        matches!(self, What::SnapRoot { .. } | What::Entry { .. })
+    }
+}
+
+#[derive(Debug)]
+pub struct Inode {
+    pub what: What,
+    pub attr: FileAttr,
+    /// The directory that holds it (for `..`; any one of a hard link's).
+    pub parent: u64,
+    /// The name it was first found under (the name of its node for entries).
+    pub name: Box<[u8]>,
+    lookups: u64,
+    /// Every (directory, name) it is known under: one, or several for hard links.
+    keys: Vec<(u64, Box<[u8]>)>,
+    link: Option<LinkKey>,
+}
+
+/// A hard-linked file: (snapshot, recorded device, recorded inode).
+pub type LinkKey = (SnapshotId, u64, u64);
+
+#[derive(Debug, Default)]
+pub struct Table {
+    inodes: HashMap<u64, Inode>,
+    by_name: HashMap<(u64, Box<[u8]>), u64>,
+    links: HashMap<LinkKey, u64>,
+    next: u64,
+}
+
+impl Table {
+    /// A table with the fixed root (`root`: what it stands for).
+    pub fn new(root: What, attr: FileAttr) -> Table {
+        let mut t = Table {
+            next: FIRST_DYNAMIC,
+            ..Default::default()
+        };
+        t.insert_fixed(ROOT, root, ROOT, b"", attr);
+        t
+    }
+
+    pub fn insert_fixed(&mut self, ino: u64, what: What, parent: u64, name: &[u8], attr: FileAttr) {
+        let mut attr = attr;
+        attr.ino = fuser::INodeNo(ino);
+        self.inodes.insert(
+            ino,
+            Inode {
+                what,
+                attr,
+                parent,
+                name: name.into(),
+                lookups: 0,
+                keys: Vec::new(),
+                link: None,
+            },
+        );
+        if ino != ROOT {
+            self.by_name.insert((parent, name.into()), ino);
+        }
+    }
+
+    pub fn get(&self, ino: u64) -> Option<&Inode> {
+        self.inodes.get(&ino)
+    }
+
+    /// Inodes held now.
+    pub fn len(&self) -> usize {
+        self.inodes.len()
+    }
+
+    /// Never true once built: the root is always there.
+    pub fn is_empty(&self) -> bool {
+        self.inodes.is_empty()
+    }
+
+    /// The inode for `name` in `parent`, made by `make` if the kernel holds none;
+    /// counts one lookup. A hard-linked file (`link`) found under another name
+    /// gets that name's inode.
+    pub fn lookup(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        link: Option<LinkKey>,
+        make: impl FnOnce() -> (What, FileAttr),
+    ) -> (u64, FileAttr) {
+        let key = (parent, Box::<[u8]>::from(name));
+        if let Some(&ino) = self.by_name.get(&key)
+            && let Some(i) = self.inodes.get_mut(&ino)
+        {
+            i.lookups += 1;
+            return (ino, i.attr);
+        }
+        if let Some(l) = link
+            && let Some(&ino) = self.links.get(&l)
+            && let Some(i) = self.inodes.get_mut(&ino)
+        {
+            i.lookups += 1;
+            i.keys.push(key.clone());
+            self.by_name.insert(key, ino);
+            return (ino, i.attr);
+        }
+        let ino = self.next;
+        self.next += 1;
+        let (what, mut attr) = make();
+        attr.ino = fuser::INodeNo(ino);
+        if let Some(l) = link {
+            self.links.insert(l, ino);
+        }
+        self.by_name.insert(key.clone(), ino);
+        self.inodes.insert(
+            ino,
+            Inode {
+                what,
+                attr,
+                parent,
+                name: key.1.clone(),
+                lookups: 1,
+                keys: vec![key],
+                link,
+            },
+        );
+        (ino, attr)
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&mut self, ino: u64, n: u64) {
+        if ino < FIRST_DYNAMIC {
+            return;
+        }
+        let Some(i) = self.inodes.get_mut(&ino) else {
+            return;
+        };
+        i.lookups = i.lookups.saturating_sub(n);
+        if i.lookups > 0 {
+            return;
+        }
+        if let Some(i) = self.inodes.remove(&ino) {
+            for k in i.keys {
+                if self.by_name.get(&k) == Some(&ino) {
+                    self.by_name.remove(&k);
+                }
+            }
+            if let Some(l) = i.link
+                && self.links.get(&l) == Some(&ino)
+            {
+                self.links.remove(&l);
+            }
+        }
+    }
+
+    /// Updates the attributes kept for `ino` (virtual entries whose size or time
+    /// follows the snapshot list).
+    pub fn set_attr(&mut self, ino: u64, attr: FileAttr) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.attr = attr;
+            i.attr.ino = fuser::INodeNo(ino);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    fn attr() -> FileAttr {
+        FileAttr {
+            ino: fuser::INodeNo(0),
+            size: 0,
+            blocks: 0,
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            crtime: UNIX_EPOCH,
+            kind: fuser::FileType::RegularFile,
+            perm: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn entry() -> (What, FileAttr) {
+        (
+            What::Entry {
+                snap: SnapshotId([1; 32]),
+                dir: BlobId([2; 32]),
+                subtree: None,
+                has_xattrs: false,
+            },
+            attr(),
+        )
+    }
+
+    #[test]
+    fn inodes_live_while_the_kernel_holds_them() {
+        let mut t = Table::new(What::Top, attr());
+        let (a, _) = t.lookup(ROOT, b"a", None, entry);
+        let (a2, _) = t.lookup(ROOT, b"a", None, || panic!("known"));
+        assert_eq!(a, a2);
+        let (b, _) = t.lookup(ROOT, b"b", None, entry);
+        assert_ne!(a, b);
+        assert_eq!(t.len(), 3);
+        t.forget(a, 1);
+        assert!(t.get(a).is_some(), "one reference left");
+        t.forget(a, 1);
+        assert!(t.get(a).is_none());
+        t.forget(b, 5);
+        assert_eq!(t.len(), 1, "only the root stays");
+        t.forget(ROOT, 1);
+        assert!(t.get(ROOT).is_some());
+        // A name found again gets a new number (numbers are never reused).
+        let (a3, _) = t.lookup(ROOT, b"a", None, entry);
+        assert!(a3 > b);
+    }
+
+    #[test]
+    fn hard_links_share_one_inode_until_every_name_is_forgotten() {
+        let mut t = Table::new(What::Top, attr());
+        let link = Some((SnapshotId([1; 32]), 7, 42));
+        let (x, _) = t.lookup(ROOT, b"x", link, entry);
+        let (y, _) = t.lookup(5, b"y", link, || panic!("same inode"));
+        assert_eq!(x, y);
+        // Another snapshot's file with the same numbers is another inode.
+        let (z, _) = t.lookup(ROOT, b"z", Some((SnapshotId([2; 32]), 7, 42)), entry);
+        assert_ne!(x, z);
+        t.forget(x, 2);
+        assert!(t.get(x).is_none());
+        assert_eq!(t.len(), 2);
+        let (x2, _) = t.lookup(5, b"y", link, entry);
+        assert_ne!(x2, x);
+    }
+}

@@ -1,0 +1,247 @@
+//! The names the mount gives snapshots at its top level:
+//!
+//! ```text
+//! hosts/HOST/DATE/      a snapshot's tree, DATE its time in UTC (2024-05-01T12-34-56Z)
+//! hosts/HOST/latest  -> DATE of the host's newest snapshot
+//! snapshots/ID/         the same tree under the snapshot's full id
+//! latest             -> snapshots/ID of the newest snapshot
+//! ```
+//!
+//! DATE has no `:` (rsync and scp read `a:b` as a remote host) and sorts as text in
+//! time order. Two snapshots of one host in the same second both get their short
+//! id appended (`…Z-1a2b3c4d`), so a name never depends on which of them is listed
+//! first. Host names are made safe to be one path component. Everything here is
+//! pure: the listing is built from snapshot objects already read.
+
+use cairn_format::snapshot::Snapshot;
+use cairn_format::{BlobId, SnapshotId};
+use std::collections::{BTreeMap, HashMap};
+
+/// A snapshot as the mount shows it.
+#[derive(Clone, Debug)]
+pub struct SnapEntry {
+    pub id: SnapshotId,
+    pub tree: BlobId,
+    /// Its directory under `hosts/`.
+    pub host: String,
+    /// Its directory under `hosts/HOST/`.
+    pub date: String,
+    /// Seconds since the epoch (0 if the time cannot be read).
+    pub secs: i64,
+}
+
+/// The snapshots of one session's list, by the names the mount shows.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Oldest first (the session's order).
+    snaps: Vec<SnapEntry>,
+    by_id: HashMap<SnapshotId, usize>,
+    /// Host directory -> date directory -> index in `snaps`.
+    hosts: BTreeMap<String, BTreeMap<String, usize>>,
+}
+
+/// A host name as one safe path component.
+pub fn host_dir_name(host: &str) -> String {
+    let s: String = host
+        .chars()
+        .map(|c| if c == '/' || c == '\0' { '_' } else { c })
+        .collect();
+    match s.as_str() {
+        "" => "_".into(),
+        "." | ".." => format!("_{s}"),
+        _ => s,
+    }
+}
+
+/// A snapshot time (RFC 3339) as a directory name, seconds precision, in UTC.
+pub fn date_name(time: &str) -> Option<(String, i64)> {
+    let secs = cairn_core::time::parse_rfc3339(time)?;
+    let full = cairn_core::time::format_unix(secs, 0);
+    let day_time = full.get(..19)?;
+    Some((format!("{}Z", day_time.replace(':', "-")), secs))
+}
+
+impl Listing {
+    /// The listing of `snaps` (oldest first); snapshots whose tree id cannot be
+    /// read are left out and described in the second value.
+    pub fn new(snaps: &[(SnapshotId, Snapshot)]) -> (Listing, Vec<String>) {
+        let mut problems = Vec::new();
+        let mut out: Vec<SnapEntry> = Vec::with_capacity(snaps.len());
+        for (id, s) in snaps {
+            let Ok(tree) = s.tree_id() else {
+                problems.push(format!(
+                    "snapshot {} has an unreadable tree id: left out",
+                    id.short()
+                ));
+                continue;
+            };
+            let (date, secs) =
+                date_name(&s.time).unwrap_or_else(|| (format!("unknown-time-{}", id.short()), 0));
+            out.push(SnapEntry {
+                id: *id,
+                tree,
+                host: host_dir_name(&s.hostname),
+                date,
+                secs,
+            });
+        }
+        // Same host, same second: every one of them gets its short id.
+        let mut seen: HashMap<(String, String), usize> = HashMap::new();
+        for e in &out {
+            *seen.entry((e.host.clone(), e.date.clone())).or_default() += 1;
+        }
+        for e in &mut out {
+            if seen.get(&(e.host.clone(), e.date.clone())).copied() > Some(1) {
+                e.date = format!("{}-{}", e.date, e.id.short());
+            }
+        }
+        let mut l = Listing::default();
+        for (i, e) in out.iter().enumerate() {
+            l.by_id.insert(e.id, i);
+            l.hosts
+                .entry(e.host.clone())
+                .or_default()
+                .insert(e.date.clone(), i);
+        }
+        l.snaps = out;
+        (l, problems)
+    }
+
+    pub fn snapshots(&self) -> &[SnapEntry] {
+        &self.snaps
+    }
+
+    pub fn get(&self, id: &SnapshotId) -> Option<&SnapEntry> {
+        self.by_id.get(id).and_then(|&i| self.snaps.get(i))
+    }
+
+    /// The newest snapshot.
+    pub fn latest(&self) -> Option<&SnapEntry> {
+        self.snaps.last()
+    }
+
+    pub fn hosts(&self) -> impl Iterator<Item = &str> {
+        self.hosts.keys().map(String::as_str)
+    }
+
+    pub fn has_host(&self, host: &str) -> bool {
+        self.hosts.contains_key(host)
+    }
+
+    /// A host's snapshots by date name, in time order.
+    pub fn host_snapshots(&self, host: &str) -> Vec<&SnapEntry> {
+        let mut v: Vec<&SnapEntry> = self
+            .hosts
+            .get(host)
+            .into_iter()
+            .flat_map(|m| m.values())
+            .filter_map(|&i| self.snaps.get(i))
+            .collect();
+        v.sort_by_key(|e| (e.secs, e.date.clone()));
+        v
+    }
+
+    pub fn by_date(&self, host: &str, date: &str) -> Option<&SnapEntry> {
+        let i = *self.hosts.get(host)?.get(date)?;
+        self.snaps.get(i)
+    }
+
+    /// A host's newest snapshot.
+    pub fn host_latest(&self, host: &str) -> Option<&SnapEntry> {
+        self.host_snapshots(host).last().copied()
+    }
+
+    /// The snapshot whose id starts with `prefix` (at least 4 hex digits), if
+    /// exactly one does.
+    pub fn by_prefix(&self, prefix: &str) -> Option<&SnapEntry> {
+        if prefix.len() < 4 || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let lower = prefix.to_ascii_lowercase();
+        let mut found = self
+            .snaps
+            .iter()
+            .filter(|e| e.id.to_hex().starts_with(&lower));
+        let first = found.next()?;
+        found.next().is_none().then_some(first)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(host: &str, time: &str, tree: u8) -> Snapshot {
+        Snapshot {
+            version: 1,
+            time: time.into(),
+            hostname: host.into(),
+            username: "u".into(),
+            paths: vec!["/x".into()],
+            tags: vec![],
+            tree: BlobId([tree; 32]).to_hex(),
+            parent: None,
+            excludes: vec![],
+            original: None,
+            copied_from: None,
+            program_version: "t".into(),
+            summary: Default::default(),
+        }
+    }
+
+    #[test]
+    fn names_are_safe_sortable_and_unique() {
+        assert_eq!(host_dir_name("a/b"), "a_b");
+        assert_eq!(host_dir_name(""), "_");
+        assert_eq!(host_dir_name(".."), "_..");
+        assert_eq!(
+            date_name("2024-05-01T12:34:56.123456789Z").map(|d| d.0),
+            Some("2024-05-01T12-34-56Z".to_string())
+        );
+        // Offsets are turned into UTC.
+        assert_eq!(
+            date_name("2024-05-01T14:34:56+02:00").map(|d| d.0),
+            Some("2024-05-01T12-34-56Z".to_string())
+        );
+        assert!(date_name("yesterday").is_none());
+
+        let mut bad = snap("h", "2024-01-01T00:00:00Z", 9);
+        bad.tree = "not hex".into();
+        let list = vec![
+            (SnapshotId([1; 32]), snap("h", "2024-01-01T00:00:00.1Z", 1)),
+            (SnapshotId([2; 32]), snap("h", "2024-01-01T00:00:00.2Z", 2)),
+            (
+                SnapshotId([3; 32]),
+                snap("other/host", "2024-02-01T00:00:00Z", 3),
+            ),
+            (SnapshotId([4; 32]), snap("h", "not a time", 4)),
+            (SnapshotId([5; 32]), bad),
+        ];
+        let (l, problems) = Listing::new(&list);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(l.hosts().collect::<Vec<_>>(), vec!["h", "other_host"]);
+        let dates: Vec<String> = l
+            .host_snapshots("h")
+            .iter()
+            .map(|e| e.date.clone())
+            .collect();
+        assert_eq!(
+            dates,
+            vec![
+                "unknown-time-04040404".to_string(),
+                "2024-01-01T00-00-00Z-01010101".to_string(),
+                "2024-01-01T00-00-00Z-02020202".to_string(),
+            ]
+        );
+        assert_eq!(l.latest().map(|e| e.id), Some(SnapshotId([4; 32])));
+        assert_eq!(l.host_latest("h").map(|e| e.id), Some(SnapshotId([2; 32])));
+        assert_eq!(
+            l.by_date("other_host", "2024-02-01T00-00-00Z")
+                .map(|e| e.id),
+            Some(SnapshotId([3; 32]))
+        );
+        assert_eq!(l.by_prefix("0303").map(|e| e.id), Some(SnapshotId([3; 32])));
+        assert!(l.by_prefix("03").is_none(), "too short");
+        assert!(l.by_prefix("zzzz").is_none());
+    }
+}

@@ -1,0 +1,316 @@
+//! cairn-mount: a repository's snapshots as a read-only FUSE file system
+//! (`cairn mount`).
+//!
+//! A crate of its own, not part of the engine or the CLI: the engine stays free of
+//! anything that talks to a kernel or a terminal, and only this crate carries the
+//! FUSE dependency (`fuser`, pure Rust, no libfuse). It uses the engine as any
+//! other reader does: read sessions ([`Session<Read>`]), trees and chunk lists
+//! through [`Repository`], the engine's bounded [`BlobCache`]. It never prints:
+//! what could not be read goes to the caller's [`ErrorSink`].
+//!
+//! Module map: [`layout`] names the snapshots at the top level, [`inodes`] keeps
+//! the inodes the kernel holds, `trees` caches decoded directories, `sessions`
+//! keeps the read session only while the mount is used, `fetch` and `file` read
+//! file content at any offset and ahead of sequential readers, `fs` answers the
+//! kernel.
+//!
+//! [`Session<Read>`]: cairn_core::Session
+//! [`BlobCache`]: cairn_core::repo::blobcache::BlobCache
+
+pub mod fetch;
+pub mod file;
+pub mod fs;
+pub mod inodes;
+pub mod layout;
+pub mod log;
+pub mod sessions;
+pub mod trees;
+
+pub use log::ErrorSink;
+
+use cairn_core::Repository;
+use cairn_core::repo::blobcache::BlobCache;
+use inodes::{Table, What};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use thiserror::Error;
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Mount only this snapshot's tree (an id prefix or `latest`).
+    pub snapshot: Option<String>,
+    /// Let users other than the one mounting see the files (the kernel still
+    /// checks each file's owner and mode).
+    pub allow_other: bool,
+    /// Bytes of blobs kept in memory (content and chunk lists).
+    pub cache_bytes: usize,
+    /// Bytes of decoded directory trees kept in memory.
+    pub tree_cache_bytes: usize,
+    /// The read session (and its lock) ends after this long without a request.
+    pub session_idle: Duration,
+    /// A session is replaced after this long, to see what others wrote.
+    pub session_max_age: Duration,
+    /// The top level is listed again when looked at after this long.
+    pub listing_refresh: Duration,
+    /// Threads answering the kernel.
+    pub threads: usize,
+    /// Threads reading ahead of sequential readers.
+    pub fetch_threads: usize,
+    /// Show extended attributes. Without them the kernel stops asking for any
+    /// (the first request is answered "not implemented"), which spares `ls -l`
+    /// two round trips per file (an SELinux label and an ACL).
+    pub xattrs: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            snapshot: None,
+            allow_other: false,
+            cache_bytes: 64 << 20,
+            tree_cache_bytes: 64 << 20,
+            session_idle: Duration::from_secs(30),
+            session_max_age: Duration::from_secs(300),
+            listing_refresh: Duration::from_secs(60),
+            threads: 4,
+            fetch_threads: 4,
+            xattrs: true,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum MountError {
+    #[error(transparent)]
+    Engine(#[from] cairn_core::Error),
+    #[error("cannot mount at {}: {source}", path.display())]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot unmount {}: {source}", path.display())]
+    Unmount {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What [`MountError`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MountErrorKind {
+    /// The repository could not be read.
+    Repository,
+    /// The kernel refused the mount (no FUSE, not a directory, no permission).
+    Mount,
+    /// The unmount failed.
+    Unmount,
+}
+
+impl MountError {
+    pub fn kind(&self) -> MountErrorKind {
+        match self {
+            MountError::Engine(_) => MountErrorKind::Repository,
+            MountError::Mount { .. } => MountErrorKind::Mount,
+            MountError::Unmount { .. } => MountErrorKind::Unmount,
+        }
+    }
+}
+
+/// How the file system was unmounted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unmounted {
+    /// Unmounted, every request answered.
+    Clean,
+    /// Something still used it (a shell inside it): detached from the directory
+    /// tree at once; programs still inside get errors once the process ends.
+    Detached,
+}
+
+/// A mounted repository. Dropping it ends the read session (its lock) but leaves
+/// the unmount to [`Mounted::unmount`] or to whoever unmounts the directory.
+pub struct Mounted {
+    session: Option<fuser::BackgroundSession>,
+    state: Arc<fs::State>,
+    dir: PathBuf,
+    /// The snapshot mounted alone, if one was asked for.
+    pub snapshot: Option<cairn_format::SnapshotId>,
+}
+
+/// Mounts `repo` (opened with its key; it is never given an index: each session
+/// opens a copy) at `dir` and returns once the kernel answers requests.
+pub fn mount(
+    repo: Repository,
+    dir: &Path,
+    opts: &MountOptions,
+    on_error: ErrorSink,
+) -> Result<Mounted, MountError> {
+    let log = log::Log::new(on_error);
+    let cache = Arc::new(BlobCache::new(opts.cache_bytes));
+    let sessions = sessions::Sessions::new(
+        repo,
+        cache.clone(),
+        sessions::Timing {
+            idle: opts.session_idle,
+            max_age: opts.session_max_age,
+            refresh: opts.listing_refresh,
+        },
+        log.clone(),
+    )?;
+    let single = match &opts.snapshot {
+        None => None,
+        Some(spec) => {
+            let s = sessions.get()?;
+            let (id, snap) = s.find_snapshot(spec)?;
+            let tree = snap
+                .tree_id()
+                .map_err(|e| cairn_core::Error::damaged(format!("snapshot {}", id.short()), e))?;
+            Some((id, tree))
+        }
+    };
+    let state = Arc::new(fs::State::new(
+        sessions,
+        trees::TreeCache::new(opts.tree_cache_bytes),
+        fetch::Fetcher::new(cache, opts.fetch_threads),
+        log,
+        opts.xattrs,
+    ));
+    {
+        let listing = state.sessions.listing();
+        let table = match single {
+            Some((id, tree)) => {
+                let entry = listing.get(&id).cloned();
+                let attr = state.root_attr(entry.as_ref());
+                Table::new(What::SnapRoot { snap: id, tree }, attr)
+            }
+            None => {
+                let mut t = Table::new(What::Top, state.root_attr(None));
+                fs::fixed_top(&state, &mut t);
+                t
+            }
+        };
+        *trees::lock(&state.table) = table;
+    }
+    start_sweeper(Arc::downgrade(&state), opts.session_idle);
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName("cairn".into()),
+        fuser::MountOption::Subtype("cairn".into()),
+        fuser::MountOption::RO,
+        // The kernel checks owners and modes as recorded; device nodes are shown,
+        // never opened, and set-id bits are not honoured (a backup may come from
+        // another machine).
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoDev,
+        fuser::MountOption::NoSuid,
+        fuser::MountOption::NoAtime,
+    ];
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = opts.threads > 1;
+    let session = fuser::spawn_mount(fs::CairnFs(state.clone()), dir, &config).map_err(|e| {
+        state.sessions.close();
+        MountError::Mount {
+            path: dir.to_path_buf(),
+            source: e,
+        }
+    })?;
+    Ok(Mounted {
+        session: Some(session),
+        state,
+        dir: dir.to_path_buf(),
+        snapshot: single.map(|(id, _)| id),
+    })
+}
+
+/// Ends the read session once it has been idle long enough; stops when the mount's
+/// state is gone.
+fn start_sweeper(state: Weak<fs::State>, idle: Duration) {
+    let every = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let _ = std::thread::Builder::new()
+        .name("mount-sweeper".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                match state.upgrade() {
+                    Some(s) => s.sessions.sweep(),
+                    None => return,
+                }
+            }
+        });
+}
+
+impl Mounted {
+    /// Whether the file system was unmounted from outside (`fusermount3 -u`).
+    pub fn is_finished(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
+    }
+
+    /// Unmounts (lazily if something still uses it) and ends the read session.
+    pub fn unmount(mut self) -> Result<Unmounted, MountError> {
+        let r = match self.session.take() {
+            None => Ok(Unmounted::Clean),
+            Some(s) if s.guard.is_finished() => {
+                let _ = s.join();
+                Ok(Unmounted::Clean)
+            }
+            Some(s) => match s.umount_and_join() {
+                Ok(()) => Ok(Unmounted::Clean),
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    detach(&self.dir).map(|()| Unmounted::Detached)
+                }
+                Err(e) => Err(MountError::Unmount {
+                    path: self.dir.clone(),
+                    source: e,
+                }),
+            },
+        };
+        self.state.fetch.stop();
+        self.state.sessions.close();
+        r
+    }
+
+    /// Read sessions opened so far, and whether one is open now.
+    pub fn sessions(&self) -> (u64, bool) {
+        (self.state.sessions.opened(), self.state.sessions.active())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        self.state.fetch.stop();
+        self.state.sessions.close();
+    }
+}
+
+/// Detaches a busy mount from the directory tree (`umount -l`); as another user
+/// than root, through `fusermount3 -u -z`.
+fn detach(dir: &Path) -> Result<(), MountError> {
+    match nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) => {
+            let ok = std::process::Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(dir)
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                Ok(())
+            } else {
+                Err(MountError::Unmount {
+                    path: dir.to_path_buf(),
+                    source: std::io::Error::from_raw_os_error(libc::EBUSY),
+                })
+            }
+        }
+        Err(e) => Err(MountError::Unmount {
+            path: dir.to_path_buf(),
+            source: e.into(),
+        }),
+    }
+}

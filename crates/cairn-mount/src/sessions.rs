@@ -1,0 +1,168 @@
+//! The mount's read session, kept only while the mount is used (as the server's
+//! content routes keep theirs, `cairn-server/src/content.rs`).
+//!
+//! A read session holds a shared lock, and a prune does not delete the packs it
+//! retires while a lock taken before it is live (docs/FORMAT.md, "Prune and
+//! concurrent writers"). A mount left open for weeks must not hold that up, so the
+//! session ends after `idle` without a request (its lock goes with it) and is
+//! replaced after `max_age`; the next request opens a new one from the key kept in
+//! memory ([`Repository::reopen`]: no password, no key derivation). Each new
+//! session lists the snapshots again, so snapshots added or forgotten meanwhile
+//! appear and disappear at the top level; a listing older than `refresh` is
+//! renewed the next time the top level is looked at.
+//!
+//! Whatever was read stays valid across sessions: trees and blobs are named by
+//! their content, so the caches outlive the session that filled them.
+
+use crate::layout::Listing;
+use crate::log::Log;
+use crate::trees::lock;
+use cairn_core::progress::Progress;
+use cairn_core::repo::blobcache::BlobCache;
+use cairn_core::session::{IndexLoad, Read, Session};
+use cairn_core::{Error, Repository, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub idle: Duration,
+    pub max_age: Duration,
+    pub refresh: Duration,
+}
+
+pub struct Sessions {
+    template: Repository,
+    cache: Arc<BlobCache>,
+    timing: Timing,
+    current: Mutex<Option<Cached>>,
+    listing: Mutex<(Arc<Listing>, Instant)>,
+    closed: AtomicBool,
+    opened: std::sync::atomic::AtomicU64,
+    /// The newest session, to wait at unmount until every reader let go of it
+    /// (its lock is removed then).
+    last: Mutex<Weak<Session<Read>>>,
+    log: Log,
+}
+
+struct Cached {
+    session: Arc<Session<Read>>,
+    opened: Instant,
+    used: Instant,
+}
+
+impl Sessions {
+    /// Opens the first session (so that a repository that cannot be read fails the
+    /// mount, not its first `ls`) and lists the snapshots.
+    pub fn new(
+        template: Repository,
+        cache: Arc<BlobCache>,
+        timing: Timing,
+        log: Log,
+    ) -> Result<Sessions> {
+        let s = Sessions {
+            template,
+            cache,
+            timing,
+            current: Mutex::new(None),
+            listing: Mutex::new((Arc::new(Listing::default()), Instant::now())),
+            closed: AtomicBool::new(false),
+            opened: Default::default(),
+            last: Mutex::new(Weak::new()),
+            log,
+        };
+        s.get()?;
+        Ok(s)
+    }
+
+    /// The session to read with, opened now if there is none or it is too old.
+    pub fn get(&self) -> Result<Arc<Session<Read>>> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(Error::Invalid("the mount is being unmounted".into()));
+        }
+        let mut cur = lock(&self.current);
+        if let Some(c) = cur.as_mut()
+            && c.opened.elapsed() < self.timing.max_age
+        {
+            c.used = Instant::now();
+            return Ok(c.session.clone());
+        }
+        // The old one goes first: its lock is not needed twice.
+        cur.take();
+        let repo = self.template.reopen()?.with_blob_cache(self.cache.clone());
+        let session =
+            Session::<Read>::open(repo, "mount", IndexLoad::Placement, &Progress::none())?;
+        let (list, problems) = Listing::new(&session.snapshots()?.0);
+        for p in problems {
+            self.log.error(&p);
+        }
+        for e in &session.snapshots()?.1 {
+            self.log
+                .error(&format!("snapshot {} left out: {}", e.id.short(), e.error));
+        }
+        *lock(&self.listing) = (Arc::new(list), Instant::now());
+        let session = Arc::new(session);
+        *lock(&self.last) = Arc::downgrade(&session);
+        let now = Instant::now();
+        *cur = Some(Cached {
+            session: session.clone(),
+            opened: now,
+            used: now,
+        });
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        Ok(session)
+    }
+
+    /// The snapshots as the newest session listed them.
+    pub fn listing(&self) -> Arc<Listing> {
+        lock(&self.listing).0.clone()
+    }
+
+    /// Lists the snapshots again (a new session) if the listing is older than
+    /// `refresh`. A failure keeps the old listing and is logged.
+    pub fn refresh_if_stale(&self) {
+        if lock(&self.listing).1.elapsed() < self.timing.refresh {
+            return;
+        }
+        lock(&self.current).take();
+        if let Err(e) = self.get() {
+            self.log
+                .error(&format!("cannot list the snapshots again: {e}"));
+        }
+    }
+
+    /// Ends the session if it has not been used for `idle` (its lock goes too).
+    pub fn sweep(&self) {
+        let mut cur = lock(&self.current);
+        if cur
+            .as_ref()
+            .is_some_and(|c| c.used.elapsed() >= self.timing.idle)
+        {
+            cur.take();
+        }
+    }
+
+    /// Whether a session is open now.
+    pub fn active(&self) -> bool {
+        lock(&self.current).is_some()
+    }
+
+    /// Sessions opened so far.
+    pub fn opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// Ends the session for good: none is opened after this. Waits (a few seconds
+    /// at most) for requests still reading with it, so that its lock is removed
+    /// before the process ends.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        lock(&self.current).take();
+        let last = lock(&self.last).clone();
+        let t = Instant::now();
+        while last.strong_count() > 0 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}

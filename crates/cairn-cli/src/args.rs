@@ -54,6 +54,19 @@ pub struct Global {
     /// Print only errors and warnings
     #[arg(short, long, global = true)]
     pub quiet: bool,
+    /// low: lowest CPU priority (nice 19), idle I/O class (the disk serves others
+    /// first) and half the cores' threads; high: more CPU and I/O priority (needs
+    /// root); normal: as started
+    #[arg(
+        long,
+        global = true,
+        value_name = "low|normal|high",
+        env = "CAIRN_PRIORITY"
+    )]
+    pub priority: Option<String>,
+    /// Size the worker thread pools for N cores instead of this machine's count
+    #[arg(long, global = true, value_name = "N")]
+    pub threads: Option<usize>,
     #[command(flatten)]
     pub remote: RemoteArgs,
 }

@@ -37,9 +37,23 @@ pub fn parallel_map<T: Sync, R: Send>(
     slots.into_iter().flatten().collect()
 }
 
-/// One thread per core.
-pub(crate) fn cores() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
+/// The thread count set by [`set_cores`] (0: not set).
+static CORES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Sizes every pool of worker threads as if the machine had `n` cores (`--threads`,
+/// `--priority low`): 0 goes back to the machine's own count. Set it before an
+/// operation starts; pools are sized when they start.
+pub fn set_cores(n: usize) {
+    CORES.store(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The cores the engine's thread pools are sized for: the machine's, unless
+/// [`set_cores`] said otherwise.
+pub fn cores() -> usize {
+    match CORES.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2),
+        n => n,
+    }
 }

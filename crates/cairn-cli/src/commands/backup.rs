@@ -124,7 +124,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     }
     let s = &r.summary;
     if g.json {
-        super::print_json(&r)?;
+        super::print_json_report(&r)?;
     } else if !g.quiet {
         let d = s.duration_secs;
         println!(

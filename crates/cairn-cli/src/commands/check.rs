@@ -96,7 +96,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
     p.finish();
     let report = report?;
     if g.json {
-        super::print_json(&report)?;
+        super::print_json_report(&report)?;
     } else {
         for problem in &report.problems {
             println!("error: {}", render(problem));

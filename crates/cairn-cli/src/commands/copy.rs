@@ -78,7 +78,7 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
         );
     }
     if g.json {
-        super::print_json(&r)?;
+        super::print_json_report(&r)?;
     } else if !g.quiet {
         for s in &r.snapshots {
             if s.already_present {

@@ -60,7 +60,7 @@ pub fn run_after_forget(g: &Global, dry_run: bool) -> Result<i32> {
 
 fn render(g: &Global, r: &PruneReport) -> Result<()> {
     if g.json {
-        return super::print_json(r);
+        return super::print_json_report(r);
     }
     if g.quiet {
         return Ok(());

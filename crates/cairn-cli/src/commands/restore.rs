@@ -23,7 +23,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     p.finish();
     let r = r?;
     if g.json {
-        super::print_json(&r)?;
+        super::print_json_report(&r)?;
     } else if !g.quiet {
         let (verb, wrote) = if r.dry_run {
             ("would restore", "would write")

@@ -172,3 +172,68 @@ fn progress_follows_a_throttled_upload_after_the_read() {
         "{last}"
     );
 }
+
+/// `--priority low` runs the job at nice 19 in the idle I/O class; every long job
+/// ends with its peak memory and CPU time (in --json: "resources").
+#[test]
+fn priority_low_is_nice_and_idle_and_jobs_report_what_they_used() {
+    use std::io::Write;
+    let env = Env::new();
+    env.init(&[]);
+    let mut job = env
+        .cmd(&[
+            "backup",
+            "--stdin",
+            "--priority",
+            "low",
+            "--threads",
+            "1",
+            "--json",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    job.stdin.as_mut().unwrap().write_all(b"held").unwrap();
+    let pid = job.id();
+    // The job holds its lock while it waits for the rest of standard input.
+    wait_until("the job's lock", std::time::Duration::from_secs(60), || {
+        std::fs::read_dir(env.repo.join("locks")).is_ok_and(|d| d.count() == 1)
+    });
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Field 19 is the nice value (counted after the parenthesised command name).
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let nice: i32 = after.split(' ').nth(16).unwrap().parse().unwrap();
+    assert_eq!(nice, 19, "{stat}");
+    let io = std::process::Command::new("ionice")
+        .arg("-p")
+        .arg(pid.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&io.stdout).contains("idle"),
+        "{io:?}"
+    );
+    drop(job.stdin.take());
+    let out = job.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        r["resources"]["peak_rss_bytes"].as_u64().unwrap() > 1 << 20,
+        "{r}"
+    );
+    assert!(r["resources"]["cpu_user_secs"].as_f64().is_some(), "{r}");
+
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    let out = env.ok(&["backup", src.to_str().unwrap()]);
+    assert!(out.contains("resources: peak memory"), "{out}");
+    let err = env.fails(&["snapshots", "--priority", "urgent"], 1);
+    assert!(err.contains("low, normal or high"), "{err}");
+}

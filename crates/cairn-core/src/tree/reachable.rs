@@ -58,10 +58,7 @@ pub fn collect(
     });
     let wake = Condvar::new();
     let shared_seen = Mutex::new(std::mem::take(seen));
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get() * 2)
-        .unwrap_or(4)
-        .clamp(2, 16);
+    let threads = (crate::threads::cores() * 2).clamp(2, 16);
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| worker(repo, &queue, &wake, &shared_seen, progress));

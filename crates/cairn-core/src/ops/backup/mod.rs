@@ -507,9 +507,7 @@ fn run(
     let level = repo.config().compression.zstd_level();
     let budget = Budget::new(CHUNK_BYTES_IN_FLIGHT);
     let inflight = InFlight::new();
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2);
+    let cores = crate::threads::cores();
     let workers = opts
         .read_concurrency
         .unwrap_or_else(|| default_read_concurrency(cores))

@@ -31,10 +31,7 @@ pub(crate) const OPEN_FILES_PER_WORKER: usize = 64;
 /// Reads and large writes bypass the page cache and wait for the device: a couple
 /// of requests in flight beyond the cores (measured: more threads only cost memory).
 pub(crate) fn threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-        + 2
+    crate::threads::cores() + 2
 }
 
 pub(crate) struct Executed {

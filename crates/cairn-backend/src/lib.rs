@@ -41,7 +41,7 @@ pub use mem::MemBackend;
 pub use retry::{RetryBackend, RetryPolicy};
 pub use s3::{S3Backend, S3Location, S3Options};
 pub use server::{ServerBackend, ServerLocation, ServerOptions, parse_fingerprint};
-pub use throttle::{ThrottledBackend, Traffic};
+pub use throttle::{Limiter, ThrottledBackend, Traffic};
 
 use std::fmt;
 

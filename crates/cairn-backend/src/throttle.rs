@@ -32,14 +32,16 @@ impl Traffic {
     }
 }
 
+/// An average rate for any stream of transfers, shared by threads: the upload and
+/// download limits here, and the engine's source-read and restore-write limits.
 #[derive(Debug)]
-struct Limiter {
+pub struct Limiter {
     bytes_per_sec: u64,
     next_free: Mutex<Instant>,
 }
 
 impl Limiter {
-    fn new(bytes_per_sec: u64) -> Self {
+    pub fn new(bytes_per_sec: u64) -> Self {
         Limiter {
             bytes_per_sec: bytes_per_sec.max(1),
             next_free: Mutex::new(Instant::now()),
@@ -47,7 +49,7 @@ impl Limiter {
     }
 
     /// Books this transfer's time and waits until the booking ends.
-    fn take(&self, bytes: u64) {
+    pub fn take(&self, bytes: u64) {
         let cost = Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
         let end = {
             let mut next = self.next_free.lock().unwrap_or_else(|p| p.into_inner());

@@ -469,6 +469,10 @@ pub struct BackupArgs {
     /// seconds.
     #[arg(long, value_name = "SIZE")]
     pub pack_size: Option<String>,
+    /// Read the sources at most this many bytes per second on average (50M; or
+    /// bits: 400Mbit), to leave the disks to the production workload
+    #[arg(long, value_name = "RATE")]
+    pub read_limit: Option<String>,
 }
 
 #[derive(Args)]
@@ -609,6 +613,9 @@ pub struct RestoreArgs {
     /// Read every file written back and compare it with the snapshot
     #[arg(long)]
     pub verify: bool,
+    /// Write at most this many bytes per second on average (as --read-limit)
+    #[arg(long, value_name = "RATE")]
+    pub write_limit: Option<String>,
     #[command(flatten)]
     pub filter: FilterArgs,
 }

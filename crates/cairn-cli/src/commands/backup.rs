@@ -51,6 +51,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     }
     let mut excludes = a.excludes.clone();
     excludes.extend(read_exclude_files(&a.exclude_files)?);
+    let read_limit = super::rate_flag(&a.read_limit, "--read-limit")?;
     let mut p = super::progress(g);
     let location = super::repo_location(g)?;
     let storage = super::storage_options(g)?;
@@ -92,6 +93,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             .map(super::parse_size)
             .transpose()
             .context("--pack-size")?,
+        read_limit,
     };
     p.start();
     let done = AtomicBool::new(false);

@@ -187,6 +187,17 @@ pub fn repo_location(g: &Global) -> Result<String> {
         .ok_or_else(|| anyhow!("no repository given: use --repo or set CAIRN_REPO"))
 }
 
+/// A rate flag's value in bytes per second (`None`: not given).
+pub fn rate_flag(v: &Option<String>, flag: &str) -> Result<Option<u64>> {
+    v.as_deref()
+        .map(|s| {
+            cairn_core::units::parse_rate(s)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| flag.to_string())
+        })
+        .transpose()
+}
+
 /// The storage options the global flags ask for.
 pub fn storage_options(g: &Global) -> Result<StorageOptions> {
     let r = &g.remote;

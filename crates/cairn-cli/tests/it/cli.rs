@@ -237,3 +237,44 @@ fn priority_low_is_nice_and_idle_and_jobs_report_what_they_used() {
     let err = env.fails(&["snapshots", "--priority", "urgent"], 1);
     assert!(err.contains("low, normal or high"), "{err}");
 }
+
+/// `backup --read-limit` and `restore --write-limit` hold the average rate: 3 MiB at
+/// 2 MiB/s cannot take less than a second (a lower bound only: it checks that the
+/// limit applies, not how fast anything is).
+#[test]
+fn read_and_write_limits_hold_the_rate() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let data = Rng(4).bytes(3 << 20, false);
+    std::fs::write(src.join("big"), &data).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "backup",
+        "--json",
+        "--read-limit",
+        "2M",
+        src.to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert!(r["duration_secs"].as_f64().unwrap() >= 1.0, "{r}");
+    let target = env.path("t");
+    let r: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "restore",
+        "latest",
+        "--json",
+        "--write-limit",
+        "16Mbit",
+        "--target",
+        target.to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert!(r["duration_secs"].as_f64().unwrap() >= 1.0, "{r}");
+    let back = target.join(src.strip_prefix("/").unwrap()).join("big");
+    assert_eq!(std::fs::read(back).unwrap(), data);
+    let err = env.fails(&["backup", "--read-limit", "0", src.to_str().unwrap()], 1);
+    assert!(
+        err.contains("--read-limit") && err.contains("above 0"),
+        "{err}"
+    );
+}

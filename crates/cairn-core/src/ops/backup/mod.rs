@@ -69,6 +69,9 @@ pub struct BackupOptions {
     /// pack size): small packs for a slow link lose seconds, not minutes, when it
     /// drops.
     pub pack_size: Option<u64>,
+    /// Read sources at most at this many bytes per second on average
+    /// (`--read-limit`: a backup that leaves the disk to production).
+    pub read_limit: Option<u64>,
 }
 
 /// An entry that could not be backed up.
@@ -519,6 +522,11 @@ fn run(
     let (res_tx, res_rx) = bounded::<(u64, Vec<Item>)>(16);
     let stdin = opts.stdin.take();
 
+    let read_limiter = opts
+        .read_limit
+        .filter(|&r| r > 0)
+        .map(cairn_backend::Limiter::new);
+    let read_limit = read_limiter.as_ref();
     let (archived, walk_result) = std::thread::scope(|s| {
         let budget = &budget;
         let inflight = &inflight;
@@ -549,7 +557,8 @@ fn run(
                         pool,
                         progress,
                         opts.one_file_system,
-                    );
+                    )
+                    .with_read_limit(read_limit);
                     let r = match stdin {
                         Some((name, reader)) => w.run_stdin(&name, reader),
                         None => w.run(paths, parent_tree),
@@ -579,6 +588,7 @@ fn run(
                 enc: BlobEncoder::new(level),
                 chunker: repo.chunker(),
                 buf: Vec::new(),
+                read_limit,
             };
             let spawned = std::thread::Builder::new()
                 .name("cairn-chunk".into())
@@ -661,6 +671,7 @@ struct Worker<'a> {
     chunker: cairn_chunker::Chunker,
     /// A small file's content, reused between files.
     buf: Vec<u8>,
+    read_limit: Option<&'a cairn_backend::Limiter>,
 }
 
 /// How far a small file may grow between its stat and its read before it is left
@@ -850,6 +861,7 @@ impl Worker<'_> {
         };
         drop(dir);
         let mut torn = None;
+        let read_limit = self.read_limit;
         let read = opened.map_err(|e| e.to_string()).and_then(|mut f| {
             if xattrs_unread {
                 match source::read_xattrs_of(&f) {
@@ -868,6 +880,9 @@ impl Worker<'_> {
                 }
                 buf.clear();
                 read_small(&mut f, &mut buf, limit)?;
+                if let Some(l) = read_limit {
+                    l.take(buf.len() as u64);
+                }
                 if before == source::Changes::of(&f) {
                     return Ok(());
                 }

@@ -86,6 +86,8 @@ pub(crate) struct Walker<'a> {
     chunker: StreamChunker,
     batch: Vec<u8>,
     lens: Vec<u32>,
+    /// `--read-limit`: the average rate at which sources are read.
+    read_limit: Option<&'a cairn_backend::Limiter>,
 }
 
 impl<'a> Walker<'a> {
@@ -114,7 +116,14 @@ impl<'a> Walker<'a> {
             chunker: StreamChunker::new(repo.chunker()),
             batch: Vec::new(),
             lens: Vec::new(),
+            read_limit: None,
         }
+    }
+
+    /// Reads sources at most at this average rate.
+    pub(crate) fn with_read_limit(mut self, limit: Option<&'a cairn_backend::Limiter>) -> Self {
+        self.read_limit = limit;
+        self
     }
 
     /// Queues an item; items travel in bundles so that a tree of small files costs a
@@ -572,6 +581,9 @@ impl<'a> Walker<'a> {
                 }
             };
             self.progress.bytes_done(n as u64);
+            if let Some(l) = self.read_limit {
+                l.take(n as u64);
+            }
             self.chunker.commit(n);
             self.take_chunks()?;
         }

@@ -167,6 +167,7 @@ pub(crate) fn execute(
     plan: &Plan,
     owners: bool,
     progress: &Progress,
+    write_limit: Option<&cairn_backend::Limiter>,
 ) -> Result<Executed> {
     let next = AtomicUsize::new(0);
     let bytes = AtomicU64::new(0);
@@ -182,6 +183,9 @@ pub(crate) fn execute(
     let done = |n: usize| {
         bytes.fetch_add(n as u64, Ordering::Relaxed);
         progress.bytes_done(n as u64);
+        if let Some(l) = write_limit {
+            l.take(n as u64);
+        }
     };
     std::thread::scope(|s| {
         for _ in 0..threads.min(plan.packs.len().max(1)) {

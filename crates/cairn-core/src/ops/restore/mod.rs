@@ -66,6 +66,8 @@ pub struct RestoreOptions {
     pub verify: bool,
     /// Write nothing: count what a restore would write, keep and delete.
     pub dry_run: bool,
+    /// Write at most this many bytes per second on average (`--write-limit`).
+    pub write_limit: Option<u64>,
 }
 
 impl RestoreOptions {
@@ -80,6 +82,7 @@ impl RestoreOptions {
             delete: false,
             verify: false,
             dry_run: false,
+            write_limit: None,
         }
     }
 }
@@ -210,6 +213,8 @@ struct Walk<'a> {
     link_dir: Option<Arc<Dir>>,
     /// Cancelled: the walk stopped between entries.
     stopped: bool,
+    /// `--write-limit`.
+    write_limit: Option<cairn_backend::Limiter>,
 }
 
 pub fn restore(
@@ -292,6 +297,10 @@ pub fn restore(
         hardlinks: HashMap::new(),
         link_dir: None,
         stopped: false,
+        write_limit: opts
+            .write_limit
+            .filter(|&r| r > 0)
+            .map(cairn_backend::Limiter::new),
     };
     let keep = keep_names(opts, &tree.nodes, all, false);
     let mut todo = tree.nodes;
@@ -866,7 +875,14 @@ impl Walk<'_> {
         if !jobs.is_empty() {
             let plan = plan::plan(self.repo, &jobs);
             let mut failed: HashMap<u32, String> = plan.failed.clone();
-            let exec = execute::execute(self.repo, &jobs, &plan, owners, self.progress)?;
+            let exec = execute::execute(
+                self.repo,
+                &jobs,
+                &plan,
+                owners,
+                self.progress,
+                self.write_limit.as_ref(),
+            )?;
             self.stats.bytes += exec.bytes;
             for (f, m) in exec.failed {
                 failed.entry(f).or_insert(m);

@@ -67,6 +67,17 @@ pub struct Global {
     /// Size the worker thread pools for N cores instead of this machine's count
     #[arg(long, global = true, value_name = "N")]
     pub threads: Option<usize>,
+    /// Keep the operation's memory under SIZE (e.g. 2G): buffers and caches are
+    /// sized from what the index leaves, and a limit the index alone would break is
+    /// refused with what to change (default: the repository's; `cairn config
+    /// --memory-limit SIZE|none` sets or removes that default; none: no limit)
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_MEMORY_LIMIT",
+        value_name = "SIZE|none"
+    )]
+    pub memory_limit: Option<String>,
     #[command(flatten)]
     pub remote: RemoteArgs,
 }

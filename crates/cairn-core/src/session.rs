@@ -249,6 +249,19 @@ impl<A: Access> Session<A> {
             slot_wait,
             _access: PhantomData,
         };
+        // Before the index is read: a limit it would break is said now, not found
+        // out by swapping.
+        // Prune and repair load the whole index in RAM themselves; forget needs none.
+        let maintenance = operation == "prune" || operation.starts_with("repair");
+        if !matches!(index, IndexLoad::None) || maintenance {
+            let plan = s
+                .repo
+                .memory_plan(matches!(index, IndexLoad::Full) || maintenance)?;
+            if let Some(p) = &plan {
+                progress.notice(p.describe());
+            }
+            s.repo.use_memory_plan(plan);
+        }
         match index {
             IndexLoad::Placement => s.load_index()?,
             IndexLoad::Backup => s.load_index_for_backup()?,

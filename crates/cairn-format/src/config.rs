@@ -148,6 +148,10 @@ pub struct Config {
     /// `CAIRN_INDEX_PATH` overrides it on one machine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_path: Option<String>,
+    /// The memory operations on this repository keep under, in bytes, unless
+    /// `--memory-limit` says otherwise (absent: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<u64>,
     /// Only for `encryption: none`: the master secret, hex (nothing to protect).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plain_master_secret: Option<String>,
@@ -176,6 +180,7 @@ const KNOWN_FIELDS: &[&str] = &[
     "max_concurrent_jobs",
     "index_placement",
     "index_path",
+    "memory_limit",
     "plain_master_secret",
     "features",
 ];
@@ -337,6 +342,7 @@ mod tests {
             max_concurrent_jobs: 4,
             index_placement: IndexPlacement::Ssd,
             index_path: Some("/var/cache/cairn".into()),
+            memory_limit: Some(2 << 30),
             plain_master_secret: None,
             features: vec![],
             unknown_fields: UnknownFields::default(),
@@ -412,6 +418,7 @@ mod tests {
                             IndexPlacement::Ram
                         },
                         index_path: path,
+                        memory_limit: None,
                         plain_master_secret: (encryption == Encryption::None)
                             .then(|| hex::encode(id)),
                         features: vec![],
@@ -456,6 +463,7 @@ mod tests {
             max_concurrent_jobs: 2,
             index_placement: IndexPlacement::Ram,
             index_path: None,
+            memory_limit: None,
             plain_master_secret: None,
             features: vec![],
             unknown_fields: UnknownFields::default(),

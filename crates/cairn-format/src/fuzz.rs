@@ -443,6 +443,7 @@ fn gen_config(rng: &mut Rng) -> Config {
         max_concurrent_jobs: rng.range(1, 1024) as u32,
         index_placement: rng.pick(&[IndexPlacement::Ram, IndexPlacement::Ssd]),
         index_path: rng.one_in(2).then(|| rng.text(20)),
+        memory_limit: rng.one_in(2).then(|| rng.u64()),
         plain_master_secret: (encryption == Encryption::None).then(|| rng.hex_id()),
         features: vec![],
         unknown_fields,

@@ -353,6 +353,7 @@ fn vector_config(enc: Encryption) -> Config {
         max_concurrent_jobs: 4,
         index_placement: IndexPlacement::Ram,
         index_path: None,
+        memory_limit: None,
         plain_master_secret: None,
         features: vec![],
         unknown_fields: UnknownFields::default(),

@@ -27,6 +27,15 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
     if let Some(s) = &a.pack_size {
         repo.set_pack_size(super::parse_size(s).context("--pack-size")?)?;
     }
+    // The global flag, given to `config`, sets the repository's default.
+    if let Some(m) = &g.memory_limit {
+        let limit = if m == "none" {
+            None
+        } else {
+            Some(super::parse_size(m).context("--memory-limit")?)
+        };
+        repo.set_default_memory_limit(limit)?;
+    }
     if let Some(n) = a.max_concurrent_jobs {
         repo.set_max_concurrent_jobs(n)?;
         if n > 16 {
@@ -51,6 +60,13 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
             c.pack_size as f64 / (1 << 20) as f64
         );
         println!("max jobs      {} concurrent backups", c.max_concurrent_jobs);
+        println!(
+            "memory limit  {}",
+            c.memory_limit.map_or(
+                "none (--memory-limit sets one per run)".to_string(),
+                crate::ui::bytes
+            )
+        );
     }
     Ok(0)
 }

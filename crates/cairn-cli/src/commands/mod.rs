@@ -304,6 +304,13 @@ pub fn open_at(
         progress,
     )?;
     remember_traffic(&repo);
+    let mut repo = repo;
+    let limit = match g.memory_limit.as_deref() {
+        Some("none") => None,
+        Some(s) => Some(parse_size(s).context("--memory-limit")?),
+        None => repo.config().memory_limit,
+    };
+    repo.set_memory_limit(limit);
     Ok(repo)
 }
 

@@ -278,3 +278,45 @@ fn read_and_write_limits_hold_the_rate() {
         "{err}"
     );
 }
+
+/// `--memory-limit` (or the repository's default from `cairn config`): the job says
+/// what it will use; a limit it cannot meet is refused before the index is read.
+#[test]
+fn memory_limit_is_announced_met_or_refused() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), Rng(8).bytes(1 << 20, false)).unwrap();
+    let out = env
+        .cmd(&["backup", "--memory-limit", "256M", src.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("within the limit of 256.0 MiB"), "{err}");
+    let err = env.fails(
+        &[
+            "restore",
+            "latest",
+            "--target",
+            "x",
+            "--memory-limit",
+            "40M",
+        ],
+        1,
+    );
+    assert!(
+        err.contains("cannot be met") && err.contains("raise the limit"),
+        "{err}"
+    );
+    // The repository's default applies without the flag, and can be removed.
+    env.ok(&["config", "--memory-limit", "512M"]);
+    let c: serde_json::Value = serde_json::from_str(&env.ok(&["config", "--json"])).unwrap();
+    assert_eq!(c["memory_limit"], 512u64 << 20, "{c}");
+    let out = env.cmd(&["check"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("within the limit of 512.0 MiB"));
+    env.ok(&["config", "--memory-limit", "none"]);
+    let out = env.cmd(&["check"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("within the limit"));
+}

@@ -24,6 +24,8 @@ pub struct RepositoryInfo {
     pub encryption: &'static str,
     pub pack_size: u32,
     pub max_concurrent_jobs: u32,
+    /// The default memory limit of operations (`None`: none).
+    pub memory_limit: Option<u64>,
     pub index_placement: &'static str,
 }
 
@@ -43,6 +45,7 @@ impl RepositoryInfo {
             encryption: c.encryption.name(),
             pack_size: c.pack_size,
             max_concurrent_jobs: c.max_concurrent_jobs,
+            memory_limit: c.memory_limit,
             index_placement: c.index_placement.name(),
         }
     }

@@ -27,6 +27,7 @@ mod index_load;
 pub mod info;
 mod keys;
 pub mod lock;
+pub mod memory;
 mod objects;
 pub mod packer;
 mod snapshots;
@@ -123,6 +124,10 @@ pub struct Repository {
     /// Set when a backup loaded only part of the index because the storage (a cairn
     /// server) answers dedup queries for the rest.
     dedup: Option<Arc<dedup::DedupClient>>,
+    /// `--memory-limit` (or the repository's default), and the plan the session
+    /// made under it, which operations size their buffers from.
+    memory_limit: Option<u64>,
+    memory_plan: Option<memory::MemoryPlan>,
 }
 
 /// The datastore's pack size: the format's bounds (docs/FORMAT.md, "Config").
@@ -191,6 +196,7 @@ impl Repository {
             max_concurrent_jobs: cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS,
             index_placement: opts.index_placement,
             index_path: opts.index_path.clone(),
+            memory_limit: None,
             plain_master_secret: (encryption == Encryption::None)
                 .then(|| hex::encode(key.secret())),
             features: vec![cairn_format::consts::FEATURE_ADMIN_NAMES.to_string()],
@@ -206,6 +212,8 @@ impl Repository {
             traffic: None,
             location: String::new(),
             dedup: None,
+            memory_limit: None,
+            memory_plan: None,
             blob_cache: Arc::new(blobcache::BlobCache::new(
                 blobcache::DEFAULT_BLOB_CACHE_BYTES,
             )),
@@ -271,6 +279,8 @@ impl Repository {
             index_errors: Vec::new(),
             traffic: None,
             dedup: None,
+            memory_limit: None,
+            memory_plan: None,
             blob_cache: Arc::new(blobcache::BlobCache::new(
                 blobcache::DEFAULT_BLOB_CACHE_BYTES,
             )),
@@ -311,6 +321,8 @@ impl Repository {
             index_errors: Vec::new(),
             traffic: self.traffic.clone(),
             dedup: None,
+            memory_limit: self.memory_limit,
+            memory_plan: None,
             blob_cache: Arc::new(blobcache::BlobCache::new(
                 blobcache::DEFAULT_BLOB_CACHE_BYTES,
             )),
@@ -467,6 +479,20 @@ impl Repository {
             ));
         }
         self.config.pack_size = bytes as u32;
+        self.write_config()
+    }
+
+    /// The repository's default memory limit for operations (`None`: none).
+    pub fn set_default_memory_limit(&mut self, limit: Option<u64>) -> Result<()> {
+        if let Some(l) = limit
+            && l < memory::MIN_WORK_BYTES
+        {
+            return Err(Error::Invalid(format!(
+                "memory limit {}: too small to run anything; give at least 64M",
+                crate::units::bytes(l, 0)
+            )));
+        }
+        self.config.memory_limit = limit;
         self.write_config()
     }
 

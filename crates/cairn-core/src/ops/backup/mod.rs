@@ -508,13 +508,33 @@ fn run(
     let key = repo.key().clone();
     let index = repo.index().clone();
     let level = repo.config().compression.zstd_level();
-    let budget = Budget::new(CHUNK_BYTES_IN_FLIGHT);
+    // Under a memory limit, the chunks in flight and the small-file readers (each
+    // holding a file) are sized from the working memory the plan leaves.
+    let plan = repo.memory_plan_in_use().copied();
+    let in_flight = plan.map_or(CHUNK_BYTES_IN_FLIGHT, |p| {
+        p.share(8, 4 << 20, CHUNK_BYTES_IN_FLIGHT as u64) as usize
+    });
+    let budget = Budget::new(in_flight);
     let inflight = InFlight::new();
     let cores = crate::threads::cores();
     let workers = opts
         .read_concurrency
         .unwrap_or_else(|| default_read_concurrency(cores))
+        .min(plan.map_or(usize::MAX, |p| p.share(2 << 20, 2, 256) as usize))
         .clamp(1, 256);
+    // Packs being filled and uploaded (about six at a time): smaller under a limit.
+    if let Some(p) = plan
+        && opts.pack_size.is_none()
+    {
+        let fits = p.share(
+            12,
+            crate::repo::CLIENT_PACK_SIZE_MIN,
+            repo.config().pack_size.into(),
+        );
+        if fits < u64::from(repo.config().pack_size) {
+            opts.pack_size = Some(fits);
+        }
+    }
     // Scanners mostly wait on metadata reads; two keep the walker fed on 2 cores.
     let scanners = cores.clamp(2, 8);
     let pool = scan::Pool::new();

@@ -215,6 +215,9 @@ struct Walk<'a> {
     stopped: bool,
     /// `--write-limit`.
     write_limit: Option<cairn_backend::Limiter>,
+    /// Chunks a batch plans at most (each costs about 128 bytes of plan): fewer
+    /// under a memory limit.
+    batch_chunks_max: u64,
 }
 
 pub fn restore(
@@ -301,6 +304,9 @@ pub fn restore(
             .write_limit
             .filter(|&r| r > 0)
             .map(cairn_backend::Limiter::new),
+        batch_chunks_max: repo
+            .memory_plan_in_use()
+            .map_or(BATCH_CHUNKS, |p| p.share(4 * 128, 1 << 16, BATCH_CHUNKS)),
     };
     let keep = keep_names(opts, &tree.nodes, all, false);
     let mut todo = tree.nodes;
@@ -857,7 +863,7 @@ impl Walk<'_> {
     }
 
     fn maybe_flush(&mut self) -> Result<()> {
-        if self.batch_chunks >= BATCH_CHUNKS
+        if self.batch_chunks >= self.batch_chunks_max
             || self.batch.len() >= BATCH_FILES
             || self.batch_dirs >= self.dir_budget
         {

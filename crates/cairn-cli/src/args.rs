@@ -712,15 +712,9 @@ pub struct ForgetArgs {
     /// Keep snapshots carrying all of these comma-separated tags (repeatable)
     #[arg(long = "keep-tag", value_name = "TAGS")]
     pub keep_tags: Vec<String>,
-    /// Only consider snapshots of this host (repeatable)
-    #[arg(long = "host", value_name = "HOST")]
-    pub hosts: Vec<String>,
-    /// Only consider snapshots carrying all of these comma-separated tags (repeatable: any)
-    #[arg(long = "tag", value_name = "TAGS")]
-    pub tags: Vec<String>,
-    /// Only consider snapshots that include this path (repeatable: all)
-    #[arg(long = "path", value_name = "PATH")]
-    pub paths: Vec<String>,
+    /// Which snapshots the policy considers (the others are neither kept nor removed)
+    #[command(flatten)]
+    pub filter: FilterArgs,
     /// Apply the policy per group of snapshots sharing these: host,paths,tags or ''
     #[arg(short = 'g', long, value_name = "FIELDS")]
     pub group_by: Option<String>,

@@ -81,6 +81,16 @@ fn shares(e: &Estimate, f: impl Fn(&cairn_plan::estimate::BlockEstimate) -> f64)
     }
 }
 
+/// A difference in reduction that goes against the reason's word ("more" or
+/// "less"), said the right way round: "1.2 points less", or `none` when it is nil.
+fn points_other_way(points: f64, word: &str, none: &str) -> String {
+    if points <= -0.05 {
+        format!("{:.1} points {word}", -points)
+    } else {
+        none.to_string()
+    }
+}
+
 /// Said when the projection reaches far beyond what was read: deduplication across
 /// that much data (more copies of the same files, more versions) is usually higher
 /// than in a sample, and the sample may not be typical.
@@ -239,11 +249,7 @@ fn wording(r: &Reason) -> String {
         } if *more_points < 0.05 => format!(
             "{} would not reduce more ({}), and needs {} more RAM and {} more index",
             kib(*block_size),
-            if *more_points <= -0.05 {
-                format!("{:.1} points less", -more_points)
-            } else {
-                "the same".to_string()
-            },
+            points_other_way(*more_points, "less", "the same"),
             h(*extra_ram_bytes),
             h(*extra_index_bytes)
         ),
@@ -273,11 +279,7 @@ fn wording(r: &Reason) -> String {
         } if *fewer_points < 0.05 => format!(
             "{} would reduce {} and save {} of RAM",
             kib(*block_size),
-            if *fewer_points <= -0.05 {
-                format!("{:.1} points more", -fewer_points)
-            } else {
-                "as much".to_string()
-            },
+            points_other_way(*fewer_points, "more", "as much"),
             h(*saved_ram_bytes)
         ),
         Reason::LargerReducesLess {

@@ -7,7 +7,6 @@ use crate::ui;
 use anyhow::{Context, Result, bail};
 use cairn_core::forget::{
     self, CalendarDuration, ForgetRequest, GroupBy, GroupReport, Policy, SnapshotEntry,
-    SnapshotFilter,
 };
 use cairn_core::session::{IndexLoad, Write};
 
@@ -58,9 +57,7 @@ fn policy_options_given(a: &ForgetArgs) -> bool {
     .iter()
     .any(|o| o.is_some())
         || !a.keep_tags.is_empty()
-        || !a.hosts.is_empty()
-        || !a.tags.is_empty()
-        || !a.paths.is_empty()
+        || !a.filter.engine().is_empty()
 }
 
 pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
@@ -83,11 +80,7 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
         ForgetRequest::Policy {
             policy,
             group_by,
-            filter: SnapshotFilter {
-                hosts: a.hosts.clone(),
-                tags: a.tags.clone(),
-                paths: a.paths.clone(),
-            },
+            filter: a.filter.engine(),
         }
     };
     let p = super::progress(g);

@@ -617,8 +617,8 @@ class Cairn(Tool):
         return [self.bin, "restore", "latest", "--repo", self.repo, "--target", target], None
 
     SUMMARY_RE = {
-        "forget": r"(removed|would remove) \d+ snapshots",
-        "prune": r"(\d+ snapshots need|will |would |space reclaimed|wrote |kept |\d+ packs )",
+        "forget": r"(removed|would remove) \d+ snapshots?",
+        "prune": r"(\d+ snapshots? need|will |would |space reclaimed|wrote |kept |\d+ packs )",
         "check-rd": r"(checked |no errors|\d+ (errors|problems))",
     }
 

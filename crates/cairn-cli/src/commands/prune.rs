@@ -68,9 +68,9 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     let p = &r.plan;
     let b = ui::bytes;
     println!(
-        "{} snapshots need {} blobs; packs: {} in {} ({} used, {} unused, {} headers)",
-        p.snapshots,
-        p.used_blobs,
+        "{} need {}; packs: {} in {} ({} used, {} unused, {} headers)",
+        ui::count(p.snapshots as u64, "snapshot"),
+        ui::count(p.used_blobs as u64, "blob"),
         p.packs,
         b(p.pack_bytes),
         b(p.used_bytes),
@@ -79,13 +79,13 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     );
     let verb = if r.dry_run { "would" } else { "will" };
     println!(
-        "{verb} delete {} unused packs ({})",
-        p.delete_packs,
+        "{verb} delete {} ({})",
+        ui::count(p.delete_packs as u64, "unused pack"),
         b(p.delete_bytes)
     );
     println!(
-        "{verb} repack {} packs ({}), copying {}",
-        p.repack_packs,
+        "{verb} repack {} ({}), copying {}",
+        ui::count(p.repack_packs as u64, "pack"),
         b(p.repack_bytes),
         b(p.repack_copy_bytes)
     );
@@ -118,10 +118,10 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
         return Ok(());
     }
     println!(
-        "wrote {} packs and {} index files; deleted {} packs ({})",
-        r.new_packs,
-        r.new_index_files,
-        r.deleted_packs,
+        "wrote {} and {}; deleted {} ({})",
+        ui::count(r.new_packs, "pack"),
+        ui::count(r.new_index_files as u64, "index file"),
+        ui::count(r.deleted_packs as u64, "pack"),
         b(r.deleted_bytes)
     );
     if r.temporaries_removed_bytes > 0 {

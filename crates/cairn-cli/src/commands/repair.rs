@@ -1,4 +1,5 @@
 use crate::args::{Global, RepairCommand};
+use crate::ui;
 use anyhow::Result;
 use cairn_core::repair;
 use cairn_core::session::{Exclusive, IndexLoad};
@@ -27,10 +28,10 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
                 }
                 if !g.quiet {
                     println!(
-                        "read {} packs; indexed {} blobs in {} new index files, replacing {}",
-                        r.packs_read,
-                        r.blobs_indexed,
-                        r.index_files_written,
+                        "read {}; indexed {} in {}, replacing {}",
+                        ui::count(r.packs_read as u64, "pack"),
+                        ui::count(r.blobs_indexed as u64, "blob"),
+                        ui::count(r.index_files_written as u64, "new index file"),
                         r.index_files_replaced
                     );
                     if r.damaged_packs.iter().any(|d| d.blobs_lost > 0) {

@@ -68,8 +68,9 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     let p = &r.plan;
     let b = ui::bytes;
     println!(
-        "{} need {}; packs: {} in {} ({} used, {} unused, {} headers)",
+        "{} {} {}; packs: {} in {} ({} used, {} unused, {} headers)",
         ui::count(p.snapshots as u64, "snapshot"),
+        if p.snapshots == 1 { "needs" } else { "need" },
         ui::count(p.used_blobs as u64, "blob"),
         p.packs,
         b(p.pack_bytes),

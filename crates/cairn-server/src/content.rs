@@ -716,7 +716,7 @@ pub async fn search(
 #[derive(Deserialize)]
 pub struct DownloadQuery {
     path: String,
-    /// `file` (one file's bytes; the default for a file) or `tar.zst`.
+    /// `file` (one file's bytes; the default for a file), `tar.zst` or `zip`.
     #[serde(default)]
     format: Option<String>,
 }

@@ -201,15 +201,6 @@ pub fn rate_flag(v: &Option<String>, flag: &str) -> Result<Option<u64>> {
 /// The storage options the global flags ask for.
 pub fn storage_options(g: &Global) -> Result<StorageOptions> {
     let r = &g.remote;
-    let rate = |v: &Option<String>, what: &str| -> Result<Option<u64>> {
-        v.as_deref()
-            .map(|s| {
-                cairn_core::units::parse_rate(s)
-                    .map_err(anyhow::Error::msg)
-                    .with_context(|| format!("--limit-{what}"))
-            })
-            .transpose()
-    };
     Ok(StorageOptions {
         s3: cairn_backend::S3Options {
             region: r.s3_region.clone(),
@@ -218,8 +209,8 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
             ca_cert: r.cacert.clone(),
             insecure_tls: r.insecure_tls,
         },
-        limit_upload: rate(&r.limit_upload, "upload")?,
-        limit_download: rate(&r.limit_download, "download")?,
+        limit_upload: rate_flag(&r.limit_upload, "--limit-upload")?,
+        limit_download: rate_flag(&r.limit_download, "--limit-download")?,
         cache: if r.no_cache {
             CacheChoice::Off
         } else {

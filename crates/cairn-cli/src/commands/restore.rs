@@ -6,14 +6,14 @@ use cairn_core::session::{IndexLoad, Read};
 
 pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     // A bad --overwrite is refused before the password is asked for.
-    a.overwrite.parse::<restore::Overwrite>()?;
+    let overwrite: restore::Overwrite = a.overwrite.parse()?;
     let write_limit = super::rate_flag(&a.write_limit, "--write-limit")?;
     let mut p = super::progress(g);
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     let snap = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     let opts = RestoreOptions {
         includes: a.includes.clone(),
-        overwrite: a.overwrite.parse()?,
+        overwrite,
         delete: a.delete,
         verify: a.verify,
         dry_run: a.dry_run,

@@ -28,12 +28,6 @@ pub fn run(g: &Global, a: &ServeArgs) -> Result<i32> {
     }
 }
 
-fn rate(v: &Option<String>) -> Result<Option<u64>> {
-    Ok(v.as_deref()
-        .map(cairn_server::config::parse_rate)
-        .transpose()?)
-}
-
 fn serve(a: &ServeArgs) -> Result<i32> {
     let config = ServerConfig::from_flags(&Flags {
         config: a.config.clone(),
@@ -44,10 +38,16 @@ fn serve(a: &ServeArgs) -> Result<i32> {
         tls_key: a.tls_key.clone(),
         insecure_http: a.insecure_http,
         limits: cairn_server::config::Limits {
-            upload_per_token: rate(&a.limit_upload_per_token)?,
-            download_per_token: rate(&a.limit_download_per_token)?,
-            upload: rate(&a.limit_total_upload)?,
-            download: rate(&a.limit_total_download)?,
+            upload_per_token: super::rate_flag(
+                &a.limit_upload_per_token,
+                "--limit-upload-per-token",
+            )?,
+            download_per_token: super::rate_flag(
+                &a.limit_download_per_token,
+                "--limit-download-per-token",
+            )?,
+            upload: super::rate_flag(&a.limit_total_upload, "--limit-total-upload")?,
+            download: super::rate_flag(&a.limit_total_download, "--limit-total-download")?,
         },
     })?;
     let names: Vec<String> = config.datastores.keys().cloned().collect();

@@ -109,11 +109,7 @@ pub fn diff<A: Access>(
     if sa.is_none() && sb.is_none() {
         return Err(Error::Invalid(format!("{path}: in neither snapshot")));
     }
-    let base: String = path
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .map(|c| format!("/{c}"))
-        .collect();
+    let base = crate::ops::ls::walk_path(path);
     let mut d = Differ {
         out: Vec::new(),
         summary: DiffSummary::default(),

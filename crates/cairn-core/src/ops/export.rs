@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::ops::ls::find_node;
 use crate::repo::Repository;
 use crate::session::{Access, Session};
-use crate::tree::chunklist::for_each_chunk;
+use crate::tree::chunklist::FileReader;
 use crate::tree::walk::Visitor;
 use cairn_format::BlobId;
 use cairn_format::tree::{Node, NodeKind, Tree};
@@ -109,11 +109,7 @@ fn run<A: Access, S: Sink>(
 ) -> Result<ExportReport> {
     let repo = session.repo();
     let start = find_node(repo, root, path)?;
-    let base: String = path
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .map(|c| format!("/{c}"))
-        .collect();
+    let base = crate::ops::ls::walk_path(path);
     let mut ex = Exporter {
         repo,
         sink,
@@ -195,23 +191,9 @@ impl<S: Sink> Exporter<'_, S> {
                     None
                 };
                 let shown = String::from_utf8_lossy(&name).into_owned();
-                // Loaded for another name too: a format without hard links (zip)
+                // Readable for another name too: a format without hard links (zip)
                 // stores the content again.
-                let mut chunks = Vec::new();
-                for_each_chunk(self.repo, &n.content, &mut |c| {
-                    chunks.push(c.id);
-                    Ok(())
-                })?;
-                let mut content = Content {
-                    repo: self.repo,
-                    chunks: chunks.into_iter(),
-                    ready: std::collections::VecDeque::new(),
-                    buf: Vec::new(),
-                    pos: 0,
-                    left: n.size,
-                    path: &shown,
-                    error: None,
-                };
+                let mut content = Content::new(self.repo, n, &shown);
                 self.sink.file(&name, n, first.as_deref(), &mut content)?;
                 self.report.files += 1;
                 if first.is_none() {
@@ -446,26 +428,70 @@ impl Sink for ZipSink<'_> {
 /// Blobs read at once, ahead of the writer: enough to keep several pack reads in
 /// flight on a disk or object store, little memory (a few MiB at most).
 const READ_AHEAD: usize = 8;
+/// Chunk ids taken from the chunk list per descent into it: a file's ids are never
+/// held all at once (a 1 TB file has tens of millions of chunks).
+const IDS_PER_DESCENT: usize = 1024;
 
-/// A file's content as a reader of exactly its recorded size: blobs are read up to
-/// [`READ_AHEAD`] at a time in parallel, and content shorter or longer than the size
-/// is an error (kept in `error`, since the archive writer only sees an I/O error).
-struct Content<'a> {
+/// A file's content as a reader of exactly its recorded size: chunk ids are taken
+/// from its chunk list a thousand at a time, blobs read up to [`READ_AHEAD`] at a
+/// time in parallel, and content shorter or longer than the size is an error (kept
+/// in `error`, since the writer only sees an I/O error). Used by `export` and `dump`.
+pub(crate) struct Content<'a> {
     repo: &'a Repository,
-    chunks: std::vec::IntoIter<BlobId>,
+    reader: FileReader<'a>,
+    /// File offset of the first chunk not yet in `ids`.
+    next_offset: u64,
+    ids: std::collections::VecDeque<BlobId>,
     /// Blobs read ahead, in order.
     ready: std::collections::VecDeque<Vec<u8>>,
     buf: Vec<u8>,
     pos: usize,
     left: u64,
     path: &'a str,
-    error: Option<Error>,
+    pub(crate) error: Option<Error>,
 }
 
-impl Content<'_> {
+impl<'a> Content<'a> {
+    /// The content of file `n`, named `path` in errors.
+    pub(crate) fn new(repo: &'a Repository, n: &'a Node, path: &'a str) -> Self {
+        Content {
+            repo,
+            reader: FileReader::new(repo, &n.content, n.size),
+            next_offset: 0,
+            ids: std::collections::VecDeque::new(),
+            ready: std::collections::VecDeque::new(),
+            buf: Vec::new(),
+            pos: 0,
+            left: n.size,
+            path,
+            error: None,
+        }
+    }
+
     /// Reads the next blobs (several in parallel when there are several).
     fn fill(&mut self) -> Result<()> {
-        let batch: Vec<BlobId> = self.chunks.by_ref().take(READ_AHEAD).collect();
+        if self.ids.len() < READ_AHEAD && self.next_offset < self.reader.size() {
+            let (ids, next) = (&mut self.ids, &mut self.next_offset);
+            let mut taken = 0;
+            let from = *next;
+            self.reader.chunks_from(from, &mut |c, start| {
+                // `from` is always a chunk's start (the end of the one before), so
+                // this only guards against taking a chunk twice.
+                if start < from {
+                    return Ok(true);
+                }
+                ids.push_back(c.id);
+                *next = start + c.length;
+                taken += 1;
+                Ok(taken < IDS_PER_DESCENT)
+            })?;
+            if taken == 0 {
+                // Nothing more: the list ends before the recorded size.
+                self.next_offset = self.reader.size();
+            }
+        }
+        let n = self.ids.len().min(READ_AHEAD);
+        let batch: Vec<BlobId> = self.ids.drain(..n).collect();
         let repo = self.repo;
         let blobs: Vec<Result<Vec<u8>>> = if batch.len() <= 1 {
             batch.iter().map(|id| repo.read_blob(id)).collect()

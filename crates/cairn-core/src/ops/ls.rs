@@ -14,6 +14,12 @@ fn components(path: &str) -> Vec<&str> {
         .collect()
 }
 
+/// `path` as the walk names it: `/a/b` without empty or `.` components (`""` for
+/// the root).
+pub(crate) fn walk_path(path: &str) -> String {
+    components(path).iter().map(|c| format!("/{c}")).collect()
+}
+
 /// Finds the node at `path`; the root (`/` or empty) has no node and returns `None`.
 pub fn find_node(repo: &Repository, root: &BlobId, path: &str) -> Result<Option<Node>> {
     let comps = components(path);
@@ -164,7 +170,7 @@ fn walk(
     on_error: &mut dyn FnMut(&str, Error),
 ) -> Result<()> {
     let start = find_node(repo, root, path)?;
-    let base: String = components(path).iter().map(|c| format!("/{c}")).collect();
+    let base = walk_path(path);
     let tree_id = match &start {
         None => *root,
         Some(n) => {

@@ -394,41 +394,20 @@ fn verify(
     jobs: &[FileJob],
     failed: &HashMap<u32, String>,
 ) -> Vec<(u32, Option<String>)> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let check = |job: &FileJob| -> Option<String> {
+    let written: Vec<u32> = (0..jobs.len() as u32)
+        .filter(|i| !failed.contains_key(i))
+        .collect();
+    crate::threads::parallel_map(&written, execute::threads(), |&i| {
+        let job = &jobs[i as usize];
         let r = sys::stat_at(job.dir.fd(), &job.name)
             .map_err(|e| Error::io(job.path(), e))
             .and_then(|st| overwrite::file_matches(repo, job.dir.fd(), &job.name, &st, &job.node));
-        match r {
+        let problem = match r {
             Ok(true) => None,
             Ok(false) => Some("verify: the file read back differs from the snapshot".into()),
             Err(e) => Some(format!("verify: {e}")),
-        }
-    };
-    let threads = execute::threads().min(jobs.len()).max(1);
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut out = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(job) = jobs.get(i) else { break };
-                        if !failed.contains_key(&(i as u32)) {
-                            out.push((i as u32, check(job)));
-                        }
-                    }
-                    out
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| {
-                w.join()
-                    .unwrap_or_else(|_| vec![(0, Some("verify: a reader panicked".into()))])
-            })
-            .collect()
+        };
+        (i, problem)
     })
 }
 

@@ -23,6 +23,8 @@ command -v node >/dev/null || need_apt+=(nodejs)
 command -v npm >/dev/null || need_apt+=(npm)
 # `cairn mount` tests mount FUSE file systems and unmount them from outside.
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+# The --priority test reads a job's I/O class with ionice.
+command -v ionice >/dev/null || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null

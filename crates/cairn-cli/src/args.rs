@@ -459,6 +459,27 @@ pub struct BackupArgs {
     /// Do not cross filesystem boundaries
     #[arg(short = 'x', long)]
     pub one_file_system: bool,
+    /// Back up a disk image or block device (a file, /dev/sdX, /dev/vg/snap) in
+    /// fixed blocks of the repository's block size; every snapshot is a full image
+    #[arg(long, value_name = "SOURCE")]
+    pub image: Option<PathBuf>,
+    /// The image's name in the snapshot (default: the source's file name)
+    #[arg(long, requires = "image")]
+    pub name: Option<String>,
+    /// Read only the byte ranges this file lists as changed since the parent image
+    /// snapshot and take every other block from it (changed-block tracking; see
+    /// docs/IMAGES.md for the formats)
+    #[arg(long, value_name = "FILE", requires = "image")]
+    pub changed_blocks: Option<PathBuf>,
+    /// Format of --changed-blocks: auto, ranges ("OFFSET LENGTH" lines), json,
+    /// qemu-dirty-map (qemu-img map over a dirty bitmap), thin-delta (LVM thin_delta)
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        default_value = "auto",
+        requires = "changed_blocks"
+    )]
+    pub changed_blocks_format: String,
     /// Back up standard input as one file
     #[arg(long)]
     pub stdin: bool,
@@ -627,6 +648,13 @@ pub struct RestoreArgs {
     /// Write at most this many bytes per second on average (as --read-limit)
     #[arg(long, value_name = "RATE")]
     pub write_limit: Option<String>,
+    /// Restore an image snapshot (backup --image) to the file or block device
+    /// given as --target (a directory gets the image under its name)
+    #[arg(long)]
+    pub image: bool,
+    /// With --image onto a device known to hold zeros: do not write zero blocks
+    #[arg(long, requires = "image")]
+    pub zeroed: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
 }

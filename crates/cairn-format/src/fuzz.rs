@@ -468,6 +468,7 @@ fn gen_snapshot(rng: &mut Rng) -> Snapshot {
             snapshot: rng.hex_id(),
         }),
         program_version: rng.text(15),
+        image: None,
         summary: SnapshotSummary {
             files_new: rng.edgy_u64(),
             files_changed: rng.edgy_u64(),

@@ -60,6 +60,46 @@ pub struct Snapshot {
     pub copied_from: Option<CopiedFrom>,
     pub program_version: String,
     pub summary: SnapshotSummary,
+    /// Set by `backup --image`: the snapshot's one file is a disk image cut in
+    /// fixed blocks (see [`ImageInfo`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageInfo>,
+}
+
+/// What an image snapshot records beyond a file snapshot. Its root tree holds one
+/// file node, the image, whose chunks are all `block_size` bytes (the last may be
+/// shorter) and whose chunk-list blobs hold exactly `fanout` entries each (the last
+/// of each level may hold fewer), so that the list of block `n` is found by
+/// arithmetic and a later backup can take whole subtrees from this one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    /// Where it was read from (a file or block device path).
+    pub source: String,
+    /// Bytes of the image.
+    pub size: u64,
+    pub block_size: u32,
+    /// Entries per chunk-list blob.
+    pub fanout: u32,
+    /// Blocks of the image (`ceil(size / block_size)`).
+    pub blocks: u64,
+    /// Blocks read from the source (all, unless a changed-block list was given).
+    pub blocks_read: u64,
+    /// Blocks whose content differs from the parent's block at the same place
+    /// (all of them without a parent).
+    pub blocks_changed: u64,
+    /// Blocks of zeros (stored once, restored as holes).
+    pub blocks_zero: u64,
+    /// The parent's blocks were taken for everything outside these ranges.
+    #[serde(default)]
+    pub changed_blocks_input: bool,
+    /// Byte ranges `[offset, length]` the source failed to read: they hold zeros
+    /// in the snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<(u64, u64)>,
+    /// Set when the source's size at the end of the backup differed from `size`
+    /// (the image was saved at `size`, and may be inconsistent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_at_end: Option<u64>,
 }
 
 impl Snapshot {
@@ -112,6 +152,7 @@ mod tests {
                 snapshot: "ef".repeat(32),
             }),
             program_version: "cairn test".into(),
+            image: None,
             summary: SnapshotSummary::default(),
         }
     }
@@ -184,6 +225,7 @@ mod tests {
                     snapshot: hex::encode(s),
                 }),
                 program_version: "cairn test".into(),
+                image: None,
                 summary: SnapshotSummary {
                     files_new: files,
                     duration_secs: duration,

@@ -1083,6 +1083,7 @@ fn vector_snapshot() -> Snapshot {
             snapshot: hex::encode(id(0x5c)),
         }),
         program_version: "cairn 0.1.0".into(),
+        image: None,
         summary: SnapshotSummary {
             files_new: 3,
             files_changed: 1,

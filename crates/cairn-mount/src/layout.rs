@@ -185,6 +185,7 @@ mod tests {
             original: None,
             copied_from: None,
             program_version: "t".into(),
+            image: None,
             summary: Default::default(),
         }
     }

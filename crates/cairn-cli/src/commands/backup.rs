@@ -49,6 +49,25 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     if a.stdin && !a.paths.is_empty() {
         anyhow::bail!("--stdin cannot be combined with paths");
     }
+    if a.image.is_some() && (a.stdin || !a.paths.is_empty()) {
+        anyhow::bail!("--image backs up one image: it cannot be combined with paths or --stdin");
+    }
+    let image = match &a.image {
+        Some(source) => Some(cairn_core::ops::image::ImageOptions {
+            source: source.clone(),
+            name: a.name.clone(),
+            changed_blocks: match &a.changed_blocks {
+                Some(f) => Some((
+                    f.clone(),
+                    a.changed_blocks_format
+                        .parse()
+                        .map_err(|e: String| anyhow::anyhow!("--changed-blocks-format: {e}"))?,
+                )),
+                None => None,
+            },
+        }),
+        None => None,
+    };
     let mut excludes = a.excludes.clone();
     excludes.extend(read_exclude_files(&a.exclude_files)?);
     let read_limit = super::rate_flag(&a.read_limit, "--read-limit")?;
@@ -80,6 +99,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     let opts = BackupOptions {
         paths: a.paths.clone(),
         stdin,
+        image,
         tags: a.tags.clone(),
         host: a.host.clone(),
         excludes,
@@ -98,7 +118,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     p.start();
     let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {
-        if ui::interactive(g) && !a.stdin {
+        if ui::interactive(g) && !a.stdin && a.image.is_none() {
             let paths = a.paths.clone();
             let (progress, done) = (&p.progress, &done);
             s.spawn(move || scan_total(paths, progress, done));
@@ -127,6 +147,8 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     let s = &r.summary;
     if g.json {
         super::print_json_report(&r)?;
+    } else if !g.quiet && r.snapshot.image.is_some() {
+        print_image_summary(&r);
     } else if !g.quiet {
         let d = s.duration_secs;
         println!(
@@ -185,11 +207,68 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         }
         println!("snapshot {} saved", r.snapshot_id.short());
     }
+    let image_incomplete = r
+        .snapshot
+        .image
+        .as_ref()
+        .is_some_and(|i| !i.unreadable.is_empty() || i.size_at_end.is_some());
     Ok(
-        if s.entries_skipped > 0 || !r.changed_while_read.is_empty() {
+        if s.entries_skipped > 0 || !r.changed_while_read.is_empty() || image_incomplete {
             crate::EXIT_INCOMPLETE
         } else {
             0
         },
     )
+}
+
+fn print_image_summary(r: &backup::BackupReport) {
+    let (Some(i), s) = (&r.snapshot.image, &r.summary) else {
+        return;
+    };
+    let d = s.duration_secs;
+    println!(
+        "image:     {} ({}), {} of {}{}",
+        i.source,
+        ui::bytes(i.size),
+        ui::count(i.blocks, "block"),
+        ui::bytes(u64::from(i.block_size)),
+        if i.changed_blocks_input {
+            " (changed-block list)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "blocks:    {} read, {} changed since the parent, {} zero",
+        i.blocks_read, i.blocks_changed, i.blocks_zero
+    );
+    println!(
+        "read:      {} of {} in the snapshot",
+        ui::bytes(s.bytes_read),
+        ui::bytes(s.total_bytes)
+    );
+    println!(
+        "added:     {} to the repository ({} before compression)",
+        ui::bytes(s.data_added_packed),
+        ui::bytes(s.data_added)
+    );
+    println!(
+        "duration:  {:.2}s, {} read, {} of image covered",
+        d,
+        ui::rate(s.bytes_read, d),
+        ui::rate(s.total_bytes, d)
+    );
+    if !i.unreadable.is_empty() {
+        println!(
+            "unreadable: {} saved as zeros (see warnings above)",
+            ui::count(i.unreadable.len() as u64, "range")
+        );
+    }
+    if let Some(now) = i.size_at_end {
+        println!(
+            "changed:   the source is now {now} bytes; the image was saved at {} (see warning above)",
+            i.size
+        );
+    }
+    println!("snapshot {} saved", r.snapshot_id.short());
 }

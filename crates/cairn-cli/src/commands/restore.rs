@@ -1,6 +1,6 @@
 use crate::args::{Global, RestoreArgs};
 use crate::ui;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use cairn_core::restore::{self, RestoreOptions};
 use cairn_core::session::{IndexLoad, Read};
 
@@ -11,6 +11,9 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     let mut p = super::progress(g);
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     let snap = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
+    if a.image || snap.1.image.is_some() && is_device_or_image_target(&a.target) {
+        return restore_image(g, a, &session, &snap, overwrite, &mut p);
+    }
     let opts = RestoreOptions {
         includes: a.includes.clone(),
         overwrite,
@@ -111,6 +114,70 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             ui::count(r.errors.len() as u64, "entry")
         );
         return Ok(1);
+    }
+    Ok(0)
+}
+
+/// A target that only makes sense for an image: a block device, or a path that is
+/// not a directory (restoring a file snapshot there would make a directory).
+fn is_device_or_image_target(target: &std::path::Path) -> bool {
+    cairn_core::ops::image::restore::is_block_device(target)
+}
+
+fn restore_image(
+    g: &Global,
+    a: &RestoreArgs,
+    session: &cairn_core::Session<Read>,
+    snap: &(cairn_format::SnapshotId, cairn_format::snapshot::Snapshot),
+    overwrite: restore::Overwrite,
+    p: &mut super::CliProgress,
+) -> Result<i32> {
+    use cairn_core::ops::image::restore::{ImageRestoreOptions, restore_image_snapshot};
+    if !a.includes.is_empty() || a.delete || a.dry_run {
+        anyhow::bail!("--include, --delete and --dry-run do not apply to an image restore");
+    }
+    let opts = ImageRestoreOptions {
+        target: a.target.clone(),
+        zeroed: a.zeroed,
+        replace: overwrite == restore::Overwrite::Always,
+        verify: a.verify,
+    };
+    p.start();
+    let r = restore_image_snapshot(session, snap, &opts);
+    p.finish();
+    let r = r.with_context(|| format!("image restore of snapshot {} failed", snap.0.short()))?;
+    if g.json {
+        super::print_json_report(&r)?;
+    } else if !g.quiet {
+        println!(
+            "restored image of snapshot {} to {} ({}): {} in {}, {} written, {} zero left as holes, in {:.2}s ({}){}",
+            snap.0.short(),
+            r.target.display(),
+            r.target_kind,
+            ui::bytes(r.size),
+            ui::count(r.blocks, "block"),
+            ui::bytes(r.bytes_written),
+            ui::count(r.blocks_skipped_zero, "block"),
+            r.duration_secs,
+            ui::rate(r.size, r.duration_secs),
+            if a.verify {
+                format!("; verified {}", ui::count(r.blocks_verified, "block"))
+            } else {
+                String::new()
+            }
+        );
+    }
+    if !r.unreadable_at_backup.is_empty() {
+        eprintln!(
+            "warning: {} of the image could not be read at backup time and hold zeros: {}",
+            ui::count(r.unreadable_at_backup.len() as u64, "range"),
+            r.unreadable_at_backup
+                .iter()
+                .map(|(o, l)| format!("{o}..{}", o + l))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return Ok(crate::EXIT_INCOMPLETE);
     }
     Ok(0)
 }

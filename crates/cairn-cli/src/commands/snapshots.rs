@@ -32,7 +32,23 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
                 s.hostname,
                 s.tags.join(","),
                 ui::bytes(s.summary.total_bytes),
-                s.paths.join(" ")
+                match &s.image {
+                    // An image: what its backup read, changed and added, which for
+                    // a full image every time is what tells snapshots apart.
+                    Some(i) => format!(
+                        "{} [image: {} changed of {}{}, {} added]",
+                        s.paths.join(" "),
+                        i.blocks_changed,
+                        ui::count(i.blocks, "block"),
+                        if i.changed_blocks_input {
+                            ", changed-block list"
+                        } else {
+                            ""
+                        },
+                        ui::bytes(s.summary.data_added_packed)
+                    ),
+                    None => s.paths.join(" "),
+                }
             );
         }
         println!("{}", ui::count(snaps.len() as u64, "snapshot"));

@@ -34,6 +34,16 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
     let b = ui::bytes;
     let o = &st.overhead;
     println!("snapshots:             {}", st.snapshots);
+    if let Some(i) = &st.images {
+        println!(
+            "  of which images:     {}, {} of image in {}, {} changed since their parents, {} added by their backups",
+            i.snapshots,
+            b(i.image_bytes),
+            ui::count(i.blocks, "block"),
+            i.blocks_changed,
+            b(i.data_added_packed)
+        );
+    }
     println!("stored data:           {}", b(st.stored_bytes));
     println!(
         "after deduplication:   {}  (dedup {:.1}%)",

@@ -12,6 +12,7 @@ mod estimate;
 mod forget;
 mod golden;
 mod hostile;
+mod image;
 mod jobs;
 mod keys;
 mod look;

@@ -904,6 +904,7 @@ mod tests {
                 original: None,
                 copied_from: None,
                 program_version: "test".into(),
+                image: None,
                 summary: Default::default(),
             },
             &lock,

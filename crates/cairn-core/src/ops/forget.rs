@@ -785,6 +785,7 @@ mod tests {
             original: None,
             copied_from: None,
             program_version: "cairn test".into(),
+            image: None,
             summary: SnapshotSummary::default(),
         }
     }

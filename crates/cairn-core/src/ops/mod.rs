@@ -8,6 +8,7 @@ pub mod dump;
 pub mod export;
 pub mod find;
 pub mod forget;
+pub mod image;
 pub mod ls;
 pub mod prune;
 pub mod repair;

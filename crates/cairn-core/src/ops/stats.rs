@@ -103,6 +103,23 @@ pub struct Stats {
     pub overhead: Overhead,
     pub index: IndexStats,
     pub packs: PackStats,
+    /// The image snapshots among those selected (`backup --image`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<ImageStats>,
+}
+
+/// Image snapshots: each is a full image, so their stored bytes add up fast while
+/// what they occupy grows only by what changed.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ImageStats {
+    pub snapshots: usize,
+    /// Image bytes, summed over the image snapshots.
+    pub image_bytes: u64,
+    pub blocks: u64,
+    /// Blocks changed since each one's parent, summed.
+    pub blocks_changed: u64,
+    /// Bytes their backups added to the repository (packed), summed.
+    pub data_added_packed: u64,
 }
 
 fn percent(part: u64, whole: u64) -> f64 {
@@ -156,6 +173,16 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
         stored_bytes: snaps.iter().map(|(_, s)| s.summary.total_bytes).sum(),
         ..Default::default()
     };
+    for (_, s) in &snaps {
+        if let Some(i) = &s.image {
+            let im = st.images.get_or_insert_with(ImageStats::default);
+            im.snapshots += 1;
+            im.image_bytes += i.size;
+            im.blocks += i.blocks;
+            im.blocks_changed += i.blocks_changed;
+            im.data_added_packed += s.summary.data_added_packed;
+        }
+    }
     let mut used = IdSet::default();
     crate::tree::reachable::collect_snapshots(repo, &snaps, &mut used, session.progress())?;
 

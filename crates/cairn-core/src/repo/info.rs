@@ -64,6 +64,9 @@ pub struct SnapshotInfo {
     pub tree: String,
     pub parent: Option<String>,
     pub summary: SnapshotSummary,
+    /// Image snapshots (`backup --image`): the image's size and blocks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<cairn_format::snapshot::ImageInfo>,
 }
 
 impl SnapshotInfo {
@@ -79,6 +82,7 @@ impl SnapshotInfo {
             tree: s.tree.clone(),
             parent: s.parent.clone(),
             summary: s.summary.clone(),
+            image: s.image.clone(),
         }
     }
 }

@@ -59,6 +59,37 @@ impl ChunkListBuilder {
         Ok(())
     }
 
+    /// Adds a whole subtree at once: `r` is an entry of a level-`level` list (for
+    /// `level` 0 a data chunk, else a chunk-list blob of level `level - 1`) covering
+    /// `chunks` data chunks. This is how an image backup takes the unchanged parts of
+    /// its parent's list without reading them. Only allowed where the builder is at
+    /// a boundary of such subtrees (every lower level empty); with a fixed fanout
+    /// the list comes out as if every chunk had been pushed one by one.
+    pub fn push_entry(
+        &mut self,
+        level: usize,
+        r: ChunkRef,
+        chunks: u64,
+        emit: &mut dyn FnMut(ChunkList) -> Result<BlobId>,
+    ) -> Result<()> {
+        if self.levels.iter().take(level).any(|l| !l.is_empty()) {
+            return Err(Error::Invalid(
+                "a chunk-list subtree pushed off its boundary".into(),
+            ));
+        }
+        while self.levels.len() <= level {
+            self.levels.push(Vec::new());
+        }
+        self.levels[level].push(r);
+        self.chunks += chunks;
+        let mut k = level;
+        while self.levels[k].len() >= self.fanout {
+            self.flush_level(k, emit)?;
+            k += 1;
+        }
+        Ok(())
+    }
+
     fn flush_level(
         &mut self,
         k: usize,

@@ -2,5 +2,6 @@
 //! them, and finding every blob snapshots reach.
 
 pub mod chunklist;
+pub mod fixed;
 pub mod reachable;
 pub mod walk;

@@ -8,6 +8,7 @@ use crate::repo::Repository;
 use crate::repo::blob::BlobEncoder;
 use crate::repo::packer::{BufferPool, Packer, Uploader};
 use crate::tree::chunklist::ChunkListBuilder;
+use crate::tree::fixed::FixedList;
 use cairn_format::BlobId;
 use cairn_format::consts::MAX_BLOB_SIZE;
 use cairn_format::pack::BlobKind;
@@ -27,13 +28,59 @@ pub(crate) struct Archived {
     pub stored_data: Vec<BlobId>,
     /// The index files this run wrote.
     pub index_files: Vec<cairn_format::IndexId>,
+    /// What an image backup counted.
+    pub image: Option<ImageCounts>,
 }
 
-struct OpenFile {
+/// Blocks of an image backup, as the archiver saw them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ImageCounts {
+    pub blocks_read: u64,
+    pub blocks_changed: u64,
+    pub blocks_zero: u64,
+    pub notes: Vec<super::image::Note>,
+}
+
+/// An image being archived: the parent's list to compare blocks with.
+struct ImageTrack<'a> {
+    parent: Option<FixedList<'a>>,
+    zero_id: BlobId,
+    /// The next block's number.
+    block: u64,
+    counts: ImageCounts,
+}
+
+impl ImageTrack<'_> {
+    fn observe(&mut self, id: &BlobId) {
+        let c = &mut self.counts;
+        c.blocks_read += 1;
+        if *id == self.zero_id {
+            c.blocks_zero += 1;
+        }
+        // A parent list that cannot be read only makes every block count as changed.
+        let same = match self.parent.as_mut().map(|p| p.entry(0, self.block)) {
+            Some(Ok(e)) => e.is_some_and(|e| e.id == *id),
+            Some(Err(_)) => {
+                self.parent = None;
+                false
+            }
+            None => false,
+        };
+        if !same {
+            c.blocks_changed += 1;
+        }
+        self.block += 1;
+    }
+}
+
+struct OpenFile<'a> {
     node: Node,
     changed: bool,
     builder: ChunkListBuilder,
     bytes: u64,
+    /// Bytes taken from a parent image's list without reading them.
+    reused: u64,
+    image: Option<ImageTrack<'a>>,
 }
 
 struct State<'a> {
@@ -220,7 +267,8 @@ pub(crate) fn archive(
         st.uploader
             .set_index_flush(crate::repo::packer::INDEX_FLUSH_BLOBS, 1);
     }
-    let r = run(&mut st, rx, budget).and_then(|root| {
+    let mut image = None;
+    let r = run(&mut st, rx, budget, &mut image).and_then(|root| {
         // Every item was received: what is left is storing the last packs.
         progress.read_done();
         send_held_if_missing(&mut st)?;
@@ -245,6 +293,7 @@ pub(crate) fn archive(
             packs: up.packs,
             stored_data: std::mem::take(&mut st.stored_data),
             index_files: up.index_files,
+            image,
         }),
     }
 }
@@ -284,15 +333,16 @@ fn send_held_if_missing(st: &mut State<'_>) -> Result<()> {
     Ok(())
 }
 
-fn run(
-    st: &mut State<'_>,
+fn run<'a>(
+    st: &mut State<'a>,
     rx: Receiver<(u64, Vec<Item>)>,
     budget: &Budget,
+    image: &mut Option<ImageCounts>,
 ) -> Result<(BlobId, Vec<Skipped>, Vec<Skipped>)> {
     let mut pending: BTreeMap<u64, Vec<Item>> = BTreeMap::new();
     let mut next = 0u64;
     let mut frames: Vec<(Node, Vec<Node>)> = Vec::new();
-    let mut file: Option<OpenFile> = None;
+    let mut file: Option<OpenFile<'a>> = None;
     let mut skipped = Vec::new();
     let mut torn_files = Vec::new();
     let mut root: Option<BlobId> = None;
@@ -326,7 +376,54 @@ fn run(
                             changed,
                             builder: ChunkListBuilder::new(),
                             bytes: 0,
+                            reused: 0,
+                            image: None,
                         });
+                    }
+                    Item::ImageStart {
+                        node,
+                        geometry,
+                        parent,
+                    } => {
+                        let repo = st.repo;
+                        let parent = parent.and_then(|(g, c)| FixedList::new(repo, g, c).ok());
+                        let zero = vec![0u8; geometry.block_size as usize];
+                        file = Some(OpenFile {
+                            changed: parent.is_some(),
+                            node: *node,
+                            builder: ChunkListBuilder::with_fanout(geometry.fanout as usize),
+                            bytes: 0,
+                            reused: 0,
+                            image: Some(ImageTrack {
+                                parent,
+                                zero_id: repo.key().blob_id(&zero),
+                                block: 0,
+                                counts: ImageCounts::default(),
+                            }),
+                        });
+                    }
+                    Item::Reuse {
+                        level,
+                        entry,
+                        chunks,
+                    } => {
+                        let f = file.as_mut().ok_or_else(|| {
+                            Error::Invalid("image blocks outside an image".into())
+                        })?;
+                        let mut emit =
+                            |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
+                        f.builder
+                            .push_entry(level as usize, entry, chunks, &mut emit)?;
+                        f.bytes += entry.length;
+                        f.reused += entry.length;
+                        if let Some(t) = f.image.as_mut() {
+                            t.block += chunks;
+                        }
+                    }
+                    Item::ImageNote(n) => {
+                        if let Some(t) = file.as_mut().and_then(|f| f.image.as_mut()) {
+                            t.counts.notes.push(n);
+                        }
                     }
                     Item::Chunks { chunks, bytes } => {
                         budget.release(bytes);
@@ -354,6 +451,8 @@ fn run(
                             changed,
                             builder: ChunkListBuilder::new(),
                             bytes: 0,
+                            reused: 0,
+                            image: None,
                         };
                         add_chunks(st, &mut f, chunks)?;
                         finish_file(st, &mut frames, f)?;
@@ -377,6 +476,9 @@ fn run(
                             .take()
                             .ok_or_else(|| Error::Invalid("file end outside a file".into()))?;
                         if ok {
+                            if let Some(t) = &f.image {
+                                *image = Some(t.counts.clone());
+                            }
                             finish_file(st, &mut frames, f)?;
                         }
                     }
@@ -412,8 +514,11 @@ fn run(
 }
 
 /// Packs a file's new chunks and adds them to its chunk list.
-fn add_chunks(st: &mut State<'_>, f: &mut OpenFile, chunks: Vec<ChunkOut>) -> Result<()> {
+fn add_chunks(st: &mut State<'_>, f: &mut OpenFile<'_>, chunks: Vec<ChunkOut>) -> Result<()> {
     for c in chunks {
+        if let Some(t) = f.image.as_mut() {
+            t.observe(&c.id);
+        }
         f.bytes += u64::from(c.length);
         if let Some(b) = c.blob {
             if !c.held {
@@ -445,12 +550,16 @@ fn add_chunks(st: &mut State<'_>, f: &mut OpenFile, chunks: Vec<ChunkOut>) -> Re
 }
 
 /// A completely read file joins its directory.
-fn finish_file(st: &mut State<'_>, frames: &mut [(Node, Vec<Node>)], f: OpenFile) -> Result<()> {
+fn finish_file(
+    st: &mut State<'_>,
+    frames: &mut [(Node, Vec<Node>)],
+    f: OpenFile<'_>,
+) -> Result<()> {
     let mut node = f.node;
     let mut emit = |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
     node.content = f.builder.finish(&mut emit)?;
     node.size = f.bytes;
-    st.summary.bytes_read += f.bytes;
+    st.summary.bytes_read += f.bytes - f.reused;
     st.summary.total_bytes += f.bytes;
     if f.changed {
         st.summary.files_changed += 1;

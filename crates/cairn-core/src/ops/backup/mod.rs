@@ -23,6 +23,8 @@
 //! the index files that list them. A crash before that loses only this snapshot.
 
 mod archiver;
+mod image;
+pub(crate) use image::source_size as image_source_size;
 mod scan;
 pub mod source;
 mod walker;
@@ -53,6 +55,8 @@ pub struct BackupOptions {
     pub paths: Vec<PathBuf>,
     /// `--stdin`: back up this stream as one file of this name.
     pub stdin: Option<(String, Box<dyn Read + Send>)>,
+    /// `--image`: back up a disk image or block device in fixed blocks.
+    pub image: Option<crate::ops::image::ImageOptions>,
     pub tags: Vec<String>,
     pub host: Option<String>,
     pub excludes: Vec<String>,
@@ -186,6 +190,24 @@ pub(crate) enum Item {
         unchanged: bool,
     },
     Skipped(Skipped),
+    /// An image file (`backup --image`) whose content follows as `Data` (fixed
+    /// blocks) and `Reuse` items, then `FileEnd`. Its chunk list has the image
+    /// geometry's fanout; `parent` is the parent snapshot's image content, which
+    /// the archiver compares blocks with to count those that changed.
+    ImageStart {
+        node: Box<Node>,
+        geometry: crate::tree::fixed::Geometry,
+        parent: Option<(crate::tree::fixed::Geometry, cairn_format::tree::Content)>,
+    },
+    /// A whole subtree of the parent image's chunk list taken as it is: an entry
+    /// of a level-`level` list covering `chunks` blocks.
+    Reuse {
+        level: u32,
+        entry: cairn_format::tree::ChunkRef,
+        chunks: u64,
+    },
+    /// Something the image reader has to say: unreadable ranges, a size change.
+    ImageNote(image::Note),
     End,
 }
 
@@ -464,6 +486,19 @@ fn run(
     }
 
     let (paths, snapshot_paths): (Vec<PathBuf>, Vec<String>) = match &opts.stdin {
+        _ if opts.image.is_some() => {
+            let src = opts
+                .image
+                .as_ref()
+                .map(|i| absolute(&i.source))
+                .transpose()?;
+            (
+                Vec::new(),
+                src.iter()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .collect(),
+            )
+        }
         Some((name, _)) => {
             if name.is_empty() || name.contains('/') || name == "." || name == ".." {
                 return Err(Error::Invalid(format!("invalid --stdin-name {name:?}")));
@@ -489,13 +524,26 @@ fn run(
         }
     };
 
+    let is_image = opts.image.is_some();
     let parent = match parent {
         Some(p) => Some(p),
         None => listed
             .iter()
             .rev()
-            .find(|(_, s)| s.hostname == host && same_paths(&s.paths, &snapshot_paths))
+            .find(|(_, s)| {
+                s.hostname == host
+                    && same_paths(&s.paths, &snapshot_paths)
+                    && s.image.is_some() == is_image
+            })
             .cloned(),
+    };
+    let image_plan = match opts.image.take() {
+        Some(io) => Some(image::plan(
+            repo,
+            io,
+            parent.as_ref().map(|(_, s)| s).filter(|_| !opts.force),
+        )?),
+        None => None,
     };
     let parent_tree = match (&parent, opts.force) {
         (Some((_, s)), false) => Some(
@@ -547,6 +595,11 @@ fn run(
         .filter(|&r| r > 0)
         .map(cairn_backend::Limiter::new);
     let read_limit = read_limiter.as_ref();
+    let zero = image_plan.as_ref().map(|p| {
+        let z = vec![0u8; p.geometry.block_size as usize];
+        let id = key.blob_id(&z);
+        (z, id)
+    });
     let (archived, walk_result) = std::thread::scope(|s| {
         let budget = &budget;
         let inflight = &inflight;
@@ -564,6 +617,7 @@ fn run(
         }
         let walk = {
             let paths = &paths;
+            let image_plan = &image_plan;
             std::thread::Builder::new()
                 .name("cairn-walk".into())
                 .spawn_scoped(s, move || {
@@ -579,9 +633,10 @@ fn run(
                         opts.one_file_system,
                     )
                     .with_read_limit(read_limit);
-                    let r = match stdin {
-                        Some((name, reader)) => w.run_stdin(&name, reader),
-                        None => w.run(paths, parent_tree),
+                    let r = match (stdin, image_plan) {
+                        (_, Some(plan)) => w.run_image(plan),
+                        (Some((name, reader)), None) => w.run_stdin(&name, reader),
+                        (None, None) => w.run(paths, parent_tree),
                     };
                     if r.is_err() {
                         budget.abort();
@@ -609,6 +664,7 @@ fn run(
                 chunker: repo.chunker(),
                 buf: Vec::new(),
                 read_limit,
+                zero: zero.as_ref(),
             };
             let spawned = std::thread::Builder::new()
                 .name("cairn-chunk".into())
@@ -640,6 +696,14 @@ fn run(
 
     let mut summary: SnapshotSummary = archived.summary;
     summary.duration_secs = start.elapsed().as_secs_f64();
+    let mut skipped = archived.skipped;
+    let image = match (&image_plan, archived.image) {
+        (Some(plan), Some(counts)) => {
+            skipped.extend(image::skipped_for(&plan.path, &counts.notes));
+            Some(image::info(plan, counts))
+        }
+        _ => None,
+    };
     let snapshot = Snapshot {
         version: 1,
         time: started_at,
@@ -653,12 +717,13 @@ fn run(
         original: None,
         copied_from: None,
         program_version: format!("cairn {}", env!("CARGO_PKG_VERSION")),
+        image,
         summary,
     };
     Ok(Ran {
         snapshot,
         parent: parent.map(|(id, _)| id),
-        skipped: archived.skipped,
+        skipped,
         changed_while_read: archived.changed_while_read,
         packs_written: archived.packs,
         stored_data: archived.stored_data,
@@ -692,6 +757,9 @@ struct Worker<'a> {
     /// A small file's content, reused between files.
     buf: Vec<u8>,
     read_limit: Option<&'a cairn_backend::Limiter>,
+    /// Image backups: a block of zeros and its id. A zero block (most of a fresh
+    /// disk) is recognised by a compare, far cheaper than hashing it.
+    zero: Option<&'a (Vec<u8>, BlobId)>,
 }
 
 /// How far a small file may grow between its stat and its read before it is left
@@ -716,7 +784,11 @@ impl Worker<'_> {
                         let mut ids = Vec::with_capacity(lens.len());
                         let mut pos = 0usize;
                         for &len in &lens {
-                            ids.push(self.key.blob_id(&buf[pos..pos + len as usize]));
+                            let data = &buf[pos..pos + len as usize];
+                            ids.push(match self.zero {
+                                Some((z, id)) if data == &z[..] => *id,
+                                _ => self.key.blob_id(data),
+                            });
                             pos += len as usize;
                         }
                         let Some(decisions) = self.decide(&ids) else {

@@ -70,7 +70,7 @@ fn build_selection(paths: &[PathBuf]) -> BTreeMap<Vec<u8>, Selection> {
 }
 
 pub(crate) struct Walker<'a> {
-    repo: &'a Repository,
+    pub(super) repo: &'a Repository,
     tx: Sender<(u64, Vec<Item>)>,
     seq: u64,
     bundle: Vec<Item>,
@@ -80,14 +80,14 @@ pub(crate) struct Walker<'a> {
     pool: &'a Pool,
     /// Top-level trees walked so far (the first component of scan-job keys).
     tops: u32,
-    progress: &'a Progress,
+    pub(super) progress: &'a Progress,
     one_file_system: bool,
-    names: NameCache,
+    pub(super) names: NameCache,
     chunker: StreamChunker,
     batch: Vec<u8>,
     lens: Vec<u32>,
     /// `--read-limit`: the average rate at which sources are read.
-    read_limit: Option<&'a cairn_backend::Limiter>,
+    pub(super) read_limit: Option<&'a cairn_backend::Limiter>,
 }
 
 impl<'a> Walker<'a> {
@@ -128,7 +128,7 @@ impl<'a> Walker<'a> {
 
     /// Queues an item; items travel in bundles so that a tree of small files costs a
     /// channel message per few hundred entries, not several per file.
-    fn emit(&mut self, item: Item) -> Result<()> {
+    pub(super) fn emit(&mut self, item: Item) -> Result<()> {
         let end = matches!(item, Item::End);
         match &item {
             Item::Data { buf, .. } => self.bundle_bytes += buf.len(),

@@ -1,0 +1,610 @@
+//! Image backups (`backup --image`): fixed blocks, changed-block lists, restore to
+//! files and block devices, and the bad inputs around them — a source with
+//! unreadable blocks (a FUSE file started by the test that answers EIO there), a
+//! changed-block list that lies, a device too small or mounted.
+
+use crate::util::*;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const MIB: usize = 1 << 20;
+
+/// A disk-like image: random data with runs of zeros, not a multiple of the block
+/// size long.
+fn make_image(path: &Path, mib: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed);
+    let mut data = Vec::with_capacity(mib * MIB + 5000);
+    for i in 0..mib {
+        if i % 4 == 3 {
+            data.extend(std::iter::repeat_n(0u8, MIB));
+        } else {
+            data.extend(rng.bytes(MIB, i % 2 == 0));
+        }
+    }
+    data.extend(rng.bytes(5000, false));
+    fs::write(path, &data).unwrap();
+    data
+}
+
+/// Overwrites `ranges` of the image with new bytes; returns the list's text.
+fn change(path: &Path, data: &mut [u8], ranges: &[(usize, usize)], seed: u64) -> String {
+    let mut rng = Rng(seed);
+    let mut text = String::from("# offset length\n");
+    for &(off, len) in ranges {
+        data[off..off + len].copy_from_slice(&rng.bytes(len, false));
+        text.push_str(&format!("{off} {len}\n"));
+    }
+    fs::write(path, &*data).unwrap();
+    text
+}
+
+fn backup_image(env: &Env, src: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut a = vec!["backup", "--json", "--image", src.to_str().unwrap()];
+    a.extend_from_slice(extra);
+    serde_json::from_str(&env.ok(&a)).unwrap()
+}
+
+fn image_of(env: &Env, snap: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"].as_str().unwrap().starts_with(snap))
+        .unwrap()["image"]
+        .clone()
+}
+
+fn restore_image(env: &Env, snap: &str, target: &Path, extra: &[&str]) -> String {
+    let mut a = vec![
+        "restore",
+        snap,
+        "--image",
+        "--target",
+        target.to_str().unwrap(),
+    ];
+    a.extend_from_slice(extra);
+    env.ok(&a)
+}
+
+#[test]
+fn image_backups_are_full_every_time_and_changed_blocks_cost_what_changed() {
+    let env = Env::new();
+    env.init(&["--block-size", "16K"]);
+    let src = env.path("disk.img");
+    let mut data = make_image(&src, 40, 1);
+    let first = backup_image(&env, &src, &[]);
+    let s1 = first["snapshot_id"].as_str().unwrap().to_string();
+    let i1 = image_of(&env, &s1);
+    let blocks = (data.len() as u64).div_ceil(16384);
+    assert_eq!(i1["blocks"], blocks);
+    assert_eq!(i1["blocks_read"], blocks);
+    assert_eq!(i1["size"], data.len() as u64);
+    // 10 of the 40 MiB are zeros: stored once, counted.
+    assert!(i1["blocks_zero"].as_u64().unwrap() >= 640, "{i1}");
+    let original = data.clone();
+
+    // Three changed places (one spanning a block boundary): a changed-block list.
+    let ranges = [
+        (3 * MIB + 100, 5000),
+        (17 * MIB + 16380, 10),
+        (39 * MIB, 70000),
+    ];
+    let list = change(&src, &mut data, &ranges, 2);
+    let cbt = env.path("changed.txt");
+    fs::write(&cbt, list).unwrap();
+    let second = backup_image(&env, &src, &["--changed-blocks", cbt.to_str().unwrap()]);
+    let s2 = second["snapshot_id"].as_str().unwrap().to_string();
+    let i2 = image_of(&env, &s2);
+    // Blocks touched: 1 + 2 + 5 (70000 bytes from a block boundary).
+    assert_eq!(i2["blocks_read"], 8, "{i2}");
+    assert_eq!(i2["blocks_changed"], 8, "{i2}");
+    assert_eq!(i2["changed_blocks_input"], true);
+    assert_eq!(second["bytes_read"], 8 * 16384);
+    // Only the lists around the changes are new: 8 blocks, 3 level-0 lists, the
+    // level-1 list and the root, and the snapshot's tree.
+    let added = second["blobs_added"].as_u64().unwrap();
+    assert!(added <= 8 + 3 + 2 + 1, "blobs added: {added}");
+
+    // A whole read of the same content finds nothing new: the same list.
+    let third = backup_image(&env, &src, &[]);
+    let i3 = image_of(&env, third["snapshot_id"].as_str().unwrap());
+    assert_eq!(i3["blocks_changed"], 0, "{i3}");
+    assert!(third["blobs_added"].as_u64().unwrap() <= 1, "{third}");
+
+    // Every snapshot restores on its own, sparse, and verified.
+    let out2 = env.path("out2.img");
+    let text = restore_image(&env, &s2, &out2, &["--verify"]);
+    assert!(text.contains("verified"), "{text}");
+    assert!(fs::read(&out2).unwrap() == data, "snapshot 2 differs");
+    assert!(
+        fs::metadata(&out2).unwrap().blocks() * 512 < data.len() as u64 - 8 * MIB as u64,
+        "zero blocks were written, not left as holes"
+    );
+    let out1 = env.path("out1.img");
+    restore_image(&env, &s1, &out1, &[]);
+    assert!(fs::read(&out1).unwrap() == original, "snapshot 1 differs");
+    // An existing file is not replaced without --overwrite always.
+    let e = env.fails(
+        &[
+            "restore",
+            &s1,
+            "--image",
+            "--target",
+            out2.to_str().unwrap(),
+        ],
+        1,
+    );
+    assert!(e.contains("exists"), "{e}");
+    restore_image(&env, &s1, &out2, &["--overwrite", "always"]);
+    assert!(fs::read(&out2).unwrap() == original);
+    // A directory target gets the image under its name; a plain restore of an
+    // image snapshot gives the same file.
+    fs::create_dir(env.path("dir")).unwrap();
+    restore_image(&env, &s2, &env.path("dir"), &[]);
+    assert!(fs::read(env.path("dir/disk.img")).unwrap() == data);
+    env.ok(&[
+        "restore",
+        &s2,
+        "--target",
+        env.path("plain").to_str().unwrap(),
+    ]);
+    // (The snapshot's root holds the image under its name alone.)
+    assert!(fs::read(env.path("plain/disk.img")).unwrap() == data);
+
+    // snapshots and stats say what they are.
+    let table = env.ok(&["snapshots"]);
+    assert!(table.contains("[image: 8 changed of"), "{table}");
+    let stats = env.ok(&["stats"]);
+    assert!(stats.contains("of which images:     3"), "{stats}");
+    env.check_clean();
+}
+
+#[test]
+fn a_source_that_grew_or_shrank_is_read_where_the_parent_cannot_stand_for_it() {
+    let env = Env::new();
+    env.init(&["--block-size", "4K"]);
+    let src = env.path("vm.raw");
+    let mut data = make_image(&src, 6, 3);
+    backup_image(&env, &src, &[]);
+    // Grown by a bit more than a MiB; the list names one change in the middle.
+    let mut rng = Rng(9);
+    data.extend(rng.bytes(MIB + 777, false));
+    let list = change(&src, &mut data, &[(2 * MIB, 4096)], 4);
+    let cbt = env.path("c.txt");
+    fs::write(&cbt, list).unwrap();
+    let grown = backup_image(&env, &src, &["--changed-blocks", cbt.to_str().unwrap()]);
+    let out = env.path("grown.img");
+    restore_image(
+        &env,
+        grown["snapshot_id"].as_str().unwrap(),
+        &out,
+        &["--verify"],
+    );
+    assert!(fs::read(&out).unwrap() == data, "grown image differs");
+    // Shrunk to a size that cuts a block: the cut block is read again.
+    data.truncate(3 * MIB + 1000);
+    fs::write(&src, &data).unwrap();
+    fs::write(&cbt, "").unwrap();
+    let shrunk = backup_image(&env, &src, &["--changed-blocks", cbt.to_str().unwrap()]);
+    assert_eq!(shrunk["bytes_read"], 1000, "{shrunk}");
+    let out = env.path("shrunk.img");
+    restore_image(
+        &env,
+        shrunk["snapshot_id"].as_str().unwrap(),
+        &out,
+        &["--verify"],
+    );
+    assert!(fs::read(&out).unwrap() == data, "shrunk image differs");
+    env.check_clean();
+}
+
+#[test]
+fn changed_block_lists_that_lie_are_refused_or_repaired() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("d.img");
+    let mut data = make_image(&src, 3, 5);
+    let cbt = env.path("c.txt");
+    let cbt_s = cbt.to_str().unwrap().to_string();
+    let src_s = src.to_str().unwrap().to_string();
+    fs::write(&cbt, "0 4096\n").unwrap();
+    // No parent image yet.
+    let e = env.fails(
+        &["backup", "--image", &src_s, "--changed-blocks", &cbt_s],
+        1,
+    );
+    assert!(e.contains("needs a parent image snapshot"), "{e}");
+    backup_image(&env, &src, &[]);
+    // Past the end of the source.
+    fs::write(&cbt, format!("{} 2\n", data.len() - 1)).unwrap();
+    let e = env.fails(
+        &["backup", "--image", &src_s, "--changed-blocks", &cbt_s],
+        1,
+    );
+    assert!(e.contains("past the end of the source"), "{e}");
+    // Garbage.
+    fs::write(&cbt, "12 twelve\n").unwrap();
+    let e = env.fails(
+        &["backup", "--image", &src_s, "--changed-blocks", &cbt_s],
+        1,
+    );
+    assert!(e.contains("line 1"), "{e}");
+    // qemu-img map output is ambiguous without the format named.
+    fs::write(&cbt, r#"[{"start": 0, "length": 4096, "data": false}]"#).unwrap();
+    let e = env.fails(
+        &["backup", "--image", &src_s, "--changed-blocks", &cbt_s],
+        1,
+    );
+    assert!(e.contains("qemu-dirty-map"), "{e}");
+    assert_eq!(
+        env.snapshot_ids().len(),
+        1,
+        "a refused list saved a snapshot"
+    );
+    // Unsorted and overlapping ranges are sorted and merged: the result is right.
+    let list = change(&src, &mut data, &[(MIB, 3000), (100, 50)], 6);
+    let mut lines: Vec<&str> = list.lines().skip(1).collect();
+    lines.reverse();
+    fs::write(&cbt, format!("{}\n{} 1000\n", lines.join("\n"), MIB + 10)).unwrap();
+    let r = backup_image(&env, &src, &["--changed-blocks", &cbt_s]);
+    let out = env.path("o.img");
+    restore_image(&env, r["snapshot_id"].as_str().unwrap(), &out, &[]);
+    assert!(fs::read(&out).unwrap() == data);
+    // The qemu dirty-map format, named: "data": false is dirty.
+    let list = change(&src, &mut data, &[(2 * MIB, 4096)], 7);
+    let _ = list;
+    fs::write(
+        &cbt,
+        format!(
+            r#"[{{"start": 0, "length": {}, "data": true}}, {{"start": {}, "length": 65536, "data": false}}]"#,
+            2 * MIB,
+            2 * MIB
+        ),
+    )
+    .unwrap();
+    let r = backup_image(
+        &env,
+        &src,
+        &[
+            "--changed-blocks",
+            &cbt_s,
+            "--changed-blocks-format",
+            "qemu-dirty-map",
+        ],
+    );
+    restore_image(
+        &env,
+        r["snapshot_id"].as_str().unwrap(),
+        &out,
+        &["--overwrite", "always"],
+    );
+    assert!(fs::read(&out).unwrap() == data);
+}
+
+/// A loop device over a new file of `bytes`; detached on drop.
+struct Loop(String);
+
+impl Loop {
+    fn new(file: &Path, bytes: u64) -> Loop {
+        let f = fs::File::create(file).unwrap();
+        f.set_len(bytes).unwrap();
+        Loop::of(file)
+    }
+
+    fn of(file: &Path) -> Loop {
+        let o = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(file)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "losetup: {o:?}");
+        Loop(String::from_utf8(o.stdout).unwrap().trim().to_string())
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).output();
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).output();
+    }
+}
+
+fn sh(cmd: &mut Command) {
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{cmd:?}: {o:?}");
+}
+
+#[test]
+fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount() {
+    assert!(
+        is_root(),
+        "the test suite runs as root (CI does): it uses loop devices"
+    );
+    let env = Env::new();
+    env.init(&["--block-size", "4K"]);
+    // An ext4 filesystem holding a tree, on a loop device.
+    let tree = env.path("tree");
+    fs::create_dir_all(tree.join("etc")).unwrap();
+    let mut rng = Rng(11);
+    let payload = rng.bytes(300_000, false);
+    fs::write(tree.join("etc/payload.bin"), &payload).unwrap();
+    fs::write(tree.join("hello.txt"), b"hello from inside the image\n").unwrap();
+    let img = env.path("fs.img");
+    sh(Command::new("mke2fs")
+        .args(["-q", "-t", "ext4", "-d"])
+        .arg(&tree)
+        .arg(&img)
+        .arg("16M"));
+    let src = Loop::of(&img);
+    let r = backup_image(&env, Path::new(&src.0), &["--name", "root"]);
+    let snap = r["snapshot_id"].as_str().unwrap().to_string();
+    assert_eq!(image_of(&env, &snap)["source"], src.0.as_str());
+
+    // A device smaller than the image is refused before anything is written.
+    let small = Loop::new(&env.path("small.dev"), 8 << 20);
+    let e = env.fails(&["restore", &snap, "--image", "--target", &small.0], 1);
+    assert!(e.contains("smaller than the image"), "{e}");
+    // A device with a mounted filesystem is refused.
+    let busy = Loop::new(&env.path("busy.dev"), 16 << 20);
+    sh(Command::new("mke2fs").args(["-q", "-t", "ext4", &busy.0]));
+    let mnt = env.path("busy-mnt");
+    fs::create_dir(&mnt).unwrap();
+    sh(Command::new("mount").arg(&busy.0).arg(&mnt));
+    let e = env.fails(&["restore", &snap, "--image", "--target", &busy.0], 1);
+    sh(Command::new("umount").arg(&mnt));
+    assert!(e.contains("in use"), "{e}");
+    // A device of the right size: restored, every block written (zeros too),
+    // verified, and it mounts with the files in it.
+    let dev = Loop::new(&env.path("good.dev"), 20 << 20);
+    sh(Command::new("dd")
+        .args(["if=/dev/urandom", "bs=1M", "count=20", "status=none"])
+        .arg(format!("of={}", dev.0)));
+    let out = restore_image(&env, &snap, Path::new(&dev.0), &["--verify"]);
+    assert!(out.contains("(device)"), "{out}");
+    let back = fs::read(&dev.0).unwrap();
+    assert!(
+        back[..16 << 20] == fs::read(&img).unwrap()[..],
+        "device differs from the image"
+    );
+    let m2 = env.path("good-mnt");
+    fs::create_dir(&m2).unwrap();
+    sh(Command::new("mount")
+        .args(["-o", "ro"])
+        .arg(&dev.0)
+        .arg(&m2));
+    let got = fs::read(m2.join("etc/payload.bin"));
+    sh(Command::new("umount").arg(&m2));
+    assert!(got.unwrap() == payload);
+
+    // One file without restoring the disk: cairn mount, then a read-only loop
+    // mount of the image file in it.
+    let fuse = env.path("fuse");
+    fs::create_dir(&fuse).unwrap();
+    let mut child = env
+        .cmd(&["mount", fuse.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = StderrLines::of(&mut child);
+    lines.wait_for("fusermount3 -u", std::time::Duration::from_secs(60));
+    let inner = fuse.join(format!("snapshots/{}/root", &snap[..8]));
+    let m3 = env.path("inner-mnt");
+    fs::create_dir(&m3).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-o", "ro,loop"])
+        .arg(&inner)
+        .arg(&m3)
+        .output()
+        .unwrap();
+    let got = fs::read(m3.join("hello.txt"));
+    let _ = Command::new("umount").arg(&m3).status();
+    let _ = Command::new("fusermount3").arg("-u").arg(&fuse).status();
+    let _ = child.wait();
+    assert!(
+        mounted.status.success(),
+        "loop mount in the FUSE mount: {mounted:?}"
+    );
+    assert_eq!(got.unwrap(), b"hello from inside the image\n");
+}
+
+/// A FUSE filesystem with one file, `disk`, whose reads fail with EIO wherever they
+/// touch `bad`, and whose size becomes `grown` once `grow_after` reads were served.
+struct Faulty {
+    data: Vec<u8>,
+    bad: (u64, u64),
+    grow_after: Option<(usize, u64)>,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl Faulty {
+    fn size(&self) -> u64 {
+        match self.grow_after {
+            Some((n, grown)) if self.reads.load(std::sync::atomic::Ordering::SeqCst) >= n => grown,
+            _ => self.data.len() as u64,
+        }
+    }
+
+    fn attr(&self, ino: u64) -> fuser::FileAttr {
+        let t = std::time::SystemTime::UNIX_EPOCH;
+        fuser::FileAttr {
+            ino: fuser::INodeNo(ino),
+            size: if ino == 1 { 0 } else { self.size() },
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind: if ino == 1 {
+                fuser::FileType::Directory
+            } else {
+                fuser::FileType::RegularFile
+            },
+            perm: if ino == 1 { 0o755 } else { 0o644 },
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+}
+
+impl fuser::Filesystem for Faulty {
+    fn lookup(
+        &self,
+        _req: &fuser::Request,
+        parent: fuser::INodeNo,
+        name: &std::ffi::OsStr,
+        reply: fuser::ReplyEntry,
+    ) {
+        if parent.0 == 1 && name == "disk" {
+            reply.entry(
+                &std::time::Duration::ZERO,
+                &self.attr(2),
+                fuser::Generation(0),
+            );
+        } else {
+            reply.error(fuser::Errno::ENOENT);
+        }
+    }
+
+    fn getattr(
+        &self,
+        _req: &fuser::Request,
+        ino: fuser::INodeNo,
+        _fh: Option<fuser::FileHandle>,
+        reply: fuser::ReplyAttr,
+    ) {
+        reply.attr(&std::time::Duration::ZERO, &self.attr(ino.0));
+    }
+
+    fn open(
+        &self,
+        _req: &fuser::Request,
+        _ino: fuser::INodeNo,
+        _flags: fuser::OpenFlags,
+        reply: fuser::ReplyOpen,
+    ) {
+        // Direct I/O: every read reaches here with its own offset and size, as on a
+        // device, instead of the kernel's read-ahead widening it.
+        reply.opened(fuser::FileHandle(0), fuser::FopenFlags::FOPEN_DIRECT_IO);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn read(
+        &self,
+        _req: &fuser::Request,
+        _ino: fuser::INodeNo,
+        _fh: fuser::FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: fuser::OpenFlags,
+        _lock: Option<fuser::LockOwner>,
+        reply: fuser::ReplyData,
+    ) {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let end = (offset + u64::from(size)).min(self.data.len() as u64);
+        if offset < self.bad.1 && end > self.bad.0 {
+            return reply.error(fuser::Errno::EIO);
+        }
+        let start = offset.min(end) as usize;
+        reply.data(&self.data[start..end as usize]);
+    }
+}
+
+fn faulty_mount(dir: &Path, fs_: Faulty) -> fuser::BackgroundSession {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::RO,
+        fuser::MountOption::FSName("faulty".into()),
+    ];
+    fuser::spawn_mount(fs_, dir, &config).unwrap()
+}
+
+#[test]
+fn unreadable_blocks_are_reported_kept_going_past_and_saved_as_zeros() {
+    let env = Env::new();
+    env.init(&["--block-size", "16K"]);
+    let mut rng = Rng(21);
+    let data = rng.bytes(6 * MIB, false);
+    let mnt = env.path("faulty");
+    fs::create_dir(&mnt).unwrap();
+    let bad = (2 * MIB as u64 + 20_000, 40_000u64);
+    let session = faulty_mount(
+        &mnt,
+        Faulty {
+            data: data.clone(),
+            bad: (bad.0, bad.0 + bad.1),
+            grow_after: None,
+            reads: Default::default(),
+        },
+    );
+    let src: PathBuf = mnt.join("disk");
+    let e = env.fails(&["backup", "--image", src.to_str().unwrap()], 3);
+    drop(session);
+    // The blocks the bad bytes touch: 16 KiB blocks 129 to 131.
+    let (first, end) = (
+        bad.0 / 16384 * 16384,
+        (bad.0 + bad.1).div_ceil(16384) * 16384,
+    );
+    assert!(
+        e.contains(&format!("bytes {first}..{end} could not be read")),
+        "{e}"
+    );
+    let snap = env.snapshot_ids().pop().unwrap();
+    let info = image_of(&env, &snap);
+    assert_eq!(
+        info["unreadable"],
+        serde_json::json!([[first, end - first]]),
+        "{info}"
+    );
+    // Restore: everything else is the source's, the bad blocks zeros, and the
+    // restore says so (exit 3).
+    let out = env.path("out.img");
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--image",
+        "--target",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("could not be read at backup time"));
+    let back = fs::read(&out).unwrap();
+    let (f, n) = (first as usize, end as usize);
+    assert!(back[..f] == data[..f] && back[n..] == data[n..]);
+    assert!(back[f..n].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_source_that_changes_size_during_the_backup_is_saved_as_read_with_a_warning() {
+    let env = Env::new();
+    env.init(&[]);
+    let mut rng = Rng(22);
+    let data = rng.bytes(3 * MIB, false);
+    let mnt = env.path("growing");
+    fs::create_dir(&mnt).unwrap();
+    let session = faulty_mount(
+        &mnt,
+        Faulty {
+            data: data.clone(),
+            bad: (u64::MAX, u64::MAX),
+            grow_after: Some((1, 5 * MIB as u64)),
+            reads: Default::default(),
+        },
+    );
+    let src = mnt.join("disk");
+    let e = env.fails(&["backup", "--image", src.to_str().unwrap()], 3);
+    drop(session);
+    assert!(e.contains("changed size during the backup"), "{e}");
+    let snap = env.snapshot_ids().pop().unwrap();
+    let info = image_of(&env, &snap);
+    assert_eq!(info["size"], data.len() as u64);
+    assert_eq!(info["size_at_end"], 5 * MIB as u64);
+    let out = env.path("o.img");
+    restore_image(&env, &snap, &out, &[]);
+    assert!(fs::read(&out).unwrap() == data);
+}

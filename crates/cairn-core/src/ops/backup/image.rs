@@ -1,0 +1,557 @@
+//! `backup --image`: a disk image or block device read in fixed blocks of the
+//! repository's block size, as one file of a one-entry snapshot.
+//!
+//! Blocks travel the backup pipeline like a large file's chunks (the workers hash,
+//! deduplicate and encode them; the archiver packs them and builds the list), with
+//! two differences: the chunk list has a fixed geometry
+//! ([`crate::tree::fixed`]), and with a changed-block list the walker reads only the
+//! changed blocks and hands the archiver the parent's list entries for the rest —
+//! whole subtrees where nothing under them changed, so the work and the list bytes
+//! written follow the size of the change, not of the disk.
+//!
+//! Reads are positional and several are in flight (`READERS` threads), which keeps
+//! a fast device busy. A block that cannot be read is saved as zeros, its range
+//! reported and recorded in the snapshot, and the backup goes on.
+
+use super::walker::Walker;
+use super::{Item, Skipped};
+use crate::error::{Error, Result};
+use crate::ops::image::changed::ChangedRanges;
+use crate::tree::fixed::{FixedList, Geometry};
+use cairn_format::tree::{ChunkRef, Content, Node, NodeKind};
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+/// Reader threads: positional reads in flight at once.
+const READERS: usize = 4;
+/// Reads queued ahead of the one being emitted, per reader.
+const AHEAD_PER_READER: usize = 2;
+/// Bytes of one read when the whole image is read.
+const READ_BYTES: u64 = 4 << 20;
+
+/// What the image reader reports besides data.
+#[derive(Clone, Debug)]
+pub(crate) enum Note {
+    /// Bytes `[offset, offset + length)` failed to read and hold zeros.
+    Unreadable { offset: u64, length: u64 },
+    /// The source's size at the end of the backup differed from its size at the
+    /// start (the image was saved at the start's size).
+    SizeChanged { now: u64 },
+}
+
+/// Everything decided before the pipeline starts.
+pub(crate) struct ImagePlan {
+    pub file: File,
+    pub path: PathBuf,
+    pub node: Node,
+    pub geometry: Geometry,
+    /// The parent snapshot's image: its geometry and content.
+    pub parent: Option<(Geometry, Content)>,
+    pub changed: Option<ChangedRanges>,
+}
+
+impl ImagePlan {
+    /// Whether the parent's blocks `[b, b + n)` can stand for the new image's: the
+    /// same bytes of both images (full blocks inside both), or the images end
+    /// together there.
+    fn parent_covers(&self, b: u64, n: u64) -> bool {
+        let Some((pg, _)) = &self.parent else {
+            return false;
+        };
+        let g = &self.geometry;
+        let end = (b + n).saturating_mul(g.block_size);
+        end <= g.size.min(pg.size) || (pg.size == g.size && b + n >= g.blocks())
+    }
+}
+
+/// One step of the stream, in image order.
+enum Step {
+    Reuse {
+        level: u32,
+        entry: ChunkRef,
+        chunks: u64,
+    },
+    /// Blocks `[first, first + n)` read as read request `seq`.
+    Read { seq: u64, first: u64, n: u64 },
+}
+
+struct ReadOut {
+    buf: Vec<u8>,
+    /// Unreadable byte ranges within the read.
+    bad: Vec<(u64, u64, String)>,
+}
+
+impl Walker<'_> {
+    pub(crate) fn run_image(&mut self, plan: &ImagePlan) -> Result<()> {
+        let g = plan.geometry;
+        self.emit(Item::DirStart(Box::new(Node::new(
+            Vec::new(),
+            NodeKind::Dir,
+        ))))?;
+        self.emit(Item::ImageStart {
+            node: Box::new(plan.node.clone()),
+            geometry: g,
+            parent: plan.parent.clone(),
+        })?;
+        let to_read = match &plan.changed {
+            Some(c) => {
+                c.bytes()
+                    + g.size
+                        .saturating_sub(plan.parent.as_ref().map_or(0, |p| p.0.size))
+            }
+            None => g.size,
+        };
+        self.progress.set_total(Some(to_read.min(g.size)), Some(1));
+        let mut parent = match (&plan.changed, &plan.parent) {
+            (Some(_), Some((pg, content))) => {
+                Some(FixedList::new(self.repo, *pg, content.clone())?)
+            }
+            (Some(_), None) => {
+                return Err(Error::Invalid(
+                    "--changed-blocks needs a parent image snapshot of this source".into(),
+                ));
+            }
+            _ => None,
+        };
+
+        let file = &plan.file;
+        let (req_tx, req_rx) = crossbeam_channel::bounded::<(u64, u64, u64)>(READERS * 4);
+        let (res_tx, res_rx) = crossbeam_channel::unbounded::<(u64, ReadOut)>();
+        std::thread::scope(|s| -> Result<()> {
+            for _ in 0..READERS {
+                let (req_rx, res_tx) = (req_rx.clone(), res_tx.clone());
+                let bs = g.block_size;
+                std::thread::Builder::new()
+                    .name("cairn-image-read".into())
+                    .spawn_scoped(s, move || {
+                        for (seq, off, len) in req_rx {
+                            if res_tx.send((seq, read_range(file, off, len, bs))).is_err() {
+                                return;
+                            }
+                        }
+                    })
+                    .map_err(|e| Error::Invalid(format!("cannot start a reader thread: {e}")))?;
+            }
+            drop(req_rx);
+            drop(res_tx);
+            let mut stream = Stream {
+                steps: VecDeque::new(),
+                outstanding: 0,
+                next_seq: 0,
+                arrived: BTreeMap::new(),
+                req_tx: Some(req_tx),
+                res_rx,
+            };
+            let r = self.image_steps(plan, parent.as_mut(), &mut stream);
+            // Stop the readers whatever happened; they end when the queue closes.
+            stream.req_tx = None;
+            r?;
+            while !stream.steps.is_empty() {
+                self.emit_step(plan, &mut stream)?;
+            }
+            Ok(())
+        })?;
+        let now = source_size(&plan.file).unwrap_or(g.size);
+        if now != g.size {
+            let m = format!(
+                "the source changed size during the backup ({} to {} bytes): saved at {} bytes; \
+                 back up a snapshot of the device (LVM, ZFS, a stopped VM) for a consistent image",
+                g.size, now, g.size
+            );
+            self.progress.warning(&plan.path, &m);
+            self.emit(Item::ImageNote(Note::SizeChanged { now }))?;
+        }
+        self.emit(Item::FileEnd {
+            ok: true,
+            torn: None,
+        })?;
+        self.emit(Item::DirEnd)?;
+        self.emit(Item::End)
+    }
+
+    /// Produces the steps in image order, emitting finished ones as reads complete.
+    fn image_steps(
+        &mut self,
+        plan: &ImagePlan,
+        parent: Option<&mut FixedList<'_>>,
+        stream: &mut Stream,
+    ) -> Result<()> {
+        let g = plan.geometry;
+        let nb = g.blocks();
+        let leaf = g.fanout;
+        let mut b = 0u64;
+        match (&plan.changed, parent) {
+            (Some(changed), Some(parent)) => {
+                let top = parent.depth();
+                'outer: while b < nb {
+                    // The largest untouched subtree starting here, taken whole.
+                    for k in (1..top).rev() {
+                        let span = g.span(k);
+                        if !b.is_multiple_of(span) {
+                            continue;
+                        }
+                        let n = span.min(nb - b);
+                        let (start, len) = (b * g.block_size, g.bytes_of(b, n));
+                        if plan.parent_covers(b, n)
+                            && !changed.intersects(start, start + len)
+                            && let Some(entry) = parent.entry(k, b)?
+                        {
+                            self.push_step(
+                                plan,
+                                stream,
+                                Step::Reuse {
+                                    level: k,
+                                    entry,
+                                    chunks: n,
+                                },
+                            )?;
+                            b += n;
+                            continue 'outer;
+                        }
+                    }
+                    // One level-0 list: changed blocks read, the others reused.
+                    let end = (b + leaf - b % leaf).min(nb);
+                    let mut run: Option<u64> = None;
+                    for i in b..end {
+                        let start = i * g.block_size;
+                        let dirty = !plan.parent_covers(i, 1)
+                            || changed.intersects(start, start + g.bytes_of(i, 1));
+                        let entry = if dirty { None } else { parent.entry(0, i)? };
+                        match (entry, run) {
+                            (None, None) => run = Some(i),
+                            (None, Some(_)) => {}
+                            (Some(e), r) => {
+                                if let Some(first) = r {
+                                    self.push_read(plan, stream, first, i - first)?;
+                                    run = None;
+                                }
+                                self.push_step(
+                                    plan,
+                                    stream,
+                                    Step::Reuse {
+                                        level: 0,
+                                        entry: e,
+                                        chunks: 1,
+                                    },
+                                )?;
+                            }
+                        }
+                    }
+                    if let Some(first) = run {
+                        self.push_read(plan, stream, first, end - first)?;
+                    }
+                    b = end;
+                }
+            }
+            _ => {
+                let per_read = (READ_BYTES / g.block_size).max(1);
+                while b < nb {
+                    let n = per_read.min(nb - b);
+                    self.push_read(plan, stream, b, n)?;
+                    b += n;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues a read of blocks `[first, first + n)`, split to bound each read.
+    fn push_read(
+        &mut self,
+        plan: &ImagePlan,
+        stream: &mut Stream,
+        first: u64,
+        n: u64,
+    ) -> Result<()> {
+        let per_read = (READ_BYTES / plan.geometry.block_size).max(1);
+        let mut b = first;
+        while b < first + n {
+            let m = per_read.min(first + n - b);
+            let seq = stream.next_seq;
+            stream.next_seq += 1;
+            let g = plan.geometry;
+            let req = (seq, b * g.block_size, g.bytes_of(b, m));
+            if let Some(tx) = &stream.req_tx {
+                tx.send(req)
+                    .map_err(|_| Error::Invalid("the image readers stopped".into()))?;
+            }
+            stream.outstanding += 1;
+            self.push_step(
+                plan,
+                stream,
+                Step::Read {
+                    seq,
+                    first: b,
+                    n: m,
+                },
+            )?;
+            b += m;
+        }
+        Ok(())
+    }
+
+    fn push_step(&mut self, plan: &ImagePlan, stream: &mut Stream, step: Step) -> Result<()> {
+        stream.steps.push_back(step);
+        // Emit from the front while too many reads are queued, and every step that
+        // needs no read.
+        while stream.outstanding >= READERS * AHEAD_PER_READER
+            || matches!(stream.steps.front(), Some(Step::Reuse { .. }))
+        {
+            self.emit_step(plan, stream)?;
+        }
+        Ok(())
+    }
+
+    /// Emits the first step, waiting for its read.
+    fn emit_step(&mut self, plan: &ImagePlan, stream: &mut Stream) -> Result<()> {
+        let Some(step) = stream.steps.pop_front() else {
+            return Ok(());
+        };
+        match step {
+            Step::Reuse {
+                level,
+                entry,
+                chunks,
+            } => self.emit(Item::Reuse {
+                level,
+                entry,
+                chunks,
+            }),
+            Step::Read { seq, first, n } => {
+                let out = loop {
+                    if let Some(o) = stream.arrived.remove(&seq) {
+                        break o;
+                    }
+                    let (s, o) = stream
+                        .res_rx
+                        .recv()
+                        .map_err(|_| Error::Invalid("the image readers stopped".into()))?;
+                    stream.arrived.insert(s, o);
+                };
+                stream.outstanding -= 1;
+                let g = plan.geometry;
+                let len = out.buf.len() as u64;
+                self.progress.bytes_done(len);
+                if let Some(l) = self.read_limit {
+                    l.take(len);
+                }
+                for (offset, length, message) in out.bad {
+                    let m = format!(
+                        "bytes {offset}..{} could not be read ({message}); saved as zeros",
+                        offset + length
+                    );
+                    self.progress.warning(&plan.path, &m);
+                    self.emit(Item::ImageNote(Note::Unreadable { offset, length }))?;
+                }
+                let lens = (first..first + n)
+                    .map(|i| g.bytes_of(i, 1) as u32)
+                    .collect();
+                self.emit(Item::Data { buf: out.buf, lens })
+            }
+        }
+    }
+}
+
+struct Stream {
+    steps: VecDeque<Step>,
+    outstanding: usize,
+    next_seq: u64,
+    arrived: BTreeMap<u64, ReadOut>,
+    req_tx: Option<crossbeam_channel::Sender<(u64, u64, u64)>>,
+    res_rx: crossbeam_channel::Receiver<(u64, ReadOut)>,
+}
+
+/// The size of a file or block device.
+pub(crate) fn source_size(f: &File) -> std::io::Result<u64> {
+    use std::io::Seek;
+    let meta = f.metadata()?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    // A block device's size is where its end is (`BLKGETSIZE64` says the same).
+    let mut f = f;
+    f.seek(std::io::SeekFrom::End(0))
+}
+
+/// Reads as much of `buf` as the source holds from `off`; stops early only at the
+/// end of the source.
+fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], off + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Reads `[off, off + len)`. On an error, reads block by block so that only the
+/// blocks that fail are lost (as zeros, reported); a source that ends early (it
+/// shrank) reports the missing tail.
+fn read_range(f: &File, off: u64, len: u64, block: u64) -> ReadOut {
+    let mut buf = vec![0u8; len as usize];
+    let mut bad: Vec<(u64, u64, String)> = Vec::new();
+    let mut note = |at: u64, n: u64, m: String| match bad.last_mut() {
+        Some(last) if last.0 + last.1 == at && last.2 == m => last.1 += n,
+        _ => bad.push((at, n, m)),
+    };
+    match read_full_at(f, &mut buf, off) {
+        Ok(n) if n as u64 == len => {}
+        Ok(n) => note(
+            off + n as u64,
+            len - n as u64,
+            "the source ended early: it shrank during the backup".into(),
+        ),
+        Err(_) => {
+            let mut at = 0u64;
+            while at < len {
+                let n = block.min(len - at);
+                let piece = &mut buf[at as usize..(at + n) as usize];
+                match read_full_at(f, piece, off + at) {
+                    Ok(k) if k as u64 == n => {}
+                    Ok(k) => {
+                        piece[k..].fill(0);
+                        note(
+                            off + at + k as u64,
+                            n - k as u64,
+                            "the source ended early: it shrank during the backup".into(),
+                        );
+                    }
+                    Err(e) => {
+                        piece.fill(0);
+                        note(off + at, n, e.to_string());
+                    }
+                }
+                at += n;
+            }
+        }
+    }
+    ReadOut { buf, bad }
+}
+
+/// The unreadable ranges and size change, for the snapshot and the report.
+pub(crate) fn skipped_for(path: &std::path::Path, notes: &[Note]) -> Vec<Skipped> {
+    notes
+        .iter()
+        .map(|n| Skipped {
+            path: path.to_path_buf(),
+            message: match n {
+                Note::Unreadable { offset, length } => format!(
+                    "bytes {offset}..{} could not be read; saved as zeros",
+                    offset + length
+                ),
+                Note::SizeChanged { now } => {
+                    format!("the source changed size during the backup (now {now} bytes)")
+                }
+            },
+        })
+        .collect()
+}
+
+/// Opens the source and decides the geometry, the parent image and the changed
+/// ranges.
+pub(crate) fn plan(
+    repo: &crate::repo::Repository,
+    opts: crate::ops::image::ImageOptions,
+    parent: Option<&cairn_format::snapshot::Snapshot>,
+) -> Result<ImagePlan> {
+    use std::os::unix::fs::FileTypeExt;
+    let path = super::absolute(&opts.source)?;
+    let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
+    if !meta.is_file() && !meta.file_type().is_block_device() {
+        return Err(Error::Invalid(format!(
+            "{}: --image takes a file or a block device",
+            path.display()
+        )));
+    }
+    let size = source_size(&file).map_err(|e| Error::io(&path, e))?;
+    let name = match &opts.name {
+        Some(n) => n.clone(),
+        None => path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "image".into()),
+    };
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(Error::Invalid(format!("invalid image name {name:?}")));
+    }
+    let mut names = super::source::NameCache::default();
+    let (mut node, _) =
+        super::source::node_from_metadata(name.into_bytes(), &path, &meta, &mut names);
+    node.kind = NodeKind::File;
+    node.mode = libc::S_IFREG | (node.mode & 0o7777);
+    node.rdev = 0;
+    node.size = size;
+    node.xattrs.clear();
+    let block_size = repo.config().chunker.avg_size;
+    let geometry = Geometry::new(size, block_size, crate::tree::fixed::fanout_for(block_size))?;
+
+    // The parent's image, when it has this geometry's block size and fanout (a
+    // repository's block size never changes; a parent of another cairn might).
+    let parent = match parent.and_then(|s| s.image.as_ref().map(|i| (s, i))) {
+        Some((snap, info))
+            if info.block_size == block_size && u64::from(info.fanout) == geometry.fanout =>
+        {
+            let (info, pnode) = crate::ops::image::image_node(repo, snap)?;
+            Some((
+                Geometry::new(info.size, info.block_size, info.fanout)?,
+                pnode.content,
+            ))
+        }
+        _ => None,
+    };
+    let changed = match &opts.changed_blocks {
+        Some((list, format)) => {
+            if parent.is_none() {
+                return Err(Error::Invalid(
+                    "--changed-blocks needs a parent image snapshot of this source (same host and path, or --parent): run a backup without it first".into(),
+                ));
+            }
+            Some(ChangedRanges::load(list, *format, size)?)
+        }
+        None => None,
+    };
+    Ok(ImagePlan {
+        file,
+        path,
+        node,
+        geometry,
+        parent,
+        changed,
+    })
+}
+
+/// The snapshot's image member.
+pub(crate) fn info(
+    plan: &ImagePlan,
+    counts: super::archiver::ImageCounts,
+) -> cairn_format::snapshot::ImageInfo {
+    let g = plan.geometry;
+    let mut unreadable = Vec::new();
+    let mut size_at_end = None;
+    for n in &counts.notes {
+        match n {
+            Note::Unreadable { offset, length } => unreadable.push((*offset, *length)),
+            Note::SizeChanged { now } => size_at_end = Some(*now),
+        }
+    }
+    cairn_format::snapshot::ImageInfo {
+        source: plan.path.to_string_lossy().into_owned(),
+        size: g.size,
+        block_size: g.block_size as u32,
+        fanout: g.fanout as u32,
+        blocks: g.blocks(),
+        blocks_read: counts.blocks_read,
+        blocks_changed: counts.blocks_changed,
+        blocks_zero: counts.blocks_zero,
+        changed_blocks_input: plan.changed.is_some(),
+        unreadable,
+        size_at_end,
+    }
+}

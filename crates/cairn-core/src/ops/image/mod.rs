@@ -1,0 +1,52 @@
+//! Image snapshots (`backup --image`): a disk image or block device saved in fixed
+//! blocks of the repository's block size, as one file whose chunk list has the fixed
+//! geometry of [`crate::tree::fixed`]. Every snapshot is a full image (it restores on
+//! its own); an incremental one costs what changed.
+//!
+//! Backing up is part of [`crate::ops::backup`] (the blocks go through the same
+//! pipeline as files); this module holds what is image-specific around it: the
+//! changed-block lists, finding an image in a snapshot, and restoring one.
+
+pub mod changed;
+pub mod restore;
+
+pub use changed::{ChangedFormat, ChangedRanges};
+
+use crate::error::{Error, Result};
+use crate::repo::Repository;
+use cairn_format::snapshot::{ImageInfo, Snapshot};
+use cairn_format::tree::{Node, NodeKind};
+use std::path::PathBuf;
+
+/// `backup --image SOURCE`.
+#[derive(Clone, Debug)]
+pub struct ImageOptions {
+    /// A file (raw disk image) or block device.
+    pub source: PathBuf,
+    /// The image's name in the snapshot (default: the source's file name).
+    pub name: Option<String>,
+    /// `--changed-blocks FILE`: read only these ranges, take the rest from the
+    /// parent image snapshot.
+    pub changed_blocks: Option<(PathBuf, ChangedFormat)>,
+}
+
+/// The image of an image snapshot: what the snapshot records and its one file node.
+pub fn image_node(repo: &Repository, snap: &Snapshot) -> Result<(ImageInfo, Node)> {
+    let info = snap
+        .image
+        .clone()
+        .ok_or_else(|| Error::Invalid("not an image snapshot (made without --image)".into()))?;
+    let root = repo.load_tree(&snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?)?;
+    let bad = |d: &str| {
+        Error::damaged(
+            "image snapshot",
+            cairn_format::FormatError::malformed("image snapshot", d.to_string()),
+        )
+    };
+    let [node] =
+        <[Node; 1]>::try_from(root.nodes).map_err(|_| bad("its root holds more than the image"))?;
+    if node.kind != NodeKind::File || node.size != info.size {
+        return Err(bad("its file does not match the recorded image size"));
+    }
+    Ok((info, node))
+}

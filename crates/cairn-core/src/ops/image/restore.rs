@@ -1,0 +1,493 @@
+//! `restore --image`: an image snapshot written back to a file or a block device.
+//!
+//! The image is restored in windows of blocks: the blocks of a window are grouped by
+//! pack, and threads read each pack's needed blobs in a few coalesced ranges,
+//! decode and verify each blob (its id is checked against the plaintext), and write
+//! it at every offset that holds it. Zero blocks are not written to a new file
+//! (created sparse at full size) nor, with `--zeroed`, to a device the caller knows
+//! is zeroed; otherwise they are written as zeros. The target is synced before the
+//! report says it is done.
+//!
+//! A block device is opened with `O_EXCL`, which the kernel refuses while the
+//! device is mounted or held by another user (LVM, RAID, a swap): restoring over a
+//! mounted filesystem is refused, not attempted. A device smaller than the image is
+//! refused before anything is written.
+
+use crate::error::{Error, Result};
+use crate::progress::Progress;
+use crate::repo::{Repository, blob};
+use crate::tree::chunklist::for_each_chunk;
+use cairn_format::BlobId;
+use cairn_format::snapshot::Snapshot;
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Bytes of image planned and written at a time.
+const WINDOW_BYTES: u64 = 256 << 20;
+/// Gaps up to this size between needed blobs of a pack are read through.
+const MAX_GAP: u64 = 512 << 10;
+/// Upper bound of one pack range read.
+const MAX_RANGE: u64 = 8 << 20;
+
+#[derive(Clone, Debug, Default)]
+pub struct ImageRestoreOptions {
+    /// A file (created, or replaced with `replace`), a directory (the image is
+    /// written there under its name) or a block device.
+    pub target: PathBuf,
+    /// A device known to be zeroed: zero blocks are not written to it.
+    pub zeroed: bool,
+    /// Replace an existing regular file.
+    pub replace: bool,
+    /// Read every block back from the target and compare it with the snapshot.
+    pub verify: bool,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ImageRestoreReport {
+    #[serde(serialize_with = "crate::report::lossy_path")]
+    pub target: PathBuf,
+    /// `file` or `device`.
+    pub target_kind: &'static str,
+    pub size: u64,
+    pub blocks: u64,
+    /// Blocks written with data.
+    pub blocks_written: u64,
+    /// Zero blocks left as holes (or not written to a zeroed device).
+    pub blocks_skipped_zero: u64,
+    pub bytes_written: u64,
+    /// Blocks read back and found equal (with `verify`).
+    pub blocks_verified: u64,
+    pub duration_secs: f64,
+    /// Ranges the source could not read at backup time: zeros in the image.
+    pub unreadable_at_backup: Vec<(u64, u64)>,
+}
+
+/// Where the image goes, opened.
+struct Target {
+    file: File,
+    path: PathBuf,
+    device: bool,
+}
+
+fn open_target(opts: &ImageRestoreOptions, name: &str, size: u64) -> Result<Target> {
+    let mut path = opts.target.clone();
+    if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+        path = path.join(name);
+    }
+    match std::fs::metadata(&path) {
+        Ok(m) if m.file_type().is_block_device() => {
+            // O_EXCL on a block device: EBUSY while it is mounted or otherwise held.
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .read(true)
+                .custom_flags(libc::O_EXCL)
+                .open(&path)
+                .map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EBUSY) {
+                        Error::Invalid(format!(
+                            "{} is in use (mounted, or held by LVM, RAID or swap): refusing to write an image over it; unmount it first",
+                            path.display()
+                        ))
+                    } else {
+                        Error::io(&path, e)
+                    }
+                })?;
+            let dev_size =
+                super::super::backup::image_source_size(&file).map_err(|e| Error::io(&path, e))?;
+            if dev_size < size {
+                return Err(Error::Invalid(format!(
+                    "{} holds {dev_size} bytes, smaller than the image ({size} bytes): nothing was written",
+                    path.display()
+                )));
+            }
+            Ok(Target {
+                file,
+                path,
+                device: true,
+            })
+        }
+        Ok(m) if m.is_file() => {
+            if !opts.replace {
+                return Err(Error::Invalid(format!(
+                    "{} exists: give --overwrite always to replace it, or another target",
+                    path.display()
+                )));
+            }
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .read(true)
+                .open(&path)
+                .map_err(|e| Error::io(&path, e))?;
+            // Emptied first so that zero blocks become holes, not old data.
+            file.set_len(0).map_err(|e| Error::io(&path, e))?;
+            file.set_len(size).map_err(|e| Error::io(&path, e))?;
+            Ok(Target {
+                file,
+                path,
+                device: false,
+            })
+        }
+        Ok(_) => Err(Error::Invalid(format!(
+            "{} is neither a regular file nor a block device",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .read(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| Error::io(&path, e))?;
+            file.set_len(size).map_err(|e| Error::io(&path, e))?;
+            Ok(Target {
+                file,
+                path,
+                device: false,
+            })
+        }
+        Err(e) => Err(Error::io(&path, e)),
+    }
+}
+
+/// One blob a window needs, and every image offset that holds it.
+struct Need {
+    offset: u64,
+    length: u64,
+    raw_length: u32,
+    compression: cairn_format::pack::BlobCompression,
+    id: BlobId,
+    at: Vec<u64>,
+}
+
+pub fn restore_image(
+    repo: &Repository,
+    snap: &Snapshot,
+    opts: &ImageRestoreOptions,
+    progress: &Progress,
+) -> Result<ImageRestoreReport> {
+    let start = std::time::Instant::now();
+    let (info, node) = super::image_node(repo, snap)?;
+    let name = String::from_utf8_lossy(&node.name).into_owned();
+    let target = open_target(opts, &name, info.size)?;
+    let zero_id = repo.key().blob_id(&vec![0u8; info.block_size as usize]);
+    let write_zeros = target.device && !opts.zeroed;
+    progress.set_total(Some(info.size), Some(1));
+
+    let mut report = ImageRestoreReport {
+        target: target.path.clone(),
+        target_kind: if target.device { "device" } else { "file" },
+        size: info.size,
+        unreadable_at_backup: info.unreadable.clone(),
+        ..Default::default()
+    };
+    let failed: Mutex<Vec<(u64, u64, String)>> = Mutex::new(Vec::new());
+    let mut window: Vec<(u64, BlobId, u64)> = Vec::new();
+    let mut window_bytes = 0u64;
+    let mut pos = 0u64;
+    let written = AtomicU64::new(0);
+    let blocks_written = AtomicU64::new(0);
+    let mut flush = |window: &mut Vec<(u64, BlobId, u64)>| -> Result<()> {
+        progress.check_cancelled()?;
+        let (needs, zeros, missing) = plan_window(repo, window, &zero_id, write_zeros);
+        crate::lock(&failed).extend(missing);
+        report.blocks_skipped_zero += window.len() as u64
+            - zeros.len() as u64
+            - needs
+                .iter()
+                .map(|(_, v)| v.iter().map(|n| n.at.len() as u64).sum::<u64>())
+                .sum::<u64>();
+        run_window(
+            repo,
+            &target,
+            &needs,
+            &zeros,
+            info.block_size,
+            progress,
+            &failed,
+            &written,
+            &blocks_written,
+        );
+        window.clear();
+        Ok(())
+    };
+    for_each_chunk(repo, &node.content, &mut |c| {
+        window.push((pos, c.id, c.length));
+        pos += c.length;
+        window_bytes += c.length;
+        report.blocks += 1;
+        if window_bytes >= WINDOW_BYTES {
+            flush(&mut window)?;
+            window_bytes = 0;
+        }
+        Ok(())
+    })?;
+    flush(&mut window)?;
+    if pos != info.size {
+        return Err(Error::damaged(
+            "image snapshot",
+            cairn_format::FormatError::malformed("image", "its blocks do not add up to its size"),
+        ));
+    }
+    target
+        .file
+        .sync_all()
+        .map_err(|e| Error::io(&target.path, e))?;
+    report.bytes_written = written.load(Ordering::Relaxed);
+    report.blocks_written = blocks_written.load(Ordering::Relaxed);
+    let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Some((off, len, why)) = failed.first() {
+        return Err(Error::Invalid(format!(
+            "{} blocks could not be restored (the first at bytes {off}..{}: {why}); {} is incomplete",
+            failed.len(),
+            off + len,
+            target.path.display()
+        )));
+    }
+    if opts.verify {
+        report.blocks_verified = verify(repo, &target, &node, progress)?;
+    }
+    report.duration_secs = start.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+type PackNeeds = Vec<(u32, Vec<Need>)>;
+/// Byte ranges of the image, with why they failed.
+type Failed = Vec<(u64, u64, String)>;
+
+/// Groups a window's blocks by pack (each blob once, with all its offsets); zero
+/// blocks to write, and blocks the index does not know.
+fn plan_window(
+    repo: &Repository,
+    window: &[(u64, BlobId, u64)],
+    zero_id: &BlobId,
+    write_zeros: bool,
+) -> (PackNeeds, Vec<(u64, u64)>, Failed) {
+    let mut by_pack: HashMap<u32, HashMap<BlobId, Need>> = HashMap::new();
+    let mut zeros = Vec::new();
+    let mut missing = Vec::new();
+    for &(at, id, len) in window {
+        if id == *zero_id {
+            if write_zeros {
+                zeros.push((at, len));
+            }
+            continue;
+        }
+        let Some(loc) = repo.index().get(&id) else {
+            missing.push((at, len, format!("blob {} is not in the index", id.short())));
+            continue;
+        };
+        let pack = crate::index::MasterIndex::pack_number_of(&loc);
+        by_pack
+            .entry(pack)
+            .or_default()
+            .entry(id)
+            .or_insert_with(|| Need {
+                offset: loc.offset.into(),
+                length: loc.length.into(),
+                raw_length: loc.raw_length,
+                compression: loc.compression,
+                id,
+                at: Vec::new(),
+            })
+            .at
+            .push(at);
+    }
+    let mut packs: PackNeeds = by_pack
+        .into_iter()
+        .map(|(p, m)| {
+            let mut v: Vec<Need> = m.into_values().collect();
+            v.sort_by_key(|n| n.offset);
+            (p, v)
+        })
+        .collect();
+    packs.sort_by_key(|(p, _)| *p);
+    (packs, zeros, missing)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_window(
+    repo: &Repository,
+    target: &Target,
+    packs: &PackNeeds,
+    zeros: &[(u64, u64)],
+    block_size: u32,
+    progress: &Progress,
+    failed: &Mutex<Vec<(u64, u64, String)>>,
+    written: &AtomicU64,
+    blocks_written: &AtomicU64,
+) {
+    let next = AtomicUsize::new(0);
+    let jobs = packs.len() + usize::from(!zeros.is_empty());
+    let threads = (crate::threads::cores() + 2).min(jobs.max(1));
+    let fail = |at: u64, len: u64, why: String| crate::lock(failed).push((at, len, why));
+    let put = |data: &[u8], at: u64| match target.file.write_all_at(data, at) {
+        Ok(()) => {
+            written.fetch_add(data.len() as u64, Ordering::Relaxed);
+            blocks_written.fetch_add(1, Ordering::Relaxed);
+            progress.bytes_done(data.len() as u64);
+        }
+        Err(e) => fail(at, data.len() as u64, format!("write failed: {e}")),
+    };
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i == packs.len() {
+                        let zero = vec![0u8; block_size as usize];
+                        for &(at, len) in zeros {
+                            put(&zero[..len as usize], at);
+                        }
+                        continue;
+                    }
+                    let Some((pack_no, needs)) = packs.get(i) else {
+                        return;
+                    };
+                    let pack = repo.index().pack_by_number(*pack_no);
+                    for range in coalesce(needs) {
+                        let first = range[0].offset;
+                        let end = range
+                            .iter()
+                            .map(|n| n.offset + n.length)
+                            .max()
+                            .unwrap_or(first);
+                        let whole = repo.read_pack_range(&pack, first, end - first).ok();
+                        for n in range {
+                            let sealed = match &whole {
+                                Some(b) => b
+                                    .get(
+                                        (n.offset - first) as usize
+                                            ..(n.offset - first + n.length) as usize,
+                                    )
+                                    .map(|s| s.to_vec()),
+                                None => repo.read_pack_range(&pack, n.offset, n.length).ok(),
+                            };
+                            let plain = sealed
+                                .ok_or_else(|| format!("pack {} could not be read", pack.short()))
+                                .and_then(|s| {
+                                    blob::decode(repo.key(), &n.id, &s, n.raw_length, n.compression)
+                                        .map_err(|e| e.to_string())
+                                });
+                            match plain {
+                                Ok(p) => {
+                                    for &at in &n.at {
+                                        put(&p, at);
+                                    }
+                                }
+                                Err(why) => {
+                                    for &at in &n.at {
+                                        fail(at, u64::from(n.raw_length), why.clone());
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Splits a pack's sorted needs into ranges read in one request each.
+fn coalesce(needs: &[Need]) -> Vec<&[Need]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..needs.len() {
+        let (first, prev_end) = (
+            needs[start].offset,
+            needs[i - 1].offset + needs[i - 1].length,
+        );
+        let n = &needs[i];
+        if n.offset > prev_end + MAX_GAP || n.offset + n.length - first > MAX_RANGE {
+            out.push(&needs[start..i]);
+            start = i;
+        }
+    }
+    if start < needs.len() {
+        out.push(&needs[start..]);
+    }
+    out
+}
+
+/// Reads the whole target back and compares every block with the snapshot's id.
+fn verify(
+    repo: &Repository,
+    target: &Target,
+    node: &cairn_format::tree::Node,
+    progress: &Progress,
+) -> Result<u64> {
+    let mut blocks: Vec<(u64, BlobId, u64)> = Vec::new();
+    let mut pos = 0;
+    let bad: Mutex<Option<u64>> = Mutex::new(None);
+    let checked = AtomicU64::new(0);
+    let check = |blocks: &mut Vec<(u64, BlobId, u64)>| {
+        let next = AtomicUsize::new(0);
+        let per = 256usize;
+        std::thread::scope(|s| {
+            for _ in 0..crate::threads::cores() + 1 {
+                s.spawn(|| {
+                    let mut buf = Vec::new();
+                    loop {
+                        let i = next.fetch_add(per, Ordering::Relaxed);
+                        let Some(part) = blocks.get(i..(i + per).min(blocks.len())) else {
+                            return;
+                        };
+                        if part.is_empty() {
+                            return;
+                        }
+                        for &(at, id, len) in part {
+                            buf.resize(len as usize, 0);
+                            let same = target.file.read_exact_at(&mut buf, at).is_ok()
+                                && repo.key().blob_id(&buf) == id;
+                            if same {
+                                checked.fetch_add(1, Ordering::Relaxed);
+                            } else {
+                                let mut b = crate::lock(&bad);
+                                *b = Some(b.map_or(at, |x: u64| x.min(at)));
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        blocks.clear();
+    };
+    for_each_chunk(repo, &node.content, &mut |c| {
+        blocks.push((pos, c.id, c.length));
+        pos += c.length;
+        if blocks.len() >= 65536 {
+            progress.check_cancelled()?;
+            check(&mut blocks);
+        }
+        Ok(())
+    })?;
+    check(&mut blocks);
+    if let Some(at) = bad.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(Error::Invalid(format!(
+            "verify: {} differs from the snapshot (first at byte {at})",
+            target.path.display()
+        )));
+    }
+    Ok(checked.load(Ordering::Relaxed))
+}
+
+/// Whether `path` is a block device (for the CLI's messages).
+pub fn is_block_device(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
+}
+
+/// [`restore_image`] through a session (the CLI's and the server's entry point).
+pub fn restore_image_snapshot<A: crate::session::Access>(
+    session: &crate::session::Session<A>,
+    snapshot: &(cairn_format::SnapshotId, Snapshot),
+    opts: &ImageRestoreOptions,
+) -> Result<ImageRestoreReport> {
+    let progress = session.progress();
+    progress.phase(crate::progress::Phase::Restore);
+    restore_image(session.repo(), &snapshot.1, opts, progress)
+}

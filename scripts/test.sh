@@ -25,6 +25,10 @@ command -v npm >/dev/null || need_apt+=(npm)
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 # The --priority test reads a job's I/O class with ionice.
 command -v ionice >/dev/null || need_apt+=(util-linux)
+# Image tests: ext4 images (mke2fs -d), loop devices, partition tables.
+command -v mke2fs >/dev/null || need_apt+=(e2fsprogs)
+command -v losetup >/dev/null || need_apt+=(mount)
+command -v sfdisk >/dev/null || need_apt+=(fdisk)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null

@@ -520,7 +520,22 @@ pub struct LsArgs {
     #[arg(long)]
     pub no_recursive: bool,
     #[command(flatten)]
+    pub image_fs: ImageFsArgs,
+    #[command(flatten)]
     pub filter: FilterArgs,
+}
+
+/// Files inside the filesystem of an image snapshot.
+#[derive(Args)]
+pub struct ImageFsArgs {
+    /// A path inside the ext2/3/4 filesystem of an image snapshot (backup --image),
+    /// read in place: no loop device, no restore of the disk
+    #[arg(long, value_name = "PATH")]
+    pub image_fs: Option<String>,
+    /// With --image-fs on a whole-disk image: the partition (1-based) holding the
+    /// filesystem (default: the image itself, else the first partition holding one)
+    #[arg(long, value_name = "N", requires = "image_fs")]
+    pub partition: Option<u32>,
 }
 
 #[derive(Args)]
@@ -593,12 +608,15 @@ pub struct DumpArgs {
     /// Snapshot id (prefix) or "latest"
     pub snapshot: String,
     /// Path of the file inside the snapshot (with --archive: a directory, or / for all)
+    #[arg(required_unless_present = "image_fs", default_value = "")]
     pub file: String,
     /// Write the path and everything below it as an archive (`tar`: POSIX with pax,
     /// owners, times, xattrs and hard links; streams, e.g. to tape; `zip`). A
     /// directory is written as tar without it.
     #[arg(long, value_parser = ["tar", "zip"])]
     pub archive: Option<String>,
+    #[command(flatten)]
+    pub image_fs: ImageFsArgs,
     #[command(flatten)]
     pub filter: FilterArgs,
 }
@@ -655,6 +673,8 @@ pub struct RestoreArgs {
     /// With --image onto a device known to hold zeros: do not write zero blocks
     #[arg(long, requires = "image")]
     pub zeroed: bool,
+    #[command(flatten)]
+    pub image_fs: ImageFsArgs,
     #[command(flatten)]
     pub filter: FilterArgs,
 }

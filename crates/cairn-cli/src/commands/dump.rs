@@ -6,6 +6,9 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     let p = super::progress(g);
     let session = super::session::<Read>(g, "dump", IndexLoad::Placement, &p.progress)?;
     let (_, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
+    if a.image_fs.image_fs.is_some() {
+        return super::imagefs::dump(&session, &snap, &a.image_fs);
+    }
     let mut out = std::io::stdout().lock();
     // A directory (or the whole snapshot) is written as a tar archive, as restic's
     // dump does: there is no other way to put it on a stream.

@@ -13,6 +13,7 @@ mod estimate;
 mod export;
 mod find;
 mod forget;
+mod imagefs;
 mod index;
 mod init;
 mod key;

@@ -4,7 +4,8 @@
 //! files of version 2 with snapshot and forgotten records, snapshots copied from
 //! another repository with `copied_from`, superseding index files of a prune);
 //! `v1-2026-11-25` the same history with the `admin-names` feature (prune's
-//! superseding file stored as `index/admin-<id>`).
+//! superseding file stored as `index/admin-<id>`); `v1-2026-11-25-images` adds two
+//! image snapshots (`backup --image`, the second from a changed-block list).
 //! `tests/fixtures/make-golden.sh NAME` makes a new one; existing fixtures are never
 //! rewritten.
 
@@ -70,6 +71,38 @@ fn golden_v1_2026_11_25_repository_with_admin_names() {
     assert!(admin_named >= 1);
 }
 
+/// Image snapshots: the full one and the one from a changed-block list restore as
+/// the images were, verified block by block.
+#[test]
+fn golden_v1_2026_11_25_images_restore_as_they_were_saved() {
+    let env = history_fixture("v1-2026-11-25-images");
+    let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    let images: Vec<String> = snaps
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| !s["image"].is_null())
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(images.len(), 2, "{snaps:#}");
+    let dir = env.dir.path().join("v1-2026-11-25-images");
+    for (snap, expected) in images.iter().zip(["img1.raw", "img2.raw"]) {
+        let out = env.dir.path().join(format!("{expected}.restored"));
+        env.ok(&[
+            "restore",
+            snap,
+            "--image",
+            "--verify",
+            "--target",
+            out.to_str().unwrap(),
+        ]);
+        assert!(
+            std::fs::read(&out).unwrap() == std::fs::read(dir.join(expected)).unwrap(),
+            "{snap} differs from {expected}"
+        );
+    }
+}
+
 /// Index files stored under the admin name (`index/admin-<id>`).
 fn admin_named_index_files(repo: &Path) -> usize {
     std::fs::read_dir(repo.join("index"))
@@ -98,7 +131,14 @@ fn history_fixture(name: &str) -> Env {
     let out = env.ok(&["check", "--read-data"]);
     assert!(out.contains("no errors were found"), "{out}");
     let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
-    let snaps = snaps.as_array().unwrap();
+    // Image snapshots (fixtures since v1-2026-11-25-images) are checked apart.
+    let snaps: Vec<serde_json::Value> = snaps
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["image"].is_null())
+        .cloned()
+        .collect();
     // The first backup, the second (tagged), the copy (tagged elsewhere); the
     // third was forgotten and pruned.
     assert_eq!(snaps.len(), 3, "{snaps:#?}");
@@ -122,7 +162,8 @@ fn history_fixture(name: &str) -> Env {
     restores_as(&env, &first, &dir.join("src1"), "first");
     // The copied snapshot records where it came from: copying again is a no-op.
     let stats: serde_json::Value = serde_json::from_str(&env.ok(&["stats", "--json"])).unwrap();
-    assert_eq!(stats["snapshots"], 3, "{stats}");
+    let images = stats["images"]["snapshots"].as_u64().unwrap_or(0);
+    assert_eq!(stats["snapshots"], 3 + images, "{stats}");
     // A backup into it still works, and so does prune.
     let src = env.dir.path().join("new-src");
     std::fs::create_dir_all(&src).unwrap();

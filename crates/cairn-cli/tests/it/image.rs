@@ -608,3 +608,116 @@ fn a_source_that_changes_size_during_the_backup_is_saved_as_read_with_a_warning(
     restore_image(&env, &snap, &out, &[]);
     assert!(fs::read(&out).unwrap() == data);
 }
+
+/// A whole-disk image: a partition table of `label` (dos or gpt) with one
+/// partition at 1 MiB holding `fs`.
+fn partitioned(disk: &Path, fs_img: &Path, label: &str) {
+    let fs_len = fs::metadata(fs_img).unwrap().len();
+    let f = fs::File::create(disk).unwrap();
+    f.set_len((2 << 20) + fs_len).unwrap();
+    drop(f);
+    let mut c = Command::new("sfdisk")
+        .arg("-q")
+        .arg(disk)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    write!(
+        c.stdin.take().unwrap(),
+        "label: {label}\nstart=2048, size={}\n",
+        fs_len / 512
+    )
+    .unwrap();
+    assert!(c.wait().unwrap().success(), "sfdisk");
+    sh(Command::new("dd")
+        .arg(format!("if={}", fs_img.display()))
+        .arg(format!("of={}", disk.display()))
+        .args(["bs=1M", "seek=1", "conv=notrunc", "status=none"]));
+}
+
+#[test]
+fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_disk() {
+    let env = Env::new();
+    env.init(&["--block-size", "4K"]);
+    let tree = env.path("tree");
+    fs::create_dir_all(tree.join("etc/deep")).unwrap();
+    let mut rng = Rng(31);
+    let payload = rng.bytes(1_500_000, false);
+    fs::write(tree.join("etc/deep/payload.bin"), &payload).unwrap();
+    fs::write(tree.join("etc/hosts"), b"127.0.0.1 localhost\n").unwrap();
+    std::os::unix::fs::symlink("hosts", tree.join("etc/link")).unwrap();
+    let fs_img = env.path("fs.img");
+    sh(Command::new("mke2fs")
+        .args(["-q", "-t", "ext4", "-d"])
+        .arg(&tree)
+        .arg(&fs_img)
+        .arg("12M"));
+    for (label, name) in [
+        ("none", "plain.img"),
+        ("dos", "mbr.img"),
+        ("gpt", "gpt.img"),
+    ] {
+        let img = env.path(name);
+        if label == "none" {
+            fs::copy(&fs_img, &img).unwrap();
+        } else {
+            partitioned(&img, &fs_img, label);
+        }
+        let r = backup_image(&env, &img, &[]);
+        let snap = r["snapshot_id"].as_str().unwrap().to_string();
+        let list = env.ok(&["ls", &snap, "--image-fs", "/etc"]);
+        assert_eq!(
+            list.lines().collect::<Vec<_>>(),
+            [
+                "/etc",
+                "/etc/deep",
+                "/etc/deep/payload.bin",
+                "/etc/hosts",
+                "/etc/link"
+            ],
+            "{label}"
+        );
+        let o = env
+            .cmd(&["dump", &snap, "--image-fs", "/etc/deep/payload.bin"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        assert!(o.stdout == payload, "{label}: dumped file differs");
+        let target = env.path(&format!("out-{label}"));
+        env.ok(&[
+            "restore",
+            &snap,
+            "--image-fs",
+            "/etc",
+            "--target",
+            target.to_str().unwrap(),
+        ]);
+        assert!(fs::read(target.join("etc/deep/payload.bin")).unwrap() == payload);
+        assert_eq!(
+            fs::read_link(target.join("etc/link")).unwrap(),
+            Path::new("hosts")
+        );
+        if label != "none" {
+            env.ok(&["ls", &snap, "--image-fs", "/", "--partition", "1"]);
+            let e = env.fails(&["ls", &snap, "--image-fs", "/", "--partition", "2"], 1);
+            assert!(e.contains("no partition 2"), "{e}");
+        }
+        // A path that is not there.
+        let e = env.fails(&["dump", &snap, "--image-fs", "/etc/nothing"], 1);
+        assert!(e.contains("/etc/nothing"), "{e}");
+    }
+    // An image without a filesystem cairn can read.
+    let noise = env.path("noise.img");
+    fs::write(&noise, rng.bytes(3 << 20, false)).unwrap();
+    let r = backup_image(&env, &noise, &[]);
+    let e = env.fails(
+        &["ls", r["snapshot_id"].as_str().unwrap(), "--image-fs", "/"],
+        1,
+    );
+    assert!(e.contains("no ext2/3/4 filesystem"), "{e}");
+    // A file snapshot is not an image.
+    let snap = env.backup(&[&tree]);
+    let e = env.fails(&["ls", &snap, "--image-fs", "/"], 1);
+    assert!(e.contains("not an image snapshot"), "{e}");
+}

@@ -424,6 +424,26 @@ impl Repository {
         Ok(())
     }
 
+    /// A second handle on the same repository: the same storage, key, index and
+    /// blob cache (all shared), for a reader that must own its repository (the
+    /// image filesystem reader). Index load errors stay with the first handle.
+    pub fn handle(&self) -> Repository {
+        Repository {
+            backend: self.backend.clone(),
+            config: self.config.clone(),
+            key: self.key.clone(),
+            key_id: self.key_id,
+            index: self.index.clone(),
+            index_errors: Vec::new(),
+            traffic: self.traffic.clone(),
+            location: self.location.clone(),
+            blob_cache: self.blob_cache.clone(),
+            dedup: self.dedup.clone(),
+            memory_limit: self.memory_limit,
+            memory_plan: self.memory_plan,
+        }
+    }
+
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }

@@ -8,6 +8,7 @@
 //! changed-block lists, finding an image in a snapshot, and restoring one.
 
 pub mod changed;
+pub mod fs;
 pub mod restore;
 
 pub use changed::{ChangedFormat, ChangedRanges};

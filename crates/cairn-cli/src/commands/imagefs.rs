@@ -1,0 +1,104 @@
+//! `--image-fs PATH` on ls, dump and restore: files inside an image snapshot's
+//! filesystem, read in place.
+
+use crate::args::{Global, ImageFsArgs};
+use crate::ui;
+use anyhow::{Context, Result};
+use cairn_core::ops::image::fs::ImageFs;
+use cairn_format::snapshot::Snapshot;
+use std::path::Path;
+
+fn open(
+    session: &cairn_core::Session<cairn_core::session::Read>,
+    snap: &Snapshot,
+    a: &ImageFsArgs,
+) -> Result<ImageFs> {
+    ImageFs::open(session.repo(), snap, a.partition).context("reading the image's filesystem")
+}
+
+pub fn ls(
+    g: &Global,
+    session: &cairn_core::Session<cairn_core::session::Read>,
+    snap: &Snapshot,
+    a: &ImageFsArgs,
+    long: bool,
+) -> Result<i32> {
+    let path = a.image_fs.as_deref().unwrap_or("/");
+    let fs = open(session, snap, a)?;
+    let mut entries = Vec::new();
+    let mut out = std::io::stdout().lock();
+    fs.list(path, &mut |e| {
+        if g.json {
+            entries.push(e);
+        } else if long {
+            super::out_line(
+                &mut out,
+                &format!(
+                    "{:>7o} {:>5} {:>5} {:>12} {} {}",
+                    e.mode,
+                    e.uid,
+                    e.gid,
+                    e.size,
+                    cairn_core::time::format_unix(e.mtime, 0),
+                    e.path
+                ),
+            );
+        } else {
+            super::out_line(&mut out, &e.path);
+        }
+        Ok(())
+    })?;
+    if g.json {
+        super::print_json(&entries)?;
+    }
+    Ok(0)
+}
+
+pub fn dump(
+    session: &cairn_core::Session<cairn_core::session::Read>,
+    snap: &Snapshot,
+    a: &ImageFsArgs,
+) -> Result<i32> {
+    let path = a.image_fs.as_deref().unwrap_or("/");
+    let fs = open(session, snap, a)?;
+    let mut out = std::io::stdout().lock();
+    fs.dump(path, &mut out)?;
+    Ok(0)
+}
+
+pub fn restore(
+    g: &Global,
+    session: &cairn_core::Session<cairn_core::session::Read>,
+    snap: &Snapshot,
+    a: &ImageFsArgs,
+    target: &Path,
+) -> Result<i32> {
+    let path = a.image_fs.as_deref().unwrap_or("/");
+    let fs = open(session, snap, a)?;
+    let start = std::time::Instant::now();
+    let r = fs
+        .restore(path, target)
+        .with_context(|| format!("restoring {path} from the image"))?;
+    if g.json {
+        super::print_json_report(&r)?;
+    } else if !g.quiet {
+        println!(
+            "restored {path} from the image's filesystem to {}: {}, {}, {}, {} in {:.2}s{}",
+            target.display(),
+            ui::count(r.files, "file"),
+            ui::count(r.dirs, "directory"),
+            ui::count(r.symlinks, "symlink"),
+            ui::bytes(r.bytes),
+            start.elapsed().as_secs_f64(),
+            if r.skipped > 0 {
+                format!(
+                    " ({} device, FIFO or socket entries not restored)",
+                    r.skipped
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(0)
+}

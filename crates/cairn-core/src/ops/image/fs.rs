@@ -1,0 +1,428 @@
+//! Files inside an image snapshot (`ls/dump/restore SNAP --image-fs PATH`): the
+//! ext2/3/4 filesystem in the image is read in place, through the image's chunk
+//! list at the offsets the filesystem asks for, so one file comes back from a disk
+//! image without restoring the disk, without root and without a loop device. Only
+//! the blocks the filesystem's metadata and the wanted files occupy are read.
+//!
+//! The filesystem is parsed by `ext4-view` (a read-only ext2/3/4 reader that checks
+//! what it reads, including metadata checksums): the image is untrusted input, so
+//! its errors are reported, never trusted. A whole-disk image with a partition table
+//! (MBR or GPT) is read at the partition `--partition N` names, or the first one
+//! holding ext2/3/4. XFS, NTFS and other filesystems: mount the image read-only
+//! through `cairn mount` (docs/IMAGES.md).
+
+use crate::error::{Error, Result};
+use crate::repo::Repository;
+use crate::tree::chunklist::FileReader;
+use cairn_format::snapshot::Snapshot;
+use cairn_format::tree::Content;
+use ext4_view::{Ext4, Ext4Read};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Bytes of the image seen by the filesystem reader: a window of the snapshot's
+/// image file starting at a partition's offset.
+struct ImageBytes {
+    repo: Repository,
+    content: Content,
+    size: u64,
+    offset: u64,
+}
+
+impl Ext4Read for ImageBytes {
+    fn read(
+        &mut self,
+        start: u64,
+        dst: &mut [u8],
+    ) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
+        let r = FileReader::new(&self.repo, &self.content, self.size);
+        let at = self
+            .offset
+            .checked_add(start)
+            .ok_or("offset past the image")?;
+        let mut done = 0;
+        while done < dst.len() {
+            let n = r.read_at(at + done as u64, &mut dst[done..])?;
+            if n == 0 {
+                return Err("read past the end of the image".into());
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// One entry of a listing.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FsEntry {
+    pub path: String,
+    /// `file`, `dir`, `symlink`, `char`, `block`, `fifo` or `socket`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub size: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: i64,
+}
+
+/// What `restore --image-fs` wrote.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct FsRestoreReport {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    /// Devices, FIFOs and sockets (not restored from an image filesystem).
+    pub skipped: u64,
+    pub bytes: u64,
+}
+
+/// The ext2/3/4 filesystem of an image snapshot.
+pub struct ImageFs {
+    fs: Ext4,
+    /// Bytes from the start of the image to the filesystem.
+    pub offset: u64,
+}
+
+fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("{what}: {e}"))
+}
+
+impl ImageFs {
+    /// Opens the filesystem of `snap`'s image: at `partition` (1-based) of its
+    /// partition table, or at the start of the image, or in the first partition
+    /// that holds one.
+    pub fn open(repo: &Repository, snap: &Snapshot, partition: Option<u32>) -> Result<ImageFs> {
+        let (info, node) = super::image_node(repo, snap)?;
+        let reader = FileReader::new(repo, &node.content, info.size);
+        let mut head = vec![0u8; 64 * 1024];
+        let n = reader.read_at(0, &mut head)?;
+        head.truncate(n);
+        let parts = partitions(&reader, &head)?;
+        let candidates: Vec<u64> = match partition {
+            Some(p) => vec![
+                parts
+                    .get((p as usize).wrapping_sub(1))
+                    .map(|p| p.0)
+                    .ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "the image has no partition {p} ({} found)",
+                            parts.len()
+                        ))
+                    })?,
+            ],
+            None => std::iter::once(0)
+                .chain(parts.iter().map(|p| p.0))
+                .collect(),
+        };
+        let mut last = None;
+        for offset in candidates {
+            let bytes = ImageBytes {
+                repo: repo.handle(),
+                content: node.content.clone(),
+                size: info.size,
+                offset,
+            };
+            match Ext4::load(Box::new(bytes)) {
+                Ok(fs) => return Ok(ImageFs { fs, offset }),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(Error::Invalid(format!(
+            "no ext2/3/4 filesystem found in the image{} ({}); for other filesystems, `cairn mount` the repository and mount the image file with `mount -o ro,loop`",
+            if parts.is_empty() {
+                String::new()
+            } else {
+                format!(" or its {} partitions", parts.len())
+            },
+            last.map_or_else(|| "nothing to read".to_string(), |e| e.to_string())
+        )))
+    }
+
+    fn path<'a>(p: &'a str) -> Result<ext4_view::Path<'a>> {
+        ext4_view::Path::try_from(p).map_err(|e| fs_err(p, e))
+    }
+
+    /// Lists `path` and, for a directory, everything below it, in name order.
+    pub fn list(&self, path: &str, f: &mut dyn FnMut(FsEntry) -> Result<()>) -> Result<()> {
+        let path = normalise(path);
+        let meta = self
+            .fs
+            .symlink_metadata(Self::path(&path)?)
+            .map_err(|e| fs_err(&path, e))?;
+        f(entry(&path, &meta))?;
+        if meta.is_dir() {
+            self.list_below(&path, f)?;
+        }
+        Ok(())
+    }
+
+    fn list_below(&self, dir: &str, f: &mut dyn FnMut(FsEntry) -> Result<()>) -> Result<()> {
+        let mut children = Vec::new();
+        for e in self
+            .fs
+            .read_dir(Self::path(dir)?)
+            .map_err(|e| fs_err(dir, e))?
+        {
+            let e = e.map_err(|e| fs_err(dir, e))?;
+            let name = e.file_name();
+            let Some(name) = entry_name(name.as_ref(), dir)? else {
+                continue;
+            };
+            let child = if dir == "/" {
+                format!("/{name}")
+            } else {
+                format!("{dir}/{name}")
+            };
+            let meta = e.metadata().map_err(|e| fs_err(&child, e))?;
+            children.push((child, meta));
+        }
+        children.sort_by(|a, b| a.0.cmp(&b.0));
+        for (child, meta) in children {
+            f(entry(&child, &meta))?;
+            if meta.is_dir() {
+                self.list_below(&child, f)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a regular file's content to `out`; its size.
+    pub fn dump(&self, path: &str, out: &mut dyn Write) -> Result<u64> {
+        let path = normalise(path);
+        let mut file = self
+            .fs
+            .open(Self::path(&path)?)
+            .map_err(|e| fs_err(&path, e))?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0u64;
+        loop {
+            let n = file.read_bytes(&mut buf).map_err(|e| fs_err(&path, e))?;
+            if n == 0 {
+                return Ok(total);
+            }
+            out.write_all(&buf[..n])
+                .map_err(|e| Error::io(Path::new("standard output"), e))?;
+            total += n as u64;
+        }
+    }
+
+    /// Copies `path` (a file, a symlink or a whole directory tree) into the
+    /// directory `target`, under its own name, with modes and times. Names come
+    /// from the image: each is a single component (the reader refuses `/` and NUL
+    /// in names), and `.` and `..` are skipped, so nothing lands outside `target`.
+    /// Existing files are not overwritten.
+    pub fn restore(&self, path: &str, target: &Path) -> Result<FsRestoreReport> {
+        let path = normalise(path);
+        std::fs::create_dir_all(target).map_err(|e| Error::io(target, e))?;
+        let name = path
+            .rsplit('/')
+            .next()
+            .filter(|n| !n.is_empty())
+            .unwrap_or("root");
+        let mut report = FsRestoreReport::default();
+        self.restore_one(&path, &target.join(name), &mut report)?;
+        Ok(report)
+    }
+
+    fn restore_one(&self, path: &str, to: &PathBuf, report: &mut FsRestoreReport) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = self
+            .fs
+            .symlink_metadata(Self::path(path)?)
+            .map_err(|e| fs_err(path, e))?;
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            match std::fs::create_dir(to) {
+                Ok(()) => {}
+                // An existing directory (never a symlink to one) is restored into.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AlreadyExists
+                        && std::fs::symlink_metadata(to).is_ok_and(|m| m.is_dir()) => {}
+                Err(e) => return Err(Error::io(to, e)),
+            }
+            report.dirs += 1;
+            let mut children = Vec::new();
+            self.list_children(path, &mut children)?;
+            for (child, name) in children {
+                self.restore_one(&child, &to.join(name), report)?;
+            }
+        } else if ft.is_regular_file() {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(to)
+                .map_err(|e| Error::io(to, e))?;
+            report.bytes += self.dump(path, &mut f)?;
+            report.files += 1;
+        } else if ft.is_symlink() {
+            let target = self
+                .fs
+                .read_link(Self::path(path)?)
+                .map_err(|e| fs_err(path, e))?;
+            let target: std::path::PathBuf = target.into();
+            std::os::unix::fs::symlink(&target, to).map_err(|e| Error::io(to, e))?;
+            report.symlinks += 1;
+            return Ok(());
+        } else {
+            report.skipped += 1;
+            return Ok(());
+        }
+        let mode = u32::from(meta.mode()) & 0o7777;
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| Error::io(to, e))?;
+        let m = meta.modified();
+        let t = filetime_of(m.seconds(), m.nanoseconds());
+        let _ = nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            to.as_path(),
+            &t,
+            &t,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        );
+        Ok(())
+    }
+
+    fn list_children(&self, dir: &str, out: &mut Vec<(String, String)>) -> Result<()> {
+        for e in self
+            .fs
+            .read_dir(Self::path(dir)?)
+            .map_err(|e| fs_err(dir, e))?
+        {
+            let e = e.map_err(|e| fs_err(dir, e))?;
+            let name = e.file_name();
+            let Some(name) = entry_name(name.as_ref(), dir)? else {
+                continue;
+            };
+            let child = if dir == "/" {
+                format!("/{name}")
+            } else {
+                format!("{dir}/{name}")
+            };
+            out.push((child, name));
+        }
+        out.sort();
+        Ok(())
+    }
+}
+
+fn filetime_of(secs: i64, nanos: u32) -> nix::sys::time::TimeSpec {
+    nix::sys::time::TimeSpec::new(secs, i64::from(nanos))
+}
+
+/// A directory entry's name as one path component: `None` for `.` and `..`; a
+/// name holding `/` or NUL (which no ext4 driver writes, but a crafted image can
+/// hold) is refused, so that no name reaches outside its directory.
+fn entry_name(name: &[u8], dir: &str) -> Result<Option<String>> {
+    if name == b"." || name == b".." {
+        return Ok(None);
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::Invalid(format!(
+            "{dir}: the image's filesystem holds an entry named {:?}, which cannot be a file name",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(Some(String::from_utf8_lossy(name).into_owned()))
+}
+
+/// `path` as an absolute path without a trailing slash.
+fn normalise(path: &str) -> String {
+    let parts: Vec<&str> = path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    format!("/{}", parts.join("/"))
+}
+
+fn entry(path: &str, m: &ext4_view::Metadata) -> FsEntry {
+    let ft = m.file_type();
+    let kind = if ft.is_dir() {
+        "dir"
+    } else if ft.is_regular_file() {
+        "file"
+    } else if ft.is_symlink() {
+        "symlink"
+    } else if ft.is_char_dev() {
+        "char"
+    } else if ft.is_block_dev() {
+        "block"
+    } else if ft.is_fifo() {
+        "fifo"
+    } else {
+        "socket"
+    };
+    FsEntry {
+        path: path.to_string(),
+        kind,
+        size: m.len(),
+        mode: u32::from(m.mode()),
+        uid: m.uid(),
+        gid: m.gid(),
+        mtime: m.modified().seconds(),
+    }
+}
+
+/// Partitions of an MBR or GPT partition table: (byte offset, byte length), in
+/// table order. An image without a table has none.
+fn partitions(reader: &FileReader<'_>, head: &[u8]) -> Result<Vec<(u64, u64)>> {
+    let u32le = |b: &[u8], at: usize| -> u64 {
+        b.get(at..at + 4).map_or(0, |s| {
+            u64::from(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+        })
+    };
+    let u64le = |b: &[u8], at: usize| -> u64 {
+        b.get(at..at + 8).map_or(0, |s| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(s);
+            u64::from_le_bytes(a)
+        })
+    };
+    if head.len() < 1024 || head[510] != 0x55 || head[511] != 0xAA {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    let protective = (0..4).any(|i| head[446 + i * 16 + 4] == 0xEE);
+    if protective && &head[512..520] == b"EFI PART" {
+        let entries_lba = u64le(head, 512 + 72);
+        let count = u32le(head, 512 + 80).min(256);
+        let size = u32le(head, 512 + 84);
+        if !(128..=4096).contains(&size) {
+            return Ok(out);
+        }
+        let mut table = vec![0u8; (count * size) as usize];
+        let start = entries_lba.saturating_mul(512);
+        let n = reader.read_at(start, &mut table)?;
+        table.truncate(n);
+        for e in table.chunks_exact(size as usize) {
+            if e[..16].iter().all(|&b| b == 0) {
+                continue;
+            }
+            let (first, last) = (u64le(e, 32), u64le(e, 40));
+            if last >= first {
+                out.push((first * 512, (last - first + 1) * 512));
+            }
+        }
+    } else {
+        for i in 0..4 {
+            let e = &head[446 + i * 16..446 + (i + 1) * 16];
+            let (kind, first, len) = (e[4], u32le(e, 8), u32le(e, 12));
+            if kind != 0 && len > 0 {
+                out.push((first * 512, len * 512));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalise;
+
+    #[test]
+    fn paths_are_normalised() {
+        assert_eq!(normalise(""), "/");
+        assert_eq!(normalise("etc//hosts/"), "/etc/hosts");
+        assert_eq!(normalise("/./a"), "/a");
+    }
+}

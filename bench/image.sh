@@ -61,16 +61,20 @@ if [ ! -f "$img.done" ]; then
   mke2fs -q -F -t ext4 -b 4096 -d "$content" "$img" "$size"
   touch "$img.done"
 fi
-cp --sparse=always "$img" "$work/disk.orig"
 img_bytes=$(stat -c %s "$img")
 used=$(du -B1 "$img" | cut -f1)
-cold; s=$(date +%s.%N); dd if="$work/disk.orig" of=/dev/null bs=4M status=none; e=$(date +%s.%N)
+cold; s=$(date +%s.%N); dd if="$img" of=/dev/null bs=4M status=none; e=$(date +%s.%N)
 read_speed=$(python3 -c "print(f'{$used / ($e - $s) / 1e6:.0f}')")
-echo "image: $(gb "$img_bytes") GB, $(gb "$used") GB allocated; cold sequential read of it: $read_speed MB/s"
+# The disk's write speed: 2 GiB written with O_DIRECT, then synced.
+s=$(date +%s.%N); dd if=/dev/zero of="$work/out/zeros" bs=4M count=512 oflag=direct conv=fdatasync status=none; e=$(date +%s.%N)
+write_speed=$(python3 -c "print(f'{2**31 / ($e - $s) / 1e6:.0f}')"); rm -f "$work/out/zeros"
+echo "image: $(gb "$img_bytes") GB, $(gb "$used") GB allocated; disk: cold sequential read $read_speed MB/s, write $write_speed MB/s"
 
-# 3% of the blocks changed, in runs of 64 KiB to 1 MiB at seeded random places, with
-# random bytes (incompressible: what is added should be about what changed).
-python3 - "$img" "$pct" "$work/changed.txt" <<'PY'
+# change FILE: 3% of the blocks changed, in runs of 64 KiB to 1 MiB at seeded random
+# places, with seeded random bytes (incompressible: what is added should be about
+# what changed); the list of ranges goes to changed.txt. The same every time.
+change() {
+  python3 - "$1" "$pct" "$work/changed.txt" <<'PY'
 import os, random, sys
 path, pct, listfile = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 size = os.path.getsize(path)
@@ -81,56 +85,62 @@ with open(path, "r+b") as f:
     while done < target:
         n = r.choice([64, 128, 256, 512, 1024]) * 1024
         off = r.randrange(0, (size - n) // 4096) * 4096
-        f.seek(off); f.write(os.urandom(n)); ranges.append((off, n)); done += n
+        f.seek(off); f.write(r.randbytes(n)); ranges.append((off, n)); done += n
 with open(listfile, "w") as l:
     for o, n in ranges: l.write(f"{o} {n}\n")
-print(f"changed {done / 1e6:.0f} MB in {len(ranges)} runs")
 PY
-mv "$img" "$work/disk.changed"; changed_bytes=$(awk '{s+=$2} END {print s}' "$work/changed.txt")
+}
 
+header=$(printf '%-22s %-12s %8s %8s %8s %9s %10s' tool run wall_s cpu_s rss_MiB "MB/s" added_GB)
 rows=()
-row() { rows+=("$(printf '%-22s %-12s %8s %8s %8s %9s %10s' "$1" "$2" "$wall" "$cpu" "$rss" "$3" "$4")"); }
+row() {
+  rows+=("$(printf '%-22s %-12s %8s %8s %8s %9s %10s' "$1" "$2" "$wall" "$cpu" "$rss" "$3" "$4")")
+  echo "${rows[-1]}"
+}
+echo "$header"
+# Each tool backs up a working copy at one path (the peers find their parent by
+# path), changed in place between its two runs; its repository is deleted after.
+copy=$work/vm/disk.img
+mkdir -p "$work/vm"
 for tool in ${tools//,/ }; do
   variants=$tool
   [ "$tool" = cairn ] && variants="cairn cairn-cbt"
   for v in $variants; do
     repo=$work/repos/$v
-    cp --sparse=always "$work/disk.orig" "$img"
+    cp --sparse=always "$img" "$copy"
     case $v in
       cairn|cairn-cbt) "$bin" init -q --repo "$repo"
-        first=("$bin" backup -q --repo "$repo" --image "$img")
-        second=("$bin" backup -q --repo "$repo" --image "$img")
+        first=("$bin" backup -q --repo "$repo" --image "$copy")
+        second=("$bin" backup -q --repo "$repo" --image "$copy")
         [ "$v" = cairn-cbt ] && second+=(--changed-blocks "$work/changed.txt") ;;
       restic) "$T/restic" init -q -r "$repo" >/dev/null
-        first=("$T/restic" -q -r "$repo" backup "$img"); second=("${first[@]}") ;;
+        first=("$T/restic" -q -r "$repo" backup "$copy"); second=("${first[@]}") ;;
       borg) "$T/borg-venv/bin/borg" init -e repokey-blake2 "$repo" >/dev/null 2>&1
-        first=("$T/borg-venv/bin/borg" create "$repo::a" "$img"); second=("$T/borg-venv/bin/borg" create "$repo::b" "$img") ;;
+        first=("$T/borg-venv/bin/borg" create "$repo::a" "$copy"); second=("$T/borg-venv/bin/borg" create "$repo::b" "$copy") ;;
       kopia) "$T/kopia" repository create filesystem --path "$repo" >/dev/null 2>&1
-        first=("$T/kopia" snapshot create "$img"); second=("${first[@]}") ;;
+        first=("$T/kopia" snapshot create "$copy"); second=("${first[@]}") ;;
     esac
     b0=$(bytes "$repo")
     run "$v-first" "${first[@]}"; b1=$(bytes "$repo")
-    mbs=$(python3 -c "print(f'{$img_bytes / $wall / 1e6:.0f}')")
-    row "$v" first "$mbs" "$(gb $((b1 - b0)))"
-    cp --sparse=always "$work/disk.changed" "$img"
+    row "$v" first "$(python3 -c "print(f'{$img_bytes / $wall / 1e6:.0f}')")" "$(gb $((b1 - b0)))"
+    change "$copy"
+    changed_bytes=$(awk '{s+=$2} END {print s}' "$work/changed.txt")
     run "$v-second" "${second[@]}"; b2=$(bytes "$repo")
-    mbs=$(python3 -c "print(f'{$img_bytes / $wall / 1e6:.0f}')")
-    row "$v" "3% changed" "$mbs" "$(gb $((b2 - b1)))"
+    row "$v" "3% changed" "$(python3 -c "print(f'{$img_bytes / $wall / 1e6:.0f}')")" "$(gb $((b2 - b1)))"
     if [ "$v" = cairn ]; then
       run cairn-restore "$bin" restore -q --repo "$repo" latest --image --target "$work/out/restored.img"
       restore_wall=$wall
-      cmp "$work/out/restored.img" "$work/disk.changed" || { echo "restored image differs" >&2; exit 1; }
+      cmp "$work/out/restored.img" "$copy" || { echo "restored image differs" >&2; exit 1; }
       rm -f "$work/out/restored.img"
     fi
+    rm -rf "$repo" "$copy"
   done
 done
-cold; s=$(date +%s.%N); dd if=/dev/zero of="$work/out/zeros" bs=4M count=$((used / 4194304)) oflag=direct conv=fdatasync status=none; e=$(date +%s.%N)
-write_speed=$(python3 -c "print(f'{$used / ($e - $s) / 1e6:.0f}')"); rm -f "$work/out/zeros"
 
 echo
 echo "# image $(gb "$img_bytes") GB ($(gb "$used") GB allocated), $pct% changed = $(gb "$changed_bytes") GB; disk read $read_speed MB/s, write $write_speed MB/s"
 echo "# MB/s = image bytes / wall s; added = GB the repository grew"
-printf '%-22s %-12s %8s %8s %8s %9s %10s\n' tool run wall_s cpu_s rss_MiB "MB/s" added_GB
+echo "$header"
 printf '%s\n' "${rows[@]}"
 if [ -n "${restore_wall:-}" ]; then
   echo "cairn restore --image of the changed image to a file: ${restore_wall} s, $(python3 -c "print(f'{$img_bytes / $restore_wall / 1e6:.0f}')") MB/s of image ($(python3 -c "print(f'{$used / $restore_wall / 1e6:.0f}')") MB/s of allocated data; the disk writes $write_speed MB/s)"

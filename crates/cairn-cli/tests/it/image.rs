@@ -721,3 +721,107 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
     let e = env.fails(&["ls", &snap, "--image-fs", "/"], 1);
     assert!(e.contains("not an image snapshot"), "{e}");
 }
+
+/// A copy into a repository of another block size cuts the image again in that
+/// repository's blocks: it stays an image snapshot there, and parents incremental
+/// image backups made there.
+#[test]
+fn copied_image_snapshots_stay_images_in_the_destination_block_size() {
+    let src_env = Env::new();
+    src_env.init(&["--block-size", "16K"]);
+    let img = src_env.path("vm.img");
+    let mut data = make_image(&img, 5, 41);
+    backup_image(&src_env, &img, &[]);
+    let dst = Env::new();
+    dst.init(&["--block-size", "4K"]);
+    let o = dst
+        .cmd(&["copy", "--from", &src_env.location])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let copied = dst.snapshot_ids().pop().unwrap();
+    let info = image_of(&dst, &copied);
+    assert_eq!(info["block_size"], 4096, "{info}");
+    assert_eq!(info["blocks"], (data.len() as u64).div_ceil(4096));
+    assert!(info["blocks_zero"].as_u64().unwrap() >= 256, "{info}");
+    let out = dst.path("copy.img");
+    restore_image(&dst, &copied, &out, &["--verify"]);
+    assert!(fs::read(&out).unwrap() == data);
+    // The copy is the parent of a changed-block backup in the destination (same
+    // host and source path).
+    let list = change(&img, &mut data, &[(MIB + 5, 100)], 42);
+    let cbt = dst.path("c.txt");
+    fs::write(&cbt, list).unwrap();
+    let r = backup_image(&dst, &img, &["--changed-blocks", cbt.to_str().unwrap()]);
+    assert_eq!(r["bytes_read"], 4096, "{r}");
+    let out2 = dst.path("after.img");
+    restore_image(
+        &dst,
+        r["snapshot_id"].as_str().unwrap(),
+        &out2,
+        &["--verify"],
+    );
+    assert!(fs::read(&out2).unwrap() == data);
+    dst.check_clean();
+}
+
+/// Through `cairn serve` (TLS, a backup token): a full image, then a changed-block
+/// one; a restore token brings both back.
+#[test]
+fn image_backups_go_through_the_server_with_a_backup_token() {
+    use crate::server::{Server, client_cmd};
+    let env = Env::new();
+    env.init(&["--block-size", "4K"]);
+    let img = env.path("vm.raw");
+    let mut data = make_image(&img, 6, 51);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], false);
+    let backup = srv.token("vm01", "main", "backup");
+    let restore = srv.token("vm01-r", "main", "restore");
+    let run = |token: &str, args: &[&str]| {
+        let o = client_cmd(&env, &srv, "main", token, args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap_or_default()
+    };
+    let i = img.to_str().unwrap();
+    let first = run(&backup, &["backup", "--json", "--image", i]);
+    let list = change(&img, &mut data, &[(3 * MIB + 7, 9000)], 52);
+    let cbt = env.path("c.txt");
+    fs::write(&cbt, list).unwrap();
+    let second = run(
+        &backup,
+        &[
+            "backup",
+            "--json",
+            "--image",
+            i,
+            "--changed-blocks",
+            cbt.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(second["bytes_read"], 3 * 4096, "{second}");
+    for (snap, what) in [(&first, "first"), (&second, "second")] {
+        let out = env.path(what);
+        run(
+            &restore,
+            &[
+                "restore",
+                snap["snapshot_id"].as_str().unwrap(),
+                "--image",
+                "--verify",
+                "--target",
+                out.to_str().unwrap(),
+            ],
+        );
+        if what == "second" {
+            assert!(fs::read(&out).unwrap() == data, "{what} differs");
+        }
+    }
+    env.check_clean();
+}

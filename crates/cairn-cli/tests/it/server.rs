@@ -99,7 +99,7 @@ impl Server {
         )
     }
 
-    fn location(&self, ds: &str) -> String {
+    pub(crate) fn location(&self, ds: &str) -> String {
         let scheme = if self.fingerprint.is_some() {
             "https"
         } else {

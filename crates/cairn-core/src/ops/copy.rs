@@ -259,6 +259,8 @@ fn copy_snapshots(
         progress,
         counters: Counters::default(),
         trees: Mutex::new(IdMap::default()),
+        image: Default::default(),
+        image_zero_blocks: AtomicU64::new(0),
     };
     let mut stats = CopyStats {
         same_chunking,
@@ -366,6 +368,12 @@ struct Copier<'a> {
     /// Source tree -> destination tree, for trees copied by this run: the next
     /// snapshot's unchanged directories are not walked again.
     trees: Mutex<IdMap<BlobId>>,
+    /// The snapshot being copied is an image (`backup --image`): re-chunked files
+    /// are cut in the destination's fixed blocks with the image list geometry, so
+    /// the copy stays an image snapshot (and a parent for incremental ones there).
+    image: std::sync::atomic::AtomicBool,
+    /// Zero blocks met re-chunking the image (its `blocks_zero` in the copy).
+    image_zero_blocks: AtomicU64,
 }
 
 /// Copies one snapshot's trees: the walk's visitor.
@@ -445,6 +453,8 @@ impl Copier<'_> {
         });
         *crate::lock(&self.uploader) = Some(Arc::new(uploader));
         let root = snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?;
+        self.image.store(snap.image.is_some(), Ordering::Relaxed);
+        self.image_zero_blocks.store(0, Ordering::Relaxed);
         // One walk thread hands each directory's files to a pool of workers, each
         // with its own encoder for the whole snapshot.
         let walked = std::thread::scope(|s| {
@@ -499,6 +509,17 @@ impl Copier<'_> {
         finished?;
         let new_root = walked?;
         let mut copy = snap.clone();
+        if let (Some(info), false) = (copy.image.as_mut(), self.same_chunking) {
+            // Cut again in this repository's blocks: a full image of its own here.
+            let bs = self.dst.config().chunker.avg_size;
+            info.block_size = bs;
+            info.fanout = crate::tree::fixed::fanout_for(bs);
+            info.blocks = info.size.div_ceil(u64::from(bs));
+            info.blocks_read = info.blocks;
+            info.blocks_changed = info.blocks;
+            info.blocks_zero = self.image_zero_blocks.load(Ordering::Relaxed);
+            info.changed_blocks_input = false;
+        }
         copy.tree = new_root.to_hex();
         copy.parent = None;
         copy.original = None;
@@ -620,7 +641,15 @@ impl Copier<'_> {
             self.progress.bytes_done(size);
             return Ok(content.clone());
         }
-        let key = content_key(content);
+        let mut key = content_key(content);
+        if self.image.load(Ordering::Relaxed) {
+            // The same content cut as an image differs from it cut by content.
+            key = *blake3::Hasher::new()
+                .update(b"image")
+                .update(&key)
+                .finalize()
+                .as_bytes();
+        }
         // Bound first: a guard in the match scrutinee would live through the arms.
         let found = crate::lock(&self.map).lookup(&key);
         let known = match found {
@@ -676,6 +705,9 @@ impl Copier<'_> {
         self.counters
             .files_rechunked
             .fetch_add(1, Ordering::Relaxed);
+        if self.image.load(Ordering::Relaxed) {
+            return self.rechunk_image(enc, content);
+        }
         let mut stream = cairn_chunker::StreamChunker::new(self.dst.chunker());
         let mut builder = ChunkListBuilder::new();
         let mut meta_enc = self.encoder();
@@ -718,6 +750,63 @@ impl Copier<'_> {
         stream.finish();
         drain(&mut stream, &mut builder, &mut emit)?;
         builder.finish(&mut emit)
+    }
+}
+
+impl Copier<'_> {
+    /// An image's content cut in the destination's fixed blocks, its list built with
+    /// the image geometry (docs/FORMAT.md, "Image snapshots").
+    fn rechunk_image(&self, enc: &mut BlobEncoder, content: &Content) -> Result<Content> {
+        let bs = self.dst.config().chunker.avg_size as usize;
+        let zero = vec![0u8; bs];
+        let mut builder =
+            ChunkListBuilder::with_fanout(crate::tree::fixed::fanout_for(bs as u32) as usize);
+        let mut meta_enc = self.encoder();
+        let mut pending: Vec<u8> = Vec::with_capacity(2 * bs);
+        let mut put = |block: &[u8], builder: &mut ChunkListBuilder, enc: &mut BlobEncoder| {
+            if block == &zero[..] {
+                self.image_zero_blocks.fetch_add(1, Ordering::Relaxed);
+            }
+            let id = self.put_blob(enc, BlobKind::Data, block)?;
+            let mut emit = |cl: ChunkList| -> Result<BlobId> {
+                self.put_blob(&mut meta_enc, BlobKind::ChunkList, &cl.encode())
+            };
+            builder.push(
+                ChunkRef {
+                    id,
+                    length: block.len() as u64,
+                },
+                &mut emit,
+            )
+        };
+        for_each_chunk(self.src, content, &mut |r: ChunkRef| {
+            let data = self.src.read_blob(&r.id)?;
+            if data.len() as u64 != r.length {
+                return Err(Error::damaged(
+                    format!("chunk {}", r.id.short()),
+                    FormatError::malformed("chunk", "its length differs from its file's list"),
+                ));
+            }
+            self.counters
+                .bytes_read
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.progress.bytes_done(data.len() as u64);
+            pending.extend_from_slice(&data);
+            let mut at = 0;
+            while pending.len() - at >= bs {
+                put(&pending[at..at + bs], &mut builder, enc)?;
+                at += bs;
+            }
+            pending.drain(..at);
+            Ok(())
+        })?;
+        if !pending.is_empty() {
+            put(&pending, &mut builder, enc)?;
+        }
+        let mut meta_enc = self.encoder();
+        builder.finish(&mut |cl: ChunkList| {
+            self.put_blob(&mut meta_enc, BlobKind::ChunkList, &cl.encode())
+        })
     }
 }
 

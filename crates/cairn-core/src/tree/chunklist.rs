@@ -455,6 +455,59 @@ mod tests {
         out
     }
 
+    /// Subtrees pushed whole at their boundaries give the same list, byte for byte,
+    /// as their chunks pushed one by one (what image backups rely on); off a
+    /// boundary the push is refused.
+    #[test]
+    fn subtrees_pushed_whole_build_the_same_list() {
+        let store: std::cell::RefCell<HashMap<BlobId, ChunkList>> = Default::default();
+        let mut emit = |c: ChunkList| -> Result<BlobId> {
+            let id = BlobId(*blake3::hash(&c.encode()).as_bytes());
+            store.borrow_mut().insert(id, c);
+            Ok(id)
+        };
+        let chunk = |i: u64| ChunkRef {
+            id: BlobId(*blake3::hash(&i.to_le_bytes()).as_bytes()),
+            length: 10,
+        };
+        let mut one = ChunkListBuilder::with_fanout(4);
+        for i in 0..37 {
+            one.push(chunk(i), &mut emit).unwrap();
+        }
+        let whole = one.finish(&mut emit).unwrap();
+        let Content::Tree { root, depth: 3, .. } = whole else {
+            panic!("{whole:?}")
+        };
+        let top = store.borrow()[&root].clone();
+        let second_l1 = store.borrow()[&top.entries[1].id].clone();
+        let mut patched = ChunkListBuilder::with_fanout(4);
+        patched
+            .push_entry(2, top.entries[0], 16, &mut emit)
+            .unwrap();
+        patched
+            .push_entry(1, second_l1.entries[0], 4, &mut emit)
+            .unwrap();
+        // Off a boundary: one chunk in, a level-1 subtree cannot follow.
+        patched.push(chunk(20), &mut emit).unwrap();
+        assert!(
+            patched
+                .push_entry(1, second_l1.entries[2], 4, &mut emit)
+                .is_err()
+        );
+        let mut patched = ChunkListBuilder::with_fanout(4);
+        patched
+            .push_entry(2, top.entries[0], 16, &mut emit)
+            .unwrap();
+        patched
+            .push_entry(1, second_l1.entries[0], 4, &mut emit)
+            .unwrap();
+        for i in 20..37 {
+            patched.push(chunk(i), &mut emit).unwrap();
+        }
+        assert_eq!(patched.chunks(), 37);
+        assert_eq!(patched.finish(&mut emit).unwrap(), whole);
+    }
+
     #[test]
     fn too_deep_is_an_error_not_a_panic() {
         let mut b = ChunkListBuilder::with_fanout(2);

@@ -156,16 +156,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             s.files_new, s.files_changed, s.files_unchanged
         );
         println!("dirs:      {}, other entries: {}", s.dirs, s.other_entries);
-        println!(
-            "read:      {} of {} in the snapshot",
-            ui::bytes(s.bytes_read),
-            ui::bytes(s.total_bytes)
-        );
-        println!(
-            "added:     {} to the repository ({} before compression)",
-            ui::bytes(s.data_added_packed),
-            ui::bytes(s.data_added)
-        );
+        print_read_added(s);
         if let Some(d) = &r.concurrent_duplicates {
             println!(
                 "           of which {} ({}) a backup running at the same time stored too; \
@@ -242,16 +233,7 @@ fn print_image_summary(r: &backup::BackupReport) {
         "blocks:    {} read, {} changed since the parent, {} zero",
         i.blocks_read, i.blocks_changed, i.blocks_zero
     );
-    println!(
-        "read:      {} of {} in the snapshot",
-        ui::bytes(s.bytes_read),
-        ui::bytes(s.total_bytes)
-    );
-    println!(
-        "added:     {} to the repository ({} before compression)",
-        ui::bytes(s.data_added_packed),
-        ui::bytes(s.data_added)
-    );
+    print_read_added(s);
     println!(
         "duration:  {:.2}s, {} read, {} of image covered",
         d,
@@ -271,4 +253,18 @@ fn print_image_summary(r: &backup::BackupReport) {
         );
     }
     println!("snapshot {} saved", r.snapshot_id.short());
+}
+
+/// The `read:` and `added:` lines, shared by file and image backups.
+fn print_read_added(s: &cairn_format::snapshot::SnapshotSummary) {
+    println!(
+        "read:      {} of {} in the snapshot",
+        ui::bytes(s.bytes_read),
+        ui::bytes(s.total_bytes)
+    );
+    println!(
+        "added:     {} to the repository ({} before compression)",
+        ui::bytes(s.data_added_packed),
+        ui::bytes(s.data_added)
+    );
 }

@@ -158,27 +158,7 @@ impl ImageFs {
     }
 
     fn list_below(&self, dir: &str, f: &mut dyn FnMut(FsEntry) -> Result<()>) -> Result<()> {
-        let mut children = Vec::new();
-        for e in self
-            .fs
-            .read_dir(Self::path(dir)?)
-            .map_err(|e| fs_err(dir, e))?
-        {
-            let e = e.map_err(|e| fs_err(dir, e))?;
-            let name = e.file_name();
-            let Some(name) = entry_name(name.as_ref(), dir)? else {
-                continue;
-            };
-            let child = if dir == "/" {
-                format!("/{name}")
-            } else {
-                format!("{dir}/{name}")
-            };
-            let meta = e.metadata().map_err(|e| fs_err(&child, e))?;
-            children.push((child, meta));
-        }
-        children.sort_by(|a, b| a.0.cmp(&b.0));
-        for (child, meta) in children {
+        for (child, _, meta) in self.children(dir)? {
             f(entry(&child, &meta))?;
             if meta.is_dir() {
                 self.list_below(&child, f)?;
@@ -242,9 +222,7 @@ impl ImageFs {
                 Err(e) => return Err(Error::io(to, e)),
             }
             report.dirs += 1;
-            let mut children = Vec::new();
-            self.list_children(path, &mut children)?;
-            for (child, name) in children {
+            for (child, name, _) in self.children(path)? {
                 self.restore_one(&child, &to.join(name), report)?;
             }
         } else if ft.is_regular_file() {
@@ -283,7 +261,10 @@ impl ImageFs {
         Ok(())
     }
 
-    fn list_children(&self, dir: &str, out: &mut Vec<(String, String)>) -> Result<()> {
+    /// A directory's entries (without `.` and `..`) in name order: their paths,
+    /// names and metadata.
+    fn children(&self, dir: &str) -> Result<Vec<(String, String, ext4_view::Metadata)>> {
+        let mut out = Vec::new();
         for e in self
             .fs
             .read_dir(Self::path(dir)?)
@@ -299,10 +280,11 @@ impl ImageFs {
             } else {
                 format!("{dir}/{name}")
             };
-            out.push((child, name));
+            let meta = e.metadata().map_err(|e| fs_err(&child, e))?;
+            out.push((child, name, meta));
         }
-        out.sort();
-        Ok(())
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
     }
 }
 

@@ -30,6 +30,8 @@ const READERS: usize = 4;
 const AHEAD_PER_READER: usize = 2;
 /// Bytes of one read when the whole image is read.
 const READ_BYTES: u64 = 4 << 20;
+/// Read buffers kept for reuse: those in flight and those the workers hold.
+pub(crate) const BUFFERS: usize = READERS * AHEAD_PER_READER + 8;
 
 /// What the image reader reports besides data.
 #[derive(Clone, Debug)]
@@ -117,6 +119,7 @@ impl Walker<'_> {
         };
 
         let file = &plan.file;
+        let pool = &self.budget.pool;
         let (req_tx, req_rx) = crossbeam_channel::bounded::<(u64, u64, u64)>(READERS * 4);
         let (res_tx, res_rx) = crossbeam_channel::unbounded::<(u64, ReadOut)>();
         std::thread::scope(|s| -> Result<()> {
@@ -127,7 +130,8 @@ impl Walker<'_> {
                     .name("cairn-image-read".into())
                     .spawn_scoped(s, move || {
                         for (seq, off, len) in req_rx {
-                            if res_tx.send((seq, read_range(file, off, len, bs))).is_err() {
+                            let out = read_range(file, off, len, bs, pool.take(len as usize));
+                            if res_tx.send((seq, out)).is_err() {
                                 return;
                             }
                         }
@@ -393,8 +397,8 @@ fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
 /// Reads `[off, off + len)`. On an error, reads block by block so that only the
 /// blocks that fail are lost (as zeros, reported); a source that ends early (it
 /// shrank) reports the missing tail.
-fn read_range(f: &File, off: u64, len: u64, block: u64) -> ReadOut {
-    let mut buf = vec![0u8; len as usize];
+fn read_range(f: &File, off: u64, len: u64, block: u64, mut buf: Vec<u8>) -> ReadOut {
+    buf.resize(len as usize, 0);
     let mut bad: Vec<(u64, u64, String)> = Vec::new();
     let mut note = |at: u64, n: u64, m: String| match bad.last_mut() {
         Some(last) if last.0 + last.1 == at && last.2 == m => last.1 += n,

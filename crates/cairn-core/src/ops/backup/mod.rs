@@ -242,12 +242,18 @@ pub(crate) struct Budget {
 
 impl Budget {
     fn new(limit: usize) -> Self {
+        Self::with_pool(limit, 2)
+    }
+
+    /// `buffers`: large buffers kept for reuse (an image backup keeps its reads'
+    /// buffers: a fresh 4 MiB buffer costs a thousand page faults).
+    fn with_pool(limit: usize, buffers: usize) -> Self {
         Budget {
             used: Mutex::new(0),
             cv: Condvar::new(),
             limit,
             aborted: AtomicBool::new(false),
-            pool: BufferPool::new(2),
+            pool: BufferPool::new(buffers),
         }
     }
     pub(crate) fn acquire(&self, n: usize) -> Result<()> {
@@ -562,7 +568,10 @@ fn run(
     let in_flight = plan.map_or(CHUNK_BYTES_IN_FLIGHT, |p| {
         p.share(8, 4 << 20, CHUNK_BYTES_IN_FLIGHT as u64) as usize
     });
-    let budget = Budget::new(in_flight);
+    let budget = match &image_plan {
+        Some(_) => Budget::with_pool(in_flight, image::BUFFERS),
+        None => Budget::new(in_flight),
+    };
     let inflight = InFlight::new();
     let cores = crate::threads::cores();
     let workers = opts

@@ -75,7 +75,7 @@ pub(crate) struct Walker<'a> {
     seq: u64,
     bundle: Vec<Item>,
     bundle_bytes: usize,
-    budget: &'a Budget,
+    pub(super) budget: &'a Budget,
     ctx: ScanContext<'a>,
     pool: &'a Pool,
     /// Top-level trees walked so far (the first component of scan-job keys).

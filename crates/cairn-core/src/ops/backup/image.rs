@@ -99,7 +99,7 @@ impl Walker<'_> {
         })?;
         let to_read = match &plan.changed {
             Some(c) => {
-                c.bytes()
+                c.block_bytes(g.block_size, g.size)
                     + g.size
                         .saturating_sub(plan.parent.as_ref().map_or(0, |p| p.0.size))
             }

@@ -148,6 +148,22 @@ impl ChangedRanges {
         self.ranges.get(i).is_some_and(|r| r.0 < end)
     }
 
+    /// Bytes of the blocks of `block` bytes the list touches, up to `size` (what
+    /// a backup reads for it).
+    pub fn block_bytes(&self, block: u64, size: u64) -> u64 {
+        let block = block.max(1);
+        let (mut total, mut end_so_far) = (0u64, 0u64);
+        for &(s, e) in &self.ranges {
+            let start = (s / block * block).max(end_so_far);
+            let end = e.div_ceil(block).saturating_mul(block).min(size);
+            if end > start {
+                total += end - start;
+                end_so_far = end;
+            }
+        }
+        total
+    }
+
     /// Bytes named by the list.
     pub fn bytes(&self) -> u64 {
         self.ranges.iter().map(|r| r.1 - r.0).sum()
@@ -284,6 +300,10 @@ mod tests {
         assert!(!r.intersects(150, 8192));
         assert!(r.intersects(12287, 99999));
         assert_eq!(r.bytes(), 150 + 4096);
+        // Blocks of 4 KiB: [0, 4096) and [8192, 12288); of 100 KiB: one block.
+        assert_eq!(r.block_bytes(4096, 1 << 20), 8192);
+        assert_eq!(r.block_bytes(100 << 10, 1 << 20), 100 << 10);
+        assert_eq!(r.block_bytes(4096, 10_000), 4096 + (10_000 - 8192));
         let e = ChangedRanges::parse("0 4097\n", ChangedFormat::Ranges, 4096).unwrap_err();
         assert!(e.contains("past the end"), "{e}");
         let e = ChangedRanges::parse("12 x\n", ChangedFormat::Ranges, 4096).unwrap_err();

@@ -301,7 +301,14 @@ async function loadHosts(summary) {
     tr.dataset.snapshot = s.id;
     cell(tr, when(s.time));
     cell(tr, s.hostname);
-    cell(tr, s.paths.join(", "), "path");
+    cell(
+      tr,
+      s.image
+        ? "image " + s.paths.join(", ") + " (" + s.image.blocks_changed + " of " +
+          s.image.blocks + " blocks changed)"
+        : s.paths.join(", "),
+      "path",
+    );
     cell(tr, bytes(s.size), "num");
     cell(tr, String(s.files), "num");
     cell(tr, bytes(s.data_added), "num");

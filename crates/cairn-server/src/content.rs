@@ -441,6 +441,9 @@ pub struct SnapshotRow {
     pub data_added: u64,
     pub data_added_packed: u64,
     pub duration_secs: f64,
+    /// Image snapshots (`backup --image`): the image's block counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<cairn_format::snapshot::ImageInfo>,
 }
 
 #[derive(Serialize)]
@@ -495,6 +498,7 @@ pub async fn snapshots(
                 data_added: sum.data_added,
                 data_added_packed: sum.data_added_packed,
                 duration_secs: sum.duration_secs,
+                image: s.image.clone(),
             });
         }
         let hosts = host_rows(&rows, cairn_core::time::now_unix(), stale_hours);
@@ -965,6 +969,7 @@ mod tests {
             data_added: 0,
             data_added_packed: 0,
             duration_secs: 0.0,
+            image: None,
         }
     }
 

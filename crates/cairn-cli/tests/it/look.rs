@@ -380,3 +380,71 @@ fn dump_and_export_stream_a_file_of_thousands_of_chunks() {
         x.stdout.len()
     );
 }
+
+/// A sparse file is exported as a PAX sparse entry (format 1.0): GNU tar lists it
+/// under its own name and extracts it with its holes, and the archive holds only
+/// the data.
+#[test]
+fn export_writes_sparse_files_as_sparse_entries_gnu_tar_extracts() {
+    use std::io::{Seek, SeekFrom, Write};
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    let sparse = src.join("d/vm.raw");
+    let mut f = std::fs::File::create(&sparse).unwrap();
+    f.set_len(48 << 20).unwrap();
+    let mut rng = Rng(61);
+    for off in [0u64, 20 << 20, 47 << 20] {
+        f.seek(SeekFrom::Start(off)).unwrap();
+        f.write_all(&rng.bytes(300_000, false)).unwrap();
+    }
+    drop(f);
+    // Ends in a hole too.
+    let tail = src.join("tail-hole");
+    let mut f = std::fs::File::create(&tail).unwrap();
+    f.write_all(b"head").unwrap();
+    f.set_len(8 << 20).unwrap();
+    drop(f);
+    let snap = env.backup(&[&src]);
+    let tarball = env.path("out.tar");
+    env.ok(&["export", &snap, "-o", tarball.to_str().unwrap()]);
+    let size = std::fs::metadata(&tarball).unwrap().len();
+    assert!(size < 4 << 20, "the archive holds the holes: {size} bytes");
+    let list = std::process::Command::new("tar")
+        .arg("-tvf")
+        .arg(&tarball)
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        list.contains("d/vm.raw") && !list.contains("GNUSparseFile"),
+        "{list}"
+    );
+    let out = env.path("x");
+    std::fs::create_dir(&out).unwrap();
+    let st = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let rel = src.strip_prefix("/").unwrap();
+    for f in ["d/vm.raw", "tail-hole"] {
+        let got = out.join(rel).join(f);
+        assert!(
+            std::fs::read(&got).unwrap() == std::fs::read(src.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(out.join(rel).join("d/vm.raw")).unwrap();
+    assert_eq!(m.len(), 48 << 20);
+    assert!(
+        m.blocks() * 512 < 8 << 20,
+        "extracted without holes: {} blocks",
+        m.blocks()
+    );
+}

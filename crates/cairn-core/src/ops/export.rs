@@ -220,6 +220,11 @@ struct TarSink<'a> {
 impl TarSink<'_> {
     /// The header every entry starts from, and its pax records (written first).
     fn header(&mut self, n: &Node) -> Result<tar::Header> {
+        self.header_with(n, Vec::new())
+    }
+
+    /// [`TarSink::header`] with more pax records (a sparse file's map keys).
+    fn header_with(&mut self, n: &Node, extra: Vec<(String, Vec<u8>)>) -> Result<tar::Header> {
         let mut h = tar::Header::new_ustar();
         h.set_mode(n.mode & 0o7777);
         h.set_uid(u64::from(n.uid));
@@ -246,6 +251,7 @@ impl TarSink<'_> {
                 v.clone(),
             ));
         }
+        pax.extend(extra);
         self.tar
             .append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
             .map_err(io)?;
@@ -306,6 +312,9 @@ impl Sink for TarSink<'_> {
                 .append_link(&mut h, path, os_path(first))
                 .map_err(io);
         }
+        if let Some(segments) = data_segments(content.repo, n)? {
+            return self.sparse_file(name, n, segments, content);
+        }
         h.set_entry_type(tar::EntryType::Regular);
         h.set_size(n.size);
         let r = self.tar.append_data(&mut h, path, &mut *content);
@@ -318,6 +327,158 @@ impl Sink for TarSink<'_> {
     fn finish(&mut self) -> Result<()> {
         self.tar.finish().map_err(io)?;
         self.tar.get_mut().flush().map_err(io)
+    }
+}
+
+impl TarSink<'_> {
+    /// A file with holes as a PAX sparse entry (format 1.0, as GNU tar writes and
+    /// reads it): the pax records name the file and its real size, the entry is
+    /// named `GNUSparseFile.0/<name>`, and its data is the map (segment count, then
+    /// offset and length of each data segment, in decimal lines, padded to 512
+    /// bytes) followed by the data segments only.
+    fn sparse_file(
+        &mut self,
+        name: &[u8],
+        n: &Node,
+        segments: Vec<(u64, u64)>,
+        content: &mut Content<'_>,
+    ) -> Result<()> {
+        let mut map = format!("{}\n", segments.len());
+        for (off, len) in &segments {
+            map.push_str(&format!("{off}\n{len}\n"));
+        }
+        let mut map = map.into_bytes();
+        map.resize(map.len().div_ceil(512) * 512, 0);
+        let data: u64 = segments.iter().map(|s| s.1).sum();
+        let extra = vec![
+            ("GNU.sparse.major".to_string(), b"1".to_vec()),
+            ("GNU.sparse.minor".to_string(), b"0".to_vec()),
+            ("GNU.sparse.name".to_string(), name.to_vec()),
+            (
+                "GNU.sparse.realsize".to_string(),
+                n.size.to_string().into_bytes(),
+            ),
+        ];
+        let mut h = self.header_with(n, extra)?;
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(map.len() as u64 + data);
+        let (dir, base) = match name.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&name[..=i], &name[i + 1..]),
+            None => (&b""[..], name),
+        };
+        let mut stored = dir.to_vec();
+        stored.extend_from_slice(b"GNUSparseFile.0/");
+        stored.extend_from_slice(base);
+        let mut reader = std::io::Cursor::new(map).chain(SparseData {
+            content: &mut *content,
+            segments,
+            next: 0,
+            at: 0,
+        });
+        let r = self.tar.append_data(&mut h, os_path(&stored), &mut reader);
+        if let Some(e) = content.error.take() {
+            return Err(e);
+        }
+        r.map_err(io)
+    }
+}
+
+/// Files with less than this in holes are written whole.
+const SPARSE_MIN_HOLES: u64 = 64 << 10;
+/// A sparse map of more segments than this is not worth its length: written whole.
+const SPARSE_MAX_SEGMENTS: usize = 65_536;
+
+/// A file's data segments `(offset, length)` when it has holes worth a sparse
+/// entry: runs of chunks of zeros, recognised by their ids (the id of that many
+/// zero bytes) without reading them. The last segment ends at the file's size
+/// (length 0 when the file ends in a hole, as GNU tar writes it). Segments are
+/// aligned to 512-byte blocks.
+fn data_segments(repo: &Repository, n: &Node) -> Result<Option<Vec<(u64, u64)>>> {
+    let mut zero_ids: HashMap<u64, BlobId> = HashMap::new();
+    let mut segments: Vec<(u64, u64)> = Vec::new();
+    let (mut at, mut holes, mut too_many) = (0u64, 0u64, false);
+    crate::tree::chunklist::for_each_chunk(repo, &n.content, &mut |c| {
+        // Zero runs are cut at the chunker's maximum size, so few lengths occur;
+        // past 64 of them, chunks are taken as data.
+        let zero = match zero_ids.get(&c.length) {
+            Some(id) => *id == c.id,
+            None if zero_ids.len() < 64 && c.length <= 1 << 24 => {
+                let id = repo.key().blob_id(&vec![0u8; c.length as usize]);
+                zero_ids.insert(c.length, id);
+                id == c.id
+            }
+            None => false,
+        };
+        if zero {
+            holes += c.length;
+        } else {
+            match segments.last_mut() {
+                Some(last) if last.0 + last.1 == at => last.1 += c.length,
+                _ => segments.push((at, c.length)),
+            }
+            if segments.len() > SPARSE_MAX_SEGMENTS {
+                too_many = true;
+                return Err(Error::Interrupted);
+            }
+        }
+        at += c.length;
+        Ok(())
+    })
+    .or_else(|e| if too_many { Ok(()) } else { Err(e) })?;
+    if too_many || holes < SPARSE_MIN_HOLES || at != n.size {
+        return Ok(None);
+    }
+    // GNU tar reads each segment in whole 512-byte blocks: segments start and end
+    // on block boundaries (the few zero bytes this adds are stored as data).
+    let mut aligned: Vec<(u64, u64)> = Vec::with_capacity(segments.len() + 1);
+    for (off, len) in segments {
+        let start = off / 512 * 512;
+        let end = (off + len).div_ceil(512).saturating_mul(512).min(n.size);
+        match aligned.last_mut() {
+            Some(last) if last.0 + last.1 >= start => last.1 = end - last.0,
+            _ => aligned.push((start, end - start)),
+        }
+    }
+    if aligned.last().is_none_or(|l| l.0 + l.1 < n.size) {
+        aligned.push((n.size, 0));
+    }
+    Ok(Some(aligned))
+}
+
+/// The data segments of a file's content, the holes between them skipped.
+struct SparseData<'c, 'a> {
+    content: &'c mut Content<'a>,
+    segments: Vec<(u64, u64)>,
+    next: usize,
+    /// File offset of the content's next byte.
+    at: u64,
+}
+
+impl Read for SparseData<'_, '_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let mut skip = [0u8; 64 << 10];
+        loop {
+            let Some(&(off, len)) = self.segments.get(self.next) else {
+                return Ok(0);
+            };
+            if self.at >= off + len {
+                self.next += 1;
+                continue;
+            }
+            if self.at < off {
+                let n = ((off - self.at) as usize).min(skip.len());
+                let got = self.content.read(&mut skip[..n])?;
+                if got == 0 {
+                    return Err(std::io::Error::other("short content"));
+                }
+                self.at += got as u64;
+                continue;
+            }
+            let n = ((off + len - self.at) as usize).min(out.len());
+            let got = self.content.read(&mut out[..n])?;
+            self.at += got as u64;
+            return Ok(got);
+        }
     }
 }
 

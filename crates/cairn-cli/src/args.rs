@@ -197,9 +197,10 @@ pub struct MountArgs {
     /// and mode; as non-root needs user_allow_other in /etc/fuse.conf)
     #[arg(long)]
     pub allow_other: bool,
-    /// Memory for recently read file content (e.g. 64M, 1G)
-    #[arg(long, default_value = "64M", value_name = "SIZE")]
-    pub cache_size: String,
+    /// Memory for recently read file content (e.g. 64M, 1G; default 64M, or a share
+    /// of --memory-limit)
+    #[arg(long, value_name = "SIZE")]
+    pub cache_size: Option<String>,
     /// Seconds without a request after which the read session and its lock end
     /// (tests shorten it)
     #[arg(long, default_value_t = 30, hide = true)]

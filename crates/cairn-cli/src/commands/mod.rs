@@ -297,13 +297,17 @@ pub fn open_at(
     )?;
     remember_traffic(&repo);
     let mut repo = repo;
-    let limit = match g.memory_limit.as_deref() {
+    repo.set_memory_limit(memory_limit(g, &repo)?);
+    Ok(repo)
+}
+
+/// `--memory-limit` (or `CAIRN_MEMORY_LIMIT`), else the repository's default.
+pub fn memory_limit(g: &Global, repo: &Repository) -> Result<Option<u64>> {
+    Ok(match g.memory_limit.as_deref() {
         Some("none") => None,
         Some(s) => Some(parse_size(s).context("--memory-limit")?),
         None => repo.config().memory_limit,
-    };
-    repo.set_memory_limit(limit);
-    Ok(repo)
+    })
 }
 
 /// Opens `--repo` (asking for the password only if it is encrypted).

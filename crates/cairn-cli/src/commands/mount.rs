@@ -15,9 +15,48 @@ const MOUNT_RETRY: cairn_backend::RetryPolicy = cairn_backend::RetryPolicy {
     max_total: None,
 };
 
+/// The content and tree caches: 64 MiB each by default; under `--memory-limit`, a
+/// third each of what the index leaves (the rest is the kernel's requests and
+/// read-ahead), and an explicit `--cache-size` that does not fit is refused.
+fn cache_sizes(
+    repo: &Repository,
+    cache_size: Option<u64>,
+    progress: &cairn_core::progress::Progress,
+) -> Result<(u64, u64)> {
+    const DEFAULT: u64 = 64 << 20;
+    let Some(plan) = repo.memory_plan(false)? else {
+        return Ok((cache_size.unwrap_or(DEFAULT), DEFAULT));
+    };
+    let trees = plan.share(3, 4 << 20, DEFAULT);
+    let content = match cache_size {
+        Some(c) if c + trees > plan.work_bytes => anyhow::bail!(
+            "--cache-size {} does not fit in --memory-limit {}: the index takes about {} and the tree cache {}; at most {} is left for content",
+            cairn_core::units::bytes(c, 1),
+            cairn_core::units::bytes(plan.limit_bytes, 1),
+            cairn_core::units::bytes(plan.index_bytes, 1),
+            cairn_core::units::bytes(trees, 1),
+            cairn_core::units::bytes(plan.work_bytes.saturating_sub(trees), 1)
+        ),
+        Some(c) => c,
+        None => plan.share(3, 4 << 20, DEFAULT),
+    };
+    progress.notice(format!(
+        "{}; the mount caches {} of file content and {} of directories",
+        plan.describe(),
+        cairn_core::units::bytes(content, 1),
+        cairn_core::units::bytes(trees, 1)
+    ));
+    Ok((content, trees))
+}
+
 pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
     let p = super::progress(g);
-    let cache_bytes = super::parse_size(&a.cache_size).context("--cache-size")?;
+    let cache_size = a
+        .cache_size
+        .as_deref()
+        .map(super::parse_size)
+        .transpose()
+        .context("--cache-size")?;
     let location = super::repo_location(g)?;
     let mut storage = super::storage_options(g)?;
     // `--retry-for` is the user's own bound; else a reader waits seconds, not minutes.
@@ -33,10 +72,14 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
         &p.progress,
     )?;
     super::remember_traffic(&repo);
+    let mut repo = repo;
+    repo.set_memory_limit(super::memory_limit(g, &repo)?);
+    let (cache_bytes, tree_cache_bytes) = cache_sizes(&repo, cache_size, &p.progress)?;
     let opts = MountOptions {
         snapshot: a.snapshot.clone(),
         allow_other: a.allow_other,
         cache_bytes: usize::try_from(cache_bytes).unwrap_or(usize::MAX),
+        tree_cache_bytes: usize::try_from(tree_cache_bytes).unwrap_or(usize::MAX),
         session_idle: Duration::from_secs(a.idle_secs.max(1)),
         threads: a.threads.clamp(1, 64),
         xattrs: !a.no_xattrs,

@@ -407,3 +407,53 @@ fn a_server_that_goes_away_gives_eio_within_seconds_not_a_hang() {
     assert!(status.success(), "{status:?}: {log}");
     assert!(!is_mounted(&mnt));
 }
+
+/// `--memory-limit` on a mount: its caches are sized from what the index leaves and
+/// said at start; a `--cache-size` that does not fit, or a limit the index and the
+/// program alone exceed, is refused before anything is mounted.
+#[test]
+fn a_mount_sizes_its_caches_to_the_memory_limit_or_refuses() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = Rng(71).bytes(3 << 20, false);
+    fs::write(src.join("f"), &data).unwrap();
+    env.backup(&[&src]);
+    let mnt = env.path("mnt");
+    let mut m = Mount::start(&env, &mnt, &["--memory-limit", "110M"]);
+    let said = m.lines.as_mut().unwrap().seen();
+    // 110 MiB - 48 MiB for the program - a tiny index: 62 MiB, a third each.
+    assert!(
+        said.contains("within the limit of 110.0 MiB")
+            && said
+                .contains("the mount caches 20.7 MiB of file content and 20.7 MiB of directories"),
+        "{said}"
+    );
+    let root = mnt.join("latest").join(src.strip_prefix("/").unwrap());
+    assert!(fs::read(root.join("f")).unwrap() == data);
+    drop(m);
+    let other = env.path("mnt2");
+    fs::create_dir_all(&other).unwrap();
+    let o = env.fails(
+        &[
+            "mount",
+            other.to_str().unwrap(),
+            "--memory-limit",
+            "110M",
+            "--cache-size",
+            "1G",
+        ],
+        1,
+    );
+    assert!(o.contains("--cache-size 1.0 GiB does not fit"), "{o}");
+    let o = env.fails(
+        &["mount", other.to_str().unwrap(), "--memory-limit", "50M"],
+        1,
+    );
+    assert!(
+        o.contains("cannot be met") && o.contains("raise the limit"),
+        "{o}"
+    );
+    assert!(!is_mounted(&other));
+}

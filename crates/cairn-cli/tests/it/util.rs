@@ -231,6 +231,12 @@ impl StderrLines {
         }
     }
 
+    /// Every line seen so far, the ones waiting included.
+    pub fn seen(&mut self) -> String {
+        self.drain();
+        self.seen.join("\n")
+    }
+
     /// Everything the child wrote on stderr; call it once the child has ended.
     pub fn all(mut self) -> String {
         self.seen.extend(self.rx.iter());

@@ -5,7 +5,7 @@
 //! decode and verify each blob (its id is checked against the plaintext), and write
 //! it at every offset that holds it. Zero blocks are not written to a new file
 //! (created sparse at full size) nor, with `--zeroed`, to a device the caller knows
-//! is zeroed; otherwise they are written as zeros. The target is synced before the
+//! is zeroed; otherwise runs of them are zeroed by the kernel (zero-range). The target is synced before the
 //! report says it is done.
 //!
 //! A block device is opened with `O_EXCL`, which the kernel refuses while the
@@ -339,9 +339,18 @@ fn run_window(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i == packs.len() {
-                        let zero = vec![0u8; block_size as usize];
-                        for &(at, len) in zeros {
-                            put(&zero[..len as usize], at);
+                        for (at, len) in merged(zeros) {
+                            match zero_range(&target.file, at, len) {
+                                Ok(()) => {
+                                    written.fetch_add(len, Ordering::Relaxed);
+                                    blocks_written.fetch_add(
+                                        len.div_ceil(u64::from(block_size)),
+                                        Ordering::Relaxed,
+                                    );
+                                    progress.bytes_done(len);
+                                }
+                                Err(e) => fail(at, len, format!("writing zeros failed: {e}")),
+                            }
                         }
                         continue;
                     }
@@ -391,6 +400,41 @@ fn run_window(
             });
         }
     });
+}
+
+/// Adjacent ranges joined (they come in image order).
+fn merged(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &(at, len) in ranges {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 == at => last.1 += len,
+            _ => out.push((at, len)),
+        }
+    }
+    out
+}
+
+/// Zeros `[at, at + len)` of a device: the kernel's zero-out (`fallocate` with
+/// `FALLOC_FL_ZERO_RANGE`: write-zeroes or discard on devices that have them, no
+/// data through memory), else written zeros a MiB at a time.
+fn zero_range(f: &File, at: u64, len: u64) -> std::io::Result<()> {
+    let zeroed = nix::fcntl::fallocate(
+        f,
+        nix::fcntl::FallocateFlags::FALLOC_FL_ZERO_RANGE,
+        at as libc::off_t,
+        len as libc::off_t,
+    );
+    if zeroed.is_ok() {
+        return Ok(());
+    }
+    let zero = vec![0u8; 1 << 20];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(zero.len() as u64) as usize;
+        f.write_all_at(&zero[..n], at + done)?;
+        done += n as u64;
+    }
+    Ok(())
 }
 
 /// Splits a pack's sorted needs into ranges read in one request each.

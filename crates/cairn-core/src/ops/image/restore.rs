@@ -5,8 +5,8 @@
 //! decode and verify each blob (its id is checked against the plaintext), and write
 //! it at every offset that holds it. Zero blocks are not written to a new file
 //! (created sparse at full size) nor, with `--zeroed`, to a device the caller knows
-//! is zeroed; otherwise runs of them are zeroed by the kernel (zero-range). The target is synced before the
-//! report says it is done.
+//! is zeroed; otherwise runs of them are zeroed by the kernel (zero-range). The
+//! target is synced before the report says it is done.
 //!
 //! A block device is opened with `O_EXCL`, which the kernel refuses while the
 //! device is mounted or held by another user (LVM, RAID, a swap): restoring over a

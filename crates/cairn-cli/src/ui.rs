@@ -11,17 +11,7 @@ pub fn bytes(n: u64) -> String {
 
 /// "1 file", "2 files": a count with its noun, singular or plural (`noun` is the
 /// singular; the plural adds an "s", or "es" after s, x, sh and ch; "-ry" becomes "-ries").
-pub fn count(n: u64, noun: &str) -> String {
-    if n == 1 {
-        format!("1 {noun}")
-    } else if noun.ends_with(['s', 'x']) || noun.ends_with("sh") || noun.ends_with("ch") {
-        format!("{n} {noun}es")
-    } else if let Some(stem) = noun.strip_suffix("ry") {
-        format!("{n} {stem}ries")
-    } else {
-        format!("{n} {noun}s")
-    }
-}
+pub use cairn_core::units::count;
 
 pub fn rate(n: u64, secs: f64) -> String {
     if secs <= 0.0 {

@@ -2,6 +2,19 @@
 
 /// `n` bytes in binary units with `decimals` places ("1.5 GiB"; plain bytes below
 /// 1 KiB).
+/// `n` and a noun in the number it takes ("1 snapshot", "2 snapshots", "3 entries").
+pub fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else if noun.ends_with(['s', 'x']) || noun.ends_with("sh") || noun.ends_with("ch") {
+        format!("{n} {noun}es")
+    } else if let Some(stem) = noun.strip_suffix("ry") {
+        format!("{n} {stem}ries")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 pub fn bytes(n: u64, decimals: usize) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = n as f64;

@@ -26,6 +26,7 @@
 //! ```
 
 use crate::App;
+use cairn_core::units::count;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -511,11 +512,11 @@ fn run_job(
             Ok((
                 r.problems.is_empty(),
                 format!(
-                    "{} snapshots, {} packs ({} read), {} problems",
-                    r.snapshots,
-                    r.packs,
+                    "{}, {} ({} read), {}",
+                    count(r.snapshots as u64, "snapshot"),
+                    count(r.packs as u64, "pack"),
                     r.packs_read,
-                    r.problems.len()
+                    count(r.problems.len() as u64, "problem")
                 ),
             ))
         }
@@ -534,7 +535,13 @@ fn run_job(
             .map_err(|e| e.to_string())?;
             let removed: usize = f.groups.iter().map(|g| g.remove.len()).sum();
             let summary = prune_now(session.into_repo(), &progress)?;
-            Ok((true, format!("forgot {removed} snapshots; prune {summary}")))
+            Ok((
+                true,
+                format!(
+                    "forgot {}; prune {summary}",
+                    count(removed as u64, "snapshot")
+                ),
+            ))
         }
         "prune" => Ok((true, prune_now(repo, &progress)?)),
         "copy" => {
@@ -592,8 +599,8 @@ fn run_job(
             Ok((
                 r.failed.is_empty() && r.unreadable_source_snapshots.is_empty(),
                 format!(
-                    "copied {} snapshots to {to}, {} sent{}",
-                    r.snapshots_copied,
+                    "copied {} to {to}, {} sent{}",
+                    count(r.snapshots_copied as u64, "snapshot"),
                     cairn_core::units::bytes(r.bytes_sent, 1),
                     if r.failed.is_empty() {
                         String::new()
@@ -618,8 +625,8 @@ fn prune_now(
     let p =
         cairn_core::prune::prune(&mut session, &Default::default()).map_err(|e| e.to_string())?;
     Ok(format!(
-        "deleted {} packs ({}), {} waiting for running jobs",
-        p.deleted_packs,
+        "deleted {} ({}), {} waiting for running jobs",
+        count(p.deleted_packs as u64, "pack"),
         cairn_core::units::bytes(p.deleted_bytes, 1),
         p.deferred_packs
     ))

@@ -186,14 +186,14 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         );
         if s.entries_skipped > 0 {
             println!(
-                "skipped:   {} entries could not be read (see warnings above)",
-                s.entries_skipped
+                "skipped:   {} could not be read (see warnings above)",
+                ui::count(s.entries_skipped, "entry")
             );
         }
         if !r.changed_while_read.is_empty() {
             println!(
-                "changed:   {} files changed while they were read: saved as read (see warnings above)",
-                r.changed_while_read.len()
+                "changed:   {} changed while they were read: saved as read (see warnings above)",
+                ui::count(r.changed_while_read.len() as u64, "file")
             );
         }
         println!("snapshot {} saved", r.snapshot_id.short());

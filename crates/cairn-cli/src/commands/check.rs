@@ -135,8 +135,13 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             }
             if report.unindexed_packs > 0 {
                 println!(
-                    "note: {} packs are not in any index (left by an interrupted backup; prune removes them)",
-                    report.unindexed_packs
+                    "note: {} {} not in any index (left by an interrupted backup; prune removes them)",
+                    ui::count(report.unindexed_packs as u64, "pack"),
+                    if report.unindexed_packs == 1 {
+                        "is"
+                    } else {
+                        "are"
+                    }
                 );
             }
         }

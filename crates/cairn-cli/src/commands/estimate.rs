@@ -111,13 +111,13 @@ fn small_sample(e: &Estimate) -> Option<String> {
 fn print_text(e: &Estimate) {
     let b = ui::bytes;
     println!(
-        "read {} files, {} in {:.1} s ({:.0} MB/s){}",
-        e.files,
+        "read {}, {} in {:.1} s ({:.0} MB/s){}",
+        ui::count(e.files, "file"),
         b(e.bytes),
         e.seconds,
         e.mb_per_s,
         if e.skipped > 0 {
-            format!("; {} entries could not be read", e.skipped)
+            format!("; {} could not be read", ui::count(e.skipped, "entry"))
         } else {
             String::new()
         }

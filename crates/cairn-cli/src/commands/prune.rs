@@ -92,15 +92,15 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     );
     if p.unindexed_packs > 0 {
         println!(
-            "{verb} delete {} packs no index lists ({})",
-            p.unindexed_packs,
+            "{verb} delete {} no index lists ({})",
+            ui::count(p.unindexed_packs as u64, "pack"),
             b(p.unindexed_bytes)
         );
     }
     if p.missing_unused_packs > 0 {
         println!(
-            "{verb} drop {} missing packs nothing needs from the index",
-            p.missing_unused_packs
+            "{verb} drop {} nothing needs from the index",
+            ui::count(p.missing_unused_packs as u64, "missing pack")
         );
     }
     println!(
@@ -110,8 +110,13 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     );
     if p.earlier_pending_packs > 0 {
         println!(
-            "{} packs retired by an earlier prune are waiting for deletion",
-            p.earlier_pending_packs
+            "{} retired by an earlier prune {} waiting for deletion",
+            ui::count(p.earlier_pending_packs as u64, "pack"),
+            if p.earlier_pending_packs == 1 {
+                "is"
+            } else {
+                "are"
+            }
         );
     }
     if r.dry_run {
@@ -139,8 +144,8 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     }
     if r.deferred_packs > 0 {
         println!(
-            "{} packs will be deleted by the next prune once these operations end:",
-            r.deferred_packs
+            "{} will be deleted by the next prune once these operations end:",
+            ui::count(r.deferred_packs as u64, "pack")
         );
         for w in &r.waiting_for {
             println!("    {w}");

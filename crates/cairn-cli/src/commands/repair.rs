@@ -22,8 +22,11 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
             } else {
                 for d in &r.damaged_packs {
                     println!(
-                        "damaged pack {}: {} ({} blobs lost, {} kept)",
-                        d.pack, d.message, d.blobs_lost, d.blobs_kept
+                        "damaged pack {}: {} ({} lost, {} kept)",
+                        d.pack,
+                        d.message,
+                        ui::count(d.blobs_lost as u64, "blob"),
+                        d.blobs_kept
                     );
                 }
                 if !g.quiet {
@@ -79,8 +82,8 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
                     );
                 }
                 println!(
-                    "checked {} snapshots; {} {} repaired",
-                    r.snapshots_checked,
+                    "checked {}; {} {} repaired",
+                    ui::count(r.snapshots_checked as u64, "snapshot"),
                     r.repaired.len(),
                     if dry_run { "would be" } else { "were" }
                 );

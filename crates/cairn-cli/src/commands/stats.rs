@@ -85,9 +85,9 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
         b(st.average_chunk_bytes)
     );
     println!(
-        "index:                 {} blobs in {} files, {} on disk, about {} of RAM",
-        st.index.blobs,
-        st.index.files,
+        "index:                 {} in {}, {} on disk, about {} of RAM",
+        ui::count(st.index.blobs as u64, "blob"),
+        ui::count(st.index.files as u64, "file"),
         b(st.index.bytes),
         b(st.index.ram_bytes)
     );

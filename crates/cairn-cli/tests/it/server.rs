@@ -904,7 +904,7 @@ fn scheduled_jobs_run_and_keep_a_history() {
     // nothing left to send.
     let r = run("replicate");
     assert_eq!(r["outcome"], "ok", "{r}");
-    assert!(summary(&r).starts_with("copied 1 snapshots"), "{r}");
+    assert!(summary(&r).starts_with("copied 1 snapshot to"), "{r}");
     assert_eq!(replica.snapshot_ids().len(), 1);
     let r = run("replicate");
     assert!(summary(&r).starts_with("copied 0 snapshots"), "{r}");

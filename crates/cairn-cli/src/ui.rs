@@ -13,6 +13,11 @@ pub fn bytes(n: u64) -> String {
 /// singular; the plural adds an "s", or "es" after s, x, sh and ch; "-ry" becomes "-ries").
 pub use cairn_core::units::count;
 
+/// [`count`] with its verb: "1 pack is", "3 packs are".
+pub fn count_is(n: u64, noun: &str) -> String {
+    format!("{} {}", count(n, noun), if n == 1 { "is" } else { "are" })
+}
+
 pub fn rate(n: u64, secs: f64) -> String {
     if secs <= 0.0 {
         return "-".into();

@@ -135,13 +135,8 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             }
             if report.unindexed_packs > 0 {
                 println!(
-                    "note: {} {} not in any index (left by an interrupted backup; prune removes them)",
-                    ui::count(report.unindexed_packs as u64, "pack"),
-                    if report.unindexed_packs == 1 {
-                        "is"
-                    } else {
-                        "are"
-                    }
+                    "note: {} not in any index (left by an interrupted backup; prune removes them)",
+                    ui::count_is(report.unindexed_packs as u64, "pack")
                 );
             }
         }

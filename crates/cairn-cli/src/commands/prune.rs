@@ -110,13 +110,8 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     );
     if p.earlier_pending_packs > 0 {
         println!(
-            "{} retired by an earlier prune {} waiting for deletion",
-            ui::count(p.earlier_pending_packs as u64, "pack"),
-            if p.earlier_pending_packs == 1 {
-                "is"
-            } else {
-                "are"
-            }
+            "{} waiting for deletion (retired by an earlier prune)",
+            ui::count_is(p.earlier_pending_packs as u64, "pack")
         );
     }
     if r.dry_run {

@@ -28,10 +28,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Bytes of image planned and written at a time.
 const WINDOW_BYTES: u64 = 256 << 20;
-/// Gaps up to this size between needed blobs of a pack are read through.
-const MAX_GAP: u64 = 512 << 10;
-/// Upper bound of one pack range read.
-const MAX_RANGE: u64 = 8 << 20;
 
 #[derive(Clone, Debug, Default)]
 pub struct ImageRestoreOptions {
@@ -156,8 +152,8 @@ fn open_target(opts: &ImageRestoreOptions, name: &str, size: u64) -> Result<Targ
 
 /// One blob a window needs, and every image offset that holds it.
 struct Need {
-    offset: u64,
-    length: u64,
+    offset: u32,
+    length: u32,
     raw_length: u32,
     compression: cairn_format::pack::BlobCompression,
     id: BlobId,
@@ -255,6 +251,12 @@ pub fn restore_image(
     Ok(report)
 }
 
+impl crate::ops::restore::execute::PackSpan for Need {
+    fn span(&self) -> (u32, u32) {
+        (self.offset, self.length)
+    }
+}
+
 type PackNeeds = Vec<(u32, Vec<Need>)>;
 /// Byte ranges of the image, with why they failed.
 type Failed = Vec<(u64, u64, String)>;
@@ -287,8 +289,8 @@ fn plan_window(
             .or_default()
             .entry(id)
             .or_insert_with(|| Need {
-                offset: loc.offset.into(),
-                length: loc.length.into(),
+                offset: loc.offset,
+                length: loc.length,
                 raw_length: loc.raw_length,
                 compression: loc.compression,
                 id,
@@ -358,23 +360,26 @@ fn run_window(
                         return;
                     };
                     let pack = repo.index().pack_by_number(*pack_no);
-                    for range in coalesce(needs) {
+                    for range in crate::ops::restore::execute::ranges(needs) {
                         let first = range[0].offset;
                         let end = range
                             .iter()
                             .map(|n| n.offset + n.length)
                             .max()
                             .unwrap_or(first);
-                        let whole = repo.read_pack_range(&pack, first, end - first).ok();
+                        let whole = repo
+                            .read_pack_range(&pack, first.into(), (end - first).into())
+                            .ok();
                         for n in range {
-                            let sealed = match &whole {
-                                Some(b) => b
-                                    .get(
-                                        (n.offset - first) as usize
-                                            ..(n.offset - first + n.length) as usize,
-                                    )
-                                    .map(|s| s.to_vec()),
-                                None => repo.read_pack_range(&pack, n.offset, n.length).ok(),
+                            // A slice of the range read (no copy), or the blob alone
+                            // when the range could not be read whole.
+                            let (at, len) = ((n.offset - first) as usize, n.length as usize);
+                            let sealed: Option<std::borrow::Cow<'_, [u8]>> = match &whole {
+                                Some(b) => b.get(at..at + len).map(std::borrow::Cow::Borrowed),
+                                None => repo
+                                    .read_pack_range(&pack, n.offset.into(), n.length.into())
+                                    .ok()
+                                    .map(std::borrow::Cow::Owned),
                             };
                             let plain = sealed
                                 .ok_or_else(|| format!("pack {} could not be read", pack.short()))
@@ -435,27 +440,6 @@ fn zero_range(f: &File, at: u64, len: u64) -> std::io::Result<()> {
         done += n as u64;
     }
     Ok(())
-}
-
-/// Splits a pack's sorted needs into ranges read in one request each.
-fn coalesce(needs: &[Need]) -> Vec<&[Need]> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    for i in 1..needs.len() {
-        let (first, prev_end) = (
-            needs[start].offset,
-            needs[i - 1].offset + needs[i - 1].length,
-        );
-        let n = &needs[i];
-        if n.offset > prev_end + MAX_GAP || n.offset + n.length - first > MAX_RANGE {
-            out.push(&needs[start..i]);
-            start = i;
-        }
-    }
-    if start < needs.len() {
-        out.push(&needs[start..]);
-    }
-    out
 }
 
 /// Reads the whole target back and compares every block with the snapshot's id.

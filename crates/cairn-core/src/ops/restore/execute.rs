@@ -39,17 +39,33 @@ pub(crate) struct Executed {
     pub failed: HashMap<u32, String>,
 }
 
-fn ranges(needs: &[Need]) -> Vec<&[Need]> {
+/// A blob's place in its pack, for coalescing reads.
+pub(crate) trait PackSpan {
+    /// Offset and length in the pack.
+    fn span(&self) -> (u32, u32);
+}
+
+impl PackSpan for Need {
+    fn span(&self) -> (u32, u32) {
+        (self.offset, self.length)
+    }
+}
+
+/// Splits a pack's needs, sorted by offset, into ranges read in one request each:
+/// gaps up to [`MAX_GAP`] are read through, a range stops at [`MAX_RANGE`].
+pub(crate) fn ranges<T: PackSpan>(needs: &[T]) -> Vec<&[T]> {
     let mut out = Vec::new();
     let Some(first) = needs.first() else {
         return out;
     };
-    let (mut start, mut first_off, mut end) = (0, first.offset, first.offset + first.length);
+    let (offset, length) = first.span();
+    let (mut start, mut first_off, mut end) = (0, offset, offset + length);
     for (i, n) in needs.iter().enumerate().skip(1) {
-        let n_end = n.offset + n.length;
-        if n.offset > end.saturating_add(MAX_GAP) || n_end.saturating_sub(first_off) > MAX_RANGE {
+        let (offset, length) = n.span();
+        let n_end = offset + length;
+        if offset > end.saturating_add(MAX_GAP) || n_end.saturating_sub(first_off) > MAX_RANGE {
             out.push(&needs[start..i]);
-            (start, first_off, end) = (i, n.offset, n_end);
+            (start, first_off, end) = (i, offset, n_end);
         } else {
             end = end.max(n_end);
         }
@@ -381,7 +397,7 @@ mod tests {
         assert_eq!(r.len(), 2);
         assert_eq!(r[0].len(), 4);
         assert_eq!(r[1].len(), 1);
-        assert!(ranges(&[]).is_empty());
+        assert!(ranges::<Need>(&[]).is_empty());
     }
 
     /// A run that cannot be written (its file was replaced under restore) is reported

@@ -25,7 +25,7 @@
 //! Damage is reported per file: a restore writes everything it can and returns the
 //! list of what it could not.
 
-mod execute;
+pub(crate) mod execute;
 mod metadata;
 mod overwrite;
 mod plan;

@@ -312,7 +312,9 @@ impl Sink for TarSink<'_> {
                 .append_link(&mut h, path, os_path(first))
                 .map_err(io);
         }
-        if let Some(segments) = data_segments(content.repo, n)? {
+        if let Some((segments, zeros)) = data_segments(content.repo, n)? {
+            // The holes are skipped, and their chunks need not even be read.
+            content.zeros = zeros;
             return self.sparse_file(name, n, segments, content);
         }
         h.set_entry_type(tar::EntryType::Regular);
@@ -393,7 +395,12 @@ const SPARSE_MAX_SEGMENTS: usize = 65_536;
 /// zero bytes) without reading them. The last segment ends at the file's size
 /// (length 0 when the file ends in a hole, as GNU tar writes it). Segments are
 /// aligned to 512-byte blocks.
-fn data_segments(repo: &Repository, n: &Node) -> Result<Option<Vec<(u64, u64)>>> {
+/// Also returns the ids of the zero chunks met, with their lengths.
+#[allow(clippy::type_complexity)]
+fn data_segments(
+    repo: &Repository,
+    n: &Node,
+) -> Result<Option<(Vec<(u64, u64)>, HashMap<BlobId, usize>)>> {
     let mut zero_ids: HashMap<u64, BlobId> = HashMap::new();
     let mut segments: Vec<(u64, u64)> = Vec::new();
     let (mut at, mut holes, mut too_many) = (0u64, 0u64, false);
@@ -442,7 +449,11 @@ fn data_segments(repo: &Repository, n: &Node) -> Result<Option<Vec<(u64, u64)>>>
     if aligned.last().is_none_or(|l| l.0 + l.1 < n.size) {
         aligned.push((n.size, 0));
     }
-    Ok(Some(aligned))
+    let zeros = zero_ids
+        .into_iter()
+        .map(|(len, id)| (id, len as usize))
+        .collect();
+    Ok(Some((aligned, zeros)))
 }
 
 /// The data segments of a file's content, the holes between them skipped.
@@ -610,6 +621,9 @@ pub(crate) struct Content<'a> {
     left: u64,
     path: &'a str,
     pub(crate) error: Option<Error>,
+    /// Chunks known to hold only zeros, with their lengths (a sparse file's holes):
+    /// made here instead of read.
+    zeros: HashMap<BlobId, usize>,
 }
 
 impl<'a> Content<'a> {
@@ -626,6 +640,7 @@ impl<'a> Content<'a> {
             left: n.size,
             path,
             error: None,
+            zeros: HashMap::new(),
         }
     }
 
@@ -654,14 +669,16 @@ impl<'a> Content<'a> {
         let n = self.ids.len().min(READ_AHEAD);
         let batch: Vec<BlobId> = self.ids.drain(..n).collect();
         let repo = self.repo;
+        let zeros = &self.zeros;
+        let read = |id: &BlobId| match zeros.get(id) {
+            Some(&len) => Ok(vec![0u8; len]),
+            None => repo.read_blob(id),
+        };
         let blobs: Vec<Result<Vec<u8>>> = if batch.len() <= 1 {
-            batch.iter().map(|id| repo.read_blob(id)).collect()
+            batch.iter().map(read).collect()
         } else {
             std::thread::scope(|s| {
-                let hs: Vec<_> = batch
-                    .iter()
-                    .map(|id| s.spawn(move || repo.read_blob(id)))
-                    .collect();
+                let hs: Vec<_> = batch.iter().map(|id| s.spawn(move || read(id))).collect();
                 hs.into_iter()
                     .map(|h| {
                         h.join().unwrap_or_else(|_| {

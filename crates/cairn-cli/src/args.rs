@@ -260,6 +260,9 @@ pub enum ServeCommand {
     /// Manage the tokens clients present
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Manage console users (a name and password, for people signing in with a browser)
+    #[command(subcommand)]
+    User(UserCommand),
     /// Verify every pack, index file and snapshot against its name, without the
     /// key (finds bit rot on the server); exit 1 when anything is damaged
     Scrub(ScrubArgs),
@@ -290,11 +293,51 @@ pub enum TokenCommand {
     },
 }
 
+#[derive(Subcommand)]
+pub enum UserCommand {
+    /// Add a user; the password comes from --password-file, CAIRN_NEW_PASSWORD(_FILE)
+    /// or is asked twice (at least 8 characters; only an Argon2id hash is kept)
+    Add(UserAddArgs),
+    /// List users (never their passwords)
+    List,
+    /// Change a user's password
+    Passwd {
+        /// The user's name
+        name: String,
+        /// Read the new password from the first line of this file
+        #[arg(long, value_name = "FILE")]
+        password_file: Option<PathBuf>,
+    },
+    /// Remove a user; a running server ends their sessions at once
+    Remove {
+        /// The user's name
+        name: String,
+    },
+}
+
+#[derive(Args)]
+pub struct UserAddArgs {
+    /// The name to sign in with (letters, digits, '.', '_', '@', '-')
+    pub name: String,
+    /// The datastore the user opens, or '*' for all (admin and restore only)
+    #[arg(long)]
+    pub datastore: String,
+    /// restore (browse and download), admin (all); backup users see only --host's snapshots
+    #[arg(long, value_parser = ["backup", "restore", "admin"])]
+    pub role: String,
+    /// Show the user only this host's snapshots
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Read the password from the first line of this file
+    #[arg(long, value_name = "FILE")]
+    pub password_file: Option<PathBuf>,
+}
+
 #[derive(Args)]
 pub struct TokenAddArgs {
     /// A name for people (e.g. the client's host name)
     pub name: String,
-    /// The datastore the token opens
+    /// The datastore the token opens, or '*' for all (admin and restore only)
     #[arg(long)]
     pub datastore: String,
     /// backup (add backups, never delete or overwrite), restore (read), admin (all)

@@ -113,18 +113,45 @@ function button(text, onClick, label) {
 }
 
 let who = null;
+// The datastore the page shows: the grant's own, or the one picked from the
+// table when the grant opens every datastore (`*`).
+let current = null;
+
+function dsPath(name) {
+  return "/v1/datastores/" + encodeURIComponent(name);
+}
 
 function base() {
-  return "/v1/datastores/" + encodeURIComponent(who.datastore);
+  return dsPath(current);
+}
+
+// A link within the page: `#ds=NAME&snap=ID&path=/a`.
+function hashFor(snap, path) {
+  const h = new URLSearchParams();
+  h.set("ds", current);
+  if (snap) h.set("snap", snap);
+  if (path) h.set("path", path);
+  return "#" + h.toString();
 }
 
 async function loadDatastores() {
   const list = await api("GET", "/v1/datastores");
+  if (!list.some((d) => d.name === current)) {
+    current = list.length ? list[0].name : who.datastore;
+  }
   const body = $("datastore-rows");
   body.replaceChildren();
   for (const d of list) {
     const tr = row(d.name);
     tr.dataset.datastore = d.name;
+    if (list.length > 1) {
+      // Several datastores: the name picks the one the page below shows.
+      const a = document.createElement("a");
+      a.textContent = d.name;
+      a.href = "#ds=" + encodeURIComponent(d.name);
+      if (d.name === current) a.setAttribute("aria-current", "true");
+      tr.firstChild.replaceChildren(a);
+    }
     const c = d.config || {};
     const figures = {};
     for (const f of ["stored", "dedup", "compression", "reduction"]) {
@@ -165,7 +192,7 @@ async function loadDatastores() {
 // The content figures: exactly what `cairn stats --json` prints.
 async function loadFigures(d, f) {
   try {
-    const s = await api("GET", base() + "/stats");
+    const s = await api("GET", dsPath(d.name) + "/stats");
     f.stored.textContent = bytes(s.stored_bytes);
     f.dedup.textContent = pct(s.dedup_percent);
     f.compression.textContent = pct(s.compression_percent);
@@ -181,7 +208,10 @@ async function loadFigures(d, f) {
   }
 }
 
+let unlocking = null;
+
 function askUnlock(name) {
+  unlocking = name;
   $("unlock-name").textContent = name;
   show("unlock-form", true);
   $("unlock-password").focus();
@@ -191,7 +221,7 @@ $("unlock-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   const password = $("unlock-password").value;
   try {
-    await api("POST", base() + "/unlock", { password });
+    await api("POST", dsPath(unlocking) + "/unlock", { password });
     $("unlock-password").value = "";
     show("unlock-form", false);
     alertText("");
@@ -204,9 +234,9 @@ $("unlock-form").addEventListener("submit", async (ev) => {
 
 $("unlock-cancel").addEventListener("click", () => show("unlock-form", false));
 
-async function relock() {
+async function relock(name) {
   try {
-    await api("DELETE", base() + "/unlock");
+    await api("DELETE", dsPath(name) + "/unlock");
     await overview();
   } catch (e) {
     failed(e);
@@ -257,7 +287,7 @@ function chart(el, points, fmt, label) {
 
 async function loadHosts(summary) {
   show("hosts", true);
-  $("hosts-ds").textContent = who.datastore;
+  $("hosts-ds").textContent = current;
   const note = $("hosts-note");
   for (const id of ["host-rows", "snapshot-rows"]) $(id).replaceChildren();
   if (summary && summary.locked) {
@@ -315,7 +345,7 @@ async function loadHosts(summary) {
     cell(tr, duration(s.duration_secs), "num");
     const td = cell(tr, "");
     const a = document.createElement("a");
-    a.href = "#snap=" + s.id + "&path=/";
+    a.href = hashFor(s.id, "/");
     a.textContent = "Browse " + s.id.slice(0, 8);
     td.appendChild(a);
     $("snapshot-rows").appendChild(tr);
@@ -345,6 +375,7 @@ async function loadJobs() {
     return;
   }
   show("jobs", true);
+  $("jobs-ds").textContent = current;
   let list;
   try {
     list = await api("GET", "/v1/jobs");
@@ -358,6 +389,7 @@ async function loadJobs() {
   for (const j of list) {
     const tr = row(j.name);
     tr.dataset.job = j.name;
+    cell(tr, j.datastore, null, "datastore");
     cell(tr, j.kind + (j.read_data ? " (read " + j.read_data + ")" : ""));
     cell(tr, j.adhoc ? "once" : "every " + j.every);
     cell(tr, j.running ? progressText(j.progress) : "", null, "progress");
@@ -390,13 +422,54 @@ for (const kind of ["check", "scrub", "prune"]) {
   $("start-" + kind).addEventListener("click", () => startJob(kind));
 }
 
-// The overview: datastores, jobs, and the token's hosts and snapshots.
+// ---- The fleet: every host of every datastore (for a grant of all datastores).
+
+async function loadFleet() {
+  if (who.datastore !== "*") {
+    show("fleet", false);
+    return;
+  }
+  show("fleet", true);
+  const body = $("fleet-rows");
+  let data;
+  try {
+    data = await api("GET", "/v1/fleet");
+  } catch (e) {
+    $("fleet-note").textContent = e.message;
+    body.replaceChildren();
+    return;
+  }
+  body.replaceChildren();
+  let note = "A host is flagged when its last backup is older than " +
+    data.stale_after_hours + " hours.";
+  for (const n of data.not_shown) note += " Not shown: " + n.datastore + " (" + n.reason + ").";
+  $("fleet-note").textContent = note;
+  for (const h of data.hosts) {
+    const tr = row(h.host);
+    tr.dataset.host = h.host;
+    const td = cell(tr, "", null, "datastore");
+    const a = document.createElement("a");
+    a.href = "#ds=" + encodeURIComponent(h.datastore);
+    a.textContent = h.datastore;
+    td.appendChild(a);
+    cell(tr, String(h.snapshots), "num");
+    cell(tr, when(h.last));
+    cell(tr, age(h.age_hours), "num");
+    cell(tr, h.stale ? "no recent backup" : "ok", h.stale ? "stale" : "fresh", "status");
+    if (h.stale) tr.classList.add("stale");
+    body.appendChild(tr);
+  }
+}
+
+// The overview: datastores, the fleet, jobs, and the current datastore's hosts
+// and snapshots.
 async function overview() {
   show("browse", false);
   show("datastores", true);
   const list = await loadDatastores();
+  await loadFleet();
   await loadJobs();
-  await loadHosts(list.find((d) => d.name === who.datastore));
+  await loadHosts(list.find((d) => d.name === current));
 }
 
 // ---- Browsing a snapshot: #snap=ID&path=/a/b
@@ -413,28 +486,26 @@ function join(dir, name) {
 }
 
 async function browse(id, path) {
-  show("datastores", false);
-  show("hosts", false);
-  show("jobs", false);
+  for (const id of ["datastores", "fleet", "hosts", "jobs"]) show(id, false);
   show("browse", true);
   show("search-results", false);
   $("browse-id").textContent = id.slice(0, 8);
   const crumbs = $("crumbs");
   crumbs.replaceChildren();
   const back = document.createElement("a");
-  back.href = "#";
+  back.href = hashFor();
   back.textContent = "All snapshots";
   crumbs.appendChild(back);
   const parts = path.split("/").filter((p) => p);
   let acc = "";
   const root = document.createElement("a");
-  root.href = "#snap=" + id + "&path=/";
+  root.href = hashFor(id, "/");
   root.textContent = " / ";
   crumbs.appendChild(root);
   for (const p of parts) {
     acc += "/" + p;
     const a = document.createElement("a");
-    a.href = "#snap=" + id + "&path=" + encodeURIComponent(acc);
+    a.href = hashFor(id, acc);
     a.textContent = p + " /";
     crumbs.appendChild(a);
   }
@@ -466,7 +537,7 @@ async function morePage() {
     tr.dataset.name = e.name;
     if (e.type === "dir") {
       const a = document.createElement("a");
-      a.href = "#snap=" + b.id + "&path=" + encodeURIComponent(full);
+      a.href = hashFor(b.id, full);
       a.textContent = e.name + "/";
       tr.firstChild.replaceChildren(a);
     }
@@ -505,7 +576,7 @@ $("search-form").addEventListener("submit", async (ev) => {
       const li = document.createElement("li");
       const a = document.createElement("a");
       if (e.type === "dir") {
-        a.href = "#snap=" + b.id + "&path=" + encodeURIComponent(e.path);
+        a.href = hashFor(b.id, e.path);
       } else {
         a.href = downloadUrl(b.id, e.path, "file");
       }
@@ -525,6 +596,7 @@ $("search-form").addEventListener("submit", async (ev) => {
 async function route() {
   if (!who) return;
   const h = new URLSearchParams(location.hash.slice(1));
+  if (h.get("ds")) current = h.get("ds");
   try {
     if (h.get("snap")) {
       await browse(h.get("snap"), h.get("path") || "/");
@@ -541,7 +613,9 @@ window.addEventListener("hashchange", route);
 async function signedIn(w) {
   who = w;
   csrf = w.csrf;
-  $("who-text").textContent = w.name + " (" + w.role + ", " + w.datastore + ")";
+  current = w.datastore === "*" ? null : w.datastore;
+  $("who-text").textContent = w.name + " (" + w.role + ", " +
+    (w.datastore === "*" ? "all datastores" : w.datastore) + ")";
   show("who", true);
   show("sign-in", false);
   alertText("");
@@ -551,10 +625,12 @@ async function signedIn(w) {
 function signedOut(message) {
   csrf = null;
   who = null;
-  for (const id of ["who", "datastores", "jobs", "hosts", "browse", "unlock-form"]) show(id, false);
+  for (const id of ["who", "datastores", "fleet", "jobs", "hosts", "browse", "unlock-form"]) {
+    show(id, false);
+  }
   show("sign-in", true);
   alertText(message || "");
-  $("token").focus();
+  $("user-name").focus();
 }
 
 function failed(e) {
@@ -572,6 +648,18 @@ $("sign-in-form").addEventListener("submit", async (ev) => {
     const who = await api("POST", "/v1/session", { token });
     $("token").value = "";
     await signedIn(who);
+  } catch (e) {
+    alertText("Sign-in failed: " + e.message);
+  }
+});
+
+$("user-sign-in-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const user = $("user-name").value.trim();
+  const password = $("user-password").value;
+  $("user-password").value = "";
+  try {
+    await signedIn(await api("POST", "/v1/session", { user, password }));
   } catch (e) {
     alertText("Sign-in failed: " + e.message);
   }

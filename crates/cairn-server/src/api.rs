@@ -80,11 +80,16 @@ impl IntoResponse for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// The caller, from `Authorization: Bearer <token>`.
+/// The caller, from `Authorization: Bearer <token>`, or `Session <id>` for a
+/// console user's session (set by [`crate::signin::cookie_auth`]).
 pub(crate) fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<TokenEntry> {
-    let presented = headers
+    let value = headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.to_str().ok());
+    if let Some(id) = value.and_then(|v| v.strip_prefix("Session ")) {
+        return session_user(app, id);
+    }
+    let presented = value
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(|| {
             ApiError::new(
@@ -94,6 +99,34 @@ pub(crate) fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<TokenEnt
             )
         })?;
     token_entry(app, presented)
+}
+
+/// The user of console session `id`, as the user file says now.
+fn session_user(app: &App, id: &str) -> ApiResult<TokenEntry> {
+    let expired = || {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "session_expired",
+            "the session ended (signed out, unused for too long, or the server restarted): \
+             sign in again",
+        )
+    };
+    let Some((crate::signin::Identity::User(name), _)) = app.signins.get(id) else {
+        return Err(expired());
+    };
+    match app.users.get(&name) {
+        Ok(Some(u)) => Ok(u.principal()),
+        Ok(None) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            format!("user {name:?} was removed"),
+        )),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server",
+            e.to_string(),
+        )),
+    }
 }
 
 /// The token `presented` stands for, if it is one the server knows.
@@ -118,9 +151,10 @@ pub(crate) fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<
     if let Some(d) = app.datastores.get(name) {
         d.stats.requests.fetch_add(1, Ordering::Relaxed);
     }
-    if token.datastore != name {
+    if !token.opens(name) {
         return Err(ApiError::forbidden(format!(
-            "this token is for datastore {:?}, not {name:?}",
+            "this {} is for datastore {:?}, not {name:?}",
+            if token.user { "user" } else { "token" },
             token.datastore
         )));
     }
@@ -763,7 +797,7 @@ pub async fn jobs(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<
         .jobs
         .status()
         .into_iter()
-        .filter(|j| j.spec.datastore == t.datastore)
+        .filter(|j| t.opens(&j.spec.datastore))
         .collect();
     Ok(axum::Json(list).into_response())
 }
@@ -833,7 +867,7 @@ pub async fn run_job(
             format!("no job {name:?}"),
         ));
     };
-    if t.role != Role::Admin || spec.datastore != t.datastore {
+    if t.role != Role::Admin || !t.opens(&spec.datastore) {
         return Err(ApiError::forbidden(format!(
             "only an admin token of datastore {:?} may run this job",
             spec.datastore
@@ -1040,8 +1074,11 @@ pub async fn slots_list(
 #[derive(Serialize)]
 struct SessionReply {
     name: String,
+    /// A datastore, or `*` for all of them.
     datastore: String,
     role: Role,
+    /// `token` or `user`.
+    kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     host: Option<String>,
     csrf: String,
@@ -1050,11 +1087,60 @@ struct SessionReply {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SignInBody {
-    token: String,
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    password: Option<String>,
 }
 
-/// `POST /v1/session` `{"token"}`: signs in; the answer sets the session cookie.
+/// A user's password against the user file: who, or why not.
+async fn user_sign_in(app: &Arc<App>, name: String, password: String) -> ApiResult<TokenEntry> {
+    // Each try costs ~19 MiB and tens of milliseconds: a few at a time.
+    let _permit = app.hashing.acquire().await.map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "transient",
+            "shutting down",
+        )
+    })?;
+    let a = app.clone();
+    let n = name.clone();
+    let outcome = blocking(move || {
+        a.users
+            .sign_in(&n, &password)
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server", e.to_string()))
+    })
+    .await?;
+    match outcome {
+        crate::users::SignInOutcome::Ok(u) => {
+            crate::log_line(&format!("console: user {name:?} signed in"));
+            Ok(u.principal())
+        }
+        crate::users::SignInOutcome::Refused => {
+            crate::log_line(&format!("console: user {name:?}: sign-in refused"));
+            Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "unknown user or wrong password",
+            ))
+        }
+        crate::users::SignInOutcome::Wait(w) => Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_attempts",
+            format!(
+                "too many wrong passwords for {name:?}: try again in {} s",
+                w.as_secs() + 1
+            ),
+        )),
+    }
+}
+
+/// `POST /v1/session` `{"token"}` or `{"user", "password"}`: signs in; the answer
+/// sets the session cookie.
 pub async fn session_post(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -1071,9 +1157,23 @@ pub async fn session_post(
     }
     let b: SignInBody =
         serde_json::from_slice(&body).map_err(|e| ApiError::bad(format!("sign-in: {e}")))?;
-    let presented = b.token.trim().to_string();
-    let t = token_entry(&app, &presented)?;
-    let (id, csrf) = app.signins.create(presented).ok_or_else(|| {
+    let (t, who) = match (b.token, b.user, b.password) {
+        (Some(token), None, None) => {
+            let presented = token.trim().to_string();
+            let t = token_entry(&app, &presented)?;
+            (t, crate::signin::Identity::Token(presented))
+        }
+        (None, Some(user), Some(password)) => {
+            let t = user_sign_in(&app, user.clone(), password).await?;
+            (t, crate::signin::Identity::User(user))
+        }
+        _ => {
+            return Err(ApiError::bad(
+                "sign in with {\"token\"} or with {\"user\", \"password\"}",
+            ));
+        }
+    };
+    let (id, csrf) = app.signins.create(who).ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "transient",
@@ -1098,6 +1198,7 @@ fn session_reply(app: &App, t: TokenEntry, csrf: String) -> SessionReply {
         name: t.name,
         datastore: t.datastore,
         role: t.role,
+        kind: if t.user { "user" } else { "token" },
         host: t.host,
         csrf,
         idle_secs: app.signins.idle().as_secs(),

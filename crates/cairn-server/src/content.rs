@@ -247,6 +247,38 @@ pub fn start(app: &Arc<App>) {
     });
 }
 
+/// Runs a content read off the async threads. When the storage failed (down,
+/// unreachable), the cached read session and listing are dropped, so the next
+/// request, the datastore table and the fleet see the storage as it is now
+/// instead of answering from memory as if nothing happened.
+async fn read<T: Send + 'static>(
+    store: &Arc<Datastore>,
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match blocking(f).await {
+        Err(e) if e.kind == "transient" => {
+            *store.census.lock().await = None;
+            let s = store.clone();
+            // Ending it removes its lock: a storage call, so not on this thread.
+            tokio::task::spawn_blocking(move || s.content.end_session());
+            Err(storage_down(store, e))
+        }
+        r => r,
+    }
+}
+
+/// A storage failure, saying whose storage it is.
+fn storage_down(store: &Datastore, e: ApiError) -> ApiError {
+    ApiError::new(
+        e.status,
+        e.kind,
+        format!(
+            "the storage of datastore {} cannot be reached now: {}",
+            store.name, e.message
+        ),
+    )
+}
+
 fn locked() -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
@@ -422,7 +454,8 @@ pub async fn stats(
             "the whole datastore's figures are for admin and unbound restore tokens",
         ));
     }
-    let st = blocking(move || store.content.stats()).await?;
+    let s = store.clone();
+    let st = read(&store, move || s.content.stats()).await?;
     Ok(axum::Json(&*st).into_response())
 }
 
@@ -476,44 +509,144 @@ pub async fn snapshots(
 ) -> Result<Response, ApiError> {
     let (t, store) = reader(&app, &headers, &ds)?;
     let stale_hours = app.config.stale_after_hours;
-    let answer = blocking(move || {
-        let (_, session) = store.content.session()?;
-        let (list, errors) = session.snapshots().map_err(engine_error)?;
-        let mut rows = Vec::new();
-        for (id, s) in list {
-            let hex = id.to_hex();
-            if !may_see(&store, &t, &hex)? {
-                continue;
-            }
-            let sum = &s.summary;
-            rows.push(SnapshotRow {
-                id: hex,
-                time: s.time.clone(),
-                hostname: s.hostname.clone(),
-                username: s.username.clone(),
-                paths: s.paths.clone(),
-                tags: s.tags.clone(),
-                size: sum.total_bytes,
-                files: sum.files_new + sum.files_changed + sum.files_unchanged,
-                data_added: sum.data_added,
-                data_added_packed: sum.data_added_packed,
-                duration_secs: sum.duration_secs,
-                image: s.image.clone(),
-            });
-        }
-        let hosts = host_rows(&rows, cairn_core::time::now_unix(), stale_hours);
-        // Which objects failed is not secret, but a host-bound token learns nothing
-        // of other hosts: it gets the count only.
-        let errors = if t.role == Role::Admin || t.host.is_none() {
-            errors.iter().map(|e| e.to_string()).collect()
-        } else {
-            Vec::new()
-        };
+    let s = store.clone();
+    let answer = read(&store, move || {
+        let (rows, errors) = snapshot_rows(&s, &t)?;
         Ok::<_, ApiError>(SnapshotsAnswer {
             stale_after_hours: stale_hours,
-            hosts,
+            hosts: host_rows(&rows, cairn_core::time::now_unix(), stale_hours),
             snapshots: rows,
             errors,
+        })
+    })
+    .await?;
+    Ok(axum::Json(answer).into_response())
+}
+
+/// The snapshots of `store` that `t` may see, oldest first, and the snapshot
+/// objects that could not be read (blocking).
+fn snapshot_rows(
+    store: &Datastore,
+    t: &TokenEntry,
+) -> Result<(Vec<SnapshotRow>, Vec<String>), ApiError> {
+    let (_, session) = store.content.session()?;
+    let (list, errors) = session.snapshots().map_err(engine_error)?;
+    let mut rows = Vec::new();
+    for (id, s) in list {
+        let hex = id.to_hex();
+        if !may_see(store, t, &hex)? {
+            continue;
+        }
+        let sum = &s.summary;
+        rows.push(SnapshotRow {
+            id: hex,
+            time: s.time.clone(),
+            hostname: s.hostname.clone(),
+            username: s.username.clone(),
+            paths: s.paths.clone(),
+            tags: s.tags.clone(),
+            size: sum.total_bytes,
+            files: sum.files_new + sum.files_changed + sum.files_unchanged,
+            data_added: sum.data_added,
+            data_added_packed: sum.data_added_packed,
+            duration_secs: sum.duration_secs,
+            image: s.image.clone(),
+        });
+    }
+    // Which objects failed is not secret, but a host-bound token learns nothing
+    // of other hosts: it gets none.
+    let errors = if t.role == Role::Admin || t.host.is_none() {
+        errors.iter().map(|e| e.to_string()).collect()
+    } else {
+        Vec::new()
+    };
+    Ok((rows, errors))
+}
+
+#[derive(Serialize)]
+pub struct FleetHost {
+    pub datastore: String,
+    #[serde(flatten)]
+    pub row: HostRow,
+}
+
+#[derive(Serialize)]
+pub struct FleetSkipped {
+    pub datastore: String,
+    pub reason: String,
+}
+
+#[derive(Serialize)]
+pub struct FleetAnswer {
+    pub stale_after_hours: u64,
+    /// Every host of every datastore the caller opens, stale ones first, then by name.
+    pub hosts: Vec<FleetHost>,
+    /// Datastores whose hosts are not known: locked, unreachable, or unreadable.
+    pub not_shown: Vec<FleetSkipped>,
+}
+
+/// `GET /v1/fleet`: the hosts of every datastore the caller opens, with their last
+/// backup — which machines backed up last night, and which did not.
+pub async fn fleet(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let t = authenticate(&app, &headers)?;
+    if t.role == Role::Backup && t.host.is_none() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "a backup token without a host sees no snapshots",
+        ));
+    }
+    let stale_hours = app.config.stale_after_hours;
+    let stores: Vec<Arc<Datastore>> = app
+        .datastores
+        .values()
+        .filter(|d| t.opens(&d.name))
+        .cloned()
+        .collect();
+    let answer = blocking(move || {
+        let now = cairn_core::time::now_unix();
+        let mut hosts = Vec::new();
+        let mut not_shown = Vec::new();
+        for store in stores {
+            if store.content.unlocked().is_none() {
+                not_shown.push(FleetSkipped {
+                    datastore: store.name.clone(),
+                    reason: "locked: its snapshots need the datastore's key".into(),
+                });
+                continue;
+            }
+            match snapshot_rows(&store, &t) {
+                Ok((rows, _)) => {
+                    for row in host_rows(&rows, now, stale_hours) {
+                        hosts.push(FleetHost {
+                            datastore: store.name.clone(),
+                            row,
+                        });
+                    }
+                }
+                Err(mut e) => {
+                    if e.kind == "transient" {
+                        store.content.end_session();
+                        e = storage_down(&store, e);
+                    }
+                    not_shown.push(FleetSkipped {
+                        datastore: store.name.clone(),
+                        reason: e.message,
+                    })
+                }
+            }
+        }
+        hosts.sort_by(|a, b| {
+            (!a.row.stale, &a.row.host, &a.datastore).cmp(&(
+                !b.row.stale,
+                &b.row.host,
+                &b.datastore,
+            ))
+        });
+        Ok::<_, ApiError>(FleetAnswer {
+            stale_after_hours: stale_hours,
+            hosts,
+            not_shown,
         })
     })
     .await?;
@@ -623,8 +756,9 @@ pub async fn entries(
 ) -> Result<Response, ApiError> {
     let (t, store) = reader(&app, &headers, &ds)?;
     let limit = q.limit.unwrap_or(PAGE).clamp(1, PAGE_MAX);
-    let answer = blocking(move || {
-        let (session, root) = snapshot_for(&store, &t, &id)?;
+    let s = store.clone();
+    let answer = read(&store, move || {
+        let (session, root) = snapshot_for(&s, &t, &id)?;
         let repo = session.repo();
         let tree_id = match cairn_core::ls::find_node(repo, &root, &q.path).map_err(engine_error)? {
             None => root,
@@ -702,8 +836,9 @@ pub async fn search(
         ));
     }
     let limit = q.limit.unwrap_or(SEARCH).clamp(1, SEARCH_MAX);
-    let found = blocking(move || {
-        let (session, root) = snapshot_for(&store, &t, &id)?;
+    let s = store.clone();
+    let found = read(&store, move || {
+        let (session, root) = snapshot_for(&s, &t, &id)?;
         // An unreadable directory is left out of the search (check reports it).
         cairn_core::ls::search(&session, &root, &q.path, q.q.trim(), limit, &mut |_, _| {})
             .map_err(engine_error)
@@ -833,7 +968,7 @@ pub async fn download(
     // Checked before the answer starts: what is asked for exists and is allowed.
     let (token, path, sid) = (t.clone(), q.path.clone(), id.clone());
     let s = store.clone();
-    let (session, root, node) = blocking(move || {
+    let (session, root, node) = read(&store, move || {
         let (session, root) = snapshot_for(&s, &token, &sid)?;
         let node = cairn_core::ls::find_node(session.repo(), &root, &path).map_err(engine_error)?;
         Ok::<_, ApiError>((session, root, node))

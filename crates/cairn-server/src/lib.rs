@@ -27,8 +27,10 @@ pub mod policy;
 pub mod scrub;
 pub mod signin;
 pub mod slots;
+pub mod statefile;
 pub mod tls;
 pub mod tokens;
+pub mod users;
 
 use axum::Router;
 use axum::routing::get;
@@ -47,6 +49,8 @@ pub enum ServerError {
     Tls(#[from] tls::TlsError),
     #[error(transparent)]
     Tokens(#[from] tokens::TokenError),
+    #[error(transparent)]
+    Users(#[from] users::UserError),
     #[error("datastore {name}: {message}")]
     Datastore { name: String, message: String },
     #[error("cannot listen on {addr}: {message}")]
@@ -103,6 +107,10 @@ pub struct App {
     pub bodies: body::BodyPool,
     /// The console's sign-ins.
     pub signins: signin::SignIns,
+    /// Console users (name and password).
+    pub users: users::UserStore,
+    /// Password checks running at once ([`users::HASHING_AT_ONCE`]).
+    pub hashing: tokio::sync::Semaphore,
 }
 
 /// The bandwidth limits in force: the server's, and each token's (made when the
@@ -267,6 +275,8 @@ impl App {
         }
         let tokens = tokens::TokenStore::new(&config.state_dir);
         tokens.list()?;
+        let users = users::UserStore::new(&config.state_dir);
+        users.list()?;
         let pacers = Pacers {
             upload: config.limits.upload.map(pace::Pacer::new),
             download: config.limits.download.map(pace::Pacer::new),
@@ -290,6 +300,8 @@ impl App {
             jobs,
             bodies: body::BodyPool::default(),
             signins,
+            users,
+            hashing: tokio::sync::Semaphore::new(users::HASHING_AT_ONCE),
         })
     }
 
@@ -316,6 +328,7 @@ impl App {
             r_search,
             r_download,
             r_start_job,
+            r_fleet,
         ] = ROUTES;
         Router::new()
             .route(r_health, get(|| async { "ok\n" }))
@@ -351,6 +364,7 @@ impl App {
             .route(r_search, get(content::search))
             .route(r_download, get(content::download))
             .route(r_start_job, axum::routing::post(api::start_job))
+            .route(r_fleet, get(content::fleet))
             .route("/", get(console::index))
             .route("/console/app.js", get(console::app_js))
             .route("/console/style.css", get(console::style))
@@ -364,7 +378,7 @@ impl App {
 }
 
 /// Every route the server answers; docs/openapi.yaml describes each (a test checks).
-pub const ROUTES: [&str; 20] = [
+pub const ROUTES: [&str; 21] = [
     "/healthz",
     "/metrics",
     "/v1/whoami",
@@ -385,6 +399,7 @@ pub const ROUTES: [&str; 20] = [
     "/v1/datastores/{ds}/snapshots/{id}/search",
     "/v1/datastores/{ds}/snapshots/{id}/download",
     "/v1/datastores/{ds}/jobs",
+    "/v1/fleet",
 ];
 
 /// Where the self-signed certificate lives.

@@ -150,15 +150,15 @@ async fn summary(ds: &Arc<Datastore>, role: Role, host_bound: bool) -> Summary {
     s
 }
 
-/// `GET /v1/datastores`: the datastores this token opens (one: its own).
+/// `GET /v1/datastores`: the datastores this token or user opens (its own, or all).
 pub async fn datastores(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let t = authenticate(&app, &headers)?;
     let mut out = Vec::new();
-    if let Some(ds) = app.datastores.get(&t.datastore) {
-        let host_bound = t.host.is_some() && t.role != Role::Admin;
+    let host_bound = t.host.is_some() && t.role != Role::Admin;
+    for ds in app.datastores.values().filter(|d| t.opens(&d.name)) {
         out.push(summary(ds, t.role, host_bound).await);
     }
     Ok(axum::Json(out).into_response())

@@ -1,16 +1,18 @@
-//! Sign-in sessions for the web console: a browser signs in once with a token and
-//! then carries a cookie instead of the token.
+//! Sign-in sessions for the web console: a browser signs in once with a token or a
+//! user name and password ([`crate::users`]) and then carries a cookie instead.
 //!
 //! The session lives in the server's memory only (a restart signs everyone out) and
-//! holds the token the user presented, so every request is still decided by the
-//! token: a token removed with `cairn serve token remove` ends its sessions at
-//! once. The cookie is `HttpOnly` (scripts cannot read it), `SameSite=Strict` and,
+//! holds the token the user presented, or the user's name, so every request is
+//! still decided by the token or the user's entry as they are now: a token removed
+//! with `cairn serve token remove` (a user with `cairn serve user remove`) ends its
+//! sessions at once. The cookie is `HttpOnly` (scripts cannot read it), `SameSite=Strict` and,
 //! over TLS, `Secure`. A request authenticated by the cookie that changes anything
 //! (any method but GET and HEAD) must also carry the session's CSRF token in
 //! `X-CSRF-Token`, which only the signed-in page learned (from the sign-in answer);
 //! a request with `Authorization: Bearer` never uses the cookie. The layer
-//! [`cookie_auth`] turns a valid session into that header, so the API has one way
-//! to decide, and the console no back door.
+//! [`cookie_auth`] turns a valid session into that header (`Bearer <token>`, or
+//! `Session <id>` for a user, which [`crate::api::authenticate`] resolves), so the
+//! API has one way to decide, and the console no back door.
 
 use crate::App;
 use crate::api::ApiError;
@@ -29,9 +31,17 @@ pub const CSRF_HEADER: &str = "x-csrf-token";
 /// At most this many live sessions (each needs a valid token to make).
 const MAX_SESSIONS: usize = 10_000;
 
-struct SignIn {
+/// Who signed in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Identity {
     /// The token presented at sign-in, used for every request of the session.
-    token: String,
+    Token(String),
+    /// A console user, by name.
+    User(String),
+}
+
+struct SignIn {
+    who: Identity,
     csrf: String,
     created: Instant,
     seen: Instant,
@@ -71,8 +81,8 @@ impl SignIns {
         s.seen.elapsed() < self.idle && s.created.elapsed() < self.max_age
     }
 
-    /// A new session for `token` (already authenticated): its id and CSRF token.
-    pub fn create(&self, token: String) -> Option<(String, String)> {
+    /// A new session for `who` (already authenticated): its id and CSRF token.
+    pub fn create(&self, who: Identity) -> Option<(String, String)> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= MAX_SESSIONS {
             map.retain(|_, s| self.live(s));
@@ -85,7 +95,7 @@ impl SignIns {
         map.insert(
             id.clone(),
             SignIn {
-                token,
+                who,
                 csrf: csrf.clone(),
                 created: now,
                 seen: now,
@@ -94,8 +104,8 @@ impl SignIns {
         Some((id, csrf))
     }
 
-    /// The live session `id`: its token and CSRF token (and it counts as used).
-    pub fn get(&self, id: &str) -> Option<(String, String)> {
+    /// The live session `id`: who and its CSRF token (and it counts as used).
+    pub fn get(&self, id: &str) -> Option<(Identity, String)> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let live = map.get(id).is_some_and(|s| self.live(s));
         if !live {
@@ -104,7 +114,7 @@ impl SignIns {
         }
         let s = map.get_mut(id)?;
         s.seen = Instant::now();
-        Some((s.token.clone(), s.csrf.clone()))
+        Some((s.who.clone(), s.csrf.clone()))
     }
 
     pub fn remove(&self, id: &str) {
@@ -143,7 +153,7 @@ pub async fn cookie_auth(State(app): State<Arc<App>>, mut req: Request, next: Ne
         // A new sign-in replaces whatever session the browser had.
         return next.run(req).await;
     }
-    let Some((token, csrf)) = app.signins.get(&id) else {
+    let Some((who, csrf)) = app.signins.get(&id) else {
         // The page itself (and /metrics, /healthz) loads whatever the cookie: a
         // browser back after a restart must get the sign-in form, not an error.
         if signing_in || !req.uri().path().starts_with("/v1/") {
@@ -172,7 +182,11 @@ pub async fn cookie_auth(State(app): State<Arc<App>>, mut req: Request, next: Ne
             .into_response();
         }
     }
-    match format!("Bearer {token}").parse() {
+    let value = match who {
+        Identity::Token(token) => format!("Bearer {token}"),
+        Identity::User(_) => format!("Session {id}"),
+    };
+    match value.parse() {
         Ok(v) => {
             req.headers_mut().insert(header::AUTHORIZATION, v);
         }
@@ -191,16 +205,19 @@ mod tests {
     #[test]
     fn sessions_end_when_idle_or_removed() {
         let s = SignIns::new(Duration::from_millis(200), Duration::from_secs(60));
-        let (id, csrf) = s.create("cairn_x_y".into()).unwrap();
-        assert_eq!(s.get(&id), Some(("cairn_x_y".into(), csrf.clone())));
+        let (id, csrf) = s.create(Identity::Token("cairn_x_y".into())).unwrap();
+        assert_eq!(
+            s.get(&id),
+            Some((Identity::Token("cairn_x_y".into()), csrf.clone()))
+        );
         assert_eq!(s.get("nope"), None);
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(s.get(&id), None, "idle too long");
-        let (id, _) = s.create("t".into()).unwrap();
+        let (id, _) = s.create(Identity::User("ann".into())).unwrap();
         s.remove(&id);
         assert_eq!(s.get(&id), None);
         let old = SignIns::new(Duration::from_secs(60), Duration::from_millis(100));
-        let (id, _) = old.create("t".into()).unwrap();
+        let (id, _) = old.create(Identity::User("ann".into())).unwrap();
         std::thread::sleep(Duration::from_millis(150));
         assert_eq!(old.get(&id), None, "older than the maximum age");
     }

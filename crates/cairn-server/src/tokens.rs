@@ -7,19 +7,14 @@
 //! effect in a running server without a restart.
 
 use crate::policy::Role;
+use crate::statefile::{StateError, StateFile};
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("cannot read the token file {path}: {message}")]
-    Read { path: PathBuf, message: String },
-    #[error("cannot write the token file {path}: {message}")]
-    Write { path: PathBuf, message: String },
-    #[error("the token file {path} is damaged: {message}")]
-    Damaged { path: PathBuf, message: String },
+    #[error("the token file: {0}")]
+    File(#[from] StateError),
     #[error("{0}")]
     Invalid(String),
 }
@@ -31,7 +26,7 @@ pub struct TokenEntry {
     pub id: String,
     /// A name for people ("web01-backup").
     pub name: String,
-    /// The datastore it opens.
+    /// The datastore it opens, or [`ALL_DATASTORES`].
     pub datastore: String,
     pub role: Role,
     /// When set, the host the token backs up or restores: it sees only snapshots
@@ -41,6 +36,36 @@ pub struct TokenEntry {
     /// BLAKE3 of the secret, hex.
     pub hash: String,
     pub created: String,
+    /// A console user signed in with a password ([`crate::users`]), not a token.
+    #[serde(skip)]
+    pub user: bool,
+}
+
+/// The datastore of a grant that opens every datastore of the server (admin and
+/// restore only: a backup client writes into one datastore).
+pub const ALL_DATASTORES: &str = "*";
+
+impl TokenEntry {
+    /// Whether this grant opens datastore `name`.
+    pub fn opens(&self, name: &str) -> bool {
+        self.datastore == name || self.datastore == ALL_DATASTORES
+    }
+}
+
+/// Checks a grant's datastore: a datastore name, or `*` for a role that may span them.
+pub fn valid_grant(datastore: &str, role: Role) -> Result<(), String> {
+    if datastore == ALL_DATASTORES {
+        if role == Role::Backup {
+            return Err("a backup grant names one datastore (`*` is for admin and restore)".into());
+        }
+        return Ok(());
+    }
+    if !crate::config::valid_datastore_name(datastore) {
+        return Err(format!(
+            "{datastore:?} is not a datastore name (or `*` for all of them)"
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -49,82 +74,29 @@ struct TokenFile {
     tokens: Vec<TokenEntry>,
 }
 
-/// The token file, re-read when its modification time or size changes.
-pub struct TokenStore {
-    path: PathBuf,
-    /// The entries as last read, with the file's time and size then (shared, not
-    /// copied, by every request).
-    cache: Mutex<Option<Cached>>,
-}
-
-/// Modification time, size, entries.
-type Cached = (SystemTime, u64, Arc<Vec<TokenEntry>>);
-
 fn random<const N: usize>() -> [u8; N] {
     cairn_format::envelope::random_bytes()
+}
+
+/// The token file, re-read when it changes.
+pub struct TokenStore {
+    file: StateFile<TokenFile>,
 }
 
 impl TokenStore {
     pub fn new(state_dir: &Path) -> TokenStore {
         TokenStore {
-            path: state_dir.join("tokens.json"),
-            cache: Mutex::new(None),
+            file: StateFile::new(state_dir.join("tokens.json")),
         }
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn read_file(&self) -> Result<Vec<TokenEntry>, TokenError> {
-        let data = match std::fs::read(&self.path) {
-            Ok(d) => d,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => {
-                return Err(TokenError::Read {
-                    path: self.path.clone(),
-                    message: e.to_string(),
-                });
-            }
-        };
-        let file: TokenFile = serde_json::from_slice(&data).map_err(|e| TokenError::Damaged {
-            path: self.path.clone(),
-            message: e.to_string(),
-        })?;
-        Ok(file.tokens)
+        self.file.path()
     }
 
     /// Every token, from the file as it is now.
     pub fn list(&self) -> Result<Vec<TokenEntry>, TokenError> {
-        self.read_file()
-    }
-
-    /// The entries, read again only if the file changed since the last call.
-    fn current(&self) -> Result<Arc<Vec<TokenEntry>>, TokenError> {
-        let meta = match std::fs::metadata(&self.path) {
-            Ok(m) => Some((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => {
-                return Err(TokenError::Read {
-                    path: self.path.clone(),
-                    message: e.to_string(),
-                });
-            }
-        };
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((mtime, len)) = meta else {
-            *cache = None;
-            return Ok(Arc::default());
-        };
-        if let Some((m, l, entries)) = cache.as_ref()
-            && *m == mtime
-            && *l == len
-        {
-            return Ok(entries.clone());
-        }
-        let entries = Arc::new(self.read_file()?);
-        *cache = Some((mtime, len, entries.clone()));
-        Ok(entries)
+        Ok(self.file.load()?.tokens)
     }
 
     /// The entry a presented token belongs to, if any.
@@ -133,7 +105,7 @@ impl TokenStore {
             return Ok(None);
         };
         let hash = blake3::hash(secret.as_bytes());
-        for e in self.current()?.iter() {
+        for e in self.file.current()?.tokens.iter() {
             if e.id == id {
                 let Ok(stored) = blake3::Hash::from_hex(&e.hash) else {
                     continue;
@@ -148,33 +120,7 @@ impl TokenStore {
     }
 
     fn write_file(&self, tokens: Vec<TokenEntry>) -> Result<(), TokenError> {
-        let werr = |e: std::io::Error| TokenError::Write {
-            path: self.path.clone(),
-            message: e.to_string(),
-        };
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(werr)?;
-        }
-        let body = serde_json::to_vec_pretty(&TokenFile { version: 1, tokens })
-            .map_err(|e| TokenError::Invalid(e.to_string()))?;
-        let tmp = self
-            .path
-            .with_extension(format!("tmp-{}", std::process::id()));
-        {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(werr)?;
-            f.write_all(&body).map_err(werr)?;
-            f.sync_all().map_err(werr)?;
-        }
-        std::fs::rename(&tmp, &self.path).map_err(werr)?;
-        Ok(())
+        Ok(self.file.save(&TokenFile { version: 1, tokens })?)
     }
 
     /// Adds a token and returns it with its secret (shown once, never stored).
@@ -190,7 +136,8 @@ impl TokenStore {
                 "a token name must be 1-200 printable characters".into(),
             ));
         }
-        let mut tokens = self.read_file()?;
+        valid_grant(datastore, role).map_err(TokenError::Invalid)?;
+        let mut tokens = self.list()?;
         if tokens.iter().any(|t| t.name == name) {
             return Err(TokenError::Invalid(format!(
                 "a token named {name:?} exists (remove it first)"
@@ -206,6 +153,7 @@ impl TokenStore {
             host: host.map(str::to_string),
             hash: blake3::hash(secret.as_bytes()).to_hex().to_string(),
             created: cairn_core::time::now_rfc3339(),
+            user: false,
         };
         tokens.push(entry.clone());
         self.write_file(tokens)?;
@@ -214,7 +162,7 @@ impl TokenStore {
 
     /// Removes the token with this name or id; returns it.
     pub fn remove(&self, name_or_id: &str) -> Result<TokenEntry, TokenError> {
-        let mut tokens = self.read_file()?;
+        let mut tokens = self.list()?;
         let Some(pos) = tokens
             .iter()
             .position(|t| t.name == name_or_id || t.id == name_or_id)

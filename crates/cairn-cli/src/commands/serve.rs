@@ -1,10 +1,11 @@
 //! `cairn serve` and `cairn serve token ...`: flags to the server crate's options.
 
-use crate::args::{Global, ScrubArgs, ServeArgs, ServeCommand, TokenCommand};
+use crate::args::{Global, ScrubArgs, ServeArgs, ServeCommand, TokenCommand, UserCommand};
 use anyhow::{Result, anyhow};
 use cairn_server::config::{Flags, ServerConfig, default_state_dir};
 use cairn_server::policy::Role;
 use cairn_server::tokens::TokenStore;
+use cairn_server::users::UserStore;
 
 fn state_dir(a: &ServeArgs) -> Result<std::path::PathBuf> {
     if let Some(d) = &a.state_dir {
@@ -23,6 +24,7 @@ fn state_dir(a: &ServeArgs) -> Result<std::path::PathBuf> {
 pub fn run(g: &Global, a: &ServeArgs) -> Result<i32> {
     match &a.command {
         Some(ServeCommand::Token(t)) => token(g, a, t),
+        Some(ServeCommand::User(u)) => user(g, a, u),
         Some(ServeCommand::Scrub(s)) => scrub(g, s),
         None => serve(a),
     }
@@ -75,9 +77,6 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
     match t {
         TokenCommand::Add(add) => {
             let role = Role::parse(&add.role).ok_or_else(|| anyhow!("unknown role"))?;
-            if !cairn_server::config::valid_datastore_name(&add.datastore) {
-                return Err(anyhow!("{:?} is not a datastore name", add.datastore));
-            }
             let (entry, secret) =
                 store.add(&add.name, &add.datastore, role, add.host.as_deref())?;
             if g.json {
@@ -94,10 +93,10 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
             } else {
                 println!("{secret}");
                 eprintln!(
-                    "token {:?} ({} on datastore {}) added; it is shown only now",
+                    "token {:?} ({} on {}) added; it is shown only now",
                     entry.name,
                     entry.role.as_str(),
-                    entry.datastore
+                    grant_text(&entry.datastore)
                 );
             }
         }
@@ -135,6 +134,99 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+fn user(g: &Global, a: &ServeArgs, u: &UserCommand) -> Result<i32> {
+    let store = UserStore::new(&state_dir(a)?);
+    match u {
+        UserCommand::Add(add) => {
+            let role = Role::parse(&add.role).ok_or_else(|| anyhow!("unknown role"))?;
+            let password = user_password(add.password_file.as_deref())?;
+            let entry = store.add(
+                &add.name,
+                &add.datastore,
+                role,
+                add.host.as_deref(),
+                &password,
+            )?;
+            if g.json {
+                super::print_json(&entry)?;
+            } else {
+                println!(
+                    "user {:?} added ({} on {})",
+                    entry.name,
+                    entry.role.as_str(),
+                    grant_text(&entry.datastore)
+                );
+            }
+        }
+        UserCommand::List => {
+            let users = store.list()?;
+            if g.json {
+                super::print_json(&users)?;
+            } else if users.is_empty() {
+                println!(
+                    "no users (add one: cairn serve user add NAME --datastore D|'*' --role R)"
+                );
+            } else {
+                println!(
+                    "{:<20}  {:<12}  {:<8}  {:<12}  created",
+                    "name", "datastore", "role", "host"
+                );
+                for u in users {
+                    println!(
+                        "{:<20}  {:<12}  {:<8}  {:<12}  {}",
+                        u.name,
+                        u.datastore,
+                        u.role.as_str(),
+                        u.host.as_deref().unwrap_or("-"),
+                        u.created.get(..19).unwrap_or(&u.created)
+                    );
+                }
+            }
+        }
+        UserCommand::Passwd {
+            name,
+            password_file,
+        } => {
+            if store.list()?.iter().all(|u| &u.name != name) {
+                return Err(anyhow!("no user named {name:?}"));
+            }
+            let password = user_password(password_file.as_deref())?;
+            store.passwd(name, &password)?;
+            println!("password of user {name:?} changed");
+        }
+        UserCommand::Remove { name } => {
+            let removed = store.remove(name)?;
+            if g.json {
+                super::print_json(&removed)?;
+            } else {
+                println!("removed user {:?}", removed.name);
+            }
+        }
+    }
+    Ok(0)
+}
+
+/// A console user's new password: `--password-file`, `CAIRN_NEW_PASSWORD(_FILE)`,
+/// or asked twice on a terminal.
+fn user_password(file: Option<&std::path::Path>) -> Result<String> {
+    crate::ui::Source {
+        flag: file,
+        env: "CAIRN_NEW_PASSWORD",
+        env_file: "CAIRN_NEW_PASSWORD_FILE",
+        what: "the user",
+        flags: "--password-file",
+    }
+    .new_password()
+}
+
+fn grant_text(datastore: &str) -> String {
+    if datastore == cairn_server::tokens::ALL_DATASTORES {
+        "every datastore".into()
+    } else {
+        format!("datastore {datastore}")
+    }
 }
 
 /// `cairn serve scrub`: runs on the server's machine against the datastore's

@@ -2508,3 +2508,383 @@ fn run_console_script(script: &str, vars: &[(&str, &str)]) -> serde_json::Value 
     assert_eq!(v["ok"], true, "{v:#}");
     v
 }
+
+/// Adds a console user with the CLI, the password from a file.
+fn add_user(srv: &Server, dir: &Path, name: &str, grant: &[&str], password: &str) {
+    let file = dir.join(format!("{name}.pw"));
+    std::fs::write(&file, format!("{password}\n")).unwrap();
+    let o = Command::new(bin())
+        .args(["serve", "user", "add", name])
+        .args(grant)
+        .arg("--password-file")
+        .arg(&file)
+        .arg("--state-dir")
+        .arg(&srv.state)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Two datastores unlocked by password files, with snapshots of hosts web01 and
+/// db01 in `main` and files01 in the second; the server on plain HTTP (`insecure`)
+/// or TLS.
+fn two_datastores(env: &Env, other: &Env, insecure: bool) -> Server {
+    env.init(&[]);
+    other.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 71);
+    let s = src.to_str().unwrap();
+    env.ok(&["backup", "--host", "web01", s]);
+    env.ok(&["backup", "--host", "db01", s]);
+    other.ok(&["backup", "--host", "files01", s]);
+    let pwfile = env.path("ds.password");
+    std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
+    let settings = env.path("serve.toml");
+    std::fs::write(
+        &settings,
+        format!(
+            "[datastore_passwords]\nmain = \"{0}\"\n{1} = \"{0}\"\n",
+            pwfile.display(),
+            "offsite"
+        ),
+    )
+    .unwrap();
+    let main = PathBuf::from(&env.location);
+    let offsite = PathBuf::from(&other.location);
+    let srv = Server::start_with(
+        0,
+        &env.path("state"),
+        &[("main", &main), ("offsite", &offsite)],
+        insecure,
+        &["--config", settings.to_str().unwrap()],
+    );
+    // Both unlock in the background at start.
+    let mut srv = srv;
+    let lines = srv.lines.as_mut().unwrap();
+    let unlocked: Vec<String> = (0..2)
+        .map(|_| lines.wait_for(": unlocked (", Duration::from_secs(60)))
+        .collect();
+    for ds in ["datastore main:", "datastore offsite:"] {
+        assert!(unlocked.iter().any(|l| l.contains(ds)), "{unlocked:?}");
+    }
+    srv
+}
+
+/// Console users: a password (never stored) signs a user in to a session decided
+/// by the same policy as a token. A user of every datastore (`*`) sees both
+/// datastores and the fleet; a restore user bound to a host sees that host only,
+/// in its one datastore; five wrong passwords make a name wait; removing a user ends
+/// the session at once.
+#[test]
+fn console_users_sign_in_with_a_password_and_see_what_their_grant_allows() {
+    let env = Env::new();
+    let other = Env::new();
+    let srv = two_datastores(&env, &other, true);
+    let p = srv.port;
+    let dir = env.path("pw");
+    std::fs::create_dir_all(&dir).unwrap();
+    add_user(
+        &srv,
+        &dir,
+        "ann",
+        &["--datastore", "*", "--role", "admin"],
+        "correct horse",
+    );
+    add_user(
+        &srv,
+        &dir,
+        "bob",
+        &[
+            "--datastore",
+            "main",
+            "--role",
+            "restore",
+            "--host",
+            "web01",
+        ],
+        "battery staple",
+    );
+    // bob's host gets a snapshot through the server, which records it as web01's
+    // (the direct backups carry a host name but no record).
+    let web01 = bound_token(&srv, "web01", "backup", "web01");
+    let src = env.path("src");
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &web01,
+            &["backup", "--host", "web01", src.to_str().unwrap()],
+        ),
+        "backup as web01",
+    );
+    let users = std::fs::read_to_string(srv.state.join("users.json")).unwrap();
+    assert!(!users.contains("correct horse") && users.contains("$argon2id$"));
+    // Bad grants and passwords are refused by the CLI.
+    for (args, why) in [
+        (
+            vec!["--datastore", "*", "--role", "backup"],
+            "`*` is for admin and restore",
+        ),
+        (
+            vec!["--datastore", "main", "--role", "admin"],
+            "8 characters",
+        ),
+    ] {
+        let file = dir.join("short.pw");
+        std::fs::write(&file, "short\n").unwrap();
+        let o = Command::new(bin())
+            .args(["serve", "user", "add", "carl"])
+            .args(&args)
+            .arg("--password-file")
+            .arg(if why == "8 characters" {
+                file.clone()
+            } else {
+                dir.join("ann.pw")
+            })
+            .arg("--state-dir")
+            .arg(&srv.state)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(why), "{err}");
+    }
+    let o = Command::new(bin())
+        .args([
+            "serve",
+            "token",
+            "add",
+            "t",
+            "--datastore",
+            "*",
+            "--role",
+            "backup",
+        ])
+        .arg("--state-dir")
+        .arg(&srv.state)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+
+    let json = ("Content-Type", "application/json");
+    let sign_in = |user: &str, password: &str| {
+        let body = serde_json::json!({"user": user, "password": password}).to_string();
+        let (code, head, body) = http_full(p, "POST", "/v1/session", &[json], body.as_bytes());
+        let cookie = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .starts_with("set-cookie: ")
+                    .then(|| l[12..].to_string())
+            })
+            .map(|c| c.split(';').next().unwrap().to_string());
+        (code, cookie, String::from_utf8(body).unwrap())
+    };
+    let get = |cookie: &str, path: &str| {
+        let (code, _, body) = http_full(p, "GET", path, &[("Cookie", cookie)], b"");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        (code, v)
+    };
+    // Wrong password and unknown name: the same answer.
+    let (code, _, wrong) = sign_in("ann", "wrong horse");
+    assert_eq!(code, 401, "{wrong}");
+    let (code, _, unknown) = sign_in("zed", "correct horse");
+    assert_eq!(code, 401);
+    assert_eq!(wrong, unknown);
+    assert!(wrong.contains("unknown user or wrong password"), "{wrong}");
+
+    // ann: every datastore, and the fleet across them.
+    let (code, cookie, body) = sign_in("ann", "correct horse");
+    assert_eq!(code, 200, "{body}");
+    let ann = cookie.unwrap();
+    let who: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (&who["name"], &who["kind"], &who["datastore"], &who["role"]),
+        (
+            &serde_json::json!("ann"),
+            &serde_json::json!("user"),
+            &serde_json::json!("*"),
+            &serde_json::json!("admin")
+        )
+    );
+    let (_, list) = get(&ann, "/v1/datastores");
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["main", "offsite"]);
+    let mut fleet = serde_json::Value::Null;
+    wait_until("both datastores to unlock", Duration::from_secs(60), || {
+        fleet = get(&ann, "/v1/fleet").1;
+        fleet["not_shown"].as_array().is_some_and(|n| n.is_empty())
+    });
+    let hosts: Vec<(String, String, bool)> = fleet["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["host"].as_str().unwrap().to_string(),
+                h["datastore"].as_str().unwrap().to_string(),
+                h["stale"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            ("db01".to_string(), "main".to_string(), false),
+            ("files01".into(), "offsite".into(), false),
+            ("web01".into(), "main".into(), false)
+        ]
+    );
+    assert_eq!(get(&ann, "/v1/datastores/offsite/stats").0, 200);
+
+    // bob: main only, web01 only.
+    let (code, cookie, body) = sign_in("bob", "battery staple");
+    assert_eq!(code, 200, "{body}");
+    let bob = cookie.unwrap();
+    let (_, fleet) = get(&bob, "/v1/fleet");
+    assert_eq!(fleet["hosts"].as_array().unwrap().len(), 1, "{fleet}");
+    assert_eq!(fleet["hosts"][0]["host"], "web01");
+    let (_, snaps) = get(&bob, "/v1/datastores/main/snapshots");
+    assert!(
+        snaps["snapshots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["hostname"] == "web01"),
+        "{snaps}"
+    );
+    // Host-bound: the records are those the server made; direct backups have none.
+    let (code, _) = get(&bob, "/v1/datastores/offsite/snapshots");
+    assert_eq!(code, 403, "another datastore");
+    let (code, _) = get(&bob, "/v1/datastores/main/stats");
+    assert_eq!(
+        code, 403,
+        "a host-bound user sees no whole-datastore figures"
+    );
+
+    // Five wrong passwords in a row: even the right one waits.
+    for _ in 0..5 {
+        assert_eq!(sign_in("bob", "nope nope").0, 401);
+    }
+    let (code, _, body) = sign_in("bob", "battery staple");
+    assert_eq!(code, 429, "{body}");
+    assert!(body.contains("too many wrong passwords"), "{body}");
+
+    // Removed: ann's session ends at once.
+    let o = Command::new(bin())
+        .args(["serve", "user", "remove", "ann", "--state-dir"])
+        .arg(&srv.state)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (code, v) = get(&ann, "/v1/whoami");
+    assert_eq!(code, 401, "{v}");
+    let log = srv.stop();
+    assert!(log.contains("user \"ann\" signed in"), "{log}");
+    assert!(!log.contains("correct horse"), "{log}");
+}
+
+/// The console in Chromium for a user of every datastore, one of them on S3
+/// behind a connection the test cuts: the fleet shows every host; a bogus
+/// snapshot id and the S3 storage going down while the page is open each get a
+/// clear message in the page, and the server goes on serving the other datastore.
+#[test]
+fn the_console_shows_the_fleet_and_survives_bad_ids_and_storage_going_down_in_chromium() {
+    let env = Env::new();
+    let mut other = Env::s3("console-outage");
+    // The S3 datastore goes through a forwarder that the page's script cuts.
+    let cut = env.path("cut-now");
+    let s3 = other.location.clone();
+    let (scheme_host, rest) = s3
+        .strip_prefix("s3:http://")
+        .and_then(|r| r.split_once('/'))
+        .expect("CAIRN_TEST_S3 is s3:http://HOST:PORT/...");
+    let outage = Outage::start(scheme_host, cut.clone());
+    other.location = format!("s3:http://127.0.0.1:{}/{rest}", outage.port);
+    let srv = two_datastores(&env, &other, false);
+    let dir = env.path("pw");
+    std::fs::create_dir_all(&dir).unwrap();
+    add_user(
+        &srv,
+        &dir,
+        "ann",
+        &["--datastore", "*", "--role", "admin"],
+        "correct horse",
+    );
+    let url = format!("https://127.0.0.1:{}/", srv.port);
+    let v = run_console_script(
+        "fleet.mjs",
+        &[
+            ("CONSOLE_URL", &url),
+            ("USER_NAME", "ann"),
+            ("USER_PASSWORD", "correct horse"),
+            ("S3_DS", "offsite"),
+            ("CUT_FILE", cut.to_str().unwrap()),
+        ],
+    );
+    assert!(
+        v["wrong_password_alert"]
+            .as_str()
+            .unwrap()
+            .contains("unknown user or wrong password"),
+        "{v:#}"
+    );
+    assert_eq!(v["password_field_cleared"], true);
+    assert_eq!(v["who"], "ann (admin, all datastores)");
+    let names: Vec<&str> = v["datastores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["main", "offsite"], "{v:#}");
+    let fleet: Vec<String> = v["fleet"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| format!("{} {} {}", r["name"], r["datastore"], r["status"]))
+        .collect();
+    assert_eq!(
+        fleet,
+        [
+            "\"db01\" \"main\" \"ok\"",
+            "\"files01\" \"offsite\" \"ok\"",
+            "\"web01\" \"main\" \"ok\""
+        ],
+        "{v:#}"
+    );
+    assert!(
+        v["bogus_snapshot_alert"]
+            .as_str()
+            .unwrap()
+            .contains("no snapshot"),
+        "{v:#}"
+    );
+    assert_eq!(v["after_bogus"], "main");
+    assert!(outage.is_down(), "the script cut the storage");
+    let down = v["s3_down_alert"].as_str().unwrap();
+    assert!(
+        down.starts_with("the storage of datastore offsite cannot be reached now: ")
+            && down.contains("is the server running"),
+        "a message naming the datastore and why: {v:#}"
+    );
+    assert!(
+        v["main_entries_after_outage"].as_u64().unwrap() > 0,
+        "{v:#}"
+    );
+    assert!(
+        v["fleet_note_after_outage"]
+            .as_str()
+            .unwrap()
+            .contains("Not shown: offsite (the storage of datastore offsite cannot be reached"),
+        "{v:#}"
+    );
+    let log = srv.stop();
+    assert!(!log.contains("panicked"), "{log}");
+}

@@ -715,3 +715,79 @@ pub fn flip_middle(path: &Path) {
     b[i] ^= 0x10;
     fs::write(path, b).unwrap();
 }
+
+/// A TCP forwarder to `target` that goes down on request, as a storage server
+/// does: once `trigger` exists (a file a script creates) or [`Outage::cut`] is
+/// called, every connection is closed and nothing listens on its port any more.
+pub struct Outage {
+    pub port: u16,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Outage {
+    pub fn start(target: &str, trigger: PathBuf) -> Outage {
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        use std::sync::atomic::Ordering;
+        use std::sync::{Arc, Mutex};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let target = target.to_string();
+        let d = down.clone();
+        let thread = std::thread::spawn(move || {
+            let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+            while !d.load(Ordering::Relaxed) && !trigger.exists() {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        client.set_nonblocking(false).unwrap();
+                        let Ok(server) = TcpStream::connect(&target) else {
+                            continue;
+                        };
+                        let mut list = open.lock().unwrap();
+                        for (mut from, mut to) in [
+                            (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                            (server.try_clone().unwrap(), client.try_clone().unwrap()),
+                        ] {
+                            std::thread::spawn(move || {
+                                let _ = std::io::copy(&mut from, &mut to);
+                                let _ = to.shutdown(Shutdown::Write);
+                            });
+                        }
+                        list.push(client);
+                        list.push(server);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+            d.store(true, Ordering::Relaxed);
+            for s in open.lock().unwrap().iter() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            // The listener is dropped here: connections are refused from now on.
+        });
+        Outage {
+            port,
+            down,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.down.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn cut(&mut self) {
+        self.down.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}

@@ -1,0 +1,123 @@
+//! A JSON file in the server's state directory (`tokens.json`, `users.json`,
+//! `schedules.json`) that the `cairn serve ...` commands change while a server
+//! runs: written whole to a new file (mode 0600, synced) and renamed over the old
+//! one, and read again by the server when its time or size changes, so a change
+//! takes effect without a restart and a reader never sees half a file.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot read {path}: {message}")]
+    Read { path: PathBuf, message: String },
+    #[error("cannot write {path}: {message}")]
+    Write { path: PathBuf, message: String },
+    #[error("{path} is damaged: {message}")]
+    Damaged { path: PathBuf, message: String },
+}
+
+/// Modification time, size, contents.
+type Cached<T> = (SystemTime, u64, Arc<T>);
+
+pub struct StateFile<T> {
+    path: PathBuf,
+    /// The contents as last read, with the file's time and size then (shared, not
+    /// copied, by every request).
+    cache: Mutex<Option<Cached<T>>>,
+}
+
+impl<T: DeserializeOwned + Serialize + Default> StateFile<T> {
+    pub fn new(path: PathBuf) -> StateFile<T> {
+        StateFile {
+            path,
+            cache: Mutex::new(None),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file as it is now (empty when there is none).
+    pub fn load(&self) -> Result<T, StateError> {
+        let data = match std::fs::read(&self.path) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(T::default()),
+            Err(e) => {
+                return Err(StateError::Read {
+                    path: self.path.clone(),
+                    message: e.to_string(),
+                });
+            }
+        };
+        serde_json::from_slice(&data).map_err(|e| StateError::Damaged {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The contents, read again only if the file changed since the last call.
+    pub fn current(&self) -> Result<Arc<T>, StateError> {
+        let meta = match std::fs::metadata(&self.path) {
+            Ok(m) => Some((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(StateError::Read {
+                    path: self.path.clone(),
+                    message: e.to_string(),
+                });
+            }
+        };
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((mtime, len)) = meta else {
+            *cache = None;
+            return Ok(Arc::default());
+        };
+        if let Some((m, l, value)) = cache.as_ref()
+            && *m == mtime
+            && *l == len
+        {
+            return Ok(value.clone());
+        }
+        let value = Arc::new(self.load()?);
+        *cache = Some((mtime, len, value.clone()));
+        Ok(value)
+    }
+
+    /// Replaces the file: a new file, synced, renamed over the old one.
+    pub fn save(&self, value: &T) -> Result<(), StateError> {
+        let werr = |e: std::io::Error| StateError::Write {
+            path: self.path.clone(),
+            message: e.to_string(),
+        };
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(werr)?;
+        }
+        let body = serde_json::to_vec_pretty(value).map_err(|e| StateError::Write {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })?;
+        let tmp = self
+            .path
+            .with_extension(format!("tmp-{}", std::process::id()));
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(werr)?;
+            f.write_all(&body).map_err(werr)?;
+            f.sync_all().map_err(werr)?;
+        }
+        std::fs::rename(&tmp, &self.path).map_err(werr)?;
+        Ok(())
+    }
+}

@@ -237,7 +237,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// The job is over: frees the slot (best effort; a server frees the slot of a
     /// client it stops hearing from anyway).
     fn release_job_slot(&self) {}
+    /// How far the job holding the slot is, for the server's view of running jobs:
+    /// called at each heartbeat while the slot is held. Other storage ignores it.
+    fn report_job_progress(&self, report: JobReport) {
+        let _ = report;
+    }
 }
+
+/// Builds the progress a client reports with its heartbeat: numbers only (phase,
+/// bytes, files, rate, ETA), never paths, which the server must not learn.
+pub type JobReport = std::sync::Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// The answer to [`Backend::job_slot`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -212,6 +212,9 @@ impl Backend for RetryBackend {
     fn job_slot(&self, operation: &str, host: &str) -> Result<crate::JobSlot> {
         self.run(|_| self.inner.job_slot(operation, host))
     }
+    fn report_job_progress(&self, report: crate::JobReport) {
+        self.inner.report_job_progress(report)
+    }
     fn release_job_slot(&self) {
         self.inner.release_job_slot()
     }

@@ -88,8 +88,13 @@ pub struct ServerBackend {
     heartbeat: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
     /// This client asked for a job slot: the server holds it, or a place in line.
     asked_for_slot: std::sync::atomic::AtomicBool,
+    /// The job's progress, sent with each heartbeat.
+    report: Arc<std::sync::Mutex<Option<crate::JobReport>>>,
     uploads: Arc<crate::bufpool::BufferPool>,
 }
+
+/// Seconds between heartbeats at most, each with the job's progress.
+const REPORT_EVERY_SECS: u64 = 5;
 
 /// Request bodies (a copy of each pack) are kept for reuse ([`crate::bufpool`]): at
 /// most one per upload in flight, none over 64 MiB.
@@ -268,6 +273,7 @@ impl ServerBackend {
             },
             heartbeat: std::sync::Mutex::new(None),
             asked_for_slot: Default::default(),
+            report: Default::default(),
             uploads: crate::bufpool::BufferPool::new(UPLOAD_KEEP_MAX, UPLOAD_KEEP_COUNT),
         })
     }
@@ -645,24 +651,42 @@ impl Backend for ServerBackend {
         }
         let mut hb = self.heartbeat.lock().unwrap_or_else(|e| e.into_inner());
         if hb.is_none() {
-            // Asking again is the heartbeat; a failed one is retried at the next
-            // beat, and a slot lost meanwhile is asked for again at the next write.
-            let every = std::time::Duration::from_secs(r.heartbeat_secs.clamp(1, 3600));
-            let again = ask(0)
-                .bearer_auth(&self.token)
-                .header("x-cairn-session", &self.session);
+            // Asking again is the heartbeat, carrying the job's progress; a failed
+            // one is retried at the next beat, and a slot lost meanwhile is asked
+            // for again at the next write. Often enough for a live view.
+            let every = std::time::Duration::from_secs(
+                r.heartbeat_secs.clamp(1, 3600).min(REPORT_EVERY_SECS),
+            );
+            let (client, url) = (self.client.clone(), format!("{}?wait=0", self.slots_url()));
+            let (token, session) = (self.token.clone(), self.session.clone());
+            let (operation, host) = (operation.to_string(), host.to_string());
+            let report = self.report.clone();
             *hb = self.io.spawn(async move {
                 loop {
                     tokio::time::sleep(every).await;
-                    if let Some(req) = again.try_clone() {
-                        let _ = req.send().await;
+                    let mut body = serde_json::json!({"operation": operation, "host": host});
+                    let r = report.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    if let Some(r) = r {
+                        body["progress"] = r();
                     }
+                    let _ = client
+                        .post(&url)
+                        .bearer_auth(&token)
+                        .header("x-cairn-session", &session)
+                        .header(reqwest::header::CONTENT_TYPE, "application/json")
+                        .body(body.to_string())
+                        .send()
+                        .await;
                 }
             });
         }
         Ok(JobSlot::Granted)
     }
+    fn report_job_progress(&self, report: crate::JobReport) {
+        *self.report.lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
+    }
     fn release_job_slot(&self) {
+        self.report.lock().unwrap_or_else(|e| e.into_inner()).take();
         let held = self
             .heartbeat
             .lock()

@@ -134,7 +134,12 @@ impl ServerSlot {
         loop {
             progress.check_cancelled()?;
             match slot.backend.job_slot(operation, &host)? {
-                cairn_backend::JobSlot::Granted => return Ok(slot),
+                cairn_backend::JobSlot::Granted => {
+                    let p = progress.clone();
+                    slot.backend
+                        .report_job_progress(std::sync::Arc::new(move || job_report(&p)));
+                    return Ok(slot);
+                }
                 cairn_backend::JobSlot::Queued {
                     max,
                     running,
@@ -159,6 +164,22 @@ impl ServerSlot {
             }
         }
     }
+}
+
+/// What a client tells the server of its job: the numbers of its progress, never
+/// the path it is at (the server must not learn names).
+fn job_report(p: &Progress) -> serde_json::Value {
+    let s = p.status();
+    serde_json::json!({
+        "phase": s.phase,
+        "elapsed_secs": s.elapsed_secs,
+        "bytes_done": s.bytes_done,
+        "bytes_total": s.bytes_total,
+        "files_done": s.files_done,
+        "files_total": s.files_total,
+        "bytes_per_sec": s.bytes_per_sec,
+        "eta_secs": s.eta_secs,
+    })
 }
 
 impl Drop for ServerSlot {

@@ -116,6 +116,8 @@ let who = null;
 // The datastore the page shows: the grant's own, or the one picked from the
 // table when the grant opens every datastore (`*`).
 let current = null;
+// Every datastore the grant opens (from the table).
+let datastoreNames = [];
 
 function dsPath(name) {
   return "/v1/datastores/" + encodeURIComponent(name);
@@ -136,6 +138,7 @@ function hashFor(snap, path) {
 
 async function loadDatastores() {
   const list = await api("GET", "/v1/datastores");
+  datastoreNames = list.map((d) => d.name);
   if (!list.some((d) => d.name === current)) {
     current = list.length ? list[0].name : who.datastore;
   }
@@ -376,6 +379,7 @@ async function loadJobs() {
   }
   show("jobs", true);
   $("jobs-ds").textContent = current;
+  $("schedule-ds").textContent = current;
   let list;
   try {
     list = await api("GET", "/v1/jobs");
@@ -391,22 +395,132 @@ async function loadJobs() {
     tr.dataset.job = j.name;
     cell(tr, j.datastore, null, "datastore");
     cell(tr, j.kind + (j.read_data ? " (read " + j.read_data + ")" : ""));
-    cell(tr, j.adhoc ? "once" : "every " + j.every);
+    cell(tr, j.adhoc ? "once" : "every " + j.every + (j.source === "console" ? " (console)" : ""), null, "schedule");
     cell(tr, j.running ? progressText(j.progress) : "", null, "progress");
     const last = j.runs[0];
     cell(tr, last ? when(last.ended) + " (" + duration(last.secs) + ")" : "never", null, "last");
     const o = cell(tr, last ? last.outcome : "", last ? "outcome-" + last.outcome : null, "outcome");
     o.setAttribute("aria-live", "polite");
     cell(tr, last ? last.summary : "", "note", "summary");
+    const actions = cell(tr, "", null, "actions");
+    if (!j.adhoc) {
+      actions.appendChild(button("Run now", () => runNow(j.name), "Run " + j.name + " now"));
+    }
+    if (j.source === "console") {
+      actions.appendChild(button("Edit", () => editSchedule(j), "Edit schedule " + j.name));
+      actions.appendChild(button("Remove", () => removeSchedule(j.name), "Remove schedule " + j.name));
+    }
     running = running || j.running;
     body.appendChild(tr);
   }
+  running = (await loadClientJobs()) || running;
   clearTimeout(jobTimer);
   // Live while something runs; every 15 s otherwise (a schedule may start one).
   jobTimer = setTimeout(() => {
     if (who && !$("jobs").hidden) loadJobs();
   }, running ? 1000 : 15000);
 }
+
+function unixTime(secs) {
+  return when(new Date(secs * 1000).toISOString());
+}
+
+// Clients' jobs on each datastore: running (with the progress each client reports
+// at its heartbeat), queued for a slot, and the last ones that ended. True if one
+// runs.
+async function loadClientJobs() {
+  const body = $("client-job-rows");
+  const rows = [];
+  let running = false;
+  for (const ds of datastoreNames) {
+    let s;
+    try {
+      s = await api("GET", dsPath(ds) + "/slots");
+    } catch (e) {
+      continue;
+    }
+    for (const j of s.running) rows.push({ ds, j, state: "running" });
+    for (const j of s.ahead) rows.push({ ds, j, state: "queued" });
+    for (const j of s.recent.slice(0, 10)) rows.push({ ds, j, state: j.outcome });
+    running = running || s.running.length > 0 || s.ahead.length > 0;
+  }
+  body.replaceChildren();
+  for (const { ds, j, state } of rows) {
+    const tr = row(j.host);
+    tr.dataset.state = state;
+    cell(tr, ds, null, "datastore");
+    cell(tr, j.operation || "–", null, "operation");
+    const st = cell(tr, state, "outcome-" + (state === "lost" ? "failed" : state), "state");
+    st.setAttribute("aria-live", "polite");
+    cell(tr, j.ended ? unixTime(j.since) + " – " + unixTime(j.ended) : unixTime(j.since));
+    cell(tr, j.ended ? j.summary : progressText(j.progress), "note", "progress");
+    body.appendChild(tr);
+  }
+  if (!rows.length) {
+    const tr = document.createElement("tr");
+    const td = cell(tr, "No client jobs since the server started.", "note");
+    td.colSpan = 6;
+    body.appendChild(tr);
+  }
+  return running;
+}
+
+async function runNow(name) {
+  try {
+    await api("POST", "/v1/jobs/" + encodeURIComponent(name) + "/run");
+    alertText("");
+  } catch (e) {
+    failed(e);
+  }
+  await loadJobs();
+}
+
+const keepFields = ["last", "daily", "weekly", "monthly"];
+
+function editSchedule(j) {
+  $("schedule-name").value = j.name;
+  $("schedule-kind").value = j.kind;
+  $("schedule-every").value = j.every;
+  $("schedule-read").value = j.read_data || "";
+  for (const k of keepFields) {
+    const v = j["keep_" + k];
+    $("schedule-keep-" + k).value = v === null || v === undefined ? "" : String(v);
+  }
+  $("schedule-name").focus();
+}
+
+async function removeSchedule(name) {
+  try {
+    await api("DELETE", "/v1/schedules/" + encodeURIComponent(name));
+    alertText("Schedule " + name + " removed.");
+  } catch (e) {
+    failed(e);
+  }
+  await loadJobs();
+}
+
+$("schedule-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const name = $("schedule-name").value.trim();
+  const body = {
+    kind: $("schedule-kind").value,
+    datastore: current,
+    every: $("schedule-every").value.trim(),
+  };
+  const read = $("schedule-read").value.trim();
+  if (read) body.read_data = read;
+  for (const k of keepFields) {
+    const v = $("schedule-keep-" + k).value.trim();
+    if (v !== "") body["keep_" + k] = Number(v);
+  }
+  try {
+    await api("PUT", "/v1/schedules/" + encodeURIComponent(name), body);
+    alertText("Schedule " + name + " saved: " + body.kind + " every " + body.every + ".");
+  } catch (e) {
+    failed(e);
+  }
+  await loadJobs();
+});
 
 async function startJob(kind) {
   try {

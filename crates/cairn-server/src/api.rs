@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cairn_backend::{BackendError, BackendErrorKind};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -492,6 +493,13 @@ pub async fn put(
     if !matches!(kind, Kind::Pack | Kind::DedupList) && !is_lock {
         store.content.changed();
     }
+    if kind == Kind::Snapshot
+        && let Ok(key) = session_key(&t, &headers)
+    {
+        store
+            .slots
+            .stored_snapshot(&key, policy::id_of(&name).unwrap_or(""));
+    }
     Ok(StatusCode::CREATED.into_response())
 }
 
@@ -860,7 +868,7 @@ pub async fn run_job(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
-    let Some(spec) = app.jobs.specs.iter().find(|j| j.name == name) else {
+    let Some((spec, _)) = app.jobs.find(&name) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -882,6 +890,157 @@ pub async fn run_job(
             format!("job {name:?} is running"),
         ))
     }
+}
+
+/// A schedule as the console sends it (`PUT /v1/schedules/{name}`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleBody {
+    kind: String,
+    datastore: String,
+    every: String,
+    #[serde(default)]
+    read_data: Option<String>,
+    #[serde(default)]
+    keep_last: Option<i64>,
+    #[serde(default)]
+    keep_hourly: Option<i64>,
+    #[serde(default)]
+    keep_daily: Option<i64>,
+    #[serde(default)]
+    keep_weekly: Option<i64>,
+    #[serde(default)]
+    keep_monthly: Option<i64>,
+    #[serde(default)]
+    keep_yearly: Option<i64>,
+}
+
+/// `PUT /v1/schedules/{name}` (admin of the datastore): makes or changes a
+/// schedule of a check, scrub, prune or retention; 201 made, 200 changed. The
+/// settings file's jobs are changed there, not here (409).
+pub async fn put_schedule(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let b: ScheduleBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad(format!(
+            "send {{\"kind\", \"datastore\", \"every\", ...}}: {e}"
+        ))
+    })?;
+    let store = datastore(&app, &t, &b.datastore)?;
+    if t.role != Role::Admin {
+        return Err(ApiError::forbidden("only an admin may schedule jobs"));
+    }
+    if !crate::jobs::CONSOLE_KINDS.contains(&b.kind.as_str()) {
+        return Err(ApiError::bad(format!(
+            "kind {:?}: schedule check, scrub, prune or retention here (copy jobs go in \
+             the settings file)",
+            b.kind
+        )));
+    }
+    let spec = crate::jobs::JobSpec {
+        name: name.clone(),
+        kind: b.kind,
+        datastore: b.datastore.clone(),
+        every: b.every,
+        read_data: b.read_data.filter(|r| !r.trim().is_empty()),
+        keep_last: b.keep_last,
+        keep_hourly: b.keep_hourly,
+        keep_daily: b.keep_daily,
+        keep_weekly: b.keep_weekly,
+        keep_monthly: b.keep_monthly,
+        keep_yearly: b.keep_yearly,
+        to: None,
+        to_password_file: None,
+        to_token_file: None,
+        to_server_fingerprint: None,
+    };
+    // A job that needs the key: the password file, or the datastore unlocked now
+    // (then it runs while the server holds the key, and says so when it does not).
+    let mut passwords = app.config.datastore_passwords.clone();
+    if store.content.unlocked().is_some() {
+        passwords
+            .entry(b.datastore.clone())
+            .or_insert_with(|| "(unlocked in the console)".into());
+    }
+    let names: BTreeMap<String, String> = app
+        .datastores
+        .keys()
+        .map(|k| (k.clone(), String::new()))
+        .collect();
+    spec.validate(&names, &passwords).map_err(ApiError::bad)?;
+    if let Some(r) = &spec.read_data {
+        crate::jobs::check_percent(r).map_err(ApiError::bad)?;
+    }
+    if let Some((old, _)) = app.jobs.find(&name)
+        && !t.opens(&old.datastore)
+    {
+        return Err(ApiError::forbidden(format!(
+            "job {name:?} belongs to datastore {:?}",
+            old.datastore
+        )));
+    }
+    let s = app.clone();
+    let existed = blocking(move || {
+        s.jobs
+            .put_console(spec)
+            .map_err(|e| ApiError::new(StatusCode::CONFLICT, "conflict", e))
+    })
+    .await?;
+    crate::log_line(&format!(
+        "schedule {name}: {} by {}",
+        if existed { "changed" } else { "made" },
+        t.name
+    ));
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok(status.into_response())
+}
+
+/// `DELETE /v1/schedules/{name}` (admin of its datastore): removes a schedule made
+/// in the console (its run history stays).
+pub async fn delete_schedule(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let t = authenticate(&app, &headers)?;
+    let Some((spec, source)) = app.jobs.find(&name) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no schedule {name:?}"),
+        ));
+    };
+    if t.role != Role::Admin || !t.opens(&spec.datastore) {
+        return Err(ApiError::forbidden(format!(
+            "only an admin of datastore {:?} may remove this schedule",
+            spec.datastore
+        )));
+    }
+    if source != "console" {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!("job {name:?} is defined in the settings file: remove it there"),
+        ));
+    }
+    let s = app.clone();
+    let n = name.clone();
+    blocking(move || {
+        s.jobs
+            .delete_console(&n)
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server", e))
+    })
+    .await?;
+    crate::log_line(&format!("schedule {name}: removed by {}", t.name));
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 #[cfg(test)]
@@ -942,6 +1101,9 @@ pub struct SlotAsk {
     operation: String,
     #[serde(default)]
     host: String,
+    /// Sent with each heartbeat: how far the job is.
+    #[serde(default)]
+    progress: Option<crate::slots::ClientProgress>,
 }
 
 #[derive(Serialize)]
@@ -954,6 +1116,9 @@ struct SlotReply {
     running: Vec<crate::slots::JobView>,
     /// Queued before this client (for a `GET`: every queued job).
     ahead: Vec<crate::slots::JobView>,
+    /// `GET` only: client jobs that ended, newest first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recent: Option<Vec<crate::slots::EndedJob>>,
 }
 
 impl SlotReply {
@@ -970,6 +1135,7 @@ impl SlotReply {
             heartbeat_secs: (store.slots.idle().as_secs() / 3).max(1),
             running: visible(t, running),
             ahead: visible(t, ahead),
+            recent: None,
         }
     }
 }
@@ -982,6 +1148,7 @@ fn visible(t: &TokenEntry, mut jobs: Vec<crate::slots::JobView>) -> Vec<crate::s
             if &j.host != host {
                 j.host = "(another host)".into();
                 j.token = "(another token)".into();
+                j.progress = None;
             }
         }
     }
@@ -1024,6 +1191,7 @@ pub async fn slot_request(
         token_name: t.name.clone(),
         host: t.host.clone().unwrap_or_else(|| short_text(&ask.host)),
         operation: short_text(&ask.operation),
+        progress: ask.progress.map(crate::slots::ClientProgress::sanitized),
     };
     let max = store.max_jobs.load(Ordering::Relaxed);
     let answer = store
@@ -1066,7 +1234,13 @@ pub async fn slots_list(
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
     let (running, queued) = store.slots.jobs();
-    Ok(axum::Json(SlotReply::new(&store, &t, false, running, queued)).into_response())
+    let mut reply = SlotReply::new(&store, &t, false, running, queued);
+    let mut recent = store.slots.recent();
+    if let (Some(host), true) = (&t.host, t.role != Role::Admin) {
+        recent.retain(|e| &e.job.host == host);
+    }
+    reply.recent = Some(recent);
+    Ok(axum::Json(reply).into_response())
 }
 
 /// What `GET`/`POST /v1/session` answer: who is signed in, and the CSRF token the

@@ -187,8 +187,12 @@ pub struct JobStatus {
     #[serde(flatten)]
     pub spec: JobSpec,
     pub running: bool,
-    /// Started from the console or the API, not from the settings' schedule.
+    /// Started from the console or the API, not from a schedule.
     pub adhoc: bool,
+    /// Where the job is defined: `settings` (the settings file's `[[jobs]]`),
+    /// `console` (a schedule made in the console, `PUT /v1/schedules/{name}`;
+    /// editable there) or `once` (started now, no schedule).
+    pub source: &'static str,
     /// While it runs: phase, bytes (done, total), files, rate, ETA.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<cairn_core::progress::Status>,
@@ -198,11 +202,24 @@ pub struct JobStatus {
 /// The jobs, their histories (kept in `jobs-history.json` in the state directory)
 /// and which are running.
 pub struct Jobs {
+    /// From the settings file (read-only here).
     pub specs: Vec<JobSpec>,
+    /// Schedules made in the console (`schedules.json` in the state directory).
+    console: crate::statefile::StateFile<ScheduleFile>,
     passwords: BTreeMap<String, PathBuf>,
     path: PathBuf,
     state: Mutex<State>,
 }
+
+#[derive(Default, Serialize, Deserialize)]
+struct ScheduleFile {
+    version: u32,
+    jobs: Vec<JobSpec>,
+}
+
+/// Kinds of job a schedule made in the console may run (a copy needs files named
+/// in the settings file).
+pub const CONSOLE_KINDS: [&str; 4] = ["check", "scrub", "prune", "retention"];
 
 #[derive(Default)]
 struct State {
@@ -211,6 +228,8 @@ struct State {
     running: Vec<(String, cairn_core::progress::Progress)>,
     /// Jobs started now rather than by the schedule (`POST …/jobs`), by name.
     adhoc: BTreeMap<String, JobSpec>,
+    /// When each scheduled job is next due.
+    due: BTreeMap<String, std::time::Instant>,
 }
 
 /// Each job's last runs, oldest first.
@@ -229,6 +248,7 @@ impl Jobs {
             .unwrap_or_default();
         Jobs {
             specs,
+            console: crate::statefile::StateFile::new(state_dir.join("schedules.json")),
             passwords,
             path,
             state: Mutex::new(State {
@@ -238,28 +258,96 @@ impl Jobs {
         }
     }
 
+    /// The schedules made in the console, as the file says now (none if it cannot
+    /// be read: the error is logged by [`Jobs::check_console_file`] at start).
+    pub fn console_specs(&self) -> Vec<JobSpec> {
+        self.console
+            .current()
+            .map(|f| f.jobs.clone())
+            .unwrap_or_default()
+    }
+
+    /// Reads the console's schedule file once, so that a damaged one is reported
+    /// when the server starts.
+    pub fn check_console_file(&self) -> Result<(), crate::statefile::StateError> {
+        self.console.load().map(|_| ())
+    }
+
+    /// Every scheduled job: the settings file's, then the console's.
+    pub fn scheduled(&self) -> Vec<(JobSpec, &'static str)> {
+        self.specs
+            .iter()
+            .map(|s| (s.clone(), "settings"))
+            .chain(self.console_specs().into_iter().map(|s| (s, "console")))
+            .collect()
+    }
+
+    /// The scheduled job `name`, and where it is defined.
+    pub fn find(&self, name: &str) -> Option<(JobSpec, &'static str)> {
+        self.scheduled().into_iter().find(|(s, _)| s.name == name)
+    }
+
+    /// Adds or replaces a console schedule; refuses a name the settings file uses.
+    pub fn put_console(&self, spec: JobSpec) -> Result<bool, String> {
+        if self.specs.iter().any(|s| s.name == spec.name) {
+            return Err(format!(
+                "job {:?} is defined in the settings file: change it there",
+                spec.name
+            ));
+        }
+        let mut file = self.console.load().map_err(|e| e.to_string())?;
+        let existed = file.jobs.iter().any(|s| s.name == spec.name);
+        file.jobs.retain(|s| s.name != spec.name);
+        let name = spec.name.clone();
+        file.jobs.push(spec);
+        file.version = 1;
+        self.console.save(&file).map_err(|e| e.to_string())?;
+        // A changed interval counts from now.
+        self.lock().due.remove(&name);
+        Ok(existed)
+    }
+
+    /// Removes a console schedule (its history stays); false if there is none.
+    pub fn delete_console(&self, name: &str) -> Result<bool, String> {
+        let mut file = self.console.load().map_err(|e| e.to_string())?;
+        let before = file.jobs.len();
+        file.jobs.retain(|s| s.name != name);
+        if file.jobs.len() == before {
+            return Ok(false);
+        }
+        self.console.save(&file).map_err(|e| e.to_string())?;
+        self.lock().due.remove(name);
+        Ok(true)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn status(&self) -> Vec<JobStatus> {
-        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let scheduled = self.specs.iter().map(|spec| (spec, false));
-        let adhoc = s.adhoc.values().map(|spec| (spec, true));
+        let scheduled = self.scheduled();
+        let s = self.lock();
+        let adhoc = s.adhoc.values().map(|spec| (spec.clone(), "once"));
         scheduled
+            .into_iter()
             .chain(adhoc)
-            .map(|(spec, adhoc)| {
+            .map(|(spec, source)| {
                 let progress = s
                     .running
                     .iter()
                     .find(|(n, _)| *n == spec.name)
                     .map(|(_, p)| p.status());
                 JobStatus {
-                    spec: spec.clone(),
                     running: progress.is_some(),
-                    adhoc,
+                    adhoc: source == "once",
+                    source,
                     progress,
                     runs: s
                         .history
                         .get(&spec.name)
                         .map(|h| h.iter().rev().cloned().collect())
                         .unwrap_or_default(),
+                    spec,
                 }
             })
             .collect()
@@ -342,7 +430,7 @@ pub fn start_now(
 }
 
 /// `10%` into a share of the packs.
-fn check_percent(p: &str) -> Result<Option<f64>, String> {
+pub fn check_percent(p: &str) -> Result<Option<f64>, String> {
     match p {
         "100%" | "all" => Ok(None),
         p => {
@@ -361,7 +449,7 @@ fn check_percent(p: &str) -> Result<Option<f64>, String> {
 /// Starts a run of `name` in the background; false if there is no such job or it
 /// is running already.
 pub fn start(app: &Arc<App>, name: &str, trigger: &str) -> bool {
-    let Some(spec) = app.jobs.specs.iter().find(|j| j.name == name).cloned() else {
+    let Some((spec, _)) = app.jobs.find(name) else {
         return false;
     };
     start_spec(app, spec, trigger)
@@ -408,24 +496,42 @@ fn start_spec(app: &Arc<App>, spec: JobSpec, trigger: &str) -> bool {
     true
 }
 
-/// The schedule: each job runs `every` after the server started, then every
-/// `every` (a run still going when the next is due is not started twice).
+/// The schedule: each job runs `every` after the server started (or after its
+/// schedule was made or changed in the console), then every `every` (a run still
+/// going when the next is due is not started twice). Schedules are looked at every
+/// few seconds, so one made, changed or removed in the console takes effect
+/// without a restart.
 pub fn schedule(app: &Arc<App>) {
-    for spec in &app.jobs.specs {
+    let app = app.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            tick.tick().await;
+            for name in due_now(&app.jobs, std::time::Instant::now()) {
+                start(&app, &name, "schedule");
+            }
+        }
+    });
+}
+
+/// The scheduled jobs due at `now`, each then set due again `every` later.
+fn due_now(jobs: &Jobs, now: std::time::Instant) -> Vec<String> {
+    let scheduled = jobs.scheduled();
+    let mut s = jobs.lock();
+    s.due
+        .retain(|name, _| scheduled.iter().any(|(j, _)| &j.name == name));
+    let mut out = Vec::new();
+    for (spec, _) in scheduled {
         let Ok(every) = parse_every(&spec.every) else {
             continue;
         };
-        let app = app.clone();
-        let name = spec.name.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                start(&app, &name, "schedule");
-            }
-        });
+        let due = s.due.entry(spec.name.clone()).or_insert(now + every);
+        if *due <= now {
+            *due = now + every;
+            out.push(spec.name);
+        }
     }
+    out
 }
 
 /// Runs one job to its end (blocking): (clean, one-line summary), or why it could
@@ -657,5 +763,61 @@ mod tests {
         for bad in ["", "10s", "5", "1w", "xh"] {
             assert!(parse_every(bad).is_err(), "{bad}");
         }
+    }
+
+    fn spec(name: &str, kind: &str, every: &str) -> JobSpec {
+        JobSpec {
+            name: name.into(),
+            kind: kind.into(),
+            datastore: "main".into(),
+            every: every.into(),
+            read_data: None,
+            keep_last: None,
+            keep_hourly: None,
+            keep_daily: None,
+            keep_weekly: None,
+            keep_monthly: None,
+            keep_yearly: None,
+            to: None,
+            to_password_file: None,
+            to_token_file: None,
+            to_server_fingerprint: None,
+        }
+    }
+
+    #[test]
+    fn console_schedules_are_made_changed_removed_and_fall_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(
+            vec![spec("nightly", "scrub", "1d")],
+            BTreeMap::new(),
+            dir.path(),
+        );
+        assert_eq!(jobs.put_console(spec("hourly", "check", "2h")), Ok(false));
+        assert_eq!(jobs.put_console(spec("hourly", "check", "1h")), Ok(true));
+        assert!(jobs.put_console(spec("nightly", "check", "1h")).is_err());
+        let all = jobs.scheduled();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1], (spec("hourly", "check", "1h"), "console"));
+        // Kept across a restart (another Jobs on the same state directory).
+        let again = Jobs::new(Vec::new(), BTreeMap::new(), dir.path());
+        assert_eq!(again.console_specs(), vec![spec("hourly", "check", "1h")]);
+
+        let t0 = std::time::Instant::now();
+        let hour = Duration::from_secs(3600);
+        assert!(due_now(&jobs, t0).is_empty(), "first due one interval in");
+        assert_eq!(due_now(&jobs, t0 + hour), ["hourly"]);
+        assert!(due_now(&jobs, t0 + hour + Duration::from_secs(1)).is_empty());
+        let day = Duration::from_secs(86400);
+        assert_eq!(due_now(&jobs, t0 + day), ["nightly", "hourly"]);
+        // Changed: due one new interval after the change.
+        jobs.put_console(spec("hourly", "check", "2h")).unwrap();
+        let later = t0 + day + Duration::from_secs(10);
+        assert!(due_now(&jobs, later).is_empty());
+        assert_eq!(due_now(&jobs, later + 2 * hour), ["hourly"]);
+        assert_eq!(jobs.delete_console("hourly"), Ok(true));
+        assert_eq!(jobs.delete_console("hourly"), Ok(false));
+        assert!(due_now(&jobs, later + 10 * hour).is_empty());
+        assert_eq!(jobs.scheduled().len(), 1);
     }
 }

@@ -287,6 +287,8 @@ impl App {
             config.datastore_passwords.clone(),
             &config.state_dir,
         );
+        jobs.check_console_file()
+            .map_err(|e| ServerError::Io(format!("the console's schedules: {e}")))?;
         let signins = signin::SignIns::new(
             Duration::from_secs(config.session_idle_secs),
             Duration::from_secs(config.session_max_hours * 3600),
@@ -329,6 +331,7 @@ impl App {
             r_download,
             r_start_job,
             r_fleet,
+            r_schedule,
         ] = ROUTES;
         Router::new()
             .route(r_health, get(|| async { "ok\n" }))
@@ -365,6 +368,10 @@ impl App {
             .route(r_download, get(content::download))
             .route(r_start_job, axum::routing::post(api::start_job))
             .route(r_fleet, get(content::fleet))
+            .route(
+                r_schedule,
+                axum::routing::put(api::put_schedule).delete(api::delete_schedule),
+            )
             .route("/", get(console::index))
             .route("/console/app.js", get(console::app_js))
             .route("/console/style.css", get(console::style))
@@ -378,7 +385,7 @@ impl App {
 }
 
 /// Every route the server answers; docs/openapi.yaml describes each (a test checks).
-pub const ROUTES: [&str; 21] = [
+pub const ROUTES: [&str; 22] = [
     "/healthz",
     "/metrics",
     "/v1/whoami",
@@ -400,6 +407,7 @@ pub const ROUTES: [&str; 21] = [
     "/v1/datastores/{ds}/snapshots/{id}/download",
     "/v1/datastores/{ds}/jobs",
     "/v1/fleet",
+    "/v1/schedules/{name}",
 ];
 
 /// Where the self-signed certificate lives.

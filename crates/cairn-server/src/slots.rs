@@ -15,12 +15,54 @@
 //! front of one datastore each allow the limit (their clients still queue by
 //! locks, as direct ones do).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long one `POST .../slots` waits for a slot before answering "queued".
 pub const LONG_POLL: Duration = Duration::from_secs(20);
+/// Ended client jobs kept for the jobs view.
+const RECENT: usize = 50;
+
+/// What a client reports of its job with each heartbeat: numbers only (the
+/// server never learns paths). Everything is optional and bounded.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClientProgress {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub elapsed_secs: f64,
+    #[serde(default)]
+    pub bytes_done: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<u64>,
+    #[serde(default)]
+    pub files_done: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_total: Option<u64>,
+    #[serde(default)]
+    pub bytes_per_sec: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_secs: Option<f64>,
+}
+
+impl ClientProgress {
+    /// Keeps what a client sent within sense: a short phase name, finite numbers.
+    pub fn sanitized(mut self) -> ClientProgress {
+        self.phase = self.phase.map(|p| {
+            p.chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .take(32)
+                .collect()
+        });
+        let finite = |x: f64| if x.is_finite() && x >= 0.0 { x } else { 0.0 };
+        self.elapsed_secs = finite(self.elapsed_secs);
+        self.bytes_per_sec = finite(self.bytes_per_sec);
+        self.eta_secs = self.eta_secs.filter(|x| x.is_finite() && *x >= 0.0);
+        self
+    }
+}
 
 /// Who holds or waits for a slot.
 #[derive(Clone, Debug)]
@@ -32,16 +74,36 @@ struct Holder {
     operation: String,
     since: i64,
     seen: Instant,
+    progress: Option<ClientProgress>,
+    /// Snapshots this session stored while it held the slot.
+    snapshots: Vec<String>,
 }
 
 /// One running or queued job, as `GET .../slots` and the waiting client see it.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct JobView {
     pub token: String,
     pub host: String,
     pub operation: String,
     /// Unix seconds when it started (running) or first asked (queued).
     pub since: i64,
+    /// The client's last report (running jobs of clients that send one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ClientProgress>,
+}
+
+/// A client job that ended, as the jobs view shows it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct EndedJob {
+    #[serde(flatten)]
+    pub job: JobView,
+    /// Unix seconds.
+    pub ended: i64,
+    /// `ok` (it stored a snapshot), `ended` (it gave its slot back without storing
+    /// one: failed, cancelled, or nothing to store) or `lost` (the client went
+    /// silent: killed, or its connection lost).
+    pub outcome: String,
+    pub summary: String,
 }
 
 impl Holder {
@@ -51,6 +113,46 @@ impl Holder {
             host: self.host.clone(),
             operation: self.operation.clone(),
             since: self.since,
+            progress: self.progress.clone(),
+        }
+    }
+
+    /// How this job ended, from what the server saw of it.
+    fn ended(&self, lost: bool, idle: Duration) -> EndedJob {
+        let (outcome, summary) = match (self.snapshots.len(), lost) {
+            (0, true) => (
+                "lost",
+                format!(
+                    "the client went silent for {} s (killed, or its connection lost)",
+                    idle.as_secs()
+                ),
+            ),
+            (0, false) => (
+                "ended",
+                "gave its slot back without storing a snapshot (failed, cancelled, or \
+                 nothing to store)"
+                    .to_string(),
+            ),
+            (_, lost) => (
+                "ok",
+                format!(
+                    "stored snapshot {}{}",
+                    self.snapshots
+                        .iter()
+                        .map(|s| s.get(..8).unwrap_or(s))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if lost { " (then went silent)" } else { "" }
+                ),
+            ),
+        };
+        let mut job = self.view();
+        job.progress = None;
+        EndedJob {
+            job,
+            ended: cairn_core::time::now_unix(),
+            outcome: outcome.to_string(),
+            summary,
         }
     }
 }
@@ -59,6 +161,17 @@ impl Holder {
 struct State {
     running: Vec<Holder>,
     queue: Vec<Holder>,
+    /// Jobs that held a slot and ended, newest last.
+    recent: VecDeque<EndedJob>,
+}
+
+impl State {
+    fn remember(&mut self, e: EndedJob) {
+        self.recent.push_back(e);
+        while self.recent.len() > RECENT {
+            self.recent.pop_front();
+        }
+    }
 }
 
 pub struct Slots {
@@ -68,7 +181,7 @@ pub struct Slots {
 }
 
 /// What a request for a slot got.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub enum Answer {
     Granted,
     /// Not yet: these jobs run, and this many are queued ahead.
@@ -84,6 +197,7 @@ pub struct Request {
     pub token_name: String,
     pub host: String,
     pub operation: String,
+    pub progress: Option<ClientProgress>,
 }
 
 impl Slots {
@@ -108,7 +222,14 @@ impl Slots {
     fn expire(&self, s: &mut State) {
         let idle = self.idle;
         let before = s.running.len() + s.queue.len();
-        s.running.retain(|h| h.seen.elapsed() < idle);
+        let (alive, silent): (Vec<Holder>, Vec<Holder>) = std::mem::take(&mut s.running)
+            .into_iter()
+            .partition(|h| h.seen.elapsed() < idle);
+        s.running = alive;
+        for h in silent {
+            let e = h.ended(true, idle);
+            s.remember(e);
+        }
         s.queue.retain(|h| h.seen.elapsed() < idle);
         if s.running.len() + s.queue.len() != before {
             self.changed.notify_waiters();
@@ -123,6 +244,9 @@ impl Slots {
         let now = Instant::now();
         if let Some(h) = s.running.iter_mut().find(|h| h.key == r.key) {
             h.seen = now;
+            if r.progress.is_some() {
+                h.progress = r.progress.clone();
+            }
             return Answer::Granted;
         }
         let place = match s.queue.iter().position(|h| h.key == r.key) {
@@ -138,6 +262,8 @@ impl Slots {
                     operation: r.operation.clone(),
                     since: cairn_core::time::now_unix(),
                     seen: now,
+                    progress: None,
+                    snapshots: Vec::new(),
                 });
                 s.queue.len() - 1
             }
@@ -174,7 +300,11 @@ impl Slots {
     pub fn release(&self, key: &str) -> bool {
         let mut s = self.state();
         let before = s.running.len() + s.queue.len();
-        s.running.retain(|h| h.key != key);
+        if let Some(i) = s.running.iter().position(|h| h.key == key) {
+            let h = s.running.remove(i);
+            let e = h.ended(false, self.idle);
+            s.remember(e);
+        }
         s.queue.retain(|h| h.key != key);
         let found = s.running.len() + s.queue.len() != before;
         if found {
@@ -208,6 +338,23 @@ impl Slots {
         }
     }
 
+    /// The session `key` stored snapshot `id` (noted for its job's outcome).
+    pub fn stored_snapshot(&self, key: &str, id: &str) {
+        let mut s = self.state();
+        if let Some(h) = s.running.iter_mut().find(|h| h.key == key)
+            && h.snapshots.len() < 16
+        {
+            h.snapshots.push(id.to_string());
+        }
+    }
+
+    /// Client jobs that ended, newest first.
+    pub fn recent(&self) -> Vec<EndedJob> {
+        let mut s = self.state();
+        self.expire(&mut s);
+        s.recent.iter().rev().cloned().collect()
+    }
+
     /// The running and the queued jobs.
     pub fn jobs(&self) -> (Vec<JobView>, Vec<JobView>) {
         let mut s = self.state();
@@ -229,6 +376,7 @@ mod tests {
             token_name: "t".into(),
             host: "h".into(),
             operation: "backup".into(),
+            progress: None,
         }
     }
 

@@ -20,8 +20,11 @@ pub enum StateError {
     Damaged { path: PathBuf, message: String },
 }
 
-/// Modification time, size, contents.
-type Cached<T> = (SystemTime, u64, Arc<T>);
+/// What identifies a version of the file: its modification time, size and inode
+/// (every save renames a new file into place, so the inode changes even when two
+/// saves fall in the same clock tick with the same size).
+type Version = (SystemTime, u64, u64);
+type Cached<T> = (Version, Arc<T>);
 
 pub struct StateFile<T> {
     path: PathBuf,
@@ -62,8 +65,13 @@ impl<T: DeserializeOwned + Serialize + Default> StateFile<T> {
 
     /// The contents, read again only if the file changed since the last call.
     pub fn current(&self) -> Result<Arc<T>, StateError> {
+        use std::os::unix::fs::MetadataExt;
         let meta = match std::fs::metadata(&self.path) {
-            Ok(m) => Some((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len())),
+            Ok(m) => Some((
+                m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                m.len(),
+                m.ino(),
+            )),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {
                 return Err(StateError::Read {
@@ -73,18 +81,17 @@ impl<T: DeserializeOwned + Serialize + Default> StateFile<T> {
             }
         };
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((mtime, len)) = meta else {
+        let Some(version) = meta else {
             *cache = None;
             return Ok(Arc::default());
         };
-        if let Some((m, l, value)) = cache.as_ref()
-            && *m == mtime
-            && *l == len
+        if let Some((v, value)) = cache.as_ref()
+            && *v == version
         {
             return Ok(value.clone());
         }
         let value = Arc::new(self.load()?);
-        *cache = Some((mtime, len, value.clone()));
+        *cache = Some((version, value.clone()));
         Ok(value)
     }
 
@@ -118,6 +125,7 @@ impl<T: DeserializeOwned + Serialize + Default> StateFile<T> {
             f.sync_all().map_err(werr)?;
         }
         std::fs::rename(&tmp, &self.path).map_err(werr)?;
+        *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
     }
 }

@@ -2888,3 +2888,148 @@ fn the_console_shows_the_fleet_and_survives_bad_ids_and_storage_going_down_in_ch
     let log = srv.stop();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// Clients' jobs and schedules in the console, in Chromium: a backup through the
+/// server shows live with the progress its client reports at each heartbeat (never a
+/// path), then "ok" with the snapshot it stored; a client killed mid-backup shows
+/// as "lost" once it has been silent for the idle time; an admin makes a schedule,
+/// changes it, runs it now and removes it, and a bad interval is refused.
+#[test]
+fn the_console_shows_clients_jobs_live_and_edits_schedules_in_chromium() {
+    let env = Env::new();
+    env.init(&[]);
+    let pwfile = env.path("main.password");
+    std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
+    let mut srv = Server::with_settings(
+        &env,
+        &format!(
+            "job_idle_secs = 6\n[datastore_passwords]\nmain = \"{}\"\n",
+            pwfile.display()
+        ),
+    );
+    srv.lines
+        .as_mut()
+        .unwrap()
+        .wait_for("datastore main: unlocked", Duration::from_secs(60));
+    let p = srv.port;
+    let admin = srv.token("root", "main", "admin");
+    let web01 = bound_token(&srv, "web01", "backup", "web01");
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("big.bin"), Rng(7).bytes(24 << 20, false)).unwrap();
+    let slow_backup = || {
+        client_cmd(
+            &env,
+            &srv,
+            "main",
+            &web01,
+            &["backup", "--limit-upload", "2M"],
+        )
+        .arg(&src)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let slots = || get_json(p, "/v1/datastores/main/slots", &admin).1;
+    // A client killed while it holds its slot: lost, after 6 s of silence.
+    let mut killed = slow_backup();
+    wait_until(
+        "the first backup to hold a slot",
+        Duration::from_secs(60),
+        || slots()["running"].as_array().is_some_and(|r| !r.is_empty()),
+    );
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    wait_until(
+        "the killed client to be lost",
+        Duration::from_secs(30),
+        || {
+            slots()["recent"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|j| j["outcome"] == "lost"))
+        },
+    );
+    // The one the page watches.
+    let mut backup = slow_backup();
+    wait_until(
+        "the second backup to report progress",
+        Duration::from_secs(60),
+        || {
+            slots()["running"][0]["progress"]["bytes_done"]
+                .as_u64()
+                .is_some_and(|b| b > 0)
+        },
+    );
+    let v = slots();
+    let progress = v["running"][0]["progress"].to_string();
+    assert!(
+        !progress.contains(src.to_str().unwrap()) && !progress.contains("big.bin"),
+        "the server learns no paths: {progress}"
+    );
+    let url = format!("http://127.0.0.1:{p}/");
+    let v = run_console_script(
+        "jobs.mjs",
+        &[("CONSOLE_URL", &url), ("ADMIN_TOKEN", &admin)],
+    );
+    let status = backup.wait().unwrap();
+    assert!(status.success(), "the watched backup failed");
+
+    let running = &v["running"][0];
+    assert_eq!(running["host"], "web01", "{v:#}");
+    assert_eq!(running["operation"], "backup", "{v:#}");
+    assert!(
+        running["progress"].as_str().unwrap().contains("/s"),
+        "{v:#}"
+    );
+    assert_eq!(v["lost"][0]["host"], "web01", "{v:#}");
+    assert!(
+        v["lost"][0]["progress"]
+            .as_str()
+            .unwrap()
+            .contains("went silent"),
+        "{v:#}"
+    );
+    assert!(
+        v["ended"][0]["progress"]
+            .as_str()
+            .unwrap()
+            .starts_with("stored snapshot "),
+        "{v:#}"
+    );
+    assert!(
+        v["bad_every_alert"]
+            .as_str()
+            .unwrap()
+            .contains("at least 1m"),
+        "{v:#}"
+    );
+    assert!(
+        v["saved_alert"]
+            .as_str()
+            .unwrap()
+            .contains("saved: check every 1h"),
+        "{v:#}"
+    );
+    assert_eq!(v["made"]["schedule"], "every 1h (console)", "{v:#}");
+    assert_eq!(v["made"]["datastore"], "main");
+    assert_eq!(v["edit_form_every"], "1h");
+    assert_eq!(v["changed"]["schedule"], "every 2h (console)", "{v:#}");
+    assert_eq!(v["ran"]["outcome"], "ok", "{v:#}");
+    assert!(
+        v["removed_alert"].as_str().unwrap().contains("removed"),
+        "{v:#}"
+    );
+    let schedules = std::fs::read_to_string(srv.state.join("schedules.json")).unwrap();
+    assert!(!schedules.contains("main-hourly-check"), "{schedules}");
+    // A schedule of the settings file is not the console's to change.
+    let log = srv.stop();
+    assert!(
+        log.contains("schedule main-hourly-check: made by root"),
+        "{log}"
+    );
+    assert!(
+        log.contains("schedule main-hourly-check: changed by root"),
+        "{log}"
+    );
+}

@@ -23,3 +23,15 @@ export async function drive(steps) {
   }
   console.log(JSON.stringify(out));
 }
+
+// The page's alert after `action`: cleared first, so an old message is not taken
+// for the new one.
+export async function alertAfter(page, action) {
+  await page.$eval("#alert", (e) => {
+    e.hidden = true;
+    e.textContent = "";
+  });
+  await action();
+  await page.waitForSelector("#alert:not([hidden])", { timeout: 30000 });
+  return page.$eval("#alert", (e) => e.textContent);
+}

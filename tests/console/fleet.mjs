@@ -8,20 +8,10 @@
 // env: CONSOLE_URL, USER_NAME, USER_PASSWORD, S3_DS (the datastore on S3),
 // CUT_FILE (created to take that S3 down), SHOT_DIR.
 import { writeFileSync } from "node:fs";
-import { drive } from "./drive.mjs";
+import { alertAfter, drive } from "./drive.mjs";
 
 const url = process.env.CONSOLE_URL;
 const shots = process.env.SHOT_DIR;
-
-async function alertAfter(page, action) {
-  await page.$eval("#alert", (e) => {
-    e.hidden = true;
-    e.textContent = "";
-  });
-  await action();
-  await page.waitForSelector("#alert:not([hidden])", { timeout: 30000 });
-  return page.$eval("#alert", (e) => e.textContent);
-}
 
 // Shows datastore `ds`'s overview and waits for its snapshot list.
 async function openDatastore(page, ds) {

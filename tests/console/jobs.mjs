@@ -5,7 +5,7 @@
 // crates/cairn-cli/tests/it/server.rs.
 //
 // env: CONSOLE_URL, ADMIN_TOKEN, SHOT_DIR.
-import { drive } from "./drive.mjs";
+import { alertAfter, drive } from "./drive.mjs";
 
 const url = process.env.CONSOLE_URL;
 const shots = process.env.SHOT_DIR;
@@ -26,16 +26,6 @@ async function jobRow(page, name) {
     for (const c of r.querySelectorAll("td")) if (c.dataset.field) o[c.dataset.field] = c.textContent;
     return o;
   });
-}
-
-async function alertAfter(page, action) {
-  await page.$eval("#alert", (e) => {
-    e.hidden = true;
-    e.textContent = "";
-  });
-  await action();
-  await page.waitForSelector("#alert:not([hidden])", { timeout: 30000 });
-  return page.$eval("#alert", (e) => e.textContent);
 }
 
 async function setField(page, id, value) {

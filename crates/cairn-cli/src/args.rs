@@ -319,15 +319,8 @@ pub enum UserCommand {
 pub struct UserAddArgs {
     /// The name to sign in with (letters, digits, '.', '_', '@', '-')
     pub name: String,
-    /// The datastore the user opens, or '*' for all (admin and restore only)
-    #[arg(long)]
-    pub datastore: String,
-    /// restore (browse and download), admin (all); backup users see only --host's snapshots
-    #[arg(long, value_parser = ["backup", "restore", "admin"])]
-    pub role: String,
-    /// Show the user only this host's snapshots
-    #[arg(long)]
-    pub host: Option<String>,
+    #[command(flatten)]
+    pub grant: GrantArgs,
     /// Read the password from the first line of this file
     #[arg(long, value_name = "FILE")]
     pub password_file: Option<PathBuf>,
@@ -337,13 +330,21 @@ pub struct UserAddArgs {
 pub struct TokenAddArgs {
     /// A name for people (e.g. the client's host name)
     pub name: String,
-    /// The datastore the token opens, or '*' for all (admin and restore only)
+    #[command(flatten)]
+    pub grant: GrantArgs,
+}
+
+/// What a token or a console user may open and do.
+#[derive(Args)]
+pub struct GrantArgs {
+    /// The datastore it opens, or '*' for all (admin and restore only)
     #[arg(long)]
     pub datastore: String,
     /// backup (add backups, never delete or overwrite), restore (read), admin (all)
     #[arg(long, value_parser = ["backup", "restore", "admin"])]
     pub role: String,
-    /// The host the token is meant for (recorded with the token)
+    /// The host it is for: it sees only the snapshots the server recorded as this
+    /// host's
     #[arg(long)]
     pub host: Option<String>,
 }

@@ -942,10 +942,6 @@ pub async fn put_schedule(
         )));
     }
     let spec = crate::jobs::JobSpec {
-        name: name.clone(),
-        kind: b.kind,
-        datastore: b.datastore.clone(),
-        every: b.every,
         read_data: b.read_data.filter(|r| !r.trim().is_empty()),
         keep_last: b.keep_last,
         keep_hourly: b.keep_hourly,
@@ -953,10 +949,7 @@ pub async fn put_schedule(
         keep_weekly: b.keep_weekly,
         keep_monthly: b.keep_monthly,
         keep_yearly: b.keep_yearly,
-        to: None,
-        to_password_file: None,
-        to_token_file: None,
-        to_server_fingerprint: None,
+        ..crate::jobs::JobSpec::new(&name, &b.kind, &b.datastore, &b.every)
     };
     // A job that needs the key: the password file, or the datastore unlocked now
     // (then it runs while the server holds the key, and says so when it does not).

@@ -95,6 +95,27 @@ pub fn parse_every(s: &str) -> Result<Duration, String> {
 }
 
 impl JobSpec {
+    /// A `kind` job on `datastore` every `every`, with no other settings.
+    pub fn new(name: &str, kind: &str, datastore: &str, every: &str) -> JobSpec {
+        JobSpec {
+            name: name.to_string(),
+            kind: kind.to_string(),
+            datastore: datastore.to_string(),
+            every: every.to_string(),
+            read_data: None,
+            keep_last: None,
+            keep_hourly: None,
+            keep_daily: None,
+            keep_weekly: None,
+            keep_monthly: None,
+            keep_yearly: None,
+            to: None,
+            to_password_file: None,
+            to_token_file: None,
+            to_server_fingerprint: None,
+        }
+    }
+
     /// Checks the spec against the datastores and passwords the server has.
     pub fn validate(
         &self,
@@ -399,21 +420,8 @@ pub fn start_now(
     }
     let name = format!("{ds}-{kind}-now");
     let spec = JobSpec {
-        name: name.clone(),
-        kind: kind.to_string(),
-        datastore: ds.to_string(),
-        every: String::new(),
         read_data,
-        keep_last: None,
-        keep_hourly: None,
-        keep_daily: None,
-        keep_weekly: None,
-        keep_monthly: None,
-        keep_yearly: None,
-        to: None,
-        to_password_file: None,
-        to_token_file: None,
-        to_server_fingerprint: None,
+        ..JobSpec::new(&name, kind, ds, "")
     };
     {
         let mut s = app.jobs.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -766,23 +774,7 @@ mod tests {
     }
 
     fn spec(name: &str, kind: &str, every: &str) -> JobSpec {
-        JobSpec {
-            name: name.into(),
-            kind: kind.into(),
-            datastore: "main".into(),
-            every: every.into(),
-            read_data: None,
-            keep_last: None,
-            keep_hourly: None,
-            keep_daily: None,
-            keep_weekly: None,
-            keep_monthly: None,
-            keep_yearly: None,
-            to: None,
-            to_password_file: None,
-            to_token_file: None,
-            to_server_fingerprint: None,
-        }
+        JobSpec::new(name, kind, "main", every)
     }
 
     #[test]

@@ -76,9 +76,10 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
     let store = TokenStore::new(&state_dir(a)?);
     match t {
         TokenCommand::Add(add) => {
-            let role = Role::parse(&add.role).ok_or_else(|| anyhow!("unknown role"))?;
+            let grant = &add.grant;
+            let role = Role::parse(&grant.role).ok_or_else(|| anyhow!("unknown role"))?;
             let (entry, secret) =
-                store.add(&add.name, &add.datastore, role, add.host.as_deref())?;
+                store.add(&add.name, &grant.datastore, role, grant.host.as_deref())?;
             if g.json {
                 #[derive(serde::Serialize)]
                 struct Added<'a> {
@@ -140,13 +141,14 @@ fn user(g: &Global, a: &ServeArgs, u: &UserCommand) -> Result<i32> {
     let store = UserStore::new(&state_dir(a)?);
     match u {
         UserCommand::Add(add) => {
-            let role = Role::parse(&add.role).ok_or_else(|| anyhow!("unknown role"))?;
+            let grant = &add.grant;
+            let role = Role::parse(&grant.role).ok_or_else(|| anyhow!("unknown role"))?;
             let password = user_password(add.password_file.as_deref())?;
             let entry = store.add(
                 &add.name,
-                &add.datastore,
+                &grant.datastore,
                 role,
-                add.host.as_deref(),
+                grant.host.as_deref(),
                 &password,
             )?;
             if g.json {

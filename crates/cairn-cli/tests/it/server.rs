@@ -2521,9 +2521,10 @@ fn run_console_script(script: &str, vars: &[(&str, &str)]) -> serde_json::Value 
     v
 }
 
-/// Adds a console user with the CLI, the password from a file.
-fn add_user(srv: &Server, dir: &Path, name: &str, grant: &[&str], password: &str) {
-    let file = dir.join(format!("{name}.pw"));
+/// Adds a console user with the CLI, the password from a file (`NAME.pw` beside the
+/// server's state directory).
+fn add_user(srv: &Server, name: &str, grant: &[&str], password: &str) {
+    let file = srv.state.with_file_name(format!("{name}.pw"));
     std::fs::write(&file, format!("{password}\n")).unwrap();
     let o = Command::new(bin())
         .args(["serve", "user", "add", name])
@@ -2593,18 +2594,14 @@ fn console_users_sign_in_with_a_password_and_see_what_their_grant_allows() {
     let other = Env::new();
     let srv = two_datastores(&env, &other, true);
     let p = srv.port;
-    let dir = env.path("pw");
-    std::fs::create_dir_all(&dir).unwrap();
     add_user(
         &srv,
-        &dir,
         "ann",
         &["--datastore", "*", "--role", "admin"],
         "correct horse",
     );
     add_user(
         &srv,
-        &dir,
         "bob",
         &[
             "--datastore",
@@ -2643,7 +2640,7 @@ fn console_users_sign_in_with_a_password_and_see_what_their_grant_allows() {
             "8 characters",
         ),
     ] {
-        let file = dir.join("short.pw");
+        let file = env.path("short.pw");
         std::fs::write(&file, "short\n").unwrap();
         let o = Command::new(bin())
             .args(["serve", "user", "add", "carl"])
@@ -2652,7 +2649,7 @@ fn console_users_sign_in_with_a_password_and_see_what_their_grant_allows() {
             .arg(if why == "8 characters" {
                 file.clone()
             } else {
-                dir.join("ann.pw")
+                env.path("ann.pw")
             })
             .arg("--state-dir")
             .arg(&srv.state)
@@ -2820,11 +2817,8 @@ fn the_console_shows_the_fleet_and_survives_bad_ids_and_storage_going_down_in_ch
     let outage = Outage::start(scheme_host, cut.clone());
     other.location = format!("s3:http://127.0.0.1:{}/{rest}", outage.port);
     let srv = two_datastores(&env, &other, false);
-    let dir = env.path("pw");
-    std::fs::create_dir_all(&dir).unwrap();
     add_user(
         &srv,
-        &dir,
         "ann",
         &["--datastore", "*", "--role", "admin"],
         "correct horse",

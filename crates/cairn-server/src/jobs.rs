@@ -228,7 +228,8 @@ pub struct Jobs {
     /// Schedules made in the console (`schedules.json` in the state directory).
     console: crate::statefile::StateFile<ScheduleFile>,
     passwords: BTreeMap<String, PathBuf>,
-    path: PathBuf,
+    /// `jobs-history.json`: each job's last runs.
+    history: crate::statefile::StateFile<History>,
     state: Mutex<State>,
 }
 
@@ -262,16 +263,14 @@ impl Jobs {
         passwords: BTreeMap<String, PathBuf>,
         state_dir: &std::path::Path,
     ) -> Jobs {
-        let path = state_dir.join("jobs-history.json");
-        let history = std::fs::read(&path)
-            .ok()
-            .and_then(|d| serde_json::from_slice(&d).ok())
-            .unwrap_or_default();
+        let file = crate::statefile::StateFile::new(state_dir.join("jobs-history.json"));
+        // A history that cannot be read starts again empty: it is a record, not a setting.
+        let history = file.load().unwrap_or_default();
         Jobs {
             specs,
             console: crate::statefile::StateFile::new(state_dir.join("schedules.json")),
             passwords,
-            path,
+            history: file,
             state: Mutex::new(State {
                 history,
                 ..Default::default()
@@ -392,11 +391,8 @@ impl Jobs {
         while h.len() > HISTORY {
             h.pop_front();
         }
-        if let Ok(body) = serde_json::to_vec_pretty(&s.history) {
-            let tmp = self.path.with_extension("tmp");
-            if std::fs::write(&tmp, body).is_ok() {
-                let _ = std::fs::rename(&tmp, &self.path);
-            }
+        if let Err(e) = self.history.save(&s.history) {
+            crate::log_line(&format!("job {name}: its run is not kept on disk: {e}"));
         }
     }
 }

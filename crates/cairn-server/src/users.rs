@@ -131,8 +131,9 @@ const MAX_TRACKED: usize = 10_000;
 pub struct UserStore {
     file: StateFile<UserFile>,
     failures: Mutex<HashMap<String, Failures>>,
-    /// A hash to verify against when the name is unknown (same cost).
-    decoy: String,
+    /// A hash to verify against when the name is unknown (same cost), made at the
+    /// first sign-in: the CLI's `user` commands never need it.
+    decoy: std::sync::OnceLock<String>,
 }
 
 impl UserStore {
@@ -140,7 +141,7 @@ impl UserStore {
         UserStore {
             file: StateFile::new(state_dir.join("users.json")),
             failures: Mutex::new(HashMap::new()),
-            decoy: hash_password("decoy password, never valid").unwrap_or_default(),
+            decoy: std::sync::OnceLock::new(),
         }
     }
 
@@ -264,9 +265,12 @@ impl UserStore {
             return Ok(SignInOutcome::Wait(wait));
         }
         let user = self.get(name)?;
-        let hash = user
-            .as_ref()
-            .map_or(self.decoy.as_str(), |u| u.hash.as_str());
+        let hash = match &user {
+            Some(u) => u.hash.as_str(),
+            None => self
+                .decoy
+                .get_or_init(|| hash_password("decoy password, never valid").unwrap_or_default()),
+        };
         let good = verify(hash, password);
         match user {
             Some(u) if good => {

@@ -787,9 +787,24 @@ mod tests {
         let all = jobs.scheduled();
         assert_eq!(all.len(), 2);
         assert_eq!(all[1], (spec("hourly", "check", "1h"), "console"));
-        // Kept across a restart (another Jobs on the same state directory).
+        jobs.finish(
+            "hourly",
+            Run {
+                started: "a".into(),
+                ended: "b".into(),
+                secs: 1.0,
+                outcome: "ok".into(),
+                summary: "fine".into(),
+                trigger: "schedule".into(),
+            },
+        );
+        // Kept across a restart (another Jobs on the same state directory): the
+        // schedule and its runs.
         let again = Jobs::new(Vec::new(), BTreeMap::new(), dir.path());
         assert_eq!(again.console_specs(), vec![spec("hourly", "check", "1h")]);
+        let status = again.status();
+        assert_eq!(status[0].runs.len(), 1);
+        assert_eq!(status[0].runs[0].summary, "fine");
 
         let t0 = std::time::Instant::now();
         let hour = Duration::from_secs(3600);

@@ -326,6 +326,7 @@ fn run_window(
     let next = AtomicUsize::new(0);
     let jobs = packs.len() + usize::from(!zeros.is_empty());
     let threads = (crate::threads::cores() + 2).min(jobs.max(1));
+    let max_range = crate::ops::restore::execute::range_limit(repo);
     let fail = |at: u64, len: u64, why: String| crate::lock(failed).push((at, len, why));
     let put = |data: &[u8], at: u64| match target.file.write_all_at(data, at) {
         Ok(()) => {
@@ -360,7 +361,7 @@ fn run_window(
                         return;
                     };
                     let pack = repo.index().pack_by_number(*pack_no);
-                    for range in crate::ops::restore::execute::ranges(needs) {
+                    for range in crate::ops::restore::execute::ranges(needs, max_range) {
                         let first = range[0].offset;
                         let end = range
                             .iter()

@@ -23,8 +23,20 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Gaps up to this size between needed blobs are read through rather than split.
 const MAX_GAP: u32 = 512 << 10;
-/// Upper bound of one range read.
+/// Upper bound of one range read (each reading thread holds one at a time).
 const MAX_RANGE: u32 = 8 << 20;
+/// The least a range is bounded to under a tight memory limit.
+const MIN_RANGE: u32 = 1 << 20;
+
+/// The bound of one range read for `repo`: [`MAX_RANGE`], or under a memory limit
+/// the share of the working memory that lets every reading thread hold two (the
+/// range and what it decodes to) — a restore's pack reads are most of what it
+/// holds.
+pub(crate) fn range_limit(repo: &Repository) -> u32 {
+    repo.memory_plan_in_use().map_or(MAX_RANGE, |p| {
+        p.share(2 * threads() as u64, MIN_RANGE.into(), MAX_RANGE.into()) as u32
+    })
+}
 /// Files a worker keeps open (each with up to two descriptors).
 pub(crate) const OPEN_FILES_PER_WORKER: usize = 64;
 
@@ -52,8 +64,9 @@ impl PackSpan for Need {
 }
 
 /// Splits a pack's needs, sorted by offset, into ranges read in one request each:
-/// gaps up to [`MAX_GAP`] are read through, a range stops at [`MAX_RANGE`].
-pub(crate) fn ranges<T: PackSpan>(needs: &[T]) -> Vec<&[T]> {
+/// gaps up to [`MAX_GAP`] are read through, a range stops at `max_range` bytes
+/// (see [`range_limit`]; a single larger blob is a range of its own).
+pub(crate) fn ranges<T: PackSpan>(needs: &[T], max_range: u32) -> Vec<&[T]> {
     let mut out = Vec::new();
     let Some(first) = needs.first() else {
         return out;
@@ -63,7 +76,7 @@ pub(crate) fn ranges<T: PackSpan>(needs: &[T]) -> Vec<&[T]> {
     for (i, n) in needs.iter().enumerate().skip(1) {
         let (offset, length) = n.span();
         let n_end = offset + length;
-        if offset > end.saturating_add(MAX_GAP) || n_end.saturating_sub(first_off) > MAX_RANGE {
+        if offset > end.saturating_add(MAX_GAP) || n_end.saturating_sub(first_off) > max_range {
             out.push(&needs[start..i]);
             (start, first_off, end) = (i, offset, n_end);
         } else {
@@ -189,6 +202,7 @@ pub(crate) fn execute(
     let bytes = AtomicU64::new(0);
     let failed: Mutex<HashMap<u32, String>> = Mutex::new(HashMap::new());
     let threads = threads();
+    let max_range = range_limit(repo);
     let fail = |file: u32, msg: String| {
         failed
             .lock()
@@ -219,7 +233,7 @@ pub(crate) fn execute(
                         continue;
                     }
                     let pack = repo.index().pack_by_number(*pack_no);
-                    for range in ranges(needs) {
+                    for range in ranges(needs, max_range) {
                         let start = range[0].offset;
                         let end = range
                             .iter()
@@ -393,11 +407,20 @@ mod tests {
             need(300, 10),
             need(2 << 20, 5),
         ];
-        let r = ranges(&needs);
+        let r = ranges(&needs, MAX_RANGE);
         assert_eq!(r.len(), 2);
         assert_eq!(r[0].len(), 4);
         assert_eq!(r[1].len(), 1);
-        assert!(ranges::<Need>(&[]).is_empty());
+        assert!(ranges::<Need>(&[], MAX_RANGE).is_empty());
+        // A smaller bound splits a run of adjacent blobs; a blob larger than the
+        // bound is a range of its own.
+        let run: Vec<Need> = (0..8).map(|i| need(i << 20, 1 << 20)).collect();
+        assert_eq!(ranges(&run, MAX_RANGE).len(), 1);
+        let r = ranges(&run, MIN_RANGE);
+        assert_eq!(r.len(), 8);
+        assert!(r.iter().all(|r| r.len() == 1));
+        let r = ranges(&run, 2 << 20);
+        assert_eq!(r.iter().map(|r| r.len()).collect::<Vec<_>>(), vec![2; 4]);
     }
 
     /// A run that cannot be written (its file was replaced under restore) is reported

@@ -26,6 +26,7 @@
 use crate::error::{Error, Result};
 use crate::progress::{Phase, Progress};
 use crate::repo::lock::{self, RepoLock};
+use crate::repo::memory::IndexUse;
 use crate::repo::{IndexState, Repository, SnapshotList};
 use cairn_format::SnapshotId;
 use cairn_format::snapshot::Snapshot;
@@ -102,6 +103,10 @@ pub enum IndexLoad {
     /// only the index files listing trees and chunk lists (the server is asked
     /// about data chunks); else as `Placement`.
     Backup,
+    /// On local disk without its filter, whatever the placement: for a
+    /// long-lived reader that looks up only blobs trees name (the mount), whose
+    /// memory must not grow with the repository.
+    ForReads,
     /// Never: the operation reads the index itself, in the order it needs (prune,
     /// repair), or not at all (forget).
     None,
@@ -275,9 +280,13 @@ impl<A: Access> Session<A> {
         // Prune and repair load the whole index in RAM themselves; forget needs none.
         let maintenance = operation == "prune" || operation.starts_with("repair");
         if !matches!(index, IndexLoad::None) || maintenance {
-            let plan = s
-                .repo
-                .memory_plan(matches!(index, IndexLoad::Full) || maintenance)?;
+            let index_use = match index {
+                _ if maintenance => IndexUse::WholeInRam,
+                IndexLoad::Full => IndexUse::WholeInRam,
+                IndexLoad::ForReads => IndexUse::ForReads,
+                _ => IndexUse::Placement,
+            };
+            let plan = s.repo.memory_plan(index_use)?;
             if let Some(p) = &plan {
                 progress.notice(p.describe());
             }
@@ -285,6 +294,15 @@ impl<A: Access> Session<A> {
         }
         match index {
             IndexLoad::Placement => s.load_index()?,
+            IndexLoad::ForReads => {
+                s.progress.phase(Phase::LoadingIndex);
+                s.repo.load_index_for_reads()?;
+                for e in s.repo.index_errors() {
+                    s.progress
+                        .warning_msg(format!("{e} (its blobs are treated as missing)"));
+                }
+                s.index_loaded = true;
+            }
             IndexLoad::Backup => s.load_index_for_backup()?,
             IndexLoad::Full => s.load_full_index()?,
             IndexLoad::Deferred | IndexLoad::None => {}

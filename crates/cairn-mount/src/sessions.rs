@@ -91,8 +91,7 @@ impl Sessions {
         // The old one goes first: its lock is not needed twice.
         cur.take();
         let repo = self.template.reopen()?.with_blob_cache(self.cache.clone());
-        let session =
-            Session::<Read>::open(repo, "mount", IndexLoad::Placement, &Progress::none())?;
+        let session = Session::<Read>::open(repo, "mount", IndexLoad::ForReads, &Progress::none())?;
         let (list, problems) = Listing::new(&session.snapshots()?.0);
         for p in problems {
             self.log.error(&p);

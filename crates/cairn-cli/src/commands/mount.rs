@@ -24,7 +24,7 @@ fn cache_sizes(
     progress: &cairn_core::progress::Progress,
 ) -> Result<(u64, u64)> {
     const DEFAULT: u64 = 64 << 20;
-    let Some(plan) = repo.memory_plan(false)? else {
+    let Some(plan) = repo.memory_plan(cairn_core::repo::memory::IndexUse::ForReads)? else {
         return Ok((cache_size.unwrap_or(DEFAULT), DEFAULT));
     };
     let trees = plan.share(3, 4 << 20, DEFAULT);

@@ -432,6 +432,14 @@ fn a_mount_sizes_its_caches_to_the_memory_limit_or_refuses() {
     );
     let root = mnt.join("latest").join(src.strip_prefix("/").unwrap());
     assert!(fs::read(root.join("f")).unwrap() == data);
+    // The repository keeps its index in RAM, but the mount looks it up on local
+    // disk (the SSD placement's files, in the cache directory), so its memory does
+    // not grow with the repository.
+    assert!(said.contains("SSD placement"), "{said}");
+    let built = fs::read_dir(env.path("cache").join("cairn").join("index"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(built > 0, "no on-disk index under the cache directory");
     drop(m);
     let other = env.path("mnt2");
     fs::create_dir_all(&other).unwrap();

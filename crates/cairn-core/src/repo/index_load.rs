@@ -2,6 +2,7 @@
 //! placement.
 
 use super::*;
+use crate::index::ssd::{Answers, SsdIndex};
 
 /// What the repository's index files and pending-deletion records say.
 #[derive(Default)]
@@ -198,16 +199,32 @@ impl Repository {
             IndexPlacement::Ram => self.load_index_in_ram(),
             IndexPlacement::Ssd => {
                 let base = self.index_path()?;
-                let (ssd, packs) = crate::index::ssd::SsdIndex::open(self, &base)?;
-                self.index_errors = ssd
-                    .errors
-                    .iter()
-                    .map(|e| Error::Invalid(e.clone()))
-                    .collect();
-                self.index = Arc::new(MasterIndex::from_ssd(ssd, packs));
-                Ok(())
+                self.load_index_on_disk(&base, Answers::AnyId)
             }
         }
+    }
+
+    /// Loads the master index for a long-lived reader that looks up only blobs
+    /// that trees and chunk lists name (the mount): the SSD placement's files
+    /// whatever the repository's placement (built on this machine when missing or
+    /// stale), without their filter, so the RAM it holds does not grow with the
+    /// repository. With no directory for those files, as [`Repository::load_index`].
+    pub(crate) fn load_index_for_reads(&mut self) -> Result<()> {
+        match self.index_path() {
+            Ok(base) => self.load_index_on_disk(&base, Answers::StoredIds),
+            Err(_) => self.load_index(),
+        }
+    }
+
+    fn load_index_on_disk(&mut self, base: &std::path::Path, answers: Answers) -> Result<()> {
+        let (ssd, packs) = SsdIndex::open_with(self, base, answers)?;
+        self.index_errors = ssd
+            .errors
+            .iter()
+            .map(|e| Error::Invalid(e.clone()))
+            .collect();
+        self.index = Arc::new(MasterIndex::from_ssd(ssd, packs));
+        Ok(())
     }
 
     /// Loads the master index into RAM whatever the placement (for maintenance

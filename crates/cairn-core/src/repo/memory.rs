@@ -20,6 +20,19 @@ const INDEX_FILE_BYTES_PER_ENTRY: f64 = 42.0;
 /// RAM per entry: the RAM placement's record, and the SSD placement's share.
 const RAM_PLACEMENT_BYTES_PER_ENTRY: f64 = crate::index::RECORD_LEN as f64 + 0.25;
 const SSD_PLACEMENT_BYTES_PER_ENTRY: f64 = 1.4;
+/// The same files opened without their filter, for a reader of stored blobs only.
+const FOR_READS_BYTES_PER_ENTRY: f64 = 0.2;
+
+/// How an operation will hold the index, for its memory plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexUse {
+    /// In the repository's placement.
+    Placement,
+    /// Entirely in RAM whatever the placement (maintenance).
+    WholeInRam,
+    /// On local disk without its filter, whatever the placement (the mount).
+    ForReads,
+}
 /// What any operation needs besides the index and its working buffers: the program,
 /// thread stacks, the allocator's slack.
 const BASE_BYTES: u64 = 48 << 20;
@@ -72,10 +85,10 @@ impl Repository {
         self.memory_limit
     }
 
-    /// The plan for an operation that loads the index in its placement (or, with
-    /// `whole_in_ram`, entirely in RAM), under the limit; `None` without a limit.
+    /// The plan for an operation that holds the index as `index` says, under the
+    /// limit; `None` without a limit.
     /// A limit the index alone would break is an error that says what to change.
-    pub fn memory_plan(&self, whole_in_ram: bool) -> Result<Option<MemoryPlan>> {
+    pub fn memory_plan(&self, index: IndexUse) -> Result<Option<MemoryPlan>> {
         let Some(limit) = self.memory_limit else {
             return Ok(None);
         };
@@ -86,10 +99,17 @@ impl Repository {
             .map(|o| o.size)
             .sum();
         let entries = index_file_bytes as f64 / INDEX_FILE_BYTES_PER_ENTRY;
-        let in_ram = whole_in_ram || self.config().index_placement == IndexPlacement::Ram;
+        let whole_in_ram = index == IndexUse::WholeInRam;
+        let for_reads = index == IndexUse::ForReads && self.index_path().is_ok();
+        let in_ram =
+            whole_in_ram || (!for_reads && self.config().index_placement == IndexPlacement::Ram);
         let ram = (entries * RAM_PLACEMENT_BYTES_PER_ENTRY) as u64;
         let ssd = (entries * SSD_PLACEMENT_BYTES_PER_ENTRY) as u64;
-        let index_bytes = if in_ram { ram } else { ssd };
+        let index_bytes = match (in_ram, for_reads) {
+            (true, _) => ram,
+            (false, true) => (entries * FOR_READS_BYTES_PER_ENTRY) as u64,
+            (false, false) => ssd,
+        };
         let needed = BASE_BYTES + index_bytes + MIN_WORK_BYTES;
         if needed > limit {
             let advice = if in_ram && !whole_in_ram && BASE_BYTES + ssd + MIN_WORK_BYTES <= limit {
@@ -162,7 +182,7 @@ mod tests {
     fn an_index_too_large_for_the_limit_is_refused_with_the_ssd_placement_as_the_way_out() {
         let mut repo = crate::testutil::mem_repo();
         assert!(
-            repo.memory_plan(false).unwrap().is_none(),
+            repo.memory_plan(IndexUse::Placement).unwrap().is_none(),
             "no limit, no plan"
         );
         // Index files of 42 MB: about a million entries, 47 MB in RAM, 1.4 MB on SSD.
@@ -170,14 +190,26 @@ mod tests {
             .put("index/00", &vec![0u8; 42 << 20])
             .unwrap();
         repo.set_memory_limit(Some(100 << 20));
-        let e = repo.memory_plan(false).unwrap_err().to_string();
+        let e = repo
+            .memory_plan(IndexUse::Placement)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--index-placement ssd"), "{e}");
+        // The mount looks the index up on disk without its filter: it fits.
+        if repo.index_path().is_ok() {
+            let plan = repo.memory_plan(IndexUse::ForReads).unwrap().unwrap();
+            assert!(!plan.index_in_ram);
+            assert!(plan.index_bytes < 1 << 20, "{plan:?}");
+        }
         // Maintenance holds the whole index in RAM: the SSD placement would not help.
-        let e = repo.memory_plan(true).unwrap_err().to_string();
+        let e = repo
+            .memory_plan(IndexUse::WholeInRam)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("whole index in RAM"), "{e}");
         // A limit that fits leaves the rest for buffers, and says so.
         repo.set_memory_limit(Some(1 << 30));
-        let plan = repo.memory_plan(false).unwrap().unwrap();
+        let plan = repo.memory_plan(IndexUse::Placement).unwrap().unwrap();
         assert!(plan.index_in_ram);
         assert!((45 << 20..50 << 20).contains(&plan.index_bytes), "{plan:?}");
         assert_eq!(plan.work_bytes, (1 << 30) - BASE_BYTES - plan.index_bytes);

@@ -23,7 +23,7 @@ impl SsdIndex {
     /// bounded separately).
     pub fn ram_bytes(&self) -> usize {
         self.delta.as_ref().map_or(0, |d| d.ram_bytes())
-            + self.filter.blocks.len() * 64
+            + self.filter.as_ref().map_or(0, |f| f.blocks.len() * 64)
             + self.dir.len() * 8
             + self.runs.len() * std::mem::size_of::<Run>()
             + self.skipped.len() * 8
@@ -166,7 +166,11 @@ impl SsdIndex {
     pub(super) fn lookup_segment(&self, id: &BlobId) -> Option<(BlobLocation, bool)> {
         // The filter first: it needs no lock, and new data (most of a first
         // backup) ends there; every cached blob passes it.
-        if !self.filter.may_contain(prefix_of(&id.0)) {
+        if self
+            .filter
+            .as_ref()
+            .is_some_and(|f| !f.may_contain(prefix_of(&id.0)))
+        {
             return None;
         }
         if let Some(hit) = self

@@ -85,6 +85,18 @@ pub const RAM_BYTES_PER_BLOB: f64 =
 /// Local-disk bytes per blob (record and key).
 pub const DISK_BYTES_PER_BLOB: f64 = (RECORD_LEN + KEY_LEN) as f64;
 
+/// What the caller of an SSD index will ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answers {
+    /// Any id, most of them new (a backup): the Bloom filter in RAM answers
+    /// "certainly absent" without a disk read.
+    AnyId,
+    /// Ids that trees and chunk lists name, nearly always stored (a mount, a
+    /// restore): the filter would be passed anyway, so it is not loaded, and RAM
+    /// stays nearly flat whatever the repository's size.
+    StoredIds,
+}
+
 /// The open SSD index.
 pub struct SsdIndex {
     dir_path: PathBuf,
@@ -95,7 +107,8 @@ pub struct SsdIndex {
     live: u64,
     dir_bits: u32,
     dir: Vec<u64>,
-    filter: Filter,
+    /// `None` when opened for [`Answers::StoredIds`].
+    filter: Option<Filter>,
     runs: Vec<Run>,
     /// Record positions that are not the chosen copy of their id (duplicates).
     skipped: Vec<u64>,
@@ -172,6 +185,17 @@ impl SsdIndex {
     /// Opens the index at `base` for `repo`, rebuilding it first when the
     /// repository's index files changed since it was built.
     pub fn open(repo: &dyn IndexSource, base: &Path) -> Result<(SsdIndex, Vec<PackId>)> {
+        Self::open_with(repo, base, Answers::AnyId)
+    }
+
+    /// As [`SsdIndex::open`], for a reader that asks only `answers`: with
+    /// [`Answers::StoredIds`] the filter stays on disk, and the RAM held is the
+    /// directory and the pack runs (about 0.15 bytes per blob).
+    pub fn open_with(
+        repo: &dyn IndexSource,
+        base: &Path,
+        answers: Answers,
+    ) -> Result<(SsdIndex, Vec<PackId>)> {
         let repo_id = repo.repository_id().to_string();
         let dir = Self::dir_for(base, &repo_id);
         std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
@@ -181,7 +205,7 @@ impl SsdIndex {
         loop {
             attempt += 1;
             let (files, pending) = listing(repo)?;
-            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending) {
+            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, answers) {
                 return Ok(ix);
             }
             // One builder at a time; whoever waited finds the fresh build above.
@@ -190,7 +214,7 @@ impl SsdIndex {
                 nix::fcntl::FlockArg::LockExclusive,
             )
             .map_err(|(_, e)| Error::Invalid(format!("locking {}: {e}", lock_path.display())))?;
-            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending) {
+            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, answers) {
                 drop(guard);
                 return Ok(ix);
             }
@@ -199,7 +223,9 @@ impl SsdIndex {
                 Err(Error::Backend(b)) if b.is_not_found() && attempt < 5 => continue,
                 Err(e) => return Err(e),
             };
-            if incremental && let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending) {
+            if incremental
+                && let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, answers)
+            {
                 drop(guard);
                 return Ok(ix);
             }
@@ -212,7 +238,7 @@ impl SsdIndex {
                 Err(e) => return Err(e),
             }
             drop(guard);
-            return Self::load_current(&dir, &repo_id, &files, &pending);
+            return Self::load_current(&dir, &repo_id, &files, &pending, answers);
         }
     }
 
@@ -232,7 +258,7 @@ impl SsdIndex {
                 .map(|n| dir.join(n.trim()).join(DAMAGED))
                 .is_some_and(|p| p.exists())
         };
-        match Self::load_current(&dir, &repo_id, &files, &pending) {
+        match Self::load_current(&dir, &repo_id, &files, &pending, Answers::AnyId) {
             Ok((ix, _)) => Ok(match ix.verify() {
                 Ok(()) => CacheState::Intact,
                 Err(e) => CacheState::Damaged(e),
@@ -251,6 +277,7 @@ impl SsdIndex {
         repo_id: &str,
         files: &[String],
         pending: &[String],
+        answers: Answers,
     ) -> Result<(SsdIndex, Vec<PackId>)> {
         let name = String::from_utf8(read_file(dir, "CURRENT")?)
             .map_err(|_| Error::Invalid("SSD index: CURRENT is not a name".into()))?;
@@ -260,7 +287,7 @@ impl SsdIndex {
                 "SSD index: CURRENT is not a build name".into(),
             ));
         }
-        Self::load(&dir.join(name), repo_id, files, pending)
+        Self::load(&dir.join(name), repo_id, files, pending, answers)
     }
 
     /// Loads a build: its base segment, and its delta segment when it has one
@@ -271,6 +298,7 @@ impl SsdIndex {
         repo_id: &str,
         files: &[String],
         pending: &[String],
+        answers: Answers,
     ) -> Result<(SsdIndex, Vec<PackId>)> {
         let stale = || Error::Invalid("SSD index is out of date".into());
         let m = read_manifest(dir, repo_id)?;
@@ -279,7 +307,7 @@ impl SsdIndex {
             if m.index_files != files || m.pending != pending {
                 return Err(stale());
             }
-            return Self::load_segment(dir, m);
+            return Self::load_segment(dir, m, answers);
         }
         let md = read_manifest(&delta_dir, repo_id)?;
         let mut all: Vec<String> = m
@@ -292,8 +320,8 @@ impl SsdIndex {
         if all != files || m.pending != pending || !md.pending.is_empty() {
             return Err(stale());
         }
-        let (mut base, mut packs) = Self::load_segment(dir, m)?;
-        let (delta, delta_packs) = Self::load_segment(&delta_dir, md)?;
+        let (mut base, mut packs) = Self::load_segment(dir, m, answers)?;
+        let (delta, delta_packs) = Self::load_segment(&delta_dir, md, answers)?;
         base.base_packs = packs.len() as u32;
         packs.extend(delta_packs);
         base.delta = Some(Box::new(delta));
@@ -301,7 +329,7 @@ impl SsdIndex {
     }
 
     /// Loads one segment's files, checking that they are consistent.
-    fn load_segment(dir: &Path, m: Manifest) -> Result<(SsdIndex, Vec<PackId>)> {
+    fn load_segment(dir: &Path, m: Manifest, answers: Answers) -> Result<(SsdIndex, Vec<PackId>)> {
         let bad = |what: &str| damage(dir, &format!("{what} is inconsistent"));
         let records = CheckedFile::open(dir, "records.bin", m.records * RECORD_LEN as u64, &m)?;
         let keys = CheckedFile::open(dir, "keys.bin", m.records * KEY_LEN as u64, &m)?;
@@ -317,11 +345,18 @@ impl SsdIndex {
         if d.windows(2).any(|w| w[1] - w[0] > MAX_BUCKET_KEYS) {
             return Err(bad("directory"));
         }
-        let filter = Filter::from_bytes(&read_verified(dir, "filter.bin", &m)?)
-            .ok_or_else(|| bad("filter"))?;
-        if filter.blocks.len() as u64 != (m.records * FILTER_BITS_PER_BLOB).div_ceil(512).max(1) {
-            return Err(bad("filter"));
-        }
+        let filter = match answers {
+            Answers::StoredIds => None,
+            Answers::AnyId => {
+                let f = Filter::from_bytes(&read_verified(dir, "filter.bin", &m)?)
+                    .ok_or_else(|| bad("filter"))?;
+                if f.blocks.len() as u64 != (m.records * FILTER_BITS_PER_BLOB).div_ceil(512).max(1)
+                {
+                    return Err(bad("filter"));
+                }
+                Some(f)
+            }
+        };
         let packs: Vec<PackId> = read_verified(dir, "packs.bin", &m)?
             .chunks_exact(32)
             .map(|c| {
@@ -450,8 +485,27 @@ pub(super) mod tests {
     }
 
     /// Every answer of the SSD index equals the RAM index's on the same files.
+    /// The SSD index answers as the RAM index does, opened with its filter or
+    /// without (for readers of stored ids, where it holds less RAM).
     fn assert_same(repo: &mut Repository, base: &Path, probes: &[BlobId], dups: &[BlobId]) {
-        let (ssd, packs) = SsdIndex::open(repo, base).unwrap();
+        assert_same_as(repo, base, probes, dups, Answers::AnyId);
+        assert_same_as(repo, base, probes, dups, Answers::StoredIds);
+        let with = SsdIndex::open(repo, base).unwrap().0.ram_bytes();
+        let without = SsdIndex::open_with(repo, base, Answers::StoredIds)
+            .unwrap()
+            .0
+            .ram_bytes();
+        assert!(without < with, "{without} < {with}");
+    }
+
+    fn assert_same_as(
+        repo: &mut Repository,
+        base: &Path,
+        probes: &[BlobId],
+        dups: &[BlobId],
+        answers: Answers,
+    ) {
+        let (ssd, packs) = SsdIndex::open_with(repo, base, answers).unwrap();
         let ssd = MasterIndex::from_ssd(ssd, packs);
         repo.load_index_in_ram().unwrap();
         let ram = repo.index().clone();

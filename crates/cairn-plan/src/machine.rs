@@ -315,6 +315,37 @@ fn synthetic_pack(p: u64, n: u64) -> (PackId, Vec<IndexBlob>) {
     (PackId(pid), blobs)
 }
 
+/// Adds `n` synthetic entries to `repo`'s index, in index files of about
+/// `per_file` entries each (a backup writes up to 200,000), naming packs that do
+/// not exist: a repository whose index is as
+/// large as a big one's, for measuring what grows with the index (a mount's
+/// memory, a session's open) without storing the data. Such a repository is
+/// damaged on purpose (`check` reports the missing packs); it is for benchmarks
+/// only (`bench/mount.sh --index-entries`). The ids are [`index_bench`]'s.
+pub fn add_synthetic_index(
+    repo: &cairn_core::Repository,
+    n: u64,
+    per_file: u64,
+) -> cairn_core::Result<()> {
+    let packs = n.div_ceil(SYNTHETIC_PACK_BLOBS);
+    let per_file = per_file.div_ceil(SYNTHETIC_PACK_BLOBS).max(1);
+    let mut p = 0;
+    while p < packs {
+        let file = cairn_format::index::IndexFile {
+            packs: (p..(p + per_file).min(packs))
+                .map(|q| {
+                    let (id, blobs) = synthetic_pack(q, n);
+                    cairn_format::index::IndexPack { id, blobs }
+                })
+                .collect(),
+            ..Default::default()
+        };
+        repo.write_index_file(&file)?;
+        p += per_file;
+    }
+    Ok(())
+}
+
 fn lookups(index: &MasterIndex, n: u64, count: u64) -> cairn_core::Result<(f64, f64, f64)> {
     let wrong = |what: &str| cairn_core::Error::Invalid(format!("index bench: {what}"));
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
@@ -406,21 +437,7 @@ pub fn index_bench_ssd(n: u64, dir: &std::path::Path) -> cairn_core::Result<Plac
         ..Default::default()
     };
     let repo = cairn_core::Repository::init(backend, None, &opts)?;
-    let per_file = 1_000_000u64.div_ceil(SYNTHETIC_PACK_BLOBS);
-    let mut p = 0;
-    while p < packs {
-        let file = cairn_format::index::IndexFile {
-            packs: (p..(p + per_file).min(packs))
-                .map(|q| {
-                    let (id, blobs) = synthetic_pack(q, n);
-                    cairn_format::index::IndexPack { id, blobs }
-                })
-                .collect(),
-            ..Default::default()
-        };
-        repo.write_index_file(&file)?;
-        p += per_file;
-    }
+    add_synthetic_index(&repo, n, 1_000_000)?;
     let t = Instant::now();
     let (ssd, pack_ids) = cairn_core::index::ssd::SsdIndex::open(&repo, &ssd_dir)?;
     let build = t.elapsed().as_secs_f64();

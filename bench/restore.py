@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Restore speed in three conditions, side by side (issue #18).
+
+    bench/restore.py [--runs 5] [--tools cairn,restic,cp] [--fs root,journal]
+                     [--mib 600] [--writeback-mib 1200] [--settle 65]
+
+For each file system the targets live on (`root`: the work directory's own file
+system; `journal`: a fresh ext4 with the default journal on a loop device backed
+by a file in the work directory, O_DIRECT loop so nothing is cached twice), every
+tool restores the same tree `--runs` times in each condition, the tools taking
+turns run by run:
+
+  quiet      page cache dropped, nothing dirty, nothing deleted lately
+  writeback  a second process writes --writeback-mib MiB to the same file
+             system and fsyncs it, started half a second before the restore
+  deleted    the tool's previous restore (the whole tree) is removed with
+             `rm -rf` right before the restore
+
+`cp` is `cp -a` of the source tree: what the file system allows without a
+repository. Every tool first backs the tree up once from a cold cache (the
+reference for "restore >= 1.5x backup"), and every tool's first quiet restore
+is compared with the source (`diff -r`). Between conditions the targets are
+removed, synced, and the machine left alone for --settle seconds (ext4 without
+a journal will not reuse an inode for 60 s after it was freed).
+
+Writes bench/results/<date>-restore-<sha>.csv and prints min/median/max per
+condition. Needs root (drop_caches, losetup, mount).
+"""
+import argparse
+import csv
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PASSWORD = "bench-restore"
+
+
+def log(msg):
+    print(f"[restore] {msg}", file=sys.stderr, flush=True)
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def timed(argv, env=None, cwd=None):
+    """Runs argv to completion; wall, user and system seconds of the child."""
+    start = time.monotonic()
+    p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.monotonic() - start
+    err = p.stderr.read().decode(errors="replace")
+    p.stderr.close()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise SystemExit(f"{argv[0]} failed ({p.returncode}): {err.strip()[-2000:]}")
+    return wall, ru.ru_utime, ru.ru_stime
+
+
+def tree_bytes(path):
+    total = 0
+    for d, _, files in os.walk(path):
+        for f in files:
+            st = os.lstat(os.path.join(d, f))
+            total += st.st_size
+    return total
+
+
+class Tool:
+    def __init__(self, name, work, source, env):
+        self.name, self.work, self.source, self.env = name, work, source, env
+        self.repo = os.path.join(work, "repos", name)
+
+    def restored_root(self, target):
+        """Where the source tree lands under a restore target."""
+        if self.name == "cp":
+            return target
+        return os.path.join(target, self.source.lstrip("/"))
+
+
+class Cairn(Tool):
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.bin = os.path.join(ROOT, "target", "release", "cairn")
+
+    def init(self):
+        subprocess.run([self.bin, "init", "-q", "--repo", self.repo], env=self.env, check=True)
+
+    def backup(self):
+        return [self.bin, "backup", "-q", "--repo", self.repo, self.source]
+
+    def restore(self, target):
+        return [self.bin, "restore", "latest", "-q", "--repo", self.repo, "--target", target]
+
+
+class Restic(Tool):
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.bin = os.path.join(HERE, ".tools", "restic")
+
+    def init(self):
+        subprocess.run([self.bin, "init", "-q", "-r", self.repo], env=self.env, check=True,
+                       stdout=subprocess.DEVNULL)
+
+    def backup(self):
+        return [self.bin, "backup", "-q", "-r", self.repo, self.source]
+
+    def restore(self, target):
+        return [self.bin, "restore", "latest", "-q", "-r", self.repo, "--target", target]
+
+
+class Cp(Tool):
+    def init(self):
+        pass
+
+    def backup(self):
+        return None
+
+    def restore(self, target):
+        return ["cp", "-a", self.source, target]
+
+
+TOOLS = {"cairn": Cairn, "restic": Restic, "cp": Cp}
+
+
+class JournalFs:
+    """A fresh ext4 with a journal (mkfs.ext4's default) on a loop device."""
+
+    def __init__(self, work, size_gib):
+        self.img = os.path.join(work, "journal-ext4.img")
+        self.mnt = os.path.join(work, "journal-mnt")
+        os.makedirs(self.mnt, exist_ok=True)
+        with open(self.img, "wb") as f:
+            f.truncate(size_gib << 30)
+        subprocess.run(["mkfs.ext4", "-q", "-F", self.img], check=True)
+        self.dev = subprocess.run(["losetup", "--direct-io=on", "-f", "--show", self.img],
+                                  check=True, capture_output=True, text=True).stdout.strip()
+        subprocess.run(["mount", self.dev, self.mnt], check=True)
+
+    def close(self):
+        subprocess.run(["umount", self.mnt], check=False)
+        subprocess.run(["losetup", "-d", self.dev], check=False)
+        os.unlink(self.img)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--tools", default="cairn,restic,cp")
+    ap.add_argument("--fs", default="root,journal")
+    ap.add_argument("--conditions", default="quiet,writeback,deleted")
+    ap.add_argument("--mib", type=int, default=600, help="size of the mixed dataset (whole /usr directories)")
+    ap.add_argument("--writeback-mib", type=int, default=1200)
+    ap.add_argument("--settle", type=int, default=65)
+    ap.add_argument("--work", default=os.path.join(HERE, ".work", "restore"))
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        ap.error("needs root (drop_caches, losetup, mount)")
+    tools_wanted = a.tools.split(",")
+    for t in tools_wanted:
+        if t not in TOOLS:
+            ap.error(f"unknown tool {t}")
+    if "restic" in tools_wanted and not os.path.exists(os.path.join(HERE, ".tools", "restic")):
+        subprocess.run([os.path.join(HERE, "install-peers.sh")], check=True)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "cairn-cli"], cwd=ROOT, check=True)
+    env = dict(os.environ, BENCH_MIXED_MIB=str(a.mib))
+    subprocess.run([os.path.join(HERE, "datasets.sh"), "mixed"], env=env, check=True)
+    source = os.path.join(HERE, ".work", "data", f"mixed-{a.mib}M")
+    size = tree_bytes(source)
+    nfiles = sum(len(f) for _, _, f in os.walk(source))
+    log(f"dataset {source}: {size / 1e6:.0f} MB, {nfiles} files")
+
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(os.path.join(a.work, "repos"))
+    tenv = dict(os.environ, CAIRN_PASSWORD=PASSWORD, RESTIC_PASSWORD=PASSWORD)
+    for k in ("CAIRN_REPO", "RESTIC_REPOSITORY", "RESTIC_PASSWORD_FILE"):
+        tenv.pop(k, None)
+    tools = [TOOLS[t](t, a.work, source, tenv) for t in tools_wanted]
+
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                         text=True).stdout.strip()
+    stamp = time.strftime("%Y-%m-%d-%H%M%S")
+    out = os.path.join(HERE, "results", f"{stamp}-restore-{sha}.csv")
+    rows = []
+    backups = {}
+    for t in tools:
+        t.init()
+        argv = t.backup()
+        if argv:
+            drop_caches()
+            wall, user, sys_ = timed(argv, env=tenv)
+            backups[t.name] = wall
+            log(f"{t.name} backup: {wall:.2f} s ({size / 1e6 / wall:.0f} MB/s), user {user:.2f} sys {sys_:.2f}")
+            rows.append(dict(fs="-", condition="backup", tool=t.name, run=1, wall=wall, user=user,
+                             sys=sys_, mb_per_s=size / 1e6 / wall))
+
+    noise = "/dev/shm/cairn-bench-noise"
+    with open("/dev/urandom", "rb") as src, open(noise, "wb") as dst:
+        for _ in range(a.writeback_mib):
+            dst.write(src.read(1 << 20))
+    try:
+        for fs in a.fs.split(","):
+            jfs = None
+            if fs == "journal":
+                need = (a.runs * len(tools) * size + (a.writeback_mib << 20)) * 1.3
+                jfs = JournalFs(a.work, max(8, int(need / (1 << 30)) + 2))
+                base = jfs.mnt
+            elif fs == "root":
+                base = os.path.join(a.work, "targets")
+                os.makedirs(base, exist_ok=True)
+            else:
+                raise SystemExit(f"unknown --fs {fs}")
+            try:
+                run_fs(a, fs, base, tools, tenv, size, noise, rows)
+            finally:
+                if jfs:
+                    jfs.close()
+    finally:
+        os.unlink(noise)
+        with open(out, "w", newline="") as f:
+            f.write(f"# bench/restore.py {' '.join(sys.argv[1:])}; dataset {source}, {size} bytes, {nfiles} files; "
+                    f"commit {sha}; {os.cpu_count()} cores\n")
+            w = csv.DictWriter(f, fieldnames=["fs", "condition", "tool", "run", "wall", "user", "sys", "mb_per_s"])
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()})
+        log(f"wrote {out}")
+    table(rows, backups, size)
+
+
+def run_fs(a, fs, base, tools, tenv, size, noise, rows):
+    verified = set()
+    for cond in a.conditions.split(","):
+        log(f"{fs}: condition {cond}")
+        previous = {}
+        if cond == "deleted":
+            for t in tools:
+                target = os.path.join(base, f"{t.name}-prime")
+                timed(t.restore(target), env=tenv)
+                previous[t.name] = target
+        for run in range(1, a.runs + 1):
+            for t in tools:
+                target = os.path.join(base, f"{t.name}-{cond}-{run}")
+                drop_caches()
+                writer = None
+                if cond == "deleted":
+                    shutil.rmtree(previous[t.name])
+                elif cond == "writeback":
+                    writer = subprocess.Popen(["dd", f"if={noise}", f"of={os.path.join(base, 'noise')}",
+                                               "bs=1M", "conv=fsync", "status=none"])
+                    time.sleep(0.5)
+                wall, user, sys_ = timed(t.restore(target), env=tenv)
+                if writer:
+                    writer.wait()
+                    os.unlink(os.path.join(base, "noise"))
+                previous[t.name] = target
+                log(f"{fs} {cond} {t.name} run {run}: {wall:.2f} s, user {user:.2f} sys {sys_:.2f}")
+                rows.append(dict(fs=fs, condition=cond, tool=t.name, run=run, wall=wall, user=user,
+                                 sys=sys_, mb_per_s=size / 1e6 / wall))
+                if t.name not in verified:
+                    subprocess.run(["diff", "-r", "--no-dereference", t.source, t.restored_root(target)],
+                                   check=True, stdout=subprocess.DEVNULL)
+                    verified.add(t.name)
+        for name in os.listdir(base):
+            if name != "lost+found":
+                p = os.path.join(base, name)
+                shutil.rmtree(p) if os.path.isdir(p) else os.unlink(p)
+        os.sync()
+        log(f"{fs}: settling {a.settle} s")
+        time.sleep(a.settle)
+
+
+def table(rows, backups, size):
+    print()
+    print(f"| fs | condition | tool | wall s min / median / max | median MB/s | sys s median | "
+          f"median ÷ cairn's backup | tool ÷ cairn (median wall) |")
+    print("|---|---|---|---|---|---|---|---|")
+    groups = {}
+    for r in rows:
+        if r["condition"] != "backup":
+            groups.setdefault((r["fs"], r["condition"], r["tool"]), []).append(r)
+    for (fs, cond, tool), rs in groups.items():
+        walls = sorted(r["wall"] for r in rs)
+        med = statistics.median(walls)
+        sys_med = statistics.median(r["sys"] for r in rs)
+        vs_backup = f"{backups['cairn'] / med:.2f}x" if "cairn" in backups and tool == "cairn" else ""
+        cairn = groups.get((fs, cond, "cairn"))
+        ratio = ""
+        if cairn and tool != "cairn":
+            ratio = f"{med / statistics.median(r['wall'] for r in cairn):.2f}"
+        print(f"| {fs} | {cond} | {tool} | {walls[0]:.2f} / {med:.2f} / {walls[-1]:.2f} | "
+              f"{size / 1e6 / med:.0f} | {sys_med:.2f} | {vs_backup} | {ratio} |")
+    for name, wall in backups.items():
+        print(f"backup {name}: {wall:.2f} s, {size / 1e6 / wall:.0f} MB/s (cold cache)")
+
+
+if __name__ == "__main__":
+    main()

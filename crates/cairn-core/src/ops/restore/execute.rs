@@ -29,14 +29,30 @@ const MAX_RANGE: u32 = 8 << 20;
 const MIN_RANGE: u32 = 1 << 20;
 
 /// The bound of one range read for `repo`: [`MAX_RANGE`], or under a memory limit
-/// the share of the working memory that lets every reading thread hold two (the
-/// range and what it decodes to) — a restore's pack reads are most of what it
-/// holds.
+/// a share of the working memory — a restore's pack reads and merged writes are
+/// most of what it holds. Half the working memory goes to the reading threads;
+/// each holds a range twice (the O_DIRECT buffer and the bytes returned) and its
+/// write buffer twice (the merged run and its aligned copy).
 pub(crate) fn range_limit(repo: &Repository) -> u32 {
-    repo.memory_plan_in_use().map_or(MAX_RANGE, |p| {
-        p.share(2 * threads() as u64, MIN_RANGE.into(), MAX_RANGE.into()) as u32
+    per_thread_share(repo).map_or(MAX_RANGE, |a| {
+        (a / 4).clamp(MIN_RANGE.into(), MAX_RANGE.into()) as u32
     })
 }
+
+/// The bound of one merged write, as [`range_limit`] says.
+fn merged_write_limit(repo: &Repository) -> usize {
+    per_thread_share(repo).map_or(MAX_WRITE, |a| {
+        usize::try_from(a / 4)
+            .unwrap_or(MAX_WRITE)
+            .clamp(MIN_RANGE as usize, MAX_WRITE)
+    })
+}
+
+fn per_thread_share(repo: &Repository) -> Option<u64> {
+    repo.memory_plan_in_use()
+        .map(|p| p.work_bytes / 2 / threads() as u64)
+}
+
 /// Files a worker keeps open (each with up to two descriptors).
 pub(crate) const OPEN_FILES_PER_WORKER: usize = 64;
 
@@ -100,6 +116,8 @@ struct FileWriter<'a> {
     scratch: AlignedBuf,
     /// Cleared when the target filesystem refuses O_DIRECT.
     direct: bool,
+    /// Bytes merged into one write at most (see [`merged_write_limit`]).
+    max_write: usize,
     /// Files a run could not be written to, with why; drained by the caller.
     failed: Vec<(u32, String)>,
 }
@@ -107,9 +125,10 @@ struct FileWriter<'a> {
 const MAX_WRITE: usize = 4 << 20;
 
 impl<'a> FileWriter<'a> {
-    fn new(jobs: &'a [FileJob]) -> Self {
+    fn new(jobs: &'a [FileJob], max_write: usize) -> Self {
         FileWriter {
             jobs,
+            max_write,
             files: HashMap::new(),
             file: 0,
             offset: 0,
@@ -129,7 +148,7 @@ impl FileWriter<'_> {
         if !self.buf.is_empty()
             && (file != self.file
                 || offset != self.offset + self.buf.len() as u64
-                || self.buf.len() + data.len() > MAX_WRITE)
+                || self.buf.len() + data.len() > self.max_write)
         {
             self.flush();
         }
@@ -202,7 +221,7 @@ pub(crate) fn execute(
     let bytes = AtomicU64::new(0);
     let failed: Mutex<HashMap<u32, String>> = Mutex::new(HashMap::new());
     let threads = threads();
-    let max_range = range_limit(repo);
+    let (max_range, max_write) = (range_limit(repo), merged_write_limit(repo));
     let fail = |file: u32, msg: String| {
         failed
             .lock()
@@ -220,7 +239,7 @@ pub(crate) fn execute(
     std::thread::scope(|s| {
         for _ in 0..threads.min(plan.packs.len().max(1)) {
             s.spawn(|| {
-                let mut w = FileWriter::new(jobs);
+                let mut w = FileWriter::new(jobs, max_write);
                 while let Some((pack_no, needs)) =
                     plan.packs.get(next.fetch_add(1, Ordering::Relaxed))
                 {
@@ -454,7 +473,7 @@ mod tests {
         // `a` is replaced before the executor reopens it.
         std::fs::rename(tmp.path().join("a"), tmp.path().join("moved")).unwrap();
         std::fs::write(tmp.path().join("a"), b"someone else's").unwrap();
-        let mut w = FileWriter::new(&jobs);
+        let mut w = FileWriter::new(&jobs, MAX_WRITE);
         w.write(0, 0, b"for a");
         w.write(1, 0, b"for b");
         w.flush();

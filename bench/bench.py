@@ -77,7 +77,8 @@ ALL_TOOLS = ["cairn", "restic", "borg", "kopia"]
 DEFAULT_TOOLS = ["cairn", "restic", "borg"]  # kopia: name it (--tools ...,kopia)
 ALL_DATASETS = ["mixed", "small", "image", "dense"]
 DEFAULT_DATASETS = ["mixed", "small", "image"]  # dense (1M files): name it
-ALL_SCENARIOS = ["backup", "maintenance", "blocksizes", "jobs", "s3", "copy", "server", "clients", "slowlink"]
+ALL_SCENARIOS = ["backup", "maintenance", "blocksizes", "jobs", "s3", "copy", "server", "clients", "slowlink",
+                 "recovery"]
 CLIENTS_DATASET = "clients"  # rows of the clients scenario
 SLOWLINK_DATASET = "slowlink"  # rows of the slow-link scenario
 SLOWLINK_RATE = 250_000  # bytes per second: a 2 Mbit/s uplink
@@ -116,6 +117,9 @@ S3_SCRIPT = os.path.join(REPO_ROOT, "scripts", "s3-server.sh")
 S3_PREFIX = "s3-"  # dataset of the s3 scenario's rows: s3-<kind>
 COPY_DATASET = "copy"
 COPY_DAYS = 12
+RECOVERY_DATASET = "recovery"
+RECOVERY_DAYS = 25
+RECOVERY_TOOLS = ("cairn", "restic", "borg", "kopia")
 COPY_SRC_BLOCK = "4K"
 COPY_DST_BLOCK = "64K"
 # fields of `cairn copy --json` recorded in the note
@@ -2246,6 +2250,216 @@ class Runner:
                         f"vs {src_digest['files']}/{src_digest['bytes']}")
         return "MISMATCH: nothing restored"
 
+    # -- recovery scenario (issue #18): what happens after the backups, beside the peers
+    def snapshot_refs(self, t, day):
+        """How tool t names the snapshot of history day `day` (1-based), for restore/mount/export."""
+        if t.name == "borg":
+            return f"{t.repo}::{RECOVERY_DATASET}-day{day}"
+        if t.name == "kopia":
+            out = subprocess.run([t.bin, "snapshot", "list", "--json", t.last_path], capture_output=True,
+                                 text=True, env=t.env())
+        else:
+            out = subprocess.run([t.bin, "snapshots", "--json", "--repo", t.repo], capture_output=True,
+                                 text=True, env=t.env())
+        snaps = sorted(json.loads(out.stdout or "[]"), key=lambda x: x.get("time") or x.get("startTime") or "")
+        return snaps[day - 1]["id"]
+
+    def recovery_restore_cmd(self, t, ref, target, over=False):
+        """(argv, cwd) restoring snapshot `ref` of tool t into target; over: into a target that holds an older
+        day (cairn and restic then also delete what the snapshot lacks; borg and kopia overwrite, never delete)."""
+        if t.name == "cairn":
+            return [t.bin, "restore", ref, "--repo", t.repo, "--target", target] + (["--delete"] if over else []), None
+        if t.name == "restic":
+            extra = ["--overwrite", "if-changed", "--delete"] if over else []
+            return [t.bin, "restore", ref, "--repo", t.repo, "--target", target] + extra, None
+        if t.name == "borg":
+            return [t.bin, "extract", ref], target
+        return [t.bin, "snapshot", "restore", ref, target], None
+
+    def run_recovery(self, rep):
+        """A --recovery-days history of the mixed tree backed up by each tool, then per tool: restore of the last
+        day into an empty directory; the last day restored over a directory holding the day before; `cp -a` of
+        the last day out of the tool's FUSE mount; a search for one name over every snapshot (cairn find, restic
+        find; borg and kopia list each snapshot through grep: they have no search); the last day exported as a tar
+        file (cairn export, restic dump --archive tar, borg export-tar, kopia restore to .tar). Wall, CPU and peak
+        RSS of each (for the mount: cp's plus the mount process's CPU, and the mount's peak RSS)."""
+        kind = RECOVERY_DATASET
+        names = [t for t in self.a.tools if t in RECOVERY_TOOLS]
+        if not names:
+            return
+        src = self.dataset_src("mixed")
+        days, churn = self.a.recovery_days, self.a.maint_churn
+        log(f"recovery (repetition {rep}): {days} daily versions of {os.path.basename(src)}, then restore, "
+            "restore over the day before, cp out of a mount, find over every snapshot, export to tar")
+        live = os.path.join(self.work, "live", kind)
+        shutil.rmtree(live, ignore_errors=True)
+        os.makedirs(os.path.dirname(live), exist_ok=True)
+        subprocess.run(["cp", "-a", src, live], check=True)
+        tools = {}
+        for name in names:
+            t = TOOL_CLASSES[name](self.bins[name], self.work, kind)
+            for p in (t.repo, t.cache):
+                shutil.rmtree(p, ignore_errors=True)
+            os.makedirs(t.cache)
+            if name == "borg":
+                t.extra_env["BORG_FUSE_IMPL"] = "pyfuse3"
+            tools[name] = t
+            r = self.measure(t, f"{kind}-{name}-init-r{rep}", *t.init_cmd())
+            if r["rc"] != 0:
+                sys.exit(f"recovery: {name} init failed, see {r['log']}")
+        # the name searched for: a file of day 1, in the middle of the sorted list
+        day1 = sorted(os.path.relpath(os.path.join(d, f), live) for d, _, fs in os.walk(live) for f in fs)
+        needle = os.path.basename(day1[len(day1) // 2])
+        for day in range(1, days + 1):
+            if day > 1:
+                datasets.apply_history_day(live, day, datasets.DEFAULT_SEED, churn)
+            settle()
+            for name, t in tools.items():
+                r = self.measure(t, f"{kind}-{name}-day{day}-r{rep}", *t.backup_cmd(live, f"{kind}-day{day}"))
+                if r["rc"] != 0:
+                    sys.exit(f"recovery: {name} backup of day {day} failed, see {r['log']}")
+            log(f"recovery: day {day} backed up by every tool")
+        nfiles, nbytes = tree_size(live)
+        digest = datasets.tree_digest(live)
+        common = dict(dataset=kind, rep=rep, input_bytes=nbytes, input_files=nfiles)
+        rel = live.lstrip("/")
+        out_root = os.path.join(self.work, "restore", kind)
+
+        def row(name, phase, r, **extra):
+            d = dict(common, tool=name, tool_version=self.versions.get(name), phase=phase,
+                     status="ok" if r["rc"] == 0 else f"fail rc={r['rc']}", wall_s=f"{r['wall_s']:.3f}",
+                     user_s=r.get("user_s", ""), sys_s=r.get("sys_s", ""), cpu_s=f"{r['cpu_s']:.2f}",
+                     max_rss_kib=r.get("max_rss_kib", ""), sync_s=f"{r['sync_s']:.2f}",
+                     other_cpu_s=r["other_cpu_s"], steal_s=r["steal_s"], log=r["log"])
+            d.update(extra)
+            self.add_row(d)
+            self.print_row(self.rows[-1])
+
+        for name, t in tools.items():
+            last, before = self.snapshot_refs(t, days), self.snapshot_refs(t, days - 1)
+            # restore into an empty directory
+            target = os.path.join(out_root, f"{name}-fresh")
+            shutil.rmtree(target, ignore_errors=True)
+            os.makedirs(target)
+            settle()
+            r = self.measure(t, f"{kind}-{name}-restore-r{rep}", *self.recovery_restore_cmd(t, last, target))
+            row(name, "restore", r, mb_per_s=f"{nbytes / MB / r['wall_s']:.2f}",
+                verify=self.verify(target, live, digest) if r["rc"] == 0 else "fail")
+            shutil.rmtree(target, ignore_errors=True)
+            # the last day over the day before
+            target = os.path.join(out_root, f"{name}-over")
+            shutil.rmtree(target, ignore_errors=True)
+            os.makedirs(target)
+            argv, cwd = self.recovery_restore_cmd(t, before, target)
+            subprocess.run(argv, cwd=cwd, env=t.env(), check=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+            settle()
+            r = self.measure(t, f"{kind}-{name}-restore-over-r{rep}",
+                             *self.recovery_restore_cmd(t, last, target, over=True))
+            if name in ("cairn", "restic"):
+                verify = self.verify(target, live, digest) if r["rc"] == 0 else "fail"
+            else:
+                verify = "not compared (no --delete: files deleted since hold on)"
+            row(name, "restore-over", r, mb_per_s=f"{nbytes / MB / r['wall_s']:.2f}", verify=verify)
+            shutil.rmtree(target, ignore_errors=True)
+            # cp -a out of the mount
+            self.recovery_mount_copy(t, last, rel, live, digest, out_root, rep, row, nbytes)
+            # find one name over every snapshot
+            if name == "cairn":
+                argv = [t.bin, "find", needle, "--repo", t.repo]
+            elif name == "restic":
+                argv = [t.bin, "find", needle, "--repo", t.repo]
+            elif name == "borg":
+                argv = ["bash", "-c", f'for a in $("{t.bin}" list --short "{t.repo}"); do '
+                        f'"{t.bin}" list "{t.repo}::$a" --format "{{path}}{{NL}}" | grep -F "{needle}" || true; done']
+            else:
+                ids = " ".join(self.snapshot_refs(t, d) for d in range(1, days + 1))
+                argv = ["bash", "-c", f'for i in {ids}; do "{t.bin}" ls -r "$i" | grep -F "{needle}" || true; done']
+            out = os.path.join(out_root, f"{name}-find.txt")
+            os.makedirs(out_root, exist_ok=True)
+            r = self.measure(t, f"{kind}-{name}-find-r{rep}", argv, stdout_path=out)
+            hits = sum(1 for line in open(out, errors="replace") if needle in line)
+            row(name, "find", r, note=f"{needle}: {hits} lines over {days} snapshots")
+            os.unlink(out)
+            # export to tar
+            tar = os.path.join(out_root, f"{name}.tar")
+            if name == "cairn":
+                r = self.measure(t, f"{kind}-{name}-export-r{rep}", [t.bin, "export", last, "--repo", t.repo,
+                                                                      "--format", "tar"], stdout_path=tar)
+            elif name == "restic":
+                r = self.measure(t, f"{kind}-{name}-export-r{rep}", [t.bin, "dump", "--repo", t.repo,
+                                                                      "--archive", "tar", last, "/"],
+                                 stdout_path=tar)
+            elif name == "borg":
+                r = self.measure(t, f"{kind}-{name}-export-r{rep}", [t.bin, "export-tar", last, tar])
+            else:
+                r = self.measure(t, f"{kind}-{name}-export-r{rep}", [t.bin, "snapshot", "restore", last, tar])
+            size = os.path.getsize(tar) if os.path.exists(tar) else 0
+            row(name, "export-tar", r, mb_per_s=f"{nbytes / MB / r['wall_s']:.2f}", note=f"{size} bytes of tar")
+            if os.path.exists(tar):
+                os.unlink(tar)
+        if not self.a.keep:
+            for t in tools.values():
+                shutil.rmtree(t.repo, ignore_errors=True)
+                shutil.rmtree(t.cache, ignore_errors=True)
+            shutil.rmtree(live, ignore_errors=True)
+        settle()
+
+    def recovery_mount_copy(self, t, last, rel, live, digest, out_root, rep, row, nbytes):
+        """Mounts tool t's repository, copies the last day out with cp -a (measured), unmounts."""
+        mnt = os.path.join(self.work, "mnt", t.name)
+        subprocess.run(["fusermount3", "-u", mnt], stderr=subprocess.DEVNULL)
+        os.makedirs(mnt, exist_ok=True)
+        if t.name == "cairn":
+            argv, inside = [t.bin, "mount", mnt, "--repo", t.repo], os.path.join(mnt, "latest", rel)
+        elif t.name == "restic":
+            argv, inside = [t.bin, "mount", mnt, "--repo", t.repo], os.path.join(mnt, "snapshots", "latest", rel)
+        elif t.name == "borg":
+            argv, inside = [t.bin, "mount", "-f", last, mnt], os.path.join(mnt, rel)
+        else:
+            argv, inside = [t.bin, "mount", last, mnt], mnt
+        logp = os.path.join(self.work, "logs", f"{RECOVERY_DATASET}-{t.name}-mount-r{rep}.log")
+        with open(logp, "w") as lf:
+            proc = subprocess.Popen(argv, env=t.env(), stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        probe = os.path.join(inside, os.listdir(live)[0])
+        for _ in range(600):
+            if os.path.exists(probe) or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        dest = os.path.join(out_root, f"{t.name}-mountcopy")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(out_root, exist_ok=True)
+        if not os.path.exists(probe):
+            proc.kill()
+            proc.wait()
+            log(f"recovery: {t.name} mount did not come up (see {logp})")
+            return
+        r = self.measure(t, f"{RECOVERY_DATASET}-{t.name}-mount-cp-r{rep}", ["cp", "-a", inside, dest])
+
+        def proc_stat():
+            fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            hwm = next((int(line.split()[1]) for line in open(f"/proc/{proc.pid}/status")
+                        if line.startswith("VmHWM:")), 0)
+            return cpu, hwm
+        try:
+            mount_cpu, mount_hwm = proc_stat()
+        except (OSError, IndexError, ValueError):
+            mount_cpu, mount_hwm = 0.0, 0
+        subprocess.run(["fusermount3", "-u", mnt], stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        verify = self.verify(dest, live, digest) if r["rc"] == 0 else "fail"
+        cp_cpu = r["cpu_s"]
+        r["cpu_s"] = cp_cpu + mount_cpu
+        row(t.name, "mount-cp", r, mb_per_s=f"{nbytes / MB / r['wall_s']:.2f}", verify=verify,
+            max_rss_kib=mount_hwm,
+            note=f"CPU: cp {cp_cpu:.2f} s + mount {mount_cpu:.2f} s; peak RSS is the mount's")
+        shutil.rmtree(dest, ignore_errors=True)
+
     def print_row(self, r):
         rate = f"{r['mb_per_s']} MB/s {r['files_per_s']} files/s " if r["files_per_s"] else \
             (f"{r['mb_per_s']} MB/s " if r["mb_per_s"] else "")
@@ -2314,6 +2528,9 @@ class Runner:
         if "copy" in self.a.scenarios:
             for rep in range(1, self.a.repeat + 1):
                 self.run_copy(rep)
+        if "recovery" in self.a.scenarios:
+            for rep in range(1, self.a.repeat + 1):
+                self.run_recovery(rep)
         self.csv_f.close()
         print(render_all(self.rows, self.a.tools))
         print(f"\nCSV: {self.csv_path}")
@@ -2954,6 +3171,28 @@ def _render_copy_rep(rows, rep):
     return "\n".join(out)
 
 
+def render_recovery(rows):
+    """The recovery scenario: per phase, each tool's wall / CPU / peak RSS and its wall over cairn's."""
+    phases = ["restore", "restore-over", "mount-cp", "find", "export-tar"]
+    lines = ["", "Recovery scenario (medians over repetitions; ratio = tool wall / cairn wall, above 1: cairn faster)",
+             "| phase | tool | wall s | MB/s | CPU s | peak RSS MiB | tool ÷ cairn | verify / note |",
+             "|---|---|---|---|---|---|---|---|"]
+    for ph in phases:
+        by_tool = {}
+        for r in rows:
+            if r.get("phase") == ph and str(r.get("status")) == "ok":
+                by_tool.setdefault(r["tool"], []).append(r)
+        med = {t: statistics.median(_f(x["wall_s"]) for x in rs) for t, rs in by_tool.items()}
+        for t, rs in by_tool.items():
+            r = rs[-1]
+            cpu = statistics.median(_f(x["cpu_s"]) for x in rs)
+            rss = statistics.median(_f(x["max_rss_kib"]) or 0 for x in rs) / 1024
+            ratio = f"{med[t] / med['cairn']:.2f}" if "cairn" in med and t != "cairn" and med["cairn"] else ""
+            lines.append(f"| {ph} | {t} | {med[t]:.2f} | {r.get('mb_per_s') or ''} | {cpu:.2f} | {rss:.0f} | "
+                         f"{ratio} | {r.get('verify') or ''} {r.get('note') or ''} |")
+    return "\n".join(lines)
+
+
 def render_all(rows, tools):
     """The scenario tables: backup/maintenance ones (with the s3 scenario's rows and ratios), then
     the blocksizes, jobs, s3 (traffic) and copy ones."""
@@ -2961,13 +3200,15 @@ def render_all(rows, tools):
     cl = [r for r in rows if r.get("dataset") == CLIENTS_DATASET]
     sl = [r for r in rows if r.get("dataset") == SLOWLINK_DATASET]
     other = [r for r in rows if r.get("dataset") not in (BS_DATASET, JOBS_DATASET, COPY_DATASET, "s3",
-                                                          CLIENTS_DATASET, SLOWLINK_DATASET) and r not in srv]
+                                                          CLIENTS_DATASET, SLOWLINK_DATASET, RECOVERY_DATASET)
+             and r not in srv]
+    rec = [r for r in rows if r.get("dataset") == RECOVERY_DATASET]
     bs = [r for r in rows if r.get("dataset") == BS_DATASET]
     jobs = [r for r in rows if r.get("dataset") == JOBS_DATASET]
     s3 = [r for r in rows if str(r.get("dataset", "")).startswith(S3_PREFIX) or r.get("dataset") == "s3"]
     cp = [r for r in rows if r.get("dataset") == COPY_DATASET]
     parts = []
-    if other or not (bs or jobs or s3 or cp or srv or cl or sl):
+    if other or not (bs or jobs or s3 or cp or srv or cl or sl or rec):
         parts.append(render_table(other, tools))
     if bs:
         parts.append(render_blocksizes(bs))
@@ -2977,6 +3218,8 @@ def render_all(rows, tools):
         parts.append(render_s3(s3))
     if cp:
         parts.append(render_copy(cp))
+    if rec:
+        parts.append(render_recovery(rec))
     if srv:
         parts.append(render_server(srv))
     if cl:
@@ -3084,6 +3327,8 @@ def main():
     ap.add_argument("--job-counts", default=JOBS_COUNTS,
                     help=f"jobs scenario: numbers of concurrent backups (default {JOBS_COUNTS}); job k backs up "
                          "history day k, so the largest must not exceed --maint-days")
+    ap.add_argument("--recovery-days", type=int, default=RECOVERY_DAYS,
+                    help=f"recovery scenario: days in the history (default {RECOVERY_DAYS}): find searches them all")
     ap.add_argument("--copy-days", type=int, default=COPY_DAYS,
                     help=f"copy scenario: days in the history (default {COPY_DAYS}); the incremental check copies "
                          "days 1..N-1, then day N alone")
@@ -3114,7 +3359,7 @@ def main():
     for x in a.scenarios:
         if x not in ALL_SCENARIOS:
             ap.error(f"unknown scenario {x} (backup, maintenance, blocksizes, jobs, s3, copy, server, clients, "
-                     "slowlink or all)")
+                     "slowlink, recovery or all)")
     a.block_sizes = [b.strip().upper() for b in a.block_sizes.split(",") if b.strip()]
     a.compressions = [c.strip() for c in a.compressions.split(",") if c.strip()]
     for b in a.block_sizes:
@@ -3127,6 +3372,8 @@ def main():
             ap.error(f"unknown compression {c} (none, standard or max)")
     if a.maint_days < 1 or a.maint_keep < 1:
         ap.error("--maint-days and --maint-keep must be at least 1")
+    if a.recovery_days < 2:
+        ap.error("--recovery-days must be at least 2 (the last day is restored over the one before)")
     if a.copy_days < 2:
         ap.error("--copy-days must be at least 2 (the incremental check copies the last day on its own)")
     try:

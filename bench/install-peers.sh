@@ -21,7 +21,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # ---- apt packages ---------------------------------------------------------
-APT_PKGS=(time pkg-config python3-dev python3-venv libacl1-dev libssl-dev liblz4-dev libzstd-dev libxxhash-dev build-essential)
+APT_PKGS=(time pkg-config python3-dev python3-venv libacl1-dev libssl-dev liblz4-dev libzstd-dev libxxhash-dev build-essential libfuse3-dev fuse3)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -72,5 +72,10 @@ else
   log "pip install '$BORG_SPEC' (may compile from source)"
   nice -n 10 "$TOOLS/borg-venv/bin/pip" install -q "$BORG_SPEC"
   "$BORG" --version
+fi
+# `borg mount` (bench/recovery.py) needs a FUSE binding in the venv.
+if ! "$TOOLS/borg-venv/bin/python" -c "import pyfuse3" 2>/dev/null; then
+  log "pip install pyfuse3 (for borg mount)"
+  nice -n 10 "$TOOLS/borg-venv/bin/pip" install -q pyfuse3
 fi
 log "done"

@@ -2,7 +2,7 @@
 # Benchmark cairn against restic and borg in the same run.
 #
 #   bench/run.sh [--quick] [--datasets mixed,small,image] [--tools cairn,restic,borg]
-#                [--scenario all|backup|maintenance|blocksizes|jobs|s3|copy|server|clients|slowlink] [--scale full|quick|FRACTION]
+#                [--scenario all|backup|maintenance|blocksizes|jobs|s3|copy|server|clients|slowlink|recovery] [--scale full|quick|FRACTION]
 #                [--cold] [--keep] [--no-verify] [--no-build] [--no-install]
 #
 # --scenario maintenance: 8 daily versions of the mixed tree backed up by cairn
@@ -41,6 +41,12 @@
 # restic through rest-server with --limit-upload 244 — wall time against the
 # link time of the bytes each stored, and a verified restore.
 # Use: --scenario slowlink --tools cairn,restic
+# --scenario recovery (cairn, restic, borg, kopia; not part of all, ~20 min at
+# full scale): a 25-day history of the mixed tree (--recovery-days), then per
+# tool: restore of the last day, the last day restored over the day before,
+# cp -a out of the tool's FUSE mount (borg through pyfuse3), a search for one
+# name over every snapshot, and an export of the last day to tar.
+# Use: --scenario recovery --tools cairn,restic,borg,kopia --cold
 # Builds cairn (cargo build --release), installs restic/borg if missing
 # (install-peers.sh), generates datasets if missing (bench/.work/data), then
 # runs bench.py, which writes bench/results/<date>-<gitsha>.csv and prints a

@@ -26,11 +26,18 @@ pub fn dump<A: Access>(
             node.kind.name()
         )));
     }
-    let mut content = crate::ops::export::Content::new(repo, &node, path);
-    let copied = std::io::copy(&mut content, out);
-    if let Some(e) = content.error.take() {
-        return Err(e);
-    }
+    let copied = std::thread::scope(|s| {
+        let readers = crate::ops::export::BlobReaders::start(s, repo);
+        let mut content = crate::ops::export::Content::new(repo, &node, path, &readers);
+        let copied = std::io::copy(&mut content, out);
+        let error = content.error.take();
+        drop(content);
+        drop(readers);
+        match error {
+            Some(e) => Err(e),
+            None => Ok(copied),
+        }
+    })?;
     let written = copied.map_err(|e| Error::io("standard output", e))?;
     out.flush().map_err(|e| Error::io("standard output", e))?;
     Ok(written)

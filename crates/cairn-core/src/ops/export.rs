@@ -108,10 +108,26 @@ fn run<A: Access, S: Sink>(
     sink: S,
 ) -> Result<ExportReport> {
     let repo = session.repo();
+    std::thread::scope(|s| {
+        let readers = BlobReaders::start(s, repo);
+        let r = run_with(repo, root, path, sink, &readers);
+        drop(readers);
+        r
+    })
+}
+
+fn run_with<S: Sink>(
+    repo: &Repository,
+    root: &BlobId,
+    path: &str,
+    sink: S,
+    readers: &BlobReaders,
+) -> Result<ExportReport> {
     let start = find_node(repo, root, path)?;
     let base = crate::ops::ls::walk_path(path);
     let mut ex = Exporter {
         repo,
+        readers,
         sink,
         dirs: Vec::new(),
         links: HashMap::new(),
@@ -151,6 +167,7 @@ trait Sink {
 
 struct Exporter<'a, S: Sink> {
     repo: &'a Repository,
+    readers: &'a BlobReaders,
     sink: S,
     /// The archive names (bytes: Unix names need not be UTF-8) of the directories
     /// being walked, innermost last.
@@ -193,7 +210,7 @@ impl<S: Sink> Exporter<'_, S> {
                 let shown = String::from_utf8_lossy(&name).into_owned();
                 // Readable for another name too: a format without hard links (zip)
                 // stores the content again.
-                let mut content = Content::new(self.repo, n, &shown);
+                let mut content = Content::new(self.repo, n, &shown, self.readers);
                 self.sink.file(&name, n, first.as_deref(), &mut content)?;
                 self.report.files += 1;
                 if first.is_none() {
@@ -600,6 +617,57 @@ impl Sink for ZipSink<'_> {
 /// Blobs read at once, ahead of the writer: enough to keep several pack reads in
 /// flight on a disk or object store, little memory (a few MiB at most).
 const READ_AHEAD: usize = 8;
+
+type ReadJob = (BlobId, crossbeam_channel::Sender<Result<Vec<u8>>>);
+
+/// Threads that read blobs for [`Content`], alive for a whole export or dump.
+/// (A thread spawned per blob, as before, cost a thread and a zstd context per
+/// blob: a third of an export's CPU.) Dropping this ends them.
+pub(crate) struct BlobReaders {
+    tx: crossbeam_channel::Sender<ReadJob>,
+}
+
+impl BlobReaders {
+    /// [`READ_AHEAD`] reader threads in scope `s`.
+    pub(crate) fn start<'scope, 'env>(
+        s: &'scope std::thread::Scope<'scope, 'env>,
+        repo: &'env Repository,
+    ) -> BlobReaders {
+        let (tx, rx) = crossbeam_channel::bounded::<ReadJob>(READ_AHEAD);
+        for _ in 0..READ_AHEAD {
+            let rx = rx.clone();
+            s.spawn(move || {
+                for (id, reply) in rx {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        repo.read_blob(&id)
+                    }))
+                    .unwrap_or_else(|_| Err(Error::Invalid("a blob reader panicked".into())));
+                    let _ = reply.send(r);
+                }
+            });
+        }
+        BlobReaders { tx }
+    }
+
+    /// Reads `ids` on the reader threads, results in the same order.
+    fn read_all(&self, ids: &[BlobId]) -> Vec<Result<Vec<u8>>> {
+        let replies: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                self.tx.send((*id, tx)).map(|()| rx)
+            })
+            .collect();
+        replies
+            .into_iter()
+            .map(|r| {
+                r.ok()
+                    .and_then(|rx| rx.recv().ok())
+                    .unwrap_or_else(|| Err(Error::Invalid("the blob readers stopped".into())))
+            })
+            .collect()
+    }
+}
 /// Chunk ids taken from the chunk list per descent into it: a file's ids are never
 /// held all at once (a 1 TB file has tens of millions of chunks).
 const IDS_PER_DESCENT: usize = 1024;
@@ -610,6 +678,7 @@ const IDS_PER_DESCENT: usize = 1024;
 /// in `error`, since the writer only sees an I/O error). Used by `export` and `dump`.
 pub(crate) struct Content<'a> {
     repo: &'a Repository,
+    readers: &'a BlobReaders,
     reader: FileReader<'a>,
     /// File offset of the first chunk not yet in `ids`.
     next_offset: u64,
@@ -628,9 +697,15 @@ pub(crate) struct Content<'a> {
 
 impl<'a> Content<'a> {
     /// The content of file `n`, named `path` in errors.
-    pub(crate) fn new(repo: &'a Repository, n: &'a Node, path: &'a str) -> Self {
+    pub(crate) fn new(
+        repo: &'a Repository,
+        n: &'a Node,
+        path: &'a str,
+        readers: &'a BlobReaders,
+    ) -> Self {
         Content {
             repo,
+            readers,
             reader: FileReader::new(repo, &n.content, n.size),
             next_offset: 0,
             ids: std::collections::VecDeque::new(),
@@ -668,26 +743,29 @@ impl<'a> Content<'a> {
         }
         let n = self.ids.len().min(READ_AHEAD);
         let batch: Vec<BlobId> = self.ids.drain(..n).collect();
-        let repo = self.repo;
+        // Zero chunks are made here; one blob is read here (no hand-off); more go
+        // to the reader threads together.
         let zeros = &self.zeros;
-        let read = |id: &BlobId| match zeros.get(id) {
-            Some(&len) => Ok(vec![0u8; len]),
-            None => repo.read_blob(id),
-        };
-        let blobs: Vec<Result<Vec<u8>>> = if batch.len() <= 1 {
-            batch.iter().map(read).collect()
+        let to_read: Vec<BlobId> = batch
+            .iter()
+            .filter(|id| !zeros.contains_key(id))
+            .copied()
+            .collect();
+        let mut read = if to_read.len() <= 1 {
+            to_read.iter().map(|id| self.repo.read_blob(id)).collect()
         } else {
-            std::thread::scope(|s| {
-                let hs: Vec<_> = batch.iter().map(|id| s.spawn(move || read(id))).collect();
-                hs.into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(Error::Invalid("a blob reader panicked".into()))
-                        })
-                    })
-                    .collect()
+            self.readers.read_all(&to_read)
+        }
+        .into_iter();
+        let blobs: Vec<Result<Vec<u8>>> = batch
+            .iter()
+            .map(|id| match zeros.get(id) {
+                Some(&len) => Ok(vec![0u8; len]),
+                None => read
+                    .next()
+                    .unwrap_or_else(|| Err(Error::Invalid("a blob read went missing".into()))),
             })
-        };
+            .collect();
         for b in blobs {
             self.ready.push_back(b?);
         }

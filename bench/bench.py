@@ -2307,6 +2307,12 @@ class Runner:
             r = self.measure(t, f"{kind}-{name}-init-r{rep}", *t.init_cmd())
             if r["rc"] != 0:
                 sys.exit(f"recovery: {name} init failed, see {r['log']}")
+            if name == "kopia":
+                # kopia's default retention would delete most of 25 snapshots taken
+                # within minutes; every tool keeps them all here.
+                subprocess.run([t.bin, "policy", "set", "--global", "--keep-latest", "1000"]
+                               + [f"--keep-{p}=0" for p in ("hourly", "daily", "weekly", "monthly", "annual")],
+                               env=t.env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # the name searched for: a file of day 1, in the middle of the sorted list
         day1 = sorted(os.path.relpath(os.path.join(d, f), live) for d, _, fs in os.walk(live) for f in fs)
         needle = os.path.basename(day1[len(day1) // 2])

@@ -294,15 +294,7 @@ impl<A: Access> Session<A> {
         }
         match index {
             IndexLoad::Placement => s.load_index()?,
-            IndexLoad::ForReads => {
-                s.progress.phase(Phase::LoadingIndex);
-                s.repo.load_index_for_reads()?;
-                for e in s.repo.index_errors() {
-                    s.progress
-                        .warning_msg(format!("{e} (its blobs are treated as missing)"));
-                }
-                s.index_loaded = true;
-            }
+            IndexLoad::ForReads => s.load_index_with(Repository::load_index_for_reads)?,
             IndexLoad::Backup => s.load_index_for_backup()?,
             IndexLoad::Full => s.load_full_index()?,
             IndexLoad::Deferred | IndexLoad::None => {}
@@ -346,12 +338,18 @@ impl<A: Access> Session<A> {
 
     /// Loads the index in the repository's placement, unless it is loaded.
     pub fn load_index(&mut self) -> Result<()> {
+        self.load_index_with(Repository::load_index)
+    }
+
+    /// Loads the index with `load`, unless it is loaded; damaged index files are
+    /// warnings (their blobs count as missing).
+    fn load_index_with(&mut self, load: fn(&mut Repository) -> Result<()>) -> Result<()> {
         if self.index_loaded {
             return Ok(());
         }
         self.progress.check_cancelled()?;
         self.progress.phase(Phase::LoadingIndex);
-        self.repo.load_index()?;
+        load(&mut self.repo)?;
         for e in self.repo.index_errors() {
             self.progress
                 .warning_msg(format!("{e} (its blobs are treated as missing)"));

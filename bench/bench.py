@@ -1477,12 +1477,7 @@ class Runner:
                 if note:
                     log(f"{kind} {phase} {name}: {note}")
         log(f"{kind}: cleaning up")
-        if not self.a.keep:
-            for t in tools.values():
-                shutil.rmtree(t.repo, ignore_errors=True)
-                shutil.rmtree(t.cache, ignore_errors=True)
-            shutil.rmtree(live, ignore_errors=True)
-        settle()
+        self.clean_up(tools, live)
 
     # -- blocksizes scenario: every block size x compression on the day-by-day history
     def history_days(self):
@@ -2404,6 +2399,10 @@ class Runner:
             row(name, "export-tar", r, mb_per_s=f"{nbytes / MB / r['wall_s']:.2f}", note=f"{size} bytes of tar")
             if os.path.exists(tar):
                 os.unlink(tar)
+        self.clean_up(tools, live)
+
+    def clean_up(self, tools, live):
+        """Removes the scenario's repositories, caches and live tree (unless --keep)."""
         if not self.a.keep:
             for t in tools.values():
                 shutil.rmtree(t.repo, ignore_errors=True)

@@ -316,32 +316,20 @@ mod tests {
         );
         let p = u.principal();
         assert!(p.user && p.opens("main") && p.opens("other"));
-        // Bad input.
-        assert!(
-            store
-                .add("ann", "main", Role::Admin, None, "12345678")
-                .is_err()
-        );
-        assert!(
-            store
-                .add("bob", "main", Role::Admin, None, "short")
-                .is_err()
-        );
-        assert!(
-            store
-                .add("b/ob", "main", Role::Admin, None, "12345678")
-                .is_err()
-        );
-        assert!(
-            store
-                .add("bob", "*", Role::Backup, None, "12345678")
-                .is_err()
-        );
-        assert!(
-            store
-                .add("bob", "../x", Role::Admin, None, "12345678")
-                .is_err()
-        );
+        // Bad input: a name taken, a short password, a bad name, `*` for backup, a
+        // datastore name that climbs.
+        for (name, ds, role, password) in [
+            ("ann", "main", Role::Admin, "12345678"),
+            ("bob", "main", Role::Admin, "short"),
+            ("b/ob", "main", Role::Admin, "12345678"),
+            ("bob", "*", Role::Backup, "12345678"),
+            ("bob", "../x", Role::Admin, "12345678"),
+        ] {
+            assert!(
+                store.add(name, ds, role, None, password).is_err(),
+                "{name} {ds} {role:?} {password}"
+            );
+        }
         // A new password; the old one stops working.
         store.passwd("ann", "battery staple").unwrap();
         assert_eq!(

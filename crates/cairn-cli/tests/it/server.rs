@@ -108,25 +108,28 @@ impl Server {
         format!("cairn+{scheme}://127.0.0.1:{}/{ds}", self.port)
     }
 
-    /// Adds a token with the CLI (as an admin would, while the server runs).
-    pub(crate) fn token(&self, name: &str, ds: &str, role: &str) -> String {
-        let o = Command::new(bin())
-            .args([
-                "serve",
-                "token",
-                "add",
-                name,
-                "--datastore",
-                ds,
-                "--role",
-                role,
-            ])
+    /// Runs `cairn serve ARGS --state-dir STATE`: an admin's command, while the
+    /// server runs.
+    pub(crate) fn admin(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bin())
+            .arg("serve")
+            .args(args)
             .arg("--state-dir")
             .arg(&self.state)
             .output()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// [`Server::admin`], which must succeed; its standard output, trimmed.
+    pub(crate) fn admin_ok(&self, args: &[&str]) -> String {
+        let o = self.admin(args);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8(o.stdout).unwrap().trim().to_string()
+    }
+
+    /// Adds a token with the CLI (as an admin would, while the server runs).
+    pub(crate) fn token(&self, name: &str, ds: &str, role: &str) -> String {
+        self.admin_ok(&["token", "add", name, "--datastore", ds, "--role", role])
     }
 
     /// Stops the server with SIGTERM and returns its log.
@@ -314,12 +317,7 @@ fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
         "other datastore",
     );
     assert!(err.contains("not \"other\""), "{err}");
-    let o = Command::new(bin())
-        .args(["serve", "token", "remove", "web01-restore", "--state-dir"])
-        .arg(&srv.state)
-        .output()
-        .unwrap();
-    assert!(o.status.success());
+    srv.admin_ok(&["token", "remove", "web01-restore"]);
     refused(
         client(&env, &srv, "main", &restore, &["snapshots"]),
         "removed token",
@@ -1439,16 +1437,7 @@ fn a_host_bound_token_sees_only_its_hosts_snapshots() {
     let env = Env::new();
     env.init(&[]);
     let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
-    let bound = |name: &str, role: &str, host: &str| {
-        let o = Command::new(bin())
-            .args(["serve", "token", "add", name, "--datastore", "main"])
-            .args(["--role", role, "--host", host, "--state-dir"])
-            .arg(&srv.state)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8(o.stdout).unwrap().trim().to_string()
-    };
+    let bound = |name: &str, role: &str, host: &str| bound_token(&srv, name, role, host);
     let web01 = bound("web01", "backup", "web01");
     let web02 = bound("web02", "backup", "web02");
     let web02_restore = bound("web02-restore", "restore", "web02");
@@ -1882,12 +1871,7 @@ fn a_console_session_works_by_cookie_with_csrf_and_ends() {
     let del = "/v1/datastores/main/objects/config";
     let (code, _, _) = http_full(p, "DELETE", del, &[c, ("X-CSRF-Token", &csrf)], b"");
     assert_eq!(code, 403, "a backup token's session deletes nothing");
-    let o = Command::new(bin())
-        .args(["serve", "token", "remove", "web01", "--state-dir"])
-        .arg(env.path("state"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    srv.admin_ok(&["token", "remove", "web01"]);
     let (code, _, _) = http_full(p, "GET", "/v1/whoami", &[c], b"");
     assert_eq!(code, 401, "the token is gone");
     assert!(env.repo.join("config").exists());
@@ -1980,14 +1964,17 @@ fn walk_bytes(dir: &Path) -> u64 {
 
 /// A token bound to `host`, added with the CLI.
 fn bound_token(srv: &Server, name: &str, role: &str, host: &str) -> String {
-    let o = Command::new(bin())
-        .args(["serve", "token", "add", name, "--datastore", "main"])
-        .args(["--role", role, "--host", host, "--state-dir"])
-        .arg(&srv.state)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap().trim().to_string()
+    srv.admin_ok(&[
+        "token",
+        "add",
+        name,
+        "--datastore",
+        "main",
+        "--role",
+        role,
+        "--host",
+        host,
+    ])
 }
 
 fn get_json(port: u16, path: &str, token: &str) -> (u16, serde_json::Value) {
@@ -2526,16 +2513,8 @@ fn run_console_script(script: &str, vars: &[(&str, &str)]) -> serde_json::Value 
 fn add_user(srv: &Server, name: &str, grant: &[&str], password: &str) {
     let file = srv.state.with_file_name(format!("{name}.pw"));
     std::fs::write(&file, format!("{password}\n")).unwrap();
-    let o = Command::new(bin())
-        .args(["serve", "user", "add", name])
-        .args(grant)
-        .arg("--password-file")
-        .arg(&file)
-        .arg("--state-dir")
-        .arg(&srv.state)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let file = file.to_str().unwrap();
+    srv.admin_ok(&[&["user", "add", name], grant, &["--password-file", file]].concat());
 }
 
 /// Two datastores unlocked by password files, with snapshots of hosts web01 and
@@ -2642,38 +2621,18 @@ fn console_users_sign_in_with_a_password_and_see_what_their_grant_allows() {
     ] {
         let file = env.path("short.pw");
         std::fs::write(&file, "short\n").unwrap();
-        let o = Command::new(bin())
-            .args(["serve", "user", "add", "carl"])
-            .args(&args)
-            .arg("--password-file")
-            .arg(if why == "8 characters" {
-                file.clone()
-            } else {
-                env.path("ann.pw")
-            })
-            .arg("--state-dir")
-            .arg(&srv.state)
-            .output()
-            .unwrap();
+        let pw = if why == "8 characters" {
+            file.clone()
+        } else {
+            env.path("ann.pw")
+        };
+        let pw = ["--password-file", pw.to_str().unwrap()];
+        let o = srv.admin(&[&["user", "add", "carl"], &args[..], &pw].concat());
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{err}");
         assert!(err.contains(why), "{err}");
     }
-    let o = Command::new(bin())
-        .args([
-            "serve",
-            "token",
-            "add",
-            "t",
-            "--datastore",
-            "*",
-            "--role",
-            "backup",
-        ])
-        .arg("--state-dir")
-        .arg(&srv.state)
-        .output()
-        .unwrap();
+    let o = srv.admin(&["token", "add", "t", "--datastore", "*", "--role", "backup"]);
     assert_eq!(o.status.code(), Some(1));
 
     let json = ("Content-Type", "application/json");
@@ -2786,12 +2745,7 @@ fn console_users_sign_in_with_a_password_and_see_what_their_grant_allows() {
     assert!(body.contains("too many wrong passwords"), "{body}");
 
     // Removed: ann's session ends at once.
-    let o = Command::new(bin())
-        .args(["serve", "user", "remove", "ann", "--state-dir"])
-        .arg(&srv.state)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    srv.admin_ok(&["user", "remove", "ann"]);
     let (code, v) = get(&ann, "/v1/whoami");
     assert_eq!(code, 401, "{v}");
     let log = srv.stop();

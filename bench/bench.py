@@ -2366,9 +2366,7 @@ class Runner:
             # cp -a out of the mount
             self.recovery_mount_copy(t, last, rel, live, digest, out_root, rep, row, nbytes)
             # find one name over every snapshot
-            if name == "cairn":
-                argv = [t.bin, "find", needle, "--repo", t.repo]
-            elif name == "restic":
+            if name in ("cairn", "restic"):
                 argv = [t.bin, "find", needle, "--repo", t.repo]
             elif name == "borg":
                 argv = ["bash", "-c", f'for a in $("{t.bin}" list --short "{t.repo}"); do '

@@ -33,11 +33,13 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-PASSWORD = "bench-restore"
+sys.path.insert(0, HERE)
+import bench  # noqa: E402  (the harness's tool classes: how each tool inits, backs up and restores)
 
 
 def log(msg):
@@ -50,17 +52,18 @@ def drop_caches():
         f.write("3\n")
 
 
-def timed(argv, env=None, cwd=None):
+def timed(argv, cwd=None, env=None):
     """Runs argv to completion; wall, user and system seconds of the child."""
-    start = time.monotonic()
-    p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.monotonic() - start
-    err = p.stderr.read().decode(errors="replace")
-    p.stderr.close()
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed ({p.returncode}): {err.strip()[-2000:]}")
+    with tempfile.TemporaryFile() as err:
+        start = time.monotonic()
+        p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.monotonic() - start
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            err.seek(0)
+            text = err.read().decode(errors="replace")
+            raise SystemExit(f"{argv[0]} failed ({p.returncode}): {text.strip()[-2000:]}")
     return wall, ru.ru_utime, ru.ru_stime
 
 
@@ -73,61 +76,27 @@ def tree_bytes(path):
     return total
 
 
-class Tool:
-    def __init__(self, name, work, source, env):
-        self.name, self.work, self.source, self.env = name, work, source, env
-        self.repo = os.path.join(work, "repos", name)
+class Cp:
+    """`cp -a` of the source tree: what the file system allows without a repository."""
+    name = "cp"
 
-    def restored_root(self, target):
-        """Where the source tree lands under a restore target."""
-        if self.name == "cp":
-            return target
-        return os.path.join(target, self.source.lstrip("/"))
+    def __init__(self, source):
+        self.source = source
 
-
-class Cairn(Tool):
-    def __init__(self, *a):
-        super().__init__(*a)
-        self.bin = os.path.join(ROOT, "target", "release", "cairn")
-
-    def init(self):
-        subprocess.run([self.bin, "init", "-q", "--repo", self.repo], env=self.env, check=True)
-
-    def backup(self):
-        return [self.bin, "backup", "-q", "--repo", self.repo, self.source]
-
-    def restore(self, target):
-        return [self.bin, "restore", "latest", "-q", "--repo", self.repo, "--target", target]
+    def env(self):
+        return dict(os.environ)
 
 
-class Restic(Tool):
-    def __init__(self, *a):
-        super().__init__(*a)
-        self.bin = os.path.join(HERE, ".tools", "restic")
-
-    def init(self):
-        subprocess.run([self.bin, "init", "-q", "-r", self.repo], env=self.env, check=True,
-                       stdout=subprocess.DEVNULL)
-
-    def backup(self):
-        return [self.bin, "backup", "-q", "-r", self.repo, self.source]
-
-    def restore(self, target):
-        return [self.bin, "restore", "latest", "-q", "-r", self.repo, "--target", target]
+def restore_argv(t, source, target):
+    """(argv, cwd) restoring the latest snapshot of tool t (or copying, for cp) into target."""
+    if isinstance(t, Cp):
+        return ["cp", "-a", source, target], None
+    return t.restore_cmd(target, "latest")
 
 
-class Cp(Tool):
-    def init(self):
-        pass
-
-    def backup(self):
-        return None
-
-    def restore(self, target):
-        return ["cp", "-a", self.source, target]
-
-
-TOOLS = {"cairn": Cairn, "restic": Restic, "cp": Cp}
+def restored_root(t, source, target):
+    """Where the source tree lands under a restore target."""
+    return target if isinstance(t, Cp) else os.path.join(target, source.lstrip("/"))
 
 
 class JournalFs:
@@ -165,8 +134,8 @@ def main():
         ap.error("needs root (drop_caches, losetup, mount)")
     tools_wanted = a.tools.split(",")
     for t in tools_wanted:
-        if t not in TOOLS:
-            ap.error(f"unknown tool {t}")
+        if t not in ("cairn", "restic", "cp"):
+            ap.error(f"unknown tool {t} (cairn, restic or cp)")
     if "restic" in tools_wanted and not os.path.exists(os.path.join(HERE, ".tools", "restic")):
         subprocess.run([os.path.join(HERE, "install-peers.sh")], check=True)
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "cairn-cli"], cwd=ROOT, check=True)
@@ -179,10 +148,8 @@ def main():
 
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(os.path.join(a.work, "repos"))
-    tenv = dict(os.environ, CAIRN_PASSWORD=PASSWORD, RESTIC_PASSWORD=PASSWORD)
-    for k in ("CAIRN_REPO", "RESTIC_REPOSITORY", "RESTIC_PASSWORD_FILE"):
-        tenv.pop(k, None)
-    tools = [TOOLS[t](t, a.work, source, tenv) for t in tools_wanted]
+    bins = {"cairn": os.path.join(ROOT, "target", "release", "cairn"), "restic": os.path.join(HERE, ".tools", "restic")}
+    tools = [Cp(source) if t == "cp" else bench.TOOL_CLASSES[t](bins[t], a.work, "restore") for t in tools_wanted]
 
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                          text=True).stdout.strip()
@@ -191,11 +158,14 @@ def main():
     rows = []
     backups = {}
     for t in tools:
-        t.init()
-        argv = t.backup()
+        if isinstance(t, Cp):
+            continue
+        argv, cwd = t.init_cmd()
+        subprocess.run(argv, cwd=cwd, env=t.env(), check=True, stdout=subprocess.DEVNULL)
+        argv, cwd = t.backup_cmd(source, "restore")
         if argv:
             drop_caches()
-            wall, user, sys_ = timed(argv, env=tenv)
+            wall, user, sys_ = timed(argv, cwd=cwd, env=t.env())
             backups[t.name] = wall
             log(f"{t.name} backup: {wall:.2f} s ({size / 1e6 / wall:.0f} MB/s), user {user:.2f} sys {sys_:.2f}")
             rows.append(dict(fs="-", condition="backup", tool=t.name, run=1, wall=wall, user=user,
@@ -218,7 +188,7 @@ def main():
             else:
                 raise SystemExit(f"unknown --fs {fs}")
             try:
-                run_fs(a, fs, base, tools, tenv, size, noise, rows)
+                run_fs(a, fs, base, tools, source, size, noise, rows)
             finally:
                 if jfs:
                     jfs.close()
@@ -235,7 +205,7 @@ def main():
     table(rows, backups, size)
 
 
-def run_fs(a, fs, base, tools, tenv, size, noise, rows):
+def run_fs(a, fs, base, tools, source, size, noise, rows):
     verified = set()
     for cond in a.conditions.split(","):
         log(f"{fs}: condition {cond}")
@@ -243,7 +213,7 @@ def run_fs(a, fs, base, tools, tenv, size, noise, rows):
         if cond == "deleted":
             for t in tools:
                 target = os.path.join(base, f"{t.name}-prime")
-                timed(t.restore(target), env=tenv)
+                timed(*restore_argv(t, source, target), env=t.env())
                 previous[t.name] = target
         for run in range(1, a.runs + 1):
             for t in tools:
@@ -256,7 +226,7 @@ def run_fs(a, fs, base, tools, tenv, size, noise, rows):
                     writer = subprocess.Popen(["dd", f"if={noise}", f"of={os.path.join(base, 'noise')}",
                                                "bs=1M", "conv=fsync", "status=none"])
                     time.sleep(0.5)
-                wall, user, sys_ = timed(t.restore(target), env=tenv)
+                wall, user, sys_ = timed(*restore_argv(t, source, target), env=t.env())
                 if writer:
                     writer.wait()
                     os.unlink(os.path.join(base, "noise"))
@@ -265,7 +235,7 @@ def run_fs(a, fs, base, tools, tenv, size, noise, rows):
                 rows.append(dict(fs=fs, condition=cond, tool=t.name, run=run, wall=wall, user=user,
                                  sys=sys_, mb_per_s=size / 1e6 / wall))
                 if t.name not in verified:
-                    subprocess.run(["diff", "-r", "--no-dereference", t.source, t.restored_root(target)],
+                    subprocess.run(["diff", "-r", "--no-dereference", source, restored_root(t, source, target)],
                                    check=True, stdout=subprocess.DEVNULL)
                     verified.add(t.name)
         for name in os.listdir(base):

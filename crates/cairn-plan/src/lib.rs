@@ -7,3 +7,4 @@
 
 pub mod estimate;
 pub mod machine;
+pub mod scale;

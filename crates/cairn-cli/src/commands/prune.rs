@@ -28,6 +28,7 @@ pub fn options(a: &PruneArgs) -> Result<PruneOptions> {
         dry_run: a.dry_run,
         max_unused,
         max_repack_bytes,
+        ..Default::default()
     })
 }
 

@@ -114,6 +114,65 @@ impl Repository {
         }
     }
 
+    /// [`Repository::read_index_state`] for an index too large to hold: the
+    /// files are read a few at a time, each is handed to `each` with its packs, and
+    /// the state keeps only their lists (supersedes, snapshots, forgotten), not
+    /// their packs. `each` sees superseded files too (which are only known at the
+    /// end): callers set their entries aside by the file's id. No retry: a file
+    /// that vanishes unexplained is an error entry, as after the last retry there
+    /// (the callers hold the exclusive lock, so only a foreign hand removes files).
+    pub fn read_index_state_streamed(
+        &self,
+        each: &mut dyn FnMut(&IndexId, &IndexFile) -> Result<()>,
+    ) -> Result<IndexState> {
+        const BATCH: usize = 4;
+        let ids = self.list_index_files()?;
+        let mut files = Vec::new();
+        let mut errors = Vec::new();
+        let mut vanished = Vec::new();
+        for batch in ids.chunks(BATCH) {
+            let results = crate::threads::parallel_map(batch, BATCH, |id| self.read_index_file(id));
+            for (id, r) in batch.iter().zip(results) {
+                match r {
+                    Ok(mut f) => {
+                        each(id, &f)?;
+                        f.packs = Vec::new();
+                        files.push((*id, f));
+                    }
+                    Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
+                        object: IndexObject::IndexFile(*id),
+                        error: e,
+                    }),
+                    Err(Error::Backend(b)) if b.is_not_found() => vanished.push(*id),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let superseded: HashSet<IndexId> = files
+            .iter()
+            .flat_map(|(_, f)| f.supersedes.iter().copied())
+            .collect();
+        for v in vanished.iter().filter(|v| !superseded.contains(*v)) {
+            errors.push(IndexReadError {
+                object: IndexObject::IndexFile(*v),
+                error: Error::Invalid(format!(
+                    "index file {} disappeared while being read and nothing replaces it",
+                    v.short()
+                )),
+            });
+        }
+        let (old, live): (Vec<_>, Vec<_>) = files
+            .into_iter()
+            .partition(|(id, _)| superseded.contains(id));
+        let pending = self.read_pending_records(&mut errors)?;
+        Ok(IndexState {
+            live,
+            superseded: old.into_iter().map(|(id, _)| id).collect(),
+            pending,
+            errors,
+        })
+    }
+
     fn read_pending_records(
         &self,
         errors: &mut Vec<IndexReadError>,

@@ -170,16 +170,27 @@ pub fn for_each_content_blob(
     content: &Content,
     first_seen: &mut dyn FnMut(BlobId) -> bool,
 ) -> Result<()> {
+    for_each_content_blob_as(repo, content, &mut |id, _| first_seen(id))
+}
+
+/// [`for_each_content_blob`], also telling `first_seen` whether the id is a data
+/// chunk (true) or a chunk-list blob (false): a caller can keep the few lists in
+/// a set and the many chunks elsewhere (prune spills them to disk).
+pub fn for_each_content_blob_as(
+    repo: &Repository,
+    content: &Content,
+    first_seen: &mut dyn FnMut(BlobId, bool) -> bool,
+) -> Result<()> {
     match content {
         Content::None => Ok(()),
         Content::Inline(refs) => {
             for r in refs {
-                first_seen(r.id);
+                first_seen(r.id, true);
             }
             Ok(())
         }
         Content::Tree { root, depth, .. } => {
-            if first_seen(*root) {
+            if first_seen(*root, false) {
                 walk_lists(repo, *root, *depth, first_seen)
             } else {
                 Ok(())
@@ -218,11 +229,11 @@ fn walk_lists(
     repo: &Repository,
     id: BlobId,
     depth: u8,
-    first_seen: &mut dyn FnMut(BlobId) -> bool,
+    first_seen: &mut dyn FnMut(BlobId, bool) -> bool,
 ) -> Result<()> {
     let list = checked(&id, repo.load_chunk_list(&id)?, depth, None)?;
     for e in list.entries {
-        if first_seen(e.id) && list.level > 0 {
+        if first_seen(e.id, list.level == 0) && list.level > 0 {
             walk_lists(repo, e.id, depth - 1, first_seen)?;
         }
     }

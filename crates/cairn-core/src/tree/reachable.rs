@@ -7,10 +7,29 @@ use crate::error::{Error, Result};
 use crate::index::IdSet;
 use crate::progress::Progress;
 use crate::repo::Repository;
-use crate::tree::chunklist::for_each_content_blob;
+use crate::tree::chunklist::for_each_content_blob_as;
 use cairn_format::BlobId;
 use cairn_format::tree::NodeKind;
 use std::sync::{Condvar, Mutex};
+
+/// Where a walk puts what it reaches.
+pub trait Reached: Send {
+    /// A tree or chunk-list blob: true the first time, when its content is to be
+    /// read.
+    fn first_visit(&mut self, id: BlobId) -> bool;
+    /// A data chunk; the same one may come more than once.
+    fn chunk(&mut self, id: BlobId) -> Result<()>;
+}
+
+impl Reached for IdSet {
+    fn first_visit(&mut self, id: BlobId) -> bool {
+        self.insert(id)
+    }
+    fn chunk(&mut self, id: BlobId) -> Result<()> {
+        self.insert(id);
+        Ok(())
+    }
+}
 
 struct Queue {
     todo: Vec<BlobId>,
@@ -19,10 +38,10 @@ struct Queue {
 }
 
 /// Adds to `seen` every blob the given snapshots need.
-pub fn collect_snapshots(
+pub fn collect_snapshots<S: Reached>(
     repo: &Repository,
     snaps: &[(cairn_format::SnapshotId, cairn_format::snapshot::Snapshot)],
-    seen: &mut IdSet,
+    seen: &mut S,
     progress: &Progress,
 ) -> Result<()> {
     let roots = snaps
@@ -39,15 +58,15 @@ pub fn collect_snapshots(
 /// tree or chunk list that cannot be read: a caller deciding what to delete must not
 /// go on with an incomplete set.
 /// Stops with [`Error::Cancelled`] when `progress` is cancelled.
-pub fn collect(
+pub fn collect<S: Reached>(
     repo: &Repository,
     roots: &[BlobId],
-    seen: &mut IdSet,
+    seen: &mut S,
     progress: &Progress,
 ) -> Result<()> {
     let mut start = Vec::new();
     for r in roots {
-        if seen.insert(*r) {
+        if seen.first_visit(*r) {
             start.push(*r);
         }
     }
@@ -57,25 +76,24 @@ pub fn collect(
         error: None,
     });
     let wake = Condvar::new();
-    let shared_seen = Mutex::new(std::mem::take(seen));
+    let shared_seen = Mutex::new(seen);
     let threads = (crate::threads::cores() * 2).clamp(2, 16);
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| worker(repo, &queue, &wake, &shared_seen, progress));
         }
     });
-    *seen = shared_seen.into_inner().unwrap_or_else(|e| e.into_inner());
     match queue.into_inner().unwrap_or_else(|e| e.into_inner()).error {
         Some(e) => Err(e),
         None => Ok(()),
     }
 }
 
-fn worker(
+fn worker<S: Reached>(
     repo: &Repository,
     queue: &Mutex<Queue>,
     wake: &Condvar,
-    seen: &Mutex<IdSet>,
+    seen: &Mutex<&mut S>,
     progress: &Progress,
 ) {
     loop {
@@ -116,7 +134,7 @@ fn worker(
 }
 
 /// Loads one tree, records its blobs, returns its subtrees not seen before.
-fn visit(repo: &Repository, id: &BlobId, seen: &Mutex<IdSet>) -> Result<Vec<BlobId>> {
+fn visit<S: Reached>(repo: &Repository, id: &BlobId, seen: &Mutex<&mut S>) -> Result<Vec<BlobId>> {
     let tree = repo.load_tree(id)?;
     let mut subtrees = Vec::new();
     let mut lists = Vec::new();
@@ -126,7 +144,7 @@ fn visit(repo: &Repository, id: &BlobId, seen: &Mutex<IdSet>) -> Result<Vec<Blob
             match n.kind {
                 NodeKind::Dir => {
                     if let Some(sub) = n.subtree
-                        && s.insert(sub)
+                        && s.first_visit(sub)
                     {
                         subtrees.push(sub);
                     }
@@ -134,25 +152,32 @@ fn visit(repo: &Repository, id: &BlobId, seen: &Mutex<IdSet>) -> Result<Vec<Blob
                 NodeKind::File => match &n.content {
                     cairn_format::tree::Content::Inline(refs) => {
                         for r in refs {
-                            s.insert(r.id);
+                            s.chunk(r.id)?;
                         }
                     }
                     cairn_format::tree::Content::None => {}
-                    c @ cairn_format::tree::Content::Tree { root, .. } => {
-                        if !s.contains(root) {
-                            lists.push(c.clone());
-                        }
-                    }
+                    c @ cairn_format::tree::Content::Tree { .. } => lists.push(c.clone()),
                 },
                 _ => {}
             }
         }
     }
-    // Chunk lists are read outside the lock; ids are inserted as they are found.
+    // Chunk lists are read outside the lock; ids are recorded as they are found.
     for c in &lists {
-        for_each_content_blob(repo, c, &mut |b| {
-            seen.lock().unwrap_or_else(|e| e.into_inner()).insert(b)
+        let mut failed = None;
+        for_each_content_blob_as(repo, c, &mut |b, chunk| {
+            let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+            if !chunk {
+                return s.first_visit(b);
+            }
+            if let Err(e) = s.chunk(b) {
+                failed.get_or_insert(e);
+            }
+            false
         })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
     }
     Ok(subtrees)
 }

@@ -17,6 +17,10 @@
 //!
 //! With no other job running, both phases happen in one run. Otherwise phase 2 of
 //! this run's record happens in a later prune.
+//!
+//! The plan holds whole-repository sets on local disk, not in RAM ([`scan`]).
+
+mod scan;
 
 use crate::error::{Error, Result};
 use crate::index::IdSet;
@@ -29,7 +33,7 @@ use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::{IndexFile, IndexPack};
 use cairn_format::pack;
 use cairn_format::pending::PendingDeletion;
-use cairn_format::{BlobId, PackId, PendingId, SnapshotId};
+use cairn_format::{PackId, PendingId, SnapshotId};
 use std::collections::{HashMap, HashSet};
 
 /// More live index files than this and prune rewrites the index even when it
@@ -52,6 +56,10 @@ pub struct PruneOptions {
     pub max_unused: MaxUnused,
     /// Upper bound on the total size of packs repacked in this run.
     pub max_repack_bytes: Option<u64>,
+    /// Memory for one partition of the plan's whole-repository sets (default:
+    /// a share of `--memory-limit`, else 256 MiB); below what they need, they
+    /// spill to local disk in as many partitions as it takes.
+    pub partition_bytes: Option<u64>,
 }
 
 impl Default for PruneOptions {
@@ -60,6 +68,7 @@ impl Default for PruneOptions {
             dry_run: false,
             max_unused: MaxUnused::Percent(5.0),
             max_repack_bytes: None,
+            partition_bytes: None,
         }
     }
 }
@@ -120,21 +129,13 @@ pub struct PruneReport {
     pub temporaries_removed_bytes: u64,
 }
 
-/// Everything the phases need about one indexed pack.
-struct PackInfo {
-    entries: IndexPack,
-    stored_size: Option<u64>,
-    used_bytes: u64,
-    unused_bytes: u64,
-    /// Blobs this pack provides (one copy of each needed blob is chosen).
-    provides: Vec<BlobId>,
-}
-
 enum Action {
     Keep,
     Delete,
     Repack,
     DropMissing,
+    /// Listed by superseded index files only: not part of the index.
+    Unlisted,
 }
 
 /// Runs prune under the session's exclusive lock. The session's repository gets a
@@ -178,19 +179,21 @@ fn run(
             "{e}; prune cannot tell what it needs (run `cairn repair snapshots` first)"
         )));
     }
-    let state = repo.read_index_state()?;
-    if let Some(e) = state.errors.first() {
+    let mut scan = scan::scan_index(repo, &stored, opts.partition_bytes)?;
+    if let Some(e) = scan.state.errors.first() {
         return Err(Error::Invalid(format!(
             "{e}; run `cairn repair index` before prune"
         )));
     }
-    repo.set_index(&state)?;
+    // The walk reads trees and chunk lists through the index in its placement.
+    repo.load_index()?;
 
     let listed: HashSet<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
-    let mut used = IdSet::default();
-    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut used, progress)?;
+    let mut needed = scan::Needed::new(&scan, repo, opts.partition_bytes)?;
+    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut needed, progress)?;
 
-    let pending_packs: HashSet<PackId> = state
+    let pending_packs: HashSet<PackId> = scan
+        .state
         .pending
         .iter()
         .flat_map(|(_, p)| {
@@ -202,20 +205,23 @@ fn run(
         .collect();
     // A pack stored and indexed by a backup between the listing and the index read
     // is not missing: list again before treating any indexed pack as gone.
-    let indexed_missing = state
-        .live
+    let indexed_missing = scan
+        .packs
         .iter()
-        .flat_map(|(_, f)| f.packs.iter())
-        .any(|p| !stored.contains_key(&p.id));
+        .any(|p| p.file != scan::NO_FILE && p.stored_size.is_none());
     let stored = if indexed_missing {
         let mut again = repo.list_packs()?;
         again.extend(stored);
+        for p in &mut scan.packs {
+            p.stored_size = again.get(&p.id).copied();
+        }
         again
     } else {
         stored
     };
-    let (mut plan, mut infos, actions, orphans) =
-        make_plan(&state, &stored, &used, &pending_packs, opts)?;
+    let mut joined = scan::join_needed(&mut scan, needed)?;
+    let (mut plan, actions, orphans) = make_plan(&scan, &stored, &pending_packs, opts);
+    plan.used_blobs = joined.used_blobs;
     plan.snapshots = snaps.len();
     plan.earlier_pending_packs = pending_packs.len();
     report.plan = plan;
@@ -229,28 +235,16 @@ fn run(
     // ---- phase 1: repack, replace the index, record what is retired ----
     report.temporaries_removed_bytes = repo.backend().remove_stale_temporaries()?;
     let mut new_index_files = Vec::new();
-    let repack: Vec<&PackInfo> = infos
-        .iter()
-        .zip(&actions)
-        .filter(|(_, a)| matches!(a, Action::Repack))
-        .map(|(i, _)| i)
-        .collect();
-    if !repack.is_empty() {
+    if actions.iter().any(|a| matches!(a, Action::Repack)) {
         progress.phase(Phase::Repacking);
-        let lists: Vec<IndexPack> = repack
-            .iter()
-            .map(|i| {
-                let wanted: IdSet = i.provides.iter().copied().collect();
-                IndexPack {
-                    id: i.entries.id,
-                    blobs: i
-                        .entries
-                        .blobs
-                        .iter()
-                        .filter(|b| wanted.contains(&b.id))
-                        .copied()
-                        .collect(),
-                }
+        let mut wanted = scan::repack_lists(&mut scan, &mut joined, &|n| {
+            matches!(actions[n], Action::Repack)
+        })?;
+        let lists: Vec<IndexPack> = (0..scan.packs.len())
+            .filter(|n| matches!(actions[*n], Action::Repack))
+            .map(|n| IndexPack {
+                id: scan.packs[n].id,
+                blobs: wanted.remove(&(n as u32)).unwrap_or_default(),
             })
             .collect();
         let stats = crate::ops::repair::copy_blobs(repo, &lists, false)?;
@@ -260,31 +254,22 @@ fn run(
     }
     // Also rewrite when small index files have piled up (every backup adds one or
     // two): one replacement file per 200,000 blobs is what readers like best.
+    let state = &scan.state;
     let changed = actions.iter().any(|a| !matches!(a, Action::Keep))
         || state.live.len() > COMPACT_INDEX_FILES;
     let mut retired: Vec<IndexPack> = Vec::new();
     let mut old_files: Vec<cairn_format::IndexId> = state.superseded.clone();
     if changed {
         progress.phase(Phase::WritingIndex);
-        let mut kept = Vec::new();
-        for (info, a) in infos.drain(..).zip(&actions) {
-            match a {
-                Action::Keep => kept.push(info.entries),
-                Action::Delete | Action::Repack => retired.push(info.entries),
-                Action::DropMissing => {}
-            }
-        }
         old_files.extend(state.live.iter().map(|(id, _)| *id));
-        let records = carried_snapshot_records(&state, &listed);
+        let records = carried_snapshot_records(state, &listed);
         // Only a prune whose lock nobody could have taken for stale may change
         // what readers see (another prune may have run meanwhile).
         lock.check_fresh()?;
-        new_index_files.extend(write_replacement_index(
-            repo,
-            kept,
-            old_files.clone(),
-            records,
-        )?);
+        let (files, gone) =
+            write_replacement_index(repo, &scan, &actions, old_files.clone(), records)?;
+        new_index_files.extend(files);
+        retired = gone;
         crate::hooks::point("prune:index-replaced");
         report.new_index_files = new_index_files.len();
     }
@@ -311,13 +296,21 @@ fn run(
         }
         crate::hooks::point("prune:superseded-deleted");
     }
+    drop(scan);
 
     // ---- phase 2: delete what no live operation can still use ----
     progress.phase(Phase::Deleting);
     // Past the index switch nothing stops early: a cancellation would only hide
     // what was done (the report) and leave deletions for the next prune.
-    delete_pending(repo, lock, &listed, used, &mut report, &Progress::none())?;
-    repo.load_index_in_ram()?;
+    delete_pending(
+        repo,
+        lock,
+        &listed,
+        joined.needed_from_pending,
+        &mut report,
+        &Progress::none(),
+    )?;
+    repo.load_index()?;
     Ok(report)
 }
 
@@ -329,99 +322,20 @@ fn live_lock_ids(repo: &Repository, mine: &RepoLock) -> Result<Vec<[u8; 32]>> {
         .collect())
 }
 
-type Plan = (PrunePlan, Vec<PackInfo>, Vec<Action>, Vec<PackId>);
-
 fn make_plan(
-    state: &IndexState,
+    scan: &scan::Scan,
     stored: &HashMap<PackId, u64>,
-    used: &IdSet,
     pending_packs: &HashSet<PackId>,
     opts: &PruneOptions,
-) -> Result<Plan> {
+) -> (PrunePlan, Vec<Action>, Vec<PackId>) {
     let mut plan = PrunePlan::default();
-    // One entry per pack, even if two index files list it.
-    let mut infos: Vec<PackInfo> = Vec::new();
-    let mut seen_packs = HashSet::new();
-    for (_, f) in &state.live {
-        for p in &f.packs {
-            if seen_packs.insert(p.id) {
-                infos.push(PackInfo {
-                    entries: p.clone(),
-                    stored_size: stored.get(&p.id).copied(),
-                    used_bytes: 0,
-                    unused_bytes: 0,
-                    provides: Vec::new(),
-                });
-            }
-        }
-    }
-    // Choose one copy of each needed blob: packs that are entirely needed first
-    // (they are kept anyway), then the fullest ones.
-    let need_count = |i: &PackInfo| {
-        i.entries
-            .blobs
-            .iter()
-            .filter(|b| used.contains(&b.id))
-            .count()
-    };
-    let mut order: Vec<(usize, usize, usize)> = infos
-        .iter()
-        .enumerate()
-        .map(|(n, i)| (n, need_count(i), i.entries.blobs.len()))
-        .collect();
-    order.sort_by(|a, b| {
-        let fa = a.1 as f64 / a.2.max(1) as f64;
-        let fb = b.1 as f64 / b.2.max(1) as f64;
-        fb.total_cmp(&fa)
-    });
-    let mut provided = IdSet::default();
-    for (n, _, _) in &order {
-        let info = &mut infos[*n];
-        let usable = match info.stored_size {
-            Some(size) => {
-                let end = info
-                    .entries
-                    .blobs
-                    .iter()
-                    .map(|b| u64::from(b.offset) + u64::from(b.length))
-                    .max()
-                    .unwrap_or(0);
-                end + PACK_TRAILER_LEN as u64 <= size
-            }
-            None => false,
-        };
-        for b in &info.entries.blobs {
-            if usable && used.contains(&b.id) && provided.insert(b.id) {
-                info.used_bytes += u64::from(b.length);
-                info.provides.push(b.id);
-            } else {
-                info.unused_bytes += u64::from(b.length);
-            }
-        }
-    }
-    // Every needed blob must have a copy: in a kept pack or in a pack an earlier
-    // prune retired (phase 2 indexes such a pack again instead of deleting it).
-    let pending_blobs: IdSet = state
-        .pending
-        .iter()
-        .flat_map(|(_, p)| p.packs.iter().flat_map(|x| x.blobs.iter().map(|b| b.id)))
-        .collect();
-    if let Some(missing) = used
-        .iter()
-        .find(|b| !provided.contains(*b) && !pending_blobs.contains(*b))
-    {
-        return Err(Error::Invalid(format!(
-            "blob {} is needed by a snapshot but no readable pack holds it; \
-             run `cairn check` and `cairn repair` before prune",
-            missing.to_hex()
-        )));
-    }
-    plan.used_blobs = used.len();
-
+    let infos = &scan.packs;
     let mut actions = Vec::with_capacity(infos.len());
     let mut partial = Vec::new();
     for (n, info) in infos.iter().enumerate() {
         let a = match info.stored_size {
+            // Listed only by superseded files: not indexed.
+            _ if info.file == scan::NO_FILE => Action::Unlisted,
             None => {
                 plan.missing_unused_packs += 1;
                 Action::DropMissing
@@ -487,7 +401,11 @@ fn make_plan(
     plan.unused_bytes_after = unused_left;
 
     // Unindexed packs: not in a live index file and not already pending.
-    let indexed: HashSet<PackId> = infos.iter().map(|i| i.entries.id).collect();
+    let indexed: HashSet<PackId> = infos
+        .iter()
+        .filter(|i| i.file != scan::NO_FILE)
+        .map(|i| i.id)
+        .collect();
     let mut orphans = Vec::new();
     for (id, size) in stored {
         if !indexed.contains(id) && !pending_packs.contains(id) {
@@ -497,6 +415,7 @@ fn make_plan(
         }
     }
     orphans.sort();
+    let state = &scan.state;
     plan.index_files_replaced = state.superseded.len();
     if actions.iter().any(|a| !matches!(a, Action::Keep)) || state.live.len() > COMPACT_INDEX_FILES
     {
@@ -504,7 +423,7 @@ fn make_plan(
     }
     plan.reclaim_bytes =
         plan.delete_bytes + plan.repack_bytes - plan.repack_copy_bytes + plan.unindexed_bytes;
-    Ok((plan, infos, actions, orphans))
+    (plan, actions, orphans)
 }
 
 /// Writes the kept packs' entries as new index files; the last one supersedes the
@@ -531,32 +450,69 @@ fn carried_snapshot_records(
     (keep_ann, keep_forgot)
 }
 
+/// Streams the live index files once more: each pack's own listing goes to the
+/// new files when the pack is kept, to the returned list when it is retired.
 fn write_replacement_index(
     repo: &Repository,
-    kept: Vec<IndexPack>,
+    scan: &scan::Scan,
+    actions: &[Action],
     supersedes: Vec<cairn_format::IndexId>,
     (snapshots, forgotten): (Vec<SnapshotId>, Vec<SnapshotId>),
-) -> Result<Vec<cairn_format::IndexId>> {
+) -> Result<(Vec<cairn_format::IndexId>, Vec<IndexPack>)> {
     const BLOBS_PER_FILE: usize = 200_000;
+    let number: HashMap<PackId, usize> = scan
+        .packs
+        .iter()
+        .enumerate()
+        .map(|(n, p)| (p.id, n))
+        .collect();
+    let live: Vec<(u32, cairn_format::IndexId)> = scan
+        .files
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, live))| *live)
+        .map(|(n, (id, _))| (n as u32, *id))
+        .collect();
     let mut files = Vec::new();
+    let mut retired = Vec::new();
     let mut cur = IndexFile::default();
     let mut n = 0;
-    for p in kept {
-        n += p.blobs.len();
-        cur.packs.push(p);
-        if n >= BLOBS_PER_FILE {
-            files.push(repo.write_index_file(&std::mem::take(&mut cur))?);
-            n = 0;
+    for batch in live.chunks(4) {
+        let read = crate::threads::parallel_map(batch, 4, |(_, id)| repo.read_index_file(id));
+        for ((file, _), f) in batch.iter().zip(read) {
+            for p in f?.packs {
+                let Some(&k) = number.get(&p.id) else {
+                    continue;
+                };
+                if scan.packs[k].file != *file {
+                    continue;
+                }
+                match actions[k] {
+                    Action::Keep => {
+                        n += p.blobs.len();
+                        cur.packs.push(p);
+                        if n >= BLOBS_PER_FILE {
+                            files.push(repo.write_index_file(&std::mem::take(&mut cur))?);
+                            n = 0;
+                        }
+                    }
+                    Action::Delete | Action::Repack => retired.push(p),
+                    Action::DropMissing | Action::Unlisted => {}
+                }
+            }
         }
     }
     cur.supersedes = supersedes;
     cur.snapshots = snapshots;
     cur.forgotten = forgotten;
     files.push(repo.write_index_file(&cur)?);
-    Ok(files)
+    Ok((files, retired))
 }
 
-/// Phase 2 for every pending record whose locks are all gone.
+/// Phase 2 for every pending record whose locks are all gone. `needed` holds the
+/// blobs the snapshots in `listed` need that no live pack holds (those only
+/// retired packs still do); the snapshots written since are walked here. A
+/// retired pack holding a blob of either is indexed again instead of deleted.
 fn delete_pending(
     repo: &mut Repository,
     mine: &RepoLock,
@@ -603,7 +559,7 @@ fn delete_pending(
     // before it removed its lock, so the listing below contains it. Snapshots are
     // listed before the index is read, so the index knows every listed one's blobs.
     let (snaps, bad) = repo.snapshots()?;
-    repo.load_index_in_ram()?;
+    repo.load_index()?;
     if let Some(e) = bad.into_iter().next() {
         return Err(Error::Invalid(format!(
             "{e}; not deleting anything (run `cairn repair snapshots`)"
@@ -618,7 +574,18 @@ fn delete_pending(
     // deleted through the first, and the second must not read it as an orphan.
     let mut stored = repo.list_packs()?;
     let index = repo.index().clone();
-    let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(&l)).collect();
+    let mut live_packs: HashSet<PackId> = HashSet::new();
+    let state = repo.read_index_state_streamed(&mut |_, f| {
+        live_packs.extend(f.packs.iter().map(|p| p.id));
+        Ok(())
+    })?;
+    // Packs only superseded files list are not live.
+    if !state.superseded.is_empty() {
+        live_packs.clear();
+        for (id, _) in &state.live {
+            live_packs.extend(repo.read_index_file(id)?.packs.iter().map(|p| p.id));
+        }
+    }
     for (id, rec) in ready {
         let mut rescue = IndexFile::default();
         let mut delete = Vec::new();

@@ -231,19 +231,40 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_core::session::Read;
+    use cairn_core::{IndexLoad, Session};
+
+    /// An unencrypted repository in `dir` (no key derivation: fast).
+    fn local_repo(dir: &std::path::Path) -> Repository {
+        let opts = cairn_core::InitOptions {
+            encryption: false,
+            ..Default::default()
+        };
+        Repository::init(
+            Arc::new(cairn_backend::LocalBackend::new(dir.join("repo"))),
+            None,
+            &opts,
+        )
+        .unwrap()
+    }
+
+    /// `check --read-data`, which must find nothing wrong.
+    fn check_all(repo: Repository) -> (Session<Read>, cairn_core::ops::check::CheckReport) {
+        let none = cairn_core::progress::Progress::none();
+        let s = Session::<Read>::open(repo, "check", IndexLoad::Full, &none).unwrap();
+        let opts = cairn_core::ops::check::CheckOptions {
+            read_data: true,
+            ..Default::default()
+        };
+        let report = cairn_core::ops::check::check(&s, &opts).unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        (s, report)
+    }
 
     #[test]
     fn a_scale_repository_checks_clean_and_holds_what_it_says() {
         let dir = tempfile::tempdir().unwrap();
-        let repo = Repository::init(
-            Arc::new(cairn_backend::LocalBackend::new(dir.path())),
-            None,
-            &cairn_core::InitOptions {
-                encryption: false,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let repo = local_repo(dir.path());
         let opts = ScaleOptions {
             blobs: 20_000,
             snapshots: 3,
@@ -253,22 +274,7 @@ mod tests {
         };
         let ids = build(&repo, &opts, &|_| {}).unwrap();
         assert_eq!(ids.len(), 3);
-        let s = cairn_core::Session::<cairn_core::session::Read>::open(
-            repo,
-            "check",
-            cairn_core::IndexLoad::Full,
-            &cairn_core::progress::Progress::none(),
-        )
-        .unwrap();
-        let report = cairn_core::ops::check::check(
-            &s,
-            &cairn_core::ops::check::CheckOptions {
-                read_data: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        let (s, report) = check_all(repo);
         // Every chunk, each file's chunk list (3 files a snapshot, up to 3,000
         // chunks: one list blob each) and 2 trees per snapshot.
         assert_eq!(report.blobs, 20_000 + 9 + 6, "{report:?}");
@@ -283,18 +289,9 @@ mod tests {
     #[test]
     fn prune_decides_the_same_with_its_sets_on_disk() {
         use cairn_core::ops::prune::{MaxUnused, PruneOptions};
-        use cairn_core::session::{Exclusive, Read};
-        use cairn_core::{IndexLoad, Session};
+        use cairn_core::session::Exclusive;
         let dir = tempfile::tempdir().unwrap();
-        let repo = Repository::init(
-            Arc::new(cairn_backend::LocalBackend::new(dir.path().join("repo"))),
-            None,
-            &cairn_core::InitOptions {
-                encryption: false,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let repo = local_repo(dir.path());
         // Small packs, one writer: packs at snapshot boundaries hold two
         // snapshots' chunks, so forgetting one leaves some partly used.
         let opts = ScaleOptions {
@@ -337,16 +334,7 @@ mod tests {
         assert_eq!(r.plan.used_blobs, 22_500 + 9 + 6, "{r:?}");
         assert!(r.plan.repack_packs > 0 && r.plan.delete_packs > 0, "{r:?}");
         assert_eq!(r.plan.unused_bytes_after, 0, "{r:?}");
-        let s = Session::<Read>::open(s.into_repo(), "check", IndexLoad::Full, &none).unwrap();
-        let report = cairn_core::ops::check::check(
-            &s,
-            &cairn_core::ops::check::CheckOptions {
-                read_data: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        let (_, report) = check_all(s.into_repo());
         assert_eq!(report.blobs, 22_500 + 9 + 6);
     }
 }

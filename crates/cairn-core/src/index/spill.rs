@@ -114,30 +114,38 @@ impl<const N: usize> Spill<N> {
         Ok(())
     }
 
-    /// Every record of partition `p`, in no particular order.
+    /// Every record of partition `p`, in no particular order. The file is read
+    /// record by record into the result: the partition is held once, not also as
+    /// a byte buffer.
     pub fn read(&mut self, p: usize) -> Result<Vec<[u8; N]>> {
-        let mut bytes = Vec::new();
+        let tail = &self.buffers[p];
+        let mut out = Vec::new();
         if let (Some(dir), Some(f)) = (&self.dir, self.files[p].as_mut()) {
             let path = dir.path().join(format!("{p:04x}"));
+            let len = f.seek(SeekFrom::End(0)).map_err(|e| io_error(&path, e))?;
+            if len % N as u64 != 0 {
+                return Err(Error::Invalid(format!(
+                    "spill file {} of {len} bytes does not hold whole {N}-byte records",
+                    path.display()
+                )));
+            }
+            out.reserve_exact(len as usize / N + tail.len() / N);
             f.seek(SeekFrom::Start(0)).map_err(|e| io_error(&path, e))?;
-            f.read_to_end(&mut bytes).map_err(|e| io_error(&path, e))?;
+            let mut r = std::io::BufReader::with_capacity(BUFFER, &mut *f);
+            for _ in 0..len / N as u64 {
+                let mut rec = [0u8; N];
+                r.read_exact(&mut rec).map_err(|e| io_error(&path, e))?;
+                out.push(rec);
+            }
+            drop(r);
             f.seek(SeekFrom::End(0)).map_err(|e| io_error(&path, e))?;
         }
-        bytes.extend_from_slice(&self.buffers[p]);
-        if bytes.len() % N != 0 {
-            return Err(Error::Invalid(format!(
-                "a spill file of {} bytes does not hold whole {N}-byte records",
-                bytes.len()
-            )));
-        }
-        Ok(bytes
-            .chunks_exact(N)
-            .map(|c| {
-                let mut r = [0u8; N];
-                r.copy_from_slice(c);
-                r
-            })
-            .collect())
+        out.extend(tail.chunks_exact(N).map(|c| {
+            let mut rec = [0u8; N];
+            rec.copy_from_slice(c);
+            rec
+        }));
+        Ok(out)
     }
 }
 

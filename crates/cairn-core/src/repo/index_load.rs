@@ -16,6 +16,16 @@ pub struct IndexState {
     pub errors: Vec<IndexReadError>,
 }
 
+/// One read of the listed index files, before it is judged complete.
+struct IndexPass {
+    files: Vec<(IndexId, IndexFile)>,
+    errors: Vec<IndexReadError>,
+    /// Ids the files read say they replace.
+    superseded: HashSet<IndexId>,
+    /// Files listed but gone, which no file read replaces.
+    unexplained: Vec<IndexId>,
+}
+
 /// An object of the index: an index file or a pending-deletion record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "type", content = "id", rename_all = "snake_case")]
@@ -62,55 +72,11 @@ impl Repository {
         loop {
             attempt += 1;
             let ids = self.list_index_files()?;
-            let results = crate::threads::parallel_map(&ids, 4, |id| self.read_index_file(id));
-            let mut files = Vec::new();
-            let mut errors = Vec::new();
-            let mut vanished = Vec::new();
-            for (id, r) in ids.iter().zip(results) {
-                match r {
-                    Ok(f) => files.push((*id, f)),
-                    Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
-                        object: IndexObject::IndexFile(*id),
-                        error: e,
-                    }),
-                    Err(Error::Backend(b)) if b.is_not_found() => vanished.push(*id),
-                    Err(e) => return Err(e),
-                }
+            let pass = self.read_index_pass(&ids, ids.len().max(1), &mut |_, _| Ok(()))?;
+            if !pass.unexplained.is_empty() && attempt < 5 {
+                continue;
             }
-            let superseded: HashSet<IndexId> = files
-                .iter()
-                .flat_map(|(_, f)| f.supersedes.iter().copied())
-                .collect();
-            let unexplained: Vec<_> = vanished
-                .iter()
-                .filter(|v| !superseded.contains(*v))
-                .collect();
-            if !unexplained.is_empty() {
-                if attempt < 5 {
-                    continue;
-                }
-                // Never return a silently incomplete index: callers deciding what to
-                // delete must see that something is missing.
-                for v in unexplained {
-                    errors.push(IndexReadError {
-                        object: IndexObject::IndexFile(*v),
-                        error: Error::Invalid(format!(
-                            "index file {} disappeared while being read and nothing replaces it",
-                            v.short()
-                        )),
-                    });
-                }
-            }
-            let (old, live): (Vec<_>, Vec<_>) = files
-                .into_iter()
-                .partition(|(id, _)| superseded.contains(id));
-            let pending = self.read_pending_records(&mut errors)?;
-            return Ok(IndexState {
-                live,
-                superseded: old.into_iter().map(|(id, _)| id).collect(),
-                pending,
-                errors,
-            });
+            return self.settle_index_state(pass);
         }
     }
 
@@ -125,18 +91,32 @@ impl Repository {
         &self,
         each: &mut dyn FnMut(&IndexId, &IndexFile) -> Result<()>,
     ) -> Result<IndexState> {
-        const BATCH: usize = 4;
         let ids = self.list_index_files()?;
+        let pass = self.read_index_pass(&ids, 4, &mut |id, f| {
+            each(id, f)?;
+            f.packs = Vec::new();
+            Ok(())
+        })?;
+        self.settle_index_state(pass)
+    }
+
+    /// Reads `ids`, `batch` at a time (up to 4 in parallel), handing each readable
+    /// file to `each` (which may trim it) before keeping it.
+    fn read_index_pass(
+        &self,
+        ids: &[IndexId],
+        batch: usize,
+        each: &mut dyn FnMut(&IndexId, &mut IndexFile) -> Result<()>,
+    ) -> Result<IndexPass> {
         let mut files = Vec::new();
         let mut errors = Vec::new();
         let mut vanished = Vec::new();
-        for batch in ids.chunks(BATCH) {
-            let results = crate::threads::parallel_map(batch, BATCH, |id| self.read_index_file(id));
-            for (id, r) in batch.iter().zip(results) {
+        for part in ids.chunks(batch) {
+            let results = crate::threads::parallel_map(part, 4, |id| self.read_index_file(id));
+            for (id, r) in part.iter().zip(results) {
                 match r {
                     Ok(mut f) => {
-                        each(id, &f)?;
-                        f.packs = Vec::new();
+                        each(id, &mut f)?;
                         files.push((*id, f));
                     }
                     Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
@@ -152,9 +132,32 @@ impl Repository {
             .iter()
             .flat_map(|(_, f)| f.supersedes.iter().copied())
             .collect();
-        for v in vanished.iter().filter(|v| !superseded.contains(*v)) {
+        let unexplained = vanished
+            .into_iter()
+            .filter(|v| !superseded.contains(v))
+            .collect();
+        Ok(IndexPass {
+            files,
+            errors,
+            superseded,
+            unexplained,
+        })
+    }
+
+    /// The state a pass read: live and superseded files apart, the pending
+    /// records, and every file that vanished unexplained as an error (never a
+    /// silently incomplete index: callers deciding what to delete must see that
+    /// something is missing).
+    fn settle_index_state(&self, pass: IndexPass) -> Result<IndexState> {
+        let IndexPass {
+            files,
+            mut errors,
+            superseded,
+            unexplained,
+        } = pass;
+        for v in unexplained {
             errors.push(IndexReadError {
-                object: IndexObject::IndexFile(*v),
+                object: IndexObject::IndexFile(v),
                 error: Error::Invalid(format!(
                     "index file {} disappeared while being read and nothing replaces it",
                     v.short()

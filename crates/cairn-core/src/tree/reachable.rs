@@ -162,22 +162,39 @@ fn visit<S: Reached>(repo: &Repository, id: &BlobId, seen: &Mutex<&mut S>) -> Re
             }
         }
     }
-    // Chunk lists are read outside the lock; ids are recorded as they are found.
-    for c in &lists {
-        let mut failed = None;
-        for_each_content_blob_as(repo, c, &mut |b, chunk| {
-            let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
-            if !chunk {
-                return s.first_visit(b);
-            }
+    // Chunk lists are read outside the lock. A list blob is asked about at once
+    // (a list seen before is not read again); chunks are handed over in batches,
+    // one lock per batch rather than per chunk.
+    const BATCH: usize = 4096;
+    let mut chunks: Vec<BlobId> = Vec::with_capacity(BATCH);
+    let mut failed = None;
+    let hand_over = |chunks: &mut Vec<BlobId>, failed: &mut Option<Error>| {
+        let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+        for b in chunks.drain(..) {
             if let Err(e) = s.chunk(b) {
                 failed.get_or_insert(e);
+                break;
+            }
+        }
+    };
+    for c in &lists {
+        for_each_content_blob_as(repo, c, &mut |b, chunk| {
+            if !chunk {
+                return seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .first_visit(b);
+            }
+            chunks.push(b);
+            if chunks.len() >= BATCH {
+                hand_over(&mut chunks, &mut failed);
             }
             false
         })?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
     }
-    Ok(subtrees)
+    hand_over(&mut chunks, &mut failed);
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(subtrees),
+    }
 }

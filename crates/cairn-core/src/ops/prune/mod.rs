@@ -189,7 +189,7 @@ fn run(
     repo.load_index()?;
 
     let listed: HashSet<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
-    let mut needed = scan::Needed::new(&scan, repo, opts.partition_bytes)?;
+    let mut needed = scan::Needed::new(&scan)?;
     crate::tree::reachable::collect_snapshots(repo, &snaps, &mut needed, progress)?;
 
     let pending_packs: HashSet<PackId> = scan
@@ -460,12 +460,6 @@ fn write_replacement_index(
     (snapshots, forgotten): (Vec<SnapshotId>, Vec<SnapshotId>),
 ) -> Result<(Vec<cairn_format::IndexId>, Vec<IndexPack>)> {
     const BLOBS_PER_FILE: usize = 200_000;
-    let number: HashMap<PackId, usize> = scan
-        .packs
-        .iter()
-        .enumerate()
-        .map(|(n, p)| (p.id, n))
-        .collect();
     let live: Vec<(u32, cairn_format::IndexId)> = scan
         .files
         .iter()
@@ -481,7 +475,7 @@ fn write_replacement_index(
         let read = crate::threads::parallel_map(batch, 4, |(_, id)| repo.read_index_file(id));
         for ((file, _), f) in batch.iter().zip(read) {
             for p in f?.packs {
-                let Some(&k) = number.get(&p.id) else {
+                let Some(k) = scan.number.get(&p.id).map(|&k| k as usize) else {
                     continue;
                 };
                 if scan.packs[k].file != *file {
@@ -574,18 +568,18 @@ fn delete_pending(
     // deleted through the first, and the second must not read it as an orphan.
     let mut stored = repo.list_packs()?;
     let index = repo.index().clone();
-    let mut live_packs: HashSet<PackId> = HashSet::new();
-    let state = repo.read_index_state_streamed(&mut |_, f| {
-        live_packs.extend(f.packs.iter().map(|p| p.id));
+    // The packs live index files list (superseded files are only known at the end).
+    let mut listed_packs: HashMap<cairn_format::IndexId, Vec<PackId>> = HashMap::new();
+    let state = repo.read_index_state_streamed(&mut |id, f| {
+        listed_packs.insert(*id, f.packs.iter().map(|p| p.id).collect());
         Ok(())
     })?;
-    // Packs only superseded files list are not live.
-    if !state.superseded.is_empty() {
-        live_packs.clear();
-        for (id, _) in &state.live {
-            live_packs.extend(repo.read_index_file(id)?.packs.iter().map(|p| p.id));
-        }
-    }
+    let live_packs: HashSet<PackId> = state
+        .live
+        .iter()
+        .filter_map(|(id, _)| listed_packs.remove(id))
+        .flatten()
+        .collect();
     for (id, rec) in ready {
         let mut rescue = IndexFile::default();
         let mut delete = Vec::new();
@@ -690,6 +684,19 @@ mod tests {
         SnapshotId([n; 32])
     }
 
+    /// One prune with the default options, in its own session.
+    fn prune_once(repo: Repository) -> (Repository, PruneReport) {
+        let mut s: Session<Exclusive> = Session::open(
+            repo,
+            "prune",
+            crate::session::IndexLoad::None,
+            &Progress::none(),
+        )
+        .unwrap();
+        let r = prune(&mut s, &PruneOptions::default()).unwrap();
+        (s.into_repo(), r)
+    }
+
     #[test]
     fn snapshot_records_survive_unless_gone_and_forgotten() {
         let file = IndexFile {
@@ -747,16 +754,8 @@ mod tests {
                     .unwrap();
             }
         }
-        let mut s: Session<Exclusive> = Session::open(
-            repo,
-            "prune",
-            crate::session::IndexLoad::None,
-            &Progress::none(),
-        )
-        .unwrap();
-        let r = prune(&mut s, &PruneOptions::default()).unwrap();
+        let (repo, r) = prune_once(repo);
         assert_eq!(r.deleted_packs, 1, "{r:?}");
-        let repo = s.into_repo();
         assert!(repo.backend().get(&names::pack(&p.id.to_hex())).is_err());
         assert!(repo.list_pending().unwrap().is_empty());
     }
@@ -780,17 +779,6 @@ mod tests {
             })
             .unwrap();
         }
-        let prune_once = |repo: crate::Repository| {
-            let mut s: Session<Exclusive> = Session::open(
-                repo,
-                "prune",
-                crate::session::IndexLoad::None,
-                &Progress::none(),
-            )
-            .unwrap();
-            let r = prune(&mut s, &PruneOptions::default()).unwrap();
-            (s.into_repo(), r)
-        };
         let (repo, r) = prune_once(repo);
         assert_eq!(r.deleted_packs, 0, "{r:?}");
         assert!(repo.backend().get(&name).is_ok());

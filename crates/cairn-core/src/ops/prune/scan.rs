@@ -67,9 +67,12 @@ pub(super) struct Scan {
     /// Packs some live index file lists, in the order the files list them.
     pub packs: Vec<PackRow>,
     entries: Spill<ENTRY>,
-    /// Live index files by number, with their ids.
+    /// Pack numbers (positions in `packs`) by id.
+    pub number: HashMap<PackId, u32>,
+    /// Index files by number, with their ids and whether they are live.
     pub files: Vec<(IndexId, bool)>,
-    pub partitions: usize,
+    /// Where the spill files go.
+    dir: std::path::PathBuf,
 }
 
 fn encode(pack: u32, file: u32, b: &IndexBlob) -> [u8; ENTRY] {
@@ -110,24 +113,24 @@ fn decode(r: &[u8; ENTRY]) -> Result<Entry> {
     })
 }
 
-/// Where spill files go, and how much one partition may hold.
-pub(super) fn scratch(repo: &Repository, budget: Option<u64>) -> (std::path::PathBuf, u64) {
+/// Where spill files go, and how much one partition may hold: `budget`, else a
+/// share of the memory limit, else [`DEFAULT_BUDGET`].
+fn scratch(repo: &Repository, budget: Option<u64>) -> (std::path::PathBuf, u64) {
     let dir = repo
         .index_path()
         .unwrap_or_else(|_| std::env::temp_dir().join("cairn"));
+    // The suite makes small repositories spill, so the partitioned path is the
+    // one its prune and crash tests run.
+    #[cfg(feature = "test-hooks")]
+    let budget = budget.or_else(|| {
+        std::env::var("CAIRN_TEST_SPILL_BUDGET")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
     let budget = budget.unwrap_or_else(|| {
         repo.memory_plan_in_use()
             .map_or(DEFAULT_BUDGET, |p| p.share(2, 16 << 20, DEFAULT_BUDGET))
     });
-    // The suite makes small repositories spill, so the partitioned path is the
-    // one its prune and crash tests run.
-    #[cfg(feature = "test-hooks")]
-    if let Some(b) = std::env::var("CAIRN_TEST_SPILL_BUDGET")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        return (dir, b);
-    }
     (dir, budget)
 }
 
@@ -186,13 +189,13 @@ pub(super) fn scan_index(
             .unwrap_or(NO_FILE);
         row.listed_in = Vec::new();
     }
-    let partitions = entries.partitions();
     Ok(Scan {
         state,
         packs,
         entries,
+        number,
         files,
-        partitions,
+        dir,
     })
 }
 
@@ -204,11 +207,10 @@ pub(super) struct Needed {
 }
 
 impl Needed {
-    pub fn new(scan: &Scan, repo: &Repository, budget: Option<u64>) -> Result<Self> {
-        let (dir, _) = scratch(repo, budget);
+    pub fn new(scan: &Scan) -> Result<Self> {
         Ok(Needed {
             meta: IdSet::default(),
-            chunks: Spill::new(scan.partitions, &dir)?,
+            chunks: Spill::new(scan.entries.partitions(), &scan.dir)?,
         })
     }
 
@@ -248,7 +250,7 @@ type Visit<'a> = dyn FnMut(&BlobId, &[Entry], bool, &mut [PackRow]) -> Result<()
 /// whether it is needed, partition by partition, ids in order. Needed ids no
 /// entry lists come with an empty slice.
 fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_>) -> Result<()> {
-    for p in 0..scan.partitions {
+    for p in 0..scan.entries.partitions() {
         let mut want = needed.read(p)?;
         want.sort_unstable();
         want.dedup();

@@ -20,7 +20,8 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--entries N] [--placement ssd|ram] [--dir DIR] [--keep]" >&2; exit 2 ;;
   esac
 done
-cargo build --release -q -p cairn-cli -p cairn-plan --example scale-repo
+cargo build --release -q -p cairn-cli
+cargo build --release -q -p cairn-plan --example scale-repo
 R=$PWD/target/release/cairn
 export CAIRN_PASSWORD=scale-bench CAIRN_FROM_PASSWORD=scale-bench CAIRN_REPO=$dir/repo CAIRN_MEMORY_LIMIT=none
 rm -rf "$dir"; mkdir -p "$dir/small"
@@ -28,7 +29,7 @@ $R init -q --index-placement "$placement" --index-path "$dir/index"
 t0=$(date +%s.%N)
 target/release/examples/scale-repo "$dir/repo" "$entries" 20 > "$dir/snapshots" 2> "$dir/build.log"
 t1=$(date +%s.%N)
-printf 'built %s chunks in %.0f s: %s\n' "$entries" "$(echo "$t1 - $t0" | bc)" "$(du -sh "$dir/repo" | cut -f1)"
+printf 'built %s chunks in %.0f s: %s\n' "$entries" "$(awk "BEGIN{print $t1 - $t0}")" "$(du -sh "$dir/repo" | cut -f1)"
 # A small change: 64 files of 64 KiB, seeded.
 python3 - "$dir/small" <<'PY'
 import random, sys
@@ -42,7 +43,7 @@ run() {
   sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
   if /usr/bin/time -o "$dir/time" -f '%e %U %S %M' "$@" > "$dir/out" 2> "$dir/err"; then
     read -r wall user sys rss < "$dir/time"
-    printf '| %s | %.1f | %.1f | %.0f |\n' "$name" "$wall" "$(echo "$user + $sys" | bc)" "$(echo "$rss / 1024" | bc)"
+    printf '| %s | %.1f | %.1f | %.0f |\n' "$name" "$wall" "$(awk "BEGIN{print $user + $sys}")" "$(awk "BEGIN{print $rss / 1024}")"
   else
     printf '| %s | failed: %s | | |\n' "$name" "$(grep -v '^Command' "$dir/err" | tail -1)"
   fi

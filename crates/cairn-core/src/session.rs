@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::progress::{Phase, Progress};
 use crate::repo::lock::{self, RepoLock};
 use crate::repo::memory::IndexUse;
-use crate::repo::{IndexState, Repository, SnapshotList};
+use crate::repo::{Repository, SnapshotList};
 use cairn_format::SnapshotId;
 use cairn_format::snapshot::Snapshot;
 use std::marker::PhantomData;
@@ -92,9 +92,6 @@ impl Commits for Exclusive {}
 pub enum IndexLoad {
     /// The index in the repository's placement (RAM or SSD): restore, backup, ls.
     Placement,
-    /// Every index file and pending record, kept as read, with the index in RAM:
-    /// check and stats, which look at the files themselves.
-    Full,
     /// Not yet: [`Session::load_index`] loads it when the operation knows it needs
     /// it (a copy with nothing to copy loads none). Snapshots are still listed at
     /// open, so the order holds.
@@ -202,7 +199,6 @@ pub struct Session<A: Access> {
     progress: Progress,
     snapshot_ids: Vec<SnapshotId>,
     snapshots: std::sync::OnceLock<Result<SnapshotList, Arc<Error>>>,
-    state: Option<IndexState>,
     index_loaded: bool,
     /// Time spent waiting for a job slot when the session opened.
     slot_wait: std::time::Duration,
@@ -270,7 +266,6 @@ impl<A: Access> Session<A> {
             progress: progress.clone(),
             snapshot_ids,
             snapshots: std::sync::OnceLock::new(),
-            state: None,
             index_loaded: false,
             slot_wait,
             _access: PhantomData,
@@ -282,7 +277,6 @@ impl<A: Access> Session<A> {
         if !matches!(index, IndexLoad::None) || maintenance {
             let index_use = match index {
                 _ if maintenance => IndexUse::WholeInRam,
-                IndexLoad::Full => IndexUse::WholeInRam,
                 IndexLoad::ForReads => IndexUse::ForReads,
                 _ => IndexUse::Placement,
             };
@@ -296,7 +290,6 @@ impl<A: Access> Session<A> {
             IndexLoad::Placement => s.load_index()?,
             IndexLoad::ForReads => s.load_index_with(Repository::load_index_for_reads)?,
             IndexLoad::Backup => s.load_index_for_backup()?,
-            IndexLoad::Full => s.load_full_index()?,
             IndexLoad::Deferred | IndexLoad::None => {}
         }
         Ok(s)
@@ -371,23 +364,6 @@ impl<A: Access> Session<A> {
         } else {
             self.load_index()
         }
-    }
-
-    /// Reads every index file and pending record and loads the index in RAM from
-    /// them; [`Session::index_state`] then has what was read.
-    pub fn load_full_index(&mut self) -> Result<()> {
-        self.progress.check_cancelled()?;
-        self.progress.phase(Phase::LoadingIndex);
-        let state = self.repo.read_index_state()?;
-        self.repo.set_index(&state)?;
-        self.state = Some(state);
-        self.index_loaded = true;
-        Ok(())
-    }
-
-    /// What [`IndexLoad::Full`] read.
-    pub fn index_state(&self) -> Option<&IndexState> {
-        self.state.as_ref()
     }
 
     pub fn index_loaded(&self) -> bool {
@@ -569,8 +545,9 @@ mod tests {
                 .unwrap();
                 assert!(r.errors.is_empty(), "{:?}", r.errors);
                 let repo = s.into_repo();
-                let s: Session<Read> = Session::open(repo, "check", IndexLoad::Full, &p).unwrap();
-                let c = check::check(&s, &check::CheckOptions::default()).unwrap();
+                let mut s: Session<Read> =
+                    Session::open(repo, "check", IndexLoad::Deferred, &p).unwrap();
+                let c = check::check(&mut s, &check::CheckOptions::default()).unwrap();
                 assert!(c.problems.is_empty(), "{:?}", c.problems);
             })
             .await

@@ -251,12 +251,12 @@ mod tests {
     /// `check --read-data`, which must find nothing wrong.
     fn check_all(repo: Repository) -> (Session<Read>, cairn_core::ops::check::CheckReport) {
         let none = cairn_core::progress::Progress::none();
-        let s = Session::<Read>::open(repo, "check", IndexLoad::Full, &none).unwrap();
+        let mut s = Session::<Read>::open(repo, "check", IndexLoad::Deferred, &none).unwrap();
         let opts = cairn_core::ops::check::CheckOptions {
             read_data: true,
             ..Default::default()
         };
-        let report = cairn_core::ops::check::check(&s, &opts).unwrap();
+        let report = cairn_core::ops::check::check(&mut s, &opts).unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
         (s, report)
     }

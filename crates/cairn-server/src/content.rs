@@ -196,7 +196,7 @@ impl Content {
             return Ok(st.clone());
         }
         let repo = u.template.reopen().map_err(engine_error)?;
-        let session = Session::<Read>::open(repo, "stats", IndexLoad::Full, &Progress::none())
+        let session = Session::<Read>::open(repo, "stats", IndexLoad::Placement, &Progress::none())
             .map_err(engine_error)?;
         let st = Arc::new(cairn_core::stats::stats(&session, None).map_err(engine_error)?);
         *lock(&u.stats) = Some((generation, st.clone()));

@@ -609,10 +609,10 @@ fn run_job(
                 None => None,
                 Some(p) => check_percent(p)?.map(cairn_core::check::Subset::Percent),
             };
-            let session = Session::<Read>::open(repo, "check", IndexLoad::Full, &progress)
+            let mut session = Session::<Read>::open(repo, "check", IndexLoad::Deferred, &progress)
                 .map_err(|e| e.to_string())?;
             let r = cairn_core::check::check(
-                &session,
+                &mut session,
                 &cairn_core::check::CheckOptions {
                     read_data: spec.read_data.is_some(),
                     subset,

@@ -84,10 +84,10 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
     g.remote.no_cache = true;
     let g = &g;
     let mut p = super::progress(g);
-    let session = super::session::<Read>(g, "check", IndexLoad::Full, &p.progress)?;
+    let mut session = super::session::<Read>(g, "check", IndexLoad::Deferred, &p.progress)?;
     p.start();
     let report = check::check(
-        &session,
+        &mut session,
         &CheckOptions {
             read_data: a.read_data,
             subset,

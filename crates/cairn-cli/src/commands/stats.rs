@@ -5,7 +5,7 @@ use cairn_core::session::{IndexLoad, Read};
 
 pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
     let mut p = super::progress(g);
-    let session = super::session::<Read>(g, "stats", IndexLoad::Full, &p.progress)?;
+    let session = super::session::<Read>(g, "stats", IndexLoad::Placement, &p.progress)?;
     let selected = if a.snapshots.is_empty() && a.host.is_empty() {
         None
     } else {

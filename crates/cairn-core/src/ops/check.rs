@@ -12,7 +12,9 @@ use crate::session::{Read, Session};
 use crate::tree::chunklist::for_each_chunk;
 use crate::tree::walk::Visitor;
 use cairn_backend::names;
+use cairn_format::IndexId;
 use cairn_format::consts::PACK_TRAILER_LEN;
+use cairn_format::index::IndexBlob;
 use cairn_format::pack;
 use cairn_format::tree::{Content, Node, NodeKind, Tree};
 use cairn_format::{BlobId, PackId, SnapshotId};
@@ -196,17 +198,29 @@ pub enum LocalIndexState {
     Damaged,
 }
 
-/// Checks the repository of a read session opened with [`IndexLoad::Full`](crate::session::IndexLoad::Full)
-/// (snapshots listed before the index was read, so a backup committing meanwhile
-/// cannot look like one whose blobs are missing).
-pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport> {
-    let state = session
-        .index_state()
-        .ok_or_else(|| Error::Invalid("check needs a session that read the whole index".into()))?;
+/// Checks the repository of a read session opened with
+/// [`IndexLoad::Deferred`](crate::session::IndexLoad::Deferred): snapshots were
+/// listed at open, before the index is read here (so a backup committing
+/// meanwhile cannot look like one whose blobs are missing), and this machine's
+/// SSD index is checked before it is used.
+///
+/// Memory stays bounded at any size: the index files are streamed once, keeping
+/// a few numbers per pack; blobs are looked up in the index's placement; a pack
+/// read whole is compared with its index listing through a fingerprint, and only
+/// a pack found damaged has its entries gathered from the index.
+pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckReport> {
+    let local_index = local_index(session.repo())?;
+    session.load_index()?;
     let repo = session.repo();
     let progress = session.progress();
-    let mut report = CheckReport::default();
+    let mut report = CheckReport {
+        local_index,
+        ..Default::default()
+    };
     let (snaps, bad_snaps) = session.snapshots()?;
+    progress.phase(Phase::LoadingIndex);
+    let listing = read_listing(repo, repo.admin_names())?;
+    let state = &listing.state;
     report.index_files = state.live.len();
     report.pending_deletions = state.pending.len();
     let pending_orphans: HashSet<PackId> = state
@@ -226,35 +240,26 @@ pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport
     // Packs: every indexed pack must exist and hold its blobs.
     let stored: HashMap<PackId, u64> = repo.list_packs()?;
     report.packs = stored.len();
-    let live_packs: HashSet<PackId> = index.iter_live().map(|(_, l)| index.pack_of(&l)).collect();
-    let mut extent: HashMap<PackId, u64> = HashMap::new();
-    for (_, loc) in index.iter() {
-        let p = index.pack_of(&loc);
-        let end = u64::from(loc.offset) + u64::from(loc.length);
-        let e = extent.entry(p).or_default();
-        *e = (*e).max(end);
-    }
-    let mut bad_blobs: IdSet = IdSet::default();
-    let mut bad_packs: HashSet<PackId> = HashSet::new();
-    let mut extents: Vec<_> = extent.iter().collect();
-    extents.sort();
-    for (p, end) in extents {
+    let mut bad = Bad::default();
+    let mut listed: Vec<(&PackId, &Listed)> = listing.packs.iter().collect();
+    listed.sort_by_key(|(p, _)| **p);
+    for (p, l) in listed {
         match stored.get(p) {
             // A pack prune retired may already be gone; only a snapshot needing one
             // of its blobs makes that a problem (reported below).
-            None if !live_packs.contains(p) => {
-                bad_packs.insert(*p);
+            None if !l.live => {
+                bad.packs.insert(*p);
             }
             None => {
-                bad_packs.insert(*p);
+                bad.packs.insert(*p);
                 report.problems.push(Problem::PackMissing { pack: *p });
             }
-            Some(size) if *end + PACK_TRAILER_LEN as u64 > *size => {
-                bad_packs.insert(*p);
+            Some(size) if l.end + PACK_TRAILER_LEN as u64 > *size => {
+                bad.packs.insert(*p);
                 report.problems.push(Problem::PackTruncated {
                     pack: *p,
                     size: *size,
-                    needed: *end + PACK_TRAILER_LEN as u64,
+                    needed: l.end + PACK_TRAILER_LEN as u64,
                 });
             }
             Some(_) => {}
@@ -262,7 +267,7 @@ pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport
     }
     report.unindexed_packs = stored
         .keys()
-        .filter(|p| !extent.contains_key(p) && !pending_orphans.contains(p))
+        .filter(|p| !listing.packs.contains_key(p) && !pending_orphans.contains(p))
         .count();
 
     if opts.read_data || opts.subset.is_some() {
@@ -273,15 +278,10 @@ pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport
             sub.select(&mut packs);
         }
         progress.set_total(Some(packs.iter().map(|(_, s)| s).sum()), None);
-        let (problems, bad) = read_packs(repo, &packs, &live_packs, progress)?;
+        let (problems, blobs) = read_packs(repo, &packs, &listing.packs, progress)?;
         report.packs_read = packs.len();
         report.problems.extend(problems);
-        bad_blobs.extend(bad);
-    }
-    for (id, loc) in index.iter() {
-        if bad_packs.contains(&index.pack_of(&loc)) {
-            bad_blobs.insert(id);
-        }
+        bad.blobs.extend(blobs);
     }
 
     // Snapshots: every tree, chunk list and chunk must resolve.
@@ -307,14 +307,7 @@ pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport
                 continue;
             }
         };
-        walk_snapshot(
-            repo,
-            sid,
-            root,
-            &bad_blobs,
-            &mut seen_trees,
-            &mut object_problems,
-        );
+        walk_snapshot(repo, sid, root, &bad, &mut seen_trees, &mut object_problems);
     }
     let mut extra: Vec<(ProblemKey, Problem)> = object_problems.into_iter().collect();
     extra.sort_by(|a, b| a.0.cmp(&b.0));
@@ -328,21 +321,155 @@ pub fn check(session: &Session<Read>, opts: &CheckOptions) -> Result<CheckReport
             });
         }
     }
-    if repo.admin_names() {
-        report.problems.extend(dedup_lists(repo, state));
+    if let Some(want) = &listing.dedup {
+        report.problems.extend(dedup_lists(repo, state, want));
     }
-    report.local_index = local_index(repo)?;
     Ok(report)
+}
+
+/// What the index files and pending records say of one pack.
+#[derive(Clone, Copy, Debug)]
+struct Listed {
+    /// Where its last listed blob ends.
+    end: u64,
+    blobs: u64,
+    /// The sum of its entries' fingerprints ([`entry_print`]).
+    print: u64,
+    /// Listed by a live index file (else only by a pending-deletion record).
+    live: bool,
+}
+
+impl Listed {
+    fn of(blobs: &[IndexBlob], live: bool) -> Listed {
+        let mut l = Listed {
+            end: 0,
+            blobs: 0,
+            print: 0,
+            live,
+        };
+        for b in blobs {
+            l.end = l.end.max(u64::from(b.offset) + u64::from(b.length));
+            l.blobs += 1;
+            l.print = l.print.wrapping_add(entry_print(
+                &b.id,
+                b.offset,
+                b.length,
+                b.raw_length,
+                b.kind as u8,
+                b.compression as u8,
+            ));
+        }
+        l
+    }
+}
+
+/// A 64-bit fingerprint of one pack entry. Their wrapping sum fingerprints a
+/// listing as a set, so a pack's header can be compared with what the index
+/// says of the pack without holding the index's entries: both sides are
+/// authenticated, so a difference is a writer's bug, not an attack, and 64 bits
+/// find it.
+fn entry_print(id: &BlobId, offset: u32, length: u32, raw: u32, kind: u8, compression: u8) -> u64 {
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    let mut h = mix(u64::from(offset) | u64::from(length) << 32);
+    h = mix(h ^ (u64::from(raw) | u64::from(kind) << 32 | u64::from(compression) << 40));
+    for word in id.0.chunks_exact(8) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(word);
+        h = mix(h ^ u64::from_le_bytes(w));
+    }
+    h
+}
+
+/// The index as check reads it: one streamed pass over the files.
+struct Listing {
+    /// The files' lists and the pending records (live files hold no packs).
+    state: IndexState,
+    /// Every pack a live file or pending record lists (the first live listing,
+    /// else the pending one).
+    packs: HashMap<PackId, Listed>,
+    /// When dedup lists are checked: the digest of each file's list as it
+    /// should be.
+    dedup: Option<HashMap<IndexId, [u8; 32]>>,
+}
+
+fn read_listing(repo: &Repository, dedup_lists: bool) -> Result<Listing> {
+    use cairn_format::dedup::DedupList;
+    let mut files: Vec<(IndexId, Vec<(PackId, Listed)>)> = Vec::new();
+    let mut dedup = dedup_lists.then(HashMap::new);
+    let state = repo.read_index_state_streamed(&mut |id, f| {
+        let packs = f
+            .packs
+            .iter()
+            .map(|p| (p.id, Listed::of(&p.blobs, true)))
+            .collect();
+        files.push((*id, packs));
+        if let Some(d) = &mut dedup {
+            let admin = crate::repo::packer::has_admin_lists(f);
+            let want = DedupList::of(*id, f, admin).encode();
+            d.insert(*id, *blake3::hash(&want).as_bytes());
+        }
+        Ok(())
+    })?;
+    let live: HashSet<IndexId> = state.live.iter().map(|(id, _)| *id).collect();
+    let mut packs: HashMap<PackId, Listed> = HashMap::new();
+    for (id, list) in files {
+        if live.contains(&id) {
+            for (p, l) in list {
+                packs.entry(p).or_insert(l);
+            }
+        }
+    }
+    for (_, record) in &state.pending {
+        for p in &record.packs {
+            packs
+                .entry(p.id)
+                .or_insert_with(|| Listed::of(&p.blobs, false));
+        }
+    }
+    Ok(Listing {
+        state,
+        packs,
+        dedup,
+    })
+}
+
+/// What is unusable: packs missing, truncated or unreadable as a whole, and
+/// blobs whose copy the index points at failed verification. A blob is bad when
+/// it is in the second set or the index places it in a pack of the first.
+#[derive(Default)]
+struct Bad {
+    packs: HashSet<PackId>,
+    blobs: IdSet,
+}
+
+impl Bad {
+    fn holds(&self, repo: &Repository, id: &BlobId) -> bool {
+        self.blobs.contains(id)
+            || (!self.packs.is_empty()
+                && repo
+                    .index()
+                    .get(id)
+                    .is_some_and(|l| self.packs.contains(&repo.index().pack_of(&l))))
+    }
 }
 
 /// Compares each live index file's dedup list with the file: the data ids, the
 /// flags and the supersede list must be exactly what the file says. A file without
 /// a list is fine: a server counts its chunks as unknown (an `admin-` one stops its
 /// dedup service until the next prune or `repair index` rewrites the index).
-fn dedup_lists(repo: &Repository, state: &crate::repo::IndexState) -> Vec<Problem> {
+/// `want` has the digest of each list as the file gives it; a list that differs
+/// has its file read again, to say how.
+fn dedup_lists(
+    repo: &Repository,
+    state: &IndexState,
+    want: &HashMap<IndexId, [u8; 32]>,
+) -> Vec<Problem> {
     use cairn_format::dedup::DedupList;
-    let results = crate::threads::parallel_map(&state.live, 4, |(id, file)| {
-        let admin = crate::repo::packer::has_admin_lists(file);
+    let results = crate::threads::parallel_map(&state.live, 4, |(id, _)| {
         let name = cairn_backend::names::dedup(&id.to_hex());
         let data = match repo
             .backend()
@@ -354,24 +481,37 @@ fn dedup_lists(repo: &Repository, state: &crate::repo::IndexState) -> Vec<Proble
             Err(e) if e.is_not_found() => return None,
             Err(e) => return Some(format!("cannot read its dedup list: {e}")),
         };
-        let want = DedupList::of(*id, file, admin);
-        match DedupList::decode(&data) {
-            Err(e) => Some(format!("its dedup list is damaged: {e}")),
-            Ok(l) if l != want => Some(if l.ids != want.ids {
-                let extra = l
-                    .ids
-                    .iter()
-                    .filter(|i| want.ids.binary_search(i).is_err())
-                    .count();
-                format!(
-                    "its dedup list names {} chunk ids, the file {} ({extra} not in the file)",
-                    l.ids.len(),
-                    want.ids.len()
-                )
-            } else {
-                "its dedup list's flags or supersede list differ from the file".to_string()
-            }),
-            Ok(_) => None,
+        if want.get(id) == Some(blake3::hash(&data).as_bytes()) {
+            return None;
+        }
+        let l = match DedupList::decode(&data) {
+            Err(e) => return Some(format!("its dedup list is damaged: {e}")),
+            Ok(l) => l,
+        };
+        let file = match repo.read_index_file(id) {
+            Ok(f) => f,
+            Err(e) => {
+                return Some(format!(
+                    "cannot be read again to compare its dedup list: {e}"
+                ));
+            }
+        };
+        let want = DedupList::of(*id, &file, crate::repo::packer::has_admin_lists(&file));
+        if l == want {
+            None
+        } else if l.ids != want.ids {
+            let extra = l
+                .ids
+                .iter()
+                .filter(|i| want.ids.binary_search(i).is_err())
+                .count();
+            Some(format!(
+                "its dedup list names {} chunk ids, the file {} ({extra} not in the file)",
+                l.ids.len(),
+                want.ids.len()
+            ))
+        } else {
+            Some("its dedup list's flags or supersede list differ from the file".to_string())
         }
     });
     state
@@ -425,7 +565,9 @@ fn vanished_snapshots(repo: &Repository, state: &IndexState) -> Result<Vec<Probl
     if missing.is_empty() {
         return Ok(Vec::new());
     }
-    let (_, forgotten_now) = repo.read_index_state()?.snapshot_records();
+    let (_, forgotten_now) = repo
+        .read_index_state_streamed(&mut |_, _| Ok(()))?
+        .snapshot_records();
     missing.retain(|id| !forgotten_now.contains(id));
     missing.sort();
     Ok(missing
@@ -480,11 +622,11 @@ fn walk_snapshot(
     repo: &Repository,
     sid: &SnapshotId,
     root: BlobId,
-    bad: &IdSet,
+    bad: &Bad,
     seen: &mut IdSet,
     problems: &mut ObjectProblems,
 ) {
-    if bad.contains(&root) {
+    if bad.holds(repo, &root) {
         let p = Problem::BlobInDamagedPack {
             blob: root,
             role: BlobRole::Tree,
@@ -513,7 +655,7 @@ fn walk_snapshot(
 struct SnapshotWalk<'a> {
     repo: &'a Repository,
     sid: &'a SnapshotId,
-    bad: &'a IdSet,
+    bad: &'a Bad,
     seen: &'a mut IdSet,
     problems: &'a mut ObjectProblems,
 }
@@ -532,7 +674,7 @@ impl Visitor for SnapshotWalk<'_> {
                 let Some(sub) = n.subtree else {
                     return Ok(None);
                 };
-                if self.bad.contains(&sub) {
+                if self.bad.holds(repo, &sub) {
                     let problem = Problem::BlobInDamagedPack {
                         blob: sub,
                         role: BlobRole::Tree,
@@ -552,9 +694,17 @@ impl Visitor for SnapshotWalk<'_> {
                 let r = for_each_chunk(repo, &n.content, &mut |c| {
                     bytes = bytes.saturating_add(c.length);
                     count += 1;
-                    if let Some(loc) = repo.index().get(&c.id)
-                        && u64::from(loc.raw_length) != c.length
-                    {
+                    // One lookup per chunk: its length, then whether its pack is usable.
+                    let Some(loc) = repo.index().get(&c.id) else {
+                        let problem = Problem::BlobMissing {
+                            blob: c.id,
+                            role: BlobRole::Chunk,
+                            affects: vec![],
+                        };
+                        record(problems, problem, sid, p);
+                        return Ok(());
+                    };
+                    if u64::from(loc.raw_length) != c.length {
                         let problem = Problem::FileInconsistent {
                             error: format!(
                                 "chunk {} is listed as {} bytes, its blob has {}",
@@ -566,15 +716,9 @@ impl Visitor for SnapshotWalk<'_> {
                         };
                         record(problems, problem, sid, p);
                     }
-                    if bad.contains(&c.id) {
+                    if bad.blobs.contains(&c.id) || bad.packs.contains(&repo.index().pack_of(&loc))
+                    {
                         let problem = Problem::BlobInDamagedPack {
-                            blob: c.id,
-                            role: BlobRole::Chunk,
-                            affects: vec![],
-                        };
-                        record(problems, problem, sid, p);
-                    } else if !repo.index().contains(&c.id) {
-                        let problem = Problem::BlobMissing {
                             blob: c.id,
                             role: BlobRole::Chunk,
                             affects: vec![],
@@ -662,30 +806,51 @@ fn blob_problem(id: BlobId, role: BlobRole, e: Error) -> Problem {
 }
 
 /// Reads every pack whole and verifies hash, header and blobs, on several threads.
+/// A pack whose header authenticates, covers every byte, lists blobs that all
+/// verify and matches its index listing (count and fingerprint) is intact; any
+/// other is verified again against the index's own entries for it, gathered in
+/// one pass over the index for all such packs, which says exactly what is wrong.
 fn read_packs(
     repo: &Repository,
     packs: &[(PackId, u64)],
-    live: &HashSet<PackId>,
+    listed: &HashMap<PackId, Listed>,
     progress: &Progress,
 ) -> Result<(Vec<Problem>, IdSet)> {
-    let index = repo.index();
-    let mut by_pack: HashMap<PackId, Vec<(BlobId, crate::index::BlobLocation)>> = HashMap::new();
-    for (b, l) in index.iter() {
-        by_pack.entry(index.pack_of(&l)).or_default().push((b, l));
-    }
-    let results = crate::threads::parallel_map(packs, crate::threads::cores(), |(id, size)| {
+    let intact = crate::threads::parallel_map(packs, crate::threads::cores(), |(id, size)| {
         if progress.is_cancelled() {
             return None;
         }
-        let indexed = by_pack.get(id).map(Vec::as_slice).unwrap_or(&[]);
-        let r = verify_pack(repo, id, *size, indexed, live.contains(id));
+        let ok = pack_intact(repo, id, *size, listed.get(id));
         progress.bytes_done(*size);
-        Some(r)
+        Some(ok)
     });
     progress.check_cancelled()?;
+    let damaged: Vec<(PackId, u64)> = packs
+        .iter()
+        .zip(intact)
+        .filter(|(_, ok)| *ok != Some(true))
+        .map(|(p, _)| *p)
+        .collect();
+    if damaged.is_empty() {
+        return Ok((Vec::new(), IdSet::default()));
+    }
+    let index = repo.index();
+    let wanted: HashSet<PackId> = damaged.iter().map(|(p, _)| *p).collect();
+    let mut by_pack: HashMap<PackId, Vec<(BlobId, crate::index::BlobLocation)>> = HashMap::new();
+    for (b, l) in index.iter() {
+        let p = index.pack_of(&l);
+        if wanted.contains(&p) {
+            by_pack.entry(p).or_default().push((b, l));
+        }
+    }
+    let results = crate::threads::parallel_map(&damaged, crate::threads::cores(), |(id, size)| {
+        let indexed = by_pack.get(id).map(Vec::as_slice).unwrap_or(&[]);
+        let live = listed.get(id).is_some_and(|l| l.live);
+        verify_pack(repo, id, *size, indexed, live)
+    });
     let mut problems = Vec::new();
     let mut bad = IdSet::default();
-    for ((id, _), (msgs, blobs)) in packs.iter().zip(results.into_iter().flatten()) {
+    for ((id, _), (msgs, blobs)) in damaged.iter().zip(results) {
         problems.extend(
             msgs.into_iter()
                 .map(|error| Problem::PackDamaged { pack: *id, error }),
@@ -693,6 +858,61 @@ fn read_packs(
         bad.extend(blobs);
     }
     Ok((problems, bad))
+}
+
+/// Whether a pack read whole is intact: its header authenticates and accounts
+/// for every byte before it, every blob it lists decodes to its id, and the
+/// entries are exactly those its index listing has (none when no index lists
+/// it). False says nothing more: [`verify_pack`] then finds what is wrong.
+fn pack_intact(repo: &Repository, id: &PackId, size: u64, listed: Option<&Listed>) -> bool {
+    let Ok(data) = repo
+        .backend()
+        .get_range(&names::pack(&id.to_hex()), 0, size)
+    else {
+        return false;
+    };
+    let trailer = data
+        .get(data.len().saturating_sub(PACK_TRAILER_LEN)..)
+        .unwrap_or(&[]);
+    let Ok((header_off, header_len)) = pack::parse_trailer(data.len() as u64, trailer) else {
+        return false;
+    };
+    let Some(sealed) = data.get(header_off as usize..(header_off + u64::from(header_len)) as usize)
+    else {
+        return false;
+    };
+    let Ok(entries) = repo
+        .key()
+        .sealer
+        .open("pack header", sealed)
+        .map_err(|e| e.to_string())
+        .and_then(|p| pack::decode_header(&p).map_err(|e| e.to_string()))
+    else {
+        return false;
+    };
+    let (mut offset, mut print) = (0u64, 0u64);
+    for e in &entries {
+        let Some(s) = data.get(offset as usize..offset as usize + e.length as usize) else {
+            return false;
+        };
+        if blob::decode(repo.key(), &e.id, s, e.raw_length, e.compression).is_err() {
+            return false;
+        }
+        let Ok(at) = u32::try_from(offset) else {
+            return false;
+        };
+        print = print.wrapping_add(entry_print(
+            &e.id,
+            at,
+            e.length,
+            e.raw_length,
+            e.kind as u8,
+            e.compression as u8,
+        ));
+        offset += u64::from(e.length);
+    }
+    offset == header_off
+        && listed.is_none_or(|l| l.blobs == entries.len() as u64 && l.print == print)
 }
 
 /// Returns problems found and the blob ids (per the index) that are unusable.
@@ -828,6 +1048,73 @@ mod tests {
         assert_eq!(p.len(), 20);
     }
 
+    /// A pack read whole is intact only when its header matches its index
+    /// listing exactly; otherwise the index's own entries decide what is wrong:
+    /// a listing that misses a blob the header has is no damage (the copy is
+    /// verified as unindexed), one that places blobs where they are not is.
+    #[test]
+    fn packs_are_compared_with_their_listing() {
+        use crate::progress::Progress;
+        use crate::session::IndexLoad;
+        use cairn_format::index::IndexFile;
+        use cairn_format::pack::BlobKind;
+        let blobs: Vec<(BlobKind, Vec<u8>)> = (0..3u8)
+            .map(|i| (BlobKind::Data, vec![i; 100 + usize::from(i)]))
+            .collect();
+        let run = |listing: &dyn Fn(&mut Vec<IndexBlob>)| {
+            let repo = crate::testutil::mem_repo();
+            let mut pack = crate::testutil::store(&repo, &blobs);
+            let size = repo.list_packs().unwrap()[&pack.id];
+            let all = Listed::of(&pack.blobs, true);
+            assert!(pack_intact(&repo, &pack.id, size, Some(&all)));
+            assert!(pack_intact(&repo, &pack.id, size, None));
+            listing(&mut pack.blobs);
+            let changed = Listed::of(&pack.blobs, true);
+            let intact = pack_intact(&repo, &pack.id, size, Some(&changed));
+            repo.write_index_file(&IndexFile {
+                packs: vec![pack],
+                ..Default::default()
+            })
+            .unwrap();
+            let mut s: Session<Read> =
+                Session::open(repo, "check", IndexLoad::Deferred, &Progress::none()).unwrap();
+            let opts = CheckOptions {
+                read_data: true,
+                ..Default::default()
+            };
+            (intact, check(&mut s, &opts).unwrap())
+        };
+        let (intact, r) = run(&|_| {});
+        assert!(intact && r.problems.is_empty(), "{:?}", r.problems);
+        assert_eq!((r.packs_read, r.blobs), (1, 3));
+
+        let (intact, r) = run(&|b| {
+            b.pop();
+        });
+        assert!(!intact);
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+
+        let (intact, r) = run(&|b| {
+            let o = b[0].offset;
+            b[0].offset = b[1].offset;
+            b[1].offset = o;
+        });
+        assert!(!intact);
+        let said: Vec<String> = r
+            .problems
+            .iter()
+            .filter_map(|p| match p {
+                Problem::PackDamaged { error, .. } => Some(error.clone()),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            said.iter()
+                .any(|e| e.contains("not at that place in the pack header")),
+            "{said:?}"
+        );
+    }
+
     /// See: issue "check --read-data misses what restore then fails on": a file
     /// whose size is not what its chunks hold, a chunk listed with another length
     /// than its blob, and a chunk-list root claiming 2^60 chunks.
@@ -838,7 +1125,7 @@ mod tests {
         use cairn_format::pack::BlobKind;
         use cairn_format::snapshot::Snapshot;
         use cairn_format::tree::{ChunkList, ChunkRef, Node, Tree};
-        let mut repo = crate::testutil::mem_repo();
+        let repo = crate::testutil::mem_repo();
         let chunk = b"some file content".to_vec();
         let cid = repo.key().blob_id(&chunk);
         let list = ChunkList {
@@ -911,10 +1198,9 @@ mod tests {
         )
         .unwrap();
         drop(lock);
-        repo.load_index_in_ram().unwrap();
-        let s: Session<Read> =
-            Session::open(repo, "check", IndexLoad::Full, &Progress::none()).unwrap();
-        let r = check(&s, &CheckOptions::default()).unwrap();
+        let mut s: Session<Read> =
+            Session::open(repo, "check", IndexLoad::Deferred, &Progress::none()).unwrap();
+        let r = check(&mut s, &CheckOptions::default()).unwrap();
         let found: Vec<(String, String)> = r
             .problems
             .iter()

@@ -13,4 +13,5 @@ pub mod ls;
 pub mod prune;
 pub mod repair;
 pub mod restore;
+mod scan;
 pub mod stats;

@@ -15,13 +15,13 @@
 //! sizes of every object in storage.
 
 use crate::error::{Error, Result};
-use crate::index::IdSet;
+use crate::ops::scan;
 use crate::repo::Repository;
 use crate::session::{Read, Session};
 use cairn_backend::names;
+use cairn_format::SnapshotId;
 use cairn_format::pack::BlobKind;
-use cairn_format::{PackId, SnapshotId};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Overhead {
@@ -135,11 +135,16 @@ fn percent(part: u64, whole: u64) -> f64 {
 pub const RAM_BYTES_PER_BLOB: f64 = crate::index::RECORD_LEN as f64 + 0.25;
 
 /// Computes the statistics for `selected` snapshots (all when `None`) in a read
-/// session opened with [`IndexLoad::Full`](crate::session::IndexLoad::Full).
+/// session that loaded the index in its placement. Memory stays bounded at any
+/// size: the index files are streamed and joined with the blobs the snapshots
+/// need partition by partition ([`crate::ops::scan`]), so a repository of 100
+/// million chunks is counted in about what its largest partition holds.
 pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result<Stats> {
-    let state = session
-        .index_state()
-        .ok_or_else(|| Error::Invalid("stats needs a session that read the whole index".into()))?;
+    if !session.index_loaded() {
+        return Err(Error::Invalid(
+            "stats needs a session that loaded the index".into(),
+        ));
+    }
     let repo = session.repo();
     // Snapshots were listed before the index: their blobs are all in it.
     let (all, bad) = session.snapshots()?;
@@ -158,16 +163,6 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
                 .collect()
         }
     };
-    if let Some(e) = state.errors.first() {
-        return Err(Error::Invalid(format!(
-            "{e}; statistics would be wrong (run `cairn repair index`)"
-        )));
-    }
-    let index = repo.index().clone();
-    session
-        .progress()
-        .phase(crate::progress::Phase::WalkingSnapshots);
-
     let mut st = Stats {
         snapshots: snaps.len(),
         stored_bytes: snaps.iter().map(|(_, s)| s.summary.total_bytes).sum(),
@@ -183,33 +178,81 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
             im.data_added_packed += s.summary.data_added_packed;
         }
     }
-    let mut used = IdSet::default();
-    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut used, session.progress())?;
 
+    // Every object in storage, by kind.
+    let packs = repo.list_packs()?;
+    session
+        .progress()
+        .phase(crate::progress::Phase::LoadingIndex);
+    let mut scan = scan::scan_index(repo, &packs, None)?;
+    if let Some(e) = scan.state.errors.first() {
+        return Err(Error::Invalid(format!(
+            "{e}; statistics would be wrong (run `cairn repair index`)"
+        )));
+    }
+    scan.add_pending_packs(&packs)?;
+    session
+        .progress()
+        .phase(crate::progress::Phase::WalkingSnapshots);
+    let mut needed = scan::Needed::new(&scan)?;
+    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut needed, session.progress())?;
+    let mut needed = needed.into_spill()?;
+
+    // Each needed blob once, as the copy the index chose (the one reads use);
+    // every other copy is unused, and a duplicate when the blob is needed.
+    let index = repo.index().clone();
     let overhead_per_blob = repo.config().encryption.overhead() as u64;
     let mut used_in_packs = 0u64;
-    for id in &used {
-        let Some(loc) = index.get(id) else {
-            return Err(Error::BlobNotFound(*id));
-        };
-        let stored = u64::from(loc.length);
-        used_in_packs += stored;
-        if loc.kind == BlobKind::Data {
-            st.unique_chunks += 1;
-            st.unique_data_bytes += u64::from(loc.raw_length);
-            st.compressed_data_bytes += stored.saturating_sub(overhead_per_blob);
-            st.overhead.envelope_bytes += stored.min(overhead_per_blob);
-        } else {
-            st.overhead.metadata_bytes += stored;
-        }
-    }
+    scan::join(
+        &mut scan,
+        &mut needed,
+        &mut |id, copies, is_needed, rows| {
+            let chosen = match copies.len() {
+                _ if !is_needed => None,
+                0 => return Err(Error::BlobNotFound(*id)),
+                1 => Some(0),
+                _ => {
+                    let at = index.get(id).ok_or(Error::BlobNotFound(*id))?;
+                    let pack = index.pack_of(&at);
+                    Some(
+                        copies
+                            .iter()
+                            .position(|e| {
+                                rows[e.pack as usize].id == pack && e.blob.offset == at.offset
+                            })
+                            .unwrap_or(0),
+                    )
+                }
+            };
+            for (k, e) in copies.iter().enumerate() {
+                let row = &mut rows[e.pack as usize];
+                let stored = u64::from(e.blob.length);
+                if Some(k) != chosen {
+                    row.unused_bytes += stored;
+                    if is_needed {
+                        row.duplicate_bytes += stored;
+                    }
+                    continue;
+                }
+                row.used_bytes += stored;
+                used_in_packs += stored;
+                if e.blob.kind == BlobKind::Data {
+                    st.unique_chunks += 1;
+                    st.unique_data_bytes += u64::from(e.blob.raw_length);
+                    st.compressed_data_bytes += stored.saturating_sub(overhead_per_blob);
+                    st.overhead.envelope_bytes += stored.min(overhead_per_blob);
+                } else {
+                    st.overhead.metadata_bytes += stored;
+                }
+            }
+            Ok(())
+        },
+    )?;
     st.average_chunk_bytes = st
         .unique_data_bytes
         .checked_div(st.unique_chunks)
         .unwrap_or(0);
 
-    // Every object in storage, by kind.
-    let packs = repo.list_packs()?;
     st.packs.count = packs.len();
     st.packs.bytes = packs.values().sum();
     st.overhead.index_bytes = listed_bytes(repo, names::INDEX)?;
@@ -227,48 +270,24 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
             )
             .map(|c| c.len() as u64)
             .unwrap_or(0);
-    st.index.files = state.live.len() + state.superseded.len();
+    st.index.files = scan.state.live.len() + scan.state.superseded.len();
     st.index.bytes = st.overhead.index_bytes;
     st.index.blobs = index.len();
     st.index.ram_bytes = (index.len() as f64 * RAM_BYTES_PER_BLOB) as u64;
 
-    // Pack bytes: blob entries (from every index file and pending record, each pack
-    // once) versus the pack's size; the difference is its header and trailer.
-    // An entry is unused unless it is the copy of a needed blob the index chose.
-    let mut entries: HashMap<PackId, (u64, u64, u64)> = HashMap::new();
-    let lists = state
-        .live
-        .iter()
-        .flat_map(|(_, f)| f.packs.iter())
-        .chain(state.pending.iter().flat_map(|(_, p)| p.packs.iter()));
-    for p in lists {
-        entries.entry(p.id).or_insert_with(|| {
-            let mut total = 0u64;
-            let mut unused = 0u64;
-            let mut duplicate = 0u64;
-            for b in &p.blobs {
-                total += u64::from(b.length);
-                let needed = used.contains(&b.id);
-                let chosen = needed
-                    && index
-                        .get(&b.id)
-                        .is_some_and(|l| index.pack_of(&l) == p.id && l.offset == b.offset);
-                if !chosen {
-                    unused += u64::from(b.length);
-                    if needed {
-                        duplicate += u64::from(b.length);
-                    }
-                }
-            }
-            (total, unused, duplicate)
-        });
-    }
+    // Pack bytes: blob entries (each pack's own listing, live or pending) versus
+    // the pack's size; the difference is its header and trailer.
     for (id, size) in &packs {
-        match entries.get(id) {
-            Some((total, unused, duplicate)) if total <= size => {
-                st.overhead.unused_bytes += unused;
-                st.overhead.duplicate_bytes += duplicate;
-                st.overhead.pack_header_bytes += size - total;
+        let row = scan
+            .number
+            .get(id)
+            .map(|&n| &scan.packs[n as usize])
+            .filter(|r| r.file != scan::NO_FILE);
+        match row {
+            Some(r) if r.used_bytes + r.unused_bytes <= *size => {
+                st.overhead.unused_bytes += r.unused_bytes;
+                st.overhead.duplicate_bytes += r.duplicate_bytes;
+                st.overhead.pack_header_bytes += size - r.used_bytes - r.unused_bytes;
             }
             // A pack no index describes is unused space as a whole.
             _ => st.overhead.unused_bytes += size,

@@ -20,7 +20,7 @@
 //!
 //! The plan holds whole-repository sets on local disk, not in RAM ([`scan`]).
 
-mod scan;
+mod join;
 
 use crate::error::{Error, Result};
 use crate::index::IdSet;
@@ -179,7 +179,7 @@ fn run(
             "{e}; prune cannot tell what it needs (run `cairn repair snapshots` first)"
         )));
     }
-    let mut scan = scan::scan_index(repo, &stored, opts.partition_bytes)?;
+    let mut scan = crate::ops::scan::scan_index(repo, &stored, opts.partition_bytes)?;
     if let Some(e) = scan.state.errors.first() {
         return Err(Error::Invalid(format!(
             "{e}; run `cairn repair index` before prune"
@@ -189,7 +189,7 @@ fn run(
     repo.load_index()?;
 
     let listed: HashSet<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
-    let mut needed = scan::Needed::new(&scan)?;
+    let mut needed = crate::ops::scan::Needed::new(&scan)?;
     crate::tree::reachable::collect_snapshots(repo, &snaps, &mut needed, progress)?;
 
     let pending_packs: HashSet<PackId> = scan
@@ -208,7 +208,7 @@ fn run(
     let indexed_missing = scan
         .packs
         .iter()
-        .any(|p| p.file != scan::NO_FILE && p.stored_size.is_none());
+        .any(|p| p.file != crate::ops::scan::NO_FILE && p.stored_size.is_none());
     let stored = if indexed_missing {
         let mut again = repo.list_packs()?;
         again.extend(stored);
@@ -219,7 +219,7 @@ fn run(
     } else {
         stored
     };
-    let mut joined = scan::join_needed(&mut scan, needed)?;
+    let mut joined = join::join_needed(&mut scan, needed)?;
     let (mut plan, actions, orphans) = make_plan(&scan, &stored, &pending_packs, opts);
     plan.used_blobs = joined.used_blobs;
     plan.snapshots = snaps.len();
@@ -237,7 +237,7 @@ fn run(
     let mut new_index_files = Vec::new();
     if actions.iter().any(|a| matches!(a, Action::Repack)) {
         progress.phase(Phase::Repacking);
-        let mut wanted = scan::repack_lists(&mut scan, &mut joined, &|n| {
+        let mut wanted = join::repack_lists(&mut scan, &mut joined, &|n| {
             matches!(actions[n], Action::Repack)
         })?;
         let lists: Vec<IndexPack> = (0..scan.packs.len())
@@ -323,7 +323,7 @@ fn live_lock_ids(repo: &Repository, mine: &RepoLock) -> Result<Vec<[u8; 32]>> {
 }
 
 fn make_plan(
-    scan: &scan::Scan,
+    scan: &crate::ops::scan::Scan,
     stored: &HashMap<PackId, u64>,
     pending_packs: &HashSet<PackId>,
     opts: &PruneOptions,
@@ -335,7 +335,7 @@ fn make_plan(
     for (n, info) in infos.iter().enumerate() {
         let a = match info.stored_size {
             // Listed only by superseded files: not indexed.
-            _ if info.file == scan::NO_FILE => Action::Unlisted,
+            _ if info.file == crate::ops::scan::NO_FILE => Action::Unlisted,
             None => {
                 plan.missing_unused_packs += 1;
                 Action::DropMissing
@@ -403,7 +403,7 @@ fn make_plan(
     // Unindexed packs: not in a live index file and not already pending.
     let indexed: HashSet<PackId> = infos
         .iter()
-        .filter(|i| i.file != scan::NO_FILE)
+        .filter(|i| i.file != crate::ops::scan::NO_FILE)
         .map(|i| i.id)
         .collect();
     let mut orphans = Vec::new();
@@ -454,7 +454,7 @@ fn carried_snapshot_records(
 /// new files when the pack is kept, to the returned list when it is retired.
 fn write_replacement_index(
     repo: &Repository,
-    scan: &scan::Scan,
+    scan: &crate::ops::scan::Scan,
     actions: &[Action],
     supersedes: Vec<cairn_format::IndexId>,
     (snapshots, forgotten): (Vec<SnapshotId>, Vec<SnapshotId>),

@@ -1,17 +1,15 @@
-//! Prune's plan in bounded memory. Deciding what to keep needs two
-//! whole-repository sets: every blob the snapshots need, and every entry of the
-//! index. At 100 million chunks each is several GB, so neither is held whole:
-//! both are split by blob id into the same partitions ([`Spill`], on local disk
-//! when they would not fit the budget), and each partition is sorted and joined
-//! on its own. Per pack only a few counters stay in RAM (a repository of 100M
-//! 16 KiB chunks has about 100,000 packs).
+//! The whole index joined with what the snapshots need, in bounded memory.
+//! Both sides are whole-repository sets: every blob the snapshots need, and
+//! every entry of the index. At 100 million chunks each is several GB, so
+//! neither is held whole: both are split by blob id into the same partitions
+//! ([`Spill`], on local disk when they would not fit the budget), and each
+//! partition is sorted and joined on its own. Per pack only a few counters stay
+//! in RAM (a repository of 100M 16 KiB chunks has about 100,000 packs).
 //!
-//! The join runs over the partitions three times: counting each pack's needed
-//! blobs (to rank the packs), choosing the one copy of each needed blob that is
-//! kept (from the best-ranked readable pack holding it) with the bytes used and
-//! unused per pack, and, for the packs chosen for repacking, listing the blobs
-//! to copy. The choice is a pure function of the partition, so the second and
-//! third passes agree.
+//! Prune joins three times (see `prune::join`): to rank the packs, to choose
+//! each needed blob's kept copy, and to list what repacking copies. `stats`
+//! joins once, to count each needed blob once and each pack's used, unused and
+//! duplicate bytes.
 
 use crate::error::{Error, Result};
 use crate::index::IdSet;
@@ -28,30 +26,49 @@ use std::collections::HashMap;
 /// number, offset, length, raw length (4 each), kind and compression (1 each).
 const ENTRY: usize = 58;
 /// A needed blob as a spill record: its id.
-const NEEDED: usize = 32;
+pub(crate) const NEEDED: usize = 32;
 /// Memory for one partition's records while they are sorted and joined, when no
 /// memory limit says otherwise.
 const DEFAULT_BUDGET: u64 = 256 << 20;
 /// Index file bytes per entry, at least (an entry is 37-38 bytes sealed): how
 /// the entry count is estimated before the files are read.
 const MIN_ENTRY_BYTES: u64 = 32;
-pub(super) const NO_FILE: u32 = u32::MAX;
+pub(crate) const NO_FILE: u32 = u32::MAX;
+/// The file number of entries read from pending-deletion records.
+pub(crate) const PENDING_FILE: u32 = u32::MAX - 1;
 
 /// What prune knows of one indexed pack.
-pub(super) struct PackRow {
+pub(crate) struct PackRow {
     pub id: PackId,
     pub stored_size: Option<u64>,
     /// The first live index file listing the pack: its listing is the pack's.
     pub file: u32,
     listed_in: Vec<u32>,
     pub blobs: u64,
-    end: u64,
-    need: u64,
+    pub end: u64,
+    pub need: u64,
     pub used_bytes: u64,
     pub unused_bytes: u64,
+    /// Of `unused_bytes`: copies of needed blobs kept elsewhere (stats).
+    pub duplicate_bytes: u64,
 }
 
 impl PackRow {
+    fn new(id: PackId, stored_size: Option<u64>) -> Self {
+        PackRow {
+            id,
+            stored_size,
+            file: NO_FILE,
+            listed_in: Vec::new(),
+            blobs: 0,
+            end: 0,
+            need: 0,
+            used_bytes: 0,
+            unused_bytes: 0,
+            duplicate_bytes: 0,
+        }
+    }
+
     /// Whether the pack's stored object is long enough for every blob it lists.
     pub fn usable(&self) -> bool {
         self.stored_size
@@ -60,7 +77,7 @@ impl PackRow {
 }
 
 /// The repository's index, read once: the packs, and every entry spilled.
-pub(super) struct Scan {
+pub(crate) struct Scan {
     /// The index files' lists (supersedes, snapshot records) and pending records;
     /// its live files hold no packs.
     pub state: IndexState,
@@ -88,10 +105,10 @@ fn encode(pack: u32, file: u32, b: &IndexBlob) -> [u8; ENTRY] {
     r
 }
 
-struct Entry {
-    pack: u32,
-    file: u32,
-    blob: IndexBlob,
+pub(crate) struct Entry {
+    pub pack: u32,
+    pub file: u32,
+    pub blob: IndexBlob,
 }
 
 fn decode(r: &[u8; ENTRY]) -> Result<Entry> {
@@ -136,7 +153,7 @@ fn scratch(repo: &Repository, budget: Option<u64>) -> (std::path::PathBuf, u64) 
 
 /// Reads every index file once, a few at a time: the pack table, every entry to
 /// the spill, and the state without the files' packs.
-pub(super) fn scan_index(
+pub(crate) fn scan_index(
     repo: &Repository,
     stored: &HashMap<PackId, u64>,
     budget: Option<u64>,
@@ -158,17 +175,7 @@ pub(super) fn scan_index(
         ids.push(*fid);
         for p in &f.packs {
             let n = *number.entry(p.id).or_insert_with(|| {
-                packs.push(PackRow {
-                    id: p.id,
-                    stored_size: stored.get(&p.id).copied(),
-                    file: NO_FILE,
-                    listed_in: Vec::new(),
-                    blobs: 0,
-                    end: 0,
-                    need: 0,
-                    used_bytes: 0,
-                    unused_bytes: 0,
-                });
+                packs.push(PackRow::new(p.id, stored.get(&p.id).copied()));
                 packs.len() as u32 - 1
             });
             packs[n as usize].listed_in.push(file);
@@ -199,9 +206,37 @@ pub(super) fn scan_index(
     })
 }
 
+impl Scan {
+    /// Adds the packs of pending-deletion records that no live index file lists,
+    /// with their entries: readers still find blobs there, so `stats` counts
+    /// them (prune, which decides about those packs itself, does not).
+    pub(crate) fn add_pending_packs(&mut self, stored: &HashMap<PackId, u64>) -> Result<()> {
+        for (_, record) in &self.state.pending {
+            for p in &record.packs {
+                let n = match self.number.get(&p.id) {
+                    Some(&n) if self.packs[n as usize].file != NO_FILE => continue,
+                    Some(&n) => n,
+                    None => {
+                        self.packs
+                            .push(PackRow::new(p.id, stored.get(&p.id).copied()));
+                        let n = self.packs.len() as u32 - 1;
+                        self.number.insert(p.id, n);
+                        n
+                    }
+                };
+                self.packs[n as usize].file = PENDING_FILE;
+                for b in &p.blobs {
+                    self.entries.push(&encode(n, PENDING_FILE, b))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The blobs snapshots need, reached by a walk: trees and chunk lists (few, and
 /// the walk asks about each) in RAM, chunks spilled in the scan's partitions.
-pub(super) struct Needed {
+pub(crate) struct Needed {
     meta: IdSet,
     chunks: Spill<NEEDED>,
 }
@@ -215,7 +250,7 @@ impl Needed {
     }
 
     /// Ends the walk: the trees and chunk lists join the chunks.
-    fn into_spill(mut self) -> Result<Spill<NEEDED>> {
+    pub(crate) fn into_spill(mut self) -> Result<Spill<NEEDED>> {
         for id in std::mem::take(&mut self.meta) {
             self.chunks.push(&id.0)?;
         }
@@ -232,24 +267,14 @@ impl Reached for Needed {
     }
 }
 
-/// What the join decided, besides the counters in the scan's pack rows.
-pub(super) struct Joined {
-    pub used_blobs: usize,
-    /// Needed blobs no kept pack holds but a pack an earlier prune retired does:
-    /// deletion indexes such a pack again instead of deleting it.
-    pub needed_from_pending: IdSet,
-    needed: Spill<NEEDED>,
-    rank: Vec<u32>,
-}
-
 /// What [`join`] calls with each id: its entries, whether it is needed, and the
 /// pack rows to update.
-type Visit<'a> = dyn FnMut(&BlobId, &[Entry], bool, &mut [PackRow]) -> Result<()> + 'a;
+pub(crate) type Visit<'a> = dyn FnMut(&BlobId, &[Entry], bool, &mut [PackRow]) -> Result<()> + 'a;
 
 /// Runs `f` with each blob id's entries (the pack's own listing only) and
 /// whether it is needed, partition by partition, ids in order. Needed ids no
 /// entry lists come with an empty slice.
-fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_>) -> Result<()> {
+pub(crate) fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_>) -> Result<()> {
     for p in 0..scan.entries.partitions() {
         let mut want = needed.read(p)?;
         want.sort_unstable();
@@ -282,115 +307,6 @@ fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_>) -> Resul
         }
     }
     Ok(())
-}
-
-/// The copy of a needed blob that is kept: in the best-ranked usable pack.
-fn provider(copies: &[Entry], rank: &[u32], packs: &[PackRow]) -> Option<usize> {
-    (0..copies.len())
-        .filter(|&k| packs[copies[k].pack as usize].usable())
-        .min_by_key(|&k| rank[copies[k].pack as usize])
-}
-
-/// Counts, per pack, its blobs, their extent and how many are needed; ranks the
-/// packs (entirely needed first, then the fullest); then chooses each needed
-/// blob's kept copy and adds up the bytes used and unused per pack. Fails when a
-/// needed blob has no readable copy and no retired pack holds it.
-pub(super) fn join_needed(scan: &mut Scan, needed: Needed) -> Result<Joined> {
-    let mut needed = needed.into_spill()?;
-    join(scan, &mut needed, &mut |_, copies, is_needed, packs| {
-        for e in copies {
-            let row = &mut packs[e.pack as usize];
-            row.blobs += 1;
-            row.end = row
-                .end
-                .max(u64::from(e.blob.offset) + u64::from(e.blob.length));
-            if is_needed {
-                row.need += 1;
-            }
-        }
-        Ok(())
-    })?;
-    let mut order: Vec<u32> = (0..scan.packs.len() as u32).collect();
-    let fill = |r: &PackRow| r.need as f64 / r.blobs.max(1) as f64;
-    order.sort_by(|a, b| fill(&scan.packs[*b as usize]).total_cmp(&fill(&scan.packs[*a as usize])));
-    let mut rank = vec![0u32; scan.packs.len()];
-    for (r, n) in order.into_iter().enumerate() {
-        rank[n as usize] = r as u32;
-    }
-    let pending_blobs: IdSet = scan
-        .state
-        .pending
-        .iter()
-        .flat_map(|(_, p)| p.packs.iter().flat_map(|x| x.blobs.iter().map(|b| b.id)))
-        .collect();
-    let mut used_blobs = 0;
-    let mut needed_from_pending = IdSet::default();
-    join(scan, &mut needed, &mut |id, copies, is_needed, packs| {
-        let kept = if is_needed {
-            used_blobs += 1;
-            provider(copies, &rank, packs)
-        } else {
-            None
-        };
-        if is_needed && kept.is_none() {
-            if !pending_blobs.contains(id) {
-                return Err(Error::Invalid(format!(
-                    "blob {} is needed by a snapshot but no readable pack holds it; \
-                     run `cairn check` and `cairn repair` before prune",
-                    id.to_hex()
-                )));
-            }
-            needed_from_pending.insert(*id);
-        }
-        for (k, e) in copies.iter().enumerate() {
-            let row = &mut packs[e.pack as usize];
-            if Some(k) == kept {
-                row.used_bytes += u64::from(e.blob.length);
-            } else {
-                row.unused_bytes += u64::from(e.blob.length);
-            }
-        }
-        Ok(())
-    })?;
-    Ok(Joined {
-        used_blobs,
-        needed_from_pending,
-        needed,
-        rank,
-    })
-}
-
-/// The kept copies that lie in the packs `repack` selects, by pack, in each
-/// pack's order: what repacking copies.
-pub(super) fn repack_lists(
-    scan: &mut Scan,
-    joined: &mut Joined,
-    repack: &dyn Fn(usize) -> bool,
-) -> Result<HashMap<u32, Vec<IndexBlob>>> {
-    let mut lists: HashMap<u32, Vec<IndexBlob>> = HashMap::new();
-    let rank = std::mem::take(&mut joined.rank);
-    join(
-        scan,
-        &mut joined.needed,
-        &mut |_, copies, is_needed, packs| {
-            if !is_needed {
-                return Ok(());
-            }
-            if let Some(k) = provider(copies, &rank, packs)
-                && repack(copies[k].pack as usize)
-            {
-                lists
-                    .entry(copies[k].pack)
-                    .or_default()
-                    .push(copies[k].blob);
-            }
-            Ok(())
-        },
-    )?;
-    for l in lists.values_mut() {
-        l.sort_by_key(|b| b.offset);
-    }
-    Ok(lists)
 }
 
 #[cfg(test)]

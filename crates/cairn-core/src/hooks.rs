@@ -76,8 +76,13 @@ pub const POINTS: &[Point] = &[
                 every old file; no pending-deletion record is written",
     },
     Point {
+        name: "prune:pending-record",
+        state: "one pending-deletion record is stored; the retired packs of the records \
+                not yet written are unindexed and undeleted",
+    },
+    Point {
         name: "prune:pending-written",
-        state: "the pending-deletion record naming the retired and unindexed packs \
+        state: "every pending-deletion record naming the retired and unindexed packs \
                 is stored; the superseded index files are not deleted",
     },
     Point {

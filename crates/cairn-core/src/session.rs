@@ -272,11 +272,13 @@ impl<A: Access> Session<A> {
         };
         // Before the index is read: a limit it would break is said now, not found
         // out by swapping.
-        // Prune and repair load the whole index in RAM themselves; forget needs none.
-        let maintenance = operation == "prune" || operation.starts_with("repair");
-        if !matches!(index, IndexLoad::None) || maintenance {
+        // Repair loads the whole index in RAM itself; prune reads the index files
+        // partitioned on local disk beside the index in its placement; forget
+        // needs none.
+        let whole = operation.starts_with("repair");
+        if !matches!(index, IndexLoad::None) || whole || operation == "prune" {
             let index_use = match index {
-                _ if maintenance => IndexUse::WholeInRam,
+                _ if whole => IndexUse::WholeInRam,
                 IndexLoad::ForReads => IndexUse::ForReads,
                 _ => IndexUse::Placement,
             };

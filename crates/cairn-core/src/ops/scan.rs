@@ -24,7 +24,7 @@ use std::collections::HashMap;
 
 /// An index entry as a spill record: blob id (32 bytes), pack number, file
 /// number, offset, length, raw length (4 each), kind and compression (1 each).
-const ENTRY: usize = 58;
+pub(crate) const ENTRY: usize = 58;
 /// A needed blob as a spill record: its id.
 pub(crate) const NEEDED: usize = 32;
 /// Memory for one partition's records while they are sorted and joined, when no
@@ -89,10 +89,10 @@ pub(crate) struct Scan {
     /// Index files by number, with their ids and whether they are live.
     pub files: Vec<(IndexId, bool)>,
     /// Where the spill files go.
-    dir: std::path::PathBuf,
+    pub dir: std::path::PathBuf,
 }
 
-fn encode(pack: u32, file: u32, b: &IndexBlob) -> [u8; ENTRY] {
+pub(crate) fn encode_entry(pack: u32, file: u32, b: &IndexBlob) -> [u8; ENTRY] {
     let mut r = [0u8; ENTRY];
     r[..32].copy_from_slice(&b.id.0);
     r[32..36].copy_from_slice(&pack.to_le_bytes());
@@ -111,7 +111,7 @@ pub(crate) struct Entry {
     pub blob: IndexBlob,
 }
 
-fn decode(r: &[u8; ENTRY]) -> Result<Entry> {
+pub(crate) fn decode_entry(r: &[u8; ENTRY]) -> Result<Entry> {
     let u32_at = |i: usize| u32::from_le_bytes([r[i], r[i + 1], r[i + 2], r[i + 3]]);
     let bad = || Error::Invalid("a spilled index entry is damaged".into());
     let mut id = [0u8; 32];
@@ -180,7 +180,7 @@ pub(crate) fn scan_index(
             });
             packs[n as usize].listed_in.push(file);
             for b in &p.blobs {
-                entries.push(&encode(n, file, b))?;
+                entries.push(&encode_entry(n, file, b))?;
             }
         }
         Ok(())
@@ -226,7 +226,7 @@ impl Scan {
                 };
                 self.packs[n as usize].file = PENDING_FILE;
                 for b in &p.blobs {
-                    self.entries.push(&encode(n, PENDING_FILE, b))?;
+                    self.entries.push(&encode_entry(n, PENDING_FILE, b))?;
                 }
             }
         }
@@ -281,7 +281,7 @@ pub(crate) fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_
         want.dedup();
         let mut have = Vec::new();
         for r in scan.entries.read(p)? {
-            let e = decode(&r)?;
+            let e = decode_entry(&r)?;
             if scan.packs.get(e.pack as usize).map(|row| row.file) == Some(e.file) {
                 have.push(e);
             }
@@ -323,10 +323,10 @@ mod tests {
             raw_length: 70_000,
             compression: BlobCompression::Zstd,
         };
-        let e = decode(&encode(12, 3, &b)).unwrap();
+        let e = decode_entry(&encode_entry(12, 3, &b)).unwrap();
         assert_eq!((e.pack, e.file, e.blob), (12, 3, b));
-        let mut bad = encode(1, 1, &b);
+        let mut bad = encode_entry(1, 1, &b);
         bad[52] = 9;
-        assert!(decode(&bad).is_err());
+        assert!(decode_entry(&bad).is_err());
     }
 }

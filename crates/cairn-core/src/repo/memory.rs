@@ -28,7 +28,7 @@ const FOR_READS_BYTES_PER_ENTRY: f64 = 0.2;
 pub enum IndexUse {
     /// In the repository's placement.
     Placement,
-    /// Entirely in RAM whatever the placement (maintenance).
+    /// Entirely in RAM whatever the placement (repair).
     WholeInRam,
     /// On local disk without its filter, whatever the placement (the mount).
     ForReads,
@@ -46,7 +46,7 @@ pub struct MemoryPlan {
     pub limit_bytes: u64,
     /// The index, in the placement the operation uses.
     pub index_bytes: u64,
-    /// Whether that is the RAM placement (maintenance loads the whole index in RAM
+    /// Whether that is the RAM placement (repair loads the whole index in RAM
     /// whatever the placement).
     pub index_in_ram: bool,
     /// For buffers, queues and caches.
@@ -201,7 +201,7 @@ mod tests {
             assert!(!plan.index_in_ram);
             assert!(plan.index_bytes < 1 << 20, "{plan:?}");
         }
-        // Maintenance holds the whole index in RAM: the SSD placement would not help.
+        // Repair holds the whole index in RAM: the SSD placement would not help.
         let e = repo
             .memory_plan(IndexUse::WholeInRam)
             .unwrap_err()

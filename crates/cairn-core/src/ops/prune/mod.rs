@@ -21,6 +21,7 @@
 //! The plan holds whole-repository sets on local disk, not in RAM ([`scan`]).
 
 mod join;
+mod retired;
 
 use crate::error::{Error, Result};
 use crate::index::IdSet;
@@ -257,7 +258,7 @@ fn run(
     let state = &scan.state;
     let changed = actions.iter().any(|a| !matches!(a, Action::Keep))
         || state.live.len() > COMPACT_INDEX_FILES;
-    let mut retired: Vec<IndexPack> = Vec::new();
+    let mut retired = retired::Retired::new(&scan.dir);
     let mut old_files: Vec<cairn_format::IndexId> = state.superseded.clone();
     if changed {
         progress.phase(Phase::WritingIndex);
@@ -266,10 +267,15 @@ fn run(
         // Only a prune whose lock nobody could have taken for stale may change
         // what readers see (another prune may have run meanwhile).
         lock.check_fresh()?;
-        let (files, gone) =
-            write_replacement_index(repo, &scan, &actions, old_files.clone(), records)?;
+        let files = write_replacement_index(
+            repo,
+            &scan,
+            &actions,
+            old_files.clone(),
+            records,
+            &mut retired,
+        )?;
         new_index_files.extend(files);
-        retired = gone;
         crate::hooks::point("prune:index-replaced");
         report.new_index_files = new_index_files.len();
     }
@@ -278,12 +284,27 @@ fn run(
         // the old index took its lock before that, so it is in this list.
         let locks = live_lock_ids(repo, lock)?;
         lock.check_fresh()?;
-        repo.write_pending(&PendingDeletion {
-            created: crate::time::now_unix(),
-            locks,
-            packs: retired,
-            orphans,
+        // Several records when many packs retire, each of bounded size. A crash
+        // between them leaves the rest unindexed: the next prune finds them as
+        // such and records them (with the locks of then) before deleting.
+        let created = crate::time::now_unix();
+        let record = |packs: Vec<IndexPack>, orphans: Vec<PackId>| -> Result<()> {
+            repo.write_pending(&PendingDeletion {
+                created,
+                locks: locks.clone(),
+                packs,
+                orphans,
+            })?;
+            crate::hooks::point("prune:pending-record");
+            Ok(())
+        };
+        let mut orphans = Some(orphans);
+        retired.into_batches(retired::entries_per_record(), &mut |packs| {
+            record(packs, orphans.take().unwrap_or_default())
         })?;
+        if let Some(o) = orphans.filter(|o| !o.is_empty()) {
+            record(Vec::new(), o)?;
+        }
         crate::hooks::point("prune:pending-written");
     }
     // Superseded files are ignored by every reader; a reader that listed one just
@@ -451,14 +472,15 @@ fn carried_snapshot_records(
 }
 
 /// Streams the live index files once more: each pack's own listing goes to the
-/// new files when the pack is kept, to the returned list when it is retired.
+/// new files when the pack is kept, to `retired` when it is retired.
 fn write_replacement_index(
     repo: &Repository,
     scan: &crate::ops::scan::Scan,
     actions: &[Action],
     supersedes: Vec<cairn_format::IndexId>,
     (snapshots, forgotten): (Vec<SnapshotId>, Vec<SnapshotId>),
-) -> Result<(Vec<cairn_format::IndexId>, Vec<IndexPack>)> {
+    retired: &mut retired::Retired,
+) -> Result<Vec<cairn_format::IndexId>> {
     const BLOBS_PER_FILE: usize = 200_000;
     let live: Vec<(u32, cairn_format::IndexId)> = scan
         .files
@@ -468,7 +490,6 @@ fn write_replacement_index(
         .map(|(n, (id, _))| (n as u32, *id))
         .collect();
     let mut files = Vec::new();
-    let mut retired = Vec::new();
     let mut cur = IndexFile::default();
     let mut n = 0;
     for batch in live.chunks(4) {
@@ -490,7 +511,7 @@ fn write_replacement_index(
                             n = 0;
                         }
                     }
-                    Action::Delete | Action::Repack => retired.push(p),
+                    Action::Delete | Action::Repack => retired.push(&p)?,
                     Action::DropMissing | Action::Unlisted => {}
                 }
             }
@@ -500,7 +521,7 @@ fn write_replacement_index(
     cur.snapshots = snapshots;
     cur.forgotten = forgotten;
     files.push(repo.write_index_file(&cur)?);
-    Ok((files, retired))
+    Ok(files)
 }
 
 /// Phase 2 for every pending record whose locks are all gone. `needed` holds the
@@ -525,7 +546,9 @@ fn delete_pending(
         .filter(|l| !l.stale && l.id != mine.id())
         .map(|l| (l.id, l))
         .collect();
-    let mut ready: Vec<(PendingId, PendingDeletion)> = Vec::new();
+    // Ready records by id only: they are read again one at a time below (a large
+    // prune writes many, each up to half a million entries).
+    let mut ready: Vec<PendingId> = Vec::new();
     let mut waiting = HashSet::new();
     // A pack may be named by two records (rescued, then retired again by a later
     // prune); it may only go when every record naming it is ready.
@@ -534,7 +557,7 @@ fn delete_pending(
         let rec = repo.read_pending(&id)?;
         let blockers: Vec<_> = rec.locks.iter().filter_map(|l| alive.get(l)).collect();
         if blockers.is_empty() {
-            ready.push((id, rec));
+            ready.push(id);
         } else {
             for b in blockers {
                 waiting.insert(b.describe());
@@ -580,7 +603,12 @@ fn delete_pending(
         .filter_map(|(id, _)| listed_packs.remove(id))
         .flatten()
         .collect();
-    for (id, rec) in ready {
+    for id in ready {
+        let rec = match repo.read_pending(&id) {
+            Ok(r) => r,
+            Err(Error::Backend(e)) if e.is_not_found() => continue,
+            Err(e) => return Err(e),
+        };
         let mut rescue = IndexFile::default();
         let mut delete = Vec::new();
         for p in rec.packs {
@@ -758,6 +786,46 @@ mod tests {
         assert_eq!(r.deleted_packs, 1, "{r:?}");
         assert!(repo.backend().get(&names::pack(&p.id.to_hex())).is_err());
         assert!(repo.list_pending().unwrap().is_empty());
+    }
+
+    /// A prune that retires more entries than a record holds writes several
+    /// records (two entries each under test), each naming the lock it waits for;
+    /// every retired pack is in exactly one, and all go once the lock is gone.
+    #[test]
+    fn many_retired_packs_are_recorded_in_bounded_records() {
+        use crate::testutil::{mem_repo, store};
+        let repo = mem_repo();
+        let packs: Vec<IndexPack> = (0..5u8)
+            .map(|n| store(&repo, &[(pack::BlobKind::Data, vec![n; 100])]))
+            .collect();
+        repo.write_index_file(&IndexFile {
+            packs: packs.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+        let other = RepoLock::acquire(&repo, "backup", false).unwrap();
+        let (repo, r) = prune_once(repo);
+        assert_eq!(r.deleted_packs, 0, "{r:?}");
+        let mut named = Vec::new();
+        let ids = repo.list_pending().unwrap();
+        assert_eq!(ids.len(), 3, "5 entries, 2 a record");
+        for id in &ids {
+            let rec = repo.read_pending(id).unwrap();
+            assert_eq!(rec.locks, vec![other.id()]);
+            assert!(rec.packs.iter().map(|p| p.blobs.len()).sum::<usize>() <= 2);
+            named.extend(rec.packs.into_iter().map(|p| p.id));
+        }
+        named.sort();
+        let mut want: Vec<PackId> = packs.iter().map(|p| p.id).collect();
+        want.sort();
+        assert_eq!(named, want);
+        drop(other);
+        let (repo, r) = prune_once(repo);
+        assert_eq!(r.deleted_packs, 5, "{r:?}");
+        assert!(repo.list_pending().unwrap().is_empty());
+        for p in &packs {
+            assert!(repo.backend().get(&names::pack(&p.id.to_hex())).is_err());
+        }
     }
 
     #[test]

@@ -14,9 +14,7 @@ pub fn bytes(n: u64) -> String {
 pub use cairn_core::units::count;
 
 /// [`count`] with its verb: "1 pack is", "3 packs are".
-pub fn count_is(n: u64, noun: &str) -> String {
-    format!("{} {}", count(n, noun), if n == 1 { "is" } else { "are" })
-}
+pub use cairn_core::units::count_is;
 
 pub fn rate(n: u64, secs: f64) -> String {
     if secs <= 0.0 {

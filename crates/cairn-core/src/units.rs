@@ -15,6 +15,11 @@ pub fn count(n: u64, noun: &str) -> String {
     }
 }
 
+/// "1 pack is", "2 packs are".
+pub fn count_is(n: u64, noun: &str) -> String {
+    format!("{} {}", count(n, noun), if n == 1 { "is" } else { "are" })
+}
+
 pub fn bytes(n: u64, decimals: usize) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = n as f64;

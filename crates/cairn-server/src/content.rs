@@ -1024,8 +1024,8 @@ pub async fn download(
         let complete = |r: cairn_core::export::ExportReport| match r.errors.first() {
             None => Ok(()),
             Some((p, e)) => Err(cairn_core::Error::Invalid(format!(
-                "{} directories could not be read ({p}: {e})",
-                r.errors.len()
+                "{} could not be read ({p}: {e})",
+                cairn_core::units::count(r.errors.len() as u64, "directory")
             ))),
         };
         let r = match kind {

@@ -167,9 +167,10 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         }
         if let Some(sd) = &r.server_dedup {
             println!(
-                "dedup:     asked the server about chunks ({} known); read {} index files \
+                "dedup:     asked the server about chunks ({} known); read {} \
                  listing trees, not the whole index",
-                sd.chunks_known, sd.index_files_read
+                sd.chunks_known,
+                ui::count(sd.index_files_read as u64, "index file")
             );
         }
         println!(

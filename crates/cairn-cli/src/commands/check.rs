@@ -129,8 +129,18 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             );
             if report.pending_deletions > 0 {
                 println!(
-                    "note: {} prune records wait to delete retired packs (the next prune does it once the operations it waits for end)",
-                    report.pending_deletions
+                    "note: {} of earlier prunes {} to delete retired packs (the next prune does it once the operations {} for end)",
+                    ui::count(report.pending_deletions as u64, "pending-deletion record"),
+                    if report.pending_deletions == 1 {
+                        "waits"
+                    } else {
+                        "wait"
+                    },
+                    if report.pending_deletions == 1 {
+                        "it waits"
+                    } else {
+                        "they wait"
+                    },
                 );
             }
             if report.unindexed_packs > 0 {
@@ -148,8 +158,8 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         Ok(0)
     } else {
         eprintln!(
-            "cairn: error: the repository has {} problems",
-            report.problems.len()
+            "cairn: error: the repository has {}",
+            ui::count(report.problems.len() as u64, "problem")
         );
         Ok(1)
     }

@@ -502,8 +502,8 @@ fn html(e: &Estimate, paths: &[std::path::PathBuf]) -> String {
         .collect();
     let _ = write!(
         s,
-        "<h1>cairn estimate</h1><p>{} files, {} read from <code>{}</code> in {:.1} s ({:.0} MB/s). Projected to {} of protected data for a machine with {} of RAM.</p>",
-        e.files,
+        "<h1>cairn estimate</h1><p>{}, {} read from <code>{}</code> in {:.1} s ({:.0} MB/s). Projected to {} of protected data for a machine with {} of RAM.</p>",
+        ui::count(e.files, "file"),
         esc(&b(e.bytes)),
         names.join("</code>, <code>"),
         e.seconds,

@@ -72,12 +72,13 @@ pub fn restore(
     snap: &Snapshot,
     a: &ImageFsArgs,
     target: &Path,
+    write_limit: Option<u64>,
 ) -> Result<i32> {
     let path = a.image_fs.as_deref().unwrap_or("/");
     let fs = open(session, snap, a)?;
     let start = std::time::Instant::now();
     let r = fs
-        .restore(path, target)
+        .restore(path, target, write_limit)
         .with_context(|| format!("restoring {path} from the image"))?;
     if g.json {
         super::print_json_report(&r)?;

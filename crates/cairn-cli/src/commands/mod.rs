@@ -46,6 +46,9 @@ pub fn run(cli: Cli) -> Result<i32> {
             | Command::Copy(_)
             | Command::Check(_)
             | Command::Prune(_)
+            | Command::Stats(_)
+            | Command::Repair(_)
+            | Command::Mount(_)
     );
     let code = match cli.command {
         Command::Init(a) => init::run(g, &a),

@@ -134,8 +134,8 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     }
     if r.rescued_packs > 0 {
         println!(
-            "kept {} retired packs that snapshots written meanwhile need",
-            r.rescued_packs
+            "kept {} that snapshots written meanwhile need",
+            ui::count(r.rescued_packs as u64, "retired pack")
         );
     }
     if r.deferred_packs > 0 {

@@ -18,7 +18,7 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
             p.finish();
             let r = r?;
             if g.json {
-                super::print_json(&r)?;
+                super::print_json_report(&r)?;
             } else {
                 for d in &r.damaged_packs {
                     println!(
@@ -51,7 +51,7 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
             p.finish();
             let r = r?;
             if g.json {
-                super::print_json(&r)?;
+                super::print_json_report(&r)?;
             } else if !g.quiet || !r.repaired.is_empty() {
                 let verb = if dry_run { "would drop" } else { "dropped" };
                 for s in &r.repaired {

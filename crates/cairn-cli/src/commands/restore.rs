@@ -12,10 +12,10 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     let snap = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     if a.image_fs.image_fs.is_some() {
-        return super::imagefs::restore(g, &session, &snap.1, &a.image_fs, &a.target);
+        return super::imagefs::restore(g, &session, &snap.1, &a.image_fs, &a.target, write_limit);
     }
     if a.image || snap.1.image.is_some() && is_device_or_image_target(&a.target) {
-        return restore_image(g, a, &session, &snap, overwrite, &mut p);
+        return restore_image(g, a, &session, &snap, overwrite, write_limit, &mut p);
     }
     let opts = RestoreOptions {
         includes: a.includes.clone(),
@@ -133,6 +133,7 @@ fn restore_image(
     session: &cairn_core::Session<Read>,
     snap: &(cairn_format::SnapshotId, cairn_format::snapshot::Snapshot),
     overwrite: restore::Overwrite,
+    write_limit: Option<u64>,
     p: &mut super::CliProgress,
 ) -> Result<i32> {
     use cairn_core::ops::image::restore::{ImageRestoreOptions, restore_image_snapshot};
@@ -144,6 +145,7 @@ fn restore_image(
         zeroed: a.zeroed,
         replace: overwrite == restore::Overwrite::Always,
         verify: a.verify,
+        write_limit,
     };
     p.start();
     let r = restore_image_snapshot(session, snap, &opts);

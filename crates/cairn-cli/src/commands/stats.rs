@@ -28,7 +28,7 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
     p.finish();
     let st = st?;
     if g.json {
-        super::print_json(&st)?;
+        super::print_json_report(&st)?;
         return Ok(0);
     }
     let b = ui::bytes;

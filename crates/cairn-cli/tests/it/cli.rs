@@ -234,6 +234,29 @@ fn priority_low_is_nice_and_idle_and_jobs_report_what_they_used() {
     std::fs::write(src.join("f"), b"x").unwrap();
     let out = env.ok(&["backup", src.to_str().unwrap()]);
     assert!(out.contains("resources: peak memory"), "{out}");
+    // Every job with a budget says what it used, in text and in its JSON report.
+    let target = env.path("restored");
+    let t = target.to_str().unwrap();
+    for args in [
+        vec!["restore", "latest", "--target", t],
+        vec!["check"],
+        vec!["prune"],
+        vec!["stats"],
+        vec!["repair", "index"],
+    ] {
+        let out = env.ok(&args);
+        assert!(out.contains("resources: peak memory"), "{args:?}: {out}");
+        let mut args = args.clone();
+        if args[0] == "restore" {
+            args.extend(["--overwrite", "always"]);
+        }
+        args.push("--json");
+        let r: serde_json::Value = serde_json::from_str(&env.ok(&args)).unwrap();
+        assert!(
+            r["resources"]["peak_rss_bytes"].as_u64().unwrap_or(0) > 1 << 20,
+            "{args:?}: {r}"
+        );
+    }
     let err = env.fails(&["snapshots", "--priority", "urgent"], 1);
     assert!(err.contains("low, normal or high"), "{err}");
 }
@@ -272,6 +295,22 @@ fn read_and_write_limits_hold_the_rate() {
     assert!(r["duration_secs"].as_f64().unwrap() >= 1.0, "{r}");
     let back = target.join(src.strip_prefix("/").unwrap()).join("big");
     assert_eq!(std::fs::read(back).unwrap(), data);
+    // An image restore holds it too.
+    let big = src.join("big");
+    env.ok(&["backup", "--image", big.to_str().unwrap()]);
+    let image = env.path("image.raw");
+    let t0 = std::time::Instant::now();
+    env.ok(&[
+        "restore",
+        "latest",
+        "--image",
+        "--write-limit",
+        "2M",
+        "--target",
+        image.to_str().unwrap(),
+    ]);
+    assert!(t0.elapsed().as_secs_f64() >= 1.0, "{:?}", t0.elapsed());
+    assert_eq!(std::fs::read(&image).unwrap(), data);
     let err = env.fails(&["backup", "--read-limit", "0", src.to_str().unwrap()], 1);
     assert!(
         err.contains("--read-limit") && err.contains("above 0"),

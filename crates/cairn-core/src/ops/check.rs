@@ -1005,9 +1005,9 @@ fn verify_pack(
         problems.insert(
             0,
             format!(
-                "content does not match its name (damaged); {} of {} blobs are unreadable",
+                "content does not match its name (damaged); {} of {} unreadable",
                 bad.len(),
-                indexed.len()
+                crate::units::count_is(indexed.len() as u64, "blob")
             ),
         );
     }

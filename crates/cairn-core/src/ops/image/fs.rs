@@ -191,8 +191,17 @@ impl ImageFs {
     /// directory `target`, under its own name, with modes and times. Names come
     /// from the image: each is a single component (the reader refuses `/` and NUL
     /// in names), and `.` and `..` are skipped, so nothing lands outside `target`.
-    /// Existing files are not overwritten.
-    pub fn restore(&self, path: &str, target: &Path) -> Result<FsRestoreReport> {
+    /// Existing files are not overwritten. `write_limit`: bytes per second
+    /// written at most.
+    pub fn restore(
+        &self,
+        path: &str,
+        target: &Path,
+        write_limit: Option<u64>,
+    ) -> Result<FsRestoreReport> {
+        let limit = write_limit
+            .filter(|&r| r > 0)
+            .map(cairn_backend::Limiter::new);
         let path = normalise(path);
         std::fs::create_dir_all(target).map_err(|e| Error::io(target, e))?;
         let name = path
@@ -201,11 +210,17 @@ impl ImageFs {
             .filter(|n| !n.is_empty())
             .unwrap_or("root");
         let mut report = FsRestoreReport::default();
-        self.restore_one(&path, &target.join(name), &mut report)?;
+        self.restore_one(&path, &target.join(name), limit.as_ref(), &mut report)?;
         Ok(report)
     }
 
-    fn restore_one(&self, path: &str, to: &PathBuf, report: &mut FsRestoreReport) -> Result<()> {
+    fn restore_one(
+        &self,
+        path: &str,
+        to: &PathBuf,
+        limit: Option<&cairn_backend::Limiter>,
+        report: &mut FsRestoreReport,
+    ) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let meta = self
             .fs
@@ -223,15 +238,15 @@ impl ImageFs {
             }
             report.dirs += 1;
             for (child, name, _) in self.children(path)? {
-                self.restore_one(&child, &to.join(name), report)?;
+                self.restore_one(&child, &to.join(name), limit, report)?;
             }
         } else if ft.is_regular_file() {
-            let mut f = std::fs::OpenOptions::new()
+            let f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .open(to)
                 .map_err(|e| Error::io(to, e))?;
-            report.bytes += self.dump(path, &mut f)?;
+            report.bytes += self.dump(path, &mut Limited { w: f, limit })?;
             report.files += 1;
         } else if ft.is_symlink() {
             let target = self
@@ -285,6 +300,26 @@ impl ImageFs {
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+}
+
+/// A writer held to a rate (`--write-limit`).
+struct Limited<'a, W> {
+    w: W,
+    limit: Option<&'a cairn_backend::Limiter>,
+}
+
+impl<W: Write> Write for Limited<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.w.write(buf)?;
+        if let Some(l) = self.limit {
+            l.take(n as u64);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.w.flush()
     }
 }
 

@@ -40,6 +40,9 @@ pub struct ImageRestoreOptions {
     pub replace: bool,
     /// Read every block back from the target and compare it with the snapshot.
     pub verify: bool,
+    /// Bytes per second written to the target at most (`--write-limit`): data
+    /// blocks, and zeros when they have to be written (not a device's own zero-out).
+    pub write_limit: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -187,6 +190,10 @@ pub fn restore_image(
     let mut pos = 0u64;
     let written = AtomicU64::new(0);
     let blocks_written = AtomicU64::new(0);
+    let limit = opts
+        .write_limit
+        .filter(|&r| r > 0)
+        .map(cairn_backend::Limiter::new);
     let mut flush = |window: &mut Vec<(u64, BlobId, u64)>| -> Result<()> {
         progress.check_cancelled()?;
         let (needs, zeros, missing) = plan_window(repo, window, &zero_id, write_zeros);
@@ -207,6 +214,7 @@ pub fn restore_image(
             &failed,
             &written,
             &blocks_written,
+            limit.as_ref(),
         );
         window.clear();
         Ok(())
@@ -322,6 +330,7 @@ fn run_window(
     failed: &Mutex<Vec<(u64, u64, String)>>,
     written: &AtomicU64,
     blocks_written: &AtomicU64,
+    limit: Option<&cairn_backend::Limiter>,
 ) {
     let next = AtomicUsize::new(0);
     let jobs = packs.len() + usize::from(!zeros.is_empty());
@@ -333,6 +342,9 @@ fn run_window(
             written.fetch_add(data.len() as u64, Ordering::Relaxed);
             blocks_written.fetch_add(1, Ordering::Relaxed);
             progress.bytes_done(data.len() as u64);
+            if let Some(l) = limit {
+                l.take(data.len() as u64);
+            }
         }
         Err(e) => fail(at, data.len() as u64, format!("write failed: {e}")),
     };
@@ -343,7 +355,7 @@ fn run_window(
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i == packs.len() {
                         for (at, len) in merged(zeros) {
-                            match zero_range(&target.file, at, len) {
+                            match zero_range(&target.file, at, len, limit) {
                                 Ok(()) => {
                                     written.fetch_add(len, Ordering::Relaxed);
                                     blocks_written.fetch_add(
@@ -423,7 +435,12 @@ fn merged(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// Zeros `[at, at + len)` of a device: the kernel's zero-out (`fallocate` with
 /// `FALLOC_FL_ZERO_RANGE`: write-zeroes or discard on devices that have them, no
 /// data through memory), else written zeros a MiB at a time.
-fn zero_range(f: &File, at: u64, len: u64) -> std::io::Result<()> {
+fn zero_range(
+    f: &File,
+    at: u64,
+    len: u64,
+    limit: Option<&cairn_backend::Limiter>,
+) -> std::io::Result<()> {
     let zeroed = nix::fcntl::fallocate(
         f,
         nix::fcntl::FallocateFlags::FALLOC_FL_ZERO_RANGE,
@@ -438,6 +455,9 @@ fn zero_range(f: &File, at: u64, len: u64) -> std::io::Result<()> {
     while done < len {
         let n = (len - done).min(zero.len() as u64) as usize;
         f.write_all_at(&zero[..n], at + done)?;
+        if let Some(l) = limit {
+            l.take(n as u64);
+        }
         done += n as u64;
     }
     Ok(())

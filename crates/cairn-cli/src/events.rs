@@ -60,7 +60,7 @@ impl CliSink {
             let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(8));
             b.set_style(
                 ProgressStyle::with_template(
-                    "{elapsed_precise} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
+                    "{elapsed_precise} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {prefix} {msg}",
                 )
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
@@ -110,18 +110,53 @@ impl CliSink {
             None => b.unset_length(),
         }
         b.set_position(s.bytes_done);
-        let mut msg = format!("{} entries", s.entries_done);
-        if let Some(c) = &s.current {
-            msg.push(' ');
-            msg.push_str(&tail(c, 40));
-        }
-        b.set_message(msg);
+        // The engine's estimate, which follows a slow upload (the bar's own would
+        // follow the read alone).
+        b.set_prefix(match s.eta_secs {
+            Some(e) => format!("ETA {}", eta(e)),
+            None => String::new(),
+        });
+        b.set_message(status_message(s));
     }
-
     fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
         }
+    }
+}
+
+/// The bar's message while reading: files and entries done, and what waits for the
+/// upload. A slow or throttled link holds the read back in steps (a bundle of
+/// files at a time, once the upload has room), so the counters stand still for
+/// seconds; the bytes waiting say why.
+fn status_message(s: &Status) -> String {
+    let mut msg = if s.files_done > 0 {
+        format!(
+            "{}, {}",
+            ui::count(s.files_done, "file"),
+            ui::count(s.entries_done, "entry")
+        )
+    } else {
+        ui::count(s.entries_done, "entry")
+    };
+    let waiting = s.upload_queued_bytes.saturating_sub(s.upload_done_bytes);
+    if waiting > 0 {
+        msg.push_str(&format!(", {} waiting to upload", ui::bytes(waiting)));
+    }
+    if let Some(c) = &s.current {
+        msg.push(' ');
+        msg.push_str(&tail(c, 40));
+    }
+    msg
+}
+
+/// "45s", "3m 05s", "2h 10m".
+fn eta(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m {:02}s", s / 60, s % 60),
+        _ => format!("{}h {:02}m", s / 3600, s % 3600 / 60),
     }
 }
 
@@ -207,5 +242,36 @@ impl CliProgress {
 impl Drop for CliProgress {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counters say files and entries in words, and a read held back by the
+    /// upload says how much waits for it.
+    #[test]
+    fn the_status_line_counts_files_and_says_what_waits_for_the_upload() {
+        let mut s = Status {
+            entries_done: 1,
+            ..Default::default()
+        };
+        assert_eq!(status_message(&s), "1 entry");
+        s.files_done = 256;
+        s.entries_done = 257;
+        assert_eq!(status_message(&s), "256 files, 257 entries");
+        s.upload_queued_bytes = 48 << 20;
+        s.upload_done_bytes = 16 << 20;
+        assert_eq!(
+            status_message(&s),
+            "256 files, 257 entries, 32.00 MiB waiting to upload"
+        );
+        s.upload_done_bytes = 48 << 20;
+        assert_eq!(status_message(&s), "256 files, 257 entries");
+        assert_eq!(
+            [eta(0.2), eta(59.4), eta(185.0), eta(7800.0)],
+            ["0s", "59s", "3m 05s", "2h 10m"]
+        );
     }
 }

@@ -101,6 +101,19 @@ pub struct Status {
     pub read_done: bool,
 }
 
+/// Seconds the upload still needs when it is what holds the operation back (a
+/// slow or throttled link): what is queued, plus what the bytes still to read
+/// will pack into at the ratio so far, at the upload's average rate. Zero until a
+/// pack is stored.
+fn upload_eta(left_to_read: f64, read: u64, queued: u64, uploaded: u64, elapsed: f64) -> f64 {
+    if uploaded == 0 || read == 0 || elapsed <= 0.0 {
+        return 0.0;
+    }
+    let packed_per_byte = queued as f64 / read as f64;
+    let left = queued.saturating_sub(uploaded) as f64 + left_to_read * packed_per_byte;
+    left / (uploaded as f64 / elapsed)
+}
+
 fn is_zero(v: &u64) -> bool {
     *v == 0
 }
@@ -335,9 +348,11 @@ impl Progress {
         self.0.counters.entries_done.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A regular file finished (counted towards `files_total`).
+    /// A regular file finished (counted towards `files_total`), which is an
+    /// entry too.
     pub fn file_done(&self) {
         self.0.counters.files_done.fetch_add(1, Ordering::Relaxed);
+        self.entry_done();
     }
 
     /// The item now being worked on.
@@ -357,9 +372,12 @@ impl Progress {
         } else {
             0.0
         };
-        let eta = bytes_total
-            .filter(|_| rate > 0.0)
-            .map(|t| t.saturating_sub(bytes_done) as f64 / rate);
+        let queued = c.upload_queued.load(Ordering::Relaxed);
+        let uploaded = c.upload_done.load(Ordering::Relaxed);
+        let eta = bytes_total.filter(|_| rate > 0.0).map(|t| {
+            let left = t.saturating_sub(bytes_done) as f64;
+            upload_eta(left, bytes_done, queued, uploaded, elapsed).max(left / rate)
+        });
         Status {
             phase: crate::lock(&self.0.phase).map(|(p, _)| p),
             elapsed_secs: elapsed,
@@ -372,8 +390,8 @@ impl Progress {
             bytes_per_sec: rate,
             eta_secs: eta,
             current: crate::lock(&self.0.current).clone(),
-            upload_queued_bytes: c.upload_queued.load(Ordering::Relaxed),
-            upload_done_bytes: c.upload_done.load(Ordering::Relaxed),
+            upload_queued_bytes: queued,
+            upload_done_bytes: uploaded,
             read_done: c.read_done.load(Ordering::Relaxed),
         }
     }
@@ -495,5 +513,24 @@ mod tests {
         }
         drop(t);
         assert!(matches!(sink.events().last(), Some(Event::Status(s)) if s.bytes_done == 7));
+    }
+
+    /// The time left follows the upload when the upload holds the read back: 100
+    /// MB read of 200 in 10 s, packed at 0.5 bytes per byte read, 10 MB of it
+    /// stored (1 MB/s): 40 MB queued and 50 MB still to pack take 90 s, not the
+    /// 10 s the read rate alone would say.
+    #[test]
+    fn the_eta_follows_a_slow_upload() {
+        let eta = upload_eta(100e6, 100_000_000, 50_000_000, 10_000_000, 10.0);
+        assert!((eta - 90.0).abs() < 1e-6, "{eta}");
+        assert_eq!(upload_eta(100e6, 100_000_000, 50_000_000, 0, 10.0), 0.0);
+        let p = Progress::none();
+        p.set_total(Some(200), None);
+        p.bytes_done(100);
+        p.upload_queued(60);
+        p.uploaded(10);
+        let s = p.status();
+        let read_eta = 100.0 / s.bytes_per_sec;
+        assert!(s.eta_secs.unwrap() > 5.0 * read_eta, "{s:?}");
     }
 }

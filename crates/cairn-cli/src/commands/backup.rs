@@ -22,7 +22,8 @@ fn read_exclude_files(files: &[PathBuf]) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Sums file sizes in the background so the progress display can show an ETA.
+/// Sums file sizes in the background so the progress display (or a reader of the
+/// JSON status lines) can show an ETA.
 /// Stops when `done` is set (the backup ended first) or the operation is cancelled.
 fn scan_total(paths: Vec<PathBuf>, progress: &Progress, done: &AtomicBool) {
     let mut total = 0u64;
@@ -118,7 +119,8 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     p.start();
     let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {
-        if ui::interactive(g) && !a.stdin && a.image.is_none() {
+        // For the bar's ETA, and for --json readers (the status lines' total).
+        if (ui::interactive(g) || g.json) && !a.stdin && a.image.is_none() {
             let paths = a.paths.clone();
             let (progress, done) = (&p.progress, &done);
             s.spawn(move || scan_total(paths, progress, done));

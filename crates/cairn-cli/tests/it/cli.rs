@@ -130,7 +130,8 @@ fn estimate_text_reads_as_english() {
 
 /// A throttled upload is visible in the progress: once everything is read, status
 /// events still show bytes queued for upload and not yet stored (the display follows
-/// them instead of sitting at 100%), and the last one shows all of them stored.
+/// them instead of sitting at 100%), the time left follows the upload's rate, not
+/// the read's, files are counted, and the last one shows all of them stored.
 #[test]
 fn progress_follows_a_throttled_upload_after_the_read() {
     let env = Env::new();
@@ -138,12 +139,21 @@ fn progress_follows_a_throttled_upload_after_the_read() {
     let src = env.path("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("big"), Rng(9).bytes(3 << 20, false)).unwrap();
+    for i in 0..40u64 {
+        std::fs::write(
+            src.join(format!("small{i}")),
+            Rng(100 + i).bytes(4096, false),
+        )
+        .unwrap();
+    }
     let out = env
         .cmd(&[
             "backup",
             "--json",
             "--limit-upload",
             "1M",
+            "--pack-size",
+            "512K",
             src.to_str().unwrap(),
         ])
         .output()
@@ -164,7 +174,25 @@ fn progress_follows_a_throttled_upload_after_the_read() {
             && n(v, "upload_done_bytes") < n(v, "upload_queued_bytes")),
         "no status showed the upload running after the read: {statuses:?}"
     );
+    // Once packs are stored, what is still queued at about 1 MiB/s sets the time
+    // left (half of it at least: the average rate includes the first, unthrottled
+    // moments).
+    let mut judged = 0;
+    for v in &statuses {
+        let (queued, done) = (n(v, "upload_queued_bytes"), n(v, "upload_done_bytes"));
+        if done > 0 && queued > done + (1 << 20) {
+            let eta = v["eta_secs"].as_f64().unwrap_or(0.0);
+            assert!(
+                eta >= 0.5 * (queued - done) as f64 / f64::from(1 << 20),
+                "{v}"
+            );
+            judged += 1;
+        }
+    }
+    assert!(judged > 0, "no status during the upload: {statuses:?}");
     let last = statuses.last().unwrap();
+    assert_eq!(n(last, "files_done"), 41, "{last}");
+    assert!(n(last, "entries_done") > 41, "{last}");
     assert!(n(last, "upload_queued_bytes") >= 3 << 20, "{last}");
     assert_eq!(
         n(last, "upload_done_bytes"),

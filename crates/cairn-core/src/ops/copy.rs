@@ -395,7 +395,11 @@ impl Visitor for TreeCopy<'_, '_> {
 
     fn entry(&mut self, dir: &mut Vec<Node>, _: &str, n: &Node) -> Result<Option<BlobId>> {
         self.copier.progress.check_cancelled()?;
-        self.copier.progress.entry_done();
+        if n.kind == NodeKind::File {
+            self.copier.progress.file_done();
+        } else {
+            self.copier.progress.entry_done();
+        }
         let mut n = n.clone();
         let walk = match (n.kind, n.subtree) {
             (NodeKind::Dir, Some(sub)) => match crate::lock(&self.copier.trees).get(&sub) {

@@ -443,6 +443,21 @@ impl Uploader {
     /// that fails (disk full), deleted; the first error is returned.
     pub fn finish(mut self) -> Result<UploadStats> {
         self.tx = None;
+        // Stopped early with packs still queued (a slow link): say why the stop
+        // takes a while, and how not to wait.
+        if let Some(pr) = self.shared.progress.get()
+            && pr.is_cancelled()
+        {
+            let s = pr.status();
+            let waiting = s.upload_queued_bytes.saturating_sub(s.upload_done_bytes);
+            if waiting > 0 {
+                pr.notice(format!(
+                    "stopping: storing the {} already packed, so that the next backup \
+                     need not send it again (interrupt again to abandon it)",
+                    crate::units::bytes(waiting, 1)
+                ));
+            }
+        }
         let mut panicked = false;
         for h in self.handles.drain(..) {
             panicked |= h.join().is_err();

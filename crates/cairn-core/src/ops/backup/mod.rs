@@ -1010,7 +1010,7 @@ impl Worker<'_> {
                     chunks.push(c);
                     rest = &rest[n..];
                 }
-                self.progress.entry_done();
+                self.progress.file_done();
                 Item::SmallDone {
                     node,
                     changed,

@@ -313,7 +313,7 @@ impl<'a> Walker<'a> {
             }
             NodeKind::File if p.reused => {
                 self.progress.bytes_done(node.size);
-                self.progress.entry_done();
+                self.progress.file_done();
                 self.emit(Item::Entry {
                     node,
                     unchanged: true,
@@ -508,7 +508,7 @@ impl<'a> Walker<'a> {
         let before = super::source::Changes::of(&file);
         match self.read_content(&mut file) {
             Ok(()) => {
-                self.progress.entry_done();
+                self.progress.file_done();
                 // Its chunks are on their way: a large file that changed meanwhile is
                 // saved as read, with a warning (the next backup sees it changed,
                 // since its node keeps the times from before, and reads it again).

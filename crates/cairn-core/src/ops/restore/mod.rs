@@ -478,7 +478,11 @@ impl Walk<'_> {
         if node.kind == NodeKind::File && st.kind() == libc::S_IFREG {
             self.stats.kept_bytes += st.size;
         }
-        self.progress.entry_done();
+        if node.kind == NodeKind::File {
+            self.progress.file_done();
+        } else {
+            self.progress.entry_done();
+        }
     }
 
     /// A hard-linked file kept as it was is the first name later names link to.
@@ -719,7 +723,7 @@ impl Walk<'_> {
                 self.issue(parent.node.join(&name), format!("creating hard link: {e}"));
             }
             self.stats.files += 1;
-            self.progress.entry_done();
+            self.progress.file_done();
             return Ok(());
         }
         match self.decide(&parent, &name, existing.as_ref(), &node) {
@@ -741,7 +745,7 @@ impl Walk<'_> {
                     }
                     self.stats.metadata_only += 1;
                     self.stats.kept_bytes += node.size;
-                    self.progress.entry_done();
+                    self.progress.file_done();
                 }
                 return Ok(());
             }
@@ -906,7 +910,7 @@ impl Walk<'_> {
                 }
                 if job.direct {
                     // Created, written and given its metadata by the executor.
-                    self.progress.entry_done();
+                    self.progress.file_done();
                     continue;
                 }
                 let r = job
@@ -915,7 +919,7 @@ impl Walk<'_> {
                 if let Err(e) = r {
                     self.issue(job.path(), format!("setting metadata: {e}"));
                 }
-                self.progress.entry_done();
+                self.progress.file_done();
             }
         }
         // Directories whose entries are all written, deepest first, through the

@@ -400,20 +400,33 @@ fn read_listing(repo: &Repository, dedup_lists: bool) -> Result<Listing> {
     use cairn_format::dedup::DedupList;
     let mut files: Vec<(IndexId, Vec<(PackId, Listed)>)> = Vec::new();
     let mut dedup = dedup_lists.then(HashMap::new);
-    let state = repo.read_index_state_streamed(&mut |id, f| {
-        let packs = f
-            .packs
-            .iter()
-            .map(|p| (p.id, Listed::of(&p.blobs, true)))
-            .collect();
-        files.push((*id, packs));
-        if let Some(d) = &mut dedup {
-            let admin = crate::repo::packer::has_admin_lists(f);
-            let want = DedupList::of(*id, f, admin).encode();
-            d.insert(*id, *blake3::hash(&want).as_bytes());
-        }
-        Ok(())
-    })?;
+    // Packs of pending-deletion records, in the records' order.
+    let mut retired: Vec<(PackId, Listed)> = Vec::new();
+    let state = repo.read_index_state_streamed(
+        &mut |id, f| {
+            let packs = f
+                .packs
+                .iter()
+                .map(|p| (p.id, Listed::of(&p.blobs, true)))
+                .collect();
+            files.push((*id, packs));
+            if let Some(d) = &mut dedup {
+                let admin = crate::repo::packer::has_admin_lists(f);
+                let want = DedupList::of(*id, f, admin).encode();
+                d.insert(*id, *blake3::hash(&want).as_bytes());
+            }
+            Ok(())
+        },
+        &mut |_, record| {
+            retired.extend(
+                record
+                    .packs
+                    .iter()
+                    .map(|p| (p.id, Listed::of(&p.blobs, false))),
+            );
+            Ok(())
+        },
+    )?;
     let live: HashSet<IndexId> = state.live.iter().map(|(id, _)| *id).collect();
     let mut packs: HashMap<PackId, Listed> = HashMap::new();
     for (id, list) in files {
@@ -423,12 +436,8 @@ fn read_listing(repo: &Repository, dedup_lists: bool) -> Result<Listing> {
             }
         }
     }
-    for (_, record) in &state.pending {
-        for p in &record.packs {
-            packs
-                .entry(p.id)
-                .or_insert_with(|| Listed::of(&p.blobs, false));
-        }
+    for (p, l) in retired {
+        packs.entry(p).or_insert(l);
     }
     Ok(Listing {
         state,
@@ -566,7 +575,7 @@ fn vanished_snapshots(repo: &Repository, state: &IndexState) -> Result<Vec<Probl
         return Ok(Vec::new());
     }
     let (_, forgotten_now) = repo
-        .read_index_state_streamed(&mut |_, _| Ok(()))?
+        .read_index_state_streamed(&mut |_, _| Ok(()), &mut |_, _| Ok(()))?
         .snapshot_records();
     missing.retain(|id| !forgotten_now.contains(id));
     missing.sort();

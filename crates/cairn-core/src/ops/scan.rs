@@ -17,7 +17,7 @@ use crate::index::spill::{Spill, partitions_for};
 use crate::repo::{IndexState, Repository};
 use crate::tree::reachable::Reached;
 use cairn_format::consts::PACK_TRAILER_LEN;
-use cairn_format::index::IndexBlob;
+use cairn_format::index::{IndexBlob, IndexPack};
 use cairn_format::pack::{BlobCompression, BlobKind};
 use cairn_format::{BlobId, IndexId, PackId};
 use std::collections::HashMap;
@@ -166,25 +166,58 @@ pub(crate) fn scan_index(
         .map(|(_, size)| size / MIN_ENTRY_BYTES + 1)
         .sum();
     let partitions = partitions_for(estimate, (ENTRY + NEEDED) as u64, budget);
-    let mut entries = Spill::<ENTRY>::new(partitions, &dir)?;
-    let mut packs: Vec<PackRow> = Vec::new();
-    let mut number: HashMap<PackId, u32> = HashMap::new();
-    let mut ids: Vec<IndexId> = Vec::new();
-    let state = repo.read_index_state_streamed(&mut |fid, f| {
-        let file = ids.len() as u32;
-        ids.push(*fid);
-        for p in &f.packs {
-            let n = *number.entry(p.id).or_insert_with(|| {
+    /// The pack table and the spill, filled by both of the read's callbacks.
+    struct Acc {
+        entries: Spill<ENTRY>,
+        packs: Vec<PackRow>,
+        number: HashMap<PackId, u32>,
+    }
+    impl Acc {
+        fn add(&mut self, p: &IndexPack, file: u32, stored: &HashMap<PackId, u64>) -> Result<u32> {
+            let packs = &mut self.packs;
+            let n = *self.number.entry(p.id).or_insert_with(|| {
                 packs.push(PackRow::new(p.id, stored.get(&p.id).copied()));
                 packs.len() as u32 - 1
             });
-            packs[n as usize].listed_in.push(file);
             for b in &p.blobs {
-                entries.push(&encode_entry(n, file, b))?;
+                self.entries.push(&encode_entry(n, file, b))?;
             }
+            Ok(n)
         }
-        Ok(())
-    })?;
+    }
+    let acc = std::cell::RefCell::new(Acc {
+        entries: Spill::<ENTRY>::new(partitions, &dir)?,
+        packs: Vec::new(),
+        number: HashMap::new(),
+    });
+    let mut ids: Vec<IndexId> = Vec::new();
+    let state = repo.read_index_state_streamed(
+        &mut |fid, f| {
+            let file = ids.len() as u32;
+            ids.push(*fid);
+            let mut acc = acc.borrow_mut();
+            for p in &f.packs {
+                let n = acc.add(p, file, stored)?;
+                acc.packs[n as usize].listed_in.push(file);
+            }
+            Ok(())
+        },
+        // Spilled as such: the join passes them over unless the pack's row is
+        // marked pending ([`Scan::add_pending_packs`]), and tells whether a
+        // pending record lists an id.
+        &mut |_, record| {
+            let mut acc = acc.borrow_mut();
+            for p in &record.packs {
+                acc.add(p, PENDING_FILE, stored)?;
+            }
+            Ok(())
+        },
+    )?;
+    let Acc {
+        entries,
+        mut packs,
+        number,
+    } = acc.into_inner();
     let live: std::collections::HashSet<IndexId> = state.live.iter().map(|(id, _)| *id).collect();
     let files: Vec<(IndexId, bool)> = ids.into_iter().map(|id| (id, live.contains(&id))).collect();
     for row in &mut packs {
@@ -207,30 +240,20 @@ pub(crate) fn scan_index(
 }
 
 impl Scan {
-    /// Adds the packs of pending-deletion records that no live index file lists,
-    /// with their entries: readers still find blobs there, so `stats` counts
-    /// them (prune, which decides about those packs itself, does not).
-    pub(crate) fn add_pending_packs(&mut self, stored: &HashMap<PackId, u64>) -> Result<()> {
+    /// Counts the packs of pending-deletion records that no live index file
+    /// lists, with their entries: readers still find blobs there, so `stats`
+    /// counts them (prune, which decides about those packs itself, does not).
+    pub(crate) fn add_pending_packs(&mut self) {
         for (_, record) in &self.state.pending {
             for p in &record.packs {
-                let n = match self.number.get(&p.id) {
-                    Some(&n) if self.packs[n as usize].file != NO_FILE => continue,
-                    Some(&n) => n,
-                    None => {
-                        self.packs
-                            .push(PackRow::new(p.id, stored.get(&p.id).copied()));
-                        let n = self.packs.len() as u32 - 1;
-                        self.number.insert(p.id, n);
-                        n
+                if let Some(&n) = self.number.get(&p.id) {
+                    let row = &mut self.packs[n as usize];
+                    if row.file == NO_FILE {
+                        row.file = PENDING_FILE;
                     }
-                };
-                self.packs[n as usize].file = PENDING_FILE;
-                for b in &p.blobs {
-                    self.entries.push(&encode_entry(n, PENDING_FILE, b))?;
                 }
             }
         }
-        Ok(())
     }
 }
 
@@ -267,9 +290,19 @@ impl Reached for Needed {
     }
 }
 
-/// What [`join`] calls with each id: its entries, whether it is needed, and the
-/// pack rows to update.
-pub(crate) type Visit<'a> = dyn FnMut(&BlobId, &[Entry], bool, &mut [PackRow]) -> Result<()> + 'a;
+/// One blob id as [`join`] sees it.
+pub(crate) struct Joined<'a> {
+    pub id: &'a BlobId,
+    /// Its entries: the listing of each pack's own row only.
+    pub copies: &'a [Entry],
+    /// Whether a snapshot needs it.
+    pub needed: bool,
+    /// Whether a pending-deletion record lists it (counted or not).
+    pub pending: bool,
+}
+
+/// What [`join`] calls with each id, and the pack rows to update.
+pub(crate) type Visit<'a> = dyn FnMut(Joined<'_>, &mut [PackRow]) -> Result<()> + 'a;
 
 /// Runs `f` with each blob id's entries (the pack's own listing only) and
 /// whether it is needed, partition by partition, ids in order. Needed ids no
@@ -280,13 +313,18 @@ pub(crate) fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_
         want.sort_unstable();
         want.dedup();
         let mut have = Vec::new();
+        let mut pending: Vec<[u8; 32]> = Vec::new();
         for r in scan.entries.read(p)? {
             let e = decode_entry(&r)?;
+            if e.file == PENDING_FILE {
+                pending.push(e.blob.id.0);
+            }
             if scan.packs.get(e.pack as usize).map(|row| row.file) == Some(e.file) {
                 have.push(e);
             }
         }
         have.sort_unstable_by_key(|e| e.blob.id.0);
+        pending.sort_unstable();
         let (mut i, mut j) = (0, 0);
         while i < have.len() || j < want.len() {
             let next = match (have.get(i), want.get(j)) {
@@ -303,7 +341,13 @@ pub(crate) fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_
             if is_needed {
                 j += 1;
             }
-            f(&BlobId(next), &have[start..i], is_needed, &mut scan.packs)?;
+            let joined = Joined {
+                id: &BlobId(next),
+                copies: &have[start..i],
+                needed: is_needed,
+                pending: pending.binary_search(&next).is_ok(),
+            };
+            f(joined, &mut scan.packs)?;
         }
     }
     Ok(())

@@ -190,7 +190,7 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
             "{e}; statistics would be wrong (run `cairn repair index`)"
         )));
     }
-    scan.add_pending_packs(&packs)?;
+    scan.add_pending_packs();
     session
         .progress()
         .phase(crate::progress::Phase::WalkingSnapshots);
@@ -203,51 +203,48 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
     let index = repo.index().clone();
     let overhead_per_blob = repo.config().encryption.overhead() as u64;
     let mut used_in_packs = 0u64;
-    scan::join(
-        &mut scan,
-        &mut needed,
-        &mut |id, copies, is_needed, rows| {
-            let chosen = match copies.len() {
-                _ if !is_needed => None,
-                0 => return Err(Error::BlobNotFound(*id)),
-                1 => Some(0),
-                _ => {
-                    let at = index.get(id).ok_or(Error::BlobNotFound(*id))?;
-                    let pack = index.pack_of(&at);
-                    Some(
-                        copies
-                            .iter()
-                            .position(|e| {
-                                rows[e.pack as usize].id == pack && e.blob.offset == at.offset
-                            })
-                            .unwrap_or(0),
-                    )
-                }
-            };
-            for (k, e) in copies.iter().enumerate() {
-                let row = &mut rows[e.pack as usize];
-                let stored = u64::from(e.blob.length);
-                if Some(k) != chosen {
-                    row.unused_bytes += stored;
-                    if is_needed {
-                        row.duplicate_bytes += stored;
-                    }
-                    continue;
-                }
-                row.used_bytes += stored;
-                used_in_packs += stored;
-                if e.blob.kind == BlobKind::Data {
-                    st.unique_chunks += 1;
-                    st.unique_data_bytes += u64::from(e.blob.raw_length);
-                    st.compressed_data_bytes += stored.saturating_sub(overhead_per_blob);
-                    st.overhead.envelope_bytes += stored.min(overhead_per_blob);
-                } else {
-                    st.overhead.metadata_bytes += stored;
-                }
+    scan::join(&mut scan, &mut needed, &mut |j, rows| {
+        let (id, copies, is_needed) = (j.id, j.copies, j.needed);
+        let chosen = match copies.len() {
+            _ if !is_needed => None,
+            0 => return Err(Error::BlobNotFound(*id)),
+            1 => Some(0),
+            _ => {
+                let at = index.get(id).ok_or(Error::BlobNotFound(*id))?;
+                let pack = index.pack_of(&at);
+                Some(
+                    copies
+                        .iter()
+                        .position(|e| {
+                            rows[e.pack as usize].id == pack && e.blob.offset == at.offset
+                        })
+                        .unwrap_or(0),
+                )
             }
-            Ok(())
-        },
-    )?;
+        };
+        for (k, e) in copies.iter().enumerate() {
+            let row = &mut rows[e.pack as usize];
+            let stored = u64::from(e.blob.length);
+            if Some(k) != chosen {
+                row.unused_bytes += stored;
+                if is_needed {
+                    row.duplicate_bytes += stored;
+                }
+                continue;
+            }
+            row.used_bytes += stored;
+            used_in_packs += stored;
+            if e.blob.kind == BlobKind::Data {
+                st.unique_chunks += 1;
+                st.unique_data_bytes += u64::from(e.blob.raw_length);
+                st.compressed_data_bytes += stored.saturating_sub(overhead_per_blob);
+                st.overhead.envelope_bytes += stored.min(overhead_per_blob);
+            } else {
+                st.overhead.metadata_bytes += stored;
+            }
+        }
+        Ok(())
+    })?;
     st.average_chunk_bytes = st
         .unique_data_bytes
         .checked_div(st.unique_chunks)

@@ -16,6 +16,9 @@ pub struct IndexState {
     pub errors: Vec<IndexReadError>,
 }
 
+/// What a streamed read of the index hands each pending-deletion record to.
+pub type EachPending<'a> = dyn FnMut(&PendingId, &PendingDeletion) -> Result<()> + 'a;
+
 /// One read of the listed index files, before it is judged complete.
 struct IndexPass {
     files: Vec<(IndexId, IndexFile)>,
@@ -76,7 +79,7 @@ impl Repository {
             if !pass.unexplained.is_empty() && attempt < 5 {
                 continue;
             }
-            return self.settle_index_state(pass);
+            return self.settle_index_state(pass, None);
         }
     }
 
@@ -84,12 +87,17 @@ impl Repository {
     /// files are read a few at a time, each is handed to `each` with its packs, and
     /// the state keeps only their lists (supersedes, snapshots, forgotten), not
     /// their packs. `each` sees superseded files too (which are only known at the
-    /// end): callers set their entries aside by the file's id. No retry: a file
-    /// that vanishes unexplained is an error entry, as after the last retry there
-    /// (the callers hold the exclusive lock, so only a foreign hand removes files).
+    /// end): callers set their entries aside by the file's id. Pending-deletion
+    /// records go to `each_pending` after every file, and the state keeps them
+    /// without their packs' entries (the pack ids, orphans and locks stay): a
+    /// large prune waiting on a long backup leaves records of millions of entries.
+    /// No retry: a file that vanishes unexplained is an error entry, as after the
+    /// last retry there (the callers hold the exclusive lock, so only a foreign
+    /// hand removes files).
     pub fn read_index_state_streamed(
         &self,
         each: &mut dyn FnMut(&IndexId, &IndexFile) -> Result<()>,
+        each_pending: &mut EachPending<'_>,
     ) -> Result<IndexState> {
         let ids = self.list_index_files()?;
         let pass = self.read_index_pass(&ids, 4, &mut |id, f| {
@@ -97,7 +105,7 @@ impl Repository {
             f.packs = Vec::new();
             Ok(())
         })?;
-        self.settle_index_state(pass)
+        self.settle_index_state(pass, Some(each_pending))
     }
 
     /// Reads `ids`, `batch` at a time (up to 4 in parallel), handing each readable
@@ -148,7 +156,11 @@ impl Repository {
     /// records, and every file that vanished unexplained as an error (never a
     /// silently incomplete index: callers deciding what to delete must see that
     /// something is missing).
-    fn settle_index_state(&self, pass: IndexPass) -> Result<IndexState> {
+    fn settle_index_state(
+        &self,
+        pass: IndexPass,
+        each_pending: Option<&mut EachPending<'_>>,
+    ) -> Result<IndexState> {
         let IndexPass {
             files,
             mut errors,
@@ -167,7 +179,7 @@ impl Repository {
         let (old, live): (Vec<_>, Vec<_>) = files
             .into_iter()
             .partition(|(id, _)| superseded.contains(id));
-        let pending = self.read_pending_records(&mut errors)?;
+        let pending = self.read_pending_records(&mut errors, each_pending)?;
         Ok(IndexState {
             live,
             superseded: old.into_iter().map(|(id, _)| id).collect(),
@@ -176,14 +188,25 @@ impl Repository {
         })
     }
 
+    /// Every pending-deletion record; with `each`, handed to it and kept
+    /// without its packs' entries.
     fn read_pending_records(
         &self,
         errors: &mut Vec<IndexReadError>,
+        mut each: Option<&mut EachPending<'_>>,
     ) -> Result<Vec<(PendingId, PendingDeletion)>> {
         let mut pending = Vec::new();
         for id in self.list_pending()? {
             match self.read_pending(&id) {
-                Ok(p) => pending.push((id, p)),
+                Ok(mut p) => {
+                    if let Some(f) = each.as_mut() {
+                        f(&id, &p)?;
+                        for pack in &mut p.packs {
+                            pack.blobs = Vec::new();
+                        }
+                    }
+                    pending.push((id, p));
+                }
                 Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
                     object: IndexObject::PendingDeletion(id),
                     error: e,
@@ -230,7 +253,7 @@ impl Repository {
                 Err(e) => return Err(e),
             }
         }
-        let pending = self.read_pending_records(&mut errors)?;
+        let pending = self.read_pending_records(&mut errors, None)?;
         let state = IndexState {
             live,
             superseded: Vec::new(),

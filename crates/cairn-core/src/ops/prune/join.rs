@@ -32,7 +32,8 @@ fn provider(copies: &[Entry], rank: &[u32], packs: &[PackRow]) -> Option<usize> 
 /// needed blob has no readable copy and no retired pack holds it.
 pub(super) fn join_needed(scan: &mut Scan, needed: Needed) -> Result<Joined> {
     let mut needed = needed.into_spill()?;
-    join(scan, &mut needed, &mut |_, copies, is_needed, packs| {
+    join(scan, &mut needed, &mut |j, packs| {
+        let (copies, is_needed) = (j.copies, j.needed);
         for e in copies {
             let row = &mut packs[e.pack as usize];
             row.blobs += 1;
@@ -52,15 +53,10 @@ pub(super) fn join_needed(scan: &mut Scan, needed: Needed) -> Result<Joined> {
     for (r, n) in order.into_iter().enumerate() {
         rank[n as usize] = r as u32;
     }
-    let pending_blobs: IdSet = scan
-        .state
-        .pending
-        .iter()
-        .flat_map(|(_, p)| p.packs.iter().flat_map(|x| x.blobs.iter().map(|b| b.id)))
-        .collect();
     let mut used_blobs = 0;
     let mut needed_from_pending = IdSet::default();
-    join(scan, &mut needed, &mut |id, copies, is_needed, packs| {
+    join(scan, &mut needed, &mut |j, packs| {
+        let (id, copies, is_needed) = (j.id, j.copies, j.needed);
         let kept = if is_needed {
             used_blobs += 1;
             provider(copies, &rank, packs)
@@ -68,7 +64,7 @@ pub(super) fn join_needed(scan: &mut Scan, needed: Needed) -> Result<Joined> {
             None
         };
         if is_needed && kept.is_none() {
-            if !pending_blobs.contains(id) {
+            if !j.pending {
                 return Err(Error::Invalid(format!(
                     "blob {} is needed by a snapshot but no readable pack holds it; \
                      run `cairn check` and `cairn repair` before prune",
@@ -104,24 +100,21 @@ pub(super) fn repack_lists(
 ) -> Result<HashMap<u32, Vec<IndexBlob>>> {
     let mut lists: HashMap<u32, Vec<IndexBlob>> = HashMap::new();
     let rank = std::mem::take(&mut joined.rank);
-    join(
-        scan,
-        &mut joined.needed,
-        &mut |_, copies, is_needed, packs| {
-            if !is_needed {
-                return Ok(());
-            }
-            if let Some(k) = provider(copies, &rank, packs)
-                && repack(copies[k].pack as usize)
-            {
-                lists
-                    .entry(copies[k].pack)
-                    .or_default()
-                    .push(copies[k].blob);
-            }
-            Ok(())
-        },
-    )?;
+    join(scan, &mut joined.needed, &mut |j, packs| {
+        let (copies, is_needed) = (j.copies, j.needed);
+        if !is_needed {
+            return Ok(());
+        }
+        if let Some(k) = provider(copies, &rank, packs)
+            && repack(copies[k].pack as usize)
+        {
+            lists
+                .entry(copies[k].pack)
+                .or_default()
+                .push(copies[k].blob);
+        }
+        Ok(())
+    })?;
     for l in lists.values_mut() {
         l.sort_by_key(|b| b.offset);
     }

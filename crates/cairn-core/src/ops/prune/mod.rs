@@ -593,10 +593,13 @@ fn delete_pending(
     let index = repo.index().clone();
     // The packs live index files list (superseded files are only known at the end).
     let mut listed_packs: HashMap<cairn_format::IndexId, Vec<PackId>> = HashMap::new();
-    let state = repo.read_index_state_streamed(&mut |id, f| {
-        listed_packs.insert(*id, f.packs.iter().map(|p| p.id).collect());
-        Ok(())
-    })?;
+    let state = repo.read_index_state_streamed(
+        &mut |id, f| {
+            listed_packs.insert(*id, f.packs.iter().map(|p| p.id).collect());
+            Ok(())
+        },
+        &mut |_, _| Ok(()),
+    )?;
     let live_packs: HashSet<PackId> = state
         .live
         .iter()
@@ -819,6 +822,35 @@ mod tests {
         let mut want: Vec<PackId> = packs.iter().map(|p| p.id).collect();
         want.sort();
         assert_eq!(named, want);
+        // Check and stats read the waiting records streamed, entries and all:
+        // every retired pack is found whole, and counted as blobs and header.
+        let mut s: Session<crate::session::Read> = Session::open(
+            repo,
+            "check",
+            crate::session::IndexLoad::Deferred,
+            &Progress::none(),
+        )
+        .unwrap();
+        let opts = crate::ops::check::CheckOptions {
+            read_data: true,
+            ..Default::default()
+        };
+        let c = crate::ops::check::check(&mut s, &opts).unwrap();
+        assert!(c.problems.is_empty(), "{:?}", c.problems);
+        assert_eq!((c.pending_deletions, c.packs_read), (3, 5));
+        let st = crate::ops::stats::stats(&s, None).unwrap();
+        let stored: u64 = s.repo().list_packs().unwrap().values().sum();
+        let listed: u64 = packs
+            .iter()
+            .flat_map(|p| &p.blobs)
+            .map(|b| u64::from(b.length))
+            .sum();
+        assert_eq!(st.overhead.unused_bytes, listed, "{st:?}");
+        assert_eq!(
+            st.overhead.unused_bytes + st.overhead.pack_header_bytes,
+            stored
+        );
+        let repo = s.into_repo();
         drop(other);
         let (repo, r) = prune_once(repo);
         assert_eq!(r.deleted_packs, 5, "{r:?}");

@@ -30,20 +30,39 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
         bail!("the source and the destination are the same repository");
     }
     let mut p = super::progress(g);
-    let src = super::open_at(
+    let mut src = super::open_at(
         g,
         &a.from,
         || source_password(a.from_password_file.as_deref()),
         &p.progress,
     )
     .with_context(|| format!("opening the source {}", a.from))?;
-    let dst = super::open_at(g, &to, || ui::password(g), &p.progress)
+    let mut dst = super::open_at(g, &to, || ui::password(g), &p.progress)
         .with_context(|| format!("opening the destination {to}"))?;
     if src.config().id == dst.config().id {
         bail!("the source and the destination are the same repository");
     }
-    let mut src: Session<Read> = Session::open(src, "copy", IndexLoad::Deferred, &p.progress)?;
-    let mut dst: Session<Write> = Session::open(dst, "copy", IndexLoad::Deferred, &p.progress)?;
+    // One limit for the job (the flag, else the destination's default): both
+    // indexes are held at once, so the destination plans its buffers within what
+    // the source's index leaves.
+    let limit = dst.memory_limit();
+    src.set_memory_limit(limit);
+    let mut src: Session<Read> = Session::open(src, "copy", IndexLoad::Deferred, &p.progress)
+        .context("the source's index under the memory limit")?;
+    let src_index = src
+        .repo()
+        .memory_plan_in_use()
+        .map_or(0, |plan| plan.index_bytes);
+    if let Some(l) = limit {
+        dst.set_memory_limit(Some(l.saturating_sub(src_index).max(1)));
+    }
+    let mut dst: Session<Write> = Session::open(dst, "copy", IndexLoad::Deferred, &p.progress)
+        .with_context(|| {
+            format!(
+                "the destination's index beside the source's (about {} of the limit)",
+                ui::bytes(src_index)
+            )
+        })?;
     let threads = a.threads.map(|t| t as usize).unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())

@@ -165,8 +165,12 @@ pub fn copy(
             dst.repo().config().id
         ))
     });
+    // Each re-chunking thread holds a file's chunks on their way (a few MiB).
+    let threads = dst.repo().memory_plan_in_use().map_or(opts.threads, |p| {
+        opts.threads.min(p.share(4 << 20, 1, 64) as usize)
+    });
     let run = Run {
-        threads: opts.threads.max(1),
+        threads: threads.max(1),
         map_path,
         lock: &lock,
     };
@@ -448,7 +452,12 @@ struct FileJob {
 impl Copier<'_> {
     fn copy_one(&self, sid: &SnapshotId, snap: &Snapshot, opts: &Run<'_>) -> Result<SnapshotId> {
         let pool = Arc::new(BufferPool::new(DEFAULT_UPLOAD_THREADS + 1));
-        let pack_size = self.dst.config().pack_size as usize;
+        // Packs being filled and uploaded (about six at a time): smaller under a
+        // memory limit, as for a backup.
+        let configured = u64::from(self.dst.config().pack_size);
+        let pack_size = self.dst.memory_plan_in_use().map_or(configured, |p| {
+            p.share(12, crate::repo::CLIENT_PACK_SIZE_MIN, configured)
+        }) as usize;
         let mut uploader = self.dst.uploader(pool.clone());
         uploader.set_index_flush(COPY_INDEX_FLUSH_BLOBS, COPY_INDEX_FLUSH_PACKS);
         *crate::lock(&self.packers) = Some(Packers {

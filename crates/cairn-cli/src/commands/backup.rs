@@ -1,8 +1,8 @@
 use crate::args::{BackupArgs, Global};
 use crate::ui;
 use anyhow::{Context, Result};
+use cairn_core::backup::source;
 use cairn_core::backup::{self, BackupOptions};
-use cairn_core::progress::Progress;
 use cairn_core::session::{self, IndexLoad, Session};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,30 +20,6 @@ fn read_exclude_files(files: &[PathBuf]) -> Result<Vec<String>> {
         );
     }
     Ok(out)
-}
-
-/// Sums file sizes in the background so the progress display (or a reader of the
-/// JSON status lines) can show an ETA.
-/// Stops when `done` is set (the backup ended first) or the operation is cancelled.
-fn scan_total(paths: Vec<PathBuf>, progress: &Progress, done: &AtomicBool) {
-    let mut total = 0u64;
-    let mut stack = paths;
-    while let Some(p) = stack.pop() {
-        if progress.is_cancelled() || done.load(Ordering::Relaxed) {
-            return;
-        }
-        let Ok(m) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if m.is_dir() {
-            if let Ok(rd) = std::fs::read_dir(&p) {
-                stack.extend(rd.flatten().map(|e| e.path()));
-            }
-        } else if m.is_file() {
-            total += m.len();
-            progress.set_total(Some(total), None);
-        }
-    }
 }
 
 pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
@@ -116,14 +92,28 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             .context("--pack-size")?,
         read_limit,
     };
+    // For the bar's ETA, and for --json readers (the status lines' total): the
+    // sizes below the paths, added up beside the backup.
+    let total_scan = ((ui::interactive(g) || g.json) && !a.stdin && a.image.is_none())
+        .then(|| source::Excludes::new(&opts.excludes))
+        .and_then(Result::ok)
+        .map(|ex| {
+            let paths: Vec<PathBuf> = opts
+                .paths
+                .iter()
+                .filter_map(|p| std::path::absolute(p).ok())
+                .collect();
+            (paths, ex, opts.one_file_system)
+        });
     p.start();
     let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {
-        // For the bar's ETA, and for --json readers (the status lines' total).
-        if (ui::interactive(g) || g.json) && !a.stdin && a.image.is_none() {
-            let paths = a.paths.clone();
+        if let Some((paths, ex, one_fs)) = &total_scan {
             let (progress, done) = (&p.progress, &done);
-            s.spawn(move || scan_total(paths, progress, done));
+            s.spawn(move || {
+                let stop = || progress.is_cancelled() || done.load(Ordering::Relaxed);
+                source::scan_total(paths, ex, *one_fs, progress, &stop);
+            });
         }
         let r = backup::backup(&session, opts);
         done.store(true, Ordering::Relaxed);

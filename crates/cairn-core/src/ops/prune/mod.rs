@@ -34,7 +34,7 @@ use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::{IndexFile, IndexPack};
 use cairn_format::pack;
 use cairn_format::pending::PendingDeletion;
-use cairn_format::{PackId, PendingId, SnapshotId};
+use cairn_format::{BlobId, PackId, PendingId, SnapshotId};
 use std::collections::{HashMap, HashSet};
 
 /// More live index files than this and prune rewrites the index even when it
@@ -139,8 +139,9 @@ enum Action {
     Unlisted,
 }
 
-/// Runs prune under the session's exclusive lock. The session's repository gets a
-/// fresh index at the end. With `opts.dry_run`, only plans (see [`plan`]).
+/// Runs prune under the session's exclusive lock. The session's repository holds
+/// no index afterwards (what prune read is out of date). With `opts.dry_run`,
+/// only plans (see [`plan`]).
 pub fn prune(session: &mut Session<Exclusive>, opts: &PruneOptions) -> Result<PruneReport> {
     let lock = session.lock()?;
     let progress = session.progress().clone();
@@ -331,7 +332,9 @@ fn run(
         &mut report,
         &Progress::none(),
     )?;
-    repo.load_index()?;
+    // What the plan read is out of date now; the next operation reads the index
+    // that prune wrote (for the SSD placement: rebuilds its files once).
+    repo.set_index(&IndexState::default())?;
     Ok(report)
 }
 
@@ -576,7 +579,6 @@ fn delete_pending(
     // before it removed its lock, so the listing below contains it. Snapshots are
     // listed before the index is read, so the index knows every listed one's blobs.
     let (snaps, bad) = repo.snapshots()?;
-    repo.load_index()?;
     if let Some(e) = bad.into_iter().next() {
         return Err(Error::Invalid(format!(
             "{e}; not deleting anything (run `cairn repair snapshots`)"
@@ -586,11 +588,23 @@ fn delete_pending(
         .into_iter()
         .filter(|(id, _)| !listed.contains(id))
         .collect();
-    crate::tree::reachable::collect_snapshots(repo, &new, &mut used, progress)?;
+    // The index as it is now, only to walk snapshots written since the plan and
+    // to see which of their blobs a kept pack holds: loading it is a whole read
+    // of the index (a rebuild of the SSD placement's files, which the index
+    // switch made stale). Without new snapshots, a retired pack holding a needed
+    // blob is rescued without asking whether another copy is live (a duplicate
+    // listing at worst, which the next prune drops).
+    let index = if new.is_empty() {
+        None
+    } else {
+        repo.load_index()?;
+        crate::tree::reachable::collect_snapshots(repo, &new, &mut used, progress)?;
+        Some(repo.index().clone())
+    };
+    let live_elsewhere = |id: &BlobId| index.as_ref().is_some_and(|i| i.is_live(id));
     // Kept current as packs go: a pack two ready records name (see `held`) is
     // deleted through the first, and the second must not read it as an orphan.
     let mut stored = repo.list_packs()?;
-    let index = repo.index().clone();
     // The packs live index files list (superseded files are only known at the end).
     let mut listed_packs: HashMap<cairn_format::IndexId, Vec<PackId>> = HashMap::new();
     let state = repo.read_index_state_streamed(
@@ -620,7 +634,7 @@ fn delete_pending(
             }
             if p.blobs
                 .iter()
-                .any(|b| used.contains(&b.id) && !index.is_live(&b.id))
+                .any(|b| used.contains(&b.id) && !live_elsewhere(&b.id))
             {
                 rescue.packs.push(p);
             } else {
@@ -635,7 +649,7 @@ fn delete_pending(
                 Ok(blobs) => {
                     if blobs
                         .iter()
-                        .any(|b| used.contains(&b.id) && !index.is_live(&b.id))
+                        .any(|b| used.contains(&b.id) && !live_elsewhere(&b.id))
                     {
                         rescue.packs.push(IndexPack { id: o, blobs });
                     } else {

@@ -272,13 +272,13 @@ impl<A: Access> Session<A> {
         };
         // Before the index is read: a limit it would break is said now, not found
         // out by swapping.
-        // Repair loads the whole index in RAM itself; prune reads the index files
-        // partitioned on local disk beside the index in its placement; forget
-        // needs none.
-        let whole = operation.starts_with("repair");
-        if !matches!(index, IndexLoad::None) || whole || operation == "prune" {
+        // Prune and `repair snapshots` load the index in its placement themselves
+        // (prune besides its partitions on local disk); `repair index` holds none,
+        // reading packs a batch at a time; forget needs none.
+        let maintenance = operation == "prune" || operation.starts_with("repair");
+        if !matches!(index, IndexLoad::None) || maintenance {
             let index_use = match index {
-                _ if whole => IndexUse::WholeInRam,
+                _ if operation == "repair index" => IndexUse::NotHeld,
                 IndexLoad::ForReads => IndexUse::ForReads,
                 _ => IndexUse::Placement,
             };

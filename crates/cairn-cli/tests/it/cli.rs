@@ -387,3 +387,47 @@ fn memory_limit_is_announced_met_or_refused() {
     let out = env.cmd(&["check"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("within the limit"));
 }
+
+/// `repair index` holds no index: it reads the packs a batch at a time, so a
+/// limit the old index would break in RAM still lets it run (and repair a
+/// damaged index file that is 42 MB, about a million entries by size).
+#[test]
+fn repair_index_holds_no_index_under_a_memory_limit() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), Rng(12).bytes(1 << 20, false)).unwrap();
+    env.ok(&["backup", src.to_str().unwrap()]);
+    let junk = env.repo.join("index").join("ab".repeat(32));
+    std::fs::write(&junk, Rng(13).bytes(42 << 20, false)).unwrap();
+    // What reads the index in RAM is refused, with what to change.
+    let err = env.fails(
+        &[
+            "restore",
+            "latest",
+            "--target",
+            "x",
+            "--memory-limit",
+            "90M",
+        ],
+        1,
+    );
+    assert!(
+        err.contains("cannot be met") && err.contains("ssd"),
+        "{err}"
+    );
+    let out = env
+        .cmd(&["repair", "index", "--memory-limit", "90M"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("for buffers and caches, within the limit of 90.0 MiB")
+            && !err.contains("for the index"),
+        "{err}"
+    );
+    assert!(!junk.exists(), "the damaged file is replaced");
+    env.check_clean();
+}

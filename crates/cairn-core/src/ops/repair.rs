@@ -36,6 +36,9 @@ pub struct DamagedPack {
     pub message: String,
     pub blobs_lost: usize,
     pub blobs_kept: usize,
+    /// Its header could not be read: its blobs were found through the old index.
+    #[serde(skip)]
+    header_unreadable: bool,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -51,65 +54,93 @@ pub struct RepairIndexReport {
     pub damaged_packs_deleted: usize,
 }
 
-/// Rebuilds the index from every stored pack.
+/// Index entries per file the rebuilt index is written in.
+const REPAIR_FILE_BLOBS: usize = 200_000;
+
+/// Rebuilds the index from every stored pack. Memory stays bounded at any size:
+/// packs are read a batch at a time and their entries written out as index files
+/// go; the old index is streamed, once for its snapshot records and once more
+/// only when a pack's header is unreadable, for what it said of those packs.
 pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexReport> {
     let lock = session.lock()?;
-    session.progress().phase(Phase::RebuildingIndex);
+    let progress = session.progress().clone();
+    progress.phase(Phase::RebuildingIndex);
     let repo = session.repo_mut();
     let mut report = RepairIndexReport::default();
     let old_ids = repo.list_index_files()?;
-    let old_state = repo.read_index_state()?;
+    let old_state = repo.read_index_state_streamed(&mut |_, _| Ok(()), &mut |_, _| Ok(()))?;
     let pending_ids = repo.list_pending()?;
-    // What the old index said about each pack: the salvage plan for bad headers.
-    let mut known: HashMap<PackId, Vec<IndexBlob>> = HashMap::new();
-    for (_, f) in &old_state.live {
-        for p in &f.packs {
-            known
-                .entry(p.id)
-                .or_default()
-                .extend(p.blobs.iter().copied());
-        }
-    }
-    for (_, r) in &old_state.pending {
-        for p in &r.packs {
-            known
-                .entry(p.id)
-                .or_default()
-                .extend(p.blobs.iter().copied());
-        }
-    }
     let mut packs: Vec<(PackId, u64)> = repo.list_packs()?.into_iter().collect();
     packs.sort();
     report.packs_read = packs.len();
+    progress.set_total(Some(packs.iter().map(|(_, s)| s).sum()), None);
 
-    let salvaged = crate::threads::parallel_map(&packs, crate::threads::cores(), |(id, _)| {
-        salvage_pack(repo, id, known.get(id).map(Vec::as_slice))
-    });
-    let mut results = Vec::with_capacity(packs.len());
-    for ((id, _), r) in packs.iter().zip(salvaged) {
-        results.push((*id, r?));
-    }
     let mut file = IndexFile::default();
     let mut written = Vec::new();
     let mut n = 0;
     let mut rewrite = Vec::new();
-    for (id, (blobs, damage)) in results {
-        if let Some(d) = damage {
-            report.damaged_packs.push(d);
-            // A damaged pack's good blobs move to new packs, so that afterwards
-            // every stored pack is whole again.
+    // Packs whose header cannot be read: salvaged below with the old index's word.
+    let mut headless: Vec<PackId> = Vec::new();
+    let batch = 4 * crate::threads::cores();
+    for part in packs.chunks(batch) {
+        // Stopping is safe until the last file supersedes the old ones: the files
+        // written so far only list packs the old index lists too.
+        progress.check_cancelled()?;
+        let salvaged = crate::threads::parallel_map(part, crate::threads::cores(), |(id, _)| {
+            salvage_pack(repo, id, None)
+        });
+        for ((id, size), r) in part.iter().zip(salvaged) {
+            progress.bytes_done(*size);
+            let (blobs, damage) = r?;
+            match damage {
+                Some(d) if d.header_unreadable => headless.push(*id),
+                Some(d) => {
+                    report.damaged_packs.push(d);
+                    // A damaged pack's good blobs move to new packs, so that
+                    // afterwards every stored pack is whole again.
+                    rewrite.push(IndexPack { id: *id, blobs });
+                }
+                None if blobs.is_empty() => {}
+                None => {
+                    report.blobs_indexed += blobs.len();
+                    n += blobs.len();
+                    file.packs.push(IndexPack { id: *id, blobs });
+                    if n >= REPAIR_FILE_BLOBS {
+                        written.push(repo.write_index_file(&std::mem::take(&mut file))?);
+                        n = 0;
+                    }
+                }
+            }
+        }
+    }
+    if !headless.is_empty() {
+        // What the old index (files and pending records) said of each such pack:
+        // the salvage plan. The files written above list none of them.
+        let wanted: HashSet<PackId> = headless.iter().copied().collect();
+        let known = std::cell::RefCell::new(HashMap::<PackId, Vec<IndexBlob>>::new());
+        let take = |ps: &[IndexPack]| {
+            let mut k = known.borrow_mut();
+            for p in ps.iter().filter(|p| wanted.contains(&p.id)) {
+                k.entry(p.id).or_default().extend(p.blobs.iter().copied());
+            }
+        };
+        repo.read_index_state_streamed(
+            &mut |_, f| {
+                take(&f.packs);
+                Ok(())
+            },
+            &mut |_, r| {
+                take(&r.packs);
+                Ok(())
+            },
+        )?;
+        let known = known.into_inner();
+        for id in headless {
+            let (blobs, damage) = salvage_pack(repo, &id, known.get(&id).map(Vec::as_slice))?;
+            if let Some(d) = damage {
+                report.damaged_packs.push(d);
+            }
             rewrite.push(IndexPack { id, blobs });
-            continue;
-        }
-        if blobs.is_empty() {
-            continue;
-        }
-        report.blobs_indexed += blobs.len();
-        n += blobs.len();
-        file.packs.push(IndexPack { id, blobs });
-        if n >= 200_000 {
-            written.push(repo.write_index_file(&std::mem::take(&mut file))?);
-            n = 0;
         }
     }
     if !rewrite.is_empty() {
@@ -175,7 +206,8 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
             })?;
         }
     }
-    repo.load_index_in_ram()?;
+    // The index of before is out of date; the next operation reads the new one.
+    repo.set_index(&crate::repo::IndexState::default())?;
     Ok(report)
 }
 
@@ -213,9 +245,11 @@ fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> 
     if PackId::of_content(&data) != *id {
         problems.push("content does not match its name".to_string());
     }
+    let mut header_unreadable = false;
     let entries = match header_entries(repo, &data) {
         Ok(e) => e,
         Err(e) => {
+            header_unreadable = true;
             problems.push(format!("header unreadable ({e})"));
             let mut k = known.map(<[IndexBlob]>::to_vec).unwrap_or_default();
             k.sort_by_key(|b| (b.offset, b.id));
@@ -247,6 +281,7 @@ fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> 
         message: problems.join("; "),
         blobs_lost: lost,
         blobs_kept: good.len(),
+        header_unreadable,
     });
     Ok((good, damage))
 }
@@ -301,8 +336,10 @@ pub fn repair_snapshots(
     // Snapshots first, then the index: a backup committing in between must not
     // look like one whose data is lost.
     let (snaps, bad) = repo.snapshots()?;
-    let state = repo.read_index_state()?;
-    repo.set_index(&state)?;
+    // The index in its placement (on local disk with the SSD placement), and the
+    // files' snapshot records without their entries.
+    repo.load_index()?;
+    let state = repo.read_index_state_streamed(&mut |_, _| Ok(()), &mut |_, _| Ok(()))?;
     let (announced, forgotten) = state.snapshot_records();
     let mut report = RepairSnapshotsReport {
         dry_run,

@@ -28,8 +28,8 @@ const FOR_READS_BYTES_PER_ENTRY: f64 = 0.2;
 pub enum IndexUse {
     /// In the repository's placement.
     Placement,
-    /// Entirely in RAM whatever the placement (repair).
-    WholeInRam,
+    /// Not at all (`repair index`, which reads the packs instead).
+    NotHeld,
     /// On local disk without its filter, whatever the placement (the mount).
     ForReads,
 }
@@ -46,8 +46,7 @@ pub struct MemoryPlan {
     pub limit_bytes: u64,
     /// The index, in the placement the operation uses.
     pub index_bytes: u64,
-    /// Whether that is the RAM placement (repair loads the whole index in RAM
-    /// whatever the placement).
+    /// Whether that is the RAM placement.
     pub index_in_ram: bool,
     /// For buffers, queues and caches.
     pub work_bytes: u64,
@@ -56,6 +55,13 @@ pub struct MemoryPlan {
 impl MemoryPlan {
     /// One line for the start of the operation.
     pub fn describe(&self) -> String {
+        if self.index_bytes == 0 {
+            return format!(
+                "memory: about {} for buffers and caches, within the limit of {}",
+                crate::units::bytes(self.work_bytes, 1),
+                crate::units::bytes(self.limit_bytes, 1)
+            );
+        }
         format!(
             "memory: about {} for the index ({}) and {} for buffers and caches, within the limit of {}",
             crate::units::bytes(self.index_bytes, 1),
@@ -99,29 +105,24 @@ impl Repository {
             .map(|o| o.size)
             .sum();
         let entries = index_file_bytes as f64 / INDEX_FILE_BYTES_PER_ENTRY;
-        let whole_in_ram = index == IndexUse::WholeInRam;
+        let held = index != IndexUse::NotHeld;
         let for_reads = index == IndexUse::ForReads && self.index_path().is_ok();
-        let in_ram =
-            whole_in_ram || (!for_reads && self.config().index_placement == IndexPlacement::Ram);
+        let in_ram = held && !for_reads && self.config().index_placement == IndexPlacement::Ram;
         let ram = (entries * RAM_PLACEMENT_BYTES_PER_ENTRY) as u64;
         let ssd = (entries * SSD_PLACEMENT_BYTES_PER_ENTRY) as u64;
-        let index_bytes = match (in_ram, for_reads) {
-            (true, _) => ram,
-            (false, true) => (entries * FOR_READS_BYTES_PER_ENTRY) as u64,
-            (false, false) => ssd,
+        let index_bytes = match (held, in_ram, for_reads) {
+            (false, _, _) => 0,
+            (_, true, _) => ram,
+            (_, false, true) => (entries * FOR_READS_BYTES_PER_ENTRY) as u64,
+            (_, false, false) => ssd,
         };
         let needed = BASE_BYTES + index_bytes + MIN_WORK_BYTES;
         if needed > limit {
-            let advice = if in_ram && !whole_in_ram && BASE_BYTES + ssd + MIN_WORK_BYTES <= limit {
+            let advice = if in_ram && BASE_BYTES + ssd + MIN_WORK_BYTES <= limit {
                 format!(
                     "move the index to the SSD placement (`cairn index --index-placement ssd`: \
                      about {} of RAM for it) or raise the limit to {}",
                     crate::units::bytes(ssd, 1),
-                    crate::units::bytes(needed, 1)
-                )
-            } else if whole_in_ram {
-                format!(
-                    "this operation holds the whole index in RAM; raise the limit to {} for it",
                     crate::units::bytes(needed, 1)
                 )
             } else {
@@ -201,12 +202,10 @@ mod tests {
             assert!(!plan.index_in_ram);
             assert!(plan.index_bytes < 1 << 20, "{plan:?}");
         }
-        // Repair holds the whole index in RAM: the SSD placement would not help.
-        let e = repo
-            .memory_plan(IndexUse::WholeInRam)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("whole index in RAM"), "{e}");
+        // `repair index` holds no index: only the program and its buffers count.
+        let plan = repo.memory_plan(IndexUse::NotHeld).unwrap().unwrap();
+        assert_eq!(plan.index_bytes, 0);
+        assert!(!plan.describe().contains("index"), "{}", plan.describe());
         // A limit that fits leaves the rest for buffers, and says so.
         repo.set_memory_limit(Some(1 << 30));
         let plan = repo.memory_plan(IndexUse::Placement).unwrap().unwrap();

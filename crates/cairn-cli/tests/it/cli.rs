@@ -362,21 +362,8 @@ fn memory_limit_is_announced_met_or_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("within the limit of 256.0 MiB"), "{err}");
-    let err = env.fails(
-        &[
-            "restore",
-            "latest",
-            "--target",
-            "x",
-            "--memory-limit",
-            "40M",
-        ],
-        1,
-    );
-    assert!(
-        err.contains("cannot be met") && err.contains("raise the limit"),
-        "{err}"
-    );
+    let err = restore_refused_under(&env, "40M");
+    assert!(err.contains("raise the limit"), "{err}");
     // The repository's default applies without the flag, and can be removed.
     env.ok(&["config", "--memory-limit", "512M"]);
     let c: serde_json::Value = serde_json::from_str(&env.ok(&["config", "--json"])).unwrap();
@@ -386,6 +373,23 @@ fn memory_limit_is_announced_met_or_refused() {
     env.ok(&["config", "--memory-limit", "none"]);
     let out = env.cmd(&["check"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("within the limit"));
+}
+
+/// A restore of `latest` refused under `limit`, saying so: its message.
+fn restore_refused_under(env: &Env, limit: &str) -> String {
+    let err = env.fails(
+        &[
+            "restore",
+            "latest",
+            "--target",
+            "x",
+            "--memory-limit",
+            limit,
+        ],
+        1,
+    );
+    assert!(err.contains("cannot be met"), "{err}");
+    err
 }
 
 /// `repair index` holds no index: it reads the packs a batch at a time, so a
@@ -402,21 +406,8 @@ fn repair_index_holds_no_index_under_a_memory_limit() {
     let junk = env.repo.join("index").join("ab".repeat(32));
     std::fs::write(&junk, Rng(13).bytes(42 << 20, false)).unwrap();
     // What reads the index in RAM is refused, with what to change.
-    let err = env.fails(
-        &[
-            "restore",
-            "latest",
-            "--target",
-            "x",
-            "--memory-limit",
-            "90M",
-        ],
-        1,
-    );
-    assert!(
-        err.contains("cannot be met") && err.contains("ssd"),
-        "{err}"
-    );
+    let err = restore_refused_under(&env, "90M");
+    assert!(err.contains("ssd"), "{err}");
     let out = env
         .cmd(&["repair", "index", "--memory-limit", "90M"])
         .output()

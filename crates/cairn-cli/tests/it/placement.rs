@@ -186,3 +186,52 @@ fn a_damaged_ssd_index_is_found_and_rebuilt() {
     let copy = env.restore(&id, &src, "r-again");
     assert_same(&src, &copy);
 }
+
+/// A run's claims on local disk: a backup whose new chunks outgrow the cap of
+/// ids held in RAM (1,024 here, through the test hook; millions by default)
+/// spills them to runs, and still stores each chunk once, whichever file meets
+/// it first: the same blobs as a backup that kept them all in RAM, restored
+/// exactly.
+#[test]
+fn a_backup_past_its_claims_cap_stores_each_chunk_once() {
+    let src_env = Env::new();
+    let src = src_env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    // 12 MiB in 4 KiB chunks, then the same content three more times under
+    // other names: 3/4 of the chunks are met again in the same run.
+    let data = Rng(31).bytes(12 << 20, false);
+    for i in 0..4 {
+        fs::write(src.join(format!("copy{i}")), &data).unwrap();
+    }
+    // Two copies of one new repository: the same key, so the same chunks.
+    src_env.init(&["--block-size", "4K"]);
+    let mut added = Vec::new();
+    for cap in [None, Some("1024")] {
+        let env = Env::new();
+        copy_tree(&src_env.repo, &env.repo);
+        let mut c = env.cmd(&["backup", "--json", src.to_str().unwrap()]);
+        if let Some(cap) = cap {
+            c.env("CAIRN_TEST_CLAIMS_CAP", cap);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let on_disk = v["claims_on_disk"].as_u64().unwrap_or(0);
+        assert_eq!(on_disk > 1024, cap.is_some(), "{v}");
+        added.push((
+            v["blobs_added"].as_u64().unwrap(),
+            v["data_added"].as_u64().unwrap(),
+        ));
+        let out = env.restore("latest", &src, "r");
+        assert_same(&src, &out);
+        env.check_clean();
+    }
+    // The same blobs; their bytes differ only by the trees of the directories
+    // above the source (/tmp's times move as other tests run).
+    assert_eq!(
+        added[0].0, added[1].0,
+        "stored once each, spilled or not: {added:?}"
+    );
+    assert!(added[0].1.abs_diff(added[1].1) < 1024, "{added:?}");
+    assert!(added[0].1 < 13 << 20, "{added:?}");
+}

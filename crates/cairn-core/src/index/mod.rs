@@ -6,6 +6,7 @@
 //! the hash instead of hashing them again, and the master index finds an id's place
 //! in its sorted table from its first bits.
 
+pub(crate) mod claims;
 pub mod spill;
 pub mod ssd;
 

@@ -259,7 +259,11 @@ fn copy_snapshots(
         map: Mutex::new(map),
         packers: Mutex::new(None),
         uploader: Mutex::new(None),
-        written: InFlight::new(),
+        written: InFlight::spilling(
+            crate::ops::scan::scratch_dir(dst),
+            dst.memory_plan_in_use()
+                .map(|p| p.share(6, 8 << 20, u64::MAX)),
+        ),
         progress,
         counters: Counters::default(),
         trees: Mutex::new(IdMap::default()),
@@ -301,6 +305,7 @@ fn copy_snapshots(
         });
         stats.logical_bytes += snap.summary.total_bytes;
     }
+    stats.warnings.extend(copier.written.spill_failure());
     let c = &copier.counters;
     stats.files = c.files.load(Ordering::Relaxed);
     stats.files_rechunked = c.files_rechunked.load(Ordering::Relaxed);

@@ -130,12 +130,17 @@ pub(crate) fn decode_entry(r: &[u8; ENTRY]) -> Result<Entry> {
     })
 }
 
+/// Where an operation's spill files go: beside the local index (the SSD
+/// placement's directory), else in the system's temporary directory.
+pub(crate) fn scratch_dir(repo: &Repository) -> std::path::PathBuf {
+    repo.index_path()
+        .unwrap_or_else(|_| std::env::temp_dir().join("cairn"))
+}
+
 /// Where spill files go, and how much one partition may hold: `budget`, else a
 /// share of the memory limit, else [`DEFAULT_BUDGET`].
 fn scratch(repo: &Repository, budget: Option<u64>) -> (std::path::PathBuf, u64) {
-    let dir = repo
-        .index_path()
-        .unwrap_or_else(|_| std::env::temp_dir().join("cairn"));
+    let dir = scratch_dir(repo);
     // The suite makes small repositories spill, so the partitioned path is the
     // one its prune and crash tests run.
     #[cfg(feature = "test-hooks")]

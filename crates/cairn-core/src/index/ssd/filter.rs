@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub(super) fn prefix_of(id: &[u8]) -> u64 {
+pub(crate) fn prefix_of(id: &[u8]) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&id[..8]);
     u64::from_be_bytes(b)
@@ -21,12 +21,12 @@ pub(super) fn mix(mut x: u64) -> u64 {
 
 /// A blocked Bloom filter: each key sets [`FILTER_PROBES`] bits in one 512-bit
 /// block, so a query touches one cache line.
-pub(super) struct Filter {
+pub(crate) struct Filter {
     pub(super) blocks: Vec<[u64; 8]>,
 }
 
 impl Filter {
-    pub(super) fn with_capacity(n: u64) -> Self {
+    pub(crate) fn with_capacity(n: u64) -> Self {
         let blocks = (n * FILTER_BITS_PER_BLOB).div_ceil(512).max(1) as usize;
         Filter {
             blocks: vec![[0u64; 8]; blocks],
@@ -43,14 +43,14 @@ impl Filter {
         }
         (block, bits)
     }
-    pub(super) fn insert(&mut self, prefix: u64) {
+    pub(crate) fn insert(&mut self, prefix: u64) {
         let (block, bits) = self.probes(prefix);
         let blk = &mut self.blocks[block];
         for b in bits {
             blk[(b / 64) as usize] |= 1 << (b % 64);
         }
     }
-    pub(super) fn may_contain(&self, prefix: u64) -> bool {
+    pub(crate) fn may_contain(&self, prefix: u64) -> bool {
         let (block, bits) = self.probes(prefix);
         let blk = &self.blocks[block];
         bits.iter()

@@ -29,7 +29,7 @@
 mod build;
 mod cache;
 mod checked;
-mod filter;
+pub(crate) mod filter;
 mod lookup;
 mod manifest;
 

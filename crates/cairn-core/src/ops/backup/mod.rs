@@ -30,7 +30,6 @@ pub mod source;
 mod walker;
 
 use crate::error::{Error, Result};
-use crate::index::IdSet;
 use crate::progress::{Phase, Progress};
 use crate::repo::Repository;
 use crate::repo::blob::{BlobEncoder, EncodedBlob};
@@ -118,8 +117,17 @@ pub struct BackupReport {
     /// whole index being read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_dedup: Option<ServerDedup>,
+    /// New chunk ids this backup kept track of on local disk rather than in RAM
+    /// (a run that stored more than its share of memory holds; see
+    /// `index/claims.rs`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub claims_on_disk: u64,
     #[serde(skip)]
     pub snapshot: Snapshot,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How a backup through a server deduplicated.
@@ -282,32 +290,9 @@ impl Budget {
     }
 }
 
-/// Ids that some worker is already encoding in this run, sharded to keep lock
-/// contention negligible.
-pub(crate) struct InFlight {
-    shards: Vec<Mutex<IdSet>>,
-}
-
-impl InFlight {
-    pub(crate) fn new() -> Self {
-        InFlight {
-            shards: (0..64).map(|_| Mutex::new(IdSet::default())).collect(),
-        }
-    }
-    fn shard(&self, id: &BlobId) -> std::sync::MutexGuard<'_, IdSet> {
-        self.shards[id.0[0] as usize % self.shards.len()]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-    /// True if the id was already claimed; otherwise claims it.
-    pub(crate) fn claim(&self, id: &BlobId) -> bool {
-        !self.shard(id).insert(*id)
-    }
-    /// Whether some worker has claimed the id in this run.
-    pub(crate) fn contains(&self, id: &BlobId) -> bool {
-        self.shard(id).contains(id)
-    }
-}
+/// Ids that some worker is already encoding in this run (bounded: past a share
+/// of the memory plan they go to local disk).
+pub(crate) use crate::index::claims::Claims as InFlight;
 
 const CHUNK_BYTES_IN_FLIGHT: usize = 16 << 20;
 
@@ -376,6 +361,7 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
         skipped: r.skipped,
         changed_while_read: r.changed_while_read,
         packs_written: r.packs_written,
+        claims_on_disk: r.claims_on_disk,
         slot_wait_secs: session.slot_wait().as_secs_f64(),
         files_per_sec: {
             let s = &r.snapshot.summary;
@@ -397,6 +383,7 @@ struct Ran {
     skipped: Vec<Skipped>,
     changed_while_read: Vec<Skipped>,
     packs_written: u64,
+    claims_on_disk: u64,
     stored_data: Vec<BlobId>,
     index_files: Vec<cairn_format::IndexId>,
     /// Index files that existed when the backup began.
@@ -572,7 +559,10 @@ fn run(
         Some(_) => Budget::with_pool(in_flight, image::BUFFERS),
         None => Budget::new(in_flight),
     };
-    let inflight = InFlight::new();
+    let inflight = InFlight::spilling(
+        crate::ops::scan::scratch_dir(repo),
+        plan.map(|p| p.share(6, 8 << 20, u64::MAX)),
+    );
     let cores = crate::threads::cores();
     let workers = opts
         .read_concurrency
@@ -703,6 +693,9 @@ fn run(
         (Ok(a), _) => a,
     };
 
+    if let Some(w) = inflight.spill_failure() {
+        progress.warning_msg(w);
+    }
     let mut summary: SnapshotSummary = archived.summary;
     summary.duration_secs = start.elapsed().as_secs_f64();
     let mut skipped = archived.skipped;
@@ -735,6 +728,7 @@ fn run(
         skipped,
         changed_while_read: archived.changed_while_read,
         packs_written: archived.packs,
+        claims_on_disk: inflight.on_disk(),
         stored_data: archived.stored_data,
         index_files: archived.index_files,
         index_before,

@@ -97,14 +97,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     let total_scan = ((ui::interactive(g) || g.json) && !a.stdin && a.image.is_none())
         .then(|| source::Excludes::new(&opts.excludes))
         .and_then(Result::ok)
-        .map(|ex| {
-            let paths: Vec<PathBuf> = opts
-                .paths
-                .iter()
-                .filter_map(|p| std::path::absolute(p).ok())
-                .collect();
-            (paths, ex, opts.one_file_system)
-        });
+        .map(|ex| (opts.paths.clone(), ex, opts.one_file_system));
     p.start();
     let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {

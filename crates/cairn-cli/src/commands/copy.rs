@@ -42,10 +42,11 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     if src.config().id == dst.config().id {
         bail!("the source and the destination are the same repository");
     }
-    // One limit for the job (the flag, else the destination's default): both
+    // One limit for the job (the flag, else the destination's default, else the
+    // source's): both
     // indexes are held at once, so the destination plans its buffers within what
     // the source's index leaves.
-    let limit = dst.memory_limit();
+    let limit = dst.memory_limit().or(src.memory_limit());
     src.set_memory_limit(limit);
     let mut src: Session<Read> = Session::open(src, "copy", IndexLoad::Deferred, &p.progress)
         .context("the source's index under the memory limit")?;

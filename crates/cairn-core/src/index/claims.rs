@@ -295,7 +295,9 @@ impl RunReader<'_> {
     }
 }
 
-/// One run of `runs` and the sorted `ids` together (runs of one set share no id).
+/// One run of `runs` and the sorted `ids` together. An id may be in two of them
+/// (claimed again after a run's block could not be read): it is written twice,
+/// which lookups by fence and binary search answer as well.
 fn merge(dir: &std::path::Path, runs: &[Run], ids: &[[u8; 32]]) -> std::io::Result<Run> {
     let total = runs.iter().map(|r| r.len).sum::<usize>() + ids.len();
     let mut w = RunWriter::new(dir, total)?;

@@ -219,7 +219,10 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
     };
     let (snaps, bad_snaps) = session.snapshots()?;
     progress.phase(Phase::LoadingIndex);
-    let listing = read_listing(repo, repo.admin_names())?;
+    let listing = crate::repo::until_settled(
+        || read_listing(repo, repo.admin_names()),
+        |l: &Listing| &l.state,
+    )?;
     let state = &listing.state;
     report.index_files = state.live.len();
     report.pending_deletions = state.pending.len();
@@ -574,9 +577,11 @@ fn vanished_snapshots(repo: &Repository, state: &IndexState) -> Result<Vec<Probl
     if missing.is_empty() {
         return Ok(Vec::new());
     }
-    let (_, forgotten_now) = repo
-        .read_index_state_streamed(&mut |_, _| Ok(()), &mut |_, _| Ok(()))?
-        .snapshot_records();
+    let (_, forgotten_now) = crate::repo::until_settled(
+        || repo.read_index_state_streamed(&mut |_, _| Ok(()), &mut |_, _| Ok(())),
+        |s| s,
+    )?
+    .snapshot_records();
     missing.retain(|id| !forgotten_now.contains(id));
     missing.sort();
     Ok(missing

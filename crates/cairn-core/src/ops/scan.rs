@@ -44,6 +44,8 @@ pub(crate) struct PackRow {
     /// The first live index file listing the pack: its listing is the pack's.
     pub file: u32,
     listed_in: Vec<u32>,
+    /// Listed by no index file at all, only by pending-deletion records.
+    pub pending_only: bool,
     pub blobs: u64,
     pub end: u64,
     pub need: u64,
@@ -60,6 +62,7 @@ impl PackRow {
             stored_size,
             file: NO_FILE,
             listed_in: Vec::new(),
+            pending_only: false,
             blobs: 0,
             end: 0,
             need: 0,
@@ -176,6 +179,9 @@ pub(crate) fn scan_index(
         entries: Spill<ENTRY>,
         packs: Vec<PackRow>,
         number: HashMap<PackId, u32>,
+        /// Packs whose entries a pending record gave already (a pack two records
+        /// name is spilled once).
+        pending_seen: std::collections::HashSet<PackId>,
     }
     impl Acc {
         fn add(&mut self, p: &IndexPack, file: u32, stored: &HashMap<PackId, u64>) -> Result<u32> {
@@ -194,6 +200,7 @@ pub(crate) fn scan_index(
         entries: Spill::<ENTRY>::new(partitions, &dir)?,
         packs: Vec::new(),
         number: HashMap::new(),
+        pending_seen: std::collections::HashSet::new(),
     });
     let mut ids: Vec<IndexId> = Vec::new();
     let state = repo.read_index_state_streamed(
@@ -213,7 +220,9 @@ pub(crate) fn scan_index(
         &mut |_, record| {
             let mut acc = acc.borrow_mut();
             for p in &record.packs {
-                acc.add(p, PENDING_FILE, stored)?;
+                if acc.pending_seen.insert(p.id) {
+                    acc.add(p, PENDING_FILE, stored)?;
+                }
             }
             Ok(())
         },
@@ -222,10 +231,12 @@ pub(crate) fn scan_index(
         entries,
         mut packs,
         number,
+        ..
     } = acc.into_inner();
     let live: std::collections::HashSet<IndexId> = state.live.iter().map(|(id, _)| *id).collect();
     let files: Vec<(IndexId, bool)> = ids.into_iter().map(|id| (id, live.contains(&id))).collect();
     for row in &mut packs {
+        row.pending_only = row.listed_in.is_empty();
         row.file = row
             .listed_in
             .iter()

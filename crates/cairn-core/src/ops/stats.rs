@@ -184,7 +184,10 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
     session
         .progress()
         .phase(crate::progress::Phase::LoadingIndex);
-    let mut scan = scan::scan_index(repo, &packs, None)?;
+    let mut scan = crate::repo::until_settled(
+        || scan::scan_index(repo, &packs, None),
+        |s: &scan::Scan| &s.state,
+    )?;
     if let Some(e) = scan.state.errors.first() {
         return Err(Error::Invalid(format!(
             "{e}; statistics would be wrong (run `cairn repair index`)"

@@ -14,6 +14,29 @@ pub struct IndexState {
     pub pending: Vec<(PendingId, PendingDeletion)>,
     /// Files that could not be read.
     pub errors: Vec<IndexReadError>,
+    /// Of `errors`: files listed that vanished while being read and that no file
+    /// read replaces. A prune switched the index meanwhile: a reader under a
+    /// shared lock reads it all again ([`Repository::read_index_state_streamed`]
+    /// leaves that to its caller).
+    pub vanished: usize,
+}
+
+/// Reads a streamed view of the index with `read` (which starts from nothing each
+/// time) until no file vanished under it, up to five times: a shared-lock reader
+/// (check, stats) may meet a prune's switch of the index, after which a file it
+/// listed is gone and its replacement was not listed.
+pub(crate) fn until_settled<T>(
+    mut read: impl FnMut() -> Result<T>,
+    state: impl Fn(&T) -> &IndexState,
+) -> Result<T> {
+    let mut attempt = 1;
+    loop {
+        let got = read()?;
+        if state(&got).vanished == 0 || attempt == 5 {
+            return Ok(got);
+        }
+        attempt += 1;
+    }
 }
 
 /// What a streamed read of the index hands each pending-deletion record to.
@@ -87,13 +110,12 @@ impl Repository {
     /// files are read a few at a time, each is handed to `each` with its packs, and
     /// the state keeps only their lists (supersedes, snapshots, forgotten), not
     /// their packs. `each` sees superseded files too (which are only known at the
-    /// end): callers set their entries aside by the file's id. Pending-deletion
+    /// end): callers set their entries aside by the file's id. A file that
+    /// vanishes unexplained is an error entry, counted in `vanished`: a caller
+    /// under a shared lock reads again ([`until_settled`]). Pending-deletion
     /// records go to `each_pending` after every file, and the state keeps them
     /// without their packs' entries (the pack ids, orphans and locks stay): a
     /// large prune waiting on a long backup leaves records of millions of entries.
-    /// No retry: a file that vanishes unexplained is an error entry, as after the
-    /// last retry there (the callers hold the exclusive lock, so only a foreign
-    /// hand removes files).
     pub fn read_index_state_streamed(
         &self,
         each: &mut dyn FnMut(&IndexId, &IndexFile) -> Result<()>,
@@ -167,6 +189,7 @@ impl Repository {
             superseded,
             unexplained,
         } = pass;
+        let vanished = unexplained.len();
         for v in unexplained {
             errors.push(IndexReadError {
                 object: IndexObject::IndexFile(v),
@@ -185,6 +208,7 @@ impl Repository {
             superseded: old.into_iter().map(|(id, _)| id).collect(),
             pending,
             errors,
+            vanished,
         })
     }
 
@@ -259,6 +283,7 @@ impl Repository {
             superseded: Vec::new(),
             pending,
             errors,
+            vanished: 0,
         };
         self.set_index(&state)?;
         self.index_errors = state.errors.into_iter().map(|e| e.error).collect();
@@ -402,6 +427,7 @@ impl crate::index::IndexSource for Repository {
 
 #[cfg(test)]
 mod tests {
+    use super::{IndexState, until_settled};
     use crate::testutil::mem_repo as repo;
     use cairn_backend::names;
     use cairn_format::index::IndexFile;
@@ -474,5 +500,37 @@ mod tests {
         assert!(r.backend().get(&names::index(&sup.to_hex())).is_ok());
         let state = r.read_index_state().unwrap();
         assert_eq!(state.superseded, vec![victim]);
+    }
+
+    /// A streamed read that met a prune's switch (a file vanished, nothing read
+    /// replaces it) is read again, up to five times; a settled one is kept.
+    #[test]
+    fn a_read_that_met_a_switch_is_read_again() {
+        let mut reads = 0;
+        let got = until_settled(
+            || {
+                reads += 1;
+                Ok(IndexState {
+                    vanished: usize::from(reads < 3),
+                    ..Default::default()
+                })
+            },
+            |s| s,
+        )
+        .unwrap();
+        assert_eq!((reads, got.vanished), (3, 0));
+        let mut reads = 0;
+        let got = until_settled(
+            || {
+                reads += 1;
+                Ok(IndexState {
+                    vanished: 1,
+                    ..Default::default()
+                })
+            },
+            |s| s,
+        )
+        .unwrap();
+        assert_eq!((reads, got.vanished), (5, 1), "gives up, saying so");
     }
 }

@@ -33,6 +33,7 @@ pub mod packer;
 mod snapshots;
 pub mod storage;
 
+pub(crate) use index_load::until_settled;
 pub use index_load::{EachPending, IndexObject, IndexReadError, IndexState};
 pub use snapshots::{SnapshotError, SnapshotList, resolve_snapshot_prefix};
 pub(crate) use snapshots::{latest, latest_in};

@@ -300,7 +300,7 @@ const CHUNK_BYTES_IN_FLIGHT: usize = 16 << 20;
 pub(crate) const CHANGED_WHILE_READ: &str =
     "changed while it was being read (saved as read; the next backup reads it again)";
 
-fn absolute(p: &Path) -> Result<PathBuf> {
+pub(crate) fn absolute(p: &Path) -> Result<PathBuf> {
     let abs = std::path::absolute(p).map_err(|e| Error::io(p, e))?;
     // Resolve `..` and symlinks in the parent, keep the last component as it is (a
     // symlink given on the command line is saved as a symlink).

@@ -397,10 +397,18 @@ pub fn scan_total(
     stop: &dyn Fn() -> bool,
 ) {
     let mut total = 0u64;
-    let mut stack: Vec<(PathBuf, Option<u64>)> = paths.iter().map(|p| (p.clone(), None)).collect();
+    // The paths as the backup resolves them.
+    let mut stack: Vec<(PathBuf, Option<u64>)> = paths
+        .iter()
+        .filter_map(|p| super::absolute(p).ok())
+        .map(|p| (p, None))
+        .collect();
     while let Some((path, dev)) = stack.pop() {
         if stop() {
             return;
+        }
+        if excludes.is_excluded(&path) {
+            continue;
         }
         let Ok(m) = std::fs::symlink_metadata(&path) else {
             continue;
@@ -427,10 +435,7 @@ pub fn scan_total(
             if name == b"." || name == b".." {
                 continue;
             }
-            let child = path.join(std::ffi::OsStr::from_bytes(name));
-            if !excludes.is_excluded(&child) {
-                stack.push((child, Some(m.dev())));
-            }
+            stack.push((path.join(std::ffi::OsStr::from_bytes(name)), Some(m.dev())));
         }
     }
 }

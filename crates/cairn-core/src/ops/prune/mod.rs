@@ -137,6 +137,9 @@ enum Action {
     DropMissing,
     /// Listed by superseded index files only: not part of the index.
     Unlisted,
+    /// Listed only by pending-deletion records: phase 2 decides about it; no
+    /// reason to rewrite the index.
+    PendingOnly,
 }
 
 /// Runs prune under the session's exclusive lock. The session's repository holds
@@ -257,8 +260,7 @@ fn run(
     // Also rewrite when small index files have piled up (every backup adds one or
     // two): one replacement file per 200,000 blobs is what readers like best.
     let state = &scan.state;
-    let changed = actions.iter().any(|a| !matches!(a, Action::Keep))
-        || state.live.len() > COMPACT_INDEX_FILES;
+    let changed = rewrites_index(&actions, state);
     let mut retired = retired::Retired::new(&scan.dir);
     let mut old_files: Vec<cairn_format::IndexId> = state.superseded.clone();
     if changed {
@@ -338,6 +340,15 @@ fn run(
     Ok(report)
 }
 
+/// Whether the index is written anew: some pack's listing changes, or small
+/// index files have piled up.
+fn rewrites_index(actions: &[Action], state: &IndexState) -> bool {
+    actions
+        .iter()
+        .any(|a| !matches!(a, Action::Keep | Action::PendingOnly))
+        || state.live.len() > COMPACT_INDEX_FILES
+}
+
 fn live_lock_ids(repo: &Repository, mine: &RepoLock) -> Result<Vec<[u8; 32]>> {
     Ok(lock::list_locks(repo)?
         .into_iter()
@@ -358,6 +369,7 @@ fn make_plan(
     let mut partial = Vec::new();
     for (n, info) in infos.iter().enumerate() {
         let a = match info.stored_size {
+            _ if info.pending_only => Action::PendingOnly,
             // Listed only by superseded files: not indexed.
             _ if info.file == crate::ops::scan::NO_FILE => Action::Unlisted,
             None => {
@@ -441,8 +453,7 @@ fn make_plan(
     orphans.sort();
     let state = &scan.state;
     plan.index_files_replaced = state.superseded.len();
-    if actions.iter().any(|a| !matches!(a, Action::Keep)) || state.live.len() > COMPACT_INDEX_FILES
-    {
+    if rewrites_index(&actions, state) {
         plan.index_files_replaced += state.live.len();
     }
     plan.reclaim_bytes =
@@ -515,7 +526,7 @@ fn write_replacement_index(
                         }
                     }
                     Action::Delete | Action::Repack => retired.push(&p)?,
-                    Action::DropMissing | Action::Unlisted => {}
+                    Action::DropMissing | Action::Unlisted | Action::PendingOnly => {}
                 }
             }
         }
@@ -865,6 +876,11 @@ mod tests {
             stored
         );
         let repo = s.into_repo();
+        // Another prune while the records wait: nothing to delete yet, and no
+        // reason to write the index again.
+        let (repo, r) = prune_once(repo);
+        assert_eq!((r.deleted_packs, r.new_index_files), (0, 0), "{r:?}");
+        assert_eq!(r.plan.index_files_replaced, 0, "{r:?}");
         drop(other);
         let (repo, r) = prune_once(repo);
         assert_eq!(r.deleted_packs, 5, "{r:?}");

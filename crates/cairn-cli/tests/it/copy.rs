@@ -289,6 +289,32 @@ fn the_file_map_survives_a_damaged_tail() {
     r2.check_clean();
 }
 
+/// The file map's records of an earlier run are read back from its file as files
+/// come up, and one naming blobs the destination no longer has (its snapshot
+/// forgotten and pruned there) is not used: the files are read and cut again,
+/// and the copy restores exactly.
+#[test]
+fn file_map_records_whose_blobs_are_gone_are_not_used() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let (src, days) = history(&r1);
+    let ids = r1.snapshot_ids();
+    let r2 = Env::new();
+    r2.init(&["--block-size", "32K"]);
+    let first = copy(&r1, &r2, &[&ids[0]]);
+    let files = first["files_rechunked"].as_u64().unwrap();
+    assert!(files > 3, "{first}");
+    let copied = r2.snapshot_ids();
+    r2.ok(&["forget", &copied[0]]);
+    r2.ok(&["prune"]);
+    let again = copy(&r1, &r2, &[&ids[0]]);
+    assert_eq!(again["files_rechunked"].as_u64().unwrap(), files, "{again}");
+    let id = &r2.snapshot_ids()[0];
+    let out = r2.restore(id, &src, "r");
+    assert_same(&days[0], &out);
+    r2.check_clean();
+}
+
 /// A snapshot whose data is lost in the source is skipped with a warning (exit 3);
 /// the others are copied, and the next run does not copy them twice.
 #[test]

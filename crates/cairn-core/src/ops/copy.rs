@@ -251,12 +251,14 @@ fn copy_snapshots(
 
     let mut warnings = Vec::new();
     let map = FileMap::open(dst, opts.map_path.as_deref(), &mut warnings);
+    let map_reader = map.reader();
     let copier = Copier {
         src,
         dst,
         same_chunking,
         threads: opts.threads.max(1),
         map: Mutex::new(map),
+        map_reader,
         packers: Mutex::new(None),
         uploader: Mutex::new(None),
         written: InFlight::spilling(
@@ -364,6 +366,8 @@ struct Copier<'a> {
     same_chunking: bool,
     threads: usize,
     map: Mutex<FileMap<'a>>,
+    /// Reads the map file's records of earlier runs.
+    map_reader: Option<std::fs::File>,
     packers: Mutex<Option<Packers>>,
     /// Sent to without holding `packers`: a full upload queue blocks only the
     /// thread whose blob sealed a pack.
@@ -672,16 +676,20 @@ impl Copier<'_> {
         let found = crate::lock(&self.map).lookup(&key);
         let known = match found {
             Lookup::Fresh(c) => Some(c),
-            // Checked against the index without holding the map (it may read chunk
-            // lists); kept for later files only if every blob is there.
-            Lookup::Loaded(c) => {
-                if FileMap::all_stored(self.dst, &c) {
-                    crate::lock(&self.map).adopt(key, c.clone());
-                    Some(c)
-                } else {
+            // Read and checked against the index without holding the map (it may
+            // read chunk lists): used only if every blob is there. Not kept in
+            // memory: a directory unchanged since an earlier snapshot of this run
+            // is not walked again (`trees`), so a file rarely comes up twice.
+            Lookup::OnDisk(offsets) => {
+                let c = self
+                    .map_reader
+                    .as_ref()
+                    .and_then(|f| read_record(self.dst, f, &offsets, &key))
+                    .filter(|c| FileMap::all_stored(self.dst, c));
+                if c.is_none() {
                     crate::lock(&self.map).reject(&key);
-                    None
                 }
+                c
             }
             Lookup::Missing => None,
         };
@@ -858,13 +866,22 @@ fn content_key(content: &Content) -> [u8; 32] {
 }
 
 /// Source content -> destination content, for files already re-chunked.
+///
+/// The map of earlier runs stays in its file: only each record's key prefix and
+/// offset are held (16 bytes a file; a share of 20 million files is 320 MB, not
+/// the several GB of their chunk lists), and a record is read back, its MAC and
+/// key checked, when a file of that content comes up.
 struct FileMap<'a> {
     dst: &'a Repository,
-    /// Entries made or checked by this run: trusted.
+    /// Entries made by this run: trusted.
     fresh: HashMap<[u8; 32], Content>,
-    /// Entries read from disk: used only once every blob they name is in the
-    /// destination's index.
-    loaded: HashMap<[u8; 32], Content>,
+    /// Records of earlier runs: the first 8 bytes of each key and the record's
+    /// offset in the file, sorted by prefix (records of one prefix in file order,
+    /// so the last is the newest).
+    disk: Vec<(u64, u64)>,
+    /// Keys whose record was found wanting (a blob it names is gone): not
+    /// offered again.
+    rejected: std::collections::HashSet<[u8; 32]>,
     /// The file, locked against other copies of the same pair; None: memory only.
     out: Option<MapFile>,
 }
@@ -877,7 +894,8 @@ struct MapFile {
 
 enum Lookup {
     Fresh(Content),
-    Loaded(Content),
+    /// Offsets of records of earlier runs that may hold the key, newest first.
+    OnDisk(Vec<u64>),
     Missing,
 }
 
@@ -885,6 +903,58 @@ enum Lookup {
 /// the destination's key over everything before it.
 const MAP_MAGIC: &[u8; 8] = b"CAIRNCM1";
 const MAX_MAP_RECORD: usize = 16 << 20;
+
+fn key_prefix(key: &[u8; 32]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&key[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// A record's key and content, when its MAC holds.
+fn decode_record(dst: &Repository, body_and_mac: &[u8]) -> Option<([u8; 32], Content)> {
+    if body_and_mac.len() < 64 {
+        return None;
+    }
+    let (body, mac) = body_and_mac.split_at(body_and_mac.len() - 32);
+    if dst.key().mac(body)[..] != *mac {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    key.copy_from_slice(&body[..32]);
+    let tree = Tree::decode(&body[32..]).ok()?;
+    Some((key, tree.nodes.into_iter().next()?.content))
+}
+
+/// The content a record of an earlier run holds for `key`, read from the map
+/// file at one of `offsets` (without the map's lock: records before the end
+/// found at open never change).
+fn read_record(
+    dst: &Repository,
+    file: &std::fs::File,
+    offsets: &[u64],
+    key: &[u8; 32],
+) -> Option<Content> {
+    use std::os::unix::fs::FileExt;
+    for &at in offsets {
+        let mut len = [0u8; 4];
+        if file.read_exact_at(&mut len, at).is_err() {
+            continue;
+        }
+        let len = u32::from_le_bytes(len) as usize;
+        if !(64..=MAX_MAP_RECORD).contains(&len) {
+            continue;
+        }
+        let mut rec = vec![0u8; len];
+        if file.read_exact_at(&mut rec, at + 4).is_err() {
+            continue;
+        }
+        match decode_record(dst, &rec) {
+            Some((k, c)) if k == *key => return Some(c),
+            _ => {}
+        }
+    }
+    None
+}
 
 impl<'a> FileMap<'a> {
     /// Opens (or creates) the map file. It is an optimisation: any problem (no
@@ -894,7 +964,8 @@ impl<'a> FileMap<'a> {
         let mut map = FileMap {
             dst,
             fresh: HashMap::new(),
-            loaded: HashMap::new(),
+            disk: Vec::new(),
+            rejected: Default::default(),
             out: None,
         };
         if let Some(path) = path {
@@ -907,6 +978,13 @@ impl<'a> FileMap<'a> {
             }
         }
         map
+    }
+
+    /// A descriptor to read earlier runs' records with, outside the map's lock.
+    fn reader(&self) -> Option<std::fs::File> {
+        self.out
+            .as_ref()
+            .and_then(|o| o.writer.get_ref().try_clone().ok())
     }
 
     fn open_file(&mut self, path: &Path) -> std::result::Result<MapFile, String> {
@@ -924,20 +1002,16 @@ impl<'a> FileMap<'a> {
         let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
             .map_err(|_| "another copy between these repositories is using it".to_string())?;
         let mut file = lock.try_clone().map_err(|e| e.to_string())?;
-        let mut raw = Vec::new();
-        {
-            use std::io::Read;
-            file.read_to_end(&mut raw).map_err(|e| e.to_string())?;
-        }
         // Everything after the last whole, authentic record (a killed run's partial
         // tail) is cut off, so that new records follow valid ones.
-        let valid = self.load(&raw);
-        if valid != raw.len() || raw.is_empty() {
-            file.set_len(valid as u64).map_err(|e| e.to_string())?;
+        let valid = self.load(&file).map_err(|e| e.to_string())?;
+        let size = file.metadata().map_err(|e| e.to_string())?.len();
+        if valid != size || size == 0 {
+            file.set_len(valid).map_err(|e| e.to_string())?;
         }
         {
             use std::io::{Seek, SeekFrom};
-            file.seek(SeekFrom::Start(valid as u64))
+            file.seek(SeekFrom::Start(valid))
                 .map_err(|e| e.to_string())?;
             if valid == 0 {
                 file.write_all(MAP_MAGIC).map_err(|e| e.to_string())?;
@@ -949,57 +1023,68 @@ impl<'a> FileMap<'a> {
         })
     }
 
-    /// Reads records up to the first damaged one; returns the length of the valid
-    /// prefix (0 when even the header is wrong).
-    fn load(&mut self, raw: &[u8]) -> usize {
-        let Some(mut rest) = raw.strip_prefix(MAP_MAGIC.as_slice()) else {
-            return 0;
-        };
-        let mut valid = MAP_MAGIC.len();
-        while rest.len() >= 4 {
-            let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-            if !(64..=MAX_MAP_RECORD).contains(&len) || rest.len() < 4 + len {
+    /// Reads the records up to the first damaged one, keeping each one's key
+    /// prefix and offset; returns the length of the valid prefix (0 when even
+    /// the header is wrong).
+    fn load(&mut self, file: &std::fs::File) -> std::io::Result<u64> {
+        use std::io::Read;
+        let mut r = std::io::BufReader::with_capacity(1 << 20, file);
+        let mut magic = [0u8; 8];
+        if r.read_exact(&mut magic).is_err() || magic != *MAP_MAGIC {
+            return Ok(0);
+        }
+        let mut valid = MAP_MAGIC.len() as u64;
+        let mut rec = Vec::new();
+        loop {
+            let mut len = [0u8; 4];
+            if r.read_exact(&mut len).is_err() {
                 break;
             }
-            let (body, mac) = rest[4..4 + len].split_at(len - 32);
-            if self.dst.key().mac(body)[..] != *mac {
+            let len = u32::from_le_bytes(len) as usize;
+            if !(64..=MAX_MAP_RECORD).contains(&len) {
                 break;
             }
-            let mut key = [0u8; 32];
-            key.copy_from_slice(&body[..32]);
-            let Ok(tree) = Tree::decode(&body[32..]) else {
+            rec.resize(len, 0);
+            if r.read_exact(&mut rec).is_err() {
+                break;
+            }
+            let Some((key, _)) = decode_record(self.dst, &rec) else {
                 break;
             };
-            if let Some(n) = tree.nodes.into_iter().next() {
-                self.loaded.insert(key, n.content);
-            }
-            rest = &rest[4 + len..];
-            valid += 4 + len;
+            self.disk.push((key_prefix(&key), valid));
+            valid += 4 + len as u64;
         }
-        valid
+        // Stable: records of one prefix stay in file order.
+        self.disk.sort_by_key(|(p, _)| *p);
+        Ok(valid)
     }
 
-    fn lookup(&mut self, key: &[u8; 32]) -> Lookup {
+    fn lookup(&self, key: &[u8; 32]) -> Lookup {
         if let Some(c) = self.fresh.get(key) {
             return Lookup::Fresh(c.clone());
         }
-        // Left in `loaded` until checked: a file of the same content looked up
-        // meanwhile on another thread must find it too, not re-chunk.
-        match self.loaded.get(key) {
-            Some(c) => Lookup::Loaded(c.clone()),
-            None => Lookup::Missing,
+        if self.rejected.contains(key) {
+            return Lookup::Missing;
+        }
+        let p = key_prefix(key);
+        let from = self.disk.partition_point(|(q, _)| *q < p);
+        let to = self.disk.partition_point(|(q, _)| *q <= p);
+        let offsets: Vec<u64> = self.disk[from..to]
+            .iter()
+            .rev()
+            .map(|(_, at)| *at)
+            .collect();
+        if offsets.is_empty() {
+            Lookup::Missing
+        } else {
+            Lookup::OnDisk(offsets)
         }
     }
 
-    /// A loaded entry that passed [`FileMap::all_stored`].
-    fn adopt(&mut self, key: [u8; 32], c: Content) {
-        self.loaded.remove(&key);
-        self.fresh.insert(key, c);
-    }
-
-    /// A loaded entry that failed [`FileMap::all_stored`]: not offered again.
+    /// An earlier run's record that failed [`FileMap::all_stored`], or could not
+    /// be read: not offered again.
     fn reject(&mut self, key: &[u8; 32]) {
-        self.loaded.remove(key);
+        self.rejected.insert(*key);
     }
 
     fn all_stored(dst: &Repository, c: &Content) -> bool {

@@ -308,7 +308,13 @@ fn file_map_records_whose_blobs_are_gone_are_not_used() {
     r2.ok(&["forget", &copied[0]]);
     r2.ok(&["prune"]);
     let again = copy(&r1, &r2, &[&ids[0]]);
-    assert_eq!(again["files_rechunked"].as_u64().unwrap(), files, "{again}");
+    // Every blob stored again (how many files are cut depends on which of two
+    // files of one content gets there first).
+    assert_eq!(again["blobs_added"], first["blobs_added"], "{again}");
+    assert!(
+        again["files_rechunked"].as_u64().unwrap() + 2 > files,
+        "{again}"
+    );
     let id = &r2.snapshot_ids()[0];
     let out = r2.restore(id, &src, "r");
     assert_same(&days[0], &out);

@@ -142,6 +142,317 @@ pub fn write_at(
     Ok(ok)
 }
 
+/// Bytes a [`SequentialWriter`] gathers before it writes: large enough that the
+/// device sees few, long direct writes.
+pub const SEQUENTIAL_CHUNK: usize = 4 << 20;
+
+/// Writes a stream front to back into a regular file (an exported archive, a dumped
+/// file on standard output redirected to disk), the 4 KiB-aligned bulk with
+/// `O_DIRECT`: the archive is written once and not read back soon, and through the
+/// page cache its bytes cost about as much kernel CPU as producing them (a 2.3 GB tar
+/// file: 10 s of system time against 2.7 s to `/dev/null`). A direct write waits for
+/// the device, so full chunks are written by a thread of the writer's own while the
+/// caller fills the next one.
+///
+/// The direct descriptor is a second open of the same file through `/proc/self/fd`,
+/// so the caller's descriptor (possibly standard output, shared with the shell)
+/// never has its flags changed. Writes go by offset from where the descriptor stood;
+/// [`SequentialWriter::finish`] leaves its position at the end of what was written,
+/// as ordinary writes would. Where direct writes are not possible (not a regular
+/// file, `O_APPEND`, an unaligned starting position, no `/proc`, a filesystem that
+/// refuses them) everything goes through the ordinary descriptor, in the caller's
+/// thread.
+pub struct SequentialWriter {
+    file: File,
+    direct: Option<File>,
+    buf: ChunkBuf,
+    /// A second buffer, while the thread is not writing it.
+    spare: Option<ChunkBuf>,
+    worker: Option<Worker>,
+    /// Bytes gathered.
+    len: usize,
+    /// File offset of the first gathered byte (aligned while `direct` is set);
+    /// `u64::MAX` on a pipe, which has no offsets.
+    base: u64,
+}
+
+/// A 4 KiB-aligned buffer of [`SEQUENTIAL_CHUNK`] bytes.
+struct ChunkBuf {
+    mem: Vec<u8>,
+    at: usize,
+}
+
+impl ChunkBuf {
+    fn new() -> ChunkBuf {
+        let mem = vec![0u8; SEQUENTIAL_CHUNK + DIRECT_ALIGN as usize];
+        let at = mem.as_ptr().align_offset(DIRECT_ALIGN as usize);
+        ChunkBuf { mem, at }
+    }
+    fn get(&self, len: usize) -> &[u8] {
+        &self.mem[self.at..self.at + len]
+    }
+    fn get_mut(&mut self) -> &mut [u8] {
+        &mut self.mem[self.at..self.at + SEQUENTIAL_CHUNK]
+    }
+}
+
+/// The thread that writes full chunks: one at a time, handed back when written
+/// (with `false` if the filesystem refused the direct write and it went through the
+/// ordinary descriptor).
+struct Worker {
+    jobs: Option<std::sync::mpsc::SyncSender<(ChunkBuf, u64)>>,
+    done: std::sync::mpsc::Receiver<(ChunkBuf, std::io::Result<bool>)>,
+    busy: bool,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for SequentialWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SequentialWriter")
+            .field("direct", &self.direct.is_some())
+            .field("base", &self.base)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl SequentialWriter {
+    /// A writer continuing at `file`'s current position.
+    pub fn new(file: File) -> std::io::Result<SequentialWriter> {
+        use std::io::Seek;
+        use std::os::fd::AsRawFd;
+        let mut file = file;
+        let meta = file.metadata()?;
+        let regular = meta.file_type().is_file();
+        // A pipe or a character device has no position to write at.
+        let base = if regular {
+            file.stream_position()?
+        } else {
+            u64::MAX
+        };
+        let append = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL)
+            .map_or(true, |f| f & libc::O_APPEND != 0);
+        let direct = if regular && !append && base % DIRECT_ALIGN == 0 {
+            OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+                .ok()
+                // The same file, not whatever the path would lead to now.
+                .filter(|d| {
+                    d.metadata().is_ok_and(|m| {
+                        use std::os::unix::fs::MetadataExt;
+                        m.dev() == meta.dev() && m.ino() == meta.ino()
+                    })
+                })
+        } else {
+            None
+        };
+        Ok(SequentialWriter {
+            file,
+            direct,
+            buf: ChunkBuf {
+                mem: Vec::new(),
+                at: 0,
+            },
+            spare: None,
+            worker: None,
+            len: 0,
+            base,
+        })
+    }
+
+    /// Whether the bulk goes around the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// Writes `data` through the ordinary descriptor at `offset` (in order on a
+    /// pipe, `u64::MAX`).
+    fn plain(file: &File, data: &[u8], offset: u64) -> std::io::Result<()> {
+        use std::io::Write;
+        if offset == u64::MAX {
+            let mut f = file;
+            f.write_all(data)
+        } else {
+            file.write_all_at(data, offset)
+        }
+    }
+
+    /// Waits for the chunk the thread is writing; its buffer becomes the spare.
+    fn settle(&mut self) -> std::io::Result<()> {
+        let Some(w) = self.worker.as_mut().filter(|w| w.busy) else {
+            return Ok(());
+        };
+        w.busy = false;
+        let (buf, r) = w
+            .done
+            .recv()
+            .map_err(|_| std::io::Error::other("the archive writer thread stopped"))?;
+        self.spare = Some(buf);
+        if !r? {
+            self.direct = None;
+        }
+        Ok(())
+    }
+
+    /// Hands the full, aligned buffer to the thread (started on first use); false
+    /// if there is no thread to be had.
+    fn hand_off(&mut self) -> std::io::Result<bool> {
+        if self.worker.is_none() {
+            let (Some(d), Ok(plain)) = (&self.direct, self.file.try_clone()) else {
+                return Ok(false);
+            };
+            let d = d.try_clone()?;
+            let (jobs, rx) = std::sync::mpsc::sync_channel::<(ChunkBuf, u64)>(1);
+            let (tx, done) = std::sync::mpsc::sync_channel(1);
+            let thread = std::thread::Builder::new()
+                .name("archive-writer".into())
+                .spawn(move || {
+                    for (buf, offset) in rx {
+                        let data = buf.get(SEQUENTIAL_CHUNK);
+                        let r = match d.write_all_at(data, offset) {
+                            Ok(()) => Ok(true),
+                            Err(e) if refused(&e) => {
+                                plain.write_all_at(data, offset).map(|()| false)
+                            }
+                            Err(e) => Err(e),
+                        };
+                        if tx.send((buf, r)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            let Ok(thread) = thread else {
+                return Ok(false);
+            };
+            self.worker = Some(Worker {
+                jobs: Some(jobs),
+                done,
+                busy: false,
+                thread: Some(thread),
+            });
+        }
+        self.settle()?;
+        let next = self.spare.take().unwrap_or_else(ChunkBuf::new);
+        let full = std::mem::replace(&mut self.buf, next);
+        let Some(w) = self.worker.as_mut() else {
+            return Ok(false);
+        };
+        let sent = w.jobs.as_ref().map(|j| j.send((full, self.base)));
+        match sent {
+            Some(Ok(())) => {
+                w.busy = true;
+                self.base += SEQUENTIAL_CHUNK as u64;
+                self.len = 0;
+                Ok(true)
+            }
+            // The thread is gone: write here (the buffer came back in the error).
+            Some(Err(std::sync::mpsc::SendError((full, _)))) => {
+                self.spare = Some(std::mem::replace(&mut self.buf, full));
+                self.worker = None;
+                Ok(false)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Writes what is gathered. With `all`, the unaligned tail too (through the page
+    /// cache); it also stays gathered, so that the next direct write rewrites its
+    /// block whole.
+    fn drain(&mut self, all: bool) -> std::io::Result<()> {
+        if !all && self.direct.is_some() && self.len == SEQUENTIAL_CHUNK && self.hand_off()? {
+            return Ok(());
+        }
+        self.settle()?;
+        let (len, base) = (self.len, self.base);
+        if len == 0 {
+            return Ok(());
+        }
+        if let Some(d) = &self.direct {
+            let aligned = len / DIRECT_ALIGN as usize * DIRECT_ALIGN as usize;
+            let mut refused_now = false;
+            if aligned > 0 {
+                match d.write_all_at(self.buf.get(aligned), base) {
+                    Ok(()) => {}
+                    Err(e) if refused(&e) => refused_now = true,
+                    Err(e) => return Err(e),
+                }
+            }
+            if refused_now {
+                self.direct = None;
+            } else {
+                if all && len > aligned {
+                    let tail = &self.buf.get(len)[aligned..];
+                    Self::plain(&self.file, tail, base + aligned as u64)?;
+                }
+                let at = self.buf.at;
+                self.buf.mem.copy_within(at + aligned..at + len, at);
+                self.base += aligned as u64;
+                self.len -= aligned;
+                return Ok(());
+            }
+        }
+        Self::plain(&self.file, self.buf.get(len), base)?;
+        if self.base != u64::MAX {
+            self.base += len as u64;
+        }
+        self.len = 0;
+        Ok(())
+    }
+
+    /// Writes everything gathered and leaves the descriptor's position at the end of
+    /// the stream; returns the ordinary descriptor (to `sync_all`, say).
+    pub fn finish(mut self) -> std::io::Result<File> {
+        use std::io::{Seek, SeekFrom};
+        self.drain(true)?;
+        if self.base != u64::MAX {
+            let end = self.base + self.len as u64;
+            self.file.seek(SeekFrom::Start(end))?;
+        }
+        self.stop_worker();
+        let file = self.file.try_clone()?;
+        Ok(file)
+    }
+
+    fn stop_worker(&mut self) {
+        if let Some(mut w) = self.worker.take() {
+            w.jobs = None;
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for SequentialWriter {
+    /// A writer dropped unfinished (the stream failed) still ends its thread before
+    /// the caller goes on.
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}
+
+impl std::io::Write for SequentialWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.mem.is_empty() {
+            self.buf = ChunkBuf::new();
+        }
+        let len = self.len;
+        let n = data.len().min(SEQUENTIAL_CHUNK - len);
+        self.buf.get_mut()[len..len + n].copy_from_slice(&data[..n]);
+        self.len += n;
+        if self.len == SEQUENTIAL_CHUNK {
+            self.drain(false)?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.drain(true)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +498,90 @@ mod tests {
             assert!(back[..offset as usize].iter().all(|b| *b == 0));
             assert_eq!(&back[offset as usize..], &data[..], "offset {offset}");
         }
+    }
+
+    /// Writes `data` in pieces of the given sizes (cycled), flushing every
+    /// `flush_every` pieces, after `prefix` bytes the descriptor already wrote.
+    fn sequential(
+        data: &[u8],
+        pieces: &[usize],
+        flush_every: usize,
+        prefix: usize,
+        append: bool,
+    ) -> (Vec<u8>, u64, bool) {
+        use std::io::{Seek, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let mut f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .open(&p)
+            .unwrap();
+        f.write_all(&vec![7u8; prefix]).unwrap();
+        let mut w = SequentialWriter::new(f).unwrap();
+        let direct = w.is_direct();
+        let (mut at, mut i) = (0usize, 0usize);
+        while at < data.len() {
+            let n = pieces[i % pieces.len()].min(data.len() - at);
+            w.write_all(&data[at..at + n]).unwrap();
+            at += n;
+            i += 1;
+            if flush_every > 0 && i % flush_every == 0 {
+                w.flush().unwrap();
+            }
+        }
+        let mut f = w.finish().unwrap();
+        let pos = f.stream_position().unwrap();
+        drop(f);
+        (std::fs::read(&p).unwrap(), pos, direct)
+    }
+
+    #[test]
+    fn sequential_writes_land_exactly() {
+        let data: Vec<u8> = (0..(SEQUENTIAL_CHUNK as u32 * 2 + 777_777))
+            .map(|i| (i * 31 + i / 5003) as u8)
+            .collect();
+        for (pieces, flush_every, prefix, append) in [
+            (&[512usize, 8192, 100_000][..], 0usize, 0usize, false),
+            (&[SEQUENTIAL_CHUNK * 3][..], 0, 0, false),
+            (&[4096 * 3 + 5, 1][..], 7, 0, false),
+            (&[65_537][..], 1, 8192, false),
+            // unaligned start and O_APPEND: ordinary writes, same bytes
+            (&[10_000][..], 3, 100, false),
+            (&[10_000][..], 0, 4096, true),
+        ] {
+            let (back, pos, direct) = sequential(&data, pieces, flush_every, prefix, append);
+            let what =
+                format!("pieces {pieces:?} flush {flush_every} prefix {prefix} append {append}");
+            assert_eq!(back.len(), prefix + data.len(), "{what}");
+            assert!(back[..prefix].iter().all(|b| *b == 7), "{what}");
+            assert!(back[prefix..] == data[..], "{what}");
+            assert_eq!(pos, back.len() as u64, "{what}");
+            if append || prefix % DIRECT_ALIGN as usize != 0 {
+                assert!(!direct, "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn sequential_writes_to_a_pipe_arrive_in_order() {
+        use std::io::{Read, Write};
+        let (mut r, wr) = std::io::pipe().unwrap();
+        let data: Vec<u8> = (0..5_000_000u32).map(|i| (i ^ (i >> 9)) as u8).collect();
+        let reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            r.read_to_end(&mut v).unwrap();
+            v
+        });
+        let f = File::from(std::os::fd::OwnedFd::from(wr));
+        let mut w = SequentialWriter::new(f).unwrap();
+        assert!(!w.is_direct());
+        for piece in data.chunks(300_001) {
+            w.write_all(piece).unwrap();
+            w.flush().unwrap();
+        }
+        drop(w.finish().unwrap());
+        assert!(reader.join().unwrap() == data);
     }
 }

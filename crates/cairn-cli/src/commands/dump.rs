@@ -9,7 +9,7 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     if a.image_fs.image_fs.is_some() {
         return super::imagefs::dump(&session, &snap, &a.image_fs);
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = super::export::StdoutArchive::open()?;
     // A directory (or the whole snapshot) is written as a tar archive, as restic's
     // dump does: there is no other way to put it on a stream.
     let archive = match &a.archive {
@@ -29,10 +29,12 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
             &snap.tree_id()?,
             &a.file,
             format.parse()?,
-            &mut out,
+            out.writer(),
         )?;
+        out.finish()?;
         return Ok(super::export::report(&r));
     }
-    cairn_core::dump::dump(&session, &snap.tree_id()?, &a.file, &mut out)?;
+    cairn_core::dump::dump(&session, &snap.tree_id()?, &a.file, out.writer())?;
+    out.finish()?;
     Ok(0)
 }

@@ -1,5 +1,6 @@
 use crate::args::{ExportArgs, Global};
 use anyhow::{Context, Result, bail};
+use cairn_backend::direct::SequentialWriter;
 use cairn_core::export::{self, ExportReport, Format};
 use cairn_core::session::{IndexLoad, Read};
 use std::io::{IsTerminal, Write};
@@ -19,7 +20,12 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     let root = snap.tree_id()?;
     let path = a.path.as_deref().unwrap_or("/");
     let r = match &a.output {
-        None => export::export(&session, &root, path, format, &mut std::io::stdout().lock())?,
+        None => {
+            let mut out = StdoutArchive::open()?;
+            let r = export::export(&session, &root, path, format, out.writer())?;
+            out.finish()?;
+            r
+        }
         Some(file) => {
             // Written beside the file and renamed when complete: a failed export
             // never leaves a file that looks whole.
@@ -28,11 +34,10 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
             let partial = file.with_file_name(name);
             let f = std::fs::File::create(&partial)
                 .with_context(|| format!("creating {}", partial.display()))?;
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            let mut w = SequentialWriter::new(f)
+                .with_context(|| format!("opening {}", partial.display()))?;
             let r = export::export(&session, &root, path, format, &mut w).and_then(|r| {
-                let f = w
-                    .into_inner()
-                    .map_err(|e| cairn_core::Error::io(&partial, e.into_error()))?;
+                let f = w.finish().map_err(|e| cairn_core::Error::io(&partial, e))?;
                 f.sync_all()
                     .map_err(|e| cairn_core::Error::io(&partial, e))?;
                 Ok(r)
@@ -83,4 +88,48 @@ pub(super) fn report(r: &ExportReport) -> i32 {
         eprintln!("note: {n}");
     }
     if r.errors.is_empty() { 0 } else { 3 }
+}
+
+/// Standard output for an archive or a file's bytes. Redirected to a regular file
+/// (`> archive.tar`), the bulk is written around the page cache
+/// ([`SequentialWriter`]); a pipe, a tape or a terminal get ordinary writes, as
+/// before.
+pub(super) enum StdoutArchive {
+    File(SequentialWriter),
+    Stream(std::io::StdoutLock<'static>),
+}
+
+impl StdoutArchive {
+    pub(super) fn open() -> Result<StdoutArchive> {
+        use std::os::fd::AsFd;
+        let out = std::io::stdout();
+        let fd = out
+            .as_fd()
+            .try_clone_to_owned()
+            .context("standard output")?;
+        let f = std::fs::File::from(fd);
+        if f.metadata().is_ok_and(|m| m.file_type().is_file()) {
+            let w = SequentialWriter::new(f).context("standard output")?;
+            return Ok(StdoutArchive::File(w));
+        }
+        Ok(StdoutArchive::Stream(out.lock()))
+    }
+
+    pub(super) fn writer(&mut self) -> &mut dyn Write {
+        match self {
+            StdoutArchive::File(w) => w,
+            StdoutArchive::Stream(s) => s,
+        }
+    }
+
+    /// Writes what is still gathered; the file's position ends after the archive.
+    pub(super) fn finish(self) -> Result<()> {
+        match self {
+            StdoutArchive::File(w) => {
+                w.finish().context("writing standard output")?;
+            }
+            StdoutArchive::Stream(mut s) => s.flush().context("writing standard output")?,
+        }
+        Ok(())
+    }
 }

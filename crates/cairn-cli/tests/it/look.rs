@@ -5,6 +5,7 @@ use crate::util::*;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::process::Stdio;
 
 fn json(env: &Env, args: &[&str]) -> serde_json::Value {
     let mut a = args.to_vec();
@@ -447,4 +448,103 @@ fn export_writes_sparse_files_as_sparse_entries_gnu_tar_extracts() {
         "extracted without holes: {} blocks",
         m.blocks()
     );
+}
+
+/// An export to a regular file goes around the page cache in 4 MiB chunks written
+/// on a thread of its own, and reads small files' blobs ahead across files: the
+/// archive must come out the same whichever way it is written. A tree of small
+/// files (before and after subdirectories, identical ones side by side, empty ones)
+/// and files past a chunk, exported to standard output redirected to a file, with
+/// `-o`, through a pipe, and appended (`>>`) after other bytes: the same archive
+/// every time, at the end of the appended file, and GNU tar unpacks it to the
+/// source tree.
+#[test]
+fn export_to_a_file_a_pipe_or_an_appended_file_writes_the_same_archive() {
+    use std::io::Write;
+    let env = Env::new();
+    env.init(&["--block-size", "4K"]);
+    let src = env.path("src");
+    let mut rng = Rng(71);
+    for d in 0..6 {
+        let dir = src.join(format!("d{d}"));
+        fs::create_dir_all(dir.join("m-sub/inner")).unwrap();
+        for f in 0..40 {
+            let n = rng.below(20_000) as usize;
+            let name = if f < 20 {
+                format!("a{f:02}")
+            } else {
+                format!("z{f:02}")
+            };
+            fs::write(dir.join(name), rng.bytes(n, f % 2 == 0)).unwrap();
+        }
+        fs::write(dir.join("a-same1"), b"same small content").unwrap();
+        fs::write(dir.join("a-same2"), b"same small content").unwrap();
+        fs::write(dir.join("a-empty"), b"").unwrap();
+        fs::write(dir.join("m-sub/inner/x"), rng.bytes(3000, true)).unwrap();
+        fs::write(dir.join("m-sub/y"), rng.bytes(900_000, false)).unwrap();
+    }
+    fs::write(src.join("big"), rng.bytes(9 << 20, false)).unwrap();
+    let snap = env.backup(&[&src]);
+
+    let export_to = |stdout: Stdio| {
+        let out = env
+            .cmd(&["export", &snap, src.to_str().unwrap()])
+            .stdout(stdout)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let piped = export_to(Stdio::piped());
+    assert!(piped.len() > 12 << 20, "{} bytes", piped.len());
+
+    let to_file = env.path("stdout.tar");
+    export_to(Stdio::from(fs::File::create(&to_file).unwrap()));
+    assert!(
+        fs::read(&to_file).unwrap() == piped,
+        "stdout to a file differs"
+    );
+
+    let with_o = env.path("o.tar");
+    env.ok(&[
+        "export",
+        &snap,
+        src.to_str().unwrap(),
+        "-o",
+        with_o.to_str().unwrap(),
+    ]);
+    assert!(fs::read(&with_o).unwrap() == piped, "--output differs");
+
+    let appended = env.path("appended");
+    let mut f = fs::File::create(&appended).unwrap();
+    f.write_all(&[9u8; 5000]).unwrap();
+    drop(f);
+    let f = fs::OpenOptions::new().append(true).open(&appended).unwrap();
+    export_to(Stdio::from(f));
+    let back = fs::read(&appended).unwrap();
+    assert_eq!(back.len(), 5000 + piped.len());
+    assert!(back[..5000].iter().all(|b| *b == 9));
+    assert!(back[5000..] == piped[..], "appended archive differs");
+
+    let unpacked = env.path("unpacked");
+    fs::create_dir_all(&unpacked).unwrap();
+    let t = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&to_file)
+        .arg("-C")
+        .arg(&unpacked)
+        .output()
+        .unwrap();
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let diffs: Vec<String> = compare(&src, &unpacked.join("src"))
+        .into_iter()
+        .filter(|d| !d.contains("allocated blocks"))
+        .filter(|d| is_root() || !d.contains(": owner differs"))
+        .filter(|d| !d.contains("atime"))
+        .collect();
+    assert!(diffs.is_empty(), "trees differ:\n{}", diffs.join("\n"));
 }

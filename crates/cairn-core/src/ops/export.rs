@@ -25,7 +25,7 @@ use crate::session::{Access, Session};
 use crate::tree::chunklist::FileReader;
 use crate::tree::walk::Visitor;
 use cairn_format::BlobId;
-use cairn_format::tree::{Node, NodeKind, Tree};
+use cairn_format::tree::{ChunkRef, Node, NodeKind, Tree};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -132,6 +132,8 @@ fn run_with<S: Sink>(
         dirs: Vec::new(),
         links: HashMap::new(),
         report: ExportReport::default(),
+        ahead: Ahead::default(),
+        dir_serial: 0,
     };
     let tree_id = match &start {
         None => *root,
@@ -175,6 +177,10 @@ struct Exporter<'a, S: Sink> {
     /// (device, inode) of files with more than one link, and their first name.
     links: HashMap<(u64, u64), Vec<u8>>,
     report: ExportReport,
+    /// Small files' blobs asked for before the writer gets to them.
+    ahead: Ahead,
+    /// Numbers the directories entered (see [`FileTag`]).
+    dir_serial: u64,
 }
 
 fn io(e: std::io::Error) -> Error {
@@ -211,6 +217,7 @@ impl<S: Sink> Exporter<'_, S> {
                 // Readable for another name too: a format without hard links (zip)
                 // stores the content again.
                 let mut content = Content::new(self.repo, n, &shown, self.readers);
+                content.ahead = Some(&mut self.ahead);
                 self.sink.file(&name, n, first.as_deref(), &mut content)?;
                 self.report.files += 1;
                 if first.is_none() {
@@ -649,6 +656,12 @@ impl BlobReaders {
         BlobReaders { tx }
     }
 
+    /// Asks for `id` on a reader thread if one can take it now.
+    fn try_ask(&self, id: &BlobId) -> Option<BlobReply> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.tx.try_send((*id, tx)).ok().map(|()| rx)
+    }
+
     /// Reads `ids` on the reader threads, results in the same order.
     fn read_all(&self, ids: &[BlobId]) -> Vec<Result<Vec<u8>>> {
         let replies: Vec<_> = ids
@@ -668,6 +681,132 @@ impl BlobReaders {
             .collect()
     }
 }
+/// Bytes of small files' blobs asked for ahead of the writer at most.
+const AHEAD_BYTES: u64 = 16 << 20;
+/// Files up to this size are read ahead (larger ones read their own blobs several
+/// at a time, [`Content`]).
+const AHEAD_FILE_MAX: u64 = 1 << 20;
+
+/// Which file wanted a blob: (the directory's number in the walk, the file's index
+/// in its tree). Tags only grow while one run of files is written.
+type FileTag = (u64, usize);
+
+/// Where a reader thread sends one blob.
+type BlobReply = crossbeam_channel::Receiver<Result<Vec<u8>>>;
+
+/// The blobs of the small files coming next, asked for on the reader threads before
+/// the writer gets to them. Without it a tree of small files was read one blob at a
+/// time on the writer's thread, between its writes (one core of two busy).
+///
+/// Only files of the directory being written, up to its next subdirectory (a
+/// *run*), are read ahead: the walk goes into that subdirectory next, and what its
+/// parent's later files would hold meanwhile is memory for nothing. A run starts
+/// when a directory is entered and when one of its subdirectories is done.
+#[derive(Default)]
+pub(crate) struct Ahead {
+    /// Asked for: the reply, the chunk's length and the file that wanted it, by blob id.
+    asked: HashMap<BlobId, (BlobReply, u64, FileTag)>,
+    /// The same, in the order asked, with the file that wanted each.
+    order: std::collections::VecDeque<(FileTag, BlobId)>,
+    /// Bytes asked for and not yet taken.
+    bytes: u64,
+    /// Chunks of the current run not asked for yet.
+    pending: std::collections::VecDeque<(FileTag, ChunkRef)>,
+}
+
+impl Ahead {
+    /// The blob, if it was asked for (waits for its reader).
+    fn take(&mut self, id: &BlobId) -> Option<Result<Vec<u8>>> {
+        let (rx, len, _) = self.asked.remove(id)?;
+        self.bytes = self.bytes.saturating_sub(len);
+        Some(
+            rx.recv()
+                .unwrap_or_else(|_| Err(Error::Invalid("the blob readers stopped".into()))),
+        )
+    }
+
+    /// Starts a run of files (forgetting what an earlier run asked for and no file
+    /// took).
+    fn start_run(&mut self, run: std::collections::VecDeque<(FileTag, ChunkRef)>) {
+        self.asked.clear();
+        self.order.clear();
+        self.bytes = 0;
+        self.pending = run;
+    }
+
+    /// File `tag` is next: what earlier files of the run left is dropped (they read
+    /// it themselves), and so is what is pending for this one.
+    fn at_file(&mut self, tag: FileTag) {
+        while let Some((t, _)) = self.pending.front() {
+            if *t > tag {
+                break;
+            }
+            self.pending.pop_front();
+        }
+        while let Some((t, id)) = self.order.front() {
+            if *t >= tag {
+                break;
+            }
+            // Unless a later file asked for the same blob again.
+            if self.asked.get(id).is_some_and(|a| a.2 == *t)
+                && let Some((_, len, _)) = self.asked.remove(id)
+            {
+                self.bytes = self.bytes.saturating_sub(len);
+            }
+            self.order.pop_front();
+        }
+    }
+
+    /// Asks for pending blobs while there is room, on the readers and in memory.
+    fn pump(&mut self, readers: &BlobReaders) {
+        while self.bytes < AHEAD_BYTES {
+            let Some(&(tag, c)) = self.pending.front() else {
+                return;
+            };
+            if let std::collections::hash_map::Entry::Vacant(e) = self.asked.entry(c.id) {
+                let Some(rx) = readers.try_ask(&c.id) else {
+                    return;
+                };
+                e.insert((rx, c.length, tag));
+                self.order.push_back((tag, c.id));
+                self.bytes += c.length;
+            }
+            self.pending.pop_front();
+        }
+    }
+}
+
+/// The runs of a directory's small files (see [`Ahead`]): the chunks of the files
+/// before its first subdirectory, between the first and the second, and so on.
+fn runs_of(
+    serial: u64,
+    tree: &Tree,
+) -> std::collections::VecDeque<std::collections::VecDeque<(FileTag, ChunkRef)>> {
+    let mut runs = std::collections::VecDeque::new();
+    let mut run = std::collections::VecDeque::new();
+    for (i, n) in tree.nodes.iter().enumerate() {
+        if n.subtree.is_some() {
+            runs.push_back(std::mem::take(&mut run));
+            continue;
+        }
+        if n.kind != NodeKind::File || n.size > AHEAD_FILE_MAX {
+            continue;
+        }
+        if let cairn_format::tree::Content::Inline(chunks) = &n.content {
+            run.extend(chunks.iter().map(|c| ((serial, i), *c)));
+        }
+    }
+    runs.push_back(run);
+    runs
+}
+
+/// A directory being exported: its number and the runs of its files still to come.
+struct DirAhead {
+    serial: u64,
+    next_index: usize,
+    runs: std::collections::VecDeque<std::collections::VecDeque<(FileTag, ChunkRef)>>,
+}
+
 /// Chunk ids taken from the chunk list per descent into it: a file's ids are never
 /// held all at once (a 1 TB file has tens of millions of chunks).
 const IDS_PER_DESCENT: usize = 1024;
@@ -693,6 +832,8 @@ pub(crate) struct Content<'a> {
     /// Chunks known to hold only zeros, with their lengths (a sparse file's holes):
     /// made here instead of read.
     zeros: HashMap<BlobId, usize>,
+    /// Blobs an export asked for ahead of this file (taken from there when present).
+    ahead: Option<&'a mut Ahead>,
 }
 
 impl<'a> Content<'a> {
@@ -716,6 +857,7 @@ impl<'a> Content<'a> {
             path,
             error: None,
             zeros: HashMap::new(),
+            ahead: None,
         }
     }
 
@@ -746,9 +888,18 @@ impl<'a> Content<'a> {
         // Zero chunks are made here; one blob is read here (no hand-off); more go
         // to the reader threads together.
         let zeros = &self.zeros;
+        // Blobs asked for ahead of this file are waited for, not read again.
+        let mut asked: HashMap<BlobId, Result<Vec<u8>>> = HashMap::new();
+        if let Some(ahead) = self.ahead.as_deref_mut() {
+            for id in &batch {
+                if let Some(r) = ahead.take(id) {
+                    asked.insert(*id, r);
+                }
+            }
+        }
         let to_read: Vec<BlobId> = batch
             .iter()
-            .filter(|id| !zeros.contains_key(id))
+            .filter(|id| !zeros.contains_key(id) && !asked.contains_key(id))
             .copied()
             .collect();
         let mut read = if to_read.len() <= 1 {
@@ -759,8 +910,16 @@ impl<'a> Content<'a> {
         .into_iter();
         let blobs: Vec<Result<Vec<u8>>> = batch
             .iter()
-            .map(|id| match zeros.get(id) {
+            .enumerate()
+            .map(|(i, id)| match zeros.get(id) {
                 Some(&len) => Ok(vec![0u8; len]),
+                // A chunk repeated within the batch: copies until its last place.
+                None if asked.contains_key(id) => match asked.get(id) {
+                    Some(Ok(b)) if batch[i + 1..].contains(id) => Ok(b.clone()),
+                    _ => asked
+                        .remove(id)
+                        .unwrap_or_else(|| Err(Error::Invalid("a blob read went missing".into()))),
+                },
                 None => read
                     .next()
                     .unwrap_or_else(|| Err(Error::Invalid("a blob read went missing".into()))),
@@ -810,10 +969,19 @@ impl Read for Content<'_> {
     }
 }
 
+impl<S: Sink> Exporter<'_, S> {
+    /// The directory's next run of files is coming (see [`Ahead`]).
+    fn next_run(&mut self, dir: &mut DirAhead) {
+        self.ahead
+            .start_run(dir.runs.pop_front().unwrap_or_default());
+        self.ahead.pump(self.readers);
+    }
+}
+
 impl<S: Sink> Visitor for Exporter<'_, S> {
-    type Dir = ();
+    type Dir = DirAhead;
     type Out = ();
-    fn enter(&mut self, _: &str, node: Option<&Node>, _: &Tree) -> Result<()> {
+    fn enter(&mut self, _: &str, node: Option<&Node>, tree: &Tree) -> Result<DirAhead> {
         let name = match (node, self.dirs.is_empty()) {
             (None, _) => Vec::new(),
             // The exported directory itself.
@@ -821,22 +989,35 @@ impl<S: Sink> Visitor for Exporter<'_, S> {
             (Some(n), false) => self.name_in_dir(n),
         };
         self.dirs.push(name);
-        Ok(())
+        self.dir_serial += 1;
+        let mut dir = DirAhead {
+            serial: self.dir_serial,
+            next_index: 0,
+            runs: runs_of(self.dir_serial, tree),
+        };
+        self.next_run(&mut dir);
+        Ok(dir)
     }
-    fn entry(&mut self, _: &mut (), _: &str, n: &Node) -> Result<Option<BlobId>> {
+    fn entry(&mut self, dir: &mut DirAhead, _: &str, n: &Node) -> Result<Option<BlobId>> {
+        let tag = (dir.serial, dir.next_index);
+        dir.next_index += 1;
+        self.ahead.at_file(tag);
         let name = self.name_in_dir(n);
         self.write_node(name, n)?;
+        self.ahead.pump(self.readers);
         Ok(n.subtree)
     }
-    fn unreadable(&mut self, _: &mut (), path: &str, _: &Node, e: Error) -> Result<()> {
+    fn unreadable(&mut self, dir: &mut DirAhead, path: &str, _: &Node, e: Error) -> Result<()> {
         self.report.errors.push((path.to_string(), e.to_string()));
+        self.next_run(dir);
         Ok(())
     }
-    fn leave(&mut self, _: &str, _: Option<&Node>, _: ()) -> Result<()> {
+    fn leave(&mut self, _: &str, _: Option<&Node>, _: DirAhead) -> Result<()> {
         self.dirs.pop();
         Ok(())
     }
-    fn child(&mut self, _: &mut (), _: &str, _: &Node, _: ()) -> Result<()> {
+    fn child(&mut self, dir: &mut DirAhead, _: &str, _: &Node, _: ()) -> Result<()> {
+        self.next_run(dir);
         Ok(())
     }
 }

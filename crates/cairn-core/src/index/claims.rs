@@ -14,6 +14,11 @@
 //! for most new chunks. Past 16 runs they are merged into one (a sequential
 //! rewrite on local disk), so a lookup asks at most 16 filters.
 //!
+//! A spill takes the RAM set out under the shard locks and writes its run outside
+//! them: meanwhile the set, *frozen*, still answers lookups (first as it was, then
+//! as its sorted copy), so workers go on claiming while the run is sorted, written
+//! or merged (seconds at millions of ids, when every worker waited before).
+//!
 //! Answers are exact where it matters: "claimed" is said only for an id that is
 //! in the RAM set or found in a run's block. A run that cannot be read makes the
 //! answer "not claimed", which costs a second copy of a blob (prune drops it),
@@ -25,7 +30,7 @@ use cairn_format::BlobId;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 /// Ids per fence entry: one 4 KiB block of a run.
 const FENCE: usize = 128;
@@ -74,6 +79,25 @@ impl Run {
     }
 }
 
+/// The set a spill took out of RAM, answering until its run is in place.
+enum Frozen {
+    /// The shards' sets as they were.
+    Sets(Vec<IdSet>),
+    /// Their ids, sorted (the sets freed).
+    Sorted(Vec<[u8; 32]>),
+}
+
+impl Frozen {
+    fn contains(&self, id: &BlobId) -> bool {
+        match self {
+            Frozen::Sets(sets) => sets
+                .get(id.0[0] as usize % SHARDS)
+                .is_some_and(|s| s.contains(id)),
+            Frozen::Sorted(ids) => ids.binary_search(&id.0).is_ok(),
+        }
+    }
+}
+
 /// The claims of one run: see the module's text.
 pub(crate) struct Claims {
     shards: Vec<Mutex<IdSet>>,
@@ -85,6 +109,11 @@ pub(crate) struct Claims {
     /// Whether `runs` holds any: most runs never spill, and their lookups skip
     /// the lock.
     spilled_any: AtomicBool,
+    /// The set being spilled (see the module's text), and whether there is one.
+    frozen: RwLock<Option<Arc<Frozen>>>,
+    frozen_any: AtomicBool,
+    /// Held by the one spill under way.
+    spilling: Mutex<()>,
     /// Where runs go.
     dir: PathBuf,
     /// The first spill that failed (the set stayed in RAM).
@@ -116,6 +145,9 @@ impl Claims {
             cap: AtomicUsize::new(cap),
             runs: RwLock::new(Vec::new()),
             spilled_any: AtomicBool::new(false),
+            frozen: RwLock::new(None),
+            frozen_any: AtomicBool::new(false),
+            spilling: Mutex::new(()),
             dir,
             failed: Mutex::new(None),
         }
@@ -125,10 +157,18 @@ impl Claims {
         crate::lock(&self.shards[id.0[0] as usize % SHARDS])
     }
 
-    /// Whether a spilled run holds `id`. Called with the id's shard locked, so
-    /// that a spill cannot move it between the two looks.
+    /// Whether the set being spilled or a spilled run holds `id`. Called with the
+    /// id's shard locked, so that a spill cannot move it between the looks; the
+    /// frozen set is asked before the runs, and a spill puts its run in place
+    /// before it lets the frozen set go.
     fn spilled(&self, id: &BlobId) -> bool {
-        if !self.spilled_any.load(Ordering::Acquire) {
+        if self.frozen_any.load(Ordering::SeqCst) {
+            let f = self.frozen.read().unwrap_or_else(|e| e.into_inner());
+            if f.as_ref().is_some_and(|f| f.contains(id)) {
+                return true;
+            }
+        }
+        if !self.spilled_any.load(Ordering::SeqCst) {
             return false;
         }
         let runs = self.runs.read().unwrap_or_else(|e| e.into_inner());
@@ -172,38 +212,70 @@ impl Claims {
         crate::lock(&self.failed).clone()
     }
 
-    /// Moves the RAM set to a new run. Every shard is locked first (in order),
-    /// then the run list: the order [`Claims::claim`] takes them in.
+    /// Moves the RAM set to a new run: taken out under every shard lock (in
+    /// order), then sorted and written with no lock that a claim needs. One spill
+    /// at a time; a claim past the cap while one is under way leaves it to finish
+    /// (the set is briefly over its cap).
     fn spill(&self) {
         let dir = &self.dir;
-        let mut shards: Vec<MutexGuard<'_, IdSet>> =
-            self.shards.iter().map(|s| crate::lock(s)).collect();
+        let Ok(_one) = self.spilling.try_lock() else {
+            return;
+        };
         let cap = self.cap.load(Ordering::Relaxed);
-        if self.in_ram.load(Ordering::Relaxed) <= cap {
-            return; // another thread spilled meanwhile
-        }
-        // Shard by shard, each freed once copied: the copy, not twice the set.
-        let mut ids: Vec<[u8; 32]> = Vec::with_capacity(self.in_ram.load(Ordering::Relaxed));
-        for s in shards.iter_mut() {
-            ids.extend(std::mem::take(&mut **s).into_iter().map(|b| b.0));
+        let sets = {
+            let mut shards: Vec<MutexGuard<'_, IdSet>> =
+                self.shards.iter().map(|s| crate::lock(s)).collect();
+            if self.in_ram.load(Ordering::Relaxed) <= cap {
+                return; // another thread spilled meanwhile
+            }
+            let sets: Vec<IdSet> = shards
+                .iter_mut()
+                .map(|s| std::mem::take(&mut **s))
+                .collect();
+            let frozen = Arc::new(Frozen::Sets(sets));
+            // Before the shards are let go: a claim finds each id in one or the other.
+            *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = Some(frozen.clone());
+            self.frozen_any.store(true, Ordering::SeqCst);
+            self.in_ram.store(0, Ordering::Relaxed);
+            frozen
+        };
+        let mut ids: Vec<[u8; 32]> = Vec::new();
+        if let Frozen::Sets(s) = &*sets {
+            ids.reserve(s.iter().map(|s| s.len()).sum());
+            for set in s {
+                ids.extend(set.iter().map(|b| b.0));
+            }
         }
         ids.sort_unstable();
-        let mut runs = self.runs.write().unwrap_or_else(|e| e.into_inner());
-        let written = if runs.len() + 1 > MAX_RUNS {
-            merge(dir, &runs, &ids).inspect(|_| runs.clear())
-        } else {
-            write_run(dir, &ids)
+        // The sorted copy answers from here on; the sets are freed.
+        let sorted = Arc::new(Frozen::Sorted(ids));
+        *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = Some(sorted.clone());
+        drop(sets);
+        let Frozen::Sorted(ids) = &*sorted else {
+            return;
+        };
+        let written = {
+            let runs = self.runs.read().unwrap_or_else(|e| e.into_inner());
+            if runs.len() + 1 > MAX_RUNS {
+                merge(dir, &runs, ids).map(|r| (r, true))
+            } else {
+                write_run(dir, ids).map(|r| (r, false))
+            }
         };
         match written {
-            Ok(run) => {
-                self.in_ram.store(0, Ordering::Relaxed);
+            Ok((run, merged)) => {
+                let mut runs = self.runs.write().unwrap_or_else(|e| e.into_inner());
+                if merged {
+                    runs.clear();
+                }
                 runs.push(run);
-                self.spilled_any.store(true, Ordering::Release);
+                self.spilled_any.store(true, Ordering::SeqCst);
             }
             Err(e) => {
                 for b in ids {
-                    shards[b[0] as usize % SHARDS].insert(BlobId(b));
+                    self.shard(&BlobId(*b)).insert(BlobId(*b));
                 }
+                self.in_ram.fetch_add(ids.len(), Ordering::Relaxed);
                 // Correct but over budget: keep the set, and try again only once
                 // it has doubled.
                 self.cap.store(cap.saturating_mul(2), Ordering::Relaxed);
@@ -215,6 +287,9 @@ impl Claims {
                 });
             }
         }
+        // The run (or the RAM set again) holds every id: the frozen set can go.
+        self.frozen_any.store(false, Ordering::SeqCst);
+        *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
@@ -403,22 +478,28 @@ mod tests {
     #[test]
     fn each_id_is_won_once_by_concurrent_claims() {
         let dir = tempfile::tempdir().unwrap();
-        let c = Claims::with(dir.path().to_path_buf(), 700);
+        // Spills (and merges past 16 runs) happen while the other threads claim:
+        // ids being written out must still be found.
+        let c = Claims::with(dir.path().to_path_buf(), 500);
         let won = AtomicUsize::new(0);
+        const IDS: u64 = 30_000;
         std::thread::scope(|s| {
             for t in 0..4u64 {
                 let (c, won) = (&c, &won);
                 s.spawn(move || {
-                    for n in 0..4000 {
-                        if !c.claim(&id((n * 7 + t * 1000) % 4000)) {
+                    for n in 0..IDS {
+                        if !c.claim(&id((n * 7 + t * 1000) % IDS)) {
                             won.fetch_add(1, Ordering::Relaxed);
                         }
                     }
                 });
             }
         });
-        assert_eq!(won.load(Ordering::Relaxed), 4000);
+        assert_eq!(won.load(Ordering::Relaxed), IDS as usize);
         assert!(c.runs() > 0);
+        for n in 0..IDS {
+            assert!(c.contains(&id(n)), "{n}");
+        }
     }
 
     /// A scratch directory that cannot be made: the set stays in RAM, still

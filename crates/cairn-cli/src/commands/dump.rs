@@ -24,17 +24,13 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
         }
     };
     if let Some(format) = archive {
-        let r = cairn_core::export::export(
-            &session,
-            &snap.tree_id()?,
-            &a.file,
-            format.parse()?,
-            out.writer(),
-        )?;
-        out.finish()?;
+        let format: cairn_core::export::Format = format.parse()?;
+        let r =
+            cairn_core::export::export(&session, &snap.tree_id()?, &a.file, format, out.writer())?;
+        out.finish(format == cairn_core::export::Format::Tar)?;
         return Ok(super::export::report(&r));
     }
     cairn_core::dump::dump(&session, &snap.tree_id()?, &a.file, out.writer())?;
-    out.finish()?;
+    out.finish(false)?;
     Ok(0)
 }

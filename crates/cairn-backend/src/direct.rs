@@ -43,7 +43,8 @@ impl AlignedBuf {
 }
 
 impl AlignedBuf {
-    /// A 4 KiB-aligned slice of `len` bytes (contents unspecified).
+    /// A 4 KiB-aligned slice of `len` bytes: unspecified the first time, then what
+    /// was left in it, as long as `len` does not grow (the buffer is not moved).
     fn aligned_mut(&mut self, len: usize) -> &mut [u8] {
         let need = len + DIRECT_ALIGN as usize;
         if self.buf.len() < need {
@@ -158,50 +159,30 @@ pub const SEQUENTIAL_CHUNK: usize = 4 << 20;
 /// so the caller's descriptor (possibly standard output, shared with the shell)
 /// never has its flags changed. Writes go by offset from where the descriptor stood;
 /// [`SequentialWriter::finish`] leaves its position at the end of what was written,
-/// as ordinary writes would. Where direct writes are not possible (not a regular
-/// file, `O_APPEND`, an unaligned starting position, no `/proc`, a filesystem that
-/// refuses them) everything goes through the ordinary descriptor, in the caller's
-/// thread.
+/// as ordinary writes would. Only for regular files (a pipe or a device has no
+/// offsets); where direct writes are not possible (`O_APPEND`, an unaligned starting
+/// position, no `/proc`, a filesystem that refuses them) everything goes through the
+/// ordinary descriptor, in the caller's thread.
 pub struct SequentialWriter {
     file: File,
     direct: Option<File>,
-    buf: ChunkBuf,
+    /// Gathers up to [`SEQUENTIAL_CHUNK`] bytes.
+    buf: AlignedBuf,
     /// A second buffer, while the thread is not writing it.
-    spare: Option<ChunkBuf>,
+    spare: Option<AlignedBuf>,
     worker: Option<Worker>,
     /// Bytes gathered.
     len: usize,
-    /// File offset of the first gathered byte (aligned while `direct` is set);
-    /// `u64::MAX` on a pipe, which has no offsets.
+    /// File offset of the first gathered byte (aligned while `direct` is set).
     base: u64,
-}
-
-/// A 4 KiB-aligned buffer of [`SEQUENTIAL_CHUNK`] bytes.
-struct ChunkBuf {
-    mem: Vec<u8>,
-    at: usize,
-}
-
-impl ChunkBuf {
-    fn new() -> ChunkBuf {
-        let mem = vec![0u8; SEQUENTIAL_CHUNK + DIRECT_ALIGN as usize];
-        let at = mem.as_ptr().align_offset(DIRECT_ALIGN as usize);
-        ChunkBuf { mem, at }
-    }
-    fn get(&self, len: usize) -> &[u8] {
-        &self.mem[self.at..self.at + len]
-    }
-    fn get_mut(&mut self) -> &mut [u8] {
-        &mut self.mem[self.at..self.at + SEQUENTIAL_CHUNK]
-    }
 }
 
 /// The thread that writes full chunks: one at a time, handed back when written
 /// (with `false` if the filesystem refused the direct write and it went through the
 /// ordinary descriptor).
 struct Worker {
-    jobs: Option<std::sync::mpsc::SyncSender<(ChunkBuf, u64)>>,
-    done: std::sync::mpsc::Receiver<(ChunkBuf, std::io::Result<bool>)>,
+    jobs: Option<std::sync::mpsc::SyncSender<(AlignedBuf, u64)>>,
+    done: std::sync::mpsc::Receiver<(AlignedBuf, std::io::Result<bool>)>,
     busy: bool,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -217,22 +198,22 @@ impl std::fmt::Debug for SequentialWriter {
 }
 
 impl SequentialWriter {
-    /// A writer continuing at `file`'s current position.
+    /// A writer continuing at the current position of `file`, a regular file.
     pub fn new(file: File) -> std::io::Result<SequentialWriter> {
         use std::io::Seek;
         use std::os::fd::AsRawFd;
         let mut file = file;
         let meta = file.metadata()?;
-        let regular = meta.file_type().is_file();
-        // A pipe or a character device has no position to write at.
-        let base = if regular {
-            file.stream_position()?
-        } else {
-            u64::MAX
-        };
+        if !meta.file_type().is_file() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        let base = file.stream_position()?;
         let append = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL)
             .map_or(true, |f| f & libc::O_APPEND != 0);
-        let direct = if regular && !append && base % DIRECT_ALIGN == 0 {
+        let direct = if !append && base % DIRECT_ALIGN == 0 {
             OpenOptions::new()
                 .write(true)
                 .custom_flags(libc::O_DIRECT)
@@ -251,10 +232,7 @@ impl SequentialWriter {
         Ok(SequentialWriter {
             file,
             direct,
-            buf: ChunkBuf {
-                mem: Vec::new(),
-                at: 0,
-            },
+            buf: AlignedBuf::default(),
             spare: None,
             worker: None,
             len: 0,
@@ -265,18 +243,6 @@ impl SequentialWriter {
     /// Whether the bulk goes around the page cache.
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
-    }
-
-    /// Writes `data` through the ordinary descriptor at `offset` (in order on a
-    /// pipe, `u64::MAX`).
-    fn plain(file: &File, data: &[u8], offset: u64) -> std::io::Result<()> {
-        use std::io::Write;
-        if offset == u64::MAX {
-            let mut f = file;
-            f.write_all(data)
-        } else {
-            file.write_all_at(data, offset)
-        }
     }
 
     /// Waits for the chunk the thread is writing; its buffer becomes the spare.
@@ -304,13 +270,13 @@ impl SequentialWriter {
                 return Ok(false);
             };
             let d = d.try_clone()?;
-            let (jobs, rx) = std::sync::mpsc::sync_channel::<(ChunkBuf, u64)>(1);
+            let (jobs, rx) = std::sync::mpsc::sync_channel::<(AlignedBuf, u64)>(1);
             let (tx, done) = std::sync::mpsc::sync_channel(1);
             let thread = std::thread::Builder::new()
                 .name("archive-writer".into())
                 .spawn(move || {
-                    for (buf, offset) in rx {
-                        let data = buf.get(SEQUENTIAL_CHUNK);
+                    for (mut buf, offset) in rx {
+                        let data = buf.aligned_mut(SEQUENTIAL_CHUNK);
                         let r = match d.write_all_at(data, offset) {
                             Ok(()) => Ok(true),
                             Err(e) if refused(&e) => {
@@ -334,7 +300,7 @@ impl SequentialWriter {
             });
         }
         self.settle()?;
-        let next = self.spare.take().unwrap_or_else(ChunkBuf::new);
+        let next = self.spare.take().unwrap_or_default();
         let full = std::mem::replace(&mut self.buf, next);
         let Some(w) = self.worker.as_mut() else {
             return Ok(false);
@@ -369,11 +335,12 @@ impl SequentialWriter {
         if len == 0 {
             return Ok(());
         }
+        let buf = self.buf.aligned_mut(SEQUENTIAL_CHUNK);
         if let Some(d) = &self.direct {
             let aligned = len / DIRECT_ALIGN as usize * DIRECT_ALIGN as usize;
             let mut refused_now = false;
             if aligned > 0 {
-                match d.write_all_at(self.buf.get(aligned), base) {
+                match d.write_all_at(&buf[..aligned], base) {
                     Ok(()) => {}
                     Err(e) if refused(&e) => refused_now = true,
                     Err(e) => return Err(e),
@@ -383,20 +350,17 @@ impl SequentialWriter {
                 self.direct = None;
             } else {
                 if all && len > aligned {
-                    let tail = &self.buf.get(len)[aligned..];
-                    Self::plain(&self.file, tail, base + aligned as u64)?;
+                    self.file
+                        .write_all_at(&buf[aligned..len], base + aligned as u64)?;
                 }
-                let at = self.buf.at;
-                self.buf.mem.copy_within(at + aligned..at + len, at);
+                buf.copy_within(aligned..len, 0);
                 self.base += aligned as u64;
                 self.len -= aligned;
                 return Ok(());
             }
         }
-        Self::plain(&self.file, self.buf.get(len), base)?;
-        if self.base != u64::MAX {
-            self.base += len as u64;
-        }
+        self.file.write_all_at(&buf[..len], base)?;
+        self.base += len as u64;
         self.len = 0;
         Ok(())
     }
@@ -406,10 +370,8 @@ impl SequentialWriter {
     pub fn finish(mut self) -> std::io::Result<File> {
         use std::io::{Seek, SeekFrom};
         self.drain(true)?;
-        if self.base != u64::MAX {
-            let end = self.base + self.len as u64;
-            self.file.seek(SeekFrom::Start(end))?;
-        }
+        let end = self.base + self.len as u64;
+        self.file.seek(SeekFrom::Start(end))?;
         self.stop_worker();
         let file = self.file.try_clone()?;
         Ok(file)
@@ -435,12 +397,9 @@ impl Drop for SequentialWriter {
 
 impl std::io::Write for SequentialWriter {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        if self.buf.mem.is_empty() {
-            self.buf = ChunkBuf::new();
-        }
         let len = self.len;
         let n = data.len().min(SEQUENTIAL_CHUNK - len);
-        self.buf.get_mut()[len..len + n].copy_from_slice(&data[..n]);
+        self.buf.aligned_mut(SEQUENTIAL_CHUNK)[len..len + n].copy_from_slice(&data[..n]);
         self.len += n;
         if self.len == SEQUENTIAL_CHUNK {
             self.drain(false)?;
@@ -565,23 +524,10 @@ mod tests {
     }
 
     #[test]
-    fn sequential_writes_to_a_pipe_arrive_in_order() {
-        use std::io::{Read, Write};
-        let (mut r, wr) = std::io::pipe().unwrap();
-        let data: Vec<u8> = (0..5_000_000u32).map(|i| (i ^ (i >> 9)) as u8).collect();
-        let reader = std::thread::spawn(move || {
-            let mut v = Vec::new();
-            r.read_to_end(&mut v).unwrap();
-            v
-        });
-        let f = File::from(std::os::fd::OwnedFd::from(wr));
-        let mut w = SequentialWriter::new(f).unwrap();
-        assert!(!w.is_direct());
-        for piece in data.chunks(300_001) {
-            w.write_all(piece).unwrap();
-            w.flush().unwrap();
-        }
-        drop(w.finish().unwrap());
-        assert!(reader.join().unwrap() == data);
+    fn a_sequential_writer_is_for_regular_files_only() {
+        let (_r, w) = std::io::pipe().unwrap();
+        let f = File::from(std::os::fd::OwnedFd::from(w));
+        let e = SequentialWriter::new(f).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
     }
 }

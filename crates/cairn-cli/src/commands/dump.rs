@@ -1,5 +1,5 @@
 use crate::args::{DumpArgs, Global};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use cairn_core::session::{IndexLoad, Read};
 
 pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
@@ -9,7 +9,7 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     if a.image_fs.image_fs.is_some() {
         return super::imagefs::dump(&session, &snap, &a.image_fs);
     }
-    let mut out = super::export::StdoutArchive::open()?;
+    let mut out = super::export::ArchiveOut::stdout()?;
     // A directory (or the whole snapshot) is written as a tar archive, as restic's
     // dump does: there is no other way to put it on a stream.
     let archive = match &a.archive {
@@ -27,10 +27,11 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
         let format: cairn_core::export::Format = format.parse()?;
         let r =
             cairn_core::export::export(&session, &snap.tree_id()?, &a.file, format, out.writer())?;
-        out.finish(format == cairn_core::export::Format::Tar)?;
+        out.finish(format == cairn_core::export::Format::Tar)
+            .context("writing standard output")?;
         return Ok(super::export::report(&r));
     }
     cairn_core::dump::dump(&session, &snap.tree_id()?, &a.file, out.writer())?;
-    out.finish(false)?;
+    out.finish(false).context("writing standard output")?;
     Ok(0)
 }

@@ -21,11 +21,29 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     let path = a.path.as_deref().unwrap_or("/");
     let r = match &a.output {
         None => {
-            let mut out = StdoutArchive::open()?;
+            let mut out = ArchiveOut::stdout()?;
             let r = export::export(&session, &root, path, format, out.writer())?;
             // A tape's last record is padded for tar, not for zip (whose end is found
             // from the end of the file).
-            out.finish(format == Format::Tar)?;
+            out.finish(format == Format::Tar)
+                .context("writing standard output")?;
+            r
+        }
+        Some(file)
+            if std::fs::metadata(file)
+                .is_ok_and(|m| !m.file_type().is_file() && !m.file_type().is_dir()) =>
+        {
+            // A tape or a FIFO: written in place. (Written beside and renamed, as a
+            // file is, the archive would replace the device's node.)
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(file)
+                .with_context(|| format!("opening {}", file.display()))?;
+            let mut out =
+                ArchiveOut::new(f).with_context(|| format!("opening {}", file.display()))?;
+            let r = export::export(&session, &root, path, format, out.writer())?;
+            out.finish(format == Format::Tar)
+                .with_context(|| format!("writing {}", file.display()))?;
             r
         }
         Some(file) => {
@@ -92,13 +110,13 @@ pub(super) fn report(r: &ExportReport) -> i32 {
     if r.errors.is_empty() { 0 } else { 3 }
 }
 
-/// Standard output for an archive or a file's bytes. Redirected to a regular file
-/// (`> archive.tar`), the bulk is written around the page cache
-/// ([`SequentialWriter`]); a pipe gets 1 MiB writes; a tape (any other device) gets
-/// records of [`RECORD`] bytes, GNU tar's default, so that `tar -xf /dev/nst0`
-/// reads it back (std's own standard output writes up to each newline: a 2.3 GB
-/// tar took 800,000 writes of random sizes).
-pub(super) enum StdoutArchive {
+/// Where an archive or a file's bytes go: standard output, or a device or FIFO
+/// named by `--output`. A regular file (`> archive.tar`) gets its bulk written
+/// around the page cache ([`SequentialWriter`]); a pipe gets 1 MiB writes; a tape
+/// (any other device) gets records of [`RECORD`] bytes, GNU tar's default, so that
+/// `tar -xf /dev/nst0` reads it back (std's own standard output writes up to each
+/// newline: a 2.3 GB tar took 800,000 writes of random sizes).
+pub(super) enum ArchiveOut {
     File(SequentialWriter),
     Pipe(std::io::BufWriter<std::fs::File>),
     Device(Records<std::fs::File>),
@@ -107,50 +125,48 @@ pub(super) enum StdoutArchive {
 /// GNU tar's default record: 20 blocks of 512 bytes.
 pub(super) const RECORD: usize = 10240;
 
-impl StdoutArchive {
-    pub(super) fn open() -> Result<StdoutArchive> {
+impl ArchiveOut {
+    /// Standard output, through a descriptor of its own, not std's line-buffered
+    /// handle (which would cut records at newlines); nothing else is written there.
+    pub(super) fn stdout() -> Result<ArchiveOut> {
         use std::os::fd::AsFd;
-        use std::os::unix::fs::FileTypeExt;
-        let out = std::io::stdout();
-        let fd = out
+        let fd = std::io::stdout()
             .as_fd()
             .try_clone_to_owned()
             .context("standard output")?;
-        let f = std::fs::File::from(fd);
-        let kind = f.metadata().map(|m| m.file_type()).ok();
-        if kind.is_some_and(|k| k.is_file()) {
-            let w = SequentialWriter::new(f).context("standard output")?;
-            return Ok(StdoutArchive::File(w));
-        }
-        // Written through a descriptor of its own, not std's line-buffered handle
-        // (which would cut the records at newlines); nothing else is written there.
-        if kind.is_some_and(|k| k.is_fifo() || k.is_socket()) {
-            return Ok(StdoutArchive::Pipe(std::io::BufWriter::with_capacity(
-                1 << 20,
-                f,
-            )));
-        }
-        Ok(StdoutArchive::Device(Records::new(f)))
+        ArchiveOut::new(std::fs::File::from(fd)).context("standard output")
+    }
+
+    /// The writer that suits what `f` is.
+    pub(super) fn new(f: std::fs::File) -> std::io::Result<ArchiveOut> {
+        use std::os::unix::fs::FileTypeExt;
+        let kind = f.metadata()?.file_type();
+        Ok(if kind.is_file() {
+            ArchiveOut::File(SequentialWriter::new(f)?)
+        } else if kind.is_fifo() || kind.is_socket() {
+            ArchiveOut::Pipe(std::io::BufWriter::with_capacity(1 << 20, f))
+        } else {
+            ArchiveOut::Device(Records::new(f))
+        })
     }
 
     pub(super) fn writer(&mut self) -> &mut dyn Write {
         match self {
-            StdoutArchive::File(w) => w,
-            StdoutArchive::Pipe(w) => w,
-            StdoutArchive::Device(w) => w,
+            ArchiveOut::File(w) => w,
+            ArchiveOut::Pipe(w) => w,
+            ArchiveOut::Device(w) => w,
         }
     }
 
     /// Writes what is still gathered; a file's position ends after the stream.
     /// An `archive` on a device is padded with zeros to a whole record, as tar pads
     /// its own (readers stop at the archive's end blocks); a file's bytes are not.
-    pub(super) fn finish(self, archive: bool) -> Result<()> {
-        let r = match self {
-            StdoutArchive::File(w) => w.finish().map(drop),
-            StdoutArchive::Pipe(mut w) => w.flush(),
-            StdoutArchive::Device(w) => w.finish(archive),
-        };
-        r.context("writing standard output")
+    pub(super) fn finish(self, archive: bool) -> std::io::Result<()> {
+        match self {
+            ArchiveOut::File(w) => w.finish().map(drop),
+            ArchiveOut::Pipe(mut w) => w.flush(),
+            ArchiveOut::Device(w) => w.finish(archive),
+        }
     }
 }
 

@@ -455,9 +455,9 @@ fn export_writes_sparse_files_as_sparse_entries_gnu_tar_extracts() {
 /// archive must come out the same whichever way it is written. A tree of small
 /// files (before and after subdirectories, identical ones side by side, empty ones)
 /// and files past a chunk, exported to standard output redirected to a file, with
-/// `-o`, through a pipe, and appended (`>>`) after other bytes: the same archive
-/// every time, at the end of the appended file, and GNU tar unpacks it to the
-/// source tree.
+/// `-o`, through a pipe, appended (`>>`) after other bytes, and with `-o` naming a
+/// FIFO: the same archive every time, at the end of the appended file, the FIFO
+/// left in place, and GNU tar unpacks it to the source tree.
 #[test]
 fn export_to_a_file_a_pipe_or_an_appended_file_writes_the_same_archive() {
     use std::io::Write;
@@ -529,6 +529,45 @@ fn export_to_a_file_a_pipe_or_an_appended_file_writes_the_same_archive() {
     assert_eq!(back.len(), 5000 + piped.len());
     assert!(back[..5000].iter().all(|b| *b == 9));
     assert!(back[5000..] == piped[..], "appended archive differs");
+
+    // `-o` naming a FIFO (as a tape device would be): written in place, not beside
+    // and renamed over it. The reader is a child process, killed if it is never
+    // written to.
+    let fifo = env.path("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let through = env.path("through-fifo.tar");
+    let mut reader = std::process::Command::new("cat")
+        .arg(&fifo)
+        .stdout(fs::File::create(&through).unwrap())
+        .spawn()
+        .unwrap();
+    let exported = env.run(&[
+        "export",
+        &snap,
+        src.to_str().unwrap(),
+        "-o",
+        fifo.to_str().unwrap(),
+    ]);
+    let done = (0..1000).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        matches!(reader.try_wait(), Ok(Some(_)))
+    });
+    if !done {
+        let _ = reader.kill();
+    }
+    assert!(
+        exported.status.success(),
+        "{}",
+        String::from_utf8_lossy(&exported.stderr)
+    );
+    use std::os::unix::fs::FileTypeExt;
+    assert!(fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    assert!(!env.path("fifo.partial").exists());
+    assert!(done, "nothing was written to the FIFO");
+    assert!(
+        fs::read(&through).unwrap() == piped,
+        "archive through -o FIFO differs"
+    );
 
     let unpacked = env.path("unpacked");
     fs::create_dir_all(&unpacked).unwrap();

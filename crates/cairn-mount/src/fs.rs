@@ -29,7 +29,7 @@ use fuser::{
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -45,6 +45,11 @@ pub struct State {
     pub trees: TreeCache,
     pub fetch: Fetcher,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    /// Files being read without an OPEN (the kernel's no-open mode, see `open`),
+    /// by inode.
+    by_inode: Mutex<InodeFiles>,
+    /// The kernel can skip OPEN and RELEASE: `open` answers ENOSYS to turn that on.
+    no_open: AtomicBool,
     dirs: Mutex<HashMap<u64, Arc<DirList>>>,
     next_fh: AtomicU64,
     /// The owner of the top-level directories (the user who mounted).
@@ -61,6 +66,47 @@ enum DirList {
         id: BlobId,
         tree: Arc<Tree>,
     },
+}
+
+/// Files read without OPEN, by inode. Without OPEN the kernel sends no RELEASE
+/// either, so nothing says when a file is done with: the table keeps the most
+/// recently read [`INODE_FILES`] and forgets the others (a forgotten file's next
+/// read sets it up again, at the cost of one chunk-list descent).
+#[derive(Default)]
+struct InodeFiles {
+    map: HashMap<u64, (Arc<OpenFile>, u64)>,
+    tick: u64,
+}
+
+/// Files kept by [`InodeFiles`]: far more than are read at once (a file's state
+/// is its chunk window, at most 40 KiB).
+const INODE_FILES: usize = 512;
+
+impl InodeFiles {
+    fn get(&mut self, ino: u64) -> Option<Arc<OpenFile>> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.map.get_mut(&ino).map(|(f, used)| {
+            *used = tick;
+            f.clone()
+        })
+    }
+
+    fn insert(&mut self, ino: u64, f: Arc<OpenFile>) {
+        if self.map.len() >= INODE_FILES && !self.map.contains_key(&ino) {
+            // Forget the older half at once, so that eviction costs O(1) a file.
+            let mut ticks: Vec<u64> = self.map.values().map(|(_, t)| *t).collect();
+            let (_, median, _) = ticks.select_nth_unstable(INODE_FILES / 2);
+            let median = *median;
+            self.map.retain(|_, (_, t)| *t > median);
+        }
+        self.tick += 1;
+        self.map.insert(ino, (f, self.tick));
+    }
+
+    fn remove(&mut self, ino: u64) {
+        self.map.remove(&ino);
+    }
 }
 
 /// An entry of a top-level directory.
@@ -175,6 +221,8 @@ impl State {
             trees,
             fetch,
             files: Mutex::new(HashMap::new()),
+            by_inode: Mutex::new(InodeFiles::default()),
+            no_open: AtomicBool::new(false),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             owner: (
@@ -495,6 +543,27 @@ impl State {
         }
     }
 
+    /// The reading state of a regular file entry: what an OPEN sets up.
+    fn open_file(&self, ino: u64) -> Res<Arc<OpenFile>> {
+        let (tree, i, snap) = self.node_of(ino)?;
+        let n = tree.nodes.get(i).ok_or(Failure::of(Errno::ENOENT))?;
+        if n.kind != NodeKind::File {
+            return Err(Failure::of(Errno::EINVAL));
+        }
+        let label = format!("{:?} (snapshot {})", lossy(&n.name), snap.short());
+        Ok(Arc::new(OpenFile::new(n.content.clone(), n.size, label)))
+    }
+
+    /// The file a READ without a handle is for, set up on its first read.
+    fn file_of_inode(&self, ino: u64) -> Res<Arc<OpenFile>> {
+        if let Some(f) = lock(&self.by_inode).get(ino) {
+            return Ok(f);
+        }
+        let f = self.open_file(ino)?;
+        lock(&self.by_inode).insert(ino, f.clone());
+        Ok(f)
+    }
+
     fn report(&self, f: &Failure) {
         if let Some(r) = &f.report {
             self.log.error(r);
@@ -558,6 +627,12 @@ impl Filesystem for CairnFs {
         for cap in caps {
             let _ = config.add_capabilities(cap);
         }
+        if config
+            .capabilities()
+            .contains(InitFlags::FUSE_NO_OPEN_SUPPORT)
+        {
+            self.0.no_open.store(true, Ordering::Relaxed);
+        }
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_background(64);
         Ok(())
@@ -583,7 +658,9 @@ impl Filesystem for CairnFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        lock(&self.0.table).forget(ino.0, nlookup);
+        if lock(&self.0.table).forget(ino.0, nlookup) {
+            lock(&self.0.by_inode).remove(ino.0);
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -623,21 +700,20 @@ impl Filesystem for CairnFs {
         if flags.acc_mode() != OpenAccMode::O_RDONLY {
             return reply.error(Errno::EROFS);
         }
-        let (tree, i, snap) = match st.node_of(ino.0) {
-            Ok(x) => x,
+        if st.no_open.load(Ordering::Relaxed) {
+            // Nothing to set up per open: reads find their file by inode. This
+            // answer makes the kernel stop sending OPEN and RELEASE (two of the
+            // four or five round trips a small file's copy costs) and keep the
+            // page cache across opens (the content never changes).
+            return reply.error(Errno::ENOSYS);
+        }
+        let f = match st.open_file(ino.0) {
+            Ok(f) => f,
             Err(f) => {
                 st.report(&f);
                 return reply.error(f.errno);
             }
         };
-        let Some(n) = tree.nodes.get(i) else {
-            return reply.error(Errno::ENOENT);
-        };
-        if n.kind != NodeKind::File {
-            return reply.error(Errno::EINVAL);
-        }
-        let label = format!("{:?} (snapshot {})", lossy(&n.name), snap.short());
-        let f = Arc::new(OpenFile::new(n.content.clone(), n.size, label));
         let fh = st.new_fh();
         lock(&st.files).insert(fh, f);
         // The content never changes: pages read once stay valid across opens.
@@ -647,7 +723,7 @@ impl Filesystem for CairnFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -656,8 +732,20 @@ impl Filesystem for CairnFs {
         reply: ReplyData,
     ) {
         let st = &self.0;
-        let Some(f) = lock(&st.files).get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
+        let found = lock(&st.files).get(&fh.0).cloned();
+        let f = match found {
+            Some(f) => f,
+            // The kernel's no-open mode reads with handle 0.
+            None if fh.0 == 0 && st.no_open.load(Ordering::Relaxed) => {
+                match st.file_of_inode(ino.0) {
+                    Ok(f) => f,
+                    Err(fail) => {
+                        st.report(&fail);
+                        return reply.error(fail.errno);
+                    }
+                }
+            }
+            None => return reply.error(Errno::EBADF),
         };
         let session = match st.session() {
             Ok(s) => s,
@@ -949,4 +1037,33 @@ pub fn fixed_top(st: &State, t: &mut Table) {
     let dir = st.virtual_attr(FileType::Directory, 0, newest);
     t.insert_fixed(HOSTS, What::Hosts, ROOT, b"hosts", dir);
     t.insert_fixed(SNAPSHOTS, What::Snapshots, ROOT, b"snapshots", dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(n: u64) -> Arc<OpenFile> {
+        Arc::new(OpenFile::new(
+            cairn_format::tree::Content::None,
+            n,
+            format!("f{n}"),
+        ))
+    }
+
+    #[test]
+    fn inode_files_keep_the_recently_read_and_stay_bounded() {
+        let mut t = InodeFiles::default();
+        t.insert(1, file(1));
+        for ino in 2..2000u64 {
+            t.insert(ino, file(ino));
+            // Inode 1 is read all along: it is never the one forgotten.
+            assert!(t.get(1).is_some(), "inode 1 forgotten at {ino}");
+            assert!(t.map.len() <= INODE_FILES);
+        }
+        assert!(t.get(1999).is_some() && t.get(1998).is_some());
+        assert!(t.get(2).is_none());
+        t.remove(1);
+        assert!(t.get(1).is_none());
+    }
 }

@@ -182,16 +182,18 @@ impl Table {
     }
 
     /// The kernel dropped `n` references to `ino`.
-    pub fn forget(&mut self, ino: u64, n: u64) {
+    /// Drops `n` of the kernel's lookups of `ino`; true when that was the last and
+    /// the inode is gone.
+    pub fn forget(&mut self, ino: u64, n: u64) -> bool {
         if ino < FIRST_DYNAMIC {
-            return;
+            return false;
         }
         let Some(i) = self.inodes.get_mut(&ino) else {
-            return;
+            return false;
         };
         i.lookups = i.lookups.saturating_sub(n);
         if i.lookups > 0 {
-            return;
+            return false;
         }
         if let Some(i) = self.inodes.remove(&ino) {
             for k in i.keys {
@@ -205,6 +207,7 @@ impl Table {
                 self.links.remove(&l);
             }
         }
+        true
     }
 
     /// Updates the attributes kept for `ino` (virtual entries whose size or time

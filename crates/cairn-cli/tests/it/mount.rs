@@ -237,6 +237,63 @@ fn reads_at_any_offset_of_a_file_with_a_deep_chunk_list() {
 }
 
 #[test]
+fn files_read_without_open_keep_reading_right_past_the_state_the_mount_keeps() {
+    // The kernel sends no OPEN or RELEASE to the mount (it answers the first OPEN
+    // with ENOSYS), so reads find their file by inode and the mount keeps the
+    // state of the last 512 files read. A large file read in pieces between 700
+    // small ones is forgotten and set up again; every byte must still be right.
+    let env = Env::new();
+    env.init(&["--block-size", "4K", "--no-encryption"]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("many")).unwrap();
+    let big = Rng(11).bytes(3 << 20, false);
+    fs::write(src.join("big"), &big).unwrap();
+    for i in 0..700 {
+        fs::write(
+            src.join("many").join(format!("{i:03}")),
+            format!("{i}-").repeat(i + 1),
+        )
+        .unwrap();
+    }
+    env.backup(&[&src]);
+    let mnt = env.path("mnt");
+    let _m = Mount::start(&env, &mnt, &["--snapshot", "latest"]);
+    let root = inside(&mnt, &src);
+    let f = fs::File::open(root.join("big")).unwrap();
+    let check = |off: usize, len: usize| {
+        let mut buf = vec![0u8; len];
+        let n = f.read_at(&mut buf, off as u64).unwrap();
+        assert_eq!(n, len, "at {off}");
+        assert!(
+            buf == big[off..off + len],
+            "bytes of big differ at {off}+{len}"
+        );
+    };
+    check(0, 100_000);
+    for round in 0..2 {
+        for i in 0..700 {
+            let got = fs::read(root.join("many").join(format!("{i:03}"))).unwrap();
+            assert_eq!(
+                got,
+                format!("{i}-").repeat(i + 1).into_bytes(),
+                "round {round}"
+            );
+        }
+        // Out of the page cache, so that the next reads reach the mount.
+        nix::fcntl::posix_fadvise(
+            &f,
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        )
+        .unwrap();
+        check(100_000 + round * 1_000_000, 700_000);
+        check(5_000, 4_096);
+    }
+    assert!(fs::read(root.join("big")).unwrap() == big);
+}
+
+#[test]
 fn a_damaged_pack_gives_eio_for_its_file_and_the_rest_still_reads() {
     let env = Env::new();
     env.init(&[]);

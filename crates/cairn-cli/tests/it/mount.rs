@@ -175,6 +175,23 @@ fn mount_shows_hosts_snapshots_and_latest_with_everything_a_restore_has() {
             diffs.join("\n")
         );
     }
+    // An absent attribute is ENODATA, but an absent SELinux label (or any
+    // `security.` name) is "not supported", which GNU `ls -l` remembers per device
+    // instead of asking again for every file.
+    let latest = inside(&mnt.join("latest"), &src);
+    for f in ["small.txt", "hard-1"] {
+        assert_eq!(
+            xattr::get(latest.join(f), "user.absent").unwrap(),
+            None,
+            "{f}"
+        );
+        let err = xattr::get(latest.join(f), "security.selinux").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EOPNOTSUPP), "{f}: {err}");
+    }
+    assert_eq!(
+        xattr::get(latest.join("small.txt"), "user.note").unwrap(),
+        Some(b"hello".to_vec())
+    );
     let m1 = fs::metadata(inside(&mnt.join("latest"), &src).join("hard-1")).unwrap();
     let m2 = fs::metadata(inside(&mnt.join("latest"), &src).join("hard-2")).unwrap();
     assert_eq!((m1.ino(), m1.nlink()), (m2.ino(), 2));

@@ -208,8 +208,8 @@ pub struct MountArgs {
     /// Threads answering the kernel
     #[arg(long, default_value_t = 4, hide = true)]
     pub threads: usize,
-    /// Show no extended attributes: `ls -l` then asks nothing per file (it asks
-    /// for an SELinux label and an ACL of each, two round trips through FUSE)
+    /// Show no extended attributes nor ACLs: `ls -l` then asks nothing per file
+    /// (otherwise it asks each file for its ACL, a round trip through FUSE)
     #[arg(long)]
     pub no_xattrs: bool,
 }

@@ -8,19 +8,20 @@
 #   bench/mount.sh [--size 1G] [--files 100000] [--index-entries 0] [--keep DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-size=1G files=100000 entries=0 work=""
+size=1G files=100000 entries=0 work="" tree=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --size) size=$2; shift 2 ;;
     --files) files=$2; shift 2 ;;
     --index-entries) entries=$2; shift 2 ;;
     --keep) work=$2; shift 2 ;;
+    --tree) tree=$(realpath "$2"); shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
 cargo build --release -q -p cairn-cli
 cargo build --release -q -p cairn-plan --example synthetic-index
-bin=${CARGO_TARGET_DIR:-target}/release/cairn
+bin=${CAIRN_BIN:-${CARGO_TARGET_DIR:-target}/release/cairn}
 [ -n "$work" ] || { work=$(mktemp -d); trap 'fusermount3 -u "$work/mnt" 2>/dev/null || true; rm -rf "$work"' EXIT; }
 export CAIRN_REPO=$work/repo CAIRN_PASSWORD=bench
 mkdir -p "$work/src/big" "$work/src/many" "$work/mnt"
@@ -32,6 +33,7 @@ for i in range(int(sys.argv[2])): open(os.path.join(sys.argv[1], 'f%07d' % i), '
 "$bin" init -q
 big=$("$bin" backup --json "$work/src/big" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["snapshot_id"])')
 many=$("$bin" backup --json "$work/src/many" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["snapshot_id"])')
+[ -z "$tree" ] || treesnap=$("$bin" backup --json "$tree" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["snapshot_id"])')
 if [ "$entries" != 0 ]; then
   ${CARGO_TARGET_DIR:-target}/release/examples/synthetic-index "$CAIRN_REPO" "$entries"
   echo "index: $entries synthetic entries added ($(du -sh "$CAIRN_REPO/index" | cut -f1) of index files)"
@@ -53,6 +55,21 @@ echo "mount RSS after the copy: $(rss)"
 d=$work/mnt/snapshots/$many${work}/src/many
 for i in 1 2 3; do echo "ls -l of $files entries (run $i): $(t ls -l "$d") s"; done
 echo "mount RSS after ls -l: $(rss), inodes held: $(stat -f -c %c "$work/mnt")"
+if [ -n "$tree" ]; then
+  out=/dev/shm/cairn-mount-bench-$$
+  cpu() { awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$pid/stat"; }
+  for i in 1 2 3; do
+    rm -rf "$out"; cold; c0=$(cpu)
+    w=$(t cp -a "$work/mnt/snapshots/$treesnap$tree" "$out")
+    echo "cp -a of $tree out of the mount into tmpfs (cold cache, run $i): $w s, mount CPU $(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$c0" "$(cpu)") s"
+  done
+  diff -r --no-dereference "$tree" "$out" >/dev/null && echo "  (the copy equals the source)"
+  for i in 1 2 3; do
+    rm -rf "$out"; cold
+    echo "restore of it into tmpfs (cold cache, run $i): $(t "$bin" restore -q "$treesnap" --target "$out") s"
+  done
+  rm -rf "$out"
+fi
 cold; sleep 6
 echo "idle 6 s and drop_caches: RSS $(rss), inodes held: $(stat -f -c %c "$work/mnt"), locks: $(ls "$work/repo/locks" | wc -l)"
 kill "$pid"; wait "$pid" || true

@@ -621,8 +621,10 @@ impl Sink for ZipSink<'_> {
     }
 }
 
-/// Blobs read at once, ahead of the writer: enough to keep several pack reads in
-/// flight on a disk or object store, little memory (a few MiB at most).
+/// Reader threads, and jobs queued for them: enough to keep several pack reads in
+/// flight on a disk or object store. What they hold is bounded by the jobs: 16 MiB
+/// of small files ahead ([`AHEAD_BYTES`]), two batches of a large file's blobs, and
+/// one range of at most [`MAX_JOB_RANGE`] per reader.
 const READ_AHEAD: usize = 8;
 
 /// Blobs of a large file asked for in one batch (split into a job per core): at
@@ -706,6 +708,10 @@ impl BlobReaders {
     }
 }
 
+/// The largest range [`read_blobs`] reads at once (gaps between wanted blobs
+/// included): with [`READ_AHEAD`] readers, 16 MiB at most in all.
+const MAX_JOB_RANGE: u32 = 2 << 20;
+
 /// A blob of a [`read_blobs`] call, for coalescing its pack reads.
 struct Wanted {
     pack: u32,
@@ -742,7 +748,8 @@ pub(crate) fn read_blobs(repo: &Repository, ids: &[BlobId]) -> Vec<Result<Vec<u8
         }
     }
     wanted.sort_unstable_by_key(|w| (w.pack, w.loc.offset));
-    let max_range = crate::ops::restore::execute::range_limit(repo);
+    // Restore's bound, but at most 2 MiB: eight readers each hold one range.
+    let max_range = crate::ops::restore::execute::range_limit(repo).min(MAX_JOB_RANGE);
     for same_pack in wanted.chunk_by(|a, b| a.pack == b.pack) {
         let pack = repo.index().pack_by_number(same_pack[0].pack);
         for range in crate::ops::restore::execute::ranges(same_pack, max_range) {

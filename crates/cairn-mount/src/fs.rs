@@ -603,7 +603,8 @@ fn entry_of(snap: SnapshotId, dir: BlobId, n: &Node) -> (What, FileAttr) {
 /// listing of 100,000 files costs one round trip less per file. Only the label's
 /// display in `ls` can differ (a snapshot mixing labelled and unlabelled files);
 /// copies list the names first and never ask for one that is absent. ACLs keep
-/// ENODATA: the kernel checks permissions with them, and caches "no ACL".
+/// ENODATA: with POSIX ACLs on, the kernel's permission checks ask the same
+/// question, and "not supported" would fail them.
 fn absent_xattr(name: &OsStr) -> Errno {
     if name.as_bytes().starts_with(b"security.") {
         Errno::EOPNOTSUPP
@@ -749,20 +750,21 @@ impl Filesystem for CairnFs {
         reply: ReplyData,
     ) {
         let st = &self.0;
-        let found = lock(&st.files).get(&fh.0).cloned();
-        let f = match found {
-            Some(f) => f,
-            // The kernel's no-open mode reads with handle 0.
-            None if fh.0 == 0 && st.no_open.load(Ordering::Relaxed) => {
-                match st.file_of_inode(ino.0) {
-                    Ok(f) => f,
-                    Err(fail) => {
-                        st.report(&fail);
-                        return reply.error(fail.errno);
-                    }
+        // The kernel's no-open mode reads with handle 0 (handles start at 1).
+        let f = if fh.0 == 0 && st.no_open.load(Ordering::Relaxed) {
+            match st.file_of_inode(ino.0) {
+                Ok(f) => f,
+                Err(fail) => {
+                    st.report(&fail);
+                    return reply.error(fail.errno);
                 }
             }
-            None => return reply.error(Errno::EBADF),
+        } else {
+            let found = lock(&st.files).get(&fh.0).cloned();
+            let Some(f) = found else {
+                return reply.error(Errno::EBADF);
+            };
+            f
         };
         let session = match st.session() {
             Ok(s) => s,

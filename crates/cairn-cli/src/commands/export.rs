@@ -199,6 +199,11 @@ impl<W: Write> Records<W> {
 
 impl<W: Write> Write for Records<W> {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.is_empty() && data.len() >= RECORD {
+            // Whole records straight from the caller's buffer, without a copy.
+            self.out.write_all(&data[..RECORD])?;
+            return Ok(RECORD);
+        }
         let n = data.len().min(RECORD - self.buf.len());
         self.buf.extend_from_slice(&data[..n]);
         if self.buf.len() == RECORD {
@@ -241,9 +246,17 @@ mod tests {
         for pad in [true, false] {
             let mut sink = Sizes::default();
             let mut r = Records::new(&mut sink);
-            for piece in data.chunks(3000) {
+            // Small pieces, pieces of several records (written without a copy
+            // when nothing is gathered) and a whole record at once.
+            let mut rest = &data[..];
+            for n in [3000, 25_000, RECORD, 1, 7, 40_000].into_iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (piece, tail) = rest.split_at(n.min(rest.len()));
                 r.write_all(piece).unwrap();
                 r.flush().unwrap();
+                rest = tail;
             }
             r.finish(pad).unwrap();
             let (last, whole) = sink.writes.split_last().unwrap();

@@ -714,7 +714,6 @@ const MAX_JOB_RANGE: u32 = 2 << 20;
 
 /// A blob of a [`read_blobs`] call, for coalescing its pack reads.
 struct Wanted {
-    pack: u32,
     loc: crate::index::BlobLocation,
     /// Its place in the call's ids.
     at: usize,
@@ -736,22 +735,19 @@ pub(crate) fn read_blobs(repo: &Repository, ids: &[BlobId]) -> Vec<Result<Vec<u8
     let mut wanted = Vec::with_capacity(ids.len());
     for (at, id) in ids.iter().enumerate() {
         match repo.index().get(id) {
-            Some(loc) if loc.kind == cairn_format::pack::BlobKind::Data && ids.len() > 1 => wanted
-                .push(Wanted {
-                    pack: loc.pack_number(),
-                    loc,
-                    at,
-                }),
+            Some(loc) if loc.kind == cairn_format::pack::BlobKind::Data && ids.len() > 1 => {
+                wanted.push(Wanted { loc, at })
+            }
             // Trees, chunk lists, and what the index lacks: the single read's way
             // (and its error).
             _ => out[at] = Some(repo.read_blob(id)),
         }
     }
-    wanted.sort_unstable_by_key(|w| (w.pack, w.loc.offset));
+    wanted.sort_unstable_by_key(|w| (w.loc.pack_number(), w.loc.offset));
     // Restore's bound, but at most 2 MiB: eight readers each hold one range.
     let max_range = crate::ops::restore::execute::range_limit(repo).min(MAX_JOB_RANGE);
-    for same_pack in wanted.chunk_by(|a, b| a.pack == b.pack) {
-        let pack = repo.index().pack_by_number(same_pack[0].pack);
+    for same_pack in wanted.chunk_by(|a, b| a.loc.pack_number() == b.loc.pack_number()) {
+        let pack = repo.index().pack_of(&same_pack[0].loc);
         for range in crate::ops::restore::execute::ranges(same_pack, max_range) {
             let start = u64::from(range[0].loc.offset);
             let end = range

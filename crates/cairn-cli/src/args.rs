@@ -193,8 +193,8 @@ pub struct MountArgs {
     /// snapshot under hosts/, snapshots/ and latest
     #[arg(long)]
     pub snapshot: Option<String>,
-    /// Let other users see the mount (the kernel still checks each file's owner
-    /// and mode; as non-root needs user_allow_other in /etc/fuse.conf)
+    /// Let other users see the mount (the kernel still checks each file's owner,
+    /// mode and ACLs; as non-root needs user_allow_other in /etc/fuse.conf)
     #[arg(long)]
     pub allow_other: bool,
     /// Memory for recently read file content (e.g. 64M, 1G; default 64M, or a share
@@ -208,8 +208,8 @@ pub struct MountArgs {
     /// Threads answering the kernel
     #[arg(long, default_value_t = 4, hide = true)]
     pub threads: usize,
-    /// Show no extended attributes nor ACLs: `ls -l` then asks nothing per file
-    /// (otherwise it asks each file for its ACL, a round trip through FUSE)
+    /// Show no extended attributes nor ACLs (`ls -l` then asks nothing per file;
+    /// without it, it asks only in snapshots that have ACLs or with --allow-other)
     #[arg(long)]
     pub no_xattrs: bool,
 }

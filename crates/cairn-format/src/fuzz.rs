@@ -486,6 +486,7 @@ fn gen_snapshot(rng: &mut Rng) -> Snapshot {
                 1 => rng.below(100_000) as f64 / 1000.0,
                 _ => f64::from_bits(rng.u64() >> 2),
             },
+            entries_with_acl: rng.one_in(2).then(|| rng.edgy_u64()),
         },
     }
 }

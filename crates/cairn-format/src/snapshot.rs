@@ -27,6 +27,11 @@ pub struct SnapshotSummary {
     /// Bytes the new blobs occupy in packs (after compression and sealing).
     pub data_added_packed: u64,
     pub duration_secs: f64,
+    /// Entries that carry a POSIX ACL (access or default). Absent from snapshots
+    /// written before it was counted: unknown. Zero lets a mount tell `ls -l` that
+    /// the snapshot has no ACLs, which spares a question per file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries_with_acl: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

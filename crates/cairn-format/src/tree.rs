@@ -120,6 +120,11 @@ impl Tree {
     }
 }
 
+/// The extended attributes Linux keeps POSIX ACLs under.
+pub fn is_acl_name(name: &[u8]) -> bool {
+    name == b"system.posix_acl_access" || name == b"system.posix_acl_default"
+}
+
 impl Node {
     pub fn new(name: Vec<u8>, kind: NodeKind) -> Self {
         Node {
@@ -143,6 +148,11 @@ impl Node {
             content: Content::None,
             subtree: None,
         }
+    }
+
+    /// Whether the entry carries a POSIX ACL (an access or a default one).
+    pub fn has_acl(&self) -> bool {
+        self.xattrs.iter().any(|(k, _)| is_acl_name(k))
     }
 
     /// A name that is safe to join to a directory path: not empty, not `.` or `..`,

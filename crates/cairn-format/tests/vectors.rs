@@ -1097,6 +1097,9 @@ fn vector_snapshot() -> Snapshot {
             data_added: 20000,
             data_added_packed: 20160,
             duration_secs: 1.25,
+            // Unknown, as in every snapshot written before the count: the field is
+            // left out, so the pinned JSON is that of those snapshots.
+            entries_with_acl: None,
         },
     }
 }
@@ -1109,6 +1112,15 @@ fn snapshot() {
     let plain = s.to_bytes();
     pinned_text("snapshot", &plain, SNAPSHOT_JSON);
     assert_eq!(Snapshot::from_bytes(SNAPSHOT_JSON.as_bytes()).unwrap(), s);
+    // Since the ACL count: one more summary field, last.
+    let mut counted = s.clone();
+    counted.summary.entries_with_acl = Some(7);
+    let json = SNAPSHOT_JSON.replace(
+        "\"duration_secs\":1.25}",
+        "\"duration_secs\":1.25,\"entries_with_acl\":7}",
+    );
+    pinned_text("snapshot with its ACL count", &counted.to_bytes(), &json);
+    assert_eq!(Snapshot::from_bytes(json.as_bytes()).unwrap(), counted);
     let stored = sealed_vector(
         "snapshot",
         Encryption::Aes256Gcm,

@@ -19,7 +19,7 @@ use crate::layout::SnapEntry;
 use crate::log::Log;
 use crate::sessions::Sessions;
 use crate::trees::{TreeCache, lock};
-use cairn_format::tree::{Node, NodeKind, Timestamp, Tree};
+use cairn_format::tree::{Node, NodeKind, Timestamp, Tree, is_acl_name};
 use cairn_format::{BlobId, SnapshotId};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -56,6 +56,14 @@ pub struct State {
     owner: (u32, u32),
     pub log: Log,
     xattrs: bool,
+    /// Others may use the mount (`--allow-other`): the kernel must then apply the
+    /// recorded POSIX ACLs in its permission checks.
+    allow_other: bool,
+    /// The kernel checks permissions against POSIX ACLs (FUSE_POSIX_ACL is on).
+    acl_checks: AtomicBool,
+    /// Whether any entry of a directory (by tree id) has a POSIX ACL; see
+    /// [`State::absent_xattr`].
+    acl_dirs: Mutex<HashMap<BlobId, bool>>,
 }
 
 /// An open directory: what it lists, fixed when it was opened.
@@ -214,6 +222,7 @@ impl State {
         fetch: Fetcher,
         log: Log,
         xattrs: bool,
+        allow_other: bool,
     ) -> State {
         State {
             sessions,
@@ -231,6 +240,9 @@ impl State {
             ),
             log,
             xattrs,
+            allow_other,
+            acl_checks: AtomicBool::new(false),
+            acl_dirs: Mutex::new(HashMap::new()),
         }
     }
 
@@ -570,6 +582,66 @@ impl State {
         }
     }
 
+    /// The answer for an extended attribute the entry `what` does not have.
+    ///
+    /// ENODATA, except where "not supported" is as true and saves a round trip
+    /// per file: GNU `ls -l` asks every file for its SELinux label and its ACL,
+    /// the kernel keeps no negative answer for either, and ls stops asking a
+    /// device once it says "not supported" (100,000 files: 3.3 s with both
+    /// questions, 0.8 s without).
+    /// - `security.*`: always. Only the label's display in `ls` can differ (a
+    ///   snapshot mixing labelled and unlabelled files); copies list the names
+    ///   first and never ask for an absent one.
+    /// - ACLs, when the kernel does not check permissions against them (without
+    ///   `--allow-other`, see `init`; with its checks, "not supported" would fail
+    ///   them): in a snapshot that records that none of its entries has an ACL.
+    ///   A snapshot that has some answers ENODATA everywhere, so `ls` marks every
+    ///   file that has one. A snapshot written before the count was kept
+    ///   (unknown) answers "not supported" for a file whose directory has no
+    ///   entry with an ACL: `ls -l DIR` asks DIR itself first (a directory:
+    ///   ENODATA), then its entries, so one listing still marks each file that
+    ///   has one, but a recursive listing that meets an ACL-free directory
+    ///   first stops showing the marks. getfacl and copies ask each file and get
+    ///   its ACL whatever the answer to others.
+    fn absent_xattr(&self, what: &What, name: &[u8]) -> Errno {
+        if name.starts_with(b"security.") {
+            return Errno::EOPNOTSUPP;
+        }
+        if !is_acl_name(name) {
+            return Errno::NO_XATTR;
+        }
+        let (snap, file_in) = match what {
+            What::Entry {
+                snap, dir, subtree, ..
+            } => (snap, subtree.is_none().then_some(dir)),
+            What::SnapRoot { snap, .. } => (snap, None),
+            _ => return Errno::NO_XATTR,
+        };
+        absent_acl(
+            self.acl_checks.load(Ordering::Relaxed),
+            self.sessions.listing().get(snap).and_then(|e| e.acl_free),
+            file_in.map(|dir| || self.dir_has_acls(dir)),
+        )
+    }
+
+    /// Whether an entry of the directory whose tree is `dir` has a POSIX ACL (yes
+    /// when the tree cannot be read: ENODATA is the answer that is never wrong).
+    fn dir_has_acls(&self, dir: &BlobId) -> bool {
+        if let Some(&has) = lock(&self.acl_dirs).get(dir) {
+            return has;
+        }
+        let Ok(tree) = self.tree(dir, b"") else {
+            return true;
+        };
+        let has = tree.nodes.iter().any(Node::has_acl);
+        let mut memo = lock(&self.acl_dirs);
+        if memo.len() >= ACL_DIRS {
+            memo.clear();
+        }
+        memo.insert(*dir, has);
+        has
+    }
+
     fn new_fh(&self) -> u64 {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
@@ -595,23 +667,33 @@ fn entry_of(snap: SnapshotId, dir: BlobId, n: &Node) -> (What, FileAttr) {
     )
 }
 
-/// The answer for an extended attribute the entry does not have.
-///
-/// ENODATA, except in the `security.` namespace, where it is "not supported":
-/// `ls -l` asks every file for its SELinux label, the kernel keeps no negative
-/// answer, and GNU ls stops asking a device once it says "not supported", so a
-/// listing of 100,000 files costs one round trip less per file. Only the label's
-/// display in `ls` can differ (a snapshot mixing labelled and unlabelled files);
-/// copies list the names first and never ask for one that is absent. ACLs keep
-/// ENODATA: with POSIX ACLs on, the kernel's permission checks ask the same
-/// question, and "not supported" would fail them.
-fn absent_xattr(name: &OsStr) -> Errno {
-    if name.as_bytes().starts_with(b"security.") {
+/// The answer for an absent ACL (see [`State::absent_xattr`]): `acl_checks`, the
+/// kernel checks permissions against ACLs; `snapshot_acl_free`, what the snapshot
+/// records; `file_dir`, for a file (not a directory), whether an entry of its
+/// directory has an ACL.
+fn absent_acl(
+    acl_checks: bool,
+    snapshot_acl_free: Option<bool>,
+    file_dir: Option<impl FnOnce() -> bool>,
+) -> Errno {
+    if acl_checks {
+        return Errno::NO_XATTR;
+    }
+    let unsupported = match (snapshot_acl_free, file_dir) {
+        (Some(free), _) => free,
+        (None, Some(dir_has_acls)) => !dir_has_acls(),
+        (None, None) => false,
+    };
+    if unsupported {
         Errno::EOPNOTSUPP
     } else {
         Errno::NO_XATTR
     }
 }
+
+/// Directories whose "has an ACL" answer is remembered; past this the memo starts
+/// again (a tree is read again at worst).
+const ACL_DIRS: usize = 1 << 16;
 
 fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -632,18 +714,24 @@ impl Filesystem for CairnFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Listings carry every entry's attributes; symlink targets are cached
         // (they never change); lookups in different directories run in parallel;
-        // the kernel enforces recorded POSIX ACLs and keeps each inode's ACL once
-        // read (`ls -l` asks for it on every file).
-        let mut caps = vec![
+        // lookups in different directories run in parallel.
+        for cap in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
-        ];
-        if self.0.xattrs {
-            caps.push(InitFlags::FUSE_POSIX_ACL);
-        }
-        for cap in caps {
+        ] {
             let _ = config.add_capabilities(cap);
+        }
+        // When others may use the mount, the kernel applies the recorded POSIX
+        // ACLs in its permission checks. Otherwise only the user who mounted (who
+        // holds the repository's key and could restore it all) gets in, the mode
+        // bits decide, and ACLs are only shown: that lets an ACL-free directory
+        // answer "not supported" (see `State::absent_xattr`).
+        if self.0.xattrs
+            && self.0.allow_other
+            && config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_ok()
+        {
+            self.0.acl_checks.store(true, Ordering::Relaxed);
         }
         if config
             .capabilities()
@@ -972,12 +1060,18 @@ impl Filesystem for CairnFs {
         if !st.xattrs {
             return reply.error(Errno::ENOSYS);
         }
-        match st.what(ino.0) {
-            Ok(What::Entry {
-                has_xattrs: true, ..
-            }) => {}
-            Ok(_) => return reply.error(absent_xattr(name)),
+        let what = match st.what(ino.0) {
+            Ok(w) => w,
             Err(f) => return reply.error(f.errno),
+        };
+        if !matches!(
+            what,
+            What::Entry {
+                has_xattrs: true,
+                ..
+            }
+        ) {
+            return reply.error(st.absent_xattr(&what, name.as_bytes()));
         }
         let (tree, i, _) = match st.node_of(ino.0) {
             Ok(x) => x,
@@ -993,7 +1087,7 @@ impl Filesystem for CairnFs {
                 .map(|(_, v)| v.as_slice())
         });
         match value {
-            None => reply.error(absent_xattr(name)),
+            None => reply.error(st.absent_xattr(&what, name.as_bytes())),
             Some(v) if size == 0 => reply.size(v.len() as u32),
             Some(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
             Some(v) => reply.data(v),
@@ -1068,6 +1162,29 @@ mod tests {
             n,
             format!("f{n}"),
         ))
+    }
+
+    #[test]
+    fn an_absent_acl_is_not_supported_only_where_no_listing_loses_a_mark() {
+        let yes = Some(|| true);
+        let no = Some(|| false);
+        let dir = None::<fn() -> bool>;
+        let (nodata, unsupported) = (Errno::NO_XATTR, Errno::EOPNOTSUPP);
+        // The kernel checks permissions against ACLs: never "not supported".
+        for free in [Some(true), Some(false), None] {
+            assert_eq!(absent_acl(true, free, no), nodata);
+            assert_eq!(absent_acl(true, free, dir), nodata);
+        }
+        // A snapshot that records none: files and directories alike.
+        assert_eq!(absent_acl(false, Some(true), yes), unsupported);
+        assert_eq!(absent_acl(false, Some(true), dir), unsupported);
+        // A snapshot that records some: ENODATA everywhere, so ls keeps asking.
+        assert_eq!(absent_acl(false, Some(false), no), nodata);
+        assert_eq!(absent_acl(false, Some(false), dir), nodata);
+        // Unknown (older snapshots): a file of an ACL-free directory only.
+        assert_eq!(absent_acl(false, None, no), unsupported);
+        assert_eq!(absent_acl(false, None, yes), nodata);
+        assert_eq!(absent_acl(false, None, dir), nodata);
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub struct SnapEntry {
     pub date: String,
     /// Seconds since the epoch (0 if the time cannot be read).
     pub secs: i64,
+    /// Whether none of its entries has a POSIX ACL (unknown for snapshots
+    /// written before backups counted them).
+    pub acl_free: Option<bool>,
 }
 
 /// The snapshots of one session's list, by the names the mount shows.
@@ -83,6 +86,7 @@ impl Listing {
                 host: host_dir_name(&s.hostname),
                 date,
                 secs,
+                acl_free: s.summary.entries_with_acl.map(|n| n == 0),
             });
         }
         // Same host, same second: every one of them gets its short id.

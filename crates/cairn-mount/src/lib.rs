@@ -42,7 +42,8 @@ pub struct MountOptions {
     /// Mount only this snapshot's tree (an id prefix or `latest`).
     pub snapshot: Option<String>,
     /// Let users other than the one mounting see the files (the kernel still
-    /// checks each file's owner and mode).
+    /// checks each file's owner, mode and recorded POSIX ACLs; without it, only
+    /// the mounting user gets in, the mode bits decide and ACLs are only shown).
     pub allow_other: bool,
     /// Bytes of blobs kept in memory (content and chunk lists).
     pub cache_bytes: usize,
@@ -177,6 +178,7 @@ pub fn mount(
         fetch::Fetcher::new(cache, opts.fetch_threads),
         log,
         opts.xattrs,
+        opts.allow_other,
     ));
     {
         let listing = state.sessions.listing();

@@ -539,3 +539,156 @@ fn a_mount_sizes_its_caches_to_the_memory_limit_or_refuses() {
     );
     assert!(!is_mounted(&other));
 }
+
+/// A POSIX ACL as Linux stores it in `system.posix_acl_*`: version 2, then
+/// (tag, permissions, id) entries. `user::rw- user:1234:r-- group::r-- mask::r--
+/// other::r--`.
+fn acl_bytes() -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (0x01u16, 6u16, u32::MAX),
+        (0x02, 4, 1234),
+        (0x04, 4, u32::MAX),
+        (0x10, 4, u32::MAX),
+        (0x20, 4, u32::MAX),
+    ] {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+fn acl_errno(path: &Path) -> Option<i32> {
+    match xattr::get(path, "system.posix_acl_access") {
+        Ok(None) => Some(libc::ENODATA),
+        Ok(Some(v)) => panic!("{}: an ACL of {} bytes", path.display(), v.len()),
+        Err(e) => e.raw_os_error(),
+    }
+}
+
+/// The `ls -l` lines of `dirs`, listed by one process (GNU ls remembers a
+/// device's "not supported" across its arguments), with `+` marking an ACL.
+fn ls_marks(dirs: &[PathBuf]) -> Vec<String> {
+    let out = Command::new("ls").arg("-l").args(dirs).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with('-') || l.starts_with('d'))
+        .map(|l| {
+            let name = l.rsplit(' ').next().unwrap();
+            format!("{name}{}", if l.contains("+ ") { " +" } else { "" })
+        })
+        .collect()
+}
+
+#[test]
+fn acls_show_as_recorded_and_an_acl_free_snapshot_is_not_asked_file_by_file() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("b-acl")).unwrap();
+    fs::create_dir_all(src.join("a-plain")).unwrap();
+    fs::write(src.join("a-plain/f"), "f").unwrap();
+    fs::write(src.join("b-acl/granted"), "g").unwrap();
+    fs::write(src.join("b-acl/plain"), "p").unwrap();
+    let acl = acl_bytes();
+    xattr::set(src.join("b-acl/granted"), "system.posix_acl_access", &acl)
+        .expect("the test directory's file system must take POSIX ACLs");
+    xattr::set(src.join("b-acl"), "system.posix_acl_default", &acl).unwrap();
+    let with = backup_host(&env, &src, "h");
+    let without = backup_host(&env, &src.join("a-plain"), "h");
+    let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    let counts: Vec<_> = snaps
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap(),
+                s["summary"]["entries_with_acl"].as_u64(),
+            )
+        })
+        .collect();
+    assert!(counts.contains(&(with.as_str(), Some(2))), "{counts:?}");
+    assert!(counts.contains(&(without.as_str(), Some(0))), "{counts:?}");
+
+    let mnt = env.path("mnt");
+    let m = Mount::start(&env, &mnt, &[]);
+    let snap = mnt.join("snapshots");
+    // A snapshot with ACLs: every ACL as recorded, getfacl-style reads and `cp
+    // -a` get them, and an absent one is ENODATA everywhere, so one `ls` of
+    // several directories marks every file that has one.
+    let root = inside(&snap.join(&with), &src);
+    assert_eq!(
+        xattr::get(root.join("b-acl/granted"), "system.posix_acl_access").unwrap(),
+        Some(acl.clone())
+    );
+    assert_eq!(
+        xattr::get(root.join("b-acl"), "system.posix_acl_default").unwrap(),
+        Some(acl.clone())
+    );
+    for f in ["a-plain/f", "b-acl/plain", "a-plain", "b-acl"] {
+        assert_eq!(acl_errno(&root.join(f)), Some(libc::ENODATA), "{f}");
+    }
+    assert_eq!(
+        ls_marks(&[root.clone(), root.join("a-plain"), root.join("b-acl")]),
+        ["a-plain", "b-acl +", "f", "granted +", "plain"]
+    );
+    let copy = env.path("copy");
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(root.join("b-acl"))
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    assert_eq!(
+        xattr::get(copy.join("granted"), "system.posix_acl_access").unwrap(),
+        Some(acl.clone())
+    );
+    // A snapshot that records no ACL: "not supported", which `ls -l` remembers
+    // for the device instead of asking every file.
+    let plain = inside(&snap.join(&without), &src.join("a-plain"));
+    assert_eq!(acl_errno(&plain.join("f")), Some(libc::EOPNOTSUPP));
+    assert_eq!(acl_errno(&plain), Some(libc::EOPNOTSUPP));
+    drop(m);
+
+    // With --allow-other the kernel checks permissions against ACLs, and would
+    // fail its checks on "not supported": ENODATA everywhere.
+    if nix::unistd::geteuid().is_root() {
+        let _m = Mount::start(&env, &mnt, &["--allow-other"]);
+        let plain = inside(&snap.join(&without), &src.join("a-plain"));
+        assert_eq!(acl_errno(&plain.join("f")), Some(libc::ENODATA));
+        let root = inside(&snap.join(&with), &src);
+        assert_eq!(
+            xattr::get(root.join("b-acl/granted"), "system.posix_acl_access").unwrap(),
+            Some(acl)
+        );
+    }
+}
+
+#[test]
+fn a_snapshot_from_before_acls_were_counted_answers_by_directory() {
+    // v1's snapshots have no ACL count and no ACLs: a file of a directory without
+    // ACLs is "not supported", a directory is ENODATA (`ls -l DIR` asks DIR first,
+    // and its entries may have ACLs).
+    let env = crate::golden::unpack("v1");
+    let mnt = env.path("mnt");
+    let _m = Mount::start(&env, &mnt, &[]);
+    let root = mnt.join("latest/tmp/cairn-golden-src");
+    assert_eq!(acl_errno(&root.join("docs")), Some(libc::ENODATA));
+    let file = fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .find(|e| e.file_type().unwrap().is_file())
+        .expect("a file in docs/")
+        .path();
+    assert_eq!(
+        acl_errno(&file),
+        Some(libc::EOPNOTSUPP),
+        "{}",
+        file.display()
+    );
+}

@@ -253,7 +253,10 @@ pub(crate) fn archive(
         meta: Packer::new(repo.key().clone(), pool.clone(), pack_size),
         encoder: BlobEncoder::new(level),
         uploader: repo.uploader(pool),
-        summary: SnapshotSummary::default(),
+        summary: SnapshotSummary {
+            entries_with_acl: Some(0),
+            ..SnapshotSummary::default()
+        },
         held: Vec::new(),
         held_bytes: 0,
         stored_data: Vec::new(),
@@ -359,6 +362,10 @@ fn run<'a>(
                             .pop()
                             .ok_or_else(|| Error::Invalid("unbalanced directory stream".into()))?;
                         children.sort_by(|a, b| a.name.cmp(&b.name));
+                        let acls = children.iter().filter(|n| n.has_acl()).count() as u64;
+                        if let Some(n) = st.summary.entries_with_acl.as_mut() {
+                            *n += acls;
+                        }
                         let tree = Tree { nodes: children };
                         let id = st.store_meta(BlobKind::Tree, &tree.encode())?;
                         node.subtree = Some(id);

@@ -1,7 +1,10 @@
 //! Reading blobs for the mount: through the shared, bounded blob cache, each blob
 //! fetched once however many readers want it at the same moment, and a few
 //! fetched ahead of a sequential reader on worker threads, so that a file streams
-//! at the storage's speed rather than one blob round trip at a time.
+//! at the storage's speed rather than one blob round trip at a time. Blobs asked
+//! ahead together are read as one job, neighbours in a pack with one range read
+//! ([`Repository::read_blobs`](cairn_core::Repository::read_blobs)): on remote
+//! storage one request for what would be a dozen.
 
 use crate::trees::lock;
 use cairn_core::Error;
@@ -16,9 +19,16 @@ use std::sync::{Arc, Condvar, Mutex};
 pub type Blob = Arc<[u8]>;
 pub type FetchResult = Result<Blob, Arc<Error>>;
 
-/// Prefetch requests waiting for a worker; more are dropped (the reader then
-/// fetches the blob itself when it gets there).
+/// Prefetch jobs waiting for a worker; more are dropped (the reader then fetches
+/// the blob itself when it gets there).
 const QUEUE: usize = 64;
+
+/// Blobs in one prefetch job at most. Fewer requests per job, but a job's blobs
+/// are decoded one after the other on its worker: a 512 MiB file copied out
+/// of a mount through `cairn serve` took 2.44 / 1.70 / 1.48 / 1.58 s with jobs of
+/// 2 / 4 / 8 / 16 (3.5 s blob by blob), and locally 0.76 s up to 8 but 1.01 s
+/// with 16 (0.75 s blob by blob).
+const JOB_BLOBS: usize = 8;
 
 pub struct Fetcher {
     shared: Arc<Shared>,
@@ -39,9 +49,8 @@ struct Pending {
 }
 
 struct Job {
-    id: BlobId,
+    blobs: Vec<(BlobId, Arc<Pending>)>,
     session: Arc<Session<Read>>,
-    pending: Arc<Pending>,
 }
 
 impl Fetcher {
@@ -60,12 +69,15 @@ impl Fetcher {
                 .name(format!("mount-fetch-{i}"))
                 .spawn(move || {
                     for job in rx {
-                        let r = if shared.stopping.load(Ordering::Relaxed) {
-                            Err(Arc::new(Error::Interrupted))
+                        let ids: Vec<BlobId> = job.blobs.iter().map(|(id, _)| *id).collect();
+                        let results = if shared.stopping.load(Ordering::Relaxed) {
+                            vec![Err(Arc::new(Error::Interrupted)); ids.len()]
                         } else {
-                            fetch(&job.session, &job.id)
+                            fetch_many(&job.session, &ids)
                         };
-                        shared.complete(&job.id, &job.pending, r);
+                        for ((id, pending), r) in job.blobs.iter().zip(results) {
+                            shared.complete(id, pending, r);
+                        }
                     }
                 });
         }
@@ -117,37 +129,43 @@ impl Fetcher {
         }
     }
 
-    /// Starts reading the blob on a worker unless it is cached or under way.
-    pub fn prefetch(&self, session: &Arc<Session<Read>>, id: &BlobId) {
-        if self.shared.cache.contains(id) {
-            return;
-        }
-        let pending = {
-            let mut m = lock(&self.shared.inflight);
-            if m.contains_key(id) {
-                return;
-            }
-            let p = Arc::new(Pending::default());
-            m.insert(*id, p.clone());
-            p
-        };
-        let job = Job {
-            id: *id,
-            session: session.clone(),
-            pending,
-        };
-        if let Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) =
-            self.tx.try_send(job)
+    /// Starts reading the blobs on the workers, those not cached nor under way,
+    /// in jobs of [`JOB_BLOBS`] (give them in file order: neighbours in a file
+    /// are mostly neighbours in a pack).
+    pub fn prefetch(&self, session: &Arc<Session<Read>>, ids: &[BlobId]) {
+        let mut todo: Vec<(BlobId, Arc<Pending>)> = Vec::new();
         {
-            // Nobody waits on it yet: forget it, a reader fetches it itself.
             let mut m = lock(&self.shared.inflight);
-            if m.get(&job.id).is_some_and(|p| Arc::ptr_eq(p, &job.pending)) {
-                m.remove(&job.id);
+            for id in ids {
+                if self.shared.cache.contains(id) || m.contains_key(id) {
+                    continue;
+                }
+                let p = Arc::new(Pending::default());
+                m.insert(*id, p.clone());
+                todo.push((*id, p));
             }
-            drop(m);
-            let r = Err(Arc::new(Error::Interrupted));
-            *lock(&job.pending.result) = Some(r);
-            job.pending.done.notify_all();
+        }
+        let mut todo = todo.into_iter().peekable();
+        while todo.peek().is_some() {
+            let job = Job {
+                blobs: todo.by_ref().take(JOB_BLOBS).collect(),
+                session: session.clone(),
+            };
+            if let Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) =
+                self.tx.try_send(job)
+            {
+                // Nobody waits on them yet: forget them, a reader fetches each
+                // itself.
+                for (id, pending) in job.blobs.into_iter().chain(todo.by_ref()) {
+                    let mut m = lock(&self.shared.inflight);
+                    if m.get(&id).is_some_and(|p| Arc::ptr_eq(p, &pending)) {
+                        m.remove(&id);
+                    }
+                    drop(m);
+                    *lock(&pending.result) = Some(Err(Arc::new(Error::Interrupted)));
+                    pending.done.notify_all();
+                }
+            }
         }
     }
 }
@@ -164,6 +182,26 @@ impl Shared {
             m.remove(id);
         }
     }
+}
+
+/// Reads blobs ([`fetch`] for one); a panic in the engine fails them all, never
+/// the mount.
+fn fetch_many(session: &Session<Read>, ids: &[BlobId]) -> Vec<FetchResult> {
+    if let [id] = ids {
+        return vec![fetch(session, id)];
+    }
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        session.repo().read_blobs(ids)
+    }))
+    .map(|v| {
+        v.into_iter()
+            .map(|r| r.map(Blob::from).map_err(Arc::new))
+            .collect()
+    })
+    .unwrap_or_else(|_| {
+        let e = Arc::new(Error::Invalid("reading blobs panicked".into()));
+        vec![Err(e); ids.len()]
+    })
 }
 
 /// Reads one blob; a panic in the engine becomes an error, never the end of the

@@ -14,8 +14,8 @@ use crate::trees::lock;
 use cairn_core::Error;
 use cairn_core::session::{Read, Session};
 use cairn_core::tree::chunklist::FileReader;
-use cairn_format::FormatError;
 use cairn_format::tree::{ChunkRef, Content};
+use cairn_format::{BlobId, FormatError};
 use std::sync::{Arc, Mutex};
 
 /// Chunks located at a time (40 bytes each with their offset).
@@ -171,12 +171,13 @@ impl OpenFile {
             }
             (needed, ahead)
         };
-        for (c, _) in needed.iter().skip(1) {
-            fetcher.prefetch(session, &c.id);
-        }
-        for id in &ahead {
-            fetcher.prefetch(session, id);
-        }
+        let later: Vec<BlobId> = needed
+            .iter()
+            .skip(1)
+            .map(|(c, _)| c.id)
+            .chain(ahead)
+            .collect();
+        fetcher.prefetch(session, &later);
         let mut out = Vec::with_capacity(want as usize);
         for (c, start) in needed {
             let data = fetcher.get(session, &c.id).map_err(|e| ReadError {

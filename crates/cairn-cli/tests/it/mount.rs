@@ -692,3 +692,49 @@ fn a_snapshot_from_before_acls_were_counted_answers_by_directory() {
         file.display()
     );
 }
+
+/// A file read through a mount of a remote repository: read-ahead takes blobs
+/// side by side in a pack with one range request, not a request per blob.
+#[test]
+fn a_remote_mount_reads_ahead_several_blobs_per_request() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = Rng(33).bytes(6 << 20, false);
+    fs::write(src.join("big"), &data).unwrap();
+    let out = env.ok(&["backup", "--json", src.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let blobs = v["blobs_added"].as_u64().unwrap();
+    assert!(blobs > 200, "{out}");
+    let srv = crate::server::Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let token = srv.token("mount", "main", "restore");
+    let mnt = env.path("mnt");
+    let mut c = crate::server::client_cmd(
+        &env,
+        &srv,
+        "main",
+        &token,
+        &["mount", mnt.to_str().unwrap()],
+    );
+    c.env("CAIRN_TRAFFIC_REPORT", "1");
+    let m = Mount::spawn(c, &mnt);
+    let got = fs::read(inside(&mnt.join("latest"), &src).join("big")).unwrap();
+    assert!(got == data, "the file read through the mount differs");
+    m.signal(nix::sys::signal::Signal::SIGTERM);
+    let (status, log) = m.wait(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}: {log}");
+    let requests: u64 = log
+        .lines()
+        .filter(|l| l.starts_with("traffic: "))
+        .map(|l| {
+            let n = l.trim_end_matches(" requests").rsplit(' ').next().unwrap();
+            n.parse::<u64>().unwrap()
+        })
+        .sum();
+    // Blob by blob this was more than `blobs` requests.
+    assert!(
+        requests > 0 && requests * 3 < blobs,
+        "{requests} requests for {blobs} blobs:\n{log}"
+    );
+}

@@ -3,7 +3,7 @@
 //! fetched ahead of a sequential reader on worker threads, so that a file streams
 //! at the storage's speed rather than one blob round trip at a time. Blobs asked
 //! ahead together are read as one job, neighbours in a pack with one range read
-//! ([`Repository::read_blobs`](cairn_core::Repository::read_blobs)): on remote
+//! ([`read_blobs`](cairn_core::ops::blobs::read_blobs)): on remote
 //! storage one request for what would be a dozen.
 
 use crate::trees::lock;
@@ -129,6 +129,11 @@ impl Fetcher {
         }
     }
 
+    /// Whether the blob is cached or on its way.
+    pub fn known(&self, id: &BlobId) -> bool {
+        self.shared.cache.contains(id) || lock(&self.shared.inflight).contains_key(id)
+    }
+
     /// Starts reading the blobs on the workers, those not cached nor under way,
     /// in jobs of [`JOB_BLOBS`] (give them in file order: neighbours in a file
     /// are mostly neighbours in a pack).
@@ -191,7 +196,7 @@ fn fetch_many(session: &Session<Read>, ids: &[BlobId]) -> Vec<FetchResult> {
         return vec![fetch(session, id)];
     }
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        session.repo().read_blobs(ids)
+        cairn_core::ops::blobs::read_blobs(session.repo(), ids)
     }))
     .map(|v| {
         v.into_iter()

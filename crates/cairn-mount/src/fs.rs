@@ -19,7 +19,8 @@ use crate::layout::SnapEntry;
 use crate::log::Log;
 use crate::sessions::Sessions;
 use crate::trees::{TreeCache, lock};
-use cairn_format::tree::{Node, NodeKind, Timestamp, Tree, is_acl_name};
+use cairn_core::session::Read;
+use cairn_format::tree::{Content, Node, NodeKind, Timestamp, Tree, is_acl_name};
 use cairn_format::{BlobId, SnapshotId};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -596,7 +597,8 @@ impl State {
     ///   `--allow-other`, see `init`; with its checks, "not supported" would fail
     ///   them): in a snapshot that records that none of its entries has an ACL.
     ///   A snapshot that has some answers ENODATA everywhere, so `ls` marks every
-    ///   file that has one. A snapshot written before the count was kept
+    ///   file that has one (unless the same `ls` listed an ACL-free snapshot
+    ///   first: it remembers "not supported" for the whole mount). A snapshot written before the count was kept
     ///   (unknown) answers "not supported" for a file whose directory has no
     ///   entry with an ACL: `ls -l DIR` asks DIR itself first (a directory:
     ///   ENODATA), then its entries, so one listing still marks each file that
@@ -640,6 +642,38 @@ impl State {
         }
         memo.insert(*dir, has);
         has
+    }
+
+    /// When a file is read from its start and the next small file of its
+    /// directory is neither cached nor on its way, starts fetching the next
+    /// [`SIBLING_FILES`] small files. A copy of a tree reads a directory's files
+    /// one after the other in the listing's order, and the backup stored their
+    /// content side by side, so they come in one or two range reads instead of
+    /// a request each (what a remote repository needs) and the copy finds them
+    /// in memory.
+    fn read_ahead_siblings(&self, ino: u64, session: &Arc<cairn_core::Session<Read>>) {
+        let Ok((tree, i, _)) = self.node_of(ino) else {
+            return;
+        };
+        let (mut ids, mut files, mut bytes) = (Vec::new(), 0, 0u64);
+        for n in tree.nodes.iter().skip(i + 1) {
+            let Content::Inline(chunks) = &n.content else {
+                continue;
+            };
+            if n.kind != NodeKind::File || chunks.is_empty() {
+                continue;
+            }
+            if files == 0 && self.fetch.known(&chunks[0].id) {
+                return;
+            }
+            ids.extend(chunks.iter().map(|c| c.id));
+            bytes += chunks.iter().map(|c| c.length).sum::<u64>();
+            files += 1;
+            if files >= SIBLING_FILES || bytes >= SIBLING_BYTES {
+                break;
+            }
+        }
+        self.fetch.prefetch(session, &ids);
     }
 
     fn new_fh(&self) -> u64 {
@@ -691,6 +725,11 @@ fn absent_acl(
     }
 }
 
+/// Small files of a directory fetched ahead at once, and their bytes at most
+/// (see [`State::read_ahead_siblings`]).
+const SIBLING_FILES: usize = 16;
+const SIBLING_BYTES: u64 = 1 << 20;
+
 /// Directories whose "has an ACL" answer is remembered; past this the memo starts
 /// again (a tree is read again at worst).
 const ACL_DIRS: usize = 1 << 16;
@@ -713,8 +752,7 @@ pub struct CairnFs(pub Arc<State>);
 impl Filesystem for CairnFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Listings carry every entry's attributes; symlink targets are cached
-        // (they never change); lookups in different directories run in parallel;
-        // lookups in different directories run in parallel.
+        // (they never change); lookups in different directories run in parallel.
         for cap in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_CACHE_SYMLINKS,
@@ -861,6 +899,9 @@ impl Filesystem for CairnFs {
                 return reply.error(fail.errno);
             }
         };
+        if offset == 0 {
+            st.read_ahead_siblings(ino.0, &session);
+        }
         match f.read(&session, &st.fetch, offset, size as usize) {
             Ok(data) => reply.data(&data),
             Err(e) => {

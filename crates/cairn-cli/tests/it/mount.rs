@@ -448,8 +448,12 @@ fn a_server_that_goes_away_gives_eio_within_seconds_not_a_hang() {
     fs::create_dir_all(&src).unwrap();
     let mut rng = Rng(21);
     let first = rng.bytes(400_000, false);
-    fs::write(src.join("first.bin"), &first).unwrap();
-    fs::write(src.join("second.bin"), rng.bytes(400_000, false)).unwrap();
+    // In directories of their own: reading a file fetches the next small files of
+    // its directory ahead.
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::create_dir_all(src.join("b")).unwrap();
+    fs::write(src.join("a/first.bin"), &first).unwrap();
+    fs::write(src.join("b/second.bin"), rng.bytes(400_000, false)).unwrap();
     env.backup(&[&src]);
     let srv = crate::server::Server::start(&env.path("state"), &[("main", &env.repo)], true);
     let token = srv.token("mount", "main", "admin");
@@ -463,15 +467,20 @@ fn a_server_that_goes_away_gives_eio_within_seconds_not_a_hang() {
     );
     let mut m = Mount::spawn(c, &mnt);
     let dir = inside(&mnt.join("latest"), &src);
-    assert!(fs::read(dir.join("first.bin")).unwrap() == first);
+    // Both directories listed (their trees read) while the server is up.
+    assert_eq!(names(&dir.join("b")), ["second.bin"]);
+    assert!(fs::read(dir.join("a/first.bin")).unwrap() == first);
     drop(srv);
     // Retried for a few seconds, then EIO; the mount keeps answering.
     let t = Instant::now();
-    let err = fs::read(dir.join("second.bin")).unwrap_err();
+    let err = fs::read(dir.join("b/second.bin")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
-    assert_eq!(names(&dir), ["first.bin", "second.bin"]);
-    assert!(fs::read(dir.join("first.bin")).unwrap() == first, "cached");
+    assert_eq!(names(&dir.join("a")), ["first.bin"]);
+    assert!(
+        fs::read(dir.join("a/first.bin")).unwrap() == first,
+        "cached"
+    );
     m.lines
         .as_mut()
         .unwrap()
@@ -693,6 +702,47 @@ fn a_snapshot_from_before_acls_were_counted_answers_by_directory() {
     );
 }
 
+/// Reads `what` (a file or the files of a directory, in name order) through a
+/// mount of `cairn serve`, checks each against `expect`, and gives the requests
+/// the mount made.
+fn remote_mount_requests(
+    env: &Env,
+    src: &Path,
+    what: &str,
+    expect: &dyn Fn(&str) -> Vec<u8>,
+) -> u64 {
+    let srv = crate::server::Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let token = srv.token("mount", "main", "restore");
+    let mnt = env.path("mnt");
+    let mut c =
+        crate::server::client_cmd(env, &srv, "main", &token, &["mount", mnt.to_str().unwrap()]);
+    c.env("CAIRN_TRAFFIC_REPORT", "1");
+    let m = Mount::spawn(c, &mnt);
+    let path = inside(&mnt.join("latest"), src).join(what);
+    let files: Vec<String> = if path.is_dir() {
+        names(&path)
+            .into_iter()
+            .map(|n| format!("{what}/{n}"))
+            .collect()
+    } else {
+        vec![what.to_string()]
+    };
+    for f in &files {
+        let got = fs::read(inside(&mnt.join("latest"), src).join(f)).unwrap();
+        assert!(got == expect(f), "{f} read through the mount differs");
+    }
+    m.signal(nix::sys::signal::Signal::SIGTERM);
+    let (status, log) = m.wait(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}: {log}");
+    log.lines()
+        .filter(|l| l.starts_with("traffic: "))
+        .map(|l| {
+            let n = l.trim_end_matches(" requests").rsplit(' ').next().unwrap();
+            n.parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
 /// A file read through a mount of a remote repository: read-ahead takes blobs
 /// side by side in a pack with one range request, not a request per blob.
 #[test]
@@ -707,34 +757,37 @@ fn a_remote_mount_reads_ahead_several_blobs_per_request() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let blobs = v["blobs_added"].as_u64().unwrap();
     assert!(blobs > 200, "{out}");
-    let srv = crate::server::Server::start(&env.path("state"), &[("main", &env.repo)], true);
-    let token = srv.token("mount", "main", "restore");
-    let mnt = env.path("mnt");
-    let mut c = crate::server::client_cmd(
-        &env,
-        &srv,
-        "main",
-        &token,
-        &["mount", mnt.to_str().unwrap()],
-    );
-    c.env("CAIRN_TRAFFIC_REPORT", "1");
-    let m = Mount::spawn(c, &mnt);
-    let got = fs::read(inside(&mnt.join("latest"), &src).join("big")).unwrap();
-    assert!(got == data, "the file read through the mount differs");
-    m.signal(nix::sys::signal::Signal::SIGTERM);
-    let (status, log) = m.wait(Duration::from_secs(30));
-    assert!(status.success(), "{status:?}: {log}");
-    let requests: u64 = log
-        .lines()
-        .filter(|l| l.starts_with("traffic: "))
-        .map(|l| {
-            let n = l.trim_end_matches(" requests").rsplit(' ').next().unwrap();
-            n.parse::<u64>().unwrap()
-        })
-        .sum();
-    // Blob by blob this was more than `blobs` requests.
+    let requests = remote_mount_requests(&env, &src, "big", &|_| data.clone());
+    // Blob by blob this was more than `blobs` requests (333 for 324).
     assert!(
         requests > 0 && requests * 3 < blobs,
-        "{requests} requests for {blobs} blobs:\n{log}"
+        "{requests} requests for {blobs} blobs"
+    );
+}
+
+/// The small files of a directory read one after the other through a mount of a
+/// remote repository (as a copy of the tree reads them): the next ones are
+/// fetched ahead together, not with a request each.
+#[test]
+fn a_remote_mount_reads_a_directory_of_small_files_ahead() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("many")).unwrap();
+    let content = |f: &str| -> Vec<u8> {
+        let i: u64 = f.rsplit('-').next().unwrap().parse().unwrap();
+        Rng(1000 + i).bytes(1000 + (i as usize * 37) % 3000, false)
+    };
+    const FILES: u64 = 200;
+    for i in 0..FILES {
+        let name = format!("many/f-{i:03}");
+        fs::write(src.join(&name), content(&name)).unwrap();
+    }
+    env.backup(&[&src]);
+    let requests = remote_mount_requests(&env, &src, "many", &content);
+    // A request per file was more than 200.
+    assert!(
+        requests > 0 && requests * 2 < FILES,
+        "{requests} requests for {FILES} files"
     );
 }

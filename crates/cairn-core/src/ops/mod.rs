@@ -1,6 +1,7 @@
 //! The operations: each takes options and returns a typed report.
 
 pub mod backup;
+pub mod blobs;
 pub mod check;
 pub mod copy;
 pub mod diff;

@@ -241,15 +241,6 @@ impl Repository {
             .get_range(&names::pack(&pack.to_hex()), offset, length)?)
     }
 
-    /// Reads several blobs, each as [`Repository::read_blob`] does and in the
-    /// order asked, but data blobs stored side by side in a pack with one range
-    /// read (at most 2 MiB): one request instead of one per blob on remote
-    /// storage. A range that fails is read blob by blob, so each error is the one
-    /// its own read gives.
-    pub fn read_blobs(&self, ids: &[BlobId]) -> Vec<Result<Vec<u8>>> {
-        crate::ops::export::read_blobs(self, ids)
-    }
-
     /// Reads, opens, decompresses and verifies one blob.
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
         let loc = self.index.get(id).ok_or_else(|| {

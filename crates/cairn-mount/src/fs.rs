@@ -651,8 +651,26 @@ impl State {
     /// content side by side, so they come in one or two range reads instead of
     /// a request each (what a remote repository needs) and the copy finds them
     /// in memory.
+    /// Only from a directory tree already in memory: a tree larger than the
+    /// cache is not read again for every file.
     fn read_ahead_siblings(&self, ino: u64, session: &Arc<cairn_core::Session<Read>>) {
-        let Ok((tree, i, _)) = self.node_of(ino) else {
+        let (dir, name) = {
+            let t = lock(&self.table);
+            match t.get(ino) {
+                Some(i) => match &i.what {
+                    What::Entry { dir, .. } => (*dir, i.name.clone()),
+                    _ => return,
+                },
+                None => return,
+            }
+        };
+        let Some(tree) = self.trees.get(&dir) else {
+            return;
+        };
+        let Ok(i) = tree
+            .nodes
+            .binary_search_by(|n| n.name.as_slice().cmp(&name))
+        else {
             return;
         };
         let (mut ids, mut files, mut bytes) = (Vec::new(), 0, 0u64);

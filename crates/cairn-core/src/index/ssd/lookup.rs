@@ -73,30 +73,33 @@ impl SsdIndex {
         (pos < r.start + u64::from(r.count)).then_some(r)
     }
 
-    /// Loads every record of the pack run holding `pos` into the cache, when
-    /// its pack was hit on disk recently too.
+    /// Loads the window of records holding `pos` (within its pack's run) into
+    /// the cache, when that window was hit on disk recently too.
     pub(super) fn load_run(&self, pos: u64) -> std::io::Result<()> {
         let Some(run) = self.run_of(pos) else {
             return Ok(());
         };
+        let window = pos / WINDOW;
         {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            let again = cache.recent.contains(&run.pack);
+            let again = cache.recent.contains(&window);
             if cache.recent.len() == RECENT_HITS {
                 cache.recent.pop_front();
             }
-            cache.recent.push_back(run.pack);
-            if !again {
+            cache.recent.push_back(window);
+            if !again || cache.loaded.contains_key(&window) {
                 return Ok(());
             }
         }
-        let mut buf = vec![0u8; run.count as usize * RECORD_LEN];
+        let start = run.start.max(window * WINDOW);
+        let end = (run.start + u64::from(run.count)).min((window + 1) * WINDOW);
+        let mut buf = vec![0u8; (end - start) as usize * RECORD_LEN];
         self.records
-            .read_exact_at(&mut buf, run.start * RECORD_LEN as u64)?;
-        let mut out = Vec::with_capacity(run.count as usize);
+            .read_exact_at(&mut buf, start * RECORD_LEN as u64)?;
+        let mut out = Vec::with_capacity((end - start) as usize);
         for (i, c) in buf.chunks_exact(RECORD_LEN).enumerate() {
             // (checked: `records` reads whole blocks and verifies them)
-            let p = run.start + i as u64;
+            let p = start + i as u64;
             if self.skipped.binary_search(&p).is_ok() {
                 continue;
             }
@@ -108,7 +111,7 @@ impl SsdIndex {
             }
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache.insert_pack(run.pack, out);
+        cache.insert_window(window, out);
         Ok(())
     }
 
@@ -173,14 +176,8 @@ impl SsdIndex {
         {
             return None;
         }
-        if let Some(hit) = self
-            .cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .map
-            .get(id)
-        {
-            return Some(*hit);
+        if let Some(hit) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+            return Some(hit);
         }
         match self.lookup_disk(id) {
             Ok(r) => r,

@@ -10,10 +10,11 @@
 //!   directory in RAM (8 bytes per 64 keys) tells where the keys of each id prefix
 //!   start, so a lookup that passes the filter reads one small run of keys and one
 //!   record;
-//! - a locality cache: when a lookup finds a blob, every record of its pack is
-//!   read (one sequential read) into a bounded cache, because the next chunks of
-//!   the same files are almost always in the same pack. A re-backup of known data
-//!   then costs one disk read per pack, not one per chunk.
+//! - a locality cache: when a lookup finds a blob, the records around it in its
+//!   pack (a window of 1,024, 47 KiB) are read (one sequential read) into a
+//!   bounded cache, because the next chunks of the same files are almost always
+//!   next in the same pack. A re-backup of known data then costs one disk read per
+//!   window, not one per chunk.
 //!
 //! RAM per blob: filter 1.25 B, directory 0.13 B, pack list and pack runs a few
 //! hundredths; the cache and the build's buffers are fixed sizes.

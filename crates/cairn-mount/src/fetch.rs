@@ -161,12 +161,15 @@ impl Fetcher {
             {
                 // Nobody waits on them yet: forget them, a reader fetches each
                 // itself.
-                for (id, pending) in job.blobs.into_iter().chain(todo.by_ref()) {
-                    let mut m = lock(&self.shared.inflight);
-                    if m.get(&id).is_some_and(|p| Arc::ptr_eq(p, &pending)) {
-                        m.remove(&id);
+                let dropped: Vec<_> = job.blobs.into_iter().chain(todo.by_ref()).collect();
+                let mut m = lock(&self.shared.inflight);
+                for (id, pending) in &dropped {
+                    if m.get(id).is_some_and(|p| Arc::ptr_eq(p, pending)) {
+                        m.remove(id);
                     }
-                    drop(m);
+                }
+                drop(m);
+                for (_, pending) in dropped {
                     *lock(&pending.result) = Some(Err(Arc::new(Error::Interrupted)));
                     pending.done.notify_all();
                 }
@@ -189,12 +192,9 @@ impl Shared {
     }
 }
 
-/// Reads blobs ([`fetch`] for one); a panic in the engine fails them all, never
-/// the mount.
+/// Reads blobs (one of them as [`fetch`] would); a panic in the engine fails them
+/// all, never the mount.
 fn fetch_many(session: &Session<Read>, ids: &[BlobId]) -> Vec<FetchResult> {
-    if let [id] = ids {
-        return vec![fetch(session, id)];
-    }
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         cairn_core::ops::blobs::read_blobs(session.repo(), ids)
     }))

@@ -62,9 +62,6 @@ pub struct State {
     allow_other: bool,
     /// The kernel checks permissions against POSIX ACLs (FUSE_POSIX_ACL is on).
     acl_checks: AtomicBool,
-    /// Whether any entry of a directory (by tree id) has a POSIX ACL; see
-    /// [`State::absent_xattr`].
-    acl_dirs: Mutex<HashMap<BlobId, bool>>,
 }
 
 /// An open directory: what it lists, fixed when it was opened.
@@ -243,7 +240,6 @@ impl State {
             xattrs,
             allow_other,
             acl_checks: AtomicBool::new(false),
-            acl_dirs: Mutex::new(HashMap::new()),
         }
     }
 
@@ -417,20 +413,20 @@ impl State {
 
     /// The node an entry inode stands for, with the tree holding it.
     fn node_of(&self, ino: u64) -> Res<(Arc<Tree>, usize, SnapshotId)> {
-        let (what, name) = {
-            let t = lock(&self.table);
-            let i = t.get(ino).ok_or(Failure::of(Errno::ENOENT))?;
-            (i.what.clone(), i.name.clone())
-        };
-        let What::Entry { dir, snap, .. } = what else {
-            return Err(Failure::of(Errno::EINVAL));
-        };
+        let (dir, snap, name) = self.entry_place(ino)?;
         let tree = self.tree(&dir, b"")?;
-        let i = tree
-            .nodes
-            .binary_search_by(|n| n.name.as_slice().cmp(&name))
-            .map_err(|_| Failure::of(Errno::ENOENT))?;
+        let i = position(&tree, &name).ok_or(Failure::of(Errno::ENOENT))?;
         Ok((tree, i, snap))
+    }
+
+    /// The tree holding an entry inode, its snapshot and the entry's name.
+    fn entry_place(&self, ino: u64) -> Res<(BlobId, SnapshotId, Box<[u8]>)> {
+        let t = lock(&self.table);
+        let i = t.get(ino).ok_or(Failure::of(Errno::ENOENT))?;
+        match &i.what {
+            What::Entry { dir, snap, .. } => Ok((*dir, *snap, i.name.clone())),
+            _ => Err(Failure::of(Errno::EINVAL)),
+        }
     }
 
     /// `name` in the snapshot directory `parent` (whose tree is `dir`): one lookup.
@@ -598,9 +594,9 @@ impl State {
     ///   them): in a snapshot that records that none of its entries has an ACL.
     ///   A snapshot that has some answers ENODATA everywhere, so `ls` marks every
     ///   file that has one (unless the same `ls` listed an ACL-free snapshot
-    ///   first: it remembers "not supported" for the whole mount). A snapshot written before the count was kept
-    ///   (unknown) answers "not supported" for a file whose directory has no
-    ///   entry with an ACL: `ls -l DIR` asks DIR itself first (a directory:
+    ///   first: it remembers "not supported" for the whole mount). A snapshot
+    ///   written before the count was kept (unknown) answers "not supported" for
+    ///   a file whose directory has no entry with an ACL: `ls -l DIR` asks DIR itself first (a directory:
     ///   ENODATA), then its entries, so one listing still marks each file that
     ///   has one, but a recursive listing that meets an ACL-free directory
     ///   first stops showing the marks. getfacl and copies ask each file and get
@@ -629,19 +625,11 @@ impl State {
     /// Whether an entry of the directory whose tree is `dir` has a POSIX ACL (yes
     /// when the tree cannot be read: ENODATA is the answer that is never wrong).
     fn dir_has_acls(&self, dir: &BlobId) -> bool {
-        if let Some(&has) = lock(&self.acl_dirs).get(dir) {
+        if let Some(has) = self.trees.has_acl(dir) {
             return has;
         }
-        let Ok(tree) = self.tree(dir, b"") else {
-            return true;
-        };
-        let has = tree.nodes.iter().any(Node::has_acl);
-        let mut memo = lock(&self.acl_dirs);
-        if memo.len() >= ACL_DIRS {
-            memo.clear();
-        }
-        memo.insert(*dir, has);
-        has
+        self.tree(dir, b"")
+            .map_or(true, |t| t.nodes.iter().any(Node::has_acl))
     }
 
     /// When a file is read from its start and the next small file of its
@@ -654,22 +642,13 @@ impl State {
     /// Only from a directory tree already in memory: a tree larger than the
     /// cache is not read again for every file.
     fn read_ahead_siblings(&self, ino: u64, session: &Arc<cairn_core::Session<Read>>) {
-        let (dir, name) = {
-            let t = lock(&self.table);
-            match t.get(ino) {
-                Some(i) => match &i.what {
-                    What::Entry { dir, .. } => (*dir, i.name.clone()),
-                    _ => return,
-                },
-                None => return,
-            }
-        };
-        let Some(tree) = self.trees.get(&dir) else {
+        let Ok((dir, _, name)) = self.entry_place(ino) else {
             return;
         };
-        let Ok(i) = tree
-            .nodes
-            .binary_search_by(|n| n.name.as_slice().cmp(&name))
+        let Some((tree, i)) = self
+            .trees
+            .get(&dir)
+            .and_then(|t| position(&t, &name).map(|i| (t, i)))
         else {
             return;
         };
@@ -748,9 +727,12 @@ fn absent_acl(
 const SIBLING_FILES: usize = 16;
 const SIBLING_BYTES: u64 = 1 << 20;
 
-/// Directories whose "has an ACL" answer is remembered; past this the memo starts
-/// again (a tree is read again at worst).
-const ACL_DIRS: usize = 1 << 16;
+/// Where the entry `name` is in a tree (entries are sorted by name).
+fn position(tree: &Tree, name: &[u8]) -> Option<usize> {
+    tree.nodes
+        .binary_search_by(|n| n.name.as_slice().cmp(name))
+        .ok()
+}
 
 fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

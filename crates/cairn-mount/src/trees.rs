@@ -6,7 +6,7 @@
 //! listing (an open directory also holds its tree itself).
 
 use cairn_format::BlobId;
-use cairn_format::tree::{Content, Tree};
+use cairn_format::tree::{Content, Node, Tree};
 use lru::LruCache;
 use std::sync::{Arc, Mutex};
 
@@ -16,7 +16,9 @@ pub struct TreeCache {
 }
 
 struct Inner {
-    map: LruCache<BlobId, (Arc<Tree>, usize)>,
+    /// Each tree, its bytes, and whether an entry of it has a POSIX ACL (asked
+    /// for every file `ls -l` lists, so worked out once).
+    map: LruCache<BlobId, (Arc<Tree>, usize, bool)>,
     bytes: usize,
 }
 
@@ -55,19 +57,25 @@ impl TreeCache {
     }
 
     pub fn get(&self, id: &BlobId) -> Option<Arc<Tree>> {
-        lock(&self.inner).map.get(id).map(|(t, _)| t.clone())
+        lock(&self.inner).map.get(id).map(|(t, _, _)| t.clone())
+    }
+
+    /// Whether an entry of the cached tree `id` has a POSIX ACL.
+    pub fn has_acl(&self, id: &BlobId) -> Option<bool> {
+        lock(&self.inner).map.get(id).map(|&(_, _, acl)| acl)
     }
 
     pub fn insert(&self, id: BlobId, tree: Arc<Tree>) {
         let size = tree_bytes(&tree);
+        let acl = tree.nodes.iter().any(Node::has_acl);
         let mut g = lock(&self.inner);
-        if let Some((_, old)) = g.map.put(id, (tree, size)) {
+        if let Some((_, old, _)) = g.map.put(id, (tree, size, acl)) {
             g.bytes -= old;
         }
         g.bytes += size;
         while g.bytes > self.limit && g.map.len() > 1 {
             match g.map.pop_lru() {
-                Some((_, (_, s))) => g.bytes -= s,
+                Some((_, (_, s, _))) => g.bytes -= s,
                 None => break,
             }
         }

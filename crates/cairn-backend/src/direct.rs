@@ -45,7 +45,7 @@ impl AlignedBuf {
 impl AlignedBuf {
     /// A 4 KiB-aligned slice of `len` bytes: unspecified the first time, then what
     /// was left in it, as long as `len` does not grow (the buffer is not moved).
-    fn aligned_mut(&mut self, len: usize) -> &mut [u8] {
+    pub fn aligned_mut(&mut self, len: usize) -> &mut [u8] {
         let need = len + DIRECT_ALIGN as usize;
         if self.buf.len() < need {
             self.buf.resize(need, 0);
@@ -69,23 +69,33 @@ pub fn read_range(
         .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
         .open(path)
         .ok()?;
+    let mut out = vec![0u8; usize::try_from(length).ok()?];
+    read_into(&f, offset, &mut out, scratch).then_some(out)
+}
+
+/// Fills `dst` from `offset` of `direct` (a descriptor opened with O_DIRECT) through
+/// the aligned superset of the range in `scratch`. `false` when the read fails or
+/// comes back short (the end of the source, an unaligned tail the device refuses):
+/// the caller then reads that range the ordinary way.
+pub fn read_into(direct: &File, offset: u64, dst: &mut [u8], scratch: &mut AlignedBuf) -> bool {
     let a0 = offset / DIRECT_ALIGN * DIRECT_ALIGN;
-    let a1 = (offset + length).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+    let end = offset + dst.len() as u64;
+    let a1 = end.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
     let buf = scratch.aligned_mut((a1 - a0) as usize);
-    let need = (offset + length - a0) as usize;
+    let need = (end - a0) as usize;
     let mut got = 0usize;
     while got < need {
-        // Reads past the end of the file return short; a short read before `need` means
-        // the file is shorter than the range, which the caller reports.
-        match f.read_at(&mut buf[got..], a0 + got as u64) {
-            Ok(0) => return None,
-            Ok(n) if n % DIRECT_ALIGN as usize != 0 && got + n < need => return None,
+        match direct.read_at(&mut buf[got..], a0 + got as u64) {
+            Ok(0) => return false,
+            Ok(n) if n % DIRECT_ALIGN as usize != 0 && got + n < need => return false,
             Ok(n) => got += n,
-            Err(_) => return None,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
         }
     }
     let lo = (offset - a0) as usize;
-    Some(buf[lo..lo + length as usize].to_vec())
+    dst.copy_from_slice(&buf[lo..lo + dst.len()]);
+    true
 }
 
 /// Opens `path` (which must exist) for direct writes; `None` where the filesystem does
@@ -140,6 +150,37 @@ pub fn write_at(
         Err(e) => return Err(e),
     };
     buffered.write_all_at(tail, a1)?;
+    Ok(ok)
+}
+
+/// Writes `data`, which lies 4 KiB-aligned in memory (from [`AlignedBuf::aligned_mut`]),
+/// at `offset`: like [`write_at`] without its copy when `offset` is aligned too (the
+/// aligned bulk straight from `data` through `direct`, the tail through `buffered`);
+/// otherwise through [`write_at`].
+pub fn write_aligned_at(
+    buffered: &File,
+    direct: Option<&File>,
+    scratch: &mut AlignedBuf,
+    data: &[u8],
+    offset: u64,
+) -> std::io::Result<bool> {
+    let bulk = data.len() / DIRECT_ALIGN as usize * DIRECT_ALIGN as usize;
+    let aligned = offset.is_multiple_of(DIRECT_ALIGN)
+        && data.as_ptr().align_offset(DIRECT_ALIGN as usize) == 0
+        && bulk as u64 >= DIRECT_MIN_BYTES;
+    let Some(direct) = direct.filter(|_| aligned) else {
+        return write_at(buffered, direct, scratch, data, offset);
+    };
+    let (middle, tail) = data.split_at(bulk);
+    let ok = match direct.write_all_at(middle, offset) {
+        Ok(()) => true,
+        Err(e) if refused(&e) => {
+            buffered.write_all_at(middle, offset)?;
+            false
+        }
+        Err(e) => return Err(e),
+    };
+    buffered.write_all_at(tail, offset + bulk as u64)?;
     Ok(ok)
 }
 

@@ -18,6 +18,7 @@ use super::{Item, Skipped};
 use crate::error::{Error, Result};
 use crate::ops::image::changed::ChangedRanges;
 use crate::tree::fixed::{FixedList, Geometry};
+use cairn_backend::direct::AlignedBuf;
 use cairn_format::tree::{ChunkRef, Content, Node, NodeKind};
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
@@ -46,6 +47,8 @@ pub(crate) enum Note {
 /// Everything decided before the pipeline starts.
 pub(crate) struct ImagePlan {
     pub file: File,
+    /// `file` opened again with `O_DIRECT`, where the filesystem or device allows it.
+    pub direct: Option<File>,
     pub path: PathBuf,
     pub node: Node,
     pub geometry: Geometry,
@@ -118,7 +121,11 @@ impl Walker<'_> {
             _ => None,
         };
 
-        let file = &plan.file;
+        let source = &Source {
+            file: &plan.file,
+            direct: plan.direct.as_ref(),
+            sparse: plan.file.metadata().is_ok_and(|m| m.is_file()),
+        };
         let pool = &self.budget.pool;
         let (req_tx, req_rx) = crossbeam_channel::bounded::<(u64, u64, u64)>(READERS * 4);
         let (res_tx, res_rx) = crossbeam_channel::unbounded::<(u64, ReadOut)>();
@@ -129,8 +136,10 @@ impl Walker<'_> {
                 std::thread::Builder::new()
                     .name("cairn-image-read".into())
                     .spawn_scoped(s, move || {
+                        let mut scratch = cairn_backend::direct::AlignedBuf::default();
                         for (seq, off, len) in req_rx {
-                            let out = read_range(file, off, len, bs, pool.take(len as usize));
+                            let buf = pool.take(len as usize);
+                            let out = read_range(source, off, len, bs, buf, &mut scratch);
                             if res_tx.send((seq, out)).is_err() {
                                 return;
                             }
@@ -379,12 +388,58 @@ pub(crate) fn source_size(f: &File) -> std::io::Result<u64> {
     f.seek(std::io::SeekFrom::End(0))
 }
 
+/// The image source as the readers see it.
+struct Source<'a> {
+    file: &'a File,
+    /// The same file or device opened with `O_DIRECT`, where it can be.
+    direct: Option<&'a File>,
+    /// A regular file, whose holes are skipped (see [`data_segments`]).
+    sparse: bool,
+}
+
 /// Reads as much of `buf` as the source holds from `off`; stops early only at the
-/// end of the source.
-fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+/// end of the source. Holes of a sparse file are not read: they stay as `buf` came
+/// (zeros), which spares the kernel zeroing page-cache pages for them and copying
+/// them out (most of a fresh disk image is holes).
+fn read_full_at(
+    src: &Source<'_>,
+    buf: &mut [u8],
+    off: u64,
+    scratch: &mut AlignedBuf,
+) -> std::io::Result<usize> {
+    let segments = if src.sparse {
+        data_segments(src.file, off, buf.len() as u64)
+    } else {
+        None
+    };
+    let Some((segments, avail)) = segments else {
+        return read_piece(src, buf, off, scratch);
+    };
+    for (s, e) in segments {
+        let dst = &mut buf[(s - off) as usize..(e - off) as usize];
+        let n = read_piece(src, dst, s, scratch)?;
+        if n < dst.len() {
+            return Ok((s - off) as usize + n);
+        }
+    }
+    Ok(avail as usize)
+}
+
+/// Reads `buf` at `off` directly when possible, else through the page cache.
+fn read_piece(
+    src: &Source<'_>,
+    buf: &mut [u8],
+    off: u64,
+    scratch: &mut AlignedBuf,
+) -> std::io::Result<usize> {
+    if let Some(d) = src.direct
+        && cairn_backend::direct::read_into(d, off, buf, scratch)
+    {
+        return Ok(buf.len());
+    }
     let mut done = 0;
     while done < buf.len() {
-        match f.read_at(&mut buf[done..], off + done as u64) {
+        match src.file.read_at(&mut buf[done..], off + done as u64) {
             Ok(0) => break,
             Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -394,17 +449,53 @@ fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
     Ok(done)
 }
 
+/// The parts of `[off, off + len)` of a regular file that hold data (`SEEK_DATA` /
+/// `SEEK_HOLE`), and how many bytes of the range the file holds; `None` when the
+/// filesystem cannot say (the caller reads everything).
+fn data_segments(f: &File, off: u64, len: u64) -> Option<(Vec<(u64, u64)>, u64)> {
+    use nix::unistd::{Whence, lseek};
+    let size = f.metadata().ok()?.len();
+    let end = (off + len).min(size);
+    let mut out = Vec::new();
+    let mut at = off;
+    while at < end {
+        let data = match lseek(f, at as libc::off_t, Whence::SeekData) {
+            Ok(d) => d as u64,
+            // No data from here to the end of the file.
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(_) => return None,
+        };
+        if data >= end {
+            break;
+        }
+        let hole = lseek(f, data as libc::off_t, Whence::SeekHole).ok()? as u64;
+        if hole <= data {
+            return None;
+        }
+        out.push((data, hole.min(end)));
+        at = hole;
+    }
+    Some((out, end.saturating_sub(off)))
+}
+
 /// Reads `[off, off + len)`. On an error, reads block by block so that only the
 /// blocks that fail are lost (as zeros, reported); a source that ends early (it
 /// shrank) reports the missing tail.
-fn read_range(f: &File, off: u64, len: u64, block: u64, mut buf: Vec<u8>) -> ReadOut {
+fn read_range(
+    src: &Source<'_>,
+    off: u64,
+    len: u64,
+    block: u64,
+    mut buf: Vec<u8>,
+    scratch: &mut AlignedBuf,
+) -> ReadOut {
     buf.resize(len as usize, 0);
     let mut bad: Vec<(u64, u64, String)> = Vec::new();
     let mut note = |at: u64, n: u64, m: String| match bad.last_mut() {
         Some(last) if last.0 + last.1 == at && last.2 == m => last.1 += n,
         _ => bad.push((at, n, m)),
     };
-    match read_full_at(f, &mut buf, off) {
+    match read_full_at(src, &mut buf, off, scratch) {
         Ok(n) if n as u64 == len => {}
         Ok(n) => note(
             off + n as u64,
@@ -416,7 +507,8 @@ fn read_range(f: &File, off: u64, len: u64, block: u64, mut buf: Vec<u8>) -> Rea
             while at < len {
                 let n = block.min(len - at);
                 let piece = &mut buf[at as usize..(at + n) as usize];
-                match read_full_at(f, piece, off + at) {
+                piece.fill(0);
+                match read_full_at(src, piece, off + at, scratch) {
                     Ok(k) if k as u64 == n => {}
                     Ok(k) => {
                         piece[k..].fill(0);
@@ -521,8 +613,10 @@ pub(crate) fn plan(
         }
         None => None,
     };
+    let direct = crate::ops::image::reopen_direct(&file, false);
     Ok(ImagePlan {
         file,
+        direct,
         path,
         node,
         geometry,
@@ -557,5 +651,107 @@ pub(crate) fn info(
         changed_blocks_input: plan.changed.is_some(),
         unreadable,
         size_at_end,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A sparse file: data in a few places (one across a read's boundary, one
+    /// ending mid-block), holes elsewhere, an unaligned end.
+    fn sparse_file(dir: &std::path::Path, pieces: &[(u64, usize)], size: u64) -> (File, Vec<u8>) {
+        let path = dir.join("sparse.img");
+        let mut f = File::create(&path).unwrap();
+        f.set_len(size).unwrap();
+        let mut want = vec![0u8; size as usize];
+        for (i, &(at, len)) in pieces.iter().enumerate() {
+            let bytes: Vec<u8> = (0..len).map(|k| (k * 7 + i * 13 + 1) as u8 | 1).collect();
+            f.write_all_at(&bytes, at).unwrap();
+            want[at as usize..at as usize + len].copy_from_slice(&bytes);
+        }
+        f.flush().unwrap();
+        (File::open(&path).unwrap(), want)
+    }
+
+    #[test]
+    fn holes_are_skipped_and_every_byte_reads_as_the_file_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = (10 << 20) + 777;
+        let pieces = [
+            (0, 5000),
+            ((1 << 20) + 4096, 70_000),
+            ((4 << 20) - 3000, 6000),
+            (size - 777, 777),
+        ];
+        let (file, want) = sparse_file(dir.path(), &pieces, size);
+        let segs = data_segments(&file, 0, size).expect("ext4 and tmpfs answer SEEK_DATA");
+        assert_eq!(segs.1, size);
+        // Every piece of data lies in a segment, and most of the file is holes
+        // (where the filesystem keeps them).
+        for &(at, len) in &pieces {
+            assert!(
+                segs.0.iter().any(|&(s, e)| s <= at && at + len as u64 <= e),
+                "{at}+{len} not in {:?}",
+                segs.0
+            );
+        }
+        let direct = crate::ops::image::reopen_direct(&file, false);
+        for direct in [direct.as_ref(), None] {
+            let src = Source {
+                file: &file,
+                direct,
+                sparse: true,
+            };
+            let mut scratch = AlignedBuf::default();
+            // Reads of 4 MiB and of odd sizes at odd places, as the readers and the
+            // block-by-block retry do; the last one runs past the end.
+            let mut got = Vec::new();
+            for (off, len) in [(0, 4 << 20), (4 << 20, 4 << 20), (8 << 20, 3 << 20)] {
+                let out = read_range(&src, off, len, 16384, Vec::new(), &mut scratch);
+                let avail = (size - off).min(len) as usize;
+                got.extend_from_slice(&out.buf[..avail]);
+                assert_eq!(out.bad.len(), usize::from(avail < len as usize));
+            }
+            assert!(got == want, "direct: {}", direct.is_some());
+            // A piece in and around a hole, into zeros as `read_range` hands it.
+            let mut piece = vec![0u8; 10_000];
+            let n = read_full_at(&src, &mut piece, (1 << 20) + 100, &mut scratch).unwrap();
+            assert_eq!(n, piece.len());
+            let at = (1 << 20) + 100;
+            assert!(piece[..] == want[at..at + 10_000]);
+        }
+    }
+
+    #[test]
+    fn a_file_that_ends_in_a_hole_reads_to_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 6 << 20;
+        let (file, want) = sparse_file(dir.path(), &[(100, 100)], size);
+        let src = Source {
+            file: &file,
+            direct: None,
+            sparse: true,
+        };
+        let out = read_range(
+            &src,
+            4 << 20,
+            4 << 20,
+            16384,
+            Vec::new(),
+            &mut AlignedBuf::default(),
+        );
+        assert!(out.buf[..2 << 20].iter().all(|&b| b == 0));
+        assert_eq!(out.bad.len(), 1, "the 2 MiB past the end are reported");
+        let out = read_range(
+            &src,
+            0,
+            4 << 20,
+            16384,
+            Vec::new(),
+            &mut AlignedBuf::default(),
+        );
+        assert!(out.buf[..] == want[..4 << 20] && out.bad.is_empty());
     }
 }

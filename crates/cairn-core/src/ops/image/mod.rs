@@ -51,3 +51,22 @@ pub fn image_node(repo: &Repository, snap: &Snapshot) -> Result<(ImageInfo, Node
     }
     Ok((info, node))
 }
+
+/// `file` opened a second time with `O_DIRECT` (read-only, or write-only with
+/// `write`) through `/proc/self/fd`, so that it is the same file or device whatever
+/// its path names now; `None` where the filesystem or device refuses it. An image
+/// is read or written once, and through the page cache every byte costs a kernel
+/// copy and pushes out what the machine had cached.
+pub(crate) fn reopen_direct(file: &std::fs::File, write: bool) -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let meta = file.metadata().ok()?;
+    let d = std::fs::OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .custom_flags(libc::O_DIRECT)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .ok()?;
+    let m = d.metadata().ok()?;
+    (m.dev() == meta.dev() && m.ino() == meta.ino() && m.rdev() == meta.rdev()).then_some(d)
+}

@@ -1,9 +1,13 @@
 //! `restore --image`: an image snapshot written back to a file or a block device.
 //!
-//! The image is restored in windows of blocks: the blocks of a window are grouped by
-//! pack, and threads read each pack's needed blobs in a few coalesced ranges,
-//! decode and verify each blob (its id is checked against the plaintext), and write
-//! it at every offset that holds it. Zero blocks are not written to a new file
+//! The image is planned in windows of blocks: the blocks of a window are grouped by
+//! pack and the packs queued for worker threads, which read each pack's needed blobs
+//! in a few coalesced ranges, decode and verify each blob (its id is checked against
+//! the plaintext), and write it at every offset that holds it. Blocks that follow
+//! each other in the image are gathered into writes of up to 4 MiB whose aligned
+//! bulk goes around the page cache (`O_DIRECT`): through the page cache, the
+//! kernel's copies and writeback cost more CPU than decoding (an 8 GiB image: 17 s
+//! of system time, against 2 s). Zero blocks are not written to a new file
 //! (created sparse at full size) nor, with `--zeroed`, to a device the caller knows
 //! is zeroed; otherwise runs of them are zeroed by the kernel (zero-range). The
 //! target is synced before the report says it is done.
@@ -17,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::progress::Progress;
 use crate::repo::{Repository, blob};
 use crate::tree::chunklist::for_each_chunk;
+use cairn_backend::direct::{self, AlignedBuf};
 use cairn_format::BlobId;
 use cairn_format::snapshot::Snapshot;
 use std::collections::HashMap;
@@ -185,52 +190,72 @@ pub fn restore_image(
         ..Default::default()
     };
     let failed: Mutex<Vec<(u64, u64, String)>> = Mutex::new(Vec::new());
-    let mut window: Vec<(u64, BlobId, u64)> = Vec::new();
-    let mut window_bytes = 0u64;
-    let mut pos = 0u64;
     let written = AtomicU64::new(0);
     let blocks_written = AtomicU64::new(0);
     let limit = opts
         .write_limit
         .filter(|&r| r > 0)
         .map(cairn_backend::Limiter::new);
-    let mut flush = |window: &mut Vec<(u64, BlobId, u64)>| -> Result<()> {
-        progress.check_cancelled()?;
-        let (needs, zeros, missing) = plan_window(repo, window, &zero_id, write_zeros);
-        crate::lock(&failed).extend(missing);
-        report.blocks_skipped_zero += window.len() as u64
-            - zeros.len() as u64
-            - needs
-                .iter()
-                .map(|(_, v)| v.iter().map(|n| n.at.len() as u64).sum::<u64>())
-                .sum::<u64>();
-        run_window(
-            repo,
-            &target,
-            &needs,
-            &zeros,
-            info.block_size,
-            progress,
-            &failed,
-            &written,
-            &blocks_written,
-            limit.as_ref(),
-        );
-        window.clear();
-        Ok(())
+    let direct = super::reopen_direct(&target.file, true);
+    let sink = Sink {
+        file: &target.file,
+        direct: direct.as_ref(),
+        block_size: info.block_size,
+        progress,
+        failed: &failed,
+        written: &written,
+        blocks_written: &blocks_written,
+        limit: limit.as_ref(),
     };
-    for_each_chunk(repo, &node.content, &mut |c| {
-        window.push((pos, c.id, c.length));
-        pos += c.length;
-        window_bytes += c.length;
-        report.blocks += 1;
-        if window_bytes >= WINDOW_BYTES {
-            flush(&mut window)?;
-            window_bytes = 0;
+    let mut pos = 0u64;
+    // The planner (this thread) groups each window's blocks by pack and queues the
+    // packs; the workers read, decode and write them. No window waits for the last
+    // pack of the one before.
+    let threads = crate::ops::restore::execute::threads();
+    let (tx, rx) = crossbeam_channel::bounded::<Job>(threads * 4);
+    std::thread::scope(|s| -> Result<()> {
+        for _ in 0..threads {
+            let (rx, sink) = (rx.clone(), &sink);
+            s.spawn(move || work(repo, sink, rx));
         }
+        drop(rx);
+        let mut window: Vec<(u64, BlobId, u64)> = Vec::new();
+        let mut window_bytes = 0u64;
+        let mut flush = |window: &mut Vec<(u64, BlobId, u64)>| -> Result<()> {
+            progress.check_cancelled()?;
+            let (needs, zeros, missing) = plan_window(repo, window, &zero_id, write_zeros);
+            crate::lock(&failed).extend(missing);
+            report.blocks_skipped_zero += window.len() as u64
+                - zeros.len() as u64
+                - needs
+                    .iter()
+                    .map(|(_, v)| v.iter().map(|n| n.at.len() as u64).sum::<u64>())
+                    .sum::<u64>();
+            window.clear();
+            let stopped = || Error::Invalid("the image restore's workers stopped".into());
+            if !zeros.is_empty() {
+                tx.send(Job::Zeros(zeros)).map_err(|_| stopped())?;
+            }
+            for (pack, needs) in needs {
+                tx.send(Job::Pack(pack, needs)).map_err(|_| stopped())?;
+            }
+            Ok(())
+        };
+        for_each_chunk(repo, &node.content, &mut |c| {
+            window.push((pos, c.id, c.length));
+            pos += c.length;
+            window_bytes += c.length;
+            report.blocks += 1;
+            if window_bytes >= WINDOW_BYTES {
+                flush(&mut window)?;
+                window_bytes = 0;
+            }
+            Ok(())
+        })?;
+        flush(&mut window)?;
+        drop(tx);
         Ok(())
     })?;
-    flush(&mut window)?;
     if pos != info.size {
         return Err(Error::damaged(
             "image snapshot",
@@ -319,105 +344,182 @@ fn plan_window(
     (packs, zeros, missing)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_window(
-    repo: &Repository,
-    target: &Target,
-    packs: &PackNeeds,
-    zeros: &[(u64, u64)],
+/// A worker's job: one pack's blobs of a window, or a window's zero blocks.
+enum Job {
+    Pack(u32, Vec<Need>),
+    Zeros(Vec<(u64, u64)>),
+}
+
+/// Where the workers write, and what they count.
+struct Sink<'a> {
+    file: &'a File,
+    /// The target opened again with `O_DIRECT`, where it can be.
+    direct: Option<&'a File>,
     block_size: u32,
-    progress: &Progress,
-    failed: &Mutex<Vec<(u64, u64, String)>>,
-    written: &AtomicU64,
-    blocks_written: &AtomicU64,
-    limit: Option<&cairn_backend::Limiter>,
-) {
-    let next = AtomicUsize::new(0);
-    let jobs = packs.len() + usize::from(!zeros.is_empty());
-    let threads = (crate::threads::cores() + 2).min(jobs.max(1));
-    let max_range = crate::ops::restore::execute::range_limit(repo);
-    let fail = |at: u64, len: u64, why: String| crate::lock(failed).push((at, len, why));
-    let put = |data: &[u8], at: u64| match target.file.write_all_at(data, at) {
-        Ok(()) => {
-            written.fetch_add(data.len() as u64, Ordering::Relaxed);
-            blocks_written.fetch_add(1, Ordering::Relaxed);
-            progress.bytes_done(data.len() as u64);
-            if let Some(l) = limit {
-                l.take(data.len() as u64);
-            }
+    progress: &'a Progress,
+    failed: &'a Mutex<Failed>,
+    written: &'a AtomicU64,
+    blocks_written: &'a AtomicU64,
+    limit: Option<&'a cairn_backend::Limiter>,
+}
+
+impl Sink<'_> {
+    fn fail(&self, at: u64, len: u64, why: String) {
+        crate::lock(self.failed).push((at, len, why));
+    }
+
+    fn wrote(&self, bytes: u64, blocks: u64) {
+        self.written.fetch_add(bytes, Ordering::Relaxed);
+        self.blocks_written.fetch_add(blocks, Ordering::Relaxed);
+        self.progress.bytes_done(bytes);
+    }
+}
+
+/// Blocks that follow each other in the image, gathered into one write: a pack
+/// holds the image's blocks mostly in order, so a few large writes replace one
+/// per block, and the aligned bulk of each goes around the page cache.
+struct RunWriter<'a> {
+    sink: &'a Sink<'a>,
+    /// The run, gathered 4 KiB-aligned so that it goes to the device without a copy.
+    buf: AlignedBuf,
+    len: usize,
+    at: u64,
+    blocks: u64,
+    scratch: AlignedBuf,
+    /// Cleared when the target refuses a direct write.
+    direct: bool,
+}
+
+/// Bytes gathered into one write at most.
+const RUN_BYTES: usize = 4 << 20;
+
+impl<'a> RunWriter<'a> {
+    fn new(sink: &'a Sink<'a>) -> Self {
+        RunWriter {
+            sink,
+            buf: AlignedBuf::default(),
+            len: 0,
+            at: 0,
+            blocks: 0,
+            scratch: AlignedBuf::default(),
+            direct: true,
         }
-        Err(e) => fail(at, data.len() as u64, format!("write failed: {e}")),
-    };
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i == packs.len() {
-                        for (at, len) in merged(zeros) {
-                            match zero_range(&target.file, at, len, limit) {
-                                Ok(()) => {
-                                    written.fetch_add(len, Ordering::Relaxed);
-                                    blocks_written.fetch_add(
-                                        len.div_ceil(u64::from(block_size)),
-                                        Ordering::Relaxed,
-                                    );
-                                    progress.bytes_done(len);
-                                }
-                                Err(e) => fail(at, len, format!("writing zeros failed: {e}")),
-                            }
-                        }
-                        continue;
+    }
+
+    fn put(&mut self, data: &[u8], at: u64) {
+        if self.len > 0 && (at != self.at + self.len as u64 || self.len + data.len() > RUN_BYTES) {
+            self.flush();
+        }
+        if data.len() > RUN_BYTES {
+            // Not a block of this repository's sizes; written on its own.
+            let sink = self.sink;
+            match direct::write_at(sink.file, None, &mut self.scratch, data, at) {
+                Ok(_) => sink.wrote(data.len() as u64, 1),
+                Err(e) => sink.fail(at, data.len() as u64, format!("write failed: {e}")),
+            }
+            return;
+        }
+        if self.len == 0 {
+            self.at = at;
+        }
+        self.buf.aligned_mut(RUN_BYTES)[self.len..self.len + data.len()].copy_from_slice(data);
+        self.len += data.len();
+        self.blocks += 1;
+    }
+
+    fn flush(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        let sink = self.sink;
+        let direct = sink.direct.filter(|_| self.direct);
+        let len = self.len as u64;
+        let data = &self.buf.aligned_mut(RUN_BYTES)[..self.len];
+        match direct::write_aligned_at(sink.file, direct, &mut self.scratch, data, self.at) {
+            Ok(ok) => {
+                self.direct &= ok;
+                sink.wrote(len, self.blocks);
+                if let Some(l) = sink.limit {
+                    l.take(len);
+                }
+            }
+            Err(e) => sink.fail(self.at, len, format!("write failed: {e}")),
+        }
+        self.len = 0;
+        self.blocks = 0;
+    }
+}
+
+/// A worker: reads each pack it is given in a few coalesced ranges, decodes and
+/// verifies every blob once and writes it at every offset that holds it.
+fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Job>) {
+    let max_range = crate::ops::restore::execute::range_limit(repo);
+    let mut w = RunWriter::new(sink);
+    for job in jobs {
+        let (pack_no, needs) = match job {
+            Job::Zeros(zeros) => {
+                for (at, len) in merged(&zeros) {
+                    match zero_range(sink.file, at, len, sink.limit) {
+                        Ok(()) => sink.wrote(len, len.div_ceil(u64::from(sink.block_size))),
+                        Err(e) => sink.fail(at, len, format!("writing zeros failed: {e}")),
                     }
-                    let Some((pack_no, needs)) = packs.get(i) else {
-                        return;
-                    };
-                    let pack = repo.index().pack_by_number(*pack_no);
-                    for range in crate::ops::restore::execute::ranges(needs, max_range) {
-                        let first = range[0].offset;
-                        let end = range
-                            .iter()
-                            .map(|n| n.offset + n.length)
-                            .max()
-                            .unwrap_or(first);
-                        let whole = repo
-                            .read_pack_range(&pack, first.into(), (end - first).into())
-                            .ok();
-                        for n in range {
-                            // A slice of the range read (no copy), or the blob alone
-                            // when the range could not be read whole.
-                            let (at, len) = ((n.offset - first) as usize, n.length as usize);
-                            let sealed: Option<std::borrow::Cow<'_, [u8]>> = match &whole {
-                                Some(b) => b.get(at..at + len).map(std::borrow::Cow::Borrowed),
-                                None => repo
-                                    .read_pack_range(&pack, n.offset.into(), n.length.into())
-                                    .ok()
-                                    .map(std::borrow::Cow::Owned),
-                            };
-                            let plain = sealed
-                                .ok_or_else(|| format!("pack {} could not be read", pack.short()))
-                                .and_then(|s| {
-                                    blob::decode(repo.key(), &n.id, &s, n.raw_length, n.compression)
-                                        .map_err(|e| e.to_string())
-                                });
-                            match plain {
-                                Ok(p) => {
-                                    for &at in &n.at {
-                                        put(&p, at);
-                                    }
-                                }
-                                Err(why) => {
-                                    for &at in &n.at {
-                                        fail(at, u64::from(n.raw_length), why.clone());
-                                    }
-                                }
-                            }
+                }
+                continue;
+            }
+            Job::Pack(p, n) => (p, n),
+        };
+        if sink.progress.is_cancelled() {
+            for n in &needs {
+                for &at in &n.at {
+                    sink.fail(at, u64::from(n.raw_length), "cancelled".into());
+                }
+            }
+            continue;
+        }
+        let pack = repo.index().pack_by_number(pack_no);
+        for range in crate::ops::restore::execute::ranges(&needs, max_range) {
+            let first = range[0].offset;
+            let end = range
+                .iter()
+                .map(|n| n.offset + n.length)
+                .max()
+                .unwrap_or(first);
+            let whole = repo
+                .read_pack_range(&pack, first.into(), (end - first).into())
+                .ok();
+            for n in range {
+                // A slice of the range read (no copy), or the blob alone when the
+                // range could not be read whole.
+                let (at, len) = ((n.offset - first) as usize, n.length as usize);
+                let sealed: Option<std::borrow::Cow<'_, [u8]>> = match &whole {
+                    Some(b) => b.get(at..at + len).map(std::borrow::Cow::Borrowed),
+                    None => repo
+                        .read_pack_range(&pack, n.offset.into(), n.length.into())
+                        .ok()
+                        .map(std::borrow::Cow::Owned),
+                };
+                let plain = sealed
+                    .ok_or_else(|| format!("pack {} could not be read", pack.short()))
+                    .and_then(|s| {
+                        blob::decode(repo.key(), &n.id, &s, n.raw_length, n.compression)
+                            .map_err(|e| e.to_string())
+                    });
+                match plain {
+                    Ok(p) => {
+                        for &at in &n.at {
+                            w.put(&p, at);
+                        }
+                    }
+                    Err(why) => {
+                        for &at in &n.at {
+                            sink.fail(at, u64::from(n.raw_length), why.clone());
                         }
                     }
                 }
-            });
+            }
         }
-    });
+        w.flush();
+    }
 }
 
 /// Adjacent ranges joined (they come in image order).

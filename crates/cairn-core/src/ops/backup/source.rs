@@ -440,9 +440,163 @@ pub fn scan_total(
     }
 }
 
+/// Files at least this large are checked for holes (smaller ones are read as they
+/// are: one more system call each would cost more than a hole could save).
+pub(crate) const SPARSE_MIN_BYTES: u64 = 1 << 20;
+
+/// Whether `file` looks sparse: large, with fewer blocks allocated than its size
+/// (a VM disk, a database file with holes). A compressing filesystem can say so of
+/// a file without holes; the reader then only finds no hole.
+pub(crate) fn looks_sparse(file: &std::fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata()
+        .is_ok_and(|m| m.is_file() && m.len() >= SPARSE_MIN_BYTES && m.blocks() * 512 < m.len())
+}
+
+/// Reads a sparse file front to back, holes as zeros without reading them: the
+/// kernel would zero a page-cache page for every 4 KiB of a hole and copy it out
+/// (in a profile of a disk image backup, a third of all CPU). Where the data and
+/// the holes are is asked as the read reaches them (`SEEK_DATA`, `SEEK_HOLE`), so
+/// a file that changes while it is read reads as a plain read would, roughly: what
+/// was written before the read got there. A filesystem that cannot say gets plain
+/// reads.
+pub(crate) struct SparseReader<'a> {
+    file: &'a std::fs::File,
+    pos: u64,
+    /// The next data segment `[start, end)` at or after `pos`; `None` until asked,
+    /// and again once `pos` reaches its end.
+    segment: Option<(u64, u64)>,
+    /// The filesystem answered something unexpected: plain reads from here on.
+    plain: bool,
+}
+
+impl<'a> SparseReader<'a> {
+    pub(crate) fn new(file: &'a std::fs::File) -> Self {
+        SparseReader {
+            file,
+            pos: 0,
+            segment: None,
+            plain: false,
+        }
+    }
+
+    /// The data segment at or after `pos`: `Some((start, end))`, or `None` for
+    /// "holes up to the end of the file".
+    fn locate(&mut self) -> std::io::Result<Option<(u64, u64)>> {
+        use nix::unistd::{Whence, lseek};
+        let at = self.pos as libc::off_t;
+        let start = match lseek(self.file, at, Whence::SeekData) {
+            Ok(d) => d as u64,
+            Err(nix::errno::Errno::ENXIO) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let end = lseek(self.file, start as libc::off_t, Whence::SeekHole)? as u64;
+        if start < self.pos || end <= start {
+            return Err(std::io::Error::other("inconsistent SEEK_DATA/SEEK_HOLE"));
+        }
+        Ok(Some((start, end)))
+    }
+}
+
+impl std::io::Read for SparseReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if !self.plain && self.segment.is_none() {
+            match self.locate() {
+                Ok(Some(seg)) => self.segment = Some(seg),
+                Ok(None) => {
+                    // Only holes from here: zeros up to the size the file has now.
+                    let size = self.file.metadata()?.len();
+                    let n = size.saturating_sub(self.pos).min(buf.len() as u64) as usize;
+                    buf[..n].fill(0);
+                    self.pos += n as u64;
+                    return Ok(n);
+                }
+                Err(_) => self.plain = true,
+            }
+        }
+        let want = match self.segment {
+            Some((start, _)) if self.pos < start => {
+                let n = (start - self.pos).min(buf.len() as u64) as usize;
+                buf[..n].fill(0);
+                self.pos += n as u64;
+                return Ok(n);
+            }
+            Some((_, end)) => (end - self.pos).min(buf.len() as u64) as usize,
+            None => buf.len(),
+        };
+        let n = self.file.read_at(&mut buf[..want], self.pos)?;
+        self.pos += n as u64;
+        if n == 0 || self.segment.is_some_and(|(_, end)| self.pos >= end) {
+            self.segment = None;
+        }
+        if n == 0 && !self.plain {
+            // The file ended inside what was data (it shrank): as a plain read would.
+            return Ok(0);
+        }
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reads `r` to its end in reads of `step` bytes.
+    fn read_all(r: &mut dyn std::io::Read, step: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut buf = vec![0xEEu8; step];
+        loop {
+            let n = r.read(&mut buf).unwrap();
+            if n == 0 {
+                return out;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    #[test]
+    fn a_sparse_file_reads_as_it_is_holes_and_all() {
+        use std::fs::File;
+        use std::os::unix::fs::FileExt;
+        let d = tempfile::tempdir().unwrap();
+        let cases: [(&str, u64, &[(u64, usize)]); 3] = [
+            // Data at the start, in the middle across a MiB boundary, at the end.
+            (
+                "middle",
+                (5 << 20) + 123,
+                &[(0, 3000), ((2 << 20) - 10, 9000), ((5 << 20), 123)],
+            ),
+            // A hole at the start and at the end.
+            ("ends", 4 << 20, &[((1 << 20) + 4096, 100_000)]),
+            // No data at all.
+            ("empty", 3 << 20, &[]),
+        ];
+        for (name, size, pieces) in cases {
+            let path = d.path().join(name);
+            let f = File::create(&path).unwrap();
+            f.set_len(size).unwrap();
+            for (i, &(at, len)) in pieces.iter().enumerate() {
+                let bytes: Vec<u8> = (0..len).map(|k| (k % 251) as u8 | 1 | i as u8).collect();
+                f.write_all_at(&bytes, at).unwrap();
+            }
+            drop(f);
+            let want = std::fs::read(&path).unwrap();
+            let f = File::open(&path).unwrap();
+            assert!(looks_sparse(&f), "{name}");
+            for step in [1 << 20, 65536, 5000] {
+                let got = read_all(&mut SparseReader::new(&f), step);
+                assert!(got == want, "{name} in reads of {step}");
+            }
+        }
+        // A file without holes is not taken for sparse.
+        let full = d.path().join("full");
+        std::fs::write(&full, vec![7u8; 2 << 20]).unwrap();
+        assert!(!looks_sparse(&File::open(&full).unwrap()));
+    }
 
     /// The total leaves out what is excluded, and reading the directories moves
     /// none of their access times.

@@ -506,7 +506,12 @@ impl<'a> Walker<'a> {
             changed,
         })?;
         let before = super::source::Changes::of(&file);
-        match self.read_content(&mut file) {
+        let read = if super::source::looks_sparse(&file) {
+            self.read_content(&mut super::source::SparseReader::new(&file))
+        } else {
+            self.read_content(&mut file)
+        };
+        match read {
             Ok(()) => {
                 self.progress.file_done();
                 // Its chunks are on their way: a large file that changed meanwhile is

@@ -563,7 +563,8 @@ mod tests {
         use std::fs::File;
         use std::os::unix::fs::FileExt;
         let d = tempfile::tempdir().unwrap();
-        let cases: [(&str, u64, &[(u64, usize)]); 3] = [
+        type Pieces = &'static [(u64, usize)];
+        let cases: [(&str, u64, Pieces); 3] = [
             // Data at the start, in the middle across a MiB boundary, at the end.
             (
                 "middle",

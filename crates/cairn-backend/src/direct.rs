@@ -141,16 +141,27 @@ pub fn write_at(
     let (head, rest) = data.split_at((a0 - offset) as usize);
     let (middle, tail) = rest.split_at((a1 - a0) as usize);
     buffered.write_all_at(head, offset)?;
-    let ok = match direct.write_all_at(scratch.copy_of(middle), a0) {
-        Ok(()) => true,
-        Err(e) if refused(&e) => {
-            buffered.write_all_at(middle, a0)?;
-            false
-        }
-        Err(e) => return Err(e),
-    };
+    let ok = direct_or_buffered(buffered, direct, scratch.copy_of(middle), a0)?;
     buffered.write_all_at(tail, a1)?;
     Ok(ok)
+}
+
+/// Writes aligned `data` at aligned `offset` through `direct`, or through `buffered`
+/// with `false` when the filesystem refuses direct writes.
+fn direct_or_buffered(
+    buffered: &File,
+    direct: &File,
+    data: &[u8],
+    offset: u64,
+) -> std::io::Result<bool> {
+    match direct.write_all_at(data, offset) {
+        Ok(()) => Ok(true),
+        Err(e) if refused(&e) => {
+            buffered.write_all_at(data, offset)?;
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Writes `data`, which lies 4 KiB-aligned in memory (from [`AlignedBuf::aligned_mut`]),
@@ -172,14 +183,7 @@ pub fn write_aligned_at(
         return write_at(buffered, direct, scratch, data, offset);
     };
     let (middle, tail) = data.split_at(bulk);
-    let ok = match direct.write_all_at(middle, offset) {
-        Ok(()) => true,
-        Err(e) if refused(&e) => {
-            buffered.write_all_at(middle, offset)?;
-            false
-        }
-        Err(e) => return Err(e),
-    };
+    let ok = direct_or_buffered(buffered, direct, middle, offset)?;
     buffered.write_all_at(tail, offset + bulk as u64)?;
     Ok(ok)
 }

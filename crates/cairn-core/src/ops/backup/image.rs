@@ -136,7 +136,7 @@ impl Walker<'_> {
                 std::thread::Builder::new()
                     .name("cairn-image-read".into())
                     .spawn_scoped(s, move || {
-                        let mut scratch = cairn_backend::direct::AlignedBuf::default();
+                        let mut scratch = AlignedBuf::default();
                         for (seq, off, len) in req_rx {
                             let buf = pool.take(len as usize);
                             let out = read_range(source, off, len, bs, buf, &mut scratch);
@@ -453,27 +453,18 @@ fn read_piece(
 /// `SEEK_HOLE`), and how many bytes of the range the file holds; `None` when the
 /// filesystem cannot say (the caller reads everything).
 fn data_segments(f: &File, off: u64, len: u64) -> Option<(Vec<(u64, u64)>, u64)> {
-    use nix::unistd::{Whence, lseek};
     let size = f.metadata().ok()?.len();
     let end = (off + len).min(size);
     let mut out = Vec::new();
     let mut at = off;
     while at < end {
-        let data = match lseek(f, at as libc::off_t, Whence::SeekData) {
-            Ok(d) => d as u64,
-            // No data from here to the end of the file.
-            Err(nix::errno::Errno::ENXIO) => break,
-            Err(_) => return None,
-        };
-        if data >= end {
-            break;
+        match super::source::data_after(f, at).ok()? {
+            Some((data, hole)) if data < end => {
+                out.push((data, hole.min(end)));
+                at = hole;
+            }
+            _ => break,
         }
-        let hole = lseek(f, data as libc::off_t, Whence::SeekHole).ok()? as u64;
-        if hole <= data {
-            return None;
-        }
-        out.push((data, hole.min(end)));
-        at = hole;
     }
     Some((out, end.saturating_sub(off)))
 }

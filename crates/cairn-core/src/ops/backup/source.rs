@@ -479,23 +479,24 @@ impl<'a> SparseReader<'a> {
             plain: false,
         }
     }
+}
 
-    /// The data segment at or after `pos`: `Some((start, end))`, or `None` for
-    /// "holes up to the end of the file".
-    fn locate(&mut self) -> std::io::Result<Option<(u64, u64)>> {
-        use nix::unistd::{Whence, lseek};
-        let at = self.pos as libc::off_t;
-        let start = match lseek(self.file, at, Whence::SeekData) {
-            Ok(d) => d as u64,
-            Err(nix::errno::Errno::ENXIO) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let end = lseek(self.file, start as libc::off_t, Whence::SeekHole)? as u64;
-        if start < self.pos || end <= start {
-            return Err(std::io::Error::other("inconsistent SEEK_DATA/SEEK_HOLE"));
-        }
-        Ok(Some((start, end)))
+/// The first data segment `[start, end)` of `file` at or after `at` (`SEEK_DATA`,
+/// then `SEEK_HOLE`); `None` when only holes follow, up to the end of the file. An
+/// error where the filesystem cannot say or answers inconsistently: the caller then
+/// reads everything.
+pub(crate) fn data_after(file: &std::fs::File, at: u64) -> std::io::Result<Option<(u64, u64)>> {
+    use nix::unistd::{Whence, lseek};
+    let start = match lseek(file, at as libc::off_t, Whence::SeekData) {
+        Ok(d) => d as u64,
+        Err(nix::errno::Errno::ENXIO) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let end = lseek(file, start as libc::off_t, Whence::SeekHole)? as u64;
+    if start < at || end <= start {
+        return Err(std::io::Error::other("inconsistent SEEK_DATA/SEEK_HOLE"));
     }
+    Ok(Some((start, end)))
 }
 
 impl std::io::Read for SparseReader<'_> {
@@ -505,7 +506,7 @@ impl std::io::Read for SparseReader<'_> {
             return Ok(0);
         }
         if !self.plain && self.segment.is_none() {
-            match self.locate() {
+            match data_after(self.file, self.pos) {
                 Ok(Some(seg)) => self.segment = Some(seg),
                 Ok(None) => {
                     // Only holes from here: zeros up to the size the file has now.
@@ -530,12 +531,9 @@ impl std::io::Read for SparseReader<'_> {
         };
         let n = self.file.read_at(&mut buf[..want], self.pos)?;
         self.pos += n as u64;
+        // 0: the file ended inside what was data (it shrank), as a plain read says.
         if n == 0 || self.segment.is_some_and(|(_, end)| self.pos >= end) {
             self.segment = None;
-        }
-        if n == 0 && !self.plain {
-            // The file ended inside what was data (it shrank): as a plain read would.
-            return Ok(0);
         }
         Ok(n)
     }

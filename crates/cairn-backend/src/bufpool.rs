@@ -55,17 +55,24 @@ impl BufferPool {
     }
 }
 
-/// A buffer from a pool, given back on drop.
+/// A buffer from a pool, given back on drop. Its content starts 4 KiB-aligned in
+/// memory (as long as it grows within the room asked for), so that a local
+/// repository writes it with `O_DIRECT` without copying it first.
 pub struct Pooled {
+    /// The content is `buf[start..]`.
     buf: Vec<u8>,
+    start: usize,
     pool: Arc<BufferPool>,
 }
 
 impl Pooled {
     /// An empty buffer with room for `at_least` bytes.
     pub fn new(pool: &Arc<BufferPool>, at_least: usize) -> Pooled {
+        let mut buf = pool.take(at_least.saturating_add(crate::direct::DIRECT_ALIGN as usize));
+        let start = crate::direct::pad_to_align(&mut buf);
         Pooled {
-            buf: pool.take(at_least),
+            buf,
+            start,
             pool: pool.clone(),
         }
     }
@@ -85,13 +92,13 @@ impl Pooled {
 impl std::ops::Deref for Pooled {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.buf
+        &self.buf[self.start..]
     }
 }
 
 impl AsRef<[u8]> for Pooled {
     fn as_ref(&self) -> &[u8] {
-        &self.buf
+        self
     }
 }
 
@@ -110,6 +117,11 @@ mod tests {
         let pool = BufferPool::new(1 << 20, 1);
         let a = Pooled::copy_of(&pool, &[7u8; 5000]);
         assert_eq!(&a[..], &[7u8; 5000][..]);
+        assert_eq!(
+            a.as_ptr().align_offset(4096),
+            0,
+            "the content starts aligned"
+        );
         let ptr = a.as_ptr();
         drop(a);
         let b = Pooled::copy_of(&pool, &[1u8; 10]);

@@ -77,7 +77,21 @@ pub fn read_range(
 /// the aligned superset of the range in `scratch`. `false` when the read fails or
 /// comes back short (the end of the source, an unaligned tail the device refuses):
 /// the caller then reads that range the ordinary way.
+///
+/// Where `dst` lies 4 KiB-aligned in memory and `offset` is aligned, its aligned bulk
+/// is read straight into it, without the copy (see [`pad_to_align`]).
 pub fn read_into(direct: &File, offset: u64, dst: &mut [u8], scratch: &mut AlignedBuf) -> bool {
+    let bulk = dst.len() / DIRECT_ALIGN as usize * DIRECT_ALIGN as usize;
+    if bulk > 0
+        && offset.is_multiple_of(DIRECT_ALIGN)
+        && dst.as_ptr().align_offset(DIRECT_ALIGN as usize) == 0
+    {
+        let (head, tail) = dst.split_at_mut(bulk);
+        if !read_exact_direct(direct, offset, head) {
+            return false;
+        }
+        return tail.is_empty() || read_into(direct, offset + bulk as u64, tail, scratch);
+    }
     let a0 = offset / DIRECT_ALIGN * DIRECT_ALIGN;
     let end = offset + dst.len() as u64;
     let a1 = end.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
@@ -96,6 +110,36 @@ pub fn read_into(direct: &File, offset: u64, dst: &mut [u8], scratch: &mut Align
     let lo = (offset - a0) as usize;
     dst.copy_from_slice(&buf[lo..lo + dst.len()]);
     true
+}
+
+/// Fills aligned `dst` (aligned address, offset and length) from `direct`; `false`
+/// on an error or a short read.
+fn read_exact_direct(direct: &File, offset: u64, dst: &mut [u8]) -> bool {
+    let mut got = 0usize;
+    while got < dst.len() {
+        match direct.read_at(&mut dst[got..], offset + got as u64) {
+            Ok(0) => return false,
+            Ok(n) if n % DIRECT_ALIGN as usize != 0 && got + n < dst.len() => return false,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Pads an empty `buf` with zeros so that the next byte pushed lies 4 KiB-aligned in
+/// memory, and returns the padding's length. A buffer filled from there can be written
+/// ([`write_aligned_at`]) or read into ([`read_into`]) with `O_DIRECT` without a copy
+/// through an aligned scratch buffer. Reserve `DIRECT_ALIGN` bytes more than the
+/// content needs, or growing the buffer may move it (still correct, only unaligned).
+pub fn pad_to_align(buf: &mut Vec<u8>) -> usize {
+    buf.clear();
+    buf.reserve(DIRECT_ALIGN as usize);
+    let pad = buf.as_ptr().align_offset(DIRECT_ALIGN as usize);
+    let pad = if pad < DIRECT_ALIGN as usize { pad } else { 0 };
+    buf.resize(pad, 0);
+    pad
 }
 
 /// Opens `path` (which must exist) for direct writes; `None` where the filesystem does
@@ -164,7 +208,8 @@ fn direct_or_buffered(
     }
 }
 
-/// Writes `data`, which lies 4 KiB-aligned in memory (from [`AlignedBuf::aligned_mut`]),
+/// Writes `data`, which lies 4 KiB-aligned in memory (from [`AlignedBuf::aligned_mut`]
+/// or a buffer padded by [`pad_to_align`]: a pack, an upload a server received),
 /// at `offset`: like [`write_at`] without its copy when `offset` is aligned too (the
 /// aligned bulk straight from `data` through `direct`, the tail through `buffered`);
 /// otherwise through [`write_at`].
@@ -481,6 +526,47 @@ mod tests {
                 assert_eq!(&v[..], &data[off as usize..(off + len) as usize]);
             }
         }
+    }
+
+    #[test]
+    fn aligned_reads_go_straight_into_the_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let data: Vec<u8> = (0..1_000_000u32)
+            .map(|i| (i * 31 + i / 513) as u8)
+            .collect();
+        std::fs::write(&p, &data).unwrap();
+        let Ok(d) = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&p)
+        else {
+            return; // no O_DIRECT on this filesystem
+        };
+        let mut scratch = AlignedBuf::default();
+        let mut buf = Vec::with_capacity(600_000);
+        let pad = pad_to_align(&mut buf);
+        assert_eq!(buf.len(), pad);
+        assert_eq!(buf[pad..].as_ptr().align_offset(DIRECT_ALIGN as usize), 0);
+        // Aligned bulk plus an unaligned tail, the file's end, and an unaligned start.
+        for (off, len) in [
+            (8192u64, 500_000usize),
+            (995_328, 4672),
+            (4096, 4096),
+            (77, 9000),
+        ] {
+            buf.truncate(pad);
+            buf.resize(pad + len, 0);
+            if read_into(&d, off, &mut buf[pad..], &mut scratch) {
+                assert_eq!(&buf[pad..], &data[off as usize..off as usize + len]);
+            } else {
+                panic!("direct read of {off}+{len} failed");
+            }
+        }
+        // Past the end: refused, for the caller to read the ordinary way.
+        buf.truncate(pad);
+        buf.resize(pad + 8192, 0);
+        assert!(!read_into(&d, 995_328, &mut buf[pad..], &mut scratch));
     }
 
     #[test]

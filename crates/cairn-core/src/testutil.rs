@@ -32,7 +32,7 @@ pub fn seal(repo: &Repository, blobs: &[(BlobKind, Vec<u8>)]) -> SealedPack {
 pub fn store(repo: &Repository, blobs: &[(BlobKind, Vec<u8>)]) -> IndexPack {
     let p = seal(repo, blobs);
     repo.backend()
-        .put(&cairn_backend::names::pack(&p.id.to_hex()), &p.bytes)
+        .put(&cairn_backend::names::pack(&p.id.to_hex()), p.bytes())
         .unwrap();
     IndexPack {
         id: p.id,

@@ -9,6 +9,7 @@
 use crate::error::{Error, Result};
 use crate::lock;
 use crate::repo::blob::EncodedBlob;
+use cairn_backend::direct::{DIRECT_ALIGN, pad_to_align};
 use cairn_backend::{Backend, names};
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
@@ -66,11 +67,24 @@ impl BufferPool {
 
 pub struct SealedPack {
     pub id: PackId,
-    pub bytes: Vec<u8>,
+    /// The pack is `buf[start..]`: it starts 4 KiB-aligned in memory, so that a local
+    /// repository writes it with `O_DIRECT` straight from here.
+    buf: Vec<u8>,
+    start: usize,
     pub blobs: Vec<IndexBlob>,
 }
 
 impl SealedPack {
+    /// The pack's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    /// The buffer, for reuse.
+    fn into_buf(self) -> Vec<u8> {
+        self.buf
+    }
+
     /// Holds only trees and chunk lists (backup keeps them apart from data).
     pub fn is_metadata(&self) -> bool {
         !self.blobs.is_empty()
@@ -86,7 +100,9 @@ pub struct Packer {
     key: Arc<MasterKey>,
     pool: Arc<BufferPool>,
     target_size: usize,
+    /// The pack being built is `buf[start..]` (see [`SealedPack`]).
     buf: Vec<u8>,
+    start: usize,
     entries: Vec<PackEntry>,
     blobs: Vec<IndexBlob>,
 }
@@ -98,6 +114,7 @@ impl Packer {
             pool,
             target_size,
             buf: Vec::new(),
+            start: 0,
             entries: Vec::new(),
             blobs: Vec::new(),
         }
@@ -110,9 +127,12 @@ impl Packer {
     /// Adds a blob; returns a sealed pack when the target size is reached.
     pub fn add(&mut self, b: EncodedBlob) -> Option<SealedPack> {
         if self.buf.capacity() == 0 {
-            self.buf = self.pool.take(self.target_size + (1 << 20));
+            self.buf = self
+                .pool
+                .take(self.target_size + (1 << 20) + DIRECT_ALIGN as usize);
+            self.start = pad_to_align(&mut self.buf);
         }
-        let offset = self.buf.len() as u32;
+        let offset = (self.buf.len() - self.start) as u32;
         let length = b.sealed.len() as u32;
         self.buf.extend_from_slice(&b.sealed);
         self.entries.push(PackEntry {
@@ -130,21 +150,23 @@ impl Packer {
             raw_length: b.raw_length,
             compression: b.compression,
         });
-        (self.buf.len() >= self.target_size).then(|| self.seal())
+        (self.buf.len() - self.start >= self.target_size).then(|| self.seal())
     }
 
     /// Seals the current pack (header, trailer) even if it is small.
     pub fn seal(&mut self) -> SealedPack {
         let header = pack::encode_header(&self.entries);
         let sealed = self.key.sealer.seal(&header);
-        let mut bytes = std::mem::take(&mut self.buf);
-        bytes.reserve(sealed.len() + PACK_TRAILER_LEN);
-        bytes.extend_from_slice(&sealed);
-        bytes.extend_from_slice(&pack::encode_trailer(sealed.len() as u32));
+        let mut buf = std::mem::take(&mut self.buf);
+        let start = std::mem::take(&mut self.start);
+        buf.reserve(sealed.len() + PACK_TRAILER_LEN);
+        buf.extend_from_slice(&sealed);
+        buf.extend_from_slice(&pack::encode_trailer(sealed.len() as u32));
         self.entries.clear();
         SealedPack {
-            id: PackId::of_content(&bytes),
-            bytes,
+            id: PackId::of_content(&buf[start..]),
+            buf,
+            start,
             blobs: std::mem::take(&mut self.blobs),
         }
     }
@@ -401,7 +423,7 @@ impl Uploader {
                     .queued
                     .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 if let Some(pr) = self.shared.progress.get() {
-                    pr.upload_queued(p.bytes.len() as u64);
+                    pr.upload_queued(p.bytes().len() as u64);
                 }
                 tx.send(p).map_err(|_| Error::Interrupted)
             }
@@ -497,7 +519,7 @@ fn upload_loop(
     pool: &BufferPool,
     shared: &UploadShared,
 ) {
-    for p in rx {
+    for mut p in rx {
         if lock(&shared.failed).is_some() {
             shared.pack_done();
             continue; // drain: the backup is failing, nothing more is stored
@@ -506,7 +528,7 @@ fn upload_loop(
         // backend keeps them, so the next backup reads its parent's trees locally.
         let name = names::pack(&p.id.to_hex());
         let metadata = p.is_metadata();
-        let stored = super::objects::store_immutable(backend, &name, &p.bytes, metadata);
+        let stored = super::objects::store_immutable(backend, &name, p.bytes(), metadata);
         if let Err(e) = stored {
             lock(&shared.failed).get_or_insert(e);
             shared.pack_done();
@@ -514,25 +536,23 @@ fn upload_loop(
         }
         crate::hooks::point("pack:stored");
         if let Some(pr) = shared.progress.get() {
-            pr.uploaded(p.bytes.len() as u64);
+            pr.uploaded(p.bytes().len() as u64);
         }
         {
             let mut st = lock(&shared.stats);
             st.packs += 1;
-            st.bytes += p.bytes.len() as u64;
+            st.bytes += p.bytes().len() as u64;
         }
-        pool.put(p.bytes);
+        let (id, blobs) = (p.id, std::mem::take(&mut p.blobs));
+        pool.put(p.into_buf());
         let mut pending = lock(&shared.pending);
-        pending.blobs += p.blobs.len();
+        pending.blobs += blobs.len();
         let list = if metadata {
             &mut pending.meta
         } else {
             &mut pending.data
         };
-        list.packs.push(IndexPack {
-            id: p.id,
-            blobs: p.blobs,
-        });
+        list.packs.push(IndexPack { id, blobs });
         let (blobs, packs) = (&shared.flush_blobs, &shared.flush_packs);
         let interval = std::time::Duration::from_millis(
             shared

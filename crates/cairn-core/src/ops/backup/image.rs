@@ -18,7 +18,7 @@ use super::{Item, Skipped};
 use crate::error::{Error, Result};
 use crate::ops::image::changed::ChangedRanges;
 use crate::tree::fixed::{FixedList, Geometry};
-use cairn_backend::direct::AlignedBuf;
+use cairn_backend::direct::{AlignedBuf, DIRECT_ALIGN, pad_to_align};
 use cairn_format::tree::{ChunkRef, Content, Node, NodeKind};
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
@@ -83,7 +83,9 @@ enum Step {
 }
 
 struct ReadOut {
+    /// The bytes read are `buf[start..]`, 4 KiB-aligned in memory.
     buf: Vec<u8>,
+    start: usize,
     /// Unreadable byte ranges within the read.
     bad: Vec<(u64, u64, String)>,
 }
@@ -138,7 +140,7 @@ impl Walker<'_> {
                     .spawn_scoped(s, move || {
                         let mut scratch = AlignedBuf::default();
                         for (seq, off, len) in req_rx {
-                            let buf = pool.take(len as usize);
+                            let buf = pool.take(len as usize + DIRECT_ALIGN as usize);
                             let out = read_range(source, off, len, bs, buf, &mut scratch);
                             if res_tx.send((seq, out)).is_err() {
                                 return;
@@ -345,7 +347,7 @@ impl Walker<'_> {
                 };
                 stream.outstanding -= 1;
                 let g = plan.geometry;
-                let len = out.buf.len() as u64;
+                let len = (out.buf.len() - out.start) as u64;
                 self.progress.bytes_done(len);
                 if let Some(l) = self.read_limit {
                     l.take(len);
@@ -361,7 +363,11 @@ impl Walker<'_> {
                 let lens = (first..first + n)
                     .map(|i| g.bytes_of(i, 1) as u32)
                     .collect();
-                self.emit(Item::Data { buf: out.buf, lens })
+                self.emit(Item::Data {
+                    buf: out.buf,
+                    start: out.start,
+                    lens,
+                })
             }
         }
     }
@@ -477,16 +483,19 @@ fn read_range(
     off: u64,
     len: u64,
     block: u64,
-    mut buf: Vec<u8>,
+    mut out: Vec<u8>,
     scratch: &mut AlignedBuf,
 ) -> ReadOut {
-    buf.resize(len as usize, 0);
+    // Aligned in memory, so that direct reads land in the buffer without a copy.
+    let start = pad_to_align(&mut out);
+    out.resize(start + len as usize, 0);
+    let buf = &mut out[start..];
     let mut bad: Vec<(u64, u64, String)> = Vec::new();
     let mut note = |at: u64, n: u64, m: String| match bad.last_mut() {
         Some(last) if last.0 + last.1 == at && last.2 == m => last.1 += n,
         _ => bad.push((at, n, m)),
     };
-    match read_full_at(src, &mut buf, off, scratch) {
+    match read_full_at(src, buf, off, scratch) {
         Ok(n) if n as u64 == len => {}
         Ok(n) => note(
             off + n as u64,
@@ -518,7 +527,11 @@ fn read_range(
             }
         }
     }
-    ReadOut { buf, bad }
+    ReadOut {
+        buf: out,
+        start,
+        bad,
+    }
 }
 
 /// The unreadable ranges and size change, for the snapshot and the report.
@@ -698,14 +711,24 @@ mod tests {
             let mut scratch = AlignedBuf::default();
             // Reads of 4 MiB and of odd sizes at odd places, as the readers and the
             // block-by-block retry do; the last one runs past the end.
-            let mut got = Vec::new();
-            for (off, len) in [(0, 4 << 20), (4 << 20, 4 << 20), (8 << 20, 3 << 20)] {
-                let out = read_range(&src, off, len, 16384, Vec::new(), &mut scratch);
-                let avail = (size - off).min(len) as usize;
-                got.extend_from_slice(&out.buf[..avail]);
-                assert_eq!(out.bad.len(), usize::from(avail < len as usize));
+            // Buffers with room to start aligned (as the readers take them from
+            // the pool: direct reads land in them) and without (through `scratch`).
+            for room in [DIRECT_ALIGN as usize, 0] {
+                let mut got = Vec::new();
+                for (off, len) in [(0, 4 << 20), (4 << 20, 4 << 20), (8 << 20, 3 << 20)] {
+                    let buf = Vec::with_capacity(len as usize + room);
+                    let out = read_range(&src, off, len, 16384, buf, &mut scratch);
+                    let data = &out.buf[out.start..];
+                    assert_eq!(data.len(), len as usize);
+                    if room > 0 {
+                        assert_eq!(data.as_ptr().align_offset(DIRECT_ALIGN as usize), 0);
+                    }
+                    let avail = (size - off).min(len) as usize;
+                    got.extend_from_slice(&data[..avail]);
+                    assert_eq!(out.bad.len(), usize::from(avail < len as usize));
+                }
+                assert!(got == want, "direct: {}, room {room}", direct.is_some());
             }
-            assert!(got == want, "direct: {}", direct.is_some());
             // A piece in and around a hole, into zeros as `read_range` hands it.
             let mut piece = vec![0u8; 10_000];
             let n = read_full_at(&src, &mut piece, (1 << 20) + 100, &mut scratch).unwrap();
@@ -733,7 +756,7 @@ mod tests {
             Vec::new(),
             &mut AlignedBuf::default(),
         );
-        assert!(out.buf[..2 << 20].iter().all(|&b| b == 0));
+        assert!(out.buf[out.start..][..2 << 20].iter().all(|&b| b == 0));
         assert_eq!(out.bad.len(), 1, "the 2 MiB past the end are reported");
         let out = read_range(
             &src,
@@ -743,6 +766,6 @@ mod tests {
             Vec::new(),
             &mut AlignedBuf::default(),
         );
-        assert!(out.buf[..] == want[..4 << 20] && out.bad.is_empty());
+        assert!(out.buf[out.start..] == want[..4 << 20] && out.bad.is_empty());
     }
 }

@@ -150,9 +150,12 @@ pub(crate) enum Item {
         node: Box<Node>,
         changed: bool,
     },
-    /// Raw chunk data from the walker: `buf` holds chunks of the given lengths.
+    /// Raw chunk data from the walker: `buf[start..]` holds chunks of the given
+    /// lengths (an image reader starts them 4 KiB-aligned in memory, to read into
+    /// the buffer with `O_DIRECT`).
     Data {
         buf: Vec<u8>,
+        start: usize,
         lens: Vec<u32>,
     },
     /// `Data` after a worker has hashed and (if new) encoded each chunk.
@@ -781,11 +784,11 @@ impl Worker<'_> {
                 self.cur_item = out_bundle.len();
                 self.cur_chunk = 0;
                 let out = match item {
-                    Item::Data { buf, lens } => {
+                    Item::Data { buf, start, lens } => {
                         // Hash every chunk first: one decision (through a server, one
                         // question) for all of them, without copying the data.
                         let mut ids = Vec::with_capacity(lens.len());
-                        let mut pos = 0usize;
+                        let mut pos = start;
                         for &len in &lens {
                             let data = &buf[pos..pos + len as usize];
                             ids.push(match self.zero {
@@ -798,7 +801,7 @@ impl Worker<'_> {
                             return;
                         };
                         let mut chunks = Vec::with_capacity(lens.len());
-                        let mut pos = 0usize;
+                        let mut pos = start;
                         for ((len, id), d) in lens.into_iter().zip(ids).zip(decisions) {
                             let data = &buf[pos..pos + len as usize];
                             pos += len as usize;
@@ -807,7 +810,7 @@ impl Worker<'_> {
                                 None => return,
                             }
                         }
-                        let bytes = buf.len();
+                        let bytes = buf.len() - start;
                         if buf.capacity() >= 1 << 20 {
                             self.budget.pool.put(buf);
                         }

@@ -131,7 +131,7 @@ impl<'a> Walker<'a> {
     pub(super) fn emit(&mut self, item: Item) -> Result<()> {
         let end = matches!(item, Item::End);
         match &item {
-            Item::Data { buf, .. } => self.bundle_bytes += buf.len(),
+            Item::Data { buf, start, .. } => self.bundle_bytes += buf.len() - start,
             Item::SmallFile { node, .. } => self.bundle_bytes += small_budget(node),
             _ => {}
         }
@@ -551,8 +551,12 @@ impl<'a> Walker<'a> {
             std::mem::replace(&mut self.batch, fresh)
         };
         let lens = std::mem::take(&mut self.lens);
-        self.emit(Item::Data { buf, lens })
-            .map_err(ReadError::Fatal)
+        self.emit(Item::Data {
+            buf,
+            start: 0,
+            lens,
+        })
+        .map_err(ReadError::Fatal)
     }
 
     fn take_chunks(&mut self) -> Result<(), ReadError> {

@@ -130,14 +130,22 @@ fn read_exact_direct(direct: &File, offset: u64, dst: &mut [u8]) -> bool {
 
 /// Pads an empty `buf` with zeros so that the next byte pushed lies 4 KiB-aligned in
 /// memory, and returns the padding's length. A buffer filled from there can be written
-/// ([`write_aligned_at`]) or read into ([`read_into`]) with `O_DIRECT` without a copy
-/// through an aligned scratch buffer. Reserve `DIRECT_ALIGN` bytes more than the
-/// content needs, or growing the buffer may move it (still correct, only unaligned).
+/// ([`write_at`] at an aligned offset) or read into ([`read_into`]) with `O_DIRECT`
+/// without a copy through an aligned scratch buffer. Reserve `DIRECT_ALIGN` bytes more
+/// than the content needs, or growing the buffer may move it (still correct, only
+/// unaligned).
 pub fn pad_to_align(buf: &mut Vec<u8>) -> usize {
+    pad_for_offset(buf, 0)
+}
+
+/// Like [`pad_to_align`] for content that will be written at file offset `offset`:
+/// the content starts at the same place within a 4 KiB page in memory as `offset`
+/// does in the file, so that its aligned middle is aligned in both.
+pub fn pad_for_offset(buf: &mut Vec<u8>, offset: u64) -> usize {
+    let a = DIRECT_ALIGN as usize;
     buf.clear();
-    buf.reserve(DIRECT_ALIGN as usize);
-    let pad = buf.as_ptr().align_offset(DIRECT_ALIGN as usize);
-    let pad = if pad < DIRECT_ALIGN as usize { pad } else { 0 };
+    buf.reserve(a);
+    let pad = (buf.as_ptr().align_offset(a) + (offset % DIRECT_ALIGN) as usize) % a;
     buf.resize(pad, 0);
     pad
 }
@@ -185,7 +193,14 @@ pub fn write_at(
     let (head, rest) = data.split_at((a0 - offset) as usize);
     let (middle, tail) = rest.split_at((a1 - a0) as usize);
     buffered.write_all_at(head, offset)?;
-    let ok = direct_or_buffered(buffered, direct, scratch.copy_of(middle), a0)?;
+    // Data laid out for it (see [`pad_for_offset`]) goes as it is; anything else
+    // through an aligned copy.
+    let middle = if middle.as_ptr().align_offset(DIRECT_ALIGN as usize) == 0 {
+        middle
+    } else {
+        scratch.copy_of(middle)
+    };
+    let ok = direct_or_buffered(buffered, direct, middle, a0)?;
     buffered.write_all_at(tail, a1)?;
     Ok(ok)
 }
@@ -206,31 +221,6 @@ fn direct_or_buffered(
         }
         Err(e) => Err(e),
     }
-}
-
-/// Writes `data`, which lies 4 KiB-aligned in memory (from [`AlignedBuf::aligned_mut`]
-/// or a buffer padded by [`pad_to_align`]: a pack, an upload a server received),
-/// at `offset`: like [`write_at`] without its copy when `offset` is aligned too (the
-/// aligned bulk straight from `data` through `direct`, the tail through `buffered`);
-/// otherwise through [`write_at`].
-pub fn write_aligned_at(
-    buffered: &File,
-    direct: Option<&File>,
-    scratch: &mut AlignedBuf,
-    data: &[u8],
-    offset: u64,
-) -> std::io::Result<bool> {
-    let bulk = data.len() / DIRECT_ALIGN as usize * DIRECT_ALIGN as usize;
-    let aligned = offset.is_multiple_of(DIRECT_ALIGN)
-        && data.as_ptr().align_offset(DIRECT_ALIGN as usize) == 0
-        && bulk as u64 >= DIRECT_MIN_BYTES;
-    let Some(direct) = direct.filter(|_| aligned) else {
-        return write_at(buffered, direct, scratch, data, offset);
-    };
-    let (middle, tail) = data.split_at(bulk);
-    let ok = direct_or_buffered(buffered, direct, middle, offset)?;
-    buffered.write_all_at(tail, offset + bulk as u64)?;
-    Ok(ok)
 }
 
 /// Bytes a [`SequentialWriter`] gathers before it writes: large enough that the
@@ -577,16 +567,31 @@ mod tests {
             .map(|i| (i * 7 + i / 4099) as u8)
             .collect();
         let mut scratch = AlignedBuf::default();
-        for offset in [0u64, 1, 4095, 4096, 123_457] {
-            let _ = std::fs::remove_file(&p);
-            let f = File::create(&p).unwrap();
-            let d = open_direct(&p).unwrap();
-            write_at(&f, d.as_ref(), &mut scratch, &data, offset).unwrap();
-            drop(f);
-            let back = std::fs::read(&p).unwrap();
-            assert_eq!(back.len() as u64, offset + data.len() as u64);
-            assert!(back[..offset as usize].iter().all(|b| *b == 0));
-            assert_eq!(&back[offset as usize..], &data[..], "offset {offset}");
+        // From an arbitrary buffer (through the scratch copy) and from one laid out
+        // for the offset (written as it is).
+        for laid_out in [false, true] {
+            for offset in [0u64, 1, 4095, 4096, 123_457] {
+                let _ = std::fs::remove_file(&p);
+                let f = File::create(&p).unwrap();
+                let d = open_direct(&p).unwrap();
+                let mut buf = Vec::with_capacity(data.len() + 4096);
+                let src = if laid_out {
+                    let pad = pad_for_offset(&mut buf, offset);
+                    buf.extend_from_slice(&data);
+                    let a0 = offset.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN - offset;
+                    let mid = buf[pad + a0 as usize..].as_ptr();
+                    assert_eq!(mid.align_offset(DIRECT_ALIGN as usize), 0);
+                    &buf[pad..]
+                } else {
+                    &data[..]
+                };
+                write_at(&f, d.as_ref(), &mut scratch, src, offset).unwrap();
+                drop(f);
+                let back = std::fs::read(&p).unwrap();
+                assert_eq!(back.len() as u64, offset + data.len() as u64);
+                assert!(back[..offset as usize].iter().all(|b| *b == 0));
+                assert_eq!(&back[offset as usize..], &data[..], "offset {offset}");
+            }
         }
     }
 

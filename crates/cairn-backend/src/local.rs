@@ -242,7 +242,7 @@ impl LocalBackend {
             match direct_file {
                 Some(d) => {
                     let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-                    if !direct::write_aligned_at(&f, Some(&d), &mut scratch, data, 0)? {
+                    if !direct::write_at(&f, Some(&d), &mut scratch, data, 0)? {
                         self.direct.store(false, Ordering::Relaxed);
                     }
                 }

@@ -99,31 +99,83 @@ pub fn decode(
         .map_err(|e| Error::damaged(what(), e))?;
     let plain = match compression {
         BlobCompression::Raw => opened,
-        BlobCompression::Zstd => {
-            let cap = (raw_length as usize).min(MAX_BLOB_SIZE);
-            DECOMPRESSOR
-                .with(|d| {
-                    let mut d = d.borrow_mut();
-                    if d.is_none() {
-                        *d = Some(zstd::bulk::Decompressor::new()?);
-                    }
-                    match d.as_mut() {
-                        Some(d) => d.decompress(&opened, cap),
-                        None => Err(std::io::Error::other("no decompressor")),
-                    }
-                })
-                .map_err(|e| {
-                    Error::damaged(what(), FormatError::malformed("blob", format!("zstd: {e}")))
-                })?
-        }
+        BlobCompression::Zstd => decompress(id, &opened, raw_length)?,
     };
+    check(key, id, &plain, raw_length)?;
+    Ok(plain)
+}
+
+/// A blob decoded by [`decode_in_place`].
+pub enum Plain {
+    /// The plaintext lies in the sealed buffer, here (a blob stored raw).
+    At(std::ops::Range<usize>),
+    /// Decompressed into a buffer of its own.
+    Owned(Vec<u8>),
+}
+
+impl Plain {
+    /// The plaintext; `sealed` is the buffer [`decode_in_place`] was given.
+    pub fn bytes<'a>(&'a self, sealed: &'a [u8]) -> &'a [u8] {
+        match self {
+            Plain::At(r) => &sealed[r.clone()],
+            Plain::Owned(v) => v,
+        }
+    }
+}
+
+/// [`decode`] without copying the sealed blob first: it is decrypted where it lies
+/// (a restore's range read, which is not needed afterwards). `sealed` holds garbage
+/// after an error.
+pub fn decode_in_place(
+    key: &MasterKey,
+    id: &BlobId,
+    sealed: &mut [u8],
+    raw_length: u32,
+    compression: BlobCompression,
+) -> Result<Plain> {
+    let at = key
+        .sealer
+        .open_in_place("blob", sealed)
+        .map_err(|e| Error::damaged(format!("blob {}", id.short()), e))?;
+    let plain = match compression {
+        BlobCompression::Raw => Plain::At(at),
+        BlobCompression::Zstd => Plain::Owned(decompress(id, &sealed[at], raw_length)?),
+    };
+    check(key, id, plain.bytes(sealed), raw_length)?;
+    Ok(plain)
+}
+
+fn decompress(id: &BlobId, opened: &[u8], raw_length: u32) -> Result<Vec<u8>> {
+    let cap = (raw_length as usize).min(MAX_BLOB_SIZE);
+    DECOMPRESSOR
+        .with(|d| {
+            let mut d = d.borrow_mut();
+            if d.is_none() {
+                *d = Some(zstd::bulk::Decompressor::new()?);
+            }
+            match d.as_mut() {
+                Some(d) => d.decompress(opened, cap),
+                None => Err(std::io::Error::other("no decompressor")),
+            }
+        })
+        .map_err(|e| {
+            Error::damaged(
+                format!("blob {}", id.short()),
+                FormatError::malformed("blob", format!("zstd: {e}")),
+            )
+        })
+}
+
+/// The decoded blob must have the length the index gives and hash to its id.
+fn check(key: &MasterKey, id: &BlobId, plain: &[u8], raw_length: u32) -> Result<()> {
+    let what = || format!("blob {}", id.short());
     if plain.len() != raw_length as usize {
         return Err(Error::damaged(
             what(),
             FormatError::malformed("blob", "length differs from the index"),
         ));
     }
-    if key.blob_id(&plain) != *id {
+    if key.blob_id(plain) != *id {
         return Err(Error::damaged(
             what(),
             FormatError::IdMismatch {
@@ -131,7 +183,7 @@ pub fn decode(
             },
         ));
     }
-    Ok(plain)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -152,6 +204,10 @@ mod tests {
             let b = enc.encode(&key, BlobKind::Data, id, data).unwrap();
             let back = decode(&key, &id, &b.sealed, b.raw_length, b.compression).unwrap();
             assert_eq!(back, data);
+            let mut sealed = b.sealed.clone();
+            let plain =
+                decode_in_place(&key, &id, &mut sealed, b.raw_length, b.compression).unwrap();
+            assert_eq!(plain.bytes(&sealed), data);
         }
         let id = key.blob_id(&text);
         assert_eq!(
@@ -170,5 +226,9 @@ mod tests {
         let b = enc.encode(&key, BlobKind::Data, id, b"abc").unwrap();
         let other = key.blob_id(b"abd");
         assert!(decode(&key, &other, &b.sealed, 3, b.compression).is_err());
+        let mut sealed = b.sealed.clone();
+        assert!(decode_in_place(&key, &other, &mut sealed, 3, b.compression).is_err());
+        let mut sealed = b.sealed.clone();
+        assert!(decode_in_place(&key, &id, &mut sealed, 4, b.compression).is_err());
     }
 }

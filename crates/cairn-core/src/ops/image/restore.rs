@@ -435,7 +435,7 @@ impl<'a> RunWriter<'a> {
         let direct = sink.direct.filter(|_| self.direct);
         let len = self.len as u64;
         let data = &self.buf.aligned_mut(RUN_BYTES)[..self.len];
-        match direct::write_aligned_at(sink.file, direct, &mut self.scratch, data, self.at) {
+        match direct::write_at(sink.file, direct, &mut self.scratch, data, self.at) {
             Ok(ok) => {
                 self.direct &= ok;
                 sink.wrote(len, self.blocks);

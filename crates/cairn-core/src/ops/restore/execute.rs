@@ -112,7 +112,11 @@ struct FileWriter<'a> {
     files: HashMap<u32, (File, Option<File>)>,
     file: u32,
     offset: u64,
+    /// The pending run is `buf[start..]`, laid out so that its aligned middle lies
+    /// aligned in memory (`direct::pad_for_offset`): the direct write takes it
+    /// without a copy.
     buf: Vec<u8>,
+    start: usize,
     scratch: AlignedBuf,
     /// Cleared when the target filesystem refuses O_DIRECT.
     direct: bool,
@@ -133,6 +137,7 @@ impl<'a> FileWriter<'a> {
             file: 0,
             offset: 0,
             buf: Vec::new(),
+            start: 0,
             scratch: AlignedBuf::default(),
             direct: true,
             failed: Vec::new(),
@@ -145,28 +150,33 @@ impl FileWriter<'_> {
     /// does not continue it. A failure of that run is recorded against the run's file
     /// and never stops `data` from being queued: it belongs to another file or place.
     fn write(&mut self, file: u32, offset: u64, data: &[u8]) {
-        if !self.buf.is_empty()
+        let pending = self.buf.len() - self.start;
+        if pending > 0
             && (file != self.file
-                || offset != self.offset + self.buf.len() as u64
-                || self.buf.len() + data.len() > self.max_write)
+                || offset != self.offset + pending as u64
+                || pending + data.len() > self.max_write)
         {
             self.flush();
         }
-        if self.buf.is_empty() {
+        if self.buf.len() == self.start {
             self.file = file;
             self.offset = offset;
+            if self.buf.capacity() < self.max_write + 2 * direct::DIRECT_ALIGN as usize {
+                self.buf = Vec::with_capacity(self.max_write + 2 * direct::DIRECT_ALIGN as usize);
+            }
+            self.start = direct::pad_for_offset(&mut self.buf, offset);
         }
         self.buf.extend_from_slice(data);
     }
 
     fn flush(&mut self) {
-        if self.buf.is_empty() {
+        if self.buf.len() == self.start {
             return;
         }
         if let Err(m) = self.write_run() {
             self.failed.push((self.file, m));
         }
-        self.buf.clear();
+        self.buf.truncate(self.start);
     }
 
     /// Writes the pending run; large runs go mostly through O_DIRECT (see
@@ -176,7 +186,8 @@ impl FileWriter<'_> {
         if self.files.len() >= OPEN_FILES_PER_WORKER && !self.files.contains_key(&file) {
             self.files.clear();
         }
-        let want_direct = self.direct && self.buf.len() as u64 >= DIRECT_MIN_BYTES;
+        let run = &self.buf[self.start..];
+        let want_direct = self.direct && run.len() as u64 >= DIRECT_MIN_BYTES;
         let job = &self.jobs[file as usize];
         let entry = match self.files.entry(file) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
@@ -198,7 +209,7 @@ impl FileWriter<'_> {
             }
         }
         let (f, d) = (&entry.0, entry.1.as_ref().filter(|_| self.direct));
-        match direct::write_at(f, d, &mut self.scratch, &self.buf, self.offset) {
+        match direct::write_at(f, d, &mut self.scratch, run, self.offset) {
             Ok(true) => Ok(()),
             Ok(false) => {
                 self.direct = false;
@@ -262,7 +273,7 @@ pub(crate) fn execute(
                         // One read for the whole range; when it fails (a truncated or
                         // partly unreadable pack), one read per blob, so that what is
                         // still readable is restored.
-                        let whole =
+                        let mut whole =
                             match repo.read_pack_range(&pack, start.into(), (end - start).into()) {
                                 Ok(b) => Some(b),
                                 // A short or damaged pack: read it blob by blob below.
@@ -282,43 +293,55 @@ pub(crate) fn execute(
                                     continue;
                                 }
                             };
-                        let mut last: Option<(u32, Result<Vec<u8>, String>)> = None;
+                        // The blob last decoded (a blob that several files hold is
+                        // listed once per file, side by side): from the range read,
+                        // decrypted where it lies, or read on its own.
+                        let mut last: Option<(u32, Result<Decoded, String>)> = None;
+                        // Bytes of the range decrypted so far: a blob that overlaps
+                        // them (only a damaged index lists such) is read on its own.
+                        let mut decrypted = 0usize;
                         for n in range {
                             if last.as_ref().is_none_or(|(off, _)| *off != n.offset) {
-                                let sealed: Result<std::borrow::Cow<'_, [u8]>, String> =
-                                    match &whole {
-                                        Some(buf) => {
-                                            let lo = (n.offset - start) as usize;
-                                            Ok(std::borrow::Cow::Borrowed(
-                                                &buf[lo..lo + n.length as usize],
-                                            ))
-                                        }
-                                        None => repo
-                                            .read_pack_range(
-                                                &pack,
-                                                n.offset.into(),
-                                                n.length.into(),
-                                            )
-                                            .map(std::borrow::Cow::Owned)
-                                            .map_err(|e| e.to_string()),
-                                    };
-                                let r = sealed
-                                    .and_then(|sealed| {
-                                        blob::decode(
+                                let lo = (n.offset - start) as usize;
+                                let r = match whole.as_mut().filter(|_| lo >= decrypted) {
+                                    Some(buf) => {
+                                        decrypted = lo + n.length as usize;
+                                        let sealed = &mut buf[lo..decrypted];
+                                        blob::decode_in_place(
                                             repo.key(),
                                             &n.id,
-                                            &sealed,
+                                            sealed,
                                             n.raw_length,
                                             n.compression,
                                         )
+                                        .map(|p| Decoded::InRange(lo, p))
                                         .map_err(|e| e.to_string())
-                                    })
-                                    .map_err(|e| format!("pack {}: {e}", pack.short()));
+                                    }
+                                    None => repo
+                                        .read_pack_range(&pack, n.offset.into(), n.length.into())
+                                        .map_err(|e| e.to_string())
+                                        .and_then(|sealed| {
+                                            blob::decode(
+                                                repo.key(),
+                                                &n.id,
+                                                &sealed,
+                                                n.raw_length,
+                                                n.compression,
+                                            )
+                                            .map_err(|e| e.to_string())
+                                        })
+                                        .map(Decoded::Owned),
+                                };
+                                let r = r.map_err(|e| format!("pack {}: {e}", pack.short()));
                                 last = Some((n.offset, r));
                             }
                             let Some((_, decoded)) = &last else { continue };
                             let data = match decoded {
-                                Ok(d) => d,
+                                Ok(Decoded::InRange(lo, p)) => match &whole {
+                                    Some(buf) => p.bytes(&buf[*lo..]),
+                                    None => continue,
+                                },
+                                Ok(Decoded::Owned(v)) => &v[..],
                                 Err(m) => {
                                     fail(n.file, m.clone());
                                     continue;
@@ -351,6 +374,13 @@ pub(crate) fn execute(
         bytes: bytes.into_inner(),
         failed: failed.into_inner().unwrap_or_else(|e| e.into_inner()),
     })
+}
+
+/// A blob the restore decoded: where it lies in the range read (decrypted in place,
+/// `blob::Plain` relative to the blob's offset `.0` in the range), or its own buffer.
+enum Decoded {
+    InRange(usize, blob::Plain),
+    Owned(Vec<u8>),
 }
 
 /// All-zero stretches of a chunk, page by page, are not written: the file was

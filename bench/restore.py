@@ -2,7 +2,11 @@
 """Restore speed in three conditions, side by side (issue #18).
 
     bench/restore.py [--runs 5] [--tools cairn,restic,cp] [--fs root,journal]
-                     [--mib 600] [--writeback-mib 1200] [--settle 65]
+                     [--dataset mixed|small] [--mib 600] [--writeback-mib 1200] [--settle 65]
+
+The tree is the `mixed` dataset at --mib MiB (whole /usr directories), or with
+--dataset small the `small` dataset of bench/datasets.sh (200,000 files of 1-8 KiB
+at full scale).
 
 For each file system the targets live on (`root`: the work directory's own file
 system; `journal`: a fresh ext4 with the default journal on a loop device backed
@@ -102,13 +106,15 @@ def restored_root(t, source, target):
 class JournalFs:
     """A fresh ext4 with a journal (mkfs.ext4's default) on a loop device."""
 
-    def __init__(self, work, size_gib):
+    def __init__(self, work, size_gib, inodes):
         self.img = os.path.join(work, "journal-ext4.img")
         self.mnt = os.path.join(work, "journal-mnt")
         os.makedirs(self.mnt, exist_ok=True)
         with open(self.img, "wb") as f:
             f.truncate(size_gib << 30)
-        subprocess.run(["mkfs.ext4", "-q", "-F", self.img], check=True)
+        # Enough inodes for every restore a condition keeps (the small set's files
+        # would run out of mkfs's default of one per 16 KiB).
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-N", str(inodes), self.img], check=True)
         self.dev = subprocess.run(["losetup", "--direct-io=on", "-f", "--show", self.img],
                                   check=True, capture_output=True, text=True).stdout.strip()
         subprocess.run(["mount", self.dev, self.mnt], check=True)
@@ -125,6 +131,7 @@ def main():
     ap.add_argument("--tools", default="cairn,restic,cp")
     ap.add_argument("--fs", default="root,journal")
     ap.add_argument("--conditions", default="quiet,writeback,deleted")
+    ap.add_argument("--dataset", default="mixed", choices=["mixed", "small"])
     ap.add_argument("--mib", type=int, default=600, help="size of the mixed dataset (whole /usr directories)")
     ap.add_argument("--writeback-mib", type=int, default=1200)
     ap.add_argument("--settle", type=int, default=65)
@@ -139,9 +146,14 @@ def main():
     if "restic" in tools_wanted and not os.path.exists(os.path.join(HERE, ".tools", "restic")):
         subprocess.run([os.path.join(HERE, "install-peers.sh")], check=True)
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "cairn-cli"], cwd=ROOT, check=True)
-    env = dict(os.environ, BENCH_MIXED_MIB=str(a.mib))
-    subprocess.run([os.path.join(HERE, "datasets.sh"), "mixed"], env=env, check=True)
-    source = os.path.join(HERE, ".work", "data", f"mixed-{a.mib}M")
+    if a.dataset == "small":
+        subprocess.run([os.path.join(HERE, "datasets.sh"), "small"], check=True)
+        import datasets  # noqa: E402  (the dataset generator's naming)
+        source = os.path.join(HERE, ".work", "data", datasets.dataset_dirname("small", datasets.scale_config()))
+    else:
+        env = dict(os.environ, BENCH_MIXED_MIB=str(a.mib))
+        subprocess.run([os.path.join(HERE, "datasets.sh"), "mixed"], env=env, check=True)
+        source = os.path.join(HERE, ".work", "data", f"mixed-{a.mib}M")
     size = tree_bytes(source)
     nfiles = sum(len(f) for _, _, f in os.walk(source))
     log(f"dataset {source}: {size / 1e6:.0f} MB, {nfiles} files")
@@ -180,7 +192,9 @@ def main():
             jfs = None
             if fs == "journal":
                 need = (a.runs * len(tools) * size + (a.writeback_mib << 20)) * 1.3
-                jfs = JournalFs(a.work, max(8, int(need / (1 << 30)) + 2))
+                need += a.runs * len(tools) * nfiles * 4096  # the small files' last blocks
+                jfs = JournalFs(a.work, max(8, int(need / (1 << 30)) + 2),
+                                int(a.runs * len(tools) * nfiles * 1.3) + 100_000)
                 base = jfs.mnt
             elif fs == "root":
                 base = os.path.join(a.work, "targets")

@@ -496,14 +496,18 @@ impl std::io::Write for SequentialWriter {
 mod tests {
     use super::*;
 
-    #[test]
-    fn direct_range_reads_match() {
+    /// A file of `len` bytes of a pattern in a fresh directory, and its bytes.
+    fn patterned(len: u32) -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>) {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
-        let data: Vec<u8> = (0..1_234_567u32)
-            .map(|i| (i * 13 + i / 977) as u8)
-            .collect();
+        let data: Vec<u8> = (0..len).map(|i| (i * 13 + i / 977) as u8).collect();
         std::fs::write(&p, &data).unwrap();
+        (dir, p, data)
+    }
+
+    #[test]
+    fn direct_range_reads_match() {
+        let (_dir, p, data) = patterned(1_234_567);
         let mut scratch = AlignedBuf::default();
         for (off, len) in [
             (0u64, 1_234_567u64),
@@ -520,12 +524,7 @@ mod tests {
 
     #[test]
     fn aligned_reads_go_straight_into_the_buffer() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f");
-        let data: Vec<u8> = (0..1_000_000u32)
-            .map(|i| (i * 31 + i / 513) as u8)
-            .collect();
-        std::fs::write(&p, &data).unwrap();
+        let (_dir, p, data) = patterned(1_000_000);
         let Ok(d) = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECT)

@@ -478,12 +478,7 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
         }
         let pack = repo.index().pack_by_number(pack_no);
         for range in crate::ops::restore::execute::ranges(&needs, max_range) {
-            let first = range[0].offset;
-            let end = range
-                .iter()
-                .map(|n| n.offset + n.length)
-                .max()
-                .unwrap_or(first);
+            let (first, end) = crate::ops::restore::execute::range_bounds(range);
             let whole = repo
                 .read_pack_range(&pack, first.into(), (end - first).into())
                 .ok();

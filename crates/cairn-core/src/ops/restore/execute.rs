@@ -103,6 +103,18 @@ pub(crate) fn ranges<T: PackSpan>(needs: &[T], max_range: u32) -> Vec<&[T]> {
     out
 }
 
+/// The pack bytes one of [`ranges`]' ranges covers: from its first blob (the needs
+/// are sorted by offset) to the furthest end of any.
+pub(crate) fn range_bounds<T: PackSpan>(range: &[T]) -> (u32, u32) {
+    let start = range.first().map_or(0, |n| n.span().0);
+    let end = range
+        .iter()
+        .map(|n| n.span().0 + n.span().1)
+        .max()
+        .unwrap_or(start);
+    (start, end)
+}
+
 /// Writes blobs to files, merging runs of consecutive chunks of one file into one
 /// `pwrite`: fewer system calls, and (because chunks are not page-aligned) far fewer
 /// partial pages the filesystem must zero first (measured: 10% of restore CPU).
@@ -264,12 +276,7 @@ pub(crate) fn execute(
                     }
                     let pack = repo.index().pack_by_number(*pack_no);
                     for range in ranges(needs, max_range) {
-                        let start = range[0].offset;
-                        let end = range
-                            .iter()
-                            .map(|n| n.offset + n.length)
-                            .max()
-                            .unwrap_or(start);
+                        let (start, end) = range_bounds(range);
                         // One read for the whole range; when it fails (a truncated or
                         // partly unreadable pack), one read per blob, so that what is
                         // still readable is restored.

@@ -279,7 +279,7 @@ pub fn restore(
     let tree = repo.load_tree(root)?;
     let root_dir = Arc::new(Dir {
         fd: root_fd,
-        node: DirNode::root(target, st.id()),
+        node: DirNode::root(target, &st),
         path_only: false,
     });
     let all = includes.is_empty();
@@ -602,7 +602,7 @@ impl Walk<'_> {
             }
         };
         self.stats.dirs += 1;
-        let dir_node = DirNode::child(&parent.node, name, opened.stat.id());
+        let dir_node = DirNode::child(&parent.node, name, &opened.stat);
         let dir = Arc::new(Dir {
             fd: opened.fd,
             node: dir_node.clone(),

@@ -13,12 +13,13 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// What `fstat` says about an entry, the parts restore checks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Stat {
     pub dev: u64,
     pub ino: u64,
     pub mode: u32,
     pub uid: u32,
+    pub gid: u32,
     pub nlink: u64,
     pub rdev: u64,
     pub size: u64,
@@ -160,6 +161,7 @@ fn to_stat(st: &libc::stat) -> Stat {
         ino: st.st_ino,
         mode: st.st_mode,
         uid: st.st_uid,
+        gid: st.st_gid,
         nlink: st.st_nlink,
         rdev: st.st_rdev,
         size: u64::try_from(st.st_size).unwrap_or(0),
@@ -361,6 +363,11 @@ pub(crate) fn set_xattr_path_fd(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -
 pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() }
+}
+
+pub(crate) fn egid() -> u32 {
+    // SAFETY: getegid cannot fail and touches no memory.
+    unsafe { libc::getegid() }
 }
 
 /// The soft limit on open descriptors (restore sizes its descriptor budget by it).

@@ -30,22 +30,28 @@ pub(crate) struct DirNode {
     name: CString,
     /// (device, inode).
     pub id: (u64, u64),
+    /// Set-group-ID when restore opened it: what is created in it takes its group,
+    /// not the restoring process's.
+    pub setgid: bool,
 }
 
 impl DirNode {
-    pub fn root(path: &std::path::Path, id: (u64, u64)) -> Arc<Self> {
+    /// The target, `st` what `fstat` said of it.
+    pub fn root(path: &std::path::Path, st: &Stat) -> Arc<Self> {
         Arc::new(DirNode {
             parent: None,
             name: CString::new(path.as_os_str().as_bytes()).unwrap_or_default(),
-            id,
+            id: st.id(),
+            setgid: st.mode & libc::S_ISGID != 0,
         })
     }
 
-    pub fn child(parent: &Arc<DirNode>, name: CString, id: (u64, u64)) -> Arc<Self> {
+    pub fn child(parent: &Arc<DirNode>, name: CString, st: &Stat) -> Arc<Self> {
         Arc::new(DirNode {
             parent: Some(parent.clone()),
             name,
-            id,
+            id: st.id(),
+            setgid: st.mode & libc::S_ISGID != 0,
         })
     }
 
@@ -229,11 +235,21 @@ pub(crate) fn remove_existing(parent: &Dir, name: &CStr, fresh: bool) -> io::Res
 /// Creates the regular file `name` in `parent` (exclusively, never through a symlink),
 /// mode 0600 until its metadata is applied.
 pub(crate) fn create_file(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<File> {
+    create_file_mode(parent, name, 0o600)
+}
+
+/// [`create_file`] with the permission bits `mode` (the umask and a default ACL of
+/// `parent` still apply).
+pub(crate) fn create_file_mode(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    mode: libc::mode_t,
+) -> io::Result<File> {
     let fd = sys::open_at(
         parent,
         name,
         libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
-        0o600,
+        mode,
     )?;
     Ok(File::from(fd))
 }
@@ -437,10 +453,10 @@ mod tests {
     fn open_root(p: &Path) -> Dir {
         let fd: OwnedFd = File::open(p).unwrap().into();
         sys::probe_openat2(fd.as_fd());
-        let id = sys::fstat(fd.as_fd()).unwrap().id();
+        let st = sys::fstat(fd.as_fd()).unwrap();
         Dir {
             fd,
-            node: DirNode::root(p, id),
+            node: DirNode::root(p, &st),
             path_only: false,
         }
     }
@@ -449,7 +465,7 @@ mod tests {
         let o = ensure_dir(parent, name, false).unwrap();
         Dir {
             fd: o.fd,
-            node: DirNode::child(&parent.node, name.to_owned(), o.stat.id()),
+            node: DirNode::child(&parent.node, name.to_owned(), &o.stat),
             path_only: o.path_only,
         }
     }
@@ -557,9 +573,13 @@ mod tests {
 
     #[test]
     fn deep_chains_drop_without_recursion() {
-        let mut node = DirNode::root(Path::new("/t"), (0, 0));
-        for i in 0..200_000u64 {
-            node = DirNode::child(&node, c"d".to_owned(), (0, i));
+        let mut node = DirNode::root(Path::new("/t"), &Stat::default());
+        for ino in 0..200_000u64 {
+            let st = Stat {
+                ino,
+                ..Stat::default()
+            };
+            node = DirNode::child(&node, c"d".to_owned(), &st);
         }
         drop(node);
     }

@@ -213,8 +213,12 @@ struct Walk<'a> {
     link_dir: Option<Arc<Dir>>,
     /// Cancelled: the walk stopped between entries.
     stopped: bool,
-    /// `--write-limit`.
-    write_limit: Option<cairn_backend::Limiter>,
+    /// To the executor thread: the next batch to write.
+    to_exec: Option<std::sync::mpsc::SyncSender<Batch>>,
+    /// From it: each batch back, written, in the order sent.
+    from_exec: std::sync::mpsc::Receiver<Result<Written>>,
+    /// A batch was sent and has not come back yet.
+    in_flight: bool,
     /// Chunks a batch plans at most (each costs about 128 bytes of plan): fewer
     /// under a memory limit.
     batch_chunks_max: u64,
@@ -283,53 +287,76 @@ pub fn restore(
         path_only: false,
     });
     let all = includes.is_empty();
-    let mut w = Walk {
-        repo,
-        opts,
-        progress,
-        stats: RestoreStats::default(),
-        includes,
-        root: root_dir.clone(),
-        stack: Vec::new(),
-        batch: Vec::new(),
-        batch_chunks: 0,
-        batch_dirs: 0,
-        dir_budget: dir_budget(),
-        last_dir: None,
-        pending: Vec::new(),
-        hardlinks: HashMap::new(),
-        link_dir: None,
-        stopped: false,
-        write_limit: opts
-            .write_limit
-            .filter(|&r| r > 0)
-            .map(cairn_backend::Limiter::new),
-        batch_chunks_max: repo
-            .memory_plan_in_use()
-            .map_or(BATCH_CHUNKS, |p| p.share(4 * 128, 1 << 16, BATCH_CHUNKS)),
-    };
-    let keep = keep_names(opts, &tree.nodes, all, false);
-    let mut todo = tree.nodes;
-    todo.reverse();
-    w.stack.push(Frame {
-        todo,
-        weak: Arc::downgrade(&root_dir),
-        dir: Some(root_dir.clone()),
-        node: root_dir.node.clone(),
-        meta: None,
-        all,
-        snap_path: String::new(),
-        fresh: false,
-        keep,
-    });
-    w.run()?;
-    w.flush_batch()?;
-    if w.stopped {
-        // The files created so far are whole (their batch was written); the rest
-        // was not started.
-        return Err(Error::Cancelled);
-    }
-    Ok(w.stats)
+    let write_limit = opts
+        .write_limit
+        .filter(|&r| r > 0)
+        .map(cairn_backend::Limiter::new);
+    // The batches are written on a thread of their own while the walk builds the
+    // next one: creating directories and planning a batch no longer leave the
+    // writers idle (a small-file tree's walk is single-threaded work), and the
+    // metadata of a batch's files is applied while the next is written.
+    std::thread::scope(|s| {
+        let (to_exec, batches) = std::sync::mpsc::sync_channel::<Batch>(0);
+        let (written, from_exec) = std::sync::mpsc::channel();
+        let owners = opts.owners;
+        let limit = write_limit.as_ref();
+        s.spawn(move || {
+            for batch in batches {
+                let r = write_batch(repo, batch, owners, progress, limit);
+                if written.send(r).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut w = Walk {
+            repo,
+            opts,
+            progress,
+            stats: RestoreStats::default(),
+            includes,
+            root: root_dir.clone(),
+            stack: Vec::new(),
+            batch: Vec::new(),
+            batch_chunks: 0,
+            batch_dirs: 0,
+            dir_budget: dir_budget(),
+            last_dir: None,
+            pending: Vec::new(),
+            hardlinks: HashMap::new(),
+            link_dir: None,
+            stopped: false,
+            to_exec: Some(to_exec),
+            from_exec,
+            in_flight: false,
+            // Two batches are alive at a time (one written while the next is built).
+            batch_chunks_max: repo.memory_plan_in_use().map_or(BATCH_CHUNKS, |p| {
+                p.share(2 * 4 * 128, 1 << 16, BATCH_CHUNKS)
+            }),
+        };
+        let keep = keep_names(opts, &tree.nodes, all, false);
+        let mut todo = tree.nodes;
+        todo.reverse();
+        w.stack.push(Frame {
+            todo,
+            weak: Arc::downgrade(&root_dir),
+            dir: Some(root_dir.clone()),
+            node: root_dir.node.clone(),
+            meta: None,
+            all,
+            snap_path: String::new(),
+            fresh: false,
+            keep,
+        });
+        w.run()?;
+        w.flush_batch()?;
+        w.drain()?;
+        if w.stopped {
+            // The files created so far are whole (their batch was written); the rest
+            // was not started.
+            return Err(Error::Cancelled);
+        }
+        Ok(w.stats)
+    })
 }
 
 fn target_is_symlink(target: &std::path::Path) -> Error {
@@ -383,7 +410,51 @@ fn keep_names(
 fn dir_budget() -> usize {
     let reserve = OPEN_ANCESTORS + 2 * execute::OPEN_FILES_PER_WORKER * execute::threads() + 64;
     let limit = usize::try_from(sys::nofile_limit()).unwrap_or(usize::MAX);
-    (limit.saturating_sub(reserve) / 2).clamp(16, 4096)
+    // Half of what is left, for two batches alive at a time.
+    (limit.saturating_sub(reserve) / 4).clamp(16, 4096)
+}
+
+/// Files for the executor thread, and the directories completed with them (their
+/// metadata waits until the files are written).
+struct Batch {
+    jobs: Vec<FileJob>,
+    pending: Vec<(Arc<Dir>, Node)>,
+}
+
+/// A batch back from the executor thread.
+struct Written {
+    batch: Batch,
+    /// Files not restored in full, with why.
+    failed: HashMap<u32, String>,
+    bytes: u64,
+}
+
+/// On the executor thread: plans the batch's reads and writes its files.
+fn write_batch(
+    repo: &Repository,
+    batch: Batch,
+    owners: bool,
+    progress: &Progress,
+    write_limit: Option<&cairn_backend::Limiter>,
+) -> Result<Written> {
+    if batch.jobs.is_empty() {
+        return Ok(Written {
+            batch,
+            failed: HashMap::new(),
+            bytes: 0,
+        });
+    }
+    let plan = plan::plan(repo, &batch.jobs);
+    let exec = execute::execute(repo, &batch.jobs, &plan, owners, progress, write_limit)?;
+    let mut failed = plan.failed;
+    for (f, m) in exec.failed {
+        failed.entry(f).or_insert(m);
+    }
+    Ok(Written {
+        batch,
+        failed,
+        bytes: exec.bytes,
+    })
 }
 
 /// `--verify`: reads back every file of the batch that was written (not those in
@@ -855,27 +926,63 @@ impl Walk<'_> {
         Ok(())
     }
 
+    /// Hands the batch built so far to the executor thread, after the one before it
+    /// came back, and finishes that one while the new one is written.
     fn flush_batch(&mut self) -> Result<()> {
-        let jobs = std::mem::take(&mut self.batch);
+        let batch = Batch {
+            jobs: std::mem::take(&mut self.batch),
+            pending: std::mem::take(&mut self.pending),
+        };
         self.batch_chunks = 0;
         self.batch_dirs = 0;
         self.last_dir = None;
-        let owners = self.opts.owners;
-        if !jobs.is_empty() {
-            let plan = plan::plan(self.repo, &jobs);
-            let mut failed: HashMap<u32, String> = plan.failed.clone();
-            let exec = execute::execute(
-                self.repo,
-                &jobs,
-                &plan,
-                owners,
-                self.progress,
-                self.write_limit.as_ref(),
-            )?;
-            self.stats.bytes += exec.bytes;
-            for (f, m) in exec.failed {
-                failed.entry(f).or_insert(m);
+        let previous = self.wait_batch()?;
+        if !batch.jobs.is_empty() || !batch.pending.is_empty() {
+            let sent = self.to_exec.as_ref().map(|tx| tx.send(batch));
+            match sent {
+                Some(Ok(())) => self.in_flight = true,
+                // The executor thread is gone: only a panic there ends it early, and
+                // the scope reports that.
+                _ => return Err(Error::Invalid("the restore's writer stopped".into())),
             }
+        }
+        if let Some(done) = previous {
+            self.finish_batch(done);
+        }
+        Ok(())
+    }
+
+    /// Waits for the batch in flight, if any.
+    fn wait_batch(&mut self) -> Result<Option<Written>> {
+        if !std::mem::take(&mut self.in_flight) {
+            return Ok(None);
+        }
+        match self.from_exec.recv() {
+            Ok(r) => r.map(Some),
+            Err(_) => Err(Error::Invalid("the restore's writer stopped".into())),
+        }
+    }
+
+    /// Finishes the last batch: after the walk's final [`flush_batch`].
+    fn drain(&mut self) -> Result<()> {
+        if let Some(done) = self.wait_batch()? {
+            self.finish_batch(done);
+        }
+        self.to_exec = None;
+        Ok(())
+    }
+
+    /// A written batch: its failures reported, `--verify`, then the metadata of its
+    /// files that were not written with theirs, and of its completed directories.
+    fn finish_batch(&mut self, done: Written) {
+        let Written {
+            batch: Batch { jobs, pending },
+            mut failed,
+            bytes,
+        } = done;
+        let owners = self.opts.owners;
+        self.stats.bytes += bytes;
+        if !jobs.is_empty() {
             if self.opts.verify {
                 for (f, m) in verify(self.repo, &jobs, &failed) {
                     self.stats.verified += 1;
@@ -924,12 +1031,11 @@ impl Walk<'_> {
         }
         // Directories whose entries are all written, deepest first, through the
         // descriptors restore holds (never a path someone could have changed).
-        for (dir, node) in std::mem::take(&mut self.pending) {
+        for (dir, node) in pending {
             if let Err(e) = metadata::apply(dir.fd(), dir.path_only, &node, owners) {
                 self.issue(dir.node.path(), format!("setting metadata: {e}"));
             }
         }
-        Ok(())
     }
 
     /// A symlink, FIFO or device: created by name in its parent's descriptor, then

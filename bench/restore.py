@@ -103,28 +103,6 @@ def restored_root(t, source, target):
     return target if isinstance(t, Cp) else os.path.join(target, source.lstrip("/"))
 
 
-class JournalFs:
-    """A fresh ext4 with a journal (mkfs.ext4's default) on a loop device."""
-
-    def __init__(self, work, size_gib, inodes):
-        self.img = os.path.join(work, "journal-ext4.img")
-        self.mnt = os.path.join(work, "journal-mnt")
-        os.makedirs(self.mnt, exist_ok=True)
-        with open(self.img, "wb") as f:
-            f.truncate(size_gib << 30)
-        # Enough inodes for every restore a condition keeps (the small set's files
-        # would run out of mkfs's default of one per 16 KiB).
-        subprocess.run(["mkfs.ext4", "-q", "-F", "-N", str(inodes), self.img], check=True)
-        self.dev = subprocess.run(["losetup", "--direct-io=on", "-f", "--show", self.img],
-                                  check=True, capture_output=True, text=True).stdout.strip()
-        subprocess.run(["mount", self.dev, self.mnt], check=True)
-
-    def close(self):
-        subprocess.run(["umount", self.mnt], check=False)
-        subprocess.run(["losetup", "-d", self.dev], check=False)
-        os.unlink(self.img)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
@@ -193,7 +171,7 @@ def main():
             if fs == "journal":
                 need = (a.runs * len(tools) * size + (a.writeback_mib << 20)) * 1.3
                 need += a.runs * len(tools) * nfiles * 4096  # the small files' last blocks
-                jfs = JournalFs(a.work, max(8, int(need / (1 << 30)) + 2),
+                jfs = bench.JournalFs(a.work, max(8, int(need / (1 << 30)) + 2),
                                 int(a.runs * len(tools) * nfiles * 1.3) + 100_000)
                 base = jfs.mnt
             elif fs == "root":

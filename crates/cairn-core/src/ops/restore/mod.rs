@@ -347,9 +347,12 @@ pub fn restore(
             fresh: false,
             keep,
         });
-        w.run()?;
-        w.flush_batch()?;
-        w.drain()?;
+        // On an error too, the batch in flight is waited for and finished: its files
+        // get their metadata, or are reported as not restored in full.
+        let walked = w.run().and_then(|()| w.flush_batch());
+        let drained = w.drain();
+        walked?;
+        drained?;
         if w.stopped {
             // The files created so far are whole (their batch was written); the rest
             // was not started.

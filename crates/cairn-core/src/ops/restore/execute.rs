@@ -437,10 +437,7 @@ fn write_direct(job: &FileJob, data: &[u8], creation: &Creation) -> std::io::Res
     } else {
         f.write_all_at(data, 0)
     };
-    let r = r.and_then(|()| match final_mode {
-        Some(_) => metadata::apply_created(f.as_fd(), &job.node, creation.owners),
-        None => metadata::apply(f.as_fd(), false, &job.node, creation.owners),
-    });
+    let r = r.and_then(|()| metadata::apply(f.as_fd(), false, &job.node, creation.owners));
     if r.is_err() && final_mode.is_some() {
         let _ = super::sys::chmod_fd(f.as_fd(), 0o600);
     }
@@ -535,8 +532,8 @@ mod tests {
     }
 
     /// One-chunk files come out with exactly their mode, owner, content and times,
-    /// whether they took the short way (created with their final mode, `fstat`
-    /// instead of `fchown` and `fchmod`) or the general one.
+    /// whether they were created with their final mode (`apply` then finds mode and
+    /// owner right) or 0600.
     #[test]
     fn one_chunk_files_get_exactly_their_metadata() {
         use crate::restore::sys;
@@ -546,10 +543,7 @@ mod tests {
         use std::sync::Arc;
         let tmp = tempfile::tempdir().unwrap();
         let root = sys::euid() == 0;
-        if root {
-            // Files created here would take this group, not the process's.
-            std::os::unix::fs::chown(tmp.path(), None, Some(4321)).unwrap();
-        }
+        // Files created in it take its group, not the process's.
         let sub = tmp.path().join("sgid");
         std::fs::create_dir(&sub).unwrap();
         if root {

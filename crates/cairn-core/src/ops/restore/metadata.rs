@@ -1,6 +1,9 @@
 //! Applying an entry's metadata after its content: owner (as root), extended
 //! attributes, permission bits, then times last (every earlier step may change them;
-//! a chown clears set-id bits, so the mode comes after it).
+//! a chown clears set-id bits, so the mode comes after it). What `fstat` shows is
+//! already right is not set again: most small files are created with their final
+//! mode and keep their owner ([`Creation`]), and their `fchown` and `fchmod` would be
+//! two of their six system calls.
 //!
 //! Always through a descriptor of the entry itself, never a path: a path through a
 //! directory another user controls could lead anywhere by the time it is used, and
@@ -25,7 +28,9 @@ pub(crate) fn apply(
     node: &Node,
     owners: bool,
 ) -> std::io::Result<()> {
-    if owners {
+    let have = sys::fstat(fd)?;
+    let chown = owners && (have.uid, have.gid) != (node.uid, node.gid);
+    if chown {
         if path_only {
             sys::chown_path_fd(fd, node.uid, node.gid)?;
         } else {
@@ -40,12 +45,16 @@ pub(crate) fn apply(
             sys::set_xattr_fd(fd, &name, v)?;
         }
     }
-    if node.kind != NodeKind::Symlink {
-        let mode = (node.mode & 0o7777) as libc::mode_t;
+    let mode = node.mode & 0o7777;
+    // After a chown (set-ID bits cleared) or xattrs (an ACL sets the mode too), the
+    // mode is set whatever it was.
+    if node.kind != NodeKind::Symlink
+        && (chown || !node.xattrs.is_empty() || have.mode & 0o7777 != mode)
+    {
         if path_only {
-            sys::chmod_path_fd(fd, mode)?;
+            sys::chmod_path_fd(fd, mode as libc::mode_t)?;
         } else {
-            sys::chmod_fd(fd, mode)?;
+            sys::chmod_fd(fd, mode as libc::mode_t)?;
         }
     }
     if path_only {
@@ -56,11 +65,8 @@ pub(crate) fn apply(
 }
 
 /// How restore creates a one-chunk file, which it creates, writes and gives its
-/// metadata through one descriptor. Most such files can be created with their final
-/// permission bits and keep the owner they are created with (root's files restored by
-/// root, anyone's restored by a user): the `fchmod` and `fchown` of [`apply`] would
-/// then change nothing, and they are two of the file's six system calls (9% of a
-/// small-file restore's time on ext4, where each dirties the inode again).
+/// metadata through one descriptor: with its final permission bits when that is safe,
+/// so that [`apply`] finds mode and owner right and only sets the times.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Creation {
     pub owners: bool,
@@ -77,13 +83,13 @@ impl Creation {
         }
     }
 
-    /// The permission bits to create `node` with in `dir` so that only
-    /// [`apply_created`] is left to do, or `None`: create it 0600 and [`apply`]
-    /// everything after the content, as for any other entry. Only when the file keeps
-    /// the owner it is created with (nobody else sees it with other rights while it
-    /// is written), nobody but the owner may write to it (nobody can add to it before
-    /// restore's content is in), it has no set-ID or sticky bit (those follow the
-    /// owner) and no extended attributes (an ACL among them sets the mode too).
+    /// The permission bits to create `node` with in `dir`, or `None`: create it 0600
+    /// until [`apply`] sets everything after the content, as for any other entry.
+    /// Its own bits only when the file keeps the owner it is created with (nobody
+    /// else sees it with other rights while it is written), nobody but the owner may
+    /// write to it (nobody can add to it before restore's content is in), it has no
+    /// set-ID or sticky bit (those follow the owner) and no extended attributes (an
+    /// ACL among them sets the mode too).
     pub fn mode(&self, node: &Node, dir: &DirNode) -> Option<libc::mode_t> {
         let mode = node.mode & 0o7777;
         let keeps_owner =
@@ -91,21 +97,4 @@ impl Creation {
         (keeps_owner && mode & 0o7022 == 0 && node.xattrs.is_empty())
             .then_some(mode as libc::mode_t)
     }
-}
-
-/// The metadata of a regular file created with the bits [`Creation::mode`] gave:
-/// what it was created with is checked (`fstat`, which changes nothing) rather than
-/// assumed, since a umask, a default ACL or a file system's own rule for groups may
-/// have made it differ; what differs is set, then the times.
-pub(crate) fn apply_created(fd: BorrowedFd<'_>, node: &Node, owners: bool) -> std::io::Result<()> {
-    let st = sys::fstat(fd)?;
-    let mode = node.mode & 0o7777;
-    let chown = owners && (st.uid, st.gid) != (node.uid, node.gid);
-    if chown {
-        sys::chown_fd(fd, node.uid, node.gid)?;
-    }
-    if chown || st.mode & 0o7777 != mode {
-        sys::chmod_fd(fd, mode as libc::mode_t)?;
-    }
-    sys::futimens(fd, time(node.atime), time(node.mtime))
 }

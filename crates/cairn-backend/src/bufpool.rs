@@ -25,8 +25,9 @@ impl BufferPool {
         })
     }
 
-    /// An empty buffer with room for `at_least` bytes: the smallest kept one that
-    /// fits, else a kept one grown, else a new one.
+    /// A buffer with room for `at_least` bytes: the smallest kept one that fits,
+    /// else a kept one grown, else a new one. Its length is how much of it was ever
+    /// written (kept, so that filling it again does not zero it first).
     fn take(&self, at_least: usize) -> Vec<u8> {
         let mut buf = {
             let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
@@ -39,15 +40,18 @@ impl BufferPool {
                 .or(if free.is_empty() { None } else { Some(0) });
             pick.map(|i| free.swap_remove(i)).unwrap_or_default()
         };
-        buf.reserve(at_least);
+        if buf.capacity() < at_least {
+            // Grown: what it held is not needed, so it is not copied over.
+            buf.clear();
+            buf.reserve(at_least);
+        }
         buf
     }
 
-    fn give(&self, mut buf: Vec<u8>) {
-        if buf.capacity() > self.keep_max {
+    fn give(&self, buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > self.keep_max {
             return;
         }
-        buf.clear();
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if free.len() < self.keep_count {
             free.push(buf);
@@ -57,22 +61,29 @@ impl BufferPool {
 
 /// A buffer from a pool, given back on drop. Its content starts 4 KiB-aligned in
 /// memory (as long as it grows within the room asked for), so that a local
-/// repository writes it with `O_DIRECT` without copying it first.
+/// repository writes it, or reads into it, with `O_DIRECT` without a copy.
 pub struct Pooled {
-    /// The content is `buf[start..]`.
+    /// The content is `buf[start..end]`; what lies beyond `end` was written before
+    /// (a kept buffer is refilled without zeroing it again).
     buf: Vec<u8>,
     start: usize,
+    end: usize,
     pool: Arc<BufferPool>,
 }
 
 impl Pooled {
     /// An empty buffer with room for `at_least` bytes.
     pub fn new(pool: &Arc<BufferPool>, at_least: usize) -> Pooled {
-        let mut buf = pool.take(at_least.saturating_add(crate::direct::DIRECT_ALIGN as usize));
-        let start = crate::direct::pad_to_align(&mut buf);
+        let a = crate::direct::DIRECT_ALIGN as usize;
+        let mut buf = pool.take(at_least.saturating_add(a));
+        let start = buf.as_ptr().align_offset(a) % a;
+        if buf.len() < start {
+            buf.resize(start, 0);
+        }
         Pooled {
             buf,
             start,
+            end: start,
             pool: pool.clone(),
         }
     }
@@ -80,25 +91,78 @@ impl Pooled {
     /// A copy of `data`.
     pub fn copy_of(pool: &Arc<BufferPool>, data: &[u8]) -> Pooled {
         let mut p = Pooled::new(pool, data.len());
-        p.buf.extend_from_slice(data);
+        p.extend_from_slice(data);
         p
     }
 
     pub fn extend_from_slice(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
+        let written = (self.buf.len() - self.end).min(data.len());
+        let (over, beyond) = data.split_at(written);
+        self.buf[self.end..self.end + written].copy_from_slice(over);
+        self.buf.extend_from_slice(beyond);
+        self.end += data.len();
+    }
+
+    /// Moves the buffer out (to a task that must own what it fills), leaving an
+    /// empty one without memory in its place.
+    pub fn detach(&mut self) -> Pooled {
+        let (start, end) = (self.start, self.end);
+        (self.start, self.end) = (0, 0);
+        Pooled {
+            buf: std::mem::take(&mut self.buf),
+            start,
+            end,
+            pool: self.pool.clone(),
+        }
+    }
+
+    /// Empties it, with room for `at_least` bytes from an aligned start (a larger
+    /// buffer is made when it has not the room: what it held is not kept).
+    pub fn clear_for(&mut self, at_least: usize) {
+        let a = crate::direct::DIRECT_ALIGN as usize;
+        if self.buf.capacity() < self.start.saturating_add(at_least) {
+            let mut buf = Vec::with_capacity(at_least.saturating_add(a));
+            self.start = crate::direct::pad_to_align(&mut buf);
+            self.pool.give(std::mem::replace(&mut self.buf, buf));
+        }
+        self.end = self.start;
+    }
+
+    /// The content made `len` bytes long, to be overwritten: what they hold is
+    /// unspecified (earlier content or zeros), and only bytes this buffer never
+    /// held are zeroed.
+    pub fn fill(&mut self, len: usize) -> &mut [u8] {
+        self.clear_for(len);
+        self.end = self.start + len;
+        if self.buf.len() < self.end {
+            self.buf.resize(self.end, 0);
+        }
+        &mut self.buf[self.start..self.end]
     }
 }
 
 impl std::ops::Deref for Pooled {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.buf[self.start..]
+        &self.buf[self.start..self.end]
+    }
+}
+
+impl std::ops::DerefMut for Pooled {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.end]
     }
 }
 
 impl AsRef<[u8]> for Pooled {
     fn as_ref(&self) -> &[u8] {
         self
+    }
+}
+
+impl std::fmt::Debug for Pooled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pooled({} bytes)", self.len())
     }
 }
 
@@ -135,5 +199,29 @@ mod tests {
         drop(pool.free.lock().unwrap().pop());
         drop(big);
         assert!(pool.free.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_kept_buffer_is_refilled_in_place_and_stays_aligned() {
+        let pool = BufferPool::new(1 << 20, 2);
+        let mut r = Pooled::new(&pool, 0);
+        r.fill(10_000).copy_from_slice(&[3u8; 10_000]);
+        let ptr = r.as_ptr();
+        assert_eq!(ptr.align_offset(4096), 0);
+        // Smaller, then as large again: same memory, the length it was told.
+        assert_eq!(r.fill(100).len(), 100);
+        assert_eq!(r.fill(10_000).len(), 10_000);
+        assert_eq!(r.as_ptr(), ptr);
+        // Larger than its room: a new aligned buffer.
+        assert_eq!(r.fill(200_000).len(), 200_000);
+        assert_eq!(r.as_ptr().align_offset(4096), 0);
+        r.clear_for(5);
+        assert!(r.is_empty());
+        drop(r);
+        // A kept buffer that held more: appending writes over the old bytes.
+        let mut b = Pooled::copy_of(&pool, &[9u8; 3]);
+        b.extend_from_slice(&[8u8; 4]);
+        assert_eq!(&b[..], &[9, 9, 9, 8, 8, 8, 8]);
+        assert_eq!(b.as_ptr().align_offset(4096), 0);
     }
 }

@@ -297,6 +297,15 @@ impl Backend for CachedBackend {
         // go to the storage; only `get_metadata_range` uses cached packs.
         self.inner.get_range(name, offset, length)
     }
+    fn get_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        length: u64,
+        out: &mut crate::bufpool::Pooled,
+    ) -> Result<()> {
+        self.inner.get_range_into(name, offset, length, out)
+    }
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         let listed = self.inner.list(prefix)?;
         if prefix.ends_with('/') {

@@ -73,6 +73,20 @@ pub fn read_range(
     read_into(&f, offset, &mut out, scratch).then_some(out)
 }
 
+/// [`read_range`] into `dst` (which says how many bytes): `false` when it could not
+/// be read that way. Into an aligned `dst` (a [`crate::bufpool::Pooled`]) the bulk
+/// is read without the copy through `scratch`.
+pub fn read_range_into(path: &Path, offset: u64, dst: &mut [u8], scratch: &mut AlignedBuf) -> bool {
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => read_into(&f, offset, dst, scratch),
+        Err(_) => false,
+    }
+}
+
 /// Fills `dst` from `offset` of `direct` (a descriptor opened with O_DIRECT) through
 /// the aligned superset of the range in `scratch`. `false` when the read fails or
 /// comes back short (the end of the source, an unaligned tail the device refuses):

@@ -198,6 +198,17 @@ impl Backend for FaultyBackend {
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         self.call("get", name, || self.inner.get_range(name, offset, length))
     }
+    fn get_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        length: u64,
+        out: &mut crate::bufpool::Pooled,
+    ) -> Result<()> {
+        self.call("get", name, || {
+            self.inner.get_range_into(name, offset, length, out)
+        })
+    }
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         self.call("list", prefix, || self.inner.list(prefix))
     }

@@ -160,6 +160,50 @@ impl Backend for LocalBackend {
         Ok(buf)
     }
 
+    fn get_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        length: u64,
+        out: &mut crate::bufpool::Pooled,
+    ) -> Result<()> {
+        let err = |e: std::io::Error| BackendError::from_io("get range", name, &e);
+        let mut f = File::open(self.path(name)).map_err(err)?;
+        let size = f.metadata().map_err(err)?.len();
+        let len = usize::try_from(length)
+            .ok()
+            .filter(|_| offset.checked_add(length).is_some_and(|end| end <= size));
+        let Some(len) = len else {
+            return Err(BackendError {
+                kind: BackendErrorKind::Other,
+                op: "get range",
+                path: name.into(),
+                message: format!("range {offset}+{length} beyond end of object ({size} bytes)"),
+            });
+        };
+        if length >= DIRECT_MIN_BYTES && self.direct.load(Ordering::Relaxed) {
+            // Pack ranges for restore: bypass the page cache (see `direct`).
+            let mut scratch = self
+                .read_scratch
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop()
+                .unwrap_or_default();
+            let read =
+                direct::read_range_into(&self.path(name), offset, out.fill(len), &mut scratch);
+            self.read_scratch
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(scratch);
+            if read {
+                return Ok(());
+            }
+        }
+        f.seek(SeekFrom::Start(offset)).map_err(err)?;
+        f.read_exact(out.fill(len)).map_err(err)?;
+        Ok(())
+    }
+
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         // Prefixes are directories (`data/`, `index/`); walk them recursively.
         let mut out = Vec::new();

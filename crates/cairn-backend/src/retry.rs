@@ -98,6 +98,13 @@ impl RetryBackend {
         base + base.mul_f64((x % 1000) as f64 / 4000.0)
     }
 
+    /// Whether `name` holds exactly `data` (a retried create that had in fact
+    /// succeeded), read back with retries; in doubt, no.
+    fn holds(&self, name: &str, data: &[u8]) -> bool {
+        self.run(|_| self.inner.get_bounded(name, data.len() as u64))
+            .is_ok_and(|d| d == data)
+    }
+
     fn run<T>(&self, mut f: impl FnMut(u32) -> Result<T>) -> Result<T> {
         let mut attempt = 0;
         let start = std::time::Instant::now();
@@ -163,11 +170,15 @@ impl Backend for RetryBackend {
     fn put(&self, name: &str, data: &[u8]) -> Result<()> {
         self.run(|_| self.inner.put(name, data))
     }
-    /// A repeated `put_new` whose first attempt in fact stored the object gets
-    /// `AlreadyExists`: callers write immutable objects under the hash of their
-    /// bytes and take that as stored.
+    /// A repeated `put_new` whose first attempt in fact stored the object (only the
+    /// answer was lost) finds it there: when it holds exactly these bytes, that is
+    /// this call's own write and succeeds. Anything else stays `AlreadyExists`, as
+    /// does a first attempt that finds the name taken.
     fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
-        self.run(|_| self.inner.put_new(name, data))
+        self.run(|attempt| match self.inner.put_new(name, data) {
+            Err(e) if attempt > 0 && e.is_already_exists() && self.holds(name, data) => Ok(()),
+            r => r,
+        })
     }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         self.run(|_| self.inner.get(name))
@@ -177,6 +188,15 @@ impl Backend for RetryBackend {
     }
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         self.run(|_| self.inner.get_range(name, offset, length))
+    }
+    fn get_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        length: u64,
+        out: &mut crate::bufpool::Pooled,
+    ) -> Result<()> {
+        self.run(|_| self.inner.get_range_into(name, offset, length, out))
     }
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         self.run(|_| self.inner.list(prefix))
@@ -189,7 +209,10 @@ impl Backend for RetryBackend {
         })
     }
     fn put_metadata_new(&self, name: &str, data: &[u8]) -> Result<()> {
-        self.run(|_| self.inner.put_metadata_new(name, data))
+        self.run(|attempt| match self.inner.put_metadata_new(name, data) {
+            Err(e) if attempt > 0 && e.is_already_exists() && self.holds(name, data) => Ok(()),
+            r => r,
+        })
     }
     fn get_metadata_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         self.run(|_| self.inner.get_metadata_range(name, offset, length))

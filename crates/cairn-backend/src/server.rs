@@ -322,9 +322,7 @@ impl ServerBackend {
     ) -> std::result::Result<(reqwest::StatusCode, Vec<u8>), (BackendError, String)> {
         // Every request names the session: the server takes a client it has not
         // heard from for a while for gone, and releases the chunks it was sending.
-        let req = req
-            .bearer_auth(&self.token)
-            .header("x-cairn-session", &self.session);
+        let req = self.signed(req);
         let r = self
             .io
             .run(op, name, async move {
@@ -335,35 +333,133 @@ impl ServerBackend {
                 Ok::<_, reqwest::Error>((status, Vec::from(body)))
             })
             .map_err(|e| (e, String::new()))?;
-        let (status, body) = r
-            .map_err(|e| BackendError {
-                // A server that cannot be reached may come back (retried); one whose
-                // certificate is refused will not.
-                kind: if is_tls_refusal(&e) {
-                    BackendErrorKind::PermissionDenied
-                } else if crate::s3::is_unreachable(&describe(&e)) {
-                    BackendErrorKind::Unreachable
-                } else {
-                    BackendErrorKind::Transient
-                },
-                op,
-                path: name.to_string(),
-                message: {
-                    let mut m = describe(&e);
-                    if m.contains("UnknownIssuer") {
-                        m.push_str(
-                            " (a server with a self-signed certificate: pass the fingerprint \
-                         `cairn serve` printed with --server-fingerprint)",
-                        );
-                    }
-                    m
-                },
-            })
-            .map_err(|e| (e, String::new()))?;
+        let (status, body) = r.map_err(|e| (self.failed(op, name, &e), String::new()))?;
         if status.is_success() {
             return Ok((status, body));
         }
-        let (kind_name, message) = match serde_json::from_slice::<ErrorBody>(&body) {
+        Err(refused(op, name, status, &body))
+    }
+
+    /// `req` with this client's token and session.
+    fn signed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        req.bearer_auth(&self.token)
+            .header("x-cairn-session", &self.session)
+    }
+
+    /// A request that got no answer (or a broken one).
+    fn failed(&self, op: &'static str, name: &str, e: &reqwest::Error) -> BackendError {
+        BackendError {
+            // A server that cannot be reached may come back (retried); one whose
+            // certificate is refused will not.
+            kind: if is_tls_refusal(e) {
+                BackendErrorKind::PermissionDenied
+            } else if crate::s3::is_unreachable(&describe(e)) {
+                BackendErrorKind::Unreachable
+            } else {
+                BackendErrorKind::Transient
+            },
+            op,
+            path: name.to_string(),
+            message: {
+                let mut m = describe(e);
+                if m.contains("UnknownIssuer") {
+                    m.push_str(
+                        " (a server with a self-signed certificate: pass the fingerprint \
+                         `cairn serve` printed with --server-fingerprint)",
+                    );
+                }
+                m
+            },
+        }
+    }
+
+    /// Reads a range of `length` bytes into `out`, from the body as it arrives (no
+    /// buffer of its own, see [`Backend::get_range_into`]).
+    fn read_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        length: u64,
+        out: &mut crate::bufpool::Pooled,
+    ) -> Result<()> {
+        let last = offset
+            .checked_add(length.saturating_sub(1))
+            .ok_or_else(|| BackendError {
+                kind: BackendErrorKind::Other,
+                op: "get",
+                path: name.to_string(),
+                message: format!("range {offset}+{length} is past any object's end"),
+            })?;
+        let req = self.signed(
+            self.client
+                .get(self.url(name))
+                .header(reqwest::header::RANGE, format!("bytes={offset}-{last}")),
+        );
+        let expected = usize::try_from(length).unwrap_or(usize::MAX);
+        let mut buf = out.detach();
+        let r = self.io.run("get", name, async move {
+            let mut resp = req.send().await?;
+            let status = resp.status();
+            if !status.is_success() {
+                let body = resp.bytes().await?;
+                return Ok((status, Vec::from(body), buf));
+            }
+            buf.clear_for(expected);
+            while let Some(piece) = resp.chunk().await? {
+                if buf.len().saturating_add(piece.len()) > expected {
+                    break; // too long: refused below
+                }
+                buf.extend_from_slice(&piece);
+            }
+            Ok::<_, reqwest::Error>((status, Vec::new(), buf))
+        })?;
+        let (status, body, buf) = r.map_err(|e| self.failed("get", name, &e))?;
+        *out = buf;
+        if !status.is_success() {
+            return Err(refused("get", name, status, &body).0);
+        }
+        if out.len() != expected {
+            return Err(BackendError {
+                kind: BackendErrorKind::Other,
+                op: "get",
+                path: name.to_string(),
+                message: format!(
+                    "the server sent {} bytes for a range of {length}",
+                    if out.len() < expected {
+                        out.len().to_string()
+                    } else {
+                        "more".to_string()
+                    }
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn dedup_url(&self, what: &str) -> String {
+        format!(
+            "{}/v1/datastores/{}/dedup{what}",
+            self.loc.base, self.loc.datastore
+        )
+    }
+
+    /// Posts ids (32 bytes each) to a dedup endpoint.
+    fn dedup_post(&self, what: &'static str, ids: &[[u8; 32]]) -> Result<Vec<u8>> {
+        let req = self.client.post(self.dedup_url(what)).body(ids.concat());
+        self.send("dedup", what, req).map(|r| r.1)
+    }
+}
+
+/// The error a server's refusal (`status`, with its JSON error body) means, with the
+/// server's name for it (`no_job_slot`, ...).
+fn refused(
+    op: &'static str,
+    name: &str,
+    status: reqwest::StatusCode,
+    body: &[u8],
+) -> (BackendError, String) {
+    {
+        let (kind_name, message) = match serde_json::from_slice::<ErrorBody>(body) {
             Ok(b) => (b.error, b.message),
             Err(_) => (
                 String::new(),
@@ -382,7 +478,7 @@ impl ServerBackend {
             (408 | 429 | 502 | 503 | 504, _) => BackendErrorKind::Transient,
             _ => BackendErrorKind::Other,
         };
-        Err((
+        (
             BackendError {
                 kind,
                 op,
@@ -390,22 +486,11 @@ impl ServerBackend {
                 message: format!("server: {message}"),
             },
             kind_name,
-        ))
-    }
-
-    fn dedup_url(&self, what: &str) -> String {
-        format!(
-            "{}/v1/datastores/{}/dedup{what}",
-            self.loc.base, self.loc.datastore
         )
     }
+}
 
-    /// Posts ids (32 bytes each) to a dedup endpoint.
-    fn dedup_post(&self, what: &'static str, ids: &[[u8; 32]]) -> Result<Vec<u8>> {
-        let req = self.client.post(self.dedup_url(what)).body(ids.concat());
-        self.send("dedup", what, req).map(|r| r.1)
-    }
-
+impl ServerBackend {
     fn put_mode(&self, name: &str, data: &[u8], mode: &str) -> Result<()> {
         let put = || {
             let req = self
@@ -523,6 +608,20 @@ impl Backend for ServerBackend {
             });
         }
         Ok(body)
+    }
+    fn get_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        length: u64,
+        out: &mut crate::bufpool::Pooled,
+    ) -> Result<()> {
+        if length == 0 {
+            self.get_range(name, offset, length)?;
+            out.clear_for(0);
+            return Ok(());
+        }
+        self.read_range_into(name, offset, length, out)
     }
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         #[derive(serde::Deserialize)]

@@ -131,6 +131,16 @@ impl Backend for ThrottledBackend {
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         self.received(self.inner.get_range(name, offset, length))
     }
+    fn get_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        length: u64,
+        out: &mut crate::bufpool::Pooled,
+    ) -> Result<()> {
+        let r = self.inner.get_range_into(name, offset, length, out);
+        self.received(r.map(|()| &out[..])).map(|_| ())
+    }
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         self.traffic.requests.fetch_add(1, Ordering::Relaxed);
         self.inner.list(prefix)

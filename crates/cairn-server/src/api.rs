@@ -336,10 +336,15 @@ pub async fn get(
     };
     let backend = store.backend.clone();
     let n = name.clone();
-    let data = blocking(move || match (range, q.max) {
-        (Some((off, len)), _) => backend.get_range(&n, off, len),
-        (None, Some(max)) => backend.get_bounded(&n, max),
-        (None, None) => backend.get(&n),
+    // A range goes into a kept buffer: a restore reads thousands of a few MiB.
+    let answer = range.map(|(_, len)| app.bodies.for_answer(len));
+    let data: Bytes = blocking(move || match (range, answer, q.max) {
+        (Some((off, len)), Some(mut b), _) => backend
+            .get_range_into(&n, off, len, &mut b)
+            .map(|()| Bytes::from_owner(b)),
+        (Some((off, len)), None, _) => backend.get_range(&n, off, len).map(Bytes::from),
+        (None, _, Some(max)) => backend.get_bounded(&n, max).map(Bytes::from),
+        (None, _, None) => backend.get(&n).map(Bytes::from),
     })
     .await?;
     app.stats

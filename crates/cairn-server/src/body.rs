@@ -9,14 +9,21 @@ use std::sync::Arc;
 const KEEP_MAX: usize = 64 << 20;
 const KEEP_COUNT: usize = 4;
 
+/// Range reads (a restore's, ranges of at most a few MiB) kept for answers: a few
+/// per reading client.
+const READ_KEEP_MAX: usize = 32 << 20;
+const READ_KEEP_COUNT: usize = 8;
+
 pub struct BodyPool {
     pool: Arc<BufferPool>,
+    reads: Arc<BufferPool>,
 }
 
 impl Default for BodyPool {
     fn default() -> BodyPool {
         BodyPool {
             pool: BufferPool::new(KEEP_MAX, KEEP_COUNT),
+            reads: BufferPool::new(READ_KEEP_MAX, READ_KEEP_COUNT),
         }
     }
 }
@@ -30,6 +37,15 @@ pub enum ReadError {
 }
 
 impl BodyPool {
+    /// A buffer for an answer of about `len` bytes (a range read), back in the pool
+    /// once the answer was sent.
+    pub fn for_answer(&self, len: u64) -> Pooled {
+        Pooled::new(
+            &self.reads,
+            usize::try_from(len).unwrap_or(0).min(READ_KEEP_MAX),
+        )
+    }
+
     /// Reads `body` whole, refusing more than `max` bytes; `expected`: the
     /// Content-Length, when sent (only a hint for the buffer's size).
     pub async fn read(

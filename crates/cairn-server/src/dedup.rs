@@ -19,7 +19,7 @@ use cairn_backend::{Backend, BackendError, DedupAnswer, names};
 use cairn_format::dedup::DedupList;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// How long a chunk a client was told to send counts as in flight from it at most.
@@ -60,7 +60,8 @@ pub struct DedupStats {
 }
 
 struct Claim {
-    session: String,
+    /// Shared by every claim of one request (an allocation per request, not per id).
+    session: Arc<str>,
     at: Instant,
 }
 
@@ -143,7 +144,7 @@ impl Dedup {
     fn live(seen: &HashMap<String, Instant>, c: &Claim) -> bool {
         c.at.elapsed() < CLAIM_TTL
             && seen
-                .get(&c.session)
+                .get(&*c.session)
                 .is_some_and(|t| t.elapsed() < SESSION_SILENCE)
     }
 
@@ -367,6 +368,7 @@ impl Dedup {
             claims.retain(|_, c| Self::live(&seen, c));
         }
         let now = Instant::now();
+        let mine: Arc<str> = Arc::from(session);
         let out: Vec<DedupAnswer> = ids
             .iter()
             .map(|id| {
@@ -375,11 +377,11 @@ impl Dedup {
                     return DedupAnswer::Stored;
                 }
                 match claims.get_mut(id) {
-                    Some(c) if c.session != session && Self::live(&seen, c) => {
+                    Some(c) if *c.session != *session && Self::live(&seen, c) => {
                         DedupAnswer::InFlight
                     }
                     Some(c) => {
-                        c.session = session.to_string();
+                        c.session = mine.clone();
                         c.at = now;
                         DedupAnswer::Send
                     }
@@ -388,7 +390,7 @@ impl Dedup {
                             claims.insert(
                                 *id,
                                 Claim {
-                                    session: session.to_string(),
+                                    session: mine.clone(),
                                     at: now,
                                 },
                             );
@@ -429,19 +431,20 @@ impl Dedup {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let mut c = Confirm::default();
         let now = Instant::now();
+        let mine: Arc<str> = Arc::from(session);
         for id in ids {
             if v.ids.contains(id) {
                 continue;
             }
             match claims.get(id) {
-                Some(cl) if cl.session != session && Self::live(&seen, cl) && !last => {
+                Some(cl) if *cl.session != *session && Self::live(&seen, cl) && !last => {
                     c.waiting += 1;
                 }
                 _ => {
                     claims.insert(
                         *id,
                         Claim {
-                            session: session.to_string(),
+                            session: mine.clone(),
                             at: now,
                         },
                     );

@@ -241,6 +241,20 @@ impl Repository {
             .get_range(&names::pack(&pack.to_hex()), offset, length)?)
     }
 
+    /// [`Repository::read_pack_range`] into a buffer the caller keeps for the next
+    /// range (see [`cairn_backend::Backend::get_range_into`]).
+    pub fn read_pack_range_into(
+        &self,
+        pack: &PackId,
+        offset: u64,
+        length: u64,
+        out: &mut cairn_backend::bufpool::Pooled,
+    ) -> Result<()> {
+        Ok(self
+            .backend
+            .get_range_into(&names::pack(&pack.to_hex()), offset, length, out)?)
+    }
+
     /// Reads, opens, decompresses and verifies one blob.
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
         let loc = self.index.get(id).ok_or_else(|| {

@@ -402,30 +402,32 @@ impl ServerBackend {
             let status = resp.status();
             if !status.is_success() {
                 let body = resp.bytes().await?;
-                return Ok((status, Vec::from(body), buf));
+                return Ok((status, Vec::from(body), buf, false));
             }
             buf.clear_for(expected);
+            let mut too_long = false;
             while let Some(piece) = resp.chunk().await? {
                 if buf.len().saturating_add(piece.len()) > expected {
-                    break; // too long: refused below
+                    too_long = true; // refused below
+                    break;
                 }
                 buf.extend_from_slice(&piece);
             }
-            Ok::<_, reqwest::Error>((status, Vec::new(), buf))
+            Ok::<_, reqwest::Error>((status, Vec::new(), buf, too_long))
         })?;
-        let (status, body, buf) = r.map_err(|e| self.failed("get", name, &e))?;
+        let (status, body, buf, too_long) = r.map_err(|e| self.failed("get", name, &e))?;
         *out = buf;
         if !status.is_success() {
             return Err(refused("get", name, status, &body).0);
         }
-        if out.len() != expected {
+        if too_long || out.len() != expected {
             return Err(BackendError {
                 kind: BackendErrorKind::Other,
                 op: "get",
                 path: name.to_string(),
                 message: format!(
                     "the server sent {} bytes for a range of {length}",
-                    if out.len() < expected {
+                    if !too_long {
                         out.len().to_string()
                     } else {
                         "more".to_string()
@@ -458,36 +460,34 @@ fn refused(
     status: reqwest::StatusCode,
     body: &[u8],
 ) -> (BackendError, String) {
-    {
-        let (kind_name, message) = match serde_json::from_slice::<ErrorBody>(body) {
-            Ok(b) => (b.error, b.message),
-            Err(_) => (
-                String::new(),
-                format!(
-                    "HTTP {status}: {}",
-                    String::from_utf8_lossy(&body[..body.len().min(200)])
-                ),
+    let (kind_name, message) = match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(b) => (b.error, b.message),
+        Err(_) => (
+            String::new(),
+            format!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
             ),
-        };
-        let kind = match (status.as_u16(), kind_name.as_str()) {
-            (404, "not_found") => BackendErrorKind::NotFound,
-            (409, _) => BackendErrorKind::AlreadyExists,
-            (413, _) => BackendErrorKind::TooLarge,
-            (507, _) => BackendErrorKind::NoSpace,
-            (401 | 403, _) => BackendErrorKind::PermissionDenied,
-            (408 | 429 | 502 | 503 | 504, _) => BackendErrorKind::Transient,
-            _ => BackendErrorKind::Other,
-        };
-        (
-            BackendError {
-                kind,
-                op,
-                path: name.to_string(),
-                message: format!("server: {message}"),
-            },
-            kind_name,
-        )
-    }
+        ),
+    };
+    let kind = match (status.as_u16(), kind_name.as_str()) {
+        (404, "not_found") => BackendErrorKind::NotFound,
+        (409, _) => BackendErrorKind::AlreadyExists,
+        (413, _) => BackendErrorKind::TooLarge,
+        (507, _) => BackendErrorKind::NoSpace,
+        (401 | 403, _) => BackendErrorKind::PermissionDenied,
+        (408 | 429 | 502 | 503 | 504, _) => BackendErrorKind::Transient,
+        _ => BackendErrorKind::Other,
+    };
+    (
+        BackendError {
+            kind,
+            op,
+            path: name.to_string(),
+            message: format!("server: {message}"),
+        },
+        kind_name,
+    )
 }
 
 impl ServerBackend {
@@ -839,6 +839,71 @@ fn bad_reply(path: &str, what: &str) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An HTTP server on loopback that answers every request with `body` as a 206,
+    /// whatever range was asked for: its first `split` bytes, a pause, then the rest
+    /// (so that a piece of the body ends exactly there).
+    fn answering(body: Vec<u8>, split: usize) -> String {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for stream in l.incoming() {
+                let Ok(mut s) = stream else { return };
+                let mut req = Vec::new();
+                let mut b = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut b) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&b[..n]),
+                    }
+                }
+                let head = format!(
+                    "HTTP/1.1 206 Partial Content\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes());
+                let (first, rest) = body.split_at(split.min(body.len()));
+                let _ = s.write_all(first);
+                let _ = s.flush();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let _ = s.write_all(rest);
+            }
+        });
+        format!("cairn+http://127.0.0.1:{port}/ds")
+    }
+
+    /// A range answered with more or fewer bytes than asked is refused, never
+    /// handed on short or cut to size.
+    #[test]
+    fn a_range_of_the_wrong_length_is_refused() {
+        let opts = ServerOptions {
+            token: Some("cairn_00_11".into()),
+            ..Default::default()
+        };
+        let pool = crate::bufpool::BufferPool::new(1 << 20, 1);
+        for (sent, asked) in [
+            (100usize, 100u64),
+            (101, 100),
+            (99, 100),
+            (200_000, 100_000),
+        ] {
+            let b =
+                ServerBackend::open(&answering(vec![5u8; sent], asked as usize), &opts).unwrap();
+            let mut out = crate::bufpool::Pooled::new(&pool, 0);
+            let r = b.get_range_into("data/ab/abcd", 0, asked, &mut out);
+            let whole = b.get_range("data/ab/abcd", 0, asked);
+            if sent as u64 == asked {
+                r.unwrap();
+                assert_eq!(&out[..], &vec![5u8; sent][..]);
+                assert_eq!(whole.unwrap(), vec![5u8; sent]);
+            } else {
+                let e = r.unwrap_err();
+                assert!(e.message.contains("for a range of"), "{e}");
+                assert!(whole.is_err(), "{sent} bytes for {asked}");
+            }
+        }
+    }
 
     #[test]
     fn locations() {

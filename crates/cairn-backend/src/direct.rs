@@ -55,27 +55,10 @@ impl AlignedBuf {
     }
 }
 
-/// Reads `length` bytes at `offset` of `path` with O_DIRECT (the aligned superset of the
-/// range, then the slice). `None` when the filesystem or a short read does not allow
-/// it; the caller then reads the ordinary way.
-pub fn read_range(
-    path: &Path,
-    offset: u64,
-    length: u64,
-    scratch: &mut AlignedBuf,
-) -> Option<Vec<u8>> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
-        .open(path)
-        .ok()?;
-    let mut out = vec![0u8; usize::try_from(length).ok()?];
-    read_into(&f, offset, &mut out, scratch).then_some(out)
-}
-
-/// [`read_range`] into `dst` (which says how many bytes): `false` when it could not
-/// be read that way. Into an aligned `dst` (a [`crate::bufpool::Pooled`]) the bulk
-/// is read without the copy through `scratch`.
+/// Fills `dst` from `offset` of `path` with O_DIRECT (through the aligned superset of
+/// the range in `scratch`, or, into an aligned `dst` such as a
+/// [`crate::bufpool::Pooled`], its bulk straight). `false` when the filesystem or a
+/// short read does not allow it; the caller then reads the ordinary way.
 pub fn read_range_into(path: &Path, offset: u64, dst: &mut [u8], scratch: &mut AlignedBuf) -> bool {
     match OpenOptions::new()
         .read(true)
@@ -530,7 +513,8 @@ mod tests {
             (1_000_000, 234_567),
             (77, 1_234_000),
         ] {
-            if let Some(v) = read_range(&p, off, len, &mut scratch) {
+            let mut v = vec![0u8; len as usize];
+            if read_range_into(&p, off, &mut v, &mut scratch) {
                 assert_eq!(&v[..], &data[off as usize..(off + len) as usize]);
             }
         }

@@ -89,6 +89,46 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+impl LocalBackend {
+    /// Opens `name` for a range read, checking that the range lies within it.
+    fn open_range(&self, name: &str, offset: u64, length: u64) -> Result<(File, usize)> {
+        let err = |e: std::io::Error| BackendError::from_io("get range", name, &e);
+        let f = File::open(self.path(name)).map_err(err)?;
+        let size = f.metadata().map_err(err)?.len();
+        usize::try_from(length)
+            .ok()
+            .filter(|_| offset.checked_add(length).is_some_and(|end| end <= size))
+            .map(|len| (f, len))
+            .ok_or_else(|| BackendError {
+                kind: BackendErrorKind::Other,
+                op: "get range",
+                path: name.into(),
+                message: format!("range {offset}+{length} beyond end of object ({size} bytes)"),
+            })
+    }
+
+    /// Fills `dst` from `offset` of `name` bypassing the page cache, for the pack
+    /// ranges of a restore (see `direct`); `false`: too small, turned off, or not
+    /// possible here, so the caller reads the ordinary way.
+    fn read_direct(&self, name: &str, offset: u64, dst: &mut [u8]) -> bool {
+        if (dst.len() as u64) < DIRECT_MIN_BYTES || !self.direct.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut scratch = self
+            .read_scratch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        let read = direct::read_range_into(&self.path(name), offset, dst, &mut scratch);
+        self.read_scratch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(scratch);
+        read
+    }
+}
+
 impl Backend for LocalBackend {
     fn location(&self) -> String {
         self.root.display().to_string()
@@ -126,37 +166,13 @@ impl Backend for LocalBackend {
     }
 
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
-        let err = |e: std::io::Error| BackendError::from_io("get range", name, &e);
-        let mut f = File::open(self.path(name)).map_err(err)?;
-        let size = f.metadata().map_err(err)?.len();
-        if offset.checked_add(length).is_none_or(|end| end > size) {
-            return Err(BackendError {
-                kind: BackendErrorKind::Other,
-                op: "get range",
-                path: name.into(),
-                message: format!("range {offset}+{length} beyond end of object ({size} bytes)"),
-            });
+        let (mut f, len) = self.open_range(name, offset, length)?;
+        let mut buf = vec![0u8; len];
+        if !self.read_direct(name, offset, &mut buf) {
+            f.seek(SeekFrom::Start(offset))
+                .and_then(|_| f.read_exact(&mut buf))
+                .map_err(|e| BackendError::from_io("get range", name, &e))?;
         }
-        if length >= DIRECT_MIN_BYTES && self.direct.load(Ordering::Relaxed) {
-            // Pack ranges for restore: bypass the page cache (see `direct`).
-            let mut scratch = self
-                .read_scratch
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop()
-                .unwrap_or_default();
-            let r = direct::read_range(&self.path(name), offset, length, &mut scratch);
-            self.read_scratch
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(scratch);
-            if let Some(v) = r {
-                return Ok(v);
-            }
-        }
-        f.seek(SeekFrom::Start(offset)).map_err(err)?;
-        let mut buf = vec![0u8; length as usize];
-        f.read_exact(&mut buf).map_err(err)?;
         Ok(buf)
     }
 
@@ -167,40 +183,12 @@ impl Backend for LocalBackend {
         length: u64,
         out: &mut crate::bufpool::Pooled,
     ) -> Result<()> {
-        let err = |e: std::io::Error| BackendError::from_io("get range", name, &e);
-        let mut f = File::open(self.path(name)).map_err(err)?;
-        let size = f.metadata().map_err(err)?.len();
-        let len = usize::try_from(length)
-            .ok()
-            .filter(|_| offset.checked_add(length).is_some_and(|end| end <= size));
-        let Some(len) = len else {
-            return Err(BackendError {
-                kind: BackendErrorKind::Other,
-                op: "get range",
-                path: name.into(),
-                message: format!("range {offset}+{length} beyond end of object ({size} bytes)"),
-            });
-        };
-        if length >= DIRECT_MIN_BYTES && self.direct.load(Ordering::Relaxed) {
-            // Pack ranges for restore: bypass the page cache (see `direct`).
-            let mut scratch = self
-                .read_scratch
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop()
-                .unwrap_or_default();
-            let read =
-                direct::read_range_into(&self.path(name), offset, out.fill(len), &mut scratch);
-            self.read_scratch
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(scratch);
-            if read {
-                return Ok(());
-            }
+        let (mut f, len) = self.open_range(name, offset, length)?;
+        if !self.read_direct(name, offset, out.fill(len)) {
+            f.seek(SeekFrom::Start(offset))
+                .and_then(|_| f.read_exact(out.fill(len)))
+                .map_err(|e| BackendError::from_io("get range", name, &e))?;
         }
-        f.seek(SeekFrom::Start(offset)).map_err(err)?;
-        f.read_exact(out.fill(len)).map_err(err)?;
         Ok(())
     }
 

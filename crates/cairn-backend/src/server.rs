@@ -373,71 +373,6 @@ impl ServerBackend {
         }
     }
 
-    /// Reads a range of `length` bytes into `out`, from the body as it arrives (no
-    /// buffer of its own, see [`Backend::get_range_into`]).
-    fn read_range_into(
-        &self,
-        name: &str,
-        offset: u64,
-        length: u64,
-        out: &mut crate::bufpool::Pooled,
-    ) -> Result<()> {
-        let last = offset
-            .checked_add(length.saturating_sub(1))
-            .ok_or_else(|| BackendError {
-                kind: BackendErrorKind::Other,
-                op: "get",
-                path: name.to_string(),
-                message: format!("range {offset}+{length} is past any object's end"),
-            })?;
-        let req = self.signed(
-            self.client
-                .get(self.url(name))
-                .header(reqwest::header::RANGE, format!("bytes={offset}-{last}")),
-        );
-        let expected = usize::try_from(length).unwrap_or(usize::MAX);
-        let mut buf = out.detach();
-        let r = self.io.run("get", name, async move {
-            let mut resp = req.send().await?;
-            let status = resp.status();
-            if !status.is_success() {
-                let body = resp.bytes().await?;
-                return Ok((status, Vec::from(body), buf, false));
-            }
-            buf.clear_for(expected);
-            let mut too_long = false;
-            while let Some(piece) = resp.chunk().await? {
-                if buf.len().saturating_add(piece.len()) > expected {
-                    too_long = true; // refused below
-                    break;
-                }
-                buf.extend_from_slice(&piece);
-            }
-            Ok::<_, reqwest::Error>((status, Vec::new(), buf, too_long))
-        })?;
-        let (status, body, buf, too_long) = r.map_err(|e| self.failed("get", name, &e))?;
-        *out = buf;
-        if !status.is_success() {
-            return Err(refused("get", name, status, &body).0);
-        }
-        if too_long || out.len() != expected {
-            return Err(BackendError {
-                kind: BackendErrorKind::Other,
-                op: "get",
-                path: name.to_string(),
-                message: format!(
-                    "the server sent {} bytes for a range of {length}",
-                    if !too_long {
-                        out.len().to_string()
-                    } else {
-                        "more".to_string()
-                    }
-                ),
-            });
-        }
-        Ok(())
-    }
-
     fn dedup_url(&self, what: &str) -> String {
         format!(
             "{}/v1/datastores/{}/dedup{what}",
@@ -621,7 +556,61 @@ impl Backend for ServerBackend {
             out.clear_for(0);
             return Ok(());
         }
-        self.read_range_into(name, offset, length, out)
+        // The body goes into `out` as it arrives: no buffer of its own.
+        let last = offset
+            .checked_add(length.saturating_sub(1))
+            .ok_or_else(|| BackendError {
+                kind: BackendErrorKind::Other,
+                op: "get",
+                path: name.to_string(),
+                message: format!("range {offset}+{length} is past any object's end"),
+            })?;
+        let req = self.signed(
+            self.client
+                .get(self.url(name))
+                .header(reqwest::header::RANGE, format!("bytes={offset}-{last}")),
+        );
+        let expected = usize::try_from(length).unwrap_or(usize::MAX);
+        let mut buf = out.detach();
+        let r = self.io.run("get", name, async move {
+            let mut resp = req.send().await?;
+            let status = resp.status();
+            if !status.is_success() {
+                let body = resp.bytes().await?;
+                return Ok((status, Vec::from(body), buf, false));
+            }
+            buf.clear_for(expected);
+            let mut too_long = false;
+            while let Some(piece) = resp.chunk().await? {
+                if buf.len().saturating_add(piece.len()) > expected {
+                    too_long = true; // refused below
+                    break;
+                }
+                buf.extend_from_slice(&piece);
+            }
+            Ok::<_, reqwest::Error>((status, Vec::new(), buf, too_long))
+        })?;
+        let (status, body, buf, too_long) = r.map_err(|e| self.failed("get", name, &e))?;
+        *out = buf;
+        if !status.is_success() {
+            return Err(refused("get", name, status, &body).0);
+        }
+        if too_long || out.len() != expected {
+            return Err(BackendError {
+                kind: BackendErrorKind::Other,
+                op: "get",
+                path: name.to_string(),
+                message: format!(
+                    "the server sent {} bytes for a range of {length}",
+                    if !too_long {
+                        out.len().to_string()
+                    } else {
+                        "more".to_string()
+                    }
+                ),
+            });
+        }
+        Ok(())
     }
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         #[derive(serde::Deserialize)]

@@ -15,6 +15,7 @@
 //! - Nothing here is needed for correctness after a restart: the view is rebuilt
 //!   from the datastore, claims only save uploads.
 
+use crate::idset::{IdSet, Prefix, prefix};
 use cairn_backend::{Backend, BackendError, DedupAnswer, names};
 use cairn_format::dedup::DedupList;
 use std::collections::{HashMap, HashSet};
@@ -73,7 +74,7 @@ struct View {
     /// Every listed index file: its object name and what its list says.
     files: HashMap<[u8; 32], FileInfo>,
     /// Data chunk ids of live files.
-    ids: HashSet<[u8; 32]>,
+    ids: IdSet,
     /// Why queries cannot be answered.
     unavailable: Option<String>,
 }
@@ -148,6 +149,12 @@ impl Dedup {
                 .is_some_and(|t| t.elapsed() < SESSION_SILENCE)
     }
 
+    /// Chunk ids in the current view and the bytes they take.
+    pub fn view_size(&self) -> (usize, usize) {
+        let v = self.view.read().unwrap_or_else(|e| e.into_inner());
+        (v.ids.len(), v.ids.bytes())
+    }
+
     /// A lock was written through this server: views from before are stale.
     pub fn lock_written(&self) {
         self.lock_gen.fetch_add(1, Ordering::SeqCst);
@@ -204,8 +211,9 @@ impl Dedup {
             .files
             .clone();
         let mut files = HashMap::with_capacity(listed.len());
-        // Lists read now, by file.
-        let mut fresh: HashMap<[u8; 32], Vec<[u8; 32]>> = HashMap::new();
+        // Lists read now, by file (kept as prefixes: half the memory while the
+        // first view of a large datastore is built).
+        let mut fresh: HashMap<[u8; 32], Vec<Prefix>> = HashMap::new();
         for (name, id, admin) in listed {
             if let Some(f) = old_files
                 .get(&id)
@@ -224,7 +232,7 @@ impl Dedup {
                 supersedes: l.supersedes.iter().map(|s| s.0).collect(),
             });
             if let Some(l) = list {
-                fresh.insert(id, l.ids.iter().map(|i| i.0).collect());
+                fresh.insert(id, l.ids.iter().map(|i| prefix(&i.0)).collect());
             }
             files.insert(
                 id,
@@ -265,21 +273,31 @@ impl Dedup {
             .gen_at
             .is_none();
         let rebuilt = if lost || first {
-            let mut ids = HashSet::new();
+            let keep = |id: &[u8; 32], f: &FileInfo| f.list.is_some() && !superseded.contains(id);
+            let known = self
+                .view
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .ids
+                .len();
+            let mut all: Vec<Prefix> =
+                Vec::with_capacity(fresh.values().map(Vec::len).sum::<usize>() + known);
             for (id, f) in &files {
-                if f.list.is_none() || superseded.contains(id) {
+                if !keep(id, f) {
                     continue;
                 }
-                match fresh.get(id) {
-                    Some(v) => ids.extend(v.iter().copied()),
+                // Each list read now is moved over and freed at once: the build
+                // holds the prefixes about once, not twice.
+                match fresh.remove(id) {
+                    Some(v) => all.extend(v),
                     None => {
                         if let Some(l) = read_list(backend, id, f.admin)? {
-                            ids.extend(l.ids.iter().map(|i| i.0));
+                            all.extend(l.ids.iter().map(|i| prefix(&i.0)));
                         }
                     }
                 }
             }
-            Some(ids)
+            Some(IdSet::from_prefixes(all))
         } else {
             None
         };
@@ -287,8 +305,8 @@ impl Dedup {
         match rebuilt {
             Some(ids) => view.ids = ids,
             None => {
-                for v in fresh.values() {
-                    view.ids.extend(v.iter().copied());
+                for v in fresh.into_values() {
+                    view.ids.extend_prefixes(v);
                 }
             }
         }
@@ -478,7 +496,7 @@ impl Dedup {
                 }),
             },
         );
-        v.ids.extend(list.ids.iter().map(|i| i.0));
+        v.ids.extend(list.ids.iter().map(|i| &i.0));
         drop(v);
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
         for id in &list.ids {

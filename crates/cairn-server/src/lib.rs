@@ -18,6 +18,7 @@ pub mod console;
 pub mod content;
 pub mod dedup;
 pub mod hosts;
+mod idset;
 pub mod jobs;
 pub mod locks;
 pub mod metrics;

@@ -123,9 +123,18 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     let mut bio = String::from(
         "# HELP cairn_datastore_received_bytes_total Object bytes uploaded to the datastore.\n# TYPE cairn_datastore_received_bytes_total counter\n",
     );
+    // One string per metric family: the format wants each family's lines together.
     let mut dedup = String::from(
-        "# HELP cairn_dedup_queries_total Dedup query requests answered.\n# TYPE cairn_dedup_queries_total counter\n\
-         # HELP cairn_dedup_chunks_total Chunk ids asked about, by answer (stored, send, in_flight; confirmed_missing: held chunks whose sender never delivered).\n# TYPE cairn_dedup_chunks_total counter\n",
+        "# HELP cairn_dedup_queries_total Dedup query requests answered.\n# TYPE cairn_dedup_queries_total counter\n",
+    );
+    let mut dedup_chunks = String::from(
+        "# HELP cairn_dedup_chunks_total Chunk ids asked about, by answer (stored, send, in_flight; confirmed_missing: held chunks whose sender never delivered).\n# TYPE cairn_dedup_chunks_total counter\n",
+    );
+    let mut view_chunks = String::from(
+        "# HELP cairn_dedup_view_chunks Chunk ids in the server's dedup view of the datastore (0 until the first backup asks).\n# TYPE cairn_dedup_view_chunks gauge\n",
+    );
+    let mut view_bytes = String::from(
+        "# HELP cairn_dedup_view_bytes Memory the dedup view holds for those ids.\n# TYPE cairn_dedup_view_bytes gauge\n",
     );
     let mut slots = String::from(
         "# HELP cairn_jobs_running Jobs holding a job slot on the datastore.\n# TYPE cairn_jobs_running gauge\n\
@@ -154,11 +163,20 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
             ("confirmed_missing", &d.confirmed_missing),
         ] {
             let _ = writeln!(
-                dedup,
+                dedup_chunks,
                 "cairn_dedup_chunks_total{{datastore=\"{name}\",answer=\"{answer}\"}} {}",
                 v.load(Ordering::Relaxed)
             );
         }
+        let (view_n, view_b) = ds.dedup.view_size();
+        let _ = writeln!(
+            view_chunks,
+            "cairn_dedup_view_chunks{{datastore=\"{name}\"}} {view_n}"
+        );
+        let _ = writeln!(
+            view_bytes,
+            "cairn_dedup_view_bytes{{datastore=\"{name}\"}} {view_b}"
+        );
         let _ = writeln!(
             per_ds,
             "cairn_datastore_requests_total{{datastore=\"{name}\"}} {}",
@@ -198,7 +216,19 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
             );
         }
     }
-    for part in [per_ds, bio, census, bytes, occupied, jobs, slots, dedup] {
+    for part in [
+        per_ds,
+        bio,
+        census,
+        bytes,
+        occupied,
+        jobs,
+        slots,
+        dedup,
+        dedup_chunks,
+        view_chunks,
+        view_bytes,
+    ] {
         out.push_str(&part);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)

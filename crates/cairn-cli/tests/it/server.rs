@@ -1360,6 +1360,13 @@ fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
     let (_, metrics) = http(p, "GET", "/metrics", None, b"");
     let needle = "cairn_dedup_chunks_total{datastore=\"main\",answer=\"in_flight\"} 1\n";
     assert!(metrics.contains(needle), "{needle} not in {metrics}");
+    let needle = format!(
+        "cairn_dedup_view_chunks{{datastore=\"main\"}} {}\n",
+        plan["chunks"]
+    );
+    assert!(plan["chunks"].as_u64().unwrap() > 0, "{plan}");
+    assert!(metrics.contains(&needle), "{needle} not in {metrics}");
+    assert!(metrics.contains("cairn_dedup_view_bytes{datastore=\"main\"} "));
 
     // A list for an index file that is not stored, or one that would supersede,
     // from a backup token: refused.

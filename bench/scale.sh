@@ -4,8 +4,8 @@
 # exactly as a backup stores chunks, in 20 snapshots that share nothing), then each
 # operation with its wall time, CPU and peak RSS (GNU time's maximum resident set):
 #   backup of a small change, stats, check, check --read-data-subset 1%, copy of
-#   one snapshot to a new repository, forget of one snapshot (5% of the data) and
-#   prune.
+#   one snapshot to a new repository, two backups through `cairn serve` (with the
+#   server's memory), forget of one snapshot (5% of the data) and prune.
 # Usage: bench/scale.sh [--entries N] [--placement ssd|ram] [--dir DIR] [--keep]
 # Needs about 200 bytes of disk per entry (20 GB at 100M) plus the local index.
 set -euo pipefail
@@ -55,6 +55,28 @@ run "check" $R check -q
 run "check --read-data-subset 1%" $R check -q --read-data-subset 1%
 $R init -q --repo "$dir/copy" --index-placement "$placement" --index-path "$dir/index"
 run "copy of one snapshot (5% of the chunks)" $R copy -q --from "$dir/repo" --to "$dir/copy" "$first"
+# Through cairn serve (a backup token): the server answers the client's dedup
+# questions from its view of every chunk id in the datastore, built at the first
+# backup; its peak RSS is the server's own (VmHWM), the other columns the client's.
+srv=$dir/serve; mkdir -p "$srv"
+token=$($R serve token add scale --datastore ds --role backup --state-dir "$srv" 2>/dev/null | head -1)
+$R serve --listen 127.0.0.1:0 --datastore "ds=$PWD/$dir/repo" --state-dir "$srv" > "$srv/log" 2>&1 &
+spid=$!
+for _ in $(seq 100); do grep -q fingerprint "$srv/log" && break; sleep 0.1; done
+port=$(grep -o 'https://127.0.0.1:[0-9]*' "$srv/log" | head -1 | sed 's/.*://')
+fp=$(grep -o 'fingerprint: [0-9a-f]*' "$srv/log" | head -1 | cut -d' ' -f2)
+through_server() {
+  local name=$1
+  run "$name" env CAIRN_TOKEN="$token" CAIRN_SERVER_FINGERPRINT="$fp" CAIRN_REPO="cairn+https://127.0.0.1:$port/ds" "$R" backup -q "$dir/small"
+  printf '| (cairn serve after it: RSS %s MiB, peak %s MiB) | | | |\n' \
+    "$(awk '/VmRSS/ {printf "%.0f", $2 / 1024}' /proc/$spid/status)" \
+    "$(awk '/VmHWM/ {printf "%.0f", $2 / 1024}' /proc/$spid/status)"
+}
+head -c 1048576 /dev/urandom > "$dir/small/through-server-1"
+through_server "backup through cairn serve, first (the server builds its view)"
+head -c 1048576 /dev/urandom > "$dir/small/through-server-2"
+through_server "backup through cairn serve, second"
+kill "$spid"; wait "$spid" 2>/dev/null || true
 $R forget -q "$first"
 run "prune (5% of the data unused)" $R prune -q
 [ "$keep" = 1 ] || rm -rf "$dir"

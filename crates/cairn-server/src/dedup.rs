@@ -130,6 +130,25 @@ fn read_list(
         .filter(|l| l.index.0 == *id && l.admin == admin && (admin || l.supersedes.is_empty())))
 }
 
+/// Lists read at the same time while a view is built.
+const LIST_READERS: usize = 4;
+
+/// [`read_list`], kept as what the view needs: its supersede list and flags, and
+/// its ids' prefixes (the whole list is dropped at once).
+fn read_prefixes(
+    backend: &dyn Backend,
+    id: &[u8; 32],
+    admin: bool,
+) -> Result<Option<(ListInfo, Vec<Prefix>)>, BackendError> {
+    Ok(read_list(backend, id, admin)?.map(|l| {
+        let info = ListInfo {
+            metadata: l.metadata,
+            supersedes: l.supersedes.iter().map(|s| s.0).collect(),
+        };
+        (info, l.ids.iter().map(|i| prefix(&i.0)).collect())
+    }))
+}
+
 impl Dedup {
     /// A request of `session` arrived.
     pub fn touch(&self, session: &str) {
@@ -211,29 +230,39 @@ impl Dedup {
             .files
             .clone();
         let mut files = HashMap::with_capacity(listed.len());
-        // Lists read now, by file (kept as prefixes: half the memory while the
-        // first view of a large datastore is built).
+        // A file known with its list, or known to have none, is taken as it was.
+        let reuse = |id: &[u8; 32]| {
+            old_files
+                .get(id)
+                .filter(|f| f.list.is_some() || !with_list.contains(id))
+        };
+        // The other lists are read now, several at a time (a datastore on S3 of
+        // 100 M chunks has about 500 of them), and kept as prefixes: half the
+        // memory while the first view of a large datastore is built.
+        let to_read: Vec<([u8; 32], bool)> = listed
+            .iter()
+            .filter(|(_, id, _)| reuse(id).is_none() && with_list.contains(id))
+            .map(|(_, id, admin)| (*id, *admin))
+            .collect();
+        let mut read: HashMap<[u8; 32], (ListInfo, Vec<Prefix>)> = HashMap::new();
+        let results = cairn_core::threads::parallel_map(&to_read, LIST_READERS, |(id, admin)| {
+            read_prefixes(backend, id, *admin)
+        });
+        for ((id, _), r) in to_read.iter().zip(results) {
+            if let Some(l) = r? {
+                read.insert(*id, l);
+            }
+        }
         let mut fresh: HashMap<[u8; 32], Vec<Prefix>> = HashMap::new();
         for (name, id, admin) in listed {
-            if let Some(f) = old_files
-                .get(&id)
-                .filter(|f| f.list.is_some() || !with_list.contains(&id))
-            {
+            if let Some(f) = reuse(&id) {
                 files.insert(id, f.clone());
                 continue;
             }
-            let list = if with_list.contains(&id) {
-                read_list(backend, &id, admin)?
-            } else {
-                None
-            };
-            let info = list.as_ref().map(|l| ListInfo {
-                metadata: l.metadata,
-                supersedes: l.supersedes.iter().map(|s| s.0).collect(),
+            let info = read.remove(&id).map(|(info, prefixes)| {
+                fresh.insert(id, prefixes);
+                info
             });
-            if let Some(l) = list {
-                fresh.insert(id, l.ids.iter().map(|i| prefix(&i.0)).collect());
-            }
             files.insert(
                 id,
                 FileInfo {
@@ -282,6 +311,7 @@ impl Dedup {
                 .len();
             let mut all: Vec<Prefix> =
                 Vec::with_capacity(fresh.values().map(Vec::len).sum::<usize>() + known);
+            let mut again: Vec<([u8; 32], bool)> = Vec::new();
             for (id, f) in &files {
                 if !keep(id, f) {
                     continue;
@@ -290,10 +320,18 @@ impl Dedup {
                 // holds the prefixes about once, not twice.
                 match fresh.remove(id) {
                     Some(v) => all.extend(v),
-                    None => {
-                        if let Some(l) = read_list(backend, id, f.admin)? {
-                            all.extend(l.ids.iter().map(|i| prefix(&i.0)));
-                        }
+                    None => again.push((*id, f.admin)),
+                }
+            }
+            // Lists known from before are read again, a few at a time.
+            for batch in again.chunks(LIST_READERS * 2) {
+                let results =
+                    cairn_core::threads::parallel_map(batch, LIST_READERS, |(id, admin)| {
+                        read_prefixes(backend, id, *admin)
+                    });
+                for r in results {
+                    if let Some((_, v)) = r? {
+                        all.extend(v);
                     }
                 }
             }
@@ -559,6 +597,9 @@ mod tests {
         d.lock_written();
         assert_eq!(q("a", 10), DedupAnswer::Send);
         assert_eq!(q("a", 11), DedupAnswer::Stored);
+        // File 2's list, known from before, was read again for the rebuild.
+        assert_eq!(q("a", 12), DedupAnswer::Stored);
+        assert_eq!(d.view_size().0, 2);
         let c = d
             .confirm_round(&b, "b", &[[20; 32], [11; 32]], false)
             .unwrap();
@@ -571,5 +612,29 @@ mod tests {
         d.lock_written();
         assert!(!d.plan(&b).unwrap().available);
         assert!(d.query(&b, "a", &[[1; 32]]).unwrap().is_err());
+    }
+
+    #[test]
+    fn a_rebuild_reads_many_lists_again_in_batches() {
+        let b = MemBackend::new();
+        // 20 files (more than a batch of readers), ids 20 + 5f .. 20 + 5f + 4.
+        for f in 0..20u8 {
+            let ids: Vec<u8> = (0..5).map(|i| 20 + f * 5 + i).collect();
+            put_index(&b, 1 + f, false, &ids, &[], false);
+        }
+        let d = Dedup::default();
+        assert_eq!(d.plan(&b).unwrap().chunks, 100);
+        // A prune supersedes file 1 (ids 20..25), keeping 20 and 21.
+        put_index(&b, 200, true, &[20, 21], &[1], false);
+        d.lock_written();
+        assert_eq!(d.plan(&b).unwrap().chunks, 97);
+        let answers = d
+            .query(&b, "s", &(18..122).map(|i| [i; 32]).collect::<Vec<_>>())
+            .unwrap()
+            .unwrap();
+        for (i, a) in (18..122u8).zip(answers) {
+            let stored = (20..22).contains(&i) || (25..120).contains(&i);
+            assert_eq!(a == DedupAnswer::Stored, stored, "id {i}");
+        }
     }
 }

@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
     --lists) lists=$2; shift 2 ;;
     --ids) ids=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
-    --*) echo "usage: $0 [--lists N] [--ids N] [--dir DIR] [BINARY...]" >&2; exit 2 ;;
+    -*) echo "usage: $0 [--lists N] [--ids N] [--dir DIR] [BINARY...]" >&2; exit 2 ;;
     *) break ;;
   esac
 done
@@ -62,7 +62,7 @@ for _ in range(n):
         f.write(body)
 PY
 printf 'chunk ids in the datastore: about %s\n\n' "$((lists * ids))"
-printf '| binary | first backup through it, s | server RSS MiB | server peak MiB |\n|---|---:|---:|---:|\n'
+printf '| binary | first backup through it, s | server RSS MiB | server peak MiB | view built at start |\n|---|---:|---:|---:|---|\n'
 for bin in "${bins[@]}"; do
   st=$dir/state; rm -rf "$st"; mkdir -p "$st"
   token=$("$bin" serve token add bench --datastore ds --role backup --state-dir "$st" 2>/dev/null | head -1)
@@ -77,9 +77,10 @@ for bin in "${bins[@]}"; do
   CAIRN_TOKEN=$token CAIRN_SERVER_FINGERPRINT=$fp "$bin" backup -q \
     --repo "cairn+https://127.0.0.1:$port/ds" "$dir/src"
   t1=$(date +%s.%N)
-  printf '| %s | %.2f | %.0f | %.0f |\n' "$bin" "$(awk "BEGIN{print $t1 - $t0}")" \
+  printf '| %s | %.2f | %.0f | %.0f | %s |\n' "$bin" "$(awk "BEGIN{print $t1 - $t0}")" \
     "$(awk '/VmRSS/ {print $2 / 1024}' /proc/$spid/status)" \
-    "$(awk '/VmHWM/ {print $2 / 1024}' /proc/$spid/status)"
+    "$(awk '/VmHWM/ {print $2 / 1024}' /proc/$spid/status)" \
+    "$(grep -o 'ready in [0-9.]* s' "$st/log" | head -1 || true)"
   kill "$spid"; wait "$spid" 2>/dev/null || true
 done
 rm -rf "$dir"

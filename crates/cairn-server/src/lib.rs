@@ -471,6 +471,7 @@ async fn run(
     let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.0));
     jobs::schedule(&app);
     content::start(&app);
+    dedup::warm_all(&app);
     let router = app.router();
     let timeout = Duration::from_secs(app.config.request_timeout_secs);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();

@@ -1300,6 +1300,35 @@ fn dedup_list(index: &[u8; 32], admin: bool, supersedes: &[[u8; 32]], ids: &[[u8
 }
 
 #[test]
+fn the_dedup_view_is_built_when_the_server_starts() {
+    // A datastore that holds data already (backed up directly): the server reads
+    // its dedup lists at start, before any client asks.
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a.bin"), Rng(0xd3d0_0003).bytes(2 << 20, false)).unwrap();
+    env.ok(&["backup", src.to_str().unwrap()]);
+    let mut srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let line = srv
+        .lines
+        .as_mut()
+        .unwrap()
+        .wait_for("dedup view of", Duration::from_secs(60));
+    let chunks: u64 = line
+        .split("dedup view of ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {line:?}"));
+    assert!(chunks >= 2, "a 2 MiB file is several chunks: {line}");
+    assert!(line.contains("datastore main"), "{line}");
+    let (_, metrics) = http(srv.port, "GET", "/metrics", None, b"");
+    let needle = format!("cairn_dedup_view_chunks{{datastore=\"main\"}} {chunks}\n");
+    assert!(metrics.contains(&needle), "{needle} not in {metrics}");
+}
+
+#[test]
 fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
     let env = Env::new();
     env.init(&[]);

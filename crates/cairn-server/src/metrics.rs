@@ -131,23 +131,35 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
         "# HELP cairn_dedup_chunks_total Chunk ids asked about, by answer (stored, send, in_flight; confirmed_missing: held chunks whose sender never delivered).\n# TYPE cairn_dedup_chunks_total counter\n",
     );
     let mut view_chunks = String::from(
-        "# HELP cairn_dedup_view_chunks Chunk ids in the server's dedup view of the datastore (0 until the first backup asks).\n# TYPE cairn_dedup_view_chunks gauge\n",
+        "# HELP cairn_dedup_view_chunks Chunk ids in the server's dedup view of the datastore (0 until it is built: at the server's start, in the background).\n# TYPE cairn_dedup_view_chunks gauge\n",
     );
     let mut view_bytes = String::from(
         "# HELP cairn_dedup_view_bytes Memory the dedup view holds for those ids.\n# TYPE cairn_dedup_view_bytes gauge\n",
     );
-    let mut slots = String::from(
-        "# HELP cairn_jobs_running Jobs holding a job slot on the datastore.\n# TYPE cairn_jobs_running gauge\n\
-         # HELP cairn_jobs_queued Jobs waiting for a job slot.\n# TYPE cairn_jobs_queued gauge\n\
-         # HELP cairn_jobs_max The datastore's max-concurrent-jobs.\n# TYPE cairn_jobs_max gauge\n",
+    let mut running = String::from(
+        "# HELP cairn_jobs_running Jobs holding a job slot on the datastore.\n# TYPE cairn_jobs_running gauge\n",
+    );
+    let mut queued = String::from(
+        "# HELP cairn_jobs_queued Jobs waiting for a job slot.\n# TYPE cairn_jobs_queued gauge\n",
+    );
+    let mut max_jobs = String::from(
+        "# HELP cairn_jobs_max The datastore's max-concurrent-jobs.\n# TYPE cairn_jobs_max gauge\n",
     );
     for (name, ds) in &app.datastores {
-        let (running, queued) = ds.slots.jobs();
+        let (r, q) = ds.slots.jobs();
         let _ = writeln!(
-            slots,
-            "cairn_jobs_running{{datastore=\"{name}\"}} {}\ncairn_jobs_queued{{datastore=\"{name}\"}} {}\ncairn_jobs_max{{datastore=\"{name}\"}} {}",
-            running.len(),
-            queued.len(),
+            running,
+            "cairn_jobs_running{{datastore=\"{name}\"}} {}",
+            r.len()
+        );
+        let _ = writeln!(
+            queued,
+            "cairn_jobs_queued{{datastore=\"{name}\"}} {}",
+            q.len()
+        );
+        let _ = writeln!(
+            max_jobs,
+            "cairn_jobs_max{{datastore=\"{name}\"}} {}",
             ds.max_jobs.load(Ordering::Relaxed)
         );
         let d = &ds.dedup.stats;
@@ -223,7 +235,9 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
         bytes,
         occupied,
         jobs,
-        slots,
+        running,
+        queued,
+        max_jobs,
         dedup,
         dedup_chunks,
         view_chunks,

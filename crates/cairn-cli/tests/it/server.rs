@@ -2556,6 +2556,23 @@ fn add_user(srv: &Server, name: &str, grant: &[&str], password: &str) {
     srv.admin_ok(&[&["user", "add", name], grant, &["--password-file", file]].concat());
 }
 
+/// Panics unless every metric family's samples follow its `# TYPE` line with no
+/// other family's lines between them.
+fn assert_families_grouped(metrics: &str) {
+    let mut seen = std::collections::HashSet::new();
+    let mut current = String::new();
+    for line in metrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split(' ').next().unwrap().to_string();
+            assert!(seen.insert(name.clone()), "{name} typed twice:\n{metrics}");
+            current = name;
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert_eq!(name, current, "{line:?} outside its family:\n{metrics}");
+        }
+    }
+}
+
 /// Two datastores unlocked by password files, with snapshots of hosts web01 and
 /// db01 in `main` and files01 in the second; the server on plain HTTP (`insecure`)
 /// or TLS.
@@ -2612,6 +2629,14 @@ fn console_users_sign_in_with_a_password_and_see_what_their_grant_allows() {
     let other = Env::new();
     let srv = two_datastores(&env, &other, true);
     let p = srv.port;
+    // With two datastores, each metric family's samples still come together,
+    // after its TYPE line (the text format requires it).
+    let (_, metrics) = http(p, "GET", "/metrics", None, b"");
+    assert_families_grouped(&metrics);
+    assert!(
+        metrics.contains("cairn_jobs_max{datastore=\"offsite\"} "),
+        "{metrics}"
+    );
     add_user(
         &srv,
         "ann",

@@ -199,9 +199,13 @@ impl Dedup {
                 .is_some_and(|t| t.elapsed() < SESSION_SILENCE)
     }
 
+    fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
+        self.view.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Chunk ids in the current view and the bytes they take.
     pub fn view_size(&self) -> (usize, usize) {
-        let v = self.view.read().unwrap_or_else(|e| e.into_inner());
+        let v = self.view();
         (v.ids.len(), v.ids.bytes())
     }
 
@@ -218,17 +222,11 @@ impl Dedup {
                 || v.built.is_none_or(|b| b.elapsed() > MAX_VIEW_AGE)
         };
         let generation = self.lock_gen.load(Ordering::SeqCst);
-        if !need(
-            &self.view.read().unwrap_or_else(|e| e.into_inner()),
-            generation,
-        ) {
+        if !need(&self.view(), generation) {
             return Ok(());
         }
         let _one = self.refreshing.lock().unwrap_or_else(|e| e.into_inner());
-        if !need(
-            &self.view.read().unwrap_or_else(|e| e.into_inner()),
-            generation,
-        ) {
+        if !need(&self.view(), generation) {
             return Ok(()); // another request refreshed it meanwhile
         }
         self.refresh_locked(backend)
@@ -254,12 +252,7 @@ impl Dedup {
             .iter()
             .filter_map(|o| id32(names::base(&o.name)))
             .collect();
-        let old_files = self
-            .view
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .files
-            .clone();
+        let old_files = self.view().files.clone();
         let mut files = HashMap::with_capacity(listed.len());
         // A file known with its list, or known to have none, is taken as it was.
         let reuse = |id: &[u8; 32]| {
@@ -326,20 +319,10 @@ impl Dedup {
             .keys()
             .any(|id| !files.contains_key(id) || superseded.contains(id))
             || fresh.keys().any(|id| superseded.contains(id));
-        let first = self
-            .view
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .gen_at
-            .is_none();
+        let first = self.view().gen_at.is_none();
         let rebuilt = if lost || first {
             let keep = |id: &[u8; 32], f: &FileInfo| f.list.is_some() && !superseded.contains(id);
-            let known = self
-                .view
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .ids
-                .len();
+            let known = self.view().ids.len();
             let mut all: Vec<Prefix> =
                 Vec::with_capacity(fresh.values().map(Vec::len).sum::<usize>() + known);
             let mut again: Vec<([u8; 32], bool)> = Vec::new();
@@ -389,7 +372,7 @@ impl Dedup {
     /// The plan for a backup client (blocking).
     pub fn plan(&self, backend: &dyn Backend) -> Result<Plan, BackendError> {
         self.fresh(backend)?;
-        let v = self.view.read().unwrap_or_else(|e| e.into_inner());
+        let v = self.view();
         if let Some(r) = &v.unavailable {
             return Ok(Plan {
                 available: false,
@@ -445,7 +428,7 @@ impl Dedup {
     ) -> Result<Result<Vec<DedupAnswer>, String>, BackendError> {
         self.touch(session);
         self.fresh(backend)?;
-        let v = self.view.read().unwrap_or_else(|e| e.into_inner());
+        let v = self.view();
         if let Some(r) = &v.unavailable {
             return Ok(Err(r.clone()));
         }
@@ -513,7 +496,7 @@ impl Dedup {
         self.touch(session);
         // Lists written through other servers appear only in a listing.
         self.refresh(backend)?;
-        let v = self.view.read().unwrap_or_else(|e| e.into_inner());
+        let v = self.view();
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let mut c = Confirm::default();

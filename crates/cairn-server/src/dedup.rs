@@ -19,7 +19,7 @@ use crate::idset::{IdSet, Prefix, prefix};
 use cairn_backend::{Backend, BackendError, DedupAnswer, names};
 use cairn_format::dedup::DedupList;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,9 @@ pub struct Dedup {
     refreshing: Mutex<()>,
     /// Bumped by every lock written through this server.
     lock_gen: AtomicU64,
+    /// Set when the server stops: a view being built gives up between lists, so
+    /// that a shutdown does not wait for a large datastore's lists to be read.
+    stopping: AtomicBool,
     claims: Mutex<HashMap<[u8; 32], Claim>>,
     /// When each session (token id and the client's session header) was last heard.
     seen: Mutex<HashMap<String, Instant>>,
@@ -152,6 +155,7 @@ pub fn warm_all(app: &crate::App) {
                         bytes >> 20
                     ));
                 }
+                Err(_) if ds.dedup.stopping.load(Ordering::SeqCst) => {}
                 Err(e) => crate::log_line(&format!(
                     "datastore {}: dedup view not built at start ({e}); the first backup builds it",
                     ds.name
@@ -199,6 +203,23 @@ impl Dedup {
                 .is_some_and(|t| t.elapsed() < SESSION_SILENCE)
     }
 
+    /// The server is stopping: views being built give up.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    fn go_on(&self) -> Result<(), BackendError> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(BackendError {
+                kind: cairn_backend::BackendErrorKind::Other,
+                op: "read",
+                path: names::DEDUP.to_string(),
+                message: "the server is stopping".into(),
+            });
+        }
+        Ok(())
+    }
+
     fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
         self.view.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -238,6 +259,7 @@ impl Dedup {
     }
 
     fn refresh_locked(&self, backend: &dyn Backend) -> Result<(), BackendError> {
+        self.go_on()?;
         let generation = self.lock_gen.load(Ordering::SeqCst);
         let listed: Vec<(String, [u8; 32], bool)> = backend
             .list(names::INDEX)?
@@ -270,6 +292,7 @@ impl Dedup {
             .collect();
         let mut read: HashMap<[u8; 32], (ListInfo, Vec<Prefix>)> = HashMap::new();
         let results = cairn_core::threads::parallel_map(&to_read, LIST_READERS, |(id, admin)| {
+            self.go_on()?;
             read_prefixes(backend, id, *admin)
         });
         for ((id, _), r) in to_read.iter().zip(results) {
@@ -626,6 +649,18 @@ mod tests {
         d.lock_written();
         assert!(!d.plan(&b).unwrap().available);
         assert!(d.query(&b, "a", &[[1; 32]]).unwrap().is_err());
+    }
+
+    #[test]
+    fn a_stopping_server_builds_no_view() {
+        let b = MemBackend::new();
+        put_index(&b, 1, false, &[10, 11], &[], false);
+        let d = Dedup::default();
+        d.stop();
+        let e = d.plan(&b).err().expect("no plan while stopping");
+        assert!(e.to_string().contains("stopping"), "{e}");
+        assert_eq!(d.view_size().0, 0);
+        assert!(d.view().gen_at.is_none(), "not marked built");
     }
 
     #[test]

@@ -528,6 +528,11 @@ async fn run(
     }
     log_line("stopping: no new connections; waiting up to 30 s for running requests");
     drop(listener);
+    // A dedup view being built (seconds for a large datastore) gives up rather
+    // than hold the process after the requests are done.
+    for ds in app.datastores.values() {
+        ds.dedup.stop();
+    }
     if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
         .await
         .is_err()

@@ -107,9 +107,20 @@ impl LocalBackend {
             })
     }
 
-    /// Fills `dst` from `offset` of `name` bypassing the page cache, for the pack
-    /// ranges of a restore (see `direct`); `false`: too small, turned off, or not
-    /// possible here, so the caller reads the ordinary way.
+    /// Fills `dst` from `offset` of `name` (open as `f`, see [`Self::open_range`]):
+    /// large ranges, the pack ranges of a restore, bypass the page cache (see
+    /// `direct`) where that works, the rest is read the ordinary way.
+    fn read_range(&self, mut f: File, name: &str, offset: u64, dst: &mut [u8]) -> Result<()> {
+        if self.read_direct(name, offset, dst) {
+            return Ok(());
+        }
+        f.seek(SeekFrom::Start(offset))
+            .and_then(|_| f.read_exact(dst))
+            .map_err(|e| BackendError::from_io("get range", name, &e))
+    }
+
+    /// [`Self::read_range`] with `O_DIRECT`; `false`: too small, turned off, or not
+    /// possible here.
     fn read_direct(&self, name: &str, offset: u64, dst: &mut [u8]) -> bool {
         if (dst.len() as u64) < DIRECT_MIN_BYTES || !self.direct.load(Ordering::Relaxed) {
             return false;
@@ -166,13 +177,9 @@ impl Backend for LocalBackend {
     }
 
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
-        let (mut f, len) = self.open_range(name, offset, length)?;
+        let (f, len) = self.open_range(name, offset, length)?;
         let mut buf = vec![0u8; len];
-        if !self.read_direct(name, offset, &mut buf) {
-            f.seek(SeekFrom::Start(offset))
-                .and_then(|_| f.read_exact(&mut buf))
-                .map_err(|e| BackendError::from_io("get range", name, &e))?;
-        }
+        self.read_range(f, name, offset, &mut buf)?;
         Ok(buf)
     }
 
@@ -183,13 +190,8 @@ impl Backend for LocalBackend {
         length: u64,
         out: &mut crate::bufpool::Pooled,
     ) -> Result<()> {
-        let (mut f, len) = self.open_range(name, offset, length)?;
-        if !self.read_direct(name, offset, out.fill(len)) {
-            f.seek(SeekFrom::Start(offset))
-                .and_then(|_| f.read_exact(out.fill(len)))
-                .map_err(|e| BackendError::from_io("get range", name, &e))?;
-        }
-        Ok(())
+        let (f, len) = self.open_range(name, offset, length)?;
+        self.read_range(f, name, offset, out.fill(len))
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {

@@ -389,6 +389,27 @@ impl ServerBackend {
 
 /// The error a server's refusal (`status`, with its JSON error body) means, with the
 /// server's name for it (`no_job_slot`, ...).
+/// The last byte of a range of `length` (> 0) bytes at `offset`, as a `Range`
+/// header names it.
+fn range_last(name: &str, offset: u64, length: u64) -> Result<u64> {
+    offset.checked_add(length - 1).ok_or_else(|| BackendError {
+        kind: BackendErrorKind::Other,
+        op: "get",
+        path: name.to_string(),
+        message: format!("range {offset}+{length} is past any object's end"),
+    })
+}
+
+/// A range answered with `sent` bytes (a count, or "more") instead of `length`.
+fn wrong_length(name: &str, sent: impl std::fmt::Display, length: u64) -> BackendError {
+    BackendError {
+        kind: BackendErrorKind::Other,
+        op: "get",
+        path: name.to_string(),
+        message: format!("the server sent {sent} bytes for a range of {length}"),
+    }
+}
+
 fn refused(
     op: &'static str,
     name: &str,
@@ -510,13 +531,6 @@ impl Backend for ServerBackend {
         self.send("get", name, req).map(|r| r.1)
     }
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
-        // An empty range is `START-(START-1)`, which the server answers with nothing.
-        let last = (offset + length).wrapping_sub(1);
-        let end = if length == 0 {
-            offset.wrapping_sub(1)
-        } else {
-            last
-        };
         if length == 0 && offset == 0 {
             // No way to say "0 bytes at 0" in a Range header: check it exists.
             let req = self.client.get(format!("{}?max=0", self.url(name)));
@@ -526,21 +540,18 @@ impl Backend for ServerBackend {
                 Err(e) => Err(e),
             };
         }
+        // An empty range is `START-(START-1)`, which the server answers with nothing.
+        let end = match length {
+            0 => offset - 1,
+            _ => range_last(name, offset, length)?,
+        };
         let req = self
             .client
             .get(self.url(name))
             .header(reqwest::header::RANGE, format!("bytes={offset}-{end}"));
         let (_, body) = self.send("get", name, req)?;
         if body.len() as u64 != length {
-            return Err(BackendError {
-                kind: BackendErrorKind::Other,
-                op: "get",
-                path: name.to_string(),
-                message: format!(
-                    "the server sent {} bytes for a range of {length}",
-                    body.len()
-                ),
-            });
+            return Err(wrong_length(name, body.len(), length));
         }
         Ok(body)
     }
@@ -557,14 +568,7 @@ impl Backend for ServerBackend {
             return Ok(());
         }
         // The body goes into `out` as it arrives: no buffer of its own.
-        let last = offset
-            .checked_add(length.saturating_sub(1))
-            .ok_or_else(|| BackendError {
-                kind: BackendErrorKind::Other,
-                op: "get",
-                path: name.to_string(),
-                message: format!("range {offset}+{length} is past any object's end"),
-            })?;
+        let last = range_last(name, offset, length)?;
         let req = self.signed(
             self.client
                 .get(self.url(name))
@@ -595,20 +599,11 @@ impl Backend for ServerBackend {
         if !status.is_success() {
             return Err(refused("get", name, status, &body).0);
         }
-        if too_long || out.len() != expected {
-            return Err(BackendError {
-                kind: BackendErrorKind::Other,
-                op: "get",
-                path: name.to_string(),
-                message: format!(
-                    "the server sent {} bytes for a range of {length}",
-                    if !too_long {
-                        out.len().to_string()
-                    } else {
-                        "more".to_string()
-                    }
-                ),
-            });
+        if too_long {
+            return Err(wrong_length(name, "more", length));
+        }
+        if out.len() != expected {
+            return Err(wrong_length(name, out.len(), length));
         }
         Ok(())
     }

@@ -116,23 +116,6 @@ fn id32(hex_id: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-fn read_list(
-    backend: &dyn Backend,
-    id: &[u8; 32],
-    admin: bool,
-) -> Result<Option<DedupList>, BackendError> {
-    let name = names::dedup(&hex::encode(id));
-    let data = match backend.get_bounded(&name, cairn_format::consts::MAX_INDEX_FILE_SIZE as u64) {
-        Ok(d) => d,
-        Err(e) if e.is_not_found() => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    // A damaged list, or one that does not describe its file, counts as none.
-    Ok(DedupList::decode(&data)
-        .ok()
-        .filter(|l| l.index.0 == *id && l.admin == admin && (admin || l.supersedes.is_empty())))
-}
-
 /// Builds every datastore's view in the background when the server starts, so
 /// that the first backup after a start (or an upgrade) does not wait for it: a
 /// datastore of 100 M chunks takes seconds to read. A failure is logged and the
@@ -168,22 +151,6 @@ pub fn warm_all(app: &crate::App) {
 /// Lists read at the same time while a view is built.
 const LIST_READERS: usize = 4;
 
-/// [`read_list`], kept as what the view needs: its supersede list and flags, and
-/// its ids' prefixes (the whole list is dropped at once).
-fn read_prefixes(
-    backend: &dyn Backend,
-    id: &[u8; 32],
-    admin: bool,
-) -> Result<Option<(ListInfo, Vec<Prefix>)>, BackendError> {
-    Ok(read_list(backend, id, admin)?.map(|l| {
-        let info = ListInfo {
-            metadata: l.metadata,
-            supersedes: l.supersedes.iter().map(|s| s.0).collect(),
-        };
-        (info, l.ids.iter().map(|i| prefix(&i.0)).collect())
-    }))
-}
-
 impl Dedup {
     /// A request of `session` arrived.
     pub fn touch(&self, session: &str) {
@@ -208,16 +175,42 @@ impl Dedup {
         self.stopping.store(true, Ordering::SeqCst);
     }
 
-    fn go_on(&self) -> Result<(), BackendError> {
+    /// Reads the dedup list of index file `id`, kept as what the view needs: its
+    /// supersede list and flags, and its ids' prefixes (the whole list is dropped
+    /// at once). A damaged list, or one that does not describe its file, counts as
+    /// none. Gives up when the server is stopping.
+    fn read_list(
+        &self,
+        backend: &dyn Backend,
+        id: &[u8; 32],
+        admin: bool,
+    ) -> Result<Option<(ListInfo, Vec<Prefix>)>, BackendError> {
+        let name = names::dedup(&hex::encode(id));
         if self.stopping.load(Ordering::SeqCst) {
             return Err(BackendError {
                 kind: cairn_backend::BackendErrorKind::Other,
                 op: "read",
-                path: names::DEDUP.to_string(),
+                path: name,
                 message: "the server is stopping".into(),
             });
         }
-        Ok(())
+        let data =
+            match backend.get_bounded(&name, cairn_format::consts::MAX_INDEX_FILE_SIZE as u64) {
+                Ok(d) => d,
+                Err(e) if e.is_not_found() => return Ok(None),
+                Err(e) => return Err(e),
+            };
+        let Some(l) = DedupList::decode(&data)
+            .ok()
+            .filter(|l| l.index.0 == *id && l.admin == admin && (admin || l.supersedes.is_empty()))
+        else {
+            return Ok(None);
+        };
+        let info = ListInfo {
+            metadata: l.metadata,
+            supersedes: l.supersedes.iter().map(|s| s.0).collect(),
+        };
+        Ok(Some((info, l.ids.iter().map(|i| prefix(&i.0)).collect())))
     }
 
     fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
@@ -259,7 +252,6 @@ impl Dedup {
     }
 
     fn refresh_locked(&self, backend: &dyn Backend) -> Result<(), BackendError> {
-        self.go_on()?;
         let generation = self.lock_gen.load(Ordering::SeqCst);
         let listed: Vec<(String, [u8; 32], bool)> = backend
             .list(names::INDEX)?
@@ -292,8 +284,7 @@ impl Dedup {
             .collect();
         let mut read: HashMap<[u8; 32], (ListInfo, Vec<Prefix>)> = HashMap::new();
         let results = cairn_core::threads::parallel_map(&to_read, LIST_READERS, |(id, admin)| {
-            self.go_on()?;
-            read_prefixes(backend, id, *admin)
+            self.read_list(backend, id, *admin)
         });
         for ((id, _), r) in to_read.iter().zip(results) {
             if let Some(l) = r? {
@@ -364,7 +355,7 @@ impl Dedup {
             for batch in again.chunks(LIST_READERS * 2) {
                 let results =
                     cairn_core::threads::parallel_map(batch, LIST_READERS, |(id, admin)| {
-                        read_prefixes(backend, id, *admin)
+                        self.read_list(backend, id, *admin)
                     });
                 for r in results {
                     if let Some((_, v)) = r? {

@@ -425,10 +425,10 @@ pub struct Ready {
     pub fingerprint: Option<String>,
 }
 
-/// Runs the server until SIGTERM or SIGINT; `ready` is called once it listens.
 /// Bytes read from a TLS connection's socket at a time.
 const TLS_READ_BUFFER: usize = 128 << 10;
 
+/// Runs the server until SIGTERM or SIGINT; `ready` is called once it listens.
 /// On the signal it stops accepting, lets running requests finish (up to 30 s),
 /// and returns.
 pub fn serve(config: ServerConfig, ready: impl FnOnce(&Ready)) -> Result<(), ServerError> {

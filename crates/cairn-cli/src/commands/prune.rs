@@ -109,6 +109,13 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
         b(p.reclaim_bytes),
         b(p.unused_bytes_after)
     );
+    if p.false_copies > 0 {
+        println!(
+            "warning: {} name blobs their packs do not hold (read to check them); \
+             prune keeps the true copies and drops these (run `cairn check --read-data`)",
+            ui::count(p.false_copies as u64, "index entry")
+        );
+    }
     if p.earlier_pending_packs > 0 {
         println!(
             "{} waiting for deletion (retired by an earlier prune)",

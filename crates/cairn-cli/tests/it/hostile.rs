@@ -433,3 +433,107 @@ fn a_file_changing_while_read_is_reported() {
         serde_json::from_str(&env.ok(&["backup", "--json", src.to_str().unwrap()])).unwrap();
     assert_eq!(again["files_unchanged"], 0, "{again}");
 }
+
+/// A writer that holds the key but may only add (a backup token of `cairn serve`)
+/// stored a small pack and an index file claiming that pack holds every blob the
+/// repository has. Prune trusted the claim: it kept those copies (their pack was
+/// "fuller") and deleted the real packs, and every snapshot was lost. Prune now
+/// reads the copy it keeps of a blob that has several, finds the claims false,
+/// keeps the real copies and drops the false pack.
+#[test]
+fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
+    use cairn_backend::{Backend, LocalBackend, names};
+    use cairn_format::PackId;
+    use cairn_format::index::{IndexFile, IndexPack};
+    use std::sync::Arc;
+
+    let env = Env::new();
+    env.init(&[]);
+    let content = |i: u32| -> Vec<u8> {
+        (0..20_000u32)
+            .map(|k| (k.wrapping_mul(2_654_435_761).wrapping_add(i * 7919) >> 13) as u8)
+            .collect()
+    };
+    // A snapshot that is forgotten, then the one that stays, each with its own
+    // packs and index file.
+    let gone = env.path("gone");
+    fs::create_dir_all(&gone).unwrap();
+    for i in 0..20u32 {
+        fs::write(gone.join(format!("g{i}")), content(i)).unwrap();
+    }
+    let first = env.backup(&[&gone]);
+    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
+    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let before: Vec<_> = repo.list_index_files().unwrap();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    for i in 20..40u32 {
+        fs::write(src.join(format!("f{i}")), content(i)).unwrap();
+    }
+    env.backup(&[&src]);
+    env.ok(&["forget", &first]);
+
+    // The attacker: every file chunk of the snapshot that stays claimed by one
+    // 4 KiB pack of junk, in an index file whose name sorts first (a few tries:
+    // each sealing draws a fresh nonce), so that its pack ranks first too.
+    let mut claims = Vec::new();
+    for id in repo.list_index_files().unwrap() {
+        if before.contains(&id) {
+            continue;
+        }
+        for p in repo.read_index_file(&id).unwrap().packs {
+            for mut b in p.blobs {
+                if b.kind == cairn_format::pack::BlobKind::Data {
+                    (b.offset, b.length) = (0, 1);
+                    claims.push(b);
+                }
+            }
+        }
+    }
+    assert!(claims.len() >= 20, "{}", claims.len());
+    let junk = vec![0x5au8; 4096];
+    let junk_id = PackId::of_content(&junk);
+    backend
+        .put_new(&names::pack(&junk_id.to_hex()), &junk)
+        .unwrap();
+    let file = IndexFile {
+        packs: vec![IndexPack {
+            id: junk_id,
+            blobs: claims,
+        }],
+        ..Default::default()
+    };
+    loop {
+        let id = repo.write_index_file(&file).unwrap();
+        if repo.list_index_files().unwrap().iter().min() == Some(&id) {
+            break;
+        }
+        backend.delete(&names::index(&id.to_hex())).unwrap();
+    }
+
+    let out = env.ok(&["prune"]);
+    assert!(
+        out.contains("name blobs their packs do not hold"),
+        "prune says what it found: {out}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&env.ok(&["prune", "--dry-run", "--json"])).unwrap();
+    assert_eq!(
+        json["plan"]["false_copies"], 0,
+        "the false entries are gone: {json}"
+    );
+    assert!(
+        !env.repo.join(names::pack(&junk_id.to_hex())).exists()
+            || env.ok(&["prune"]).contains("deleted"),
+        "the junk pack goes"
+    );
+    env.check_clean();
+    let back = env.restore("latest", &src, "r");
+    for i in 20..40u32 {
+        assert_eq!(
+            fs::read(back.join(format!("f{i}"))).unwrap(),
+            content(i),
+            "f{i}"
+        );
+    }
+}

@@ -5,9 +5,14 @@
 use crate::error::{Error, Result};
 use crate::index::IdSet;
 use crate::index::spill::Spill;
+use crate::ops::restore::execute::{PackSpan, range_bounds, range_limit, ranges};
 use crate::ops::scan::{Entry, NEEDED, Needed, PackRow, Scan, join};
+use crate::repo::{Repository, blob};
 use cairn_format::index::IndexBlob;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+/// A copy of a blob: its pack's number in the scan and its offset there.
+type Copy = (u32, u32);
 
 /// What the join decided, besides the counters in the scan's pack rows.
 pub(super) struct Joined {
@@ -15,22 +20,101 @@ pub(super) struct Joined {
     /// Needed blobs no kept pack holds but a pack an earlier prune retired does:
     /// deletion indexes such a pack again instead of deleting it.
     pub needed_from_pending: IdSet,
+    /// Copies of needed blobs that were read and did not hold their blob.
+    pub false_copies: usize,
+    /// Copies of needed blobs read to check them before others were dropped.
+    pub checked_copies: usize,
     needed: Spill<NEEDED>,
     rank: Vec<u32>,
+    /// The copies in `false_copies`: never kept.
+    bad: HashSet<Copy>,
 }
 
-/// The copy of a needed blob that is kept: in the best-ranked usable pack.
-fn provider(copies: &[Entry], rank: &[u32], packs: &[PackRow]) -> Option<usize> {
+/// The copy of a needed blob that is kept: in the best-ranked usable pack, of
+/// the copies not found false.
+fn provider(
+    copies: &[Entry],
+    rank: &[u32],
+    packs: &[PackRow],
+    bad: &HashSet<Copy>,
+) -> Option<usize> {
     (0..copies.len())
         .filter(|&k| packs[copies[k].pack as usize].usable())
+        .filter(|&k| bad.is_empty() || !bad.contains(&(copies[k].pack, copies[k].blob.offset)))
         .min_by_key(|&k| rank[copies[k].pack as usize])
+}
+
+impl PackSpan for IndexBlob {
+    fn span(&self) -> (u32, u32) {
+        (self.offset, self.length)
+    }
+}
+
+/// Reads the copy each needed blob with several copies would keep, and marks
+/// the copies that do not hold their blob as false, until every kept copy of
+/// such a blob was read and found true.
+///
+/// Why: an index entry is only a claim. A writer that holds the key but may
+/// only add (a backup token of `cairn serve`) can store a small pack and an
+/// index file claiming that it holds blobs that real packs hold. Trusting the
+/// claim, prune would keep those copies and delete or repack away the real ones,
+/// and every snapshot needing them would be lost. A copy decodes to its id only
+/// if its bytes are the blob's (the id is a keyed hash of the plaintext), so
+/// reading it settles the claim. Only blobs with several copies are read: a
+/// blob with one copy loses nothing by trusting it. Legitimate duplicates (two
+/// writers stored the same blob) are few, so this reads little.
+fn check_kept_copies(
+    repo: &Repository,
+    scan: &mut Scan,
+    needed: &mut Spill<NEEDED>,
+    rank: &[u32],
+) -> Result<(HashSet<Copy>, usize)> {
+    let mut bad: HashSet<Copy> = HashSet::new();
+    let mut good: HashSet<Copy> = HashSet::new();
+    loop {
+        let mut check: HashMap<u32, Vec<IndexBlob>> = HashMap::new();
+        join(scan, needed, &mut |j, packs| {
+            if !j.needed || j.copies.len() < 2 {
+                return Ok(());
+            }
+            if let Some(k) = provider(j.copies, rank, packs, &bad) {
+                let e = &j.copies[k];
+                if !good.contains(&(e.pack, e.blob.offset)) {
+                    check.entry(e.pack).or_default().push(e.blob);
+                }
+            }
+            Ok(())
+        })?;
+        if check.is_empty() {
+            return Ok((bad, good.len()));
+        }
+        let limit = range_limit(repo);
+        for (pack, mut blobs) in check {
+            blobs.sort_by_key(|b| b.offset);
+            let id = scan.packs[pack as usize].id;
+            for range in ranges(&blobs, limit) {
+                let (start, end) = range_bounds(range);
+                let bytes = repo.read_pack_range(&id, start.into(), (end - start).into())?;
+                for b in range {
+                    let at = (b.offset - start) as usize;
+                    let sealed = bytes.get(at..at + b.length as usize).unwrap_or_default();
+                    let copy = (pack, b.offset);
+                    match blob::decode(repo.key(), &b.id, sealed, b.raw_length, b.compression) {
+                        Ok(_) => good.insert(copy),
+                        Err(_) => bad.insert(copy),
+                    };
+                }
+            }
+        }
+    }
 }
 
 /// Counts, per pack, its blobs, their extent and how many are needed; ranks the
 /// packs (entirely needed first, then the fullest); then chooses each needed
-/// blob's kept copy and adds up the bytes used and unused per pack. Fails when a
-/// needed blob has no readable copy and no retired pack holds it.
-pub(super) fn join_needed(scan: &mut Scan, needed: Needed) -> Result<Joined> {
+/// blob's kept copy (reading it first when the blob has others, see
+/// [`check_kept_copies`]) and adds up the bytes used and unused per pack. Fails
+/// when a needed blob has no readable copy and no retired pack holds it.
+pub(super) fn join_needed(repo: &Repository, scan: &mut Scan, needed: Needed) -> Result<Joined> {
     let mut needed = needed.into_spill()?;
     join(scan, &mut needed, &mut |j, packs| {
         let (copies, is_needed) = (j.copies, j.needed);
@@ -53,13 +137,14 @@ pub(super) fn join_needed(scan: &mut Scan, needed: Needed) -> Result<Joined> {
     for (r, n) in order.into_iter().enumerate() {
         rank[n as usize] = r as u32;
     }
+    let (bad, checked_copies) = check_kept_copies(repo, scan, &mut needed, &rank)?;
     let mut used_blobs = 0;
     let mut needed_from_pending = IdSet::default();
     join(scan, &mut needed, &mut |j, packs| {
         let (id, copies, is_needed) = (j.id, j.copies, j.needed);
         let kept = if is_needed {
             used_blobs += 1;
-            provider(copies, &rank, packs)
+            provider(copies, &rank, packs, &bad)
         } else {
             None
         };
@@ -86,8 +171,11 @@ pub(super) fn join_needed(scan: &mut Scan, needed: Needed) -> Result<Joined> {
     Ok(Joined {
         used_blobs,
         needed_from_pending,
+        false_copies: bad.len(),
+        checked_copies,
         needed,
         rank,
+        bad,
     })
 }
 
@@ -105,7 +193,7 @@ pub(super) fn repack_lists(
         if !is_needed {
             return Ok(());
         }
-        if let Some(k) = provider(copies, &rank, packs)
+        if let Some(k) = provider(copies, &rank, packs, &joined.bad)
             && repack(copies[k].pack as usize)
         {
             lists

@@ -108,6 +108,13 @@ pub struct PrunePlan {
     pub index_files_replaced: usize,
     /// Packs retired by earlier prunes, still waiting for their deletion.
     pub earlier_pending_packs: usize,
+    /// Copies of needed blobs that also have other copies, read before the
+    /// others could be dropped.
+    pub checked_copies: usize,
+    /// Of those, index entries whose pack does not hold the blob they name
+    /// (damage, or an index file written to make prune delete real data):
+    /// treated as unused, never kept.
+    pub false_copies: usize,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -224,9 +231,11 @@ fn run(
     } else {
         stored
     };
-    let mut joined = join::join_needed(&mut scan, needed)?;
+    let mut joined = join::join_needed(repo, &mut scan, needed)?;
     let (mut plan, actions, orphans) = make_plan(&scan, &stored, &pending_packs, opts);
     plan.used_blobs = joined.used_blobs;
+    plan.false_copies = joined.false_copies;
+    plan.checked_copies = joined.checked_copies;
     plan.snapshots = snaps.len();
     plan.earlier_pending_packs = pending_packs.len();
     report.plan = plan;

@@ -428,6 +428,9 @@ pub async fn put(
     {
         return Err(too_large(len.to_string()));
     }
+    if kind == Kind::Index && action == Action::Create {
+        refuse_copy_of_admin_index(&store, &name).await?;
+    }
     let body = match app.bodies.read(body, max, length).await {
         Ok(b) => b,
         Err(crate::body::ReadError::TooLarge) => return Err(too_large("more".into())),
@@ -506,6 +509,33 @@ pub async fn put(
             .stored_snapshot(&key, policy::id_of(&name).unwrap_or(""));
     }
     Ok(StatusCode::CREATED.into_response())
+}
+
+/// Refuses a plain index file whose admin-named twin is stored. The bytes of
+/// `index/admin-X` also pass as `index/X` (the name is their hash), but under the
+/// plain name its supersede list is ignored, so readers would see again what it
+/// retired, and the server would have two files of one id (docs/SERVER.md).
+async fn refuse_copy_of_admin_index(store: &Arc<Datastore>, name: &str) -> ApiResult<()> {
+    let Some(id) = policy::id_of(name) else {
+        return Ok(());
+    };
+    let admin = cairn_backend::names::admin_index(id);
+    let backend = store.backend.clone();
+    let stored = blocking(move || match backend.get_bounded(&admin, 0) {
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) if e.kind == BackendErrorKind::TooLarge => Ok(true),
+        Err(e) => Err(e),
+        Ok(_) => Ok(true),
+    })
+    .await?;
+    if stored {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "exists",
+            format!("{name} is stored already, as an admin index file"),
+        ));
+    }
+    Ok(())
 }
 
 /// A dedup list from a non-admin token must describe a plain index file that is

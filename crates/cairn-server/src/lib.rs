@@ -309,7 +309,6 @@ impl App {
     }
 
     pub fn router(self: &Arc<App>) -> Router {
-        let limit = self.config.max_object_size as usize + 4096;
         let [
             r_health,
             r_metrics,
@@ -380,10 +379,17 @@ impl App {
                 self.clone(),
                 signin::cookie_auth,
             ))
-            .layer(axum::extract::DefaultBodyLimit::max(limit))
+            // The bound of every body read whole before its handler runs (sign-in,
+            // job, schedule, slot and unlock requests: small JSON), before any
+            // token is checked. Uploads read their body themselves, bounded by
+            // what their kind of object may be (`api::put`).
+            .layer(axum::extract::DefaultBodyLimit::max(SMALL_BODY_LIMIT))
             .with_state(self.clone())
     }
 }
+
+/// What a request body read whole may hold (see [`App::router`]).
+pub const SMALL_BODY_LIMIT: usize = 64 << 10;
 
 /// Every route the server answers; docs/openapi.yaml describes each (a test checks).
 pub const ROUTES: [&str; 22] = [

@@ -464,6 +464,29 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
         let (code, body) = http(p, "PUT", &obj(&name), t, &junk);
         assert_eq!(code, 403, "{name}: {body}");
     }
+    // A plain copy of an admin index file (its bytes pass as `index/<id>` too)
+    // would bring back what the admin file retired.
+    let plain = env.repo.join("index").join(&index);
+    let admin = env.repo.join("index").join(format!("admin-{index}"));
+    let ibytes = std::fs::read(&plain).unwrap();
+    std::fs::rename(&plain, &admin).unwrap();
+    let (code, body) = http_with(
+        p,
+        "PUT",
+        &obj(&format!("index/{index}")),
+        &backup,
+        &ses,
+        &ibytes,
+    );
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("admin index file"), "{body}");
+    assert!(!plain.exists());
+    std::fs::rename(&admin, &plain).unwrap();
+    // Bodies read whole before their handler runs are small JSON: a large one is
+    // refused before any token is looked at.
+    let (code, body) = http(p, "POST", "/v1/session", None, &vec![b' '; 200 << 10]);
+    assert_eq!(code, 413, "{body}");
 
     // Content that does not match its name, a pack without a pack's trailer,
     // names outside the layout.

@@ -277,8 +277,12 @@ fn allow(
                 hex::encode(cairn_backend::lock_owner_prefix(&t.id))
             )));
         }
+        // Created again after a removal, a lock keeps its age: prune waits for
+        // locks by id.
         let age = store.owners.age(name);
-        if action == Action::Replace && age > app.config.max_lock_age_hours as i64 * 3600 {
+        if matches!(action, Action::Create | Action::Replace)
+            && age > app.config.max_lock_age_hours as i64 * 3600
+        {
             return Err(ApiError::forbidden(format!(
                 "{name} is {} hours old, more than the {} a {} token's lock may live",
                 age / 3600,
@@ -531,7 +535,7 @@ async fn refuse_copy_of_admin_index(store: &Arc<Datastore>, name: &str) -> ApiRe
     if stored {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "exists",
+            "already_exists",
             format!("{name} is stored already, as an admin index file"),
         ));
     }
@@ -822,9 +826,8 @@ pub async fn delete(
         );
         blocking(move || s.hosts.forget(s.backend.as_ref(), &id)).await?;
     }
-    if is_lock {
-        store.owners.removed(&name);
-    } else {
+    // A removed lock's name stays remembered (see `locks`).
+    if !is_lock {
         store.content.changed();
     }
     Ok(StatusCode::NO_CONTENT.into_response())

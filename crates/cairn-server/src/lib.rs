@@ -254,8 +254,10 @@ impl App {
                 .features
                 .iter()
                 .any(|f| f == cairn_format::consts::FEATURE_ADMIN_NAMES);
-            let owners =
-                locks::LockOwners::open(config.state_dir.join(format!("locks-{name}.json")));
+            let owners = locks::LockOwners::open(
+                config.state_dir.join(format!("locks-{name}.json")),
+                config.max_lock_age_hours.saturating_mul(3600) as i64,
+            );
             datastores.insert(
                 name.clone(),
                 Arc::new(Datastore {

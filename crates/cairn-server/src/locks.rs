@@ -8,7 +8,9 @@
 //! The lifetime cap is best effort: the server remembers when it first saw each
 //! lock (`locks-<datastore>.json` in the state directory) and refuses to refresh a
 //! non-admin lock older than `max_lock_age_hours`, so that a hijacked client cannot
-//! keep one lock alive forever and with it keep prune from deleting. A lock first
+//! keep one lock alive forever and with it keep prune from deleting. A removed
+//! lock's name is remembered as long as that cap, so that deleting it and storing it
+//! again does not start its life anew (prune waits for locks by id). A lock first
 //! seen by another server, or before a lost state file, counts from when this server
 //! first saw it. Losing the file costs no data.
 
@@ -25,6 +27,8 @@ struct Seen {
 
 pub struct LockOwners {
     path: PathBuf,
+    /// How long a name is remembered: the cap on a lock's life, in seconds.
+    keep: i64,
     seen: Mutex<BTreeMap<String, Seen>>,
 }
 
@@ -36,13 +40,15 @@ pub fn owned_by(name: &str, token_id: &str) -> bool {
 }
 
 impl LockOwners {
-    pub fn open(path: PathBuf) -> LockOwners {
+    /// `max_age`: the cap on a non-admin lock's life, in seconds.
+    pub fn open(path: PathBuf, max_age: i64) -> LockOwners {
         let seen = std::fs::read(&path)
             .ok()
             .and_then(|d| serde_json::from_slice(&d).ok())
             .unwrap_or_default();
         LockOwners {
             path,
+            keep: max_age,
             seen: Mutex::new(seen),
         }
     }
@@ -64,16 +70,13 @@ impl LockOwners {
         if let Some(x) = s.get(name) {
             return now - x.first_seen;
         }
+        // Names older than the cap are refused anyway once seen again; forgetting
+        // those older than twice the cap keeps the file bounded.
+        let keep = self.keep.saturating_mul(2);
+        s.retain(|_, x| now - x.first_seen <= keep);
         s.insert(name.to_string(), Seen { first_seen: now });
         self.save(&s);
         0
-    }
-
-    pub fn removed(&self, name: &str) {
-        let mut s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if s.remove(name).is_some() {
-            self.save(&s);
-        }
     }
 }
 
@@ -96,17 +99,32 @@ mod tests {
     #[test]
     fn ages_count_from_first_sight_and_survive_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let o = LockOwners::open(dir.path().join("l.json"));
+        let o = LockOwners::open(dir.path().join("l.json"), 3600);
         assert_eq!(o.age("locks/a"), 0);
-        let again = LockOwners::open(dir.path().join("l.json"));
+        let again = LockOwners::open(dir.path().join("l.json"), 3600);
         assert!(again.age("locks/a") <= 1);
-        again.removed("locks/a");
-        assert!(
-            LockOwners::open(dir.path().join("l.json"))
-                .seen
-                .lock()
-                .unwrap()
-                .is_empty()
+        // A name seen longer ago than twice the cap is forgotten when another is
+        // first seen; one within it is kept, removed or not.
+        again.seen.lock().unwrap().insert(
+            "locks/old".into(),
+            Seen {
+                first_seen: cairn_core::time::now_unix() - 7201,
+            },
         );
+        again.seen.lock().unwrap().insert(
+            "locks/recent".into(),
+            Seen {
+                first_seen: cairn_core::time::now_unix() - 7000,
+            },
+        );
+        assert_eq!(again.age("locks/b"), 0);
+        let names: Vec<String> = LockOwners::open(dir.path().join("l.json"), 3600)
+            .seen
+            .lock()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        assert_eq!(names, ["locks/a", "locks/b", "locks/recent"]);
     }
 }

@@ -101,6 +101,12 @@ fn lock_name(repo: &Repository, id: &[u8; 32], exclusive: bool) -> String {
 /// Every lock in the repository with its state. A lock deleted while listing is
 /// skipped; an unreadable one is reported with `lock: None` and counts as live (it
 /// might be a running job; `cairn unlock --remove-all` removes it).
+///
+/// Except where admin objects carry the admin mark: there a lock without it may
+/// come from a writer that may only add (a backup token of `cairn serve`), whose
+/// word is not taken for ever. Unreadable, or refreshed further in the future than
+/// [`STALE_AFTER`] (no clock is that far off on a working machine), such a lock
+/// would never go stale and keep prune from deleting anything: it counts as stale.
 pub fn list_locks(repo: &Repository) -> Result<Vec<LockInfo>> {
     let now = now_unix();
     let mut out = Vec::new();
@@ -131,7 +137,14 @@ pub fn list_locks(repo: &Repository) -> Result<Vec<LockInfo>> {
             Err(e) if e.kind == cairn_backend::BackendErrorKind::TooLarge => None,
             Err(e) => return Err(e.into()),
         };
-        let stale = lock.as_ref().is_some_and(|l| is_stale(l, now));
+        let untrusted = repo.admin_names() && !admin;
+        let stale = match &lock {
+            Some(l) => {
+                is_stale(l, now)
+                    || (untrusted && l.refreshed > now.saturating_add(STALE_AFTER.as_secs() as i64))
+            }
+            None => untrusted,
+        };
         out.push(LockInfo {
             id,
             name: o.name,
@@ -444,6 +457,46 @@ mod tests {
     }
 
     use crate::testutil::mem_repo as repo;
+
+    /// A lock without the admin mark that could never go stale (unreadable, or
+    /// refreshed in the far future) would keep prune waiting for ever: it counts
+    /// as stale. An exclusive (admin-marked) one is still taken at its word.
+    #[test]
+    fn a_plain_lock_that_would_never_go_stale_is_stale() {
+        let r = repo();
+        assert!(r.admin_names());
+        let b = r.backend();
+        b.put(&names::lock(&"ab".repeat(32)), b"junk").unwrap();
+        b.put(&names::admin_lock(&"cd".repeat(32)), b"junk")
+            .unwrap();
+        let at = |refreshed: i64| Lock {
+            version: 1,
+            operation: "backup".into(),
+            exclusive: false,
+            hostname: "elsewhere".into(),
+            username: "u".into(),
+            pid: 1,
+            boot_id: String::new(),
+            pid_namespace: String::new(),
+            created: crate::time::now_rfc3339(),
+            refreshed,
+        };
+        let future = at(now_unix() + 2 * STALE_AFTER.as_secs() as i64);
+        let sealed = r.key().sealer.seal(&future.to_bytes());
+        b.put(&names::lock(&"ef".repeat(32)), &sealed).unwrap();
+        let sealed = r.key().sealer.seal(&at(now_unix() + 60).to_bytes());
+        b.put(&names::lock(&"12".repeat(32)), &sealed).unwrap();
+        let state: Vec<(String, bool)> = list_locks(&r)
+            .unwrap()
+            .into_iter()
+            .map(|l| (l.hex()[..2].to_string(), l.stale))
+            .collect();
+        let stale = |h: &str| state.iter().find(|(x, _)| x == h).unwrap().1;
+        assert!(stale("ab"), "unreadable, plain: {state:?}");
+        assert!(!stale("cd"), "unreadable, admin: {state:?}");
+        assert!(stale("ef"), "refreshed an hour ahead: {state:?}");
+        assert!(!stale("12"), "a minute ahead: {state:?}");
+    }
 
     #[test]
     fn shared_locks_coexist_and_vanish_on_drop() {

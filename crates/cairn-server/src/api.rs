@@ -515,6 +515,10 @@ pub async fn put(
     Ok(StatusCode::CREATED.into_response())
 }
 
+/// The fewest bytes an index file spends on one entry: its blob id alone is 32
+/// (random, so it does not compress).
+const MIN_INDEX_ENTRY_BYTES: u64 = 32;
+
 /// Refuses a plain index file whose admin-named twin is stored. The bytes of
 /// `index/admin-X` also pass as `index/X` (the name is their hash), but under the
 /// plain name its supersede list is ignored, so readers would see again what it
@@ -566,23 +570,38 @@ async fn check_dedup_list(
             t.role.as_str()
         )));
     }
+    // The index file must be large enough to list that many blobs: the server
+    // keeps every listed id in memory, and a list naming millions of ids for a
+    // tiny index file would cost it that memory for nothing stored. Asked as a
+    // bound on the read, so an honest (large enough) file is not read at all.
+    let need = (list.ids.len() as u64).saturating_mul(MIN_INDEX_ENTRY_BYTES);
     let backend = store.backend.clone();
     let n = index_name.clone();
-    let exists = blocking(move || match backend.get_bounded(&n, 0) {
-        Ok(_) => Ok(true),
-        Err(e) if e.kind == BackendErrorKind::TooLarge => Ok(true),
-        Err(e) if e.is_not_found() => Ok(false),
-        Err(e) => Err(e),
-    })
+    let stored = blocking(
+        move || match backend.get_bounded(&n, need.saturating_sub(1)) {
+            Ok(small) => Ok(Some(small.len() as u64)),
+            Err(e) if e.kind == BackendErrorKind::TooLarge => Ok(Some(u64::MAX)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        },
+    )
     .await?;
-    if !exists {
-        return Err(ApiError::new(
+    match stored {
+        None => Err(ApiError::new(
             StatusCode::CONFLICT,
             "no_index_file",
             format!("{name}: {index_name} is not stored (a list follows its index file)"),
-        ));
+        )),
+        Some(size) if size < need => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "content_mismatch",
+            format!(
+                "{name}: names {} chunks, more than {index_name} ({size} bytes) can list",
+                list.ids.len()
+            ),
+        )),
+        Some(_) => Ok((index_name, list)),
     }
-    Ok((index_name, list))
 }
 
 /// Notes that the client behind a request is alive (its claims on chunks and its

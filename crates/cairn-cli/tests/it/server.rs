@@ -1309,11 +1309,18 @@ fn dedup_list(index: &[u8; 32], admin: bool, supersedes: &[[u8; 32]], ids: &[[u8
     let mut v = b"CAIRNDL1".to_vec();
     v.extend_from_slice(index);
     v.push(if admin { 2 } else { 0 });
-    v.push(supersedes.len() as u8);
+    let varint = |v: &mut Vec<u8>, mut n: usize| {
+        while n >= 0x80 {
+            v.push((n as u8 & 0x7f) | 0x80);
+            n >>= 7;
+        }
+        v.push(n as u8);
+    };
+    varint(&mut v, supersedes.len());
     for s in supersedes {
         v.extend_from_slice(s);
     }
-    v.push(ids.len() as u8);
+    varint(&mut v, ids.len());
     for i in ids {
         v.extend_from_slice(i);
     }
@@ -1452,6 +1459,29 @@ fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
         &dedup_list(&index_id, true, &[[3; 32]], &[]),
     );
     assert_eq!(code, 403, "a supersede list from a backup token");
+    // A list naming more chunks than its index file can list (each entry takes at
+    // least its 32-byte id): the server would hold them all in memory.
+    let size = std::fs::metadata(env.repo.join("index").join(&index_name))
+        .unwrap()
+        .len();
+    let many: Vec<[u8; 32]> = (0..size / 32 + 1)
+        .map(|i| {
+            let mut id = [0u8; 32];
+            id[..8].copy_from_slice(&i.to_be_bytes());
+            id
+        })
+        .collect();
+    let (code, body) = http_with(
+        p,
+        "PUT",
+        &obj(&format!("dedup/{index_name}")),
+        &backup,
+        &[],
+        &dedup_list(&index_id, false, &[], &many),
+    );
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("can list"), "{body}");
     // A lying list the server cannot tell from a true one (no key): check, with the
     // key, finds it, and repair index rewrites the lists.
     std::fs::remove_file(env.repo.join("dedup").join(&index_name)).unwrap();

@@ -14,6 +14,12 @@
 //! third of that time while it works. The count is per server: two servers in
 //! front of one datastore each allow the limit (their clients still queue by
 //! locks, as direct ones do).
+//!
+//! One token holds at most half the slots (rounded up, see [`per_token`]): a
+//! hijacked client could otherwise open sessions until it held them all and keep
+//! every other host's backups waiting. Its further sessions wait without holding
+//! up the others queued behind them, and at most [`QUEUED_PER_TOKEN`] of them are
+//! remembered.
 
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -24,6 +30,13 @@ use std::time::{Duration, Instant};
 pub const LONG_POLL: Duration = Duration::from_secs(20);
 /// Ended client jobs kept for the jobs view.
 const RECENT: usize = 50;
+/// Waiting sessions remembered per token; more wait unremembered (never served).
+pub const QUEUED_PER_TOKEN: usize = 64;
+
+/// The slots one token may hold at once of a datastore's `max`.
+pub fn per_token(max: usize) -> usize {
+    max.div_ceil(2).max(1)
+}
 
 /// What a client reports of its job with each heartbeat: numbers only (the
 /// server never learns paths). Everything is optional and bounded.
@@ -249,10 +262,25 @@ impl Slots {
             }
             return Answer::Granted;
         }
+        let cap = per_token(max);
+        let held =
+            |s: &State, token: &str| s.running.iter().filter(|h| h.token_name == token).count();
         let place = match s.queue.iter().position(|h| h.key == r.key) {
             Some(i) => {
                 s.queue[i].seen = now;
                 i
+            }
+            None if s
+                .queue
+                .iter()
+                .filter(|h| h.token_name == r.token_name)
+                .count()
+                >= QUEUED_PER_TOKEN =>
+            {
+                return Answer::Queued {
+                    running: s.running.iter().map(Holder::view).collect(),
+                    ahead: s.queue.iter().map(Holder::view).collect(),
+                };
             }
             None => {
                 s.queue.push(Holder {
@@ -268,7 +296,13 @@ impl Slots {
                 s.queue.len() - 1
             }
         };
-        if s.running.len() + place < max {
+        // Waiters ahead whose token holds its share cannot take a slot: they do
+        // not hold up those behind them.
+        let ahead = s.queue[..place]
+            .iter()
+            .filter(|h| held(&s, &h.token_name) < cap)
+            .count();
+        if held(&s, &r.token_name) < cap && s.running.len() + ahead < max {
             let mut h = s.queue.remove(place);
             h.since = cairn_core::time::now_unix();
             s.running.push(h);
@@ -373,7 +407,7 @@ mod tests {
     fn req(key: &str) -> Request {
         Request {
             key: key.into(),
-            token_name: "t".into(),
+            token_name: format!("token-{key}"),
             host: "h".into(),
             operation: "backup".into(),
             progress: None,
@@ -421,6 +455,57 @@ mod tests {
             });
             assert_eq!(got, Answer::Granted);
             assert!(t.elapsed() < Duration::from_secs(5));
+        });
+    }
+
+    /// One token's sessions hold at most half the slots; its waiting sessions do
+    /// not hold up other tokens' behind them.
+    #[test]
+    fn one_token_holds_at_most_half_the_slots() {
+        let rt = rt();
+        let s = Slots::new(Duration::from_secs(60));
+        let now = Duration::ZERO;
+        let of = |key: &str, token: &str| Request {
+            token_name: token.into(),
+            ..req(key)
+        };
+        rt.block_on(async {
+            assert_eq!(s.request(4, &of("a1", "a"), now).await, Answer::Granted);
+            assert_eq!(s.request(4, &of("a2", "a"), now).await, Answer::Granted);
+            for k in ["a3", "a4", "a5"] {
+                assert!(
+                    matches!(s.request(4, &of(k, "a"), now).await, Answer::Queued { .. }),
+                    "{k}"
+                );
+            }
+            assert_eq!(s.request(4, &of("b1", "b"), now).await, Answer::Granted);
+            assert_eq!(s.request(4, &of("c1", "c"), now).await, Answer::Granted);
+            assert!(matches!(
+                s.request(4, &of("b2", "b"), now).await,
+                Answer::Queued { .. }
+            ));
+            // A slot comes free: the first waiter of a token below its share.
+            assert!(s.release("c1"));
+            assert!(matches!(
+                s.request(4, &of("a3", "a"), now).await,
+                Answer::Queued { .. }
+            ));
+            assert_eq!(s.request(4, &of("b2", "b"), now).await, Answer::Granted);
+            assert!(s.release("a1"));
+            assert_eq!(s.request(4, &of("a3", "a"), now).await, Answer::Granted);
+            // A single slot can be held by anyone.
+            assert_eq!(per_token(1), 1);
+            // A token's waiting sessions are remembered up to a bound.
+            for i in 0..QUEUED_PER_TOKEN + 5 {
+                let _ = s.request(4, &of(&format!("z{i}"), "z"), now).await;
+            }
+            let waiting = s
+                .state()
+                .queue
+                .iter()
+                .filter(|h| h.token_name == "z")
+                .count();
+            assert_eq!(waiting, QUEUED_PER_TOKEN);
         });
     }
 

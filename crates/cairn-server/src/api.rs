@@ -435,6 +435,16 @@ pub async fn put(
     if kind == Kind::Index && action == Action::Create {
         refuse_copy_of_admin_index(&store, &name).await?;
     }
+    // Held until the body is stored (see `body::upload_budget`); an object
+    // larger than the whole budget (an index file may be) waits for all of it.
+    let budget = crate::body::upload_budget(app.config.max_object_size);
+    let permits = crate::body::upload_permits(length.unwrap_or(max))
+        .min(u32::try_from(budget).unwrap_or(u32::MAX));
+    let _memory = app
+        .uploads
+        .acquire_many(permits)
+        .await
+        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "transient", "stopping"))?;
     let body = match app.bodies.read(body, max, length).await {
         Ok(b) => b,
         Err(crate::body::ReadError::TooLarge) => return Err(too_large("more".into())),

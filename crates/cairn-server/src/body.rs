@@ -14,6 +14,23 @@ const KEEP_COUNT: usize = 4;
 const READ_KEEP_MAX: usize = 32 << 20;
 const READ_KEEP_COUNT: usize = 8;
 
+/// The memory upload bodies being received may take together, in KiB (the unit
+/// of [`crate::App::uploads`]' permits): four of the largest object, at least 256
+/// MiB. Each upload reserves its announced length before its body is read (the
+/// largest object's when it announces none), so that many clients sending at once
+/// wait instead of the server buffering them all.
+pub fn upload_budget(max_object_size: u64) -> usize {
+    let bytes = max_object_size.saturating_mul(4).max(256 << 20);
+    usize::try_from(bytes / 1024)
+        .unwrap_or(usize::MAX)
+        .min(tokio::sync::Semaphore::MAX_PERMITS)
+}
+
+/// The permits an upload of `len` bytes reserves.
+pub fn upload_permits(len: u64) -> u32 {
+    u32::try_from(len.div_ceil(1024).max(1)).unwrap_or(u32::MAX)
+}
+
 pub struct BodyPool {
     pool: Arc<BufferPool>,
     reads: Arc<BufferPool>,

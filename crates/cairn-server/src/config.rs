@@ -6,6 +6,8 @@
 //! tls_cert = "/etc/cairn/cert.pem"   # both absent: a self-signed certificate
 //! tls_key = "/etc/cairn/key.pem"
 //! request_timeout_secs = 600
+//! max_connections = 1024
+//! max_connections_per_ip = 128
 //! max_lock_age_hours = 168
 //! job_idle_secs = 90
 //! session_idle_secs = 1800
@@ -42,6 +44,10 @@ pub struct ServerConfig {
     pub tls: Tls,
     /// Seconds a request may take from its first byte to its answer.
     pub request_timeout_secs: u64,
+    /// Connections served at once; more wait to be accepted.
+    pub max_connections: usize,
+    /// Connections served at once from one address; more are closed at once.
+    pub max_connections_per_ip: usize,
     /// Hours after which a lock made by a backup or restore token may no longer be
     /// refreshed (a week by default: longer than any sane backup, short enough that
     /// a hijacked client cannot keep prune from deleting forever).
@@ -117,6 +123,8 @@ pub struct FileConfig {
     pub tls_key: Option<PathBuf>,
     pub insecure_http: Option<bool>,
     pub request_timeout_secs: Option<u64>,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_ip: Option<usize>,
     pub max_lock_age_hours: Option<u64>,
     pub job_idle_secs: Option<u64>,
     pub session_idle_secs: Option<u64>,
@@ -267,6 +275,8 @@ impl ServerConfig {
                 .unwrap_or_else(default_state_dir),
             tls,
             request_timeout_secs: file.request_timeout_secs.unwrap_or(600),
+            max_connections: file.max_connections.unwrap_or(1024).max(1),
+            max_connections_per_ip: file.max_connections_per_ip.unwrap_or(128).max(1),
             max_lock_age_hours: file.max_lock_age_hours.unwrap_or(7 * 24),
             job_idle_secs: file.job_idle_secs.unwrap_or(90),
             session_idle_secs: file.session_idle_secs.unwrap_or(1800),

@@ -14,6 +14,7 @@
 pub mod api;
 pub mod body;
 pub mod config;
+pub mod conns;
 pub mod console;
 pub mod content;
 pub mod dedup;
@@ -112,6 +113,8 @@ pub struct App {
     pub users: users::UserStore,
     /// Password checks running at once ([`users::HASHING_AT_ONCE`]).
     pub hashing: tokio::sync::Semaphore,
+    /// Memory for upload bodies being received, in KiB ([`body::upload_budget`]).
+    pub uploads: tokio::sync::Semaphore,
 }
 
 /// The bandwidth limits in force: the server's, and each token's (made when the
@@ -296,6 +299,7 @@ impl App {
             Duration::from_secs(config.session_idle_secs),
             Duration::from_secs(config.session_max_hours * 3600),
         );
+        let uploads = tokio::sync::Semaphore::new(body::upload_budget(config.max_object_size));
         Ok(App {
             config,
             datastores,
@@ -307,6 +311,7 @@ impl App {
             signins,
             users,
             hashing: tokio::sync::Semaphore::new(users::HASHING_AT_ONCE),
+            uploads,
         })
     }
 
@@ -485,7 +490,19 @@ async fn run(
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| ServerError::Io(e.to_string()))?;
+    let connections = Arc::new(tokio::sync::Semaphore::new(app.config.max_connections));
+    let per_address = conns::PerAddress::new(app.config.max_connections_per_ip);
     loop {
+        // A place before accepting: at the bound, new connections wait in the
+        // listen backlog until one closes.
+        let permit = tokio::select! {
+            p = connections.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        };
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
@@ -498,6 +515,14 @@ async fn run(
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         };
+        let Some(place) = per_address.enter(peer.ip()) else {
+            log_line(&format!(
+                "{peer} closed: {} connections from this address already (max_connections_per_ip)",
+                app.config.max_connections_per_ip
+            ));
+            continue;
+        };
+        let held = (permit, place);
         let _ = tcp.set_nodelay(true);
         let service = logged(app.clone(), router.clone(), timeout, peer);
         let builder = connection_builder();
@@ -520,6 +545,7 @@ async fn run(
                     let io = hyper_util::rt::TokioIo::new(tls);
                     let conn = builder.serve_connection_with_upgrades(io, service);
                     let _ = watcher.watch(conn.into_owned()).await;
+                    drop(held);
                 });
             }
             None => {
@@ -530,6 +556,7 @@ async fn run(
                 let fut = graceful.watch(conn);
                 tokio::spawn(async move {
                     let _ = fut.await;
+                    drop(held);
                 });
             }
         }

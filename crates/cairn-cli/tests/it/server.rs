@@ -3095,3 +3095,47 @@ fn the_console_shows_clients_jobs_live_and_edits_schedules_in_chromium() {
         "{log}"
     );
 }
+
+/// Connections that send nothing cost the server a task and a buffer each: one
+/// address holds at most `max_connections_per_ip` of them; more are closed at
+/// once, and the others are served meanwhile.
+#[test]
+fn one_address_cannot_hold_every_connection() {
+    let env = Env::new();
+    env.init(&[]);
+    let mut srv = Server::with_settings(&env, "max_connections_per_ip = 3\n");
+    let p = srv.port;
+    let idle: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(("127.0.0.1", p)).unwrap())
+        .collect();
+    // Accepted in the order they came: these three first.
+    let mut fourth = TcpStream::connect(("127.0.0.1", p)).unwrap();
+    fourth
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let _ = fourth.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut buf = [0u8; 64];
+    assert_eq!(fourth.read(&mut buf).unwrap_or(0), 0, "closed unanswered");
+    srv.lines.as_mut().unwrap().wait_for(
+        "3 connections from this address already (max_connections_per_ip)",
+        Duration::from_secs(10),
+    );
+    drop(idle);
+    let t = std::time::Instant::now();
+    let healthy = || {
+        let mut s = TcpStream::connect(("127.0.0.1", p)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        got.starts_with(b"HTTP/1.1 200")
+    };
+    while !healthy() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "served again once some closed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    srv.stop();
+}

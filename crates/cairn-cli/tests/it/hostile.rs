@@ -439,7 +439,8 @@ fn a_file_changing_while_read_is_reported() {
 /// repository has. Prune trusted the claim: it kept those copies (their pack was
 /// "fuller") and deleted the real packs, and every snapshot was lost. Prune now
 /// reads the copy it keeps of a blob that has several, finds the claims false,
-/// keeps the real copies and drops the false pack.
+/// keeps the real copies and drops the false pack; and readers that pick a false
+/// copy try the others, so restores work before that prune too.
 #[test]
 fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
     use cairn_backend::{Backend, LocalBackend, names};
@@ -449,6 +450,17 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
 
     let env = Env::new();
     env.init(&[]);
+    let same = |p: &std::path::Path, want: &[u8]| {
+        let got = fs::read(p).unwrap();
+        let first = got.iter().zip(want).position(|(a, b)| a != b);
+        assert!(
+            got == want,
+            "{}: {} bytes, {} expected, first difference at {first:?}",
+            p.display(),
+            got.len(),
+            want.len()
+        );
+    };
     let content = |i: u32| -> Vec<u8> {
         (0..20_000u32)
             .map(|k| (k.wrapping_mul(2_654_435_761).wrapping_add(i * 7919) >> 13) as u8)
@@ -511,6 +523,25 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
         backend.delete(&names::index(&id.to_hex())).unwrap();
     }
 
+    // Readers that pick a false copy try the others: the snapshot restores
+    // before any prune.
+    let back = env.restore("latest", &src, "r0");
+    for i in 20..40u32 {
+        same(&back.join(format!("f{i}")), &content(i));
+    }
+    // The same with the index in the SSD placement (its own lookups of copies).
+    let ssd = env.path("ssd");
+    env.ok(&[
+        "index",
+        "--index-placement",
+        "ssd",
+        "--index-path",
+        ssd.to_str().unwrap(),
+    ]);
+    let back = env.restore("latest", &src, "r0-ssd");
+    for i in 20..40u32 {
+        same(&back.join(format!("f{i}")), &content(i));
+    }
     let out = env.ok(&["prune"]);
     assert!(
         out.contains("name blobs their packs do not hold"),
@@ -530,10 +561,6 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
     env.check_clean();
     let back = env.restore("latest", &src, "r");
     for i in 20..40u32 {
-        assert_eq!(
-            fs::read(back.join(format!("f{i}"))).unwrap(),
-            content(i),
-            "f{i}"
-        );
+        same(&back.join(format!("f{i}")), &content(i));
     }
 }

@@ -194,6 +194,9 @@ pub struct MasterIndex {
     live: usize,
     /// The SSD placement: lookups go there and `records` stays empty.
     ssd: Option<crate::index::ssd::SsdIndex>,
+    /// The copies [`MasterIndex::finish`] did not keep, by id: where a reader
+    /// looks when the kept copy does not hold the blob (see [`MasterIndex::copies`]).
+    others: std::collections::HashMap<[u8; ID_LEN], Vec<Record>>,
 }
 
 /// Records per directory bucket on average.
@@ -303,8 +306,16 @@ impl MasterIndex {
                 .cmp(&b[..ID_LEN])
                 .then(record_pending(a).cmp(&record_pending(b)))
         });
-        self.records
-            .dedup_by(|next, kept| next[..ID_LEN] == kept[..ID_LEN]);
+        let others = &mut self.others;
+        self.records.dedup_by(|next, kept| {
+            let same = next[..ID_LEN] == kept[..ID_LEN];
+            if same {
+                let mut id = [0u8; ID_LEN];
+                id.copy_from_slice(&next[..ID_LEN]);
+                others.entry(id).or_default().push(*next);
+            }
+            same
+        });
         self.records.shrink_to_fit();
         self.staged = 0;
         self.live = self.records.iter().filter(|r| !record_pending(r)).count();
@@ -352,6 +363,23 @@ impl MasterIndex {
         match &self.ssd {
             Some(s) => s.lookup(id).map(|(l, _)| l),
             None => self.find(id).map(unpack_record),
+        }
+    }
+
+    /// Every copy of a blob the index lists, the one [`MasterIndex::get`] gives
+    /// first. Nearly always one; several when writers stored it more than once,
+    /// and then any of them may be the one that does not hold the blob (damage,
+    /// or an index entry written by an append-only writer that names another
+    /// pack's blob): a reader that finds the first copy false tries the others.
+    pub fn copies(&self, id: &BlobId) -> Vec<BlobLocation> {
+        match &self.ssd {
+            Some(s) => s.copies(id),
+            None => self
+                .find(id)
+                .into_iter()
+                .chain(self.others.get(&id.0).into_iter().flatten())
+                .map(unpack_record)
+                .collect(),
         }
     }
 

@@ -255,7 +255,9 @@ impl Repository {
             .get_range_into(&names::pack(&pack.to_hex()), offset, length, out)?)
     }
 
-    /// Reads, opens, decompresses and verifies one blob.
+    /// Reads, opens, decompresses and verifies one blob; when the copy the index
+    /// gives first cannot be read or does not hold the blob, its other copies
+    /// (see [`crate::index::MasterIndex::copies`]).
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
         let loc = self.index.get(id).ok_or_else(|| {
             match self.index.ssd().and_then(|s| s.failures()) {
@@ -263,7 +265,24 @@ impl Repository {
                 None => Error::BlobNotFound(*id),
             }
         })?;
-        let pack = self.index.pack_of(&loc);
+        self.read_blob_at(id, &loc).or_else(|e| {
+            self.read_other_copy(id, loc.pack_number(), loc.offset)
+                .ok_or(e)
+        })
+    }
+
+    /// The blob from a copy other than the one at `offset` of pack number `pack`,
+    /// if another copy holds it.
+    pub fn read_other_copy(&self, id: &BlobId, pack: u32, offset: u32) -> Option<Vec<u8>> {
+        self.index
+            .copies(id)
+            .into_iter()
+            .filter(|l| (l.pack_number(), l.offset) != (pack, offset))
+            .find_map(|l| self.read_blob_at(id, &l).ok())
+    }
+
+    fn read_blob_at(&self, id: &BlobId, loc: &crate::index::BlobLocation) -> Result<Vec<u8>> {
+        let pack = self.index.pack_of(loc);
         let name = names::pack(&pack.to_hex());
         let (offset, length) = (loc.offset.into(), loc.length.into());
         let sealed = if loc.kind == cairn_format::pack::BlobKind::Data {

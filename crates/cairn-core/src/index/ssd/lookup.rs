@@ -155,6 +155,59 @@ impl SsdIndex {
         Ok(None)
     }
 
+    /// Every copy of a blob, [`Self::lookup`]'s first (see
+    /// `MasterIndex::copies`). A failed read of the local files gives what was
+    /// found before it.
+    pub fn copies(&self, id: &BlobId) -> Vec<BlobLocation> {
+        let mut out: Vec<BlobLocation> = self.lookup(id).map(|(l, _)| l).into_iter().collect();
+        if let Some(d) = &self.delta {
+            let more = d.copies_disk(id).unwrap_or_default();
+            out.extend(
+                more.into_iter()
+                    .map(|l| l.with_pack_offset(self.base_packs)),
+            );
+        }
+        out.extend(self.copies_disk(id).unwrap_or_default());
+        let mut seen = Vec::new();
+        out.retain(|l| {
+            let key = (l.pack_number(), l.offset);
+            let new = !seen.contains(&key);
+            seen.push(key);
+            new
+        });
+        out
+    }
+
+    /// Every record of `id` in this segment, chosen or skipped.
+    fn copies_disk(&self, id: &BlobId) -> std::io::Result<Vec<BlobLocation>> {
+        let prefix = prefix_of(&id.0);
+        let b = if self.dir_bits == 0 {
+            0
+        } else {
+            (prefix >> (64 - self.dir_bits)) as usize
+        };
+        let (lo, hi) = (self.dir[b], self.dir[b + 1]);
+        let mut out = Vec::new();
+        if lo == hi {
+            return Ok(out);
+        }
+        let mut buf = vec![0u8; ((hi - lo) as usize) * KEY_LEN];
+        self.keys.read_exact_at(&mut buf, lo * KEY_LEN as u64)?;
+        for k in buf.chunks_exact(KEY_LEN) {
+            if prefix_of(k) != prefix {
+                continue;
+            }
+            let r = self.read_record(key_pos(k))?;
+            if r[..32] == id.0 {
+                let loc = unpack_record(&r);
+                if loc.pack_number() < self.n_packs {
+                    out.push(loc);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The location of a blob and whether it is only pending.
     pub fn lookup(&self, id: &BlobId) -> Option<(BlobLocation, bool)> {
         // The delta holds only live records: a hit there is as good as any.

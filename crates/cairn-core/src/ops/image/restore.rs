@@ -498,7 +498,9 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
                     .and_then(|s| {
                         blob::decode(repo.key(), &n.id, &s, n.raw_length, n.compression)
                             .map_err(|e| e.to_string())
-                    });
+                    })
+                    // A copy that does not hold its blob: another may.
+                    .or_else(|e| repo.read_other_copy(&n.id, pack_no, n.offset).ok_or(e));
                 match plain {
                     Ok(p) => {
                         for &at in &n.at {

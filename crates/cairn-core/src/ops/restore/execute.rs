@@ -299,12 +299,13 @@ pub(crate) fn execute(
                         );
                         let mut whole = match read {
                             Ok(()) => Some(&mut range_buf),
-                            // A short or damaged pack: read it blob by blob below.
-                            // Any other failure (a missing pack, storage still
-                            // unreachable after the retries) would only fail again
-                            // once per blob.
+                            // A short or damaged pack: read it blob by blob below;
+                            // a missing one: each blob from another copy if it has
+                            // one. Any other failure (storage still unreachable
+                            // after the retries) would only fail again once per blob.
                             Err(crate::Error::Backend(e))
-                                if e.kind == cairn_backend::BackendErrorKind::Other =>
+                                if e.kind == cairn_backend::BackendErrorKind::Other
+                                    || e.is_not_found() =>
                             {
                                 None
                             }
@@ -319,12 +320,19 @@ pub(crate) fn execute(
                         // The blob last decoded (a blob that several files hold is
                         // listed once per file, side by side): from the range read,
                         // decrypted where it lies, or read on its own.
-                        let mut last: Option<(u32, Result<Decoded, String>)> = None;
+                        // Known by offset and id: two blobs at one offset (only a
+                        // damaged or hostile index lists such) are two blobs, and
+                        // the second must not get the first one's bytes.
+                        let mut last: Option<(u32, cairn_format::BlobId, Result<Decoded, String>)> =
+                            None;
                         // Bytes of the range decrypted so far: a blob that overlaps
                         // them (only a damaged index lists such) is read on its own.
                         let mut decrypted = 0usize;
                         for n in range {
-                            if last.as_ref().is_none_or(|(off, _)| *off != n.offset) {
+                            if last
+                                .as_ref()
+                                .is_none_or(|(off, id, _)| *off != n.offset || *id != n.id)
+                            {
                                 let lo = (n.offset - start) as usize;
                                 let r = match whole.as_mut().filter(|_| lo >= decrypted) {
                                     Some(buf) => {
@@ -355,10 +363,19 @@ pub(crate) fn execute(
                                         })
                                         .map(Decoded::Owned),
                                 };
-                                let r = r.map_err(|e| format!("pack {}: {e}", pack.short()));
-                                last = Some((n.offset, r));
+                                // A copy that does not hold its blob: another may.
+                                let r = r
+                                    .or_else(|e| {
+                                        repo.read_other_copy(&n.id, *pack_no, n.offset)
+                                            .map(Decoded::Owned)
+                                            .ok_or(e)
+                                    })
+                                    .map_err(|e| format!("pack {}: {e}", pack.short()));
+                                last = Some((n.offset, n.id, r));
                             }
-                            let Some((_, decoded)) = &last else { continue };
+                            let Some((_, _, decoded)) = &last else {
+                                continue;
+                            };
                             let data = match decoded {
                                 Ok(Decoded::InRange(lo, p)) => match &whole {
                                     Some(buf) => p.bytes(&buf[*lo..]),

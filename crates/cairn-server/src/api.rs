@@ -512,6 +512,9 @@ pub async fn put(
     if let Some((index_name, list)) = list {
         store.dedup.list_stored(&index_name, &list);
     }
+    if kind == Kind::Index {
+        store.dedup.index_stored(&name, &t.id);
+    }
     if !matches!(kind, Kind::Pack | Kind::DedupList) && !is_lock {
         store.content.changed();
     }
@@ -578,6 +581,14 @@ async fn check_dedup_list(
         return Err(ApiError::forbidden(format!(
             "a {} token may not describe an index file that supersedes others",
             t.role.as_str()
+        )));
+    }
+    if t.role != Role::Admin
+        && let Some(writer) = store.dedup.writer_of(&index_name)
+        && writer != t.id
+    {
+        return Err(ApiError::forbidden(format!(
+            "{index_name} was stored by another token: only its writer describes it"
         )));
     }
     // The index file must be large enough to list that many blobs: the server

@@ -51,8 +51,22 @@ pub struct Dedup {
     claims: Mutex<HashMap<[u8; 32], Claim>>,
     /// When each session (token id and the client's session header) was last heard.
     seen: Mutex<HashMap<String, Instant>>,
+    /// Which token stored each plain index file lately (see [`Dedup::writer_of`]).
+    writers: Mutex<Writers>,
     pub stats: DedupStats,
 }
+
+/// Index files stored through this server and the tokens that stored them, the
+/// newest [`WRITERS_KEPT`].
+#[derive(Default)]
+struct Writers {
+    by_name: HashMap<String, String>,
+    order: std::collections::VecDeque<String>,
+}
+
+/// Index files whose writers are remembered: a client stores an index file's list
+/// right after the file, so the last few thousand cover every backup running.
+const WRITERS_KEPT: usize = 16_384;
 
 #[derive(Default)]
 pub struct DedupStats {
@@ -80,6 +94,10 @@ struct View {
     ids: IdSet,
     /// Why queries cannot be answered.
     unavailable: Option<String>,
+    /// Part of the epoch: drawn anew when the first view is built (this server
+    /// cannot know what was removed before it started) and whenever an index file
+    /// goes without an admin file superseding it (deleted directly).
+    salt: [u8; 16],
 }
 
 #[derive(Clone)]
@@ -104,9 +122,10 @@ pub struct Plan {
     pub reason: Option<String>,
     pub index_files: Vec<String>,
     pub chunks: u64,
-    /// Changes whenever an `admin-` index file appears or goes (the only way a
-    /// chunk stops being stored): a client may keep "stored" answers across
-    /// backups while it is the same.
+    /// Changes whenever an `admin-` index file appears or goes, or an index file
+    /// goes without one (the only ways a chunk stops being stored), and when the
+    /// server starts: a client may keep "stored" answers across backups while it
+    /// is the same.
     pub epoch: String,
 }
 
@@ -334,6 +353,11 @@ impl Dedup {
             .any(|id| !files.contains_key(id) || superseded.contains(id))
             || fresh.keys().any(|id| superseded.contains(id));
         let first = self.view().gen_at.is_none();
+        // Gone without a superseding file: no admin name changed, so the epoch
+        // must change otherwise.
+        let deleted = old_files
+            .keys()
+            .any(|id| !files.contains_key(id) && !superseded.contains(id));
         let rebuilt = if lost || first {
             let keep = |id: &[u8; 32], f: &FileInfo| f.list.is_some() && !superseded.contains(id);
             let known = self.view().ids.len();
@@ -378,6 +402,9 @@ impl Dedup {
         }
         view.files = files;
         view.unavailable = unavailable;
+        if first || deleted {
+            view.salt = cairn_format::envelope::random_bytes();
+        }
         view.gen_at = Some(generation);
         view.built = Some(Instant::now());
         Ok(())
@@ -404,6 +431,7 @@ impl Dedup {
             .collect();
         admin.sort();
         let mut h = blake3::Hasher::new();
+        h.update(&v.salt);
         for n in admin {
             h.update(n.as_bytes());
             h.update(b"\n");
@@ -546,6 +574,33 @@ impl Dedup {
 
     /// A dedup list was stored through this server for an index file that exists:
     /// its ids count as stored at once (no listing needed).
+    /// Notes that the token `token` stored the plain index file `name`.
+    pub fn index_stored(&self, name: &str, token: &str) {
+        let mut w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        if w.by_name
+            .insert(name.to_string(), token.to_string())
+            .is_none()
+        {
+            w.order.push_back(name.to_string());
+        }
+        while w.order.len() > WRITERS_KEPT {
+            if let Some(old) = w.order.pop_front() {
+                w.by_name.remove(&old);
+            }
+        }
+    }
+
+    /// The token that stored the plain index file `name` through this server,
+    /// when it is remembered. Only that token may store the file's dedup list:
+    /// another client that holds the key could otherwise store a lying list for a
+    /// victim's new index file first (the victim takes the conflict for success).
+    /// Best effort: a file stored before a restart, or through another server, is
+    /// not remembered, and its list is taken from any backup token.
+    pub fn writer_of(&self, name: &str) -> Option<String> {
+        let w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        w.by_name.get(name).cloned()
+    }
+
     pub fn list_stored(&self, index_name: &str, list: &DedupList) {
         let mut v = self.view.write().unwrap_or_else(|e| e.into_inner());
         if v.gen_at.is_none() || list.admin || !list.supersedes.is_empty() {
@@ -640,6 +695,32 @@ mod tests {
         d.lock_written();
         assert!(!d.plan(&b).unwrap().available);
         assert!(d.query(&b, "a", &[[1; 32]]).unwrap().is_err());
+    }
+
+    /// Clients keep "stored" answers while the epoch stays: it changes when an
+    /// index file goes, superseded or not, and with every start of the server.
+    #[test]
+    fn the_epoch_changes_when_index_files_go_and_when_the_server_starts() {
+        let b = MemBackend::new();
+        put_index(&b, 1, false, &[10, 11], &[], false);
+        put_index(&b, 2, false, &[12], &[], false);
+        let d = Dedup::default();
+        let e1 = d.plan(&b).unwrap().epoch;
+        put_index(&b, 3, false, &[13], &[], false);
+        d.lock_written();
+        assert_eq!(d.plan(&b).unwrap().epoch, e1, "a new file only adds");
+        let restarted = Dedup::default();
+        assert_ne!(restarted.plan(&b).unwrap().epoch, e1, "a new start");
+        // Deleted directly (no admin file supersedes it): 12 is no longer stored.
+        b.delete(&names::index(&hex::encode([2u8; 32]))).unwrap();
+        d.lock_written();
+        let p = d.plan(&b).unwrap();
+        assert_ne!(p.epoch, e1);
+        assert_eq!(p.chunks, 3);
+        let e2 = p.epoch;
+        put_index(&b, 4, true, &[10], &[1], false);
+        d.lock_written();
+        assert_ne!(d.plan(&b).unwrap().epoch, e2, "superseded");
     }
 
     #[test]

@@ -1482,6 +1482,52 @@ fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
     let body = String::from_utf8_lossy(&body);
     assert_eq!(code, 422, "{body}");
     assert!(body.contains("can list"), "{body}");
+    // The list of an index file stored through this server comes from the token
+    // that stored it: another one cannot describe a victim's new file first.
+    let slots = "/v1/datastores/main/slots";
+    let mine = [("X-Cairn-Session", "writer1")];
+    assert_eq!(http_with(p, "POST", slots, &backup, &mine, b"").0, 200);
+    let fresh = vec![0x42u8; 4096];
+    let fresh_id = blake3::hash(&fresh);
+    let fresh_hex = fresh_id.to_hex().to_string();
+    let (code, _) = http_with(
+        p,
+        "PUT",
+        &obj(&format!("index/{fresh_hex}")),
+        &backup,
+        &mine,
+        &fresh,
+    );
+    assert_eq!(code, 201);
+    let thief = srv.token("thief", "main", "backup");
+    let theirs = [("X-Cairn-Session", "thief1")];
+    assert_eq!(http_with(p, "POST", slots, &thief, &theirs, b"").0, 200);
+    let list = dedup_list(fresh_id.as_bytes(), false, &[], &[[6; 32]]);
+    let (code, body) = http_with(
+        p,
+        "PUT",
+        &obj(&format!("dedup/{fresh_hex}")),
+        &thief,
+        &theirs,
+        &list,
+    );
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("stored by another token"), "{body}");
+    let (code, _) = http_with(
+        p,
+        "PUT",
+        &obj(&format!("dedup/{fresh_hex}")),
+        &backup,
+        &mine,
+        &list,
+    );
+    assert_eq!(code, 201, "its writer's list");
+    for (t, ses) in [(&backup, &mine), (&thief, &theirs)] {
+        assert_eq!(http_with(p, "DELETE", slots, t, ses, b"").0, 204);
+    }
+    std::fs::remove_file(env.repo.join("index").join(&fresh_hex)).unwrap();
+    std::fs::remove_file(env.repo.join("dedup").join(&fresh_hex)).unwrap();
     // A lying list the server cannot tell from a true one (no key): check, with the
     // key, finds it, and repair index rewrites the lists.
     std::fs::remove_file(env.repo.join("dedup").join(&index_name)).unwrap();

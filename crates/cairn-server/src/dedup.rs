@@ -31,6 +31,8 @@ pub const CLAIM_TTL: Duration = Duration::from_secs(180);
 pub const SESSION_SILENCE: Duration = Duration::from_secs(15);
 /// Claims kept at most per datastore (beyond, ids are answered "send" unclaimed).
 const MAX_CLAIMS: usize = 4_000_000;
+/// How old the view may be for a confirmation round.
+const CONFIRM_LISTING_EVERY: Duration = Duration::from_secs(1);
 /// Ids per request at most.
 pub const MAX_IDS_PER_REQUEST: usize = 65_536;
 /// A view older than this is refreshed before answering (to see lists written
@@ -53,6 +55,8 @@ pub struct Dedup {
     seen: Mutex<HashMap<String, Instant>>,
     /// Which token stored each plain index file lately (see [`Dedup::writer_of`]).
     writers: Mutex<Writers>,
+    /// When the claims were last swept for dead sessions' (see [`Dedup::query`]).
+    swept: Mutex<Option<Instant>>,
     pub stats: DedupStats,
 }
 
@@ -476,8 +480,16 @@ impl Dedup {
         }
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if claims.len() > MAX_CLAIMS {
-            claims.retain(|_, c| Self::live(&seen, c));
+        // Full, the table is swept for dead sessions' claims at most once a
+        // second: live sessions that hold it full (one can) would otherwise have
+        // every query walk millions of claims. Until a sweep frees room, new ids
+        // are answered "send" without a claim.
+        if claims.len() >= MAX_CLAIMS {
+            let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
+            if swept.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                claims.retain(|_, c| Self::live(&seen, c));
+                *swept = Some(Instant::now());
+            }
         }
         let now = Instant::now();
         let mine: Arc<str> = Arc::from(session);
@@ -536,8 +548,16 @@ impl Dedup {
         last: bool,
     ) -> Result<Confirm, BackendError> {
         self.touch(session);
-        // Lists written through other servers appear only in a listing.
-        self.refresh(backend)?;
+        // Lists written through other servers appear only in a listing: one a
+        // second at most, however many clients confirm (each listing is two
+        // requests to the storage, and a client could ask without pause).
+        let recent = self
+            .view()
+            .built
+            .is_some_and(|t| t.elapsed() < CONFIRM_LISTING_EVERY);
+        if !recent {
+            self.refresh(backend)?;
+        }
         let v = self.view();
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());

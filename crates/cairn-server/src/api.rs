@@ -278,9 +278,10 @@ fn allow(
             )));
         }
         // Created again after a removal, a lock keeps its age: prune waits for
-        // locks by id.
-        let age = store.owners.age(name);
+        // locks by id. Only writes are remembered (a removal or a read of a name
+        // never stored would otherwise grow the record).
         if matches!(action, Action::Create | Action::Replace)
+            && let age = store.owners.age(name)
             && age > app.config.max_lock_age_hours as i64 * 3600
         {
             return Err(ApiError::forbidden(format!(
@@ -435,16 +436,12 @@ pub async fn put(
     if kind == Kind::Index && action == Action::Create {
         refuse_copy_of_admin_index(&store, &name).await?;
     }
-    // Held until the body is stored (see `body::upload_budget`); an object
-    // larger than the whole budget (an index file may be) waits for all of it.
-    let budget = crate::body::upload_budget(app.config.max_object_size);
-    let permits = crate::body::upload_permits(length.unwrap_or(max))
-        .min(u32::try_from(budget).unwrap_or(u32::MAX));
+    // Held until the body is stored (see `body::UploadBudget`).
     let _memory = app
         .uploads
-        .acquire_many(permits)
+        .reserve(&t.id, length.unwrap_or(max))
         .await
-        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "transient", "stopping"))?;
+        .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "transient", "stopping"))?;
     let body = match app.bodies.read(body, max, length).await {
         Ok(b) => b,
         Err(crate::body::ReadError::TooLarge) => return Err(too_large("more".into())),

@@ -15,20 +15,53 @@ const READ_KEEP_MAX: usize = 32 << 20;
 const READ_KEEP_COUNT: usize = 8;
 
 /// The memory upload bodies being received may take together, in KiB (the unit
-/// of [`crate::App::uploads`]' permits): four of the largest object, at least 256
-/// MiB. Each upload reserves its announced length before its body is read (the
-/// largest object's when it announces none), so that many clients sending at once
-/// wait instead of the server buffering them all.
-pub fn upload_budget(max_object_size: u64) -> usize {
-    let bytes = max_object_size.saturating_mul(4).max(256 << 20);
-    usize::try_from(bytes / 1024)
-        .unwrap_or(usize::MAX)
-        .min(tokio::sync::Semaphore::MAX_PERMITS)
+/// of its permits): four of the largest object, at least 256 MiB. Each upload
+/// reserves its announced length before its body is read (the largest object's
+/// when it announces none), so that many clients sending at once wait instead of
+/// the server buffering them all; and one token reserves at most half of it, so
+/// that uploads sent slowly by one client do not stall every other.
+pub struct UploadBudget {
+    all: Arc<tokio::sync::Semaphore>,
+    total: u32,
+    tokens: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
-/// The permits an upload of `len` bytes reserves.
-pub fn upload_permits(len: u64) -> u32 {
-    u32::try_from(len.div_ceil(1024).max(1)).unwrap_or(u32::MAX)
+/// What an upload holds of the budget until it is dropped.
+pub struct Reserved {
+    _token: tokio::sync::OwnedSemaphorePermit,
+    _all: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl UploadBudget {
+    pub fn new(max_object_size: u64) -> UploadBudget {
+        let kib = (max_object_size.saturating_mul(4).max(256 << 20) / 1024)
+            .min(tokio::sync::Semaphore::MAX_PERMITS as u64)
+            .min(u64::from(u32::MAX)) as u32;
+        UploadBudget {
+            all: Arc::new(tokio::sync::Semaphore::new(kib as usize)),
+            total: kib,
+            tokens: Default::default(),
+        }
+    }
+
+    /// Waits until `len` bytes fit the token's share and the whole budget (an
+    /// upload larger than the share reserves the share: it waits for the token's
+    /// other uploads to end). `None` when stopping.
+    pub async fn reserve(&self, token: &str, len: u64) -> Option<Reserved> {
+        let share = (self.total / 2).max(1);
+        let kib = u32::try_from(len.div_ceil(1024).max(1))
+            .unwrap_or(u32::MAX)
+            .min(share);
+        let mine = {
+            let mut t = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+            t.entry(token.to_string())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(share as usize)))
+                .clone()
+        };
+        let _token = mine.acquire_many_owned(kib).await.ok()?;
+        let _all = self.all.clone().acquire_many_owned(kib).await.ok()?;
+        Some(Reserved { _token, _all })
+    }
 }
 
 pub struct BodyPool {
@@ -90,6 +123,34 @@ impl BodyPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One token reserves at most half the budget; another token's upload goes
+    /// ahead meanwhile, and the first's waits for its own to end.
+    #[test]
+    fn one_token_holds_at_most_half_the_upload_budget() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let b = UploadBudget::new(64 << 20); // 256 MiB in all, 128 a token
+            let a1 = b.reserve("a", 100 << 20).await.unwrap();
+            let wait = std::time::Duration::from_millis(100);
+            assert!(
+                tokio::time::timeout(wait, b.reserve("a", 40 << 20))
+                    .await
+                    .is_err()
+            );
+            let b1 = tokio::time::timeout(wait, b.reserve("b", 100 << 20)).await;
+            assert!(b1.is_ok(), "another token's upload is not held up");
+            drop(a1);
+            assert!(
+                tokio::time::timeout(wait, b.reserve("a", 40 << 20))
+                    .await
+                    .is_ok()
+            );
+        });
+    }
 
     #[test]
     fn bodies_are_read_whole_and_bounded() {

@@ -28,8 +28,11 @@ impl PerAddress {
         })
     }
 
-    /// A place for a connection from `ip`, or `None` when it holds `max` already.
+    /// A place for a connection from `ip`, or `None` when its address holds
+    /// `max` already. IPv6 addresses count by their /64 (one host usually has a
+    /// whole /64 to draw from), IPv4 ones written as IPv6 as IPv4.
     pub fn enter(self: &Arc<Self>, ip: IpAddr) -> Option<Place> {
+        let ip = address_of(ip);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let n = open.entry(ip).or_insert(0);
         if *n >= self.max {
@@ -45,6 +48,20 @@ impl PerAddress {
     #[cfg(test)]
     fn addresses(&self) -> usize {
         self.open.lock().unwrap().len()
+    }
+}
+
+/// What counts as one address: see [`PerAddress::enter`].
+fn address_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
     }
 }
 
@@ -77,5 +94,16 @@ mod tests {
         let _three = p.enter(a).unwrap();
         drop((_two, _three, _other));
         assert_eq!(p.addresses(), 0, "nothing kept for closed connections");
+        // One IPv6 /64 is one address; an IPv4 address written as IPv6 is itself.
+        let x: IpAddr = "2001:db8:1:2::5".parse().unwrap();
+        let y: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let z: IpAddr = "2001:db8:1:3::5".parse().unwrap();
+        let _x = p.enter(x).unwrap();
+        let _y = p.enter(y).unwrap();
+        assert!(p.enter(x).is_none(), "the /64 holds two");
+        let _z = p.enter(z).unwrap();
+        let _v4 = p.enter(a).unwrap();
+        let _v4b = p.enter(a).unwrap();
+        assert!(p.enter("::ffff:10.0.0.1".parse().unwrap()).is_none());
     }
 }

@@ -113,8 +113,8 @@ pub struct App {
     pub users: users::UserStore,
     /// Password checks running at once ([`users::HASHING_AT_ONCE`]).
     pub hashing: tokio::sync::Semaphore,
-    /// Memory for upload bodies being received, in KiB ([`body::upload_budget`]).
-    pub uploads: tokio::sync::Semaphore,
+    /// Memory for upload bodies being received.
+    pub uploads: body::UploadBudget,
 }
 
 /// The bandwidth limits in force: the server's, and each token's (made when the
@@ -299,7 +299,7 @@ impl App {
             Duration::from_secs(config.session_idle_secs),
             Duration::from_secs(config.session_max_hours * 3600),
         );
-        let uploads = tokio::sync::Semaphore::new(body::upload_budget(config.max_object_size));
+        let uploads = body::UploadBudget::new(config.max_object_size);
         Ok(App {
             config,
             datastores,
@@ -585,7 +585,12 @@ fn connection_builder() -> hyper_util::server::conn::auto::Builder<hyper_util::r
     b.http1()
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30));
-    b.http2().timer(hyper_util::rt::TokioTimer::new());
+    // A peer that has gone (its connection never closed) is found by pings and
+    // its connection freed: connections are counted (`conns`).
+    b.http2()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(60)))
+        .keep_alive_timeout(Duration::from_secs(20));
     b
 }
 

@@ -487,19 +487,34 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
 
     // The attacker: every file chunk of the snapshot that stays claimed by one
     // 4 KiB pack of junk, in an index file whose name sorts first (a few tries:
-    // each sealing draws a fresh nonce), so that its pack ranks first too.
+    // each sealing draws a fresh nonce), so that its pack ranks first too. The
+    // same file lists the real packs again (its listing is the one prune reads,
+    // being first), each chunk also at the place of another chunk of its pack: a
+    // place that holds a true blob, only not this one.
     let mut claims = Vec::new();
+    let mut relisted = Vec::new();
     for id in repo.list_index_files().unwrap() {
         if before.contains(&id) {
             continue;
         }
         for p in repo.read_index_file(&id).unwrap().packs {
-            for mut b in p.blobs {
-                if b.kind == cairn_format::pack::BlobKind::Data {
-                    (b.offset, b.length) = (0, 1);
-                    claims.push(b);
+            let data: Vec<_> = p
+                .blobs
+                .iter()
+                .filter(|b| b.kind == cairn_format::pack::BlobKind::Data)
+                .copied()
+                .collect();
+            let mut blobs = p.blobs.clone();
+            for (i, b) in data.iter().enumerate() {
+                let mut junk = *b;
+                (junk.offset, junk.length) = (0, 1);
+                claims.push(junk);
+                let other = data[(i + 1) % data.len()];
+                if other.id != b.id {
+                    blobs.push(cairn_format::index::IndexBlob { id: b.id, ..other });
                 }
             }
+            relisted.push(IndexPack { id: p.id, blobs });
         }
     }
     assert!(claims.len() >= 20, "{}", claims.len());
@@ -508,11 +523,13 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
     backend
         .put_new(&names::pack(&junk_id.to_hex()), &junk)
         .unwrap();
+    let mut packs = vec![IndexPack {
+        id: junk_id,
+        blobs: claims,
+    }];
+    packs.extend(relisted);
     let file = IndexFile {
-        packs: vec![IndexPack {
-            id: junk_id,
-            blobs: claims,
-        }],
+        packs,
         ..Default::default()
     };
     loop {

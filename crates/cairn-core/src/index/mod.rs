@@ -194,9 +194,11 @@ pub struct MasterIndex {
     live: usize,
     /// The SSD placement: lookups go there and `records` stays empty.
     ssd: Option<crate::index::ssd::SsdIndex>,
-    /// The copies [`MasterIndex::finish`] did not keep, by id: where a reader
-    /// looks when the kept copy does not hold the blob (see [`MasterIndex::copies`]).
-    others: std::collections::HashMap<[u8; ID_LEN], Vec<Record>>,
+    /// The copies [`MasterIndex::finish`] did not keep, sorted by id: where a
+    /// reader looks when the kept copy does not hold the blob (see
+    /// [`MasterIndex::copies`]). A record each, as in the table: after a large
+    /// repack every moved blob has a pending copy too.
+    others: Vec<Record>,
 }
 
 /// Records per directory bucket on average.
@@ -262,7 +264,7 @@ impl MasterIndex {
     /// Bytes of RAM the table uses (records, directory and pack ids).
     pub fn ram_bytes(&self) -> usize {
         self.ssd.as_ref().map_or(0, |s| s.ram_bytes())
-            + self.records.capacity() * RECORD_LEN
+            + (self.records.capacity() + self.others.capacity()) * RECORD_LEN
             + self.dir.capacity() * 4
             + self.packs.ids.capacity() * (ID_LEN + 4 + 8)
     }
@@ -307,15 +309,18 @@ impl MasterIndex {
                 .then(record_pending(a).cmp(&record_pending(b)))
         });
         let others = &mut self.others;
+        let before = others.len();
         self.records.dedup_by(|next, kept| {
             let same = next[..ID_LEN] == kept[..ID_LEN];
             if same {
-                let mut id = [0u8; ID_LEN];
-                id.copy_from_slice(&next[..ID_LEN]);
-                others.entry(id).or_default().push(*next);
+                others.push(*next);
             }
             same
         });
+        if before > 0 && others.len() > before {
+            others.sort_unstable_by(|a, b| a[..ID_LEN].cmp(&b[..ID_LEN]));
+        }
+        others.shrink_to_fit();
         self.records.shrink_to_fit();
         self.staged = 0;
         self.live = self.records.iter().filter(|r| !record_pending(r)).count();
@@ -374,12 +379,17 @@ impl MasterIndex {
     pub fn copies(&self, id: &BlobId) -> Vec<BlobLocation> {
         match &self.ssd {
             Some(s) => s.copies(id),
-            None => self
-                .find(id)
-                .into_iter()
-                .chain(self.others.get(&id.0).into_iter().flatten())
-                .map(unpack_record)
-                .collect(),
+            None => {
+                let from = self.others.partition_point(|r| r[..ID_LEN] < id.0[..]);
+                let more = self.others[from..]
+                    .iter()
+                    .take_while(|r| r[..ID_LEN] == id.0[..]);
+                self.find(id)
+                    .into_iter()
+                    .chain(more)
+                    .map(unpack_record)
+                    .collect()
+            }
         }
     }
 

@@ -66,7 +66,7 @@ pub fn read_blobs(repo: &Repository, ids: &[BlobId]) -> Vec<Result<Vec<u8>>> {
                     .as_deref()
                     .and_then(|b| b.get(lo..lo + w.loc.length as usize));
                 out[w.at] = Some(match sealed {
-                    // A copy that does not hold its blob: `read_blob` tries the others.
+                    // A copy that does not hold its blob: another may.
                     Some(sealed) => crate::repo::blob::decode(
                         repo.key(),
                         &ids[w.at],
@@ -74,7 +74,7 @@ pub fn read_blobs(repo: &Repository, ids: &[BlobId]) -> Vec<Result<Vec<u8>>> {
                         w.loc.raw_length,
                         w.loc.compression,
                     )
-                    .or_else(|_| repo.read_blob(&ids[w.at])),
+                    .or_else(|e| repo.read_other_copy(&ids[w.at], |l| *l == w.loc).ok_or(e)),
                     None => repo.read_blob(&ids[w.at]),
                 });
             }

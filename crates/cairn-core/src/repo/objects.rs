@@ -265,19 +265,22 @@ impl Repository {
                 None => Error::BlobNotFound(*id),
             }
         })?;
-        self.read_blob_at(id, &loc).or_else(|e| {
-            self.read_other_copy(id, loc.pack_number(), loc.offset)
-                .ok_or(e)
-        })
+        self.read_blob_at(id, &loc)
+            .or_else(|e| self.read_other_copy(id, |l| *l == loc).ok_or(e))
     }
 
-    /// The blob from a copy other than the one at `offset` of pack number `pack`,
-    /// if another copy holds it.
-    pub fn read_other_copy(&self, id: &BlobId, pack: u32, offset: u32) -> Option<Vec<u8>> {
+    /// The blob from a copy other than those `tried` says were read already, if
+    /// another copy holds it. Copies are told apart by everything their entries
+    /// say (an entry at a true copy's place with another length is another copy).
+    pub fn read_other_copy(
+        &self,
+        id: &BlobId,
+        tried: impl Fn(&crate::index::BlobLocation) -> bool,
+    ) -> Option<Vec<u8>> {
         self.index
             .copies(id)
             .into_iter()
-            .filter(|l| (l.pack_number(), l.offset) != (pack, offset))
+            .filter(|l| !tried(l))
             .find_map(|l| self.read_blob_at(id, &l).ok())
     }
 

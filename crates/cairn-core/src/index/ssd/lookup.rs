@@ -161,18 +161,19 @@ impl SsdIndex {
     pub fn copies(&self, id: &BlobId) -> Vec<BlobLocation> {
         let mut out: Vec<BlobLocation> = self.lookup(id).map(|(l, _)| l).into_iter().collect();
         if let Some(d) = &self.delta {
-            let more = d.copies_disk(id).unwrap_or_default();
-            out.extend(
-                more.into_iter()
-                    .map(|l| l.with_pack_offset(self.base_packs)),
-            );
+            match d.copies_disk(id) {
+                Ok(v) => out.extend(v.into_iter().map(|l| l.with_pack_offset(self.base_packs))),
+                Err(e) => d.fail(format!("reading {}: {e}", d.dir_path.display())),
+            }
         }
-        out.extend(self.copies_disk(id).unwrap_or_default());
-        let mut seen = Vec::new();
+        match self.copies_disk(id) {
+            Ok(v) => out.extend(v),
+            Err(e) => self.fail(format!("reading {}: {e}", self.dir_path.display())),
+        }
+        let mut seen: Vec<BlobLocation> = Vec::new();
         out.retain(|l| {
-            let key = (l.pack_number(), l.offset);
-            let new = !seen.contains(&key);
-            seen.push(key);
+            let new = !seen.contains(l);
+            seen.push(*l);
             new
         });
         out

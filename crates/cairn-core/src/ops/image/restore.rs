@@ -500,7 +500,16 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
                             .map_err(|e| e.to_string())
                     })
                     // A copy that does not hold its blob: another may.
-                    .or_else(|e| repo.read_other_copy(&n.id, pack_no, n.offset).ok_or(e));
+                    .or_else(|e| {
+                        let tried = |l: &crate::index::BlobLocation| {
+                            crate::index::MasterIndex::pack_number_of(l) == pack_no
+                                && l.offset == n.offset
+                                && l.length == n.length
+                                && l.raw_length == n.raw_length
+                                && l.compression == n.compression
+                        };
+                        repo.read_other_copy(&n.id, tried).ok_or(e)
+                    });
                 match plain {
                     Ok(p) => {
                         for &at in &n.at {

@@ -11,8 +11,35 @@ use crate::repo::{Repository, blob};
 use cairn_format::index::IndexBlob;
 use std::collections::{HashMap, HashSet};
 
-/// A copy of a blob: its pack's number in the scan and its offset there.
-type Copy = (u32, u32);
+/// A copy of a blob, whole: the pack's number in the scan and the index entry.
+/// Two entries that differ in anything (id, place, length, encoding) are two
+/// claims: one found true says nothing of the other.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Copy {
+    pack: u32,
+    offset: u32,
+    length: u32,
+    raw_length: u32,
+    compression: u8,
+    id: [u8; 32],
+}
+
+impl Copy {
+    fn of(e: &Entry) -> Copy {
+        Copy {
+            pack: e.pack,
+            offset: e.blob.offset,
+            length: e.blob.length,
+            raw_length: e.blob.raw_length,
+            compression: e.blob.compression as u8,
+            id: e.blob.id.0,
+        }
+    }
+}
+
+/// Blobs with several copies gathered before their copies are read: a bound on
+/// the memory the check holds, whatever the number of duplicates.
+const CHECK_BATCH: usize = 65_536;
 
 /// What the join decided, besides the counters in the scan's pack rows.
 pub(super) struct Joined {
@@ -31,7 +58,7 @@ pub(super) struct Joined {
 }
 
 /// The copy of a needed blob that is kept: in the best-ranked usable pack, of
-/// the copies not found false.
+/// the copies not found false (the first of equally ranked ones).
 fn provider(
     copies: &[Entry],
     rank: &[u32],
@@ -40,19 +67,26 @@ fn provider(
 ) -> Option<usize> {
     (0..copies.len())
         .filter(|&k| packs[copies[k].pack as usize].usable())
-        .filter(|&k| bad.is_empty() || !bad.contains(&(copies[k].pack, copies[k].blob.offset)))
+        .filter(|&k| bad.is_empty() || !bad.contains(&Copy::of(&copies[k])))
         .min_by_key(|&k| rank[copies[k].pack as usize])
 }
 
-impl PackSpan for IndexBlob {
+/// A copy to read: the entry, and which blob of the batch it is a copy of.
+struct Candidate {
+    blob: IndexBlob,
+    of: usize,
+}
+
+impl PackSpan for Candidate {
     fn span(&self) -> (u32, u32) {
-        (self.offset, self.length)
+        (self.blob.offset, self.blob.length)
     }
 }
 
-/// Reads the copy each needed blob with several copies would keep, and marks
-/// the copies that do not hold their blob as false, until every kept copy of
-/// such a blob was read and found true.
+/// Reads, for every needed blob with several copies, its copies in the order
+/// [`provider`] prefers them until one decodes to the blob's id, and marks those
+/// before it false, so that [`provider`] then chooses a copy that was read and
+/// found true.
 ///
 /// Why: an index entry is only a claim. A writer that holds the key but may
 /// only add (a backup token of `cairn serve`) can store a small pack and an
@@ -60,9 +94,10 @@ impl PackSpan for IndexBlob {
 /// claim, prune would keep those copies and delete or repack away the real ones,
 /// and every snapshot needing them would be lost. A copy decodes to its id only
 /// if its bytes are the blob's (the id is a keyed hash of the plaintext), so
-/// reading it settles the claim. Only blobs with several copies are read: a
-/// blob with one copy loses nothing by trusting it. Legitimate duplicates (two
-/// writers stored the same blob) are few, so this reads little.
+/// reading it settles the claim. Only blobs with several usable copies are read:
+/// a blob with one loses nothing by trusting it. Legitimate duplicates (two
+/// writers stored the same blob, a killed prune's repacked blobs) are read once,
+/// the one copy that is kept; the memory held is bounded by [`CHECK_BATCH`].
 fn check_kept_copies(
     repo: &Repository,
     scan: &mut Scan,
@@ -70,43 +105,92 @@ fn check_kept_copies(
     rank: &[u32],
 ) -> Result<(HashSet<Copy>, usize)> {
     let mut bad: HashSet<Copy> = HashSet::new();
-    let mut good: HashSet<Copy> = HashSet::new();
-    loop {
-        let mut check: HashMap<u32, Vec<IndexBlob>> = HashMap::new();
-        join(scan, needed, &mut |j, packs| {
-            if !j.needed || j.copies.len() < 2 {
-                return Ok(());
-            }
-            if let Some(k) = provider(j.copies, rank, packs, &bad) {
-                let e = &j.copies[k];
-                if !good.contains(&(e.pack, e.blob.offset)) {
-                    check.entry(e.pack).or_default().push(e.blob);
-                }
-            }
-            Ok(())
-        })?;
-        if check.is_empty() {
-            return Ok((bad, good.len()));
+    let mut checked = 0usize;
+    // Per blob: its usable copies, best first (pack number and entry).
+    let mut batch: Vec<Vec<(u32, IndexBlob)>> = Vec::new();
+    join(scan, needed, &mut |j, packs| {
+        if !j.needed || j.copies.len() < 2 {
+            return Ok(());
         }
-        let limit = range_limit(repo);
-        for (pack, mut blobs) in check {
-            blobs.sort_by_key(|b| b.offset);
-            let id = scan.packs[pack as usize].id;
-            for range in ranges(&blobs, limit) {
+        let mut usable: Vec<usize> = (0..j.copies.len())
+            .filter(|&k| packs[j.copies[k].pack as usize].usable())
+            .collect();
+        if usable.len() < 2 {
+            return Ok(());
+        }
+        // Stable: equally ranked copies stay in the order `provider` meets them.
+        usable.sort_by_key(|&k| rank[j.copies[k].pack as usize]);
+        batch.push(
+            usable
+                .into_iter()
+                .map(|k| (j.copies[k].pack, j.copies[k].blob))
+                .collect(),
+        );
+        if batch.len() >= CHECK_BATCH {
+            checked += read_copies(repo, packs, &mut batch, &mut bad)?;
+        }
+        Ok(())
+    })?;
+    checked += read_copies(repo, &scan.packs, &mut batch, &mut bad)?;
+    Ok((bad, checked))
+}
+
+/// [`check_kept_copies`] for one batch, which it empties: rounds of reads, each
+/// reading the next copy of every blob none of whose copies was found true yet
+/// (a round per false copy, so a blob claimed falsely many times costs rounds
+/// over the batch in memory, each reading only what is still open). Returns the
+/// number of copies read.
+fn read_copies(
+    repo: &Repository,
+    packs: &[PackRow],
+    batch: &mut Vec<Vec<(u32, IndexBlob)>>,
+    bad: &mut HashSet<Copy>,
+) -> Result<usize> {
+    let limit = range_limit(repo);
+    let mut next = vec![0usize; batch.len()];
+    let mut open: Vec<usize> = (0..batch.len()).collect();
+    let mut read = 0usize;
+    while !open.is_empty() {
+        let mut by_pack: HashMap<u32, Vec<Candidate>> = HashMap::new();
+        for &of in &open {
+            let (pack, blob) = batch[of][next[of]];
+            by_pack
+                .entry(pack)
+                .or_default()
+                .push(Candidate { blob, of });
+        }
+        let mut still = Vec::new();
+        for (pack, mut list) in by_pack {
+            list.sort_by_key(|c| c.blob.offset);
+            let id = packs[pack as usize].id;
+            for range in ranges(&list, limit) {
                 let (start, end) = range_bounds(range);
                 let bytes = repo.read_pack_range(&id, start.into(), (end - start).into())?;
-                for b in range {
+                for c in range {
+                    read += 1;
+                    let b = &c.blob;
                     let at = (b.offset - start) as usize;
                     let sealed = bytes.get(at..at + b.length as usize).unwrap_or_default();
-                    let copy = (pack, b.offset);
-                    match blob::decode(repo.key(), &b.id, sealed, b.raw_length, b.compression) {
-                        Ok(_) => good.insert(copy),
-                        Err(_) => bad.insert(copy),
-                    };
+                    if blob::decode(repo.key(), &b.id, sealed, b.raw_length, b.compression).is_ok()
+                    {
+                        continue;
+                    }
+                    bad.insert(Copy::of(&Entry {
+                        pack,
+                        file: 0,
+                        blob: *b,
+                    }));
+                    next[c.of] += 1;
+                    if next[c.of] < batch[c.of].len() {
+                        still.push(c.of);
+                    }
                 }
             }
         }
+        open = still;
     }
+    batch.clear();
+    Ok(read)
 }
 
 /// Counts, per pack, its blobs, their extent and how many are needed; ranks the
@@ -116,8 +200,12 @@ fn check_kept_copies(
 /// when a needed blob has no readable copy and no retired pack holds it.
 pub(super) fn join_needed(repo: &Repository, scan: &mut Scan, needed: Needed) -> Result<Joined> {
     let mut needed = needed.into_spill()?;
+    let mut several = 0usize;
     join(scan, &mut needed, &mut |j, packs| {
         let (copies, is_needed) = (j.copies, j.needed);
+        if is_needed && copies.len() > 1 {
+            several += 1;
+        }
         for e in copies {
             let row = &mut packs[e.pack as usize];
             row.blobs += 1;
@@ -137,7 +225,13 @@ pub(super) fn join_needed(repo: &Repository, scan: &mut Scan, needed: Needed) ->
     for (r, n) in order.into_iter().enumerate() {
         rank[n as usize] = r as u32;
     }
-    let (bad, checked_copies) = check_kept_copies(repo, scan, &mut needed, &rank)?;
+    // One more pass over the index, only when some needed blob has copies to
+    // choose between.
+    let (bad, checked_copies) = if several > 0 {
+        check_kept_copies(repo, scan, &mut needed, &rank)?
+    } else {
+        (HashSet::new(), 0)
+    };
     let mut used_blobs = 0;
     let mut needed_from_pending = IdSet::default();
     join(scan, &mut needed, &mut |j, packs| {

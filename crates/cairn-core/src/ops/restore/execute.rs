@@ -297,16 +297,21 @@ pub(crate) fn execute(
                             (end - start).into(),
                             &mut range_buf,
                         );
+                        // A missing pack: each blob from another copy if it has
+                        // one, without asking for the pack again per blob.
+                        let mut missing = None;
                         let mut whole = match read {
                             Ok(()) => Some(&mut range_buf),
-                            // A short or damaged pack: read it blob by blob below;
-                            // a missing one: each blob from another copy if it has
-                            // one. Any other failure (storage still unreachable
-                            // after the retries) would only fail again once per blob.
+                            // A short or damaged pack: read it blob by blob below.
+                            // Any other failure (storage still unreachable after the
+                            // retries) would only fail again once per blob.
                             Err(crate::Error::Backend(e))
-                                if e.kind == cairn_backend::BackendErrorKind::Other
-                                    || e.is_not_found() =>
+                                if e.kind == cairn_backend::BackendErrorKind::Other =>
                             {
+                                None
+                            }
+                            Err(crate::Error::Backend(e)) if e.is_not_found() => {
+                                missing = Some(e.to_string());
                                 None
                             }
                             Err(e) => {
@@ -348,6 +353,9 @@ pub(crate) fn execute(
                                         .map(|p| Decoded::InRange(lo, p))
                                         .map_err(|e| e.to_string())
                                     }
+                                    None if missing.is_some() => {
+                                        Err(missing.clone().unwrap_or_default())
+                                    }
                                     None => repo
                                         .read_pack_range(&pack, n.offset.into(), n.length.into())
                                         .map_err(|e| e.to_string())
@@ -366,7 +374,7 @@ pub(crate) fn execute(
                                 // A copy that does not hold its blob: another may.
                                 let r = r
                                     .or_else(|e| {
-                                        repo.read_other_copy(&n.id, *pack_no, n.offset)
+                                        repo.read_other_copy(&n.id, |l| n.is_at(*pack_no, l))
                                             .map(Decoded::Owned)
                                             .ok_or(e)
                                     })

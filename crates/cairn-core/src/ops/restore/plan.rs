@@ -22,6 +22,17 @@ pub(crate) struct Need {
     pub file_offset: u64,
 }
 
+impl Need {
+    /// Whether `loc`, a copy in pack number `pack`, is the entry this need reads.
+    pub(crate) fn is_at(&self, pack: u32, loc: &crate::index::BlobLocation) -> bool {
+        MasterIndex::pack_number_of(loc) == pack
+            && loc.offset == self.offset
+            && loc.length == self.length
+            && loc.raw_length == self.raw_length
+            && loc.compression == self.compression
+    }
+}
+
 pub(crate) struct Plan {
     /// (pack number in the master index, needs sorted by offset)
     pub packs: Vec<(u32, Vec<Need>)>,
@@ -38,7 +49,19 @@ pub(crate) fn plan(repo: &Repository, jobs: &[FileJob]) -> Plan {
         let mut offset = 0u64;
         let mut missing: Option<String> = None;
         let r = for_each_chunk(repo, &job.node.content, &mut |c| {
-            match index.get(&c.id) {
+            // A copy of the wrong length (damage, or an entry an append-only
+            // writer placed) may have a true twin: the first of the right length.
+            let loc = index.get(&c.id).map(|loc| {
+                if u64::from(loc.raw_length) == c.length {
+                    return loc;
+                }
+                index
+                    .copies(&c.id)
+                    .into_iter()
+                    .find(|l| u64::from(l.raw_length) == c.length)
+                    .unwrap_or(loc)
+            });
+            match loc {
                 Some(loc) if u64::from(loc.raw_length) == c.length => {
                     by_pack
                         .entry(MasterIndex::pack_number_of(&loc))

@@ -77,7 +77,7 @@ struct Candidate {
     of: usize,
 }
 
-impl PackSpan for Candidate {
+impl PackSpan for &Candidate {
     fn span(&self) -> (u32, u32) {
         (self.blob.offset, self.blob.length)
     }
@@ -159,31 +159,48 @@ fn read_copies(
                 .or_default()
                 .push(Candidate { blob, of });
         }
+        // Packs are read several at a time, as a restore reads them: the reads
+        // wait for the storage, the decoding keeps the cores busy.
+        let groups: Vec<(u32, Vec<Candidate>)> = by_pack.into_iter().collect();
+        let results = crate::threads::parallel_map(
+            &groups,
+            crate::ops::restore::execute::threads(),
+            |(pack, list)| -> Result<Vec<(usize, IndexBlob, bool)>> {
+                let mut list: Vec<&Candidate> = list.iter().collect();
+                list.sort_by_key(|c| c.blob.offset);
+                let id = packs[*pack as usize].id;
+                let mut out = Vec::with_capacity(list.len());
+                for range in ranges(&list, limit) {
+                    let (start, end) = range_bounds(range);
+                    let bytes = repo.read_pack_range(&id, start.into(), (end - start).into())?;
+                    for c in range {
+                        let b = &c.blob;
+                        let at = (b.offset - start) as usize;
+                        let sealed = bytes.get(at..at + b.length as usize).unwrap_or_default();
+                        let key = repo.key();
+                        let true_copy =
+                            blob::decode(key, &b.id, sealed, b.raw_length, b.compression).is_ok();
+                        out.push((c.of, *b, true_copy));
+                    }
+                }
+                Ok(out)
+            },
+        );
         let mut still = Vec::new();
-        for (pack, mut list) in by_pack {
-            list.sort_by_key(|c| c.blob.offset);
-            let id = packs[pack as usize].id;
-            for range in ranges(&list, limit) {
-                let (start, end) = range_bounds(range);
-                let bytes = repo.read_pack_range(&id, start.into(), (end - start).into())?;
-                for c in range {
-                    read += 1;
-                    let b = &c.blob;
-                    let at = (b.offset - start) as usize;
-                    let sealed = bytes.get(at..at + b.length as usize).unwrap_or_default();
-                    if blob::decode(repo.key(), &b.id, sealed, b.raw_length, b.compression).is_ok()
-                    {
-                        continue;
-                    }
-                    bad.insert(Copy::of(&Entry {
-                        pack,
-                        file: 0,
-                        blob: *b,
-                    }));
-                    next[c.of] += 1;
-                    if next[c.of] < batch[c.of].len() {
-                        still.push(c.of);
-                    }
+        for ((pack, _), result) in groups.iter().zip(results) {
+            for (of, blob, true_copy) in result? {
+                read += 1;
+                if true_copy {
+                    continue;
+                }
+                bad.insert(Copy::of(&Entry {
+                    pack: *pack,
+                    file: 0,
+                    blob,
+                }));
+                next[of] += 1;
+                if next[of] < batch[of].len() {
+                    still.push(of);
                 }
             }
         }

@@ -458,6 +458,22 @@ mod tests {
 
     use crate::testutil::mem_repo as repo;
 
+    /// A lock as another machine's process would write it, refreshed now.
+    fn foreign_lock(operation: &str, exclusive: bool) -> Lock {
+        Lock {
+            version: 1,
+            operation: operation.into(),
+            exclusive,
+            hostname: "elsewhere".into(),
+            username: "u".into(),
+            pid: 1,
+            boot_id: String::new(),
+            pid_namespace: String::new(),
+            created: crate::time::now_rfc3339(),
+            refreshed: now_unix(),
+        }
+    }
+
     /// A lock without the admin mark that could never go stale (unreadable, or
     /// refreshed in the far future) would keep prune waiting for ever: it counts
     /// as stale. An exclusive (admin-marked) one is still taken at its word.
@@ -470,16 +486,8 @@ mod tests {
         b.put(&names::admin_lock(&"cd".repeat(32)), b"junk")
             .unwrap();
         let at = |refreshed: i64| Lock {
-            version: 1,
-            operation: "backup".into(),
-            exclusive: false,
-            hostname: "elsewhere".into(),
-            username: "u".into(),
-            pid: 1,
-            boot_id: String::new(),
-            pid_namespace: String::new(),
-            created: crate::time::now_rfc3339(),
             refreshed,
+            ..foreign_lock("backup", false)
         };
         let future = at(now_unix() + 2 * STALE_AFTER.as_secs() as i64);
         let sealed = r.key().sealer.seal(&future.to_bytes());
@@ -531,18 +539,7 @@ mod tests {
         let p = RepoLock::acquire(&r, "prune", true).unwrap();
         assert!(p.name().starts_with("locks/admin-"), "{}", p.name());
         drop(p);
-        let hostile = Lock {
-            version: 1,
-            operation: "prune".into(),
-            exclusive: true,
-            hostname: "elsewhere".into(),
-            username: "u".into(),
-            pid: 1,
-            boot_id: String::new(),
-            pid_namespace: String::new(),
-            created: crate::time::now_rfc3339(),
-            refreshed: now_unix(),
-        };
+        let hostile = foreign_lock("prune", true);
         let name = names::lock(&"ab".repeat(32));
         write_lock(r.backend().as_ref(), r.key(), &name, &hostile, true).unwrap();
         let listed = list_locks(&r).unwrap();

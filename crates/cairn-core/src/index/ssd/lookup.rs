@@ -115,7 +115,8 @@ impl SsdIndex {
         Ok(())
     }
 
-    pub(super) fn lookup_disk(&self, id: &BlobId) -> std::io::Result<Option<(BlobLocation, bool)>> {
+    /// The positions of the records whose key has `id`'s prefix, in key order.
+    fn candidates(&self, id: &BlobId) -> std::io::Result<Vec<u64>> {
         let prefix = prefix_of(&id.0);
         let b = if self.dir_bits == 0 {
             0
@@ -124,15 +125,19 @@ impl SsdIndex {
         };
         let (lo, hi) = (self.dir[b], self.dir[b + 1]);
         if lo == hi {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let mut buf = vec![0u8; ((hi - lo) as usize) * KEY_LEN];
         self.keys.read_exact_at(&mut buf, lo * KEY_LEN as u64)?;
-        for k in buf.chunks_exact(KEY_LEN) {
-            if prefix_of(k) != prefix {
-                continue;
-            }
-            let pos = key_pos(k);
+        Ok(buf
+            .chunks_exact(KEY_LEN)
+            .filter(|k| prefix_of(k) == prefix)
+            .map(key_pos)
+            .collect())
+    }
+
+    pub(super) fn lookup_disk(&self, id: &BlobId) -> std::io::Result<Option<(BlobLocation, bool)>> {
+        for pos in self.candidates(id)? {
             if self.skipped.binary_search(&pos).is_ok() {
                 continue;
             }
@@ -181,24 +186,9 @@ impl SsdIndex {
 
     /// Every record of `id` in this segment, chosen or skipped.
     fn copies_disk(&self, id: &BlobId) -> std::io::Result<Vec<BlobLocation>> {
-        let prefix = prefix_of(&id.0);
-        let b = if self.dir_bits == 0 {
-            0
-        } else {
-            (prefix >> (64 - self.dir_bits)) as usize
-        };
-        let (lo, hi) = (self.dir[b], self.dir[b + 1]);
         let mut out = Vec::new();
-        if lo == hi {
-            return Ok(out);
-        }
-        let mut buf = vec![0u8; ((hi - lo) as usize) * KEY_LEN];
-        self.keys.read_exact_at(&mut buf, lo * KEY_LEN as u64)?;
-        for k in buf.chunks_exact(KEY_LEN) {
-            if prefix_of(k) != prefix {
-                continue;
-            }
-            let r = self.read_record(key_pos(k))?;
+        for pos in self.candidates(id)? {
+            let r = self.read_record(pos)?;
             if r[..32] == id.0 {
                 let loc = unpack_record(&r);
                 if loc.pack_number() < self.n_packs {

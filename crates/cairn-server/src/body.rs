@@ -45,21 +45,27 @@ impl UploadBudget {
     }
 
     /// Waits until `len` bytes fit the token's share and the whole budget (an
-    /// upload larger than the share reserves the share: it waits for the token's
-    /// other uploads to end). `None` when stopping.
+    /// upload larger than the share takes all of the share, so it waits for the
+    /// token's other uploads to end, and its whole length, up to the whole budget,
+    /// of the budget). `None` when stopping.
     pub async fn reserve(&self, token: &str, len: u64) -> Option<Reserved> {
         let share = (self.total / 2).max(1);
-        let kib = u32::try_from(len.div_ceil(1024).max(1))
-            .unwrap_or(u32::MAX)
-            .min(share);
+        let kib = u32::try_from(len.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
         let mine = {
             let mut t = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
             t.entry(token.to_string())
                 .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(share as usize)))
                 .clone()
         };
-        let _token = mine.acquire_many_owned(kib).await.ok()?;
-        let _all = self.all.clone().acquire_many_owned(kib).await.ok()?;
+        let _token = mine.acquire_many_owned(kib.min(share)).await.ok()?;
+        // The whole length from the budget (up to all of it): an object larger
+        // than the share (an index file may be) holds what it will take.
+        let _all = self
+            .all
+            .clone()
+            .acquire_many_owned(kib.min(self.total))
+            .await
+            .ok()?;
         Some(Reserved { _token, _all })
     }
 }

@@ -518,6 +518,13 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
         }
     }
     assert!(claims.len() >= 20, "{}", claims.len());
+    // One chunk claimed 500 times more in the junk pack, each claim another (its
+    // raw length differs): read in one round, not one round each.
+    let many = claims[0];
+    claims.extend((1..=500u32).map(|n| cairn_format::index::IndexBlob {
+        raw_length: many.raw_length + n,
+        ..many
+    }));
     let junk = vec![0x5au8; 4096];
     let junk_id = PackId::of_content(&junk);
     backend
@@ -559,6 +566,13 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
     for i in 20..40u32 {
         same(&back.join(format!("f{i}")), &content(i));
     }
+    let plan: serde_json::Value =
+        serde_json::from_str(&env.ok(&["prune", "--dry-run", "--json"])).unwrap();
+    let false_copies = plan["plan"]["false_copies"].as_u64().unwrap();
+    assert!(
+        false_copies >= 520,
+        "every false claim read and found false: {plan}"
+    );
     let out = env.ok(&["prune"]);
     assert!(
         out.contains("name blobs their packs do not hold"),

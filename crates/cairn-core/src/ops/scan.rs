@@ -339,7 +339,21 @@ pub(crate) fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_
                 have.push(e);
             }
         }
-        have.sort_unstable_by_key(|e| e.blob.id.0);
+        // A total order: every pass over a partition meets a blob's copies in the
+        // same order, which prune's choice of the kept copy depends on (the
+        // copies it read and the copy it keeps must be the same).
+        have.sort_unstable_by_key(|e| {
+            let b = &e.blob;
+            (
+                b.id.0,
+                e.pack,
+                b.offset,
+                b.length,
+                b.raw_length,
+                b.kind as u8,
+                b.compression as u8,
+            )
+        });
         pending.sort_unstable();
         let (mut i, mut j) = (0, 0);
         while i < have.len() || j < want.len() {

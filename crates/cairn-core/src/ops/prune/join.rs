@@ -20,6 +20,7 @@ struct Copy {
     offset: u32,
     length: u32,
     raw_length: u32,
+    kind: u8,
     compression: u8,
     id: [u8; 32],
 }
@@ -31,15 +32,19 @@ impl Copy {
             offset: e.blob.offset,
             length: e.blob.length,
             raw_length: e.blob.raw_length,
+            kind: e.blob.kind as u8,
             compression: e.blob.compression as u8,
             id: e.blob.id.0,
         }
     }
 }
 
-/// Blobs with several copies gathered before their copies are read: a bound on
+/// Copies gathered (of blobs that have several) before they are read: a bound on
 /// the memory the check holds, whatever the number of duplicates.
-const CHECK_BATCH: usize = 65_536;
+const CHECK_BATCH: usize = 1 << 20;
+/// False copies prune holds in memory at most: beyond, it stops and asks for a
+/// repair rather than spend gigabytes on a hostile index.
+const MAX_FALSE_COPIES: usize = 4 << 20;
 
 /// What the join decided, besides the counters in the scan's pack rows.
 pub(super) struct Joined {
@@ -71,10 +76,12 @@ fn provider(
         .min_by_key(|&k| rank[copies[k].pack as usize])
 }
 
-/// A copy to read: the entry, and which blob of the batch it is a copy of.
+/// A copy to read: the entry, which blob of the batch it is a copy of, and its
+/// place in that blob's copies.
 struct Candidate {
     blob: IndexBlob,
     of: usize,
+    at: usize,
 }
 
 impl PackSpan for &Candidate {
@@ -108,6 +115,7 @@ fn check_kept_copies(
     let mut checked = 0usize;
     // Per blob: its usable copies, best first (pack number and entry).
     let mut batch: Vec<Vec<(u32, IndexBlob)>> = Vec::new();
+    let mut copies = 0usize;
     join(scan, needed, &mut |j, packs| {
         if !j.needed || j.copies.len() < 2 {
             return Ok(());
@@ -120,14 +128,16 @@ fn check_kept_copies(
         }
         // Stable: equally ranked copies stay in the order `provider` meets them.
         usable.sort_by_key(|&k| rank[j.copies[k].pack as usize]);
+        copies += usable.len();
         batch.push(
             usable
                 .into_iter()
                 .map(|k| (j.copies[k].pack, j.copies[k].blob))
                 .collect(),
         );
-        if batch.len() >= CHECK_BATCH {
+        if copies >= CHECK_BATCH {
             checked += read_copies(repo, packs, &mut batch, &mut bad)?;
+            copies = 0;
         }
         Ok(())
     })?;
@@ -136,10 +146,11 @@ fn check_kept_copies(
 }
 
 /// [`check_kept_copies`] for one batch, which it empties: rounds of reads, each
-/// reading the next copy of every blob none of whose copies was found true yet
-/// (a round per false copy, so a blob claimed falsely many times costs rounds
-/// over the batch in memory, each reading only what is still open). Returns the
-/// number of copies read.
+/// reading, of every blob none of whose copies was found true yet, its next copies
+/// that lie in one pack (a pack's copies are next to each other in the order: one
+/// rank per pack). So a blob claimed falsely many times in one pack costs one
+/// round, and rounds grow only with the packs claiming it. Returns the number of
+/// copies read.
 fn read_copies(
     repo: &Repository,
     packs: &[PackRow],
@@ -153,11 +164,15 @@ fn read_copies(
     while !open.is_empty() {
         let mut by_pack: HashMap<u32, Vec<Candidate>> = HashMap::new();
         for &of in &open {
-            let (pack, blob) = batch[of][next[of]];
-            by_pack
-                .entry(pack)
-                .or_default()
-                .push(Candidate { blob, of });
+            let copies = &batch[of][next[of]..];
+            let pack = copies[0].0;
+            for (at, (_, blob)) in copies.iter().enumerate().take_while(|(_, c)| c.0 == pack) {
+                by_pack.entry(pack).or_default().push(Candidate {
+                    blob: *blob,
+                    of,
+                    at: next[of] + at,
+                });
+            }
         }
         // Packs are read several at a time, as a restore reads them: the reads
         // wait for the storage, the decoding keeps the cores busy.
@@ -165,7 +180,7 @@ fn read_copies(
         let results = crate::threads::parallel_map(
             &groups,
             crate::ops::restore::execute::threads(),
-            |(pack, list)| -> Result<Vec<(usize, IndexBlob, bool)>> {
+            |(pack, list)| -> Result<Vec<(usize, usize, bool)>> {
                 let mut list: Vec<&Candidate> = list.iter().collect();
                 list.sort_by_key(|c| c.blob.offset);
                 let id = packs[*pack as usize].id;
@@ -180,28 +195,54 @@ fn read_copies(
                         let key = repo.key();
                         let true_copy =
                             blob::decode(key, &b.id, sealed, b.raw_length, b.compression).is_ok();
-                        out.push((c.of, *b, true_copy));
+                        out.push((c.of, c.at, true_copy));
                     }
                 }
                 Ok(out)
             },
         );
-        let mut still = Vec::new();
-        for ((pack, _), result) in groups.iter().zip(results) {
-            for (of, blob, true_copy) in result? {
+        // Per blob: the first of this round's copies found true, in its order.
+        let mut first_true: HashMap<usize, usize> = HashMap::new();
+        let mut round: Vec<(usize, usize)> = Vec::new();
+        for result in results {
+            for (of, at, true_copy) in result? {
                 read += 1;
+                round.push((of, at));
                 if true_copy {
-                    continue;
+                    let e = first_true.entry(of).or_insert(at);
+                    *e = (*e).min(at);
                 }
+            }
+        }
+        // The copies before a blob's first true one are false: `provider` then
+        // chooses that one. Without a true one, all of the round's are.
+        let mut ends: HashMap<usize, usize> = HashMap::new();
+        for (of, at) in round {
+            let end = ends.entry(of).or_insert(at + 1);
+            *end = (*end).max(at + 1);
+            if first_true.get(&of).is_none_or(|t| at < *t) {
+                let (pack, blob) = batch[of][at];
                 bad.insert(Copy::of(&Entry {
-                    pack: *pack,
+                    pack,
                     file: 0,
                     blob,
                 }));
-                next[of] += 1;
-                if next[of] < batch[of].len() {
-                    still.push(of);
-                }
+            }
+        }
+        if bad.len() > MAX_FALSE_COPIES {
+            return Err(Error::Invalid(format!(
+                "more than {MAX_FALSE_COPIES} index entries name blobs their packs do not \
+                 hold; run `cairn check --read-data` and `cairn repair index` before prune"
+            )));
+        }
+        let mut still = Vec::new();
+        for of in open {
+            if first_true.contains_key(&of) {
+                continue;
+            }
+            next[of] = ends.get(&of).copied().unwrap_or(batch[of].len());
+            if next[of] < batch[of].len() {
+                still.push(of);
             }
         }
         open = still;

@@ -310,9 +310,13 @@ impl MasterIndex {
         });
         let others = &mut self.others;
         let before = others.len();
+        // Live copies only: a pending copy of a blob with a live one is what a
+        // prune retired after keeping a copy it had read or copied (verified), so
+        // it is no fallback worth the memory (after a large repack, every moved
+        // blob has one).
         self.records.dedup_by(|next, kept| {
             let same = next[..ID_LEN] == kept[..ID_LEN];
-            if same {
+            if same && !record_pending(next) {
                 others.push(*next);
             }
             same
@@ -533,6 +537,21 @@ mod tests {
             assert_eq!(ix.pack_of(&loc), PackId([(i / 100) as u8; 32]));
         }
         assert!(ix.contains(&only_pending.id) && !ix.is_live(&only_pending.id));
+        // Copies: one where there is one, live duplicates kept, a pending copy of
+        // a live blob not.
+        assert_eq!(ix.copies(&ids[3]).len(), 1);
+        ix.add_pack(
+            PackId([202; 32]),
+            &[IndexBlob {
+                id: ids[5],
+                ..blob(0, 77)
+            }],
+        );
+        ix.finish();
+        let copies = ix.copies(&ids[5]);
+        assert_eq!(copies.len(), 2, "{copies:?}");
+        assert_eq!(copies[0], ix.get(&ids[5]).unwrap());
+        assert!(copies.iter().any(|l| l.offset == 77));
         assert!(!ix.contains(&BlobId([0x11; 32])));
         assert_eq!(ix.iter().count(), ids.len() + 1);
         assert_eq!(ix.iter_live().count(), ids.len());

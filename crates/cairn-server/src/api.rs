@@ -63,6 +63,28 @@ impl From<BackendError> for ApiError {
     }
 }
 
+/// A small JSON body read whole (at most [`crate::SMALL_BODY_LIMIT`]): a larger or
+/// broken one is refused with the API's JSON error, like every other error.
+pub struct SmallBody(pub Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for SmallBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        match Bytes::from_request(req, state).await {
+            Ok(b) => Ok(SmallBody(b)),
+            Err(e) => {
+                let kind = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    "too_large"
+                } else {
+                    "bad_request"
+                };
+                Err(ApiError::new(e.status(), kind, e.body_text()))
+            }
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&ErrorBody {
@@ -898,7 +920,7 @@ pub async fn start_job(
     State(app): State<Arc<App>>,
     Path(ds): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    SmallBody(body): SmallBody,
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
@@ -997,7 +1019,7 @@ pub async fn put_schedule(
     State(app): State<Arc<App>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    SmallBody(body): SmallBody,
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     let b: ScheduleBody = serde_json::from_slice(&body).map_err(|e| {
@@ -1240,7 +1262,7 @@ pub async fn slot_request(
     Path(ds): Path<String>,
     Query(q): Query<SlotQuery>,
     headers: HeaderMap,
-    body: Bytes,
+    SmallBody(body): SmallBody,
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
@@ -1386,7 +1408,7 @@ async fn user_sign_in(app: &Arc<App>, name: String, password: String) -> ApiResu
 pub async fn session_post(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    body: Bytes,
+    SmallBody(body): SmallBody,
 ) -> ApiResult<Response> {
     // JSON only: another site's page cannot send that without a CORS preflight,
     // which this server never grants, so it cannot sign a browser in.

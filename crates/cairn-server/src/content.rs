@@ -382,7 +382,7 @@ pub async fn unlock(
     State(app): State<Arc<App>>,
     Path(ds): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    crate::api::SmallBody(body): crate::api::SmallBody,
 ) -> Result<Response, ApiError> {
     let (t, store) = admin_of(&app, &headers, &ds)?;
     let b: UnlockBody = serde_json::from_slice(&body).map_err(|e| {

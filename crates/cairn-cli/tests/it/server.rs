@@ -487,6 +487,10 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
     // refused before any token is looked at.
     let (code, body) = http(p, "POST", "/v1/session", None, &vec![b' '; 200 << 10]);
     assert_eq!(code, 413, "{body}");
+    assert!(
+        body.contains("\"error\":\"too_large\""),
+        "a JSON error: {body}"
+    );
 
     // Content that does not match its name, a pack without a pack's trailer,
     // names outside the layout.

@@ -547,6 +547,22 @@ pub async fn put(
     Ok(StatusCode::CREATED.into_response())
 }
 
+/// Whether `name` is stored, and how large, found without reading more than
+/// `need` bytes of it (an honest, large enough object is not read at all): `None`
+/// when it is not stored, its size when smaller than `need`, else `need`.
+async fn stored_up_to(store: &Arc<Datastore>, name: String, need: u64) -> ApiResult<Option<u64>> {
+    let backend = store.backend.clone();
+    blocking(
+        move || match backend.get_bounded(&name, need.saturating_sub(1)) {
+            Ok(small) => Ok(Some((small.len() as u64).min(need))),
+            Err(e) if e.kind == BackendErrorKind::TooLarge => Ok(Some(need)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        },
+    )
+    .await
+}
+
 /// The fewest bytes an index file spends on one entry: its blob id alone is 32
 /// (random, so it does not compress).
 const MIN_INDEX_ENTRY_BYTES: u64 = 32;
@@ -560,15 +576,7 @@ async fn refuse_copy_of_admin_index(store: &Arc<Datastore>, name: &str) -> ApiRe
         return Ok(());
     };
     let admin = cairn_backend::names::admin_index(id);
-    let backend = store.backend.clone();
-    let stored = blocking(move || match backend.get_bounded(&admin, 0) {
-        Err(e) if e.is_not_found() => Ok(false),
-        Err(e) if e.kind == BackendErrorKind::TooLarge => Ok(true),
-        Err(e) => Err(e),
-        Ok(_) => Ok(true),
-    })
-    .await?;
-    if stored {
+    if stored_up_to(store, admin, 0).await?.is_some() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "already_exists",
@@ -612,21 +620,9 @@ async fn check_dedup_list(
     }
     // The index file must be large enough to list that many blobs: the server
     // keeps every listed id in memory, and a list naming millions of ids for a
-    // tiny index file would cost it that memory for nothing stored. Asked as a
-    // bound on the read, so an honest (large enough) file is not read at all.
+    // tiny index file would cost it that memory for nothing stored.
     let need = (list.ids.len() as u64).saturating_mul(MIN_INDEX_ENTRY_BYTES);
-    let backend = store.backend.clone();
-    let n = index_name.clone();
-    let stored = blocking(
-        move || match backend.get_bounded(&n, need.saturating_sub(1)) {
-            Ok(small) => Ok(Some(small.len() as u64)),
-            Err(e) if e.kind == BackendErrorKind::TooLarge => Ok(Some(u64::MAX)),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        },
-    )
-    .await?;
-    match stored {
+    match stored_up_to(store, index_name.clone(), need).await? {
         None => Err(ApiError::new(
             StatusCode::CONFLICT,
             "no_index_file",

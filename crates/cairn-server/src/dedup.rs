@@ -592,8 +592,6 @@ impl Dedup {
         Ok(c)
     }
 
-    /// A dedup list was stored through this server for an index file that exists:
-    /// its ids count as stored at once (no listing needed).
     /// Notes that the token `token` stored the plain index file `name`.
     pub fn index_stored(&self, name: &str, token: &str) {
         let mut w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
@@ -621,6 +619,8 @@ impl Dedup {
         w.by_name.get(name).cloned()
     }
 
+    /// A dedup list was stored through this server for an index file that exists:
+    /// its ids count as stored at once (no listing needed).
     pub fn list_stored(&self, index_name: &str, list: &DedupList) {
         let mut v = self.view.write().unwrap_or_else(|e| e.into_inner());
         if v.gen_at.is_none() || list.admin || !list.supersedes.is_empty() {

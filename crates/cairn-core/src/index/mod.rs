@@ -69,6 +69,26 @@ impl BlobLocation {
         self.pack
     }
 
+    /// Whether this is the entry at `offset` of pack number `pack` with these
+    /// lengths and encoding: copies are told apart by everything their entries say
+    /// (an entry at a true copy's place with another length is another copy).
+    pub(crate) fn is_entry(
+        &self,
+        pack: u32,
+        offset: u32,
+        length: u32,
+        raw_length: u32,
+        compression: BlobCompression,
+    ) -> bool {
+        (
+            self.pack,
+            self.offset,
+            self.length,
+            self.raw_length,
+            self.compression,
+        ) == (pack, offset, length, raw_length, compression)
+    }
+
     pub(crate) fn with_pack_offset(mut self, offset: u32) -> Self {
         self.pack += offset;
         self
@@ -194,10 +214,9 @@ pub struct MasterIndex {
     live: usize,
     /// The SSD placement: lookups go there and `records` stays empty.
     ssd: Option<crate::index::ssd::SsdIndex>,
-    /// The copies [`MasterIndex::finish`] did not keep, sorted by id: where a
-    /// reader looks when the kept copy does not hold the blob (see
-    /// [`MasterIndex::copies`]). A record each, as in the table: after a large
-    /// repack every moved blob has a pending copy too.
+    /// The live copies [`MasterIndex::finish`] did not keep, sorted by id: where
+    /// a reader looks when the kept copy does not hold the blob (see
+    /// [`MasterIndex::copies`]). A record each, as in the table.
     others: Vec<Record>,
 }
 

@@ -342,10 +342,11 @@ pub(crate) fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_
         // A total order: every pass over a partition meets a blob's copies in the
         // same order, which prune's choice of the kept copy depends on (the
         // copies it read and the copy it keeps must be the same).
-        have.sort_unstable_by_key(|e| {
+        // The id decides nearly always; the rest is compared only between the
+        // copies of one blob (not copied out for every comparison).
+        let rest = |e: &Entry| {
             let b = &e.blob;
             (
-                b.id.0,
                 e.pack,
                 b.offset,
                 b.length,
@@ -353,6 +354,13 @@ pub(crate) fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_
                 b.kind as u8,
                 b.compression as u8,
             )
+        };
+        have.sort_unstable_by(|x, y| {
+            x.blob
+                .id
+                .0
+                .cmp(&y.blob.id.0)
+                .then_with(|| rest(x).cmp(&rest(y)))
         });
         pending.sort_unstable();
         let (mut i, mut j) = (0, 0);

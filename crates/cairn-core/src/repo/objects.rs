@@ -270,8 +270,7 @@ impl Repository {
     }
 
     /// The blob from a copy other than those `tried` says were read already, if
-    /// another copy holds it. Copies are told apart by everything their entries
-    /// say (an entry at a true copy's place with another length is another copy).
+    /// another copy holds it (see `BlobLocation::is_entry`).
     pub fn read_other_copy(
         &self,
         id: &BlobId,

@@ -502,11 +502,7 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
                     // A copy that does not hold its blob: another may.
                     .or_else(|e| {
                         let tried = |l: &crate::index::BlobLocation| {
-                            crate::index::MasterIndex::pack_number_of(l) == pack_no
-                                && l.offset == n.offset
-                                && l.length == n.length
-                                && l.raw_length == n.raw_length
-                                && l.compression == n.compression
+                            l.is_entry(pack_no, n.offset, n.length, n.raw_length, n.compression)
                         };
                         repo.read_other_copy(&n.id, tried).ok_or(e)
                     });

@@ -26,16 +26,20 @@ struct Copy {
 }
 
 impl Copy {
-    fn of(e: &Entry) -> Copy {
+    fn new(pack: u32, b: &IndexBlob) -> Copy {
         Copy {
-            pack: e.pack,
-            offset: e.blob.offset,
-            length: e.blob.length,
-            raw_length: e.blob.raw_length,
-            kind: e.blob.kind as u8,
-            compression: e.blob.compression as u8,
-            id: e.blob.id.0,
+            pack,
+            offset: b.offset,
+            length: b.length,
+            raw_length: b.raw_length,
+            kind: b.kind as u8,
+            compression: b.compression as u8,
+            id: b.id.0,
         }
+    }
+
+    fn of(e: &Entry) -> Copy {
+        Copy::new(e.pack, &e.blob)
     }
 }
 
@@ -163,10 +167,14 @@ fn read_copies(
     let mut read = 0usize;
     while !open.is_empty() {
         let mut by_pack: HashMap<u32, Vec<Candidate>> = HashMap::new();
+        // Per open blob: where this round's run of copies (one pack's) ends.
+        let mut ends: HashMap<usize, usize> = HashMap::with_capacity(open.len());
         for &of in &open {
             let copies = &batch[of][next[of]..];
             let pack = copies[0].0;
-            for (at, (_, blob)) in copies.iter().enumerate().take_while(|(_, c)| c.0 == pack) {
+            let run = copies.iter().take_while(|c| c.0 == pack).count();
+            ends.insert(of, next[of] + run);
+            for (at, (_, blob)) in copies[..run].iter().enumerate() {
                 by_pack.entry(pack).or_default().push(Candidate {
                     blob: *blob,
                     of,
@@ -216,17 +224,10 @@ fn read_copies(
         }
         // The copies before a blob's first true one are false: `provider` then
         // chooses that one. Without a true one, all of the round's are.
-        let mut ends: HashMap<usize, usize> = HashMap::new();
         for (of, at) in round {
-            let end = ends.entry(of).or_insert(at + 1);
-            *end = (*end).max(at + 1);
             if first_true.get(&of).is_none_or(|t| at < *t) {
-                let (pack, blob) = batch[of][at];
-                bad.insert(Copy::of(&Entry {
-                    pack,
-                    file: 0,
-                    blob,
-                }));
+                let (pack, blob) = &batch[of][at];
+                bad.insert(Copy::new(*pack, blob));
             }
         }
         if bad.len() > MAX_FALSE_COPIES {
@@ -240,7 +241,7 @@ fn read_copies(
             if first_true.contains_key(&of) {
                 continue;
             }
-            next[of] = ends.get(&of).copied().unwrap_or(batch[of].len());
+            next[of] = ends[&of];
             if next[of] < batch[of].len() {
                 still.push(of);
             }

@@ -353,23 +353,27 @@ pub(crate) fn execute(
                                         .map(|p| Decoded::InRange(lo, p))
                                         .map_err(|e| e.to_string())
                                     }
-                                    None if missing.is_some() => {
-                                        Err(missing.clone().unwrap_or_default())
-                                    }
-                                    None => repo
-                                        .read_pack_range(&pack, n.offset.into(), n.length.into())
-                                        .map_err(|e| e.to_string())
-                                        .and_then(|sealed| {
-                                            blob::decode(
-                                                repo.key(),
-                                                &n.id,
-                                                &sealed,
-                                                n.raw_length,
-                                                n.compression,
+                                    None => match &missing {
+                                        Some(m) => Err(m.clone()),
+                                        None => repo
+                                            .read_pack_range(
+                                                &pack,
+                                                n.offset.into(),
+                                                n.length.into(),
                                             )
-                                            .map_err(|e| e.to_string())
-                                        })
-                                        .map(Decoded::Owned),
+                                            .map_err(|e| e.to_string()),
+                                    }
+                                    .and_then(|sealed| {
+                                        blob::decode(
+                                            repo.key(),
+                                            &n.id,
+                                            &sealed,
+                                            n.raw_length,
+                                            n.compression,
+                                        )
+                                        .map_err(|e| e.to_string())
+                                    })
+                                    .map(Decoded::Owned),
                                 };
                                 // A copy that does not hold its blob: another may.
                                 let r = r

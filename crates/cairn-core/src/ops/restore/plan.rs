@@ -25,11 +25,13 @@ pub(crate) struct Need {
 impl Need {
     /// Whether `loc`, a copy in pack number `pack`, is the entry this need reads.
     pub(crate) fn is_at(&self, pack: u32, loc: &crate::index::BlobLocation) -> bool {
-        MasterIndex::pack_number_of(loc) == pack
-            && loc.offset == self.offset
-            && loc.length == self.length
-            && loc.raw_length == self.raw_length
-            && loc.compression == self.compression
+        loc.is_entry(
+            pack,
+            self.offset,
+            self.length,
+            self.raw_length,
+            self.compression,
+        )
     }
 }
 

@@ -57,6 +57,24 @@ impl BufferPool {
         v.reserve(capacity);
         v
     }
+    /// A buffer with at least `capacity` bytes reserved that still holds what it
+    /// held: its length is how much of it was ever written, so a caller that
+    /// overwrites it all need not zero it first (the image readers: zeroing 4 MiB
+    /// before every read was 3% of a first image backup's CPU).
+    pub fn take_kept(&self, capacity: usize) -> Vec<u8> {
+        let mut v = self
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        if v.capacity() < capacity {
+            // Grown: what it held is not worth copying over.
+            v.clear();
+            v.reserve(capacity);
+        }
+        v
+    }
     pub fn put(&self, v: Vec<u8>) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if free.len() < self.max {

@@ -18,7 +18,7 @@ use super::{Item, Skipped};
 use crate::error::{Error, Result};
 use crate::ops::image::changed::ChangedRanges;
 use crate::tree::fixed::{FixedList, Geometry};
-use cairn_backend::direct::{AlignedBuf, DIRECT_ALIGN, pad_to_align};
+use cairn_backend::direct::{AlignedBuf, DIRECT_ALIGN};
 use cairn_format::tree::{ChunkRef, Content, Node, NodeKind};
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
@@ -140,7 +140,7 @@ impl Walker<'_> {
                     .spawn_scoped(s, move || {
                         let mut scratch = AlignedBuf::default();
                         for (seq, off, len) in req_rx {
-                            let buf = pool.take(len as usize + DIRECT_ALIGN as usize);
+                            let buf = pool.take_kept(len as usize + DIRECT_ALIGN as usize);
                             let out = read_range(source, off, len, bs, buf, &mut scratch);
                             if res_tx.send((seq, out)).is_err() {
                                 return;
@@ -404,9 +404,10 @@ struct Source<'a> {
 }
 
 /// Reads as much of `buf` as the source holds from `off`; stops early only at the
-/// end of the source. Holes of a sparse file are not read: they stay as `buf` came
-/// (zeros), which spares the kernel zeroing page-cache pages for them and copying
-/// them out (most of a fresh disk image is holes).
+/// end of the source. Holes of a sparse file are not read but zeroed here, which
+/// spares the kernel zeroing page-cache pages for them and copying them out (most
+/// of a fresh disk image is holes). `buf` may hold anything when called: every
+/// byte up to the count returned is the source's.
 fn read_full_at(
     src: &Source<'_>,
     buf: &mut [u8],
@@ -421,14 +422,19 @@ fn read_full_at(
     let Some((segments, avail)) = segments else {
         return read_piece(src, buf, off, scratch);
     };
+    let mut at = 0usize;
     for (s, e) in segments {
-        let dst = &mut buf[(s - off) as usize..(e - off) as usize];
-        let n = read_piece(src, dst, s, scratch)?;
-        if n < dst.len() {
-            return Ok((s - off) as usize + n);
+        let (lo, hi) = ((s - off) as usize, (e - off) as usize);
+        buf[at..lo].fill(0);
+        let n = read_piece(src, &mut buf[lo..hi], s, scratch)?;
+        if n < hi - lo {
+            return Ok(lo + n);
         }
+        at = hi;
     }
-    Ok(avail as usize)
+    let avail = avail as usize;
+    buf[at..avail].fill(0);
+    Ok(avail)
 }
 
 /// Reads `buf` at `off` directly when possible, else through the page cache.
@@ -486,9 +492,7 @@ fn read_range(
     mut out: Vec<u8>,
     scratch: &mut AlignedBuf,
 ) -> ReadOut {
-    // Aligned in memory, so that direct reads land in the buffer without a copy.
-    let start = pad_to_align(&mut out);
-    out.resize(start + len as usize, 0);
+    let start = aligned_window(&mut out, len as usize);
     let buf = &mut out[start..];
     let mut bad: Vec<(u64, u64, String)> = Vec::new();
     let mut note = |at: u64, n: u64, m: String| match bad.last_mut() {
@@ -497,11 +501,14 @@ fn read_range(
     };
     match read_full_at(src, buf, off, scratch) {
         Ok(n) if n as u64 == len => {}
-        Ok(n) => note(
-            off + n as u64,
-            len - n as u64,
-            "the source ended early: it shrank during the backup".into(),
-        ),
+        Ok(n) => {
+            buf[n..].fill(0);
+            note(
+                off + n as u64,
+                len - n as u64,
+                "the source ended early: it shrank during the backup".into(),
+            )
+        }
         Err(_) => {
             let mut at = 0u64;
             while at < len {
@@ -532,6 +539,18 @@ fn read_range(
         start,
         bad,
     }
+}
+
+/// Makes `out[start..start + len]` a window that starts 4 KiB-aligned in memory (so
+/// that direct reads land in it without a copy) and returns `start`. What `out`
+/// held is kept, not zeroed: the reader overwrites the whole window.
+fn aligned_window(out: &mut Vec<u8>, len: usize) -> usize {
+    let a = DIRECT_ALIGN as usize;
+    // Room first: growing moves the buffer, and with it the aligned place.
+    out.reserve((len + a).saturating_sub(out.len()));
+    let start = out.as_ptr().align_offset(a) % a;
+    out.resize(start + len, 0);
+    start
 }
 
 /// The unreadable ranges and size change, for the snapshot and the report.
@@ -713,24 +732,35 @@ mod tests {
             // block-by-block retry do; the last one runs past the end.
             // Buffers with room to start aligned (as the readers take them from
             // the pool: direct reads land in them) and without (through `scratch`).
-            for room in [DIRECT_ALIGN as usize, 0] {
+            // Fresh buffers, and kept ones full of other bytes (the pool hands
+            // them back as they were): holes must read as zeros either way.
+            for (room, kept) in [(DIRECT_ALIGN as usize, false), (0, false), (0, true)] {
                 let mut got = Vec::new();
                 for (off, len) in [(0, 4 << 20), (4 << 20, 4 << 20), (8 << 20, 3 << 20)] {
-                    let buf = Vec::with_capacity(len as usize + room);
+                    let buf = if kept {
+                        vec![0xa5; len as usize + 3 * DIRECT_ALIGN as usize]
+                    } else {
+                        Vec::with_capacity(len as usize + room)
+                    };
                     let out = read_range(&src, off, len, 16384, buf, &mut scratch);
                     let data = &out.buf[out.start..];
                     assert_eq!(data.len(), len as usize);
-                    if room > 0 {
+                    if room > 0 || kept {
                         assert_eq!(data.as_ptr().align_offset(DIRECT_ALIGN as usize), 0);
                     }
                     let avail = (size - off).min(len) as usize;
                     got.extend_from_slice(&data[..avail]);
+                    assert!(data[avail..].iter().all(|&b| b == 0), "past the end: zeros");
                     assert_eq!(out.bad.len(), usize::from(avail < len as usize));
                 }
-                assert!(got == want, "direct: {}, room {room}", direct.is_some());
+                assert!(
+                    got == want,
+                    "direct: {}, room {room}, kept {kept}",
+                    direct.is_some()
+                );
             }
-            // A piece in and around a hole, into zeros as `read_range` hands it.
-            let mut piece = vec![0u8; 10_000];
+            // A piece in and around a hole, into a buffer of other bytes.
+            let mut piece = vec![0xa5u8; 10_000];
             let n = read_full_at(&src, &mut piece, (1 << 20) + 100, &mut scratch).unwrap();
             assert_eq!(n, piece.len());
             let at = (1 << 20) + 100;
@@ -753,10 +783,10 @@ mod tests {
             4 << 20,
             4 << 20,
             16384,
-            Vec::new(),
+            vec![0xa5; 5 << 20],
             &mut AlignedBuf::default(),
         );
-        assert!(out.buf[out.start..][..2 << 20].iter().all(|&b| b == 0));
+        assert!(out.buf[out.start..].iter().all(|&b| b == 0));
         assert_eq!(out.bad.len(), 1, "the 2 MiB past the end are reported");
         let out = read_range(
             &src,

@@ -387,8 +387,6 @@ impl ServerBackend {
     }
 }
 
-/// The error a server's refusal (`status`, with its JSON error body) means, with the
-/// server's name for it (`no_job_slot`, ...).
 /// The last byte of a range of `length` (> 0) bytes at `offset`, as a `Range`
 /// header names it.
 fn range_last(name: &str, offset: u64, length: u64) -> Result<u64> {
@@ -410,6 +408,8 @@ fn wrong_length(name: &str, sent: impl std::fmt::Display, length: u64) -> Backen
     }
 }
 
+/// The error a server's refusal (`status`, with its JSON error body) means, with the
+/// server's name for it (`no_job_slot`, ...).
 fn refused(
     op: &'static str,
     name: &str,

@@ -17,7 +17,7 @@ use crate::id::{BlobId, IndexId, PackId, SnapshotId};
 use crate::pack::{BlobCompression, BlobKind};
 use crate::wire::{Reader, Writer};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IndexBlob {
     pub kind: BlobKind,
     pub id: BlobId,

@@ -175,13 +175,14 @@ impl SsdIndex {
             Ok(v) => out.extend(v),
             Err(e) => self.fail(format!("reading {}: {e}", self.dir_path.display())),
         }
-        let mut seen: Vec<BlobLocation> = Vec::new();
-        out.retain(|l| {
-            let new = !seen.contains(l);
-            seen.push(*l);
-            new
-        });
-        out
+        // A handful at most: the first of each kept, in order.
+        let mut unique: Vec<BlobLocation> = Vec::with_capacity(out.len());
+        for l in out {
+            if !unique.contains(&l) {
+                unique.push(l);
+            }
+        }
+        unique
     }
 
     /// Every record of `id` in this segment, chosen or skipped.

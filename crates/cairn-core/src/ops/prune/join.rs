@@ -14,34 +14,7 @@ use std::collections::{HashMap, HashSet};
 /// A copy of a blob, whole: the pack's number in the scan and the index entry.
 /// Two entries that differ in anything (id, place, length, encoding) are two
 /// claims: one found true says nothing of the other.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct Copy {
-    pack: u32,
-    offset: u32,
-    length: u32,
-    raw_length: u32,
-    kind: u8,
-    compression: u8,
-    id: [u8; 32],
-}
-
-impl Copy {
-    fn new(pack: u32, b: &IndexBlob) -> Copy {
-        Copy {
-            pack,
-            offset: b.offset,
-            length: b.length,
-            raw_length: b.raw_length,
-            kind: b.kind as u8,
-            compression: b.compression as u8,
-            id: b.id.0,
-        }
-    }
-
-    fn of(e: &Entry) -> Copy {
-        Copy::new(e.pack, &e.blob)
-    }
-}
+type BlobCopy = (u32, IndexBlob);
 
 /// Copies gathered (of blobs that have several) before they are read: a bound on
 /// the memory the check holds, whatever the number of duplicates.
@@ -63,7 +36,7 @@ pub(super) struct Joined {
     needed: Spill<NEEDED>,
     rank: Vec<u32>,
     /// The copies in `false_copies`: never kept.
-    bad: HashSet<Copy>,
+    bad: HashSet<BlobCopy>,
 }
 
 /// The copy of a needed blob that is kept: in the best-ranked usable pack, of
@@ -72,11 +45,11 @@ fn provider(
     copies: &[Entry],
     rank: &[u32],
     packs: &[PackRow],
-    bad: &HashSet<Copy>,
+    bad: &HashSet<BlobCopy>,
 ) -> Option<usize> {
     (0..copies.len())
         .filter(|&k| packs[copies[k].pack as usize].usable())
-        .filter(|&k| bad.is_empty() || !bad.contains(&Copy::of(&copies[k])))
+        .filter(|&k| bad.is_empty() || !bad.contains(&(copies[k].pack, copies[k].blob)))
         .min_by_key(|&k| rank[copies[k].pack as usize])
 }
 
@@ -114,11 +87,11 @@ fn check_kept_copies(
     scan: &mut Scan,
     needed: &mut Spill<NEEDED>,
     rank: &[u32],
-) -> Result<(HashSet<Copy>, usize)> {
-    let mut bad: HashSet<Copy> = HashSet::new();
+) -> Result<(HashSet<BlobCopy>, usize)> {
+    let mut bad: HashSet<BlobCopy> = HashSet::new();
     let mut checked = 0usize;
     // Per blob: its usable copies, best first (pack number and entry).
-    let mut batch: Vec<Vec<(u32, IndexBlob)>> = Vec::new();
+    let mut batch: Vec<Vec<BlobCopy>> = Vec::new();
     let mut copies = 0usize;
     join(scan, needed, &mut |j, packs| {
         if !j.needed || j.copies.len() < 2 {
@@ -158,8 +131,8 @@ fn check_kept_copies(
 fn read_copies(
     repo: &Repository,
     packs: &[PackRow],
-    batch: &mut Vec<Vec<(u32, IndexBlob)>>,
-    bad: &mut HashSet<Copy>,
+    batch: &mut Vec<Vec<BlobCopy>>,
+    bad: &mut HashSet<BlobCopy>,
 ) -> Result<usize> {
     let limit = range_limit(repo);
     let mut next = vec![0usize; batch.len()];
@@ -226,8 +199,7 @@ fn read_copies(
         // chooses that one. Without a true one, all of the round's are.
         for (of, at) in round {
             if first_true.get(&of).is_none_or(|t| at < *t) {
-                let (pack, blob) = &batch[of][at];
-                bad.insert(Copy::new(*pack, blob));
+                bad.insert(batch[of][at]);
             }
         }
         if bad.len() > MAX_FALSE_COPIES {

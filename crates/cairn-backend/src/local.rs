@@ -90,15 +90,25 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 impl LocalBackend {
-    /// Opens `name` for a range read, checking that the range lies within it.
-    fn open_range(&self, name: &str, offset: u64, length: u64) -> Result<(File, usize)> {
+    /// Opens `name` for a range read, checking that the range lies within it. A
+    /// range large enough to bypass the page cache (see [`Self::read_range`]) is
+    /// opened with `O_DIRECT` at once, so a restore's pack read opens its pack once.
+    fn open_range(&self, name: &str, offset: u64, length: u64) -> Result<RangeFile> {
         let err = |e: std::io::Error| BackendError::from_io("get range", name, &e);
-        let f = File::open(self.path(name)).map_err(err)?;
-        let size = f.metadata().map_err(err)?.len();
+        let path = self.path(name);
+        let direct_open = (length >= DIRECT_MIN_BYTES && self.direct.load(Ordering::Relaxed))
+            .then(|| direct::open_read(&path).ok().flatten())
+            .flatten();
+        let direct = direct_open.is_some();
+        let file = match direct_open {
+            Some(f) => f,
+            None => File::open(&path).map_err(err)?,
+        };
+        let size = file.metadata().map_err(err)?.len();
         usize::try_from(length)
             .ok()
             .filter(|_| offset.checked_add(length).is_some_and(|end| end <= size))
-            .map(|len| (f, len))
+            .map(|len| RangeFile { file, len, direct })
             .ok_or_else(|| BackendError {
                 kind: BackendErrorKind::Other,
                 op: "get range",
@@ -107,37 +117,49 @@ impl LocalBackend {
             })
     }
 
-    /// Fills `dst` from `offset` of `name` (open as `f`, see [`Self::open_range`]):
-    /// large ranges, the pack ranges of a restore, bypass the page cache (see
-    /// `direct`) where that works, the rest is read the ordinary way.
-    fn read_range(&self, mut f: File, name: &str, offset: u64, dst: &mut [u8]) -> Result<()> {
-        if self.read_direct(name, offset, dst) {
-            return Ok(());
-        }
+    /// Fills `dst` from `offset` of `name` (opened by [`Self::open_range`]): large
+    /// ranges, the pack ranges of a restore, bypass the page cache (see `direct`)
+    /// where that works; the rest, and a direct read that fails, is read the
+    /// ordinary way.
+    fn read_range(&self, src: RangeFile, name: &str, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let err = |e: std::io::Error| BackendError::from_io("get range", name, &e);
+        let mut f = if src.direct {
+            if self.read_direct(&src.file, offset, dst) {
+                return Ok(());
+            }
+            File::open(self.path(name)).map_err(err)?
+        } else {
+            src.file
+        };
         f.seek(SeekFrom::Start(offset))
             .and_then(|_| f.read_exact(dst))
-            .map_err(|e| BackendError::from_io("get range", name, &e))
+            .map_err(err)
     }
 
-    /// [`Self::read_range`] with `O_DIRECT`; `false`: too small, turned off, or not
-    /// possible here.
-    fn read_direct(&self, name: &str, offset: u64, dst: &mut [u8]) -> bool {
-        if (dst.len() as u64) < DIRECT_MIN_BYTES || !self.direct.load(Ordering::Relaxed) {
-            return false;
-        }
+    /// A direct read of `dst` from `offset` of `f` (opened with `O_DIRECT`) through
+    /// one of the pooled aligned buffers; `false` when it did not work.
+    fn read_direct(&self, f: &File, offset: u64, dst: &mut [u8]) -> bool {
         let mut scratch = self
             .read_scratch
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .pop()
             .unwrap_or_default();
-        let read = direct::read_range_into(&self.path(name), offset, dst, &mut scratch);
+        let read = direct::read_into(f, offset, dst, &mut scratch);
         self.read_scratch
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(scratch);
         read
     }
+}
+
+/// An object opened for a range read, with the range's length.
+struct RangeFile {
+    file: File,
+    len: usize,
+    /// Opened with `O_DIRECT`.
+    direct: bool,
 }
 
 impl Backend for LocalBackend {
@@ -177,9 +199,9 @@ impl Backend for LocalBackend {
     }
 
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
-        let (f, len) = self.open_range(name, offset, length)?;
-        let mut buf = vec![0u8; len];
-        self.read_range(f, name, offset, &mut buf)?;
+        let src = self.open_range(name, offset, length)?;
+        let mut buf = vec![0u8; src.len];
+        self.read_range(src, name, offset, &mut buf)?;
         Ok(buf)
     }
 
@@ -190,8 +212,9 @@ impl Backend for LocalBackend {
         length: u64,
         out: &mut crate::bufpool::Pooled,
     ) -> Result<()> {
-        let (f, len) = self.open_range(name, offset, length)?;
-        self.read_range(f, name, offset, out.fill(len))
+        let src = self.open_range(name, offset, length)?;
+        let len = src.len;
+        self.read_range(src, name, offset, out.fill(len))
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {

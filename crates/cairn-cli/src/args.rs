@@ -695,11 +695,14 @@ pub struct RestoreArgs {
     #[arg(short, long = "include")]
     pub includes: Vec<String>,
     /// What to do with entries already in the target: always (replace), if-changed
-    /// (replace unless size and time, or else the content, match the snapshot),
-    /// if-newer (replace when the snapshot's is newer), never
+    /// (replace unless size and time, or else the content, match the snapshot; a
+    /// file with the snapshot's content gets its mode, owner and time), if-newer
+    /// (replace when the snapshot's is newer), never
     #[arg(long, value_name = "WHEN", default_value = "if-changed")]
     pub overwrite: String,
     /// Remove entries of the restored directories that the snapshot does not have
+    /// (and a directory where it has a file); nothing on another file system mounted
+    /// in the target
     #[arg(long)]
     pub delete: bool,
     /// Change nothing: print what would be written, kept and deleted

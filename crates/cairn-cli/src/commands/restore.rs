@@ -56,8 +56,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
                 )
             }
         );
-        let kept = r.kept + r.metadata_only;
-        if kept > 0 || r.deleted > 0 || a.delete {
+        if r.kept > 0 || r.metadata_only > 0 || r.deleted > 0 || a.delete {
             let (keep, only, del) = if r.dry_run {
                 ("would leave", "would set", "would delete")
             } else {
@@ -65,7 +64,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             };
             let mut parts = vec![format!(
                 "{keep} {} ({}) as they were (--overwrite {})",
-                ui::count(kept, "existing entry"),
+                ui::count(r.kept, "existing entry"),
                 ui::bytes(r.kept_bytes),
                 a.overwrite
             )];
@@ -79,6 +78,12 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
                 parts.push(format!(
                     "{del} {} not in the snapshot",
                     ui::count(r.deleted, "entry")
+                ));
+            }
+            if r.mounts_left > 0 {
+                parts.push(format!(
+                    "{} with another file system mounted left alone",
+                    ui::count(r.mounts_left, "directory")
                 ));
             }
             println!("{}", parts.join("; "));

@@ -79,7 +79,10 @@ fn change(copy: &Path) {
 fn if_changed_rewrites_only_what_differs_and_delete_removes_the_rest() {
     let (env, snap, src, copy) = backed_up();
     change(&copy);
-    let before = hold(&env, &copy, &["same", "touched", "edited"]);
+    // `touched` is not held: a second name would have it replaced instead of its
+    // time set in place (see `a_hard_link_from_outside_is_never_changed_in_place`).
+    let before = hold(&env, &copy, &["same", "edited"]);
+    let touched = ino(&copy.join("touched"));
 
     // The dry run says what will happen and changes nothing.
     let listing = walk(&copy);
@@ -118,12 +121,12 @@ fn if_changed_rewrites_only_what_differs_and_delete_removes_the_rest() {
     );
     assert_eq!(
         ino(&copy.join("touched")),
-        before[1],
+        touched,
         "a file whose time changed was rewritten"
     );
     assert_ne!(
         ino(&copy.join("edited")),
-        before[2],
+        before[1],
         "a changed file was not rewritten"
     );
     assert!(copy.join("extra").exists());
@@ -273,4 +276,155 @@ fn a_target_that_is_a_symlink_is_refused() {
         assert!(err.contains("is a symlink"), "{err}");
     }
     assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
+}
+
+/// A file in the target with the snapshot's content whose metadata differs gets the
+/// snapshot's metadata; when it has another name (a hard link someone made from a
+/// file outside the target), it is replaced instead, and the outside file keeps its
+/// mode, owner and time.
+#[test]
+fn a_hard_link_from_outside_is_never_changed_in_place() {
+    use std::os::unix::fs::PermissionsExt;
+    let (env, snap, src, copy) = backed_up();
+    let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+    // Same content and time, another mode: the mode is set back in place.
+    fs::set_permissions(copy.join("same"), fs::Permissions::from_mode(0o600)).unwrap();
+    let same = ino(&copy.join("same"));
+    // A file outside, swapped in by a hard link where the snapshot has `touched`.
+    let victim = env.path("victim");
+    fs::copy(src.join("touched"), &victim).unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o600)).unwrap();
+    set_times(&victim, 1_650_000_000, 0);
+    let (vuid, vgid) = (1234, 5678);
+    std::os::unix::fs::chown(&victim, Some(vuid), Some(vgid)).unwrap();
+    fs::remove_file(copy.join("touched")).unwrap();
+    fs::hard_link(&victim, copy.join("touched")).unwrap();
+
+    let r = restore_json(&env, &snap, &[]);
+    assert_eq!(
+        (&r["files"], &r["metadata_only"]),
+        (&1.into(), &1.into()),
+        "{r}"
+    );
+    assert_eq!(mode(&copy.join("same")), mode(&src.join("same")));
+    assert_eq!(ino(&copy.join("same")), same, "an equal file was rewritten");
+    let v = fs::metadata(&victim).unwrap();
+    assert_eq!(
+        (v.mode() & 0o7777, v.uid(), v.gid(), v.mtime(), v.nlink()),
+        (0o600, vuid, vgid, 1_650_000_000, 1),
+        "the file outside the target was changed"
+    );
+    assert_ne!(ino(&copy.join("touched")), v.ino());
+    assert_same(&src, &copy);
+}
+
+/// `--delete` removes nothing on another file system mounted in the target (an
+/// excluded mount point the snapshot holds as an empty directory, or one the
+/// snapshot does not have), and the dry run says the same.
+#[test]
+fn delete_leaves_other_file_systems_alone() {
+    let (env, snap, _src, copy) = backed_up();
+    // Where the snapshot has a directory (`d/sub`), and where it has nothing.
+    let on_sub = Tmpfs::mount(&copy.join("d/sub"), "size=1m");
+    fs::write(copy.join("d/sub/database"), b"live data").unwrap();
+    fs::create_dir_all(copy.join("extra/mnt")).unwrap();
+    fs::write(copy.join("extra/file"), b"x").unwrap();
+    let below = Tmpfs::mount(&copy.join("extra/mnt"), "size=1m");
+    fs::write(copy.join("extra/mnt/other"), b"other data").unwrap();
+
+    let dry = restore_json(&env, &snap, &["--delete", "--dry-run"]);
+    let r = restore_json(&env, &snap, &["--delete"]);
+    for r in [&dry, &r] {
+        // extra/file only: extra/mnt holds a mount, so extra stays too.
+        assert_eq!(
+            (&r["deleted"], &r["mounts_left"]),
+            (&1.into(), &2.into()),
+            "{r}"
+        );
+    }
+    assert_eq!(fs::read(copy.join("d/sub/database")).unwrap(), b"live data");
+    assert_eq!(
+        fs::read(copy.join("extra/mnt/other")).unwrap(),
+        b"other data"
+    );
+    assert!(!copy.join("extra/file").exists());
+    assert_eq!(fs::read(copy.join("d/sub/deep")).unwrap(), b"deep");
+    drop(below);
+    drop(on_sub);
+}
+
+/// A directory where the snapshot has a file: `--delete` replaces it, without it
+/// the entry is reported; the dry run predicts both.
+#[test]
+fn a_directory_in_the_way_of_a_file_goes_with_delete() {
+    let (env, snap, src, copy) = backed_up();
+    fs::remove_file(copy.join("gone")).unwrap();
+    fs::create_dir_all(copy.join("gone/inner")).unwrap();
+    fs::write(copy.join("gone/inner/x"), b"x").unwrap();
+    let t = env.path("t");
+    let args = |extra: &[&'static str]| {
+        let mut a = vec!["restore".to_string(), snap.clone(), "--target".into()];
+        a.push(t.to_str().unwrap().into());
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    for extra in [&["--dry-run"][..], &[][..]] {
+        let a = args(extra);
+        let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+        let err = env.fails(&a, 1);
+        assert!(
+            err.contains("a directory is in the way (--delete replaces it)"),
+            "{err}"
+        );
+    }
+    let dry = restore_json(&env, &snap, &["--delete", "--dry-run"]);
+    assert_eq!(
+        (&dry["files"], &dry["deleted"]),
+        (&1.into(), &3.into()),
+        "{dry}"
+    );
+    assert!(copy.join("gone/inner/x").exists(), "the dry run deleted");
+    let r = restore_json(&env, &snap, &["--delete"]);
+    assert_eq!((&r["files"], &r["deleted"]), (&1.into(), &3.into()), "{r}");
+    assert_same(&src, &copy);
+}
+
+/// `--include` paths are taken as the snapshot's paths however they are spelled
+/// (`//`, `/./`, a trailing `/.`), and a target that is a file is named as such.
+#[test]
+fn include_paths_are_normalised_and_a_file_target_is_refused() {
+    let (env, snap, src, _copy) = backed_up();
+    let s = src.to_str().unwrap();
+    let (head, tail) = s.rsplit_once('/').unwrap();
+    for (i, inc) in [
+        format!("{head}//{tail}/d/sub"),
+        format!("{head}/./{tail}/d//sub"),
+        format!("{s}/d/sub/."),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let t = env.path(&format!("inc{i}"));
+        let out: serde_json::Value = serde_json::from_str(&env.ok(&[
+            "restore",
+            &snap,
+            "--target",
+            t.to_str().unwrap(),
+            "--include",
+            inc,
+            "--json",
+        ]))
+        .unwrap();
+        assert_eq!(out["files"], 1, "{inc}: {out}");
+        let deep = t.join(s.trim_start_matches('/')).join("d/sub/deep");
+        assert_eq!(fs::read(&deep).unwrap(), b"deep", "{inc}");
+    }
+    let file = env.path("a-file");
+    fs::write(&file, b"x").unwrap();
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let mut a = vec!["restore", &snap, "--target", file.to_str().unwrap()];
+        a.extend_from_slice(extra);
+        let err = env.fails(&a, 1);
+        assert!(err.contains("exists and is not a directory"), "{err}");
+    }
 }

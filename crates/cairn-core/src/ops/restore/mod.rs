@@ -112,6 +112,9 @@ pub struct RestoreStats {
     /// Entries removed from the target because the snapshot does not have them
     /// (`--delete`; a directory counts with everything in it).
     pub deleted: u64,
+    /// Mount points `--delete` left alone with everything in them: it removes nothing
+    /// on another file system (or bind mount) than the target's.
+    pub mounts_left: u64,
     /// Files read back and compared (`--verify`).
     pub verified: u64,
 }
@@ -196,6 +199,8 @@ struct Walk<'a> {
     stats: RestoreStats,
     includes: Vec<String>,
     root: Arc<Dir>,
+    /// The target's mount ([`sys::mount_of`]): `--delete` removes nothing on another.
+    mount: (u64, u64),
     stack: Vec<Frame>,
     batch: Vec<FileJob>,
     batch_chunks: u64,
@@ -237,16 +242,15 @@ pub fn restore(
     }
     // A target that is a symlink is refused, not followed: where it points is not
     // what the user named (and may be somewhere else by the time restore writes).
-    if fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_symlink()) {
-        return Err(target_is_symlink(target));
+    match fs::symlink_metadata(target) {
+        Ok(m) if m.file_type().is_symlink() => return Err(target_is_symlink(target)),
+        Ok(m) if !m.is_dir() => return Err(not_a_directory(target)),
+        _ => {}
     }
     fs::create_dir_all(target).map_err(|e| Error::io(target, e))?;
     let meta = fs::metadata(target).map_err(|e| Error::io(target, e))?;
     if !meta.is_dir() {
-        return Err(Error::Invalid(format!(
-            "{} is not a directory",
-            target.display()
-        )));
+        return Err(not_a_directory(target));
     }
     // The target is opened once, by the path the caller gave; everything below it is
     // reached through this descriptor.
@@ -280,6 +284,7 @@ pub fn restore(
         Err(e) => return Err(Error::io(target, e)),
     }
 
+    let mount = sys::mount_of(root_fd.as_fd(), c"").map_err(|e| Error::io(target, e))?;
     let tree = repo.load_tree(root)?;
     let root_dir = Arc::new(Dir {
         fd: root_fd,
@@ -315,6 +320,7 @@ pub fn restore(
             stats: RestoreStats::default(),
             includes,
             root: root_dir.clone(),
+            mount,
             stack: Vec::new(),
             batch: Vec::new(),
             batch_chunks: 0,
@@ -362,6 +368,13 @@ pub fn restore(
     })
 }
 
+fn not_a_directory(target: &std::path::Path) -> Error {
+    Error::Invalid(format!(
+        "the target {} exists and is not a directory (a snapshot of files is restored into a directory)",
+        target.display()
+    ))
+}
+
 fn target_is_symlink(target: &std::path::Path) -> Error {
     Error::Invalid(format!(
         "the target {} is a symlink; restore into the directory it points to by its own path",
@@ -369,19 +382,16 @@ fn target_is_symlink(target: &std::path::Path) -> Error {
     ))
 }
 
-/// The includes as snapshot-absolute paths without a trailing `/`, each checked to
-/// name something: an include that names nothing would restore nothing, and a typo
-/// must not look like success. Looked up before anything is written.
+/// The includes as snapshot-absolute paths as the walk names them (`/a/b`: no
+/// empty or `.` components, no trailing `/`; the root is `/`), each checked to name
+/// something: an include that names nothing would restore nothing, and a typo must
+/// not look like success. Looked up before anything is written.
 fn normalize_includes(repo: &Repository, root: &BlobId, given: &[String]) -> Result<Vec<String>> {
     let includes: Vec<String> = given
         .iter()
-        .map(|i| {
-            let t = i.trim_end_matches('/');
-            if t.starts_with('/') {
-                t.to_string()
-            } else {
-                format!("/{t}")
-            }
+        .map(|i| match crate::ops::ls::walk_path(i) {
+            p if p.is_empty() => "/".to_string(),
+            p => p,
         })
         .collect();
     for inc in &includes {
@@ -539,6 +549,7 @@ impl Walk<'_> {
         overwrite::decide(
             self.repo,
             self.opts.overwrite,
+            self.opts.owners,
             parent.fd(),
             name,
             existing,
@@ -576,8 +587,21 @@ impl Walk<'_> {
 
     /// `--delete`: removes from `dir` (which existed before the restore) what the
     /// snapshot does not have there, directories with everything in them, through
-    /// descriptors and without following symlinks.
+    /// descriptors and without following symlinks. Nothing on another mount than the
+    /// target's: a directory with a file system mounted on it (an excluded mount
+    /// point the snapshot holds empty, say) keeps what that file system holds.
     fn delete_extra(&mut self, dir: &Arc<Dir>, keep: &std::collections::HashSet<Vec<u8>>) {
+        match sys::mount_of(dir.fd(), c"") {
+            Ok(m) if m == self.mount => {}
+            Ok(_) => {
+                self.left_mount(dir.node.path());
+                return;
+            }
+            Err(e) => {
+                self.issue(dir.node.path(), format!("looking at it for --delete: {e}"));
+                return;
+            }
+        }
         let names = match sys::list_dir(dir.fd()) {
             Ok(n) => n,
             Err(e) => {
@@ -586,17 +610,87 @@ impl Walk<'_> {
             }
         };
         for name in names {
-            if keep.contains(name.to_bytes()) {
-                continue;
-            }
-            match target::remove_tree(dir.fd(), &name) {
-                Ok(n) => self.stats.deleted += n,
-                Err((n, e)) => {
-                    self.stats.deleted += n;
-                    self.issue(dir.node.join(&name), format!("deleting it: {e}"));
-                }
+            if !keep.contains(name.to_bytes()) {
+                self.remove(dir, &name);
             }
         }
+    }
+
+    /// Removes `name` from `dir` for `--delete` (a directory with everything in it,
+    /// mount points below it excepted); `false` when it is still there.
+    fn remove(&mut self, dir: &Arc<Dir>, name: &CStr) -> bool {
+        match target::remove_tree(dir.fd(), name, self.mount) {
+            Ok(r) => {
+                self.stats.deleted += r.removed;
+                if r.mounts_left > 0 {
+                    self.stats.mounts_left += r.mounts_left;
+                    self.progress.warning(
+                        &dir.node.join(name),
+                        &format!(
+                            "--delete left {} alone: another file system is mounted there",
+                            if r.mounts_left == 1 {
+                                "a mount point".to_string()
+                            } else {
+                                format!("{} mount points", r.mounts_left)
+                            }
+                        ),
+                    );
+                }
+                r.mounts_left == 0
+            }
+            Err((r, e)) => {
+                self.stats.deleted += r.removed;
+                self.stats.mounts_left += r.mounts_left;
+                self.issue(dir.node.join(name), format!("deleting it: {e}"));
+                false
+            }
+        }
+    }
+
+    /// A directory where the snapshot has a file, symlink or device (`existing`):
+    /// `--delete` removes it, since nothing in it is in the snapshot; without it the
+    /// directory stays and the entry is reported. `false`: it is still there.
+    fn clear_dir_in_the_way(
+        &mut self,
+        parent: &Arc<Dir>,
+        name: &CStr,
+        existing: Option<&sys::Stat>,
+    ) -> bool {
+        if existing.is_none_or(|st| st.kind() != libc::S_IFDIR) {
+            return true;
+        }
+        if !self.opts.delete {
+            self.issue(
+                parent.node.join(name),
+                "a directory is in the way (--delete replaces it)".into(),
+            );
+            return false;
+        }
+        if self.remove(parent, name) {
+            return true;
+        }
+        if self
+            .stats
+            .issues
+            .last()
+            .is_none_or(|i| i.path != parent.node.join(name))
+        {
+            self.issue(
+                parent.node.join(name),
+                "a directory is in the way, with another file system mounted below it".into(),
+            );
+        }
+        false
+    }
+
+    /// `--delete` leaves the directory at `path` as it is: another file system is
+    /// mounted there.
+    fn left_mount(&mut self, path: PathBuf) {
+        self.stats.mounts_left += 1;
+        self.progress.warning(
+            &path,
+            "another file system is mounted here: --delete left what it holds alone",
+        );
     }
 
     fn run(&mut self) -> Result<()> {
@@ -793,6 +887,9 @@ impl Walk<'_> {
                 self.kept(st, &node);
                 return Ok(());
             }
+            if !self.clear_dir_in_the_way(&parent, &name, existing.as_ref()) {
+                return Ok(());
+            }
             if let Err(e) = self.link(&parent, &name, key, fresh) {
                 self.issue(parent.node.join(&name), format!("creating hard link: {e}"));
             }
@@ -818,13 +915,15 @@ impl Walk<'_> {
                         self.issue(parent.node.join(&name), format!("setting metadata: {e}"));
                     }
                     self.stats.metadata_only += 1;
-                    self.stats.kept_bytes += node.size;
                     self.progress.file_done();
                 }
                 return Ok(());
             }
         }
         let direct = node.nlink <= 1 && matches!(&node.content, Content::Inline(v) if v.len() == 1);
+        if !self.clear_dir_in_the_way(&parent, &name, existing.as_ref()) {
+            return Ok(());
+        }
         if let Err(e) = target::remove_existing(&parent, &name, fresh) {
             self.issue(parent.node.join(&name), format!("creating file: {e}"));
             return Ok(());
@@ -1063,7 +1162,12 @@ impl Walk<'_> {
                     self.kept(&st, node);
                     return;
                 }
-                Ok(_) => {}
+                Ok(st) => {
+                    if !self.clear_dir_in_the_way(parent, name, Some(&st)) {
+                        self.progress.entry_done();
+                        return;
+                    }
+                }
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
                 Err(e) => {
                     self.issue(parent.node.join(name), e.to_string());

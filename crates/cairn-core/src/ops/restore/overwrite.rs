@@ -28,7 +28,9 @@ pub enum Overwrite {
     /// Replace it.
     Always,
     /// Replace it unless it already holds the snapshot's content: same size and
-    /// modification time, or (when only the time differs) the same bytes.
+    /// modification time, or (when only the time differs) the same bytes. A file
+    /// with the snapshot's content whose time, permission bits or owner differ gets
+    /// the snapshot's metadata.
     #[default]
     IfChanged,
     /// Replace it only when the snapshot's entry is newer (modification time).
@@ -61,8 +63,8 @@ pub(crate) enum Decision {
     Write,
     /// Leave what is there: it is the snapshot's entry already, or the mode says so.
     Keep,
-    /// A file that holds the snapshot's bytes already but not its time: set its
-    /// metadata, leave its content.
+    /// A file that holds the snapshot's bytes already but not its time, mode or
+    /// owner: set its metadata, leave its content.
     Metadata,
 }
 
@@ -71,11 +73,18 @@ fn mtime_of(node: &Node) -> (i64, u32) {
 }
 
 /// Decides for a non-directory entry `name` of `dir` that should become `node`.
-/// `existing` is what `fstatat` found (`None`: nothing there). Content is read only
-/// for `if-changed` when size matches and the time does not.
+/// `existing` is what `fstatat` found (`None`: nothing there); `owners`: restore
+/// sets owners. Content is read only for `if-changed` when size matches and the time
+/// does not.
+///
+/// Metadata is set in place only on a file with one name. A file with more could be
+/// a hard link to a file outside the target (anyone who can write the target can
+/// make one), and a chmod, chown or new time there would change that file too: it
+/// is replaced by a new one instead.
 pub(crate) fn decide(
     repo: &Repository,
     mode: Overwrite,
+    owners: bool,
     dir: BorrowedFd<'_>,
     name: &CStr,
     existing: Option<&Stat>,
@@ -95,14 +104,18 @@ pub(crate) fn decide(
             }
         }
         Overwrite::IfChanged => {
-            if node.kind == NodeKind::File
-                && st.kind() == libc::S_IFREG
-                && st.size == node.size
-                && st.mtime != mtime_of(node)
-            {
-                return match file_matches(repo, dir, name, st, node) {
-                    Ok(true) => Decision::Metadata,
-                    _ => Decision::Write,
+            if node.kind == NodeKind::File && st.kind() == libc::S_IFREG && st.size == node.size {
+                let same_time = st.mtime == mtime_of(node);
+                if !same_time && !matches!(file_matches(repo, dir, name, st, node), Ok(true)) {
+                    return Decision::Write;
+                }
+                if same_time && !metadata_differs(st, node, owners) {
+                    return Decision::Keep;
+                }
+                return if st.nlink > 1 {
+                    Decision::Write
+                } else {
+                    Decision::Metadata
                 };
             }
             if same_entry(repo, dir, name, st, node) {
@@ -112,6 +125,12 @@ pub(crate) fn decide(
             }
         }
     }
+}
+
+/// Do the permission bits of the existing file, or its owner when restore sets
+/// owners, differ from the snapshot's? (Extended attributes are not compared.)
+fn metadata_differs(st: &Stat, node: &Node, owners: bool) -> bool {
+    st.mode & 0o7777 != node.mode & 0o7777 || owners && (st.uid, st.gid) != (node.uid, node.gid)
 }
 
 /// Is the existing entry already the snapshot's `node` (kind and content; for a

@@ -38,6 +38,9 @@ pub struct RestoreReport {
     pub metadata_only: u64,
     /// Entries removed because the snapshot does not have them (`--delete`).
     pub deleted: u64,
+    /// Mount points `--delete` left alone with what they hold: it removes nothing on
+    /// another file system (or bind mount) than the target's.
+    pub mounts_left: u64,
     /// Files read back and compared with the snapshot (`--verify`); a difference is
     /// in `errors`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -82,6 +85,7 @@ pub fn restore_snapshot<A: Access>(
         kept_bytes: stats.kept_bytes,
         metadata_only: stats.metadata_only,
         deleted: stats.deleted,
+        mounts_left: stats.mounts_left,
         verified: opts.verify.then_some(stats.verified),
         duration_secs: start.elapsed().as_secs_f64(),
         errors: stats

@@ -5,14 +5,14 @@
 //! the restore would do if the target does not change in between.
 
 use super::overwrite::{self, Decision};
-use super::{RestoreIssue, RestoreOptions, RestoreStats, selection, sys};
+use super::{RestoreIssue, RestoreOptions, RestoreStats, selection, sys, target};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 use crate::repo::Repository;
 use cairn_format::BlobId;
 use cairn_format::tree::{Node, NodeKind};
 use std::collections::{HashMap, HashSet};
-use std::ffi::CString;
+use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
@@ -35,21 +35,20 @@ pub(super) fn dry_run(
 ) -> Result<RestoreStats> {
     let mut stats = RestoreStats::default();
     let target = &opts.target;
-    let dir = match std::fs::symlink_metadata(target) {
+    let dir: Option<OwnedFd> = match std::fs::symlink_metadata(target) {
         Ok(m) if m.file_type().is_symlink() => return Err(super::target_is_symlink(target)),
         Ok(m) if m.is_dir() => Some(
             std::fs::File::open(target)
                 .map_err(|e| Error::io(target, e))?
                 .into(),
         ),
-        Ok(_) => {
-            return Err(Error::Invalid(format!(
-                "{} is not a directory",
-                target.display()
-            )));
-        }
+        Ok(_) => return Err(super::not_a_directory(target)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(Error::io(target, e)),
+    };
+    let mount = match &dir {
+        Some(d) => sys::mount_of(d.as_fd(), c"").map_err(|e| Error::io(target, e))?,
+        None => (0, 0),
     };
     let tree = repo.load_tree(root)?;
     let all = includes.is_empty();
@@ -71,7 +70,7 @@ pub(super) fn dry_run(
             if let Some(level) = stack.pop()
                 && let (Some(keep), Some(dir)) = (&level.keep, &level.dir)
             {
-                count_extra(dir.as_fd(), keep, &level.path, &mut stats);
+                count_extra(dir.as_fd(), keep, &level.path, mount, &mut stats);
             }
             continue;
         };
@@ -98,7 +97,7 @@ pub(super) fn dry_run(
             }
         };
         let decide = |st: Option<&sys::Stat>| match parent {
-            Some(p) => overwrite::decide(repo, opts.overwrite, p, &name, st, &node),
+            Some(p) => overwrite::decide(repo, opts.overwrite, opts.owners, p, &name, st, &node),
             None => Decision::Write,
         };
         match node.kind {
@@ -155,7 +154,19 @@ pub(super) fn dry_run(
                         {
                             kept(&mut stats, st, &node)
                         }
-                        _ => stats.files += 1,
+                        _ => {
+                            if dir_in_the_way(
+                                parent,
+                                &name,
+                                existing.as_ref(),
+                                &path,
+                                opts,
+                                mount,
+                                &mut stats,
+                            ) {
+                                stats.files += 1;
+                            }
+                        }
                     }
                     continue;
                 }
@@ -166,21 +177,44 @@ pub(super) fn dry_run(
                 }
                 match (d, &existing) {
                     (Decision::Keep, Some(st)) => kept(&mut stats, st, &node),
-                    (Decision::Metadata, _) => {
-                        stats.metadata_only += 1;
-                        stats.kept_bytes += node.size;
-                    }
+                    (Decision::Metadata, _) => stats.metadata_only += 1,
                     _ => {
-                        stats.files += 1;
-                        stats.bytes += node.size;
+                        if dir_in_the_way(
+                            parent,
+                            &name,
+                            existing.as_ref(),
+                            &path,
+                            opts,
+                            mount,
+                            &mut stats,
+                        ) {
+                            stats.files += 1;
+                            stats.bytes += node.size;
+                        }
                     }
                 }
             }
             _ => match (decide(existing.as_ref()), &existing) {
-                (Decision::Write, _) | (_, None) => stats.other += 1,
+                (Decision::Write, _) | (_, None) => {
+                    if dir_in_the_way(
+                        parent,
+                        &name,
+                        existing.as_ref(),
+                        &path,
+                        opts,
+                        mount,
+                        &mut stats,
+                    ) {
+                        stats.other += 1;
+                    }
+                }
                 (_, Some(st)) => kept(&mut stats, st, &node),
             },
         }
+    }
+    // What the restore would report as it went, the dry run reports at its end.
+    for i in &stats.issues {
+        progress.warning(&i.path, &i.message);
     }
     Ok(stats)
 }
@@ -196,16 +230,67 @@ fn kept(stats: &mut RestoreStats, st: &sys::Stat, node: &Node) {
     }
 }
 
+/// A directory where the snapshot has a file, symlink or device (`existing`), as
+/// the restore treats it: `--delete` would remove it (counted), else it is reported.
+/// `false`: it would stay, and the entry would not be restored.
+fn dir_in_the_way(
+    parent: Option<BorrowedFd<'_>>,
+    name: &CStr,
+    existing: Option<&sys::Stat>,
+    path: &std::path::Path,
+    opts: &RestoreOptions,
+    mount: (u64, u64),
+    stats: &mut RestoreStats,
+) -> bool {
+    let Some(parent) = parent.filter(|_| existing.is_some_and(|st| st.kind() == libc::S_IFDIR))
+    else {
+        return true;
+    };
+    if !opts.delete {
+        issue(
+            stats,
+            path.to_path_buf(),
+            "a directory is in the way (--delete replaces it)".into(),
+        );
+        return false;
+    }
+    let dir = path.parent().unwrap_or(path);
+    if count_removal(parent, name, dir, mount, stats) {
+        return true;
+    }
+    if stats.issues.last().is_none_or(|i| i.path != path) {
+        issue(
+            stats,
+            path.to_path_buf(),
+            "a directory is in the way, with another file system mounted below it".into(),
+        );
+    }
+    false
+}
+
 /// Counts what `--delete` would remove from `dir`: the names not in `keep`, each
-/// directory with everything in it.
+/// directory with everything in it, nothing on another mount than `mount` (see
+/// [`target::remove_tree`]).
 fn count_extra(
     dir: BorrowedFd<'_>,
     keep: &HashSet<Vec<u8>>,
     path: &std::path::Path,
+    mount: (u64, u64),
     stats: &mut RestoreStats,
 ) {
-    let names = match sys::list_dir(dir) {
-        Ok(n) => n,
+    let listed = sys::mount_of(dir, c"").and_then(|m| {
+        if m == mount {
+            sys::list_dir(dir).map(Some)
+        } else {
+            Ok(None)
+        }
+    });
+    let names = match listed {
+        Ok(Some(n)) => n,
+        Ok(None) => {
+            stats.mounts_left += 1;
+            return;
+        }
         Err(e) => {
             issue(
                 stats,
@@ -216,37 +301,33 @@ fn count_extra(
         }
     };
     for name in names.into_iter().filter(|n| !keep.contains(n.to_bytes())) {
-        match count_tree(dir, name) {
-            Ok(n) => stats.deleted += n,
-            Err(e) => issue(
-                stats,
-                path.to_path_buf(),
-                format!("listing it for --delete: {e}"),
-            ),
-        }
+        count_removal(dir, &name, path, mount, stats);
     }
 }
 
-/// How many entries `name` in `dir` holds, itself included (symlinks not followed).
-fn count_tree(dir: BorrowedFd<'_>, name: CString) -> std::io::Result<u64> {
-    if sys::stat_at(dir, &name)?.kind() != libc::S_IFDIR {
-        return Ok(1);
-    }
-    let mut count = 1u64;
-    let top = sys::open_at(dir, &name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-    let names = sys::list_dir(top.as_fd())?;
-    let mut stack: Vec<(OwnedFd, Vec<CString>)> = vec![(top, names)];
-    while let Some((fd, todo)) = stack.last_mut() {
-        let Some(child) = todo.pop() else {
-            stack.pop();
-            continue;
-        };
-        count += 1;
-        if sys::stat_at(fd.as_fd(), &child)?.kind() == libc::S_IFDIR {
-            let sub = sys::open_at(fd.as_fd(), &child, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-            let names = sys::list_dir(sub.as_fd())?;
-            stack.push((sub, names));
+/// Counts what `--delete` removes for `name` in `dir`; `false` when it would stay.
+fn count_removal(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    path: &std::path::Path,
+    mount: (u64, u64),
+    stats: &mut RestoreStats,
+) -> bool {
+    match target::count_tree(dir, name, mount) {
+        Ok(r) => {
+            stats.deleted += r.removed;
+            stats.mounts_left += r.mounts_left;
+            r.mounts_left == 0
+        }
+        Err((r, e)) => {
+            stats.deleted += r.removed;
+            stats.mounts_left += r.mounts_left;
+            issue(
+                stats,
+                path.join(String::from_utf8_lossy(name.to_bytes()).as_ref()),
+                format!("listing it for --delete: {e}"),
+            );
+            false
         }
     }
-    Ok(count)
 }

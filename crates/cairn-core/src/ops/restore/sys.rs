@@ -177,6 +177,53 @@ pub(crate) fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     Ok(to_stat(unsafe { st.assume_init_ref() }))
 }
 
+/// Which mount `name` in `dir` lies on (an empty `name`: `dir` itself), symlinks not
+/// followed: its device and, where the kernel says (statx, Linux 5.8), its mount id,
+/// so that a bind mount of the same file system counts as another mount. Equal
+/// values: the same mount.
+pub(crate) fn mount_of(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(u64, u64)> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    let flags = libc::AT_SYMLINK_NOFOLLOW
+        | libc::AT_NO_AUTOMOUNT
+        | if name.is_empty() {
+            libc::AT_EMPTY_PATH
+        } else {
+            0
+        };
+    // SAFETY: `name` is NUL-terminated; statx fills the buffer when it returns 0.
+    let r = retry(|| unsafe {
+        libc::statx(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags,
+            libc::STATX_MNT_ID,
+            stx.as_mut_ptr(),
+        )
+    });
+    match r {
+        Ok(_) => {}
+        // No statx (an old kernel, a seccomp filter): the device alone.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {
+            let st = if name.is_empty() {
+                fstat(dir)?
+            } else {
+                stat_at(dir, name)?
+            };
+            return Ok((st.dev, 0));
+        }
+        Err(e) => return Err(e),
+    }
+    // SAFETY: zeroed, then filled by the successful call above.
+    let stx = unsafe { stx.assume_init() };
+    let dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    let mnt = if stx.stx_mask & libc::STATX_MNT_ID != 0 {
+        stx.stx_mnt_id
+    } else {
+        0
+    };
+    Ok((dev, mnt))
+}
+
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
 pub(crate) fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();

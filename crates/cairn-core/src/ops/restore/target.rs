@@ -402,45 +402,106 @@ pub(crate) fn reopen_parent(child: &Dir, node: &Arc<DirNode>) -> io::Result<Dir>
     })
 }
 
+/// What [`remove_tree`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Removal {
+    /// Entries removed.
+    pub removed: u64,
+    /// Directories left in place, with everything in them, because another file
+    /// system (or a bind mount) is mounted there.
+    pub mounts_left: u64,
+}
+
 /// Removes `name` from `parent` and, when it is a directory, everything in it:
 /// children through descriptors opened without following symlinks (a symlink is
-/// removed, never what it points to). Returns how many entries were removed; on an
-/// error, how many were removed before it.
-pub(crate) fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> Result<u64, (u64, io::Error)> {
-    let mut removed = 0u64;
-    let st = sys::stat_at(parent, name).map_err(|e| (0, e))?;
+/// removed, never what it points to). Nothing on another mount than `mount` (see
+/// [`sys::mount_of`]) is touched: a mount point met on the way is left with all it
+/// holds, and so are the directories above it. On an error, also what was done
+/// before it.
+pub(crate) fn remove_tree(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    mount: (u64, u64),
+) -> Result<Removal, (Removal, io::Error)> {
+    walk_removal(parent, name, mount, true)
+}
+
+/// What [`remove_tree`] would remove (`restore --dry-run`), changing nothing.
+pub(crate) fn count_tree(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    mount: (u64, u64),
+) -> Result<Removal, (Removal, io::Error)> {
+    walk_removal(parent, name, mount, false)
+}
+
+/// [`remove_tree`] (`remove`), or the same walk counting only.
+fn walk_removal(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    mount: (u64, u64),
+    remove: bool,
+) -> Result<Removal, (Removal, io::Error)> {
+    let mut done = Removal::default();
+    let st = sys::stat_at(parent, name).map_err(|e| (done, e))?;
     if st.kind() != libc::S_IFDIR {
-        return sys::unlink_at(parent, name).map(|()| 1).map_err(|e| (0, e));
+        if remove {
+            sys::unlink_at(parent, name).map_err(|e| (done, e))?;
+        }
+        done.removed = 1;
+        return Ok(done);
     }
-    // Each level: the directory's descriptor, its name in the level above, and the
-    // names still to remove in it.
+    if sys::mount_of(parent, name).map_err(|e| (done, e))? != mount {
+        done.mounts_left += 1;
+        return Ok(done);
+    }
+    // Each level: the directory's descriptor, its name in the level above, the names
+    // still to remove in it, and whether it holds a mount point (then it stays).
     let top =
-        sys::open_at(parent, name, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| (0, e))?;
-    let names = sys::list_dir(top.as_fd()).map_err(|e| (0, e))?;
-    let mut stack: Vec<(OwnedFd, CString, Vec<CString>)> = vec![(top, name.to_owned(), names)];
-    while let Some((fd, _, todo)) = stack.last_mut() {
+        sys::open_at(parent, name, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| (done, e))?;
+    let names = sys::list_dir(top.as_fd()).map_err(|e| (done, e))?;
+    let mut stack: Vec<(OwnedFd, CString, Vec<CString>, bool)> =
+        vec![(top, name.to_owned(), names, false)];
+    while let Some((fd, _, todo, _)) = stack.last_mut() {
         let Some(child) = todo.pop() else {
-            let Some((fd, own, _)) = stack.pop() else {
+            let Some((fd, own, _, holds_mount)) = stack.pop() else {
                 break;
             };
             drop(fd);
-            let up = stack.last().map_or(parent, |(fd, _, _)| fd.as_fd());
-            sys::rmdir_at(up, &own).map_err(|e| (removed, e))?;
-            removed += 1;
+            if holds_mount {
+                if let Some(up) = stack.last_mut() {
+                    up.3 = true;
+                }
+                continue;
+            }
+            if remove {
+                let up = stack.last().map_or(parent, |(fd, _, _, _)| fd.as_fd());
+                sys::rmdir_at(up, &own).map_err(|e| (done, e))?;
+            }
+            done.removed += 1;
             continue;
         };
-        let st = sys::stat_at(fd.as_fd(), &child).map_err(|e| (removed, e))?;
+        let st = sys::stat_at(fd.as_fd(), &child).map_err(|e| (done, e))?;
         if st.kind() == libc::S_IFDIR {
+            if sys::mount_of(fd.as_fd(), &child).map_err(|e| (done, e))? != mount {
+                done.mounts_left += 1;
+                if let Some(level) = stack.last_mut() {
+                    level.3 = true;
+                }
+                continue;
+            }
             let sub = sys::open_at(fd.as_fd(), &child, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-                .map_err(|e| (removed, e))?;
-            let names = sys::list_dir(sub.as_fd()).map_err(|e| (removed, e))?;
-            stack.push((sub, child, names));
+                .map_err(|e| (done, e))?;
+            let names = sys::list_dir(sub.as_fd()).map_err(|e| (done, e))?;
+            stack.push((sub, child, names, false));
         } else {
-            sys::unlink_at(fd.as_fd(), &child).map_err(|e| (removed, e))?;
-            removed += 1;
+            if remove {
+                sys::unlink_at(fd.as_fd(), &child).map_err(|e| (done, e))?;
+            }
+            done.removed += 1;
         }
     }
-    Ok(removed)
+    Ok(done)
 }
 
 #[cfg(test)]

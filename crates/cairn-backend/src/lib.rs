@@ -339,6 +339,12 @@ pub mod names {
     pub const LOCKS: &str = "locks/";
     pub const PENDING: &str = "pending/";
     pub const DEDUP: &str = "dedup/";
+    /// `hosts/<snapshot hex>`: the host of the host-bound token that stored the
+    /// snapshot through `cairn serve` (plaintext, written by the server).
+    pub const HOSTS: &str = "hosts/";
+    pub fn host_record(snapshot_hex: &str) -> String {
+        format!("{HOSTS}{snapshot_hex}")
+    }
 
     /// `data/<first two hex digits>/<hex>`: 256 directories keep listings short.
     pub fn pack(hex: &str) -> String {

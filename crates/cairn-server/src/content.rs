@@ -463,7 +463,13 @@ pub async fn stats(
 pub struct SnapshotRow {
     pub id: String,
     pub time: String,
+    /// The host the server recorded for the host-bound token that stored it, else
+    /// the one the snapshot names.
     pub hostname: String,
+    /// The host the snapshot names, when the server recorded another (a backup
+    /// client of one host claiming another's name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claimed_hostname: Option<String>,
     pub username: String,
     pub paths: Vec<String>,
     pub tags: Vec<String>,
@@ -531,8 +537,17 @@ fn snapshot_rows(
 ) -> Result<(Vec<SnapshotRow>, Vec<String>), ApiError> {
     let (_, session) = store.content.session()?;
     let (list, errors) = session.snapshots().map_err(engine_error)?;
+    // Hosts as the server recorded them: a host's last backup, and the fleet's
+    // staleness, are not to be vouched for by another host's client.
+    let mut list = list.clone();
+    let claims: std::collections::HashMap<_, _> = session
+        .repo()
+        .attribute_hosts(&mut list)
+        .map_err(engine_error)?
+        .into_iter()
+        .collect();
     let mut rows = Vec::new();
-    for (id, s) in list {
+    for (id, s) in &list {
         let hex = id.to_hex();
         if !may_see(store, t, &hex)? {
             continue;
@@ -542,6 +557,7 @@ fn snapshot_rows(
             id: hex,
             time: s.time.clone(),
             hostname: s.hostname.clone(),
+            claimed_hostname: claims.get(id).cloned(),
             username: s.username.clone(),
             paths: s.paths.clone(),
             tags: s.tags.clone(),
@@ -1096,6 +1112,7 @@ mod tests {
             id: String::new(),
             time: time.into(),
             hostname: host.into(),
+            claimed_hostname: None,
             username: String::new(),
             paths: vec![],
             tags: vec![],

@@ -11,7 +11,7 @@ use cairn_backend::{Backend, BackendError, ObjectInfo, names};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-pub const PREFIX: &str = "hosts/";
+pub const PREFIX: &str = names::HOSTS;
 /// Host names are short; a record is refused beyond this.
 const MAX_RECORD: u64 = 255;
 
@@ -22,7 +22,7 @@ pub struct HostRecords {
 }
 
 fn record_name(snapshot_hex: &str) -> String {
-    format!("{PREFIX}{snapshot_hex}")
+    names::host_record(snapshot_hex)
 }
 
 impl HostRecords {

@@ -89,6 +89,12 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
     for e in &r.unreadable {
         eprintln!("warning: {e} (left alone)");
     }
+    for c in &r.host_claims {
+        eprintln!(
+            "warning: snapshot {} names host {:?} but was stored by a backup token bound to host {:?}: counted as {:?}'s",
+            c.short_id, c.claimed, c.recorded, c.recorded
+        );
+    }
     for (id, e) in &r.failed {
         eprintln!("cairn: error: removing snapshot {}: {e}", id.short());
     }

@@ -3192,3 +3192,95 @@ fn one_address_cannot_hold_every_connection() {
     }
     srv.stop();
 }
+
+/// A hijacked backup client of one host that backs up under another host's name
+/// cannot push that host's real backups out of a retention policy, or stand in for
+/// its last backup: forget and the snapshots API go by the host the server recorded
+/// for the token.
+#[test]
+fn a_client_posing_as_another_host_counts_as_its_own() {
+    let env = Env::new();
+    env.init(&[]);
+    // Unlocked (the snapshots API reads snapshots with the key).
+    let pwfile = env.path("main.password");
+    std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
+    let srv = Server::with_settings(
+        &env,
+        &format!("[datastore_passwords]\nmain = \"{}\"\n", pwfile.display()),
+    );
+    let admin = srv.token("root", "main", "admin");
+    let web01 = bound_token(&srv, "web01", "backup", "web01");
+    let web02 = bound_token(&srv, "web02", "backup", "web02");
+    let src = env.path("src");
+    make_full_tree(&src, 5);
+    let s = src.to_str().unwrap();
+    let backup = |t: &str| -> String {
+        let out = ok(
+            client(
+                &env,
+                &srv,
+                "main",
+                t,
+                &["backup", "--host", "web02", "--json", s],
+            ),
+            "backup",
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["snapshot_id"].as_str().unwrap().to_string()
+    };
+    let real = backup(&web02);
+    let forged = backup(&web01);
+
+    let o = client(
+        &env,
+        &srv,
+        "main",
+        &admin,
+        &["forget", "--keep-last", "1", "--host", "web02", "--json"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let groups: serde_json::Value = serde_json::from_str(&ok(o, "forget")).unwrap();
+    let ids = |k: &str| -> Vec<String> {
+        groups
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g[k].as_array().unwrap().iter())
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids("keep"), vec![real.clone()], "{groups:#}");
+    assert!(ids("remove").is_empty(), "{groups:#}");
+    assert!(
+        err.contains(&format!("{} names host \"web02\"", &forged[..8]))
+            && err.contains("bound to host \"web01\""),
+        "{err}"
+    );
+    // Without the filter, the forged snapshot is web01's only one and stays too.
+    ok(
+        client(&env, &srv, "main", &admin, &["forget", "--keep-last", "1"]),
+        "forget",
+    );
+    let (code, v) = get_json(srv.port, "/v1/datastores/main/snapshots", &admin);
+    assert_eq!(code, 200, "{v:#}");
+    let rows = v["snapshots"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v:#}");
+    let row = |id: &str| rows.iter().find(|r| r["id"] == id).unwrap().clone();
+    assert_eq!(row(&real)["hostname"], "web02");
+    assert!(row(&real).get("claimed_hostname").is_none(), "{v:#}");
+    assert_eq!(
+        (&row(&forged)["hostname"], &row(&forged)["claimed_hostname"]),
+        (&"web01".into(), &"web02".into())
+    );
+    let host = |h: &str| {
+        v["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["host"] == h)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(host("web02")["snapshots"], 1, "{v:#}");
+    assert_eq!(host("web01")["snapshots"], 1, "{v:#}");
+}

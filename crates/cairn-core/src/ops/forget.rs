@@ -674,6 +674,22 @@ pub struct ForgetReport {
     /// Snapshot objects that could not be read (left alone).
     #[serde(skip)]
     pub unreadable: Vec<String>,
+    /// Snapshots that name another host than the one `cairn serve` recorded for the
+    /// host-bound token that stored them: the policy counted them as the recorded
+    /// host's ([`crate::repo::Repository::attribute_hosts`]).
+    #[serde(skip)]
+    pub host_claims: Vec<HostClaim>,
+}
+
+/// A snapshot whose named host is not the one its token was bound to.
+#[derive(Clone, Debug, Serialize)]
+pub struct HostClaim {
+    pub id: SnapshotId,
+    pub short_id: String,
+    /// The host the snapshot names (written by the client).
+    pub claimed: String,
+    /// The host the server recorded (the storing token's).
+    pub recorded: String,
 }
 
 impl ForgetReport {
@@ -689,6 +705,7 @@ pub fn forget(
     request: &ForgetRequest,
     dry_run: bool,
 ) -> Result<ForgetReport> {
+    let mut host_claims = Vec::new();
     let (snaps, groups, unreadable) = match request {
         ForgetRequest::Ids(specs) => {
             // Every id resolved before anything is removed: one typo removes nothing.
@@ -713,12 +730,22 @@ pub fn forget(
             filter,
         } => {
             let (snaps, bad) = session.snapshots()?;
-            let groups = plan(snaps, policy, *group_by, filter)?;
-            (
-                snaps.clone(),
-                groups,
-                bad.iter().map(|e| e.to_string()).collect(),
-            )
+            let mut snaps = snaps.clone();
+            for (id, claimed) in session.repo().attribute_hosts(&mut snaps)? {
+                let recorded = snaps
+                    .iter()
+                    .find(|(i, _)| *i == id)
+                    .map(|(_, s)| s.hostname.clone())
+                    .unwrap_or_default();
+                host_claims.push(HostClaim {
+                    id,
+                    short_id: id.short(),
+                    claimed,
+                    recorded,
+                });
+            }
+            let groups = plan(&snaps, policy, *group_by, filter)?;
+            (snaps, groups, bad.iter().map(|e| e.to_string()).collect())
         }
     };
     let by_id: std::collections::HashMap<SnapshotId, &Snapshot> =
@@ -749,6 +776,7 @@ pub fn forget(
         removed: 0,
         failed: Vec::new(),
         unreadable,
+        host_claims,
     };
     if !dry_run {
         let ids: Vec<SnapshotId> = groups

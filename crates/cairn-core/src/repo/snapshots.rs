@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// A `hosts/` record is a host name: short; a larger one is refused unread.
+const MAX_HOST_RECORD: u64 = 255;
+
 /// Readable snapshots (oldest first) and the errors of those that could not be read.
 pub type SnapshotList = (Vec<(SnapshotId, Snapshot)>, Vec<SnapshotError>);
 
@@ -127,6 +130,67 @@ impl Repository {
         }
         ok.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
         Ok((ok, bad))
+    }
+
+    /// The hosts `cairn serve` recorded for snapshots stored by host-bound tokens
+    /// (`hosts/<id>`, docs/SERVER.md), for those of `snaps` that have a record.
+    fn recorded_hosts(
+        &self,
+        snaps: &[(SnapshotId, Snapshot)],
+    ) -> Result<std::collections::HashMap<SnapshotId, String>> {
+        let listed: std::collections::HashSet<String> = match self.backend.list(names::HOSTS) {
+            Ok(l) => l
+                .into_iter()
+                .map(|o| names::base(&o.name).to_string())
+                .collect(),
+            Err(e) if e.is_not_found() => return Ok(Default::default()),
+            Err(e) => return Err(e.into()),
+        };
+        let wanted: Vec<SnapshotId> = snaps
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| listed.contains(&id.to_hex()))
+            .collect();
+        let read = crate::threads::parallel_map(&wanted, 8, |id| {
+            let got = self
+                .backend
+                .get_bounded(&names::host_record(&id.to_hex()), MAX_HOST_RECORD);
+            (*id, got)
+        });
+        let mut out = std::collections::HashMap::new();
+        for (id, got) in read {
+            match got {
+                Ok(b) => {
+                    out.insert(id, String::from_utf8_lossy(&b).into_owned());
+                }
+                // Forgotten meanwhile.
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Gives each snapshot that `cairn serve` stored for a host-bound token the host
+    /// the server recorded, where the snapshot names another: the client wrote that
+    /// name, the server vouches for the token's. Retention groups and filters by host,
+    /// so a hijacked backup client's snapshots claiming another host must count as
+    /// its own host's, not push that host's real ones out of a `--keep-last`.
+    /// Returns the snapshots changed, with the host each claimed.
+    pub fn attribute_hosts(
+        &self,
+        snaps: &mut [(SnapshotId, Snapshot)],
+    ) -> Result<Vec<(SnapshotId, String)>> {
+        let recorded = self.recorded_hosts(snaps)?;
+        let mut changed = Vec::new();
+        for (id, s) in snaps.iter_mut() {
+            if let Some(h) = recorded.get(id)
+                && *h != s.hostname
+            {
+                changed.push((*id, std::mem::replace(&mut s.hostname, h.clone())));
+            }
+        }
+        Ok(changed)
     }
 
     /// Resolves `latest` or an id prefix (at least one hex digit) among all stored

@@ -60,6 +60,8 @@ pub enum BackendErrorKind {
     /// Nothing answers at the address (connection refused, unknown host): retried
     /// only briefly (a server restarting), never for the full retry budget.
     Unreachable,
+    /// A range read reaches past the end of the object.
+    OutOfRange,
     Other,
 }
 

@@ -110,7 +110,7 @@ impl LocalBackend {
             .filter(|_| offset.checked_add(length).is_some_and(|end| end <= size))
             .map(|len| RangeFile { file, len, direct })
             .ok_or_else(|| BackendError {
-                kind: BackendErrorKind::Other,
+                kind: BackendErrorKind::OutOfRange,
                 op: "get range",
                 path: name.into(),
                 message: format!("range {offset}+{length} beyond end of object ({size} bytes)"),

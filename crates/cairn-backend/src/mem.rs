@@ -59,7 +59,7 @@ impl Backend for MemBackend {
         match end {
             Some(end) => Ok(d[offset as usize..end as usize].to_vec()),
             None => Err(BackendError {
-                kind: crate::BackendErrorKind::Other,
+                kind: crate::BackendErrorKind::OutOfRange,
                 op: "get range",
                 path: name.into(),
                 message: "range beyond end of object".into(),

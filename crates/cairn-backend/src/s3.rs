@@ -334,7 +334,7 @@ impl Backend for S3Backend {
 
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         let end = offset.checked_add(length).ok_or_else(|| BackendError {
-            kind: BackendErrorKind::Other,
+            kind: BackendErrorKind::OutOfRange,
             op: "get",
             path: name.to_string(),
             message: "range overflows".into(),
@@ -397,7 +397,7 @@ impl Backend for S3Backend {
 
 fn short_read(name: &str, offset: u64, length: u64, got: u64) -> BackendError {
     BackendError {
-        kind: BackendErrorKind::Other,
+        kind: BackendErrorKind::OutOfRange,
         op: "get",
         path: name.to_string(),
         message: format!(

@@ -430,6 +430,7 @@ fn refused(
         (404, "not_found") => BackendErrorKind::NotFound,
         (409, _) => BackendErrorKind::AlreadyExists,
         (413, _) => BackendErrorKind::TooLarge,
+        (416, _) => BackendErrorKind::OutOfRange,
         (507, _) => BackendErrorKind::NoSpace,
         (401 | 403, _) => BackendErrorKind::PermissionDenied,
         (408 | 429 | 502 | 503 | 504, _) => BackendErrorKind::Transient,

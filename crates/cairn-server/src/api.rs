@@ -57,6 +57,7 @@ impl From<BackendError> for ApiError {
             BackendErrorKind::Transient | BackendErrorKind::Unreachable => {
                 (StatusCode::SERVICE_UNAVAILABLE, "transient")
             }
+            BackendErrorKind::OutOfRange => (StatusCode::RANGE_NOT_SATISFIABLE, "out_of_range"),
             BackendErrorKind::Other => (StatusCode::INTERNAL_SERVER_ERROR, "storage"),
         };
         ApiError::new(status, kind, e.message)

@@ -3284,3 +3284,37 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     assert_eq!(host("web02")["snapshots"], 1, "{v:#}");
     assert_eq!(host("web01")["snapshots"], 1, "{v:#}");
 }
+
+/// A range past the end of an object is the client's mistake: 416, not a server
+/// error.
+#[test]
+fn a_range_past_the_end_is_416() {
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let admin = srv.token("root", "main", "admin");
+    let auth = format!("Bearer {admin}");
+    for range in [
+        "bytes=0-99999999999",
+        "bytes=18446744073709551615-18446744073709551615",
+    ] {
+        let (code, _, body) = http_full(
+            srv.port,
+            "GET",
+            "/v1/datastores/main/objects/config",
+            &[("Authorization", &auth), ("Range", range)],
+            b"",
+        );
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(code, 416, "{range}: {body}");
+        assert!(body.contains("out_of_range"), "{body}");
+    }
+    let (code, _, _) = http_full(
+        srv.port,
+        "GET",
+        "/v1/datastores/main/objects/config",
+        &[("Authorization", &auth), ("Range", "bytes=0-9")],
+        b"",
+    );
+    assert_eq!(code, 206);
+}

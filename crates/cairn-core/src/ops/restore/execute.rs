@@ -306,7 +306,11 @@ pub(crate) fn execute(
                             // Any other failure (storage still unreachable after the
                             // retries) would only fail again once per blob.
                             Err(crate::Error::Backend(e))
-                                if e.kind == cairn_backend::BackendErrorKind::Other =>
+                                if matches!(
+                                    e.kind,
+                                    cairn_backend::BackendErrorKind::Other
+                                        | cairn_backend::BackendErrorKind::OutOfRange
+                                ) =>
                             {
                                 None
                             }

@@ -83,7 +83,7 @@ fn main() {
     commands::report_traffic();
     match result {
         Ok(code) => std::process::exit(code),
-        Err(e) if is_closed_stdout(&e) => std::process::exit(EXIT_BROKEN_PIPE),
+        Err(e) if is_closed_stdout(&e) => exit_broken_pipe(),
         Err(e) => {
             eprintln!("cairn: error: {e:#}");
             std::process::exit(exit_code(&e));
@@ -93,6 +93,14 @@ fn main() {
 
 /// Exit status of a process ended by SIGPIPE, as shells report it.
 const EXIT_BROKEN_PIPE: i32 = 128 + 13;
+
+/// Ends the process quietly, as SIGPIPE would have, when the reader of its output
+/// went away; the repository locks it holds are removed first (`exit` skips their
+/// drop).
+pub(crate) fn exit_broken_pipe() -> ! {
+    cairn_core::repo::lock::release_held();
+    std::process::exit(EXIT_BROKEN_PIPE)
+}
 
 /// Printing to a closed stdout panics in `println!`: end quietly instead.
 fn quiet_on_closed_stdout() {
@@ -105,7 +113,7 @@ fn quiet_on_closed_stdout() {
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or("");
         if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
-            std::process::exit(EXIT_BROKEN_PIPE);
+            exit_broken_pipe();
         }
         default(info);
     }));

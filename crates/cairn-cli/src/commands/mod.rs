@@ -340,9 +340,10 @@ pub fn progress(g: &Global) -> CliProgress {
 pub fn out_line(out: &mut impl std::io::Write, line: &str) {
     if let Err(e) = writeln!(out, "{line}") {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(128 + 13);
+            crate::exit_broken_pipe();
         }
         eprintln!("cairn: error: writing the output: {e}");
+        cairn_core::repo::lock::release_held();
         std::process::exit(1);
     }
 }

@@ -386,7 +386,8 @@ fn missing_source_paths_and_bad_arguments() {
 }
 
 /// Output to a reader that stops early (`cairn ls | head`, `cairn dump | head`)
-/// ends the command quietly with SIGPIPE's status, no panic and no error line.
+/// ends the command quietly with SIGPIPE's status, no panic and no error line, and
+/// leaves no lock behind.
 #[test]
 fn output_to_a_closed_pipe_ends_quietly() {
     use std::io::Read;
@@ -421,5 +422,7 @@ fn output_to_a_closed_pipe_ends_quietly() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
         assert!(err.is_empty(), "{args:?}: {err}");
+        let locks = fs::read_dir(env.repo.join("locks")).unwrap().count();
+        assert_eq!(locks, 0, "{args:?} left its lock");
     }
 }

@@ -175,6 +175,29 @@ impl Shared {
     }
 }
 
+/// The locks this process holds (name, storage, refresher state), for
+/// [`release_held`].
+type Held = (String, Arc<dyn Backend>, Arc<Shared>);
+static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
+
+fn held() -> std::sync::MutexGuard<'static, Vec<Held>> {
+    HELD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Removes every lock this process holds, for a process about to end without
+/// unwinding (`std::process::exit` when its output's reader went away, as in
+/// `cairn ls | head`): a lock left behind would hold up prune until it expires.
+/// Each lock's refresher is stopped first (it writes while holding its state's
+/// mutex, so no refresh can land after the removal).
+pub fn release_held() {
+    let all = std::mem::take(&mut *held());
+    for (name, backend, shared) in all {
+        *shared.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        shared.wake.notify_all();
+        let _ = backend.delete(&name);
+    }
+}
+
 /// A lock this process holds; released (deleted) on drop.
 pub struct RepoLock {
     backend: Arc<dyn Backend>,
@@ -323,6 +346,7 @@ impl RepoLock {
                 "cannot start the lock refresh thread".into(),
             ));
         }
+        held().push((me.name.clone(), me.backend.clone(), me.shared.clone()));
         Ok(me)
     }
 
@@ -357,6 +381,7 @@ impl RepoLock {
 
 impl Drop for RepoLock {
     fn drop(&mut self) {
+        held().retain(|(n, _, _)| *n != self.name);
         *self.shared.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
         self.shared.wake.notify_all();
         if let Some(t) = self.thread.take() {

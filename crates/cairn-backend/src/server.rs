@@ -24,6 +24,9 @@ pub struct ServerOptions {
     pub fingerprint: Option<String>,
     /// Extra PEM certificate(s) to trust.
     pub ca_cert: Option<PathBuf>,
+    /// Accept any certificate (`--insecure-tls`, testing only): the token then goes
+    /// to whoever answers.
+    pub insecure_tls: bool,
 }
 
 /// `cairn+https://host:port/datastore` split up.
@@ -250,6 +253,8 @@ impl ServerBackend {
                 .with_custom_certificate_verifier(Arc::new(Pinned { sha256, provider }))
                 .with_no_client_auth();
             client = client.tls_backend_preconfigured(config);
+        } else if opts.insecure_tls {
+            client = client.tls_danger_accept_invalid_certs(true);
         } else if let Some(path) = &opts.ca_cert {
             client = crate::io::trust_ca(client, path, location)?;
         }

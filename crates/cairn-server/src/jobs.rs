@@ -681,7 +681,7 @@ fn run_job(
                 server: cairn_backend::ServerOptions {
                     token,
                     fingerprint: spec.to_server_fingerprint.clone(),
-                    ca_cert: None,
+                    ..Default::default()
                 },
                 ..Default::default()
             };

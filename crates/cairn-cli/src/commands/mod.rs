@@ -236,6 +236,7 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
             token: server_token(r)?,
             fingerprint: r.server_fingerprint.clone(),
             ca_cert: r.cacert.clone(),
+            insecure_tls: r.insecure_tls,
         },
     })
 }

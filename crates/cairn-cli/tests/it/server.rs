@@ -331,6 +331,20 @@ fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
         .unwrap();
     let err = refused(o, "wrong fingerprint");
     assert!(err.contains("fingerprint"), "{err}");
+    // No fingerprint: the self-signed certificate is refused, unless the client
+    // accepts any certificate (--insecure-tls, testing only).
+    let unpinned = |extra: &[&str]| {
+        let mut args = extra.to_vec();
+        args.push("snapshots");
+        client_cmd(&env, &srv, "main", &admin, &args)
+            .env_remove("CAIRN_SERVER_FINGERPRINT")
+            .env("XDG_CACHE_HOME", env.path("cache3"))
+            .output()
+            .unwrap()
+    };
+    let err = refused(unpinned(&[]), "unpinned");
+    assert!(err.contains("--server-fingerprint"), "{err}");
+    ok(unpinned(&["--insecure-tls"]), "--insecure-tls");
 
     // The admin forgets and prunes through the server; every kept snapshot restores.
     ok(

@@ -85,10 +85,28 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) if is_closed_stdout(&e) => exit_broken_pipe(),
         Err(e) => {
-            eprintln!("cairn: error: {e:#}");
+            eprintln!("cairn: error: {}", one_line(&e));
             std::process::exit(exit_code(&e));
         }
     }
+}
+
+/// An error and its causes on one line, `outer: cause: cause`, each cause said once:
+/// the engine's errors already name their cause in their own message (`PATH: No
+/// such file or directory`), and printing the chain again repeated it.
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 /// Exit status of a process ended by SIGPIPE, as shells report it.

@@ -296,7 +296,7 @@ pub fn open_at(
     let repo = Repository::open_at(
         location,
         &storage_options(g)?,
-        || password().map_err(|e| cairn_core::Error::Invalid(format!("{e:#}"))),
+        || password().map_err(|e| cairn_core::Error::Invalid(crate::one_line(&e))),
         progress,
     )?;
     remember_traffic(&repo);

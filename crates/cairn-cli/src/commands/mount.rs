@@ -68,7 +68,7 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
     let repo = Repository::open_at(
         &location,
         &storage,
-        || crate::ui::password(g).map_err(|e| cairn_core::Error::Invalid(format!("{e:#}"))),
+        || crate::ui::password(g).map_err(|e| cairn_core::Error::Invalid(crate::one_line(&e))),
         &p.progress,
     )?;
     super::remember_traffic(&repo);

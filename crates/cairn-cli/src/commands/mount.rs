@@ -49,6 +49,31 @@ fn cache_sizes(
     Ok((content, trees))
 }
 
+/// The mount point must be a directory that is there: said before the password is
+/// asked for, and not blamed on FUSE's installation. A FUSE mount whose process
+/// ended (killed) answers "transport endpoint is not connected" until unmounted.
+fn check_mount_point(dir: &std::path::Path) -> Result<()> {
+    let d = dir.display();
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => anyhow::bail!("the mount point {d} is not a directory"),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => anyhow::bail!(
+            "{d} is a FUSE mount whose process ended: unmount it first (`fusermount3 -u {d}`)"
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::bail!("the mount point {d} does not exist (make an empty directory)")
+        }
+        Err(e) => Err(anyhow::Error::from(e).context(format!("the mount point {d}"))),
+    }
+}
+
+/// Whether `/dev/fuse` and `fusermount3` (on `PATH`) are there.
+fn fuse_installed() -> bool {
+    std::path::Path::new("/dev/fuse").exists()
+        && std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").is_file()))
+}
+
 pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
     let p = super::progress(g);
     let cache_size = a
@@ -57,6 +82,7 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
         .map(super::parse_size)
         .transpose()
         .context("--cache-size")?;
+    check_mount_point(&a.dir)?;
     let location = super::repo_location(g)?;
     let mut storage = super::storage_options(g)?;
     // `--retry-for` is the user's own bound; else a reader waits seconds, not minutes.
@@ -89,7 +115,7 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
     let dir = a.dir.display().to_string();
     let mounted = cairn_mount::mount(repo, &a.dir, &opts, sink).map_err(|e| match e {
         MountError::Engine(e) => anyhow::Error::from(e),
-        e @ MountError::Mount { .. } => anyhow::Error::from(e)
+        e @ MountError::Mount { .. } if !fuse_installed() => anyhow::Error::from(e)
             .context("FUSE needs /dev/fuse and fusermount3 (Debian: apt install fuse3)"),
         e => anyhow::Error::from(e),
     })?;

@@ -438,6 +438,28 @@ fn sigterm_or_an_outside_unmount_leaves_no_mount_behind() {
     assert!(status.success(), "{status:?}: {log}");
     assert!(log.contains("detached"), "{log}");
     assert!(!is_mounted(&mnt));
+
+    // Killed: the mount point stays a dead FUSE mount until unmounted, and a new
+    // mount there says so (not that FUSE is missing); so does a missing directory.
+    // (The guard is kept: its drop would unmount the dead mount.)
+    let mut m = Mount::start(&env, &mnt, &[]);
+    m.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = m.child.wait();
+    let err = env.fails(&["mount", mnt.to_str().unwrap()], 1);
+    assert!(
+        err.contains("a FUSE mount whose process ended") && !err.contains("apt install"),
+        "{err}"
+    );
+    let ok = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "fusermount3 -u of the dead mount");
+    drop(m);
+    let err = env.fails(&["mount", env.path("nowhere").to_str().unwrap()], 1);
+    assert!(err.contains("does not exist"), "{err}");
 }
 
 #[test]

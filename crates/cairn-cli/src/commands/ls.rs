@@ -4,7 +4,9 @@ use cairn_core::ls::{Entry, Listing};
 use cairn_core::session::{IndexLoad, Read};
 use cairn_format::tree::Node;
 
-/// `ls -l`'s mode column: the type letter and the nine permission bits.
+/// `ls -l`'s mode column: the type letter and the nine permission bits, with
+/// set-user-ID, set-group-ID and sticky shown in the execute places as `ls` does
+/// (`s`/`S`, `s`/`S`, `t`/`T`: lower case when the execute bit is set too).
 fn mode_string(e: &Entry) -> String {
     let t = match e.kind {
         "dir" => 'd',
@@ -18,6 +20,17 @@ fn mode_string(e: &Entry) -> String {
     let mut s = String::from(t);
     for (i, c) in "rwxrwxrwx".chars().enumerate() {
         s.push(if e.mode & (1 << (8 - i)) != 0 { c } else { '-' });
+    }
+    // (special bit, its column, the letter with and without execute)
+    for (bit, at, set, unset) in [
+        (0o4000, 3, 's', 'S'),
+        (0o2000, 6, 's', 'S'),
+        (0o1000, 9, 't', 'T'),
+    ] {
+        if e.mode & bit != 0 {
+            let letter = if s.as_bytes()[at] == b'x' { set } else { unset };
+            s.replace_range(at..=at, letter.encode_utf8(&mut [0; 4]));
+        }
     }
     s
 }
@@ -85,4 +98,40 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         })?;
     }
     Ok(if errors > 0 { 1 } else { 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(kind: &'static str, mode: u32) -> Entry {
+        Entry {
+            path: "/x".into(),
+            kind,
+            mode,
+            uid: 0,
+            gid: 0,
+            user: String::new(),
+            group: String::new(),
+            size: 0,
+            mtime: String::new(),
+            link_target: None,
+        }
+    }
+
+    #[test]
+    fn special_bits_show_as_ls_shows_them() {
+        for (kind, mode, want) in [
+            ("file", 0o755, "-rwxr-xr-x"),
+            ("file", 0o4755, "-rwsr-xr-x"),
+            ("file", 0o4644, "-rwSr--r--"),
+            ("file", 0o2755, "-rwxr-sr-x"),
+            ("file", 0o2644, "-rw-r-Sr--"),
+            ("dir", 0o1777, "drwxrwxrwt"),
+            ("dir", 0o1776, "drwxrwxrwT"),
+            ("file", 0o7000, "---S--S--T"),
+        ] {
+            assert_eq!(mode_string(&entry(kind, mode)), want, "{mode:o}");
+        }
+    }
 }

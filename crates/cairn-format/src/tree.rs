@@ -125,6 +125,43 @@ pub fn is_acl_name(name: &[u8]) -> bool {
     name == b"system.posix_acl_access" || name == b"system.posix_acl_default"
 }
 
+/// A POSIX ACL as Linux stores it in `system.posix_acl_*` (a version 2 header, then
+/// entries of tag, permission bits and id, little-endian) in the text form of
+/// `getfacl` and `setfacl` with numeric ids, one entry per line: `user::rw-`,
+/// `user:1000:r-x`, `group::r--`, `mask::rwx`, `other::r--`. `None` for bytes
+/// that are not such an ACL (the xattr is untrusted snapshot content).
+pub fn acl_text(xattr: &[u8]) -> Option<String> {
+    let (head, entries) = xattr.split_at_checked(4)?;
+    if head != 2u32.to_le_bytes() || entries.is_empty() || entries.len() % 8 != 0 {
+        return None;
+    }
+    let mut lines = Vec::with_capacity(entries.len() / 8);
+    for e in entries.chunks_exact(8) {
+        let tag = u16::from_le_bytes([e[0], e[1]]);
+        let perm = u16::from_le_bytes([e[2], e[3]]);
+        let id = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+        let (kind, named) = match tag {
+            0x01 => ("user", false),
+            0x02 => ("user", true),
+            0x04 => ("group", false),
+            0x08 => ("group", true),
+            0x10 => ("mask", false),
+            0x20 => ("other", false),
+            _ => return None,
+        };
+        if perm & !0o7 != 0 {
+            return None;
+        }
+        let qualifier = if named { id.to_string() } else { String::new() };
+        let bits: String = [(4, 'r'), (2, 'w'), (1, 'x')]
+            .iter()
+            .map(|&(b, c)| if perm & b != 0 { c } else { '-' })
+            .collect();
+        lines.push(format!("{kind}:{qualifier}:{bits}"));
+    }
+    Some(lines.join("\n"))
+}
+
 impl Node {
     pub fn new(name: Vec<u8>, kind: NodeKind) -> Self {
         Node {
@@ -415,6 +452,32 @@ impl ChunkList {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn acls_read_as_getfacl_writes_them() {
+        // setfacl -m u:1234:r-x,g:55:rw- (getfattr -e hex of the file).
+        let hex = "0200000001000600ffffffff02000500d204000004000400ffffffff\
+                   080006003700000010000700ffffffff20000400ffffffff";
+        let bytes: Vec<u8> = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(
+            acl_text(&bytes).unwrap(),
+            "user::rw-\nuser:1234:r-x\ngroup::r--\ngroup:55:rw-\nmask::rwx\nother::r--"
+        );
+        for bad in [
+            &bytes[..4],
+            &bytes[..11],
+            &[1, 0, 0, 0, 1, 0, 6, 0, 0, 0, 0, 0][..],
+            &[],
+        ] {
+            assert_eq!(acl_text(bad), None, "{bad:?}");
+        }
+        let mut odd_tag = bytes.clone();
+        odd_tag[4] = 0x40;
+        assert_eq!(acl_text(&odd_tag), None);
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -587,3 +587,68 @@ fn export_to_a_file_a_pipe_or_an_appended_file_writes_the_same_archive() {
         .collect();
     assert!(diffs.is_empty(), "trees differ:\n{}", diffs.join("\n"));
 }
+
+/// POSIX ACLs come back from an export with GNU tar's `--acls` (which takes them
+/// from its own `SCHILY.acl.*` records and sets them over what the xattrs gave),
+/// access and default ACLs alike.
+#[test]
+fn export_acls_come_back_with_gnu_tar_acls() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("f"), b"acl'd").unwrap();
+    // user::rw- user:1234:r-x group::r-- group:55:rw- mask::rwx other::r--
+    let acl = |entries: &[(u16, u16, u32)]| {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in entries {
+            v.extend_from_slice(&tag.to_le_bytes());
+            v.extend_from_slice(&perm.to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        v
+    };
+    let access = acl(&[
+        (0x01, 6, u32::MAX),
+        (0x02, 5, 1234),
+        (0x04, 4, u32::MAX),
+        (0x08, 6, 55),
+        (0x10, 7, u32::MAX),
+        (0x20, 4, u32::MAX),
+    ]);
+    let default = acl(&[
+        (0x01, 7, u32::MAX),
+        (0x02, 7, 1234),
+        (0x04, 5, u32::MAX),
+        (0x10, 7, u32::MAX),
+        (0x20, 5, u32::MAX),
+    ]);
+    xattr::set(src.join("f"), "system.posix_acl_access", &access).unwrap();
+    xattr::set(src.join("d"), "system.posix_acl_default", &default).unwrap();
+    let snap = env.backup(&[&src]);
+    let tarball = env.path("out.tar");
+    env.ok(&["export", &snap, "-o", tarball.to_str().unwrap()]);
+    let x = env.path("x");
+    fs::create_dir_all(&x).unwrap();
+    let out = std::process::Command::new("tar")
+        .args(["--acls", "-xpf"])
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&x)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = x.join(src.strip_prefix("/").unwrap());
+    assert_eq!(
+        xattr::get(got.join("f"), "system.posix_acl_access").unwrap(),
+        Some(access)
+    );
+    assert_eq!(
+        xattr::get(got.join("d"), "system.posix_acl_default").unwrap(),
+        Some(default)
+    );
+}

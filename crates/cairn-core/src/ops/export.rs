@@ -6,8 +6,9 @@
 //! read several at a time, ahead of the writer.
 //!
 //! A tar archive is POSIX (ustar with pax extensions): long names and link targets,
-//! owners by id and name, modification times with nanoseconds, and extended
-//! attributes as `SCHILY.xattr.*` (what GNU tar and bsdtar read). Hard links
+//! owners by id and name, modification times with nanoseconds, extended
+//! attributes as `SCHILY.xattr.*` (what GNU tar and bsdtar read), and POSIX ACLs
+//! also as GNU tar's `SCHILY.acl.access`/`.default` (what `tar --acls` reads). Hard links
 //! within the export become tar hard links. A zip archive (for systems without tar)
 //! carries names, permission bits, symlinks and modification times to the zip
 //! format's 2 seconds (in UTC); owners, xattrs, FIFOs and devices have no place in it
@@ -274,6 +275,16 @@ impl TarSink<'_> {
                 format!("SCHILY.xattr.{}", String::from_utf8_lossy(k)),
                 v.clone(),
             ));
+            // GNU tar's `--acls` reads ACLs from its own records in text form (and
+            // sets them over what the xattrs gave): both go in, as GNU tar writes.
+            let acl = match k.as_slice() {
+                b"system.posix_acl_access" => Some("SCHILY.acl.access"),
+                b"system.posix_acl_default" => Some("SCHILY.acl.default"),
+                _ => None,
+            };
+            if let Some((key, text)) = acl.zip(cairn_format::tree::acl_text(v)) {
+                pax.push((key.into(), text.into_bytes()));
+            }
         }
         pax.extend(extra);
         self.tar

@@ -555,6 +555,19 @@ fn zip_err(e: zip::result::ZipError) -> Error {
     }
 }
 
+/// [`zip_err`] for the entry `shown`: the zip library's own text for a name it
+/// refuses is not one to show.
+fn zip_entry_err(shown: &str) -> impl FnOnce(zip::result::ZipError) -> Error + '_ {
+    move |e| match e {
+        zip::result::ZipError::Io(e) => io(e),
+        e if e.to_string().contains("Duplicate filename") => Error::Invalid(format!(
+            "{shown}: the zip archive already has an entry of this name (a name that is \
+             not UTF-8 is stored changed and can meet another); export as tar instead"
+        )),
+        e => Error::Invalid(format!("writing the zip archive at {shown}: {e}")),
+    }
+}
+
 /// Zip's options for an entry: permission bits and the modification time (DOS
 /// time, 2-second steps, taken as UTC; clamped to the years zip can hold).
 fn zip_options(n: &Node) -> zip::write::SimpleFileOptions {
@@ -567,12 +580,19 @@ fn zip_options(n: &Node) -> zip::write::SimpleFileOptions {
 }
 
 /// A zip entry's name: zip names are UTF-8 strings; another name is stored with
-/// its invalid bytes replaced, and said so.
+/// each invalid byte written `\xNN` (so that two such names stay apart), and said
+/// so.
 fn zip_name(name: &[u8], notes: &mut Vec<String>) -> String {
-    let s = String::from_utf8_lossy(name).into_owned();
+    let mut s = String::with_capacity(name.len());
+    for chunk in name.utf8_chunks() {
+        s.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            s.push_str(&format!("\\x{b:02X}"));
+        }
+    }
     if s.as_bytes() != name {
         notes.push(format!(
-            "{s}: the name is not UTF-8; stored with U+FFFD for its invalid bytes"
+            "{s}: the name is not UTF-8; stored with \\xNN for its invalid bytes"
         ));
     }
     s
@@ -585,10 +605,16 @@ impl Sink for ZipSink<'_> {
         let opts = zip_options(n);
         let zip = self.writer()?;
         match n.kind {
-            NodeKind::Dir => zip.add_directory(shown, opts).map_err(zip_err)?,
+            NodeKind::Dir => zip
+                .add_directory(shown.as_str(), opts)
+                .map_err(zip_entry_err(&shown))?,
             NodeKind::Symlink => zip
-                .add_symlink(shown, String::from_utf8_lossy(&n.link_target), opts)
-                .map_err(zip_err)?,
+                .add_symlink(
+                    shown.as_str(),
+                    String::from_utf8_lossy(&n.link_target),
+                    opts,
+                )
+                .map_err(zip_entry_err(&shown))?,
             _ => {
                 return Ok(Some(format!(
                     "{shown}: a {} cannot be stored in a zip archive (left out)",
@@ -613,7 +639,8 @@ impl Sink for ZipSink<'_> {
             .compression_level(Some(3))
             .large_file(n.size >= u64::from(u32::MAX));
         let zip = self.writer()?;
-        zip.start_file(shown, opts).map_err(zip_err)?;
+        zip.start_file(shown.as_str(), opts)
+            .map_err(zip_entry_err(&shown))?;
         // Zip has no hard links: another name of a file is another copy, read again.
         let r = std::io::copy(content, zip);
         if let Some(e) = content.error.take() {
@@ -1160,5 +1187,22 @@ impl<S: Sink> Visitor for Exporter<'_, S> {
     fn child(&mut self, dir: &mut DirAhead, _: &str, _: &Node, _: ()) -> Result<()> {
         self.next_run(dir);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zip_names_that_are_not_utf8_stay_apart_and_are_said() {
+        let mut notes = Vec::new();
+        assert_eq!(zip_name("plain/é".as_bytes(), &mut notes), "plain/é");
+        assert!(notes.is_empty());
+        let a = zip_name(b"d/\xff-x", &mut notes);
+        let b = zip_name(b"d/\xfe-x", &mut notes);
+        assert_eq!((a.as_str(), b.as_str()), ("d/\\xFF-x", "d/\\xFE-x"));
+        assert_eq!(notes.len(), 2);
+        assert!(notes[0].contains("not UTF-8"), "{notes:?}");
     }
 }

@@ -88,6 +88,22 @@ fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("{what}: {e}"))
 }
 
+/// [`fs_err`] for reading a file's content. The ext2/3/4 reader cannot follow a
+/// block-mapped (ext2/ext3) file whose hole covers a whole indirect block: it
+/// reads the null block pointer as block 0 and calls that corruption. Said as what
+/// it is, with the ways that work.
+fn read_err(what: &str, e: impl std::fmt::Display) -> Error {
+    let text = e.to_string();
+    if text.contains("from block 0 (originally 0)") {
+        return Error::Invalid(format!(
+            "{what}: a sparse file of an ext2/ext3 filesystem whose hole spans an indirect \
+             block, which --image-fs cannot read yet; restore the image (`restore --image`) \
+             or loop-mount it read-only through `cairn mount` (docs/IMAGES.md)"
+        ));
+    }
+    fs_err(what, text)
+}
+
 impl ImageFs {
     /// Opens the filesystem of `snap`'s image: at `partition` (1-based) of its
     /// partition table, or at the start of the image, or in the first partition
@@ -173,11 +189,11 @@ impl ImageFs {
         let mut file = self
             .fs
             .open(Self::path(&path)?)
-            .map_err(|e| fs_err(&path, e))?;
+            .map_err(|e| read_err(&path, e))?;
         let mut buf = vec![0u8; 1 << 20];
         let mut total = 0u64;
         loop {
-            let n = file.read_bytes(&mut buf).map_err(|e| fs_err(&path, e))?;
+            let n = file.read_bytes(&mut buf).map_err(|e| read_err(&path, e))?;
             if n == 0 {
                 return Ok(total);
             }

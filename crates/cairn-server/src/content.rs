@@ -545,6 +545,7 @@ fn snapshot_rows(
         .attribute_hosts(&mut list)
         .map_err(engine_error)?
         .into_iter()
+        .map(|(id, claimed, _)| (id, claimed))
         .collect();
     let mut rows = Vec::new();
     for (id, s) in &list {

@@ -690,6 +690,8 @@ pub struct HostClaim {
     pub claimed: String,
     /// The host the server recorded (the storing token's).
     pub recorded: String,
+    /// The claimed host is another bound token's (not merely the machine's own name).
+    pub poses: bool,
 }
 
 impl ForgetReport {
@@ -731,7 +733,7 @@ pub fn forget(
         } => {
             let (snaps, bad) = session.snapshots()?;
             let mut snaps = snaps.clone();
-            for (id, claimed) in session.repo().attribute_hosts(&mut snaps)? {
+            for (id, claimed, poses) in session.repo().attribute_hosts(&mut snaps)? {
                 let recorded = snaps
                     .iter()
                     .find(|(i, _)| *i == id)
@@ -742,6 +744,7 @@ pub fn forget(
                     short_id: id.short(),
                     claimed,
                     recorded,
+                    poses,
                 });
             }
             let groups = plan(&snaps, policy, *group_by, filter)?;

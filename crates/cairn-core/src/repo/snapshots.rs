@@ -176,18 +176,23 @@ impl Repository {
     /// name, the server vouches for the token's. Retention groups and filters by host,
     /// so a hijacked backup client's snapshots claiming another host must count as
     /// its own host's, not push that host's real ones out of a `--keep-last`.
-    /// Returns the snapshots changed, with the host each claimed.
+    /// Returns the snapshots changed, with the host each claimed; `true` when that
+    /// is a host the server recorded for other snapshots (another bound token's:
+    /// posing as it, not just a machine whose own name differs from its token's).
     pub fn attribute_hosts(
         &self,
         snaps: &mut [(SnapshotId, Snapshot)],
-    ) -> Result<Vec<(SnapshotId, String)>> {
+    ) -> Result<Vec<(SnapshotId, String, bool)>> {
         let recorded = self.recorded_hosts(snaps)?;
+        let hosts: std::collections::HashSet<&String> = recorded.values().collect();
         let mut changed = Vec::new();
         for (id, s) in snaps.iter_mut() {
             if let Some(h) = recorded.get(id)
                 && *h != s.hostname
             {
-                changed.push((*id, std::mem::replace(&mut s.hostname, h.clone())));
+                let claimed = std::mem::replace(&mut s.hostname, h.clone());
+                let poses = hosts.contains(&claimed);
+                changed.push((*id, claimed, poses));
             }
         }
         Ok(changed)

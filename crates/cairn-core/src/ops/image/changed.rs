@@ -97,6 +97,11 @@ impl ChangedRanges {
                     }
                 }
                 Some('<') => ChangedFormat::ThinDelta,
+                Some('{') => {
+                    return Err("a JSON object: the json format is an array of ranges \
+                                ([{\"offset\": N, \"length\": N}, ...])"
+                        .into());
+                }
                 _ => ChangedFormat::Ranges,
             },
             f => f,
@@ -209,11 +214,24 @@ fn parse_json(text: &str, qemu: bool) -> std::result::Result<Vec<(u64, u64)>, St
         serde_json::from_str(text).map_err(|e| format!("not a JSON array of ranges: {e}"))?;
     let mut out = Vec::with_capacity(v.len());
     for (i, e) in v.iter().enumerate() {
-        let field = |k: &str| e.get(k).and_then(serde_json::Value::as_u64);
-        let off = field("offset")
-            .or_else(|| field("start"))
-            .ok_or_else(|| format!("entry {i}: no \"offset\" or \"start\""))?;
-        let len = field("length").ok_or_else(|| format!("entry {i}: no \"length\""))?;
+        // The first of `names` the entry has, which must be a byte count.
+        let field = |names: &[&str]| -> std::result::Result<u64, String> {
+            let Some((k, v)) = names.iter().find_map(|k| e.get(*k).map(|v| (k, v))) else {
+                let names: Vec<String> = names.iter().map(|k| format!("{k:?}")).collect();
+                return Err(format!("entry {i}: no {}", names.join(" or ")));
+            };
+            v.as_u64().ok_or_else(|| {
+                format!("entry {i}: \"{k}\" is {v}, not a byte count (a whole number from 0)")
+            })
+        };
+        // In `qemu-img map` output `start` is the guest offset and `offset` where
+        // the data lies in the image file.
+        let off = if qemu {
+            field(&["start", "offset"])?
+        } else {
+            field(&["offset", "start"])?
+        };
+        let len = field(&["length"])?;
         let dirty = if qemu {
             match e.get("data").and_then(serde_json::Value::as_bool) {
                 Some(data) => !data,
@@ -324,6 +342,24 @@ mod tests {
         assert!(ChangedRanges::parse(q, ChangedFormat::Auto, 1 << 20).is_err());
         let r = ChangedRanges::parse(q, ChangedFormat::QemuDirtyMap, 1 << 20).unwrap();
         assert_eq!(r.ranges(), &[(65536, 131072)]);
+        // What is wrong is said: a value that is not a byte count, a missing member,
+        // an object where an array belongs.
+        for (bad, says) in [
+            (
+                r#"[{"offset": -1, "length": 10}]"#,
+                "\"offset\" is -1, not a byte count",
+            ),
+            (
+                r#"[{"start": 1.5, "length": 10}]"#,
+                "\"start\" is 1.5, not a byte count",
+            ),
+            (r#"[{"length": 10}]"#, "entry 0: no \"offset\" or \"start\""),
+            (r#"[{"offset": 0, "length": "9"}]"#, "\"length\" is \"9\""),
+            (r#"{"offset": 0, "length": 9}"#, "a JSON object"),
+        ] {
+            let e = ChangedRanges::parse(bad, ChangedFormat::Auto, 1 << 20).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

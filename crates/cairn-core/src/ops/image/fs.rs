@@ -145,11 +145,11 @@ impl ImageFs {
             }
         }
         Err(Error::Invalid(format!(
-            "no ext2/3/4 filesystem found in the image{} ({}); for other filesystems, `cairn mount` the repository and mount the image file with `mount -o ro,loop`",
-            if parts.is_empty() {
-                String::new()
-            } else {
-                format!(" or its {} partitions", parts.len())
+            "no ext2/3/4 filesystem found {} ({}); for other filesystems, `cairn mount` the repository and mount the image file with `mount -o ro,loop`",
+            match partition {
+                Some(p) => format!("in partition {p} of the image"),
+                None if parts.is_empty() => "in the image".to_string(),
+                None => format!("in the image or its {} partitions", parts.len()),
             },
             last.map_or_else(|| "nothing to read".to_string(), |e| e.to_string())
         )))

@@ -1095,6 +1095,8 @@ impl Walk<'_> {
             }
             for (i, job) in jobs.iter().enumerate() {
                 if let Some(m) = failed.get(&(i as u32)) {
+                    // Counted when it was queued; it is an error, not a file written.
+                    self.stats.files = self.stats.files.saturating_sub(1);
                     // Not given its metadata: it keeps the restore's time and mode
                     // 0600, so nothing syncing by size and time takes it as intact.
                     // A one-chunk file is created only with its content: when that

@@ -552,11 +552,20 @@ pub struct BackupArgs {
     pub read_limit: Option<String>,
 }
 
+/// A path inside a snapshot as given, even when it is not UTF-8 (a file name
+/// with other bytes): its invalid bytes read as U+FFFD, which is how listings show
+/// such names, and the engine matches a name so when only one name reads that way.
+fn snapshot_path() -> impl clap::builder::TypedValueParser<Value = String> {
+    use clap::builder::TypedValueParser;
+    clap::builder::OsStringValueParser::new().map(|s| s.to_string_lossy().into_owned())
+}
+
 #[derive(Args)]
 pub struct LsArgs {
     /// Snapshot id (prefix) or "latest"
     pub snapshot: String,
     /// Directory or file inside the snapshot
+    #[arg(value_parser = snapshot_path())]
     pub path: Option<String>,
     /// Long listing: mode, owner, size, time
     #[arg(short, long)]
@@ -639,6 +648,7 @@ pub struct DiffArgs {
     /// The newer snapshot (id prefix or "latest")
     pub second: String,
     /// Compare only this directory or file of both
+    #[arg(value_parser = snapshot_path())]
     pub path: Option<String>,
     /// Also list entries whose content is the same but whose owner, mode, time or
     /// extended attributes changed (always counted in the summary)
@@ -653,7 +663,7 @@ pub struct DumpArgs {
     /// Snapshot id (prefix) or "latest"
     pub snapshot: String,
     /// Path of the file inside the snapshot (with --archive: a directory, or / for all)
-    #[arg(required_unless_present = "image_fs", default_value = "")]
+    #[arg(required_unless_present = "image_fs", default_value = "", value_parser = snapshot_path())]
     pub file: String,
     /// Write the path and everything below it as an archive (`tar`: POSIX with pax,
     /// owners, times, xattrs and hard links; streams, e.g. to tape; `zip`). A
@@ -671,6 +681,7 @@ pub struct ExportArgs {
     /// Snapshot id (prefix) or "latest"
     pub snapshot: String,
     /// Directory or file of the snapshot to export (default: all of it)
+    #[arg(value_parser = snapshot_path())]
     pub path: Option<String>,
     /// tar (POSIX with pax: owners, ns times, xattrs, hard links, devices) or zip
     /// (names, modes, symlinks, 2 s times; deflated)
@@ -692,7 +703,7 @@ pub struct RestoreArgs {
     #[arg(short, long)]
     pub target: PathBuf,
     /// Restore only this path of the snapshot and what is below it (repeatable)
-    #[arg(short, long = "include")]
+    #[arg(short, long = "include", value_parser = snapshot_path())]
     pub includes: Vec<String>,
     /// What to do with entries already in the target: always (replace), if-changed
     /// (replace unless size and time, or else the content, match the snapshot; a

@@ -652,3 +652,73 @@ fn export_acls_come_back_with_gnu_tar_acls() {
         Some(default)
     );
 }
+
+/// A file whose name is not UTF-8 can be named to `dump`, `ls` and `restore
+/// --include`, by its bytes or as listings show it (U+FFFD for each invalid byte),
+/// when only one name of its directory reads that way; two that do are refused
+/// by name, not mixed up.
+#[test]
+fn names_that_are_not_utf8_can_be_named() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let raw = |name: &[u8]| {
+        let mut p = src.as_os_str().as_bytes().to_vec();
+        p.push(b'/');
+        p.extend_from_slice(name);
+        std::ffi::OsString::from_vec(p)
+    };
+    fs::write(raw(b"\xff-one"), b"one").unwrap();
+    fs::write(raw(b"\xfe\xfd-two"), b"two").unwrap();
+    fs::write(raw(b"\xfc\xfd-two"), b"also two").unwrap();
+    let snap = env.backup(&[&src]);
+    let dump = |path: &OsStr| {
+        let o = env.cmd(&["dump", &snap]).arg(path).output().unwrap();
+        (
+            o.status.code(),
+            o.stdout,
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    // By its bytes, and as shown.
+    assert_eq!(dump(&raw(b"\xff-one")).1, b"one");
+    let shown = format!("{}/\u{FFFD}-one", src.display());
+    assert_eq!(dump(OsStr::new(&shown)).1, b"one");
+    // Two names read "\u{FFFD}\u{FFFD}-two": refused, whichever is given.
+    for given in [
+        raw(b"\xfc\xfd-two"),
+        format!("{}/\u{FFFD}\u{FFFD}-two", src.display()).into(),
+    ] {
+        let (code, out, err) = dump(&given);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(out.is_empty());
+        assert!(
+            err.contains("several names in the snapshot read as"),
+            "{err}"
+        );
+    }
+    // ls lists it as shown; restore --include by its bytes restores it alone.
+    let ls = env.ok(&["ls", &snap]);
+    assert!(ls.contains("\u{FFFD}-one"), "{ls}");
+    let t = env.path("t");
+    let o = env
+        .cmd(&[
+            "restore",
+            &snap,
+            "--target",
+            t.to_str().unwrap(),
+            "--include",
+        ])
+        .arg(raw(b"\xff-one"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dir = t.join(src.strip_prefix("/").unwrap());
+    let mut got = dir.clone().into_os_string().into_vec();
+    got.extend_from_slice(b"/\xff-one");
+    assert_eq!(fs::read(OsStr::from_bytes(&got)).unwrap(), b"one");
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+}

@@ -20,15 +20,37 @@ pub(crate) fn walk_path(path: &str) -> String {
     components(path).iter().map(|c| format!("/{c}")).collect()
 }
 
+/// The entry of `tree` named `name`: by its bytes, else (a name that is not UTF-8,
+/// given as listings show it, its invalid bytes as U+FFFD) the one entry whose name
+/// reads as `name`; several such are refused as ambiguous.
+fn entry_named<'t>(tree: &'t Tree, name: &str, path: &str) -> Result<&'t Node> {
+    if let Some(n) = tree.find(name.as_bytes()) {
+        return Ok(n);
+    }
+    let mut lossy = tree
+        .nodes
+        .iter()
+        .filter(|n| std::str::from_utf8(&n.name).is_err())
+        .filter(|n| String::from_utf8_lossy(&n.name) == name);
+    match (lossy.next(), lossy.next()) {
+        (Some(n), None) => Ok(n),
+        (Some(_), Some(_)) => Err(Error::Invalid(format!(
+            "{path}: several names in the snapshot read as {name:?} (their bytes that are \
+             not UTF-8 show as U+FFFD); name their directory instead"
+        ))),
+        _ => Err(Error::Invalid(format!(
+            "{path}: no such file or directory in the snapshot"
+        ))),
+    }
+}
+
 /// Finds the node at `path`; the root (`/` or empty) has no node and returns `None`.
 pub fn find_node(repo: &Repository, root: &BlobId, path: &str) -> Result<Option<Node>> {
     let comps = components(path);
     let mut tree = repo.load_tree(root)?;
     let mut found: Option<Node> = None;
     for (i, c) in comps.iter().enumerate() {
-        let node = tree.find(c.as_bytes()).cloned().ok_or_else(|| {
-            Error::Invalid(format!("{path}: no such file or directory in the snapshot"))
-        })?;
+        let node = entry_named(&tree, c, path)?.clone();
         if i + 1 < comps.len() {
             match (node.kind, node.subtree) {
                 (NodeKind::Dir, Some(sub)) => tree = repo.load_tree(&sub)?,

@@ -117,10 +117,17 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         );
     }
     if !r.errors.is_empty() {
-        eprintln!(
-            "cairn: error: {} could not be restored completely (listed above); everything else was restored",
-            ui::count(r.errors.len() as u64, "entry")
-        );
+        if r.dry_run {
+            eprintln!(
+                "cairn: error: {} could not be restored (listed above); nothing was written (dry run)",
+                ui::count(r.errors.len() as u64, "entry")
+            );
+        } else {
+            eprintln!(
+                "cairn: error: {} could not be restored completely (listed above); everything else was restored",
+                ui::count(r.errors.len() as u64, "entry")
+            );
+        }
         return Ok(1);
     }
     Ok(0)

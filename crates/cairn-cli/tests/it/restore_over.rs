@@ -428,3 +428,29 @@ fn include_paths_are_normalised_and_a_file_target_is_refused() {
         assert!(err.contains("exists and is not a directory"), "{err}");
     }
 }
+
+/// A file of someone else's in the target with the snapshot's size and time but
+/// not its content or owner is written anew from the snapshot: never given the
+/// snapshot's owner and mode in place (which would hand that owner, and set-ID
+/// bits, whatever the other user put there).
+#[test]
+fn another_owners_file_is_replaced_not_given_the_snapshots_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let (env, snap, src, copy) = backed_up();
+    let f = copy.join("same");
+    let mut bytes = fs::read(&f).unwrap();
+    bytes[0] ^= 0xff;
+    fs::write(&f, &bytes).unwrap();
+    std::os::unix::fs::chown(&f, Some(4321), Some(4321)).unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+    set_times(&f, 1_600_000_000, 0);
+    let r = restore_json(&env, &snap, &[]);
+    assert_eq!(r["files"], 1, "{r}");
+    assert_eq!(fs::read(&f).unwrap(), fs::read(src.join("same")).unwrap());
+    let m = fs::metadata(&f).unwrap();
+    assert_eq!(
+        (m.uid(), m.mode() & 0o7777),
+        (0, fs::metadata(src.join("same")).unwrap().mode() & 0o7777)
+    );
+    assert_same(&src, &copy);
+}

@@ -641,7 +641,15 @@ impl Walk<'_> {
             Err((r, e)) => {
                 self.stats.deleted += r.removed;
                 self.stats.mounts_left += r.mounts_left;
-                self.issue(dir.node.join(name), format!("deleting it: {e}"));
+                let also = if r.mounts_left > 0 {
+                    format!(
+                        " ({} with another file system mounted left alone before it)",
+                        r.mounts_left
+                    )
+                } else {
+                    String::new()
+                };
+                self.issue(dir.node.join(name), format!("deleting it: {e}{also}"));
                 false
             }
         }
@@ -677,7 +685,7 @@ impl Walk<'_> {
         {
             self.issue(
                 parent.node.join(name),
-                "a directory is in the way, with another file system mounted below it".into(),
+                "a directory is in the way, with another file system mounted on or below it".into(),
             );
         }
         false

@@ -77,10 +77,12 @@ fn mtime_of(node: &Node) -> (i64, u32) {
 /// sets owners. Content is read only for `if-changed` when size matches and the time
 /// does not.
 ///
-/// Metadata is set in place only on a file with one name. A file with more could be
-/// a hard link to a file outside the target (anyone who can write the target can
-/// make one), and a chmod, chown or new time there would change that file too: it
-/// is replaced by a new one instead.
+/// Metadata is set in place only on a file with one name whose owner stays the
+/// same. A file with more names could be a hard link to a file outside the target
+/// (anyone who can write the target can make one), and a chmod, chown or new time
+/// there would change that file too; a file whose owner would change is someone
+/// else's content given the snapshot's owner (and set-ID bits): both are replaced
+/// by a new file instead.
 pub(crate) fn decide(
     repo: &Repository,
     mode: Overwrite,
@@ -106,16 +108,22 @@ pub(crate) fn decide(
         Overwrite::IfChanged => {
             if node.kind == NodeKind::File && st.kind() == libc::S_IFREG && st.size == node.size {
                 let same_time = st.mtime == mtime_of(node);
-                if !same_time && !matches!(file_matches(repo, dir, name, st, node), Ok(true)) {
-                    return Decision::Write;
-                }
                 if same_time && !metadata_differs(st, node, owners) {
                     return Decision::Keep;
                 }
-                return if st.nlink > 1 {
-                    Decision::Write
-                } else {
+                // Metadata in place only on a file whose one name is this and whose
+                // owner stays: a chown (and with it set-ID bits) would hand the
+                // snapshot's owner whatever the file's owner put there, and that
+                // owner could still change the bytes after they were compared. Such
+                // files are written anew, by restore, from the snapshot.
+                let owner_stays = !owners || (st.uid, st.gid) == (node.uid, node.gid);
+                if st.nlink > 1 || !owner_stays {
+                    return Decision::Write;
+                }
+                return if same_time || matches!(file_matches(repo, dir, name, st, node), Ok(true)) {
                     Decision::Metadata
+                } else {
+                    Decision::Write
                 };
             }
             if same_entry(repo, dir, name, st, node) {

@@ -171,15 +171,19 @@ pub(super) fn dry_run(
                     continue;
                 }
                 let d = decide(existing.as_ref());
-                if node.nlink > 1 {
-                    let id = existing.filter(|_| d != Decision::Write).map(|st| st.id());
-                    first_links.insert(key, id);
-                }
-                match (d, &existing) {
-                    (Decision::Keep, Some(st)) => kept(&mut stats, st, &node),
-                    (Decision::Metadata, _) => stats.metadata_only += 1,
+                // As the restore does: a name becomes the first of its inode's names
+                // only when it is there afterwards (kept, or written).
+                let there = match (d, &existing) {
+                    (Decision::Keep, Some(st)) => {
+                        kept(&mut stats, st, &node);
+                        true
+                    }
+                    (Decision::Metadata, _) => {
+                        stats.metadata_only += 1;
+                        true
+                    }
                     _ => {
-                        if dir_in_the_way(
+                        let clear = dir_in_the_way(
                             parent,
                             &name,
                             existing.as_ref(),
@@ -187,11 +191,17 @@ pub(super) fn dry_run(
                             opts,
                             mount,
                             &mut stats,
-                        ) {
+                        );
+                        if clear {
                             stats.files += 1;
                             stats.bytes += node.size;
                         }
+                        clear
                     }
+                };
+                if node.nlink > 1 && there {
+                    let id = existing.filter(|_| d != Decision::Write).map(|st| st.id());
+                    first_links.insert(key, id);
                 }
             }
             _ => match (decide(existing.as_ref()), &existing) {
@@ -262,7 +272,7 @@ fn dir_in_the_way(
         issue(
             stats,
             path.to_path_buf(),
-            "a directory is in the way, with another file system mounted below it".into(),
+            "a directory is in the way, with another file system mounted on or below it".into(),
         );
     }
     false

@@ -178,8 +178,9 @@ pub(crate) fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
 }
 
 /// Which mount `name` in `dir` lies on (an empty `name`: `dir` itself), symlinks not
-/// followed: its device and, where the kernel says (statx, Linux 5.8), its mount id,
-/// so that a bind mount of the same file system counts as another mount. Equal
+/// followed: its mount id where the kernel says (statx, Linux 5.8), so that a bind
+/// mount of the same file system counts as another mount and a btrfs subvolume
+/// (a device of its own on the same mount) does not; else its device. Equal
 /// values: the same mount.
 pub(crate) fn mount_of(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(u64, u64)> {
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
@@ -215,13 +216,10 @@ pub(crate) fn mount_of(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(u64, u64
     }
     // SAFETY: zeroed, then filled by the successful call above.
     let stx = unsafe { stx.assume_init() };
-    let dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
-    let mnt = if stx.stx_mask & libc::STATX_MNT_ID != 0 {
-        stx.stx_mnt_id
-    } else {
-        0
-    };
-    Ok((dev, mnt))
+    if stx.stx_mask & libc::STATX_MNT_ID != 0 {
+        return Ok((u64::MAX, stx.stx_mnt_id));
+    }
+    Ok((libc::makedev(stx.stx_dev_major, stx.stx_dev_minor), 0))
 }
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.

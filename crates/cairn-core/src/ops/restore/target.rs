@@ -435,6 +435,46 @@ pub(crate) fn count_tree(
     walk_removal(parent, name, mount, false)
 }
 
+/// What [`walk_removal`] finds at a name.
+enum Found {
+    /// On another mount (a mount point, or a file bind-mounted there): left alone.
+    Other,
+    /// Not a directory, on the target's mount.
+    Leaf,
+    /// A directory on the target's mount, opened.
+    Dir(OwnedFd),
+}
+
+/// Looks at `name` in `dir` for [`walk_removal`]. A directory is opened first and
+/// its mount then read through the descriptor: an automount point (which the
+/// open triggers) or a mount made in between is seen as what the descriptor
+/// reaches, never emptied as if it were the target's.
+fn look(dir: BorrowedFd<'_>, name: &CStr, mount: (u64, u64)) -> io::Result<Found> {
+    let st = sys::stat_at(dir, name)?;
+    if st.kind() != libc::S_IFDIR {
+        return Ok(if sys::mount_of(dir, name)? == mount {
+            Found::Leaf
+        } else {
+            Found::Other
+        });
+    }
+    let fd = sys::open_at(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    if sys::mount_of(fd.as_fd(), c"")? != mount {
+        return Ok(Found::Other);
+    }
+    Ok(Found::Dir(fd))
+}
+
+/// Unlinks a non-directory for [`walk_removal`]; `false`: it is a mount point
+/// (EBUSY: a file bind-mounted there), left alone.
+fn unlink_leaf(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
+    match sys::unlink_at(dir, name) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// [`remove_tree`] (`remove`), or the same walk counting only.
 fn walk_removal(
     parent: BorrowedFd<'_>,
@@ -443,22 +483,23 @@ fn walk_removal(
     remove: bool,
 ) -> Result<Removal, (Removal, io::Error)> {
     let mut done = Removal::default();
-    let st = sys::stat_at(parent, name).map_err(|e| (done, e))?;
-    if st.kind() != libc::S_IFDIR {
-        if remove {
-            sys::unlink_at(parent, name).map_err(|e| (done, e))?;
+    let top = match look(parent, name, mount).map_err(|e| (done, e))? {
+        Found::Other => {
+            done.mounts_left = 1;
+            return Ok(done);
         }
-        done.removed = 1;
-        return Ok(done);
-    }
-    if sys::mount_of(parent, name).map_err(|e| (done, e))? != mount {
-        done.mounts_left += 1;
-        return Ok(done);
-    }
+        Found::Leaf => {
+            if remove && !unlink_leaf(parent, name).map_err(|e| (done, e))? {
+                done.mounts_left = 1;
+            } else {
+                done.removed = 1;
+            }
+            return Ok(done);
+        }
+        Found::Dir(fd) => fd,
+    };
     // Each level: the directory's descriptor, its name in the level above, the names
     // still to remove in it, and whether it holds a mount point (then it stays).
-    let top =
-        sys::open_at(parent, name, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| (done, e))?;
     let names = sys::list_dir(top.as_fd()).map_err(|e| (done, e))?;
     let mut stack: Vec<(OwnedFd, CString, Vec<CString>, bool)> =
         vec![(top, name.to_owned(), names, false)];
@@ -481,23 +522,22 @@ fn walk_removal(
             done.removed += 1;
             continue;
         };
-        let st = sys::stat_at(fd.as_fd(), &child).map_err(|e| (done, e))?;
-        if st.kind() == libc::S_IFDIR {
-            if sys::mount_of(fd.as_fd(), &child).map_err(|e| (done, e))? != mount {
-                done.mounts_left += 1;
-                if let Some(level) = stack.last_mut() {
-                    level.3 = true;
-                }
+        let dir = fd.as_fd();
+        let kept = match look(dir, &child, mount).map_err(|e| (done, e))? {
+            Found::Dir(sub) => {
+                let names = sys::list_dir(sub.as_fd()).map_err(|e| (done, e))?;
+                stack.push((sub, child, names, false));
                 continue;
             }
-            let sub = sys::open_at(fd.as_fd(), &child, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-                .map_err(|e| (done, e))?;
-            let names = sys::list_dir(sub.as_fd()).map_err(|e| (done, e))?;
-            stack.push((sub, child, names, false));
-        } else {
-            if remove {
-                sys::unlink_at(fd.as_fd(), &child).map_err(|e| (done, e))?;
+            Found::Other => true,
+            Found::Leaf => remove && !unlink_leaf(dir, &child).map_err(|e| (done, e))?,
+        };
+        if kept {
+            done.mounts_left += 1;
+            if let Some(level) = stack.last_mut() {
+                level.3 = true;
             }
+        } else {
             done.removed += 1;
         }
     }

@@ -82,6 +82,10 @@ pub struct ImageFs {
     fs: Ext4,
     /// Bytes from the start of the image to the filesystem.
     pub offset: u64,
+    /// The image, for what [`super::blockmap`] reads.
+    repo: Repository,
+    content: Content,
+    size: u64,
 }
 
 fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -90,15 +94,18 @@ fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
 
 /// [`fs_err`] for reading a file's content. The ext2/3/4 reader cannot follow a
 /// block-mapped (ext2/ext3) file whose hole covers a whole indirect block: it
-/// reads the null block pointer as block 0 and calls that corruption. Said as what
+/// reads the null block pointer as block 0 and calls that corruption. Such files
+/// are read by [`super::blockmap`], except where it declines (a journal still to
+/// replay, a directory on the way that is not block-mapped): then this says what
 /// it is, with the ways that work.
 fn read_err(what: &str, e: impl std::fmt::Display) -> Error {
     let text = e.to_string();
     if text.contains("from block 0 (originally 0)") {
         return Error::Invalid(format!(
             "{what}: a sparse file of an ext2/ext3 filesystem whose hole spans an indirect \
-             block, which --image-fs cannot read yet; restore the image (`restore --image`) \
-             or loop-mount it read-only through `cairn mount` (docs/IMAGES.md)"
+             block, which --image-fs could not read here (is the filesystem's journal still \
+             to be replayed?); restore the image (`restore --image`) or loop-mount it \
+             read-only through `cairn mount` (docs/IMAGES.md)"
         ));
     }
     fs_err(what, text)
@@ -140,7 +147,15 @@ impl ImageFs {
                 offset,
             };
             match Ext4::load(Box::new(bytes)) {
-                Ok(fs) => return Ok(ImageFs { fs, offset }),
+                Ok(fs) => {
+                    return Ok(ImageFs {
+                        fs,
+                        offset,
+                        repo: repo.handle(),
+                        content: node.content.clone(),
+                        size: info.size,
+                    });
+                }
                 Err(e) => last = Some(e),
             }
         }
@@ -186,6 +201,9 @@ impl ImageFs {
     /// Writes a regular file's content to `out`; its size.
     pub fn dump(&self, path: &str, out: &mut dyn Write) -> Result<u64> {
         let path = normalise(path);
+        if let Some(n) = self.dump_block_mapped(&path, out)? {
+            return Ok(n);
+        }
         let mut file = self
             .fs
             .open(Self::path(&path)?)
@@ -200,6 +218,44 @@ impl ImageFs {
             out.write_all(&buf[..n])
                 .map_err(|e| Error::io(Path::new("standard output"), e))?;
             total += n as u64;
+        }
+    }
+
+    /// A block-mapped file with a hole `ext4-view` cannot follow, read by
+    /// [`super::blockmap`]; `None` for every other file (and whenever that reader
+    /// cannot tell: `ext4-view` then reads it, or says why not).
+    fn dump_block_mapped(&self, path: &str, out: &mut dyn Write) -> Result<Option<u64>> {
+        use super::blockmap::{CopyError, Ext2};
+        let Ok(canon) = self.fs.canonicalize(Self::path(path)?) else {
+            return Ok(None);
+        };
+        let read = |at: u64, dst: &mut [u8]| -> std::result::Result<(), String> {
+            let bytes = ImageBytes {
+                repo: self.repo.handle(),
+                content: self.content.clone(),
+                size: self.size,
+                offset: self.offset,
+            };
+            let mut bytes = bytes;
+            bytes.read(at, dst).map_err(|e| e.to_string())
+        };
+        let Ok(Some(fs)) = Ext2::open(&read) else {
+            return Ok(None);
+        };
+        let Ok(Some((_, ino))) = fs.lookup(canon.as_ref()) else {
+            return Ok(None);
+        };
+        let expected = self
+            .fs
+            .metadata(Self::path(path)?)
+            .map_or(u64::MAX, |m| m.len());
+        if ino.size != expected || !fs.needs_this_reader(&ino) {
+            return Ok(None);
+        }
+        match fs.copy(&ino, out) {
+            Ok(n) => Ok(Some(n)),
+            Err(CopyError::Fs(m)) => Err(fs_err(path, m)),
+            Err(CopyError::Out(e)) => Err(Error::io(Path::new("standard output"), e)),
         }
     }
 

@@ -7,6 +7,7 @@
 //! pipeline as files); this module holds what is image-specific around it: the
 //! changed-block lists, finding an image in a snapshot, and restoring one.
 
+mod blockmap;
 pub mod changed;
 pub mod fs;
 pub mod restore;

@@ -89,7 +89,7 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
     for e in &r.unreadable {
         eprintln!("warning: {e} (left alone)");
     }
-    for c in r.host_claims.iter().filter(|c| c.poses) {
+    for c in &r.host_claims {
         eprintln!(
             "warning: snapshot {} names host {:?} but was stored by a backup token bound to host {:?}: counted as {:?}'s",
             c.short_id, c.claimed, c.recorded, c.recorded

@@ -580,19 +580,19 @@ fn zip_options(n: &Node) -> zip::write::SimpleFileOptions {
 }
 
 /// A zip entry's name: zip names are UTF-8 strings; another name is stored with
-/// each invalid byte written `\xNN` (so that two such names stay apart), and said
-/// so.
+/// each invalid byte written `%NN` (so that two such names stay apart; not `\xNN`:
+/// Windows extractors take a backslash for a separator), and said so.
 fn zip_name(name: &[u8], notes: &mut Vec<String>) -> String {
     let mut s = String::with_capacity(name.len());
     for chunk in name.utf8_chunks() {
         s.push_str(chunk.valid());
         for b in chunk.invalid() {
-            s.push_str(&format!("\\x{b:02X}"));
+            s.push_str(&format!("%{b:02X}"));
         }
     }
     if s.as_bytes() != name {
         notes.push(format!(
-            "{s}: the name is not UTF-8; stored with \\xNN for its invalid bytes"
+            "{s}: the name is not UTF-8; stored with %NN for its invalid bytes"
         ));
     }
     s
@@ -1201,7 +1201,7 @@ mod tests {
         assert!(notes.is_empty());
         let a = zip_name(b"d/\xff-x", &mut notes);
         let b = zip_name(b"d/\xfe-x", &mut notes);
-        assert_eq!((a.as_str(), b.as_str()), ("d/\\xFF-x", "d/\\xFE-x"));
+        assert_eq!((a.as_str(), b.as_str()), ("d/%FF-x", "d/%FE-x"));
         assert_eq!(notes.len(), 2);
         assert!(notes[0].contains("not UTF-8"), "{notes:?}");
     }

@@ -674,9 +674,9 @@ pub struct ForgetReport {
     /// Snapshot objects that could not be read (left alone).
     #[serde(skip)]
     pub unreadable: Vec<String>,
-    /// Snapshots that name another host than the one `cairn serve` recorded for the
-    /// host-bound token that stored them: the policy counted them as the recorded
-    /// host's ([`crate::repo::Repository::attribute_hosts`]).
+    /// Snapshots that name another bound token's host than the one `cairn serve`
+    /// recorded for the token that stored them: the policy counted them as the
+    /// recorded host's ([`crate::repo::Repository::attribute_hosts`]).
     #[serde(skip)]
     pub host_claims: Vec<HostClaim>,
 }
@@ -690,8 +690,6 @@ pub struct HostClaim {
     pub claimed: String,
     /// The host the server recorded (the storing token's).
     pub recorded: String,
-    /// The claimed host is another bound token's (not merely the machine's own name).
-    pub poses: bool,
 }
 
 impl ForgetReport {
@@ -733,7 +731,7 @@ pub fn forget(
         } => {
             let (snaps, bad) = session.snapshots()?;
             let mut snaps = snaps.clone();
-            for (id, claimed, poses) in session.repo().attribute_hosts(&mut snaps)? {
+            for (id, claimed) in session.repo().attribute_hosts(&mut snaps)? {
                 let recorded = snaps
                     .iter()
                     .find(|(i, _)| *i == id)
@@ -744,7 +742,6 @@ pub fn forget(
                     short_id: id.short(),
                     claimed,
                     recorded,
-                    poses,
                 });
             }
             let groups = plan(&snaps, policy, *group_by, filter)?;

@@ -188,13 +188,33 @@ fn held() -> std::sync::MutexGuard<'static, Vec<Held>> {
 /// unwinding (`std::process::exit` when its output's reader went away, as in
 /// `cairn ls | head`): a lock left behind would hold up prune until it expires.
 /// Each lock's refresher is stopped first (it writes while holding its state's
-/// mutex, so no refresh can land after the removal).
+/// mutex, so no refresh can land after the removal); one that is in the middle of a
+/// refresh (retrying against unreachable storage, say) is not waited for beyond
+/// a second: that lock is left to expire, and the process ends.
 pub fn release_held() {
     let all = std::mem::take(&mut *held());
     for (name, backend, shared) in all {
-        *shared.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        shared.wake.notify_all();
-        let _ = backend.delete(&name);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let stopped = loop {
+            match shared.stop.try_lock() {
+                Ok(mut stop) => {
+                    *stop = true;
+                    break true;
+                }
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    *p.into_inner() = true;
+                    break true;
+                }
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => break false,
+            }
+        };
+        if stopped {
+            shared.wake.notify_all();
+            let _ = backend.delete(&name);
+        }
     }
 }
 

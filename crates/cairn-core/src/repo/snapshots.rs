@@ -171,31 +171,20 @@ impl Repository {
         Ok(out)
     }
 
-    /// Gives each snapshot that `cairn serve` stored for a host-bound token the host
-    /// the server recorded, where the snapshot names another: the client wrote that
-    /// name, the server vouches for the token's. Retention groups and filters by host,
-    /// so a hijacked backup client's snapshots claiming another host must count as
-    /// its own host's, not push that host's real ones out of a `--keep-last`.
-    /// Returns the snapshots changed, with the host each claimed; `true` when that
-    /// is a host the server recorded for other snapshots (another bound token's:
-    /// posing as it, not just a machine whose own name differs from its token's).
+    /// Gives each snapshot that names another host-bound token's host than the one
+    /// `cairn serve` recorded for the token that stored it (`hosts/<id>`) the
+    /// recorded host: the client wrote the name, the server vouches for the token.
+    /// Retention groups and filters by host, so a hijacked backup client of web01
+    /// backing up as `--host web02` must count as web01's, not push web02's real
+    /// snapshots out of a `--keep-last`. A snapshot whose name is no bound token's
+    /// host (a machine whose own name differs from its token's) keeps its name.
+    /// Returns the snapshots changed, with the host each claimed.
     pub fn attribute_hosts(
         &self,
         snaps: &mut [(SnapshotId, Snapshot)],
-    ) -> Result<Vec<(SnapshotId, String, bool)>> {
+    ) -> Result<Vec<(SnapshotId, String)>> {
         let recorded = self.recorded_hosts(snaps)?;
-        let hosts: std::collections::HashSet<&String> = recorded.values().collect();
-        let mut changed = Vec::new();
-        for (id, s) in snaps.iter_mut() {
-            if let Some(h) = recorded.get(id)
-                && *h != s.hostname
-            {
-                let claimed = std::mem::replace(&mut s.hostname, h.clone());
-                let poses = hosts.contains(&claimed);
-                changed.push((*id, claimed, poses));
-            }
-        }
-        Ok(changed)
+        Ok(attribute_hosts_from(snaps, &recorded))
     }
 
     /// Resolves `latest` or an id prefix (at least one hex digit) among all stored
@@ -207,6 +196,25 @@ impl Repository {
         let id = resolve_snapshot_prefix(spec, &self.list_snapshot_ids()?)?;
         Ok((id, self.read_snapshot(&id)?))
     }
+}
+
+/// [`Repository::attribute_hosts`] with the records already read (`cairn serve`
+/// keeps them cached: they are create-only).
+pub fn attribute_hosts_from(
+    snaps: &mut [(SnapshotId, Snapshot)],
+    recorded: &std::collections::HashMap<SnapshotId, String>,
+) -> Vec<(SnapshotId, String)> {
+    let hosts: std::collections::HashSet<&String> = recorded.values().collect();
+    let mut changed = Vec::new();
+    for (id, s) in snaps.iter_mut() {
+        if let Some(h) = recorded.get(id)
+            && *h != s.hostname
+            && hosts.contains(&s.hostname)
+        {
+            changed.push((*id, std::mem::replace(&mut s.hostname, h.clone())));
+        }
+    }
+    changed
 }
 
 /// The newest snapshot, refusing to guess when some snapshot could not be read: a

@@ -552,12 +552,15 @@ pub struct BackupArgs {
     pub read_limit: Option<String>,
 }
 
-/// A path inside a snapshot as given, even when it is not UTF-8 (a file name
-/// with other bytes): its invalid bytes read as U+FFFD, which is how listings show
-/// such names, and the engine matches a name so when only one name reads that way.
+/// A path inside a snapshot as given, even when it is not UTF-8 (a file name with
+/// other bytes): those bytes travel as the engine's stand-ins
+/// (`cairn_core::ls::escape_name`), so that the name is matched by its exact bytes.
+/// A name typed as listings show it (U+FFFD for such bytes) is matched too when
+/// only one name of its directory reads that way.
 fn snapshot_path() -> impl clap::builder::TypedValueParser<Value = String> {
     use clap::builder::TypedValueParser;
-    clap::builder::OsStringValueParser::new().map(|s| s.to_string_lossy().into_owned())
+    use std::os::unix::ffi::OsStrExt;
+    clap::builder::OsStringValueParser::new().map(|s| cairn_core::ls::escape_name(s.as_bytes()))
 }
 
 #[derive(Args)]

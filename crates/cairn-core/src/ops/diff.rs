@@ -107,7 +107,10 @@ pub fn diff<A: Access>(
     };
     let (sa, sb) = (look(a)?, look(b)?);
     if sa.is_none() && sb.is_none() {
-        return Err(Error::Invalid(format!("{path}: in neither snapshot")));
+        return Err(Error::Invalid(format!(
+            "{}: in neither snapshot",
+            crate::ops::ls::shown(path)
+        )));
     }
     let base = crate::ops::ls::walk_path(path);
     let mut d = Differ {

@@ -14,16 +14,74 @@ fn components(path: &str) -> Vec<&str> {
         .collect()
 }
 
-/// `path` as the walk names it: `/a/b` without empty or `.` components (`""` for
-/// the root).
-pub(crate) fn walk_path(path: &str) -> String {
-    components(path).iter().map(|c| format!("/{c}")).collect()
+/// The first of 256 private-use code points (plane 16) that stand, in a path
+/// given as text, for the bytes of a name that are not UTF-8: byte `b` is
+/// `RAW_BYTE + b`. The CLI turns such an argument into this form
+/// ([`escape_name`]), so that a name is matched by its exact bytes.
+const RAW_BYTE: u32 = 0x10_FF00;
+
+/// `name` as text without losing a byte: UTF-8 as it is, each other byte as its
+/// private-use stand-in (see [`RAW_BYTE`]).
+pub fn escape_name(name: &[u8]) -> String {
+    let mut s = String::with_capacity(name.len());
+    for chunk in name.utf8_chunks() {
+        s.push_str(chunk.valid());
+        for &b in chunk.invalid() {
+            s.push(char::from_u32(RAW_BYTE + u32::from(b)).unwrap_or('\u{FFFD}'));
+        }
+    }
+    s
 }
 
-/// The entry of `tree` named `name`: by its bytes, else (a name that is not UTF-8,
-/// given as listings show it, its invalid bytes as U+FFFD) the one entry whose name
-/// reads as `name`; several such are refused as ambiguous.
+/// The exact bytes of a name given with stand-ins ([`escape_name`]); `None` when it
+/// holds none (it is the name's UTF-8 then).
+fn unescape_name(name: &str) -> Option<Vec<u8>> {
+    let raw = |c: char| (RAW_BYTE..=RAW_BYTE + 0xFF).contains(&u32::from(c));
+    if !name.chars().any(raw) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(name.len());
+    for c in name.chars() {
+        if raw(c) {
+            out.push((u32::from(c) - RAW_BYTE) as u8);
+        } else {
+            out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+        }
+    }
+    Some(out)
+}
+
+/// A path as listings show it: stand-ins for bytes as U+FFFD.
+pub(crate) fn shown(path: &str) -> String {
+    match unescape_name(path) {
+        Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        None => path.to_string(),
+    }
+}
+
+/// `path` as the walk names it and listings show it: `/a/b` without empty or `.`
+/// components (`""` for the root).
+pub(crate) fn walk_path(path: &str) -> String {
+    components(&shown(path))
+        .iter()
+        .map(|c| format!("/{c}"))
+        .collect()
+}
+
+/// The entry of `tree` named `name`: a name with byte stand-ins by exactly those
+/// bytes; else by its UTF-8, else (a name that is not UTF-8, given as listings show
+/// it, its invalid bytes as U+FFFD) the one entry whose name reads as `name`;
+/// several such are refused as ambiguous.
 fn entry_named<'t>(tree: &'t Tree, name: &str, path: &str) -> Result<&'t Node> {
+    let missing = || {
+        Error::Invalid(format!(
+            "{}: no such file or directory in the snapshot",
+            shown(path)
+        ))
+    };
+    if let Some(bytes) = unescape_name(name) {
+        return tree.find(&bytes).ok_or_else(missing);
+    }
     if let Some(n) = tree.find(name.as_bytes()) {
         return Ok(n);
     }
@@ -36,19 +94,18 @@ fn entry_named<'t>(tree: &'t Tree, name: &str, path: &str) -> Result<&'t Node> {
         (Some(n), None) => Ok(n),
         (Some(_), Some(_)) => Err(Error::Invalid(format!(
             "{path}: several names in the snapshot read as {name:?} (their bytes that are \
-             not UTF-8 show as U+FFFD); name their directory instead"
+             not UTF-8 show as U+FFFD); give the name's own bytes, or name their directory"
         ))),
-        _ => Err(Error::Invalid(format!(
-            "{path}: no such file or directory in the snapshot"
-        ))),
+        _ => Err(missing()),
     }
 }
 
-/// Finds the node at `path`; the root (`/` or empty) has no node and returns `None`.
-pub fn find_node(repo: &Repository, root: &BlobId, path: &str) -> Result<Option<Node>> {
+/// The nodes on the way to `path` (empty for the root), each found by
+/// [`entry_named`].
+fn nodes_to(repo: &Repository, root: &BlobId, path: &str) -> Result<Vec<Node>> {
     let comps = components(path);
     let mut tree = repo.load_tree(root)?;
-    let mut found: Option<Node> = None;
+    let mut out: Vec<Node> = Vec::with_capacity(comps.len());
     for (i, c) in comps.iter().enumerate() {
         let node = entry_named(&tree, c, path)?.clone();
         if i + 1 < comps.len() {
@@ -56,14 +113,30 @@ pub fn find_node(repo: &Repository, root: &BlobId, path: &str) -> Result<Option<
                 (NodeKind::Dir, Some(sub)) => tree = repo.load_tree(&sub)?,
                 _ => {
                     return Err(Error::Invalid(format!(
-                        "{path}: not a directory in the snapshot"
+                        "{}: not a directory in the snapshot",
+                        shown(path)
                     )));
                 }
             }
         }
-        found = Some(node);
+        out.push(node);
     }
-    Ok(found)
+    Ok(out)
+}
+
+/// Finds the node at `path`; the root (`/` or empty) has no node and returns `None`.
+pub fn find_node(repo: &Repository, root: &BlobId, path: &str) -> Result<Option<Node>> {
+    Ok(nodes_to(repo, root, path)?.pop())
+}
+
+/// `path` resolved to the names it leads to, as [`escape_name`] writes them (`/`
+/// for the root): the one spelling of each entry, whatever way it was given.
+pub fn resolve_path(repo: &Repository, root: &BlobId, path: &str) -> Result<String> {
+    let names: String = nodes_to(repo, root, path)?
+        .iter()
+        .map(|n| format!("/{}", escape_name(&n.name)))
+        .collect();
+    Ok(if names.is_empty() { "/".into() } else { names })
 }
 
 /// One entry of a listing, as `cairn ls --json` prints it.
@@ -229,4 +302,28 @@ fn walk(
         }
     }
     crate::tree::walk::walk_from(repo, &tree_id, &base, start, &mut Lister { f, on_error })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_travel_as_text_without_losing_a_byte() {
+        for name in [
+            &b"plain"[..],
+            b"\xff-one",
+            b"a\xfe\xfdb",
+            "caf\u{e9}".as_bytes(),
+            b"\x80",
+        ] {
+            let e = escape_name(name);
+            match std::str::from_utf8(name) {
+                Ok(s) => assert_eq!((e.as_str(), unescape_name(&e)), (s, None)),
+                Err(_) => assert_eq!(unescape_name(&e).as_deref(), Some(name)),
+            }
+        }
+        assert_eq!(shown(&escape_name(b"d/\xff")), "d/\u{FFFD}");
+        assert_eq!(walk_path(&escape_name(b"/a//\xff/./b/")), "/a/\u{FFFD}/b");
+    }
 }

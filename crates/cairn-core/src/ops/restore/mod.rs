@@ -383,27 +383,25 @@ fn target_is_symlink(target: &std::path::Path) -> Error {
 }
 
 /// The includes as snapshot-absolute paths as the walk names them (`/a/b`: no
-/// empty or `.` components, no trailing `/`; the root is `/`), each checked to name
-/// something: an include that names nothing would restore nothing, and a typo must
-/// not look like success. Looked up before anything is written.
+/// empty or `.` components, no trailing `/`, each name as [`snap_name`] writes it;
+/// the root is `/`), each looked up: an include that names nothing would restore
+/// nothing, and a typo must not look like success. Looked up before anything is
+/// written.
 fn normalize_includes(repo: &Repository, root: &BlobId, given: &[String]) -> Result<Vec<String>> {
-    let includes: Vec<String> = given
+    given
         .iter()
-        .map(|i| match crate::ops::ls::walk_path(i) {
-            p if p.is_empty() => "/".to_string(),
-            p => p,
+        .map(|i| match crate::ops::ls::resolve_path(repo, root, i) {
+            Err(Error::Invalid(m)) => Err(Error::Invalid(format!("--include {m}"))),
+            r => r,
         })
-        .collect();
-    for inc in &includes {
-        match crate::ops::ls::find_node(repo, root, inc) {
-            Ok(_) => {}
-            Err(Error::Invalid(m)) => {
-                return Err(Error::Invalid(format!("--include {m}")));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(includes)
+        .collect()
+}
+
+/// A name in the walk's snapshot paths, which `--include` paths are compared with:
+/// every byte kept (one that is not UTF-8 as a stand-in), so that two names that
+/// read the same are never both selected.
+pub(crate) fn snap_name(name: &[u8]) -> String {
+    crate::ops::ls::escape_name(name)
 }
 
 /// The names `--delete` keeps in a directory restored whole that existed before.
@@ -722,7 +720,7 @@ impl Walk<'_> {
             let (inside, ancestor, snap_path) = if top.all {
                 (true, false, String::new())
             } else {
-                let p = format!("{}/{}", top.snap_path, String::from_utf8_lossy(&node.name));
+                let p = format!("{}/{}", top.snap_path, snap_name(&node.name));
                 let (i, a) = selection(&p, &self.includes);
 
                 (i, a, p)

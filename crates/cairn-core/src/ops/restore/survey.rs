@@ -77,7 +77,7 @@ pub(super) fn dry_run(
         let (inside, ancestor, snap_path) = if top.all {
             (true, false, String::new())
         } else {
-            let p = format!("{}/{}", top.snap_path, String::from_utf8_lossy(&node.name));
+            let p = format!("{}/{}", top.snap_path, super::snap_name(&node.name));
             let (i, a) = selection(&p, includes);
             (i, a, p)
         };

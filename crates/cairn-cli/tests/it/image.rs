@@ -311,11 +311,6 @@ impl Drop for Loop {
     }
 }
 
-fn sh(cmd: &mut Command) {
-    let o = cmd.output().unwrap();
-    assert!(o.status.success(), "{cmd:?}: {o:?}");
-}
-
 #[test]
 fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount() {
     assert!(

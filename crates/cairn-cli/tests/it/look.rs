@@ -599,16 +599,7 @@ fn export_acls_come_back_with_gnu_tar_acls() {
     fs::create_dir_all(src.join("d")).unwrap();
     fs::write(src.join("f"), b"acl'd").unwrap();
     // user::rw- user:1234:r-x group::r-- group:55:rw- mask::rwx other::r--
-    let acl = |entries: &[(u16, u16, u32)]| {
-        let mut v = 2u32.to_le_bytes().to_vec();
-        for (tag, perm, id) in entries {
-            v.extend_from_slice(&tag.to_le_bytes());
-            v.extend_from_slice(&perm.to_le_bytes());
-            v.extend_from_slice(&id.to_le_bytes());
-        }
-        v
-    };
-    let access = acl(&[
+    let access = posix_acl(&[
         (0x01, 6, u32::MAX),
         (0x02, 5, 1234),
         (0x04, 4, u32::MAX),
@@ -616,7 +607,7 @@ fn export_acls_come_back_with_gnu_tar_acls() {
         (0x10, 7, u32::MAX),
         (0x20, 4, u32::MAX),
     ]);
-    let default = acl(&[
+    let default = posix_acl(&[
         (0x01, 7, u32::MAX),
         (0x02, 7, 1234),
         (0x04, 5, u32::MAX),
@@ -630,18 +621,11 @@ fn export_acls_come_back_with_gnu_tar_acls() {
     env.ok(&["export", &snap, "-o", tarball.to_str().unwrap()]);
     let x = env.path("x");
     fs::create_dir_all(&x).unwrap();
-    let out = std::process::Command::new("tar")
+    sh(std::process::Command::new("tar")
         .args(["--acls", "-xpf"])
         .arg(&tarball)
         .arg("-C")
-        .arg(&x)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .arg(&x));
     let got = x.join(src.strip_prefix("/").unwrap());
     assert_eq!(
         xattr::get(got.join("f"), "system.posix_acl_access").unwrap(),

@@ -86,6 +86,17 @@ impl Drop for Mount {
     }
 }
 
+/// Unmounts `dir` from outside, as a user would.
+fn fusermount_u(dir: &Path) {
+    let ok = Command::new("fusermount3")
+        .arg("-u")
+        .arg(dir)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "fusermount3 -u {}", dir.display());
+}
+
 /// Whether `dir` is a mount point now (by /proc, which works even when the mount's
 /// process is gone and the directory itself cannot be looked at).
 fn is_mounted(dir: &Path) -> bool {
@@ -414,13 +425,7 @@ fn sigterm_or_an_outside_unmount_leaves_no_mount_behind() {
 
     // Unmounted from outside: the process ends by itself.
     let m = Mount::start(&env, &mnt, &[]);
-    let ok = Command::new("fusermount3")
-        .arg("-u")
-        .arg(&mnt)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "fusermount3 -u");
+    fusermount_u(&mnt);
     let (status, log) = m.wait(Duration::from_secs(20));
     assert!(status.success(), "{status:?}: {log}");
 
@@ -450,13 +455,7 @@ fn sigterm_or_an_outside_unmount_leaves_no_mount_behind() {
         err.contains("a FUSE mount whose process ended") && !err.contains("apt install"),
         "{err}"
     );
-    let ok = Command::new("fusermount3")
-        .arg("-u")
-        .arg(&mnt)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "fusermount3 -u of the dead mount");
+    fusermount_u(&mnt);
     drop(m);
     let err = env.fails(&["mount", env.path("nowhere").to_str().unwrap()], 1);
     assert!(err.contains("does not exist"), "{err}");
@@ -571,23 +570,15 @@ fn a_mount_sizes_its_caches_to_the_memory_limit_or_refuses() {
     assert!(!is_mounted(&other));
 }
 
-/// A POSIX ACL as Linux stores it in `system.posix_acl_*`: version 2, then
-/// (tag, permissions, id) entries. `user::rw- user:1234:r-- group::r-- mask::r--
-/// other::r--`.
+/// `user::rw- user:1234:r-- group::r-- mask::r-- other::r--` as Linux stores it.
 fn acl_bytes() -> Vec<u8> {
-    let mut v = 2u32.to_le_bytes().to_vec();
-    for (tag, perm, id) in [
-        (0x01u16, 6u16, u32::MAX),
+    posix_acl(&[
+        (0x01, 6, u32::MAX),
         (0x02, 4, 1234),
         (0x04, 4, u32::MAX),
         (0x10, 4, u32::MAX),
         (0x20, 4, u32::MAX),
-    ] {
-        v.extend_from_slice(&tag.to_le_bytes());
-        v.extend_from_slice(&perm.to_le_bytes());
-        v.extend_from_slice(&id.to_le_bytes());
-    }
-    v
+    ])
 }
 
 fn acl_errno(path: &Path) -> Option<i32> {

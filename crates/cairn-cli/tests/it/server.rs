@@ -2159,6 +2159,17 @@ fn q(s: &str) -> String {
         .collect()
 }
 
+/// A server for `env`'s repository as datastore `main`, unlocked at start from a
+/// password file (`[datastore_passwords]`).
+fn unlocked_server(env: &Env) -> Server {
+    let pwfile = env.path("main.password");
+    std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
+    Server::with_settings(
+        env,
+        &format!("[datastore_passwords]\nmain = \"{}\"\n", pwfile.display()),
+    )
+}
+
 /// A datastore unlocked on the server (from a password file at start, then by an
 /// admin with the password) shows exactly `cairn stats --json`, its snapshots per
 /// host, directories page by page, files byte for byte and directories as
@@ -2168,12 +2179,7 @@ fn q(s: &str) -> String {
 fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
     let env = Env::new();
     env.init(&[]);
-    let pwfile = env.path("main.password");
-    std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
-    let srv = Server::with_settings(
-        &env,
-        &format!("[datastore_passwords]\nmain = \"{}\"\n", pwfile.display()),
-    );
+    let srv = unlocked_server(&env);
     let p = srv.port;
     let admin = srv.token("root", "main", "admin");
     let web01 = bound_token(&srv, "web01", "backup", "web01");
@@ -3218,12 +3224,7 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     let env = Env::new();
     env.init(&[]);
     // Unlocked (the snapshots API reads snapshots with the key).
-    let pwfile = env.path("main.password");
-    std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
-    let srv = Server::with_settings(
-        &env,
-        &format!("[datastore_passwords]\nmain = \"{}\"\n", pwfile.display()),
-    );
+    let srv = unlocked_server(&env);
     let admin = srv.token("root", "main", "admin");
     let web01 = bound_token(&srv, "web01", "backup", "web01");
     let web02 = bound_token(&srv, "web02", "backup", "web02");

@@ -623,6 +623,26 @@ pub fn assert_rsync_same(a: &Path, b: &Path) {
     assert!(items.trim().is_empty(), "rsync sees differences:\n{items}");
 }
 
+/// Runs a tool the test needs (mke2fs, tar, ...) and fails the test, with its
+/// output, if it fails.
+pub fn sh(cmd: &mut Command) {
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{cmd:?}: {o:?}");
+}
+
+/// A POSIX ACL as Linux stores it in `system.posix_acl_*`: version 2, then
+/// (tag, permission bits, id) entries; tags 1 user::, 2 user:ID, 4 group::,
+/// 8 group:ID, 0x10 mask, 0x20 other; id `u32::MAX` where there is none.
+pub fn posix_acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
 /// A tmpfs mounted at `dir` (created) with these mount options (`size=24m`),
 /// unmounted on drop. Needs root, as the suite runs.
 pub struct Tmpfs(pub PathBuf);

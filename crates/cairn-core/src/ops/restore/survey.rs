@@ -96,6 +96,10 @@ pub(super) fn dry_run(
                 continue;
             }
         };
+        // A directory in the way of a non-directory: cleared (counted) or reported.
+        let clear = |stats: &mut RestoreStats| {
+            dir_in_the_way(parent, &name, existing.as_ref(), &path, opts, mount, stats)
+        };
         let decide = |st: Option<&sys::Stat>| match parent {
             Some(p) => overwrite::decide(repo, opts.overwrite, opts.owners, p, &name, st, &node),
             None => Decision::Write,
@@ -155,15 +159,7 @@ pub(super) fn dry_run(
                             kept(&mut stats, st, &node)
                         }
                         _ => {
-                            if dir_in_the_way(
-                                parent,
-                                &name,
-                                existing.as_ref(),
-                                &path,
-                                opts,
-                                mount,
-                                &mut stats,
-                            ) {
+                            if clear(&mut stats) {
                                 stats.files += 1;
                             }
                         }
@@ -183,20 +179,12 @@ pub(super) fn dry_run(
                         true
                     }
                     _ => {
-                        let clear = dir_in_the_way(
-                            parent,
-                            &name,
-                            existing.as_ref(),
-                            &path,
-                            opts,
-                            mount,
-                            &mut stats,
-                        );
-                        if clear {
+                        let cleared = clear(&mut stats);
+                        if cleared {
                             stats.files += 1;
                             stats.bytes += node.size;
                         }
-                        clear
+                        cleared
                     }
                 };
                 if node.nlink > 1 && there {
@@ -206,15 +194,7 @@ pub(super) fn dry_run(
             }
             _ => match (decide(existing.as_ref()), &existing) {
                 (Decision::Write, _) | (_, None) => {
-                    if dir_in_the_way(
-                        parent,
-                        &name,
-                        existing.as_ref(),
-                        &path,
-                        opts,
-                        mount,
-                        &mut stats,
-                    ) {
+                    if clear(&mut stats) {
                         stats.other += 1;
                     }
                 }

@@ -122,11 +122,18 @@ impl<'a> Ext2<'a> {
         }))
     }
 
+    /// The byte offset of block `n` (checked: the block count is the image's word).
+    fn offset(&self, n: u64) -> Result<u64, String> {
+        n.checked_mul(self.block)
+            .filter(|_| n < self.blocks)
+            .ok_or_else(|| format!("block {n} is outside the filesystem"))
+    }
+
     fn read_block(&self, n: u64, dst: &mut [u8]) -> Result<(), String> {
-        if n == 0 || n >= self.blocks {
-            return Err(format!("block {n} is outside the filesystem"));
+        if n == 0 {
+            return Err("block 0 read as data".into());
         }
-        (self.read)(n * self.block, dst)
+        (self.read)(self.offset(n)?, dst)
     }
 
     pub fn inode(&self, n: u32) -> Result<Inode, String> {
@@ -150,7 +157,11 @@ impl<'a> Ext2<'a> {
             ));
         }
         let mut raw = [0u8; 128];
-        (self.read)(table * self.block + index * self.inode_size, &mut raw)?;
+        let at = self
+            .offset(table)?
+            .checked_add(index * self.inode_size)
+            .ok_or("inode past the end")?;
+        (self.read)(at, &mut raw)?;
         let mut block = [0u32; 15];
         for (i, b) in block.iter_mut().enumerate() {
             *b = u32_at(&raw, 40 + 4 * i);
@@ -225,6 +236,10 @@ impl<'a> Ext2<'a> {
     }
 
     fn find_in_dir(&self, dir: &Inode, name: &[u8]) -> Result<Option<u32>, String> {
+        // A directory is not sparse: it cannot be larger than the filesystem.
+        if dir.size > self.blocks.saturating_mul(self.block) {
+            return Err(format!("a directory of {} bytes", dir.size));
+        }
         let mut caches = [Cache::default(), Cache::default(), Cache::default()];
         let mut data = vec![0u8; self.block as usize];
         for logical in 0..dir.size.div_ceil(self.block) {
@@ -330,7 +345,8 @@ impl<'a> Ext2<'a> {
             buf.clear();
             buf.resize((run * self.block) as usize, 0);
             if first != 0 {
-                (self.read)(first * self.block, &mut buf).map_err(CopyError::Fs)?;
+                let at = self.offset(first).map_err(CopyError::Fs)?;
+                (self.read)(at, &mut buf).map_err(CopyError::Fs)?;
             }
             let take = (ino.size - written).min(buf.len() as u64) as usize;
             out.write_all(&buf[..take]).map_err(CopyError::Out)?;

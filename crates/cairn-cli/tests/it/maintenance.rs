@@ -460,3 +460,58 @@ fn a_killed_job_never_blocks_the_next_one() {
     assert_eq!(fs::read_dir(env.repo.join("locks")).unwrap().count(), 0);
     env.check_clean();
 }
+
+/// A backup whose lock is removed while it runs (`unlock --remove-all` from another
+/// machine) saves no snapshot: a prune that no longer saw the lock may have deleted
+/// what it deduplicated against. And `unlock --remove-all` on this machine leaves
+/// the lock of a backup that is running here.
+#[test]
+fn a_backup_whose_lock_was_removed_saves_no_snapshot() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("big"), Rng(41).bytes(12 << 20, false)).unwrap();
+    let start = || {
+        env.cmd(&[
+            "backup",
+            "--force",
+            "--read-limit",
+            "4M",
+            src.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let wait_for_lock = || {
+        let t = Instant::now();
+        while locks(&env) == 0 {
+            assert!(t.elapsed() < Duration::from_secs(30), "no lock appeared");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // Here: the running backup's lock stays, with a warning; the backup commits.
+    let b = start();
+    wait_for_lock();
+    let o = env.cmd(&["unlock", "--remove-all"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("running on this machine"), "{err}");
+    assert_eq!(locks(&env), 1);
+    let o = b.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(env.snapshot_ids().len(), 1);
+    // From elsewhere (the lock object deleted): no snapshot, a clear error.
+    let b = start();
+    wait_for_lock();
+    for e in fs::read_dir(env.repo.join("locks")).unwrap() {
+        fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    let o = b.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("removed"), "{err}");
+    assert_eq!(env.snapshot_ids().len(), 1);
+    env.check_clean();
+}

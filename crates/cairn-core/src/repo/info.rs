@@ -168,15 +168,18 @@ impl LockEntry {
 #[derive(Clone, Debug, Serialize)]
 pub struct UnlockReport {
     pub removed: Vec<LockEntry>,
+    /// Locks `--remove-all` left: held by a process running on this machine.
+    pub running_here: Vec<LockEntry>,
     pub remaining: Vec<LockEntry>,
 }
 
 /// Removes stale locks (every lock with `all`) and reports what is left.
 pub fn unlock(repo: &Repository, all: bool) -> Result<UnlockReport> {
-    let removed = crate::repo::lock::remove_locks(repo, all)?;
+    let (removed, running_here) = crate::repo::lock::remove_locks(repo, all)?;
     let left = crate::repo::lock::list_locks(repo)?;
     Ok(UnlockReport {
         removed: removed.iter().map(LockEntry::of).collect(),
+        running_here: running_here.iter().map(LockEntry::of).collect(),
         remaining: left.iter().map(LockEntry::of).collect(),
     })
 }

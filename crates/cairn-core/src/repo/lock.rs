@@ -301,7 +301,17 @@ impl RepoLock {
         let backend = repo.backend().clone();
         let key = repo.key().clone();
         let name = lock_name(repo, &id, exclusive);
-        write_lock(backend.as_ref(), &key, &name, &lock, true)?;
+        write_lock(backend.as_ref(), &key, &name, &lock, true).map_err(|e| {
+            if e.is_no_space() {
+                Error::Invalid(format!(
+                    "{e}: the repository's storage is full, so even a lock (under 1 KiB) \
+                     cannot be stored; free a little space there (any file that is not the \
+                     repository's), then `cairn forget` and `cairn prune` free the rest"
+                ))
+            } else {
+                e
+            }
+        })?;
         let shared = Arc::new(Shared {
             stop: Mutex::new(false),
             wake: Condvar::new(),
@@ -397,6 +407,25 @@ impl RepoLock {
         }
         Ok(())
     }
+
+    /// [`Self::check_fresh`], and the lock object is still there: at a commit
+    /// point (a snapshot written, a prune's index or deletions), a lock someone
+    /// removed (`unlock --remove-all`) is noticed now, not at the next refresh
+    /// minutes later — a prune that no longer saw it may already have deleted data
+    /// this operation relies on. One small read per commit point.
+    pub fn check_held(&self) -> Result<()> {
+        self.check_fresh()?;
+        let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
+        match self.backend.get_bounded(&self.name, max) {
+            Err(e) if e.is_not_found() => {
+                self.shared.expired.store(true, Ordering::SeqCst);
+                self.check_fresh()
+            }
+            // Unreadable now (storage trouble): the refresher's own checks stand,
+            // and the write that follows meets the same storage.
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Drop for RepoLock {
@@ -470,18 +499,38 @@ pub fn wait_for_job_slot(
 }
 
 /// Removes stale locks (all locks with `all`); returns the ones removed.
-pub fn remove_locks(repo: &Repository, all: bool) -> Result<Vec<LockInfo>> {
+pub fn remove_locks(repo: &Repository, all: bool) -> Result<(Vec<LockInfo>, Vec<LockInfo>)> {
     let mut removed = Vec::new();
+    let mut running_here = Vec::new();
     for l in list_locks(repo)? {
-        if all || l.stale {
-            match repo.backend().delete(&l.name) {
-                Ok(()) => removed.push(l),
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e.into()),
-            }
+        if !(all || l.stale) {
+            continue;
+        }
+        // `--remove-all` is for holders that are gone or unknown; a process seen
+        // running on this machine holds its lock for real, and a prune that no
+        // longer saw it could delete what that operation is writing.
+        if l.lock.as_ref().is_some_and(held_by_running_process_here) {
+            running_here.push(l);
+            continue;
+        }
+        match repo.backend().delete(&l.name) {
+            Ok(()) => removed.push(l),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
         }
     }
-    Ok(removed)
+    Ok((removed, running_here))
+}
+
+/// Whether the lock was taken on this machine (same boot, same pid namespace) by a
+/// process that is running now.
+fn held_by_running_process_here(l: &Lock) -> bool {
+    let boot = boot_id();
+    !boot.is_empty()
+        && l.boot_id == boot
+        && l.pid_namespace == pid_namespace()
+        && l.hostname == crate::repo::hostname()
+        && cairn_backend::process::alive(l.pid)
 }
 
 #[cfg(test)]
@@ -592,7 +641,7 @@ mod tests {
         assert!(!listed[0].lock.as_ref().unwrap().exclusive);
         let p = RepoLock::acquire(&r, "prune", true).unwrap();
         drop(p);
-        assert_eq!(remove_locks(&r, true).unwrap().len(), 1);
+        assert_eq!(remove_locks(&r, true).unwrap().0.len(), 1);
         assert!(list_locks(&r).unwrap().is_empty());
     }
 
@@ -654,8 +703,16 @@ mod tests {
         let r = repo();
         let l = RepoLock::acquire_with(&r, "backup", false, Duration::from_millis(20)).unwrap();
         l.check_fresh().unwrap();
-        remove_locks(&r, true).unwrap();
-        // The refresh thread notices the next time it runs.
+        // `unlock --remove-all` here leaves it: this process is running.
+        let (removed, kept) = remove_locks(&r, true).unwrap();
+        assert_eq!((removed.len(), kept.len()), (0, 1));
+        l.check_held().unwrap();
+        // Removed from elsewhere: a commit point notices at once, the refresh
+        // thread the next time it runs.
+        r.backend().delete(l.name()).unwrap();
+        assert!(matches!(l.check_held(), Err(Error::LockExpired(_))));
+        let l = RepoLock::acquire_with(&r, "backup", false, Duration::from_millis(20)).unwrap();
+        r.backend().delete(l.name()).unwrap();
         wait_for("the holder to see its lock gone", || {
             matches!(l.check_fresh(), Err(Error::LockExpired(_)))
         });

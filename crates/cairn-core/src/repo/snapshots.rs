@@ -51,15 +51,15 @@ impl Repository {
     /// if the object is ever deleted without `forget`. That record is best effort:
     /// the snapshot is committed whether or not it could be written.
     ///
-    /// It takes the writer's lock and checks that it is fresh first: a writer whose
-    /// lock may have looked stale to a prune must not commit (the prune may have
-    /// removed data the snapshot needs).
+    /// It takes the writer's lock and checks that it is fresh and still stored
+    /// first: a writer whose lock may have looked stale to a prune, or was removed,
+    /// must not commit (the prune may have removed data the snapshot needs).
     pub fn write_snapshot(
         &self,
         snap: &Snapshot,
         lock: &super::lock::RepoLock,
     ) -> Result<SnapshotId> {
-        lock.check_fresh()?;
+        lock.check_held()?;
         let sealed = self.key.sealer.seal(&snap.to_bytes());
         let id = SnapshotId::of_content(&sealed);
         crate::hooks::point("snapshot:before-write");

@@ -278,7 +278,7 @@ fn run(
         let records = carried_snapshot_records(state, &listed);
         // Only a prune whose lock nobody could have taken for stale may change
         // what readers see (another prune may have run meanwhile).
-        lock.check_fresh()?;
+        lock.check_held()?;
         let files = write_replacement_index(
             repo,
             &scan,
@@ -295,7 +295,7 @@ fn run(
         // Locks are listed after the new index is stored: any operation that read
         // the old index took its lock before that, so it is in this list.
         let locks = live_lock_ids(repo, lock)?;
-        lock.check_fresh()?;
+        lock.check_held()?;
         // Several records when many packs retire, each of bounded size. A crash
         // between them leaves the rest unindexed: the next prune finds them as
         // such and records them (with the locks of then) before deleting.
@@ -688,7 +688,7 @@ fn delete_pending(
         }
         // Deleting on the strength of this prune's view of the locks and index: only
         // while its own lock cannot have looked stale to another prune.
-        mine.check_fresh()?;
+        mine.check_held()?;
         for p in delete {
             let size = stored.remove(&p).unwrap_or(0);
             match repo.backend().delete(&names::pack(&p.to_hex())) {

@@ -436,7 +436,8 @@ pub struct PruneArgs {
 
 #[derive(Args)]
 pub struct UnlockArgs {
-    /// Remove every lock, not only stale ones (only when no cairn process runs)
+    /// Remove every lock, not only stale ones, except those of processes running on
+    /// this machine (only when no cairn process runs elsewhere)
     #[arg(long)]
     pub remove_all: bool,
 }
@@ -489,11 +490,11 @@ pub struct BackupArgs {
     /// Create the repository with default settings if it does not exist
     #[arg(long)]
     pub init: bool,
-    /// Add a tag to the snapshot (repeatable)
-    #[arg(long = "tag")]
+    /// Add tags to the snapshot: a comma-separated list (repeatable)
+    #[arg(long = "tag", value_delimiter = ',', value_parser = nonempty("tag"))]
     pub tags: Vec<String>,
     /// Host name to record (default: this machine's)
-    #[arg(long)]
+    #[arg(long, value_parser = nonempty("host name"))]
     pub host: Option<String>,
     /// Exclude paths matching this pattern (repeatable)
     #[arg(short = 'e', long = "exclude")]
@@ -550,6 +551,18 @@ pub struct BackupArgs {
     /// bits: 400Mbit), to leave the disks to the production workload
     #[arg(long, value_name = "RATE")]
     pub read_limit: Option<String>,
+}
+
+/// A value that must not be empty (a tag, a host name), trimmed.
+fn nonempty(what: &'static str) -> impl clap::builder::TypedValueParser<Value = String> {
+    move |s: &str| -> std::result::Result<String, String> {
+        let t = s.trim();
+        if t.is_empty() {
+            Err(format!("an empty {what}"))
+        } else {
+            Ok(t.to_string())
+        }
+    }
 }
 
 /// A path inside a snapshot as given, even when it is not UTF-8 (a file name with

@@ -189,3 +189,34 @@ fn prune_flag_prunes_after_forgetting() {
     env.ok(&["forget", "--keep-last", "1", "--prune"]);
     env.ok(&["check", "--read-data"]);
 }
+
+/// `backup --tag a,b` adds two tags, as restic does, so the filters and
+/// `--keep-tag` (which split on commas) can select them; an empty tag or host is
+/// refused before anything is read.
+#[test]
+fn comma_separated_tags_are_tags_that_keep_tag_keeps() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    let s = src.to_str().unwrap();
+    env.ok(&["backup", s, "--tag", "keep,monthly"]);
+    std::fs::write(src.join("f"), b"y").unwrap();
+    env.ok(&["backup", s]);
+    let listed: serde_json::Value =
+        serde_json::from_str(&env.ok(&["snapshots", "--tag", "monthly", "--json"])).unwrap();
+    assert_eq!(listed[0]["tags"], serde_json::json!(["keep", "monthly"]));
+    env.ok(&["forget", "--keep-tag", "keep", "--keep-last", "1"]);
+    assert_eq!(
+        env.snapshot_ids().len(),
+        2,
+        "the tagged snapshot was removed"
+    );
+    for bad in [&["--tag", ""][..], &["--tag", "a,,b"], &["--host", " "]] {
+        let mut args = vec!["backup", s];
+        args.extend_from_slice(bad);
+        let err = env.fails(&args, 2);
+        assert!(err.contains("an empty"), "{bad:?}: {err}");
+    }
+}

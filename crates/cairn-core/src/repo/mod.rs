@@ -342,10 +342,16 @@ impl Repository {
         progress: &crate::progress::Progress,
     ) -> Result<Repository> {
         let st = storage::open_storage(location, opts, progress)?;
-        if let storage::Location::Local(dir) = &st.location
-            && !dir.exists()
-        {
-            return Err(Error::RepositoryNotFound(dir.display().to_string()));
+        if let storage::Location::Local(dir) = &st.location {
+            if !dir.exists() {
+                return Err(Error::RepositoryNotFound(dir.display().to_string()));
+            }
+            if !dir.is_dir() {
+                return Err(Error::NotARepository(format!(
+                    "{} (a file, not a directory)",
+                    dir.display()
+                )));
+            }
         }
         let mut repo = Repository::open(st.backend.clone(), password)?;
         repo.traffic = Some(st.traffic);
@@ -363,6 +369,12 @@ impl Repository {
     ) -> Result<Repository> {
         let st = storage::open_storage(location, opts, progress)?;
         if let storage::Location::Local(dir) = &st.location {
+            if dir.exists() && !dir.is_dir() {
+                return Err(Error::Invalid(format!(
+                    "{} is a file: a repository is a directory (give a new or empty one)",
+                    dir.display()
+                )));
+            }
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         }
         let mut repo = Repository::init(st.backend.clone(), password, init)?;

@@ -471,6 +471,16 @@ fn run(
         HashSet::new()
     };
     let host = opts.host.clone().unwrap_or_else(crate::repo::hostname);
+    // Filters (`--tag a,b`, `--keep-tag`) split on commas and take an empty entry
+    // for "untagged": a tag with a comma, or an empty one, could never be selected.
+    if let Some(t) = opts.tags.iter().find(|t| t.is_empty() || t.contains(',')) {
+        return Err(Error::Invalid(format!(
+            "tag {t:?}: a tag is a non-empty name without commas"
+        )));
+    }
+    if host.is_empty() {
+        return Err(Error::Invalid("the host name is empty".into()));
+    }
     let excludes = source::Excludes::new(&opts.excludes).map_err(Error::Invalid)?;
     if let Some(n) = opts.pack_size {
         let range = crate::repo::CLIENT_PACK_SIZE_MIN..=crate::repo::PACK_SIZE_MAX;

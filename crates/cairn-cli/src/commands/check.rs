@@ -143,9 +143,17 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                     },
                 );
             }
-            if report.unindexed_packs > 0 {
+            if report.unindexed_packs > 0 && report.problems.is_empty() {
                 println!(
                     "note: {} not in any index (left by an interrupted backup; prune removes them)",
+                    ui::count_is(report.unindexed_packs as u64, "pack")
+                );
+            } else if report.unindexed_packs > 0 {
+                // With damage found (an unreadable index file, say), they may well
+                // be the packs that file listed: prune refuses until repair.
+                println!(
+                    "note: {} not in any readable index: `cairn repair index` reads them back \
+                     into the index (prune refuses to run before that)",
                     ui::count_is(report.unindexed_packs as u64, "pack")
                 );
             }

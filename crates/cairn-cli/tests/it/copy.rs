@@ -97,6 +97,16 @@ fn copies_rechunk_into_another_block_size_exactly_once() {
     let read = noop["bytes_received"].as_u64().unwrap();
     assert!(read < 64 << 10, "a no-op copy read {read} bytes (indexes?)");
     assert_eq!(r2.snapshot_ids().len(), 3);
+
+    // Copying back (replication both ways): the copies are r1's own snapshots,
+    // already there; only r2's own new snapshot comes over.
+    let extra = r2.path("extra");
+    fs::create_dir_all(&extra).unwrap();
+    fs::write(extra.join("f"), b"only in r2").unwrap();
+    r2.backup(&[&extra]);
+    let back = copy(&r2, &r1, &[]);
+    assert_eq!(back["snapshots_copied"], 1, "{back}");
+    assert_eq!(r1.snapshot_ids().len(), 4);
 }
 
 /// A copy killed part-way (here: storage refusing writes after a few) resumes

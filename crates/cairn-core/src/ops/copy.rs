@@ -22,7 +22,8 @@
 //! index is flushed every few thousand blobs, so a killed copy keeps what it sent;
 //! the next run finds those blobs in the index and does not send them again. A copy
 //! records where it came from (`Snapshot::copied_from`), so copying the same
-//! snapshot again does nothing.
+//! snapshot again does nothing, and neither does copying a copy back to the
+//! repository that holds its original (replication both ways).
 
 use crate::error::{Error, Result};
 use crate::index::IdMap;
@@ -142,7 +143,24 @@ pub fn copy(
         v
     };
     // Nothing to do: no index is loaded (a no-op copy reads only snapshot objects).
-    let present = copies_in(src.repo(), dst)?;
+    let mut present = copies_in(src.repo(), dst)?;
+    // A source snapshot that is itself a copy of one of the destination's (copying
+    // back, as replication both ways does) is there already.
+    let dst_id = &dst.repo().config().id;
+    let in_dst: HashMap<String, SnapshotId> = dst
+        .snapshots()?
+        .0
+        .iter()
+        .map(|(id, _)| (id.to_hex(), *id))
+        .collect();
+    for (id, s) in &wanted {
+        if let Some(c) = &s.copied_from
+            && &c.repository == dst_id
+            && let Some(original) = in_dst.get(&c.snapshot)
+        {
+            present.insert(id.to_hex(), *original);
+        }
+    }
     if !wanted
         .iter()
         .all(|(id, _)| present.contains_key(&id.to_hex()))

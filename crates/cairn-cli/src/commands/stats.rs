@@ -61,8 +61,15 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
         b(st.occupied_bytes),
         st.stored_to_occupied
     );
+    // With a selection, "unused" is what the selected snapshots do not need: most
+    // of it other snapshots' data, which prune keeps.
+    let unused = if selected.is_some() {
+        "not needed by these snapshots"
+    } else {
+        "unused"
+    };
     println!(
-        "  overhead {}: envelopes {}, trees and chunk lists {}, pack headers {}, unused {}, index {}, snapshots {}, other {}",
+        "  overhead {}: envelopes {}, trees and chunk lists {}, pack headers {}, {unused} {}, index {}, snapshots {}, other {}",
         b(o.total()),
         b(o.envelope_bytes),
         b(o.metadata_bytes),
@@ -92,13 +99,18 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
         b(st.index.ram_bytes)
     );
     println!(
-        "packs:                 {} ({}), average {} of a {} target ({:.0}% full), {:.1}% of pack bytes in use",
+        "packs:                 {} ({}), average {} of a {} target ({:.0}% full), {:.1}% of pack bytes {}",
         st.packs.count,
         b(st.packs.bytes),
         b(st.packs.average_bytes),
         b(st.packs.target_bytes),
         st.packs.fill_percent,
-        st.packs.used_percent
+        st.packs.used_percent,
+        if selected.is_some() {
+            "needed by these snapshots"
+        } else {
+            "in use"
+        }
     );
     Ok(0)
 }

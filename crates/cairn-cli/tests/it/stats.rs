@@ -111,6 +111,12 @@ fn stats_add_up_on_a_generated_repository() {
     let one = stats(&env, &["latest"]);
     assert_eq!(u(&one, "snapshots"), 1);
     assert_adds_up(&env, &one, "one snapshot");
+    // Its text says what the space the others need is, not "unused".
+    let text = env.ok(&["stats", "latest"]);
+    assert!(text.contains("not needed by these snapshots"), "{text}");
+    assert!(!text.contains(" unused "), "{text}");
+    let text = env.ok(&["stats"]);
+    assert!(text.contains(" unused "), "{text}");
 }
 
 #[test]

@@ -29,12 +29,9 @@ struct ImageBytes {
     offset: u64,
 }
 
-impl Ext4Read for ImageBytes {
-    fn read(
-        &mut self,
-        start: u64,
-        dst: &mut [u8],
-    ) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
+impl ImageBytes {
+    /// Fills `dst` from `start` bytes into the window.
+    fn read_at(&self, start: u64, dst: &mut [u8]) -> std::result::Result<(), String> {
         let r = FileReader::new(&self.repo, &self.content, self.size);
         let at = self
             .offset
@@ -42,13 +39,25 @@ impl Ext4Read for ImageBytes {
             .ok_or("offset past the image")?;
         let mut done = 0;
         while done < dst.len() {
-            let n = r.read_at(at + done as u64, &mut dst[done..])?;
+            let n = r
+                .read_at(at + done as u64, &mut dst[done..])
+                .map_err(|e| e.to_string())?;
             if n == 0 {
                 return Err("read past the end of the image".into());
             }
             done += n;
         }
         Ok(())
+    }
+}
+
+impl Ext4Read for ImageBytes {
+    fn read(
+        &mut self,
+        start: u64,
+        dst: &mut [u8],
+    ) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
+        Ok(self.read_at(start, dst)?)
     }
 }
 
@@ -82,10 +91,8 @@ pub struct ImageFs {
     fs: Ext4,
     /// Bytes from the start of the image to the filesystem.
     pub offset: u64,
-    /// The image, for what [`super::blockmap`] reads.
-    repo: Repository,
-    content: Content,
-    size: u64,
+    /// The filesystem's bytes, for what [`super::blockmap`] reads.
+    bytes: ImageBytes,
 }
 
 fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -146,14 +153,18 @@ impl ImageFs {
                 size: info.size,
                 offset,
             };
+            let mine = ImageBytes {
+                repo: repo.handle(),
+                content: node.content.clone(),
+                size: info.size,
+                offset,
+            };
             match Ext4::load(Box::new(bytes)) {
                 Ok(fs) => {
                     return Ok(ImageFs {
                         fs,
                         offset,
-                        repo: repo.handle(),
-                        content: node.content.clone(),
-                        size: info.size,
+                        bytes: mine,
                     });
                 }
                 Err(e) => last = Some(e),
@@ -226,30 +237,23 @@ impl ImageFs {
     /// cannot tell: `ext4-view` then reads it, or says why not).
     fn dump_block_mapped(&self, path: &str, out: &mut dyn Write) -> Result<Option<u64>> {
         use super::blockmap::{CopyError, Ext2};
+        // No file of 12 KiB or less has an indirect block (12 direct pointers, blocks
+        // of 1 KiB or more): the common small file costs nothing here.
+        let len = match self.fs.metadata(Self::path(path)?) {
+            Ok(m) if m.len() > 12 * 1024 => m.len(),
+            _ => return Ok(None),
+        };
         let Ok(canon) = self.fs.canonicalize(Self::path(path)?) else {
             return Ok(None);
         };
-        let read = |at: u64, dst: &mut [u8]| -> std::result::Result<(), String> {
-            let bytes = ImageBytes {
-                repo: self.repo.handle(),
-                content: self.content.clone(),
-                size: self.size,
-                offset: self.offset,
-            };
-            let mut bytes = bytes;
-            bytes.read(at, dst).map_err(|e| e.to_string())
-        };
+        let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
         let Ok(Some(fs)) = Ext2::open(&read) else {
             return Ok(None);
         };
         let Ok(Some((_, ino))) = fs.lookup(canon.as_ref()) else {
             return Ok(None);
         };
-        let expected = self
-            .fs
-            .metadata(Self::path(path)?)
-            .map_or(u64::MAX, |m| m.len());
-        if ino.size != expected || !fs.needs_this_reader(&ino) {
+        if ino.size != len || !fs.needs_this_reader(&ino) {
             return Ok(None);
         }
         match fs.copy(&ino, out) {

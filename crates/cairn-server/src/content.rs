@@ -540,27 +540,15 @@ fn snapshot_rows(
     // Hosts as the server recorded them: a host's last backup, and the fleet's
     // staleness, are not to be vouched for by another host's client.
     let mut list = list.clone();
-    // The records through the server's cache (they are create-only): one listing
-    // per request, a read only for a record not seen before.
-    let listed: std::collections::HashSet<String> = store
-        .backend
-        .list(crate::hosts::PREFIX)?
+    // The records through the server's cache (they are create-only).
+    let claims: std::collections::HashMap<_, _> = session
+        .repo()
+        .attribute_hosts_by(&mut list, &|hex| {
+            store.hosts.host_of(store.backend.as_ref(), hex)
+        })
+        .map_err(engine_error)?
         .into_iter()
-        .map(|o| cairn_backend::names::base(&o.name).to_string())
         .collect();
-    let mut recorded = std::collections::HashMap::new();
-    for (id, _) in &list {
-        let hex = id.to_hex();
-        if listed.contains(&hex)
-            && let Some(h) = store.hosts.host_of(store.backend.as_ref(), &hex)?
-        {
-            recorded.insert(*id, h);
-        }
-    }
-    let claims: std::collections::HashMap<_, _> =
-        cairn_core::repo::attribute_hosts_from(&mut list, &recorded)
-            .into_iter()
-            .collect();
     let mut rows = Vec::new();
     for (id, s) in &list {
         let hex = id.to_hex();

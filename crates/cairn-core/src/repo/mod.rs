@@ -35,7 +35,7 @@ pub mod storage;
 
 pub(crate) use index_load::until_settled;
 pub use index_load::{EachPending, IndexObject, IndexReadError, IndexState};
-pub use snapshots::{SnapshotError, SnapshotList, attribute_hosts_from, resolve_snapshot_prefix};
+pub use snapshots::{HostRead, SnapshotError, SnapshotList, resolve_snapshot_prefix};
 pub(crate) use snapshots::{latest, latest_in};
 
 #[derive(Clone, Debug)]

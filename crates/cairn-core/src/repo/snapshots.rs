@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// Reads the `hosts/` record of a snapshot (hex id); `None` when there is none.
+pub type HostRead<'a> =
+    dyn Fn(&str) -> std::result::Result<Option<String>, cairn_backend::BackendError> + Sync + 'a;
+
 /// A `hosts/` record is a host name: short; a larger one is refused unread.
 const MAX_HOST_RECORD: u64 = 255;
 
@@ -133,10 +137,12 @@ impl Repository {
     }
 
     /// The hosts `cairn serve` recorded for snapshots stored by host-bound tokens
-    /// (`hosts/<id>`, docs/SERVER.md), for those of `snaps` that have a record.
+    /// (`hosts/<id>`, docs/SERVER.md), for those of `snaps` that have a record:
+    /// one listing, then `read(snapshot hex)` for each (eight at a time).
     fn recorded_hosts(
         &self,
         snaps: &[(SnapshotId, Snapshot)],
+        read: &HostRead<'_>,
     ) -> Result<std::collections::HashMap<SnapshotId, String>> {
         let listed: std::collections::HashSet<String> = match self.backend.list(names::HOSTS) {
             Ok(l) => l
@@ -151,21 +157,12 @@ impl Repository {
             .map(|(id, _)| *id)
             .filter(|id| listed.contains(&id.to_hex()))
             .collect();
-        let read = crate::threads::parallel_map(&wanted, 8, |id| {
-            let got = self
-                .backend
-                .get_bounded(&names::host_record(&id.to_hex()), MAX_HOST_RECORD);
-            (*id, got)
-        });
+        let got = crate::threads::parallel_map(&wanted, 8, |id| (*id, read(&id.to_hex())));
         let mut out = std::collections::HashMap::new();
-        for (id, got) in read {
-            match got {
-                Ok(b) => {
-                    out.insert(id, String::from_utf8_lossy(&b).into_owned());
-                }
-                // Forgotten meanwhile.
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e.into()),
+        for (id, host) in got {
+            // None: forgotten meanwhile.
+            if let Some(h) = host? {
+                out.insert(id, h);
             }
         }
         Ok(out)
@@ -183,8 +180,35 @@ impl Repository {
         &self,
         snaps: &mut [(SnapshotId, Snapshot)],
     ) -> Result<Vec<(SnapshotId, String)>> {
-        let recorded = self.recorded_hosts(snaps)?;
-        Ok(attribute_hosts_from(snaps, &recorded))
+        self.attribute_hosts_by(snaps, &|hex| match self
+            .backend
+            .get_bounded(&names::host_record(hex), MAX_HOST_RECORD)
+        {
+            Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        })
+    }
+
+    /// [`Self::attribute_hosts`] reading each record with `read` (`cairn serve`
+    /// passes its cache: records are create-only).
+    pub fn attribute_hosts_by(
+        &self,
+        snaps: &mut [(SnapshotId, Snapshot)],
+        read: &HostRead<'_>,
+    ) -> Result<Vec<(SnapshotId, String)>> {
+        let recorded = self.recorded_hosts(snaps, read)?;
+        let hosts: std::collections::HashSet<&String> = recorded.values().collect();
+        let mut changed = Vec::new();
+        for (id, s) in snaps.iter_mut() {
+            if let Some(h) = recorded.get(id)
+                && *h != s.hostname
+                && hosts.contains(&s.hostname)
+            {
+                changed.push((*id, std::mem::replace(&mut s.hostname, h.clone())));
+            }
+        }
+        Ok(changed)
     }
 
     /// Resolves `latest` or an id prefix (at least one hex digit) among all stored
@@ -196,25 +220,6 @@ impl Repository {
         let id = resolve_snapshot_prefix(spec, &self.list_snapshot_ids()?)?;
         Ok((id, self.read_snapshot(&id)?))
     }
-}
-
-/// [`Repository::attribute_hosts`] with the records already read (`cairn serve`
-/// keeps them cached: they are create-only).
-pub fn attribute_hosts_from(
-    snaps: &mut [(SnapshotId, Snapshot)],
-    recorded: &std::collections::HashMap<SnapshotId, String>,
-) -> Vec<(SnapshotId, String)> {
-    let hosts: std::collections::HashSet<&String> = recorded.values().collect();
-    let mut changed = Vec::new();
-    for (id, s) in snaps.iter_mut() {
-        if let Some(h) = recorded.get(id)
-            && *h != s.hostname
-            && hosts.contains(&s.hostname)
-        {
-            changed.push((*id, std::mem::replace(&mut s.hostname, h.clone())));
-        }
-    }
-    changed
 }
 
 /// The newest snapshot, refusing to guess when some snapshot could not be read: a

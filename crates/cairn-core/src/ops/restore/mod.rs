@@ -404,6 +404,20 @@ pub(crate) fn snap_name(name: &[u8]) -> String {
     crate::ops::ls::escape_name(name)
 }
 
+/// What `--delete` did with an entry (or, in a dry run, would do).
+pub(super) enum Gone {
+    /// Removed, with everything in it.
+    All,
+    /// Kept: another file system is mounted on it or below it.
+    MountsLeft,
+    /// Not all removed: an error, reported.
+    Failed,
+}
+
+/// Why an entry of the snapshot cannot replace a directory `--delete` keeps.
+pub(super) const MOUNT_IN_THE_WAY: &str =
+    "a directory is in the way, with another file system mounted on or below it";
+
 /// The names `--delete` keeps in a directory restored whole that existed before.
 fn keep_names(
     opts: &RestoreOptions,
@@ -615,8 +629,8 @@ impl Walk<'_> {
     }
 
     /// Removes `name` from `dir` for `--delete` (a directory with everything in it,
-    /// mount points below it excepted); `false` when it is still there.
-    fn remove(&mut self, dir: &Arc<Dir>, name: &CStr) -> bool {
+    /// mount points below it excepted).
+    fn remove(&mut self, dir: &Arc<Dir>, name: &CStr) -> Gone {
         match target::remove_tree(dir.fd(), name, self.mount) {
             Ok(r) => {
                 self.stats.deleted += r.removed;
@@ -634,7 +648,11 @@ impl Walk<'_> {
                         ),
                     );
                 }
-                r.mounts_left == 0
+                if r.mounts_left == 0 {
+                    Gone::All
+                } else {
+                    Gone::MountsLeft
+                }
             }
             Err((r, e)) => {
                 self.stats.deleted += r.removed;
@@ -648,7 +666,7 @@ impl Walk<'_> {
                     String::new()
                 };
                 self.issue(dir.node.join(name), format!("deleting it: {e}{also}"));
-                false
+                Gone::Failed
             }
         }
     }
@@ -672,21 +690,15 @@ impl Walk<'_> {
             );
             return false;
         }
-        if self.remove(parent, name) {
-            return true;
+        match self.remove(parent, name) {
+            Gone::All => true,
+            Gone::MountsLeft => {
+                self.issue(parent.node.join(name), MOUNT_IN_THE_WAY.into());
+                false
+            }
+            // Reported by `remove`.
+            Gone::Failed => false,
         }
-        if self
-            .stats
-            .issues
-            .last()
-            .is_none_or(|i| i.path != parent.node.join(name))
-        {
-            self.issue(
-                parent.node.join(name),
-                "a directory is in the way, with another file system mounted on or below it".into(),
-            );
-        }
-        false
     }
 
     /// `--delete` leaves the directory at `path` as it is: another file system is

@@ -5,7 +5,9 @@
 //! the restore would do if the target does not change in between.
 
 use super::overwrite::{self, Decision};
-use super::{RestoreIssue, RestoreOptions, RestoreStats, selection, sys, target};
+use super::{
+    Gone, MOUNT_IN_THE_WAY, RestoreIssue, RestoreOptions, RestoreStats, selection, sys, target,
+};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 use crate::repo::Repository;
@@ -245,17 +247,14 @@ fn dir_in_the_way(
         return false;
     }
     let dir = path.parent().unwrap_or(path);
-    if count_removal(parent, name, dir, mount, stats) {
-        return true;
+    match count_removal(parent, name, dir, mount, stats) {
+        Gone::All => true,
+        Gone::MountsLeft => {
+            issue(stats, path.to_path_buf(), MOUNT_IN_THE_WAY.into());
+            false
+        }
+        Gone::Failed => false,
     }
-    if stats.issues.last().is_none_or(|i| i.path != path) {
-        issue(
-            stats,
-            path.to_path_buf(),
-            "a directory is in the way, with another file system mounted on or below it".into(),
-        );
-    }
-    false
 }
 
 /// Counts what `--delete` would remove from `dir`: the names not in `keep`, each
@@ -295,19 +294,23 @@ fn count_extra(
     }
 }
 
-/// Counts what `--delete` removes for `name` in `dir`; `false` when it would stay.
+/// Counts what `--delete` removes for `name` in `dir`.
 fn count_removal(
     dir: BorrowedFd<'_>,
     name: &CStr,
     path: &std::path::Path,
     mount: (u64, u64),
     stats: &mut RestoreStats,
-) -> bool {
+) -> Gone {
     match target::count_tree(dir, name, mount) {
         Ok(r) => {
             stats.deleted += r.removed;
             stats.mounts_left += r.mounts_left;
-            r.mounts_left == 0
+            if r.mounts_left == 0 {
+                Gone::All
+            } else {
+                Gone::MountsLeft
+            }
         }
         Err((r, e)) => {
             stats.deleted += r.removed;
@@ -317,7 +320,7 @@ fn count_removal(
                 path.join(String::from_utf8_lossy(name.to_bytes()).as_ref()),
                 format!("listing it for --delete: {e}"),
             );
-            false
+            Gone::Failed
         }
     }
 }

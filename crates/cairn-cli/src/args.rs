@@ -502,6 +502,34 @@ pub struct BackupArgs {
     /// Read exclude patterns from a file, one per line
     #[arg(long = "exclude-file")]
     pub exclude_files: Vec<PathBuf>,
+    /// As --exclude, ignoring case (repeatable)
+    #[arg(long = "iexclude")]
+    pub iexcludes: Vec<String>,
+    /// As --exclude-file, ignoring case
+    #[arg(long = "iexclude-file")]
+    pub iexclude_files: Vec<PathBuf>,
+    /// Leave out directories holding a file of this name; NAME:HEADER only those
+    /// whose file starts with HEADER (repeatable)
+    #[arg(long = "exclude-if-present", value_name = "NAME[:HEADER]")]
+    pub exclude_if_present: Vec<String>,
+    /// Leave out cache directories: those tagged with a CACHEDIR.TAG file
+    /// (https://bford.info/cachedir/)
+    #[arg(long)]
+    pub exclude_caches: bool,
+    /// Leave out regular files larger than this (e.g. 500M, 2G)
+    #[arg(long, value_name = "SIZE")]
+    pub exclude_larger_than: Option<String>,
+    /// Read the paths to back up from this file, one per line ("-": standard
+    /// input); lines starting with # and empty lines are skipped, glob patterns
+    /// are expanded (repeatable, combines with paths given as arguments)
+    #[arg(long = "files-from", value_name = "FILE")]
+    pub files_from: Vec<PathBuf>,
+    /// As --files-from, each line a path as it is: no comments, no patterns
+    #[arg(long = "files-from-verbatim", value_name = "FILE")]
+    pub files_from_verbatim: Vec<PathBuf>,
+    /// As --files-from-verbatim, the paths separated by NUL bytes (find -print0)
+    #[arg(long = "files-from-raw", value_name = "FILE")]
+    pub files_from_raw: Vec<PathBuf>,
     /// Do not cross filesystem boundaries
     #[arg(short = 'x', long)]
     pub one_file_system: bool,

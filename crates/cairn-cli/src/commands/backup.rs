@@ -22,6 +22,80 @@ fn read_exclude_files(files: &[PathBuf]) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// How a `--files-from*` file lists its paths.
+#[derive(Clone, Copy, PartialEq)]
+enum ListKind {
+    /// A path or glob pattern a line; `#` comments and empty lines skipped.
+    Patterns,
+    /// A path a line, as it is.
+    Verbatim,
+    /// Paths separated by NUL bytes.
+    Raw,
+}
+
+/// The paths the `--files-from*` files list, in order. A pattern is expanded
+/// against the file system (sorted); one that matches nothing is a warning, as
+/// restic has it (a list kept by hand outlives some of its paths).
+fn read_path_lists(a: &BackupArgs, quiet: bool) -> Result<Vec<PathBuf>> {
+    use std::os::unix::ffi::OsStringExt;
+    let lists = (a.files_from.iter().map(|f| (f, ListKind::Patterns)))
+        .chain(
+            a.files_from_verbatim
+                .iter()
+                .map(|f| (f, ListKind::Verbatim)),
+        )
+        .chain(a.files_from_raw.iter().map(|f| (f, ListKind::Raw)));
+    let mut out = Vec::new();
+    for (file, kind) in lists {
+        let bytes = if file.as_os_str() == "-" {
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)
+                .context("reading the list of paths from standard input")?;
+            v
+        } else {
+            std::fs::read(file)
+                .with_context(|| format!("reading the list of paths {}", file.display()))?
+        };
+        let sep = if kind == ListKind::Raw { b'\0' } else { b'\n' };
+        for item in bytes.split(|&b| b == sep) {
+            let item = match kind {
+                ListKind::Patterns => item.trim_ascii(),
+                ListKind::Verbatim => item.strip_suffix(b"\r").unwrap_or(item),
+                ListKind::Raw => item,
+            };
+            if item.is_empty() || (kind == ListKind::Patterns && item.starts_with(b"#")) {
+                continue;
+            }
+            let path = PathBuf::from(std::ffi::OsString::from_vec(item.to_vec()));
+            let pattern =
+                kind == ListKind::Patterns && item.iter().any(|b| matches!(b, b'*' | b'?' | b'['));
+            if !pattern {
+                out.push(path);
+                continue;
+            }
+            let text = std::str::from_utf8(item).with_context(|| {
+                format!(
+                    "{}: the pattern {:?} is not UTF-8 (list such paths with --files-from-verbatim)",
+                    file.display(),
+                    String::from_utf8_lossy(item)
+                )
+            })?;
+            let found: Vec<PathBuf> = glob::glob(text)
+                .with_context(|| format!("{}: pattern {text:?}", file.display()))?
+                .filter_map(std::result::Result::ok)
+                .collect();
+            if found.is_empty() && !quiet {
+                eprintln!(
+                    "warning: {}: the pattern {text:?} matches nothing, skipped",
+                    file.display()
+                );
+            }
+            out.extend(found);
+        }
+    }
+    Ok(out)
+}
+
 pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     if a.stdin && !a.paths.is_empty() {
         anyhow::bail!("--stdin cannot be combined with paths");
@@ -45,8 +119,33 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         }),
         None => None,
     };
-    let mut excludes = a.excludes.clone();
-    excludes.extend(read_exclude_files(&a.exclude_files)?);
+    let mut patterns = a.excludes.clone();
+    patterns.extend(read_exclude_files(&a.exclude_files)?);
+    let mut ipatterns = a.iexcludes.clone();
+    ipatterns.extend(read_exclude_files(&a.iexclude_files)?);
+    let excludes = source::ExcludeRules {
+        patterns,
+        ipatterns,
+        if_present: a.exclude_if_present.clone(),
+        caches: a.exclude_caches,
+        larger_than: a
+            .exclude_larger_than
+            .as_deref()
+            .map(super::parse_size)
+            .transpose()
+            .context("--exclude-larger-than")?,
+    };
+    let listed = !(a.files_from.is_empty()
+        && a.files_from_verbatim.is_empty()
+        && a.files_from_raw.is_empty());
+    if listed && (a.stdin || a.image.is_some()) {
+        anyhow::bail!("--files-from lists paths: it cannot be combined with --stdin or --image");
+    }
+    let mut paths = a.paths.clone();
+    paths.extend(read_path_lists(&a, g.quiet)?);
+    if listed && paths.is_empty() {
+        anyhow::bail!("the --files-from lists name no path to back up");
+    }
     let read_limit = super::rate_flag(&a.read_limit, "--read-limit")?;
     let mut p = super::progress(g);
     let location = super::repo_location(g)?;
@@ -74,7 +173,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         )
     });
     let opts = BackupOptions {
-        paths: a.paths.clone(),
+        paths,
         stdin,
         image,
         tags: a.tags.clone(),

@@ -354,3 +354,150 @@ fn dump_archive_tar_round_trips_through_gnu_tar() {
     // A path that is not in the snapshot is an error, not an empty archive.
     env.fails(&["dump", &sid, "/no/such/dir", "--archive", "tar"], 1);
 }
+
+/// The exclusion options restic users reach for, and the path lists, each seen
+/// leaving out (or naming) exactly what it says.
+#[test]
+fn exclusion_options_and_path_lists() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    for d in ["a", "b", "cache", "fake-cache", "tagged", "c/d", "odd dir"] {
+        fs::create_dir_all(src.join(d)).unwrap();
+    }
+    fs::write(src.join("a/Notes.TXT"), "x").unwrap();
+    fs::write(src.join("a/keep"), "y").unwrap();
+    fs::write(src.join("b/big"), vec![7u8; 2 << 20]).unwrap();
+    fs::write(src.join("b/small"), "s").unwrap();
+    fs::write(
+        src.join("cache/CACHEDIR.TAG"),
+        "Signature: 8a477f597d28d172789f06886806bc55\n# a cache",
+    )
+    .unwrap();
+    fs::write(src.join("cache/data"), "c").unwrap();
+    fs::write(
+        src.join("fake-cache/CACHEDIR.TAG"),
+        "Signature: something else",
+    )
+    .unwrap();
+    fs::write(src.join("fake-cache/data"), "f").unwrap();
+    fs::write(src.join("tagged/.nobackup"), "").unwrap();
+    fs::write(src.join("tagged/data"), "t").unwrap();
+    fs::write(src.join("c/d/e"), "e").unwrap();
+    fs::write(src.join("odd dir/#name"), "o").unwrap();
+    let s = src.to_str().unwrap();
+    let ls = |sid: &str| -> Vec<String> {
+        env.ok(&["ls", sid])
+            .lines()
+            .filter_map(|l| l.strip_prefix(s).map(String::from))
+            .collect()
+    };
+
+    let out = env.ok(&[
+        "backup",
+        "--json",
+        "--iexclude",
+        "*.txt",
+        "--exclude-caches",
+        "--exclude-if-present",
+        ".nobackup",
+        "--exclude-larger-than",
+        "1M",
+        s,
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let got = ls(v["snapshot_id"].as_str().unwrap());
+    let want = [
+        "",
+        "/a",
+        "/a/keep",
+        "/b",
+        "/b/small",
+        "/c",
+        "/c/d",
+        "/c/d/e",
+        "/fake-cache",
+        "/fake-cache/CACHEDIR.TAG",
+        "/fake-cache/data",
+        "/odd dir",
+        "/odd dir/#name",
+    ];
+    assert_eq!(got, want);
+    // A header that must match: the tag with another header is not one.
+    let out = env.ok(&[
+        "backup",
+        "--json",
+        "--exclude-if-present",
+        "CACHEDIR.TAG:Signature: something",
+        s,
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let got = ls(v["snapshot_id"].as_str().unwrap());
+    assert!(got.contains(&"/cache/data".to_string()), "{got:?}");
+    assert!(!got.iter().any(|p| p.starts_with("/fake-cache")), "{got:?}");
+    // A path named on the command line is judged too.
+    let out = env.ok(&[
+        "backup",
+        "--json",
+        "--exclude-larger-than",
+        "1K",
+        &format!("{s}/b/big"),
+        &format!("{s}/b/small"),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let got = ls(v["snapshot_id"].as_str().unwrap());
+    assert_eq!(got, ["", "/b", "/b/small"]);
+
+    // --files-from: comments, blank lines, patterns; a pattern matching nothing
+    // is a warning.
+    let list = env.path("list");
+    fs::write(
+        &list,
+        format!("# the list\n{s}/a/keep\n\n  {s}/c/*  \n{s}/nothing-*\n"),
+    )
+    .unwrap();
+    let out = env
+        .cmd(&["backup", "--json", "--files-from", list.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("matches nothing"), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got = ls(v["snapshot_id"].as_str().unwrap());
+    assert_eq!(got, ["", "/a", "/a/keep", "/c", "/c/d", "/c/d/e"]);
+    // Verbatim and NUL-separated lists take names as they are ('#', spaces).
+    fs::write(&list, format!("{s}/odd dir/#name\n")).unwrap();
+    let raw = env.path("raw");
+    fs::write(&raw, format!("{s}/b/small\0{s}/odd dir\0")).unwrap();
+    let out = env.ok(&[
+        "backup",
+        "--json",
+        "--files-from-verbatim",
+        list.to_str().unwrap(),
+        "--files-from-raw",
+        raw.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let got = ls(v["snapshot_id"].as_str().unwrap());
+    assert_eq!(got, ["", "/b", "/b/small", "/odd dir", "/odd dir/#name"]);
+
+    // Lists that name nothing, and a tag that is a path, are refused.
+    fs::write(&list, "# nothing\n\n").unwrap();
+    let out = env
+        .cmd(&["backup", "--files-from", list.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("name no path"));
+    let out = env
+        .cmd(&["backup", "--exclude-if-present", "a/b", s])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a path"));
+}

@@ -58,7 +58,8 @@ pub struct BackupOptions {
     pub image: Option<crate::ops::image::ImageOptions>,
     pub tags: Vec<String>,
     pub host: Option<String>,
-    pub excludes: Vec<String>,
+    /// What to leave out; the snapshot records the `--exclude` patterns.
+    pub excludes: source::ExcludeRules,
     pub one_file_system: bool,
     /// Parent snapshot for change detection (`latest` or an id prefix); `None`
     /// picks the latest one with the same host and paths.
@@ -728,7 +729,7 @@ fn run(
         tags: opts.tags.clone(),
         tree: archived.root.to_hex(),
         parent: parent.as_ref().map(|(id, _)| id.to_hex()),
-        excludes: opts.excludes.clone(),
+        excludes: opts.excludes.patterns.clone(),
         original: None,
         copied_from: None,
         program_version: format!("cairn {}", env!("CARGO_PKG_VERSION")),

@@ -139,13 +139,18 @@ pub(crate) fn scan_dir(
                 message: std::io::Error::from(e).to_string(),
             },
             Ok(st) => {
+                let stat = Stat::from(&st);
+                if ctx.excludes.excludes_at(&dir, &name, &child, &stat) {
+                    child.pop();
+                    continue;
+                }
                 let pnode = ptree.as_ref().and_then(|t| find(t, &name));
                 // Link targets and xattrs are read through a short path from the open
                 // directory (the full one may be too long for the kernel), built
                 // only when they are read.
                 let at = |n: &[u8]| entry_path(&dir, n).unwrap_or_else(|| child.clone());
                 let (node, warning, xattrs_unread) =
-                    node_reusing_parent(name, &at, &Stat::from(&st), names, pnode, true);
+                    node_reusing_parent(name, &at, &stat, names, pnode, true);
                 prepare(ctx.repo, node, warning, pnode, xattrs_unread)
             }
         };
@@ -533,7 +538,7 @@ mod tests {
                 d
             })
             .collect();
-        let excludes = Excludes::new(&["f99".into()]).unwrap();
+        let excludes = Excludes::patterns(&["f99".into()]).unwrap();
         let ctx = ScanContext {
             repo: &repo,
             excludes: &excludes,
@@ -578,7 +583,7 @@ mod tests {
         let repo = mem_repo();
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(tmp.path().join("a"), b"a").unwrap();
-        let excludes = Excludes::new(&[]).unwrap();
+        let excludes = Excludes::patterns(&[]).unwrap();
         let ctx = ScanContext {
             repo: &repo,
             excludes: &excludes,

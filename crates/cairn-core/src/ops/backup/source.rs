@@ -346,17 +346,60 @@ fn read_xattrs(path: &Path) -> std::io::Result<Xattrs> {
     Ok(out)
 }
 
-/// Exclude patterns with restic's meaning: a pattern without `/` matches a name at
-/// any depth (`*.tmp`, `node_modules`); a pattern with `/` matches the absolute path
-/// (`/home/*/.cache`), and a relative one with `/` matches at any depth.
+/// What a backup leaves out (besides other file systems with `-x`), with restic's
+/// options and meaning.
+#[derive(Clone, Debug, Default)]
+pub struct ExcludeRules {
+    /// `--exclude`: a pattern without `/` matches a name at any depth (`*.tmp`,
+    /// `node_modules`); a pattern with `/` matches the absolute path
+    /// (`/home/*/.cache`), and a relative one with `/` matches at any depth.
+    pub patterns: Vec<String>,
+    /// `--iexclude`: the same, ignoring case.
+    pub ipatterns: Vec<String>,
+    /// `--exclude-if-present NAME[:HEADER]`: a directory holding an entry NAME (a
+    /// regular file starting with the bytes HEADER, when given) is left out whole.
+    pub if_present: Vec<String>,
+    /// `--exclude-caches`: directories tagged as caches ([`CACHEDIR_TAG`]).
+    pub caches: bool,
+    /// `--exclude-larger-than`: regular files of more than this many bytes.
+    pub larger_than: Option<u64>,
+}
+
+impl ExcludeRules {
+    /// Only `--exclude` patterns.
+    pub fn patterns(patterns: &[String]) -> Self {
+        ExcludeRules {
+            patterns: patterns.to_vec(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The tag file of the Cache Directory Tagging Specification
+/// (<https://bford.info/cachedir/>): the name, and the first bytes it must hold.
+pub const CACHEDIR_TAG: (&str, &str) = (
+    "CACHEDIR.TAG",
+    "Signature: 8a477f597d28d172789f06886806bc55",
+);
+
+/// The longest header `--exclude-if-present` compares (more would be read from
+/// every tagged directory for nothing: a tag is a name and a signature).
+const TAG_HEADER_MAX: usize = 4096;
+
+/// [`ExcludeRules`] ready to be asked about each entry.
 pub struct Excludes {
     set: GlobSet,
+    /// Tag file names, with the header each must start with.
+    tags: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    larger_than: Option<u64>,
 }
 
 impl Excludes {
-    pub fn new(patterns: &[String]) -> Result<Self, String> {
+    pub fn new(rules: &ExcludeRules) -> Result<Self, String> {
         let mut b = GlobSetBuilder::new();
-        for p in patterns {
+        let all = (rules.patterns.iter().map(|p| (p, false)))
+            .chain(rules.ipatterns.iter().map(|p| (p, true)));
+        for (p, fold) in all {
             let p = p.trim_end_matches('/');
             if p.is_empty() {
                 continue;
@@ -369,17 +412,115 @@ impl Excludes {
             let g = GlobBuilder::new(&full)
                 .literal_separator(true)
                 .backslash_escape(true)
+                .case_insensitive(fold)
                 .build()
                 .map_err(|e| format!("invalid exclude pattern {p:?}: {e}"))?;
             b.add(g);
         }
+        let mut tags = Vec::new();
+        for t in &rules.if_present {
+            let (name, header) = match t.split_once(':') {
+                Some((n, h)) => (n, Some(h.as_bytes().to_vec())),
+                None => (t.as_str(), None),
+            };
+            if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+                return Err(format!(
+                    "--exclude-if-present {t:?}: give a file name (NAME or NAME:HEADER), not a path"
+                ));
+            }
+            if header
+                .as_ref()
+                .is_some_and(|h| h.is_empty() || h.len() > TAG_HEADER_MAX)
+            {
+                return Err(format!(
+                    "--exclude-if-present {t:?}: the header after ':' must be 1 to {TAG_HEADER_MAX} bytes"
+                ));
+            }
+            tags.push((name.as_bytes().to_vec(), header));
+        }
+        if rules.caches {
+            let (name, header) = CACHEDIR_TAG;
+            tags.push((name.as_bytes().to_vec(), Some(header.as_bytes().to_vec())));
+        }
         Ok(Excludes {
             set: b.build().map_err(|e| e.to_string())?,
+            tags,
+            larger_than: rules.larger_than,
         })
     }
 
+    /// Only `--exclude` patterns.
+    pub fn patterns(patterns: &[String]) -> Result<Self, String> {
+        Self::new(&ExcludeRules::patterns(patterns))
+    }
+
+    /// Left out by a pattern.
     pub fn is_excluded(&self, path: &Path) -> bool {
         !self.set.is_empty() && self.set.is_match(path)
+    }
+
+    /// A regular file left out for its size.
+    pub fn too_large(&self, mode: u32, size: u64) -> bool {
+        self.larger_than
+            .is_some_and(|max| size > max && mode & libc::S_IFMT == libc::S_IFREG)
+    }
+
+    /// Whether the directory `name` of the open directory `dir` (by `path` when
+    /// there is none) holds one of the tags. Asked of every directory only when a
+    /// tag was given: one `fstatat` per directory and tag.
+    pub fn is_tagged(&self, dir: Option<&OwnedFd>, name: &[u8], path: &Path) -> bool {
+        self.tags.iter().any(|(tag, header)| {
+            let rel: PathBuf = [
+                std::ffi::OsStr::from_bytes(name),
+                std::ffi::OsStr::from_bytes(tag),
+            ]
+            .iter()
+            .collect();
+            let st = match dir {
+                Some(d) => {
+                    nix::sys::stat::fstatat(d, &rel, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                        .map(|st| st.st_mode)
+                }
+                None => std::fs::symlink_metadata(path.join(std::ffi::OsStr::from_bytes(tag)))
+                    .map(|m| m.mode())
+                    .map_err(|_| nix::errno::Errno::ENOENT),
+            };
+            let Ok(mode) = st else { return false };
+            let Some(header) = header else { return true };
+            // Only a regular file is read (a FIFO would block the walk).
+            if mode & libc::S_IFMT != libc::S_IFREG {
+                return false;
+            }
+            let f = match dir {
+                Some(d) => open_noatime(Some(d), rel.as_os_str(), false),
+                None => open_noatime(
+                    None,
+                    path.join(std::ffi::OsStr::from_bytes(tag)).as_os_str(),
+                    false,
+                ),
+            };
+            let Ok(f) = f else { return false };
+            use std::io::Read as _;
+            let mut buf = vec![0u8; header.len()];
+            let mut f = std::fs::File::from(f);
+            f.read_exact(&mut buf).is_ok() && &buf == header
+        })
+    }
+
+    /// Every rule, for an entry known by its path and `lstat`: a path named on the
+    /// command line, the estimate's and the progress total's walks.
+    pub fn excludes_entry(&self, path: &Path, meta: &Metadata) -> bool {
+        self.is_excluded(path)
+            || self.too_large(meta.mode(), meta.len())
+            || (meta.is_dir() && !self.tags.is_empty() && self.is_tagged(None, b"", path))
+    }
+
+    /// [`Self::excludes_entry`] for an entry of an open directory, from its `fstatat`.
+    pub fn excludes_at(&self, dir: &OwnedFd, name: &[u8], path: &Path, st: &Stat) -> bool {
+        self.too_large(st.mode, st.size)
+            || (st.mode & libc::S_IFMT == libc::S_IFDIR
+                && !self.tags.is_empty()
+                && self.is_tagged(Some(dir), name, path))
     }
 }
 
@@ -413,6 +554,9 @@ pub fn scan_total(
         let Ok(m) = std::fs::symlink_metadata(&path) else {
             continue;
         };
+        if excludes.excludes_entry(&path, &m) {
+            continue;
+        }
         if one_file_system && dev.is_some_and(|d| d != m.dev()) {
             continue;
         }
@@ -621,7 +765,7 @@ mod tests {
             .unwrap();
         }
         let p = crate::progress::Progress::none();
-        let ex = Excludes::new(&["cache".into()]).unwrap();
+        let ex = Excludes::patterns(&["cache".into()]).unwrap();
         scan_total(std::slice::from_ref(&root), &ex, false, &p, &|| false);
         assert_eq!(p.status().bytes_total, Some(1234));
         for dir in [root.clone(), root.join("keep"), root.join("keep/deeper")] {
@@ -632,8 +776,8 @@ mod tests {
 
     #[test]
     fn exclude_semantics() {
-        let e =
-            Excludes::new(&["*.tmp".into(), "/home/*/.cache".into(), "build/out".into()]).unwrap();
+        let e = Excludes::patterns(&["*.tmp".into(), "/home/*/.cache".into(), "build/out".into()])
+            .unwrap();
         assert!(e.is_excluded(Path::new("/a/b/x.tmp")));
         assert!(!e.is_excluded(Path::new("/a/b/x.tmpl")));
         assert!(e.is_excluded(Path::new("/home/joe/.cache")));

@@ -273,6 +273,9 @@ impl<'a> Walker<'a> {
             Ok(m) => m,
             Err(e) => return self.skip(path, e.to_string()),
         };
+        if self.ctx.excludes.excludes_entry(path, &meta) {
+            return Ok(());
+        }
         let (node, warning) = node_from_metadata(name.to_vec(), path, &meta, &mut self.names);
         let scanned = scan::prepare(self.repo, node, warning, pnode, false);
         // Each top-level tree gets its own first key component, so scan jobs of

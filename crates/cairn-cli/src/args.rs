@@ -749,6 +749,13 @@ pub struct RestoreArgs {
     /// Restore only this path of the snapshot and what is below it (repeatable)
     #[arg(short, long = "include", value_parser = snapshot_path())]
     pub includes: Vec<String>,
+    /// Do not restore what matches this pattern (as backup's --exclude, against
+    /// the paths `ls` prints; --delete leaves it alone too; repeatable)
+    #[arg(short = 'e', long = "exclude")]
+    pub excludes: Vec<String>,
+    /// As --exclude, ignoring case (repeatable)
+    #[arg(long = "iexclude")]
+    pub iexcludes: Vec<String>,
     /// What to do with entries already in the target: always (replace), if-changed
     /// (replace unless size and time, or else the content, match the snapshot; a
     /// file with the snapshot's content gets its mode, owner and time), if-newer

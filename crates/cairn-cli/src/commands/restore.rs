@@ -8,6 +8,13 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     // A bad --overwrite is refused before the password is asked for.
     let overwrite: restore::Overwrite = a.overwrite.parse()?;
     let write_limit = super::rate_flag(&a.write_limit, "--write-limit")?;
+    if a.image_fs.image_fs.is_some()
+        && (!a.includes.is_empty() || !a.excludes.is_empty() || !a.iexcludes.is_empty() || a.delete)
+    {
+        anyhow::bail!(
+            "--image-fs restores the path it names: --include, --exclude and --delete do not apply"
+        );
+    }
     let mut p = super::progress(g);
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     let snap = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
@@ -19,6 +26,8 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     }
     let opts = RestoreOptions {
         includes: a.includes.clone(),
+        excludes: a.excludes.clone(),
+        iexcludes: a.iexcludes.clone(),
         overwrite,
         delete: a.delete,
         verify: a.verify,
@@ -149,8 +158,15 @@ fn restore_image(
     p: &mut super::CliProgress,
 ) -> Result<i32> {
     use cairn_core::ops::image::restore::{ImageRestoreOptions, restore_image_snapshot};
-    if !a.includes.is_empty() || a.delete || a.dry_run {
-        anyhow::bail!("--include, --delete and --dry-run do not apply to an image restore");
+    if !a.includes.is_empty()
+        || !a.excludes.is_empty()
+        || !a.iexcludes.is_empty()
+        || a.delete
+        || a.dry_run
+    {
+        anyhow::bail!(
+            "--include, --exclude, --delete and --dry-run do not apply to an image restore"
+        );
     }
     let opts = ImageRestoreOptions {
         target: a.target.clone(),

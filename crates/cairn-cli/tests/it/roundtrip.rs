@@ -501,3 +501,68 @@ fn exclusion_options_and_path_lists() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a path"));
 }
+
+/// `restore --exclude/--iexclude` leave out what they match, and `--delete`
+/// leaves what they match in the target alone; the dry run counts the same.
+#[test]
+fn restore_excludes_and_delete_leaves_excluded_alone() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    for d in ["a", "b/deep"] {
+        fs::create_dir_all(src.join(d)).unwrap();
+    }
+    fs::write(src.join("a/Notes.TXT"), "x").unwrap();
+    fs::write(src.join("a/keep"), "y").unwrap();
+    fs::write(src.join("b/deep/f"), "z").unwrap();
+    let s = src.to_str().unwrap();
+    env.ok(&["backup", "-q", s]);
+    let target = env.path("out");
+    let t = target.to_str().unwrap();
+    env.ok(&[
+        "restore",
+        "latest",
+        "-t",
+        t,
+        "--exclude",
+        "b",
+        "--iexclude",
+        "*.txt",
+    ]);
+    let inside = target.join(s.trim_start_matches('/'));
+    assert_eq!(fs::read(inside.join("a/keep")).unwrap(), b"y");
+    assert!(!inside.join("a/Notes.TXT").exists());
+    assert!(!inside.join("b").exists());
+
+    // Extra entries: one the excludes match (kept), one they do not (deleted).
+    fs::write(inside.join("a/other.txt"), "mine").unwrap();
+    fs::write(inside.join("a/extra"), "gone").unwrap();
+    fs::create_dir_all(inside.join("b")).unwrap();
+    fs::write(inside.join("b/mine"), "kept").unwrap();
+    let args = [
+        "restore",
+        "latest",
+        "-t",
+        t,
+        "--delete",
+        "-e",
+        "b",
+        "--iexclude",
+        "*.TXT",
+        "--json",
+    ];
+    let dry: serde_json::Value =
+        serde_json::from_str(&env.ok(&[&args[..], &["-n"]].concat())).unwrap();
+    assert_eq!(dry["deleted"], 1, "{dry}");
+    let real: serde_json::Value = serde_json::from_str(&env.ok(&args)).unwrap();
+    assert_eq!(real["deleted"], 1, "{real}");
+    assert!(!inside.join("a/extra").exists());
+    assert_eq!(fs::read(inside.join("a/other.txt")).unwrap(), b"mine");
+    assert_eq!(fs::read(inside.join("b/mine")).unwrap(), b"kept");
+    assert!(!inside.join("a/Notes.TXT").exists());
+    // Without the excludes, the same restore puts everything back.
+    env.ok(&["restore", "latest", "-t", t, "--delete"]);
+    assert_eq!(fs::read(inside.join("a/Notes.TXT")).unwrap(), b"x");
+    assert!(!inside.join("a/other.txt").exists() && !inside.join("b/mine").exists());
+    assert_eq!(fs::read(inside.join("b/deep/f")).unwrap(), b"z");
+}

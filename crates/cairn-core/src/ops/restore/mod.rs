@@ -38,6 +38,7 @@ pub use overwrite::Overwrite;
 pub use run::{Issue, RestoreReport, restore_snapshot};
 
 use crate::error::{Error, Result};
+use crate::ops::backup::source::Excludes;
 use crate::progress::Progress;
 use crate::repo::Repository;
 use cairn_format::BlobId;
@@ -56,6 +57,11 @@ pub struct RestoreOptions {
     pub target: PathBuf,
     /// Snapshot paths to restore (with everything below them); empty means all.
     pub includes: Vec<String>,
+    /// Patterns of snapshot paths not to restore (as backup's `--exclude`, matched
+    /// against the paths `ls` prints); `--delete` leaves what they match alone.
+    pub excludes: Vec<String>,
+    /// The same, ignoring case (`--iexclude`).
+    pub iexcludes: Vec<String>,
     /// Restore numeric owners (default: when running as root).
     pub owners: bool,
     /// What to do with entries that exist in the target already.
@@ -77,6 +83,8 @@ impl RestoreOptions {
         RestoreOptions {
             target: target.into(),
             includes: Vec::new(),
+            excludes: Vec::new(),
+            iexcludes: Vec::new(),
             owners: sys::euid() == 0,
             overwrite: Overwrite::default(),
             delete: false,
@@ -171,7 +179,8 @@ struct Frame {
     meta: Option<Node>,
     /// Everything below is selected (no `--include`, or inside one).
     all: bool,
-    /// The snapshot path, kept only while `!all` (to match includes against).
+    /// The snapshot path, kept only while `!all` or with excludes (to match
+    /// includes and excludes against).
     snap_path: String,
     /// Created by this restore: nothing can be in it that restore did not put there.
     fresh: bool,
@@ -198,6 +207,7 @@ struct Walk<'a> {
     progress: &'a Progress,
     stats: RestoreStats,
     includes: Vec<String>,
+    excludes: Option<Excludes>,
     root: Arc<Dir>,
     /// The target's mount ([`sys::mount_of`]): `--delete` removes nothing on another.
     mount: (u64, u64),
@@ -237,8 +247,9 @@ pub fn restore(
 ) -> Result<RestoreStats> {
     let target = &opts.target;
     let includes = normalize_includes(repo, root, &opts.includes)?;
+    let excludes = excludes_of(opts)?;
     if opts.dry_run {
-        return survey::dry_run(repo, root, opts, &includes, progress);
+        return survey::dry_run(repo, root, opts, &includes, excludes.as_ref(), progress);
     }
     // A target that is a symlink is refused, not followed: where it points is not
     // what the user named (and may be somewhere else by the time restore writes).
@@ -319,6 +330,7 @@ pub fn restore(
             progress,
             stats: RestoreStats::default(),
             includes,
+            excludes,
             root: root_dir.clone(),
             mount,
             stack: Vec::new(),
@@ -507,6 +519,57 @@ fn verify(
     })
 }
 
+/// The `--exclude` and `--iexclude` patterns, if any.
+fn excludes_of(opts: &RestoreOptions) -> Result<Option<Excludes>> {
+    if opts.excludes.is_empty() && opts.iexcludes.is_empty() {
+        return Ok(None);
+    }
+    let rules = crate::ops::backup::source::ExcludeRules {
+        patterns: opts.excludes.clone(),
+        ipatterns: opts.iexcludes.clone(),
+        ..Default::default()
+    };
+    Excludes::new(&rules).map(Some).map_err(Error::Invalid)
+}
+
+/// Where the entry `name` of a directory stands: selected (`inside`), only on the
+/// way to an include (`ancestor`), or neither; with its snapshot path when the
+/// walk keeps paths (`!all`, or excludes to match). `all`: the directory is
+/// restored whole by the includes.
+pub(super) fn judge(
+    all: bool,
+    dir_path: &str,
+    name: &[u8],
+    includes: &[String],
+    excludes: Option<&Excludes>,
+) -> (bool, bool, String) {
+    if all && excludes.is_none() {
+        return (true, false, String::new());
+    }
+    let p = format!("{dir_path}/{}", snap_name(name));
+    if excludes.is_some_and(|e| e.is_excluded(std::path::Path::new(&p))) {
+        return (false, false, p);
+    }
+    let (i, a) = if all {
+        (true, false)
+    } else {
+        selection(&p, includes)
+    };
+    (i, a, p)
+}
+
+/// Whether `--delete` leaves the extra entry `name` of the directory at snapshot
+/// path `dir_path` alone: the excludes match it (what a restore was told not to
+/// touch, it does not remove either).
+pub(super) fn excluded_extra(excludes: Option<&Excludes>, dir_path: &str, name: &[u8]) -> bool {
+    excludes.is_some_and(|e| {
+        e.is_excluded(std::path::Path::new(&format!(
+            "{dir_path}/{}",
+            snap_name(name)
+        )))
+    })
+}
+
 /// Is `path` (snapshot-absolute) selected by the includes, or an ancestor of one?
 fn selection(path: &str, includes: &[String]) -> (bool, bool) {
     let mut inside = false;
@@ -602,7 +665,12 @@ impl Walk<'_> {
     /// descriptors and without following symlinks. Nothing on another mount than the
     /// target's: a directory with a file system mounted on it (an excluded mount
     /// point the snapshot holds empty, say) keeps what that file system holds.
-    fn delete_extra(&mut self, dir: &Arc<Dir>, keep: &std::collections::HashSet<Vec<u8>>) {
+    fn delete_extra(
+        &mut self,
+        dir: &Arc<Dir>,
+        keep: &std::collections::HashSet<Vec<u8>>,
+        snap_path: &str,
+    ) {
         match sys::mount_of(dir.fd(), c"") {
             Ok(m) if m == self.mount => {}
             Ok(_) => {
@@ -622,7 +690,8 @@ impl Walk<'_> {
             }
         };
         for name in names {
-            if !keep.contains(name.to_bytes()) {
+            let n = name.to_bytes();
+            if !keep.contains(n) && !excluded_extra(self.excludes.as_ref(), snap_path, n) {
                 self.remove(dir, &name);
             }
         }
@@ -729,14 +798,13 @@ impl Walk<'_> {
                 continue;
             };
             let fresh = top.fresh;
-            let (inside, ancestor, snap_path) = if top.all {
-                (true, false, String::new())
-            } else {
-                let p = format!("{}/{}", top.snap_path, snap_name(&node.name));
-                let (i, a) = selection(&p, &self.includes);
-
-                (i, a, p)
-            };
+            let (inside, ancestor, snap_path) = judge(
+                top.all,
+                &top.snap_path,
+                &node.name,
+                &self.includes,
+                self.excludes.as_ref(),
+            );
             if !inside && !ancestor {
                 continue;
             }
@@ -812,7 +880,11 @@ impl Walk<'_> {
             node: dir_node,
             meta: Some(node),
             all,
-            snap_path: if all { String::new() } else { snap_path },
+            snap_path: if all && self.excludes.is_none() {
+                String::new()
+            } else {
+                snap_path
+            },
             fresh: opened.created,
             keep,
         });
@@ -832,7 +904,7 @@ impl Walk<'_> {
         };
         let child = f.dir.clone();
         if let (Some(keep), Some(dir)) = (&f.keep, &f.dir) {
-            self.delete_extra(dir, keep);
+            self.delete_extra(dir, keep, &f.snap_path);
         }
         if let Some(meta) = f.meta {
             self.complete_dir(f.dir, meta)?;

@@ -5,10 +5,9 @@
 //! the restore would do if the target does not change in between.
 
 use super::overwrite::{self, Decision};
-use super::{
-    Gone, MOUNT_IN_THE_WAY, RestoreIssue, RestoreOptions, RestoreStats, selection, sys, target,
-};
+use super::{Gone, MOUNT_IN_THE_WAY, RestoreIssue, RestoreOptions, RestoreStats, sys, target};
 use crate::error::{Error, Result};
+use crate::ops::backup::source::Excludes;
 use crate::progress::Progress;
 use crate::repo::Repository;
 use cairn_format::BlobId;
@@ -33,6 +32,7 @@ pub(super) fn dry_run(
     root: &BlobId,
     opts: &RestoreOptions,
     includes: &[String],
+    excludes: Option<&Excludes>,
     progress: &Progress,
 ) -> Result<RestoreStats> {
     let mut stats = RestoreStats::default();
@@ -72,17 +72,13 @@ pub(super) fn dry_run(
             if let Some(level) = stack.pop()
                 && let (Some(keep), Some(dir)) = (&level.keep, &level.dir)
             {
-                count_extra(dir.as_fd(), keep, &level.path, mount, &mut stats);
+                let excluded = |n: &[u8]| super::excluded_extra(excludes, &level.snap_path, n);
+                count_extra(dir.as_fd(), keep, &excluded, &level.path, mount, &mut stats);
             }
             continue;
         };
-        let (inside, ancestor, snap_path) = if top.all {
-            (true, false, String::new())
-        } else {
-            let p = format!("{}/{}", top.snap_path, super::snap_name(&node.name));
-            let (i, a) = selection(&p, includes);
-            (i, a, p)
-        };
+        let (inside, ancestor, snap_path) =
+            super::judge(top.all, &top.snap_path, &node.name, includes, excludes);
         if !inside && !ancestor {
             continue;
         }
@@ -143,7 +139,11 @@ pub(super) fn dry_run(
                     dir: sub,
                     path,
                     all: inside,
-                    snap_path: if inside { String::new() } else { snap_path },
+                    snap_path: if inside && excludes.is_none() {
+                        String::new()
+                    } else {
+                        snap_path
+                    },
                 });
             }
             _ if !inside => {}
@@ -263,6 +263,7 @@ fn dir_in_the_way(
 fn count_extra(
     dir: BorrowedFd<'_>,
     keep: &HashSet<Vec<u8>>,
+    excluded: &dyn Fn(&[u8]) -> bool,
     path: &std::path::Path,
     mount: (u64, u64),
     stats: &mut RestoreStats,
@@ -289,7 +290,10 @@ fn count_extra(
             return;
         }
     };
-    for name in names.into_iter().filter(|n| !keep.contains(n.to_bytes())) {
+    for name in names
+        .into_iter()
+        .filter(|n| !keep.contains(n.to_bytes()) && !excluded(n.to_bytes()))
+    {
         count_removal(dir, &name, path, mount, stats);
     }
 }

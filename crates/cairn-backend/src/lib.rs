@@ -24,6 +24,7 @@
 pub mod bufpool;
 pub mod cache;
 pub mod direct;
+mod dryrun;
 mod fault;
 mod io;
 mod local;
@@ -35,6 +36,7 @@ mod server;
 mod throttle;
 
 pub use cache::CachedBackend;
+pub use dryrun::DryRunBackend;
 pub use fault::{FaultSpec, FaultyBackend};
 pub use local::LocalBackend;
 pub use mem::MemBackend;

@@ -530,6 +530,10 @@ pub struct BackupArgs {
     /// As --files-from-verbatim, the paths separated by NUL bytes (find -print0)
     #[arg(long = "files-from-raw", value_name = "FILE")]
     pub files_from_raw: Vec<PathBuf>,
+    /// Do everything but store: read, chunk and deduplicate, then say what the
+    /// backup would add (nothing is written to the repository but a lock)
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
     /// Do not cross filesystem boundaries
     #[arg(short = 'x', long)]
     pub one_file_system: bool,

@@ -153,7 +153,16 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     let exists = cairn_core::repo::storage::repository_exists(
         &cairn_core::repo::storage::open_storage(&location, &storage, &p.progress)?,
     )?;
-    let repo = if a.init && !exists {
+    if a.dry_run && !exists {
+        anyhow::bail!("no repository at {location}: a dry run compares with one that exists");
+    }
+    let repo = if a.dry_run {
+        let storage = cairn_core::repo::storage::StorageOptions {
+            dry_run: true,
+            ..storage
+        };
+        super::open_with(g, &location, &storage, || ui::password(g), &p.progress)?
+    } else if a.init && !exists {
         let r = super::init::init_repo(g, &cairn_core::InitOptions::default(), &p.progress)?;
         if !g.quiet && !g.json {
             eprintln!("created repository at {location}");
@@ -229,10 +238,18 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         );
     }
     let s = &r.summary;
-    if g.json {
+    if g.json && a.dry_run {
+        let mut j = serde_json::to_value(&r)?;
+        if let Some(m) = j.as_object_mut() {
+            m.insert("dry_run".into(), true.into());
+            // No snapshot was saved: there is no id to give.
+            m.remove("snapshot_id");
+        }
+        super::print_json_report(&j)?;
+    } else if g.json {
         super::print_json_report(&r)?;
     } else if !g.quiet && r.snapshot.image.is_some() {
-        print_image_summary(&r);
+        print_image_summary(&r, a.dry_run);
     } else if !g.quiet {
         let d = s.duration_secs;
         println!(
@@ -240,7 +257,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             s.files_new, s.files_changed, s.files_unchanged
         );
         println!("dirs:      {}, other entries: {}", s.dirs, s.other_entries);
-        print_read_added(s);
+        print_read_added(s, a.dry_run);
         if let Some(d) = &r.concurrent_duplicates {
             println!(
                 "           of which {} ({}) a backup running at the same time stored too; \
@@ -281,7 +298,11 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
                 ui::count(r.changed_while_read.len() as u64, "file")
             );
         }
-        println!("snapshot {} saved", r.snapshot_id.short());
+        if a.dry_run {
+            println!("dry run: nothing was saved");
+        } else {
+            println!("snapshot {} saved", r.snapshot_id.short());
+        }
     }
     let image_incomplete = r
         .snapshot
@@ -297,7 +318,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     )
 }
 
-fn print_image_summary(r: &backup::BackupReport) {
+fn print_image_summary(r: &backup::BackupReport, dry_run: bool) {
     let (Some(i), s) = (&r.snapshot.image, &r.summary) else {
         return;
     };
@@ -318,7 +339,7 @@ fn print_image_summary(r: &backup::BackupReport) {
         "blocks:    {} read, {} changed since the parent, {} zero",
         i.blocks_read, i.blocks_changed, i.blocks_zero
     );
-    print_read_added(s);
+    print_read_added(s, dry_run);
     println!(
         "duration:  {:.2}s, {} read, {} of image covered",
         d,
@@ -337,18 +358,23 @@ fn print_image_summary(r: &backup::BackupReport) {
             i.size
         );
     }
-    println!("snapshot {} saved", r.snapshot_id.short());
+    if dry_run {
+        println!("dry run: nothing was saved");
+    } else {
+        println!("snapshot {} saved", r.snapshot_id.short());
+    }
 }
 
 /// The `read:` and `added:` lines, shared by file and image backups.
-fn print_read_added(s: &cairn_format::snapshot::SnapshotSummary) {
+fn print_read_added(s: &cairn_format::snapshot::SnapshotSummary, dry_run: bool) {
     println!(
         "read:      {} of {} in the snapshot",
         ui::bytes(s.bytes_read),
         ui::bytes(s.total_bytes)
     );
     println!(
-        "added:     {} to the repository ({} before compression)",
+        "{:<10} {} to the repository ({} before compression)",
+        if dry_run { "would add:" } else { "added:" },
         ui::bytes(s.data_added_packed),
         ui::bytes(s.data_added)
     );

@@ -238,6 +238,7 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
             ca_cert: r.cacert.clone(),
             insecure_tls: r.insecure_tls,
         },
+        dry_run: false,
     })
 }
 
@@ -293,9 +294,20 @@ pub fn open_at(
     password: impl FnOnce() -> Result<String>,
     progress: &Progress,
 ) -> Result<Repository> {
+    open_with(g, location, &storage_options(g)?, password, progress)
+}
+
+/// [`open_at`] with the storage options given.
+pub fn open_with(
+    g: &Global,
+    location: &str,
+    storage: &StorageOptions,
+    password: impl FnOnce() -> Result<String>,
+    progress: &Progress,
+) -> Result<Repository> {
     let repo = Repository::open_at(
         location,
-        &storage_options(g)?,
+        storage,
         || password().map_err(|e| cairn_core::Error::Invalid(crate::one_line(&e))),
         progress,
     )?;

@@ -566,3 +566,76 @@ fn restore_excludes_and_delete_leaves_excluded_alone() {
     assert!(!inside.join("a/other.txt").exists() && !inside.join("b/mine").exists());
     assert_eq!(fs::read(inside.join("b/deep/f")).unwrap(), b"z");
 }
+
+/// Every object of a repository with its size, for "nothing changed" checks.
+fn repo_listing(dir: &std::path::Path) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                let name = e.path().strip_prefix(dir).unwrap().display().to_string();
+                out.push((name, m.len()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `backup --dry-run` goes through the whole backup, says what it would add (what
+/// the real backup then adds), and leaves the repository as it was.
+#[test]
+fn backup_dry_run_stores_nothing_and_predicts_what_is_added() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 3);
+    let s = src.to_str().unwrap();
+    env.ok(&["backup", "-q", s]);
+    let mut rng = Rng(5);
+    fs::write(src.join("new.bin"), rng.bytes(3 << 20, false)).unwrap();
+    fs::write(src.join("new.txt"), "text ".repeat(50_000)).unwrap();
+    let before = repo_listing(&env.repo);
+    let dry: serde_json::Value =
+        serde_json::from_str(&env.ok(&["backup", "--dry-run", "--json", s])).unwrap();
+    assert_eq!(dry["dry_run"], true);
+    assert!(dry.get("snapshot_id").is_none(), "{dry}");
+    assert_eq!(dry["files_new"], 2, "{dry}");
+    assert_eq!(
+        repo_listing(&env.repo),
+        before,
+        "a dry run changed the repository"
+    );
+    let text = env.ok(&["backup", "-n", s]);
+    assert!(
+        text.contains("would add:") && text.contains("nothing was saved"),
+        "{text}"
+    );
+    assert_eq!(repo_listing(&env.repo), before);
+    let real: serde_json::Value = serde_json::from_str(&env.ok(&["backup", "--json", s])).unwrap();
+    for k in [
+        "files_new",
+        "files_changed",
+        "files_unchanged",
+        "blobs_added",
+        "data_added",
+    ] {
+        assert_eq!(dry[k], real[k], "{k}: {dry} against {real}");
+    }
+    assert!(real["data_added"].as_u64().unwrap() > 3 << 20);
+    env.check_clean();
+    // Nothing to compare with: refused.
+    let other = Env::new();
+    let out = other.run(&["backup", "-n", s]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no repository"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -83,6 +83,8 @@ pub struct StorageOptions {
     pub limit_download: Option<u64>,
     pub cache: CacheChoice,
     pub retry: RetryPolicy,
+    /// Store nothing but locks (`backup --dry-run`): see [`cairn_backend::DryRunBackend`].
+    pub dry_run: bool,
 }
 
 /// A repository's storage stack, ready for [`crate::Repository::open`].
@@ -143,6 +145,10 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
     {
         let dir = base.join(CachedBackend::dir_name(location));
         backend = Arc::new(CachedBackend::new(backend, dir));
+    }
+    // Above the cache, which would otherwise keep copies of what was never stored.
+    if opts.dry_run {
+        backend = Arc::new(cairn_backend::DryRunBackend::new(backend));
     }
     Ok(Storage {
         location: loc,

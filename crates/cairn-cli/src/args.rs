@@ -687,6 +687,9 @@ impl FilterArgs {
 pub struct SnapshotsArgs {
     #[command(flatten)]
     pub filter: FilterArgs,
+    /// Only the N newest snapshots of each host and set of paths
+    #[arg(long, value_name = "N")]
+    pub latest: Option<usize>,
 }
 
 #[derive(Args)]

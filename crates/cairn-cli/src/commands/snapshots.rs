@@ -9,6 +9,21 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
     let (mut snaps, bad) = repo.snapshots()?;
     let filter = a.filter.engine();
     snaps.retain(|(_, s)| filter.matches(s));
+    if let Some(n) = a.latest {
+        // Oldest first: count from the end, per host and set of paths.
+        let mut seen: std::collections::HashMap<(String, Vec<String>), usize> =
+            std::collections::HashMap::new();
+        let mut keep = vec![false; snaps.len()];
+        for (i, (_, s)) in snaps.iter().enumerate().rev() {
+            let mut paths = s.paths.clone();
+            paths.sort();
+            let c = seen.entry((s.hostname.clone(), paths)).or_default();
+            *c += 1;
+            keep[i] = *c <= n;
+        }
+        let mut k = keep.into_iter();
+        snaps.retain(|_| k.next().unwrap_or(false));
+    }
     for e in &bad {
         p.progress.warning_msg(e.to_string());
     }

@@ -639,3 +639,37 @@ fn backup_dry_run_stores_nothing_and_predicts_what_is_added() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `snapshots --latest N`: the N newest of each host and set of paths.
+#[test]
+fn snapshots_latest_per_host_and_paths() {
+    let env = Env::new();
+    env.init(&[]);
+    let (a, b) = (env.path("a"), env.path("b"));
+    fs::create_dir_all(&a).unwrap();
+    fs::create_dir_all(&b).unwrap();
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let mut ids = Vec::new();
+    for args in [&[a][..], &[a], &[a], &[b], &[a, b]] {
+        let out = env.ok(&[&["backup", "--json"][..], args].concat());
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        ids.push(v["snapshot_id"].as_str().unwrap().to_string());
+    }
+    env.ok(&["backup", "-q", "--host", "other", a]);
+    let list = |n: &str| -> Vec<String> {
+        let v: serde_json::Value =
+            serde_json::from_str(&env.ok(&["snapshots", "--json", "--latest", n])).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                s["hostname"].as_str().unwrap().to_string() + ":" + &s["id"].as_str().unwrap()[..8]
+            })
+            .collect()
+    };
+    let got = list("1");
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert!(got.iter().any(|s| s.ends_with(&ids[2][..8])), "{got:?}");
+    assert!(!got.iter().any(|s| s.ends_with(&ids[1][..8])), "{got:?}");
+    assert_eq!(list("2").len(), 5);
+}

@@ -336,6 +336,9 @@ impl Backend for CachedBackend {
     fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
         self.inner.lock_owner_prefix()
     }
+    fn may_remove(&self) -> Result<bool> {
+        self.inner.may_remove()
+    }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         self.inner.dedup_plan()
     }

@@ -106,6 +106,9 @@ impl Backend for DryRunBackend {
     fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
         self.inner.lock_owner_prefix()
     }
+    fn may_remove(&self) -> Result<bool> {
+        self.inner.may_remove()
+    }
     fn job_slot(&self, operation: &str, host: &str) -> Result<crate::JobSlot> {
         self.inner.job_slot(operation, host)
     }

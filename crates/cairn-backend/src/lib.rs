@@ -224,6 +224,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether this client may remove or replace snapshots (forget, tag): storage
+    /// that decides by the client's role (a cairn server: admin tokens only) says,
+    /// so that an operation that writes before it removes can refuse before either.
+    /// Other storage: yes.
+    fn may_remove(&self) -> Result<bool> {
+        Ok(true)
+    }
+
     /// If the storage answers dedup queries (a cairn server), the index files a
     /// backup client must still read itself; `None`: it does not, read them all.
     fn dedup_plan(&self) -> Result<Option<DedupPlan>> {

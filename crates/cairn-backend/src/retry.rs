@@ -223,6 +223,9 @@ impl Backend for RetryBackend {
     fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
         self.inner.lock_owner_prefix()
     }
+    fn may_remove(&self) -> Result<bool> {
+        self.inner.may_remove()
+    }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         self.run(|_| self.inner.dedup_plan())
     }

@@ -644,6 +644,21 @@ impl Backend for ServerBackend {
         let req = self.client.delete(self.url(name));
         self.send("delete", name, req).map(|_| ())
     }
+    fn may_remove(&self) -> Result<bool> {
+        #[derive(serde::Deserialize)]
+        struct Reply {
+            role: String,
+        }
+        let req = self.client.get(format!("{}/v1/whoami", self.loc.base));
+        let (_, body) = self.send("whoami", "", req)?;
+        let r: Reply = serde_json::from_slice(&body).map_err(|e| BackendError {
+            kind: BackendErrorKind::Other,
+            op: "whoami",
+            path: String::new(),
+            message: format!("the server's answer is not the expected JSON: {e}"),
+        })?;
+        Ok(r.role == "admin")
+    }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         #[derive(serde::Deserialize)]
         struct Reply {

@@ -164,6 +164,9 @@ impl Backend for ThrottledBackend {
     fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
         self.inner.lock_owner_prefix()
     }
+    fn may_remove(&self) -> Result<bool> {
+        self.inner.may_remove()
+    }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         self.traffic.requests.fetch_add(1, Ordering::Relaxed);
         self.inner.dedup_plan()

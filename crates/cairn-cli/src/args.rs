@@ -164,6 +164,8 @@ pub enum Command {
     Forget(ForgetArgs),
     /// Copy snapshots to another repository, sending only the data it lacks
     Copy(CopyArgs),
+    /// Add, remove or set the tags of snapshots
+    Tag(TagArgs),
     /// Remove data no snapshot needs (safe while backups run)
     Prune(PruneArgs),
     /// Show locks and remove stale ones (they also expire by themselves)
@@ -681,6 +683,28 @@ impl FilterArgs {
             paths: self.paths.clone(),
         }
     }
+}
+
+#[derive(Args)]
+pub struct TagArgs {
+    /// Snapshots to change (id prefixes or "latest"); none: every snapshot the
+    /// --host/--tag/--path filters select
+    pub snapshots: Vec<String>,
+    /// Add these comma-separated tags (repeatable)
+    #[arg(long, value_name = "TAGS", value_delimiter = ',')]
+    pub add: Vec<String>,
+    /// Remove these comma-separated tags (repeatable)
+    #[arg(long, value_name = "TAGS", value_delimiter = ',')]
+    pub remove: Vec<String>,
+    /// Replace all tags with these comma-separated ones ("" removes them all;
+    /// repeatable)
+    #[arg(long, value_name = "TAGS", value_delimiter = ',')]
+    pub set: Vec<String>,
+    /// Only say what would change
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Args)]

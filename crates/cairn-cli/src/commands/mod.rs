@@ -25,6 +25,7 @@ mod restore;
 mod serve;
 mod snapshots;
 mod stats;
+mod tag;
 mod unlock;
 
 use crate::args::{Cli, Command, Global};
@@ -72,6 +73,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Index(a) => index::run(g, &a),
         Command::Forget(a) => forget::run(g, &a),
         Command::Copy(a) => copy::run(g, &a),
+        Command::Tag(a) => tag::run(g, &a),
         Command::Serve(a) => serve::run(g, &a),
         Command::Mount(a) => mount::run(g, &a),
     }?;

@@ -75,6 +75,9 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
                         }
                     );
                 }
+                for w in &r.warnings {
+                    eprintln!("warning: {w}");
+                }
                 for u in &r.unreadable_removed {
                     println!(
                         "{} unreadable snapshot object {u}",

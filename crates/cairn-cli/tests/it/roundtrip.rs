@@ -673,3 +673,76 @@ fn snapshots_latest_per_host_and_paths() {
     assert!(!got.iter().any(|s| s.ends_with(&ids[1][..8])), "{got:?}");
     assert_eq!(list("2").len(), 5);
 }
+
+/// `cairn tag`: a new snapshot with the new tags replaces the old one (which
+/// `original` names), restores the same, and the filters select what is changed.
+#[test]
+fn tag_adds_removes_and_sets_tags() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 2);
+    let s = src.to_str().unwrap();
+    let snap = |args: &[&str]| -> String {
+        let v: serde_json::Value =
+            serde_json::from_str(&env.ok(&[&["backup", "--json"][..], args, &[s]].concat()))
+                .unwrap();
+        v["snapshot_id"].as_str().unwrap().to_string()
+    };
+    let first = snap(&["--tag", "daily"]);
+    let second = snap(&[]);
+    let list = || -> Vec<serde_json::Value> {
+        serde_json::from_str::<serde_json::Value>(&env.ok(&["snapshots", "--json"]))
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let out = env.ok(&["tag", "--add", "keep,monthly", &first[..8]]);
+    assert!(out.contains("1 snapshot changed"), "{out}");
+    let l = list();
+    assert_eq!(l.len(), 2);
+    let retagged = l.iter().find(|v| v["id"] != second.as_str()).unwrap();
+    assert_eq!(
+        retagged["tags"],
+        serde_json::json!(["daily", "keep", "monthly"])
+    );
+    assert_eq!(retagged["original"], first.as_str());
+    let new_id = retagged["id"].as_str().unwrap().to_string();
+    assert!(
+        !env.run(&["ls", &first[..12]]).status.success(),
+        "the old snapshot is gone"
+    );
+    let r = env.restore(&new_id, &src, "out");
+    assert_same(&src, &r);
+
+    // Filters: only snapshots tagged "keep"; --set replaces, --remove drops.
+    let out = env.ok(&[
+        "tag", "--tag", "keep", "--set", "x,y", "--remove", "y", "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["changed"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["changed"][0]["tags"], serde_json::json!(["x"]));
+    // The chain keeps naming the first snapshot.
+    let l = list();
+    let x = l
+        .iter()
+        .find(|v| v["tags"] == serde_json::json!(["x"]))
+        .unwrap();
+    assert_eq!(x["original"], first.as_str());
+    // A dry run changes nothing; --set "" clears.
+    env.ok(&["tag", "--set", "", "-n"]);
+    assert_eq!(
+        list()
+            .iter()
+            .filter(|v| v["tags"] == serde_json::json!(["x"]))
+            .count(),
+        1
+    );
+    env.ok(&["tag", "--set", ""]);
+    assert!(list().iter().all(|v| v["tags"] == serde_json::json!([])));
+    env.check_clean();
+    // Nothing to do, or a tag with a comma: refused.
+    assert!(!env.run(&["tag", "latest"]).status.success());
+    assert!(!env.run(&["tag", "--add", "", "latest"]).status.success());
+}

@@ -1660,6 +1660,29 @@ fn a_host_bound_token_sees_only_its_hosts_snapshots() {
     let rec = format!("/v1/datastores/main/objects/hosts/{}", "a".repeat(64));
     assert_eq!(http(p, "GET", &rec, Some(&web01), b"").0, 403);
     assert_eq!(http(p, "PUT", &rec, Some(&web01), b"web01").0, 403);
+    // Tags: a backup token may not replace snapshots, and is told so before
+    // anything is written; an admin's retagged snapshot keeps its host record,
+    // so the bound token still sees it.
+    let before = ids(&admin);
+    let err = refused(
+        client(&env, &srv, "main", &web02, &["tag", "--add", "x", &two[0]]),
+        "tag by a backup token",
+    );
+    assert!(err.contains("may not remove"), "{err}");
+    assert_eq!(ids(&admin), before, "a refused tag wrote nothing");
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &admin,
+            &["tag", "--add", "kept", &two[0]],
+        ),
+        "tag by an admin",
+    );
+    let now = ids(&web02_restore);
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert!(!now.contains(&two[0]), "{now:?}");
     srv.stop();
 }
 

@@ -16,3 +16,4 @@ pub mod repair;
 pub mod restore;
 mod scan;
 pub mod stats;
+pub mod tag;

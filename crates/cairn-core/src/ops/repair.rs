@@ -322,6 +322,9 @@ pub struct RepairSnapshotsReport {
     pub unreadable_removed: Vec<String>,
     /// Snapshots deleted from storage behind cairn's back, now recorded as lost.
     pub vanished_recorded: Vec<String>,
+    /// Host records that could not be carried to a rewritten snapshot, with why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     pub dry_run: bool,
 }
 
@@ -403,9 +406,18 @@ pub fn repair_snapshots(
             if !snap.tags.iter().any(|t| t == "repaired") {
                 snap.tags.push("repaired".into());
             }
-            snap.original = Some(sid.to_hex());
+            // The first snapshot of a chain of rewrites (tags, repairs) stays named.
+            snap.original = Some(snap.original.clone().unwrap_or_else(|| sid.to_hex()));
             if !dry_run {
-                entry.new = Some(repo.write_snapshot(&snap, &lock)?.to_hex());
+                let new_id = repo.write_snapshot(&snap, &lock)?;
+                if let Err(e) = repo.carry_host_record(&sid, &new_id) {
+                    report.warnings.push(format!(
+                        "snapshot {}: its host record was not carried over ({e}); a \
+                         host-bound token no longer sees it",
+                        new_id.short()
+                    ));
+                }
+                entry.new = Some(new_id.to_hex());
             }
         }
         if !dry_run {

@@ -63,6 +63,10 @@ pub struct SnapshotInfo {
     pub tags: Vec<String>,
     pub tree: String,
     pub parent: Option<String>,
+    /// The snapshot this one was rewritten from (`tag`, `repair snapshots`), the
+    /// first of the chain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub original: Option<String>,
     pub summary: SnapshotSummary,
     /// Image snapshots (`backup --image`): the image's size and blocks.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -81,6 +85,7 @@ impl SnapshotInfo {
             tags: s.tags.clone(),
             tree: s.tree.clone(),
             parent: s.parent.clone(),
+            original: s.original.clone(),
             summary: s.summary.clone(),
             image: s.image.clone(),
         }

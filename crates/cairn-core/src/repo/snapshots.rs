@@ -110,6 +110,27 @@ impl Repository {
             .collect())
     }
 
+    /// Gives `new` (a rewrite of `old`: new tags, a repair) the host record
+    /// `cairn serve` wrote for `old`, if any, so that a host-bound token still sees
+    /// it and retention still attributes it (docs/SERVER.md).
+    pub fn carry_host_record(&self, old: &SnapshotId, new: &SnapshotId) -> Result<()> {
+        let record = match self
+            .backend
+            .get_bounded(&names::host_record(&old.to_hex()), MAX_HOST_RECORD)
+        {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        match self
+            .backend
+            .put_new(&names::host_record(&new.to_hex()), &record)
+        {
+            Err(e) if !e.is_already_exists() => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
     /// All snapshots sorted by time (oldest first), plus the ones that could not be read.
     pub fn snapshots(&self) -> Result<SnapshotList> {
         self.read_snapshots(&self.list_snapshot_ids()?)

@@ -1,0 +1,63 @@
+use crate::args::{Global, TagArgs};
+use anyhow::Result;
+use cairn_core::ops::tag::{self, TagChange};
+use cairn_core::session::{IndexLoad, Write};
+
+pub fn run(g: &Global, a: &TagArgs) -> Result<i32> {
+    let change = TagChange {
+        // `--set ""` (or `--set` given only empty names) clears the tags.
+        set: (!a.set.is_empty()).then(|| a.set.iter().filter(|t| !t.is_empty()).cloned().collect()),
+        add: a.add.clone(),
+        remove: a.remove.clone(),
+    };
+    let p = super::progress(g);
+    let session = super::session::<Write>(g, "tag", IndexLoad::None, &p.progress)?;
+    let filter = a.filter.engine();
+    let snaps = if a.snapshots.is_empty() {
+        let (snaps, bad) = session.snapshots()?;
+        for e in bad.iter() {
+            eprintln!("warning: {e} (left alone)");
+        }
+        snaps
+            .iter()
+            .filter(|(_, s)| filter.matches(s))
+            .cloned()
+            .collect()
+    } else {
+        // Every id resolved before anything changes: one typo changes nothing.
+        let mut snaps = Vec::new();
+        for spec in &a.snapshots {
+            let found = session.find_snapshot(spec)?;
+            if filter.matches(&found.1) && !snaps.iter().any(|(i, _)| *i == found.0) {
+                snaps.push(found);
+            }
+        }
+        snaps
+    };
+    let r = tag::tag(&session, &snaps, &change, a.dry_run)?;
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+    if g.json {
+        super::print_json_report(&r)?;
+    } else if !g.quiet {
+        for c in &r.changed {
+            let tags = if c.tags.is_empty() {
+                "no tags".to_string()
+            } else {
+                c.tags.join(",")
+            };
+            match &c.new {
+                Some(n) => println!("snapshot {} -> {}: {tags}", &c.old[..8], &n[..8]),
+                None => println!("snapshot {} would get: {tags}", &c.old[..8]),
+            }
+        }
+        println!(
+            "{} {}, {} already as asked",
+            crate::ui::count(r.changed.len() as u64, "snapshot"),
+            if a.dry_run { "would change" } else { "changed" },
+            r.unchanged
+        );
+    }
+    Ok(0)
+}

@@ -1,0 +1,154 @@
+//! `cairn tag`: changes the tags of snapshots.
+//!
+//! A snapshot object is named by the hash of its bytes and never rewritten, so a
+//! new snapshot with the new tags is stored (its `original` naming the first
+//! snapshot of the chain, as `repair snapshots` does), and only then is the old
+//! one forgotten: a crash in between leaves both, never neither. A record of
+//! the host `cairn serve` vouched for (`hosts/<id>`) goes with the snapshot.
+
+use crate::error::{Error, Result};
+use crate::session::{Session, Write};
+use cairn_format::SnapshotId;
+use cairn_format::snapshot::Snapshot;
+
+/// What to do to the tags: `set` replaces them all, then `remove` and `add`
+/// apply (each tag once, in order).
+#[derive(Clone, Debug, Default)]
+pub struct TagChange {
+    pub set: Option<Vec<String>>,
+    pub add: Vec<String>,
+    pub remove: Vec<String>,
+}
+
+impl TagChange {
+    fn is_empty(&self) -> bool {
+        self.set.is_none() && self.add.is_empty() && self.remove.is_empty()
+    }
+
+    /// The tags `old` becomes.
+    pub fn apply(&self, old: &[String]) -> Vec<String> {
+        let mut tags: Vec<String> = self.set.clone().unwrap_or_else(|| old.to_vec());
+        tags.retain(|t| !self.remove.contains(t));
+        tags.extend(self.add.iter().cloned());
+        let mut seen = std::collections::HashSet::new();
+        tags.retain(|t| seen.insert(t.clone()));
+        tags
+    }
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Retagged {
+    pub old: String,
+    /// The new snapshot's id (`None` in a dry run).
+    pub new: Option<String>,
+    pub tags: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TagReport {
+    pub changed: Vec<Retagged>,
+    /// Snapshots whose tags were already as asked.
+    pub unchanged: usize,
+    /// Host records that could not be carried to the new snapshot, with why.
+    pub warnings: Vec<String>,
+    pub dry_run: bool,
+}
+
+/// Applies `change` to `snapshots`.
+pub fn tag(
+    session: &Session<Write>,
+    snapshots: &[(SnapshotId, Snapshot)],
+    change: &TagChange,
+    dry_run: bool,
+) -> Result<TagReport> {
+    if change.is_empty() {
+        return Err(Error::Invalid(
+            "say what to change: --add, --remove or --set".into(),
+        ));
+    }
+    let all = change
+        .set
+        .iter()
+        .flatten()
+        .chain(&change.add)
+        .chain(&change.remove);
+    if let Some(t) = all.into_iter().find(|t| t.is_empty() || t.contains(',')) {
+        return Err(Error::Invalid(format!(
+            "tag {t:?}: a tag is a non-empty name without commas"
+        )));
+    }
+    let repo = session.repo();
+    let lock = session.lock()?;
+    // A new snapshot is stored before the old is removed: a client that may not
+    // remove (a cairn server's backup token) would be left with both.
+    if !dry_run && !repo.backend().may_remove()? {
+        return Err(Error::Invalid(
+            "changing tags replaces snapshots: this token may not remove them (an admin token can)"
+                .into(),
+        ));
+    }
+    let mut report = TagReport {
+        dry_run,
+        ..Default::default()
+    };
+    for (id, snap) in snapshots {
+        let tags = change.apply(&snap.tags);
+        if tags == snap.tags {
+            report.unchanged += 1;
+            continue;
+        }
+        let mut new = snap.clone();
+        new.tags = tags.clone();
+        new.original = Some(snap.original.clone().unwrap_or_else(|| id.to_hex()));
+        let new_id = if dry_run {
+            None
+        } else {
+            let new_id = repo.write_snapshot(&new, &lock)?;
+            if let Err(e) = repo.carry_host_record(id, &new_id) {
+                report.warnings.push(format!(
+                    "snapshot {}: its host record was not carried over ({e}); a host-bound \
+                     token no longer sees it",
+                    new_id.short()
+                ));
+            }
+            lock.check_fresh()?;
+            for (_, r) in repo.forget_snapshots(&[*id])? {
+                r?;
+            }
+            Some(new_id.to_hex())
+        };
+        report.changed.push(Retagged {
+            old: id.to_hex(),
+            new: new_id,
+            tags,
+        });
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_then_remove_then_add_each_once() {
+        let old: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let c = TagChange {
+            add: vec!["d".into(), "a".into()],
+            remove: vec!["b".into()],
+            ..Default::default()
+        };
+        assert_eq!(c.apply(&old), ["a", "c", "d"]);
+        let c = TagChange {
+            set: Some(vec!["x".into(), "x".into()]),
+            add: vec!["y".into()],
+            remove: vec!["a".into()],
+        };
+        assert_eq!(c.apply(&old), ["x", "y"]);
+        let c = TagChange {
+            set: Some(vec![]),
+            ..Default::default()
+        };
+        assert!(c.apply(&old).is_empty());
+    }
+}

@@ -166,6 +166,8 @@ pub enum Command {
     Copy(CopyArgs),
     /// Add, remove or set the tags of snapshots
     Tag(TagArgs),
+    /// Take files out of existing snapshots (new snapshots without them)
+    Rewrite(RewriteArgs),
     /// Remove data no snapshot needs (safe while backups run)
     Prune(PruneArgs),
     /// Show locks and remove stale ones (they also expire by themselves)
@@ -683,6 +685,32 @@ impl FilterArgs {
             paths: self.paths.clone(),
         }
     }
+}
+
+#[derive(Args)]
+pub struct RewriteArgs {
+    /// Snapshots to rewrite (id prefixes or "latest"); none: every snapshot the
+    /// --host/--tag/--path filters select
+    pub snapshots: Vec<String>,
+    /// Take out what matches this pattern (as backup's --exclude, against the
+    /// paths `ls` prints; repeatable)
+    #[arg(short = 'e', long = "exclude")]
+    pub excludes: Vec<String>,
+    /// Read such patterns from a file, one per line
+    #[arg(long = "exclude-file")]
+    pub exclude_files: Vec<PathBuf>,
+    /// As --exclude, ignoring case (repeatable)
+    #[arg(long = "iexclude")]
+    pub iexcludes: Vec<String>,
+    /// Forget each rewritten snapshot once its replacement is stored (else both
+    /// stay); `prune` then frees what only it held
+    #[arg(long)]
+    pub forget: bool,
+    /// Only say what would be taken out
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Args)]

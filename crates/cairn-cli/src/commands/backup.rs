@@ -7,7 +7,7 @@ use cairn_core::session::{self, IndexLoad, Session};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-fn read_exclude_files(files: &[PathBuf]) -> Result<Vec<String>> {
+pub(crate) fn read_exclude_files(files: &[PathBuf]) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(f)

@@ -22,6 +22,7 @@ mod mount;
 mod prune;
 mod repair;
 mod restore;
+mod rewrite;
 mod serve;
 mod snapshots;
 mod stats;
@@ -74,6 +75,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Forget(a) => forget::run(g, &a),
         Command::Copy(a) => copy::run(g, &a),
         Command::Tag(a) => tag::run(g, &a),
+        Command::Rewrite(a) => rewrite::run(g, &a),
         Command::Serve(a) => serve::run(g, &a),
         Command::Mount(a) => mount::run(g, &a),
     }?;

@@ -12,28 +12,7 @@ pub fn run(g: &Global, a: &TagArgs) -> Result<i32> {
     };
     let p = super::progress(g);
     let session = super::session::<Write>(g, "tag", IndexLoad::None, &p.progress)?;
-    let filter = a.filter.engine();
-    let snaps = if a.snapshots.is_empty() {
-        let (snaps, bad) = session.snapshots()?;
-        for e in bad.iter() {
-            eprintln!("warning: {e} (left alone)");
-        }
-        snaps
-            .iter()
-            .filter(|(_, s)| filter.matches(s))
-            .cloned()
-            .collect()
-    } else {
-        // Every id resolved before anything changes: one typo changes nothing.
-        let mut snaps = Vec::new();
-        for spec in &a.snapshots {
-            let found = session.find_snapshot(spec)?;
-            if filter.matches(&found.1) && !snaps.iter().any(|(i, _)| *i == found.0) {
-                snaps.push(found);
-            }
-        }
-        snaps
-    };
+    let snaps = select(&session, &a.snapshots, &a.filter)?;
     let r = tag::tag(&session, &snaps, &change, a.dry_run)?;
     for w in &r.warnings {
         eprintln!("warning: {w}");
@@ -60,4 +39,33 @@ pub fn run(g: &Global, a: &TagArgs) -> Result<i32> {
         );
     }
     Ok(0)
+}
+
+/// The snapshots named (each resolved before anything changes: one typo changes
+/// nothing) and passing the filters; none named: every snapshot the filters pass.
+pub(crate) fn select(
+    session: &cairn_core::Session<Write>,
+    specs: &[String],
+    filter: &crate::args::FilterArgs,
+) -> Result<Vec<(cairn_format::SnapshotId, cairn_format::snapshot::Snapshot)>> {
+    let filter = filter.engine();
+    if specs.is_empty() {
+        let (snaps, bad) = session.snapshots()?;
+        for e in bad.iter() {
+            eprintln!("warning: {e} (left alone)");
+        }
+        return Ok(snaps
+            .iter()
+            .filter(|(_, s)| filter.matches(s))
+            .cloned()
+            .collect());
+    }
+    let mut snaps = Vec::new();
+    for spec in specs {
+        let found = session.find_snapshot(spec)?;
+        if filter.matches(&found.1) && !snaps.iter().any(|(i, _)| *i == found.0) {
+            snaps.push(found);
+        }
+    }
+    Ok(snaps)
 }

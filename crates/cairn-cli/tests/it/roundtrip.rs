@@ -746,3 +746,100 @@ fn tag_adds_removes_and_sets_tags() {
     assert!(!env.run(&["tag", "latest"]).status.success());
     assert!(!env.run(&["tag", "--add", "", "latest"]).status.success());
 }
+
+/// `cairn rewrite --exclude`: new snapshots without what the patterns match,
+/// the old ones kept unless `--forget`, and after prune the data gone.
+#[test]
+fn rewrite_takes_files_out_of_snapshots() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 4);
+    fs::create_dir_all(src.join("vault/deep")).unwrap();
+    let mut rng = Rng(9);
+    fs::write(src.join("vault/deep/key.bin"), rng.bytes(2 << 20, false)).unwrap();
+    fs::write(src.join("secret.TXT"), rng.bytes(1 << 20, false)).unwrap();
+    let s = src.to_str().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["backup", "--json", s])).unwrap();
+    let first = v["snapshot_id"].as_str().unwrap().to_string();
+    let data_bytes = || -> u64 {
+        let v: serde_json::Value = serde_json::from_str(&env.ok(&["stats", "--json"])).unwrap();
+        v["stored_bytes"]
+            .as_u64()
+            .or(v["space_occupied"].as_u64())
+            .unwrap_or_else(|| panic!("{v}"))
+    };
+    let before = data_bytes();
+
+    // A dry run changes nothing; then the rewrite keeps the old snapshot.
+    let dry: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "rewrite",
+        "-n",
+        "--json",
+        "-e",
+        "vault",
+        "--iexclude",
+        "SECRET.txt",
+    ]))
+    .unwrap();
+    assert_eq!(dry["rewritten"][0]["bytes_removed"], 3 << 20, "{dry}");
+    let removed: Vec<&str> = dry["rewritten"][0]["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert_eq!(removed, [format!("{s}/secret.TXT"), format!("{s}/vault")]);
+    let count = || {
+        serde_json::from_str::<serde_json::Value>(&env.ok(&["snapshots", "--json"]))
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!(count(), 1);
+    let r: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "rewrite",
+        "--json",
+        "-e",
+        "vault",
+        "--iexclude",
+        "SECRET.txt",
+    ]))
+    .unwrap();
+    let new = r["rewritten"][0]["new"].as_str().unwrap().to_string();
+    assert_eq!(count(), 2);
+    let ls = env.ok(&["ls", &new[..12]]);
+    assert!(!ls.contains("vault") && !ls.contains("secret"), "{ls}");
+    // The rewritten snapshot restores the rest exactly.
+    // The source without them (its directory's time as the snapshot has it).
+    let mtime = fs::metadata(&src).unwrap().modified().unwrap();
+    fs::remove_dir_all(src.join("vault")).unwrap();
+    fs::remove_file(src.join("secret.TXT")).unwrap();
+    fs::File::open(&src).unwrap().set_modified(mtime).unwrap();
+    let out = env.restore(&new, &src, "out");
+    assert_same(&src, &out);
+    // Again with --forget on the old one (the new one holds nothing to take out).
+    let r: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "rewrite",
+        "--json",
+        "--forget",
+        "-e",
+        "vault",
+        "--iexclude",
+        "SECRET.txt",
+        &first[..12],
+    ]))
+    .unwrap();
+    assert_eq!(r["rewritten"][0]["forgotten"], true, "{r}");
+    assert_eq!(count(), 2);
+    env.ok(&["forget", &new[..12]]);
+    env.ok(&["prune"]);
+    let after = data_bytes();
+    assert!(after + (3 << 20) <= before, "{before} -> {after}");
+    env.check_clean();
+    assert!(
+        !env.run(&["rewrite", "latest"]).status.success(),
+        "no pattern: refused"
+    );
+}

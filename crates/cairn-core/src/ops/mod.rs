@@ -14,6 +14,7 @@ pub mod ls;
 pub mod prune;
 pub mod repair;
 pub mod restore;
+pub mod rewrite;
 mod scan;
 pub mod stats;
 pub mod tag;

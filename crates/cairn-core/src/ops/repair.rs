@@ -455,7 +455,11 @@ pub fn repair_snapshots(
 
 /// The bytes of the regular files in the tree `root` (what a snapshot's
 /// `total_bytes` records); trees in `new` are taken from there, others read.
-fn file_bytes(repo: &Repository, root: &BlobId, new: &HashMap<BlobId, Vec<u8>>) -> Result<u64> {
+pub(crate) fn file_bytes(
+    repo: &Repository,
+    root: &BlobId,
+    new: &HashMap<BlobId, Vec<u8>>,
+) -> Result<u64> {
     let mut total = 0u64;
     let mut todo = vec![*root];
     while let Some(id) = todo.pop() {
@@ -663,7 +667,7 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
     }
 }
 
-fn store_trees(repo: &Repository, trees: Vec<(BlobId, Vec<u8>)>) -> Result<()> {
+pub(crate) fn store_trees(repo: &Repository, trees: Vec<(BlobId, Vec<u8>)>) -> Result<()> {
     let pool = Arc::new(BufferPool::new(1));
     let uploader = repo.uploader(pool.clone());
     let mut packer = Packer::new(repo.key().clone(), pool, repo.config().pack_size as usize);

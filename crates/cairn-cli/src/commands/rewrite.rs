@@ -1,0 +1,70 @@
+use crate::args::{Global, RewriteArgs};
+use crate::ui;
+use anyhow::Result;
+use cairn_core::ops::backup::source::ExcludeRules;
+use cairn_core::ops::rewrite::{self, RewriteOptions};
+use cairn_core::session::{IndexLoad, Write};
+
+pub fn run(g: &Global, a: &RewriteArgs) -> Result<i32> {
+    let mut patterns = a.excludes.clone();
+    patterns.extend(super::backup::read_exclude_files(&a.exclude_files)?);
+    let opts = RewriteOptions {
+        excludes: ExcludeRules {
+            patterns,
+            ipatterns: a.iexcludes.clone(),
+            ..Default::default()
+        },
+        forget: a.forget,
+        dry_run: a.dry_run,
+    };
+    let p = super::progress(g);
+    let session = super::session::<Write>(g, "rewrite", IndexLoad::Placement, &p.progress)?;
+    let snaps = super::tag::select(&session, &a.snapshots, &a.filter)?;
+    let r = rewrite::rewrite(&session, &snaps, &opts)?;
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+    if g.json {
+        super::print_json_report(&r)?;
+    } else if !g.quiet {
+        for s in &r.rewritten {
+            match &s.new {
+                Some(n) => println!(
+                    "snapshot {} -> {}{}: took out {}",
+                    &s.old[..8],
+                    &n[..8],
+                    if s.forgotten {
+                        " (old one forgotten)"
+                    } else {
+                        ""
+                    },
+                    ui::bytes(s.bytes_removed)
+                ),
+                None => println!(
+                    "snapshot {}: would take out {}",
+                    &s.old[..8],
+                    ui::bytes(s.bytes_removed)
+                ),
+            }
+            for path in &s.removed {
+                println!("    {path}");
+            }
+        }
+        println!(
+            "{} {}, {} hold nothing to take out",
+            ui::count(r.rewritten.len() as u64, "snapshot"),
+            if a.dry_run {
+                "would be rewritten"
+            } else {
+                "rewritten"
+            },
+            r.unchanged
+        );
+        if !a.dry_run && !a.forget && !r.rewritten.is_empty() {
+            println!(
+                "the old snapshots stay: `cairn forget` them (or rewrite with --forget), then `cairn prune`"
+            );
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,273 @@
+//! `cairn rewrite`: takes files out of existing snapshots (a disk image or a
+//! secret backed up by mistake), as restic's `rewrite --exclude` does.
+//!
+//! Each snapshot that holds something the patterns match gets a new snapshot
+//! whose trees leave it out (`original` naming the first of the chain); its
+//! trees are stored before any snapshot, and the old snapshot is forgotten only
+//! with `forget`, after the new one is stored. The data the old one alone needed
+//! stays until `prune`, as after `forget`.
+
+use crate::error::{Error, Result};
+use crate::index::MasterIndex;
+use crate::ops::backup::source::{ExcludeRules, Excludes};
+use crate::ops::restore::snap_name;
+use crate::repo::Repository;
+use crate::session::{Session, Write};
+use crate::tree::walk::{Visitor, walk};
+use cairn_format::snapshot::Snapshot;
+use cairn_format::tree::{Node, NodeKind, Tree};
+use cairn_format::{BlobId, SnapshotId};
+use std::collections::{HashMap, HashSet};
+
+#[derive(Clone, Debug, Default)]
+pub struct RewriteOptions {
+    /// What to take out: `--exclude` and `--iexclude` patterns, matched against the
+    /// paths `ls` prints.
+    pub excludes: ExcludeRules,
+    /// Forget each rewritten snapshot once its replacement is stored.
+    pub forget: bool,
+    pub dry_run: bool,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Rewritten {
+    pub old: String,
+    /// The new snapshot's id (`None` in a dry run).
+    pub new: Option<String>,
+    /// Paths taken out (a directory once, with everything in it).
+    pub removed: Vec<String>,
+    /// Bytes of the regular files taken out.
+    pub bytes_removed: u64,
+    /// The old snapshot was forgotten.
+    pub forgotten: bool,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RewriteReport {
+    pub rewritten: Vec<Rewritten>,
+    /// Snapshots holding nothing the patterns match.
+    pub unchanged: usize,
+    pub warnings: Vec<String>,
+    pub dry_run: bool,
+}
+
+/// Rewrites `snapshots` without what `opts.excludes` matches.
+pub fn rewrite(
+    session: &Session<Write>,
+    snapshots: &[(SnapshotId, Snapshot)],
+    opts: &RewriteOptions,
+) -> Result<RewriteReport> {
+    let rules = &opts.excludes;
+    if rules.patterns.is_empty() && rules.ipatterns.is_empty() {
+        return Err(Error::Invalid(
+            "say what to take out: --exclude or --iexclude".into(),
+        ));
+    }
+    let excludes = Excludes::new(rules).map_err(Error::Invalid)?;
+    let repo = session.repo();
+    let lock = session.lock()?;
+    if opts.forget && !opts.dry_run && !repo.backend().may_remove()? {
+        return Err(Error::Invalid(
+            "--forget removes snapshots: this token may not (an admin token can)".into(),
+        ));
+    }
+    let index = repo.index().clone();
+    let mut w = Excluder {
+        repo,
+        excludes: &excludes,
+        index: &index,
+        root: None,
+        next_path: String::new(),
+        memo: HashMap::new(),
+        new_trees: Vec::new(),
+        new_ids: HashSet::new(),
+    };
+    let mut report = RewriteReport {
+        dry_run: opts.dry_run,
+        ..Default::default()
+    };
+    let mut changed = Vec::new();
+    for (id, snap) in snapshots {
+        let root = snap
+            .tree_id()
+            .map_err(|e| Error::damaged(format!("snapshot {}", id.to_hex()), e))?;
+        w.root = Some(root);
+        w.next_path = String::new();
+        let out = walk(repo, &root, &mut w).map_err(|e| match e {
+            e @ (Error::Damaged { .. } | Error::BlobNotFound(_)) => Error::Invalid(format!(
+                "snapshot {}: {e} (run `cairn repair snapshots` first)",
+                id.short()
+            )),
+            e => e,
+        })?;
+        if out.id == root {
+            report.unchanged += 1;
+        } else {
+            changed.push((*id, snap.clone(), out));
+        }
+    }
+    let written: HashMap<BlobId, Vec<u8>> = w.new_trees.iter().cloned().collect();
+    if !opts.dry_run && !w.new_trees.is_empty() {
+        crate::ops::repair::store_trees(repo, std::mem::take(&mut w.new_trees))?;
+    }
+    for (id, mut snap, out) in changed {
+        let mut entry = Rewritten {
+            old: id.to_hex(),
+            new: None,
+            removed: out.removed,
+            bytes_removed: out.bytes,
+            forgotten: false,
+        };
+        if !opts.dry_run {
+            snap.tree = out.id.to_hex();
+            snap.summary.total_bytes = crate::ops::repair::file_bytes(repo, &out.id, &written)?;
+            snap.original = Some(snap.original.clone().unwrap_or_else(|| id.to_hex()));
+            let new_id = repo.write_snapshot(&snap, &lock)?;
+            if let Err(e) = repo.carry_host_record(&id, &new_id) {
+                report.warnings.push(format!(
+                    "snapshot {}: its host record was not carried over ({e}); a host-bound \
+                     token no longer sees it",
+                    new_id.short()
+                ));
+            }
+            entry.new = Some(new_id.to_hex());
+            if opts.forget {
+                lock.check_fresh()?;
+                for (_, r) in repo.forget_snapshots(&[id])? {
+                    r?;
+                }
+                entry.forgotten = true;
+            }
+        }
+        report.rewritten.push(entry);
+    }
+    Ok(report)
+}
+
+/// A directory's result: its new tree, what was taken out below it, and the
+/// bytes of the files among that.
+#[derive(Clone)]
+struct Out {
+    id: BlobId,
+    removed: Vec<String>,
+    bytes: u64,
+}
+
+struct Dir {
+    /// The tree as it was (`None`: not known, the root's is in `root`).
+    id: Option<BlobId>,
+    /// The directory's snapshot path as `ls` prints it (`""` for the root).
+    path: String,
+    nodes: Vec<Node>,
+    changed: bool,
+    removed: Vec<String>,
+    bytes: u64,
+}
+
+struct Excluder<'a> {
+    repo: &'a Repository,
+    excludes: &'a Excludes,
+    index: &'a MasterIndex,
+    root: Option<BlobId>,
+    /// The path of the directory the walk enters next.
+    next_path: String,
+    /// (tree, path) -> result: a tree shared by many snapshots at the same place
+    /// is rewritten once (the patterns may match a tree at one path, not another).
+    memo: HashMap<(BlobId, String), Out>,
+    new_trees: Vec<(BlobId, Vec<u8>)>,
+    new_ids: HashSet<BlobId>,
+}
+
+impl Excluder<'_> {
+    fn add_tree(&mut self, t: &Tree) -> BlobId {
+        let data = t.encode();
+        let id = self.repo.key().blob_id(&data);
+        if !self.index.is_live(&id) && self.new_ids.insert(id) {
+            self.new_trees.push((id, data));
+        }
+        id
+    }
+
+    fn add_child(parent: &mut Dir, n: &Node, out: &Out) {
+        let mut n = n.clone();
+        if n.subtree != Some(out.id) {
+            parent.changed = true;
+            n.subtree = Some(out.id);
+        }
+        parent.removed.extend(out.removed.iter().cloned());
+        parent.bytes += out.bytes;
+        parent.nodes.push(n);
+    }
+}
+
+impl Visitor for Excluder<'_> {
+    type Dir = Dir;
+    type Out = Out;
+
+    fn enter(&mut self, _: &str, node: Option<&Node>, _: &Tree) -> Result<Dir> {
+        Ok(Dir {
+            id: match node {
+                Some(n) => n.subtree,
+                None => self.root,
+            },
+            path: std::mem::take(&mut self.next_path),
+            nodes: Vec::new(),
+            changed: false,
+            removed: Vec::new(),
+            bytes: 0,
+        })
+    }
+
+    fn entry(&mut self, dir: &mut Dir, _: &str, n: &Node) -> Result<Option<BlobId>> {
+        let path = format!("{}/{}", dir.path, snap_name(&n.name));
+        if self.excludes.is_excluded(std::path::Path::new(&path)) {
+            dir.changed = true;
+            if n.kind == NodeKind::File {
+                dir.bytes += n.size;
+            } else if let (NodeKind::Dir, Some(sub)) = (n.kind, n.subtree) {
+                dir.bytes += crate::ops::repair::file_bytes(self.repo, &sub, &HashMap::new())?;
+            }
+            dir.removed.push(path);
+            return Ok(None);
+        }
+        match (n.kind, n.subtree) {
+            (NodeKind::Dir, Some(sub)) => {
+                if let Some(out) = self.memo.get(&(sub, path.clone())).cloned() {
+                    Self::add_child(dir, n, &out);
+                    return Ok(None);
+                }
+                self.next_path = path;
+                Ok(Some(sub))
+            }
+            _ => {
+                dir.nodes.push(n.clone());
+                Ok(None)
+            }
+        }
+    }
+
+    fn unreadable(&mut self, _: &mut Dir, _: &str, _: &Node, error: Error) -> Result<()> {
+        Err(error)
+    }
+
+    fn leave(&mut self, _: &str, _: Option<&Node>, dir: Dir) -> Result<Out> {
+        let id = match (dir.changed, dir.id) {
+            (false, Some(id)) => id,
+            _ => self.add_tree(&Tree { nodes: dir.nodes }),
+        };
+        Ok(Out {
+            id,
+            removed: dir.removed,
+            bytes: dir.bytes,
+        })
+    }
+
+    fn child(&mut self, parent: &mut Dir, _: &str, n: &Node, out: Out) -> Result<()> {
+        if let Some(sub) = n.subtree {
+            let path = format!("{}/{}", parent.path, snap_name(&n.name));
+            self.memo.insert((sub, path), out.clone());
+        }
+        Self::add_child(parent, n, &out);
+        Ok(())
+    }
+}

@@ -534,6 +534,10 @@ pub struct BackupArgs {
     /// As --files-from-verbatim, the paths separated by NUL bytes (find -print0)
     #[arg(long = "files-from-raw", value_name = "FILE")]
     pub files_from_raw: Vec<PathBuf>,
+    /// The snapshot's time instead of now (importing old backups): RFC 3339 or
+    /// "YYYY-MM-DD HH:MM:SS" in local time
+    #[arg(long)]
+    pub time: Option<String>,
     /// Do everything but store: read, chunk and deduplicate, then say what the
     /// backup would add (nothing is written to the repository but a lock)
     #[arg(short = 'n', long)]

@@ -64,9 +64,45 @@ pub fn parse_rfc3339(s: &str) -> Option<i64> {
         .map(|t| t.timestamp())
 }
 
+/// A time a user gives (`backup --time`): RFC 3339 (`2026-05-01T02:00:00Z`,
+/// with any offset), or `YYYY-MM-DD HH:MM[:SS]` in this machine's time zone (as
+/// restic takes it). As a snapshot records it: UTC, nine fractional digits.
+pub fn parse_user_time(s: &str) -> Option<String> {
+    use chrono::TimeZone;
+    let s = s.trim();
+    let utc = if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        t.with_timezone(&chrono::Utc)
+    } else {
+        let naive = ["%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"]
+            .iter()
+            .find_map(|f| chrono::NaiveDateTime::parse_from_str(s, f).ok())?;
+        chrono::Local
+            .from_local_datetime(&naive)
+            .earliest()?
+            .with_timezone(&chrono::Utc)
+    };
+    Some(format_unix(utc.timestamp(), utc.timestamp_subsec_nanos()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_times() {
+        assert_eq!(
+            parse_user_time("2026-05-01T04:00:00+02:00").as_deref(),
+            Some("2026-05-01T02:00:00.000000000Z")
+        );
+        assert_eq!(
+            parse_user_time("2026-05-01T02:00:00.5Z").as_deref(),
+            Some("2026-05-01T02:00:00.500000000Z")
+        );
+        assert!(parse_user_time("2026-05-01 02:00").is_some());
+        assert!(parse_user_time("yesterday").is_none());
+        assert!(parse_user_time("2026-13-01 02:00:00").is_none());
+    }
+
     #[test]
     fn known_dates() {
         assert_eq!(format_unix(0, 0), "1970-01-01T00:00:00.000000000Z");

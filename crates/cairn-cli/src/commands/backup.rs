@@ -146,6 +146,13 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     if listed && paths.is_empty() {
         anyhow::bail!("the --files-from lists name no path to back up");
     }
+    if let Some(t) = &a.time
+        && cairn_core::time::parse_user_time(t).is_none()
+    {
+        anyhow::bail!(
+            "--time {t:?}: give an RFC 3339 time (2026-05-01T02:00:00Z) or \"YYYY-MM-DD HH:MM:SS\" (local time)"
+        );
+    }
     let read_limit = super::rate_flag(&a.read_limit, "--read-limit")?;
     let mut p = super::progress(g);
     let location = super::repo_location(g)?;
@@ -199,6 +206,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             .transpose()
             .context("--pack-size")?,
         read_limit,
+        time: a.time.clone(),
     };
     // For the bar's ETA, and for --json readers (the status lines' total): the
     // sizes below the paths, added up beside the backup.

@@ -843,3 +843,44 @@ fn rewrite_takes_files_out_of_snapshots() {
         "no pattern: refused"
     );
 }
+
+/// `backup --time` records the time given (imports of old backups), which
+/// retention then goes by.
+#[test]
+fn backup_time_is_recorded_and_retention_uses_it() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), "x").unwrap();
+    let s = src.to_str().unwrap();
+    for t in [
+        "2024-03-01T10:00:00Z",
+        "2025-03-01T12:00:00+02:00",
+        "2025-07-01T10:00:00Z",
+    ] {
+        env.ok(&["backup", "-q", "--time", t, s]);
+    }
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    let times: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["time"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        times,
+        [
+            "2024-03-01T10:00:00.000000000Z",
+            "2025-03-01T10:00:00.000000000Z",
+            "2025-07-01T10:00:00.000000000Z"
+        ]
+    );
+    // One a year: the newest of 2025 and the one of 2024.
+    let f: serde_json::Value =
+        serde_json::from_str(&env.ok(&["forget", "--keep-yearly", "5", "--json"])).unwrap();
+    assert_eq!(f[0]["remove"].as_array().unwrap().len(), 1, "{f}");
+    let out = env.run(&["backup", "--time", "last tuesday", s]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RFC 3339"));
+}

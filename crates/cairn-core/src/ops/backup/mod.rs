@@ -76,6 +76,9 @@ pub struct BackupOptions {
     /// Read sources at most at this many bytes per second on average
     /// (`--read-limit`: a backup that leaves the disk to production).
     pub read_limit: Option<u64>,
+    /// The snapshot's time instead of now (`--time`: importing old backups), as
+    /// [`crate::time::parse_user_time`] reads it.
+    pub time: Option<String>,
 }
 
 /// An entry that could not be backed up.
@@ -463,7 +466,15 @@ fn run(
     progress: &Progress,
 ) -> Result<Ran> {
     let start = Instant::now();
-    let started_at = crate::time::now_rfc3339();
+    let started_at = match &opts.time {
+        None => crate::time::now_rfc3339(),
+        Some(t) => crate::time::parse_user_time(t).ok_or_else(|| {
+            Error::Invalid(format!(
+                "--time {t:?}: give an RFC 3339 time (2026-05-01T02:00:00Z) or \
+                 \"YYYY-MM-DD HH:MM:SS\" (local time)"
+            ))
+        })?,
+    };
     // To tell, at the end, which index files other backups wrote meanwhile. Through
     // a server, chunks another client is sending are waited for, never stored twice.
     let index_before: HashSet<cairn_format::IndexId> = if repo.dedup().is_none() {

@@ -209,6 +209,10 @@ pub struct MountArgs {
     /// (tests shorten it)
     #[arg(long, default_value_t = 30, hide = true)]
     pub idle_secs: u64,
+    /// Seconds after which the top level is listed again when looked at (tests
+    /// shorten it)
+    #[arg(long, default_value_t = 60, hide = true)]
+    pub refresh_secs: u64,
     /// Threads answering the kernel
     #[arg(long, default_value_t = 4, hide = true)]
     pub threads: usize,

@@ -51,7 +51,11 @@ impl Source<'_> {
         if let Some(f) = self.flag {
             return read_password_file(f).map(Some);
         }
-        if let Ok(p) = std::env::var(self.env) {
+        // Set but empty (a unit file's `Environment=CAIRN_PASSWORD=`) is unset: no
+        // password is empty, and trying "" would only say "wrong password".
+        if let Ok(p) = std::env::var(self.env)
+            && !p.is_empty()
+        {
             return Ok(Some(p));
         }
         if let Some(f) = std::env::var_os(self.env_file).filter(|f| !f.is_empty()) {
@@ -131,7 +135,14 @@ pub fn password(global: &crate::args::Global) -> Result<String> {
 pub fn read_password_file(f: &Path) -> Result<String> {
     let s = std::fs::read_to_string(f)
         .with_context(|| format!("reading password file {}", f.display()))?;
-    Ok(s.lines().next().unwrap_or("").to_string())
+    let first = s.lines().next().unwrap_or("");
+    if first.is_empty() {
+        bail!(
+            "the password file {} has an empty first line (the password is its first line)",
+            f.display()
+        );
+    }
+    Ok(first.to_string())
 }
 
 /// A new password for `key add` / `key passwd`: `--new-password-file`,

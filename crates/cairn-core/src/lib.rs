@@ -23,6 +23,7 @@ pub mod error;
 pub mod hooks;
 pub mod index;
 pub mod ops;
+pub mod pattern;
 pub mod progress;
 pub mod repo;
 pub mod report;

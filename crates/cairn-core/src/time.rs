@@ -64,6 +64,19 @@ pub fn parse_rfc3339(s: &str) -> Option<i64> {
         .map(|t| t.timestamp())
 }
 
+/// A recorded time (RFC 3339) as text output shows it: `YYYY-MM-DD HH:MM:SS` in
+/// this machine's time zone, the zone retention's days and weeks are counted in
+/// (JSON keeps UTC). A time that does not parse is shown as it is.
+pub fn local_display(time: &str) -> String {
+    match chrono::DateTime::parse_from_rfc3339(time) {
+        Ok(t) => t
+            .with_timezone(&chrono::Local)
+            .format("%Y-%m-%d %H:%M:%S")
+            .to_string(),
+        Err(_) => time.get(..19).unwrap_or(time).replace('T', " "),
+    }
+}
+
 /// A time a user gives (`backup --time`): RFC 3339 (`2026-05-01T02:00:00Z`,
 /// with any offset), or `YYYY-MM-DD HH:MM[:SS]` in this machine's time zone (as
 /// restic takes it). As a snapshot records it: UTC, nine fractional digits.

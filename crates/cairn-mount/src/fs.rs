@@ -284,12 +284,11 @@ impl State {
         }
     }
 
-    /// A symlink's target at the top level, as the snapshot list is now.
+    /// A symlink's target at the top level (fixed per inode: a new target is a
+    /// new inode, see [`crate::inodes::Table::lookup_current`]).
     fn virtual_target(&self, what: &What) -> Option<String> {
-        let l = self.sessions.listing();
         match what {
-            What::Latest => l.latest().map(|e| format!("snapshots/{}", e.id.to_hex())),
-            What::HostLatest(h) => l.host_latest(h).map(|e| e.date.clone()),
+            What::Latest(t) | What::HostLatest(_, t) => Some(t.clone()),
             What::ShortId(id) => Some(id.to_hex()),
             _ => None,
         }
@@ -312,7 +311,7 @@ impl State {
                     let target = format!("snapshots/{}", e.id.to_hex());
                     v.push(VEntry {
                         name: b"latest".to_vec(),
-                        what: What::Latest,
+                        what: What::Latest(target.clone()),
                         attr: self.virtual_attr(FileType::Symlink, target.len() as u64, e.secs),
                     });
                 }
@@ -359,7 +358,7 @@ impl State {
                 if let Some(e) = snaps.last() {
                     v.push(VEntry {
                         name: b"latest".to_vec(),
-                        what: What::HostLatest(h.clone()),
+                        what: What::HostLatest(h.clone(), e.date.clone()),
                         attr: self.virtual_attr(FileType::Symlink, e.date.len() as u64, e.secs),
                     });
                 }
@@ -476,7 +475,7 @@ impl State {
                 let children = self.virtual_children(&what).unwrap_or_default();
                 if let Some(c) = children.into_iter().find(|c| c.name == name) {
                     let (ino, attr) =
-                        lock(&self.table).lookup(parent, name, None, || (c.what, c.attr));
+                        lock(&self.table).lookup_current(parent, name, c.what, c.attr);
                     return Ok((ino, attr, false));
                 }
                 // `snapshots/PREFIX`: a unique id prefix, as a symlink to the id.
@@ -492,7 +491,7 @@ impl State {
                 }
                 Err(Failure::of(Errno::ENOENT))
             }
-            What::Latest | What::HostLatest(_) | What::ShortId(_) => {
+            What::Latest(_) | What::HostLatest(..) | What::ShortId(_) => {
                 Err(Failure::of(Errno::ENOTDIR))
             }
         }
@@ -505,11 +504,8 @@ impl State {
             let i = t.get(ino).ok_or(Failure::of(Errno::ENOENT))?;
             (i.what.clone(), i.attr)
         };
-        if matches!(what, What::Latest | What::HostLatest(_))
-            && let Some(target) = self.virtual_target(&what)
-        {
+        if let Some(target) = self.virtual_target(&what) {
             attr.size = target.len() as u64;
-            lock(&self.table).set_attr(ino, attr);
         }
         Ok((attr, what.immutable()))
     }
@@ -540,7 +536,7 @@ impl State {
                 tree: self.tree(&t, &name)?,
             }),
             What::Entry { .. } if is_dir => Ok(DirList::Virtual(Vec::new())),
-            What::Entry { .. } | What::Latest | What::HostLatest(_) | What::ShortId(_) => {
+            What::Entry { .. } | What::Latest(_) | What::HostLatest(..) | What::ShortId(_) => {
                 Err(Failure::of(Errno::ENOTDIR))
             }
             w => {
@@ -988,7 +984,7 @@ impl Filesystem for CairnFs {
                         DirList::Virtual(v) => match v.get(idx) {
                             Some(e) => (
                                 e.name.as_slice(),
-                                t.lookup(ino.0, &e.name, None, || (e.what.clone(), e.attr)),
+                                t.lookup_current(ino.0, &e.name, e.what.clone(), e.attr),
                             ),
                             None => break,
                         },

@@ -32,12 +32,13 @@ pub enum What {
     Top,
     Hosts,
     Snapshots,
-    /// The root's `latest` symlink.
-    Latest,
+    /// The root's `latest` symlink, with its target (a newer snapshot is a new
+    /// inode: the kernel caches symlink targets).
+    Latest(String),
     /// `hosts/HOST/`.
     Host(String),
-    /// `hosts/HOST/latest`.
-    HostLatest(String),
+    /// `hosts/HOST/latest`, with its target.
+    HostLatest(String, String),
     /// `snapshots/PREFIX`: a symlink to the full id (looked up, never listed).
     ShortId(SnapshotId),
     /// A snapshot's root directory (its tree has no node of its own).
@@ -179,6 +180,27 @@ impl Table {
             },
         );
         (ino, attr)
+    }
+
+    /// [`Self::lookup`] for a top-level entry, which a new snapshot list can
+    /// change: the name keeps its inode only while it stands for the same thing,
+    /// else it gets a new one (the kernel caches what an inode was: a symlink's
+    /// target, a directory's attributes), and the old inode lives on until the
+    /// kernel forgets it.
+    pub fn lookup_current(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        what: What,
+        attr: FileAttr,
+    ) -> (u64, FileAttr) {
+        let key = (parent, Box::<[u8]>::from(name));
+        if let Some(&ino) = self.by_name.get(&key)
+            && self.inodes.get(&ino).is_some_and(|i| i.what != what)
+        {
+            self.by_name.remove(&key);
+        }
+        self.lookup(parent, name, None, || (what, attr))
     }
 
     /// The kernel dropped `n` references to `ino`.

@@ -10,7 +10,7 @@
 //! DATE has no `:` (rsync and scp read `a:b` as a remote host) and sorts as text in
 //! time order. Two snapshots of one host in the same second both get their short
 //! id appended (`…Z-1a2b3c4d`), so a name never depends on which of them is listed
-//! first. Host names are made safe to be one path component. Everything here is
+//! first. Host names are made safe to be one path component, two hosts never one. Everything here is
 //! pure: the listing is built from snapshot objects already read.
 
 use cairn_format::snapshot::Snapshot;
@@ -43,17 +43,26 @@ pub struct Listing {
     hosts: BTreeMap<String, BTreeMap<String, usize>>,
 }
 
-/// A host name as one safe path component.
+/// A host name as one safe path component, and never the same for two hosts:
+/// `/` and `%` are written `%2F` and `%25` (so `web/01` and `web_01` stay two
+/// directories), an empty name `%`, and `.` and `..` `%2E` and `%2E%2E`.
 pub fn host_dir_name(host: &str) -> String {
-    let s: String = host
-        .chars()
-        .map(|c| if c == '/' || c == '\0' { '_' } else { c })
-        .collect();
-    match s.as_str() {
-        "" => "_".into(),
-        "." | ".." => format!("_{s}"),
-        _ => s,
+    match host {
+        "" => return "%".into(),
+        "." => return "%2E".into(),
+        ".." => return "%2E%2E".into(),
+        _ => {}
     }
+    let mut s = String::with_capacity(host.len());
+    for c in host.chars() {
+        match c {
+            '/' => s.push_str("%2F"),
+            '%' => s.push_str("%25"),
+            '\0' => s.push_str("%00"),
+            c => s.push(c),
+        }
+    }
+    s
 }
 
 /// A snapshot time (RFC 3339) as a directory name, seconds precision, in UTC.
@@ -132,17 +141,19 @@ impl Listing {
         self.hosts.contains_key(host)
     }
 
-    /// A host's snapshots by date name, in time order.
+    /// A host's snapshots in time order, to the nanosecond within a second (the
+    /// session's order: two in one second have names that sort by id, not time).
     pub fn host_snapshots(&self, host: &str) -> Vec<&SnapEntry> {
-        let mut v: Vec<&SnapEntry> = self
+        let mut idx: Vec<usize> = self
             .hosts
             .get(host)
             .into_iter()
-            .flat_map(|m| m.values())
-            .filter_map(|&i| self.snaps.get(i))
+            .flat_map(|m| m.values().copied())
             .collect();
-        v.sort_by_key(|e| (e.secs, e.date.clone()));
-        v
+        // Seconds first (a time that cannot be read, 0, first), then the
+        // session's order within a second.
+        idx.sort_unstable_by_key(|&i| (self.snaps.get(i).map_or(0, |e| e.secs), i));
+        idx.iter().filter_map(|&i| self.snaps.get(i)).collect()
     }
 
     pub fn by_date(&self, host: &str, date: &str) -> Option<&SnapEntry> {
@@ -155,10 +166,10 @@ impl Listing {
         self.host_snapshots(host).last().copied()
     }
 
-    /// The snapshot whose id starts with `prefix` (at least 4 hex digits), if
-    /// exactly one does.
+    /// The snapshot whose id starts with `prefix` (any number of hex digits, as
+    /// the CLI takes them), if exactly one does.
     pub fn by_prefix(&self, prefix: &str) -> Option<&SnapEntry> {
-        if prefix.len() < 4 || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         let lower = prefix.to_ascii_lowercase();
@@ -196,9 +207,13 @@ mod tests {
 
     #[test]
     fn names_are_safe_sortable_and_unique() {
-        assert_eq!(host_dir_name("a/b"), "a_b");
-        assert_eq!(host_dir_name(""), "_");
-        assert_eq!(host_dir_name(".."), "_..");
+        assert_eq!(host_dir_name("a/b"), "a%2Fb");
+        assert_ne!(host_dir_name("a/b"), host_dir_name("a_b"));
+        assert_eq!(host_dir_name("100%"), "100%25");
+        assert_ne!(host_dir_name("a%2Fb"), host_dir_name("a/b"));
+        assert_eq!(host_dir_name(""), "%");
+        assert_eq!(host_dir_name(".."), "%2E%2E");
+        assert_eq!(host_dir_name("web01"), "web01");
         assert_eq!(
             date_name("2024-05-01T12:34:56.123456789Z").map(|d| d.0),
             Some("2024-05-01T12-34-56Z".to_string())
@@ -224,7 +239,7 @@ mod tests {
         ];
         let (l, problems) = Listing::new(&list);
         assert_eq!(problems.len(), 1, "{problems:?}");
-        assert_eq!(l.hosts().collect::<Vec<_>>(), vec!["h", "other_host"]);
+        assert_eq!(l.hosts().collect::<Vec<_>>(), vec!["h", "other%2Fhost"]);
         let dates: Vec<String> = l
             .host_snapshots("h")
             .iter()
@@ -241,12 +256,17 @@ mod tests {
         assert_eq!(l.latest().map(|e| e.id), Some(SnapshotId([4; 32])));
         assert_eq!(l.host_latest("h").map(|e| e.id), Some(SnapshotId([2; 32])));
         assert_eq!(
-            l.by_date("other_host", "2024-02-01T00-00-00Z")
+            l.by_date("other%2Fhost", "2024-02-01T00-00-00Z")
                 .map(|e| e.id),
             Some(SnapshotId([3; 32]))
         );
         assert_eq!(l.by_prefix("0303").map(|e| e.id), Some(SnapshotId([3; 32])));
-        assert!(l.by_prefix("03").is_none(), "too short");
+        assert_eq!(
+            l.by_prefix("03").map(|e| e.id),
+            Some(SnapshotId([3; 32])),
+            "as the CLI"
+        );
+        assert!(l.by_prefix("0").is_none(), "not unique");
         assert!(l.by_prefix("zzzz").is_none());
     }
 }

@@ -26,9 +26,9 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
             &format!(
                 "comparing snapshot {} ({}) with {} ({})",
                 ida.short(),
-                sa.time.get(..19).unwrap_or(&sa.time).replace('T', " "),
+                cairn_core::time::local_display(&sa.time),
                 idb.short(),
-                sb.time.get(..19).unwrap_or(&sb.time).replace('T', " ")
+                cairn_core::time::local_display(&sb.time)
             ),
         );
     }

@@ -22,7 +22,12 @@ pub fn run(g: &Global, a: &FindArgs) -> Result<i32> {
         snapshots.extend(all.iter().filter(|(_, s)| filter.matches(s)).cloned());
     } else {
         for spec in &a.snapshots {
-            let s = session.find_snapshot(spec)?;
+            // "latest" is the newest the filters pass, as for ls and restore.
+            let s = if spec == "latest" {
+                session.find_snapshot_matching(spec, &filter)?
+            } else {
+                session.find_snapshot(spec)?
+            };
             if filter.matches(&s.1) && !snapshots.iter().any(|(id, _)| *id == s.0) {
                 snapshots.push(s);
             }
@@ -43,7 +48,7 @@ pub fn run(g: &Global, a: &FindArgs) -> Result<i32> {
         let mut out = std::io::stdout().lock();
         let mut matches = 0u64;
         for s in &r.snapshots {
-            let time = s.time.get(..19).unwrap_or(&s.time).replace('T', " ");
+            let time = cairn_core::time::local_display(&s.time);
             super::out_line(
                 &mut out,
                 &format!("snapshot {} of {} at {time}:", s.snapshot.short(), s.host),

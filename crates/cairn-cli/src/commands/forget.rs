@@ -131,7 +131,7 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
 }
 
 fn short_time(time: &str) -> String {
-    time.get(..19).unwrap_or(time).replace('T', " ")
+    cairn_core::time::local_display(time)
 }
 
 /// Text rendering: per group a header, the kept snapshots with their reasons and the

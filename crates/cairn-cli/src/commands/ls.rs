@@ -44,13 +44,17 @@ pub(super) fn long_line(e: &Entry) -> String {
             name.to_string()
         }
     };
+    let size = match e.device {
+        Some([major, minor]) => format!("{major}, {minor}"),
+        None => e.size.to_string(),
+    };
     let mut line = format!(
         "{} {:>8} {:>8} {:>12} {} {}",
         mode_string(e),
         or_id(&e.user, e.uid),
         or_id(&e.group, e.gid),
-        e.size,
-        e.mtime.get(..19).unwrap_or("").replace('T', " "),
+        size,
+        cairn_core::time::local_display(&e.mtime),
         e.path
     );
     if let Some(t) = &e.link_target {
@@ -116,6 +120,7 @@ mod tests {
             size: 0,
             mtime: String::new(),
             link_target: None,
+            device: None,
         }
     }
 

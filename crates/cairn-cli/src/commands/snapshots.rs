@@ -39,7 +39,7 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
             "id", "time", "host", "tags", "size"
         );
         for (id, s) in &snaps {
-            let time = s.time.get(..19).unwrap_or(&s.time).replace('T', " ");
+            let time = cairn_core::time::local_display(&s.time);
             println!(
                 "{:<10} {:<20} {:<16} {:<12} {:>12}  {}",
                 id.short(),

@@ -6,22 +6,28 @@ use cairn_core::session::{IndexLoad, Read};
 pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
     let mut p = super::progress(g);
     let session = super::session::<Read>(g, "stats", IndexLoad::Placement, &p.progress)?;
-    let selected = if a.snapshots.is_empty() && a.host.is_empty() {
-        None
-    } else {
+    // Named snapshots are resolved among the host's ("latest" is its newest), as
+    // `ls` and `restore` resolve them; no names: every snapshot of the hosts.
+    let filter = cairn_core::forget::SnapshotFilter {
+        hosts: a.host.clone(),
+        ..Default::default()
+    };
+    let selected = if !a.snapshots.is_empty() {
         let mut ids = Vec::new();
         for s in &a.snapshots {
-            ids.push(session.find_snapshot(s)?.0);
-        }
-        if !a.host.is_empty() {
-            let (all, _) = session.snapshots()?;
-            ids.extend(
-                all.iter()
-                    .filter(|(_, s)| a.host.contains(&s.hostname))
-                    .map(|(id, _)| *id),
-            );
+            ids.push(session.find_snapshot_matching(s, &filter)?.0);
         }
         Some(ids)
+    } else if !a.host.is_empty() {
+        let (all, _) = session.snapshots()?;
+        Some(
+            all.iter()
+                .filter(|(_, s)| filter.matches(s))
+                .map(|(id, _)| *id)
+                .collect(),
+        )
+    } else {
+        None
     };
     p.start();
     let st = cairn_core::stats::stats(&session, selected.as_deref());

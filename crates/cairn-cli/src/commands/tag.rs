@@ -62,7 +62,12 @@ pub(crate) fn select(
     }
     let mut snaps = Vec::new();
     for spec in specs {
-        let found = session.find_snapshot(spec)?;
+        // "latest" is the newest the filters pass, as for ls and restore.
+        let found = if spec == "latest" {
+            session.find_snapshot_matching(spec, &filter)?
+        } else {
+            session.find_snapshot(spec)?
+        };
         if filter.matches(&found.1) && !snaps.iter().any(|(i, _)| *i == found.0) {
             snaps.push(found);
         }

@@ -145,7 +145,7 @@ fn mount_shows_hosts_snapshots_and_latest_with_everything_a_restore_has() {
         fs::read_link(mnt.join("latest")).unwrap(),
         PathBuf::from(format!("snapshots/{s2}"))
     );
-    assert_eq!(names(&mnt.join("hosts")), ["alpha", "beta_gamma"]);
+    assert_eq!(names(&mnt.join("hosts")), ["alpha", "beta%2Fgamma"]);
     let mut ids = vec![s1.clone(), s2.clone()];
     ids.sort();
     assert_eq!(names(&mnt.join("snapshots")), ids);
@@ -803,4 +803,64 @@ fn a_remote_mount_reads_a_directory_of_small_files_ahead() {
         requests > 0 && requests * 2 < FILES,
         "{requests} requests for {FILES} files"
     );
+}
+
+/// `latest` and `hosts/HOST/latest` follow new backups and forgotten snapshots
+/// (the kernel caches a symlink's target, so a new target is a new inode), and
+/// two hosts whose names differ only by a `/` get two directories.
+#[test]
+fn latest_links_follow_the_snapshot_list_and_hosts_stay_apart() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"1").unwrap();
+    let s = src.to_str().unwrap();
+    let backup = |host: &str| -> String {
+        let v: serde_json::Value =
+            serde_json::from_str(&env.ok(&["backup", "--json", "--host", host, s])).unwrap();
+        v["snapshot_id"].as_str().unwrap().to_string()
+    };
+    let s1 = backup("web_01");
+    let mnt = env.path("mnt");
+    let _m = Mount::start(&env, &mnt, &["--refresh-secs", "1"]);
+    let link = |p: &str| fs::read_link(mnt.join(p)).map(|t| t.to_string_lossy().into_owned());
+    assert_eq!(link("latest").unwrap(), format!("snapshots/{s1}"));
+    let first_date = link("hosts/web_01/latest").unwrap();
+    fs::write(src.join("f"), b"2").unwrap();
+    let s2 = backup("web_01");
+    let s3 = backup("web/01");
+    // Looked at after the refresh time: the new list, new targets.
+    wait_until(
+        "latest to follow the new backup",
+        Duration::from_secs(20),
+        || {
+            names(&mnt.join("hosts")).len() == 2
+                && link("latest").ok() == Some(format!("snapshots/{s3}"))
+        },
+    );
+    assert_eq!(names(&mnt.join("hosts")), ["web%2F01", "web_01"]);
+    let date = link("hosts/web_01/latest").unwrap();
+    assert_ne!(date, first_date);
+    assert_eq!(
+        fs::read(inside(&mnt.join("hosts/web_01").join(&date), &src).join("f")).unwrap(),
+        b"2"
+    );
+    assert_eq!(
+        names(&mnt.join("hosts/web%2F01")).len(),
+        2,
+        "a date and latest"
+    );
+    // The newest forgotten: latest goes back to the one before, never dangles.
+    env.ok(&["forget", &s3]);
+    wait_until(
+        "latest to leave a forgotten snapshot",
+        Duration::from_secs(20),
+        || names(&mnt).len() == 3 && link("latest").ok() == Some(format!("snapshots/{s2}")),
+    );
+    assert_eq!(
+        fs::read(inside(&mnt.join("latest"), &src).join("f")).unwrap(),
+        b"2"
+    );
+    assert_eq!(names(&mnt.join("hosts")), ["web_01"]);
 }

@@ -884,3 +884,87 @@ fn backup_time_is_recorded_and_retention_uses_it() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("RFC 3339"));
 }
+
+/// Findings of a black-box review, each seen fixed: `latest` with a host filter
+/// in stats and find, `--force` recording no parent, `diff --metadata` seeing a
+/// hard link go, an empty CAIRN_PASSWORD counting as unset, device numbers in
+/// `ls -l`, and exclude patterns matching characters, not bytes.
+#[test]
+fn selections_counts_passwords_and_patterns_say_what_they_mean() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), "hello").unwrap();
+    fs::write(src.join("h1"), "h").unwrap();
+    fs::hard_link(src.join("h1"), src.join("h2")).unwrap();
+    fs::write(src.join("ünï"), "u").unwrap();
+    let s = src.to_str().unwrap();
+    let id = |out: String| -> String {
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["snapshot_id"].as_str().unwrap().to_string()
+    };
+    let a1 = id(env.ok(&["backup", "--json", "--host", "alpha", s]));
+    let b1 = id(env.ok(&["backup", "--json", "--host", "beta", s]));
+    // stats --host alpha latest: alpha's newest alone, not alpha's plus beta's.
+    let st: serde_json::Value =
+        serde_json::from_str(&env.ok(&["stats", "--json", "--host", "alpha", "latest"])).unwrap();
+    assert_eq!(st["snapshots"], 1, "{st}");
+    // find -s latest --host alpha searches alpha's newest.
+    let f: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "find",
+        "--json",
+        "--host",
+        "alpha",
+        "--snapshot",
+        "latest",
+        "f",
+    ]))
+    .unwrap();
+    assert_eq!(f["snapshots"][0]["snapshot"], a1.as_str(), "{f}");
+    // --force reads everything and records no parent.
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["backup", "--json", "--force", "--host", "beta", s]))
+            .unwrap();
+    assert!(v["parent"].is_null(), "{v}");
+    assert_eq!(v["files_new"], 4, "{v}");
+    // A hard link removed: diff --metadata lists the file left.
+    fs::remove_file(src.join("h2")).unwrap();
+    let b3 = id(env.ok(&["backup", "--json", "--host", "beta", s]));
+    let d = env.ok(&["diff", "--metadata", &b1, &b3]);
+    assert!(
+        d.lines().any(|l| l.starts_with('U') && l.ends_with("/h1")),
+        "{d}"
+    );
+    // An empty CAIRN_PASSWORD is unset: the password file is used.
+    let pw = env.path("pw");
+    fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
+    let out = env
+        .cmd(&["snapshots"])
+        .env("CAIRN_PASSWORD", "")
+        .env("CAIRN_PASSWORD_FILE", &pw)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::write(&pw, "\nsecond line\n").unwrap();
+    let out = env
+        .cmd(&["snapshots", "--password-file", pw.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty first line"));
+    // `?` is one character, whatever its bytes; -i folds Unicode.
+    let e = id(env.ok(&["backup", "--json", "--exclude", "?n?", s]));
+    assert!(!env.ok(&["ls", &e]).contains("ünï"));
+    let f: serde_json::Value =
+        serde_json::from_str(&env.ok(&["find", "--json", "-i", "--snapshot", &b3, "ÜNÏ"])).unwrap();
+    assert_eq!(
+        f["snapshots"][0]["matches"].as_array().map(Vec::len),
+        Some(1),
+        "{f}"
+    );
+}

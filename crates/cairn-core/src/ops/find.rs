@@ -22,7 +22,7 @@ use std::collections::HashSet;
 /// (`/home/*/notes.txt`; a relative one like `docs/*.pdf` may start anywhere).
 pub struct Pattern {
     text: String,
-    glob: globset::GlobMatcher,
+    glob: crate::pattern::Glob,
     whole_path: bool,
 }
 
@@ -37,13 +37,8 @@ impl Pattern {
         } else {
             pattern.to_string()
         };
-        let glob = globset::GlobBuilder::new(&anchored)
-            .literal_separator(whole_path)
-            .case_insensitive(ignore_case)
-            .backslash_escape(true)
-            .build()
-            .map_err(|e| Error::Invalid(format!("pattern {pattern:?}: {e}")))?
-            .compile_matcher();
+        let glob = crate::pattern::Glob::new(&anchored, whole_path, ignore_case)
+            .map_err(Error::Invalid)?;
         Ok(Pattern {
             text: pattern.to_string(),
             glob,
@@ -55,8 +50,7 @@ impl Pattern {
         if self.whole_path {
             self.glob.is_match(path)
         } else {
-            self.glob
-                .is_match(String::from_utf8_lossy(&node.name).as_ref())
+            self.glob.is_match_bytes(&node.name)
         }
     }
 }

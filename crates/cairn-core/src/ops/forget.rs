@@ -17,7 +17,9 @@
 //!   that snapshot is kept too ("oldest daily snapshot"), so a young history is not
 //!   cut shorter than the policy asked for.
 //! - `within D` keeps every snapshot newer than D before the group's newest snapshot
-//!   (not before now: a machine that stopped backing up keeps its last ones).
+//!   (not before now: a machine that stopped backing up keeps its last ones); a
+//!   snapshot dated in the future is kept by it but is not the newest it counts
+//!   back from.
 //! - `keep_tags` keeps every snapshot carrying all tags of any one entry.
 
 use crate::error::{Error, Result};
@@ -571,9 +573,15 @@ fn apply<Tz: TimeZone>(
     let within = policy.within.filter(|w| !w.is_zero());
     // Everything newer than this is kept by `within`; `None` inside means the span
     // reaches before the representable range, so everything is within it.
+    // The newest snapshot not dated in the future (as restic has it): one host
+    // with a clock years ahead must not put every real snapshot "out of" the span.
+    let now = Utc::now();
+    let newest = entries
+        .iter()
+        .find(|e| e.time <= now)
+        .or_else(|| entries.first());
     let within_from = within.map(|w| {
-        entries
-            .first()
+        newest
             .and_then(|newest| w.before(&newest.time.with_timezone(tz)))
             .map(|t| t.with_timezone(&Utc))
     });
@@ -1143,6 +1151,28 @@ mod tests {
                 k("2023-06-01", &["yearly snapshot"]),
                 k("2024-11-30", &["yearly snapshot"]),
                 k("2025-03-15", &["yearly snapshot"]),
+            ]
+        );
+    }
+
+    #[test]
+    fn within_counts_back_from_the_newest_not_in_the_future() {
+        let s = at(&[
+            "2020-11-20 12:00",
+            "2020-11-22 11:00",
+            "2020-11-22 12:00",
+            "2200-01-01 00:00",
+        ]);
+        let p = Policy {
+            within: Some("1d".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept(&s, &p),
+            vec![
+                k("2020-11-22 11:00", &["within 1d"]),
+                k("2020-11-22 12:00", &["within 1d"]),
+                k("2200-01-01 00:00", &["within 1d"]),
             ]
         );
     }

@@ -155,6 +155,9 @@ pub struct Entry {
     pub mtime: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub link_target: Option<String>,
+    /// A device node's device number (`major`, `minor` as `ls -l` shows them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<[u64; 2]>,
 }
 
 impl Entry {
@@ -171,6 +174,12 @@ impl Entry {
             mtime: crate::time::format_unix(n.mtime.secs, n.mtime.nanos),
             link_target: (n.kind == NodeKind::Symlink)
                 .then(|| String::from_utf8_lossy(&n.link_target).into_owned()),
+            device: matches!(n.kind, NodeKind::CharDevice | NodeKind::BlockDevice).then(|| {
+                [
+                    libc::major(n.rdev as libc::dev_t) as u64,
+                    libc::minor(n.rdev as libc::dev_t) as u64,
+                ]
+            }),
         }
     }
 }

@@ -543,7 +543,10 @@ fn run(
     };
 
     let is_image = opts.image.is_some();
+    // `--force` reads everything and compares with nothing: no parent is recorded
+    // (as restic has it), so the counts say "new" truthfully.
     let parent = match parent {
+        _ if opts.force => None,
         Some(p) => Some(p),
         None => listed
             .iter()

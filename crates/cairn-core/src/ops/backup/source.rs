@@ -2,7 +2,6 @@
 //! names, link targets and extended attributes, into a tree [`Node`].
 
 use cairn_format::tree::{Node, NodeKind, Timestamp};
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use std::collections::HashMap;
 use std::fs::Metadata;
 use std::os::fd::OwnedFd;
@@ -388,7 +387,7 @@ const TAG_HEADER_MAX: usize = 4096;
 
 /// [`ExcludeRules`] ready to be asked about each entry.
 pub struct Excludes {
-    set: GlobSet,
+    set: crate::pattern::GlobSet,
     /// Tag file names, with the header each must start with.
     tags: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     larger_than: Option<u64>,
@@ -396,7 +395,7 @@ pub struct Excludes {
 
 impl Excludes {
     pub fn new(rules: &ExcludeRules) -> Result<Self, String> {
-        let mut b = GlobSetBuilder::new();
+        let mut set = crate::pattern::GlobSet::default();
         let all = (rules.patterns.iter().map(|p| (p, false)))
             .chain(rules.ipatterns.iter().map(|p| (p, true)));
         for (p, fold) in all {
@@ -409,13 +408,9 @@ impl Excludes {
             } else {
                 format!("**/{p}")
             };
-            let g = GlobBuilder::new(&full)
-                .literal_separator(true)
-                .backslash_escape(true)
-                .case_insensitive(fold)
-                .build()
+            let g = crate::pattern::Glob::new(&full, true, fold)
                 .map_err(|e| format!("invalid exclude pattern {p:?}: {e}"))?;
-            b.add(g);
+            set.push(g);
         }
         let mut tags = Vec::new();
         for t in &rules.if_present {
@@ -443,7 +438,7 @@ impl Excludes {
             tags.push((name.as_bytes().to_vec(), Some(header.as_bytes().to_vec())));
         }
         Ok(Excludes {
-            set: b.build().map_err(|e| e.to_string())?,
+            set,
             tags,
             larger_than: rules.larger_than,
         })
@@ -456,7 +451,7 @@ impl Excludes {
 
     /// Left out by a pattern.
     pub fn is_excluded(&self, path: &Path) -> bool {
-        !self.set.is_empty() && self.set.is_match(path)
+        self.set.is_match_bytes(path.as_os_str().as_bytes())
     }
 
     /// A regular file left out for its size.

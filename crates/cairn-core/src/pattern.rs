@@ -1,0 +1,251 @@
+//! Glob patterns over paths, matched by characters.
+//!
+//! `*` (any characters but `/`), `**` (as a whole component: any number of
+//! components), `?` (one character but `/`), `[...]` and `[!...]` (a class, with
+//! ranges), `{a,b}` (either), and `\` escaping the next character. A pattern is
+//! matched against the whole path as `ls` prints it: a name that is not UTF-8 has
+//! each invalid byte as its stand-in character ([`crate::ops::ls::escape_name`]),
+//! so `?` is one character whatever its encoding, and ignoring case folds
+//! Unicode, not only ASCII (`Ü` matches `ü`).
+
+use regex::Regex;
+
+#[derive(Clone, Debug)]
+pub struct Glob {
+    re: Regex,
+}
+
+impl Glob {
+    /// `pattern` as a glob; with `separator`, `*`, `?` and classes never match a
+    /// `/` (paths); without, they do (a single name has none anyway).
+    pub fn new(pattern: &str, separator: bool, ignore_case: bool) -> Result<Glob, String> {
+        let body = translate(pattern, separator)?;
+        let flags = if ignore_case { "(?i)" } else { "" };
+        let re = Regex::new(&format!("{flags}^(?s:{body})$"))
+            .map_err(|e| format!("pattern {pattern:?}: {e}"))?;
+        Ok(Glob { re })
+    }
+
+    pub fn is_match(&self, text: &str) -> bool {
+        self.re.is_match(text)
+    }
+
+    /// Matches a path from the file system (its bytes), as `ls` would print it.
+    pub fn is_match_bytes(&self, path: &[u8]) -> bool {
+        match std::str::from_utf8(path) {
+            Ok(s) => self.is_match(s),
+            Err(_) => self.is_match(&crate::ops::ls::escape_name(path)),
+        }
+    }
+}
+
+/// Several globs: does any match?
+#[derive(Clone, Debug, Default)]
+pub struct GlobSet {
+    globs: Vec<Glob>,
+}
+
+impl GlobSet {
+    pub fn push(&mut self, g: Glob) {
+        self.globs.push(g);
+    }
+    pub fn is_empty(&self) -> bool {
+        self.globs.is_empty()
+    }
+    pub fn is_match_bytes(&self, path: &[u8]) -> bool {
+        if self.globs.is_empty() {
+            return false;
+        }
+        let owned;
+        let text = match std::str::from_utf8(path) {
+            Ok(s) => s,
+            Err(_) => {
+                owned = crate::ops::ls::escape_name(path);
+                &owned
+            }
+        };
+        self.globs.iter().any(|g| g.is_match(text))
+    }
+}
+
+/// A character in a regex, whatever it is.
+fn lit(out: &mut String, c: char) {
+    out.push_str(&format!("\\x{{{:X}}}", c as u32));
+}
+
+fn translate(pattern: &str, separator: bool) -> Result<String, String> {
+    let one = if separator { "[^/]" } else { "." };
+    let chars: Vec<char> = pattern.chars().collect();
+    let mut out = String::new();
+    let mut braces = 0usize;
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '\\' => {
+                let Some(&n) = chars.get(i + 1) else {
+                    return Err(format!("pattern {pattern:?} ends with an unfinished \\"));
+                };
+                lit(&mut out, n);
+                i += 2;
+                continue;
+            }
+            '*' if chars.get(i + 1) == Some(&'*') => {
+                let start = i == 0 || chars[i - 1] == '/';
+                let end = i + 2 == chars.len() || chars[i + 2] == '/';
+                if separator && start && end {
+                    if i + 2 == chars.len() {
+                        // `a/**`: everything below (and `**` alone: anything).
+                        out.push_str(".*");
+                        i += 2;
+                    } else {
+                        // `**/`: any number of whole components.
+                        out.push_str("(?:.*/)?");
+                        i += 3;
+                    }
+                } else {
+                    out.push_str(&format!("{one}*"));
+                    i += 2;
+                }
+                continue;
+            }
+            '*' => out.push_str(&format!("{one}*")),
+            '?' => out.push_str(one),
+            '[' => {
+                let (class, next) = class(&chars, i, separator)
+                    .ok_or_else(|| format!("pattern {pattern:?}: a [ without its ]"))?;
+                out.push_str(&class);
+                i = next;
+                continue;
+            }
+            '{' => {
+                braces += 1;
+                out.push_str("(?:");
+            }
+            ',' if braces > 0 => out.push('|'),
+            '}' if braces > 0 => {
+                braces -= 1;
+                out.push(')');
+            }
+            c => lit(&mut out, c),
+        }
+        i += 1;
+    }
+    if braces > 0 {
+        return Err(format!("pattern {pattern:?}: a {{ without its }}"));
+    }
+    Ok(out)
+}
+
+/// The class starting at `chars[start]` (`[`) as a regex class, and where the
+/// pattern goes on; `None` when it is not closed.
+fn class(chars: &[char], start: usize, separator: bool) -> Option<(String, usize)> {
+    let mut i = start + 1;
+    let negated = matches!(chars.get(i), Some('!') | Some('^'));
+    if negated {
+        i += 1;
+    }
+    let mut items = String::new();
+    let mut first = true;
+    loop {
+        let c = *chars.get(i)?;
+        if c == ']' && !first {
+            i += 1;
+            break;
+        }
+        first = false;
+        let c = if c == '\\' {
+            i += 1;
+            *chars.get(i)?
+        } else {
+            c
+        };
+        // A range `a-z` (a `-` first or last is itself).
+        if chars.get(i + 1) == Some(&'-') && chars.get(i + 2).is_some_and(|&e| e != ']') {
+            let mut e = chars[i + 2];
+            let mut skip = 3;
+            if e == '\\' {
+                e = *chars.get(i + 3)?;
+                skip = 4;
+            }
+            if e < c {
+                return None;
+            }
+            lit(&mut items, c);
+            items.push('-');
+            lit(&mut items, e);
+            i += skip;
+        } else {
+            lit(&mut items, c);
+            i += 1;
+        }
+    }
+    let class = match (negated, separator) {
+        (true, true) => format!("[^/{items}]"),
+        (true, false) => format!("[^{items}]"),
+        // A class never matches a separator in a path pattern.
+        (false, true) => format!("[[{items}]&&[^/]]"),
+        (false, false) => format!("[{items}]"),
+    };
+    Some((class, i))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(p: &str, t: &str) -> bool {
+        Glob::new(p, true, false).unwrap().is_match(t)
+    }
+
+    #[test]
+    fn wildcards_match_characters_not_bytes() {
+        assert!(m("?n?", "ünï"));
+        assert!(!m("??n??", "ünï"));
+        assert!(m("[ü]n?", "ünï"));
+        assert!(m("*.txt", "ā.txt"));
+        assert!(!m("*.txt", "a/b.txt"));
+        assert!(Glob::new("ÜNÏ", true, true).unwrap().is_match("ünï"));
+        assert!(!Glob::new("ÜNÏ", true, false).unwrap().is_match("ünï"));
+    }
+
+    #[test]
+    fn components_classes_alternatives_and_escapes() {
+        assert!(m("**/x", "x"));
+        assert!(m("**/x", "/a/b/x"));
+        assert!(m("/a/**", "/a/b/c"));
+        assert!(m("/a/**/c", "/a/c"));
+        assert!(m("/a/**/c", "/a/b/d/c"));
+        assert!(!m("/a/*/c", "/a/b/d/c"));
+        assert!(m("[a-c]x", "bx"));
+        assert!(!m("[!a-c]x", "bx"));
+        assert!(m("[!a-c]x", "dx"));
+        assert!(!m("a[/]b", "a/b"));
+        assert!(!m("a?b", "a/b"));
+        assert!(m("[]]", "]"));
+        assert!(m("[a-]", "-"));
+        assert!(m("*.{jpg,png}", "x.png"));
+        assert!(!m("*.{jpg,png}", "x.gif"));
+        assert!(m("\\*", "*"));
+        assert!(!m("\\*", "a"));
+        assert!(m("a.b", "a.b"));
+        assert!(!m("a.b", "axb"));
+        assert!(m("(x)+$", "(x)+$"));
+        assert!(Glob::new("[abc", true, false).is_err());
+        assert!(Glob::new("{a,b", true, false).is_err());
+        assert!(Glob::new("[z-a]", true, false).is_err());
+        // Without the separator rule, `*` crosses `/`.
+        assert!(Glob::new("*", false, false).unwrap().is_match("a/b"));
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_match_as_ls_prints_them() {
+        let g = Glob::new("/d/?x", true, false).unwrap();
+        assert!(g.is_match_bytes(b"/d/\xffx"));
+        assert!(!g.is_match_bytes(b"/d/\xff\xfex"));
+        let mut set = GlobSet::default();
+        set.push(Glob::new("**/*.tmp", true, false).unwrap());
+        assert!(set.is_match_bytes(b"/a/\xff.tmp"));
+        assert!(!set.is_match_bytes(b"/a/x.tmpl"));
+    }
+}

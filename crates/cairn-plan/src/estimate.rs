@@ -26,7 +26,7 @@
 //! checks against real datastores.
 
 use cairn_chunker::multi::MultiChunker;
-use cairn_core::ops::backup::source::{Excludes, open_source};
+use cairn_core::ops::backup::source::{Excludes, open_long};
 use cairn_core::ops::stats::RAM_BYTES_PER_BLOB;
 use cairn_core::progress::Progress;
 use cairn_core::{Error, Result};
@@ -34,6 +34,7 @@ use cairn_format::config::{ChunkerParams, Compression};
 use cairn_format::consts::{BLOCK_SIZES, ENVELOPE_OVERHEAD, ID_LEN, PACK_HEADER_ENTRY_LEN};
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -446,7 +447,7 @@ fn threshold(share: f64) -> u64 {
 
 /// Reads a unit into `buf`.
 fn read_unit(files: &[FileEntry], u: &Unit, buf: &mut Vec<u8>) -> std::io::Result<()> {
-    let mut f = open_source(&files[u.file].path)?;
+    let mut f = std::fs::File::from(open_long(&files[u.file].path, false)?);
     if u.offset > 0 {
         f.seek(SeekFrom::Start(u.offset))?;
     }
@@ -464,7 +465,9 @@ fn read_unit(files: &[FileEntry], u: &Unit, buf: &mut Vec<u8>) -> std::io::Resul
 }
 
 /// Walks `roots`, returning every regular file with its size. Unreadable entries
-/// are reported and counted, as a backup would skip them.
+/// are reported and counted, as a backup would skip them. Directories are listed
+/// and their entries looked at through descriptors, so a path too long for one
+/// system call (which a backup stores) is estimated too.
 fn walk(
     roots: &[PathBuf],
     excludes: &Excludes,
@@ -472,6 +475,12 @@ fn walk(
     progress: &Progress,
     skipped: &AtomicU64,
 ) -> Result<Vec<FileEntry>> {
+    /// What the walk needs of an entry's `lstat`.
+    struct Seen {
+        mode: u32,
+        size: u64,
+        dev: u64,
+    }
     let mut files = Vec::new();
     for root in roots {
         let root = std::path::absolute(root)
@@ -479,47 +488,70 @@ fn walk(
         let meta = std::fs::symlink_metadata(&root)
             .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", root.display())))?;
         let root_dev = meta.dev();
-        let mut stack = vec![(root, meta)];
-        while let Some((path, meta)) = stack.pop() {
+        let first = Seen {
+            mode: meta.mode(),
+            size: meta.len(),
+            dev: meta.dev(),
+        };
+        let mut stack = vec![(root, first)];
+        while let Some((path, seen)) = stack.pop() {
             if excludes.is_excluded(&path) {
                 continue;
             }
-            let ft = meta.file_type();
-            if ft.is_file() {
+            let kind = seen.mode & libc::S_IFMT;
+            if kind == libc::S_IFREG {
                 files.push(FileEntry {
                     path,
-                    size: meta.len(),
+                    size: seen.size,
                 });
-            } else if ft.is_dir() {
-                if one_file_system && meta.dev() != root_dev {
+                continue;
+            }
+            if kind != libc::S_IFDIR || (one_file_system && seen.dev != root_dev) {
+                continue;
+            }
+            let listed = open_long(&path, true).and_then(|fd| {
+                let mut names = Vec::new();
+                let mut d =
+                    nix::dir::Dir::from_fd(fd.try_clone()?).map_err(std::io::Error::from)?;
+                for e in d.iter() {
+                    let e = e.map_err(std::io::Error::from)?;
+                    let n = e.file_name().to_bytes();
+                    if n != b"." && n != b".." {
+                        names.push(n.to_vec());
+                    }
+                }
+                Ok((fd, names))
+            });
+            let (fd, names) = match listed {
+                Ok(l) => l,
+                Err(e) => {
+                    progress.warning(&path, &e.to_string());
+                    skipped.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                let rd = match std::fs::read_dir(&path) {
-                    Ok(rd) => rd,
+            };
+            let mut children = Vec::new();
+            for name in names {
+                let name = std::ffi::OsStr::from_bytes(&name);
+                let p = path.join(name);
+                match nix::sys::stat::fstatat(&fd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+                    Ok(st) => children.push((
+                        p,
+                        Seen {
+                            mode: st.st_mode,
+                            size: st.st_size as u64,
+                            dev: st.st_dev,
+                        },
+                    )),
                     Err(e) => {
-                        progress.warning(&path, &e.to_string());
+                        progress.warning(&p, &std::io::Error::from(e).to_string());
                         skipped.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                };
-                let mut children = Vec::new();
-                for entry in rd {
-                    let child = entry.and_then(|e| {
-                        let p = e.path();
-                        std::fs::symlink_metadata(&p).map(|m| (p, m))
-                    });
-                    match child {
-                        Ok(c) => children.push(c),
-                        Err(e) => {
-                            progress.warning(&path, &e.to_string());
-                            skipped.fetch_add(1, Ordering::Relaxed);
-                        }
                     }
                 }
-                // Popped in name order, so files are read in the order a backup reads them.
-                children.sort_by(|a, b| b.0.cmp(&a.0));
-                stack.extend(children);
             }
+            // Popped in name order, so files are read in the order a backup reads them.
+            children.sort_by(|a, b| b.0.cmp(&a.0));
+            stack.extend(children);
         }
     }
     Ok(files)

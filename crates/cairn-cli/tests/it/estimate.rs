@@ -169,3 +169,67 @@ fn estimate_rejects_bad_input_clearly() {
     let out = env.ok(&["estimate", "--ram", "8G", src.to_str().unwrap()]);
     assert!(out.contains("read 0 files"), "{out}");
 }
+
+/// A path longer than one system call takes (which backup stores) is read too.
+#[test]
+fn paths_longer_than_path_max_are_estimated() {
+    let env = Env::new();
+    let src = env.path("src");
+    let mut deep = src.clone();
+    for _ in 0..45 {
+        deep.push("d".repeat(100));
+    }
+    // Made a level at a time through descriptors (one path would be too long).
+    fs::create_dir_all(&src).unwrap();
+    let mut dir = fs::File::open(&src).unwrap();
+    for _ in 0..45 {
+        use std::os::fd::AsFd;
+        let name = "d".repeat(100);
+        nix::sys::stat::mkdirat(
+            dir.as_fd(),
+            name.as_str(),
+            nix::sys::stat::Mode::from_bits_truncate(0o755),
+        )
+        .unwrap();
+        let fd = nix::fcntl::openat(
+            dir.as_fd(),
+            name.as_str(),
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+            nix::sys::stat::Mode::empty(),
+        )
+        .unwrap();
+        dir = fs::File::from(fd);
+    }
+    {
+        use std::os::fd::AsFd;
+        let fd = nix::fcntl::openat(
+            dir.as_fd(),
+            "leaf",
+            nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CREAT,
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        std::io::Write::write_all(&mut fs::File::from(fd), b"deep\n").unwrap();
+    }
+    fs::write(src.join("top"), b"top\n").unwrap();
+    assert!(deep.as_os_str().len() > 4096);
+    let out = env
+        .cmd(&[
+            "estimate",
+            "--block-sizes",
+            "16K",
+            "--json",
+            src.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("too long"), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["files"], 2, "{v}");
+}

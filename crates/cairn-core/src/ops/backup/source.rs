@@ -53,6 +53,30 @@ pub fn open_source(path: &Path) -> std::io::Result<std::fs::File> {
     open_noatime(None, path.as_os_str(), false).map(std::fs::File::from)
 }
 
+/// [`open_source`] (or, with `directory`, [`open_dir`]) of a path of any length:
+/// one too long for a single system call (`PATH_MAX`) is opened as far as one
+/// call reaches, then a component at a time beneath it, none followed if it is a
+/// symlink (as a backup walks down to it).
+pub fn open_long(path: &Path, directory: bool) -> std::io::Result<OwnedFd> {
+    const SHORT: usize = 4000;
+    if path.as_os_str().len() < SHORT {
+        return open_noatime(None, path.as_os_str(), directory);
+    }
+    let parts: Vec<_> = path.components().collect();
+    let mut head = PathBuf::new();
+    let mut i = 0;
+    while i < parts.len() && head.as_os_str().len() + parts[i].as_os_str().len() + 1 < SHORT {
+        head.push(parts[i]);
+        i += 1;
+    }
+    let mut fd = open_noatime(None, head.as_os_str(), true)?;
+    for (k, c) in parts[i..].iter().enumerate() {
+        let last = i + k + 1 == parts.len();
+        fd = open_noatime(Some(&fd), c.as_os_str(), directory || !last)?;
+    }
+    Ok(fd)
+}
+
 /// Opens `name` in the open directory `dir` like [`open_source`]: one path
 /// component to resolve instead of the whole path.
 pub fn open_source_at(dir: &OwnedFd, name: &[u8]) -> std::io::Result<std::fs::File> {

@@ -226,6 +226,13 @@ impl<A: Access> Session<A> {
                 ));
                 Held::Unwritable(b.to_string())
             }
+            Err(e) if e.is_no_space() => {
+                return Err(Error::Invalid(format!(
+                    "{e}: the repository's storage is full, so even a lock (under 1 KiB) \
+                     cannot be stored; free a little space there (any file that is not the \
+                     repository's), then `cairn forget` and `cairn prune` free the rest"
+                )));
+            }
             Err(e) => return Err(e),
         };
         let waiting = std::time::Instant::now();

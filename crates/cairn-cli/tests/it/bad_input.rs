@@ -351,6 +351,18 @@ fn disk_full_fails_cleanly_and_next_backup_works() {
     let e = env2.fails(&["backup", big.to_str().unwrap()], 1);
     assert!(e.contains("no space left"), "{e}");
     assert_eq!(e.trim().lines().count(), 1, "{e}");
+    // Full to the last byte: reading still works, without a lock (the day a
+    // restore is needed is not the day to free space first); a write says what to do.
+    {
+        let mut filler = fs::File::create(mnt.join("filler")).unwrap();
+        let block = vec![0u8; 1 << 16];
+        while std::io::Write::write_all(&mut filler, &block).is_ok() {}
+    }
+    let r = env2.restore(&s1, &src, "out0");
+    assert_same(&src, &r);
+    let e = env2.fails(&["forget", "--keep-last", "1"], 1);
+    assert!(e.contains("storage is full"), "{e}");
+    fs::remove_file(mnt.join("filler")).unwrap();
     // Earlier snapshots are intact and the repository checks clean.
     env2.check_clean();
     let r = env2.restore(&s1, &src, "out1");

@@ -301,17 +301,9 @@ impl RepoLock {
         let backend = repo.backend().clone();
         let key = repo.key().clone();
         let name = lock_name(repo, &id, exclusive);
-        write_lock(backend.as_ref(), &key, &name, &lock, true).map_err(|e| {
-            if e.is_no_space() {
-                Error::Invalid(format!(
-                    "{e}: the repository's storage is full, so even a lock (under 1 KiB) \
-                     cannot be stored; free a little space there (any file that is not the \
-                     repository's), then `cairn forget` and `cairn prune` free the rest"
-                ))
-            } else {
-                e
-            }
-        })?;
+        // A full storage is the caller's to judge: a reader goes on without a
+        // lock, a writer says what to do (`session::Session::open`).
+        write_lock(backend.as_ref(), &key, &name, &lock, true)?;
         let shared = Arc::new(Shared {
             stop: Mutex::new(false),
             wake: Condvar::new(),

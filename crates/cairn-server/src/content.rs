@@ -699,23 +699,48 @@ fn host_rows(rows: &[SnapshotRow], now: i64, stale_hours: u64) -> Vec<HostRow> {
         .collect()
 }
 
-/// The snapshot `id` (a full id or a prefix) if `t` may see it, and its root tree
-/// (blocking).
+/// The snapshot `id` (a full id, a prefix, or `latest`) among those `t` may see,
+/// and its root tree (blocking). Resolved among the visible ones only: a host-bound
+/// token learns nothing of other hosts' snapshots, not even which prefixes exist
+/// (every miss is the same 404), and its own short prefixes stay its own.
 fn snapshot_for(
     store: &Datastore,
     t: &TokenEntry,
     id: &str,
 ) -> Result<(Arc<Session<Read>>, cairn_format::BlobId), ApiError> {
     let (_, session) = store.content.session()?;
-    let (sid, snap) = session.find_snapshot(id).map_err(engine_error)?;
-    if !may_see(store, t, &sid.to_hex())? {
-        // As if absent: a host-bound token does not learn other hosts' snapshots.
-        return Err(ApiError::new(
+    let not_found = || {
+        ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
             format!("no snapshot {id} for this token"),
-        ));
+        )
+    };
+    let lower = id.to_ascii_lowercase();
+    if lower != "latest" && (lower.is_empty() || !lower.bytes().all(|b| b.is_ascii_hexdigit())) {
+        return Err(not_found());
     }
+    let (all, _) = session.snapshots().map_err(engine_error)?;
+    let mut found = Vec::new();
+    for (sid, snap) in all.iter() {
+        let hex = sid.to_hex();
+        if (lower == "latest" || hex.starts_with(&lower)) && may_see(store, t, &hex)? {
+            found.push(snap);
+        }
+    }
+    let snap = match found.len() {
+        0 => return Err(not_found()),
+        1 => found[0],
+        // The newest of those visible (the list is oldest first).
+        _ if lower == "latest" => found[found.len() - 1],
+        n => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("snapshot id {id:?} is ambiguous: {n} snapshots start with it; give more digits"),
+            ));
+        }
+    };
     let root = snap.tree_id().map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -2366,6 +2366,21 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
     assert_eq!(get_json(p, &other, &web02_restore).0, 404);
     let mine = format!("/v1/datastores/main/snapshots/{two}/entries?path=/");
     assert_eq!(get_json(p, &mine, &web02_restore).0, 200);
+    // Prefixes resolve among its own snapshots only: another host's id by any
+    // prefix is the same 404 as no snapshot at all, never "ambiguous" naming ids,
+    // and its own one-digit prefix and `latest` are its own.
+    for digit in "0123456789abcdef".chars() {
+        let probe = format!("/v1/datastores/main/snapshots/{digit}/entries?path=/");
+        let (code, v) = get_json(p, &probe, &web02_restore);
+        if two.starts_with(digit) {
+            assert_eq!(code, 200, "{v}");
+        } else {
+            assert_eq!(code, 404, "{digit}: {v}");
+            assert_eq!(v["message"], format!("no snapshot {digit} for this token"), "{v}");
+        }
+    }
+    let latest = "/v1/datastores/main/snapshots/latest/entries?path=/";
+    assert_eq!(get_json(p, latest, &web02_restore).0, 200);
     assert_eq!(
         get_json(p, &other, &web01).0,
         200,

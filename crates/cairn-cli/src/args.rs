@@ -308,7 +308,7 @@ pub enum UserCommand {
     Add(UserAddArgs),
     /// List users (never their passwords)
     List,
-    /// Change a user's password
+    /// Change a user's password; a running server ends their sessions
     Passwd {
         /// The user's name
         name: String,

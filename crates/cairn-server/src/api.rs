@@ -135,16 +135,29 @@ fn session_user(app: &App, id: &str) -> ApiResult<TokenEntry> {
              sign in again",
         )
     };
-    let Some((crate::signin::Identity::User(name), _)) = app.signins.get(id) else {
+    let Some((crate::signin::Identity::User(name, hash), _)) = app.signins.get(id) else {
         return Err(expired());
     };
     match app.users.get(&name) {
-        Ok(Some(u)) => Ok(u.principal()),
-        Ok(None) => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            format!("user {name:?} was removed"),
-        )),
+        Ok(Some(u)) if u.hash == hash => Ok(u.principal()),
+        // The same name with another password: changed (`user passwd`), or the user
+        // removed and added again. Whoever holds this cookie signed in as before.
+        Ok(Some(_)) => {
+            app.signins.remove(id);
+            Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "session_expired",
+                format!("the password of user {name:?} changed since this sign-in: sign in again"),
+            ))
+        }
+        Ok(None) => {
+            app.signins.remove(id);
+            Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                format!("user {name:?} was removed"),
+            ))
+        }
         Err(e) => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "server",
@@ -1359,7 +1372,11 @@ pub struct SignInBody {
 }
 
 /// A user's password against the user file: who, or why not.
-async fn user_sign_in(app: &Arc<App>, name: String, password: String) -> ApiResult<TokenEntry> {
+async fn user_sign_in(
+    app: &Arc<App>,
+    name: String,
+    password: String,
+) -> ApiResult<(TokenEntry, String)> {
     // Each try costs ~19 MiB and tens of milliseconds: a few at a time.
     let _permit = app.hashing.acquire().await.map_err(|_| {
         ApiError::new(
@@ -1379,7 +1396,7 @@ async fn user_sign_in(app: &Arc<App>, name: String, password: String) -> ApiResu
     match outcome {
         crate::users::SignInOutcome::Ok(u) => {
             crate::log_line(&format!("console: user {name:?} signed in"));
-            Ok(u.principal())
+            Ok((u.principal(), u.hash.clone()))
         }
         crate::users::SignInOutcome::Refused => {
             crate::log_line(&format!("console: user {name:?}: sign-in refused"));
@@ -1425,8 +1442,8 @@ pub async fn session_post(
             (t, crate::signin::Identity::Token(presented))
         }
         (None, Some(user), Some(password)) => {
-            let t = user_sign_in(&app, user.clone(), password).await?;
-            (t, crate::signin::Identity::User(user))
+            let (t, hash) = user_sign_in(&app, user.clone(), password).await?;
+            (t, crate::signin::Identity::User(user, hash))
         }
         _ => {
             return Err(ApiError::bad(

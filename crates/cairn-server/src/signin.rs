@@ -36,8 +36,9 @@ const MAX_SESSIONS: usize = 10_000;
 pub enum Identity {
     /// The token presented at sign-in, used for every request of the session.
     Token(String),
-    /// A console user, by name.
-    User(String),
+    /// A console user, by name, with the password hash of its entry at sign-in:
+    /// a new password, or the user removed and added again, ends the session.
+    User(String, String),
 }
 
 struct SignIn {
@@ -184,7 +185,7 @@ pub async fn cookie_auth(State(app): State<Arc<App>>, mut req: Request, next: Ne
     }
     let value = match who {
         Identity::Token(token) => format!("Bearer {token}"),
-        Identity::User(_) => format!("Session {id}"),
+        Identity::User(..) => format!("Session {id}"),
     };
     match value.parse() {
         Ok(v) => {
@@ -213,11 +214,11 @@ mod tests {
         assert_eq!(s.get("nope"), None);
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(s.get(&id), None, "idle too long");
-        let (id, _) = s.create(Identity::User("ann".into())).unwrap();
+        let (id, _) = s.create(Identity::User("ann".into(), "h".into())).unwrap();
         s.remove(&id);
         assert_eq!(s.get(&id), None);
         let old = SignIns::new(Duration::from_secs(60), Duration::from_millis(100));
-        let (id, _) = old.create(Identity::User("ann".into())).unwrap();
+        let (id, _) = old.create(Identity::User("ann".into(), "h".into())).unwrap();
         std::thread::sleep(Duration::from_millis(150));
         assert_eq!(old.get(&id), None, "older than the maximum age");
     }

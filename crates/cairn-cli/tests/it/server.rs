@@ -2974,10 +2974,23 @@ fn console_users_sign_in_with_a_password_and_see_what_their_grant_allows() {
     assert_eq!(code, 429, "{body}");
     assert!(body.contains("too many wrong passwords"), "{body}");
 
-    // Removed: ann's session ends at once.
+    // A new password ends the sessions signed in with the old one.
+    let (code, cookie, _) = sign_in("ann", "correct horse");
+    assert_eq!(code, 200);
+    let ann2 = cookie.unwrap();
+    let file = srv.state.with_file_name("ann-new.pw");
+    std::fs::write(&file, "a new horse\n").unwrap();
+    srv.admin_ok(&["user", "passwd", "ann", "--password-file", file.to_str().unwrap()]);
+    let (code, v) = get(&ann2, "/v1/whoami");
+    assert_eq!(code, 401, "{v}");
+    // Removed: ann's session ends at once, and for good: a user of the same
+    // name added later does not bring it back.
     srv.admin_ok(&["user", "remove", "ann"]);
     let (code, v) = get(&ann, "/v1/whoami");
     assert_eq!(code, 401, "{v}");
+    add_user(&srv, "ann", &["--datastore", "main", "--role", "restore"], "correct horse");
+    let (code, v) = get(&ann, "/v1/whoami");
+    assert_eq!(code, 401, "the old cookie is dead: {v}");
     let log = srv.stop();
     assert!(log.contains("user \"ann\" signed in"), "{log}");
     assert!(!log.contains("correct horse"), "{log}");

@@ -252,6 +252,8 @@ struct State {
     adhoc: BTreeMap<String, JobSpec>,
     /// When each scheduled job is next due.
     due: BTreeMap<String, std::time::Instant>,
+    /// Each running job's start (RFC 3339 and instant) and trigger, for its record.
+    started: BTreeMap<String, (String, std::time::Instant, String)>,
 }
 
 /// Each job's last runs, oldest first.
@@ -374,18 +376,77 @@ impl Jobs {
     }
 
     /// Marks the job running with `progress`; false if it already is.
-    fn begin(&self, name: &str, progress: &cairn_core::progress::Progress) -> bool {
+    fn begin(&self, name: &str, progress: &cairn_core::progress::Progress, trigger: &str) -> bool {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if s.running.iter().any(|(n, _)| n == name) {
             return false;
         }
         s.running.push((name.to_string(), progress.clone()));
+        s.started.insert(
+            name.to_string(),
+            (
+                cairn_core::time::now_rfc3339(),
+                std::time::Instant::now(),
+                trigger.to_string(),
+            ),
+        );
         true
     }
 
-    fn finish(&self, name: &str, run: Run) {
+    /// The server stops with jobs still running (an upload that does not end at
+    /// once): each is recorded as interrupted, so its run is not lost from the
+    /// history. What it committed stays; the rest was not committed.
+    pub fn record_interrupted(&self) {
+        let names: Vec<String> = {
+            let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.running.iter().map(|(n, _)| n.clone()).collect()
+        };
+        for name in names {
+            crate::log_line(&format!("job {name}: interrupted: the server stopped"));
+            self.finish(
+                &name,
+                "interrupted",
+                "the server stopped while it ran: what it committed stays, the rest was \
+                 not committed; its next run does it"
+                    .into(),
+            );
+        }
+    }
+
+    /// The server is stopping: every running job is asked to stop (each ends at
+    /// its next safe point, as a cancelled command does, and its run is recorded).
+    pub fn cancel_all(&self) -> usize {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, p) in &s.running {
+            p.cancel_token().cancel();
+        }
+        s.running.len()
+    }
+
+    /// Jobs running now.
+    pub fn running(&self) -> usize {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).running.len()
+    }
+
+    /// Records the end of `name`'s run (once: a run already recorded as
+    /// interrupted is not recorded again).
+    fn finish(&self, name: &str, outcome: &str, summary: String) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !s.running.iter().any(|(n, _)| n == name) {
+            return;
+        }
         s.running.retain(|(n, _)| n != name);
+        let (started, t0, trigger) = s.started.remove(name).unwrap_or_else(|| {
+            (cairn_core::time::now_rfc3339(), std::time::Instant::now(), String::new())
+        });
+        let run = Run {
+            started,
+            ended: cairn_core::time::now_rfc3339(),
+            secs: t0.elapsed().as_secs_f64(),
+            outcome: outcome.to_string(),
+            summary,
+            trigger,
+        };
         let h = s.history.entry(name.to_string()).or_default();
         h.push_back(run);
         while h.len() > HISTORY {
@@ -465,37 +526,33 @@ fn start_spec(app: &Arc<App>, spec: JobSpec, trigger: &str) -> bool {
         Arc::new(cairn_core::progress::NullSink),
         cairn_core::progress::CancelToken::new(),
     );
-    if !app.jobs.begin(&spec.name, &progress) {
+    if !app.jobs.begin(&spec.name, &progress, trigger) {
         return false;
     }
     let app = app.clone();
     let trigger = trigger.to_string();
     tokio::spawn(async move {
-        let started = cairn_core::time::now_rfc3339();
-        let t0 = std::time::Instant::now();
         crate::log_line(&format!("job {}: started ({trigger})", spec.name));
         let a = app.clone();
         let s = spec.clone();
+        let progress_cancelled = progress.clone();
         let result = tokio::task::spawn_blocking(move || run_job(&a, &s, &progress))
             .await
             .unwrap_or_else(|e| Err(format!("the job stopped: {e}")));
         let (outcome, summary) = match result {
             Ok((true, s)) => ("ok", s),
             Ok((false, s)) => ("problems", s),
+            // Cancelled: the server is stopping (nothing else cancels a job).
+            Err(_) if progress_cancelled.is_cancelled() => (
+                "interrupted",
+                "the server stopped: the job ended at a safe point; nothing it \
+                 committed is lost, and its next run picks up from there"
+                    .to_string(),
+            ),
             Err(e) => ("failed", e),
         };
         crate::log_line(&format!("job {}: {outcome}: {summary}", spec.name));
-        app.jobs.finish(
-            &spec.name,
-            Run {
-                started,
-                ended: cairn_core::time::now_rfc3339(),
-                secs: t0.elapsed().as_secs_f64(),
-                outcome: outcome.to_string(),
-                summary,
-                trigger,
-            },
-        );
+        app.jobs.finish(&spec.name, outcome, summary);
     });
     true
 }

@@ -459,7 +459,11 @@ pub fn serve(config: ServerConfig, ready: impl FnOnce(&Ready)) -> Result<(), Ser
         .thread_name("cairn-serve")
         .build()
         .map_err(|e| ServerError::Io(format!("cannot start the server's threads: {e}")))?;
-    rt.block_on(run(app, tls, ready))
+    let r = rt.block_on(run(app, tls, ready));
+    // A blocking task still going (a job past its stop, a request's engine call)
+    // must not hold the process: what it committed is committed, the rest was not.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    r
 }
 
 async fn run(
@@ -561,20 +565,33 @@ async fn run(
             }
         }
     }
-    log_line("stopping: no new connections; waiting up to 30 s for running requests");
+    log_line("stopping: no new connections; waiting up to 30 s for running requests and jobs");
     drop(listener);
     // A dedup view being built (seconds for a large datastore) gives up rather
     // than hold the process after the requests are done.
     for ds in app.datastores.values() {
         ds.dedup.stop();
     }
-    if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
+    // Scheduled jobs stop at their next safe point and are recorded as
+    // interrupted; the requests get the same 30 s meanwhile.
+    let jobs = app.jobs.cancel_all();
+    if jobs > 0 {
+        log_line(&format!("stopping {jobs} running job(s)"));
+    }
+    // One budget for both, under systemd's default stop timeout.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let requests_done = tokio::time::timeout_at(deadline, graceful.shutdown())
         .await
-        .is_err()
-    {
-        log_line("stopped with requests still running (their uploads were not committed)");
-    } else {
+        .is_ok();
+    while app.jobs.running() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A job still in an upload that does not end at once: recorded as interrupted.
+    app.jobs.record_interrupted();
+    if requests_done {
         log_line("stopped");
+    } else {
+        log_line("stopped with requests still running (their uploads were not committed)");
     }
     Ok(())
 }

@@ -737,7 +737,9 @@ fn snapshot_for(
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "bad_request",
-                format!("snapshot id {id:?} is ambiguous: {n} snapshots start with it; give more digits"),
+                format!(
+                    "snapshot id {id:?} is ambiguous: {n} snapshots start with it; give more digits"
+                ),
             ));
         }
     };

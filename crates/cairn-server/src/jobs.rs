@@ -425,7 +425,11 @@ impl Jobs {
 
     /// Jobs running now.
     pub fn running(&self) -> usize {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).running.len()
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .running
+            .len()
     }
 
     /// Records the end of `name`'s run (once: a run already recorded as
@@ -437,7 +441,11 @@ impl Jobs {
         }
         s.running.retain(|(n, _)| n != name);
         let (started, t0, trigger) = s.started.remove(name).unwrap_or_else(|| {
-            (cairn_core::time::now_rfc3339(), std::time::Instant::now(), String::new())
+            (
+                cairn_core::time::now_rfc3339(),
+                std::time::Instant::now(),
+                String::new(),
+            )
         });
         let run = Run {
             started,

@@ -218,7 +218,9 @@ mod tests {
         s.remove(&id);
         assert_eq!(s.get(&id), None);
         let old = SignIns::new(Duration::from_secs(60), Duration::from_millis(100));
-        let (id, _) = old.create(Identity::User("ann".into(), "h".into())).unwrap();
+        let (id, _) = old
+            .create(Identity::User("ann".into(), "h".into()))
+            .unwrap();
         std::thread::sleep(Duration::from_millis(150));
         assert_eq!(old.get(&id), None, "older than the maximum age");
     }

@@ -404,3 +404,25 @@ fn a_copy_keeps_its_memory_limit() {
     assert!(peak <= 96 << 20, "peak {} MiB: {r}", peak >> 20);
     r2.check_clean();
 }
+
+/// A destination that fills up: the copy says so (not "interrupted"), and the
+/// destination checks clean.
+#[test]
+fn a_full_destination_is_named_as_the_cause() {
+    let src = Env::new();
+    src.init(&[]);
+    let data = src.path("data");
+    fs::create_dir_all(&data).unwrap();
+    fs::write(data.join("big"), Rng(8).bytes(12 << 20, false)).unwrap();
+    src.backup(&[&data]);
+    let holder = Env::new();
+    let mnt = holder.path("small");
+    let _fs = Tmpfs::mount(&mnt, "size=6m");
+    let dst = Env::at(tempfile::tempdir().unwrap(), mnt.join("repo"));
+    dst.init(&[]);
+    let out = copy_cmd(&src, &dst, &[]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no space left"), "{err}");
+    assert!(!err.contains("interrupted"), "{err}");
+}

@@ -2376,7 +2376,11 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
             assert_eq!(code, 200, "{v}");
         } else {
             assert_eq!(code, 404, "{digit}: {v}");
-            assert_eq!(v["message"], format!("no snapshot {digit} for this token"), "{v}");
+            assert_eq!(
+                v["message"],
+                format!("no snapshot {digit} for this token"),
+                "{v}"
+            );
         }
     }
     let latest = "/v1/datastores/main/snapshots/latest/entries?path=/";
@@ -2980,7 +2984,13 @@ fn console_users_sign_in_with_a_password_and_see_what_their_grant_allows() {
     let ann2 = cookie.unwrap();
     let file = srv.state.with_file_name("ann-new.pw");
     std::fs::write(&file, "a new horse\n").unwrap();
-    srv.admin_ok(&["user", "passwd", "ann", "--password-file", file.to_str().unwrap()]);
+    srv.admin_ok(&[
+        "user",
+        "passwd",
+        "ann",
+        "--password-file",
+        file.to_str().unwrap(),
+    ]);
     let (code, v) = get(&ann2, "/v1/whoami");
     assert_eq!(code, 401, "{v}");
     // Removed: ann's session ends at once, and for good: a user of the same
@@ -2988,7 +2998,12 @@ fn console_users_sign_in_with_a_password_and_see_what_their_grant_allows() {
     srv.admin_ok(&["user", "remove", "ann"]);
     let (code, v) = get(&ann, "/v1/whoami");
     assert_eq!(code, 401, "{v}");
-    add_user(&srv, "ann", &["--datastore", "main", "--role", "restore"], "correct horse");
+    add_user(
+        &srv,
+        "ann",
+        &["--datastore", "main", "--role", "restore"],
+        "correct horse",
+    );
     let (code, v) = get(&ann, "/v1/whoami");
     assert_eq!(code, 401, "the old cookie is dead: {v}");
     let log = srv.stop();

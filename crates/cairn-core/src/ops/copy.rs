@@ -538,8 +538,12 @@ impl Copier<'_> {
                     Ok::<_, Error>(())
                 })();
                 // Finish the uploader even after a failure: what was stored is indexed.
-                let done = up.finish();
-                flushed.and(done.map(|_| ()))
+                // Its error is the cause (a full disk, a refused write); a send
+                // after it only says "interrupted".
+                match (flushed, up.finish()) {
+                    (_, Err(e)) | (Err(e), Ok(_)) => Err(e),
+                    (Ok(()), Ok(_)) => Ok(()),
+                }
             }
             _ => Err(Error::Invalid("copy state lost".into())),
         };

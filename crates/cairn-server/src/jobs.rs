@@ -852,17 +852,12 @@ mod tests {
         let all = jobs.scheduled();
         assert_eq!(all.len(), 2);
         assert_eq!(all[1], (spec("hourly", "check", "1h"), "console"));
-        jobs.finish(
-            "hourly",
-            Run {
-                started: "a".into(),
-                ended: "b".into(),
-                secs: 1.0,
-                outcome: "ok".into(),
-                summary: "fine".into(),
-                trigger: "schedule".into(),
-            },
-        );
+        let progress = cairn_core::progress::Progress::none();
+        assert!(jobs.begin("hourly", &progress, "schedule"));
+        jobs.finish("hourly", "ok", "fine".into());
+        // Recorded once: a second end of the same run (after the server recorded
+        // it as interrupted) is not another run.
+        jobs.finish("hourly", "failed", "late".into());
         // Kept across a restart (another Jobs on the same state directory): the
         // schedule and its runs.
         let again = Jobs::new(Vec::new(), BTreeMap::new(), dir.path());

@@ -150,6 +150,16 @@ impl Repository {
                 Err(e @ (Error::Damaged { .. } | Error::NewerFormat { .. })) => {
                     bad.push(SnapshotError { id: *id, error: e })
                 }
+                // One object this user may not read (written by another user with
+                // a tight umask) is reported like a damaged one; the rest are listed.
+                Err(Error::Backend(b))
+                    if b.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
+                {
+                    bad.push(SnapshotError {
+                        id: *id,
+                        error: Error::Backend(b),
+                    })
+                }
                 Err(e) => return Err(e),
             }
         }

@@ -213,12 +213,20 @@ impl ServerConfig {
             ))
         })?;
         let mut datastores = file.datastores;
+        // A flag's datastore replaces the settings file's of that name; two flags
+        // of one name are a mistake (one of them would be silently ignored).
+        let mut flagged = std::collections::HashSet::new();
         for d in &flags.datastores {
             let Some((name, location)) = d.split_once('=') else {
                 return Err(ConfigError::Invalid(format!(
                     "--datastore {d:?}: expected NAME=PATH or NAME=s3:..."
                 )));
             };
+            if !flagged.insert(name.to_string()) {
+                return Err(ConfigError::Invalid(format!(
+                    "--datastore {name} is given twice: each datastore needs a name of its own"
+                )));
+            }
             datastores.insert(name.to_string(), location.to_string());
         }
         for (name, location) in &datastores {

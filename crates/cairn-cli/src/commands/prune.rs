@@ -45,7 +45,16 @@ pub fn run(g: &Global, a: &PruneArgs) -> Result<i32> {
         prune::prune(&mut s, &opts)
     };
     p.finish();
-    render(g, &report?)?;
+    let report = report.map_err(|e| match e {
+        // Repacking writes before it deletes: with the disk full, deleting only
+        // whole unused packs (which writes little) frees room first.
+        e if e.is_no_space() => anyhow!(
+            "{e}: prune repacks (writes) before it deletes; run `cairn prune --max-unused \
+             unlimited` first, which only deletes packs nothing uses, then prune again"
+        ),
+        e => anyhow::Error::from(e),
+    })?;
+    render(g, &report)?;
     Ok(0)
 }
 

@@ -21,9 +21,9 @@ fn exit_code(e: &anyhow::Error) -> i32 {
         if let Some(ce) = cause.downcast_ref::<cairn_core::Error>() {
             return match ce.root() {
                 cairn_core::Error::WrongPassword => EXIT_WRONG_PASSWORD,
-                cairn_core::Error::RepositoryNotFound(_) | cairn_core::Error::NotARepository(_) => {
-                    EXIT_NO_REPO
-                }
+                cairn_core::Error::RepositoryNotFound(_)
+                | cairn_core::Error::NotARepository(_)
+                | cairn_core::Error::InterruptedInit(_) => EXIT_NO_REPO,
                 cairn_core::Error::Cancelled => EXIT_CANCELLED,
                 _ => 1,
             };

@@ -11,6 +11,11 @@ pub enum Error {
     RepositoryNotFound(String),
     #[error("{0} is not a cairn repository (no valid config)")]
     NotARepository(String),
+    #[error(
+        "{0} is not a cairn repository: it holds only what an interrupted `cairn init` left \
+         (key files, no config), nothing else; remove it and run init again"
+    )]
+    InterruptedInit(String),
     #[error("a repository already exists at {0}; refusing to overwrite it")]
     RepositoryExists(String),
     #[error("wrong password: no key in the repository opens with it")]

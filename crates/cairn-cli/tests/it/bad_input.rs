@@ -438,3 +438,17 @@ fn output_to_a_closed_pipe_ends_quietly() {
         assert_eq!(locks, 0, "{args:?} left its lock");
     }
 }
+
+/// An init killed between its key file and its config: every command, init
+/// included, says what happened and what to do.
+#[test]
+fn an_interrupted_init_is_named_as_such() {
+    let env = Env::new();
+    env.init(&[]);
+    let cfg = env.repo.join("config");
+    fs::rename(&cfg, env.repo.join("config.tmp-01196e729d968795-99999-1")).unwrap();
+    let e = env.fails(&["snapshots"], 10);
+    assert!(e.contains("interrupted `cairn init`"), "{e}");
+    let e = env.fails(&["init"], 10);
+    assert!(e.contains("remove it and run init again"), "{e}");
+}

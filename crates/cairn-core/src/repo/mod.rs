@@ -149,6 +149,21 @@ pub fn username() -> String {
         .unwrap_or_else(|| nix::unistd::getuid().to_string())
 }
 
+/// Whether a repository without a config holds nothing an operation wrote:
+/// no pack, index file or snapshot (an `init` killed between its key file and its
+/// config leaves only keys).
+fn interrupted_init(backend: &dyn Backend) -> Result<bool> {
+    for prefix in [names::DATA, names::INDEX, names::SNAPSHOTS] {
+        match backend.list(prefix) {
+            Ok(l) if !l.is_empty() => return Ok(false),
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
+}
+
 fn config_exists(backend: &dyn Backend) -> Result<bool> {
     match backend.get_bounded(names::CONFIG, MAX_SMALL_OBJECT_SIZE as u64) {
         Ok(_) => Ok(true),
@@ -170,7 +185,12 @@ impl Repository {
                 opts.block_size
             )));
         }
-        if config_exists(backend.as_ref())? || !backend.list(names::KEYS)?.is_empty() {
+        let has_config = config_exists(backend.as_ref())?;
+        let has_keys = !backend.list(names::KEYS)?.is_empty();
+        if !has_config && has_keys && interrupted_init(backend.as_ref())? {
+            return Err(Error::InterruptedInit(backend.location()));
+        }
+        if has_config || has_keys {
             return Err(Error::RepositoryExists(backend.location()));
         }
         let encryption = if opts.encryption {
@@ -238,7 +258,12 @@ impl Repository {
     ) -> Result<Repository> {
         let raw = match backend.get_bounded(names::CONFIG, MAX_SMALL_OBJECT_SIZE as u64) {
             Ok(r) => r,
-            Err(e) if e.is_not_found() => return Err(Error::NotARepository(backend.location())),
+            Err(e) if e.is_not_found() => {
+                if !backend.list(names::KEYS)?.is_empty() && interrupted_init(backend.as_ref())? {
+                    return Err(Error::InterruptedInit(backend.location()));
+                }
+                return Err(Error::NotARepository(backend.location()));
+            }
             Err(e) => return Err(objects::too_large_is_damage(e, "repository config")),
         };
         let (config, body, mac) =

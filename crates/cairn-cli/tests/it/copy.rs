@@ -426,3 +426,27 @@ fn a_full_destination_is_named_as_the_cause() {
     assert!(err.contains("no space left"), "{err}");
     assert!(!err.contains("interrupted"), "{err}");
 }
+
+/// The host record a server wrote for a snapshot (`hosts/<id>`) is copied with
+/// it, under the copy's id, so a replica attributes it as the original does.
+#[test]
+fn host_records_go_with_the_copied_snapshots() {
+    let src = Env::new();
+    src.init(&[]);
+    let data = src.path("data");
+    fs::create_dir_all(&data).unwrap();
+    fs::write(data.join("f"), b"x").unwrap();
+    let sid = src.backup(&[&data]);
+    fs::create_dir_all(src.repo.join("hosts")).unwrap();
+    fs::write(src.repo.join("hosts").join(&sid), b"web01").unwrap();
+    let dst = Env::new();
+    dst.init(&[]);
+    let v = copy(&src, &dst, &[]);
+    let target = v["snapshots"][0]["target"].as_str().unwrap().to_string();
+    assert_eq!(
+        fs::read(dst.repo.join("hosts").join(&target)).unwrap(),
+        b"web01",
+        "{v}"
+    );
+    dst.check_clean();
+}

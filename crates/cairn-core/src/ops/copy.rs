@@ -317,6 +317,15 @@ fn copy_snapshots(
             Err(e) => return Err(e),
         };
         crate::hooks::point("copy:snapshot-committed");
+        // The host `cairn serve` recorded for the snapshot goes with it, so that
+        // the replica attributes it as the original does (docs/SERVER.md).
+        if let Err(e) = copier.dst.copy_host_record_from(copier.src, sid, &target) {
+            stats.warnings.push(format!(
+                "snapshot {}: its host record was not copied ({e}); on the destination it \
+                 counts as the host it names",
+                target.short()
+            ));
+        }
         present.insert(sid.to_hex(), target);
         stats.snapshots.push(SnapshotCopy {
             source: *sid,

@@ -110,6 +110,38 @@ impl Repository {
             .collect())
     }
 
+    /// Gives `new` (this repository's copy of `src`'s snapshot `old`) the host
+    /// record `cairn serve` wrote for `old` in `src`, if any.
+    pub fn copy_host_record_from(
+        &self,
+        src: &Repository,
+        old: &SnapshotId,
+        new: &SnapshotId,
+    ) -> Result<()> {
+        let record = match src
+            .backend
+            .get_bounded(&names::host_record(&old.to_hex()), MAX_HOST_RECORD)
+        {
+            Ok(r) => r,
+            // None, or none this client may read (a host-bound token's source:
+            // its snapshots are all its host's, and name it).
+            Err(e)
+                if e.is_not_found()
+                    || e.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
+            {
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match self
+            .backend
+            .put_new(&names::host_record(&new.to_hex()), &record)
+        {
+            Err(e) if !e.is_already_exists() => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
     /// Gives `new` (a rewrite of `old`: new tags, a repair) the host record
     /// `cairn serve` wrote for `old`, if any, so that a host-bound token still sees
     /// it and retention still attributes it (docs/SERVER.md).

@@ -132,6 +132,47 @@ impl JobSpec {
         if !datastores.contains_key(&self.datastore) {
             return Err(format!("{me}: no datastore {:?}", self.datastore));
         }
+        // Settings are checked now, not at the first run (which would fail every
+        // time), and a setting the kind does not use is a mistake to say.
+        if let Some(p) = &self.read_data {
+            check_percent(p).map_err(|e| format!("{me}: {e}"))?;
+        }
+        if let Some(f) = &self.to_server_fingerprint {
+            cairn_backend::parse_fingerprint(f).map_err(|e| format!("{me}: {e}"))?;
+        }
+        let keeps = !self.policy().is_empty();
+        let copy_settings = self.to.is_some()
+            || self.to_password_file.is_some()
+            || self.to_token_file.is_some()
+            || self.to_server_fingerprint.is_some();
+        let misplaced = match self.kind.as_str() {
+            "scrub" | "prune" => [
+                (self.read_data.is_some(), "read_data"),
+                (keeps, "keep_*"),
+                (copy_settings, "to*"),
+            ]
+            .into_iter()
+            .find(|(set, _)| *set),
+            "check" => [(keeps, "keep_*"), (copy_settings, "to*")]
+                .into_iter()
+                .find(|(set, _)| *set),
+            "retention" => [
+                (self.read_data.is_some(), "read_data"),
+                (copy_settings, "to*"),
+            ]
+            .into_iter()
+            .find(|(set, _)| *set),
+            "copy" => [(self.read_data.is_some(), "read_data"), (keeps, "keep_*")]
+                .into_iter()
+                .find(|(set, _)| *set),
+            _ => None,
+        };
+        if let Some((_, what)) = misplaced {
+            return Err(format!(
+                "{me}: {what} does not apply to a {} job",
+                self.kind
+            ));
+        }
         match self.kind.as_str() {
             "scrub" => {}
             "copy" => {
@@ -836,6 +877,34 @@ mod tests {
 
     fn spec(name: &str, kind: &str, every: &str) -> JobSpec {
         JobSpec::new(name, kind, "main", every)
+    }
+
+    #[test]
+    fn settings_are_checked_at_start_not_at_the_first_run() {
+        let ds: BTreeMap<String, String> = [("main".to_string(), "/x".to_string())].into();
+        let pw: BTreeMap<String, PathBuf> = [("main".to_string(), PathBuf::from("/p"))].into();
+        let check = |f: &dyn Fn(&mut JobSpec), kind: &str| {
+            let mut j = spec("j", kind, "1h");
+            f(&mut j);
+            j.validate(&ds, &pw)
+        };
+        assert!(check(&|_| {}, "check").is_ok());
+        let e = check(&|j| j.read_data = Some("150%".into()), "check").unwrap_err();
+        assert!(e.contains("150%"), "{e}");
+        let e = check(&|j| j.keep_last = Some(3), "scrub").unwrap_err();
+        assert!(e.contains("keep_* does not apply to a scrub job"), "{e}");
+        let e = check(&|j| j.read_data = Some("10%".into()), "scrub").unwrap_err();
+        assert!(e.contains("read_data"), "{e}");
+        let e = check(
+            &|j| {
+                j.to = Some("cairn+https://h:1/x".into());
+                j.to_password_file = Some("/q".into());
+                j.to_server_fingerprint = Some("zzz".into());
+            },
+            "copy",
+        )
+        .unwrap_err();
+        assert!(e.contains("zzz"), "{e}");
     }
 
     #[test]

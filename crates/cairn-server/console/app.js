@@ -178,7 +178,7 @@ async function loadDatastores() {
         key.appendChild(button("Unlock", () => askUnlock(d.name), "Unlock datastore " + d.name));
       }
     } else {
-      key.textContent = "unlocked (" + d.unlocked.how + ")";
+      key.textContent = d.unlocked.how ? "unlocked (" + d.unlocked.how + ")" : "unlocked";
       if (who.role === "admin") {
         key.appendChild(document.createTextNode(" "));
         key.appendChild(button("Lock", () => relock(d.name), "Lock datastore " + d.name));

@@ -122,7 +122,13 @@ async fn summary(ds: &Arc<Datastore>, role: Role, host_bound: bool) -> Summary {
     if ds.content.unlocked().is_some() {
         s.locked = false;
         s.locked_reason.clear();
-        s.unlocked = Some(crate::content::state_of(ds));
+        let mut state = crate::content::state_of(ds);
+        // How it was unlocked (a password file's path, an admin token's name) is
+        // the admins' to know.
+        if role != Role::Admin {
+            state.how = None;
+        }
+        s.unlocked = Some(state);
     }
     if let Ok(c) = census {
         s.occupied_bytes = c.other.1 + c.by_kind.values().map(|x| x.1).sum::<u64>();

@@ -21,7 +21,7 @@ use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Gaps up to this size between needed blobs are read through rather than split.
 const MAX_GAP: u32 = 512 << 10;
@@ -65,7 +65,6 @@ pub(crate) fn threads() -> usize {
 }
 
 pub(crate) struct Executed {
-    pub bytes: u64,
     pub failed: HashMap<u32, String>,
 }
 
@@ -243,7 +242,6 @@ pub(crate) fn execute(
     write_limit: Option<&cairn_backend::Limiter>,
 ) -> Result<Executed> {
     let next = AtomicUsize::new(0);
-    let bytes = AtomicU64::new(0);
     let failed: Mutex<HashMap<u32, String>> = Mutex::new(HashMap::new());
     let threads = threads();
     let (max_range, max_write) = (range_limit(repo), merged_write_limit(repo));
@@ -256,7 +254,6 @@ pub(crate) fn execute(
             .or_insert(msg);
     };
     let done = |n: usize| {
-        bytes.fetch_add(n as u64, Ordering::Relaxed);
         progress.bytes_done(n as u64);
         if let Some(l) = write_limit {
             l.take(n as u64);
@@ -427,7 +424,6 @@ pub(crate) fn execute(
         }
     });
     Ok(Executed {
-        bytes: bytes.into_inner(),
         failed: failed.into_inner().unwrap_or_else(|e| e.into_inner()),
     })
 }

@@ -463,7 +463,6 @@ struct Written {
     batch: Batch,
     /// Files not restored in full, with why.
     failed: HashMap<u32, String>,
-    bytes: u64,
 }
 
 /// On the executor thread: plans the batch's reads and writes its files.
@@ -478,7 +477,6 @@ fn write_batch(
         return Ok(Written {
             batch,
             failed: HashMap::new(),
-            bytes: 0,
         });
     }
     let plan = plan::plan(repo, &batch.jobs);
@@ -490,7 +488,6 @@ fn write_batch(
     Ok(Written {
         batch,
         failed,
-        bytes: exec.bytes,
     })
 }
 
@@ -1170,10 +1167,8 @@ impl Walk<'_> {
         let Written {
             batch: Batch { jobs, pending },
             mut failed,
-            bytes,
         } = done;
         let owners = self.opts.owners;
-        self.stats.bytes += bytes;
         if !jobs.is_empty() {
             if self.opts.verify {
                 for (f, m) in verify(self.repo, &jobs, &failed) {
@@ -1183,6 +1178,14 @@ impl Walk<'_> {
                     }
                 }
             }
+            // The content of the files restored in full: a file that failed part
+            // way (a full disk) is an error, not bytes written.
+            self.stats.bytes += jobs
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !failed.contains_key(&(*i as u32)))
+                .map(|(_, j)| j.node.size)
+                .sum::<u64>();
             for (i, job) in jobs.iter().enumerate() {
                 if let Some(m) = failed.get(&(i as u32)) {
                     // Counted when it was queued; it is an error, not a file written.

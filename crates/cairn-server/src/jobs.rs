@@ -496,10 +496,30 @@ impl Jobs {
             summary,
             trigger,
         };
+        // Another server sharing the state directory may have recorded runs of
+        // its own jobs since: theirs are kept, ours added (runs told apart by their
+        // start and end).
+        if let Ok(disk) = self.history.load() {
+            for (job, runs) in disk {
+                let h = s.history.entry(job).or_default();
+                for r in runs {
+                    if !h
+                        .iter()
+                        .any(|x| x.started == r.started && x.ended == r.ended)
+                    {
+                        h.push_back(r);
+                    }
+                }
+                h.make_contiguous()
+                    .sort_by(|a, b| a.started.cmp(&b.started));
+            }
+        }
         let h = s.history.entry(name.to_string()).or_default();
         h.push_back(run);
-        while h.len() > HISTORY {
-            h.pop_front();
+        for h in s.history.values_mut() {
+            while h.len() > HISTORY {
+                h.pop_front();
+            }
         }
         if let Err(e) = self.history.save(&s.history) {
             crate::log_line(&format!("job {name}: its run is not kept on disk: {e}"));
@@ -877,6 +897,25 @@ mod tests {
 
     fn spec(name: &str, kind: &str, every: &str) -> JobSpec {
         JobSpec::new(name, kind, "main", every)
+    }
+
+    #[test]
+    fn two_servers_on_one_state_directory_keep_each_others_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = Jobs::new(vec![spec("a", "scrub", "1h")], BTreeMap::new(), dir.path());
+        let two = Jobs::new(vec![spec("b", "scrub", "1h")], BTreeMap::new(), dir.path());
+        let p = cairn_core::progress::Progress::none();
+        assert!(one.begin("a", &p, "schedule"));
+        one.finish("a", "ok", "first".into());
+        assert!(two.begin("b", &p, "schedule"));
+        two.finish("b", "ok", "second".into());
+        let again = Jobs::new(
+            vec![spec("a", "scrub", "1h"), spec("b", "scrub", "1h")],
+            BTreeMap::new(),
+            dir.path(),
+        );
+        let runs: Vec<usize> = again.status().iter().map(|j| j.runs.len()).collect();
+        assert_eq!(runs, [1, 1]);
     }
 
     #[test]

@@ -485,10 +485,7 @@ fn write_batch(
     for (f, m) in exec.failed {
         failed.entry(f).or_insert(m);
     }
-    Ok(Written {
-        batch,
-        failed,
-    })
+    Ok(Written { batch, failed })
 }
 
 /// `--verify`: reads back every file of the batch that was written (not those in

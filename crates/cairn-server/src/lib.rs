@@ -487,6 +487,15 @@ async fn run(
     });
     let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.0));
     jobs::schedule(&app);
+    // Locks of read sessions dropped while a datastore's storage was down are
+    // removed once it answers again (until then they would hold prune back).
+    tokio::spawn(async {
+        let mut tick = tokio::time::interval(Duration::from_secs(15));
+        loop {
+            tick.tick().await;
+            let _ = tokio::task::spawn_blocking(cairn_core::repo::lock::retry_orphaned).await;
+        }
+    });
     content::start(&app);
     dedup::warm_all(&app);
     let router = app.router();
@@ -588,6 +597,7 @@ async fn run(
     }
     // A job still in an upload that does not end at once: recorded as interrupted.
     app.jobs.record_interrupted();
+    let _ = tokio::task::spawn_blocking(cairn_core::repo::lock::retry_orphaned).await;
     if requests_done {
         log_line("stopped");
     } else {

@@ -184,6 +184,32 @@ fn held() -> std::sync::MutexGuard<'static, Vec<Held>> {
     HELD.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Locks this process released but could not remove (the storage was down):
+/// no longer refreshed, so they go stale by themselves, but until then they keep
+/// prune from deleting. A long-lived process ([`retry_orphaned`]) removes them once
+/// the storage answers again.
+static ORPHANED: Mutex<Vec<(String, Arc<dyn Backend>)>> = Mutex::new(Vec::new());
+
+/// Tries again to remove the locks this process could not remove when it released
+/// them; returns how many are still left. For a long-lived process (the server).
+pub fn retry_orphaned() -> usize {
+    let list = std::mem::take(&mut *ORPHANED.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut left = Vec::new();
+    for (name, backend) in list {
+        match backend.delete(&name) {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(_) => left.push((name, backend)),
+        }
+    }
+    let n = left.len();
+    ORPHANED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .extend(left);
+    n
+}
+
 /// Removes every lock this process holds, for a process about to end without
 /// unwinding (`std::process::exit` when its output's reader went away, as in
 /// `cairn ls | head`): a lock left behind would hold up prune until it expires.
@@ -428,7 +454,14 @@ impl Drop for RepoLock {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = self.backend.delete(&self.name);
+        match self.backend.delete(&self.name) {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(_) => ORPHANED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((self.name.clone(), self.backend.clone())),
+        }
     }
 }
 

@@ -66,6 +66,19 @@ impl Source<'_> {
         Ok(None)
     }
 
+    /// Said when the password variable is set but empty (an empty password
+    /// never exists, so it counts as unset).
+    fn empty_note(&self) -> String {
+        if std::env::var(self.env).is_ok_and(|p| p.is_empty()) {
+            format!(
+                " ({} is set to an empty password, which counts as unset)",
+                self.env
+            )
+        } else {
+            String::new()
+        }
+    }
+
     /// A password to open a repository with.
     pub fn password(&self) -> Result<String> {
         if let Some(p) = self.given()? {
@@ -76,11 +89,12 @@ impl Source<'_> {
                 .context("reading password");
         }
         bail!(
-            "no password given for {}: use {}, set {} or {}, or run on a terminal",
+            "no password given for {}: use {}, set {} or {}, or run on a terminal{}",
             self.what,
             self.flags,
             self.env,
-            self.env_file
+            self.env_file,
+            self.empty_note()
         )
     }
 
@@ -92,10 +106,11 @@ impl Source<'_> {
             None => {
                 if !std::io::stdin().is_terminal() {
                     bail!(
-                        "no new password given: use {}, set {} or {}, or run on a terminal",
+                        "no new password given: use {}, set {} or {}, or run on a terminal{}",
                         self.flags,
                         self.env,
-                        self.env_file
+                        self.env_file,
+                        self.empty_note()
                     );
                 }
                 let a = rpassword::prompt_password("enter new password: ")

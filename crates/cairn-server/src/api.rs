@@ -195,13 +195,24 @@ pub(crate) fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<
             token.datastore
         )));
     }
-    app.datastores.get(name).cloned().ok_or_else(|| {
+    let d = app.datastores.get(name).cloned().ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "no_datastore",
             format!("this server has no datastore {name:?}"),
         )
-    })
+    })?;
+    if !d.ready.load(Ordering::Acquire) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "transient",
+            format!(
+                "datastore {name}: its storage has not answered since the server started; \
+                 it is served once it does"
+            ),
+        ));
+    }
+    Ok(d)
 }
 
 /// Runs blocking work (storage calls, engine sessions) off the async threads.
@@ -329,7 +340,7 @@ fn allow(
         }
     }
     let writes = matches!(action, Action::Create | Action::Replace | Action::Delete);
-    if writes && t.role != Role::Admin && !store.admin_names {
+    if writes && t.role != Role::Admin && !store.admin_names.load(Ordering::Acquire) {
         return Err(ApiError::forbidden(format!(
             "datastore {:?} was created before cairn marked admin objects by name, so \
              the server cannot keep a {} token from hiding data: only admin tokens may \
@@ -735,7 +746,7 @@ fn dedup_caller(
             "a restore token may not send dedup queries (they are for backups)",
         ));
     }
-    if writer && !store.admin_names {
+    if writer && !store.admin_names.load(Ordering::Acquire) {
         // Its plain index files may supersede others: the lists cannot be trusted.
         return Err(unavailable(
             "the datastore predates admin names (docs/SERVER.md)".into(),
@@ -796,7 +807,7 @@ pub async fn dedup_plan(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let (_, store) = dedup_caller(&app, &headers, &ds, false)?;
-    let plan = if store.admin_names {
+    let plan = if store.admin_names.load(Ordering::Acquire) {
         let s = store.clone();
         blocking(move || s.dedup.plan(s.backend.as_ref())).await?
     } else {

@@ -145,7 +145,7 @@ fn id32(hex_id: &str) -> Option<[u8; 32]> {
 /// view is built at the first question instead.
 pub fn warm_all(app: &crate::App) {
     for ds in app.datastores.values() {
-        if !ds.admin_names {
+        if !ds.admin_names.load(std::sync::atomic::Ordering::Acquire) {
             continue;
         }
         let ds = ds.clone();

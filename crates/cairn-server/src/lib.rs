@@ -67,8 +67,12 @@ pub struct Datastore {
     pub location: String,
     pub backend: Arc<dyn Backend>,
     /// The repository has the `admin-names` feature: the policy can tell, by name,
-    /// what an append-only token must not write.
-    pub admin_names: bool,
+    /// what an append-only token must not write (read with the config, at start or
+    /// once the storage answers: see `ready`).
+    pub admin_names: std::sync::atomic::AtomicBool,
+    /// Its config has been read. A datastore whose storage did not answer when the
+    /// server started is not served (503) until it does, while the others are.
+    pub ready: std::sync::atomic::AtomicBool,
     pub owners: locks::LockOwners,
     /// Requests and bytes for this datastore.
     pub stats: Stats,
@@ -245,7 +249,39 @@ impl App {
                 &cairn_core::progress::Progress::none(),
             )
             .map_err(|e| err(e.to_string()))?;
-            let summary = read_config_summary(storage.backend.as_ref()).map_err(err)?;
+            // Storage that does not answer now (an S3 endpoint down) does not keep
+            // the other datastores from being served: this one waits (not served)
+            // until it answers. A missing or damaged repository is a setting to fix.
+            let down = match storage
+                .backend
+                .get_bounded(cairn_backend::names::CONFIG, 1 << 20)
+            {
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        cairn_backend::BackendErrorKind::Unreachable
+                            | cairn_backend::BackendErrorKind::Transient
+                    ) =>
+                {
+                    Some(e.to_string())
+                }
+                _ => None,
+            };
+            let ready = down.is_none();
+            let summary = match down {
+                Some(why) => {
+                    log_line(&format!(
+                        "warning: datastore {name}: its storage does not answer ({why}); \
+                         serving the others, and this one once it answers"
+                    ));
+                    None
+                }
+                None => Some(read_config_summary(storage.backend.as_ref()).map_err(err)?),
+            };
+            let summary = summary.unwrap_or(ConfigSummary {
+                features: Vec::new(),
+                max_concurrent_jobs: cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS,
+            });
             if summary.max_concurrent_jobs > JOBS_WARNING {
                 log_line(&format!(
                     "warning: datastore {name} allows {} simultaneous jobs (max-concurrent-jobs); \
@@ -267,7 +303,8 @@ impl App {
                     name: name.clone(),
                     location: location.clone(),
                     backend: storage.backend,
-                    admin_names,
+                    admin_names: admin_names.into(),
+                    ready: ready.into(),
                     owners,
                     stats: Stats::default(),
                     census: tokio::sync::Mutex::new(None),
@@ -487,6 +524,39 @@ async fn run(
     });
     let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.0));
     jobs::schedule(&app);
+    // A datastore whose storage did not answer at start is served once it does.
+    let waiting = app.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(15));
+        loop {
+            tick.tick().await;
+            for ds in waiting.datastores.values() {
+                if ds.ready.load(Ordering::Acquire) {
+                    continue;
+                }
+                let d = ds.clone();
+                let read =
+                    tokio::task::spawn_blocking(move || read_config_summary(d.backend.as_ref()))
+                        .await;
+                if let Ok(Ok(summary)) = read {
+                    ds.admin_names.store(
+                        summary
+                            .features
+                            .iter()
+                            .any(|f| f == cairn_format::consts::FEATURE_ADMIN_NAMES),
+                        Ordering::Release,
+                    );
+                    ds.max_jobs
+                        .store(summary.max_concurrent_jobs, Ordering::Relaxed);
+                    ds.ready.store(true, Ordering::Release);
+                    log_line(&format!(
+                        "datastore {}: its storage answers: serving it",
+                        ds.name
+                    ));
+                }
+            }
+        }
+    });
     // Locks of read sessions dropped while a datastore's storage was down are
     // removed once it answers again (until then they would hold prune back).
     tokio::spawn(async {

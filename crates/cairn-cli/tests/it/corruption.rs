@@ -188,3 +188,47 @@ fn every_damaged_object_is_found_named_and_repaired() {
         }
     }
 }
+
+/// `repair snapshots` killed between storing a repaired snapshot and forgetting
+/// the damaged one: run again, it forgets the damaged one and does not store a
+/// second, identical repaired snapshot.
+#[test]
+fn a_repair_killed_half_way_leaves_one_repaired_snapshot() {
+    use std::os::unix::process::ExitStatusExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(31);
+    for i in 0..4 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(5 << 20, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    // The largest pack holds file data: lost.
+    let mut packs = files(&env.repo.join("data"));
+    packs.sort_by_key(|p| fs::metadata(p).unwrap().len());
+    fs::remove_file(packs.last().unwrap()).unwrap();
+    env.ok(&["repair", "index"]);
+    let out = env
+        .cmd(&["repair", "snapshots"])
+        .env(cairn_core::hooks::KILL_AT_VAR, "snapshot:recorded:1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGKILL),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let count = || {
+        serde_json::from_str::<serde_json::Value>(&env.ok(&["snapshots", "--json"]))
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!(count(), 2, "the damaged snapshot and its replacement");
+    env.ok(&["repair", "snapshots"]);
+    assert_eq!(count(), 1);
+    env.check_clean();
+}

@@ -65,7 +65,7 @@ fn empty_passwords_are_refused() {
         .cmd(&["init", "--password-file", empty.to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&o.stderr).contains("empty password"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("empty first line"));
     assert!(!env.repo.join("config").exists());
     env.init(&[]);
     let e = env.fails(
@@ -77,12 +77,13 @@ fn empty_passwords_are_refused() {
         ],
         1,
     );
-    assert!(e.contains("empty password"), "{e}");
+    assert!(e.contains("empty first line"), "{e}");
     let o = env
         .cmd(&["key", "add"])
         .env("CAIRN_NEW_PASSWORD", "")
         .output()
         .unwrap();
+    assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("empty password"));
     // The old password still opens: nothing was changed.
     env.ok(&["snapshots"]);

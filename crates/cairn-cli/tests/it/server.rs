@@ -3401,3 +3401,41 @@ fn a_range_past_the_end_is_416() {
     );
     assert_eq!(code, 206);
 }
+
+/// A datastore whose storage does not answer when the server starts (an S3
+/// endpoint down) does not keep the others from being served; it answers 503
+/// with why until it does.
+#[test]
+fn a_datastore_down_at_start_leaves_the_others_served() {
+    let env = Env::new();
+    env.init(&[]);
+    // Nothing listens on this port.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let s3 = format!("s3:http://127.0.0.1:{port}/bucket/x");
+    let srv = Server::start(
+        &env.path("state"),
+        &[("main", &env.repo), ("far", Path::new(&s3))],
+        true,
+    );
+    let admin = srv.token("root", "*", "admin");
+    let list = |ds: &str| {
+        http(
+            srv.port,
+            "GET",
+            &format!("/v1/datastores/{ds}/objects?prefix="),
+            Some(&admin),
+            b"",
+        )
+    };
+    assert_eq!(list("main").0, 200);
+    let (code, body) = list("far");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("has not answered"), "{body}");
+    let log = srv.stop();
+    assert!(
+        log.contains("datastore far: its storage does not answer"),
+        "{log}"
+    );
+}

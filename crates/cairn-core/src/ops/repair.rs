@@ -408,7 +408,20 @@ pub fn repair_snapshots(
             }
             // The first snapshot of a chain of rewrites (tags, repairs) stays named.
             snap.original = Some(snap.original.clone().unwrap_or_else(|| sid.to_hex()));
-            if !dry_run {
+            // A repair killed after storing this snapshot's replacement but before
+            // forgetting it: the replacement is there already (same chain, tree,
+            // time, host and paths); it is not stored twice.
+            let done_before = snaps.iter().find(|(id, x)| {
+                *id != sid
+                    && x.original == snap.original
+                    && x.tree == snap.tree
+                    && x.time == snap.time
+                    && x.hostname == snap.hostname
+                    && x.paths == snap.paths
+            });
+            if let (false, Some((existing, _))) = (dry_run, done_before) {
+                entry.new = Some(existing.to_hex());
+            } else if !dry_run {
                 let new_id = repo.write_snapshot(&snap, &lock)?;
                 if let Err(e) = repo.carry_host_record(&sid, &new_id) {
                     report.warnings.push(format!(

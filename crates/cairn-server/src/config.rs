@@ -312,13 +312,16 @@ impl ServerConfig {
                 config.job_idle_secs
             )));
         }
-        if !(1..=7 * 86_400).contains(&config.session_idle_secs)
-            || !(1..=24 * 30).contains(&config.session_max_hours)
-        {
+        if !(1..=7 * 86_400).contains(&config.session_idle_secs) {
             return Err(ConfigError::Invalid(format!(
-                "session_idle_secs = {} (1 to 604800) or session_max_hours = {} (1 to 720) \
-                 out of range",
-                config.session_idle_secs, config.session_max_hours
+                "session_idle_secs = {}: must be between 1 and 604800",
+                config.session_idle_secs
+            )));
+        }
+        if !(1..=24 * 30).contains(&config.session_max_hours) {
+            return Err(ConfigError::Invalid(format!(
+                "session_max_hours = {}: must be between 1 and 720",
+                config.session_max_hours
             )));
         }
         if !(1..=24 * 366).contains(&config.stale_after_hours) {

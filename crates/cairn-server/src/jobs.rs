@@ -638,7 +638,11 @@ pub fn schedule(app: &Arc<App>) {
         loop {
             tick.tick().await;
             for name in due_now(&app.jobs, std::time::Instant::now()) {
-                start(&app, &name, "schedule");
+                if !start(&app, &name, "schedule") {
+                    crate::log_line(&format!(
+                        "job {name}: due, but its previous run is still going: this run is skipped"
+                    ));
+                }
             }
         }
     });
@@ -657,7 +661,11 @@ fn due_now(jobs: &Jobs, now: std::time::Instant) -> Vec<String> {
         };
         let due = s.due.entry(spec.name.clone()).or_insert(now + every);
         if *due <= now {
-            *due = now + every;
+            // On the schedule's own beat (the scheduler looks every few seconds,
+            // which must not push every run later), past any beats missed.
+            while *due <= now {
+                *due += every;
+            }
             out.push(spec.name);
         }
     }
@@ -979,6 +987,10 @@ mod tests {
         assert!(due_now(&jobs, t0).is_empty(), "first due one interval in");
         assert_eq!(due_now(&jobs, t0 + hour), ["hourly"]);
         assert!(due_now(&jobs, t0 + hour + Duration::from_secs(1)).is_empty());
+        // Looked at 2 s late: the next run is still on the hour, not 2 s later.
+        assert!(due_now(&jobs, t0 + 2 * hour - Duration::from_secs(1)).is_empty());
+        assert_eq!(due_now(&jobs, t0 + 2 * hour + Duration::from_secs(2)), ["hourly"]);
+        assert_eq!(due_now(&jobs, t0 + 3 * hour), ["hourly"]);
         let day = Duration::from_secs(86400);
         assert_eq!(due_now(&jobs, t0 + day), ["nightly", "hourly"]);
         // Changed: due one new interval after the change.

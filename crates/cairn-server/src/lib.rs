@@ -332,6 +332,16 @@ impl App {
         );
         jobs.check_console_file()
             .map_err(|e| ServerError::Io(format!("the console's schedules: {e}")))?;
+        for spec in jobs.console_specs() {
+            if !datastores.contains_key(&spec.datastore) {
+                log_line(&format!(
+                    "warning: console schedule {:?} is for datastore {:?}, which this server \
+                     does not serve: it fails at every run until that datastore is back or \
+                     the schedule is removed",
+                    spec.name, spec.datastore
+                ));
+            }
+        }
         let signins = signin::SignIns::new(
             Duration::from_secs(config.session_idle_secs),
             Duration::from_secs(config.session_max_hours * 3600),

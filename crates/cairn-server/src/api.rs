@@ -72,6 +72,21 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for SmallBody {
     type Rejection = ApiError;
 
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        // A declared length over the limit is refused before any of the body is
+        // waited for (a client announcing 1 GB and sending 10 bytes would otherwise
+        // hold the request until its timeout).
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > crate::SMALL_BODY_LIMIT as u64) {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("the body may be at most {} bytes", crate::SMALL_BODY_LIMIT),
+            ));
+        }
         match Bytes::from_request(req, state).await {
             Ok(b) => Ok(SmallBody(b)),
             Err(e) => {

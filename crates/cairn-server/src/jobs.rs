@@ -989,7 +989,10 @@ mod tests {
         assert!(due_now(&jobs, t0 + hour + Duration::from_secs(1)).is_empty());
         // Looked at 2 s late: the next run is still on the hour, not 2 s later.
         assert!(due_now(&jobs, t0 + 2 * hour - Duration::from_secs(1)).is_empty());
-        assert_eq!(due_now(&jobs, t0 + 2 * hour + Duration::from_secs(2)), ["hourly"]);
+        assert_eq!(
+            due_now(&jobs, t0 + 2 * hour + Duration::from_secs(2)),
+            ["hourly"]
+        );
         assert_eq!(due_now(&jobs, t0 + 3 * hour), ["hourly"]);
         let day = Duration::from_secs(86400);
         assert_eq!(due_now(&jobs, t0 + day), ["nightly", "hourly"]);

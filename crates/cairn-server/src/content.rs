@@ -207,29 +207,8 @@ impl Content {
 /// Unlocks the datastores that have a password file (in the background: each
 /// takes a key derivation) and ends idle read sessions from then on.
 pub fn start(app: &Arc<App>) {
-    for (name, file) in &app.config.datastore_passwords {
-        let Some(ds) = app.datastores.get(name).cloned() else {
-            continue;
-        };
-        let file = file.clone();
-        tokio::task::spawn_blocking(move || {
-            let how = format!("password file {}", file.display());
-            let password = match crate::jobs::password_from(file)() {
-                Ok(p) => p,
-                Err(e) => {
-                    let m = format!("{how}: {e}");
-                    crate::log_line(&format!("datastore {}: stays locked: {m}", ds.name));
-                    *lock(&ds.content.unlock_error) = Some(m);
-                    return;
-                }
-            };
-            match ds.content.unlock(ds.backend.clone(), password, how.clone()) {
-                Ok(()) => crate::log_line(&format!("datastore {}: unlocked ({how})", ds.name)),
-                Err(e) => {
-                    crate::log_line(&format!("datastore {}: stays locked: {how}: {e}", ds.name))
-                }
-            }
-        });
+    for name in app.config.datastore_passwords.keys() {
+        unlock_from_file(app, name);
     }
     let app = app.clone();
     tokio::spawn(async move {
@@ -243,6 +222,34 @@ pub fn start(app: &Arc<App>) {
                 }
             })
             .await;
+        }
+    });
+}
+
+/// Unlocks datastore `name` with its password file, if it has one (in the
+/// background): at start, and when a datastore whose storage did not answer then
+/// comes back.
+pub fn unlock_from_file(app: &Arc<App>, name: &str) {
+    let (Some(file), Some(ds)) = (
+        app.config.datastore_passwords.get(name).cloned(),
+        app.datastores.get(name).cloned(),
+    ) else {
+        return;
+    };
+    tokio::task::spawn_blocking(move || {
+        let how = format!("password file {}", file.display());
+        let password = match crate::jobs::password_from(file)() {
+            Ok(p) => p,
+            Err(e) => {
+                let m = format!("{how}: {e}");
+                crate::log_line(&format!("datastore {}: stays locked: {m}", ds.name));
+                *lock(&ds.content.unlock_error) = Some(m);
+                return;
+            }
+        };
+        match ds.content.unlock(ds.backend.clone(), password, how.clone()) {
+            Ok(()) => crate::log_line(&format!("datastore {}: unlocked ({how})", ds.name)),
+            Err(e) => crate::log_line(&format!("datastore {}: stays locked: {how}: {e}", ds.name)),
         }
     });
 }

@@ -295,6 +295,8 @@ struct State {
     due: BTreeMap<String, std::time::Instant>,
     /// Each running job's start (RFC 3339 and instant) and trigger, for its record.
     started: BTreeMap<String, (String, std::time::Instant, String)>,
+    /// The server is stopping: no job starts any more.
+    stopping: bool,
 }
 
 /// Each job's last runs, oldest first.
@@ -419,7 +421,7 @@ impl Jobs {
     /// Marks the job running with `progress`; false if it already is.
     fn begin(&self, name: &str, progress: &cairn_core::progress::Progress, trigger: &str) -> bool {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if s.running.iter().any(|(n, _)| n == name) {
+        if s.stopping || s.running.iter().any(|(n, _)| n == name) {
             return false;
         }
         s.running.push((name.to_string(), progress.clone()));
@@ -457,11 +459,21 @@ impl Jobs {
     /// The server is stopping: every running job is asked to stop (each ends at
     /// its next safe point, as a cancelled command does, and its run is recorded).
     pub fn cancel_all(&self) -> usize {
-        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // None starts after this (a schedule falling due during the stop).
+        s.stopping = true;
         for (_, p) in &s.running {
             p.cancel_token().cancel();
         }
         s.running.len()
+    }
+
+    /// The server is stopping (no job starts).
+    pub fn is_stopping(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stopping
     }
 
     /// Jobs running now.
@@ -558,6 +570,8 @@ pub fn start_now(
     }
     if start_spec(app, spec, "console") {
         Ok(name)
+    } else if app.jobs.is_stopping() {
+        Err("the server is stopping".into())
     } else {
         Err(format!("{name} is running"))
     }
@@ -638,7 +652,7 @@ pub fn schedule(app: &Arc<App>) {
         loop {
             tick.tick().await;
             for name in due_now(&app.jobs, std::time::Instant::now()) {
-                if !start(&app, &name, "schedule") {
+                if !start(&app, &name, "schedule") && !app.jobs.is_stopping() {
                     crate::log_line(&format!(
                         "job {name}: due, but its previous run is still going: this run is skipped"
                     ));

@@ -510,6 +510,9 @@ pub fn serve(config: ServerConfig, ready: impl FnOnce(&Ready)) -> Result<(), Ser
     // A blocking task still going (a job past its stop, a request's engine call)
     // must not hold the process: what it committed is committed, the rest was not.
     rt.shutdown_timeout(Duration::from_secs(1));
+    // Locks of work abandoned there (a job past its budget) are removed now, not
+    // left to go stale and hold prune back.
+    cairn_core::repo::lock::release_held();
     r
 }
 
@@ -563,6 +566,14 @@ async fn run(
                         "datastore {}: its storage answers: serving it",
                         ds.name
                     ));
+                    content::unlock_from_file(&waiting, &ds.name);
+                } else if let Ok(Err(e)) = &read
+                    && !e.contains("gave up after")
+                    && !e.contains("nothing answers")
+                {
+                    // It answers, but with no repository or a damaged config: that
+                    // is for an admin to fix, and it is said (each time it is tried).
+                    log_line(&format!("datastore {}: not served: {e}", ds.name));
                 }
             }
         }

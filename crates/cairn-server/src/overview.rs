@@ -103,7 +103,10 @@ async fn summary(ds: &Arc<Datastore>, role: Role, host_bound: bool) -> Summary {
         error: census.as_ref().err().cloned(),
         locked: true,
         locked_reason: match ds.content.unlock_error() {
-            Some(e) => format!("unlocking failed: {e}"),
+            // The error names how it was tried (a password file's path, an admin
+            // token's name): the admins' to know.
+            Some(e) if role == Role::Admin => format!("unlocking failed: {e}"),
+            Some(_) => "unlocking failed (an admin sees why)".into(),
             None => "stored data, deduplication, compression and the snapshots need the \
                      datastore's key, which this server does not hold until an admin unlocks \
                      the datastore"

@@ -295,9 +295,29 @@ fn copy_snapshots(
         warnings,
         ..Default::default()
     };
+    // The source's host records (`hosts/`), listed once: most repositories have
+    // none, and then no snapshot costs a request for one.
+    let recorded: std::collections::HashSet<String> =
+        match copier.src.backend().list(cairn_backend::names::HOSTS) {
+            Ok(l) => l
+                .into_iter()
+                .map(|o| cairn_backend::names::base(&o.name).to_string())
+                .collect(),
+            Err(_) => Default::default(),
+        };
+    let has_record = |sid: &SnapshotId| recorded.contains(&sid.to_hex());
     for (sid, snap) in order {
         progress.check_cancelled()?;
         if let Some(t) = present.get(&sid.to_hex()) {
+            // A record a run killed after the snapshot did not write, now.
+            if has_record(sid)
+                && let Err(e) = copier.dst.copy_host_record_from(copier.src, sid, t)
+            {
+                stats.warnings.push(format!(
+                    "snapshot {}: its host record was not copied ({e})",
+                    t.short()
+                ));
+            }
             stats.snapshots.push(SnapshotCopy {
                 source: *sid,
                 target: *t,
@@ -319,7 +339,9 @@ fn copy_snapshots(
         crate::hooks::point("copy:snapshot-committed");
         // The host `cairn serve` recorded for the snapshot goes with it, so that
         // the replica attributes it as the original does (docs/SERVER.md).
-        if let Err(e) = copier.dst.copy_host_record_from(copier.src, sid, &target) {
+        if has_record(sid)
+            && let Err(e) = copier.dst.copy_host_record_from(copier.src, sid, &target)
+        {
             stats.warnings.push(format!(
                 "snapshot {}: its host record was not copied ({e}); on the destination it \
                  counts as the host it names",

@@ -420,6 +420,14 @@ pub fn repair_snapshots(
                     && x.paths == snap.paths
             });
             if let (false, Some((existing, _))) = (dry_run, done_before) {
+                // Its host record may not have been carried before the kill.
+                if let Err(e) = repo.carry_host_record(&sid, existing) {
+                    report.warnings.push(format!(
+                        "snapshot {}: its host record was not carried over ({e}); a \
+                         host-bound token no longer sees it",
+                        existing.short()
+                    ));
+                }
                 entry.new = Some(existing.to_hex());
             } else if !dry_run {
                 let new_id = repo.write_snapshot(&snap, &lock)?;

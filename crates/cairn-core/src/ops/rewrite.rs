@@ -123,15 +123,17 @@ pub fn rewrite(
             snap.summary.total_bytes = crate::ops::repair::file_bytes(repo, &out.id, &written)?;
             snap.original = Some(snap.original.clone().unwrap_or_else(|| id.to_hex()));
             let new_id = repo.write_snapshot(&snap, &lock)?;
-            if let Err(e) = repo.carry_host_record(&id, &new_id) {
+            let carried = repo.carry_host_record(&id, &new_id);
+            if let Err(e) = &carried {
                 report.warnings.push(format!(
-                    "snapshot {}: its host record was not carried over ({e}); a host-bound \
-                     token no longer sees it",
+                    "snapshot {}: its host record was not carried over to {} ({e}); the old \
+                     one is kept",
+                    id.short(),
                     new_id.short()
                 ));
             }
             entry.new = Some(new_id.to_hex());
-            if opts.forget {
+            if opts.forget && carried.is_ok() {
                 lock.check_fresh()?;
                 for (_, r) in repo.forget_snapshots(&[id])? {
                     r?;

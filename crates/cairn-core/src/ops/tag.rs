@@ -105,15 +105,19 @@ pub fn tag(
         } else {
             let new_id = repo.write_snapshot(&new, &lock)?;
             if let Err(e) = repo.carry_host_record(id, &new_id) {
+                // The old one stays, with its record: forgetting it would leave its
+                // host's tokens without the snapshot.
                 report.warnings.push(format!(
-                    "snapshot {}: its host record was not carried over ({e}); a host-bound \
-                     token no longer sees it",
+                    "snapshot {}: its host record was not carried over to {} ({e}); both \
+                     are kept: run tag again once the storage answers",
+                    id.short(),
                     new_id.short()
                 ));
-            }
-            lock.check_fresh()?;
-            for (_, r) in repo.forget_snapshots(&[*id])? {
-                r?;
+            } else {
+                lock.check_fresh()?;
+                for (_, r) in repo.forget_snapshots(&[*id])? {
+                    r?;
+                }
             }
             Some(new_id.to_hex())
         };

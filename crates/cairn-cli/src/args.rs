@@ -516,12 +516,14 @@ pub struct BackupArgs {
     /// As --exclude-file, ignoring case
     #[arg(long = "iexclude-file")]
     pub iexclude_files: Vec<PathBuf>,
-    /// Leave out directories holding a file of this name; NAME:HEADER only those
-    /// whose file starts with HEADER (repeatable)
+    /// Leave out the content of directories holding a file of this name (the
+    /// directory and the file stay); NAME:HEADER only those whose file starts with
+    /// HEADER (repeatable)
     #[arg(long = "exclude-if-present", value_name = "NAME[:HEADER]")]
     pub exclude_if_present: Vec<String>,
-    /// Leave out cache directories: those tagged with a CACHEDIR.TAG file
-    /// (https://bford.info/cachedir/)
+    /// Leave out the content of cache directories: those tagged with a
+    /// CACHEDIR.TAG file (https://bford.info/cachedir/; the directory and its tag
+    /// stay)
     #[arg(long)]
     pub exclude_caches: bool,
     /// Leave out regular files larger than this (e.g. 500M, 2G)

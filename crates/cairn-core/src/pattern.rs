@@ -2,7 +2,8 @@
 //!
 //! `*` (any characters but `/`), `**` (as a whole component: any number of
 //! components), `?` (one character but `/`), `[...]` and `[!...]` (a class, with
-//! ranges), `{a,b}` (either), and `\` escaping the next character. A pattern is
+//! ranges), `{a,b}` (either: unlike restic's patterns, where `{` is itself; write
+//! `\{` for a literal brace), and `\` escaping the next character. A pattern is
 //! matched against the whole path as `ls` prints it: a name that is not UTF-8 has
 //! each invalid byte as its stand-in character ([`crate::ops::ls::escape_name`]),
 //! so `?` is one character whatever its encoding, and ignoring case folds
@@ -113,7 +114,7 @@ fn translate(pattern: &str, separator: bool) -> Result<String, String> {
             '?' => out.push_str(one),
             '[' => {
                 let (class, next) = class(&chars, i, separator)
-                    .ok_or_else(|| format!("pattern {pattern:?}: a [ without its ]"))?;
+                    .map_err(|why| format!("pattern {pattern:?}: {why}"))?;
                 out.push_str(&class);
                 i = next;
                 continue;
@@ -138,8 +139,9 @@ fn translate(pattern: &str, separator: bool) -> Result<String, String> {
 }
 
 /// The class starting at `chars[start]` (`[`) as a regex class, and where the
-/// pattern goes on; `None` when it is not closed.
-fn class(chars: &[char], start: usize, separator: bool) -> Option<(String, usize)> {
+/// pattern goes on; or what is wrong with it.
+fn class(chars: &[char], start: usize, separator: bool) -> Result<(String, usize), String> {
+    let unclosed = || "a [ without its ]".to_string();
     let mut i = start + 1;
     let negated = matches!(chars.get(i), Some('!') | Some('^'));
     if negated {
@@ -148,7 +150,7 @@ fn class(chars: &[char], start: usize, separator: bool) -> Option<(String, usize
     let mut items = String::new();
     let mut first = true;
     loop {
-        let c = *chars.get(i)?;
+        let c = *chars.get(i).ok_or_else(unclosed)?;
         if c == ']' && !first {
             i += 1;
             break;
@@ -156,7 +158,7 @@ fn class(chars: &[char], start: usize, separator: bool) -> Option<(String, usize
         first = false;
         let c = if c == '\\' {
             i += 1;
-            *chars.get(i)?
+            *chars.get(i).ok_or_else(unclosed)?
         } else {
             c
         };
@@ -165,11 +167,11 @@ fn class(chars: &[char], start: usize, separator: bool) -> Option<(String, usize
             let mut e = chars[i + 2];
             let mut skip = 3;
             if e == '\\' {
-                e = *chars.get(i + 3)?;
+                e = *chars.get(i + 3).ok_or_else(unclosed)?;
                 skip = 4;
             }
             if e < c {
-                return None;
+                return Err(format!("the range {c}-{e} runs backwards"));
             }
             lit(&mut items, c);
             items.push('-');
@@ -187,7 +189,7 @@ fn class(chars: &[char], start: usize, separator: bool) -> Option<(String, usize
         (false, true) => format!("[[{items}]&&[^/]]"),
         (false, false) => format!("[{items}]"),
     };
-    Some((class, i))
+    Ok((class, i))
 }
 
 #[cfg(test)]
@@ -233,7 +235,8 @@ mod tests {
         assert!(m("(x)+$", "(x)+$"));
         assert!(Glob::new("[abc", true, false).is_err());
         assert!(Glob::new("{a,b", true, false).is_err());
-        assert!(Glob::new("[z-a]", true, false).is_err());
+        let e = Glob::new("[z-a]", true, false).unwrap_err();
+        assert!(e.contains("backwards"), "{e}");
         // Without the separator rule, `*` crosses `/`.
         assert!(Glob::new("*", false, false).unwrap().is_match("a/b"));
     }

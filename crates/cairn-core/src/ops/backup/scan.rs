@@ -114,6 +114,11 @@ pub(crate) fn scan_dir(
         }
     }
     ents.sort_unstable();
+    // A directory tagged (`--exclude-caches`, `--exclude-if-present`): its tag
+    // files only.
+    if ctx.excludes.has_tags() && ctx.excludes.tagged(&dir, &ents) {
+        ents.retain(|n| ctx.excludes.is_tag_name(n));
+    }
     // A parent tree that cannot be read only costs re-reading files.
     let ptree: Option<Tree> = parent_subtree.and_then(|id| ctx.repo.load_tree(&id).ok());
     if let Some(t) = &ptree {
@@ -140,7 +145,7 @@ pub(crate) fn scan_dir(
             },
             Ok(st) => {
                 let stat = Stat::from(&st);
-                if ctx.excludes.excludes_at(&dir, &name, &child, &stat) {
+                if ctx.excludes.excludes_at(&stat) {
                     child.pop();
                     continue;
                 }

@@ -379,8 +379,9 @@ pub struct ExcludeRules {
     pub patterns: Vec<String>,
     /// `--iexclude`: the same, ignoring case.
     pub ipatterns: Vec<String>,
-    /// `--exclude-if-present NAME[:HEADER]`: a directory holding an entry NAME (a
-    /// regular file starting with the bytes HEADER, when given) is left out whole.
+    /// `--exclude-if-present NAME[:HEADER]`: the content of a directory holding an
+    /// entry NAME (a regular file starting with the bytes HEADER, when given) is
+    /// left out; the directory and NAME stay.
     pub if_present: Vec<String>,
     /// `--exclude-caches`: directories tagged as caches ([`CACHEDIR_TAG`]).
     pub caches: bool,
@@ -484,41 +485,40 @@ impl Excludes {
             .is_some_and(|max| size > max && mode & libc::S_IFMT == libc::S_IFREG)
     }
 
-    /// Whether the directory `name` of the open directory `dir` (by `path` when
-    /// there is none) holds one of the tags. Asked of every directory only when a
-    /// tag was given: one `fstatat` per directory and tag.
-    pub fn is_tagged(&self, dir: Option<&OwnedFd>, name: &[u8], path: &Path) -> bool {
+    /// Whether a tag rule is given (each directory is then looked at for it).
+    pub fn has_tags(&self) -> bool {
+        !self.tags.is_empty()
+    }
+
+    /// Whether `name` is one of the tags' names.
+    pub fn is_tag_name(&self, name: &[u8]) -> bool {
+        self.tags.iter().any(|(t, _)| t == name)
+    }
+
+    /// Whether the open directory `dir`, whose entries are `names` (sorted), holds one of the
+    /// tags: then only its tag files are backed up (as restic documents it: the
+    /// directory's content is left out; the directory and its tag stay, so a
+    /// restore shows what was left out and why). Costs nothing for a directory
+    /// without a tag's name; a header is read only from a regular file.
+    pub fn tagged(&self, dir: &OwnedFd, names: &[Vec<u8>]) -> bool {
         self.tags.iter().any(|(tag, header)| {
-            let rel: PathBuf = [
-                std::ffi::OsStr::from_bytes(name),
-                std::ffi::OsStr::from_bytes(tag),
-            ]
-            .iter()
-            .collect();
-            let st = match dir {
-                Some(d) => {
-                    nix::sys::stat::fstatat(d, &rel, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-                        .map(|st| st.st_mode)
-                }
-                None => std::fs::symlink_metadata(path.join(std::ffi::OsStr::from_bytes(tag)))
-                    .map(|m| m.mode())
-                    .map_err(|_| nix::errno::Errno::ENOENT),
-            };
-            let Ok(mode) = st else { return false };
-            let Some(header) = header else { return true };
-            // Only a regular file is read (a FIFO would block the walk).
-            if mode & libc::S_IFMT != libc::S_IFREG {
+            if names.binary_search(tag).is_err() {
                 return false;
             }
-            let f = match dir {
-                Some(d) => open_noatime(Some(d), rel.as_os_str(), false),
-                None => open_noatime(
-                    None,
-                    path.join(std::ffi::OsStr::from_bytes(tag)).as_os_str(),
-                    false,
-                ),
+            let Some(header) = header else { return true };
+            let name = std::ffi::OsStr::from_bytes(tag);
+            let Ok(st) =
+                nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+            else {
+                return false;
             };
-            let Ok(f) = f else { return false };
+            // Only a regular file is read (a FIFO would block the walk).
+            if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                return false;
+            }
+            let Ok(f) = open_noatime(Some(dir), name, false) else {
+                return false;
+            };
             use std::io::Read as _;
             let mut buf = vec![0u8; header.len()];
             let mut f = std::fs::File::from(f);
@@ -526,20 +526,16 @@ impl Excludes {
         })
     }
 
-    /// Every rule, for an entry known by its path and `lstat`: a path named on the
-    /// command line, the estimate's and the progress total's walks.
+    /// Every rule about an entry itself, for one known by its path and `lstat`: a
+    /// path named on the command line, the estimate's and the progress total's walks.
     pub fn excludes_entry(&self, path: &Path, meta: &Metadata) -> bool {
-        self.is_excluded(path)
-            || self.too_large(meta.mode(), meta.len())
-            || (meta.is_dir() && !self.tags.is_empty() && self.is_tagged(None, b"", path))
+        self.is_excluded(path) || self.too_large(meta.mode(), meta.len())
     }
 
-    /// [`Self::excludes_entry`] for an entry of an open directory, from its `fstatat`.
-    pub fn excludes_at(&self, dir: &OwnedFd, name: &[u8], path: &Path, st: &Stat) -> bool {
+    /// [`Self::excludes_entry`] for an entry of an open directory, from its `fstatat`
+    /// (its name was judged by the caller).
+    pub fn excludes_at(&self, st: &Stat) -> bool {
         self.too_large(st.mode, st.size)
-            || (st.mode & libc::S_IFMT == libc::S_IFDIR
-                && !self.tags.is_empty()
-                && self.is_tagged(Some(dir), name, path))
     }
 }
 
@@ -590,15 +586,24 @@ pub fn scan_total(
         let Ok(fd) = open_dir(&path) else {
             continue;
         };
-        let Ok(mut dir) = nix::dir::Dir::from_fd(fd) else {
+        let Ok(fd2) = fd.try_clone() else {
             continue;
         };
-        for ent in dir.iter().flatten() {
-            let name = ent.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            stack.push((path.join(std::ffi::OsStr::from_bytes(name)), Some(m.dev())));
+        let Ok(mut dir) = nix::dir::Dir::from_fd(fd2) else {
+            continue;
+        };
+        let mut names: Vec<Vec<u8>> = dir
+            .iter()
+            .flatten()
+            .map(|e| e.file_name().to_bytes().to_vec())
+            .filter(|n| n != b"." && n != b"..")
+            .collect();
+        names.sort_unstable();
+        if excludes.has_tags() && excludes.tagged(&fd, &names) {
+            names.retain(|n| excludes.is_tag_name(n));
+        }
+        for name in names {
+            stack.push((path.join(std::ffi::OsStr::from_bytes(&name)), Some(m.dev())));
         }
     }
 }

@@ -752,6 +752,27 @@ fn tag_adds_removes_and_sets_tags() {
     env.ok(&["tag", "--set", ""]);
     assert!(list().iter().all(|v| v["tags"] == serde_json::json!([])));
     env.check_clean();
+    // Killed after storing the replacement, before forgetting the old one: run
+    // again, it forgets the old one and stores no second replacement.
+    let before = list().len();
+    let old = list()[0]["id"].as_str().unwrap().to_string();
+    let out = env
+        .cmd(&["tag", "--add", "again", &old])
+        .env(cairn_core::hooks::KILL_AT_VAR, "snapshot:recorded:1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(list().len(), before + 1);
+    env.ok(&["tag", "--add", "again", &old]);
+    assert_eq!(list().len(), before);
+    assert_eq!(
+        list()
+            .iter()
+            .filter(|v| v["tags"] == serde_json::json!(["again"]))
+            .count(),
+        1
+    );
+    env.check_clean();
     // Nothing to do, or a tag with a comma: refused.
     assert!(!env.run(&["tag", "latest"]).status.success());
     assert!(!env.run(&["tag", "--add", "", "latest"]).status.success());
@@ -842,7 +863,12 @@ fn rewrite_takes_files_out_of_snapshots() {
     ]))
     .unwrap();
     assert_eq!(r["rewritten"][0]["forgotten"], true, "{r}");
-    assert_eq!(count(), 2);
+    // The same rewrite of the same snapshot is there already: not stored twice.
+    assert_eq!(r["rewritten"][0]["new"], new.as_str(), "{r}");
+    assert_eq!(count(), 1);
+    // Keep one snapshot without the secret, drop the rewritten one too.
+    let data = src.clone();
+    env.ok(&["backup", "-q", data.to_str().unwrap()]);
     env.ok(&["forget", &new[..12]]);
     env.ok(&["prune"]);
     let after = data_bytes();

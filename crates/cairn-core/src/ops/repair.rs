@@ -411,15 +411,8 @@ pub fn repair_snapshots(
             // A repair killed after storing this snapshot's replacement but before
             // forgetting it: the replacement is there already (same chain, tree,
             // time, host and paths); it is not stored twice.
-            let done_before = snaps.iter().find(|(id, x)| {
-                *id != sid
-                    && x.original == snap.original
-                    && x.tree == snap.tree
-                    && x.time == snap.time
-                    && x.hostname == snap.hostname
-                    && x.paths == snap.paths
-            });
-            if let (false, Some((existing, _))) = (dry_run, done_before) {
+            let done_before = crate::repo::existing_replacement(&snaps, &sid, &snap);
+            if let (false, Some(existing)) = (dry_run, done_before.as_ref()) {
                 // Its host record may not have been carried before the kill.
                 if let Err(e) = repo.carry_host_record(&sid, existing) {
                     report.warnings.push(format!(

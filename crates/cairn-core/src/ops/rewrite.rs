@@ -86,6 +86,7 @@ pub fn rewrite(
         dry_run: opts.dry_run,
         ..Default::default()
     };
+    let (all, _) = session.snapshots()?;
     let mut changed = Vec::new();
     for (id, snap) in snapshots {
         let root = snap
@@ -122,7 +123,11 @@ pub fn rewrite(
             snap.tree = out.id.to_hex();
             snap.summary.total_bytes = crate::ops::repair::file_bytes(repo, &out.id, &written)?;
             snap.original = Some(snap.original.clone().unwrap_or_else(|| id.to_hex()));
-            let new_id = repo.write_snapshot(&snap, &lock)?;
+            // A run killed after storing this replacement: it is there already.
+            let new_id = match crate::repo::existing_replacement(&all, &id, &snap) {
+                Some(existing) => existing,
+                None => repo.write_snapshot(&snap, &lock)?,
+            };
             let carried = repo.carry_host_record(&id, &new_id);
             if let Err(e) = &carried {
                 report.warnings.push(format!(

@@ -91,6 +91,7 @@ pub fn tag(
         dry_run,
         ..Default::default()
     };
+    let (all, _) = session.snapshots()?;
     for (id, snap) in snapshots {
         let tags = change.apply(&snap.tags);
         if tags == snap.tags {
@@ -103,7 +104,11 @@ pub fn tag(
         let new_id = if dry_run {
             None
         } else {
-            let new_id = repo.write_snapshot(&new, &lock)?;
+            // A run killed after storing this replacement: it is there already.
+            let new_id = match crate::repo::existing_replacement(&all, id, &new) {
+                Some(existing) => existing,
+                None => repo.write_snapshot(&new, &lock)?,
+            };
             if let Err(e) = repo.carry_host_record(id, &new_id) {
                 // The old one stays, with its record: forgetting it would leave its
                 // host's tokens without the snapshot.

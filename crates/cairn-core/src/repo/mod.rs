@@ -36,7 +36,7 @@ pub mod storage;
 pub(crate) use index_load::until_settled;
 pub use index_load::{EachPending, IndexObject, IndexReadError, IndexState};
 pub use snapshots::{HostRead, SnapshotError, SnapshotList, resolve_snapshot_prefix};
-pub(crate) use snapshots::{latest, latest_in};
+pub(crate) use snapshots::{existing_replacement, latest, latest_in};
 
 #[derive(Clone, Debug)]
 pub struct InitOptions {

@@ -292,6 +292,28 @@ impl Repository {
     }
 }
 
+/// A snapshot of `all` (other than `old`) that is already what `new` would store:
+/// a rewrite (tag, rewrite, repair) killed after storing the replacement and
+/// before forgetting the old one, run again. Same chain, tree, time, host, paths
+/// and tags: storing `new` would only make a second copy.
+pub(crate) fn existing_replacement(
+    all: &[(SnapshotId, Snapshot)],
+    old: &SnapshotId,
+    new: &Snapshot,
+) -> Option<SnapshotId> {
+    all.iter()
+        .find(|(id, x)| {
+            id != old
+                && x.original == new.original
+                && x.tree == new.tree
+                && x.time == new.time
+                && x.hostname == new.hostname
+                && x.paths == new.paths
+                && x.tags == new.tags
+        })
+        .map(|(id, _)| *id)
+}
+
 /// The newest snapshot, refusing to guess when some snapshot could not be read: a
 /// damaged one may be the newest, and silently taking an older one would restore
 /// older data than the user asked for.

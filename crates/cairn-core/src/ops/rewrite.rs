@@ -124,7 +124,7 @@ pub fn rewrite(
             snap.summary.total_bytes = crate::ops::repair::file_bytes(repo, &out.id, &written)?;
             snap.original = Some(snap.original.clone().unwrap_or_else(|| id.to_hex()));
             // A run killed after storing this replacement: it is there already.
-            let new_id = match crate::repo::existing_replacement(&all, &id, &snap) {
+            let new_id = match crate::repo::existing_replacement(all, &id, &snap) {
                 Some(existing) => existing,
                 None => repo.write_snapshot(&snap, &lock)?,
             };

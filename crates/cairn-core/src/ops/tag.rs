@@ -105,7 +105,7 @@ pub fn tag(
             None
         } else {
             // A run killed after storing this replacement: it is there already.
-            let new_id = match crate::repo::existing_replacement(&all, id, &new) {
+            let new_id = match crate::repo::existing_replacement(all, id, &new) {
                 Some(existing) => existing,
                 None => repo.write_snapshot(&new, &lock)?,
             };

@@ -123,8 +123,9 @@ impl Repository {
             .get_bounded(&names::host_record(&old.to_hex()), MAX_HOST_RECORD)
         {
             Ok(r) => r,
-            // None, or none this client may read (a host-bound token's source:
-            // its snapshots are all its host's, and name it).
+            // None, or none this client may read: a host-bound token, whose
+            // snapshots are all its host's (the server records them as such when
+            // they are stored, and they name it).
             Err(e)
                 if e.is_not_found()
                     || e.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
@@ -146,28 +147,7 @@ impl Repository {
     /// `cairn serve` wrote for `old`, if any, so that a host-bound token still sees
     /// it and retention still attributes it (docs/SERVER.md).
     pub fn carry_host_record(&self, old: &SnapshotId, new: &SnapshotId) -> Result<()> {
-        let record = match self
-            .backend
-            .get_bounded(&names::host_record(&old.to_hex()), MAX_HOST_RECORD)
-        {
-            Ok(r) => r,
-            // None, or none this client may read: a host-bound token, whose
-            // snapshots the server records as its host's when they are stored.
-            Err(e)
-                if e.is_not_found()
-                    || e.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
-            {
-                return Ok(());
-            }
-            Err(e) => return Err(e.into()),
-        };
-        match self
-            .backend
-            .put_new(&names::host_record(&new.to_hex()), &record)
-        {
-            Err(e) if !e.is_already_exists() => Err(e.into()),
-            _ => Ok(()),
-        }
+        self.copy_host_record_from(self, old, new)
     }
 
     /// All snapshots sorted by time (oldest first), plus the ones that could not be read.

@@ -40,6 +40,8 @@ await drive(async (browser, out) => {
   await signIn(page, env.ADMIN_TOKEN);
   await page.waitForSelector("#datastore-rows tr");
   out.key_before = await text(page, "td[data-field=key]");
+  // The hosts' note is written once their panel has loaded, after the table.
+  await page.waitForFunction(() => (document.querySelector("#hosts-note")?.textContent ?? "") !== "");
   out.hosts_note_locked = await text(page, "#hosts-note");
 
   // Unlock: a wrong password first (a message, still locked), then the right one.

@@ -7,7 +7,7 @@ use crate::policy::{self, Action, Decision, Kind, Role};
 use crate::tokens::TokenEntry;
 use crate::{App, Datastore};
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cairn_backend::{BackendError, BackendErrorKind};
@@ -61,6 +61,26 @@ impl From<BackendError> for ApiError {
             BackendErrorKind::Other => (StatusCode::INTERNAL_SERVER_ERROR, "storage"),
         };
         ApiError::new(status, kind, e.message)
+    }
+}
+
+/// A query string, refused with the API's JSON error (axum's own answer is plain
+/// text) when it does not parse: `?max=-1`, a missing field.
+pub struct Query<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestParts<S>
+    for Query<T>
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(q)| Query(q))
+            .map_err(|e| ApiError::bad(format!("the query string: {}", e.body_text())))
     }
 }
 

@@ -595,6 +595,17 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
     assert_eq!(objects(&env.repo), before);
     env.check_clean();
     drop(slow);
+    // A query string that does not parse gets the API's JSON error, not text.
+    let (code, body) = http(
+        p,
+        "GET",
+        "/v1/datastores/main/objects/config?max=-1",
+        Some(&backup),
+        b"",
+    );
+    assert_eq!(code, 400, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    assert_eq!(v["error"], "bad_request", "{body}");
     srv.stop();
 }
 

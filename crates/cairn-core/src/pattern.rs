@@ -16,13 +16,18 @@ pub struct Glob {
     re: Regex,
 }
 
+/// A glob's regex source, anchored, with its case rule.
+fn source(pattern: &str, separator: bool, ignore_case: bool) -> Result<String, String> {
+    let body = translate(pattern, separator)?;
+    let flags = if ignore_case { "(?i)" } else { "" };
+    Ok(format!("{flags}^(?s:{body})$"))
+}
+
 impl Glob {
     /// `pattern` as a glob; with `separator`, `*`, `?` and classes never match a
     /// `/` (paths); without, they do (a single name has none anyway).
     pub fn new(pattern: &str, separator: bool, ignore_case: bool) -> Result<Glob, String> {
-        let body = translate(pattern, separator)?;
-        let flags = if ignore_case { "(?i)" } else { "" };
-        let re = Regex::new(&format!("{flags}^(?s:{body})$"))
+        let re = Regex::new(&source(pattern, separator, ignore_case)?)
             .map_err(|e| format!("pattern {pattern:?}: {e}"))?;
         Ok(Glob { re })
     }
@@ -40,32 +45,42 @@ impl Glob {
     }
 }
 
-/// Several globs: does any match?
+/// Several globs matched in one pass (an exclude file of hundreds of patterns
+/// costs one scan of each path, not one per pattern).
 #[derive(Clone, Debug, Default)]
 pub struct GlobSet {
-    globs: Vec<Glob>,
+    set: Option<regex::RegexSet>,
 }
 
 impl GlobSet {
-    pub fn push(&mut self, g: Glob) {
-        self.globs.push(g);
-    }
-    pub fn is_empty(&self) -> bool {
-        self.globs.is_empty()
-    }
-    pub fn is_match_bytes(&self, path: &[u8]) -> bool {
-        if self.globs.is_empty() {
-            return false;
+    /// Every `(pattern, ignore_case)` as a path glob (`*` stops at `/`).
+    pub fn new<'a>(patterns: impl IntoIterator<Item = (&'a str, bool)>) -> Result<GlobSet, String> {
+        let mut sources = Vec::new();
+        for (p, fold) in patterns {
+            let src = source(p, true, fold)?;
+            // Each checked alone first, so an error names its pattern.
+            Regex::new(&src).map_err(|e| format!("pattern {p:?}: {e}"))?;
+            sources.push(src);
         }
-        let owned;
-        let text = match std::str::from_utf8(path) {
-            Ok(s) => s,
-            Err(_) => {
-                owned = crate::ops::ls::escape_name(path);
-                &owned
-            }
+        if sources.is_empty() {
+            return Ok(GlobSet { set: None });
+        }
+        let set = regex::RegexSet::new(&sources).map_err(|e| e.to_string())?;
+        Ok(GlobSet { set: Some(set) })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.set.is_none()
+    }
+
+    pub fn is_match_bytes(&self, path: &[u8]) -> bool {
+        let Some(set) = &self.set else {
+            return false;
         };
-        self.globs.iter().any(|g| g.is_match(text))
+        match std::str::from_utf8(path) {
+            Ok(s) => set.is_match(s),
+            Err(_) => set.is_match(&crate::ops::ls::escape_name(path)),
+        }
     }
 }
 
@@ -246,8 +261,7 @@ mod tests {
         let g = Glob::new("/d/?x", true, false).unwrap();
         assert!(g.is_match_bytes(b"/d/\xffx"));
         assert!(!g.is_match_bytes(b"/d/\xff\xfex"));
-        let mut set = GlobSet::default();
-        set.push(Glob::new("**/*.tmp", true, false).unwrap());
+        let set = GlobSet::new([("**/*.tmp", false)]).unwrap();
         assert!(set.is_match_bytes(b"/a/\xff.tmp"));
         assert!(!set.is_match_bytes(b"/a/x.tmpl"));
     }

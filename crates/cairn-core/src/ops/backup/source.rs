@@ -420,9 +420,9 @@ pub struct Excludes {
 
 impl Excludes {
     pub fn new(rules: &ExcludeRules) -> Result<Self, String> {
-        let mut set = crate::pattern::GlobSet::default();
         let all = (rules.patterns.iter().map(|p| (p, false)))
             .chain(rules.ipatterns.iter().map(|p| (p, true)));
+        let mut globs: Vec<(String, bool)> = Vec::new();
         for (p, fold) in all {
             let p = p.trim_end_matches('/');
             if p.is_empty() {
@@ -433,10 +433,10 @@ impl Excludes {
             } else {
                 format!("**/{p}")
             };
-            let g = crate::pattern::Glob::new(&full, true, fold)
-                .map_err(|e| format!("invalid exclude pattern {p:?}: {e}"))?;
-            set.push(g);
+            globs.push((full, fold));
         }
+        let set = crate::pattern::GlobSet::new(globs.iter().map(|(p, f)| (p.as_str(), *f)))
+            .map_err(|e| format!("invalid exclude pattern: {e}"))?;
         let mut tags = Vec::new();
         for t in &rules.if_present {
             let (name, header) = match t.split_once(':') {

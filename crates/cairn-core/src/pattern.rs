@@ -38,10 +38,7 @@ impl Glob {
 
     /// Matches a path from the file system (its bytes), as `ls` would print it.
     pub fn is_match_bytes(&self, path: &[u8]) -> bool {
-        match std::str::from_utf8(path) {
-            Ok(s) => self.is_match(s),
-            Err(_) => self.is_match(&crate::ops::ls::escape_name(path)),
-        }
+        self.is_match(&as_listed(path))
     }
 }
 
@@ -77,10 +74,16 @@ impl GlobSet {
         let Some(set) = &self.set else {
             return false;
         };
-        match std::str::from_utf8(path) {
-            Ok(s) => set.is_match(s),
-            Err(_) => set.is_match(&crate::ops::ls::escape_name(path)),
-        }
+        set.is_match(&as_listed(path))
+    }
+}
+
+/// A path's bytes as `ls` prints them: borrowed when UTF-8, else with each
+/// invalid byte as its stand-in character.
+fn as_listed(path: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(path) {
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(_) => std::borrow::Cow::Owned(crate::ops::ls::escape_name(path)),
     }
 }
 

@@ -175,6 +175,15 @@ pub struct ConfigSummary {
     pub max_concurrent_jobs: u32,
 }
 
+impl ConfigSummary {
+    /// The repository has the `admin-names` feature.
+    pub fn admin_names(&self) -> bool {
+        self.features
+            .iter()
+            .any(|f| f == cairn_format::consts::FEATURE_ADMIN_NAMES)
+    }
+}
+
 /// The repository config's plaintext settings (the `config` member, unverified:
 /// the server cannot check its MAC).
 pub fn read_config_json(backend: &dyn Backend) -> Result<serde_json::Value, String> {
@@ -289,10 +298,7 @@ impl App {
                     summary.max_concurrent_jobs
                 ));
             }
-            let admin_names = summary
-                .features
-                .iter()
-                .any(|f| f == cairn_format::consts::FEATURE_ADMIN_NAMES);
+            let admin_names = summary.admin_names();
             let owners = locks::LockOwners::open(
                 config.state_dir.join(format!("locks-{name}.json")),
                 config.max_lock_age_hours.saturating_mul(3600) as i64,
@@ -552,13 +558,8 @@ async fn run(
                     tokio::task::spawn_blocking(move || read_config_summary(d.backend.as_ref()))
                         .await;
                 if let Ok(Ok(summary)) = read {
-                    ds.admin_names.store(
-                        summary
-                            .features
-                            .iter()
-                            .any(|f| f == cairn_format::consts::FEATURE_ADMIN_NAMES),
-                        Ordering::Release,
-                    );
+                    ds.admin_names
+                        .store(summary.admin_names(), Ordering::Release);
                     ds.max_jobs
                         .store(summary.max_concurrent_jobs, Ordering::Relaxed);
                     ds.ready.store(true, Ordering::Release);

@@ -816,11 +816,7 @@ fn latest_links_follow_the_snapshot_list_and_hosts_stay_apart() {
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("f"), b"1").unwrap();
     let s = src.to_str().unwrap();
-    let backup = |host: &str| -> String {
-        let v: serde_json::Value =
-            serde_json::from_str(&env.ok(&["backup", "--json", "--host", host, s])).unwrap();
-        v["snapshot_id"].as_str().unwrap().to_string()
-    };
+    let backup = |host: &str| env.backup_args(&["--host", host, s]);
     let s1 = backup("web_01");
     let mnt = env.path("mnt");
     let _m = Mount::start(&env, &mnt, &["--refresh-secs", "1"]);

@@ -393,9 +393,7 @@ fn exclusion_options_and_path_lists() {
             .collect()
     };
 
-    let out = env.ok(&[
-        "backup",
-        "--json",
+    let got = ls(&env.backup_args(&[
         "--iexclude",
         "*.txt",
         "--exclude-caches",
@@ -404,9 +402,7 @@ fn exclusion_options_and_path_lists() {
         "--exclude-larger-than",
         "1M",
         s,
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let got = ls(v["snapshot_id"].as_str().unwrap());
+    ]));
     let want = [
         "",
         "/a",
@@ -430,15 +426,11 @@ fn exclusion_options_and_path_lists() {
     ];
     assert_eq!(got, want);
     // A header that must match: the tag with another header is not one.
-    let out = env.ok(&[
-        "backup",
-        "--json",
+    let got = ls(&env.backup_args(&[
         "--exclude-if-present",
         "CACHEDIR.TAG:Signature: something",
         s,
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let got = ls(v["snapshot_id"].as_str().unwrap());
+    ]));
     assert!(got.contains(&"/cache/data".to_string()), "{got:?}");
     assert!(
         got.contains(&"/fake-cache/CACHEDIR.TAG".to_string()),
@@ -446,16 +438,12 @@ fn exclusion_options_and_path_lists() {
     );
     assert!(!got.contains(&"/fake-cache/data".to_string()), "{got:?}");
     // A path named on the command line is judged too.
-    let out = env.ok(&[
-        "backup",
-        "--json",
+    let got = ls(&env.backup_args(&[
         "--exclude-larger-than",
         "1K",
         &format!("{s}/b/big"),
         &format!("{s}/b/small"),
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let got = ls(v["snapshot_id"].as_str().unwrap());
+    ]));
     assert_eq!(got, ["", "/b", "/b/small"]);
 
     // --files-from: comments, blank lines, patterns; a pattern matching nothing
@@ -484,16 +472,12 @@ fn exclusion_options_and_path_lists() {
     fs::write(&list, format!("{s}/odd dir/#name\n")).unwrap();
     let raw = env.path("raw");
     fs::write(&raw, format!("{s}/b/small\0{s}/odd dir\0")).unwrap();
-    let out = env.ok(&[
-        "backup",
-        "--json",
+    let got = ls(&env.backup_args(&[
         "--files-from-verbatim",
         list.to_str().unwrap(),
         "--files-from-raw",
         raw.to_str().unwrap(),
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let got = ls(v["snapshot_id"].as_str().unwrap());
+    ]));
     assert_eq!(got, ["", "/b", "/b/small", "/odd dir", "/odd dir/#name"]);
 
     // Lists that name nothing, and a tag that is a path, are refused.
@@ -667,9 +651,7 @@ fn snapshots_latest_per_host_and_paths() {
     let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
     let mut ids = Vec::new();
     for args in [&[a][..], &[a], &[a], &[b], &[a, b]] {
-        let out = env.ok(&[&["backup", "--json"][..], args].concat());
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        ids.push(v["snapshot_id"].as_str().unwrap().to_string());
+        ids.push(env.backup_args(args));
     }
     env.ok(&["backup", "-q", "--host", "other", a]);
     let list = |n: &str| -> Vec<String> {
@@ -699,12 +681,7 @@ fn tag_adds_removes_and_sets_tags() {
     let src = env.path("src");
     make_full_tree(&src, 2);
     let s = src.to_str().unwrap();
-    let snap = |args: &[&str]| -> String {
-        let v: serde_json::Value =
-            serde_json::from_str(&env.ok(&[&["backup", "--json"][..], args, &[s]].concat()))
-                .unwrap();
-        v["snapshot_id"].as_str().unwrap().to_string()
-    };
+    let snap = |args: &[&str]| env.backup_args(&[args, &[s]].concat());
     let first = snap(&["--tag", "daily"]);
     let second = snap(&[]);
     let list = || -> Vec<serde_json::Value> {
@@ -797,8 +774,7 @@ fn rewrite_takes_files_out_of_snapshots() {
     fs::write(src.join("vault/deep/key.bin"), rng.bytes(2 << 20, false)).unwrap();
     fs::write(src.join("secret.TXT"), rng.bytes(1 << 20, false)).unwrap();
     let s = src.to_str().unwrap();
-    let v: serde_json::Value = serde_json::from_str(&env.ok(&["backup", "--json", s])).unwrap();
-    let first = v["snapshot_id"].as_str().unwrap().to_string();
+    let first = env.backup_args(&[s]);
     let data_bytes = || -> u64 {
         let v: serde_json::Value = serde_json::from_str(&env.ok(&["stats", "--json"])).unwrap();
         v["stored_bytes"]
@@ -942,12 +918,8 @@ fn selections_counts_passwords_and_patterns_say_what_they_mean() {
     fs::hard_link(src.join("h1"), src.join("h2")).unwrap();
     fs::write(src.join("ünï"), "u").unwrap();
     let s = src.to_str().unwrap();
-    let id = |out: String| -> String {
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        v["snapshot_id"].as_str().unwrap().to_string()
-    };
-    let a1 = id(env.ok(&["backup", "--json", "--host", "alpha", s]));
-    let b1 = id(env.ok(&["backup", "--json", "--host", "beta", s]));
+    let a1 = env.backup_args(&["--host", "alpha", s]);
+    let b1 = env.backup_args(&["--host", "beta", s]);
     // stats --host alpha latest: alpha's newest alone, not alpha's plus beta's.
     let st: serde_json::Value =
         serde_json::from_str(&env.ok(&["stats", "--json", "--host", "alpha", "latest"])).unwrap();
@@ -972,7 +944,7 @@ fn selections_counts_passwords_and_patterns_say_what_they_mean() {
     assert_eq!(v["files_new"], 4, "{v}");
     // A hard link removed: diff --metadata lists the file left.
     fs::remove_file(src.join("h2")).unwrap();
-    let b3 = id(env.ok(&["backup", "--json", "--host", "beta", s]));
+    let b3 = env.backup_args(&["--host", "beta", s]);
     let d = env.ok(&["diff", "--metadata", &b1, &b3]);
     assert!(
         d.lines().any(|l| l.starts_with('U') && l.ends_with("/h1")),
@@ -1000,7 +972,7 @@ fn selections_counts_passwords_and_patterns_say_what_they_mean() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("empty first line"));
     // `?` is one character, whatever its bytes; -i folds Unicode.
-    let e = id(env.ok(&["backup", "--json", "--exclude", "?n?", s]));
+    let e = env.backup_args(&["--exclude", "?n?", s]);
     assert!(!env.ok(&["ls", &e]).contains("ünï"));
     let f: serde_json::Value =
         serde_json::from_str(&env.ok(&["find", "--json", "-i", "--snapshot", &b3, "ÜNÏ"])).unwrap();

@@ -121,10 +121,17 @@ impl Env {
 
     /// Backs up and returns the snapshot id.
     pub fn backup(&self, paths: &[&Path]) -> String {
-        let mut a: Vec<String> = vec!["backup".into(), "--json".into()];
-        a.extend(paths.iter().map(|p| p.to_string_lossy().into_owned()));
+        let a: Vec<String> = paths
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
         let refs: Vec<&str> = a.iter().map(String::as_str).collect();
-        let out = self.ok(&refs);
+        self.backup_args(&refs)
+    }
+
+    /// `backup --json ARGS...` (options and paths): the snapshot id.
+    pub fn backup_args(&self, args: &[&str]) -> String {
+        let out = self.ok(&[&["backup", "--json"][..], args].concat());
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         v["snapshot_id"].as_str().unwrap().to_string()
     }

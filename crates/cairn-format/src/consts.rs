@@ -62,6 +62,11 @@ pub const MAX_SMALL_OBJECT_SIZE: usize = 1 << 20;
 /// Hard cap on an index file: cairn writes them at about 200,000 blobs (9 MB);
 /// this is 20 million.
 pub const MAX_INDEX_FILE_SIZE: usize = 1 << 30;
+/// Hard cap on a pending-deletion record when read. Prune writes them at 500,000
+/// entries (a pack never split, so tens of MB) and a server takes none larger than
+/// an index file, but a prune before the split wrote one record for everything it
+/// retired, so readers allow more than writers may write.
+pub const MAX_PENDING_RECORD_SIZE: u64 = 4 << 30;
 
 /// Version byte at the start of an index file plaintext.
 pub const INDEX_VERSION: u8 = 1;

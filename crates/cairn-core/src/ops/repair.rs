@@ -22,6 +22,7 @@ use crate::session::{Exclusive, Session};
 use crate::tree::chunklist::for_each_content_blob;
 use crate::tree::walk::Visitor;
 use cairn_backend::names;
+use cairn_format::consts::MAX_PACK_SIZE;
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
 use cairn_format::pack::{self, BlobKind};
@@ -236,9 +237,24 @@ type Salvaged = (Vec<IndexBlob>, Option<DamagedPack>);
 
 /// The verified blobs of one pack, and what is wrong with it if anything.
 fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> Result<Salvaged> {
-    let data = match repo.backend().get(&names::pack(&id.to_hex())) {
+    let data = match repo
+        .backend()
+        .get_bounded(&names::pack(&id.to_hex()), MAX_PACK_SIZE)
+    {
         Ok(d) => d,
         Err(e) if e.is_not_found() => return Ok((vec![], None)),
+        // Larger than any pack cairn writes: nothing in it can be trusted, and
+        // reading it whole could exhaust memory.
+        Err(e) if e.kind == cairn_backend::BackendErrorKind::TooLarge => {
+            let damage = DamagedPack {
+                pack: id.to_hex(),
+                message: format!("larger than any pack ({})", e.message),
+                blobs_lost: known.map_or(0, <[IndexBlob]>::len),
+                blobs_kept: 0,
+                header_unreadable: true,
+            };
+            return Ok((vec![], Some(damage)));
+        }
         Err(e) => return Err(e.into()),
     };
     let mut problems = Vec::new();
@@ -721,7 +737,13 @@ pub(crate) fn copy_blobs(
     let mut meta = Packer::new(repo.key().clone(), pool, size);
     let mut result = Ok(());
     'packs: for p in packs {
-        let bytes = match repo.backend().get(&names::pack(&p.id.to_hex())) {
+        if p.blobs.is_empty() {
+            continue;
+        }
+        let bytes = match repo
+            .backend()
+            .get_bounded(&names::pack(&p.id.to_hex()), MAX_PACK_SIZE)
+        {
             Ok(b) => b,
             Err(e) => {
                 result = Err(e.into());

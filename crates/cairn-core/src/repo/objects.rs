@@ -118,10 +118,10 @@ impl Repository {
         hash: &[u8; 32],
         kind: &'static str,
         what: &str,
-        max: Option<usize>,
+        max: Option<u64>,
     ) -> Result<Vec<u8>> {
         let data = match max {
-            Some(m) => self.backend.get_bounded(name, m as u64),
+            Some(m) => self.backend.get_bounded(name, m),
             None => self.backend.get(name),
         }
         .map_err(|e| too_large_is_damage(e, what))?;
@@ -148,7 +148,13 @@ impl Repository {
         let what = format!("index file {}", id.to_hex());
         let hex = id.to_hex();
         let read = |name: &str| {
-            self.read_sealed_object(name, &id.0, "index file", &what, Some(MAX_INDEX_FILE_SIZE))
+            self.read_sealed_object(
+                name,
+                &id.0,
+                "index file",
+                &what,
+                Some(MAX_INDEX_FILE_SIZE as u64),
+            )
         };
         let admin_names = self.admin_names();
         let (plain, admin) = match read(&names::index(&hex)) {
@@ -216,7 +222,7 @@ impl Repository {
             &id.0,
             "pending deletion",
             &what,
-            None,
+            Some(cairn_format::consts::MAX_PENDING_RECORD_SIZE),
         )?;
         PendingDeletion::decode(&plain).map_err(|e| Error::damaged(what, e))
     }

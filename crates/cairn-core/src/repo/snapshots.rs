@@ -45,7 +45,7 @@ impl Repository {
             &id.0,
             "snapshot",
             &what,
-            Some(MAX_METADATA_OBJECT_SIZE),
+            Some(MAX_METADATA_OBJECT_SIZE as u64),
         )?;
         Snapshot::from_bytes(&plain).map_err(|e| Error::damaged(what, e))
     }

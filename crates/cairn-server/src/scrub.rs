@@ -124,7 +124,10 @@ fn check_one(backend: &dyn Backend, o: &ObjectInfo, kind: crate::policy::Kind) -
             n,
         )
     };
-    let data = match backend.get(&o.name) {
+    // No object larger than its kind allows is read into memory (a file that grew
+    // on the server's disk is reported, not loaded).
+    let max = kind.max_size(cairn_format::consts::MAX_PACK_SIZE);
+    let data = match backend.get_bounded(&o.name, max) {
         Ok(d) => d,
         Err(e) if e.is_not_found() => {
             return problem("vanished", "listed, then gone (pruned meanwhile)".into(), 0);

@@ -3450,3 +3450,57 @@ fn a_datastore_down_at_start_leaves_the_others_served() {
         "{log}"
     );
 }
+
+/// A snapshot lists every path it was given: `--files-from` with many thousands of
+/// files makes it megabytes (1.3 MB here), which a backup token must be able to
+/// store. The server had capped snapshots at 1 MiB and refused the commit after
+/// all the data was uploaded.
+#[test]
+fn a_backup_of_many_listed_files_commits_through_the_server() {
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let token = srv.token("web01", "main", "backup");
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let mut list = String::new();
+    for i in 0..12_000 {
+        let p = src.join(format!("{}-{i:05}", "n".repeat(90)));
+        std::fs::write(&p, i.to_string()).unwrap();
+        list.push_str(p.to_str().unwrap());
+        list.push('\n');
+    }
+    let list_file = env.path("list");
+    std::fs::write(&list_file, list).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &token,
+            &[
+                "backup",
+                "--json",
+                "--files-from",
+                list_file.to_str().unwrap(),
+            ],
+        ),
+        "backup of 12,000 listed files",
+    ))
+    .unwrap();
+    assert_eq!(v["files_new"].as_u64(), Some(12_000), "{v}");
+    let snaps = std::fs::read_dir(env.repo.join("snapshots")).unwrap();
+    let sizes: Vec<u64> = snaps
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .collect();
+    assert!(sizes.len() == 1 && sizes[0] > 1 << 20, "{sizes:?}");
+    let restored = env.path("r");
+    env.ok(&[
+        "restore",
+        v["snapshot_id"].as_str().unwrap(),
+        "--target",
+        restored.to_str().unwrap(),
+    ]);
+    assert_same(&src, &restored.join(src.strip_prefix("/").unwrap()));
+    srv.stop();
+}

@@ -65,6 +65,17 @@ impl Repository {
     ) -> Result<SnapshotId> {
         lock.check_held()?;
         let sealed = self.key.sealer.seal(&snap.to_bytes());
+        if sealed.len() > MAX_METADATA_OBJECT_SIZE {
+            // Readers would refuse it: better no snapshot than an unreadable one.
+            return Err(Error::Invalid(format!(
+                "the snapshot would take {} MiB, more than the {} MiB a snapshot may \
+                 (it lists {} paths and {} tags)",
+                sealed.len() >> 20,
+                MAX_METADATA_OBJECT_SIZE >> 20,
+                snap.paths.len(),
+                snap.tags.len()
+            )));
+        }
         let id = SnapshotId::of_content(&sealed);
         crate::hooks::point("snapshot:before-write");
         super::objects::store_immutable(

@@ -542,6 +542,19 @@ fn run(
         }
     };
 
+    // The snapshot lists every path given (as restic's does); it must stay readable
+    // (`MAX_METADATA_OBJECT_SIZE`, with room for the rest of it). Said before any
+    // data is read, not at the commit point.
+    let names_len = snapshot_paths.iter().map(|p| p.len() + 8).sum::<usize>();
+    if names_len > cairn_format::consts::MAX_METADATA_OBJECT_SIZE - (16 << 20) {
+        return Err(Error::Invalid(format!(
+            "{} paths ({} MiB of names) are more than one snapshot can list; back up \
+             their parent directories (with --exclude for what to leave out) instead",
+            snapshot_paths.len(),
+            names_len >> 20
+        )));
+    }
+
     let is_image = opts.image.is_some();
     // `--force` reads everything and compares with nothing: no parent is recorded
     // (as restic has it), so the counts say "new" truthfully.

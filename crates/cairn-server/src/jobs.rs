@@ -360,13 +360,17 @@ impl Jobs {
                 spec.name
             ));
         }
-        let mut file = self.console.load().map_err(|e| e.to_string())?;
-        let existed = file.jobs.iter().any(|s| s.name == spec.name);
-        file.jobs.retain(|s| s.name != spec.name);
         let name = spec.name.clone();
-        file.jobs.push(spec);
-        file.version = 1;
-        self.console.save(&file).map_err(|e| e.to_string())?;
+        let existed = self
+            .console
+            .update(|file| {
+                let existed = file.jobs.iter().any(|s| s.name == spec.name);
+                file.jobs.retain(|s| s.name != spec.name);
+                file.jobs.push(spec);
+                file.version = 1;
+                Ok::<_, crate::statefile::StateError>(existed)
+            })
+            .map_err(|e| e.to_string())?;
         // A changed interval counts from now.
         self.lock().due.remove(&name);
         Ok(existed)
@@ -374,15 +378,18 @@ impl Jobs {
 
     /// Removes a console schedule (its history stays); false if there is none.
     pub fn delete_console(&self, name: &str) -> Result<bool, String> {
-        let mut file = self.console.load().map_err(|e| e.to_string())?;
-        let before = file.jobs.len();
-        file.jobs.retain(|s| s.name != name);
-        if file.jobs.len() == before {
-            return Ok(false);
+        let removed = self
+            .console
+            .update(|file| {
+                let before = file.jobs.len();
+                file.jobs.retain(|s| s.name != name);
+                Ok::<_, crate::statefile::StateError>(file.jobs.len() != before)
+            })
+            .map_err(|e| e.to_string())?;
+        if removed {
+            self.lock().due.remove(name);
         }
-        self.console.save(&file).map_err(|e| e.to_string())?;
-        self.lock().due.remove(name);
-        Ok(true)
+        Ok(removed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -510,9 +517,9 @@ impl Jobs {
         };
         // Another server sharing the state directory may have recorded runs of
         // its own jobs since: theirs are kept, ours added (runs told apart by their
-        // start and end).
-        if let Ok(disk) = self.history.load() {
-            for (job, runs) in disk {
+        // start and end), the file locked from the read to the write.
+        let merged = self.history.update(|disk| {
+            for (job, runs) in std::mem::take(disk) {
                 let h = s.history.entry(job).or_default();
                 for r in runs {
                     if !h
@@ -525,16 +532,39 @@ impl Jobs {
                 h.make_contiguous()
                     .sort_by(|a, b| a.started.cmp(&b.started));
             }
-        }
-        let h = s.history.entry(name.to_string()).or_default();
-        h.push_back(run);
-        for h in s.history.values_mut() {
-            while h.len() > HISTORY {
-                h.pop_front();
+            s.history
+                .entry(name.to_string())
+                .or_default()
+                .push_back(run.clone());
+            for h in s.history.values_mut() {
+                while h.len() > HISTORY {
+                    h.pop_front();
+                }
             }
-        }
-        if let Err(e) = self.history.save(&s.history) {
-            crate::log_line(&format!("job {name}: its run is not kept on disk: {e}"));
+            disk.clone_from(&s.history);
+            Ok::<_, crate::statefile::StateError>(())
+        });
+        if let Err(e) = merged {
+            // Kept in memory at least (the file could not be read or written).
+            let h = s.history.entry(name.to_string()).or_default();
+            if !h
+                .iter()
+                .any(|x| x.started == run.started && x.ended == run.ended)
+            {
+                h.push_back(run);
+                if h.len() > HISTORY {
+                    h.pop_front();
+                }
+            }
+            // A damaged file is a record, not a setting: what this server knows
+            // replaces it.
+            let saved = match e {
+                crate::statefile::StateError::Damaged { .. } => self.history.save(&s.history),
+                e => Err(e),
+            };
+            if let Err(e) = saved {
+                crate::log_line(&format!("job {name}: its run is not kept on disk: {e}"));
+            }
         }
     }
 }

@@ -119,10 +119,6 @@ impl TokenStore {
         Ok(None)
     }
 
-    fn write_file(&self, tokens: Vec<TokenEntry>) -> Result<(), TokenError> {
-        Ok(self.file.save(&TokenFile { version: 1, tokens })?)
-    }
-
     /// Adds a token and returns it with its secret (shown once, never stored).
     pub fn add(
         &self,
@@ -137,43 +133,45 @@ impl TokenStore {
             ));
         }
         valid_grant(datastore, role).map_err(TokenError::Invalid)?;
-        let mut tokens = self.list()?;
-        if tokens.iter().any(|t| t.name == name) {
-            return Err(TokenError::Invalid(format!(
-                "a token named {name:?} exists (remove it first)"
-            )));
-        }
-        let id = hex::encode(random::<8>());
-        let secret = hex::encode(random::<32>());
-        let entry = TokenEntry {
-            id: id.clone(),
-            name: name.to_string(),
-            datastore: datastore.to_string(),
-            role,
-            host: host.map(str::to_string),
-            hash: blake3::hash(secret.as_bytes()).to_hex().to_string(),
-            created: cairn_core::time::now_rfc3339(),
-            user: false,
-        };
-        tokens.push(entry.clone());
-        self.write_file(tokens)?;
-        Ok((entry, format!("cairn_{id}_{secret}")))
+        self.file.update(|file| {
+            if file.tokens.iter().any(|t| t.name == name) {
+                return Err(TokenError::Invalid(format!(
+                    "a token named {name:?} exists (remove it first)"
+                )));
+            }
+            let id = hex::encode(random::<8>());
+            let secret = hex::encode(random::<32>());
+            let entry = TokenEntry {
+                id: id.clone(),
+                name: name.to_string(),
+                datastore: datastore.to_string(),
+                role,
+                host: host.map(str::to_string),
+                hash: blake3::hash(secret.as_bytes()).to_hex().to_string(),
+                created: cairn_core::time::now_rfc3339(),
+                user: false,
+            };
+            file.version = 1;
+            file.tokens.push(entry.clone());
+            Ok((entry, format!("cairn_{id}_{secret}")))
+        })
     }
 
     /// Removes the token with this name or id; returns it.
     pub fn remove(&self, name_or_id: &str) -> Result<TokenEntry, TokenError> {
-        let mut tokens = self.list()?;
-        let Some(pos) = tokens
-            .iter()
-            .position(|t| t.name == name_or_id || t.id == name_or_id)
-        else {
-            return Err(TokenError::Invalid(format!(
-                "no token named {name_or_id:?}"
-            )));
-        };
-        let removed = tokens.remove(pos);
-        self.write_file(tokens)?;
-        Ok(removed)
+        self.file.update(|file| {
+            let Some(pos) = file
+                .tokens
+                .iter()
+                .position(|t| t.name == name_or_id || t.id == name_or_id)
+            else {
+                return Err(TokenError::Invalid(format!(
+                    "no token named {name_or_id:?}"
+                )));
+            };
+            file.version = 1;
+            Ok(file.tokens.remove(pos))
+        })
     }
 }
 

@@ -164,8 +164,16 @@ impl UserStore {
             .cloned())
     }
 
-    fn save(&self, users: Vec<UserEntry>) -> Result<(), UserError> {
-        Ok(self.file.save(&UserFile { version: 1, users })?)
+    /// Changes the file as one step against other processes (see
+    /// `StateFile::update`).
+    fn update<R>(
+        &self,
+        f: impl FnOnce(&mut Vec<UserEntry>) -> Result<R, UserError>,
+    ) -> Result<R, UserError> {
+        self.file.update(|file| {
+            file.version = 1;
+            f(&mut file.users)
+        })
     }
 
     fn check_password(password: &str) -> Result<(), UserError> {
@@ -192,44 +200,47 @@ impl UserStore {
         }
         valid_grant(datastore, role).map_err(UserError::Invalid)?;
         Self::check_password(password)?;
-        let mut users = self.list()?;
-        if users.iter().any(|u| u.name == name) {
-            return Err(UserError::Invalid(format!(
-                "a user named {name:?} exists (remove it first, or change its password \
-                 with `cairn serve user passwd`)"
-            )));
-        }
-        let entry = UserEntry {
-            name: name.to_string(),
-            datastore: datastore.to_string(),
-            role,
-            host: host.map(str::to_string),
-            hash: hash_password(password)?,
-            created: cairn_core::time::now_rfc3339(),
-        };
-        users.push(entry.clone());
-        self.save(users)?;
-        Ok(entry)
+        // The slow hash before the file is locked.
+        let hash = hash_password(password)?;
+        self.update(|users| {
+            if users.iter().any(|u| u.name == name) {
+                return Err(UserError::Invalid(format!(
+                    "a user named {name:?} exists (remove it first, or change its password \
+                     with `cairn serve user passwd`)"
+                )));
+            }
+            let entry = UserEntry {
+                name: name.to_string(),
+                datastore: datastore.to_string(),
+                role,
+                host: host.map(str::to_string),
+                hash,
+                created: cairn_core::time::now_rfc3339(),
+            };
+            users.push(entry.clone());
+            Ok(entry)
+        })
     }
 
     pub fn passwd(&self, name: &str, password: &str) -> Result<(), UserError> {
         Self::check_password(password)?;
-        let mut users = self.list()?;
-        let Some(u) = users.iter_mut().find(|u| u.name == name) else {
-            return Err(UserError::Invalid(format!("no user named {name:?}")));
-        };
-        u.hash = hash_password(password)?;
-        self.save(users)
+        let hash = hash_password(password)?;
+        self.update(|users| {
+            let Some(u) = users.iter_mut().find(|u| u.name == name) else {
+                return Err(UserError::Invalid(format!("no user named {name:?}")));
+            };
+            u.hash = hash;
+            Ok(())
+        })
     }
 
     pub fn remove(&self, name: &str) -> Result<UserEntry, UserError> {
-        let mut users = self.list()?;
-        let Some(pos) = users.iter().position(|u| u.name == name) else {
-            return Err(UserError::Invalid(format!("no user named {name:?}")));
-        };
-        let removed = users.remove(pos);
-        self.save(users)?;
-        Ok(removed)
+        self.update(|users| {
+            let Some(pos) = users.iter().position(|u| u.name == name) else {
+                return Err(UserError::Invalid(format!("no user named {name:?}")));
+            };
+            Ok(users.remove(pos))
+        })
     }
 
     /// How long `name` must still wait before it may try again.

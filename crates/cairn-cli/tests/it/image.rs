@@ -539,7 +539,6 @@ fn unreadable_blocks_are_reported_kept_going_past_and_saved_as_zeros() {
     );
     let src: PathBuf = mnt.join("disk");
     let e = env.fails(&["backup", "--image", src.to_str().unwrap()], 3);
-    drop(session);
     // The blocks the bad bytes touch: 16 KiB blocks 129 to 131.
     let (first, end) = (
         bad.0 / 16384 * 16384,
@@ -556,6 +555,39 @@ fn unreadable_blocks_are_reported_kept_going_past_and_saved_as_zeros() {
         serde_json::json!([[first, end - first]]),
         "{info}"
     );
+    // An incremental from a changed-block list that leaves those blocks out takes
+    // them from the parent: zeros, and it says so, in its exit code and its record.
+    let list = env.path("changed.txt");
+    fs::write(&list, format!("0 {}\n", 16384)).unwrap();
+    let e = env.fails(
+        &[
+            "backup",
+            "--image",
+            src.to_str().unwrap(),
+            "--changed-blocks",
+            list.to_str().unwrap(),
+        ],
+        3,
+    );
+    drop(session);
+    assert!(
+        e.contains("could not be read for the parent snapshot"),
+        "{e}"
+    );
+    let incremental = env.snapshot_ids().pop().unwrap();
+    assert_ne!(incremental, snap);
+    assert_eq!(
+        image_of(&env, &incremental)["unreadable"],
+        serde_json::json!([[first, end - first]])
+    );
+    let o = env.run(&[
+        "restore",
+        &incremental,
+        "--image",
+        "--target",
+        env.path("inc.img").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
     // Restore: everything else is the source's, the bad blocks zeros, and the
     // restore says so (exit 3).
     let out = env.path("out.img");
@@ -693,6 +725,25 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
             fs::read_link(target.join("etc/link")).unwrap(),
             Path::new("hosts")
         );
+        if label == "none" {
+            // `..` stays inside the image's root, and the copy inside the target.
+            let jail = env.path("jail");
+            let target = jail.join("target");
+            env.ok(&[
+                "restore",
+                &snap,
+                "--image-fs",
+                "/etc/..",
+                "--target",
+                target.to_str().unwrap(),
+            ]);
+            let names: Vec<_> = fs::read_dir(&jail)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(names, ["target"], "written beside the target");
+            assert!(target.join("root/etc/hosts").is_file());
+        }
         if label != "none" {
             env.ok(&["ls", &snap, "--image-fs", "/", "--partition", "1"]);
             let e = env.fails(&["ls", &snap, "--image-fs", "/", "--partition", "2"], 1);

@@ -54,10 +54,46 @@ pub(crate) struct ImagePlan {
     pub geometry: Geometry,
     /// The parent snapshot's image: its geometry and content.
     pub parent: Option<(Geometry, Content)>,
+    /// The byte ranges the parent's source could not read (zeros in the parent).
+    pub parent_unreadable: Vec<(u64, u64)>,
     pub changed: Option<ChangedRanges>,
 }
 
 impl ImagePlan {
+    /// The parent's unreadable ranges this backup takes from the parent instead of
+    /// reading them again: with a changed-block list, every byte outside the
+    /// blocks the list touches is the parent's, zeros of its failed reads
+    /// included. (A backup without a list reads every block again.)
+    pub(crate) fn inherited_unreadable(&self) -> Vec<(u64, u64)> {
+        let Some(changed) = &self.changed else {
+            return Vec::new();
+        };
+        let g = &self.geometry;
+        let mut out = Vec::new();
+        for &(off, len) in &self.parent_unreadable {
+            let mut start = off.min(g.size);
+            let end = off.saturating_add(len).min(g.size);
+            // Cut out each changed range, widened to the blocks read for it.
+            for &(s, e) in changed.ranges() {
+                let (rs, re) = (
+                    s / g.block_size * g.block_size,
+                    e.div_ceil(g.block_size).saturating_mul(g.block_size),
+                );
+                if re <= start || rs >= end {
+                    continue;
+                }
+                if rs > start {
+                    out.push((start, rs - start));
+                }
+                start = start.max(re);
+            }
+            if end > start {
+                out.push((start, end - start));
+            }
+        }
+        out
+    }
+
     /// Whether the parent's blocks `[b, b + n)` can stand for the new image's: the
     /// same bytes of both images (full blocks inside both), or the images end
     /// together there.
@@ -111,6 +147,10 @@ impl Walker<'_> {
             None => g.size,
         };
         self.progress.set_total(Some(to_read.min(g.size)), Some(1));
+        for (offset, length) in plan.inherited_unreadable() {
+            self.progress
+                .warning(&plan.path, &inherited_message(offset, length));
+        }
         let mut parent = match (&plan.changed, &plan.parent) {
             (Some(_), Some((pg, content))) => {
                 Some(FixedList::new(self.repo, *pg, content.clone())?)
@@ -553,23 +593,63 @@ fn aligned_window(out: &mut Vec<u8>, len: usize) -> usize {
     start
 }
 
-/// The unreadable ranges and size change, for the snapshot and the report.
-pub(crate) fn skipped_for(path: &std::path::Path, notes: &[Note]) -> Vec<Skipped> {
-    notes
-        .iter()
-        .map(|n| Skipped {
-            path: path.to_path_buf(),
-            message: match n {
-                Note::Unreadable { offset, length } => format!(
-                    "bytes {offset}..{} could not be read; saved as zeros",
-                    offset + length
-                ),
-                Note::SizeChanged { now } => {
-                    format!("the source changed size during the backup (now {now} bytes)")
-                }
-            },
-        })
-        .collect()
+/// The unreadable ranges (read now, and taken from the parent) and size change,
+/// for the report.
+pub(crate) fn skipped_for(plan: &ImagePlan, notes: &[Note]) -> Vec<Skipped> {
+    let path = &plan.path;
+    let size_change = notes.iter().filter_map(|n| match n {
+        Note::SizeChanged { now } => Some(Skipped {
+            path: path.clone(),
+            message: format!("the source changed size during the backup (now {now} bytes)"),
+        }),
+        Note::Unreadable { .. } => None,
+    });
+    let read_now = merge_ranges(notes.iter().filter_map(|n| match n {
+        Note::Unreadable { offset, length } => Some((*offset, *length)),
+        Note::SizeChanged { .. } => None,
+    }));
+    let failed = read_now.into_iter().map(|(offset, length)| Skipped {
+        path: path.clone(),
+        message: format!(
+            "bytes {offset}..{} could not be read; saved as zeros",
+            offset + length
+        ),
+    });
+    let inherited = plan
+        .inherited_unreadable()
+        .into_iter()
+        .map(|(offset, length)| Skipped {
+            path: path.clone(),
+            message: inherited_message(offset, length),
+        });
+    failed.chain(inherited).chain(size_change).collect()
+}
+
+fn inherited_message(offset: u64, length: u64) -> String {
+    format!(
+        "bytes {offset}..{} could not be read for the parent snapshot and are outside \
+         the changed-block list: they hold the parent's zeros (back up without \
+         --changed-blocks to read them again)",
+        offset + length
+    )
+}
+
+/// Sorted, with touching and overlapping ranges joined: a shrinking source fails
+/// read after read, one range each, and is one range to the reader.
+fn merge_ranges(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = ranges.filter(|r| r.1 > 0).collect();
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for (off, len) in v {
+        let end = off.saturating_add(len);
+        match out.last_mut() {
+            Some(last) if off <= last.0 + last.1 => {
+                last.1 = last.1.max(end - last.0);
+            }
+            _ => out.push((off, len)),
+        }
+    }
+    out
 }
 
 /// Opens the source and decides the geometry, the parent image and the changed
@@ -613,11 +693,13 @@ pub(crate) fn plan(
 
     // The parent's image, when it has this geometry's block size and fanout (a
     // repository's block size never changes; a parent of another cairn might).
+    let mut parent_unreadable = Vec::new();
     let parent = match parent.and_then(|s| s.image.as_ref().map(|i| (s, i))) {
         Some((snap, info))
             if info.block_size == block_size && u64::from(info.fanout) == geometry.fanout =>
         {
             let (info, pnode) = crate::ops::image::image_node(repo, snap)?;
+            parent_unreadable.clone_from(&info.unreadable);
             Some((
                 Geometry::new(info.size, info.block_size, info.fanout)?,
                 pnode.content,
@@ -644,6 +726,7 @@ pub(crate) fn plan(
         node,
         geometry,
         parent,
+        parent_unreadable,
         changed,
     })
 }
@@ -654,7 +737,7 @@ pub(crate) fn info(
     counts: super::archiver::ImageCounts,
 ) -> cairn_format::snapshot::ImageInfo {
     let g = plan.geometry;
-    let mut unreadable = Vec::new();
+    let mut unreadable = plan.inherited_unreadable();
     let mut size_at_end = None;
     for n in &counts.notes {
         match n {
@@ -662,6 +745,7 @@ pub(crate) fn info(
             Note::SizeChanged { now } => size_at_end = Some(*now),
         }
     }
+    let unreadable = merge_ranges(unreadable.into_iter());
     cairn_format::snapshot::ImageInfo {
         source: plan.path.to_string_lossy().into_owned(),
         size: g.size,
@@ -681,6 +765,12 @@ pub(crate) fn info(
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn unreadable_ranges_are_merged_where_they_touch() {
+        let r = merge_ranges([(8, 4), (0, 4), (4, 4), (20, 0), (30, 5), (32, 1)].into_iter());
+        assert_eq!(r, vec![(0, 12), (30, 5)]);
+    }
 
     /// A sparse file: data in a few places (one across a read's boundary, one
     /// ending mid-block), holes elsewhere, an unaligned end.

@@ -742,7 +742,7 @@ fn run(
     let mut skipped = archived.skipped;
     let image = match (&image_plan, archived.image) {
         (Some(plan), Some(counts)) => {
-            skipped.extend(image::skipped_for(&plan.path, &counts.notes));
+            skipped.extend(image::skipped_for(plan, &counts.notes));
             Some(image::info(plan, counts))
         }
         _ => None,

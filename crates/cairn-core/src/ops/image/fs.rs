@@ -283,7 +283,7 @@ impl ImageFs {
         let name = path
             .rsplit('/')
             .next()
-            .filter(|n| !n.is_empty())
+            .filter(|n| !n.is_empty() && *n != "." && *n != "..")
             .unwrap_or("root");
         let mut report = FsRestoreReport::default();
         self.restore_one(&path, &target.join(name), limit.as_ref(), &mut report)?;
@@ -419,12 +419,21 @@ fn entry_name(name: &[u8], dir: &str) -> Result<Option<String>> {
     Ok(Some(String::from_utf8_lossy(name).into_owned()))
 }
 
-/// `path` as an absolute path without a trailing slash.
+/// `path` as an absolute path without a trailing slash, `.` and `..` resolved
+/// (`..` of the root is the root, as in the kernel). The restore names its copy
+/// after the last component, so that component must be a real name: `/etc/..`
+/// must not become a copy named `..`, outside the target.
 fn normalise(path: &str) -> String {
-    let parts: Vec<&str> = path
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .collect();
+    let mut parts: Vec<&str> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
     format!("/{}", parts.join("/"))
 }
 
@@ -517,5 +526,9 @@ mod tests {
         assert_eq!(normalise(""), "/");
         assert_eq!(normalise("etc//hosts/"), "/etc/hosts");
         assert_eq!(normalise("/./a"), "/a");
+        assert_eq!(normalise("/etc/.."), "/");
+        assert_eq!(normalise(".."), "/");
+        assert_eq!(normalise("/home/alice/../../.."), "/");
+        assert_eq!(normalise("/a/b/../c/."), "/a/c");
     }
 }

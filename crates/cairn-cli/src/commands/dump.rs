@@ -29,9 +29,16 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
             cairn_core::export::export(&session, &snap.tree_id()?, &a.file, format, out.writer())?;
         out.finish(format == cairn_core::export::Format::Tar)
             .context("writing standard output")?;
-        return Ok(super::export::report(&r));
+        let code = super::export::report(&r);
+        return Ok(code.max(super::image_zeros_warning(
+            super::image_unreadable(&snap),
+            "the archive",
+        )));
     }
     cairn_core::dump::dump(&session, &snap.tree_id()?, &a.file, out.writer())?;
     out.finish(false).context("writing standard output")?;
-    Ok(0)
+    Ok(super::image_zeros_warning(
+        super::image_unreadable(&snap),
+        &a.file,
+    ))
 }

@@ -96,7 +96,11 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
                 .display()
         );
     }
-    Ok(report(&r))
+    let code = report(&r);
+    Ok(code.max(super::image_zeros_warning(
+        super::image_unreadable(&snap),
+        "the archive",
+    )))
 }
 
 /// Prints what an export left out or changed on standard error; the exit code.

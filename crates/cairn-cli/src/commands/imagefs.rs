@@ -51,7 +51,13 @@ pub fn ls(
     if g.json {
         super::print_json(&entries)?;
     }
-    Ok(0)
+    Ok(zeros(&fs, "the listing"))
+}
+
+/// The warning and exit code when what was read lay where the source could not be
+/// read at backup time.
+fn zeros(fs: &ImageFs, what: &str) -> i32 {
+    super::image_zeros_warning(fs.read_unreadable().unwrap_or(&[]), what)
 }
 
 pub fn dump(
@@ -63,7 +69,7 @@ pub fn dump(
     let fs = open(session, snap, a)?;
     let mut out = std::io::stdout().lock();
     fs.dump(path, &mut out)?;
-    Ok(0)
+    Ok(zeros(&fs, path))
 }
 
 pub fn restore(
@@ -101,5 +107,5 @@ pub fn restore(
             }
         );
     }
-    Ok(0)
+    Ok(zeros(&fs, path))
 }

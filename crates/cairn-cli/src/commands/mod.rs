@@ -414,3 +414,30 @@ pub fn parse_size(s: &str) -> Result<u64> {
     }
     Ok((v * mult as f64) as u64)
 }
+
+/// For a command that read an image snapshot's bytes as data (restore, dump,
+/// export of the image file; `--image-fs`): says on standard error which ranges
+/// of the image the source could not read at backup time, so hold zeros, and
+/// returns the exit code for an incomplete result. `ranges` is empty when nothing
+/// read touched them.
+pub fn image_zeros_warning(ranges: &[(u64, u64)], what: &str) -> i32 {
+    if ranges.is_empty() {
+        return 0;
+    }
+    eprintln!(
+        "warning: {what} includes {} of the image that could not be read at backup time \
+         and hold zeros: {}",
+        crate::ui::count(ranges.len() as u64, "range"),
+        ranges
+            .iter()
+            .map(|(o, l)| format!("{o}..{}", o + l))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    crate::EXIT_INCOMPLETE
+}
+
+/// The unreadable ranges of `snap`'s image, if it is an image snapshot.
+pub fn image_unreadable(snap: &cairn_format::snapshot::Snapshot) -> &[(u64, u64)] {
+    snap.image.as_ref().map_or(&[], |i| i.unreadable.as_slice())
+}

@@ -139,6 +139,13 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         }
         return Ok(1);
     }
+    // An image snapshot restored as a file: its zeros where the source failed.
+    if r.files > 0 && !r.dry_run {
+        return Ok(super::image_zeros_warning(
+            super::image_unreadable(&snap.1),
+            "the restored image file",
+        ));
+    }
     Ok(0)
 }
 

@@ -604,6 +604,78 @@ fn unreadable_blocks_are_reported_kept_going_past_and_saved_as_zeros() {
     let (f, n) = (first as usize, end as usize);
     assert!(back[..f] == data[..f] && back[n..] == data[n..]);
     assert!(back[f..n].iter().all(|&b| b == 0));
+    // Read as a file (restore, dump, export), the image says the same.
+    let dir = env.path("as-file");
+    let o = env.run(&["restore", &snap, "--target", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    for args in [
+        vec!["dump", &snap, "disk"],
+        vec!["export", &snap, "--format", "tar"],
+    ] {
+        let o = env.run(&args);
+        assert_eq!(o.status.code(), Some(3), "{args:?}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            e.contains("could not be read at backup time"),
+            "{args:?}: {e}"
+        );
+    }
+}
+
+/// `--image-fs` reads an image's filesystem in place: a file whose blocks lie
+/// where the source could not be read says so (exit 3); one elsewhere does not.
+#[test]
+fn image_fs_reads_through_unreadable_blocks_say_so() {
+    let env = Env::new();
+    env.init(&["--block-size", "4K"]);
+    let tree = env.path("tree");
+    fs::create_dir_all(&tree).unwrap();
+    let payload = Rng(41).bytes(2 << 20, false);
+    fs::write(tree.join("payload"), &payload).unwrap();
+    fs::write(tree.join("small"), b"elsewhere\n").unwrap();
+    let img = env.path("fs.img");
+    sh(Command::new("mke2fs")
+        .args(["-q", "-t", "ext4", "-d"])
+        .arg(&tree)
+        .arg(&img)
+        .arg("8M"));
+    let data = fs::read(&img).unwrap();
+    // Where the payload's second MiB is stored in the image.
+    let probe = &payload[1 << 20..(1 << 20) + 4096];
+    let at = data.windows(4096).position(|w| w == probe).unwrap() as u64;
+    let mnt = env.path("faulty");
+    fs::create_dir(&mnt).unwrap();
+    let session = faulty_mount(
+        &mnt,
+        Faulty {
+            data: data.clone(),
+            bad: (at, at + 4096),
+            grow_after: None,
+            reads: Default::default(),
+        },
+    );
+    env.fails(
+        &["backup", "--image", mnt.join("disk").to_str().unwrap()],
+        3,
+    );
+    drop(session);
+    let snap = env.snapshot_ids().pop().unwrap();
+    let o = env.run(&["dump", &snap, "--image-fs", "/payload"]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("could not be read at backup time"));
+    let o = env.run(&["dump", &snap, "--image-fs", "/small"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(o.stdout, b"elsewhere\n");
+    let target = env.path("out");
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/",
+        "--target",
+        target.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
 }
 
 #[test]

@@ -19,6 +19,8 @@ use cairn_format::tree::Content;
 use ext4_view::{Ext4, Ext4Read};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Bytes of the image seen by the filesystem reader: a window of the snapshot's
 /// image file starting at a partition's offset.
@@ -27,6 +29,11 @@ struct ImageBytes {
     content: Content,
     size: u64,
     offset: u64,
+    /// The image's ranges the source could not read at backup time (zeros).
+    unreadable: Arc<Vec<(u64, u64)>>,
+    /// Set once a read touched one of them: what was read may be zeros in place
+    /// of data, and the command must say so.
+    touched: Arc<AtomicBool>,
 }
 
 impl ImageBytes {
@@ -37,6 +44,14 @@ impl ImageBytes {
             .offset
             .checked_add(start)
             .ok_or("offset past the image")?;
+        let end = at.saturating_add(dst.len() as u64);
+        if self
+            .unreadable
+            .iter()
+            .any(|&(o, l)| o < end && o.saturating_add(l) > at)
+        {
+            self.touched.store(true, Ordering::Relaxed);
+        }
         let mut done = 0;
         while done < dst.len() {
             let n = r
@@ -146,19 +161,18 @@ impl ImageFs {
                 .collect(),
         };
         let mut last = None;
+        let unreadable = Arc::new(info.unreadable.clone());
+        let touched = Arc::new(AtomicBool::new(false));
         for offset in candidates {
-            let bytes = ImageBytes {
+            let window = || ImageBytes {
                 repo: repo.handle(),
                 content: node.content.clone(),
                 size: info.size,
                 offset,
+                unreadable: unreadable.clone(),
+                touched: touched.clone(),
             };
-            let mine = ImageBytes {
-                repo: repo.handle(),
-                content: node.content.clone(),
-                size: info.size,
-                offset,
-            };
+            let (bytes, mine) = (window(), window());
             match Ext4::load(Box::new(bytes)) {
                 Ok(fs) => {
                     return Ok(ImageFs {
@@ -179,6 +193,15 @@ impl ImageFs {
             },
             last.map_or_else(|| "nothing to read".to_string(), |e| e.to_string())
         )))
+    }
+
+    /// The ranges of the image that could not be read at backup time, if anything
+    /// read so far lay in one (then it may hold zeros where data was).
+    pub fn read_unreadable(&self) -> Option<&[(u64, u64)]> {
+        self.bytes
+            .touched
+            .load(Ordering::Relaxed)
+            .then_some(self.bytes.unreadable.as_slice())
     }
 
     fn path<'a>(p: &'a str) -> Result<ext4_view::Path<'a>> {

@@ -348,8 +348,38 @@ fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount()
     fs::create_dir(&mnt).unwrap();
     sh(Command::new("mount").arg(&busy.0).arg(&mnt));
     let e = env.fails(&["restore", &snap, "--image", "--target", &busy.0], 1);
-    sh(Command::new("umount").arg(&mnt));
     assert!(e.contains("in use"), "{e}");
+    // So is the file behind it (O_EXCL cannot tell for a file).
+    let busy_file = env.path("busy.dev");
+    let e = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--image",
+            "--overwrite",
+            "always",
+            "--target",
+            busy_file.to_str().unwrap(),
+        ],
+        1,
+    );
+    sh(Command::new("umount").arg(&mnt));
+    assert!(e.contains(&format!("backing file of {}", busy.0)), "{e}");
+    // A read-only device: refused before the first write.
+    let ro_file = env.path("ro.dev");
+    fs::File::create(&ro_file)
+        .unwrap()
+        .set_len(20 << 20)
+        .unwrap();
+    let o = Command::new("losetup")
+        .args(["-f", "--show", "-r"])
+        .arg(&ro_file)
+        .output()
+        .unwrap();
+    let ro = Loop(String::from_utf8(o.stdout).unwrap().trim().to_string());
+    let e = env.fails(&["restore", &snap, "--image", "--target", &ro.0], 1);
+    assert!(e.contains("read-only"), "{e}");
+    drop(ro);
     // A device of the right size: restored, every block written (zeros too),
     // verified, and it mounts with the files in it.
     let dev = Loop::new(&env.path("good.dev"), 20 << 20);

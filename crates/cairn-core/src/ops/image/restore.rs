@@ -77,6 +77,52 @@ struct Target {
     device: bool,
 }
 
+/// The loop devices (`/dev/loopN`) whose backing file is the file `m` describes.
+fn loop_devices_backed_by(m: &std::fs::Metadata) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") {
+            continue;
+        }
+        // The kernel knows the file by number too; the path may have moved.
+        let read = |f: &str| std::fs::read_to_string(e.path().join("loop").join(f));
+        let by_number = match (read("backing_inode"), read("backing_dev")) {
+            (Ok(ino), Ok(dev)) => Some(
+                ino.trim().parse::<u64>().ok() == Some(m.ino())
+                    && dev.trim().parse::<u64>().ok() == Some(m.dev()),
+            ),
+            _ => None,
+        };
+        let backed = by_number.unwrap_or_else(|| {
+            read("backing_file").is_ok_and(|p| {
+                std::fs::metadata(p.trim_end().trim_end_matches(" (deleted)"))
+                    .is_ok_and(|b| b.ino() == m.ino() && b.dev() == m.dev())
+            })
+        });
+        if backed {
+            out.push(format!("/dev/{name}"));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Whether the kernel marks the block device read-only (`/sys/dev/block/M:N/ro`,
+/// what `BLKROGET` answers): writes would all fail, so the restore stops before
+/// the first.
+fn device_is_read_only(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = m.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/ro"))
+        .is_ok_and(|v| v.trim() == "1")
+}
+
 fn open_target(opts: &ImageRestoreOptions, name: &str, size: u64) -> Result<Target> {
     let mut path = opts.target.clone();
     if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
@@ -100,6 +146,12 @@ fn open_target(opts: &ImageRestoreOptions, name: &str, size: u64) -> Result<Targ
                         Error::io(&path, e)
                     }
                 })?;
+            if device_is_read_only(&m) {
+                return Err(Error::Invalid(format!(
+                    "{} is read-only: nothing was written",
+                    path.display()
+                )));
+            }
             let dev_size =
                 super::super::backup::image_source_size(&file).map_err(|e| Error::io(&path, e))?;
             if dev_size < size {
@@ -115,6 +167,17 @@ fn open_target(opts: &ImageRestoreOptions, name: &str, size: u64) -> Result<Targ
             })
         }
         Ok(m) if m.is_file() => {
+            // A file behind a loop device is a disk someone uses (perhaps mounted):
+            // writing it under them corrupts both. O_EXCL cannot tell for a file.
+            let loops = loop_devices_backed_by(&m);
+            if !loops.is_empty() {
+                return Err(Error::Invalid(format!(
+                    "{} is the backing file of {}: refusing to write an image over it; \
+                     unmount and detach it first (losetup -d)",
+                    path.display(),
+                    loops.join(", ")
+                )));
+            }
             if !opts.replace {
                 return Err(Error::Invalid(format!(
                     "{} exists: give --overwrite always to replace it, or another target",

@@ -19,37 +19,30 @@ fn open(
 pub fn ls(
     g: &Global,
     session: &cairn_core::Session<cairn_core::session::Read>,
-    snap: &Snapshot,
+    (id, snap): (cairn_format::SnapshotId, &Snapshot),
     a: &ImageFsArgs,
     long: bool,
+    recursive: bool,
 ) -> Result<i32> {
     let path = a.image_fs.as_deref().unwrap_or("/");
     let fs = open(session, snap, a)?;
     let mut entries = Vec::new();
     let mut out = std::io::stdout().lock();
-    fs.list(path, &mut |e| {
+    fs.list(path, recursive, &mut |e| {
         if g.json {
             entries.push(e);
         } else if long {
-            super::out_line(
-                &mut out,
-                &format!(
-                    "{:>7o} {:>5} {:>5} {:>12} {} {}",
-                    e.mode,
-                    e.uid,
-                    e.gid,
-                    e.size,
-                    cairn_core::time::format_unix(e.mtime, 0),
-                    e.path
-                ),
-            );
+            super::out_line(&mut out, &super::ls::long_line(&e));
         } else {
             super::out_line(&mut out, &e.path);
         }
         Ok(())
     })?;
     if g.json {
-        super::print_json(&entries)?;
+        super::print_json(&cairn_core::ls::Listing {
+            snapshot: id,
+            entries,
+        })?;
     }
     Ok(zeros(&fs, "the listing"))
 }
@@ -78,13 +71,14 @@ pub fn restore(
     snap: &Snapshot,
     a: &ImageFsArgs,
     target: &Path,
+    overwrite: cairn_core::restore::Overwrite,
     write_limit: Option<u64>,
 ) -> Result<i32> {
     let path = a.image_fs.as_deref().unwrap_or("/");
     let fs = open(session, snap, a)?;
     let start = std::time::Instant::now();
     let r = fs
-        .restore(path, target, write_limit)
+        .restore(path, target, overwrite, write_limit)
         .with_context(|| format!("restoring {path} from the image"))?;
     if g.json {
         super::print_json_report(&r)?;
@@ -106,6 +100,12 @@ pub fn restore(
                 String::new()
             }
         );
+        if r.kept > 0 {
+            println!(
+                "left {} in the target as they were (--overwrite)",
+                ui::count(r.kept, "existing entry")
+            );
+        }
     }
     Ok(zeros(&fs, path))
 }

@@ -68,7 +68,14 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
     let session = super::session::<Read>(g, "ls", IndexLoad::Placement, &p.progress)?;
     let (id, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     if a.image_fs.image_fs.is_some() {
-        return super::imagefs::ls(g, &session, &snap, &a.image_fs, a.long);
+        return super::imagefs::ls(
+            g,
+            &session,
+            (id, &snap),
+            &a.image_fs,
+            a.long,
+            !a.no_recursive,
+        );
     }
     let root = snap.tree_id()?;
     let mut errors = 0;

@@ -776,6 +776,13 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
     fs::write(tree.join("etc/deep/payload.bin"), &payload).unwrap();
     fs::write(tree.join("etc/hosts"), b"127.0.0.1 localhost\n").unwrap();
     std::os::unix::fs::symlink("hosts", tree.join("etc/link")).unwrap();
+    // An owner of its own and a file that is mostly a hole, for the restore.
+    let owned = tree.join("owned");
+    fs::write(&owned, b"mine\n").unwrap();
+    std::os::unix::fs::lchown(&owned, Some(1234), Some(4321)).unwrap();
+    let holey = fs::File::create(tree.join("holey")).unwrap();
+    holey.write_all_at(b"end", 3 << 20).unwrap();
+    drop(holey);
     let fs_img = env.path("fs.img");
     sh(Command::new("mke2fs")
         .args(["-q", "-t", "ext4", "-d"])
@@ -845,6 +852,48 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
                 .collect();
             assert_eq!(names, ["target"], "written beside the target");
             assert!(target.join("root/etc/hosts").is_file());
+            // Owners come back (as root), holes stay holes.
+            use std::os::unix::fs::MetadataExt;
+            let m = fs::metadata(target.join("root/owned")).unwrap();
+            assert_eq!((m.uid(), m.gid()), (1234, 4321));
+            let m = fs::metadata(target.join("root/holey")).unwrap();
+            assert_eq!(m.len(), (3 << 20) + 3);
+            assert!(m.blocks() * 512 < 1 << 20, "{} blocks", m.blocks());
+            // Again over what is there: left as it is (if-changed), a changed file
+            // replaced; --overwrite never leaves even that.
+            let hosts = target.join("root/etc/hosts");
+            fs::write(&hosts, b"changed").unwrap();
+            let again = |how: &str| {
+                env.ok(&[
+                    "restore",
+                    &snap,
+                    "--image-fs",
+                    "/",
+                    "--overwrite",
+                    how,
+                    "--target",
+                    target.to_str().unwrap(),
+                ])
+            };
+            let out = again("never");
+            assert!(out.contains("left 5 existing entries"), "{out}");
+            assert_eq!(fs::read(&hosts).unwrap(), b"changed");
+            let out = again("if-changed");
+            assert!(out.contains("left 4 existing entries"), "{out}");
+            assert_eq!(fs::read(&hosts).unwrap(), b"127.0.0.1 localhost\n");
+            // ls: the long form of a file snapshot's, and --no-recursive.
+            let long = env.ok(&["ls", "-l", &snap, "--image-fs", "/etc"]);
+            assert!(
+                long.lines()
+                    .any(|l| l.starts_with("lrwxrwxrwx") && l.ends_with("/etc/link -> hosts")),
+                "{long}"
+            );
+            assert!(long.lines().any(|l| l.starts_with("drwx")), "{long}");
+            let top = env.ok(&["ls", &snap, "--image-fs", "/", "--no-recursive"]);
+            assert!(
+                top.lines().any(|l| l == "/etc") && !top.contains("/etc/hosts"),
+                "{top}"
+            );
         }
         if label != "none" {
             env.ok(&["ls", &snap, "--image-fs", "/", "--partition", "1"]);

@@ -265,15 +265,36 @@ fn attr(tag: &str, name: &str) -> Option<String> {
     None
 }
 
+/// `thin_delta`'s XML. A list that says less than the changes lets the backup take
+/// changed blocks from the parent, so only a whole document counts: every tag
+/// closed, the `<diff>` and the `<superblock>` closed at the end, and no element
+/// `thin_delta` does not write (a cut-off or hand-edited file is refused).
 fn parse_thin_delta(text: &str) -> std::result::Result<Vec<(u64, u64)>, String> {
     let mut unit: Option<u64> = None;
     let mut out = Vec::new();
+    let (mut diff_closed, mut superblock_closed) = (false, false);
     for piece in text.split('<').skip(1) {
-        let tag = piece.split('>').next().unwrap_or("");
+        let Some((tag, _)) = piece.split_once('>') else {
+            return Err(format!(
+                "the document ends inside a tag (<{}): the list is cut off",
+                piece.trim_end()
+            ));
+        };
+        if superblock_closed && !tag.starts_with("!--") {
+            return Err("elements after </superblock>".into());
+        }
         let name = tag
             .split(|c: char| c.is_whitespace() || c == '/')
             .next()
             .unwrap_or("");
+        if tag.starts_with('/') {
+            match tag[1..].trim() {
+                "diff" => diff_closed = true,
+                "superblock" => superblock_closed = true,
+                other => return Err(format!("</{other}> is not thin_delta output")),
+            }
+            continue;
+        }
         match name {
             "superblock" => {
                 let sectors =
@@ -296,11 +317,18 @@ fn parse_thin_delta(text: &str) -> std::result::Result<Vec<(u64, u64)>, String> 
                     .ok_or("a range past any disk size")?;
                 out.push((off, len));
             }
-            _ => {}
+            "diff" | "same" => {}
+            _ if tag.starts_with("?xml") || tag.starts_with("!--") => {}
+            other => return Err(format!("<{other}> is not thin_delta output")),
         }
     }
     if unit.is_none() {
         return Err("no <superblock data_block_size=...> found: not thin_delta output".into());
+    }
+    if !diff_closed || !superblock_closed {
+        return Err(
+            "the document does not end with </diff></superblock>: the list is cut off".into(),
+        );
     }
     Ok(out)
 }
@@ -377,5 +405,20 @@ mod tests {
             &[(4 * 65536, 6 * 65536), (10 * 65536, 11 * 65536)]
         );
         assert!(ChangedRanges::parse("<diff/>", ChangedFormat::ThinDelta, 10).is_err());
+        // Cut off anywhere, or holding what thin_delta never writes: refused.
+        let cut = x.find("</diff>").unwrap();
+        for bad in [
+            &x[..cut],
+            &x[..x.find("length=\"2\"").unwrap()],
+            &x[..x.rfind('<').unwrap()],
+            r#"<superblock data_block_size="128">"#,
+            &x.replace("<same", "<bogus"),
+            &format!("{x}<different begin=\"1\"/>"),
+        ] {
+            assert!(
+                ChangedRanges::parse(bad, ChangedFormat::Auto, 100 * 65536).is_err(),
+                "{bad}"
+            );
+        }
     }
 }

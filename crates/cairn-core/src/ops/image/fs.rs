@@ -12,13 +12,14 @@
 //! through `cairn mount` (docs/IMAGES.md).
 
 use crate::error::{Error, Result};
+use crate::ops::ls::Entry;
 use crate::repo::Repository;
 use crate::tree::chunklist::FileReader;
 use cairn_format::snapshot::Snapshot;
 use cairn_format::tree::Content;
 use ext4_view::{Ext4, Ext4Read};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -76,20 +77,6 @@ impl Ext4Read for ImageBytes {
     }
 }
 
-/// One entry of a listing.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct FsEntry {
-    pub path: String,
-    /// `file`, `dir`, `symlink`, `char`, `block`, `fifo` or `socket`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub size: u64,
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub mtime: i64,
-}
-
 /// What `restore --image-fs` wrote.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct FsRestoreReport {
@@ -99,6 +86,8 @@ pub struct FsRestoreReport {
     /// Devices, FIFOs and sockets (not restored from an image filesystem).
     pub skipped: u64,
     pub bytes: u64,
+    /// Entries already in the target left as they were (`--overwrite`).
+    pub kept: u64,
 }
 
 /// The ext2/3/4 filesystem of an image snapshot.
@@ -208,28 +197,83 @@ impl ImageFs {
         ext4_view::Path::try_from(p).map_err(|e| fs_err(p, e))
     }
 
-    /// Lists `path` and, for a directory, everything below it, in name order.
-    pub fn list(&self, path: &str, f: &mut dyn FnMut(FsEntry) -> Result<()>) -> Result<()> {
+    /// Lists `path` and, for a directory, what is in it (everything below it with
+    /// `recursive`), in name order, as `ls` lists a file snapshot.
+    pub fn list(
+        &self,
+        path: &str,
+        recursive: bool,
+        f: &mut dyn FnMut(Entry) -> Result<()>,
+    ) -> Result<()> {
         let path = normalise(path);
         let meta = self
             .fs
             .symlink_metadata(Self::path(&path)?)
             .map_err(|e| fs_err(&path, e))?;
-        f(entry(&path, &meta))?;
+        f(self.entry(&path, &meta)?)?;
         if meta.is_dir() {
-            self.list_below(&path, f)?;
+            self.list_below(&path, recursive, f)?;
         }
         Ok(())
     }
 
-    fn list_below(&self, dir: &str, f: &mut dyn FnMut(FsEntry) -> Result<()>) -> Result<()> {
+    fn list_below(
+        &self,
+        dir: &str,
+        recursive: bool,
+        f: &mut dyn FnMut(Entry) -> Result<()>,
+    ) -> Result<()> {
         for (child, _, meta) in self.children(dir)? {
-            f(entry(&child, &meta))?;
-            if meta.is_dir() {
-                self.list_below(&child, f)?;
+            f(self.entry(&child, &meta)?)?;
+            if recursive && meta.is_dir() {
+                self.list_below(&child, recursive, f)?;
             }
         }
         Ok(())
+    }
+
+    /// A listing entry, in the shape of a file snapshot's (`ls --json`, `ls -l`).
+    /// ext2/3/4 keeps no user or group names, only numbers.
+    fn entry(&self, path: &str, m: &ext4_view::Metadata) -> Result<Entry> {
+        let ft = m.file_type();
+        let kind = if ft.is_dir() {
+            "dir"
+        } else if ft.is_regular_file() {
+            "file"
+        } else if ft.is_symlink() {
+            "symlink"
+        } else if ft.is_char_dev() {
+            "chardev"
+        } else if ft.is_block_dev() {
+            "blockdev"
+        } else if ft.is_fifo() {
+            "fifo"
+        } else {
+            "socket"
+        };
+        let link_target = if ft.is_symlink() {
+            let t = self
+                .fs
+                .read_link(Self::path(path)?)
+                .map_err(|e| fs_err(path, e))?;
+            Some(String::from_utf8_lossy(t.as_ref()).into_owned())
+        } else {
+            None
+        };
+        let t = m.modified();
+        Ok(Entry {
+            path: path.to_string(),
+            kind,
+            mode: u32::from(m.mode()) & 0o7777,
+            uid: m.uid(),
+            gid: m.gid(),
+            user: String::new(),
+            group: String::new(),
+            size: m.len(),
+            mtime: crate::time::format_unix(t.seconds(), t.nanoseconds()),
+            link_target,
+            device: None,
+        })
     }
 
     /// Writes a regular file's content to `out`; its size.
@@ -287,15 +331,19 @@ impl ImageFs {
     }
 
     /// Copies `path` (a file, a symlink or a whole directory tree) into the
-    /// directory `target`, under its own name, with modes and times. Names come
-    /// from the image: each is a single component (the reader refuses `/` and NUL
-    /// in names), and `.` and `..` are skipped, so nothing lands outside `target`.
-    /// Existing files are not overwritten. `write_limit`: bytes per second
-    /// written at most.
+    /// directory `target`, under its own name, with modes, times and (as root)
+    /// owners; runs of zeros in files become holes. Names come from the image:
+    /// each is a single component (the reader refuses `/` and NUL in names), and
+    /// `.` and `..` are skipped, so nothing lands outside `target`. An existing
+    /// entry is treated as `overwrite` says (as a restore of a file snapshot does;
+    /// `if-changed` compares size and modification time), and an existing
+    /// directory is restored into, never a symlink followed. `write_limit`: bytes
+    /// per second written at most.
     pub fn restore(
         &self,
         path: &str,
         target: &Path,
+        overwrite: crate::ops::restore::Overwrite,
         write_limit: Option<u64>,
     ) -> Result<FsRestoreReport> {
         let limit = write_limit
@@ -308,66 +356,116 @@ impl ImageFs {
             .next()
             .filter(|n| !n.is_empty() && *n != "." && *n != "..")
             .unwrap_or("root");
-        let mut report = FsRestoreReport::default();
-        self.restore_one(&path, &target.join(name), limit.as_ref(), &mut report)?;
-        Ok(report)
+        let mut r = FsRestore {
+            limit: limit.as_ref(),
+            overwrite,
+            as_root: nix::unistd::geteuid().is_root(),
+            report: FsRestoreReport::default(),
+        };
+        self.restore_one(&path, &target.join(name), &mut r)?;
+        Ok(r.report)
     }
 
-    fn restore_one(
-        &self,
-        path: &str,
-        to: &PathBuf,
-        limit: Option<&cairn_backend::Limiter>,
-        report: &mut FsRestoreReport,
-    ) -> Result<()> {
-        use std::os::unix::fs::PermissionsExt;
+    fn restore_one(&self, path: &str, to: &Path, r: &mut FsRestore<'_>) -> Result<()> {
+        use crate::ops::restore::Overwrite;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         let meta = self
             .fs
             .symlink_metadata(Self::path(path)?)
             .map_err(|e| fs_err(path, e))?;
         let ft = meta.file_type();
+        let m = meta.modified();
+        let existing = std::fs::symlink_metadata(to).ok();
         if ft.is_dir() {
-            match std::fs::create_dir(to) {
-                Ok(()) => {}
+            match &existing {
                 // An existing directory (never a symlink to one) is restored into.
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::AlreadyExists
-                        && std::fs::symlink_metadata(to).is_ok_and(|m| m.is_dir()) => {}
-                Err(e) => return Err(Error::io(to, e)),
+                Some(e) if e.is_dir() => {}
+                Some(_) if r.overwrite == Overwrite::Never => {
+                    r.report.kept += 1;
+                    return Ok(());
+                }
+                Some(_) => {
+                    std::fs::remove_file(to).map_err(|e| Error::io(to, e))?;
+                    std::fs::create_dir(to).map_err(|e| Error::io(to, e))?;
+                }
+                None => std::fs::create_dir(to).map_err(|e| Error::io(to, e))?,
             }
-            report.dirs += 1;
+            r.report.dirs += 1;
             for (child, name, _) in self.children(path)? {
-                self.restore_one(&child, &to.join(name), limit, report)?;
+                self.restore_one(&child, &to.join(name), r)?;
             }
-        } else if ft.is_regular_file() {
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(to)
-                .map_err(|e| Error::io(to, e))?;
-            report.bytes += self.dump(path, &mut Limited { w: f, limit })?;
-            report.files += 1;
-        } else if ft.is_symlink() {
-            let target = self
-                .fs
-                .read_link(Self::path(path)?)
-                .map_err(|e| fs_err(path, e))?;
-            let target: std::path::PathBuf = target.into();
-            std::os::unix::fs::symlink(&target, to).map_err(|e| Error::io(to, e))?;
-            report.symlinks += 1;
-            return Ok(());
+        } else if ft.is_regular_file() || ft.is_symlink() {
+            if let Some(e) = &existing {
+                use std::os::unix::fs::MetadataExt;
+                let same_kind =
+                    e.is_file() == ft.is_regular_file() && e.is_symlink() == ft.is_symlink();
+                let keep = match r.overwrite {
+                    Overwrite::Never => true,
+                    Overwrite::Always => false,
+                    Overwrite::IfNewer => e.mtime() >= m.seconds(),
+                    Overwrite::IfChanged => {
+                        same_kind
+                            && e.len() == meta.len()
+                            && e.mtime() == m.seconds()
+                            && e.mtime_nsec() == i64::from(m.nanoseconds())
+                    }
+                };
+                if keep {
+                    r.report.kept += 1;
+                    return Ok(());
+                }
+                if e.is_dir() {
+                    return Err(Error::Invalid(format!(
+                        "{}: a directory is where the image holds a {}; not replaced",
+                        to.display(),
+                        if ft.is_symlink() { "symlink" } else { "file" }
+                    )));
+                }
+                std::fs::remove_file(to).map_err(|e| Error::io(to, e))?;
+            }
+            if ft.is_symlink() {
+                let target = self
+                    .fs
+                    .read_link(Self::path(path)?)
+                    .map_err(|e| fs_err(path, e))?;
+                let target: std::path::PathBuf = target.into();
+                std::os::unix::fs::symlink(&target, to).map_err(|e| Error::io(to, e))?;
+                r.report.symlinks += 1;
+            } else {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(to)
+                    .map_err(|e| Error::io(to, e))?;
+                let mut w = Sparse {
+                    f,
+                    at: 0,
+                    block: Vec::with_capacity(SPARSE_BLOCK),
+                    limit: r.limit,
+                };
+                r.report.bytes += self.dump(path, &mut w)?;
+                w.finish().map_err(|e| Error::io(to, e))?;
+                r.report.files += 1;
+            }
         } else {
-            report.skipped += 1;
+            r.report.skipped += 1;
             return Ok(());
         }
-        let mode = u32::from(meta.mode()) & 0o7777;
-        std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode))
-            .map_err(|e| Error::io(to, e))?;
-        let m = meta.modified();
+        if r.as_root {
+            // Before the mode: chown clears set-user-ID and set-group-ID bits.
+            std::os::unix::fs::lchown(to, Some(meta.uid()), Some(meta.gid()))
+                .map_err(|e| Error::io(to, e))?;
+        }
+        if !ft.is_symlink() {
+            let mode = u32::from(meta.mode()) & 0o7777;
+            std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| Error::io(to, e))?;
+        }
         let t = filetime_of(m.seconds(), m.nanoseconds());
         let _ = nix::sys::stat::utimensat(
             nix::fcntl::AT_FDCWD,
-            to.as_path(),
+            to,
             &t,
             &t,
             nix::sys::stat::UtimensatFlags::NoFollowSymlink,
@@ -402,23 +500,66 @@ impl ImageFs {
     }
 }
 
-/// A writer held to a rate (`--write-limit`).
-struct Limited<'a, W> {
-    w: W,
+/// What one `restore --image-fs` carries along.
+struct FsRestore<'a> {
+    limit: Option<&'a cairn_backend::Limiter>,
+    overwrite: crate::ops::restore::Overwrite,
+    as_root: bool,
+    report: FsRestoreReport,
+}
+
+/// A new file written at increasing offsets, whole 4 KiB blocks of zeros left as
+/// holes (the file system's own holes come out of the image as zeros), held to a
+/// rate (`--write-limit`). The reader hands over pieces of any size (a block of
+/// the image's file system, 1 KiB on small ones), so a block is gathered before
+/// it is judged.
+struct Sparse<'a> {
+    f: std::fs::File,
+    /// Where `block` starts in the file (a multiple of [`SPARSE_BLOCK`]).
+    at: u64,
+    block: Vec<u8>,
     limit: Option<&'a cairn_backend::Limiter>,
 }
 
-impl<W: Write> Write for Limited<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.w.write(buf)?;
-        if let Some(l) = self.limit {
-            l.take(n as u64);
+const SPARSE_BLOCK: usize = 4096;
+
+impl Sparse<'_> {
+    fn put_block(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if self.block.iter().any(|&b| b != 0) {
+            self.f.write_all_at(&self.block, self.at)?;
+            if let Some(l) = self.limit {
+                l.take(self.block.len() as u64);
+            }
         }
-        Ok(n)
+        self.at += self.block.len() as u64;
+        self.block.clear();
+        Ok(())
+    }
+
+    /// Writes what is gathered and sets the length (a file may end in a hole).
+    fn finish(mut self) -> std::io::Result<()> {
+        self.put_block()?;
+        self.f.set_len(self.at)
+    }
+}
+
+impl Write for Sparse<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut rest = buf;
+        while !rest.is_empty() {
+            let n = (SPARSE_BLOCK - self.block.len()).min(rest.len());
+            self.block.extend_from_slice(&rest[..n]);
+            rest = &rest[n..];
+            if self.block.len() == SPARSE_BLOCK {
+                self.put_block()?;
+            }
+        }
+        Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.w.flush()
+        Ok(())
     }
 }
 
@@ -458,34 +599,6 @@ fn normalise(path: &str) -> String {
         }
     }
     format!("/{}", parts.join("/"))
-}
-
-fn entry(path: &str, m: &ext4_view::Metadata) -> FsEntry {
-    let ft = m.file_type();
-    let kind = if ft.is_dir() {
-        "dir"
-    } else if ft.is_regular_file() {
-        "file"
-    } else if ft.is_symlink() {
-        "symlink"
-    } else if ft.is_char_dev() {
-        "char"
-    } else if ft.is_block_dev() {
-        "block"
-    } else if ft.is_fifo() {
-        "fifo"
-    } else {
-        "socket"
-    };
-    FsEntry {
-        path: path.to_string(),
-        kind,
-        size: m.len(),
-        mode: u32::from(m.mode()),
-        uid: m.uid(),
-        gid: m.gid(),
-        mtime: m.modified().seconds(),
-    }
 }
 
 /// Partitions of an MBR or GPT partition table: (byte offset, byte length), in

@@ -287,8 +287,8 @@ fn parse_thin_delta(text: &str) -> std::result::Result<Vec<(u64, u64)>, String> 
             .split(|c: char| c.is_whitespace() || c == '/')
             .next()
             .unwrap_or("");
-        if tag.starts_with('/') {
-            match tag[1..].trim() {
+        if let Some(closing) = tag.strip_prefix('/') {
+            match closing.trim() {
                 "diff" => diff_closed = true,
                 "superblock" => superblock_closed = true,
                 other => return Err(format!("</{other}> is not thin_delta output")),

@@ -827,7 +827,7 @@ pub struct RestoreArgs {
     pub iexcludes: Vec<String>,
     /// What to do with entries already in the target: always (replace), if-changed
     /// (replace unless size and time, or else the content, match the snapshot; a
-    /// file with the snapshot's content gets its mode, owner and time), if-newer
+    /// file with the snapshot's content gets its mode, owner, time and extended attributes), if-newer
     /// (replace when the snapshot's is newer), never
     #[arg(long, value_name = "WHEN", default_value = "if-changed")]
     pub overwrite: String,

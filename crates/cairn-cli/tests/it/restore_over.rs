@@ -454,3 +454,87 @@ fn another_owners_file_is_replaced_not_given_the_snapshots_owner() {
     );
     assert_same(&src, &copy);
 }
+
+/// Extended attributes are part of what `if-changed` compares: an attribute changed
+/// or added in the target (an ACL entry granting access, say) does not survive a
+/// restore that finds the file's content, time and mode unchanged.
+#[test]
+fn if_changed_puts_extended_attributes_back() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let f = src.join("f");
+    fs::write(&f, b"content").unwrap();
+    xattr::set(&f, "user.keep", b"orig").unwrap();
+    let snap = env.backup(&[&src]);
+    let copy = env.restore(&snap, &src, "t");
+    let g = copy.join("f");
+    let before = ino(&g);
+    xattr::set(&g, "user.keep", b"TAMPERED").unwrap();
+    xattr::set(&g, "user.injected", b"x").unwrap();
+    let r = restore_json(&env, &snap, &[]);
+    assert_eq!(r["metadata_only"], 1, "{r}");
+    assert_eq!(
+        xattr::get(&g, "user.keep").unwrap().as_deref(),
+        Some(&b"orig"[..])
+    );
+    assert_eq!(xattr::get(&g, "user.injected").unwrap(), None);
+    assert_eq!(ino(&g), before, "content left in place");
+    // Now it is the snapshot's: kept as it is.
+    let r = restore_json(&env, &snap, &[]);
+    assert_eq!(
+        (r["kept"].as_u64(), r["metadata_only"].as_u64()),
+        (Some(1), Some(0)),
+        "{r}"
+    );
+}
+
+/// A user who is not root restoring a file with a `trusted.*` attribute (which
+/// only root may set): the attribute is reported, and the file is otherwise whole
+/// (its mode and time the snapshot's), not marked as restored in part.
+#[test]
+fn an_attribute_the_user_may_not_set_does_not_spoil_the_file() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let f = src.join("f");
+    fs::write(&f, b"content").unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o755)).unwrap();
+    xattr::set(&f, "trusted.t", b"v").unwrap();
+    set_times(&f, 1_600_000_000, 0);
+    let snap = env.backup(&[&src]);
+    // What `nobody` needs: to read the repository, and a place to write.
+    for p in [env.path(""), env.repo.clone()] {
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&env.repo)
+        .status()
+        .unwrap();
+    let target = env.path("mine");
+    fs::create_dir(&target).unwrap();
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o777)).unwrap();
+    let cache = env.path("nobody-cache");
+    fs::create_dir(&cache).unwrap();
+    fs::set_permissions(&cache, fs::Permissions::from_mode(0o777)).unwrap();
+    let o = env
+        .cmd(&["restore", &snap, "--target", target.to_str().unwrap()])
+        .env("XDG_CACHE_HOME", &cache)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("extended attributes not set: trusted.t"),
+        "{err}"
+    );
+    assert!(!err.contains("not restored in full"), "{err}");
+    let m = fs::metadata(target.join(src.strip_prefix("/").unwrap()).join("f")).unwrap();
+    assert_eq!((m.mode() & 0o7777, m.mtime()), (0o755, 1_600_000_000));
+}

@@ -352,7 +352,7 @@ pub fn read_xattrs_of(f: &std::fs::File) -> Result<Xattrs, String> {
 /// Extended attributes as (name, value) pairs, sorted by name.
 pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
-fn read_xattrs(path: &Path) -> std::io::Result<Xattrs> {
+pub(crate) fn read_xattrs(path: &Path) -> std::io::Result<Xattrs> {
     let mut out = Vec::new();
     let names = match xattr::list(path) {
         Ok(n) => n,

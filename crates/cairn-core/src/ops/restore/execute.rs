@@ -66,6 +66,8 @@ pub(crate) fn threads() -> usize {
 
 pub(crate) struct Executed {
     pub failed: HashMap<u32, String>,
+    /// One-chunk files written whole whose extended attributes were refused.
+    pub xattrs_refused: HashMap<u32, String>,
 }
 
 /// A blob's place in its pack, for coalescing reads.
@@ -253,6 +255,13 @@ pub(crate) fn execute(
             .entry(file)
             .or_insert(msg);
     };
+    let xattrs_refused: Mutex<HashMap<u32, String>> = Mutex::new(HashMap::new());
+    let attrs = |file: u32, msg: String| {
+        xattrs_refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(file, msg);
+    };
     let done = |n: usize| {
         progress.bytes_done(n as u64);
         if let Some(l) = write_limit {
@@ -404,6 +413,11 @@ pub(crate) fn execute(
                             if job.direct {
                                 match write_direct(job, data, &creation) {
                                     Ok(()) => done(data.len()),
+                                    // Complete but for attributes: reported, not failed.
+                                    Err(e) if metadata::only_xattrs(&e) => {
+                                        done(data.len());
+                                        attrs(n.file, e.to_string());
+                                    }
                                     Err(e) => fail(n.file, format!("writing: {e}")),
                                 }
                             } else {
@@ -425,6 +439,9 @@ pub(crate) fn execute(
     });
     Ok(Executed {
         failed: failed.into_inner().unwrap_or_else(|e| e.into_inner()),
+        xattrs_refused: xattrs_refused
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner()),
     })
 }
 
@@ -481,7 +498,10 @@ fn write_direct(job: &FileJob, data: &[u8], creation: &Creation) -> std::io::Res
         f.write_all_at(data, 0)
     };
     let r = r.and_then(|()| metadata::apply(f.as_fd(), false, &job.node, creation.owners));
-    if r.is_err() && final_mode.is_some() {
+    if let Err(e) = &r
+        && final_mode.is_some()
+        && !metadata::only_xattrs(e)
+    {
         let _ = super::sys::chmod_fd(f.as_fd(), 0o600);
     }
     r

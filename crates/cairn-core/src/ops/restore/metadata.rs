@@ -37,12 +37,19 @@ pub(crate) fn apply(
             sys::chown_fd(fd, node.uid, node.gid)?;
         }
     }
+    // An attribute refused (`trusted.*` for a user who is not root, a file system
+    // without user attributes) leaves the rest to set: it is reported, and the
+    // content, mode and times are the snapshot's all the same.
+    let mut refused = Vec::new();
     for (k, v) in &node.xattrs {
         let name = super::target::c_name(k)?;
-        if path_only {
-            sys::set_xattr_path_fd(fd, &name, v)?;
+        let r = if path_only {
+            sys::set_xattr_path_fd(fd, &name, v)
         } else {
-            sys::set_xattr_fd(fd, &name, v)?;
+            sys::set_xattr_fd(fd, &name, v)
+        };
+        if let Err(e) = r {
+            refused.push(format!("{} ({e})", String::from_utf8_lossy(k)));
         }
     }
     let mode = node.mode & 0o7777;
@@ -58,10 +65,58 @@ pub(crate) fn apply(
         }
     }
     if path_only {
-        sys::utimens_path_fd(fd, time(node.atime), time(node.mtime))
+        sys::utimens_path_fd(fd, time(node.atime), time(node.mtime))?;
     } else {
-        sys::futimens(fd, time(node.atime), time(node.mtime))
+        sys::futimens(fd, time(node.atime), time(node.mtime))?;
     }
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(XattrsNotSet(refused.join(", "))))
+    }
+}
+
+/// Removes the extended attributes of the open file `f` that the snapshot's `node`
+/// does not have (before [`apply`] sets the snapshot's on a file restored in
+/// place): an ACL or attribute added in the target does not survive a restore.
+pub(crate) fn drop_other_xattrs(f: &std::fs::File, node: &Node) -> std::io::Result<()> {
+    use xattr::FileExt;
+    let names = match f.list_xattr() {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for name in names {
+        use std::os::unix::ffi::OsStrExt;
+        let n = name.as_bytes();
+        if !node.xattrs.iter().any(|(k, _)| k.as_slice() == n) {
+            match f.remove_xattr(&name) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What [`apply`] returns when only extended attributes could not be set: the
+/// entry is otherwise complete (content, owner, mode, times), and is not to be
+/// treated as a file restored in part.
+#[derive(Debug)]
+pub(crate) struct XattrsNotSet(String);
+
+impl std::fmt::Display for XattrsNotSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "extended attributes not set: {}", self.0)
+    }
+}
+
+impl std::error::Error for XattrsNotSet {}
+
+/// Whether `e` is [`XattrsNotSet`].
+pub(crate) fn only_xattrs(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|x| x.is::<XattrsNotSet>())
 }
 
 /// How restore creates a one-chunk file, which it creates, writes and gives its

@@ -463,6 +463,8 @@ struct Written {
     batch: Batch,
     /// Files not restored in full, with why.
     failed: HashMap<u32, String>,
+    /// Files restored in full but for extended attributes that were refused.
+    xattrs_refused: HashMap<u32, String>,
 }
 
 /// On the executor thread: plans the batch's reads and writes its files.
@@ -477,6 +479,7 @@ fn write_batch(
         return Ok(Written {
             batch,
             failed: HashMap::new(),
+            xattrs_refused: HashMap::new(),
         });
     }
     let plan = plan::plan(repo, &batch.jobs);
@@ -485,7 +488,11 @@ fn write_batch(
     for (f, m) in exec.failed {
         failed.entry(f).or_insert(m);
     }
-    Ok(Written { batch, failed })
+    Ok(Written {
+        batch,
+        failed,
+        xattrs_refused: exec.xattrs_refused,
+    })
 }
 
 /// `--verify`: reads back every file of the batch that was written (not those in
@@ -993,8 +1000,10 @@ impl Walk<'_> {
             Decision::Metadata => {
                 if let Some(st) = &existing {
                     self.remember_first_link(&parent, &name, st, &node);
-                    let r = overwrite::open_checked(parent.fd(), &name, st)
-                        .and_then(|f| metadata::apply(f.as_fd(), false, &node, self.opts.owners));
+                    let r = overwrite::open_checked(parent.fd(), &name, st).and_then(|f| {
+                        metadata::drop_other_xattrs(&f, &node)?;
+                        metadata::apply(f.as_fd(), false, &node, self.opts.owners)
+                    });
                     if let Err(e) = r {
                         self.issue(parent.node.join(&name), format!("setting metadata: {e}"));
                     }
@@ -1164,6 +1173,7 @@ impl Walk<'_> {
         let Written {
             batch: Batch { jobs, pending },
             mut failed,
+            xattrs_refused,
         } = done;
         let owners = self.opts.owners;
         if !jobs.is_empty() {
@@ -1211,6 +1221,9 @@ impl Walk<'_> {
                 }
                 if job.direct {
                     // Created, written and given its metadata by the executor.
+                    if let Some(m) = xattrs_refused.get(&(i as u32)) {
+                        self.issue(job.path(), m.clone());
+                    }
                     self.progress.file_done();
                     continue;
                 }

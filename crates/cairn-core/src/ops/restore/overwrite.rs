@@ -108,7 +108,8 @@ pub(crate) fn decide(
         Overwrite::IfChanged => {
             if node.kind == NodeKind::File && st.kind() == libc::S_IFREG && st.size == node.size {
                 let same_time = st.mtime == mtime_of(node);
-                if same_time && !metadata_differs(st, node, owners) {
+                if same_time && !metadata_differs(st, node, owners) && xattrs_match(dir, name, node)
+                {
                     return Decision::Keep;
                 }
                 // Metadata in place only on a file whose one name is this and whose
@@ -136,9 +137,30 @@ pub(crate) fn decide(
 }
 
 /// Do the permission bits of the existing file, or its owner when restore sets
-/// owners, differ from the snapshot's? (Extended attributes are not compared.)
+/// owners, differ from the snapshot's? (Extended attributes: [`xattrs_match`].)
 fn metadata_differs(st: &Stat, node: &Node, owners: bool) -> bool {
     st.mode & 0o7777 != node.mode & 0o7777 || owners && (st.uid, st.gid) != (node.uid, node.gid)
+}
+
+/// Are the existing file's extended attributes (its ACLs among them) the
+/// snapshot's? An ACL entry added in the target (`setfacl -n` leaves the mode as it
+/// was) or a changed attribute must not survive a restore that calls the file
+/// unchanged. Read by name in the parent's descriptor (through `/proc/self/fd`;
+/// `llistxattr` has no `*at` form), without following a symlink. A user who is not
+/// root sees no `trusted.*` attributes, so those are left out of the comparison
+/// for one. Any error reading them means "no".
+pub(crate) fn xattrs_match(dir: BorrowedFd<'_>, name: &CStr, node: &Node) -> bool {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let mut p = std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    p.push(std::ffi::OsStr::from_bytes(name.to_bytes()));
+    let Ok(have) = crate::ops::backup::source::read_xattrs(&p) else {
+        return false;
+    };
+    let root = sys::euid() == 0;
+    let visible = |k: &[u8]| root || !k.starts_with(b"trusted.");
+    let want = node.xattrs.iter().filter(|(k, _)| visible(k));
+    have.iter().filter(|(k, _)| visible(k)).eq(want)
 }
 
 /// Is the existing entry already the snapshot's `node` (kind and content; for a

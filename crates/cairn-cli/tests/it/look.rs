@@ -637,6 +637,38 @@ fn export_acls_come_back_with_gnu_tar_acls() {
     );
 }
 
+/// A time before 1970 with a fraction of a second and an attribute whose name is
+/// not UTF-8 come back from the tar archive as they were (GNU tar extracting).
+#[test]
+fn export_keeps_times_before_1970_and_raw_attribute_names() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let f = src.join("old");
+    fs::write(&f, b"old").unwrap();
+    let raw_name = std::ffi::OsStr::from_bytes(b"user.\xff\xfe");
+    xattr::set(&f, raw_name, b"v").unwrap();
+    // -1.75 s: -2 s and 0.25 s as the kernel holds it.
+    set_times(&f, -2, 250_000_000);
+    let snap = env.backup(&[&src]);
+    let tarball = env.path("out.tar");
+    env.ok(&["export", &snap, "-o", tarball.to_str().unwrap()]);
+    let x = env.path("x");
+    fs::create_dir_all(&x).unwrap();
+    sh(std::process::Command::new("tar")
+        .args(["--xattrs", "--xattrs-include=*", "-xpf"])
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&x));
+    let got = x.join(src.strip_prefix("/").unwrap()).join("old");
+    let m = fs::metadata(&got).unwrap();
+    assert_eq!((m.mtime(), m.mtime_nsec()), (-2, 250_000_000));
+    assert_eq!(xattr::get(&got, raw_name).unwrap(), Some(b"v".to_vec()));
+}
+
 /// A file whose name is not UTF-8 can be named to `dump`, `ls` and `restore
 /// --include` by its exact bytes, or as listings show it (U+FFFD for each invalid
 /// byte) when only one name of its directory reads that way; when two do, that

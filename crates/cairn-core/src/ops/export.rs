@@ -249,7 +249,7 @@ impl TarSink<'_> {
     }
 
     /// [`TarSink::header`] with more pax records (a sparse file's map keys).
-    fn header_with(&mut self, n: &Node, extra: Vec<(String, Vec<u8>)>) -> Result<tar::Header> {
+    fn header_with(&mut self, n: &Node, extra: Vec<(Vec<u8>, Vec<u8>)>) -> Result<tar::Header> {
         let mut h = tar::Header::new_ustar();
         h.set_mode(n.mode & 0o7777);
         h.set_uid(u64::from(n.uid));
@@ -259,22 +259,21 @@ impl TarSink<'_> {
         let _ = h.set_groupname(&n.group);
         h.set_mtime(n.mtime.secs.max(0) as u64);
         h.set_size(0);
-        let mut pax: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut pax: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         pax.push((
-            "mtime".into(),
-            format!("{}.{:09}", n.mtime.secs, n.mtime.nanos).into_bytes(),
+            b"mtime".to_vec(),
+            pax_time(n.mtime.secs, n.mtime.nanos).into_bytes(),
         ));
         if n.user.len() > 31 {
-            pax.push(("uname".into(), n.user.clone().into_bytes()));
+            pax.push((b"uname".to_vec(), n.user.clone().into_bytes()));
         }
         if n.group.len() > 31 {
-            pax.push(("gname".into(), n.group.clone().into_bytes()));
+            pax.push((b"gname".to_vec(), n.group.clone().into_bytes()));
         }
         for (k, v) in &n.xattrs {
-            pax.push((
-                format!("SCHILY.xattr.{}", String::from_utf8_lossy(k)),
-                v.clone(),
-            ));
+            // The name's bytes as they are (GNU tar's way; a name that is not
+            // UTF-8 would otherwise come back as another name).
+            pax.push(([&b"SCHILY.xattr."[..], k].concat(), v.clone()));
             // GNU tar's `--acls` reads ACLs from its own records in text form (and
             // sets them over what the xattrs gave): both go in, as GNU tar writes.
             let acl = match k.as_slice() {
@@ -283,15 +282,48 @@ impl TarSink<'_> {
                 _ => None,
             };
             if let Some((key, text)) = acl.zip(cairn_format::tree::acl_text(v)) {
-                pax.push((key.into(), text.into_bytes()));
+                pax.push((key.as_bytes().to_vec(), text.into_bytes()));
             }
         }
         pax.extend(extra);
-        self.tar
-            .append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
-            .map_err(io)?;
+        let data = pax_records(&pax);
+        let mut x = tar::Header::new_ustar();
+        x.set_size(data.len() as u64);
+        x.set_entry_type(tar::EntryType::XHeader);
+        x.set_cksum();
+        self.tar.append(&x, data.as_slice()).map_err(io)?;
         Ok(h)
     }
+}
+
+/// A pax time: seconds and a fraction, the sign on the whole (`-1.75`: 1.75 s
+/// before the epoch, held as -2 s + 0.25 s).
+fn pax_time(secs: i64, nanos: u32) -> String {
+    if secs < 0 && nanos > 0 {
+        format!("-{}.{:09}", -(secs + 1), 1_000_000_000 - nanos)
+    } else {
+        format!("{secs}.{nanos:09}")
+    }
+}
+
+/// pax extended header records, `"<length> <key>=<value>\n"` each, the length
+/// counting its own digits; keys as bytes (an xattr name need not be UTF-8).
+fn pax_records(records: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let mut data = Vec::new();
+    for (key, value) in records {
+        let rest = 3 + key.len() + value.len();
+        let mut digits = 1;
+        while rest + digits >= 10usize.pow(digits as u32) {
+            digits += 1;
+        }
+        data.extend_from_slice((rest + digits).to_string().as_bytes());
+        data.push(b' ');
+        data.extend_from_slice(key);
+        data.push(b'=');
+        data.extend_from_slice(value);
+        data.push(b'\n');
+    }
+    data
 }
 
 fn os_path(name: &[u8]) -> &std::path::Path {
@@ -388,11 +420,11 @@ impl TarSink<'_> {
         map.resize(map.len().div_ceil(512) * 512, 0);
         let data: u64 = segments.iter().map(|s| s.1).sum();
         let extra = vec![
-            ("GNU.sparse.major".to_string(), b"1".to_vec()),
-            ("GNU.sparse.minor".to_string(), b"0".to_vec()),
-            ("GNU.sparse.name".to_string(), name.to_vec()),
+            (b"GNU.sparse.major".to_vec(), b"1".to_vec()),
+            (b"GNU.sparse.minor".to_vec(), b"0".to_vec()),
+            (b"GNU.sparse.name".to_vec(), name.to_vec()),
             (
-                "GNU.sparse.realsize".to_string(),
+                b"GNU.sparse.realsize".to_vec(),
                 n.size.to_string().into_bytes(),
             ),
         ];
@@ -1193,6 +1225,26 @@ impl<S: Sink> Visitor for Exporter<'_, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pax_times_carry_the_sign_on_the_whole() {
+        assert_eq!(pax_time(-2, 250_000_000), "-1.750000000");
+        assert_eq!(pax_time(-1, 500_000_000), "-0.500000000");
+        assert_eq!(pax_time(-1001, 999_999_500), "-1000.000000500");
+        assert_eq!(pax_time(-5, 0), "-5.000000000");
+        assert_eq!(pax_time(7, 1), "7.000000001");
+    }
+
+    #[test]
+    fn pax_record_lengths_count_their_own_digits() {
+        // 3 + key + value = 8: the record is 9 bytes ("9 k=vvvv\n" has 1 digit);
+        // at 9 it becomes 11 (two digits).
+        for value_len in 0..200 {
+            let data = pax_records(&[(b"k".to_vec(), vec![b'v'; value_len])]);
+            let (len, _) = std::str::from_utf8(&data).unwrap().split_once(' ').unwrap();
+            assert_eq!(len.parse::<usize>().unwrap(), data.len(), "{value_len}");
+        }
+    }
 
     #[test]
     fn zip_names_that_are_not_utf8_stay_apart_and_are_said() {

@@ -201,6 +201,12 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
     fs::write(src.join("sub/big.bin"), &big).unwrap();
     fs::write(src.join("run.sh"), b"#!/bin/sh\n").unwrap();
     fs::set_permissions(src.join("run.sh"), fs::Permissions::from_mode(0o750)).unwrap();
+    // Set-user-ID kept, and exact times: one at an odd second, one before 1980.
+    fs::write(src.join("suid"), b"x").unwrap();
+    fs::set_permissions(src.join("suid"), fs::Permissions::from_mode(0o4755)).unwrap();
+    set_times(&src.join("suid"), 1_600_000_001, 0);
+    fs::write(src.join("old"), b"1975").unwrap();
+    set_times(&src.join("old"), 171_936_000, 0);
     std::os::unix::fs::symlink("sub/big.bin", src.join("link")).unwrap();
     nix::unistd::mkfifo(
         &src.join("pipe"),
@@ -238,8 +244,9 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
         .unwrap();
     assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stdout));
     let unpacked = env.path("unzipped");
+    // -K: Info-ZIP's unzip keeps set-ID bits only when asked.
     let x = std::process::Command::new("unzip")
-        .arg("-q")
+        .arg("-qK")
         .arg(&zip)
         .arg("-d")
         .arg(&unpacked)
@@ -256,6 +263,9 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
         fs::read_link(got.join("link")).unwrap(),
         Path::new("sub/big.bin")
     );
+    let m = fs::metadata(got.join("suid")).unwrap();
+    assert_eq!((m.mode() & 0o7777, m.mtime()), (0o4755, 1_600_000_001));
+    assert_eq!(fs::metadata(got.join("old")).unwrap().mtime(), 171_936_000);
 
     // Tar through --output too; then a damaged pack fails the export cleanly.
     let tarball = env.path("out.tar");

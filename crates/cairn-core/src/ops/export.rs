@@ -226,8 +226,11 @@ impl<S: Sink> Exporter<'_, S> {
                 }
             }
             // A socket cannot be archived (neither format has an entry for it; tar
-            // itself skips them too).
-            NodeKind::Socket => {}
+            // itself skips them too, and says so).
+            NodeKind::Socket => self.report.notes.push(format!(
+                "{}: a socket cannot be stored in an archive (left out)",
+                String::from_utf8_lossy(&name)
+            )),
             _ => match self.sink.entry(&name, n)? {
                 Some(note) => self.report.notes.push(note),
                 None if n.kind == NodeKind::Dir => self.report.dirs += 1,
@@ -600,15 +603,37 @@ fn zip_entry_err(shown: &str) -> impl FnOnce(zip::result::ZipError) -> Error + '
     }
 }
 
-/// Zip's options for an entry: permission bits and the modification time (DOS
-/// time, 2-second steps, taken as UTC; clamped to the years zip can hold).
-fn zip_options(n: &Node) -> zip::write::SimpleFileOptions {
-    let (y, mo, d, h, mi, s) = crate::time::civil_utc(n.mtime.secs);
-    let y = y.clamp(1980, 2107);
-    let t = zip::DateTime::from_date_and_time(y as u16, mo, d, h, mi, s).unwrap_or_default();
-    zip::write::SimpleFileOptions::default()
-        .unix_permissions(n.mode & 0o7777)
-        .last_modified_time(t)
+/// Zip's options for an entry: its Unix type and mode bits in the external
+/// attributes (set-ID and sticky bits included, as Info-ZIP keeps them), and the
+/// modification time twice: as DOS time (2-second steps, taken as UTC; a time
+/// outside 1980-2107 clamped to the nearest end, so order is kept) and, where it
+/// fits, exactly in an extended-timestamp field (`UT`, 0x5455: seconds since the
+/// epoch, UTC), which Info-ZIP's unzip and bsdtar use instead.
+fn zip_options(n: &Node, file_type: u32) -> Result<zip::write::FullFileOptions<'static, 'static>> {
+    let secs = n.mtime.secs;
+    let (y, mo, d, h, mi, s) = crate::time::civil_utc(secs);
+    let t = if y < 1980 {
+        zip::DateTime::default()
+    } else if y > 2107 {
+        zip::DateTime::from_date_and_time(2107, 12, 31, 23, 59, 58).unwrap_or_default()
+    } else {
+        zip::DateTime::from_date_and_time(y as u16, mo, d, h, mi, s).unwrap_or_default()
+    };
+    let mut dos = 0;
+    if file_type == libc::S_IFDIR {
+        dos |= 0x10;
+    }
+    let mut opts = zip::write::FullFileOptions::default()
+        .system(zip::System::Unix)
+        .external_attributes(((file_type | (n.mode & 0o7777)) << 16) | dos)
+        .last_modified_time(t);
+    if let Ok(unix) = i32::try_from(secs) {
+        let mut ut = vec![1u8];
+        ut.extend_from_slice(&unix.to_le_bytes());
+        opts.add_extra_field(0x5455, ut, false)
+            .map_err(|e| Error::Invalid(format!("writing the zip archive: {e}")))?;
+    }
+    Ok(opts)
 }
 
 /// A zip entry's name: zip names are UTF-8 strings; another name is stored with
@@ -634,19 +659,24 @@ impl Sink for ZipSink<'_> {
     fn entry(&mut self, name: &[u8], n: &Node) -> Result<Option<String>> {
         let mut notes = Vec::new();
         let shown = zip_name(name, &mut notes);
-        let opts = zip_options(n);
-        let zip = self.writer()?;
         match n.kind {
-            NodeKind::Dir => zip
-                .add_directory(shown.as_str(), opts)
-                .map_err(zip_entry_err(&shown))?,
-            NodeKind::Symlink => zip
-                .add_symlink(
-                    shown.as_str(),
-                    String::from_utf8_lossy(&n.link_target),
-                    opts,
-                )
-                .map_err(zip_entry_err(&shown))?,
+            NodeKind::Dir => {
+                let opts = zip_options(n, libc::S_IFDIR)?;
+                self.writer()?
+                    .add_directory(shown.as_str(), opts)
+                    .map_err(zip_entry_err(&shown))?;
+            }
+            NodeKind::Symlink => {
+                // An entry of type symlink whose content is the target, as its
+                // bytes (the library's own call takes UTF-8 text only).
+                let opts = zip_options(n, libc::S_IFLNK)?
+                    .external_attributes((libc::S_IFLNK | 0o777) << 16)
+                    .compression_method(zip::CompressionMethod::Stored);
+                let zip = self.writer()?;
+                zip.start_file(shown.as_str(), opts)
+                    .map_err(zip_entry_err(&shown))?;
+                zip.write_all(&n.link_target).map_err(io)?;
+            }
             _ => {
                 return Ok(Some(format!(
                     "{shown}: a {} cannot be stored in a zip archive (left out)",
@@ -666,7 +696,7 @@ impl Sink for ZipSink<'_> {
     ) -> Result<()> {
         let mut notes = Vec::new();
         let shown = zip_name(name, &mut notes);
-        let opts = zip_options(n)
+        let opts = zip_options(n, libc::S_IFREG)?
             .compression_method(zip::CompressionMethod::Deflated)
             .compression_level(Some(3))
             .large_file(n.size >= u64::from(u32::MAX));

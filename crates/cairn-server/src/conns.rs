@@ -79,6 +79,30 @@ impl Drop for Place {
 
 #[cfg(test)]
 mod tests {
+
+    /// A peer that sends nothing is cut off at the deadline; one that sends in time
+    /// is read as it sends, long after the deadline.
+    #[tokio::test]
+    async fn a_silent_connection_is_cut_off_and_a_talking_one_is_not() {
+        use std::time::Duration;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut peer, ours) = tokio::io::duplex(64);
+        let mut silent = FirstBytes::new(ours, Duration::from_millis(100));
+        let mut buf = [0u8; 8];
+        let t = std::time::Instant::now();
+        let e = silent.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(t.elapsed() < Duration::from_secs(5));
+        drop(peer.shutdown().await);
+
+        let (mut peer, ours) = tokio::io::duplex(64);
+        let mut talking = FirstBytes::new(ours, Duration::from_millis(100));
+        peer.write_all(b"GET").await.unwrap();
+        assert_eq!(talking.read(&mut buf).await.unwrap(), 3);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        peer.write_all(b" /").await.unwrap();
+        assert_eq!(talking.read(&mut buf).await.unwrap(), 2);
+    }
     use super::*;
 
     #[test]
@@ -105,5 +129,97 @@ mod tests {
         let _v4 = p.enter(a).unwrap();
         let _v4b = p.enter(a).unwrap();
         assert!(p.enter("::ffff:10.0.0.1".parse().unwrap()).is_none());
+    }
+}
+
+/// A connection that must send its first bytes within a deadline. hyper's
+/// `header_read_timeout` runs only once a request has begun, and the builder that
+/// tells HTTP/1 from HTTP/2 reads the first bytes with no timeout at all: a client
+/// that connects (and finishes TLS) and then sends nothing held its connection
+/// forever, and enough of them shut everyone else out. The first read that waits
+/// past the deadline fails (`TimedOut`), which ends the connection; after the first
+/// bytes, hyper's own timeouts apply.
+pub struct FirstBytes<S> {
+    inner: S,
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> FirstBytes<S> {
+    pub fn new(inner: S, within: std::time::Duration) -> Self {
+        FirstBytes {
+            inner,
+            deadline: Some(Box::pin(tokio::time::sleep(within))),
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for FirstBytes<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let before = buf.filled().len();
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    this.deadline = None;
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let expired = this
+                    .deadline
+                    .as_mut()
+                    .is_some_and(|d| d.as_mut().poll(cx).is_ready());
+                if expired {
+                    Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no request in time",
+                    )))
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for FirstBytes<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -647,6 +647,7 @@ async fn run(
                         Ok(Ok(s)) => s,
                         _ => return,
                     };
+                    let tls = conns::FirstBytes::new(tls, FIRST_REQUEST_WITHIN);
                     let io = hyper_util::rt::TokioIo::new(tls);
                     let conn = builder.serve_connection_with_upgrades(io, service);
                     let _ = watcher.watch(conn.into_owned()).await;
@@ -654,6 +655,7 @@ async fn run(
                 });
             }
             None => {
+                let tcp = conns::FirstBytes::new(tcp, FIRST_REQUEST_WITHIN);
                 let io = hyper_util::rt::TokioIo::new(tcp);
                 let conn = builder
                     .serve_connection_with_upgrades(io, service)
@@ -697,6 +699,10 @@ async fn run(
     }
     Ok(())
 }
+
+/// A new connection's first request must begin within this (after TLS); the
+/// headers then have `header_read_timeout` (30 s) to arrive.
+const FIRST_REQUEST_WITHIN: Duration = Duration::from_secs(30);
 
 fn connection_builder() -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
     let mut b = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());

@@ -77,61 +77,6 @@ impl Drop for Place {
     }
 }
 
-#[cfg(test)]
-mod tests {
-
-    /// A peer that sends nothing is cut off at the deadline; one that sends in time
-    /// is read as it sends, long after the deadline.
-    #[tokio::test]
-    async fn a_silent_connection_is_cut_off_and_a_talking_one_is_not() {
-        use std::time::Duration;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (mut peer, ours) = tokio::io::duplex(64);
-        let mut silent = FirstBytes::new(ours, Duration::from_millis(100));
-        let mut buf = [0u8; 8];
-        let t = std::time::Instant::now();
-        let e = silent.read(&mut buf).await.unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
-        assert!(t.elapsed() < Duration::from_secs(5));
-        drop(peer.shutdown().await);
-
-        let (mut peer, ours) = tokio::io::duplex(64);
-        let mut talking = FirstBytes::new(ours, Duration::from_millis(100));
-        peer.write_all(b"GET").await.unwrap();
-        assert_eq!(talking.read(&mut buf).await.unwrap(), 3);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        peer.write_all(b" /").await.unwrap();
-        assert_eq!(talking.read(&mut buf).await.unwrap(), 2);
-    }
-    use super::*;
-
-    #[test]
-    fn an_address_holds_at_most_its_share_until_it_closes_some() {
-        let p = PerAddress::new(2);
-        let a: IpAddr = "10.0.0.1".parse().unwrap();
-        let b: IpAddr = "10.0.0.2".parse().unwrap();
-        let one = p.enter(a).unwrap();
-        let _two = p.enter(a).unwrap();
-        assert!(p.enter(a).is_none());
-        let _other = p.enter(b).unwrap();
-        drop(one);
-        let _three = p.enter(a).unwrap();
-        drop((_two, _three, _other));
-        assert_eq!(p.addresses(), 0, "nothing kept for closed connections");
-        // One IPv6 /64 is one address; an IPv4 address written as IPv6 is itself.
-        let x: IpAddr = "2001:db8:1:2::5".parse().unwrap();
-        let y: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
-        let z: IpAddr = "2001:db8:1:3::5".parse().unwrap();
-        let _x = p.enter(x).unwrap();
-        let _y = p.enter(y).unwrap();
-        assert!(p.enter(x).is_none(), "the /64 holds two");
-        let _z = p.enter(z).unwrap();
-        let _v4 = p.enter(a).unwrap();
-        let _v4b = p.enter(a).unwrap();
-        assert!(p.enter("::ffff:10.0.0.1".parse().unwrap()).is_none());
-    }
-}
-
 /// A connection that must send its first bytes within a deadline. hyper's
 /// `header_read_timeout` runs only once a request has begun, and the builder that
 /// tells HTTP/1 from HTTP/2 reads the first bytes with no timeout at all: a client
@@ -221,5 +166,60 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for FirstBytes<S> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+
+    /// A peer that sends nothing is cut off at the deadline; one that sends in time
+    /// is read as it sends, long after the deadline.
+    #[tokio::test]
+    async fn a_silent_connection_is_cut_off_and_a_talking_one_is_not() {
+        use std::time::Duration;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut peer, ours) = tokio::io::duplex(64);
+        let mut silent = FirstBytes::new(ours, Duration::from_millis(100));
+        let mut buf = [0u8; 8];
+        let t = std::time::Instant::now();
+        let e = silent.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(t.elapsed() < Duration::from_secs(5));
+        drop(peer.shutdown().await);
+
+        let (mut peer, ours) = tokio::io::duplex(64);
+        let mut talking = FirstBytes::new(ours, Duration::from_millis(100));
+        peer.write_all(b"GET").await.unwrap();
+        assert_eq!(talking.read(&mut buf).await.unwrap(), 3);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        peer.write_all(b" /").await.unwrap();
+        assert_eq!(talking.read(&mut buf).await.unwrap(), 2);
+    }
+    use super::*;
+
+    #[test]
+    fn an_address_holds_at_most_its_share_until_it_closes_some() {
+        let p = PerAddress::new(2);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let one = p.enter(a).unwrap();
+        let _two = p.enter(a).unwrap();
+        assert!(p.enter(a).is_none());
+        let _other = p.enter(b).unwrap();
+        drop(one);
+        let _three = p.enter(a).unwrap();
+        drop((_two, _three, _other));
+        assert_eq!(p.addresses(), 0, "nothing kept for closed connections");
+        // One IPv6 /64 is one address; an IPv4 address written as IPv6 is itself.
+        let x: IpAddr = "2001:db8:1:2::5".parse().unwrap();
+        let y: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let z: IpAddr = "2001:db8:1:3::5".parse().unwrap();
+        let _x = p.enter(x).unwrap();
+        let _y = p.enter(y).unwrap();
+        assert!(p.enter(x).is_none(), "the /64 holds two");
+        let _z = p.enter(z).unwrap();
+        let _v4 = p.enter(a).unwrap();
+        let _v4b = p.enter(a).unwrap();
+        assert!(p.enter("::ffff:10.0.0.1".parse().unwrap()).is_none());
     }
 }

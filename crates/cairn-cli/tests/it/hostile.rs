@@ -596,3 +596,79 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
         same(&back.join(format!("f{i}")), &content(i));
     }
 }
+
+/// A backup committed while a prune ran has its blobs in the prune's pending
+/// record only (the prune retired their packs); an append-only writer then indexes
+/// false copies of those blobs (junk at their ids). Readers that find the false
+/// live copy must reach the pending one: the snapshot restores, in both index
+/// placements.
+#[test]
+fn a_false_live_copy_does_not_hide_a_blob_held_by_a_pending_record() {
+    use cairn_backend::{Backend, LocalBackend, names};
+    use cairn_format::PackId;
+    use cairn_format::index::{IndexFile, IndexPack};
+    use cairn_format::pending::PendingDeletion;
+    use std::sync::Arc;
+
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(77);
+    for i in 0..10 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(30_000, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
+    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    // As a prune leaves it: every pack in a pending record, no index file listing
+    // them (a backup's lock was live, so the record waits).
+    let mut packs = Vec::new();
+    for id in repo.list_index_files().unwrap() {
+        packs.extend(repo.read_index_file(&id).unwrap().packs);
+        backend.delete(&names::index(&id.to_hex())).unwrap();
+    }
+    repo.write_pending(&PendingDeletion {
+        created: 0,
+        locks: vec![[7u8; 32]],
+        packs: packs.clone(),
+        orphans: Vec::new(),
+    })
+    .unwrap();
+    env.restore("latest", &src, "before");
+    // The attacker's index file: every blob at the start of a pack of junk.
+    let junk = vec![0x5au8; 4096];
+    let junk_id = PackId::of_content(&junk);
+    backend
+        .put_new(&names::pack(&junk_id.to_hex()), &junk)
+        .unwrap();
+    let claims = packs
+        .iter()
+        .flat_map(|p| p.blobs.iter())
+        .map(|b| cairn_format::index::IndexBlob {
+            offset: 0,
+            length: 64,
+            ..*b
+        })
+        .collect();
+    repo.write_index_file(&IndexFile {
+        packs: vec![IndexPack {
+            id: junk_id,
+            blobs: claims,
+        }],
+        ..Default::default()
+    })
+    .unwrap();
+    let back = env.restore("latest", &src, "ram");
+    assert_same(&src, &back);
+    let ssd = env.path("ssd");
+    env.ok(&[
+        "index",
+        "--index-placement",
+        "ssd",
+        "--index-path",
+        ssd.to_str().unwrap(),
+    ]);
+    let back = env.restore("latest", &src, "ssd-r");
+    assert_same(&src, &back);
+}

@@ -329,13 +329,16 @@ impl MasterIndex {
         });
         let others = &mut self.others;
         let before = others.len();
-        // Live copies only: a pending copy of a blob with a live one is what a
-        // prune retired after keeping a copy it had read or copied (verified), so
-        // it is no fallback worth the memory (after a large repack, every moved
-        // blob has one).
+        // Pending copies too: the live copy a prune kept was verified, but a live
+        // entry can also be one an append-only writer (a backup token) indexed
+        // after the prune, naming bytes that are not the blob, for a blob that
+        // then lives only in a pending record; readers that find the live copy
+        // false must still reach the pending one (as the SSD placement does).
+        // Pending records last only until the next prune, so the memory is
+        // passing.
         self.records.dedup_by(|next, kept| {
             let same = next[..ID_LEN] == kept[..ID_LEN];
-            if same && !record_pending(next) {
+            if same {
                 others.push(*next);
             }
             same
@@ -556,9 +559,14 @@ mod tests {
             assert_eq!(ix.pack_of(&loc), PackId([(i / 100) as u8; 32]));
         }
         assert!(ix.contains(&only_pending.id) && !ix.is_live(&only_pending.id));
-        // Copies: one where there is one, live duplicates kept, a pending copy of
-        // a live blob not.
-        assert_eq!(ix.copies(&ids[3]).len(), 1);
+        // Copies: one where there is one, live duplicates kept, and a pending copy
+        // of a live blob too (after the live one: a false live entry must not hide
+        // the real bytes in a pending record).
+        let c = ix.copies(&ids[3]);
+        assert_eq!(c.len(), 2, "{c:?}");
+        assert_eq!(c[0], ix.get(&ids[3]).unwrap());
+        assert_eq!(ix.pack_of(&c[1]), PackId([200; 32]));
+        assert_eq!(ix.copies(&ids[4]).len(), 1);
         ix.add_pack(
             PackId([202; 32]),
             &[IndexBlob {

@@ -150,7 +150,7 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     }
     if r.rescued_packs > 0 {
         println!(
-            "kept {} that snapshots written meanwhile need",
+            "kept {} that snapshots need (written meanwhile, or holding the only true copy of a blob)",
             ui::count(r.rescued_packs as u64, "retired pack")
         );
     }

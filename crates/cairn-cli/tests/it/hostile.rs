@@ -601,7 +601,8 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
 /// record only (the prune retired their packs); an append-only writer then indexes
 /// false copies of those blobs (junk at their ids). Readers that find the false
 /// live copy must reach the pending one: the snapshot restores, in both index
-/// placements.
+/// placements; and a prune reads the live copy, finds it false and indexes the
+/// retired pack again instead of deleting the only true copy.
 #[test]
 fn a_false_live_copy_does_not_hide_a_blob_held_by_a_pending_record() {
     use cairn_backend::{Backend, LocalBackend, names};
@@ -670,5 +671,17 @@ fn a_false_live_copy_does_not_hide_a_blob_held_by_a_pending_record() {
         ssd.to_str().unwrap(),
     ]);
     let back = env.restore("latest", &src, "ssd-r");
+    assert_same(&src, &back);
+    // A prune then (the record's lock is gone) keeps the real copies, whatever
+    // the false entries claim, and drops the junk.
+    env.ok(&["index", "--index-placement", "ram"]);
+    let out = env.ok(&["prune"]);
+    assert!(out.contains("name blobs their packs do not hold"), "{out}");
+    let back = env.restore("latest", &src, "pruned");
+    assert_same(&src, &back);
+    env.ok(&["prune"]);
+    env.check_clean();
+    assert!(!env.repo.join(names::pack(&junk_id.to_hex())).exists());
+    let back = env.restore("latest", &src, "pruned-twice");
     assert_same(&src, &back);
 }

@@ -94,13 +94,17 @@ fn check_kept_copies(
     let mut batch: Vec<Vec<BlobCopy>> = Vec::new();
     let mut copies = 0usize;
     join(scan, needed, &mut |j, packs| {
-        if !j.needed || j.copies.len() < 2 {
+        if !j.needed || (j.copies.len() < 2 && !j.pending) {
             return Ok(());
         }
         let mut usable: Vec<usize> = (0..j.copies.len())
             .filter(|&k| packs[j.copies[k].pack as usize].usable())
             .collect();
-        if usable.len() < 2 {
+        // One live copy and a retired one: the live one is read too. If it is
+        // false (indexed after the retiring prune by an append-only writer), the
+        // retired pack is the blob's only true copy and must be indexed again,
+        // not deleted.
+        if usable.len() < 2 && !(j.pending && usable.len() == 1) {
             return Ok(());
         }
         // Stable: equally ranked copies stay in the order `provider` meets them.
@@ -234,7 +238,7 @@ pub(super) fn join_needed(repo: &Repository, scan: &mut Scan, needed: Needed) ->
     let mut several = 0usize;
     join(scan, &mut needed, &mut |j, packs| {
         let (copies, is_needed) = (j.copies, j.needed);
-        if is_needed && copies.len() > 1 {
+        if is_needed && (copies.len() > 1 || j.pending && !copies.is_empty()) {
             several += 1;
         }
         for e in copies {

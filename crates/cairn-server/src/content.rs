@@ -467,7 +467,7 @@ pub async fn stats(
     Ok(axum::Json(&*st).into_response())
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 pub struct SnapshotRow {
     pub id: String,
     pub time: String,
@@ -500,8 +500,12 @@ pub struct HostRow {
     pub last: String,
     /// Hours since the last backup.
     pub age_hours: f64,
-    /// The last backup is older than the server's `stale_after_hours`.
+    /// The last backup is older than the server's `stale_after_hours` (or there
+    /// is none that is not dated in the future).
     pub stale: bool,
+    /// Snapshots dated more than an hour in the future: not taken as the last
+    /// backup.
+    pub future_dated: usize,
 }
 
 #[derive(Serialize)]
@@ -683,25 +687,37 @@ pub async fn fleet(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Re
 /// A row per host: its snapshots, the last one, and whether that is older than
 /// `stale_hours` at `now` (seconds since the epoch).
 fn host_rows(rows: &[SnapshotRow], now: i64, stale_hours: u64) -> Vec<HostRow> {
-    let mut hosts: std::collections::BTreeMap<&str, (usize, &str, i64)> = Default::default();
+    // (snapshots, last time, its seconds, dated in the future)
+    let mut hosts: std::collections::BTreeMap<&str, (usize, &str, i64, usize)> = Default::default();
+    let future = now + cairn_core::forget::FUTURE_SLACK_HOURS * 3600;
     for r in rows {
         let secs = cairn_core::time::parse_rfc3339(&r.time).unwrap_or(0);
-        let h = hosts.entry(&r.hostname).or_insert((0, "", i64::MIN));
+        let h = hosts.entry(&r.hostname).or_insert((0, "", i64::MIN, 0));
         h.0 += 1;
-        if secs >= h.2 {
+        // A snapshot dated ahead is no proof of a backup: a host whose clock is
+        // wrong, or a client dating one so, would never look stale.
+        if secs > future {
+            h.3 += 1;
+        } else if secs >= h.2 {
             (h.1, h.2) = (&r.time, secs);
         }
     }
     hosts
         .into_iter()
-        .map(|(host, (n, last, secs))| {
-            let age = (now - secs).max(0) as f64 / 3600.0;
+        .map(|(host, (n, last, secs, future_dated))| {
+            let none = secs == i64::MIN;
+            let age = if none {
+                0.0
+            } else {
+                (now - secs).max(0) as f64 / 3600.0
+            };
             HostRow {
                 host: host.to_string(),
                 snapshots: n,
                 last: last.to_string(),
                 age_hours: age,
-                stale: age > stale_hours as f64,
+                stale: none || age > stale_hours as f64,
+                future_dated,
             }
         })
         .collect()
@@ -1182,6 +1198,19 @@ mod tests {
         assert!(h[0].stale && (h[0].age_hours - 48.0).abs() < 1e-9);
         assert_eq!(h[1].last, "2026-11-25T01:00:00Z");
         assert!(!h[1].stale, "11 hours old");
+        // A snapshot dated ahead does not make a host look fresh.
+        let mut rows = rows.to_vec();
+        rows.push(row("db1", "2030-01-03T00:00:00Z"));
+        rows.push(row("ghost", "2031-01-01T00:00:00Z"));
+        let h = host_rows(&rows, now, 26);
+        assert_eq!(
+            (h[0].last.as_str(), h[0].stale, h[0].future_dated),
+            ("2026-11-23T12:00:00Z", true, 1)
+        );
+        assert_eq!(
+            (h[1].host.as_str(), h[1].last.as_str(), h[1].stale),
+            ("ghost", "", true)
+        );
     }
 
     #[test]

@@ -95,6 +95,20 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
             c.short_id, c.claimed, c.recorded, c.recorded
         );
     }
+    for gr in &r.groups {
+        for k in &gr.keep {
+            if k.reasons
+                .as_ref()
+                .is_some_and(|rs| rs.iter().any(|x| x == forget::FUTURE_REASON))
+            {
+                eprintln!(
+                    "warning: snapshot {} of host {:?} is dated {}, in the future: kept, and not \
+                     counted by the policy (a host's clock, or a client that dated it so)",
+                    k.short_id, k.host, k.time
+                );
+            }
+        }
+    }
     for (id, e) in &r.failed {
         eprintln!("cairn: error: removing snapshot {}: {e}", id.short());
     }

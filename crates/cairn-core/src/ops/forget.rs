@@ -20,6 +20,8 @@
 //!   (not before now: a machine that stopped backing up keeps its last ones); a
 //!   snapshot dated in the future is kept by it but is not the newest it counts
 //!   back from.
+//! - A snapshot dated more than an hour in the future is kept and takes no rule's
+//!   slot (restic counts it, so it can push real snapshots out).
 //! - `keep_tags` keeps every snapshot carrying all tags of any one entry.
 
 use crate::error::{Error, Result};
@@ -537,6 +539,14 @@ impl Rule {
     }
 }
 
+/// How far past now a snapshot's time may lie before retention stops counting it
+/// (clocks of different hosts disagree by seconds to minutes; a snapshot taken
+/// now is never this far ahead).
+pub const FUTURE_SLACK_HOURS: i64 = 1;
+
+/// The reason given for a snapshot dated in the future: kept, not counted.
+pub const FUTURE_REASON: &str = "dated in the future (kept, not counted by the policy)";
+
 struct Counter {
     rule: Rule,
     /// Snapshots this rule may still keep; -1 is unlimited.
@@ -589,7 +599,17 @@ fn apply<Tz: TimeZone>(
     let oldest = entries.len().saturating_sub(1);
     let mut keep = Vec::new();
     let mut remove = Vec::new();
+    let future = now + TimeDelta::hours(FUTURE_SLACK_HOURS);
     for (pos, e) in entries.iter().enumerate() {
+        // Dated in the future: kept, and no rule's slot taken. Counted, such
+        // snapshots would be the "newest" and push real ones out: a clock years
+        // ahead, or a client that may only add backups (a backup token of `cairn
+        // serve`) dating junk ahead so that routine retention deletes a host's
+        // real backups.
+        if e.time > future {
+            keep.push((e.id, vec![FUTURE_REASON.to_string()]));
+            continue;
+        }
         let mut reasons: Vec<String> = Vec::new();
         for t in &policy.keep_tags {
             if has_tag_list(e.snap, t) {
@@ -1172,8 +1192,48 @@ mod tests {
             vec![
                 k("2020-11-22 11:00", &["within 1d"]),
                 k("2020-11-22 12:00", &["within 1d"]),
-                k("2200-01-01 00:00", &["within 1d"]),
+                k("2200-01-01 00:00", &[FUTURE_REASON]),
             ]
+        );
+    }
+
+    /// Snapshots dated ahead (a client that may only add backups, forging times)
+    /// take no slot: the real ones keep theirs.
+    #[test]
+    fn snapshots_dated_in_the_future_take_no_slot() {
+        let s = at(&[
+            "2020-11-20 12:00",
+            "2020-11-21 12:00",
+            "2020-11-22 12:00",
+            "2030-01-01 00:00",
+            "2030-01-02 00:00",
+            "2030-01-03 00:00",
+        ]);
+        for p in [
+            Policy {
+                daily: Some(3),
+                ..Default::default()
+            },
+            Policy {
+                last: Some(3),
+                ..Default::default()
+            },
+        ] {
+            let got = kept_times(&s, &p);
+            assert_eq!(got.len(), 6, "{got:?}");
+        }
+        let p = Policy {
+            last: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_times(&s, &p),
+            ts(&[
+                "2020-11-22 12:00",
+                "2030-01-01 00:00",
+                "2030-01-02 00:00",
+                "2030-01-03 00:00"
+            ])
         );
     }
 

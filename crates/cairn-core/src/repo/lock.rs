@@ -485,6 +485,27 @@ pub fn jobs_ahead(locks: &[LockInfo], mine: &[u8; 32]) -> Vec<LockInfo> {
     ahead
 }
 
+/// `ahead` with at most all places but one (of `max`) counted for locks whose ids
+/// share their first 8 bytes: the locks of one `cairn serve` token (the server makes
+/// a non-admin token's lock ids start with bytes of the token's id; direct clients'
+/// are random). A hijacked backup token can store locks that look like running
+/// backups, but so it holds places as the server's own slots let it (all but one),
+/// never every place, and every other host's backups go on.
+pub fn per_owner(ahead: Vec<LockInfo>, max: u32) -> Vec<LockInfo> {
+    let cap = (max as usize).saturating_sub(1).max(1);
+    let mut seen: std::collections::HashMap<[u8; 8], usize> = Default::default();
+    ahead
+        .into_iter()
+        .filter(|l| {
+            let mut prefix = [0u8; 8];
+            prefix.copy_from_slice(&l.id[..8]);
+            let n = seen.entry(prefix).or_insert(0);
+            *n += 1;
+            *n <= cap
+        })
+        .collect()
+}
+
 /// How often a queued job looks again.
 const JOB_POLL: Duration = Duration::from_secs(2);
 
@@ -503,7 +524,7 @@ pub fn wait_for_job_slot(
 ) -> Result<()> {
     let mut told = false;
     loop {
-        let ahead = jobs_ahead(&list_locks(repo)?, &lock.id());
+        let ahead = per_owner(jobs_ahead(&list_locks(repo)?, &lock.id()), max);
         if ahead.len() < max as usize {
             return Ok(());
         }
@@ -560,6 +581,29 @@ fn held_by_running_process_here(l: &Lock) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    /// One owner's locks (one 8-byte id prefix: a server token's) count for all
+    /// places but one at most; every random-id lock counts for itself.
+    #[test]
+    fn one_owners_locks_never_take_every_place() {
+        let info = |first: u8, n: u8| LockInfo {
+            id: {
+                let mut id = [first; 32];
+                id[31] = n;
+                id
+            },
+            name: String::new(),
+            lock: None,
+            stale: false,
+        };
+        let forged: Vec<LockInfo> = (0..5).map(|n| info(7, n)).collect();
+        assert_eq!(per_owner(forged.clone(), 4).len(), 3);
+        assert_eq!(per_owner(forged.clone(), 1).len(), 1);
+        let mut mixed = forged;
+        mixed.push(info(1, 0));
+        mixed.push(info(2, 0));
+        assert_eq!(per_owner(mixed, 4).len(), 5);
+    }
     use super::*;
 
     /// Waits until `f` holds, failing the test after a minute: the refresh thread

@@ -518,6 +518,13 @@ pub async fn put(
     if kind == Kind::Index && action == Action::Create {
         refuse_copy_of_admin_index(&store, &name).await?;
     }
+    // A write that needs a job slot is refused before any of the upload budget is
+    // reserved or a body read: a client without one (or without a session) must
+    // not hold memory others wait for. (Checked again after the body: a slot can
+    // lapse during a long upload.)
+    if t.role != Role::Admin && action == Action::Create && kind.needs_job_slot() {
+        need_slot(&store, &t, &headers)?;
+    }
     // Held until the body is stored (see `body::UploadBudget`).
     let _memory = app
         .uploads
@@ -545,8 +552,6 @@ pub async fn put(
         None
     };
     if t.role != Role::Admin && action == Action::Create && kind.needs_job_slot() {
-        // After the checks of the content: a malformed upload hears what is wrong
-        // with it, whatever its slot.
         need_slot(&store, &t, &headers)?;
     }
     app.pace_transfer(&t.id, true, body.len() as u64).await;

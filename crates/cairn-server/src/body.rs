@@ -110,10 +110,34 @@ impl BodyPool {
         max: u64,
         expected: Option<u64>,
     ) -> Result<Pooled, ReadError> {
+        self.read_within(body, max, expected, STALL).await
+    }
+
+    /// [`Self::read`], giving up when no bytes came for `stall`: an upload that
+    /// stops sending holds its reservation of the upload budget (and a place
+    /// among the connections) until it ends, so one that stalls is ended.
+    pub async fn read_within(
+        &self,
+        body: axum::body::Body,
+        max: u64,
+        expected: Option<u64>,
+        stall: std::time::Duration,
+    ) -> Result<Pooled, ReadError> {
         use http_body_util::BodyExt;
         let mut out = Pooled::new(&self.pool, expected.unwrap_or(0).min(max) as usize);
         let mut body = body;
-        while let Some(frame) = body.frame().await {
+        loop {
+            let frame = match tokio::time::timeout(stall, body.frame()).await {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(_) => {
+                    return Err(ReadError::Broken(format!(
+                        "nothing received for {} s (after {} bytes)",
+                        stall.as_secs(),
+                        out.len()
+                    )));
+                }
+            };
             let frame = frame.map_err(|e| ReadError::Broken(e.to_string()))?;
             if let Ok(data) = frame.into_data() {
                 if (out.len() + data.len()) as u64 > max {
@@ -126,9 +150,58 @@ impl BodyPool {
     }
 }
 
+/// How long an upload may send nothing before it is ended (a slow link sends
+/// steadily; this is a client that stopped).
+pub const STALL: std::time::Duration = std::time::Duration::from_secs(60);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body that sends a few bytes, then nothing, never ending.
+    struct Stuck(bool);
+
+    impl axum::body::HttpBody for Stuck {
+        type Data = axum::body::Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<axum::body::Bytes>, Self::Error>>>
+        {
+            if self.0 {
+                return std::task::Poll::Pending;
+            }
+            self.0 = true;
+            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(
+                axum::body::Bytes::from_static(b"some"),
+            ))))
+        }
+    }
+
+    #[test]
+    fn an_upload_that_stops_sending_is_ended() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let pool = BodyPool::default();
+            let body = axum::body::Body::new(Stuck(false));
+            let r = pool
+                .read_within(
+                    body,
+                    1 << 20,
+                    Some(1000),
+                    std::time::Duration::from_millis(100),
+                )
+                .await;
+            match r {
+                Err(ReadError::Broken(m)) => assert!(m.contains("after 4 bytes"), "{m}"),
+                _ => panic!("a stalled upload was not ended"),
+            }
+        });
+    }
 
     /// One token reserves at most half the budget; another token's upload goes
     /// ahead meanwhile, and the first's waits for its own to end.
@@ -161,6 +234,7 @@ mod tests {
     #[test]
     fn bodies_are_read_whole_and_bounded() {
         let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
             .build()
             .unwrap();
         let pool = BodyPool::default();

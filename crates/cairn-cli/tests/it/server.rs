@@ -508,6 +508,26 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
 
     // Content that does not match its name, a pack without a pack's trailer,
     // names outside the layout.
+    let (code, body) = http_with(
+        p,
+        "PUT",
+        &obj(&format!("index/{}", "ab".repeat(32))),
+        &backup,
+        &ses,
+        &junk,
+    );
+    assert_eq!(code, 422, "{}", String::from_utf8_lossy(&body));
+    let (code, _) = http_with(
+        p,
+        "PUT",
+        &obj(&format!("data/{}/{id}", &id[..2])),
+        &backup,
+        &ses,
+        &junk,
+    );
+    assert_eq!(code, 422);
+    // Without a job slot, a write is refused before its body is read (no memory
+    // of the upload budget is held for it).
     let (code, body) = http(
         p,
         "PUT",
@@ -515,9 +535,7 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
         t,
         &junk,
     );
-    assert_eq!(code, 422, "{body}");
-    let (code, _) = http(p, "PUT", &obj(&format!("data/{}/{id}", &id[..2])), t, &junk);
-    assert_eq!(code, 422);
+    assert_eq!(code, 429, "{body}");
     for name in [
         "../config".to_string(),
         "data/../../etc".to_string(),
@@ -1459,13 +1477,17 @@ fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
     // A list for an index file that is not stored, or one that would supersede,
     // from a backup token: refused.
     let obj = |name: &str| format!("/v1/datastores/main/objects/{name}");
+    // (A writer holds a job slot: without one it is refused before its body.)
+    let w0 = [("X-Cairn-Session", "writer0")];
+    let slots = "/v1/datastores/main/slots";
+    assert_eq!(http_with(p, "POST", slots, &backup, &w0, b"").0, 200);
     let ghost = [9u8; 32];
     let (code, _) = http_with(
         p,
         "PUT",
         &obj(&format!("dedup/{}", hex(&ghost))),
         &backup,
-        &[],
+        &w0,
         &dedup_list(&ghost, false, &[], &[[1; 32]]),
     );
     assert_eq!(code, 409, "a list without its index file");
@@ -1484,7 +1506,7 @@ fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
         "PUT",
         &obj(&format!("dedup/{index_name}")),
         &backup,
-        &[],
+        &w0,
         &dedup_list(&index_id, true, &[[3; 32]], &[]),
     );
     assert_eq!(code, 403, "a supersede list from a backup token");
@@ -1505,12 +1527,13 @@ fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
         "PUT",
         &obj(&format!("dedup/{index_name}")),
         &backup,
-        &[],
+        &w0,
         &dedup_list(&index_id, false, &[], &many),
     );
     let body = String::from_utf8_lossy(&body);
     assert_eq!(code, 422, "{body}");
     assert!(body.contains("can list"), "{body}");
+    assert_eq!(http_with(p, "DELETE", slots, &backup, &w0, b"").0, 204);
     // The list of an index file stored through this server comes from the token
     // that stored it: another one cannot describe a victim's new file first.
     let slots = "/v1/datastores/main/slots";

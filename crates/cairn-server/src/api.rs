@@ -563,6 +563,23 @@ pub async fn put(
             policy::id_of(&name).unwrap_or("").to_string(),
             host.clone(),
         );
+        // A snapshot already stored (by an unbound token, or a direct client) is not
+        // claimed by storing its bytes again: that would move it into this host's
+        // listing and retention.
+        let (b, n) = (store.backend.clone(), name.clone());
+        let stored = blocking(move || match b.get_range(&n, 0, 1) {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        })
+        .await?;
+        if stored {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "already_exists",
+                format!("{name} exists"),
+            ));
+        }
         if !blocking(move || s.hosts.record(s.backend.as_ref(), &id, &h)).await? {
             return Err(ApiError::forbidden(format!(
                 "{name} is recorded for another host"

@@ -1717,6 +1717,33 @@ fn a_host_bound_token_sees_only_its_hosts_snapshots() {
     let now = ids(&web02_restore);
     assert_eq!(now.len(), 2, "{now:?}");
     assert!(!now.contains(&two[0]), "{now:?}");
+    // A snapshot stored without a record (by an unbound token) cannot be claimed
+    // by storing its bytes again under a bound token.
+    let before = ids(&web01);
+    ok(
+        client(&env, &srv, "main", &admin, &["backup", s]),
+        "admin backup",
+    );
+    let known: Vec<String> = [before, now, one].concat();
+    let unrecorded = ids(&admin)
+        .into_iter()
+        .find(|i| !known.contains(i))
+        .unwrap();
+    let bytes = std::fs::read(env.repo.join("snapshots").join(&unrecorded)).unwrap();
+    let ses = [("X-Cairn-Session", "claim")];
+    let slots = "/v1/datastores/main/slots";
+    assert_eq!(http_with(p, "POST", slots, &web01, &ses, b"").0, 200);
+    let (code, _) = http_with(
+        p,
+        "PUT",
+        &format!("/v1/datastores/main/objects/snapshots/{unrecorded}"),
+        &web01,
+        &ses,
+        &bytes,
+    );
+    assert_eq!(code, 409);
+    assert!(!ids(&web01).contains(&unrecorded), "claimed");
+    assert!(!env.repo.join("hosts").join(&unrecorded).exists());
     srv.stop();
 }
 

@@ -148,8 +148,11 @@ pub(crate) fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<TokenEnt
     if let Some(id) = value.and_then(|v| v.strip_prefix("Session ")) {
         return session_user(app, id);
     }
+    // The scheme's name is case-insensitive (RFC 9110, 11.1).
     let presented = value
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,

@@ -526,6 +526,16 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
         &junk,
     );
     assert_eq!(code, 422);
+    // The scheme's name is case-insensitive.
+    let auth = format!("bearer {backup}");
+    let (code, _, _) = http_full(
+        p,
+        "GET",
+        "/v1/datastores/main/dedup",
+        &[("Authorization", auth.as_str())],
+        b"",
+    );
+    assert_eq!(code, 200, "lower-case bearer");
     // Without a job slot, a write is refused before its body is read (no memory
     // of the upload budget is held for it).
     let (code, body) = http(

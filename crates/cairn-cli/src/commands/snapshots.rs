@@ -7,6 +7,14 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
     let p = super::progress(g);
     let repo = super::open(g, &p.progress)?;
     let (mut snaps, bad) = repo.snapshots()?;
+    // Through a cairn server, a snapshot a host-bound token stored under another
+    // host's name is listed (and filtered) as its token's host, as `forget` counts
+    // it. Only an admin may read the records; for others nothing changes.
+    let claimed: std::collections::HashMap<_, _> = repo
+        .attribute_hosts(&mut snaps)
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
     let filter = a.filter.engine();
     snaps.retain(|(_, s)| filter.matches(s));
     if let Some(n) = a.latest {
@@ -30,7 +38,10 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
     if g.json {
         let v: Vec<SnapshotInfo> = snaps
             .iter()
-            .map(|(id, s)| SnapshotInfo::of(id, s))
+            .map(|(id, s)| SnapshotInfo {
+                claimed_hostname: claimed.get(id).cloned(),
+                ..SnapshotInfo::of(id, s)
+            })
             .collect();
         super::print_json(&v)?;
     } else {
@@ -44,7 +55,10 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
                 "{:<10} {:<20} {:<16} {:<12} {:>12}  {}",
                 id.short(),
                 time,
-                s.hostname,
+                match claimed.get(id) {
+                    Some(_) => format!("{}*", s.hostname),
+                    None => s.hostname.clone(),
+                },
                 s.tags.join(","),
                 ui::bytes(s.summary.total_bytes),
                 match &s.image {
@@ -67,6 +81,16 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
             );
         }
         println!("{}", ui::count(snaps.len() as u64, "snapshot"));
+        for (id, s) in snaps.iter().filter(|(id, _)| claimed.contains_key(id)) {
+            println!(
+                "* {}: names host {:?}, but was stored by a backup token bound to {:?} \
+                 (counted as {:?}'s, as forget does)",
+                id.short(),
+                claimed[id],
+                s.hostname,
+                s.hostname
+            );
+        }
     }
     Ok(if bad.is_empty() { 0 } else { 1 })
 }

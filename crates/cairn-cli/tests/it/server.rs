@@ -3437,6 +3437,30 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     };
     assert_eq!(host("web02")["snapshots"], 1, "{v:#}");
     assert_eq!(host("web01")["snapshots"], 1, "{v:#}");
+    // `cairn snapshots` says so too, marked in text and as in the API in JSON.
+    let text = ok(
+        client(&env, &srv, "main", &admin, &["snapshots"]),
+        "snapshots",
+    );
+    assert!(
+        text.contains(&format!("* {}: names host \"web02\"", &forged[..8])),
+        "{text}"
+    );
+    let listed: serde_json::Value = serde_json::from_str(&ok(
+        client(&env, &srv, "main", &admin, &["snapshots", "--json"]),
+        "snapshots --json",
+    ))
+    .unwrap();
+    let f = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == forged.as_str())
+        .unwrap();
+    assert_eq!(
+        (&f["hostname"], &f["claimed_hostname"]),
+        (&"web01".into(), &"web02".into())
+    );
 }
 
 /// A range past the end of an object is the client's mistake: 416, not a server

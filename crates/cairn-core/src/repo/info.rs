@@ -71,6 +71,11 @@ pub struct SnapshotInfo {
     /// Image snapshots (`backup --image`): the image's size and blocks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image: Option<cairn_format::snapshot::ImageInfo>,
+    /// The host the snapshot names, when `cairn serve` recorded another for the
+    /// token that stored it (`hostname` is then the recorded one, as `forget`
+    /// counts it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claimed_hostname: Option<String>,
 }
 
 impl SnapshotInfo {
@@ -88,6 +93,7 @@ impl SnapshotInfo {
             original: s.original.clone(),
             summary: s.summary.clone(),
             image: s.image.clone(),
+            claimed_hostname: None,
         }
     }
 }

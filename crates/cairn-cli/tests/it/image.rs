@@ -743,8 +743,23 @@ fn a_source_that_changes_size_during_the_backup_is_saved_as_read_with_a_warning(
 fn partitioned(disk: &Path, fs_img: &Path, label: &str) {
     let fs_len = fs::metadata(fs_img).unwrap().len();
     let f = fs::File::create(disk).unwrap();
-    f.set_len((2 << 20) + fs_len).unwrap();
+    f.set_len((4 << 20) + fs_len).unwrap();
     drop(f);
+    // `logical`: an empty primary partition 1, an extended partition 2, and the
+    // filesystem in logical partition 5 at 3 MiB.
+    let (table, at_mib) = match label {
+        "logical" => (
+            format!(
+                "label: dos\nstart=2048, size=2048, type=83\nstart=4096, type=5\nstart=6144, size={}, type=83\n",
+                fs_len / 512
+            ),
+            3,
+        ),
+        _ => (
+            format!("label: {label}\nstart=2048, size={}\n", fs_len / 512),
+            1,
+        ),
+    };
     let mut c = Command::new("sfdisk")
         .arg("-q")
         .arg(disk)
@@ -752,17 +767,13 @@ fn partitioned(disk: &Path, fs_img: &Path, label: &str) {
         .spawn()
         .unwrap();
     use std::io::Write;
-    write!(
-        c.stdin.take().unwrap(),
-        "label: {label}\nstart=2048, size={}\n",
-        fs_len / 512
-    )
-    .unwrap();
+    write!(c.stdin.take().unwrap(), "{table}").unwrap();
     assert!(c.wait().unwrap().success(), "sfdisk");
     sh(Command::new("dd")
         .arg(format!("if={}", fs_img.display()))
         .arg(format!("of={}", disk.display()))
-        .args(["bs=1M", "seek=1", "conv=notrunc", "status=none"]));
+        .args(["bs=1M", "conv=notrunc", "status=none"])
+        .arg(format!("seek={at_mib}")));
 }
 
 #[test]
@@ -793,6 +804,7 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
         ("none", "plain.img"),
         ("dos", "mbr.img"),
         ("gpt", "gpt.img"),
+        ("logical", "logical.img"),
     ] {
         let img = env.path(name);
         if label == "none" {
@@ -895,7 +907,11 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
                 "{top}"
             );
         }
-        if label != "none" {
+        if label == "logical" {
+            env.ok(&["ls", &snap, "--image-fs", "/", "--partition", "5"]);
+            let e = env.fails(&["ls", &snap, "--image-fs", "/", "--partition", "6"], 1);
+            assert!(e.contains("no partition 6 (it has 1, 5)"), "{e}");
+        } else if label != "none" {
             env.ok(&["ls", &snap, "--image-fs", "/", "--partition", "1"]);
             let e = env.fails(&["ls", &snap, "--image-fs", "/", "--partition", "2"], 1);
             assert!(e.contains("no partition 2"), "{e}");

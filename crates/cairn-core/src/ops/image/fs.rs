@@ -136,17 +136,26 @@ impl ImageFs {
         let candidates: Vec<u64> = match partition {
             Some(p) => vec![
                 parts
-                    .get((p as usize).wrapping_sub(1))
-                    .map(|p| p.0)
+                    .iter()
+                    .find(|x| x.0 == p)
+                    .map(|x| x.1)
                     .ok_or_else(|| {
                         Error::Invalid(format!(
-                            "the image has no partition {p} ({} found)",
-                            parts.len()
+                            "the image has no partition {p} (it has {})",
+                            if parts.is_empty() {
+                                "none".to_string()
+                            } else {
+                                parts
+                                    .iter()
+                                    .map(|x| x.0.to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            }
                         ))
                     })?,
             ],
             None => std::iter::once(0)
-                .chain(parts.iter().map(|p| p.0))
+                .chain(parts.iter().map(|p| p.1))
                 .collect(),
         };
         let mut last = None;
@@ -601,9 +610,12 @@ fn normalise(path: &str) -> String {
     format!("/{}", parts.join("/"))
 }
 
-/// Partitions of an MBR or GPT partition table: (byte offset, byte length), in
-/// table order. An image without a table has none.
-fn partitions(reader: &FileReader<'_>, head: &[u8]) -> Result<Vec<(u64, u64)>> {
+/// Partitions of an MBR or GPT partition table: (number, byte offset, byte
+/// length), numbered as Linux numbers them (`sda1`...): an MBR's primary
+/// partitions by their slot (1-4), its logical ones in an extended partition from
+/// 5 in the order of their chain; a GPT's by their entry. An image without a table
+/// has none.
+fn partitions(reader: &FileReader<'_>, head: &[u8]) -> Result<Vec<(u32, u64, u64)>> {
     let u32le = |b: &[u8], at: usize| -> u64 {
         b.get(at..at + 4).map_or(0, |s| {
             u64::from(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
@@ -632,25 +644,72 @@ fn partitions(reader: &FileReader<'_>, head: &[u8]) -> Result<Vec<(u64, u64)>> {
         let start = entries_lba.saturating_mul(512);
         let n = reader.read_at(start, &mut table)?;
         table.truncate(n);
-        for e in table.chunks_exact(size as usize) {
+        for (i, e) in table.chunks_exact(size as usize).enumerate() {
             if e[..16].iter().all(|&b| b == 0) {
                 continue;
             }
             let (first, last) = (u64le(e, 32), u64le(e, 40));
             if last >= first {
-                out.push((first * 512, (last - first + 1) * 512));
+                out.push((i as u32 + 1, first * 512, (last - first + 1) * 512));
             }
         }
     } else {
+        let mut extended = None;
         for i in 0..4 {
             let e = &head[446 + i * 16..446 + (i + 1) * 16];
             let (kind, first, len) = (e[4], u32le(e, 8), u32le(e, 12));
-            if kind != 0 && len > 0 {
-                out.push((first * 512, len * 512));
+            if kind == 0 || len == 0 {
+                continue;
             }
+            if matches!(kind, 0x05 | 0x0F | 0x85) {
+                extended.get_or_insert(first);
+            } else {
+                out.push((i as u32 + 1, first * 512, len * 512));
+            }
+        }
+        if let Some(ext) = extended {
+            logical_partitions(reader, ext, &mut out)?;
         }
     }
     Ok(out)
+}
+
+/// The logical partitions of an MBR's extended partition starting at sector
+/// `ext`: a chain of boot records, each naming one partition (relative to itself)
+/// and the next record (relative to `ext`). Numbered from 5; the chain is
+/// untrusted, so it is followed at most 128 steps and never to a record seen.
+fn logical_partitions(
+    reader: &FileReader<'_>,
+    ext: u64,
+    out: &mut Vec<(u32, u64, u64)>,
+) -> Result<()> {
+    let u32le = |b: &[u8], at: usize| -> u64 {
+        b.get(at..at + 4).map_or(0, |s| {
+            u64::from(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+        })
+    };
+    let mut at = ext;
+    let mut seen = std::collections::HashSet::new();
+    let mut number = 5;
+    while seen.insert(at) && seen.len() <= 128 {
+        let mut ebr = [0u8; 512];
+        let n = reader.read_at(at.saturating_mul(512), &mut ebr)?;
+        if n < 512 || ebr[510] != 0x55 || ebr[511] != 0xAA {
+            break;
+        }
+        let (kind, first, len) = (ebr[446 + 4], u32le(&ebr, 446 + 8), u32le(&ebr, 446 + 12));
+        if kind != 0 && len > 0 {
+            out.push((number, (at + first) * 512, len * 512));
+            number += 1;
+        }
+        let next = &ebr[462..478];
+        let (kind, first) = (next[4], u32le(next, 8));
+        if kind == 0 || first == 0 {
+            break;
+        }
+        at = ext + first;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -179,7 +179,20 @@ impl ImageFs {
                         bytes: mine,
                     });
                 }
-                Err(e) => last = Some(e),
+                Err(e) => {
+                    // An ext2/3/4 superblock is there: the filesystem was found,
+                    // and the reader declines it (a journal it cannot replay, a
+                    // feature it does not read). Say that, not "not found".
+                    let mut magic = [0u8; 2];
+                    if mine.read_at(1024 + 56, &mut magic).is_ok() && magic == [0x53, 0xEF] {
+                        return Err(Error::Invalid(format!(
+                            "the ext2/3/4 filesystem at byte {offset} of the image cannot be \
+                             read in place ({e}); restore the image (`restore --image`) or \
+                             loop-mount it read-only through `cairn mount` (docs/IMAGES.md)"
+                        )));
+                    }
+                    last = Some(e)
+                }
             }
         }
         Err(Error::Invalid(format!(

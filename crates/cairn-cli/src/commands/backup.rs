@@ -344,8 +344,15 @@ fn print_image_summary(r: &backup::BackupReport, dry_run: bool) {
         }
     );
     println!(
-        "blocks:    {} read, {} changed since the parent, {} zero",
-        i.blocks_read, i.blocks_changed, i.blocks_zero
+        "blocks:    {} read, {} {}, {} zero",
+        i.blocks_read,
+        i.blocks_changed,
+        if r.parent.is_some() {
+            "changed since the parent"
+        } else {
+            "new (no parent)"
+        },
+        i.blocks_zero
     );
     print_read_added(s, dry_run);
     println!(

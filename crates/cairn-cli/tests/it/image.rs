@@ -1112,3 +1112,41 @@ fn image_backups_go_through_the_server_with_a_backup_token() {
     }
     env.check_clean();
 }
+
+/// A changed-block list given against a parent read from another source or of
+/// another size is warned about (not refused: an LVM snapshot's device name can
+/// change every day).
+#[test]
+fn a_changed_block_list_against_another_sources_parent_is_warned_about() {
+    let env = Env::new();
+    env.init(&["--block-size", "4K"]);
+    let a = env.path("a.img");
+    make_image(&a, 2, 5);
+    let first = backup_image(&env, &a, &[]);
+    let b = env.path("b.img");
+    make_image(&b, 1, 6);
+    let list = env.path("none.txt");
+    fs::write(&list, "").unwrap();
+    let o = env.run(&[
+        "backup",
+        "--image",
+        b.to_str().unwrap(),
+        "--changed-blocks",
+        list.to_str().unwrap(),
+        "--parent",
+        first["snapshot_id"].as_str().unwrap(),
+    ]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{e}");
+    assert!(e.contains("the parent image snapshot was read from"), "{e}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("changed since the parent"), "{out}");
+    let o = env.run(&[
+        "backup",
+        "--image",
+        env.path("b.img").to_str().unwrap(),
+        "--force",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("new (no parent)"), "{out}");
+}

@@ -56,6 +56,8 @@ pub(crate) struct ImagePlan {
     pub parent: Option<(Geometry, Content)>,
     /// The byte ranges the parent's source could not read (zeros in the parent).
     pub parent_unreadable: Vec<(u64, u64)>,
+    /// Warnings about the parent, said when the backup starts.
+    pub notes: Vec<String>,
     pub changed: Option<ChangedRanges>,
 }
 
@@ -147,6 +149,9 @@ impl Walker<'_> {
             None => g.size,
         };
         self.progress.set_total(Some(to_read.min(g.size)), Some(1));
+        for n in &plan.notes {
+            self.progress.warning(&plan.path, n);
+        }
         for (offset, length) in plan.inherited_unreadable() {
             self.progress
                 .warning(&plan.path, &inherited_message(offset, length));
@@ -694,12 +699,26 @@ pub(crate) fn plan(
     // The parent's image, when it has this geometry's block size and fanout (a
     // repository's block size never changes; a parent of another cairn might).
     let mut parent_unreadable = Vec::new();
+    let mut notes = Vec::new();
     let parent = match parent.and_then(|s| s.image.as_ref().map(|i| (s, i))) {
         Some((snap, info))
             if info.block_size == block_size && u64::from(info.fanout) == geometry.fanout =>
         {
             let (info, pnode) = crate::ops::image::image_node(repo, snap)?;
             parent_unreadable.clone_from(&info.unreadable);
+            // A changed-block list describes changes since the parent's source was
+            // read: another device, or another size, is worth a word (an LVM
+            // snapshot's name may change every day, so it is not refused).
+            let here = path.to_string_lossy();
+            if opts.changed_blocks.is_some() && (info.source != here || info.size != size) {
+                notes.push(format!(
+                    "the parent image snapshot was read from {} ({} bytes), this source is \
+                     {} ({size} bytes): the changed-block list must describe the changes \
+                     since that one, or the snapshot will hold the parent's blocks where \
+                     this source differs",
+                    info.source, info.size, here
+                ));
+            }
             Some((
                 Geometry::new(info.size, info.block_size, info.fanout)?,
                 pnode.content,
@@ -727,6 +746,7 @@ pub(crate) fn plan(
         geometry,
         parent,
         parent_unreadable,
+        notes,
         changed,
     })
 }

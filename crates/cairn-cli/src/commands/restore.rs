@@ -122,8 +122,13 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     }
     if r.sockets_skipped > 0 && !g.quiet && !g.json {
         eprintln!(
-            "note: {} sockets were not restored (a socket is created by the program that listens on it)",
-            r.sockets_skipped
+            "note: {} sockets {} (a socket is created by the program that listens on it)",
+            r.sockets_skipped,
+            if r.dry_run {
+                "would not be restored"
+            } else {
+                "were not restored"
+            }
         );
     }
     if let Some(f) = &r.index_lookup_failures {

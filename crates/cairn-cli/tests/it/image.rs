@@ -1123,6 +1123,12 @@ fn a_changed_block_list_against_another_sources_parent_is_warned_about() {
     let a = env.path("a.img");
     make_image(&a, 2, 5);
     let first = backup_image(&env, &a, &[]);
+    // --json carries the image's figures, as the text does.
+    assert_eq!(
+        first["image"]["blocks_read"], first["image"]["blocks"],
+        "{first}"
+    );
+    assert!(first["image"]["blocks"].as_u64().unwrap() >= 512, "{first}");
     let b = env.path("b.img");
     make_image(&b, 1, 6);
     let list = env.path("none.txt");

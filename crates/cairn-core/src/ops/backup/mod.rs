@@ -126,6 +126,10 @@ pub struct BackupReport {
     /// `index/claims.rs`).
     #[serde(skip_serializing_if = "is_zero")]
     pub claims_on_disk: u64,
+    /// An image backup's figures (blocks read, changed, zero; unreadable ranges),
+    /// as the snapshot records them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<cairn_format::snapshot::ImageInfo>,
     #[serde(skip)]
     pub snapshot: Snapshot,
 }
@@ -380,6 +384,7 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
             index_files_read: d.index_files_read,
             chunks_known: d.chunks_known,
         }),
+        image: r.snapshot.image.clone(),
         snapshot: r.snapshot,
     })
 }

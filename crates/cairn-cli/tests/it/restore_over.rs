@@ -538,3 +538,35 @@ fn an_attribute_the_user_may_not_set_does_not_spoil_the_file() {
     let m = fs::metadata(target.join(src.strip_prefix("/").unwrap()).join("f")).unwrap();
     assert_eq!((m.mode() & 0o7777, m.mtime()), (0o755, 1_600_000_000));
 }
+
+/// Hard links to a symlink or a FIFO come back as one inode with several names,
+/// as those to files do.
+#[test]
+fn hard_links_to_symlinks_and_fifos_stay_links() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    std::os::unix::fs::symlink("somewhere", src.join("l1")).unwrap();
+    fs::hard_link(src.join("l1"), src.join("d/l2")).unwrap();
+    nix::unistd::mkfifo(
+        &src.join("p1"),
+        nix::sys::stat::Mode::from_bits_truncate(0o640),
+    )
+    .unwrap();
+    fs::hard_link(src.join("p1"), src.join("d/p2")).unwrap();
+    assert_eq!(ino(&src.join("l1")), ino(&src.join("d/l2")));
+    let snap = env.backup(&[&src]);
+    let copy = env.restore(&snap, &src, "t");
+    for (a, b) in [("l1", "d/l2"), ("p1", "d/p2")] {
+        let (ma, mb) = (
+            fs::symlink_metadata(copy.join(a)).unwrap(),
+            fs::symlink_metadata(copy.join(b)).unwrap(),
+        );
+        assert_eq!((ma.ino(), ma.nlink()), (mb.ino(), 2), "{a} {b}");
+    }
+    assert_eq!(
+        fs::read_link(copy.join("d/l2")).unwrap(),
+        Path::new("somewhere")
+    );
+}

@@ -1281,6 +1281,18 @@ impl Walk<'_> {
                 }
             }
         }
+        // Another name of a symlink, FIFO or device restored earlier (hard links
+        // to such entries exist, as to files): linked, as a file's are.
+        let key = (node.dev, node.inode);
+        if node.nlink > 1 && self.hardlinks.contains_key(&key) {
+            if let Err(e) = self.link(parent, name, key, fresh) {
+                self.issue(parent.node.join(name), format!("creating hard link: {e}"));
+            } else {
+                self.stats.other += 1;
+            }
+            self.progress.entry_done();
+            return;
+        }
         let created = target::remove_existing(parent, name, fresh).and_then(|()| {
             if node.kind == NodeKind::Symlink {
                 sys::symlink_at(&c_name(&node.link_target)?, parent.fd(), name)
@@ -1301,6 +1313,20 @@ impl Walk<'_> {
                 .and_then(|fd| metadata::apply(fd.as_fd(), true, node, self.opts.owners));
             if let Err(e) = r {
                 self.issue(parent.node.join(name), format!("setting metadata: {e}"));
+            }
+            if node.nlink > 1
+                && let Ok(st) = sys::stat_at(parent.fd(), name)
+            {
+                self.hardlinks.insert(
+                    key,
+                    FirstLink {
+                        dir: Arc::downgrade(parent),
+                        dir_node: parent.node.clone(),
+                        name: name.to_owned(),
+                        id: st.id(),
+                        owners: [st.uid, st.uid],
+                    },
+                );
             }
         }
         self.progress.entry_done();

@@ -89,7 +89,7 @@ pub(crate) fn drop_other_xattrs(f: &std::fs::File, node: &Node) -> std::io::Resu
     for name in names {
         use std::os::unix::ffi::OsStrExt;
         let n = name.as_bytes();
-        if !node.xattrs.iter().any(|(k, _)| k.as_slice() == n) {
+        if foreign_xattr(n) && !node.xattrs.iter().any(|(k, _)| k.as_slice() == n) {
             match f.remove_xattr(&name) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
@@ -98,6 +98,16 @@ pub(crate) fn drop_other_xattrs(f: &std::fs::File, node: &Node) -> std::io::Resu
         }
     }
     Ok(())
+}
+
+/// Whether an attribute the target holds and the snapshot does not is removed by a
+/// restore in place: user attributes, trusted ones and POSIX ACLs, what a user or
+/// an intruder adds. Others (`security.selinux`, which the system gives every
+/// file; `security.ima`) are the system's, and left alone.
+pub(crate) fn foreign_xattr(name: &[u8]) -> bool {
+    name.starts_with(b"user.")
+        || name.starts_with(b"trusted.")
+        || name.starts_with(b"system.posix_acl_")
 }
 
 /// What [`apply`] returns when only extended attributes could not be set: the

@@ -160,7 +160,13 @@ pub(crate) fn xattrs_match(dir: BorrowedFd<'_>, name: &CStr, node: &Node) -> boo
     let root = sys::euid() == 0;
     let visible = |k: &[u8]| root || !k.starts_with(b"trusted.");
     let want = node.xattrs.iter().filter(|(k, _)| visible(k));
-    have.iter().filter(|(k, _)| visible(k)).eq(want)
+    // What the target holds beyond the snapshot counts only where restore would
+    // remove it ([`super::metadata::foreign_xattr`]): a security label the system
+    // gives every file is not a difference.
+    let snapshot_has = |k: &[u8]| node.xattrs.iter().any(|(n, _)| n.as_slice() == k);
+    have.iter()
+        .filter(|(k, _)| visible(k) && (snapshot_has(k) || super::metadata::foreign_xattr(k)))
+        .eq(want)
 }
 
 /// Is the existing entry already the snapshot's `node` (kind and content; for a

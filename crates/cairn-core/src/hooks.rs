@@ -25,6 +25,11 @@ use crate::progress::Progress;
 
 /// The environment variable that arms a kill point.
 pub const KILL_AT_VAR: &str = "CAIRN_TEST_KILL_AT";
+/// `CAIRN_TEST_PAUSE_AT=<point>:<n>:<dir>`: the n-th time execution reaches
+/// `point`, the process creates `<dir>/reached` and waits until `<dir>/go` exists
+/// (at most two minutes), so that a test can act at that moment of an operation
+/// (a backup committing between prune's plan and its deletions).
+pub const PAUSE_AT_VAR: &str = "CAIRN_TEST_PAUSE_AT";
 
 /// A place in the engine where a crash must leave the repository consistent
 /// (docs/FORMAT.md, "Write ordering invariants" and "Prune and concurrent writers").
@@ -210,7 +215,44 @@ mod armed {
             .as_ref()
     }
 
+    struct PauseAt {
+        point: String,
+        n: u64,
+        dir: std::path::PathBuf,
+        hits: AtomicU64,
+    }
+
+    fn pause_at() -> Option<&'static PauseAt> {
+        static ARMED: OnceLock<Option<PauseAt>> = OnceLock::new();
+        ARMED
+            .get_or_init(|| {
+                let v = std::env::var(super::PAUSE_AT_VAR).ok()?;
+                let (spec, dir) = v.rsplit_once(':')?;
+                let (point, n) = super::parse(spec).ok()?;
+                Some(PauseAt {
+                    point: point.to_string(),
+                    n,
+                    dir: dir.into(),
+                    hits: AtomicU64::new(0),
+                })
+            })
+            .as_ref()
+    }
+
+    fn pause(name: &'static str) {
+        let Some(p) = pause_at() else { return };
+        if p.point != name || p.hits.fetch_add(1, Ordering::SeqCst) + 1 != p.n {
+            return;
+        }
+        let _ = std::fs::write(p.dir.join("reached"), name);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !p.dir.join("go").exists() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     pub(super) fn reached(name: &'static str) {
+        pause(name);
         let Some(k) = kill_at() else { return };
         if k.point != name || k.hits.fetch_add(1, Ordering::SeqCst) + 1 != k.n {
             return;

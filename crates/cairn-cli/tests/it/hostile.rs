@@ -684,3 +684,103 @@ fn use_ssd_index(env: &Env) {
         ssd.to_str().unwrap(),
     ]);
 }
+
+/// The same attack timed between prune's plan and its deletions: the plan finds a
+/// committed snapshot's blobs held only by a waiting pending record; then an
+/// append-only writer indexes false copies of them and a backup commits (so the
+/// deletion step looks at the index again). The retired packs must be rescued, not
+/// deleted on the strength of the false entries.
+#[test]
+fn false_copies_indexed_during_a_prune_do_not_get_the_true_ones_deleted() {
+    use cairn_backend::{Backend, LocalBackend, names};
+    use cairn_format::PackId;
+    use cairn_format::index::{IndexFile, IndexPack};
+    use cairn_format::pending::PendingDeletion;
+    use std::sync::Arc;
+
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(78);
+    for i in 0..10 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(30_000, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
+    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let mut packs = Vec::new();
+    for id in repo.list_index_files().unwrap() {
+        packs.extend(repo.read_index_file(&id).unwrap().packs);
+        backend.delete(&names::index(&id.to_hex())).unwrap();
+    }
+    repo.write_pending(&PendingDeletion {
+        created: 0,
+        locks: vec![[7u8; 32]],
+        packs: packs.clone(),
+        orphans: Vec::new(),
+    })
+    .unwrap();
+    // Something for this prune to retire, so that it writes a record (the pause).
+    let other = env.path("other");
+    fs::create_dir_all(&other).unwrap();
+    fs::write(other.join("x"), rng.bytes(50_000, false)).unwrap();
+    let gone = env.backup(&[&other]);
+    env.ok(&["forget", &gone]);
+
+    let gate = env.path("gate");
+    fs::create_dir_all(&gate).unwrap();
+    let prune = env
+        .cmd(&["prune"])
+        .env(
+            cairn_core::hooks::PAUSE_AT_VAR,
+            format!("prune:pending-written:1:{}", gate.display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "prune paused after its plan",
+        std::time::Duration::from_secs(60),
+        || gate.join("reached").exists(),
+    );
+    // The attacker's false copies, then a backup that commits.
+    let junk = vec![0x5au8; 4096];
+    let junk_id = PackId::of_content(&junk);
+    backend
+        .put_new(&names::pack(&junk_id.to_hex()), &junk)
+        .unwrap();
+    let claims = packs
+        .iter()
+        .flat_map(|p| p.blobs.iter())
+        .map(|b| cairn_format::index::IndexBlob {
+            offset: 0,
+            length: 64,
+            ..*b
+        })
+        .collect();
+    repo.write_index_file(&IndexFile {
+        packs: vec![IndexPack {
+            id: junk_id,
+            blobs: claims,
+        }],
+        ..Default::default()
+    })
+    .unwrap();
+    env.backup(&[&other]);
+    fs::write(gate.join("go"), b"").unwrap();
+    let out = prune.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every snapshot restores exactly, now and after the next prune.
+    let back = env.restore(&env.snapshot_ids()[0], &src, "after");
+    assert_same(&src, &back);
+    env.ok(&["prune"]);
+    env.check_clean();
+    let back = env.restore(&env.snapshot_ids()[0], &src, "after-2");
+    assert_same(&src, &back);
+}

@@ -289,7 +289,12 @@ impl Repository {
             .find_map(|l| self.read_blob_at(id, &l).ok())
     }
 
-    fn read_blob_at(&self, id: &BlobId, loc: &crate::index::BlobLocation) -> Result<Vec<u8>> {
+    /// One copy of a blob, read and verified (no other copy tried).
+    pub(crate) fn read_blob_at(
+        &self,
+        id: &BlobId,
+        loc: &crate::index::BlobLocation,
+    ) -> Result<Vec<u8>> {
         let pack = self.index.pack_of(loc);
         let name = names::pack(&pack.to_hex());
         let (offset, length) = (loc.offset.into(), loc.length.into());

@@ -572,6 +572,8 @@ fn delete_pending(
     // Ready records by id only: they are read again one at a time below (a large
     // prune writes many, each up to half a million entries).
     let mut ready: Vec<PendingId> = Vec::new();
+    // Every pack a ready record names: their copies are the ones going.
+    let mut retiring: HashSet<PackId> = HashSet::new();
     let mut waiting = HashSet::new();
     // A pack may be named by two records (rescued, then retired again by a later
     // prune); it may only go when every record naming it is ready.
@@ -581,6 +583,8 @@ fn delete_pending(
         let blockers: Vec<_> = rec.locks.iter().filter_map(|l| alive.get(l)).collect();
         if blockers.is_empty() {
             ready.push(id);
+            retiring.extend(rec.packs.iter().map(|p| p.id));
+            retiring.extend(rec.orphans.iter().copied());
         } else {
             for b in blockers {
                 waiting.insert(b.describe());
@@ -614,6 +618,10 @@ fn delete_pending(
     // switch made stale). Without new snapshots, a retired pack holding a needed
     // blob is rescued without asking whether another copy is live (a duplicate
     // listing at worst, which the next prune drops).
+    // What the plan found needed and held only by retired packs (its live copies,
+    // if any, read and found false): rescued whatever the index says now, since
+    // a false entry indexed since must not count.
+    let planned = used.clone();
     let index = if new.is_empty() {
         None
     } else {
@@ -621,7 +629,29 @@ fn delete_pending(
         crate::tree::reachable::collect_snapshots(repo, &new, &mut used, progress)?;
         Some(repo.index().clone())
     };
-    let live_elsewhere = |id: &BlobId| index.as_ref().is_some_and(|i| i.is_live(id));
+    // A blob a snapshot written since the plan needs counts as held elsewhere only
+    // if a live copy outside the retiring packs is read and holds it: an entry is
+    // a claim, and an append-only writer can index false ones (read once each,
+    // and only for blobs such a snapshot needs that a retiring pack holds).
+    let verified = std::cell::RefCell::new(HashMap::<BlobId, bool>::new());
+    let live_elsewhere = |id: &BlobId| -> bool {
+        if planned.contains(id) {
+            return false;
+        }
+        let Some(ix) = index.as_ref().filter(|i| i.is_live(id)) else {
+            return false;
+        };
+        if let Some(&v) = verified.borrow().get(id) {
+            return v;
+        }
+        let v = ix
+            .copies(id)
+            .iter()
+            .filter(|l| !retiring.contains(&ix.pack_of(l)))
+            .any(|l| repo.read_blob_at(id, l).is_ok());
+        verified.borrow_mut().insert(*id, v);
+        v
+    };
     // Kept current as packs go: a pack two ready records name (see `held`) is
     // deleted through the first, and the second must not read it as an orphan.
     let mut stored = repo.list_packs()?;

@@ -87,13 +87,37 @@ impl Drop for Place {
 pub struct FirstBytes<S> {
     inner: S,
     deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Bytes read so far, while they may still be the HTTP/2 preface.
+    seen: usize,
 }
+
+/// What an HTTP/2 connection starts with. The builder reads until it has all 24
+/// bytes or one that differs, with no timeout of its own: the deadline holds until
+/// then (a client sending `P` and nothing more must not hold the connection).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 impl<S> FirstBytes<S> {
     pub fn new(inner: S, within: std::time::Duration) -> Self {
         FirstBytes {
             inner,
             deadline: Some(Box::pin(tokio::time::sleep(within))),
+            seen: 0,
+        }
+    }
+
+    /// After new bytes: the deadline ends once the version is decided (all of the
+    /// preface, or a byte that is not the preface's: HTTP/1, whose header timeout
+    /// then applies).
+    fn saw(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.seen >= H2_PREFACE.len() || b != H2_PREFACE[self.seen] {
+                self.deadline = None;
+                return;
+            }
+            self.seen += 1;
+        }
+        if self.seen >= H2_PREFACE.len() {
+            self.deadline = None;
         }
     }
 }
@@ -110,8 +134,9 @@ impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for FirstBytes<S> {
         let this = &mut *self;
         match std::pin::Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
-                if buf.filled().len() > before {
-                    this.deadline = None;
+                if this.deadline.is_some() && buf.filled().len() > before {
+                    let new = buf.filled()[before..].to_vec();
+                    this.saw(&new);
                 }
                 Poll::Ready(r)
             }
@@ -194,6 +219,23 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         peer.write_all(b" /").await.unwrap();
         assert_eq!(talking.read(&mut buf).await.unwrap(), 2);
+
+        // A start of the HTTP/2 preface, then nothing: still cut off.
+        let (mut peer, ours) = tokio::io::duplex(64);
+        let mut teasing = FirstBytes::new(ours, Duration::from_millis(100));
+        peer.write_all(b"PRI * ").await.unwrap();
+        assert_eq!(teasing.read(&mut buf).await.unwrap(), 6);
+        let e = teasing.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        // The whole preface: decided, the deadline over.
+        let (mut peer, ours) = tokio::io::duplex(64);
+        let mut h2 = FirstBytes::new(ours, Duration::from_millis(100));
+        peer.write_all(H2_PREFACE).await.unwrap();
+        let mut all = [0u8; 24];
+        h2.read_exact(&mut all).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        peer.write_all(b"x").await.unwrap();
+        assert_eq!(h2.read(&mut buf).await.unwrap(), 1);
     }
     use super::*;
 

@@ -473,6 +473,13 @@ fn if_changed_puts_extended_attributes_back() {
     let before = ino(&g);
     xattr::set(&g, "user.keep", b"TAMPERED").unwrap();
     xattr::set(&g, "user.injected", b"x").unwrap();
+    // A file capability (what `setcap cap_setuid+ep` plants: revision 2,
+    // effective, CAP_SETUID permitted), and an attribute on the directory.
+    let mut cap = 0x0200_0001u32.to_le_bytes().to_vec();
+    cap.extend_from_slice(&(1u32 << 7).to_le_bytes());
+    cap.extend_from_slice(&[0; 12]);
+    xattr::set(&g, "security.capability", &cap).unwrap();
+    xattr::set(&copy, "user.dirjunk", b"x").unwrap();
     let r = restore_json(&env, &snap, &[]);
     assert_eq!(r["metadata_only"], 1, "{r}");
     assert_eq!(
@@ -480,6 +487,8 @@ fn if_changed_puts_extended_attributes_back() {
         Some(&b"orig"[..])
     );
     assert_eq!(xattr::get(&g, "user.injected").unwrap(), None);
+    assert_eq!(xattr::get(&g, "security.capability").unwrap(), None);
+    assert_eq!(xattr::get(&copy, "user.dirjunk").unwrap(), None);
     assert_eq!(ino(&g), before, "content left in place");
     // Now it is the snapshot's: kept as it is.
     let r = restore_json(&env, &snap, &[]);

@@ -101,13 +101,48 @@ pub(crate) fn drop_other_xattrs(f: &std::fs::File, node: &Node) -> std::io::Resu
 }
 
 /// Whether an attribute the target holds and the snapshot does not is removed by a
-/// restore in place: user attributes, trusted ones and POSIX ACLs, what a user or
-/// an intruder adds. Others (`security.selinux`, which the system gives every
-/// file; `security.ima`) are the system's, and left alone.
+/// restore in place: anything a user or an intruder can add (user attributes,
+/// ACLs, a file capability `setcap` planted), but not the labels the system gives
+/// every file (`security.selinux`, IMA/EVM, AppArmor) nor what a filesystem keeps
+/// for itself in `trusted.*` (overlayfs, GlusterFS): removing those would break
+/// the system or the filesystem, not undo an intrusion.
 pub(crate) fn foreign_xattr(name: &[u8]) -> bool {
-    name.starts_with(b"user.")
-        || name.starts_with(b"trusted.")
-        || name.starts_with(b"system.posix_acl_")
+    const SYSTEM: [&[u8]; 3] = [b"security.selinux", b"security.ima", b"security.evm"];
+    const OWNED: [&[u8]; 4] = [
+        b"security.apparmor",
+        b"trusted.overlay.",
+        b"trusted.gfid",
+        b"trusted.glusterfs.",
+    ];
+    !SYSTEM.contains(&name) && !OWNED.iter().any(|p| name.starts_with(p))
+}
+
+/// [`drop_other_xattrs`] for a directory restore held open (possibly `O_PATH`):
+/// through `/proc/self/fd`, which leads to the directory itself. Restoring into an
+/// existing directory must not leave it an ACL (a default ACL every new file
+/// inherits) the snapshot does not have.
+pub(crate) fn drop_other_dir_xattrs(fd: BorrowedFd<'_>, node: &Node) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    // The `_deref` calls: the magic link is followed to the directory (the plain
+    // ones would read the link itself, which has none).
+    let p = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let names = match xattr::list_deref(&p) {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for name in names {
+        let n = name.as_bytes();
+        if foreign_xattr(n) && !node.xattrs.iter().any(|(k, _)| k.as_slice() == n) {
+            match xattr::remove_deref(&p, &name) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What [`apply`] returns when only extended attributes could not be set: the

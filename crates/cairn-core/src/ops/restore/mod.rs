@@ -222,7 +222,9 @@ struct Walk<'a> {
     /// Directories whose entries are all created, in the order they were completed
     /// (children before parents): their metadata is applied after the batch that
     /// writes their last files.
-    pending: Vec<(Arc<Dir>, Node)>,
+    /// Completed directories waiting for their metadata: whether each existed
+    /// before the restore (its foreign attributes are then removed).
+    pending: Vec<(Arc<Dir>, Node, bool)>,
     hardlinks: HashMap<(u64, u64), FirstLink>,
     /// The last directory reopened to link to a first name in it.
     link_dir: Option<Arc<Dir>>,
@@ -455,7 +457,9 @@ fn dir_budget() -> usize {
 /// metadata waits until the files are written).
 struct Batch {
     jobs: Vec<FileJob>,
-    pending: Vec<(Arc<Dir>, Node)>,
+    /// Completed directories waiting for their metadata: whether each existed
+    /// before the restore (its foreign attributes are then removed).
+    pending: Vec<(Arc<Dir>, Node, bool)>,
 }
 
 /// A batch back from the executor thread.
@@ -867,9 +871,9 @@ impl Walk<'_> {
             Some(Ok(t)) => t,
             Some(Err(e)) => {
                 self.issue(dir_node.path(), format!("directory contents lost: {e}"));
-                return self.complete_dir(Some(dir), node);
+                return self.complete_dir(Some(dir), node, !opened.created);
             }
-            None => return self.complete_dir(Some(dir), node),
+            None => return self.complete_dir(Some(dir), node, !opened.created),
         };
         let keep = keep_names(self.opts, &tree.nodes, all, opened.created);
         let mut todo = tree.nodes;
@@ -908,7 +912,7 @@ impl Walk<'_> {
             self.delete_extra(dir, keep, &f.snap_path);
         }
         if let Some(meta) = f.meta {
-            self.complete_dir(f.dir, meta)?;
+            self.complete_dir(f.dir, meta, !f.fresh)?;
         }
         let Some(top) = self.stack.last() else {
             return Ok(());
@@ -952,9 +956,9 @@ impl Walk<'_> {
     }
 
     /// A directory is complete (`dir` is `None` when it could not be reopened).
-    fn complete_dir(&mut self, dir: Option<Arc<Dir>>, meta: Node) -> Result<()> {
+    fn complete_dir(&mut self, dir: Option<Arc<Dir>>, meta: Node, existed: bool) -> Result<()> {
         if let Some(dir) = dir {
-            self.pending.push((dir, meta));
+            self.pending.push((dir, meta, existed));
             self.batch_dirs += 1;
         }
         self.progress.entry_done();
@@ -1238,8 +1242,17 @@ impl Walk<'_> {
         }
         // Directories whose entries are all written, deepest first, through the
         // descriptors restore holds (never a path someone could have changed).
-        for (dir, node) in pending {
-            if let Err(e) = metadata::apply(dir.fd(), dir.path_only, &node, owners) {
+        for (dir, node, existed) in pending {
+            // Restored into an existing directory: what it held beyond the snapshot
+            // goes (a default ACL would pass to every file created in it). A new
+            // one keeps what it inherited, as a new file does.
+            let r = if existed {
+                metadata::drop_other_dir_xattrs(dir.fd(), &node)
+            } else {
+                Ok(())
+            }
+            .and_then(|()| metadata::apply(dir.fd(), dir.path_only, &node, owners));
+            if let Err(e) = r {
                 self.issue(dir.node.path(), format!("setting metadata: {e}"));
             }
         }

@@ -430,7 +430,7 @@ pub fn image_zeros_warning(ranges: &[(u64, u64)], what: &str) -> i32 {
         crate::ui::count(ranges.len() as u64, "range"),
         ranges
             .iter()
-            .map(|(o, l)| format!("{o}..{}", o + l))
+            .map(|(o, l)| format!("{o}..{}", o.saturating_add(*l)))
             .collect::<Vec<_>>()
             .join(", ")
     );

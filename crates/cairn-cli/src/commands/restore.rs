@@ -226,7 +226,7 @@ fn restore_image(
             ui::count(r.unreadable_at_backup.len() as u64, "range"),
             r.unreadable_at_backup
                 .iter()
-                .map(|(o, l)| format!("{o}..{}", o + l))
+                .map(|(o, l)| format!("{o}..{}", o.saturating_add(*l)))
                 .collect::<Vec<_>>()
                 .join(", ")
         );

@@ -490,7 +490,9 @@ pub fn jobs_ahead(locks: &[LockInfo], mine: &[u8; 32]) -> Vec<LockInfo> {
 /// a non-admin token's lock ids start with bytes of the token's id; direct clients'
 /// are random). A hijacked backup token can store locks that look like running
 /// backups, but so it holds places as the server's own slots let it (all but one),
-/// never every place, and every other host's backups go on.
+/// never every place, and every other host's backups go on. With
+/// `max-concurrent-jobs 1` there is no place to spare: one job, forged or not,
+/// holds it (the limit then serialises every backup by design).
 pub fn per_owner(ahead: Vec<LockInfo>, max: u32) -> Vec<LockInfo> {
     let cap = (max as usize).saturating_sub(1).max(1);
     let mut seen: std::collections::HashMap<[u8; 8], usize> = Default::default();

@@ -303,7 +303,11 @@ fn parse_thin_delta(text: &str) -> std::result::Result<Vec<(u64, u64)>, String> 
                 if sectors == 0 {
                     return Err("data_block_size is 0".into());
                 }
-                unit = Some(sectors * 512);
+                unit = Some(
+                    sectors
+                        .checked_mul(512)
+                        .ok_or("data_block_size past any disk size")?,
+                );
             }
             "different" | "left_only" | "right_only" => {
                 let unit = unit.ok_or("a range before the superblock (no data_block_size)")?;

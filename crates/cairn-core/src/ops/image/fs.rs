@@ -159,9 +159,12 @@ impl ImageFs {
                 .collect(),
         };
         let mut last = None;
+        let mut declined = None;
         let unreadable = Arc::new(info.unreadable.clone());
-        let touched = Arc::new(AtomicBool::new(false));
         for offset in candidates {
+            // Each window its own flag: a probe that failed elsewhere says nothing
+            // of what this filesystem's reads touch.
+            let touched = Arc::new(AtomicBool::new(false));
             let window = || ImageBytes {
                 repo: repo.handle(),
                 content: node.content.clone(),
@@ -183,17 +186,24 @@ impl ImageFs {
                     // An ext2/3/4 superblock is there: the filesystem was found,
                     // and the reader declines it (a journal it cannot replay, a
                     // feature it does not read). Say that, not "not found".
+                    // (Said if no later partition can be read instead.)
                     let mut magic = [0u8; 2];
-                    if mine.read_at(1024 + 56, &mut magic).is_ok() && magic == [0x53, 0xEF] {
-                        return Err(Error::Invalid(format!(
+                    if declined.is_none()
+                        && mine.read_at(1024 + 56, &mut magic).is_ok()
+                        && magic == [0x53, 0xEF]
+                    {
+                        declined = Some(format!(
                             "the ext2/3/4 filesystem at byte {offset} of the image cannot be \
                              read in place ({e}); restore the image (`restore --image`) or \
                              loop-mount it read-only through `cairn mount` (docs/IMAGES.md)"
-                        )));
+                        ));
                     }
                     last = Some(e)
                 }
             }
+        }
+        if let Some(m) = declined {
+            return Err(Error::Invalid(m));
         }
         Err(Error::Invalid(format!(
             "no ext2/3/4 filesystem found {} ({}); for other filesystems, `cairn mount` the repository and mount the image file with `mount -o ro,loop`",
@@ -399,9 +409,11 @@ impl ImageFs {
         let m = meta.modified();
         let existing = std::fs::symlink_metadata(to).ok();
         if ft.is_dir() {
+            let mut keep_meta = false;
             match &existing {
-                // An existing directory (never a symlink to one) is restored into.
-                Some(e) if e.is_dir() => {}
+                // An existing directory (never a symlink to one) is restored into;
+                // with `never`, its own metadata is left as it is.
+                Some(e) if e.is_dir() => keep_meta = r.overwrite == Overwrite::Never,
                 Some(_) if r.overwrite == Overwrite::Never => {
                     r.report.kept += 1;
                     return Ok(());
@@ -415,6 +427,9 @@ impl ImageFs {
             r.report.dirs += 1;
             for (child, name, _) in self.children(path)? {
                 self.restore_one(&child, &to.join(name), r)?;
+            }
+            if keep_meta {
+                return Ok(());
             }
         } else if ft.is_regular_file() || ft.is_symlink() {
             if let Some(e) = &existing {
@@ -663,7 +678,11 @@ fn partitions(reader: &FileReader<'_>, head: &[u8]) -> Result<Vec<(u32, u64, u64
             }
             let (first, last) = (u64le(e, 32), u64le(e, 40));
             if last >= first {
-                out.push((i as u32 + 1, first * 512, (last - first + 1) * 512));
+                out.push((
+                    i as u32 + 1,
+                    first.saturating_mul(512),
+                    (last - first).saturating_add(1).saturating_mul(512),
+                ));
             }
         }
     } else {
@@ -712,7 +731,11 @@ fn logical_partitions(
         }
         let (kind, first, len) = (ebr[446 + 4], u32le(&ebr, 446 + 8), u32le(&ebr, 446 + 12));
         if kind != 0 && len > 0 {
-            out.push((number, (at + first) * 512, len * 512));
+            out.push((
+                number,
+                at.saturating_add(first).saturating_mul(512),
+                len * 512,
+            ));
             number += 1;
         }
         let next = &ebr[462..478];
@@ -720,7 +743,7 @@ fn logical_partitions(
         if kind == 0 || first == 0 {
             break;
         }
-        at = ext + first;
+        at = ext.saturating_add(first);
     }
     Ok(())
 }

@@ -901,6 +901,16 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
                 "{long}"
             );
             assert!(long.lines().any(|l| l.starts_with("drwx")), "{long}");
+            // A symlink where the image has a directory is replaced, never
+            // followed: nothing is written where it points.
+            let elsewhere = env.path("elsewhere");
+            fs::create_dir_all(&elsewhere).unwrap();
+            let etc = target.join("root/etc");
+            fs::remove_dir_all(&etc).unwrap();
+            std::os::unix::fs::symlink(&elsewhere, &etc).unwrap();
+            again("always");
+            assert!(fs::symlink_metadata(&etc).unwrap().is_dir(), "replaced");
+            assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0, "followed");
             let top = env.ok(&["ls", &snap, "--image-fs", "/", "--no-recursive"]);
             assert!(
                 top.lines().any(|l| l == "/etc") && !top.contains("/etc/hosts"),

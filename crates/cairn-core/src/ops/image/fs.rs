@@ -366,11 +366,13 @@ impl ImageFs {
     /// directory `target`, under its own name, with modes, times and (as root)
     /// owners; runs of zeros in files become holes. Names come from the image:
     /// each is a single component (the reader refuses `/` and NUL in names), and
-    /// `.` and `..` are skipped, so nothing lands outside `target`. An existing
-    /// entry is treated as `overwrite` says (as a restore of a file snapshot does;
-    /// `if-changed` compares size and modification time), and an existing
-    /// directory is restored into, never a symlink followed. `write_limit`: bytes
-    /// per second written at most.
+    /// `.` and `..` are skipped. Everything below `target` is created and changed
+    /// through descriptors of its directory, never a path, and never through a
+    /// symlink (as `restore` does): someone who can write the target cannot lead
+    /// a restore running as root elsewhere. An existing entry is treated as
+    /// `overwrite` says (as a restore of a file snapshot does; `if-changed`
+    /// compares size and modification time), and an existing directory is
+    /// restored into. `write_limit`: bytes per second written at most.
     pub fn restore(
         &self,
         path: &str,
@@ -378,11 +380,18 @@ impl ImageFs {
         overwrite: crate::ops::restore::Overwrite,
         write_limit: Option<u64>,
     ) -> Result<FsRestoreReport> {
+        use std::os::unix::fs::OpenOptionsExt;
         let limit = write_limit
             .filter(|&r| r > 0)
             .map(cairn_backend::Limiter::new);
         let path = normalise(path);
         std::fs::create_dir_all(target).map_err(|e| Error::io(target, e))?;
+        // The target itself: a directory, not reached through a final symlink.
+        let root = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(target)
+            .map_err(|e| Error::io(target, e))?;
         let name = path
             .rsplit('/')
             .next()
@@ -394,119 +403,139 @@ impl ImageFs {
             as_root: nix::unistd::geteuid().is_root(),
             report: FsRestoreReport::default(),
         };
-        self.restore_one(&path, &target.join(name), &mut r)?;
+        let at = std::os::fd::AsFd::as_fd(&root);
+        self.restore_one(&path, at, name.as_bytes(), &target.join(name), &mut r)?;
         Ok(r.report)
     }
 
-    fn restore_one(&self, path: &str, to: &Path, r: &mut FsRestore<'_>) -> Result<()> {
+    /// Restores `path` as the entry `name` of the directory `dir` (`shown`: its
+    /// path, for messages only).
+    fn restore_one(
+        &self,
+        path: &str,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &[u8],
+        shown: &Path,
+        r: &mut FsRestore<'_>,
+    ) -> Result<()> {
         use crate::ops::restore::Overwrite;
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        use crate::ops::restore::{sys, target};
+        use std::os::fd::AsFd;
+        let io = |e: std::io::Error| Error::io(shown, e);
         let meta = self
             .fs
             .symlink_metadata(Self::path(path)?)
             .map_err(|e| fs_err(path, e))?;
         let ft = meta.file_type();
         let m = meta.modified();
-        let existing = std::fs::symlink_metadata(to).ok();
+        let cname = target::c_name(name).map_err(io)?;
+        let existing = match sys::stat_at(dir, &cname) {
+            Ok(st) => Some(st),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+            Err(e) => return Err(io(e)),
+        };
+        let times = (m.seconds(), m.nanoseconds());
+        let mode = (u32::from(meta.mode()) & 0o7777) as libc::mode_t;
         if ft.is_dir() {
             let mut keep_meta = false;
             match &existing {
-                // An existing directory (never a symlink to one) is restored into;
-                // with `never`, its own metadata is left as it is.
-                Some(e) if e.is_dir() => keep_meta = r.overwrite == Overwrite::Never,
+                // An existing directory (never a symlink to one: not followed) is
+                // restored into; with `never`, its own metadata is left as it is.
+                Some(st) if st.kind() == libc::S_IFDIR => {
+                    keep_meta = r.overwrite == Overwrite::Never;
+                }
                 Some(_) if r.overwrite == Overwrite::Never => {
                     r.report.kept += 1;
                     return Ok(());
                 }
                 Some(_) => {
-                    std::fs::remove_file(to).map_err(|e| Error::io(to, e))?;
-                    std::fs::create_dir(to).map_err(|e| Error::io(to, e))?;
+                    sys::unlink_at(dir, &cname).map_err(io)?;
+                    sys::mkdir_at(dir, &cname, 0o700).map_err(io)?;
                 }
-                None => std::fs::create_dir(to).map_err(|e| Error::io(to, e))?,
+                None => sys::mkdir_at(dir, &cname, 0o700).map_err(io)?,
             }
+            let sub =
+                sys::open_at(dir, &cname, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(io)?;
             r.report.dirs += 1;
-            for (child, name, _) in self.children(path)? {
-                self.restore_one(&child, &to.join(name), r)?;
+            for (child, child_name, _) in self.children(path)? {
+                self.restore_one(
+                    &child,
+                    sub.as_fd(),
+                    child_name.as_bytes(),
+                    &shown.join(&child_name),
+                    r,
+                )?;
             }
             if keep_meta {
                 return Ok(());
             }
-        } else if ft.is_regular_file() || ft.is_symlink() {
-            if let Some(e) = &existing {
-                use std::os::unix::fs::MetadataExt;
-                let same_kind =
-                    e.is_file() == ft.is_regular_file() && e.is_symlink() == ft.is_symlink();
-                let keep = match r.overwrite {
-                    Overwrite::Never => true,
-                    Overwrite::Always => false,
-                    Overwrite::IfNewer => e.mtime() >= m.seconds(),
-                    Overwrite::IfChanged => {
-                        same_kind
-                            && e.len() == meta.len()
-                            && e.mtime() == m.seconds()
-                            && e.mtime_nsec() == i64::from(m.nanoseconds())
-                    }
-                };
-                if keep {
-                    r.report.kept += 1;
-                    return Ok(());
-                }
-                if e.is_dir() {
-                    return Err(Error::Invalid(format!(
-                        "{}: a directory is where the image holds a {}; not replaced",
-                        to.display(),
-                        if ft.is_symlink() { "symlink" } else { "file" }
-                    )));
-                }
-                std::fs::remove_file(to).map_err(|e| Error::io(to, e))?;
+            if r.as_root {
+                // Before the mode: chown clears set-user-ID and set-group-ID bits.
+                sys::chown_fd(sub.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
             }
-            if ft.is_symlink() {
-                let target = self
-                    .fs
-                    .read_link(Self::path(path)?)
-                    .map_err(|e| fs_err(path, e))?;
-                let target: std::path::PathBuf = target.into();
-                std::os::unix::fs::symlink(&target, to).map_err(|e| Error::io(to, e))?;
-                r.report.symlinks += 1;
-            } else {
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(to)
-                    .map_err(|e| Error::io(to, e))?;
-                let mut w = Sparse {
-                    f,
-                    at: 0,
-                    block: Vec::with_capacity(SPARSE_BLOCK),
-                    limit: r.limit,
-                };
-                r.report.bytes += self.dump(path, &mut w)?;
-                w.finish().map_err(|e| Error::io(to, e))?;
-                r.report.files += 1;
-            }
-        } else {
+            sys::chmod_fd(sub.as_fd(), mode).map_err(io)?;
+            let _ = sys::futimens(sub.as_fd(), times, times);
+            return Ok(());
+        }
+        if !(ft.is_regular_file() || ft.is_symlink()) {
             r.report.skipped += 1;
             return Ok(());
         }
+        if let Some(st) = &existing {
+            let same_kind = (st.kind() == libc::S_IFREG) == ft.is_regular_file()
+                && (st.kind() == libc::S_IFLNK) == ft.is_symlink();
+            let keep = match r.overwrite {
+                Overwrite::Never => true,
+                Overwrite::Always => false,
+                Overwrite::IfNewer => st.mtime.0 >= m.seconds(),
+                Overwrite::IfChanged => {
+                    same_kind && st.size == meta.len() && st.mtime == (m.seconds(), m.nanoseconds())
+                }
+            };
+            if keep {
+                r.report.kept += 1;
+                return Ok(());
+            }
+            if st.kind() == libc::S_IFDIR {
+                return Err(Error::Invalid(format!(
+                    "{}: a directory is where the image holds a {}; not replaced",
+                    shown.display(),
+                    if ft.is_symlink() { "symlink" } else { "file" }
+                )));
+            }
+            sys::unlink_at(dir, &cname).map_err(io)?;
+        }
+        if ft.is_symlink() {
+            let link = self
+                .fs
+                .read_link(Self::path(path)?)
+                .map_err(|e| fs_err(path, e))?;
+            let link = target::c_name(link.as_ref()).map_err(io)?;
+            sys::symlink_at(&link, dir, &cname).map_err(io)?;
+            r.report.symlinks += 1;
+            // Through an O_PATH descriptor checked to be the link just made.
+            let fd = target::open_created_special(dir, &cname, libc::S_IFLNK, None).map_err(io)?;
+            if r.as_root {
+                sys::chown_path_fd(fd.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
+            }
+            let _ = sys::utimens_path_fd(fd.as_fd(), times, times);
+            return Ok(());
+        }
+        let f = target::create_file(dir, &cname).map_err(io)?;
+        let mut w = Sparse {
+            f,
+            at: 0,
+            block: Vec::with_capacity(SPARSE_BLOCK),
+            limit: r.limit,
+        };
+        r.report.bytes += self.dump(path, &mut w)?;
+        let f = w.finish().map_err(io)?;
+        r.report.files += 1;
         if r.as_root {
-            // Before the mode: chown clears set-user-ID and set-group-ID bits.
-            std::os::unix::fs::lchown(to, Some(meta.uid()), Some(meta.gid()))
-                .map_err(|e| Error::io(to, e))?;
+            sys::chown_fd(f.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
         }
-        if !ft.is_symlink() {
-            let mode = u32::from(meta.mode()) & 0o7777;
-            std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode))
-                .map_err(|e| Error::io(to, e))?;
-        }
-        let t = filetime_of(m.seconds(), m.nanoseconds());
-        let _ = nix::sys::stat::utimensat(
-            nix::fcntl::AT_FDCWD,
-            to,
-            &t,
-            &t,
-            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
-        );
+        sys::chmod_fd(f.as_fd(), mode).map_err(io)?;
+        let _ = sys::futimens(f.as_fd(), times, times);
         Ok(())
     }
 
@@ -574,10 +603,12 @@ impl Sparse<'_> {
         Ok(())
     }
 
-    /// Writes what is gathered and sets the length (a file may end in a hole).
-    fn finish(mut self) -> std::io::Result<()> {
+    /// Writes what is gathered and sets the length (a file may end in a hole);
+    /// the file, for its metadata.
+    fn finish(mut self) -> std::io::Result<std::fs::File> {
         self.put_block()?;
-        self.f.set_len(self.at)
+        self.f.set_len(self.at)?;
+        Ok(self.f)
     }
 }
 
@@ -598,10 +629,6 @@ impl Write for Sparse<'_> {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
-}
-
-fn filetime_of(secs: i64, nanos: u32) -> nix::sys::time::TimeSpec {
-    nix::sys::time::TimeSpec::new(secs, i64::from(nanos))
 }
 
 /// A directory entry's name as one path component: `None` for `.` and `..`; a

@@ -31,8 +31,8 @@ mod overwrite;
 mod plan;
 mod run;
 mod survey;
-mod sys;
-mod target;
+pub(crate) mod sys;
+pub(crate) mod target;
 
 pub use overwrite::Overwrite;
 pub use run::{Issue, RestoreReport, restore_snapshot};

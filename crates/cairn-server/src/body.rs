@@ -113,9 +113,10 @@ impl BodyPool {
         self.read_within(body, max, expected, STALL).await
     }
 
-    /// [`Self::read`], giving up when no bytes came for `stall`: an upload that
-    /// stops sending holds its reservation of the upload budget (and a place
-    /// among the connections) until it ends, so one that stalls is ended.
+    /// [`Self::read`], giving up when no bytes came for `stall`, or fewer than
+    /// [`MIN_PER_STALL`] in any span of `stall`: an upload that stops sending (or
+    /// trickles a byte now and then) holds its reservation of the upload budget
+    /// and a place among the connections until it ends, so it is ended.
     pub async fn read_within(
         &self,
         body: axum::body::Body,
@@ -126,7 +127,18 @@ impl BodyPool {
         use http_body_util::BodyExt;
         let mut out = Pooled::new(&self.pool, expected.unwrap_or(0).min(max) as usize);
         let mut body = body;
+        let (mut span_start, mut span_bytes) = (tokio::time::Instant::now(), 0usize);
         loop {
+            if span_start.elapsed() >= stall {
+                if span_bytes < MIN_PER_STALL {
+                    return Err(ReadError::Broken(format!(
+                        "{span_bytes} bytes received in {} s (after {} bytes): too slow",
+                        stall.as_secs(),
+                        out.len()
+                    )));
+                }
+                (span_start, span_bytes) = (tokio::time::Instant::now(), 0);
+            }
             let frame = match tokio::time::timeout(stall, body.frame()).await {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
@@ -143,6 +155,7 @@ impl BodyPool {
                 if (out.len() + data.len()) as u64 > max {
                     return Err(ReadError::TooLarge);
                 }
+                span_bytes += data.len();
                 out.extend_from_slice(&data);
             }
         }
@@ -153,6 +166,9 @@ impl BodyPool {
 /// How long an upload may send nothing before it is ended (a slow link sends
 /// steadily; this is a client that stopped).
 pub const STALL: std::time::Duration = std::time::Duration::from_secs(60);
+/// Bytes an upload sends at least in every [`STALL`]: 64 KiB a minute, far below
+/// the slowest uplink a backup goes over (a 640 kbit/s seed link sends 4.8 MB).
+pub const MIN_PER_STALL: usize = 64 << 10;
 
 #[cfg(test)]
 mod tests {
@@ -177,6 +193,50 @@ mod tests {
                 axum::body::Bytes::from_static(b"some"),
             ))))
         }
+    }
+
+    /// A body that sends one byte every 20 ms, without end.
+    struct Trickle(std::pin::Pin<Box<tokio::time::Sleep>>);
+
+    impl axum::body::HttpBody for Trickle {
+        type Data = axum::body::Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<axum::body::Bytes>, Self::Error>>>
+        {
+            use std::future::Future;
+            if self.0.as_mut().poll(cx).is_pending() {
+                return std::task::Poll::Pending;
+            }
+            let next = tokio::time::Instant::now() + std::time::Duration::from_millis(20);
+            self.0.as_mut().reset(next);
+            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(
+                axum::body::Bytes::from_static(b"x"),
+            ))))
+        }
+    }
+
+    #[test]
+    fn an_upload_that_trickles_is_ended() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let pool = BodyPool::default();
+            let body = axum::body::Body::new(Trickle(Box::pin(tokio::time::sleep(
+                std::time::Duration::ZERO,
+            ))));
+            let r = pool
+                .read_within(body, 1 << 20, None, std::time::Duration::from_millis(200))
+                .await;
+            match r {
+                Err(ReadError::Broken(m)) => assert!(m.contains("too slow"), "{m}"),
+                _ => panic!("a trickling upload was not ended"),
+            }
+        });
     }
 
     #[test]

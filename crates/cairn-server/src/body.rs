@@ -174,6 +174,14 @@ pub const MIN_PER_STALL: usize = 64 << 10;
 mod tests {
     use super::*;
 
+    /// A runtime with timers (the server's has them; body reads time out).
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
     /// A body that sends a few bytes, then nothing, never ending.
     struct Stuck(bool);
 
@@ -220,10 +228,7 @@ mod tests {
 
     #[test]
     fn an_upload_that_trickles_is_ended() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let pool = BodyPool::default();
             let body = axum::body::Body::new(Trickle(Box::pin(tokio::time::sleep(
@@ -241,10 +246,7 @@ mod tests {
 
     #[test]
     fn an_upload_that_stops_sending_is_ended() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let pool = BodyPool::default();
             let body = axum::body::Body::new(Stuck(false));
@@ -267,10 +269,7 @@ mod tests {
     /// ahead meanwhile, and the first's waits for its own to end.
     #[test]
     fn one_token_holds_at_most_half_the_upload_budget() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let b = UploadBudget::new(64 << 20); // 256 MiB in all, 128 a token
             let a1 = b.reserve("a", 100 << 20).await.unwrap();
@@ -293,10 +292,7 @@ mod tests {
 
     #[test]
     fn bodies_are_read_whole_and_bounded() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let pool = BodyPool::default();
         rt.block_on(async {
             let b = pool

@@ -104,22 +104,19 @@ impl<S> FirstBytes<S> {
             seen: 0,
         }
     }
+}
 
-    /// After new bytes: the deadline ends once the version is decided (all of the
-    /// preface, or a byte that is not the preface's: HTTP/1, whose header timeout
-    /// then applies).
-    fn saw(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            if self.seen >= H2_PREFACE.len() || b != H2_PREFACE[self.seen] {
-                self.deadline = None;
-                return;
-            }
-            self.seen += 1;
+/// Adds the bytes just read to `seen` (how many matched the HTTP/2 preface so far);
+/// true once the version is decided: all of the preface, or a byte that is not
+/// its (HTTP/1, whose header timeout then applies).
+fn decided(seen: &mut usize, bytes: &[u8]) -> bool {
+    for &b in bytes {
+        if *seen >= H2_PREFACE.len() || b != H2_PREFACE[*seen] {
+            return true;
         }
-        if self.seen >= H2_PREFACE.len() {
-            self.deadline = None;
-        }
+        *seen += 1;
     }
+    *seen >= H2_PREFACE.len()
 }
 
 impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for FirstBytes<S> {
@@ -134,9 +131,11 @@ impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for FirstBytes<S> {
         let this = &mut *self;
         match std::pin::Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
-                if this.deadline.is_some() && buf.filled().len() > before {
-                    let new = buf.filled()[before..].to_vec();
-                    this.saw(&new);
+                if this.deadline.is_some()
+                    && buf.filled().len() > before
+                    && decided(&mut this.seen, &buf.filled()[before..])
+                {
+                    this.deadline = None;
                 }
                 Poll::Ready(r)
             }

@@ -590,6 +590,88 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
     }
 }
 
+/// A repository with one snapshot of `src` (ten files of random bytes from
+/// `seed`) whose packs are all held by a waiting pending-deletion record and by no
+/// index file: as a prune leaves it when a backup's lock was live.
+struct Retired {
+    env: Env,
+    src: std::path::PathBuf,
+    backend: std::sync::Arc<dyn cairn_backend::Backend>,
+    repo: cairn_core::Repository,
+    packs: Vec<cairn_format::index::IndexPack>,
+    rng: Rng,
+}
+
+fn retired(seed: u64) -> Retired {
+    use cairn_backend::{LocalBackend, names};
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(seed);
+    for i in 0..10 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(30_000, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    let backend: std::sync::Arc<dyn cairn_backend::Backend> =
+        std::sync::Arc::new(LocalBackend::new(&env.repo));
+    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let mut packs = Vec::new();
+    for id in repo.list_index_files().unwrap() {
+        packs.extend(repo.read_index_file(&id).unwrap().packs);
+        backend.delete(&names::index(&id.to_hex())).unwrap();
+    }
+    repo.write_pending(&cairn_format::pending::PendingDeletion {
+        created: 0,
+        locks: vec![[7u8; 32]],
+        packs: packs.clone(),
+        orphans: Vec::new(),
+    })
+    .unwrap();
+    Retired {
+        env,
+        src,
+        backend,
+        repo,
+        packs,
+        rng,
+    }
+}
+
+impl Retired {
+    /// The attacker's index file: every blob of the retired packs claimed at the
+    /// start of a pack of junk. Returns the junk pack.
+    fn claim_falsely(&self) -> cairn_format::PackId {
+        use cairn_backend::names;
+        use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
+        let junk = vec![0x5au8; 4096];
+        let junk_id = cairn_format::PackId::of_content(&junk);
+        self.backend
+            .put_new(&names::pack(&junk_id.to_hex()), &junk)
+            .unwrap();
+        let claims = self
+            .packs
+            .iter()
+            .flat_map(|p| p.blobs.iter())
+            .map(|b| IndexBlob {
+                offset: 0,
+                length: 64,
+                ..*b
+            })
+            .collect();
+        self.repo
+            .write_index_file(&IndexFile {
+                packs: vec![IndexPack {
+                    id: junk_id,
+                    blobs: claims,
+                }],
+                ..Default::default()
+            })
+            .unwrap();
+        junk_id
+    }
+}
+
 /// A backup committed while a prune ran has its blobs in the prune's pending
 /// record only (the prune retired their packs); an append-only writer then indexes
 /// false copies of those blobs (junk at their ids). Readers that find the false
@@ -598,78 +680,31 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
 /// retired pack again instead of deleting the only true copy.
 #[test]
 fn a_false_live_copy_does_not_hide_a_blob_held_by_a_pending_record() {
-    use cairn_backend::{Backend, LocalBackend, names};
-    use cairn_format::PackId;
-    use cairn_format::index::{IndexFile, IndexPack};
-    use cairn_format::pending::PendingDeletion;
-    use std::sync::Arc;
-
-    let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    let mut rng = Rng(77);
-    for i in 0..10 {
-        fs::write(src.join(format!("f{i}")), rng.bytes(30_000, false)).unwrap();
-    }
-    env.backup(&[&src]);
-    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
-    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
-    // As a prune leaves it: every pack in a pending record, no index file listing
-    // them (a backup's lock was live, so the record waits).
-    let mut packs = Vec::new();
-    for id in repo.list_index_files().unwrap() {
-        packs.extend(repo.read_index_file(&id).unwrap().packs);
-        backend.delete(&names::index(&id.to_hex())).unwrap();
-    }
-    repo.write_pending(&PendingDeletion {
-        created: 0,
-        locks: vec![[7u8; 32]],
-        packs: packs.clone(),
-        orphans: Vec::new(),
-    })
-    .unwrap();
-    env.restore("latest", &src, "before");
-    // The attacker's index file: every blob at the start of a pack of junk.
-    let junk = vec![0x5au8; 4096];
-    let junk_id = PackId::of_content(&junk);
-    backend
-        .put_new(&names::pack(&junk_id.to_hex()), &junk)
-        .unwrap();
-    let claims = packs
-        .iter()
-        .flat_map(|p| p.blobs.iter())
-        .map(|b| cairn_format::index::IndexBlob {
-            offset: 0,
-            length: 64,
-            ..*b
-        })
-        .collect();
-    repo.write_index_file(&IndexFile {
-        packs: vec![IndexPack {
-            id: junk_id,
-            blobs: claims,
-        }],
-        ..Default::default()
-    })
-    .unwrap();
-    let back = env.restore("latest", &src, "ram");
-    assert_same(&src, &back);
-    use_ssd_index(&env);
-    let back = env.restore("latest", &src, "ssd-r");
-    assert_same(&src, &back);
+    let t = retired(77);
+    let (env, src) = (&t.env, &t.src);
+    env.restore("latest", src, "before");
+    let junk_id = t.claim_falsely();
+    let back = env.restore("latest", src, "ram");
+    assert_same(src, &back);
+    use_ssd_index(env);
+    let back = env.restore("latest", src, "ssd-r");
+    assert_same(src, &back);
     // A prune then (the record's lock is gone) keeps the real copies, whatever
     // the false entries claim, and drops the junk.
     env.ok(&["index", "--index-placement", "ram"]);
     let out = env.ok(&["prune"]);
     assert!(out.contains("name blobs their packs do not hold"), "{out}");
-    let back = env.restore("latest", &src, "pruned");
-    assert_same(&src, &back);
+    let back = env.restore("latest", src, "pruned");
+    assert_same(src, &back);
     env.ok(&["prune"]);
     env.check_clean();
-    assert!(!env.repo.join(names::pack(&junk_id.to_hex())).exists());
-    let back = env.restore("latest", &src, "pruned-twice");
-    assert_same(&src, &back);
+    assert!(
+        !env.repo
+            .join(cairn_backend::names::pack(&junk_id.to_hex()))
+            .exists()
+    );
+    let back = env.restore("latest", src, "pruned-twice");
+    assert_same(src, &back);
 }
 
 /// Moves the repository's index to the SSD placement (its files in the scratch
@@ -692,39 +727,12 @@ fn use_ssd_index(env: &Env) {
 /// deleted on the strength of the false entries.
 #[test]
 fn false_copies_indexed_during_a_prune_do_not_get_the_true_ones_deleted() {
-    use cairn_backend::{Backend, LocalBackend, names};
-    use cairn_format::PackId;
-    use cairn_format::index::{IndexFile, IndexPack};
-    use cairn_format::pending::PendingDeletion;
-    use std::sync::Arc;
-
-    let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    let mut rng = Rng(78);
-    for i in 0..10 {
-        fs::write(src.join(format!("f{i}")), rng.bytes(30_000, false)).unwrap();
-    }
-    env.backup(&[&src]);
-    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
-    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
-    let mut packs = Vec::new();
-    for id in repo.list_index_files().unwrap() {
-        packs.extend(repo.read_index_file(&id).unwrap().packs);
-        backend.delete(&names::index(&id.to_hex())).unwrap();
-    }
-    repo.write_pending(&PendingDeletion {
-        created: 0,
-        locks: vec![[7u8; 32]],
-        packs: packs.clone(),
-        orphans: Vec::new(),
-    })
-    .unwrap();
+    let mut t = retired(78);
+    let env = &t.env;
     // Something for this prune to retire, so that it writes a record (the pause).
     let other = env.path("other");
     fs::create_dir_all(&other).unwrap();
-    fs::write(other.join("x"), rng.bytes(50_000, false)).unwrap();
+    fs::write(other.join("x"), t.rng.bytes(50_000, false)).unwrap();
     let gone = env.backup(&[&other]);
     env.ok(&["forget", &gone]);
 
@@ -746,28 +754,7 @@ fn false_copies_indexed_during_a_prune_do_not_get_the_true_ones_deleted() {
         || gate.join("reached").exists(),
     );
     // The attacker's false copies, then a backup that commits.
-    let junk = vec![0x5au8; 4096];
-    let junk_id = PackId::of_content(&junk);
-    backend
-        .put_new(&names::pack(&junk_id.to_hex()), &junk)
-        .unwrap();
-    let claims = packs
-        .iter()
-        .flat_map(|p| p.blobs.iter())
-        .map(|b| cairn_format::index::IndexBlob {
-            offset: 0,
-            length: 64,
-            ..*b
-        })
-        .collect();
-    repo.write_index_file(&IndexFile {
-        packs: vec![IndexPack {
-            id: junk_id,
-            blobs: claims,
-        }],
-        ..Default::default()
-    })
-    .unwrap();
+    t.claim_falsely();
     env.backup(&[&other]);
     fs::write(gate.join("go"), b"").unwrap();
     let out = prune.wait_with_output().unwrap();
@@ -777,10 +764,11 @@ fn false_copies_indexed_during_a_prune_do_not_get_the_true_ones_deleted() {
         String::from_utf8_lossy(&out.stderr)
     );
     // Every snapshot restores exactly, now and after the next prune.
-    let back = env.restore(&env.snapshot_ids()[0], &src, "after");
-    assert_same(&src, &back);
+    let src = &t.src;
+    let back = env.restore(&env.snapshot_ids()[0], src, "after");
+    assert_same(src, &back);
     env.ok(&["prune"]);
     env.check_clean();
-    let back = env.restore(&env.snapshot_ids()[0], &src, "after-2");
-    assert_same(&src, &back);
+    let back = env.restore(&env.snapshot_ids()[0], src, "after-2");
+    assert_same(src, &back);
 }

@@ -76,30 +76,6 @@ pub(crate) fn apply(
     }
 }
 
-/// Removes the extended attributes of the open file `f` that the snapshot's `node`
-/// does not have (before [`apply`] sets the snapshot's on a file restored in
-/// place): an ACL or attribute added in the target does not survive a restore.
-pub(crate) fn drop_other_xattrs(f: &std::fs::File, node: &Node) -> std::io::Result<()> {
-    use xattr::FileExt;
-    let names = match f.list_xattr() {
-        Ok(n) => n,
-        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for name in names {
-        use std::os::unix::ffi::OsStrExt;
-        let n = name.as_bytes();
-        if foreign_xattr(n) && !node.xattrs.iter().any(|(k, _)| k.as_slice() == n) {
-            match f.remove_xattr(&name) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Whether an attribute the target holds and the snapshot does not is removed by a
 /// restore in place: anything a user or an intruder can add (user attributes,
 /// ACLs, a file capability `setcap` planted), but not the labels the system gives
@@ -117,15 +93,16 @@ pub(crate) fn foreign_xattr(name: &[u8]) -> bool {
     !SYSTEM.contains(&name) && !OWNED.iter().any(|p| name.starts_with(p))
 }
 
-/// [`drop_other_xattrs`] for a directory restore held open (possibly `O_PATH`):
-/// through `/proc/self/fd`, which leads to the directory itself. Restoring into an
-/// existing directory must not leave it an ACL (a default ACL every new file
-/// inherits) the snapshot does not have.
-pub(crate) fn drop_other_dir_xattrs(fd: BorrowedFd<'_>, node: &Node) -> std::io::Result<()> {
+/// Removes the extended attributes of the entry open as `fd` (a file or directory,
+/// possibly `O_PATH`) that the snapshot's `node` does not have and
+/// [`foreign_xattr`] calls foreign, before [`apply`] sets the snapshot's on an
+/// entry restored in place: an ACL (on a directory, a default ACL every new file
+/// inherits), a planted capability or attribute does not survive a restore.
+/// Through `/proc/self/fd`, which leads to the entry itself; the `_deref` calls
+/// follow that magic link (the plain ones would read the link, which has none).
+pub(crate) fn drop_other_xattrs(fd: BorrowedFd<'_>, node: &Node) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
-    // The `_deref` calls: the magic link is followed to the directory (the plain
-    // ones would read the link itself, which has none).
     let p = format!("/proc/self/fd/{}", fd.as_raw_fd());
     let names = match xattr::list_deref(&p) {
         Ok(n) => n,

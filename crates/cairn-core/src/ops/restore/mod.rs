@@ -1005,7 +1005,7 @@ impl Walk<'_> {
                 if let Some(st) = &existing {
                     self.remember_first_link(&parent, &name, st, &node);
                     let r = overwrite::open_checked(parent.fd(), &name, st).and_then(|f| {
-                        metadata::drop_other_xattrs(&f, &node)?;
+                        metadata::drop_other_xattrs(f.as_fd(), &node)?;
                         metadata::apply(f.as_fd(), false, &node, self.opts.owners)
                     });
                     if let Err(e) = r {
@@ -1247,7 +1247,7 @@ impl Walk<'_> {
             // goes (a default ACL would pass to every file created in it). A new
             // one keeps what it inherited, as a new file does.
             let r = if existed {
-                metadata::drop_other_dir_xattrs(dir.fd(), &node)
+                metadata::drop_other_xattrs(dir.fd(), &node)
             } else {
                 Ok(())
             }

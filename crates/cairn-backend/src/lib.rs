@@ -357,6 +357,12 @@ pub mod names {
     pub fn host_record(snapshot_hex: &str) -> String {
         format!("{HOSTS}{snapshot_hex}")
     }
+    /// `received/<snapshot hex>`: when `cairn serve` received the snapshot from a
+    /// non-admin token (decimal Unix seconds, plaintext, written by the server).
+    pub const RECEIVED: &str = "received/";
+    pub fn received_record(snapshot_hex: &str) -> String {
+        format!("{RECEIVED}{snapshot_hex}")
+    }
 
     /// `data/<first two hex digits>/<hex>`: 256 directories keep listings short.
     pub fn pack(hex: &str) -> String {

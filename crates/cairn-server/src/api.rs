@@ -342,7 +342,10 @@ fn allow(
     action: Action,
 ) -> ApiResult<Kind> {
     let kind = policy::classify(name).map_err(|e| ApiError::bad(e.to_string()))?;
-    if kind == Kind::HostRecord && t.host.is_some() && t.role != Role::Admin {
+    if matches!(kind, Kind::HostRecord | Kind::ReceivedRecord)
+        && t.host.is_some()
+        && t.role != Role::Admin
+    {
         return Err(ApiError::forbidden(
             "a host-bound token may not read other hosts' snapshot records",
         ));
@@ -558,17 +561,14 @@ pub async fn put(
         need_slot(&store, &t, &headers)?;
     }
     app.pace_transfer(&t.id, true, body.len() as u64).await;
-    if let (Some(host), Kind::Snapshot) = (&t.host, kind) {
-        // The record first: a crash between the two leaves a record without a
-        // snapshot (ignored), never a host-bound snapshot its host cannot see.
-        let (s, id, h) = (
-            store.clone(),
-            policy::id_of(&name).unwrap_or("").to_string(),
-            host.clone(),
-        );
-        // A snapshot already stored (by an unbound token, or a direct client) is not
-        // claimed by storing its bytes again: that would move it into this host's
-        // listing and retention.
+    if kind == Kind::Snapshot && t.role != Role::Admin {
+        // The records first: a crash between them and the snapshot leaves records
+        // without a snapshot (ignored), never a host-bound snapshot its host
+        // cannot see, or one without its time of arrival.
+        //
+        // A snapshot already stored (by another token, or a direct client) gets
+        // no record from storing its bytes again: that would move it into this
+        // host's listing and retention, or make it look stored just now.
         let (b, n) = (store.backend.clone(), name.clone());
         let stored = blocking(move || match b.get_range(&n, 0, 1) {
             Ok(_) => Ok(true),
@@ -583,11 +583,21 @@ pub async fn put(
                 format!("{name} exists"),
             ));
         }
-        if !blocking(move || s.hosts.record(s.backend.as_ref(), &id, &h)).await? {
-            return Err(ApiError::forbidden(format!(
-                "{name} is recorded for another host"
-            )));
+        let id = policy::id_of(&name).unwrap_or("").to_string();
+        if let Some(host) = &t.host {
+            let (s, id, h) = (store.clone(), id.clone(), host.clone());
+            if !blocking(move || s.hosts.record(s.backend.as_ref(), &id, &h)).await? {
+                return Err(ApiError::forbidden(format!(
+                    "{name} is recorded for another host"
+                )));
+            }
         }
+        // When it arrived, by this server's clock: retention does not let a
+        // snapshot stored after a newer one of its group take that one's place
+        // (`cairn_core::forget`), so a hijacked client cannot date junk into past
+        // days to push its host's real backups out.
+        let b = store.backend.clone();
+        blocking(move || crate::hosts::record_received(b.as_ref(), &id)).await?;
     }
     let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
     let backend = store.backend.clone();
@@ -964,7 +974,11 @@ pub async fn delete(
             store.clone(),
             policy::id_of(&name).unwrap_or("").to_string(),
         );
-        blocking(move || s.hosts.forget(s.backend.as_ref(), &id)).await?;
+        blocking(move || {
+            s.hosts.forget(s.backend.as_ref(), &id)?;
+            crate::hosts::forget_received(s.backend.as_ref(), &id)
+        })
+        .await?;
     }
     // A removed lock's name stays remembered (see `locks`).
     if !is_lock {

@@ -80,7 +80,7 @@ impl HostRecords {
     ) -> Result<Vec<ObjectInfo>, BackendError> {
         let mut out = Vec::with_capacity(listed.len());
         for o in listed {
-            if o.name.starts_with(PREFIX) {
+            if o.name.starts_with(PREFIX) || o.name.starts_with(names::RECEIVED) {
                 continue;
             }
             if let Some(id) = o.name.strip_prefix(names::SNAPSHOTS)
@@ -100,6 +100,30 @@ impl HostRecords {
             Err(e) if !e.is_not_found() => Err(e),
             _ => Ok(()),
         }
+    }
+}
+
+/// Records that the snapshot `snapshot_hex` arrives now (Unix seconds by this
+/// server's clock; blocking). One already recorded is kept: the first arrival
+/// counts (docs/FORMAT.md, "received/").
+pub fn record_received(backend: &dyn Backend, snapshot_hex: &str) -> Result<(), BackendError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    match backend.put_new(
+        &names::received_record(snapshot_hex),
+        now.to_string().as_bytes(),
+    ) {
+        Err(e) if !e.is_already_exists() => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Removes a deleted snapshot's receive record (blocking; a missing one is fine).
+pub fn forget_received(backend: &dyn Backend, snapshot_hex: &str) -> Result<(), BackendError> {
+    match backend.delete(&names::received_record(snapshot_hex)) {
+        Err(e) if !e.is_not_found() => Err(e),
+        _ => Ok(()),
     }
 }
 
@@ -127,6 +151,7 @@ mod tests {
                 .map(|o| o.name)
                 .collect::<Vec<_>>()
         };
+        record_received(&b, "aa").unwrap();
         assert_eq!(names("web01"), vec!["snapshots/aa".to_string()]);
         assert_eq!(names("web02"), vec!["snapshots/bb".to_string()]);
         r.forget(&b, "aa").unwrap();

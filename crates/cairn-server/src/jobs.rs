@@ -822,11 +822,22 @@ fn run_job(
             )
             .map_err(|e| e.to_string())?;
             let removed: usize = f.groups.iter().map(|g| g.remove.len()).sum();
+            let late: usize = f.groups.iter().map(|g| g.stored_late.len()).sum();
             let summary = prune_now(session.into_repo(), &progress)?;
+            // Snapshots stored late are worth an admin's look: a client may be
+            // backdating junk (they took no slot from real backups).
+            let late = if late > 0 {
+                format!(
+                    " ({} stored late, after a newer one of their group: not counted against the others)",
+                    count(late as u64, "snapshot")
+                )
+            } else {
+                String::new()
+            };
             Ok((
                 true,
                 format!(
-                    "forgot {}; prune {summary}",
+                    "forgot {}{late}; prune {summary}",
                     count(removed as u64, "snapshot")
                 ),
             ))

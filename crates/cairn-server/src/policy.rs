@@ -63,6 +63,9 @@ pub enum Kind {
     /// `hosts/<snapshot id>`: the host a host-bound token stored the snapshot for,
     /// written by the server itself ([`crate::hosts`]).
     HostRecord,
+    /// `received/<snapshot id>`: when the server received a snapshot from a
+    /// non-admin token, written by the server itself ([`crate::hosts`]).
+    ReceivedRecord,
 }
 
 impl Kind {
@@ -88,6 +91,7 @@ impl Kind {
             Kind::Pending => "pending",
             Kind::DedupList => "dedup_list",
             Kind::HostRecord => "host_record",
+            Kind::ReceivedRecord => "received_record",
         }
     }
 
@@ -96,7 +100,12 @@ impl Kind {
     pub fn content_addressed(self) -> bool {
         !matches!(
             self,
-            Kind::Config | Kind::Lock | Kind::AdminLock | Kind::DedupList | Kind::HostRecord
+            Kind::Config
+                | Kind::Lock
+                | Kind::AdminLock
+                | Kind::DedupList
+                | Kind::HostRecord
+                | Kind::ReceivedRecord
         )
     }
 
@@ -188,6 +197,7 @@ pub fn valid_prefix(prefix: &str) -> bool {
         "pending/",
         "dedup/",
         "hosts/",
+        "received/",
     ];
     if TOP.contains(&prefix) {
         return true;
@@ -234,6 +244,7 @@ pub fn classify(name: &str) -> Result<Kind, BadName> {
         ("pending", false) => Kind::Pending,
         ("dedup", false) => Kind::DedupList,
         ("hosts", false) => Kind::HostRecord,
+        ("received", false) => Kind::ReceivedRecord,
         ("data", false) => {
             let (sub, id) = base.split_once('/').ok_or_else(bad)?;
             if !is_id(id) || id.get(..2) != Some(sub) {
@@ -367,6 +378,10 @@ mod tests {
         assert_eq!(classify(&format!("keys/{ID}")).unwrap(), Kind::Key);
         assert_eq!(classify(&format!("dedup/{ID}")).unwrap(), Kind::DedupList);
         assert_eq!(classify(&format!("hosts/{ID}")).unwrap(), Kind::HostRecord);
+        assert_eq!(
+            classify(&format!("received/{ID}")).unwrap(),
+            Kind::ReceivedRecord
+        );
         for bad in [
             "".to_string(),
             "config2".into(),
@@ -385,6 +400,7 @@ mod tests {
             format!("index/{ID}.tmp"),
             format!("data/01/admin-{ID}"),
             format!("dedup/admin-{ID}"),
+            format!("received/admin-{ID}"),
         ] {
             assert!(classify(&bad).is_err(), "{bad}");
         }
@@ -405,6 +421,7 @@ mod tests {
             Kind::Pending,
             Kind::DedupList,
             Kind::HostRecord,
+            Kind::ReceivedRecord,
         ];
         for kind in all_kinds {
             for action in [List, Read, Create, Replace, Delete] {

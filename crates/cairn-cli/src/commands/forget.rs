@@ -109,6 +109,28 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
             }
         }
     }
+    // Each named (a handful at most from honest clients); a flood is counted.
+    const LATE_SHOWN: usize = 20;
+    let late: Vec<(&forget::GroupReport, &forget::LateEntry)> = r
+        .groups
+        .iter()
+        .flat_map(|g| g.stored_late.iter().map(move |l| (g, l)))
+        .collect();
+    for (g, l) in late.iter().take(LATE_SHOWN) {
+        eprintln!(
+            "warning: snapshot {} ({}) is dated {} but cairn serve received it at {}, after a              snapshot of its group dated later: it took no slot from the snapshots stored in              order (a long backup, a copy, or a client backdating it)",
+            l.short_id,
+            g.group,
+            short_time(&l.time),
+            short_time(&l.received)
+        );
+    }
+    if late.len() > LATE_SHOWN {
+        eprintln!(
+            "warning: and {} more snapshots stored late (forget --json lists them as stored_late)",
+            late.len() - LATE_SHOWN
+        );
+    }
     for (id, e) in &r.failed {
         eprintln!("cairn: error: removing snapshot {}: {e}", id.short());
     }

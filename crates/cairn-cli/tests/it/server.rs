@@ -3463,6 +3463,114 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     );
 }
 
+/// A hijacked backup client that stores junk dated at the end of past days, after
+/// the real backups of those days were stored, takes none of their daily slots:
+/// the server records when each snapshot arrived (`received/<id>`, which no
+/// backup token may write), and forget judges snapshots stored after a newer one
+/// of their group apart.
+#[test]
+fn backdated_junk_takes_no_slot_from_real_backups() {
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let admin = srv.token("root", "main", "admin");
+    let web01 = bound_token(&srv, "web01", "backup", "web01");
+    let src = env.path("src");
+    make_full_tree(&src, 5);
+    let s = src.to_str().unwrap();
+    let run = |t: &str, args: &[&str]| {
+        client_cmd(&env, &srv, "main", t, args)
+            .env("TZ", "UTC")
+            .output()
+            .unwrap()
+    };
+    let backup = |t: &str, time: &str| -> String {
+        let out = ok(
+            run(
+                t,
+                &["backup", "--host", "web01", "--time", time, "--json", s],
+            ),
+            "backup",
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["snapshot_id"].as_str().unwrap().to_string()
+    };
+    let real: Vec<String> = (1..=5)
+        .map(|d| backup(&web01, &format!("2026-01-{d:02}T02:00:00Z")))
+        .collect();
+    // Receive times are in seconds: the junk arrives strictly later.
+    std::thread::sleep(Duration::from_millis(1100));
+    let junk: Vec<String> = (1..=4)
+        .map(|d| backup(&web01, &format!("2026-01-{d:02}T23:59:00Z")))
+        .collect();
+    let received = |id: &str| env.repo.join("received").join(id);
+    for id in real.iter().chain(&junk) {
+        let t: u64 = std::fs::read_to_string(received(id))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(t > 1_700_000_000, "{t}");
+    }
+    // An admin's snapshot gets no record (admins copy and import old snapshots).
+    let by_admin = backup(&admin, "2025-12-31T02:00:00Z");
+    assert!(!received(&by_admin).exists());
+    // The records are the server's: a backup token may not write one, and a
+    // host-bound one may not read another host's.
+    let name = format!("/v1/datastores/main/objects/received/{}", junk[0]);
+    assert_eq!(http(srv.port, "PUT", &name, Some(&web01), b"1").0, 403);
+    assert_eq!(http(srv.port, "GET", &name, Some(&web01), b"").0, 403);
+
+    let o = run(
+        &admin,
+        &["forget", "--keep-daily", "3", "--host", "web01", "--json"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let groups: serde_json::Value = serde_json::from_str(&ok(o, "forget")).unwrap();
+    let ids = |k: &str| -> Vec<String> {
+        let mut v: Vec<String> = groups
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g[k].as_array().into_iter().flatten())
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    let sorted = |v: &[&String]| {
+        let mut v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
+        v.sort();
+        v
+    };
+    // The real backups of the three newest days, and the junk the policy would
+    // have kept in their place (never less than before).
+    assert_eq!(
+        ids("keep"),
+        sorted(&[&real[2], &real[3], &real[4], &junk[2], &junk[3]]),
+        "{groups:#}"
+    );
+    assert_eq!(
+        ids("remove"),
+        sorted(&[&by_admin, &real[0], &real[1], &junk[0], &junk[1]]),
+        "{groups:#}"
+    );
+    assert_eq!(ids("stored_late"), sorted(&junk.iter().collect::<Vec<_>>()));
+    assert!(
+        err.contains(&format!("snapshot {} (host web01", &junk[3][..8]))
+            && err.contains("received it at"),
+        "{err}"
+    );
+    // Forgotten through the server, a snapshot's record goes with it.
+    assert!(!received(&junk[0]).exists());
+    assert!(received(&junk[2]).exists());
+    // The remaining snapshots are still readable for web01.
+    let listed = ok(run(&web01, &["snapshots", "--json"]), "snapshots");
+    for id in [&real[2], &real[3], &real[4]] {
+        assert!(listed.contains(id.as_str()), "{listed}");
+    }
+    srv.stop();
+}
+
 /// A range past the end of an object is the client's mistake: 416, not a server
 /// error.
 #[test]

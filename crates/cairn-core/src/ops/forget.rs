@@ -22,6 +22,11 @@
 //!   back from.
 //! - A snapshot dated more than an hour in the future is kept and takes no rule's
 //!   slot (restic counts it, so it can push real snapshots out).
+//! - A snapshot `cairn serve` received after a snapshot of its group dated later
+//!   ("stored late": junk a hijacked client dates into past days, but also copies
+//!   and long backups) takes no slot from the others: the policy decides the
+//!   others without the late ones, then the late ones with everything counted
+//!   ([`apply`]; docs/FORMAT.md, "Server records").
 //! - `keep_tags` keeps every snapshot carrying all tags of any one entry.
 
 use crate::error::{Error, Result};
@@ -29,7 +34,7 @@ use cairn_format::SnapshotId;
 use cairn_format::snapshot::Snapshot;
 use chrono::{DateTime, Datelike, Local, NaiveDate, Offset, TimeDelta, TimeZone, Timelike, Utc};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -428,6 +433,9 @@ pub struct ForgetGroup {
     /// Kept snapshots with every reason that kept them, e.g. "daily snapshot".
     pub keep: Vec<(SnapshotId, Vec<String>)>,
     pub remove: Vec<SnapshotId>,
+    /// Snapshots `cairn serve` received after a snapshot of this group dated
+    /// later: they took no slot from the others (oldest first).
+    pub stored_late: Vec<SnapshotId>,
 }
 
 /// Applies `policy` to the snapshots matching `filter`, group by group, with calendar
@@ -453,6 +461,23 @@ pub fn plan_in<Tz: TimeZone>(
     filter: &SnapshotFilter,
     tz: &Tz,
 ) -> Result<Vec<ForgetGroup>> {
+    plan_received_in(snapshots, &Received::new(), policy, group_by, filter, tz)
+}
+
+/// When `cairn serve` received snapshots stored through it by non-admin tokens
+/// ([`crate::repo::Repository::received_times`]).
+pub type Received = std::collections::HashMap<SnapshotId, DateTime<Utc>>;
+
+/// [`plan_in`] knowing when the server received snapshots: one stored after a
+/// newer snapshot of its group is judged apart ([`ForgetGroup::stored_late`]).
+pub fn plan_received_in<Tz: TimeZone>(
+    snapshots: &[(SnapshotId, Snapshot)],
+    received: &Received,
+    policy: &Policy,
+    group_by: GroupBy,
+    filter: &SnapshotFilter,
+    tz: &Tz,
+) -> Result<Vec<ForgetGroup>> {
     policy.validate()?;
     if policy.is_empty() {
         return Err(Error::NoPolicy);
@@ -472,6 +497,7 @@ pub fn plan_in<Tz: TimeZone>(
                 id: *id,
                 snap: s,
                 time,
+                received: received.get(id).copied(),
             });
     }
     let mut out = Vec::with_capacity(groups.len());
@@ -487,10 +513,13 @@ pub fn plan_in<Tz: TimeZone>(
     Ok(out)
 }
 
+#[derive(Clone)]
 struct Entry<'a> {
     id: SnapshotId,
     snap: &'a Snapshot,
     time: DateTime<Utc>,
+    /// When `cairn serve` received it, if it was stored through the server.
+    received: Option<DateTime<Utc>>,
 }
 
 /// The calendar rules, in the order their reasons are listed.
@@ -555,11 +584,94 @@ struct Counter {
     last_bucket: Option<i64>,
 }
 
+/// The snapshots of a group that `cairn serve` received after it had received a
+/// snapshot of the group dated later: stored late. Honest clients store
+/// snapshots in the order they date them, except for a long backup overlapping a
+/// shorter one, and copies of old snapshots; a hijacked client dating junk into
+/// past days, so that it takes the place of real backups, always stores late.
+///
+/// A snapshot with no record (stored directly, or by an admin token) counts as
+/// received when it is dated. Snapshots dated in the future are left out: they
+/// take no slot anyway, and one far ahead would make every later one late.
+fn stored_late(entries: &[Entry<'_>], future: DateTime<Utc>) -> HashSet<SnapshotId> {
+    let mut by_arrival: Vec<(DateTime<Utc>, &Entry<'_>)> = entries
+        .iter()
+        .filter(|e| e.time <= future)
+        .map(|e| (e.received.unwrap_or(e.time), e))
+        .collect();
+    by_arrival.sort_by_key(|a| a.0);
+    let mut late = HashSet::new();
+    // The latest date among snapshots received strictly before the current run
+    // of equal arrival times.
+    let mut newest_before: Option<DateTime<Utc>> = None;
+    let mut i = 0;
+    while i < by_arrival.len() {
+        let at = by_arrival[i].0;
+        let mut j = i;
+        while j < by_arrival.len() && by_arrival[j].0 == at {
+            j += 1;
+        }
+        for (_, e) in &by_arrival[i..j] {
+            if e.received.is_some() && newest_before.is_some_and(|n| n > e.time) {
+                late.insert(e.id);
+            }
+        }
+        for (_, e) in &by_arrival[i..j] {
+            newest_before = Some(newest_before.map_or(e.time, |n| n.max(e.time)));
+        }
+        i = j;
+    }
+    late
+}
+
+/// Judges one group. Snapshots stored late ([`stored_late`]) cannot take a slot
+/// from the others: the policy first decides the others as if the late ones did
+/// not exist, then decides the late ones with everything counted. Whatever the
+/// one-pass policy keeps is still kept (leaving snapshots out only ever lets a
+/// rule keep more of the rest), so this keeps a superset of it.
 fn apply<Tz: TimeZone>(
+    key: GroupKey,
+    entries: Vec<Entry<'_>>,
+    policy: &Policy,
+    tz: &Tz,
+) -> ForgetGroup {
+    let now = Utc::now();
+    let late = stored_late(&entries, now + TimeDelta::hours(FUTURE_SLACK_HOURS));
+    if late.is_empty() {
+        return judge(key, entries, policy, tz, now);
+    }
+    let order: HashMap<SnapshotId, (DateTime<Utc>, SnapshotId)> =
+        entries.iter().map(|e| (e.id, (e.time, e.id))).collect();
+    let in_order: Vec<Entry<'_>> = entries
+        .iter()
+        .filter(|e| !late.contains(&e.id))
+        .cloned()
+        .collect();
+    let first = judge(key.clone(), in_order, policy, tz, now);
+    let all = judge(key, entries, policy, tz, now);
+    let mut keep = first.keep;
+    keep.extend(all.keep.into_iter().filter(|(id, _)| late.contains(id)));
+    let mut remove = first.remove;
+    remove.extend(all.remove.into_iter().filter(|id| late.contains(id)));
+    keep.sort_by_key(|(id, _)| order[id]);
+    remove.sort_by_key(|id| order[id]);
+    let mut stored_late: Vec<SnapshotId> = late.into_iter().collect();
+    stored_late.sort_by_key(|id| order[id]);
+    ForgetGroup {
+        key: all.key,
+        keep,
+        remove,
+        stored_late,
+    }
+}
+
+/// One pass of the policy over a group's snapshots.
+fn judge<Tz: TimeZone>(
     key: GroupKey,
     mut entries: Vec<Entry<'_>>,
     policy: &Policy,
     tz: &Tz,
+    now: DateTime<Utc>,
 ) -> ForgetGroup {
     entries.sort_by(|a, b| b.time.cmp(&a.time).then(b.id.cmp(&a.id)));
     let mut counters: Vec<Counter> = [
@@ -585,7 +697,6 @@ fn apply<Tz: TimeZone>(
     // reaches before the representable range, so everything is within it.
     // The newest snapshot not dated in the future (as restic has it): one host
     // with a clock years ahead must not put every real snapshot "out of" the span.
-    let now = Utc::now();
     let newest = entries
         .iter()
         .find(|e| e.time <= now)
@@ -645,7 +756,12 @@ fn apply<Tz: TimeZone>(
     }
     keep.reverse();
     remove.reverse();
-    ForgetGroup { key, keep, remove }
+    ForgetGroup {
+        key,
+        keep,
+        remove,
+        stored_late: Vec::new(),
+    }
 }
 
 /// What `forget` is asked to remove.
@@ -681,6 +797,20 @@ pub struct GroupReport {
     pub group: GroupKey,
     pub keep: Vec<SnapshotEntry>,
     pub remove: Vec<SnapshotEntry>,
+    /// Snapshots `cairn serve` received after a snapshot of the group dated
+    /// later; they took no slot from the others ([`ForgetGroup::stored_late`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stored_late: Vec<LateEntry>,
+}
+
+/// A snapshot stored late: its date (written by the client) and when `cairn
+/// serve` received it.
+#[derive(Clone, Debug, Serialize)]
+pub struct LateEntry {
+    pub id: SnapshotId,
+    pub short_id: String,
+    pub time: String,
+    pub received: String,
 }
 
 /// What `forget` decided and did. `--json` prints the groups (restic's shape).
@@ -734,6 +864,7 @@ pub fn forget(
     dry_run: bool,
 ) -> Result<ForgetReport> {
     let mut host_claims = Vec::new();
+    let mut received = Received::new();
     let (snaps, groups, unreadable) = match request {
         ForgetRequest::Ids(specs) => {
             // Every id resolved before anything is removed: one typo removes nothing.
@@ -749,6 +880,7 @@ pub fn forget(
                 key: GroupKey::default(),
                 keep: Vec::new(),
                 remove: snaps.iter().map(|(id, _)| *id).collect(),
+                stored_late: Vec::new(),
             };
             (snaps, vec![group], Vec::new())
         }
@@ -772,7 +904,8 @@ pub fn forget(
                     recorded,
                 });
             }
-            let groups = plan(&snaps, policy, *group_by, filter)?;
+            received = session.repo().received_times(&snaps)?;
+            let groups = plan_received_in(&snaps, &received, policy, *group_by, filter, &Local)?;
             (snaps, groups, bad.iter().map(|e| e.to_string()).collect())
         }
     };
@@ -797,6 +930,19 @@ pub fn forget(
                 group: g.key.clone(),
                 keep: g.keep.iter().map(|(id, r)| entry(id, Some(r))).collect(),
                 remove: g.remove.iter().map(|id| entry(id, None)).collect(),
+                stored_late: g
+                    .stored_late
+                    .iter()
+                    .map(|id| LateEntry {
+                        id: *id,
+                        short_id: id.short(),
+                        time: by_id.get(id).map(|s| s.time.clone()).unwrap_or_default(),
+                        received: received
+                            .get(id)
+                            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                            .unwrap_or_default(),
+                    })
+                    .collect(),
             })
             .collect(),
         by_policy: matches!(request, ForgetRequest::Policy { .. }),
@@ -1195,6 +1341,222 @@ mod tests {
                 k("2200-01-01 00:00", &[FUTURE_REASON]),
             ]
         );
+    }
+
+    /// "2026-11-01 03:00" as a receive time.
+    fn utc(t: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(&full(t)).unwrap().to_utc()
+    }
+
+    /// The kept snapshots' times with receive records given per position.
+    fn kept_received(
+        snaps: &[(SnapshotId, Snapshot)],
+        received: &[(usize, &str)],
+        p: &Policy,
+    ) -> (Vec<String>, Vec<String>) {
+        let rec: Received = received
+            .iter()
+            .map(|(i, t)| (snaps[*i].0, utc(t)))
+            .collect();
+        let g = plan_received_in(
+            snaps,
+            &rec,
+            p,
+            GroupBy::default(),
+            &SnapshotFilter::default(),
+            &Utc,
+        )
+        .unwrap();
+        (
+            g[0].keep.iter().map(|(i, _)| time_of(snaps, i)).collect(),
+            g[0].stored_late.iter().map(|i| time_of(snaps, i)).collect(),
+        )
+    }
+
+    /// A hijacked backup client that dates junk at the end of past days, stored
+    /// through `cairn serve` after the real backups of those days, does not take
+    /// their daily slots (without the receive records it does).
+    #[test]
+    fn snapshots_stored_late_take_no_slot_from_those_stored_in_order() {
+        let mut times = Vec::new();
+        let mut received = Vec::new();
+        for d in 1..=10 {
+            received.push((times.len(), format!("2026-11-{d:02} 03:00")));
+            times.push(format!("2026-11-{d:02} 02:00"));
+        }
+        for d in 1..=9 {
+            received.push((times.len(), "2026-11-11 12:00".to_string()));
+            times.push(format!("2026-11-{d:02} 23:59"));
+        }
+        let s = at(&times.iter().map(String::as_str).collect::<Vec<_>>());
+        let received: Vec<(usize, &str)> = received.iter().map(|(i, t)| (*i, t.as_str())).collect();
+        let p = Policy {
+            daily: Some(7),
+            ..Default::default()
+        };
+        let real: Vec<String> = (4..=10)
+            .map(|d| full(&format!("2026-11-{d:02} 02:00")))
+            .collect();
+        let old = kept_times(&s, &p);
+        assert!(
+            !old.contains(&real[0]),
+            "one pass: junk takes the days: {old:?}"
+        );
+        let (kept, late) = kept_received(&s, &received, &p);
+        for r in &real {
+            assert!(kept.contains(r), "{r} lost: {kept:?}");
+        }
+        // The junk of those days is kept too (the one-pass policy keeps it): a
+        // superset, never less than before.
+        for o in &old {
+            assert!(kept.contains(o), "{o} lost: {kept:?}");
+        }
+        assert_eq!(kept.len(), 13, "{kept:?}");
+        assert_eq!(
+            late,
+            (1..=9)
+                .map(|d| full(&format!("2026-11-{d:02} 23:59")))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    /// Honest late stores: a copy of older snapshots, and a long backup that
+    /// ends after a shorter, later one, are kept as the policy keeps them.
+    #[test]
+    fn copies_and_long_backups_stored_late_are_kept_by_the_policy() {
+        let s = at(&[
+            "2026-11-01 02:00", // copied in on the 11th
+            "2026-11-02 02:00", // copied in on the 11th
+            "2026-11-05 02:00",
+            "2026-11-06 12:00", // a long backup, ends on the 7th at 04:00
+            "2026-11-07 01:00",
+        ]);
+        let received = [
+            (0, "2026-11-11 00:00"),
+            (1, "2026-11-11 00:00"),
+            (2, "2026-11-05 03:00"),
+            (3, "2026-11-07 04:00"),
+            (4, "2026-11-07 02:00"),
+        ];
+        let p = Policy {
+            daily: Some(10),
+            ..Default::default()
+        };
+        let (kept, late) = kept_received(&s, &received, &p);
+        assert_eq!(kept.len(), 5, "{kept:?}");
+        assert_eq!(
+            late,
+            ts(&["2026-11-01 02:00", "2026-11-02 02:00", "2026-11-06 12:00"])
+        );
+        let p = Policy {
+            daily: Some(2),
+            ..Default::default()
+        };
+        // The long backup is the 6th's daily; the snapshots stored in order are
+        // judged without it, so the 5th stays as their second day: one more kept
+        // than a single pass would.
+        let (kept, _) = kept_received(&s, &received, &p);
+        assert_eq!(
+            kept,
+            ts(&["2026-11-05 02:00", "2026-11-06 12:00", "2026-11-07 01:00"])
+        );
+    }
+
+    /// Snapshots without a record (stored directly or by an admin) and those
+    /// received at the same moment are never late; a record-less snapshot counts
+    /// as received when dated.
+    #[test]
+    fn only_recorded_snapshots_received_after_a_later_dated_one_are_late() {
+        let s = at(&[
+            "2026-11-01 02:00", // direct, after the 03:00 one: not late
+            "2026-11-01 03:00", // direct
+            "2026-11-01 01:00", // recorded at 02:30: after 02:00 was "received"
+            "2026-11-02 01:00", // recorded together with the next
+            "2026-11-02 02:00",
+        ]);
+        let received = [
+            (2, "2026-11-01 02:30"),
+            (3, "2026-11-03 00:00"),
+            (4, "2026-11-03 00:00"),
+        ];
+        let p = Policy {
+            last: Some(1),
+            ..Default::default()
+        };
+        let (_, late) = kept_received(&s, &received, &p);
+        assert_eq!(late, ts(&["2026-11-01 01:00"]));
+    }
+
+    /// Whatever the one-pass policy keeps, the two-pass one keeps too, for any
+    /// receive times (seeded random histories, every rule).
+    #[test]
+    fn receive_records_only_ever_keep_more() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let (mut late_seen, mut more_kept) = (0, 0);
+        for round in 0..300 {
+            let n = 1 + next(30) as usize;
+            let base = utc("2026-01-01 00:00").timestamp();
+            let mut times = Vec::new();
+            let mut rec = Vec::new();
+            for i in 0..n {
+                let t = base + next(90 * 86400) as i64;
+                times.push(DateTime::from_timestamp(t, 0).unwrap());
+                if next(3) > 0 {
+                    rec.push((i, t + next(20 * 86400) as i64));
+                }
+            }
+            let strs: Vec<String> = times
+                .iter()
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true))
+                .collect();
+            let s = at(&strs.iter().map(String::as_str).collect::<Vec<_>>());
+            let received: Received = rec
+                .iter()
+                .map(|(i, t)| (s[*i].0, DateTime::from_timestamp(*t, 0).unwrap()))
+                .collect();
+            let mut c = || match next(4) {
+                0 => None,
+                _ => Some(1 + next(6) as i64),
+            };
+            let p = Policy {
+                last: c(),
+                hourly: c(),
+                daily: c(),
+                weekly: c(),
+                monthly: c(),
+                yearly: c(),
+                ..Default::default()
+            };
+            if p.is_empty() {
+                continue;
+            }
+            let one =
+                plan_in(&s, &p, GroupBy::default(), &SnapshotFilter::default(), &Utc).unwrap();
+            let two = plan_received_in(
+                &s,
+                &received,
+                &p,
+                GroupBy::default(),
+                &SnapshotFilter::default(),
+                &Utc,
+            )
+            .unwrap();
+            let kept2: HashSet<SnapshotId> = two[0].keep.iter().map(|(i, _)| *i).collect();
+            for (id, _) in &one[0].keep {
+                assert!(kept2.contains(id), "round {round}: {id:?} lost");
+            }
+            assert_eq!(two[0].keep.len() + two[0].remove.len(), n, "round {round}");
+            late_seen += two[0].stored_late.len();
+            more_kept += two[0].keep.len() - one[0].keep.len();
+        }
+        // The histories do exercise the second pass.
+        assert!(late_seen > 300 && more_kept > 20, "{late_seen} {more_kept}");
     }
 
     /// Snapshots dated ahead (a client that may only add backups, forging times)

@@ -429,10 +429,10 @@ pub fn repair_snapshots(
             // time, host and paths); it is not stored twice.
             let done_before = crate::repo::existing_replacement(&snaps, &sid, &snap);
             if let (false, Some(existing)) = (dry_run, done_before.as_ref()) {
-                // Its host record may not have been carried before the kill.
-                if let Err(e) = repo.carry_host_record(&sid, existing) {
+                // Its server records may not have been carried before the kill.
+                if let Err(e) = repo.carry_server_records(&sid, existing) {
                     report.warnings.push(format!(
-                        "snapshot {}: its host record was not carried over ({e}); a \
+                        "snapshot {}: its records from cairn serve were not carried over ({e}); a \
                          host-bound token no longer sees it",
                         existing.short()
                     ));
@@ -440,9 +440,9 @@ pub fn repair_snapshots(
                 entry.new = Some(existing.to_hex());
             } else if !dry_run {
                 let new_id = repo.write_snapshot(&snap, &lock)?;
-                if let Err(e) = repo.carry_host_record(&sid, &new_id) {
+                if let Err(e) = repo.carry_server_records(&sid, &new_id) {
                     report.warnings.push(format!(
-                        "snapshot {}: its host record was not carried over ({e}); a \
+                        "snapshot {}: its records from cairn serve were not carried over ({e}); a \
                          host-bound token no longer sees it",
                         new_id.short()
                     ));

@@ -128,10 +128,10 @@ pub fn rewrite(
                 Some(existing) => existing,
                 None => repo.write_snapshot(&snap, &lock)?,
             };
-            let carried = repo.carry_host_record(&id, &new_id);
+            let carried = repo.carry_server_records(&id, &new_id);
             if let Err(e) = &carried {
                 report.warnings.push(format!(
-                    "snapshot {}: its host record was not carried over to {} ({e}); the old \
+                    "snapshot {}: its records from cairn serve were not carried over to {} ({e}); the old \
                      one is kept",
                     id.short(),
                     new_id.short()

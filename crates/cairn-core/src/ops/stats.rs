@@ -261,7 +261,8 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
     st.overhead.other_bytes = listed_bytes(repo, names::KEYS)?
         + listed_bytes(repo, names::PENDING)?
         + listed_bytes(repo, names::DEDUP)?
-        + listed_bytes(repo, "hosts/")?
+        + listed_bytes(repo, names::HOSTS)?
+        + listed_bytes(repo, names::RECEIVED)?
         + repo
             .backend()
             .get_bounded(

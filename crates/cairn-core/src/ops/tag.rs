@@ -109,11 +109,11 @@ pub fn tag(
                 Some(existing) => existing,
                 None => repo.write_snapshot(&new, &lock)?,
             };
-            if let Err(e) = repo.carry_host_record(id, &new_id) {
+            if let Err(e) = repo.carry_server_records(id, &new_id) {
                 // The old one stays, with its record: forgetting it would leave its
                 // host's tokens without the snapshot.
                 report.warnings.push(format!(
-                    "snapshot {}: its host record was not carried over to {} ({e}); both \
+                    "snapshot {}: its records from cairn serve were not carried over to {} ({e}); both \
                      are kept: run tag again once the storage answers",
                     id.short(),
                     new_id.short()

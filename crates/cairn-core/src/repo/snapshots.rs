@@ -10,6 +10,18 @@ pub type HostRead<'a> =
 /// A `hosts/` record is a host name: short; a larger one is refused unread.
 const MAX_HOST_RECORD: u64 = 255;
 
+/// A `received/` record is decimal Unix seconds: short; a larger one is refused unread.
+const MAX_RECEIVED_RECORD: u64 = 32;
+
+/// The time in a `received/` record, `None` when it holds none.
+fn parse_received(b: &[u8]) -> Option<chrono::DateTime<chrono::Utc>> {
+    let s = std::str::from_utf8(b).ok()?.trim();
+    if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    chrono::DateTime::from_timestamp(s.parse().ok()?, 0)
+}
+
 /// Readable snapshots (oldest first) and the errors of those that could not be read.
 pub type SnapshotList = (Vec<(SnapshotId, Snapshot)>, Vec<SnapshotError>);
 
@@ -154,11 +166,81 @@ impl Repository {
         }
     }
 
-    /// Gives `new` (a rewrite of `old`: new tags, a repair) the host record
-    /// `cairn serve` wrote for `old`, if any, so that a host-bound token still sees
-    /// it and retention still attributes it (docs/SERVER.md).
-    pub fn carry_host_record(&self, old: &SnapshotId, new: &SnapshotId) -> Result<()> {
-        self.copy_host_record_from(self, old, new)
+    /// Gives `new` (a rewrite of `old`: new tags, a repair) the records `cairn
+    /// serve` wrote for `old`, if any: its host, so that a host-bound token still
+    /// sees it and retention still attributes it, and when it was received, so
+    /// that retention still knows it for stored late (docs/SERVER.md).
+    pub fn carry_server_records(&self, old: &SnapshotId, new: &SnapshotId) -> Result<()> {
+        self.copy_host_record_from(self, old, new)?;
+        let record = match self
+            .backend
+            .get_bounded(&names::received_record(&old.to_hex()), MAX_RECEIVED_RECORD)
+        {
+            Ok(r) => r,
+            Err(e)
+                if e.is_not_found()
+                    || e.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
+            {
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match self
+            .backend
+            .put_new(&names::received_record(&new.to_hex()), &record)
+        {
+            Err(e) if !e.is_already_exists() => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// When `cairn serve` received those of `snaps` that a non-admin token stored
+    /// through it (`received/<id>`, docs/FORMAT.md): one listing, then one small
+    /// read per recorded snapshot (eight at a time). Empty for a repository no
+    /// server wrote to, and for a caller that may not read the records (a
+    /// host-bound token). A record that is not a time is left out.
+    pub fn received_times(
+        &self,
+        snaps: &[(SnapshotId, Snapshot)],
+    ) -> Result<std::collections::HashMap<SnapshotId, chrono::DateTime<chrono::Utc>>> {
+        let listed: std::collections::HashSet<String> = match self.backend.list(names::RECEIVED) {
+            Ok(l) => l
+                .into_iter()
+                .map(|o| names::base(&o.name).to_string())
+                .collect(),
+            Err(e)
+                if e.is_not_found()
+                    || e.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
+            {
+                return Ok(Default::default());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let wanted: Vec<SnapshotId> = snaps
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| listed.contains(&id.to_hex()))
+            .collect();
+        let got = crate::threads::parallel_map(&wanted, 8, |id| {
+            let r = self
+                .backend
+                .get_bounded(&names::received_record(&id.to_hex()), MAX_RECEIVED_RECORD);
+            (*id, r)
+        });
+        let mut out = std::collections::HashMap::new();
+        for (id, r) in got {
+            match r {
+                Ok(b) => {
+                    if let Some(t) = parse_received(&b) {
+                        out.insert(id, t);
+                    }
+                }
+                // Forgotten meanwhile.
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
     }
 
     /// All snapshots sorted by time (oldest first), plus the ones that could not be read.

@@ -3563,6 +3563,15 @@ fn backdated_junk_takes_no_slot_from_real_backups() {
     // Forgotten through the server, a snapshot's record goes with it.
     assert!(!received(&junk[0]).exists());
     assert!(received(&junk[2]).exists());
+    // Tagged by an admin, a snapshot keeps when it was received.
+    let before = std::fs::read(received(&junk[2])).unwrap();
+    let out = ok(
+        run(&admin, &["tag", "--add", "suspect", "--json", &junk[2]]),
+        "tag",
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let new = v["changed"][0]["new"].as_str().unwrap();
+    assert_eq!(std::fs::read(received(new)).unwrap(), before);
     // The remaining snapshots are still readable for web01.
     let listed = ok(run(&web01, &["snapshots", "--json"]), "snapshots");
     for id in [&real[2], &real[3], &real[4]] {

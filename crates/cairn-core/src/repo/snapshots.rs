@@ -141,10 +141,29 @@ impl Repository {
         old: &SnapshotId,
         new: &SnapshotId,
     ) -> Result<()> {
-        let record = match src
-            .backend
-            .get_bounded(&names::host_record(&old.to_hex()), MAX_HOST_RECORD)
-        {
+        self.copy_record_from(src, names::host_record, MAX_HOST_RECORD, old, new)
+    }
+
+    /// Gives `new` (a rewrite of `old`: new tags, a repair) the records `cairn
+    /// serve` wrote for `old`, if any: its host, so that a host-bound token still
+    /// sees it and retention still attributes it, and when it was received, so
+    /// that retention still knows it for stored late (docs/SERVER.md).
+    pub fn carry_server_records(&self, old: &SnapshotId, new: &SnapshotId) -> Result<()> {
+        self.copy_host_record_from(self, old, new)?;
+        self.copy_record_from(self, names::received_record, MAX_RECEIVED_RECORD, old, new)
+    }
+
+    /// Copies the record `name(old)` of `src` to `name(new)` here, if there is one
+    /// (records are create-only: one already there stays).
+    fn copy_record_from(
+        &self,
+        src: &Repository,
+        name: fn(&str) -> String,
+        max: u64,
+        old: &SnapshotId,
+        new: &SnapshotId,
+    ) -> Result<()> {
+        let record = match src.backend.get_bounded(&name(&old.to_hex()), max) {
             Ok(r) => r,
             // None, or none this client may read: a host-bound token, whose
             // snapshots are all its host's (the server records them as such when
@@ -157,38 +176,7 @@ impl Repository {
             }
             Err(e) => return Err(e.into()),
         };
-        match self
-            .backend
-            .put_new(&names::host_record(&new.to_hex()), &record)
-        {
-            Err(e) if !e.is_already_exists() => Err(e.into()),
-            _ => Ok(()),
-        }
-    }
-
-    /// Gives `new` (a rewrite of `old`: new tags, a repair) the records `cairn
-    /// serve` wrote for `old`, if any: its host, so that a host-bound token still
-    /// sees it and retention still attributes it, and when it was received, so
-    /// that retention still knows it for stored late (docs/SERVER.md).
-    pub fn carry_server_records(&self, old: &SnapshotId, new: &SnapshotId) -> Result<()> {
-        self.copy_host_record_from(self, old, new)?;
-        let record = match self
-            .backend
-            .get_bounded(&names::received_record(&old.to_hex()), MAX_RECEIVED_RECORD)
-        {
-            Ok(r) => r,
-            Err(e)
-                if e.is_not_found()
-                    || e.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
-            {
-                return Ok(());
-            }
-            Err(e) => return Err(e.into()),
-        };
-        match self
-            .backend
-            .put_new(&names::received_record(&new.to_hex()), &record)
-        {
+        match self.backend.put_new(&name(&new.to_hex()), &record) {
             Err(e) if !e.is_already_exists() => Err(e.into()),
             _ => Ok(()),
         }

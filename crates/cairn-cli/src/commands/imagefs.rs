@@ -80,6 +80,9 @@ pub fn restore(
     let r = fs
         .restore(path, target, overwrite, write_limit)
         .with_context(|| format!("restoring {path} from the image"))?;
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
     if g.json {
         super::print_json_report(&r)?;
     } else if !g.quiet {
@@ -100,6 +103,13 @@ pub fn restore(
                 String::new()
             }
         );
+        if r.hardlinks > 0 || r.xattrs > 0 {
+            println!(
+                "with {} and {}",
+                ui::count(r.hardlinks, "hard link"),
+                ui::count(r.xattrs, "extended attribute")
+            );
+        }
         if r.kept > 0 {
             println!(
                 "left {} in the target as they were (--overwrite)",
@@ -107,5 +117,11 @@ pub fn restore(
             );
         }
     }
-    Ok(zeros(&fs, path))
+    let code = zeros(&fs, path);
+    // Something was not carried over: as a restore whose metadata was refused.
+    Ok(if r.warnings.is_empty() {
+        code
+    } else {
+        code.max(3)
+    })
 }

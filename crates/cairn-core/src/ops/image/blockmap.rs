@@ -29,6 +29,85 @@ const INCOMPAT_64BIT: u32 = 0x0080;
 const S_IFMT: u16 = 0o170000;
 const S_IFDIR: u16 = 0o040000;
 const S_IFREG: u16 = 0o100000;
+const EXTENT_MAGIC: u16 = 0xF30A;
+
+/// Extended attributes: full names and values.
+pub(super) type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+const XATTR_MAGIC: u32 = 0xEA02_0000;
+
+/// The entries of an in-inode attribute area (values at offsets from its start).
+fn parse_xattrs(area: &[u8], out: &mut Xattrs) -> Result<(), String> {
+    parse_xattrs_at(area, area, out)
+}
+
+/// Attribute entries in `entries` (until four zero bytes or their end), values
+/// at offsets into `values`.
+fn parse_xattrs_at(entries: &[u8], values: &[u8], out: &mut Xattrs) -> Result<(), String> {
+    let mut at = 0usize;
+    while at + 16 <= entries.len() && u32_at(entries, at) != 0 {
+        let name_len = usize::from(entries[at]);
+        let index = entries[at + 1];
+        let offs = usize::from(u16_at(entries, at + 2));
+        let inum = u32_at(entries, at + 4);
+        let size = u32_at(entries, at + 8) as usize;
+        let name = entries
+            .get(at + 16..at + 16 + name_len)
+            .ok_or("damaged extended attribute entry")?;
+        at += (16 + name_len + 3) & !3;
+        if inum != 0 {
+            return Err(format!(
+                "extended attribute {:?} keeps its value in an inode of its own (not read)",
+                String::from_utf8_lossy(name)
+            ));
+        }
+        let value = values
+            .get(offs..offs.saturating_add(size))
+            .ok_or("damaged extended attribute value")?;
+        let (full, value) = match index {
+            1 => ([b"user.", name].concat(), value.to_vec()),
+            2 => (b"system.posix_acl_access".to_vec(), acl_to_xattr(value)?),
+            3 => (b"system.posix_acl_default".to_vec(), acl_to_xattr(value)?),
+            4 => ([b"trusted.", name].concat(), value.to_vec()),
+            6 => ([b"security.", name].concat(), value.to_vec()),
+            7 => ([b"system.", name].concat(), value.to_vec()),
+            8 => (b"system.richacl".to_vec(), value.to_vec()),
+            other => return Err(format!("extended attribute name index {other}")),
+        };
+        out.push((full, value));
+        if out.len() > 65536 {
+            return Err("more than 65536 extended attributes".into());
+        }
+    }
+    Ok(())
+}
+
+/// A POSIX ACL as ext4 stores it (version 1, short entries for the owner, group,
+/// mask and others) in the form `setxattr` takes (version 2, every entry 8 bytes).
+fn acl_to_xattr(disk: &[u8]) -> Result<Vec<u8>, String> {
+    const USER: u16 = 0x02;
+    const GROUP: u16 = 0x08;
+    if disk.len() < 4 || u32_at(disk, 0) != 1 {
+        return Err("damaged ACL".into());
+    }
+    let mut out = 2u32.to_le_bytes().to_vec();
+    let mut at = 4;
+    while at < disk.len() {
+        let tag = u16_at(disk, at);
+        let perm = disk.get(at + 2..at + 4).ok_or("damaged ACL")?;
+        let id = if tag == USER || tag == GROUP {
+            let id = disk.get(at + 4..at + 8).ok_or("damaged ACL")?;
+            at += 8;
+            id.to_vec()
+        } else {
+            at += 4;
+            u32::MAX.to_le_bytes().to_vec()
+        };
+        out.extend_from_slice(&tag.to_le_bytes());
+        out.extend_from_slice(perm);
+        out.extend_from_slice(&id);
+    }
+    Ok(out)
+}
 
 /// The superblock numbers this reader needs.
 pub(super) struct Ext2<'a> {
@@ -48,6 +127,12 @@ pub(super) struct Inode {
     pub size: u64,
     flags: u32,
     block: [u32; 15],
+    /// Names it has (hard links).
+    pub links: u16,
+    /// The block of its extended attributes outside the inode (0: none).
+    file_acl: u64,
+    /// The extended attributes inside the inode: the bytes after the magic.
+    in_inode_xattrs: Vec<u8>,
 }
 
 impl Inode {
@@ -156,7 +241,9 @@ impl<'a> Ext2<'a> {
                 "inode table of group {group} is outside the filesystem"
             ));
         }
-        let mut raw = [0u8; 128];
+        // The whole inode (at most a block, checked at open): the large inodes
+        // of ext4 keep extended attributes after their fixed part.
+        let mut raw = vec![0u8; self.inode_size as usize];
         let at = self
             .offset(table)?
             .checked_add(index * self.inode_size)
@@ -166,12 +253,58 @@ impl<'a> Ext2<'a> {
         for (i, b) in block.iter_mut().enumerate() {
             *b = u32_at(&raw, 40 + 4 * i);
         }
+        let mut in_inode_xattrs = Vec::new();
+        if raw.len() > 132 {
+            let extra = usize::from(u16_at(&raw, 128));
+            let start = 128 + extra;
+            if start + 4 <= raw.len() && u32_at(&raw, start) == XATTR_MAGIC {
+                in_inode_xattrs = raw[start + 4..].to_vec();
+            }
+        }
         Ok(Inode {
             mode: u16_at(&raw, 0),
             size: u64::from(u32_at(&raw, 4)) | u64::from(u32_at(&raw, 108)) << 32,
             flags: u32_at(&raw, 32),
             block,
+            links: u16_at(&raw, 26),
+            file_acl: u64::from(u32_at(&raw, 104)) | u64::from(u16_at(&raw, 118)) << 32,
+            in_inode_xattrs,
         })
+    }
+
+    /// The extended attributes of an inode, names in their usual form
+    /// (`user.x`, `security.capability`, `system.posix_acl_access` with the value
+    /// in the form `setxattr` takes). A value kept in an inode of its own
+    /// (`ea_inode`) is not read: an error says so.
+    pub fn xattrs(&self, ino: &Inode) -> Result<Xattrs, String> {
+        let mut out = Vec::new();
+        parse_xattrs(&ino.in_inode_xattrs, &mut out)?;
+        if ino.file_acl != 0 {
+            let mut b = vec![0u8; self.block as usize];
+            self.read_block(ino.file_acl, &mut b)?;
+            if u32_at(&b, 0) != XATTR_MAGIC || u32_at(&b, 8) != 1 {
+                return Err(format!(
+                    "the extended attribute block {} is damaged",
+                    ino.file_acl
+                ));
+            }
+            // Entries after the 32-byte header; values at offsets from the block's start.
+            let entries = b[32..].to_vec();
+            parse_xattrs_at(&entries, &b, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// The entries of a directory: each name with its inode number (`.` and `..`
+    /// included). A directory whose entries are kept inside its inode
+    /// (`inline_data`) is an error.
+    pub fn entries(&self, dir: &Inode) -> Result<Vec<(Vec<u8>, u32)>, String> {
+        let mut out = Vec::new();
+        self.walk_dir(dir, &mut |name, inode| {
+            out.push((name.to_vec(), inode));
+            false
+        })?;
+        Ok(out)
     }
 
     /// Entry `index` of the indirect block `ptr` (0: a hole, so is every entry).
@@ -217,13 +350,13 @@ impl<'a> Ext2<'a> {
     }
 
     /// The inode at `path` (absolute, no symlinks on the way, as `ext4-view`'s
-    /// `canonicalize` gives it), found through block-mapped directories; `None`
-    /// when a directory on the way is not block-mapped or the name is not there.
+    /// `canonicalize` gives it); `None` when a directory on the way keeps its
+    /// entries inside its inode (`inline_data`) or the name is not there.
     pub fn lookup(&self, path: &[u8]) -> Result<Option<(u32, Inode)>, String> {
         let mut n = ROOT_INODE;
         let mut ino = self.inode(n)?;
         for name in path.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
-            if !ino.is_dir() || !ino.block_mapped() {
+            if !ino.is_dir() || ino.flags & INLINE_DATA_FL != 0 {
                 return Ok(None);
             }
             let Some(next) = self.find_in_dir(&ino, name)? else {
@@ -236,14 +369,52 @@ impl<'a> Ext2<'a> {
     }
 
     fn find_in_dir(&self, dir: &Inode, name: &[u8]) -> Result<Option<u32>, String> {
-        // A directory is not sparse: it cannot be larger than the filesystem.
-        if dir.size > self.blocks.saturating_mul(self.block) {
+        let mut found = None;
+        self.walk_dir(dir, &mut |n, inode| {
+            if n == name {
+                found = Some(inode);
+                return true;
+            }
+            false
+        })?;
+        Ok(found)
+    }
+
+    /// Calls `each(name, inode)` for every entry of a directory (linear: an
+    /// htree directory's index blocks read as empty entries) until it returns
+    /// true.
+    fn walk_dir(
+        &self,
+        dir: &Inode,
+        each: &mut dyn FnMut(&[u8], u32) -> bool,
+    ) -> Result<(), String> {
+        if dir.flags & INLINE_DATA_FL != 0 {
+            return Err("a directory kept inside its inode (inline_data)".into());
+        }
+        // A directory is not sparse: it cannot be larger than the filesystem, nor
+        // than ext4 lets a directory grow (4 GiB with `large_dir`).
+        if dir.size > self.blocks.saturating_mul(self.block) || dir.size > 4 << 30 {
             return Err(format!("a directory of {} bytes", dir.size));
         }
-        let mut caches = [Cache::default(), Cache::default(), Cache::default()];
+        let blocks = dir.size.div_ceil(self.block);
+        let mut physical: Vec<u64> = Vec::new();
+        if dir.flags & EXTENTS_FL != 0 {
+            for (logical, len, start) in self.extents(dir)? {
+                for i in 0..u64::from(len).min(blocks.saturating_sub(logical)) {
+                    physical.push(start + i);
+                }
+                if physical.len() as u64 > blocks {
+                    return Err("a directory's extents overlap".into());
+                }
+            }
+        } else {
+            let mut caches = [Cache::default(), Cache::default(), Cache::default()];
+            for l in 0..blocks {
+                physical.push(self.map(dir, l, &mut caches)?);
+            }
+        }
         let mut data = vec![0u8; self.block as usize];
-        for logical in 0..dir.size.div_ceil(self.block) {
-            let phys = self.map(dir, logical, &mut caches)?;
+        for phys in physical {
             if phys == 0 {
                 continue;
             }
@@ -260,13 +431,66 @@ impl<'a> Ext2<'a> {
                 {
                     return Err(format!("damaged directory record in block {phys}"));
                 }
-                if inode != 0 && &data[off + 8..off + 8 + name_len] == name {
-                    return Ok(Some(inode));
+                if inode != 0 && each(&data[off + 8..off + 8 + name_len], inode) {
+                    return Ok(());
                 }
                 off += rec_len;
             }
         }
-        Ok(None)
+        Ok(())
+    }
+
+    /// The extents of an extent-mapped inode: (first logical block, length,
+    /// first physical block), uninitialised ones left out (they read as zeros).
+    fn extents(&self, ino: &Inode) -> Result<Vec<(u64, u32, u64)>, String> {
+        let mut root = [0u8; 60];
+        for (i, b) in ino.block.iter().enumerate() {
+            root[4 * i..4 * i + 4].copy_from_slice(&b.to_le_bytes());
+        }
+        let mut out = Vec::new();
+        self.extent_node(&root, None, &mut out)?;
+        Ok(out)
+    }
+
+    /// One node of an extent tree; `depth` is the depth its parent said it has.
+    fn extent_node(
+        &self,
+        node: &[u8],
+        depth: Option<u16>,
+        out: &mut Vec<(u64, u32, u64)>,
+    ) -> Result<(), String> {
+        if node.len() < 12 || u16_at(node, 0) != EXTENT_MAGIC {
+            return Err("damaged extent tree".into());
+        }
+        let entries = usize::from(u16_at(node, 2));
+        let here = u16_at(node, 6);
+        // ext4 trees are at most 5 levels deep; each level one less than its parent.
+        if here > 5 || depth.is_some_and(|d| d != here) || 12 + 12 * entries > node.len() {
+            return Err("damaged extent tree".into());
+        }
+        for e in 0..entries {
+            let at = 12 + 12 * e;
+            if here == 0 {
+                let len = u16_at(node, at + 4);
+                let start = u64::from(u32_at(node, at + 8)) | u64::from(u16_at(node, at + 6)) << 32;
+                if len > 32768 {
+                    continue; // uninitialised: zeros
+                }
+                if start.saturating_add(u64::from(len)) > self.blocks {
+                    return Err(format!("extent at block {start} is outside the filesystem"));
+                }
+                out.push((u64::from(u32_at(node, at)), u32::from(len), start));
+                if out.len() > 1 << 24 {
+                    return Err("an extent tree of more than 16 M extents".into());
+                }
+            } else {
+                let child = u64::from(u32_at(node, at + 4)) | u64::from(u16_at(node, at + 8)) << 32;
+                let mut b = vec![0u8; self.block as usize];
+                self.read_block(child, &mut b)?;
+                self.extent_node(&b, Some(here - 1), out)?;
+            }
+        }
+        Ok(())
     }
 
     /// A regular, block-mapped file with a null indirect pointer within its size:
@@ -379,6 +603,53 @@ mod tests {
     /// Random filesystems with a valid magic and plausible sizes: every walk ends
     /// in an answer or an error, never a panic or a read outside the bytes given.
     #[test]
+    fn damaged_attribute_areas_are_errors_not_panics() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..20_000 {
+            let n = (next() % 200) as usize;
+            let mut b: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+            if round % 2 == 0 && n >= 16 {
+                // A plausible first entry: short name, small value.
+                b[0] = (next() % 8) as u8;
+                b[1] = (next() % 9) as u8;
+                b[2..4].copy_from_slice(&((next() % 64) as u16).to_le_bytes());
+                b[4..8].copy_from_slice(&0u32.to_le_bytes());
+                b[8..12].copy_from_slice(&((next() % 40) as u32).to_le_bytes());
+            }
+            let mut out = Vec::new();
+            let _ = parse_xattrs(&b, &mut out);
+            let _ = acl_to_xattr(&b);
+        }
+        // An ACL in ext4's form: short entries for the owner, group, mask and
+        // others, long ones for named users and groups.
+        let mut disk = 1u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in [
+            (1u16, 6u16, None),
+            (2, 4, Some(1234u32)),
+            (4, 4, None),
+            (0x20, 0, None),
+        ] {
+            disk.extend_from_slice(&tag.to_le_bytes());
+            disk.extend_from_slice(&perm.to_le_bytes());
+            if let Some(id) = id {
+                disk.extend_from_slice(&id.to_le_bytes());
+            }
+        }
+        let x = acl_to_xattr(&disk).unwrap();
+        assert_eq!(x.len(), 4 + 4 * 8);
+        assert_eq!(&x[..4], &2u32.to_le_bytes());
+        assert_eq!(&x[8..12], &u32::MAX.to_le_bytes());
+        assert_eq!(&x[16..20], &1234u32.to_le_bytes());
+        assert!(acl_to_xattr(&disk[..disk.len() - 2]).is_err());
+    }
+
+    #[test]
     fn damaged_filesystems_are_errors_not_panics() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
@@ -414,6 +685,8 @@ mod tests {
             for n in 1..8 {
                 if let Ok(ino) = fs.inode(n) {
                     let _ = fs.needs_this_reader(&ino);
+                    let _ = fs.entries(&ino);
+                    let _ = fs.xattrs(&ino);
                     let mut c = [Cache::default(), Cache::default(), Cache::default()];
                     for b in [0, 11, 12, 300, 70_000, 1 << 30] {
                         let _ = fs.map(&ino, b, &mut c);

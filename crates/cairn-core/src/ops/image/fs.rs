@@ -88,6 +88,13 @@ pub struct FsRestoreReport {
     pub bytes: u64,
     /// Entries already in the target left as they were (`--overwrite`).
     pub kept: u64,
+    /// Names given to a file already restored under another name (hard links).
+    pub hardlinks: u64,
+    /// Extended attributes set (owners' ACLs and file capabilities among them).
+    pub xattrs: u64,
+    /// What could not be carried over (extended attributes refused, hard links
+    /// restored as copies), one line each.
+    pub warnings: Vec<String>,
 }
 
 /// The ext2/3/4 filesystem of an image snapshot.
@@ -397,15 +404,99 @@ impl ImageFs {
             .next()
             .filter(|n| !n.is_empty() && *n != "." && *n != "..")
             .unwrap_or("root");
+        // Hard links and extended attributes come from this crate's own inode
+        // reader (`ext4-view` shows neither); without it, files come back
+        // without them, and the report says so.
+        let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
+        let ext2 = match super::blockmap::Ext2::open(&read) {
+            Ok(Some(fs)) => Some(fs),
+            Ok(None) => None,
+            Err(e) => {
+                return Err(fs_err(&path, e));
+            }
+        };
+        let top = match (&ext2, self.fs.canonicalize(Self::path(&path)?)) {
+            (Some(fs), Ok(canon)) => fs.lookup(canon.as_ref()).map_err(|e| fs_err(&path, e))?,
+            _ => None,
+        };
         let mut r = FsRestore {
             limit: limit.as_ref(),
             overwrite,
             as_root: nix::unistd::geteuid().is_root(),
             report: FsRestoreReport::default(),
+            ext2: ext2.as_ref(),
+            links: std::collections::HashMap::new(),
         };
-        let at = std::os::fd::AsFd::as_fd(&root);
-        self.restore_one(&path, at, name.as_bytes(), &target.join(name), &mut r)?;
+        if ext2.is_none() {
+            r.report.warnings.push(
+                "hard links and extended attributes were not restored: the filesystem's \
+                 journal needs recovery"
+                    .into(),
+            );
+        }
+        let root = std::rc::Rc::new(std::os::fd::OwnedFd::from(root));
+        self.restore_one(
+            &path,
+            &root,
+            name.as_bytes(),
+            &target.join(name),
+            top.map(|(n, _)| n),
+            &mut r,
+        )?;
+        let unlinked: u64 = r.links.values().map(|l| u64::from(l.left)).sum();
+        if unlinked > 0 && path != "/" {
+            // Names outside the restored tree: nothing to do, but worth knowing.
+            r.report.warnings.push(format!(
+                "{} hard-linked files have names outside {path} (not restored)",
+                r.links.len()
+            ));
+        }
         Ok(r.report)
+    }
+
+    /// Sets the extended attributes of image inode `ino` on `fd` (an `O_PATH`
+    /// descriptor with `path_only`); refusals become warnings.
+    fn set_xattrs(
+        &self,
+        fs: &super::blockmap::Ext2<'_>,
+        ino: &super::blockmap::Inode,
+        fd: std::os::fd::BorrowedFd<'_>,
+        path_only: bool,
+        shown: &Path,
+        r: &mut FsRestore<'_>,
+    ) {
+        use crate::ops::restore::{sys, target};
+        let list = match fs.xattrs(ino) {
+            Ok(l) => l,
+            Err(e) => {
+                r.report.warnings.push(format!(
+                    "{}: extended attributes not restored: {e}",
+                    shown.display()
+                ));
+                return;
+            }
+        };
+        let mut refused = Vec::new();
+        for (k, v) in list {
+            let done = target::c_name(&k).and_then(|name| {
+                if path_only {
+                    sys::set_xattr_path_fd(fd, &name, &v)
+                } else {
+                    sys::set_xattr_fd(fd, &name, &v)
+                }
+            });
+            match done {
+                Ok(()) => r.report.xattrs += 1,
+                Err(e) => refused.push(format!("{} ({e})", String::from_utf8_lossy(&k))),
+            }
+        }
+        if !refused.is_empty() {
+            r.report.warnings.push(format!(
+                "{}: extended attributes not set: {}",
+                shown.display(),
+                refused.join(", ")
+            ));
+        }
     }
 
     /// Restores `path` as the entry `name` of the directory `dir` (`shown`: its
@@ -413,15 +504,22 @@ impl ImageFs {
     fn restore_one(
         &self,
         path: &str,
-        dir: std::os::fd::BorrowedFd<'_>,
+        dir_fd: &std::rc::Rc<std::os::fd::OwnedFd>,
         name: &[u8],
         shown: &Path,
+        ino: Option<u32>,
         r: &mut FsRestore<'_>,
     ) -> Result<()> {
         use crate::ops::restore::Overwrite;
         use crate::ops::restore::{sys, target};
         use std::os::fd::AsFd;
+        let dir = dir_fd.as_fd();
         let io = |e: std::io::Error| Error::io(shown, e);
+        // The image's inode, when this crate's reader found it.
+        let inode = match (r.ext2, ino) {
+            (Some(fs), Some(n)) => Some(fs.inode(n).map_err(|e| fs_err(path, e))?),
+            _ => None,
+        };
         let meta = self
             .fs
             .symlink_metadata(Self::path(path)?)
@@ -454,15 +552,30 @@ impl ImageFs {
                 }
                 None => sys::mkdir_at(dir, &cname, 0o700).map_err(io)?,
             }
-            let sub =
-                sys::open_at(dir, &cname, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(io)?;
+            let sub = std::rc::Rc::new(
+                sys::open_at(dir, &cname, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(io)?,
+            );
             r.report.dirs += 1;
+            let inos: std::collections::HashMap<Vec<u8>, u32> = match (r.ext2, &inode) {
+                (Some(fs), Some(d)) => match fs.entries(d) {
+                    Ok(e) => e.into_iter().collect(),
+                    Err(e) => {
+                        r.report.warnings.push(format!(
+                            "{}: hard links and extended attributes below it not restored: {e}",
+                            shown.display()
+                        ));
+                        Default::default()
+                    }
+                },
+                _ => Default::default(),
+            };
             for (child, child_name, _) in self.children(path)? {
                 self.restore_one(
                     &child,
-                    sub.as_fd(),
+                    &sub,
                     child_name.as_bytes(),
                     &shown.join(&child_name),
+                    inos.get(child_name.as_bytes()).copied(),
                     r,
                 )?;
             }
@@ -472,6 +585,9 @@ impl ImageFs {
             if r.as_root {
                 // Before the mode: chown clears set-user-ID and set-group-ID bits.
                 sys::chown_fd(sub.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
+            }
+            if let (Some(fs), Some(i)) = (r.ext2, &inode) {
+                self.set_xattrs(fs, i, sub.as_fd(), false, shown, r);
             }
             sys::chmod_fd(sub.as_fd(), mode).map_err(io)?;
             let _ = sys::futimens(sub.as_fd(), times, times);
@@ -518,7 +634,36 @@ impl ImageFs {
             if r.as_root {
                 sys::chown_path_fd(fd.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
             }
+            if let (Some(fs), Some(i)) = (r.ext2, &inode) {
+                self.set_xattrs(fs, i, fd.as_fd(), true, shown, r);
+            }
             let _ = sys::utimens_path_fd(fd.as_fd(), times, times);
+            return Ok(());
+        }
+        let linked = match (ino, &inode) {
+            (Some(n), Some(i)) if i.links > 1 => Some(n),
+            _ => None,
+        };
+        if let Some(first) = linked.and_then(|n| r.links.get_mut(&n)) {
+            // Another name of a file restored already: linked to it, checked to be
+            // the file this restore made (someone who can write the target may
+            // have replaced it meanwhile).
+            sys::link_at(first.dir.as_fd(), &first.name, dir, &cname).map_err(io)?;
+            let st = sys::stat_at(dir, &cname).map_err(io)?;
+            if st.id() != first.id {
+                let _ = sys::unlink_at(dir, &cname);
+                return Err(Error::Invalid(format!(
+                    "{}: its first name was replaced during the restore (the link was removed)",
+                    shown.display()
+                )));
+            }
+            first.left = first.left.saturating_sub(1);
+            if first.left == 0
+                && let Some(n) = linked
+            {
+                r.links.remove(&n);
+            }
+            r.report.hardlinks += 1;
             return Ok(());
         }
         let f = target::create_file(dir, &cname).map_err(io)?;
@@ -534,8 +679,31 @@ impl ImageFs {
         if r.as_root {
             sys::chown_fd(f.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
         }
+        if let (Some(fs), Some(i)) = (r.ext2, &inode) {
+            self.set_xattrs(fs, i, f.as_fd(), false, shown, r);
+        }
         sys::chmod_fd(f.as_fd(), mode).map_err(io)?;
         let _ = sys::futimens(f.as_fd(), times, times);
+        if let (Some(n), Some(i)) = (linked, &inode) {
+            if r.links.len() < MAX_OPEN_LINKS {
+                let id = sys::fstat(f.as_fd()).map_err(io)?.id();
+                r.links.insert(
+                    n,
+                    FirstLink {
+                        dir: dir_fd.clone(),
+                        name: cname,
+                        id,
+                        left: i.links - 1,
+                    },
+                );
+            } else {
+                r.report.warnings.push(format!(
+                    "{}: restored as a copy, not a hard link (too many files with names \
+                     still to come)",
+                    shown.display()
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -566,8 +734,26 @@ impl ImageFs {
     }
 }
 
+/// Hard-linked files whose other names are still to come, at most: each keeps
+/// its directory open.
+const MAX_OPEN_LINKS: usize = 10_000;
+
+/// The first name restored of a hard-linked file.
+struct FirstLink {
+    dir: std::rc::Rc<std::os::fd::OwnedFd>,
+    name: std::ffi::CString,
+    /// Device and inode of the file the restore made.
+    id: (u64, u64),
+    /// Names still to come.
+    left: u16,
+}
+
 /// What one `restore --image-fs` carries along.
 struct FsRestore<'a> {
+    /// This crate's inode reader (hard links, extended attributes).
+    ext2: Option<&'a super::blockmap::Ext2<'a>>,
+    /// Hard-linked files restored under a first name, by image inode.
+    links: std::collections::HashMap<u32, FirstLink>,
     limit: Option<&'a cairn_backend::Limiter>,
     overwrite: crate::ops::restore::Overwrite,
     as_root: bool,

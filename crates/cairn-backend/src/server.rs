@@ -358,6 +358,9 @@ impl ServerBackend {
             // certificate is refused will not.
             kind: if is_tls_refusal(e) {
                 BackendErrorKind::PermissionDenied
+            } else if scheme_mismatch(&describe(e)).is_some() {
+                // Another try gets the same answer.
+                BackendErrorKind::Other
             } else if crate::s3::is_unreachable(&describe(e)) {
                 BackendErrorKind::Unreachable
             } else {
@@ -367,6 +370,9 @@ impl ServerBackend {
             path: name.to_string(),
             message: {
                 let mut m = describe(e);
+                if let Some(hint) = scheme_mismatch(&m) {
+                    m.push_str(hint);
+                }
                 if m.contains("UnknownIssuer") {
                     m.push_str(
                         " (a server with a self-signed certificate: pass the fingerprint \
@@ -495,6 +501,23 @@ fn is_tls_refusal(e: &reqwest::Error) -> bool {
     // own wording is stable enough to recognise.
     let text = describe(e);
     text.contains("invalid peer certificate") || text.contains("the pinned one")
+}
+
+/// A hint when `text` (a failed request, described) shows that the two ends speak
+/// different protocols: TLS to a plain HTTP server, or plain HTTP to a TLS one.
+fn scheme_mismatch(text: &str) -> Option<&'static str> {
+    if text.contains("received corrupt message of type InvalidContentType")
+        || text.contains("InvalidContentType")
+    {
+        Some(
+            " (the server answered in plain HTTP: a `cairn serve --insecure-http` is \
+             reached with cairn+http://)",
+        )
+    } else if text.contains("invalid HTTP version parsed") {
+        Some(" (the server did not answer in plain HTTP: reach it with cairn+https://)")
+    } else {
+        None
+    }
 }
 
 /// reqwest's error and its causes in one line (`connection refused`, the TLS

@@ -3580,6 +3580,39 @@ fn backdated_junk_takes_no_slot_from_real_backups() {
     srv.stop();
 }
 
+/// A client speaking TLS to a plain HTTP server, or plain HTTP to a TLS one, is
+/// told so at once: no retries (another try gets the same answer).
+#[test]
+fn the_wrong_scheme_fails_at_once_and_says_which_to_use() {
+    let env = Env::new();
+    env.init(&[]);
+    for insecure in [true, false] {
+        let srv = Server::start(&env.path("state"), &[("main", &env.repo)], insecure);
+        let t = srv.token(if insecure { "a" } else { "b" }, "main", "restore");
+        let wrong = if insecure {
+            srv.location("main").replace("cairn+http:", "cairn+https:")
+        } else {
+            srv.location("main").replace("cairn+https:", "cairn+http:")
+        };
+        let start = std::time::Instant::now();
+        let mut c = client_cmd(&env, &srv, "main", &t, &["snapshots"]);
+        if insecure {
+            // Some certificate to pin: the handshake fails before it is looked at.
+            c.env("CAIRN_SERVER_FINGERPRINT", "ab".repeat(32));
+        }
+        let o = c.args(["--repo", &wrong]).output().unwrap();
+        let err = refused(o, "wrong scheme");
+        let hint = if insecure {
+            "reached with cairn+http://"
+        } else {
+            "reach it with cairn+https://"
+        };
+        assert!(err.contains(hint), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(20), "{err}");
+        srv.stop();
+    }
+}
+
 /// A range past the end of an object is the client's mistake: 416, not a server
 /// error.
 #[test]

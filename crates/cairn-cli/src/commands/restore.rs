@@ -47,6 +47,17 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     let r = restore::restore_snapshot(&session, &snap, &opts);
     p.finish();
     let r = r?;
+    if p.progress.is_cancelled() && !r.errors.is_empty() {
+        // What was waiting is marked as not restored in full (mode 0600); the
+        // files listed above name it. A restore run again finishes the job.
+        return Err(
+            anyhow::Error::from(cairn_core::Error::Cancelled).context(format!(
+                "restore cancelled: {} not restored, or not in full (listed above); run it \
+                 again to finish",
+                ui::count(r.errors.len() as u64, "entry")
+            )),
+        );
+    }
     if g.json {
         super::print_json_report(&r)?;
     } else if !g.quiet {

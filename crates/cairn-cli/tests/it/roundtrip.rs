@@ -982,3 +982,50 @@ fn selections_counts_passwords_and_patterns_say_what_they_mean() {
         "{f}"
     );
 }
+
+/// A restore interrupted with SIGINT stops soon even inside one pack of many
+/// small files under `--write-limit`, exits with 130 and says what is left;
+/// restoring again finishes the job.
+#[test]
+fn an_interrupted_restore_stops_soon_and_says_what_is_left() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..2000 {
+        std::fs::write(src.join(format!("f{i}")), format!("{i:0>1000}")).unwrap();
+    }
+    let snap = env.backup(&[&src]);
+    let target = env.path("t");
+    let child = env
+        .cmd(&[
+            "restore",
+            &snap,
+            "--target",
+            target.to_str().unwrap(),
+            "--write-limit",
+            "20K",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let start = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(15),
+        "{err}"
+    );
+    assert!(err.contains("restore cancelled"), "{err}");
+    assert!(!err.contains("everything else was restored"), "{err}");
+    env.ok(&["restore", &snap, "--target", target.to_str().unwrap()]);
+    let diffs = compare(&src, &target.join(src.strip_prefix("/").unwrap()));
+    assert!(diffs.is_empty(), "{diffs:#?}");
+}

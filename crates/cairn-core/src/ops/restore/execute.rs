@@ -293,6 +293,15 @@ pub(crate) fn execute(
                     }
                     let pack = repo.index().pack_by_number(*pack_no);
                     for range in ranges(needs, max_range) {
+                        // Checked per range and per blob too: a pack can hold tens
+                        // of thousands of small files, written slowly under
+                        // `--write-limit`.
+                        if progress.is_cancelled() {
+                            for n in range {
+                                fail(n.file, "cancelled".into());
+                            }
+                            continue;
+                        }
                         let (start, end) = range_bounds(range);
                         // One read for the whole range; when it fails (a truncated or
                         // partly unreadable pack), one read per blob, so that what is
@@ -344,6 +353,10 @@ pub(crate) fn execute(
                         // them (only a damaged index lists such) is read on its own.
                         let mut decrypted = 0usize;
                         for n in range {
+                            if progress.is_cancelled() {
+                                fail(n.file, "cancelled".into());
+                                continue;
+                            }
                             if last
                                 .as_ref()
                                 .is_none_or(|(off, id, _)| *off != n.offset || *id != n.id)

@@ -504,7 +504,8 @@ pub struct BackupArgs {
     /// Host name to record (default: this machine's)
     #[arg(long, value_parser = nonempty("host name"))]
     pub host: Option<String>,
-    /// Exclude paths matching this pattern (repeatable)
+    /// Exclude paths matching this pattern (repeatable); `!PATTERN` includes again
+    /// what an earlier pattern excluded (the last matching pattern decides)
     #[arg(short = 'e', long = "exclude")]
     pub excludes: Vec<String>,
     /// Read exclude patterns from a file, one per line

@@ -76,6 +76,12 @@ impl GlobSet {
         };
         set.is_match(&as_listed(path))
     }
+
+    /// The position of the last pattern (in the order given) that matches a path
+    /// from the file system.
+    pub fn last_match_bytes(&self, path: &[u8]) -> Option<usize> {
+        self.set.as_ref()?.matches(&as_listed(path)).iter().last()
+    }
 }
 
 /// A path's bytes as `ls` prints them: borrowed when UTF-8, else with each

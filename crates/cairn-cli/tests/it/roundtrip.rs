@@ -1029,3 +1029,25 @@ fn an_interrupted_restore_stops_soon_and_says_what_is_left() {
     let diffs = compare(&src, &target.join(src.strip_prefix("/").unwrap()));
     assert!(diffs.is_empty(), "{diffs:#?}");
 }
+
+/// An exclude file written for restic: `!PATTERN` brings back what an earlier line
+/// left out (it was taken as a name starting with `!`, and the file was lost).
+#[test]
+fn negated_exclude_lines_include_again() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::write(src.join("a/x.log"), b"1").unwrap();
+    fs::write(src.join("a/y.log"), b"2").unwrap();
+    let list = env.path("excludes");
+    fs::write(&list, "*.log\n!x.log\n").unwrap();
+    let snap = env.backup_args(&[
+        "--exclude-file",
+        list.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    let listed = env.ok(&["ls", &snap]);
+    assert!(listed.contains("/a/x.log"), "{listed}");
+    assert!(!listed.contains("/a/y.log"), "{listed}");
+}

@@ -413,6 +413,10 @@ const TAG_HEADER_MAX: usize = 4096;
 /// [`ExcludeRules`] ready to be asked about each entry.
 pub struct Excludes {
     set: crate::pattern::GlobSet,
+    /// Which patterns of `set` start with `!`: they take back what an earlier
+    /// pattern left out (the last matching pattern decides, as in restic). Empty
+    /// when none does.
+    negated: Vec<bool>,
     /// Tag file names, with the header each must start with.
     tags: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     larger_than: Option<u64>,
@@ -423,7 +427,14 @@ impl Excludes {
         let all = (rules.patterns.iter().map(|p| (p, false)))
             .chain(rules.ipatterns.iter().map(|p| (p, true)));
         let mut globs: Vec<(String, bool)> = Vec::new();
+        let mut negated = Vec::new();
         for (p, fold) in all {
+            // `!PATTERN` includes again what matches it (`\!` for a name that
+            // starts with `!`).
+            let (p, not) = match p.strip_prefix('!') {
+                Some(rest) => (rest, true),
+                None => (p.as_str(), false),
+            };
             let p = p.trim_end_matches('/');
             if p.is_empty() {
                 continue;
@@ -434,6 +445,10 @@ impl Excludes {
                 format!("**/{p}")
             };
             globs.push((full, fold));
+            negated.push(not);
+        }
+        if !negated.contains(&true) {
+            negated.clear();
         }
         let set = crate::pattern::GlobSet::new(globs.iter().map(|(p, f)| (p.as_str(), *f)))
             .map_err(|e| format!("invalid exclude pattern: {e}"))?;
@@ -464,6 +479,7 @@ impl Excludes {
         }
         Ok(Excludes {
             set,
+            negated,
             tags,
             larger_than: rules.larger_than,
         })
@@ -474,9 +490,15 @@ impl Excludes {
         Self::new(&ExcludeRules::patterns(patterns))
     }
 
-    /// Left out by a pattern.
+    /// Left out by a pattern: the last one that matches, unless it starts with `!`.
     pub fn is_excluded(&self, path: &Path) -> bool {
-        self.set.is_match_bytes(path.as_os_str().as_bytes())
+        let path = path.as_os_str().as_bytes();
+        if self.negated.is_empty() {
+            return self.set.is_match_bytes(path);
+        }
+        self.set
+            .last_match_bytes(path)
+            .is_some_and(|i| !self.negated[i])
     }
 
     /// A regular file left out for its size.
@@ -808,5 +830,30 @@ mod tests {
         assert!(!e.is_excluded(Path::new("/home/joe/x/.cache")));
         assert!(e.is_excluded(Path::new("/src/build/out")));
         assert!(!e.is_excluded(Path::new("/src/build/outx")));
+    }
+
+    /// `!PATTERN` takes back what an earlier pattern left out; the last pattern
+    /// that matches decides (restic's rule), and `\!` is a literal `!`.
+    #[test]
+    fn negated_patterns_include_again() {
+        let e = Excludes::patterns(&[
+            "*.log".into(),
+            "!keep.log".into(),
+            "/var/*".into(),
+            "!/var/lib".into(),
+            "/var/lib/tmp".into(),
+            "\\!odd".into(),
+        ])
+        .unwrap();
+        assert!(e.is_excluded(Path::new("/a/x.log")));
+        assert!(!e.is_excluded(Path::new("/a/keep.log")));
+        assert!(e.is_excluded(Path::new("/var/cache")));
+        assert!(!e.is_excluded(Path::new("/var/lib")));
+        assert!(e.is_excluded(Path::new("/var/lib/tmp")));
+        assert!(e.is_excluded(Path::new("/a/!odd")));
+        assert!(!e.is_excluded(Path::new("/a/odd")));
+        // Only negations: nothing is left out.
+        let e = Excludes::patterns(&["!*.log".into()]).unwrap();
+        assert!(!e.is_excluded(Path::new("/a/x.log")));
     }
 }

@@ -80,7 +80,11 @@ impl GlobSet {
     /// The position of the last pattern (in the order given) that matches a path
     /// from the file system.
     pub fn last_match_bytes(&self, path: &[u8]) -> Option<usize> {
-        self.set.as_ref()?.matches(&as_listed(path)).iter().next_back()
+        self.set
+            .as_ref()?
+            .matches(&as_listed(path))
+            .iter()
+            .next_back()
     }
 }
 

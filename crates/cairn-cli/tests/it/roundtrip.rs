@@ -1051,3 +1051,24 @@ fn negated_exclude_lines_include_again() {
     assert!(listed.contains("/a/x.log"), "{listed}");
     assert!(!listed.contains("/a/y.log"), "{listed}");
 }
+
+/// A rewrite keeps its snapshot's time; `latest` (and `--keep-last`) then take the
+/// rewrite, not the original it was made from: a secret dropped by `rewrite`
+/// without `--forget` must not come back with `restore latest`.
+#[test]
+fn latest_is_the_rewrite_when_times_tie() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("public"), b"p").unwrap();
+    for i in 0..5 {
+        fs::write(src.join("secret"), format!("s{i}")).unwrap();
+        let time = format!("2026-01-0{}T02:00:00Z", i + 1);
+        env.backup_args(&["--time", &time, src.to_str().unwrap()]);
+        env.ok(&["rewrite", "latest", "--exclude", "secret", "-q"]);
+        let listed = env.ok(&["ls", "latest"]);
+        assert!(!listed.contains("secret"), "round {i}: {listed}");
+        assert!(listed.contains("public"), "round {i}: {listed}");
+    }
+}

@@ -673,7 +673,13 @@ fn judge<Tz: TimeZone>(
     tz: &Tz,
     now: DateTime<Utc>,
 ) -> ForgetGroup {
-    entries.sort_by(|a, b| b.time.cmp(&a.time).then(b.id.cmp(&a.id)));
+    // Newest first; among equal times as [`crate::repo::snapshot_order`] has it.
+    entries.sort_by(|a, b| {
+        b.time
+            .cmp(&a.time)
+            .then(b.snap.original.is_some().cmp(&a.snap.original.is_some()))
+            .then(b.id.cmp(&a.id))
+    });
     let mut counters: Vec<Counter> = [
         (Rule::Last, policy.last),
         (Rule::Hourly, policy.hourly),
@@ -875,7 +881,7 @@ pub fn forget(
                     snaps.push((id, s));
                 }
             }
-            snaps.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
+            snaps.sort_by(|a, b| crate::repo::snapshot_order((&a.0, &a.1), (&b.0, &b.1)));
             let group = ForgetGroup {
                 key: GroupKey::default(),
                 keep: Vec::new(),

@@ -263,7 +263,7 @@ impl Repository {
                 Err(e) => return Err(e),
             }
         }
-        ok.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
+        ok.sort_by(|a, b| snapshot_order((&a.0, &a.1), (&b.0, &b.1)));
         Ok((ok, bad))
     }
 
@@ -378,6 +378,21 @@ pub(crate) fn existing_replacement(
 /// The newest snapshot, refusing to guess when some snapshot could not be read: a
 /// damaged one may be the newest, and silently taking an older one would restore
 /// older data than the user asked for.
+/// The order of snapshots, oldest first: by time, then a rewrite (`rewrite`,
+/// `tag`, `repair snapshots`, which keep the time) after a snapshot that is no
+/// rewrite, so that `latest` and `--keep-last` take a rewrite over the original it
+/// was made from (a `rewrite` that dropped a secret, without `--forget`); then by
+/// id, so that the order is the same everywhere.
+pub fn snapshot_order(
+    a: (&SnapshotId, &Snapshot),
+    b: (&SnapshotId, &Snapshot),
+) -> std::cmp::Ordering {
+    a.1.time
+        .cmp(&b.1.time)
+        .then(a.1.original.is_some().cmp(&b.1.original.is_some()))
+        .then(a.0.cmp(b.0))
+}
+
 pub(crate) fn latest(list: &SnapshotList) -> Result<(SnapshotId, Snapshot)> {
     latest_in(&list.0, &list.1)
 }

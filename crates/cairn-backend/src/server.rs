@@ -751,7 +751,7 @@ impl Backend for ServerBackend {
         };
         self.asked_for_slot
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        let reply = match self.send("slot", "", ask(SLOT_WAIT_SECS)) {
+        let reply = match self.send("ask for", "a job slot", ask(SLOT_WAIT_SECS)) {
             Ok((_, b)) => b,
             // A server from before job slots: it limits nothing.
             Err(e) if e.is_not_found() => return Ok(JobSlot::Granted),

@@ -352,8 +352,15 @@ fn allow(
     }
     let decision = policy::decide(t.role, kind, action);
     if decision == Decision::Deny {
+        // Why, in the terms of the command the user ran: everything else a
+        // non-admin token is refused is what those commands do.
+        let why = if t.role == Role::Restore && matches!(action, Action::Create | Action::Replace) {
+            " (a restore token may only read: back up with a backup or admin token)"
+        } else {
+            " (forget, prune, repair, key and config changes need an admin token)"
+        };
         return Err(ApiError::forbidden(format!(
-            "a {} token may not {} {name}",
+            "a {} token may not {} {name}{why}",
             t.role.as_str(),
             action.verb()
         )));
@@ -1363,7 +1370,8 @@ pub async fn slot_request(
     let store = datastore(&app, &t, &ds)?;
     if t.role == Role::Restore {
         return Err(ApiError::forbidden(
-            "a restore token writes nothing and needs no job slot",
+            "a restore token may only read: back up with a backup \
+             or admin token",
         ));
     }
     let ask: SlotAsk = if body.is_empty() {

@@ -262,6 +262,10 @@ fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
             err.contains("may not") || err.contains("cannot"),
             "{what}: {err}"
         );
+        assert!(
+            err.contains("need an admin token") || err.contains("an admin token can"),
+            "{what}: {err}"
+        );
     }
     let pw = env.path("pw2");
     std::fs::write(&pw, "another password\n").unwrap();
@@ -295,9 +299,13 @@ fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
         "restore",
     );
     assert_same(&src, &out.join(src.strip_prefix("/").unwrap()));
-    refused(
+    let err = refused(
         client(&env, &srv, "main", &restore, &["backup", s]),
         "backup with a restore token",
+    );
+    assert!(
+        err.contains("a restore token may only read: back up with a backup or admin token"),
+        "{err}"
     );
 
     // Tokens: unknown, for another datastore, removed while the server runs.

@@ -6,6 +6,7 @@ use crate::util::*;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 fn ino(p: &Path) -> u64 {
     fs::symlink_metadata(p).unwrap().ino()
@@ -578,4 +579,35 @@ fn hard_links_to_symlinks_and_fifos_stay_links() {
         fs::read_link(copy.join("d/l2")).unwrap(),
         Path::new("somewhere")
     );
+}
+
+/// A symlink whose owner or time changed between two backups (its target did
+/// not) is made again by a restore over the first one with `if-changed`; one that
+/// did not change is left.
+#[test]
+fn if_changed_updates_a_symlink_whose_metadata_changed() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    std::os::unix::fs::symlink("target", src.join("l")).unwrap();
+    std::os::unix::fs::symlink("other", src.join("same")).unwrap();
+    env.backup(&[&src]);
+    let t = env.path("t");
+    env.ok(&["restore", "latest", "--target", t.to_str().unwrap()]);
+    let restored = t.join(src.strip_prefix("/").unwrap());
+    let touch = |p: &Path, when: &str| {
+        sh(Command::new("touch").args(["-h", "-d", when]).arg(p));
+    };
+    touch(&src.join("l"), "2001-01-01");
+    if is_root() {
+        std::os::unix::fs::lchown(src.join("l"), Some(1234), Some(4321)).unwrap();
+    }
+    env.backup(&[&src]);
+    let before = hold(&env, &restored, &["same", "l"]);
+    env.ok(&["restore", "latest", "--target", t.to_str().unwrap()]);
+    let diffs = compare(&src, &restored);
+    assert!(diffs.is_empty(), "{diffs:#?}");
+    assert_eq!(ino(&restored.join("same")), before[0], "unchanged: left");
+    assert_ne!(ino(&restored.join("l")), before[1], "changed: made again");
 }

@@ -127,7 +127,16 @@ pub(crate) fn decide(
                     Decision::Write
                 };
             }
-            if same_entry(repo, dir, name, st, node) {
+            // A symlink, FIFO or device (cheap to make again, and never changed in
+            // place) is kept only with the snapshot's owner, time, mode (not a
+            // symlink's: it has none) and attributes too.
+            let special = !matches!(node.kind, NodeKind::File | NodeKind::Dir);
+            let metadata_same = !special
+                || st.mtime == mtime_of(node)
+                    && !(owners && (st.uid, st.gid) != (node.uid, node.gid))
+                    && (node.kind == NodeKind::Symlink || st.mode & 0o7777 == node.mode & 0o7777)
+                    && xattrs_match(dir, name, node);
+            if same_entry(repo, dir, name, st, node) && metadata_same {
                 Decision::Keep
             } else {
                 Decision::Write

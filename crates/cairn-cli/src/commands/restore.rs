@@ -117,9 +117,22 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             println!("{}", parts.join("; "));
         }
         if let Some(v) = r.verified {
+            // Only what this restore wrote is read back: say so when it left
+            // entries in place (`--overwrite` judged them by size and time).
+            let in_place = r.kept + r.metadata_only;
             println!(
-                "verified {} against the snapshot: {}",
+                "verified {}{} against the snapshot{}: {}",
                 ui::count(v, "file"),
+                if in_place > 0 { " written" } else { "" },
+                if in_place > 0 {
+                    format!(
+                        " ({} left in place not read again; --overwrite always rewrites \
+                         and verifies all)",
+                        ui::count(in_place, "entry")
+                    )
+                } else {
+                    String::new()
+                },
                 if r.errors.is_empty() {
                     "all match".to_string()
                 } else {

@@ -61,6 +61,9 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     if g.json {
         super::print_json_report(&r)?;
     } else if !g.quiet {
+        for p in &r.would_delete {
+            println!("would delete {p}");
+        }
         let (verb, wrote) = if r.dry_run {
             ("would restore", "would write")
         } else {

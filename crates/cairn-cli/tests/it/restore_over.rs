@@ -94,6 +94,21 @@ fn if_changed_rewrites_only_what_differs_and_delete_removes_the_rest() {
         (&2.into(), &1.into(), &4.into()),
         "{dry}"
     );
+    // Named: the extra file, and the new directory standing for what it holds.
+    let named: Vec<String> = dry["would_delete"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        named,
+        vec![
+            copy.join("d/newdir").display().to_string(),
+            copy.join("extra").display().to_string()
+        ],
+        "{dry}"
+    );
     assert_eq!(
         walk(&copy).keys().collect::<Vec<_>>(),
         listing.keys().collect::<Vec<_>>()
@@ -245,6 +260,7 @@ fn the_summary_says_what_was_written_kept_and_deleted() {
         out.contains("would delete 4 entries not in the snapshot"),
         "{out}"
     );
+    assert!(out.contains("would delete /"), "{out}");
     let out = env.ok(&[
         "restore",
         &snap,

@@ -120,6 +120,8 @@ pub struct RestoreStats {
     /// Entries removed from the target because the snapshot does not have them
     /// (`--delete`; a directory counts with everything in it).
     pub deleted: u64,
+    /// `--dry-run`: what `--delete` would remove, each at the top of what goes.
+    pub would_delete: Vec<std::path::PathBuf>,
     /// Mount points `--delete` left alone with everything in them: it removes nothing
     /// on another file system (or bind mount) than the target's.
     pub mounts_left: u64,

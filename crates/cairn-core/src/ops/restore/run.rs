@@ -38,6 +38,10 @@ pub struct RestoreReport {
     pub metadata_only: u64,
     /// Entries removed because the snapshot does not have them (`--delete`).
     pub deleted: u64,
+    /// With `--dry-run`: the paths `--delete` would remove (a directory stands for
+    /// everything in it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub would_delete: Vec<String>,
     /// Mount points `--delete` left alone with what they hold: it removes nothing on
     /// another file system (or bind mount) than the target's.
     pub mounts_left: u64,
@@ -85,6 +89,15 @@ pub fn restore_snapshot<A: Access>(
         kept_bytes: stats.kept_bytes,
         metadata_only: stats.metadata_only,
         deleted: stats.deleted,
+        would_delete: {
+            let mut v: Vec<String> = stats
+                .would_delete
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        },
         mounts_left: stats.mounts_left,
         verified: opts.verify.then_some(stats.verified),
         duration_secs: start.elapsed().as_secs_f64(),

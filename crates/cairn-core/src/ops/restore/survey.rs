@@ -306,6 +306,9 @@ fn count_removal(
     mount: (u64, u64),
     stats: &mut RestoreStats,
 ) -> Gone {
+    let shown =
+        path.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes()));
+    stats.would_delete.push(shown);
     match target::count_tree(dir, name, mount) {
         Ok(r) => {
             stats.deleted += r.removed;

@@ -150,7 +150,9 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         && cairn_core::time::parse_user_time(t).is_none()
     {
         anyhow::bail!(
-            "--time {t:?}: give an RFC 3339 time (2026-05-01T02:00:00Z) or \"YYYY-MM-DD HH:MM:SS\" (local time)"
+            "--time {t:?}: give an RFC 3339 time (2026-05-01T02:00:00Z) or \"YYYY-MM-DD HH:MM:SS\" \
+             (local time; one skipped by a daylight-saving change does not exist: give it with \
+             its offset in RFC 3339)"
         );
     }
     let read_limit = super::rate_flag(&a.read_limit, "--read-limit")?;

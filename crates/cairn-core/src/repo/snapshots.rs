@@ -434,12 +434,18 @@ pub fn resolve_snapshot_prefix(spec: &str, ids: &[SnapshotId]) -> Result<Snapsho
         1 => Ok(matches[0]),
         _ => Err(Error::AmbiguousSnapshot {
             prefix: spec.into(),
-            matches: matches
-                .iter()
-                .take(5)
-                .map(|m| m.short())
-                .collect::<Vec<_>>()
-                .join(", "),
+            matches: {
+                let mut shown = matches
+                    .iter()
+                    .take(5)
+                    .map(|m| m.short())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                if matches.len() > 5 {
+                    shown.push_str(&format!(" and {} more", matches.len() - 5));
+                }
+                shown
+            },
         }),
     }
 }

@@ -524,7 +524,10 @@ fn run(
         }
         Some((name, _)) => {
             if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-                return Err(Error::Invalid(format!("invalid --stdin-name {name:?}")));
+                return Err(Error::Invalid(format!(
+                    "invalid --stdin-name {name:?}: give a file name (no '/', not . or ..); \
+                     the snapshot holds it at the top"
+                )));
             }
             (Vec::new(), vec![format!("/{name}")])
         }

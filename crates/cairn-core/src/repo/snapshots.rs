@@ -182,6 +182,34 @@ impl Repository {
         }
     }
 
+    /// Those of `snaps` with a record under `prefix` (`hosts/`, `received/`): one
+    /// listing. None when the repository has no such records, or the caller may
+    /// not see them (a host-bound token).
+    fn with_records(
+        &self,
+        prefix: &str,
+        snaps: &[(SnapshotId, Snapshot)],
+    ) -> Result<Vec<SnapshotId>> {
+        let listed: std::collections::HashSet<String> = match self.backend.list(prefix) {
+            Ok(l) => l
+                .into_iter()
+                .map(|o| names::base(&o.name).to_string())
+                .collect(),
+            Err(e)
+                if e.is_not_found()
+                    || e.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
+            {
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(snaps
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| listed.contains(&id.to_hex()))
+            .collect())
+    }
+
     /// When `cairn serve` received those of `snaps` that a non-admin token stored
     /// through it (`received/<id>`, docs/FORMAT.md): one listing, then one small
     /// read per recorded snapshot (eight at a time). Empty for a repository no
@@ -191,24 +219,7 @@ impl Repository {
         &self,
         snaps: &[(SnapshotId, Snapshot)],
     ) -> Result<std::collections::HashMap<SnapshotId, chrono::DateTime<chrono::Utc>>> {
-        let listed: std::collections::HashSet<String> = match self.backend.list(names::RECEIVED) {
-            Ok(l) => l
-                .into_iter()
-                .map(|o| names::base(&o.name).to_string())
-                .collect(),
-            Err(e)
-                if e.is_not_found()
-                    || e.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
-            {
-                return Ok(Default::default());
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let wanted: Vec<SnapshotId> = snaps
-            .iter()
-            .map(|(id, _)| *id)
-            .filter(|id| listed.contains(&id.to_hex()))
-            .collect();
+        let wanted = self.with_records(names::RECEIVED, snaps)?;
         let got = crate::threads::parallel_map(&wanted, 8, |id| {
             let r = self
                 .backend
@@ -275,19 +286,7 @@ impl Repository {
         snaps: &[(SnapshotId, Snapshot)],
         read: &HostRead<'_>,
     ) -> Result<std::collections::HashMap<SnapshotId, String>> {
-        let listed: std::collections::HashSet<String> = match self.backend.list(names::HOSTS) {
-            Ok(l) => l
-                .into_iter()
-                .map(|o| names::base(&o.name).to_string())
-                .collect(),
-            Err(e) if e.is_not_found() => return Ok(Default::default()),
-            Err(e) => return Err(e.into()),
-        };
-        let wanted: Vec<SnapshotId> = snaps
-            .iter()
-            .map(|(id, _)| *id)
-            .filter(|id| listed.contains(&id.to_hex()))
-            .collect();
+        let wanted = self.with_records(names::HOSTS, snaps)?;
         let got = crate::threads::parallel_map(&wanted, 8, |id| (*id, read(&id.to_hex())));
         let mut out = std::collections::HashMap::new();
         for (id, host) in got {

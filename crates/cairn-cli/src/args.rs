@@ -966,9 +966,7 @@ pub struct CopyArgs {
     /// CAIRN_FROM_PASSWORD_FILE, or a prompt)
     #[arg(long, value_name = "FILE")]
     pub from_password_file: Option<PathBuf>,
-    /// Snapshots to copy (id prefixes or "latest"); default: all
+    /// Snapshots to copy (id prefixes or "latest"); default: all. Files are
+    /// re-chunked on --threads threads (default: the number of cores)
     pub snapshots: Vec<String>,
-    /// Files re-chunked in parallel (default: the number of cores)
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub threads: Option<u32>,
 }

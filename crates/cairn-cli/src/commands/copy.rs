@@ -64,11 +64,15 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
                 ui::bytes(src_index)
             )
         })?;
-    let threads = a.threads.map(|t| t as usize).unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-    });
+    // The global --threads (files re-chunked in parallel), else the cores.
+    let threads = g
+        .threads
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+        })
+        .clamp(1, 256);
     let opts = CopyOptions {
         threads,
         map_dir: if g.remote.no_cache {

@@ -66,7 +66,8 @@ fn copies_rechunk_into_another_block_size_exactly_once() {
     let first = copy(&r1, &r2, &[&ids[0]]);
     assert_eq!(first["snapshots_copied"], 1);
     assert_eq!(first["same_chunking"], false);
-    let rest = copy(&r1, &r2, &[]);
+    // `--threads` (the global option) sizes the re-chunking (it panicked here).
+    let rest = copy(&r1, &r2, &["--threads", "2"]);
     assert_eq!(rest["snapshots_copied"], 2, "{rest}");
     let sent_first = first["bytes_sent"].as_u64().unwrap();
     let sent_rest = rest["bytes_sent"].as_u64().unwrap();

@@ -131,3 +131,62 @@ fn password_file_and_repository_from_the_environment() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("password file"));
 }
+
+/// Two `key remove` at once, each from a session opened with the other's key:
+/// the first holds the repository's exclusive lock from its listing to its
+/// delete, so the second cannot remove the last key (both keys were gone
+/// before, and nobody could open the repository).
+#[test]
+fn two_key_removals_at_once_never_remove_every_key() {
+    let env = Env::new();
+    env.init(&[]);
+    let id_of = |password: &str| -> String {
+        let o = env
+            .cmd(&["key", "list", "--json"])
+            .env("CAIRN_PASSWORD", password)
+            .output()
+            .unwrap();
+        let keys: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        keys.as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["current"] == true)
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let o = env
+        .cmd(&["key", "add"])
+        .env("CAIRN_NEW_PASSWORD", "second")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (first, second) = (id_of(PASSWORD), id_of("second"));
+    let pause = env.path("pause");
+    fs::create_dir_all(&pause).unwrap();
+    let a = env
+        .cmd(&["key", "remove", &second])
+        .env(
+            "CAIRN_TEST_PAUSE_AT",
+            format!("key:before-remove:1:{}", pause.display()),
+        )
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !pause.join("reached").exists() {
+        assert!(start.elapsed().as_secs() < 30, "never reached the pause");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = env
+        .cmd(&["key", "remove", &first])
+        .env("CAIRN_PASSWORD", "second")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the second removal went through too");
+    fs::write(pause.join("go"), b"").unwrap();
+    let a = a.wait_with_output().unwrap();
+    assert!(a.status.success(), "{a:?}");
+    env.ok(&["snapshots"]);
+    assert_eq!(fs::read_dir(env.repo.join("keys")).unwrap().count(), 1);
+}

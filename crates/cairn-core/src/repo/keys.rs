@@ -72,11 +72,24 @@ impl Repository {
                 "refusing to remove the key this session opened the repository with".into(),
             ));
         }
-        if self.list_keys()?.len() <= 1 {
+        // Held from the listing to the delete: two removals at once, each from a
+        // session opened with the other's key, would otherwise each see two keys
+        // and remove both (nobody could open the repository again).
+        let lock = super::lock::RepoLock::acquire(self, "key remove", true)?;
+        let keys = self.list_keys()?;
+        if !keys.iter().any(|(k, _)| *k == id) {
+            return Err(Error::Invalid(format!(
+                "key {} is not in the repository (removed meanwhile?)",
+                id.short()
+            )));
+        }
+        // Another key that opens it must stay (a damaged one does not count).
+        if !keys.iter().any(|(k, kf)| *k != id && kf.is_ok()) {
             return Err(Error::Invalid("refusing to remove the last key".into()));
         }
         crate::hooks::point("key:before-remove");
         self.backend.delete(&names::key(&id.to_hex()))?;
+        drop(lock);
         Ok(())
     }
 

@@ -421,40 +421,55 @@ impl Repository {
     }
 
     fn unwrap_any_key(backend: &dyn Backend, password: &[u8]) -> Result<([u8; 32], KeyId)> {
-        let keys = backend.list(names::KEYS)?;
-        if keys.is_empty() {
-            return Err(Error::Invalid(
-                "the repository has no key files: it cannot be opened".into(),
-            ));
-        }
-        let mut damaged = None;
-        for info in keys {
-            let base = names::base(&info.name);
-            let Ok(id) = KeyId::from_hex(base) else {
-                continue;
-            };
-            let kf = match keys::read_key_file(backend, &info, &id) {
-                Ok(k) => k,
-                Err(e @ (Error::Damaged { .. } | Error::NewerFormat { .. })) => {
-                    damaged = Some(e);
+        // A key file listed and then gone was replaced by a `key passwd` (a new
+        // file first, then the old one removed): listed once more, its
+        // replacement is found. Another key's change does not concern this one.
+        let mut relisted = false;
+        loop {
+            let keys = backend.list(names::KEYS)?;
+            if keys.is_empty() {
+                return Err(Error::Invalid(
+                    "the repository has no key files: it cannot be opened".into(),
+                ));
+            }
+            let mut damaged = None;
+            let mut vanished = false;
+            for info in keys {
+                let base = names::base(&info.name);
+                let Ok(id) = KeyId::from_hex(base) else {
                     continue;
-                }
-                Err(e) => return Err(e),
-            };
-            match kf.unwrap_secret(password) {
-                Ok(secret) => return Ok((secret, id)),
-                Err(FormatError::Authentication { .. }) => continue,
-                Err(e) => {
-                    damaged = Some(Error::damaged(format!("key file {}", id.short()), e));
+                };
+                let kf = match keys::read_key_file(backend, &info, &id) {
+                    Ok(k) => k,
+                    Err(Error::Backend(e)) if e.is_not_found() => {
+                        vanished = true;
+                        continue;
+                    }
+                    Err(e @ (Error::Damaged { .. } | Error::NewerFormat { .. })) => {
+                        damaged = Some(e);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                match kf.unwrap_secret(password) {
+                    Ok(secret) => return Ok((secret, id)),
+                    Err(FormatError::Authentication { .. }) => continue,
+                    Err(e) => {
+                        damaged = Some(Error::damaged(format!("key file {}", id.short()), e));
+                    }
                 }
             }
+            if vanished && !relisted {
+                relisted = true;
+                continue;
+            }
+            return Err(match damaged {
+                // The password may belong to the damaged key: say so rather than
+                // call it wrong.
+                Some(d) => Error::KeyDamaged(d.to_string()),
+                None => Error::WrongPassword,
+            });
         }
-        Err(match damaged {
-            // The password may belong to the damaged key: say so rather than call
-            // it wrong.
-            Some(d) => Error::KeyDamaged(d.to_string()),
-            None => Error::WrongPassword,
-        })
     }
 
     fn write_config(&self) -> Result<()> {

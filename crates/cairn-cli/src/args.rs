@@ -452,9 +452,10 @@ pub struct UnlockArgs {
 
 #[derive(Args)]
 pub struct InitArgs {
-    /// Average chunk size: 4K, 8K, 16K, 32K or 64K (fixed at creation)
-    #[arg(long, default_value = "16K")]
-    pub block_size: String,
+    /// Average chunk size: 4K, 8K, 16K (the default), 32K or 64K (fixed at creation;
+    /// with --copy-key-from, the source's)
+    #[arg(long)]
+    pub block_size: Option<String>,
     /// Compression for new data: none, standard or max
     #[arg(long, default_value = "standard")]
     pub compression: String,

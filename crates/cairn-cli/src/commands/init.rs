@@ -66,7 +66,7 @@ pub fn describe(g: &Global, repo: &Repository) -> Result<()> {
 
 pub fn run(g: &Global, a: &InitArgs) -> Result<i32> {
     let opts = InitOptions {
-        block_size: parse_block_size(&a.block_size)?,
+        block_size: parse_block_size(a.block_size.as_deref().unwrap_or("16K"))?,
         compression: a
             .compression
             .parse::<Compression>()
@@ -93,7 +93,18 @@ pub fn run(g: &Global, a: &InitArgs) -> Result<i32> {
             &p.progress,
         )
         .with_context(|| format!("opening {from}"))?;
-        opts.shared = Some(cairn_core::repo::SharedKey::of(&src, opts.encryption)?);
+        let shared = cairn_core::repo::SharedKey::of(&src, opts.encryption)?;
+        // The chunker comes with the key (so that both cut files alike): a block
+        // size asked for besides it would be silently another.
+        if a.block_size.is_some() && opts.block_size != shared.chunker.avg_size {
+            bail!(
+                "--block-size {}: a repository made with --copy-key-from takes the source's \
+                 block size ({} KiB), so that its chunks are the source's; leave --block-size out",
+                a.block_size.as_deref().unwrap_or(""),
+                shared.chunker.avg_size / 1024
+            );
+        }
+        opts.shared = Some(shared);
     }
     // Checked before anything is created.
     let most = cairn_format::config::MAX_MAX_CONCURRENT_JOBS;

@@ -69,6 +69,21 @@ fn copies_rechunk_into_another_block_size_exactly_once() {
     // `--threads` (the global option) sizes the re-chunking (it panicked here).
     let rest = copy(&r1, &r2, &["--threads", "2"]);
     assert_eq!(rest["snapshots_copied"], 2, "{rest}");
+    // Each copy says where it came from.
+    let listed: serde_json::Value = serde_json::from_str(&r2.ok(&["snapshots", "--json"])).unwrap();
+    let from: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["copied_from"]["snapshot"].as_str().unwrap())
+        .collect();
+    assert_eq!(from.len(), 3);
+    for id in &ids {
+        assert!(
+            from.contains(&id.as_str()) || from.iter().any(|f| f.starts_with(id.as_str())),
+            "{listed}"
+        );
+    }
     let sent_first = first["bytes_sent"].as_u64().unwrap();
     let sent_rest = rest["bytes_sent"].as_u64().unwrap();
     assert!(
@@ -220,12 +235,32 @@ fn repositories_sharing_a_key_copy_blob_by_blob() {
     r1.init(&["--block-size", "8K"]);
     let (src, days) = history(&r1);
     let r2 = Env::new();
+    // Another block size beside the source's key is refused, not ignored.
+    let o = r2
+        .cmd(&[
+            "init",
+            "--block-size",
+            "64K",
+            "--copy-key-from",
+            &r1.location,
+        ])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("takes the source's block size (8 KiB)"),
+        "{err}"
+    );
     let o = r2
         .cmd(&[
             "init",
             "--json",
             "--compression",
             "max",
+            "--block-size",
+            "8K",
             "--copy-key-from",
             &r1.location,
         ])

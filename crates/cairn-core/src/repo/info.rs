@@ -67,6 +67,10 @@ pub struct SnapshotInfo {
     /// first of the chain.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub original: Option<String>,
+    /// Set by `copy`: the snapshot this one is a copy of, and the repository
+    /// (its id) that holds it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copied_from: Option<cairn_format::snapshot::CopiedFrom>,
     pub summary: SnapshotSummary,
     /// Image snapshots (`backup --image`): the image's size and blocks.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -91,6 +95,7 @@ impl SnapshotInfo {
             tree: s.tree.clone(),
             parent: s.parent.clone(),
             original: s.original.clone(),
+            copied_from: s.copied_from.clone(),
             summary: s.summary.clone(),
             image: s.image.clone(),
             claimed_hostname: None,

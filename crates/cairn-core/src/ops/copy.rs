@@ -517,7 +517,15 @@ impl Copier<'_> {
             p.share(12, crate::repo::CLIENT_PACK_SIZE_MIN, configured)
         }) as usize;
         let mut uploader = self.dst.uploader(pool.clone());
-        uploader.set_index_flush(COPY_INDEX_FLUSH_BLOBS, COPY_INDEX_FLUSH_PACKS);
+        // Through a server, an index file after every pack, as a backup there does:
+        // an interrupted copy sends again at most the pack in flight (the links
+        // to a server are the slow ones); elsewhere at most a few packs.
+        let per_flush = if self.dst.dedup().is_some() {
+            1
+        } else {
+            COPY_INDEX_FLUSH_PACKS
+        };
+        uploader.set_index_flush(COPY_INDEX_FLUSH_BLOBS, per_flush);
         *crate::lock(&self.packers) = Some(Packers {
             data: Packer::new(self.dst.key().clone(), pool.clone(), pack_size),
             meta: Packer::new(self.dst.key().clone(), pool, pack_size),

@@ -87,7 +87,13 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     p.start();
     let r = copy::copy(&mut src, &mut dst, &a.snapshots, &opts);
     p.finish();
-    let r = r?;
+    let r = r.map_err(|e| match e {
+        cairn_core::Error::Cancelled => anyhow::Error::from(e).context(
+            "copy cancelled: the snapshots reported copied are complete; what was stored of \
+             the others is kept and not sent again by the next run (but the last few packs)",
+        ),
+        e => e.into(),
+    })?;
     for e in &r.unreadable_source_snapshots {
         eprintln!("warning: {e} (not copied)");
     }

@@ -486,3 +486,35 @@ fn host_records_go_with_the_copied_snapshots() {
     );
     dst.check_clean();
 }
+
+/// Ctrl-C stops a copy inside a large file read slowly from its source (it was
+/// checked between files only, so the whole file was read first), with 130.
+#[test]
+fn an_interrupted_copy_stops_inside_a_large_file() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let src = r1.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("big"), Rng(7).bytes(48 << 20, false)).unwrap();
+    r1.backup(&[&src]);
+    let r2 = Env::new();
+    r2.init(&["--block-size", "64K"]);
+    let child = copy_cmd(&r1, &r2, &["--limit-download", "4M"])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let start = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(8), "{err}");
+    assert!(err.contains("copy cancelled"), "{err}");
+    assert!(r2.snapshot_ids().is_empty());
+}

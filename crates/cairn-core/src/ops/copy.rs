@@ -777,6 +777,8 @@ impl Copier<'_> {
             true
         })?;
         for id in needed {
+            // A large file is many blobs: Ctrl-C stops it here, not at its end.
+            self.progress.check_cancelled()?;
             let loc = self.src.index().get(&id).ok_or(Error::BlobNotFound(id))?;
             let data = self.src.read_blob(&id)?;
             self.counters
@@ -813,6 +815,7 @@ impl Copier<'_> {
             Ok(())
         };
         for_each_chunk(self.src, content, &mut |r: ChunkRef| {
+            self.progress.check_cancelled()?;
             let data = self.src.read_blob(&r.id)?;
             if data.len() as u64 != r.length {
                 return Err(Error::damaged(
@@ -867,6 +870,7 @@ impl Copier<'_> {
             )
         };
         for_each_chunk(self.src, content, &mut |r: ChunkRef| {
+            self.progress.check_cancelled()?;
             let data = self.src.read_blob(&r.id)?;
             if data.len() as u64 != r.length {
                 return Err(Error::damaged(

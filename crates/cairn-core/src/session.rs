@@ -49,9 +49,9 @@ pub trait Access: sealed::Sealed {
 
 /// Restore, ls, dump, check, stats, mount, a copy's source.
 pub struct Read;
-/// A backup: a shared lock and a job slot.
+/// A backup, or a copy's destination: a shared lock and a job slot.
 pub struct Backup;
-/// Writes snapshots or records without a job slot: a copy's destination, forget.
+/// Writes snapshots or records without a job slot: forget, tag, rewrite.
 pub struct Write;
 /// Prune and repair: an exclusive lock.
 pub struct Exclusive;

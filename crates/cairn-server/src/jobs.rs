@@ -883,8 +883,13 @@ fn run_job(
             .map_err(|e| format!("the destination {to}: {e}"))?;
             let mut src = Session::<Read>::open(repo, "copy", IndexLoad::Deferred, &progress)
                 .map_err(|e| e.to_string())?;
-            let mut dst = Session::<Write>::open(dst, "copy", IndexLoad::Deferred, &progress)
-                .map_err(|e| e.to_string())?;
+            let mut dst = Session::<cairn_core::session::Backup>::open(
+                dst,
+                "copy",
+                IndexLoad::Deferred,
+                &progress,
+            )
+            .map_err(|e| e.to_string())?;
             let r = cairn_core::copy::copy(
                 &mut src,
                 &mut dst,

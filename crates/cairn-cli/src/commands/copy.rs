@@ -5,7 +5,7 @@ use crate::args::{CopyArgs, Global};
 use crate::ui;
 use anyhow::{Context, Result, bail};
 use cairn_core::copy::{self, CopyOptions};
-use cairn_core::session::{IndexLoad, Read, Session, Write};
+use cairn_core::session::{Backup, IndexLoad, Read, Session};
 
 /// The source repository's password: `--from-password-file`, `CAIRN_FROM_PASSWORD`,
 /// `CAIRN_FROM_PASSWORD_FILE`, or a prompt.
@@ -57,7 +57,7 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     if let Some(l) = limit {
         dst.set_memory_limit(Some(l.saturating_sub(src_index).max(1)));
     }
-    let mut dst: Session<Write> = Session::open(dst, "copy", IndexLoad::Deferred, &p.progress)
+    let mut dst: Session<Backup> = Session::open(dst, "copy", IndexLoad::Deferred, &p.progress)
         .with_context(|| {
             format!(
                 "the destination's index beside the source's (about {} of the limit)",

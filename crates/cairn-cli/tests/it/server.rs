@@ -3621,6 +3621,32 @@ fn the_wrong_scheme_fails_at_once_and_says_which_to_use() {
     }
 }
 
+/// `copy` into a datastore through the server with a backup token takes a job
+/// slot first, as a backup does (it sent packs without one, had them refused
+/// with 429 and retried them as broken pipes), and what it copied restores.
+#[test]
+fn a_copy_into_the_server_takes_a_job_slot_first() {
+    let src = Env::new();
+    src.init(&[]);
+    let tree = src.path("tree");
+    make_full_tree(&tree, 11);
+    src.backup(&[&tree]);
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let t = srv.token("web01", "main", "backup");
+    let o = client_cmd(&env, &srv, "main", &t, &["copy", "--from", &src.location])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    ok(o, "copy");
+    let out = env.path("out");
+    env.ok(&["restore", "latest", "--target", out.to_str().unwrap()]);
+    assert_same(&tree, &out.join(tree.strip_prefix("/").unwrap()));
+    let log = srv.stop();
+    assert!(!log.contains(" 429 "), "{log}");
+}
+
 /// A range past the end of an object is the client's mistake: 416, not a server
 /// error.
 #[test]

@@ -113,7 +113,7 @@ pub struct CopyReport {
 /// only when something is to be copied.
 pub fn copy(
     src: &mut Session<session::Read>,
-    dst: &mut Session<session::Write>,
+    dst: &mut Session<session::Backup>,
     specs: &[String],
     opts: &CopyOptions,
 ) -> Result<CopyReport> {

@@ -518,3 +518,23 @@ fn an_interrupted_copy_stops_inside_a_large_file() {
     assert!(err.contains("copy cancelled"), "{err}");
     assert!(r2.snapshot_ids().is_empty());
 }
+
+/// A snapshot that reached the destination through a third repository is not
+/// copied again when copied directly (the copy names only the repository it came
+/// from).
+#[test]
+fn a_snapshot_copied_by_another_way_is_not_copied_again() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    history(&r1);
+    let r3 = Env::new();
+    r3.init(&["--block-size", "64K"]);
+    copy(&r1, &r3, &[]);
+    let r4 = Env::new();
+    r4.init(&[]);
+    let first = copy(&r3, &r4, &[]);
+    assert_eq!(first["snapshots_copied"], 3, "{first}");
+    let again = copy(&r1, &r4, &[]);
+    assert_eq!(again["snapshots_copied"], 0, "{again}");
+    assert_eq!(r4.snapshot_ids().len(), 3);
+}

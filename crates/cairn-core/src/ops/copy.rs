@@ -161,6 +161,22 @@ pub fn copy(
             present.insert(id.to_hex(), *original);
         }
     }
+    // A copy that came by another way (through a third repository), or by a copy
+    // running at the same time: the same snapshot as far as copy can tell (copies
+    // keep all of this), though its tree may be cut otherwise.
+    let by_identity: HashMap<String, SnapshotId> = dst
+        .snapshots()?
+        .0
+        .iter()
+        .map(|(id, s)| (identity(s), *id))
+        .collect();
+    for (id, s) in &wanted {
+        if !present.contains_key(&id.to_hex())
+            && let Some(there) = by_identity.get(&identity(s))
+        {
+            present.insert(id.to_hex(), *there);
+        }
+    }
     if !wanted
         .iter()
         .all(|(id, _)| present.contains_key(&id.to_hex()))
@@ -364,6 +380,25 @@ fn copy_snapshots(
     stats.blobs_added = c.blobs_added.load(Ordering::Relaxed);
     stats.bytes_added = c.bytes_added.load(Ordering::Relaxed);
     Ok(stats)
+}
+
+/// What makes two snapshots copies of one another when neither names the other:
+/// everything `copy` keeps but the tree (which another block size cuts otherwise).
+fn identity(s: &Snapshot) -> String {
+    let m = &s.summary;
+    format!(
+        "{}\0{}\0{}\0{:?}\0{:?}\0{:?}\0{}\0{}\0{}\0{}",
+        s.time,
+        s.hostname,
+        s.username,
+        s.paths,
+        s.tags,
+        s.excludes,
+        m.total_bytes,
+        m.files_new + m.files_changed + m.files_unchanged,
+        m.dirs,
+        m.other_entries
+    )
 }
 
 /// Source snapshot id (hex) -> the destination's copy of it, among the snapshots

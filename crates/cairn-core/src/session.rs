@@ -401,7 +401,15 @@ impl<A: Access> Session<A> {
             return crate::repo::latest(self.snapshots()?);
         }
         let id = crate::repo::resolve_snapshot_prefix(spec, &self.snapshot_ids)?;
-        Ok((id, self.repo.read_snapshot(&id)?))
+        match self.repo.read_snapshot(&id) {
+            Ok(s) => Ok((id, s)),
+            // Listed when the session opened, forgotten since by another process:
+            // as if it had been gone already.
+            Err(Error::Backend(b)) if b.is_not_found() => {
+                Err(Error::SnapshotNotFound(spec.to_string()))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// [`Session::find_snapshot`] narrowed by `filter` (host, tags, paths), as

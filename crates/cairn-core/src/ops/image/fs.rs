@@ -408,12 +408,11 @@ impl ImageFs {
         // reader (`ext4-view` shows neither); without it, files come back
         // without them, and the report says so.
         let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-        let ext2 = match super::blockmap::Ext2::open(&read) {
-            Ok(Some(fs)) => Some(fs),
-            Ok(None) => None,
-            Err(e) => {
-                return Err(fs_err(&path, e));
-            }
+        let (ext2, why_not) = match super::blockmap::Ext2::open(&read) {
+            Ok(Some(fs)) => (Some(fs), String::new()),
+            Ok(None) => (None, "the filesystem's journal needs recovery".to_string()),
+            // `ext4-view` reads it: the files still come back, without these.
+            Err(e) => (None, e),
         };
         let top = match (&ext2, self.fs.canonicalize(Self::path(&path)?)) {
             (Some(fs), Ok(canon)) => fs.lookup(canon.as_ref()).map_err(|e| fs_err(&path, e))?,
@@ -428,11 +427,9 @@ impl ImageFs {
             links: std::collections::HashMap::new(),
         };
         if ext2.is_none() {
-            r.report.warnings.push(
-                "hard links and extended attributes were not restored: the filesystem's \
-                 journal needs recovery"
-                    .into(),
-            );
+            r.report.warnings.push(format!(
+                "hard links and extended attributes were not restored: {why_not}"
+            ));
         }
         let root = std::rc::Rc::new(std::os::fd::OwnedFd::from(root));
         self.restore_one(

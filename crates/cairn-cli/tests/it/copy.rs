@@ -499,22 +499,12 @@ fn an_interrupted_copy_stops_inside_a_large_file() {
     r1.backup(&[&src]);
     let r2 = Env::new();
     r2.init(&["--block-size", "64K"]);
-    let child = copy_cmd(&r1, &r2, &["--limit-download", "4M"])
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let start = std::time::Instant::now();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
-    let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(130), "{err}");
-    assert!(start.elapsed() < std::time::Duration::from_secs(8), "{err}");
+    let (code, err, took) = interrupted(
+        copy_cmd(&r1, &r2, &["--limit-download", "4M"]),
+        std::time::Duration::from_millis(1500),
+    );
+    assert_eq!(code, Some(130), "{err}");
+    assert!(took < std::time::Duration::from_secs(8), "{err}");
     assert!(err.contains("copy cancelled"), "{err}");
     assert!(r2.snapshot_ids().is_empty());
 }

@@ -997,32 +997,19 @@ fn an_interrupted_restore_stops_soon_and_says_what_is_left() {
     }
     let snap = env.backup(&[&src]);
     let target = env.path("t");
-    let child = env
-        .cmd(&[
+    let (code, err, took) = interrupted(
+        env.cmd(&[
             "restore",
             &snap,
             "--target",
             target.to_str().unwrap(),
             "--write-limit",
             "20K",
-        ])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let start = std::time::Instant::now();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
-    let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(130), "{err}");
-    assert!(
-        start.elapsed() < std::time::Duration::from_secs(15),
-        "{err}"
+        ]),
+        std::time::Duration::from_millis(1500),
     );
+    assert_eq!(code, Some(130), "{err}");
+    assert!(took < std::time::Duration::from_secs(15), "{err}");
     assert!(err.contains("restore cancelled"), "{err}");
     assert!(!err.contains("everything else was restored"), "{err}");
     env.ok(&["restore", &snap, "--target", target.to_str().unwrap()]);

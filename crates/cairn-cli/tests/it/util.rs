@@ -818,3 +818,30 @@ impl Drop for Outage {
         self.cut();
     }
 }
+
+/// Runs `cmd` (its standard error captured), sends it SIGINT after `after`, and
+/// returns its exit code, its standard error, and how long it took to end once
+/// interrupted.
+pub fn interrupted(
+    mut cmd: std::process::Command,
+    after: std::time::Duration,
+) -> (Option<i32>, String, std::time::Duration) {
+    let child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(after);
+    let start = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+        start.elapsed(),
+    )
+}

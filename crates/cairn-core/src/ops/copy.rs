@@ -147,12 +147,16 @@ pub fn copy(
     // A source snapshot that is itself a copy of one of the destination's (copying
     // back, as replication both ways does) is there already.
     let dst_id = &dst.repo().config().id;
-    let in_dst: HashMap<String, SnapshotId> = dst
-        .snapshots()?
-        .0
-        .iter()
-        .map(|(id, _)| (id.to_hex(), *id))
-        .collect();
+    // The destination's snapshots by id, and by what copies keep of them (a copy
+    // that came by another way, through a third repository, or by a copy running
+    // at the same time: the same snapshot as far as copy can tell, though its tree
+    // may be cut otherwise).
+    let mut in_dst: HashMap<String, SnapshotId> = HashMap::new();
+    let mut by_identity: HashMap<String, SnapshotId> = HashMap::new();
+    for (id, s) in dst.snapshots()?.0.iter() {
+        in_dst.insert(id.to_hex(), *id);
+        by_identity.insert(identity(s), *id);
+    }
     for (id, s) in &wanted {
         if let Some(c) = &s.copied_from
             && &c.repository == dst_id
@@ -161,15 +165,6 @@ pub fn copy(
             present.insert(id.to_hex(), *original);
         }
     }
-    // A copy that came by another way (through a third repository), or by a copy
-    // running at the same time: the same snapshot as far as copy can tell (copies
-    // keep all of this), though its tree may be cut otherwise.
-    let by_identity: HashMap<String, SnapshotId> = dst
-        .snapshots()?
-        .0
-        .iter()
-        .map(|(id, s)| (identity(s), *id))
-        .collect();
     for (id, s) in &wanted {
         if !present.contains_key(&id.to_hex())
             && let Some(there) = by_identity.get(&identity(s))

@@ -440,8 +440,8 @@ impl ImageFs {
             top.map(|(n, _)| n),
             &mut r,
         )?;
-        let unlinked: u64 = r.links.values().map(|l| u64::from(l.left)).sum();
-        if unlinked > 0 && path != "/" {
+        // A file leaves `links` once its last name is made.
+        if !r.links.is_empty() && path != "/" {
             // Names outside the restored tree: nothing to do, but worth knowing.
             r.report.warnings.push(format!(
                 "{} hard-linked files have names outside {path} (not restored)",
@@ -462,7 +462,6 @@ impl ImageFs {
         shown: &Path,
         r: &mut FsRestore<'_>,
     ) {
-        use crate::ops::restore::{sys, target};
         let list = match fs.xattrs(ino) {
             Ok(l) => l,
             Err(e) => {
@@ -473,20 +472,13 @@ impl ImageFs {
                 return;
             }
         };
-        let mut refused = Vec::new();
-        for (k, v) in list {
-            let done = target::c_name(&k).and_then(|name| {
-                if path_only {
-                    sys::set_xattr_path_fd(fd, &name, &v)
-                } else {
-                    sys::set_xattr_fd(fd, &name, &v)
-                }
-            });
-            match done {
-                Ok(()) => r.report.xattrs += 1,
-                Err(e) => refused.push(format!("{} ({e})", String::from_utf8_lossy(&k))),
+        let refused = match crate::ops::restore::metadata::set_xattrs(fd, path_only, &list) {
+            Ok(refused) => {
+                r.report.xattrs += (list.len() - refused.len()) as u64;
+                refused
             }
-        }
+            Err(e) => vec![e.to_string()],
+        };
         if !refused.is_empty() {
             r.report.warnings.push(format!(
                 "{}: extended attributes not set: {}",

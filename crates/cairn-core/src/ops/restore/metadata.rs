@@ -40,18 +40,7 @@ pub(crate) fn apply(
     // An attribute refused (`trusted.*` for a user who is not root, a file system
     // without user attributes) leaves the rest to set: it is reported, and the
     // content, mode and times are the snapshot's all the same.
-    let mut refused = Vec::new();
-    for (k, v) in &node.xattrs {
-        let name = super::target::c_name(k)?;
-        let r = if path_only {
-            sys::set_xattr_path_fd(fd, &name, v)
-        } else {
-            sys::set_xattr_fd(fd, &name, v)
-        };
-        if let Err(e) = r {
-            refused.push(format!("{} ({e})", String::from_utf8_lossy(k)));
-        }
-    }
+    let refused = set_xattrs(fd, path_only, &node.xattrs)?;
     let mode = node.mode & 0o7777;
     // After a chown (set-ID bits cleared) or xattrs (an ACL sets the mode too), the
     // mode is set whatever it was.
@@ -74,6 +63,30 @@ pub(crate) fn apply(
     } else {
         Err(std::io::Error::other(XattrsNotSet(refused.join(", "))))
     }
+}
+
+/// Sets each `(name, value)` through `fd` (an `O_PATH` descriptor with
+/// `path_only`). An attribute refused (`trusted.*` for a user who is not root, a
+/// file system without user attributes) leaves the rest to set; the refused ones
+/// come back as "name (why)". A name that cannot be one (a NUL in it) is an error.
+pub(crate) fn set_xattrs(
+    fd: BorrowedFd<'_>,
+    path_only: bool,
+    list: &[(Vec<u8>, Vec<u8>)],
+) -> std::io::Result<Vec<String>> {
+    let mut refused = Vec::new();
+    for (k, v) in list {
+        let name = super::target::c_name(k)?;
+        let r = if path_only {
+            sys::set_xattr_path_fd(fd, &name, v)
+        } else {
+            sys::set_xattr_fd(fd, &name, v)
+        };
+        if let Err(e) = r {
+            refused.push(format!("{} ({e})", String::from_utf8_lossy(k)));
+        }
+    }
+    Ok(refused)
 }
 
 /// Whether an attribute the target holds and the snapshot does not is removed by a

@@ -26,7 +26,7 @@
 //! list of what it could not.
 
 pub(crate) mod execute;
-mod metadata;
+pub(crate) mod metadata;
 mod overwrite;
 mod plan;
 mod run;

@@ -967,7 +967,21 @@ pub struct CopyArgs {
     /// CAIRN_FROM_PASSWORD_FILE, or a prompt)
     #[arg(long, value_name = "FILE")]
     pub from_password_file: Option<PathBuf>,
-    /// Snapshots to copy (id prefixes or "latest"); default: all. Files are
-    /// re-chunked on --threads threads (default: the number of cores)
+    /// The source's cairn server token, first line of this file (else
+    /// CAIRN_FROM_TOKEN; neither: the destination's --token-file / CAIRN_TOKEN)
+    #[arg(long, env = "CAIRN_FROM_TOKEN_FILE", value_name = "FILE")]
+    pub from_token_file: Option<PathBuf>,
+    /// The source cairn server's certificate fingerprint (else the destination's
+    /// --server-fingerprint)
+    #[arg(long, env = "CAIRN_FROM_SERVER_FINGERPRINT", value_name = "SHA256")]
+    pub from_server_fingerprint: Option<String>,
+    /// CA certificate(s) to trust for the source (else the destination's --cacert)
+    #[arg(long, env = "CAIRN_FROM_CACERT", value_name = "FILE")]
+    pub from_cacert: Option<PathBuf>,
+    /// Snapshots to copy (id prefixes or "latest"); default: all that the
+    /// --host/--tag/--path filters select. Files are re-chunked on --threads
+    /// threads (default: the number of cores)
     pub snapshots: Vec<String>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }

@@ -897,6 +897,7 @@ fn run_job(
                 &cairn_core::copy::CopyOptions {
                     threads: 2,
                     map_dir: Some(app.config.state_dir.join("copy-maps")),
+                    filter: Default::default(),
                 },
             )
             .map_err(|e| e.to_string())?;

@@ -30,9 +30,25 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
         bail!("the source and the destination are the same repository");
     }
     let mut p = super::progress(g);
-    let mut src = super::open_at(
+    // The source's own server credentials when given (a copy from one cairn
+    // server to another), else the destination's.
+    let mut storage = super::storage_options(g)?;
+    if let Some(t) = super::token_from(a.from_token_file.as_deref(), "CAIRN_FROM_TOKEN")
+        .context("--from-token-file")?
+    {
+        storage.server.token = Some(t);
+    }
+    if let Some(f) = &a.from_server_fingerprint {
+        storage.server.fingerprint = Some(f.clone());
+    }
+    if let Some(c) = &a.from_cacert {
+        storage.server.ca_cert = Some(c.clone());
+        storage.s3.ca_cert = Some(c.clone());
+    }
+    let mut src = super::open_with(
         g,
         &a.from,
+        &storage,
         || source_password(a.from_password_file.as_deref()),
         &p.progress,
     )
@@ -83,6 +99,7 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
                 .base()
                 .map(|b| b.join("copy"))
         },
+        filter: a.filter.engine(),
     };
     p.start();
     let r = copy::copy(&mut src, &mut dst, &a.snapshots, &opts);

@@ -248,7 +248,12 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
 
 /// The cairn server token: `--token-file` (first line) wins over `CAIRN_TOKEN`.
 fn server_token(r: &crate::args::RemoteArgs) -> Result<Option<String>> {
-    if let Some(path) = &r.token_file {
+    token_from(r.token_file.as_deref(), "CAIRN_TOKEN")
+}
+
+/// A cairn server token: the first line of `file`, else the variable `env`.
+pub fn token_from(file: Option<&std::path::Path>, env: &str) -> Result<Option<String>> {
+    if let Some(path) = file {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the token file {}", path.display()))?;
         let token = text.lines().next().unwrap_or("").trim().to_string();
@@ -257,9 +262,7 @@ fn server_token(r: &crate::args::RemoteArgs) -> Result<Option<String>> {
         }
         return Ok(Some(token));
     }
-    Ok(std::env::var("CAIRN_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty()))
+    Ok(std::env::var(env).ok().filter(|t| !t.trim().is_empty()))
 }
 
 /// Traffic of every repository opened, reported at exit when

@@ -3772,3 +3772,114 @@ fn a_backup_of_many_listed_files_commits_through_the_server() {
     assert_same(&src, &restored.join(src.strip_prefix("/").unwrap()));
     srv.stop();
 }
+
+/// `copy` from one cairn server to another, each with its own token and pinned
+/// certificate (`--from-token-file`, `--from-server-fingerprint`), takes only the
+/// snapshots `--host` selects and reads the source's small files in pack ranges:
+/// far fewer requests than files (it made one request per chunk).
+#[test]
+fn copy_from_one_server_to_another_reads_pack_ranges() {
+    let a = Env::new();
+    a.init(&[]);
+    let tree = a.path("tree");
+    for d in 0..3 {
+        let dir = tree.join(format!("d{d}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..400 {
+            let n = 200 + (d * 400 + f) * 7 % 3000;
+            std::fs::write(
+                dir.join(format!("f{f}")),
+                Rng((d * 1000 + f) as u64).bytes(n, true),
+            )
+            .unwrap();
+        }
+    }
+    std::fs::write(tree.join("large"), Rng(9).bytes(5 << 20, false)).unwrap();
+    a.backup(&[&tree]);
+    let other = a.path("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("x"), b"another host's file").unwrap();
+    a.ok(&["backup", "--host", "elsewhere", other.to_str().unwrap()]);
+    let b = Env::new();
+    b.init(&["--block-size", "8K"]);
+    let sa = Server::start(&a.path("state"), &[("main", &a.repo)], false);
+    let sb = Server::start(&b.path("state"), &[("main", &b.repo)], false);
+    let ta = sa.token("reader", "main", "restore");
+    let tb = sb.token("writer", "main", "backup");
+    assert_ne!(sa.fingerprint, sb.fingerprint);
+    let token_file = a.path("source-token");
+    std::fs::write(&token_file, format!("{ta}\n")).unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&a.ok(&["snapshots", "--json"])).unwrap();
+    let host = listed[0]["hostname"].as_str().unwrap().to_string();
+    assert_ne!(host, "elsewhere");
+    let mut c = client_cmd(
+        &b,
+        &sb,
+        "main",
+        &tb,
+        &[
+            "copy",
+            "--json",
+            "--from",
+            &sa.location("main"),
+            "--host",
+            &host,
+        ],
+    );
+    c.env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .env("CAIRN_TRAFFIC_REPORT", "1")
+        .arg("--from-token-file")
+        .arg(&token_file)
+        .arg("--from-server-fingerprint")
+        .arg(sa.fingerprint.as_deref().unwrap());
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "copy: {err}");
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["snapshots_copied"], 1, "{report}");
+    let source = sa.location("main");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with(&format!("traffic: {source}:")))
+        .unwrap_or_else(|| panic!("no traffic line for the source: {err}"));
+    let requests: u64 = line
+        .rsplit(", ")
+        .next()
+        .and_then(|s| s.strip_suffix(" requests"))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        requests < 120,
+        "{requests} requests to the source for 1,201 files: {line}"
+    );
+    // Only the chosen host's snapshot came, and it restores exactly.
+    let out = b.path("out");
+    let o = client_cmd(
+        &b,
+        &sb,
+        "main",
+        &sb.token("admin", "main", "admin"),
+        &["restore", "latest", "--target", out.to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
+    ok(o, "restore");
+    assert_same(&tree, &out.join(tree.strip_prefix("/").unwrap()));
+    assert_eq!(b.snapshot_ids().len(), 1);
+    // Without the source's own token the source server refuses the destination's.
+    let mut c = client_cmd(
+        &b,
+        &sb,
+        "main",
+        &tb,
+        &["copy", "--from", &sa.location("main")],
+    );
+    c.env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .arg("--from-server-fingerprint")
+        .arg(sa.fingerprint.as_deref().unwrap());
+    let err = refused(c.output().unwrap(), "copy with the destination's token");
+    assert!(err.contains("source"), "{err}");
+    b.check_clean();
+    sa.stop();
+    sb.stop();
+}

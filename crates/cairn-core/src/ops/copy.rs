@@ -58,6 +58,9 @@ pub struct CopyOptions {
     /// Where file maps are kept (`<dir>/<source id>-<destination id>.map`); None:
     /// in memory for this run only.
     pub map_dir: Option<PathBuf>,
+    /// Which of the source's snapshots are copied (host, tags, paths): all that
+    /// match when none is named, and a named one must match.
+    pub filter: crate::ops::forget::SnapshotFilter,
 }
 
 /// What the copy internals need besides the options.
@@ -132,11 +135,14 @@ pub fn copy(
     let wanted = if specs.is_empty() {
         let (list, bad) = src.snapshots()?;
         report.unreadable_source_snapshots = bad.iter().map(|e| e.to_string()).collect();
-        list.clone()
+        list.iter()
+            .filter(|(_, s)| opts.filter.matches(s))
+            .cloned()
+            .collect()
     } else {
         let mut v = Vec::new();
         for spec in specs {
-            v.push(src.find_snapshot(spec)?);
+            v.push(src.find_snapshot_matching(spec, &opts.filter)?);
         }
         v.sort_by_key(|x| x.0);
         v.dedup_by(|x, y| x.0 == y.0);
@@ -528,14 +534,27 @@ impl Visitor for TreeCopy<'_, '_> {
     }
 }
 
-/// A file for the worker pool: its source content and size, and where the answer
-/// goes (the directory's index of the node).
+/// Files for the worker pool: a run of small files of one directory (their chunks
+/// are read from the source together, one range read where a backup stored them
+/// side by side) or one large file. Each is its node's index in the directory,
+/// its source content and its size; answers go to `reply`, one per file.
 struct FileJob {
-    node: usize,
-    content: Content,
-    size: u64,
+    files: Vec<(usize, Content, u64)>,
     reply: Sender<(usize, Result<Content>)>,
 }
+
+/// The bytes of chunks a copy reads from the source at once: a run of small files
+/// is one job up to this size, and a large file is read this much at a time (the
+/// bound of [`crate::ops::blobs::read_blobs`]'s range reads, so a job is at most a
+/// request or two to remote storage, where one per chunk made a copy from S3
+/// dozens of times slower than a restore).
+const READ_BATCH_BYTES: u64 = 2 << 20;
+/// And at most this many chunks.
+const READ_BATCH_CHUNKS: usize = 512;
+
+/// Chunks read ahead for a job's files, by id (each result taken once; a chunk
+/// not here is read when needed).
+type Prefetched = HashMap<BlobId, Result<Vec<u8>>>;
 
 impl Copier<'_> {
     fn copy_one(&self, sid: &SnapshotId, snap: &Snapshot, opts: &Run<'_>) -> Result<SnapshotId> {
@@ -573,8 +592,7 @@ impl Copier<'_> {
                 s.spawn(move || {
                     let mut enc = self.encoder();
                     for job in queue {
-                        let r = self.copy_content(&mut enc, &job.content, job.size);
-                        let _ = job.reply.send((job.node, r));
+                        self.copy_job(&mut enc, job);
                     }
                 });
             }
@@ -713,23 +731,38 @@ impl Copier<'_> {
         Ok(new)
     }
 
-    /// Translates the content of every file of one directory on the worker pool.
+    /// Translates the content of every file of one directory on the worker pool:
+    /// runs of small files as one job (read together), each large file as its own.
     fn copy_files(&self, nodes: &mut [Node], jobs: &Sender<FileJob>) -> Result<()> {
         let (reply, answers) = unbounded();
         let mut sent = 0usize;
+        let mut run: Vec<(usize, Content, u64)> = Vec::new();
+        let mut run_bytes = 0u64;
+        let send = |files: Vec<(usize, Content, u64)>| -> Result<()> {
+            jobs.send(FileJob {
+                files,
+                reply: reply.clone(),
+            })
+            .map_err(|_| Error::Invalid("copy workers stopped".into()))
+        };
         for (i, n) in nodes.iter().enumerate() {
             if n.kind != NodeKind::File || n.content == Content::None {
                 continue;
             }
-            let job = FileJob {
-                node: i,
-                content: n.content.clone(),
-                size: n.size,
-                reply: reply.clone(),
-            };
-            jobs.send(job)
-                .map_err(|_| Error::Invalid("copy workers stopped".into()))?;
             sent += 1;
+            if n.size >= READ_BATCH_BYTES {
+                send(vec![(i, n.content.clone(), n.size)])?;
+                continue;
+            }
+            if run_bytes + n.size > READ_BATCH_BYTES || run.len() >= READ_BATCH_CHUNKS {
+                send(std::mem::take(&mut run))?;
+                run_bytes = 0;
+            }
+            run_bytes += n.size;
+            run.push((i, n.content.clone(), n.size));
+        }
+        if !run.is_empty() {
+            send(run)?;
         }
         // Only the jobs hold senders now: a worker that died drops its job's, so the
         // wait below ends with an error instead of hanging.
@@ -746,26 +779,54 @@ impl Copier<'_> {
         Ok(())
     }
 
-    /// The destination's content for one file; `size` is its length (progress).
-    fn copy_content(&self, enc: &mut BlobEncoder, content: &Content, size: u64) -> Result<Content> {
-        crate::hooks::point("copy:before-file");
-        if self.same_chunking {
-            self.copy_missing_blobs(enc, content)?;
-            self.progress.bytes_done(size);
-            return Ok(content.clone());
+    /// A worker's job: the files the destination does not know yet (by the file
+    /// map, or every file when both sides share ids) have their chunks read in one
+    /// batch, then each file is translated and answered.
+    fn copy_job(&self, enc: &mut BlobEncoder, job: FileJob) {
+        let mut todo = Vec::with_capacity(job.files.len());
+        let mut want: Vec<BlobId> = Vec::new();
+        for (node, content, size) in job.files {
+            if !self.same_chunking
+                && let Some(known) = self.known_content(&content)
+            {
+                self.progress.bytes_done(size);
+                let _ = job.reply.send((node, Ok(known)));
+                continue;
+            }
+            // Only inline lists are read ahead (a small file's); a chunk-list tree
+            // belongs to a large file, which reads its own batches.
+            if let Content::Inline(refs) = &content {
+                want.extend(
+                    refs.iter()
+                        .map(|r| r.id)
+                        .filter(|id| !self.same_chunking || !self.is_stored(id)),
+                );
+            }
+            todo.push((node, content, size));
         }
-        let mut key = content_key(content);
-        if self.image.load(Ordering::Relaxed) {
-            // The same content cut as an image differs from it cut by content.
-            key = *blake3::Hasher::new()
-                .update(b"image")
-                .update(&key)
-                .finalize()
-                .as_bytes();
+        want.sort_unstable();
+        want.dedup();
+        let mut pre: Prefetched = if want.len() > 1 && self.progress.check_cancelled().is_ok() {
+            want.iter()
+                .copied()
+                .zip(crate::ops::blobs::read_blobs(self.src, &want))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        for (node, content, size) in todo {
+            let r = self.copy_content(enc, &content, size, &mut pre);
+            let _ = job.reply.send((node, r));
         }
+    }
+
+    /// What the file map says `content` became in the destination, if every blob of
+    /// that is still there.
+    fn known_content(&self, content: &Content) -> Option<Content> {
+        let key = self.content_key(content);
         // Bound first: a guard in the match scrutinee would live through the arms.
         let found = crate::lock(&self.map).lookup(&key);
-        let known = match found {
+        match found {
             Lookup::Fresh(c) => Some(c),
             // Read and checked against the index without holding the map (it may
             // read chunk lists): used only if every blob is there. Not kept in
@@ -783,19 +844,123 @@ impl Copier<'_> {
                 c
             }
             Lookup::Missing => None,
-        };
-        if let Some(c) = known {
+        }
+    }
+
+    /// The file map's key of a source content (an image's differs from the same
+    /// content cut by content).
+    fn content_key(&self, content: &Content) -> [u8; 32] {
+        let key = content_key(content);
+        if self.image.load(Ordering::Relaxed) {
+            *blake3::Hasher::new()
+                .update(b"image")
+                .update(&key)
+                .finalize()
+                .as_bytes()
+        } else {
+            key
+        }
+    }
+
+    /// Calls `f` with every chunk of `content` and its bytes, in order, reading
+    /// them from the source (or `pre`) a batch at a time; Ctrl-C stops it between
+    /// batches. A chunk whose length differs from its file's list is damage.
+    fn for_each_chunk_read(
+        &self,
+        content: &Content,
+        pre: &mut Prefetched,
+        f: &mut dyn FnMut(ChunkRef, Vec<u8>) -> Result<()>,
+    ) -> Result<()> {
+        let mut batch: Vec<ChunkRef> = Vec::new();
+        let mut bytes = 0u64;
+        for_each_chunk(self.src, content, &mut |r: ChunkRef| {
+            batch.push(r);
+            bytes += r.length;
+            if bytes >= READ_BATCH_BYTES || batch.len() >= READ_BATCH_CHUNKS {
+                bytes = 0;
+                self.read_batch(&mut batch, pre, f)?;
+            }
+            Ok(())
+        })?;
+        self.read_batch(&mut batch, pre, f)
+    }
+
+    /// Reads the chunks of `batch` (emptying it) and hands them to `f` in order.
+    fn read_batch(
+        &self,
+        batch: &mut Vec<ChunkRef>,
+        pre: &mut Prefetched,
+        f: &mut dyn FnMut(ChunkRef, Vec<u8>) -> Result<()>,
+    ) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.progress.check_cancelled()?;
+        let mut missing: Vec<BlobId> = batch
+            .iter()
+            .map(|r| r.id)
+            .filter(|id| !pre.contains_key(id))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        let read = crate::ops::blobs::read_blobs(self.src, &missing);
+        pre.extend(missing.into_iter().zip(read));
+        for r in batch.drain(..) {
+            let data = match pre.remove(&r.id) {
+                Some(d) => d?,
+                // The same chunk twice in the batch: read again.
+                None => self.src.read_blob(&r.id)?,
+            };
+            if data.len() as u64 != r.length {
+                return Err(Error::damaged(
+                    format!("chunk {}", r.id.short()),
+                    FormatError::malformed(
+                        "chunk",
+                        format!(
+                            "holds {} bytes where its file lists {}",
+                            data.len(),
+                            r.length
+                        ),
+                    ),
+                ));
+            }
+            self.counters
+                .bytes_read
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.progress.bytes_done(data.len() as u64);
+            f(r, data)?;
+        }
+        Ok(())
+    }
+
+    /// The destination's content for one file; `size` is its length (progress).
+    /// The file map was asked already (by [`Copier::copy_job`]).
+    fn copy_content(
+        &self,
+        enc: &mut BlobEncoder,
+        content: &Content,
+        size: u64,
+        pre: &mut Prefetched,
+    ) -> Result<Content> {
+        crate::hooks::point("copy:before-file");
+        if self.same_chunking {
+            self.copy_missing_blobs(enc, content, pre)?;
             self.progress.bytes_done(size);
-            return Ok(c);
+            return Ok(content.clone());
         }
         // Progress is reported chunk by chunk as the file is read.
-        let c = self.rechunk(enc, content)?;
-        crate::lock(&self.map).insert(key, &c);
+        let c = self.rechunk(enc, content, pre)?;
+        crate::lock(&self.map).insert(self.content_key(content), &c);
         Ok(c)
     }
 
     /// Same ids on both sides: store every blob of the content the destination lacks.
-    fn copy_missing_blobs(&self, enc: &mut BlobEncoder, content: &Content) -> Result<()> {
+    fn copy_missing_blobs(
+        &self,
+        enc: &mut BlobEncoder,
+        content: &Content,
+        pre: &mut Prefetched,
+    ) -> Result<()> {
         let mut needed = Vec::new();
         // Every chunk list is walked, even one the destination has: its chunks are
         // checked one by one rather than assumed (a prune may have kept a list
@@ -806,26 +971,57 @@ impl Copier<'_> {
             }
             true
         })?;
-        for id in needed {
-            // A large file is many blobs: Ctrl-C stops it here, not at its end.
+        // In batches read together; a large file is many: Ctrl-C stops it between
+        // them, not at its end.
+        let mut rest = &needed[..];
+        while !rest.is_empty() {
             self.progress.check_cancelled()?;
-            let loc = self.src.index().get(&id).ok_or(Error::BlobNotFound(id))?;
-            let data = self.src.read_blob(&id)?;
-            self.counters
-                .bytes_read
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
-            self.store(enc.encode(self.dst.key(), loc.kind, id, &data)?)?;
+            let mut bytes = 0u64;
+            let mut n = 0;
+            while n < rest.len() && n < READ_BATCH_CHUNKS && bytes < READ_BATCH_BYTES {
+                bytes += self
+                    .src
+                    .index()
+                    .get(&rest[n])
+                    .map_or(0, |l| u64::from(l.length));
+                n += 1;
+            }
+            let (batch, after) = rest.split_at(n);
+            rest = after;
+            let missing: Vec<BlobId> = batch
+                .iter()
+                .filter(|id| !pre.contains_key(id))
+                .copied()
+                .collect();
+            let read = crate::ops::blobs::read_blobs(self.src, &missing);
+            pre.extend(missing.into_iter().zip(read));
+            for id in batch {
+                let loc = self.src.index().get(id).ok_or(Error::BlobNotFound(*id))?;
+                let data = match pre.remove(id) {
+                    Some(d) => d?,
+                    None => self.src.read_blob(id)?,
+                };
+                self.counters
+                    .bytes_read
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                self.store(enc.encode(self.dst.key(), loc.kind, *id, &data)?)?;
+            }
         }
         Ok(())
     }
 
     /// Reads a file from the source and chunks it with the destination's chunker.
-    fn rechunk(&self, enc: &mut BlobEncoder, content: &Content) -> Result<Content> {
+    fn rechunk(
+        &self,
+        enc: &mut BlobEncoder,
+        content: &Content,
+        pre: &mut Prefetched,
+    ) -> Result<Content> {
         self.counters
             .files_rechunked
             .fetch_add(1, Ordering::Relaxed);
         if self.image.load(Ordering::Relaxed) {
-            return self.rechunk_image(enc, content);
+            return self.rechunk_image(enc, content, pre);
         }
         let mut stream = cairn_chunker::StreamChunker::new(self.dst.chunker());
         let mut builder = ChunkListBuilder::new();
@@ -844,26 +1040,7 @@ impl Copier<'_> {
             }
             Ok(())
         };
-        for_each_chunk(self.src, content, &mut |r: ChunkRef| {
-            self.progress.check_cancelled()?;
-            let data = self.src.read_blob(&r.id)?;
-            if data.len() as u64 != r.length {
-                return Err(Error::damaged(
-                    format!("chunk {}", r.id.short()),
-                    FormatError::malformed(
-                        "chunk",
-                        format!(
-                            "holds {} bytes where its file lists {}",
-                            data.len(),
-                            r.length
-                        ),
-                    ),
-                ));
-            }
-            self.counters
-                .bytes_read
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
-            self.progress.bytes_done(data.len() as u64);
+        self.for_each_chunk_read(content, pre, &mut |_, data: Vec<u8>| {
             stream.push(&data);
             drain(&mut stream, &mut builder, &mut emit)
         })?;
@@ -876,7 +1053,12 @@ impl Copier<'_> {
 impl Copier<'_> {
     /// An image's content cut in the destination's fixed blocks, its list built with
     /// the image geometry (docs/FORMAT.md, "Image snapshots").
-    fn rechunk_image(&self, enc: &mut BlobEncoder, content: &Content) -> Result<Content> {
+    fn rechunk_image(
+        &self,
+        enc: &mut BlobEncoder,
+        content: &Content,
+        pre: &mut Prefetched,
+    ) -> Result<Content> {
         let bs = self.dst.config().chunker.avg_size as usize;
         let zero = vec![0u8; bs];
         let mut builder =
@@ -899,19 +1081,7 @@ impl Copier<'_> {
                 &mut emit,
             )
         };
-        for_each_chunk(self.src, content, &mut |r: ChunkRef| {
-            self.progress.check_cancelled()?;
-            let data = self.src.read_blob(&r.id)?;
-            if data.len() as u64 != r.length {
-                return Err(Error::damaged(
-                    format!("chunk {}", r.id.short()),
-                    FormatError::malformed("chunk", "its length differs from its file's list"),
-                ));
-            }
-            self.counters
-                .bytes_read
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
-            self.progress.bytes_done(data.len() as u64);
+        self.for_each_chunk_read(content, pre, &mut |_, data: Vec<u8>| {
             pending.extend_from_slice(&data);
             let mut at = 0;
             while pending.len() - at >= bs {

@@ -905,11 +905,24 @@ impl Copier<'_> {
         missing.dedup();
         let read = crate::ops::blobs::read_blobs(self.src, &missing);
         pre.extend(missing.into_iter().zip(read));
+        // A chunk may come many times (a run of zeros or of one byte is one chunk
+        // repeated): each use but the last takes a copy.
+        let mut uses: HashMap<BlobId, u32> = HashMap::new();
+        for r in batch.iter() {
+            *uses.entry(r.id).or_default() += 1;
+        }
         for r in batch.drain(..) {
-            let data = match pre.remove(&r.id) {
-                Some(d) => d?,
-                // The same chunk twice in the batch: read again.
-                None => self.src.read_blob(&r.id)?,
+            let left = uses.get_mut(&r.id).map_or(0, |n| {
+                *n -= 1;
+                *n
+            });
+            let data = match (left, pre.get(&r.id)) {
+                (1.., Some(Ok(d))) => d.clone(),
+                _ => match pre.remove(&r.id) {
+                    Some(d) => d?,
+                    // Taken by an earlier batch of the same file.
+                    None => self.src.read_blob(&r.id)?,
+                },
             };
             if data.len() as u64 != r.length {
                 return Err(Error::damaged(
@@ -962,11 +975,12 @@ impl Copier<'_> {
         pre: &mut Prefetched,
     ) -> Result<()> {
         let mut needed = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         // Every chunk list is walked, even one the destination has: its chunks are
         // checked one by one rather than assumed (a prune may have kept a list
         // without its chunks if nothing used it).
         for_each_content_blob(self.src, content, &mut |id| {
-            if !self.is_stored(&id) {
+            if !self.is_stored(&id) && seen.insert(id) {
                 needed.push(id);
             }
             true

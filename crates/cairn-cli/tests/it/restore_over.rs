@@ -630,3 +630,64 @@ fn if_changed_updates_a_symlink_whose_metadata_changed() {
     assert_eq!(ino(&restored.join("same")), before[0], "unchanged: left");
     assert_ne!(ino(&restored.join("l")), before[1], "changed: made again");
 }
+
+/// A user who is not root restores a tree with read-only directories (0555) over
+/// its own earlier restore: the files inside are written again (the directories
+/// made writable for the restore, creating a file failed with "Permission denied"),
+/// even where the user took away its own access (000), and every directory ends
+/// with the snapshot's mode.
+#[test]
+fn a_user_restores_over_its_own_read_only_directories() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("ro/inner")).unwrap();
+    fs::write(src.join("ro/f"), b"one").unwrap();
+    fs::write(src.join("ro/inner/g"), b"two").unwrap();
+    for d in ["ro/inner", "ro"] {
+        fs::set_permissions(src.join(d), fs::Permissions::from_mode(0o555)).unwrap();
+    }
+    let snap = env.backup(&[&src]);
+    for p in [env.path(""), env.repo.clone()] {
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&env.repo)
+        .status()
+        .unwrap();
+    let target = env.path("mine");
+    fs::create_dir(&target).unwrap();
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o777)).unwrap();
+    let cache = env.path("nobody-cache");
+    fs::create_dir(&cache).unwrap();
+    fs::set_permissions(&cache, fs::Permissions::from_mode(0o777)).unwrap();
+    let restore = |extra: &[&str]| {
+        let mut args = vec!["restore", &snap, "--target", target.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = env
+            .cmd(&args)
+            .env("XDG_CACHE_HOME", &cache)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "restore {extra:?}: {err}");
+    };
+    restore(&[]);
+    let out = target.join(src.strip_prefix("/").unwrap());
+    assert_eq!(fs::read(out.join("ro/inner/g")).unwrap(), b"two");
+    // The restored copies are nobody's; root changes them as the user might have.
+    fs::set_permissions(out.join("ro/inner"), fs::Permissions::from_mode(0o000)).unwrap();
+    restore(&["--overwrite", "always"]);
+    for (d, content) in [("ro/f", "one"), ("ro/inner/g", "two")] {
+        assert_eq!(fs::read_to_string(out.join(d)).unwrap(), content);
+    }
+    for d in ["ro", "ro/inner"] {
+        let m = fs::metadata(out.join(d)).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o555, "{d}");
+    }
+}

@@ -164,6 +164,7 @@ pub(crate) fn ensure_dir(parent: &Dir, name: &CStr, fresh: bool) -> io::Result<O
             match open_dir_at(p, name) {
                 Ok((fd, path_only)) => {
                     let stat = sys::fstat(fd.as_fd())?;
+                    let (fd, path_only) = writable(fd, &stat, path_only)?;
                     return Ok(Opened {
                         fd,
                         stat,
@@ -206,6 +207,28 @@ pub(crate) fn ensure_dir(parent: &Dir, name: &CStr, fresh: bool) -> io::Result<O
         }
     }
     Err(kept_changing())
+}
+
+/// An existing directory of the restoring user that it may not write into or
+/// search (a 0555 directory an earlier restore made, as its snapshot had it) is
+/// given the owner's rwx, and opened for reading again if it was opened `O_PATH`:
+/// restoring into it again would fail otherwise. Restore sets every directory's
+/// mode from the snapshot once its entries are written, so it ends as before. Root
+/// needs no permission bits; someone else's directory is left alone.
+fn writable(fd: OwnedFd, stat: &Stat, path_only: bool) -> io::Result<(OwnedFd, bool)> {
+    let euid = sys::euid();
+    if euid == 0 || stat.uid != euid || stat.mode & 0o700 == 0o700 {
+        return Ok((fd, path_only));
+    }
+    let mode = (stat.mode & 0o7777) | 0o700;
+    if path_only {
+        sys::chmod_path_fd(fd.as_fd(), mode)?;
+        let readable = sys::open_at(fd.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        Ok((readable, false))
+    } else {
+        sys::chmod_fd(fd.as_fd(), mode)?;
+        Ok((fd, false))
+    }
 }
 
 /// Removes a non-directory `name` from `parent` so a new entry can be created there

@@ -6,7 +6,7 @@
 
 use crate::{Backend, BackendError, BackendErrorKind, ObjectInfo, Result};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +48,10 @@ pub struct RetryBackend {
     policy: RetryPolicy,
     retries: AtomicU64,
     notice: Option<RetryNotice>,
+    /// See [`RetryBackend::riding_restarts`].
+    ride_restarts: bool,
+    /// Some call has had an answer from the storage (anything but "nothing answers").
+    answered: AtomicBool,
 }
 
 impl std::fmt::Debug for RetryBackend {
@@ -66,7 +70,19 @@ impl RetryBackend {
             policy,
             retries: AtomicU64::new(0),
             notice: None,
+            ride_restarts: false,
+            answered: AtomicBool::new(false),
         }
+    }
+
+    /// Once the storage has answered, an address where nothing answers is retried
+    /// as long as any transient failure (the policy's attempts, or `--retry-for`)
+    /// rather than given up within seconds: it is the server restarting under a
+    /// running job (a `cairn serve` upgraded or moved), not a wrong address. Before
+    /// the first answer it still fails within seconds.
+    pub fn riding_restarts(mut self) -> Self {
+        self.ride_restarts = true;
+        self
     }
 
     pub fn with_notice(mut self, notice: RetryNotice) -> Self {
@@ -109,7 +125,12 @@ impl RetryBackend {
         let mut attempt = 0;
         let start = std::time::Instant::now();
         loop {
-            match f(attempt) {
+            let r = f(attempt);
+            match &r {
+                Err(e) if e.kind == BackendErrorKind::Unreachable => {}
+                _ => self.answered.store(true, Ordering::Relaxed),
+            }
+            match r {
                 Err(e)
                     if matches!(
                         e.kind,
@@ -117,7 +138,8 @@ impl RetryBackend {
                     ) =>
                 {
                     let wait = self.delay(attempt);
-                    let unreachable = e.kind == BackendErrorKind::Unreachable;
+                    let unreachable = e.kind == BackendErrorKind::Unreachable
+                        && !(self.ride_restarts && self.answered.load(Ordering::Relaxed));
                     let out_of_time = self
                         .policy
                         .max_total
@@ -282,6 +304,50 @@ mod tests {
             .unwrap_err();
         assert_eq!(calls, UNREACHABLE_ATTEMPTS);
         assert!(e.message.contains("is the server running"), "{e}");
+    }
+
+    /// A server that answered and then stops answering (restarting under a running
+    /// job) is waited for as long as the policy allows any transient failure; one
+    /// that never answered is given up quickly, riding or not.
+    #[test]
+    fn a_server_restarting_under_a_job_is_waited_for() {
+        let b = RetryBackend::new(Arc::new(MemBackend::new()), quick()).riding_restarts();
+        let mut calls = 0;
+        assert!(
+            b.run(|_| {
+                calls += 1;
+                failing(BackendErrorKind::Unreachable)
+            })
+            .is_err()
+        );
+        assert_eq!(
+            calls, UNREACHABLE_ATTEMPTS,
+            "no answer yet: given up quickly"
+        );
+        b.run(|_| Ok(())).unwrap();
+        let mut calls = 0;
+        b.run(|_| {
+            calls += 1;
+            if calls < 12 {
+                failing(BackendErrorKind::Unreachable)
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap();
+        assert_eq!(calls, 12);
+        // Without riding, an answer earlier changes nothing.
+        let b = RetryBackend::new(Arc::new(MemBackend::new()), quick());
+        b.run(|_| Ok(())).unwrap();
+        let mut calls = 0;
+        assert!(
+            b.run(|_| {
+                calls += 1;
+                failing(BackendErrorKind::Unreachable)
+            })
+            .is_err()
+        );
+        assert_eq!(calls, UNREACHABLE_ATTEMPTS);
     }
 
     /// `--retry-for` bounds the time spent retrying, not the number of attempts.

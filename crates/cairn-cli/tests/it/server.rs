@@ -678,8 +678,8 @@ fn an_older_datastore_is_read_only_to_non_admin_tokens() {
 
 /// The server stopped (SIGTERM) or killed (SIGKILL) in the middle of a backup (right
 /// after it stored the first pack) and started again once the client has seen it
-/// gone: the client's retries carry the backup through, and nothing committed is
-/// lost or damaged.
+/// gone, seconds later: the client's retries carry the backup through, and nothing
+/// committed is lost or damaged.
 #[test]
 fn a_backup_survives_the_server_stopping_and_dying_mid_upload() {
     for signal in [
@@ -722,6 +722,9 @@ fn a_backup_survives_the_server_stopping_and_dying_mid_upload() {
         drop(lines);
         // The client finds the server gone and says it will try again...
         client_err.wait_for("retrying", Duration::from_secs(120));
+        // ...and keeps trying while nothing answers at the address (a restart that
+        // takes seconds: it gave up after two before)...
+        std::thread::sleep(Duration::from_secs(4));
         // ...and the server comes back on the same port with the same state (the
         // self-signed certificate and the lock owners).
         let second = Server::start_on(port, &state, &[("main", &env.repo)], false);

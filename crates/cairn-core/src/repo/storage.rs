@@ -139,6 +139,13 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
                 attempt + 1,
             ));
         }));
+    // A `cairn serve` that stops answering after it answered is restarting: its
+    // clients wait for it (the job slot is asked for again when it is back).
+    let retry = if matches!(loc, Location::Server(_)) {
+        retry.riding_restarts()
+    } else {
+        retry
+    };
     let mut backend: Arc<dyn Backend> = Arc::new(retry);
     if loc.is_remote()
         && let Some(base) = opts.cache.base()

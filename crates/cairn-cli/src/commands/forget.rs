@@ -118,7 +118,9 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
         .collect();
     for (g, l) in late.iter().take(LATE_SHOWN) {
         eprintln!(
-            "warning: snapshot {} ({}) is dated {} but cairn serve received it at {}, after a              snapshot of its group dated later: it took no slot from the snapshots stored in              order (a long backup, a copy, or a client backdating it)",
+            "warning: snapshot {} ({}) is dated {} but cairn serve received it at {}, after a \
+             snapshot of its group dated later: it took no slot from the snapshots stored in \
+             order (a long backup, a copy, or a client backdating it)",
             l.short_id,
             g.group,
             short_time(&l.time),
@@ -136,7 +138,11 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
     }
     let planned = r.planned();
     if g.json {
-        super::print_json(&r)?;
+        // With --prune, one document: {"forget": the groups, "prune": prune's
+        // report, null when nothing was removed}, printed once prune is done.
+        if !a.prune {
+            super::print_json(&r)?;
+        }
     } else if !g.quiet {
         if let ForgetRequest::Policy { policy, .. } = &request {
             println!("applying policy: {policy}");
@@ -155,13 +161,30 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
     }
     drop(session);
     if !r.failed.is_empty() {
+        if g.json && a.prune {
+            super::print_json(&serde_json::json!({ "forget": &r, "prune": null }))?;
+        }
         bail!(
             "{} of {planned} snapshots could not be removed",
             r.failed.len()
         );
     }
-    if a.prune && planned > 0 {
-        return super::prune::run_after_forget(g, a.dry_run);
+    if a.prune {
+        let pruned = if planned > 0 {
+            Some(super::prune::run_after_forget(g, a.dry_run))
+        } else {
+            None
+        };
+        if g.json {
+            let prune = match &pruned {
+                Some(Ok(p)) => serde_json::to_value(p)?,
+                _ => serde_json::Value::Null,
+            };
+            super::print_json(&serde_json::json!({ "forget": &r, "prune": prune }))?;
+        }
+        if let Some(p) = pruned {
+            p?;
+        }
     }
     Ok(0)
 }

@@ -33,6 +33,13 @@ pub fn options(a: &PruneArgs) -> Result<PruneOptions> {
 }
 
 pub fn run(g: &Global, a: &PruneArgs) -> Result<i32> {
+    let report = execute(g, a)?;
+    render(g, &report)?;
+    Ok(0)
+}
+
+/// Prunes (or plans, with --dry-run) and returns the report, printing nothing.
+fn execute(g: &Global, a: &PruneArgs) -> Result<PruneReport> {
     let opts = options(a)?;
     let mut p = super::progress(g);
     let report = if opts.dry_run {
@@ -54,18 +61,22 @@ pub fn run(g: &Global, a: &PruneArgs) -> Result<i32> {
         ),
         e => anyhow::Error::from(e),
     })?;
-    render(g, &report)?;
-    Ok(0)
+    Ok(report)
 }
 
-/// `forget --prune`: prune with default settings once snapshots were removed.
-pub fn run_after_forget(g: &Global, dry_run: bool) -> Result<i32> {
+/// `forget --prune`: prune with default settings once snapshots were removed. The
+/// report is returned for `--json` (forget prints one document holding both).
+pub fn run_after_forget(g: &Global, dry_run: bool) -> Result<PruneReport> {
     let args = PruneArgs {
         dry_run,
         max_unused: "5%".into(),
         max_repack_size: None,
     };
-    run(g, &args)
+    let report = execute(g, &args)?;
+    if !g.json {
+        render(g, &report)?;
+    }
+    Ok(report)
 }
 
 fn render(g: &Global, r: &PruneReport) -> Result<()> {

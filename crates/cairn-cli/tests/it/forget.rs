@@ -186,7 +186,26 @@ fn prune_flag_prunes_after_forgetting() {
     setup(&env);
     let out = env.ok(&["forget", "--keep-last", "1", "--prune", "-n"]);
     assert!(out.contains("dry run"), "{out}");
-    env.ok(&["forget", "--keep-last", "1", "--prune"]);
+    // --json: one document, forget's groups and prune's report.
+    let out = env.ok(&["forget", "--keep-last", "1", "--prune", "--json"]);
+    let doc: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let removed = |doc: &serde_json::Value| -> usize {
+        doc["forget"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["remove"].as_array().map_or(0, |r| r.len()))
+            .sum()
+    };
+    assert_eq!(removed(&doc), 3, "{doc}");
+    assert!(doc["prune"]["plan"]["packs"].as_u64().is_some(), "{doc}");
+    // Nothing left to remove: prune does not run, and says so with null.
+    let out = env.ok(&["forget", "--keep-last", "1", "--prune", "--json"]);
+    let doc: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(removed(&doc), 0, "{doc}");
+    assert!(doc["prune"].is_null(), "{doc}");
     env.ok(&["check", "--read-data"]);
 }
 

@@ -105,6 +105,11 @@ pub const POINTS: &[Point] = &[
                 destination: mid-snapshot, with earlier files' blobs queued or stored",
     },
     Point {
+        name: "copy:before-snapshot",
+        state: "a copy stored one snapshot's data and index and is about to look for \
+                a copy another run made meanwhile, then write the snapshot",
+    },
+    Point {
         name: "copy:snapshot-committed",
         state: "a copy wrote one snapshot (and its record) to the destination; the \
                 next snapshot has not started",

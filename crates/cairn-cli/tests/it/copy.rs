@@ -528,3 +528,45 @@ fn a_snapshot_copied_by_another_way_is_not_copied_again() {
     assert_eq!(again["snapshots_copied"], 0, "{again}");
     assert_eq!(r4.snapshot_ids().len(), 3);
 }
+
+/// Two copies of the same snapshots into one destination at once: the one that
+/// comes to commit second finds the first one's copy and stores no second
+/// snapshot (both stored one before; prune took the duplicate data away, but the
+/// duplicate snapshots stayed).
+#[test]
+fn two_copies_at_once_store_each_snapshot_once() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let (src, _) = history(&r1);
+    let r2 = Env::new();
+    r2.init(&["--block-size", "64K"]);
+    let pause = r2.path("pause");
+    std::fs::create_dir_all(&pause).unwrap();
+    // The first copy stops before committing its first snapshot...
+    let first = copy_cmd(&r1, &r2, &[])
+        .env(
+            "CAIRN_TEST_PAUSE_AT",
+            format!("copy:before-snapshot:1:{}", pause.display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the first copy to reach its commit",
+        std::time::Duration::from_secs(60),
+        || pause.join("reached").exists(),
+    );
+    // ...while a second one copies everything...
+    let second = copy(&r1, &r2, &[]);
+    assert_eq!(second["snapshots_copied"], 3, "{second}");
+    // ...then the first one goes on, and finds each snapshot there.
+    std::fs::write(pause.join("go"), b"").unwrap();
+    let o = first.wait_with_output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["snapshots_copied"], 0, "{report}");
+    assert_eq!(r2.snapshot_ids().len(), 3);
+    r2.ok(&["prune"]);
+    r2.check_clean();
+    assert_same(&src, &r2.restore("latest", &src, "r"));
+}

@@ -69,6 +69,9 @@ struct Run<'a> {
     map_path: Option<PathBuf>,
     /// The destination's lock, checked before each snapshot is committed.
     lock: &'a RepoLock,
+    /// The destination's snapshots when the copy began: one that appears later is
+    /// read to see whether it is a copy made meanwhile by another run.
+    dst_snapshots: std::collections::HashSet<SnapshotId>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -208,6 +211,7 @@ pub fn copy(
         threads: threads.max(1),
         map_path,
         lock: &lock,
+        dst_snapshots: in_dst.values().copied().collect(),
     };
     let stats = copy_snapshots(src.repo(), dst.repo(), &wanted, present, &run, &progress)?;
     report.bytes_sent = dst
@@ -306,6 +310,7 @@ fn copy_snapshots(
         trees: Mutex::new(IdMap::default()),
         image: Default::default(),
         image_zero_blocks: AtomicU64::new(0),
+        seen: Mutex::new((opts.dst_snapshots.clone(), Vec::new())),
     };
     let mut stats = CopyStats {
         same_chunking,
@@ -342,8 +347,25 @@ fn copy_snapshots(
             });
             continue;
         }
-        let target = match copier.copy_one(sid, snap, opts) {
-            Ok(t) => t,
+        // Another copy into the destination may have copied it since this one
+        // listed the destination: looked for before reading it, and again right
+        // before committing it (two copies started together both send its data,
+        // but only one stores the snapshot).
+        let arrived = match copier.copied_meanwhile(sid, snap)? {
+            Some(t) => Ok((t, true)),
+            None => copier.copy_one(sid, snap, opts),
+        };
+        let target = match arrived {
+            Ok((t, true)) => {
+                present.insert(sid.to_hex(), t);
+                stats.snapshots.push(SnapshotCopy {
+                    source: *sid,
+                    target: t,
+                    already_present: true,
+                });
+                continue;
+            }
+            Ok((t, false)) => t,
             // The source's data is damaged or missing: the other snapshots may be fine.
             Err(
                 e @ (Error::Damaged { .. } | Error::BlobNotFound(_) | Error::PackMissing { .. }),
@@ -466,6 +488,14 @@ struct Copier<'a> {
     /// Source tree -> destination tree, for trees copied by this run: the next
     /// snapshot's unchanged directories are not walked again.
     trees: Mutex<IdMap<BlobId>>,
+    /// The destination's snapshots listed so far, and those that appeared after the
+    /// copy began (their id, the source snapshot they copy from this source, and
+    /// their identity): [`Copier::copied_meanwhile`].
+    #[allow(clippy::type_complexity)]
+    seen: Mutex<(
+        std::collections::HashSet<SnapshotId>,
+        Vec<(SnapshotId, Option<String>, String)>,
+    )>,
     /// The snapshot being copied is an image (`backup --image`): re-chunked files
     /// are cut in the destination's fixed blocks with the image list geometry, so
     /// the copy stays an image snapshot (and a parent for incremental ones there).
@@ -557,7 +587,41 @@ const READ_BATCH_CHUNKS: usize = 512;
 type Prefetched = HashMap<BlobId, Result<Vec<u8>>>;
 
 impl Copier<'_> {
-    fn copy_one(&self, sid: &SnapshotId, snap: &Snapshot, opts: &Run<'_>) -> Result<SnapshotId> {
+    /// The destination's copy of `snap` stored by another run since this one
+    /// listed the destination, if any: snapshots that appeared since are read once.
+    fn copied_meanwhile(&self, sid: &SnapshotId, snap: &Snapshot) -> Result<Option<SnapshotId>> {
+        let src_id = &self.src.config().id;
+        let ids = self.dst.list_snapshot_ids()?;
+        let mut seen = crate::lock(&self.seen);
+        let (known, arrived) = &mut *seen;
+        for id in ids {
+            if !known.insert(id) {
+                continue;
+            }
+            // Unreadable or gone again: not a copy of anything.
+            if let Ok(other) = self.dst.read_snapshot(&id) {
+                let ident = identity(&other);
+                let from = other
+                    .copied_from
+                    .filter(|c| &c.repository == src_id)
+                    .map(|c| c.snapshot);
+                arrived.push((id, from, ident));
+            }
+        }
+        let (hex, wanted) = (sid.to_hex(), identity(snap));
+        Ok(arrived
+            .iter()
+            .find(|(_, from, ident)| from.as_deref() == Some(hex.as_str()) || *ident == wanted)
+            .map(|(id, _, _)| *id))
+    }
+
+    /// Copies one snapshot; true with the id of a copy another run stored first.
+    fn copy_one(
+        &self,
+        sid: &SnapshotId,
+        snap: &Snapshot,
+        opts: &Run<'_>,
+    ) -> Result<(SnapshotId, bool)> {
         let pool = Arc::new(BufferPool::new(DEFAULT_UPLOAD_THREADS + 1));
         // Packs being filled and uploaded (about six at a time): smaller under a
         // memory limit, as for a backup.
@@ -658,7 +722,11 @@ impl Copier<'_> {
             repository: self.src.config().id.clone(),
             snapshot: sid.to_hex(),
         });
-        self.dst.write_snapshot(&copy, opts.lock)
+        crate::hooks::point("copy:before-snapshot");
+        if let Some(there) = self.copied_meanwhile(sid, snap)? {
+            return Ok((there, true));
+        }
+        Ok((self.dst.write_snapshot(&copy, opts.lock)?, false))
     }
 
     fn is_stored(&self, id: &BlobId) -> bool {

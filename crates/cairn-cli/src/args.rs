@@ -979,6 +979,10 @@ pub struct CopyArgs {
     /// CA certificate(s) to trust for the source (else the destination's --cacert)
     #[arg(long, env = "CAIRN_FROM_CACERT", value_name = "FILE")]
     pub from_cacert: Option<PathBuf>,
+    /// This copy's pack size (128K to 256M; default: the destination's): small
+    /// packs over a slow link, so an interruption costs seconds
+    #[arg(long, value_name = "SIZE")]
+    pub pack_size: Option<String>,
     /// Snapshots to copy (id prefixes or "latest"); default: all that the
     /// --host/--tag/--path filters select. Files are re-chunked on --threads
     /// threads (default: the number of cores)

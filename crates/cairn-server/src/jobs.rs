@@ -898,6 +898,7 @@ fn run_job(
                     threads: 2,
                     map_dir: Some(app.config.state_dir.join("copy-maps")),
                     filter: Default::default(),
+                    pack_size: None,
                 },
             )
             .map_err(|e| e.to_string())?;

@@ -100,6 +100,12 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
                 .map(|b| b.join("copy"))
         },
         filter: a.filter.engine(),
+        pack_size: a
+            .pack_size
+            .as_deref()
+            .map(super::parse_size)
+            .transpose()
+            .context("--pack-size")?,
     };
     p.start();
     let r = copy::copy(&mut src, &mut dst, &a.snapshots, &opts);

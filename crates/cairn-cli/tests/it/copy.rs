@@ -570,3 +570,36 @@ fn two_copies_at_once_store_each_snapshot_once() {
     r2.check_clean();
     assert_same(&src, &r2.restore("latest", &src, "r"));
 }
+
+/// `copy --pack-size` cuts the destination's packs at that size (a slow link loses
+/// one small pack to a drop), and a size out of range is refused before anything
+/// is read.
+#[test]
+fn a_copy_takes_its_own_pack_size() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let (src, _) = history(&r1);
+    let r2 = Env::new();
+    r2.init(&[]);
+    let o = copy_cmd(&r1, &r2, &["--pack-size", "64K"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("between 128 KiB and 256 MiB"), "{err}");
+    copy(&r1, &r2, &["--pack-size", "256K"]);
+    let mut sizes = Vec::new();
+    for d in std::fs::read_dir(r2.repo.join("data")).unwrap() {
+        for f in std::fs::read_dir(d.unwrap().path()).unwrap() {
+            sizes.push(f.unwrap().metadata().unwrap().len());
+        }
+    }
+    assert!(sizes.len() > 10, "{sizes:?}");
+    // A pack closes once it passes the size: at most one blob (64 KiB) beyond it.
+    assert!(
+        sizes.iter().all(|&n| n <= (256 + 64 + 8) << 10),
+        "{sizes:?}"
+    );
+    r2.check_clean();
+    assert_same(&src, &r2.restore("latest", &src, "r"));
+}

@@ -61,6 +61,9 @@ pub struct CopyOptions {
     /// Which of the source's snapshots are copied (host, tags, paths): all that
     /// match when none is named, and a named one must match.
     pub filter: crate::ops::forget::SnapshotFilter,
+    /// This copy's pack size (`--pack-size`, as a backup's); None: the
+    /// destination's. Small packs over a slow link lose little to a drop.
+    pub pack_size: Option<u64>,
 }
 
 /// What the copy internals need besides the options.
@@ -72,6 +75,7 @@ struct Run<'a> {
     /// The destination's snapshots when the copy began: one that appears later is
     /// read to see whether it is a copy made meanwhile by another run.
     dst_snapshots: std::collections::HashSet<SnapshotId>,
+    pack_size: Option<u64>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -124,6 +128,13 @@ pub fn copy(
     opts: &CopyOptions,
 ) -> Result<CopyReport> {
     let start = std::time::Instant::now();
+    if let Some(n) = opts.pack_size
+        && !(crate::repo::CLIENT_PACK_SIZE_MIN..=crate::repo::PACK_SIZE_MAX).contains(&n)
+    {
+        return Err(Error::Invalid(
+            "--pack-size must be between 128 KiB and 256 MiB".into(),
+        ));
+    }
     if src.repo().config().id == dst.repo().config().id {
         return Err(Error::Invalid(
             "the source and the destination are the same repository".into(),
@@ -212,6 +223,7 @@ pub fn copy(
         map_path,
         lock: &lock,
         dst_snapshots: in_dst.values().copied().collect(),
+        pack_size: opts.pack_size,
     };
     let stats = copy_snapshots(src.repo(), dst.repo(), &wanted, present, &run, &progress)?;
     report.bytes_sent = dst
@@ -625,7 +637,9 @@ impl Copier<'_> {
         let pool = Arc::new(BufferPool::new(DEFAULT_UPLOAD_THREADS + 1));
         // Packs being filled and uploaded (about six at a time): smaller under a
         // memory limit, as for a backup.
-        let configured = u64::from(self.dst.config().pack_size);
+        let configured = opts
+            .pack_size
+            .unwrap_or_else(|| u64::from(self.dst.config().pack_size));
         let pack_size = self.dst.memory_plan_in_use().map_or(configured, |p| {
             p.share(12, crate::repo::CLIENT_PACK_SIZE_MIN, configured)
         }) as usize;

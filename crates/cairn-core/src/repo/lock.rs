@@ -47,19 +47,25 @@ impl LockInfo {
     pub fn hex(&self) -> String {
         hex::encode(self.id)
     }
+    /// Eight hex digits naming the lock in messages. Not the first eight: through
+    /// a server, a lock's first 8 bytes name the token that owns it, the same for
+    /// every lock of one client; the next ones are random.
+    pub fn short(&self) -> String {
+        self.hex()[16..24].to_string()
+    }
     /// One line for messages: what, where, since when.
     pub fn describe(&self) -> String {
         match &self.lock {
             Some(l) => format!(
                 "{} lock {} held by {}@{} (pid {}) since {}",
                 l.operation,
-                &self.hex()[..8],
+                self.short(),
                 l.username,
                 l.hostname,
                 l.pid,
                 l.created.get(..19).unwrap_or(&l.created).replace('T', " ")
             ),
-            None => format!("unreadable lock {}", &self.hex()[..8]),
+            None => format!("unreadable lock {}", self.short()),
         }
     }
 }
@@ -583,6 +589,25 @@ fn held_by_running_process_here(l: &Lock) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    /// Two locks of one server client (one owner prefix) are told apart in messages.
+    #[test]
+    fn one_owners_locks_have_different_short_ids() {
+        let info = |tail: u8| {
+            let mut id = [tail; 32];
+            id[..8].copy_from_slice(b"ownerpfx");
+            super::LockInfo {
+                id,
+                name: String::new(),
+                lock: None,
+                stale: false,
+            }
+        };
+        let (a, b) = (info(1), info(2));
+        assert_ne!(a.short(), b.short());
+        assert_ne!(a.describe(), b.describe());
+        assert!(a.hex().contains(&a.short()));
+    }
 
     /// One owner's locks (one 8-byte id prefix: a server token's) count for all
     /// places but one at most; every random-id lock counts for itself.

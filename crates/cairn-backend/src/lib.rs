@@ -286,6 +286,9 @@ pub enum JobSlot {
         max: u32,
         running: Vec<String>,
         ahead: Vec<String>,
+        /// This client's token already holds the most slots one token may (one
+        /// less than `max`, so that one client cannot take them all).
+        token_at_share: Option<u32>,
     },
 }
 

@@ -741,6 +741,10 @@ impl Backend for ServerBackend {
             running: Vec<Job>,
             #[serde(default)]
             ahead: Vec<Job>,
+            #[serde(default)]
+            token_running: u32,
+            #[serde(default)]
+            per_token: u32,
         }
         let body = serde_json::json!({"operation": operation, "host": host}).to_string();
         let ask = |wait: u64| {
@@ -774,6 +778,11 @@ impl Backend for ServerBackend {
                 max: r.max,
                 running: r.running.iter().map(describe).collect(),
                 ahead: r.ahead.iter().map(describe).collect(),
+                // Only when the datastore itself has room: else that is why.
+                token_at_share: (r.per_token > 0
+                    && r.token_running >= r.per_token
+                    && (r.running.len() as u32) < r.max)
+                    .then_some(r.token_running),
             });
         }
         let mut hb = self.heartbeat.lock().unwrap_or_else(|e| e.into_inner());

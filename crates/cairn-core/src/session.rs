@@ -146,15 +146,24 @@ impl ServerSlot {
                     max,
                     running,
                     ahead,
+                    token_at_share,
                 } => {
                     if told != Some(ahead.len()) {
                         progress.phase(Phase::WaitingForJobSlot);
-                        let mut m = format!(
-                            "waiting: the server runs {} of at most {max} jobs on this datastore \
-                             and {} are queued ahead (max-concurrent-jobs):",
-                            running.len(),
-                            ahead.len()
-                        );
+                        let mut m = match token_at_share {
+                            Some(held) => format!(
+                                "waiting: this client's token already runs {held} jobs on this \
+                                 datastore, the most one token may run at once (one less than \
+                                 max-concurrent-jobs {max}, so that one client cannot take \
+                                 every slot); this job starts when one of them ends:"
+                            ),
+                            None => format!(
+                                "waiting: the server runs {} of at most {max} jobs on this \
+                                 datastore and {} are queued ahead (max-concurrent-jobs):",
+                                running.len(),
+                                ahead.len()
+                            ),
+                        };
                         for j in running.iter().chain(&ahead).take(max as usize + 2) {
                             m.push_str("\n  ");
                             m.push_str(j);

@@ -1311,6 +1311,10 @@ struct SlotReply {
     /// `GET` only: client jobs that ended, newest first.
     #[serde(skip_serializing_if = "Option::is_none")]
     recent: Option<Vec<crate::slots::EndedJob>>,
+    /// Slots the asking token holds, and the most one token may hold: a client
+    /// waiting because its own token is at that bound is told so.
+    token_running: usize,
+    per_token: usize,
 }
 
 impl SlotReply {
@@ -1321,10 +1325,13 @@ impl SlotReply {
         running: Vec<crate::slots::JobView>,
         ahead: Vec<crate::slots::JobView>,
     ) -> SlotReply {
+        let max = store.max_jobs.load(Ordering::Relaxed);
         SlotReply {
             granted,
-            max: store.max_jobs.load(Ordering::Relaxed),
+            max,
             heartbeat_secs: (store.slots.idle().as_secs() / 3).max(1),
+            token_running: running.iter().filter(|j| j.token == t.name).count(),
+            per_token: crate::slots::per_token(max.max(1) as usize),
             running: visible(t, running),
             ahead: visible(t, ahead),
             recent: None,

@@ -3889,3 +3889,69 @@ fn copy_from_one_server_to_another_reads_pack_ranges() {
     sa.stop();
     sb.stop();
 }
+
+/// A client whose token already holds the most slots one token may (one less than
+/// max-concurrent-jobs) is told that, not that the datastore is full (it said
+/// "the server runs 2 of at most 3 jobs", which made waiting look like a bug),
+/// and a client of another token runs at once.
+#[test]
+fn a_client_waiting_for_its_own_tokens_share_is_told_so() {
+    let env = Env::new();
+    env.init(&[]);
+    env.ok(&["config", "--max-concurrent-jobs", "3"]);
+    let src = env.path("src");
+    make_full_tree(&src, 5);
+    let srv = Server::with_settings(&env, "job_idle_secs = 30\n");
+    let busy = srv.token("busy", "main", "backup");
+    let other = srv.token("other", "main", "backup");
+    let p = srv.port;
+    for ses in ["one", "two"] {
+        let (code, body) = http_with(
+            p,
+            "POST",
+            "/v1/datastores/main/slots?wait=0",
+            &busy,
+            &[("X-Cairn-Session", ses)],
+            b"{\"operation\":\"backup\",\"host\":\"squat\"}",
+        );
+        assert_eq!(code, 200);
+        assert!(String::from_utf8_lossy(&body).contains("\"granted\":true"));
+    }
+    let mut waiting = client_cmd(
+        &env,
+        &srv,
+        "main",
+        &busy,
+        &["backup", src.to_str().unwrap()],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = StderrLines::of(&mut waiting);
+    let line = lines.wait_for("waiting:", Duration::from_secs(60));
+    assert!(
+        line.contains("this client's token already runs 2 jobs"),
+        "{line}"
+    );
+    // Another token's backup is not held up.
+    ok(
+        client_cmd(
+            &env,
+            &srv,
+            "main",
+            &other,
+            &["backup", src.to_str().unwrap()],
+        )
+        .output()
+        .unwrap(),
+        "the other token's backup",
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(waiting.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let _ = waiting.wait();
+    srv.stop();
+}

@@ -603,3 +603,31 @@ fn a_copy_takes_its_own_pack_size() {
     r2.check_clean();
     assert_same(&src, &r2.restore("latest", &src, "r"));
 }
+
+/// Ctrl-C during a copy over a slow link says that the packs already made are
+/// being stored, and how not to wait (it stored them without a word), and the next
+/// run does not send them again.
+#[test]
+fn an_interrupted_copy_says_what_it_still_stores() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let src = r1.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("big"), Rng(8).bytes(24 << 20, false)).unwrap();
+    r1.backup(&[&src]);
+    let r2 = Env::new();
+    r2.init(&[]);
+    let (code, err, _) = interrupted(
+        copy_cmd(&r1, &r2, &["--limit-upload", "4M", "--pack-size", "1M"]),
+        std::time::Duration::from_millis(2000),
+    );
+    assert_eq!(code, Some(130), "{err}");
+    assert!(err.contains("stopping: storing the"), "{err}");
+    assert!(err.contains("interrupt again"), "{err}");
+    let again = copy(&r1, &r2, &[]);
+    assert!(
+        again["bytes_added"].as_u64().unwrap() < 20 << 20,
+        "the stored packs were sent again: {again}"
+    );
+    assert_same(&src, &r2.restore("latest", &src, "r"));
+}

@@ -644,6 +644,9 @@ impl Copier<'_> {
             p.share(12, crate::repo::CLIENT_PACK_SIZE_MIN, configured)
         }) as usize;
         let mut uploader = self.dst.uploader(pool.clone());
+        // Upload progress, and on Ctrl-C a word on the packs still to store (a
+        // second Ctrl-C abandons them), as for a backup.
+        uploader.set_progress(self.progress.clone());
         // Through a server, an index file after every pack, as a backup there does:
         // an interrupted copy sends again at most the pack in flight (the links
         // to a server are the slow ones); elsewhere at most a few packs.

@@ -744,3 +744,71 @@ fn names_that_are_not_utf8_can_be_named() {
     assert_eq!(fs::read(OsStr::from_bytes(&got)).unwrap(), b"two");
     assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
 }
+
+/// Hard links to a symlink and to a FIFO are tar hard links in an export (they
+/// were two entries each), so GNU tar extracts one inode with both names.
+#[test]
+fn export_keeps_hard_links_to_symlinks_and_fifos() {
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    std::os::unix::fs::symlink("somewhere", src.join("l1")).unwrap();
+    fs::hard_link(src.join("l1"), src.join("d/l2")).unwrap();
+    nix::unistd::mkfifo(
+        &src.join("p1"),
+        nix::sys::stat::Mode::from_bits_truncate(0o640),
+    )
+    .unwrap();
+    fs::hard_link(src.join("p1"), src.join("d/p2")).unwrap();
+    let snap = env.backup(&[&src]);
+    let tarball = env.path("links.tar");
+    env.ok(&[
+        "export",
+        &snap,
+        src.to_str().unwrap(),
+        "-o",
+        tarball.to_str().unwrap(),
+    ]);
+    let out = env.path("x");
+    fs::create_dir_all(&out).unwrap();
+    let x = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(x.status.success(), "{}", String::from_utf8_lossy(&x.stderr));
+    let root = walk_to_file(&out, "l1");
+    for (a, b) in [("l1", "d/l2"), ("p1", "d/p2")] {
+        let (ma, mb) = (
+            fs::symlink_metadata(root.join(a)).unwrap(),
+            fs::symlink_metadata(root.join(b)).unwrap(),
+        );
+        assert_eq!((ma.ino(), ma.nlink()), (mb.ino(), 2), "{a} {b}");
+    }
+    assert_eq!(
+        fs::read_link(root.join("d/l2")).unwrap(),
+        Path::new("somewhere")
+    );
+}
+
+/// The directory under `top` holding an entry named `name` (an export's paths
+/// start wherever the snapshot's did).
+fn walk_to_file(top: &Path, name: &str) -> std::path::PathBuf {
+    let mut stack = vec![top.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if fs::symlink_metadata(d.join(name)).is_ok() {
+            return d;
+        }
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    panic!("no {name} under {}", top.display())
+}

@@ -165,6 +165,9 @@ trait Sink {
         first: Option<&[u8]>,
         content: &mut Content<'_>,
     ) -> Result<()>;
+    /// Another name of a symlink, FIFO or device written before as `first`; false
+    /// when the format has no hard links (the entry is then written again).
+    fn link(&mut self, name: &[u8], n: &Node, first: &[u8]) -> Result<bool>;
     fn finish(&mut self) -> Result<()>;
 }
 
@@ -231,10 +234,24 @@ impl<S: Sink> Exporter<'_, S> {
                 "{}: a socket cannot be stored in an archive (left out)",
                 String::from_utf8_lossy(&name)
             )),
+            // Hard links to a symlink, FIFO or device stay links, as restore keeps
+            // them.
+            NodeKind::Symlink | NodeKind::Fifo | NodeKind::CharDevice | NodeKind::BlockDevice
+                if n.nlink > 1
+                    && let Some(first) = self.links.get(&(n.dev, n.inode)).cloned()
+                    && self.sink.link(&name, n, &first)? =>
+            {
+                self.report.other_entries += 1;
+            }
             _ => match self.sink.entry(&name, n)? {
                 Some(note) => self.report.notes.push(note),
                 None if n.kind == NodeKind::Dir => self.report.dirs += 1,
-                None => self.report.other_entries += 1,
+                None => {
+                    if n.nlink > 1 && n.kind != NodeKind::Dir {
+                        self.links.entry((n.dev, n.inode)).or_insert(name);
+                    }
+                    self.report.other_entries += 1;
+                }
             },
         }
         Ok(())
@@ -334,6 +351,15 @@ fn os_path(name: &[u8]) -> &std::path::Path {
 }
 
 impl Sink for TarSink<'_> {
+    fn link(&mut self, name: &[u8], n: &Node, first: &[u8]) -> Result<bool> {
+        let mut h = self.header(n)?;
+        h.set_entry_type(tar::EntryType::Link);
+        self.tar
+            .append_link(&mut h, os_path(name), os_path(first))
+            .map_err(io)?;
+        Ok(true)
+    }
+
     fn entry(&mut self, name: &[u8], n: &Node) -> Result<Option<String>> {
         let mut h = self.header(n)?;
         let path = os_path(name);
@@ -656,6 +682,10 @@ fn zip_name(name: &[u8], notes: &mut Vec<String>) -> String {
 }
 
 impl Sink for ZipSink<'_> {
+    fn link(&mut self, _: &[u8], _: &Node, _: &[u8]) -> Result<bool> {
+        Ok(false)
+    }
+
     fn entry(&mut self, name: &[u8], n: &Node) -> Result<Option<String>> {
         let mut notes = Vec::new();
         let shown = zip_name(name, &mut notes);

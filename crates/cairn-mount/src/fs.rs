@@ -674,8 +674,10 @@ impl State {
     }
 }
 
+/// Names of one inode share one inode number: files, and symlinks, FIFOs and
+/// devices too (restore and export keep those links).
 fn link_key(snap: SnapshotId, n: &Node) -> Option<LinkKey> {
-    (n.kind == NodeKind::File && n.nlink > 1).then_some((snap, n.dev, n.inode))
+    (n.kind != NodeKind::Dir && n.nlink > 1).then_some((snap, n.dev, n.inode))
 }
 
 fn entry_of(snap: SnapshotId, dir: BlobId, n: &Node) -> (What, FileAttr) {

@@ -135,6 +135,9 @@ fn mount_shows_hosts_snapshots_and_latest_with_everything_a_restore_has() {
     env.init(&[]);
     let src = env.path("src");
     make_full_tree(&src, 11);
+    // A symlink with two names: one inode in the mount too.
+    std::os::unix::fs::symlink("small.txt", src.join("sym-1")).unwrap();
+    fs::hard_link(src.join("sym-1"), src.join("sym-2")).unwrap();
     let s1 = backup_host(&env, &src, "alpha");
     let s2 = backup_host(&env, &src, "beta/gamma");
     let mnt = env.path("mnt");
@@ -205,6 +208,9 @@ fn mount_shows_hosts_snapshots_and_latest_with_everything_a_restore_has() {
     );
     let m1 = fs::metadata(inside(&mnt.join("latest"), &src).join("hard-1")).unwrap();
     let m2 = fs::metadata(inside(&mnt.join("latest"), &src).join("hard-2")).unwrap();
+    assert_eq!((m1.ino(), m1.nlink()), (m2.ino(), 2));
+    let m1 = fs::symlink_metadata(inside(&mnt.join("latest"), &src).join("sym-1")).unwrap();
+    let m2 = fs::symlink_metadata(inside(&mnt.join("latest"), &src).join("sym-2")).unwrap();
     assert_eq!((m1.ino(), m1.nlink()), (m2.ino(), 2));
     // `cp -a` out of the mount gives the source back, holes included.
     let copy = env.path("copy");

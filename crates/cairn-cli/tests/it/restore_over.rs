@@ -690,4 +690,27 @@ fn a_user_restores_over_its_own_read_only_directories() {
         let m = fs::metadata(out.join(d)).unwrap();
         assert_eq!(m.mode() & 0o7777, 0o555, "{d}");
     }
+    // The user's own read-only directories the snapshot does not have go with
+    // --delete, what is in them too ("deleting it: Permission denied" before).
+    for extra in ["ro/extra", "ro/extra/deeper"] {
+        fs::create_dir(out.join(extra)).unwrap();
+        fs::write(out.join(extra).join("f"), b"x").unwrap();
+    }
+    for p in [
+        "ro/extra/deeper/f",
+        "ro/extra/deeper",
+        "ro/extra/f",
+        "ro/extra",
+    ] {
+        std::os::unix::fs::lchown(out.join(p), Some(65534), Some(65534)).unwrap();
+    }
+    fs::set_permissions(
+        out.join("ro/extra/deeper"),
+        fs::Permissions::from_mode(0o000),
+    )
+    .unwrap();
+    fs::set_permissions(out.join("ro/extra"), fs::Permissions::from_mode(0o555)).unwrap();
+    restore(&["--delete"]);
+    assert!(!out.join("ro/extra").exists());
+    assert_eq!(fs::read_to_string(out.join("ro/inner/g")).unwrap(), "two");
 }

@@ -472,7 +472,11 @@ enum Found {
 /// its mount then read through the descriptor: an automount point (which the
 /// open triggers) or a mount made in between is seen as what the descriptor
 /// reaches, never emptied as if it were the target's.
-fn look(dir: BorrowedFd<'_>, name: &CStr, mount: (u64, u64)) -> io::Result<Found> {
+///
+/// When `removing`, a directory of the restoring user that it may not read or
+/// change (0555, 000) is first given the owner's rwx, through a descriptor of the
+/// directory itself: emptying it would fail otherwise, and it is going anyway.
+fn look(dir: BorrowedFd<'_>, name: &CStr, mount: (u64, u64), removing: bool) -> io::Result<Found> {
     let st = sys::stat_at(dir, name)?;
     if st.kind() != libc::S_IFDIR {
         return Ok(if sys::mount_of(dir, name)? == mount {
@@ -481,7 +485,17 @@ fn look(dir: BorrowedFd<'_>, name: &CStr, mount: (u64, u64)) -> io::Result<Found
             Found::Other
         });
     }
-    let fd = sys::open_at(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    let euid = sys::euid();
+    let fd = if removing && euid != 0 && st.uid == euid && st.mode & 0o700 != 0o700 {
+        let path = sys::open_at(dir, name, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        let pst = sys::fstat(path.as_fd())?;
+        if pst.uid == euid && sys::mount_of(path.as_fd(), c"")? == mount {
+            sys::chmod_path_fd(path.as_fd(), (pst.mode & 0o7777) | 0o700)?;
+        }
+        sys::open_at(path.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?
+    } else {
+        sys::open_at(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?
+    };
     if sys::mount_of(fd.as_fd(), c"")? != mount {
         return Ok(Found::Other);
     }
@@ -506,7 +520,7 @@ fn walk_removal(
     remove: bool,
 ) -> Result<Removal, (Removal, io::Error)> {
     let mut done = Removal::default();
-    let top = match look(parent, name, mount).map_err(|e| (done, e))? {
+    let top = match look(parent, name, mount, remove).map_err(|e| (done, e))? {
         Found::Other => {
             done.mounts_left = 1;
             return Ok(done);
@@ -546,7 +560,7 @@ fn walk_removal(
             continue;
         };
         let dir = fd.as_fd();
-        let kept = match look(dir, &child, mount).map_err(|e| (done, e))? {
+        let kept = match look(dir, &child, mount, remove).map_err(|e| (done, e))? {
             Found::Dir(sub) => {
                 let names = sys::list_dir(sub.as_fd()).map_err(|e| (done, e))?;
                 stack.push((sub, child, names, false));

@@ -38,12 +38,14 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     {
         storage.server.token = Some(t);
     }
-    if let Some(f) = &a.from_server_fingerprint {
-        storage.server.fingerprint = Some(f.clone());
-    }
     if let Some(c) = &a.from_cacert {
         storage.server.ca_cert = Some(c.clone());
         storage.s3.ca_cert = Some(c.clone());
+        // The source is trusted by its CA: the destination's pin is not its.
+        storage.server.fingerprint = None;
+    }
+    if let Some(f) = &a.from_server_fingerprint {
+        storage.server.fingerprint = Some(f.clone());
     }
     let mut src = super::open_with(
         g,
@@ -148,7 +150,9 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
                 );
             }
         }
-        let pct = if r.logical_bytes > 0 {
+        // Of the files' size: meaningless when little was copied (a lock and an
+        // index file weigh more than a tiny snapshot).
+        let pct = if r.logical_bytes > 0 && r.bytes_sent <= r.logical_bytes {
             format!(
                 " ({:.2}% of it)",
                 r.bytes_sent as f64 * 100.0 / r.logical_bytes as f64

@@ -371,41 +371,52 @@ fn file_map_records_whose_blobs_are_gone_are_not_used() {
 /// the others are copied, and the next run does not copy them twice.
 #[test]
 fn a_damaged_source_snapshot_does_not_block_the_others() {
-    let r1 = Env::new();
-    r1.init(&[]);
-    let src = r1.path("src");
-    make_full_tree(&src, 51);
-    let first = r1.backup(&[&src]);
-    let keep = r1.path("keep");
-    copy_tree(&src, &keep);
-    let before = packs(&r1.repo);
-    fs::write(src.join("only-in-second.bin"), Rng(6).bytes(3 << 20, false)).unwrap();
-    r1.backup(&[&src]);
-    // The second snapshot's new data pack (the largest new pack) is lost.
-    let lost = packs(&r1.repo)
-        .into_iter()
-        .filter(|(p, _)| !before.contains_key(p))
-        .max_by_key(|(_, n)| *n)
-        .unwrap()
-        .0;
-    fs::remove_file(&lost).unwrap();
+    // The second snapshot's new data pack is lost, or cut short (which stopped the
+    // whole copy: "range beyond end of object").
+    for truncate in [false, true] {
+        let r1 = Env::new();
+        r1.init(&[]);
+        let src = r1.path("src");
+        make_full_tree(&src, 51);
+        let first = r1.backup(&[&src]);
+        let keep = r1.path("keep");
+        copy_tree(&src, &keep);
+        let before = packs(&r1.repo);
+        fs::write(src.join("only-in-second.bin"), Rng(6).bytes(3 << 20, false)).unwrap();
+        r1.backup(&[&src]);
+        let (damaged, size) = packs(&r1.repo)
+            .into_iter()
+            .filter(|(p, _)| !before.contains_key(p))
+            .max_by_key(|(_, n)| *n)
+            .unwrap();
+        if truncate {
+            fs::OpenOptions::new()
+                .write(true)
+                .open(&damaged)
+                .unwrap()
+                .set_len(size / 3)
+                .unwrap();
+        } else {
+            fs::remove_file(&damaged).unwrap();
+        }
 
-    let r2 = Env::new();
-    r2.init(&["--block-size", "64K"]);
-    let o = copy_cmd(&r1, &r2, &[]).output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(3), "{err}");
-    assert!(err.contains("not copied"), "{err}");
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["snapshots_copied"], 1);
-    assert_eq!(v["failed"].as_array().unwrap().len(), 1);
-    let ids = r2.snapshot_ids();
-    assert_eq!(ids.len(), 1);
-    assert_same(&keep, &r2.restore(&ids[0], &src, "r"));
-    r2.check_clean();
-    // Copying the first again by id is a no-op.
-    let again = copy(&r1, &r2, &[&first]);
-    assert_eq!(again["snapshots_copied"], 0);
+        let r2 = Env::new();
+        r2.init(&["--block-size", "64K"]);
+        let o = copy_cmd(&r1, &r2, &[]).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "truncated {truncate}: {err}");
+        assert!(err.contains("not copied"), "{err}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["snapshots_copied"], 1);
+        assert_eq!(v["failed"].as_array().unwrap().len(), 1);
+        let ids = r2.snapshot_ids();
+        assert_eq!(ids.len(), 1);
+        assert_same(&keep, &r2.restore(&ids[0], &src, "r"));
+        r2.check_clean();
+        // Copying the first again by id is a no-op.
+        let again = copy(&r1, &r2, &[&first]);
+        assert_eq!(again["snapshots_copied"], 0);
+    }
 }
 
 /// A copy keeps `--memory-limit` with both indexes open at once: the destination
@@ -624,6 +635,17 @@ fn an_interrupted_copy_says_what_it_still_stores() {
     assert_eq!(code, Some(130), "{err}");
     assert!(err.contains("stopping: storing the"), "{err}");
     assert!(err.contains("interrupt again"), "{err}");
+    // With the default packs the whole file is read and packed at once, and
+    // only the upload is left when Ctrl-C comes: the copy still stops without a
+    // snapshot (it stored the packs, then the snapshot, and exited 0).
+    let r3 = Env::new();
+    r3.init(&[]);
+    let (code, err, _) = interrupted(
+        copy_cmd(&r1, &r3, &["--limit-upload", "4M"]),
+        std::time::Duration::from_millis(1500),
+    );
+    assert_eq!(code, Some(130), "{err}");
+    assert!(r3.snapshot_ids().is_empty(), "{err}");
     let again = copy(&r1, &r2, &[]);
     assert!(
         again["bytes_added"].as_u64().unwrap() < 20 << 20,

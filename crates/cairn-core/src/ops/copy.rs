@@ -385,6 +385,20 @@ fn copy_snapshots(
                 stats.failed.push((*sid, e.to_string()));
                 continue;
             }
+            // A pack shorter than the index says, or larger than any: only reads
+            // give these, and a copy reads only the source (a truncated pack).
+            Err(Error::Backend(b))
+                if matches!(
+                    b.kind,
+                    cairn_backend::BackendErrorKind::OutOfRange
+                        | cairn_backend::BackendErrorKind::TooLarge
+                ) =>
+            {
+                stats
+                    .failed
+                    .push((*sid, format!("the source is damaged: {b}")));
+                continue;
+            }
             Err(e) => return Err(e),
         };
         crate::hooks::point("copy:snapshot-committed");
@@ -595,8 +609,17 @@ const READ_BATCH_BYTES: u64 = 2 << 20;
 const READ_BATCH_CHUNKS: usize = 512;
 
 /// Chunks read ahead for a job's files, by id (each result taken once; a chunk
-/// not here is read when needed).
-type Prefetched = HashMap<BlobId, Result<Vec<u8>>>;
+/// not here is read when needed), and the few that keep coming back.
+#[derive(Default)]
+struct Prefetched {
+    blobs: HashMap<BlobId, Result<Vec<u8>>>,
+    /// Chunks met more than once in a batch (a run of zeros, of one byte: one chunk
+    /// repeated through a large file), kept for the job's later batches rather than
+    /// read again for each (at most [`KEPT_REPEATED`], each up to 1 MiB).
+    kept: std::collections::HashSet<BlobId>,
+}
+
+const KEPT_REPEATED: usize = 16;
 
 impl Copier<'_> {
     /// The destination's copy of `snap` stored by another run since this one
@@ -740,6 +763,9 @@ impl Copier<'_> {
             snapshot: sid.to_hex(),
         });
         crate::hooks::point("copy:before-snapshot");
+        // Ctrl-C after the last file was read (its packs were still being stored):
+        // no snapshot, as for a backup. What was stored is indexed and kept.
+        self.progress.check_cancelled()?;
         if let Some(there) = self.copied_meanwhile(sid, snap)? {
             return Ok((there, true));
         }
@@ -891,14 +917,14 @@ impl Copier<'_> {
         }
         want.sort_unstable();
         want.dedup();
-        let mut pre: Prefetched = if want.len() > 1 && self.progress.check_cancelled().is_ok() {
-            want.iter()
+        let mut pre = Prefetched::default();
+        if want.len() > 1 && self.progress.check_cancelled().is_ok() {
+            pre.blobs = want
+                .iter()
                 .copied()
                 .zip(crate::ops::blobs::read_blobs(self.src, &want))
-                .collect()
-        } else {
-            HashMap::new()
-        };
+                .collect();
+        }
         for (node, content, size) in todo {
             let r = self.copy_content(enc, &content, size, &mut pre);
             let _ = job.reply.send((node, r));
@@ -984,26 +1010,40 @@ impl Copier<'_> {
         let mut missing: Vec<BlobId> = batch
             .iter()
             .map(|r| r.id)
-            .filter(|id| !pre.contains_key(id))
+            .filter(|id| !pre.blobs.contains_key(id))
             .collect();
         missing.sort_unstable();
         missing.dedup();
         let read = crate::ops::blobs::read_blobs(self.src, &missing);
-        pre.extend(missing.into_iter().zip(read));
+        pre.blobs.extend(missing.into_iter().zip(read));
         // A chunk may come many times (a run of zeros or of one byte is one chunk
-        // repeated): each use but the last takes a copy.
+        // repeated): each use but the last takes a copy, and one repeated is kept
+        // for the next batches too.
         let mut uses: HashMap<BlobId, u32> = HashMap::new();
         for r in batch.iter() {
             *uses.entry(r.id).or_default() += 1;
+        }
+        let repeated: Vec<BlobId> = uses
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in repeated {
+            if pre.kept.len() < KEPT_REPEATED
+                && matches!(pre.blobs.get(&id), Some(Ok(d)) if d.len() <= 1 << 20)
+            {
+                pre.kept.insert(id);
+            }
         }
         for r in batch.drain(..) {
             let left = uses.get_mut(&r.id).map_or(0, |n| {
                 *n -= 1;
                 *n
             });
-            let data = match (left, pre.get(&r.id)) {
-                (1.., Some(Ok(d))) => d.clone(),
-                _ => match pre.remove(&r.id) {
+            let keep = left > 0 || pre.kept.contains(&r.id);
+            let data = match (keep, pre.blobs.get(&r.id)) {
+                (true, Some(Ok(d))) => d.clone(),
+                _ => match pre.blobs.remove(&r.id) {
                     Some(d) => d?,
                     // Taken by an earlier batch of the same file.
                     None => self.src.read_blob(&r.id)?,
@@ -1089,14 +1129,14 @@ impl Copier<'_> {
             rest = after;
             let missing: Vec<BlobId> = batch
                 .iter()
-                .filter(|id| !pre.contains_key(id))
+                .filter(|id| !pre.blobs.contains_key(id))
                 .copied()
                 .collect();
             let read = crate::ops::blobs::read_blobs(self.src, &missing);
-            pre.extend(missing.into_iter().zip(read));
+            pre.blobs.extend(missing.into_iter().zip(read));
             for id in batch {
                 let loc = self.src.index().get(id).ok_or(Error::BlobNotFound(*id))?;
-                let data = match pre.remove(id) {
+                let data = match pre.blobs.remove(id) {
                     Some(d) => d?,
                     None => self.src.read_blob(id)?,
                 };

@@ -41,10 +41,39 @@ pub(crate) fn trust_ca(
             format!("invalid CA certificate {}: {e}", path.display()),
         )
     })?;
+    // An empty file, or one of something else (a key, DER bytes), parses as no
+    // certificate at all: said now, not as an unknown issuer at the first request.
+    if certs.is_empty() {
+        return Err(BackendError::open_failed(
+            location,
+            format!(
+                "no PEM certificate in {} (a CA certificate file holds \
+                 -----BEGIN CERTIFICATE----- blocks)",
+                path.display()
+            ),
+        ));
+    }
     for c in certs {
         client = client.add_root_certificate(c);
     }
     Ok(client)
+}
+
+#[cfg(test)]
+mod tests {
+    /// A file without a PEM certificate is refused when the client is made.
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused() {
+        let dir = std::env::temp_dir().join(format!("cairn-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, body) in [("empty.pem", &b""[..]), ("junk.pem", b"not a certificate\n")] {
+            let p = dir.join(name);
+            std::fs::write(&p, body).unwrap();
+            let e = super::trust_ca(reqwest::Client::builder(), &p, "here").unwrap_err();
+            assert!(e.message.contains("no PEM certificate"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 pub(crate) struct IoRuntime {

@@ -66,7 +66,10 @@ mod tests {
     fn a_ca_file_without_a_certificate_is_refused() {
         let dir = std::env::temp_dir().join(format!("cairn-ca-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for (name, body) in [("empty.pem", &b""[..]), ("junk.pem", b"not a certificate\n")] {
+        for (name, body) in [
+            ("empty.pem", &b""[..]),
+            ("junk.pem", b"not a certificate\n"),
+        ] {
             let p = dir.join(name);
             std::fs::write(&p, body).unwrap();
             let e = super::trust_ca(reqwest::Client::builder(), &p, "here").unwrap_err();

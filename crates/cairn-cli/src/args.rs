@@ -691,11 +691,27 @@ pub struct FilterArgs {
 }
 
 impl FilterArgs {
+    /// A relative `--path` is taken from the current directory, as backup takes
+    /// its paths (snapshots record absolute ones: `--path data` matched nothing).
     pub fn engine(&self) -> cairn_core::forget::SnapshotFilter {
         cairn_core::forget::SnapshotFilter {
             hosts: self.hosts.clone(),
             tags: self.tags.clone(),
-            paths: self.paths.clone(),
+            paths: self
+                .paths
+                .iter()
+                .map(|p| {
+                    if p.starts_with('/') {
+                        return p.clone();
+                    }
+                    // Resolved as backup resolves it, when it exists here.
+                    std::fs::canonicalize(p)
+                        .or_else(|_| std::path::absolute(p))
+                        .ok()
+                        .and_then(|a| a.to_str().map(str::to_string))
+                        .unwrap_or_else(|| p.clone())
+                })
+                .collect(),
         }
     }
 }

@@ -327,6 +327,14 @@ fn latest_is_narrowed_by_host_tag_and_path() {
     assert_eq!(count(&["--host", "db01"]), 2);
     assert_eq!(count(&["--host", "db01", "--tag", "daily"]), 1);
     assert_eq!(count(&["--path", a.to_str().unwrap()]), 1);
+    // A relative --path is the current directory's, as backup's paths are.
+    let o = env
+        .cmd(&["snapshots", "--json", "--path", "b"])
+        .current_dir(env.path(""))
+        .output()
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
     assert!(
         env.ok(&["snapshots", "--host", "web01"])
             .contains("1 snapshot\n")

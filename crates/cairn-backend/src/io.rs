@@ -59,26 +59,6 @@ pub(crate) fn trust_ca(
     Ok(client)
 }
 
-#[cfg(test)]
-mod tests {
-    /// A file without a PEM certificate is refused when the client is made.
-    #[test]
-    fn a_ca_file_without_a_certificate_is_refused() {
-        let dir = std::env::temp_dir().join(format!("cairn-ca-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for (name, body) in [
-            ("empty.pem", &b""[..]),
-            ("junk.pem", b"not a certificate\n"),
-        ] {
-            let p = dir.join(name);
-            std::fs::write(&p, body).unwrap();
-            let e = super::trust_ca(reqwest::Client::builder(), &p, "here").unwrap_err();
-            assert!(e.message.contains("no PEM certificate"), "{e}");
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
-
 pub(crate) struct IoRuntime {
     /// `None` only while dropping.
     rt: Option<tokio::runtime::Runtime>,
@@ -137,5 +117,25 @@ impl Drop for IoRuntime {
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A file without a PEM certificate is refused when the client is made.
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused() {
+        let dir = std::env::temp_dir().join(format!("cairn-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, body) in [
+            ("empty.pem", &b""[..]),
+            ("junk.pem", b"not a certificate\n"),
+        ] {
+            let p = dir.join(name);
+            std::fs::write(&p, body).unwrap();
+            let e = super::trust_ca(reqwest::Client::builder(), &p, "here").unwrap_err();
+            assert!(e.message.contains("no PEM certificate"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

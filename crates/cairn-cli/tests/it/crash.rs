@@ -113,6 +113,7 @@ const COPY_POINTS: &[Spec] = &[
     ("copy:before-file", 9),
     ("pack:stored", 1),
     ("index:written", 1),
+    ("copy:before-snapshot", 1),
     ("snapshot:before-write", 1),
     ("snapshot:written", 1),
     ("copy:snapshot-committed", 1),

@@ -897,6 +897,7 @@ impl Copier<'_> {
         let mut todo = Vec::with_capacity(job.files.len());
         let mut want: Vec<BlobId> = Vec::new();
         for (node, content, size) in job.files {
+            crate::hooks::point("copy:before-file");
             if !self.same_chunking
                 && let Some(known) = self.known_content(&content)
             {
@@ -1080,7 +1081,6 @@ impl Copier<'_> {
         size: u64,
         pre: &mut Prefetched,
     ) -> Result<Content> {
-        crate::hooks::point("copy:before-file");
         if self.same_chunking {
             self.copy_missing_blobs(enc, content, pre)?;
             self.progress.bytes_done(size);

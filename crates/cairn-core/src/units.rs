@@ -35,6 +35,35 @@ pub fn bytes(n: u64, decimals: usize) -> String {
     }
 }
 
+/// A size: a number with K, M, G or T (binary units, a B after them optional:
+/// `512K`, `1.5G`), or bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let bad = || format!("invalid size {s:?}: use a number with K, M, G or T");
+    let t = s.trim();
+    let t = t
+        .strip_suffix(['B', 'b'])
+        .filter(|r| !r.is_empty())
+        .unwrap_or(t);
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(bad()),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("invalid size {s:?}"));
+    }
+    Ok((v * mult as f64) as u64)
+}
+
 /// A transfer rate in bytes per second: `500K`, `5M`, `1.5G` (binary units, with an
 /// optional `B`, `iB` or `/s`: `5MiB/s`), a plain number of bytes, or bits per second
 /// with `bit` (`100Mbit`, `1Gbit`: decimal, as network links are sold). Zero and
@@ -85,6 +114,19 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sizes_with_and_without_units() {
+        use super::parse_size;
+        assert_eq!(parse_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_size("512KB"), Ok(512 << 10));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("100"), Ok(100));
+        assert_eq!(parse_size("100B"), Ok(100));
+        assert!(parse_size("B").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("-1M").is_err());
+    }
+
     #[test]
     fn rates_in_bytes_and_bits() {
         use super::parse_rate;

@@ -73,6 +73,16 @@ pub struct JobSpec {
     pub to_token_file: Option<PathBuf>,
     #[serde(default)]
     pub to_server_fingerprint: Option<String>,
+    /// copy and retention: only the snapshots of these hosts (none: every host).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    /// copy and retention: only snapshots carrying all tags of one entry
+    /// (comma-separated within an entry), as `--tag`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    /// copy: the destination's pack size for this job (`512K`: a slow link).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack_size: Option<String>,
 }
 
 /// `90s`, `30m`, `6h`, `1d` into a duration (at least a minute).
@@ -113,6 +123,9 @@ impl JobSpec {
             to_password_file: None,
             to_token_file: None,
             to_server_fingerprint: None,
+            hosts: Vec::new(),
+            tags: Vec::new(),
+            pack_size: None,
         }
     }
 
@@ -140,25 +153,41 @@ impl JobSpec {
         if let Some(f) = &self.to_server_fingerprint {
             cairn_backend::parse_fingerprint(f).map_err(|e| format!("{me}: {e}"))?;
         }
+        if let Some(p) = &self.pack_size {
+            self.pack_size_bytes()
+                .map_err(|e| format!("{me}: pack_size = {p:?}: {e}"))?;
+        }
+        for t in &self.tags {
+            if t.split(',').any(|x| x.trim().is_empty()) {
+                return Err(format!("{me}: tags = {t:?}: a tag is a non-empty name"));
+            }
+        }
         let keeps = !self.policy().is_empty();
         let copy_settings = self.to.is_some()
             || self.to_password_file.is_some()
             || self.to_token_file.is_some()
-            || self.to_server_fingerprint.is_some();
+            || self.to_server_fingerprint.is_some()
+            || self.pack_size.is_some();
+        let filters = !self.hosts.is_empty() || !self.tags.is_empty();
         let misplaced = match self.kind.as_str() {
             "scrub" | "prune" => [
                 (self.read_data.is_some(), "read_data"),
                 (keeps, "keep_*"),
-                (copy_settings, "to*"),
+                (copy_settings, "to* and pack_size"),
+                (filters, "hosts and tags"),
             ]
             .into_iter()
             .find(|(set, _)| *set),
-            "check" => [(keeps, "keep_*"), (copy_settings, "to*")]
-                .into_iter()
-                .find(|(set, _)| *set),
+            "check" => [
+                (keeps, "keep_*"),
+                (copy_settings, "to* and pack_size"),
+                (filters, "hosts and tags"),
+            ]
+            .into_iter()
+            .find(|(set, _)| *set),
             "retention" => [
                 (self.read_data.is_some(), "read_data"),
-                (copy_settings, "to*"),
+                (copy_settings, "to* and pack_size"),
             ]
             .into_iter()
             .find(|(set, _)| *set),
@@ -216,6 +245,28 @@ impl JobSpec {
             }
         }
         Ok(())
+    }
+
+    /// The snapshots a copy or retention job considers (`hosts`, `tags`).
+    fn filter(&self) -> cairn_core::forget::SnapshotFilter {
+        cairn_core::forget::SnapshotFilter {
+            hosts: self.hosts.clone(),
+            tags: self.tags.clone(),
+            paths: Vec::new(),
+        }
+    }
+
+    /// `pack_size` in bytes, within what a client may choose.
+    fn pack_size_bytes(&self) -> Result<Option<u64>, String> {
+        let Some(p) = &self.pack_size else {
+            return Ok(None);
+        };
+        let n = cairn_core::units::parse_size(p)?;
+        if !(cairn_core::repo::CLIENT_PACK_SIZE_MIN..=cairn_core::repo::PACK_SIZE_MAX).contains(&n)
+        {
+            return Err("between 128K and 256M".into());
+        }
+        Ok(Some(n))
     }
 
     fn policy(&self) -> cairn_core::forget::Policy {
@@ -816,7 +867,7 @@ fn run_job(
                 &cairn_core::forget::ForgetRequest::Policy {
                     policy: spec.policy(),
                     group_by: Default::default(),
-                    filter: Default::default(),
+                    filter: spec.filter(),
                 },
                 false,
             )
@@ -897,8 +948,8 @@ fn run_job(
                 &cairn_core::copy::CopyOptions {
                     threads: 2,
                     map_dir: Some(app.config.state_dir.join("copy-maps")),
-                    filter: Default::default(),
-                    pack_size: None,
+                    filter: spec.filter(),
+                    pack_size: spec.pack_size_bytes()?,
                 },
             )
             .map_err(|e| e.to_string())?;
@@ -1014,6 +1065,53 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("zzz"), "{e}");
+        // Host and tag filters for copy and retention only; a pack size for copy
+        // only, within what a client may choose.
+        let copy_to = |j: &mut JobSpec| {
+            j.to = Some("/r".into());
+            j.to_password_file = Some("/q".into());
+        };
+        let e = check(&|j| j.hosts = vec!["web01".into()], "scrub").unwrap_err();
+        assert!(e.contains("hosts and tags does not apply"), "{e}");
+        let e = check(
+            &|j| {
+                j.keep_last = Some(1);
+                j.pack_size = Some("1M".into());
+            },
+            "retention",
+        )
+        .unwrap_err();
+        assert!(e.contains("pack_size"), "{e}");
+        let e = check(
+            &|j| {
+                copy_to(j);
+                j.pack_size = Some("64K".into());
+            },
+            "copy",
+        )
+        .unwrap_err();
+        assert!(e.contains("between 128K and 256M"), "{e}");
+        let e = check(
+            &|j| {
+                copy_to(j);
+                j.tags = vec!["a,,b".into()];
+            },
+            "copy",
+        )
+        .unwrap_err();
+        assert!(e.contains("a tag is a non-empty name"), "{e}");
+        assert!(
+            check(
+                &|j| {
+                    copy_to(j);
+                    j.hosts = vec!["web01".into()];
+                    j.tags = vec!["daily".into()];
+                    j.pack_size = Some("512K".into());
+                },
+                "copy"
+            )
+            .is_ok()
+        );
     }
 
     #[test]

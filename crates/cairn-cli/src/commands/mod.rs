@@ -393,29 +393,7 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration> {
 
 /// Parses a size such as `500M`, `2G`, `1.5T` or `4096` (bytes; binary units).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'B' => 1,
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => anyhow::bail!("invalid size {s:?}: use a number with K, M, G or T"),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| anyhow!("invalid size {s:?}: use a number with K, M, G or T"))?;
-    if !v.is_finite() || v < 0.0 {
-        anyhow::bail!("invalid size {s:?}");
-    }
-    Ok((v * mult as f64) as u64)
+    cairn_core::units::parse_size(s).map_err(anyhow::Error::msg)
 }
 
 /// For a command that read an image snapshot's bytes as data (restore, dump,

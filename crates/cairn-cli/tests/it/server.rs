@@ -926,6 +926,13 @@ fn scheduled_jobs_run_and_keep_a_history() {
         std::fs::write(src.join("changing"), format!("version {i}")).unwrap();
         env.backup(&[&src]);
     }
+    // Another host's snapshot, which the copy and retention jobs (host filters)
+    // leave alone.
+    env.ok(&["backup", "--host", "elsewhere", src.to_str().unwrap()]);
+    let listed: serde_json::Value =
+        serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    let host = listed[0]["hostname"].as_str().unwrap().to_string();
+    assert_ne!(host, "elsewhere");
     let pw = env.path("main.password");
     std::fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
     let replica = Env::new();
@@ -935,11 +942,12 @@ fn scheduled_jobs_run_and_keep_a_history() {
         &settings,
         format!(
             "[datastore_passwords]\nmain = \"{0}\"\nreplica = \"{0}\"\n\n\
-             [[jobs]]\nname = \"replicate\"\nkind = \"copy\"\ndatastore = \"main\"\nevery = \"1d\"\nto = \"replica\"\n\n\
-             [[jobs]]\nname = \"retention\"\nkind = \"retention\"\ndatastore = \"main\"\nevery = \"1d\"\nkeep_last = 1\n\n\
+             [[jobs]]\nname = \"replicate\"\nkind = \"copy\"\ndatastore = \"main\"\nevery = \"1d\"\nto = \"replica\"\nhosts = [\"{1}\"]\npack_size = \"512K\"\n\n\
+             [[jobs]]\nname = \"retention\"\nkind = \"retention\"\ndatastore = \"main\"\nevery = \"1d\"\nkeep_last = 1\nhosts = [\"{1}\"]\n\n\
              [[jobs]]\nname = \"check\"\nkind = \"check\"\ndatastore = \"main\"\nevery = \"1d\"\nread_data = \"100%\"\n\n\
              [[jobs]]\nname = \"scrub\"\nkind = \"scrub\"\ndatastore = \"main\"\nevery = \"1d\"\n",
-            pw.display()
+            pw.display(),
+            host
         ),
     )
     .unwrap();
@@ -988,13 +996,21 @@ fn scheduled_jobs_run_and_keep_a_history() {
     assert_eq!(r["outcome"], "ok", "{r}");
     let summary = |r: &serde_json::Value| r["summary"].as_str().unwrap().to_string();
     assert!(summary(&r).contains("forgot 2 snapshots"), "{r}");
-    assert_eq!(env.snapshot_ids().len(), 1);
+    assert_eq!(env.snapshot_ids().len(), 2, "the other host's is kept");
     // Replication to the other datastore (re-chunked to its 64K blocks), then again:
     // nothing left to send.
     let r = run("replicate");
     assert_eq!(r["outcome"], "ok", "{r}");
     assert!(summary(&r).starts_with("copied 1 snapshot to"), "{r}");
-    assert_eq!(replica.snapshot_ids().len(), 1);
+    assert_eq!(replica.snapshot_ids().len(), 1, "only {host}'s");
+    // In packs of at most 512 KiB and a blob.
+    assert!(
+        packs(&replica.repo)
+            .values()
+            .all(|&n| n <= (512 + 256 + 8) << 10),
+        "{:?}",
+        packs(&replica.repo)
+    );
     let r = run("replicate");
     assert!(summary(&r).starts_with("copied 0 snapshots"), "{r}");
     replica.check_clean();

@@ -201,12 +201,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         parent: a.parent.clone(),
         force: a.force,
         read_concurrency: a.read_concurrency.map(|n| n as usize),
-        pack_size: a
-            .pack_size
-            .as_deref()
-            .map(super::parse_size)
-            .transpose()
-            .context("--pack-size")?,
+        pack_size: super::pack_size_flag(&a.pack_size)?,
         read_limit,
         time: a.time.clone(),
     };

@@ -102,12 +102,7 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
                 .map(|b| b.join("copy"))
         },
         filter: a.filter.engine(),
-        pack_size: a
-            .pack_size
-            .as_deref()
-            .map(super::parse_size)
-            .transpose()
-            .context("--pack-size")?,
+        pack_size: super::pack_size_flag(&a.pack_size)?,
     };
     p.start();
     let r = copy::copy(&mut src, &mut dst, &a.snapshots, &opts);

@@ -396,6 +396,14 @@ pub fn parse_size(s: &str) -> Result<u64> {
     cairn_core::units::parse_size(s).map_err(anyhow::Error::msg)
 }
 
+/// `--pack-size` in bytes (`None`: not given).
+pub fn pack_size_flag(v: &Option<String>) -> Result<Option<u64>> {
+    v.as_deref()
+        .map(parse_size)
+        .transpose()
+        .context("--pack-size")
+}
+
 /// For a command that read an image snapshot's bytes as data (restore, dump,
 /// export of the image file; `--image-fs`): says on standard error which ranges
 /// of the image the source could not read at backup time, so hold zeros, and

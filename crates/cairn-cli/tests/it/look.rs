@@ -761,15 +761,7 @@ fn export_keeps_hard_links_to_symlinks_and_fifos() {
     let env = Env::new();
     env.init(&[]);
     let src = env.path("src");
-    fs::create_dir_all(src.join("d")).unwrap();
-    std::os::unix::fs::symlink("somewhere", src.join("l1")).unwrap();
-    fs::hard_link(src.join("l1"), src.join("d/l2")).unwrap();
-    nix::unistd::mkfifo(
-        &src.join("p1"),
-        nix::sys::stat::Mode::from_bits_truncate(0o640),
-    )
-    .unwrap();
-    fs::hard_link(src.join("p1"), src.join("d/p2")).unwrap();
+    linked_specials(&src);
     let snap = env.backup(&[&src]);
     let tarball = env.path("links.tar");
     env.ok(&[

@@ -536,21 +536,7 @@ fn an_attribute_the_user_may_not_set_does_not_spoil_the_file() {
     xattr::set(&f, "trusted.t", b"v").unwrap();
     set_times(&f, 1_600_000_000, 0);
     let snap = env.backup(&[&src]);
-    // What `nobody` needs: to read the repository, and a place to write.
-    for p in [env.path(""), env.repo.clone()] {
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    std::process::Command::new("chmod")
-        .args(["-R", "a+rX"])
-        .arg(&env.repo)
-        .status()
-        .unwrap();
-    let target = env.path("mine");
-    fs::create_dir(&target).unwrap();
-    fs::set_permissions(&target, fs::Permissions::from_mode(0o777)).unwrap();
-    let cache = env.path("nobody-cache");
-    fs::create_dir(&cache).unwrap();
-    fs::set_permissions(&cache, fs::Permissions::from_mode(0o777)).unwrap();
+    let (target, cache) = open_to_nobody(&env);
     let o = env
         .cmd(&["restore", &snap, "--target", target.to_str().unwrap()])
         .env("XDG_CACHE_HOME", &cache)
@@ -575,15 +561,7 @@ fn hard_links_to_symlinks_and_fifos_stay_links() {
     let env = Env::new();
     env.init(&[]);
     let src = env.path("src");
-    fs::create_dir_all(src.join("d")).unwrap();
-    std::os::unix::fs::symlink("somewhere", src.join("l1")).unwrap();
-    fs::hard_link(src.join("l1"), src.join("d/l2")).unwrap();
-    nix::unistd::mkfifo(
-        &src.join("p1"),
-        nix::sys::stat::Mode::from_bits_truncate(0o640),
-    )
-    .unwrap();
-    fs::hard_link(src.join("p1"), src.join("d/p2")).unwrap();
+    linked_specials(&src);
     assert_eq!(ino(&src.join("l1")), ino(&src.join("d/l2")));
     let snap = env.backup(&[&src]);
     let copy = env.restore(&snap, &src, "t");
@@ -650,20 +628,7 @@ fn a_user_restores_over_its_own_read_only_directories() {
         fs::set_permissions(src.join(d), fs::Permissions::from_mode(0o555)).unwrap();
     }
     let snap = env.backup(&[&src]);
-    for p in [env.path(""), env.repo.clone()] {
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    std::process::Command::new("chmod")
-        .args(["-R", "a+rX"])
-        .arg(&env.repo)
-        .status()
-        .unwrap();
-    let target = env.path("mine");
-    fs::create_dir(&target).unwrap();
-    fs::set_permissions(&target, fs::Permissions::from_mode(0o777)).unwrap();
-    let cache = env.path("nobody-cache");
-    fs::create_dir(&cache).unwrap();
-    fs::set_permissions(&cache, fs::Permissions::from_mode(0o777)).unwrap();
+    let (target, cache) = open_to_nobody(&env);
     let restore = |extra: &[&str]| {
         let mut args = vec!["restore", &snap, "--target", target.to_str().unwrap()];
         args.extend_from_slice(extra);
@@ -713,4 +678,24 @@ fn a_user_restores_over_its_own_read_only_directories() {
     restore(&["--delete"]);
     assert!(!out.join("ro/extra").exists());
     assert_eq!(fs::read_to_string(out.join("ro/inner/g")).unwrap(), "two");
+}
+
+/// What user `nobody` needs to restore from `env`'s repository: to read it, a
+/// directory to restore into and one for its cache (returned in that order).
+fn open_to_nobody(env: &Env) -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    for p in [env.path(""), env.repo.clone()] {
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&env.repo)
+        .status()
+        .unwrap();
+    let (target, cache) = (env.path("mine"), env.path("nobody-cache"));
+    for d in [&target, &cache] {
+        fs::create_dir(d).unwrap();
+        fs::set_permissions(d, fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    (target, cache)
 }

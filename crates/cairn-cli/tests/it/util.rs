@@ -922,3 +922,17 @@ pub fn private_ca_cert(dir: &std::path::Path) {
         ],
     );
 }
+
+/// A tree under `src` with hard links to a symlink (`l1`, `d/l2`, pointing to
+/// `somewhere`) and to a FIFO (`p1`, `d/p2`).
+pub fn linked_specials(src: &std::path::Path) {
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::os::unix::fs::symlink("somewhere", src.join("l1")).unwrap();
+    std::fs::hard_link(src.join("l1"), src.join("d/l2")).unwrap();
+    nix::unistd::mkfifo(
+        &src.join("p1"),
+        nix::sys::stat::Mode::from_bits_truncate(0o640),
+    )
+    .unwrap();
+    std::fs::hard_link(src.join("p1"), src.join("d/p2")).unwrap();
+}

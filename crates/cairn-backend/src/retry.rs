@@ -311,17 +311,20 @@ mod tests {
     /// that never answered is given up quickly, riding or not.
     #[test]
     fn a_server_restarting_under_a_job_is_waited_for() {
-        let b = RetryBackend::new(Arc::new(MemBackend::new()), quick()).riding_restarts();
-        let mut calls = 0;
-        assert!(
-            b.run(|_| {
+        // Attempts a call makes while nothing answers, to the end.
+        let unreachable_attempts = |b: &RetryBackend| {
+            let mut calls = 0;
+            let r = b.run(|_| {
                 calls += 1;
                 failing(BackendErrorKind::Unreachable)
-            })
-            .is_err()
-        );
+            });
+            assert!(r.is_err());
+            calls
+        };
+        let b = RetryBackend::new(Arc::new(MemBackend::new()), quick()).riding_restarts();
         assert_eq!(
-            calls, UNREACHABLE_ATTEMPTS,
+            unreachable_attempts(&b),
+            UNREACHABLE_ATTEMPTS,
             "no answer yet: given up quickly"
         );
         b.run(|_| Ok(())).unwrap();
@@ -339,15 +342,7 @@ mod tests {
         // Without riding, an answer earlier changes nothing.
         let b = RetryBackend::new(Arc::new(MemBackend::new()), quick());
         b.run(|_| Ok(())).unwrap();
-        let mut calls = 0;
-        assert!(
-            b.run(|_| {
-                calls += 1;
-                failing(BackendErrorKind::Unreachable)
-            })
-            .is_err()
-        );
-        assert_eq!(calls, UNREACHABLE_ATTEMPTS);
+        assert_eq!(unreachable_attempts(&b), UNREACHABLE_ATTEMPTS);
     }
 
     /// `--retry-for` bounds the time spent retrying, not the number of attempts.

@@ -322,7 +322,10 @@ fn copy_snapshots(
         trees: Mutex::new(IdMap::default()),
         image: Default::default(),
         image_zero_blocks: AtomicU64::new(0),
-        seen: Mutex::new((opts.dst_snapshots.clone(), Vec::new())),
+        seen: Mutex::new(Seen {
+            listed: opts.dst_snapshots.clone(),
+            arrived: Vec::new(),
+        }),
     };
     let mut stats = CopyStats {
         same_chunking,
@@ -514,20 +517,22 @@ struct Copier<'a> {
     /// Source tree -> destination tree, for trees copied by this run: the next
     /// snapshot's unchanged directories are not walked again.
     trees: Mutex<IdMap<BlobId>>,
-    /// The destination's snapshots listed so far, and those that appeared after the
-    /// copy began (their id, the source snapshot they copy from this source, and
-    /// their identity): [`Copier::copied_meanwhile`].
-    #[allow(clippy::type_complexity)]
-    seen: Mutex<(
-        std::collections::HashSet<SnapshotId>,
-        Vec<(SnapshotId, Option<String>, String)>,
-    )>,
+    /// What [`Copier::copied_meanwhile`] learnt of the destination's snapshots.
+    seen: Mutex<Seen>,
     /// The snapshot being copied is an image (`backup --image`): re-chunked files
     /// are cut in the destination's fixed blocks with the image list geometry, so
     /// the copy stays an image snapshot (and a parent for incremental ones there).
     image: std::sync::atomic::AtomicBool,
     /// Zero blocks met re-chunking the image (its `blocks_zero` in the copy).
     image_zero_blocks: AtomicU64,
+}
+
+/// The destination's snapshots listed so far, and those that appeared after the
+/// copy began: each with the snapshot of this source it copies (if it says) and
+/// its [`identity`].
+struct Seen {
+    listed: std::collections::HashSet<SnapshotId>,
+    arrived: Vec<(SnapshotId, Option<String>, String)>,
 }
 
 /// Copies one snapshot's trees: the walk's visitor.
@@ -627,10 +632,10 @@ impl Copier<'_> {
     fn copied_meanwhile(&self, sid: &SnapshotId, snap: &Snapshot) -> Result<Option<SnapshotId>> {
         let src_id = &self.src.config().id;
         let ids = self.dst.list_snapshot_ids()?;
-        let mut seen = crate::lock(&self.seen);
-        let (known, arrived) = &mut *seen;
+        let mut guard = crate::lock(&self.seen);
+        let Seen { listed, arrived } = &mut *guard;
         for id in ids {
-            if !known.insert(id) {
+            if !listed.insert(id) {
                 continue;
             }
             // Unreadable or gone again: not a copy of anything.

@@ -646,6 +646,8 @@ fn an_interrupted_copy_says_what_it_still_stores() {
     );
     assert_eq!(code, Some(130), "{err}");
     assert!(r3.snapshot_ids().is_empty(), "{err}");
+    // Ctrl-C came while the copy waited for its uploads: it says so too.
+    assert!(err.contains("stopping: storing the"), "{err}");
     let again = copy(&r1, &r2, &[]);
     assert!(
         again["bytes_added"].as_u64().unwrap() < 20 << 20,

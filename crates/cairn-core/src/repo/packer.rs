@@ -482,19 +482,31 @@ impl Uploader {
     /// that fails (disk full), deleted; the first error is returned.
     pub fn finish(mut self) -> Result<UploadStats> {
         self.tx = None;
-        // Stopped early with packs still queued (a slow link): say why the stop
-        // takes a while, and how not to wait.
-        if let Some(pr) = self.shared.progress.get()
-            && pr.is_cancelled()
-        {
-            let s = pr.status();
-            let waiting = s.upload_queued_bytes.saturating_sub(s.upload_done_bytes);
-            if waiting > 0 {
-                pr.notice(format!(
-                    "stopping: storing the {} already packed, so that the next backup \
-                     need not send it again (interrupt again to abandon it)",
-                    crate::units::bytes(waiting, 1)
-                ));
+        // Stopped early with packs still queued (a slow link), or stopped while
+        // waiting here for them: say why the stop takes a while, and how not to wait.
+        if let Some(pr) = self.shared.progress.get() {
+            use std::sync::atomic::Ordering::SeqCst;
+            let want = self.shared.queued.load(SeqCst);
+            let mut done = lock(&self.shared.done);
+            while *done < want && !self.handles.iter().all(|h| h.is_finished()) {
+                if pr.is_cancelled() {
+                    let s = pr.status();
+                    let waiting = s.upload_queued_bytes.saturating_sub(s.upload_done_bytes);
+                    if waiting > 0 {
+                        pr.notice(format!(
+                            "stopping: storing the {} already packed, so that the next run \
+                             need not send it again (interrupt again to abandon it)",
+                            crate::units::bytes(waiting, 1)
+                        ));
+                    }
+                    break;
+                }
+                done = self
+                    .shared
+                    .done_cv
+                    .wait_timeout(done, std::time::Duration::from_millis(100))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
         }
         let mut panicked = false;

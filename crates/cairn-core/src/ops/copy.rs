@@ -986,7 +986,7 @@ impl Copier<'_> {
         &self,
         content: &Content,
         pre: &mut Prefetched,
-        f: &mut dyn FnMut(ChunkRef, Vec<u8>) -> Result<()>,
+        f: &mut dyn FnMut(ChunkRef, &[u8]) -> Result<()>,
     ) -> Result<()> {
         let mut batch: Vec<ChunkRef> = Vec::new();
         let mut bytes = 0u64;
@@ -1007,7 +1007,7 @@ impl Copier<'_> {
         &self,
         batch: &mut Vec<ChunkRef>,
         pre: &mut Prefetched,
-        f: &mut dyn FnMut(ChunkRef, Vec<u8>) -> Result<()>,
+        f: &mut dyn FnMut(ChunkRef, &[u8]) -> Result<()>,
     ) -> Result<()> {
         if batch.is_empty() {
             return Ok(());
@@ -1046,14 +1046,25 @@ impl Copier<'_> {
                 *n -= 1;
                 *n
             });
-            let keep = left > 0 || pre.kept.contains(&r.id);
-            let data = match (keep, pre.blobs.get(&r.id)) {
-                (true, Some(Ok(d))) => d.clone(),
-                _ => match pre.blobs.remove(&r.id) {
+            // A chunk used again is lent from `pre`, the last use takes it.
+            let keep = (left > 0 || pre.kept.contains(&r.id))
+                && matches!(pre.blobs.get(&r.id), Some(Ok(_)));
+            let owned = if keep {
+                None
+            } else {
+                Some(match pre.blobs.remove(&r.id) {
                     Some(d) => d?,
                     // Taken by an earlier batch of the same file.
                     None => self.src.read_blob(&r.id)?,
-                },
+                })
+            };
+            let data: &[u8] = match &owned {
+                Some(d) => d,
+                None => pre
+                    .blobs
+                    .get(&r.id)
+                    .and_then(|d| d.as_ref().ok())
+                    .map_or(&[], |d| d),
             };
             if data.len() as u64 != r.length {
                 return Err(Error::damaged(
@@ -1184,8 +1195,8 @@ impl Copier<'_> {
             }
             Ok(())
         };
-        self.for_each_chunk_read(content, pre, &mut |_, data: Vec<u8>| {
-            stream.push(&data);
+        self.for_each_chunk_read(content, pre, &mut |_, data: &[u8]| {
+            stream.push(data);
             drain(&mut stream, &mut builder, &mut emit)
         })?;
         stream.finish();
@@ -1225,8 +1236,8 @@ impl Copier<'_> {
                 &mut emit,
             )
         };
-        self.for_each_chunk_read(content, pre, &mut |_, data: Vec<u8>| {
-            pending.extend_from_slice(&data);
+        self.for_each_chunk_read(content, pre, &mut |_, data: &[u8]| {
+            pending.extend_from_slice(data);
             let mut at = 0;
             while pending.len() - at >= bs {
                 put(&pending[at..at + bs], &mut builder, enc)?;

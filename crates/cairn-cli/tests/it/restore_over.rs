@@ -565,17 +565,7 @@ fn hard_links_to_symlinks_and_fifos_stay_links() {
     assert_eq!(ino(&src.join("l1")), ino(&src.join("d/l2")));
     let snap = env.backup(&[&src]);
     let copy = env.restore(&snap, &src, "t");
-    for (a, b) in [("l1", "d/l2"), ("p1", "d/p2")] {
-        let (ma, mb) = (
-            fs::symlink_metadata(copy.join(a)).unwrap(),
-            fs::symlink_metadata(copy.join(b)).unwrap(),
-        );
-        assert_eq!((ma.ino(), ma.nlink()), (mb.ino(), 2), "{a} {b}");
-    }
-    assert_eq!(
-        fs::read_link(copy.join("d/l2")).unwrap(),
-        Path::new("somewhere")
-    );
+    assert_linked_specials(&copy);
 }
 
 /// A symlink whose owner or time changed between two backups (its target did

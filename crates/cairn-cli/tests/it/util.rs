@@ -936,3 +936,20 @@ pub fn linked_specials(src: &std::path::Path) {
     .unwrap();
     std::fs::hard_link(src.join("p1"), src.join("d/p2")).unwrap();
 }
+
+/// What [`linked_specials`] made, found again under `root`: each pair one inode
+/// with two names, the symlink still pointing to `somewhere`.
+pub fn assert_linked_specials(root: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    for (a, b) in [("l1", "d/l2"), ("p1", "d/p2")] {
+        let (ma, mb) = (
+            std::fs::symlink_metadata(root.join(a)).unwrap(),
+            std::fs::symlink_metadata(root.join(b)).unwrap(),
+        );
+        assert_eq!((ma.ino(), ma.nlink()), (mb.ino(), 2), "{a} {b}");
+    }
+    assert_eq!(
+        std::fs::read_link(root.join("d/l2")).unwrap(),
+        std::path::Path::new("somewhere")
+    );
+}

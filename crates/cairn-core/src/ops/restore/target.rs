@@ -212,9 +212,10 @@ pub(crate) fn ensure_dir(parent: &Dir, name: &CStr, fresh: bool) -> io::Result<O
 /// An existing directory of the restoring user that it may not write into or
 /// search (a 0555 directory an earlier restore made, as its snapshot had it) is
 /// given the owner's rwx, and opened for reading again if it was opened `O_PATH`:
-/// restoring into it again would fail otherwise. Restore sets every directory's
-/// mode from the snapshot once its entries are written, so it ends as before. Root
-/// needs no permission bits; someone else's directory is left alone.
+/// restoring into it again, or removing it with what it holds (`--delete`), would
+/// fail otherwise. Restore sets every directory's mode from the snapshot once its
+/// entries are written, so a kept one ends as before. Root needs no permission
+/// bits; someone else's directory is left alone.
 fn writable(fd: OwnedFd, stat: &Stat, path_only: bool) -> io::Result<(OwnedFd, bool)> {
     let euid = sys::euid();
     if euid == 0 || stat.uid != euid || stat.mode & 0o700 == 0o700 {
@@ -485,19 +486,20 @@ fn look(dir: BorrowedFd<'_>, name: &CStr, mount: (u64, u64), removing: bool) -> 
             Found::Other
         });
     }
-    let euid = sys::euid();
-    let fd = if removing && euid != 0 && st.uid == euid && st.mode & 0o700 != 0o700 {
-        let path = sys::open_at(dir, name, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-        let pst = sys::fstat(path.as_fd())?;
-        if pst.uid == euid && sys::mount_of(path.as_fd(), c"")? == mount {
-            sys::chmod_path_fd(path.as_fd(), (pst.mode & 0o7777) | 0o700)?;
-        }
-        sys::open_at(path.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?
-    } else {
-        sys::open_at(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?
-    };
+    // Not readable: an O_PATH descriptor, enough to see its mount and, when it is
+    // the user's own and going, to give it the owner's rwx ([`writable`]).
+    let (fd, path_only) = open_dir_at(dir, name)?;
     if sys::mount_of(fd.as_fd(), c"")? != mount {
         return Ok(Found::Other);
+    }
+    let (fd, path_only) = if removing {
+        let st = sys::fstat(fd.as_fd())?;
+        writable(fd, &st, path_only)?
+    } else {
+        (fd, path_only)
+    };
+    if path_only {
+        return Err(io::Error::from_raw_os_error(libc::EACCES));
     }
     Ok(Found::Dir(fd))
 }

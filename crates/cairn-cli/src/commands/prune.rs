@@ -83,6 +83,13 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     if g.json {
         return super::print_json_report(r);
     }
+    for d in &r.damaged_index_files {
+        eprintln!(
+            "warning: index file {d} cannot be read (damaged, or not written by cairn): \
+             prune {}; the packs only it listed count as unindexed",
+            if r.dry_run { "would drop it" } else { "dropped it" }
+        );
+    }
     if g.quiet {
         return Ok(());
     }

@@ -307,6 +307,88 @@ fn corrupted_or_truncated_index_snapshot_config_and_pack() {
     assert!(e.contains("key file"), "{e}");
 }
 
+/// An index file that cannot be read does not stop prune for good: prune drops it
+/// and treats the packs only it listed as unindexed (rescued from their headers
+/// when a snapshot needs them), unless a snapshot needs a blob only that file
+/// listed; then it stops before changing anything and says which file to repair.
+#[test]
+fn prune_goes_on_past_a_damaged_index_file_unless_a_snapshot_needs_it() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = small_tree(&env);
+    let keep = env.backup(&[&src]);
+    let before: Vec<_> = files_under(&env.repo.join("index"));
+    let other = env.path("other");
+    fs::create_dir_all(&other).unwrap();
+    fs::write(other.join("big"), Rng(5).bytes(700_000, false)).unwrap();
+    let gone = env.backup(&[&other]);
+    let damaged: Vec<PathBuf> = files_under(&env.repo.join("index"))
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .map(|(p, _)| p)
+        .collect();
+    assert!(!damaged.is_empty());
+    for f in &damaged {
+        let n = fs::metadata(f).unwrap().len() as usize;
+        flip(f, n / 2);
+    }
+    let objects = |env: &Env| files_under(&env.repo);
+
+    // The second snapshot's blobs are listed only by the damaged files: prune
+    // stops, names one and says what to run, and changes nothing.
+    let was = objects(&env);
+    let e = env.fails(&["prune"], 1);
+    let names: Vec<String> = damaged
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().any(|n| e.contains(n.as_str())) && e.contains("repair index"),
+        "{e}"
+    );
+    assert_eq!(objects(&env), was);
+
+    // Once nothing needs them, prune goes on: the damaged files are replaced,
+    // the packs only they listed deleted, and the repository is whole.
+    env.ok(&["forget", &gone]);
+    let data_before = files_under(&env.repo.join("data")).len();
+    let o = env.run(&["prune", "--json"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let reported: Vec<String> = v["damaged_index_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap().to_string())
+        .collect();
+    let mut expected = names.clone();
+    expected.sort();
+    let mut got = reported.clone();
+    got.sort();
+    assert_eq!(got, expected);
+    assert!(v["plan"]["unindexed_packs"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["deleted_packs"].as_u64().unwrap() >= 1, "{v}");
+    assert!(files_under(&env.repo.join("data")).len() < data_before);
+    for f in &damaged {
+        assert!(!f.exists(), "{} still stored", f.display());
+    }
+    env.check_clean();
+    let r = env.restore(&keep, &src, "out-keep");
+    assert_same(&src, &r);
+    // Without --json, the warning names the file.
+    let mut junk = b"junk that no key opens".to_vec();
+    junk.extend_from_slice(&[7u8; 64]);
+    let name = blake3::hash(&junk).to_hex().to_string();
+    fs::write(env.repo.join("index").join(&name), &junk).unwrap();
+    let o = env.run(&["prune"]);
+    assert_eq!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&name) && err.contains("warning"), "{err}");
+    assert!(!env.repo.join("index").join(&name).exists());
+    env.check_clean();
+}
+
 #[test]
 fn unreadable_source_files_are_warnings_with_exit_3() {
     let env = Env::new();

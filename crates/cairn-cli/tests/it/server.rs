@@ -642,6 +642,25 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
     assert_eq!(code, 400, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
     assert_eq!(v["error"], "bad_request", "{body}");
+
+    // Junk stored as an index file under its own hash (the server cannot tell
+    // without the key) blocks no admin's prune: prune drops it.
+    let (code, _) = http_with(
+        p,
+        "PUT",
+        &obj(&format!("index/{id}")),
+        &backup,
+        &ses,
+        &junk,
+    );
+    assert_eq!(code, 201);
+    let admin = srv.token("ops", "main", "admin");
+    let out = client(&env, &srv, "main", &admin, &["prune"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains(&id), "{err}");
+    assert!(!env.repo.join("index").join(&id).exists());
+    env.check_clean();
     srv.stop();
 }
 

@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::index::IdSet;
 use crate::progress::{Phase, Progress};
 use crate::repo::lock::{self, RepoLock};
-use crate::repo::{IndexState, Repository};
+use crate::repo::{IndexObject, IndexState, Repository};
 use crate::session::{Exclusive, Read, Session};
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
@@ -135,6 +135,9 @@ pub struct PruneReport {
     pub new_index_files: usize,
     /// Partial files killed writers left behind, removed.
     pub temporaries_removed_bytes: u64,
+    /// Index files that could not be read (hex ids): left out and replaced, the
+    /// packs only they listed treated as unindexed.
+    pub damaged_index_files: Vec<String>,
 }
 
 enum Action {
@@ -192,17 +195,23 @@ fn run(
         )));
     }
     let mut scan = crate::ops::scan::scan_index(repo, &stored, opts.partition_bytes)?;
-    if let Some(e) = scan.state.errors.first() {
-        return Err(Error::Invalid(format!(
-            "{e}; run `cairn repair index` before prune"
-        )));
-    }
+    let damaged = damaged_index_files(&scan.state)?;
+    report.damaged_index_files = damaged.iter().map(|id| id.to_hex()).collect();
+    // What stops prune below because a damaged file listed it is told so.
+    let hint = |e: Error| match damaged.first() {
+        Some(d) => Error::Invalid(format!(
+            "{e}; index file {} is damaged and may have listed it: run `cairn repair \
+             index` (it indexes every pack from its header) before prune",
+            d.to_hex()
+        )),
+        None => e,
+    };
     // The walk reads trees and chunk lists through the index in its placement.
     repo.load_index()?;
 
     let listed: HashSet<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
     let mut needed = crate::ops::scan::Needed::new(&scan)?;
-    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut needed, progress)?;
+    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut needed, progress).map_err(hint)?;
 
     let pending_packs: HashSet<PackId> = scan
         .state
@@ -231,8 +240,14 @@ fn run(
     } else {
         stored
     };
-    let mut joined = join::join_needed(repo, &mut scan, needed)?;
+    let mut joined = join::join_needed(repo, &mut scan, needed).map_err(hint)?;
     let (mut plan, actions, orphans) = make_plan(&scan, &stored, &pending_packs, opts);
+    if !damaged.is_empty() {
+        if !rewrites_index(&actions, &scan.state) {
+            plan.index_files_replaced += scan.state.live.len();
+        }
+        plan.index_files_replaced += damaged.len();
+    }
     plan.used_blobs = joined.used_blobs;
     plan.false_copies = joined.false_copies;
     plan.checked_copies = joined.checked_copies;
@@ -269,9 +284,12 @@ fn run(
     // Also rewrite when small index files have piled up (every backup adds one or
     // two): one replacement file per 200,000 blobs is what readers like best.
     let state = &scan.state;
-    let changed = rewrites_index(&actions, state);
+    let changed = rewrites_index(&actions, state) || !damaged.is_empty();
     let mut retired = retired::Retired::new(&scan.dir);
     let mut old_files: Vec<cairn_format::IndexId> = state.superseded.clone();
+    // A damaged file is replaced like a live one: the packs only it listed are
+    // unindexed now, recorded below as orphans like a killed backup's packs.
+    old_files.extend(damaged.iter().copied());
     if changed {
         progress.phase(Phase::WritingIndex);
         old_files.extend(state.live.iter().map(|(id, _)| *id));
@@ -351,6 +369,31 @@ fn run(
 
 /// Whether the index is written anew: some pack's listing changes, or small
 /// index files have piled up.
+/// The index files that cannot be decrypted or decoded. prune goes on without
+/// them, as if they had never been stored: every pack only such a file lists is
+/// then unindexed, the case of a backup killed before its index file, which the
+/// two-phase deletion already makes safe (a pack holding a blob a snapshot needs
+/// is rescued from its own header; a needed blob no readable file lists stops
+/// prune before anything changes). Without this, one undecryptable file — bit
+/// rot, or junk that an append-only token may upload under a content-addressed
+/// name — would stop every prune until `repair index` read every pack. Anything
+/// else unreadable (a damaged pending record, a file that vanished unexplained)
+/// still stops prune.
+fn damaged_index_files(state: &IndexState) -> Result<Vec<cairn_format::IndexId>> {
+    let mut damaged = Vec::new();
+    for e in &state.errors {
+        match (&e.object, &e.error) {
+            (IndexObject::IndexFile(id), Error::Damaged { .. }) => damaged.push(*id),
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "{e}; run `cairn repair index` before prune"
+                )));
+            }
+        }
+    }
+    Ok(damaged)
+}
+
 fn rewrites_index(actions: &[Action], state: &IndexState) -> bool {
     actions
         .iter()

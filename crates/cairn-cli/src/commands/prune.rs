@@ -87,7 +87,11 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
         eprintln!(
             "warning: index file {d} cannot be read (damaged, or not written by cairn): \
              prune {}; the packs only it listed count as unindexed",
-            if r.dry_run { "would drop it" } else { "dropped it" }
+            if r.dry_run {
+                "would drop it"
+            } else {
+                "dropped it"
+            }
         );
     }
     if g.quiet {

@@ -381,6 +381,9 @@ fn prune_goes_on_past_a_damaged_index_file_unless_a_snapshot_needs_it() {
     junk.extend_from_slice(&[7u8; 64]);
     let name = blake3::hash(&junk).to_hex().to_string();
     fs::write(env.repo.join("index").join(&name), &junk).unwrap();
+    // stats leaves it out too, and says so.
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["stats", "--json"])).unwrap();
+    assert_eq!(v["damaged_index_files"][0], name.as_str(), "{v}");
     let o = env.run(&["prune"]);
     assert_eq!(o.status.code(), Some(0));
     let err = String::from_utf8_lossy(&o.stderr);

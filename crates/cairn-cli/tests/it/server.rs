@@ -645,14 +645,7 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
 
     // Junk stored as an index file under its own hash (the server cannot tell
     // without the key) blocks no admin's prune: prune drops it.
-    let (code, _) = http_with(
-        p,
-        "PUT",
-        &obj(&format!("index/{id}")),
-        &backup,
-        &ses,
-        &junk,
-    );
+    let (code, _) = http_with(p, "PUT", &obj(&format!("index/{id}")), &backup, &ses, &junk);
     assert_eq!(code, 201);
     let admin = srv.token("ops", "main", "admin");
     let out = client(&env, &srv, "main", &admin, &["prune"]);

@@ -106,6 +106,10 @@ pub struct Stats {
     /// The image snapshots among those selected (`backup --image`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub images: Option<ImageStats>,
+    /// Index files that could not be read (hex ids), left out: the packs only
+    /// they listed count as unindexed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub damaged_index_files: Vec<String>,
 }
 
 /// Image snapshots: each is a full image, so their stored bytes add up fast while
@@ -188,17 +192,33 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
         || scan::scan_index(repo, &packs, None),
         |s: &scan::Scan| &s.state,
     )?;
-    if let Some(e) = scan.state.errors.first() {
-        return Err(Error::Invalid(format!(
-            "{e}; statistics would be wrong (run `cairn repair index`)"
-        )));
-    }
+    // An index file that cannot be read is left out, as prune does: the figures
+    // are right unless a snapshot needs a blob only it listed, which stops the
+    // walk below.
+    st.damaged_index_files = scan
+        .state
+        .damaged_index_files()
+        .map_err(|e| {
+            Error::Invalid(format!(
+                "{e}; statistics would be wrong (run `cairn repair index`)"
+            ))
+        })?
+        .iter()
+        .map(|id| id.to_hex())
+        .collect();
     scan.add_pending_packs();
     session
         .progress()
         .phase(crate::progress::Phase::WalkingSnapshots);
     let mut needed = scan::Needed::new(&scan)?;
-    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut needed, session.progress())?;
+    let hint = |e: Error| match st.damaged_index_files.first() {
+        Some(d) => Error::Invalid(format!(
+            "{e}; index file {d} cannot be read and may have listed it (run `cairn repair index`)"
+        )),
+        None => e,
+    };
+    crate::tree::reachable::collect_snapshots(repo, &snaps, &mut needed, session.progress())
+        .map_err(hint)?;
     let mut needed = needed.into_spill()?;
 
     // Each needed blob once, as the copy the index chose (the one reads use);

@@ -75,6 +75,22 @@ impl std::fmt::Display for IndexReadError {
 }
 
 impl IndexState {
+    /// The index files that could not be decrypted or decoded, when that is every
+    /// error; else the first other error (a damaged pending record, a file that
+    /// vanished unexplained). Such files can be left out as if never stored (an
+    /// append-only writer may store junk under a content-addressed name, which
+    /// the server cannot tell from an index file): see prune.
+    pub fn damaged_index_files(&self) -> std::result::Result<Vec<IndexId>, &IndexReadError> {
+        let mut damaged = Vec::new();
+        for e in &self.errors {
+            match (&e.object, &e.error) {
+                (IndexObject::IndexFile(id), Error::Damaged { .. }) => damaged.push(*id),
+                _ => return Err(e),
+            }
+        }
+        Ok(damaged)
+    }
+
     /// Snapshots recorded as committed, and as forgotten, by live index files.
     pub fn snapshot_records(&self) -> (HashSet<SnapshotId>, HashSet<SnapshotId>) {
         let mut announced = HashSet::new();

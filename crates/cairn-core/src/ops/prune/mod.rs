@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::index::IdSet;
 use crate::progress::{Phase, Progress};
 use crate::repo::lock::{self, RepoLock};
-use crate::repo::{IndexObject, IndexState, Repository};
+use crate::repo::{IndexState, Repository};
 use crate::session::{Exclusive, Read, Session};
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
@@ -195,7 +195,19 @@ fn run(
         )));
     }
     let mut scan = crate::ops::scan::scan_index(repo, &stored, opts.partition_bytes)?;
-    let damaged = damaged_index_files(&scan.state)?;
+    // An index file that cannot be read is left out, as if it had never been
+    // stored: every pack only such a file lists is then unindexed, the case of a
+    // backup killed before its index file, which the two-phase deletion already
+    // makes safe (a pack holding a blob a snapshot needs is rescued from its own
+    // header; a needed blob no readable file lists stops prune before anything
+    // changes). Without this, one undecryptable file — bit rot, or junk that an
+    // append-only token may upload under a content-addressed name — would stop
+    // every prune until `repair index` read every pack. Anything else unreadable
+    // (a damaged pending record, a file that vanished unexplained) still stops it.
+    let damaged = scan
+        .state
+        .damaged_index_files()
+        .map_err(|e| Error::Invalid(format!("{e}; run `cairn repair index` before prune")))?;
     report.damaged_index_files = damaged.iter().map(|id| id.to_hex()).collect();
     // What stops prune below because a damaged file listed it is told so.
     let hint = |e: Error| match damaged.first() {
@@ -369,31 +381,6 @@ fn run(
 
 /// Whether the index is written anew: some pack's listing changes, or small
 /// index files have piled up.
-/// The index files that cannot be decrypted or decoded. prune goes on without
-/// them, as if they had never been stored: every pack only such a file lists is
-/// then unindexed, the case of a backup killed before its index file, which the
-/// two-phase deletion already makes safe (a pack holding a blob a snapshot needs
-/// is rescued from its own header; a needed blob no readable file lists stops
-/// prune before anything changes). Without this, one undecryptable file — bit
-/// rot, or junk that an append-only token may upload under a content-addressed
-/// name — would stop every prune until `repair index` read every pack. Anything
-/// else unreadable (a damaged pending record, a file that vanished unexplained)
-/// still stops prune.
-fn damaged_index_files(state: &IndexState) -> Result<Vec<cairn_format::IndexId>> {
-    let mut damaged = Vec::new();
-    for e in &state.errors {
-        match (&e.object, &e.error) {
-            (IndexObject::IndexFile(id), Error::Damaged { .. }) => damaged.push(*id),
-            _ => {
-                return Err(Error::Invalid(format!(
-                    "{e}; run `cairn repair index` before prune"
-                )));
-            }
-        }
-    }
-    Ok(damaged)
-}
-
 fn rewrites_index(actions: &[Action], state: &IndexState) -> bool {
     actions
         .iter()

@@ -57,7 +57,11 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     .with_context(|| format!("opening the source {}", a.from))?;
     let mut dst = super::open_at(g, &to, || ui::password(g), &p.progress)
         .with_context(|| format!("opening the destination {to}"))?;
-    if src.config().id == dst.config().id {
+    // The same id is not the same repository: a mirror made with `cp -a` or
+    // rsync keeps the id, and copy then brings it what it lacks. Only the same
+    // directory under two spellings is refused (copying into itself would find
+    // every snapshot there and do nothing, but the user surely meant otherwise).
+    if src.config().id == dst.config().id && same_local_dir(&a.from, &to) {
         bail!("the source and the destination are the same repository");
     }
     // One limit for the job (the flag, else the destination's default, else the
@@ -179,4 +183,14 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
         return Ok(crate::EXIT_INCOMPLETE);
     }
     Ok(0)
+}
+
+/// Whether two locations name one local directory (through a symlink, `..` or a
+/// trailing slash). Remote locations are never judged the same here.
+fn same_local_dir(a: &str, b: &str) -> bool {
+    let local = |l: &str| match cairn_core::repo::storage::Location::parse(l) {
+        Ok(cairn_core::repo::storage::Location::Local(p)) => std::fs::canonicalize(p).ok(),
+        _ => None,
+    };
+    matches!((local(a), local(b)), (Some(x), Some(y)) if x == y)
 }

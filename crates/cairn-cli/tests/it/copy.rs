@@ -194,6 +194,37 @@ fn copy_between_local_and_s3() {
     r3.check_clean();
 }
 
+/// A mirror made with `cp -a` keeps the repository's id; copy brings it what it
+/// lacks (as restic's copy does for an rsync'd mirror), once, and copying back
+/// finds nothing to do. The one directory under another spelling is refused.
+#[test]
+fn copy_keeps_a_cp_a_mirror_up_to_date() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let src = r1.path("src");
+    make_full_tree(&src, 11);
+    r1.backup(&[&src]);
+    let m = Env::new();
+    copy_tree(&r1.repo, &m.repo);
+    assert_eq!(copy(&r1, &m, &[])["snapshots_copied"], 0);
+    fs::write(src.join("day-two"), b"written after the mirror was made").unwrap();
+    r1.backup(&[&src]);
+    assert_eq!(copy(&r1, &m, &[])["snapshots_copied"], 1);
+    assert_eq!(copy(&r1, &m, &[])["snapshots_copied"], 0);
+    assert_eq!(m.snapshot_ids().len(), 2);
+    assert_same(&src, &m.restore("latest", &src, "out"));
+    m.check_clean();
+    assert_eq!(copy(&m, &r1, &[])["snapshots_copied"], 0);
+    let other_spelling = format!("{}/../repo/", r1.repo.display());
+    let o = r1
+        .cmd(&["copy", "--from", &other_spelling])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("same repository"));
+}
+
 #[test]
 fn copy_refuses_bad_input() {
     let r1 = Env::new();

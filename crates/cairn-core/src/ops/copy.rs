@@ -135,7 +135,7 @@ pub fn copy(
             "--pack-size must be between 128 KiB and 256 MiB".into(),
         ));
     }
-    if src.repo().config().id == dst.repo().config().id {
+    if src.repo().location() == dst.repo().location() {
         return Err(Error::Invalid(
             "the source and the destination are the same repository".into(),
         ));

@@ -34,7 +34,10 @@ fn render(p: &Problem) -> String {
     };
     match p {
         Problem::IndexUnreadable { object, error } => match object {
-            IndexObject::IndexFile(id) => format!("index file {id}: {error}"),
+            IndexObject::IndexFile(id) => format!(
+                "index file {id}: {error} (`cairn prune` drops it when no snapshot needs \
+                 what only it lists; `cairn repair index` rebuilds the index from the packs)"
+            ),
             IndexObject::PendingDeletion(id) => format!("pending deletion {id}: {error}"),
         },
         Problem::PackMissing { pack } => {

@@ -1,9 +1,29 @@
 //! `cairn`: the command-line interface. Each subcommand lives in `commands/<verb>.rs`
 //! and only parses, calls the engine and renders; errors print as one line.
 
+// Output that never panics (see `out`): these shadow std's macros in every module
+// of this crate, declared below them.
+macro_rules! println {
+    () => { $crate::out::out(format_args!(""), true) };
+    ($($t:tt)*) => { $crate::out::out(format_args!($($t)*), true) };
+}
+#[allow(unused_macros)]
+macro_rules! print {
+    ($($t:tt)*) => { $crate::out::out(format_args!($($t)*), false) };
+}
+macro_rules! eprintln {
+    () => { $crate::out::err(format_args!(""), true) };
+    ($($t:tt)*) => { $crate::out::err(format_args!($($t)*), true) };
+}
+#[allow(unused_macros)]
+macro_rules! eprint {
+    ($($t:tt)*) => { $crate::out::err(format_args!($($t)*), false) };
+}
+
 mod args;
 mod commands;
 mod events;
+mod out;
 mod ui;
 
 use clap::Parser;
@@ -81,6 +101,18 @@ fn main() {
     }
     let result = commands::run(cli);
     commands::report_traffic();
+    if let Some(e) = out::stdout_error() {
+        eprintln!("cairn: error: writing to standard output: {e}");
+        let code = match &result {
+            Ok(0) | Ok(EXIT_INCOMPLETE) => 1,
+            Ok(c) => *c,
+            Err(e) => exit_code(e),
+        };
+        if let Err(e) = &result {
+            eprintln!("cairn: error: {}", one_line(e));
+        }
+        std::process::exit(code);
+    }
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) if is_closed_stdout(&e) => exit_broken_pipe(),

@@ -772,9 +772,16 @@ fn logged(
     hyper_util::service::TowerToHyperService::new(svc)
 }
 
-/// One line to stderr (journald adds its own time stamps under systemd).
+/// One line to stderr (journald adds its own time stamps under systemd). A log
+/// that cannot be written (a closed pipe, a full disk) is dropped: `eprintln!`
+/// would panic in the task serving the request.
 pub fn log_line(msg: &str) {
-    eprintln!("{} {msg}", cairn_core::time::now_rfc3339());
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "{} {msg}",
+        cairn_core::time::now_rfc3339()
+    );
 }
 
 #[cfg(test)]

@@ -422,3 +422,67 @@ fn repair_index_holds_no_index_under_a_memory_limit() {
     assert!(!junk.exists(), "the damaged file is replaced");
     env.check_clean();
 }
+
+/// Output that cannot be written (stdout or stderr on a full disk) is an error
+/// with exit 1 and one line, never a panic; a diagnostic that cannot be written
+/// does not cut a restore short.
+#[test]
+fn output_that_cannot_be_written_is_an_error_not_a_panic() {
+    use std::process::Stdio;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 9);
+    let full = || {
+        Stdio::from(
+            std::fs::File::options()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+    };
+    let o = env
+        .cmd(&["backup", src.to_str().unwrap()])
+        .stdout(full())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("writing to standard output") && !err.contains("panicked"),
+        "{err}"
+    );
+    // The snapshot was saved before the summary failed.
+    let snap = env.snapshot_ids()[0].clone();
+    let o = env
+        .cmd(&["snapshots", "--json"])
+        .stdout(full())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+
+    // One pack gone: the restore warns per file, into a full stderr, and still
+    // restores everything else (the same files as with a working stderr).
+    let pack = walk(&env.repo.join("data"))
+        .into_iter()
+        .filter(|(_, m)| m.is_file())
+        .max_by_key(|(_, m)| m.len())
+        .map(|(p, _)| env.repo.join("data").join(p))
+        .unwrap();
+    std::fs::remove_file(&pack).unwrap();
+    let restored = |into: &str, stderr: Stdio| {
+        let target = env.path(into);
+        let o = env
+            .cmd(&["restore", &snap, "--target", target.to_str().unwrap()])
+            .stderr(stderr)
+            .output()
+            .unwrap();
+        let files = walk(&target).len();
+        (o.status.code(), files)
+    };
+    let (code, seen) = restored("out-seen", Stdio::piped());
+    assert_eq!(code, Some(1));
+    let (code, blind) = restored("out-blind", full());
+    assert_eq!(code, Some(1));
+    assert_eq!(blind, seen);
+}

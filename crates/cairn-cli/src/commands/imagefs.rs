@@ -83,20 +83,24 @@ pub fn restore(
     for w in &r.warnings {
         eprintln!("warning: {w}");
     }
+    for f in &r.failed {
+        eprintln!("error: {f}");
+    }
     if g.json {
         super::print_json_report(&r)?;
     } else if !g.quiet {
         println!(
-            "restored {path} from the image's filesystem to {}: {}, {}, {}, {} in {:.2}s{}",
+            "restored {path} from the image's filesystem to {}: {}, {}, {}, {}, {} in {:.2}s{}",
             target.display(),
             ui::count(r.files, "file"),
             ui::count(r.dirs, "directory"),
             ui::count(r.symlinks, "symlink"),
+            ui::count(r.specials, "special file"),
             ui::bytes(r.bytes),
             start.elapsed().as_secs_f64(),
             if r.skipped > 0 {
                 format!(
-                    " ({} device, FIFO or socket entries not restored)",
+                    " ({} sockets, or devices when not root, not restored)",
                     r.skipped
                 )
             } else {
@@ -116,6 +120,12 @@ pub fn restore(
                 ui::count(r.kept, "existing entry")
             );
         }
+    }
+    if !r.failed.is_empty() {
+        anyhow::bail!(
+            "{} could not be restored (listed above; the rest was restored)",
+            ui::count(r.failed.len() as u64, "entry")
+        );
     }
     let code = zeros(&fs, path);
     // Something was not carried over: as a restore whose metadata was refused.

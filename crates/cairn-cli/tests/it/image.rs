@@ -1252,3 +1252,101 @@ fn image_fs_restores_keep_hard_links_xattrs_acls_and_capabilities() {
     assert!(err.contains("names outside /d/a"), "{err}");
     assert_eq!(fs::metadata(one.join("a/file2")).unwrap().nlink(), 2);
 }
+
+/// `--image-fs` restores FIFOs and (as root) devices, gives a symlink named on its
+/// own its own extended attributes (not its target's), and an entry it cannot
+/// read costs only that entry: its directory's others are restored, and the
+/// restore names it and exits 1.
+#[test]
+fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    let d = tree.join("d");
+    fs::create_dir_all(&d).unwrap();
+    fs::write(d.join("a"), b"first\n").unwrap();
+    fs::write(d.join("z"), b"last\n").unwrap();
+    fs::write(tree.join("target"), b"pointed at\n").unwrap();
+    xattr::set(tree.join("target"), "user.only-on-target", b"1").unwrap();
+    std::os::unix::fs::symlink("target", tree.join("link")).unwrap();
+    sh(Command::new("mkfifo")
+        .args(["-m", "0640"])
+        .arg(d.join("fifo")));
+    if is_root() {
+        sh(Command::new("mknod")
+            .arg(d.join("null"))
+            .args(["c", "1", "3"]));
+    }
+    // A name that is not UTF-8, which the image reader cannot look up yet.
+    let odd = std::ffi::OsStr::from_bytes(b"odd\xff");
+    fs::write(d.join(odd), b"odd\n").unwrap();
+    let img = env.path("fs.img");
+    sh(Command::new("mke2fs")
+        .args(["-q", "-t", "ext4", "-d"])
+        .arg(&tree)
+        .arg(&img)
+        .arg("16M"));
+    let r = backup_image(&env, &img, &[]);
+    let snap = r["snapshot_id"].as_str().unwrap().to_string();
+
+    let out = env.path("out-link");
+    env.ok(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/link",
+        "--target",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        fs::read_link(out.join("link")).unwrap(),
+        Path::new("target")
+    );
+    let names: Vec<_> = xattr::list(out.join("link")).unwrap().collect();
+    assert!(names.is_empty(), "{names:?}");
+
+    let out = env.path("out-d");
+    let o = env
+        .cmd(&[
+            "restore",
+            &snap,
+            "--image-fs",
+            "/d",
+            "--target",
+            out.to_str().unwrap(),
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("odd") && err.contains("1 entry could not be restored"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["failed"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(fs::read(out.join("d/a")).unwrap(), b"first\n");
+    assert_eq!(fs::read(out.join("d/z")).unwrap(), b"last\n");
+    let fifo = fs::symlink_metadata(out.join("d/fifo")).unwrap();
+    assert!(fifo.file_type().is_fifo());
+    assert_eq!(fifo.permissions().mode() & 0o7777, 0o640);
+    if is_root() {
+        let null = fs::symlink_metadata(out.join("d/null")).unwrap();
+        assert!(null.file_type().is_char_device());
+        assert_eq!(null.rdev(), libc::makedev(1, 3));
+    }
+    // ls lists the rest too, then says what it could not read.
+    let o = env
+        .cmd(&["ls", &snap, "--image-fs", "/d"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let listed = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        listed.contains("/d/a") && listed.contains("/d/z"),
+        "{listed}"
+    );
+}

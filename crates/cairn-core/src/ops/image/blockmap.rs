@@ -136,6 +136,19 @@ pub(super) struct Inode {
 }
 
 impl Inode {
+    /// A device's number, as the kernel reads it from the first block pointers
+    /// (the old 16-bit encoding in the first, else the new one in the second).
+    pub fn rdev(&self) -> u64 {
+        let (major, minor) = if self.block[0] != 0 {
+            let d = self.block[0];
+            ((d >> 8) & 0xff, d & 0xff)
+        } else {
+            let d = self.block[1];
+            ((d & 0xfff00) >> 8, (d & 0xff) | ((d >> 12) & 0xfff00))
+        };
+        libc::makedev(major, minor)
+    }
+
     fn is_dir(&self) -> bool {
         self.mode & S_IFMT == S_IFDIR
     }

@@ -83,7 +83,9 @@ pub struct FsRestoreReport {
     pub files: u64,
     pub dirs: u64,
     pub symlinks: u64,
-    /// Devices, FIFOs and sockets (not restored from an image filesystem).
+    /// FIFOs, and devices when restoring as root, made again.
+    pub specials: u64,
+    /// Sockets, and devices when not restoring as root: not restored.
     pub skipped: u64,
     pub bytes: u64,
     /// Entries already in the target left as they were (`--overwrite`).
@@ -95,6 +97,9 @@ pub struct FsRestoreReport {
     /// What could not be carried over (extended attributes refused, hard links
     /// restored as copies), one line each.
     pub warnings: Vec<String>,
+    /// Entries that could not be restored, with why, one line each (the others
+    /// were restored).
+    pub failed: Vec<String>,
 }
 
 /// The ext2/3/4 filesystem of an image snapshot.
@@ -250,22 +255,42 @@ impl ImageFs {
             .symlink_metadata(Self::path(&path)?)
             .map_err(|e| fs_err(&path, e))?;
         f(self.entry(&path, &meta)?)?;
+        let mut failed = Vec::new();
         if meta.is_dir() {
-            self.list_below(&path, recursive, f)?;
+            self.list_below(&path, recursive, f, &mut failed)?;
         }
-        Ok(())
+        match failed.len() {
+            0 => Ok(()),
+            1 => Err(failed.remove(0)),
+            n => Err(Error::Invalid(format!(
+                "{n} entries could not be read, the first: {}",
+                failed[0]
+            ))),
+        }
     }
 
+    /// Lists what is below `dir`; entries that cannot be read go to `failed`, and
+    /// the listing goes on.
     fn list_below(
         &self,
         dir: &str,
         recursive: bool,
         f: &mut dyn FnMut(Entry) -> Result<()>,
+        failed: &mut Vec<Error>,
     ) -> Result<()> {
-        for (child, _, meta) in self.children(dir)? {
-            f(self.entry(&child, &meta)?)?;
+        for c in self.children(dir)? {
+            let meta = match c.meta.and_then(|m| Ok((self.entry(&c.path, &m)?, m))) {
+                Ok((entry, m)) => {
+                    f(entry)?;
+                    m
+                }
+                Err(e) => {
+                    failed.push(e);
+                    continue;
+                }
+            };
             if recursive && meta.is_dir() {
-                self.list_below(&child, recursive, f)?;
+                self.list_below(&c.path, recursive, f, failed)?;
             }
         }
         Ok(())
@@ -414,8 +439,24 @@ impl ImageFs {
             // `ext4-view` reads it: the files still come back, without these.
             Err(e) => (None, e),
         };
-        let top = match (&ext2, self.fs.canonicalize(Self::path(&path)?)) {
-            (Some(fs), Ok(canon)) => fs.lookup(canon.as_ref()).map_err(|e| fs_err(&path, e))?,
+        // The named entry itself, not what a final symlink points to: its parent is
+        // resolved, then the name looked up in it.
+        let (parent, last) = match path.rsplit_once('/') {
+            Some(("", l)) if !l.is_empty() => ("/", Some(l)),
+            Some((p, l)) if !l.is_empty() => (p, Some(l)),
+            _ => ("/", None),
+        };
+        let top = match (&ext2, self.fs.canonicalize(Self::path(parent)?)) {
+            (Some(fs), Ok(canon)) => {
+                let mut full: Vec<u8> = canon.as_ref().to_vec();
+                if let Some(l) = last {
+                    if full.last() != Some(&b'/') {
+                        full.push(b'/');
+                    }
+                    full.extend_from_slice(l.as_bytes());
+                }
+                fs.lookup(&full).map_err(|e| fs_err(&path, e))?
+            }
             _ => None,
         };
         let mut r = FsRestore {
@@ -558,15 +599,22 @@ impl ImageFs {
                 },
                 _ => Default::default(),
             };
-            for (child, child_name, _) in self.children(path)? {
-                self.restore_one(
-                    &child,
-                    &sub,
-                    child_name.as_bytes(),
-                    &shown.join(&child_name),
-                    inos.get(child_name.as_bytes()).copied(),
-                    r,
-                )?;
+            // An entry that cannot be restored is reported, and the directory's
+            // other entries are restored (as a restore of a file snapshot does).
+            for c in self.children(path)? {
+                let done = c.meta.and_then(|_| {
+                    self.restore_one(
+                        &c.path,
+                        &sub,
+                        c.name.as_bytes(),
+                        &shown.join(&c.name),
+                        inos.get(c.name.as_bytes()).copied(),
+                        r,
+                    )
+                });
+                if let Err(e) = done {
+                    r.report.failed.push(e.to_string());
+                }
             }
             if keep_meta {
                 return Ok(());
@@ -582,13 +630,32 @@ impl ImageFs {
             let _ = sys::futimens(sub.as_fd(), times, times);
             return Ok(());
         }
-        if !(ft.is_regular_file() || ft.is_symlink()) {
+        // FIFOs are made again; devices too as root, with the number this crate's
+        // inode reader finds (what `ext4-view` does not show); sockets are not
+        // (a restore of a file snapshot does the same).
+        let special: Option<(u32, u64)> = if ft.is_fifo() {
+            Some((libc::S_IFIFO, 0))
+        } else if (ft.is_char_dev() || ft.is_block_dev()) && r.as_root {
+            let kind = if ft.is_char_dev() {
+                libc::S_IFCHR
+            } else {
+                libc::S_IFBLK
+            };
+            inode.as_ref().map(|i| (kind, i.rdev()))
+        } else {
+            None
+        };
+        if !(ft.is_regular_file() || ft.is_symlink() || special.is_some()) {
             r.report.skipped += 1;
             return Ok(());
         }
+        let kind = match special {
+            Some((k, _)) => k,
+            None if ft.is_symlink() => libc::S_IFLNK,
+            None => libc::S_IFREG,
+        };
         if let Some(st) = &existing {
-            let same_kind = (st.kind() == libc::S_IFREG) == ft.is_regular_file()
-                && (st.kind() == libc::S_IFLNK) == ft.is_symlink();
+            let same_kind = st.kind() == kind;
             let keep = match r.overwrite {
                 Overwrite::Never => true,
                 Overwrite::Always => false,
@@ -609,6 +676,22 @@ impl ImageFs {
                 )));
             }
             sys::unlink_at(dir, &cname).map_err(io)?;
+        }
+        if let Some((kind, rdev)) = special {
+            sys::mknod_at(dir, &cname, kind | 0o600, rdev).map_err(io)?;
+            // Through an O_PATH descriptor checked to be the entry just made.
+            let check = (kind != libc::S_IFIFO).then_some(rdev);
+            let fd = target::open_created_special(dir, &cname, kind, check).map_err(io)?;
+            if r.as_root {
+                sys::chown_path_fd(fd.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
+            }
+            if let (Some(fs), Some(i)) = (r.ext2, &inode) {
+                self.set_xattrs(fs, i, fd.as_fd(), true, shown, r);
+            }
+            sys::chmod_path_fd(fd.as_fd(), mode).map_err(io)?;
+            let _ = sys::utimens_path_fd(fd.as_fd(), times, times);
+            r.report.specials += 1;
+            return Ok(());
         }
         if ft.is_symlink() {
             let link = self
@@ -697,8 +780,10 @@ impl ImageFs {
     }
 
     /// A directory's entries (without `.` and `..`) in name order: their paths,
-    /// names and metadata.
-    fn children(&self, dir: &str) -> Result<Vec<(String, String, ext4_view::Metadata)>> {
+    /// names and metadata. An entry that cannot be read (a name that cannot be a
+    /// file name here, an inode the reader refuses) comes with its error, so that
+    /// its directory's other entries are still listed and restored.
+    fn children(&self, dir: &str) -> Result<Vec<Child>> {
         let mut out = Vec::new();
         for e in self
             .fs
@@ -706,21 +791,39 @@ impl ImageFs {
             .map_err(|e| fs_err(dir, e))?
         {
             let e = e.map_err(|e| fs_err(dir, e))?;
-            let name = e.file_name();
-            let Some(name) = entry_name(name.as_ref(), dir)? else {
-                continue;
-            };
+            let raw = e.file_name();
+            let raw: &[u8] = raw.as_ref();
+            let shown = String::from_utf8_lossy(raw).into_owned();
             let child = if dir == "/" {
-                format!("/{name}")
+                format!("/{shown}")
             } else {
-                format!("{dir}/{name}")
+                format!("{dir}/{shown}")
             };
-            let meta = e.metadata().map_err(|e| fs_err(&child, e))?;
-            out.push((child, name, meta));
+            let meta = match entry_name(raw, dir) {
+                Ok(None) => continue,
+                Err(e) => Err(e),
+                Ok(Some(_)) if std::str::from_utf8(raw).is_err() => Err(Error::Invalid(format!(
+                    "{child}: the name is not valid UTF-8, which reading inside an image \
+                     does not support yet (restore the whole image, or mount it)"
+                ))),
+                Ok(Some(_)) => e.metadata().map_err(|e| fs_err(&child, e)),
+            };
+            out.push(Child {
+                path: child,
+                name: shown,
+                meta,
+            });
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
+}
+
+/// An entry of a directory in the image (see [`ImageFs::children`]).
+struct Child {
+    path: String,
+    name: String,
+    meta: Result<ext4_view::Metadata>,
 }
 
 /// Hard-linked files whose other names are still to come, at most: each keeps

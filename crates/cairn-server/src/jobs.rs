@@ -848,14 +848,31 @@ fn run_job(
                 },
             )
             .map_err(|e| e.to_string())?;
+            // The first problems by name, as `check` prints them: a run that only
+            // said "3 problems" left the admin to run check again to learn which.
+            const NAMED: usize = 3;
+            let mut named: Vec<String> = r
+                .problems
+                .iter()
+                .take(NAMED)
+                .map(|p| p.describe())
+                .collect();
+            if r.problems.len() > NAMED {
+                named.push(format!("and {} more", r.problems.len() - NAMED));
+            }
             Ok((
                 r.problems.is_empty(),
                 format!(
-                    "{}, {} ({} read), {}",
+                    "{}, {} ({} read), {}{}",
                     count(r.snapshots as u64, "snapshot"),
                     count(r.packs as u64, "pack"),
                     r.packs_read,
-                    count(r.problems.len() as u64, "problem")
+                    count(r.problems.len() as u64, "problem"),
+                    if named.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", named.join("; "))
+                    }
                 ),
             ))
         }
@@ -872,9 +889,30 @@ fn run_job(
                 false,
             )
             .map_err(|e| e.to_string())?;
-            let removed: usize = f.groups.iter().map(|g| g.remove.len()).sum();
+            let removed = f.removed;
             let late: usize = f.groups.iter().map(|g| g.stored_late.len()).sum();
-            let summary = prune_now(session.into_repo(), &progress)?;
+            // What forget removed is said even when prune then fails: the run is
+            // the only record of it.
+            let forgot = || {
+                let ids: Vec<String> = f
+                    .groups
+                    .iter()
+                    .flat_map(|g| g.remove.iter().map(|e| e.short_id.clone()))
+                    .collect();
+                let mut s = format!("forgot {}", count(removed as u64, "snapshot"));
+                if !ids.is_empty() {
+                    s.push_str(&format!(" ({})", ids.join(", ")));
+                }
+                if !f.failed.is_empty() {
+                    s.push_str(&format!(
+                        ", {} could not be removed",
+                        count(f.failed.len() as u64, "snapshot")
+                    ));
+                }
+                s
+            };
+            let summary = prune_now(session.into_repo(), &progress)
+                .map_err(|e| format!("{}; prune failed: {e}", forgot()))?;
             // Snapshots stored late are worth an admin's look: a client may be
             // backdating junk (they took no slot from real backups).
             let late = if late > 0 {
@@ -886,11 +924,8 @@ fn run_job(
                 String::new()
             };
             Ok((
-                true,
-                format!(
-                    "forgot {}{late}; prune {summary}",
-                    count(removed as u64, "snapshot")
-                ),
+                f.failed.is_empty(),
+                format!("{}{late}; prune {summary}", forgot()),
             ))
         }
         "prune" => Ok((true, prune_now(repo, &progress)?)),

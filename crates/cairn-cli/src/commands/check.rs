@@ -1,8 +1,7 @@
 use crate::args::{CheckArgs, Global};
 use crate::ui;
 use anyhow::{Result, anyhow, bail};
-use cairn_core::check::{self, BlobRole, CheckOptions, LocalIndexState, Problem, Subset};
-use cairn_core::repo::IndexObject;
+use cairn_core::check::{self, CheckOptions, LocalIndexState, Subset};
 use cairn_core::session::{IndexLoad, Read};
 
 fn subset(s: &str) -> Result<Subset> {
@@ -23,60 +22,6 @@ fn subset(s: &str) -> Result<Subset> {
         bail!("--read-data-subset {s}: need 1 <= N <= M");
     }
     Ok(Subset::Part { n, m })
-}
-
-/// One line per problem, then the paths it affects.
-fn render(p: &Problem) -> String {
-    let role = |r: &BlobRole| match r {
-        BlobRole::Tree => "tree",
-        BlobRole::ChunkList => "chunk list",
-        BlobRole::Chunk => "blob",
-    };
-    match p {
-        Problem::IndexUnreadable { object, error } => match object {
-            IndexObject::IndexFile(id) => format!(
-                "index file {id}: {error} (`cairn prune` drops it when no snapshot needs \
-                 what only it lists; `cairn repair index` rebuilds the index from the packs)"
-            ),
-            IndexObject::PendingDeletion(id) => format!("pending deletion {id}: {error}"),
-        },
-        Problem::PackMissing { pack } => {
-            format!("pack {pack}: listed in the index but missing from storage")
-        }
-        Problem::PackTruncated { pack, size, needed } => {
-            format!("pack {pack}: truncated: {size} bytes, the index needs {needed}")
-        }
-        Problem::PackDamaged { pack, error } => format!("pack {pack}: {error}"),
-        Problem::SnapshotUnreadable { snapshot, error } => {
-            format!("snapshot {snapshot}: {error}")
-        }
-        Problem::SnapshotVanished { snapshot } => format!(
-            "snapshot {snapshot}: was committed but its object is missing (deleted from \
-             storage without `cairn forget`); `cairn repair snapshots` records it as lost"
-        ),
-        Problem::BlobMissing { blob, role: r, .. } => {
-            format!("{} {blob}: missing from the index", role(r))
-        }
-        Problem::BlobInDamagedPack { blob, role: r, .. } => {
-            format!("{} {blob}: stored in a damaged or missing pack", role(r))
-        }
-        Problem::FileInconsistent { error, .. } => format!("file content: {error}"),
-        Problem::KeyUnreadable { key, error } => format!("key file {key}: {error}"),
-        Problem::DedupListWrong { index, error } => format!(
-            "index file {}: {error} (a server would answer dedup queries wrongly; \
-             `cairn repair index` rewrites the index and its lists)",
-            index.short()
-        ),
-        Problem::BlobDamaged {
-            blob,
-            role: r,
-            error,
-            ..
-        } => match blob {
-            Some(b) => format!("{} {b}: {error}", role(r)),
-            None => format!("{}: {error}", role(r)),
-        },
-    }
 }
 
 pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
@@ -102,7 +47,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         super::print_json_report(&report)?;
     } else {
         for problem in &report.problems {
-            println!("error: {}", render(problem));
+            println!("error: {}", problem.describe());
             for a in problem.affects() {
                 println!("    affects {}:{}", a.snapshot.short(), a.path);
             }

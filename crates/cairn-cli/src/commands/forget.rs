@@ -91,8 +91,9 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
     }
     for c in &r.host_claims {
         eprintln!(
-            "warning: snapshot {} names host {:?} but was stored by a backup token bound to host {:?}: counted as {:?}'s",
-            c.short_id, c.claimed, c.recorded, c.recorded
+            "warning: snapshot {} {}",
+            c.short_id,
+            cairn_core::repo::host_claim_note(&c.claimed, &c.recorded)
         );
     }
     for gr in &r.groups {

@@ -83,12 +83,9 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
         println!("{}", ui::count(snaps.len() as u64, "snapshot"));
         for (id, s) in snaps.iter().filter(|(id, _)| claimed.contains_key(id)) {
             println!(
-                "* {}: names host {:?}, but was stored by a backup token bound to {:?} \
-                 (counted as {:?}'s, as forget does)",
+                "* {}: {} (as forget does)",
                 id.short(),
-                claimed[id],
-                s.hostname,
-                s.hostname
+                cairn_core::repo::host_claim_note(&claimed[id], &s.hostname)
             );
         }
     }

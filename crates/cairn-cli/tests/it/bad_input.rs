@@ -537,3 +537,25 @@ fn an_interrupted_init_is_named_as_such() {
     let e = env.fails(&["init"], 10);
     assert!(e.contains("remove it and run init again"), "{e}");
 }
+
+/// An unreadable snapshot object (damage, or junk stored under a snapshot's name)
+/// stops prune, which cannot tell what it needs; the message says how to remove
+/// it, and `forget ID` does, though it cannot be read.
+#[test]
+fn an_unreadable_snapshot_is_removed_by_forget_with_its_id() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = small_tree(&env);
+    let keep = env.backup(&[&src]);
+    let junk = b"not a snapshot".to_vec();
+    let id = blake3::hash(&junk).to_hex().to_string();
+    fs::write(env.repo.join("snapshots").join(&id), &junk).unwrap();
+    let e = env.fails(&["prune"], 1);
+    assert!(e.contains(&id) && e.contains("cairn forget"), "{e}");
+    // By a prefix too, as any snapshot.
+    env.ok(&["forget", &id[..12]]);
+    assert!(!env.repo.join("snapshots").join(&id).exists());
+    env.ok(&["prune"]);
+    env.check_clean();
+    assert_eq!(env.snapshot_ids(), vec![keep]);
+}

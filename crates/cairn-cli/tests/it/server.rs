@@ -1038,6 +1038,32 @@ fn scheduled_jobs_run_and_keep_a_history() {
     let name = pack.file_name().unwrap().to_str().unwrap();
     assert!(summary(&r).contains(name), "{r}");
     assert_eq!(runs("scrub").len(), 2);
+    // A check names what it found, as `check` does.
+    let r = run("check");
+    assert_eq!(r["outcome"], "problems", "{r}");
+    assert!(summary(&r).contains(&name[..8]), "{r}");
+    // Junk stored by a backup token as a snapshot stops prune (it cannot tell what
+    // an unreadable snapshot needs): the failed run still says what forget did and
+    // what to run, and an admin's `forget ID` removes the junk.
+    let junk = b"junk a backup token stored under a snapshot's name".to_vec();
+    let id = blake3_hex(&junk);
+    let ses = [("X-Cairn-Session", "junk")];
+    let slots = "/v1/datastores/main/slots";
+    assert_eq!(http_with(p, "POST", slots, &backup, &ses, b"").0, 200);
+    let path = format!("/v1/datastores/main/objects/snapshots/{id}");
+    assert_eq!(http_with(p, "PUT", &path, &backup, &ses, &junk).0, 201);
+    let r = run("retention");
+    assert_eq!(r["outcome"], "failed", "{r}");
+    assert!(
+        summary(&r).contains("forgot 0 snapshots; prune failed")
+            && summary(&r).contains("cairn forget"),
+        "{r}"
+    );
+    ok(
+        client(&env, &srv, "main", &admin, &["forget", &id]),
+        "forget of the junk",
+    );
+    assert!(!env.repo.join("snapshots").join(&id).exists());
     let log = srv.stop();
     assert!(log.contains("job scrub: problems"), "{log}");
 }
@@ -3446,7 +3472,7 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     assert!(ids("remove").is_empty(), "{groups:#}");
     assert!(
         err.contains(&format!("{} names host \"web02\"", &forged[..8]))
-            && err.contains("bound to host \"web01\""),
+            && err.contains("bound to \"web01\""),
         "{err}"
     );
     // Without the filter, the forged snapshot is web01's only one and stays too.
@@ -3500,6 +3526,33 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
         (&f["hostname"], &f["claimed_hostname"]),
         (&"web01".into(), &"web02".into())
     );
+    // A token without a host naming web02 (a bound token's host) is counted
+    // apart: web02's own backup stays its newest for `--keep-last 1`.
+    let laptop = srv.token("laptop", "main", "backup");
+    let unbound = backup(&laptop);
+    let o = client(
+        &env,
+        &srv,
+        "main",
+        &admin,
+        &["forget", "--keep-last", "1", "--host", "web02", "--json"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let groups: serde_json::Value = serde_json::from_str(&ok(o, "forget")).unwrap();
+    let kept: Vec<&str> = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["keep"].as_array().unwrap().iter())
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(kept, vec![real.as_str()], "{groups:#}");
+    assert!(
+        err.contains(&format!("{} names host \"web02\"", &unbound[..8]))
+            && err.contains("token without a host"),
+        "{err}"
+    );
+    assert!(env.snapshot_ids().contains(&real));
 }
 
 /// A hijacked backup client that stores junk dated at the end of past days, after

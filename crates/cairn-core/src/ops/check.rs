@@ -135,6 +135,63 @@ pub enum Problem {
 }
 
 impl Problem {
+    /// One line saying what is wrong, for people (`check`, the server's check job).
+    pub fn describe(&self) -> String {
+        let p = self;
+        let role = |r: &BlobRole| match r {
+            BlobRole::Tree => "tree",
+            BlobRole::ChunkList => "chunk list",
+            BlobRole::Chunk => "blob",
+        };
+        match p {
+            Problem::IndexUnreadable { object, error } => match object {
+                IndexObject::IndexFile(id) => format!(
+                    "index file {id}: {error} (`cairn prune` drops it when no snapshot needs \
+                     what only it lists; `cairn repair index` rebuilds the index from the packs)"
+                ),
+                IndexObject::PendingDeletion(id) => format!("pending deletion {id}: {error}"),
+            },
+            Problem::PackMissing { pack } => {
+                format!("pack {pack}: listed in the index but missing from storage")
+            }
+            Problem::PackTruncated { pack, size, needed } => {
+                format!("pack {pack}: truncated: {size} bytes, the index needs {needed}")
+            }
+            Problem::PackDamaged { pack, error } => format!("pack {pack}: {error}"),
+            Problem::SnapshotUnreadable { snapshot, error } => {
+                format!("snapshot {snapshot}: {error}")
+            }
+            Problem::SnapshotVanished { snapshot } => format!(
+                "snapshot {snapshot}: was committed but its object is missing (deleted from \
+                 storage without `cairn forget`); `cairn repair snapshots` records it as lost"
+            ),
+            Problem::BlobMissing { blob, role: r, .. } => {
+                format!("{} {blob}: missing from the index", role(r))
+            }
+            Problem::BlobInDamagedPack { blob, role: r, .. } => {
+                format!("{} {blob}: stored in a damaged or missing pack", role(r))
+            }
+            Problem::FileInconsistent { error, .. } => format!("file content: {error}"),
+            Problem::KeyUnreadable { key, error } => format!("key file {key}: {error}"),
+            Problem::DedupListWrong { index, error } => format!(
+                "index file {}: {error} (a server would answer dedup queries wrongly; \
+                 `cairn repair index` rewrites the index and its lists)",
+                index.short()
+            ),
+            Problem::BlobDamaged {
+                blob,
+                role: r,
+                error,
+                ..
+            } => match blob {
+                Some(b) => format!("{} {b}: {error}", role(r)),
+                None => format!("{}: {error}", role(r)),
+            },
+        }
+    }
+}
+
+impl Problem {
     /// The paths the problem makes unrestorable, for the kinds that have them.
     pub fn affects(&self) -> &[Affected] {
         match self {

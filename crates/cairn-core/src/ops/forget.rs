@@ -875,17 +875,36 @@ pub fn forget(
         ForgetRequest::Ids(specs) => {
             // Every id resolved before anything is removed: one typo removes nothing.
             let mut snaps: Vec<(SnapshotId, Snapshot)> = Vec::new();
+            // Named objects that cannot be read (damage, or junk an append-only
+            // token stored under a snapshot's name): forgetting one by its id is
+            // the way to remove it, so it is not refused for being unreadable.
+            let mut unreadable: Vec<SnapshotId> = Vec::new();
             for spec in specs {
-                let (id, s) = session.find_snapshot(spec)?;
-                if !snaps.iter().any(|(i, _)| *i == id) {
-                    snaps.push((id, s));
+                let id = match session.find_snapshot(spec) {
+                    Ok((id, s)) => {
+                        if !snaps.iter().any(|(i, _)| *i == id) {
+                            snaps.push((id, s));
+                        }
+                        continue;
+                    }
+                    Err(Error::Damaged { .. }) if spec != "latest" => {
+                        crate::repo::resolve_snapshot_prefix(spec, session.snapshot_ids())?
+                    }
+                    Err(e) => return Err(e),
+                };
+                if !unreadable.contains(&id) {
+                    unreadable.push(id);
                 }
             }
             snaps.sort_by(|a, b| crate::repo::snapshot_order((&a.0, &a.1), (&b.0, &b.1)));
             let group = ForgetGroup {
                 key: GroupKey::default(),
                 keep: Vec::new(),
-                remove: snaps.iter().map(|(id, _)| *id).collect(),
+                remove: snaps
+                    .iter()
+                    .map(|(id, _)| *id)
+                    .chain(unreadable.iter().copied())
+                    .collect(),
                 stored_late: Vec::new(),
             };
             (snaps, vec![group], Vec::new())

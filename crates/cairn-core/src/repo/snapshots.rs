@@ -338,6 +338,28 @@ impl Repository {
                 changed.push((*id, std::mem::replace(&mut s.hostname, h.clone())));
             }
         }
+        // A snapshot a token without a host stored (the server recorded when it
+        // received it, and no host) that names a bound token's host is not that
+        // host's: grouped apart, it cannot push the host's own backups out of a
+        // `--keep-last` or make it look fresh. Only ever more is kept this way (a
+        // group of its own keeps its own).
+        let claims: Vec<(SnapshotId, Snapshot)> = snaps
+            .iter()
+            .filter(|(id, s)| !recorded.contains_key(id) && hosts.contains(&s.hostname))
+            .cloned()
+            .collect();
+        if !claims.is_empty() {
+            let unbound: std::collections::HashSet<SnapshotId> = self
+                .with_records(names::RECEIVED, &claims)?
+                .into_iter()
+                .collect();
+            for (id, s) in snaps.iter_mut() {
+                if unbound.contains(id) {
+                    let marked = format!("{}{UNBOUND_MARK}", s.hostname);
+                    changed.push((*id, std::mem::replace(&mut s.hostname, marked)));
+                }
+            }
+        }
         Ok(changed)
     }
 
@@ -349,6 +371,26 @@ impl Repository {
         }
         let id = resolve_snapshot_prefix(spec, &self.list_snapshot_ids()?)?;
         Ok((id, self.read_snapshot(&id)?))
+    }
+}
+
+/// Appended to the host of a snapshot that names a bound token's host but was
+/// stored by a token without a host ([`Repository::attribute_hosts`]).
+pub const UNBOUND_MARK: &str = " (unbound token)";
+
+/// Says why a snapshot naming host `claimed` is counted as `counted`'s (see
+/// [`Repository::attribute_hosts`]), for warnings.
+pub fn host_claim_note(claimed: &str, counted: &str) -> String {
+    if counted.strip_suffix(UNBOUND_MARK) == Some(claimed) {
+        format!(
+            "names host {claimed:?}, which a host-bound token backs up, but was stored by a \
+             token without a host: counted apart, as {counted:?}"
+        )
+    } else {
+        format!(
+            "names host {claimed:?}, but was stored by a backup token bound to {counted:?}: \
+             counted as {counted:?}'s"
+        )
     }
 }
 

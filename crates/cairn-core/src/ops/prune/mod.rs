@@ -191,7 +191,8 @@ fn run(
     let (snaps, bad) = repo.snapshots()?;
     if let Some(e) = bad.into_iter().next() {
         return Err(Error::Invalid(format!(
-            "{e}; prune cannot tell what it needs (run `cairn repair snapshots` first)"
+            "{e}; prune cannot tell what it needs: `cairn forget ID` removes that object \
+             (`cairn repair snapshots` removes every unreadable one)"
         )));
     }
     let mut scan = crate::ops::scan::scan_index(repo, &stored, opts.partition_bytes)?;
@@ -635,7 +636,8 @@ fn delete_pending(
     let (snaps, bad) = repo.snapshots()?;
     if let Some(e) = bad.into_iter().next() {
         return Err(Error::Invalid(format!(
-            "{e}; not deleting anything (run `cairn repair snapshots`)"
+            "{e}; not deleting anything (`cairn forget ID` removes that object, `cairn \
+             repair snapshots` every unreadable one)"
         )));
     }
     let new: Vec<_> = snaps

@@ -266,6 +266,33 @@ impl Backend for LocalBackend {
 }
 
 impl LocalBackend {
+    /// Makes the directories from the root down to `dir` (the parent of an
+    /// object), one level at a time, never the root itself: a repository deleted
+    /// under a running `cairn serve` must make writes fail, not start a second
+    /// repository skeleton in its place. (The root is made by init.)
+    fn make_dirs(&self, dir: &Path) -> std::io::Result<()> {
+        let Ok(below) = dir.strip_prefix(&self.root) else {
+            return fs::create_dir_all(dir);
+        };
+        let mut at = self.root.clone();
+        for c in below.components() {
+            at.push(c);
+            match fs::create_dir(&at) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    return Err(std::io::Error::other(format!(
+                        "{} is gone: was the repository deleted, or its file system \
+                         unmounted?",
+                        self.root.display()
+                    )));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// Writes a temporary file, fsyncs it, and moves it into place: `rename` (which
     /// replaces) for `put`, `link` (which fails if the name exists, then the
     /// temporary is removed) for `put_new`; then fsyncs the directory.
@@ -285,7 +312,7 @@ impl LocalBackend {
             let mut f = match OpenOptions::new().write(true).create_new(true).open(&tmp) {
                 Ok(f) => f,
                 Err(e) if e.kind() == ErrorKind::NotFound => {
-                    fs::create_dir_all(&dir)?;
+                    self.make_dirs(&dir)?;
                     OpenOptions::new().write(true).create_new(true).open(&tmp)?
                 }
                 Err(e) => return Err(e),
@@ -463,5 +490,20 @@ mod tests {
         assert!(!dead.exists());
         assert!(mine.exists(), "a live writer's file stays");
         assert!(other.exists(), "another host's recent file stays");
+    }
+
+    /// A repository deleted under a running server: writes fail and say so; the
+    /// directory is not made again.
+    #[test]
+    fn a_deleted_root_is_not_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("repo");
+        fs::create_dir(&root).unwrap();
+        let b = LocalBackend::new(&root);
+        b.put("snapshots/aa", b"one").unwrap();
+        fs::remove_dir_all(&root).unwrap();
+        let e = b.put_new("snapshots/bb", b"two").unwrap_err();
+        assert!(e.to_string().contains("is gone"), "{e}");
+        assert!(!root.exists());
     }
 }

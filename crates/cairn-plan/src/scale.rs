@@ -240,6 +240,7 @@ mod tests {
             encryption: false,
             ..Default::default()
         };
+        std::fs::create_dir_all(dir.join("repo")).unwrap();
         Repository::init(
             Arc::new(cairn_backend::LocalBackend::new(dir.join("repo"))),
             None,

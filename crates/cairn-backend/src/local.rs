@@ -226,6 +226,19 @@ impl Backend for LocalBackend {
             let rd = match fs::read_dir(&dir) {
                 Ok(rd) => rd,
                 Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                // A prefix that names an object (`config`): that object, as object
+                // storage lists it.
+                Err(e) if e.kind() == ErrorKind::NotADirectory && rel == prefix => {
+                    if let Ok(m) = fs::metadata(&dir)
+                        && m.is_file()
+                    {
+                        out.push(ObjectInfo {
+                            name: rel.clone(),
+                            size: m.len(),
+                        });
+                    }
+                    continue;
+                }
                 Err(e) => return Err(BackendError::from_io("list", &rel, &e)),
             };
             for ent in rd {
@@ -490,6 +503,17 @@ mod tests {
         assert!(!dead.exists());
         assert!(mine.exists(), "a live writer's file stays");
         assert!(other.exists(), "another host's recent file stays");
+    }
+
+    /// A prefix naming an object lists that object, as object storage does.
+    #[test]
+    fn a_prefix_naming_an_object_lists_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = LocalBackend::new(dir.path());
+        b.put("config", b"12345").unwrap();
+        let l = b.list("config").unwrap();
+        assert_eq!(l.len(), 1);
+        assert_eq!((l[0].name.as_str(), l[0].size), ("config", 5));
     }
 
     /// A repository deleted under a running server: writes fail and say so; the

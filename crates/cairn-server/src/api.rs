@@ -213,11 +213,16 @@ fn token_entry(app: &App, presented: &str) -> ApiResult<TokenEntry> {
             "unauthorized",
             "unknown or removed token",
         )),
-        Err(e) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server",
-            e.to_string(),
-        )),
+        // Failing closed; the details (the state directory's path) go to the
+        // server's log, not to a client that has not been authenticated.
+        Err(e) => {
+            crate::log_line(&format!("cannot authenticate: {e}"));
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server",
+                "the server cannot read its tokens (its log says why)",
+            ))
+        }
     }
 }
 
@@ -483,7 +488,9 @@ fn parse_range(v: &str) -> ApiResult<(u64, u64)> {
         }
         return Err(bad());
     }
-    Ok((start, end - start + 1))
+    // `0-18446744073709551615` is 2^64 bytes: more than any object, so past its
+    // end (416) as any range too long is; it must not wrap to an empty one.
+    Ok((start, (end - start).saturating_add(1)))
 }
 
 #[derive(Deserialize)]

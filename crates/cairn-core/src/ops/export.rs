@@ -222,7 +222,19 @@ impl<S: Sink> Exporter<'_, S> {
                 // stores the content again.
                 let mut content = Content::new(self.repo, n, &shown, self.readers);
                 content.ahead = Some(&mut self.ahead);
-                self.sink.file(&name, n, first.as_deref(), &mut content)?;
+                // A file that cannot be read ends the archive: the message names it
+                // (not only its blob), so that the admin knows what is lost.
+                self.sink
+                    .file(&name, n, first.as_deref(), &mut content)
+                    .map_err(|e| match e {
+                        e @ (Error::Damaged { .. }
+                        | Error::BlobNotFound(_)
+                        | Error::PackMissing { .. }
+                        | Error::Backend(_)) => {
+                            Error::Invalid(format!("{shown}: {e}; the archive is incomplete"))
+                        }
+                        e => e,
+                    })?;
                 self.report.files += 1;
                 if first.is_none() {
                     self.report.bytes += n.size;

@@ -855,7 +855,8 @@ pub struct RestoreArgs {
     /// in the target
     #[arg(long)]
     pub delete: bool,
-    /// Change nothing: print what would be written, kept and deleted
+    /// Change nothing: print how many entries would be written and kept, and each
+    /// one that would be deleted (--delete)
     #[arg(long, short = 'n')]
     pub dry_run: bool,
     /// Read every file written back and compare it with the snapshot

@@ -1167,6 +1167,21 @@ fn a_changed_block_list_against_another_sources_parent_is_warned_about() {
     assert!(out.contains("new (no parent)"), "{out}");
 }
 
+/// An ext4 image of `tree` (16 MiB, `mke2fs -d` with `extra` options), backed up
+/// as an image: its snapshot's id.
+fn ext4_image_snapshot(env: &Env, tree: &Path, extra: &[&str]) -> String {
+    let img = env.path("fs.img");
+    sh(Command::new("mke2fs")
+        .args(["-q", "-t", "ext4"])
+        .args(extra)
+        .arg("-d")
+        .arg(tree)
+        .arg(&img)
+        .arg("16M"));
+    let r = backup_image(env, &img, &[]);
+    r["snapshot_id"].as_str().unwrap().to_string()
+}
+
 /// A tree restored out of an image's ext4 with `--image-fs` keeps its hard links
 /// (one inode, every name), extended attributes inside the inode and in a block
 /// of their own, POSIX ACLs (ext4 keeps them in a shorter form than `setxattr`
@@ -1209,14 +1224,7 @@ fn image_fs_restores_keep_hard_links_xattrs_acls_and_capabilities() {
     sh(Command::new("find")
         .arg(&d)
         .args(["-exec", "touch", "-h", "-d", "@1700000000", "{}", "+"]));
-    let img = env.path("fs.img");
-    sh(Command::new("mke2fs")
-        .args(["-q", "-t", "ext4", "-b", "4096", "-I", "256", "-d"])
-        .arg(&tree)
-        .arg(&img)
-        .arg("16M"));
-    let r = backup_image(&env, &img, &[]);
-    let snap = r["snapshot_id"].as_str().unwrap().to_string();
+    let snap = ext4_image_snapshot(&env, &tree, &["-b", "4096", "-I", "256"]);
     let out = env.path("out");
     let o = env.ok(&[
         "restore",
@@ -1282,14 +1290,7 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
     // A name that is not UTF-8, which the image reader cannot look up yet.
     let odd = std::ffi::OsStr::from_bytes(b"odd\xff");
     fs::write(d.join(odd), b"odd\n").unwrap();
-    let img = env.path("fs.img");
-    sh(Command::new("mke2fs")
-        .args(["-q", "-t", "ext4", "-d"])
-        .arg(&tree)
-        .arg(&img)
-        .arg("16M"));
-    let r = backup_image(&env, &img, &[]);
-    let snap = r["snapshot_id"].as_str().unwrap().to_string();
+    let snap = ext4_image_snapshot(&env, &tree, &[]);
 
     let out = env.path("out-link");
     env.ok(&[

@@ -3450,26 +3450,31 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     let real = backup(&web02);
     let forged = backup(&web01);
 
-    let o = client(
-        &env,
-        &srv,
-        "main",
-        &admin,
-        &["forget", "--keep-last", "1", "--host", "web02", "--json"],
-    );
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    let groups: serde_json::Value = serde_json::from_str(&ok(o, "forget")).unwrap();
-    let ids = |k: &str| -> Vec<String> {
-        groups
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|g| g[k].as_array().unwrap().iter())
-            .map(|e| e["id"].as_str().unwrap().to_string())
-            .collect()
+    // `forget --keep-last 1 --host web02 --json`: the ids kept, removed, and stderr.
+    let keep_last_of_web02 = || -> (Vec<String>, Vec<String>, String) {
+        let o = client(
+            &env,
+            &srv,
+            "main",
+            &admin,
+            &["forget", "--keep-last", "1", "--host", "web02", "--json"],
+        );
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let groups: serde_json::Value = serde_json::from_str(&ok(o, "forget")).unwrap();
+        let ids = |k: &str| -> Vec<String> {
+            groups
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|g| g[k].as_array().unwrap().iter())
+                .map(|e| e["id"].as_str().unwrap().to_string())
+                .collect()
+        };
+        (ids("keep"), ids("remove"), err)
     };
-    assert_eq!(ids("keep"), vec![real.clone()], "{groups:#}");
-    assert!(ids("remove").is_empty(), "{groups:#}");
+    let (kept, removed, err) = keep_last_of_web02();
+    assert_eq!(kept, vec![real.clone()]);
+    assert!(removed.is_empty(), "{removed:?}");
     assert!(
         err.contains(&format!("{} names host \"web02\"", &forged[..8]))
             && err.contains("bound to \"web01\""),
@@ -3530,23 +3535,8 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     // apart: web02's own backup stays its newest for `--keep-last 1`.
     let laptop = srv.token("laptop", "main", "backup");
     let unbound = backup(&laptop);
-    let o = client(
-        &env,
-        &srv,
-        "main",
-        &admin,
-        &["forget", "--keep-last", "1", "--host", "web02", "--json"],
-    );
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    let groups: serde_json::Value = serde_json::from_str(&ok(o, "forget")).unwrap();
-    let kept: Vec<&str> = groups
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["keep"].as_array().unwrap().iter())
-        .map(|e| e["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(kept, vec![real.as_str()], "{groups:#}");
+    let (kept, _, err) = keep_last_of_web02();
+    assert_eq!(kept, vec![real.clone()]);
     assert!(
         err.contains(&format!("{} names host \"web02\"", &unbound[..8]))
             && err.contains("token without a host"),

@@ -529,6 +529,35 @@ impl ImageFs {
         }
     }
 
+    /// The owner (as root), extended attributes, mode (`None` for a symlink) and
+    /// times of a symlink, FIFO or device just made, through the `O_PATH`
+    /// descriptor `fd` checked to be it.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_made(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        (uid, gid): (u32, u32),
+        inode: Option<&super::blockmap::Inode>,
+        mode: Option<libc::mode_t>,
+        times: (i64, u32),
+        shown: &Path,
+        r: &mut FsRestore<'_>,
+    ) -> Result<()> {
+        use crate::ops::restore::sys;
+        let io = |e: std::io::Error| Error::io(shown, e);
+        if r.as_root {
+            sys::chown_path_fd(fd, uid, gid).map_err(io)?;
+        }
+        if let (Some(fs), Some(i)) = (r.ext2, inode) {
+            self.set_xattrs(fs, i, fd, true, shown, r);
+        }
+        if let Some(m) = mode {
+            sys::chmod_path_fd(fd, m).map_err(io)?;
+        }
+        let _ = sys::utimens_path_fd(fd, times, times);
+        Ok(())
+    }
+
     /// Restores `path` as the entry `name` of the directory `dir` (`shown`: its
     /// path, for messages only).
     fn restore_one(
@@ -682,14 +711,16 @@ impl ImageFs {
             // Through an O_PATH descriptor checked to be the entry just made.
             let check = (kind != libc::S_IFIFO).then_some(rdev);
             let fd = target::open_created_special(dir, &cname, kind, check).map_err(io)?;
-            if r.as_root {
-                sys::chown_path_fd(fd.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
-            }
-            if let (Some(fs), Some(i)) = (r.ext2, &inode) {
-                self.set_xattrs(fs, i, fd.as_fd(), true, shown, r);
-            }
-            sys::chmod_path_fd(fd.as_fd(), mode).map_err(io)?;
-            let _ = sys::utimens_path_fd(fd.as_fd(), times, times);
+            let owner = (meta.uid(), meta.gid());
+            self.finish_made(
+                fd.as_fd(),
+                owner,
+                inode.as_ref(),
+                Some(mode),
+                times,
+                shown,
+                r,
+            )?;
             r.report.specials += 1;
             return Ok(());
         }
@@ -703,13 +734,9 @@ impl ImageFs {
             r.report.symlinks += 1;
             // Through an O_PATH descriptor checked to be the link just made.
             let fd = target::open_created_special(dir, &cname, libc::S_IFLNK, None).map_err(io)?;
-            if r.as_root {
-                sys::chown_path_fd(fd.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
-            }
-            if let (Some(fs), Some(i)) = (r.ext2, &inode) {
-                self.set_xattrs(fs, i, fd.as_fd(), true, shown, r);
-            }
-            let _ = sys::utimens_path_fd(fd.as_fd(), times, times);
+            let owner = (meta.uid(), meta.gid());
+            // A symlink has no mode of its own to set.
+            self.finish_made(fd.as_fd(), owner, inode.as_ref(), None, times, shown, r)?;
             return Ok(());
         }
         let linked = match (ino, &inode) {

@@ -235,12 +235,16 @@ fn grant_text(datastore: &str) -> String {
 /// storage directly (no token, no key).
 fn scrub(g: &Global, s: &ScrubArgs) -> Result<i32> {
     // A datastore name from the settings file, or a location as `--repo` takes it.
+    let mut named = Vec::new();
     let location = match &s.config {
-        Some(c) => cairn_server::config::FileConfig::load(c)?
-            .datastores
-            .get(&s.datastore)
-            .cloned()
-            .unwrap_or_else(|| s.datastore.clone()),
+        Some(c) => {
+            let file = cairn_server::config::FileConfig::load(c)?;
+            named = file.datastores.keys().cloned().collect();
+            file.datastores
+                .get(&s.datastore)
+                .cloned()
+                .unwrap_or_else(|| s.datastore.clone())
+        }
         None => s.datastore.clone(),
     };
     let opts = cairn_core::repo::storage::StorageOptions {
@@ -253,6 +257,15 @@ fn scrub(g: &Global, s: &ScrubArgs) -> Result<i32> {
         &cairn_core::progress::Progress::none(),
     )?;
     if !cairn_core::repo::storage::repository_exists(&storage)? {
+        // A name the settings file does not hold reads as a location: say both.
+        if !named.is_empty() && location == s.datastore {
+            named.sort();
+            return Err(anyhow!(
+                "no datastore {:?} in the settings file (it has: {}), and no repository at {location}",
+                s.datastore,
+                named.join(", ")
+            ));
+        }
         return Err(anyhow!("no repository at {location}"));
     }
     let mut p = super::progress(g);

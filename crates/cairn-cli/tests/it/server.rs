@@ -785,6 +785,19 @@ fn scrub_finds_bit_rot_without_the_key() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(out.contains("no damage found"), "{out}");
+    // A datastore name the settings file does not hold is named as such.
+    let o = Command::new(bin())
+        .args(["serve", "scrub", "nosuch", "--config"])
+        .arg(&settings)
+        .current_dir(env.dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no datastore \"nosuch\"") && err.contains("main"),
+        "{err}"
+    );
     // Flip one bit in the largest pack.
     let victim = largest_pack(&env.repo);
     flip_middle(&victim);

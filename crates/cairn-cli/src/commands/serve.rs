@@ -235,7 +235,8 @@ fn grant_text(datastore: &str) -> String {
 /// storage directly (no token, no key).
 fn scrub(g: &Global, s: &ScrubArgs) -> Result<i32> {
     // A datastore name from the settings file, or a location as `--repo` takes it.
-    let mut named = Vec::new();
+    // The settings file's datastore names (in order: its table is a BTreeMap).
+    let mut named: Vec<String> = Vec::new();
     let location = match &s.config {
         Some(c) => {
             let file = cairn_server::config::FileConfig::load(c)?;
@@ -259,7 +260,6 @@ fn scrub(g: &Global, s: &ScrubArgs) -> Result<i32> {
     if !cairn_core::repo::storage::repository_exists(&storage)? {
         // A name the settings file does not hold reads as a location: say both.
         if !named.is_empty() && location == s.datastore {
-            named.sort();
             return Err(anyhow!(
                 "no datastore {:?} in the settings file (it has: {}), and no repository at {location}",
                 s.datastore,

@@ -137,13 +137,12 @@ pub enum Problem {
 impl Problem {
     /// One line saying what is wrong, for people (`check`, the server's check job).
     pub fn describe(&self) -> String {
-        let p = self;
         let role = |r: &BlobRole| match r {
             BlobRole::Tree => "tree",
             BlobRole::ChunkList => "chunk list",
             BlobRole::Chunk => "blob",
         };
-        match p {
+        match self {
             Problem::IndexUnreadable { object, error } => match object {
                 IndexObject::IndexFile(id) => format!(
                     "index file {id}: {error} (`cairn prune` drops it when no snapshot needs \
@@ -189,9 +188,7 @@ impl Problem {
             },
         }
     }
-}
 
-impl Problem {
     /// The paths the problem makes unrestorable, for the kinds that have them.
     pub fn affects(&self) -> &[Affected] {
         match self {

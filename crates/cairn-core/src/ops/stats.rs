@@ -195,30 +195,19 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
     // An index file that cannot be read is left out, as prune does: the figures
     // are right unless a snapshot needs a blob only it listed, which stops the
     // walk below.
-    st.damaged_index_files = scan
-        .state
-        .damaged_index_files()
-        .map_err(|e| {
-            Error::Invalid(format!(
-                "{e}; statistics would be wrong (run `cairn repair index`)"
-            ))
-        })?
-        .iter()
-        .map(|id| id.to_hex())
-        .collect();
+    let damaged = scan.state.damaged_index_files().map_err(|e| {
+        Error::Invalid(format!(
+            "{e}; statistics would be wrong (run `cairn repair index`)"
+        ))
+    })?;
+    st.damaged_index_files = damaged.iter().map(|id| id.to_hex()).collect();
     scan.add_pending_packs();
     session
         .progress()
         .phase(crate::progress::Phase::WalkingSnapshots);
     let mut needed = scan::Needed::new(&scan)?;
-    let hint = |e: Error| match st.damaged_index_files.first() {
-        Some(d) => Error::Invalid(format!(
-            "{e}; index file {d} cannot be read and may have listed it (run `cairn repair index`)"
-        )),
-        None => e,
-    };
     crate::tree::reachable::collect_snapshots(repo, &snaps, &mut needed, session.progress())
-        .map_err(hint)?;
+        .map_err(|e| crate::repo::IndexState::damaged_hint(e, &damaged))?;
     let mut needed = needed.into_spill()?;
 
     // Each needed blob once, as the copy the index chose (the one reads use);

@@ -91,6 +91,19 @@ impl IndexState {
         Ok(damaged)
     }
 
+    /// `e` (what stopped a walk of the snapshots: a blob the index lacks) with a
+    /// word on `damaged`'s first file, which may have listed it.
+    pub fn damaged_hint(e: Error, damaged: &[IndexId]) -> Error {
+        match damaged.first() {
+            Some(d) => Error::Invalid(format!(
+                "{e}; index file {} cannot be read and may have listed it: run `cairn \
+                 repair index` (it indexes every pack from its header)",
+                d.to_hex()
+            )),
+            None => e,
+        }
+    }
+
     /// Snapshots recorded as committed, and as forgotten, by live index files.
     pub fn snapshot_records(&self) -> (HashSet<SnapshotId>, HashSet<SnapshotId>) {
         let mut announced = HashSet::new();

@@ -188,7 +188,7 @@ impl Repository {
     fn with_records(
         &self,
         prefix: &str,
-        snaps: &[(SnapshotId, Snapshot)],
+        ids: impl Iterator<Item = SnapshotId>,
     ) -> Result<Vec<SnapshotId>> {
         let listed: std::collections::HashSet<String> = match self.backend.list(prefix) {
             Ok(l) => l
@@ -203,11 +203,7 @@ impl Repository {
             }
             Err(e) => return Err(e.into()),
         };
-        Ok(snaps
-            .iter()
-            .map(|(id, _)| *id)
-            .filter(|id| listed.contains(&id.to_hex()))
-            .collect())
+        Ok(ids.filter(|id| listed.contains(&id.to_hex())).collect())
     }
 
     /// When `cairn serve` received those of `snaps` that a non-admin token stored
@@ -219,7 +215,7 @@ impl Repository {
         &self,
         snaps: &[(SnapshotId, Snapshot)],
     ) -> Result<std::collections::HashMap<SnapshotId, chrono::DateTime<chrono::Utc>>> {
-        let wanted = self.with_records(names::RECEIVED, snaps)?;
+        let wanted = self.with_records(names::RECEIVED, snaps.iter().map(|(id, _)| *id))?;
         let got = crate::threads::parallel_map(&wanted, 8, |id| {
             let r = self
                 .backend
@@ -286,7 +282,7 @@ impl Repository {
         snaps: &[(SnapshotId, Snapshot)],
         read: &HostRead<'_>,
     ) -> Result<std::collections::HashMap<SnapshotId, String>> {
-        let wanted = self.with_records(names::HOSTS, snaps)?;
+        let wanted = self.with_records(names::HOSTS, snaps.iter().map(|(id, _)| *id))?;
         let got = crate::threads::parallel_map(&wanted, 8, |id| (*id, read(&id.to_hex())));
         let mut out = std::collections::HashMap::new();
         for (id, host) in got {
@@ -343,14 +339,14 @@ impl Repository {
         // host's: grouped apart, it cannot push the host's own backups out of a
         // `--keep-last` or make it look fresh. Only ever more is kept this way (a
         // group of its own keeps its own).
-        let claims: Vec<(SnapshotId, Snapshot)> = snaps
+        let claims: Vec<SnapshotId> = snaps
             .iter()
             .filter(|(id, s)| !recorded.contains_key(id) && hosts.contains(&s.hostname))
-            .cloned()
+            .map(|(id, _)| *id)
             .collect();
         if !claims.is_empty() {
             let unbound: std::collections::HashSet<SnapshotId> = self
-                .with_records(names::RECEIVED, &claims)?
+                .with_records(names::RECEIVED, claims.into_iter())?
                 .into_iter()
                 .collect();
             for (id, s) in snaps.iter_mut() {

@@ -211,14 +211,7 @@ fn run(
         .map_err(|e| Error::Invalid(format!("{e}; run `cairn repair index` before prune")))?;
     report.damaged_index_files = damaged.iter().map(|id| id.to_hex()).collect();
     // What stops prune below because a damaged file listed it is told so.
-    let hint = |e: Error| match damaged.first() {
-        Some(d) => Error::Invalid(format!(
-            "{e}; index file {} is damaged and may have listed it: run `cairn repair \
-             index` (it indexes every pack from its header) before prune",
-            d.to_hex()
-        )),
-        None => e,
-    };
+    let hint = |e: Error| IndexState::damaged_hint(e, &damaged);
     // The walk reads trees and chunk lists through the index in its placement.
     repo.load_index()?;
 

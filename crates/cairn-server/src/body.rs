@@ -170,6 +170,90 @@ pub const STALL: std::time::Duration = std::time::Duration::from_secs(60);
 /// the slowest uplink a backup goes over (a 640 kbit/s seed link sends 4.8 MB).
 pub const MIN_PER_STALL: usize = 64 << 10;
 
+/// A request body that is read to its end even when its handler did not want it
+/// (a refusal sent before the upload: 401, 403, 413, 429).
+///
+/// Dropped unread, hyper ends the exchange early: over HTTP/2 it resets the
+/// stream after the answer, over HTTP/1 it closes the connection with the
+/// client's bytes unread, and the kernel's reset can reach the client before
+/// the answer. Either way a client still sending (curl, a script, a proxy) sees
+/// "stream error" or "connection reset" instead of the refusal. So the rest is
+/// read and thrown away in the background, as much as [`DRAIN_MAX`] within
+/// [`DRAIN_FOR`]; past that the exchange is ended as before.
+pub struct Drained {
+    inner: Option<hyper::body::Incoming>,
+}
+
+/// What is read of an unwanted body at most: more than the largest small object
+/// and a default pack, so that a refused upload of one reaches its end.
+pub const DRAIN_MAX: u64 = 32 << 20;
+/// How long an unwanted body is read at most.
+pub const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Drained {
+    pub fn new(body: hyper::body::Incoming) -> Drained {
+        Drained { inner: Some(body) }
+    }
+}
+
+impl http_body::Body for Drained {
+    type Data = axum::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<axum::body::Bytes>, hyper::Error>>> {
+        match self.get_mut().inner.as_mut() {
+            Some(b) => std::pin::Pin::new(b).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(|b| b.is_end_stream())
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| http_body::SizeHint::with_exact(0), |b| b.size_hint())
+    }
+}
+
+impl Drop for Drained {
+    fn drop(&mut self) {
+        use http_body::Body;
+        let Some(body) = self.inner.take() else {
+            return;
+        };
+        if body.is_end_stream() {
+            return;
+        }
+        // Known too long to read: ended at once, as hyper would.
+        if body.size_hint().lower() > DRAIN_MAX {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(drain(body));
+        }
+    }
+}
+
+async fn drain(mut body: hyper::body::Incoming) {
+    use http_body_util::BodyExt;
+    let deadline = tokio::time::Instant::now() + DRAIN_FOR;
+    let mut left = DRAIN_MAX;
+    while let Ok(Some(Ok(frame))) = tokio::time::timeout_at(deadline, body.frame()).await {
+        if let Some(data) = frame.data_ref() {
+            match left.checked_sub(data.len() as u64) {
+                Some(l) => left = l,
+                None => return,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

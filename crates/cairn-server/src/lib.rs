@@ -745,7 +745,9 @@ fn logged(
                 .uri()
                 .path_and_query()
                 .map_or_else(|| req.uri().path().to_string(), |p| p.to_string());
-            let req = req.map(axum::body::Body::new);
+            // A body its handler leaves unread is read to its end, so the client
+            // gets the refusal (`body::Drained`).
+            let req = req.map(|b| axum::body::Body::new(body::Drained::new(b)));
             app.stats.active.fetch_add(1, Ordering::Relaxed);
             let resp = match tokio::time::timeout(timeout, router.oneshot(req)).await {
                 Ok(Ok(r)) => r,

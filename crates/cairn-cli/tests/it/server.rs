@@ -513,6 +513,33 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
         body.contains("\"error\":\"too_large\""),
         "a JSON error: {body}"
     );
+    // A refusal answered before the upload was read: the client can still send
+    // the rest of its body and reads the refusal (before, the server closed
+    // with the body unread, and the client's next bytes met a reset).
+    for (token, want) in [("wrong", 401), (other.as_str(), 429)] {
+        let mut s = TcpStream::connect(("127.0.0.1", p)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let n = 4 << 20;
+        let head = format!(
+            "PUT {} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+             Content-Length: {n}\r\n\r\n",
+            obj(&format!("data/aa/aa{}", "0".repeat(62)))
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(&vec![b'x'; 64 << 10]).unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            let got = s.read(&mut buf).unwrap();
+            assert!(got > 0, "closed before an answer");
+            answer.extend_from_slice(&buf[..got]);
+        }
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert!(answer.starts_with(&format!("HTTP/1.1 {want}")), "{answer}");
+        std::thread::sleep(Duration::from_millis(200));
+        s.write_all(&vec![b'x'; n - (64 << 10)])
+            .unwrap_or_else(|e| panic!("the rest of a refused body: {e} ({answer})"));
+    }
 
     // Content that does not match its name, a pack without a pack's trailer,
     // names outside the layout.

@@ -25,6 +25,10 @@ pub struct LocalBackend {
     scratch: Mutex<AlignedBuf>,
     /// Aligned buffers for direct range reads, one per concurrent reader.
     read_scratch: Mutex<Vec<AlignedBuf>>,
+    /// Set once `config` was read or written here: from then on a directory is
+    /// made below the root only while the root still holds `config` (see
+    /// [`Self::make_dirs`]).
+    config_seen: AtomicBool,
 }
 
 const TMP_MARK: &str = ".tmp-";
@@ -40,6 +44,7 @@ impl LocalBackend {
             no_hard_links: AtomicBool::new(false),
             scratch: Mutex::new(AlignedBuf::default()),
             read_scratch: Mutex::new(Vec::new()),
+            config_seen: AtomicBool::new(false),
         }
     }
 
@@ -179,7 +184,9 @@ impl Backend for LocalBackend {
         self.remove_temporaries()
     }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
-        fs::read(self.path(name)).map_err(|e| BackendError::from_io("get", name, &e))
+        let data = fs::read(self.path(name)).map_err(|e| BackendError::from_io("get", name, &e))?;
+        self.saw(name);
+        Ok(data)
     }
 
     fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
@@ -195,6 +202,7 @@ impl Backend for LocalBackend {
         if data.len() as u64 > max {
             return Err(BackendError::too_large("get", name, data.len() as u64, max));
         }
+        self.saw(name);
         Ok(data)
     }
 
@@ -274,19 +282,44 @@ impl Backend for LocalBackend {
     }
 
     fn delete(&self, name: &str) -> Result<()> {
-        fs::remove_file(self.path(name)).map_err(|e| BackendError::from_io("delete", name, &e))
+        fs::remove_file(self.path(name)).map_err(|e| BackendError::from_io("delete", name, &e))?;
+        if name == crate::names::CONFIG {
+            // Removed on purpose, not lost with an unmount.
+            self.config_seen.store(false, Ordering::Relaxed);
+        }
+        Ok(())
     }
 }
 
 impl LocalBackend {
+    /// Notes that `config` was read or written.
+    fn saw(&self, name: &str) {
+        if name == crate::names::CONFIG {
+            self.config_seen.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Makes the directories from the root down to `dir` (the parent of an
     /// object), one level at a time, never the root itself: a repository deleted
     /// under a running `cairn serve` must make writes fail, not start a second
-    /// repository skeleton in its place. (The root is made by init.)
+    /// repository skeleton in its place. (The root is made by init.) Nor below a
+    /// root that no longer holds the `config` this backend saw: that is a mount
+    /// point whose file system was unmounted (or a repository emptied), and
+    /// writes there would fill the file system beneath and vanish at the next
+    /// mount.
     fn make_dirs(&self, dir: &Path) -> std::io::Result<()> {
         let Ok(below) = dir.strip_prefix(&self.root) else {
             return fs::create_dir_all(dir);
         };
+        if self.config_seen.load(Ordering::Relaxed)
+            && !self.root.join(crate::names::CONFIG).exists()
+        {
+            return Err(std::io::Error::other(format!(
+                "{} holds no config any more: was its file system unmounted, or the \
+                 repository deleted?",
+                self.root.display()
+            )));
+        }
         let mut at = self.root.clone();
         for c in below.components() {
             at.push(c);
@@ -365,7 +398,9 @@ impl LocalBackend {
                 return BackendError::already_exists("put", name);
             }
             BackendError::from_io("put", name, &e)
-        })
+        })?;
+        self.saw(name);
+        Ok(())
     }
 
     /// Moves a written temporary file to `dest` unless `dest` exists: a hard link
@@ -529,5 +564,38 @@ mod tests {
         let e = b.put_new("snapshots/bb", b"two").unwrap_err();
         assert!(e.to_string().contains("is gone"), "{e}");
         assert!(!root.exists());
+    }
+
+    /// A repository on a file system unmounted under a running server: its mount
+    /// point is an empty directory again, and writes below it fail instead of
+    /// filling the file system beneath. Before the config is written (init), the
+    /// directories are made as always.
+    #[test]
+    fn an_emptied_mount_point_takes_no_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("mnt");
+        fs::create_dir(&root).unwrap();
+        let b = LocalBackend::new(&root);
+        b.put_new("keys/aa", b"key").unwrap();
+        b.put_new("config", b"config").unwrap();
+        b.put_new("snapshots/aa", b"one").unwrap();
+        b.put_new("data/ab/cd", b"pack").unwrap();
+        let reopened = LocalBackend::new(&root);
+        assert_eq!(reopened.get("config").unwrap(), b"config");
+        reopened.put_new("data/ab/ef", b"pack").unwrap();
+        // "umount": the mount point is empty.
+        for e in fs::read_dir(&root).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                fs::remove_dir_all(p).unwrap();
+            } else {
+                fs::remove_file(p).unwrap();
+            }
+        }
+        for b in [&b, &reopened] {
+            let e = b.put_new("data/ef/01", b"pack").unwrap_err();
+            assert!(e.to_string().contains("unmounted"), "{e}");
+        }
+        assert_eq!(fs::read_dir(&root).unwrap().count(), 0, "nothing made");
     }
 }

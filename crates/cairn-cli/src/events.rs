@@ -145,7 +145,7 @@ fn status_message(s: &Status) -> String {
     }
     if let Some(c) = &s.current {
         msg.push(' ');
-        msg.push_str(&tail(c, 40));
+        msg.push_str(&tail(&ui::printable(c), 40));
     }
     msg
 }
@@ -182,9 +182,11 @@ impl EventSink for CliSink {
             }
             Mode::Bar | Mode::Plain | Mode::Quiet => match event {
                 // Warnings go to stderr even with --quiet: they mean data was left out.
+                // They name files of the source or the snapshot: written out
+                // (`ui::printable`).
                 Event::Warning(w) => match &w.path {
-                    Some(p) => self.line(&format!("warning: {p}: {}", w.message)),
-                    None => self.line(&format!("warning: {}", w.message)),
+                    Some(p) => self.line(&ui::printable(&format!("warning: {p}: {}", w.message))),
+                    None => self.line(&ui::printable(&format!("warning: {}", w.message))),
                 },
                 Event::Notice { message } if self.mode != Mode::Quiet => self.line(message),
                 Event::Status(s) => {

@@ -23,6 +23,31 @@ pub fn rate(n: u64, secs: f64) -> String {
     format!("{}/s", bytes((n as f64 / secs) as u64))
 }
 
+/// `text` (a name from a snapshot, a source or a server) with its control
+/// characters written out (`\n`, `\t`, `\r`, `\x1b`, `\u{85}`): a file name
+/// holding a newline would read as two entries, and one holding an escape
+/// sequence would drive the terminal it is shown on (retitle it, rewrite what is
+/// on screen). `--json` carries names as they are.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() && (c as u32) < 0x80 => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 pub fn interactive(global: &crate::args::Global) -> bool {
     !global.quiet && !global.json && std::io::stderr().is_terminal()
 }

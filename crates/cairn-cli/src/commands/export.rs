@@ -106,10 +106,11 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
 /// Prints what an export left out or changed on standard error; the exit code.
 pub(super) fn report(r: &ExportReport) -> i32 {
     for (path, e) in &r.errors {
-        eprintln!("error: {path}: {e} (left out of the archive)");
+        let line = format!("error: {path}: {e} (left out of the archive)");
+        eprintln!("{}", crate::ui::printable(&line));
     }
     for n in &r.notes {
-        eprintln!("note: {n}");
+        eprintln!("note: {}", crate::ui::printable(n));
     }
     if r.errors.is_empty() { 0 } else { 3 }
 }

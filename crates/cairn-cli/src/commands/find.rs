@@ -35,12 +35,13 @@ pub fn run(g: &Global, a: &FindArgs) -> Result<i32> {
     }
     let r = find::find(&session, &snapshots, &pattern, a.newest)?;
     for u in &r.unreadable {
-        eprintln!(
+        let line = format!(
             "error: snapshot {}: {}: {} (its matches are unknown)",
             u.snapshot.short(),
             u.path,
             u.error
         );
+        eprintln!("{}", ui::printable(&line));
     }
     if g.json {
         super::print_json(&r)?;

@@ -80,11 +80,12 @@ pub fn restore(
     let r = fs
         .restore(path, target, overwrite, write_limit)
         .with_context(|| format!("restoring {path} from the image"))?;
+    // Names from the image's file system: written out (`ui::printable`).
     for w in &r.warnings {
-        eprintln!("warning: {w}");
+        eprintln!("warning: {}", ui::printable(w));
     }
     for f in &r.failed {
-        eprintln!("error: {f}");
+        eprintln!("error: {}", ui::printable(f));
     }
     if g.json {
         super::print_json_report(&r)?;

@@ -357,8 +357,10 @@ pub fn progress(g: &Global) -> CliProgress {
 /// Writes one line of output; the end of the process if it cannot be written: quietly
 /// with SIGPIPE's status when the reader went away (`cairn ls | head`), with an error
 /// otherwise. For output written from inside a walk that cannot return an error.
+/// Writes one line of a listing (`ls`, `find`, `diff`): its names come from a
+/// snapshot, so control characters in them are written out ([`crate::ui::printable`]).
 pub fn out_line(out: &mut impl std::io::Write, line: &str) {
-    if let Err(e) = writeln!(out, "{line}") {
+    if let Err(e) = writeln!(out, "{}", crate::ui::printable(line)) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             crate::exit_broken_pipe();
         }

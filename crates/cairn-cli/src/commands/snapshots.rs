@@ -51,7 +51,8 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
         );
         for (id, s) in &snaps {
             let time = cairn_core::time::local_display(&s.time);
-            println!(
+            // Host, tags and paths are what the backup's client wrote.
+            let line = format!(
                 "{:<10} {:<20} {:<16} {:<12} {:>12}  {}",
                 id.short(),
                 time,
@@ -79,6 +80,7 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
                     None => s.paths.join(" "),
                 }
             );
+            println!("{}", ui::printable(&line));
         }
         println!("{}", ui::count(snaps.len() as u64, "snapshot"));
         for (id, s) in snaps.iter().filter(|(id, _)| claimed.contains_key(id)) {

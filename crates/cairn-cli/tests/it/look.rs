@@ -807,3 +807,62 @@ fn walk_to_file(top: &Path, name: &str) -> std::path::PathBuf {
     }
     panic!("no {name} under {}", top.display())
 }
+
+/// Names holding control characters (a newline, a terminal's escape sequence) are
+/// shown written out by `ls`, `find`, `diff` and `snapshots`, so that one name
+/// reads as one line and no name drives the terminal; `--json` and restore keep
+/// them as they are.
+#[test]
+fn control_characters_in_names_are_written_out_in_text() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a\nb"), b"one").unwrap();
+    let evil = "t\u{1b}]0;owned\u{7}\u{1b}[2J\u{85}x";
+    fs::write(src.join(evil), b"two").unwrap();
+    let first = env.backup(&[&src]);
+    fs::write(src.join("a\nb"), b"changed").unwrap();
+    env.ok(&[
+        "backup",
+        src.to_str().unwrap(),
+        "--tag",
+        "x\u{1b}[31m",
+        "-q",
+    ]);
+    let written = ["a\\nb", "t\\x1b]0;owned\\x07\\x1b[2J\\u{85}x"];
+    let shown = |args: &[&str]| {
+        let text = env.ok(args);
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{args:?}: {text:?}"
+        );
+        text
+    };
+    let ls = shown(&["ls", &first]);
+    for w in written {
+        assert!(ls.lines().any(|l| l.ends_with(w)), "{w}: {ls:?}");
+    }
+    let long = shown(&["ls", "-l", &first]);
+    assert!(long.contains(written[1]), "{long:?}");
+    let find = shown(&["find", "*owned*"]);
+    assert!(find.contains(written[1]), "{find:?}");
+    let diff = shown(&["diff", &first, "latest"]);
+    assert!(diff.contains(written[0]), "{diff:?}");
+    let snaps = shown(&["snapshots"]);
+    assert!(snaps.contains("x\\x1b[31m"), "{snaps:?}");
+    // As they are in --json, and on disk after a restore.
+    let j = json(&env, &["ls", &first]);
+    let names: Vec<&str> = j["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["path"].as_str())
+        .collect();
+    assert!(names.iter().any(|n| n.ends_with(evil)), "{names:?}");
+    let t = env.path("t");
+    env.ok(&["restore", &first, "--target", t.to_str().unwrap()]);
+    let dir = t.join(src.strip_prefix("/").unwrap());
+    assert_eq!(fs::read(dir.join(evil)).unwrap(), b"two");
+    assert_eq!(fs::read(dir.join("a\nb")).unwrap(), b"one");
+}

@@ -661,6 +661,7 @@ pub struct ImageFsArgs {
 pub struct FindArgs {
     /// Glob matched against names (`*.conf`, `report-202?.pdf`) or, when it holds a
     /// `/`, against whole paths in the snapshot (`/home/*/notes.txt`, `docs/**/*.pdf`)
+    #[arg(value_parser = snapshot_path())]
     pub pattern: String,
     /// Search only these snapshots (id prefixes or "latest"; repeatable; default: all)
     #[arg(long = "snapshot", short = 's', value_name = "SNAPSHOT")]

@@ -739,6 +739,16 @@ fn names_that_are_not_utf8_can_be_named() {
     // ls lists them as shown; restore --include by exact bytes restores one alone.
     let ls = env.ok(&["ls", &snap]);
     assert!(ls.contains("\u{FFFD}\u{FFFD}-two"), "{ls}");
+    // find takes a pattern with those bytes, and matches by them.
+    let o = env
+        .cmd(&["find", "--json"])
+        .arg(OsStr::from_bytes(b"\xfe*"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let found: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let matches = found["snapshots"][0]["matches"].as_array().unwrap();
+    assert_eq!(matches.len(), 1, "{found}");
     let t = env.path("t");
     let o = env
         .cmd(&[

@@ -545,11 +545,27 @@ pub async fn put(
     if t.role != Role::Admin && action == Action::Create && kind.needs_job_slot() {
         need_slot(&store, &t, &headers)?;
     }
-    // Held until the body is stored (see `body::UploadBudget`).
-    let _memory = app
-        .uploads
-        .reserve(&t.id, length.unwrap_or(max))
-        .await
+    // Held until the body is stored (see `body::UploadBudget`). A wait of more
+    // than a few seconds is logged: the token's (or everyone's) uploads fill the
+    // memory set aside for bodies, and an admin looking at a slow client should
+    // see why. The request's timeout bounds the wait.
+    let reserve = app.uploads.reserve(&t.id, length.unwrap_or(max));
+    tokio::pin!(reserve);
+    let reserved = match tokio::time::timeout(UPLOAD_WAIT_LOGGED, &mut reserve).await {
+        Ok(r) => r,
+        Err(_) => {
+            crate::log_line(&format!(
+                "token {:?}: an upload of {} to datastore {:?} waits for room in the \
+                 memory for uploads being received (this token's other uploads, or \
+                 everyone's, fill it)",
+                t.name,
+                length.map_or_else(|| "unknown size".to_string(), |l| format!("{l} bytes")),
+                store.name
+            ));
+            reserve.await
+        }
+    };
+    let _memory = reserved
         .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "transient", "stopping"))?;
     let body = match app.bodies.read(body, max, length).await {
         Ok(b) => b,
@@ -760,6 +776,9 @@ fn heard(store: &Datastore, t: &TokenEntry, headers: &HeaderMap) {
 
 /// A non-admin write of data, an index file, a list or a snapshot: its session must
 /// hold a job slot ([`crate::slots`]).
+/// How long an upload waits for the upload budget before the log says so.
+const UPLOAD_WAIT_LOGGED: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn need_slot(store: &Datastore, t: &TokenEntry, headers: &HeaderMap) -> ApiResult<()> {
     let key = session_key(t, headers).map_err(|_| no_slot(store))?;
     if store.slots.holds(&key) {

@@ -184,13 +184,13 @@ impl Backend for LocalBackend {
         self.remove_temporaries()
     }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
-        let data = fs::read(self.path(name)).map_err(|e| BackendError::from_io("get", name, &e))?;
+        let data = fs::read(self.path(name)).map_err(|e| self.read_error(name, &e))?;
         self.saw(name);
         Ok(data)
     }
 
     fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
-        let err = |e: std::io::Error| BackendError::from_io("get", name, &e);
+        let err = |e: std::io::Error| self.read_error(name, &e);
         let mut f = File::open(self.path(name)).map_err(err)?;
         let size = f.metadata().map_err(err)?.len();
         if size > max {
@@ -299,6 +299,33 @@ impl LocalBackend {
         }
     }
 
+    /// Whether the `config` this backend saw is gone from the root (see
+    /// [`Self::make_dirs`]).
+    fn lost_config(&self) -> bool {
+        self.config_seen.load(Ordering::Relaxed) && !self.root.join(crate::names::CONFIG).exists()
+    }
+
+    fn lost_config_message(&self) -> String {
+        format!(
+            "{} holds no config any more: was its file system unmounted, or the \
+             repository deleted?",
+            self.root.display()
+        )
+    }
+
+    /// A read's error; `config` missing after it was seen is not "no repository
+    /// here" but a repository gone from under this process, and says so.
+    fn read_error(&self, name: &str, e: &std::io::Error) -> BackendError {
+        if name == crate::names::CONFIG && e.kind() == ErrorKind::NotFound && self.lost_config() {
+            return BackendError::from_io(
+                "get",
+                name,
+                &std::io::Error::other(self.lost_config_message()),
+            );
+        }
+        BackendError::from_io("get", name, e)
+    }
+
     /// Makes the directories from the root down to `dir` (the parent of an
     /// object), one level at a time, never the root itself: a repository deleted
     /// under a running `cairn serve` must make writes fail, not start a second
@@ -311,14 +338,8 @@ impl LocalBackend {
         let Ok(below) = dir.strip_prefix(&self.root) else {
             return fs::create_dir_all(dir);
         };
-        if self.config_seen.load(Ordering::Relaxed)
-            && !self.root.join(crate::names::CONFIG).exists()
-        {
-            return Err(std::io::Error::other(format!(
-                "{} holds no config any more: was its file system unmounted, or the \
-                 repository deleted?",
-                self.root.display()
-            )));
+        if self.lost_config() {
+            return Err(std::io::Error::other(self.lost_config_message()));
         }
         let mut at = self.root.clone();
         for c in below.components() {
@@ -595,7 +616,18 @@ mod tests {
         for b in [&b, &reopened] {
             let e = b.put_new("data/ef/01", b"pack").unwrap_err();
             assert!(e.to_string().contains("unmounted"), "{e}");
+            let e = b.get("config").unwrap_err();
+            assert!(
+                !e.is_not_found() && e.to_string().contains("unmounted"),
+                "{e}"
+            );
         }
+        assert!(
+            LocalBackend::new(&root)
+                .get("config")
+                .unwrap_err()
+                .is_not_found()
+        );
         assert_eq!(fs::read_dir(&root).unwrap().count(), 0, "nothing made");
     }
 }

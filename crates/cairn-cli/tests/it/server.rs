@@ -3796,6 +3796,52 @@ fn a_range_past_the_end_is_416() {
     assert_eq!(code, 206);
 }
 
+/// A datastore whose file system is unmounted under the running server (its
+/// mount point is an empty directory again), or whose directory is deleted:
+/// backups fail and say so, nothing is written beneath, and once the file system
+/// is back the next backup works.
+#[test]
+fn a_datastore_unmounted_under_the_server_takes_no_writes() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 7);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let token = srv.token("web01", "main", "backup");
+    let backup = || {
+        client(
+            &env,
+            &srv,
+            "main",
+            &token,
+            &["backup", src.to_str().unwrap()],
+        )
+    };
+    ok(backup(), "backup");
+    // "umount": the repository moves away, an empty mount point stays.
+    let away = env.path("away");
+    std::fs::rename(&env.repo, &away).unwrap();
+    std::fs::create_dir(&env.repo).unwrap();
+    let err = refused(backup(), "backup to an unmounted datastore");
+    assert!(err.contains("unmounted"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&env.repo).unwrap().count(),
+        0,
+        "nothing beneath"
+    );
+    // Deleted: not made again.
+    std::fs::remove_dir(&env.repo).unwrap();
+    let err = refused(backup(), "backup to a deleted datastore");
+    assert!(err.contains("deleted?"), "{err}");
+    assert!(!env.repo.exists());
+    // "mount" again: backups go on.
+    std::fs::rename(&away, &env.repo).unwrap();
+    ok(backup(), "backup once mounted again");
+    assert_eq!(env.snapshot_ids().len(), 2);
+    env.check_clean();
+    srv.stop();
+}
+
 /// A datastore whose storage does not answer when the server starts (an S3
 /// endpoint down) does not keep the others from being served; it answers 503
 /// with why until it does.

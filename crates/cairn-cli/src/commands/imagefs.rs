@@ -13,7 +13,10 @@ fn open(
     snap: &Snapshot,
     a: &ImageFsArgs,
 ) -> Result<ImageFs> {
-    ImageFs::open(session.repo(), snap, a.partition).context("reading the image's filesystem")
+    // Ctrl-C stops a dump or restore between pieces of a file.
+    Ok(ImageFs::open(session.repo(), snap, a.partition)
+        .context("reading the image's filesystem")?
+        .with_cancel(session.progress().cancel_token().clone()))
 }
 
 pub fn ls(
@@ -28,7 +31,7 @@ pub fn ls(
     let fs = open(session, snap, a)?;
     let mut entries = Vec::new();
     let mut out = std::io::stdout().lock();
-    fs.list(path, recursive, &mut |e| {
+    let listed = fs.list(path, recursive, &mut |e| {
         if g.json {
             entries.push(e);
         } else if long {
@@ -37,13 +40,16 @@ pub fn ls(
             super::out_line(&mut out, &e.path);
         }
         Ok(())
-    })?;
-    if g.json {
+    });
+    // Entries that could not be read fail the listing after the rest was listed:
+    // the rest is printed in JSON too, and the failure said after it (exit 1).
+    if g.json && (listed.is_ok() || !entries.is_empty()) {
         super::print_json(&cairn_core::ls::Listing {
             snapshot: id,
             entries,
         })?;
     }
+    listed?;
     Ok(zeros(&fs, "the listing"))
 }
 

@@ -7,7 +7,8 @@ use crate::util::*;
 use std::fs;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 const MIB: usize = 1 << 20;
 
@@ -1349,5 +1350,133 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
     assert!(
         listed.contains("/d/a") && listed.contains("/d/z"),
         "{listed}"
+    );
+    // In JSON as well (it printed nothing).
+    let o = env
+        .cmd(&["ls", &snap, "--image-fs", "/d", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let paths: Vec<&str> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["path"].as_str())
+        .collect();
+    assert!(paths.contains(&"/d/a") && paths.contains(&"/d/z"), "{v}");
+}
+
+/// A damaged image: a symlink inode claiming a target of hundreds of GB (the
+/// reader would allocate that much, and the process abort) is reported as that
+/// entry's damage, on the way to a path or listed; the rest is listed and
+/// restored. And a file of holes larger than the image's disk is restored as
+/// holes, and stopped by Ctrl-C (SIGINT) while it is written.
+#[test]
+fn image_fs_goes_past_a_damaged_symlink_and_stops_on_sigint() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(tree.join("d")).unwrap();
+    fs::write(tree.join("d/f"), b"kept\n").unwrap();
+    std::os::unix::fs::symlink("d", tree.join("dl")).unwrap();
+    std::os::unix::fs::symlink("d/f", tree.join("bad")).unwrap();
+    // 1 TiB of holes with four bytes in the middle.
+    let big = fs::File::create(tree.join("holes.raw")).unwrap();
+    big.set_len(1 << 40).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&big, b"data", 1 << 39).unwrap();
+    drop(big);
+    let img = env.path("fs.img");
+    sh(Command::new("mke2fs")
+        .args(["-q", "-t", "ext4", "-d"])
+        .arg(&tree)
+        .arg(&img)
+        .arg("16M"));
+    sh(Command::new("debugfs")
+        .args(["-w", "-R", "sif /bad size 0x9700000008"])
+        .arg(&img));
+    let snap = backup_image(&env, &img, &[])["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for args in [
+        vec!["ls", &snap, "--image-fs", "/"],
+        vec!["ls", &snap, "--image-fs", "/bad/x"],
+        vec!["dump", &snap, "--image-fs", "/bad"],
+    ] {
+        let o = env.cmd(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("/bad: a symlink whose inode claims"), "{err}");
+    }
+    let o = env.cmd(&["ls", &snap, "--image-fs", "/"]).output().unwrap();
+    let listed = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        listed.contains("/d/f") && listed.contains("/holes.raw"),
+        "{listed}"
+    );
+    assert_eq!(env.ok(&["dump", &snap, "--image-fs", "/dl/f"]), "kept\n");
+    // The damaged entry fails alone; Ctrl-C ends the terabyte of holes.
+    let out = env.path("out");
+    let child = env
+        .cmd(&[
+            "restore",
+            &snap,
+            "--image-fs",
+            "/",
+            "--target",
+            out.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let file = out.join("root/holes.raw");
+    let started = std::time::Instant::now();
+    while !file.exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "no holes.raw");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let stopped = std::time::Instant::now();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(stopped.elapsed() < Duration::from_secs(20), "{err}");
+    assert_eq!(fs::read(out.join("root/d/f")).unwrap(), b"kept\n");
+}
+
+/// `backup --image` of a FIFO is refused at once: opening one waits for a writer.
+#[test]
+fn an_image_backup_of_a_fifo_is_refused_at_once() {
+    let env = Env::new();
+    env.init(&[]);
+    let fifo = env.path("pipe");
+    sh(Command::new("mkfifo").arg(&fifo));
+    let mut child = env
+        .cmd(&["backup", "--image", fifo.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("backup --image of a FIFO still waits");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--image takes a file or a block device"),
+        "{err}"
     );
 }

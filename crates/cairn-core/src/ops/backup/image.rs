@@ -666,14 +666,20 @@ pub(crate) fn plan(
 ) -> Result<ImagePlan> {
     use std::os::unix::fs::FileTypeExt;
     let path = super::absolute(&opts.source)?;
-    let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
-    if !meta.is_file() && !meta.file_type().is_block_device() {
-        return Err(Error::Invalid(format!(
+    let refuse = |m: &std::fs::Metadata| {
+        if m.is_file() || m.file_type().is_block_device() {
+            return Ok(());
+        }
+        Err(Error::Invalid(format!(
             "{}: --image takes a file or a block device",
             path.display()
-        )));
-    }
+        )))
+    };
+    // Looked at before it is opened too: opening a FIFO waits for a writer.
+    refuse(&std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?)?;
+    let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
+    refuse(&meta)?;
     let size = source_size(&file).map_err(|e| Error::io(&path, e))?;
     let name = match &opts.name {
         Some(n) => n.clone(),

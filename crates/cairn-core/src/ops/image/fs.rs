@@ -109,6 +109,9 @@ pub struct ImageFs {
     pub offset: u64,
     /// The filesystem's bytes, for what [`super::blockmap`] reads.
     bytes: ImageBytes,
+    /// Checked between the pieces of a file and between entries: a file can be a
+    /// terabyte of holes, which the reader hands over as zeros.
+    cancel: crate::progress::CancelToken,
 }
 
 fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -192,6 +195,7 @@ impl ImageFs {
                         fs,
                         offset,
                         bytes: mine,
+                        cancel: crate::progress::CancelToken::new(),
                     });
                 }
                 Err(e) => {
@@ -237,8 +241,102 @@ impl ImageFs {
             .then_some(self.bytes.unreadable.as_slice())
     }
 
+    /// Stops listings, dumps and restores at their next piece once `cancel` is
+    /// (`Error::Cancelled`).
+    pub fn with_cancel(mut self, cancel: crate::progress::CancelToken) -> ImageFs {
+        self.cancel = cancel;
+        self
+    }
+
+    fn check_cancelled(&self) -> Result<()> {
+        if self.cancel.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        Ok(())
+    }
+
     fn path<'a>(p: &'a str) -> Result<ext4_view::Path<'a>> {
         ext4_view::Path::try_from(p).map_err(|e| fs_err(p, e))
+    }
+
+    /// `path` (normalised) with every symlink on the way resolved here, the last
+    /// component's too when `follow_last`: the reader's own resolution reads a
+    /// link's target into a buffer of the length its inode claims, so a damaged
+    /// symlink inode (a size of hundreds of GB) would end the process. What is
+    /// handed to the reader after this holds no symlink it would follow.
+    fn resolve(&self, path: &str, follow_last: bool) -> Result<String> {
+        let wanted = normalise(path);
+        let mut pending: std::collections::VecDeque<String> = wanted
+            .split('/')
+            .filter(|c| !c.is_empty())
+            .map(str::to_string)
+            .collect();
+        let mut done: Vec<String> = Vec::new();
+        let mut hops = 0;
+        while let Some(c) = pending.pop_front() {
+            match c.as_str() {
+                "" | "." => continue,
+                ".." => {
+                    done.pop();
+                    continue;
+                }
+                _ => {}
+            }
+            let at = format!(
+                "/{}",
+                done.iter()
+                    .chain([&c])
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("/")
+            );
+            let meta = self
+                .fs
+                .symlink_metadata(Self::path(&at)?)
+                .map_err(|e| fs_err(&wanted, e))?;
+            if !meta.file_type().is_symlink() || (pending.is_empty() && !follow_last) {
+                done.push(c);
+                continue;
+            }
+            hops += 1;
+            if hops > 40 {
+                return Err(Error::Invalid(format!(
+                    "{wanted}: more than 40 symlinks on the way (a loop?)"
+                )));
+            }
+            let target = self.read_link(&at, &meta)?;
+            let target = String::from_utf8(target).map_err(|_| {
+                fs_err(
+                    &at,
+                    "a symlink whose target is not UTF-8, which --image-fs cannot follow",
+                )
+            })?;
+            if target.starts_with('/') {
+                done.clear();
+            }
+            for t in target.split('/').rev() {
+                pending.push_front(t.to_string());
+            }
+        }
+        Ok(format!("/{}", done.join("/")))
+    }
+
+    /// A symlink's target, refused when its inode claims more than a target can
+    /// hold (`PATH_MAX`): the reader would allocate what the inode says.
+    fn read_link(&self, path: &str, meta: &ext4_view::Metadata) -> Result<Vec<u8>> {
+        const MAX_TARGET: u64 = 4095;
+        if meta.len() > MAX_TARGET {
+            return Err(Error::Invalid(format!(
+                "{path}: a symlink whose inode claims a target of {} bytes (at most {MAX_TARGET}): \
+                 the image's filesystem is damaged here",
+                meta.len()
+            )));
+        }
+        let t = self
+            .fs
+            .read_link(Self::path(path)?)
+            .map_err(|e| fs_err(path, e))?;
+        Ok(t.as_ref().to_vec())
     }
 
     /// Lists `path` and, for a directory, what is in it (everything below it with
@@ -249,7 +347,7 @@ impl ImageFs {
         recursive: bool,
         f: &mut dyn FnMut(Entry) -> Result<()>,
     ) -> Result<()> {
-        let path = normalise(path);
+        let path = self.resolve(path, false)?;
         let meta = self
             .fs
             .symlink_metadata(Self::path(&path)?)
@@ -279,6 +377,7 @@ impl ImageFs {
         failed: &mut Vec<Error>,
     ) -> Result<()> {
         for c in self.children(dir)? {
+            self.check_cancelled()?;
             let meta = match c.meta.and_then(|m| Ok((self.entry(&c.path, &m)?, m))) {
                 Ok((entry, m)) => {
                     f(entry)?;
@@ -316,11 +415,8 @@ impl ImageFs {
             "socket"
         };
         let link_target = if ft.is_symlink() {
-            let t = self
-                .fs
-                .read_link(Self::path(path)?)
-                .map_err(|e| fs_err(path, e))?;
-            Some(String::from_utf8_lossy(t.as_ref()).into_owned())
+            let t = self.read_link(path, m)?;
+            Some(String::from_utf8_lossy(&t).into_owned())
         } else {
             None
         };
@@ -342,7 +438,7 @@ impl ImageFs {
 
     /// Writes a regular file's content to `out`; its size.
     pub fn dump(&self, path: &str, out: &mut dyn Write) -> Result<u64> {
-        let path = normalise(path);
+        let path = self.resolve(path, true)?;
         if let Some(n) = self.dump_block_mapped(&path, out)? {
             return Ok(n);
         }
@@ -353,6 +449,7 @@ impl ImageFs {
         let mut buf = vec![0u8; 1 << 20];
         let mut total = 0u64;
         loop {
+            self.check_cancelled()?;
             let n = file.read_bytes(&mut buf).map_err(|e| read_err(&path, e))?;
             if n == 0 {
                 return Ok(total);
@@ -416,7 +513,7 @@ impl ImageFs {
         let limit = write_limit
             .filter(|&r| r > 0)
             .map(cairn_backend::Limiter::new);
-        let path = normalise(path);
+        let path = self.resolve(path, false)?;
         std::fs::create_dir_all(target).map_err(|e| Error::io(target, e))?;
         // The target itself: a directory, not reached through a final symlink.
         let root = std::fs::OpenOptions::new()
@@ -631,6 +728,7 @@ impl ImageFs {
             // An entry that cannot be restored is reported, and the directory's
             // other entries are restored (as a restore of a file snapshot does).
             for c in self.children(path)? {
+                self.check_cancelled()?;
                 let done = c.meta.and_then(|_| {
                     self.restore_one(
                         &c.path,
@@ -641,8 +739,10 @@ impl ImageFs {
                         r,
                     )
                 });
-                if let Err(e) = done {
-                    r.report.failed.push(e.to_string());
+                match done {
+                    Err(Error::Cancelled) => return Err(Error::Cancelled),
+                    Err(e) => r.report.failed.push(e.to_string()),
+                    Ok(()) => {}
                 }
             }
             if keep_meta {
@@ -725,11 +825,8 @@ impl ImageFs {
             return Ok(());
         }
         if ft.is_symlink() {
-            let link = self
-                .fs
-                .read_link(Self::path(path)?)
-                .map_err(|e| fs_err(path, e))?;
-            let link = target::c_name(link.as_ref()).map_err(io)?;
+            let link = self.read_link(path, &meta)?;
+            let link = target::c_name(&link).map_err(io)?;
             sys::symlink_at(&link, dir, &cname).map_err(io)?;
             r.report.symlinks += 1;
             // Through an O_PATH descriptor checked to be the link just made.
@@ -896,15 +993,23 @@ const SPARSE_BLOCK: usize = 4096;
 
 impl Sparse<'_> {
     fn put_block(&mut self) -> std::io::Result<()> {
+        let block = std::mem::take(&mut self.block);
+        self.put(&block)?;
+        self.block = block;
+        self.block.clear();
+        Ok(())
+    }
+
+    /// Writes `data` (whole blocks, or the last piece) at `at`, unless all zeros.
+    fn put(&mut self, data: &[u8]) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        if self.block.iter().any(|&b| b != 0) {
-            self.f.write_all_at(&self.block, self.at)?;
+        if !zeros(data) {
+            self.f.write_all_at(data, self.at)?;
             if let Some(l) = self.limit {
-                l.take(self.block.len() as u64);
+                l.take(data.len() as u64);
             }
         }
-        self.at += self.block.len() as u64;
-        self.block.clear();
+        self.at += data.len() as u64;
         Ok(())
     }
 
@@ -917,9 +1022,27 @@ impl Sparse<'_> {
     }
 }
 
+/// Whether `data` is all zeros, sixteen bytes at a time (a terabyte file of holes
+/// comes out of the reader as zeros, every byte of which is looked at here).
+fn zeros(data: &[u8]) -> bool {
+    let mut words = data.chunks_exact(16);
+    let whole = words
+        .by_ref()
+        .all(|w| u128::from_ne_bytes(w.try_into().unwrap_or([1; 16])) == 0);
+    whole && words.remainder().iter().all(|&b| b == 0)
+}
+
 impl Write for Sparse<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let mut rest = buf;
+        // Whole blocks straight from `buf` while none is being gathered.
+        if self.block.is_empty() && rest.len() >= SPARSE_BLOCK {
+            let whole = rest.len() - rest.len() % SPARSE_BLOCK;
+            for b in rest[..whole].chunks_exact(SPARSE_BLOCK) {
+                self.put(b)?;
+            }
+            rest = &rest[whole..];
+        }
         while !rest.is_empty() {
             let n = (SPARSE_BLOCK - self.block.len()).min(rest.len());
             self.block.extend_from_slice(&rest[..n]);

@@ -123,6 +123,14 @@ impl ChangedRanges {
         let mut v = Vec::with_capacity(raw.len());
         for (off, len) in raw {
             if len == 0 {
+                // Nothing changed there, but a place past the end says the list
+                // is not for this source, as a longer range would.
+                if off > size {
+                    return Err(format!(
+                        "range {off}+0 starts past the end of the source ({size} bytes): \
+                         is the list for this disk?"
+                    ));
+                }
                 continue;
             }
             let end = off
@@ -356,6 +364,9 @@ mod tests {
         assert_eq!(r.block_bytes(4096, 10_000), 4096 + (10_000 - 8192));
         let e = ChangedRanges::parse("0 4097\n", ChangedFormat::Ranges, 4096).unwrap_err();
         assert!(e.contains("past the end"), "{e}");
+        let e = ChangedRanges::parse("8192 0\n", ChangedFormat::Ranges, 4096).unwrap_err();
+        assert!(e.contains("past the end"), "{e}");
+        assert!(ChangedRanges::parse("4096 0\n", ChangedFormat::Ranges, 4096).is_ok());
         let e = ChangedRanges::parse("12 x\n", ChangedFormat::Ranges, 4096).unwrap_err();
         assert!(e.contains("line 1"), "{e}");
         let e = ChangedRanges::parse(&format!("{} 2\n", u64::MAX), ChangedFormat::Ranges, 9)

@@ -62,6 +62,8 @@ await drive(async (browser, out) => {
   await page.waitForSelector("#snapshot-rows tr");
   out.hosts = await page.$$eval("#host-rows tr", (rows) => rows.map((r) => r.textContent));
   out.snapshot_rows = await page.$$eval("#snapshot-rows tr", (rows) => rows.map((r) => r.dataset.snapshot));
+  out.snapshot_text = await page.$$eval("#snapshot-rows tr", (rows) => rows.map((r) => r.textContent));
+  out.snapshot_bold = await page.$$eval("#snapshot-rows b", (b) => b.length);
   out.chart_points = await page.$$eval("#chart-occupied circle", (c) => c.length);
   out.chart_label = await page.$eval("#chart-reduction svg", (s) => s.getAttribute("aria-label"));
   // Start a check and watch it finish.

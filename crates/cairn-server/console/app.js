@@ -342,6 +342,7 @@ async function loadHosts(summary) {
         : s.paths.join(", "),
       "path",
     );
+    cell(tr, (s.tags || []).join(", "));
     cell(tr, bytes(s.size), "num");
     cell(tr, String(s.files), "num");
     cell(tr, bytes(s.data_added), "num");

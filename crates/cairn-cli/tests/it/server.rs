@@ -2755,7 +2755,13 @@ fn the_console_unlocks_browses_and_downloads_in_chromium() {
     .unwrap();
     let snapshot = v["snapshot_id"].as_str().unwrap().to_string();
     ok(
-        client(&env, &srv, "main", &web02, &["backup", s]),
+        client(
+            &env,
+            &srv,
+            "main",
+            &web02,
+            &["backup", "--tag", "nightly,<b>x</b>", s],
+        ),
         "backup 2",
     );
     let downloads = env.path("downloads");
@@ -2817,6 +2823,16 @@ fn the_console_unlocks_browses_and_downloads_in_chromium() {
         "{f}"
     );
     assert_eq!(v["snapshot_rows"].as_array().unwrap().len(), 2, "{v:#}");
+    // Tags shown, as text.
+    assert!(
+        v["snapshot_text"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t.as_str().unwrap().contains("nightly, <b>x</b>")),
+        "{v:#}"
+    );
+    assert_eq!(v["snapshot_bold"], 0, "{v:#}");
     // A check started in the page ran to its end, clean.
     assert_eq!(v["check"]["outcome"], "ok", "{v:#}");
     assert!(

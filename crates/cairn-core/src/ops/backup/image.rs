@@ -680,6 +680,18 @@ pub(crate) fn plan(
     let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
     refuse(&meta)?;
+    // /proc and /sys files say they are empty (or a page) whatever they hold:
+    // their size is not their content, and the image would be silently wrong.
+    if let Ok(fs) = nix::sys::statfs::fstatfs(&file) {
+        let t = fs.filesystem_type();
+        if t == nix::sys::statfs::PROC_SUPER_MAGIC || t == nix::sys::statfs::SYSFS_MAGIC {
+            return Err(Error::Invalid(format!(
+                "{}: a file of /proc or /sys, whose size is not its content: --image takes \
+                 a file or a block device",
+                path.display()
+            )));
+        }
+    }
     let size = source_size(&file).map_err(|e| Error::io(&path, e))?;
     let name = match &opts.name {
         Some(n) => n.clone(),

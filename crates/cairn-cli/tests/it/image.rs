@@ -1451,7 +1451,8 @@ fn image_fs_goes_past_a_damaged_symlink_and_stops_on_sigint() {
     assert_eq!(fs::read(out.join("root/d/f")).unwrap(), b"kept\n");
 }
 
-/// `backup --image` of a FIFO is refused at once: opening one waits for a writer.
+/// `backup --image` of a FIFO is refused at once (opening one waits for a writer),
+/// and of a file in /proc (its size is not its content).
 #[test]
 fn an_image_backup_of_a_fifo_is_refused_at_once() {
     let env = Env::new();
@@ -1479,4 +1480,13 @@ fn an_image_backup_of_a_fifo_is_refused_at_once() {
         err.contains("--image takes a file or a block device"),
         "{err}"
     );
+    // Nor a file of /proc, which says it is empty (it was saved as 0 bytes).
+    let o = env
+        .cmd(&["backup", "--image", "/proc/self/status"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("whose size is not its content"), "{err}");
+    assert!(env.snapshot_ids().is_empty());
 }

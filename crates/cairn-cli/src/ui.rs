@@ -24,17 +24,20 @@ pub fn rate(n: u64, secs: f64) -> String {
 }
 
 /// `text` (a name from a snapshot, a source or a server) with its control
-/// characters written out (`\n`, `\t`, `\r`, `\x1b`, `\u{85}`): a file name
-/// holding a newline would read as two entries, and one holding an escape
-/// sequence would drive the terminal it is shown on (retitle it, rewrite what is
-/// on screen). `--json` carries names as they are.
+/// characters written out (`\n`, `\t`, `\r`, `\x1b`, `\u{85}`) and a backslash
+/// doubled, as `ls -b` does: a file name holding a newline would read as two
+/// entries, and one holding an escape sequence would drive the terminal it is
+/// shown on (retitle it, rewrite what is on screen); the backslash keeps a name
+/// with a newline apart from one with `\` and `n`. `--json` carries names as
+/// they are.
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(char::is_control) {
+    if !text.chars().any(|c| c.is_control() || c == '\\') {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
         match c {
+            '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
@@ -150,6 +153,15 @@ impl Source<'_> {
         };
         if p.is_empty() {
             bail!("an empty password is not allowed");
+        }
+        // From a variable (`CAIRN_NEW_PASSWORD=$(cat f)` keeps no newline, but
+        // `"$(printf 'pw\n')"` or a here-string can): a key whose password ends in
+        // a line break would not open from a password file, which drops it.
+        if p.ends_with(['\n', '\r']) {
+            bail!(
+                "the new password ends with a line break, which a password file would not \
+                 give back: remove it (a password file drops its trailing newline itself)"
+            );
         }
         Ok(p)
     }

@@ -43,6 +43,11 @@ pub fn format_unix(secs: i64, nanos: u32) -> String {
     )
 }
 
+/// How far past now a snapshot's time may lie before retention stops counting it
+/// and `latest` passes it over (clocks of different hosts disagree by seconds to
+/// minutes; a snapshot taken now is never this far ahead).
+pub const FUTURE_SLACK_HOURS: i64 = 1;
+
 pub fn now_unix() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

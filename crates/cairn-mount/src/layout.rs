@@ -128,9 +128,10 @@ impl Listing {
         self.by_id.get(id).and_then(|&i| self.snaps.get(i))
     }
 
-    /// The newest snapshot.
+    /// The newest snapshot not dated in the future, as the CLI's `latest` has it
+    /// (one from a clock years ahead would stay "latest" over every real backup).
     pub fn latest(&self) -> Option<&SnapEntry> {
-        self.snaps.last()
+        newest_not_future(self.snaps.iter())
     }
 
     pub fn hosts(&self) -> impl Iterator<Item = &str> {
@@ -161,9 +162,9 @@ impl Listing {
         self.snaps.get(i)
     }
 
-    /// A host's newest snapshot.
+    /// A host's newest snapshot not dated in the future.
     pub fn host_latest(&self, host: &str) -> Option<&SnapEntry> {
-        self.host_snapshots(host).last().copied()
+        newest_not_future(self.host_snapshots(host).into_iter())
     }
 
     /// The snapshot whose id starts with `prefix` (any number of hex digits, as
@@ -180,6 +181,19 @@ impl Listing {
         let first = found.next()?;
         found.next().is_none().then_some(first)
     }
+}
+
+/// The last of `snaps` (oldest first) not dated in the future; the last of all
+/// when every one is.
+fn newest_not_future<'a>(
+    snaps: impl DoubleEndedIterator<Item = &'a SnapEntry> + Clone,
+) -> Option<&'a SnapEntry> {
+    let future = cairn_core::time::now_unix() + cairn_core::ops::forget::FUTURE_SLACK_HOURS * 3600;
+    snaps
+        .clone()
+        .rev()
+        .find(|e| e.secs <= future)
+        .or_else(|| snaps.last())
 }
 
 #[cfg(test)]
@@ -203,6 +217,21 @@ mod tests {
             image: None,
             summary: Default::default(),
         }
+    }
+
+    /// `latest` (and a host's) passes over a snapshot dated in the future, unless
+    /// it is the only one.
+    #[test]
+    fn latest_is_not_one_dated_in_the_future() {
+        let list = vec![
+            (SnapshotId([1; 32]), snap("h", "2024-01-01T00:00:00Z", 1)),
+            (SnapshotId([2; 32]), snap("h", "2099-01-01T00:00:00Z", 2)),
+        ];
+        let (l, _) = Listing::new(&list);
+        assert_eq!(l.latest().map(|e| e.id), Some(SnapshotId([1; 32])));
+        assert_eq!(l.host_latest("h").map(|e| e.id), Some(SnapshotId([1; 32])));
+        let (l, _) = Listing::new(&list[1..]);
+        assert_eq!(l.latest().map(|e| e.id), Some(SnapshotId([2; 32])));
     }
 
     #[test]

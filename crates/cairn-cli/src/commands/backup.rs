@@ -155,6 +155,19 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
              its offset in RFC 3339)"
         );
     }
+    if let Some(t) = a
+        .time
+        .as_deref()
+        .and_then(cairn_core::time::parse_user_time)
+        && cairn_core::time::parse_rfc3339(&t).is_some_and(|at| {
+            at > cairn_core::time::now_unix() + cairn_core::ops::forget::FUTURE_SLACK_HOURS * 3600
+        })
+    {
+        eprintln!(
+            "warning: --time {t} is in the future: until then `latest` passes this \
+             snapshot over and retention keeps it without counting it"
+        );
+    }
     let read_limit = super::rate_flag(&a.read_limit, "--read-limit")?;
     let mut p = super::progress(g);
     let location = super::repo_location(g)?;

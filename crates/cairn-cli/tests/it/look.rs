@@ -829,6 +829,8 @@ fn control_characters_in_names_are_written_out_in_text() {
     let src = env.path("src");
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("a\nb"), b"one").unwrap();
+    // A backslash and an n: shown apart from the newline.
+    fs::write(src.join("a\\nb"), b"three").unwrap();
     let evil = "t\u{1b}]0;owned\u{7}\u{1b}[2J\u{85}x";
     fs::write(src.join(evil), b"two").unwrap();
     let first = env.backup(&[&src]);
@@ -840,7 +842,7 @@ fn control_characters_in_names_are_written_out_in_text() {
         "x\u{1b}[31m",
         "-q",
     ]);
-    let written = ["a\\nb", "t\\x1b]0;owned\\x07\\x1b[2J\\u{85}x"];
+    let written = ["a\\nb", "t\\x1b]0;owned\\x07\\x1b[2J\\u{85}x", "a\\\\nb"];
     let shown = |args: &[&str]| {
         let text = env.ok(args);
         assert!(
@@ -875,4 +877,43 @@ fn control_characters_in_names_are_written_out_in_text() {
     let dir = t.join(src.strip_prefix("/").unwrap());
     assert_eq!(fs::read(dir.join(evil)).unwrap(), b"two");
     assert_eq!(fs::read(dir.join("a\nb")).unwrap(), b"one");
+}
+
+/// A snapshot dated in the future (a host whose clock is years ahead, or `--time`)
+/// does not stay `latest` over the backups after it: a restore of latest brings
+/// back the newest data, and the backup that dated it so warned.
+#[test]
+fn latest_passes_over_a_snapshot_dated_in_the_future() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"old").unwrap();
+    let o = env
+        .cmd(&[
+            "backup",
+            src.to_str().unwrap(),
+            "--time",
+            "2099-01-01 00:00:00",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("is in the future"), "{err}");
+    fs::write(src.join("f"), b"new").unwrap();
+    env.backup(&[&src]);
+    let f = src.join("f");
+    assert_eq!(env.ok(&["dump", "latest", f.to_str().unwrap()]), "new");
+    // Alone, it is latest.
+    let other = Env::new();
+    other.init(&[]);
+    other.ok(&[
+        "backup",
+        src.to_str().unwrap(),
+        "--time",
+        "2099-01-01 00:00:00",
+        "-q",
+    ]);
+    assert_eq!(other.ok(&["dump", "latest", f.to_str().unwrap()]), "new");
 }

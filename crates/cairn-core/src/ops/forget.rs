@@ -568,10 +568,7 @@ impl Rule {
     }
 }
 
-/// How far past now a snapshot's time may lie before retention stops counting it
-/// (clocks of different hosts disagree by seconds to minutes; a snapshot taken
-/// now is never this far ahead).
-pub const FUTURE_SLACK_HOURS: i64 = 1;
+pub use crate::time::FUTURE_SLACK_HOURS;
 
 /// The reason given for a snapshot dated in the future: kept, not counted.
 pub const FUTURE_REASON: &str = "dated in the future (kept, not counted by the policy)";

@@ -434,8 +434,8 @@ pub(crate) fn latest(list: &SnapshotList) -> Result<(SnapshotId, Snapshot)> {
     latest_in(&list.0, &list.1)
 }
 
-/// The newest of `all` (sorted oldest first), unless a snapshot that could not be
-/// read (`bad`) might be newer.
+/// The newest of `all` (sorted oldest first) not dated in the future, unless a
+/// snapshot that could not be read (`bad`) might be newer.
 pub(crate) fn latest_in(
     all: &[(SnapshotId, Snapshot)],
     bad: &[SnapshotError],
@@ -450,7 +450,15 @@ pub(crate) fn latest_in(
             newest_readable: all.last().map(|(id, _)| id.short()),
         });
     }
-    all.last()
+    // Not one dated in the future (a host whose clock is years ahead, `backup
+    // --time 2099-...`): it would stay "latest" over every real backup after it,
+    // and a restore of latest would bring back its old data. As retention
+    // counts them (`forget`), they are passed over unless there is nothing else.
+    let future = crate::time::now_unix() + crate::time::FUTURE_SLACK_HOURS * 3600;
+    all.iter()
+        .rev()
+        .find(|(_, s)| crate::time::parse_rfc3339(&s.time).is_none_or(|t| t <= future))
+        .or(all.last())
         .cloned()
         .ok_or_else(|| Error::SnapshotNotFound("latest".into()))
 }

@@ -99,17 +99,18 @@ fn main() {
     ) {
         cancel_on_signals();
     }
+    let json = cli.global.json;
     let result = commands::run(cli);
     commands::report_traffic();
     if let Some(e) = out::stdout_error() {
-        eprintln!("cairn: error: writing to standard output: {e}");
         let code = match &result {
             Ok(0) | Ok(EXIT_INCOMPLETE) => 1,
             Ok(c) => *c,
             Err(e) => exit_code(e),
         };
+        report_error(json, &format!("writing to standard output: {e}"), code);
         if let Err(e) = &result {
-            eprintln!("cairn: error: {}", one_line(e));
+            report_error(json, &one_line(e), code);
         }
         std::process::exit(code);
     }
@@ -117,9 +118,22 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) if is_closed_stdout(&e) => exit_broken_pipe(),
         Err(e) => {
-            eprintln!("cairn: error: {}", one_line(&e));
-            std::process::exit(exit_code(&e));
+            let code = exit_code(&e);
+            report_error(json, &one_line(&e), code);
+            std::process::exit(code);
         }
+    }
+}
+
+/// The error a command ended with, on stderr: `cairn: error: ...`, or with
+/// `--json` one more event line (`{"type":"error","message":...,"exit_code":N}`),
+/// so that a script reading stderr line by line as JSON reads it too.
+fn report_error(json: bool, message: &str, code: i32) {
+    if json {
+        let line = serde_json::json!({"type": "error", "message": message, "exit_code": code});
+        eprintln!("{line}");
+    } else {
+        eprintln!("cairn: error: {message}");
     }
 }
 

@@ -486,3 +486,35 @@ fn output_that_cannot_be_written_is_an_error_not_a_panic() {
     assert_eq!(code, Some(1));
     assert_eq!(blind, seen);
 }
+
+/// With `--json`, the error a command ends with is one more JSON line on stderr
+/// (its events are JSON lines), with the exit code; without, one text line.
+#[test]
+fn with_json_the_final_error_is_a_json_line() {
+    let env = Env::new();
+    let missing = env.path("nowhere");
+    let o = env
+        .cmd(&["--json", "snapshots"])
+        .arg("--repo")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(10));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let last: serde_json::Value =
+        serde_json::from_str(err.lines().last().unwrap()).unwrap_or_else(|e| panic!("{e}: {err}"));
+    assert_eq!(last["type"], "error", "{last}");
+    assert_eq!(last["exit_code"], 10, "{last}");
+    assert!(
+        last["message"].as_str().unwrap().contains("no repository"),
+        "{last}"
+    );
+    let o = env
+        .cmd(&["snapshots"])
+        .arg("--repo")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.starts_with("cairn: error: "), "{err}");
+}

@@ -418,6 +418,56 @@ fn unreadable_source_files_are_warnings_with_exit_3() {
     assert!(ls.contains("/ok"));
 }
 
+/// A directory the backup cannot list (another user's 0700 directory) is kept
+/// as an empty directory with its owner, mode and times, as restic keeps it:
+/// warned about, the backup exits 3, and a restore makes it.
+#[test]
+fn an_unlistable_directory_is_kept_empty() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !is_root() {
+        eprintln!("needs root, to run the backup as nobody");
+        return;
+    }
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("open")).unwrap();
+    fs::write(src.join("open/f"), b"readable").unwrap();
+    fs::create_dir_all(src.join("closed")).unwrap();
+    fs::write(src.join("closed/secret"), b"not for nobody").unwrap();
+    // Everything is nobody's to read and write but the closed directory.
+    sh(Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(env.dir.path()));
+    fs::set_permissions(src.join("closed"), fs::Permissions::from_mode(0o700)).unwrap();
+    let o = env
+        .cmd(&["backup", "--json", src.to_str().unwrap()])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("kept as an empty directory"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let snap = v["snapshot_id"].as_str().unwrap();
+    let ls = env.ok(&["ls", "-l", snap]);
+    let closed = ls
+        .lines()
+        .find(|l| l.ends_with("/src/closed"))
+        .unwrap_or_else(|| panic!("{ls}"));
+    assert!(closed.starts_with("drwx------"), "{closed}");
+    assert!(!ls.contains("secret"), "{ls}");
+    assert!(ls.contains("/src/open/f"), "{ls}");
+    let out = env.path("out");
+    env.ok(&["restore", snap, "--target", out.to_str().unwrap()]);
+    let back = out.join(src.strip_prefix("/").unwrap());
+    assert!(back.join("closed").is_dir());
+    assert_eq!(fs::read_dir(back.join("closed")).unwrap().count(), 0);
+    assert_eq!(fs::read(back.join("open/f")).unwrap(), b"readable");
+}
+
 #[test]
 fn disk_full_fails_cleanly_and_next_backup_works() {
     let env = Env::new();

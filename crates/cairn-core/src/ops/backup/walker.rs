@@ -429,8 +429,12 @@ impl<'a> Walker<'a> {
             match listing {
                 Ok(l) => (Some(l.dir), l.entries),
                 Err(e) => {
-                    self.skip(path, e.to_string())?;
-                    return Ok(None);
+                    // Its entries cannot be read, but the directory itself was
+                    // looked at: kept, empty, with its owner, mode and times (as
+                    // restic keeps it), so that a restore makes it and the tree
+                    // has no hole where it was.
+                    self.skip(path, format!("{e} (kept as an empty directory)"))?;
+                    (None, Vec::new())
                 }
             }
         } else {

@@ -46,12 +46,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
     if g.json {
         super::print_json_report(&report)?;
     } else {
-        for problem in &report.problems {
-            println!("error: {}", problem.describe());
-            for a in problem.affects() {
-                println!("    affects {}:{}", a.snapshot.short(), a.path);
-            }
-        }
+        print_problems(&report.problems);
         if let Some(l) = &report.local_index {
             let why = l.error.as_deref().unwrap_or("");
             match l.state {
@@ -118,5 +113,49 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             ui::count(report.problems.len() as u64, "problem")
         );
         Ok(1)
+    }
+}
+
+/// Blob problems shown one by one before the rest are counted; files shown per
+/// problem before the rest are counted. One damaged index file makes a problem
+/// of every blob it alone listed (a thousand lines that buried the one saying
+/// what to do); `--json` lists every one.
+const SHOWN_BLOB_PROBLEMS: usize = 20;
+const SHOWN_AFFECTED: usize = 5;
+
+fn print_problems(problems: &[check::Problem]) {
+    use check::Problem;
+    let (mut blobs_shown, mut blobs_more) = (0usize, 0u64);
+    let mut files_more = std::collections::BTreeSet::new();
+    for problem in problems {
+        let per_blob = matches!(
+            problem,
+            Problem::BlobMissing { .. } | Problem::BlobInDamagedPack { .. }
+        );
+        if per_blob && blobs_shown == SHOWN_BLOB_PROBLEMS {
+            blobs_more += 1;
+            files_more.extend(problem.affects().iter().map(|a| (a.snapshot, &a.path)));
+            continue;
+        }
+        blobs_shown += usize::from(per_blob);
+        println!("error: {}", problem.describe());
+        let affects = problem.affects();
+        for a in affects.iter().take(SHOWN_AFFECTED) {
+            println!("    affects {}:{}", a.snapshot.short(), a.path);
+        }
+        if affects.len() > SHOWN_AFFECTED {
+            println!(
+                "    and {} more",
+                ui::count((affects.len() - SHOWN_AFFECTED) as u64, "file")
+            );
+        }
+    }
+    if blobs_more > 0 {
+        println!(
+            "error: {} more missing or in damaged packs, needed by {} (`cairn check --json` lists \
+             every one)",
+            ui::count(blobs_more, "blob"),
+            ui::count(files_more.len() as u64, "file")
+        );
     }
 }

@@ -275,3 +275,36 @@ fn oversized_objects_are_refused_unread() {
     let r = env.restore(&snap, &src, "r");
     assert_eq!(fs::read(r.join("a")).unwrap(), b"some content");
 }
+
+/// One lost index file makes a problem of every blob only it listed: check shows
+/// the first twenty, then counts the rest (the line saying what to do is not
+/// buried under a thousand); `--json` lists every one.
+#[test]
+fn check_counts_past_twenty_blob_problems() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(77);
+    for i in 0..60 {
+        fs::write(src.join(format!("f{i:02}")), rng.bytes(3_000, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    let index = files(&env.repo.join("index"))
+        .into_iter()
+        .max_by_key(|p| fs::metadata(p).unwrap().len())
+        .unwrap();
+    fs::remove_file(&index).unwrap();
+    let o = env.run(&["check"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let shown = out.lines().filter(|l| l.starts_with("error: blob")).count();
+    assert_eq!(shown, 20, "{out}");
+    assert!(
+        out.contains("more missing or in damaged packs, needed by"),
+        "{out}"
+    );
+    let o = env.run(&["check", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["problems"].as_array().unwrap().len() >= 60, "{v}");
+}

@@ -1171,6 +1171,13 @@ fn a_changed_block_list_against_another_sources_parent_is_warned_about() {
 /// An ext4 image of `tree` (16 MiB, `mke2fs -d` with `extra` options), backed up
 /// as an image: its snapshot's id.
 fn ext4_image_snapshot(env: &Env, tree: &Path, extra: &[&str]) -> String {
+    let img = ext4_image(env, tree, extra);
+    let r = backup_image(env, &img, &[]);
+    r["snapshot_id"].as_str().unwrap().to_string()
+}
+
+/// A 16 MiB ext4 image holding `tree` (`extra`: more `mke2fs` options).
+fn ext4_image(env: &Env, tree: &Path, extra: &[&str]) -> PathBuf {
     let img = env.path("fs.img");
     sh(Command::new("mke2fs")
         .args(["-q", "-t", "ext4"])
@@ -1179,8 +1186,7 @@ fn ext4_image_snapshot(env: &Env, tree: &Path, extra: &[&str]) -> String {
         .arg(tree)
         .arg(&img)
         .arg("16M"));
-    let r = backup_image(env, &img, &[]);
-    r["snapshot_id"].as_str().unwrap().to_string()
+    img
 }
 
 /// A tree restored out of an image's ext4 with `--image-fs` keeps its hard links
@@ -1386,12 +1392,7 @@ fn image_fs_goes_past_a_damaged_symlink_and_stops_on_sigint() {
     big.set_len(1 << 40).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&big, b"data", 1 << 39).unwrap();
     drop(big);
-    let img = env.path("fs.img");
-    sh(Command::new("mke2fs")
-        .args(["-q", "-t", "ext4", "-d"])
-        .arg(&tree)
-        .arg(&img)
-        .arg("16M"));
+    let img = ext4_image(&env, &tree, &[]);
     sh(Command::new("debugfs")
         .args(["-w", "-R", "sif /bad size 0x9700000008"])
         .arg(&img));

@@ -521,6 +521,11 @@ fn missing_source_paths_and_bad_arguments() {
     );
     let e = env.fails(&["backup"], 1);
     assert!(e.contains("nothing to back up"), "{e}");
+    // An exclude that matches every path given (it saved an empty snapshot).
+    let src = env.path("src1");
+    fs::create_dir_all(&src).unwrap();
+    let e = env.fails(&["backup", src.to_str().unwrap(), "-e", "src1"], 1);
+    assert!(e.contains("every path given is excluded"), "{e}");
     let e = env.fails(&["dump", "latest", "/x"], 1);
     assert!(e.contains("no snapshot matches"), "{e}");
     let e = env.fails(&["config", "--compression", "extreme"], 1);

@@ -545,6 +545,17 @@ fn run(
             }
             v.sort();
             v.dedup();
+            // Every path given excluded (`-e` matching a source itself): the
+            // snapshot would be empty, and say it saved them.
+            if v.iter().all(|p| excludes.is_excluded(p)) {
+                return Err(Error::Invalid(format!(
+                    "nothing to back up: every path given is excluded ({})",
+                    v.iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
             let s = v.iter().map(|p| p.to_string_lossy().into_owned()).collect();
             (v, s)
         }

@@ -184,10 +184,13 @@ impl EventSink for CliSink {
                 // Warnings go to stderr even with --quiet: they mean data was left out.
                 // They name files of the source or the snapshot: written out
                 // (`ui::printable`).
-                Event::Warning(w) => match &w.path {
-                    Some(p) => self.line(&ui::printable(&format!("warning: {p}: {}", w.message))),
-                    None => self.line(&ui::printable(&format!("warning: {}", w.message))),
-                },
+                Event::Warning(w) => {
+                    let line = match &w.path {
+                        Some(p) => format!("warning: {p}: {}", w.message),
+                        None => format!("warning: {}", w.message),
+                    };
+                    self.line(&ui::printable(&line));
+                }
                 Event::Notice { message } if self.mode != Mode::Quiet => self.line(message),
                 Event::Status(s) => {
                     if let Some(b) = &self.bar {

@@ -48,6 +48,12 @@ pub fn format_unix(secs: i64, nanos: u32) -> String {
 /// minutes; a snapshot taken now is never this far ahead).
 pub const FUTURE_SLACK_HOURS: i64 = 1;
 
+/// Whether a time (Unix seconds) lies more than [`FUTURE_SLACK_HOURS`] ahead of
+/// now: a snapshot dated so is passed over by `latest`.
+pub fn in_the_future(secs: i64) -> bool {
+    secs > now_unix() + FUTURE_SLACK_HOURS * 3600
+}
+
 pub fn now_unix() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -188,11 +188,10 @@ impl Listing {
 fn newest_not_future<'a>(
     snaps: impl DoubleEndedIterator<Item = &'a SnapEntry> + Clone,
 ) -> Option<&'a SnapEntry> {
-    let future = cairn_core::time::now_unix() + cairn_core::ops::forget::FUTURE_SLACK_HOURS * 3600;
     snaps
         .clone()
         .rev()
-        .find(|e| e.secs <= future)
+        .find(|e| !cairn_core::time::in_the_future(e.secs))
         .or_else(|| snaps.last())
 }
 

@@ -774,11 +774,11 @@ fn heard(store: &Datastore, t: &TokenEntry, headers: &HeaderMap) {
     }
 }
 
-/// A non-admin write of data, an index file, a list or a snapshot: its session must
-/// hold a job slot ([`crate::slots`]).
 /// How long an upload waits for the upload budget before the log says so.
 const UPLOAD_WAIT_LOGGED: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// A non-admin write of data, an index file, a list or a snapshot: its session must
+/// hold a job slot ([`crate::slots`]).
 fn need_slot(store: &Datastore, t: &TokenEntry, headers: &HeaderMap) -> ApiResult<()> {
     let key = session_key(t, headers).map_err(|_| no_slot(store))?;
     if store.slots.holds(&key) {

@@ -159,9 +159,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         .time
         .as_deref()
         .and_then(cairn_core::time::parse_user_time)
-        && cairn_core::time::parse_rfc3339(&t).is_some_and(|at| {
-            at > cairn_core::time::now_unix() + cairn_core::ops::forget::FUTURE_SLACK_HOURS * 3600
-        })
+        && cairn_core::time::parse_rfc3339(&t).is_some_and(cairn_core::time::in_the_future)
     {
         eprintln!(
             "warning: --time {t} is in the future: until then `latest` passes this \

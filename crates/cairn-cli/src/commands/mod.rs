@@ -354,11 +354,11 @@ pub fn progress(g: &Global) -> CliProgress {
     CliProgress::new(g)
 }
 
-/// Writes one line of output; the end of the process if it cannot be written: quietly
-/// with SIGPIPE's status when the reader went away (`cairn ls | head`), with an error
-/// otherwise. For output written from inside a walk that cannot return an error.
-/// Writes one line of a listing (`ls`, `find`, `diff`): its names come from a
-/// snapshot, so control characters in them are written out ([`crate::ui::printable`]).
+/// Writes one line of a listing (`ls`, `find`, `diff`), its names' control
+/// characters written out ([`crate::ui::printable`]); the end of the process if it
+/// cannot be written: quietly with SIGPIPE's status when the reader went away
+/// (`cairn ls | head`), with an error otherwise. For output written from inside a
+/// walk that cannot return an error.
 pub fn out_line(out: &mut impl std::io::Write, line: &str) {
     if let Err(e) = writeln!(out, "{}", crate::ui::printable(line)) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {

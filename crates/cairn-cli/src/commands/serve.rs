@@ -234,19 +234,18 @@ fn grant_text(datastore: &str) -> String {
 /// `cairn serve scrub`: runs on the server's machine against the datastore's
 /// storage directly (no token, no key).
 fn scrub(g: &Global, s: &ScrubArgs) -> Result<i32> {
-    // A datastore name from the settings file, or a location as `--repo` takes it.
-    // The settings file's datastore names (in order: its table is a BTreeMap).
-    let mut named: Vec<String> = Vec::new();
-    let location = match &s.config {
+    // A datastore name from the settings file, or a location as `--repo` takes it;
+    // and the file's datastore names (in order: its table is a BTreeMap).
+    let (location, named): (String, Vec<String>) = match &s.config {
         Some(c) => {
             let file = cairn_server::config::FileConfig::load(c)?;
-            named = file.datastores.keys().cloned().collect();
-            file.datastores
-                .get(&s.datastore)
-                .cloned()
-                .unwrap_or_else(|| s.datastore.clone())
+            let location = file.datastores.get(&s.datastore).cloned();
+            (
+                location.unwrap_or_else(|| s.datastore.clone()),
+                file.datastores.into_keys().collect(),
+            )
         }
-        None => s.datastore.clone(),
+        None => (s.datastore.clone(), Vec::new()),
     };
     let opts = cairn_core::repo::storage::StorageOptions {
         cache: cairn_core::repo::storage::CacheChoice::Off,

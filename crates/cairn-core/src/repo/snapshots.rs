@@ -454,10 +454,9 @@ pub(crate) fn latest_in(
     // --time 2099-...`): it would stay "latest" over every real backup after it,
     // and a restore of latest would bring back its old data. As retention
     // counts them (`forget`), they are passed over unless there is nothing else.
-    let future = crate::time::now_unix() + crate::time::FUTURE_SLACK_HOURS * 3600;
     all.iter()
         .rev()
-        .find(|(_, s)| crate::time::parse_rfc3339(&s.time).is_none_or(|t| t <= future))
+        .find(|(_, s)| !crate::time::parse_rfc3339(&s.time).is_some_and(crate::time::in_the_future))
         .or(all.last())
         .cloned()
         .ok_or_else(|| Error::SnapshotNotFound("latest".into()))

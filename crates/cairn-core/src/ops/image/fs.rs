@@ -536,25 +536,11 @@ impl ImageFs {
             // `ext4-view` reads it: the files still come back, without these.
             Err(e) => (None, e),
         };
-        // The named entry itself, not what a final symlink points to: its parent is
-        // resolved, then the name looked up in it.
-        let (parent, last) = match path.rsplit_once('/') {
-            Some(("", l)) if !l.is_empty() => ("/", Some(l)),
-            Some((p, l)) if !l.is_empty() => (p, Some(l)),
-            _ => ("/", None),
-        };
-        let top = match (&ext2, self.fs.canonicalize(Self::path(parent)?)) {
-            (Some(fs), Ok(canon)) => {
-                let mut full: Vec<u8> = canon.as_ref().to_vec();
-                if let Some(l) = last {
-                    if full.last() != Some(&b'/') {
-                        full.push(b'/');
-                    }
-                    full.extend_from_slice(l.as_bytes());
-                }
-                fs.lookup(&full).map_err(|e| fs_err(&path, e))?
-            }
-            _ => None,
+        // The named entry itself, not what a final symlink points to: `path` has
+        // no symlink on the way ([`Self::resolve`]).
+        let top = match &ext2 {
+            Some(fs) => fs.lookup(path.as_bytes()).map_err(|e| fs_err(&path, e))?,
+            None => None,
         };
         let mut r = FsRestore {
             limit: limit.as_ref(),
@@ -1003,7 +989,7 @@ impl Sparse<'_> {
     /// Writes `data` (whole blocks, or the last piece) at `at`, unless all zeros.
     fn put(&mut self, data: &[u8]) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        if !zeros(data) {
+        if !crate::ops::restore::all_zeros(data) {
             self.f.write_all_at(data, self.at)?;
             if let Some(l) = self.limit {
                 l.take(data.len() as u64);
@@ -1020,16 +1006,6 @@ impl Sparse<'_> {
         self.f.set_len(self.at)?;
         Ok(self.f)
     }
-}
-
-/// Whether `data` is all zeros, sixteen bytes at a time (a terabyte file of holes
-/// comes out of the reader as zeros, every byte of which is looked at here).
-fn zeros(data: &[u8]) -> bool {
-    let mut words = data.chunks_exact(16);
-    let whole = words
-        .by_ref()
-        .all(|w| u128::from_ne_bytes(w.try_into().unwrap_or([1; 16])) == 0);
-    whole && words.remainder().iter().all(|&b| b == 0)
 }
 
 impl Write for Sparse<'_> {

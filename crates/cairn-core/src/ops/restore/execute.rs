@@ -479,7 +479,7 @@ fn write_skipping_zero_pages(w: &mut FileWriter<'_>, file: u32, offset: u64, dat
         let next = ((pos / PAGE) + 1) * PAGE;
         let piece_end = next.min(end);
         let piece = &data[(pos - offset) as usize..(piece_end - offset) as usize];
-        let hole = piece.iter().all(|b| *b == 0);
+        let hole = super::all_zeros(piece);
         match (hole, pending) {
             (true, Some(start)) => {
                 w.write(
@@ -505,7 +505,7 @@ fn write_skipping_zero_pages(w: &mut FileWriter<'_>, file: u32, offset: u64, dat
 fn write_direct(job: &FileJob, data: &[u8], creation: &Creation) -> std::io::Result<()> {
     let final_mode = creation.mode(&job.node, &job.dir.node);
     let f = super::target::create_file_mode(job.dir.fd(), &job.name, final_mode.unwrap_or(0o600))?;
-    let r = if data.iter().all(|b| *b == 0) {
+    let r = if super::all_zeros(data) {
         f.set_len(data.len() as u64)
     } else {
         f.write_all_at(data, 0)

@@ -134,6 +134,8 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             .map(super::parse_size)
             .transpose()
             .context("--exclude-larger-than")?,
+        // The engine adds the repository's own directory.
+        own_dirs: Vec::new(),
     };
     let listed = !(a.files_from.is_empty()
         && a.files_from_verbatim.is_empty()
@@ -219,7 +221,11 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     // For the bar's ETA, and for --json readers (the status lines' total): the
     // sizes below the paths, added up beside the backup.
     let total_scan = ((ui::interactive(g) || g.json) && !a.stdin && a.image.is_none())
-        .then(|| source::Excludes::new(&opts.excludes))
+        .then(|| {
+            let mut rules = opts.excludes.clone();
+            rules.own_dirs = backup::own_dirs(session.repo());
+            source::Excludes::new(&rules)
+        })
         .and_then(Result::ok)
         .map(|ex| (opts.paths.clone(), ex, opts.one_file_system));
     p.start();

@@ -496,6 +496,42 @@ fn exclusion_options_and_path_lists() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a path"));
 }
 
+#[test]
+fn the_repository_itself_is_never_backed_up() {
+    // The repository lives inside the tree backed up, reached through a symlink
+    // (another spelling of the same directory): its packs stay out, whatever the
+    // path, and the user is told.
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.dir.path();
+    fs::write(src.join("keep"), "data").unwrap();
+    std::os::unix::fs::symlink(&env.repo, src.join("repo-link")).unwrap();
+    let s = src.to_str().unwrap();
+    let out = env.cmd(&["backup", s]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("leaving out") && stderr.contains("the repository this backup writes to"),
+        "{stderr}"
+    );
+    let listed = env.ok(&["ls", "latest"]);
+    assert!(listed.contains(&format!("{s}/keep")), "{listed}");
+    assert!(!listed.contains(&format!("{s}/repo/")), "{listed}");
+    assert!(
+        !listed.lines().any(|l| l == format!("{s}/repo")),
+        "{listed}"
+    );
+    // The same repository opened through the symlink: the inode decides.
+    let linked = Env::at(tempfile::tempdir().unwrap(), src.join("repo-link"));
+    let id = linked.backup_args(&["-q", s]);
+    let listed = linked.ok(&["ls", &id]);
+    assert!(!listed.contains(&format!("{s}/repo/")), "{listed}");
+    // The repository named on its own: nothing to back up.
+    let err = env.fails(&["backup", env.repo.to_str().unwrap()], 1);
+    assert!(err.contains("nothing to back up"), "{err}");
+    env.check_clean();
+}
+
 /// `restore --exclude/--iexclude` leave out what they match, and `--delete`
 /// leaves what they match in the target alone; the dry run counts the same.
 #[test]

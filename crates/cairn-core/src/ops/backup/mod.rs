@@ -324,6 +324,15 @@ pub(crate) fn absolute(p: &Path) -> Result<PathBuf> {
     }
 }
 
+/// The directories of `repo` on this machine, which no backup into it takes in
+/// ([`source::ExcludeRules::own_dirs`]): a local repository's root.
+pub fn own_dirs(repo: &Repository) -> Vec<PathBuf> {
+    match crate::repo::storage::Location::parse(repo.location()) {
+        Ok(crate::repo::storage::Location::Local(p)) => vec![p],
+        _ => Vec::new(),
+    }
+}
+
 fn same_paths(a: &[String], b: &[String]) -> bool {
     let mut a = a.to_vec();
     let mut b = b.to_vec();
@@ -498,7 +507,9 @@ fn run(
     if host.is_empty() {
         return Err(Error::Invalid("the host name is empty".into()));
     }
-    let excludes = source::Excludes::new(&opts.excludes).map_err(Error::Invalid)?;
+    let mut rules = opts.excludes.clone();
+    rules.own_dirs.extend(own_dirs(repo));
+    let excludes = source::Excludes::new(&rules).map_err(Error::Invalid)?;
     if let Some(n) = opts.pack_size {
         let range = crate::repo::CLIENT_PACK_SIZE_MIN..=crate::repo::PACK_SIZE_MAX;
         if !range.contains(&n) {
@@ -547,7 +558,11 @@ fn run(
             v.dedup();
             // Every path given excluded (`-e` matching a source itself): the
             // snapshot would be empty, and say it saved them.
-            if v.iter().all(|p| excludes.is_excluded(p)) {
+            let left_out = |p: &PathBuf| {
+                excludes.is_excluded(p)
+                    || std::fs::symlink_metadata(p).is_ok_and(|m| excludes.excludes_entry(p, &m))
+            };
+            if v.iter().all(left_out) {
                 return Err(Error::Invalid(format!(
                     "nothing to back up: every path given is excluded ({})",
                     v.iter()
@@ -555,6 +570,14 @@ fn run(
                         .collect::<Vec<_>>()
                         .join(", ")
                 )));
+            }
+            for own in rules.own_dirs.iter().filter_map(|d| d.canonicalize().ok()) {
+                if v.iter().any(|p| own.starts_with(p)) {
+                    progress.notice(format!(
+                        "leaving out {}: it is the repository this backup writes to",
+                        own.display()
+                    ));
+                }
             }
             let s = v.iter().map(|p| p.to_string_lossy().into_owned()).collect();
             (v, s)

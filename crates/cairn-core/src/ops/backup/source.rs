@@ -387,6 +387,10 @@ pub struct ExcludeRules {
     pub caches: bool,
     /// `--exclude-larger-than`: regular files of more than this many bytes.
     pub larger_than: Option<u64>,
+    /// Directories never backed up, whatever the path they are reached by: the
+    /// repository the backup writes to (the engine adds it). Backing it up would
+    /// store packs being written, and each backup would hold all the ones before.
+    pub own_dirs: Vec<PathBuf>,
 }
 
 impl ExcludeRules {
@@ -420,6 +424,8 @@ pub struct Excludes {
     /// Tag file names, with the header each must start with.
     tags: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     larger_than: Option<u64>,
+    /// `own_dirs` as (device, inode): a bind mount or another spelling reaches the same.
+    own: Vec<(u64, u64)>,
 }
 
 impl Excludes {
@@ -477,11 +483,18 @@ impl Excludes {
             let (name, header) = CACHEDIR_TAG;
             tags.push((name.as_bytes().to_vec(), Some(header.as_bytes().to_vec())));
         }
+        // A directory that cannot be looked at now is not one the walk can enter.
+        let own = (rules.own_dirs.iter())
+            .filter_map(|d| std::fs::metadata(d).ok())
+            .filter(|m| m.is_dir())
+            .map(|m| (m.dev(), m.ino()))
+            .collect();
         Ok(Excludes {
             set,
             negated,
             tags,
             larger_than: rules.larger_than,
+            own,
         })
     }
 
@@ -551,13 +564,22 @@ impl Excludes {
     /// Every rule about an entry itself, for one known by its path and `lstat`: a
     /// path named on the command line, the estimate's and the progress total's walks.
     pub fn excludes_entry(&self, path: &Path, meta: &Metadata) -> bool {
-        self.is_excluded(path) || self.too_large(meta.mode(), meta.len())
+        self.is_excluded(path)
+            || self.too_large(meta.mode(), meta.len())
+            || self.is_own(meta.mode(), meta.dev(), meta.ino())
     }
 
     /// [`Self::excludes_entry`] for an entry of an open directory, from its `fstatat`
     /// (its name was judged by the caller).
     pub fn excludes_at(&self, st: &Stat) -> bool {
-        self.too_large(st.mode, st.size)
+        self.too_large(st.mode, st.size) || self.is_own(st.mode, st.dev, st.ino)
+    }
+
+    /// One of [`ExcludeRules::own_dirs`].
+    fn is_own(&self, mode: u32, dev: u64, ino: u64) -> bool {
+        !self.own.is_empty()
+            && mode & libc::S_IFMT == libc::S_IFDIR
+            && self.own.contains(&(dev, ino))
     }
 }
 

@@ -866,6 +866,14 @@ pub struct RestoreArgs {
     /// Write at most this many bytes per second on average (as --read-limit)
     #[arg(long, value_name = "RATE")]
     pub write_limit: Option<String>,
+    /// Leave extended attributes whose name matches this glob alone: neither set
+    /// nor removed nor compared ('security.selinux', 'trusted.*'; repeatable)
+    #[arg(long = "exclude-xattr", value_name = "PATTERN")]
+    pub exclude_xattrs: Vec<String>,
+    /// Restore only the extended attributes whose name matches this glob
+    /// ('user.*', 'system.posix_acl_*'; repeatable; --exclude-xattr still applies)
+    #[arg(long = "include-xattr", value_name = "PATTERN")]
+    pub include_xattrs: Vec<String>,
     /// Restore an image snapshot (backup --image) to the file or block device
     /// given as --target (a directory gets the image under its name)
     #[arg(long)]

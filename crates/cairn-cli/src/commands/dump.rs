@@ -30,10 +30,10 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
         out.finish(format == cairn_core::export::Format::Tar)
             .context("writing standard output")?;
         let code = super::export::report(&r);
-        return Ok(code.max(super::image_zeros_warning(
-            super::image_unreadable(&snap),
-            "the archive",
-        )));
+        return Ok(super::worst(
+            code,
+            super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),
+        ));
     }
     cairn_core::dump::dump(&session, &snap.tree_id()?, &a.file, out.writer())?;
     out.finish(false).context("writing standard output")?;

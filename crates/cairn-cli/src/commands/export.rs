@@ -97,10 +97,10 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
         );
     }
     let code = report(&r);
-    Ok(code.max(super::image_zeros_warning(
-        super::image_unreadable(&snap),
-        "the archive",
-    )))
+    Ok(super::worst(
+        code,
+        super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),
+    ))
 }
 
 /// Prints what an export left out or changed on standard error; the exit code.
@@ -112,7 +112,15 @@ pub(super) fn report(r: &ExportReport) -> i32 {
     for n in &r.notes {
         eprintln!("note: {}", crate::ui::printable(n));
     }
-    if r.errors.is_empty() { 0 } else { 3 }
+    if r.errors.is_empty() {
+        return 0;
+    }
+    // As a restore that could not write some entries: an error, the rest done.
+    eprintln!(
+        "cairn: error: {} left out of the archive (listed above); everything else is in it",
+        crate::ui::count(r.errors.len() as u64, "entry")
+    );
+    1
 }
 
 /// Where an archive or a file's bytes go: standard output, or a device or FIFO

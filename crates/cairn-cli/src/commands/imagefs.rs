@@ -79,14 +79,18 @@ pub fn restore(
     target: &Path,
     overwrite: cairn_core::restore::Overwrite,
     write_limit: Option<u64>,
+    xattrs: &cairn_core::restore::XattrSelect,
 ) -> Result<i32> {
     let path = a.image_fs.as_deref().unwrap_or("/");
     let fs = open(session, snap, a)?;
     let start = std::time::Instant::now();
     let r = fs
-        .restore(path, target, overwrite, write_limit)
+        .restore(path, target, overwrite, write_limit, xattrs)
         .with_context(|| format!("restoring {path} from the image"))?;
     // Names from the image's file system: written out (`ui::printable`).
+    for n in &r.notes {
+        eprintln!("note: {}", ui::printable(n));
+    }
     for w in &r.warnings {
         eprintln!("warning: {}", ui::printable(w));
     }
@@ -106,10 +110,7 @@ pub fn restore(
             ui::bytes(r.bytes),
             start.elapsed().as_secs_f64(),
             if r.skipped > 0 {
-                format!(
-                    " ({} sockets, or devices when not root, not restored)",
-                    r.skipped
-                )
+                format!(" ({} sockets not restored)", r.skipped)
             } else {
                 String::new()
             }
@@ -135,10 +136,10 @@ pub fn restore(
         );
     }
     let code = zeros(&fs, path);
-    // Something was not carried over: as a restore whose metadata was refused.
+    // The image could not give everything back as it was: done in part.
     Ok(if r.warnings.is_empty() {
         code
     } else {
-        code.max(3)
+        super::worst(code, crate::EXIT_INCOMPLETE)
     })
 }

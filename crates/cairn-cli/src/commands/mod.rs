@@ -406,6 +406,16 @@ pub fn pack_size_flag(v: &Option<String>) -> Result<Option<u64>> {
         .context("--pack-size")
 }
 
+/// Of two exit codes, the one that says most: an error (1) over done in part (3)
+/// over success (0).
+pub fn worst(a: i32, b: i32) -> i32 {
+    match (a, b) {
+        (0, c) | (c, 0) => c,
+        (1, _) | (_, 1) => 1,
+        (a, b) => a.max(b),
+    }
+}
+
 /// For a command that read an image snapshot's bytes as data (restore, dump,
 /// export of the image file; `--image-fs`): says on standard error which ranges
 /// of the image the source could not read at backup time, so hold zeros, and

@@ -8,6 +8,8 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     // A bad --overwrite is refused before the password is asked for.
     let overwrite: restore::Overwrite = a.overwrite.parse()?;
     let write_limit = super::rate_flag(&a.write_limit, "--write-limit")?;
+    let xattrs = restore::XattrSelect::new(&a.include_xattrs, &a.exclude_xattrs)
+        .map_err(anyhow::Error::msg)?;
     if a.image_fs.image_fs.is_some()
         && (!a.includes.is_empty() || !a.excludes.is_empty() || !a.iexcludes.is_empty() || a.delete)
     {
@@ -27,6 +29,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             &a.target,
             overwrite,
             write_limit,
+            &xattrs,
         );
     }
     if a.image || snap.1.image.is_some() && is_device_or_image_target(&a.target) {
@@ -41,6 +44,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         verify: a.verify,
         dry_run: a.dry_run,
         write_limit,
+        xattrs,
         ..RestoreOptions::new(&a.target)
     };
     p.start();

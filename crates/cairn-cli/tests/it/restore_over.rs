@@ -554,6 +554,96 @@ fn an_attribute_the_user_may_not_set_does_not_spoil_the_file() {
     assert_eq!((m.mode() & 0o7777, m.mtime()), (0o755, 1_600_000_000));
 }
 
+/// `--exclude-xattr` / `--include-xattr` (restic's): a non-root restore of a file
+/// with a `trusted.*` attribute succeeds when that attribute is left out; an
+/// included set restores only those names; an attribute left out is neither set
+/// nor removed from a file restored in place.
+#[test]
+fn restore_selects_extended_attributes_by_name() {
+    use std::os::unix::process::CommandExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let f = src.join("f");
+    fs::write(&f, b"content").unwrap();
+    xattr::set(&f, "trusted.t", b"v").unwrap();
+    xattr::set(&f, "user.a", b"1").unwrap();
+    xattr::set(&f, "user.b", b"2").unwrap();
+    let snap = env.backup(&[&src]);
+    let names = |p: &Path| -> Vec<String> {
+        let mut v: Vec<String> = xattr::list(p)
+            .unwrap()
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    // Not root: trusted.t is refused (exit 1), unless it is left out.
+    let (target, cache) = open_to_nobody(&env);
+    let restore_as_nobody = |extra: &[&str]| {
+        let mut args = vec!["restore", &snap, "--target", target.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        env.cmd(&args)
+            .env("XDG_CACHE_HOME", &cache)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    let o = restore_as_nobody(&[]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let o = restore_as_nobody(&["--overwrite", "always", "--exclude-xattr", "trusted.*"]);
+    assert!(o.status.success(), "{o:?}");
+    let restored = target.join(src.strip_prefix("/").unwrap()).join("f");
+    assert_eq!(names(&restored), ["user.a", "user.b"]);
+
+    // Only user.a; a restore in place leaves user.b (and one the target added,
+    // left out by --exclude-xattr) alone, and removes what it manages.
+    let copy = env.path("copy");
+    env.ok(&[
+        "restore",
+        &snap,
+        "--target",
+        copy.to_str().unwrap(),
+        "--include-xattr",
+        "user.a",
+    ]);
+    let cf = copy.join(src.strip_prefix("/").unwrap()).join("f");
+    assert_eq!(names(&cf), ["user.a"]);
+    xattr::set(&cf, "user.b", b"mine").unwrap();
+    xattr::set(&cf, "user.planted", b"x").unwrap();
+    xattr::set(&cf, "user.a", b"changed").unwrap();
+    env.ok(&[
+        "restore",
+        &snap,
+        "--target",
+        copy.to_str().unwrap(),
+        "--include-xattr",
+        "user.a",
+        "--include-xattr",
+        "user.planted",
+        "--exclude-xattr",
+        "user.b",
+    ]);
+    assert_eq!(names(&cf), ["user.a", "user.b"]);
+    assert_eq!(xattr::get(&cf, "user.a").unwrap().unwrap(), b"1");
+    assert_eq!(xattr::get(&cf, "user.b").unwrap().unwrap(), b"mine");
+    // A pattern that cannot be one is refused before anything is read.
+    let e = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--target",
+            copy.to_str().unwrap(),
+            "--exclude-xattr",
+            "",
+        ],
+        1,
+    );
+    assert!(e.contains("--exclude-xattr"), "{e}");
+}
+
 /// Hard links to a symlink or a FIFO come back as one inode with several names,
 /// as those to files do.
 #[test]
@@ -668,24 +758,4 @@ fn a_user_restores_over_its_own_read_only_directories() {
     restore(&["--delete"]);
     assert!(!out.join("ro/extra").exists());
     assert_eq!(fs::read_to_string(out.join("ro/inner/g")).unwrap(), "two");
-}
-
-/// What user `nobody` needs to restore from `env`'s repository: to read it, a
-/// directory to restore into and one for its cache (returned in that order).
-fn open_to_nobody(env: &Env) -> (std::path::PathBuf, std::path::PathBuf) {
-    use std::os::unix::fs::PermissionsExt;
-    for p in [env.path(""), env.repo.clone()] {
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    std::process::Command::new("chmod")
-        .args(["-R", "a+rX"])
-        .arg(&env.repo)
-        .status()
-        .unwrap();
-    let (target, cache) = (env.path("mine"), env.path("nobody-cache"));
-    for d in [&target, &cache] {
-        fs::create_dir(d).unwrap();
-        fs::set_permissions(d, fs::Permissions::from_mode(0o777)).unwrap();
-    }
-    (target, cache)
 }

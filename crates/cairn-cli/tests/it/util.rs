@@ -953,3 +953,23 @@ pub fn assert_linked_specials(root: &std::path::Path) {
         std::path::Path::new("somewhere")
     );
 }
+
+/// What user `nobody` needs to restore from `env`'s repository: to read it, a
+/// directory to restore into and one for its cache (returned in that order).
+pub fn open_to_nobody(env: &Env) -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    for p in [env.path(""), env.repo.clone()] {
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&env.repo)
+        .status()
+        .unwrap();
+    let (target, cache) = (env.path("mine"), env.path("nobody-cache"));
+    for d in [&target, &cache] {
+        fs::create_dir(d).unwrap();
+        fs::set_permissions(d, fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    (target, cache)
+}

@@ -85,7 +85,7 @@ pub struct FsRestoreReport {
     pub symlinks: u64,
     /// FIFOs, and devices when restoring as root, made again.
     pub specials: u64,
-    /// Sockets, and devices when not restoring as root: not restored.
+    /// Sockets: not restored (made by the program that listens on them).
     pub skipped: u64,
     pub bytes: u64,
     /// Entries already in the target left as they were (`--overwrite`).
@@ -94,12 +94,17 @@ pub struct FsRestoreReport {
     pub hardlinks: u64,
     /// Extended attributes set (owners' ACLs and file capabilities among them).
     pub xattrs: u64,
-    /// What could not be carried over (extended attributes refused, hard links
-    /// restored as copies), one line each.
+    /// What the image could not give back as it was at backup time (hard links
+    /// and extended attributes of a filesystem whose journal needs recovery), one
+    /// line each: the restore is done in part.
     pub warnings: Vec<String>,
-    /// Entries that could not be restored, with why, one line each (the others
-    /// were restored).
+    /// Entries that could not be restored, or not all of their metadata (an
+    /// extended attribute refused, a device when not root), with why, one line
+    /// each (the others were restored).
     pub failed: Vec<String>,
+    /// Worth knowing, nothing missing (hard-linked files with names outside the
+    /// path restored, a hard link restored as a copy), one line each.
+    pub notes: Vec<String>,
 }
 
 /// The ext2/3/4 filesystem of an image snapshot.
@@ -508,6 +513,7 @@ impl ImageFs {
         target: &Path,
         overwrite: crate::ops::restore::Overwrite,
         write_limit: Option<u64>,
+        xattrs: &crate::ops::restore::XattrSelect,
     ) -> Result<FsRestoreReport> {
         use std::os::unix::fs::OpenOptionsExt;
         let limit = write_limit
@@ -545,6 +551,7 @@ impl ImageFs {
         let mut r = FsRestore {
             limit: limit.as_ref(),
             overwrite,
+            xattrs,
             as_root: nix::unistd::geteuid().is_root(),
             report: FsRestoreReport::default(),
             ext2: ext2.as_ref(),
@@ -567,7 +574,7 @@ impl ImageFs {
         // A file leaves `links` once its last name is made.
         if !r.links.is_empty() && path != "/" {
             // Names outside the restored tree: nothing to do, but worth knowing.
-            r.report.warnings.push(format!(
+            r.report.notes.push(format!(
                 "{} hard-linked files have names outside {path} (not restored)",
                 r.links.len()
             ));
@@ -586,16 +593,17 @@ impl ImageFs {
         shown: &Path,
         r: &mut FsRestore<'_>,
     ) {
-        let list = match fs.xattrs(ino) {
+        let mut list = match fs.xattrs(ino) {
             Ok(l) => l,
             Err(e) => {
-                r.report.warnings.push(format!(
+                r.report.failed.push(format!(
                     "{}: extended attributes not restored: {e}",
                     shown.display()
                 ));
                 return;
             }
         };
+        r.xattrs.retain(&mut list);
         let refused = match crate::ops::restore::metadata::set_xattrs(fd, path_only, &list) {
             Ok(refused) => {
                 r.report.xattrs += (list.len() - refused.len()) as u64;
@@ -604,7 +612,7 @@ impl ImageFs {
             Err(e) => vec![e.to_string()],
         };
         if !refused.is_empty() {
-            r.report.warnings.push(format!(
+            r.report.failed.push(format!(
                 "{}: extended attributes not set: {}",
                 shown.display(),
                 refused.join(", ")
@@ -702,7 +710,7 @@ impl ImageFs {
                 (Some(fs), Some(d)) => match fs.entries(d) {
                     Ok(e) => e.into_iter().collect(),
                     Err(e) => {
-                        r.report.warnings.push(format!(
+                        r.report.failed.push(format!(
                             "{}: hard links and extended attributes below it not restored: {e}",
                             shown.display()
                         ));
@@ -760,6 +768,13 @@ impl ImageFs {
         } else {
             None
         };
+        if (ft.is_char_dev() || ft.is_block_dev()) && !r.as_root {
+            // As a restore of a file snapshot: only root can make a device.
+            return Err(Error::Invalid(format!(
+                "{}: a device file is made only by root: not restored",
+                shown.display()
+            )));
+        }
         if !(ft.is_regular_file() || ft.is_symlink() || special.is_some()) {
             r.report.skipped += 1;
             return Ok(());
@@ -879,7 +894,7 @@ impl ImageFs {
                     },
                 );
             } else {
-                r.report.warnings.push(format!(
+                r.report.notes.push(format!(
                     "{}: restored as a copy, not a hard link (too many files with names \
                      still to come)",
                     shown.display()
@@ -958,6 +973,8 @@ struct FsRestore<'a> {
     links: std::collections::HashMap<u32, FirstLink>,
     limit: Option<&'a cairn_backend::Limiter>,
     overwrite: crate::ops::restore::Overwrite,
+    /// Which extended attributes are set (`--include-xattr`, `--exclude-xattr`).
+    xattrs: &'a crate::ops::restore::XattrSelect,
     as_root: bool,
     report: FsRestoreReport,
 }

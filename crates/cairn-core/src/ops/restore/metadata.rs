@@ -16,6 +16,53 @@ use super::target::DirNode;
 use cairn_format::tree::{Node, NodeKind, Timestamp};
 use std::os::fd::BorrowedFd;
 
+/// Which extended attributes a restore handles (`--include-xattr`,
+/// `--exclude-xattr`, restic's options): the others are neither set from the
+/// snapshot nor removed from, or compared on, what the target holds. For a
+/// restore where some cannot be set (`security.selinux` in a container, `trusted.*`
+/// when not root) and should not count as failures. By default, all of them.
+#[derive(Clone, Debug, Default)]
+pub struct XattrSelect {
+    include: crate::pattern::GlobSet,
+    exclude: crate::pattern::GlobSet,
+}
+
+impl XattrSelect {
+    /// Glob patterns on attribute names (`user.*`, `security.selinux`): with
+    /// `include` given, only the names it matches; never those `exclude` matches.
+    pub fn new(include: &[String], exclude: &[String]) -> Result<Self, String> {
+        let set = |v: &[String], flag: &str| {
+            if let Some(p) = v.iter().find(|p| p.is_empty()) {
+                return Err(format!("{flag} {p:?}: give an attribute name or glob"));
+            }
+            crate::pattern::GlobSet::new(v.iter().map(|p| (p.as_str(), false)))
+                .map_err(|e| format!("{flag}: {e}"))
+        };
+        Ok(XattrSelect {
+            include: set(include, "--include-xattr")?,
+            exclude: set(exclude, "--exclude-xattr")?,
+        })
+    }
+
+    /// Whether the attribute `name` is restored.
+    pub fn wants(&self, name: &[u8]) -> bool {
+        (self.include.is_empty() || self.include.is_match_bytes(name))
+            && !self.exclude.is_match_bytes(name)
+    }
+
+    /// Whether every attribute is (nothing to filter).
+    pub fn is_all(&self) -> bool {
+        self.include.is_empty() && self.exclude.is_empty()
+    }
+
+    /// Keeps in `list` only the attributes restored.
+    pub fn retain(&self, list: &mut Vec<(Vec<u8>, Vec<u8>)>) {
+        if !self.is_all() {
+            list.retain(|(k, _)| self.wants(k));
+        }
+    }
+}
+
 fn time(t: Timestamp) -> (i64, u32) {
     (t.secs, t.nanos)
 }
@@ -113,7 +160,11 @@ pub(crate) fn foreign_xattr(name: &[u8]) -> bool {
 /// inherits), a planted capability or attribute does not survive a restore.
 /// Through `/proc/self/fd`, which leads to the entry itself; the `_deref` calls
 /// follow that magic link (the plain ones would read the link, which has none).
-pub(crate) fn drop_other_xattrs(fd: BorrowedFd<'_>, node: &Node) -> std::io::Result<()> {
+pub(crate) fn drop_other_xattrs(
+    fd: BorrowedFd<'_>,
+    node: &Node,
+    select: &XattrSelect,
+) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
     let p = format!("/proc/self/fd/{}", fd.as_raw_fd());
@@ -124,7 +175,10 @@ pub(crate) fn drop_other_xattrs(fd: BorrowedFd<'_>, node: &Node) -> std::io::Res
     };
     for name in names {
         let n = name.as_bytes();
-        if foreign_xattr(n) && !node.xattrs.iter().any(|(k, _)| k.as_slice() == n) {
+        if foreign_xattr(n)
+            && select.wants(n)
+            && !node.xattrs.iter().any(|(k, _)| k.as_slice() == n)
+        {
             match xattr::remove_deref(&p, &name) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}

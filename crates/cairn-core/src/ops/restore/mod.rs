@@ -34,6 +34,7 @@ mod survey;
 pub(crate) mod sys;
 pub(crate) mod target;
 
+pub use metadata::XattrSelect;
 pub use overwrite::Overwrite;
 pub use run::{Issue, RestoreReport, restore_snapshot};
 
@@ -52,6 +53,22 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use target::{Dir, DirNode, c_name};
+
+/// A tree of the snapshot with only the extended attributes the restore handles
+/// ([`RestoreOptions::xattrs`]): what it does not handle it never sees.
+pub(crate) fn load_tree(
+    repo: &Repository,
+    id: &cairn_format::BlobId,
+    select: &XattrSelect,
+) -> Result<cairn_format::tree::Tree> {
+    let mut tree = repo.load_tree(id)?;
+    if !select.is_all() {
+        for n in &mut tree.nodes {
+            select.retain(&mut n.xattrs);
+        }
+    }
+    Ok(tree)
+}
 
 pub struct RestoreOptions {
     pub target: PathBuf,
@@ -74,6 +91,8 @@ pub struct RestoreOptions {
     pub dry_run: bool,
     /// Write at most this many bytes per second on average (`--write-limit`).
     pub write_limit: Option<u64>,
+    /// Which extended attributes are restored (default: all).
+    pub xattrs: XattrSelect,
 }
 
 impl RestoreOptions {
@@ -91,6 +110,7 @@ impl RestoreOptions {
             verify: false,
             dry_run: false,
             write_limit: None,
+            xattrs: XattrSelect::default(),
         }
     }
 }
@@ -300,7 +320,7 @@ pub fn restore(
     }
 
     let mount = sys::mount_of(root_fd.as_fd(), c"").map_err(|e| Error::io(target, e))?;
-    let tree = repo.load_tree(root)?;
+    let tree = load_tree(repo, root, &opts.xattrs)?;
     let root_dir = Arc::new(Dir {
         fd: root_fd,
         node: DirNode::root(target, &st),
@@ -643,6 +663,7 @@ impl Walk<'_> {
             self.repo,
             self.opts.overwrite,
             self.opts.owners,
+            &self.opts.xattrs,
             parent.fd(),
             name,
             existing,
@@ -880,7 +901,10 @@ impl Walk<'_> {
             node: dir_node.clone(),
             path_only: opened.path_only,
         });
-        let tree = match node.subtree.map(|sub| self.repo.load_tree(&sub)) {
+        let tree = match node
+            .subtree
+            .map(|sub| load_tree(self.repo, &sub, &self.opts.xattrs))
+        {
             Some(Ok(t)) => t,
             Some(Err(e)) => {
                 self.issue(dir_node.path(), format!("directory contents lost: {e}"));
@@ -1018,7 +1042,7 @@ impl Walk<'_> {
                 if let Some(st) = &existing {
                     self.remember_first_link(&parent, &name, st, &node);
                     let r = overwrite::open_checked(parent.fd(), &name, st).and_then(|f| {
-                        metadata::drop_other_xattrs(f.as_fd(), &node)?;
+                        metadata::drop_other_xattrs(f.as_fd(), &node, &self.opts.xattrs)?;
                         metadata::apply(f.as_fd(), false, &node, self.opts.owners)
                     });
                     if let Err(e) = r {
@@ -1260,7 +1284,7 @@ impl Walk<'_> {
             // goes (a default ACL would pass to every file created in it). A new
             // one keeps what it inherited, as a new file does.
             let r = if existed {
-                metadata::drop_other_xattrs(dir.fd(), &node)
+                metadata::drop_other_xattrs(dir.fd(), &node, &self.opts.xattrs)
             } else {
                 Ok(())
             }

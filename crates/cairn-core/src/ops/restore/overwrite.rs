@@ -10,6 +10,7 @@
 //! (the same test deduplication relies on), so an equal file is left untouched:
 //! not rewritten, not even given a new time.
 
+use super::metadata::XattrSelect;
 use super::sys::{self, Stat};
 use crate::error::{Error, Result};
 use crate::repo::Repository;
@@ -87,6 +88,7 @@ pub(crate) fn decide(
     repo: &Repository,
     mode: Overwrite,
     owners: bool,
+    select: &XattrSelect,
     dir: BorrowedFd<'_>,
     name: &CStr,
     existing: Option<&Stat>,
@@ -108,7 +110,9 @@ pub(crate) fn decide(
         Overwrite::IfChanged => {
             if node.kind == NodeKind::File && st.kind() == libc::S_IFREG && st.size == node.size {
                 let same_time = st.mtime == mtime_of(node);
-                if same_time && !metadata_differs(st, node, owners) && xattrs_match(dir, name, node)
+                if same_time
+                    && !metadata_differs(st, node, owners)
+                    && xattrs_match(dir, name, node, select)
                 {
                     return Decision::Keep;
                 }
@@ -135,7 +139,7 @@ pub(crate) fn decide(
                 || st.mtime == mtime_of(node)
                     && !(owners && (st.uid, st.gid) != (node.uid, node.gid))
                     && (node.kind == NodeKind::Symlink || st.mode & 0o7777 == node.mode & 0o7777)
-                    && xattrs_match(dir, name, node);
+                    && xattrs_match(dir, name, node, select);
             if same_entry(repo, dir, name, st, node) && metadata_same {
                 Decision::Keep
             } else {
@@ -158,7 +162,12 @@ fn metadata_differs(st: &Stat, node: &Node, owners: bool) -> bool {
 /// `llistxattr` has no `*at` form), without following a symlink. A user who is not
 /// root sees no `trusted.*` attributes, so those are left out of the comparison
 /// for one. Any error reading them means "no".
-pub(crate) fn xattrs_match(dir: BorrowedFd<'_>, name: &CStr, node: &Node) -> bool {
+pub(crate) fn xattrs_match(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    node: &Node,
+    select: &XattrSelect,
+) -> bool {
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
     let mut p = std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
@@ -167,7 +176,7 @@ pub(crate) fn xattrs_match(dir: BorrowedFd<'_>, name: &CStr, node: &Node) -> boo
         return false;
     };
     let root = sys::euid() == 0;
-    let visible = |k: &[u8]| root || !k.starts_with(b"trusted.");
+    let visible = |k: &[u8]| (root || !k.starts_with(b"trusted.")) && select.wants(k);
     let want = node.xattrs.iter().filter(|(k, _)| visible(k));
     // What the target holds beyond the snapshot counts only where restore would
     // remove it ([`super::metadata::foreign_xattr`]): a security label the system

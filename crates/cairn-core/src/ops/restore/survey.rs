@@ -52,7 +52,7 @@ pub(super) fn dry_run(
         Some(d) => sys::mount_of(d.as_fd(), c"").map_err(|e| Error::io(target, e))?,
         None => (0, 0),
     };
-    let tree = repo.load_tree(root)?;
+    let tree = super::load_tree(repo, root, &opts.xattrs)?;
     let all = includes.is_empty();
     let mut first_links: HashMap<(u64, u64), Option<(u64, u64)>> = HashMap::new();
     let mut stack = vec![Level {
@@ -99,7 +99,16 @@ pub(super) fn dry_run(
             dir_in_the_way(parent, &name, existing.as_ref(), &path, opts, mount, stats)
         };
         let decide = |st: Option<&sys::Stat>| match parent {
-            Some(p) => overwrite::decide(repo, opts.overwrite, opts.owners, p, &name, st, &node),
+            Some(p) => overwrite::decide(
+                repo,
+                opts.overwrite,
+                opts.owners,
+                &opts.xattrs,
+                p,
+                &name,
+                st,
+                &node,
+            ),
             None => Decision::Write,
         };
         match node.kind {
@@ -124,7 +133,10 @@ pub(super) fn dry_run(
                     }
                     _ => None,
                 };
-                let tree = match node.subtree.map(|t| repo.load_tree(&t)) {
+                let tree = match node
+                    .subtree
+                    .map(|t| super::load_tree(repo, &t, &opts.xattrs))
+                {
                     Some(Ok(t)) => t.nodes,
                     Some(Err(e)) => {
                         issue(&mut stats, path, format!("directory contents lost: {e}"));

@@ -6,7 +6,6 @@ use crate::ui;
 use anyhow::{Context, Result};
 use cairn_core::ops::image::fs::ImageFs;
 use cairn_format::snapshot::Snapshot;
-use std::path::Path;
 
 fn open(
     session: &cairn_core::Session<cairn_core::session::Read>,
@@ -75,12 +74,12 @@ pub fn restore(
     g: &Global,
     session: &cairn_core::Session<cairn_core::session::Read>,
     snap: &Snapshot,
-    a: &ImageFsArgs,
-    target: &Path,
+    args: &crate::args::RestoreArgs,
     overwrite: cairn_core::restore::Overwrite,
     write_limit: Option<u64>,
     xattrs: &cairn_core::restore::XattrSelect,
 ) -> Result<i32> {
+    let (a, target) = (&args.image_fs, args.target.as_path());
     let path = a.image_fs.as_deref().unwrap_or("/");
     let fs = open(session, snap, a)?;
     let start = std::time::Instant::now();

@@ -21,16 +21,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     let snap = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     if a.image_fs.image_fs.is_some() {
-        return super::imagefs::restore(
-            g,
-            &session,
-            &snap.1,
-            &a.image_fs,
-            &a.target,
-            overwrite,
-            write_limit,
-            &xattrs,
-        );
+        return super::imagefs::restore(g, &session, &snap.1, a, overwrite, write_limit, &xattrs);
     }
     if a.image || snap.1.image.is_some() && is_device_or_image_target(&a.target) {
         return restore_image(g, a, &session, &snap, overwrite, write_limit, &mut p);

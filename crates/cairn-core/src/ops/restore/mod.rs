@@ -659,16 +659,7 @@ impl Walk<'_> {
         existing: Option<&sys::Stat>,
         node: &Node,
     ) -> Decision {
-        overwrite::decide(
-            self.repo,
-            self.opts.overwrite,
-            self.opts.owners,
-            &self.opts.xattrs,
-            parent.fd(),
-            name,
-            existing,
-            node,
-        )
+        overwrite::decide(self.repo, self.opts, parent.fd(), name, existing, node)
     }
 
     /// An entry left as it was.

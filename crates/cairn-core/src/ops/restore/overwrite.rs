@@ -86,9 +86,7 @@ fn mtime_of(node: &Node) -> (i64, u32) {
 /// by a new file instead.
 pub(crate) fn decide(
     repo: &Repository,
-    mode: Overwrite,
-    owners: bool,
-    select: &XattrSelect,
+    opts: &super::RestoreOptions,
     dir: BorrowedFd<'_>,
     name: &CStr,
     existing: Option<&Stat>,
@@ -97,6 +95,7 @@ pub(crate) fn decide(
     let Some(st) = existing else {
         return Decision::Write;
     };
+    let (mode, owners, select) = (opts.overwrite, opts.owners, &opts.xattrs);
     match mode {
         Overwrite::Always => Decision::Write,
         Overwrite::Never => Decision::Keep,

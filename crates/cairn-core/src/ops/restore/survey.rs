@@ -99,16 +99,7 @@ pub(super) fn dry_run(
             dir_in_the_way(parent, &name, existing.as_ref(), &path, opts, mount, stats)
         };
         let decide = |st: Option<&sys::Stat>| match parent {
-            Some(p) => overwrite::decide(
-                repo,
-                opts.overwrite,
-                opts.owners,
-                &opts.xattrs,
-                p,
-                &name,
-                st,
-                &node,
-            ),
+            Some(p) => overwrite::decide(repo, opts, p, &name, st, &node),
             None => Decision::Write,
         };
         match node.kind {

@@ -1232,17 +1232,16 @@ fn image_fs_restores_keep_hard_links_xattrs_acls_and_capabilities() {
         .arg(&d)
         .args(["-exec", "touch", "-h", "-d", "@1700000000", "{}", "+"]));
     let snap = ext4_image_snapshot(&env, &tree, &["-b", "4096", "-I", "256"]);
+    // `restore --image-fs /d --json` into `env`'s directory `into`, with `extra`.
+    let restore_d = |into: &str, extra: &[&str]| -> serde_json::Value {
+        let target = env.path(into);
+        let mut args = vec!["restore", &snap, "--image-fs", "/d", "--json", "--target"];
+        args.push(target.to_str().unwrap());
+        args.extend_from_slice(extra);
+        serde_json::from_str(&env.ok(&args)).unwrap()
+    };
     let out = env.path("out");
-    let o = env.ok(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/d",
-        "--target",
-        out.to_str().unwrap(),
-        "--json",
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+    let v = restore_d("out", &[]);
     assert_eq!(v["hardlinks"], 2, "{v}");
     assert_eq!(v["xattrs"], 6, "{v}");
     assert_eq!(v["warnings"].as_array().unwrap().len(), 0, "{v}");
@@ -1270,19 +1269,7 @@ fn image_fs_restores_keep_hard_links_xattrs_acls_and_capabilities() {
     );
     assert_eq!(fs::metadata(one.join("a/file2")).unwrap().nlink(), 2);
     // No extended attribute asked for: none set, none failed.
-    let none = env.path("none");
-    let o = env.ok(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/d",
-        "--target",
-        none.to_str().unwrap(),
-        "--exclude-xattr",
-        "*",
-        "--json",
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+    let v = restore_d("none", &["--exclude-xattr", "*"]);
     assert_eq!(v["xattrs"], 0, "{v}");
     assert_eq!(v["hardlinks"], 2, "{v}");
 }
@@ -1366,22 +1353,18 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
         assert_eq!(null.rdev(), libc::makedev(1, 3));
         // Not root: the device is a failed entry (as in a restore of files), the
         // FIFO is made.
-        use std::os::unix::process::CommandExt;
         let (mine, cache) = open_to_nobody(&env);
-        let o = env
-            .cmd(&[
+        let o = output_as_nobody(
+            &mut env.cmd(&[
                 "restore",
                 &snap,
                 "--image-fs",
                 "/d",
                 "--target",
                 mine.to_str().unwrap(),
-            ])
-            .env("XDG_CACHE_HOME", &cache)
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .unwrap();
+            ]),
+            &cache,
+        );
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{err}");
         assert!(

@@ -482,11 +482,7 @@ fn another_owners_file_is_replaced_not_given_the_snapshots_owner() {
 fn if_changed_puts_extended_attributes_back() {
     let env = Env::new();
     env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    let f = src.join("f");
-    fs::write(&f, b"content").unwrap();
-    xattr::set(&f, "user.keep", b"orig").unwrap();
+    let (src, _) = file_with_xattrs(&env, &[("user.keep", b"orig")]);
     let snap = env.backup(&[&src]);
     let copy = env.restore(&snap, &src, "t");
     let g = copy.join("f");
@@ -525,25 +521,17 @@ fn if_changed_puts_extended_attributes_back() {
 #[test]
 fn an_attribute_the_user_may_not_set_does_not_spoil_the_file() {
     use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
     let env = Env::new();
     env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    let f = src.join("f");
-    fs::write(&f, b"content").unwrap();
+    let (src, f) = file_with_xattrs(&env, &[("trusted.t", b"v")]);
     fs::set_permissions(&f, fs::Permissions::from_mode(0o755)).unwrap();
-    xattr::set(&f, "trusted.t", b"v").unwrap();
     set_times(&f, 1_600_000_000, 0);
     let snap = env.backup(&[&src]);
     let (target, cache) = open_to_nobody(&env);
-    let o = env
-        .cmd(&["restore", &snap, "--target", target.to_str().unwrap()])
-        .env("XDG_CACHE_HOME", &cache)
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+    let o = output_as_nobody(
+        &mut env.cmd(&["restore", &snap, "--target", target.to_str().unwrap()]),
+        &cache,
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         err.contains("extended attributes not set: trusted.t"),
@@ -560,16 +548,12 @@ fn an_attribute_the_user_may_not_set_does_not_spoil_the_file() {
 /// nor removed from a file restored in place.
 #[test]
 fn restore_selects_extended_attributes_by_name() {
-    use std::os::unix::process::CommandExt;
     let env = Env::new();
     env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    let f = src.join("f");
-    fs::write(&f, b"content").unwrap();
-    xattr::set(&f, "trusted.t", b"v").unwrap();
-    xattr::set(&f, "user.a", b"1").unwrap();
-    xattr::set(&f, "user.b", b"2").unwrap();
+    let (src, _) = file_with_xattrs(
+        &env,
+        &[("trusted.t", b"v"), ("user.a", b"1"), ("user.b", b"2")],
+    );
     let snap = env.backup(&[&src]);
     let names = |p: &Path| -> Vec<String> {
         let mut v: Vec<String> = xattr::list(p)
@@ -584,12 +568,7 @@ fn restore_selects_extended_attributes_by_name() {
     let restore_as_nobody = |extra: &[&str]| {
         let mut args = vec!["restore", &snap, "--target", target.to_str().unwrap()];
         args.extend_from_slice(extra);
-        env.cmd(&args)
-            .env("XDG_CACHE_HOME", &cache)
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .unwrap()
+        output_as_nobody(&mut env.cmd(&args), &cache)
     };
     let o = restore_as_nobody(&[]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
@@ -601,24 +580,18 @@ fn restore_selects_extended_attributes_by_name() {
     // Only user.a; a restore in place leaves user.b (and one the target added,
     // left out by --exclude-xattr) alone, and removes what it manages.
     let copy = env.path("copy");
-    env.ok(&[
-        "restore",
-        &snap,
-        "--target",
-        copy.to_str().unwrap(),
-        "--include-xattr",
-        "user.a",
-    ]);
+    let into_copy = |extra: &[&str]| {
+        let mut args = vec!["restore", &snap, "--target", copy.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        env.run(&args)
+    };
+    assert!(into_copy(&["--include-xattr", "user.a"]).status.success());
     let cf = copy.join(src.strip_prefix("/").unwrap()).join("f");
     assert_eq!(names(&cf), ["user.a"]);
     xattr::set(&cf, "user.b", b"mine").unwrap();
     xattr::set(&cf, "user.planted", b"x").unwrap();
     xattr::set(&cf, "user.a", b"changed").unwrap();
-    env.ok(&[
-        "restore",
-        &snap,
-        "--target",
-        copy.to_str().unwrap(),
+    let o = into_copy(&[
         "--include-xattr",
         "user.a",
         "--include-xattr",
@@ -626,21 +599,14 @@ fn restore_selects_extended_attributes_by_name() {
         "--exclude-xattr",
         "user.b",
     ]);
+    assert!(o.status.success(), "{o:?}");
     assert_eq!(names(&cf), ["user.a", "user.b"]);
     assert_eq!(xattr::get(&cf, "user.a").unwrap().unwrap(), b"1");
     assert_eq!(xattr::get(&cf, "user.b").unwrap().unwrap(), b"mine");
     // A pattern that cannot be one is refused before anything is read.
-    let e = env.fails(
-        &[
-            "restore",
-            &snap,
-            "--target",
-            copy.to_str().unwrap(),
-            "--exclude-xattr",
-            "",
-        ],
-        1,
-    );
+    let o = into_copy(&["--exclude-xattr", ""]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
     assert!(e.contains("--exclude-xattr"), "{e}");
 }
 

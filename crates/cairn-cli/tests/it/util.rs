@@ -973,3 +973,27 @@ pub fn open_to_nobody(env: &Env) -> (std::path::PathBuf, std::path::PathBuf) {
     }
     (target, cache)
 }
+
+/// Runs `cmd` as user `nobody` (uid and gid 65534) with its cache in `cache`
+/// (from [`open_to_nobody`]).
+pub fn output_as_nobody(cmd: &mut Command, cache: &Path) -> Output {
+    use std::os::unix::process::CommandExt;
+    cmd.env("XDG_CACHE_HOME", cache)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap()
+}
+
+/// `env`'s directory `src` holding one file `f` ("content") with the extended
+/// attributes `attrs`: (`src`, `src/f`).
+pub fn file_with_xattrs(env: &Env, attrs: &[(&str, &[u8])]) -> (PathBuf, PathBuf) {
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let f = src.join("f");
+    fs::write(&f, b"content").unwrap();
+    for (k, v) in attrs {
+        xattr::set(&f, k, v).unwrap();
+    }
+    (src, f)
+}

@@ -838,13 +838,22 @@ pub struct RestoreArgs {
     /// Restore only this path of the snapshot and what is below it (repeatable)
     #[arg(short, long = "include", value_parser = snapshot_path())]
     pub includes: Vec<String>,
+    /// Read such paths from a file, one per line (# comments and empty lines skipped)
+    #[arg(long = "include-file", value_name = "FILE")]
+    pub include_files: Vec<PathBuf>,
     /// Do not restore what matches this pattern (as backup's --exclude, against
     /// the paths `ls` prints; --delete leaves it alone too; repeatable)
     #[arg(short = 'e', long = "exclude")]
     pub excludes: Vec<String>,
+    /// Read such patterns from a file, one per line
+    #[arg(long = "exclude-file", value_name = "FILE")]
+    pub exclude_files: Vec<PathBuf>,
     /// As --exclude, ignoring case (repeatable)
     #[arg(long = "iexclude")]
     pub iexcludes: Vec<String>,
+    /// Read such patterns from a file, one per line
+    #[arg(long = "iexclude-file", value_name = "FILE")]
+    pub iexclude_files: Vec<PathBuf>,
     /// What to do with entries already in the target: always (replace), if-changed
     /// (replace unless size and time, or else the content, match the snapshot; a
     /// file with the snapshot's content gets its mode, owner, time and extended attributes), if-newer

@@ -10,9 +10,15 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     let write_limit = super::rate_flag(&a.write_limit, "--write-limit")?;
     let xattrs = restore::XattrSelect::new(&a.include_xattrs, &a.exclude_xattrs)
         .map_err(anyhow::Error::msg)?;
-    if a.image_fs.image_fs.is_some()
-        && (!a.includes.is_empty() || !a.excludes.is_empty() || !a.iexcludes.is_empty() || a.delete)
-    {
+    let mut includes = a.includes.clone();
+    includes.extend(read_path_files(&a.include_files)?);
+    let mut excludes = a.excludes.clone();
+    excludes.extend(super::backup::read_exclude_files(&a.exclude_files)?);
+    let mut iexcludes = a.iexcludes.clone();
+    iexcludes.extend(super::backup::read_exclude_files(&a.iexclude_files)?);
+    let selected = !(a.includes.is_empty() && a.include_files.is_empty())
+        || !(excludes.is_empty() && iexcludes.is_empty());
+    if a.image_fs.image_fs.is_some() && (selected || a.delete) {
         anyhow::bail!(
             "--image-fs restores the path it names: --include, --exclude and --delete do not apply"
         );
@@ -27,9 +33,9 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         return restore_image(g, a, &session, &snap, overwrite, write_limit, &mut p);
     }
     let opts = RestoreOptions {
-        includes: a.includes.clone(),
-        excludes: a.excludes.clone(),
-        iexcludes: a.iexcludes.clone(),
+        includes,
+        excludes,
+        iexcludes,
         overwrite,
         delete: a.delete,
         verify: a.verify,
@@ -203,6 +209,9 @@ fn restore_image(
     if !a.includes.is_empty()
         || !a.excludes.is_empty()
         || !a.iexcludes.is_empty()
+        || !a.include_files.is_empty()
+        || !a.exclude_files.is_empty()
+        || !a.iexclude_files.is_empty()
         || a.delete
         || a.dry_run
     {
@@ -255,4 +264,25 @@ fn restore_image(
         return Ok(crate::EXIT_INCOMPLETE);
     }
     Ok(0)
+}
+
+/// The snapshot paths that `--include-file` lists, a line each (`#` comments and
+/// empty lines skipped), as `--include` takes them: bytes that are not UTF-8 kept
+/// as they are ([`cairn_core::ls::escape_name`]).
+fn read_path_files(files: &[std::path::PathBuf]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for f in files {
+        let bytes =
+            std::fs::read(f).with_context(|| format!("reading include file {}", f.display()))?;
+        for line in bytes.split(|&b| b == b'\n') {
+            let line = line.trim_ascii();
+            if !line.is_empty() && !line.starts_with(b"#") {
+                out.push(cairn_core::ls::escape_name(line));
+            }
+        }
+    }
+    if out.is_empty() && !files.is_empty() {
+        anyhow::bail!("the --include-file lists name no path to restore");
+    }
+    Ok(out)
 }

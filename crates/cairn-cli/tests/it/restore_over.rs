@@ -439,6 +439,26 @@ fn include_paths_are_normalised_and_a_file_target_is_refused() {
         let deep = t.join(s.trim_start_matches('/')).join("d/sub/deep");
         assert_eq!(fs::read(&deep).unwrap(), b"deep", "{inc}");
     }
+    // The same from a file (restic's --include-file), with a comment; one that
+    // lists nothing is refused rather than taken for "everything".
+    let list = env.path("list");
+    fs::write(&list, format!("# what to bring back\n\n{s}/d/sub\n")).unwrap();
+    let t = env.path("from-file");
+    let (t, l) = (t.to_str().unwrap(), list.to_str().unwrap());
+    let out = env.ok(&[
+        "restore",
+        &snap,
+        "--target",
+        t,
+        "--include-file",
+        l,
+        "--json",
+    ]);
+    let out: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(out["files"], 1, "{out}");
+    fs::write(&list, "# nothing\n").unwrap();
+    let err = env.fails(&["restore", &snap, "--target", t, "--include-file", l], 1);
+    assert!(err.contains("name no path"), "{err}");
     let file = env.path("a-file");
     fs::write(&file, b"x").unwrap();
     for extra in [&[][..], &["--dry-run"][..]] {

@@ -16,8 +16,10 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     excludes.extend(super::backup::read_exclude_files(&a.exclude_files)?);
     let mut iexcludes = a.iexcludes.clone();
     iexcludes.extend(super::backup::read_exclude_files(&a.iexclude_files)?);
-    let selected = !(a.includes.is_empty() && a.include_files.is_empty())
-        || !(excludes.is_empty() && iexcludes.is_empty());
+    let selected = !(a.includes.is_empty()
+        && a.include_files.is_empty()
+        && excludes.is_empty()
+        && iexcludes.is_empty());
     if a.image_fs.image_fs.is_some() && (selected || a.delete) {
         anyhow::bail!(
             "--image-fs restores the path it names: --include, --exclude and --delete do not apply"

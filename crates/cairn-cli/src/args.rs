@@ -176,6 +176,9 @@ pub enum Command {
     /// Rebuild the index from the packs, or rewrite damaged snapshots
     #[command(subcommand)]
     Repair(RepairCommand),
+    /// Save the directory trees no snapshot refers to (a snapshot forgotten by
+    /// mistake, before a prune) as a new snapshot tagged "recovered"
+    Recover(RecoverArgs),
     /// What the datastore holds: stored data, deduplication, compression, space used
     Stats(StatsArgs),
     /// Measure this machine: speed of each stage and the throughput to expect
@@ -427,6 +430,13 @@ pub enum RepairCommand {
         #[arg(short = 'n', long)]
         dry_run: bool,
     },
+}
+
+#[derive(Args, Clone, Default)]
+pub struct RecoverArgs {
+    /// Only say what would be saved
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
 }
 
 #[derive(Args, Clone, Default)]

@@ -50,6 +50,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             | Command::Prune(_)
             | Command::Stats(_)
             | Command::Repair(_)
+            | Command::Recover(_)
             | Command::Mount(_)
     );
     let code = match cli.command {
@@ -68,6 +69,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Prune(a) => prune::run(g, &a),
         Command::Unlock(a) => unlock::run(g, &a),
         Command::Repair(c) => repair::run(g, c),
+        Command::Recover(a) => repair::recover(g, &a),
         Command::Stats(a) => stats::run(g, &a),
         Command::Bench(a) => bench::run(g, &a),
         Command::Estimate(a) => estimate::run(g, &a),

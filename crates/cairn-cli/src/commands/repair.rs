@@ -95,3 +95,47 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
         }
     }
 }
+
+pub fn recover(g: &Global, a: &crate::args::RecoverArgs) -> Result<i32> {
+    let mut p = super::progress(g);
+    let mut session = super::session::<Exclusive>(g, "recover", IndexLoad::None, &p.progress)?;
+    p.start();
+    let r = repair::recover(&mut session, a.dry_run);
+    p.finish();
+    let r = r?;
+    if g.json {
+        super::print_json_report(&r)?;
+    } else {
+        for u in &r.unreadable {
+            eprintln!("warning: {u}");
+        }
+        if !g.quiet {
+            println!(
+                "read {}; {} no snapshot refers to",
+                ui::count(r.trees_read as u64, "directory tree"),
+                ui::count(r.roots.len() as u64, "tree")
+            );
+            for t in &r.roots {
+                println!("    /recover/{t}");
+            }
+        }
+        match &r.snapshot {
+            Some(id) => println!(
+                "snapshot {} saved ({}, tag {}): restore or mount it; a prune no longer removes them",
+                &id[..8],
+                ui::bytes(r.total_bytes),
+                repair::RECOVERED_TAG
+            ),
+            None if r.roots.is_empty() => {
+                if !g.quiet {
+                    println!("nothing to recover: every tree belongs to a snapshot");
+                }
+            }
+            None => println!(
+                "would save them as one snapshot ({}); run without --dry-run to do it",
+                ui::bytes(r.total_bytes)
+            ),
+        }
+    }
+    Ok(0)
+}

@@ -239,3 +239,54 @@ fn comma_separated_tags_are_tags_that_keep_tag_keeps() {
         assert!(err.contains("an empty"), "{bad:?}: {err}");
     }
 }
+
+/// `cairn recover` (restic's): a snapshot forgotten by mistake, before any prune,
+/// comes back as a snapshot tagged "recovered" holding its tree under
+/// `/recover/<tree id>`, restoring exactly what was backed up; a second run finds
+/// nothing new, and after a prune there is nothing to find.
+#[test]
+fn recover_brings_back_a_snapshot_forgotten_by_mistake() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("d/first"), b"only in the first backup").unwrap();
+    let first = env.backup(&[&src]);
+    let before = env.path("before");
+    copy_tree(&src, &before);
+    fs::remove_file(src.join("d/first")).unwrap();
+    fs::write(src.join("second"), b"later").unwrap();
+    env.backup(&[&src]);
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["recover", "--json"])).unwrap();
+    assert_eq!(v["roots"].as_array().unwrap().len(), 0, "{v}");
+    assert!(v["snapshot"].is_null(), "{v}");
+
+    env.ok(&["forget", &first]);
+    let dry = env.ok(&["recover", "--dry-run"]);
+    assert!(dry.contains("would save"), "{dry}");
+    assert_eq!(env.snapshot_ids().len(), 1);
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["recover", "--json"])).unwrap();
+    let roots = v["roots"].as_array().unwrap();
+    assert_eq!(roots.len(), 1, "{v}");
+    let id = v["snapshot"].as_str().unwrap().to_string();
+    let listed = env.ok(&["snapshots", "--tag", "recovered", "--json"]);
+    assert!(listed.contains(&id), "{listed}");
+    let out = env.path("out");
+    env.ok(&["restore", &id, "--target", out.to_str().unwrap()]);
+    let root = roots[0].as_str().unwrap();
+    let got = out
+        .join("recover")
+        .join(root)
+        .join(src.strip_prefix("/").unwrap());
+    assert_same(&before, &got);
+    env.check_clean();
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["recover", "--json"])).unwrap();
+    assert_eq!(v["roots"].as_array().unwrap().len(), 0, "{v}");
+
+    // Forgotten again and pruned: gone for good.
+    env.ok(&["forget", &id]);
+    env.ok(&["prune"]);
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["recover", "--json"])).unwrap();
+    assert_eq!(v["roots"].as_array().unwrap().len(), 0, "{v}");
+    env.check_clean();
+}

@@ -11,6 +11,11 @@
 //! dropped, a directory whose tree is unreadable becomes empty, and each changed
 //! snapshot is written again (tagged `repaired`, naming the original) before the
 //! original is deleted. Everything dropped is reported by path.
+//!
+//! `recover` (restic's) gives back what a mistaken `forget`, or a snapshot object
+//! lost on its own, left without a snapshot: every directory tree that no other tree
+//! and no snapshot refers to, gathered under one new snapshot, until a prune
+//! removes such trees.
 
 use crate::error::{Error, Result};
 use crate::index::{IdMap, IdSet, MasterIndex};
@@ -803,4 +808,149 @@ pub(crate) fn copy_blobs(
     let stats = uploader.finish();
     result?;
     stats
+}
+
+/// What [`recover`] found and saved.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RecoverReport {
+    /// Directory trees in the index, all read.
+    pub trees_read: usize,
+    /// Trees that no other tree and no snapshot refers to: each a directory of the
+    /// new snapshot, named by its id.
+    pub roots: Vec<String>,
+    /// Trees in the index that could not be read, with why (their subtrees may be
+    /// among the roots).
+    pub unreadable: Vec<String>,
+    /// The new snapshot (none when nothing was found, or with `dry_run`).
+    pub snapshot: Option<String>,
+    /// Bytes of the files the new snapshot holds.
+    pub total_bytes: u64,
+    pub dry_run: bool,
+}
+
+/// The tag of a snapshot made by [`recover`].
+pub const RECOVERED_TAG: &str = "recovered";
+
+/// Saves every unreferenced directory tree (no snapshot's root, no other tree's
+/// subtree) as a directory named by its id in one new snapshot of path
+/// `/recover`, tagged [`RECOVERED_TAG`]. Run alone (exclusive lock): a backup
+/// running meanwhile would have trees not yet in a snapshot. Run again, it finds
+/// nothing new: the snapshot it made refers to them.
+pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<RecoverReport> {
+    let lock = session.lock()?;
+    let progress = session.progress().clone();
+    progress.phase(Phase::WalkingSnapshots);
+    let repo = session.repo_mut();
+    let (snaps, _) = repo.snapshots()?;
+    repo.load_index()?;
+    let index = repo.index().clone();
+    let mut trees: Vec<BlobId> = index
+        .iter_live()
+        .filter(|(_, l)| l.kind == BlobKind::Tree)
+        .map(|(id, _)| id)
+        .collect();
+    trees.sort();
+    trees.dedup();
+    let mut report = RecoverReport {
+        dry_run,
+        trees_read: trees.len(),
+        ..Default::default()
+    };
+    progress.set_total(None, Some(trees.len() as u64));
+    let mut referenced = IdSet::default();
+    for (sid, snap) in &snaps {
+        let root = snap
+            .tree_id()
+            .map_err(|e| Error::damaged(format!("snapshot {}", sid.to_hex()), e))?;
+        referenced.insert(root);
+    }
+    for id in &trees {
+        progress.check_cancelled()?;
+        match repo.load_tree(id) {
+            Ok(t) => {
+                for n in &t.nodes {
+                    if let Some(sub) = n.subtree {
+                        referenced.insert(sub);
+                    }
+                }
+            }
+            Err(e) if is_loss(&e) => report.unreadable.push(format!("tree {}: {e}", id.to_hex())),
+            Err(e) => return Err(e),
+        }
+        progress.entry_done();
+    }
+    let roots: Vec<BlobId> = trees
+        .into_iter()
+        .filter(|id| !referenced.contains(id))
+        .collect();
+    report.roots = roots.iter().map(|id| id.to_hex()).collect();
+    if roots.is_empty() {
+        return Ok(report);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let now = cairn_format::tree::Timestamp {
+        secs: now.as_secs() as i64,
+        nanos: now.subsec_nanos(),
+    };
+    let dir = |name: Vec<u8>, subtree: BlobId| {
+        let mut n = Node::new(name, NodeKind::Dir);
+        n.mode = libc::S_IFDIR | 0o700;
+        n.uid = nix::unistd::geteuid().as_raw();
+        n.gid = nix::unistd::getegid().as_raw();
+        (n.mtime, n.atime, n.ctime) = (now, now, now);
+        n.subtree = Some(subtree);
+        n
+    };
+    // Sorted by name, as every tree is: the ids are.
+    let inner = Tree {
+        nodes: roots
+            .iter()
+            .map(|id| dir(id.to_hex().into_bytes(), *id))
+            .collect(),
+    };
+    let inner_data = inner.encode();
+    let inner_id = repo.key().blob_id(&inner_data);
+    let top = Tree {
+        nodes: vec![dir(b"recover".to_vec(), inner_id)],
+    };
+    let top_data = top.encode();
+    let top_id = repo.key().blob_id(&top_data);
+    let new: HashMap<BlobId, Vec<u8>> = [(inner_id, inner_data), (top_id, top_data)]
+        .into_iter()
+        .collect();
+    report.total_bytes = file_bytes(repo, &top_id, &new)?;
+    if dry_run {
+        return Ok(report);
+    }
+    let fresh: Vec<(BlobId, Vec<u8>)> = new
+        .into_iter()
+        .filter(|(id, _)| !index.is_live(id))
+        .collect();
+    if !fresh.is_empty() {
+        store_trees(repo, fresh)?;
+    }
+    let snap = cairn_format::snapshot::Snapshot {
+        version: 1,
+        time: crate::time::now_rfc3339(),
+        hostname: crate::repo::hostname(),
+        username: crate::repo::username(),
+        paths: vec!["/recover".into()],
+        tags: vec![RECOVERED_TAG.into()],
+        tree: top_id.to_hex(),
+        parent: None,
+        excludes: Vec::new(),
+        original: None,
+        copied_from: None,
+        program_version: format!("cairn {}", env!("CARGO_PKG_VERSION")),
+        image: None,
+        summary: cairn_format::snapshot::SnapshotSummary {
+            total_bytes: report.total_bytes,
+            ..Default::default()
+        },
+    };
+    let id = repo.write_snapshot(&snap, &lock)?;
+    report.snapshot = Some(id.to_hex());
+    Ok(report)
 }

@@ -588,7 +588,12 @@ pub struct BackupArgs {
     /// Back up standard input as one file
     #[arg(long)]
     pub stdin: bool,
-    /// File name for --stdin
+    /// Run the command given after the options (`-- pg_dump mydb`) and back up what
+    /// it writes to standard output as one file; if it exits with a failure, no
+    /// snapshot is saved (a pipe into --stdin cannot tell)
+    #[arg(long, conflicts_with = "stdin")]
+    pub stdin_from_command: bool,
+    /// File name for --stdin and --stdin-from-command
     #[arg(long, default_value = "stdin")]
     pub stdin_name: String,
     /// Snapshot to compare against for unchanged files (default: latest of this host and paths)

@@ -96,7 +96,84 @@ fn read_path_lists(a: &BackupArgs, quiet: bool) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// The standard output of a command run by `--stdin-from-command`, read as the
+/// file to back up. Its end is an end only once the command has exited with
+/// success: a failure then is a read error, and the backup saves no snapshot
+/// (a dump cut short by its program's failure looks like a whole one otherwise).
+struct CommandOutput {
+    child: std::process::Child,
+    out: std::process::ChildStdout,
+    shown: String,
+    exited: bool,
+}
+
+impl CommandOutput {
+    fn spawn(words: &[PathBuf]) -> Result<CommandOutput> {
+        let shown = words
+            .iter()
+            .map(|w| w.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut child = std::process::Command::new(&words[0])
+            .args(&words[1..])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("--stdin-from-command: starting {shown:?}"))?;
+        let out = child
+            .stdout
+            .take()
+            .context("--stdin-from-command: no pipe from the command")?;
+        Ok(CommandOutput {
+            child,
+            out,
+            shown,
+            exited: false,
+        })
+    }
+}
+
+impl std::io::Read for CommandOutput {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.out.read(buf)?;
+        if n == 0 && !buf.is_empty() && !self.exited {
+            let status = self.child.wait()?;
+            self.exited = true;
+            if !status.success() {
+                return Err(std::io::Error::other(format!(
+                    "the command {:?} failed ({status}): its output is not saved",
+                    self.shown
+                )));
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for CommandOutput {
+    /// A backup that ends early (an error, Ctrl-C) leaves no command running.
+    fn drop(&mut self) {
+        if !self.exited {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
+    if a.stdin_from_command
+        && (a.paths.is_empty()
+            || a.image.is_some()
+            || !a.files_from.is_empty()
+            || !a.files_from_verbatim.is_empty()
+            || !a.files_from_raw.is_empty())
+    {
+        anyhow::bail!(
+            "--stdin-from-command runs the command given after the options \
+             (cairn backup --stdin-from-command --stdin-name db.sql -- pg_dump mydb); \
+             it takes no paths, --image or --files-from"
+        );
+    }
     if a.stdin && !a.paths.is_empty() {
         anyhow::bail!("--stdin cannot be combined with paths");
     }
@@ -143,7 +220,11 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     if listed && (a.stdin || a.image.is_some()) {
         anyhow::bail!("--files-from lists paths: it cannot be combined with --stdin or --image");
     }
-    let mut paths = a.paths.clone();
+    let mut paths = if a.stdin_from_command {
+        Vec::new()
+    } else {
+        a.paths.clone()
+    };
     paths.extend(read_path_lists(&a, g.quiet)?);
     if listed && paths.is_empty() {
         anyhow::bail!("the --files-from lists name no path to back up");
@@ -197,12 +278,20 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     // are then finished, and this one deduplicates against what they stored.
     let session: Session<session::Backup> =
         Session::open(repo, "backup", IndexLoad::Backup, &p.progress)?;
-    let stdin: Option<(String, Box<dyn std::io::Read + Send>)> = a.stdin.then(|| {
-        (
+    // The command starts once the repository is open (a wrong password runs nothing).
+    let stdin: Option<(String, Box<dyn std::io::Read + Send>)> = if a.stdin_from_command {
+        Some((
             a.stdin_name.clone(),
-            Box::new(std::io::stdin()) as Box<dyn std::io::Read + Send>,
-        )
-    });
+            Box::new(CommandOutput::spawn(&a.paths)?),
+        ))
+    } else {
+        a.stdin.then(|| {
+            (
+                a.stdin_name.clone(),
+                Box::new(std::io::stdin()) as Box<dyn std::io::Read + Send>,
+            )
+        })
+    };
     let opts = BackupOptions {
         paths,
         stdin,
@@ -220,14 +309,15 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     };
     // For the bar's ETA, and for --json readers (the status lines' total): the
     // sizes below the paths, added up beside the backup.
-    let total_scan = ((ui::interactive(g) || g.json) && !a.stdin && a.image.is_none())
-        .then(|| {
-            let mut rules = opts.excludes.clone();
-            rules.own_dirs = backup::own_dirs(session.repo());
-            source::Excludes::new(&rules)
-        })
-        .and_then(Result::ok)
-        .map(|ex| (opts.paths.clone(), ex, opts.one_file_system));
+    let total_scan =
+        ((ui::interactive(g) || g.json) && !a.stdin && !a.stdin_from_command && a.image.is_none())
+            .then(|| {
+                let mut rules = opts.excludes.clone();
+                rules.own_dirs = backup::own_dirs(session.repo());
+                source::Excludes::new(&rules)
+            })
+            .and_then(Result::ok)
+            .map(|ex| (opts.paths.clone(), ex, opts.one_file_system));
     p.start();
     let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {

@@ -537,6 +537,62 @@ fn missing_source_paths_and_bad_arguments() {
     assert!(snaps.as_array().unwrap().is_empty());
 }
 
+/// `--stdin-from-command` (restic's): the command's output is the file; a command
+/// that fails after writing some of it (a dump cut short) saves no snapshot, one
+/// that cannot start is said so, and a command left running when the backup
+/// fails is not left behind.
+#[test]
+fn a_failing_stdin_command_saves_no_snapshot() {
+    let env = Env::new();
+    env.init(&[]);
+    let ok = env.ok(&[
+        "backup",
+        "--json",
+        "--stdin-from-command",
+        "--stdin-name",
+        "db.sql",
+        "--",
+        "sh",
+        "-c",
+        "seq 1 20000",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&ok).unwrap();
+    let id = v["snapshot_id"].as_str().unwrap();
+    let dumped = env.ok(&["dump", id, "/db.sql"]);
+    assert_eq!(dumped.lines().count(), 20000);
+    assert_eq!(dumped.lines().last(), Some("20000"));
+    let e = env.fails(
+        &[
+            "backup",
+            "--stdin-from-command",
+            "--",
+            "sh",
+            "-c",
+            "seq 1 20000; exit 3",
+        ],
+        1,
+    );
+    assert!(
+        e.contains("failed (exit status: 3)") && e.contains("no snapshot was saved"),
+        "{e}"
+    );
+    let e = env.fails(
+        &["backup", "--stdin-from-command", "--", "/no/such/program"],
+        1,
+    );
+    assert!(
+        e.contains("starting") && e.contains("/no/such/program"),
+        "{e}"
+    );
+    let e = env.fails(&["backup", "--stdin-from-command"], 1);
+    assert!(
+        e.contains("runs the command given after the options"),
+        "{e}"
+    );
+    assert_eq!(env.snapshot_ids(), [id]);
+    env.check_clean();
+}
+
 /// Output to a reader that stops early (`cairn ls | head`, `cairn dump | head`)
 /// ends the command quietly with SIGPIPE's status, no panic and no error line, and
 /// leaves no lock behind.

@@ -47,13 +47,31 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
             r
         }
         Some(file) => {
+            if file.is_dir() {
+                bail!(
+                    "{} is a directory: give the archive's file name (--output DIR/backup.tar)",
+                    file.display()
+                );
+            }
             // Written beside the file and renamed when complete: a failed export
-            // never leaves a file that looks whole.
-            let mut name = file.file_name().unwrap_or_default().to_os_string();
-            name.push(".partial");
-            let partial = file.with_file_name(name);
-            let f = std::fs::File::create(&partial)
-                .with_context(|| format!("creating {}", partial.display()))?;
+            // never leaves a file that looks whole. The name is a fresh one, made
+            // with O_EXCL (a fixed name in a directory others can write is one they
+            // can put a symlink at), and removed if the export fails; its mode is
+            // what `> FILE` would give (0666 less the umask).
+            let dir = match file.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            let mut prefix = std::ffi::OsString::from(".");
+            prefix.push(file.file_name().unwrap_or_default());
+            prefix.push(".");
+            let (f, partial) = tempfile::Builder::new()
+                .prefix(&prefix)
+                .suffix(".partial")
+                .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+                .tempfile_in(dir)
+                .with_context(|| format!("creating a file in {}", dir.display()))?
+                .into_parts();
             let mut w = SequentialWriter::new(f)
                 .with_context(|| format!("opening {}", partial.display()))?;
             let r = export::export(&session, &root, path, format, &mut w).and_then(|r| {
@@ -61,16 +79,11 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
                 f.sync_all()
                     .map_err(|e| cairn_core::Error::io(&partial, e))?;
                 Ok(r)
-            });
-            let r = match r {
-                Ok(r) => r,
-                Err(e) => {
-                    let _ = std::fs::remove_file(&partial);
-                    return Err(e.into());
-                }
-            };
-            std::fs::rename(&partial, file)
-                .with_context(|| format!("renaming {} into place", partial.display()))?;
+            })?;
+            let shown = partial.display().to_string();
+            partial
+                .persist(file)
+                .with_context(|| format!("renaming {shown} to {}", file.display()))?;
             r
         }
     };

@@ -460,6 +460,19 @@ fn output_that_cannot_be_written_is_an_error_not_a_panic() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
+    // A zip archive cut short is left unfinished, with one error line (the zip
+    // library's own drop wrote a central directory, or printed its failure).
+    for format in ["zip", "tar"] {
+        let o = env
+            .cmd(&["export", &snap, "--format", format])
+            .stdout(full())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("No space left"), "{err}");
+    }
 
     // One pack gone: the restore warns per file, into a full stderr, and still
     // restores everything else (the same files as with a working stderr).

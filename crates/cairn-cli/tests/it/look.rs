@@ -268,9 +268,24 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
     assert_eq!(fs::metadata(got.join("old")).unwrap().mtime(), 171_936_000);
 
     // Tar through --output too; then a damaged pack fails the export cleanly.
+    // A symlink planted where a fixed temporary name would be is not followed.
     let tarball = env.path("out.tar");
+    let victim = env.path("victim");
+    fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, env.path("out.tar.partial")).unwrap();
     env.ok(&["export", &snap, "-o", tarball.to_str().unwrap()]);
     assert!(fs::metadata(&tarball).unwrap().len() > 3 << 20);
+    assert_eq!(fs::read(&victim).unwrap(), b"precious");
+    // A directory as the output is refused before anything is written.
+    let dir = env.path("a-dir");
+    fs::create_dir(&dir).unwrap();
+    let err = env.fails(&["export", &snap, "-o", dir.to_str().unwrap()], 1);
+    assert!(err.contains("is a directory"), "{err}");
+    assert!(
+        !fs::read_dir(env.dir.path())
+            .unwrap()
+            .any(|e| { e.unwrap().file_name().to_string_lossy().contains("a-dir.") })
+    );
     // `dump` of a directory is a tar archive too.
     let out = env
         .cmd(&["dump", &snap, src.to_str().unwrap()])
@@ -295,7 +310,7 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
     let left: Vec<_> = fs::read_dir(env.dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("failed"))
+        .filter(|n| n.contains("failed"))
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }

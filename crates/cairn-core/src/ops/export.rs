@@ -601,23 +601,64 @@ impl Read for SparseData<'_, '_> {
     }
 }
 
+/// The archive's output, which can be cut off: from then on what is written is
+/// thrown away, and succeeds.
+struct Cutoff<'a> {
+    out: &'a mut dyn Write,
+    cut: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl Write for Cutoff<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.cut.get() {
+            return Ok(buf.len());
+        }
+        self.out.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.cut.get() {
+            return Ok(());
+        }
+        self.out.flush()
+    }
+}
+
+type ZipOut<'a> = zip::ZipWriter<zip::write::StreamWriter<Cutoff<'a>>>;
+
 struct ZipSink<'a> {
-    zip: Option<zip::ZipWriter<zip::write::StreamWriter<&'a mut dyn Write>>>,
+    zip: Option<ZipOut<'a>>,
+    cut: std::rc::Rc<std::cell::Cell<bool>>,
 }
 
 impl<'a> ZipSink<'a> {
     fn new(out: &'a mut dyn Write) -> Self {
+        let cut = std::rc::Rc::new(std::cell::Cell::new(false));
         ZipSink {
-            zip: Some(zip::ZipWriter::new_stream(out)),
+            zip: Some(zip::ZipWriter::new_stream(Cutoff {
+                out,
+                cut: cut.clone(),
+            })),
+            cut,
         }
     }
 
-    fn writer(
-        &mut self,
-    ) -> Result<&mut zip::ZipWriter<zip::write::StreamWriter<&'a mut dyn Write>>> {
+    fn writer(&mut self) -> Result<&mut ZipOut<'a>> {
         self.zip
             .as_mut()
             .ok_or_else(|| Error::Invalid("the zip archive was finished".into()))
+    }
+}
+
+impl Drop for ZipSink<'_> {
+    /// An export that failed leaves its archive unfinished, without the central
+    /// directory `zip`'s own drop would write (a cut-short archive would look whole,
+    /// and a failing output would get that library's message on standard error).
+    fn drop(&mut self) {
+        if let Some(zip) = self.zip.take() {
+            self.cut.set(true);
+            drop(zip);
+        }
     }
 }
 

@@ -745,3 +745,89 @@ fn a_user_restores_over_its_own_read_only_directories() {
     assert!(!out.join("ro/extra").exists());
     assert_eq!(fs::read_to_string(out.join("ro/inner/g")).unwrap(), "two");
 }
+
+/// A restore killed part way leaves a mark in its target; the next one, even with
+/// `--overwrite never` or `if-newer` (which keep what is there), rewrites what the
+/// killed one left (a file cut short, small files without their metadata) unless
+/// it matches the snapshot, says so, and removes the mark when it has finished.
+/// What was in the target before the killed restore keeps the rule asked for.
+#[test]
+fn a_restore_after_a_killed_one_finishes_its_work_whatever_overwrite_says() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("big"), Rng(3).bytes(12 << 20, false)).unwrap();
+    for i in 0..20 {
+        let f = src.join(format!("small{i:02}"));
+        fs::write(&f, format!("small file {i}")).unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o644)).unwrap();
+        set_times(&f, 1_500_000_000, 0);
+    }
+    fs::write(src.join("mine"), b"snapshot's").unwrap();
+    set_times(&src.join("mine"), 1_500_000_000, 0);
+    let snap = env.backup(&[&src]);
+    let target = env.path("t");
+    let restored = target.join(src.strip_prefix("/").unwrap());
+    // Already in the target, newer and different: `never` and `if-newer` keep it.
+    fs::create_dir_all(&restored).unwrap();
+    fs::write(restored.join("mine"), b"the user's").unwrap();
+    set_times(&restored.join("mine"), 1_600_000_000, 0);
+    for overwrite in ["never", "if-newer"] {
+        let mut child = env
+            .cmd(&[
+                "restore",
+                &snap,
+                "--target",
+                target.to_str().unwrap(),
+                "--overwrite",
+                "always",
+                "--exclude",
+                "mine",
+                "--write-limit",
+                "2M",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_until(
+            "the big file started",
+            std::time::Duration::from_secs(60),
+            || fs::metadata(restored.join("big")).is_ok_and(|m| m.len() > 0),
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(target.join(".cairn-restore-unfinished").exists());
+        assert_ne!(
+            fs::read(restored.join("big")).unwrap(),
+            fs::read(src.join("big")).unwrap(),
+            "the killed restore was to leave the big file unfinished"
+        );
+        let o = env.run(&[
+            "restore",
+            &snap,
+            "--target",
+            target.to_str().unwrap(),
+            "--overwrite",
+            overwrite,
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{overwrite}: {err}");
+        assert!(err.contains("did not finish"), "{overwrite}: {err}");
+        assert!(!target.join(".cairn-restore-unfinished").exists());
+        for name in ["big", "small00", "small19"] {
+            assert_eq!(
+                fs::read(restored.join(name)).unwrap(),
+                fs::read(src.join(name)).unwrap(),
+                "{overwrite}: {name}"
+            );
+            let m = fs::metadata(restored.join(name)).unwrap();
+            let want = fs::metadata(src.join(name)).unwrap();
+            assert_eq!((m.mode(), m.mtime()), (want.mode(), want.mtime()), "{name}");
+        }
+        assert_eq!(fs::read(restored.join("mine")).unwrap(), b"the user's");
+        fs::remove_file(restored.join("big")).unwrap();
+    }
+}

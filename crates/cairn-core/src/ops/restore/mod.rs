@@ -33,6 +33,7 @@ mod run;
 mod survey;
 pub(crate) mod sys;
 pub(crate) mod target;
+mod unfinished;
 
 pub use metadata::XattrSelect;
 pub use overwrite::Overwrite;
@@ -258,6 +259,9 @@ struct Walk<'a> {
     from_exec: std::sync::mpsc::Receiver<Result<Written>>,
     /// A batch was sent and has not come back yet.
     in_flight: bool,
+    /// The time of the mark an unfinished restore left in the target
+    /// ([`unfinished`]): entries changed since are taken as `if-changed` takes them.
+    unfinished_since: Option<(i64, u32)>,
     /// Chunks a batch plans at most (each costs about 128 bytes of plan): fewer
     /// under a memory limit.
     batch_chunks_max: u64,
@@ -321,6 +325,19 @@ pub fn restore(
 
     let mount = sys::mount_of(root_fd.as_fd(), c"").map_err(|e| Error::io(target, e))?;
     let tree = load_tree(repo, root, &opts.xattrs)?;
+    // A restore here that did not finish: what it may have left is distrusted. This
+    // one leaves its own mark until it has finished (none if the target takes
+    // none: then as before marks existed).
+    let unfinished_since = unfinished::since(root_fd.as_fd());
+    if let Some(t) = unfinished_since {
+        progress.notice(format!(
+            "a restore into {} that started at {} did not finish: what changed there since \
+             is rewritten unless it matches the snapshot, whatever --overwrite says",
+            target.display(),
+            crate::time::local_display(&crate::time::format_unix(t.0, t.1))
+        ));
+    }
+    let _ = unfinished::mark(root_fd.as_fd());
     let root_dir = Arc::new(Dir {
         fd: root_fd,
         node: DirNode::root(target, &st),
@@ -367,6 +384,7 @@ pub fn restore(
             hardlinks: HashMap::new(),
             link_dir: None,
             stopped: false,
+            unfinished_since,
             to_exec: Some(to_exec),
             from_exec,
             in_flight: false,
@@ -375,7 +393,10 @@ pub fn restore(
                 p.share(2 * 4 * 128, 1 << 16, BATCH_CHUNKS)
             }),
         };
-        let keep = keep_names(opts, &tree.nodes, all, false);
+        let mut keep = keep_names(opts, &tree.nodes, all, false);
+        if let Some(k) = &mut keep {
+            k.insert(unfinished::MARK.to_bytes().to_vec());
+        }
         let mut todo = tree.nodes;
         todo.reverse();
         w.stack.push(Frame {
@@ -399,6 +420,9 @@ pub fn restore(
             // The files created so far are whole (their batch was written); the rest
             // was not started.
             return Err(Error::Cancelled);
+        }
+        if w.stats.issues.is_empty() {
+            unfinished::clear(root_dir.fd()).map_err(|e| Error::io(target, e))?;
         }
         Ok(w.stats)
     })
@@ -659,7 +683,15 @@ impl Walk<'_> {
         existing: Option<&sys::Stat>,
         node: &Node,
     ) -> Decision {
-        overwrite::decide(self.repo, self.opts, parent.fd(), name, existing, node)
+        overwrite::decide(
+            self.repo,
+            self.opts,
+            self.unfinished_since,
+            parent.fd(),
+            name,
+            existing,
+            node,
+        )
     }
 
     /// An entry left as it was.

@@ -87,6 +87,7 @@ fn mtime_of(node: &Node) -> (i64, u32) {
 pub(crate) fn decide(
     repo: &Repository,
     opts: &super::RestoreOptions,
+    unfinished_since: Option<(i64, u32)>,
     dir: BorrowedFd<'_>,
     name: &CStr,
     existing: Option<&Stat>,
@@ -95,7 +96,12 @@ pub(crate) fn decide(
     let Some(st) = existing else {
         return Decision::Write;
     };
-    let (mode, owners, select) = (opts.overwrite, opts.owners, &opts.xattrs);
+    let (mut mode, owners, select) = (opts.overwrite, opts.owners, &opts.xattrs);
+    // Changed since a restore that did not finish began: maybe its unfinished work,
+    // which must not be kept for its time ([`super::unfinished`]).
+    if unfinished_since.is_some_and(|t| st.mtime >= t) {
+        mode = Overwrite::IfChanged;
+    }
     match mode {
         Overwrite::Always => Decision::Write,
         Overwrite::Never => Decision::Keep,

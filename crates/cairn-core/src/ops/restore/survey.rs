@@ -53,11 +53,17 @@ pub(super) fn dry_run(
         None => (0, 0),
     };
     let tree = super::load_tree(repo, root, &opts.xattrs)?;
+    let unfinished_since = dir
+        .as_ref()
+        .and_then(|d| super::unfinished::since(d.as_fd()));
     let all = includes.is_empty();
     let mut first_links: HashMap<(u64, u64), Option<(u64, u64)>> = HashMap::new();
     let mut stack = vec![Level {
-        keep: (opts.delete && all && dir.is_some())
-            .then(|| tree.nodes.iter().map(|n| n.name.clone()).collect()),
+        keep: (opts.delete && all && dir.is_some()).then(|| {
+            (tree.nodes.iter().map(|n| n.name.clone()))
+                .chain([super::unfinished::MARK.to_bytes().to_vec()])
+                .collect()
+        }),
         todo: tree.nodes.into_iter().rev().collect(),
         dir,
         path: target.clone(),
@@ -99,7 +105,7 @@ pub(super) fn dry_run(
             dir_in_the_way(parent, &name, existing.as_ref(), &path, opts, mount, stats)
         };
         let decide = |st: Option<&sys::Stat>| match parent {
-            Some(p) => overwrite::decide(repo, opts, p, &name, st, &node),
+            Some(p) => overwrite::decide(repo, opts, unfinished_since, p, &name, st, &node),
             None => Decision::Write,
         };
         match node.kind {

@@ -1,0 +1,51 @@
+//! The mark a restore leaves in its target while it runs, so that the next one
+//! knows what to distrust.
+//!
+//! A restore that is cancelled, killed or stopped by an error leaves files behind
+//! that are not the snapshot's yet: cut short, or whole but without their mode and
+//! times. They carry the time they were written, which `--overwrite if-newer` takes
+//! for "newer than the snapshot", and `never` keeps whatever is there: "run it
+//! again to finish" would finish nothing. So a restore first leaves the file
+//! [`MARK`] in its target and removes it only when everything was restored. The
+//! next restore that finds it treats every entry changed since the mark's time as
+//! `if-changed` would, whatever `--overwrite` says: rewritten unless it is the
+//! snapshot's (size and time, else content). What had been there before the
+//! unfinished restore keeps the rule asked for.
+
+use super::sys;
+use std::ffi::CStr;
+use std::io::Write;
+use std::os::fd::BorrowedFd;
+
+/// The mark's name, in the target directory.
+pub(crate) const MARK: &CStr = c".cairn-restore-unfinished";
+
+/// The time of the mark an unfinished restore left in the target `root`, if any.
+pub(super) fn since(root: BorrowedFd<'_>) -> Option<(i64, u32)> {
+    sys::stat_at(root, MARK)
+        .ok()
+        .filter(|st| st.kind() == libc::S_IFREG)
+        .map(|st| st.mtime)
+}
+
+/// Leaves the mark in `root` (a mark already there stays, with its older time).
+pub(super) fn mark(root: BorrowedFd<'_>) -> std::io::Result<()> {
+    match super::target::create_file(root, MARK) {
+        Ok(mut f) => writeln!(
+            f,
+            "A cairn restore into this directory has not finished.\n\
+             The next restore here rewrites what changed since this file's time, unless it \
+             matches the snapshot; it removes this file once everything is restored."
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes the mark: the restore finished.
+pub(super) fn clear(root: BorrowedFd<'_>) -> std::io::Result<()> {
+    match sys::unlink_at(root, MARK) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}

@@ -920,7 +920,11 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
     let new: HashMap<BlobId, Vec<u8>> = [(inner_id, inner_data), (top_id, top_data)]
         .into_iter()
         .collect();
-    report.total_bytes = file_bytes(repo, &top_id, &new)?;
+    // Only for the report: a damaged or missing tree below a root leaves it at 0.
+    report.total_bytes = match file_bytes(repo, &top_id, &new) {
+        Err(e) if is_loss(&e) => 0,
+        r => r?,
+    };
     if dry_run {
         return Ok(report);
     }

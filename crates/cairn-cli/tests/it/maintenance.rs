@@ -502,7 +502,19 @@ fn a_backup_whose_lock_was_removed_saves_no_snapshot() {
     let o = b.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(env.snapshot_ids().len(), 1);
-    // From elsewhere (the lock object deleted): no snapshot, a clear error.
+    // From elsewhere (the lock object deleted): no snapshot, a clear error, and no
+    // index file naming the packs it stored, which a prune that saw no lock could
+    // delete (the next backup would deduplicate against them and not be restorable).
+    fs::write(src.join("big"), Rng(42).bytes(12 << 20, false)).unwrap();
+    let index_files = || -> Vec<_> {
+        let mut v: Vec<_> = fs::read_dir(env.repo.join("index"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = index_files();
     let b = start();
     wait_for_lock();
     for e in fs::read_dir(env.repo.join("locks")).unwrap() {
@@ -513,5 +525,13 @@ fn a_backup_whose_lock_was_removed_saves_no_snapshot() {
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("removed"), "{err}");
     assert_eq!(env.snapshot_ids().len(), 1);
+    assert_eq!(index_files(), before);
+    env.ok(&["prune"]);
     env.check_clean();
+    let snap = env.backup(&[&src]);
+    let out = env.restore(&snap, &src, "out");
+    assert_eq!(
+        fs::read(out.join("big")).unwrap(),
+        fs::read(src.join("big")).unwrap()
+    );
 }

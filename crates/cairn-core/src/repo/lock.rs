@@ -417,11 +417,25 @@ impl RepoLock {
     /// blobs this operation relies on may have been deleted, and committing would
     /// risk a snapshot with missing data.
     pub fn check_fresh(&self) -> Result<()> {
-        let gap = self.shared.gap();
-        if gap > MAX_UNREFRESHED {
-            self.shared.expired.store(true, Ordering::SeqCst);
+        self.shared.check_fresh()
+    }
+
+    /// [`Self::check_fresh`], and the lock object is still there: at a commit
+    /// point (a snapshot written, a prune's index or deletions), a lock someone
+    /// removed (`unlock --remove-all`) is noticed now, not at the next refresh
+    /// minutes later — a prune that no longer saw it may already have deleted data
+    /// this operation relies on. One small read per commit point.
+    pub fn check_held(&self) -> Result<()> {
+        self.shared.check_held(self.backend.as_ref(), &self.name)
+    }
+}
+
+impl Shared {
+    fn check_fresh(&self) -> Result<()> {
+        if self.gap() > MAX_UNREFRESHED {
+            self.expired.store(true, Ordering::SeqCst);
         }
-        if self.shared.expired.load(Ordering::SeqCst) {
+        if self.expired.load(Ordering::SeqCst) {
             return Err(Error::LockExpired(
                 "this operation's repository lock went unrefreshed for too long (or was \
                  removed), so a concurrent prune may have removed data it relies on; it \
@@ -432,17 +446,12 @@ impl RepoLock {
         Ok(())
     }
 
-    /// [`Self::check_fresh`], and the lock object is still there: at a commit
-    /// point (a snapshot written, a prune's index or deletions), a lock someone
-    /// removed (`unlock --remove-all`) is noticed now, not at the next refresh
-    /// minutes later — a prune that no longer saw it may already have deleted data
-    /// this operation relies on. One small read per commit point.
-    pub fn check_held(&self) -> Result<()> {
+    fn check_held(&self, backend: &dyn Backend, name: &str) -> Result<()> {
         self.check_fresh()?;
         let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
-        match self.backend.get_bounded(&self.name, max) {
+        match backend.get_bounded(name, max) {
             Err(e) if e.is_not_found() => {
-                self.shared.expired.store(true, Ordering::SeqCst);
+                self.expired.store(true, Ordering::SeqCst);
                 self.check_fresh()
             }
             // Unreadable now (storage trouble): the refresher's own checks stand,
@@ -450,6 +459,24 @@ impl RepoLock {
             _ => Ok(()),
         }
     }
+}
+
+/// [`RepoLock::check_held`] for every lock this process holds on `backend`: before
+/// and after an index file is stored. An operation whose lock was removed or went
+/// stale may have lost packs to a prune that no longer saw it; an index file
+/// naming them would make later backups deduplicate against data that is gone
+/// (their snapshots saved, and not restorable). With no lock held there, nothing
+/// to check.
+pub(crate) fn check_held_on(backend: &dyn Backend) -> Result<()> {
+    let mine: Vec<Held> = held()
+        .iter()
+        .filter(|(_, b, _)| std::ptr::addr_eq(Arc::as_ptr(b), backend as *const dyn Backend))
+        .cloned()
+        .collect();
+    for (name, b, shared) in mine {
+        shared.check_held(b.as_ref(), &name)?;
+    }
+    Ok(())
 }
 
 impl Drop for RepoLock {

@@ -229,7 +229,16 @@ fn write_index_file_named(
     } else {
         names::index(&id.to_hex())
     };
-    super::objects::store_immutable(backend, &name, &sealed, false).map_err(|e| (e, name))?;
+    // Not for an operation whose lock is gone: the packs it names may be too
+    // ([`super::lock::check_held_on`]). Checked again once stored, for a lock removed
+    // meanwhile; the file is taken back then (a prune may have run in between).
+    super::lock::check_held_on(backend).map_err(|e| (e, name.clone()))?;
+    super::objects::store_immutable(backend, &name, &sealed, false)
+        .map_err(|e| (e, name.clone()))?;
+    if let Err(e) = super::lock::check_held_on(backend) {
+        let _ = backend.delete(&name);
+        return Err((e, name));
+    }
     crate::hooks::point("index:written");
     if admin_names {
         // After the index file, never before: a list must not name ids that are not

@@ -112,7 +112,12 @@ impl S3Backend {
         if let Some(p) = &opts.profile {
             builder = builder.profile(p);
         }
-        let mut client = crate::io::http_client();
+        // An S3 server answers within seconds; one that takes a request and then
+        // says nothing (stopped, overloaded) is given up on after a minute of
+        // silence rather than two, and the retries begin.
+        let mut client = crate::io::http_client()
+            .read_timeout(Duration::from_secs(60))
+            .tcp_user_timeout(Duration::from_secs(60));
         if let Some(path) = &opts.ca_cert {
             client = crate::io::trust_ca(client, path, location)?;
         }
@@ -129,13 +134,13 @@ impl S3Backend {
             opendal_http_transport_reqwest::ReqwestTransport::new(client),
         ));
         // A stalled request becomes a transient error that the retry layer above
-        // repeats, instead of a backup that hangs forever. The data-carrying calls
-        // (whole-object PUT and GET) get a generous bound: the HTTP client's read and
-        // TCP timeouts above catch a stall long before it, and a 64 MiB object at 256
-        // KiB/s still fits.
+        // repeats, instead of a backup that hangs forever. The calls without data
+        // (stat, list, delete) get a minute; the data-carrying calls (whole-object PUT
+        // and GET) a generous bound: the HTTP client's read and TCP timeouts above
+        // catch a stall long before it, and a 64 MiB object at 256 KiB/s still fits.
         let op = op.with_context(ctx).layer(
             TimeoutLayer::new()
-                .with_timeout(Duration::from_secs(120))
+                .with_timeout(Duration::from_secs(60))
                 .with_io_timeout(Duration::from_secs(30 * 60)),
         );
         let io = IoRuntime::new("cairn-s3", "S3").map_err(|e| {

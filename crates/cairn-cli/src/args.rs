@@ -95,8 +95,8 @@ pub struct RemoteArgs {
     /// How long a call to a remote repository may keep retrying after transient
     /// failures (timeouts, 5xx, dropped connections): 30s, 10m, 2h; 0 retries
     /// nothing (default: 8 attempts, about a minute). An address where nothing
-    /// answers fails within seconds, unless it is a cairn server that answered
-    /// before (restarting: waited for as for any transient failure).
+    /// answers fails within seconds, unless it answered before in this run (a
+    /// server or S3 endpoint restarting: waited for as for any transient failure).
     #[arg(long, env = "CAIRN_RETRY_FOR", global = true, value_name = "DURATION")]
     pub retry_for: Option<String>,
     /// Keep no local cache of a remote repository's index, snapshots and trees

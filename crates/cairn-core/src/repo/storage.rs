@@ -139,9 +139,11 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
                 attempt + 1,
             ));
         }));
-    // A `cairn serve` that stops answering after it answered is restarting: its
-    // clients wait for it (the job slot is asked for again when it is back).
-    let retry = if matches!(loc, Location::Server(_)) {
+    // Remote storage that stops answering after it answered is restarting (a
+    // `cairn serve` upgraded, an S3 server or its load balancer restarted): its
+    // clients wait for it as for any transient failure, for `--retry-for` when
+    // given (a server's job slot is asked for again when it is back).
+    let retry = if loc.is_remote() {
         retry.riding_restarts()
     } else {
         retry

@@ -64,7 +64,8 @@ pub struct Global {
         env = "CAIRN_PRIORITY"
     )]
     pub priority: Option<String>,
-    /// Size the worker thread pools for N cores instead of this machine's count
+    /// Use N cores, not all of this machine's: pools are sized for N, and at most N
+    /// threads hash and compress at once
     #[arg(long, global = true, value_name = "N")]
     pub threads: Option<usize>,
     /// Keep the operation's memory under SIZE (e.g. 2G): buffers and caches are

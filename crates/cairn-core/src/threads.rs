@@ -57,3 +57,44 @@ pub fn cores() -> usize {
         n => n,
     }
 }
+
+/// Slots for work that keeps a core busy (hashing, compressing, sealing), when
+/// [`set_cores`] asked for fewer cores than the machine has (`--threads N`,
+/// `--priority low`). The pools keep their size, since many of their threads wait
+/// on reads, so the limit is on how many compute at once: without it, sixteen
+/// backup workers used every core whatever `--threads` said.
+struct Gate {
+    busy: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+static GATE: Gate = Gate {
+    busy: std::sync::Mutex::new(0),
+    freed: std::sync::Condvar::new(),
+};
+
+/// A compute slot, given back on drop.
+pub struct CpuSlot(());
+
+impl Drop for CpuSlot {
+    fn drop(&mut self) {
+        *GATE.busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        GATE.freed.notify_one();
+    }
+}
+
+/// Waits for a compute slot when the cores are limited ([`Gate`]); `None`, at once,
+/// when they are not.
+pub fn cpu_slot() -> Option<CpuSlot> {
+    let set = CORES.load(std::sync::atomic::Ordering::Relaxed);
+    let machine = std::thread::available_parallelism().map_or(2, |n| n.get());
+    if set == 0 || set >= machine {
+        return None;
+    }
+    let mut busy = GATE.busy.lock().unwrap_or_else(|e| e.into_inner());
+    while *busy >= set {
+        busy = GATE.freed.wait(busy).unwrap_or_else(|e| e.into_inner());
+    }
+    *busy += 1;
+    Some(CpuSlot(()))
+}

@@ -867,6 +867,7 @@ impl Worker<'_> {
                     Item::Data { buf, start, lens } => {
                         // Hash every chunk first: one decision (through a server, one
                         // question) for all of them, without copying the data.
+                        let slot = crate::threads::cpu_slot();
                         let mut ids = Vec::with_capacity(lens.len());
                         let mut pos = start;
                         for &len in &lens {
@@ -877,6 +878,7 @@ impl Worker<'_> {
                             });
                             pos += len as usize;
                         }
+                        drop(slot);
                         let Some(decisions) = self.decide(&ids) else {
                             return;
                         };
@@ -1002,6 +1004,7 @@ impl Worker<'_> {
         let (blob, held) = match d {
             Decision::Skip => (None, false),
             Decision::Encode { held } => {
+                let _slot = crate::threads::cpu_slot();
                 match self.enc.encode(&self.key, BlobKind::Data, id, data) {
                     Ok(b) => (Some(b), held),
                     Err(_) => {

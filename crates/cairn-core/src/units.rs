@@ -44,6 +44,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .strip_suffix(['B', 'b'])
         .filter(|r| !r.is_empty())
         .unwrap_or(t);
+    // `80MiB` as well as `80M` and `80MB` (binary units, whichever spelling).
+    let t = t
+        .strip_suffix('i')
+        .filter(|r| r.ends_with(|c: char| c.is_ascii_alphabetic()))
+        .unwrap_or(t);
     let (num, mult) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let m: u64 = match c.to_ascii_uppercase() {
@@ -122,6 +127,10 @@ mod tests {
         assert_eq!(parse_size("1.5G"), Ok(3 << 29));
         assert_eq!(parse_size("100"), Ok(100));
         assert_eq!(parse_size("100B"), Ok(100));
+        assert_eq!(parse_size("80MiB"), Ok(80 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert!(parse_size("iB").is_err());
+        assert!(parse_size("80i").is_err());
         assert!(parse_size("B").is_err());
         assert!(parse_size("12X").is_err());
         assert!(parse_size("-1M").is_err());

@@ -330,7 +330,11 @@ pub fn open_with(
 pub fn memory_limit(g: &Global, repo: &Repository) -> Result<Option<u64>> {
     Ok(match g.memory_limit.as_deref() {
         Some("none") => None,
-        Some(s) => Some(parse_size(s).context("--memory-limit")?),
+        Some(s) => match parse_size(s).context("--memory-limit")? {
+            // Not "no limit" in disguise: that is `none`.
+            0 => anyhow::bail!("--memory-limit {s:?}: give a size (2G, 512M) or none"),
+            n => Some(n),
+        },
         None => repo.config().memory_limit,
     })
 }

@@ -129,7 +129,9 @@ impl Repository {
                 format!("raise the limit to {}", crate::units::bytes(needed, 1))
             };
             return Err(Error::Invalid(format!(
-                "--memory-limit {} cannot be met: the index ({} entries) needs about {} {}, \
+                "the memory limit of {} (--memory-limit, or the repository's default that \
+                 `cairn config --memory-limit SIZE|none` sets) cannot be met: the index ({} \
+                 entries) needs about {} {}, \
                  besides {} of buffers and {} for the program; {advice}",
                 crate::units::bytes(limit, 1),
                 entries as u64,

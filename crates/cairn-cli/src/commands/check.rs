@@ -88,7 +88,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             }
             if report.unindexed_packs > 0 && report.problems.is_empty() {
                 println!(
-                    "note: {} not in any index (left by an interrupted backup; prune removes them)",
+                    "note: {} not in any index (left by an interrupted backup or copy; prune removes them)",
                     ui::count_is(report.unindexed_packs as u64, "pack")
                 );
             } else if report.unindexed_packs > 0 {

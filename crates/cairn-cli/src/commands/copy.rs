@@ -176,9 +176,11 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     }
     let unreadable = r.unreadable_source_snapshots.len();
     if !r.failed.is_empty() || unreadable > 0 {
+        let others = r.snapshots.len();
         eprintln!(
-            "cairn: {} could not be copied (listed above); the others were",
-            ui::count((r.failed.len() + unreadable) as u64, "snapshot")
+            "cairn: {} could not be copied (listed above){}",
+            ui::count((r.failed.len() + unreadable) as u64, "snapshot"),
+            if others > 0 { "; the others were" } else { "" }
         );
         return Ok(crate::EXIT_INCOMPLETE);
     }

@@ -153,7 +153,15 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
         && let Some(base) = opts.cache.base()
     {
         let dir = base.join(CachedBackend::dir_name(location));
-        backend = Arc::new(CachedBackend::new(backend, dir));
+        // A cache that cannot be made (a file in the way, a read-only place) leaves
+        // the job working without one: said once, not per object.
+        match std::fs::create_dir_all(&dir) {
+            Ok(()) => backend = Arc::new(CachedBackend::new(backend, dir)),
+            Err(e) => progress.notice(format!(
+                "the cache directory {} cannot be used ({e}): working without a cache",
+                dir.display()
+            )),
+        }
     }
     // Above the cache, which would otherwise keep copies of what was never stored.
     if opts.dry_run {

@@ -1320,6 +1320,8 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
     );
     let names: Vec<_> = xattr::list(out.join("link")).unwrap().collect();
     assert!(names.is_empty(), "{names:?}");
+    // Finished: no mark left (one that failed keeps it, below).
+    assert!(!out.join(".cairn-restore-unfinished").exists());
 
     let out = env.path("out-d");
     let o = env
@@ -1342,6 +1344,7 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["failed"].as_array().unwrap().len(), 1, "{v}");
+    assert!(out.join(".cairn-restore-unfinished").exists());
     assert_eq!(fs::read(out.join("d/a")).unwrap(), b"first\n");
     assert_eq!(fs::read(out.join("d/z")).unwrap(), b"last\n");
     let fifo = fs::symlink_metadata(out.join("d/fifo")).unwrap();

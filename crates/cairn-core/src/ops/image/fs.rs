@@ -527,6 +527,11 @@ impl ImageFs {
             .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
             .open(target)
             .map_err(|e| Error::io(target, e))?;
+        // As a restore of files: what a restore here that did not finish left is
+        // not kept for its time, whatever `overwrite` says.
+        use std::os::fd::AsFd as _;
+        let unfinished_since = crate::ops::restore::unfinished::since(root.as_fd());
+        let _ = crate::ops::restore::unfinished::mark(root.as_fd());
         let name = path
             .rsplit('/')
             .next()
@@ -551,6 +556,7 @@ impl ImageFs {
         let mut r = FsRestore {
             limit: limit.as_ref(),
             overwrite,
+            unfinished_since,
             xattrs,
             as_root: nix::unistd::geteuid().is_root(),
             report: FsRestoreReport::default(),
@@ -571,6 +577,10 @@ impl ImageFs {
             top.map(|(n, _)| n),
             &mut r,
         )?;
+        if r.report.failed.is_empty() {
+            crate::ops::restore::unfinished::clear(root.as_fd())
+                .map_err(|e| Error::io(target, e))?;
+        }
         // A file leaves `links` once its last name is made.
         if !r.links.is_empty() && path != "/" {
             // Names outside the restored tree: nothing to do, but worth knowing.
@@ -690,9 +700,9 @@ impl ImageFs {
                 // An existing directory (never a symlink to one: not followed) is
                 // restored into; with `never`, its own metadata is left as it is.
                 Some(st) if st.kind() == libc::S_IFDIR => {
-                    keep_meta = r.overwrite == Overwrite::Never;
+                    keep_meta = r.overwrite_for(st) == Overwrite::Never;
                 }
-                Some(_) if r.overwrite == Overwrite::Never => {
+                Some(st) if r.overwrite_for(st) == Overwrite::Never => {
                     r.report.kept += 1;
                     return Ok(());
                 }
@@ -786,7 +796,7 @@ impl ImageFs {
         };
         if let Some(st) = &existing {
             let same_kind = st.kind() == kind;
-            let keep = match r.overwrite {
+            let keep = match r.overwrite_for(st) {
                 Overwrite::Never => true,
                 Overwrite::Always => false,
                 Overwrite::IfNewer => st.mtime.0 >= m.seconds(),
@@ -973,10 +983,23 @@ struct FsRestore<'a> {
     links: std::collections::HashMap<u32, FirstLink>,
     limit: Option<&'a cairn_backend::Limiter>,
     overwrite: crate::ops::restore::Overwrite,
+    /// The time of the mark a restore that did not finish left in the target.
+    unfinished_since: Option<(i64, u32)>,
     /// Which extended attributes are set (`--include-xattr`, `--exclude-xattr`).
     xattrs: &'a crate::ops::restore::XattrSelect,
     as_root: bool,
     report: FsRestoreReport,
+}
+
+impl FsRestore<'_> {
+    /// `overwrite`, or `if-changed` for an entry changed since a restore that did
+    /// not finish began ([`crate::ops::restore::unfinished`]).
+    fn overwrite_for(&self, st: &crate::ops::restore::sys::Stat) -> crate::ops::restore::Overwrite {
+        match self.unfinished_since {
+            Some(t) if st.mtime >= t => crate::ops::restore::Overwrite::IfChanged,
+            _ => self.overwrite,
+        }
+    }
 }
 
 /// A new file written at increasing offsets, whole 4 KiB blocks of zeros left as

@@ -33,7 +33,7 @@ mod run;
 mod survey;
 pub(crate) mod sys;
 pub(crate) mod target;
-mod unfinished;
+pub(crate) mod unfinished;
 
 pub use metadata::XattrSelect;
 pub use overwrite::Overwrite;

@@ -10,7 +10,7 @@
 //! next restore that finds it treats every entry changed since the mark's time as
 //! `if-changed` would, whatever `--overwrite` says: rewritten unless it is the
 //! snapshot's (size and time, else content). What had been there before the
-//! unfinished restore keeps the rule asked for.
+//! unfinished restore keeps the rule asked for. `restore --image-fs` does the same.
 
 use super::sys;
 use std::ffi::CStr;
@@ -21,7 +21,7 @@ use std::os::fd::BorrowedFd;
 pub(crate) const MARK: &CStr = c".cairn-restore-unfinished";
 
 /// The time of the mark an unfinished restore left in the target `root`, if any.
-pub(super) fn since(root: BorrowedFd<'_>) -> Option<(i64, u32)> {
+pub(crate) fn since(root: BorrowedFd<'_>) -> Option<(i64, u32)> {
     sys::stat_at(root, MARK)
         .ok()
         .filter(|st| st.kind() == libc::S_IFREG)
@@ -29,7 +29,7 @@ pub(super) fn since(root: BorrowedFd<'_>) -> Option<(i64, u32)> {
 }
 
 /// Leaves the mark in `root` (a mark already there stays, with its older time).
-pub(super) fn mark(root: BorrowedFd<'_>) -> std::io::Result<()> {
+pub(crate) fn mark(root: BorrowedFd<'_>) -> std::io::Result<()> {
     match super::target::create_file(root, MARK) {
         Ok(mut f) => writeln!(
             f,
@@ -43,7 +43,7 @@ pub(super) fn mark(root: BorrowedFd<'_>) -> std::io::Result<()> {
 }
 
 /// Removes the mark: the restore finished.
-pub(super) fn clear(root: BorrowedFd<'_>) -> std::io::Result<()> {
+pub(crate) fn clear(root: BorrowedFd<'_>) -> std::io::Result<()> {
     match sys::unlink_at(root, MARK) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),

@@ -107,6 +107,26 @@ impl S3Backend {
             .root(&format!("/{}", loc.prefix))
             .region(&region);
         if opts.virtual_host {
+            // BUCKET.HOST needs a name: an address cannot take the bucket in front.
+            let hostport = (loc.endpoint.split_once("://")).map_or(&loc.endpoint[..], |(_, h)| h);
+            let host = match hostport.rsplit_once(':') {
+                Some((h, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+                    h
+                }
+                _ => hostport,
+            };
+            let bare = host.trim_start_matches('[').trim_end_matches(']');
+            if bare.parse::<std::net::IpAddr>().is_ok() {
+                return Err(BackendError::open_failed(
+                    location,
+                    format!(
+                        "--s3-virtual-host addresses the bucket as {}.{host}, which needs a \
+                         host name: an IP address takes path-style addressing (leave the \
+                         flag out)",
+                        loc.bucket
+                    ),
+                ));
+            }
             builder = builder.enable_virtual_host_style();
         }
         if let Some(p) = &opts.profile {
@@ -414,6 +434,19 @@ fn short_read(name: &str, offset: u64, length: u64, got: u64) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn virtual_host_addressing_needs_a_host_name() {
+        let opts = S3Options {
+            virtual_host: true,
+            ..Default::default()
+        };
+        for ip in ["s3:http://127.0.0.1:9000/b", "s3:https://[::1]/b/p"] {
+            let e = S3Backend::open(ip, &opts).err().map(|e| e.message);
+            assert!(e.is_some_and(|m| m.contains("needs a host name")), "{ip}");
+        }
+        assert!(S3Backend::open("s3:https://s3.example.com/b", &opts).is_ok());
+    }
 
     #[test]
     fn locations_parse() {

@@ -116,6 +116,10 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
             "copy cancelled: the snapshots reported copied are complete; what was stored of \
              the others is kept and not sent again by the next run (but the last few packs)",
         ),
+        e if e.is_no_space() => anyhow::anyhow!(
+            "{e}: the snapshots copied so far are complete and the others were not saved; \
+             free space on the destination, then run the copy again (what it stored is reused)"
+        ),
         e => e.into(),
     })?;
     for e in &r.unreadable_source_snapshots {

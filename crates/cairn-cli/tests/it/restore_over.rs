@@ -592,6 +592,8 @@ fn restore_selects_extended_attributes_by_name() {
     };
     let o = restore_as_nobody(&[]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
+    // A refused attribute leaves no file cut short: no mark for the next restore.
+    assert!(!target.join(".cairn-restore-unfinished").exists());
     let o = restore_as_nobody(&["--overwrite", "always", "--exclude-xattr", "trusted.*"]);
     assert!(o.status.success(), "{o:?}");
     let restored = target.join(src.strip_prefix("/").unwrap()).join("f");
@@ -805,6 +807,20 @@ fn a_restore_after_a_killed_one_finishes_its_work_whatever_overwrite_says() {
             fs::read(src.join("big")).unwrap(),
             "the killed restore was to leave the big file unfinished"
         );
+        // A restore of a part finishes that part and keeps the mark for the rest.
+        let small = format!("{}/small00", src.display());
+        let o = env.run(&[
+            "restore",
+            &snap,
+            "--target",
+            target.to_str().unwrap(),
+            "--include",
+            &small,
+            "--overwrite",
+            overwrite,
+        ]);
+        assert!(o.status.success(), "{o:?}");
+        assert!(target.join(".cairn-restore-unfinished").exists());
         let o = env.run(&[
             "restore",
             &snap,

@@ -532,6 +532,15 @@ impl ImageFs {
         use std::os::fd::AsFd as _;
         let unfinished_since = crate::ops::restore::unfinished::since(root.as_fd());
         let _ = crate::ops::restore::unfinished::mark(root.as_fd());
+        let mut notes = Vec::new();
+        if let Some(t) = unfinished_since {
+            notes.push(format!(
+                "a restore into {} that started at {} did not finish: what changed there \
+                 since is rewritten unless it matches the snapshot, whatever --overwrite says",
+                target.display(),
+                crate::time::local_display(&crate::time::format_unix(t.0, t.1))
+            ));
+        }
         let name = path
             .rsplit('/')
             .next()
@@ -557,9 +566,13 @@ impl ImageFs {
             limit: limit.as_ref(),
             overwrite,
             unfinished_since,
+            unfinished: 0,
             xattrs,
             as_root: nix::unistd::geteuid().is_root(),
-            report: FsRestoreReport::default(),
+            report: FsRestoreReport {
+                notes,
+                ..Default::default()
+            },
             ext2: ext2.as_ref(),
             links: std::collections::HashMap::new(),
         };
@@ -577,7 +590,9 @@ impl ImageFs {
             top.map(|(n, _)| n),
             &mut r,
         )?;
-        if r.report.failed.is_empty() {
+        // The mark goes once no file is left cut short, and only after a restore of
+        // the whole filesystem: one of a part says nothing of the rest.
+        if r.unfinished == 0 && path == "/" {
             crate::ops::restore::unfinished::clear(root.as_fd())
                 .map_err(|e| Error::io(target, e))?;
         }
@@ -874,6 +889,8 @@ impl ImageFs {
             return Ok(());
         }
         let f = target::create_file(dir, &cname).map_err(io)?;
+        // Until its content is whole, the file is this restore's unfinished work.
+        r.unfinished += 1;
         let mut w = Sparse {
             f,
             at: 0,
@@ -882,6 +899,7 @@ impl ImageFs {
         };
         r.report.bytes += self.dump(path, &mut w)?;
         let f = w.finish().map_err(io)?;
+        r.unfinished -= 1;
         r.report.files += 1;
         if r.as_root {
             sys::chown_fd(f.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
@@ -985,6 +1003,8 @@ struct FsRestore<'a> {
     overwrite: crate::ops::restore::Overwrite,
     /// The time of the mark a restore that did not finish left in the target.
     unfinished_since: Option<(i64, u32)>,
+    /// Files created whose content was not written in full (an error on the way).
+    unfinished: u64,
     /// Which extended attributes are set (`--include-xattr`, `--exclude-xattr`).
     xattrs: &'a crate::ops::restore::XattrSelect,
     as_root: bool,
@@ -992,13 +1012,10 @@ struct FsRestore<'a> {
 }
 
 impl FsRestore<'_> {
-    /// `overwrite`, or `if-changed` for an entry changed since a restore that did
-    /// not finish began ([`crate::ops::restore::unfinished`]).
+    /// `overwrite` for the existing entry `st`, after a restore that did not finish
+    /// ([`crate::ops::restore::unfinished`]).
     fn overwrite_for(&self, st: &crate::ops::restore::sys::Stat) -> crate::ops::restore::Overwrite {
-        match self.unfinished_since {
-            Some(t) if st.mtime >= t => crate::ops::restore::Overwrite::IfChanged,
-            _ => self.overwrite,
-        }
+        crate::ops::restore::overwrite_effective(self.overwrite, self.unfinished_since, st)
     }
 }
 

@@ -37,6 +37,7 @@ pub(crate) mod unfinished;
 
 pub use metadata::XattrSelect;
 pub use overwrite::Overwrite;
+pub(crate) use overwrite::effective as overwrite_effective;
 pub use run::{Issue, RestoreReport, restore_snapshot};
 
 use crate::error::{Error, Result};
@@ -262,6 +263,8 @@ struct Walk<'a> {
     /// The time of the mark an unfinished restore left in the target
     /// ([`unfinished`]): entries changed since are taken as `if-changed` takes them.
     unfinished_since: Option<(i64, u32)>,
+    /// A file was left with its content not restored in full.
+    left_unfinished: bool,
     /// Chunks a batch plans at most (each costs about 128 bytes of plan): fewer
     /// under a memory limit.
     batch_chunks_max: u64,
@@ -385,6 +388,7 @@ pub fn restore(
             link_dir: None,
             stopped: false,
             unfinished_since,
+            left_unfinished: false,
             to_exec: Some(to_exec),
             from_exec,
             in_flight: false,
@@ -421,7 +425,12 @@ pub fn restore(
             // was not started.
             return Err(Error::Cancelled);
         }
-        if w.stats.issues.is_empty() {
+        // The mark goes once no file is left cut short (an attribute refused, a
+        // device not made: nothing for the next restore to distrust), and only after
+        // a restore of everything: one of a part says nothing of the rest.
+        let everything =
+            opts.includes.is_empty() && opts.excludes.is_empty() && opts.iexcludes.is_empty();
+        if !w.left_unfinished && everything {
             unfinished::clear(root_dir.fd()).map_err(|e| Error::io(target, e))?;
         }
         Ok(w.stats)
@@ -1037,7 +1046,9 @@ impl Walk<'_> {
         {
             // Already this inode, or kept by the mode: nothing to do.
             if let Some(st) = &existing
-                && (st.id() == first.id || self.opts.overwrite == Overwrite::Never)
+                && (st.id() == first.id
+                    || overwrite::effective(self.opts.overwrite, self.unfinished_since, st)
+                        == Overwrite::Never)
             {
                 self.kept(st, &node);
                 return Ok(());
@@ -1275,6 +1286,7 @@ impl Walk<'_> {
                             self.issue(job.path(), format!("creating file: {e}"));
                         }
                     }
+                    self.left_unfinished = true;
                     self.issue(
                         job.path(),
                         format!(

@@ -84,6 +84,26 @@ fn mtime_of(node: &Node) -> (i64, u32) {
 /// there would change that file too; a file whose owner would change is someone
 /// else's content given the snapshot's owner (and set-ID bits): both are replaced
 /// by a new file instead.
+///
+/// The mode for the existing entry `st`: `never` and `if-newer` become `if-changed`
+/// for an entry changed since a restore that did not finish began (maybe its
+/// unfinished work, which must not be kept for its time: [`super::unfinished`]);
+/// `always` stays.
+pub(crate) fn effective(
+    mode: Overwrite,
+    unfinished_since: Option<(i64, u32)>,
+    st: &Stat,
+) -> Overwrite {
+    match mode {
+        Overwrite::Never | Overwrite::IfNewer
+            if unfinished_since.is_some_and(|t| st.mtime >= t) =>
+        {
+            Overwrite::IfChanged
+        }
+        m => m,
+    }
+}
+
 pub(crate) fn decide(
     repo: &Repository,
     opts: &super::RestoreOptions,
@@ -96,12 +116,8 @@ pub(crate) fn decide(
     let Some(st) = existing else {
         return Decision::Write;
     };
-    let (mut mode, owners, select) = (opts.overwrite, opts.owners, &opts.xattrs);
-    // Changed since a restore that did not finish began: maybe its unfinished work,
-    // which must not be kept for its time ([`super::unfinished`]).
-    if unfinished_since.is_some_and(|t| st.mtime >= t) {
-        mode = Overwrite::IfChanged;
-    }
+    let mode = effective(opts.overwrite, unfinished_since, st);
+    let (owners, select) = (opts.owners, &opts.xattrs);
     match mode {
         Overwrite::Always => Decision::Write,
         Overwrite::Never => Decision::Keep,

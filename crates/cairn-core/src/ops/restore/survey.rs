@@ -165,7 +165,8 @@ pub(super) fn dry_run(
                     match &existing {
                         Some(st)
                             if Some(st.id()) == *first
-                                || opts.overwrite == overwrite::Overwrite::Never =>
+                                || overwrite::effective(opts.overwrite, unfinished_since, st)
+                                    == overwrite::Overwrite::Never =>
                         {
                             kept(&mut stats, st, &node)
                         }

@@ -65,7 +65,7 @@ pub struct Global {
     )]
     pub priority: Option<String>,
     /// Use N cores, not all of this machine's: pools are sized for N, and at most N
-    /// threads hash and compress at once
+    /// backup workers hash and compress at once (the reader's chunking comes on top)
     #[arg(long, global = true, value_name = "N")]
     pub threads: Option<usize>,
     /// Keep the operation's memory under SIZE (e.g. 2G): buffers and caches are
@@ -96,8 +96,9 @@ pub struct RemoteArgs {
     /// How long a call to a remote repository may keep retrying after transient
     /// failures (timeouts, 5xx, dropped connections): 30s, 10m, 2h; 0 retries
     /// nothing (default: 8 attempts, about a minute). An address where nothing
-    /// answers fails within seconds, unless it answered before in this run (a
-    /// server or S3 endpoint restarting: waited for as for any transient failure).
+    /// answers fails within seconds, unless it answered before in this run and is a
+    /// cairn server, or an S3 endpoint with --retry-for given (restarting: waited
+    /// for as for any transient failure).
     #[arg(long, env = "CAIRN_RETRY_FOR", global = true, value_name = "DURATION")]
     pub retry_for: Option<String>,
     /// Keep no local cache of a remote repository's index, snapshots and trees

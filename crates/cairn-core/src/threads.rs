@@ -86,9 +86,16 @@ impl Drop for CpuSlot {
 /// Waits for a compute slot when the cores are limited ([`Gate`]); `None`, at once,
 /// when they are not.
 pub fn cpu_slot() -> Option<CpuSlot> {
+    // Called per chunk: nothing but a load when the cores are not limited, and the
+    // machine's count (a walk through /proc and cgroup files) asked once.
+    static MACHINE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let set = CORES.load(std::sync::atomic::Ordering::Relaxed);
-    let machine = std::thread::available_parallelism().map_or(2, |n| n.get());
-    if set == 0 || set >= machine {
+    if set == 0 {
+        return None;
+    }
+    let machine =
+        *MACHINE.get_or_init(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    if set >= machine {
         return None;
     }
     let mut busy = GATE.busy.lock().unwrap_or_else(|e| e.into_inner());

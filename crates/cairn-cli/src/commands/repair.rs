@@ -109,6 +109,12 @@ pub fn recover(g: &Global, a: &crate::args::RecoverArgs) -> Result<i32> {
         for u in &r.unreadable {
             eprintln!("warning: {u}");
         }
+        for d in &r.damaged_roots {
+            eprintln!(
+                "warning: /recover/{d} (a prune removed them; `cairn repair snapshots` drops \
+                 the files that need them)"
+            );
+        }
         if !g.quiet {
             println!(
                 "read {}; {} no snapshot refers to",
@@ -137,5 +143,10 @@ pub fn recover(g: &Global, a: &crate::args::RecoverArgs) -> Result<i32> {
             ),
         }
     }
-    Ok(0)
+    // Saved, but not all of it can be restored: done in part.
+    Ok(if r.damaged_roots.is_empty() && r.unreadable.is_empty() {
+        0
+    } else {
+        crate::EXIT_INCOMPLETE
+    })
 }

@@ -289,4 +289,24 @@ fn recover_brings_back_a_snapshot_forgotten_by_mistake() {
     let v: serde_json::Value = serde_json::from_str(&env.ok(&["recover", "--json"])).unwrap();
     assert_eq!(v["roots"].as_array().unwrap().len(), 0, "{v}");
     env.check_clean();
+
+    // A forgotten snapshot whose data pack is gone: saved, and said to be damaged.
+    let before = packs(&env.repo);
+    fs::write(src.join("big"), Rng(77).bytes(3 << 20, false)).unwrap();
+    let lost = env.backup(&[&src]);
+    env.ok(&["forget", &lost]);
+    let (pack, _) = packs(&env.repo)
+        .into_iter()
+        .filter(|(p, _)| !before.contains_key(p))
+        .max_by_key(|(_, n)| *n)
+        .unwrap();
+    fs::remove_file(&pack).unwrap();
+    // As a prune leaves it: the index no longer lists what was in the pack.
+    env.ok(&["repair", "index"]);
+    let o = env.run(&["recover", "--json"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["damaged_roots"].as_array().unwrap().len(), 1, "{v}");
+    assert!(v["snapshot"].is_string(), "{v}");
 }

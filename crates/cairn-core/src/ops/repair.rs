@@ -821,6 +821,10 @@ pub struct RecoverReport {
     /// Trees in the index that could not be read, with why (their subtrees may be
     /// among the roots).
     pub unreadable: Vec<String>,
+    /// Roots below which something is gone (a prune removed data no snapshot
+    /// needed), with how many trees and blobs: saved all the same, `repair
+    /// snapshots` drops what is lost.
+    pub damaged_roots: Vec<String>,
     /// The new snapshot (none when nothing was found, or with `dry_run`).
     pub snapshot: Option<String>,
     /// Bytes of the files the new snapshot holds.
@@ -886,6 +890,45 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
     report.roots = roots.iter().map(|id| id.to_hex()).collect();
     if roots.is_empty() {
         return Ok(report);
+    }
+    // What a root needs and the index no longer has: a tree shared by several is
+    // checked (and its losses counted) once.
+    let mut seen = IdSet::default();
+    for root in &roots {
+        progress.check_cancelled()?;
+        let mut missing = 0u64;
+        let mut todo = vec![*root];
+        while let Some(t) = todo.pop() {
+            if !seen.insert(t) {
+                continue;
+            }
+            let tree = match repo.load_tree(&t) {
+                Ok(tree) => tree,
+                Err(e) if is_loss(&e) => {
+                    missing += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for n in &tree.nodes {
+                todo.extend(n.subtree);
+                let r = for_each_content_blob(repo, &n.content, &mut |b| {
+                    if !index.is_live(&b) {
+                        missing += 1;
+                    }
+                    true
+                });
+                match r {
+                    Err(e) if is_loss(&e) => missing += 1,
+                    r => r?,
+                }
+            }
+        }
+        if missing > 0 {
+            report
+                .damaged_roots
+                .push(format!("{}: {missing} trees or blobs gone", root.to_hex()));
+        }
     }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -154,10 +154,10 @@ impl S3Backend {
             opendal_http_transport_reqwest::ReqwestTransport::new(client),
         ));
         // A stalled request becomes a transient error that the retry layer above
-        // repeats, instead of a backup that hangs forever. The calls without data
-        // (stat, list, delete) get a minute; the data-carrying calls (whole-object PUT
-        // and GET) a generous bound: the HTTP client's read and TCP timeouts above
-        // catch a stall long before it, and a 64 MiB object at 256 KiB/s still fits.
+        // repeats, instead of a backup that hangs forever. This layer bounds stat at a
+        // minute and the calls that carry data or listings (read, write, list, delete)
+        // generously: the HTTP client's read and TCP timeouts above (a minute of
+        // silence) catch a stall long before, and a 64 MiB object at 256 KiB/s fits.
         let op = op.with_context(ctx).layer(
             TimeoutLayer::new()
                 .with_timeout(Duration::from_secs(60))

@@ -114,8 +114,15 @@ impl CommandOutput {
             .map(|w| w.to_string_lossy())
             .collect::<Vec<_>>()
             .join(" ");
+        // Not handed the repository's secrets (a dump program has no use for them).
         let mut child = std::process::Command::new(&words[0])
             .args(&words[1..])
+            .env_remove("CAIRN_PASSWORD")
+            .env_remove("CAIRN_PASSWORD_FILE")
+            .env_remove("CAIRN_NEW_PASSWORD")
+            .env_remove("CAIRN_NEW_PASSWORD_FILE")
+            .env_remove("CAIRN_TOKEN")
+            .env_remove("CAIRN_TOKEN_FILE")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .spawn()

@@ -186,7 +186,12 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
             ui::count((r.failed.len() + unreadable) as u64, "snapshot"),
             if others > 0 { "; the others were" } else { "" }
         );
-        return Ok(crate::EXIT_INCOMPLETE);
+        // Nothing copied is an error, not a copy done in part.
+        return Ok(if others > 0 {
+            crate::EXIT_INCOMPLETE
+        } else {
+            1
+        });
     }
     Ok(0)
 }

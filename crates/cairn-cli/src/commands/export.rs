@@ -62,8 +62,11 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
                 Some(d) if !d.as_os_str().is_empty() => d,
                 _ => std::path::Path::new("."),
             };
+            // `.NAME.XXXXXX.partial` must still be a name (255 bytes): a long NAME is cut.
+            use std::os::unix::ffi::OsStrExt;
+            let base = file.file_name().unwrap_or_default().as_bytes();
             let mut prefix = std::ffi::OsString::from(".");
-            prefix.push(file.file_name().unwrap_or_default());
+            prefix.push(std::ffi::OsStr::from_bytes(&base[..base.len().min(200)]));
             prefix.push(".");
             let (f, partial) = tempfile::Builder::new()
                 .prefix(&prefix)

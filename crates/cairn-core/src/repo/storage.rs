@@ -139,11 +139,14 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
                 attempt + 1,
             ));
         }));
-    // Remote storage that stops answering after it answered is restarting (a
-    // `cairn serve` upgraded, an S3 server or its load balancer restarted): its
-    // clients wait for it as for any transient failure, for `--retry-for` when
-    // given (a server's job slot is asked for again when it is back).
-    let retry = if loc.is_remote() {
+    // Remote storage that stops answering after it answered is restarting: a
+    // `cairn serve` upgraded (its clients wait for it as for any transient failure;
+    // the job slot is asked for again when it is back), or an S3 server or its load
+    // balancer restarted, waited for when `--retry-for` says how long. Without it an
+    // S3 outage fails within seconds: a server's console must not hang on one.
+    let retry = if matches!(loc, Location::Server(_))
+        || (matches!(loc, Location::S3(_)) && policy.max_total.is_some())
+    {
         retry.riding_restarts()
     } else {
         retry

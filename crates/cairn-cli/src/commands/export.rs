@@ -34,7 +34,23 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
                 .is_ok_and(|m| !m.file_type().is_file() && !m.file_type().is_dir()) =>
         {
             // A tape or a FIFO: written in place. (Written beside and renamed, as a
-            // file is, the archive would replace the device's node.)
+            // file is, the archive would replace the device's node.) Reached through
+            // a symlink only if it is root's or this user's (`/dev/tape`): one that
+            // another user planted could point at a disk.
+            if let Ok(l) = std::fs::symlink_metadata(file)
+                && l.file_type().is_symlink()
+            {
+                use std::os::unix::fs::MetadataExt;
+                let euid = nix::unistd::geteuid().as_raw();
+                if l.uid() != 0 && l.uid() != euid {
+                    bail!(
+                        "{} is a symlink of another user's (uid {}) to a device or FIFO: \
+                         name the device itself",
+                        file.display(),
+                        l.uid()
+                    );
+                }
+            }
             let f = std::fs::OpenOptions::new()
                 .write(true)
                 .open(file)

@@ -276,6 +276,32 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
     env.ok(&["export", &snap, "-o", tarball.to_str().unwrap()]);
     assert!(fs::metadata(&tarball).unwrap().len() > 3 << 20);
     assert_eq!(fs::read(&victim).unwrap(), b"precious");
+    // A symlink another user planted at the output, to a device: refused.
+    if is_root() {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(env.path(""), fs::Permissions::from_mode(0o755)).unwrap();
+        let shared = env.path("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+        let planted = shared.join("planted.tar");
+        let o = std::process::Command::new("setpriv")
+            .args([
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                "ln",
+                "-s",
+                "/dev/null",
+            ])
+            .arg(&planted)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        let err = env.fails(&["export", &snap, "-o", planted.to_str().unwrap()], 1);
+        assert!(err.contains("another user's"), "{err}");
+    }
     // A directory as the output is refused before anything is written.
     let dir = env.path("a-dir");
     fs::create_dir(&dir).unwrap();

@@ -526,8 +526,11 @@ fn the_repository_itself_is_never_backed_up() {
     let id = linked.backup_args(&["-q", s]);
     let listed = linked.ok(&["ls", &id]);
     assert!(!listed.contains(&format!("{s}/repo/")), "{listed}");
-    // The repository named on its own: nothing to back up.
+    // The repository named on its own, or a directory inside it: nothing to back up.
     let err = env.fails(&["backup", env.repo.to_str().unwrap()], 1);
+    assert!(err.contains("nothing to back up"), "{err}");
+    let data = env.repo.join("data");
+    let err = env.fails(&["backup", data.to_str().unwrap()], 1);
     assert!(err.contains("nothing to back up"), "{err}");
     env.check_clean();
 }

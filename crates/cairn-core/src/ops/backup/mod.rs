@@ -556,10 +556,20 @@ fn run(
             }
             v.sort();
             v.dedup();
+            // A path inside the repository (its `data/`, say) is as much the
+            // repository as its root: left out too.
+            let owns: Vec<PathBuf> = (rules.own_dirs.iter())
+                .filter_map(|d| d.canonicalize().ok())
+                .collect();
+            let inside = |p: &Path| {
+                p.canonicalize()
+                    .is_ok_and(|c| owns.iter().any(|o| c.starts_with(o) && c != *o))
+            };
             // Every path given excluded (`-e` matching a source itself): the
             // snapshot would be empty, and say it saved them.
             let left_out = |p: &PathBuf| {
                 excludes.is_excluded(p)
+                    || inside(p)
                     || std::fs::symlink_metadata(p).is_ok_and(|m| excludes.excludes_entry(p, &m))
             };
             if v.iter().all(left_out) {
@@ -571,7 +581,7 @@ fn run(
                         .join(", ")
                 )));
             }
-            for own in rules.own_dirs.iter().filter_map(|d| d.canonicalize().ok()) {
+            for own in &owns {
                 if v.iter().any(|p| own.starts_with(p)) {
                     progress.notice(format!(
                         "leaving out {}: it is the repository this backup writes to",
@@ -579,6 +589,16 @@ fn run(
                     ));
                 }
             }
+            v.retain(|p| {
+                let keep = !inside(p);
+                if !keep {
+                    progress.notice(format!(
+                        "leaving out {}: it is inside the repository this backup writes to",
+                        p.display()
+                    ));
+                }
+                keep
+            });
             let s = v.iter().map(|p| p.to_string_lossy().into_owned()).collect();
             (v, s)
         }

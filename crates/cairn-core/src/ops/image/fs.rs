@@ -800,6 +800,13 @@ impl ImageFs {
                 shown.display()
             )));
         }
+        if (ft.is_char_dev() || ft.is_block_dev()) && special.is_none() {
+            // Root, but without this crate's inode reader (see `why_not`).
+            return Err(Error::Invalid(format!(
+                "{}: a device whose number cannot be read here: not restored",
+                shown.display()
+            )));
+        }
         if !(ft.is_regular_file() || ft.is_symlink() || special.is_some()) {
             r.report.skipped += 1;
             return Ok(());

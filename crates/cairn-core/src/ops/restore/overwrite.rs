@@ -73,18 +73,6 @@ fn mtime_of(node: &Node) -> (i64, u32) {
     (node.mtime.secs, node.mtime.nanos)
 }
 
-/// Decides for a non-directory entry `name` of `dir` that should become `node`.
-/// `existing` is what `fstatat` found (`None`: nothing there); `owners`: restore
-/// sets owners. Content is read only for `if-changed` when size matches and the time
-/// does not.
-///
-/// Metadata is set in place only on a file with one name whose owner stays the
-/// same. A file with more names could be a hard link to a file outside the target
-/// (anyone who can write the target can make one), and a chmod, chown or new time
-/// there would change that file too; a file whose owner would change is someone
-/// else's content given the snapshot's owner (and set-ID bits): both are replaced
-/// by a new file instead.
-///
 /// The mode for the existing entry `st`: `never` and `if-newer` become `if-changed`
 /// for an entry changed since a restore that did not finish began (maybe its
 /// unfinished work, which must not be kept for its time: [`super::unfinished`]);
@@ -104,6 +92,18 @@ pub(crate) fn effective(
     }
 }
 
+/// Decides for a non-directory entry `name` of `dir` that should become `node`.
+/// `existing` is what `fstatat` found (`None`: nothing there); `opts` gives the
+/// mode, whether owners are set and which attributes count; `unfinished_since`
+/// may raise the mode ([`effective`]). Content is read only for `if-changed` when
+/// size matches and the time does not.
+///
+/// Metadata is set in place only on a file with one name whose owner stays the
+/// same. A file with more names could be a hard link to a file outside the target
+/// (anyone who can write the target can make one), and a chmod, chown or new time
+/// there would change that file too; a file whose owner would change is someone
+/// else's content given the snapshot's owner (and set-ID bits): both are replaced
+/// by a new file instead.
 pub(crate) fn decide(
     repo: &Repository,
     opts: &super::RestoreOptions,

@@ -106,6 +106,9 @@ impl Backend for DryRunBackend {
     fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
         self.inner.lock_owner_prefix()
     }
+    fn discards_writes(&self) -> bool {
+        true
+    }
     fn may_remove(&self) -> Result<bool> {
         self.inner.may_remove()
     }

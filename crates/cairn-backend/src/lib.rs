@@ -224,6 +224,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether writes are thrown away (`backup --dry-run`): nothing stored can be
+    /// found again.
+    fn discards_writes(&self) -> bool {
+        false
+    }
+
     /// Whether this client may remove or replace snapshots (forget, tag): storage
     /// that decides by the client's role (a cairn server: admin tokens only) says,
     /// so that an operation that writes before it removes can refuse before either.

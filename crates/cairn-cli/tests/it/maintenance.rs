@@ -535,3 +535,56 @@ fn a_backup_whose_lock_was_removed_saves_no_snapshot() {
         fs::read(src.join("big")).unwrap()
     );
 }
+
+/// A pack a backup stored that is gone before it commits (a prune on a host whose
+/// clock runs half an hour ahead took its live lock for stale): no snapshot, a
+/// message that names clocks, and its index files taken back, so that the next
+/// backup stores the data again and restores exactly.
+#[test]
+fn a_backup_whose_pack_vanished_saves_no_snapshot() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("big"), Rng(43).bytes(6 << 20, false)).unwrap();
+    let before = packs(&env.repo);
+    let index_before: Vec<_> = fs::read_dir(env.repo.join("index"))
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    let gate = env.path("gate");
+    fs::create_dir_all(&gate).unwrap();
+    let b = env
+        .cmd(&["backup", src.to_str().unwrap()])
+        .env(
+            cairn_core::hooks::PAUSE_AT_VAR,
+            format!("pack:stored:1:{}", gate.display()),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the first pack stored", Duration::from_secs(60), || {
+        gate.join("reached").exists()
+    });
+    for p in packs(&env.repo).keys().filter(|p| !before.contains_key(*p)) {
+        fs::remove_file(p).unwrap();
+    }
+    fs::write(gate.join("go"), b"").unwrap();
+    let o = b.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("are gone") && err.contains("clocks"), "{err}");
+    assert!(env.snapshot_ids().is_empty());
+    let index_after: Vec<_> = fs::read_dir(env.repo.join("index"))
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert_eq!(index_after, index_before);
+    let snap = env.backup(&[&src]);
+    let out = env.restore(&snap, &src, "out");
+    assert_eq!(
+        fs::read(out.join("big")).unwrap(),
+        fs::read(src.join("big")).unwrap()
+    );
+    env.ok(&["prune"]);
+    env.check_clean();
+}

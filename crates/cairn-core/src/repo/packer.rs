@@ -198,6 +198,9 @@ pub struct UploadStats {
     pub packs: u64,
     pub bytes: u64,
     pub index_files: Vec<IndexId>,
+    /// The packs stored, for a writer to check they are still there before it
+    /// commits.
+    pub pack_ids: Vec<cairn_format::PackId>,
 }
 
 /// Seals and stores an index file under the hash of its bytes. With `admin_names`
@@ -582,6 +585,7 @@ fn upload_loop(
             st.bytes += p.bytes().len() as u64;
         }
         let (id, blobs) = (p.id, std::mem::take(&mut p.blobs));
+        lock(&shared.stats).pack_ids.push(id);
         pool.put(p.into_buf());
         let mut pending = lock(&shared.pending);
         pending.blobs += blobs.len();

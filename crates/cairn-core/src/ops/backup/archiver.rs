@@ -28,6 +28,8 @@ pub(crate) struct Archived {
     pub stored_data: Vec<BlobId>,
     /// The index files this run wrote.
     pub index_files: Vec<cairn_format::IndexId>,
+    /// The packs this run stored.
+    pub pack_ids: Vec<cairn_format::PackId>,
     /// What an image backup counted.
     pub image: Option<ImageCounts>,
 }
@@ -296,6 +298,7 @@ pub(crate) fn archive(
             packs: up.packs,
             stored_data: std::mem::take(&mut st.stored_data),
             index_files: up.index_files,
+            pack_ids: up.pack_ids,
             image,
         }),
     }

@@ -341,6 +341,61 @@ fn same_paths(a: &[String], b: &[String]) -> bool {
     a == b
 }
 
+/// Before the commit: the packs this backup stored are still in the storage. A
+/// prune that took its lock for stale (a host whose clock runs half an hour ahead,
+/// a lock removed by hand) may have deleted them; a snapshot committed then would
+/// not restore, and its index files would lead later backups to the same loss.
+/// Listed a directory (`data/xx/`) at a time; through `cairn serve` the server's
+/// own clock judges locks, and this check is left to it. When packs are gone, this
+/// backup's index files are taken back (its other packs are then unindexed, and
+/// prune's to remove) and it fails.
+fn packs_still_there(repo: &Repository, r: &Ran) -> Result<()> {
+    if r.pack_ids.is_empty()
+        || repo.backend().discards_writes()
+        || matches!(
+            crate::repo::storage::Location::parse(repo.location()),
+            Ok(crate::repo::storage::Location::Server(_))
+        )
+    {
+        return Ok(());
+    }
+    let mut by_dir: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for id in &r.pack_ids {
+        let hex = id.to_hex();
+        let name = cairn_backend::names::pack(&hex);
+        let dir = name.rsplit_once('/').map_or("", |(d, _)| d).to_string();
+        by_dir.entry(dir).or_default().push(hex);
+    }
+    let mut gone = 0usize;
+    for (dir, ids) in &by_dir {
+        let listed: HashSet<String> = repo
+            .backend()
+            .list(&format!("{dir}/"))?
+            .iter()
+            .map(|o| cairn_backend::names::base(&o.name).to_string())
+            .collect();
+        gone += ids.iter().filter(|h| !listed.contains(*h)).count();
+    }
+    if gone == 0 {
+        return Ok(());
+    }
+    for f in &r.index_files {
+        let _ = repo
+            .backend()
+            .delete(&cairn_backend::names::index(&f.to_hex()));
+        let _ = repo
+            .backend()
+            .delete(&cairn_backend::names::admin_index(&f.to_hex()));
+    }
+    Err(Error::Invalid(format!(
+        "{gone} of the {} packs this backup stored are gone from the repository: a prune \
+         took its lock for stale (do this machine's and the pruning machine's clocks \
+         agree? see docs/FORMAT.md) or its lock was removed; no snapshot was saved (run \
+         the backup again)",
+        r.pack_ids.len()
+    )))
+}
+
 /// Backs up `opts.paths` (or standard input) into a new snapshot. The session
 /// holds the backup's lock and job slot and has loaded the index.
 pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result<BackupReport> {
@@ -353,6 +408,7 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
     let listed = session.snapshots()?.0.clone();
     let r = run(session.repo(), opts, parent, &listed, progress)?;
     progress.check_cancelled()?;
+    packs_still_there(session.repo(), &r)?;
     let snapshot_id = session
         .repo()
         .write_snapshot(&r.snapshot, session.commit_lock()?)?;
@@ -407,6 +463,7 @@ struct Ran {
     claims_on_disk: u64,
     stored_data: Vec<BlobId>,
     index_files: Vec<cairn_format::IndexId>,
+    pack_ids: Vec<cairn_format::PackId>,
     /// Index files that existed when the backup began.
     index_before: HashSet<cairn_format::IndexId>,
 }
@@ -834,6 +891,7 @@ fn run(
         claims_on_disk: inflight.on_disk(),
         stored_data: archived.stored_data,
         index_files: archived.index_files,
+        pack_ids: archived.pack_ids,
         index_before,
     })
 }

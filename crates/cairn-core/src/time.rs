@@ -62,10 +62,20 @@ pub fn now_unix() -> i64 {
 }
 
 pub fn now_rfc3339() -> String {
+    let t = now_timestamp();
+    format_unix(t.secs, t.nanos)
+}
+
+/// Now, as a tree records times (an entry cairn makes itself: standard input, the
+/// directories `recover` gathers trees under).
+pub fn now_timestamp() -> cairn_format::tree::Timestamp {
     let d = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    format_unix(d.as_secs() as i64, d.subsec_nanos())
+    cairn_format::tree::Timestamp {
+        secs: d.as_secs() as i64,
+        nanos: d.subsec_nanos(),
+    }
 }
 
 /// Seconds since the epoch of an RFC 3339 time (a snapshot's), if it is one.

@@ -114,15 +114,18 @@ impl CommandOutput {
             .map(|w| w.to_string_lossy())
             .collect::<Vec<_>>()
             .join(" ");
-        // Not handed the repository's secrets (a dump program has no use for them).
-        let mut child = std::process::Command::new(&words[0])
+        let mut cmd = std::process::Command::new(&words[0]);
+        // Not handed the repository's secrets (passwords, tokens, their files): a
+        // dump program has no use for them.
+        for (k, _) in std::env::vars_os() {
+            if k.to_str().is_some_and(|k| {
+                k.starts_with("CAIRN_") && (k.contains("PASSWORD") || k.contains("TOKEN"))
+            }) {
+                cmd.env_remove(k);
+            }
+        }
+        let mut child = cmd
             .args(&words[1..])
-            .env_remove("CAIRN_PASSWORD")
-            .env_remove("CAIRN_PASSWORD_FILE")
-            .env_remove("CAIRN_NEW_PASSWORD")
-            .env_remove("CAIRN_NEW_PASSWORD_FILE")
-            .env_remove("CAIRN_TOKEN")
-            .env_remove("CAIRN_TOKEN_FILE")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -318,11 +321,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     // sizes below the paths, added up beside the backup.
     let total_scan =
         ((ui::interactive(g) || g.json) && !a.stdin && !a.stdin_from_command && a.image.is_none())
-            .then(|| {
-                let mut rules = opts.excludes.clone();
-                rules.own_dirs = backup::own_dirs(session.repo());
-                source::Excludes::new(&rules)
-            })
+            .then(|| backup::excludes(session.repo(), &opts.excludes))
             .and_then(Result::ok)
             .map(|ex| (opts.paths.clone(), ex, opts.one_file_system));
     p.start();

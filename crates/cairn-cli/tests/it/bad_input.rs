@@ -590,6 +590,21 @@ fn a_failing_stdin_command_saves_no_snapshot() {
         "{e}"
     );
     assert_eq!(env.snapshot_ids(), [id]);
+    // The command does not see the repository's password.
+    let out = env.ok(&[
+        "backup",
+        "--json",
+        "--stdin-from-command",
+        "--stdin-name",
+        "env.txt",
+        "--",
+        "sh",
+        "-c",
+        "echo \"password: ${CAIRN_PASSWORD:-none}\"",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let seen = env.ok(&["dump", v["snapshot_id"].as_str().unwrap(), "/env.txt"]);
+    assert_eq!(seen, "password: none\n");
     env.check_clean();
 }
 

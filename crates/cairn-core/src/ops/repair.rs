@@ -891,31 +891,34 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
     if roots.is_empty() {
         return Ok(report);
     }
-    // What a root needs and the index no longer has: a tree shared by several is
-    // checked (and its losses counted) once.
+    // One walk below the roots: the bytes of their files (as a snapshot counts
+    // them, a file under two roots twice), and what they need that the index no
+    // longer has (a tree shared by several checked, and its losses counted, once).
     let mut seen = IdSet::default();
     for root in &roots {
         progress.check_cancelled()?;
         let mut missing = 0u64;
         let mut todo = vec![*root];
         while let Some(t) = todo.pop() {
-            if !seen.insert(t) {
-                continue;
-            }
+            let first = seen.insert(t);
             let tree = match repo.load_tree(&t) {
                 Ok(tree) => tree,
                 Err(e) if is_loss(&e) => {
-                    missing += 1;
+                    missing += u64::from(first);
                     continue;
                 }
                 Err(e) => return Err(e),
             };
             for n in &tree.nodes {
                 todo.extend(n.subtree);
+                if n.kind == NodeKind::File {
+                    report.total_bytes += n.size;
+                }
+                if !first {
+                    continue;
+                }
                 let r = for_each_content_blob(repo, &n.content, &mut |b| {
-                    if !index.is_live(&b) {
-                        missing += 1;
-                    }
+                    missing += u64::from(!index.is_live(&b));
                     true
                 });
                 match r {
@@ -930,13 +933,7 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
                 .push(format!("{}: {missing} trees or blobs gone", root.to_hex()));
         }
     }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let now = cairn_format::tree::Timestamp {
-        secs: now.as_secs() as i64,
-        nanos: now.subsec_nanos(),
-    };
+    let now = crate::time::now_timestamp();
     let dir = |name: Vec<u8>, subtree: BlobId| {
         let mut n = Node::new(name, NodeKind::Dir);
         n.mode = libc::S_IFDIR | 0o700;
@@ -960,18 +957,10 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
     };
     let top_data = top.encode();
     let top_id = repo.key().blob_id(&top_data);
-    let new: HashMap<BlobId, Vec<u8>> = [(inner_id, inner_data), (top_id, top_data)]
-        .into_iter()
-        .collect();
-    // Only for the report: a damaged or missing tree below a root leaves it at 0.
-    report.total_bytes = match file_bytes(repo, &top_id, &new) {
-        Err(e) if is_loss(&e) => 0,
-        r => r?,
-    };
     if dry_run {
         return Ok(report);
     }
-    let fresh: Vec<(BlobId, Vec<u8>)> = new
+    let fresh: Vec<(BlobId, Vec<u8>)> = [(inner_id, inner_data), (top_id, top_data)]
         .into_iter()
         .filter(|(id, _)| !index.is_live(id))
         .collect();

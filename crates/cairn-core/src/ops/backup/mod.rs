@@ -326,11 +326,22 @@ pub(crate) fn absolute(p: &Path) -> Result<PathBuf> {
 
 /// The directories of `repo` on this machine, which no backup into it takes in
 /// ([`source::ExcludeRules::own_dirs`]): a local repository's root.
-pub fn own_dirs(repo: &Repository) -> Vec<PathBuf> {
+fn own_dirs(repo: &Repository) -> Vec<PathBuf> {
     match crate::repo::storage::Location::parse(repo.location()) {
         Ok(crate::repo::storage::Location::Local(p)) => vec![p],
         _ => Vec::new(),
     }
+}
+
+/// `rules` as a backup into `repo` applies them: with the repository's own
+/// directories left out.
+pub fn excludes(
+    repo: &Repository,
+    rules: &source::ExcludeRules,
+) -> Result<source::Excludes, String> {
+    let mut rules = rules.clone();
+    rules.own_dirs.extend(own_dirs(repo));
+    source::Excludes::new(&rules)
 }
 
 fn same_paths(a: &[String], b: &[String]) -> bool {
@@ -380,12 +391,7 @@ fn packs_still_there(repo: &Repository, r: &Ran) -> Result<()> {
         return Ok(());
     }
     for f in &r.index_files {
-        let _ = repo
-            .backend()
-            .delete(&cairn_backend::names::index(&f.to_hex()));
-        let _ = repo
-            .backend()
-            .delete(&cairn_backend::names::admin_index(&f.to_hex()));
+        let _ = repo.delete_index_file(f);
     }
     Err(Error::Invalid(format!(
         "{gone} of the {} packs this backup stored are gone from the repository: a prune \
@@ -618,18 +624,17 @@ fn run(
             let owns: Vec<PathBuf> = (rules.own_dirs.iter())
                 .filter_map(|d| d.canonicalize().ok())
                 .collect();
-            let inside = |p: &Path| {
+            let (inside, kept): (Vec<PathBuf>, Vec<PathBuf>) = v.iter().cloned().partition(|p| {
                 p.canonicalize()
                     .is_ok_and(|c| owns.iter().any(|o| c.starts_with(o) && c != *o))
-            };
+            });
             // Every path given excluded (`-e` matching a source itself): the
             // snapshot would be empty, and say it saved them.
             let left_out = |p: &PathBuf| {
                 excludes.is_excluded(p)
-                    || inside(p)
                     || std::fs::symlink_metadata(p).is_ok_and(|m| excludes.excludes_entry(p, &m))
             };
-            if v.iter().all(left_out) {
+            if kept.iter().all(left_out) {
                 return Err(Error::Invalid(format!(
                     "nothing to back up: every path given is excluded ({})",
                     v.iter()
@@ -646,16 +651,13 @@ fn run(
                     ));
                 }
             }
-            v.retain(|p| {
-                let keep = !inside(p);
-                if !keep {
-                    progress.notice(format!(
-                        "leaving out {}: it is inside the repository this backup writes to",
-                        p.display()
-                    ));
-                }
-                keep
-            });
+            for p in &inside {
+                progress.notice(format!(
+                    "leaving out {}: it is inside the repository this backup writes to",
+                    p.display()
+                ));
+            }
+            let v = kept;
             let s = v.iter().map(|p| p.to_string_lossy().into_owned()).collect();
             (v, s)
         }

@@ -202,13 +202,7 @@ impl<'a> Walker<'a> {
             NodeKind::Dir,
         ))))?;
         let mut node = Node::new(name.as_bytes().to_vec(), NodeKind::File);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        let t = cairn_format::tree::Timestamp {
-            secs: now.as_secs() as i64,
-            nanos: now.subsec_nanos(),
-        };
+        let t = crate::time::now_timestamp();
         node.mtime = t;
         node.atime = t;
         node.ctime = t;

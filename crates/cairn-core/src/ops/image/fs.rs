@@ -528,19 +528,13 @@ impl ImageFs {
             .open(target)
             .map_err(|e| Error::io(target, e))?;
         // As a restore of files: what a restore here that did not finish left is
-        // not kept for its time, whatever `overwrite` says.
+        // not kept for its time, even with `never` or `if-newer`.
         use std::os::fd::AsFd as _;
         let unfinished_since = crate::ops::restore::unfinished::since(root.as_fd());
         let _ = crate::ops::restore::unfinished::mark(root.as_fd());
-        let mut notes = Vec::new();
-        if let Some(t) = unfinished_since {
-            notes.push(format!(
-                "a restore into {} that started at {} did not finish: what changed there \
-                 since is rewritten unless it matches the snapshot, whatever --overwrite says",
-                target.display(),
-                crate::time::local_display(&crate::time::format_unix(t.0, t.1))
-            ));
-        }
+        let notes = (unfinished_since.iter())
+            .map(|&t| crate::ops::restore::unfinished::notice(target, t))
+            .collect();
         let name = path
             .rsplit('/')
             .next()

@@ -333,12 +333,7 @@ pub fn restore(
     // none: then as before marks existed).
     let unfinished_since = unfinished::since(root_fd.as_fd());
     if let Some(t) = unfinished_since {
-        progress.notice(format!(
-            "a restore into {} that started at {} did not finish: what changed there since \
-             is rewritten unless it matches the snapshot, whatever --overwrite says",
-            target.display(),
-            crate::time::local_display(&crate::time::format_unix(t.0, t.1))
-        ));
+        progress.notice(unfinished::notice(target, t));
     }
     let _ = unfinished::mark(root_fd.as_fd());
     let root_dir = Arc::new(Dir {

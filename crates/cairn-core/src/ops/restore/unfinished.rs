@@ -30,6 +30,16 @@ pub(crate) fn since(root: BorrowedFd<'_>) -> Option<(i64, u32)> {
         .map(|st| st.mtime)
 }
 
+/// What a restore into `target` says when it finds a mark of time `t`.
+pub(crate) fn notice(target: &std::path::Path, t: (i64, u32)) -> String {
+    format!(
+        "a restore into {} that started at {} did not finish: what changed there since is \
+         rewritten unless it matches the snapshot, even with --overwrite never or if-newer",
+        target.display(),
+        crate::time::local_display(&crate::time::format_unix(t.0, t.1))
+    )
+}
+
 /// Leaves the mark in `root` (a mark already there stays, with its older time).
 pub(crate) fn mark(root: BorrowedFd<'_>) -> std::io::Result<()> {
     match super::target::create_file(root, MARK) {

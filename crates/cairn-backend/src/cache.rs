@@ -322,6 +322,13 @@ impl Backend for CachedBackend {
         self.store(name, data);
         Ok(())
     }
+    fn put_new_owned(&self, name: &str, data: crate::Bytes, metadata: bool) -> Result<()> {
+        self.inner.put_new_owned(name, data.clone(), metadata)?;
+        if metadata || cached_by_name(name) {
+            self.store(name, &data);
+        }
+        Ok(())
+    }
     fn get_metadata_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         if let Some(r) = self.load_range(name, offset, length) {
             return r;

@@ -218,6 +218,11 @@ impl Backend for FaultyBackend {
     fn put_metadata_new(&self, name: &str, data: &[u8]) -> Result<()> {
         self.call("put", name, || self.inner.put_metadata_new(name, data))
     }
+    fn put_new_owned(&self, name: &str, data: crate::Bytes, metadata: bool) -> Result<()> {
+        self.call("put", name, || {
+            self.inner.put_new_owned(name, data.clone(), metadata)
+        })
+    }
     fn get_metadata_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         self.call("get", name, || {
             self.inner.get_metadata_range(name, offset, length)

@@ -45,6 +45,7 @@ pub use s3::{S3Backend, S3Location, S3Options};
 pub use server::{ServerBackend, ServerLocation, ServerOptions, parse_fingerprint};
 pub use throttle::{Limiter, ThrottledBackend, Traffic};
 
+pub use bytes::Bytes;
 use std::fmt;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,6 +202,19 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// locally.
     fn put_metadata_new(&self, name: &str, data: &[u8]) -> Result<()> {
         self.put_new(name, data)
+    }
+    /// Stores an immutable object handed over whole: as [`Backend::put_metadata_new`]
+    /// when `metadata`, else as [`Backend::put_new`]. Why a second form: a backend
+    /// whose request outlives the call's borrow (S3's and the cairn server's HTTP
+    /// bodies) would otherwise copy each pack, so that every pack in flight was held
+    /// twice; `--memory-limit` plans for once. Wrappers pass the bytes on (a retry
+    /// clones the handle, not the data); the default borrows them.
+    fn put_new_owned(&self, name: &str, data: Bytes, metadata: bool) -> Result<()> {
+        if metadata {
+            self.put_metadata_new(name, &data)
+        } else {
+            self.put_new(name, &data)
+        }
     }
     /// Reads from a pack of trees and chunk lists. A backend with a local cache
     /// downloads such a pack whole once and serves every later range from its copy.
@@ -498,6 +512,17 @@ pub(crate) mod conformance {
                 .is_already_exists()
         );
         assert_eq!(b.get("data/aa/aa02").unwrap(), b"trees");
+        // Handed over whole, as packs are: the same contract, for data and metadata.
+        for (name, metadata) in [("data/aa/aa04", false), ("data/aa/aa05", true)] {
+            let bytes = Bytes::from(pattern(70_000, 4));
+            b.put_new_owned(name, bytes.clone(), metadata).unwrap();
+            let e = b
+                .put_new_owned(name, Bytes::from_static(b"other"), metadata)
+                .unwrap_err();
+            assert!(e.is_already_exists(), "{e}");
+            assert_eq!(b.get(name).unwrap(), bytes);
+            b.delete(name).unwrap();
+        }
         let results: Vec<(usize, bool)> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..6)
                 .map(|i| {

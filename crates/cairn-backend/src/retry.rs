@@ -236,6 +236,14 @@ impl Backend for RetryBackend {
             r => r,
         })
     }
+    fn put_new_owned(&self, name: &str, data: crate::Bytes, metadata: bool) -> Result<()> {
+        self.run(
+            |attempt| match self.inner.put_new_owned(name, data.clone(), metadata) {
+                Err(e) if attempt > 0 && e.is_already_exists() && self.holds(name, &data) => Ok(()),
+                r => r,
+            },
+        )
+    }
     fn get_metadata_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         self.run(|_| self.inner.get_metadata_range(name, offset, length))
     }

@@ -299,9 +299,13 @@ impl Backend for S3Backend {
     }
 
     fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.put_new_owned(name, crate::Bytes::copy_from_slice(data), false)
+    }
+
+    fn put_new_owned(&self, name: &str, data: crate::Bytes, _metadata: bool) -> Result<()> {
         // A conditional PUT (If-None-Match: *): the server refuses it when the key
         // exists. Not every S3 server honours the header (see the trait's contract).
-        let (op, key, data) = (self.op.clone(), name.to_string(), data.to_vec());
+        let (op, key) = (self.op.clone(), name.to_string());
         self.run("put", name, async move {
             op.write_with(&key, data).if_not_exists(true).await
         })?

@@ -460,13 +460,21 @@ fn refused(
 
 impl ServerBackend {
     fn put_mode(&self, name: &str, data: &[u8], mode: &str) -> Result<()> {
+        self.put_body(name, mode, || {
+            reqwest::Body::from(bytes::Bytes::from_owner(crate::bufpool::Pooled::copy_of(
+                &self.uploads,
+                data,
+            )))
+        })
+    }
+
+    /// One PUT of the body `body` makes (again, after waiting for a job slot).
+    fn put_body(&self, name: &str, mode: &str, body: impl Fn() -> reqwest::Body) -> Result<()> {
         let put = || {
             let req = self
                 .client
                 .put(format!("{}?mode={mode}", self.url(name)))
-                .body(reqwest::Body::from(bytes::Bytes::from_owner(
-                    crate::bufpool::Pooled::copy_of(&self.uploads, data),
-                )));
+                .body(body());
             self.send_telling("put", name, req).map(|_| ())
         };
         match put() {
@@ -550,6 +558,9 @@ impl Backend for ServerBackend {
     }
     fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
         self.put_mode(name, data, "new")
+    }
+    fn put_new_owned(&self, name: &str, data: crate::Bytes, _metadata: bool) -> Result<()> {
+        self.put_body(name, "new", || reqwest::Body::from(data.clone()))
     }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         let req = self.client.get(self.url(name));

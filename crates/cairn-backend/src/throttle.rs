@@ -153,6 +153,10 @@ impl Backend for ThrottledBackend {
         self.sent(data.len());
         self.inner.put_metadata_new(name, data)
     }
+    fn put_new_owned(&self, name: &str, data: crate::Bytes, metadata: bool) -> Result<()> {
+        self.sent(data.len());
+        self.inner.put_new_owned(name, data, metadata)
+    }
     fn get_metadata_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         // A cache below this layer may fetch more than the range (the whole pack);
         // what is counted here is what the engine received.

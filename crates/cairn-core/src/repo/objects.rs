@@ -58,6 +58,21 @@ pub(crate) fn store_immutable(
     }
 }
 
+/// As [`store_immutable`], handing the bytes over (a pack: see
+/// [`Backend::put_new_owned`]).
+pub(crate) fn store_immutable_owned(
+    backend: &dyn Backend,
+    name: &str,
+    data: cairn_backend::Bytes,
+    metadata: bool,
+) -> Result<()> {
+    match backend.put_new_owned(name, data, metadata) {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_already_exists() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The id of an index file from its object name (`index/<hex>` or
 /// `index/admin-<hex>`); `None` for names that are not index files.
 pub(crate) fn index_id_of(name: &str) -> Option<IndexId> {

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::lock;
 use crate::repo::blob::EncodedBlob;
 use cairn_backend::direct::{DIRECT_ALIGN, pad_to_align};
-use cairn_backend::{Backend, names};
+use cairn_backend::{Backend, Bytes, names};
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
 use cairn_format::key::MasterKey;
@@ -82,6 +82,25 @@ impl BufferPool {
     }
 }
 
+/// A sealed pack's buffer while a backend stores it (see [`SealedPack::into_shared`]).
+struct PackBuf {
+    buf: Vec<u8>,
+    start: usize,
+    pool: Arc<BufferPool>,
+}
+
+impl AsRef<[u8]> for PackBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+impl Drop for PackBuf {
+    fn drop(&mut self) {
+        self.pool.put(std::mem::take(&mut self.buf));
+    }
+}
+
 pub struct SealedPack {
     pub id: PackId,
     /// The pack is `buf[start..]`: it starts 4 KiB-aligned in memory, so that a local
@@ -97,9 +116,14 @@ impl SealedPack {
         &self.buf[self.start..]
     }
 
-    /// The buffer, for reuse.
-    fn into_buf(self) -> Vec<u8> {
-        self.buf
+    /// The pack as bytes a backend may hold on to (an HTTP body): no copy is made,
+    /// and the buffer goes back to `pool` when the last holder drops it.
+    fn into_shared(self, pool: Arc<BufferPool>) -> Bytes {
+        Bytes::from_owner(PackBuf {
+            buf: self.buf,
+            start: self.start,
+            pool,
+        })
     }
 
     /// Holds only trees and chunk lists (backup keeps them apart from data).
@@ -392,7 +416,7 @@ impl Uploader {
                 (backend.clone(), key.clone(), pool.clone(), shared.clone());
             let h = std::thread::Builder::new()
                 .name("cairn-upload".into())
-                .spawn(move || upload_loop(rx, backend.as_ref(), &key, &pool, &shared));
+                .spawn(move || upload_loop(rx, backend.as_ref(), &key, pool, &shared));
             match h {
                 Ok(h) => handles.push(h),
                 Err(_) => break,
@@ -557,7 +581,7 @@ fn upload_loop(
     rx: Receiver<SealedPack>,
     backend: &dyn Backend,
     key: &MasterKey,
-    pool: &BufferPool,
+    pool: Arc<BufferPool>,
     shared: &UploadShared,
 ) {
     for mut p in rx {
@@ -569,7 +593,10 @@ fn upload_loop(
         // backend keeps them, so the next backup reads its parent's trees locally.
         let name = names::pack(&p.id.to_hex());
         let metadata = p.is_metadata();
-        let stored = super::objects::store_immutable(backend, &name, p.bytes(), metadata);
+        let (id, blobs) = (p.id, std::mem::take(&mut p.blobs));
+        let bytes = p.into_shared(pool.clone());
+        let len = bytes.len() as u64;
+        let stored = super::objects::store_immutable_owned(backend, &name, bytes, metadata);
         if let Err(e) = stored {
             lock(&shared.failed).get_or_insert(e);
             shared.pack_done();
@@ -577,16 +604,14 @@ fn upload_loop(
         }
         crate::hooks::point("pack:stored");
         if let Some(pr) = shared.progress.get() {
-            pr.uploaded(p.bytes().len() as u64);
+            pr.uploaded(len);
         }
         {
             let mut st = lock(&shared.stats);
             st.packs += 1;
-            st.bytes += p.bytes().len() as u64;
+            st.bytes += len;
         }
-        let (id, blobs) = (p.id, std::mem::take(&mut p.blobs));
         lock(&shared.stats).pack_ids.push(id);
-        pool.put(p.into_buf());
         let mut pending = lock(&shared.pending);
         pending.blobs += blobs.len();
         let list = if metadata {
@@ -647,7 +672,8 @@ mod tests {
         bytes: &[u8],
     ) -> usize {
         let pool = Arc::new(BufferPool::new(2));
-        let mut up = Uploader::start_with(repo.backend().clone(), repo.key().clone(), pool, 1);
+        let mut up =
+            Uploader::start_with(repo.backend().clone(), repo.key().clone(), pool.clone(), 1);
         if let Some(every) = interval {
             up.set_index_flush_interval(every);
         }
@@ -657,6 +683,10 @@ mod tests {
         }
         let stats = up.finish().unwrap();
         assert_eq!(stats.packs, bytes.len() as u64);
+        // Each stored pack's buffer came back for the packers to reuse, though the
+        // backend was handed the bytes by value.
+        let kept = pool.free.lock().unwrap().len();
+        assert_eq!(kept, bytes.len().min(2), "buffers back in the pool");
         stats.index_files.len()
     }
 

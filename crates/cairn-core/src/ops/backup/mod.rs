@@ -729,7 +729,7 @@ fn run(
     let workers = opts
         .read_concurrency
         .unwrap_or_else(|| default_read_concurrency(cores))
-        .min(plan.map_or(usize::MAX, |p| p.share(2 << 20, 2, 256) as usize))
+        .min(plan.map_or(usize::MAX, |p| p.share(8 << 20, 2, 256) as usize))
         .clamp(1, 256);
     // Packs being filled and uploaded (about six at a time): smaller under a limit.
     if let Some(p) = plan

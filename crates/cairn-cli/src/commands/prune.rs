@@ -40,7 +40,17 @@ pub fn run(g: &Global, a: &PruneArgs) -> Result<i32> {
 
 /// Prunes (or plans, with --dry-run) and returns the report, printing nothing.
 fn execute(g: &Global, a: &PruneArgs) -> Result<PruneReport> {
-    let opts = options(a)?;
+    execute_with(g, a, Vec::new())
+}
+
+/// `execute`, a dry run planning as if the snapshots `forgotten` were gone.
+fn execute_with(
+    g: &Global,
+    a: &PruneArgs,
+    forgotten: Vec<cairn_format::SnapshotId>,
+) -> Result<PruneReport> {
+    let mut opts = options(a)?;
+    opts.as_if_forgotten = forgotten;
     let mut p = super::progress(g);
     let report = if opts.dry_run {
         let mut s = super::session::<Read>(g, "prune", IndexLoad::None, &p.progress)?;
@@ -66,13 +76,17 @@ fn execute(g: &Global, a: &PruneArgs) -> Result<PruneReport> {
 
 /// `forget --prune`: prune with default settings once snapshots were removed. The
 /// report is returned for `--json` (forget prints one document holding both).
-pub fn run_after_forget(g: &Global, dry_run: bool) -> Result<PruneReport> {
+pub fn run_after_forget(
+    g: &Global,
+    dry_run: bool,
+    forgotten: Vec<cairn_format::SnapshotId>,
+) -> Result<PruneReport> {
     let args = PruneArgs {
         dry_run,
         max_unused: "5%".into(),
         max_repack_size: None,
     };
-    let report = execute(g, &args)?;
+    let report = execute_with(g, &args, forgotten)?;
     if !g.json {
         render(g, &report)?;
     }

@@ -186,10 +186,32 @@ fn prune_flag_prunes_after_forgetting() {
     setup(&env);
     let out = env.ok(&["forget", "--keep-last", "1", "--prune", "-n"]);
     assert!(out.contains("dry run"), "{out}");
+    assert!(
+        out.contains("2 snapshots need"),
+        "planned without the 3: {out}"
+    );
+    let dry = env.ok(&["forget", "--keep-last", "1", "--prune", "-n", "--json"]);
+    let dry: serde_json::Value =
+        serde_json::from_str(&dry).unwrap_or_else(|e| panic!("{e}: {dry}"));
     // --json: one document, forget's groups and prune's report.
     let out = env.ok(&["forget", "--keep-last", "1", "--prune", "--json"]);
     let doc: serde_json::Value =
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    // The dry run's prune planned what the real one did (it planned as if nothing
+    // were forgotten, freeing nothing), but for the index file in which the real
+    // forget recorded what it removed.
+    let (mut planned, mut done) = (dry["prune"]["plan"].clone(), doc["prune"]["plan"].clone());
+    let replaced = |p: &mut serde_json::Value| p["index_files_replaced"].take().as_u64();
+    assert_eq!(
+        replaced(&mut planned).map(|n| n + 1),
+        replaced(&mut done),
+        "{dry}\n{doc}"
+    );
+    assert_eq!(planned, done, "{dry}\n{doc}");
+    assert!(
+        doc["prune"]["plan"]["reclaim_bytes"].as_u64() > Some(0),
+        "{doc}"
+    );
     let removed = |doc: &serde_json::Value| -> usize {
         doc["forget"]
             .as_array()

@@ -61,6 +61,9 @@ pub struct PruneOptions {
     /// a share of `--memory-limit`, else 256 MiB); below what they need, they
     /// spill to local disk in as many partitions as it takes.
     pub partition_bytes: Option<u64>,
+    /// A dry run plans as if these snapshots were gone (`forget --dry-run --prune`:
+    /// what the prune after that forget would free). A real prune ignores this.
+    pub as_if_forgotten: Vec<SnapshotId>,
 }
 
 impl Default for PruneOptions {
@@ -70,6 +73,7 @@ impl Default for PruneOptions {
             max_unused: MaxUnused::Percent(5.0),
             max_repack_bytes: None,
             partition_bytes: None,
+            as_if_forgotten: Vec::new(),
         }
     }
 }
@@ -188,7 +192,12 @@ fn run(
     // afterwards knows them.
     progress.phase(Phase::Planning);
     let stored: HashMap<PackId, u64> = repo.list_packs()?;
-    let (snaps, bad) = repo.snapshots()?;
+    let (mut snaps, mut bad) = repo.snapshots()?;
+    if opts.dry_run && !opts.as_if_forgotten.is_empty() {
+        let gone: HashSet<&SnapshotId> = opts.as_if_forgotten.iter().collect();
+        snaps.retain(|(id, _)| !gone.contains(id));
+        bad.retain(|e| !gone.contains(&e.id));
+    }
     if let Some(e) = bad.into_iter().next() {
         return Err(Error::Invalid(format!(
             "{e}; prune cannot tell what it needs: `cairn forget ID` removes that object \

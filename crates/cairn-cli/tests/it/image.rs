@@ -1168,6 +1168,67 @@ fn a_changed_block_list_against_another_sources_parent_is_warned_about() {
     assert!(out.contains("new (no parent)"), "{out}");
 }
 
+/// A changed-block list is relative to the backup made last: a snapshot dated
+/// ahead by a wrong clock does not stay the parent of the ones after it, and a
+/// parent found by path that holds another image (one path, several disks in turn)
+/// is refused. Each image restores as it was.
+#[test]
+fn a_changed_block_parent_is_the_last_backup_of_this_image_whatever_the_clock() {
+    let env = Env::new();
+    env.init(&["--block-size", "4K"]);
+    let src = env.path("disk.img");
+    let mut data = make_image(&src, 2, 11);
+    let list = env.path("cbt.txt");
+    backup_image(&env, &src, &[]);
+    // The clock three hours ahead for one backup, then right again.
+    let ahead = std::process::Command::new("date")
+        .args(["-u", "-d", "+3 hours", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .unwrap();
+    let ahead = String::from_utf8(ahead.stdout).unwrap().trim().to_string();
+    fs::write(&list, change(&src, &mut data, &[(4096, 4096)], 1)).unwrap();
+    let l = list.to_str().unwrap();
+    backup_image(&env, &src, &["--changed-blocks", l, "--time", &ahead]);
+    let mut snaps = Vec::new();
+    for (i, off) in [(2u64, 65536usize), (3, 1 << 20)] {
+        fs::write(&list, change(&src, &mut data, &[(off, 4096)], i)).unwrap();
+        let r = backup_image(&env, &src, &["--changed-blocks", l]);
+        snaps.push((r["snapshot_id"].as_str().unwrap().to_string(), data.clone()));
+    }
+    for (i, (snap, want)) in snaps.iter().enumerate() {
+        let out = env.path(&format!("r{i}.img"));
+        restore_image(&env, snap, &out, &[]);
+        assert!(fs::read(&out).unwrap() == *want, "snapshot {i} differs");
+    }
+
+    // Another disk at the same path, named so: a list of the first is refused.
+    let other = make_image(&src, 1, 12);
+    backup_image(&env, &src, &["--name", "other"]);
+    fs::write(&src, &data).unwrap();
+    fs::write(&list, "").unwrap();
+    let o = env.run(&[
+        "backup",
+        "--image",
+        src.to_str().unwrap(),
+        "--changed-blocks",
+        l,
+    ]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("is of the image \"other\", not \"disk.img\""),
+        "{e}"
+    );
+    // Named, it goes.
+    let last = &snaps[1].0;
+    let r = backup_image(&env, &src, &["--changed-blocks", l, "--parent", last]);
+    let out = env.path("named.img");
+    restore_image(&env, r["snapshot_id"].as_str().unwrap(), &out, &[]);
+    assert!(fs::read(&out).unwrap() == data);
+    assert_ne!(other, data);
+    env.ok(&["check", "--read-data"]);
+}
+
 /// An ext4 image of `tree` (16 MiB, `mke2fs -d` with `extra` options), backed up
 /// as an image: its snapshot's id.
 fn ext4_image_snapshot(env: &Env, tree: &Path, extra: &[&str]) -> String {

@@ -663,6 +663,7 @@ pub(crate) fn plan(
     repo: &crate::repo::Repository,
     opts: crate::ops::image::ImageOptions,
     parent: Option<&cairn_format::snapshot::Snapshot>,
+    parent_named: bool,
 ) -> Result<ImagePlan> {
     use std::os::unix::fs::FileTypeExt;
     let path = super::absolute(&opts.source)?;
@@ -723,6 +724,19 @@ pub(crate) fn plan(
             if info.block_size == block_size && u64::from(info.fanout) == geometry.fanout =>
         {
             let (info, pnode) = crate::ops::image::image_node(repo, snap)?;
+            // One path may carry several disks in turn (an NBD device, a staging
+            // file): the parent found by path must be of this image, or the list
+            // would patch another disk's blocks.
+            if opts.changed_blocks.is_some() && !parent_named && pnode.name != node.name {
+                return Err(Error::Invalid(format!(
+                    "the last image snapshot of {} on this host is of the image {:?}, not \
+                     {:?}: a changed-block list of this image needs its own parent (name it \
+                     with --parent ID, or back up without --changed-blocks)",
+                    path.display(),
+                    String::from_utf8_lossy(&pnode.name),
+                    String::from_utf8_lossy(&node.name),
+                )));
+            }
             parent_unreadable.clone_from(&info.unreadable);
             // A changed-block list describes changes since the parent's source was
             // read: another device, or another size, is worth a word (an LVM

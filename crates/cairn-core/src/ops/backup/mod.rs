@@ -679,24 +679,38 @@ fn run(
     let is_image = opts.image.is_some();
     // `--force` reads everything and compares with nothing: no parent is recorded
     // (as restic has it), so the counts say "new" truthfully.
+    let parent_named = parent.is_some();
+    let ours = |s: &Snapshot| {
+        s.hostname == host && same_paths(&s.paths, &snapshot_paths) && s.image.is_some() == is_image
+    };
     let parent = match parent {
         _ if opts.force => None,
         Some(p) => Some(p),
-        None => listed
-            .iter()
-            .rev()
-            .find(|(_, s)| {
-                s.hostname == host
-                    && same_paths(&s.paths, &snapshot_paths)
-                    && s.image.is_some() == is_image
-            })
-            .cloned(),
+        // An image's parent is the one backed up last, which a changed-block list
+        // is relative to: the newest that no other is the parent of. By time alone,
+        // one dated ahead by a wrong clock would stay the parent after later ones,
+        // and their changes would be missing from every image built on it.
+        None if is_image => {
+            let mine: Vec<&(SnapshotId, Snapshot)> =
+                listed.iter().filter(|(_, s)| ours(s)).collect();
+            let parents: HashSet<&str> = mine
+                .iter()
+                .filter_map(|(_, s)| s.parent.as_deref())
+                .collect();
+            mine.iter()
+                .rev()
+                .find(|(id, _)| !parents.contains(id.to_hex().as_str()))
+                .or(mine.last())
+                .map(|p| (*p).clone())
+        }
+        None => listed.iter().rev().find(|(_, s)| ours(s)).cloned(),
     };
     let image_plan = match opts.image.take() {
         Some(io) => Some(image::plan(
             repo,
             io,
             parent.as_ref().map(|(_, s)| s).filter(|_| !opts.force),
+            parent_named,
         )?),
         None => None,
     };

@@ -27,18 +27,30 @@ pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
             .map(|p| cairn_core::index::ssd::SsdIndex::dir_for(&p, &repo.config().id)),
         IndexPlacement::Ram => None,
     };
-    if a.placement.is_some() || a.path.is_some() {
+    let moving = a.placement.is_some() || a.path.is_some();
+    if moving {
         let placement = match &a.placement {
             Some(p) => p.parse::<IndexPlacement>().map_err(anyhow::Error::msg)?,
             None => repo.config().index_placement,
         };
         let path = a.path.as_deref().map(absolute_path).transpose()?;
-        repo.set_index_placement(placement, path)?;
+        repo.try_index_placement(placement, path);
     }
     let mut session: Session<Read> =
         Session::open(repo, "index", IndexLoad::Deferred, &p.progress)?;
     let started = std::time::Instant::now();
-    session.load_index().context("loading the index")?;
+    session.load_index().context(if moving {
+        "building the index in its new place (nothing was changed: the index stays \
+         where it was)"
+    } else {
+        "loading the index"
+    })?;
+    if moving {
+        session
+            .repo()
+            .save_index_placement()
+            .context("recording the index's new place")?;
+    }
     let info = IndexInfo::of(session.repo(), started.elapsed().as_secs_f64());
     // A moved SSD index leaves its old files behind: they are only a cache.
     let index = session.repo().index();

@@ -119,6 +119,27 @@ fn backups_on_the_ssd_placement_deduplicate_and_restore_exactly() {
     assert_same(&other, &copy);
 
     env.fails(&["index", "--placement", "floppy"], 1);
+
+    // A directory that cannot take the index changes nothing: it stays where it
+    // was and every command goes on working.
+    let file = env.path("a-file");
+    fs::write(&file, b"x").unwrap();
+    let before = index_json(&env);
+    let o = env.run(&["index", "--index-path", file.to_str().unwrap()]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("nothing was changed"), "{e}");
+    assert_eq!(index_json(&env)["path"], before["path"]);
+    let o = env.run(&[
+        "index",
+        "--index-placement",
+        "ram",
+        "--index-path",
+        file.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "RAM needs no directory");
+    let copy = env.restore("latest", &other, "after-refused-move");
+    assert_same(&other, &copy);
 }
 
 /// The current build directory of the SSD index under `ssd`.

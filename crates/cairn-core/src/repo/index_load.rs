@@ -393,16 +393,20 @@ impl Repository {
         }
     }
 
-    /// Changes where the index lives (and, for the SSD placement, the directory).
-    pub fn set_index_placement(
-        &mut self,
-        placement: IndexPlacement,
-        path: Option<String>,
-    ) -> Result<()> {
+    /// Puts the index somewhere else (and, for the SSD placement, in another
+    /// directory) on this handle only: the index is built there first, and
+    /// [`Repository::save_index_placement`] records the change once it was. A
+    /// directory that cannot take it (not a directory, full, read-only) then
+    /// changes nothing, where recording first left every later command failing.
+    pub fn try_index_placement(&mut self, placement: IndexPlacement, path: Option<String>) {
         self.config.index_placement = placement;
         if path.is_some() {
             self.config.index_path = path;
         }
+    }
+
+    /// Records this handle's placement in the repository's config.
+    pub fn save_index_placement(&self) -> Result<()> {
         self.write_config()
     }
 

@@ -308,3 +308,60 @@ fn check_counts_past_twenty_blob_problems() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["problems"].as_array().unwrap().len() >= 60, "{v}");
 }
+
+/// A pack with bytes appended, or its end cut off, is found by `check` without
+/// reading data (its size is not what its index entries and header make); a pack
+/// cut in half costs, under `--read-data`, the blobs that were cut, not all of its
+/// blobs.
+#[test]
+fn check_finds_a_pack_of_the_wrong_size_and_counts_only_the_blobs_cut_off() {
+    let t = template();
+    let env = &t.env;
+    let pack = &t.data_pack_a;
+    let name = pack.file_name().unwrap().to_str().unwrap().to_string();
+    let original = fs::read(pack).unwrap();
+    let mut appended = original.clone();
+    appended.extend_from_slice(&[7u8; 1000]);
+    for (label, bytes) in [
+        ("appended", &appended[..]),
+        ("end cut", &original[..original.len() - 100]),
+    ] {
+        fs::write(pack, bytes).unwrap();
+        let o = env.run(&["check"]);
+        let err = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(o.status.code(), Some(1), "{label}: {err}");
+        assert!(
+            err.contains(&name) && err.contains("its index entries and header make"),
+            "{label}: {err}"
+        );
+    }
+    fs::write(pack, &original).unwrap();
+    assert!(env.ok(&["check"]).contains("no errors were found"));
+
+    fs::write(pack, &original[..original.len() / 2]).unwrap();
+    let o = env.run(&["check", "--read-data", "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let problems = v["problems"].as_array().unwrap();
+    let count = |kind: &str| problems.iter().filter(|p| p["kind"] == kind).count();
+    let summary = problems
+        .iter()
+        .filter_map(|p| p["error"].as_str())
+        .find(|e| e.contains("blobs are unreadable"))
+        .unwrap_or_else(|| panic!("{v}"));
+    let (lost, of) = summary
+        .split_once("; ")
+        .and_then(|(_, s)| s.split_once(" of "))
+        .map(|(a, b)| (a.parse::<usize>().unwrap(), b.split(' ').next().unwrap()))
+        .unwrap();
+    let of: usize = of.parse().unwrap();
+    assert!(lost > 0 && lost < of, "{summary}");
+    assert_eq!(count("blob_in_damaged_pack"), lost, "{v}");
+    // B, in other packs, restores.
+    let r = env.restore(&t.snap_b, &t.b, "rb");
+    assert_same(&t.b, &r);
+}

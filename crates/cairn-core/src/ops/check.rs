@@ -87,6 +87,13 @@ pub enum Problem {
         size: u64,
         needed: u64,
     },
+    /// A pack's size is not what its index entries and header make (bytes appended,
+    /// or its header cut off), and its trailer does not account for it either.
+    PackSize {
+        pack: PackId,
+        size: u64,
+        expected: u64,
+    },
     /// Reading a pack whole found damage (`--read-data`): its hash, header or blobs.
     PackDamaged { pack: PackId, error: String },
     /// A snapshot object cannot be read or names no valid tree.
@@ -156,6 +163,14 @@ impl Problem {
             Problem::PackTruncated { pack, size, needed } => {
                 format!("pack {pack}: truncated: {size} bytes, the index needs {needed}")
             }
+            Problem::PackSize {
+                pack,
+                size,
+                expected,
+            } => format!(
+                "pack {pack}: {size} bytes, where its index entries and header make \
+                 {expected} (appended to, or its end cut off; `check --read-data` reads it)"
+            ),
             Problem::PackDamaged { pack, error } => format!("pack {pack}: {error}"),
             Problem::SnapshotUnreadable { snapshot, error } => {
                 format!("snapshot {snapshot}: {error}")
@@ -312,12 +327,25 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
                 report.problems.push(Problem::PackMissing { pack: *p });
             }
             Some(size) if l.end + PACK_TRAILER_LEN as u64 > *size => {
-                bad.packs.insert(*p);
+                // Read whole, the blobs still inside it count as readable; without
+                // that read, all of its blobs are in doubt.
+                if !opts.read_data {
+                    bad.packs.insert(*p);
+                }
                 report.problems.push(Problem::PackTruncated {
                     pack: *p,
                     size: *size,
                     needed: l.end + PACK_TRAILER_LEN as u64,
                 });
+            }
+            Some(size) if l.live && *size != l.expected_size(repo) => {
+                if !trailer_agrees(repo, p, *size, l.end) {
+                    report.problems.push(Problem::PackSize {
+                        pack: *p,
+                        size: *size,
+                        expected: l.expected_size(repo),
+                    });
+                }
             }
             Some(_) => {}
         }
@@ -396,7 +424,34 @@ struct Listed {
     live: bool,
 }
 
+/// Whether a pack whose size is not the expected one still ends in a trailer whose
+/// header length leaves exactly its indexed blobs before it (one small read): a
+/// pack written by another version's header layout passes, bytes appended or an
+/// end cut off do not.
+fn trailer_agrees(repo: &Repository, pack: &PackId, size: u64, end: u64) -> bool {
+    let t = PACK_TRAILER_LEN as u64;
+    size >= t
+        && repo
+            .backend()
+            .get_range(&names::pack(&pack.to_hex()), size - t, t)
+            .ok()
+            .and_then(|b| cairn_format::pack::parse_trailer(size, &b).ok())
+            .is_some_and(|(blob_bytes, _)| blob_bytes == end)
+}
+
 impl Listed {
+    /// The size of a pack holding just these blobs: the blobs back to back, the
+    /// sealed header (a version byte, the entry count, the entries) and the trailer.
+    fn expected_size(&self, repo: &Repository) -> u64 {
+        let count_len = (1..=10).find(|i| self.blobs >> (7 * i) == 0).unwrap_or(10);
+        self.end
+            + 1
+            + count_len
+            + self.blobs * cairn_format::consts::PACK_HEADER_ENTRY_LEN as u64
+            + repo.key().sealer.overhead() as u64
+            + PACK_TRAILER_LEN as u64
+    }
+
     fn of(blobs: &[IndexBlob], live: bool) -> Listed {
         let mut l = Listed {
             end: 0,

@@ -37,6 +37,12 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
                         ui::count(r.index_files_written as u64, "new index file"),
                         r.index_files_replaced
                     );
+                    if r.damaged_packs_deleted > 0 {
+                        println!(
+                            "deleted {}: what could be read of them was copied to new packs first",
+                            ui::count(r.damaged_packs_deleted as u64, "damaged pack")
+                        );
+                    }
                     if r.damaged_packs.iter().any(|d| d.blobs_lost > 0) {
                         println!(
                             "lost blobs are no longer indexed: run `cairn repair snapshots` to drop what needs them (a new backup of the same files stores them again)"

@@ -14,6 +14,18 @@ pub fn run(g: &Global, a: &UnlockArgs) -> Result<i32> {
         for l in &r.remaining {
             println!("in use: {}", l.description);
         }
+        // An unreadable lock never goes stale by itself (its age cannot be read):
+        // say how it goes.
+        if !a.remove_all
+            && r.remaining
+                .iter()
+                .any(|l| l.description.starts_with("unreadable lock"))
+        {
+            println!(
+                "an unreadable lock counts as held until removed: once no cairn is running \
+                 on this repository, `cairn unlock --remove-all` removes it"
+            );
+        }
         for l in &r.running_here {
             eprintln!(
                 "warning: left {}: that process is running on this machine (stop it first; \

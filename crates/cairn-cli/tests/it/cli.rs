@@ -364,6 +364,9 @@ fn memory_limit_is_announced_met_or_refused() {
     assert!(err.contains("within the limit of 256.0 MiB"), "{err}");
     let err = restore_refused_under(&env, "40M");
     assert!(err.contains("raise the limit"), "{err}");
+    // A default nothing could run under is refused, saying the least that runs.
+    let err = env.fails(&["config", "--memory-limit", "60M"], 1);
+    assert!(err.contains("give at least 80M"), "{err}");
     // The repository's default applies without the flag, and can be removed.
     env.ok(&["config", "--memory-limit", "512M"]);
     let c: serde_json::Value = serde_json::from_str(&env.ok(&["config", "--json"])).unwrap();

@@ -39,6 +39,8 @@ const BASE_BYTES: u64 = 48 << 20;
 /// The least working memory an operation is run with (below this a limit is
 /// refused rather than met by crawling).
 pub const MIN_WORK_BYTES: u64 = 32 << 20;
+/// The least limit any operation can run under (a repository with no index yet).
+pub const MIN_LIMIT_BYTES: u64 = BASE_BYTES + MIN_WORK_BYTES;
 
 /// How an operation's memory divides under its limit.
 #[derive(Clone, Copy, Debug, serde::Serialize)]

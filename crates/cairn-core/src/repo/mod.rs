@@ -561,11 +561,13 @@ impl Repository {
     /// The repository's default memory limit for operations (`None`: none).
     pub fn set_default_memory_limit(&mut self, limit: Option<u64>) -> Result<()> {
         if let Some(l) = limit
-            && l < memory::MIN_WORK_BYTES
+            && l < memory::MIN_LIMIT_BYTES
         {
             return Err(Error::Invalid(format!(
-                "memory limit {}: too small to run anything; give at least 64M",
-                crate::units::bytes(l, 0)
+                "memory limit {}: too small to run anything; give at least {}M (and more \
+                 for the index as the repository grows: `cairn index` says how much)",
+                crate::units::bytes(l, 0),
+                memory::MIN_LIMIT_BYTES >> 20
             )));
         }
         self.config.memory_limit = limit;

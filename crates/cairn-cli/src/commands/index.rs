@@ -40,8 +40,8 @@ pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
         Session::open(repo, "index", IndexLoad::Deferred, &p.progress)?;
     let started = std::time::Instant::now();
     session.load_index().context(if moving {
-        "building the index in its new place (nothing was changed: the index stays \
-         where it was)"
+        "building the index in its new place (the repository's config was not changed: \
+         the index stays where it was)"
     } else {
         "loading the index"
     })?;

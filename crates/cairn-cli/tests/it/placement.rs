@@ -128,7 +128,7 @@ fn backups_on_the_ssd_placement_deduplicate_and_restore_exactly() {
     let o = env.run(&["index", "--index-path", file.to_str().unwrap()]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{e}");
-    assert!(e.contains("nothing was changed"), "{e}");
+    assert!(e.contains("config was not changed"), "{e}");
     assert_eq!(index_json(&env)["path"], before["path"]);
     let o = env.run(&[
         "index",

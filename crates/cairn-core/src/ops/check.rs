@@ -328,8 +328,9 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
             }
             Some(size) if l.end + PACK_TRAILER_LEN as u64 > *size => {
                 // Read whole, the blobs still inside it count as readable; without
-                // that read, all of its blobs are in doubt.
-                if !opts.read_data {
+                // that read (or in a sample that may pass it over), all of its
+                // blobs are in doubt.
+                if !(opts.read_data && opts.subset.is_none()) {
                     bad.packs.insert(*p);
                 }
                 report.problems.push(Problem::PackTruncated {
@@ -425,9 +426,10 @@ struct Listed {
 }
 
 /// Whether a pack whose size is not the expected one still ends in a trailer whose
-/// header length leaves exactly its indexed blobs before it (one small read): a
-/// pack written by another version's header layout passes, bytes appended or an
-/// end cut off do not.
+/// header leaves room for its indexed blobs before it (one small read): a listing
+/// of some of a pack's blobs (which is not damage: a pending record of a repair, a
+/// client's partial listing) and another version's header layout pass; bytes
+/// appended or an end cut off break the trailer and do not.
 fn trailer_agrees(repo: &Repository, pack: &PackId, size: u64, end: u64) -> bool {
     let t = PACK_TRAILER_LEN as u64;
     size >= t
@@ -436,7 +438,7 @@ fn trailer_agrees(repo: &Repository, pack: &PackId, size: u64, end: u64) -> bool
             .get_range(&names::pack(&pack.to_hex()), size - t, t)
             .ok()
             .and_then(|b| cairn_format::pack::parse_trailer(size, &b).ok())
-            .is_some_and(|(blob_bytes, _)| blob_bytes == end)
+            .is_some_and(|(blob_bytes, _)| blob_bytes >= end)
 }
 
 impl Listed {

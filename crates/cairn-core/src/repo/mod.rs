@@ -564,8 +564,8 @@ impl Repository {
             && l < memory::MIN_LIMIT_BYTES
         {
             return Err(Error::Invalid(format!(
-                "memory limit {}: too small to run anything; give at least {}M (and more \
-                 for the index as the repository grows: `cairn index` says how much)",
+                "memory limit {}: too small to run anything; give at least {}M, plus the \
+                 RAM `cairn index` reports for the index",
                 crate::units::bytes(l, 0),
                 memory::MIN_LIMIT_BYTES >> 20
             )));

@@ -644,6 +644,13 @@ pub(crate) mod conformance {
                 .unwrap_err()
                 .is_not_found()
         );
+        // An empty range of a missing object says so too (a pack's presence is
+        // asked this way).
+        assert!(
+            b.get_range("data/ab/abcd", 0, 0)
+                .unwrap_err()
+                .is_not_found()
+        );
         assert!(
             b.get_metadata_range("data/ab/abcd", 0, 1)
                 .unwrap_err()

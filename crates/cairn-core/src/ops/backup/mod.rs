@@ -335,13 +335,19 @@ fn own_dirs(repo: &Repository) -> Vec<PathBuf> {
 
 /// `rules` as a backup into `repo` applies them: with the repository's own
 /// directories left out.
+fn rules_for(repo: &Repository, rules: &source::ExcludeRules) -> source::ExcludeRules {
+    let mut rules = rules.clone();
+    rules.own_dirs.extend(own_dirs(repo));
+    rules
+}
+
+/// The exclusions of a backup into `repo` ([`rules_for`]), for the walk that
+/// counts its total for the progress display.
 pub fn excludes(
     repo: &Repository,
     rules: &source::ExcludeRules,
 ) -> Result<source::Excludes, String> {
-    let mut rules = rules.clone();
-    rules.own_dirs.extend(own_dirs(repo));
-    source::Excludes::new(&rules)
+    source::Excludes::new(&rules_for(repo, rules))
 }
 
 fn same_paths(a: &[String], b: &[String]) -> bool {
@@ -356,8 +362,9 @@ fn same_paths(a: &[String], b: &[String]) -> bool {
 /// prune that took its lock for stale (a host whose clock runs half an hour ahead,
 /// a lock removed by hand) may have deleted them; a snapshot committed then would
 /// not restore, and its index files would lead later backups to the same loss.
-/// Listed a directory (`data/xx/`) at a time; through `cairn serve` the server's
-/// own clock judges locks, and this check is left to it. When packs are gone, this
+/// Asked of each pack (one small request each) or a directory (`data/xx/`) at a
+/// time, whichever takes fewer requests; through `cairn serve` the server's own
+/// clock judges locks, and this check is left to it. When packs are gone, this
 /// backup's index files are taken back (its other packs are then unindexed, and
 /// prune's to remove) and it fails.
 fn packs_still_there(repo: &Repository, r: &Ran) -> Result<()> {
@@ -377,15 +384,33 @@ fn packs_still_there(repo: &Repository, r: &Ran) -> Result<()> {
         let dir = name.rsplit_once('/').map_or("", |(d, _)| d).to_string();
         by_dir.entry(dir).or_default().push(hex);
     }
+    // A listing returns about 1,000 names a request (S3), and a directory holds
+    // 1/256 of the repository's packs: a large repository's listings would cost
+    // more than asking for a few packs.
+    let pages_per_dir = repo.index().packs().len() / 256 / 1000 + 1;
     let mut gone = 0usize;
-    for (dir, ids) in &by_dir {
-        let listed: HashSet<String> = repo
-            .backend()
-            .list(&format!("{dir}/"))?
-            .iter()
-            .map(|o| cairn_backend::names::base(&o.name).to_string())
-            .collect();
-        gone += ids.iter().filter(|h| !listed.contains(*h)).count();
+    if r.pack_ids.len() <= by_dir.len() * pages_per_dir {
+        let found = crate::threads::parallel_map(&r.pack_ids, 8, |id| {
+            let name = cairn_backend::names::pack(&id.to_hex());
+            repo.backend().get_range(&name, 0, 0)
+        });
+        for f in found {
+            match f {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => gone += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    } else {
+        for (dir, ids) in &by_dir {
+            let listed: HashSet<String> = repo
+                .backend()
+                .list(&format!("{dir}/"))?
+                .iter()
+                .map(|o| cairn_backend::names::base(&o.name).to_string())
+                .collect();
+            gone += ids.iter().filter(|h| !listed.contains(*h)).count();
+        }
     }
     if gone == 0 {
         return Ok(());
@@ -570,8 +595,7 @@ fn run(
     if host.is_empty() {
         return Err(Error::Invalid("the host name is empty".into()));
     }
-    let mut rules = opts.excludes.clone();
-    rules.own_dirs.extend(own_dirs(repo));
+    let rules = rules_for(repo, &opts.excludes);
     let excludes = source::Excludes::new(&rules).map_err(Error::Invalid)?;
     if let Some(n) = opts.pack_size {
         let range = crate::repo::CLIENT_PACK_SIZE_MIN..=crate::repo::PACK_SIZE_MAX;

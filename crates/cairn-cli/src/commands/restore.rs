@@ -4,6 +4,17 @@ use anyhow::{Context, Result};
 use cairn_core::restore::{self, RestoreOptions};
 use cairn_core::session::{IndexLoad, Read};
 
+/// Whether the restore is of some entries only (an include or exclude option,
+/// or a file of them, given).
+fn selects(a: &RestoreArgs) -> bool {
+    !(a.includes.is_empty()
+        && a.include_files.is_empty()
+        && a.excludes.is_empty()
+        && a.exclude_files.is_empty()
+        && a.iexcludes.is_empty()
+        && a.iexclude_files.is_empty())
+}
+
 pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     // A bad --overwrite is refused before the password is asked for.
     let overwrite: restore::Overwrite = a.overwrite.parse()?;
@@ -16,11 +27,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     excludes.extend(super::backup::read_exclude_files(&a.exclude_files)?);
     let mut iexcludes = a.iexcludes.clone();
     iexcludes.extend(super::backup::read_exclude_files(&a.iexclude_files)?);
-    let selected = !(a.includes.is_empty()
-        && a.include_files.is_empty()
-        && excludes.is_empty()
-        && iexcludes.is_empty());
-    if a.image_fs.image_fs.is_some() && (selected || a.delete) {
+    if a.image_fs.image_fs.is_some() && (selects(a) || a.delete) {
         anyhow::bail!(
             "--image-fs restores the path it names: --include, --exclude and --delete do not apply"
         );
@@ -208,15 +215,7 @@ fn restore_image(
     p: &mut super::CliProgress,
 ) -> Result<i32> {
     use cairn_core::ops::image::restore::{ImageRestoreOptions, restore_image_snapshot};
-    if !a.includes.is_empty()
-        || !a.excludes.is_empty()
-        || !a.iexcludes.is_empty()
-        || !a.include_files.is_empty()
-        || !a.exclude_files.is_empty()
-        || !a.iexclude_files.is_empty()
-        || a.delete
-        || a.dry_run
-    {
+    if selects(a) || a.delete || a.dry_run {
         anyhow::bail!(
             "--include, --exclude, --delete and --dry-run do not apply to an image restore"
         );

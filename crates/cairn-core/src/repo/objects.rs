@@ -46,16 +46,11 @@ pub(crate) fn store_immutable(
     data: &[u8],
     metadata: bool,
 ) -> Result<()> {
-    let r = if metadata {
+    stored(if metadata {
         backend.put_metadata_new(name, data)
     } else {
         backend.put_new(name, data)
-    };
-    match r {
-        Ok(()) => Ok(()),
-        Err(e) if e.is_already_exists() => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    })
 }
 
 /// As [`store_immutable`], handing the bytes over (a pack: see
@@ -66,7 +61,12 @@ pub(crate) fn store_immutable_owned(
     data: cairn_backend::Bytes,
     metadata: bool,
 ) -> Result<()> {
-    match backend.put_new_owned(name, data, metadata) {
+    stored(backend.put_new_owned(name, data, metadata))
+}
+
+/// A create-only put's outcome, `AlreadyExists` counting as stored.
+fn stored(r: std::result::Result<(), cairn_backend::BackendError>) -> Result<()> {
+    match r {
         Ok(()) => Ok(()),
         Err(e) if e.is_already_exists() => Ok(()),
         Err(e) => Err(e.into()),

@@ -33,8 +33,9 @@ pub(crate) fn since(root: BorrowedFd<'_>) -> Option<(i64, u32)> {
 /// What a restore into `target` says when it finds a mark of time `t`.
 pub(crate) fn notice(target: &std::path::Path, t: (i64, u32)) -> String {
     format!(
-        "a restore into {} that started at {} did not finish: what changed there since is \
-         rewritten unless it matches the snapshot, even with --overwrite never or if-newer",
+        "a restore into {} that started at {} did not finish (or restored only part of a \
+         snapshot): what changed there since is rewritten unless it matches the snapshot, \
+         even with --overwrite never or if-newer",
         target.display(),
         crate::time::local_display(&crate::time::format_unix(t.0, t.1))
     )

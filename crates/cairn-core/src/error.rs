@@ -78,6 +78,10 @@ pub enum Error {
     },
     #[error("{0}")]
     Invalid(String),
+    /// Some of the work could not be done and what was done is kept (an image
+    /// restore's blocks that could not be read, left in its partial file).
+    #[error("{0}")]
+    Incomplete(String),
     #[error("operation interrupted")]
     Interrupted,
     /// An error kept to be handed out again (a session's snapshot list).

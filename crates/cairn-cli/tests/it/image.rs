@@ -1601,3 +1601,81 @@ fn an_image_backup_of_a_fifo_is_refused_at_once() {
     assert!(err.contains("whose size is not its content"), "{err}");
     assert!(env.snapshot_ids().is_empty());
 }
+
+/// An image restore to a file writes `FILE.cairn-partial` and renames it when the
+/// image is whole: a restore killed midway leaves nothing under the target's name
+/// that looks like the image, one that could not read some blocks leaves the file
+/// it was to replace as it was (what it wrote kept beside it), and the next
+/// restore starts the partial file over and finishes.
+#[test]
+fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("disk.raw");
+    let data = make_image(&src, 24, 91);
+    let snap = backup_image(&env, &src, &[])["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let target = env.path("back.raw");
+    let partial = env.path("back.raw.cairn-partial");
+    let t = target.to_str().unwrap();
+    // Killed: slowed to about 12 s, killed once it has begun writing.
+    let mut child = env
+        .cmd(&[
+            "restore",
+            &snap,
+            "--image",
+            "--target",
+            t,
+            "--write-limit",
+            "2MiB",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the partial file", Duration::from_secs(60), || {
+        partial.exists()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!target.exists(), "a killed restore left the target's name");
+    assert!(partial.exists());
+    // Run again: it finishes over the leftover, which is gone.
+    restore_image(&env, &snap, &target, &[]);
+    assert!(fs::read(&target).unwrap() == data, "restored image differs");
+    assert!(!partial.exists());
+    assert_eq!(fs::metadata(&target).unwrap().mode() & 0o777, 0o600);
+    // Replacing keeps the replaced file's mode.
+    fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    restore_image(&env, &snap, &target, &["--overwrite", "always"]);
+    assert_eq!(fs::metadata(&target).unwrap().mode() & 0o777, 0o640);
+    // A damaged pack: the restore fails, names where its work is, and the file it
+    // was to replace is untouched.
+    flip_middle(&largest_pack(&env.repo));
+    let err = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--image",
+            "--target",
+            t,
+            "--overwrite",
+            "always",
+        ],
+        1,
+    );
+    assert!(
+        err.contains("could not be restored")
+            && err.contains("back.raw.cairn-partial")
+            && err.contains("unchanged"),
+        "{err}"
+    );
+    assert!(
+        fs::read(&target).unwrap() == data,
+        "the replaced file changed"
+    );
+    assert!(partial.exists());
+}

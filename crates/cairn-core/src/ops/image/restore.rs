@@ -73,8 +73,110 @@ pub struct ImageRestoreReport {
 /// Where the image goes, opened.
 struct Target {
     file: File,
+    /// The path the image is restored to.
     path: PathBuf,
     device: bool,
+    /// For a file: what the image is written to until it is whole and synced
+    /// ([`partial_path`]), then renamed to `path`. A restore that is killed or fails
+    /// leaves no file under the target's name that looks like the image (a
+    /// full-size sparse file would), and an existing file it replaces stays as it
+    /// was until then.
+    partial: Option<Partial>,
+}
+
+struct Partial {
+    path: PathBuf,
+    /// The mode and owner of the file replaced, given to the image before the
+    /// rename, as writing over it in place kept them.
+    replaces: Option<std::fs::Metadata>,
+}
+
+/// `FILE.cairn-partial`, beside the target: where an image restore to a file writes.
+pub fn partial_path(target: &Path) -> PathBuf {
+    let mut name = target.file_name().unwrap_or_default().to_os_string();
+    name.push(".cairn-partial");
+    target.with_file_name(name)
+}
+
+/// Opens (creating, or taking over one an earlier restore left) the partial file
+/// beside `path`, empty and `size` bytes long. It is locked for as long as it is
+/// open, so two restores to one target do not write into each other; the lock
+/// goes with the process, so one left by a killed restore is simply reused.
+fn open_partial(path: &Path, size: u64) -> Result<(File, PathBuf)> {
+    let partial = partial_path(path);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&partial)
+        .map_err(|e| Error::io(&partial, e))?;
+    // In a directory others can write (`/tmp`), someone else's file under this
+    // name would receive the image and then become the target: only our own,
+    // with no other name, is taken over.
+    let m = file.metadata().map_err(|e| Error::io(&partial, e))?;
+    {
+        use std::os::unix::fs::MetadataExt;
+        if !m.is_file() || m.uid() != nix::unistd::geteuid().as_raw() || m.nlink() != 1 {
+            return Err(Error::Invalid(format!(
+                "{} is in the way (not a file of this user's that an earlier restore left): \
+                 remove it, or restore to another target",
+                partial.display()
+            )));
+        }
+    }
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(Error::Invalid(format!(
+                "another restore is writing {} (to {}): wait for it, or restore to another target",
+                partial.display(),
+                path.display()
+            )));
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&partial, e)),
+    }
+    // Emptied first so that zero blocks become holes, not what an earlier try wrote.
+    file.set_len(0).map_err(|e| Error::io(&partial, e))?;
+    file.set_len(size).map_err(|e| Error::io(&partial, e))?;
+    Ok((file, partial))
+}
+
+impl Target {
+    /// Gives the image its name: the partial file (synced) takes the replaced
+    /// file's mode and owner where it had one, is renamed over the target, and the
+    /// directory is synced so that the name survives a crash.
+    fn commit(&self) -> Result<()> {
+        let Some(partial) = &self.partial else {
+            return Ok(());
+        };
+        if let Some(old) = &partial.replaces {
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            // Best effort: a user who may replace a root-owned file's content in
+            // place may still not give it away.
+            let _ = std::os::unix::fs::fchown(&self.file, Some(old.uid()), Some(old.gid()));
+            let _ = self
+                .file
+                .set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o7777));
+        }
+        std::fs::rename(&partial.path, &self.path).map_err(|e| Error::io(&self.path, e))?;
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::io(dir, e))
+    }
+
+    /// Removes the partial file of a restore that stopped with nothing worth
+    /// keeping in it.
+    fn abandon(&self) {
+        if let Some(p) = &self.partial {
+            let _ = std::fs::remove_file(&p.path);
+        }
+    }
 }
 
 /// The loop devices (`/dev/loopN`) whose backing file is the file `m` describes.
@@ -123,10 +225,18 @@ fn device_is_read_only(m: &std::fs::Metadata) -> bool {
         .is_ok_and(|v| v.trim() == "1")
 }
 
-fn open_target(opts: &ImageRestoreOptions, name: &str, size: u64) -> Result<Target> {
+fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Target> {
     let mut path = opts.target.clone();
     if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
-        path = path.join(name);
+        // The name comes from the snapshot: one like `../x` or `/etc/x` would
+        // write outside the directory asked for.
+        if !cairn_format::tree::Node::name_is_safe(name) {
+            return Err(Error::Invalid(format!(
+                "the snapshot names its image {:?}, which is no file name: give the target as a file path",
+                String::from_utf8_lossy(name)
+            )));
+        }
+        path = path.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name));
     }
     match std::fs::metadata(&path) {
         Ok(m) if m.file_type().is_block_device() => {
@@ -164,6 +274,7 @@ fn open_target(opts: &ImageRestoreOptions, name: &str, size: u64) -> Result<Targ
                 file,
                 path,
                 device: true,
+                partial: None,
             })
         }
         Ok(m) if m.is_file() => {
@@ -184,18 +295,15 @@ fn open_target(opts: &ImageRestoreOptions, name: &str, size: u64) -> Result<Targ
                     path.display()
                 )));
             }
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .read(true)
-                .open(&path)
-                .map_err(|e| Error::io(&path, e))?;
-            // Emptied first so that zero blocks become holes, not old data.
-            file.set_len(0).map_err(|e| Error::io(&path, e))?;
-            file.set_len(size).map_err(|e| Error::io(&path, e))?;
+            let (file, partial) = open_partial(&path, size)?;
             Ok(Target {
                 file,
                 path,
                 device: false,
+                partial: Some(Partial {
+                    path: partial,
+                    replaces: Some(m),
+                }),
             })
         }
         Ok(_) => Err(Error::Invalid(format!(
@@ -203,18 +311,15 @@ fn open_target(opts: &ImageRestoreOptions, name: &str, size: u64) -> Result<Targ
             path.display()
         ))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .read(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-                .map_err(|e| Error::io(&path, e))?;
-            file.set_len(size).map_err(|e| Error::io(&path, e))?;
+            let (file, partial) = open_partial(&path, size)?;
             Ok(Target {
                 file,
                 path,
                 device: false,
+                partial: Some(Partial {
+                    path: partial,
+                    replaces: None,
+                }),
             })
         }
         Err(e) => Err(Error::io(&path, e)),
@@ -239,8 +344,29 @@ pub fn restore_image(
 ) -> Result<ImageRestoreReport> {
     let start = std::time::Instant::now();
     let (info, node) = super::image_node(repo, snap)?;
-    let name = String::from_utf8_lossy(&node.name).into_owned();
-    let target = open_target(opts, &name, info.size)?;
+    let target = open_target(opts, &node.name, info.size)?;
+    let outcome = write_image(repo, &info, &node, &target, opts, progress);
+    match &outcome {
+        Ok(_) => target.commit()?,
+        // What could be restored is kept for salvage, under the partial name.
+        Err(Error::Incomplete(_)) => {}
+        Err(_) => target.abandon(),
+    }
+    let mut report = outcome?;
+    report.duration_secs = start.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Writes the image into the opened target (the partial file, for a file) and
+/// syncs it; verifies it when asked.
+fn write_image(
+    repo: &Repository,
+    info: &cairn_format::snapshot::ImageInfo,
+    node: &cairn_format::tree::Node,
+    target: &Target,
+    opts: &ImageRestoreOptions,
+    progress: &Progress,
+) -> Result<ImageRestoreReport> {
     let zero_id = repo.key().blob_id(&vec![0u8; info.block_size as usize]);
     let write_zeros = target.device && !opts.zeroed;
     progress.set_total(Some(info.size), Some(1));
@@ -333,17 +459,23 @@ pub fn restore_image(
     report.blocks_written = blocks_written.load(Ordering::Relaxed);
     let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
     if let Some((off, len, why)) = failed.first() {
-        return Err(Error::Invalid(format!(
-            "{} blocks could not be restored (the first at bytes {off}..{}: {why}); {} is incomplete",
+        let what = match &target.partial {
+            Some(p) => format!(
+                "the incomplete image is left at {} and {} is unchanged",
+                p.path.display(),
+                target.path.display()
+            ),
+            None => format!("{} is incomplete", target.path.display()),
+        };
+        return Err(Error::Incomplete(format!(
+            "{} blocks could not be restored (the first at bytes {off}..{}: {why}); {what}",
             failed.len(),
             off + len,
-            target.path.display()
         )));
     }
     if opts.verify {
-        report.blocks_verified = verify(repo, &target, &node, progress)?;
+        report.blocks_verified = verify(repo, target, node, progress)?;
     }
-    report.duration_secs = start.elapsed().as_secs_f64();
     Ok(report)
 }
 
@@ -706,4 +838,61 @@ pub fn restore_image_snapshot<A: crate::session::Access>(
     let progress = session.progress();
     progress.phase(crate::progress::Phase::Restore);
     restore_image(session.repo(), &snapshot.1, opts, progress)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(target: &Path) -> ImageRestoreOptions {
+        ImageRestoreOptions {
+            target: target.to_path_buf(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_directory_target_takes_only_a_plain_name_from_the_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = dir.path().join("into");
+        std::fs::create_dir(&inner).unwrap();
+        for bad in [&b"../escape"[..], b"/abs", b"..", b"", b"a\0b"] {
+            let e = open_target(&opts(&inner), bad, 10).err().expect("refused");
+            assert!(e.to_string().contains("no file name"), "{e}");
+        }
+        assert!(!dir.path().join("escape.cairn-partial").exists());
+        let t = open_target(&opts(&inner), b"disk.raw", 10).unwrap();
+        assert_eq!(t.path, inner.join("disk.raw"));
+        assert!(inner.join("disk.raw.cairn-partial").exists());
+        t.commit().unwrap();
+        assert_eq!(std::fs::metadata(inner.join("disk.raw")).unwrap().len(), 10);
+        assert!(!inner.join("disk.raw.cairn-partial").exists());
+    }
+
+    #[test]
+    fn a_partial_file_is_taken_over_only_when_it_is_ours_and_not_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("disk.raw");
+        let partial = partial_path(&target);
+        // One an earlier run left (with old bytes) is emptied and reused.
+        std::fs::write(&partial, b"old bytes").unwrap();
+        let t = open_target(&opts(&target), b"x", 4).unwrap();
+        assert_eq!(std::fs::read(&partial).unwrap(), vec![0u8; 4]);
+        // While it is open, a second restore to the same target is refused.
+        let e = open_target(&opts(&target), b"x", 4).err().expect("refused");
+        assert!(e.to_string().contains("another restore"), "{e}");
+        t.abandon();
+        drop(t);
+        assert!(!partial.exists());
+        // A name with another link (someone's file) or a symlink is not written.
+        let other = dir.path().join("other");
+        std::fs::write(&other, b"theirs").unwrap();
+        std::fs::hard_link(&other, &partial).unwrap();
+        let e = open_target(&opts(&target), b"x", 4).err().expect("refused");
+        assert!(e.to_string().contains("in the way"), "{e}");
+        std::fs::remove_file(&partial).unwrap();
+        std::os::unix::fs::symlink(&other, &partial).unwrap();
+        assert!(open_target(&opts(&target), b"x", 4).is_err());
+        assert_eq!(std::fs::read(&other).unwrap(), b"theirs");
+    }
 }

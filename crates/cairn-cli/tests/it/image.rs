@@ -253,18 +253,26 @@ fn changed_block_lists_that_lie_are_refused_or_repaired() {
     let out = env.path("o.img");
     restore_image(&env, r["snapshot_id"].as_str().unwrap(), &out, &[]);
     assert!(fs::read(&out).unwrap() == data);
-    // The qemu dirty-map format, named: "data": false is dirty.
+    // The qemu dirty-map format, named: "data": false is dirty. The map covers the
+    // whole disk; one that does not is refused.
     let list = change(&src, &mut data, &[(2 * MIB, 4096)], 7);
     let _ = list;
-    fs::write(
-        &cbt,
+    let map = |total: usize| {
         format!(
-            r#"[{{"start": 0, "length": {}, "data": true}}, {{"start": {}, "length": 65536, "data": false}}]"#,
+            r#"[{{"start": 0, "length": {}, "data": true}}, {{"start": {}, "length": 65536, "data": false}}, {{"start": {}, "length": {}, "data": true}}]"#,
             2 * MIB,
-            2 * MIB
-        ),
-    )
-    .unwrap();
+            2 * MIB,
+            2 * MIB + 65536,
+            total - 2 * MIB - 65536
+        )
+    };
+    let qemu = ["--changed-blocks-format", "qemu-dirty-map"];
+    fs::write(&cbt, map(data.len() - 4096)).unwrap();
+    let mut a = vec!["backup", "--image", &src_s, "--changed-blocks", &cbt_s];
+    a.extend(qemu);
+    let e = env.fails(&a, 1);
+    assert!(e.contains("but the source is"), "{e}");
+    fs::write(&cbt, map(data.len())).unwrap();
     let r = backup_image(
         &env,
         &src,

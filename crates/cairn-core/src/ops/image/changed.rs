@@ -108,8 +108,20 @@ impl ChangedRanges {
         };
         let raw = match format {
             ChangedFormat::Ranges | ChangedFormat::Auto => parse_text(text)?,
-            ChangedFormat::Json => parse_json(text, false)?,
-            ChangedFormat::QemuDirtyMap => parse_json(text, true)?,
+            ChangedFormat::Json => parse_json(text, false)?.0,
+            ChangedFormat::QemuDirtyMap => {
+                let (ranges, covered) = parse_qemu_map(text)?;
+                // qemu maps the whole disk, clean and dirty extents alike: a map
+                // that ends elsewhere is of another disk (or of this one before it
+                // was resized), and what it leaves out would be taken as unchanged.
+                if covered != size {
+                    return Err(format!(
+                        "the map covers {covered} bytes but the source is {size} bytes: \
+                         is it for this disk, made after its last resize?"
+                    ));
+                }
+                ranges
+            }
             ChangedFormat::ThinDelta => parse_thin_delta(text)?,
         };
         Self::from_ranges(raw, size)
@@ -217,10 +229,35 @@ fn parse_text(text: &str) -> std::result::Result<Vec<(u64, u64)>, String> {
     Ok(out)
 }
 
-fn parse_json(text: &str, qemu: bool) -> std::result::Result<Vec<(u64, u64)>, String> {
+/// The dirty ranges of a `qemu-img map` over a dirty bitmap, and how many bytes
+/// the map covers: its extents must follow each other from 0 without gaps.
+fn parse_qemu_map(text: &str) -> std::result::Result<(Vec<(u64, u64)>, u64), String> {
+    let (dirty, extents) = parse_json(text, true)?;
+    let mut end = 0u64;
+    for (i, (off, len)) in extents.into_iter().enumerate() {
+        if off != end {
+            return Err(format!(
+                "entry {i} starts at {off}, not where the one before ended ({end}): \
+                 a qemu-img map lists the whole disk in order"
+            ));
+        }
+        end = off
+            .checked_add(len)
+            .ok_or_else(|| format!("entry {i}: {off}+{len} overflows"))?;
+    }
+    Ok((dirty, end))
+}
+
+/// The dirty ranges of a JSON list, and every entry's `(offset, length)`.
+#[allow(clippy::type_complexity)]
+fn parse_json(
+    text: &str,
+    qemu: bool,
+) -> std::result::Result<(Vec<(u64, u64)>, Vec<(u64, u64)>), String> {
     let v: Vec<serde_json::Value> =
         serde_json::from_str(text).map_err(|e| format!("not a JSON array of ranges: {e}"))?;
     let mut out = Vec::with_capacity(v.len());
+    let mut all = Vec::with_capacity(if qemu { v.len() } else { 0 });
     for (i, e) in v.iter().enumerate() {
         // The first of `names` the entry has, which must be a byte count.
         let field = |names: &[&str]| -> std::result::Result<u64, String> {
@@ -253,8 +290,11 @@ fn parse_json(text: &str, qemu: bool) -> std::result::Result<Vec<(u64, u64)>, St
         if dirty {
             out.push((off, len));
         }
+        if qemu {
+            all.push((off, len));
+        }
     }
-    Ok(out)
+    Ok((out, all))
 }
 
 /// The value of `name="..."` in one XML tag.
@@ -383,8 +423,17 @@ mod tests {
                     {"start": 65536, "length": 65536, "depth": 0, "present": false, "zero": true, "data": false}]"#;
         // Ambiguous without the format: plain map output means the opposite.
         assert!(ChangedRanges::parse(q, ChangedFormat::Auto, 1 << 20).is_err());
-        let r = ChangedRanges::parse(q, ChangedFormat::QemuDirtyMap, 1 << 20).unwrap();
+        let r = ChangedRanges::parse(q, ChangedFormat::QemuDirtyMap, 131072).unwrap();
         assert_eq!(r.ranges(), &[(65536, 131072)]);
+        // A map of another size of disk, or with a hole, would leave changes out.
+        let e = ChangedRanges::parse(q, ChangedFormat::QemuDirtyMap, 1 << 20).unwrap_err();
+        assert!(
+            e.contains("covers 131072 bytes but the source is 1048576"),
+            "{e}"
+        );
+        let gap = q.replace("\"start\": 65536", "\"start\": 70000");
+        let e = ChangedRanges::parse(&gap, ChangedFormat::QemuDirtyMap, 135536).unwrap_err();
+        assert!(e.contains("entry 1 starts at 70000"), "{e}");
         // What is wrong is said: a value that is not a byte count, a missing member,
         // an object where an array belongs.
         for (bad, says) in [

@@ -60,6 +60,10 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
             c.pack_size as f64 / (1 << 20) as f64
         );
         println!("max jobs      {} concurrent backups", c.max_concurrent_jobs);
+        match (c.index_placement, &c.index_path) {
+            ("ssd", Some(p)) => println!("index         ssd, in {p}"),
+            (placement, _) => println!("index         {placement}"),
+        }
         println!(
             "memory limit  {}",
             c.memory_limit.map_or(

@@ -36,10 +36,26 @@ pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
         let path = a.path.as_deref().map(absolute_path).transpose()?;
         repo.try_index_placement(placement, path);
     }
+    // A directory the build makes and then fails in is removed again, so a failed
+    // move leaves nothing behind (one that was there already is only a cache).
+    let new_dir = match repo.config().index_placement {
+        IndexPlacement::Ssd if moving => repo
+            .index_path()
+            .ok()
+            .map(|p| cairn_core::index::ssd::SsdIndex::dir_for(&p, &repo.config().id))
+            .filter(|d| !d.exists()),
+        _ => None,
+    };
     let mut session: Session<Read> =
         Session::open(repo, "index", IndexLoad::Deferred, &p.progress)?;
     let started = std::time::Instant::now();
-    session.load_index().context(if moving {
+    let loaded = session.load_index();
+    if loaded.is_err()
+        && let Some(d) = &new_dir
+    {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    loaded.context(if moving {
         "building the index in its new place (the repository's config was not changed: \
          the index stays where it was)"
     } else {

@@ -256,3 +256,36 @@ fn a_backup_past_its_claims_cap_stores_each_chunk_once() {
     assert!(added[0].1.abs_diff(added[1].1) < 1024, "{added:?}");
     assert!(added[0].1 < 13 << 20, "{added:?}");
 }
+
+/// Without a configured path, the SSD placement's files go where `--cache-dir`
+/// says (as the caches of remote repositories do), and `config` shows where.
+#[test]
+fn the_ssd_index_follows_the_cache_dir_and_config_says_where() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 3);
+    env.backup(&[&src]);
+    let cache = env.path("elsewhere");
+    let c = cache.to_str().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "--cache-dir",
+        c,
+        "index",
+        "--index-placement",
+        "ssd",
+        "--json",
+    ]))
+    .unwrap();
+    let path = v["path"].as_str().unwrap();
+    assert!(path.starts_with(&format!("{c}/index/")), "{v}");
+    assert!(std::path::Path::new(path).is_dir());
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["--cache-dir", c, "config", "--json"])).unwrap();
+    assert_eq!(v["index_placement"], "ssd");
+    assert_eq!(v["index_path"].as_str().unwrap(), format!("{c}/index"));
+    let text = env.ok(&["--cache-dir", c, "config"]);
+    assert!(text.contains(&format!("ssd, in {c}/index")), "{text}");
+    let copy = env.restore("latest", &src, "r");
+    assert_same(&src, &copy);
+}

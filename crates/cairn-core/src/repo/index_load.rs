@@ -318,7 +318,9 @@ impl Repository {
         self.index_errors = state.errors.into_iter().map(|e| e.error).collect();
         // "Stored" answers of earlier backups, kept per repository and trusted
         // only under the same epoch (no prune or repair since).
-        let memo = cairn_backend::cache::base_dir()
+        let memo = self
+            .local_base
+            .as_ref()
             .map(|b| (b.join("dedup").join(&self.config.id), plan.epoch.clone()));
         self.dedup = Some(Arc::new(super::dedup::DedupClient::new(
             self.backend.clone(),
@@ -376,7 +378,8 @@ impl Repository {
     }
 
     /// Where the SSD placement keeps its files on this machine: `CAIRN_INDEX_PATH`,
-    /// else the configured path, else the user's cache directory.
+    /// else the configured path, else `index` in `--cache-dir` or the user's cache
+    /// directory.
     pub fn index_path(&self) -> Result<PathBuf> {
         if let Some(p) = std::env::var_os("CAIRN_INDEX_PATH").filter(|p| !p.is_empty()) {
             return Ok(PathBuf::from(p));
@@ -384,7 +387,7 @@ impl Repository {
         if let Some(p) = &self.config.index_path {
             return Ok(PathBuf::from(p));
         }
-        match cairn_backend::cache::base_dir() {
+        match &self.local_base {
             Some(base) => Ok(base.join("index")),
             None => Err(Error::Invalid(
                 "no directory for the SSD index: set CAIRN_INDEX_PATH or `cairn index --index-path`"
@@ -405,9 +408,15 @@ impl Repository {
         }
     }
 
-    /// Records this handle's placement in the repository's config.
+    /// Records this handle's placement in the repository's config (as stored now:
+    /// a setting changed while the index was being built is kept).
     pub fn save_index_placement(&self) -> Result<()> {
-        self.write_config()
+        let (placement, path) = (self.config.index_placement, self.config.index_path.clone());
+        self.change_config(|c| {
+            c.index_placement = placement;
+            c.index_path = path;
+        })
+        .map(drop)
     }
 
     /// Builds the master index from an [`IndexState`] already read.

@@ -27,6 +27,10 @@ pub struct RepositoryInfo {
     /// The default memory limit of operations (`None`: none).
     pub memory_limit: Option<u64>,
     pub index_placement: &'static str,
+    /// Where the SSD placement keeps its files on this machine (`CAIRN_INDEX_PATH`,
+    /// the configured path, else the cache directory's `index`); with the RAM
+    /// placement, a configured path if one is kept for a later move.
+    pub index_path: Option<String>,
 }
 
 impl RepositoryInfo {
@@ -47,6 +51,13 @@ impl RepositoryInfo {
             max_concurrent_jobs: c.max_concurrent_jobs,
             memory_limit: c.memory_limit,
             index_placement: c.index_placement.name(),
+            index_path: match c.index_placement {
+                cairn_format::config::IndexPlacement::Ssd => repo
+                    .index_path()
+                    .ok()
+                    .map(|p| p.to_string_lossy().into_owned()),
+                cairn_format::config::IndexPlacement::Ram => c.index_path.clone(),
+            },
         }
     }
 }

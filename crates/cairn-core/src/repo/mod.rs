@@ -132,6 +132,10 @@ pub struct Repository {
     /// made under it, which operations size their buffers from.
     memory_limit: Option<u64>,
     memory_plan: Option<memory::MemoryPlan>,
+    /// Where this machine keeps what it derives from the repository (the SSD
+    /// index, the dedup answers of a server): `--cache-dir`, else the user's
+    /// cache directory.
+    local_base: Option<PathBuf>,
 }
 
 /// The datastore's pack size: the format's bounds (docs/FORMAT.md, "Config").
@@ -238,6 +242,7 @@ impl Repository {
             dedup: None,
             memory_limit: None,
             memory_plan: None,
+            local_base: cairn_backend::cache::base_dir(),
             blob_cache: Arc::new(blobcache::BlobCache::new(
                 blobcache::DEFAULT_BLOB_CACHE_BYTES,
             )),
@@ -310,6 +315,7 @@ impl Repository {
             dedup: None,
             memory_limit: None,
             memory_plan: None,
+            local_base: cairn_backend::cache::base_dir(),
             blob_cache: Arc::new(blobcache::BlobCache::new(
                 blobcache::DEFAULT_BLOB_CACHE_BYTES,
             )),
@@ -324,26 +330,8 @@ impl Repository {
     /// server that keeps a datastore unlocked, which opens a new session for each
     /// piece of work.
     pub fn reopen(&self) -> Result<Repository> {
-        let raw = match self
-            .backend
-            .get_bounded(names::CONFIG, MAX_SMALL_OBJECT_SIZE as u64)
-        {
-            Ok(r) => r,
-            Err(e) if e.is_not_found() => {
-                return Err(Error::NotARepository(self.backend.location()));
-            }
-            Err(e) => return Err(objects::too_large_is_damage(e, "repository config")),
-        };
-        let (config, body, mac) =
-            Config::parse(&raw).map_err(|e| Error::damaged("repository config", e))?;
-        if config.id != self.config.id || self.key.mac(&body) != mac {
-            return Err(Error::damaged(
-                "repository config",
-                FormatError::Authentication { what: "config" },
-            ));
-        }
         Ok(Repository {
-            config,
+            config: self.stored_config()?,
             key: self.key.clone(),
             key_id: self.key_id,
             index: Arc::new(MasterIndex::new()),
@@ -352,6 +340,7 @@ impl Repository {
             dedup: None,
             memory_limit: self.memory_limit,
             memory_plan: None,
+            local_base: self.local_base.clone(),
             blob_cache: Arc::new(blobcache::BlobCache::new(
                 blobcache::DEFAULT_BLOB_CACHE_BYTES,
             )),
@@ -381,10 +370,8 @@ impl Repository {
                 )));
             }
         }
-        let mut repo = Repository::open(st.backend.clone(), password)?;
-        repo.traffic = Some(st.traffic);
-        repo.location = st.name;
-        Ok(repo)
+        let repo = Repository::open(st.backend.clone(), password)?;
+        Ok(repo.reached_through(st, &opts.cache))
     }
 
     /// Creates a repository at a location string (a local directory is created).
@@ -405,10 +392,19 @@ impl Repository {
             }
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         }
-        let mut repo = Repository::init(st.backend.clone(), password, init)?;
-        repo.traffic = Some(st.traffic);
-        repo.location = st.name;
-        Ok(repo)
+        let repo = Repository::init(st.backend.clone(), password, init)?;
+        Ok(repo.reached_through(st, &opts.cache))
+    }
+
+    /// The handle with what the storage's opening knows: its traffic counters,
+    /// the location's name, and `--cache-dir` for what this machine keeps.
+    fn reached_through(mut self, st: storage::Storage, cache: &storage::CacheChoice) -> Self {
+        self.traffic = Some(st.traffic);
+        self.location = st.name;
+        if let storage::CacheChoice::Dir(d) = cache {
+            self.local_base = Some(d.clone());
+        }
+        self
     }
 
     /// Bytes and requests to and from the storage so far (when opened at a location).
@@ -474,10 +470,48 @@ impl Repository {
     }
 
     fn write_config(&self) -> Result<()> {
-        let key = self.key.clone();
-        let bytes = self.config.to_bytes(move |b| key.mac(b));
-        self.backend.put(names::CONFIG, &bytes)?;
+        Self::store_config(self.backend.as_ref(), &self.key, &self.config)
+    }
+
+    fn store_config(backend: &dyn Backend, key: &Arc<MasterKey>, config: &Config) -> Result<()> {
+        let key = key.clone();
+        let bytes = config.to_bytes(move |b| key.mac(b));
+        backend.put(names::CONFIG, &bytes)?;
         Ok(())
+    }
+
+    /// The config as the repository holds it now, authenticated with this handle's
+    /// key.
+    fn stored_config(&self) -> Result<Config> {
+        let raw = match self
+            .backend
+            .get_bounded(names::CONFIG, MAX_SMALL_OBJECT_SIZE as u64)
+        {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => {
+                return Err(Error::NotARepository(self.backend.location()));
+            }
+            Err(e) => return Err(objects::too_large_is_damage(e, "repository config")),
+        };
+        let (config, body, mac) =
+            Config::parse(&raw).map_err(|e| Error::damaged("repository config", e))?;
+        if config.id != self.config.id || self.key.mac(&body) != mac {
+            return Err(Error::damaged(
+                "repository config",
+                FormatError::Authentication { what: "config" },
+            ));
+        }
+        Ok(config)
+    }
+
+    /// Changes one setting in the config as stored now, not as this handle read
+    /// it: what another command changed since (during a long `cairn index` build,
+    /// say) is kept. Returns the config written.
+    fn change_config(&self, change: impl FnOnce(&mut Config)) -> Result<Config> {
+        let mut config = self.stored_config()?;
+        change(&mut config);
+        Self::store_config(self.backend.as_ref(), &self.key, &config)?;
+        Ok(config)
     }
 
     /// A second handle on the same repository: the same storage, key, index and
@@ -497,6 +531,7 @@ impl Repository {
             dedup: self.dedup.clone(),
             memory_limit: self.memory_limit,
             memory_plan: self.memory_plan,
+            local_base: self.local_base.clone(),
         }
     }
 
@@ -537,8 +572,8 @@ impl Repository {
 
     /// Changes the compression policy for blobs written from now on.
     pub fn set_compression(&mut self, c: Compression) -> Result<()> {
-        self.config.compression = c;
-        self.write_config()
+        self.config = self.change_config(|cfg| cfg.compression = c)?;
+        Ok(())
     }
 
     /// Sets how many backup jobs may write at once (1 to 1024); takes effect for
@@ -554,8 +589,8 @@ impl Repository {
                     .into(),
             ));
         }
-        self.config.pack_size = bytes as u32;
-        self.write_config()
+        self.config = self.change_config(|c| c.pack_size = bytes as u32)?;
+        Ok(())
     }
 
     /// The repository's default memory limit for operations (`None`: none).
@@ -570,8 +605,8 @@ impl Repository {
                 memory::MIN_LIMIT_BYTES >> 20
             )));
         }
-        self.config.memory_limit = limit;
-        self.write_config()
+        self.config = self.change_config(|c| c.memory_limit = limit)?;
+        Ok(())
     }
 
     pub fn set_max_concurrent_jobs(&mut self, n: u32) -> Result<()> {
@@ -581,8 +616,8 @@ impl Repository {
                 cairn_format::config::MAX_MAX_CONCURRENT_JOBS
             )));
         }
-        self.config.max_concurrent_jobs = n;
-        self.write_config()
+        self.config = self.change_config(|c| c.max_concurrent_jobs = n)?;
+        Ok(())
     }
 }
 
@@ -616,5 +651,34 @@ mod reopen_tests {
         raw[last] ^= 1;
         backend.put(names::CONFIG, &raw).unwrap();
         assert!(repo.reopen().is_err(), "a tampered config is refused");
+    }
+
+    /// A handle that records a setting after a long piece of work (the index
+    /// built in its new place) keeps what another command set in the meantime.
+    #[test]
+    fn a_setting_recorded_late_keeps_the_changes_made_meanwhile() {
+        let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
+        let opts = InitOptions {
+            kdf: KdfParams {
+                memory_kib: 8,
+                iterations: 1,
+                parallelism: 1,
+                ..KdfParams::new_default()
+            },
+            ..InitOptions::default()
+        };
+        let first = Repository::init(backend.clone(), Some("pw"), &opts).unwrap();
+        let mut long = first.reopen().unwrap();
+        long.try_index_placement(IndexPlacement::Ssd, Some("/var/tmp/idx".into()));
+        let mut other = first.reopen().unwrap();
+        other.set_compression(Compression::Max).unwrap();
+        other.set_max_concurrent_jobs(9).unwrap();
+        long.save_index_placement().unwrap();
+        let now = first.reopen().unwrap();
+        let c = now.config();
+        assert_eq!(c.compression, Compression::Max);
+        assert_eq!(c.max_concurrent_jobs, 9);
+        assert_eq!(c.index_placement, IndexPlacement::Ssd);
+        assert_eq!(c.index_path.as_deref(), Some("/var/tmp/idx"));
     }
 }

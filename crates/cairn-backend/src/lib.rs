@@ -65,6 +65,10 @@ pub enum BackendErrorKind {
     Unreachable,
     /// A range read reaches past the end of the object.
     OutOfRange,
+    /// There is no repository at the location at all (a cairn server without a
+    /// datastore of that name): nothing in it can be found, and no object is
+    /// missing from one.
+    NoRepository,
     Other,
 }
 

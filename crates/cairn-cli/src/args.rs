@@ -233,7 +233,8 @@ pub struct MountArgs {
 pub struct ServeArgs {
     #[command(subcommand)]
     pub command: Option<ServeCommand>,
-    /// Settings file (TOML: listen, state_dir, tls_cert, tls_key, [datastores])
+    /// Settings file (TOML: listen, state_dir, TLS, [datastores], limits, passwords,
+    /// jobs; see docs/SERVER.md)
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Address and port to listen on (default 127.0.0.1:8443)

@@ -105,6 +105,15 @@ pub struct ImageInfo {
     /// (the image was saved at `size`, and may be inconsistent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_at_end: Option<u64>,
+    /// Bytes of a sparse source file's holes, which were not read (they are
+    /// zeros, counted in `blocks_read` and `blocks_zero` like read ones). Absent
+    /// when none, and in snapshots written before it was counted.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_in_holes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Snapshot {

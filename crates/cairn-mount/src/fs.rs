@@ -355,7 +355,8 @@ impl State {
                         attr: self.snap_root_attr(e),
                     });
                 }
-                if let Some(e) = snaps.last() {
+                // As the root's `latest`: not a snapshot dated in the future.
+                if let Some(e) = l.host_latest(h) {
                     v.push(VEntry {
                         name: b"latest".to_vec(),
                         what: What::HostLatest(h.clone(), e.date.clone()),

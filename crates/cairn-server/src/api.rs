@@ -58,10 +58,29 @@ impl From<BackendError> for ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, "transient")
             }
             BackendErrorKind::OutOfRange => (StatusCode::RANGE_NOT_SATISFIABLE, "out_of_range"),
+            BackendErrorKind::NoRepository => (StatusCode::NOT_FOUND, "no_datastore"),
             BackendErrorKind::Other => (StatusCode::INTERNAL_SERVER_ERROR, "storage"),
         };
         ApiError::new(status, kind, e.message)
     }
+}
+
+/// The answer to a path no route takes.
+pub async fn no_such_call(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no such call: {method} {}", uri.path()),
+    )
+}
+
+/// The answer to a method a route does not take.
+pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not take {method}", uri.path()),
+    )
 }
 
 /// A query string, refused with the API's JSON error (axum's own answer is plain

@@ -435,6 +435,9 @@ impl App {
             .route("/", get(console::index))
             .route("/console/app.js", get(console::app_js))
             .route("/console/style.css", get(console::style))
+            // Errors are JSON everywhere, also for a call the server does not have.
+            .fallback(api::no_such_call)
+            .method_not_allowed_fallback(api::method_not_allowed)
             .layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 signin::cookie_auth,

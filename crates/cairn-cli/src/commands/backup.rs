@@ -464,6 +464,12 @@ fn print_image_summary(r: &backup::BackupReport, dry_run: bool) {
         },
         i.blocks_zero
     );
+    if i.bytes_in_holes > 0 {
+        println!(
+            "holes:     {} of the file are holes: zeros, not read from the disk",
+            ui::bytes(i.bytes_in_holes)
+        );
+    }
     print_read_added(s, dry_run);
     println!(
         "duration:  {:.2}s, {} read, {} of image covered",

@@ -16,6 +16,12 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
         a.path.as_deref().unwrap_or("/"),
     )?;
     if g.json {
+        // As the text: entries with only new metadata are listed with --metadata
+        // (the summary counts them either way).
+        let mut r = r;
+        if !a.metadata {
+            r.differences.retain(|d| d.change != Change::Metadata);
+        }
         super::print_json(&r)?;
         return Ok(0);
     }

@@ -1687,3 +1687,34 @@ fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
     );
     assert!(partial.exists());
 }
+
+/// A sparse image file's holes are not read from the disk, and the report says
+/// so: "read" is what was read, the holes are counted apart.
+#[test]
+fn a_sparse_image_files_holes_are_counted_as_not_read() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("sparse.raw");
+    let f = fs::File::create(&src).unwrap();
+    f.set_len(64 * MIB as u64).unwrap();
+    let data = Rng(4).bytes(MIB, false);
+    f.write_all_at(&data, 8 * MIB as u64).unwrap();
+    drop(f);
+    if src.metadata().unwrap().blocks() * 512 > 4 * MIB as u64 {
+        eprintln!("skipped: the file system here does not keep holes");
+        return;
+    }
+    let r = backup_image(&env, &src, &[]);
+    let read = r["bytes_read"].as_u64().unwrap();
+    assert!((MIB as u64..2 * MIB as u64).contains(&read), "{r}");
+    let i = image_of(&env, r["snapshot_id"].as_str().unwrap());
+    let holes = i["bytes_in_holes"].as_u64().unwrap();
+    assert!(holes >= 62 * MIB as u64 && holes <= 63 * MIB as u64, "{i}");
+    assert_eq!(i["blocks_read"], i["blocks"], "{i}");
+    let text = env.ok(&["backup", "--image", src.to_str().unwrap()]);
+    assert!(text.contains("of the file are holes"), "{text}");
+    let out = env.path("back.raw");
+    restore_image(&env, r["snapshot_id"].as_str().unwrap(), &out, &[]);
+    let back = fs::read(&out).unwrap();
+    assert!(back[8 * MIB..9 * MIB] == data[..] && back.len() == 64 * MIB);
+}

@@ -117,7 +117,21 @@ fn diff_lists_added_removed_modified_and_metadata_changes() {
     fs::create_dir(src.join("dir001/becomes-dir")).unwrap();
     let b = env.backup(&[&src]);
 
-    let r = json(&env, &["diff", &a, &b]);
+    // Metadata-only entries are listed with --metadata, in JSON as in text.
+    let plain = json(&env, &["diff", &a, &b]);
+    assert!(
+        plain["differences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["change"] != "metadata"),
+        "{plain}"
+    );
+    assert!(
+        plain["summary"]["metadata"].as_u64().unwrap() > 0,
+        "{plain}"
+    );
+    let r = json(&env, &["diff", &a, &b, "--metadata"]);
     let base = src.to_str().unwrap();
     let got: Vec<(String, String)> = r["differences"]
         .as_array()
@@ -171,7 +185,10 @@ fn diff_lists_added_removed_modified_and_metadata_changes() {
     );
 
     // A path narrows both sides; the same snapshot twice has no differences.
-    let r = json(&env, &["diff", &a, &b, &format!("{base}/dir004")]);
+    let r = json(
+        &env,
+        &["diff", &a, &b, &format!("{base}/dir004"), "--metadata"],
+    );
     let d = r["differences"].as_array().unwrap();
     // The directory itself (its time changed as the file was added), and the file.
     assert_eq!(d.len(), 2, "{r}");

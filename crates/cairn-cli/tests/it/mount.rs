@@ -140,6 +140,20 @@ fn mount_shows_hosts_snapshots_and_latest_with_everything_a_restore_has() {
     fs::hard_link(src.join("sym-1"), src.join("sym-2")).unwrap();
     let s1 = backup_host(&env, &src, "alpha");
     let s2 = backup_host(&env, &src, "beta/gamma");
+    // Dated by a clock decades ahead: listed, but no `latest` points at it.
+    let out = env.ok(&[
+        "backup",
+        "--json",
+        "--host",
+        "alpha",
+        "--time",
+        "2099-01-01T00:00:00Z",
+        src.to_str().unwrap(),
+    ]);
+    let s3 = serde_json::from_str::<serde_json::Value>(&out).unwrap()["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let mnt = env.path("mnt");
     let m = Mount::start(&env, &mnt, &[]);
 
@@ -149,14 +163,15 @@ fn mount_shows_hosts_snapshots_and_latest_with_everything_a_restore_has() {
         PathBuf::from(format!("snapshots/{s2}"))
     );
     assert_eq!(names(&mnt.join("hosts")), ["alpha", "beta%2Fgamma"]);
-    let mut ids = vec![s1.clone(), s2.clone()];
+    let mut ids = vec![s1.clone(), s2.clone(), s3];
     ids.sort();
     assert_eq!(names(&mnt.join("snapshots")), ids);
     // hosts/H: one directory per snapshot, named by its UTC time, and `latest`.
     let alpha = names(&mnt.join("hosts/alpha"));
-    assert_eq!(alpha.len(), 2, "{alpha:?}");
+    assert_eq!(alpha.len(), 3, "{alpha:?}");
     let date = &alpha[0];
-    assert_eq!(alpha[1], "latest");
+    assert_eq!(alpha[1], "2099-01-01T00-00-00Z");
+    assert_eq!(alpha[2], "latest");
     let b = date.as_bytes();
     assert!(
         date.len() == 20 && b[4] == b'-' && b[10] == b'T' && b[13] == b'-' && b[19] == b'Z',

@@ -325,6 +325,13 @@ fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
         "other datastore",
     );
     assert!(err.contains("not \"other\""), "{err}");
+    // A datastore the server does not have is "no repository" (exit 10), as a
+    // missing local directory is.
+    let everywhere = srv.token("ops-all", "*", "admin");
+    let o = client(&env, &srv, "nosuch", &everywhere, &["snapshots"]);
+    let err = refused(o.clone(), "no such datastore");
+    assert_eq!(o.status.code(), Some(10), "{err}");
+    assert!(err.contains("no datastore \"nosuch\""), "{err}");
     srv.admin_ok(&["token", "remove", "web01-restore"]);
     refused(
         client(&env, &srv, "main", &restore, &["snapshots"]),
@@ -427,6 +434,21 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
         http(p, "GET", "/v1/datastores/nope/objects/config", t, b"").0,
         403
     );
+    // A call or a method the server does not have: a JSON error like any other.
+    for (method, path, code, kind) in [
+        ("GET", "/v1/nonexistent", 404, "not_found"),
+        (
+            "PATCH",
+            "/v1/datastores/main/objects/config",
+            405,
+            "method_not_allowed",
+        ),
+    ] {
+        let (got, body) = http(p, method, path, t, b"");
+        assert_eq!(got, code, "{method} {path}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"], kind, "{body}");
+    }
     // Reads are allowed.
     assert_eq!(http(p, "GET", &obj("config"), t, b"").0, 200);
     assert_eq!(

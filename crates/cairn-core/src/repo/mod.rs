@@ -266,6 +266,13 @@ impl Repository {
     ) -> Result<Repository> {
         let raw = match backend.get_bounded(names::CONFIG, MAX_SMALL_OBJECT_SIZE as u64) {
             Ok(r) => r,
+            Err(e) if e.kind == cairn_backend::BackendErrorKind::NoRepository => {
+                return Err(Error::RepositoryNotFound(format!(
+                    "{} ({})",
+                    backend.location(),
+                    e.message
+                )));
+            }
             Err(e) if e.is_not_found() => {
                 if !backend.list(names::KEYS)?.is_empty() && interrupted_init(backend.as_ref())? {
                     return Err(Error::InterruptedInit(backend.location()));

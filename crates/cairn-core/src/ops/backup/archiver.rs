@@ -569,7 +569,17 @@ fn finish_file(
     let mut emit = |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
     node.content = f.builder.finish(&mut emit)?;
     node.size = f.bytes;
-    st.summary.bytes_read += f.bytes - f.reused;
+    // A sparse image's holes were not read: they are zeros, not disk reads.
+    let holes: u64 = f
+        .image
+        .iter()
+        .flat_map(|t| &t.counts.notes)
+        .map(|n| match n {
+            super::image::Note::Holes { bytes } => *bytes,
+            _ => 0,
+        })
+        .sum();
+    st.summary.bytes_read += (f.bytes - f.reused).saturating_sub(holes);
     st.summary.total_bytes += f.bytes;
     if f.changed {
         st.summary.files_changed += 1;

@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Reader threads: positional reads in flight at once.
 const READERS: usize = 4;
@@ -42,6 +43,8 @@ pub(crate) enum Note {
     /// The source's size at the end of the backup differed from its size at the
     /// start (the image was saved at the start's size).
     SizeChanged { now: u64 },
+    /// Bytes of a sparse file's holes: zeros, not read from the disk.
+    Holes { bytes: u64 },
 }
 
 /// Everything decided before the pipeline starts.
@@ -172,6 +175,7 @@ impl Walker<'_> {
             file: &plan.file,
             direct: plan.direct.as_ref(),
             sparse: plan.file.metadata().is_ok_and(|m| m.is_file()),
+            holes: AtomicU64::new(0),
         };
         let pool = &self.budget.pool;
         let (req_tx, req_rx) = crossbeam_channel::bounded::<(u64, u64, u64)>(READERS * 4);
@@ -213,6 +217,10 @@ impl Walker<'_> {
             }
             Ok(())
         })?;
+        let holes = source.holes.load(Ordering::Relaxed);
+        if holes > 0 {
+            self.emit(Item::ImageNote(Note::Holes { bytes: holes }))?;
+        }
         let now = source_size(&plan.file).unwrap_or(g.size);
         if now != g.size {
             let m = format!(
@@ -446,6 +454,8 @@ struct Source<'a> {
     direct: Option<&'a File>,
     /// A regular file, whose holes are skipped (see [`data_segments`]).
     sparse: bool,
+    /// Bytes skipped as holes, for the report ("read" counts what was read).
+    holes: AtomicU64,
 }
 
 /// Reads as much of `buf` as the source holds from `off`; stops early only at the
@@ -468,6 +478,9 @@ fn read_full_at(
         return read_piece(src, buf, off, scratch);
     };
     let mut at = 0usize;
+    let data: u64 = segments.iter().map(|(s, e)| e - s).sum();
+    src.holes
+        .fetch_add(avail.saturating_sub(data), Ordering::Relaxed);
     for (s, e) in segments {
         let (lo, hi) = ((s - off) as usize, (e - off) as usize);
         buf[at..lo].fill(0);
@@ -607,11 +620,11 @@ pub(crate) fn skipped_for(plan: &ImagePlan, notes: &[Note]) -> Vec<Skipped> {
             path: path.clone(),
             message: format!("the source changed size during the backup (now {now} bytes)"),
         }),
-        Note::Unreadable { .. } => None,
+        Note::Unreadable { .. } | Note::Holes { .. } => None,
     });
     let read_now = merge_ranges(notes.iter().filter_map(|n| match n {
         Note::Unreadable { offset, length } => Some((*offset, *length)),
-        Note::SizeChanged { .. } => None,
+        Note::SizeChanged { .. } | Note::Holes { .. } => None,
     }));
     let failed = read_now.into_iter().map(|(offset, length)| Skipped {
         path: path.clone(),
@@ -791,10 +804,12 @@ pub(crate) fn info(
     let g = plan.geometry;
     let mut unreadable = plan.inherited_unreadable();
     let mut size_at_end = None;
+    let mut bytes_in_holes = 0;
     for n in &counts.notes {
         match n {
             Note::Unreadable { offset, length } => unreadable.push((*offset, *length)),
             Note::SizeChanged { now } => size_at_end = Some(*now),
+            Note::Holes { bytes } => bytes_in_holes += bytes,
         }
     }
     let unreadable = merge_ranges(unreadable.into_iter());
@@ -810,6 +825,7 @@ pub(crate) fn info(
         changed_blocks_input: plan.changed.is_some(),
         unreadable,
         size_at_end,
+        bytes_in_holes,
     }
 }
 
@@ -868,6 +884,7 @@ mod tests {
                 file: &file,
                 direct,
                 sparse: true,
+                holes: AtomicU64::new(0),
             };
             let mut scratch = AlignedBuf::default();
             // Reads of 4 MiB and of odd sizes at odd places, as the readers and the
@@ -919,6 +936,7 @@ mod tests {
             file: &file,
             direct: None,
             sparse: true,
+            holes: AtomicU64::new(0),
         };
         let out = read_range(
             &src,

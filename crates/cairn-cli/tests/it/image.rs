@@ -540,7 +540,9 @@ impl fuser::Filesystem for Faulty {
         reply: fuser::ReplyData,
     ) {
         self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let end = (offset + u64::from(size)).min(self.data.len() as u64);
+        let end = (offset + u64::from(size))
+            .min(self.data.len() as u64)
+            .min(self.size());
         if offset < self.bad.1 && end > self.bad.0 {
             return reply.error(fuser::Errno::EIO);
         }
@@ -745,6 +747,35 @@ fn a_source_that_changes_size_during_the_backup_is_saved_as_read_with_a_warning(
     let out = env.path("o.img");
     restore_image(&env, &snap, &out, &[]);
     assert!(fs::read(&out).unwrap() == data);
+
+    // One that shrinks: what is gone is zeros, said once (not once per read).
+    let data = rng.bytes(24 * MIB, false);
+    let mnt = env.path("shrinking");
+    fs::create_dir(&mnt).unwrap();
+    let session = faulty_mount(
+        &mnt,
+        Faulty {
+            data: data.clone(),
+            bad: (u64::MAX, u64::MAX),
+            grow_after: Some((1, MIB as u64)),
+            reads: Default::default(),
+        },
+    );
+    let e = env.fails(
+        &["backup", "--image", mnt.join("disk").to_str().unwrap()],
+        3,
+    );
+    drop(session);
+    assert_eq!(e.matches("shrank during the backup").count(), 1, "{e}");
+    let snap = env.snapshot_ids().pop().unwrap();
+    let info = image_of(&env, &snap);
+    assert_eq!(info["size"], data.len() as u64);
+    let gone = &info["unreadable"].as_array().unwrap()[0];
+    assert_eq!(
+        gone[1].as_u64().unwrap() + gone[0].as_u64().unwrap(),
+        data.len() as u64,
+        "{info}"
+    );
 }
 
 /// A whole-disk image: a partition table of `label` (dos or gpt) with one

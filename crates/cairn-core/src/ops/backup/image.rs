@@ -207,6 +207,8 @@ impl Walker<'_> {
                 arrived: BTreeMap::new(),
                 req_tx: Some(req_tx),
                 res_rx,
+                shrink_warned: false,
+                read_warnings: 0,
             };
             let r = self.image_steps(plan, parent.as_mut(), &mut stream);
             // Stop the readers whatever happened; they end when the queue closes.
@@ -406,11 +408,34 @@ impl Walker<'_> {
                     l.take(len);
                 }
                 for (offset, length, message) in out.bad {
-                    let m = format!(
-                        "bytes {offset}..{} could not be read ({message}); saved as zeros",
-                        offset + length
-                    );
-                    self.progress.warning(&plan.path, &m);
+                    let warn = if message == SHRANK {
+                        let first = !stream.shrink_warned;
+                        stream.shrink_warned = true;
+                        first.then(|| {
+                            format!(
+                                "bytes from {offset} on could not be read ({message}); saved \
+                                 as zeros"
+                            )
+                        })
+                    } else {
+                        stream.read_warnings += 1;
+                        match stream.read_warnings {
+                            n if n < MAX_READ_WARNINGS => Some(format!(
+                                "bytes {offset}..{} could not be read ({message}); saved as zeros",
+                                offset + length
+                            )),
+                            MAX_READ_WARNINGS => Some(format!(
+                                "bytes {offset}..{} could not be read ({message}); saved as \
+                                 zeros; further unreadable ranges are not shown one by one \
+                                 (the summary and the snapshot list them all)",
+                                offset + length
+                            )),
+                            _ => None,
+                        }
+                    };
+                    if let Some(m) = warn {
+                        self.progress.warning(&plan.path, &m);
+                    }
                     self.emit(Item::ImageNote(Note::Unreadable { offset, length }))?;
                 }
                 let lens = (first..first + n)
@@ -433,7 +458,17 @@ struct Stream {
     arrived: BTreeMap<u64, ReadOut>,
     req_tx: Option<crossbeam_channel::Sender<(u64, u64, u64)>>,
     res_rx: crossbeam_channel::Receiver<(u64, ReadOut)>,
+    /// Warnings given of unreadable ranges: a source that shrank is said once,
+    /// a failing disk's errors up to [`MAX_READ_WARNINGS`] (every range is in the
+    /// snapshot and the summary all the same).
+    shrink_warned: bool,
+    read_warnings: usize,
 }
+
+/// Warnings of unreadable ranges a backup prints before it only counts them.
+const MAX_READ_WARNINGS: usize = 50;
+
+const SHRANK: &str = "the source ended early: it shrank during the backup";
 
 /// The size of a file or block device.
 pub(crate) fn source_size(f: &File) -> std::io::Result<u64> {
@@ -561,11 +596,7 @@ fn read_range(
         Ok(n) if n as u64 == len => {}
         Ok(n) => {
             buf[n..].fill(0);
-            note(
-                off + n as u64,
-                len - n as u64,
-                "the source ended early: it shrank during the backup".into(),
-            )
+            note(off + n as u64, len - n as u64, SHRANK.into())
         }
         Err(_) => {
             let mut at = 0u64;
@@ -577,11 +608,7 @@ fn read_range(
                     Ok(k) if k as u64 == n => {}
                     Ok(k) => {
                         piece[k..].fill(0);
-                        note(
-                            off + at + k as u64,
-                            n - k as u64,
-                            "the source ended early: it shrank during the backup".into(),
-                        );
+                        note(off + at + k as u64, n - k as u64, SHRANK.into());
                     }
                     Err(e) => {
                         piece.fill(0);

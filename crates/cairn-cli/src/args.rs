@@ -286,7 +286,11 @@ pub enum ServeCommand {
 #[derive(Args)]
 pub struct ScrubArgs {
     /// A datastore name from --config, or a location (directory or s3:...)
-    pub datastore: String,
+    #[arg(required_unless_present = "datastore_flag")]
+    pub datastore: Option<String>,
+    /// The same, as `token add` takes it
+    #[arg(long = "datastore", value_name = "NAME", conflicts_with = "datastore")]
+    pub datastore_flag: Option<String>,
     /// The server's settings file, to find the datastore by name
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,

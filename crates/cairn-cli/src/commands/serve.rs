@@ -236,16 +236,21 @@ fn grant_text(datastore: &str) -> String {
 fn scrub(g: &Global, s: &ScrubArgs) -> Result<i32> {
     // A datastore name from the settings file, or a location as `--repo` takes it;
     // and the file's datastore names (in order: its table is a BTreeMap).
+    let datastore = s
+        .datastore
+        .as_ref()
+        .or(s.datastore_flag.as_ref())
+        .ok_or_else(|| anyhow!("name the datastore to scrub"))?;
     let (location, named): (String, Vec<String>) = match &s.config {
         Some(c) => {
             let file = cairn_server::config::FileConfig::load(c)?;
-            let location = file.datastores.get(&s.datastore).cloned();
+            let location = file.datastores.get(datastore).cloned();
             (
-                location.unwrap_or_else(|| s.datastore.clone()),
+                location.unwrap_or_else(|| datastore.clone()),
                 file.datastores.into_keys().collect(),
             )
         }
-        None => (s.datastore.clone(), Vec::new()),
+        None => (datastore.clone(), Vec::new()),
     };
     let opts = cairn_core::repo::storage::StorageOptions {
         cache: cairn_core::repo::storage::CacheChoice::Off,
@@ -258,10 +263,10 @@ fn scrub(g: &Global, s: &ScrubArgs) -> Result<i32> {
     )?;
     if !cairn_core::repo::storage::repository_exists(&storage)? {
         // A name the settings file does not hold reads as a location: say both.
-        if !named.is_empty() && location == s.datastore {
+        if !named.is_empty() && location == *datastore {
             return Err(anyhow!(
                 "no datastore {:?} in the settings file (it has: {}), and no repository at {location}",
-                s.datastore,
+                datastore,
                 named.join(", ")
             ));
         }

@@ -817,11 +817,13 @@ fn scrub_finds_bit_rot_without_the_key() {
     .unwrap();
     let scrub = |json: bool| {
         let mut c = Command::new(bin());
-        c.args(["serve", "scrub", "main", "--config"])
-            .arg(&settings);
+        // The name as `token add` takes it, or alone (below, with --json).
         if json {
-            c.arg("--json");
+            c.args(["serve", "scrub", "main", "--json"]);
+        } else {
+            c.args(["serve", "scrub", "--datastore", "main"]);
         }
+        c.arg("--config").arg(&settings);
         // No password anywhere: scrub needs none.
         c.env_remove("CAIRN_PASSWORD").env_remove("CAIRN_REPO");
         c.output().unwrap()

@@ -4,7 +4,19 @@ use cairn_core::repo::info::KeyChange;
 
 pub fn run(g: &Global, k: KeyCommand) -> Result<i32> {
     let p = super::progress(g);
-    let mut repo = super::open(g, &p.progress)?;
+    // The password that opened it, kept for `passwd` (which warns of other keys
+    // it still opens).
+    let mut used = None;
+    let mut repo = super::open_at(
+        g,
+        &super::repo_location(g)?,
+        || {
+            let pw = crate::ui::password(g)?;
+            used = Some(pw.clone());
+            Ok(pw)
+        },
+        &p.progress,
+    )?;
     match k {
         KeyCommand::List => {
             let keys = repo.key_infos()?;
@@ -42,6 +54,19 @@ pub fn run(g: &Global, k: KeyCommand) -> Result<i32> {
         KeyCommand::Passwd(np) => {
             let pw = crate::ui::new_password(np.new_password_file.as_ref())?;
             let id = repo.change_password(&pw)?;
+            // Keys made with the same password still open the repository with it.
+            let still = match &used {
+                Some(old) => repo.other_keys_opening_with(old)?,
+                None => Vec::new(),
+            };
+            for k in &still {
+                eprintln!(
+                    "warning: key {} also opens the repository with the old password, and \
+                     still does: change it too, or remove it (cairn key remove {})",
+                    k.short(),
+                    k.short()
+                );
+            }
             if g.json {
                 super::print_json(&KeyChange {
                     id: Some(id),

@@ -49,8 +49,38 @@ fn several_passwords_change_and_remove() {
         .env("CAIRN_NEW_PASSWORD", "third")
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("warning"), "{err}");
     env.fails(&["snapshots"], 12);
+    // Two keys with one password: changing one says the other still opens with it.
+    let o = env
+        .cmd(&["key", "add"])
+        .env("CAIRN_PASSWORD", "third")
+        .env("CAIRN_NEW_PASSWORD", "third")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = env
+        .cmd(&["key", "passwd", "--json"])
+        .env("CAIRN_PASSWORD", "third")
+        .env("CAIRN_NEW_PASSWORD", "fourth")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("also opens the repository with the old password"),
+        "{err}"
+    );
+    // The key made just now goes again: the twin opens with "third" as before.
+    let fourth: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let o = env
+        .cmd(&["key", "remove", fourth["id"].as_str().unwrap()])
+        .env("CAIRN_PASSWORD", "third")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = env
         .cmd(&["snapshots"])
         .env("CAIRN_PASSWORD", "third")

@@ -49,6 +49,24 @@ impl Repository {
         Ok(out)
     }
 
+    /// The keys other than the one in use that `password` also opens. `key
+    /// passwd` changes one key; another made with the same password still opens
+    /// the repository with it afterwards, which the user must hear of.
+    pub fn other_keys_opening_with(&self, password: &str) -> Result<Vec<KeyId>> {
+        let mut out = Vec::new();
+        for (id, kf) in self.list_keys()? {
+            if Some(id) == self.key_id {
+                continue;
+            }
+            if let Ok(kf) = kf
+                && kf.unwrap_secret(password.as_bytes()).is_ok()
+            {
+                out.push(id);
+            }
+        }
+        Ok(out)
+    }
+
     /// Resolves a key id prefix.
     pub fn find_key(&self, prefix: &str) -> Result<KeyId> {
         let keys = self.list_keys()?;

@@ -278,6 +278,11 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
             })
         }
         Ok(m) if m.is_file() => {
+            // A symlink to an image file: the image goes where it points, as
+            // writing through it did (the rename would replace the link itself).
+            if std::fs::symlink_metadata(&path).is_ok_and(|l| l.file_type().is_symlink()) {
+                path = std::fs::canonicalize(&path).map_err(|e| Error::io(&path, e))?;
+            }
             // A file behind a loop device is a disk someone uses (perhaps mounted):
             // writing it under them corrupts both. O_EXCL cannot tell for a file.
             let loops = loop_devices_backed_by(&m);
@@ -461,9 +466,14 @@ fn write_image(
     if let Some((off, len, why)) = failed.first() {
         let what = match &target.partial {
             Some(p) => format!(
-                "the incomplete image is left at {} and {} is unchanged",
+                "the incomplete image is left at {}, and {} {}",
                 p.path.display(),
-                target.path.display()
+                target.path.display(),
+                if p.replaces.is_some() {
+                    "is unchanged"
+                } else {
+                    "was not created"
+                }
             ),
             None => format!("{} is incomplete", target.path.display()),
         };
@@ -867,6 +877,29 @@ mod tests {
         t.commit().unwrap();
         assert_eq!(std::fs::metadata(inner.join("disk.raw")).unwrap().len(), 10);
         assert!(!inner.join("disk.raw.cairn-partial").exists());
+    }
+
+    /// Through a symlink to an image file, the file it points at is replaced,
+    /// not the link.
+    #[test]
+    fn a_symlinked_target_file_is_replaced_where_it_lies() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("v3.raw");
+        std::fs::write(&real, b"old").unwrap();
+        let link = dir.path().join("current.raw");
+        std::os::unix::fs::symlink("v3.raw", &link).unwrap();
+        let mut o = opts(&link);
+        o.replace = true;
+        let t = open_target(&o, b"x", 7).unwrap();
+        assert!(dir.path().join("v3.raw.cairn-partial").exists());
+        t.commit().unwrap();
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(std::fs::metadata(&real).unwrap().len(), 7);
     }
 
     #[test]

@@ -29,6 +29,7 @@ command -v ionice >/dev/null || need_apt+=(util-linux)
 command -v mke2fs >/dev/null || need_apt+=(e2fsprogs)
 command -v losetup >/dev/null || need_apt+=(mount)
 command -v sfdisk >/dev/null || need_apt+=(fdisk)
+command -v faketime >/dev/null || need_apt+=(faketime)   # a prune with its clock ahead
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null

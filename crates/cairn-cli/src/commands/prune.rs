@@ -190,6 +190,9 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
             ui::count(r.rescued_packs as u64, "retired pack")
         );
     }
+    for l in &r.stale_locks_removed {
+        println!("removed a stale lock: {l}");
+    }
     if r.deferred_packs > 0 {
         println!(
             "{} will be deleted by the next prune once these operations end:",

@@ -438,6 +438,80 @@ fn prune_waits_for_a_running_backup_and_rescues_what_it_used() {
     env.check_clean();
 }
 
+/// A prune whose clock is far ahead (past the documented 30 minutes) takes a
+/// running backup's lock for stale. It removes that lock before it deletes the
+/// packs it no longer holds back, so the backup, which relied on them, finds its
+/// lock gone at its commit and saves no snapshot, instead of one that cannot be
+/// restored.
+#[test]
+fn a_prune_with_its_clock_ahead_makes_a_running_backup_stop_not_save_a_broken_snapshot() {
+    let env = Env::new();
+    env.init(&["--block-size", "4K"]);
+    let data = Rng(98).bytes(2 << 20, false);
+    let mut c = env
+        .cmd(&["backup", "--json", "--stdin", "--stdin-name", "a"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(&data).unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let a: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    env.ok(&["forget", a["snapshot_id"].as_str().unwrap()]);
+    // B relies on A's packs (same bytes), and is running.
+    let mut b = env
+        .cmd(&["backup", "--json", "--stdin", "--stdin-name", "b"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut b_events = StderrLines::of(&mut b);
+    b_events.wait_for(
+        r#"{"type":"phase_started","phase":"backup"}"#,
+        Duration::from_secs(60),
+    );
+    let mut pipe = b.stdin.take().unwrap();
+    pipe.write_all(&data).unwrap();
+    // The prune's clock is 45 minutes ahead: B's lock looks 45 minutes old.
+    let plain = env.cmd(&["prune", "--json"]);
+    let mut skewed = std::process::Command::new("faketime");
+    skewed
+        .args(["-f", "+45m"])
+        .arg(plain.get_program())
+        .args(plain.get_args());
+    for (k, v) in plain.get_envs() {
+        match v {
+            Some(v) => skewed.env(k, v),
+            None => skewed.env_remove(k),
+        };
+    }
+    let o = skewed.output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(r["deleted_packs"].as_u64().unwrap() > 0, "{r}");
+    assert!(
+        r["stale_locks_removed"][0]
+            .as_str()
+            .unwrap()
+            .contains("backup lock"),
+        "{r}"
+    );
+    drop(pipe);
+    let out = b.wait_with_output().unwrap();
+    let err = b_events.all();
+    assert!(!out.status.success(), "B saved a snapshot: {err}");
+    assert!(err.contains("stops without committing"), "{err}");
+    assert!(env.snapshot_ids().is_empty(), "no snapshot is saved");
+    env.check_clean();
+}
+
 #[test]
 fn a_killed_job_never_blocks_the_next_one() {
     let env = Env::new();
@@ -451,13 +525,33 @@ fn a_killed_job_never_blocks_the_next_one() {
         "backup",
     );
     assert_eq!(locks(&env), 1);
-    // Its lock is left behind but known stale: prune and backup go ahead.
-    let r: serde_json::Value = serde_json::from_str(&env.ok(&["prune", "--json"])).unwrap();
-    assert_eq!(r["deferred_packs"], 0, "{r}");
+    // Its lock is left behind but known stale: a backup goes ahead, and
+    // `unlock` tidies it away.
     env.backup(&[&src]);
     let out = env.ok(&["unlock"]);
     assert!(out.contains("removed backup lock"), "{out}");
     assert_eq!(fs::read_dir(env.repo.join("locks")).unwrap().count(), 0);
+    // Killed again: prune goes ahead too, and removes the dead job's lock before
+    // it deletes the pack the job left.
+    let more = env.path("more");
+    make_files(&more, &mut Rng(6), 10, 2_000_000);
+    crashkit::run(
+        env.cmd(&["backup", "-q", more.to_str().unwrap()]),
+        &Kill::At(("pack:stored", 1)),
+        "backup",
+    );
+    assert_eq!(locks(&env), 1);
+    let r: serde_json::Value = serde_json::from_str(&env.ok(&["prune", "--json"])).unwrap();
+    assert_eq!(r["deferred_packs"], 0, "{r}");
+    assert!(r["deleted_packs"].as_u64().unwrap() > 0, "{r}");
+    assert!(
+        r["stale_locks_removed"][0]
+            .as_str()
+            .unwrap()
+            .contains("backup lock"),
+        "{r}"
+    );
+    assert_eq!(locks(&env), 0);
     env.check_clean();
 }
 

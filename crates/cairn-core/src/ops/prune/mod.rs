@@ -135,6 +135,9 @@ pub struct PruneReport {
     pub deferred_bytes: u64,
     /// The locks deletion waits for.
     pub waiting_for: Vec<String>,
+    /// Locks taken for stale (their holder dead, or silent for longer than
+    /// [`crate::repo::lock::STALE_AFTER`]), removed before packs were deleted.
+    pub stale_locks_removed: Vec<String>,
     pub new_packs: u64,
     pub new_index_files: usize,
     /// Partial files killed writers left behind, removed.
@@ -631,6 +634,24 @@ fn delete_pending(
     report.waiting_for.sort();
     if ready.is_empty() {
         return Ok(());
+    }
+    // Packs are deleted below on the strength of those locks being stale. Their
+    // objects go first: a holder that is alive after all (a clock far behind this
+    // one's, a machine that slept) finds its lock gone at its commit point and
+    // stops without committing, instead of saving a snapshot that needs a pack
+    // deleted here.
+    for l in locks.iter().filter(|l| l.stale && l.id != mine.id()) {
+        match repo.backend().delete(&l.name) {
+            Ok(()) => report.stale_locks_removed.push(l.describe()),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                return Err(Error::Invalid(format!(
+                    "cannot remove the stale lock {} before deleting what it no longer \
+                     holds back ({e}); nothing was deleted",
+                    l.describe()
+                )));
+            }
+        }
     }
     // The locks were checked first: an operation that has ended wrote its snapshot
     // before it removed its lock, so the listing below contains it. Snapshots are

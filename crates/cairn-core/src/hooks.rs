@@ -45,6 +45,11 @@ pub struct Point {
 /// operation.
 pub const POINTS: &[Point] = &[
     Point {
+        name: "backup:locked",
+        state: "a backup holds its lock and has not read the index (nor asked a \
+                server for its dedup plan); it has stored nothing",
+    },
+    Point {
         name: "pack:stored",
         state: "an upload thread's put of a pack returned; the pack is in no index \
                 file yet (an unindexed pack: prune's orphan)",

@@ -371,6 +371,7 @@ impl<A: Access> Session<A> {
 
     fn load_index_for_backup(&mut self) -> Result<()> {
         self.progress.check_cancelled()?;
+        crate::hooks::point("backup:locked");
         self.progress.phase(Phase::LoadingIndex);
         if self.repo.load_index_for_backup()? {
             for e in self.repo.index_errors() {

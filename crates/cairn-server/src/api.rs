@@ -462,7 +462,7 @@ pub async fn get(
     let n = name.clone();
     // A range goes into a kept buffer: a restore reads thousands of a few MiB.
     let answer = range.map(|(_, len)| app.bodies.for_answer(len));
-    let data: Bytes = blocking(move || match (range, answer, q.max) {
+    let got = blocking(move || match (range, answer, q.max) {
         (Some((off, len)), Some(mut b), _) => backend
             .get_range_into(&n, off, len, &mut b)
             .map(|()| Bytes::from_owner(b)),
@@ -470,7 +470,16 @@ pub async fn get(
         (None, _, Some(max)) => backend.get_bounded(&n, max).map(Bytes::from),
         (None, _, None) => backend.get(&n).map(Bytes::from),
     })
-    .await?;
+    .await;
+    // An index file gone (a prune that did not go through this server): the dedup
+    // view may still name it, and the client that asks the plan again after this
+    // must get one built anew.
+    if name.starts_with(cairn_backend::names::INDEX)
+        && matches!(&got, Err(e) if e.kind == "not_found")
+    {
+        store.dedup.lock_written();
+    }
+    let data: Bytes = got?;
     app.stats
         .bytes_out
         .fetch_add(data.len() as u64, Ordering::Relaxed);

@@ -800,6 +800,79 @@ fn a_backup_survives_the_server_stopping_and_dying_mid_upload() {
     }
 }
 
+/// A server restarted while a client held its lock builds its dedup view at start;
+/// a prune that does not go through it then replaces the index files the view
+/// names. The client, told of files that are gone, asks again and gets a view
+/// built anew: its backup completes.
+#[test]
+fn a_backup_asks_again_when_a_prune_elsewhere_replaced_the_index_it_was_told_of() {
+    let env = Env::new();
+    env.init(&[]);
+    let (a, b) = (env.path("a"), env.path("b"));
+    make_full_tree(&a, 81);
+    make_full_tree(&b, 82);
+    let state = env.path("state");
+    let first = Server::start(&state, &[("main", &env.repo)], true);
+    let port = first.port;
+    let token = first.token("web01", "main", "backup");
+    let out = ok(
+        client(
+            &env,
+            &first,
+            "main",
+            &token,
+            &["backup", "--json", a.to_str().unwrap()],
+        ),
+        "backup a",
+    );
+    let a_id = serde_json::from_str::<serde_json::Value>(&out).unwrap()["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pause = env.path("pause");
+    std::fs::create_dir(&pause).unwrap();
+    let backup = client_cmd(
+        &env,
+        &first,
+        "main",
+        &token,
+        &["backup", b.to_str().unwrap()],
+    )
+    // Another machine: it has not cached the index files the first backup wrote.
+    .env("XDG_CACHE_HOME", env.path("cache-b"))
+    .env(
+        cairn_core::hooks::PAUSE_AT_VAR,
+        format!("backup:locked:1:{}", pause.display()),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    wait_until("the backup holds its lock", Duration::from_secs(60), || {
+        pause.join("reached").exists()
+    });
+    let mut first = first;
+    let _ = first.child.kill();
+    let _ = first.child.wait();
+    let second = Server::start_on(port, &state, &[("main", &env.repo)], true);
+    // Its view is built now, before the prune.
+    let (code, plan) = http(port, "GET", "/v1/datastores/main/dedup", Some(&token), b"");
+    assert_eq!(code, 200, "{plan}");
+    env.ok(&["forget", &a_id]);
+    env.ok(&["prune", "--max-unused", "0%"]);
+    std::fs::write(pause.join("go"), b"").unwrap();
+    let o = backup.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "backup b: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    env.check_clean();
+    let restored = env.restore("latest", &b, "r");
+    assert_same(&b, &restored);
+    second.stop();
+}
+
 /// `cairn serve scrub` finds a flipped bit in a pack without the key, by name from
 /// the server's settings file, and says nothing of a healthy datastore.
 #[test]

@@ -282,30 +282,46 @@ impl Repository {
         if !self.admin_names() {
             return Ok(false);
         }
-        let Some(plan) = self.backend.dedup_plan()? else {
-            return Ok(false);
-        };
-        let mut ids: Vec<IndexId> = Vec::with_capacity(plan.index_files.len());
-        for name in &plan.index_files {
-            ids.push(super::objects::index_id_of(name).ok_or_else(|| {
-                Error::Invalid(format!(
-                    "the server's dedup plan names {name:?}, not an index file"
-                ))
-            })?);
-        }
-        let results = crate::threads::parallel_map(&ids, 4, |id| self.read_index_file(id));
-        let mut live = Vec::new();
-        let mut errors = Vec::new();
-        for (id, r) in ids.iter().zip(results) {
-            match r {
-                Ok(f) => live.push((*id, f)),
-                Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
-                    object: IndexObject::IndexFile(*id),
-                    error: e,
-                }),
-                Err(e) => return Err(e),
+        // A planned file can be gone by the time it is read (a prune that did not
+        // go through the server replaced it): the plan is asked for again (the
+        // server builds it anew after such a miss), and after a few tries the
+        // whole index is read as without the service.
+        let mut tries = 0;
+        let (plan, ids, live, mut errors) = loop {
+            let Some(plan) = self.backend.dedup_plan()? else {
+                return Ok(false);
+            };
+            let mut ids: Vec<IndexId> = Vec::with_capacity(plan.index_files.len());
+            for name in &plan.index_files {
+                ids.push(super::objects::index_id_of(name).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "the server's dedup plan names {name:?}, not an index file"
+                    ))
+                })?);
             }
-        }
+            let results = crate::threads::parallel_map(&ids, 4, |id| self.read_index_file(id));
+            let mut live = Vec::new();
+            let mut errors = Vec::new();
+            let mut vanished = false;
+            for (id, r) in ids.iter().zip(results) {
+                match r {
+                    Ok(f) => live.push((*id, f)),
+                    Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
+                        object: IndexObject::IndexFile(*id),
+                        error: e,
+                    }),
+                    Err(Error::Backend(e)) if e.is_not_found() => vanished = true,
+                    Err(e) => return Err(e),
+                }
+            }
+            if !vanished {
+                break (plan, ids, live, errors);
+            }
+            tries += 1;
+            if tries == 3 {
+                return Ok(false);
+            }
+        };
         let pending = self.read_pending_records(&mut errors, None)?;
         let state = IndexState {
             live,

@@ -1047,3 +1047,34 @@ pub struct CopyArgs {
     #[command(flatten)]
     pub filter: FilterArgs,
 }
+
+/// The command line, with an environment variable that is set but empty taken as
+/// unset (as `CAIRN_TOKEN_FILE=` in a script that clears it means), not as an
+/// empty value that fails as a flag the user never gave.
+pub fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    fn without_empty_env(mut cmd: clap::Command) -> clap::Command {
+        let empty: Vec<clap::Id> = cmd
+            .get_arguments()
+            .filter(|a| {
+                a.get_env()
+                    .and_then(std::env::var_os)
+                    .is_some_and(|v| v.is_empty())
+            })
+            .map(|a| a.get_id().clone())
+            .collect();
+        for id in empty {
+            cmd = cmd.mut_arg(id, |a| a.env(None::<&str>));
+        }
+        let subs: Vec<String> = cmd
+            .get_subcommands()
+            .map(|c| c.get_name().to_string())
+            .collect();
+        for name in subs {
+            cmd = cmd.mut_subcommand(name, without_empty_env);
+        }
+        cmd
+    }
+    let matches = without_empty_env(Cli::command()).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}

@@ -26,8 +26,6 @@ mod events;
 mod out;
 mod ui;
 
-use clap::Parser;
-
 /// Exit codes (restic's where they exist): 1 error, 3 backup saved but some entries
 /// could not be read (or changed while they were read), 10 no repository, 12 wrong password, 130 cancelled (SIGINT or
 /// SIGTERM: the operation stopped at a safe point).
@@ -84,7 +82,7 @@ fn main() {
             hard,
         );
     }
-    let cli = args::Cli::parse();
+    let cli = args::parse();
     // Only operations that stop cleanly when asked get a handler; for every other
     // command SIGINT and SIGTERM keep ending the process at once, which is safe.
     if matches!(

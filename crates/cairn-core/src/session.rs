@@ -168,6 +168,12 @@ impl ServerSlot {
                             m.push_str("\n  ");
                             m.push_str(j);
                         }
+                        if !running.is_empty() {
+                            m.push_str(
+                                "\n(a job whose client died keeps its slot until the server \
+                                 has not heard from it for job_idle_secs, 90 s by default)",
+                            );
+                        }
                         progress.notice(m);
                         told = Some(ahead.len());
                     }

@@ -11,8 +11,31 @@ pub fn run(g: &Global, a: &UnlockArgs) -> Result<i32> {
         for l in &r.removed {
             println!("removed {}", l.description);
         }
+        let now = cairn_core::time::now_unix();
         for l in &r.remaining {
-            println!("in use: {}", l.description);
+            match &l.lock {
+                Some(lock) => {
+                    let stale_in = (lock.refreshed
+                        + cairn_core::repo::lock::STALE_AFTER.as_secs() as i64
+                        - now)
+                        .max(0);
+                    println!(
+                        "in use: {} (refreshed {} min ago; stale in {} min if its process is gone)",
+                        l.description,
+                        (now - lock.refreshed).max(0) / 60,
+                        (stale_in + 59) / 60
+                    );
+                }
+                None => println!("in use: {}", l.description),
+            }
+        }
+        // A job that died on another machine cannot be seen dead from here.
+        if !a.remove_all && r.remaining.iter().any(|l| l.lock.is_some()) {
+            println!(
+                "a lock whose process died on another machine goes stale 30 minutes after its \
+                 last refresh; once you know no cairn is running on this repository, `cairn \
+                 unlock --remove-all` removes it now"
+            );
         }
         // An unreadable lock never goes stale by itself (its age cannot be read):
         // say how it goes.

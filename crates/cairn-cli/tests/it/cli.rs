@@ -534,3 +534,22 @@ fn with_json_the_final_error_is_a_json_line() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.starts_with("cairn: error: "), "{err}");
 }
+
+/// A variable set but empty (`CAIRN_TOKEN_FILE=` in a script that clears it) is
+/// taken as unset, not as an empty value of a flag the user never gave.
+#[test]
+fn empty_environment_variables_count_as_unset() {
+    let env = Env::new();
+    env.init(&[]);
+    let o = env
+        .cmd(&["snapshots"])
+        .env("CAIRN_TOKEN_FILE", "")
+        .env("CAIRN_CACHE_DIR", "")
+        .env("CAIRN_CACERT", "")
+        .env("CAIRN_MEMORY_LIMIT", "")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A flag given empty on the command line is still refused.
+    env.fails(&["--token-file", "", "snapshots"], 2);
+}

@@ -405,6 +405,11 @@ fn prune_waits_for_a_running_backup_and_rescues_what_it_used() {
     );
     let out = env.ok(&["unlock"]);
     assert!(out.contains("in use: backup lock"), "{out}");
+    // When it would go stale, and how to remove it now if its job died elsewhere.
+    assert!(
+        out.contains("stale in 30 min") && out.contains("unlock --remove-all"),
+        "{out}"
+    );
 
     drop(pipe);
     let out = b.wait_with_output().unwrap();

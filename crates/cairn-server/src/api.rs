@@ -477,7 +477,7 @@ pub async fn get(
     if name.starts_with(cairn_backend::names::INDEX)
         && matches!(&got, Err(e) if e.kind == "not_found")
     {
-        store.dedup.lock_written();
+        store.dedup.index_file_missing(&name);
     }
     let data: Bytes = got?;
     app.stats

@@ -251,6 +251,19 @@ impl Dedup {
         self.lock_gen.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// An index file was not found: if the current view names it (a prune that
+    /// did not go through this server replaced it), the view is built anew before
+    /// the next plan. Clients look for a file under its plain name before its
+    /// admin name, so most misses are of names no view holds.
+    pub fn index_file_missing(&self, name: &str) {
+        let (_, id) = names::split_admin(names::base(name));
+        let named =
+            id32(id).is_some_and(|id| self.view().files.get(&id).is_some_and(|f| f.name == name));
+        if named {
+            self.lock_gen.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
     /// Rebuilds the view if it predates the newest lock written here or is old.
     /// Blocking (storage calls).
     fn fresh(&self, backend: &dyn Backend) -> Result<(), BackendError> {

@@ -193,6 +193,9 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     for l in &r.stale_locks_removed {
         println!("removed a stale lock: {l}");
     }
+    for l in &r.stale_locks_kept {
+        eprintln!("warning: could not remove a stale lock (passed over): {l}");
+    }
     if r.deferred_packs > 0 {
         println!(
             "{} will be deleted by the next prune once these operations end:",

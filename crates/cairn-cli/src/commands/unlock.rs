@@ -30,7 +30,12 @@ pub fn run(g: &Global, a: &UnlockArgs) -> Result<i32> {
             }
         }
         // A job that died on another machine cannot be seen dead from here.
-        if !a.remove_all && r.remaining.iter().any(|l| l.lock.is_some()) {
+        let here = cairn_core::repo::hostname();
+        if !a.remove_all
+            && r.remaining
+                .iter()
+                .any(|l| l.lock.as_ref().is_some_and(|k| k.hostname != here))
+        {
             println!(
                 "a lock whose process died on another machine goes stale 30 minutes after its \
                  last refresh; once you know no cairn is running on this repository, `cairn \

@@ -514,8 +514,6 @@ fn read_full_at(
     };
     let mut at = 0usize;
     let data: u64 = segments.iter().map(|(s, e)| e - s).sum();
-    src.holes
-        .fetch_add(avail.saturating_sub(data), Ordering::Relaxed);
     for (s, e) in segments {
         let (lo, hi) = ((s - off) as usize, (e - off) as usize);
         buf[at..lo].fill(0);
@@ -525,6 +523,10 @@ fn read_full_at(
         }
         at = hi;
     }
+    // Counted once the range is read: a failed read is read again block by
+    // block, which counts its own holes.
+    src.holes
+        .fetch_add(avail.saturating_sub(data), Ordering::Relaxed);
     let avail = avail as usize;
     buf[at..avail].fill(0);
     Ok(avail)

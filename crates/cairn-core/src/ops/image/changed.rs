@@ -114,13 +114,18 @@ impl ChangedRanges {
                 // qemu maps the whole disk, clean and dirty extents alike: a map
                 // that ends elsewhere is of another disk (or of this one before it
                 // was resized), and what it leaves out would be taken as unchanged.
-                if covered != size {
+                // qemu counts in 512-byte sectors: a size between is rounded up.
+                if covered < size || covered > size.div_ceil(512) * 512 {
                     return Err(format!(
                         "the map covers {covered} bytes but the source is {size} bytes: \
                          is it for this disk, made after its last resize?"
                     ));
                 }
                 ranges
+                    .into_iter()
+                    .filter(|&(off, _)| off < size)
+                    .map(|(off, len)| (off, len.min(size - off)))
+                    .collect()
             }
             ChangedFormat::ThinDelta => parse_thin_delta(text)?,
         };
@@ -431,6 +436,9 @@ mod tests {
             e.contains("covers 131072 bytes but the source is 1048576"),
             "{e}"
         );
+        // A raw image of 131000 bytes is mapped as 256 whole sectors.
+        let r = ChangedRanges::parse(q, ChangedFormat::QemuDirtyMap, 131_000).unwrap();
+        assert_eq!(r.ranges(), &[(65536, 131_000)]);
         let gap = q.replace("\"start\": 65536", "\"start\": 70000");
         let e = ChangedRanges::parse(&gap, ChangedFormat::QemuDirtyMap, 135536).unwrap_err();
         assert!(e.contains("entry 1 starts at 70000"), "{e}");

@@ -153,21 +153,38 @@ impl Target {
         };
         if let Some(old) = &partial.replaces {
             use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            use xattr::FileExt;
             // Best effort: a user who may replace a root-owned file's content in
             // place may still not give it away.
             let _ = std::os::unix::fs::fchown(&self.file, Some(old.uid()), Some(old.gid()));
             let _ = self
                 .file
                 .set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o7777));
+            // Its extended attributes too (an SELinux label a hypervisor needs, an
+            // ACL), after the mode, which would change an ACL's mask.
+            if let Ok(names) = xattr::list(&self.path) {
+                for name in names {
+                    if let Ok(Some(v)) = xattr::get(&self.path, &name) {
+                        let _ = self.file.set_xattr(&name, &v);
+                    }
+                }
+            }
         }
-        std::fs::rename(&partial.path, &self.path).map_err(|e| Error::io(&self.path, e))?;
+        std::fs::rename(&partial.path, &self.path).map_err(|e| {
+            Error::Invalid(format!(
+                "the image is complete in {}, but it could not be renamed to {}: {e}",
+                partial.path.display(),
+                self.path.display()
+            ))
+        })?;
+        // Best effort: the image itself is synced; some file systems (FUSE, NFS)
+        // cannot sync a directory.
         let dir = match self.path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io(dir, e))
+        let _ = File::open(dir).and_then(|d| d.sync_all());
+        Ok(())
     }
 
     /// Removes the partial file of a restore that stopped with nothing worth
@@ -316,6 +333,14 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
             path.display()
         ))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // A symlink to nothing: replacing it was never asked for.
+            if std::fs::symlink_metadata(&path).is_ok() {
+                return Err(Error::Invalid(format!(
+                    "{} is a symlink to a file that does not exist: remove it, or give \
+                     another target",
+                    path.display()
+                )));
+            }
             let (file, partial) = open_partial(&path, size)?;
             Ok(Target {
                 file,
@@ -463,6 +488,25 @@ fn write_image(
     report.bytes_written = written.load(Ordering::Relaxed);
     report.blocks_written = blocks_written.load(Ordering::Relaxed);
     let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
+    // The target refused writes (a full disk): what was written is no use to
+    // keep, and keeping it would hold the space.
+    if let Some(p) = &target.partial
+        && let Some((off, len, why)) = failed.iter().find(|(_, _, why)| why.starts_with("writ"))
+    {
+        return Err(Error::Invalid(format!(
+            "{} blocks could not be restored (the first at bytes {off}..{}: {why}); {} is \
+             removed and {} {}",
+            failed.len(),
+            off + len,
+            p.path.display(),
+            target.path.display(),
+            if p.replaces.is_some() {
+                "is unchanged"
+            } else {
+                "was not created"
+            }
+        )));
+    }
     if let Some((off, len, why)) = failed.first() {
         let what = match &target.partial {
             Some(p) => format!(
@@ -900,6 +944,17 @@ mod tests {
                 .is_symlink()
         );
         assert_eq!(std::fs::metadata(&real).unwrap().len(), 7);
+        // A symlink to nothing is not replaced.
+        let dangling = dir.path().join("gone.raw");
+        std::os::unix::fs::symlink("nowhere.raw", &dangling).unwrap();
+        let e = open_target(&opts(&dangling), b"x", 7)
+            .err()
+            .expect("refused");
+        assert!(
+            e.to_string()
+                .contains("symlink to a file that does not exist"),
+            "{e}"
+        );
     }
 
     #[test]

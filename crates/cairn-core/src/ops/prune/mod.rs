@@ -138,6 +138,9 @@ pub struct PruneReport {
     /// Locks taken for stale (their holder dead, or silent for longer than
     /// [`crate::repo::lock::STALE_AFTER`]), removed before packs were deleted.
     pub stale_locks_removed: Vec<String>,
+    /// Stale locks that could not be removed (the storage refused): ignored, as
+    /// stale locks always were, with why.
+    pub stale_locks_kept: Vec<String>,
     pub new_packs: u64,
     pub new_index_files: usize,
     /// Partial files killed writers left behind, removed.
@@ -640,17 +643,16 @@ fn delete_pending(
     // one's, a machine that slept) finds its lock gone at its commit point and
     // stops without committing, instead of saving a snapshot that needs a pack
     // deleted here.
+    // (Every stale lock, not only those the records name: one taken for stale
+    // when a record was written is named by none.) A lock the storage will not
+    // let go is passed over, as stale locks were before this guard.
     for l in locks.iter().filter(|l| l.stale && l.id != mine.id()) {
         match repo.backend().delete(&l.name) {
             Ok(()) => report.stale_locks_removed.push(l.describe()),
             Err(e) if e.is_not_found() => {}
-            Err(e) => {
-                return Err(Error::Invalid(format!(
-                    "cannot remove the stale lock {} before deleting what it no longer \
-                     holds back ({e}); nothing was deleted",
-                    l.describe()
-                )));
-            }
+            Err(e) => report
+                .stale_locks_kept
+                .push(format!("{}: {e}", l.describe())),
         }
     }
     // The locks were checked first: an operation that has ended wrote its snapshot

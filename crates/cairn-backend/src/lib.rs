@@ -43,7 +43,7 @@ pub use mem::MemBackend;
 pub use retry::{RetryBackend, RetryPolicy};
 pub use s3::{S3Backend, S3Location, S3Options};
 pub use server::{ServerBackend, ServerLocation, ServerOptions, parse_fingerprint};
-pub use throttle::{Limiter, ThrottledBackend, Traffic};
+pub use throttle::{Limiter, ThrottledBackend, Traffic, stop_waits_on};
 
 pub use bytes::Bytes;
 use std::fmt;

@@ -48,7 +48,9 @@ impl Limiter {
         }
     }
 
-    /// Books this transfer's time and waits until the booking ends.
+    /// Books this transfer's time and waits until the booking ends, or until the
+    /// process is asked to stop ([`stop_waits_on`]): at a low rate one small file's
+    /// booking can last minutes, and Ctrl-C must not wait for it.
     pub fn take(&self, bytes: u64) {
         let cost = Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
         let end = {
@@ -57,11 +59,24 @@ impl Limiter {
             *next = start + cost;
             *next
         };
-        let now = Instant::now();
-        if end > now {
-            std::thread::sleep(end - now);
+        loop {
+            let now = Instant::now();
+            if end <= now || STOP.get().is_some_and(|s| s.load(Ordering::Relaxed)) {
+                return;
+            }
+            std::thread::sleep((end - now).min(Duration::from_millis(100)));
         }
     }
+}
+
+static STOP: std::sync::OnceLock<Arc<std::sync::atomic::AtomicBool>> = std::sync::OnceLock::new();
+
+/// Makes every rate limit's wait end early once `flag` is set (the process's
+/// cancellation flag, set by SIGINT or SIGTERM). The work that follows sees the
+/// cancellation and stops; an average above the limit for that last moment is
+/// of no concern.
+pub fn stop_waits_on(flag: Arc<std::sync::atomic::AtomicBool>) {
+    let _ = STOP.set(flag);
 }
 
 #[derive(Debug)]

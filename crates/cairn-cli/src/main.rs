@@ -196,7 +196,8 @@ fn is_closed_stdout(e: &anyhow::Error) -> bool {
 fn cancel_on_signals() {
     use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
     // Created before the handler can run: the handler only reads it.
-    let _ = events::cancel_token();
+    let token = events::cancel_token();
+    cairn_backend::stop_waits_on(token.flag().clone());
     extern "C" fn on_signal(_: libc::c_int) {
         let token = events::cancel_token();
         if token.is_cancelled() {

@@ -97,6 +97,16 @@ fn apply_priority(g: &Global) -> Result<()> {
     if threads == Some(0) {
         anyhow::bail!("--threads 0: give 1 or more");
     }
+    // More than the machine has would only add threads (and their buffers) that
+    // wait for a core.
+    if let Some(n) = threads
+        && n > cores
+    {
+        if !g.quiet {
+            eprintln!("note: --threads {n}: this machine has {cores} cores; using {cores}");
+        }
+        threads = Some(cores);
+    }
     match g.priority.as_deref() {
         None | Some("normal") => {}
         Some("low") => {

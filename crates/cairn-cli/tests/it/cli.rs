@@ -553,3 +553,21 @@ fn empty_environment_variables_count_as_unset() {
     // A flag given empty on the command line is still refused.
     env.fails(&["--token-file", "", "snapshots"], 2);
 }
+
+/// `--threads` beyond the machine's cores is held to them, and says so.
+#[test]
+fn threads_beyond_the_cores_are_held_to_them() {
+    let env = Env::new();
+    env.init(&[]);
+    let o = env
+        .cmd(&["--threads", "100000", "snapshots"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        err.contains(&format!("this machine has {cores} cores; using {cores}")),
+        "{err}"
+    );
+}

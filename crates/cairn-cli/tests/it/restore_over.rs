@@ -847,3 +847,54 @@ fn a_restore_after_a_killed_one_finishes_its_work_whatever_overwrite_says() {
         fs::remove_file(restored.join("big")).unwrap();
     }
 }
+
+/// At a low `--write-limit` one small file's share of the rate lasts minutes:
+/// Ctrl-C ends the restore at once all the same, not when that wait is over.
+#[test]
+fn ctrl_c_does_not_wait_out_a_rate_limit() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("small"), Rng(3).bytes(200 << 10, false)).unwrap();
+    let snap = env.backup(&[&src]);
+    let out = env.path("out");
+    let mut child = env
+        .cmd(&[
+            "restore",
+            &snap,
+            "--target",
+            out.to_str().unwrap(),
+            "--write-limit",
+            "1K",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // 200 KiB at 1 KiB/s: about 200 s of waiting once the file is written.
+    wait_until(
+        "the file is written",
+        std::time::Duration::from_secs(60),
+        || fs::metadata(inside(&out, &src).join("small")).is_ok_and(|m| m.len() == 200 << 10),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let stopped = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(
+        stopped.elapsed() < std::time::Duration::from_secs(30),
+        "took {:?}: {err}",
+        stopped.elapsed()
+    );
+}
+
+fn inside(root: &Path, src: &Path) -> PathBuf {
+    root.join(src.strip_prefix("/").unwrap())
+}

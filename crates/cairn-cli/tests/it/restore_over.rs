@@ -859,7 +859,7 @@ fn ctrl_c_does_not_wait_out_a_rate_limit() {
     fs::write(src.join("small"), Rng(3).bytes(200 << 10, false)).unwrap();
     let snap = env.backup(&[&src]);
     let out = env.path("out");
-    let mut child = env
+    let child = env
         .cmd(&[
             "restore",
             &snap,

@@ -219,9 +219,10 @@ pub struct MountArgs {
     /// shorten it)
     #[arg(long, default_value_t = 60, hide = true)]
     pub refresh_secs: u64,
-    /// Threads answering the kernel
-    #[arg(long, default_value_t = 4, hide = true)]
-    pub threads: usize,
+    /// Threads answering the kernel (its own name: `--threads` is the global
+    /// flag, whose value a default here would set for the whole engine)
+    #[arg(long = "fuse-threads", default_value_t = 4, hide = true)]
+    pub fuse_threads: usize,
     /// Show no extended attributes nor ACLs (`ls -l` then asks nothing per file;
     /// without it, it asks only in snapshots that have ACLs or with --allow-other)
     #[arg(long)]

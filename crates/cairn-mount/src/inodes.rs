@@ -228,8 +228,24 @@ impl Table {
             {
                 self.links.remove(&l);
             }
+            self.shrink_when_sparse();
         }
         true
+    }
+
+    /// Gives memory back once the kernel has forgotten most of what it held (a
+    /// walk of a large tree, then memory pressure or `drop_caches`): a map keeps
+    /// its largest size otherwise, and the mount would stay as large as the
+    /// largest walk it ever served.
+    fn shrink_when_sparse(&mut self) {
+        fn shrink<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>) {
+            if m.capacity() > 4096 && m.len() < m.capacity() / 4 {
+                m.shrink_to(m.len() * 2);
+            }
+        }
+        shrink(&mut self.inodes);
+        shrink(&mut self.by_name);
+        shrink(&mut self.links);
     }
 
     /// Updates the attributes kept for `ino` (virtual entries whose size or time

@@ -108,7 +108,7 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
         tree_cache_bytes: usize::try_from(tree_cache_bytes).unwrap_or(usize::MAX),
         session_idle: Duration::from_secs(a.idle_secs.max(1)),
         listing_refresh: Duration::from_secs(a.refresh_secs.max(1)),
-        threads: a.threads.clamp(1, 64),
+        threads: a.fuse_threads.clamp(1, 64),
         xattrs: !a.no_xattrs,
         ..MountOptions::default()
     };

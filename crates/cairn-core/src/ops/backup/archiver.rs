@@ -265,12 +265,23 @@ pub(crate) fn archive(
         spool: None,
     };
     st.uploader.set_progress(progress.clone());
+    // Under a memory limit, smaller index files: writing one holds its entries,
+    // their encoding and its sealed copy at once (about 100 bytes a blob; 200,000
+    // blobs of 4 KiB blocks took 25 MiB at a 96 MiB limit). A sixteenth of the
+    // working memory for that.
+    let flush_blobs =
+        repo.memory_plan_in_use()
+            .map_or(crate::repo::packer::INDEX_FLUSH_BLOBS, |p| {
+                ((p.work_bytes / 16 / 100) as usize)
+                    .clamp(10_000, crate::repo::packer::INDEX_FLUSH_BLOBS)
+            });
     if repo.dedup().is_some() {
         // Through a server, an index file (and its dedup list) after every pack: an
         // interrupted backup then sends again at most the pack that was in flight,
         // since the server knows every chunk of the others when it restarts.
-        st.uploader
-            .set_index_flush(crate::repo::packer::INDEX_FLUSH_BLOBS, 1);
+        st.uploader.set_index_flush(flush_blobs, 1);
+    } else if flush_blobs < crate::repo::packer::INDEX_FLUSH_BLOBS {
+        st.uploader.set_index_flush(flush_blobs, usize::MAX);
     }
     let mut image = None;
     let r = run(&mut st, rx, budget, &mut image).and_then(|root| {

@@ -40,19 +40,21 @@ use cairn_core::session::{Access, IndexLoad, Session};
 pub fn run(cli: Cli) -> Result<i32> {
     let g = &cli.global;
     apply_priority(g)?;
-    // Long jobs end with what they used (with --json: in the report).
-    let long_job = matches!(
-        cli.command,
+    // Long jobs end with what they used (with --json: in the report); an export
+    // only when its archive does not go to standard output ("-" or none).
+    let long_job = match &cli.command {
         Command::Backup(_)
-            | Command::Restore(_)
-            | Command::Copy(_)
-            | Command::Check(_)
-            | Command::Prune(_)
-            | Command::Stats(_)
-            | Command::Repair(_)
-            | Command::Recover(_)
-            | Command::Mount(_)
-    );
+        | Command::Restore(_)
+        | Command::Copy(_)
+        | Command::Check(_)
+        | Command::Prune(_)
+        | Command::Stats(_)
+        | Command::Repair(_)
+        | Command::Recover(_)
+        | Command::Mount(_) => true,
+        Command::Export(a) => a.output.as_ref().is_some_and(|o| o.as_os_str() != "-"),
+        _ => false,
+    };
     let code = match cli.command {
         Command::Init(a) => init::run(g, &a),
         Command::Backup(a) => backup::run(g, a),

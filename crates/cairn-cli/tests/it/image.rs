@@ -719,26 +719,35 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
     assert_eq!(o.status.code(), Some(3), "{o:?}");
 }
 
+/// An image backup (exit 3) of a FUSE file holding `data` that becomes `size`
+/// bytes long after its first read; returns the backup's stderr.
+fn backup_resized(env: &Env, dir: &str, data: &[u8], size: u64) -> String {
+    let mnt = env.path(dir);
+    fs::create_dir(&mnt).unwrap();
+    let session = faulty_mount(
+        &mnt,
+        Faulty {
+            data: data.to_vec(),
+            bad: (u64::MAX, u64::MAX),
+            grow_after: Some((1, size)),
+            reads: Default::default(),
+        },
+    );
+    let e = env.fails(
+        &["backup", "--image", mnt.join("disk").to_str().unwrap()],
+        3,
+    );
+    drop(session);
+    e
+}
+
 #[test]
 fn a_source_that_changes_size_during_the_backup_is_saved_as_read_with_a_warning() {
     let env = Env::new();
     env.init(&[]);
     let mut rng = Rng(22);
     let data = rng.bytes(3 * MIB, false);
-    let mnt = env.path("growing");
-    fs::create_dir(&mnt).unwrap();
-    let session = faulty_mount(
-        &mnt,
-        Faulty {
-            data: data.clone(),
-            bad: (u64::MAX, u64::MAX),
-            grow_after: Some((1, 5 * MIB as u64)),
-            reads: Default::default(),
-        },
-    );
-    let src = mnt.join("disk");
-    let e = env.fails(&["backup", "--image", src.to_str().unwrap()], 3);
-    drop(session);
+    let e = backup_resized(&env, "growing", &data, 5 * MIB as u64);
     assert!(e.contains("changed size during the backup"), "{e}");
     let snap = env.snapshot_ids().pop().unwrap();
     let info = image_of(&env, &snap);
@@ -750,22 +759,7 @@ fn a_source_that_changes_size_during_the_backup_is_saved_as_read_with_a_warning(
 
     // One that shrinks: what is gone is zeros, said once (not once per read).
     let data = rng.bytes(24 * MIB, false);
-    let mnt = env.path("shrinking");
-    fs::create_dir(&mnt).unwrap();
-    let session = faulty_mount(
-        &mnt,
-        Faulty {
-            data: data.clone(),
-            bad: (u64::MAX, u64::MAX),
-            grow_after: Some((1, MIB as u64)),
-            reads: Default::default(),
-        },
-    );
-    let e = env.fails(
-        &["backup", "--image", mnt.join("disk").to_str().unwrap()],
-        3,
-    );
-    drop(session);
+    let e = backup_resized(&env, "shrinking", &data, MIB as u64);
     assert_eq!(e.matches("shrank during the backup").count(), 1, "{e}");
     let snap = env.snapshot_ids().pop().unwrap();
     let info = image_of(&env, &snap);

@@ -354,28 +354,26 @@ fn backups_and_prune_run_together() {
     committed.verify(&env, "after the last prune");
 }
 
-#[test]
-fn prune_waits_for_a_running_backup_and_rescues_what_it_used() {
-    let env = Env::new();
-    env.init(&["--block-size", "4K"]);
-    let data = Rng(99).bytes(3 << 20, false);
-    // Snapshot A holds the data; forgetting it leaves the data unreferenced.
+/// Backup B running and relying only on the packs of snapshot A, which is
+/// forgotten: A held `data`; B is fed the same bytes (its standard input still
+/// open), so it stores nothing new. B's backup phase begins only after its
+/// session has loaded the index (which still lists A's data): once B reports it,
+/// a prune may go ahead.
+fn b_relies_on_forgotten_a(
+    env: &Env,
+    data: &[u8],
+) -> (std::process::Child, StderrLines, std::process::ChildStdin) {
     let mut c = env
         .cmd(&["backup", "--json", "--stdin", "--stdin-name", "a"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    c.stdin.take().unwrap().write_all(&data).unwrap();
+    c.stdin.take().unwrap().write_all(data).unwrap();
     let out = c.wait_with_output().unwrap();
     assert!(out.status.success());
     let a: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     env.ok(&["forget", a["snapshot_id"].as_str().unwrap()]);
-
-    // Backup B starts (loads the index, which still lists A's data) and is fed the
-    // same bytes, so it stores nothing new: it relies on A's packs. Its backup phase
-    // begins only after its session has loaded the index: once B reports it, prune
-    // may go ahead.
     let mut b = env
         .cmd(&["backup", "--json", "--stdin", "--stdin-name", "b"])
         .stdin(Stdio::piped())
@@ -389,7 +387,16 @@ fn prune_waits_for_a_running_backup_and_rescues_what_it_used() {
         Duration::from_secs(60),
     );
     let mut pipe = b.stdin.take().unwrap();
-    pipe.write_all(&data).unwrap();
+    pipe.write_all(data).unwrap();
+    (b, b_events, pipe)
+}
+
+#[test]
+fn prune_waits_for_a_running_backup_and_rescues_what_it_used() {
+    let env = Env::new();
+    env.init(&["--block-size", "4K"]);
+    let data = Rng(99).bytes(3 << 20, false);
+    let (b, b_events, pipe) = b_relies_on_forgotten_a(&env, &data);
 
     // Prune retires A's packs but must not delete them while B runs.
     let r: serde_json::Value = serde_json::from_str(&env.ok(&["prune", "--json"])).unwrap();
@@ -453,32 +460,7 @@ fn a_prune_with_its_clock_ahead_makes_a_running_backup_stop_not_save_a_broken_sn
     let env = Env::new();
     env.init(&["--block-size", "4K"]);
     let data = Rng(98).bytes(2 << 20, false);
-    let mut c = env
-        .cmd(&["backup", "--json", "--stdin", "--stdin-name", "a"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(&data).unwrap();
-    let out = c.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let a: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    env.ok(&["forget", a["snapshot_id"].as_str().unwrap()]);
-    // B relies on A's packs (same bytes), and is running.
-    let mut b = env
-        .cmd(&["backup", "--json", "--stdin", "--stdin-name", "b"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut b_events = StderrLines::of(&mut b);
-    b_events.wait_for(
-        r#"{"type":"phase_started","phase":"backup"}"#,
-        Duration::from_secs(60),
-    );
-    let mut pipe = b.stdin.take().unwrap();
-    pipe.write_all(&data).unwrap();
+    let (b, b_events, pipe) = b_relies_on_forgotten_a(&env, &data);
     // The prune's clock is 45 minutes ahead: B's lock looks 45 minutes old.
     let plain = env.cmd(&["prune", "--json"]);
     let mut skewed = std::process::Command::new("faketime");

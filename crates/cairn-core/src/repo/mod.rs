@@ -633,10 +633,8 @@ mod reopen_tests {
     use super::*;
     use cairn_backend::MemBackend;
 
-    /// A reopened handle sees the config as it is now, keeps the key without a
-    /// password, and refuses a config its key did not seal.
-    #[test]
-    fn reopen_reads_the_config_again_with_the_same_key() {
+    /// A repository in memory, with a key that is cheap to derive.
+    fn new_repo() -> (Arc<dyn Backend>, Repository) {
         let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
         let opts = InitOptions {
             kdf: KdfParams {
@@ -647,7 +645,15 @@ mod reopen_tests {
             },
             ..InitOptions::default()
         };
-        let mut repo = Repository::init(backend.clone(), Some("pw"), &opts).unwrap();
+        let repo = Repository::init(backend.clone(), Some("pw"), &opts).unwrap();
+        (backend, repo)
+    }
+
+    /// A reopened handle sees the config as it is now, keeps the key without a
+    /// password, and refuses a config its key did not seal.
+    #[test]
+    fn reopen_reads_the_config_again_with_the_same_key() {
+        let (backend, mut repo) = new_repo();
         repo.set_max_concurrent_jobs(7).unwrap();
         let again = repo.reopen().unwrap();
         assert_eq!(again.config().max_concurrent_jobs, 7);
@@ -664,17 +670,7 @@ mod reopen_tests {
     /// built in its new place) keeps what another command set in the meantime.
     #[test]
     fn a_setting_recorded_late_keeps_the_changes_made_meanwhile() {
-        let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
-        let opts = InitOptions {
-            kdf: KdfParams {
-                memory_kib: 8,
-                iterations: 1,
-                parallelism: 1,
-                ..KdfParams::new_default()
-            },
-            ..InitOptions::default()
-        };
-        let first = Repository::init(backend.clone(), Some("pw"), &opts).unwrap();
+        let (_, first) = new_repo();
         let mut long = first.reopen().unwrap();
         long.try_index_placement(IndexPlacement::Ssd, Some("/var/tmp/idx".into()));
         let mut other = first.reopen().unwrap();

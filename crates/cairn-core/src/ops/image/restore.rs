@@ -91,6 +91,17 @@ struct Partial {
     replaces: Option<std::fs::Metadata>,
 }
 
+impl Partial {
+    /// What a restore that stops before the rename did to the target, for messages.
+    fn target_left(&self) -> &'static str {
+        if self.replaces.is_some() {
+            "is unchanged"
+        } else {
+            "was not created"
+        }
+    }
+}
+
 /// `FILE.cairn-partial`, beside the target: where an image restore to a file writes.
 pub fn partial_path(target: &Path) -> PathBuf {
     let mut name = target.file_name().unwrap_or_default().to_os_string();
@@ -500,11 +511,7 @@ fn write_image(
             off + len,
             p.path.display(),
             target.path.display(),
-            if p.replaces.is_some() {
-                "is unchanged"
-            } else {
-                "was not created"
-            }
+            p.target_left()
         )));
     }
     if let Some((off, len, why)) = failed.first() {
@@ -513,11 +520,7 @@ fn write_image(
                 "the incomplete image is left at {}, and {} {}",
                 p.path.display(),
                 target.path.display(),
-                if p.replaces.is_some() {
-                    "is unchanged"
-                } else {
-                    "was not created"
-                }
+                p.target_left()
             ),
             None => format!("{} is incomplete", target.path.display()),
         };

@@ -503,15 +503,20 @@ fn a_prune_with_its_clock_ahead_makes_a_running_backup_stop_not_save_a_broken_sn
 fn a_killed_job_never_blocks_the_next_one() {
     let env = Env::new();
     env.init(&[]);
-    let src = env.path("src");
-    make_files(&src, &mut Rng(5), 10, 2_000_000);
-    // Killed after storing its first pack: well inside its run, holding its lock.
-    crashkit::run(
-        env.cmd(&["backup", "-q", src.to_str().unwrap()]),
-        &Kill::At(("pack:stored", 1)),
-        "backup",
-    );
-    assert_eq!(locks(&env), 1);
+    // A backup of new files killed after storing its first pack: well inside its
+    // run, holding its lock.
+    let killed_backup = |dir: &str, seed: u64| {
+        let src = env.path(dir);
+        make_files(&src, &mut Rng(seed), 10, 2_000_000);
+        crashkit::run(
+            env.cmd(&["backup", "-q", src.to_str().unwrap()]),
+            &Kill::At(("pack:stored", 1)),
+            "backup",
+        );
+        assert_eq!(locks(&env), 1);
+        src
+    };
+    let src = killed_backup("src", 5);
     // Its lock is left behind but known stale: a backup goes ahead, and
     // `unlock` tidies it away.
     env.backup(&[&src]);
@@ -520,14 +525,7 @@ fn a_killed_job_never_blocks_the_next_one() {
     assert_eq!(fs::read_dir(env.repo.join("locks")).unwrap().count(), 0);
     // Killed again: prune goes ahead too, and removes the dead job's lock before
     // it deletes the pack the job left.
-    let more = env.path("more");
-    make_files(&more, &mut Rng(6), 10, 2_000_000);
-    crashkit::run(
-        env.cmd(&["backup", "-q", more.to_str().unwrap()]),
-        &Kill::At(("pack:stored", 1)),
-        "backup",
-    );
-    assert_eq!(locks(&env), 1);
+    killed_backup("more", 6);
     let r: serde_json::Value = serde_json::from_str(&env.ok(&["prune", "--json"])).unwrap();
     assert_eq!(r["deferred_packs"], 0, "{r}");
     assert!(r["deleted_packs"].as_u64().unwrap() > 0, "{r}");

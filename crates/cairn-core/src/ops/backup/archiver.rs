@@ -40,6 +40,8 @@ pub(crate) struct ImageCounts {
     pub blocks_read: u64,
     pub blocks_changed: u64,
     pub blocks_zero: u64,
+    /// Bytes of a sparse source's holes, which were not read.
+    pub hole_bytes: u64,
     pub notes: Vec<super::image::Note>,
 }
 
@@ -275,14 +277,15 @@ pub(crate) fn archive(
                 ((p.work_bytes / 16 / 100) as usize)
                     .clamp(10_000, crate::repo::packer::INDEX_FLUSH_BLOBS)
             });
-    if repo.dedup().is_some() {
-        // Through a server, an index file (and its dedup list) after every pack: an
-        // interrupted backup then sends again at most the pack that was in flight,
-        // since the server knows every chunk of the others when it restarts.
-        st.uploader.set_index_flush(flush_blobs, 1);
-    } else if flush_blobs < crate::repo::packer::INDEX_FLUSH_BLOBS {
-        st.uploader.set_index_flush(flush_blobs, usize::MAX);
-    }
+    // Through a server, an index file (and its dedup list) after every pack: an
+    // interrupted backup then sends again at most the pack that was in flight,
+    // since the server knows every chunk of the others when it restarts.
+    let flush_packs = if repo.dedup().is_some() {
+        1
+    } else {
+        usize::MAX
+    };
+    st.uploader.set_index_flush(flush_blobs, flush_packs);
     let mut image = None;
     let r = run(&mut st, rx, budget, &mut image).and_then(|root| {
         // Every item was received: what is left is storing the last packs.
@@ -443,7 +446,10 @@ fn run<'a>(
                     }
                     Item::ImageNote(n) => {
                         if let Some(t) = file.as_mut().and_then(|f| f.image.as_mut()) {
-                            t.counts.notes.push(n);
+                            match n {
+                                super::image::Note::Holes { bytes } => t.counts.hole_bytes += bytes,
+                                n => t.counts.notes.push(n),
+                            }
                         }
                     }
                     Item::Chunks { chunks, bytes } => {
@@ -581,15 +587,7 @@ fn finish_file(
     node.content = f.builder.finish(&mut emit)?;
     node.size = f.bytes;
     // A sparse image's holes were not read: they are zeros, not disk reads.
-    let holes: u64 = f
-        .image
-        .iter()
-        .flat_map(|t| &t.counts.notes)
-        .map(|n| match n {
-            super::image::Note::Holes { bytes } => *bytes,
-            _ => 0,
-        })
-        .sum();
+    let holes = f.image.as_ref().map_or(0, |t| t.counts.hole_bytes);
     st.summary.bytes_read += (f.bytes - f.reused).saturating_sub(holes);
     st.summary.total_bytes += f.bytes;
     if f.changed {

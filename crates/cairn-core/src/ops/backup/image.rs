@@ -833,12 +833,12 @@ pub(crate) fn info(
     let g = plan.geometry;
     let mut unreadable = plan.inherited_unreadable();
     let mut size_at_end = None;
-    let mut bytes_in_holes = 0;
     for n in &counts.notes {
         match n {
             Note::Unreadable { offset, length } => unreadable.push((*offset, *length)),
             Note::SizeChanged { now } => size_at_end = Some(*now),
-            Note::Holes { bytes } => bytes_in_holes += bytes,
+            // The archiver counts them apart (`ImageCounts::hole_bytes`).
+            Note::Holes { .. } => {}
         }
     }
     let unreadable = merge_ranges(unreadable.into_iter());
@@ -854,7 +854,7 @@ pub(crate) fn info(
         changed_blocks_input: plan.changed.is_some(),
         unreadable,
         size_at_end,
-        bytes_in_holes,
+        bytes_in_holes: counts.hole_bytes,
     }
 }
 

@@ -427,12 +427,14 @@ fn write_image(
         .filter(|&r| r > 0)
         .map(cairn_backend::Limiter::new);
     let direct = super::reopen_direct(&target.file, true);
+    let write_failed = std::sync::atomic::AtomicBool::new(false);
     let sink = Sink {
         file: &target.file,
         direct: direct.as_ref(),
         block_size: info.block_size,
         progress,
         failed: &failed,
+        write_failed: &write_failed,
         written: &written,
         blocks_written: &blocks_written,
         limit: limit.as_ref(),
@@ -499,36 +501,29 @@ fn write_image(
     report.bytes_written = written.load(Ordering::Relaxed);
     report.blocks_written = blocks_written.load(Ordering::Relaxed);
     let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
-    // The target refused writes (a full disk): what was written is no use to
-    // keep, and keeping it would hold the space.
-    if let Some(p) = &target.partial
-        && let Some((off, len, why)) = failed.iter().find(|(_, _, why)| why.starts_with("writ"))
-    {
-        return Err(Error::Invalid(format!(
-            "{} blocks could not be restored (the first at bytes {off}..{}: {why}); {} is \
-             removed and {} {}",
-            failed.len(),
-            off + len,
-            p.path.display(),
-            target.path.display(),
-            p.target_left()
-        )));
-    }
     if let Some((off, len, why)) = failed.first() {
-        let what = match &target.partial {
-            Some(p) => format!(
-                "the incomplete image is left at {}, and {} {}",
+        let head = format!(
+            "{} blocks could not be restored (the first at bytes {off}..{}: {why})",
+            failed.len(),
+            off + len
+        );
+        return Err(match &target.partial {
+            // The target refused writes (a full disk): what was written is no
+            // use to keep, and keeping it would hold the space.
+            Some(p) if write_failed.into_inner() => Error::Invalid(format!(
+                "{head}; {} is removed and {} {}",
                 p.path.display(),
                 target.path.display(),
                 p.target_left()
-            ),
-            None => format!("{} is incomplete", target.path.display()),
-        };
-        return Err(Error::Incomplete(format!(
-            "{} blocks could not be restored (the first at bytes {off}..{}: {why}); {what}",
-            failed.len(),
-            off + len,
-        )));
+            )),
+            Some(p) => Error::Incomplete(format!(
+                "{head}; the incomplete image is left at {}, and {} {}",
+                p.path.display(),
+                target.path.display(),
+                p.target_left()
+            )),
+            None => Error::Incomplete(format!("{head}; {} is incomplete", target.path.display())),
+        });
     }
     if opts.verify {
         report.blocks_verified = verify(repo, target, node, progress)?;
@@ -610,6 +605,8 @@ struct Sink<'a> {
     block_size: u32,
     progress: &'a Progress,
     failed: &'a Mutex<Failed>,
+    /// Set when the target refused a write (a full disk), not the repository a read.
+    write_failed: &'a std::sync::atomic::AtomicBool,
     written: &'a AtomicU64,
     blocks_written: &'a AtomicU64,
     limit: Option<&'a cairn_backend::Limiter>,
@@ -618,6 +615,11 @@ struct Sink<'a> {
 impl Sink<'_> {
     fn fail(&self, at: u64, len: u64, why: String) {
         crate::lock(self.failed).push((at, len, why));
+    }
+
+    fn fail_write(&self, at: u64, len: u64, why: String) {
+        self.write_failed.store(true, Ordering::Relaxed);
+        self.fail(at, len, why);
     }
 
     fn wrote(&self, bytes: u64, blocks: u64) {
@@ -667,7 +669,7 @@ impl<'a> RunWriter<'a> {
             let sink = self.sink;
             match direct::write_at(sink.file, None, &mut self.scratch, data, at) {
                 Ok(_) => sink.wrote(data.len() as u64, 1),
-                Err(e) => sink.fail(at, data.len() as u64, format!("write failed: {e}")),
+                Err(e) => sink.fail_write(at, data.len() as u64, format!("write failed: {e}")),
             }
             return;
         }
@@ -695,7 +697,7 @@ impl<'a> RunWriter<'a> {
                     l.take(len);
                 }
             }
-            Err(e) => sink.fail(self.at, len, format!("write failed: {e}")),
+            Err(e) => sink.fail_write(self.at, len, format!("write failed: {e}")),
         }
         self.len = 0;
         self.blocks = 0;
@@ -713,7 +715,7 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
                 for (at, len) in merged(&zeros) {
                     match zero_range(sink.file, at, len, sink.limit) {
                         Ok(()) => sink.wrote(len, len.div_ceil(u64::from(sink.block_size))),
-                        Err(e) => sink.fail(at, len, format!("writing zeros failed: {e}")),
+                        Err(e) => sink.fail_write(at, len, format!("writing zeros failed: {e}")),
                     }
                 }
                 continue;

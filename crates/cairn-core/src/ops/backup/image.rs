@@ -573,6 +573,14 @@ fn data_segments(f: &File, off: u64, len: u64) -> Option<(Vec<(u64, u64)>, u64)>
             _ => break,
         }
     }
+    // "No data after here" also answers past the end of a file that shrank since
+    // its size was read: that tail is missing (reported as such), not holes.
+    let now = f.metadata().ok()?.len();
+    let end = end.min(now);
+    out.retain(|(s, _)| *s < end);
+    if let Some(last) = out.last_mut() {
+        last.1 = last.1.min(end);
+    }
     Some((out, end.saturating_sub(off)))
 }
 

@@ -291,30 +291,7 @@ impl Repository {
             let Some(plan) = self.backend.dedup_plan()? else {
                 return Ok(false);
             };
-            let mut ids: Vec<IndexId> = Vec::with_capacity(plan.index_files.len());
-            for name in &plan.index_files {
-                ids.push(super::objects::index_id_of(name).ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "the server's dedup plan names {name:?}, not an index file"
-                    ))
-                })?);
-            }
-            let results = crate::threads::parallel_map(&ids, 4, |id| self.read_index_file(id));
-            let mut live = Vec::new();
-            let mut errors = Vec::new();
-            let mut vanished = false;
-            for (id, r) in ids.iter().zip(results) {
-                match r {
-                    Ok(f) => live.push((*id, f)),
-                    Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
-                        object: IndexObject::IndexFile(*id),
-                        error: e,
-                    }),
-                    Err(Error::Backend(e)) if e.is_not_found() => vanished = true,
-                    Err(e) => return Err(e),
-                }
-            }
-            if !vanished {
+            if let Some((ids, live, errors)) = self.read_planned(&plan)? {
                 break (plan, ids, live, errors);
             }
             tries += 1;
@@ -345,6 +322,38 @@ impl Repository {
             memo,
         )));
         Ok(true)
+    }
+
+    /// The index files a server's dedup plan names, read (damaged ones set
+    /// apart as errors); `None` when one of them is gone.
+    #[allow(clippy::type_complexity)]
+    fn read_planned(
+        &self,
+        plan: &cairn_backend::DedupPlan,
+    ) -> Result<Option<(Vec<IndexId>, Vec<(IndexId, IndexFile)>, Vec<IndexReadError>)>> {
+        let mut ids: Vec<IndexId> = Vec::with_capacity(plan.index_files.len());
+        for name in &plan.index_files {
+            ids.push(super::objects::index_id_of(name).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "the server's dedup plan names {name:?}, not an index file"
+                ))
+            })?);
+        }
+        let results = crate::threads::parallel_map(&ids, 4, |id| self.read_index_file(id));
+        let mut live = Vec::new();
+        let mut errors = Vec::new();
+        for (id, r) in ids.iter().zip(results) {
+            match r {
+                Ok(f) => live.push((*id, f)),
+                Err(e @ Error::Damaged { .. }) => errors.push(IndexReadError {
+                    object: IndexObject::IndexFile(*id),
+                    error: e,
+                }),
+                Err(Error::Backend(e)) if e.is_not_found() => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some((ids, live, errors)))
     }
 
     /// Loads the master index in its placement: in RAM from the index files, or

@@ -173,13 +173,12 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
     if a.prune {
         let pruned = if planned > 0 {
             // A dry run removed nothing: its prune plans as if it had.
-            let forgotten = match a.dry_run {
-                true => r
-                    .groups
-                    .iter()
+            let forgotten = if a.dry_run {
+                (r.groups.iter())
                     .flat_map(|g| g.remove.iter().map(|e| e.id))
-                    .collect(),
-                false => Vec::new(),
+                    .collect()
+            } else {
+                Vec::new()
             };
             Some(super::prune::run_after_forget(g, a.dry_run, forgotten))
         } else {

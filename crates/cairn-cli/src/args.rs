@@ -227,6 +227,11 @@ pub struct MountArgs {
     /// without it, it asks only in snapshots that have ACLs or with --allow-other)
     #[arg(long)]
     pub no_xattrs: bool,
+    /// Files and directories the mount keeps for the kernel before it asks the
+    /// kernel to forget the oldest (each costs the mount about 640 bytes; default
+    /// 262144, or a share of --memory-limit)
+    #[arg(long, value_name = "N")]
+    pub max_inodes: Option<usize>,
 }
 
 #[derive(Args)]

@@ -15,7 +15,7 @@
 
 use cairn_format::{BlobId, SnapshotId};
 use fuser::FileAttr;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 /// The mount's root.
 pub const ROOT: u64 = 1;
@@ -75,6 +75,10 @@ pub struct Inode {
     /// Every (directory, name) it is known under: one, or several for hard links.
     keys: Vec<(u64, Box<[u8]>)>,
     link: Option<LinkKey>,
+    /// In [`Table::order`] (once at most).
+    queued: bool,
+    /// Given out by [`Table::oldest`] and neither forgotten nor looked up since.
+    asked: bool,
 }
 
 /// A hard-linked file: (snapshot, recorded device, recorded inode).
@@ -86,6 +90,18 @@ pub struct Table {
     by_name: HashMap<(u64, Box<[u8]>), u64>,
     links: HashMap<LinkKey, u64>,
     next: u64,
+    /// Dynamic inodes, oldest first: the ones to ask the kernel to forget when
+    /// the table is over its budget ([`Table::oldest`]). Holds numbers of inodes
+    /// already forgotten too, until they reach the front or the queue is compacted.
+    order: VecDeque<u64>,
+    /// The most inodes held at once.
+    peak: usize,
+    /// Inodes given out by [`Table::oldest`] that the kernel has not forgotten
+    /// yet (it may still use them, or its FORGET is on its way).
+    asked: usize,
+    /// The budget, and the thread that keeps it, woken when a new inode goes past it.
+    max: usize,
+    trimmer: Option<std::thread::Thread>,
 }
 
 impl Table {
@@ -112,6 +128,8 @@ impl Table {
                 lookups: 0,
                 keys: Vec::new(),
                 link: None,
+                queued: false,
+                asked: false,
             },
         );
         if ino != ROOT {
@@ -126,6 +144,11 @@ impl Table {
     /// Inodes held now.
     pub fn len(&self) -> usize {
         self.inodes.len()
+    }
+
+    /// The most inodes held at once so far.
+    pub fn peak(&self) -> usize {
+        self.peak
     }
 
     /// Never true once built: the root is always there.
@@ -148,7 +171,9 @@ impl Table {
             && let Some(i) = self.inodes.get_mut(&ino)
         {
             i.lookups += 1;
-            return (ino, i.attr);
+            let attr = i.attr;
+            self.enqueue(ino);
+            return (ino, attr);
         }
         if let Some(l) = link
             && let Some(&ino) = self.links.get(&l)
@@ -156,8 +181,10 @@ impl Table {
         {
             i.lookups += 1;
             i.keys.push(key.clone());
+            let attr = i.attr;
             self.by_name.insert(key, ino);
-            return (ino, i.attr);
+            self.enqueue(ino);
+            return (ino, attr);
         }
         let ino = self.next;
         self.next += 1;
@@ -177,9 +204,85 @@ impl Table {
                 lookups: 1,
                 keys: vec![key],
                 link,
+                queued: false,
+                asked: false,
             },
         );
+        self.peak = self.peak.max(self.inodes.len());
+        self.enqueue(ino);
+        if self.excess() > 0
+            && let Some(t) = &self.trimmer
+        {
+            t.unpark();
+        }
         (ino, attr)
+    }
+
+    /// Puts `ino` at the back of [`Self::order`] unless it is in it: a new inode,
+    /// or one taken out by [`Self::oldest`] that the kernel looked up again (it
+    /// still used it, or asked for it anew).
+    fn enqueue(&mut self, ino: u64) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            if i.asked {
+                i.asked = false;
+                self.asked -= 1;
+            }
+            if !i.queued {
+                i.queued = true;
+                self.order.push_back(ino);
+            }
+        }
+        // Numbers of forgotten inodes are dropped once they are half the queue, so
+        // that it stays within twice the table whatever the kernel forgets alone.
+        if self.order.len() > 2 * self.inodes.len() + 4096 {
+            let inodes = &self.inodes;
+            self.order.retain(|n| inodes.contains_key(n));
+        }
+    }
+
+    /// Takes up to `n` of the oldest dynamic inodes out of the queue and returns
+    /// every (directory, name) each is known under: the entries to ask the kernel
+    /// to forget ([`fuser::Notifier::inval_entry`]) when the table is over its
+    /// budget. A directory found before its entries goes first, and with it the
+    /// kernel drops what it holds below it unless in use. An inode the kernel still
+    /// uses stays in the table until it is done with it; looked up again, it
+    /// queues again.
+    pub fn oldest(&mut self, n: usize) -> Vec<(u64, Box<[u8]>)> {
+        let mut out = Vec::new();
+        let mut taken = 0;
+        while taken < n {
+            let Some(ino) = self.order.pop_front() else {
+                break;
+            };
+            let Some(i) = self.inodes.get_mut(&ino) else {
+                continue;
+            };
+            i.queued = false;
+            if !i.asked {
+                i.asked = true;
+                self.asked += 1;
+            }
+            taken += 1;
+            out.extend(i.keys.iter().cloned());
+        }
+        out
+    }
+
+    /// Sets the budget ([`Self::excess`]) and the thread to wake past it.
+    pub fn set_budget(&mut self, max: usize, trimmer: std::thread::Thread) {
+        self.max = max;
+        self.trimmer = Some(trimmer);
+    }
+
+    /// How many inodes to ask the kernel to forget now: past the budget, down to
+    /// nine tenths of it, not counting those asked for already. Zero without a
+    /// budget.
+    pub fn excess(&self) -> usize {
+        let held = self.inodes.len() - self.asked;
+        if self.trimmer.is_none() || held <= self.max {
+            return 0;
+        }
+        held - (self.max - self.max / 10)
     }
 
     /// [`Self::lookup`] for a top-level entry, which a new snapshot list can
@@ -218,6 +321,9 @@ impl Table {
             return false;
         }
         if let Some(i) = self.inodes.remove(&ino) {
+            if i.asked {
+                self.asked -= 1;
+            }
             for k in i.keys {
                 if self.by_name.get(&k) == Some(&ino) {
                     self.by_name.remove(&k);
@@ -246,6 +352,9 @@ impl Table {
         shrink(&mut self.inodes);
         shrink(&mut self.by_name);
         shrink(&mut self.links);
+        if self.order.capacity() > 4096 && self.order.len() < self.order.capacity() / 4 {
+            self.order.shrink_to(self.order.len() * 2);
+        }
     }
 
     /// Updates the attributes kept for `ino` (virtual entries whose size or time
@@ -332,5 +441,44 @@ mod tests {
         assert_eq!(t.len(), 2);
         let (x2, _) = t.lookup(5, b"y", link, entry);
         assert_ne!(x2, x);
+    }
+
+    #[test]
+    fn past_the_budget_the_oldest_entries_are_given_out_once_each() {
+        let mut t = Table::new(What::Top, attr());
+        assert_eq!(t.excess(), 0, "no budget, no trimming");
+        t.set_budget(1024, std::thread::current());
+        let mut inos = Vec::new();
+        for n in 0..1100u32 {
+            inos.push(t.lookup(ROOT, &n.to_be_bytes(), None, entry).0);
+        }
+        // 1,101 held with the root: down to 922 (nine tenths), 179 to ask for.
+        assert_eq!(t.excess(), 1101 - 922);
+        let first = t.oldest(t.excess());
+        assert_eq!(first.len(), 179);
+        assert_eq!(first[0], (ROOT, Box::from(&0u32.to_be_bytes()[..])));
+        // Asked for and not yet forgotten: not asked for again.
+        assert_eq!(t.excess(), 0);
+        // The kernel forgets most; one it still used is looked up again and
+        // queues again, at the back.
+        for &ino in &inos[1..179] {
+            assert!(t.forget(ino, 1));
+        }
+        t.lookup(ROOT, &0u32.to_be_bytes(), None, || panic!("still held"));
+        assert_eq!(t.len(), 1101 - 178);
+        assert_eq!(t.excess(), 0);
+        let next = t.oldest(2);
+        assert_eq!(next[0], (ROOT, Box::from(&179u32.to_be_bytes()[..])));
+        // A hard link's every name is given out.
+        let link = Some((SnapshotId([1; 32]), 7, 42));
+        t.lookup(5, b"x", link, entry);
+        t.lookup(6, b"y", link, || panic!("same inode"));
+        let all = t.oldest(usize::MAX);
+        assert_eq!(all.len(), 1100 - 181 + 1 + 2);
+        assert_eq!(
+            &all[all.len() - 3..][1..],
+            &[(5, Box::from(&b"x"[..])), (6, Box::from(&b"y"[..]))]
+        );
+        assert_eq!(&*all[all.len() - 3].1, &0u32.to_be_bytes()[..]);
     }
 }

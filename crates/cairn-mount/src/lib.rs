@@ -63,7 +63,23 @@ pub struct MountOptions {
     /// (the first request is answered "not implemented"), which spares `ls -l`
     /// two round trips per file (an SELinux label and an ACL).
     pub xattrs: bool,
+    /// Inodes the mount keeps for the kernel before it asks the kernel to forget
+    /// the oldest ones. The kernel keeps every entry it was told of until memory
+    /// gets short, and the mount must keep each of them too (about
+    /// [`INODE_BYTES`] apiece): without a bound, walking ten million files would
+    /// grow the mount by gigabytes on a machine with memory to spare.
+    pub max_inodes: usize,
 }
+
+/// What one inode the kernel holds costs the mount, about (its table entry, the
+/// name twice, the maps' slots), for turning a memory budget into
+/// [`MountOptions::max_inodes`].
+pub const INODE_BYTES: u64 = 640;
+
+/// [`MountOptions::max_inodes`] unless told otherwise: room for a few directories
+/// of 100,000 entries listed at once (`ls -l` of one needs them all), at about
+/// 160 MiB.
+pub const DEFAULT_MAX_INODES: usize = 262_144;
 
 impl Default for MountOptions {
     fn default() -> Self {
@@ -78,6 +94,7 @@ impl Default for MountOptions {
             threads: 4,
             fetch_threads: 4,
             xattrs: true,
+            max_inodes: DEFAULT_MAX_INODES,
         }
     }
 }
@@ -222,6 +239,7 @@ pub fn mount(
             source: e,
         }
     })?;
+    start_trimmer(&state, session.notifier(), opts.max_inodes);
     Ok(Mounted {
         session: Some(session),
         state,
@@ -247,7 +265,52 @@ fn start_sweeper(state: Weak<fs::State>, idle: Duration) {
         });
 }
 
+/// Keeps the inode table within `max` entries: past it, asks the kernel to
+/// forget the oldest entries it was given (down to nine tenths of `max`), and the
+/// kernel's FORGETs then shrink the table. Runs on its own thread, woken by the
+/// lookup that goes past the budget: the kernel takes an invalidation only once
+/// requests on that directory are answered, which the request threads must stay
+/// free to do. Stops when the mount's state is gone.
+fn start_trimmer(state: &Arc<fs::State>, notifier: fuser::Notifier, max: usize) {
+    use std::os::unix::ffi::OsStrExt;
+    let weak = Arc::downgrade(state);
+    let spawned = std::thread::Builder::new()
+        .name("mount-trimmer".into())
+        .spawn(move || {
+            loop {
+                std::thread::park_timeout(Duration::from_millis(500));
+                let Some(s) = weak.upgrade() else {
+                    return;
+                };
+                let entries = {
+                    let mut t = trees::lock(&s.table);
+                    let n = t.excess();
+                    if n == 0 {
+                        continue;
+                    }
+                    t.oldest(n)
+                };
+                drop(s);
+                for (parent, name) in entries {
+                    // Fails for an entry the kernel already dropped (ENOENT) and
+                    // once unmounted: nothing to do either way.
+                    let _ = notifier
+                        .inval_entry(fuser::INodeNo(parent), std::ffi::OsStr::from_bytes(&name));
+                }
+            }
+        });
+    if let Ok(h) = spawned {
+        trees::lock(&state.table).set_budget(max.max(1024), h.thread().clone());
+    }
+}
+
 impl Mounted {
+    /// Inodes the kernel holds now, and the most it held at once.
+    pub fn inodes(&self) -> (usize, usize) {
+        let t = trees::lock(&self.state.table);
+        (t.len(), t.peak())
+    }
+
     /// Whether the file system was unmounted from outside (`fusermount3 -u`).
     pub fn is_finished(&self) -> bool {
         self.session.as_ref().is_none_or(|s| s.guard.is_finished())

@@ -16,17 +16,32 @@ const MOUNT_RETRY: cairn_backend::RetryPolicy = cairn_backend::RetryPolicy {
 };
 
 /// The content and tree caches: 64 MiB each by default; under `--memory-limit`, a
-/// third each of what the index leaves (the rest is the kernel's requests and
-/// read-ahead), and an explicit `--cache-size` that does not fit is refused.
+/// third each of what the index leaves (the rest is the kernel's requests,
+/// read-ahead and the inodes the kernel holds), and an explicit `--cache-size`
+/// that does not fit is refused. Also the inodes kept: a sixth of what the index
+/// leaves unless `--max-inodes` says.
 fn cache_sizes(
     repo: &Repository,
     cache_size: Option<u64>,
+    max_inodes: Option<usize>,
     progress: &cairn_core::progress::Progress,
-) -> Result<(u64, u64)> {
+) -> Result<(u64, u64, usize)> {
     const DEFAULT: u64 = 64 << 20;
     let Some(plan) = repo.memory_plan(cairn_core::repo::memory::IndexUse::ForReads)? else {
-        return Ok((cache_size.unwrap_or(DEFAULT), DEFAULT));
+        return Ok((
+            cache_size.unwrap_or(DEFAULT),
+            DEFAULT,
+            max_inodes.unwrap_or(cairn_mount::DEFAULT_MAX_INODES),
+        ));
     };
+    let inodes = max_inodes.unwrap_or_else(|| {
+        let bytes = plan.share(
+            6,
+            16_384 * cairn_mount::INODE_BYTES,
+            cairn_mount::DEFAULT_MAX_INODES as u64 * cairn_mount::INODE_BYTES,
+        );
+        usize::try_from(bytes / cairn_mount::INODE_BYTES).unwrap_or(usize::MAX)
+    });
     let trees = plan.share(3, 4 << 20, DEFAULT);
     let content = match cache_size {
         Some(c) if c + trees > plan.work_bytes => anyhow::bail!(
@@ -41,12 +56,13 @@ fn cache_sizes(
         None => plan.share(3, 4 << 20, DEFAULT),
     };
     progress.notice(format!(
-        "{}; the mount caches {} of file content and {} of directories",
+        "{}; the mount caches {} of file content and {} of directories, and keeps {} inodes",
         plan.describe(),
         cairn_core::units::bytes(content, 1),
-        cairn_core::units::bytes(trees, 1)
+        cairn_core::units::bytes(trees, 1),
+        inodes
     ));
-    Ok((content, trees))
+    Ok((content, trees, inodes))
 }
 
 /// The mount point must be a directory that is there: said before the password is
@@ -100,7 +116,8 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
     super::remember_traffic(&repo);
     let mut repo = repo;
     repo.set_memory_limit(super::memory_limit(g, &repo)?);
-    let (cache_bytes, tree_cache_bytes) = cache_sizes(&repo, cache_size, &p.progress)?;
+    let (cache_bytes, tree_cache_bytes, max_inodes) =
+        cache_sizes(&repo, cache_size, a.max_inodes, &p.progress)?;
     let opts = MountOptions {
         snapshot: a.snapshot.clone(),
         allow_other: a.allow_other,
@@ -110,6 +127,7 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
         listing_refresh: Duration::from_secs(a.refresh_secs.max(1)),
         threads: a.fuse_threads.clamp(1, 64),
         xattrs: !a.no_xattrs,
+        max_inodes,
         ..MountOptions::default()
     };
     let sink: ErrorSink = Arc::new(|m: &str| eprintln!("cairn mount: error: {m}"));
@@ -136,12 +154,25 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
     while !token.is_cancelled() && !mounted.is_finished() {
         std::thread::sleep(Duration::from_millis(100));
     }
-    match mounted.unmount()? {
-        Unmounted::Clean => {}
-        Unmounted::Detached => eprintln!(
+    let (inodes_now, inodes_peak) = mounted.inodes();
+    let how = mounted.unmount()?;
+    if let Unmounted::Detached = how {
+        eprintln!(
             "cairn mount: {dir} was still in use: detached it (programs inside it get errors \
              from now on)"
-        ),
+        );
+    }
+    if g.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "dir": dir,
+                "detached": matches!(how, Unmounted::Detached),
+                "inodes_at_end": inodes_now,
+                "inodes_peak": inodes_peak,
+                "max_inodes": max_inodes,
+            })
+        );
     }
     Ok(0)
 }

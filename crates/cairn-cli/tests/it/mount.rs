@@ -26,8 +26,14 @@ impl Mount {
     }
 
     fn spawn(mut c: Command, dir: &Path) -> Mount {
+        c.stdout(Stdio::null());
+        Mount::spawn_keeping_stdout(c, dir)
+    }
+
+    /// [`Mount::spawn`] with the caller's choice of standard output.
+    fn spawn_keeping_stdout(mut c: Command, dir: &Path) -> Mount {
         fs::create_dir_all(dir).unwrap();
-        c.stdout(Stdio::null()).stderr(Stdio::piped());
+        c.stderr(Stdio::piped());
         let mut child = c.spawn().unwrap();
         let lines = StderrLines::of(&mut child);
         // Owned from here on: a failed start below still stops the process.
@@ -480,6 +486,72 @@ fn sigterm_or_an_outside_unmount_leaves_no_mount_behind() {
     drop(m);
     let err = env.fails(&["mount", env.path("nowhere").to_str().unwrap()], 1);
     assert!(err.contains("does not exist"), "{err}");
+}
+
+/// Every file below `dir` with its size, by walking it.
+fn walk_sizes(dir: &Path, out: &mut Vec<(PathBuf, u64)>) {
+    for e in fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = fs::symlink_metadata(e.path()).unwrap();
+        if m.is_dir() {
+            walk_sizes(&e.path(), out);
+        } else {
+            out.push((e.path(), m.len()));
+        }
+    }
+}
+
+#[test]
+fn a_walk_of_more_files_than_max_inodes_leaves_the_mount_holding_no_more() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    for d in 0..30 {
+        fs::create_dir_all(src.join(format!("d{d}"))).unwrap();
+        for f in 0..200 {
+            fs::write(src.join(format!("d{d}/f{f}")), vec![b'a'; d * 7 + f]).unwrap();
+        }
+    }
+    env.backup(&[&src]);
+    let mnt = env.path("mnt");
+    let mut c = env.cmd(&[
+        "mount",
+        mnt.to_str().unwrap(),
+        "--max-inodes",
+        "1024",
+        "--json",
+    ]);
+    c.stdout(Stdio::piped());
+    let mut m = Mount::spawn_keeping_stdout(c, &mnt);
+    let root = inside(&mnt.join("latest"), &src);
+    // Twice: the second walk finds again what the mount had the kernel forget.
+    for _ in 0..2 {
+        let mut seen = Vec::new();
+        walk_sizes(&root, &mut seen);
+        assert_eq!(seen.len(), 6000);
+        for (p, size) in &seen {
+            let rel = p.strip_prefix(&root).unwrap();
+            let want = fs::metadata(src.join(rel)).unwrap().len();
+            assert_eq!(*size, want, "{}", rel.display());
+        }
+    }
+    assert_eq!(
+        fs::read(root.join("d29/f199")).unwrap(),
+        vec![b'a'; 29 * 7 + 199]
+    );
+    // The kernel's FORGETs arrive shortly after the mount asks.
+    std::thread::sleep(Duration::from_millis(1500));
+    m.signal(nix::sys::signal::Signal::SIGTERM);
+    let mut stdout = m.child.stdout.take().unwrap();
+    let (status, log) = m.wait(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}: {log}");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut out).unwrap();
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["max_inodes"], 1024, "{out}");
+    // Without the budget the kernel would hold all 6,030 entries it was given.
+    assert!(v["inodes_at_end"].as_u64().unwrap() <= 1024, "{out}");
+    assert!(v["inodes_peak"].as_u64().unwrap() > 1024, "{out}");
 }
 
 #[test]

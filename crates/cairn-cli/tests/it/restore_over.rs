@@ -373,6 +373,130 @@ fn delete_leaves_other_file_systems_alone() {
     drop(on_sub);
 }
 
+/// A restore of a part that finished leaves no mark of an unfinished restore:
+/// left, it would have a later `--overwrite never` rewrite what was edited since.
+#[test]
+fn a_finished_restore_of_a_part_leaves_later_edits_to_overwrite_never() {
+    let (env, snap, src, copy) = backed_up();
+    let target = env.path("t");
+    let d = format!("{}/d", src.display());
+    let r = restore_json(&env, &snap, &["--include", &d, "--overwrite", "always"]);
+    assert_eq!(r["files"], 1, "{r}");
+    assert!(!target.join(".cairn-restore-unfinished").exists());
+    fs::write(copy.join("same"), b"edited here since").unwrap();
+    let r = restore_json(&env, &snap, &["--overwrite", "never"]);
+    assert_eq!(r["files"], 0, "{r}");
+    assert_eq!(fs::read(copy.join("same")).unwrap(), b"edited here since");
+}
+
+/// A snapshot of one directory holds the directories above it only as the way to
+/// it: `--delete` removes extras in the backed-up directory, never beside it (a
+/// restore of `/srv/www` to `/` must not empty `/etc`).
+#[test]
+fn delete_removes_extras_only_in_what_was_backed_up_never_beside_it() {
+    let (env, snap, src, copy) = backed_up();
+    let target = env.path("t");
+    fs::write(target.join("top-level"), b"not backed up").unwrap();
+    let beside = copy.parent().unwrap().join("sibling");
+    fs::create_dir_all(&beside).unwrap();
+    fs::write(beside.join("f"), b"beside the source").unwrap();
+    fs::write(copy.join("extra"), b"in the source, not in the snapshot").unwrap();
+    let dry = restore_json(&env, &snap, &["--delete", "--dry-run"]);
+    let r = restore_json(&env, &snap, &["--delete"]);
+    for r in [&dry, &r] {
+        assert_eq!(r["deleted"], 1, "{r}");
+    }
+    assert_eq!(
+        dry["would_delete"],
+        serde_json::json!([copy.join("extra").to_str().unwrap()])
+    );
+    assert!(!copy.join("extra").exists());
+    assert_eq!(
+        fs::read(target.join("top-level")).unwrap(),
+        b"not backed up"
+    );
+    assert_eq!(fs::read(beside.join("f")).unwrap(), b"beside the source");
+    // Two sources: each is whole, what lies between them is not.
+    let other = env.path("other");
+    fs::create_dir_all(&other).unwrap();
+    fs::write(other.join("o"), b"o").unwrap();
+    let snap2 = env.backup(&[&src, &other]);
+    let copy2 = target.join(other.strip_prefix("/").unwrap());
+    fs::create_dir_all(&copy2).unwrap();
+    fs::write(copy2.join("extra2"), b"x").unwrap();
+    fs::write(copy.join("extra"), b"x").unwrap();
+    let r = restore_json(&env, &snap2, &["--delete"]);
+    assert_eq!(r["deleted"], 2, "{r}");
+    assert!(!copy2.join("extra2").exists() && !copy.join("extra").exists());
+    assert_eq!(fs::read(beside.join("f")).unwrap(), b"beside the source");
+}
+
+/// A repository inside the backed-up tree is left out of every backup, so a
+/// restore in place with `--delete` reading from it must not remove it.
+#[test]
+fn delete_never_removes_the_repository_it_restores_from() {
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-it-")
+        .tempdir()
+        .unwrap();
+    let site = dir.path().join("site");
+    let env = Env::at(dir, site.join("repo"));
+    fs::create_dir_all(site.join("data")).unwrap();
+    fs::write(site.join("data/f"), b"important").unwrap();
+    env.init(&[]);
+    let snap = env.backup(&[&site]);
+    // The site as it is on the day of the restore, the repository in it, restored
+    // in place from that repository.
+    let scratch = tempfile::Builder::new()
+        .prefix("cairn-it-")
+        .tempdir()
+        .unwrap();
+    let target = scratch.path().join("t");
+    let placed = target.join(site.strip_prefix("/").unwrap());
+    fs::create_dir_all(placed.parent().unwrap()).unwrap();
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(&site)
+        .arg(placed.parent().unwrap())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    fs::write(placed.join("data/f"), b"damaged!!").unwrap();
+    fs::write(placed.join("extra"), b"x").unwrap();
+    let env = Env::at(scratch, placed.join("repo"));
+    for extra in [&["--dry-run"][..], &[]] {
+        let mut args = vec![
+            "restore",
+            &snap,
+            "--target",
+            target.to_str().unwrap(),
+            "--delete",
+            "--overwrite",
+            "always",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = env.run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(
+            err.contains("left the repository being restored from"),
+            "{err}"
+        );
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(
+            (&r["deleted"], &r["repository_left"]),
+            (&1.into(), &true.into()),
+            "{r}"
+        );
+    }
+    assert_eq!(fs::read(placed.join("data/f")).unwrap(), b"important");
+    assert!(!placed.join("extra").exists());
+    assert_eq!(env.snapshot_ids().len(), 1);
+    env.check_clean();
+}
+
 /// A directory where the snapshot has a file: `--delete` replaces it, without it
 /// the entry is reported; the dry run predicts both.
 #[test]

@@ -325,8 +325,9 @@ pub(crate) fn absolute(p: &Path) -> Result<PathBuf> {
 }
 
 /// The directories of `repo` on this machine, which no backup into it takes in
-/// ([`source::ExcludeRules::own_dirs`]): a local repository's root.
-fn own_dirs(repo: &Repository) -> Vec<PathBuf> {
+/// ([`source::ExcludeRules::own_dirs`]) and no `restore --delete` from it removes:
+/// a local repository's root.
+pub(crate) fn own_dirs(repo: &Repository) -> Vec<PathBuf> {
     match crate::repo::storage::Location::parse(repo.location()) {
         Ok(crate::repo::storage::Location::Local(p)) => vec![p],
         _ => Vec::new(),

@@ -584,9 +584,10 @@ impl ImageFs {
             top.map(|(n, _)| n),
             &mut r,
         )?;
-        // The mark goes once no file is left cut short, and only after a restore of
-        // the whole filesystem: one of a part says nothing of the rest.
-        if r.unfinished == 0 && path == "/" {
+        // The mark goes once no file is left cut short; after an unfinished
+        // restore, only with a restore of the whole filesystem (one of a part says
+        // nothing of the rest), else it was this restore's own.
+        if r.unfinished == 0 && (path == "/" || unfinished_since.is_none()) {
             crate::ops::restore::unfinished::clear(root.as_fd())
                 .map_err(|e| Error::io(target, e))?;
         }

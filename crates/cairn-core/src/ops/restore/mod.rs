@@ -144,6 +144,9 @@ pub struct RestoreStats {
     pub deleted: u64,
     /// `--dry-run`: what `--delete` would remove, each at the top of what goes.
     pub would_delete: Vec<std::path::PathBuf>,
+    /// `--delete` left the repository being restored from, which was among what
+    /// the snapshot does not have ([`SPARED`]).
+    pub repository_left: bool,
     /// Mount points `--delete` left alone with everything in them: it removes nothing
     /// on another file system (or bind mount) than the target's.
     pub mounts_left: u64,
@@ -211,6 +214,20 @@ struct Frame {
     /// With `--delete`, for a directory that existed and is restored whole: the
     /// snapshot's names in it; anything else is removed when the walk leaves it.
     keep: Option<std::collections::HashSet<Vec<u8>>>,
+    /// The snapshot holds the directory whole ([`Whole`]); else `way` is its
+    /// snapshot path, to find the sources below it by.
+    whole: bool,
+    way: String,
+}
+
+/// Where a directory the walk enters stands: selected whole by the includes
+/// (`all`, with its snapshot path when matched against them), and held whole by
+/// the snapshot ([`Whole`], with its path while not).
+struct Scope {
+    all: bool,
+    snap_path: String,
+    whole: bool,
+    way: String,
 }
 
 /// The first name restored for a hard-linked inode; later names link to it.
@@ -235,6 +252,10 @@ struct Walk<'a> {
     root: Arc<Dir>,
     /// The target's mount ([`sys::mount_of`]): `--delete` removes nothing on another.
     mount: (u64, u64),
+    /// Directories `--delete` leaves ([`spared_dirs`]).
+    spared: Vec<(u64, u64)>,
+    /// Where `--delete` removes.
+    whole: &'a Whole,
     stack: Vec<Frame>,
     batch: Vec<FileJob>,
     batch_chunks: u64,
@@ -270,17 +291,34 @@ struct Walk<'a> {
     batch_chunks_max: u64,
 }
 
-pub fn restore(
+/// Restores the tree `root` into `opts.target`. `whole`: where `--delete` may
+/// remove what the tree does not have.
+pub(super) fn restore(
     repo: &Repository,
     root: &BlobId,
+    whole: &Whole,
     opts: &RestoreOptions,
     progress: &Progress,
 ) -> Result<RestoreStats> {
     let target = &opts.target;
     let includes = normalize_includes(repo, root, &opts.includes)?;
     let excludes = excludes_of(opts)?;
+    if opts.delete && whole.is_empty() {
+        progress.notice(
+            "--delete removes nothing: the snapshot names no directory it backed up whole"
+                .to_string(),
+        );
+    }
     if opts.dry_run {
-        return survey::dry_run(repo, root, opts, &includes, excludes.as_ref(), progress);
+        return survey::dry_run(
+            repo,
+            root,
+            whole,
+            opts,
+            &includes,
+            excludes.as_ref(),
+            progress,
+        );
     }
     // A target that is a symlink is refused, not followed: where it points is not
     // what the user named (and may be somewhere else by the time restore writes).
@@ -372,6 +410,8 @@ pub fn restore(
             excludes,
             root: root_dir.clone(),
             mount,
+            spared: spared_dirs(repo),
+            whole,
             stack: Vec::new(),
             batch: Vec::new(),
             batch_chunks: 0,
@@ -392,7 +432,7 @@ pub fn restore(
                 p.share(2 * 4 * 128, 1 << 16, BATCH_CHUNKS)
             }),
         };
-        let mut keep = keep_names(opts, &tree.nodes, all, false);
+        let mut keep = keep_names(opts, &tree.nodes, all, whole.root(), false);
         if let Some(k) = &mut keep {
             k.insert(unfinished::MARK.to_bytes().to_vec());
         }
@@ -408,6 +448,8 @@ pub fn restore(
             snap_path: String::new(),
             fresh: false,
             keep,
+            whole: whole.root(),
+            way: String::new(),
         });
         // On an error too, the batch in flight is waited for and finished: its files
         // get their metadata, or are reported as not restored in full.
@@ -421,11 +463,13 @@ pub fn restore(
             return Err(Error::Cancelled);
         }
         // The mark goes once no file is left cut short (an attribute refused, a
-        // device not made: nothing for the next restore to distrust), and only after
-        // a restore of everything: one of a part says nothing of the rest.
+        // device not made: nothing for the next restore to distrust). After an
+        // unfinished restore, only a restore of everything takes it away: one of a
+        // part says nothing of the rest. Else it was this restore's own: left, it
+        // would make later restores rewrite whatever was edited in the target.
         let everything =
             opts.includes.is_empty() && opts.excludes.is_empty() && opts.iexcludes.is_empty();
-        if !w.left_unfinished && everything {
+        if !w.left_unfinished && (everything || w.unfinished_since.is_none()) {
             unfinished::clear(root_dir.fd()).map_err(|e| Error::io(target, e))?;
         }
         Ok(w.stats)
@@ -483,24 +527,107 @@ pub(crate) fn snap_name(name: &[u8]) -> String {
 pub(super) enum Gone {
     /// Removed, with everything in it.
     All,
-    /// Kept: another file system is mounted on it or below it.
-    MountsLeft,
+    /// Kept, or part of it: another file system is mounted on it or below it, or
+    /// it holds the repository; why an entry of the snapshot cannot replace it.
+    Kept(&'static str),
     /// Not all removed: an error, reported.
     Failed,
 }
 
-/// Why an entry of the snapshot cannot replace a directory `--delete` keeps.
-pub(super) const MOUNT_IN_THE_WAY: &str =
-    "a directory is in the way, with another file system mounted on or below it";
+impl Gone {
+    fn of(r: &target::Removal) -> Gone {
+        if r.spared_left > 0 {
+            Gone::Kept(REPOSITORY_IN_THE_WAY)
+        } else if r.mounts_left > 0 {
+            Gone::Kept(MOUNT_IN_THE_WAY)
+        } else {
+            Gone::All
+        }
+    }
+}
 
-/// The names `--delete` keeps in a directory restored whole that existed before.
+const MOUNT_IN_THE_WAY: &str =
+    "a directory is in the way, with another file system mounted on or below it";
+const REPOSITORY_IN_THE_WAY: &str =
+    "a directory is in the way that holds the repository being restored from";
+
+/// What `restore --delete` says of a directory it left because the repository
+/// being restored from is in it.
+pub(super) const SPARED: &str = "--delete left the repository being restored from (and the \
+     directories above it) in place: backups leave it out, so no snapshot has it";
+
+/// The directories `--delete` never removes, as (device, inode): the repository
+/// being restored from when it is local. A backup of a tree that holds it leaves
+/// it out ([`crate::ops::backup::own_dirs`]), so the snapshot never has it, and
+/// `--delete` would take it for an extra while the restore reads from it.
+fn spared_dirs(repo: &Repository) -> Vec<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    crate::ops::backup::own_dirs(repo)
+        .iter()
+        .filter_map(|p| fs::metadata(p).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect()
+}
+
+/// The names `--delete` keeps in a directory restored whole that existed before
+/// and that the snapshot holds whole ([`Whole`]).
 fn keep_names(
     opts: &RestoreOptions,
     nodes: &[Node],
     all: bool,
+    whole: bool,
     fresh: bool,
 ) -> Option<std::collections::HashSet<Vec<u8>>> {
-    (opts.delete && all && !fresh).then(|| nodes.iter().map(|n| n.name.clone()).collect())
+    (opts.delete && all && whole && !fresh).then(|| nodes.iter().map(|n| n.name.clone()).collect())
+}
+
+/// Where `--delete` may remove what the snapshot does not have: the directories
+/// the snapshot backed up whole, its source paths and everything below them. The
+/// directories above a source (`/` and `/srv` of a backup of `/srv/www`) are in
+/// the snapshot only as the way to it: what else they hold in the target was
+/// never backed up, and stays.
+pub(super) struct Whole {
+    /// The sources as the walk names paths ([`normalize_includes`]); `/` for the root.
+    sources: Vec<String>,
+}
+
+impl Whole {
+    /// The snapshot's source paths (`paths`) that lead to something in its tree; a
+    /// path that does not (a tree changed by `rewrite`) marks nothing whole.
+    pub(super) fn of(repo: &Repository, root: &BlobId, paths: &[String]) -> Whole {
+        let sources = paths
+            .iter()
+            .filter_map(|p| crate::ops::ls::resolve_path(repo, root, p).ok())
+            .collect();
+        Whole { sources }
+    }
+
+    /// Everything whole: a tree restored for its own sake (tests).
+    #[cfg(test)]
+    pub(super) fn root_only() -> Whole {
+        Whole {
+            sources: vec!["/".into()],
+        }
+    }
+
+    pub(super) fn root(&self) -> bool {
+        self.sources.iter().any(|s| s == "/")
+    }
+
+    /// The entry `name` of a directory at `way` (which is not whole): whether it is
+    /// a source, and else its path, to look further down with.
+    pub(super) fn below(&self, way: &str, name: &[u8]) -> (bool, String) {
+        let p = format!("{way}/{}", snap_name(name));
+        if self.sources.contains(&p) {
+            (true, String::new())
+        } else {
+            (false, p)
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.sources.is_empty()
+    }
 }
 
 /// How many directory descriptors a batch may keep open: what the limit on open
@@ -764,11 +891,15 @@ impl Walk<'_> {
     }
 
     /// Removes `name` from `dir` for `--delete` (a directory with everything in it,
-    /// mount points below it excepted).
+    /// mount points and the repository below it excepted).
     fn remove(&mut self, dir: &Arc<Dir>, name: &CStr) -> Gone {
-        match target::remove_tree(dir.fd(), name, self.mount) {
+        match target::remove_tree(dir.fd(), name, self.mount, &self.spared) {
             Ok(r) => {
                 self.stats.deleted += r.removed;
+                if r.spared_left > 0 {
+                    self.stats.repository_left = true;
+                    self.progress.warning(&dir.node.join(name), SPARED);
+                }
                 if r.mounts_left > 0 {
                     self.stats.mounts_left += r.mounts_left;
                     self.progress.warning(
@@ -783,15 +914,12 @@ impl Walk<'_> {
                         ),
                     );
                 }
-                if r.mounts_left == 0 {
-                    Gone::All
-                } else {
-                    Gone::MountsLeft
-                }
+                Gone::of(&r)
             }
             Err((r, e)) => {
                 self.stats.deleted += r.removed;
                 self.stats.mounts_left += r.mounts_left;
+                self.stats.repository_left |= r.spared_left > 0;
                 let also = if r.mounts_left > 0 {
                     format!(
                         " ({} with another file system mounted left alone before it)",
@@ -827,8 +955,8 @@ impl Walk<'_> {
         }
         match self.remove(parent, name) {
             Gone::All => true,
-            Gone::MountsLeft => {
-                self.issue(parent.node.join(name), MOUNT_IN_THE_WAY.into());
+            Gone::Kept(why) => {
+                self.issue(parent.node.join(name), why.into());
                 false
             }
             // Reported by `remove`.
@@ -864,6 +992,11 @@ impl Walk<'_> {
                 continue;
             };
             let fresh = top.fresh;
+            let (whole, way) = if top.whole || node.kind != NodeKind::Dir {
+                (top.whole, String::new())
+            } else {
+                self.whole.below(&top.way, &node.name)
+            };
             let (inside, ancestor, snap_path) = judge(
                 top.all,
                 &top.snap_path,
@@ -886,7 +1019,15 @@ impl Walk<'_> {
                 }
             };
             match node.kind {
-                NodeKind::Dir => self.dir(&parent, name, node, fresh, inside, snap_path)?,
+                NodeKind::Dir => {
+                    let scope = Scope {
+                        all: inside,
+                        snap_path,
+                        whole,
+                        way,
+                    };
+                    self.dir(&parent, name, node, fresh, scope)?
+                }
                 _ if !inside => {}
                 NodeKind::File => self.file(parent, name, node, fresh)?,
                 _ => self.special(&parent, &name, &node, fresh),
@@ -901,9 +1042,14 @@ impl Walk<'_> {
         name: CString,
         node: Node,
         fresh: bool,
-        all: bool,
-        snap_path: String,
+        scope: Scope,
     ) -> Result<()> {
+        let Scope {
+            all,
+            snap_path,
+            whole,
+            way,
+        } = scope;
         // Something other than a directory where the snapshot has one: replaced
         // unless the mode keeps it (then nothing below is restored either).
         if !fresh
@@ -939,7 +1085,7 @@ impl Walk<'_> {
             }
             None => return self.complete_dir(Some(dir), node, !opened.created),
         };
-        let keep = keep_names(self.opts, &tree.nodes, all, opened.created);
+        let keep = keep_names(self.opts, &tree.nodes, all, whole, opened.created);
         let mut todo = tree.nodes;
         todo.reverse();
         self.stack.push(Frame {
@@ -956,6 +1102,8 @@ impl Walk<'_> {
             },
             fresh: opened.created,
             keep,
+            whole,
+            way,
         });
         let n = self.stack.len();
         if n > OPEN_ANCESTORS + 1 {
@@ -1504,7 +1652,13 @@ mod tests {
                 owners: false,
                 ..RestoreOptions::new(target.clone())
             };
-            let r = restore(&repo, &ids[0], &opts, &Progress::none());
+            let r = restore(
+                &repo,
+                &ids[0],
+                &Whole::root_only(),
+                &opts,
+                &Progress::none(),
+            );
             assert!(matches!(r, Err(Error::Damaged { .. })), "{name:?}: {r:?}");
             let outside: Vec<_> = std::fs::read_dir(outer.path()).unwrap().collect();
             assert_eq!(outside.len(), 1, "only the target may exist for {name:?}");
@@ -1527,7 +1681,16 @@ mod tests {
             owners: false,
             ..RestoreOptions::new(dir.path().join("t"))
         };
-        assert!(restore(&repo, &ids[0], &opts, &Progress::none()).is_err());
+        assert!(
+            restore(
+                &repo,
+                &ids[0],
+                &Whole::root_only(),
+                &opts,
+                &Progress::none()
+            )
+            .is_err()
+        );
     }
 
     /// Removes a tree too deep for path system calls (and for `remove_dir_all`, which
@@ -1591,7 +1754,7 @@ mod tests {
             owners: false,
             ..RestoreOptions::new(target.clone())
         };
-        let stats = restore(&repo, &root, &opts, &Progress::none()).unwrap();
+        let stats = restore(&repo, &root, &Whole::root_only(), &opts, &Progress::none()).unwrap();
         assert!(
             stats.issues.is_empty(),
             "{:?}",

@@ -45,6 +45,10 @@ pub struct RestoreReport {
     /// Mount points `--delete` left alone with what they hold: it removes nothing on
     /// another file system (or bind mount) than the target's.
     pub mounts_left: u64,
+    /// `--delete` left the repository being restored from in place: it was in the
+    /// target, and no snapshot has it (backups leave it out).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub repository_left: bool,
     /// Files read back and compared with the snapshot (`--verify`); a difference is
     /// in `errors`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -74,7 +78,8 @@ pub fn restore_snapshot<A: Access>(
         .1
         .tree_id()
         .map_err(|e| crate::Error::damaged(format!("snapshot {}", snapshot.0.to_hex()), e))?;
-    let stats = restore(session.repo(), &root, opts, progress)?;
+    let whole = super::Whole::of(session.repo(), &root, &snapshot.1.paths);
+    let stats = restore(session.repo(), &root, &whole, opts, progress)?;
     Ok(RestoreReport {
         snapshot_id: snapshot.0,
         target: opts.target.clone(),
@@ -99,6 +104,7 @@ pub fn restore_snapshot<A: Access>(
             v
         },
         mounts_left: stats.mounts_left,
+        repository_left: stats.repository_left,
         verified: opts.verify.then_some(stats.verified),
         duration_secs: start.elapsed().as_secs_f64(),
         errors: stats

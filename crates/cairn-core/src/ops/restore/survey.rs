@@ -5,7 +5,7 @@
 //! the restore would do if the target does not change in between.
 
 use super::overwrite::{self, Decision};
-use super::{Gone, MOUNT_IN_THE_WAY, RestoreIssue, RestoreOptions, RestoreStats, sys, target};
+use super::{Gone, RestoreIssue, RestoreOptions, RestoreStats, sys, target};
 use crate::error::{Error, Result};
 use crate::ops::backup::source::Excludes;
 use crate::progress::Progress;
@@ -17,6 +17,14 @@ use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
+/// What `--delete` leaves where it is ([`target::remove_tree`]): anything on
+/// another mount than the target's, and the spared directories.
+struct Leave<'a> {
+    mount: (u64, u64),
+    spared: &'a [(u64, u64)],
+    progress: &'a Progress,
+}
+
 struct Level {
     todo: Vec<Node>,
     /// The target's directory, when it exists (else everything below is new).
@@ -25,11 +33,15 @@ struct Level {
     all: bool,
     snap_path: String,
     keep: Option<HashSet<Vec<u8>>>,
+    /// Held whole by the snapshot ([`super::Whole`]); else `way` is its path.
+    whole: bool,
+    way: String,
 }
 
 pub(super) fn dry_run(
     repo: &Repository,
     root: &BlobId,
+    whole: &super::Whole,
     opts: &RestoreOptions,
     includes: &[String],
     excludes: Option<&Excludes>,
@@ -52,6 +64,12 @@ pub(super) fn dry_run(
         Some(d) => sys::mount_of(d.as_fd(), c"").map_err(|e| Error::io(target, e))?,
         None => (0, 0),
     };
+    let spared = super::spared_dirs(repo);
+    let leave = Leave {
+        mount,
+        spared: &spared,
+        progress,
+    };
     let tree = super::load_tree(repo, root, &opts.xattrs)?;
     let unfinished_since = dir
         .as_ref()
@@ -59,7 +77,7 @@ pub(super) fn dry_run(
     let all = includes.is_empty();
     let mut first_links: HashMap<(u64, u64), Option<(u64, u64)>> = HashMap::new();
     let mut stack = vec![Level {
-        keep: (opts.delete && all && dir.is_some()).then(|| {
+        keep: (opts.delete && all && whole.root() && dir.is_some()).then(|| {
             (tree.nodes.iter().map(|n| n.name.clone()))
                 .chain([super::unfinished::MARK.to_bytes().to_vec()])
                 .collect()
@@ -69,6 +87,8 @@ pub(super) fn dry_run(
         path: target.clone(),
         all,
         snap_path: String::new(),
+        whole: whole.root(),
+        way: String::new(),
     }];
     while let Some(top) = stack.last_mut() {
         if progress.is_cancelled() {
@@ -79,7 +99,14 @@ pub(super) fn dry_run(
                 && let (Some(keep), Some(dir)) = (&level.keep, &level.dir)
             {
                 let excluded = |n: &[u8]| super::excluded_extra(excludes, &level.snap_path, n);
-                count_extra(dir.as_fd(), keep, &excluded, &level.path, mount, &mut stats);
+                count_extra(
+                    dir.as_fd(),
+                    keep,
+                    &excluded,
+                    &level.path,
+                    &leave,
+                    &mut stats,
+                );
             }
             continue;
         };
@@ -102,7 +129,7 @@ pub(super) fn dry_run(
         };
         // A directory in the way of a non-directory: cleared (counted) or reported.
         let clear = |stats: &mut RestoreStats| {
-            dir_in_the_way(parent, &name, existing.as_ref(), &path, opts, mount, stats)
+            dir_in_the_way(parent, &name, existing.as_ref(), &path, opts, &leave, stats)
         };
         let decide = |st: Option<&sys::Stat>| match parent {
             Some(p) => overwrite::decide(repo, opts, unfinished_since, p, &name, st, &node),
@@ -141,9 +168,16 @@ pub(super) fn dry_run(
                     }
                     None => Vec::new(),
                 };
+                let (is_whole, way) = if top.whole {
+                    (true, String::new())
+                } else {
+                    whole.below(&top.way, &node.name)
+                };
                 stack.push(Level {
-                    keep: (opts.delete && inside && sub.is_some())
+                    keep: (opts.delete && inside && is_whole && sub.is_some())
                         .then(|| tree.iter().map(|n| n.name.clone()).collect()),
+                    whole: is_whole,
+                    way,
                     todo: tree.into_iter().rev().collect(),
                     dir: sub,
                     path,
@@ -241,7 +275,7 @@ fn dir_in_the_way(
     existing: Option<&sys::Stat>,
     path: &std::path::Path,
     opts: &RestoreOptions,
-    mount: (u64, u64),
+    leave: &Leave<'_>,
     stats: &mut RestoreStats,
 ) -> bool {
     let Some(parent) = parent.filter(|_| existing.is_some_and(|st| st.kind() == libc::S_IFDIR))
@@ -257,10 +291,10 @@ fn dir_in_the_way(
         return false;
     }
     let dir = path.parent().unwrap_or(path);
-    match count_removal(parent, name, dir, mount, stats) {
+    match count_removal(parent, name, dir, leave, stats) {
         Gone::All => true,
-        Gone::MountsLeft => {
-            issue(stats, path.to_path_buf(), MOUNT_IN_THE_WAY.into());
+        Gone::Kept(why) => {
+            issue(stats, path.to_path_buf(), why.into());
             false
         }
         Gone::Failed => false,
@@ -275,11 +309,11 @@ fn count_extra(
     keep: &HashSet<Vec<u8>>,
     excluded: &dyn Fn(&[u8]) -> bool,
     path: &std::path::Path,
-    mount: (u64, u64),
+    leave: &Leave<'_>,
     stats: &mut RestoreStats,
 ) {
     let listed = sys::mount_of(dir, c"").and_then(|m| {
-        if m == mount {
+        if m == leave.mount {
             sys::list_dir(dir).map(Some)
         } else {
             Ok(None)
@@ -304,7 +338,7 @@ fn count_extra(
         .into_iter()
         .filter(|n| !keep.contains(n.to_bytes()) && !excluded(n.to_bytes()))
     {
-        count_removal(dir, &name, path, mount, stats);
+        count_removal(dir, &name, path, leave, stats);
     }
 }
 
@@ -313,21 +347,29 @@ fn count_removal(
     dir: BorrowedFd<'_>,
     name: &CStr,
     path: &std::path::Path,
-    mount: (u64, u64),
+    leave: &Leave<'_>,
     stats: &mut RestoreStats,
 ) -> Gone {
     let shown =
         path.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes()));
-    stats.would_delete.push(shown);
-    match target::count_tree(dir, name, mount) {
+    let r = target::count_tree(dir, name, leave.mount, leave.spared);
+    let counted = match &r {
+        Ok(r) | Err((r, _)) => *r,
+    };
+    // Listed only when something in it would go: a mount point or the repository
+    // itself is left whole.
+    if counted.removed > 0 {
+        stats.would_delete.push(shown.clone());
+    }
+    if counted.spared_left > 0 {
+        stats.repository_left = true;
+        leave.progress.warning(&shown, super::SPARED);
+    }
+    match r {
         Ok(r) => {
             stats.deleted += r.removed;
             stats.mounts_left += r.mounts_left;
-            if r.mounts_left == 0 {
-                Gone::All
-            } else {
-                Gone::MountsLeft
-            }
+            Gone::of(&r)
         }
         Err((r, e)) => {
             stats.deleted += r.removed;

@@ -434,6 +434,9 @@ pub(crate) struct Removal {
     /// Directories left in place, with everything in them, because another file
     /// system (or a bind mount) is mounted there.
     pub mounts_left: u64,
+    /// Directories left in place because they are one of the spared ones (the
+    /// repository being restored from), with the directories above them.
+    pub spared_left: u64,
 }
 
 /// Removes `name` from `parent` and, when it is a directory, everything in it:
@@ -442,12 +445,15 @@ pub(crate) struct Removal {
 /// [`sys::mount_of`]) is touched: a mount point met on the way is left with all it
 /// holds, and so are the directories above it. On an error, also what was done
 /// before it.
+/// Directories in `spared` (device, inode) are left the same way, with what they
+/// hold.
 pub(crate) fn remove_tree(
     parent: BorrowedFd<'_>,
     name: &CStr,
     mount: (u64, u64),
+    spared: &[(u64, u64)],
 ) -> Result<Removal, (Removal, io::Error)> {
-    walk_removal(parent, name, mount, true)
+    walk_removal(parent, name, mount, spared, true)
 }
 
 /// What [`remove_tree`] would remove (`restore --dry-run`), changing nothing.
@@ -455,8 +461,9 @@ pub(crate) fn count_tree(
     parent: BorrowedFd<'_>,
     name: &CStr,
     mount: (u64, u64),
+    spared: &[(u64, u64)],
 ) -> Result<Removal, (Removal, io::Error)> {
-    walk_removal(parent, name, mount, false)
+    walk_removal(parent, name, mount, spared, false)
 }
 
 /// What [`walk_removal`] finds at a name.
@@ -467,6 +474,8 @@ enum Found {
     Leaf,
     /// A directory on the target's mount, opened.
     Dir(OwnedFd),
+    /// One of the spared directories: left alone.
+    Spared,
 }
 
 /// Looks at `name` in `dir` for [`walk_removal`]. A directory is opened first and
@@ -477,7 +486,13 @@ enum Found {
 /// When `removing`, a directory of the restoring user that it may not read or
 /// change (0555, 000) is first given the owner's rwx, through a descriptor of the
 /// directory itself: emptying it would fail otherwise, and it is going anyway.
-fn look(dir: BorrowedFd<'_>, name: &CStr, mount: (u64, u64), removing: bool) -> io::Result<Found> {
+fn look(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    mount: (u64, u64),
+    spared: &[(u64, u64)],
+    removing: bool,
+) -> io::Result<Found> {
     let st = sys::stat_at(dir, name)?;
     if st.kind() != libc::S_IFDIR {
         return Ok(if sys::mount_of(dir, name)? == mount {
@@ -491,6 +506,9 @@ fn look(dir: BorrowedFd<'_>, name: &CStr, mount: (u64, u64), removing: bool) -> 
     let (fd, path_only) = open_dir_at(dir, name)?;
     if sys::mount_of(fd.as_fd(), c"")? != mount {
         return Ok(Found::Other);
+    }
+    if !spared.is_empty() && spared.contains(&sys::fstat(fd.as_fd())?.id()) {
+        return Ok(Found::Spared);
     }
     let (fd, path_only) = if removing {
         let st = sys::fstat(fd.as_fd())?;
@@ -519,12 +537,17 @@ fn walk_removal(
     parent: BorrowedFd<'_>,
     name: &CStr,
     mount: (u64, u64),
+    spared: &[(u64, u64)],
     remove: bool,
 ) -> Result<Removal, (Removal, io::Error)> {
     let mut done = Removal::default();
-    let top = match look(parent, name, mount, remove).map_err(|e| (done, e))? {
+    let top = match look(parent, name, mount, spared, remove).map_err(|e| (done, e))? {
         Found::Other => {
             done.mounts_left = 1;
+            return Ok(done);
+        }
+        Found::Spared => {
+            done.spared_left = 1;
             return Ok(done);
         }
         Found::Leaf => {
@@ -562,13 +585,20 @@ fn walk_removal(
             continue;
         };
         let dir = fd.as_fd();
-        let kept = match look(dir, &child, mount, remove).map_err(|e| (done, e))? {
+        let kept = match look(dir, &child, mount, spared, remove).map_err(|e| (done, e))? {
             Found::Dir(sub) => {
                 let names = sys::list_dir(sub.as_fd()).map_err(|e| (done, e))?;
                 stack.push((sub, child, names, false));
                 continue;
             }
             Found::Other => true,
+            Found::Spared => {
+                done.spared_left += 1;
+                if let Some(level) = stack.last_mut() {
+                    level.3 = true;
+                }
+                continue;
+            }
             Found::Leaf => remove && !unlink_leaf(dir, &child).map_err(|e| (done, e))?,
         };
         if kept {

@@ -6,9 +6,11 @@
 //! times. They carry the time they were written, which `--overwrite if-newer` takes
 //! for "newer than the snapshot", and `never` keeps whatever is there: "run it
 //! again to finish" would finish nothing. So a restore first leaves the file
-//! [`MARK`] in its target, and removes it only when it restored everything (no
-//! include or exclude; `--image-fs /`) and left no file cut short: an attribute
-//! or a device it could not set is no unfinished work. The next restore that finds
+//! [`MARK`] in its target, and removes it when it left no file cut short (an
+//! attribute or a device it could not set is no unfinished work) and either the
+//! mark was its own or it restored everything (no include or exclude;
+//! `--image-fs /`): a restore of a part after an unfinished one says nothing of
+//! the rest. The next restore that finds
 //! it treats every entry changed since the mark's time as `if-changed` would when
 //! `--overwrite` is `never` or `if-newer`: rewritten unless it is the snapshot's
 //! (size and time, else content). What had been there before the unfinished

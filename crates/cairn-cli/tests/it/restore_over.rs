@@ -389,6 +389,46 @@ fn a_finished_restore_of_a_part_leaves_later_edits_to_overwrite_never() {
     assert_eq!(fs::read(copy.join("same")).unwrap(), b"edited here since");
 }
 
+/// Names of a hard-linked file missing from the target are linked to a kept name
+/// only when it holds the snapshot's content: one kept by `never` may hold local
+/// edits, and the missing names get the snapshot's content instead.
+#[test]
+fn missing_hard_link_names_get_the_snapshots_content_not_a_kept_edit() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::create_dir_all(src.join("b")).unwrap();
+    fs::write(src.join("a/one"), b"original").unwrap();
+    fs::hard_link(src.join("a/one"), src.join("a/two")).unwrap();
+    fs::hard_link(src.join("a/one"), src.join("b/three")).unwrap();
+    let snap = env.backup(&[&src]);
+    let copy = env.restore(&snap, &src, "t");
+    fs::write(copy.join("a/one"), b"edited here").unwrap();
+    fs::remove_file(copy.join("a/two")).unwrap();
+    fs::remove_file(copy.join("b/three")).unwrap();
+    for mode in ["never", "if-newer"] {
+        let dry = restore_json(&env, &snap, &["--overwrite", mode, "--dry-run"]);
+        let r = restore_json(&env, &snap, &["--overwrite", mode]);
+        for r in [&dry, &r] {
+            assert_eq!(
+                (&r["files"], &r["kept"]),
+                (&2.into(), &1.into()),
+                "{mode}: {r}"
+            );
+        }
+        assert_eq!(fs::read(copy.join("a/one")).unwrap(), b"edited here");
+        assert_eq!(fs::read(copy.join("a/two")).unwrap(), b"original", "{mode}");
+        assert_eq!(
+            ino(&copy.join("a/two")),
+            ino(&copy.join("b/three")),
+            "{mode}"
+        );
+        fs::remove_file(copy.join("a/two")).unwrap();
+        fs::remove_file(copy.join("b/three")).unwrap();
+    }
+}
+
 /// A snapshot of one directory holds the directories above it only as the way to
 /// it: `--delete` removes extras in the backed-up directory, never beside it (a
 /// restore of `/srv/www` to `/` must not empty `/etc`).

@@ -1210,7 +1210,14 @@ impl Walk<'_> {
             Decision::Write => {}
             Decision::Keep => {
                 if let Some(st) = &existing {
-                    self.remember_first_link(&parent, &name, st, &node);
+                    // Later names link to it only when it holds the snapshot's
+                    // content: kept by `never` or `if-newer` it may hold anything,
+                    // and a name restored as a link to it would too.
+                    if overwrite::effective(self.opts.overwrite, self.unfinished_since, st)
+                        == Overwrite::IfChanged
+                    {
+                        self.remember_first_link(&parent, &name, st, &node);
+                    }
                     self.kept(st, &node);
                 }
                 return Ok(());

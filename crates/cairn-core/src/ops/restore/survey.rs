@@ -216,9 +216,12 @@ pub(super) fn dry_run(
                 // As the restore does: a name becomes the first of its inode's names
                 // only when it is there afterwards (kept, or written).
                 let there = match (d, &existing) {
+                    // Kept by `never` or `if-newer`, it is not what later names link
+                    // to (it may hold anything).
                     (Decision::Keep, Some(st)) => {
                         kept(&mut stats, st, &node);
-                        true
+                        overwrite::effective(opts.overwrite, unfinished_since, st)
+                            == overwrite::Overwrite::IfChanged
                     }
                     (Decision::Metadata, _) => {
                         stats.metadata_only += 1;

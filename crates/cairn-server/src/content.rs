@@ -1090,13 +1090,22 @@ pub async fn download(
             tx,
             buf: Vec::with_capacity(PIECE),
         };
-        // A directory left out must not pass for a complete archive.
-        let complete = |r: cairn_core::export::ExportReport| match r.errors.first() {
-            None => Ok(()),
-            Some((p, e)) => Err(cairn_core::Error::Invalid(format!(
-                "{} could not be read ({p}: {e})",
-                cairn_core::units::count(r.errors.len() as u64, "directory")
-            ))),
+        // A directory left out, or a file with zeros for what could not be read,
+        // must not pass for a complete archive.
+        let complete = |r: cairn_core::export::ExportReport| {
+            if let Some((p, e)) = r.errors.first() {
+                return Err(cairn_core::Error::Invalid(format!(
+                    "{} could not be read ({p}: {e})",
+                    cairn_core::units::count(r.errors.len() as u64, "directory")
+                )));
+            }
+            match r.damaged.first() {
+                None => Ok(()),
+                Some((p, _, e)) => Err(cairn_core::Error::Invalid(format!(
+                    "{} could not be read in full ({p}: {e})",
+                    cairn_core::units::count(r.damaged.len() as u64, "file")
+                ))),
+            }
         };
         let r = match kind {
             Some("zip") => cairn_core::export::export(

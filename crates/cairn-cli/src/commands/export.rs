@@ -141,16 +141,36 @@ pub(super) fn report(r: &ExportReport) -> i32 {
         let line = format!("error: {path}: {e} (left out of the archive)");
         eprintln!("{}", crate::ui::printable(&line));
     }
+    for (path, bytes, e) in &r.damaged {
+        let line = format!(
+            "error: {path}: {e} (in the archive with {} of zeros where it could not be read)",
+            cairn_core::units::bytes(*bytes, 1)
+        );
+        eprintln!("{}", crate::ui::printable(&line));
+    }
     for n in &r.notes {
         eprintln!("note: {}", crate::ui::printable(n));
     }
-    if r.errors.is_empty() {
+    if r.errors.is_empty() && r.damaged.is_empty() {
         return 0;
     }
     // As a restore that could not write some entries: an error, the rest done.
+    let mut what = Vec::new();
+    if !r.errors.is_empty() {
+        what.push(format!(
+            "{} left out of the archive",
+            crate::ui::count(r.errors.len() as u64, "entry")
+        ));
+    }
+    if !r.damaged.is_empty() {
+        what.push(format!(
+            "{} in it with zeros where its content could not be read",
+            crate::ui::count(r.damaged.len() as u64, "file")
+        ));
+    }
     eprintln!(
-        "cairn: error: {} left out of the archive (listed above); everything else is in it",
-        crate::ui::count(r.errors.len() as u64, "entry")
+        "cairn: error: {} (listed above); everything else is in it as it was saved",
+        what.join(", ")
     );
     1
 }

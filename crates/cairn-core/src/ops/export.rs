@@ -41,6 +41,9 @@ pub struct ExportReport {
     pub bytes: u64,
     /// Directories whose tree could not be read (left out, with why).
     pub errors: Vec<(String, String)>,
+    /// Files in the archive with chunks that could not be read written as zeros:
+    /// the bytes so written, and why the first could not be read.
+    pub damaged: Vec<(String, u64, String)>,
     /// Entries the format cannot carry as they are (zip: FIFOs, devices, sockets,
     /// names that are not UTF-8), with what was done instead.
     pub notes: Vec<String>,
@@ -222,9 +225,13 @@ impl<S: Sink> Exporter<'_, S> {
                 // stores the content again.
                 let mut content = Content::new(self.repo, n, &shown, self.readers);
                 content.ahead = Some(&mut self.ahead);
-                // A file that cannot be read ends the archive: the message names it
-                // (not only its blob), so that the admin knows what is lost.
-                self.sink
+                // A damaged or missing chunk is written as zeros and the file
+                // reported, as a restore does; a file that cannot be read otherwise
+                // (the storage fails) ends the archive: the message names it (not
+                // only its blob), so that the admin knows what is lost.
+                content.zero_damaged = true;
+                let written = self
+                    .sink
                     .file(&name, n, first.as_deref(), &mut content)
                     .map_err(|e| match e {
                         e @ (Error::Damaged { .. }
@@ -234,7 +241,12 @@ impl<S: Sink> Exporter<'_, S> {
                             Error::Invalid(format!("{shown}: {e}; the archive is incomplete"))
                         }
                         e => e,
-                    })?;
+                    });
+                let damaged = content.damaged.take();
+                written?;
+                if let Some((bytes, why)) = damaged {
+                    self.report.damaged.push((shown, bytes, why));
+                }
                 self.report.files += 1;
                 if first.is_none() {
                     self.report.bytes += n.size;
@@ -411,9 +423,9 @@ impl Sink for TarSink<'_> {
         first: Option<&[u8]>,
         content: &mut Content<'_>,
     ) -> Result<()> {
-        let mut h = self.header(n)?;
         let path = os_path(name);
         if let Some(first) = first {
+            let mut h = self.header(n)?;
             h.set_entry_type(tar::EntryType::Link);
             return self
                 .tar
@@ -421,10 +433,14 @@ impl Sink for TarSink<'_> {
                 .map_err(io);
         }
         if let Some((segments, zeros)) = data_segments(content.repo, n)? {
-            // The holes are skipped, and their chunks need not even be read.
+            // The holes are skipped, and their chunks need not even be read. Its
+            // header has its own pax records (one pax header per entry: libarchive
+            // takes a second for a malformed one).
             content.zeros = zeros;
             return self.sparse_file(name, n, segments, content);
         }
+        // Written here: [`TarSink::header`] writes the entry's pax header.
+        let mut h = self.header(n)?;
         h.set_entry_type(tar::EntryType::Regular);
         h.set_size(n.size);
         let r = self.tar.append_data(&mut h, path, &mut *content);
@@ -1085,7 +1101,8 @@ pub(crate) struct Content<'a> {
     reader: FileReader<'a>,
     /// File offset of the first chunk not yet in `ids`.
     next_offset: u64,
-    ids: std::collections::VecDeque<BlobId>,
+    /// The next chunks' ids and lengths.
+    ids: std::collections::VecDeque<(BlobId, u64)>,
     /// Blobs read ahead, in order.
     ready: std::collections::VecDeque<Vec<u8>>,
     /// Blobs asked for and not yet in `ready`.
@@ -1100,6 +1117,11 @@ pub(crate) struct Content<'a> {
     zeros: HashMap<BlobId, usize>,
     /// Blobs an export asked for ahead of this file (taken from there when present).
     ahead: Option<&'a mut Ahead>,
+    /// A chunk that is damaged or missing is given as zeros (`export`: the archive
+    /// goes on, and the file is reported), instead of ending the read.
+    pub(crate) zero_damaged: bool,
+    /// What was given as zeros: bytes, and why the first such chunk was.
+    pub(crate) damaged: Option<(u64, String)>,
 }
 
 impl<'a> Content<'a> {
@@ -1125,6 +1147,8 @@ impl<'a> Content<'a> {
             error: None,
             zeros: HashMap::new(),
             ahead: None,
+            zero_damaged: false,
+            damaged: None,
         }
     }
 
@@ -1141,7 +1165,7 @@ impl<'a> Content<'a> {
                 if start < from {
                     return Ok(true);
                 }
-                ids.push_back(c.id);
+                ids.push_back((c.id, c.length));
                 *next = start + c.length;
                 taken += 1;
                 Ok(taken < IDS_PER_DESCENT)
@@ -1155,7 +1179,7 @@ impl<'a> Content<'a> {
             return Ok(false);
         }
         let n = self.ids.len().min(BATCH_BLOBS);
-        let ids: Vec<BlobId> = self.ids.drain(..n).collect();
+        let (ids, lens): (Vec<BlobId>, Vec<u64>) = self.ids.drain(..n).unzip();
         // Blobs asked for ahead of this file are waited for, not read again.
         let mut asked: HashMap<BlobId, Result<Vec<u8>>> = HashMap::new();
         if let Some(ahead) = self.ahead.as_deref_mut() {
@@ -1178,7 +1202,12 @@ impl<'a> Content<'a> {
         } else {
             Reads::Asked(self.readers.ask_all(&to_read))
         };
-        self.batches.push_back(Batch { ids, asked, read });
+        self.batches.push_back(Batch {
+            ids,
+            lens,
+            asked,
+            read,
+        });
         Ok(true)
     }
 
@@ -1192,6 +1221,7 @@ impl<'a> Content<'a> {
         }
         let Some(Batch {
             ids,
+            lens,
             mut asked,
             read,
         }) = self.batches.pop_front()
@@ -1221,8 +1251,24 @@ impl<'a> Content<'a> {
                     .unwrap_or_else(|| Err(Error::Invalid("a blob read went missing".into()))),
             })
             .collect();
-        for b in blobs {
-            self.ready.push_back(b?);
+        for (b, len) in blobs.into_iter().zip(lens) {
+            let b = match b {
+                Err(
+                    e
+                    @ (Error::Damaged { .. } | Error::BlobNotFound(_) | Error::PackMissing { .. }),
+                ) if self.zero_damaged => {
+                    let d = self.damaged.get_or_insert_with(|| (0, e.to_string()));
+                    d.0 += len;
+                    // Bounded as the blob would have been (a longer one is
+                    // refused by `read` as longer than the recorded size).
+                    let cap = self
+                        .left
+                        .min(cairn_format::consts::MAX_BLOB_SIZE as u64 + 1);
+                    vec![0u8; usize::try_from(len.min(cap)).unwrap_or(0)]
+                }
+                b => b?,
+            };
+            self.ready.push_back(b);
         }
         Ok(())
     }
@@ -1234,6 +1280,8 @@ const BATCHES_IN_FLIGHT: usize = 2;
 /// Up to [`BATCH_BLOBS`] consecutive blobs of a file, asked for together.
 struct Batch {
     ids: Vec<BlobId>,
+    /// Their chunks' lengths (a damaged one is given as that many zeros).
+    lens: Vec<u64>,
     /// Those [`Ahead`] had asked for.
     asked: HashMap<BlobId, Result<Vec<u8>>>,
     /// The others (not zero chunks), in order.

@@ -84,6 +84,12 @@ await drive(async (browser, out) => {
   );
   await page.waitForFunction(() => !document.querySelector('#job-rows tr[data-job="main-hourly-check"]'));
 
+  // A retention schedule made through the API with every rule: edited in the page
+  // and saved unchanged, it keeps them all.
+  await page.waitForSelector('button[aria-label="Edit schedule main-longterm"]');
+  await page.click('button[aria-label="Edit schedule main-longterm"]');
+  out.longterm_saved_alert = await alertAfter(page, () => page.click("#schedule-form button[type=submit]"));
+
   // The backup ends: its row says it stored a snapshot.
   await page.waitForSelector('#client-job-rows tr[data-state="ok"]', { timeout: 120000 });
   out.ended = (await clientRows(page)).filter((r) => r.state === "ok");

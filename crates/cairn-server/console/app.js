@@ -476,7 +476,9 @@ async function runNow(name) {
   await loadJobs();
 }
 
-const keepFields = ["last", "daily", "weekly", "monthly"];
+// Every rule a console schedule can hold (PUT /v1/schedules takes no others): a
+// rule the form did not show would be dropped by saving an edit.
+const keepFields = ["last", "hourly", "daily", "weekly", "monthly", "yearly"];
 
 function editSchedule(j) {
   $("schedule-name").value = j.name;

@@ -86,22 +86,27 @@ pub struct JobSpec {
 }
 
 /// `90s`, `30m`, `6h`, `1d` into a duration (at least a minute).
+/// The longest `every`: ten years.
+const MAX_EVERY_SECS: u64 = 3650 * 86400;
+
 pub fn parse_every(s: &str) -> Result<Duration, String> {
     let t = s.trim();
-    let bad = || format!("every = {s:?}: use a number with s, m, h or d (at least 1m)");
+    let bad =
+        || format!("every = {s:?}: use a number with s, m, h or d (at least 1m, at most 3650d)");
     let (num, unit) = t.split_at(t.len().saturating_sub(1));
     let n: u64 = num.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
+    let per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
         _ => return Err(bad()),
     };
-    if secs < 60 {
-        return Err(bad());
+    // Bounded: the scheduler adds it to the clock, which must not overflow.
+    match n.checked_mul(per) {
+        Some(secs) if (60..=MAX_EVERY_SECS).contains(&secs) => Ok(Duration::from_secs(secs)),
+        _ => Err(bad()),
     }
-    Ok(Duration::from_secs(secs))
 }
 
 impl JobSpec {
@@ -754,12 +759,20 @@ fn due_now(jobs: &Jobs, now: std::time::Instant) -> Vec<String> {
         let Ok(every) = parse_every(&spec.every) else {
             continue;
         };
-        let due = s.due.entry(spec.name.clone()).or_insert(now + every);
+        // `every` is bounded (ten years), so these additions cannot overflow; a
+        // clock that could not take one skips the job rather than stop every other.
+        let Some(first) = now.checked_add(every) else {
+            continue;
+        };
+        let due = s.due.entry(spec.name.clone()).or_insert(first);
         if *due <= now {
             // On the schedule's own beat (the scheduler looks every few seconds,
             // which must not push every run later), past any beats missed.
             while *due <= now {
-                *due += every;
+                match due.checked_add(every) {
+                    Some(next) => *due = next,
+                    None => break,
+                }
             }
             out.push(spec.name);
         }
@@ -1046,7 +1059,22 @@ mod tests {
         assert_eq!(parse_every("90s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_every("6h").unwrap(), Duration::from_secs(6 * 3600));
         assert_eq!(parse_every("1d").unwrap(), Duration::from_secs(86400));
-        for bad in ["", "10s", "5", "1w", "xh"] {
+        assert_eq!(
+            parse_every("3650d").unwrap(),
+            Duration::from_secs(3650 * 86400)
+        );
+        // Past ten years, or past what a u64 holds: refused, never an overflow of
+        // the scheduler's clock.
+        for bad in [
+            "",
+            "10s",
+            "5",
+            "1w",
+            "xh",
+            "3651d",
+            "18446744073709551615s",
+            "200000000000000d",
+        ] {
             assert!(parse_every(bad).is_err(), "{bad}");
         }
     }

@@ -3474,10 +3474,48 @@ fn the_console_shows_clients_jobs_live_and_edits_schedules_in_chromium() {
         !progress.contains(src.to_str().unwrap()) && !progress.contains("big.bin"),
         "the server learns no paths: {progress}"
     );
+    // A retention schedule made through the API with every rule: the page edits
+    // it and saves it unchanged.
+    let longterm = br#"{"kind":"retention","datastore":"main","every":"7d","keep_daily":7,"keep_hourly":24,"keep_yearly":10}"#;
+    let (code, _, body) = http_full(
+        p,
+        "PUT",
+        "/v1/schedules/main-longterm",
+        &[
+            ("Authorization", &format!("Bearer {admin}")),
+            ("Content-Type", "application/json"),
+        ],
+        longterm,
+    );
+    assert!(code < 300, "{code}: {}", String::from_utf8_lossy(&body));
     let url = format!("http://127.0.0.1:{p}/");
     let v = run_console_script(
         "jobs.mjs",
         &[("CONSOLE_URL", &url), ("ADMIN_TOKEN", &admin)],
+    );
+    let schedules: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(srv.state.join("schedules.json")).unwrap())
+            .unwrap();
+    let kept = schedules["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|j| j["name"] == "main-longterm")
+        .unwrap_or_else(|| panic!("{schedules:#}"));
+    assert_eq!(
+        (
+            &kept["keep_daily"],
+            &kept["keep_hourly"],
+            &kept["keep_yearly"]
+        ),
+        (&7.into(), &24.into(), &10.into()),
+        "an edit in the page dropped what it did not show: {kept:#}"
+    );
+    assert!(
+        v["longterm_saved_alert"]
+            .as_str()
+            .is_some_and(|a| a.contains("saved: retention every 7d")),
+        "{v:#}"
     );
     let status = backup.wait().unwrap();
     assert!(status.success(), "the watched backup failed");

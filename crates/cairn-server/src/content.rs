@@ -57,6 +57,11 @@ pub struct Content {
     generation: AtomicU64,
     /// Why the unlock at start failed, for the console.
     unlock_error: Mutex<Option<String>>,
+    /// Wrong passwords given to unlock in a row, and when the last was: past
+    /// [`crate::users::FREE_FAILURES`], unlocking waits as a sign-in does, so that
+    /// whoever holds an admin token (which may delete, but not read) cannot guess
+    /// the encryption password at the key derivation's pace.
+    wrong: Mutex<Option<(u32, Instant)>>,
 }
 
 pub struct Unlocked {
@@ -95,6 +100,17 @@ impl Content {
         lock(&self.unlock_error).clone()
     }
 
+    /// How long an unlock must still wait after wrong passwords, if at all.
+    pub fn unlock_wait(&self) -> Option<Duration> {
+        let (count, last) = (*lock(&self.wrong))?;
+        if count < crate::users::FREE_FAILURES {
+            return None;
+        }
+        let wait = Duration::from_secs(1 << (count - crate::users::FREE_FAILURES).min(10))
+            .min(crate::users::MAX_BACKOFF);
+        wait.checked_sub(last.elapsed())
+    }
+
     /// Opens the repository with `password` and keeps its key (blocking: the key
     /// derivation takes a second on purpose).
     pub fn unlock(
@@ -114,9 +130,15 @@ impl Content {
                     stats: Mutex::new(None),
                 }));
                 *lock(&self.unlock_error) = None;
+                *lock(&self.wrong) = None;
                 Ok(())
             }
             Err(e) => {
+                if matches!(e, cairn_core::Error::WrongPassword) {
+                    let mut w = lock(&self.wrong);
+                    let count = w.map_or(0, |(c, _)| c).saturating_add(1);
+                    *w = Some((count, Instant::now()));
+                }
                 *lock(&self.unlock_error) = Some(format!("{how}: {e}"));
                 Err(e)
             }
@@ -400,14 +422,33 @@ pub async fn unlock(
             format!("send {{\"password\": \"…\"}}: {e}"),
         )
     })?;
+    if let Some(w) = store.content.unlock_wait() {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_attempts",
+            format!(
+                "too many wrong passwords for datastore {ds}: try again in {} s",
+                w.as_secs() + 1
+            ),
+        ));
+    }
     let how = format!("console (token {})", t.name);
     let s = store.clone();
-    blocking(move || {
+    let r = blocking(move || {
         s.content
             .unlock(s.backend.clone(), b.password, how)
             .map_err(engine_error)
     })
-    .await?;
+    .await;
+    if let Err(e) = &r
+        && e.kind == "wrong_password"
+    {
+        crate::log_line(&format!(
+            "datastore {ds}: unlock refused (wrong password) for token {}",
+            t.name
+        ));
+    }
+    r?;
     crate::log_line(&format!("datastore {ds}: unlocked by token {}", t.name));
     Ok(axum::Json(state_of(&store)).into_response())
 }

@@ -2548,7 +2548,23 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
     );
     assert_eq!(code, 403, "{body}");
     assert!(body.contains("wrong_password"), "{body}");
+    // Five wrong passwords in a row, and the next try waits (as a sign-in does):
+    // an admin token cannot guess the encryption password at the key
+    // derivation's pace.
+    for _ in 0..4 {
+        let (code, body) = send(
+            "POST",
+            "/v1/datastores/main/unlock",
+            &admin,
+            "{\"password\": \"wrong\"}",
+        );
+        assert_eq!(code, 403, "{body}");
+    }
     let pw = format!("{{\"password\": \"{PASSWORD}\"}}");
+    let (code, body) = send("POST", "/v1/datastores/main/unlock", &admin, &pw);
+    assert_eq!(code, 429, "{body}");
+    assert!(body.contains("too_many_attempts"), "{body}");
+    std::thread::sleep(Duration::from_millis(1100));
     assert_eq!(
         send("POST", "/v1/datastores/main/unlock", &web02_restore, &pw).0,
         403

@@ -54,6 +54,12 @@ pub fn scrub(
     progress: &Progress,
 ) -> Result<ScrubReport, cairn_backend::BackendError> {
     let started = std::time::Instant::now();
+    // The config first: a datastore whose file system went away (or that was
+    // deleted) lists nothing, which must not pass for a clean scrub of nothing.
+    backend.get_bounded(
+        cairn_backend::names::CONFIG,
+        cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64,
+    )?;
     let mut work: Vec<(ObjectInfo, crate::policy::Kind)> = Vec::new();
     let mut unknown = Vec::new();
     for prefix in ["data/", "index/", "snapshots/", "keys/", "pending/"] {
@@ -176,5 +182,24 @@ mod tests {
         assert_eq!(r.problems.len(), 1);
         assert_eq!(r.problems[0].problem, "hash_mismatch");
         assert!(r.problems[0].name.ends_with(&id));
+    }
+
+    #[test]
+    fn a_datastore_without_its_config_fails_rather_than_scrub_nothing() {
+        let b = MemBackend::new();
+        let e = scrub(&b, 2, &Progress::none()).unwrap_err();
+        assert_eq!(e.kind, BackendErrorKind::NotFound, "{e}");
+    }
+
+    #[test]
+    fn a_local_datastore_whose_file_system_went_away_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = cairn_backend::LocalBackend::new(dir.path());
+        b.put("config", b"{}").unwrap();
+        // Seen once, as a server sees it at start; then gone, as after an unmount.
+        b.get("config").unwrap();
+        std::fs::remove_file(dir.path().join("config")).unwrap();
+        let e = scrub(&b, 2, &Progress::none()).unwrap_err();
+        assert!(e.to_string().contains("holds no config any more"), "{e}");
     }
 }

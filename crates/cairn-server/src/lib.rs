@@ -497,7 +497,30 @@ pub struct Ready {
 /// Bytes read from a TLS connection's socket at a time.
 const TLS_READ_BUFFER: usize = 128 << 10;
 
-/// Runs the server until SIGTERM or SIGINT; `ready` is called once it listens.
+/// Whether SIGHUP is ignored by this process (`nohup`), by /proc.
+fn hangup_ignored() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("SigIgn:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << (libc::SIGHUP - 1)) != 0)
+}
+
+/// The next SIGHUP, or never without a handler.
+async fn hangup(h: &mut Option<tokio::signal::unix::Signal>) {
+    match h {
+        Some(h) => {
+            h.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs the server until SIGTERM, SIGHUP or SIGINT; `ready` is called once it
+/// listens.
 /// On the signal it stops accepting, lets running requests finish (up to 30 s),
 /// and returns.
 pub fn serve(config: ServerConfig, ready: impl FnOnce(&Ready)) -> Result<(), ServerError> {
@@ -540,6 +563,18 @@ async fn run(
     let local = listener
         .local_addr()
         .map_err(|e| ServerError::Io(e.to_string()))?;
+    // The handlers are in place before the server says it listens: a signal sent
+    // as soon as it does (a test, a supervisor) stops it cleanly.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| ServerError::Io(e.to_string()))?;
+    // SIGHUP (the terminal closed) stops the server as SIGTERM does, running jobs
+    // recorded as interrupted and their locks removed, instead of killing it; left
+    // alone when ignored (started under nohup).
+    let mut hup = if hangup_ignored() {
+        None
+    } else {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
+    };
     ready(&Ready {
         addr: local,
         fingerprint: tls.as_ref().map(|t| t.1.clone()),
@@ -596,8 +631,6 @@ async fn run(
     let router = app.router();
     let timeout = Duration::from_secs(app.config.request_timeout_secs);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| ServerError::Io(e.to_string()))?;
     let connections = Arc::new(tokio::sync::Semaphore::new(app.config.max_connections));
     let per_address = conns::PerAddress::new(app.config.max_connections_per_ip);
     loop {
@@ -609,6 +642,7 @@ async fn run(
                 Err(_) => break,
             },
             _ = term.recv() => break,
+            _ = hangup(&mut hup) => break,
             _ = tokio::signal::ctrl_c() => break,
         };
         let (tcp, peer) = tokio::select! {
@@ -621,6 +655,7 @@ async fn run(
                 }
             },
             _ = term.recv() => break,
+            _ = hangup(&mut hup) => break,
             _ = tokio::signal::ctrl_c() => break,
         };
         let Some(place) = per_address.enter(peer.ip()) else {

@@ -133,11 +133,13 @@ impl Server {
     }
 
     /// Stops the server with SIGTERM and returns its log.
-    fn stop(mut self) -> String {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+    fn stop(self) -> String {
+        self.stop_by(nix::sys::signal::Signal::SIGTERM)
+    }
+
+    /// Stops the server with `signal`, which must end it cleanly, and returns its log.
+    fn stop_by(mut self, signal: nix::sys::signal::Signal) -> String {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal);
         let status = self.child.wait().unwrap();
         let log = self.lines.take().unwrap().all();
         assert!(status.success(), "server exit {status:?}: {log}");
@@ -735,6 +737,17 @@ fn an_older_datastore_is_read_only_to_non_admin_tokens() {
     assert_eq!(env.snapshot_ids().len(), before + 1);
     env.check_clean();
     srv.stop();
+}
+
+/// SIGHUP (the terminal the server ran in closed) stops it as SIGTERM does, not
+/// at once.
+#[test]
+fn sighup_stops_the_server_cleanly() {
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], false);
+    let log = srv.stop_by(nix::sys::signal::Signal::SIGHUP);
+    assert!(log.contains("stopped"), "{log}");
 }
 
 /// The server stopped (SIGTERM) or killed (SIGKILL) in the middle of a backup (right

@@ -1257,7 +1257,12 @@ pub async fn delete_schedule(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
-    let Some((spec, source)) = app.jobs.find(&name) else {
+    // The console's own first: one the settings file shadows can still go.
+    let found = (app.jobs.console_specs().into_iter())
+        .find(|s| s.name == name)
+        .map(|s| (s, "console"))
+        .or_else(|| app.jobs.find(&name));
+    let Some((spec, source)) = found else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",

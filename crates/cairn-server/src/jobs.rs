@@ -146,6 +146,13 @@ impl JobSpec {
                 "{me}: a job name uses letters, digits, '-', '_', '.'"
             ));
         }
+        // One-off jobs are named `DATASTORE-KIND-now` ([`start_now`]), and the
+        // history is kept by name.
+        if self.name.ends_with("-now") {
+            return Err(format!(
+                "{me}: names ending in \"-now\" are the console's one-off jobs; choose another"
+            ));
+        }
         parse_every(&self.every).map_err(|e| format!("{me}: {e}"))?;
         if !datastores.contains_key(&self.datastore) {
             return Err(format!("{me}: no datastore {:?}", self.datastore));
@@ -365,8 +372,23 @@ impl Jobs {
         state_dir: &std::path::Path,
     ) -> Jobs {
         let file = crate::statefile::StateFile::new(state_dir.join("jobs-history.json"));
-        // A history that cannot be read starts again empty: it is a record, not a setting.
-        let history = file.load().unwrap_or_default();
+        // A history that cannot be read starts again empty (it is a record, not a
+        // setting), said, and a damaged one is kept aside rather than overwritten
+        // by the next run.
+        let history = match file.load() {
+            Ok(h) => h,
+            Err(e) => {
+                let mut note = format!("jobs' history not read, starting a new one: {e}");
+                if let crate::statefile::StateError::Damaged { path, .. } = &e {
+                    let aside = path.with_extension("json.damaged");
+                    if std::fs::rename(path, &aside).is_ok() {
+                        note.push_str(&format!(" (kept as {})", aside.display()));
+                    }
+                }
+                crate::log_line(&note);
+                Default::default()
+            }
+        };
         Jobs {
             specs,
             console: crate::statefile::StateFile::new(state_dir.join("schedules.json")),
@@ -394,12 +416,29 @@ impl Jobs {
         self.console.load().map(|_| ())
     }
 
-    /// Every scheduled job: the settings file's, then the console's.
+    /// Every scheduled job: the settings file's, then the console's. A console
+    /// schedule named like a job of the settings file (added to the file after the
+    /// schedule was made) is left out: the file's job is the one that runs, and the
+    /// clash is logged at start ([`Jobs::shadowed`]).
     pub fn scheduled(&self) -> Vec<(JobSpec, &'static str)> {
+        let console = self.console_specs().into_iter();
         self.specs
             .iter()
             .map(|s| (s.clone(), "settings"))
-            .chain(self.console_specs().into_iter().map(|s| (s, "console")))
+            .chain(
+                console
+                    .filter(|c| !self.specs.iter().any(|s| s.name == c.name))
+                    .map(|s| (s, "console")),
+            )
+            .collect()
+    }
+
+    /// Console schedules named like a job of the settings file, which do not run.
+    pub fn shadowed(&self) -> Vec<String> {
+        self.console_specs()
+            .into_iter()
+            .filter(|c| self.specs.iter().any(|s| s.name == c.name))
+            .map(|c| c.name)
             .collect()
     }
 
@@ -1228,5 +1267,36 @@ mod tests {
         assert_eq!(jobs.delete_console("hourly"), Ok(false));
         assert!(due_now(&jobs, later + 10 * hour).is_empty());
         assert_eq!(jobs.scheduled().len(), 1);
+    }
+
+    #[test]
+    fn one_name_one_job_and_a_damaged_history_is_kept_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(Vec::new(), BTreeMap::new(), dir.path());
+        jobs.put_console(spec("r1", "retention", "1h")).unwrap();
+        // The settings file gets a job of that name later: it runs, the console's
+        // does not (listed once), and the console's can still be removed.
+        let jobs = Jobs::new(vec![spec("r1", "scrub", "1d")], BTreeMap::new(), dir.path());
+        assert_eq!(jobs.shadowed(), ["r1"]);
+        let scheduled = jobs.scheduled();
+        assert_eq!(scheduled.len(), 1);
+        assert_eq!(
+            (scheduled[0].0.kind.as_str(), scheduled[0].1),
+            ("scrub", "settings")
+        );
+        // The names of one-off jobs are not for schedules.
+        let ds: BTreeMap<String, String> = [("main".to_string(), "/x".to_string())].into();
+        let e = spec("main-scrub-now", "scrub", "1d")
+            .validate(&ds, &BTreeMap::new())
+            .unwrap_err();
+        assert!(e.contains("one-off"), "{e}");
+        // A damaged history: said, kept aside, a new one started.
+        std::fs::write(dir.path().join("jobs-history.json"), b"{garbage").unwrap();
+        let again = Jobs::new(Vec::new(), BTreeMap::new(), dir.path());
+        assert!(again.status().iter().all(|j| j.runs.is_empty()));
+        assert_eq!(
+            std::fs::read(dir.path().join("jobs-history.json.damaged")).unwrap(),
+            b"{garbage"
+        );
     }
 }

@@ -176,15 +176,22 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         );
     }
     if !r.errors.is_empty() {
+        // Entries, not messages: one entry may have more than one said of it.
+        let entries = r
+            .errors
+            .iter()
+            .map(|e| e.path.as_str())
+            .collect::<std::collections::HashSet<_>>()
+            .len() as u64;
         if r.dry_run {
             eprintln!(
                 "cairn: error: {} could not be restored (listed above); nothing was written (dry run)",
-                ui::count(r.errors.len() as u64, "entry")
+                ui::count(entries, "entry")
             );
         } else {
             eprintln!(
                 "cairn: error: {} could not be restored completely (listed above); everything else was restored",
-                ui::count(r.errors.len() as u64, "entry")
+                ui::count(entries, "entry")
             );
         }
         return Ok(1);

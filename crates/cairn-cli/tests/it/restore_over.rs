@@ -429,6 +429,66 @@ fn missing_hard_link_names_get_the_snapshots_content_not_a_kept_edit() {
     }
 }
 
+/// A restore onto a file system that fills up: exit 1, each entry that could not
+/// be restored said once and counted once, and a file never created is not said
+/// to be left with a time and mode.
+#[test]
+fn a_full_target_counts_entries_not_messages() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    for i in 0..4 {
+        fs::write(
+            src.join(format!("big{i}")),
+            Rng(i + 40).bytes(300_000, false),
+        )
+        .unwrap();
+    }
+    for i in 0..60 {
+        fs::write(src.join(format!("sub/s{i:02}")), format!("{i}\n")).unwrap();
+    }
+    let snap = env.backup(&[&src]);
+    let target = env.path("full");
+    let _fs = Tmpfs::mount(&target, "size=600k,nr_inodes=40");
+    let o = env.run(&["restore", &snap, "--target", target.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let warned: Vec<&str> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("warning: "))
+        .filter_map(|l| l.split_once(": ").map(|(p, _)| p))
+        .collect();
+    let distinct: std::collections::HashSet<&str> = warned.iter().copied().collect();
+    assert!(!distinct.is_empty(), "{err}");
+    assert!(err.contains("not restored: creating file"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{} could not be restored completely",
+            if distinct.len() == 1 {
+                "1 entry".to_string()
+            } else {
+                format!("{} entries", distinct.len())
+            }
+        )),
+        "{err}"
+    );
+    for line in err
+        .lines()
+        .filter(|l| l.contains("left with the restore's time"))
+    {
+        let path = line
+            .strip_prefix("warning: ")
+            .and_then(|l| l.split_once(": "))
+            .unwrap()
+            .0;
+        assert!(
+            Path::new(path).exists(),
+            "said to be left, but not there: {line}"
+        );
+    }
+}
+
 /// A snapshot of one directory holds the directories above it only as the way to
 /// it: `--delete` removes extras in the backed-up directory, never beside it (a
 /// restore of `/srv/www` to `/` must not empty `/etc`).

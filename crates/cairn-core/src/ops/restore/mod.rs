@@ -1433,7 +1433,13 @@ impl Walk<'_> {
                         if let Err(e) = placeholder
                             && e.kind() != std::io::ErrorKind::AlreadyExists
                         {
-                            self.issue(job.path(), format!("creating file: {e}"));
+                            // Not there at all (a full disk): one message, and nothing
+                            // said of a time and mode it does not have.
+                            self.issue(
+                                job.path(),
+                                format!("not restored: creating file: {e} ({m})"),
+                            );
+                            continue;
                         }
                     }
                     self.left_unfinished = true;

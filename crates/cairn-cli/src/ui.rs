@@ -31,12 +31,18 @@ pub fn rate(n: u64, secs: f64) -> String {
 /// with a newline apart from one with `\` and `n`. `--json` carries names as
 /// they are.
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(|c| c.is_control() || c == '\\') {
+    let raw = cairn_core::ls::raw_byte;
+    if !text
+        .chars()
+        .any(|c| c.is_control() || c == '\\' || raw(c).is_some())
+    {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
         match c {
+            // A byte of a name that is not UTF-8 (its stand-in), as `ls -b` shows it.
+            c if let Some(b) = raw(c) => out.push_str(&format!("\\x{b:02x}")),
             '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),

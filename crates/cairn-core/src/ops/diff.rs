@@ -162,7 +162,7 @@ pub fn diff<A: Access>(
                 }
             };
             let name = l.or(r).map(|n| n.name.as_slice()).unwrap_or_default();
-            let p = format!("{dir}/{}", String::from_utf8_lossy(name));
+            let p = format!("{dir}/{}", crate::ops::ls::escape_name(name));
             if let Some(pair) = d.entry(&p, l, r) {
                 subdirs.push(pair);
             }

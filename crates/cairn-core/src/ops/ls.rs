@@ -33,6 +33,14 @@ pub fn escape_name(name: &[u8]) -> String {
     s
 }
 
+/// The byte a character stands for, if it is one of [`escape_name`]'s stand-ins:
+/// for showing it as `\xff` where text is shown.
+pub fn raw_byte(c: char) -> Option<u8> {
+    u32::from(c)
+        .checked_sub(RAW_BYTE)
+        .and_then(|b| u8::try_from(b).ok())
+}
+
 /// The exact bytes of a name given with stand-ins ([`escape_name`]); `None` when it
 /// holds none (it is the name's UTF-8 then).
 fn unescape_name(name: &str) -> Option<Vec<u8>> {
@@ -60,12 +68,9 @@ pub(crate) fn shown(path: &str) -> String {
 }
 
 /// `path` as the walk names it and listings show it: `/a/b` without empty or `.`
-/// components (`""` for the root).
+/// components (`""` for the root), bytes that are not UTF-8 as their stand-ins.
 pub(crate) fn walk_path(path: &str) -> String {
-    components(&shown(path))
-        .iter()
-        .map(|c| format!("/{c}"))
-        .collect()
+    components(path).iter().map(|c| format!("/{c}")).collect()
 }
 
 /// The entry of `tree` named `name`: a name with byte stand-ins by exactly those
@@ -333,6 +338,14 @@ mod tests {
             }
         }
         assert_eq!(shown(&escape_name(b"d/\xff")), "d/\u{FFFD}");
-        assert_eq!(walk_path(&escape_name(b"/a//\xff/./b/")), "/a/\u{FFFD}/b");
+        assert_eq!(
+            walk_path(&escape_name(b"/a//\xff/./b/")),
+            escape_name(b"/a/\xff/b")
+        );
+        assert_eq!(
+            raw_byte(escape_name(b"\xfe").chars().next().unwrap()),
+            Some(0xfe)
+        );
+        assert_eq!(raw_byte('x'), None);
     }
 }

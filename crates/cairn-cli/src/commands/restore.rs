@@ -57,14 +57,27 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     let r = restore::restore_snapshot(&session, &snap, &opts);
     p.finish();
     let r = r?;
-    if p.progress.is_cancelled() && !r.errors.is_empty() {
-        // What was waiting is marked as not restored in full (mode 0600); the
-        // files listed above name it. A restore run again finishes the job.
+    if p.progress.is_cancelled() && (!r.errors.is_empty() || r.cancelled_files > 0) {
+        // What was waiting is marked as not restored in full (mode 0600): the files
+        // in flight counted, other entries listed above. A restore run again
+        // finishes the job.
+        let mut what = Vec::new();
+        if r.cancelled_files > 0 {
+            what.push(format!(
+                "{} being written left with the restore's time and mode 0600",
+                ui::count(r.cancelled_files, "file")
+            ));
+        }
+        if !r.errors.is_empty() {
+            what.push(format!(
+                "{} not restored, or not in full (listed above)",
+                ui::count(r.errors.len() as u64, "entry")
+            ));
+        }
         return Err(
             anyhow::Error::from(cairn_core::Error::Cancelled).context(format!(
-                "restore cancelled: {} not restored, or not in full (listed above); run it \
-                 again to finish",
-                ui::count(r.errors.len() as u64, "entry")
+                "restore cancelled: {}; run it again to finish",
+                what.join(", ")
             )),
         );
     }

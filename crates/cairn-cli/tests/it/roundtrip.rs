@@ -1051,6 +1051,11 @@ fn an_interrupted_restore_stops_soon_and_says_what_is_left() {
     assert!(took < std::time::Duration::from_secs(15), "{err}");
     assert!(err.contains("restore cancelled"), "{err}");
     assert!(!err.contains("everything else was restored"), "{err}");
+    // The files in flight are said in one line, not one each.
+    assert!(
+        !err.contains("(cancelled)") && err.contains("being written left with the restore's time"),
+        "{err}"
+    );
     env.ok(&["restore", &snap, "--target", target.to_str().unwrap()]);
     let diffs = compare(&src, &target.join(src.strip_prefix("/").unwrap()));
     assert!(diffs.is_empty(), "{diffs:#?}");

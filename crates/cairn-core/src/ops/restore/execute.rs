@@ -287,7 +287,7 @@ pub(crate) fn execute(
                     // not restored in full (mode 0600, the restore's time).
                     if progress.is_cancelled() {
                         for n in needs {
-                            fail(n.file, "cancelled".into());
+                            fail(n.file, super::CANCELLED.into());
                         }
                         continue;
                     }
@@ -298,7 +298,7 @@ pub(crate) fn execute(
                         // `--write-limit`.
                         if progress.is_cancelled() {
                             for n in range {
-                                fail(n.file, "cancelled".into());
+                                fail(n.file, super::CANCELLED.into());
                             }
                             continue;
                         }
@@ -354,7 +354,7 @@ pub(crate) fn execute(
                         let mut decrypted = 0usize;
                         for n in range {
                             if progress.is_cancelled() {
-                                fail(n.file, "cancelled".into());
+                                fail(n.file, super::CANCELLED.into());
                                 continue;
                             }
                             if last

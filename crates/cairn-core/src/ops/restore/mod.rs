@@ -147,6 +147,9 @@ pub struct RestoreStats {
     /// `--delete` left the repository being restored from, which was among what
     /// the snapshot does not have ([`SPARED`]).
     pub repository_left: bool,
+    /// Files being written when the restore was cancelled, left with the restore's
+    /// time and mode 0600 (counted, not listed one by one).
+    pub cancelled_files: u64,
     /// Mount points `--delete` left alone with everything in them: it removes nothing
     /// on another file system (or bind mount) than the target's.
     pub mounts_left: u64,
@@ -522,6 +525,9 @@ pub(crate) fn all_zeros(data: &[u8]) -> bool {
 pub(crate) fn snap_name(name: &[u8]) -> String {
     crate::ops::ls::escape_name(name)
 }
+
+/// Why the executor gave up a file when the restore was cancelled.
+pub(super) const CANCELLED: &str = "cancelled";
 
 /// What `--delete` did with an entry (or, in a dry run, would do).
 pub(super) enum Gone {
@@ -1443,6 +1449,12 @@ impl Walk<'_> {
                         }
                     }
                     self.left_unfinished = true;
+                    // A cancel leaves every file in flight so: counted, and said
+                    // once at the end, not a line each (thousands of small files).
+                    if m == CANCELLED {
+                        self.stats.cancelled_files += 1;
+                        continue;
+                    }
                     self.issue(
                         job.path(),
                         format!(

@@ -49,6 +49,9 @@ pub struct RestoreReport {
     /// target, and no snapshot has it (backups leave it out).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub repository_left: bool,
+    /// Files being written when the restore was cancelled: left with the restore's
+    /// time and mode 0600 for the next restore to finish (not listed in `errors`).
+    pub cancelled_files: u64,
     /// Files read back and compared with the snapshot (`--verify`); a difference is
     /// in `errors`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -105,6 +108,7 @@ pub fn restore_snapshot<A: Access>(
         },
         mounts_left: stats.mounts_left,
         repository_left: stats.repository_left,
+        cancelled_files: stats.cancelled_files,
         verified: opts.verify.then_some(stats.verified),
         duration_secs: start.elapsed().as_secs_f64(),
         errors: stats

@@ -1087,7 +1087,7 @@ pub async fn start_job(
         .map_err(|e| ApiError::bad(format!("send {{\"kind\": \"check\"}}: {e}")))?;
     if b.kind != "scrub"
         && store.content.unlocked().is_none()
-        && !app.config.datastore_passwords.contains_key(&ds)
+        && (store.content.key_withheld() || !app.config.datastore_passwords.contains_key(&ds))
     {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -62,6 +62,10 @@ pub struct Content {
     /// whoever holds an admin token (which may delete, but not read) cannot guess
     /// the encryption password at the key derivation's pace.
     wrong: Mutex<Option<(u32, Instant)>>,
+    /// An admin locked the datastore (`DELETE …/unlock`): its password file is not
+    /// read for jobs either until it is unlocked again, so that "Lock" means the
+    /// server stops using the key.
+    withheld: std::sync::atomic::AtomicBool,
 }
 
 pub struct Unlocked {
@@ -131,6 +135,7 @@ impl Content {
                 }));
                 *lock(&self.unlock_error) = None;
                 *lock(&self.wrong) = None;
+                self.withheld.store(false, Ordering::Release);
                 Ok(())
             }
             Err(e) => {
@@ -145,8 +150,16 @@ impl Content {
         }
     }
 
-    /// Forgets the key (blocking: a read session's lock is removed).
+    /// Whether an admin locked the datastore: no job may use its key, not even
+    /// through its password file, until it is unlocked again.
+    pub fn key_withheld(&self) -> bool {
+        self.withheld.load(Ordering::Acquire)
+    }
+
+    /// Forgets the key (blocking: a read session's lock is removed), and withholds
+    /// it from jobs ([`Self::key_withheld`]).
     pub fn lock(&self) {
+        self.withheld.store(true, Ordering::Release);
         let u = lock(&self.unlocked).take();
         if let Some(u) = u {
             lock(&u.session).take();

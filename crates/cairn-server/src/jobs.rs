@@ -856,6 +856,13 @@ fn run_job(
     // The key the server holds if the datastore is unlocked, else its password file.
     let repo = match ds.content.repository() {
         Some(r) => r.map_err(|e| e.to_string())?,
+        None if ds.content.key_withheld() => {
+            return Err(
+                "the datastore was locked by an admin: its key (and password file) \
+                 is not used until it is unlocked again"
+                    .into(),
+            );
+        }
         None => {
             let password_file = app
                 .jobs

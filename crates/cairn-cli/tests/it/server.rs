@@ -2549,6 +2549,15 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
     );
     let (code, v) = get_json(p, "/v1/datastores/main/snapshots", &admin);
     assert_eq!((code, v["error"].as_str()), (409, Some("locked")), "{v}");
+    // Jobs that need the key do not take it from the password file either.
+    let (code, body) = send(
+        "POST",
+        "/v1/datastores/main/jobs",
+        &admin,
+        "{\"kind\": \"check\"}",
+    );
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("locked"), "{body}");
     let (_, v) = get_json(p, "/v1/datastores", &admin);
     assert_eq!(v[0]["locked"], true);
     assert!(v[0]["locked_reason"].as_str().unwrap().contains("unlocks"));

@@ -888,9 +888,10 @@ pub struct RestoreArgs {
     /// (replace when the snapshot's is newer), never
     #[arg(long, value_name = "WHEN", default_value = "if-changed")]
     pub overwrite: String,
-    /// Remove entries of the restored directories that the snapshot does not have
-    /// (and a directory where it has a file); nothing on another file system mounted
-    /// in the target
+    /// Remove what the snapshot does not have from the directories it backed up
+    /// (its paths and below, not the directories above them), and a directory where
+    /// it has a file; nothing on another file system mounted in the target, nor the
+    /// repository being restored from
     #[arg(long)]
     pub delete: bool,
     /// Change nothing: print how many entries would be written and kept, and each

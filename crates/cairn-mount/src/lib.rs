@@ -81,6 +81,9 @@ pub const INODE_BYTES: u64 = 640;
 /// 160 MiB.
 pub const DEFAULT_MAX_INODES: usize = 262_144;
 
+/// The smallest [`MountOptions::max_inodes`] taken (a smaller one is raised to it).
+pub const MIN_MAX_INODES: usize = 1024;
+
 impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {
@@ -300,7 +303,7 @@ fn start_trimmer(state: &Arc<fs::State>, notifier: fuser::Notifier, max: usize) 
             }
         });
     if let Ok(h) = spawned {
-        trees::lock(&state.table).set_budget(max.max(1024), h.thread().clone());
+        trees::lock(&state.table).set_budget(max.max(MIN_MAX_INODES), h.thread().clone());
     }
 }
 

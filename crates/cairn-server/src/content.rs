@@ -66,6 +66,25 @@ pub struct Content {
     /// read for jobs either until it is unlocked again, so that "Lock" means the
     /// server stops using the key.
     withheld: std::sync::atomic::AtomicBool,
+    /// Held during an unlock's key derivation: one at a time, so that parallel
+    /// guesses cannot all run before the wait of [`Self::unlock_wait`] applies.
+    unlocking: Mutex<()>,
+    /// Counts locks ([`Self::lock`]): an unlock whose key derivation a lock
+    /// overtook does not install its key.
+    locks: AtomicU64,
+}
+
+/// Why [`Content::unlock`] did not unlock.
+#[derive(Debug)]
+pub enum UnlockError {
+    /// Too many wrong passwords in a row: wait this long.
+    Wait(Duration),
+    /// Another unlock of this datastore is deriving its key now.
+    Busy,
+    /// An admin locked the datastore while the key was being derived, or had
+    /// locked it (for an unlock not asked by an admin).
+    Locked,
+    Engine(cairn_core::Error),
 }
 
 pub struct Unlocked {
@@ -117,22 +136,44 @@ impl Content {
 
     /// Opens the repository with `password` and keeps its key (blocking: the key
     /// derivation takes a second on purpose).
+    /// `by_admin`: an admin asked now (console or API), which lifts an admin's
+    /// lock; a password file read at start or when the storage answers again
+    /// leaves a datastore an admin locked as it is.
     pub fn unlock(
         &self,
         backend: Arc<dyn cairn_backend::Backend>,
         password: String,
         how: String,
-    ) -> cairn_core::Result<()> {
+        by_admin: bool,
+    ) -> Result<(), UnlockError> {
+        let _one = match self.unlocking.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Err(UnlockError::Busy),
+        };
+        if !by_admin && self.key_withheld() {
+            return Err(UnlockError::Locked);
+        }
+        if let Some(w) = self.unlock_wait() {
+            return Err(UnlockError::Wait(w));
+        }
+        let locks = self.locks.load(Ordering::Acquire);
         let r = Repository::open(backend, move || Ok(password));
         match r {
             Ok(template) => {
-                *lock(&self.unlocked) = Some(Arc::new(Unlocked {
+                let mut unlocked = lock(&self.unlocked);
+                // A lock since the derivation began wins: it was asked later.
+                if self.locks.load(Ordering::Acquire) != locks {
+                    return Err(UnlockError::Locked);
+                }
+                *unlocked = Some(Arc::new(Unlocked {
                     template,
                     how,
                     since: cairn_core::time::now_rfc3339(),
                     session: Mutex::new(None),
                     stats: Mutex::new(None),
                 }));
+                drop(unlocked);
                 *lock(&self.unlock_error) = None;
                 *lock(&self.wrong) = None;
                 self.withheld.store(false, Ordering::Release);
@@ -145,7 +186,7 @@ impl Content {
                     *w = Some((count, Instant::now()));
                 }
                 *lock(&self.unlock_error) = Some(format!("{how}: {e}"));
-                Err(e)
+                Err(UnlockError::Engine(e))
             }
         }
     }
@@ -160,6 +201,9 @@ impl Content {
     /// it from jobs ([`Self::key_withheld`]).
     pub fn lock(&self) {
         self.withheld.store(true, Ordering::Release);
+        // Counted before the key is taken: an unlock that installs after this
+        // sees the count changed ([`Self::unlock`]).
+        self.locks.fetch_add(1, Ordering::AcqRel);
         let u = lock(&self.unlocked).take();
         if let Some(u) = u {
             lock(&u.session).take();
@@ -283,9 +327,20 @@ pub fn unlock_from_file(app: &Arc<App>, name: &str) {
                 return;
             }
         };
-        match ds.content.unlock(ds.backend.clone(), password, how.clone()) {
+        match ds
+            .content
+            .unlock(ds.backend.clone(), password, how.clone(), false)
+        {
             Ok(()) => crate::log_line(&format!("datastore {}: unlocked ({how})", ds.name)),
-            Err(e) => crate::log_line(&format!("datastore {}: stays locked: {how}: {e}", ds.name)),
+            Err(UnlockError::Locked) => crate::log_line(&format!(
+                "datastore {}: stays locked: an admin locked it ({how} not used)",
+                ds.name
+            )),
+            Err(e) => crate::log_line(&format!(
+                "datastore {}: stays locked: {how}: {}",
+                ds.name,
+                e.message()
+            )),
         }
     });
 }
@@ -420,6 +475,28 @@ fn admin_of(
     Ok((t, store))
 }
 
+fn too_many(ds: &str, w: Duration) -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_attempts",
+        format!(
+            "too many wrong passwords for datastore {ds}: try again in {} s",
+            w.as_secs() + 1
+        ),
+    )
+}
+
+impl UnlockError {
+    fn message(&self) -> String {
+        match self {
+            UnlockError::Wait(w) => format!("too many wrong passwords: wait {} s", w.as_secs() + 1),
+            UnlockError::Busy => "another unlock is under way".into(),
+            UnlockError::Locked => "an admin locked it".into(),
+            UnlockError::Engine(e) => e.to_string(),
+        }
+    }
+}
+
 /// `POST /v1/datastores/{ds}/unlock` `{"password": …}` (admin).
 pub async fn unlock(
     State(app): State<Arc<App>>,
@@ -436,21 +513,28 @@ pub async fn unlock(
         )
     })?;
     if let Some(w) = store.content.unlock_wait() {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too_many_attempts",
-            format!(
-                "too many wrong passwords for datastore {ds}: try again in {} s",
-                w.as_secs() + 1
-            ),
-        ));
+        return Err(too_many(&ds, w));
     }
     let how = format!("console (token {})", t.name);
     let s = store.clone();
+    let d = ds.clone();
     let r = blocking(move || {
         s.content
-            .unlock(s.backend.clone(), b.password, how)
-            .map_err(engine_error)
+            .unlock(s.backend.clone(), b.password, how, true)
+            .map_err(|e| match e {
+                UnlockError::Wait(w) => too_many(&d, w),
+                UnlockError::Busy => ApiError::new(
+                    StatusCode::CONFLICT,
+                    "busy",
+                    format!("another unlock of datastore {d} is under way"),
+                ),
+                UnlockError::Locked => ApiError::new(
+                    StatusCode::CONFLICT,
+                    "conflict",
+                    format!("datastore {d} was locked while its key was being derived"),
+                ),
+                UnlockError::Engine(e) => engine_error(e),
+            })
     })
     .await;
     if let Err(e) = &r

@@ -93,7 +93,10 @@ pub fn parse_every(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let bad =
         || format!("every = {s:?}: use a number with s, m, h or d (at least 1m, at most 3650d)");
-    let (num, unit) = t.split_at(t.len().saturating_sub(1));
+    // The unit is the last character (a byte index inside a character would
+    // panic): split where it starts.
+    let at = t.char_indices().last().map_or(0, |(i, _)| i);
+    let (num, unit) = t.split_at(at);
     let n: u64 = num.parse().map_err(|_| bad())?;
     let per = match unit {
         "s" => 1,
@@ -1120,6 +1123,8 @@ mod tests {
             "3651d",
             "18446744073709551615s",
             "200000000000000d",
+            "1é",
+            "é",
         ] {
             assert!(parse_every(bad).is_err(), "{bad}");
         }

@@ -340,7 +340,8 @@ impl App {
             .map_err(|e| ServerError::Io(format!("the console's schedules: {e}")))?;
         for name in jobs.shadowed() {
             log_line(&format!(
-                "warning: console schedule {name:?} does not run: the settings file has a job                  of that name, which runs instead (remove one of them)"
+                "warning: console schedule {name:?} does not run: the settings file has a job \
+                 of that name, which runs instead (remove one of them)"
             ));
         }
         for spec in jobs.console_specs() {

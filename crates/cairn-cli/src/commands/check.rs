@@ -141,7 +141,11 @@ fn print_problems(problems: &[check::Problem]) {
         println!("error: {}", problem.describe());
         let affects = problem.affects();
         for a in affects.iter().take(SHOWN_AFFECTED) {
-            println!("    affects {}:{}", a.snapshot.short(), a.path);
+            println!(
+                "    affects {}:{}",
+                a.snapshot.short(),
+                ui::printable(&a.path)
+            );
         }
         if affects.len() > SHOWN_AFFECTED {
             println!(

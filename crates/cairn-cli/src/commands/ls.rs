@@ -92,7 +92,7 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
     };
     let mut on_err = |path: &str, e: cairn_core::Error| {
         errors += 1;
-        eprintln!("error: {path}: {e}");
+        eprintln!("error: {}: {e}", crate::ui::printable(path));
     };
     cairn_core::ls::list(
         &session,

@@ -98,6 +98,14 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
         .map(super::parse_size)
         .transpose()
         .context("--cache-size")?;
+    if a.max_inodes
+        .is_some_and(|n| n < cairn_mount::MIN_MAX_INODES)
+    {
+        anyhow::bail!(
+            "--max-inodes must be at least {} (a directory listed at once needs its entries)",
+            cairn_mount::MIN_MAX_INODES
+        );
+    }
     check_mount_point(&a.dir)?;
     let location = super::repo_location(g)?;
     let mut storage = super::storage_options(g)?;

@@ -373,6 +373,82 @@ fn delete_leaves_other_file_systems_alone() {
     drop(on_sub);
 }
 
+/// A snapshot that has a directory where the repository being restored from now
+/// is (made into another repository, then copied in): nothing is restored into
+/// the repository, and `--delete` takes nothing out of it.
+#[test]
+fn nothing_is_restored_into_the_repository_read_from() {
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-it-")
+        .tempdir()
+        .unwrap();
+    let site = dir.path().join("site");
+    let other = Env::new();
+    let env = Env::at(dir, site.join("repo"));
+    fs::create_dir_all(site.join("data")).unwrap();
+    fs::write(site.join("data/f"), b"important").unwrap();
+    env.init(&[]);
+    env.backup(&[&site]);
+    // Another repository backs the site up with this repository in it.
+    other.init(&[]);
+    other.backup(&[&site]);
+    let o = env
+        .cmd(&["copy", "--from", &other.location])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let copied = env.snapshot_ids();
+    assert_eq!(copied.len(), 2);
+    let listed = env.ok(&["ls", "latest", site.join("repo").to_str().unwrap()]);
+    assert!(listed.contains("/repo/config"), "{listed}");
+    // In place (the target is /), with --delete: the snapshot's repo/ is the
+    // repository being read.
+    let before = files_below(&site.join("repo"));
+    for extra in [&["--dry-run"][..], &[]] {
+        let mut args = vec![
+            "restore",
+            "latest",
+            "--target",
+            "/",
+            "--include",
+            site.to_str().unwrap(),
+            "--delete",
+            "--overwrite",
+            "always",
+        ];
+        args.extend_from_slice(extra);
+        let o = env.run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("the repository being restored from is here"),
+            "{err}"
+        );
+    }
+    assert_eq!(files_below(&site.join("repo")), before);
+    assert_eq!(fs::read(site.join("data/f")).unwrap(), b"important");
+    env.check_clean();
+}
+
+/// Every file below `dir` with its bytes.
+fn files_below(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push((p.clone(), fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// A restore of a part that finished leaves no mark of an unfinished restore:
 /// left, it would have a later `--overwrite never` rewrite what was edited since.
 #[test]

@@ -458,6 +458,17 @@ pub(super) fn restore(
         // get their metadata, or are reported as not restored in full.
         let walked = w.run().and_then(|()| w.flush_batch());
         let drained = w.drain();
+        // Cancelled during the walk: the restore ends with an error, and the files
+        // in flight are said here, in one line (the report is not made).
+        let cancelled = w.stopped || matches!(walked, Err(Error::Cancelled));
+        if cancelled && w.stats.cancelled_files > 0 {
+            progress.warning_msg(format!(
+                "{} being written when the restore was cancelled: left with the \
+                 restore's time and mode 0600; the next restore into {} finishes them",
+                crate::units::count(w.stats.cancelled_files, "file"),
+                target.display()
+            ));
+        }
         walked?;
         drained?;
         if w.stopped {
@@ -557,6 +568,11 @@ const MOUNT_IN_THE_WAY: &str =
 const REPOSITORY_IN_THE_WAY: &str =
     "a directory is in the way that holds the repository being restored from";
 
+/// Why a directory of the snapshot is not restored: the repository being
+/// restored from is where it would go.
+pub(super) const REPOSITORY_HERE: &str =
+    "the repository being restored from is here: nothing is restored into it";
+
 /// What `restore --delete` says of a directory it left because the repository
 /// being restored from is in it.
 pub(super) const SPARED: &str = "--delete left the repository being restored from (and the \
@@ -593,17 +609,24 @@ fn keep_names(
 /// the snapshot only as the way to it: what else they hold in the target was
 /// never backed up, and stays.
 pub(super) struct Whole {
-    /// The sources as the walk names paths ([`normalize_includes`]); `/` for the root.
-    sources: Vec<String>,
+    /// The sources as the walk names paths (`/a/b`, as [`normalize_includes`]
+    /// writes them); `/` for the root. A set: a backup of 100,000 listed files has
+    /// as many paths.
+    sources: std::collections::HashSet<String>,
 }
 
 impl Whole {
-    /// The snapshot's source paths (`paths`) that lead to something in its tree; a
-    /// path that does not (a tree changed by `rewrite`) marks nothing whole.
-    pub(super) fn of(repo: &Repository, root: &BlobId, paths: &[String]) -> Whole {
+    /// The snapshot's source paths (`paths`), spelled as the walk names paths
+    /// (they are absolute, as backup recorded them, so no tree need be read); one
+    /// that names nothing in the tree (a tree changed by `rewrite`) marks nothing
+    /// whole.
+    pub(super) fn of(paths: &[String]) -> Whole {
         let sources = paths
             .iter()
-            .filter_map(|p| crate::ops::ls::resolve_path(repo, root, p).ok())
+            .map(|p| match crate::ops::ls::walk_path(p) {
+                w if w.is_empty() => "/".to_string(),
+                w => w,
+            })
             .collect();
         Whole { sources }
     }
@@ -611,13 +634,11 @@ impl Whole {
     /// Everything whole: a tree restored for its own sake (tests).
     #[cfg(test)]
     pub(super) fn root_only() -> Whole {
-        Whole {
-            sources: vec!["/".into()],
-        }
+        Whole::of(&["/".to_string()])
     }
 
     pub(super) fn root(&self) -> bool {
-        self.sources.iter().any(|s| s == "/")
+        self.sources.contains("/")
     }
 
     /// The entry `name` of a directory at `way` (which is not whole): whether it is
@@ -1073,6 +1094,12 @@ impl Walk<'_> {
                 return Ok(());
             }
         };
+        // The repository being restored from, where the snapshot has a directory
+        // (one made of another repository that held it): never written into.
+        if !opened.created && self.spared.contains(&opened.stat.id()) {
+            self.issue(parent.node.join(&name), REPOSITORY_HERE.into());
+            return Ok(());
+        }
         self.stats.dirs += 1;
         let dir_node = DirNode::child(&parent.node, name, &opened.stat);
         let dir = Arc::new(Dir {
@@ -1434,18 +1461,22 @@ impl Walk<'_> {
                     // never came, it is created here, at its size (a hole), so that
                     // it is there to see, like a multi-chunk file.
                     if job.direct {
-                        let placeholder = target::create_file(job.dir.fd(), &job.name)
-                            .and_then(|f| f.set_len(job.node.size));
-                        if let Err(e) = placeholder
-                            && e.kind() != std::io::ErrorKind::AlreadyExists
-                        {
-                            // Not there at all (a full disk): one message, and nothing
-                            // said of a time and mode it does not have.
-                            self.issue(
-                                job.path(),
-                                format!("not restored: creating file: {e} ({m})"),
-                            );
-                            continue;
+                        match target::create_file(job.dir.fd(), &job.name) {
+                            // Made, but perhaps not at its size: it is there,
+                            // unfinished, either way.
+                            Ok(f) => {
+                                let _ = f.set_len(job.node.size);
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                            Err(e) => {
+                                // Not there at all (a full disk): one message, and
+                                // nothing said of a time and mode it does not have.
+                                self.issue(
+                                    job.path(),
+                                    format!("not restored: creating file: {e} ({m})"),
+                                );
+                                continue;
+                            }
                         }
                     }
                     self.left_unfinished = true;

@@ -81,7 +81,7 @@ pub fn restore_snapshot<A: Access>(
         .1
         .tree_id()
         .map_err(|e| crate::Error::damaged(format!("snapshot {}", snapshot.0.to_hex()), e))?;
-    let whole = super::Whole::of(session.repo(), &root, &snapshot.1.paths);
+    let whole = super::Whole::of(&snapshot.1.paths);
     let stats = restore(session.repo(), &root, &whole, opts, progress)?;
     Ok(RestoreReport {
         snapshot_id: snapshot.0,

@@ -144,6 +144,13 @@ pub(super) fn dry_run(
                     kept(&mut stats, st, &node);
                     continue;
                 }
+                if existing
+                    .as_ref()
+                    .is_some_and(|st| st.kind() == libc::S_IFDIR && spared.contains(&st.id()))
+                {
+                    issue(&mut stats, path, super::REPOSITORY_HERE.into());
+                    continue;
+                }
                 stats.dirs += 1;
                 let sub = match (&existing, parent) {
                     (Some(st), Some(p)) if st.kind() == libc::S_IFDIR => {

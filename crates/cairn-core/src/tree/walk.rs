@@ -150,10 +150,10 @@ pub fn walk_from<V: Visitor>(
 }
 
 /// `parent/name`, a name's bytes that are not UTF-8 as their stand-ins
-/// ([`crate::ops::ls::escape_name`]): two names never read the same, and a path
+/// ([`super::escape_name`]): two names never read the same, and a path
 /// shown in `--json` names the same entry when given back.
 pub fn join(parent: &str, name: &[u8]) -> String {
-    let name = crate::ops::ls::escape_name(name);
+    let name = super::escape_name(name);
     let mut p = String::with_capacity(parent.len() + 1 + name.len());
     p.push_str(parent);
     p.push('/');

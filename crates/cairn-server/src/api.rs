@@ -1202,7 +1202,7 @@ pub async fn put_schedule(
         keep_weekly: b.keep_weekly,
         keep_monthly: b.keep_monthly,
         keep_yearly: b.keep_yearly,
-        ..crate::jobs::JobSpec::new(&name, &b.kind, &b.datastore, &b.every)
+        ..crate::jobs::JobSpec::new(&name, &b.kind, &b.datastore, b.every.trim())
     };
     // A job that needs the key: the password file, or the datastore unlocked now
     // (then it runs while the server holds the key, and says so when it does not).

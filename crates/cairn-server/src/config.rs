@@ -246,6 +246,25 @@ impl ServerConfig {
                 "no datastore: give --datastore NAME=PATH (or [datastores] in --config)".into(),
             ));
         }
+        // Two names for one local directory (`/x` and `/x/`, or through `..` or a
+        // symlink): a copy job from one to the other would copy a datastore onto
+        // itself, and the server would keep two views of one repository.
+        let mut seen: Vec<(std::path::PathBuf, &str)> = Vec::new();
+        for (name, location) in &datastores {
+            let Ok(cairn_core::repo::storage::Location::Local(p)) =
+                cairn_core::repo::storage::Location::parse(location)
+            else {
+                continue;
+            };
+            let p = std::fs::canonicalize(&p).unwrap_or(p);
+            if let Some((_, other)) = seen.iter().find(|(q, _)| *q == p) {
+                return Err(ConfigError::Invalid(format!(
+                    "datastores {other} and {name} are the same directory ({}): give it one name",
+                    p.display()
+                )));
+            }
+            seen.push((p, name));
+        }
         let insecure = flags.insecure_http || file.insecure_http.unwrap_or(false);
         let cert = flags.tls_cert.clone().or(file.tls_cert);
         let key = flags.tls_key.clone().or(file.tls_key);
@@ -306,6 +325,29 @@ impl ServerConfig {
                 download: flags.limits.download.or(rate(&file.limit_download)?),
             },
         };
+        // A zero here would refuse every connection, time out every request or
+        // upload, or make every lock stale at once: said, not taken.
+        for (name, value, min) in [
+            ("request_timeout_secs", config.request_timeout_secs, 1),
+            ("max_lock_age_hours", config.max_lock_age_hours, 1),
+            ("max_object_size", config.max_object_size, 1 << 20),
+        ] {
+            if value < min {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} = {value}: must be at least {min}"
+                )));
+            }
+        }
+        for (name, value) in [
+            ("max_connections", file.max_connections),
+            ("max_connections_per_ip", file.max_connections_per_ip),
+        ] {
+            if value == Some(0) {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} = 0: must be at least 1"
+                )));
+            }
+        }
         if !(3..=86_400).contains(&config.job_idle_secs) {
             return Err(ConfigError::Invalid(format!(
                 "job_idle_secs = {}: must be between 3 and 86400",
@@ -414,5 +456,32 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("lisen"), "{e}");
+    }
+
+    #[test]
+    fn zero_limits_and_one_directory_under_two_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        for (line, says) in [
+            ("max_connections = 0", "max_connections = 0"),
+            ("max_connections_per_ip = 0", "max_connections_per_ip = 0"),
+            ("request_timeout_secs = 0", "request_timeout_secs = 0"),
+            ("max_object_size = 0", "max_object_size = 0"),
+            ("max_lock_age_hours = 0", "max_lock_age_hours = 0"),
+        ] {
+            std::fs::write(&f, format!("{line}\n[datastores]\na = \"/x\"\n")).unwrap();
+            let e = ServerConfig::from_flags(&Flags {
+                config: Some(f.clone()),
+                ..Flags::default()
+            })
+            .unwrap_err();
+            assert!(e.to_string().contains(says), "{line}: {e}");
+        }
+        let e = ServerConfig::from_flags(&Flags {
+            datastores: vec!["a=/x".into(), "b=/x/".into()],
+            ..Flags::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("same directory"), "{e}");
     }
 }

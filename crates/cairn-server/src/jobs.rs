@@ -177,6 +177,7 @@ impl JobSpec {
                 return Err(format!("{me}: tags = {t:?}: a tag is a non-empty name"));
             }
         }
+        self.policy().validate().map_err(|e| format!("{me}: {e}"))?;
         let keeps = !self.policy().is_empty();
         let copy_settings = self.to.is_some()
             || self.to_password_file.is_some()
@@ -715,7 +716,9 @@ pub fn check_percent(p: &str) -> Result<Option<f64>, String> {
                 .parse()
                 .map_err(|_| format!("read_data = {p:?}: use a percentage"))?;
             if !(pct > 0.0 && pct <= 100.0) {
-                return Err(format!("read_data = {p:?}: between 0 and 100%"));
+                return Err(format!(
+                    "read_data = {p:?}: more than 0% and at most 100% (leave it out to read no data)"
+                ));
             }
             Ok(Some(pct))
         }

@@ -236,12 +236,16 @@ impl App {
     /// Opens every datastore's storage (no local cache: the server reads each
     /// object for a client, who caches it) and the token file.
     pub fn open(config: ServerConfig) -> Result<App, ServerError> {
-        std::fs::create_dir_all(&config.state_dir).map_err(|e| {
-            ServerError::Io(format!(
-                "cannot create the state directory {}: {e}",
-                config.state_dir.display()
-            ))
-        })?;
+        // Made for this user alone: it holds token hashes, the TLS key and what
+        // each datastore's locks and copies are doing.
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&config.state_dir)
+            .map_err(|e| {
+                ServerError::Io(format!(
+                    "cannot create the state directory {}: {e}",
+                    config.state_dir.display()
+                ))
+            })?;
         let opts = cairn_core::repo::storage::StorageOptions {
             cache: cairn_core::repo::storage::CacheChoice::Off,
             ..Default::default()

@@ -57,7 +57,16 @@ impl LockOwners {
         // Best effort: see the module comment for what a lost file costs.
         if let Ok(body) = serde_json::to_vec(seen) {
             let tmp = self.path.with_extension("tmp");
-            if std::fs::write(&tmp, body).is_ok() {
+            let written = std::os::unix::fs::OpenOptionsExt::mode(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true),
+                0o600,
+            )
+            .open(&tmp)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &body));
+            if written.is_ok() {
                 let _ = std::fs::rename(&tmp, &self.path);
             }
         }

@@ -1103,3 +1103,38 @@ fn latest_is_the_rewrite_when_times_tie() {
         assert!(listed.contains("public"), "round {i}: {listed}");
     }
 }
+
+/// `--one-file-system` stops at mount points, but a path asked for on its own
+/// inside another (`backup -x / /boot`) is a file system to back up too, in
+/// whichever order the paths come (it was saved empty, exit 0).
+#[test]
+fn one_file_system_enters_a_mount_point_named_as_a_source() {
+    let env = Env::new();
+    env.init(&[]);
+    let fs_dir = env.path("fs");
+    fs::create_dir_all(fs_dir.join("mnt")).unwrap();
+    fs::write(fs_dir.join("rootfile"), b"r").unwrap();
+    let mnt = fs_dir.join("mnt");
+    let _m = Tmpfs::mount(&mnt, "size=1m");
+    fs::create_dir_all(mnt.join("sub")).unwrap();
+    fs::write(mnt.join("sub/m"), b"on the mount").unwrap();
+    let (f, m) = (fs_dir.to_str().unwrap(), mnt.to_str().unwrap());
+    // Alone: the mount point is kept, empty.
+    let snap = env.backup_args(&["-x", f]);
+    let listed = env.ok(&["ls", &snap]);
+    assert!(
+        listed.contains("/fs/mnt") && !listed.contains("/fs/mnt/sub"),
+        "{listed}"
+    );
+    for args in [["-x", f, m], ["-x", m, f]] {
+        let snap = env.backup_args(&args);
+        let listed = env.ok(&["ls", &snap]);
+        assert!(listed.contains("/fs/mnt/sub/m"), "{args:?}: {listed}");
+        assert!(listed.contains("/fs/rootfile"), "{args:?}: {listed}");
+        let restored = env.restore(&snap, &fs_dir, &format!("r{}", args[1].len()));
+        assert_eq!(
+            fs::read(restored.join("mnt/sub/m")).unwrap(),
+            b"on the mount"
+        );
+    }
+}

@@ -1412,13 +1412,17 @@ impl<'a> FileMap<'a> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .read(true)
-            .write(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| e.to_string())?;
+        // This user's alone: which source chunks became which (keyed) blob ids.
+        let file = std::os::unix::fs::OpenOptionsExt::mode(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .read(true)
+                .write(true)
+                .truncate(false),
+            0o600,
+        )
+        .open(path)
+        .map_err(|e| e.to_string())?;
         let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
             .map_err(|_| "another copy between these repositories is using it".to_string())?;
         let mut file = lock.try_clone().map_err(|e| e.to_string())?;

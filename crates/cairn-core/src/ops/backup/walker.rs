@@ -10,7 +10,7 @@ use cairn_chunker::StreamChunker;
 use cairn_format::BlobId;
 use cairn_format::tree::{Node, NodeKind, Tree};
 use crossbeam_channel::Sender;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::{ErrorKind, Read};
 use std::os::fd::OwnedFd;
@@ -37,8 +37,20 @@ enum Selection {
     Dir(PathBuf, BTreeMap<Vec<u8>, Selection>),
 }
 
-fn build_selection(paths: &[PathBuf]) -> BTreeMap<Vec<u8>, Selection> {
+/// The paths' selection, and the paths inside another one (`/` and `/boot`):
+/// walked as part of it, but with `--one-file-system` they are file systems of
+/// their own to enter ([`Walker::nested`]).
+fn build_selection(paths: &[PathBuf]) -> (BTreeMap<Vec<u8>, Selection>, HashSet<PathBuf>) {
+    fn leaves(sel: &Selection, out: &mut HashSet<PathBuf>) {
+        match sel {
+            Selection::Leaf(p) => {
+                out.insert(p.clone());
+            }
+            Selection::Dir(_, children) => children.values().for_each(|c| leaves(c, out)),
+        }
+    }
     let mut root: BTreeMap<Vec<u8>, Selection> = BTreeMap::new();
+    let mut nested = HashSet::new();
     for p in paths {
         let comps: Vec<&std::ffi::OsStr> = p
             .components()
@@ -54,19 +66,28 @@ fn build_selection(paths: &[PathBuf]) -> BTreeMap<Vec<u8>, Selection> {
             let last = i + 1 == comps.len();
             let key = c.as_bytes().to_vec();
             if last {
-                level.insert(key, Selection::Leaf(prefix.clone()));
+                // Paths asked for below this one are walked as part of it.
+                if let Some(Selection::Dir(_, children)) =
+                    level.insert(key, Selection::Leaf(prefix.clone()))
+                {
+                    children.values().for_each(|c| leaves(c, &mut nested));
+                }
                 break;
             }
             let entry = level
                 .entry(key)
                 .or_insert_with(|| Selection::Dir(prefix.clone(), BTreeMap::new()));
             match entry {
-                Selection::Leaf(_) => break, // an ancestor is already backed up whole
+                // An ancestor is already backed up whole.
+                Selection::Leaf(_) => {
+                    nested.insert(p.clone());
+                    break;
+                }
                 Selection::Dir(_, children) => level = children,
             }
         }
     }
-    root
+    (root, nested)
 }
 
 pub(crate) struct Walker<'a> {
@@ -88,6 +109,8 @@ pub(crate) struct Walker<'a> {
     lens: Vec<u32>,
     /// `--read-limit`: the average rate at which sources are read.
     pub(super) read_limit: Option<&'a cairn_backend::Limiter>,
+    /// Paths asked for inside another path asked for ([`build_selection`]).
+    nested: HashSet<PathBuf>,
 }
 
 impl<'a> Walker<'a> {
@@ -117,6 +140,7 @@ impl<'a> Walker<'a> {
             batch: Vec::new(),
             lens: Vec::new(),
             read_limit: None,
+            nested: HashSet::new(),
         }
     }
 
@@ -185,7 +209,8 @@ impl<'a> Walker<'a> {
             self.walk_dir(root, top, None, Vec::new(), None)?;
             return self.emit(Item::End);
         }
-        let sel = build_selection(paths);
+        let (sel, nested) = build_selection(paths);
+        self.nested = nested;
         let parent = self.load_parent(parent_root);
         self.emit(Item::DirStart(Box::new(Node::new(
             Vec::new(),
@@ -412,7 +437,12 @@ impl<'a> Walker<'a> {
     ) -> Result<Option<Frame<'a>>> {
         let node = *d.node;
         let dev = node.dev;
-        let root_dev = root_dev.unwrap_or(dev);
+        // A path asked for on its own inside another is a file system of its own
+        // to enter, even with --one-file-system (`backup -x / /boot`).
+        let root_dev = match root_dev {
+            Some(r) if r != dev && self.one_file_system && self.nested.contains(path) => dev,
+            r => r.unwrap_or(dev),
+        };
         let descend = !self.one_file_system || dev == root_dev;
         let (dir, entries) = if descend {
             let parent = parent.map(|p| &**p);

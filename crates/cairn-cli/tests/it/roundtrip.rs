@@ -1138,3 +1138,52 @@ fn one_file_system_enters_a_mount_point_named_as_a_source() {
         );
     }
 }
+
+/// A file replaced between the scan of its directory and the read of its content
+/// (an editor saving by rename) is saved with the owner, mode and times of the
+/// file read, never the content of one with the permissions of the other (a
+/// private file was restored world-readable).
+#[test]
+fn a_file_replaced_after_the_scan_keeps_the_mode_of_the_file_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a_big"), Rng(5).bytes(16 << 20, false)).unwrap();
+    fs::write(src.join("z_cred"), b"public placeholder").unwrap();
+    fs::set_permissions(src.join("z_cred"), fs::Permissions::from_mode(0o644)).unwrap();
+    let backup = env
+        .cmd(&[
+            "backup",
+            "--json",
+            "--read-limit",
+            "8M",
+            src.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While a_big is read (two seconds at 8 MB/s), z_cred is replaced.
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let new = src.join(".z_new");
+    fs::write(&new, b"secret=hunter2").unwrap();
+    fs::set_permissions(&new, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::rename(&new, src.join("z_cred")).unwrap();
+    let out = backup.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let snap = v["snapshot_id"].as_str().unwrap();
+    let restored = env.restore(snap, &src, "r");
+    let m = fs::metadata(restored.join("z_cred")).unwrap();
+    assert_eq!(
+        fs::read(restored.join("z_cred")).unwrap(),
+        b"secret=hunter2"
+    );
+    assert_eq!(m.permissions().mode() & 0o777, 0o600);
+}

@@ -1163,6 +1163,11 @@ impl Worker<'_> {
         let mut torn = None;
         let read_limit = self.read_limit;
         let read = opened.map_err(|e| e.to_string()).and_then(|mut f| {
+            let mut xattrs_unread = xattrs_unread;
+            if let Some(n) = source::reopened_node(&node, &f) {
+                *node = n;
+                xattrs_unread = false;
+            }
             if xattrs_unread {
                 match source::read_xattrs_of(&f) {
                     Ok(x) => node.xattrs = x,

@@ -329,6 +329,30 @@ pub fn node_reusing_parent(
     (node, warning, false)
 }
 
+/// The node of the file opened for its content when it is not the one the scan
+/// saw: the entry was replaced between the two (an editor saving by rename, a
+/// swap). Made again from the open file, extended attributes too, so that a
+/// snapshot never pairs one file's content with another's owner and mode (a
+/// root-only file saved with the world-readable mode of the placeholder it
+/// replaced). `None`: the same file, or not a regular file now (its read fails).
+pub fn reopened_node(node: &Node, f: &std::fs::File) -> Option<Node> {
+    let m = f.metadata().ok()?;
+    if (m.dev(), m.ino()) == (node.dev, node.inode) || !m.file_type().is_file() {
+        return None;
+    }
+    let mut names = NameCache::default();
+    let (mut fresh, _, _) = node_reusing_parent(
+        node.name.clone(),
+        &|_| PathBuf::new(),
+        &Stat::from(&m),
+        &mut names,
+        None,
+        true,
+    );
+    fresh.xattrs = read_xattrs_of(f).unwrap_or_default();
+    Some(fresh)
+}
+
 /// The xattrs of an open file, sorted; a warning message when they cannot be read.
 pub fn read_xattrs_of(f: &std::fs::File) -> Result<Xattrs, String> {
     use xattr::FileExt;

@@ -525,6 +525,13 @@ impl<'a> Walker<'a> {
             Ok(f) => f,
             Err(e) => return self.skip(path, e.to_string()),
         };
+        let mut xattrs_unread = xattrs_unread;
+        let mut changed = changed;
+        if let Some(n) = super::source::reopened_node(&node, &file) {
+            node = n;
+            xattrs_unread = false;
+            changed = true;
+        }
         if xattrs_unread {
             match super::source::read_xattrs_of(&file) {
                 Ok(x) => node.xattrs = x,

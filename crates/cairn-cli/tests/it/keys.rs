@@ -233,3 +233,42 @@ fn two_key_removals_at_once_never_remove_every_key() {
     env.ok(&["snapshots"]);
     assert_eq!(fs::read_dir(env.repo.join("keys")).unwrap().count(), 1);
 }
+
+/// A key file copied in from another repository that opens with the same
+/// password (a wrong rsync) is passed over: the repository's own key opens it,
+/// and `key list`/`key remove` work to take the stray one out.
+#[test]
+fn a_key_file_from_another_repository_is_passed_over() {
+    let env = Env::new();
+    env.init(&[]);
+    let own: Vec<String> = std::fs::read_dir(env.repo.join("keys"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(own.len(), 1);
+    // Another repository with the same password whose key file sorts first, so
+    // that it is the one tried first.
+    let mut stray = None;
+    for _ in 0..16 {
+        let other = Env::new();
+        other.init(&[]);
+        let e = std::fs::read_dir(other.repo.join("keys"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name < own[0] {
+            std::fs::copy(e.path(), env.repo.join("keys").join(&name)).unwrap();
+            stray = Some(name);
+            break;
+        }
+    }
+    let stray = stray.expect("a key file that sorts first in 16 tries");
+    let listed = env.ok(&["snapshots"]);
+    assert!(listed.contains("0 snapshots"), "{listed}");
+    let keys = env.ok(&["key", "list"]);
+    assert!(keys.contains(&stray[..8]), "{keys}");
+    env.ok(&["key", "remove", &stray[..8]]);
+    assert!(!env.repo.join("keys").join(&stray).exists());
+}

@@ -302,7 +302,11 @@ impl Repository {
             }
             enc => {
                 let pw = password()?;
-                let (secret, id) = Self::unwrap_any_key(backend.as_ref(), pw.as_bytes())?;
+                // The key must also authenticate the config: a key file copied in
+                // from another repository may open with the same password.
+                let fits =
+                    |secret: &[u8; 32]| MasterKey::from_secret(*secret, enc).mac(&body) == mac;
+                let (secret, id) = Self::unwrap_any_key(backend.as_ref(), pw.as_bytes(), &fits)?;
                 (MasterKey::from_secret(secret, enc), Some(id))
             }
         };
@@ -424,7 +428,14 @@ impl Repository {
         &self.location
     }
 
-    fn unwrap_any_key(backend: &dyn Backend, password: &[u8]) -> Result<([u8; 32], KeyId)> {
+    /// The secret of the first key file that opens with `password` and `fits`
+    /// (authenticates the config); one that opens but does not fit is passed over,
+    /// and named if no other fits.
+    fn unwrap_any_key(
+        backend: &dyn Backend,
+        password: &[u8],
+        fits: &dyn Fn(&[u8; 32]) -> bool,
+    ) -> Result<([u8; 32], KeyId)> {
         // A key file listed and then gone was replaced by a `key passwd` (a new
         // file first, then the old one removed): listed once more, its
         // replacement is found. Another key's change does not concern this one.
@@ -438,6 +449,7 @@ impl Repository {
             }
             let mut damaged = None;
             let mut vanished = false;
+            let mut misfits: Vec<KeyId> = Vec::new();
             for info in keys {
                 let base = names::base(&info.name);
                 let Ok(id) = KeyId::from_hex(base) else {
@@ -456,7 +468,11 @@ impl Repository {
                     Err(e) => return Err(e),
                 };
                 match kf.unwrap_secret(password) {
-                    Ok(secret) => return Ok((secret, id)),
+                    Ok(secret) if fits(&secret) => return Ok((secret, id)),
+                    Ok(_) => {
+                        misfits.push(id);
+                        continue;
+                    }
                     Err(FormatError::Authentication { .. }) => continue,
                     Err(e) => {
                         damaged = Some(Error::damaged(format!("key file {}", id.short()), e));
@@ -466,6 +482,21 @@ impl Repository {
             if vanished && !relisted {
                 relisted = true;
                 continue;
+            }
+            if !misfits.is_empty() {
+                let names: Vec<String> = misfits
+                    .iter()
+                    .map(|k| format!("{}{}", names::KEYS, k.to_hex()))
+                    .collect();
+                return Err(Error::damaged(
+                    format!(
+                        "repository config (the password opens {}, which does not authenticate \
+                         it: the config is damaged, or that key file belongs to another \
+                         repository and should be removed)",
+                        names.join(", ")
+                    ),
+                    FormatError::Authentication { what: "config" },
+                ));
             }
             return Err(match damaged {
                 // The password may belong to the damaged key: say so rather than

@@ -110,11 +110,18 @@ pub fn parse_user_time(s: &str) -> Option<String> {
         let naive = ["%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"]
             .iter()
             .find_map(|f| chrono::NaiveDateTime::parse_from_str(s, f).ok())?;
+        // A local time a daylight-saving change repeats is two times: not
+        // guessed (give it with its offset), as one it skips is none.
         chrono::Local
             .from_local_datetime(&naive)
-            .earliest()?
+            .single()?
             .with_timezone(&chrono::Utc)
     };
+    // A snapshot's time is RFC 3339, whose year has four digits: a time that
+    // comes to year 10000 in UTC would be unreadable later.
+    if !(1..=9999).contains(&chrono::Datelike::year(&utc)) {
+        return None;
+    }
     Some(format_unix(utc.timestamp(), utc.timestamp_subsec_nanos()))
 }
 
@@ -135,6 +142,9 @@ mod tests {
         assert!(parse_user_time("2026-05-01 02:00").is_some());
         assert!(parse_user_time("yesterday").is_none());
         assert!(parse_user_time("2026-13-01 02:00:00").is_none());
+        // Past year 9999 in UTC (a snapshot's time would not read back).
+        assert!(parse_user_time("9999-12-31T23:59:59-00:01").is_none());
+        assert!(parse_user_time("9999-12-31T23:59:59Z").is_some());
     }
 
     #[test]

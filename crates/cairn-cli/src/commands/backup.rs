@@ -243,9 +243,9 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         && cairn_core::time::parse_user_time(t).is_none()
     {
         anyhow::bail!(
-            "--time {t:?}: give an RFC 3339 time (2026-05-01T02:00:00Z) or \"YYYY-MM-DD HH:MM:SS\" \
-             (local time; one skipped by a daylight-saving change does not exist: give it with \
-             its offset in RFC 3339)"
+            "--time {t:?}: give an RFC 3339 time (2026-05-01T02:00:00Z, year 1 to 9999) or \
+             \"YYYY-MM-DD HH:MM:SS\" (local time; one a daylight-saving change skips or repeats \
+             is none or two: give it with its offset in RFC 3339)"
         );
     }
     if let Some(t) = a

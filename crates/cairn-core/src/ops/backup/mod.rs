@@ -317,7 +317,8 @@ pub(crate) fn absolute(p: &Path) -> Result<PathBuf> {
     // symlink given on the command line is saved as a symlink).
     match (abs.parent(), abs.file_name()) {
         (Some(parent), Some(name)) => {
-            let parent = parent.canonicalize().map_err(|e| Error::io(parent, e))?;
+            // Named as given: the directory that failed is only a part of it.
+            let parent = parent.canonicalize().map_err(|e| Error::io(p, e))?;
             Ok(parent.join(name))
         }
         _ => abs.canonicalize().map_err(|e| Error::io(&abs, e)),

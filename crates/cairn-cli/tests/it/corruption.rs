@@ -365,3 +365,41 @@ fn check_finds_a_pack_of_the_wrong_size_and_counts_only_the_blobs_cut_off() {
     let r = env.restore(&t.snap_b, &t.b, "rb");
     assert_same(&t.b, &r);
 }
+
+/// A blob stored twice (a backup that ran while the index file listing it was
+/// away), one copy in a damaged pack: check names the pack, but no file is
+/// affected — readers take the other copy — and the restore is exact.
+#[test]
+fn check_names_no_file_when_a_damaged_blob_has_an_intact_copy() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("big.bin"), Rng(31).bytes(3 << 20, false)).unwrap();
+    env.backup(&[&src]);
+    let first: Vec<PathBuf> = packs(&env.repo).into_keys().collect();
+    let aside = env.path("index-aside");
+    fs::rename(env.repo.join("index"), &aside).unwrap();
+    fs::create_dir_all(env.repo.join("index")).unwrap();
+    env.backup(&[&src]);
+    for e in fs::read_dir(&aside).unwrap() {
+        let e = e.unwrap();
+        fs::rename(e.path(), env.repo.join("index").join(e.file_name())).unwrap();
+    }
+    // The data pack of the first backup (the largest of its packs).
+    let damaged = first
+        .iter()
+        .max_by_key(|p| fs::metadata(p).unwrap().len())
+        .unwrap();
+    flip_middle(damaged);
+    let o = env.run(&["check", "--read-data"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("pack "), "{out}");
+    assert!(!out.contains("affects"), "{out}");
+    let restored = env.restore("latest", &src, "r");
+    assert_eq!(
+        fs::read(restored.join("big.bin")).unwrap(),
+        fs::read(src.join("big.bin")).unwrap()
+    );
+}

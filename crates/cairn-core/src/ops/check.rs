@@ -367,7 +367,7 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
         let (problems, blobs) = read_packs(repo, &packs, &listing.packs, progress)?;
         report.packs_read = packs.len();
         report.problems.extend(problems);
-        bad.blobs.extend(blobs);
+        bad.copies.extend(blobs);
     }
 
     // Snapshots: every tree, chunk list and chunk must resolve.
@@ -563,20 +563,30 @@ fn read_listing(repo: &Repository, dedup_lists: bool) -> Result<Listing> {
 /// What is unusable: packs missing, truncated or unreadable as a whole, and
 /// blobs whose copy the index points at failed verification. A blob is bad when
 /// it is in the second set or the index places it in a pack of the first.
+/// Blobs a read found damaged, with the pack of that copy.
+type DamagedCopies = HashSet<(PackId, BlobId)>;
+
 #[derive(Default)]
 struct Bad {
     packs: HashSet<PackId>,
-    blobs: IdSet,
+    copies: DamagedCopies,
 }
 
 impl Bad {
+    /// Whether `id` cannot be read: every copy the index lists is in a damaged or
+    /// missing pack, or was read damaged. A blob stored twice, one copy damaged,
+    /// is read from the other (readers try every copy): nothing is lost.
     fn holds(&self, repo: &Repository, id: &BlobId) -> bool {
-        self.blobs.contains(id)
-            || (!self.packs.is_empty()
-                && repo
-                    .index()
-                    .get(id)
-                    .is_some_and(|l| self.packs.contains(&repo.index().pack_of(&l))))
+        if self.packs.is_empty() && self.copies.is_empty() {
+            return false;
+        }
+        let index = repo.index();
+        let copies = index.copies(id);
+        !copies.is_empty()
+            && copies.iter().all(|l| {
+                let p = index.pack_of(l);
+                self.packs.contains(&p) || self.copies.contains(&(p, *id))
+            })
     }
 }
 
@@ -841,8 +851,7 @@ impl Visitor for SnapshotWalk<'_> {
                         };
                         record(problems, problem, sid, p);
                     }
-                    if bad.blobs.contains(&c.id) || bad.packs.contains(&repo.index().pack_of(&loc))
-                    {
+                    if bad.holds(repo, &c.id) {
                         let problem = Problem::BlobInDamagedPack {
                             blob: c.id,
                             role: BlobRole::Chunk,
@@ -940,7 +949,7 @@ fn read_packs(
     packs: &[(PackId, u64)],
     listed: &HashMap<PackId, Listed>,
     progress: &Progress,
-) -> Result<(Vec<Problem>, IdSet)> {
+) -> Result<(Vec<Problem>, DamagedCopies)> {
     let intact = crate::threads::parallel_map(packs, crate::threads::cores(), |(id, size)| {
         if progress.is_cancelled() {
             return None;
@@ -957,7 +966,7 @@ fn read_packs(
         .map(|(p, _)| *p)
         .collect();
     if damaged.is_empty() {
-        return Ok((Vec::new(), IdSet::default()));
+        return Ok((Vec::new(), HashSet::new()));
     }
     let index = repo.index();
     let wanted: HashSet<PackId> = damaged.iter().map(|(p, _)| *p).collect();
@@ -974,13 +983,13 @@ fn read_packs(
         verify_pack(repo, id, *size, indexed, live)
     });
     let mut problems = Vec::new();
-    let mut bad = IdSet::default();
+    let mut bad = HashSet::new();
     for ((id, _), (msgs, blobs)) in damaged.iter().zip(results) {
         problems.extend(
             msgs.into_iter()
                 .map(|error| Problem::PackDamaged { pack: *id, error }),
         );
-        bad.extend(blobs);
+        bad.extend(blobs.iter().map(|b| (*id, *b)));
     }
     Ok((problems, bad))
 }

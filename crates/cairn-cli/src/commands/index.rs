@@ -33,6 +33,18 @@ pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
             Some(p) => p.parse::<IndexPlacement>().map_err(anyhow::Error::msg)?,
             None => repo.config().index_placement,
         };
+        // The path stored must be the one the build below checks: with the
+        // variable set, the build would use it instead, and the stored path would
+        // be found wrong only on a machine without it.
+        if a.path.is_some()
+            && placement == IndexPlacement::Ssd
+            && std::env::var_os("CAIRN_INDEX_PATH").is_some_and(|v| !v.is_empty())
+        {
+            anyhow::bail!(
+                "CAIRN_INDEX_PATH is set and would be used instead of --index-path: unset it \
+                 to record (and check) the path the repository keeps"
+            );
+        }
         let path = a.path.as_deref().map(absolute_path).transpose()?;
         repo.try_index_placement(placement, path);
     }

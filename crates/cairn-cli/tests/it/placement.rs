@@ -138,6 +138,22 @@ fn backups_on_the_ssd_placement_deduplicate_and_restore_exactly() {
         file.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "RAM needs no directory");
+    // With CAIRN_INDEX_PATH set, the build would check that path and the
+    // repository would keep the other: refused.
+    let o = env
+        .cmd(&[
+            "index",
+            "--index-placement",
+            "ssd",
+            "--index-path",
+            file.to_str().unwrap(),
+        ])
+        .env("CAIRN_INDEX_PATH", env.path("elsewhere"))
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("CAIRN_INDEX_PATH is set"), "{e}");
     let copy = env.restore("latest", &other, "after-refused-move");
     assert_same(&other, &copy);
 }

@@ -108,8 +108,32 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         }
         Ok(0)
     } else {
+        // What to do next, by what was found: damaged packs whose damage no
+        // snapshot needs are rewritten by `repair index`; files that lost data
+        // also need `repair snapshots`.
+        use check::Problem;
+        let packs = report.problems.iter().any(|p| {
+            matches!(
+                p,
+                Problem::PackDamaged { .. }
+                    | Problem::PackTruncated { .. }
+                    | Problem::IndexUnreadable { .. }
+            )
+        });
+        let files = report.problems.iter().any(|p| !p.affects().is_empty());
+        let next = match (packs, files) {
+            (true, false) => {
+                "; no snapshot needs what is damaged: `cairn repair index` rewrites the \
+                 damaged packs without it"
+            }
+            (_, true) => {
+                "; `cairn repair index`, then `cairn repair snapshots` to save what can be \
+                 saved of the files named"
+            }
+            _ => "",
+        };
         eprintln!(
-            "cairn: error: the repository has {}",
+            "cairn: error: the repository has {}{next}",
             ui::count(report.problems.len() as u64, "problem")
         );
         Ok(1)

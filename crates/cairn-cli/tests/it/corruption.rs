@@ -397,6 +397,7 @@ fn check_names_no_file_when_a_damaged_blob_has_an_intact_copy() {
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(out.contains("pack "), "{out}");
     assert!(!out.contains("affects"), "{out}");
+    assert!(out.contains("no snapshot needs what is damaged"), "{out}");
     let restored = env.restore("latest", &src, "r");
     assert_eq!(
         fs::read(restored.join("big.bin")).unwrap(),

@@ -122,6 +122,11 @@ pub fn parse_user_time(s: &str) -> Option<String> {
     if !(1..=9999).contains(&chrono::Datelike::year(&utc)) {
         return None;
     }
+    // A leap second (`:60`) comes back as a nanosecond count past one second,
+    // which the fixed nine digits cannot hold.
+    if utc.timestamp_subsec_nanos() >= 1_000_000_000 {
+        return None;
+    }
     Some(format_unix(utc.timestamp(), utc.timestamp_subsec_nanos()))
 }
 
@@ -145,6 +150,7 @@ mod tests {
         // Past year 9999 in UTC (a snapshot's time would not read back).
         assert!(parse_user_time("9999-12-31T23:59:59-00:01").is_none());
         assert!(parse_user_time("9999-12-31T23:59:59Z").is_some());
+        assert!(parse_user_time("2026-06-30T23:59:60Z").is_none());
     }
 
     #[test]

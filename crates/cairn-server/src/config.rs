@@ -326,18 +326,8 @@ impl ServerConfig {
             },
         };
         // A zero here would refuse every connection, time out every request or
-        // upload, or make every lock stale at once: said, not taken.
-        for (name, value, min) in [
-            ("request_timeout_secs", config.request_timeout_secs, 1),
-            ("max_lock_age_hours", config.max_lock_age_hours, 1),
-            ("max_object_size", config.max_object_size, 1 << 20),
-        ] {
-            if value < min {
-                return Err(ConfigError::Invalid(format!(
-                    "{name} = {value}: must be at least {min}"
-                )));
-            }
-        }
+        // upload, or make every lock stale at once; a huge lock age would turn
+        // negative as seconds and do the same: said, not taken.
         for (name, value) in [
             ("max_connections", file.max_connections),
             ("max_connections_per_ip", file.max_connections_per_ip),
@@ -345,6 +335,39 @@ impl ServerConfig {
             if value == Some(0) {
                 return Err(ConfigError::Invalid(format!(
                     "{name} = 0: must be at least 1"
+                )));
+            }
+        }
+        for (name, value, min, max) in [
+            (
+                "request_timeout_secs",
+                config.request_timeout_secs,
+                1,
+                7 * 86_400,
+            ),
+            (
+                "max_lock_age_hours",
+                config.max_lock_age_hours,
+                1,
+                24 * 3660,
+            ),
+            (
+                "max_object_size",
+                config.max_object_size,
+                1 << 20,
+                cairn_format::consts::MAX_PACK_SIZE,
+            ),
+            ("max_connections", config.max_connections as u64, 1, 1 << 20),
+            (
+                "max_connections_per_ip",
+                config.max_connections_per_ip as u64,
+                1,
+                1 << 20,
+            ),
+        ] {
+            if !(min..=max).contains(&value) {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} = {value}: must be between {min} and {max}"
                 )));
             }
         }

@@ -112,25 +112,21 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         // snapshot needs are rewritten by `repair index`; files that lost data
         // also need `repair snapshots`.
         use check::Problem;
-        let packs = report.problems.iter().any(|p| {
+        let only_packs = report.problems.iter().all(|p| {
             matches!(
                 p,
-                Problem::PackDamaged { .. }
-                    | Problem::PackTruncated { .. }
-                    | Problem::IndexUnreadable { .. }
+                Problem::PackDamaged { .. } | Problem::PackTruncated { .. }
             )
         });
         let files = report.problems.iter().any(|p| !p.affects().is_empty());
-        let next = match (packs, files) {
-            (true, false) => {
-                "; no snapshot needs what is damaged: `cairn repair index` rewrites the \
-                 damaged packs without it"
-            }
-            (_, true) => {
-                "; `cairn repair index`, then `cairn repair snapshots` to save what can be \
-                 saved of the files named"
-            }
-            _ => "",
+        let next = if only_packs {
+            "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
+             packs without it"
+        } else if files {
+            "; `cairn repair index`, then `cairn repair snapshots` to save what can be saved \
+             of the files named"
+        } else {
+            ""
         };
         eprintln!(
             "cairn: error: the repository has {}{next}",

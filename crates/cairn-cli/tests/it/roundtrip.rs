@@ -1165,8 +1165,23 @@ fn a_file_replaced_after_the_scan_keeps_the_mode_of_the_file_read() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // While a_big is read (two seconds at 8 MB/s), z_cred is replaced.
-    std::thread::sleep(std::time::Duration::from_millis(700));
+    // While a_big is read (two seconds at 8 MB/s; its directory was scanned before
+    // it was opened), z_cred is replaced.
+    let io = format!("/proc/{}/io", backup.id());
+    wait_until(
+        "the backup to read a_big",
+        std::time::Duration::from_secs(60),
+        || {
+            fs::read_to_string(&io)
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("rchar: "))
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                })
+                .is_some_and(|r| r > 4 << 20)
+        },
+    );
     let new = src.join(".z_new");
     fs::write(&new, b"secret=hunter2").unwrap();
     fs::set_permissions(&new, fs::Permissions::from_mode(0o600)).unwrap();

@@ -566,6 +566,8 @@ fn read_listing(repo: &Repository, dedup_lists: bool) -> Result<Listing> {
 /// Blobs a read found damaged, with the pack of that copy.
 type DamagedCopies = HashSet<(PackId, BlobId)>;
 
+/// What `check` found unreadable: whole packs (missing, truncated without a
+/// read), and copies of blobs a read found damaged.
 #[derive(Default)]
 struct Bad {
     packs: HashSet<PackId>,

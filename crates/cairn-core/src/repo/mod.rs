@@ -441,7 +441,10 @@ impl Repository {
         // replacement is found. Another key's change does not concern this one.
         let mut relisted = false;
         loop {
-            let keys = backend.list(names::KEYS)?;
+            let mut keys = backend.list(names::KEYS)?;
+            // In name order: the same key is tried first on every file system
+            // (a directory listing's order is the file system's).
+            keys.sort_by(|a, b| a.name.cmp(&b.name));
             if keys.is_empty() {
                 return Err(Error::Invalid(
                     "the repository has no key files: it cannot be opened".into(),

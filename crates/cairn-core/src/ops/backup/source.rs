@@ -337,7 +337,12 @@ pub fn node_reusing_parent(
 /// replaced). `None`: the same file, or not a regular file now (its read fails).
 pub fn reopened_node(node: &Node, f: &std::fs::File) -> Option<Node> {
     let m = f.metadata().ok()?;
-    if (m.dev(), m.ino()) == (node.dev, node.inode) || !m.file_type().is_file() {
+    // The inode number alone is not enough: a file removed and another created
+    // may get it back. Its change time moves with any change of owner, mode or
+    // content, and a new file has its own.
+    let same = (m.dev(), m.ino()) == (node.dev, node.inode)
+        && (m.ctime(), m.ctime_nsec()) == (node.ctime.secs, i64::from(node.ctime.nanos));
+    if same || !m.file_type().is_file() {
         return None;
     }
     let mut names = NameCache::default();
@@ -349,6 +354,8 @@ pub fn reopened_node(node: &Node, f: &std::fs::File) -> Option<Node> {
         None,
         true,
     );
+    // Unreadable attributes: the content is still saved, as for any file whose
+    // attributes cannot be read (the caller's read of them warns likewise).
     fresh.xattrs = read_xattrs_of(f).unwrap_or_default();
     Some(fresh)
 }

@@ -198,7 +198,13 @@ impl<'a> Walker<'a> {
 
     pub(crate) fn run(&mut self, paths: &[PathBuf], parent_root: Option<BlobId>) -> Result<()> {
         if paths.iter().any(|p| p.parent().is_none()) {
-            // `/` itself: the snapshot's root tree is the root directory.
+            // `/` itself: the snapshot's root tree is the root directory, and
+            // every other path is inside it (`backup -x / /boot`).
+            self.nested = paths
+                .iter()
+                .filter(|p| p.parent().is_some())
+                .cloned()
+                .collect();
             let root = Path::new("/");
             let meta = std::fs::symlink_metadata(root).map_err(|e| Error::io(root, e))?;
             let (node, _) = node_from_metadata(Vec::new(), root, &meta, &mut self.names);

@@ -1137,6 +1137,18 @@ fn one_file_system_enters_a_mount_point_named_as_a_source() {
             b"on the mount"
         );
     }
+    // A path below the mount point (not the mount point itself), a directory and a
+    // file: the mount point is entered for them only.
+    fs::write(mnt.join("other"), b"not asked for").unwrap();
+    fs::write(mnt.join("file"), b"asked for").unwrap();
+    let (sub, file) = (mnt.join("sub"), mnt.join("file"));
+    let snap = env.backup_args(&["-x", f, sub.to_str().unwrap(), file.to_str().unwrap()]);
+    let listed = env.ok(&["ls", &snap]);
+    assert!(
+        listed.contains("/fs/mnt/sub/m") && listed.contains("/fs/mnt/file"),
+        "{listed}"
+    );
+    assert!(!listed.contains("/fs/mnt/other"), "{listed}");
 }
 
 /// A file replaced between the scan of its directory and the read of its content

@@ -37,6 +37,16 @@ enum Selection {
     Dir(PathBuf, BTreeMap<Vec<u8>, Selection>),
 }
 
+/// The directories leading to `paths` (below `/`).
+fn ways_to(paths: &HashSet<PathBuf>) -> HashSet<PathBuf> {
+    paths
+        .iter()
+        .flat_map(|p| p.ancestors().skip(1))
+        .filter(|a| a.parent().is_some())
+        .map(Path::to_path_buf)
+        .collect()
+}
+
 /// The paths' selection, and the paths inside another one (`/` and `/boot`):
 /// walked as part of it, but with `--one-file-system` they are file systems of
 /// their own to enter ([`Walker::nested`]).
@@ -111,6 +121,9 @@ pub(crate) struct Walker<'a> {
     pub(super) read_limit: Option<&'a cairn_backend::Limiter>,
     /// Paths asked for inside another path asked for ([`build_selection`]).
     nested: HashSet<PathBuf>,
+    /// The directories leading to them: with --one-file-system, a mount point
+    /// on the way to one (`-x /data /data/mnt/sub`) is entered for that path only.
+    ways: HashSet<PathBuf>,
 }
 
 impl<'a> Walker<'a> {
@@ -141,6 +154,7 @@ impl<'a> Walker<'a> {
             lens: Vec::new(),
             read_limit: None,
             nested: HashSet::new(),
+            ways: HashSet::new(),
         }
     }
 
@@ -205,6 +219,7 @@ impl<'a> Walker<'a> {
                 .filter(|p| p.parent().is_some())
                 .cloned()
                 .collect();
+            self.ways = ways_to(&self.nested);
             let root = Path::new("/");
             let meta = std::fs::symlink_metadata(root).map_err(|e| Error::io(root, e))?;
             let (node, _) = node_from_metadata(Vec::new(), root, &meta, &mut self.names);
@@ -216,6 +231,7 @@ impl<'a> Walker<'a> {
             return self.emit(Item::End);
         }
         let (sel, nested) = build_selection(paths);
+        self.ways = ways_to(&nested);
         self.nested = nested;
         let parent = self.load_parent(parent_root);
         self.emit(Item::DirStart(Box::new(Node::new(
@@ -384,7 +400,8 @@ impl<'a> Walker<'a> {
     ) -> Result<()> {
         let mut path = path.to_path_buf();
         let mut stack: Vec<Frame<'a>> = Vec::new();
-        if let Some(f) = self.enter_dir(&path, top, root_dev, key, pending, None)? {
+        let from = root_dev.map(|r| (r, false));
+        if let Some(f) = self.enter_dir(&path, top, from, key, pending, None)? {
             stack.push(f);
         }
         while let Some(frame) = stack.last_mut() {
@@ -405,7 +422,7 @@ impl<'a> Walker<'a> {
             if frame.next >= frame.fd_needed_until {
                 frame.dir = None;
             }
-            let root_dev = frame.root_dev;
+            let (root_dev, way) = (frame.root_dev, frame.way_only);
             let path_len = path.as_os_str().len();
             path.push(std::ffi::OsStr::from_bytes(entry.name()));
             match self.walk_scanned(&path, entry, dir.as_ref())? {
@@ -416,7 +433,14 @@ impl<'a> Walker<'a> {
                         .last()
                         .map(|f| child_key(&f.key, index))
                         .unwrap_or_default();
-                    match self.enter_dir(&path, d, Some(root_dev), key, pending, dir.as_ref())? {
+                    match self.enter_dir(
+                        &path,
+                        d,
+                        Some((root_dev, way)),
+                        key,
+                        pending,
+                        dir.as_ref(),
+                    )? {
                         Some(mut f) => {
                             f.path_len = path_len;
                             stack.push(f);
@@ -436,7 +460,7 @@ impl<'a> Walker<'a> {
         &mut self,
         path: &Path,
         d: DirEntry,
-        root_dev: Option<u64>,
+        from: Option<(u64, bool)>,
         key: Vec<u32>,
         pending: Option<Pending<'a>>,
         parent: Option<&Arc<OwnedFd>>,
@@ -444,10 +468,16 @@ impl<'a> Walker<'a> {
         let node = *d.node;
         let dev = node.dev;
         // A path asked for on its own inside another is a file system of its own
-        // to enter, even with --one-file-system (`backup -x / /boot`).
-        let root_dev = match root_dev {
-            Some(r) if r != dev && self.one_file_system && self.nested.contains(path) => dev,
-            r => r.unwrap_or(dev),
+        // to enter, even with --one-file-system (`backup -x / /boot`); a mount
+        // point on the way to one is entered for that path only (`way_only`: its
+        // other entries are left out).
+        // `from`: the parent frame's root device and whether it is way-only.
+        let crossing = |r: u64| self.one_file_system && r != dev;
+        let (root_dev, way_only) = match from {
+            Some((r, _)) if crossing(r) && self.nested.contains(path) => (dev, false),
+            Some((r, way)) if (way || crossing(r)) && self.ways.contains(path) => (dev, true),
+            Some((r, _)) => (r, false),
+            None => (dev, false),
         };
         let descend = !self.one_file_system || dev == root_dev;
         let (dir, entries) = if descend {
@@ -457,7 +487,16 @@ impl<'a> Walker<'a> {
                 None => scan::scan_dir(&self.ctx, path, parent, d.parent_subtree, &mut self.names),
             };
             match listing {
-                Ok(l) => (Some(l.dir), l.entries),
+                Ok(mut l) => {
+                    if way_only {
+                        let (nested, ways) = (&self.nested, &self.ways);
+                        l.entries.retain(|e| {
+                            let c = path.join(std::ffi::OsStr::from_bytes(e.name()));
+                            nested.contains(&c) || ways.contains(&c)
+                        });
+                    }
+                    (Some(l.dir), l.entries)
+                }
                 Err(e) => {
                     // Its entries cannot be read, but the directory itself was
                     // looked at: kept, empty, with its owner, mode and times (as
@@ -510,6 +549,7 @@ impl<'a> Walker<'a> {
             fd_needed_until,
             key,
             root_dev,
+            way_only,
             path_len: 0,
         }))
     }
@@ -677,6 +717,8 @@ struct Frame<'a> {
     fd_needed_until: u32,
     key: Vec<u32>,
     root_dev: u64,
+    /// Entered only on the way to a path asked for below it ([`Walker::ways`]).
+    way_only: bool,
     /// The walk path's length before this directory's name.
     path_len: usize,
 }

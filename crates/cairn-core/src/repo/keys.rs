@@ -101,9 +101,20 @@ impl Repository {
                 id.short()
             )));
         }
-        // Another key that opens it must stay (a damaged one does not count).
-        if !keys.iter().any(|(k, kf)| *k != id && kf.is_ok()) {
-            return Err(Error::Invalid("refusing to remove the last key".into()));
+        // The key this session opened with must stay: it is the one known to open
+        // the repository (another key file that parses may be damaged inside, or
+        // another repository's, copied in by mistake). Gone meanwhile (removed by
+        // another session), nothing here is known to open it after this removal.
+        if !keys
+            .iter()
+            .any(|(k, kf)| Some(*k) == self.key_id && *k != id && kf.is_ok())
+        {
+            return Err(Error::Invalid(
+                "refusing to remove the last key: the key this session opened the repository \
+                 with is not there any more (removed meanwhile?), and no other is known to \
+                 open it"
+                    .into(),
+            ));
         }
         crate::hooks::point("key:before-remove");
         self.backend.delete(&names::key(&id.to_hex()))?;

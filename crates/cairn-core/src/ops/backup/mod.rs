@@ -1164,11 +1164,6 @@ impl Worker<'_> {
         let mut torn = None;
         let read_limit = self.read_limit;
         let read = opened.map_err(|e| e.to_string()).and_then(|mut f| {
-            let mut xattrs_unread = xattrs_unread;
-            if let Some(n) = source::reopened_node(&node, &f) {
-                *node = n;
-                xattrs_unread = false;
-            }
             if xattrs_unread {
                 match source::read_xattrs_of(&f) {
                     Ok(x) => node.xattrs = x,
@@ -1189,8 +1184,20 @@ impl Worker<'_> {
                 if let Some(l) = read_limit {
                     l.take(buf.len() as u64);
                 }
-                if before == source::Changes::of(&f) {
+                let after = source::Changes::of(&f);
+                if before == after {
                     return Ok(());
+                }
+                // Not what the scan saw: perhaps another file (replaced since),
+                // described then from the open file, whose content was just read.
+                // Looked at only here, so an unchanged file costs one fstat.
+                if attempt == 0
+                    && let Some(n) = source::reopened_node(&node, &f)
+                {
+                    *node = n;
+                    if source::Changes::of_node(&node) == after {
+                        return Ok(());
+                    }
                 }
                 if attempt < 2 {
                     f.seek(std::io::SeekFrom::Start(0))

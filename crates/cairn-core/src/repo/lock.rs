@@ -251,6 +251,17 @@ pub fn release_held() {
 }
 
 /// A lock this process holds; released (deleted) on drop.
+/// Which other live locks make an acquisition back off.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rivals {
+    /// None: a shared lock.
+    None,
+    /// Other exclusive locks.
+    Exclusive,
+    /// Other locks of the same operation.
+    SameOperation,
+}
+
 pub struct RepoLock {
     backend: Arc<dyn Backend>,
     id: [u8; 32],
@@ -293,11 +304,35 @@ impl RepoLock {
     ) -> Result<RepoLock> {
         // Two exclusive candidates that see each other both back off and try again
         // after a random pause; no clock comparison decides who wins.
+        let rivals = if exclusive {
+            Rivals::Exclusive
+        } else {
+            Rivals::None
+        };
+        Self::acquire_against(repo, operation, rivals, refresh_every, 4)
+    }
+
+    /// Takes a shared lock (prune and repair go on beside it) that excludes the
+    /// other live locks of the same `operation`: for a short read-modify-write of
+    /// one object that two commands must not interleave (`config` changes: each
+    /// rewrites the whole config, so one would lose the other's setting). Waits a
+    /// few seconds for a rival to finish before it gives up.
+    pub fn acquire_alone(repo: &Repository, operation: &str) -> Result<RepoLock> {
+        Self::acquire_against(repo, operation, Rivals::SameOperation, REFRESH_EVERY, 24)
+    }
+
+    fn acquire_against(
+        repo: &Repository,
+        operation: &str,
+        rivals: Rivals,
+        refresh_every: Duration,
+        attempts: u32,
+    ) -> Result<RepoLock> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::try_acquire(repo, operation, exclusive, refresh_every) {
-                Err(Error::Locked(_)) if attempt < 4 => {
+            match Self::try_acquire(repo, operation, rivals, refresh_every) {
+                Err(Error::Locked(_)) if attempt < attempts => {
                     let jitter: [u8; 2] = cairn_format::envelope::random_bytes();
                     let ms = 50 + u64::from(u16::from_le_bytes(jitter)) % 400;
                     std::thread::sleep(Duration::from_millis(ms));
@@ -310,9 +345,10 @@ impl RepoLock {
     fn try_acquire(
         repo: &Repository,
         operation: &str,
-        exclusive: bool,
+        rivals: Rivals,
         refresh_every: Duration,
     ) -> Result<RepoLock> {
+        let exclusive = rivals == Rivals::Exclusive;
         let mut id: [u8; 32] = cairn_format::envelope::random_bytes();
         // Through a server, the id says which token owns the lock.
         if let Some(prefix) = repo.backend().lock_owner_prefix() {
@@ -350,10 +386,15 @@ impl RepoLock {
             shared: shared.clone(),
             thread: None,
         };
-        if exclusive
+        let rival = |l: &Lock| match rivals {
+            Rivals::None => false,
+            Rivals::Exclusive => l.exclusive,
+            Rivals::SameOperation => l.operation == operation,
+        };
+        if rivals != Rivals::None
             && let Some(other) = list_locks(repo)?
                 .into_iter()
-                .find(|o| o.id != id && !o.stale && o.lock.as_ref().is_some_and(|l| l.exclusive))
+                .find(|o| o.id != id && !o.stale && o.lock.as_ref().is_some_and(rival))
         {
             return Err(Error::Locked(format!(
                 "the repository is busy: {} (it expires by itself if that process died; see `cairn unlock`)",

@@ -548,7 +548,12 @@ impl Repository {
     /// Changes one setting in the config as stored now, not as this handle read
     /// it: what another command changed since (during a long `cairn index` build,
     /// say) is kept. Returns the config written.
+    ///
+    /// Two changes at once would each rewrite the config with only their own
+    /// setting changed: a lock that only other config changes respect keeps them
+    /// in turn (prune, repair and backups go on beside it).
     fn change_config(&self, change: impl FnOnce(&mut Config)) -> Result<Config> {
+        let _turn = lock::RepoLock::acquire_alone(self, "config")?;
         let mut config = self.stored_config()?;
         change(&mut config);
         Self::store_config(self.backend.as_ref(), &self.key, &config)?;
@@ -717,5 +722,52 @@ mod reopen_tests {
         assert_eq!(c.max_concurrent_jobs, 9);
         assert_eq!(c.index_placement, IndexPlacement::Ssd);
         assert_eq!(c.index_path.as_deref(), Some("/var/tmp/idx"));
+    }
+
+    /// A config change waits while another one holds its turn (each rewrites
+    /// the whole config: interleaved, one setting would be lost), and changes
+    /// made at once from many threads all stay.
+    #[test]
+    fn config_changes_take_turns_and_none_is_lost() {
+        let (_, first) = new_repo();
+        let turn = lock::RepoLock::acquire_alone(&first, "config").unwrap();
+        let mut waiting = first.reopen().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            tx.send(waiting.set_max_concurrent_jobs(5)).unwrap();
+        });
+        let early = rx.recv_timeout(std::time::Duration::from_millis(700));
+        assert!(
+            early.is_err(),
+            "the change waited for the turn held: {early:?}"
+        );
+        drop(turn);
+        rx.recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the change goes on once the turn is free")
+            .unwrap();
+        t.join().unwrap();
+        // A prune's exclusive lock does not hold a config change up.
+        let prune = lock::RepoLock::acquire(&first, "prune", true).unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                let mut r = first.reopen().unwrap();
+                std::thread::spawn(move || match i {
+                    0 => r.set_compression(Compression::Max),
+                    1 => r.set_pack_size(3 << 20),
+                    2 => r.set_default_memory_limit(Some(1 << 30)),
+                    _ => r.set_max_concurrent_jobs(11),
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap().unwrap();
+        }
+        drop(prune);
+        let now = first.reopen().unwrap();
+        let c = now.config();
+        assert_eq!(c.compression, Compression::Max);
+        assert_eq!(c.pack_size, 3 << 20);
+        assert_eq!(c.memory_limit, Some(1 << 30));
+        assert_eq!(c.max_concurrent_jobs, 11);
     }
 }

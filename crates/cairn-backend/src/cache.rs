@@ -346,6 +346,9 @@ impl Backend for CachedBackend {
     fn may_remove(&self) -> Result<bool> {
         self.inner.may_remove()
     }
+    fn bound_host(&self) -> Result<Option<String>> {
+        self.inner.bound_host()
+    }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         self.inner.dedup_plan()
     }

@@ -112,6 +112,9 @@ impl Backend for DryRunBackend {
     fn may_remove(&self) -> Result<bool> {
         self.inner.may_remove()
     }
+    fn bound_host(&self) -> Result<Option<String>> {
+        self.inner.bound_host()
+    }
     fn job_slot(&self, operation: &str, host: &str) -> Result<crate::JobSlot> {
         self.inner.job_slot(operation, host)
     }

@@ -256,6 +256,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
         Ok(true)
     }
 
+    /// The host this client's snapshots are recorded as, whatever they say, when
+    /// the storage binds the client to one (a cairn server's host-bound token); it
+    /// then sees only that host's snapshots. `None`: no such binding.
+    fn bound_host(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
+
     /// If the storage answers dedup queries (a cairn server), the index files a
     /// backup client must still read itself; `None`: it does not, read them all.
     fn dedup_plan(&self) -> Result<Option<DedupPlan>> {

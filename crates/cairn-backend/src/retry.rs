@@ -256,6 +256,9 @@ impl Backend for RetryBackend {
     fn may_remove(&self) -> Result<bool> {
         self.inner.may_remove()
     }
+    fn bound_host(&self) -> Result<Option<String>> {
+        self.inner.bound_host()
+    }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         self.run(|_| self.inner.dedup_plan())
     }

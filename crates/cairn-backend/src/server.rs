@@ -459,7 +459,26 @@ fn refused(
     )
 }
 
+/// What `/v1/whoami` says of this client's token.
+#[derive(serde::Deserialize)]
+struct WhoAmI {
+    role: String,
+    #[serde(default)]
+    host: Option<String>,
+}
+
 impl ServerBackend {
+    fn whoami(&self) -> Result<WhoAmI> {
+        let req = self.client.get(format!("{}/v1/whoami", self.loc.base));
+        let (_, body) = self.send("whoami", "", req)?;
+        serde_json::from_slice(&body).map_err(|e| BackendError {
+            kind: BackendErrorKind::Other,
+            op: "whoami",
+            path: String::new(),
+            message: format!("the server's answer is not the expected JSON: {e}"),
+        })
+    }
+
     fn put_mode(&self, name: &str, data: &[u8], mode: &str) -> Result<()> {
         self.put_body(name, mode, || {
             reqwest::Body::from(bytes::Bytes::from_owner(crate::bufpool::Pooled::copy_of(
@@ -680,19 +699,10 @@ impl Backend for ServerBackend {
         self.send("delete", name, req).map(|_| ())
     }
     fn may_remove(&self) -> Result<bool> {
-        #[derive(serde::Deserialize)]
-        struct Reply {
-            role: String,
-        }
-        let req = self.client.get(format!("{}/v1/whoami", self.loc.base));
-        let (_, body) = self.send("whoami", "", req)?;
-        let r: Reply = serde_json::from_slice(&body).map_err(|e| BackendError {
-            kind: BackendErrorKind::Other,
-            op: "whoami",
-            path: String::new(),
-            message: format!("the server's answer is not the expected JSON: {e}"),
-        })?;
-        Ok(r.role == "admin")
+        Ok(self.whoami()?.role == "admin")
+    }
+    fn bound_host(&self) -> Result<Option<String>> {
+        Ok(self.whoami()?.host)
     }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         #[derive(serde::Deserialize)]

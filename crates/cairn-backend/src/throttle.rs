@@ -186,6 +186,9 @@ impl Backend for ThrottledBackend {
     fn may_remove(&self) -> Result<bool> {
         self.inner.may_remove()
     }
+    fn bound_host(&self) -> Result<Option<String>> {
+        self.inner.bound_host()
+    }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         self.traffic.requests.fetch_add(1, Ordering::Relaxed);
         self.inner.dedup_plan()

@@ -296,6 +296,9 @@ pub struct WhoAmI {
     pub name: String,
     pub datastore: String,
     pub role: Role,
+    /// The host a host-bound token stores and sees snapshots as.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 pub async fn whoami(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<Response> {
@@ -304,6 +307,7 @@ pub async fn whoami(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResul
         name: t.name,
         datastore: t.datastore,
         role: t.role,
+        host: t.host,
     })
     .into_response())
 }

@@ -1969,6 +1969,36 @@ fn a_host_bound_token_sees_only_its_hosts_snapshots() {
     assert_eq!(code, 409);
     assert!(!ids(&web01).contains(&unrecorded), "claimed");
     assert!(!env.repo.join("hosts").join(&unrecorded).exists());
+    // A copy through a bound token would file another host's snapshot as the
+    // token's host (and, never seeing it again, copy it anew every run): refused
+    // before anything is sent; that host's own snapshots copy once.
+    let elsewhere = Env::new();
+    elsewhere.init(&[]);
+    elsewhere.ok(&["backup", "--host", "web01", s]);
+    elsewhere.ok(&["backup", "--host", "db01", s]);
+    let from = elsewhere.repo.to_str().unwrap();
+    let copy = |more: &[&str]| {
+        let mut args = vec!["copy", "--json", "--from", from];
+        args.extend_from_slice(more);
+        let mut c = client_cmd(&env, &srv, "main", &web01, &args);
+        c.env("CAIRN_FROM_PASSWORD", PASSWORD);
+        c.output().unwrap()
+    };
+    let before = ids(&admin);
+    let err = refused(
+        copy(&[]),
+        "a copy of another host's snapshot by a bound token",
+    );
+    assert!(
+        err.contains("bound to host web01") && err.contains("db01"),
+        "{err}"
+    );
+    assert_eq!(ids(&admin), before, "a refused copy stored nothing");
+    for copied in [1, 0] {
+        let out = ok(copy(&["--host", "web01"]), "a copy of the token's host");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["snapshots_copied"], copied, "{v}");
+    }
     srv.stop();
 }
 

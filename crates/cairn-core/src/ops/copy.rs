@@ -192,10 +192,13 @@ pub fn copy(
             present.insert(id.to_hex(), *there);
         }
     }
-    if !wanted
+    let missing: Vec<&Snapshot> = wanted
         .iter()
-        .all(|(id, _)| present.contains_key(&id.to_hex()))
-    {
+        .filter(|(id, _)| !present.contains_key(&id.to_hex()))
+        .map(|(_, s)| s)
+        .collect();
+    if !missing.is_empty() {
+        refuse_other_hosts(dst.repo(), &missing)?;
         src.load_index()?;
         dst.load_index()?;
     }
@@ -259,6 +262,33 @@ pub fn copy(
     report.warnings = stats.warnings;
     report.duration_secs = start.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// A destination that binds this client to one host (a cairn server's host-bound
+/// token) records every snapshot stored through it as that host's and shows it
+/// only that host's: another host's snapshot copied there would be filed under the
+/// wrong host, and, never seen again, copied anew at every run. Refused before
+/// anything is sent.
+fn refuse_other_hosts(dst: &Repository, missing: &[&Snapshot]) -> Result<()> {
+    let Some(bound) = dst.backend().bound_host()? else {
+        return Ok(());
+    };
+    let mut others: Vec<&str> = missing
+        .iter()
+        .map(|s| s.hostname.as_str())
+        .filter(|h| *h != bound)
+        .collect();
+    if others.is_empty() {
+        return Ok(());
+    }
+    others.sort_unstable();
+    others.dedup();
+    Err(Error::Invalid(format!(
+        "the destination's token is bound to host {bound}: it files every snapshot it \
+         stores as {bound}'s and sees no other host's, but snapshots to copy are of {}; \
+         copy with --host {bound}, or through a token not bound to a host",
+        others.join(", ")
+    )))
 }
 
 #[derive(Clone, Debug, Default)]

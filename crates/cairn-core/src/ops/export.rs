@@ -432,7 +432,12 @@ impl Sink for TarSink<'_> {
                 .append_link(&mut h, path, os_path(first))
                 .map_err(io);
         }
-        if let Some((segments, zeros)) = data_segments(content.repo, n)? {
+        // A chunk list that cannot be read is met again below, and given as zeros.
+        let segments = match data_segments(content.repo, n) {
+            Err(e) if content.zero_damaged && is_loss(&e) => None,
+            r => r?,
+        };
+        if let Some((segments, zeros)) = segments {
             // The holes are skipped, and their chunks need not even be read. Its
             // header has its own pax records (one pax header per entry: libarchive
             // takes a second for a malformed one).
@@ -1122,6 +1127,17 @@ pub(crate) struct Content<'a> {
     pub(crate) zero_damaged: bool,
     /// What was given as zeros: bytes, and why the first such chunk was.
     pub(crate) damaged: Option<(u64, String)>,
+    /// Bytes after the last chunk listed, given as zeros once the chunks before
+    /// them are out: a chunk list of the file could not be read.
+    lost_tail: u64,
+}
+
+/// Errors that mean a blob is lost (damaged or gone), not that the storage failed.
+fn is_loss(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Damaged { .. } | Error::BlobNotFound(_) | Error::PackMissing { .. }
+    )
 }
 
 impl<'a> Content<'a> {
@@ -1149,6 +1165,7 @@ impl<'a> Content<'a> {
             ahead: None,
             zero_damaged: false,
             damaged: None,
+            lost_tail: 0,
         }
     }
 
@@ -1159,7 +1176,7 @@ impl<'a> Content<'a> {
             let (ids, next) = (&mut self.ids, &mut self.next_offset);
             let mut taken = 0;
             let from = *next;
-            self.reader.chunks_from(from, &mut |c, start| {
+            let listed = self.reader.chunks_from(from, &mut |c, start| {
                 // `from` is always a chunk's start (the end of the one before), so
                 // this only guards against taking a chunk twice.
                 if start < from {
@@ -1169,7 +1186,21 @@ impl<'a> Content<'a> {
                 *next = start + c.length;
                 taken += 1;
                 Ok(taken < IDS_PER_DESCENT)
-            })?;
+            });
+            match listed {
+                // A chunk list that cannot be read: which chunks follow is not
+                // known, so the rest of the file is given as zeros, as a damaged
+                // chunk is (after the chunks already listed).
+                Err(e) if self.zero_damaged && is_loss(&e) => {
+                    let rest = self.reader.size().saturating_sub(self.next_offset);
+                    let d = self.damaged.get_or_insert_with(|| (0, e.to_string()));
+                    d.0 += rest;
+                    self.lost_tail = rest;
+                    self.next_offset = self.reader.size();
+                    taken = usize::MAX;
+                }
+                r => r?,
+            }
             if taken == 0 {
                 // Nothing more: the list ends before the recorded size.
                 self.next_offset = self.reader.size();
@@ -1226,6 +1257,12 @@ impl<'a> Content<'a> {
             read,
         }) = self.batches.pop_front()
         else {
+            // The end of what could be listed: the zeros standing for the rest.
+            while self.lost_tail > 0 {
+                let n = self.lost_tail.min(1 << 20);
+                self.ready.push_back(vec![0u8; n as usize]);
+                self.lost_tail -= n;
+            }
             return Ok(());
         };
         let mut read = match read {
@@ -1253,10 +1290,7 @@ impl<'a> Content<'a> {
             .collect();
         for (b, len) in blobs.into_iter().zip(lens) {
             let b = match b {
-                Err(
-                    e
-                    @ (Error::Damaged { .. } | Error::BlobNotFound(_) | Error::PackMissing { .. }),
-                ) if self.zero_damaged => {
+                Err(e) if self.zero_damaged && is_loss(&e) => {
                     let d = self.damaged.get_or_insert_with(|| (0, e.to_string()));
                     d.0 += len;
                     // Bounded as the blob would have been (a longer one is
@@ -1386,6 +1420,83 @@ impl<S: Sink> Visitor for Exporter<'_, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A chunk list of a file that cannot be read (here: never stored) gives the
+    /// rest of the file as zeros, counted as damaged, where it ended the archive:
+    /// the chunks listed before it come out as saved, and the size is kept.
+    #[test]
+    fn a_lost_chunk_list_gives_the_rest_of_the_file_as_zeros() {
+        use crate::tree::chunklist::ChunkListBuilder;
+        use cairn_format::pack::BlobKind;
+        use cairn_format::tree::{ChunkList, ChunkRef};
+        let mut repo = crate::testutil::mem_repo();
+        let (mut blobs, mut bytes, mut refs) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..300usize {
+            let chunk: Vec<u8> = (0..(i * 37 % 97 + 3))
+                .map(|j| (i * 7 + j) as u8 | 1)
+                .collect();
+            let id = repo.key().blob_id(&chunk);
+            refs.push(ChunkRef {
+                id,
+                length: chunk.len() as u64,
+            });
+            bytes.extend_from_slice(&chunk);
+            blobs.push((BlobKind::Data, chunk));
+        }
+        let mut lists = Vec::new();
+        let mut builder = ChunkListBuilder::with_fanout(8);
+        let key = repo.key().clone();
+        let mut emit = |c: ChunkList| -> Result<BlobId> {
+            let data = c.encode();
+            let id = key.blob_id(&data);
+            lists.push((c.level, BlobKind::ChunkList, data));
+            Ok(id)
+        };
+        for r in refs {
+            builder.push(r, &mut emit).unwrap();
+        }
+        let content = builder.finish(&mut emit).unwrap();
+        // The sixth list of data chunks is lost.
+        let lost = lists
+            .iter()
+            .enumerate()
+            .filter(|(_, (level, _, _))| *level == 0)
+            .nth(5)
+            .map(|(i, _)| i)
+            .unwrap();
+        lists.remove(lost);
+        blobs.extend(lists.into_iter().map(|(_, k, d)| (k, d)));
+        let pack = crate::testutil::store(&repo, &blobs);
+        repo.write_index_file(&cairn_format::index::IndexFile {
+            packs: vec![pack],
+            ..Default::default()
+        })
+        .unwrap();
+        repo.load_index_in_ram().unwrap();
+        let mut node = crate::tree::walk::tests::file_node(b"f");
+        node.size = bytes.len() as u64;
+        node.content = content;
+        let (out, damaged) = std::thread::scope(|s| {
+            let readers = BlobReaders::start(s, &repo);
+            let mut c = Content::new(&repo, &node, "f", &readers);
+            c.zero_damaged = true;
+            let mut out = Vec::new();
+            c.read_to_end(&mut out).unwrap();
+            (out, c.damaged.take())
+        });
+        assert_eq!(out.len(), bytes.len());
+        let kept = out.iter().zip(&bytes).take_while(|(a, b)| a == b).count();
+        let (zeros, why) = damaged.expect("the lost list is reported");
+        assert_eq!(
+            kept as u64 + zeros,
+            bytes.len() as u64,
+            "{kept} {zeros} {why}"
+        );
+        // Five lists of eight chunks came out as saved (the chunks are never 0).
+        assert!(kept >= 40 * 3 && kept < bytes.len() / 2, "{kept}");
+        assert!(out[kept..].iter().all(|b| *b == 0));
+        assert!(why.contains("missing from the index"), "{why}");
+    }
 
     #[test]
     fn pax_times_carry_the_sign_on_the_whole() {

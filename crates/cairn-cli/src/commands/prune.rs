@@ -51,6 +51,7 @@ fn execute_with(
 ) -> Result<PruneReport> {
     let mut opts = options(a)?;
     opts.as_if_forgotten = forgotten;
+    let only_unused = matches!(opts.max_unused, MaxUnused::Unlimited);
     let mut p = super::progress(g);
     let report = if opts.dry_run {
         let mut s = super::session::<Read>(g, "prune", IndexLoad::None, &p.progress)?;
@@ -64,10 +65,19 @@ fn execute_with(
     p.finish();
     let report = report.map_err(|e| match e {
         // Repacking writes before it deletes: with the disk full, deleting only
-        // whole unused packs (which writes little) frees room first.
+        // whole unused packs (which writes little) frees room first. That still
+        // writes the new index first: with no room even for that, room must be
+        // made by hand.
+        e if e.is_no_space() && !only_unused => anyhow!(
+            "{e}: prune writes (repacked data, then its new index) before it deletes; \
+             `cairn prune --max-unused unlimited` repacks nothing and only deletes packs \
+             nothing uses, but it too needs room for a new index, about what the \
+             repository's index/ directory takes: free that much on the storage if needed"
+        ),
         e if e.is_no_space() => anyhow!(
-            "{e}: prune repacks (writes) before it deletes; run `cairn prune --max-unused \
-             unlimited` first, which only deletes packs nothing uses, then prune again"
+            "{e}: even a prune that only deletes writes its new index first; free at least \
+             as much room on the storage as the repository's index/ directory takes (other \
+             files on that disk, not the repository's), then prune again"
         ),
         e => anyhow::Error::from(e),
     })?;

@@ -497,6 +497,22 @@ fn disk_full_fails_cleanly_and_next_backup_works() {
     assert_same(&src, &r);
     let e = env2.fails(&["forget", "--keep-last", "1"], 1);
     assert!(e.contains("storage is full"), "{e}");
+    // Room for a lock, not for the index a prune writes before it deletes the
+    // failed backup's packs: the advice is not to prune again the same way.
+    let filler = fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.join("filler"))
+        .unwrap();
+    filler
+        .set_len(filler.metadata().unwrap().len() - 4096)
+        .unwrap();
+    for args in [&["prune"][..], &["prune", "--max-unused", "unlimited"]] {
+        let e = env2.fails(args, 1);
+        assert!(
+            e.contains("no space left") && e.contains("index/ directory takes"),
+            "{args:?}: {e}"
+        );
+    }
     fs::remove_file(mnt.join("filler")).unwrap();
     // Earlier snapshots are intact and the repository checks clean.
     env2.check_clean();

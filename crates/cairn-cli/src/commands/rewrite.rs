@@ -28,6 +28,19 @@ pub fn run(g: &Global, a: &RewriteArgs) -> Result<i32> {
         super::print_json_report(&r)?;
     } else if !g.quiet {
         for s in &r.rewritten {
+            if s.emptied {
+                println!(
+                    "snapshot {}: everything in it matches ({}); {}",
+                    &s.old[..8],
+                    ui::bytes(s.bytes_removed),
+                    match (a.dry_run, a.forget) {
+                        (true, true) => "it would be forgotten",
+                        (false, true) => "forgotten, no empty snapshot stored",
+                        (_, false) => "left as it is, no empty snapshot stored",
+                    }
+                );
+                continue;
+            }
             match &s.new {
                 Some(n) => println!(
                     "snapshot {} -> {}{}: took out {}",

@@ -899,6 +899,32 @@ fn rewrite_takes_files_out_of_snapshots() {
         !env.run(&["rewrite", "latest"]).status.success(),
         "no pattern: refused"
     );
+    // A pattern matching everything leaves no empty snapshot behind: without
+    // --forget the snapshot stays, with a word; with it, it is forgotten.
+    let ids = || -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let before = ids();
+    let o = env.run(&["rewrite", "-e", "*"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("everything in it matches"), "{out}");
+    assert!(err.contains("an empty snapshot is not stored"), "{err}");
+    assert_eq!(ids(), before);
+    let r: serde_json::Value =
+        serde_json::from_str(&env.ok(&["rewrite", "--json", "--forget", "-e", "*"])).unwrap();
+    assert_eq!(r["rewritten"][0]["emptied"], true, "{r}");
+    assert_eq!(r["rewritten"][0]["forgotten"], true, "{r}");
+    assert!(r["rewritten"][0]["new"].is_null(), "{r}");
+    assert!(ids().is_empty(), "{:?}", ids());
 }
 
 /// `backup --time` records the time given (imports of old backups), which

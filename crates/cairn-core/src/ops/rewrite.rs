@@ -40,6 +40,9 @@ pub struct Rewritten {
     pub bytes_removed: u64,
     /// The old snapshot was forgotten.
     pub forgotten: bool,
+    /// Everything in it matched: no empty replacement is stored (`new` is
+    /// `None`); the old one is forgotten with `--forget`, else kept.
+    pub emptied: bool,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -118,7 +121,29 @@ pub fn rewrite(
             removed: out.removed,
             bytes_removed: out.bytes,
             forgotten: false,
+            emptied: out.kept == 0,
         };
+        if entry.emptied {
+            // An empty snapshot would stand for a backup that holds nothing:
+            // restic removes such a one; here only when forgetting was asked for.
+            if opts.forget && !opts.dry_run {
+                lock.check_fresh()?;
+                for (_, r) in repo.forget_snapshots(&[id])? {
+                    r?;
+                }
+                entry.forgotten = true;
+            } else if !opts.forget {
+                report.warnings.push(format!(
+                    "snapshot {}: everything in it matches, and an empty snapshot is not \
+                     stored; it is left as it is (`cairn forget {}`, or rewrite with --forget, \
+                     removes it)",
+                    id.short(),
+                    id.short()
+                ));
+            }
+            report.rewritten.push(entry);
+            continue;
+        }
         if !opts.dry_run {
             snap.tree = out.id.to_hex();
             snap.summary.total_bytes = crate::ops::repair::file_bytes(repo, &out.id, &written)?;
@@ -158,6 +183,9 @@ struct Out {
     id: BlobId,
     removed: Vec<String>,
     bytes: u64,
+    /// Entries kept below that are not directories: none, and the snapshot
+    /// would hold nothing.
+    kept: u64,
 }
 
 struct Dir {
@@ -169,6 +197,7 @@ struct Dir {
     changed: bool,
     removed: Vec<String>,
     bytes: u64,
+    kept: u64,
 }
 
 struct Excluder<'a> {
@@ -203,6 +232,7 @@ impl Excluder<'_> {
         }
         parent.removed.extend(out.removed.iter().cloned());
         parent.bytes += out.bytes;
+        parent.kept += out.kept;
         parent.nodes.push(n);
     }
 }
@@ -222,6 +252,7 @@ impl Visitor for Excluder<'_> {
             changed: false,
             removed: Vec::new(),
             bytes: 0,
+            kept: 0,
         })
     }
 
@@ -247,6 +278,7 @@ impl Visitor for Excluder<'_> {
                 Ok(Some(sub))
             }
             _ => {
+                dir.kept += u64::from(n.kind != NodeKind::Dir);
                 dir.nodes.push(n.clone());
                 Ok(None)
             }
@@ -266,6 +298,7 @@ impl Visitor for Excluder<'_> {
             id,
             removed: dir.removed,
             bytes: dir.bytes,
+            kept: dir.kept,
         })
     }
 

@@ -159,6 +159,17 @@ fn diff_lists_added_removed_modified_and_metadata_changes() {
     .map(|(p, c)| (p.to_string(), c.to_string()))
     .collect();
     assert_eq!(got, want, "{r}");
+    let became = r["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["change"] == "type_changed")
+        .unwrap();
+    assert_eq!(
+        (&became["type_before"], &became["type"]),
+        (&"file".into(), &"dir".into()),
+        "{became}"
+    );
     let s = &r["summary"];
     assert_eq!(
         (&s["bytes_added"], &s["bytes_removed"]),

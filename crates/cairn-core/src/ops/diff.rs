@@ -49,6 +49,9 @@ pub struct Difference {
     /// The entry's kind in the second snapshot (the first for a removal).
     #[serde(rename = "type")]
     pub kind: &'static str,
+    /// For a type change, the kind in the first snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub type_before: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub size_before: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -216,6 +219,9 @@ impl Differ {
             path: path.to_string(),
             change,
             kind,
+            type_before: (change == Change::TypeChanged)
+                .then(|| x.map(|n| n.kind.name()))
+                .flatten(),
             size_before: size(x),
             size_after: size(y),
         });

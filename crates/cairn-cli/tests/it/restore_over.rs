@@ -199,6 +199,26 @@ fn never_if_newer_and_always_do_what_they_say() {
         fs::read(src.join("edited")).unwrap()
     );
 
+    // never, with a file where the snapshot has a directory: kept, and said, since
+    // nothing below it comes back.
+    fs::remove_dir_all(copy.join("d")).unwrap();
+    fs::write(copy.join("d"), b"a file now").unwrap();
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--target",
+        env.path("t").to_str().unwrap(),
+        "--overwrite",
+        "never",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("/d: kept as it is") && err.contains("nothing below it was restored"),
+        "{err}"
+    );
+    assert_eq!(fs::read(copy.join("d")).unwrap(), b"a file now");
+
     let err = env.fails(
         &[
             "restore",

@@ -1085,6 +1085,13 @@ impl Walk<'_> {
             && self.decide(parent, &name, Some(&st), &node) != Decision::Write
         {
             self.kept(&st, &node);
+            // Not an error (the mode asked for it), but the whole directory of
+            // the snapshot is not there: said, not left to be found out.
+            self.progress.warning(
+                &parent.node.join(&name),
+                "kept as it is (--overwrite): it is not a directory, where the snapshot has \
+                 one, so nothing below it was restored",
+            );
             return Ok(());
         }
         let opened = match target::ensure_dir(parent, &name, fresh) {

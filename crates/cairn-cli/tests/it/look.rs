@@ -813,6 +813,29 @@ fn export_keeps_times_before_1970_and_raw_attribute_names() {
     let m = fs::metadata(&got).unwrap();
     assert_eq!((m.mtime(), m.mtime_nsec()), (-2, 250_000_000));
     assert_eq!(xattr::get(&got, raw_name).unwrap(), Some(b"v".to_vec()));
+    // Zip holds neither a time past 2107 (nor one past 2038 exactly) nor a name
+    // that is not UTF-8: each such file is said.
+    let far = src.join("far");
+    fs::write(&far, b"far").unwrap();
+    set_times(&far, 7_258_118_400, 0);
+    fs::write(src.join(std::ffi::OsStr::from_bytes(b"raw-\xff")), b"r").unwrap();
+    let snap = env.backup(&[&src]);
+    let zip = env.path("out.zip");
+    let o = env.run(&[
+        "export",
+        &snap,
+        "--format",
+        "zip",
+        "-o",
+        zip.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("far: its time (year 2200) is outside what zip can store"),
+        "{err}"
+    );
+    assert!(err.contains("raw-%FF: the name is not UTF-8"), "{err}");
 }
 
 /// A file whose name is not UTF-8 can be named to `dump`, `ls` and `restore

@@ -172,6 +172,11 @@ trait Sink {
     /// when the format has no hard links (the entry is then written again).
     fn link(&mut self, name: &[u8], n: &Node, first: &[u8]) -> Result<bool>;
     fn finish(&mut self) -> Result<()>;
+    /// What the archive could not keep exactly of the entries written since last
+    /// asked (a name or a time the format cannot hold), for the report.
+    fn take_notes(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 struct Exporter<'a, S: Sink> {
@@ -243,6 +248,7 @@ impl<S: Sink> Exporter<'_, S> {
                         e => e,
                     });
                 let damaged = content.damaged.take();
+                self.report.notes.extend(self.sink.take_notes());
                 written?;
                 if let Some((bytes, why)) = damaged {
                     self.report.damaged.push((shown, bytes, why));
@@ -267,7 +273,10 @@ impl<S: Sink> Exporter<'_, S> {
             {
                 self.report.other_entries += 1;
             }
-            _ => match self.sink.entry(&name, n)? {
+            _ => match self.sink.entry(&name, n).inspect(|_| {
+                let notes = self.sink.take_notes();
+                self.report.notes.extend(notes);
+            })? {
                 Some(note) => self.report.notes.push(note),
                 None if n.kind == NodeKind::Dir => self.report.dirs += 1,
                 None => {
@@ -650,6 +659,8 @@ type ZipOut<'a> = zip::ZipWriter<zip::write::StreamWriter<Cutoff<'a>>>;
 struct ZipSink<'a> {
     zip: Option<ZipOut<'a>>,
     cut: std::rc::Rc<std::cell::Cell<bool>>,
+    /// See [`Sink::take_notes`].
+    notes: Vec<String>,
 }
 
 impl<'a> ZipSink<'a> {
@@ -661,6 +672,7 @@ impl<'a> ZipSink<'a> {
                 cut: cut.clone(),
             })),
             cut,
+            notes: Vec::new(),
         }
     }
 
@@ -709,9 +721,20 @@ fn zip_entry_err(shown: &str) -> impl FnOnce(zip::result::ZipError) -> Error + '
 /// outside 1980-2107 clamped to the nearest end, so order is kept) and, where it
 /// fits, exactly in an extended-timestamp field (`UT`, 0x5455: seconds since the
 /// epoch, UTC), which Info-ZIP's unzip and bsdtar use instead.
-fn zip_options(n: &Node, file_type: u32) -> Result<zip::write::FullFileOptions<'static, 'static>> {
+fn zip_options(
+    n: &Node,
+    file_type: u32,
+    shown: &str,
+    notes: &mut Vec<String>,
+) -> Result<zip::write::FullFileOptions<'static, 'static>> {
     let secs = n.mtime.secs;
     let (y, mo, d, h, mi, s) = crate::time::civil_utc(secs);
+    if !(1980..=2107).contains(&y) && i32::try_from(secs).is_err() {
+        notes.push(format!(
+            "{shown}: its time (year {y}) is outside what zip can store; stored as {}",
+            if y < 1980 { "1980-01-01" } else { "2107-12-31" }
+        ));
+    }
     let t = if y < 1980 {
         zip::DateTime::default()
     } else if y > 2107 {
@@ -761,11 +784,10 @@ impl Sink for ZipSink<'_> {
     }
 
     fn entry(&mut self, name: &[u8], n: &Node) -> Result<Option<String>> {
-        let mut notes = Vec::new();
-        let shown = zip_name(name, &mut notes);
+        let shown = zip_name(name, &mut self.notes);
         match n.kind {
             NodeKind::Dir => {
-                let opts = zip_options(n, libc::S_IFDIR)?;
+                let opts = zip_options(n, libc::S_IFDIR, &shown, &mut self.notes)?;
                 self.writer()?
                     .add_directory(shown.as_str(), opts)
                     .map_err(zip_entry_err(&shown))?;
@@ -773,7 +795,7 @@ impl Sink for ZipSink<'_> {
             NodeKind::Symlink => {
                 // An entry of type symlink whose content is the target, as its
                 // bytes (the library's own call takes UTF-8 text only).
-                let opts = zip_options(n, libc::S_IFLNK)?
+                let opts = zip_options(n, libc::S_IFLNK, &shown, &mut self.notes)?
                     .external_attributes((libc::S_IFLNK | 0o777) << 16)
                     .compression_method(zip::CompressionMethod::Stored);
                 let zip = self.writer()?;
@@ -788,7 +810,11 @@ impl Sink for ZipSink<'_> {
                 )));
             }
         }
-        Ok(notes.pop())
+        Ok(None)
+    }
+
+    fn take_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notes)
     }
 
     fn file(
@@ -798,9 +824,8 @@ impl Sink for ZipSink<'_> {
         _first: Option<&[u8]>,
         content: &mut Content<'_>,
     ) -> Result<()> {
-        let mut notes = Vec::new();
-        let shown = zip_name(name, &mut notes);
-        let opts = zip_options(n, libc::S_IFREG)?
+        let shown = zip_name(name, &mut self.notes);
+        let opts = zip_options(n, libc::S_IFREG, &shown, &mut self.notes)?
             .compression_method(zip::CompressionMethod::Deflated)
             .compression_level(Some(3))
             .large_file(n.size >= u64::from(u32::MAX));

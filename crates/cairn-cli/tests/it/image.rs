@@ -1744,3 +1744,67 @@ fn a_sparse_image_files_holes_are_counted_as_not_read() {
     let back = fs::read(&out).unwrap();
     assert!(back[8 * MIB..9 * MIB] == data[..] && back.len() == 64 * MIB);
 }
+
+/// `repair snapshots` of an image snapshot with a lost block keeps the image:
+/// the lost blocks become zeros, recorded as unreadable (so its restore says so,
+/// exit 3), where the whole image was dropped for one bad block.
+#[test]
+fn repair_snapshots_keeps_an_image_with_its_lost_blocks_as_zeros() {
+    let env = Env::new();
+    env.init(&["--block-size", "16K"]);
+    let src = env.path("disk.img");
+    let data = make_image(&src, 6, 31);
+    backup_image(&env, &src, &[]);
+    let snap = env.snapshot_ids().pop().unwrap();
+    flip_middle(&largest_pack(&env.repo));
+    env.ok(&["repair", "index"]);
+    let said = env.ok(&["repair", "snapshots"]);
+    assert!(
+        said.contains("/disk.img (") && said.contains("lost: now zeros, recorded as unreadable"),
+        "{said}"
+    );
+    assert!(!said.contains("file data lost"), "{said}");
+    let ids = env.snapshot_ids();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let repaired = ids[0].clone();
+    assert_ne!(repaired, snap);
+    let info = image_of(&env, &repaired);
+    let lost: Vec<(usize, usize)> = info["unreadable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r[0].as_u64().unwrap() as usize,
+                r[1].as_u64().unwrap() as usize,
+            )
+        })
+        .collect();
+    assert!(!lost.is_empty(), "{info}");
+    assert!(
+        lost.iter()
+            .all(|&(at, len)| at % 16384 == 0 && len % 16384 == 0 && len > 0)
+    );
+    env.check_clean();
+    let out = env.path("out.img");
+    let o = env.run(&[
+        "restore",
+        &repaired,
+        "--image",
+        "--target",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    let back = fs::read(&out).unwrap();
+    assert_eq!(back.len(), data.len());
+    let mut at = 0;
+    for &(from, len) in &lost {
+        assert!(back[at..from] == data[at..from], "kept bytes before {from}");
+        assert!(back[from..from + len].iter().all(|&b| b == 0));
+        at = from + len;
+    }
+    assert!(back[at..] == data[at..]);
+    // A later backup of the image takes it as its parent as usual.
+    let again = backup_image(&env, &src, &[]);
+    assert!(again["snapshot_id"].is_string(), "{again}");
+}

@@ -24,14 +24,17 @@ use crate::repo::Repository;
 use crate::repo::blob::{self, BlobEncoder};
 use crate::repo::packer::{BufferPool, Packer};
 use crate::session::{Exclusive, Session};
-use crate::tree::chunklist::for_each_content_blob;
+use crate::tree::chunklist::{
+    ChunkListBuilder, Piece, for_each_chunk_or_gap, for_each_content_blob,
+};
 use crate::tree::walk::Visitor;
 use cairn_backend::names;
 use cairn_format::consts::MAX_PACK_SIZE;
 use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
 use cairn_format::pack::{self, BlobKind};
-use cairn_format::tree::{Content, Node, NodeKind, Tree};
+use cairn_format::snapshot::ImageInfo;
+use cairn_format::tree::{ChunkList, ChunkRef, Content, Node, NodeKind, Tree};
 use cairn_format::{BlobId, IndexId, PackId, SnapshotId};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -384,6 +387,7 @@ pub fn repair_snapshots(
         memo: IdMap::default(),
         new_trees: Vec::new(),
         new_ids: IdSet::default(),
+        new_blobs: Vec::new(),
     };
     report.snapshots_checked = snaps.len() + bad.len();
     let mut changed = Vec::new();
@@ -392,6 +396,39 @@ pub fn repair_snapshots(
         let root = snap
             .tree_id()
             .map_err(|e| Error::damaged(format!("snapshot {}", sid.to_hex()), e))?;
+        // An image is one file of many blocks: a lost block is given as zeros
+        // and recorded as unreadable, as a read error at backup would be, not
+        // the whole image dropped.
+        if let Some(info) = &snap.image {
+            match rw.image(info, &root)? {
+                ImageFix::Intact => continue,
+                ImageFix::Repaired {
+                    root: new_root,
+                    name,
+                    lost,
+                } => {
+                    let bytes: u64 = lost.iter().map(|r| r.1).sum();
+                    dropped.push(format!(
+                        "/{name} ({} in {} lost: now zeros, recorded as unreadable)",
+                        crate::units::bytes(bytes, 0),
+                        if lost.len() == 1 {
+                            "1 range".to_string()
+                        } else {
+                            format!("{} ranges", lost.len())
+                        }
+                    ));
+                    let mut snap = snap.clone();
+                    if let Some(i) = snap.image.as_mut() {
+                        i.unreadable.extend(lost);
+                        i.unreadable.sort_unstable();
+                        i.unreadable = merged(&i.unreadable);
+                    }
+                    changed.push((*sid, snap, Some(new_root), dropped));
+                    continue;
+                }
+                ImageFix::AsFiles => {}
+            }
+        }
         match rw.tree(&root, "", &mut dropped)? {
             Some(new_root) if new_root == root => {}
             Some(new_root) => changed.push((*sid, snap.clone(), Some(new_root), dropped)),
@@ -405,6 +442,9 @@ pub fn repair_snapshots(
     // The new trees by id, to add up the repaired snapshots' sizes (the index in
     // memory does not know them yet).
     let written: HashMap<BlobId, Vec<u8>> = new_trees.iter().cloned().collect();
+    if !dry_run && !rw.new_blobs.is_empty() {
+        store_blobs(rw.repo, std::mem::take(&mut rw.new_blobs))?;
+    }
     if !dry_run && !new_trees.is_empty() {
         store_trees(rw.repo, new_trees)?;
     }
@@ -525,6 +565,25 @@ struct Rewriter<'a, F: Fn(&BlobId) -> bool> {
     memo: IdMap<(Option<BlobId>, Vec<String>)>,
     new_trees: Vec<(BlobId, Vec<u8>)>,
     new_ids: IdSet,
+    /// Data and chunk-list blobs an image's repair needs stored (its zero blocks,
+    /// its lists with them).
+    new_blobs: Vec<(BlobKind, BlobId, Vec<u8>)>,
+}
+
+/// What [`Rewriter::image`] made of an image snapshot.
+enum ImageFix {
+    /// Every block is there.
+    Intact,
+    /// Lost blocks are zeros now: the new root tree, the image's name and the
+    /// byte ranges given as zeros.
+    Repaired {
+        root: BlobId,
+        name: String,
+        lost: Vec<(u64, u64)>,
+    },
+    /// Not the shape of an image snapshot (or its root is lost): repaired as
+    /// files are.
+    AsFiles,
 }
 
 impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
@@ -595,6 +654,95 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
             Err(e) => return Err(e),
         }
         Ok(all && !matches!(n.content, Content::Tree { .. } if seen.is_empty()))
+    }
+
+    /// Repairs an image snapshot whose root is `root`: every block that is
+    /// missing, or that a lost chunk list named, becomes a block of zeros of its
+    /// length; the chunk lists are rebuilt with the image's fanout, so that they
+    /// keep the shape later backups and restores rely on (unchanged lists come
+    /// out as they were, and are not stored again).
+    fn image(&mut self, info: &ImageInfo, root: &BlobId) -> Result<ImageFix> {
+        if !(self.present)(root) {
+            return Ok(ImageFix::AsFiles);
+        }
+        let tree = match self.repo.load_tree(root) {
+            Ok(t) => t,
+            Err(e) if is_loss(&e) => return Ok(ImageFix::AsFiles),
+            Err(e) => return Err(e),
+        };
+        let [node] = tree.nodes.as_slice() else {
+            return Ok(ImageFix::AsFiles);
+        };
+        if node.kind != NodeKind::File || info.block_size == 0 || info.fanout < 2 {
+            return Ok(ImageFix::AsFiles);
+        }
+        if self.file_ok(node)? {
+            return Ok(ImageFix::Intact);
+        }
+        let present = self.present;
+        let repo = self.repo;
+        let key = repo.key().clone();
+        let block = u64::from(info.block_size);
+        let mut builder = ChunkListBuilder::with_fanout(info.fanout as usize);
+        let mut zero_ids: HashMap<u64, BlobId> = HashMap::new();
+        let mut lost: Vec<(u64, u64)> = Vec::new();
+        let mut at = 0u64;
+        let (new_ids, new_blobs) = (&mut self.new_ids, &mut self.new_blobs);
+        let mut emit = |list: ChunkList| -> Result<BlobId> {
+            let data = list.encode();
+            let id = key.blob_id(&data);
+            if !present(&id) && new_ids.insert(id) {
+                new_blobs.push((BlobKind::ChunkList, id, data));
+            }
+            Ok(id)
+        };
+        let mut zeros: Vec<(BlobId, Vec<u8>)> = Vec::new();
+        for_each_chunk_or_gap(repo, &node.content, node.size, present, &mut |piece| {
+            let (missing, len) = match piece {
+                Piece::Chunk(c) if present(&c.id) => {
+                    at += c.length;
+                    return builder.push(c, &mut emit);
+                }
+                Piece::Chunk(c) => (c.length, c.length),
+                Piece::Gap(n) => (n, n),
+            };
+            match lost.last_mut() {
+                Some(last) if last.0 + last.1 == at => last.1 += missing,
+                _ => lost.push((at, missing)),
+            }
+            // Blocks of zeros in the image's block size (the file's last may be
+            // shorter).
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(block);
+                let id = *zero_ids.entry(n).or_insert_with(|| {
+                    let data = vec![0u8; n as usize];
+                    let id = key.blob_id(&data);
+                    zeros.push((id, data));
+                    id
+                });
+                builder.push(ChunkRef { id, length: n }, &mut emit)?;
+                left -= n;
+            }
+            at += len;
+            Ok(())
+        })?;
+        let content = builder.finish(&mut emit)?;
+        for (id, data) in zeros {
+            if !present(&id) && self.new_ids.insert(id) {
+                self.new_blobs.push((BlobKind::Data, id, data));
+            }
+        }
+        let mut repaired = node.clone();
+        repaired.content = content;
+        let new_root = self.add_tree(&Tree {
+            nodes: vec![repaired],
+        });
+        Ok(ImageFix::Repaired {
+            root: new_root,
+            name: String::from_utf8_lossy(&node.name).into_owned(),
+            lost,
+        })
     }
 
     fn empty_tree(&mut self) -> BlobId {
@@ -703,13 +851,24 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
 }
 
 pub(crate) fn store_trees(repo: &Repository, trees: Vec<(BlobId, Vec<u8>)>) -> Result<()> {
+    store_blobs(
+        repo,
+        trees
+            .into_iter()
+            .map(|(id, data)| (BlobKind::Tree, id, data))
+            .collect(),
+    )
+}
+
+/// Stores blobs of any kind in new packs, which the uploader indexes.
+fn store_blobs(repo: &Repository, blobs: Vec<(BlobKind, BlobId, Vec<u8>)>) -> Result<()> {
     let pool = Arc::new(BufferPool::new(1));
     let uploader = repo.uploader(pool.clone());
     let mut packer = Packer::new(repo.key().clone(), pool, repo.config().pack_size as usize);
     let mut enc = BlobEncoder::new(repo.config().compression.zstd_level());
     let mut result = Ok(());
-    for (id, data) in trees {
-        let b = enc.encode(repo.key(), BlobKind::Tree, id, &data)?;
+    for (kind, id, data) in blobs {
+        let b = enc.encode(repo.key(), kind, id, &data)?;
         if let Some(p) = packer.add(b)
             && let Err(e) = uploader.send(p)
         {
@@ -989,4 +1148,16 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
     let id = repo.write_snapshot(&snap, &lock)?;
     report.snapshot = Some(id.to_hex());
     Ok(report)
+}
+
+/// Adjacent ranges joined (sorted first by the caller).
+fn merged(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &(at, len) in ranges {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 >= at => last.1 = last.1.max(at + len - last.0),
+            _ => out.push((at, len)),
+        }
+    }
+    out
 }

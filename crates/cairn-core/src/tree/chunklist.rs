@@ -161,6 +161,66 @@ pub fn for_each_chunk(
     }
 }
 
+/// A piece of a file's content as [`for_each_chunk_or_gap`] finds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Piece {
+    Chunk(ChunkRef),
+    /// Bytes whose chunks are not known: the chunk list naming them is lost.
+    Gap(u64),
+}
+
+/// [`for_each_chunk`] for a file whose chunk lists may be lost (`repair`): a list
+/// that `listed` says is not stored, or that cannot be read (missing, damaged),
+/// is given as a gap of the bytes its parent says it covers (the whole `size`
+/// for the root). Whether each chunk is there is the caller's to ask.
+pub fn for_each_chunk_or_gap(
+    repo: &Repository,
+    content: &Content,
+    size: u64,
+    listed: &dyn Fn(&BlobId) -> bool,
+    f: &mut dyn FnMut(Piece) -> Result<()>,
+) -> Result<()> {
+    match content {
+        Content::None => Ok(()),
+        Content::Inline(refs) => refs.iter().try_for_each(|r| f(Piece::Chunk(*r))),
+        Content::Tree { root, depth, .. } => gaps(repo, *root, *depth, size, None, listed, f),
+    }
+}
+
+fn gaps(
+    repo: &Repository,
+    id: BlobId,
+    depth: u8,
+    span: u64,
+    expected: Option<u64>,
+    listed: &dyn Fn(&BlobId) -> bool,
+    f: &mut dyn FnMut(Piece) -> Result<()>,
+) -> Result<()> {
+    let list = if listed(&id) {
+        match repo
+            .load_chunk_list(&id)
+            .and_then(|l| checked(&id, l, depth, expected))
+        {
+            Ok(l) => Some(l),
+            Err(Error::Damaged { .. } | Error::BlobNotFound(_) | Error::PackMissing { .. }) => None,
+            Err(e) => return Err(e),
+        }
+    } else {
+        None
+    };
+    let Some(list) = list else {
+        return f(Piece::Gap(span));
+    };
+    for e in list.entries {
+        if list.level == 0 {
+            f(Piece::Chunk(e))?;
+        } else {
+            gaps(repo, e.id, depth - 1, e.length, Some(e.length), listed, f)?;
+        }
+    }
+    Ok(())
+}
+
 /// Reports every blob a file's content needs — chunk-list blobs and chunks — to
 /// `first_seen`, which returns true the first time it sees an id. A chunk-list blob
 /// seen before is not read again: everything below it was reported then. This is

@@ -50,6 +50,11 @@ pub const POINTS: &[Point] = &[
                 server for its dedup plan); it has stored nothing",
     },
     Point {
+        name: "image:planned",
+        state: "an image backup has looked at its source (size, times) and opened \
+                it; nothing of it is read or stored yet",
+    },
+    Point {
         name: "pack:stored",
         state: "an upload thread's put of a pack returned; the pack is in no index \
                 file yet (an unindexed pack: prune's orphan)",

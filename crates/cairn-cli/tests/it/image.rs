@@ -1808,3 +1808,52 @@ fn repair_snapshots_keeps_an_image_with_its_lost_blocks_as_zeros() {
     let again = backup_image(&env, &src, &[]);
     assert!(again["snapshot_id"].is_string(), "{again}");
 }
+
+/// An image file written to while it is read (a running VM's disk) is saved as
+/// read with a warning and exit 3, as a file would be: its times moved.
+#[test]
+fn an_image_file_written_during_the_backup_is_said_to_have_changed() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("vm.img");
+    make_image(&src, 4, 41);
+    let gate = env.path("gate");
+    fs::create_dir_all(&gate).unwrap();
+    let backup = env
+        .cmd(&["backup", "--json", "--image", src.to_str().unwrap()])
+        .env(
+            cairn_core::hooks::PAUSE_AT_VAR,
+            format!("image:planned:1:{}", gate.display()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the backup planned its image",
+        Duration::from_secs(60),
+        || gate.join("reached").exists(),
+    );
+    let f = fs::OpenOptions::new().write(true).open(&src).unwrap();
+    f.write_all_at(b"written by the VM", 3 * MIB as u64)
+        .unwrap();
+    drop(f);
+    fs::write(gate.join("go"), b"").unwrap();
+    let out = backup.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("changed while it was being read"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["changed_while_read"].as_array().map(Vec::len),
+        Some(1),
+        "{v}"
+    );
+    // Left alone, the next backup says nothing.
+    let v = backup_image(&env, &src, &[]);
+    assert_eq!(
+        v["changed_while_read"].as_array().map(Vec::len),
+        Some(0),
+        "{v}"
+    );
+}

@@ -233,10 +233,24 @@ impl Walker<'_> {
             self.progress.warning(&plan.path, &m);
             self.emit(Item::ImageNote(Note::SizeChanged { now }))?;
         }
-        self.emit(Item::FileEnd {
-            ok: true,
-            torn: None,
-        })?;
+        // An image file written to while it was read (a running VM's disk) is
+        // saved as read, and may be inconsistent: said, as for any file (a block
+        // device's times do not tell).
+        let torn = match plan.file.metadata() {
+            Ok(m) if m.is_file() && now == g.size && written_since(&m, &plan.node) => {
+                let message = "changed while it was being read (saved as read, and the image may \
+                     be inconsistent); back up a snapshot of it (LVM, ZFS, a stopped VM) for a \
+                     consistent image"
+                    .to_string();
+                self.progress.warning(&plan.path, &message);
+                Some(Skipped {
+                    path: plan.path.clone(),
+                    message,
+                })
+            }
+            _ => None,
+        };
+        self.emit(Item::FileEnd { ok: true, torn })?;
         self.emit(Item::DirEnd)?;
         self.emit(Item::End)
     }
@@ -471,6 +485,14 @@ const MAX_READ_WARNINGS: usize = 50;
 const SHRANK: &str = "the source ended early: it shrank during the backup";
 
 /// The size of a file or block device.
+/// Whether the file's modification or change time moved from what the scan saw.
+fn written_since(m: &std::fs::Metadata, scanned: &Node) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let at = |secs: i64, nanos: i64| (secs, u32::try_from(nanos).unwrap_or(0));
+    at(m.mtime(), m.mtime_nsec()) != (scanned.mtime.secs, scanned.mtime.nanos)
+        || at(m.ctime(), m.ctime_nsec()) != (scanned.ctime.secs, scanned.ctime.nanos)
+}
+
 pub(crate) fn source_size(f: &File) -> std::io::Result<u64> {
     use std::io::Seek;
     let meta = f.metadata()?;

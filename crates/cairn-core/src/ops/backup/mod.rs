@@ -740,6 +740,9 @@ fn run(
         )?),
         None => None,
     };
+    if image_plan.is_some() {
+        crate::hooks::point("image:planned");
+    }
     let parent_tree = match (&parent, opts.force) {
         (Some((_, s)), false) => Some(
             s.tree_id()

@@ -45,8 +45,15 @@ pub fn image_node(repo: &Repository, snap: &Snapshot) -> Result<(ImageInfo, Node
             cairn_format::FormatError::malformed("image snapshot", d.to_string()),
         )
     };
-    let [node] =
-        <[Node; 1]>::try_from(root.nodes).map_err(|_| bad("its root holds more than the image"))?;
+    let held = root.nodes.len();
+    let [node] = <[Node; 1]>::try_from(root.nodes).map_err(|_| {
+        bad(if held == 0 {
+            "its root holds no image (the image was taken out of it: restore an earlier \
+             snapshot of it)"
+        } else {
+            "its root holds more than the image"
+        })
+    })?;
     if node.kind != NodeKind::File || node.size != info.size {
         return Err(bad("its file does not match the recorded image size"));
     }

@@ -127,7 +127,22 @@ impl ChangedRanges {
                     .map(|(off, len)| (off, len.min(size - off)))
                     .collect()
             }
-            ChangedFormat::ThinDelta => parse_thin_delta(text)?,
+            ChangedFormat::ThinDelta => {
+                // thin_delta counts in the pool's chunks: a thin volume whose size
+                // is not a multiple of them has a last chunk that runs past its
+                // end, and a change there is listed whole. Cut at the end; a
+                // range further out is of another volume, and refused below.
+                let (ranges, unit) = parse_thin_delta(text)?;
+                ranges
+                    .into_iter()
+                    .map(|(off, len)| match off.checked_add(len) {
+                        Some(end) if off < size && end > size && end - size < unit => {
+                            (off, size - off)
+                        }
+                        _ => (off, len),
+                    })
+                    .collect()
+            }
         };
         Self::from_ranges(raw, size)
     }
@@ -322,7 +337,8 @@ fn attr(tag: &str, name: &str) -> Option<String> {
 /// changed blocks from the parent, so only a whole document counts: every tag
 /// closed, the `<diff>` and the `<superblock>` closed at the end, and no element
 /// `thin_delta` does not write (a cut-off or hand-edited file is refused).
-fn parse_thin_delta(text: &str) -> std::result::Result<Vec<(u64, u64)>, String> {
+/// The ranges in bytes, and the pool's chunk size they are counted in.
+fn parse_thin_delta(text: &str) -> std::result::Result<(Vec<(u64, u64)>, u64), String> {
     let mut unit: Option<u64> = None;
     let mut out = Vec::new();
     let (mut diff_closed, mut superblock_closed) = (false, false);
@@ -379,15 +395,15 @@ fn parse_thin_delta(text: &str) -> std::result::Result<Vec<(u64, u64)>, String> 
             other => return Err(format!("<{other}> is not thin_delta output")),
         }
     }
-    if unit.is_none() {
+    let Some(unit) = unit else {
         return Err("no <superblock data_block_size=...> found: not thin_delta output".into());
-    }
+    };
     if !diff_closed || !superblock_closed {
         return Err(
             "the document does not end with </diff></superblock>: the list is cut off".into(),
         );
     }
-    Ok(out)
+    Ok((out, unit))
 }
 
 #[cfg(test)]
@@ -477,6 +493,12 @@ mod tests {
             &[(4 * 65536, 6 * 65536), (10 * 65536, 11 * 65536)]
         );
         assert!(ChangedRanges::parse("<diff/>", ChangedFormat::ThinDelta, 10).is_err());
+        // A volume that ends inside its last pool chunk: a change there is cut at
+        // the end; one a chunk further out is of another volume.
+        let size = 10 * 65536 + 1000;
+        let r = ChangedRanges::parse(x, ChangedFormat::Auto, size).unwrap();
+        assert_eq!(r.ranges(), &[(4 * 65536, 6 * 65536), (10 * 65536, size)]);
+        assert!(ChangedRanges::parse(x, ChangedFormat::Auto, 10 * 65536).is_err());
         // Cut off anywhere, or holding what thin_delta never writes: refused.
         let cut = x.find("</diff>").unwrap();
         for bad in [

@@ -217,7 +217,39 @@ fn changed_block_lists_that_lie_are_refused_or_repaired() {
         1,
     );
     assert!(e.contains("needs a parent image snapshot"), "{e}");
+    // A snapshot of files named as the parent: said for what it is.
+    let files = env.path("files");
+    fs::create_dir_all(&files).unwrap();
+    let file_snap = env.backup(&[&files]);
+    let e = env.fails(
+        &[
+            "backup",
+            "--image",
+            &src_s,
+            "--changed-blocks",
+            &cbt_s,
+            "--parent",
+            &file_snap,
+        ],
+        1,
+    );
+    assert!(
+        e.contains("the --parent given is a snapshot of files"),
+        "{e}"
+    );
+    env.ok(&["forget", &file_snap]);
     backup_image(&env, &src, &[]);
+    // A list that is not there, or not text: named as the list.
+    for (list, says) in [
+        ("/nonexistent/list", "No such file"),
+        ("/bin/sh", "not text"),
+    ] {
+        let e = env.fails(&["backup", "--image", &src_s, "--changed-blocks", list], 1);
+        assert!(
+            e.contains(&format!("changed-block list {list}: {says}")),
+            "{e}"
+        );
+    }
     // Past the end of the source.
     fs::write(&cbt, format!("{} 2\n", data.len() - 1)).unwrap();
     let e = env.fails(

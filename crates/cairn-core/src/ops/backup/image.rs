@@ -791,6 +791,7 @@ pub(crate) fn plan(
     // repository's block size never changes; a parent of another cairn might).
     let mut parent_unreadable = Vec::new();
     let mut notes = Vec::new();
+    let parent_snap = parent;
     let parent = match parent.and_then(|s| s.image.as_ref().map(|i| (s, i))) {
         Some((snap, info))
             if info.block_size == block_size && u64::from(info.fanout) == geometry.fanout =>
@@ -832,6 +833,13 @@ pub(crate) fn plan(
     };
     let changed = match &opts.changed_blocks {
         Some((list, format)) => {
+            if parent_named && parent_snap.is_some_and(|s| s.image.is_none()) {
+                return Err(Error::Invalid(
+                    "--changed-blocks needs an image snapshot as its parent: the --parent \
+                     given is a snapshot of files"
+                        .into(),
+                ));
+            }
             if parent.is_none() {
                 return Err(Error::Invalid(
                     "--changed-blocks needs a parent image snapshot of this source (same host and path, or --parent): run a backup without it first".into(),

@@ -61,11 +61,22 @@ impl ChangedRanges {
     /// Reads and checks a list against the source's size.
     pub fn load(path: &std::path::Path, format: ChangedFormat, size: u64) -> Result<Self> {
         use std::io::Read;
-        let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let unreadable = |e: std::io::Error| {
+            Error::Invalid(format!(
+                "changed-block list {}: {}",
+                path.display(),
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    "not text (a list of ranges, JSON or thin_delta XML)".to_string()
+                } else {
+                    e.to_string()
+                }
+            ))
+        };
+        let f = std::fs::File::open(path).map_err(unreadable)?;
         let mut text = String::new();
         f.take(MAX_LIST_BYTES + 1)
             .read_to_string(&mut text)
-            .map_err(|e| Error::io(path, e))?;
+            .map_err(unreadable)?;
         if text.len() as u64 > MAX_LIST_BYTES {
             return Err(Error::Invalid(format!(
                 "changed-block list {}: larger than 1 GiB",

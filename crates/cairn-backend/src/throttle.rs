@@ -102,12 +102,19 @@ impl ThrottledBackend {
         self.traffic.clone()
     }
 
-    fn sent(&self, n: usize) {
+    /// Sends `n` bytes by `send`: booked on the limit before (a failed attempt
+    /// used the link too), counted as sent only once stored, so that a report
+    /// after retries says what reached the storage, not every attempt.
+    fn sending<T>(&self, n: usize, send: impl FnOnce() -> Result<T>) -> Result<T> {
         if let Some(l) = &self.up {
             l.take(n as u64);
         }
         self.traffic.requests.fetch_add(1, Ordering::Relaxed);
-        self.traffic.uploaded.fetch_add(n as u64, Ordering::Relaxed);
+        let r = send();
+        if r.is_ok() {
+            self.traffic.uploaded.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        r
     }
 
     fn received<T: AsRef<[u8]>>(&self, r: Result<T>) -> Result<T> {
@@ -130,12 +137,10 @@ impl Backend for ThrottledBackend {
         self.inner.location()
     }
     fn put(&self, name: &str, data: &[u8]) -> Result<()> {
-        self.sent(data.len());
-        self.inner.put(name, data)
+        self.sending(data.len(), || self.inner.put(name, data))
     }
     fn put_new(&self, name: &str, data: &[u8]) -> Result<()> {
-        self.sent(data.len());
-        self.inner.put_new(name, data)
+        self.sending(data.len(), || self.inner.put_new(name, data))
     }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         self.received(self.inner.get(name))
@@ -165,12 +170,12 @@ impl Backend for ThrottledBackend {
         self.inner.delete(name)
     }
     fn put_metadata_new(&self, name: &str, data: &[u8]) -> Result<()> {
-        self.sent(data.len());
-        self.inner.put_metadata_new(name, data)
+        self.sending(data.len(), || self.inner.put_metadata_new(name, data))
     }
     fn put_new_owned(&self, name: &str, data: crate::Bytes, metadata: bool) -> Result<()> {
-        self.sent(data.len());
-        self.inner.put_new_owned(name, data, metadata)
+        self.sending(data.len(), || {
+            self.inner.put_new_owned(name, data, metadata)
+        })
     }
     fn get_metadata_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         // A cache below this layer may fetch more than the range (the whole pack);
@@ -195,16 +200,14 @@ impl Backend for ThrottledBackend {
     }
     // Queries count as traffic like objects do: 32 bytes per id up, one down.
     fn dedup_query(&self, ids: &[[u8; 32]]) -> Result<Vec<crate::DedupAnswer>> {
-        self.sent(ids.len() * 32);
-        let r = self.inner.dedup_query(ids)?;
+        let r = self.sending(ids.len() * 32, || self.inner.dedup_query(ids))?;
         self.traffic
             .downloaded
             .fetch_add(r.len() as u64, Ordering::Relaxed);
         Ok(r)
     }
     fn dedup_confirm(&self, ids: &[[u8; 32]]) -> Result<Vec<[u8; 32]>> {
-        self.sent(ids.len() * 32);
-        let r = self.inner.dedup_confirm(ids)?;
+        let r = self.sending(ids.len() * 32, || self.inner.dedup_confirm(ids))?;
         self.traffic
             .downloaded
             .fetch_add(32 * r.len() as u64, Ordering::Relaxed);
@@ -234,6 +237,25 @@ mod tests {
         assert!(t.uploaded() > 48 << 20);
         assert!(t.downloaded() > 48 << 20);
         assert!(t.requests() > 100);
+    }
+
+    /// A put that fails (and is retried above) is a request, not bytes sent: a
+    /// report after an outage says what reached the storage.
+    #[test]
+    fn failed_puts_are_not_counted_as_sent() {
+        let spec = crate::fault::FaultSpec::parse("fail=1,ops=put,kind=permanent").unwrap();
+        let failing = Arc::new(crate::fault::FaultyBackend::new(
+            Arc::new(MemBackend::new()),
+            spec,
+        ));
+        let b = ThrottledBackend::new(failing, None, None);
+        for _ in 0..3 {
+            assert!(b.put("data/x", &[0u8; 1000]).is_err());
+        }
+        assert_eq!((b.traffic().uploaded(), b.traffic().requests()), (0, 3));
+        let ok = ThrottledBackend::new(Arc::new(MemBackend::new()), None, None);
+        ok.put("data/x", &[0u8; 1000]).unwrap();
+        assert_eq!(ok.traffic().uploaded(), 1000);
     }
 
     /// 3 MB at 10 MB/s from 3 threads takes at least 0.3 s, and the counters see

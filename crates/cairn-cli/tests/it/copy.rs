@@ -686,3 +686,34 @@ fn an_interrupted_copy_says_what_it_still_stores() {
     );
     assert_same(&src, &r2.restore("latest", &src, "r"));
 }
+
+/// A replica that lost data and was repaired (`repair snapshots` cuts the lost
+/// files out of its copies) is healed by the next copy: a repaired copy is no
+/// copy of the whole source snapshot, so it is copied again, and said so.
+#[test]
+fn a_copy_heals_a_replica_that_repair_cut_down() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let src = r1.path("src");
+    make_full_tree(&src, 61);
+    fs::write(src.join("big.bin"), Rng(8).bytes(3 << 20, false)).unwrap();
+    let snap = r1.backup(&[&src]);
+    let r2 = Env::new();
+    r2.init(&[]);
+    assert_eq!(copy(&r1, &r2, &[])["snapshots_copied"], 1);
+    flip_middle(&largest_pack(&r2.repo));
+    r2.ok(&["repair", "index"]);
+    let said = r2.ok(&["repair", "snapshots"]);
+    assert!(said.contains("(file data lost)"), "{said}");
+    let o = copy_cmd(&r1, &r2, &[]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("copied again from the source"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["snapshots_copied"], 1, "{v}");
+    let healed = v["snapshots"][0]["target"].as_str().unwrap().to_string();
+    assert_same(&src, &r2.restore(&healed, &src, "healed"));
+    // The whole copy is the copy from now on: nothing more to do.
+    assert_eq!(copy(&r1, &r2, &[&snap])["snapshots_copied"], 0);
+    assert_eq!(copy(&r1, &r2, &[])["snapshots_copied"], 0);
+}

@@ -163,7 +163,28 @@ pub fn copy(
         v
     };
     // Nothing to do: no index is loaded (a no-op copy reads only snapshot objects).
-    let mut present = copies_in(src.repo(), dst)?;
+    // A copy that `repair snapshots` cut down in the destination (it lost data
+    // there) is no copy of a whole source snapshot: copied again, which heals the
+    // replica, unless the source's snapshot was repaired too.
+    let mut present = HashMap::new();
+    let mut healing = Vec::new();
+    let copies = copies_in(src.repo(), dst)?;
+    for (id, s) in &wanted {
+        if let Some(&(there, repaired)) = copies.get(&id.to_hex()) {
+            if repaired && !is_repaired(s) {
+                healing.push(format!(
+                    "snapshot {} is in the destination only as {}, which `repair snapshots` \
+                     left without the data it lost there: copied again from the source \
+                     (`cairn forget {}` in the destination removes the repaired one)",
+                    id.short(),
+                    there.short(),
+                    there.short()
+                ));
+            } else {
+                present.insert(id.to_hex(), there);
+            }
+        }
+    }
     // A source snapshot that is itself a copy of one of the destination's (copying
     // back, as replication both ways does) is there already.
     let dst_id = &dst.repo().config().id;
@@ -259,7 +280,8 @@ pub fn copy(
         .into_iter()
         .map(|(source, error)| FailedCopy { source, error })
         .collect();
-    report.warnings = stats.warnings;
+    report.warnings = healing;
+    report.warnings.extend(stats.warnings);
     report.duration_secs = start.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -486,20 +508,29 @@ fn identity(s: &Snapshot) -> String {
 /// Source snapshot id (hex) -> the destination's copy of it, among the snapshots
 /// the destination's session listed. Needs no index: it is called first, and no
 /// index is loaded when everything asked for is already there.
+/// With each, whether it is a repaired one (a whole copy is preferred to it).
 fn copies_in<A: session::Access>(
     src: &Repository,
     dst: &Session<A>,
-) -> Result<HashMap<String, SnapshotId>> {
+) -> Result<HashMap<String, (SnapshotId, bool)>> {
     let src_repo = &src.config().id;
-    let mut present = HashMap::new();
+    let mut present: HashMap<String, (SnapshotId, bool)> = HashMap::new();
     for (id, s) in dst.snapshots()?.0.iter() {
         if let Some(c) = &s.copied_from
             && &c.repository == src_repo
         {
-            present.insert(c.snapshot.clone(), *id);
+            let repaired = is_repaired(s);
+            if !(repaired && present.get(&c.snapshot).is_some_and(|p| !p.1)) {
+                present.insert(c.snapshot.clone(), (*id, repaired));
+            }
         }
     }
     Ok(present)
+}
+
+/// Whether `repair snapshots` wrote this snapshot (it tags what it writes).
+fn is_repaired(s: &Snapshot) -> bool {
+    s.tags.iter().any(|t| t == "repaired")
 }
 
 /// Whether `src` and `dst` produce the same blob ids for the same data: same id

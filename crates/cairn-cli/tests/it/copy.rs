@@ -489,6 +489,11 @@ fn a_copy_keeps_its_memory_limit() {
 fn a_full_destination_is_named_as_the_cause() {
     let src = Env::new();
     src.init(&[]);
+    // A small snapshot first: it is copied whole before the disk fills.
+    let small = src.path("small-dir");
+    fs::create_dir_all(&small).unwrap();
+    fs::write(small.join("f"), b"small").unwrap();
+    let first = src.backup(&[&small]);
     let data = src.path("data");
     fs::create_dir_all(&data).unwrap();
     fs::write(data.join("big"), Rng(8).bytes(12 << 20, false)).unwrap();
@@ -503,6 +508,17 @@ fn a_full_destination_is_named_as_the_cause() {
     assert!(!out.status.success());
     assert!(err.contains("no space left"), "{err}");
     assert!(!err.contains("interrupted"), "{err}");
+    // What was copied whole before is said, though no report is printed.
+    let copied = dst.snapshot_ids();
+    assert_eq!(copied.len(), 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "copied before this stopped, complete: snapshot {} as {}",
+            &first[..8],
+            &copied[0][..8]
+        )),
+        "{err}"
+    );
 }
 
 /// The host record a server wrote for a snapshot (`hosts/<id>`) is copied with

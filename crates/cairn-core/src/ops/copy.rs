@@ -395,7 +395,47 @@ fn copy_snapshots(
             Err(_) => Default::default(),
         };
     let has_record = |sid: &SnapshotId| recorded.contains(&sid.to_hex());
-    for (sid, snap) in order {
+    let copied = copy_in_order(&copier, &order, &mut present, &mut stats, opts, &has_record);
+    if let Err(e) = copied {
+        // The copies committed before the failure are complete: said, since the
+        // report that lists them is not printed.
+        let done: Vec<String> = stats
+            .snapshots
+            .iter()
+            .filter(|s| !s.already_present)
+            .map(|s| format!("{} as {}", s.source.short(), s.target.short()))
+            .collect();
+        if !done.is_empty() {
+            progress.notice(format!(
+                "copied before this stopped, complete: snapshot{} {}",
+                if done.len() == 1 { "" } else { "s" },
+                done.join(", ")
+            ));
+        }
+        return Err(e);
+    }
+    stats.warnings.extend(copier.written.spill_failure());
+    let c = &copier.counters;
+    stats.files = c.files.load(Ordering::Relaxed);
+    stats.files_rechunked = c.files_rechunked.load(Ordering::Relaxed);
+    stats.bytes_read = c.bytes_read.load(Ordering::Relaxed);
+    stats.blobs_added = c.blobs_added.load(Ordering::Relaxed);
+    stats.bytes_added = c.bytes_added.load(Ordering::Relaxed);
+    Ok(stats)
+}
+
+/// The loop of [`copy_snapshots`]: each snapshot in turn, until one fails for
+/// a reason other than damage in the source.
+fn copy_in_order(
+    copier: &Copier<'_>,
+    order: &[&(SnapshotId, Snapshot)],
+    present: &mut HashMap<String, SnapshotId>,
+    stats: &mut CopyStats,
+    opts: &Run<'_>,
+    has_record: &dyn Fn(&SnapshotId) -> bool,
+) -> Result<()> {
+    let progress = copier.progress;
+    for &(sid, snap) in order {
         progress.check_cancelled()?;
         if let Some(t) = present.get(&sid.to_hex()) {
             // A record a run killed after the snapshot did not write, now.
@@ -476,14 +516,7 @@ fn copy_snapshots(
         });
         stats.logical_bytes += snap.summary.total_bytes;
     }
-    stats.warnings.extend(copier.written.spill_failure());
-    let c = &copier.counters;
-    stats.files = c.files.load(Ordering::Relaxed);
-    stats.files_rechunked = c.files_rechunked.load(Ordering::Relaxed);
-    stats.bytes_read = c.bytes_read.load(Ordering::Relaxed);
-    stats.blobs_added = c.blobs_added.load(Ordering::Relaxed);
-    stats.bytes_added = c.bytes_added.load(Ordering::Relaxed);
-    Ok(stats)
+    Ok(())
 }
 
 /// What makes two snapshots copies of one another when neither names the other:

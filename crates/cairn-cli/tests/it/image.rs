@@ -1718,6 +1718,28 @@ fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
     fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
     restore_image(&env, &snap, &target, &["--overwrite", "always"]);
     assert_eq!(fs::metadata(&target).unwrap().mode() & 0o777, 0o640);
+    // A full disk: the restore stops at the first refused write, says how far it
+    // got, and leaves no partial file holding the space.
+    let small = env.path("small");
+    let _fs = Tmpfs::mount(&small, "size=4m");
+    let on_small = small.join("back.raw");
+    let err = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--image",
+            "--target",
+            on_small.to_str().unwrap(),
+        ],
+        1,
+    );
+    assert!(
+        err.contains("the target refused a write at byte")
+            && err.contains("No space left")
+            && err.contains("is removed"),
+        "{err}"
+    );
+    assert_eq!(fs::read_dir(&small).unwrap().count(), 0, "{err}");
     // A damaged pack: the restore fails, names where its work is, and the file it
     // was to replace is untouched.
     flip_middle(&largest_pack(&env.repo));

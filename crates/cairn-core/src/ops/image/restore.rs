@@ -445,7 +445,7 @@ fn write_image(
     // pack of the one before.
     let threads = crate::ops::restore::execute::threads();
     let (tx, rx) = crossbeam_channel::bounded::<Job>(threads * 4);
-    std::thread::scope(|s| -> Result<()> {
+    let r = std::thread::scope(|s| -> Result<()> {
         for _ in 0..threads {
             let (rx, sink) = (rx.clone(), &sink);
             s.spawn(move || work(repo, sink, rx));
@@ -455,6 +455,10 @@ fn write_image(
         let mut window_bytes = 0u64;
         let mut flush = |window: &mut Vec<(u64, BlobId, u64)>| -> Result<()> {
             progress.check_cancelled()?;
+            // The target refuses writes (a full disk): the rest would fail too.
+            if write_failed.load(Ordering::Relaxed) {
+                return Err(Error::Invalid(TARGET_REFUSED.into()));
+            }
             let (needs, zeros, missing) = plan_window(repo, window, &zero_id, write_zeros);
             crate::lock(&failed).extend(missing);
             report.blocks_skipped_zero += window.len() as u64
@@ -487,30 +491,50 @@ fn write_image(
         flush(&mut window)?;
         drop(tx);
         Ok(())
-    })?;
-    if pos != info.size {
+    });
+    let stopped_early = match r {
+        Err(Error::Invalid(m)) if m == TARGET_REFUSED => true,
+        r => {
+            r?;
+            false
+        }
+    };
+    let write_failed = write_failed.into_inner();
+    if !stopped_early && pos != info.size {
         return Err(Error::damaged(
             "image snapshot",
             cairn_format::FormatError::malformed("image", "its blocks do not add up to its size"),
         ));
     }
-    target
-        .file
-        .sync_all()
-        .map_err(|e| Error::io(&target.path, e))?;
+    if !write_failed {
+        target
+            .file
+            .sync_all()
+            .map_err(|e| Error::io(&target.path, e))?;
+    }
     report.bytes_written = written.load(Ordering::Relaxed);
     report.blocks_written = blocks_written.load(Ordering::Relaxed);
     let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
-    if let Some((off, len, why)) = failed.first() {
-        let head = format!(
-            "{} blocks could not be restored (the first at bytes {off}..{}: {why})",
-            failed.len(),
-            off + len
-        );
+    if let Some((off, len, why)) = failed.iter().min_by_key(|f| f.0) {
+        let head = if write_failed {
+            // Stopped at the first refusal: a count of blocks would say little.
+            format!(
+                "the target refused a write at byte {off} after {} of the image's {} were \
+                 written ({why})",
+                crate::units::bytes(report.bytes_written, 0),
+                crate::units::bytes(info.size, 0)
+            )
+        } else {
+            format!(
+                "{} blocks could not be restored (the first at bytes {off}..{}: {why})",
+                failed.len(),
+                off + len
+            )
+        };
         return Err(match &target.partial {
             // The target refused writes (a full disk): what was written is no
             // use to keep, and keeping it would hold the space.
-            Some(p) if write_failed.into_inner() => Error::Invalid(format!(
+            Some(p) if write_failed => Error::Invalid(format!(
                 "{head}; {} is removed and {} {}",
                 p.path.display(),
                 target.path.display(),
@@ -596,6 +620,9 @@ enum Job {
     Pack(u32, Vec<Need>),
     Zeros(Vec<(u64, u64)>),
 }
+
+/// How the planner stops once the target refused a write.
+const TARGET_REFUSED: &str = "the image restore's target refused a write";
 
 /// Where the workers write, and what they count.
 struct Sink<'a> {

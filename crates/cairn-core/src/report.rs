@@ -26,3 +26,8 @@ impl LookupFailures {
             .map(|(count, error)| LookupFailures { count, error })
     }
 }
+
+/// For `skip_serializing_if`: a count that is absent when zero.
+pub fn is_zero(n: &u64) -> bool {
+    *n == 0
+}

@@ -93,12 +93,23 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
                 .into_parts();
             let mut w = SequentialWriter::new(f)
                 .with_context(|| format!("opening {}", partial.display()))?;
-            let r = export::export(&session, &root, path, format, &mut w).and_then(|r| {
-                let f = w.finish().map_err(|e| cairn_core::Error::io(&partial, e))?;
-                f.sync_all()
-                    .map_err(|e| cairn_core::Error::io(&partial, e))?;
-                Ok(r)
-            })?;
+            let r = export::export(&session, &root, path, format, &mut w)
+                .and_then(|r| {
+                    let f = w.finish().map_err(|e| cairn_core::Error::io(&partial, e))?;
+                    f.sync_all()
+                        .map_err(|e| cairn_core::Error::io(&partial, e))?;
+                    Ok(r)
+                })
+                .map_err(|e| match e {
+                    // The engine knows the archive, not the file it goes to.
+                    cairn_core::Error::Io { ref path, .. } if path.as_os_str() == "the archive" => {
+                        anyhow::Error::from(e).context(format!(
+                            "writing {} (nothing is left there)",
+                            file.display()
+                        ))
+                    }
+                    e => e.into(),
+                })?;
             let shown = partial.display().to_string();
             partial
                 .persist(file)

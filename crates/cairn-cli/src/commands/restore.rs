@@ -272,6 +272,15 @@ fn restore_image(
             }
         );
     }
+    if r.device_bytes_left > 0 {
+        eprintln!(
+            "note: {} is {} larger than the image: its last {} keep what they held (an old \
+             backup partition table there, for one)",
+            r.target.display(),
+            ui::bytes(r.device_bytes_left),
+            ui::bytes(r.device_bytes_left)
+        );
+    }
     if !r.unreadable_at_backup.is_empty() {
         eprintln!(
             "warning: {} of the image could not be read at backup time and hold zeros: {}",

@@ -390,6 +390,14 @@ fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount()
     sh(Command::new("mount").arg(&busy.0).arg(&mnt));
     let e = env.fails(&["restore", &snap, "--image", "--target", &busy.0], 1);
     assert!(e.contains("in use"), "{e}");
+    // Backing a device up while it is mounted read-write is worth a word.
+    let o = env.run(&["backup", "--dry-run", "--image", &busy.0]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("mounted read-write at {}", mnt.display())),
+        "{err}"
+    );
     // So is the file behind it (O_EXCL cannot tell for a file).
     let busy_file = env.path("busy.dev");
     let e = env.fails(
@@ -427,8 +435,15 @@ fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount()
     sh(Command::new("dd")
         .args(["if=/dev/urandom", "bs=1M", "count=20", "status=none"])
         .arg(format!("of={}", dev.0)));
-    let out = restore_image(&env, &snap, Path::new(&dev.0), &["--verify"]);
+    let o = env.run(&["restore", &snap, "--image", "--target", &dev.0, "--verify"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{err}");
     assert!(out.contains("(device)"), "{out}");
+    // Its last 4 MiB keep what they held: said.
+    assert!(err.contains("larger than the image: its last 4"), "{err}");
     let back = fs::read(&dev.0).unwrap();
     assert!(
         back[..16 << 20] == fs::read(&img).unwrap()[..],
@@ -1665,6 +1680,11 @@ fn an_image_backup_of_a_fifo_is_refused_at_once() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("whose size is not its content"), "{err}");
+    // Nor an empty one (an idle device says it holds 0 bytes).
+    let empty = env.path("empty.img");
+    fs::write(&empty, b"").unwrap();
+    let err = env.fails(&["backup", "--image", empty.to_str().unwrap()], 1);
+    assert!(err.contains("the source holds 0 bytes"), "{err}");
     assert!(env.snapshot_ids().is_empty());
 }
 
@@ -1740,6 +1760,19 @@ fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
         "{err}"
     );
     assert_eq!(fs::read_dir(&small).unwrap().count(), 0, "{err}");
+    // A target in a directory that does not exist: said so.
+    let nowhere = env.path("no-such-dir/back.raw");
+    let err = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--image",
+            "--target",
+            nowhere.to_str().unwrap(),
+        ],
+        1,
+    );
+    assert!(err.contains("no-such-dir does not exist"), "{err}");
     // A damaged pack: the restore fails, names where its work is, and the file it
     // was to replace is untouched.
     flip_middle(&largest_pack(&env.repo));

@@ -1081,3 +1081,26 @@ fn latest_passes_over_a_snapshot_dated_in_the_future() {
     ]);
     assert_eq!(other.ok(&["dump", "latest", f.to_str().unwrap()]), "new");
 }
+
+/// An export to a file on a full disk names the file, and leaves nothing there.
+#[test]
+fn an_export_to_a_full_disk_names_the_file_and_leaves_nothing() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("big"), Rng(3).bytes(3 << 20, false)).unwrap();
+    let snap = env.backup(&[&src]);
+    let small = env.path("small");
+    let _fs = Tmpfs::mount(&small, "size=1m");
+    let out = small.join("out.tar");
+    let err = env.fails(&["export", &snap, "-o", out.to_str().unwrap()], 1);
+    assert!(
+        err.contains(&format!(
+            "writing {} (nothing is left there)",
+            out.display()
+        )) && err.contains("No space left"),
+        "{err}"
+    );
+    assert_eq!(fs::read_dir(&small).unwrap().count(), 0);
+}

@@ -697,31 +697,43 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
             Ok(id)
         };
         let mut zeros: Vec<(BlobId, Vec<u8>)> = Vec::new();
+        let mut zero_id = |n: u64| {
+            *zero_ids.entry(n).or_insert_with(|| {
+                let data = vec![0u8; n as usize];
+                let id = key.blob_id(&data);
+                zeros.push((id, data));
+                id
+            })
+        };
         for_each_chunk_or_gap(repo, &node.content, node.size, present, &mut |piece| {
-            let (missing, len) = match piece {
+            let (len, was_zeros) = match piece {
                 Piece::Chunk(c) if present(&c.id) => {
                     at += c.length;
                     return builder.push(c, &mut emit);
                 }
-                Piece::Chunk(c) => (c.length, c.length),
-                Piece::Gap(n) => (n, n),
+                // A block of zeros whose one stored copy was lost loses nothing:
+                // it is stored again.
+                Piece::Chunk(c) => (c.length, zero_id(c.length) == c.id),
+                Piece::Gap(n) => (n, false),
             };
-            match lost.last_mut() {
-                Some(last) if last.0 + last.1 == at => last.1 += missing,
-                _ => lost.push((at, missing)),
+            if !was_zeros {
+                match lost.last_mut() {
+                    Some(last) if last.0 + last.1 == at => last.1 += len,
+                    _ => lost.push((at, len)),
+                }
             }
             // Blocks of zeros in the image's block size (the file's last may be
             // shorter).
             let mut left = len;
             while left > 0 {
                 let n = left.min(block);
-                let id = *zero_ids.entry(n).or_insert_with(|| {
-                    let data = vec![0u8; n as usize];
-                    let id = key.blob_id(&data);
-                    zeros.push((id, data));
-                    id
-                });
-                builder.push(ChunkRef { id, length: n }, &mut emit)?;
+                builder.push(
+                    ChunkRef {
+                        id: zero_id(n),
+                        length: n,
+                    },
+                    &mut emit,
+                )?;
                 left -= n;
             }
             at += len;
@@ -732,6 +744,11 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
             if !present(&id) && self.new_ids.insert(id) {
                 self.new_blobs.push((BlobKind::Data, id, data));
             }
+        }
+        if lost.is_empty() {
+            // Only blocks of zeros were lost: stored again (above), the image is
+            // whole as it stands.
+            return Ok(ImageFix::Intact);
         }
         let mut repaired = node.clone();
         repaired.content = content;

@@ -485,6 +485,19 @@ const MAX_READ_WARNINGS: usize = 50;
 const SHRANK: &str = "the source ended early: it shrank during the backup";
 
 /// The size of a file or block device.
+/// Where the block device `rdev` is mounted read-write, if it is (from this
+/// process's mount table).
+fn mounted_read_write(rdev: u64) -> Option<String> {
+    let want = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    table.lines().find_map(|line| {
+        // id, parent, major:minor, root, mount point, options, ...
+        let f: Vec<&str> = line.split(' ').collect();
+        let (dev, at, opts) = (f.get(2)?, f.get(4)?, f.get(5)?);
+        (*dev == want && opts.split(',').any(|o| o == "rw")).then(|| at.replace("\\040", " "))
+    })
+}
+
 /// Whether the file's modification or change time moved from what the scan saw.
 fn written_since(m: &std::fs::Metadata, scanned: &Node) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -737,7 +750,7 @@ pub(crate) fn plan(
     parent: Option<&cairn_format::snapshot::Snapshot>,
     parent_named: bool,
 ) -> Result<ImagePlan> {
-    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let path = super::absolute(&opts.source)?;
     let refuse = |m: &std::fs::Metadata| {
         if m.is_file() || m.file_type().is_block_device() {
@@ -766,6 +779,15 @@ pub(crate) fn plan(
         }
     }
     let size = source_size(&file).map_err(|e| Error::io(&path, e))?;
+    // Nothing to keep, and most likely not what was meant: a device with nothing
+    // attached (an idle NBD or loop device) says it holds 0 bytes.
+    if size == 0 {
+        return Err(Error::Invalid(format!(
+            "{}: the source holds 0 bytes (a device with nothing attached?): no image \
+             to back up",
+            path.display()
+        )));
+    }
     let name = match &opts.name {
         Some(n) => n.clone(),
         None => path
@@ -791,6 +813,15 @@ pub(crate) fn plan(
     // repository's block size never changes; a parent of another cairn might).
     let mut parent_unreadable = Vec::new();
     let mut notes = Vec::new();
+    if meta.file_type().is_block_device()
+        && let Some(at) = mounted_read_write(meta.rdev())
+    {
+        notes.push(format!(
+            "the device is mounted read-write at {at}: what is written there while it is \
+             read makes the image inconsistent; back up a snapshot of it (LVM, ZFS) or \
+             unmount it (or remount it read-only) first"
+        ));
+    }
     let parent_snap = parent;
     let parent = match parent.and_then(|s| s.image.as_ref().map(|i| (s, i))) {
         Some((snap, info))

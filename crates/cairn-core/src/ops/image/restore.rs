@@ -68,6 +68,10 @@ pub struct ImageRestoreReport {
     pub duration_secs: f64,
     /// Ranges the source could not read at backup time: zeros in the image.
     pub unreadable_at_backup: Vec<(u64, u64)>,
+    /// Bytes of a device target past the image's end: left as they were (what
+    /// was there before, an old backup GPT header, say).
+    #[serde(skip_serializing_if = "crate::report::is_zero")]
+    pub device_bytes_left: u64,
 }
 
 /// Where the image goes, opened.
@@ -76,6 +80,8 @@ struct Target {
     /// The path the image is restored to.
     path: PathBuf,
     device: bool,
+    /// A device's size (0 for a file).
+    device_size: u64,
     /// For a file: what the image is written to until it is whole and synced
     /// ([`partial_path`]), then renamed to `path`. A restore that is killed or fails
     /// leaves no file under the target's name that looks like the image (a
@@ -302,6 +308,7 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
                 file,
                 path,
                 device: true,
+                device_size: dev_size,
                 partial: None,
             })
         }
@@ -333,6 +340,7 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
                 file,
                 path,
                 device: false,
+                device_size: 0,
                 partial: Some(Partial {
                     path: partial,
                     replaces: Some(m),
@@ -352,11 +360,23 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
                     path.display()
                 )));
             }
+            // The file is made, not the directories above it (a mistyped path).
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+                && !dir.is_dir()
+            {
+                return Err(Error::Invalid(format!(
+                    "{}: the directory {} does not exist (the image file is created, not \
+                     the directories above it)",
+                    path.display(),
+                    dir.display()
+                )));
+            }
             let (file, partial) = open_partial(&path, size)?;
             Ok(Target {
                 file,
                 path,
                 device: false,
+                device_size: 0,
                 partial: Some(Partial {
                     path: partial,
                     replaces: None,
@@ -417,6 +437,7 @@ fn write_image(
         target_kind: if target.device { "device" } else { "file" },
         size: info.size,
         unreadable_at_backup: info.unreadable.clone(),
+        device_bytes_left: target.device_size.saturating_sub(info.size),
         ..Default::default()
     };
     let failed: Mutex<Vec<(u64, u64, String)>> = Mutex::new(Vec::new());

@@ -159,11 +159,22 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
             ui::count(p.missing_unused_packs as u64, "missing pack")
         );
     }
-    println!(
-        "space reclaimed: {}; unused space left: {}",
-        b(p.reclaim_bytes),
-        b(p.unused_bytes_after)
-    );
+    if !r.dry_run && r.deferred_packs > 0 {
+        // Packs whose deletion waits for running operations are not free yet.
+        println!(
+            "space reclaimed once the operations below end: {} ({} now); unused space \
+             left then: {}",
+            b(p.reclaim_bytes),
+            b(p.reclaim_bytes.saturating_sub(r.deferred_bytes)),
+            b(p.unused_bytes_after)
+        );
+    } else {
+        println!(
+            "space reclaimed: {}; unused space left: {}",
+            b(p.reclaim_bytes),
+            b(p.unused_bytes_after)
+        );
+    }
     if p.false_copies > 0 {
         println!(
             "warning: {} name blobs their packs do not hold (read to check them); \
@@ -208,8 +219,9 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     }
     if r.deferred_packs > 0 {
         println!(
-            "{} will be deleted by the next prune once these operations end:",
-            ui::count(r.deferred_packs as u64, "pack")
+            "{} ({}) will be deleted by the next prune once these operations end:",
+            ui::count(r.deferred_packs as u64, "pack"),
+            b(r.deferred_bytes)
         );
         for w in &r.waiting_for {
             println!("    {w}");

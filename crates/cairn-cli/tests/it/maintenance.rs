@@ -403,6 +403,11 @@ fn prune_waits_for_a_running_backup_and_rescues_what_it_used() {
     assert!(r["plan"]["delete_packs"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["deleted_packs"], 0, "{r}");
     assert!(r["deferred_packs"].as_u64().unwrap() > 0, "{r}");
+    // The bytes waiting are counted too (they were 0 whatever waited).
+    assert!(
+        r["deferred_bytes"].as_u64().unwrap() >= r["plan"]["delete_bytes"].as_u64().unwrap(),
+        "{r}"
+    );
     assert!(
         r["waiting_for"][0]
             .as_str()

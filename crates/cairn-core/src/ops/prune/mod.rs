@@ -617,6 +617,8 @@ fn delete_pending(
     // A pack may be named by two records (rescued, then retired again by a later
     // prune); it may only go when every record naming it is ready.
     let mut held: HashSet<PackId> = HashSet::new();
+    // Pack sizes, listed once the first record must wait (for its bytes).
+    let mut sizes: Option<HashMap<PackId, u64>> = None;
     for id in ids {
         let rec = repo.read_pending(&id)?;
         let blockers: Vec<_> = rec.locks.iter().filter_map(|l| alive.get(l)).collect();
@@ -629,6 +631,17 @@ fn delete_pending(
                 waiting.insert(b.describe());
             }
             report.deferred_packs += rec.packs.len() + rec.orphans.len();
+            if sizes.is_none() {
+                sizes = Some(repo.list_packs()?);
+            }
+            let sizes = sizes.as_ref();
+            report.deferred_bytes += rec
+                .packs
+                .iter()
+                .map(|p| p.id)
+                .chain(rec.orphans.iter().copied())
+                .filter_map(|p| sizes.and_then(|s| s.get(&p)))
+                .sum::<u64>();
             held.extend(rec.packs.iter().map(|p| p.id));
             held.extend(rec.orphans.iter().copied());
         }

@@ -350,8 +350,9 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     })?;
     if let Some(f) = &r.index_lookup_failures {
         eprintln!(
-            "warning: {} lookups in the SSD index failed ({}); those chunks were stored \
-             again, so the snapshot is complete, but they are not deduplicated until prune",
+            "warning: {} lookups in the SSD index failed ({}); the chunks they asked about \
+             were taken as new and stored again where needed, so the snapshot is complete, \
+             but such copies are not deduplicated until prune",
             f.count, f.error
         );
     }
@@ -378,8 +379,8 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         print_read_added(s, a.dry_run);
         if let Some(d) = &r.concurrent_duplicates {
             println!(
-                "           of which {} ({}) a backup running at the same time stored too; \
-                 `cairn prune` reclaims the second copy",
+                "           of which {} ({}) a backup running at the same time stored too \
+                 (each of the two counts it); `cairn prune` reclaims the second copy",
                 ui::bytes(d.bytes),
                 ui::count(d.chunks, "chunk")
             );

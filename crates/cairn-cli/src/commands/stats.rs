@@ -87,8 +87,9 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
     );
     if o.duplicate_bytes > 0 {
         println!(
-            "  of the unused: {} are second copies of needed data (backups running at the \
-             same time stored the same new chunks); `cairn prune` reclaims them",
+            "  of the unused: {} are second copies of needed data (stored twice by backups \
+             running at the same time, or because the index could not be read); `cairn prune \
+             --max-unused 0` reclaims them (a plain prune leaves up to 5% unused)",
             b(o.duplicate_bytes)
         );
     }

@@ -65,6 +65,14 @@ pub fn describe(g: &Global, repo: &Repository) -> Result<()> {
 }
 
 pub fn run(g: &Global, a: &InitArgs) -> Result<i32> {
+    if a.index_path.is_some()
+        && a.index_placement.parse::<IndexPlacement>().ok() == Some(IndexPlacement::Ram)
+    {
+        anyhow::bail!(
+            "--index-path is where the index lives on local disk: it goes with \
+             --index-placement ssd (a RAM index has no directory)"
+        );
+    }
     let opts = InitOptions {
         block_size: parse_block_size(a.block_size.as_deref().unwrap_or("16K"))?,
         compression: a

@@ -119,6 +119,13 @@ fn backups_on_the_ssd_placement_deduplicate_and_restore_exactly() {
     assert_same(&other, &copy);
 
     env.fails(&["index", "--placement", "floppy"], 1);
+    // A directory given where the index is in RAM: refused, not ignored.
+    let ram = Env::new();
+    let e = ram.fails(&["init", "--index-path", "/tmp/x"], 1);
+    assert!(e.contains("goes with --index-placement ssd"), "{e}");
+    ram.init(&[]);
+    let e = ram.fails(&["index", "--index-path", "/tmp/x"], 1);
+    assert!(e.contains("give --index-placement ssd with it"), "{e}");
 
     // A directory that cannot take the index changes nothing: it stays where it
     // was and every command goes on working.

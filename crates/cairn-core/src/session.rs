@@ -353,9 +353,28 @@ impl<A: Access> Session<A> {
         &self.progress
     }
 
-    /// Loads the index in the repository's placement, unless it is loaded.
+    /// Loads the index in the repository's placement, unless it is loaded. The
+    /// SSD placement's local files are a cache: when this machine cannot write
+    /// them (its disk full, say), the index is read into memory for this run
+    /// instead of the command failing — a restore must not wait for a cache.
     pub fn load_index(&mut self) -> Result<()> {
-        self.load_index_with(Repository::load_index)
+        match self.load_index_with(Repository::load_index) {
+            Err(e @ Error::Io { .. })
+                if self.repo.config().index_placement
+                    == cairn_format::config::IndexPlacement::Ssd =>
+            {
+                self.progress.warning_msg(format!(
+                    "the index's local files could not be updated ({e}): this run reads the \
+                     index into memory instead; free space there, or point CAIRN_INDEX_PATH \
+                     elsewhere"
+                ));
+                self.load_index_with(Repository::load_index_in_ram)
+                    .map_err(|ram| {
+                        Error::Invalid(format!("loading the index: {e}; in memory: {ram}"))
+                    })
+            }
+            r => r,
+        }
     }
 
     /// Loads the index with `load`, unless it is loaded; damaged index files are

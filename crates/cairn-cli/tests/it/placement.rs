@@ -312,3 +312,43 @@ fn the_ssd_index_follows_the_cache_dir_and_config_says_where() {
     let copy = env.restore("latest", &src, "r");
     assert_same(&src, &copy);
 }
+
+/// The SSD placement's local files are a cache: a restore on a machine whose
+/// disk for them is full reads the index into memory for that run instead of
+/// failing, and says so.
+#[test]
+fn a_restore_reads_the_index_into_memory_when_its_disk_is_full() {
+    let env = Env::new();
+    let holder = env.path("idx");
+    let _fs = Tmpfs::mount(&holder, "size=2m");
+    env.init(&[
+        "--block-size",
+        "4K",
+        "--index-placement",
+        "ssd",
+        "--index-path",
+        holder.to_str().unwrap(),
+    ]);
+    let src = env.path("src");
+    make_full_tree(&src, 3);
+    env.backup(&[&src]);
+    {
+        let mut filler = fs::File::create(holder.join("filler")).unwrap();
+        let block = vec![7u8; 1 << 16];
+        while std::io::Write::write_all(&mut filler, &block).is_ok() {}
+    }
+    fs::write(src.join("more.bin"), Rng(4).bytes(4 << 20, false)).unwrap();
+    let o = env.run(&["backup", src.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let o = env.run(&[
+        "restore",
+        "latest",
+        "--target",
+        env.path("out").to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("reads the index into memory instead"), "{err}");
+    assert_same(&src, &env.path("out").join(src.strip_prefix("/").unwrap()));
+}

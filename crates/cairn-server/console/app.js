@@ -598,6 +598,14 @@ function downloadUrl(id, path, format) {
     encodeURIComponent(path) + "&format=" + format;
 }
 
+// A name byte that is not UTF-8 arrives as a stand-in code point (U+10FF00 plus
+// the byte): shown as \xNN, as the command line prints it, not as a private-use
+// glyph. Links keep the stand-ins, which the server takes back.
+function shown(name) {
+  return name.replace(/[\u{10FF00}-\u{10FFFF}]/gu, (c) =>
+    "\\x" + (c.codePointAt(0) - 0x10ff00).toString(16).padStart(2, "0"));
+}
+
 function join(dir, name) {
   return (dir === "/" ? "" : dir) + "/" + name;
 }
@@ -623,7 +631,7 @@ async function browse(id, path) {
     acc += "/" + p;
     const a = document.createElement("a");
     a.href = hashFor(id, acc);
-    a.textContent = p + " /";
+    a.textContent = shown(p) + " /";
     crumbs.appendChild(a);
   }
   $("browse-archive").href = downloadUrl(id, path, "tar.zst");
@@ -650,12 +658,12 @@ async function morePage() {
   $("browse-total").textContent = page.total + " entries.";
   for (const e of page.entries) {
     const full = join(b.path, e.name);
-    const tr = row(e.type === "symlink" ? e.name + " → " + e.link_target : e.name);
+    const tr = row(shown(e.type === "symlink" ? e.name + " → " + e.link_target : e.name));
     tr.dataset.name = e.name;
     if (e.type === "dir") {
       const a = document.createElement("a");
       a.href = hashFor(b.id, full);
-      a.textContent = e.name + "/";
+      a.textContent = shown(e.name) + "/";
       tr.firstChild.replaceChildren(a);
     }
     cell(tr, e.type);
@@ -667,7 +675,7 @@ async function morePage() {
       const a = document.createElement("a");
       a.href = downloadUrl(b.id, full, e.type === "file" ? "file" : "tar.zst");
       a.textContent = e.type === "file" ? "Download" : "Download .tar.zst";
-      a.setAttribute("aria-label", "Download " + e.name);
+      a.setAttribute("aria-label", "Download " + shown(e.name));
       a.className = "download";
       td.appendChild(a);
     }
@@ -697,7 +705,7 @@ $("search-form").addEventListener("submit", async (ev) => {
       } else {
         a.href = downloadUrl(b.id, e.path, "file");
       }
-      a.textContent = e.path;
+      a.textContent = shown(e.path);
       li.appendChild(a);
       li.appendChild(document.createTextNode(" (" + e.type + (e.type === "file" ? ", " + bytes(e.size) : "") + ")"));
       list.appendChild(li);

@@ -44,6 +44,17 @@ fn several_passwords_change_and_remove() {
     assert!(o.status.success());
 
     // Change the first password: the old one stops working, data is untouched.
+    // A key file of another repository made with the same password (a wrong
+    // rsync) is not one of this repository's keys: no word of it.
+    let other = Env::new();
+    other.init(&[]);
+    let stray = fs::read_dir(other.repo.join("keys"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let stray_here = env.repo.join("keys").join(stray.file_name());
+    fs::copy(stray.path(), &stray_here).unwrap();
     let o = env
         .cmd(&["key", "passwd"])
         .env("CAIRN_NEW_PASSWORD", "third")
@@ -52,6 +63,7 @@ fn several_passwords_change_and_remove() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(!err.contains("warning"), "{err}");
+    fs::remove_file(&stray_here).unwrap();
     env.fails(&["snapshots"], 12);
     // Two keys with one password: changing one says the other still opens with it.
     let o = env

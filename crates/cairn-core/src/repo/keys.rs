@@ -58,8 +58,12 @@ impl Repository {
             if Some(id) == self.key_id {
                 continue;
             }
+            // Every key of this repository wraps its one secret: a key file of
+            // another repository that opens with the same password is not one.
             if let Ok(kf) = kf
-                && kf.unwrap_secret(password.as_bytes()).is_ok()
+                && kf
+                    .unwrap_secret(password.as_bytes())
+                    .is_ok_and(|s| s == *self.key.secret())
             {
                 out.push(id);
             }

@@ -530,7 +530,9 @@ pub struct BackupArgs {
     #[arg(long, value_parser = nonempty("host name"))]
     pub host: Option<String>,
     /// Exclude paths matching this pattern (repeatable); `!PATTERN` includes again
-    /// what an earlier pattern excluded (the last matching pattern decides)
+    /// what an earlier pattern excluded (the last matching pattern decides), but
+    /// an excluded directory is not entered: exclude `dir/*`, not `dir`, to keep
+    /// `!dir/keep` (as restic)
     #[arg(short = 'e', long = "exclude")]
     pub excludes: Vec<String>,
     /// Read exclude patterns from a file, one per line
@@ -644,13 +646,13 @@ fn nonempty(what: &'static str) -> impl clap::builder::TypedValueParser<Value = 
 
 /// A path inside a snapshot as given, even when it is not UTF-8 (a file name with
 /// other bytes): those bytes travel as the engine's stand-ins
-/// (`cairn_core::ls::escape_name`), so that the name is matched by its exact bytes.
+/// (`cairn_core::ls::escape_arg`), so that the name is matched by its exact bytes.
 /// A name typed as listings show it (U+FFFD for such bytes) is matched too when
 /// only one name of its directory reads that way.
 fn snapshot_path() -> impl clap::builder::TypedValueParser<Value = String> {
     use clap::builder::TypedValueParser;
     use std::os::unix::ffi::OsStrExt;
-    clap::builder::OsStringValueParser::new().map(|s| cairn_core::ls::escape_name(s.as_bytes()))
+    clap::builder::OsStringValueParser::new().map(|s| cairn_core::ls::escape_arg(s.as_bytes()))
 }
 
 #[derive(Args)]

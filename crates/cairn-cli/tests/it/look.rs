@@ -931,6 +931,52 @@ fn names_that_are_not_utf8_can_be_named() {
     got.extend_from_slice(b"/\xfe\xfd-two");
     assert_eq!(fs::read(OsStr::from_bytes(&got)).unwrap(), b"two");
     assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+
+    // A name holding U+10FFFF itself (valid UTF-8) beside one holding the byte
+    // 0xff, which listings show with that character's stand-in: listed apart; the
+    // first given back by its --json path; the path that reads as both refused
+    // as ambiguous rather than taken for either (it was dumped as the other's
+    // content).
+    let nu = env.path("nu");
+    fs::create_dir_all(&nu).unwrap();
+    let mut rawname = nu.as_os_str().as_bytes().to_vec();
+    rawname.extend_from_slice(b"/b\xff");
+    fs::write(OsStr::from_bytes(&rawname), b"RAW").unwrap();
+    fs::write(nu.join("b\u{10FFFF}"), b"UNI").unwrap();
+    let snap = env.backup(&[&nu]);
+    let listed: serde_json::Value =
+        serde_json::from_str(&env.ok(&["ls", &snap, "--json"])).unwrap();
+    let mut paths: Vec<String> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap().to_string())
+        .filter(|p| p.contains("/nu/b"))
+        .collect();
+    paths.sort();
+    assert_eq!(paths.len(), 2, "{listed}");
+    assert_ne!(paths[0], paths[1]);
+    let dump = |path: &OsStr| env.cmd(&["dump", &snap]).arg(path).output().unwrap();
+    let got: Vec<Vec<u8>> = paths.iter().map(|p| dump(OsStr::new(p)).stdout).collect();
+    assert!(got.contains(&b"UNI".to_vec()), "{got:?}");
+    assert!(!got.contains(&b"RAW".to_vec()), "{got:?}");
+    let o = dump(nu.join("b\u{10FFFF}").as_os_str());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("two names in the snapshot match it"), "{err}");
+    // Its own bytes read as the same text (an argument is taken in the form
+    // listings use): refused too, never the other's content.
+    let o = dump(OsStr::from_bytes(&rawname));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stdout.is_empty());
+    // The directory holds both, each with its own content.
+    let t = env.path("t-nu");
+    env.ok(&["restore", &snap, "--target", t.to_str().unwrap()]);
+    let back = t.join(nu.strip_prefix("/").unwrap());
+    assert_eq!(fs::read(back.join("b\u{10FFFF}")).unwrap(), b"UNI");
+    let mut raw_back = back.into_os_string().into_vec();
+    raw_back.extend_from_slice(b"/b\xff");
+    assert_eq!(fs::read(OsStr::from_bytes(&raw_back)).unwrap(), b"RAW");
 }
 
 /// Hard links to a symlink and to a FIFO are tar hard links in an export (they

@@ -15,12 +15,12 @@ fn components(path: &str) -> Vec<&str> {
 }
 
 use crate::tree::RAW_BYTE;
-pub use crate::tree::{escape_name, raw_byte};
+pub use crate::tree::{escape_arg, escape_name, raw_byte};
 
 /// The exact bytes of a name given with stand-ins ([`escape_name`]); `None` when it
 /// holds none (it is the name's UTF-8 then).
 fn unescape_name(name: &str) -> Option<Vec<u8>> {
-    let raw = |c: char| (RAW_BYTE..=RAW_BYTE + 0xFF).contains(&u32::from(c));
+    let raw = crate::tree::is_stand_in;
     if !name.chars().any(raw) {
         return None;
     }
@@ -61,7 +61,18 @@ fn entry_named<'t>(tree: &'t Tree, name: &str, path: &str) -> Result<&'t Node> {
         ))
     };
     if let Some(bytes) = unescape_name(name) {
-        return tree.find(&bytes).ok_or_else(missing);
+        // Stand-ins as listings print them; or, in a name that holds such a
+        // character itself, that character: both there, the name is ambiguous.
+        return match (tree.find(&bytes), tree.find(name.as_bytes())) {
+            (Some(a), Some(b)) if a.name != b.name => Err(Error::Invalid(format!(
+                "{}: two names in the snapshot match it (one holds the bytes its \
+                 characters U+10FF00-U+10FFFF stand for, one those characters themselves): \
+                 dump or restore their directory",
+                shown(path)
+            ))),
+            (Some(n), _) | (None, Some(n)) => Ok(n),
+            (None, None) => Err(missing()),
+        };
     }
     if let Some(n) = tree.find(name.as_bytes()) {
         return Ok(n);
@@ -323,5 +334,12 @@ mod tests {
             Some(0xfe)
         );
         assert_eq!(raw_byte('x'), None);
+        // A name holding a character that is itself a stand-in (U+10FFFF) does
+        // not read as one holding the byte it stands for (0xff).
+        let real = "b\u{10FFFF}".as_bytes();
+        let (a, b) = (escape_name(real), escape_name(b"b\xff"));
+        assert_ne!(a, b);
+        assert_eq!(unescape_name(&a).as_deref(), Some(real));
+        assert_eq!(unescape_name(&b).as_deref(), Some(&b"b\xff"[..]));
     }
 }

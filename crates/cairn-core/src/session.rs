@@ -354,19 +354,21 @@ impl<A: Access> Session<A> {
     }
 
     /// Loads the index in the repository's placement, unless it is loaded. The
-    /// SSD placement's local files are a cache: when this machine cannot write
-    /// them (its disk full, say), the index is read into memory for this run
-    /// instead of the command failing — a restore must not wait for a cache.
+    /// SSD placement's local files are a cache: when this machine cannot use
+    /// them (their disk full, say), the index is read into memory for this run
+    /// instead of the command failing — a restore must not wait for a cache. Not
+    /// under a memory limit, which was planned for the SSD placement's share.
     pub fn load_index(&mut self) -> Result<()> {
         match self.load_index_with(Repository::load_index) {
             Err(e @ Error::Io { .. })
                 if self.repo.config().index_placement
-                    == cairn_format::config::IndexPlacement::Ssd =>
+                    == cairn_format::config::IndexPlacement::Ssd
+                    && self.repo.memory_limit().is_none() =>
             {
                 self.progress.warning_msg(format!(
-                    "the index's local files could not be updated ({e}): this run reads the \
-                     index into memory instead; free space there, or point CAIRN_INDEX_PATH \
-                     elsewhere"
+                    "the index's local files could not be used ({e}): this run reads the \
+                     index into memory instead; make room there (or mend what the message \
+                     says), or point CAIRN_INDEX_PATH elsewhere"
                 ));
                 self.load_index_with(Repository::load_index_in_ram)
                     .map_err(|ram| {
@@ -375,6 +377,12 @@ impl<A: Access> Session<A> {
             }
             r => r,
         }
+    }
+
+    /// [`Session::load_index`] without its fallback: `cairn index`, which checks
+    /// that the placement works before recording it, must see it fail.
+    pub fn load_index_in_place(&mut self) -> Result<()> {
+        self.load_index_with(Repository::load_index)
     }
 
     /// Loads the index with `load`, unless it is loaded; damaged index files are

@@ -68,7 +68,7 @@ pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
     let mut session: Session<Read> =
         Session::open(repo, "index", IndexLoad::Deferred, &p.progress)?;
     let started = std::time::Instant::now();
-    let loaded = session.load_index();
+    let loaded = session.load_index_in_place();
     if loaded.is_err()
         && let Some(d) = &new_dir
     {

@@ -1282,8 +1282,9 @@ impl<'a> Content<'a> {
             read,
         }) = self.batches.pop_front()
         else {
-            // The end of what could be listed: the zeros standing for the rest.
-            while self.lost_tail > 0 {
+            // The end of what could be listed: the zeros standing for the rest,
+            // a MiB per call (the reader calls again for more).
+            if self.lost_tail > 0 {
                 let n = self.lost_tail.min(1 << 20);
                 self.ready.push_back(vec![0u8; n as usize]);
                 self.lost_tail -= n;

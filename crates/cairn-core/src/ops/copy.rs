@@ -39,7 +39,7 @@ use crate::tree::walk::Visitor;
 use cairn_format::pack::BlobKind;
 use cairn_format::snapshot::{CopiedFrom, Snapshot};
 use cairn_format::tree::{ChunkList, ChunkRef, Content, Node, NodeKind, Tree};
-use cairn_format::{BlobId, FormatError, SnapshotId};
+use cairn_format::{BlobId, FormatError, PackId, SnapshotId};
 use crossbeam_channel::{Sender, bounded, unbounded};
 use std::collections::HashMap;
 use std::io::Write;
@@ -172,14 +172,7 @@ pub fn copy(
     for (id, s) in &wanted {
         if let Some(&(there, repaired)) = copies.get(&id.to_hex()) {
             if repaired && !is_repaired(s) {
-                healing.push(format!(
-                    "snapshot {} is in the destination only as {}, which `repair snapshots` \
-                     left without the data it lost there: copied again from the source \
-                     (`cairn forget {}` in the destination removes the repaired one)",
-                    id.short(),
-                    there.short(),
-                    there.short()
-                ));
+                healing.push((*id, there));
             } else {
                 present.insert(id.to_hex(), there);
             }
@@ -218,10 +211,46 @@ pub fn copy(
         .filter(|(id, _)| !present.contains_key(&id.to_hex()))
         .map(|(_, s)| s)
         .collect();
+    let mut notes = Vec::new();
     if !missing.is_empty() {
         refuse_other_hosts(dst.repo(), &missing)?;
         src.load_index()?;
         dst.load_index()?;
+    }
+    if !healing.is_empty() {
+        // Copying again sends what the destination's index lacks: an index that
+        // still lists packs that are gone would have it skip the lost data.
+        let stored: std::collections::HashSet<PackId> =
+            dst.repo().list_packs()?.into_keys().collect();
+        let gone = dst
+            .repo()
+            .index()
+            .packs()
+            .iter()
+            .filter(|p| !stored.contains(p))
+            .count();
+        for (id, there) in healing {
+            if gone > 0 {
+                present.insert(id.to_hex(), there);
+                notes.push(format!(
+                    "snapshot {} is in the destination only as {}, which `repair snapshots` \
+                     left without the data it lost there, and the destination's index still \
+                     lists {gone} packs that are gone: run `cairn repair index` there, then \
+                     copy again to copy it whole",
+                    id.short(),
+                    there.short()
+                ));
+            } else {
+                notes.push(format!(
+                    "snapshot {} is in the destination only as {}, which `repair snapshots` \
+                     left without the data it lost there: copied again from the source \
+                     (`cairn forget {}` in the destination removes the repaired one)",
+                    id.short(),
+                    there.short(),
+                    there.short()
+                ));
+            }
+        }
     }
     progress.phase(crate::progress::Phase::Copy);
     progress.set_total(
@@ -280,7 +309,7 @@ pub fn copy(
         .into_iter()
         .map(|(source, error)| FailedCopy { source, error })
         .collect();
-    report.warnings = healing;
+    report.warnings = notes;
     report.warnings.extend(stats.warnings);
     report.duration_secs = start.elapsed().as_secs_f64();
     Ok(report)

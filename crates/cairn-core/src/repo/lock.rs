@@ -250,7 +250,6 @@ pub fn release_held() {
     }
 }
 
-/// A lock this process holds; released (deleted) on drop.
 /// Which other live locks make an acquisition back off.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Rivals {
@@ -258,10 +257,12 @@ enum Rivals {
     None,
     /// Other exclusive locks.
     Exclusive,
-    /// Other locks of the same operation.
+    /// Other locks of the same operation (taken by admins, where the repository
+    /// marks admin objects).
     SameOperation,
 }
 
+/// A lock this process holds; released (deleted) on drop.
 pub struct RepoLock {
     backend: Arc<dyn Backend>,
     id: [u8; 32],
@@ -368,7 +369,10 @@ impl RepoLock {
         };
         let backend = repo.backend().clone();
         let key = repo.key().clone();
-        let name = lock_name(repo, &id, exclusive);
+        // A lock others must respect carries the admin mark where the repository
+        // uses it: an append-only writer (a backup token of `cairn serve`) can
+        // then not hold anyone up with one.
+        let name = lock_name(repo, &id, rivals != Rivals::None);
         // A full storage is the caller's to judge: a reader goes on without a
         // lock, a writer says what to do (`session::Session::open`).
         write_lock(backend.as_ref(), &key, &name, &lock, true)?;
@@ -386,18 +390,26 @@ impl RepoLock {
             shared: shared.clone(),
             thread: None,
         };
-        let rival = |l: &Lock| match rivals {
-            Rivals::None => false,
-            Rivals::Exclusive => l.exclusive,
-            Rivals::SameOperation => l.operation == operation,
+        let admin_only = repo.admin_names();
+        let rival = |o: &LockInfo| {
+            let admin = names::split_admin(names::base(&o.name)).0;
+            o.lock.as_ref().is_some_and(|l| match rivals {
+                Rivals::None => false,
+                Rivals::Exclusive => l.exclusive,
+                Rivals::SameOperation => l.operation == operation && (admin || !admin_only),
+            })
         };
         if rivals != Rivals::None
             && let Some(other) = list_locks(repo)?
                 .into_iter()
-                .find(|o| o.id != id && !o.stale && o.lock.as_ref().is_some_and(rival))
+                .find(|o| o.id != id && !o.stale && rival(o))
         {
+            let what = match rivals {
+                Rivals::SameOperation => format!("another {operation} change is under way"),
+                _ => "the repository is busy".to_string(),
+            };
             return Err(Error::Locked(format!(
-                "the repository is busy: {} (it expires by itself if that process died; see `cairn unlock`)",
+                "{what}: {} (it expires by itself if that process died; see `cairn unlock`)",
                 other.describe()
             )));
         }

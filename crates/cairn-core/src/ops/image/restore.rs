@@ -449,6 +449,7 @@ fn write_image(
         .map(cairn_backend::Limiter::new);
     let direct = super::reopen_direct(&target.file, true);
     let write_failed = std::sync::atomic::AtomicBool::new(false);
+    let first_refusal = Mutex::new(None);
     let sink = Sink {
         file: &target.file,
         direct: direct.as_ref(),
@@ -456,6 +457,7 @@ fn write_image(
         progress,
         failed: &failed,
         write_failed: &write_failed,
+        first_refusal: &first_refusal,
         written: &written,
         blocks_written: &blocks_written,
         limit: limit.as_ref(),
@@ -536,11 +538,14 @@ fn write_image(
     report.bytes_written = written.load(Ordering::Relaxed);
     report.blocks_written = blocks_written.load(Ordering::Relaxed);
     let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
-    if let Some((off, len, why)) = failed.iter().min_by_key(|f| f.0) {
-        let head = if write_failed {
+    let refusal = first_refusal
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some((off, len, why)) = failed.first() {
+        let head = if let Some((at, why)) = refusal {
             // Stopped at the first refusal: a count of blocks would say little.
             format!(
-                "the target refused a write at byte {off} after {} of the image's {} were \
+                "the target refused a write at byte {at} after {} of the image's {} were \
                  written ({why})",
                 crate::units::bytes(report.bytes_written, 0),
                 crate::units::bytes(info.size, 0)
@@ -655,6 +660,8 @@ struct Sink<'a> {
     failed: &'a Mutex<Failed>,
     /// Set when the target refused a write (a full disk), not the repository a read.
     write_failed: &'a std::sync::atomic::AtomicBool,
+    /// The first write the target refused: where, and why.
+    first_refusal: &'a Mutex<Option<(u64, String)>>,
     written: &'a AtomicU64,
     blocks_written: &'a AtomicU64,
     limit: Option<&'a cairn_backend::Limiter>,
@@ -667,6 +674,7 @@ impl Sink<'_> {
 
     fn fail_write(&self, at: u64, len: u64, why: String) {
         self.write_failed.store(true, Ordering::Relaxed);
+        crate::lock(self.first_refusal).get_or_insert_with(|| (at, why.clone()));
         self.fail(at, len, why);
     }
 

@@ -183,8 +183,8 @@ struct Out {
     id: BlobId,
     removed: Vec<String>,
     bytes: u64,
-    /// Entries kept below that are not directories: none, and the snapshot
-    /// would hold nothing.
+    /// Entries kept below, of any kind: none, and the snapshot would hold
+    /// nothing at all (as restic, a snapshot left with directories is kept).
     kept: u64,
 }
 
@@ -232,7 +232,7 @@ impl Excluder<'_> {
         }
         parent.removed.extend(out.removed.iter().cloned());
         parent.bytes += out.bytes;
-        parent.kept += out.kept;
+        parent.kept += 1 + out.kept;
         parent.nodes.push(n);
     }
 }
@@ -278,7 +278,7 @@ impl Visitor for Excluder<'_> {
                 Ok(Some(sub))
             }
             _ => {
-                dir.kept += u64::from(n.kind != NodeKind::Dir);
+                dir.kept += 1;
                 dir.nodes.push(n.clone());
                 Ok(None)
             }

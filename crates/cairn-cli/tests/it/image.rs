@@ -643,8 +643,9 @@ fn unreadable_blocks_are_reported_kept_going_past_and_saved_as_zeros() {
         serde_json::json!([[first, end - first]]),
         "{info}"
     );
-    // An incremental from a changed-block list that leaves those blocks out takes
-    // them from the parent: zeros, and it says so, in its exit code and its record.
+    // An incremental from a changed-block list that leaves those blocks out reads
+    // them again (the parent has zeros there): still unreadable, it says so, in
+    // its exit code and its record.
     let list = env.path("changed.txt");
     fs::write(&list, format!("0 {}\n", 16384)).unwrap();
     let e = env.fails(
@@ -659,7 +660,7 @@ fn unreadable_blocks_are_reported_kept_going_past_and_saved_as_zeros() {
     );
     drop(session);
     assert!(
-        e.contains("could not be read for the parent snapshot"),
+        e.contains(&format!("bytes {first}..{end} could not be read")),
         "{e}"
     );
     let incremental = env.snapshot_ids().pop().unwrap();
@@ -1891,9 +1892,19 @@ fn repair_snapshots_keeps_an_image_with_its_lost_blocks_as_zeros() {
         at = from + len;
     }
     assert!(back[at..] == data[at..]);
-    // A later backup of the image takes it as its parent as usual.
-    let again = backup_image(&env, &src, &[]);
-    assert!(again["snapshot_id"].is_string(), "{again}");
+    // A changed-block incremental on it reads the lost blocks again from the
+    // source, which still has them: whole again, with nothing unreadable.
+    let list = env.path("nothing-changed.txt");
+    fs::write(&list, "").unwrap();
+    let again = backup_image(&env, &src, &["--changed-blocks", list.to_str().unwrap()]);
+    let healed = again["snapshot_id"].as_str().unwrap().to_string();
+    assert!(image_of(&env, &healed)["unreadable"].is_null(), "{again}");
+    let out = env.path("healed.img");
+    restore_image(&env, &healed, &out, &[]);
+    assert!(
+        fs::read(&out).unwrap() == data,
+        "the lost blocks were not read again"
+    );
 }
 
 /// An image file written to while it is read (a running VM's disk) is saved as

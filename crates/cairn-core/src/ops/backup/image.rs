@@ -876,7 +876,22 @@ pub(crate) fn plan(
                     "--changed-blocks needs a parent image snapshot of this source (same host and path, or --parent): run a backup without it first".into(),
                 ));
             }
-            Some(ChangedRanges::load(list, *format, size)?)
+            let listed = ChangedRanges::load(list, *format, size)?;
+            // What the parent holds as zeros for want of data (its source could
+            // not read it, or a repair lost it) is read again, not taken over: the
+            // source may give it now.
+            let again: Vec<(u64, u64)> = listed
+                .ranges()
+                .iter()
+                .map(|&(start, end)| (start, end - start))
+                .chain(
+                    parent_unreadable
+                        .iter()
+                        .filter(|&&(off, _)| off < size)
+                        .map(|&(off, len)| (off, len.min(size - off))),
+                )
+                .collect();
+            Some(ChangedRanges::from_ranges(again, size).map_err(Error::Invalid)?)
         }
         None => None,
     };

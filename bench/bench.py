@@ -647,7 +647,7 @@ class Cairn(Tool):
 
     SUMMARY_RE = {
         "forget": r"(removed|would remove) \d+ snapshots?",
-        "prune": r"(\d+ snapshots? need|will |would |space reclaimed|wrote |kept |\d+ packs )",
+        "prune": r"(\d+ snapshots? need|will |would |space reclaimed|space to reclaim|wrote |kept |\d+ packs )",
         "check-rd": r"(checked |no errors|\d+ (errors|problems))",
     }
 

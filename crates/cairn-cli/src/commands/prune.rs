@@ -162,10 +162,9 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     if !r.dry_run && r.deferred_packs > 0 {
         // Packs whose deletion waits for running operations are not free yet.
         println!(
-            "space reclaimed once the operations below end: {} ({} now); unused space \
-             left then: {}",
+            "space to reclaim: {}, by the next prune once the operations below end; \
+             unused space left then: {}",
             b(p.reclaim_bytes),
-            b(p.reclaim_bytes.saturating_sub(r.deferred_bytes)),
             b(p.unused_bytes_after)
         );
     } else {

@@ -617,8 +617,10 @@ fn delete_pending(
     // A pack may be named by two records (rescued, then retired again by a later
     // prune); it may only go when every record naming it is ready.
     let mut held: HashSet<PackId> = HashSet::new();
-    // Pack sizes, listed once the first record must wait (for its bytes).
+    // Pack sizes, listed once the first record must wait (for its bytes); a
+    // pack two waiting records name is counted once.
     let mut sizes: Option<HashMap<PackId, u64>> = None;
+    let mut counted: HashSet<PackId> = HashSet::new();
     for id in ids {
         let rec = repo.read_pending(&id)?;
         let blockers: Vec<_> = rec.locks.iter().filter_map(|l| alive.get(l)).collect();
@@ -640,6 +642,7 @@ fn delete_pending(
                 .iter()
                 .map(|p| p.id)
                 .chain(rec.orphans.iter().copied())
+                .filter(|p| counted.insert(*p))
                 .filter_map(|p| sizes.and_then(|s| s.get(&p)))
                 .sum::<u64>();
             held.extend(rec.packs.iter().map(|p| p.id));

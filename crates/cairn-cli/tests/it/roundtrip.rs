@@ -1240,3 +1240,32 @@ fn a_file_replaced_after_the_scan_keeps_the_mode_of_the_file_read() {
     );
     assert_eq!(m.permissions().mode() & 0o777, 0o600);
 }
+
+/// A symlink given as a source is saved as the symlink; given with a trailing
+/// `/` or `/.`, it names the directory it points to, which is saved (as the
+/// kernel, tar and rsync read such a path).
+#[test]
+fn a_symlinked_source_with_a_trailing_slash_is_its_directory() {
+    let env = Env::new();
+    env.init(&[]);
+    let dir = env.path("real");
+    fs::create_dir_all(dir.join("sub")).unwrap();
+    fs::write(dir.join("sub/f"), b"in the directory").unwrap();
+    let link = env.path("link");
+    std::os::unix::fs::symlink(&dir, &link).unwrap();
+    let listed = |arg: String| {
+        let v: serde_json::Value =
+            serde_json::from_str(&env.ok(&["backup", "--json", &arg])).unwrap();
+        let id = v["snapshot_id"].as_str().unwrap().to_string();
+        env.ok(&["ls", &id])
+    };
+    let as_link = listed(link.to_str().unwrap().to_string());
+    assert!(!as_link.contains("sub/f"), "{as_link}");
+    for suffix in ["/", "/."] {
+        let ls = listed(format!("{}{suffix}", link.display()));
+        assert!(
+            ls.contains(&format!("{}/sub/f", dir.display())),
+            "{suffix}: {ls}"
+        );
+    }
+}

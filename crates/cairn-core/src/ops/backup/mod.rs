@@ -313,6 +313,12 @@ pub(crate) const CHANGED_WHILE_READ: &str =
 
 pub(crate) fn absolute(p: &Path) -> Result<PathBuf> {
     let abs = std::path::absolute(p).map_err(|e| Error::io(p, e))?;
+    // A path ending in `/` or `/.` names a directory, through a symlink too (as
+    // the kernel, tar and rsync take it): resolved whole.
+    let given = p.as_os_str().as_encoded_bytes();
+    if given.ends_with(b"/") || given.ends_with(b"/.") {
+        return abs.canonicalize().map_err(|e| Error::io(p, e));
+    }
     // Resolve `..` and symlinks in the parent, keep the last component as it is (a
     // symlink given on the command line is saved as a symlink).
     match (abs.parent(), abs.file_name()) {

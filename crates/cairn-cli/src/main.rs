@@ -126,7 +126,7 @@ fn main() {
 /// The error a command ended with, on stderr: `cairn: error: ...`, or with
 /// `--json` one more event line (`{"type":"error","message":...,"exit_code":N}`),
 /// so that a script reading stderr line by line as JSON reads it too.
-fn report_error(json: bool, message: &str, code: i32) {
+pub(crate) fn report_error(json: bool, message: &str, code: i32) {
     if json {
         let line = serde_json::json!({"type": "error", "message": message, "exit_code": code});
         eprintln!("{line}");

@@ -128,9 +128,13 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         } else {
             ""
         };
-        eprintln!(
-            "cairn: error: the repository has {}{next}",
-            ui::count(report.problems.len() as u64, "problem")
+        crate::report_error(
+            g.json,
+            &format!(
+                "the repository has {}{next}",
+                ui::count(report.problems.len() as u64, "problem")
+            ),
+            1,
         );
         Ok(1)
     }

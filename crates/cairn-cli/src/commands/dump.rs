@@ -29,7 +29,7 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
             cairn_core::export::export(&session, &snap.tree_id()?, &a.file, format, out.writer())?;
         out.finish(format == cairn_core::export::Format::Tar)
             .context("writing standard output")?;
-        let code = super::export::report(&r);
+        let code = super::export::report(&r, g.json);
         return Ok(super::worst(
             code,
             super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),

@@ -139,7 +139,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
                 .display()
         );
     }
-    let code = report(&r);
+    let code = report(&r, g.json);
     Ok(super::worst(
         code,
         super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),
@@ -147,7 +147,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
 }
 
 /// Prints what an export left out or changed on standard error; the exit code.
-pub(super) fn report(r: &ExportReport) -> i32 {
+pub(super) fn report(r: &ExportReport, json: bool) -> i32 {
     for (path, e) in &r.errors {
         let line = format!("error: {path}: {e} (left out of the archive)");
         eprintln!("{}", crate::ui::printable(&line));
@@ -179,9 +179,13 @@ pub(super) fn report(r: &ExportReport) -> i32 {
             crate::ui::count(r.damaged.len() as u64, "file")
         ));
     }
-    eprintln!(
-        "cairn: error: {} (listed above); everything else is in it as it was saved",
-        what.join(", ")
+    crate::report_error(
+        json,
+        &format!(
+            "{} (listed above); everything else is in it as it was saved",
+            what.join(", ")
+        ),
+        1,
     );
     1
 }

@@ -85,7 +85,8 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         super::print_json_report(&r)?;
     } else if !g.quiet {
         for p in &r.would_delete {
-            println!("would delete {p}");
+            // Escaped as listings are: a name with a newline cannot fake a line.
+            println!("would delete {}", ui::printable(p));
         }
         let (verb, wrote) = if r.dry_run {
             ("would restore", "would write")
@@ -159,7 +160,9 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
                 } else {
                     String::new()
                 },
-                if r.errors.is_empty() {
+                if r.errors.is_empty() && v == 0 {
+                    "nothing was written to read back".to_string()
+                } else if r.errors.is_empty() {
                     "all match".to_string()
                 } else {
                     format!(
@@ -196,17 +199,18 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             .map(|e| e.path.as_str())
             .collect::<std::collections::HashSet<_>>()
             .len() as u64;
-        if r.dry_run {
-            eprintln!(
-                "cairn: error: {} could not be restored (listed above); nothing was written (dry run)",
+        let message = if r.dry_run {
+            format!(
+                "{} could not be restored (listed above); nothing was written (dry run)",
                 ui::count(entries, "entry")
-            );
+            )
         } else {
-            eprintln!(
-                "cairn: error: {} could not be restored completely (listed above); everything else was restored",
+            format!(
+                "{} could not be restored completely (listed above); everything else was restored",
                 ui::count(entries, "entry")
-            );
-        }
+            )
+        };
+        crate::report_error(g.json, &message, 1);
         return Ok(1);
     }
     // An image snapshot restored as a file: its zeros where the source failed.
@@ -298,7 +302,7 @@ fn restore_image(
 
 /// The snapshot paths that `--include-file` lists, a line each (`#` comments and
 /// empty lines skipped), as `--include` takes them: bytes that are not UTF-8 kept
-/// as they are ([`cairn_core::ls::escape_name`]).
+/// as they are ([`cairn_core::ls::escape_arg`]).
 fn read_path_files(files: &[std::path::PathBuf]) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for f in files {
@@ -307,7 +311,7 @@ fn read_path_files(files: &[std::path::PathBuf]) -> Result<Vec<String>> {
         for line in bytes.split(|&b| b == b'\n') {
             let line = line.trim_ascii();
             if !line.is_empty() && !line.starts_with(b"#") {
-                out.push(cairn_core::ls::escape_name(line));
+                out.push(cairn_core::ls::escape_arg(line));
             }
         }
     }

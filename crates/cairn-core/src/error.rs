@@ -42,6 +42,9 @@ pub enum Error {
     },
     #[error("snapshot id {prefix:?} is ambiguous: it matches {matches}")]
     AmbiguousSnapshot { prefix: String, matches: String },
+    /// A path given as text that names more than one entry of a snapshot.
+    #[error("{0}")]
+    AmbiguousPath(String),
     /// An object written under newer format rules than this cairn knows (a newer
     /// version, an unknown feature): not damage, an upgrade is needed.
     #[error("{what}: {source}")]

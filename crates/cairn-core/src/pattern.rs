@@ -88,12 +88,13 @@ impl GlobSet {
     }
 }
 
-/// A path's bytes as `ls` prints them: borrowed when UTF-8 (without characters
-/// that read as stand-ins), else with each invalid byte as its stand-in.
+/// A path's bytes as `ls` prints them: borrowed when UTF-8 (restore and rewrite
+/// pass walk paths, already in that form), else with each invalid byte as its
+/// stand-in.
 fn as_listed(path: &[u8]) -> std::borrow::Cow<'_, str> {
     match std::str::from_utf8(path) {
-        Ok(s) if !s.chars().any(crate::tree::is_stand_in) => std::borrow::Cow::Borrowed(s),
-        _ => std::borrow::Cow::Owned(crate::ops::ls::escape_name(path)),
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(_) => std::borrow::Cow::Owned(crate::ops::ls::escape_arg(path)),
     }
 }
 

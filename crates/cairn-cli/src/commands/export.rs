@@ -148,19 +148,41 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
 
 /// Prints what an export left out or changed on standard error; the exit code.
 pub(super) fn report(r: &ExportReport, json: bool) -> i32 {
+    // With --json each is an event line, as progress and warnings are.
+    let say = |kind: &str, path: Option<&str>, message: &str| {
+        if json {
+            let mut line = serde_json::json!({"type": kind, "message": message});
+            if let Some(p) = path {
+                line["path"] = p.into();
+            }
+            eprintln!("{line}");
+        } else {
+            let text = match path {
+                Some(p) => format!("{kind}: {p}: {message}"),
+                None => format!("{kind}: {message}"),
+            };
+            eprintln!("{}", crate::ui::printable(&text));
+        }
+    };
     for (path, e) in &r.errors {
-        let line = format!("error: {path}: {e} (left out of the archive)");
-        eprintln!("{}", crate::ui::printable(&line));
+        say(
+            "error",
+            Some(path),
+            &format!("{e} (left out of the archive)"),
+        );
     }
     for (path, bytes, e) in &r.damaged {
-        let line = format!(
-            "error: {path}: {e} (in the archive with {} of zeros where it could not be read)",
-            cairn_core::units::bytes(*bytes, 1)
+        say(
+            "error",
+            Some(path),
+            &format!(
+                "{e} (in the archive with {} of zeros where it could not be read)",
+                cairn_core::units::bytes(*bytes, 1)
+            ),
         );
-        eprintln!("{}", crate::ui::printable(&line));
     }
     for n in &r.notes {
-        eprintln!("note: {}", crate::ui::printable(n));
+        say("note", None, n);
     }
     if r.errors.is_empty() && r.damaged.is_empty() {
         return 0;

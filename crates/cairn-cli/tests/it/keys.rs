@@ -251,32 +251,31 @@ fn two_key_removals_at_once_never_remove_every_key() {
 /// and `key list`/`key remove` work to take the stray one out.
 #[test]
 fn a_key_file_from_another_repository_is_passed_over() {
-    let env = Env::new();
-    env.init(&[]);
-    let own: Vec<String> = std::fs::read_dir(env.repo.join("keys"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(own.len(), 1);
-    // Another repository with the same password whose key file sorts first, so
-    // that it is the one tried first.
-    let mut stray = None;
-    for _ in 0..16 {
-        let other = Env::new();
-        other.init(&[]);
-        let e = std::fs::read_dir(other.repo.join("keys"))
+    // Two repositories with the same password, the other's key file sorting
+    // first, so that it is the one tried first: an even chance per pair (a new
+    // pair each try: a repository whose own key sorts near the start would
+    // rarely find one before it).
+    let key_of = |env: &Env| {
+        let e = std::fs::read_dir(env.repo.join("keys"))
             .unwrap()
             .next()
             .unwrap()
             .unwrap();
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name < own[0] {
-            std::fs::copy(e.path(), env.repo.join("keys").join(&name)).unwrap();
-            stray = Some(name);
-            break;
-        }
-    }
-    let stray = stray.expect("a key file that sorts first in 16 tries");
+        (e.file_name().to_string_lossy().into_owned(), e.path())
+    };
+    let (env, stray) = (0..40)
+        .find_map(|_| {
+            let env = Env::new();
+            env.init(&[]);
+            let other = Env::new();
+            other.init(&[]);
+            let ((own, _), (name, path)) = (key_of(&env), key_of(&other));
+            (name < own).then(|| {
+                std::fs::copy(path, env.repo.join("keys").join(&name)).unwrap();
+                (env, name)
+            })
+        })
+        .expect("a key file that sorts first in 40 pairs");
     let listed = env.ok(&["snapshots"]);
     assert!(listed.contains("0 snapshots"), "{listed}");
     let keys = env.ok(&["key", "list"]);

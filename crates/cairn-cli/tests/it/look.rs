@@ -964,6 +964,15 @@ fn names_that_are_not_utf8_can_be_named() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("two names in the snapshot match it"), "{err}");
+    // diff says so too (it took the path for one in neither snapshot).
+    let o = env
+        .cmd(&["diff", &snap, &snap])
+        .arg(nu.join("b\u{10FFFF}"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("two names in the snapshot match it"), "{err}");
     // Its own bytes read as the same text (an argument is taken in the form
     // listings use): refused too, never the other's content.
     let o = dump(OsStr::from_bytes(&rawname));

@@ -64,7 +64,7 @@ fn entry_named<'t>(tree: &'t Tree, name: &str, path: &str) -> Result<&'t Node> {
         // Stand-ins as listings print them; or, in a name that holds such a
         // character itself, that character: both there, the name is ambiguous.
         return match (tree.find(&bytes), tree.find(name.as_bytes())) {
-            (Some(a), Some(b)) if a.name != b.name => Err(Error::Invalid(format!(
+            (Some(a), Some(b)) if a.name != b.name => Err(Error::AmbiguousPath(format!(
                 "{}: two names in the snapshot match it (one holds the bytes its \
                  characters U+10FF00-U+10FFFF stand for, one those characters themselves): \
                  dump or restore their directory",
@@ -84,7 +84,7 @@ fn entry_named<'t>(tree: &'t Tree, name: &str, path: &str) -> Result<&'t Node> {
         .filter(|n| String::from_utf8_lossy(&n.name) == name);
     match (lossy.next(), lossy.next()) {
         (Some(n), None) => Ok(n),
-        (Some(_), Some(_)) => Err(Error::Invalid(format!(
+        (Some(_), Some(_)) => Err(Error::AmbiguousPath(format!(
             "{path}: several names in the snapshot read as {name:?} (their bytes that are \
              not UTF-8 show as U+FFFD); give the name's own bytes, or name their directory"
         ))),

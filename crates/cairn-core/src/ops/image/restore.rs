@@ -541,7 +541,7 @@ fn write_image(
     let refusal = first_refusal
         .into_inner()
         .unwrap_or_else(|e| e.into_inner());
-    if let Some((off, len, why)) = failed.first() {
+    if let Some((off, len, why)) = failed.iter().min_by_key(|f| f.0) {
         let head = if let Some((at, why)) = refusal {
             // Stopped at the first refusal: a count of blocks would say little.
             format!(

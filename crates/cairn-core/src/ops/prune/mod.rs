@@ -632,19 +632,21 @@ fn delete_pending(
             for b in blockers {
                 waiting.insert(b.describe());
             }
-            report.deferred_packs += rec.packs.len() + rec.orphans.len();
             if sizes.is_none() {
                 sizes = Some(repo.list_packs()?);
             }
             let sizes = sizes.as_ref();
-            report.deferred_bytes += rec
+            for p in rec
                 .packs
                 .iter()
                 .map(|p| p.id)
                 .chain(rec.orphans.iter().copied())
-                .filter(|p| counted.insert(*p))
-                .filter_map(|p| sizes.and_then(|s| s.get(&p)))
-                .sum::<u64>();
+            {
+                if counted.insert(p) {
+                    report.deferred_packs += 1;
+                    report.deferred_bytes += sizes.and_then(|s| s.get(&p)).copied().unwrap_or(0);
+                }
+            }
             held.extend(rec.packs.iter().map(|p| p.id));
             held.extend(rec.orphans.iter().copied());
         }

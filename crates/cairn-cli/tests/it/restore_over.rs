@@ -1218,3 +1218,36 @@ fn ctrl_c_does_not_wait_out_a_rate_limit() {
 fn inside(root: &Path, src: &Path) -> PathBuf {
     root.join(src.strip_prefix("/").unwrap())
 }
+
+/// `--delete` spares what `--exclude` matches, for names that are not UTF-8 too:
+/// `?` stands for the one byte as it does in a backup's patterns.
+#[test]
+fn delete_spares_an_excluded_name_that_is_not_utf8() {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("kept.txt"), b"in the snapshot").unwrap();
+    let snap = env.backup(&[&src]);
+    let t = env.path("t");
+    let copy = env.restore(&snap, &src, "t");
+    let mut extra = copy.clone().into_os_string().into_vec();
+    extra.extend_from_slice(b"/\xe9tat.db");
+    let extra = std::ffi::OsString::from_vec(extra);
+    fs::write(&extra, b"local, not in the snapshot").unwrap();
+    env.ok(&[
+        "restore",
+        &snap,
+        "--target",
+        t.to_str().unwrap(),
+        "--delete",
+        "--exclude",
+        "?tat.db",
+    ]);
+    assert!(
+        fs::metadata(&extra).is_ok(),
+        "deleted {:?} that --exclude matches",
+        std::ffi::OsStr::from_bytes(extra.as_bytes())
+    );
+}

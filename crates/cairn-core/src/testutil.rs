@@ -39,3 +39,46 @@ pub fn store(repo: &Repository, blobs: &[(BlobKind, Vec<u8>)]) -> IndexPack {
         blobs: p.blobs,
     }
 }
+
+/// A file of `n` chunks of varying lengths (no byte of them 0) with a chunk-list
+/// tree of `fanout` entries a list, nothing stored: the data blobs, the
+/// chunk-list blobs with their levels, the file's content and its bytes.
+#[allow(clippy::type_complexity)]
+pub fn file_with_lists(
+    repo: &Repository,
+    n: usize,
+    fanout: usize,
+) -> (
+    Vec<(BlobKind, Vec<u8>)>,
+    Vec<(u8, Vec<u8>)>,
+    cairn_format::tree::Content,
+    Vec<u8>,
+) {
+    use cairn_format::tree::{ChunkList, ChunkRef};
+    let (mut blobs, mut bytes, mut refs) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let chunk: Vec<u8> = (0..(i * 37 % 97 + 3))
+            .map(|j| (i * 7 + j) as u8 | 1)
+            .collect();
+        refs.push(ChunkRef {
+            id: repo.key().blob_id(&chunk),
+            length: chunk.len() as u64,
+        });
+        bytes.extend_from_slice(&chunk);
+        blobs.push((BlobKind::Data, chunk));
+    }
+    let mut lists = Vec::new();
+    let mut builder = crate::tree::chunklist::ChunkListBuilder::with_fanout(fanout);
+    let key = repo.key().clone();
+    let mut emit = |c: ChunkList| -> crate::Result<cairn_format::BlobId> {
+        let data = c.encode();
+        let id = key.blob_id(&data);
+        lists.push((c.level, data));
+        Ok(id)
+    };
+    for r in refs {
+        builder.push(r, &mut emit).unwrap();
+    }
+    let content = builder.finish(&mut emit).unwrap();
+    (blobs, lists, content, bytes)
+}

@@ -1452,46 +1452,20 @@ mod tests {
     /// the chunks listed before it come out as saved, and the size is kept.
     #[test]
     fn a_lost_chunk_list_gives_the_rest_of_the_file_as_zeros() {
-        use crate::tree::chunklist::ChunkListBuilder;
         use cairn_format::pack::BlobKind;
-        use cairn_format::tree::{ChunkList, ChunkRef};
         let mut repo = crate::testutil::mem_repo();
-        let (mut blobs, mut bytes, mut refs) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..300usize {
-            let chunk: Vec<u8> = (0..(i * 37 % 97 + 3))
-                .map(|j| (i * 7 + j) as u8 | 1)
-                .collect();
-            let id = repo.key().blob_id(&chunk);
-            refs.push(ChunkRef {
-                id,
-                length: chunk.len() as u64,
-            });
-            bytes.extend_from_slice(&chunk);
-            blobs.push((BlobKind::Data, chunk));
-        }
-        let mut lists = Vec::new();
-        let mut builder = ChunkListBuilder::with_fanout(8);
-        let key = repo.key().clone();
-        let mut emit = |c: ChunkList| -> Result<BlobId> {
-            let data = c.encode();
-            let id = key.blob_id(&data);
-            lists.push((c.level, BlobKind::ChunkList, data));
-            Ok(id)
-        };
-        for r in refs {
-            builder.push(r, &mut emit).unwrap();
-        }
-        let content = builder.finish(&mut emit).unwrap();
+        let (mut blobs, mut lists, content, bytes) =
+            crate::testutil::file_with_lists(&repo, 300, 8);
         // The sixth list of data chunks is lost.
         let lost = lists
             .iter()
             .enumerate()
-            .filter(|(_, (level, _, _))| *level == 0)
+            .filter(|(_, (level, _))| *level == 0)
             .nth(5)
             .map(|(i, _)| i)
             .unwrap();
         lists.remove(lost);
-        blobs.extend(lists.into_iter().map(|(_, k, d)| (k, d)));
+        blobs.extend(lists.into_iter().map(|(_, d)| (BlobKind::ChunkList, d)));
         let pack = crate::testutil::store(&repo, &blobs);
         repo.write_index_file(&cairn_format::index::IndexFile {
             packs: vec![pack],

@@ -636,32 +636,8 @@ mod tests {
     fn stored_file(n: usize) -> (Repository, Content, Vec<u8>) {
         use cairn_format::pack::BlobKind;
         let mut repo = crate::testutil::mem_repo();
-        let mut blobs = Vec::new();
-        let mut bytes = Vec::new();
-        let mut refs = Vec::new();
-        for i in 0..n {
-            let chunk: Vec<u8> = (0..(i * 37 % 97 + 3)).map(|j| (i * 7 + j) as u8).collect();
-            let id = repo.key().blob_id(&chunk);
-            refs.push(ChunkRef {
-                id,
-                length: chunk.len() as u64,
-            });
-            bytes.extend_from_slice(&chunk);
-            blobs.push((BlobKind::Data, chunk));
-        }
-        let mut lists = Vec::new();
-        let mut b = ChunkListBuilder::with_fanout(3);
-        let key = repo.key().clone();
-        let mut emit = |c: ChunkList| -> Result<BlobId> {
-            let data = c.encode();
-            let id = key.blob_id(&data);
-            lists.push((BlobKind::ChunkList, data));
-            Ok(id)
-        };
-        for r in refs {
-            b.push(r, &mut emit).unwrap();
-        }
-        let content = b.finish(&mut emit).unwrap();
+        let (mut blobs, lists, content, bytes) = crate::testutil::file_with_lists(&repo, n, 3);
+        let lists = lists.into_iter().map(|(_, d)| (BlobKind::ChunkList, d));
         blobs.extend(lists);
         let pack = crate::testutil::store(&repo, &blobs);
         repo.write_index_file(&cairn_format::index::IndexFile {

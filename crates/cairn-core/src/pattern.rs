@@ -71,20 +71,26 @@ impl GlobSet {
     }
 
     pub fn is_match_bytes(&self, path: &[u8]) -> bool {
-        let Some(set) = &self.set else {
-            return false;
-        };
-        set.is_match(&as_listed(path))
+        self.last_match_bytes(path).is_some()
     }
 
     /// The position of the last pattern (in the order given) that matches a path
-    /// from the file system.
+    /// from the file system, or a walk path of a snapshot. A name holding the
+    /// characters U+10FF00..U+10FFFF themselves reads, as a walk path, as the
+    /// stand-ins of their bytes; a pattern typed with those characters is matched
+    /// against that spelling and against the characters, so that it takes what it
+    /// names (and whatever reads the same), never only the other name.
     pub fn last_match_bytes(&self, path: &[u8]) -> Option<usize> {
-        self.set
-            .as_ref()?
-            .matches(&as_listed(path))
-            .iter()
-            .next_back()
+        let set = self.set.as_ref()?;
+        let listed = as_listed(path);
+        let last = set.matches(&listed).iter().next_back();
+        let typed = crate::ops::ls::unescape_name(&listed)
+            .map(|bytes| crate::ops::ls::escape_arg(&bytes))
+            .filter(|t| *t != *listed);
+        match typed {
+            Some(t) => last.max(set.matches(&t).iter().next_back()),
+            None => last,
+        }
     }
 }
 

@@ -36,7 +36,9 @@ pub fn run(g: &Global, a: &RewriteArgs) -> Result<i32> {
                     match (a.dry_run, a.forget) {
                         (true, true) => "it would be forgotten",
                         (false, true) => "forgotten, no empty snapshot stored",
-                        (_, false) => "left as it is, no empty snapshot stored",
+                        (_, false) =>
+                            "left as it is, no empty snapshot stored (`cairn \
+                                       forget` it, or rewrite with --forget)",
                     }
                 );
                 continue;
@@ -63,9 +65,15 @@ pub fn run(g: &Global, a: &RewriteArgs) -> Result<i32> {
                 println!("    {path}");
             }
         }
+        // Emptied ones left as they are were not rewritten.
+        let rewritten = r
+            .rewritten
+            .iter()
+            .filter(|s| !s.emptied || a.forget)
+            .count();
         println!(
             "{} {}, {} hold nothing to take out",
-            ui::count(r.rewritten.len() as u64, "snapshot"),
+            ui::count(rewritten as u64, "snapshot"),
             if a.dry_run {
                 "would be rewritten"
             } else {
@@ -73,7 +81,7 @@ pub fn run(g: &Global, a: &RewriteArgs) -> Result<i32> {
             },
             r.unchanged
         );
-        if !a.dry_run && !a.forget && !r.rewritten.is_empty() {
+        if !a.dry_run && !a.forget && rewritten > 0 {
             println!(
                 "the old snapshots stay: `cairn forget` them (or rewrite with --forget), then `cairn prune`"
             );

@@ -738,6 +738,8 @@ fn a_copy_heals_a_replica_that_repair_cut_down() {
     assert_eq!(v["snapshots_copied"], 1, "{v}");
     let healed = v["snapshots"][0]["target"].as_str().unwrap().to_string();
     assert_same(&src, &r2.restore(&healed, &src, "healed"));
+    // `latest` is the whole copy, not the repaired one of the same time.
+    assert_same(&src, &r2.restore("latest", &src, "latest"));
     // The whole copy is the copy from now on: nothing more to do.
     assert_eq!(copy(&r1, &r2, &[&snap])["snapshots_copied"], 0);
     assert_eq!(copy(&r1, &r2, &[])["snapshots_copied"], 0);

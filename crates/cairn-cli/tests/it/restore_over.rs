@@ -1236,6 +1236,9 @@ fn delete_spares_an_excluded_name_that_is_not_utf8() {
     extra.extend_from_slice(b"/\xe9tat.db");
     let extra = std::ffi::OsString::from_vec(extra);
     fs::write(&extra, b"local, not in the snapshot").unwrap();
+    // A name holding U+10FFFF itself, named so by the pattern, is spared too.
+    let odd = copy.join("b\u{10FFFF}");
+    fs::write(&odd, b"local too").unwrap();
     env.ok(&[
         "restore",
         &snap,
@@ -1244,10 +1247,16 @@ fn delete_spares_an_excluded_name_that_is_not_utf8() {
         "--delete",
         "--exclude",
         "?tat.db",
+        "--exclude",
+        "*/b\u{10FFFF}",
     ]);
     assert!(
         fs::metadata(&extra).is_ok(),
         "deleted {:?} that --exclude matches",
         std::ffi::OsStr::from_bytes(extra.as_bytes())
+    );
+    assert!(
+        fs::metadata(&odd).is_ok(),
+        "deleted the name the pattern gives"
     );
 }

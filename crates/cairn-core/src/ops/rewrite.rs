@@ -132,14 +132,6 @@ pub fn rewrite(
                     r?;
                 }
                 entry.forgotten = true;
-            } else if !opts.forget {
-                report.warnings.push(format!(
-                    "snapshot {}: everything in it matches, and an empty snapshot is not \
-                     stored; it is left as it is (`cairn forget {}`, or rewrite with --forget, \
-                     removes it)",
-                    id.short(),
-                    id.short()
-                ));
             }
             report.rewritten.push(entry);
             continue;

@@ -419,14 +419,21 @@ pub(crate) fn existing_replacement(
 /// `tag`, `repair snapshots`, which keep the time) after a snapshot that is no
 /// rewrite, so that `latest` and `--keep-last` take a rewrite over the original it
 /// was made from (a `rewrite` that dropped a secret, without `--forget`); then by
-/// id, so that the order is the same everywhere.
+/// id, so that the order is the same everywhere. A snapshot `repair snapshots`
+/// cut down comes before any other of its time: a whole copy of it that `copy`
+/// brought back from a replica's source is the one `latest` takes.
 pub fn snapshot_order(
     a: (&SnapshotId, &Snapshot),
     b: (&SnapshotId, &Snapshot),
 ) -> std::cmp::Ordering {
+    let rank = |s: &Snapshot| match (s.tags.iter().any(|t| t == "repaired"), &s.original) {
+        (true, _) => 0,
+        (false, None) => 1,
+        (false, Some(_)) => 2,
+    };
     a.1.time
         .cmp(&b.1.time)
-        .then(a.1.original.is_some().cmp(&b.1.original.is_some()))
+        .then(rank(a.1).cmp(&rank(b.1)))
         .then(a.0.cmp(b.0))
 }
 

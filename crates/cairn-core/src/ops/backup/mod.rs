@@ -317,7 +317,8 @@ pub(crate) fn absolute(p: &Path) -> Result<PathBuf> {
     // the kernel, tar and rsync take it): resolved whole.
     let given = p.as_os_str().as_encoded_bytes();
     if given.ends_with(b"/") || given.ends_with(b"/.") {
-        return abs.canonicalize().map_err(|e| Error::io(p, e));
+        // As given: `absolute` drops the `/.`, and `file/.` would pass for `file`.
+        return p.canonicalize().map_err(|e| Error::io(p, e));
     }
     // Resolve `..` and symlinks in the parent, keep the last component as it is (a
     // symlink given on the command line is saved as a symlink).

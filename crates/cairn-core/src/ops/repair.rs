@@ -409,7 +409,7 @@ pub fn repair_snapshots(
                 } => {
                     let bytes: u64 = lost.iter().map(|r| r.1).sum();
                     dropped.push(format!(
-                        "/{name} ({} in {} lost: now zeros, recorded as unreadable)",
+                        "the blocks /{name} lost ({} in {}): now zeros, recorded as unreadable",
                         crate::units::bytes(bytes, 0),
                         if lost.len() == 1 {
                             "1 range".to_string()

@@ -229,6 +229,8 @@ pub fn copy(
             .iter()
             .filter(|p| !stored.contains(p))
             .count();
+        // One found whole by another way (`identity`) needs no healing.
+        healing.retain(|(id, _)| !present.contains_key(&id.to_hex()));
         for (id, there) in healing {
             if gone > 0 {
                 present.insert(id.to_hex(), there);

@@ -484,7 +484,6 @@ const MAX_READ_WARNINGS: usize = 50;
 
 const SHRANK: &str = "the source ended early: it shrank during the backup";
 
-/// The size of a file or block device.
 /// Where the block device `rdev` is mounted read-write, if it is (from this
 /// process's mount table).
 fn mounted_read_write(rdev: u64) -> Option<String> {
@@ -506,6 +505,7 @@ fn written_since(m: &std::fs::Metadata, scanned: &Node) -> bool {
         || at(m.ctime(), m.ctime_nsec()) != (scanned.ctime.secs, scanned.ctime.nanos)
 }
 
+/// The size of a file or block device.
 pub(crate) fn source_size(f: &File) -> std::io::Result<u64> {
     use std::io::Seek;
     let meta = f.metadata()?;

@@ -71,27 +71,39 @@ impl GlobSet {
     }
 
     pub fn is_match_bytes(&self, path: &[u8]) -> bool {
-        self.last_match_bytes(path).is_some()
+        let Some(set) = &self.set else {
+            return false;
+        };
+        let listed = as_listed(path);
+        set.is_match(&listed) || typed_spelling(&listed).is_some_and(|t| set.is_match(&t))
     }
 
     /// The position of the last pattern (in the order given) that matches a path
-    /// from the file system, or a walk path of a snapshot. A name holding the
-    /// characters U+10FF00..U+10FFFF themselves reads, as a walk path, as the
-    /// stand-ins of their bytes; a pattern typed with those characters is matched
-    /// against that spelling and against the characters, so that it takes what it
-    /// names (and whatever reads the same), never only the other name.
+    /// from the file system, or a walk path of a snapshot (in both spellings, see
+    /// [`typed_spelling`]).
     pub fn last_match_bytes(&self, path: &[u8]) -> Option<usize> {
         let set = self.set.as_ref()?;
         let listed = as_listed(path);
         let last = set.matches(&listed).iter().next_back();
-        let typed = crate::ops::ls::unescape_name(&listed)
-            .map(|bytes| crate::ops::ls::escape_arg(&bytes))
-            .filter(|t| *t != *listed);
-        match typed {
+        match typed_spelling(&listed) {
             Some(t) => last.max(set.matches(&t).iter().next_back()),
             None => last,
         }
     }
+}
+
+/// A name holding the characters U+10FF00..U+10FFFF themselves reads, as a walk
+/// path, as the stand-ins of their bytes; a pattern typed with those characters
+/// is matched against this spelling too, so that it takes what it names (and
+/// whatever reads the same), never only the other name. `None` for almost every
+/// path: no stand-in (each begins with the byte 0xf4), or the same spelling.
+fn typed_spelling(listed: &str) -> Option<String> {
+    if !listed.as_bytes().contains(&0xf4) {
+        return None;
+    }
+    crate::ops::ls::unescape_name(listed)
+        .map(|bytes| crate::ops::ls::escape_arg(&bytes))
+        .filter(|t| t != listed)
 }
 
 /// A path's bytes as `ls` prints them: borrowed when UTF-8 (restore and rewrite

@@ -146,6 +146,16 @@ impl Error {
         }
     }
 
+    /// True when a blob's data is lost (damaged, missing from the index, its pack
+    /// gone), as opposed to storage that failed to answer: what readers that go
+    /// on past lost data (export, copy, repair) skip or give as zeros.
+    pub fn is_lost_data(&self) -> bool {
+        matches!(
+            self,
+            Error::Damaged { .. } | Error::BlobNotFound(_) | Error::PackMissing { .. }
+        )
+    }
+
     /// True when the repository's storage ran out of space.
     pub fn is_no_space(&self) -> bool {
         match self.root() {

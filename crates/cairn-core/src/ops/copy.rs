@@ -171,7 +171,7 @@ pub fn copy(
     let copies = copies_in(src.repo(), dst)?;
     for (id, s) in &wanted {
         if let Some(&(there, repaired)) = copies.get(&id.to_hex()) {
-            if repaired && !is_repaired(s) {
+            if repaired && !crate::repo::is_repaired(s) {
                 healing.push((*id, there));
             } else {
                 present.insert(id.to_hex(), there);
@@ -505,9 +505,7 @@ fn copy_in_order(
             }
             Ok((t, false)) => t,
             // The source's data is damaged or missing: the other snapshots may be fine.
-            Err(
-                e @ (Error::Damaged { .. } | Error::BlobNotFound(_) | Error::PackMissing { .. }),
-            ) => {
+            Err(e) if e.is_lost_data() => {
                 stats.failed.push((*sid, e.to_string()));
                 continue;
             }
@@ -583,18 +581,13 @@ fn copies_in<A: session::Access>(
         if let Some(c) = &s.copied_from
             && &c.repository == src_repo
         {
-            let repaired = is_repaired(s);
+            let repaired = crate::repo::is_repaired(s);
             if !(repaired && present.get(&c.snapshot).is_some_and(|p| !p.1)) {
                 present.insert(c.snapshot.clone(), (*id, repaired));
             }
         }
     }
     Ok(present)
-}
-
-/// Whether `repair snapshots` wrote this snapshot (it tags what it writes).
-fn is_repaired(s: &Snapshot) -> bool {
-    s.tags.iter().any(|t| t == "repaired")
 }
 
 /// Whether `src` and `dst` produce the same blob ids for the same data: same id

@@ -443,7 +443,7 @@ impl Sink for TarSink<'_> {
         }
         // A chunk list that cannot be read is met again below, and given as zeros.
         let segments = match data_segments(content.repo, n) {
-            Err(e) if content.zero_damaged && is_loss(&e) => None,
+            Err(e) if content.zero_damaged && e.is_lost_data() => None,
             r => r?,
         };
         if let Some((segments, zeros)) = segments {
@@ -1157,14 +1157,6 @@ pub(crate) struct Content<'a> {
     lost_tail: u64,
 }
 
-/// Errors that mean a blob is lost (damaged or gone), not that the storage failed.
-fn is_loss(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Damaged { .. } | Error::BlobNotFound(_) | Error::PackMissing { .. }
-    )
-}
-
 impl<'a> Content<'a> {
     /// The content of file `n`, named `path` in errors.
     pub(crate) fn new(
@@ -1216,7 +1208,7 @@ impl<'a> Content<'a> {
                 // A chunk list that cannot be read: which chunks follow is not
                 // known, so the rest of the file is given as zeros, as a damaged
                 // chunk is (after the chunks already listed).
-                Err(e) if self.zero_damaged && is_loss(&e) => {
+                Err(e) if self.zero_damaged && e.is_lost_data() => {
                     let rest = self.reader.size().saturating_sub(self.next_offset);
                     let d = self.damaged.get_or_insert_with(|| (0, e.to_string()));
                     d.0 += rest;
@@ -1316,7 +1308,7 @@ impl<'a> Content<'a> {
             .collect();
         for (b, len) in blobs.into_iter().zip(lens) {
             let b = match b {
-                Err(e) if self.zero_damaged && is_loss(&e) => {
+                Err(e) if self.zero_damaged && e.is_lost_data() => {
                     let d = self.damaged.get_or_insert_with(|| (0, e.to_string()));
                     d.0 += len;
                     // Bounded as the blob would have been (a longer one is

@@ -419,9 +419,9 @@ pub fn repair_snapshots(
                     ));
                     let mut snap = snap.clone();
                     if let Some(i) = snap.image.as_mut() {
-                        i.unreadable.extend(lost);
-                        i.unreadable.sort_unstable();
-                        i.unreadable = merged(&i.unreadable);
+                        i.unreadable = crate::ops::image::merge_ranges(
+                            i.unreadable.iter().copied().chain(lost),
+                        );
                     }
                     changed.push((*sid, snap, Some(new_root), dropped));
                     continue;
@@ -464,8 +464,8 @@ pub fn repair_snapshots(
             // The files dropped no longer count in the snapshot's size (nor in
             // `stats`, which adds these up).
             snap.summary.total_bytes = file_bytes(repo, &root, &written)?;
-            if !snap.tags.iter().any(|t| t == "repaired") {
-                snap.tags.push("repaired".into());
+            if !crate::repo::is_repaired(&snap) {
+                snap.tags.push(crate::repo::REPAIRED_TAG.into());
             }
             // The first snapshot of a chain of rewrites (tags, repairs) stays named.
             snap.original = Some(snap.original.clone().unwrap_or_else(|| sid.to_hex()));
@@ -1165,16 +1165,4 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
     let id = repo.write_snapshot(&snap, &lock)?;
     report.snapshot = Some(id.to_hex());
     Ok(report)
-}
-
-/// Adjacent ranges joined (sorted first by the caller).
-fn merged(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &(at, len) in ranges {
-        match out.last_mut() {
-            Some(last) if last.0 + last.1 >= at => last.1 = last.1.max(at + len - last.0),
-            _ => out.push((at, len)),
-        }
-    }
-    out
 }

@@ -36,8 +36,8 @@ pub mod storage;
 pub(crate) use index_load::until_settled;
 pub use index_load::{EachPending, IndexObject, IndexReadError, IndexState};
 pub use snapshots::{
-    HostRead, SnapshotError, SnapshotList, UNBOUND_MARK, host_claim_note, resolve_snapshot_prefix,
-    snapshot_order,
+    HostRead, REPAIRED_TAG, SnapshotError, SnapshotList, UNBOUND_MARK, host_claim_note,
+    is_repaired, resolve_snapshot_prefix, snapshot_order,
 };
 pub(crate) use snapshots::{existing_replacement, latest, latest_in};
 

@@ -422,11 +422,19 @@ pub(crate) fn existing_replacement(
 /// id, so that the order is the same everywhere. A snapshot `repair snapshots`
 /// cut down comes before any other of its time: a whole copy of it that `copy`
 /// brought back from a replica's source is the one `latest` takes.
+/// The tag `repair snapshots` gives what it writes.
+pub const REPAIRED_TAG: &str = "repaired";
+
+/// Whether `repair snapshots` wrote this snapshot (a copy of it that lost data).
+pub fn is_repaired(s: &Snapshot) -> bool {
+    s.tags.iter().any(|t| t == REPAIRED_TAG)
+}
+
 pub fn snapshot_order(
     a: (&SnapshotId, &Snapshot),
     b: (&SnapshotId, &Snapshot),
 ) -> std::cmp::Ordering {
-    let rank = |s: &Snapshot| match (s.tags.iter().any(|t| t == "repaired"), &s.original) {
+    let rank = |s: &Snapshot| match (is_repaired(s), &s.original) {
         (true, _) => 0,
         (false, None) => 1,
         (false, Some(_)) => 2,

@@ -202,7 +202,7 @@ fn gaps(
             .and_then(|l| checked(&id, l, depth, expected))
         {
             Ok(l) => Some(l),
-            Err(Error::Damaged { .. } | Error::BlobNotFound(_) | Error::PackMissing { .. }) => None,
+            Err(e) if e.is_lost_data() => None,
             Err(e) => return Err(e),
         }
     } else {

@@ -237,7 +237,12 @@ impl Walker<'_> {
         // saved as read, and may be inconsistent: said, as for any file (a block
         // device's times do not tell).
         let torn = match plan.file.metadata() {
-            Ok(m) if m.is_file() && now == g.size && written_since(&m, &plan.node) => {
+            Ok(m)
+                if m.is_file()
+                    && now == g.size
+                    && super::source::Changes::of(&plan.file)
+                        != super::source::Changes::of_node(&plan.node) =>
+            {
                 let message = "changed while it was being read (saved as read, and the image may \
                      be inconsistent); back up a snapshot of it (LVM, ZFS, a stopped VM) for a \
                      consistent image"
@@ -497,14 +502,6 @@ fn mounted_read_write(rdev: u64) -> Option<String> {
     })
 }
 
-/// Whether the file's modification or change time moved from what the scan saw.
-fn written_since(m: &std::fs::Metadata, scanned: &Node) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let at = |secs: i64, nanos: i64| (secs, u32::try_from(nanos).unwrap_or(0));
-    at(m.mtime(), m.mtime_nsec()) != (scanned.mtime.secs, scanned.mtime.nanos)
-        || at(m.ctime(), m.ctime_nsec()) != (scanned.ctime.secs, scanned.ctime.nanos)
-}
-
 /// The size of a file or block device.
 pub(crate) fn source_size(f: &File) -> std::io::Result<u64> {
     use std::io::Seek;
@@ -694,7 +691,7 @@ pub(crate) fn skipped_for(plan: &ImagePlan, notes: &[Note]) -> Vec<Skipped> {
         }),
         Note::Unreadable { .. } | Note::Holes { .. } => None,
     });
-    let read_now = merge_ranges(notes.iter().filter_map(|n| match n {
+    let read_now = crate::ops::image::merge_ranges(notes.iter().filter_map(|n| match n {
         Note::Unreadable { offset, length } => Some((*offset, *length)),
         Note::SizeChanged { .. } | Note::Holes { .. } => None,
     }));
@@ -722,24 +719,6 @@ fn inherited_message(offset: u64, length: u64) -> String {
          --changed-blocks to read them again)",
         offset + length
     )
-}
-
-/// Sorted, with touching and overlapping ranges joined: a shrinking source fails
-/// read after read, one range each, and is one range to the reader.
-fn merge_ranges(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = ranges.filter(|r| r.1 > 0).collect();
-    v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-    for (off, len) in v {
-        let end = off.saturating_add(len);
-        match out.last_mut() {
-            Some(last) if off <= last.0 + last.1 => {
-                last.1 = last.1.max(end - last.0);
-            }
-            _ => out.push((off, len)),
-        }
-    }
-    out
 }
 
 /// Opens the source and decides the geometry, the parent image and the changed
@@ -925,7 +904,7 @@ pub(crate) fn info(
             Note::Holes { .. } => {}
         }
     }
-    let unreadable = merge_ranges(unreadable.into_iter());
+    let unreadable = crate::ops::image::merge_ranges(unreadable.into_iter());
     cairn_format::snapshot::ImageInfo {
         source: plan.path.to_string_lossy().into_owned(),
         size: g.size,
@@ -946,12 +925,6 @@ pub(crate) fn info(
 mod tests {
     use super::*;
     use std::io::Write;
-
-    #[test]
-    fn unreadable_ranges_are_merged_where_they_touch() {
-        let r = merge_ranges([(8, 4), (0, 4), (4, 4), (20, 0), (30, 5), (32, 1)].into_iter());
-        assert_eq!(r, vec![(0, 12), (30, 5)]);
-    }
 
     /// A sparse file: data in a few places (one across a read's boundary, one
     /// ending mid-block), holes elsewhere, an unaligned end.

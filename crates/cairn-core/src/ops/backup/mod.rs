@@ -124,7 +124,7 @@ pub struct BackupReport {
     /// New chunk ids this backup kept track of on local disk rather than in RAM
     /// (a run that stored more than its share of memory holds; see
     /// `index/claims.rs`).
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "crate::report::is_zero")]
     pub claims_on_disk: u64,
     /// An image backup's figures (blocks read, changed, zero; unreadable ranges),
     /// as the snapshot records them.
@@ -132,10 +132,6 @@ pub struct BackupReport {
     pub image: Option<cairn_format::snapshot::ImageInfo>,
     #[serde(skip)]
     pub snapshot: Snapshot,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 /// How a backup through a server deduplicated.

@@ -78,3 +78,33 @@ pub(crate) fn reopen_direct(file: &std::fs::File, write: bool) -> Option<std::fs
     let m = d.metadata().ok()?;
     (m.dev() == meta.dev() && m.ino() == meta.ino() && m.rdev() == meta.rdev()).then_some(d)
 }
+
+/// Byte ranges `(offset, length)` sorted, empty ones dropped, touching and
+/// overlapping ones joined: a shrinking source fails read after read, one range
+/// each, and is one range to the reader; a repair's lost blocks join the ranges
+/// recorded before.
+pub(crate) fn merge_ranges(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = ranges.filter(|r| r.1 > 0).collect();
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for (off, len) in v {
+        let end = off.saturating_add(len);
+        match out.last_mut() {
+            Some(last) if off <= last.0 + last.1 => {
+                last.1 = last.1.max(end - last.0);
+            }
+            _ => out.push((off, len)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod merge_tests {
+    #[test]
+    fn unreadable_ranges_are_merged_where_they_touch() {
+        let r =
+            super::merge_ranges([(8, 4), (0, 4), (4, 4), (20, 0), (30, 5), (32, 1)].into_iter());
+        assert_eq!(r, vec![(0, 12), (30, 5)]);
+    }
+}

@@ -768,7 +768,7 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
     for job in jobs {
         let (pack_no, needs) = match job {
             Job::Zeros(zeros) => {
-                for (at, len) in merged(&zeros) {
+                for (at, len) in super::merge_ranges(zeros.iter().copied()) {
                     match zero_range(sink.file, at, len, sink.limit) {
                         Ok(()) => sink.wrote(len, len.div_ceil(u64::from(sink.block_size))),
                         Err(e) => sink.fail_write(at, len, format!("writing zeros failed: {e}")),
@@ -832,18 +832,6 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
         }
         w.flush();
     }
-}
-
-/// Adjacent ranges joined (they come in image order).
-fn merged(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &(at, len) in ranges {
-        match out.last_mut() {
-            Some(last) if last.0 + last.1 == at => last.1 += len,
-            _ => out.push((at, len)),
-        }
-    }
-    out
 }
 
 /// Zeros `[at, at + len)` of a device: the kernel's zero-out (`fallocate` with

@@ -40,6 +40,18 @@ pub fn store(repo: &Repository, blobs: &[(BlobKind, Vec<u8>)]) -> IndexPack {
     }
 }
 
+/// Stores blobs in one pack, indexes it and loads the index: the blobs are
+/// readable as a backup's would be.
+pub fn store_indexed(repo: &mut Repository, blobs: &[(BlobKind, Vec<u8>)]) {
+    let pack = store(repo, blobs);
+    repo.write_index_file(&cairn_format::index::IndexFile {
+        packs: vec![pack],
+        ..Default::default()
+    })
+    .unwrap();
+    repo.load_index_in_ram().unwrap();
+}
+
 /// A file of `n` chunks of varying lengths (no byte of them 0) with a chunk-list
 /// tree of `fanout` entries a list, nothing stored: the data blobs, the
 /// chunk-list blobs with their levels, the file's content and its bytes.

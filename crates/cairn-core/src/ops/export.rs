@@ -1458,13 +1458,7 @@ mod tests {
             .unwrap();
         lists.remove(lost);
         blobs.extend(lists.into_iter().map(|(_, d)| (BlobKind::ChunkList, d)));
-        let pack = crate::testutil::store(&repo, &blobs);
-        repo.write_index_file(&cairn_format::index::IndexFile {
-            packs: vec![pack],
-            ..Default::default()
-        })
-        .unwrap();
-        repo.load_index_in_ram().unwrap();
+        crate::testutil::store_indexed(&mut repo, &blobs);
         let mut node = crate::tree::walk::tests::file_node(b"f");
         node.size = bytes.len() as u64;
         node.content = content;

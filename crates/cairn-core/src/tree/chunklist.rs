@@ -639,13 +639,7 @@ mod tests {
         let (mut blobs, lists, content, bytes) = crate::testutil::file_with_lists(&repo, n, 3);
         let lists = lists.into_iter().map(|(_, d)| (BlobKind::ChunkList, d));
         blobs.extend(lists);
-        let pack = crate::testutil::store(&repo, &blobs);
-        repo.write_index_file(&cairn_format::index::IndexFile {
-            packs: vec![pack],
-            ..Default::default()
-        })
-        .unwrap();
-        repo.load_index_in_ram().unwrap();
+        crate::testutil::store_indexed(&mut repo, &blobs);
         (repo, content, bytes)
     }
 

@@ -13,14 +13,7 @@ fn index_json(env: &Env) -> serde_json::Value {
 fn backups_on_the_ssd_placement_deduplicate_and_restore_exactly() {
     let env = Env::new();
     let ssd = env.path("ssd");
-    env.init(&[
-        "--block-size",
-        "4K",
-        "--index-placement",
-        "ssd",
-        "--index-path",
-        ssd.to_str().unwrap(),
-    ]);
+    init_ssd(&env, &ssd);
     let src = env.path("src");
     make_full_tree(&src, 11);
     let mut rng = Rng(5);
@@ -321,14 +314,7 @@ fn a_restore_reads_the_index_into_memory_when_its_disk_is_full() {
     let env = Env::new();
     let holder = env.path("idx");
     let _fs = Tmpfs::mount(&holder, "size=2m");
-    env.init(&[
-        "--block-size",
-        "4K",
-        "--index-placement",
-        "ssd",
-        "--index-path",
-        holder.to_str().unwrap(),
-    ]);
+    init_ssd(&env, &holder);
     let src = env.path("src");
     make_full_tree(&src, 3);
     env.backup(&[&src]);
@@ -351,4 +337,16 @@ fn a_restore_reads_the_index_into_memory_when_its_disk_is_full() {
     assert!(o.status.success(), "{err}");
     assert!(err.contains("reads the index into memory instead"), "{err}");
     assert_same(&src, &env.path("out").join(src.strip_prefix("/").unwrap()));
+}
+
+/// A repository of 4 KiB blocks with the SSD index placement in `dir`.
+fn init_ssd(env: &Env, dir: &std::path::Path) {
+    env.init(&[
+        "--block-size",
+        "4K",
+        "--index-placement",
+        "ssd",
+        "--index-path",
+        dir.to_str().unwrap(),
+    ]);
 }

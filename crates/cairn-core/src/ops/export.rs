@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::ops::ls::find_node;
 use crate::repo::Repository;
 use crate::session::{Access, Session};
-use crate::tree::chunklist::FileReader;
+use crate::tree::chunklist::{FileReader, Piece};
 use crate::tree::walk::Visitor;
 use cairn_format::BlobId;
 use cairn_format::tree::{ChunkRef, Node, NodeKind, Tree};
@@ -1131,10 +1131,10 @@ pub(crate) struct Content<'a> {
     reader: FileReader<'a>,
     /// File offset of the first chunk not yet in `ids`.
     next_offset: u64,
-    /// The next chunks' ids and lengths.
-    ids: std::collections::VecDeque<(BlobId, u64)>,
+    /// The next chunks' ids and lengths; no id for the bytes of a lost chunk list.
+    ids: std::collections::VecDeque<(Option<BlobId>, u64)>,
     /// Blobs read ahead, in order.
-    ready: std::collections::VecDeque<Vec<u8>>,
+    ready: std::collections::VecDeque<Ready>,
     /// Blobs asked for and not yet in `ready`.
     batches: std::collections::VecDeque<Batch>,
     buf: Vec<u8>,
@@ -1152,9 +1152,14 @@ pub(crate) struct Content<'a> {
     pub(crate) zero_damaged: bool,
     /// What was given as zeros: bytes, and why the first such chunk was.
     pub(crate) damaged: Option<(u64, String)>,
-    /// Bytes after the last chunk listed, given as zeros once the chunks before
-    /// them are out: a chunk list of the file could not be read.
-    lost_tail: u64,
+}
+
+/// A piece of a file's content ready for the writer.
+enum Ready {
+    Data(Vec<u8>),
+    /// That many zeros, the bytes of a chunk list that could not be read: given a
+    /// MiB at a time.
+    Zeros(u64),
 }
 
 impl<'a> Content<'a> {
@@ -1182,7 +1187,6 @@ impl<'a> Content<'a> {
             ahead: None,
             zero_damaged: false,
             damaged: None,
-            lost_tail: 0,
         }
     }
 
@@ -1193,30 +1197,40 @@ impl<'a> Content<'a> {
             let (ids, next) = (&mut self.ids, &mut self.next_offset);
             let mut taken = 0;
             let from = *next;
-            let listed = self.reader.chunks_from(from, &mut |c, start| {
+            let (mut lost, mut gap_bytes) = (None, 0u64);
+            let mut take = |p: Piece, start: u64| {
+                let (id, end) = match p {
+                    Piece::Chunk(c) => (Some(c.id), start + c.length),
+                    // A chunk list that cannot be read: which chunks it names is
+                    // not known, so its bytes are given as zeros, as a damaged
+                    // chunk is, and the file goes on after them.
+                    Piece::Gap(len) => (None, start.saturating_add(len)),
+                };
                 // `from` is always a chunk's start (the end of the one before), so
-                // this only guards against taking a chunk twice.
-                if start < from {
+                // this only guards against taking bytes twice (a gap may start
+                // before the offset asked for).
+                if end <= *next {
                     return Ok(true);
                 }
-                ids.push_back((c.id, c.length));
-                *next = start + c.length;
+                let len = end - start.max(*next);
+                if id.is_none() {
+                    gap_bytes += len;
+                }
+                ids.push_back((id, len));
+                *next = end;
                 taken += 1;
                 Ok(taken < IDS_PER_DESCENT)
-            });
-            match listed {
-                // A chunk list that cannot be read: which chunks follow is not
-                // known, so the rest of the file is given as zeros, as a damaged
-                // chunk is (after the chunks already listed).
-                Err(e) if self.zero_damaged && e.is_lost_data() => {
-                    let rest = self.reader.size().saturating_sub(self.next_offset);
-                    let d = self.damaged.get_or_insert_with(|| (0, e.to_string()));
-                    d.0 += rest;
-                    self.lost_tail = rest;
-                    self.next_offset = self.reader.size();
-                    taken = usize::MAX;
-                }
-                r => r?,
+            };
+            if self.zero_damaged {
+                self.reader
+                    .chunks_or_gaps_from(from, &mut lost, &mut take)?;
+            } else {
+                self.reader
+                    .chunks_from(from, &mut |c, start| take(Piece::Chunk(c), start))?;
+            }
+            if let Some(e) = lost {
+                let d = self.damaged.get_or_insert_with(|| (0, e.to_string()));
+                d.0 += gap_bytes;
             }
             if taken == 0 {
                 // Nothing more: the list ends before the recorded size.
@@ -1227,11 +1241,11 @@ impl<'a> Content<'a> {
             return Ok(false);
         }
         let n = self.ids.len().min(BATCH_BLOBS);
-        let (ids, lens): (Vec<BlobId>, Vec<u64>) = self.ids.drain(..n).unzip();
+        let (ids, lens): (Vec<Option<BlobId>>, Vec<u64>) = self.ids.drain(..n).unzip();
         // Blobs asked for ahead of this file are waited for, not read again.
         let mut asked: HashMap<BlobId, Result<Vec<u8>>> = HashMap::new();
         if let Some(ahead) = self.ahead.as_deref_mut() {
-            for id in &ids {
+            for id in ids.iter().flatten() {
                 if let Some(r) = ahead.take(id) {
                     asked.insert(*id, r);
                 }
@@ -1240,6 +1254,7 @@ impl<'a> Content<'a> {
         let zeros = &self.zeros;
         let to_read: Vec<BlobId> = ids
             .iter()
+            .flatten()
             .filter(|id| !zeros.contains_key(id) && !asked.contains_key(id))
             .copied()
             .collect();
@@ -1274,13 +1289,6 @@ impl<'a> Content<'a> {
             read,
         }) = self.batches.pop_front()
         else {
-            // The end of what could be listed: the zeros standing for the rest,
-            // a MiB per call (the reader calls again for more).
-            if self.lost_tail > 0 {
-                let n = self.lost_tail.min(1 << 20);
-                self.ready.push_back(vec![0u8; n as usize]);
-                self.lost_tail -= n;
-            }
             return Ok(());
         };
         let mut read = match read {
@@ -1289,24 +1297,32 @@ impl<'a> Content<'a> {
         }
         .into_iter();
         let zeros = &self.zeros;
-        let blobs: Vec<Result<Vec<u8>>> = ids
+        // No blob for the bytes of a lost chunk list.
+        let blobs: Vec<Option<Result<Vec<u8>>>> = ids
             .iter()
             .enumerate()
-            .map(|(i, id)| match zeros.get(id) {
-                Some(&len) => Ok(vec![0u8; len]),
-                // A chunk repeated within the batch: copies until its last place.
-                None if asked.contains_key(id) => match asked.get(id) {
-                    Some(Ok(b)) if ids[i + 1..].contains(id) => Ok(b.clone()),
-                    _ => asked
-                        .remove(id)
+            .map(|(i, id)| {
+                let id = id.as_ref()?;
+                Some(match zeros.get(id) {
+                    Some(&len) => Ok(vec![0u8; len]),
+                    // A chunk repeated within the batch: copies until its last place.
+                    None if asked.contains_key(id) => match asked.get(id) {
+                        Some(Ok(b)) if ids[i + 1..].contains(&Some(*id)) => Ok(b.clone()),
+                        _ => asked.remove(id).unwrap_or_else(|| {
+                            Err(Error::Invalid("a blob read went missing".into()))
+                        }),
+                    },
+                    None => read
+                        .next()
                         .unwrap_or_else(|| Err(Error::Invalid("a blob read went missing".into()))),
-                },
-                None => read
-                    .next()
-                    .unwrap_or_else(|| Err(Error::Invalid("a blob read went missing".into()))),
+                })
             })
             .collect();
         for (b, len) in blobs.into_iter().zip(lens) {
+            let Some(b) = b else {
+                self.ready.push_back(Ready::Zeros(len));
+                continue;
+            };
             let b = match b {
                 Err(e) if self.zero_damaged && e.is_lost_data() => {
                     let d = self.damaged.get_or_insert_with(|| (0, e.to_string()));
@@ -1320,7 +1336,7 @@ impl<'a> Content<'a> {
                 }
                 b => b?,
             };
-            self.ready.push_back(b);
+            self.ready.push_back(Ready::Data(b));
         }
         Ok(())
     }
@@ -1331,7 +1347,8 @@ const BATCHES_IN_FLIGHT: usize = 2;
 
 /// Up to [`BATCH_BLOBS`] consecutive blobs of a file, asked for together.
 struct Batch {
-    ids: Vec<BlobId>,
+    /// None for the bytes of a lost chunk list.
+    ids: Vec<Option<BlobId>>,
     /// Their chunks' lengths (a damaged one is given as that many zeros).
     lens: Vec<u64>,
     /// Those [`Ahead`] had asked for.
@@ -1354,15 +1371,23 @@ impl Read for Content<'_> {
                 self.error = Some(e);
                 return Err(std::io::Error::other("unreadable content"));
             }
-            let Some(b) = self.ready.pop_front() else {
-                if self.left > 0 {
+            let b = match self.ready.pop_front() {
+                Some(Ready::Data(b)) => b,
+                Some(Ready::Zeros(n)) => {
+                    let m = n.min(1 << 20);
+                    if n > m {
+                        self.ready.push_front(Ready::Zeros(n - m));
+                    }
+                    vec![0u8; m as usize]
+                }
+                None if self.left > 0 => {
                     self.error = Some(Error::Invalid(format!(
                         "{}: its content is {} bytes shorter than its recorded size",
                         self.path, self.left
                     )));
                     return Err(std::io::Error::other("short content"));
                 }
-                return Ok(0);
+                None => return Ok(0),
             };
             if b.len() as u64 > self.left {
                 self.error = Some(Error::Invalid(format!(
@@ -1440,20 +1465,45 @@ mod tests {
     use super::*;
 
     /// A chunk list of a file that cannot be read (here: never stored) gives the
-    /// rest of the file as zeros, counted as damaged, where it ended the archive:
-    /// the chunks listed before it come out as saved, and the size is kept.
+    /// bytes it covers as zeros, counted as damaged, where it ended the archive:
+    /// the chunks before and after it come out as saved, and the size is kept.
     #[test]
-    fn a_lost_chunk_list_gives_the_rest_of_the_file_as_zeros() {
+    fn a_lost_chunk_list_gives_its_own_bytes_as_zeros() {
+        // (level of the lost list, which of that level, the chunks it covers)
+        for (level, nth, covers) in [(0u8, 5usize, 40..48), (1, 1, 64..128), (2, 0, 0..300)] {
+            let (out, bytes, damaged) = export_with_a_lost_list(level, nth);
+            assert_eq!(out.len(), bytes.len());
+            let (zeros, why) = damaged.expect("the lost list is reported");
+            let before = out.iter().zip(&bytes).take_while(|(a, b)| a == b).count();
+            let after = out
+                .iter()
+                .rev()
+                .zip(bytes.iter().rev())
+                .take_while(|(a, b)| a == b)
+                .count();
+            // Chunks are never all zeros, so the zeros given are exactly the gap.
+            assert_eq!(before as u64 + zeros + after as u64, bytes.len() as u64);
+            assert!(out[before..bytes.len() - after].iter().all(|b| *b == 0));
+            // Chunk i is i * 37 % 97 + 3 bytes long (see `file_with_lists`).
+            let len = |i: usize| (i * 37 % 97 + 3) as u64;
+            assert_eq!(before as u64, (0..covers.start).map(len).sum::<u64>());
+            assert_eq!(zeros, covers.map(len).sum::<u64>(), "level {level}");
+            assert!(why.contains("missing from the index"), "{why}");
+        }
+    }
+
+    /// Exports a file of 300 chunks in lists of eight, with the `nth` list of
+    /// `level` never stored: what came out, the file, and what was reported.
+    fn export_with_a_lost_list(level: u8, nth: usize) -> (Vec<u8>, Vec<u8>, Option<(u64, String)>) {
         use cairn_format::pack::BlobKind;
         let mut repo = crate::testutil::mem_repo();
         let (mut blobs, mut lists, content, bytes) =
             crate::testutil::file_with_lists(&repo, 300, 8);
-        // The sixth list of data chunks is lost.
         let lost = lists
             .iter()
             .enumerate()
-            .filter(|(_, (level, _))| *level == 0)
-            .nth(5)
+            .filter(|(_, (l, _))| *l == level)
+            .nth(nth)
             .map(|(i, _)| i)
             .unwrap();
         lists.remove(lost);
@@ -1462,26 +1512,14 @@ mod tests {
         let mut node = crate::tree::walk::tests::file_node(b"f");
         node.size = bytes.len() as u64;
         node.content = content;
-        let (out, damaged) = std::thread::scope(|s| {
+        std::thread::scope(|s| {
             let readers = BlobReaders::start(s, &repo);
             let mut c = Content::new(&repo, &node, "f", &readers);
             c.zero_damaged = true;
             let mut out = Vec::new();
             c.read_to_end(&mut out).unwrap();
-            (out, c.damaged.take())
-        });
-        assert_eq!(out.len(), bytes.len());
-        let kept = out.iter().zip(&bytes).take_while(|(a, b)| a == b).count();
-        let (zeros, why) = damaged.expect("the lost list is reported");
-        assert_eq!(
-            kept as u64 + zeros,
-            bytes.len() as u64,
-            "{kept} {zeros} {why}"
-        );
-        // Five lists of eight chunks came out as saved (the chunks are never 0).
-        assert!(kept >= 40 * 3 && kept < bytes.len() / 2, "{kept}");
-        assert!(out[kept..].iter().all(|b| *b == 0));
-        assert!(why.contains("missing from the index"), "{why}");
+            (out, bytes, c.damaged.take())
+        })
     }
 
     #[test]

@@ -358,19 +358,45 @@ impl<'r> FileReader<'r> {
         offset: u64,
         f: &mut dyn FnMut(ChunkRef, u64) -> Result<bool>,
     ) -> Result<()> {
+        self.pieces_from(offset, None, &mut |p, start| match p {
+            Piece::Chunk(c) => f(c, start),
+            // Not given without a place for the loss.
+            Piece::Gap(_) => Ok(false),
+        })
+    }
+
+    /// [`chunks_from`](Self::chunks_from) that goes on past a chunk list that is
+    /// lost (missing or damaged): its bytes are given as a [`Piece::Gap`] at the
+    /// offset its parent says it starts at (the whole file for the root), and the
+    /// first such loss is kept in `lost`. A gap may start before `offset`.
+    pub fn chunks_or_gaps_from(
+        &self,
+        offset: u64,
+        lost: &mut Option<Error>,
+        f: &mut dyn FnMut(Piece, u64) -> Result<bool>,
+    ) -> Result<()> {
+        self.pieces_from(offset, Some(lost), f)
+    }
+
+    fn pieces_from(
+        &self,
+        offset: u64,
+        lost: Option<&mut Option<Error>>,
+        f: &mut dyn FnMut(Piece, u64) -> Result<bool>,
+    ) -> Result<()> {
         match self.content {
             Content::None => Ok(()),
             Content::Inline(refs) => {
                 let mut pos = 0u64;
                 for r in refs {
-                    if pos + r.length > offset && !f(*r, pos)? {
+                    if pos + r.length > offset && !f(Piece::Chunk(*r), pos)? {
                         return Ok(());
                     }
                     pos += r.length;
                 }
                 Ok(())
             }
-            Content::Tree { root, depth, .. } => self.tree_from(*root, *depth, offset, f),
+            Content::Tree { root, depth, .. } => self.tree_from(*root, *depth, offset, lost, f),
         }
     }
 
@@ -386,7 +412,8 @@ impl<'r> FileReader<'r> {
         root: BlobId,
         depth: u8,
         offset: u64,
-        f: &mut dyn FnMut(ChunkRef, u64) -> Result<bool>,
+        mut lost: Option<&mut Option<Error>>,
+        f: &mut dyn FnMut(Piece, u64) -> Result<bool>,
     ) -> Result<()> {
         if depth == 0 || depth > MAX_CHUNK_LIST_DEPTH {
             return Err(Error::damaged(
@@ -394,12 +421,37 @@ impl<'r> FileReader<'r> {
                 FormatError::malformed("chunk list", "invalid depth"),
             ));
         }
+        // A list that cannot be loaded: an error, or (when gaps are asked for) a
+        // gap of the `span` bytes it covers, and the walk goes on after it.
+        let mut load = |id: &BlobId, level: u8, span: u64, expected: Option<u64>| match (
+            self.load(id, level, expected),
+            lost.as_deref_mut(),
+        ) {
+            (Err(e), Some(lost)) if e.is_lost_data() => {
+                lost.get_or_insert(e);
+                Ok(Err(span))
+            }
+            (r, _) => r.map(Ok),
+        };
         // Descend to the level-0 list holding `offset`, counting the bytes skipped.
         let mut stack: Vec<Level> = Vec::with_capacity(depth as usize);
         let mut pos = 0u64;
         let (mut id, mut expected) = (root, None);
         for level in (0..depth).rev() {
-            let list = self.load(&id, level, expected)?;
+            let list = match load(&id, level, expected.unwrap_or(self.size), expected)? {
+                Ok(list) => list,
+                Err(span) => {
+                    if !f(Piece::Gap(span), pos)? {
+                        return Ok(());
+                    }
+                    pos += span;
+                    match stack.last_mut() {
+                        Some(parent) => parent.next += 1,
+                        None => return Ok(()),
+                    }
+                    break;
+                }
+            };
             let mut next = list.entries.len();
             for (i, e) in list.entries.iter().enumerate() {
                 if pos + e.length > offset {
@@ -430,7 +482,7 @@ impl<'r> FileReader<'r> {
             };
             if level == 0 {
                 top.next += 1;
-                if !f(e, pos)? {
+                if !f(Piece::Chunk(e), pos)? {
                     return Ok(());
                 }
                 pos += e.length;
@@ -438,8 +490,18 @@ impl<'r> FileReader<'r> {
             }
             // Into the next child list (its first entry), unless we were just in it.
             if stack.len() < depth as usize {
-                let list = self.load(&e.id, level - 1, Some(e.length))?;
-                stack.push(Level { list, next: 0 });
+                match load(&e.id, level - 1, e.length, Some(e.length))? {
+                    Ok(list) => stack.push(Level { list, next: 0 }),
+                    Err(span) => {
+                        if let Some(top) = stack.last_mut() {
+                            top.next += 1;
+                        }
+                        if !f(Piece::Gap(span), pos)? {
+                            return Ok(());
+                        }
+                        pos += span;
+                    }
+                }
             } else {
                 return Err(Error::Invalid("chunk list walk lost its place".into()));
             }

@@ -590,6 +590,87 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
     }
 }
 
+/// The same attacker lists the real packs again in its first-sorting index file,
+/// this time with none of their blobs: only a made-up one, past the pack's end.
+/// Prune took a pack's first listing for the pack's, so it saw the real packs
+/// holding nothing needed (and too short for what they list), trusted the junk
+/// pack's single claims, and deleted every real pack (found by QA through `cairn
+/// serve` with a backup token). Every live listing of a pack is a claim now, each
+/// copy judged by whether it fits the stored pack.
+#[test]
+fn prune_keeps_packs_an_index_file_lists_again_without_their_blobs() {
+    use cairn_backend::{Backend, LocalBackend, names};
+    use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
+    use cairn_format::{BlobId, PackId};
+    use std::sync::Arc;
+
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(91);
+    for i in 0..10 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(40_000, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
+    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let (mut claims, mut relisted) = (Vec::new(), Vec::new());
+    for id in repo.list_index_files().unwrap() {
+        for p in repo.read_index_file(&id).unwrap().packs {
+            for b in &p.blobs {
+                claims.push(IndexBlob {
+                    offset: 0,
+                    length: 1,
+                    ..*b
+                });
+            }
+            let size = fs::metadata(env.repo.join(names::pack(&p.id.to_hex())))
+                .unwrap()
+                .len();
+            relisted.push(IndexPack {
+                id: p.id,
+                blobs: vec![IndexBlob {
+                    id: BlobId([0xee; 32]),
+                    offset: size as u32 + 10,
+                    ..p.blobs[0]
+                }],
+            });
+        }
+    }
+    let junk = vec![0x5au8; 4096];
+    let junk_id = PackId::of_content(&junk);
+    backend
+        .put_new(&names::pack(&junk_id.to_hex()), &junk)
+        .unwrap();
+    let mut packs = vec![IndexPack {
+        id: junk_id,
+        blobs: claims,
+    }];
+    packs.extend(relisted);
+    let file = IndexFile {
+        packs,
+        ..Default::default()
+    };
+    loop {
+        let id = repo.write_index_file(&file).unwrap();
+        if repo.list_index_files().unwrap().iter().min() == Some(&id) {
+            break;
+        }
+        backend.delete(&names::index(&id.to_hex())).unwrap();
+    }
+    let back = env.restore("latest", &src, "before");
+    assert_same(&src, &back);
+    let out = env.ok(&["prune"]);
+    assert!(out.contains("name blobs their packs do not hold"), "{out}");
+    let back = env.restore("latest", &src, "after");
+    assert_same(&src, &back);
+    env.ok(&["prune"]);
+    env.check_clean();
+    let back = env.restore("latest", &src, "after-2");
+    assert_same(&src, &back);
+}
+
 /// A repository with one snapshot of `src` (ten files of random bytes from
 /// `seed`) whose packs are all held by a waiting pending-deletion record and by no
 /// index file: as a prune leaves it when a backup's lock was live.

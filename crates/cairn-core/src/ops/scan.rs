@@ -41,13 +41,17 @@ pub(crate) const PENDING_FILE: u32 = u32::MAX - 1;
 pub(crate) struct PackRow {
     pub id: PackId,
     pub stored_size: Option<u64>,
-    /// The first live index file listing the pack: its listing is the pack's.
+    /// The first live index file listing the pack ([`NO_FILE`]: none does).
+    /// Every live file's listing of it counts: each is a claim of what the pack
+    /// holds, and an index file that lists a pack again must not hide the
+    /// listing of the writer that stored it (an append-only writer can add one).
     pub file: u32,
     listed_in: Vec<u32>,
+    /// How many live index files list the pack.
+    pub listings: u32,
     /// Listed by no index file at all, only by pending-deletion records.
     pub pending_only: bool,
     pub blobs: u64,
-    pub end: u64,
     pub need: u64,
     pub used_bytes: u64,
     pub unused_bytes: u64,
@@ -62,9 +66,9 @@ impl PackRow {
             stored_size,
             file: NO_FILE,
             listed_in: Vec::new(),
+            listings: 0,
             pending_only: false,
             blobs: 0,
-            end: 0,
             need: 0,
             used_bytes: 0,
             unused_bytes: 0,
@@ -72,10 +76,12 @@ impl PackRow {
         }
     }
 
-    /// Whether the pack's stored object is long enough for every blob it lists.
-    pub fn usable(&self) -> bool {
-        self.stored_size
-            .is_some_and(|size| self.end + PACK_TRAILER_LEN as u64 <= size)
+    /// Whether the stored pack is long enough to hold `b` where an index entry
+    /// puts it: a copy that does not fit is not one (judged per entry, so that a
+    /// false entry cannot make the pack's true ones unusable).
+    pub fn fits(&self, b: &IndexBlob) -> bool {
+        let end = u64::from(b.offset) + u64::from(b.length) + PACK_TRAILER_LEN as u64;
+        self.stored_size.is_some_and(|size| end <= size)
     }
 }
 
@@ -237,12 +243,13 @@ pub(crate) fn scan_index(
     let files: Vec<(IndexId, bool)> = ids.into_iter().map(|id| (id, live.contains(&id))).collect();
     for row in &mut packs {
         row.pending_only = row.listed_in.is_empty();
-        row.file = row
+        let mut live_files = row
             .listed_in
             .iter()
             .copied()
-            .find(|f| files[*f as usize].1)
-            .unwrap_or(NO_FILE);
+            .filter(|f| files[*f as usize].1);
+        row.file = live_files.next().unwrap_or(NO_FILE);
+        row.listings = u32::from(row.file != NO_FILE) + live_files.count() as u32;
         row.listed_in = Vec::new();
     }
     Ok(Scan {
@@ -309,7 +316,7 @@ impl Reached for Needed {
 /// One blob id as [`join`] sees it.
 pub(crate) struct Joined<'a> {
     pub id: &'a BlobId,
-    /// Its entries: the listing of each pack's own row only.
+    /// Its entries in every live listing of each pack, the same entry once.
     pub copies: &'a [Entry],
     /// Whether a snapshot needs it.
     pub needed: bool,
@@ -320,9 +327,10 @@ pub(crate) struct Joined<'a> {
 /// What [`join`] calls with each id, and the pack rows to update.
 pub(crate) type Visit<'a> = dyn FnMut(Joined<'_>, &mut [PackRow]) -> Result<()> + 'a;
 
-/// Runs `f` with each blob id's entries (the pack's own listing only) and
-/// whether it is needed, partition by partition, ids in order. Needed ids no
-/// entry lists come with an empty slice.
+/// Runs `f` with each blob id's entries (those of live index files, and of
+/// pending records for a pack no live file lists once [`Scan::add_pending_packs`]
+/// counted them) and whether it is needed, partition by partition, ids in order.
+/// Needed ids no entry lists come with an empty slice.
 pub(crate) fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_>) -> Result<()> {
     for p in 0..scan.entries.partitions() {
         let mut want = needed.read(p)?;
@@ -332,10 +340,14 @@ pub(crate) fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_
         let mut pending: Vec<[u8; 32]> = Vec::new();
         for r in scan.entries.read(p)? {
             let e = decode_entry(&r)?;
-            if e.file == PENDING_FILE {
+            let row_file = scan.packs.get(e.pack as usize).map(|row| row.file);
+            let counted = if e.file == PENDING_FILE {
                 pending.push(e.blob.id.0);
-            }
-            if scan.packs.get(e.pack as usize).map(|row| row.file) == Some(e.file) {
+                row_file == Some(PENDING_FILE)
+            } else {
+                row_file.is_some() && scan.files.get(e.file as usize).is_some_and(|f| f.1)
+            };
+            if counted {
                 have.push(e);
             }
         }
@@ -362,6 +374,8 @@ pub(crate) fn join(scan: &mut Scan, needed: &mut Spill<NEEDED>, f: &mut Visit<'_
                 .cmp(&y.blob.id.0)
                 .then_with(|| rest(x).cmp(&rest(y)))
         });
+        // The same entry in two listings of a pack is one copy.
+        have.dedup_by(|x, y| x.pack == y.pack && x.blob == y.blob);
         pending.sort_unstable();
         let (mut i, mut j) = (0, 0);
         while i < have.len() || j < want.len() {

@@ -39,6 +39,13 @@ pub(super) struct Joined {
     bad: HashSet<BlobCopy>,
 }
 
+impl Joined {
+    /// Whether the entry `b` of pack number `pack` was read and found false.
+    pub fn found_false(&self, pack: u32, b: &IndexBlob) -> bool {
+        !self.bad.is_empty() && self.bad.contains(&(pack, *b))
+    }
+}
+
 /// The copy of a needed blob that is kept: in the best-ranked usable pack, of
 /// the copies not found false (the first of equally ranked ones).
 fn provider(
@@ -48,7 +55,7 @@ fn provider(
     bad: &HashSet<BlobCopy>,
 ) -> Option<usize> {
     (0..copies.len())
-        .filter(|&k| packs[copies[k].pack as usize].usable())
+        .filter(|&k| packs[copies[k].pack as usize].fits(&copies[k].blob))
         .filter(|&k| bad.is_empty() || !bad.contains(&(copies[k].pack, copies[k].blob)))
         .min_by_key(|&k| rank[copies[k].pack as usize])
 }
@@ -98,7 +105,7 @@ fn check_kept_copies(
             return Ok(());
         }
         let mut usable: Vec<usize> = (0..j.copies.len())
-            .filter(|&k| packs[j.copies[k].pack as usize].usable())
+            .filter(|&k| packs[j.copies[k].pack as usize].fits(&j.copies[k].blob))
             .collect();
         // One live copy and a retired one: the live one is read too. If it is
         // false (indexed after the retiring prune by an append-only writer), the
@@ -244,9 +251,6 @@ pub(super) fn join_needed(repo: &Repository, scan: &mut Scan, needed: Needed) ->
         for e in copies {
             let row = &mut packs[e.pack as usize];
             row.blobs += 1;
-            row.end = row
-                .end
-                .max(u64::from(e.blob.offset) + u64::from(e.blob.length));
             if is_needed {
                 row.need += 1;
             }

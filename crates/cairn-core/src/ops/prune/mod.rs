@@ -321,6 +321,7 @@ fn run(
         let files = write_replacement_index(
             repo,
             &scan,
+            &joined,
             &actions,
             old_files.clone(),
             records,
@@ -533,16 +534,26 @@ fn carried_snapshot_records(
     (keep_ann, keep_forgot)
 }
 
-/// Streams the live index files once more: each pack's own listing goes to the
-/// new files when the pack is kept, to `retired` when it is retired.
+/// Packs listed by several live index files whose listings are merged in memory
+/// by [`write_replacement_index`], in entries at most: past that, each further
+/// listing is written as it is (the same entry twice is one copy to every
+/// reader), so a hostile index that lists every pack again costs no more memory.
+const MERGED_ENTRIES_MAX: usize = 1 << 20;
+
+/// Streams the live index files once more: each pack's listings go to the new
+/// files when the pack is kept, to `retired` when it is retired, without the
+/// entries known false (found so by prune's reads, or not fitting the stored
+/// pack). A pack several files list gets one listing of their entries, each once.
 fn write_replacement_index(
     repo: &Repository,
     scan: &crate::ops::scan::Scan,
+    joined: &join::Joined,
     actions: &[Action],
     supersedes: Vec<cairn_format::IndexId>,
     (snapshots, forgotten): (Vec<SnapshotId>, Vec<SnapshotId>),
     retired: &mut retired::Retired,
 ) -> Result<Vec<cairn_format::IndexId>> {
+    use cairn_format::index::IndexBlob;
     const BLOBS_PER_FILE: usize = 200_000;
     let live: Vec<(u32, cairn_format::IndexId)> = scan
         .files
@@ -554,30 +565,72 @@ fn write_replacement_index(
     let mut files = Vec::new();
     let mut cur = IndexFile::default();
     let mut n = 0;
+    // Listings of packs several files list, until the last one is met: the
+    // entries so far, and how many listings are still to come.
+    let mut merging: HashMap<usize, (IndexPack, HashSet<IndexBlob>, u32)> = HashMap::new();
+    let mut merged_entries = 0usize;
+    let mut emit = |k: usize, p: IndexPack| -> Result<()> {
+        match actions[k] {
+            Action::Keep => {
+                n += p.blobs.len();
+                cur.packs.push(p);
+                if n >= BLOBS_PER_FILE {
+                    files.push(repo.write_index_file(&std::mem::take(&mut cur))?);
+                    n = 0;
+                }
+            }
+            Action::Delete | Action::Repack => retired.push(&p)?,
+            Action::DropMissing | Action::Unlisted | Action::PendingOnly => {}
+        }
+        Ok(())
+    };
     for batch in live.chunks(4) {
         let read = crate::threads::parallel_map(batch, 4, |(_, id)| repo.read_index_file(id));
-        for ((file, _), f) in batch.iter().zip(read) {
-            for p in f?.packs {
-                let Some(k) = scan.number.get(&p.id).map(|&k| k as usize) else {
+        for f in read {
+            for mut p in f?.packs {
+                let Some(&k) = scan.number.get(&p.id) else {
                     continue;
                 };
-                if scan.packs[k].file != *file {
+                let row = &scan.packs[k as usize];
+                p.blobs.retain(|b| row.fits(b) && !joined.found_false(k, b));
+                let k = k as usize;
+                if row.listings < 2 {
+                    emit(k, p)?;
                     continue;
                 }
-                match actions[k] {
-                    Action::Keep => {
-                        n += p.blobs.len();
-                        cur.packs.push(p);
-                        if n >= BLOBS_PER_FILE {
-                            files.push(repo.write_index_file(&std::mem::take(&mut cur))?);
-                            n = 0;
+                let left = match merging.get_mut(&k) {
+                    Some((merged, seen, left)) => {
+                        for b in p.blobs {
+                            if seen.insert(b) {
+                                merged.blobs.push(b);
+                                merged_entries += 1;
+                            }
                         }
+                        *left -= 1;
+                        *left
                     }
-                    Action::Delete | Action::Repack => retired.push(&p)?,
-                    Action::DropMissing | Action::Unlisted | Action::PendingOnly => {}
+                    None if merged_entries < MERGED_ENTRIES_MAX => {
+                        merged_entries += p.blobs.len();
+                        let seen = p.blobs.iter().copied().collect();
+                        merging.insert(k, (p, seen, row.listings - 1));
+                        continue;
+                    }
+                    None => {
+                        emit(k, p)?;
+                        continue;
+                    }
+                };
+                if left == 0
+                    && let Some((merged, seen, _)) = merging.remove(&k)
+                {
+                    merged_entries -= seen.len();
+                    emit(k, merged)?;
                 }
             }
         }
+    }
+    for (k, (merged, _, _)) in merging {
+        emit(k, merged)?;
     }
     cur.supersedes = supersedes;
     cur.snapshots = snapshots;

@@ -243,6 +243,13 @@ pub(crate) fn mkdir_at(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> 
     retry(|| unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) }).map(drop)
 }
 
+/// Writes out everything the file system holding `dir` has not yet put on disk
+/// (`syncfs`): its errors are those of the writes it finishes.
+pub(crate) fn sync_fs(dir: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: a plain call on an open descriptor.
+    retry(|| unsafe { libc::syncfs(dir.as_raw_fd()) }).map(drop)
+}
+
 /// Removes the non-directory `name` from `dir` (the link itself, never what a
 /// symlink points to).
 pub(crate) fn unlink_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {

@@ -57,8 +57,12 @@ pub(crate) fn mark(root: BorrowedFd<'_>) -> std::io::Result<()> {
     }
 }
 
-/// Removes the mark: the restore finished.
+/// Removes the mark: the restore finished. What it wrote is put on disk first: a
+/// power cut after the mark went and before the kernel wrote the files out would
+/// leave them empty or cut short with nothing to say so (their times can reach
+/// the disk before their data), and `--overwrite never` would keep them.
 pub(crate) fn clear(root: BorrowedFd<'_>) -> std::io::Result<()> {
+    sys::sync_fs(root)?;
     match sys::unlink_at(root, MARK) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),

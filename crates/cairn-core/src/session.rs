@@ -468,12 +468,17 @@ impl<A: Access> Session<A> {
         }
         if spec == "latest" {
             let (all, bad) = self.snapshots()?;
-            let matching: Vec<(SnapshotId, Snapshot)> = all
-                .iter()
-                .filter(|(_, s)| filter.matches(s))
-                .cloned()
-                .collect();
-            return crate::repo::latest_in(&matching, bad).map_err(|e| match e {
+            let mut matching = all.clone();
+            // Hosts as `snapshots --host` and retention count them: a snapshot
+            // another host's token stored under this host's name is not its.
+            let bad = if filter.hosts.is_empty() {
+                bad.iter().collect()
+            } else {
+                self.repo
+                    .narrow_to_hosts(&mut matching, bad, &filter.hosts)?
+            };
+            matching.retain(|(_, s)| filter.matches(s));
+            return crate::repo::latest_in(&matching, &bad).map_err(|e| match e {
                 Error::SnapshotNotFound(_) => {
                     Error::SnapshotNotFound(format!("latest with {}", filter.describe()))
                 }
@@ -481,7 +486,16 @@ impl<A: Access> Session<A> {
             });
         }
         let found = self.find_snapshot(spec)?;
-        if !filter.matches(&found.1) {
+        // Its host as `latest` above counts it.
+        let mut counted = found.1.clone();
+        if !filter.hosts.is_empty() {
+            let mut all = self.snapshots()?.0.clone();
+            self.repo.attribute_hosts(&mut all)?;
+            if let Some((_, s)) = all.into_iter().find(|(id, _)| *id == found.0) {
+                counted.hostname = s.hostname;
+            }
+        }
+        if !filter.matches(&counted) {
             return Err(Error::Invalid(format!(
                 "snapshot {} does not match {}",
                 found.0.short(),

@@ -3794,6 +3794,64 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
         "{err}"
     );
     assert!(env.snapshot_ids().contains(&real));
+
+    // `latest --host web02` is web02's own backup too, not the newer ones that
+    // only name it (a restore of it would bring back the attacker's files); and
+    // one unreadable snapshot web01's token stored does not make it uncertain.
+    let latest_of_web02 = || -> String {
+        let out = ok(
+            client(
+                &env,
+                &srv,
+                "main",
+                &admin,
+                &["ls", "latest", "--host", "web02", "--json"],
+            ),
+            "ls latest --host web02",
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["snapshot"].as_str().unwrap().to_string()
+    };
+    assert_eq!(latest_of_web02(), real);
+    let junk = b"not a snapshot at all".to_vec();
+    let ses = [("X-Cairn-Session", "junk")];
+    assert_eq!(
+        http_with(
+            srv.port,
+            "POST",
+            "/v1/datastores/main/slots",
+            &web01,
+            &ses,
+            b""
+        )
+        .0,
+        200
+    );
+    let (code, body) = http_with(
+        srv.port,
+        "PUT",
+        &format!(
+            "/v1/datastores/main/objects/snapshots/{}",
+            blake3_hex(&junk)
+        ),
+        &web01,
+        &ses,
+        &junk,
+    );
+    assert_eq!(code, 201, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(latest_of_web02(), real);
+    // web01's latest may be that one: uncertain, and said so.
+    let out = refused(
+        client(
+            &env,
+            &srv,
+            "main",
+            &admin,
+            &["ls", "latest", "--host", "web01"],
+        ),
+        "ls latest --host web01",
+    );
+    assert!(out.contains("could not be read"), "{out}");
 }
 
 /// A hijacked backup client that stores junk dated at the end of past days, after

@@ -279,10 +279,10 @@ impl Repository {
     /// one listing, then `read(snapshot hex)` for each (eight at a time).
     fn recorded_hosts(
         &self,
-        snaps: &[(SnapshotId, Snapshot)],
+        ids: impl Iterator<Item = SnapshotId>,
         read: &HostRead<'_>,
     ) -> Result<std::collections::HashMap<SnapshotId, String>> {
-        let wanted = self.with_records(names::HOSTS, snaps.iter().map(|(id, _)| *id))?;
+        let wanted = self.with_records(names::HOSTS, ids)?;
         let got = crate::threads::parallel_map(&wanted, 8, |id| (*id, read(&id.to_hex())));
         let mut out = std::collections::HashMap::new();
         for (id, host) in got {
@@ -306,14 +306,22 @@ impl Repository {
         &self,
         snaps: &mut [(SnapshotId, Snapshot)],
     ) -> Result<Vec<(SnapshotId, String)>> {
-        self.attribute_hosts_by(snaps, &|hex| match self
+        self.attribute_hosts_by(snaps, &|hex| self.host_record(hex))
+    }
+
+    /// The host `cairn serve` recorded for snapshot `hex`, if any.
+    fn host_record(
+        &self,
+        hex: &str,
+    ) -> std::result::Result<Option<String>, cairn_backend::BackendError> {
+        match self
             .backend
             .get_bounded(&names::host_record(hex), MAX_HOST_RECORD)
         {
             Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
-        })
+        }
     }
 
     /// [`Self::attribute_hosts`] reading each record with `read` (`cairn serve`
@@ -323,7 +331,16 @@ impl Repository {
         snaps: &mut [(SnapshotId, Snapshot)],
         read: &HostRead<'_>,
     ) -> Result<Vec<(SnapshotId, String)>> {
-        let recorded = self.recorded_hosts(snaps, read)?;
+        let recorded = self.recorded_hosts(snaps.iter().map(|(id, _)| *id), read)?;
+        self.attribute_recorded(snaps, &recorded)
+    }
+
+    /// [`Self::attribute_hosts`] with the records read.
+    fn attribute_recorded(
+        &self,
+        snaps: &mut [(SnapshotId, Snapshot)],
+        recorded: &std::collections::HashMap<SnapshotId, String>,
+    ) -> Result<Vec<(SnapshotId, String)>> {
         let hosts: std::collections::HashSet<&String> = recorded.values().collect();
         let mut changed = Vec::new();
         for (id, s) in snaps.iter_mut() {
@@ -357,6 +374,38 @@ impl Repository {
             }
         }
         Ok(changed)
+    }
+
+    /// Narrows `all` and `bad` (a listing: the snapshots read, those that could
+    /// not be) to what may be a snapshot of one of `hosts`, as `snapshots --host`
+    /// and retention count hosts: a snapshot a host-bound token stored under
+    /// another bound host's name is its token's host's ([`Self::attribute_hosts`]),
+    /// and one that could not be read is passed over when `cairn serve` recorded
+    /// it as stored by another host's bound token and every one of `hosts` has a
+    /// bound token (then it cannot count as theirs, whatever it names). So a
+    /// hijacked client can neither become `latest --host` of another host nor,
+    /// with one unreadable snapshot, make every host's `latest` uncertain. A
+    /// caller that may not read the records (a host-bound token, which sees only
+    /// its own host's snapshots) gets `all` and `bad` as they are.
+    pub fn narrow_to_hosts<'b>(
+        &self,
+        all: &mut Vec<(SnapshotId, Snapshot)>,
+        bad: &'b [SnapshotError],
+        hosts: &[String],
+    ) -> Result<Vec<&'b SnapshotError>> {
+        let ids = all
+            .iter()
+            .map(|(id, _)| *id)
+            .chain(bad.iter().map(|e| e.id));
+        let recorded = self.recorded_hosts(ids, &|hex| self.host_record(hex))?;
+        self.attribute_recorded(all, &recorded)?;
+        all.retain(|(_, s)| hosts.contains(&s.hostname));
+        let bound: std::collections::HashSet<&String> = recorded.values().collect();
+        let all_bound = hosts.iter().all(|h| bound.contains(h));
+        Ok(bad
+            .iter()
+            .filter(|e| !all_bound || recorded.get(&e.id).is_none_or(|h| hosts.contains(h)))
+            .collect())
     }
 
     /// Resolves `latest` or an id prefix (at least one hex digit) among all stored
@@ -446,14 +495,14 @@ pub fn snapshot_order(
 }
 
 pub(crate) fn latest(list: &SnapshotList) -> Result<(SnapshotId, Snapshot)> {
-    latest_in(&list.0, &list.1)
+    latest_in(&list.0, &list.1.iter().collect::<Vec<_>>())
 }
 
 /// The newest of `all` (sorted oldest first) not dated in the future, unless a
 /// snapshot that could not be read (`bad`) might be newer.
 pub(crate) fn latest_in(
     all: &[(SnapshotId, Snapshot)],
-    bad: &[SnapshotError],
+    bad: &[&SnapshotError],
 ) -> Result<(SnapshotId, Snapshot)> {
     if !bad.is_empty() {
         return Err(Error::LatestUncertain {

@@ -445,8 +445,7 @@ fn a_file_changing_while_read_is_reported() {
 #[test]
 fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
     use cairn_backend::{Backend, LocalBackend, names};
-    use cairn_format::PackId;
-    use cairn_format::index::{IndexFile, IndexPack};
+    use cairn_format::index::IndexPack;
     use std::sync::Arc;
 
     let env = Env::new();
@@ -526,27 +525,7 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
         raw_length: many.raw_length + n,
         ..many
     }));
-    let junk = vec![0x5au8; 4096];
-    let junk_id = PackId::of_content(&junk);
-    backend
-        .put_new(&names::pack(&junk_id.to_hex()), &junk)
-        .unwrap();
-    let mut packs = vec![IndexPack {
-        id: junk_id,
-        blobs: claims,
-    }];
-    packs.extend(relisted);
-    let file = IndexFile {
-        packs,
-        ..Default::default()
-    };
-    loop {
-        let id = repo.write_index_file(&file).unwrap();
-        if repo.list_index_files().unwrap().iter().min() == Some(&id) {
-            break;
-        }
-        backend.delete(&names::index(&id.to_hex())).unwrap();
-    }
+    let junk_id = store_first_index_with_junk(&backend, &repo, claims, relisted);
 
     // Readers that pick a false copy try the others: the snapshot restores
     // before any prune.
@@ -590,6 +569,40 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
     }
 }
 
+/// The attacker's move: a pack of 4 KiB of junk, and an index file whose name
+/// sorts first (a few tries: each sealing draws a fresh nonce) listing `claims`
+/// in the junk pack, then the packs `relisted`. Returns the junk pack.
+fn store_first_index_with_junk(
+    backend: &std::sync::Arc<dyn cairn_backend::Backend>,
+    repo: &cairn_core::Repository,
+    claims: Vec<cairn_format::index::IndexBlob>,
+    relisted: Vec<cairn_format::index::IndexPack>,
+) -> cairn_format::PackId {
+    use cairn_backend::names;
+    use cairn_format::index::{IndexFile, IndexPack};
+    let junk = vec![0x5au8; 4096];
+    let junk_id = cairn_format::PackId::of_content(&junk);
+    backend
+        .put_new(&names::pack(&junk_id.to_hex()), &junk)
+        .unwrap();
+    let mut packs = vec![IndexPack {
+        id: junk_id,
+        blobs: claims,
+    }];
+    packs.extend(relisted);
+    let file = IndexFile {
+        packs,
+        ..Default::default()
+    };
+    loop {
+        let id = repo.write_index_file(&file).unwrap();
+        if repo.list_index_files().unwrap().iter().min() == Some(&id) {
+            return junk_id;
+        }
+        backend.delete(&names::index(&id.to_hex())).unwrap();
+    }
+}
+
 /// The same attacker lists the real packs again in its first-sorting index file,
 /// this time with none of their blobs: only a made-up one, past the pack's end.
 /// Prune took a pack's first listing for the pack's, so it saw the real packs
@@ -600,8 +613,8 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
 #[test]
 fn prune_keeps_packs_an_index_file_lists_again_without_their_blobs() {
     use cairn_backend::{Backend, LocalBackend, names};
-    use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
-    use cairn_format::{BlobId, PackId};
+    use cairn_format::BlobId;
+    use cairn_format::index::{IndexBlob, IndexPack};
     use std::sync::Arc;
 
     let env = Env::new();
@@ -638,27 +651,7 @@ fn prune_keeps_packs_an_index_file_lists_again_without_their_blobs() {
             });
         }
     }
-    let junk = vec![0x5au8; 4096];
-    let junk_id = PackId::of_content(&junk);
-    backend
-        .put_new(&names::pack(&junk_id.to_hex()), &junk)
-        .unwrap();
-    let mut packs = vec![IndexPack {
-        id: junk_id,
-        blobs: claims,
-    }];
-    packs.extend(relisted);
-    let file = IndexFile {
-        packs,
-        ..Default::default()
-    };
-    loop {
-        let id = repo.write_index_file(&file).unwrap();
-        if repo.list_index_files().unwrap().iter().min() == Some(&id) {
-            break;
-        }
-        backend.delete(&names::index(&id.to_hex())).unwrap();
-    }
+    let junk_id = store_first_index_with_junk(&backend, &repo, claims, relisted);
     let back = env.restore("latest", &src, "before");
     assert_same(&src, &back);
     let out = env.ok(&["prune"]);
@@ -667,6 +660,7 @@ fn prune_keeps_packs_an_index_file_lists_again_without_their_blobs() {
     assert_same(&src, &back);
     env.ok(&["prune"]);
     env.check_clean();
+    assert!(!env.repo.join(names::pack(&junk_id.to_hex())).exists());
     let back = env.restore("latest", &src, "after-2");
     assert_same(&src, &back);
 }

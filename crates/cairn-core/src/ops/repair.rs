@@ -45,9 +45,6 @@ pub struct DamagedPack {
     pub message: String,
     pub blobs_lost: usize,
     pub blobs_kept: usize,
-    /// Its header could not be read: its blobs were found through the old index.
-    #[serde(skip)]
-    header_unreadable: bool,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -88,8 +85,9 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
     let mut written = Vec::new();
     let mut n = 0;
     let mut rewrite = Vec::new();
-    // Packs whose header cannot be read: salvaged below with the old index's word.
-    let mut headless: Vec<PackId> = Vec::new();
+    // Damaged packs (a header that cannot be read, or blobs that fail): salvaged
+    // below with the old index's word too.
+    let mut damaged: Vec<PackId> = Vec::new();
     let batch = 4 * crate::threads::cores();
     for part in packs.chunks(batch) {
         // Stopping is safe until the last file supersedes the old ones: the files
@@ -102,13 +100,7 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
             progress.bytes_done(*size);
             let (blobs, damage) = r?;
             match damage {
-                Some(d) if d.header_unreadable => headless.push(*id),
-                Some(d) => {
-                    report.damaged_packs.push(d);
-                    // A damaged pack's good blobs move to new packs, so that
-                    // afterwards every stored pack is whole again.
-                    rewrite.push(IndexPack { id: *id, blobs });
-                }
+                Some(_) => damaged.push(*id),
                 None if blobs.is_empty() => {}
                 None => {
                     report.blobs_indexed += blobs.len();
@@ -122,10 +114,12 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
             }
         }
     }
-    if !headless.is_empty() {
+    if !damaged.is_empty() {
         // What the old index (files and pending records) said of each such pack:
-        // the salvage plan. The files written above list none of them.
-        let wanted: HashSet<PackId> = headless.iter().copied().collect();
+        // the salvage plan when its header cannot be read, and blobs its header
+        // does not list (a header that lies, or is damaged) that decode where the
+        // index places them. The files written above list none of them.
+        let wanted: HashSet<PackId> = damaged.iter().copied().collect();
         let known = std::cell::RefCell::new(HashMap::<PackId, Vec<IndexBlob>>::new());
         let take = |ps: &[IndexPack]| {
             let mut k = known.borrow_mut();
@@ -144,11 +138,13 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
             },
         )?;
         let known = known.into_inner();
-        for id in headless {
+        for id in damaged {
             let (blobs, damage) = salvage_pack(repo, &id, known.get(&id).map(Vec::as_slice))?;
             if let Some(d) = damage {
                 report.damaged_packs.push(d);
             }
+            // A damaged pack's good blobs move to new packs, so that afterwards
+            // every stored pack is whole again.
             rewrite.push(IndexPack { id, blobs });
         }
     }
@@ -243,7 +239,11 @@ fn ignore_missing(r: cairn_backend::Result<()>) -> Result<()> {
 
 type Salvaged = (Vec<IndexBlob>, Option<DamagedPack>);
 
-/// The verified blobs of one pack, and what is wrong with it if anything.
+/// The verified blobs of one pack, and what is wrong with it if anything: those
+/// its header lists, and those `known` (the old index) places in it that decode
+/// there. Only blobs the header lists (all of `known` when it cannot be read)
+/// count as lost when they fail: an index entry that names a blob a pack does not
+/// hold is a false claim, not lost data.
 fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> Result<Salvaged> {
     let data = match repo
         .backend()
@@ -259,7 +259,6 @@ fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> 
                 message: format!("larger than any pack ({})", e.message),
                 blobs_lost: known.map_or(0, <[IndexBlob]>::len),
                 blobs_kept: 0,
-                header_unreadable: true,
             };
             return Ok((vec![], Some(damage)));
         }
@@ -269,22 +268,32 @@ fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> 
     if PackId::of_content(&data) != *id {
         problems.push("content does not match its name".to_string());
     }
-    let mut header_unreadable = false;
-    let entries = match header_entries(repo, &data) {
-        Ok(e) => e,
+    let (entries, listed) = match header_entries(repo, &data) {
+        Ok(mut e) => {
+            let listed = e.len();
+            if let Some(k) = known {
+                let have: HashSet<IndexBlob> = e.iter().copied().collect();
+                let mut extra: Vec<IndexBlob> =
+                    k.iter().filter(|b| !have.contains(b)).copied().collect();
+                extra.sort_by_key(|b| (b.offset, b.id));
+                extra.dedup();
+                e.extend(extra);
+            }
+            (e, listed)
+        }
         Err(e) => {
-            header_unreadable = true;
             problems.push(format!("header unreadable ({e})"));
             let mut k = known.map(<[IndexBlob]>::to_vec).unwrap_or_default();
             k.sort_by_key(|b| (b.offset, b.id));
             k.dedup();
-            k
+            let n = k.len();
+            (k, n)
         }
     };
     let mut good = Vec::with_capacity(entries.len());
     let mut lost = 0;
     let mut seen = IdSet::default();
-    for b in entries {
+    for (i, b) in entries.into_iter().enumerate() {
         let start = b.offset as usize;
         let ok = data.get(start..start + b.length as usize).is_some_and(|s| {
             blob::decode(repo.key(), &b.id, s, b.raw_length, b.compression).is_ok()
@@ -293,7 +302,7 @@ fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> 
             if seen.insert(b.id) {
                 good.push(b);
             }
-        } else {
+        } else if i < listed {
             lost += 1;
         }
     }
@@ -305,7 +314,6 @@ fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> 
         message: problems.join("; "),
         blobs_lost: lost,
         blobs_kept: good.len(),
-        header_unreadable,
     });
     Ok((good, damage))
 }

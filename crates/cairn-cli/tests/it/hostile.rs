@@ -665,6 +665,162 @@ fn prune_keeps_packs_an_index_file_lists_again_without_their_blobs() {
     assert_same(&src, &back);
 }
 
+/// The attacker stores copies of the real packs' blobs, byte for byte, in packs
+/// whose headers list made-up ids, and indexes the real blobs there: copies that
+/// decode. Prune took them for true copies, kept those packs (fuller) and deleted
+/// the real ones; `repair index`, which goes by headers, then found nothing in
+/// them and every snapshot was lost (QA through `cairn serve`). A copy now counts
+/// only when its pack's header lists it. And `repair index` keeps a blob the index
+/// places in a pack whose header does not list it, when it decodes there: the
+/// data is what matters, whoever wrote the header.
+#[test]
+fn copies_under_a_lying_header_do_not_replace_the_real_packs() {
+    use cairn_backend::{Backend, LocalBackend, names};
+    use cairn_format::consts::PACK_TRAILER_LEN;
+    use cairn_format::index::{IndexBlob, IndexPack};
+    use cairn_format::pack;
+    use std::sync::Arc;
+
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(92);
+    for i in 0..10 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(40_000, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
+    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let mut real = Vec::new();
+    let mut fakes = Vec::new();
+    for id in repo.list_index_files().unwrap() {
+        for p in repo.read_index_file(&id).unwrap().packs {
+            let bytes = fs::read(env.repo.join(names::pack(&p.id.to_hex()))).unwrap();
+            let trailer = &bytes[bytes.len() - PACK_TRAILER_LEN..];
+            let (off, _) = pack::parse_trailer(bytes.len() as u64, trailer).unwrap();
+            let lies: Vec<pack::PackEntry> = p
+                .blobs
+                .iter()
+                .map(|b| pack::PackEntry {
+                    kind: b.kind,
+                    id: cairn_format::BlobId(b.id.0.map(|x| !x)),
+                    length: b.length,
+                    raw_length: b.raw_length,
+                    compression: b.compression,
+                })
+                .collect();
+            let header = repo.key().sealer.seal(&pack::encode_header(&lies));
+            let mut fake = bytes[..off as usize].to_vec();
+            fake.extend_from_slice(&header);
+            fake.extend_from_slice(&pack::encode_trailer(header.len() as u32));
+            let fake_id = cairn_format::PackId::of_content(&fake);
+            backend
+                .put_new(&names::pack(&fake_id.to_hex()), &fake)
+                .unwrap();
+            let blobs: Vec<IndexBlob> = p.blobs.clone();
+            fakes.push(IndexPack { id: fake_id, blobs });
+            real.push(p.id);
+        }
+    }
+    store_first_index_with_junk(&backend, &repo, Vec::new(), fakes.clone());
+    let back = env.restore("latest", &src, "before");
+    assert_same(&src, &back);
+    // `repair index` on a copy of the repository as it is now, with the real
+    // packs lost: the blobs the index places in the fake packs decode there and
+    // are kept (the made-up ids are reported lost).
+    let copy = env.path("copy");
+    copy_tree(&env.repo, &copy);
+    for id in &real {
+        fs::remove_file(copy.join(names::pack(&id.to_hex()))).unwrap();
+    }
+    let in_copy = |args: &[&str]| {
+        let o = std::process::Command::new(bin())
+            .arg("--repo")
+            .arg(&copy)
+            .args(args)
+            .env("CAIRN_PASSWORD", PASSWORD)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{args:?}: {err}");
+        format!("{}{err}", String::from_utf8_lossy(&o.stdout))
+    };
+    let out = in_copy(&["repair", "index"]);
+    assert!(out.contains("blobs fail verification"), "{out}");
+    let lost = env.path("lost");
+    in_copy(&["restore", "latest", "--target", lost.to_str().unwrap()]);
+    assert_same(&src, &lost.join(src.strip_prefix("/").unwrap()));
+
+    // Prune keeps the real packs, whose headers vouch for their blobs.
+    env.ok(&["prune"]);
+    env.ok(&["prune"]);
+    for id in &real {
+        assert!(env.repo.join(names::pack(&id.to_hex())).exists(), "{id:?}");
+    }
+    for f in &fakes {
+        assert!(!env.repo.join(names::pack(&f.id.to_hex())).exists());
+    }
+    env.check_clean();
+    env.ok(&["repair", "index"]);
+    let back = env.restore("latest", &src, "after");
+    assert_same(&src, &back);
+}
+
+/// An index file that lists every blob of the real packs again in place, once
+/// with another raw length and once at the next blob's place: claims about the
+/// same bytes. Counted as unused space they made every prune repack the whole
+/// repository; and the false entries after a true one of the same pack were never
+/// judged, stayed in prune's new index, and `check --read-data` reported damage.
+#[test]
+fn blobs_listed_again_in_place_neither_force_a_repack_nor_stay_indexed() {
+    use cairn_backend::{Backend, LocalBackend};
+    use cairn_format::index::{IndexBlob, IndexPack};
+    use std::sync::Arc;
+
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(93);
+    for i in 0..10 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(40_000, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
+    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let mut relisted = Vec::new();
+    for id in repo.list_index_files().unwrap() {
+        for p in repo.read_index_file(&id).unwrap().packs {
+            let n = p.blobs.len();
+            let mut blobs = Vec::new();
+            for (i, b) in p.blobs.iter().enumerate() {
+                blobs.push(IndexBlob {
+                    raw_length: b.raw_length + 1,
+                    ..*b
+                });
+                let next = p.blobs[(i + 1) % n];
+                if next.id != b.id {
+                    blobs.push(IndexBlob {
+                        offset: next.offset,
+                        length: next.length,
+                        ..*b
+                    });
+                }
+            }
+            relisted.push(IndexPack { id: p.id, blobs });
+        }
+    }
+    store_first_index_with_junk(&backend, &repo, Vec::new(), relisted);
+    let plan: serde_json::Value =
+        serde_json::from_str(&env.ok(&["prune", "--dry-run", "--json"])).unwrap();
+    assert_eq!(plan["plan"]["repack_packs"], 0, "{plan}");
+    env.ok(&["prune"]);
+    env.check_clean();
+    let back = env.restore("latest", &src, "after");
+    assert_same(&src, &back);
+}
+
 /// A repository with one snapshot of `src` (ten files of random bytes from
 /// `seed`) whose packs are all held by a waiting pending-deletion record and by no
 /// index file: as a prune leaves it when a backup's lock was live.

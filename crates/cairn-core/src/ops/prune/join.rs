@@ -8,6 +8,7 @@ use crate::index::spill::Spill;
 use crate::ops::restore::execute::{PackSpan, range_bounds, range_limit, ranges};
 use crate::ops::scan::{Entry, NEEDED, Needed, PackRow, Scan, join};
 use crate::repo::{Repository, blob};
+use cairn_format::consts::PACK_TRAILER_LEN;
 use cairn_format::index::IndexBlob;
 use std::collections::{HashMap, HashSet};
 
@@ -175,7 +176,23 @@ fn read_copies(
             |(pack, list)| -> Result<Vec<(usize, usize, bool)>> {
                 let mut list: Vec<&Candidate> = list.iter().collect();
                 list.sort_by_key(|c| c.blob.offset);
-                let id = packs[*pack as usize].id;
+                let row = &packs[*pack as usize];
+                let id = row.id;
+                // What the pack's own header says it holds: a copy it does not
+                // list is no copy, even when its bytes decode. A pack of real
+                // blobs under a header listing other ids (an append-only writer
+                // can store one) would otherwise be kept in place of the real
+                // packs, and `repair index`, which goes by headers, would lose
+                // everything in it. A header that cannot be read vouches for
+                // nothing.
+                let vouched: HashSet<IndexBlob> = match row.stored_size {
+                    Some(size) => match super::read_header(repo, &id, size) {
+                        Ok(entries) => entries.into_iter().collect(),
+                        Err(e) if e.is_lost_data() => HashSet::new(),
+                        Err(e) => return Err(e),
+                    },
+                    None => HashSet::new(),
+                };
                 let mut out = Vec::with_capacity(list.len());
                 for range in ranges(&list, limit) {
                     let (start, end) = range_bounds(range);
@@ -185,32 +202,27 @@ fn read_copies(
                         let at = (b.offset - start) as usize;
                         let sealed = bytes.get(at..at + b.length as usize).unwrap_or_default();
                         let key = repo.key();
-                        let true_copy =
-                            blob::decode(key, &b.id, sealed, b.raw_length, b.compression).is_ok();
+                        let true_copy = vouched.contains(b)
+                            && blob::decode(key, &b.id, sealed, b.raw_length, b.compression)
+                                .is_ok();
                         out.push((c.of, c.at, true_copy));
                     }
                 }
                 Ok(out)
             },
         );
-        // Per blob: the first of this round's copies found true, in its order.
-        let mut first_true: HashMap<usize, usize> = HashMap::new();
-        let mut round: Vec<(usize, usize)> = Vec::new();
+        // Blobs of which this round found a true copy. Every copy read and found
+        // false is marked: `provider` then chooses a true one (the copies ranked
+        // before it were all read), and the new index leaves the false ones out.
+        let mut found_true: HashSet<usize> = HashSet::new();
         for result in results {
             for (of, at, true_copy) in result? {
                 read += 1;
-                round.push((of, at));
                 if true_copy {
-                    let e = first_true.entry(of).or_insert(at);
-                    *e = (*e).min(at);
+                    found_true.insert(of);
+                } else {
+                    bad.insert(batch[of][at]);
                 }
-            }
-        }
-        // The copies before a blob's first true one are false: `provider` then
-        // chooses that one. Without a true one, all of the round's are.
-        for (of, at) in round {
-            if first_true.get(&of).is_none_or(|t| at < *t) {
-                bad.insert(batch[of][at]);
             }
         }
         if bad.len() > MAX_FALSE_COPIES {
@@ -221,7 +233,7 @@ fn read_copies(
         }
         let mut still = Vec::new();
         for of in open {
-            if first_true.contains_key(&of) {
+            if found_true.contains(&of) {
                 continue;
             }
             next[of] = ends[&of];
@@ -301,6 +313,16 @@ pub(super) fn join_needed(repo: &Repository, scan: &mut Scan, needed: Needed) ->
         }
         Ok(())
     })?;
+    // Entries of one pack can claim the same bytes (an append-only writer can
+    // list a pack's blobs again under other lengths or ids): counted as unused,
+    // they would make every prune repack the whole repository. A pack's unused
+    // bytes are at most what its used blobs leave of it.
+    for row in &mut scan.packs {
+        if let Some(size) = row.stored_size {
+            let free = size.saturating_sub(row.used_bytes + PACK_TRAILER_LEN as u64);
+            row.unused_bytes = row.unused_bytes.min(free);
+        }
+    }
     Ok(Joined {
         used_blobs,
         needed_from_pending,

@@ -263,12 +263,12 @@ fn run(
     };
     let mut joined = join::join_needed(repo, &mut scan, needed).map_err(hint)?;
     let (mut plan, actions, orphans) = make_plan(&scan, &stored, &pending_packs, opts);
-    if !damaged.is_empty() {
-        if !rewrites_index(&actions, &scan.state) {
-            plan.index_files_replaced += scan.state.live.len();
-        }
-        plan.index_files_replaced += damaged.len();
+    // Entries read and found false are left out of a new index.
+    let drops_false = joined.false_copies > 0;
+    if (!damaged.is_empty() || drops_false) && !rewrites_index(&actions, &scan.state) {
+        plan.index_files_replaced += scan.state.live.len();
     }
+    plan.index_files_replaced += damaged.len();
     plan.used_blobs = joined.used_blobs;
     plan.false_copies = joined.false_copies;
     plan.checked_copies = joined.checked_copies;
@@ -305,7 +305,7 @@ fn run(
     // Also rewrite when small index files have piled up (every backup adds one or
     // two): one replacement file per 200,000 blobs is what readers like best.
     let state = &scan.state;
-    let changed = rewrites_index(&actions, state) || !damaged.is_empty();
+    let changed = rewrites_index(&actions, state) || !damaged.is_empty() || drops_false;
     let mut retired = retired::Retired::new(&scan.dir);
     let mut old_files: Vec<cairn_format::IndexId> = state.superseded.clone();
     // A damaged file is replaced like a live one: the packs only it listed are

@@ -242,6 +242,7 @@ pub(crate) fn execute(
     owners: bool,
     progress: &Progress,
     write_limit: Option<&cairn_backend::Limiter>,
+    full: &std::sync::atomic::AtomicBool,
 ) -> Result<Executed> {
     let next = AtomicUsize::new(0);
     let failed: Mutex<HashMap<u32, String>> = Mutex::new(HashMap::new());
@@ -249,11 +250,24 @@ pub(crate) fn execute(
     let (max_range, max_write) = (range_limit(repo), merged_write_limit(repo));
     let creation = Creation::new(owners);
     let fail = |file: u32, msg: String| {
+        if super::says_full(&msg) {
+            full.store(true, Ordering::Relaxed);
+        }
         failed
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(file)
             .or_insert(msg);
+    };
+    // Why what is left is given up, if it is: cancelled, or no room left.
+    let halted = || {
+        if progress.is_cancelled() {
+            Some(super::CANCELLED)
+        } else if full.load(Ordering::Relaxed) {
+            Some(super::TARGET_FULL)
+        } else {
+            None
+        }
     };
     let xattrs_refused: Mutex<HashMap<u32, String>> = Mutex::new(HashMap::new());
     let attrs = |file: u32, msg: String| {
@@ -285,9 +299,9 @@ pub(crate) fn execute(
                 {
                     // Cancelled: the files still waiting for this pack are marked as
                     // not restored in full (mode 0600, the restore's time).
-                    if progress.is_cancelled() {
+                    if let Some(why) = halted() {
                         for n in needs {
-                            fail(n.file, super::CANCELLED.into());
+                            fail(n.file, why.into());
                         }
                         continue;
                     }
@@ -296,9 +310,9 @@ pub(crate) fn execute(
                         // Checked per range and per blob too: a pack can hold tens
                         // of thousands of small files, written slowly under
                         // `--write-limit`.
-                        if progress.is_cancelled() {
+                        if let Some(why) = halted() {
                             for n in range {
-                                fail(n.file, super::CANCELLED.into());
+                                fail(n.file, why.into());
                             }
                             continue;
                         }
@@ -353,8 +367,8 @@ pub(crate) fn execute(
                         // them (only a damaged index lists such) is read on its own.
                         let mut decrypted = 0usize;
                         for n in range {
-                            if progress.is_cancelled() {
-                                fail(n.file, super::CANCELLED.into());
+                            if let Some(why) = halted() {
+                                fail(n.file, why.into());
                                 continue;
                             }
                             if last

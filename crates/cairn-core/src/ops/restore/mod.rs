@@ -150,6 +150,9 @@ pub struct RestoreStats {
     /// Files being written when the restore was cancelled, left with the restore's
     /// time and mode 0600 (counted, not listed one by one).
     pub cancelled_files: u64,
+    /// Files the writers gave up once the target was full (the restore's error
+    /// counts them).
+    pub unwritten_full: u64,
     /// Mount points `--delete` left alone with everything in them: it removes nothing
     /// on another file system (or bind mount) than the target's.
     pub mounts_left: u64,
@@ -289,6 +292,10 @@ struct Walk<'a> {
     unfinished_since: Option<(i64, u32)>,
     /// A file was left with its content not restored in full.
     left_unfinished: bool,
+    /// The first entry that could not be written because the target is full (or
+    /// over its quota): the walk stops there, instead of failing every entry
+    /// after it one warning at a time.
+    full: Option<PathBuf>,
     /// Chunks a batch plans at most (each costs about 128 bytes of plan): fewer
     /// under a memory limit.
     batch_chunks_max: u64,
@@ -396,9 +403,12 @@ pub(super) fn restore(
         let (written, from_exec) = std::sync::mpsc::channel();
         let owners = opts.owners;
         let limit = write_limit.as_ref();
+        // Set by the writers on the first write the target has no room for: what
+        // is left of the batch is given up, not tried file by file.
+        let full = std::sync::atomic::AtomicBool::new(false);
         s.spawn(move || {
             for batch in batches {
-                let r = write_batch(repo, batch, owners, progress, limit);
+                let r = write_batch(repo, batch, owners, progress, limit, &full);
                 if written.send(r).is_err() {
                     break;
                 }
@@ -427,6 +437,7 @@ pub(super) fn restore(
             stopped: false,
             unfinished_since,
             left_unfinished: false,
+            full: None,
             to_exec: Some(to_exec),
             from_exec,
             in_flight: false,
@@ -471,6 +482,9 @@ pub(super) fn restore(
         }
         walked?;
         drained?;
+        if let Some(e) = w.full_error() {
+            return Err(e);
+        }
         if w.stopped {
             // The files created so far are whole (their batch was written); the rest
             // was not started.
@@ -539,6 +553,14 @@ pub(crate) fn snap_name(name: &[u8]) -> String {
 
 /// Why the executor gave up a file when the restore was cancelled.
 pub(super) const CANCELLED: &str = "cancelled";
+/// Why the executor gave up a file once the target was full (or over quota).
+pub(super) const TARGET_FULL: &str = "the target is full";
+
+/// Whether a message about a failed write says the target is out of space or
+/// over its quota (the messages carry the system's error as `io::Error` shows it).
+pub(super) fn says_full(message: &str) -> bool {
+    message.contains("(os error 28)") || message.contains("(os error 122)")
+}
 
 /// What `--delete` did with an entry (or, in a dry run, would do).
 pub(super) enum Gone {
@@ -693,6 +715,7 @@ fn write_batch(
     owners: bool,
     progress: &Progress,
     write_limit: Option<&cairn_backend::Limiter>,
+    full: &std::sync::atomic::AtomicBool,
 ) -> Result<Written> {
     if batch.jobs.is_empty() {
         return Ok(Written {
@@ -702,7 +725,15 @@ fn write_batch(
         });
     }
     let plan = plan::plan(repo, &batch.jobs);
-    let exec = execute::execute(repo, &batch.jobs, &plan, owners, progress, write_limit)?;
+    let exec = execute::execute(
+        repo,
+        &batch.jobs,
+        &plan,
+        owners,
+        progress,
+        write_limit,
+        full,
+    )?;
     let mut failed = plan.failed;
     for (f, m) in exec.failed {
         failed.entry(f).or_insert(m);
@@ -813,7 +844,31 @@ fn chunks_of(node: &Node) -> u64 {
 }
 
 impl Walk<'_> {
+    /// The restore's error once the target is full: it stops there.
+    fn full_error(&self) -> Option<Error> {
+        let first = self.full.as_ref()?;
+        let skipped = match self.stats.unwritten_full {
+            0 => String::new(),
+            n => format!(", {} not even tried", crate::units::count(n, "file")),
+        };
+        Some(Error::io(
+            &self.opts.target,
+            std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "no space left on the target: the restore stopped at {}{skipped}; \
+                     run it again once there is room, and it finishes what this one left",
+                    first.display()
+                ),
+            ),
+        ))
+    }
+
     fn issue(&mut self, path: PathBuf, message: String) {
+        // The messages carry the system's error as `io::Error` shows it.
+        if self.full.is_none() && says_full(&message) {
+            self.full = Some(path.clone());
+        }
         self.progress.warning(&path, &message);
         self.stats.issues.push(RestoreIssue { path, message });
     }
@@ -1002,7 +1057,13 @@ impl Walk<'_> {
     }
 
     fn run(&mut self) -> Result<()> {
-        while let Some(top) = self.stack.last_mut() {
+        loop {
+            if let Some(e) = self.full_error() {
+                return Err(e);
+            }
+            let Some(top) = self.stack.last_mut() else {
+                break;
+            };
             // Between entries: stopping here leaves only whole files behind (the
             // batch written so far is finished by the caller's flush).
             if self.progress.is_cancelled() {
@@ -1462,6 +1523,13 @@ impl Walk<'_> {
                 if let Some(m) = failed.get(&(i as u32)) {
                     // Counted when it was queued; it is an error, not a file written.
                     self.stats.files = self.stats.files.saturating_sub(1);
+                    // Given up once the target was full: counted, said once by the
+                    // restore's error (a file created before is left unfinished).
+                    if m == TARGET_FULL {
+                        self.stats.unwritten_full += 1;
+                        self.left_unfinished |= !job.direct;
+                        continue;
+                    }
                     // Not given its metadata: it keeps the restore's time and mode
                     // 0600, so nothing syncing by size and time takes it as intact.
                     // A one-chunk file is created only with its content: when that

@@ -119,12 +119,23 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             )
         });
         let files = report.problems.iter().any(|p| !p.affects().is_empty());
+        // The index naming packs that are gone, with no file left needing them
+        // (what `repair snapshots` leaves when `repair index` did not run first).
+        let index_only = report.problems.iter().all(|p| {
+            matches!(
+                p,
+                Problem::PackMissing { .. } | Problem::IndexUnreadable { .. }
+            )
+        });
         let next = if only_packs {
             "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
              packs without it"
         } else if files {
             "; `cairn repair index`, then `cairn repair snapshots` to save what can be saved \
              of the files named"
+        } else if index_only {
+            "; no snapshot needs what is missing: `cairn repair index` rebuilds the index \
+             from the packs that are there"
         } else {
             ""
         };

@@ -233,6 +233,35 @@ fn a_repair_killed_half_way_leaves_one_repaired_snapshot() {
     env.check_clean();
 }
 
+/// `repair snapshots` run without `repair index` first leaves the index naming
+/// the lost pack: `check` then says what to run, not only that there is a problem
+/// (QA), and that fixes it.
+#[test]
+fn check_says_to_rebuild_the_index_when_only_it_names_a_lost_pack() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(32);
+    for i in 0..4 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(2 << 20, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    let mut packs = files(&env.repo.join("data"));
+    packs.sort_by_key(|p| fs::metadata(p).unwrap().len());
+    fs::remove_file(packs.last().unwrap()).unwrap();
+    env.ok(&["repair", "snapshots"]);
+    let o = env.run(&["check"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("`cairn repair index` rebuilds the index from the packs that are there"),
+        "{err}"
+    );
+    env.ok(&["repair", "index"]);
+    env.check_clean();
+}
+
 /// A pack or pending-deletion record larger than any cairn writes (a hostile
 /// store, or a file that grew) is refused by its size before it is read into
 /// memory: `check` names it, and `repair index` records the pack as damaged

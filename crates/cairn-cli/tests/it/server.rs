@@ -3684,7 +3684,8 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     let src = env.path("src");
     make_full_tree(&src, 5);
     let s = src.to_str().unwrap();
-    let backup = |t: &str| -> String {
+    // The snapshot stored, and the parent it was compared with.
+    let backup_with_parent = |t: &str| -> (String, Option<String>) {
         let out = ok(
             client(
                 &env,
@@ -3696,8 +3697,12 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
             "backup",
         );
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        v["snapshot_id"].as_str().unwrap().to_string()
+        (
+            v["snapshot_id"].as_str().unwrap().to_string(),
+            v["parent"].as_str().map(str::to_string),
+        )
     };
+    let backup = |t: &str| backup_with_parent(t).0;
     let real = backup(&web02);
     let forged = backup(&web01);
 
@@ -3785,7 +3790,10 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     // A token without a host naming web02 (a bound token's host) is counted
     // apart: web02's own backup stays its newest for `--keep-last 1`.
     let laptop = srv.token("laptop", "main", "backup");
-    let unbound = backup(&laptop);
+    // Its parent is web02's own backup, not the newer one web01's token stored
+    // under web02's name (whose files it would take over unread).
+    let (unbound, parent) = backup_with_parent(&laptop);
+    assert_eq!(parent.as_deref(), Some(real.as_str()));
     let (kept, _, err) = keep_last_of_web02();
     assert_eq!(kept, vec![real.clone()]);
     assert!(

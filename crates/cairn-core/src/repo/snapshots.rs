@@ -309,6 +309,24 @@ impl Repository {
         self.attribute_hosts_by(snaps, &|hex| self.host_record(hex))
     }
 
+    /// Of `ids`, those `cairn serve` recorded as stored by a token bound to
+    /// another host than `host` (one listing of the records, then a read of each
+    /// that has one). A backup does not take such a snapshot for its parent, even
+    /// when it names this host: its files would be taken over unread by their
+    /// size and time, whatever content the other host's client gave them.
+    pub fn stored_for_other_hosts(
+        &self,
+        ids: impl Iterator<Item = SnapshotId>,
+        host: &str,
+    ) -> Result<std::collections::HashSet<SnapshotId>> {
+        let recorded = self.recorded_hosts(ids, &|hex| self.host_record(hex))?;
+        Ok(recorded
+            .into_iter()
+            .filter(|(_, h)| h != host)
+            .map(|(id, _)| id)
+            .collect())
+    }
+
     /// The host `cairn serve` recorded for snapshot `hex`, if any.
     fn host_record(
         &self,

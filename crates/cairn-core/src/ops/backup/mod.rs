@@ -712,6 +712,16 @@ fn run(
     let ours = |s: &Snapshot| {
         s.hostname == host && same_paths(&s.paths, &snapshot_paths) && s.image.is_some() == is_image
     };
+    // A snapshot naming this host that the server recorded for another host's
+    // token is no parent (only a token without a host sees such snapshots).
+    let other_hosts = match (&parent, opts.force) {
+        (None, false) => repo.stored_for_other_hosts(
+            listed.iter().filter(|(_, s)| ours(s)).map(|(id, _)| *id),
+            &host,
+        )?,
+        _ => HashSet::new(),
+    };
+    let ours = |id: &SnapshotId, s: &Snapshot| ours(s) && !other_hosts.contains(id);
     let parent = match parent {
         _ if opts.force => None,
         Some(p) => Some(p),
@@ -721,7 +731,7 @@ fn run(
         // and their changes would be missing from every image built on it.
         None if is_image => {
             let mine: Vec<&(SnapshotId, Snapshot)> =
-                listed.iter().filter(|(_, s)| ours(s)).collect();
+                listed.iter().filter(|(id, s)| ours(id, s)).collect();
             let parents: HashSet<&str> = mine
                 .iter()
                 .filter_map(|(_, s)| s.parent.as_deref())
@@ -732,7 +742,7 @@ fn run(
                 .or(mine.last())
                 .map(|p| (*p).clone())
         }
-        None => listed.iter().rev().find(|(_, s)| ours(s)).cloned(),
+        None => listed.iter().rev().find(|(id, s)| ours(id, s)).cloned(),
     };
     let image_plan = match opts.image.take() {
         Some(io) => Some(image::plan(

@@ -551,6 +551,33 @@ mod tests {
         assert_eq!(r.list_index_files().unwrap().len(), 2);
     }
 
+    /// A plain index file that claims a newer format (one byte is enough) is
+    /// passed over as a damaged one is, not taken for a reason to stop: an
+    /// append-only writer can store it. Under an admin name it still asks for a
+    /// newer cairn.
+    #[test]
+    fn a_plain_index_file_of_a_newer_format_is_passed_over() {
+        let r = repo();
+        let kept = r.write_index_file(&IndexFile::default()).unwrap();
+        let sealed = r.key().sealer.seal(&[3u8]);
+        let hid = IndexId::of_content(&sealed);
+        r.backend()
+            .put_new(&names::index(&hid.to_hex()), &sealed)
+            .unwrap();
+        let state = r.read_index_state().unwrap();
+        let live: Vec<IndexId> = state.live.iter().map(|(id, _)| *id).collect();
+        assert_eq!(live, vec![kept]);
+        r.backend().delete(&names::index(&hid.to_hex())).unwrap();
+        r.backend()
+            .put_new(&names::admin_index(&hid.to_hex()), &sealed)
+            .unwrap();
+        match r.read_index_state() {
+            Err(crate::Error::NewerFormat { .. }) => {}
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("an admin file of a newer format was passed over"),
+        }
+    }
+
     /// Repositories made before the feature keep honouring plain-named lists (their
     /// prunes wrote them that way).
     #[test]

@@ -178,7 +178,20 @@ impl Repository {
             }
             r => (r?, false),
         };
-        let mut file = IndexFile::decode(&plain).map_err(|e| Error::damaged(&what, e))?;
+        let mut file = match IndexFile::decode(&plain) {
+            Ok(f) => f,
+            // A plain file may be an append-only writer's, and a version number
+            // is only its word: taken at it, one byte stopped every command with
+            // "upgrade cairn" (`repair index` too). It is passed over as a file
+            // that does not decode is, and the message still names the version.
+            Err(e) if admin_names && !admin && e.needs_newer_cairn() => {
+                return Err(Error::Damaged {
+                    what: format!("{what} (stored under a name any client may use)"),
+                    source: e,
+                });
+            }
+            Err(e) => return Err(Error::damaged(&what, e)),
+        };
         if admin_names && !admin {
             file.supersedes.clear();
             file.forgotten.clear();

@@ -569,6 +569,125 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
     }
 }
 
+/// Stores, for each of `packs`, a pack with the same blob bytes under a header
+/// listing made-up ids (each id's bits flipped), as an append-only writer with
+/// the key can. Returns their listings as an index would claim them: the real
+/// blobs at their real places.
+fn store_lying_copies(
+    env: &Env,
+    backend: &std::sync::Arc<dyn cairn_backend::Backend>,
+    repo: &cairn_core::Repository,
+    packs: &[cairn_format::index::IndexPack],
+) -> Vec<cairn_format::index::IndexPack> {
+    use cairn_backend::names;
+    use cairn_format::consts::PACK_TRAILER_LEN;
+    use cairn_format::pack;
+    let mut fakes = Vec::new();
+    for p in packs {
+        let bytes = fs::read(env.repo.join(names::pack(&p.id.to_hex()))).unwrap();
+        let trailer = &bytes[bytes.len() - PACK_TRAILER_LEN..];
+        let (off, _) = pack::parse_trailer(bytes.len() as u64, trailer).unwrap();
+        let lies: Vec<pack::PackEntry> = p
+            .blobs
+            .iter()
+            .map(|b| pack::PackEntry {
+                kind: b.kind,
+                id: cairn_format::BlobId(b.id.0.map(|x| !x)),
+                length: b.length,
+                raw_length: b.raw_length,
+                compression: b.compression,
+            })
+            .collect();
+        let header = repo.key().sealer.seal(&pack::encode_header(&lies));
+        let mut fake = bytes[..off as usize].to_vec();
+        fake.extend_from_slice(&header);
+        fake.extend_from_slice(&pack::encode_trailer(header.len() as u32));
+        let fake_id = cairn_format::PackId::of_content(&fake);
+        backend
+            .put_new(&names::pack(&fake_id.to_hex()), &fake)
+            .unwrap();
+        fakes.push(cairn_format::index::IndexPack {
+            id: fake_id,
+            blobs: p.blobs.clone(),
+        });
+    }
+    fakes
+}
+
+/// The same copies stored while a prune waits between its plan and its
+/// deletions, after a snapshot was forgotten: a backup then deduplicates against
+/// them. Phase 2 took a live copy that decodes for one held elsewhere and deleted
+/// the retired real packs, so the new snapshot's data lay only in packs whose
+/// headers lie (QA). It now asks the header too, and rescues the real packs.
+#[test]
+fn copies_under_a_lying_header_stored_during_a_prune_do_not_get_retired_packs_deleted() {
+    use cairn_backend::{Backend, LocalBackend, names};
+    use std::sync::Arc;
+
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(94);
+    for i in 0..10 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(40_000, false)).unwrap();
+    }
+    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
+    let first = env.backup(&[&src]);
+    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let packs: Vec<cairn_format::index::IndexPack> = repo
+        .list_index_files()
+        .unwrap()
+        .iter()
+        .flat_map(|id| repo.read_index_file(id).unwrap().packs)
+        .collect();
+    let other = env.path("other");
+    fs::create_dir_all(&other).unwrap();
+    fs::write(other.join("x"), rng.bytes(50_000, false)).unwrap();
+    env.backup(&[&other]);
+    env.ok(&["forget", &first]);
+
+    let gate = env.path("gate");
+    fs::create_dir_all(&gate).unwrap();
+    let prune = env
+        .cmd(&["prune"])
+        .env(
+            cairn_core::hooks::PAUSE_AT_VAR,
+            format!("prune:pending-written:1:{}", gate.display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "prune paused after its plan",
+        std::time::Duration::from_secs(60),
+        || gate.join("reached").exists(),
+    );
+    let fakes = store_lying_copies(&env, &backend, &repo, &packs);
+    store_first_index_with_junk(&backend, &repo, Vec::new(), fakes.clone());
+    // A backup of the same files: everything is "stored" already.
+    let again = env.backup(&[&src]);
+    fs::write(gate.join("go"), b"").unwrap();
+    let out = prune.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for p in &packs {
+        assert!(
+            env.repo.join(names::pack(&p.id.to_hex())).exists(),
+            "a real pack was deleted: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    env.ok(&["prune"]);
+    env.check_clean();
+    let back = env.restore(&again, &src, "after");
+    assert_same(&src, &back);
+}
+
 /// The attacker's move: a pack of 4 KiB of junk, and an index file whose name
 /// sorts first (a few tries: each sealing draws a fresh nonce) listing `claims`
 /// in the junk pack, then the packs `relisted`. Returns the junk pack.
@@ -676,9 +795,7 @@ fn prune_keeps_packs_an_index_file_lists_again_without_their_blobs() {
 #[test]
 fn copies_under_a_lying_header_do_not_replace_the_real_packs() {
     use cairn_backend::{Backend, LocalBackend, names};
-    use cairn_format::consts::PACK_TRAILER_LEN;
-    use cairn_format::index::{IndexBlob, IndexPack};
-    use cairn_format::pack;
+    use cairn_format::index::IndexPack;
     use std::sync::Arc;
 
     let env = Env::new();
@@ -692,37 +809,14 @@ fn copies_under_a_lying_header_do_not_replace_the_real_packs() {
     env.backup(&[&src]);
     let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
     let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
-    let mut real = Vec::new();
-    let mut fakes = Vec::new();
-    for id in repo.list_index_files().unwrap() {
-        for p in repo.read_index_file(&id).unwrap().packs {
-            let bytes = fs::read(env.repo.join(names::pack(&p.id.to_hex()))).unwrap();
-            let trailer = &bytes[bytes.len() - PACK_TRAILER_LEN..];
-            let (off, _) = pack::parse_trailer(bytes.len() as u64, trailer).unwrap();
-            let lies: Vec<pack::PackEntry> = p
-                .blobs
-                .iter()
-                .map(|b| pack::PackEntry {
-                    kind: b.kind,
-                    id: cairn_format::BlobId(b.id.0.map(|x| !x)),
-                    length: b.length,
-                    raw_length: b.raw_length,
-                    compression: b.compression,
-                })
-                .collect();
-            let header = repo.key().sealer.seal(&pack::encode_header(&lies));
-            let mut fake = bytes[..off as usize].to_vec();
-            fake.extend_from_slice(&header);
-            fake.extend_from_slice(&pack::encode_trailer(header.len() as u32));
-            let fake_id = cairn_format::PackId::of_content(&fake);
-            backend
-                .put_new(&names::pack(&fake_id.to_hex()), &fake)
-                .unwrap();
-            let blobs: Vec<IndexBlob> = p.blobs.clone();
-            fakes.push(IndexPack { id: fake_id, blobs });
-            real.push(p.id);
-        }
-    }
+    let packs: Vec<IndexPack> = repo
+        .list_index_files()
+        .unwrap()
+        .iter()
+        .flat_map(|id| repo.read_index_file(id).unwrap().packs)
+        .collect();
+    let real: Vec<cairn_format::PackId> = packs.iter().map(|p| p.id).collect();
+    let fakes = store_lying_copies(&env, &backend, &repo, &packs);
     store_first_index_with_junk(&backend, &repo, Vec::new(), fakes.clone());
     let back = env.restore("latest", &src, "before");
     assert_same(&src, &back);

@@ -178,19 +178,9 @@ fn read_copies(
                 list.sort_by_key(|c| c.blob.offset);
                 let row = &packs[*pack as usize];
                 let id = row.id;
-                // What the pack's own header says it holds: a copy it does not
-                // list is no copy, even when its bytes decode. A pack of real
-                // blobs under a header listing other ids (an append-only writer
-                // can store one) would otherwise be kept in place of the real
-                // packs, and `repair index`, which goes by headers, would lose
-                // everything in it. A header that cannot be read vouches for
-                // nothing.
-                let vouched: HashSet<IndexBlob> = match row.stored_size {
-                    Some(size) => match super::read_header(repo, &id, size) {
-                        Ok(entries) => entries.into_iter().collect(),
-                        Err(e) if e.is_lost_data() => HashSet::new(),
-                        Err(e) => return Err(e),
-                    },
+                // A copy its pack's own header does not list is no copy.
+                let vouched = match row.stored_size {
+                    Some(size) => super::vouched(repo, &id, size)?,
                     None => HashSet::new(),
                 };
                 let mut out = Vec::with_capacity(list.len());

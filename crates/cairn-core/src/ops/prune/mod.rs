@@ -31,7 +31,7 @@ use crate::repo::{IndexState, Repository};
 use crate::session::{Exclusive, Read, Session};
 use cairn_backend::names;
 use cairn_format::consts::PACK_TRAILER_LEN;
-use cairn_format::index::{IndexFile, IndexPack};
+use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
 use cairn_format::pack;
 use cairn_format::pending::PendingDeletion;
 use cairn_format::{BlobId, PackId, PendingId, SnapshotId};
@@ -553,7 +553,6 @@ fn write_replacement_index(
     (snapshots, forgotten): (Vec<SnapshotId>, Vec<SnapshotId>),
     retired: &mut retired::Retired,
 ) -> Result<Vec<cairn_format::IndexId>> {
-    use cairn_format::index::IndexBlob;
     const BLOBS_PER_FILE: usize = 200_000;
     let live: Vec<(u32, cairn_format::IndexId)> = scan
         .files
@@ -762,6 +761,24 @@ fn delete_pending(
     // a claim, and an append-only writer can index false ones (read once each,
     // and only for blobs such a snapshot needs that a retiring pack holds).
     let verified = std::cell::RefCell::new(HashMap::<BlobId, bool>::new());
+    // A live copy must also be one its pack's header lists (see `vouched`); any
+    // doubt rescues the retired pack.
+    let sizes = std::cell::OnceCell::new();
+    let headers = std::cell::RefCell::new(HashMap::<PackId, HashSet<IndexBlob>>::new());
+    let listed_in_header = |pack: PackId, b: IndexBlob| -> bool {
+        if let Some(h) = headers.borrow().get(&pack) {
+            return h.contains(&b);
+        }
+        let sizes: &HashMap<PackId, u64> =
+            sizes.get_or_init(|| repo.list_packs().unwrap_or_default());
+        let h = match sizes.get(&pack) {
+            Some(&size) => vouched(repo, &pack, size).unwrap_or_default(),
+            None => HashSet::new(),
+        };
+        let yes = h.contains(&b);
+        headers.borrow_mut().insert(pack, h);
+        yes
+    };
     let live_elsewhere = |id: &BlobId| -> bool {
         if planned.contains(id) {
             return false;
@@ -776,7 +793,17 @@ fn delete_pending(
             .copies(id)
             .iter()
             .filter(|l| !retiring.contains(&ix.pack_of(l)))
-            .any(|l| repo.read_blob_at(id, l).is_ok());
+            .any(|l| {
+                let b = IndexBlob {
+                    kind: l.kind,
+                    id: *id,
+                    offset: l.offset,
+                    length: l.length,
+                    raw_length: l.raw_length,
+                    compression: l.compression,
+                };
+                listed_in_header(ix.pack_of(l), b) && repo.read_blob_at(id, l).is_ok()
+            });
         verified.borrow_mut().insert(*id, v);
         v
     };
@@ -866,6 +893,19 @@ fn delete_pending(
         }
     }
     Ok(())
+}
+
+/// What a pack's own header says it holds, as index entries: an index entry it
+/// does not list is no copy, even when its bytes decode (a pack of real blobs
+/// under a header of other ids, which an append-only writer can store, would be
+/// kept in place of the real packs, and `repair index`, which goes by headers,
+/// would find nothing in it). Empty when the header cannot be read.
+pub(super) fn vouched(repo: &Repository, id: &PackId, size: u64) -> Result<HashSet<IndexBlob>> {
+    match read_header(repo, id, size) {
+        Ok(entries) => Ok(entries.into_iter().collect()),
+        Err(e) if e.is_lost_data() => Ok(HashSet::new()),
+        Err(e) => Err(e),
+    }
 }
 
 /// The blob entries of a pack, from its own header.

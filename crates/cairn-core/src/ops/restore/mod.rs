@@ -151,8 +151,10 @@ pub struct RestoreStats {
     /// time and mode 0600 (counted, not listed one by one).
     pub cancelled_files: u64,
     /// Files the writers gave up once the target was full (the restore's error
-    /// counts them).
+    /// counts them): not created at all, and created but not written in full
+    /// (left with the restore's time and mode 0600).
     pub unwritten_full: u64,
+    pub unfinished_full: u64,
     /// Mount points `--delete` left alone with everything in them: it removes nothing
     /// on another file system (or bind mount) than the target's.
     pub mounts_left: u64,
@@ -847,10 +849,19 @@ impl Walk<'_> {
     /// The restore's error once the target is full: it stops there.
     fn full_error(&self) -> Option<Error> {
         let first = self.full.as_ref()?;
-        let skipped = match self.stats.unwritten_full {
-            0 => String::new(),
-            n => format!(", {} not even tried", crate::units::count(n, "file")),
-        };
+        let mut skipped = String::new();
+        if self.stats.unfinished_full > 0 {
+            skipped.push_str(&format!(
+                ", {} left unfinished (the restore's time, mode 0600)",
+                crate::units::count(self.stats.unfinished_full, "file")
+            ));
+        }
+        if self.stats.unwritten_full > 0 {
+            skipped.push_str(&format!(
+                ", {} not even tried",
+                crate::units::count(self.stats.unwritten_full, "file")
+            ));
+        }
         Some(Error::io(
             &self.opts.target,
             std::io::Error::new(
@@ -1526,8 +1537,12 @@ impl Walk<'_> {
                     // Given up once the target was full: counted, said once by the
                     // restore's error (a file created before is left unfinished).
                     if m == TARGET_FULL {
-                        self.stats.unwritten_full += 1;
-                        self.left_unfinished |= !job.direct;
+                        if job.direct {
+                            self.stats.unwritten_full += 1;
+                        } else {
+                            self.stats.unfinished_full += 1;
+                            self.left_unfinished = true;
+                        }
                         continue;
                     }
                     // Not given its metadata: it keeps the restore's time and mode

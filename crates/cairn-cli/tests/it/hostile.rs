@@ -569,6 +569,33 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
     }
 }
 
+/// A repository with one snapshot of `src`: ten files of 40,000 random bytes from
+/// `seed`. Also the generator (for more data), and the repository opened
+/// directly, as an attacker holding the key would.
+fn ten_files_backed_up(
+    seed: u64,
+) -> (
+    Env,
+    PathBuf,
+    Rng,
+    std::sync::Arc<dyn cairn_backend::Backend>,
+    cairn_core::Repository,
+) {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(seed);
+    for i in 0..10 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(40_000, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    let backend: std::sync::Arc<dyn cairn_backend::Backend> =
+        std::sync::Arc::new(cairn_backend::LocalBackend::new(&env.repo));
+    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    (env, src, rng, backend, repo)
+}
+
 /// Stores, for each of `packs`, a pack with the same blob bytes under a header
 /// listing made-up ids (each id's bits flipped), as an append-only writer with
 /// the key can. Returns their listings as an index would claim them: the real
@@ -621,20 +648,10 @@ fn store_lying_copies(
 /// headers lie (QA). It now asks the header too, and rescues the real packs.
 #[test]
 fn copies_under_a_lying_header_stored_during_a_prune_do_not_get_retired_packs_deleted() {
-    use cairn_backend::{Backend, LocalBackend, names};
-    use std::sync::Arc;
+    use cairn_backend::names;
 
-    let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    let mut rng = Rng(94);
-    for i in 0..10 {
-        fs::write(src.join(format!("f{i}")), rng.bytes(40_000, false)).unwrap();
-    }
-    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
-    let first = env.backup(&[&src]);
-    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let (env, src, mut rng, backend, repo) = ten_files_backed_up(94);
+    let first = env.snapshot_ids()[0].clone();
     let packs: Vec<cairn_format::index::IndexPack> = repo
         .list_index_files()
         .unwrap()
@@ -731,22 +748,11 @@ fn store_first_index_with_junk(
 /// copy judged by whether it fits the stored pack.
 #[test]
 fn prune_keeps_packs_an_index_file_lists_again_without_their_blobs() {
-    use cairn_backend::{Backend, LocalBackend, names};
+    use cairn_backend::names;
     use cairn_format::BlobId;
     use cairn_format::index::{IndexBlob, IndexPack};
-    use std::sync::Arc;
 
-    let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    let mut rng = Rng(91);
-    for i in 0..10 {
-        fs::write(src.join(format!("f{i}")), rng.bytes(40_000, false)).unwrap();
-    }
-    env.backup(&[&src]);
-    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
-    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let (env, src, _, backend, repo) = ten_files_backed_up(91);
     let (mut claims, mut relisted) = (Vec::new(), Vec::new());
     for id in repo.list_index_files().unwrap() {
         for p in repo.read_index_file(&id).unwrap().packs {
@@ -794,21 +800,10 @@ fn prune_keeps_packs_an_index_file_lists_again_without_their_blobs() {
 /// data is what matters, whoever wrote the header.
 #[test]
 fn copies_under_a_lying_header_do_not_replace_the_real_packs() {
-    use cairn_backend::{Backend, LocalBackend, names};
+    use cairn_backend::names;
     use cairn_format::index::IndexPack;
-    use std::sync::Arc;
 
-    let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    let mut rng = Rng(92);
-    for i in 0..10 {
-        fs::write(src.join(format!("f{i}")), rng.bytes(40_000, false)).unwrap();
-    }
-    env.backup(&[&src]);
-    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
-    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let (env, src, _, backend, repo) = ten_files_backed_up(92);
     let packs: Vec<IndexPack> = repo
         .list_index_files()
         .unwrap()
@@ -868,21 +863,9 @@ fn copies_under_a_lying_header_do_not_replace_the_real_packs() {
 /// judged, stayed in prune's new index, and `check --read-data` reported damage.
 #[test]
 fn blobs_listed_again_in_place_neither_force_a_repack_nor_stay_indexed() {
-    use cairn_backend::{Backend, LocalBackend};
     use cairn_format::index::{IndexBlob, IndexPack};
-    use std::sync::Arc;
 
-    let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    let mut rng = Rng(93);
-    for i in 0..10 {
-        fs::write(src.join(format!("f{i}")), rng.bytes(40_000, false)).unwrap();
-    }
-    env.backup(&[&src]);
-    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&env.repo));
-    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let (env, src, _, backend, repo) = ten_files_backed_up(93);
     let mut relisted = Vec::new();
     for id in repo.list_index_files().unwrap() {
         for p in repo.read_index_file(&id).unwrap().packs {

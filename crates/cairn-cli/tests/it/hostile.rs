@@ -596,6 +596,48 @@ fn ten_files_backed_up(
     (env, src, rng, backend, repo)
 }
 
+/// A prune paused once its pending-deletion record is written: between its plan
+/// (and index switch) and its deletions.
+struct PausedPrune {
+    gate: PathBuf,
+    child: std::process::Child,
+}
+
+impl PausedPrune {
+    fn start(env: &Env) -> PausedPrune {
+        let gate = env.path("gate");
+        fs::create_dir_all(&gate).unwrap();
+        let child = env
+            .cmd(&["prune"])
+            .env(
+                cairn_core::hooks::PAUSE_AT_VAR,
+                format!("prune:pending-written:1:{}", gate.display()),
+            )
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until(
+            "prune paused after its plan",
+            std::time::Duration::from_secs(60),
+            || gate.join("reached").exists(),
+        );
+        PausedPrune { gate, child }
+    }
+
+    /// Lets it go on; it must succeed.
+    fn finish(self) -> std::process::Output {
+        fs::write(self.gate.join("go"), b"").unwrap();
+        let out = self.child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+}
+
 /// Stores, for each of `packs`, a pack with the same blob bytes under a header
 /// listing made-up ids (each id's bits flipped), as an append-only writer with
 /// the key can. Returns their listings as an index would claim them: the real
@@ -664,34 +706,12 @@ fn copies_under_a_lying_header_stored_during_a_prune_do_not_get_retired_packs_de
     env.backup(&[&other]);
     env.ok(&["forget", &first]);
 
-    let gate = env.path("gate");
-    fs::create_dir_all(&gate).unwrap();
-    let prune = env
-        .cmd(&["prune"])
-        .env(
-            cairn_core::hooks::PAUSE_AT_VAR,
-            format!("prune:pending-written:1:{}", gate.display()),
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until(
-        "prune paused after its plan",
-        std::time::Duration::from_secs(60),
-        || gate.join("reached").exists(),
-    );
+    let prune = PausedPrune::start(&env);
     let fakes = store_lying_copies(&env, &backend, &repo, &packs);
     store_first_index_with_junk(&backend, &repo, Vec::new(), fakes.clone());
     // A backup of the same files: everything is "stored" already.
     let again = env.backup(&[&src]);
-    fs::write(gate.join("go"), b"").unwrap();
-    let out = prune.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = prune.finish();
     for p in &packs {
         assert!(
             env.repo.join(names::pack(&p.id.to_hex())).exists(),
@@ -1044,33 +1064,11 @@ fn false_copies_indexed_during_a_prune_do_not_get_the_true_ones_deleted() {
     let gone = env.backup(&[&other]);
     env.ok(&["forget", &gone]);
 
-    let gate = env.path("gate");
-    fs::create_dir_all(&gate).unwrap();
-    let prune = env
-        .cmd(&["prune"])
-        .env(
-            cairn_core::hooks::PAUSE_AT_VAR,
-            format!("prune:pending-written:1:{}", gate.display()),
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until(
-        "prune paused after its plan",
-        std::time::Duration::from_secs(60),
-        || gate.join("reached").exists(),
-    );
+    let prune = PausedPrune::start(env);
     // The attacker's false copies, then a backup that commits.
     t.claim_falsely();
     env.backup(&[&other]);
-    fs::write(gate.join("go"), b"").unwrap();
-    let out = prune.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    prune.finish();
     // Every snapshot restores exactly, now and after the next prune.
     let src = &t.src;
     let back = env.restore(&env.snapshot_ids()[0], src, "after");

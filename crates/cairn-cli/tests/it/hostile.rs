@@ -918,9 +918,9 @@ fn blobs_listed_again_in_place_neither_force_a_repack_nor_stay_indexed() {
     assert_same(&src, &back);
 }
 
-/// A repository with one snapshot of `src` (ten files of random bytes from
-/// `seed`) whose packs are all held by a waiting pending-deletion record and by no
-/// index file: as a prune leaves it when a backup's lock was live.
+/// A repository with one snapshot of `src` ([`ten_files_backed_up`]) whose packs
+/// are all held by a waiting pending-deletion record and by no index file: as a
+/// prune leaves it when a backup's lock was live.
 struct Retired {
     env: Env,
     src: std::path::PathBuf,
@@ -931,19 +931,8 @@ struct Retired {
 }
 
 fn retired(seed: u64) -> Retired {
-    use cairn_backend::{LocalBackend, names};
-    let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    let mut rng = Rng(seed);
-    for i in 0..10 {
-        fs::write(src.join(format!("f{i}")), rng.bytes(30_000, false)).unwrap();
-    }
-    env.backup(&[&src]);
-    let backend: std::sync::Arc<dyn cairn_backend::Backend> =
-        std::sync::Arc::new(LocalBackend::new(&env.repo));
-    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    use cairn_backend::names;
+    let (env, src, rng, backend, repo) = ten_files_backed_up(seed);
     let mut packs = Vec::new();
     for id in repo.list_index_files().unwrap() {
         packs.extend(repo.read_index_file(&id).unwrap().packs);

@@ -714,12 +714,18 @@ fn run(
     };
     // A snapshot naming this host that the server recorded for another host's
     // token is no parent (only a token without a host sees such snapshots).
-    let other_hosts = match (&parent, opts.force) {
-        (None, false) => repo.stored_for_other_hosts(
-            listed.iter().filter(|(_, s)| ours(s)).map(|(id, _)| *id),
-            &host,
-        )?,
-        _ => HashSet::new(),
+    let candidates: Vec<SnapshotId> = match (&parent, opts.force) {
+        (None, false) => listed
+            .iter()
+            .filter(|(_, s)| ours(s))
+            .map(|(id, _)| *id)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let other_hosts = if candidates.is_empty() {
+        HashSet::new()
+    } else {
+        repo.stored_for_other_hosts(candidates.into_iter(), &host)?
     };
     let ours = |id: &SnapshotId, s: &Snapshot| ours(s) && !other_hosts.contains(id);
     let parent = match parent {

@@ -596,6 +596,28 @@ fn ten_files_backed_up(
     (env, src, rng, backend, repo)
 }
 
+/// An unindexed pack whose sealed header claims a newer format (a backup token
+/// can store one) stopped every prune with "made by a newer version of cairn"
+/// (QA). It is left as it is now, and prunes go on.
+#[test]
+fn an_unindexed_pack_with_a_newer_header_stops_no_prune() {
+    use cairn_backend::names;
+    use cairn_format::pack;
+    let (env, src, _, backend, repo) = ten_files_backed_up(95);
+    let header = repo.key().sealer.seal(&[2u8, 0]);
+    let mut bytes = vec![0x5au8; 1000];
+    bytes.extend_from_slice(&header);
+    bytes.extend_from_slice(&pack::encode_trailer(header.len() as u32));
+    let id = cairn_format::PackId::of_content(&bytes);
+    backend.put_new(&names::pack(&id.to_hex()), &bytes).unwrap();
+    // The first prune records it as unindexed, the second looks at its header.
+    env.ok(&["prune"]);
+    env.ok(&["prune"]);
+    assert!(env.repo.join(names::pack(&id.to_hex())).exists());
+    let back = env.restore("latest", &src, "after");
+    assert_same(&src, &back);
+}
+
 /// A prune paused once its pending-deletion record is written: between its plan
 /// (and index switch) and its deletions.
 struct PausedPrune {

@@ -863,6 +863,11 @@ fn delete_pending(
                 }
                 // A damaged header cannot be indexed: nothing can use such a pack.
                 Err(Error::Damaged { .. }) => delete.push(o),
+                // A header of a newer format: perhaps a newer cairn's pack whose
+                // index this one cannot read, perhaps a hostile client's claim. It
+                // is neither deleted nor a reason to stop every prune: left as it
+                // is (the next prune meets it again; `repair index` decides).
+                Err(Error::NewerFormat { .. }) => {}
                 // Anything else (I/O, timeouts) says nothing about the pack.
                 Err(e) => return Err(e),
             }

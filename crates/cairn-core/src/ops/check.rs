@@ -393,7 +393,15 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
                 continue;
             }
         };
-        walk_snapshot(repo, sid, root, &bad, &mut seen_trees, &mut object_problems);
+        walk_snapshot(
+            repo,
+            sid,
+            root,
+            &bad,
+            &mut seen_trees,
+            &mut object_problems,
+            progress,
+        )?;
     }
     let mut extra: Vec<(ProblemKey, Problem)> = object_problems.into_iter().collect();
     extra.sort_by(|a, b| a.0.cmp(&b.0));
@@ -755,6 +763,8 @@ fn record(problems: &mut ObjectProblems, p: Problem, sid: &SnapshotId, at: &str)
 
 /// Walks one snapshot, recording every tree, chunk list and chunk it needs that is
 /// missing or damaged, with the paths affected.
+/// Only a cancellation is an error: the check stops (a file of billions of
+/// chunks, which a hostile chunk-list tree can claim, takes that long to walk).
 fn walk_snapshot(
     repo: &Repository,
     sid: &SnapshotId,
@@ -762,7 +772,8 @@ fn walk_snapshot(
     bad: &Bad,
     seen: &mut IdSet,
     problems: &mut ObjectProblems,
-) {
+    progress: &Progress,
+) -> Result<()> {
     if bad.holds(repo, &root) {
         let p = Problem::BlobInDamagedPack {
             blob: root,
@@ -770,12 +781,12 @@ fn walk_snapshot(
             affects: vec![],
         };
         record(problems, p, sid, "");
-        return;
+        return Ok(());
     }
     // A tree already checked in full (in this or another snapshot) needs no second
     // walk, unless damage was found, in which case affected paths are still listed.
     if !seen.insert(root) && problems.is_empty() {
-        return;
+        return Ok(());
     }
     let mut w = SnapshotWalk {
         repo,
@@ -783,10 +794,14 @@ fn walk_snapshot(
         bad,
         seen,
         problems,
+        progress,
     };
-    if let Err(e) = crate::tree::walk::walk(repo, &root, &mut w) {
-        record(problems, blob_problem(root, BlobRole::Tree, e), sid, "");
+    match crate::tree::walk::walk(repo, &root, &mut w) {
+        Err(Error::Cancelled) => return Err(Error::Cancelled),
+        Err(e) => record(problems, blob_problem(root, BlobRole::Tree, e), sid, ""),
+        Ok(_) => {}
     }
+    Ok(())
 }
 
 struct SnapshotWalk<'a> {
@@ -795,6 +810,7 @@ struct SnapshotWalk<'a> {
     bad: &'a Bad,
     seen: &'a mut IdSet,
     problems: &'a mut ObjectProblems,
+    progress: &'a Progress,
 }
 
 impl Visitor for SnapshotWalk<'_> {
@@ -826,11 +842,14 @@ impl Visitor for SnapshotWalk<'_> {
                 Ok(Some(sub))
             }
             NodeKind::File => {
-                let (bad, problems) = (self.bad, &mut *self.problems);
+                let (bad, problems, progress) = (self.bad, &mut *self.problems, self.progress);
                 let (mut bytes, mut count) = (0u64, 0u64);
                 let r = for_each_chunk(repo, &n.content, &mut |c| {
                     bytes = bytes.saturating_add(c.length);
                     count += 1;
+                    if count % 65_536 == 0 {
+                        progress.check_cancelled()?;
+                    }
                     // One lookup per chunk: its length, then whether its pack is usable.
                     let Some(loc) = repo.index().get(&c.id) else {
                         let problem = Problem::BlobMissing {
@@ -864,6 +883,9 @@ impl Visitor for SnapshotWalk<'_> {
                     Ok(())
                 });
                 if let Err(e) = r {
+                    if matches!(e, Error::Cancelled) {
+                        return Err(e);
+                    }
                     let id = match &n.content {
                         Content::Tree { root, .. } => *root,
                         _ => BlobId([0; 32]),

@@ -109,7 +109,10 @@ pub enum Error {
     InvalidDuration { input: String, reason: String },
     /// A snapshot whose time cannot be read cannot be placed in a retention bucket;
     /// guessing could remove the wrong snapshot.
-    #[error("snapshot {id} has an unreadable time {time:?}; refusing to apply a policy")]
+    #[error(
+        "snapshot {id} has an unreadable time {time:?}; refusing to apply a policy (`cairn \
+         forget {id}` removes it, or leave it out with --host or --path)"
+    )]
     InvalidSnapshotTime { id: String, time: String },
     /// Only keep-tag rules were given and no snapshot of a group carries the tags:
     /// removing the whole group is almost certainly a typo in the tag.

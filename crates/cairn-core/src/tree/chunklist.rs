@@ -180,45 +180,11 @@ pub fn for_each_chunk_or_gap(
     listed: &dyn Fn(&BlobId) -> bool,
     f: &mut dyn FnMut(Piece) -> Result<()>,
 ) -> Result<()> {
-    match content {
-        Content::None => Ok(()),
-        Content::Inline(refs) => refs.iter().try_for_each(|r| f(Piece::Chunk(*r))),
-        Content::Tree { root, depth, .. } => gaps(repo, *root, *depth, size, None, listed, f),
-    }
-}
-
-fn gaps(
-    repo: &Repository,
-    id: BlobId,
-    depth: u8,
-    span: u64,
-    expected: Option<u64>,
-    listed: &dyn Fn(&BlobId) -> bool,
-    f: &mut dyn FnMut(Piece) -> Result<()>,
-) -> Result<()> {
-    let list = if listed(&id) {
-        match repo
-            .load_chunk_list(&id)
-            .and_then(|l| checked(&id, l, depth, expected))
-        {
-            Ok(l) => Some(l),
-            Err(e) if e.is_lost_data() => None,
-            Err(e) => return Err(e),
-        }
-    } else {
-        None
+    let reader = FileReader {
+        listed: Some(listed),
+        ..FileReader::new(repo, content, size)
     };
-    let Some(list) = list else {
-        return f(Piece::Gap(span));
-    };
-    for e in list.entries {
-        if list.level == 0 {
-            f(Piece::Chunk(e))?;
-        } else {
-            gaps(repo, e.id, depth - 1, e.length, Some(e.length), listed, f)?;
-        }
-    }
-    Ok(())
+    reader.chunks_or_gaps_from(0, &mut None, &mut |p, _| f(p).map(|()| true))
 }
 
 /// Reports every blob a file's content needs — chunk-list blobs and chunks — to
@@ -328,6 +294,9 @@ pub struct FileReader<'r> {
     repo: &'r Repository,
     content: &'r Content,
     size: u64,
+    /// Chunk lists taken for stored (`repair`: its own view); one it says is not
+    /// is not read, and is lost.
+    listed: Option<&'r dyn Fn(&BlobId) -> bool>,
 }
 
 /// One level of the descent: a chunk list and the next entry to take from it.
@@ -343,6 +312,7 @@ impl<'r> FileReader<'r> {
             repo,
             content,
             size,
+            listed: None,
         }
     }
 
@@ -401,6 +371,9 @@ impl<'r> FileReader<'r> {
     }
 
     fn load(&self, id: &BlobId, level: u8, expected: Option<u64>) -> Result<ChunkList> {
+        if self.listed.is_some_and(|listed| !listed(id)) {
+            return Err(Error::BlobNotFound(*id));
+        }
         let data = self.repo.read_blob_cached(id)?;
         let list = ChunkList::decode(&data)
             .map_err(|e| Error::damaged(format!("chunk list {}", id.short()), e))?;
@@ -416,10 +389,18 @@ impl<'r> FileReader<'r> {
         f: &mut dyn FnMut(Piece, u64) -> Result<bool>,
     ) -> Result<()> {
         if depth == 0 || depth > MAX_CHUNK_LIST_DEPTH {
-            return Err(Error::damaged(
+            let e = Error::damaged(
                 format!("chunk list {}", root.short()),
                 FormatError::malformed("chunk list", "invalid depth"),
-            ));
+            );
+            // No list of it can be read: with gaps asked for, all of it is one.
+            return match lost {
+                Some(lost) => {
+                    lost.get_or_insert(e);
+                    f(Piece::Gap(self.size), 0).map(drop)
+                }
+                None => Err(e),
+            };
         }
         // A list that cannot be loaded: an error, or (when gaps are asked for) a
         // gap of the `span` bytes it covers, and the walk goes on after it.

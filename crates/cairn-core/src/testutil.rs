@@ -20,10 +20,21 @@ pub fn mem_repo() -> Repository {
 /// Seals blobs into one pack (not stored).
 pub fn seal(repo: &Repository, blobs: &[(BlobKind, Vec<u8>)]) -> SealedPack {
     let mut enc = BlobEncoder::new(None);
-    let mut packer = Packer::new(repo.key().clone(), Arc::new(BufferPool::new(1)), 1 << 20);
-    for (kind, data) in blobs {
-        let id = repo.key().blob_id(data);
-        packer.add(enc.encode(repo.key(), *kind, id, data).unwrap());
+    let encoded: Vec<_> = blobs
+        .iter()
+        .map(|(kind, data)| {
+            let id = repo.key().blob_id(data);
+            enc.encode(repo.key(), *kind, id, data).unwrap()
+        })
+        .collect();
+    // A target past all of them: one pack however many bytes.
+    let total = encoded.iter().map(|b| b.sealed.len()).sum::<usize>() + 1;
+    let mut packer = Packer::new(repo.key().clone(), Arc::new(BufferPool::new(1)), total);
+    for b in encoded {
+        assert!(
+            packer.add(b).is_none(),
+            "the pack filled before its last blob"
+        );
     }
     packer.finish().unwrap()
 }

@@ -9,7 +9,7 @@ use crate::progress::{Phase, Progress};
 use crate::repo::blob;
 use crate::repo::{IndexObject, IndexState, Repository};
 use crate::session::{Read, Session};
-use crate::tree::chunklist::for_each_chunk;
+use crate::tree::chunklist::ListTotals;
 use crate::tree::walk::Visitor;
 use cairn_backend::names;
 use cairn_format::IndexId;
@@ -379,7 +379,7 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
             error: e.error.to_string(),
         });
     }
-    let mut seen_trees = IdSet::default();
+    let mut walked = Walked::default();
     let mut object_problems = ObjectProblems::new();
     for (sid, snap) in snaps {
         progress.check_cancelled()?;
@@ -398,7 +398,7 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
             sid,
             root,
             &bad,
-            &mut seen_trees,
+            &mut walked,
             &mut object_problems,
             progress,
         )?;
@@ -761,16 +761,24 @@ fn record(problems: &mut ObjectProblems, p: Problem, sid: &SnapshotId, at: &str)
     }
 }
 
+/// What the snapshots walked so far have been found to hold, so that what they
+/// share is not walked again.
+#[derive(Default)]
+struct Walked {
+    /// Trees checked in full.
+    trees: IdSet,
+    lists: ListTotals,
+}
+
 /// Walks one snapshot, recording every tree, chunk list and chunk it needs that is
 /// missing or damaged, with the paths affected.
-/// Only a cancellation is an error: the check stops (a file of billions of
-/// chunks, which a hostile chunk-list tree can claim, takes that long to walk).
+/// Only a cancellation is an error: the check stops.
 fn walk_snapshot(
     repo: &Repository,
     sid: &SnapshotId,
     root: BlobId,
     bad: &Bad,
-    seen: &mut IdSet,
+    walked: &mut Walked,
     problems: &mut ObjectProblems,
     progress: &Progress,
 ) -> Result<()> {
@@ -785,14 +793,14 @@ fn walk_snapshot(
     }
     // A tree already checked in full (in this or another snapshot) needs no second
     // walk, unless damage was found, in which case affected paths are still listed.
-    if !seen.insert(root) && problems.is_empty() {
+    if !walked.trees.insert(root) && problems.is_empty() {
         return Ok(());
     }
     let mut w = SnapshotWalk {
         repo,
         sid,
         bad,
-        seen,
+        walked,
         problems,
         progress,
     };
@@ -808,7 +816,7 @@ struct SnapshotWalk<'a> {
     repo: &'a Repository,
     sid: &'a SnapshotId,
     bad: &'a Bad,
-    seen: &'a mut IdSet,
+    walked: &'a mut Walked,
     problems: &'a mut ObjectProblems,
     progress: &'a Progress,
 }
@@ -836,18 +844,17 @@ impl Visitor for SnapshotWalk<'_> {
                     record(self.problems, problem, sid, p);
                     return Ok(None);
                 }
-                if !self.seen.insert(sub) && self.problems.is_empty() {
+                if !self.walked.trees.insert(sub) && self.problems.is_empty() {
                     return Ok(None);
                 }
                 Ok(Some(sub))
             }
             NodeKind::File => {
                 let (bad, problems, progress) = (self.bad, &mut *self.problems, self.progress);
-                let (mut bytes, mut count) = (0u64, 0u64);
-                let r = for_each_chunk(repo, &n.content, &mut |c| {
-                    bytes = bytes.saturating_add(c.length);
-                    count += 1;
-                    if count % 65_536 == 0 {
+                let mut walked = 0u64;
+                let r = self.walked.lists.walk(repo, &n.content, &mut |c| {
+                    walked += 1;
+                    if walked.is_multiple_of(65_536) {
                         progress.check_cancelled()?;
                     }
                     // One lookup per chunk: its length, then whether its pack is usable.
@@ -858,8 +865,9 @@ impl Visitor for SnapshotWalk<'_> {
                             affects: vec![],
                         };
                         record(problems, problem, sid, p);
-                        return Ok(());
+                        return Ok(true);
                     };
+                    let mut wrong = false;
                     if u64::from(loc.raw_length) != c.length {
                         let problem = Problem::FileInconsistent {
                             error: format!(
@@ -871,6 +879,7 @@ impl Visitor for SnapshotWalk<'_> {
                             affects: vec![],
                         };
                         record(problems, problem, sid, p);
+                        wrong = true;
                     }
                     if bad.holds(repo, &c.id) {
                         let problem = Problem::BlobInDamagedPack {
@@ -879,20 +888,24 @@ impl Visitor for SnapshotWalk<'_> {
                             affects: vec![],
                         };
                         record(problems, problem, sid, p);
+                        wrong = true;
                     }
-                    Ok(())
+                    Ok(wrong)
                 });
-                if let Err(e) = r {
-                    if matches!(e, Error::Cancelled) {
-                        return Err(e);
+                let (bytes, count) = match r {
+                    Ok(totals) => totals,
+                    Err(e) => {
+                        if matches!(e, Error::Cancelled) {
+                            return Err(e);
+                        }
+                        let id = match &n.content {
+                            Content::Tree { root, .. } => *root,
+                            _ => BlobId([0; 32]),
+                        };
+                        record(problems, blob_problem(id, BlobRole::ChunkList, e), sid, p);
+                        return Ok(None);
                     }
-                    let id = match &n.content {
-                        Content::Tree { root, .. } => *root,
-                        _ => BlobId([0; 32]),
-                    };
-                    record(problems, blob_problem(id, BlobRole::ChunkList, e), sid, p);
-                    return Ok(None);
-                }
+                };
                 let mut wrong = Vec::new();
                 if bytes != n.size {
                     wrong.push(format!(
@@ -1278,10 +1291,7 @@ mod tests {
     /// than its blob, and a chunk-list root claiming 2^60 chunks.
     #[test]
     fn files_inconsistent_with_their_content_are_problems() {
-        use crate::progress::Progress;
-        use crate::session::IndexLoad;
         use cairn_format::pack::BlobKind;
-        use cairn_format::snapshot::Snapshot;
         use cairn_format::tree::{ChunkList, ChunkRef, Node, Tree};
         let repo = crate::testutil::mem_repo();
         let chunk = b"some file content".to_vec();
@@ -1321,44 +1331,12 @@ mod tests {
         }
         .encode();
         let tid = repo.key().blob_id(&tree);
-        let pack = crate::testutil::store(
-            &repo,
-            &[
-                (BlobKind::Data, chunk.clone()),
-                (BlobKind::ChunkList, list),
-                (BlobKind::Tree, tree),
-            ],
-        );
-        repo.write_index_file(&cairn_format::index::IndexFile {
-            packs: vec![pack],
-            ..Default::default()
-        })
-        .unwrap();
-        let lock = crate::lock::RepoLock::acquire(&repo, "test", false).unwrap();
-        repo.write_snapshot(
-            &Snapshot {
-                version: 1,
-                time: crate::time::now_rfc3339(),
-                hostname: "h".into(),
-                username: "u".into(),
-                paths: vec!["/x".into()],
-                tags: vec![],
-                tree: tid.to_hex(),
-                parent: None,
-                excludes: vec![],
-                original: None,
-                copied_from: None,
-                program_version: "test".into(),
-                image: None,
-                summary: Default::default(),
-            },
-            &lock,
-        )
-        .unwrap();
-        drop(lock);
-        let mut s: Session<Read> =
-            Session::open(repo, "check", IndexLoad::Deferred, &Progress::none()).unwrap();
-        let r = check(&mut s, &CheckOptions::default()).unwrap();
+        let blobs = vec![
+            (BlobKind::Data, chunk.clone()),
+            (BlobKind::ChunkList, list),
+            (BlobKind::Tree, tree),
+        ];
+        let r = check_snapshots_of(repo, blobs, &[tid]);
         let found: Vec<(String, String)> = r
             .problems
             .iter()
@@ -1378,5 +1356,121 @@ mod tests {
             has("/count", "claims 1152921504606846976 chunks"),
             "{found:?}"
         );
+    }
+
+    /// Stores `blobs` in one pack and a snapshot of each tree in `trees`, and checks.
+    fn check_snapshots_of(
+        repo: Repository,
+        blobs: Vec<(cairn_format::pack::BlobKind, Vec<u8>)>,
+        trees: &[BlobId],
+    ) -> CheckReport {
+        use crate::progress::Progress;
+        use crate::session::IndexLoad;
+        use cairn_format::snapshot::Snapshot;
+        let pack = crate::testutil::store(&repo, &blobs);
+        repo.write_index_file(&cairn_format::index::IndexFile {
+            packs: vec![pack],
+            ..Default::default()
+        })
+        .unwrap();
+        let lock = crate::lock::RepoLock::acquire(&repo, "test", false).unwrap();
+        for tid in trees {
+            repo.write_snapshot(
+                &Snapshot {
+                    version: 1,
+                    time: crate::time::now_rfc3339(),
+                    hostname: "h".into(),
+                    username: "u".into(),
+                    paths: vec!["/x".into()],
+                    tags: vec![],
+                    tree: tid.to_hex(),
+                    parent: None,
+                    excludes: vec![],
+                    original: None,
+                    copied_from: None,
+                    program_version: "test".into(),
+                    image: None,
+                    summary: Default::default(),
+                },
+                &lock,
+            )
+            .unwrap();
+        }
+        drop(lock);
+        let mut s: Session<Read> =
+            Session::open(repo, "check", IndexLoad::Deferred, &Progress::none()).unwrap();
+        check(&mut s, &CheckOptions::default()).unwrap()
+    }
+
+    /// A chunk list that names one child list 4,096 times at each level makes a
+    /// file of 2^48 chunks out of four small blobs. `check` walks each list once,
+    /// yet still adds the file up, names every file a missing chunk under such a
+    /// list affects, and finds a list met again at the wrong depth.
+    #[test]
+    fn a_chunk_list_naming_one_list_thousands_of_times_is_checked_once() {
+        use cairn_format::consts::CHUNK_LIST_FANOUT;
+        use cairn_format::pack::BlobKind;
+        use cairn_format::tree::{ChunkList, ChunkRef, Node, Tree};
+        let repo = crate::testutil::mem_repo();
+        let chunk = b"abc".to_vec();
+        let cid = repo.key().blob_id(&chunk);
+        let lost = BlobId([7; 32]);
+        let mut blobs = vec![(BlobKind::Data, chunk.clone())];
+        // Four levels of lists, each naming the one below (or the chunk) 4,096 times;
+        // the `lost` bomb's bottom list also names a chunk no index holds.
+        let mut bomb = |last: BlobId| {
+            let (mut id, mut len) = (cid, 3u64);
+            for level in 0..4u8 {
+                let mut entries = vec![ChunkRef { id, length: len }; CHUNK_LIST_FANOUT];
+                if level == 0 {
+                    entries[CHUNK_LIST_FANOUT - 1].id = last;
+                }
+                let list = ChunkList { level, entries }.encode();
+                id = repo.key().blob_id(&list);
+                len *= CHUNK_LIST_FANOUT as u64;
+                blobs.push((BlobKind::ChunkList, list));
+            }
+            (id, len)
+        };
+        let (root, size) = bomb(cid);
+        let (lost_root, _) = bomb(lost);
+        let file = |name: &str, root: BlobId, depth: u8| {
+            let mut n = Node::new(name.as_bytes().to_vec(), NodeKind::File);
+            n.size = size;
+            n.content = Content::Tree {
+                root,
+                depth,
+                chunks: 1 << 48,
+            };
+            n
+        };
+        let mut trees = Vec::new();
+        for names in [["a", "b", "c"], ["d", "e", "f"]] {
+            let tree = Tree {
+                nodes: vec![
+                    file(names[0], root, 4),
+                    file(names[1], lost_root, 4),
+                    file(names[2], root, 3),
+                ],
+            }
+            .encode();
+            trees.push(repo.key().blob_id(&tree));
+            blobs.push((BlobKind::Tree, tree));
+        }
+        let r = check_snapshots_of(repo, blobs, &trees);
+        let paths = |p: &Problem| -> Vec<String> {
+            let mut v: Vec<String> = p.affects().iter().map(|a| a.path.clone()).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
+        let missing = r.problems.iter().find(|p| {
+            matches!(p, Problem::BlobMissing { blob, role: BlobRole::Chunk, .. } if *blob == lost)
+        });
+        assert_eq!(missing.map(paths), Some(vec!["/b".into(), "/e".into()]));
+        let depth = r.problems.iter().find(|p| {
+            matches!(p, Problem::BlobDamaged { error, .. } if error.contains("level does not match"))
+        });
+        assert_eq!(depth.map(paths), Some(vec!["/c".into(), "/f".into()]));
     }
 }

@@ -234,21 +234,136 @@ fn checked(
     depth: u8,
     expected_len: Option<u64>,
 ) -> Result<ChunkList> {
+    let bytes = list
+        .entries
+        .iter()
+        .try_fold(0u64, |sum, e| sum.checked_add(e.length));
+    fits(id, list.level, bytes, depth, expected_len)?;
+    Ok(list)
+}
+
+/// [`checked`] of a list by its level and the bytes its entries add up to (`None`:
+/// more than a `u64` holds).
+fn fits(
+    id: &BlobId,
+    level: u8,
+    bytes: Option<u64>,
+    depth: u8,
+    expected_len: Option<u64>,
+) -> Result<()> {
     let bad = |d: &str| {
         Error::damaged(
             format!("chunk list {}", id.short()),
             FormatError::malformed("chunk list", d.to_string()),
         )
     };
-    if depth == 0 || list.level != depth - 1 {
+    if depth == 0 || level != depth - 1 {
         return Err(bad("level does not match its place in the tree"));
     }
-    if let Some(len) = expected_len
-        && list.entries.iter().map(|e| e.length).sum::<u64>() != len
-    {
+    let Some(bytes) = bytes else {
+        return Err(bad("byte counts add up to more than 2^64"));
+    };
+    if expected_len.is_some_and(|len| len != bytes) {
         return Err(bad("byte count does not match its parent"));
     }
-    Ok(list)
+    Ok(())
+}
+
+/// What a chunk-list subtree adds up to, as [`ListTotals`] remembers it.
+#[derive(Clone, Copy)]
+struct Totals {
+    level: u8,
+    bytes: u64,
+    chunks: u64,
+    /// A chunk below it was found wrong: each file holding it walks it again.
+    flagged: bool,
+}
+
+/// Walks files' chunk lists remembering what each list adds up to, so that a list
+/// met again is not walked again: in another snapshot, another file, or many
+/// times within one file. A hostile list can name one child 4,096 times at each
+/// of six levels (2^72 chunks); walked chunk by chunk, `check` would never end.
+///
+/// A list under which a chunk was found wrong is walked again once in each file
+/// that holds it, so that every such file is named with the problem.
+#[derive(Default)]
+pub struct ListTotals {
+    lists: crate::index::IdMap<Totals>,
+}
+
+impl ListTotals {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Calls `f` with every chunk of `content` not under a list already walked
+    /// clean, in file order; `f` returns true when something is wrong with it.
+    /// Returns the bytes and chunks the whole content adds up to (saturating).
+    /// Lists are checked against their place in the tree as [`for_each_chunk`]
+    /// checks them; the first that cannot be read or does not fit is the error.
+    pub fn walk(
+        &mut self,
+        repo: &Repository,
+        content: &Content,
+        f: &mut dyn FnMut(ChunkRef) -> Result<bool>,
+    ) -> Result<(u64, u64)> {
+        match content {
+            Content::None => Ok((0, 0)),
+            Content::Inline(refs) => {
+                let mut bytes = 0u64;
+                for r in refs {
+                    f(*r)?;
+                    bytes = bytes.saturating_add(r.length);
+                }
+                Ok((bytes, refs.len() as u64))
+            }
+            Content::Tree { root, depth, .. } => {
+                let mut in_file = crate::index::IdSet::default();
+                let t = self.list(repo, *root, *depth, None, &mut in_file, f)?;
+                Ok((t.bytes, t.chunks))
+            }
+        }
+    }
+
+    fn list(
+        &mut self,
+        repo: &Repository,
+        id: BlobId,
+        depth: u8,
+        expected_len: Option<u64>,
+        in_file: &mut crate::index::IdSet,
+        f: &mut dyn FnMut(ChunkRef) -> Result<bool>,
+    ) -> Result<Totals> {
+        if let Some(t) = self.lists.get(&id).copied()
+            && (!t.flagged || in_file.contains(&id))
+        {
+            // The same checks as reading the list again would make.
+            fits(&id, t.level, Some(t.bytes), depth, expected_len)?;
+            return Ok(t);
+        }
+        let list = checked(&id, repo.load_chunk_list(&id)?, depth, expected_len)?;
+        let mut t = Totals {
+            level: list.level,
+            bytes: 0,
+            chunks: 0,
+            flagged: false,
+        };
+        for e in list.entries {
+            if list.level == 0 {
+                t.flagged |= f(e)?;
+                t.chunks += 1;
+            } else {
+                let sub = self.list(repo, e.id, depth - 1, Some(e.length), in_file, f)?;
+                t.flagged |= sub.flagged;
+                t.chunks = t.chunks.saturating_add(sub.chunks);
+            }
+            // `checked` found that the entries' lengths add up within a u64.
+            t.bytes += e.length;
+        }
+        self.lists.insert(id, t);
+        in_file.insert(id);
+        Ok(t)
+    }
 }
 
 fn walk_lists(
@@ -359,10 +474,11 @@ impl<'r> FileReader<'r> {
             Content::Inline(refs) => {
                 let mut pos = 0u64;
                 for r in refs {
-                    if pos + r.length > offset && !f(Piece::Chunk(*r), pos)? {
+                    // Saturating: a node's inline lengths are not checked to fit.
+                    if pos.saturating_add(r.length) > offset && !f(Piece::Chunk(*r), pos)? {
                         return Ok(());
                     }
-                    pos += r.length;
+                    pos = pos.saturating_add(r.length);
                 }
                 Ok(())
             }

@@ -1089,3 +1089,85 @@ fn false_copies_indexed_during_a_prune_do_not_get_the_true_ones_deleted() {
     let back = env.restore(&env.snapshot_ids()[0], src, "after-2");
     assert_same(src, &back);
 }
+
+/// Stores `blobs` in a new pack and an index file listing it, as any writer
+/// holding the key can.
+fn store_indexed_blobs(
+    backend: &std::sync::Arc<dyn cairn_backend::Backend>,
+    repo: &cairn_core::Repository,
+    blobs: &[(cairn_format::pack::BlobKind, Vec<u8>)],
+) {
+    use cairn_core::packer::{BufferPool, Packer};
+    let mut enc = cairn_core::blob::BlobEncoder::new(None);
+    let mut packer = Packer::new(
+        repo.key().clone(),
+        std::sync::Arc::new(BufferPool::new(1)),
+        1 << 24,
+    );
+    for (kind, data) in blobs {
+        let id = repo.key().blob_id(data);
+        assert!(
+            packer
+                .add(enc.encode(repo.key(), *kind, id, data).unwrap())
+                .is_none()
+        );
+    }
+    let sealed = packer.finish().unwrap();
+    backend
+        .put_new(
+            &cairn_backend::names::pack(&sealed.id.to_hex()),
+            sealed.bytes(),
+        )
+        .unwrap();
+    repo.write_index_file(&cairn_format::index::IndexFile {
+        packs: vec![cairn_format::index::IndexPack {
+            id: sealed.id,
+            blobs: sealed.blobs,
+        }],
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+/// A snapshot whose directory's tree claims a format newer than this cairn's (a
+/// backup token can store one) stopped every prune and `repair snapshots` with
+/// "made by a newer version of cairn", naming a tree: the administrator could not
+/// tell which snapshot to forget. Both now name the snapshot and the way past it,
+/// and prune runs once it is forgotten.
+#[test]
+fn a_tree_of_a_newer_format_names_its_snapshot() {
+    use cairn_format::pack::BlobKind;
+    use cairn_format::tree::{Node, NodeKind, Tree};
+    let (env, src, _, backend, repo) = ten_files_backed_up(96);
+    let mut newer = Tree { nodes: vec![] }.encode();
+    newer[0] += 1;
+    let newer_id = repo.key().blob_id(&newer);
+    let mut dir = Node::new(b"d".to_vec(), NodeKind::Dir);
+    dir.subtree = Some(newer_id);
+    let root = Tree { nodes: vec![dir] }.encode();
+    let root_id = repo.key().blob_id(&root);
+    store_indexed_blobs(
+        &backend,
+        &repo,
+        &[(BlobKind::Tree, newer), (BlobKind::Tree, root)],
+    );
+    let (snaps, _) = repo.snapshots().unwrap();
+    let mut forged = snaps[0].1.clone();
+    forged.tree = root_id.to_hex();
+    let lock = cairn_core::lock::RepoLock::acquire(&repo, "test", false).unwrap();
+    let sid = repo.write_snapshot(&forged, &lock).unwrap().to_hex();
+    drop(lock);
+
+    let e = env.fails(&["prune"], 1);
+    assert!(e.contains(&format!("snapshot {sid} needs tree")), "{e}");
+    assert!(e.contains(&format!("`cairn forget {sid}`")), "{e}");
+    let e = env.fails(&["repair", "snapshots"], 1);
+    assert!(e.contains(&format!("snapshot {sid} needs tree")), "{e}");
+    assert!(e.contains(&format!("`cairn forget {sid}`")), "{e}");
+
+    env.ok(&["forget", &sid]);
+    env.ok(&["prune"]);
+    env.check_clean();
+    let back = env.restore("latest", &src, "after");
+    assert_same(&src, &back);
+}

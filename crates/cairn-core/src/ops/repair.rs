@@ -404,11 +404,20 @@ pub fn repair_snapshots(
         let root = snap
             .tree_id()
             .map_err(|e| Error::damaged(format!("snapshot {}", sid.to_hex()), e))?;
+        // What a newer cairn wrote is not damage, and not this repair's to drop.
+        let newer = |e: Error| match e {
+            Error::NewerFormat { .. } => Error::Invalid(format!(
+                "snapshot {sid} needs {e}; repair leaves it as it is: upgrade cairn, or \
+                 `cairn forget {sid}` removes it",
+                sid = sid.to_hex()
+            )),
+            e => e,
+        };
         // An image is one file of many blocks: a lost block is given as zeros
         // and recorded as unreadable, as a read error at backup would be, not
         // the whole image dropped.
         if let Some(info) = &snap.image {
-            match rw.image(info, &root)? {
+            match rw.image(info, &root).map_err(newer)? {
                 ImageFix::Intact => continue,
                 ImageFix::Repaired {
                     root: new_root,
@@ -437,7 +446,7 @@ pub fn repair_snapshots(
                 ImageFix::AsFiles => {}
             }
         }
-        match rw.tree(&root, "", &mut dropped)? {
+        match rw.tree(&root, "", &mut dropped).map_err(newer)? {
             Some(new_root) if new_root == root => {}
             Some(new_root) => changed.push((*sid, snap.clone(), Some(new_root), dropped)),
             None => {

@@ -31,13 +31,17 @@ impl Reached for IdSet {
     }
 }
 
+/// Trees to read, each with the root (by its place in the roots given) it was
+/// first reached from, which a failure is put down to.
 struct Queue {
-    todo: Vec<BlobId>,
+    todo: Vec<(BlobId, usize)>,
     busy: usize,
-    error: Option<Error>,
+    error: Option<(Error, Option<usize>)>,
 }
 
-/// Adds to `seen` every blob the given snapshots need.
+/// Adds to `seen` every blob the given snapshots need. A tree or chunk list that
+/// cannot be read (lost, damaged, or written by a newer cairn) is named in the
+/// error with a snapshot that needs it, and how to get past it.
 pub fn collect_snapshots<S: Reached>(
     repo: &Repository,
     snaps: &[(cairn_format::SnapshotId, cairn_format::snapshot::Snapshot)],
@@ -51,7 +55,22 @@ pub fn collect_snapshots<S: Reached>(
                 .map_err(|e| Error::damaged(format!("snapshot {}", id.to_hex()), e))
         })
         .collect::<Result<Vec<BlobId>>>()?;
-    collect(repo, &roots, seen, progress)
+    let (e, root) = match walk(repo, &roots, seen, progress) {
+        Ok(()) => return Ok(()),
+        Err(failed) => failed,
+    };
+    let Some((sid, _)) = root.and_then(|i| snaps.get(i)) else {
+        return Err(e);
+    };
+    let sid = sid.to_hex();
+    let what = match &e {
+        Error::NewerFormat { .. } => "upgrade cairn, or",
+        e if e.is_lost_data() => "`cairn repair snapshots` rewrites it without what is lost, or",
+        _ => return Err(e),
+    };
+    Err(Error::Invalid(format!(
+        "snapshot {sid} needs {e}; {what} `cairn forget {sid}` removes it"
+    )))
 }
 
 /// Adds to `seen` every blob reachable from `roots` (tree ids). Fails on the first
@@ -64,10 +83,21 @@ pub fn collect<S: Reached>(
     seen: &mut S,
     progress: &Progress,
 ) -> Result<()> {
+    walk(repo, roots, seen, progress).map_err(|(e, _)| e)
+}
+
+/// [`collect`], failing with the place in `roots` of the root the failure was
+/// reached from (`None`: not from one, as for a cancel).
+fn walk<S: Reached>(
+    repo: &Repository,
+    roots: &[BlobId],
+    seen: &mut S,
+    progress: &Progress,
+) -> std::result::Result<(), (Error, Option<usize>)> {
     let mut start = Vec::new();
-    for r in roots {
+    for (i, r) in roots.iter().enumerate() {
         if seen.first_visit(*r) {
-            start.push(*r);
+            start.push((*r, i));
         }
     }
     let queue = Mutex::new(Queue {
@@ -97,19 +127,19 @@ fn worker<S: Reached>(
     progress: &Progress,
 ) {
     loop {
-        let id = {
+        let (id, root) = {
             let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
             loop {
                 if q.error.is_none() && progress.is_cancelled() {
-                    q.error = Some(Error::Cancelled);
+                    q.error = Some((Error::Cancelled, None));
                 }
                 if q.error.is_some() {
                     wake.notify_all();
                     return;
                 }
-                if let Some(id) = q.todo.pop() {
+                if let Some(next) = q.todo.pop() {
                     q.busy += 1;
-                    break id;
+                    break next;
                 }
                 if q.busy == 0 {
                     wake.notify_all();
@@ -122,10 +152,10 @@ fn worker<S: Reached>(
         let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
         q.busy -= 1;
         match r {
-            Ok(more) => q.todo.extend(more),
+            Ok(more) => q.todo.extend(more.into_iter().map(|sub| (sub, root))),
             Err(e) => {
                 if q.error.is_none() {
-                    q.error = Some(e);
+                    q.error = Some((e, Some(root)));
                 }
             }
         }

@@ -28,13 +28,16 @@ pub fn rate(n: u64, secs: f64) -> String {
 /// doubled, as `ls -b` does: a file name holding a newline would read as two
 /// entries, and one holding an escape sequence would drive the terminal it is
 /// shown on (retitle it, rewrite what is on screen); the backslash keeps a name
-/// with a newline apart from one with `\` and `n`. `--json` carries names as
-/// they are.
+/// with a newline apart from one with `\` and `n`. Characters that are invisible
+/// or reorder what follows them (zero-width space, byte-order mark, the
+/// bidirectional marks and overrides) are written out too: `web01\u{200b}` is not
+/// `web01`, and a name holding U+202E would show `gpj.exe` as `exe.jpg`.
+/// `--json` carries names as they are.
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     let raw = cairn_core::ls::raw_byte;
     if !text
         .chars()
-        .any(|c| c.is_control() || c == '\\' || raw(c).is_some())
+        .any(|c| c.is_control() || hidden(c) || c == '\\' || raw(c).is_some())
     {
         return std::borrow::Cow::Borrowed(text);
     }
@@ -50,11 +53,20 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
             c if c.is_control() && (c as u32) < 0x80 => {
                 out.push_str(&format!("\\x{:02x}", c as u32));
             }
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c if c.is_control() || hidden(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
             c => out.push(c),
         }
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// A character [`printable`] writes out though it is not a control character.
+/// Zero-width joiners are left alone: emoji and some scripts need them.
+fn hidden(c: char) -> bool {
+    matches!(
+        c,
+        '\u{200b}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}'
+    )
 }
 
 pub fn interactive(global: &crate::args::Global) -> bool {
@@ -214,4 +226,20 @@ pub fn new_password(file: Option<&PathBuf>) -> Result<String> {
         flags: "--new-password-file",
     }
     .new_password()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn invisible_and_reordering_characters_are_written_out() {
+        assert_eq!(printable("web01"), "web01");
+        assert_eq!(printable("web01\u{200b}"), "web01\\u{200b}");
+        assert_eq!(printable("a\u{202e}gpj.exe"), "a\\u{202e}gpj.exe");
+        assert_eq!(printable("\u{feff}x\u{2067}"), "\\u{feff}x\\u{2067}");
+        assert_eq!(printable("a\nb\\c"), "a\\nb\\\\c");
+        // Joiners stay: emoji sequences and some scripts are built with them.
+        assert_eq!(printable("👩\u{200d}💻"), "👩\u{200d}💻");
+    }
 }

@@ -84,9 +84,10 @@ function age(hours) {
 }
 
 // A table cell; `field` names it for tests and scripts (data-field).
+// Table text comes from clients (host names, paths, tags): see `shown`.
 function cell(row, text, cls, field) {
   const td = document.createElement("td");
-  td.textContent = text;
+  td.textContent = shown(text);
   if (cls) td.className = cls;
   if (field) td.dataset.field = field;
   row.appendChild(td);
@@ -98,7 +99,7 @@ function row(text) {
   const tr = document.createElement("tr");
   const th = document.createElement("th");
   th.scope = "row";
-  th.textContent = text;
+  th.textContent = shown(text);
   tr.appendChild(th);
   return tr;
 }
@@ -600,10 +601,25 @@ function downloadUrl(id, path, format) {
 
 // A name byte that is not UTF-8 arrives as a stand-in code point (U+10FF00 plus
 // the byte): shown as \xNN, as the command line prints it, not as a private-use
-// glyph. Links keep the stand-ins, which the server takes back.
+// glyph. Control characters, and those that are invisible or reorder the text
+// after them (a host "web01" plus a zero-width space; U+202E showing "gpj.exe"
+// as "exe.jpg"), are written out as the command line writes them. Links keep
+// the name as it is, which the server takes back. Shown twice, a name stays the
+// same.
 function shown(name) {
-  return name.replace(/[\u{10FF00}-\u{10FFFF}]/gu, (c) =>
-    "\\x" + (c.codePointAt(0) - 0x10ff00).toString(16).padStart(2, "0"));
+  if (name === null || name === undefined) return "";
+  const hex = (n) => n.toString(16).padStart(2, "0");
+  return String(name).replace(
+    /[\u{10FF00}-\u{10FFFF}\u0000-\u001f\u007f-\u009f\u200b\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff]/gu,
+    (c) => {
+      const n = c.codePointAt(0);
+      if (n >= 0x10ff00) return "\\x" + hex(n - 0x10ff00);
+      if (c === "\n") return "\\n";
+      if (c === "\t") return "\\t";
+      if (c === "\r") return "\\r";
+      return n < 0x80 ? "\\x" + hex(n) : "\\u{" + n.toString(16) + "}";
+    },
+  );
 }
 
 function join(dir, name) {

@@ -2917,7 +2917,7 @@ fn the_console_unlocks_browses_and_downloads_in_chromium() {
             &srv,
             "main",
             &web02,
-            &["backup", "--tag", "nightly,<b>x</b>", s],
+            &["backup", "--tag", "nightly,<b>x</b>,gpj\u{202e}.exe", s],
         ),
         "backup 2",
     );
@@ -2980,13 +2980,13 @@ fn the_console_unlocks_browses_and_downloads_in_chromium() {
         "{f}"
     );
     assert_eq!(v["snapshot_rows"].as_array().unwrap().len(), 2, "{v:#}");
-    // Tags shown, as text.
+    // Tags shown, as text, with a character that would reverse what follows it
+    // written out.
     assert!(
-        v["snapshot_text"]
-            .as_array()
+        v["snapshot_text"].as_array().unwrap().iter().any(|t| t
+            .as_str()
             .unwrap()
-            .iter()
-            .any(|t| t.as_str().unwrap().contains("nightly, <b>x</b>")),
+            .contains("nightly, <b>x</b>, gpj\\u{202e}.exe")),
         "{v:#}"
     );
     assert_eq!(v["snapshot_bold"], 0, "{v:#}");

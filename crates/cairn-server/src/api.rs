@@ -375,7 +375,8 @@ fn allow(
         && t.role != Role::Admin
     {
         return Err(ApiError::forbidden(
-            "a host-bound token may not read other hosts' snapshot records",
+            "a host-bound token may not read or change the server's host records (`hosts/`, \
+             `received/`), its own host's included: the server keeps them",
         ));
     }
     let decision = policy::decide(t.role, kind, action);
@@ -1451,6 +1452,7 @@ pub async fn slot_request(
     };
     let request = crate::slots::Request {
         key: session_key(&t, &headers)?,
+        token_id: t.id.clone(),
         token_name: t.name.clone(),
         host: t.host.clone().unwrap_or_else(|| short_text(&ask.host)),
         operation: short_text(&ask.operation),
@@ -1465,6 +1467,7 @@ pub async fn slot_request(
             q.wait
                 .map_or(crate::slots::LONG_POLL, std::time::Duration::from_secs)
                 .min(crate::slots::LONG_POLL),
+            &|id: &str| principal_exists(&app, id),
         )
         .await;
     let reply = match answer {
@@ -1474,6 +1477,15 @@ pub async fn slot_request(
         }
     };
     Ok(axum::Json(reply).into_response())
+}
+
+/// Whether the token, or console user (`user-<name>`), of this id exists now.
+/// When the server's state cannot be read: yes, no job is ended for that.
+fn principal_exists(app: &App, id: &str) -> bool {
+    match id.strip_prefix("user-") {
+        Some(name) => app.users.get(name).map_or(true, |u| u.is_some()),
+        None => app.tokens.exists(id).unwrap_or(true),
+    }
 }
 
 /// `DELETE /v1/datastores/{ds}/slots`: this session's job is over.
@@ -1496,6 +1508,7 @@ pub async fn slots_list(
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
+    store.slots.end_removed(&|id| principal_exists(&app, id));
     let (running, queued) = store.slots.jobs();
     let mut reply = SlotReply::new(&store, &t, false, running, queued);
     let mut recent = store.slots.recent();

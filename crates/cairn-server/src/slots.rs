@@ -82,6 +82,8 @@ impl ClientProgress {
 struct Holder {
     /// Token id and the client's session: `<token id>-<session>`.
     key: String,
+    /// The token's id (a console user's: `user-<name>`).
+    token_id: String,
     token_name: String,
     host: String,
     operation: String,
@@ -131,22 +133,26 @@ impl Holder {
     }
 
     /// How this job ended, from what the server saw of it.
-    fn ended(&self, lost: bool, idle: Duration) -> EndedJob {
-        let (outcome, summary) = match (self.snapshots.len(), lost) {
-            (0, true) => (
+    fn ended(&self, how: End) -> EndedJob {
+        let (outcome, summary) = match (self.snapshots.len(), how) {
+            (0, End::Silent(idle)) => (
                 "lost",
                 format!(
                     "the client went silent for {} s (killed, or its connection lost)",
                     idle.as_secs()
                 ),
             ),
-            (0, false) => (
+            (0, End::Released) => (
                 "ended",
                 "gave its slot back without storing a snapshot (failed, cancelled, or \
                  nothing to store)"
                     .to_string(),
             ),
-            (_, lost) => (
+            (0, End::Revoked) => (
+                "ended",
+                "its token was removed while it ran (refused from then on)".to_string(),
+            ),
+            (_, how) => (
                 "ok",
                 format!(
                     "stored snapshot {}{}",
@@ -155,7 +161,11 @@ impl Holder {
                         .map(|s| s.get(..8).unwrap_or(s))
                         .collect::<Vec<_>>()
                         .join(", "),
-                    if lost { " (then went silent)" } else { "" }
+                    match how {
+                        End::Released => "",
+                        End::Silent(_) => " (then went silent)",
+                        End::Revoked => " (then its token was removed)",
+                    }
                 ),
             ),
         };
@@ -168,6 +178,17 @@ impl Holder {
             summary,
         }
     }
+}
+
+/// Why a job's slot came free.
+#[derive(Clone, Copy)]
+enum End {
+    /// The client gave it back.
+    Released,
+    /// Nothing was heard from the client for this long.
+    Silent(Duration),
+    /// Its token (or console user) was removed.
+    Revoked,
 }
 
 #[derive(Default)]
@@ -207,6 +228,7 @@ pub enum Answer {
 /// A client asking for a slot.
 pub struct Request {
     pub key: String,
+    pub token_id: String,
     pub token_name: String,
     pub host: String,
     pub operation: String,
@@ -240,7 +262,7 @@ impl Slots {
             .partition(|h| h.seen.elapsed() < idle);
         s.running = alive;
         for h in silent {
-            let e = h.ended(true, idle);
+            let e = h.ended(End::Silent(idle));
             s.remember(e);
         }
         s.queue.retain(|h| h.seen.elapsed() < idle);
@@ -285,6 +307,7 @@ impl Slots {
             None => {
                 s.queue.push(Holder {
                     key: r.key.clone(),
+                    token_id: r.token_id.clone(),
                     token_name: r.token_name.clone(),
                     host: r.host.clone(),
                     operation: r.operation.clone(),
@@ -314,12 +337,41 @@ impl Slots {
         }
     }
 
+    /// Ends the jobs, and drops the waits, of tokens (and console users) that
+    /// `exists` says are gone: their clients are refused from their next request
+    /// on, and their slots are not to stay held until they have been silent for
+    /// the idle time.
+    pub fn end_removed(&self, exists: &dyn Fn(&str) -> bool) {
+        let mut s = self.state();
+        let before = s.running.len() + s.queue.len();
+        let (kept, gone): (Vec<Holder>, Vec<Holder>) = std::mem::take(&mut s.running)
+            .into_iter()
+            .partition(|h| exists(&h.token_id));
+        s.running = kept;
+        for h in gone {
+            let e = h.ended(End::Revoked);
+            s.remember(e);
+        }
+        s.queue.retain(|h| exists(&h.token_id));
+        if s.running.len() + s.queue.len() != before {
+            self.changed.notify_waiters();
+        }
+    }
+
     /// Asks for a slot for up to `wait`; `max` is the datastore's limit now.
-    pub async fn request(&self, max: u32, r: &Request, wait: Duration) -> Answer {
+    /// Jobs of tokens `exists` says are removed are ended first, each time it looks.
+    pub async fn request(
+        &self,
+        max: u32,
+        r: &Request,
+        wait: Duration,
+        exists: &(dyn Fn(&str) -> bool + Sync),
+    ) -> Answer {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             // Registered before looking, so a release in between is not missed.
             let woken = self.changed.notified();
+            self.end_removed(exists);
             let a = self.try_take(max.max(1) as usize, r);
             if a == Answer::Granted || tokio::time::Instant::now() >= deadline {
                 return a;
@@ -336,7 +388,7 @@ impl Slots {
         let before = s.running.len() + s.queue.len();
         if let Some(i) = s.running.iter().position(|h| h.key == key) {
             let h = s.running.remove(i);
-            let e = h.ended(false, self.idle);
+            let e = h.ended(End::Released);
             s.remember(e);
         }
         s.queue.retain(|h| h.key != key);
@@ -407,6 +459,7 @@ mod tests {
     fn req(key: &str) -> Request {
         Request {
             key: key.into(),
+            token_id: format!("id-{key}"),
             token_name: format!("token-{key}"),
             host: "h".into(),
             operation: "backup".into(),
@@ -427,32 +480,48 @@ mod tests {
         let s = Slots::new(Duration::from_secs(60));
         let now = Duration::ZERO;
         rt.block_on(async {
-            assert_eq!(s.request(2, &req("a"), now).await, Answer::Granted);
-            assert_eq!(s.request(2, &req("b"), now).await, Answer::Granted);
-            let Answer::Queued { running, ahead } = s.request(2, &req("c"), now).await else {
+            assert_eq!(
+                s.request(2, &req("a"), now, &|_| true).await,
+                Answer::Granted
+            );
+            assert_eq!(
+                s.request(2, &req("b"), now, &|_| true).await,
+                Answer::Granted
+            );
+            let Answer::Queued { running, ahead } = s.request(2, &req("c"), now, &|_| true).await
+            else {
                 panic!("c got a third slot");
             };
             assert_eq!((running.len(), ahead.len()), (2, 0));
-            let Answer::Queued { ahead, .. } = s.request(2, &req("d"), now).await else {
+            let Answer::Queued { ahead, .. } = s.request(2, &req("d"), now, &|_| true).await else {
                 panic!("d got a slot");
             };
             assert_eq!(ahead.len(), 1, "c is ahead of d");
             // Asking again keeps the slot; d cannot jump c when one comes free.
-            assert_eq!(s.request(2, &req("a"), now).await, Answer::Granted);
+            assert_eq!(
+                s.request(2, &req("a"), now, &|_| true).await,
+                Answer::Granted
+            );
             assert!(s.release("a"));
             assert!(matches!(
-                s.request(2, &req("d"), now).await,
+                s.request(2, &req("d"), now, &|_| true).await,
                 Answer::Queued { .. }
             ));
-            assert_eq!(s.request(2, &req("c"), now).await, Answer::Granted);
+            assert_eq!(
+                s.request(2, &req("c"), now, &|_| true).await,
+                Answer::Granted
+            );
             assert!(s.holds("c") && s.holds("b") && !s.holds("d"));
             // A waiter is woken by a release, not by its timeout.
             let t = std::time::Instant::now();
             let d = req("d");
-            let (got, _) = tokio::join!(s.request(2, &d, Duration::from_secs(30)), async {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                s.release("b")
-            });
+            let (got, _) = tokio::join!(
+                s.request(2, &d, Duration::from_secs(30), &|_| true),
+                async {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    s.release("b")
+                }
+            );
             assert_eq!(got, Answer::Granted);
             assert!(t.elapsed() < Duration::from_secs(5));
         });
@@ -471,35 +540,53 @@ mod tests {
         };
         rt.block_on(async {
             for k in ["a1", "a2", "a3"] {
-                assert_eq!(s.request(4, &of(k, "a"), now).await, Answer::Granted, "{k}");
-            }
-            for k in ["a4", "a5"] {
-                assert!(
-                    matches!(s.request(4, &of(k, "a"), now).await, Answer::Queued { .. }),
+                assert_eq!(
+                    s.request(4, &of(k, "a"), now, &|_| true).await,
+                    Answer::Granted,
                     "{k}"
                 );
             }
-            assert_eq!(s.request(4, &of("b1", "b"), now).await, Answer::Granted);
+            for k in ["a4", "a5"] {
+                assert!(
+                    matches!(
+                        s.request(4, &of(k, "a"), now, &|_| true).await,
+                        Answer::Queued { .. }
+                    ),
+                    "{k}"
+                );
+            }
+            assert_eq!(
+                s.request(4, &of("b1", "b"), now, &|_| true).await,
+                Answer::Granted
+            );
             assert!(matches!(
-                s.request(4, &of("c1", "c"), now).await,
+                s.request(4, &of("c1", "c"), now, &|_| true).await,
                 Answer::Queued { .. }
             ));
             // A slot comes free: the first in line takes it.
             assert!(s.release("a1"));
-            assert_eq!(s.request(4, &of("a4", "a"), now).await, Answer::Granted);
+            assert_eq!(
+                s.request(4, &of("a4", "a"), now, &|_| true).await,
+                Answer::Granted
+            );
             // The next: a5 is ahead of c1 but its token holds its share.
             assert!(s.release("b1"));
             assert!(matches!(
-                s.request(4, &of("a5", "a"), now).await,
+                s.request(4, &of("a5", "a"), now, &|_| true).await,
                 Answer::Queued { .. }
             ));
-            assert_eq!(s.request(4, &of("c1", "c"), now).await, Answer::Granted);
+            assert_eq!(
+                s.request(4, &of("c1", "c"), now, &|_| true).await,
+                Answer::Granted
+            );
             // A single slot can be held by anyone.
             assert_eq!(per_token(1), 1);
             assert_eq!(per_token(2), 1);
             // A token's waiting sessions are remembered up to a bound.
             for i in 0..QUEUED_PER_TOKEN + 5 {
-                let _ = s.request(4, &of(&format!("z{i}"), "z"), now).await;
+                let _ = s
+                    .request(4, &of(&format!("z{i}"), "z"), now, &|_| true)
+                    .await;
             }
             let waiting = s
                 .state()
@@ -517,10 +604,12 @@ mod tests {
         let s = Slots::new(Duration::from_millis(300));
         rt.block_on(async {
             assert_eq!(
-                s.request(1, &req("a"), Duration::ZERO).await,
+                s.request(1, &req("a"), Duration::ZERO, &|_| true).await,
                 Answer::Granted
             );
-            let got = s.request(1, &req("b"), Duration::from_secs(10)).await;
+            let got = s
+                .request(1, &req("b"), Duration::from_secs(10), &|_| true)
+                .await;
             assert_eq!(got, Answer::Granted, "a went silent");
             assert!(!s.holds("a"));
             // Touching keeps a holder alive.
@@ -530,6 +619,34 @@ mod tests {
             }
             assert!(s.holds("b"));
             assert_eq!(s.jobs().0.len(), 1);
+        });
+    }
+
+    /// A removed token's job ends, and its waits go, the next time anyone asks:
+    /// not after it has been silent for the idle time.
+    #[test]
+    fn a_removed_tokens_jobs_end_at_once() {
+        let rt = rt();
+        let s = Slots::new(Duration::from_secs(90));
+        rt.block_on(async {
+            assert_eq!(
+                s.request(1, &req("a"), Duration::ZERO, &|_| true).await,
+                Answer::Granted
+            );
+            let waits = s.request(1, &req("w"), Duration::ZERO, &|_| true).await;
+            assert!(matches!(waits, Answer::Queued { .. }));
+            let removed = |id: &str| id != "id-a" && id != "id-w";
+            let got = s.request(1, &req("b"), Duration::ZERO, &removed).await;
+            assert_eq!(got, Answer::Granted);
+            assert!(!s.holds("a"));
+            assert!(s.state().queue.is_empty());
+            let ended = s.recent();
+            assert_eq!(ended.len(), 1);
+            assert!(
+                ended[0].summary.contains("token was removed"),
+                "{:?}",
+                ended[0]
+            );
         });
     }
 }

@@ -99,6 +99,11 @@ impl TokenStore {
         Ok(self.file.load()?.tokens)
     }
 
+    /// Whether a token of this id exists now.
+    pub fn exists(&self, id: &str) -> Result<bool, TokenError> {
+        Ok(self.file.current()?.tokens.iter().any(|t| t.id == id))
+    }
+
     /// The entry a presented token belongs to, if any.
     pub fn authenticate(&self, presented: &str) -> Result<Option<TokenEntry>, TokenError> {
         let Some((id, secret)) = parse(presented) else {

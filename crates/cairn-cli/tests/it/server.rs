@@ -2067,6 +2067,44 @@ fn a_slow_link_client_uses_small_packs_and_loses_only_those_in_flight() {
     srv.stop();
 }
 
+/// A token removed while its job holds the datastore's only slot: its client is
+/// refused from then on, and the slot is the next client's at once, not after
+/// the job has been silent for the idle time (QA: 90 s of others waiting).
+#[test]
+fn removing_a_token_frees_its_job_slot_at_once() {
+    let env = Env::new();
+    env.init(&[]);
+    env.ok(&["config", "--max-concurrent-jobs", "1"]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let admin = srv.token("root", "main", "admin");
+    let gone = srv.token("gone", "main", "backup");
+    let next = srv.token("next", "main", "backup");
+    let slots = "/v1/datastores/main/slots";
+    let granted = |token: &str, session: &str| {
+        let (code, body) = http_with(
+            srv.port,
+            "POST",
+            &format!("{slots}?wait=0"),
+            token,
+            &[("X-Cairn-Session", session)],
+            b"",
+        );
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        v["granted"].as_bool().unwrap()
+    };
+    assert!(granted(&gone, "first"));
+    assert!(!granted(&next, "second"));
+    srv.admin_ok(&["token", "remove", "gone"]);
+    assert!(granted(&next, "second"));
+    let (code, body) = http(srv.port, "GET", slots, Some(&admin), b"");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("its token was removed while it ran"),
+        "{body}"
+    );
+}
+
 /// The datastore's max-concurrent-jobs is the server's to keep: a writer without a
 /// slot is refused, a client waits in line (and says for whom), and a silent
 /// holder loses its slot.

@@ -525,6 +525,60 @@ fn missing_hard_link_names_get_the_snapshots_content_not_a_kept_edit() {
     }
 }
 
+/// The same missing names with the kept name untouched since the restore: they
+/// are its names again, one file as in the snapshot (QA: `never` and `if-newer`
+/// made them a second file, silently, also when finishing a cancelled restore).
+/// Kept with local edits, the names that become another file say so.
+#[test]
+fn missing_hard_link_names_link_to_a_kept_name_that_is_the_snapshots() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::create_dir_all(src.join("b")).unwrap();
+    fs::write(src.join("a/x"), b"linked").unwrap();
+    fs::hard_link(src.join("a/x"), src.join("b/y")).unwrap();
+    fs::hard_link(src.join("a/x"), src.join("b/z")).unwrap();
+    let snap = env.backup(&[&src]);
+    let copy = env.restore(&snap, &src, "t");
+    let target = env.path("t");
+    let run = |mode: &str| {
+        let t = target.to_str().unwrap();
+        let o = env.run(&["restore", &snap, "--target", t, "--overwrite", mode]);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}");
+        err
+    };
+    for mode in ["never", "if-newer"] {
+        fs::remove_file(copy.join("b/y")).unwrap();
+        fs::remove_file(copy.join("b/z")).unwrap();
+        let err = run(mode);
+        for n in ["b/y", "b/z"] {
+            assert_eq!(ino(&copy.join(n)), ino(&copy.join("a/x")), "{mode} {n}");
+        }
+        assert_eq!(fs::symlink_metadata(copy.join("a/x")).unwrap().nlink(), 3);
+        assert!(!err.contains("warning"), "{mode}: {err}");
+    }
+    // Edited where it is kept: the missing names are the snapshot's, and said to
+    // be a file of their own.
+    fs::write(copy.join("a/x"), b"edited!").unwrap();
+    fs::remove_file(copy.join("b/y")).unwrap();
+    fs::remove_file(copy.join("b/z")).unwrap();
+    let err = run("never");
+    assert!(err.contains("b/y: restored as a file of its own"), "{err}");
+    assert_eq!(fs::read(copy.join("b/z")).unwrap(), b"linked");
+    assert_eq!(ino(&copy.join("b/y")), ino(&copy.join("b/z")));
+    // The first name missing: made again, and the kept names of another file say
+    // they are not its names.
+    fs::remove_file(copy.join("a/x")).unwrap();
+    let err = run("never");
+    assert_eq!(fs::read(copy.join("a/x")).unwrap(), b"linked");
+    assert!(
+        err.contains("b/y: kept as it is (--overwrite), so it is not a name of"),
+        "{err}"
+    );
+}
+
 /// A restore onto a file system that fills up stops there, with one error that
 /// says so (exit 1), instead of a warning for every entry after it (QA: 2,360
 /// lines burying the cause); a file it said was left behind is there. Run again

@@ -279,6 +279,10 @@ struct Walk<'a> {
     /// before the restore (its foreign attributes are then removed).
     pending: Vec<(Arc<Dir>, Node, bool)>,
     hardlinks: HashMap<(u64, u64), FirstLink>,
+    /// Hard-linked files whose name met first was kept as it was (`never`,
+    /// `if-newer`) though it does not look like the snapshot's content: their
+    /// other names become a file of their own, which is said. The kept name.
+    kept_apart: HashMap<(u64, u64), PathBuf>,
     /// The last directory reopened to link to a first name in it.
     link_dir: Option<Arc<Dir>>,
     /// Cancelled: the walk stopped between entries.
@@ -435,6 +439,7 @@ pub(super) fn restore(
             last_dir: None,
             pending: Vec::new(),
             hardlinks: HashMap::new(),
+            kept_apart: HashMap::new(),
             link_dir: None,
             stopped: false,
             unfinished_since,
@@ -1305,6 +1310,17 @@ impl Walk<'_> {
                     || overwrite::effective(self.opts.overwrite, self.unfinished_since, st)
                         == Overwrite::Never)
             {
+                if st.id() != first.id {
+                    let first = first.dir_node.join(&first.name);
+                    self.progress.warning(
+                        &parent.node.join(&name),
+                        &format!(
+                            "kept as it is (--overwrite), so it is not a name of {}, as \
+                             it is in the snapshot",
+                            first.display()
+                        ),
+                    );
+                }
                 self.kept(st, &node);
                 return Ok(());
             }
@@ -1322,13 +1338,19 @@ impl Walk<'_> {
             Decision::Write => {}
             Decision::Keep => {
                 if let Some(st) = &existing {
-                    // Later names link to it only when it holds the snapshot's
-                    // content: kept by `never` or `if-newer` it may hold anything,
-                    // and a name restored as a link to it would too.
+                    // Later names link to it when it holds the snapshot's content
+                    // (`if-changed` kept it for that, or its size and time say so):
+                    // kept by `never` or `if-newer` it may hold anything, and a name
+                    // restored as a link to it would too.
                     if overwrite::effective(self.opts.overwrite, self.unfinished_since, st)
                         == Overwrite::IfChanged
+                        || overwrite::looks_unchanged(st, &node)
                     {
                         self.remember_first_link(&parent, &name, st, &node);
+                    } else if node.nlink > 1 {
+                        self.kept_apart
+                            .entry(key)
+                            .or_insert_with(|| parent.node.join(&name));
                     }
                     self.kept(st, &node);
                 }
@@ -1373,6 +1395,17 @@ impl Walk<'_> {
                 }
             };
             if node.nlink > 1 {
+                if let Some(kept) = self.kept_apart.remove(&key) {
+                    self.progress.warning(
+                        &parent.node.join(&name),
+                        &format!(
+                            "restored as a file of its own: {}, another name of this file \
+                             in the snapshot, was kept as it is (--overwrite) and does not \
+                             look like the snapshot's content",
+                            kept.display()
+                        ),
+                    );
+                }
                 self.hardlinks.insert(
                     key,
                     FirstLink {

@@ -170,6 +170,15 @@ pub(crate) fn decide(
     }
 }
 
+/// Does the existing entry look like the snapshot's file by what `if-changed`
+/// looks at first: a regular file of its size and modification time?
+pub(crate) fn looks_unchanged(st: &Stat, node: &Node) -> bool {
+    node.kind == NodeKind::File
+        && st.kind() == libc::S_IFREG
+        && st.size == node.size
+        && st.mtime == mtime_of(node)
+}
+
 /// Do the permission bits of the existing file, or its owner when restore sets
 /// owners, differ from the snapshot's? (Extended attributes: [`xattrs_match`].)
 fn metadata_differs(st: &Stat, node: &Node, owners: bool) -> bool {

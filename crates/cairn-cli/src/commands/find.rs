@@ -14,11 +14,15 @@ pub fn run(g: &Global, a: &FindArgs) -> Result<i32> {
     let session = super::session::<Read>(g, "find", IndexLoad::Placement, &p.progress)?;
     let filter = a.filter.engine();
     let mut snapshots = Vec::new();
+    // Snapshot objects that cannot be read: their matches are unknown too.
+    let mut unread = Vec::new();
     if a.snapshots.is_empty() {
         let (all, bad) = session.snapshots()?;
-        for e in bad {
-            p.progress.warning_msg(e.to_string());
-        }
+        unread.extend(bad.iter().map(|e| find::Unreadable {
+            snapshot: e.id,
+            path: "/".into(),
+            error: e.error.to_string(),
+        }));
         snapshots.extend(all.iter().filter(|(_, s)| filter.matches(s)).cloned());
     } else {
         for spec in &a.snapshots {
@@ -33,7 +37,8 @@ pub fn run(g: &Global, a: &FindArgs) -> Result<i32> {
             }
         }
     }
-    let r = find::find(&session, &snapshots, &pattern, a.newest)?;
+    let mut r = find::find(&session, &snapshots, &pattern, a.newest)?;
+    r.unreadable.splice(0..0, unread);
     for u in &r.unreadable {
         let line = format!(
             "error: snapshot {}: {}: {} (its matches are unknown)",

@@ -92,6 +92,23 @@ fn find_names_the_snapshots_that_hold_a_file_newest_first() {
 
     let err = env.fails(&["find", "[unclosed"], 1);
     assert!(err.contains("pattern \"[unclosed\""), "{err}");
+
+    // A snapshot object that cannot be read: its matches are unknown, which is
+    // said and fails the search as an unreadable directory does (QA: exit 0).
+    let name = env.repo.join("snapshots").join(&first);
+    let mut bytes = fs::read(&name).unwrap();
+    bytes[20] ^= 0xff;
+    fs::write(&name, bytes).unwrap();
+    let o = env.run(&["find", "notes.txt", "-i", "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["snapshots"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["unreadable"][0]["snapshot"], first.as_str(), "{r}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("snapshot {}", &first[..8])) && err.contains("matches are unknown"),
+        "{err}"
+    );
 }
 
 #[test]

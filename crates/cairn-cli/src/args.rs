@@ -851,7 +851,7 @@ pub struct ExportArgs {
     #[arg(long, value_parser = ["tar", "zip"], default_value = "tar")]
     pub format: String,
     /// Write to this file (made complete, then renamed into place) instead of
-    /// standard output
+    /// standard output (`-`: standard output)
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     #[command(flatten)]

@@ -7,7 +7,12 @@ use std::io::{IsTerminal, Write};
 
 pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     let format: Format = a.format.parse()?;
-    if a.output.is_none() && std::io::stdout().is_terminal() {
+    // `-o -` is standard output, as for tar.
+    let output = a
+        .output
+        .as_deref()
+        .filter(|o| *o != std::path::Path::new("-"));
+    if output.is_none() && std::io::stdout().is_terminal() {
         bail!(
             "refusing to write a {} archive to the terminal: redirect standard output \
              (> file, | tape) or give --output FILE",
@@ -19,7 +24,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     let (_, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     let root = snap.tree_id()?;
     let path = a.path.as_deref().unwrap_or("/");
-    let r = match &a.output {
+    let r = match output {
         None => {
             let mut out = ArchiveOut::stdout()?;
             let r = export::export(&session, &root, path, format, out.writer())?;
@@ -84,6 +89,14 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
             let mut prefix = std::ffi::OsString::from(".");
             prefix.push(std::ffi::OsStr::from_bytes(&base[..base.len().min(200)]));
             prefix.push(".");
+            let freed = partial::remove_stale(dir, &prefix);
+            if freed > 0 && !g.quiet {
+                eprintln!(
+                    "note: removed what an earlier export to {} left when it was killed ({})",
+                    file.display(),
+                    crate::ui::bytes(freed)
+                );
+            }
             let (f, partial) = tempfile::Builder::new()
                 .prefix(&prefix)
                 .suffix(".partial")
@@ -91,6 +104,9 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
                 .tempfile_in(dir)
                 .with_context(|| format!("creating a file in {}", dir.display()))?
                 .into_parts();
+            // Held while it is written: a later export does not take it for stale.
+            partial::lock(&f);
+            partial::remove_on_signals(&partial);
             let mut w = SequentialWriter::new(f)
                 .with_context(|| format!("opening {}", partial.display()))?;
             let r = export::export(&session, &root, path, format, &mut w)
@@ -100,6 +116,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
                         .map_err(|e| cairn_core::Error::io(&partial, e))?;
                     Ok(r)
                 })
+                .inspect_err(|_| partial::forget())
                 .map_err(|e| match e {
                     // The engine knows the archive, not the file it goes to.
                     cairn_core::Error::Io { ref path, .. } if path.as_os_str() == "the archive" => {
@@ -111,9 +128,9 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
                     e => e.into(),
                 })?;
             let shown = partial.display().to_string();
-            partial
-                .persist(file)
-                .with_context(|| format!("renaming {shown} to {}", file.display()))?;
+            let persisted = partial.persist(file);
+            partial::forget();
+            persisted.with_context(|| format!("renaming {shown} to {}", file.display()))?;
             r
         }
     };
@@ -121,22 +138,19 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
         // The archive is on standard output unless --output: the report goes to
         // standard error then.
         let json = serde_json::to_string_pretty(&r)?;
-        if a.output.is_some() {
+        if output.is_some() {
             println!("{json}");
         } else {
             let _ = writeln!(std::io::stderr(), "{json}");
         }
-    } else if !g.quiet && a.output.is_some() {
+    } else if !g.quiet && output.is_some() {
         println!(
             "exported {}, {}, {} ({}) to {}",
             crate::ui::count(r.files, "file"),
             crate::ui::count(r.dirs, "directory"),
             crate::ui::count(r.other_entries, "other entry"),
             crate::ui::bytes(r.bytes),
-            a.output
-                .as_deref()
-                .unwrap_or(std::path::Path::new("-"))
-                .display()
+            output.unwrap_or(std::path::Path::new("-")).display()
         );
     }
     let code = report(&r, g.json);
@@ -372,5 +386,115 @@ mod tests {
                 assert_eq!(sink.bytes.len(), data.len());
             }
         }
+    }
+}
+
+/// The partial file an export to a regular file writes (`.NAME.XXXXXX.partial`,
+/// renamed to NAME when complete): removed when the export fails, is interrupted
+/// (Ctrl-C, SIGTERM), or, killed outright, by the next export to the same name.
+mod partial {
+    use std::ffi::{CString, OsStr};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicPtr, Ordering};
+
+    /// The file the signal handler removes (a leaked C string), or null.
+    static PATH: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+
+    /// Takes the partial file's lock: a partial no running export holds is stale.
+    pub fn lock(f: &std::fs::File) {
+        #[allow(unsafe_code)]
+        // SAFETY: flock on a descriptor this process owns; a failure only means a
+        // later export may not clean the file up.
+        unsafe {
+            libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB);
+        }
+    }
+
+    /// SIGINT and SIGTERM remove `path` and end the process (exit 130), as the
+    /// failed export would have removed it.
+    pub fn remove_on_signals(path: &Path) {
+        use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+        let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+            return;
+        };
+        PATH.store(c.into_raw(), Ordering::SeqCst);
+        extern "C" fn on_signal(_: libc::c_int) {
+            let p = PATH.load(Ordering::SeqCst);
+            #[allow(unsafe_code)]
+            // SAFETY: unlink and _exit are async-signal-safe; `p` is null or a
+            // C string leaked for the life of the process.
+            unsafe {
+                if !p.is_null() {
+                    libc::unlink(p);
+                }
+                libc::_exit(130)
+            }
+        }
+        let action = SigAction::new(
+            SigHandler::Handler(on_signal),
+            SaFlags::empty(),
+            SigSet::empty(),
+        );
+        for sig in [Signal::SIGINT, Signal::SIGTERM] {
+            #[allow(unsafe_code)]
+            // SAFETY: the handler only loads an atomic and calls unlink and _exit.
+            unsafe {
+                let _ = sigaction(sig, &action);
+            }
+        }
+    }
+
+    /// The partial file is renamed or removed: a signal now removes nothing.
+    pub fn forget() {
+        PATH.store(std::ptr::null_mut(), Ordering::SeqCst);
+    }
+
+    /// Removes partial files of earlier exports with this `prefix` (`.NAME.`) in
+    /// `dir` that no running export holds and that have not changed for a minute;
+    /// the bytes freed. Only regular files of this user are touched.
+    pub fn remove_stale(dir: &Path, prefix: &OsStr) -> u64 {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return 0;
+        };
+        let euid = nix::unistd::geteuid().as_raw();
+        let mut freed = 0;
+        for ent in entries.flatten() {
+            let name = ent.file_name();
+            let (n, p) = (name.as_bytes(), prefix.as_bytes());
+            // The prefix, tempfile's six random characters, the suffix.
+            if n.len() != p.len() + 6 + ".partial".len()
+                || !n.starts_with(p)
+                || !n.ends_with(b".partial")
+            {
+                continue;
+            }
+            let path = ent.path();
+            let Ok(f) = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&path)
+            else {
+                continue;
+            };
+            let Ok(meta) = f.metadata() else { continue };
+            let idle = meta
+                .modified()
+                .ok()
+                .and_then(|m| m.elapsed().ok())
+                .is_some_and(|age| age.as_secs() >= 60);
+            if !meta.is_file() || meta.uid() != euid || !idle {
+                continue;
+            }
+            #[allow(unsafe_code)]
+            // SAFETY: flock on a descriptor this function owns.
+            let free = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+            if free && std::fs::remove_file(&path).is_ok() {
+                freed += meta.len();
+            }
+        }
+        freed
     }
 }

@@ -851,20 +851,22 @@ fn chunks_of(node: &Node) -> u64 {
 }
 
 impl Walk<'_> {
-    /// The restore's error once the target is full: it stops there.
+    /// The restore's error once the target is full: it stops there. The files
+    /// given up with the first one are counted; what the walk had not reached is
+    /// not (it is not walked to be counted), and is said to be left.
     fn full_error(&self) -> Option<Error> {
         let first = self.full.as_ref()?;
         let mut skipped = String::new();
         if self.stats.unfinished_full > 0 {
             skipped.push_str(&format!(
-                ", {} left unfinished (the restore's time, mode 0600)",
-                crate::units::count(self.stats.unfinished_full, "file")
+                ", left {} unfinished (the restore's time, mode 0600)",
+                crate::units::count(self.stats.unfinished_full, "other file")
             ));
         }
         if self.stats.unwritten_full > 0 {
             skipped.push_str(&format!(
-                ", {} not even tried",
-                crate::units::count(self.stats.unwritten_full, "file")
+                ", did not create {} queued with it",
+                crate::units::count(self.stats.unwritten_full, "other file")
             ));
         }
         Some(Error::io(
@@ -872,7 +874,8 @@ impl Walk<'_> {
             std::io::Error::new(
                 std::io::ErrorKind::StorageFull,
                 format!(
-                    "no space left on the target: the restore stopped at {}{skipped}; \
+                    "no space left on the target: the restore stopped at {}{skipped}, and \
+                     restored nothing that comes after it in the snapshot; \
                      run it again once there is room, and it finishes what this one left",
                     first.display()
                 ),

@@ -1231,7 +1231,7 @@ pub async fn download(
         // A directory left out, or a file with zeros for what could not be read,
         // must not pass for a complete archive.
         let complete = |r: cairn_core::export::ExportReport| {
-            if let Some((p, e)) = r.errors.first() {
+            if let Some(cairn_core::export::ExportError { path: p, error: e }) = r.errors.first() {
                 return Err(cairn_core::Error::Invalid(format!(
                     "{} could not be read ({p}: {e})",
                     cairn_core::units::count(r.errors.len() as u64, "directory")
@@ -1239,7 +1239,9 @@ pub async fn download(
             }
             match r.damaged.first() {
                 None => Ok(()),
-                Some((p, _, e)) => Err(cairn_core::Error::Invalid(format!(
+                Some(cairn_core::export::DamagedFile {
+                    path: p, error: e, ..
+                }) => Err(cairn_core::Error::Invalid(format!(
                     "{} could not be read in full ({p}: {e})",
                     cairn_core::units::count(r.damaged.len() as u64, "file")
                 ))),

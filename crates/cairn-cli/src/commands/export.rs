@@ -178,20 +178,21 @@ pub(super) fn report(r: &ExportReport, json: bool) -> i32 {
             eprintln!("{}", crate::ui::printable(&text));
         }
     };
-    for (path, e) in &r.errors {
+    for e in &r.errors {
         say(
             "error",
-            Some(path),
-            &format!("{e} (left out of the archive)"),
+            Some(&e.path),
+            &format!("{} (left out of the archive)", e.error),
         );
     }
-    for (path, bytes, e) in &r.damaged {
+    for d in &r.damaged {
         say(
             "error",
-            Some(path),
+            Some(&d.path),
             &format!(
-                "{e} (in the archive with {} of zeros where it could not be read)",
-                cairn_core::units::bytes(*bytes, 1)
+                "{} (in the archive with {} of zeros where it could not be read)",
+                d.error,
+                cairn_core::units::bytes(d.zeroed_bytes, 1)
             ),
         );
     }

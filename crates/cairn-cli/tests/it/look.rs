@@ -394,6 +394,24 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
                 && err.contains("1 file in it with zeros"),
             "{err}"
         );
+        // --json names the fields, as restore's report does.
+        let o = env.run(&[
+            "export",
+            &snap,
+            src.to_str().unwrap(),
+            "--format",
+            format,
+            "--json",
+            "-o",
+            env.path(&format!("damaged-json.{format}"))
+                .to_str()
+                .unwrap(),
+        ]);
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let d = &r["damaged"][0];
+        assert!(d["path"].as_str().unwrap().ends_with("sub/big.bin"), "{r}");
+        assert!(d["zeroed_bytes"].as_u64().unwrap() > 0, "{r}");
+        assert!(!d["error"].as_str().unwrap().is_empty(), "{r}");
         let x = env.path(&format!("x-{format}"));
         fs::create_dir(&x).unwrap();
         let st = if format == "tar" {

@@ -40,13 +40,29 @@ pub struct ExportReport {
     /// File content bytes (not counting tar headers).
     pub bytes: u64,
     /// Directories whose tree could not be read (left out, with why).
-    pub errors: Vec<(String, String)>,
-    /// Files in the archive with chunks that could not be read written as zeros:
-    /// the bytes so written, and why the first could not be read.
-    pub damaged: Vec<(String, u64, String)>,
+    pub errors: Vec<ExportError>,
+    /// Files in the archive with chunks that could not be read written as zeros.
+    pub damaged: Vec<DamagedFile>,
     /// Entries the format cannot carry as they are (zip: FIFOs, devices, sockets,
     /// names that are not UTF-8), with what was done instead.
     pub notes: Vec<String>,
+}
+
+/// A directory left out of an archive: its tree could not be read.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ExportError {
+    pub path: String,
+    pub error: String,
+}
+
+/// A file in an archive with zeros where its content could not be read.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DamagedFile {
+    pub path: String,
+    /// The bytes written as zeros.
+    pub zeroed_bytes: u64,
+    /// Why the first of them could not be read.
+    pub error: String,
 }
 
 /// The archive formats `export` writes.
@@ -251,7 +267,11 @@ impl<S: Sink> Exporter<'_, S> {
                 self.report.notes.extend(self.sink.take_notes());
                 written?;
                 if let Some((bytes, why)) = damaged {
-                    self.report.damaged.push((shown, bytes, why));
+                    self.report.damaged.push(DamagedFile {
+                        path: shown,
+                        zeroed_bytes: bytes,
+                        error: why,
+                    });
                 }
                 self.report.files += 1;
                 if first.is_none() {
@@ -1446,7 +1466,10 @@ impl<S: Sink> Visitor for Exporter<'_, S> {
         Ok(n.subtree)
     }
     fn unreadable(&mut self, dir: &mut DirAhead, path: &str, _: &Node, e: Error) -> Result<()> {
-        self.report.errors.push((path.to_string(), e.to_string()));
+        self.report.errors.push(ExportError {
+            path: path.to_string(),
+            error: e.to_string(),
+        });
         self.next_run(dir);
         Ok(())
     }

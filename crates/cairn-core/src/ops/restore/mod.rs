@@ -929,7 +929,8 @@ impl Walk<'_> {
     /// An entry left as it was.
     fn kept(&mut self, st: &sys::Stat, node: &Node) {
         self.stats.kept += 1;
-        if node.kind == NodeKind::File && st.kind() == libc::S_IFREG {
+        // A file kept where the snapshot has something else counts too.
+        if st.kind() == libc::S_IFREG {
             self.stats.kept_bytes += st.size;
         }
         if node.kind == NodeKind::File {

@@ -292,10 +292,6 @@ pub struct ListTotals {
 }
 
 impl ListTotals {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Calls `f` with every chunk of `content` not under a list already walked
     /// clean, in file order; `f` returns true when something is wrong with it.
     /// Returns the bytes and chunks the whole content adds up to (saturating).

@@ -63,13 +63,18 @@ pub fn collect_snapshots<S: Reached>(
         return Err(e);
     };
     let sid = sid.to_hex();
-    let what = match &e {
-        Error::NewerFormat { .. } => "upgrade cairn, or",
-        e if e.is_lost_data() => "`cairn repair snapshots` rewrites it without what is lost, or",
+    // Lost data may come back (`repair index`, when only the index lost it):
+    // check is the one to say, not this.
+    let forget = format!("`cairn forget {sid}` removes the snapshot");
+    let advice = match &e {
+        Error::NewerFormat { .. } => format!("upgrade cairn, or {forget}"),
+        e if e.is_lost_data() => {
+            format!("`cairn check` says what is lost and how to repair it ({forget})")
+        }
         _ => return Err(e),
     };
     Err(Error::Invalid(format!(
-        "snapshot {sid} needs {e}; {what} `cairn forget {sid}` removes it"
+        "snapshot {sid} needs {e}; {advice}"
     )))
 }
 

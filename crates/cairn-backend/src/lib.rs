@@ -41,7 +41,7 @@ pub use fault::{FaultSpec, FaultyBackend};
 pub use local::LocalBackend;
 pub use mem::MemBackend;
 pub use retry::{RetryBackend, RetryPolicy};
-pub use s3::{S3Backend, S3Location, S3Options};
+pub use s3::{S3_SILENCE, S3Backend, S3Location, S3Options};
 pub use server::{ServerBackend, ServerLocation, ServerOptions, parse_fingerprint};
 pub use throttle::{Limiter, ThrottledBackend, Traffic, stop_waits_on};
 
@@ -444,6 +444,29 @@ pub mod names {
     pub fn base(name: &str) -> &str {
         name.rsplit('/').next().unwrap_or(name)
     }
+
+    /// The last path component of a listed object name when the name is where
+    /// cairn puts such an object (`data/ab/ab…`, `index/…`, one level below the
+    /// others), else "" (which no id parses from). Listings are recursive: a
+    /// repository made inside another's `data/` must not have its packs taken for
+    /// the outer one's.
+    pub fn listed(name: &str) -> &str {
+        let mut parts = name.split('/');
+        let (Some(top), Some(second)) = (parts.next(), parts.next()) else {
+            return "";
+        };
+        match (parts.next(), parts.next()) {
+            (Some(base), None)
+                if top == DATA.trim_end_matches('/')
+                    && base.len() >= 2
+                    && base.get(..2) == Some(second) =>
+            {
+                base
+            }
+            (None, None) if top != DATA.trim_end_matches('/') => second,
+            _ => "",
+        }
+    }
 }
 
 #[cfg(test)]
@@ -749,5 +772,35 @@ pub(crate) mod conformance {
                 .is_err()
         );
         b.delete("data/ef/big").unwrap();
+    }
+}
+
+#[cfg(test)]
+mod names_tests {
+    use super::names::listed;
+
+    /// Only names where cairn puts its objects give an id: what another
+    /// repository made inside this one stores is not this one's.
+    #[test]
+    fn only_objects_in_their_place_are_listed() {
+        let hex = "ab".to_string() + &"0".repeat(62);
+        assert_eq!(listed(&format!("data/ab/{hex}")), hex);
+        assert_eq!(listed(&format!("index/{hex}")), hex);
+        assert_eq!(
+            listed(&format!("index/admin-{hex}")),
+            format!("admin-{hex}")
+        );
+        assert_eq!(listed(&format!("snapshots/{hex}")), hex);
+        for other in [
+            format!("data/data/ab/{hex}"),
+            format!("data/cd/{hex}"),
+            format!("data/{hex}"),
+            format!("index/index/{hex}"),
+            format!("data/ab/{hex}/x"),
+            hex.clone(),
+            String::new(),
+        ] {
+            assert_eq!(listed(&other), "", "{other}");
+        }
     }
 }

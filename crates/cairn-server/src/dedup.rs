@@ -293,14 +293,14 @@ impl Dedup {
             .list(names::INDEX)?
             .into_iter()
             .filter_map(|o| {
-                let (admin, id) = names::split_admin(names::base(&o.name));
+                let (admin, id) = names::split_admin(names::listed(&o.name));
                 id32(id).map(|i| (o.name.clone(), i, admin))
             })
             .collect();
         let with_list: HashSet<[u8; 32]> = backend
             .list(names::DEDUP)?
             .iter()
-            .filter_map(|o| id32(names::base(&o.name)))
+            .filter_map(|o| id32(names::listed(&o.name)))
             .collect();
         let old_files = self.view().files.clone();
         let mut files = HashMap::with_capacity(listed.len());

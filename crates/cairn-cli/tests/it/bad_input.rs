@@ -666,6 +666,52 @@ fn output_to_a_closed_pipe_ends_quietly() {
     }
 }
 
+/// A repository inside another one: `init` refuses to make one (QA: one made in
+/// another's `data/` had its packs taken by the outer one's check for leftovers,
+/// and blocked its prune with "object not found"); one moved there anyway is not
+/// the outer repository's business.
+#[test]
+fn a_repository_inside_another_is_refused_and_left_alone() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = small_tree(&env);
+    env.backup(&[&src]);
+    for inner in ["data/inner", "sub/deeper"] {
+        let at = env.repo.join(inner);
+        let e = Env::at(tempfile::tempdir().unwrap(), at.clone()).fails(&["init"], 1);
+        assert!(
+            e.contains(&format!(
+                "is inside the cairn repository at {}",
+                env.repo.display()
+            )),
+            "{e}"
+        );
+        assert!(!at.exists(), "{inner}");
+    }
+    // Made elsewhere and moved in: the outer one neither counts nor touches it.
+    let other = Env::new();
+    other.init(&[]);
+    other.backup(&[&src]);
+    let moved = env.repo.join("data").join("moved");
+    fs::rename(&other.repo, &moved).unwrap();
+    let before = util_files(&moved);
+    let out = env.ok(&["check"]);
+    assert!(!out.contains("not in any index"), "{out}");
+    env.ok(&["prune"]);
+    env.check_clean();
+    assert_eq!(util_files(&moved), before);
+}
+
+fn util_files(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut v: Vec<(PathBuf, u64)> = walk(dir)
+        .into_iter()
+        .filter(|(_, m)| m.is_file())
+        .map(|(p, m)| (p, m.len()))
+        .collect();
+    v.sort();
+    v
+}
+
 /// An init killed between its key file and its config: every command, init
 /// included, says what happened and what to do.
 #[test]

@@ -421,7 +421,7 @@ fn copy_snapshots(
         match copier.src.backend().list(cairn_backend::names::HOSTS) {
             Ok(l) => l
                 .into_iter()
-                .map(|o| cairn_backend::names::base(&o.name).to_string())
+                .map(|o| cairn_backend::names::listed(&o.name).to_string())
                 .collect(),
             Err(_) => Default::default(),
         };

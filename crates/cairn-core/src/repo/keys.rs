@@ -39,7 +39,7 @@ impl Repository {
     pub fn list_keys(&self) -> Result<Vec<(KeyId, Result<KeyFile>)>> {
         let mut out = Vec::new();
         for info in self.backend.list(names::KEYS)? {
-            let Ok(id) = KeyId::from_hex(names::base(&info.name)) else {
+            let Ok(id) = KeyId::from_hex(names::listed(&info.name)) else {
                 continue;
             };
             let kf = read_key_file(self.backend.as_ref(), &info, &id);

@@ -87,7 +87,7 @@ pub fn is_stale(l: &Lock, now: i64) -> bool {
 
 /// A lock's id and whether its name has the admin mark.
 fn parse_id(name: &str) -> Option<([u8; 32], bool)> {
-    let (admin, hex) = names::split_admin(names::base(name));
+    let (admin, hex) = names::split_admin(names::listed(name));
     let mut id = [0u8; 32];
     hex::decode_to_slice(hex, &mut id).ok()?;
     Some((id, admin))
@@ -392,7 +392,7 @@ impl RepoLock {
         };
         let admin_only = repo.admin_names();
         let rival = |o: &LockInfo| {
-            let admin = names::split_admin(names::base(&o.name)).0;
+            let admin = names::split_admin(names::listed(&o.name)).0;
             o.lock.as_ref().is_some_and(|l| match rivals {
                 Rivals::None => false,
                 Rivals::Exclusive => l.exclusive,

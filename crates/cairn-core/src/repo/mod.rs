@@ -179,6 +179,39 @@ fn config_exists(backend: &dyn Backend) -> Result<bool> {
     }
 }
 
+/// The repository a new one at `location` would be inside of, if any: a directory
+/// above it (or an S3 prefix above it, in its bucket) holding a repository's config.
+/// What cannot be looked at (a prefix a policy does not let this user read) counts
+/// as no repository.
+fn enclosing_repository(
+    location: &storage::Location,
+    opts: &storage::StorageOptions,
+) -> Option<String> {
+    match location {
+        storage::Location::Local(dir) => {
+            let abs = std::path::absolute(dir).ok()?;
+            abs.ancestors()
+                .skip(1)
+                .find(|a| a.join(names::CONFIG).is_file() && a.join("keys").is_dir())
+                .map(|a| a.display().to_string())
+        }
+        storage::Location::S3(s) => {
+            let loc = cairn_backend::S3Location::parse(s).ok()?;
+            let parts: Vec<&str> = loc.prefix.split('/').filter(|p| !p.is_empty()).collect();
+            (0..parts.len()).rev().find_map(|n| {
+                let mut above = format!("s3:{}/{}", loc.endpoint, loc.bucket);
+                for p in &parts[..n] {
+                    above.push('/');
+                    above.push_str(p);
+                }
+                let backend = cairn_backend::S3Backend::open(&above, &opts.s3).ok()?;
+                config_exists(&backend).ok()?.then_some(above)
+            })
+        }
+        storage::Location::Server(_) => None,
+    }
+}
+
 impl Repository {
     /// Creates a repository. `password` is required unless encryption is off.
     pub fn init(
@@ -394,6 +427,13 @@ impl Repository {
         progress: &crate::progress::Progress,
     ) -> Result<Repository> {
         let st = storage::open_storage(location, opts, progress)?;
+        if let Some(outer) = enclosing_repository(&st.location, opts) {
+            return Err(Error::Invalid(format!(
+                "{location} is inside the cairn repository at {outer}: that one's check and \
+                 prune would take what this one stores for their own, and removing either \
+                 would cut into the other; create it outside"
+            )));
+        }
         if let storage::Location::Local(dir) = &st.location {
             if dir.exists() && !dir.is_dir() {
                 return Err(Error::Invalid(format!(
@@ -454,7 +494,7 @@ impl Repository {
             let mut vanished = false;
             let mut misfits: Vec<KeyId> = Vec::new();
             for info in keys {
-                let base = names::base(&info.name);
+                let base = names::listed(&info.name);
                 let Ok(id) = KeyId::from_hex(base) else {
                     continue;
                 };

@@ -76,7 +76,7 @@ fn stored(r: std::result::Result<(), cairn_backend::BackendError>) -> Result<()>
 /// The id of an index file from its object name (`index/<hex>` or
 /// `index/admin-<hex>`); `None` for names that are not index files.
 pub(crate) fn index_id_of(name: &str) -> Option<IndexId> {
-    IndexId::from_hex(names::split_admin(names::base(name)).1).ok()
+    IndexId::from_hex(names::split_admin(names::listed(name)).1).ok()
 }
 
 impl Repository {
@@ -227,7 +227,7 @@ impl Repository {
             .list(names::DATA)?
             .into_iter()
             .filter_map(|o| {
-                PackId::from_hex(names::base(&o.name))
+                PackId::from_hex(names::listed(&o.name))
                     .ok()
                     .map(|id| (id, o.size))
             })
@@ -239,7 +239,7 @@ impl Repository {
             .backend
             .list(names::PENDING)?
             .iter()
-            .filter_map(|i| PendingId::from_hex(names::base(&i.name)).ok())
+            .filter_map(|i| PendingId::from_hex(names::listed(&i.name)).ok())
             .collect())
     }
 

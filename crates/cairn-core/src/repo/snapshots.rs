@@ -46,7 +46,7 @@ impl Repository {
             .backend
             .list(names::SNAPSHOTS)?
             .iter()
-            .filter_map(|i| SnapshotId::from_hex(names::base(&i.name)).ok())
+            .filter_map(|i| SnapshotId::from_hex(names::listed(&i.name)).ok())
             .collect())
     }
 
@@ -193,7 +193,7 @@ impl Repository {
         let listed: std::collections::HashSet<String> = match self.backend.list(prefix) {
             Ok(l) => l
                 .into_iter()
-                .map(|o| names::base(&o.name).to_string())
+                .map(|o| names::listed(&o.name).to_string())
                 .collect(),
             Err(e)
                 if e.is_not_found()

@@ -412,7 +412,7 @@ fn packs_still_there(repo: &Repository, r: &Ran) -> Result<()> {
                 .backend()
                 .list(&format!("{dir}/"))?
                 .iter()
-                .map(|o| cairn_backend::names::base(&o.name).to_string())
+                .map(|o| cairn_backend::names::listed(&o.name).to_string())
                 .collect();
             gone += ids.iter().filter(|h| !listed.contains(*h)).count();
         }

@@ -150,7 +150,11 @@ impl RetryBackend {
                         self.policy.max_total.is_none() && attempt + 1 >= self.policy.attempts
                     };
                     if out_of_time || out_of_attempts {
-                        let why = if unreachable {
+                        let why = if unreachable && self.answered.load(Ordering::Relaxed) {
+                            "nothing answers at that address now, though it answered \
+                             earlier in this run (restarting?); --retry-for DURATION waits \
+                             for it"
+                        } else if unreachable {
                             "nothing answers at that address: is the server running, and \
                              the address right?"
                         } else if out_of_time {

@@ -73,7 +73,13 @@ pub struct S3Options {
     pub ca_cert: Option<PathBuf>,
     /// Accept any server certificate. For testing only.
     pub insecure_tls: bool,
+    /// How long a request may go without a byte before the attempt is given up
+    /// (and retried); default [`S3_SILENCE`]. `--retry-for` shortens it.
+    pub silence: Option<Duration>,
 }
+
+/// A minute of silence: an S3 server answers within seconds.
+pub const S3_SILENCE: Duration = Duration::from_secs(60);
 
 pub struct S3Backend {
     op: Operator,
@@ -135,9 +141,10 @@ impl S3Backend {
         // An S3 server answers within seconds; one that takes a request and then
         // says nothing (stopped, overloaded) is given up on after a minute of
         // silence rather than two, and the retries begin.
+        let silence = opts.silence.unwrap_or(S3_SILENCE);
         let mut client = crate::io::http_client()
-            .read_timeout(Duration::from_secs(60))
-            .tcp_user_timeout(Duration::from_secs(60));
+            .read_timeout(silence)
+            .tcp_user_timeout(silence);
         if let Some(path) = &opts.ca_cert {
             client = crate::io::trust_ca(client, path, location)?;
         }
@@ -160,7 +167,7 @@ impl S3Backend {
         // silence) catch a stall long before, and a 64 MiB object at 256 KiB/s fits.
         let op = op.with_context(ctx).layer(
             TimeoutLayer::new()
-                .with_timeout(Duration::from_secs(60))
+                .with_timeout(silence)
                 .with_io_timeout(Duration::from_secs(30 * 60)),
         );
         let io = IoRuntime::new("cairn-s3", "S3").map_err(|e| {

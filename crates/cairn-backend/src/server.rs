@@ -27,7 +27,15 @@ pub struct ServerOptions {
     /// Accept any certificate (`--insecure-tls`, testing only): the token then goes
     /// to whoever answers.
     pub insecure_tls: bool,
+    /// How long a request may go without a byte before the attempt is given up
+    /// (and retried); default two minutes. `--retry-for` shortens it, to no less
+    /// than [`SERVER_SILENCE_MIN`].
+    pub silence: Option<std::time::Duration>,
 }
+
+/// The shortest silence a server request is allowed: the server holds a slot
+/// request up to 20 s before it answers.
+pub const SERVER_SILENCE_MIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `cairn+https://host:port/datastore` split up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -242,6 +250,10 @@ impl ServerBackend {
                 )
             })?;
         let mut client = crate::io::http_client();
+        if let Some(silence) = opts.silence {
+            let silence = silence.max(SERVER_SILENCE_MIN);
+            client = client.read_timeout(silence).tcp_user_timeout(silence);
+        }
         if let Some(fp) = &opts.fingerprint {
             let sha256 =
                 parse_fingerprint(fp).map_err(|m| BackendError::open_failed(location, m))?;

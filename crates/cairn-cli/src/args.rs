@@ -95,10 +95,11 @@ pub struct RemoteArgs {
     pub limit_download: Option<String>,
     /// How long a call to a remote repository may keep retrying after transient
     /// failures (timeouts, 5xx, dropped connections): 30s, 10m, 2h; 0 retries
-    /// nothing (default: 8 attempts, about a minute). An address where nothing
-    /// answers fails within seconds, unless it answered before in this run and is a
-    /// cairn server, or an S3 endpoint with --retry-for given (restarting: waited
-    /// for as for any transient failure).
+    /// nothing (default: 8 attempts, about a minute and a half). A request that
+    /// hears nothing is given up on after a minute of silence, or sooner to fit
+    /// --retry-for (at least 10 s). An address where nothing answers fails within
+    /// seconds, unless it answered before in this run (restarting: waited for as
+    /// for any transient failure)
     #[arg(long, env = "CAIRN_RETRY_FOR", global = true, value_name = "DURATION")]
     pub retry_for: Option<String>,
     /// Keep no local cache of a remote repository's index, snapshots and trees

@@ -32,10 +32,12 @@ mod unlock;
 use crate::args::{Cli, Command, Global};
 use crate::events::CliProgress;
 use anyhow::{Context, Result, anyhow};
+use cairn_backend::S3_SILENCE;
 use cairn_core::Repository;
 use cairn_core::progress::Progress;
 use cairn_core::repo::storage::{CacheChoice, StorageOptions};
 use cairn_core::session::{Access, IndexLoad, Session};
+use std::time::Duration;
 
 pub fn run(cli: Cli) -> Result<i32> {
     let g = &cli.global;
@@ -223,6 +225,16 @@ pub fn rate_flag(v: &Option<String>, flag: &str) -> Result<Option<u64>> {
 /// The storage options the global flags ask for.
 pub fn storage_options(g: &Global) -> Result<StorageOptions> {
     let r = &g.remote;
+    let retry_for = r
+        .retry_for
+        .as_deref()
+        .map(parse_duration)
+        .transpose()
+        .context("--retry-for")?;
+    // A request that hears nothing is given up on within what --retry-for allows
+    // (at least 10 s: a busy server can take seconds), not after the minute or two
+    // of silence a plain run waits, so that the retries fit in it.
+    let silence = retry_for.map(|d| d.clamp(Duration::from_secs(10), S3_SILENCE));
     Ok(StorageOptions {
         s3: cairn_backend::S3Options {
             region: r.s3_region.clone(),
@@ -230,6 +242,7 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
             profile: r.s3_profile.clone(),
             ca_cert: r.cacert.clone(),
             insecure_tls: r.insecure_tls,
+            silence,
         },
         limit_upload: rate_flag(&r.limit_upload, "--limit-upload")?,
         limit_download: rate_flag(&r.limit_download, "--limit-download")?,
@@ -242,12 +255,7 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
             }
         },
         retry: cairn_backend::RetryPolicy {
-            max_total: r
-                .retry_for
-                .as_deref()
-                .map(parse_duration)
-                .transpose()
-                .context("--retry-for")?,
+            max_total: retry_for,
             ..Default::default()
         },
         server: cairn_backend::ServerOptions {
@@ -255,8 +263,10 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
             fingerprint: r.server_fingerprint.clone(),
             ca_cert: r.cacert.clone(),
             insecure_tls: r.insecure_tls,
+            silence,
         },
         dry_run: false,
+        ride_s3_restarts: true,
     })
 }
 

@@ -188,6 +188,39 @@ fn s3_errors_are_one_clear_line() {
     }
 }
 
+/// An S3 endpoint that takes requests and never answers (a frozen server, a
+/// firewall dropping packets) is given up on within what `--retry-for` allows,
+/// not after a minute or two of silence per attempt (QA: 2 minutes with
+/// `--retry-for 5s`; 16 minutes by default).
+#[test]
+fn a_silent_s3_endpoint_is_given_up_within_retry_for() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    // Accepts every connection and keeps it open, saying nothing.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in silent.incoming() {
+            held.push(c);
+        }
+    });
+    let env = Env::new();
+    let t0 = Instant::now();
+    let mut c = env.cmd(&["--retry-for", "5s", "--no-cache", "snapshots"]);
+    c.arg("--repo")
+        .arg(format!("s3:http://127.0.0.1:{port}/bucket/repo"))
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "y");
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("--retry-for"), "{err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(45),
+        "{:?}: {err}",
+        t0.elapsed()
+    );
+}
+
 /// One failed call in ten (before or after reaching the store) is retried away:
 /// backup, restore, forget, prune and check all succeed, and the data is exact.
 #[test]

@@ -85,6 +85,10 @@ pub struct StorageOptions {
     pub retry: RetryPolicy,
     /// Store nothing but locks (`backup --dry-run`): see [`cairn_backend::DryRunBackend`].
     pub dry_run: bool,
+    /// An S3 endpoint that answered and then stops answering (a restart) is
+    /// retried as any transient failure, not given up within seconds: what a
+    /// command run unattended wants, not a server's console.
+    pub ride_s3_restarts: bool,
 }
 
 /// A repository's storage stack, ready for [`crate::Repository::open`].
@@ -142,10 +146,11 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
     // Remote storage that stops answering after it answered is restarting: a
     // `cairn serve` upgraded (its clients wait for it as for any transient failure;
     // the job slot is asked for again when it is back), or an S3 server or its load
-    // balancer restarted, waited for when `--retry-for` says how long. Without it an
-    // S3 outage fails within seconds: a server's console must not hang on one.
+    // balancer restarted, waited for by a command (`ride_s3_restarts`) or when
+    // `--retry-for` says how long. Otherwise an S3 outage fails within seconds: a
+    // server's console must not hang on one.
     let retry = if matches!(loc, Location::Server(_))
-        || (matches!(loc, Location::S3(_)) && policy.max_total.is_some())
+        || (matches!(loc, Location::S3(_)) && (policy.max_total.is_some() || opts.ride_s3_restarts))
     {
         retry.riding_restarts()
     } else {

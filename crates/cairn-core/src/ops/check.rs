@@ -173,7 +173,17 @@ impl Problem {
             ),
             Problem::PackDamaged { pack, error } => format!("pack {pack}: {error}"),
             Problem::SnapshotUnreadable { snapshot, error } => {
-                format!("snapshot {snapshot}: {error}")
+                // The error names the snapshot already when it is the object's own.
+                let named = error.contains(&snapshot.to_hex());
+                format!(
+                    "{}{error}; `cairn forget {snapshot}` removes that object (`cairn repair \
+                     snapshots` removes every unreadable one)",
+                    if named {
+                        String::new()
+                    } else {
+                        format!("snapshot {snapshot}: ")
+                    }
+                )
             }
             Problem::SnapshotVanished { snapshot } => format!(
                 "snapshot {snapshot}: was committed but its object is missing (deleted from \

@@ -485,21 +485,29 @@ fn a_finished_restore_of_a_part_leaves_later_edits_to_overwrite_never() {
     assert_eq!(fs::read(copy.join("same")).unwrap(), b"edited here since");
 }
 
-/// Names of a hard-linked file missing from the target are linked to a kept name
-/// only when it holds the snapshot's content: one kept by `never` may hold local
-/// edits, and the missing names get the snapshot's content instead.
-#[test]
-fn missing_hard_link_names_get_the_snapshots_content_not_a_kept_edit() {
+/// A backup of one file under three names (`names[0]` made first) in `a/` and
+/// `b/`, restored into `t`: the repository, the snapshot and the restored source.
+fn one_file_three_names(names: [&str; 3], content: &[u8]) -> (Env, String, PathBuf) {
     let env = Env::new();
     env.init(&[]);
     let src = env.path("src");
     fs::create_dir_all(src.join("a")).unwrap();
     fs::create_dir_all(src.join("b")).unwrap();
-    fs::write(src.join("a/one"), b"original").unwrap();
-    fs::hard_link(src.join("a/one"), src.join("a/two")).unwrap();
-    fs::hard_link(src.join("a/one"), src.join("b/three")).unwrap();
+    fs::write(src.join(names[0]), content).unwrap();
+    for n in &names[1..] {
+        fs::hard_link(src.join(names[0]), src.join(n)).unwrap();
+    }
     let snap = env.backup(&[&src]);
     let copy = env.restore(&snap, &src, "t");
+    (env, snap, copy)
+}
+
+/// Names of a hard-linked file missing from the target are linked to a kept name
+/// only when it holds the snapshot's content: one kept by `never` may hold local
+/// edits, and the missing names get the snapshot's content instead.
+#[test]
+fn missing_hard_link_names_get_the_snapshots_content_not_a_kept_edit() {
+    let (env, snap, copy) = one_file_three_names(["a/one", "a/two", "b/three"], b"original");
     fs::write(copy.join("a/one"), b"edited here").unwrap();
     fs::remove_file(copy.join("a/two")).unwrap();
     fs::remove_file(copy.join("b/three")).unwrap();
@@ -531,16 +539,7 @@ fn missing_hard_link_names_get_the_snapshots_content_not_a_kept_edit() {
 /// Kept with local edits, the names that become another file say so.
 #[test]
 fn missing_hard_link_names_link_to_a_kept_name_that_is_the_snapshots() {
-    let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(src.join("a")).unwrap();
-    fs::create_dir_all(src.join("b")).unwrap();
-    fs::write(src.join("a/x"), b"linked").unwrap();
-    fs::hard_link(src.join("a/x"), src.join("b/y")).unwrap();
-    fs::hard_link(src.join("a/x"), src.join("b/z")).unwrap();
-    let snap = env.backup(&[&src]);
-    let copy = env.restore(&snap, &src, "t");
+    let (env, snap, copy) = one_file_three_names(["a/x", "b/y", "b/z"], b"linked");
     let target = env.path("t");
     let run = |mode: &str| {
         let t = target.to_str().unwrap();

@@ -576,6 +576,14 @@ fn missing_hard_link_names_link_to_a_kept_name_that_is_the_snapshots() {
         err.contains("b/y: kept as it is (--overwrite), so it is not a name of"),
         "{err}"
     );
+    // `if-newer` keeps a name edited since, when the first name is made again
+    // (QA: it replaced the edit with a link to the first name, silently).
+    fs::remove_file(copy.join("a/x")).unwrap();
+    fs::write(copy.join("b/y"), b"edited since").unwrap();
+    let err = run("if-newer");
+    assert_eq!(fs::read(copy.join("a/x")).unwrap(), b"linked");
+    assert_eq!(fs::read(copy.join("b/y")).unwrap(), b"edited since");
+    assert!(err.contains("b/y: kept as it is (--overwrite)"), "{err}");
 }
 
 /// A restore onto a file system that fills up stops there, with one error that

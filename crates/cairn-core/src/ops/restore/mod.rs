@@ -1308,11 +1308,16 @@ impl Walk<'_> {
         if node.nlink > 1
             && let Some(first) = self.hardlinks.get(&key)
         {
-            // Already this inode, or kept by the mode: nothing to do.
+            // Already this inode, or kept by the mode (`never`; `if-newer` when it
+            // is newer than the snapshot's): nothing to do.
             if let Some(st) = &existing
                 && (st.id() == first.id
-                    || overwrite::effective(self.opts.overwrite, self.unfinished_since, st)
-                        == Overwrite::Never)
+                    || match overwrite::effective(self.opts.overwrite, self.unfinished_since, st)
+                    {
+                        Overwrite::Never => true,
+                        Overwrite::IfNewer => !overwrite::snapshot_is_newer(st, &node),
+                        Overwrite::IfChanged | Overwrite::Always => false,
+                    })
             {
                 if st.id() != first.id {
                     let first = first.dir_node.join(&first.name);

@@ -122,7 +122,7 @@ pub(crate) fn decide(
         Overwrite::Always => Decision::Write,
         Overwrite::Never => Decision::Keep,
         Overwrite::IfNewer => {
-            if mtime_of(node) > st.mtime {
+            if snapshot_is_newer(st, node) {
                 Decision::Write
             } else {
                 Decision::Keep
@@ -168,6 +168,12 @@ pub(crate) fn decide(
             }
         }
     }
+}
+
+/// Is the snapshot's entry newer (modification time) than the existing one, which
+/// `if-newer` replaces only then?
+pub(crate) fn snapshot_is_newer(st: &Stat, node: &Node) -> bool {
+    mtime_of(node) > st.mtime
 }
 
 /// Does the existing entry look like the snapshot's file by what `if-changed`

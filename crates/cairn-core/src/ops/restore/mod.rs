@@ -1078,8 +1078,12 @@ impl Walk<'_> {
 
     fn run(&mut self) -> Result<()> {
         loop {
-            if let Some(e) = self.full_error() {
-                return Err(e);
+            // The target is full: the walk ends here, and the caller's flush still
+            // hands the batch to the writers (files created for it are written, or
+            // counted as left unfinished, not dropped unsaid); the caller then
+            // fails with [`Self::full_error`].
+            if self.full.is_some() {
+                return Ok(());
             }
             let Some(top) = self.stack.last_mut() else {
                 break;

@@ -116,10 +116,7 @@ pub fn recover(g: &Global, a: &crate::args::RecoverArgs) -> Result<i32> {
             eprintln!("warning: {u}");
         }
         for d in &r.damaged_roots {
-            eprintln!(
-                "warning: /recover/{d} (a prune removed them; `cairn repair snapshots` drops \
-                 the files that need them)"
-            );
+            eprintln!("warning: /recover/{d}");
         }
         if !g.quiet {
             println!(

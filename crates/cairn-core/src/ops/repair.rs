@@ -1015,8 +1015,8 @@ pub struct RecoverReport {
     /// among the roots).
     pub unreadable: Vec<String>,
     /// Roots below which something is gone (a prune removed data no snapshot
-    /// needed), with how many trees and blobs: saved all the same, `repair
-    /// snapshots` drops what is lost.
+    /// needed), with how many trees and blobs: saved without the entries that
+    /// need them (as `repair snapshots` would leave them out).
     pub damaged_roots: Vec<String>,
     /// The new snapshot (none when nothing was found, or with `dry_run`).
     pub snapshot: Option<String>,
@@ -1088,6 +1088,7 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
     // them, a file under two roots twice), and what they need that the index no
     // longer has (a tree shared by several checked, and its losses counted, once).
     let mut seen = IdSet::default();
+    let mut lossy: Vec<(BlobId, u64)> = Vec::new();
     for root in &roots {
         progress.check_cancelled()?;
         let mut missing = 0u64;
@@ -1121,10 +1122,65 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
             }
         }
         if missing > 0 {
-            report
-                .damaged_roots
-                .push(format!("{}: {missing} trees or blobs gone", root.to_hex()));
+            lossy.push((*root, missing));
         }
+    }
+    // Below a root where a prune removed something, the files and directories that
+    // need it are left out, as `repair snapshots` leaves them out: a recovered
+    // snapshot that `check` fails and prune refuses to run beside helps no one.
+    // Each directory keeps its root's name; its new tree is stored with the rest.
+    let mut subtree_of: IdMap<BlobId> = roots.iter().map(|r| (*r, *r)).collect();
+    let mut rewritten: Vec<(BlobId, Vec<u8>)> = Vec::new();
+    if !lossy.is_empty() {
+        let stored: HashSet<PackId> = repo.list_packs()?.into_keys().collect();
+        let present = |id: &BlobId| {
+            index
+                .get(id)
+                .is_some_and(|l| stored.contains(&index.pack_of(&l)))
+        };
+        let mut rw = Rewriter {
+            repo,
+            root: None,
+            present: &present,
+            index: &index,
+            memo: IdMap::default(),
+            new_trees: Vec::new(),
+            new_ids: IdSet::default(),
+            new_blobs: Vec::new(),
+        };
+        for (root, missing) in &lossy {
+            let mut dropped = Vec::new();
+            let kept = rw.tree(root, "", &mut dropped)?;
+            let what = match kept {
+                Some(new) => {
+                    subtree_of.insert(*root, new);
+                    format!("{} left out", crate::units::count(dropped.len() as u64, "entry"))
+                }
+                None => {
+                    subtree_of.remove(root);
+                    "unreadable, left out".to_string()
+                }
+            };
+            report.damaged_roots.push(format!(
+                "{}: {missing} trees or blobs gone (a prune removed them); {what}",
+                root.to_hex()
+            ));
+        }
+        rewritten = std::mem::take(&mut rw.new_trees);
+        // What is left, added up again from the trees as they are now.
+        let written: HashMap<BlobId, Vec<u8>> = rewritten.iter().cloned().collect();
+        report.total_bytes = 0;
+        for new in subtree_of.values() {
+            report.total_bytes += file_bytes(repo, new, &written)?;
+        }
+    }
+    let roots: Vec<(BlobId, BlobId)> = roots
+        .iter()
+        .filter_map(|r| subtree_of.get(r).map(|new| (*r, *new)))
+        .collect();
+    report.roots = roots.iter().map(|(id, _)| id.to_hex()).collect();
+    if roots.is_empty() {
+        return Ok(report);
     }
     let now = crate::time::now_timestamp();
     let dir = |name: Vec<u8>, subtree: BlobId| {
@@ -1140,7 +1196,7 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
     let inner = Tree {
         nodes: roots
             .iter()
-            .map(|id| dir(id.to_hex().into_bytes(), *id))
+            .map(|(id, tree)| dir(id.to_hex().into_bytes(), *tree))
             .collect(),
     };
     let inner_data = inner.encode();
@@ -1153,8 +1209,9 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
     if dry_run {
         return Ok(report);
     }
-    let fresh: Vec<(BlobId, Vec<u8>)> = [(inner_id, inner_data), (top_id, top_data)]
+    let fresh: Vec<(BlobId, Vec<u8>)> = rewritten
         .into_iter()
+        .chain([(inner_id, inner_data), (top_id, top_data)])
         .filter(|(id, _)| !index.is_live(id))
         .collect();
     if !fresh.is_empty() {

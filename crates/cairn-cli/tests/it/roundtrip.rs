@@ -910,6 +910,16 @@ fn rewrite_takes_files_out_of_snapshots() {
             .collect()
     };
     let before = ids();
+    // The backed-up path itself, or a directory above it, taken out: only the
+    // directories on the way to it would be left, and the snapshot is emptied
+    // as well (QA: an empty snapshot was stored, which --keep-last then kept
+    // over the real one).
+    let parent = src.parent().unwrap().to_str().unwrap();
+    for path in [s, parent] {
+        let out = env.ok(&["rewrite", "-e", path]);
+        assert!(out.contains("everything in it matches"), "{path}: {out}");
+        assert_eq!(ids(), before, "{path}");
+    }
     let o = env.run(&["rewrite", "-e", "*"]);
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout),

@@ -121,7 +121,7 @@ pub fn rewrite(
             removed: out.removed,
             bytes_removed: out.bytes,
             forgotten: false,
-            emptied: out.kept == 0,
+            emptied: out.kept == 0 || every_path_taken_out(&excludes, &snap.paths),
         };
         if entry.emptied {
             // An empty snapshot would stand for a backup that holds nothing:
@@ -166,6 +166,18 @@ pub fn rewrite(
         report.rewritten.push(entry);
     }
     Ok(report)
+}
+
+/// Are all the paths a snapshot backed up taken out (each, or a directory above
+/// it)? What is left then is only the directories on the way to them, which hold
+/// nothing of the backup: the snapshot is emptied, as when nothing is left at all.
+fn every_path_taken_out(excludes: &Excludes, paths: &[String]) -> bool {
+    !paths.is_empty()
+        && paths.iter().all(|p| {
+            std::path::Path::new(p)
+                .ancestors()
+                .any(|a| excludes.is_excluded(a))
+        })
 }
 
 /// A directory's result: its new tree, what was taken out below it, and the

@@ -79,6 +79,10 @@ pub struct Global {
         value_name = "SIZE|none"
     )]
     pub memory_limit: Option<String>,
+    /// `--memory-limit` was given on the command line, not taken from
+    /// `CAIRN_MEMORY_LIMIT`: only then does `cairn config` store it.
+    #[arg(skip)]
+    pub memory_limit_flag: bool,
     #[command(flatten)]
     pub remote: RemoteArgs,
 }
@@ -1086,5 +1090,11 @@ pub fn parse() -> Cli {
         cmd
     }
     let matches = without_empty_env(Cli::command()).get_matches();
-    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let given = |m: &clap::ArgMatches| {
+        m.value_source("memory_limit") == Some(clap::parser::ValueSource::CommandLine)
+    };
+    cli.global.memory_limit_flag =
+        given(&matches) || matches.subcommand().is_some_and(|(_, m)| given(m));
+    cli
 }

@@ -27,8 +27,9 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
     if let Some(s) = &a.pack_size {
         repo.set_pack_size(super::parse_size(s).context("--pack-size")?)?;
     }
-    // The global flag, given to `config`, sets the repository's default.
-    if let Some(m) = &g.memory_limit {
+    // The global flag, given to `config`, sets the repository's default
+    // (`CAIRN_MEMORY_LIMIT` is a limit for one run, and changes nothing here).
+    if let Some(m) = g.memory_limit.as_ref().filter(|_| g.memory_limit_flag) {
         let limit = if m == "none" {
             None
         } else {

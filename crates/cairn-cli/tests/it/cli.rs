@@ -376,6 +376,16 @@ fn memory_limit_is_announced_met_or_refused() {
     env.ok(&["config", "--memory-limit", "none"]);
     let out = env.cmd(&["check"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("within the limit"));
+    // CAIRN_MEMORY_LIMIT is one run's limit: `config` shown with it set stores
+    // nothing (QA: it became the repository's default, refusing later backups).
+    let o = env
+        .cmd(&["config", "--json"])
+        .env("CAIRN_MEMORY_LIMIT", "80M")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let c: serde_json::Value = serde_json::from_str(&env.ok(&["config", "--json"])).unwrap();
+    assert!(c["memory_limit"].is_null(), "{c}");
 }
 
 /// A restore of `latest` refused under `limit`, saying so: its message.

@@ -66,7 +66,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     if !v.is_finite() || v < 0.0 {
         return Err(format!("invalid size {s:?}"));
     }
-    Ok((v * mult as f64) as u64)
+    let bytes = v * mult as f64;
+    // Past 2^64 bytes the cast would quietly give 16 EiB.
+    if bytes >= u64::MAX as f64 {
+        return Err(format!("size {s:?} is too large"));
+    }
+    Ok(bytes as u64)
 }
 
 /// A transfer rate in bytes per second: `500K`, `5M`, `1.5G` (binary units, with an
@@ -114,7 +119,17 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
             "rate {s:?}: a rate must be above 0 (leave the limit out for none)"
         ));
     }
-    Ok(((v * mult) as u64).max(1))
+    // Below 1 KiB/s one pack takes days: a typo (`0.1`, `1bit`), not a limit.
+    let rate = v * mult;
+    if rate < 1024.0 {
+        return Err(format!(
+            "rate {s:?} is below 1K (1024 bytes per second): give 1K or more"
+        ));
+    }
+    if rate >= u64::MAX as f64 {
+        return Err(format!("rate {s:?} is too large"));
+    }
+    Ok(rate as u64)
 }
 
 #[cfg(test)]
@@ -148,6 +163,16 @@ mod tests {
         assert!(parse_rate("0").unwrap_err().contains("above 0"));
         assert!(parse_rate("-5M").unwrap_err().contains("above 0"));
         assert!(parse_rate("5X").unwrap_err().contains("bits per second"));
+        assert_eq!(parse_rate("1K"), Ok(1024));
+        for tiny in ["0.1", "1bit", "1e-300", "0.0001K", "1000"] {
+            assert!(parse_rate(tiny).unwrap_err().contains("below 1K"), "{tiny}");
+        }
+        assert!(parse_rate("1e30G").unwrap_err().contains("too large"));
+        assert!(
+            super::parse_size("99999999999999999999T")
+                .unwrap_err()
+                .contains("too large")
+        );
     }
 
     #[test]

@@ -89,8 +89,8 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
             let mut prefix = std::ffi::OsString::from(".");
             prefix.push(std::ffi::OsStr::from_bytes(&base[..base.len().min(200)]));
             prefix.push(".");
-            let freed = partial::remove_stale(dir, &prefix);
-            if freed > 0 && !g.quiet {
+            let (removed, freed) = partial::remove_stale(dir, &prefix);
+            if removed > 0 && !g.quiet {
                 eprintln!(
                     "note: removed what an earlier export to {} left when it was killed ({})",
                     file.display(),
@@ -413,8 +413,8 @@ mod partial {
         }
     }
 
-    /// SIGINT and SIGTERM remove `path` and end the process (exit 130), as the
-    /// failed export would have removed it.
+    /// SIGINT, SIGTERM and SIGHUP (a closed terminal) remove `path` and end the
+    /// process (exit 130), as the failed export would have removed it.
     pub fn remove_on_signals(path: &Path) {
         use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
         let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
@@ -438,7 +438,7 @@ mod partial {
             SaFlags::empty(),
             SigSet::empty(),
         );
-        for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
             #[allow(unsafe_code)]
             // SAFETY: the handler only loads an atomic and calls unlink and _exit.
             unsafe {
@@ -454,14 +454,14 @@ mod partial {
 
     /// Removes partial files of earlier exports with this `prefix` (`.NAME.`) in
     /// `dir` that no running export holds and that have not changed for a minute;
-    /// the bytes freed. Only regular files of this user are touched.
-    pub fn remove_stale(dir: &Path, prefix: &OsStr) -> u64 {
+    /// how many, and the bytes freed. Only regular files of this user are touched.
+    pub fn remove_stale(dir: &Path, prefix: &OsStr) -> (u64, u64) {
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let Ok(entries) = std::fs::read_dir(dir) else {
-            return 0;
+            return (0, 0);
         };
         let euid = nix::unistd::geteuid().as_raw();
-        let mut freed = 0;
+        let (mut removed, mut freed) = (0, 0);
         for ent in entries.flatten() {
             let name = ent.file_name();
             let (n, p) = (name.as_bytes(), prefix.as_bytes());
@@ -493,9 +493,10 @@ mod partial {
             // SAFETY: flock on a descriptor this function owns.
             let free = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
             if free && std::fs::remove_file(&path).is_ok() {
+                removed += 1;
                 freed += meta.len();
             }
         }
-        freed
+        (removed, freed)
     }
 }

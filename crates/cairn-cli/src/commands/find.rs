@@ -39,7 +39,8 @@ pub fn run(g: &Global, a: &FindArgs) -> Result<i32> {
     }
     let mut r = find::find(&session, &snapshots, &pattern, a.newest)?;
     r.unreadable.splice(0..0, unread);
-    for u in &r.unreadable {
+    // With --json they are in the report (stdout), not lines among the events.
+    for u in r.unreadable.iter().filter(|_| !g.json) {
         let line = format!(
             "error: snapshot {}: {}: {} (its matches are unknown)",
             u.snapshot.short(),
@@ -65,11 +66,17 @@ pub fn run(g: &Global, a: &FindArgs) -> Result<i32> {
             matches += s.matches.len() as u64;
         }
         if !g.quiet {
+            let unread = r.unreadable.len();
             eprintln!(
-                "{} in {} of {} searched",
+                "{} in {} of {} searched{}",
                 ui::count(matches, "match"),
                 ui::count(r.snapshots.len() as u64, "snapshot"),
-                r.snapshots_searched
+                r.snapshots_searched,
+                if unread > 0 {
+                    format!("; {unread} could not be read in full (listed above)")
+                } else {
+                    String::new()
+                }
             );
         }
     }

@@ -206,7 +206,7 @@ fn short_time(time: &str) -> String {
 /// removed ones, columns as in `cairn snapshots`.
 fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
     if show_group {
-        println!("snapshots for {}:", gr.group);
+        println!("{}", ui::printable(&format!("snapshots for {}:", gr.group)));
     }
     let reasons: Vec<String> = gr
         .keep
@@ -219,24 +219,29 @@ fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
         .max()
         .unwrap_or(0)
         .max("reasons".len());
-    let row = |s: &SnapshotEntry, reason: Option<&str>| match reason {
-        Some(r) => println!(
-            "{:<10} {:<20} {:<16} {:<12} {:<rw$}  {}",
-            s.short_id,
-            short_time(&s.time),
-            s.host,
-            s.tags.join(","),
-            r,
-            s.paths.join(" ")
-        ),
-        None => println!(
-            "{:<10} {:<20} {:<16} {:<12} {}",
-            s.short_id,
-            short_time(&s.time),
-            s.host,
-            s.tags.join(","),
-            s.paths.join(" ")
-        ),
+    // Host, tags and paths are what the backup's client wrote: written out as
+    // `snapshots` writes them (no control character reaches the terminal).
+    let row = |s: &SnapshotEntry, reason: Option<&str>| {
+        let line = match reason {
+            Some(r) => format!(
+                "{:<10} {:<20} {:<16} {:<12} {:<rw$}  {}",
+                s.short_id,
+                short_time(&s.time),
+                s.host,
+                s.tags.join(","),
+                r,
+                s.paths.join(" ")
+            ),
+            None => format!(
+                "{:<10} {:<20} {:<16} {:<12} {}",
+                s.short_id,
+                short_time(&s.time),
+                s.host,
+                s.tags.join(","),
+                s.paths.join(" ")
+            ),
+        };
+        println!("{}", ui::printable(&line));
     };
     if show_group {
         println!("keep {}:", ui::count(gr.keep.len() as u64, "snapshot"));

@@ -26,10 +26,11 @@ pub fn run(g: &Global, a: &TagArgs) -> Result<i32> {
             } else {
                 c.tags.join(",")
             };
-            match &c.new {
-                Some(n) => println!("snapshot {} -> {}: {tags}", &c.old[..8], &n[..8]),
-                None => println!("snapshot {} would get: {tags}", &c.old[..8]),
-            }
+            let line = match &c.new {
+                Some(n) => format!("snapshot {} -> {}: {tags}", &c.old[..8], &n[..8]),
+                None => format!("snapshot {} would get: {tags}", &c.old[..8]),
+            };
+            println!("{}", crate::ui::printable(&line));
         }
         println!(
             "{} {}, {} already as asked",

@@ -688,6 +688,11 @@ fn a_repository_inside_another_is_refused_and_left_alone() {
         );
         assert!(!at.exists(), "{inner}");
     }
+    // Through a symlink to its data/ too.
+    let link = env.path("linkdata");
+    std::os::unix::fs::symlink(env.repo.join("data"), &link).unwrap();
+    let e = Env::at(tempfile::tempdir().unwrap(), link.join("inner")).fails(&["init"], 1);
+    assert!(e.contains("is inside the cairn repository at"), "{e}");
     // Made elsewhere and moved in: the outer one neither counts nor touches it.
     let other = Env::new();
     other.init(&[]);

@@ -1159,10 +1159,16 @@ fn a_tree_of_a_newer_format_names_its_snapshot() {
     drop(lock);
 
     let e = env.fails(&["prune"], 1);
-    assert!(e.contains(&format!("snapshot {sid} needs tree")), "{e}");
+    assert!(
+        e.contains(&format!("snapshot {sid} cannot be read whole: tree")),
+        "{e}"
+    );
     assert!(e.contains(&format!("`cairn forget {sid}`")), "{e}");
     let e = env.fails(&["repair", "snapshots"], 1);
-    assert!(e.contains(&format!("snapshot {sid} needs tree")), "{e}");
+    assert!(
+        e.contains(&format!("snapshot {sid} cannot be read whole: tree")),
+        "{e}"
+    );
     assert!(e.contains(&format!("`cairn forget {sid}`")), "{e}");
 
     env.ok(&["forget", &sid]);

@@ -85,6 +85,14 @@ fn several_passwords_change_and_remove() {
         err.contains("also opens the repository with the old password"),
         "{err}"
     );
+    // An empty id names no key (QA: it matched every key as a prefix).
+    let empty = env
+        .cmd(&["key", "remove", ""])
+        .env("CAIRN_PASSWORD", "third")
+        .output()
+        .unwrap();
+    assert!(!empty.status.success());
+    assert!(String::from_utf8_lossy(&empty.stderr).contains("no key id given"));
     // The key made just now goes again: the twin opens with "third" as before.
     let fourth: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let o = env

@@ -104,11 +104,14 @@ fn find_names_the_snapshots_that_hold_a_file_newest_first() {
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["snapshots"].as_array().unwrap().len(), 1, "{r}");
     assert_eq!(r["unreadable"][0]["snapshot"], first.as_str(), "{r}");
+    let o = env.run(&["find", "notes.txt", "-i"]);
+    assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         err.contains(&format!("snapshot {}", &first[..8])) && err.contains("matches are unknown"),
         "{err}"
     );
+    assert!(err.contains("1 could not be read in full"), "{err}");
 }
 
 #[test]

@@ -730,6 +730,12 @@ fn tag_adds_removes_and_sets_tags() {
             .unwrap()
             .clone()
     };
+    // A tag both added and removed is a guess either way: refused (QA).
+    let err = env.fails(&["tag", "--add", "q", "--remove", "q", &first[..8]], 1);
+    assert!(
+        err.contains("both added (--add) and removed (--remove)"),
+        "{err}"
+    );
     let out = env.ok(&["tag", "--add", "keep,monthly", &first[..8]]);
     assert!(out.contains("1 snapshot changed"), "{out}");
     let l = list();

@@ -407,7 +407,7 @@ pub fn repair_snapshots(
         // What a newer cairn wrote is not damage, and not this repair's to drop.
         let newer = |e: Error| match e {
             Error::NewerFormat { .. } => Error::Invalid(format!(
-                "snapshot {sid} needs {e}; repair leaves it as it is: upgrade cairn, or \
+                "snapshot {sid} cannot be read whole: {e}; repair leaves it as it is: upgrade cairn, or \
                  `cairn forget {sid}` removes it",
                 sid = sid.to_hex()
             )),
@@ -1154,7 +1154,10 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
             let what = match kept {
                 Some(new) => {
                     subtree_of.insert(*root, new);
-                    format!("{} left out", crate::units::count(dropped.len() as u64, "entry"))
+                    format!(
+                        "{} left out",
+                        crate::units::count(dropped.len() as u64, "entry")
+                    )
                 }
                 None => {
                     subtree_of.remove(root);

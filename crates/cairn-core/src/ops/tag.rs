@@ -77,6 +77,12 @@ pub fn tag(
             "tag {t:?}: a tag is a non-empty name without commas"
         )));
     }
+    // Asked to be both added and removed: which wins is a guess, so neither.
+    if let Some(t) = change.add.iter().find(|t| change.remove.contains(t)) {
+        return Err(Error::Invalid(format!(
+            "tag {t:?} is both added (--add) and removed (--remove): say which"
+        )));
+    }
     let repo = session.repo();
     let lock = session.lock()?;
     // A new snapshot is stored before the old is removed: a client that may not

@@ -73,6 +73,12 @@ impl Repository {
 
     /// Resolves a key id prefix.
     pub fn find_key(&self, prefix: &str) -> Result<KeyId> {
+        // An empty prefix would match every key: a typo, not a choice.
+        if prefix.is_empty() {
+            return Err(Error::Invalid(
+                "no key id given (`cairn key list` shows them)".into(),
+            ));
+        }
         let keys = self.list_keys()?;
         let m: Vec<KeyId> = keys
             .iter()

@@ -189,8 +189,18 @@ fn enclosing_repository(
 ) -> Option<String> {
     match location {
         storage::Location::Local(dir) => {
+            // Where it really is: a symlink on the way must not hide the repository
+            // above (the part not made yet is taken as written).
             let abs = std::path::absolute(dir).ok()?;
-            abs.ancestors()
+            let mut there = abs.as_path();
+            let mut to_make = Vec::new();
+            while !there.exists() {
+                to_make.push(there.file_name()?);
+                there = there.parent()?;
+            }
+            let mut real = std::fs::canonicalize(there).ok()?;
+            real.extend(to_make.iter().rev());
+            real.ancestors()
                 .skip(1)
                 .find(|a| a.join(names::CONFIG).is_file() && a.join("keys").is_dir())
                 .map(|a| a.display().to_string())

@@ -74,7 +74,7 @@ pub fn collect_snapshots<S: Reached>(
         _ => return Err(e),
     };
     Err(Error::Invalid(format!(
-        "snapshot {sid} needs {e}; {advice}"
+        "snapshot {sid} cannot be read whole: {e}; {advice}"
     )))
 }
 

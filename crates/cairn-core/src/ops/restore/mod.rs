@@ -1316,8 +1316,7 @@ impl Walk<'_> {
             // is newer than the snapshot's): nothing to do.
             if let Some(st) = &existing
                 && (st.id() == first.id
-                    || match overwrite::effective(self.opts.overwrite, self.unfinished_since, st)
-                    {
+                    || match overwrite::effective(self.opts.overwrite, self.unfinished_since, st) {
                         Overwrite::Never => true,
                         Overwrite::IfNewer => !overwrite::snapshot_is_newer(st, &node),
                         Overwrite::IfChanged | Overwrite::Always => false,

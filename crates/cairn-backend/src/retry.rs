@@ -151,9 +151,8 @@ impl RetryBackend {
                     };
                     if out_of_time || out_of_attempts {
                         let why = if unreachable && self.answered.load(Ordering::Relaxed) {
-                            "nothing answers at that address now, though it answered \
-                             earlier in this run (restarting?); --retry-for DURATION waits \
-                             for it"
+                            "nothing answers at that address now (it answered earlier in \
+                             this run): is the server running, or restarting?"
                         } else if unreachable {
                             "nothing answers at that address: is the server running, and \
                              the address right?"

@@ -382,21 +382,8 @@ pub fn repair_snapshots(
     };
     let stored: HashSet<PackId> = repo.list_packs()?.into_keys().collect();
     let index = repo.index().clone();
-    let present = |id: &BlobId| {
-        index
-            .get(id)
-            .is_some_and(|l| stored.contains(&index.pack_of(&l)))
-    };
-    let mut rw = Rewriter {
-        repo,
-        root: None,
-        present: &present,
-        index: &index,
-        memo: IdMap::default(),
-        new_trees: Vec::new(),
-        new_ids: IdSet::default(),
-        new_blobs: Vec::new(),
-    };
+    let present = in_stored_packs(&index, &stored);
+    let mut rw = Rewriter::new(repo, &present, &index);
     report.snapshots_checked = snaps.len() + bad.len();
     let mut changed = Vec::new();
     for (sid, snap) in &snaps {
@@ -601,6 +588,34 @@ enum ImageFix {
     /// Not the shape of an image snapshot (or its root is lost): repaired as
     /// files are.
     AsFiles,
+}
+
+/// Whether a blob is there to read: the index places it in a pack that storage
+/// holds (`stored`).
+fn in_stored_packs<'a>(
+    index: &'a MasterIndex,
+    stored: &'a HashSet<PackId>,
+) -> impl Fn(&BlobId) -> bool + 'a {
+    move |id| {
+        index
+            .get(id)
+            .is_some_and(|l| stored.contains(&index.pack_of(&l)))
+    }
+}
+
+impl<'a, F: Fn(&BlobId) -> bool> Rewriter<'a, F> {
+    fn new(repo: &'a Repository, present: &'a F, index: &'a MasterIndex) -> Self {
+        Rewriter {
+            repo,
+            root: None,
+            present,
+            index,
+            memo: IdMap::default(),
+            new_trees: Vec::new(),
+            new_ids: IdSet::default(),
+            new_blobs: Vec::new(),
+        }
+    }
 }
 
 impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
@@ -1133,21 +1148,8 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
     let mut rewritten: Vec<(BlobId, Vec<u8>)> = Vec::new();
     if !lossy.is_empty() {
         let stored: HashSet<PackId> = repo.list_packs()?.into_keys().collect();
-        let present = |id: &BlobId| {
-            index
-                .get(id)
-                .is_some_and(|l| stored.contains(&index.pack_of(&l)))
-        };
-        let mut rw = Rewriter {
-            repo,
-            root: None,
-            present: &present,
-            index: &index,
-            memo: IdMap::default(),
-            new_trees: Vec::new(),
-            new_ids: IdSet::default(),
-            new_blobs: Vec::new(),
-        };
+        let present = in_stored_packs(&index, &stored);
+        let mut rw = Rewriter::new(repo, &present, &index);
         for (root, missing) in &lossy {
             let mut dropped = Vec::new();
             let kept = rw.tree(root, "", &mut dropped)?;

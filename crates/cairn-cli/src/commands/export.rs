@@ -395,7 +395,6 @@ mod tests {
 /// (Ctrl-C, SIGTERM), or, killed outright, by the next export to the same name.
 mod partial {
     use std::ffi::{CString, OsStr};
-    use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
     use std::path::Path;
     use std::sync::atomic::{AtomicPtr, Ordering};
@@ -404,13 +403,9 @@ mod partial {
     static PATH: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
 
     /// Takes the partial file's lock: a partial no running export holds is stale.
+    /// A failure only means a later export may not clean the file up.
     pub fn lock(f: &std::fs::File) {
-        #[allow(unsafe_code)]
-        // SAFETY: flock on a descriptor this process owns; a failure only means a
-        // later export may not clean the file up.
-        unsafe {
-            libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB);
-        }
+        let _ = f.try_lock();
     }
 
     /// SIGINT, SIGTERM and SIGHUP (a closed terminal) remove `path` and end the
@@ -489,10 +484,7 @@ mod partial {
             if !meta.is_file() || meta.uid() != euid || !idle {
                 continue;
             }
-            #[allow(unsafe_code)]
-            // SAFETY: flock on a descriptor this function owns.
-            let free = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
-            if free && std::fs::remove_file(&path).is_ok() {
+            if f.try_lock().is_ok() && std::fs::remove_file(&path).is_ok() {
                 removed += 1;
                 freed += meta.len();
             }

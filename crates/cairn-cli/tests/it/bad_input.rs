@@ -688,6 +688,11 @@ fn a_repository_inside_another_is_refused_and_left_alone() {
         );
         assert!(!at.exists(), "{inner}");
     }
+    // A directory that merely holds a file named `config` is no repository.
+    let plain = env.path("plain");
+    fs::create_dir_all(&plain).unwrap();
+    fs::write(plain.join("config"), b"[settings]\n").unwrap();
+    Env::at(tempfile::tempdir().unwrap(), plain.join("repo")).init(&[]);
     // Through a symlink to its data/ too.
     let link = env.path("linkdata");
     std::os::unix::fs::symlink(env.repo.join("data"), &link).unwrap();

@@ -179,8 +179,15 @@ fn config_exists(backend: &dyn Backend) -> Result<bool> {
     }
 }
 
+/// Whether `backend` holds a repository: a config and a key (a file that happens
+/// to be named `config` is not one). What cannot be read counts as no.
+fn holds_repository(backend: &dyn Backend) -> bool {
+    config_exists(backend).unwrap_or(false)
+        && backend.list(names::KEYS).is_ok_and(|k| !k.is_empty())
+}
+
 /// The repository a new one at `location` would be inside of, if any: a directory
-/// above it (or an S3 prefix above it, in its bucket) holding a repository's config.
+/// above it (or an S3 prefix above it, in its bucket) holding a repository.
 /// What cannot be looked at (a prefix a policy does not let this user read) counts
 /// as no repository.
 fn enclosing_repository(
@@ -202,7 +209,7 @@ fn enclosing_repository(
             real.extend(to_make.iter().rev());
             real.ancestors()
                 .skip(1)
-                .find(|a| a.join(names::CONFIG).is_file() && a.join("keys").is_dir())
+                .find(|a| holds_repository(&cairn_backend::LocalBackend::new(a)))
                 .map(|a| a.display().to_string())
         }
         storage::Location::S3(s) => {
@@ -215,7 +222,7 @@ fn enclosing_repository(
                     above.push_str(p);
                 }
                 let backend = cairn_backend::S3Backend::open(&above, &opts.s3).ok()?;
-                config_exists(&backend).ok()?.then_some(above)
+                holds_repository(&backend).then_some(above)
             })
         }
         storage::Location::Server(_) => None,

@@ -222,25 +222,15 @@ fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
     // Host, tags and paths are what the backup's client wrote: written out as
     // `snapshots` writes them (no control character reaches the terminal).
     let row = |s: &SnapshotEntry, reason: Option<&str>| {
-        let line = match reason {
-            Some(r) => format!(
-                "{:<10} {:<20} {:<16} {:<12} {:<rw$}  {}",
-                s.short_id,
-                short_time(&s.time),
-                s.host,
-                s.tags.join(","),
-                r,
-                s.paths.join(" ")
-            ),
-            None => format!(
-                "{:<10} {:<20} {:<16} {:<12} {}",
-                s.short_id,
-                short_time(&s.time),
-                s.host,
-                s.tags.join(","),
-                s.paths.join(" ")
-            ),
-        };
+        let line = format!(
+            "{:<10} {:<20} {:<16} {:<12} {}{}",
+            s.short_id,
+            short_time(&s.time),
+            s.host,
+            s.tags.join(","),
+            reason.map_or(String::new(), |r| format!("{r:<rw$}  ")),
+            s.paths.join(" ")
+        );
         println!("{}", ui::printable(&line));
     };
     if show_group {

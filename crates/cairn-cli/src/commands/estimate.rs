@@ -31,13 +31,39 @@ pub fn run(g: &Global, a: &EstimateArgs) -> Result<i32> {
             .map(|n| n.get())
             .unwrap_or(2),
     };
+    // The report's file is opened before the sampling, which can take an hour:
+    // a path that cannot be written is said at once, not after it. One made here
+    // is removed again if the estimate fails.
+    let report = match &a.html {
+        Some(path) => {
+            let existed = std::fs::symlink_metadata(path).is_ok();
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .with_context(|| format!("cannot write the report to {}", path.display()))?;
+            Some((path, file, existed))
+        }
+        None => None,
+    };
     let mut p = super::progress(g);
     p.start();
     let est = cairn_plan::estimate::estimate(&a.paths, &opts, &p.progress);
     p.finish();
-    let est = est?;
-    if let Some(path) = &a.html {
-        std::fs::write(path, html(&est, &a.paths))
+    let est = match est {
+        Ok(est) => est,
+        Err(e) => {
+            if let Some((path, _, false)) = &report {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e.into());
+        }
+    };
+    if let Some((path, mut file, _)) = report {
+        use std::io::Write as _;
+        file.set_len(0)
+            .and_then(|()| file.write_all(html(&est, &a.paths).as_bytes()))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if g.json {

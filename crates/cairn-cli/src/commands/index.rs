@@ -45,11 +45,16 @@ pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
                  to record (and check) the path the repository keeps"
             );
         }
-        // A path alone, for a RAM index, would change nothing and say nothing.
-        if a.path.is_some() && a.placement.is_none() && placement == IndexPlacement::Ram {
+        // A path for a RAM index would change nothing and say nothing.
+        if a.path.is_some() && placement == IndexPlacement::Ram {
             anyhow::bail!(
-                "--index-path is where the index lives on local disk: this repository keeps \
-                 it in RAM; give --index-placement ssd with it to move the index there"
+                "--index-path is where the index lives on local disk: {}; give \
+                 --index-placement ssd with it to move the index there",
+                if a.placement.is_some() {
+                    "a RAM index has no directory"
+                } else {
+                    "this repository keeps it in RAM"
+                }
             );
         }
         let path = a.path.as_deref().map(absolute_path).transpose()?;

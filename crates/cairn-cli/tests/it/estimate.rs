@@ -158,8 +158,32 @@ fn estimate_rejects_bad_input_clearly() {
     let missing = env.path("nowhere");
     let err = env.fails(&["estimate", missing.to_str().unwrap()], 1);
     assert!(err.contains("nowhere"), "{err}");
+    // The report's path is tried before the data is read, and a report file made
+    // for an estimate that then fails is not left behind.
     let src = env.path("src");
     fs::create_dir_all(&src).unwrap();
+    let report = env.path("no-dir/report.html");
+    let err = env.fails(
+        &[
+            "estimate",
+            "--html",
+            report.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ],
+        1,
+    );
+    assert!(err.contains("cannot write the report"), "{err}");
+    let report = env.path("report.html");
+    let err = env.fails(
+        &[
+            "estimate",
+            "--html",
+            report.to_str().unwrap(),
+            missing.to_str().unwrap(),
+        ],
+        1,
+    );
+    assert!(err.contains("nowhere") && !report.exists(), "{err}");
     let err = env.fails(
         &["estimate", "--block-sizes", "4K,12K", src.to_str().unwrap()],
         1,

@@ -130,14 +130,20 @@ fn backups_on_the_ssd_placement_deduplicate_and_restore_exactly() {
     assert_eq!(o.status.code(), Some(1), "{e}");
     assert!(e.contains("config was not changed"), "{e}");
     assert_eq!(index_json(&env)["path"], before["path"]);
-    let o = env.run(&[
-        "index",
-        "--index-placement",
-        "ram",
-        "--index-path",
-        file.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "RAM needs no directory");
+    // A move to RAM with a directory is refused (which was meant?); without, it
+    // needs no directory.
+    let e = env.fails(
+        &[
+            "index",
+            "--index-placement",
+            "ram",
+            "--index-path",
+            file.to_str().unwrap(),
+        ],
+        1,
+    );
+    assert!(e.contains("a RAM index has no directory"), "{e}");
+    env.ok(&["index", "--index-placement", "ram"]);
     // With CAIRN_INDEX_PATH set, the build would check that path and the
     // repository would keep the other: refused.
     let o = env

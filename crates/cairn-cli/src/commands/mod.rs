@@ -177,7 +177,8 @@ impl Resources {
         let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
         Resources {
             // Linux reports kilobytes.
-            peak_rss_bytes: u64::try_from(ru.ru_maxrss).unwrap_or(0) * 1024,
+            peak_rss_bytes: own_peak_rss()
+                .unwrap_or_else(|| u64::try_from(ru.ru_maxrss).unwrap_or(0) * 1024),
             cpu_user_secs: secs(ru.ru_utime),
             cpu_system_secs: secs(ru.ru_stime),
         }
@@ -192,6 +193,24 @@ impl Resources {
             self.cpu_system_secs
         )
     }
+}
+
+/// The peak resident set of this program alone: `VmHWM`, the high-water mark of
+/// the address space `exec` gave it. `getrusage`'s `ru_maxrss` is not that: Linux
+/// carries the peak of the image the process replaced into it, so cairn started
+/// by a 300 MiB program (a test harness, a script's interpreter) reported 300 MiB
+/// whatever it used itself.
+fn own_peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 /// A report as JSON with what the process used added (`"resources"`).

@@ -289,6 +289,23 @@ fn priority_low_is_nice_and_idle_and_jobs_report_what_they_used() {
     assert!(err.contains("low, normal or high"), "{err}");
 }
 
+/// The peak memory a job reports is its own. Linux's `ru_maxrss` carries the
+/// peak of the program that started it (here this test, holding 512 MiB) into
+/// it, and the report said that instead.
+#[test]
+fn the_peak_memory_reported_is_cairns_own() {
+    let env = Env::new();
+    env.init(&[]);
+    let mut held = vec![0u8; 512 << 20];
+    for page in held.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    let r: serde_json::Value = serde_json::from_str(&env.ok(&["stats", "--json"])).unwrap();
+    std::hint::black_box(&held);
+    let peak = r["resources"]["peak_rss_bytes"].as_u64().unwrap();
+    assert!(peak > 1 << 20 && peak < 400 << 20, "{} MiB", peak >> 20);
+}
+
 /// `backup --read-limit` and `restore --write-limit` hold the average rate: 3 MiB at
 /// 2 MiB/s cannot take less than a second (a lower bound only: it checks that the
 /// limit applies, not how fast anything is).

@@ -892,7 +892,9 @@ pub struct RestoreArgs {
     /// What to do with entries already in the target: always (replace), if-changed
     /// (replace unless size and time, or else the content, match the snapshot; a
     /// file with the snapshot's content gets its mode, owner, time and extended attributes), if-newer
-    /// (replace when the snapshot's is newer), never
+    /// (replace when the snapshot's is newer), never. A directory that is there
+    /// keeps its own mode, owner, times and attributes under never, and under
+    /// if-newer unless the snapshot's is newer; what goes into it is restored
     #[arg(long, value_name = "WHEN", default_value = "if-changed")]
     pub overwrite: String,
     /// Remove what the snapshot does not have from the directories it backed up

@@ -4,7 +4,7 @@
 
 use crate::util::*;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -170,11 +170,37 @@ fn never_if_newer_and_always_do_what_they_say() {
     let (env, snap, src, copy) = backed_up();
     change(&copy);
     let edited = fs::read(copy.join("edited")).unwrap();
-    // never: only the missing file comes back.
+    // A directory there has had its mode, time and attributes changed since.
+    let sub = copy.join("d/sub");
+    fs::set_permissions(&sub, fs::Permissions::from_mode(0o700)).unwrap();
+    xattr::set(&sub, "user.mine", b"kept").unwrap();
+    set_times(&sub, 1_900_000_000, 0);
+    let dirs_kept = |r: &serde_json::Value| {
+        assert_eq!(
+            fs::metadata(&sub).unwrap().permissions().mode() & 0o7777,
+            0o700,
+            "{r}"
+        );
+        assert_eq!(xattr::get(&sub, "user.mine").unwrap().unwrap(), b"kept");
+    };
+    // never: only the missing file comes back; directories there keep their own
+    // metadata (a dry run says so first).
+    let r = restore_json(&env, &snap, &["--overwrite", "never", "--dry-run"]);
+    let kept = r["kept"].clone();
     let r = restore_json(&env, &snap, &["--overwrite", "never"]);
     assert_eq!(r["files"], 1, "{r}");
+    assert_eq!((&r["dirs"], &r["kept"]), (&0.into(), &kept), "{r}");
     assert_eq!(fs::read(copy.join("edited")).unwrap(), edited);
     assert_eq!(fs::read(copy.join("gone")).unwrap(), b"restored again");
+    dirs_kept(&r);
+    // if-newer keeps them too while the snapshot's are not newer, and replaces
+    // the metadata of one it finds older.
+    let r = restore_json(&env, &snap, &["--overwrite", "if-newer"]);
+    dirs_kept(&r);
+    set_times(&sub, 1_000_000_000, 0);
+    let r = restore_json(&env, &snap, &["--overwrite", "if-newer"]);
+    assert!(xattr::get(&sub, "user.mine").unwrap().is_none(), "{r}");
+    xattr::set(&sub, "user.mine", b"kept").unwrap();
 
     // if-newer: the edited file is newer than the snapshot's and stays; an older one
     // is replaced.
@@ -515,9 +541,11 @@ fn missing_hard_link_names_get_the_snapshots_content_not_a_kept_edit() {
         let dry = restore_json(&env, &snap, &["--overwrite", mode, "--dry-run"]);
         let r = restore_json(&env, &snap, &["--overwrite", mode]);
         for r in [&dry, &r] {
+            // Kept: the edited file, and the directories on the way that
+            // were there (their metadata too).
             assert_eq!(
-                (&r["files"], &r["kept"]),
-                (&2.into(), &1.into()),
+                (&r["files"], &r["kept_bytes"], &r["dirs"]),
+                (&2.into(), &11.into(), &0.into()),
                 "{mode}: {r}"
             );
         }

@@ -210,7 +210,8 @@ struct Frame {
     /// The descriptor while anything (the batch) still holds it, to use it again.
     weak: Weak<Dir>,
     node: Arc<DirNode>,
-    /// The directory's own entry, for its metadata; `None` for the target.
+    /// The directory's own entry, for its metadata; `None` for the target, and
+    /// for a directory that was there whose metadata `--overwrite` keeps.
     meta: Option<Node>,
     /// Everything below is selected (no `--include`, or inside one).
     all: bool,
@@ -1192,7 +1193,20 @@ impl Walk<'_> {
             self.issue(parent.node.join(&name), REPOSITORY_HERE.into());
             return Ok(());
         }
-        self.stats.dirs += 1;
+        // A directory that was there keeps its own metadata where the mode keeps
+        // existing entries: only what goes into it is restored.
+        let keep_meta = !opened.created
+            && overwrite::keeps_dir(
+                self.opts.overwrite,
+                self.unfinished_since,
+                &opened.stat,
+                &node,
+            );
+        if keep_meta {
+            self.kept(&opened.stat, &node);
+        } else {
+            self.stats.dirs += 1;
+        }
         let dir_node = DirNode::child(&parent.node, name, &opened.stat);
         let dir = Arc::new(Dir {
             fd: opened.fd,
@@ -1203,12 +1217,19 @@ impl Walk<'_> {
             .subtree
             .map(|sub| load_tree(self.repo, &sub, &self.opts.xattrs))
         {
-            Some(Ok(t)) => t,
+            Some(Ok(t)) => Some(t),
             Some(Err(e)) => {
                 self.issue(dir_node.path(), format!("directory contents lost: {e}"));
-                return self.complete_dir(Some(dir), node, !opened.created);
+                None
             }
-            None => return self.complete_dir(Some(dir), node, !opened.created),
+            None => None,
+        };
+        let Some(tree) = tree else {
+            return if keep_meta {
+                Ok(())
+            } else {
+                self.complete_dir(Some(dir), node, !opened.created)
+            };
         };
         let keep = keep_names(self.opts, &tree.nodes, all, whole, opened.created);
         let mut todo = tree.nodes;
@@ -1218,7 +1239,7 @@ impl Walk<'_> {
             weak: Arc::downgrade(&dir),
             dir: Some(dir),
             node: dir_node,
-            meta: Some(node),
+            meta: Some(node).filter(|_| !keep_meta),
             all,
             snap_path: if all && self.excludes.is_none() {
                 String::new()

@@ -170,6 +170,23 @@ pub(crate) fn decide(
     }
 }
 
+/// Does the mode keep the owner, mode, times and attributes of the directory `st`
+/// that was in the target before, where the snapshot has `node`? `never` keeps
+/// every existing entry as it is, and `if-newer` one the snapshot's is not newer
+/// than; what the snapshot holds below is restored into it all the same.
+pub(crate) fn keeps_dir(
+    mode: Overwrite,
+    unfinished_since: Option<(i64, u32)>,
+    st: &Stat,
+    node: &Node,
+) -> bool {
+    match effective(mode, unfinished_since, st) {
+        Overwrite::Never => true,
+        Overwrite::IfNewer => !snapshot_is_newer(st, node),
+        Overwrite::Always | Overwrite::IfChanged => false,
+    }
+}
+
 /// Is the snapshot's entry newer (modification time) than the existing one, which
 /// `if-newer` replaces only then?
 pub(crate) fn snapshot_is_newer(st: &Stat, node: &Node) -> bool {

@@ -151,7 +151,22 @@ pub(super) fn dry_run(
                     issue(&mut stats, path, super::REPOSITORY_HERE.into());
                     continue;
                 }
-                stats.dirs += 1;
+                // As the restore does: a directory there keeps its metadata where
+                // the mode keeps existing entries.
+                match &existing {
+                    Some(st)
+                        if st.kind() == libc::S_IFDIR
+                            && overwrite::keeps_dir(
+                                opts.overwrite,
+                                unfinished_since,
+                                st,
+                                &node,
+                            ) =>
+                    {
+                        kept(&mut stats, st, &node)
+                    }
+                    _ => stats.dirs += 1,
+                }
                 let sub = match (&existing, parent) {
                     (Some(st), Some(p)) if st.kind() == libc::S_IFDIR => {
                         match sys::open_at(p, &name, libc::O_RDONLY | libc::O_DIRECTORY, 0) {

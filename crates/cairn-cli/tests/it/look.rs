@@ -899,6 +899,9 @@ fn names_that_are_not_utf8_can_be_named() {
     fs::write(raw(b"\xfc\xfd-two"), b"also two").unwrap();
     // A valid name that reads like the first.
     fs::write(src.join("\u{FFFD}-one"), b"valid").unwrap();
+    // Symlinks whose targets differ only in a byte that is not UTF-8.
+    std::os::unix::fs::symlink(OsStr::from_bytes(b"t\xfe"), src.join("l1")).unwrap();
+    std::os::unix::fs::symlink(OsStr::from_bytes(b"t\xfd"), src.join("l2")).unwrap();
     let snap = env.backup(&[&src]);
     let dump = |path: &OsStr| {
         let o = env.cmd(&["dump", &snap]).arg(path).output().unwrap();
@@ -926,8 +929,27 @@ fn names_that_are_not_utf8_can_be_named() {
         ls.contains("/\\xfe\\xfd-two") && ls.contains("/\\xfc\\xfd-two"),
         "{ls}"
     );
+    // ... and so are symlink targets, with their length for a size, as lstat.
+    let l1 = format!("{}/l1", src.display());
+    let l2 = format!("{}/l2", src.display());
+    let long = env.ok(&["ls", "-l", &snap, &l1]) + &env.ok(&["ls", "-l", &snap, &l2]);
+    assert!(
+        long.contains(" -> t\\xfe") && long.contains(" -> t\\xfd"),
+        "{long}"
+    );
     let listed: serde_json::Value =
         serde_json::from_str(&env.ok(&["ls", &snap, "--json"])).unwrap();
+    let target = |name: &str| {
+        let e = listed["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["path"].as_str().unwrap().ends_with(name))
+            .unwrap();
+        assert_eq!(e["size"], 2, "{e}");
+        e["link_target"].as_str().unwrap().to_string()
+    };
+    assert_ne!(target("/l1"), target("/l2"));
     let paths: Vec<&str> = listed["entries"]
         .as_array()
         .unwrap()

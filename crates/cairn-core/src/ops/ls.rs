@@ -162,10 +162,16 @@ impl Entry {
             gid: n.gid,
             user: n.user.clone(),
             group: n.group.clone(),
-            size: n.size,
+            // A symlink's size is its target's length, as lstat and the mount say.
+            size: if n.kind == NodeKind::Symlink {
+                n.link_target.len() as u64
+            } else {
+                n.size
+            },
             mtime: crate::time::format_unix(n.mtime.secs, n.mtime.nanos),
-            link_target: (n.kind == NodeKind::Symlink)
-                .then(|| String::from_utf8_lossy(&n.link_target).into_owned()),
+            // Bytes that are not UTF-8 as a name's are, not lost to U+FFFD: two
+            // targets differing only there list differently.
+            link_target: (n.kind == NodeKind::Symlink).then(|| escape_name(&n.link_target)),
             device: matches!(n.kind, NodeKind::CharDevice | NodeKind::BlockDevice).then(|| {
                 [
                     libc::major(n.rdev as libc::dev_t) as u64,

@@ -1000,7 +1000,11 @@ pub async fn entries(
                     user: e.user,
                     group: e.group,
                     mtime: e.mtime,
-                    link_target: e.link_target,
+                    // Shown as the name is, its bytes that are not UTF-8 as
+                    // U+FFFD (a listing's stand-ins mean nothing in a browser).
+                    link_target: e
+                        .link_target
+                        .map(|_| String::from_utf8_lossy(&n.link_target).into_owned()),
                 }
             })
             .collect();

@@ -400,7 +400,7 @@ pub struct EstimateArgs {
     #[arg(long)]
     pub html: Option<PathBuf>,
     /// Exclude a pattern (as for backup; repeatable)
-    #[arg(short = 'e', long = "exclude")]
+    #[arg(short = 'e', long = "exclude", value_parser = snapshot_path())]
     pub excludes: Vec<String>,
     /// Stay on the file system of each path
     #[arg(short = 'x', long)]
@@ -538,13 +538,13 @@ pub struct BackupArgs {
     /// what an earlier pattern excluded (the last matching pattern decides), but
     /// an excluded directory is not entered: exclude `dir/*`, not `dir`, to keep
     /// `!dir/keep` (as restic)
-    #[arg(short = 'e', long = "exclude")]
+    #[arg(short = 'e', long = "exclude", value_parser = snapshot_path())]
     pub excludes: Vec<String>,
     /// Read exclude patterns from a file, one per line
     #[arg(long = "exclude-file")]
     pub exclude_files: Vec<PathBuf>,
     /// As --exclude, ignoring case (repeatable)
-    #[arg(long = "iexclude")]
+    #[arg(long = "iexclude", value_parser = snapshot_path())]
     pub iexcludes: Vec<String>,
     /// As --exclude-file, ignoring case
     #[arg(long = "iexclude-file")]
@@ -649,8 +649,8 @@ fn nonempty(what: &'static str) -> impl clap::builder::TypedValueParser<Value = 
     }
 }
 
-/// A path inside a snapshot as given, even when it is not UTF-8 (a file name with
-/// other bytes): those bytes travel as the engine's stand-ins
+/// A path inside a snapshot (or a pattern) as given, even when it is not UTF-8 (a
+/// file name with other bytes): those bytes travel as the engine's stand-ins
 /// (`cairn_core::ls::escape_arg`), so that the name is matched by its exact bytes.
 /// A name typed as listings show it (U+FFFD for such bytes) is matched too when
 /// only one name of its directory reads that way.
@@ -759,13 +759,13 @@ pub struct RewriteArgs {
     pub snapshots: Vec<String>,
     /// Take out what matches this pattern (as backup's --exclude, against the
     /// paths `ls` prints; repeatable)
-    #[arg(short = 'e', long = "exclude")]
+    #[arg(short = 'e', long = "exclude", value_parser = snapshot_path())]
     pub excludes: Vec<String>,
     /// Read such patterns from a file, one per line
     #[arg(long = "exclude-file")]
     pub exclude_files: Vec<PathBuf>,
     /// As --exclude, ignoring case (repeatable)
-    #[arg(long = "iexclude")]
+    #[arg(long = "iexclude", value_parser = snapshot_path())]
     pub iexcludes: Vec<String>,
     /// Forget each rewritten snapshot once its replacement is stored (else both
     /// stay); `prune` then frees what only it held
@@ -878,13 +878,13 @@ pub struct RestoreArgs {
     pub include_files: Vec<PathBuf>,
     /// Do not restore what matches this pattern (as backup's --exclude, against
     /// the paths `ls` prints; --delete leaves it alone too; repeatable)
-    #[arg(short = 'e', long = "exclude")]
+    #[arg(short = 'e', long = "exclude", value_parser = snapshot_path())]
     pub excludes: Vec<String>,
     /// Read such patterns from a file, one per line
     #[arg(long = "exclude-file", value_name = "FILE")]
     pub exclude_files: Vec<PathBuf>,
     /// As --exclude, ignoring case (repeatable)
-    #[arg(long = "iexclude")]
+    #[arg(long = "iexclude", value_parser = snapshot_path())]
     pub iexcludes: Vec<String>,
     /// Read such patterns from a file, one per line
     #[arg(long = "iexclude-file", value_name = "FILE")]

@@ -4,22 +4,30 @@ use anyhow::{Context, Result};
 use cairn_core::backup::source;
 use cairn_core::backup::{self, BackupOptions};
 use cairn_core::session::{self, IndexLoad, Session};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub(crate) fn read_exclude_files(files: &[PathBuf]) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for f in files {
-        let text = std::fs::read_to_string(f)
-            .with_context(|| format!("reading exclude file {}", f.display()))?;
-        out.extend(
-            text.lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                .map(String::from),
-        );
+        out.extend(listed_lines(f, "exclude")?);
     }
     Ok(out)
+}
+
+/// The lines of a file of patterns or snapshot paths (`what`: "exclude",
+/// "include"), trimmed, without empty lines and `#` comments: bytes that are not
+/// UTF-8 kept as the engine's stand-ins ([`cairn_core::ls::escape_arg`]), as
+/// arguments are, so that a name of any bytes can be named.
+pub(crate) fn listed_lines(file: &Path, what: &str) -> Result<Vec<String>> {
+    let bytes =
+        std::fs::read(file).with_context(|| format!("reading {what} file {}", file.display()))?;
+    Ok(bytes
+        .split(|&b| b == b'\n')
+        .map(<[u8]>::trim_ascii)
+        .filter(|l| !l.is_empty() && !l.starts_with(b"#"))
+        .map(cairn_core::ls::escape_arg)
+        .collect())
 }
 
 /// How a `--files-from*` file lists its paths.

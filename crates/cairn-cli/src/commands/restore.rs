@@ -306,14 +306,7 @@ fn restore_image(
 fn read_path_files(files: &[std::path::PathBuf]) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for f in files {
-        let bytes =
-            std::fs::read(f).with_context(|| format!("reading include file {}", f.display()))?;
-        for line in bytes.split(|&b| b == b'\n') {
-            let line = line.trim_ascii();
-            if !line.is_empty() && !line.starts_with(b"#") {
-                out.push(cairn_core::ls::escape_arg(line));
-            }
-        }
+        out.extend(super::backup::listed_lines(f, "include")?);
     }
     if out.is_empty() && !files.is_empty() {
         anyhow::bail!("the --include-file lists name no path to restore");

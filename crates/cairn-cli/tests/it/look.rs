@@ -991,6 +991,36 @@ fn names_that_are_not_utf8_can_be_named() {
     got.extend_from_slice(b"/\xfe\xfd-two");
     assert_eq!(fs::read(OsStr::from_bytes(&got)).unwrap(), b"two");
     assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+    // Excluded by their bytes too: as an argument (restore) and in a file (backup).
+    let ex = env.path("ex");
+    let o = env
+        .cmd(&[
+            "restore",
+            &snap,
+            "--target",
+            ex.to_str().unwrap(),
+            "--exclude",
+        ])
+        .arg(OsStr::from_bytes(b"\xfe\xfd-two"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ex = ex.join(src.strip_prefix("/").unwrap());
+    assert!(ex.join(OsStr::from_bytes(b"\xfc\xfd-two")).exists());
+    assert!(!ex.join(OsStr::from_bytes(b"\xfe\xfd-two")).exists());
+    let list = env.path("exclude-list");
+    fs::write(&list, b"# a comment\n\xff-one\n").unwrap();
+    let o = env
+        .cmd(&["backup", "--exclude-file", list.to_str().unwrap(), "--json"])
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let names = env.ok(&["ls", "latest"]);
+    assert!(
+        !names.contains("\\xff-one") && names.contains("\\xfe\\xfd-two"),
+        "{names}"
+    );
 
     // A name holding U+10FFFF itself (valid UTF-8) beside one holding the byte
     // 0xff, which listings show with that character's stand-in: listed apart; the

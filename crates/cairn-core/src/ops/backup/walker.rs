@@ -572,11 +572,11 @@ impl<'a> Walker<'a> {
             Err(e) => return self.skip(path, e.to_string()),
         };
         let mut xattrs_unread = xattrs_unread;
-        let mut changed = changed;
+        // Replaced since the scan, it is described from the open file; it stays
+        // new (`changed` says whether the parent snapshot had a file here).
         if let Some(n) = super::source::reopened_node(&node, &file) {
             node = n;
             xattrs_unread = false;
-            changed = true;
         }
         if xattrs_unread {
             match super::source::read_xattrs_of(&file) {

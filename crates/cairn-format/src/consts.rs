@@ -74,6 +74,24 @@ pub const INDEX_VERSION: u8 = 1;
 pub const INDEX_VERSION_SNAPSHOTS: u8 = 2;
 /// Version byte at the start of a tree blob plaintext.
 pub const TREE_VERSION: u8 = 1;
+/// A tree whose nodes end with their inode flags ([`INODE_FLAGS`]): written only
+/// for a directory holding an entry with such a flag set, so every other tree is
+/// byte for byte what version 1 writes (and deduplicates with it).
+pub const TREE_VERSION_FLAGS: u8 = 2;
+/// The Linux inode flags (`chattr`, `FS_IOC_GETFLAGS`) a snapshot keeps: `s`
+/// secure deletion, `u` undeletable, `S` synchronous updates, `i` immutable, `a`
+/// append only, `d` no dump, `A` no atime updates, `D` synchronous directory
+/// updates. The others are the file system's own (extents, inline data,
+/// encryption, casefolding) or mean nothing once the data is written (no
+/// copy-on-write, compression), and are neither stored nor set.
+pub const INODE_FLAGS: u32 = 0x0000_0001 // FS_SECRM_FL
+    | 0x0000_0002 // FS_UNRM_FL
+    | 0x0000_0008 // FS_SYNC_FL
+    | 0x0000_0010 // FS_IMMUTABLE_FL
+    | 0x0000_0020 // FS_APPEND_FL
+    | 0x0000_0040 // FS_NODUMP_FL
+    | 0x0000_0080 // FS_NOATIME_FL
+    | 0x0001_0000; // FS_DIRSYNC_FL
 /// Version byte at the start of a chunk-list blob plaintext.
 pub const CHUNK_LIST_VERSION: u8 = 1;
 /// A file with at most this many chunks lists them inline in its tree node; larger files

@@ -6,7 +6,7 @@
 //!             || user:bytes || group:bytes || mtime || atime || ctime
 //!             || inode:varint || dev:varint || nlink:varint || size:varint || rdev:varint
 //!             || link_target:bytes || nxattr:varint || (name:bytes || value:bytes)*nxattr
-//!             || content || subtree
+//!             || content || subtree || [flags:varint]        (flags: version 2 only)
 //! time      = seconds:zigzag varint || nanoseconds:varint (< 10^9)
 //! content   = 0                                       (no content)
 //!           | 1 || n:varint || (chunk id:32 || length:varint)*n     inline chunk list
@@ -107,6 +107,9 @@ pub struct Node {
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     pub content: Content,
     pub subtree: Option<BlobId>,
+    /// Linux inode flags (`chattr`: immutable, append only, ...), only those of
+    /// [`INODE_FLAGS`]; 0 for none.
+    pub flags: u32,
 }
 
 impl Tree {
@@ -118,6 +121,25 @@ impl Tree {
             .ok()
             .and_then(|i| self.nodes.get(i))
     }
+}
+
+/// Inode flags as `lsattr` and `chattr` write them (`i` immutable, `a` append
+/// only, ...), in `lsattr`'s order.
+pub fn inode_flag_letters(flags: u32) -> String {
+    [
+        (0x1, 's'),
+        (0x2, 'u'),
+        (0x8, 'S'),
+        (0x1_0000, 'D'),
+        (0x10, 'i'),
+        (0x20, 'a'),
+        (0x40, 'd'),
+        (0x80, 'A'),
+    ]
+    .iter()
+    .filter(|&&(bit, _)| flags & bit != 0)
+    .map(|&(_, c)| c)
+    .collect()
 }
 
 /// The extended attributes Linux keeps POSIX ACLs under.
@@ -184,6 +206,7 @@ impl Node {
             xattrs: Vec::new(),
             content: Content::None,
             subtree: None,
+            flags: 0,
         }
     }
 
@@ -241,7 +264,7 @@ fn get_chunk_refs(r: &mut Reader<'_>, cap: usize) -> Result<Vec<ChunkRef>> {
     Ok(out)
 }
 
-fn encode_node(w: &mut Writer, n: &Node) {
+fn encode_node(w: &mut Writer, n: &Node, with_flags: bool) {
     w.bytes(&n.name);
     w.u8(n.kind as u8);
     w.varint(n.mode.into());
@@ -287,9 +310,12 @@ fn encode_node(w: &mut Writer, n: &Node) {
             w.raw(&id.0);
         }
     }
+    if with_flags {
+        w.varint(n.flags.into());
+    }
 }
 
-fn decode_node(r: &mut Reader<'_>) -> Result<Node> {
+fn decode_node(r: &mut Reader<'_>, with_flags: bool) -> Result<Node> {
     let name = r.bytes(MAX_NAME_LEN)?.to_vec();
     let k = r.u8()?;
     let kind = NodeKind::from_u8(k).ok_or_else(|| r.malformed("unknown node kind"))?;
@@ -339,6 +365,12 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node> {
         1 => Some(BlobId(r.array()?)),
         _ => return Err(r.malformed("unknown subtree tag")),
     };
+    // Bits beyond the kept ones are refused, not carried: a reader sets only
+    // what it knows.
+    let flags = if with_flags { r.varint_u32()? } else { 0 };
+    if flags & !INODE_FLAGS != 0 {
+        return Err(r.malformed("unknown inode flags"));
+    }
     Ok(Node {
         name,
         kind,
@@ -359,6 +391,7 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node> {
         xattrs,
         content,
         subtree,
+        flags,
     })
 }
 
@@ -371,12 +404,17 @@ pub struct Tree {
 impl Tree {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(64 + self.nodes.len() * 128);
-        w.u8(TREE_VERSION);
+        let with_flags = self.nodes.iter().any(|n| n.flags != 0);
+        w.u8(if with_flags {
+            TREE_VERSION_FLAGS
+        } else {
+            TREE_VERSION
+        });
         w.varint(self.nodes.len() as u64);
         let mut nw = Writer::with_capacity(256);
         for n in &self.nodes {
             nw.buf.clear();
-            encode_node(&mut nw, n);
+            encode_node(&mut nw, n, with_flags);
             w.bytes(&nw.buf);
         }
         w.into_inner()
@@ -387,14 +425,19 @@ impl Tree {
     pub fn decode(data: &[u8]) -> Result<Self> {
         let mut r = Reader::new(data, "tree");
         let v = r.u8()?;
-        let newest = TREE_VERSION.into();
-        check_version("tree", v.into(), newest, newest)?;
+        check_version(
+            "tree",
+            v.into(),
+            TREE_VERSION.into(),
+            TREE_VERSION_FLAGS.into(),
+        )?;
+        let with_flags = v == TREE_VERSION_FLAGS;
         let n = r.count(MIN_NODE_RECORD_LEN, usize::MAX)?;
         let mut nodes: Vec<Node> = Vec::with_capacity(n);
         for _ in 0..n {
             let nb = r.bytes(MAX_BLOB_SIZE)?;
             let mut nr = Reader::new(nb, "tree node");
-            let node = decode_node(&mut nr)?;
+            let node = decode_node(&mut nr, with_flags)?;
             nr.finish()?;
             if !Node::name_is_safe(&node.name) {
                 return Err(r.malformed(format!(
@@ -452,6 +495,35 @@ impl ChunkList {
 
 #[cfg(test)]
 mod tests {
+
+    /// Inode flags make a version-2 tree; a tree without any stays version 1,
+    /// byte for byte, and a flag this version does not know is refused.
+    #[test]
+    fn inode_flags_need_version_2_only_where_they_are() {
+        let plain = Tree {
+            nodes: vec![Node::new(b"a".to_vec(), NodeKind::File)],
+        };
+        let bytes = plain.encode();
+        assert_eq!(bytes[0], TREE_VERSION);
+        let mut flagged = plain.clone();
+        flagged.nodes[0].flags = 0x10 | 0x20;
+        let fbytes = flagged.encode();
+        assert_eq!(fbytes[0], TREE_VERSION_FLAGS);
+        assert_eq!(Tree::decode(&fbytes).unwrap(), flagged);
+        assert_eq!(Tree::decode(&bytes).unwrap(), plain);
+        // An unknown bit (FS_EXTENT_FL here) is damage, never carried on.
+        let mut odd = flagged.clone();
+        odd.nodes[0].flags = 0x0008_0000;
+        let e = Tree::decode(&odd.encode()).unwrap_err();
+        assert!(e.to_string().contains("unknown inode flags"), "{e}");
+        // A version beyond it is a newer format.
+        let mut newer = fbytes.clone();
+        newer[0] = TREE_VERSION_FLAGS + 1;
+        assert!(matches!(
+            Tree::decode(&newer),
+            Err(crate::error::FormatError::NewerVersion { .. })
+        ));
+    }
 
     #[test]
     fn acls_read_as_getfacl_writes_them() {
@@ -571,6 +643,7 @@ mod tests {
                         xattrs,
                         content,
                         subtree: (kind == NodeKind::Dir).then_some(BlobId(sub)),
+                        flags: if mode % 3 == 0 { mode & INODE_FLAGS } else { 0 },
                     }
                 },
             )

@@ -128,6 +128,7 @@ mod tests {
             mtime: String::new(),
             link_target: None,
             device: None,
+            flags: String::new(),
         }
     }
 

@@ -1300,3 +1300,121 @@ fn a_symlinked_source_with_a_trailing_slash_is_its_directory() {
         assert!(e.contains("Not a directory"), "{suffix}: {e}");
     }
 }
+
+/// `chattr` flags (`lsattr -d PATH`'s letters, without the file system's own `e`).
+fn flags_of(p: &std::path::Path) -> String {
+    let o = std::process::Command::new("lsattr")
+        .arg("-d")
+        .arg(p)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let letters = out.split_whitespace().next().unwrap_or("");
+    letters
+        .chars()
+        .filter(|c| "suSDiadA".contains(*c))
+        .collect()
+}
+
+/// Takes the immutable and append-only flags off everything below `dir` when
+/// dropped: the test's directories could not be removed otherwise.
+struct Unflag(Vec<std::path::PathBuf>);
+
+impl Drop for Unflag {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::process::Command::new("chattr")
+                .args(["-R", "-i", "-a"])
+                .arg(d)
+                .status();
+        }
+    }
+}
+
+/// Inode flags (`chattr +i`, `+a`, `+d`) are backed up, listed and restored: set
+/// last, so an immutable directory still gets its entries and an immutable file
+/// its times and its second name; a change of flags alone is a metadata change.
+#[test]
+fn chattr_flags_are_kept_and_restored() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("locked")).unwrap();
+    fs::write(src.join("locked/inside"), b"in an immutable directory").unwrap();
+    fs::write(src.join("imm"), b"immutable").unwrap();
+    fs::hard_link(src.join("imm"), src.join("imm-too")).unwrap();
+    fs::write(src.join("log"), b"append only").unwrap();
+    fs::write(src.join("nodump"), b"not for dump").unwrap();
+    fs::write(src.join("plain"), b"no flags").unwrap();
+    let restored = env.path("t");
+    let _unflag = Unflag(vec![src.clone(), restored.clone()]);
+    for (flag, path) in [
+        ("+i", "imm"),
+        ("+a", "log"),
+        ("+d", "nodump"),
+        ("+i", "locked"),
+    ] {
+        let ok = std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(src.join(path))
+            .status()
+            .unwrap();
+        assert!(ok.success(), "chattr {flag} {path}");
+    }
+    let snap = env.backup(&[&src]);
+    let listed: serde_json::Value =
+        serde_json::from_str(&env.ok(&["ls", &snap, "--json"])).unwrap();
+    let listed_flags = |name: &str| {
+        listed["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["path"].as_str().unwrap().ends_with(name))
+            .map(|e| e["flags"].as_str().unwrap_or("").to_string())
+            .unwrap()
+    };
+    assert_eq!(listed_flags("/imm"), "i");
+    assert_eq!(listed_flags("/log"), "a");
+    assert_eq!(listed_flags("/plain"), "");
+
+    let copy = env.restore(&snap, &src, "t");
+    for name in ["imm", "imm-too", "log", "nodump", "locked", "plain"] {
+        assert_eq!(
+            flags_of(&copy.join(name)),
+            flags_of(&src.join(name)),
+            "{name}"
+        );
+    }
+    assert_same(&src, &copy);
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        fs::metadata(copy.join("imm")).unwrap().ino(),
+        fs::metadata(copy.join("imm-too")).unwrap().ino()
+    );
+    // Restored again over itself (if-changed): nothing to write, nothing refused.
+    let again: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "restore",
+        &snap,
+        "--target",
+        restored.to_str().unwrap(),
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(again["files"], 0, "{again}");
+
+    // Flags changed alone: the next backup records it, diff calls it metadata.
+    let ok = std::process::Command::new("chattr")
+        .arg("-d")
+        .arg(src.join("nodump"))
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let next = env.backup(&[&src]);
+    let diff = env.ok(&["diff", &snap, &next, "--metadata"]);
+    assert!(
+        diff.lines()
+            .any(|l| l.starts_with('U') && l.ends_with("/nodump")),
+        "{diff}"
+    );
+}

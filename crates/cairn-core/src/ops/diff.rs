@@ -280,7 +280,7 @@ fn same_content(l: &Node, r: &Node) -> bool {
 }
 
 /// What a restore would set besides content: owner, mode, modification time,
-/// extended attributes, and the number of names a file has (a hard link added or
+/// extended attributes, inode flags, and the number of names a file has (a hard link added or
 /// removed). Access and change times are not compared: reading a file moves the
 /// one, and a restore or a chown that sets what was there moves the other, with
 /// nothing a restore would give back differently (a backup re-reads a file whose
@@ -291,5 +291,6 @@ fn same_metadata(l: &Node, r: &Node) -> bool {
         && l.gid == r.gid
         && l.mtime == r.mtime
         && l.xattrs == r.xattrs
+        && l.flags == r.flags
         && (l.kind == NodeKind::Dir || l.nlink == r.nlink)
 }

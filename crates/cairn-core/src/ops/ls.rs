@@ -150,6 +150,9 @@ pub struct Entry {
     /// A device node's device number (`major`, `minor` as `ls -l` shows them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<[u64; 2]>,
+    /// Inode flags as `lsattr` writes them (`ia`: immutable, append only).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub flags: String,
 }
 
 impl Entry {
@@ -178,6 +181,7 @@ impl Entry {
                     libc::minor(n.rdev as libc::dev_t) as u64,
                 ]
             }),
+            flags: cairn_format::tree::inode_flag_letters(n.flags),
         }
     }
 }

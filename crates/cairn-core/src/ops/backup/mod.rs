@@ -1186,6 +1186,7 @@ impl Worker<'_> {
         let mut torn = None;
         let read_limit = self.read_limit;
         let read = opened.map_err(|e| e.to_string()).and_then(|mut f| {
+            node.flags = source::inode_flags(&f);
             if xattrs_unread {
                 match source::read_xattrs_of(&f) {
                     Ok(x) => node.xattrs = x,
@@ -1217,6 +1218,7 @@ impl Worker<'_> {
                     && let Some(n) = source::reopened_node(&node, &f)
                 {
                     *node = n;
+                    node.flags = source::inode_flags(&f);
                     if source::Changes::of_node(&node) == after {
                         return Ok(());
                     }

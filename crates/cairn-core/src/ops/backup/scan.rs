@@ -186,6 +186,7 @@ pub(crate) fn prepare(
                 && content_is_live(repo, &p.content)
             {
                 node.content = p.content.clone();
+                node.flags = p.flags;
                 reused = true;
             }
         }

@@ -329,6 +329,15 @@ pub fn node_reusing_parent(
     (node, warning, false)
 }
 
+/// The inode flags (`chattr`) of an open file or directory that a snapshot keeps
+/// ([`cairn_format::consts::INODE_FLAGS`]). One `ioctl` on a descriptor the backup
+/// holds anyway; a file system without them (`ENOTTY`, `EOPNOTSUPP`) has none.
+/// An unchanged file takes its parent snapshot's: a change of flags moves ctime.
+pub fn inode_flags(fd: &impl std::os::fd::AsFd) -> u32 {
+    crate::ops::restore::sys::inode_flags(fd.as_fd())
+        .map_or(0, |f| f & cairn_format::consts::INODE_FLAGS)
+}
+
 /// The node of the file opened for its content when it is not the one the scan
 /// saw: the entry was replaced between the two (an editor saving by rename, a
 /// swap). Made again from the open file, extended attributes too, so that a

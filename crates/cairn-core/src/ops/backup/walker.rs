@@ -465,7 +465,7 @@ impl<'a> Walker<'a> {
         pending: Option<Pending<'a>>,
         parent: Option<&Arc<OwnedFd>>,
     ) -> Result<Option<Frame<'a>>> {
-        let node = *d.node;
+        let mut node = *d.node;
         let dev = node.dev;
         // A path asked for on its own inside another is a file system of its own
         // to enter, even with --one-file-system (`backup -x / /boot`); a mount
@@ -537,6 +537,9 @@ impl<'a> Walker<'a> {
             };
             pendings.push(p);
         }
+        if let Some(d) = &dir {
+            node.flags = super::source::inode_flags(&**d);
+        }
         self.emit(Item::DirStart(Box::new(node)))?;
         Ok(Some(Frame {
             entries: entries
@@ -578,6 +581,7 @@ impl<'a> Walker<'a> {
             node = n;
             xattrs_unread = false;
         }
+        node.flags = super::source::inode_flags(&file);
         if xattrs_unread {
             match super::source::read_xattrs_of(&file) {
                 Ok(x) => node.xattrs = x,

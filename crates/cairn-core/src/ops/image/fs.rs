@@ -438,6 +438,7 @@ impl ImageFs {
             mtime: crate::time::format_unix(t.seconds(), t.nanoseconds()),
             link_target,
             device: None,
+            flags: String::new(),
         })
     }
 

@@ -69,6 +69,36 @@ fn time(t: Timestamp) -> (i64, u32) {
 
 /// Through `fd`, an ordinary descriptor of a regular file or directory, or (with
 /// `path_only`) an `O_PATH` descriptor of any entry.
+/// Gives the open entry the inode flags of [`cairn_format::consts::INODE_FLAGS`]
+/// that `flags` has, and takes away those it lacks; the file system's own flags
+/// (extents, inline data) stay as they are.
+pub(crate) fn set_inode_flags(fd: BorrowedFd<'_>, flags: u32) -> std::io::Result<()> {
+    use cairn_format::consts::INODE_FLAGS;
+    let now = sys::inode_flags(fd)?;
+    let want = (now & !INODE_FLAGS) | (flags & INODE_FLAGS);
+    if want == now {
+        return Ok(());
+    }
+    sys::set_inode_flags(fd, want)
+}
+
+/// Takes the immutable and append-only flags off an entry that was there before
+/// the restore, when the snapshot's entry has them too (a previous restore's, most
+/// likely): its metadata can then be set, and [`set_inode_flags`] puts them back
+/// at the end. Flags the snapshot lacks are left alone, and setting the metadata
+/// then fails and is reported, as for any immutable entry in the way.
+pub(crate) fn unlock_for_update(fd: BorrowedFd<'_>, node: &Node) -> std::io::Result<()> {
+    const LOCKING: u32 = 0x10 | 0x20; // FS_IMMUTABLE_FL | FS_APPEND_FL
+    if node.flags & LOCKING == 0 {
+        return Ok(());
+    }
+    let now = sys::inode_flags(fd)?;
+    if now & LOCKING == 0 {
+        return Ok(());
+    }
+    sys::set_inode_flags(fd, now & !LOCKING)
+}
+
 pub(crate) fn apply(
     fd: BorrowedFd<'_>,
     path_only: bool,

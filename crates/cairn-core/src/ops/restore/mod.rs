@@ -239,6 +239,16 @@ struct Scope {
     way: String,
 }
 
+/// An entry whose inode flags wait for the end of the restore: its directory (by
+/// descriptor while one is held, else reopened from the target) and its name.
+struct Flagged {
+    dir: Weak<Dir>,
+    dir_node: Arc<DirNode>,
+    name: CString,
+    flags: u32,
+    is_dir: bool,
+}
+
 /// The first name restored for a hard-linked inode; later names link to it.
 struct FirstLink {
     dir: Weak<Dir>,
@@ -286,6 +296,10 @@ struct Walk<'a> {
     kept_apart: HashMap<(u64, u64), PathBuf>,
     /// The last directory reopened to link to a first name in it.
     link_dir: Option<Arc<Dir>>,
+    /// Entries restored with inode flags (`chattr`): set when everything else is,
+    /// since an immutable or append-only file takes no content, times or hard
+    /// links after them, and an immutable directory no new entries.
+    flagged: Vec<Flagged>,
     /// Cancelled: the walk stopped between entries.
     stopped: bool,
     /// To the executor thread: the next batch to write.
@@ -442,6 +456,7 @@ pub(super) fn restore(
             hardlinks: HashMap::new(),
             kept_apart: HashMap::new(),
             link_dir: None,
+            flagged: Vec::new(),
             stopped: false,
             unfinished_since,
             left_unfinished: false,
@@ -498,6 +513,7 @@ pub(super) fn restore(
             // was not started.
             return Err(Error::Cancelled);
         }
+        w.set_inode_flags();
         // The mark goes once no file is left cut short (an attribute refused, a
         // device not made: nothing for the next restore to distrust). After an
         // unfinished restore, only a restore of everything takes it away: one of a
@@ -927,6 +943,63 @@ impl Walk<'_> {
         )
     }
 
+    /// `node`, restored as `name` in `parent`, gets its inode flags at the end
+    /// ([`Self::set_inode_flags`]); most entries have none.
+    fn flag_later(&mut self, parent: &Arc<Dir>, name: &CStr, node: &Node) {
+        if node.flags != 0 {
+            self.flagged.push(Flagged {
+                dir: Arc::downgrade(parent),
+                dir_node: parent.node.clone(),
+                name: name.to_owned(),
+                flags: node.flags,
+                is_dir: node.kind == NodeKind::Dir,
+            });
+        }
+    }
+
+    /// Sets the inode flags of the entries restored with some, last (after every
+    /// file's content, metadata and hard links), deepest first; not on an entry
+    /// restore reported a problem with, whose next restore must be able to write
+    /// it. Each is opened by name in its directory, never through a symlink.
+    fn set_inode_flags(&mut self) {
+        let failed: std::collections::HashSet<PathBuf> =
+            self.stats.issues.iter().map(|i| i.path.clone()).collect();
+        let mut last: Option<Arc<Dir>> = None;
+        for f in std::mem::take(&mut self.flagged).into_iter().rev() {
+            let path = f.dir_node.join(&f.name);
+            if failed.contains(&path) {
+                continue;
+            }
+            let dir = match f.dir.upgrade() {
+                Some(d) => Ok(d),
+                None => match &last {
+                    Some(d) if Arc::ptr_eq(&d.node, &f.dir_node) => Ok(d.clone()),
+                    _ => target::reopen_dir(&self.root, &f.dir_node).map(Arc::new),
+                },
+            };
+            let directory = if f.is_dir { libc::O_DIRECTORY } else { 0 };
+            let r = dir.and_then(|d| {
+                last = Some(d.clone());
+                let fd = sys::open_at(
+                    d.fd(),
+                    &f.name,
+                    libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | directory,
+                    0,
+                )?;
+                metadata::set_inode_flags(fd.as_fd(), f.flags)
+            });
+            if let Err(e) = r {
+                self.issue(
+                    path,
+                    format!(
+                        "setting its inode flags (chattr +{}): {e}",
+                        cairn_format::tree::inode_flag_letters(f.flags)
+                    ),
+                );
+            }
+        }
+    }
+
     /// An entry left as it was.
     fn kept(&mut self, st: &sys::Stat, node: &Node) {
         self.stats.kept += 1;
@@ -1206,6 +1279,7 @@ impl Walk<'_> {
             self.kept(&opened.stat, &node);
         } else {
             self.stats.dirs += 1;
+            self.flag_later(parent, &name, &node);
         }
         let dir_node = DirNode::child(&parent.node, name, &opened.stat);
         let dir = Arc::new(Dir {
@@ -1375,10 +1449,14 @@ impl Walk<'_> {
                     // (`if-changed` kept it for that, or its size and time say so):
                     // kept by `never` or `if-newer` it may hold anything, and a name
                     // restored as a link to it would too.
-                    if overwrite::effective(self.opts.overwrite, self.unfinished_since, st)
-                        == Overwrite::IfChanged
-                        || overwrite::looks_unchanged(st, &node)
-                    {
+                    let if_changed =
+                        overwrite::effective(self.opts.overwrite, self.unfinished_since, st)
+                            == Overwrite::IfChanged;
+                    if if_changed {
+                        // The snapshot's entry already: its flags are the snapshot's.
+                        self.flag_later(&parent, &name, &node);
+                    }
+                    if if_changed || overwrite::looks_unchanged(st, &node) {
                         self.remember_first_link(&parent, &name, st, &node);
                     } else if node.nlink > 1 {
                         self.kept_apart
@@ -1393,12 +1471,14 @@ impl Walk<'_> {
                 if let Some(st) = &existing {
                     self.remember_first_link(&parent, &name, st, &node);
                     let r = overwrite::open_checked(parent.fd(), &name, st).and_then(|f| {
+                        metadata::unlock_for_update(f.as_fd(), &node)?;
                         metadata::drop_other_xattrs(f.as_fd(), &node, &self.opts.xattrs)?;
                         metadata::apply(f.as_fd(), false, &node, self.opts.owners)
                     });
                     if let Err(e) = r {
                         self.issue(parent.node.join(&name), format!("setting metadata: {e}"));
                     }
+                    self.flag_later(&parent, &name, &node);
                     self.stats.metadata_only += 1;
                     self.progress.file_done();
                 }
@@ -1453,6 +1533,7 @@ impl Walk<'_> {
             Some(st)
         };
         self.stats.files += 1;
+        self.flag_later(&parent, &name, &node);
         self.batch_chunks += if direct { 1 } else { chunks_of(&node) };
         if !self
             .last_dir
@@ -1674,7 +1755,12 @@ impl Walk<'_> {
             // goes (a default ACL would pass to every file created in it). A new
             // one keeps what it inherited, as a new file does.
             let r = if existed {
-                metadata::drop_other_xattrs(dir.fd(), &node, &self.opts.xattrs)
+                (if dir.path_only {
+                    Ok(())
+                } else {
+                    metadata::unlock_for_update(dir.fd(), &node)
+                })
+                .and_then(|()| metadata::drop_other_xattrs(dir.fd(), &node, &self.opts.xattrs))
             } else {
                 Ok(())
             }

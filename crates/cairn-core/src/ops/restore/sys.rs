@@ -169,6 +169,26 @@ fn to_stat(st: &libc::stat) -> Stat {
     }
 }
 
+/// The open entry's inode flags (`FS_IOC_GETFLAGS`: the `chattr` bits, all of
+/// them).
+pub(crate) fn inode_flags(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int through the pointer, which points at
+    // `v`; the descriptor is borrowed open for the call.
+    retry(|| unsafe { libc::ioctl(fd.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut v) })?;
+    Ok(v as u32)
+}
+
+/// Sets the open entry's inode flags to `flags` (`FS_IOC_SETFLAGS`; the immutable
+/// and append-only bits need `CAP_LINUX_IMMUTABLE`).
+pub(crate) fn set_inode_flags(fd: BorrowedFd<'_>, flags: u32) -> io::Result<()> {
+    let v = flags as libc::c_int;
+    // SAFETY: FS_IOC_SETFLAGS reads one int through the pointer, which points at
+    // `v`; the descriptor is borrowed open for the call.
+    retry(|| unsafe { libc::ioctl(fd.as_raw_fd(), libc::FS_IOC_SETFLAGS, &v) })?;
+    Ok(())
+}
+
 pub(crate) fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: fstat writes a whole `stat` into the buffer when it returns 0.

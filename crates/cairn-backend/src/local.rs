@@ -29,7 +29,18 @@ pub struct LocalBackend {
     /// made below the root only while the root still holds `config` (see
     /// [`Self::make_dirs`]).
     config_seen: AtomicBool,
+    /// Who may read what this backend writes ([`Self::modes`]): 0 not looked at
+    /// yet, 1 the owner only, 2 the group too.
+    sharing: std::sync::atomic::AtomicU8,
 }
+
+/// Modes of the files and directories a repository's owner alone reads: its key
+/// files hold what a password guess is checked against, and its objects' sizes
+/// say something of the data (as restic and borg, private by default).
+const PRIVATE: (u32, u32) = (0o600, 0o700);
+/// The same readable by the group, for a repository whose `config` the
+/// administrator made group-readable (a backup group on a NAS share).
+const GROUP: (u32, u32) = (0o640, 0o750);
 
 const TMP_MARK: &str = ".tmp-";
 
@@ -45,7 +56,36 @@ impl LocalBackend {
             scratch: Mutex::new(AlignedBuf::default()),
             read_scratch: Mutex::new(Vec::new()),
             config_seen: AtomicBool::new(false),
+            sharing: std::sync::atomic::AtomicU8::new(0),
         }
+    }
+
+    /// The modes (file, directory) new objects and directories get: private,
+    /// unless the repository's `config` is readable by its group, in which case
+    /// the group may read them too (umask applies on top). Decided once the
+    /// config is there; `init` writes it private.
+    fn modes(&self) -> (u32, u32) {
+        use std::os::unix::fs::PermissionsExt;
+        match self.sharing.load(Ordering::Relaxed) {
+            1 => return PRIVATE,
+            2 => return GROUP,
+            _ => {}
+        }
+        let Ok(meta) = fs::metadata(self.path(crate::names::CONFIG)) else {
+            return PRIVATE;
+        };
+        let group = meta.permissions().mode() & 0o040 != 0;
+        self.sharing
+            .store(if group { 2 } else { 1 }, Ordering::Relaxed);
+        if group { GROUP } else { PRIVATE }
+    }
+
+    fn create_dir(&self, dir: &Path, recursive: bool) -> std::io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new()
+            .recursive(recursive)
+            .mode(self.modes().1)
+            .create(dir)
     }
 
     pub fn root(&self) -> &Path {
@@ -336,7 +376,7 @@ impl LocalBackend {
     /// mount.
     fn make_dirs(&self, dir: &Path) -> std::io::Result<()> {
         let Ok(below) = dir.strip_prefix(&self.root) else {
-            return fs::create_dir_all(dir);
+            return self.create_dir(dir, true);
         };
         if self.lost_config() {
             return Err(std::io::Error::other(self.lost_config_message()));
@@ -344,7 +384,7 @@ impl LocalBackend {
         let mut at = self.root.clone();
         for c in below.components() {
             at.push(c);
-            match fs::create_dir(&at) {
+            match self.create_dir(&at, false) {
                 Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
                 Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -376,11 +416,19 @@ impl LocalBackend {
             std::process::id()
         ));
         let write = || -> std::io::Result<()> {
-            let mut f = match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            use std::os::unix::fs::OpenOptionsExt;
+            let create = || {
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(self.modes().0)
+                    .open(&tmp)
+            };
+            let mut f = match create() {
                 Ok(f) => f,
                 Err(e) if e.kind() == ErrorKind::NotFound => {
                     self.make_dirs(&dir)?;
-                    OpenOptions::new().write(true).create_new(true).open(&tmp)?
+                    create()?
                 }
                 Err(e) => return Err(e),
             };

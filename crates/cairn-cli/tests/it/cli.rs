@@ -598,3 +598,56 @@ fn threads_beyond_the_cores_are_held_to_them() {
         "{err}"
     );
 }
+
+/// A local repository is private by default: its files (key files among them)
+/// 0600 and its directories 0700, as restic's and borg's. Made group-readable by
+/// its administrator (its config), what is written after is readable by the group
+/// too, never by others.
+#[test]
+fn a_local_repository_is_private_unless_its_config_says_otherwise() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"data").unwrap();
+    env.backup(&[&src]);
+    let repo = env.repo.clone();
+    let modes = |dir: &std::path::Path| -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let e = e.unwrap();
+                let meta = e.metadata().unwrap();
+                out.push((
+                    e.path().display().to_string(),
+                    meta.permissions().mode() & 0o777,
+                ));
+                if meta.is_dir() {
+                    todo.push(e.path());
+                }
+            }
+        }
+        out
+    };
+    let all = modes(&repo);
+    assert!(all.iter().any(|(p, _)| p.contains("/keys/")), "{all:?}");
+    for (p, m) in &all {
+        let dir = std::path::Path::new(p).is_dir();
+        assert_eq!(*m, if dir { 0o700 } else { 0o600 }, "{p}");
+    }
+    let root = std::fs::metadata(&repo).unwrap().permissions().mode() & 0o777;
+    assert_eq!(root, 0o700);
+
+    let config = repo.join("config");
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::write(src.join("g"), b"more data").unwrap();
+    env.backup(&[&src]);
+    let new_files: Vec<_> = modes(&repo)
+        .into_iter()
+        .filter(|(p, m)| !std::path::Path::new(p).is_dir() && *m != 0o600)
+        .collect();
+    assert!(!new_files.is_empty());
+    assert!(new_files.iter().all(|(_, m)| *m == 0o640), "{new_files:?}");
+}

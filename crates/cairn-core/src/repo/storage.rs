@@ -163,7 +163,13 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
         let dir = base.join(CachedBackend::dir_name(location));
         // A cache that cannot be made (a file in the way, a read-only place) leaves
         // the job working without one: said once, not per object.
-        match std::fs::create_dir_all(&dir) {
+        // Private, as a local repository is: it holds copies of its objects.
+        use std::os::unix::fs::DirBuilderExt;
+        match std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+        {
             Ok(()) => backend = Arc::new(CachedBackend::new(backend, dir)),
             Err(e) => progress.notice(format!(
                 "the cache directory {} cannot be used ({e}): working without a cache",

@@ -551,6 +551,29 @@ fn missing_source_paths_and_bad_arguments() {
     // Nothing was committed by any of these.
     let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
     assert!(snaps.as_array().unwrap().is_empty());
+    // One path gone among others (an unmounted volume in a cron job's list): the
+    // others are backed up, the gone one is said and left out of the snapshot's
+    // paths, and the exit code is 3, as restic's.
+    let gone = env.path("gone");
+    let o = env
+        .cmd(&[
+            "backup",
+            "--json",
+            gone.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("left out of the snapshot"), "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        r["paths"],
+        serde_json::json!([src.to_str().unwrap()]),
+        "{r}"
+    );
+    assert_eq!(r["skipped"][0]["path"], gone.to_str().unwrap(), "{r}");
 }
 
 /// `--stdin-from-command` (restic's): the command's output is the file; a command

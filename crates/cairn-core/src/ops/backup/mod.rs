@@ -611,6 +611,7 @@ fn run(
         }
     }
 
+    let mut missing = Vec::new();
     let (paths, snapshot_paths): (Vec<PathBuf>, Vec<String>) = match &opts.stdin {
         _ if opts.image.is_some() => {
             let src = opts
@@ -640,11 +641,27 @@ fn run(
                     "nothing to back up: give at least one path".into(),
                 ));
             }
+            // A path that cannot be looked at (gone, an unmounted volume) is left
+            // out with a warning and the backup goes on with the others, as
+            // restic's does (exit code 3 then); only none at all is an error.
             let mut v = Vec::new();
+            let mut gone = Vec::new();
             for p in &opts.paths {
                 let a = absolute(p)?;
-                std::fs::symlink_metadata(&a).map_err(|e| Error::io(&a, e))?;
-                v.push(a);
+                match std::fs::symlink_metadata(&a) {
+                    Ok(_) => v.push(a),
+                    Err(e) => gone.push((a, e)),
+                }
+            }
+            if v.is_empty()
+                && let Some((a, e)) = gone.pop()
+            {
+                return Err(Error::io(&a, e));
+            }
+            for (a, e) in gone {
+                let message = format!("{e}: left out of the snapshot");
+                progress.warning(&a, &message);
+                missing.push(Skipped { path: a, message });
             }
             v.sort();
             v.dedup();
@@ -922,7 +939,9 @@ fn run(
     }
     let mut summary: SnapshotSummary = archived.summary;
     summary.duration_secs = start.elapsed().as_secs_f64();
-    let mut skipped = archived.skipped;
+    summary.entries_skipped += missing.len() as u64;
+    let mut skipped = missing;
+    skipped.extend(archived.skipped);
     let image = match (&image_plan, archived.image) {
         (Some(plan), Some(counts)) => {
             skipped.extend(image::skipped_for(plan, &counts.notes));

@@ -337,19 +337,32 @@ impl SnapshotFilter {
         (self.hosts.is_empty() || self.hosts.contains(&s.hostname))
             && (self.tags.is_empty() || self.tags.iter().any(|t| has_tag_list(s, t)))
             && self.paths.iter().all(|p| {
-                let p = trim_slash(p);
-                s.paths.iter().any(|sp| trim_slash(sp) == p)
+                let p = clean_path(p);
+                s.paths.iter().any(|sp| clean_path(sp) == p)
             })
     }
 }
 
-/// `/a/b/` and `/a/b` name the same directory; `/` stays `/`.
-fn trim_slash(p: &str) -> &str {
-    let t = p.trim_end_matches('/');
-    if t.is_empty() && p.starts_with('/') {
-        "/"
+/// A path as backup records it, by its text alone (the snapshot may be another
+/// machine's): `/a/b/`, `/a//b`, `/a/./b` and `/a/c/../b` all name `/a/b`; `/`
+/// stays `/`. A `--path` typed either way must not select nothing (a retention
+/// script that forgets nothing and says so quietly).
+fn clean_path(p: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in p.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    let joined = parts.join("/");
+    if p.starts_with('/') {
+        format!("/{joined}")
     } else {
-        t
+        joined
     }
 }
 
@@ -1873,14 +1886,19 @@ mod tests {
         assert_eq!(g[0].keep[0].0, id(3));
         assert_eq!(g[0].remove, vec![id(0), id(2)]);
 
-        // All given paths must be in the snapshot; a trailing slash does not matter.
-        let f = SnapshotFilter {
-            paths: vec!["/x/".into(), "/y".into()],
-            ..Default::default()
-        };
-        let g = last1(&s, "".parse().unwrap(), &f);
-        assert_eq!(g[0].keep[0].0, id(6));
-        assert_eq!(g[0].remove, vec![id(5)]);
+        // All given paths must be in the snapshot; how a path is spelled does not
+        // matter (a trailing slash, `//`, `.`, `..`).
+        for paths in [["/x/", "/y"], ["//x", "/z/../y/."]] {
+            let f = SnapshotFilter {
+                paths: paths.iter().map(|p| p.to_string()).collect(),
+                ..Default::default()
+            };
+            let g = last1(&s, "".parse().unwrap(), &f);
+            assert_eq!(g[0].keep[0].0, id(6), "{paths:?}");
+            assert_eq!(g[0].remove, vec![id(5)], "{paths:?}");
+        }
+        assert_eq!(clean_path("/"), "/");
+        assert_eq!(clean_path("//a/./b/../c/"), "/a/c");
 
         let f = SnapshotFilter {
             hosts: vec!["a".into(), "b".into()],

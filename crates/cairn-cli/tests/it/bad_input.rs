@@ -524,6 +524,31 @@ fn disk_full_fails_cleanly_and_next_backup_works() {
     let r = env2.restore(&s2, &big, "out2");
     assert_same(&big, &r);
     env2.check_clean();
+
+    // A prune that repacks runs out of room while it writes: it names the full
+    // disk (it said "operation interrupted", the upload's stop as its sender saw
+    // it), and once there is room it finishes.
+    for i in (0..8).step_by(2) {
+        fs::remove_file(big.join(format!("f{i}"))).unwrap();
+    }
+    env2.backup(&[&big]);
+    env2.ok(&["forget", &s2]);
+    {
+        let mut filler = fs::File::create(mnt.join("filler")).unwrap();
+        let block = vec![0u8; 1 << 16];
+        while std::io::Write::write_all(&mut filler, &block).is_ok() {}
+        filler
+            .set_len(filler.metadata().unwrap().len() - (1 << 20))
+            .unwrap();
+    }
+    let e = env2.fails(&["prune", "--max-unused", "0"], 1);
+    assert!(
+        e.contains("no space left") && !e.contains("interrupted"),
+        "{e}"
+    );
+    fs::remove_file(mnt.join("filler")).unwrap();
+    env2.ok(&["prune", "--max-unused", "0"]);
+    env2.check_clean();
 }
 
 #[test]

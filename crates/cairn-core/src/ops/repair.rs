@@ -930,9 +930,21 @@ fn store_blobs(repo: &Repository, blobs: Vec<(BlobKind, BlobId, Vec<u8>)>) -> Re
     {
         result = uploader.send(p);
     }
-    let stats = uploader.finish();
-    result?;
-    stats.map(|_| ())
+    first_cause(result, uploader.finish()).map(|_| ())
+}
+
+/// The error of a copy into new packs: the uploader's when it failed (the disk
+/// is full), since a send then only saw its queue stop ("interrupted"), else the
+/// copy's own.
+fn first_cause(
+    result: Result<()>,
+    uploaded: Result<crate::packer::UploadStats>,
+) -> Result<crate::packer::UploadStats> {
+    match (result, uploaded) {
+        (_, Err(up)) => Err(up),
+        (Err(e), Ok(_)) => Err(e),
+        (Ok(()), Ok(stats)) => Ok(stats),
+    }
 }
 
 /// Copies the listed blobs from their packs into new packs, which the uploader
@@ -1013,9 +1025,7 @@ pub(crate) fn copy_blobs(
             }
         }
     }
-    let stats = uploader.finish();
-    result?;
-    stats
+    first_cause(result, uploader.finish())
 }
 
 /// What [`recover`] found and saved.

@@ -117,10 +117,32 @@ fn main() {
         Err(e) if is_closed_stdout(&e) => exit_broken_pipe(),
         Err(e) => {
             let code = exit_code(&e);
-            report_error(json, &one_line(&e), code);
+            let mut message = one_line(&e);
+            // Commands whose message does not already say what to do on a full
+            // repository (key, config, tag, rewrite, repair) say it here.
+            if repository_full(&e) && !message.contains("free ") {
+                message.push_str(
+                    "; free space on the repository's storage, then run the command again",
+                );
+            }
+            report_error(json, &message, code);
             std::process::exit(code);
         }
     }
+}
+
+/// Whether the error is the repository's storage refusing a write for want of
+/// space (not a restore target's: that is the target's own message).
+fn repository_full(e: &anyhow::Error) -> bool {
+    let full = |b: &cairn_backend::BackendError| b.kind == cairn_backend::BackendErrorKind::NoSpace;
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<cairn_core::Error>()
+            .is_some_and(|ce| matches!(ce.root(), cairn_core::Error::Backend(b) if full(b)))
+            || cause
+                .downcast_ref::<cairn_backend::BackendError>()
+                .is_some_and(full)
+    })
 }
 
 /// The error a command ended with, on stderr: `cairn: error: ...`, or with

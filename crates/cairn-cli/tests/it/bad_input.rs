@@ -513,6 +513,12 @@ fn disk_full_fails_cleanly_and_next_backup_works() {
             "{args:?}: {e}"
         );
     }
+    // A command without advice of its own gets the general one.
+    let e = env2.fails(&["tag", "--add", "x", &s1], 1);
+    assert!(
+        e.contains("no space left") && e.contains("free space on the repository's storage"),
+        "{e}"
+    );
     fs::remove_file(mnt.join("filler")).unwrap();
     // Earlier snapshots are intact and the repository checks clean.
     env2.check_clean();

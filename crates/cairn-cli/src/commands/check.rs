@@ -127,12 +127,29 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                 Problem::PackMissing { .. } | Problem::IndexUnreadable { .. }
             )
         });
+        // Whether the index itself needs rebuilding first: it names packs that are
+        // gone, damaged or cut short, or a file of it cannot be read. After `repair
+        // index` only blobs in no index are left, for `repair snapshots` alone.
+        let index_too = report.problems.iter().any(|p| {
+            matches!(
+                p,
+                Problem::PackMissing { .. }
+                    | Problem::IndexUnreadable { .. }
+                    | Problem::PackDamaged { .. }
+                    | Problem::PackTruncated { .. }
+                    | Problem::PackSize { .. }
+                    | Problem::BlobInDamagedPack { .. }
+            )
+        });
         let next = if only_packs {
             "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
              packs without it"
-        } else if files {
+        } else if files && index_too {
             "; `cairn repair index`, then `cairn repair snapshots` to save what can be saved \
              of the files named"
+        } else if files {
+            "; `cairn repair snapshots` saves what can be saved of the files named (the index \
+             already lists only what is there)"
         } else if index_only {
             "; no snapshot needs what is missing: `cairn repair index` rebuilds the index \
              from the packs that are there"

@@ -365,6 +365,15 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         );
     }
     let s = &r.summary;
+    // An empty dump is most often a producer that was missing or failed in a
+    // pipe (whose status the backup cannot see): saved, as restic does, but said.
+    if (a.stdin || a.stdin_from_command) && s.total_bytes == 0 {
+        eprintln!(
+            "warning: standard input was empty: the snapshot holds an empty {} (did the \
+             command writing it fail?)",
+            a.stdin_name
+        );
+    }
     if g.json && a.dry_run {
         let mut j = serde_json::to_value(&r)?;
         if let Some(m) = j.as_object_mut() {

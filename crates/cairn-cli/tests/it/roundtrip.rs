@@ -187,6 +187,19 @@ fn stdin_backup_dump_ls_include_and_excludes() {
     let dumped = env.cmd(&["dump", &sid[..8], "/db.sql"]).output().unwrap();
     assert!(dumped.status.success());
     assert_eq!(dumped.stdout, payload);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("was empty"));
+    // An empty dump (a producer missing from a pipe) is saved, and said.
+    let empty = env
+        .cmd(&["backup", "--stdin", "--stdin-name", "empty.sql"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&empty.stderr);
+    assert!(empty.status.success(), "{err}");
+    assert!(
+        err.contains("standard input was empty") && err.contains("empty.sql"),
+        "{err}"
+    );
 
     let src = env.path("src");
     make_full_tree(&src, 4);
@@ -238,7 +251,7 @@ fn stdin_backup_dump_ls_include_and_excludes() {
     );
 
     let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
-    assert_eq!(snaps.as_array().unwrap().len(), 2);
+    assert_eq!(snaps.as_array().unwrap().len(), 3);
     assert_eq!(snaps[0]["tags"][0], "dump");
 }
 

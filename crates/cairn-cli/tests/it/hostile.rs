@@ -1140,7 +1140,7 @@ fn a_tree_of_a_newer_format_names_its_snapshot() {
     use cairn_format::tree::{Node, NodeKind, Tree};
     let (env, src, _, backend, repo) = ten_files_backed_up(96);
     let mut newer = Tree { nodes: vec![] }.encode();
-    newer[0] += 1;
+    newer[0] = cairn_format::consts::TREE_VERSION_FLAGS + 1;
     let newer_id = repo.key().blob_id(&newer);
     let mut dir = Node::new(b"d".to_vec(), NodeKind::Dir);
     dir.subtree = Some(newer_id);

@@ -1416,6 +1416,44 @@ fn chattr_flags_are_kept_and_restored() {
     .unwrap();
     assert_eq!(again["files"], 0, "{again}");
 
+    // A second snapshot changes a locked file and adds to a locked directory. It
+    // restores over the first's locked entries in every mode (unlocked for the
+    // restore, locked again after), and the first back over it with --delete.
+    let chattr = |flag: &str, path: &std::path::Path| {
+        let ok = std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "chattr {flag} {}", path.display());
+    };
+    chattr("-i", &src.join("imm"));
+    chattr("-i", &src.join("locked"));
+    fs::write(src.join("imm"), b"immutable, second edition").unwrap();
+    fs::write(src.join("locked/new"), b"added").unwrap();
+    chattr("+i", &src.join("imm"));
+    chattr("+i", &src.join("locked"));
+    let second = env.backup(&[&src]);
+    let t = restored.to_str().unwrap();
+    for (snap, args) in [
+        (&second, &["--overwrite", "if-changed"][..]),
+        (&snap, &["--delete"][..]),
+        (&second, &["--overwrite", "never"][..]),
+        (&second, &["--overwrite", "always"][..]),
+    ] {
+        let mut cmd = vec!["restore", snap.as_str(), "--target", t];
+        cmd.extend_from_slice(args);
+        env.ok(&cmd);
+        let added = copy.join("locked/new").exists();
+        assert_eq!(added, snap == &second, "{args:?}");
+        assert_eq!(flags_of(&copy.join("locked")), "i", "{args:?}");
+        assert_eq!(flags_of(&copy.join("imm")), "i", "{args:?}");
+    }
+    assert_eq!(
+        fs::read(copy.join("imm")).unwrap(),
+        b"immutable, second edition"
+    );
+
     // Flags changed alone: the next backup records it, diff calls it metadata.
     let ok = std::process::Command::new("chattr")
         .arg("-d")

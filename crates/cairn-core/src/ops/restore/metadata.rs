@@ -82,23 +82,6 @@ pub(crate) fn set_inode_flags(fd: BorrowedFd<'_>, flags: u32) -> std::io::Result
     sys::set_inode_flags(fd, want)
 }
 
-/// Takes the immutable and append-only flags off an entry that was there before
-/// the restore, when the snapshot's entry has them too (a previous restore's, most
-/// likely): its metadata can then be set, and [`set_inode_flags`] puts them back
-/// at the end. Flags the snapshot lacks are left alone, and setting the metadata
-/// then fails and is reported, as for any immutable entry in the way.
-pub(crate) fn unlock_for_update(fd: BorrowedFd<'_>, node: &Node) -> std::io::Result<()> {
-    const LOCKING: u32 = 0x10 | 0x20; // FS_IMMUTABLE_FL | FS_APPEND_FL
-    if node.flags & LOCKING == 0 {
-        return Ok(());
-    }
-    let now = sys::inode_flags(fd)?;
-    if now & LOCKING == 0 {
-        return Ok(());
-    }
-    sys::set_inode_flags(fd, now & !LOCKING)
-}
-
 pub(crate) fn apply(
     fd: BorrowedFd<'_>,
     path_only: bool,

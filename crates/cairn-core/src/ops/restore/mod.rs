@@ -247,6 +247,9 @@ struct Flagged {
     name: CString,
     flags: u32,
     is_dir: bool,
+    /// The entry's own flags from before the restore (a directory kept as it
+    /// was, unlocked to restore into it): put back however the restore ends.
+    original: bool,
 }
 
 /// The first name restored for a hard-linked inode; later names link to it.
@@ -503,17 +506,17 @@ pub(super) fn restore(
                 target.display()
             ));
         }
-        walked?;
-        drained?;
-        if let Some(e) = w.full_error() {
-            return Err(e);
-        }
-        if w.stopped {
-            // The files created so far are whole (their batch was written); the rest
-            // was not started.
-            return Err(Error::Cancelled);
-        }
-        w.set_inode_flags();
+        // However it ends, directories unlocked to restore into get their own
+        // flags back; the snapshot's are set only on a restore that finished.
+        let ended = walked.and(drained).and_then(|()| match w.full_error() {
+            Some(e) => Err(e),
+            // The files created so far are whole (their batch was written); the
+            // rest was not started.
+            None if w.stopped => Err(Error::Cancelled),
+            None => Ok(()),
+        });
+        w.set_inode_flags(ended.is_err());
+        ended?;
         // The mark goes once no file is left cut short (an attribute refused, a
         // device not made: nothing for the next restore to distrust). After an
         // unfinished restore, only a restore of everything takes it away: one of a
@@ -953,6 +956,7 @@ impl Walk<'_> {
                 name: name.to_owned(),
                 flags: node.flags,
                 is_dir: node.kind == NodeKind::Dir,
+                original: false,
             });
         }
     }
@@ -961,13 +965,15 @@ impl Walk<'_> {
     /// file's content, metadata and hard links), deepest first; not on an entry
     /// restore reported a problem with, whose next restore must be able to write
     /// it. Each is opened by name in its directory, never through a symlink.
-    fn set_inode_flags(&mut self) {
+    /// `originals_only` (a restore that did not finish): only the flags of
+    /// directories that were there and were unlocked to restore into.
+    fn set_inode_flags(&mut self, originals_only: bool) {
         let failed: std::collections::HashSet<PathBuf> =
             self.stats.issues.iter().map(|i| i.path.clone()).collect();
         let mut last: Option<Arc<Dir>> = None;
         for f in std::mem::take(&mut self.flagged).into_iter().rev() {
             let path = f.dir_node.join(&f.name);
-            if failed.contains(&path) {
+            if (originals_only && !f.original) || (!f.original && failed.contains(&path)) {
                 continue;
             }
             let dir = match f.dir.upgrade() {
@@ -1275,8 +1281,25 @@ impl Walk<'_> {
                 &opened.stat,
                 &node,
             );
+        // Immutable or append-only (an earlier restore's flags, most likely): its
+        // entries could be neither replaced nor added. Unlocked (as root) for the
+        // restore; it gets the snapshot's flags at the end, or, kept as it was,
+        // its own back.
+        let lifted = (!opened.created && !opened.path_only)
+            .then(|| sys::lift_locks(opened.fd.as_fd()).ok().flatten())
+            .flatten();
         if keep_meta {
             self.kept(&opened.stat, &node);
+            if let Some(own) = lifted {
+                self.flagged.push(Flagged {
+                    dir: Arc::downgrade(parent),
+                    dir_node: parent.node.clone(),
+                    name: name.clone(),
+                    flags: own & cairn_format::consts::INODE_FLAGS,
+                    is_dir: true,
+                    original: true,
+                });
+            }
         } else {
             self.stats.dirs += 1;
             self.flag_later(parent, &name, &node);
@@ -1471,7 +1494,8 @@ impl Walk<'_> {
                 if let Some(st) = &existing {
                     self.remember_first_link(&parent, &name, st, &node);
                     let r = overwrite::open_checked(parent.fd(), &name, st).and_then(|f| {
-                        metadata::unlock_for_update(f.as_fd(), &node)?;
+                        // Its flags, if any, are the snapshot's again at the end.
+                        let _ = sys::lift_locks(f.as_fd());
                         metadata::drop_other_xattrs(f.as_fd(), &node, &self.opts.xattrs)?;
                         metadata::apply(f.as_fd(), false, &node, self.opts.owners)
                     });
@@ -1754,13 +1778,9 @@ impl Walk<'_> {
             // Restored into an existing directory: what it held beyond the snapshot
             // goes (a default ACL would pass to every file created in it). A new
             // one keeps what it inherited, as a new file does.
+            // (One that existed was unlocked when the walk entered it.)
             let r = if existed {
-                (if dir.path_only {
-                    Ok(())
-                } else {
-                    metadata::unlock_for_update(dir.fd(), &node)
-                })
-                .and_then(|()| metadata::drop_other_xattrs(dir.fd(), &node, &self.opts.xattrs))
+                metadata::drop_other_xattrs(dir.fd(), &node, &self.opts.xattrs)
             } else {
                 Ok(())
             }

@@ -189,6 +189,55 @@ pub(crate) fn set_inode_flags(fd: BorrowedFd<'_>, flags: u32) -> io::Result<()> 
     Ok(())
 }
 
+/// The inode flags that stop an entry from being changed, replaced or removed
+/// (and a directory's entries from being added or removed): `i` and `a`.
+const LOCKING_FLAGS: u32 = 0x10 | 0x20; // FS_IMMUTABLE_FL | FS_APPEND_FL
+
+/// Takes the immutable and append-only flags off an open entry (root only);
+/// its flags before, when it had either. A restore that has to change what an
+/// earlier restore locked (its flags are restored too) lifts them this way, and
+/// puts back what the snapshot or the entry kept says at the end.
+pub(crate) fn lift_locks(fd: BorrowedFd<'_>) -> io::Result<Option<u32>> {
+    let now = inode_flags(fd)?;
+    if now & LOCKING_FLAGS == 0 {
+        return Ok(None);
+    }
+    set_inode_flags(fd, now & !LOCKING_FLAGS)?;
+    Ok(Some(now))
+}
+
+/// [`unlink_at`], or [`rmdir_at`] with `directory`, that lifts the entry's
+/// immutable and append-only flags ([`lift_locks`]) when they are why it was
+/// refused (EPERM), and tries once more.
+pub(crate) fn unlink_unlocking(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    directory: bool,
+) -> io::Result<()> {
+    let remove = || {
+        if directory {
+            rmdir_at(dir, name)
+        } else {
+            unlink_at(dir, name)
+        }
+    };
+    match remove() {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            let flags = libc::O_RDONLY
+                | libc::O_NONBLOCK
+                | libc::O_NOCTTY
+                | if directory { libc::O_DIRECTORY } else { 0 };
+            match open_at(dir, name, flags, 0)
+                .and_then(|fd| lift_locks(std::os::fd::AsFd::as_fd(&fd)))
+            {
+                Ok(Some(_)) => remove(),
+                _ => Err(e),
+            }
+        }
+        r => r,
+    }
+}
+
 pub(crate) fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: fstat writes a whole `stat` into the buffer when it returns 0.

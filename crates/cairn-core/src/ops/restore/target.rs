@@ -239,7 +239,7 @@ pub(crate) fn remove_existing(parent: &Dir, name: &CStr, fresh: bool) -> io::Res
     if fresh {
         return Ok(());
     }
-    match sys::unlink_at(parent.fd(), name) {
+    match sys::unlink_unlocking(parent.fd(), name, false) {
         Ok(()) => Ok(()),
         Err(e) if errno(&e) == libc::ENOENT => Ok(()),
         Err(e) if matches!(errno(&e), libc::EISDIR | libc::EPERM) => {
@@ -519,13 +519,17 @@ fn look(
     if path_only {
         return Err(io::Error::from_raw_os_error(libc::EACCES));
     }
+    // Going: an immutable or append-only directory would keep its entries.
+    if removing {
+        let _ = sys::lift_locks(fd.as_fd());
+    }
     Ok(Found::Dir(fd))
 }
 
 /// Unlinks a non-directory for [`walk_removal`]; `false`: it is a mount point
 /// (EBUSY: a file bind-mounted there), left alone.
 fn unlink_leaf(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
-    match sys::unlink_at(dir, name) {
+    match sys::unlink_unlocking(dir, name, false) {
         Ok(()) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(false),
         Err(e) => Err(e),

@@ -973,7 +973,7 @@ impl Walk<'_> {
         let mut last: Option<Arc<Dir>> = None;
         for f in std::mem::take(&mut self.flagged).into_iter().rev() {
             let path = f.dir_node.join(&f.name);
-            if (originals_only && !f.original) || (!f.original && failed.contains(&path)) {
+            if !f.original && (originals_only || failed.contains(&path)) {
                 continue;
             }
             let dir = match f.dir.upgrade() {

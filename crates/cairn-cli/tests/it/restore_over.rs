@@ -187,7 +187,10 @@ fn never_if_newer_and_always_do_what_they_say() {
     // metadata (a dry run says so first).
     let r = restore_json(&env, &snap, &["--overwrite", "never", "--dry-run"]);
     let kept = r["kept"].clone();
+    // Its times too, though "gone" is created in it again.
+    set_times(&copy, 1_900_000_000, 0);
     let r = restore_json(&env, &snap, &["--overwrite", "never"]);
+    assert_eq!(fs::metadata(&copy).unwrap().mtime(), 1_900_000_000, "{r}");
     assert_eq!(r["files"], 1, "{r}");
     assert_eq!((&r["dirs"], &r["kept"]), (&0.into(), &kept), "{r}");
     assert_eq!(fs::read(copy.join("edited")).unwrap(), edited);

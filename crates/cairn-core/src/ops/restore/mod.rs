@@ -210,9 +210,9 @@ struct Frame {
     /// The descriptor while anything (the batch) still holds it, to use it again.
     weak: Weak<Dir>,
     node: Arc<DirNode>,
-    /// The directory's own entry, for its metadata; `None` for the target, and
-    /// for a directory that was there whose metadata `--overwrite` keeps.
-    meta: Option<Node>,
+    /// What the directory gets when complete: its entry's metadata, or (kept as
+    /// it was by `--overwrite`) its own times back; `None` for the target.
+    meta: Option<DirMeta>,
     /// Everything below is selected (no `--include`, or inside one).
     all: bool,
     /// The snapshot path, kept only while `!all` or with excludes (to match
@@ -289,9 +289,7 @@ struct Walk<'a> {
     /// Directories whose entries are all created, in the order they were completed
     /// (children before parents): their metadata is applied after the batch that
     /// writes their last files.
-    /// Completed directories waiting for their metadata: whether each existed
-    /// before the restore (its foreign attributes are then removed).
-    pending: Vec<(Arc<Dir>, Node, bool)>,
+    pending: Vec<(Arc<Dir>, DirMeta)>,
     hardlinks: HashMap<(u64, u64), FirstLink>,
     /// Hard-linked files whose name met first was kept as it was (`never`,
     /// `if-newer`) though it does not look like the snapshot's content: their
@@ -717,13 +715,21 @@ fn dir_budget() -> usize {
     (limit.saturating_sub(reserve) / 4).clamp(16, 4096)
 }
 
+/// What a completed directory gets once the files written into it are.
+enum DirMeta {
+    /// The snapshot's metadata; whether it existed before the restore (its
+    /// foreign attributes are then removed).
+    Snapshot(Node, bool),
+    /// A directory `--overwrite` kept as it was: its own access and modification
+    /// times back, which creating entries in it moved.
+    OwnTimes((i64, u32), (i64, u32)),
+}
+
 /// Files for the executor thread, and the directories completed with them (their
 /// metadata waits until the files are written).
 struct Batch {
     jobs: Vec<FileJob>,
-    /// Completed directories waiting for their metadata: whether each existed
-    /// before the restore (its foreign attributes are then removed).
-    pending: Vec<(Arc<Dir>, Node, bool)>,
+    pending: Vec<(Arc<Dir>, DirMeta)>,
 }
 
 /// A batch back from the executor thread.
@@ -1289,7 +1295,8 @@ impl Walk<'_> {
             .then(|| sys::lift_locks(opened.fd.as_fd()).ok().flatten())
             .flatten();
         if keep_meta {
-            self.kept(&opened.stat, &node);
+            // Counted, not reported done: that is when it is complete.
+            self.stats.kept += 1;
             if let Some(own) = lifted {
                 self.flagged.push(Flagged {
                     dir: Arc::downgrade(parent),
@@ -1321,12 +1328,13 @@ impl Walk<'_> {
             }
             None => None,
         };
+        let meta = if keep_meta {
+            DirMeta::OwnTimes(opened.stat.atime, opened.stat.mtime)
+        } else {
+            DirMeta::Snapshot(node, !opened.created)
+        };
         let Some(tree) = tree else {
-            return if keep_meta {
-                Ok(())
-            } else {
-                self.complete_dir(Some(dir), node, !opened.created)
-            };
+            return self.complete_dir(Some(dir), meta);
         };
         let keep = keep_names(self.opts, &tree.nodes, all, whole, opened.created);
         let mut todo = tree.nodes;
@@ -1336,7 +1344,7 @@ impl Walk<'_> {
             weak: Arc::downgrade(&dir),
             dir: Some(dir),
             node: dir_node,
-            meta: Some(node).filter(|_| !keep_meta),
+            meta: Some(meta),
             all,
             snap_path: if all && self.excludes.is_none() {
                 String::new()
@@ -1367,7 +1375,7 @@ impl Walk<'_> {
             self.delete_extra(dir, keep, &f.snap_path);
         }
         if let Some(meta) = f.meta {
-            self.complete_dir(f.dir, meta, !f.fresh)?;
+            self.complete_dir(f.dir, meta)?;
         }
         let Some(top) = self.stack.last() else {
             return Ok(());
@@ -1411,9 +1419,9 @@ impl Walk<'_> {
     }
 
     /// A directory is complete (`dir` is `None` when it could not be reopened).
-    fn complete_dir(&mut self, dir: Option<Arc<Dir>>, meta: Node, existed: bool) -> Result<()> {
+    fn complete_dir(&mut self, dir: Option<Arc<Dir>>, meta: DirMeta) -> Result<()> {
         if let Some(dir) = dir {
-            self.pending.push((dir, meta, existed));
+            self.pending.push((dir, meta));
             self.batch_dirs += 1;
         }
         self.progress.entry_done();
@@ -1774,17 +1782,23 @@ impl Walk<'_> {
         }
         // Directories whose entries are all written, deepest first, through the
         // descriptors restore holds (never a path someone could have changed).
-        for (dir, node, existed) in pending {
-            // Restored into an existing directory: what it held beyond the snapshot
-            // goes (a default ACL would pass to every file created in it). A new
-            // one keeps what it inherited, as a new file does.
-            // (One that existed was unlocked when the walk entered it.)
-            let r = if existed {
-                metadata::drop_other_xattrs(dir.fd(), &node, &self.opts.xattrs)
-            } else {
-                Ok(())
-            }
-            .and_then(|()| metadata::apply(dir.fd(), dir.path_only, &node, owners));
+        for (dir, meta) in pending {
+            let r = match meta {
+                // Restored into an existing directory: what it held beyond the
+                // snapshot goes (a default ACL would pass to every file created in
+                // it). A new one keeps what it inherited, as a new file does.
+                // (One that existed was unlocked when the walk entered it.)
+                DirMeta::Snapshot(node, existed) => if existed {
+                    metadata::drop_other_xattrs(dir.fd(), &node, &self.opts.xattrs)
+                } else {
+                    Ok(())
+                }
+                .and_then(|()| metadata::apply(dir.fd(), dir.path_only, &node, owners)),
+                DirMeta::OwnTimes(atime, mtime) if dir.path_only => {
+                    sys::utimens_path_fd(dir.fd(), atime, mtime)
+                }
+                DirMeta::OwnTimes(atime, mtime) => sys::futimens(dir.fd(), atime, mtime),
+            };
             if let Err(e) = r {
                 self.issue(dir.node.path(), format!("setting metadata: {e}"));
             }

@@ -25,6 +25,8 @@ pub(crate) struct Stat {
     pub size: u64,
     /// Modification time (seconds, nanoseconds).
     pub mtime: (i64, u32),
+    /// Access time (seconds, nanoseconds).
+    pub atime: (i64, u32),
 }
 
 impl Stat {
@@ -166,6 +168,7 @@ fn to_stat(st: &libc::stat) -> Stat {
         rdev: st.st_rdev,
         size: u64::try_from(st.st_size).unwrap_or(0),
         mtime: (st.st_mtime, u32::try_from(st.st_mtime_nsec).unwrap_or(0)),
+        atime: (st.st_atime, u32::try_from(st.st_atime_nsec).unwrap_or(0)),
     }
 }
 

@@ -719,7 +719,7 @@ fn dir_budget() -> usize {
 enum DirMeta {
     /// The snapshot's metadata; whether it existed before the restore (its
     /// foreign attributes are then removed).
-    Snapshot(Node, bool),
+    Snapshot(Box<Node>, bool),
     /// A directory `--overwrite` kept as it was: its own access and modification
     /// times back, which creating entries in it moved.
     OwnTimes((i64, u32), (i64, u32)),
@@ -1331,7 +1331,7 @@ impl Walk<'_> {
         let meta = if keep_meta {
             DirMeta::OwnTimes(opened.stat.atime, opened.stat.mtime)
         } else {
-            DirMeta::Snapshot(node, !opened.created)
+            DirMeta::Snapshot(Box::new(node), !opened.created)
         };
         let Some(tree) = tree else {
             return self.complete_dir(Some(dir), meta);

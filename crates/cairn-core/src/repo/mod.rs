@@ -460,12 +460,7 @@ impl Repository {
             }
             // Private, as the objects in it are (an existing directory keeps
             // the mode its owner gave it).
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| Error::io(dir, e))?;
+            storage::private_dir(dir, false).map_err(|e| Error::io(dir, e))?;
         }
         let repo = Repository::init(st.backend.clone(), password, init)?;
         Ok(repo.reached_through(st, &opts.cache))

@@ -62,7 +62,8 @@ pub fn run(g: &Global, a: &RewriteArgs) -> Result<i32> {
                 ),
             }
             for path in &s.removed {
-                println!("    {path}");
+                // As listings show names: escaped, bytes that are not UTF-8 as \xNN.
+                println!("    {}", ui::printable(path));
             }
         }
         // Emptied ones left as they are were not rewritten.

@@ -605,6 +605,12 @@ fn missing_source_paths_and_bad_arguments() {
         "{r}"
     );
     assert_eq!(r["skipped"][0]["path"], gone.to_str().unwrap(), "{r}");
+    // All gone: an error naming each.
+    let e = env.fails(&["backup", gone.to_str().unwrap(), "/nonexistent/other"], 1);
+    assert!(
+        e.contains(gone.to_str().unwrap()) && e.contains("/nonexistent/other"),
+        "{e}"
+    );
 }
 
 /// `--stdin-from-command` (restic's): the command's output is the file; a command

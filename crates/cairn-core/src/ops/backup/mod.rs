@@ -659,10 +659,22 @@ fn run(
                     Err(e) => gone.push((a, e)),
                 }
             }
-            if v.is_empty()
-                && let Some((a, e)) = gone.pop()
-            {
-                return Err(Error::io(&a, e));
+            if v.is_empty() {
+                // Every one named, not only the last.
+                return Err(match gone.len() {
+                    0 => Error::Invalid("nothing to back up: give at least one path".into()),
+                    1 => {
+                        let (a, e) = gone.remove(0);
+                        Error::io(&a, e)
+                    }
+                    _ => Error::Invalid(format!(
+                        "nothing to back up: none of the paths given can be read: {}",
+                        gone.iter()
+                            .map(|(a, e)| format!("{} ({e})", a.display()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )),
+                });
             }
             for (a, e) in gone {
                 let message = format!("{e}: left out of the snapshot");

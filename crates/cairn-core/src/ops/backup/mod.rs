@@ -653,7 +653,16 @@ fn run(
             let mut v = Vec::new();
             let mut gone = Vec::new();
             for p in &opts.paths {
-                let a = absolute(p)?;
+                // A directory on the way that is gone too (`absolute` resolves
+                // the parent) is the same case.
+                let a = match absolute(p) {
+                    Ok(a) => a,
+                    Err(Error::Io { source, .. }) => {
+                        gone.push((std::path::absolute(p).unwrap_or_else(|_| p.clone()), source));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 match std::fs::symlink_metadata(&a) {
                     Ok(_) => v.push(a),
                     Err(e) => gone.push((a, e)),

@@ -32,6 +32,12 @@ pub fn run(g: &Global, a: &TagArgs) -> Result<i32> {
             };
             println!("{}", crate::ui::printable(&line));
         }
+        if !r.leftovers_forgotten.is_empty() {
+            println!(
+                "forgot {} an interrupted tag left beside the snapshot it replaced it with",
+                crate::ui::count(r.leftovers_forgotten.len() as u64, "snapshot")
+            );
+        }
         println!(
             "{} {}, {} already as asked",
             crate::ui::count(r.changed.len() as u64, "snapshot"),

@@ -814,6 +814,29 @@ fn tag_adds_removes_and_sets_tags() {
         1
     );
     env.check_clean();
+    // The same, run again on the replacement (`latest` takes it, the old one's
+    // time tied; QA: "already as asked", and the old one stayed for good).
+    let old = list()[0]["id"].as_str().unwrap().to_string();
+    let out = env
+        .cmd(&["tag", "--add", "twice", &old])
+        .env(cairn_core::hooks::KILL_AT_VAR, "snapshot:recorded:1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(list().len(), before + 1);
+    let replacement = list()
+        .iter()
+        .find(|v| v["tags"].as_array().unwrap().iter().any(|t| t == "twice"))
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r: serde_json::Value =
+        serde_json::from_str(&env.ok(&["tag", "--add", "twice", &replacement, "--json"])).unwrap();
+    assert_eq!(r["unchanged"], 1, "{r}");
+    assert_eq!(r["leftovers_forgotten"][0], old.as_str(), "{r}");
+    assert_eq!(list().len(), before);
+    env.check_clean();
     // Nothing to do, or a tag with a comma: refused.
     assert!(!env.run(&["tag", "latest"]).status.success());
     assert!(!env.run(&["tag", "--add", "", "latest"]).status.success());

@@ -51,7 +51,36 @@ pub struct TagReport {
     pub unchanged: usize,
     /// Host records that could not be carried to the new snapshot, with why.
     pub warnings: Vec<String>,
+    /// Snapshots an interrupted `tag` left beside their replacement (the same
+    /// snapshot, other tags), forgotten now that the replacement was asked for
+    /// again.
+    pub leftovers_forgotten: Vec<String>,
     pub dry_run: bool,
+}
+
+/// The snapshots an interrupted `tag` of `snap` (or of one it replaced) left
+/// beside it: the same tree, time, host and paths, of the same first snapshot
+/// (`original`), other tags. A tag killed (or refused by a full disk) between
+/// storing the replacement and forgetting the old one leaves such a pair; they
+/// differ in nothing but tags.
+fn leftovers<'a>(
+    all: &'a [(SnapshotId, Snapshot)],
+    id: &SnapshotId,
+    snap: &Snapshot,
+) -> impl Iterator<Item = &'a SnapshotId> {
+    let first = snap.original.clone();
+    all.iter()
+        .filter(move |(x_id, x)| {
+            x_id != id
+                && first.is_some()
+                && first == Some(x.original.clone().unwrap_or_else(|| x_id.to_hex()))
+                && x.tree == snap.tree
+                && x.time == snap.time
+                && x.hostname == snap.hostname
+                && x.paths == snap.paths
+                && x.tags != snap.tags
+        })
+        .map(|(x_id, _)| x_id)
 }
 
 /// Applies `change` to `snapshots`.
@@ -102,6 +131,19 @@ pub fn tag(
         let tags = change.apply(&snap.tags);
         if tags == snap.tags {
             report.unchanged += 1;
+            // Asked again after a run that stored this one and stopped before
+            // forgetting what it replaced: that is finished now.
+            let left: Vec<SnapshotId> = leftovers(all, id, snap)
+                .filter(|x| !snapshots.iter().any(|(s, _)| s == *x))
+                .copied()
+                .collect();
+            if !dry_run && !left.is_empty() {
+                lock.check_fresh()?;
+                for (x, r) in repo.forget_snapshots(&left)? {
+                    r?;
+                    report.leftovers_forgotten.push(x.to_hex());
+                }
+            }
             continue;
         }
         let mut new = snap.clone();

@@ -3,7 +3,8 @@
 //! A snapshot object is named by the hash of its bytes and never rewritten, so a
 //! new snapshot with the new tags is stored (its `original` naming the first
 //! snapshot of the chain, as `repair snapshots` does), and only then is the old
-//! one forgotten: a crash in between leaves both, never neither. A record of
+//! one forgotten: a crash in between leaves both, never neither, and `tag` run
+//! again on either finishes the job ([`leftovers`]). A record of
 //! the host `cairn serve` vouched for (`hosts/<id>`) goes with the snapshot.
 
 use crate::error::{Error, Result};

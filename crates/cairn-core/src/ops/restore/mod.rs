@@ -977,6 +977,7 @@ impl Walk<'_> {
         let failed: std::collections::HashSet<PathBuf> =
             self.stats.issues.iter().map(|i| i.path.clone()).collect();
         let mut last: Option<Arc<Dir>> = None;
+        let mut unset: Option<(PathBuf, std::io::Error, u64)> = None;
         for f in std::mem::take(&mut self.flagged).into_iter().rev() {
             let path = f.dir_node.join(&f.name);
             if !f.original && (originals_only || failed.contains(&path)) {
@@ -1000,15 +1001,35 @@ impl Walk<'_> {
                 )?;
                 metadata::set_inode_flags(fd.as_fd(), f.flags)
             });
-            if let Err(e) = r {
-                self.issue(
+            match r {
+                Ok(()) => {}
+                // Not root (immutable and append-only need it), or a file system
+                // without such flags: left out as owners are for a user who is not
+                // root, and said once, not as a failure of each entry.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EPERM | libc::EOPNOTSUPP | libc::ENOTTY | libc::EINVAL)
+                    ) =>
+                {
+                    unset.get_or_insert((path, e, 0)).2 += 1;
+                }
+                Err(e) => self.issue(
                     path,
                     format!(
                         "setting its inode flags (chattr +{}): {e}",
                         cairn_format::tree::inode_flag_letters(f.flags)
                     ),
-                );
+                ),
             }
+        }
+        if let Some((first, e, n)) = unset {
+            self.progress.warning_msg(format!(
+                "the inode flags (chattr) of {} were not set: {e} (the first: {}); immutable \
+                 and append-only need root, and not every file system has every flag",
+                crate::units::count(n, "entry"),
+                first.display()
+            ));
         }
     }
 

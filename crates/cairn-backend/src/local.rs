@@ -42,6 +42,25 @@ const PRIVATE: (u32, u32) = (0o600, 0o700);
 /// administrator made group-readable (a backup group on a NAS share).
 const GROUP: (u32, u32) = (0o640, 0o750);
 
+/// Makes `dir` and its missing parents readable by their owner alone (0700, as
+/// a local repository's directories are). `tighten`: a directory cairn owns
+/// whole (a remote repository's cache, a local index) that is there already
+/// and open to others (made by an older cairn) is closed too.
+pub fn private_dir(dir: &std::path::Path, tighten: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    if tighten {
+        let mode = std::fs::metadata(dir)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700))?;
+        }
+    }
+    Ok(())
+}
+
 const TMP_MARK: &str = ".tmp-";
 
 impl LocalBackend {

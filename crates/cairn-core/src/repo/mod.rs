@@ -460,7 +460,7 @@ impl Repository {
             }
             // Private, as the objects in it are (an existing directory keeps
             // the mode its owner gave it).
-            storage::private_dir(dir, false).map_err(|e| Error::io(dir, e))?;
+            cairn_backend::private_dir(dir, false).map_err(|e| Error::io(dir, e))?;
         }
         let repo = Repository::init(st.backend.clone(), password, init)?;
         Ok(repo.reached_through(st, &opts.cache))

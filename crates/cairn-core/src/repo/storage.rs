@@ -164,7 +164,7 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
         // A cache that cannot be made (a file in the way, a read-only place) leaves
         // the job working without one: said once, not per object.
         // Private, as a local repository is: it holds copies of its objects.
-        match private_dir(&dir, true) {
+        match cairn_backend::private_dir(&dir, true) {
             Ok(()) => backend = Arc::new(CachedBackend::new(backend, dir)),
             Err(e) => progress.notice(format!(
                 "the cache directory {} cannot be used ({e}): working without a cache",
@@ -182,25 +182,6 @@ pub fn open_storage(location: &str, opts: &StorageOptions, progress: &Progress) 
         backend,
         traffic,
     })
-}
-
-/// Makes `dir` and its missing parents readable by their owner alone (0700, as
-/// a local repository's directories are). `tighten`: a directory cairn owns
-/// whole (a remote repository's cache, a local index) that is there already
-/// and open to others (made by an older cairn) is closed too.
-pub(crate) fn private_dir(dir: &std::path::Path, tighten: bool) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    if tighten {
-        let mode = std::fs::metadata(dir)?.permissions().mode();
-        if mode & 0o077 != 0 {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700))?;
-        }
-    }
-    Ok(())
 }
 
 /// Whether a repository exists at the storage (its config object is there).

@@ -200,7 +200,7 @@ impl SsdIndex {
         let repo_id = repo.repository_id().to_string();
         let dir = Self::dir_for(base, &repo_id);
         // Private, as the repository whose index it holds is.
-        crate::repo::storage::private_dir(&dir, true).map_err(|e| io_err(&dir, e))?;
+        cairn_backend::private_dir(&dir, true).map_err(|e| io_err(&dir, e))?;
         let lock_path = dir.join("lock");
         let lock_file = File::create(&lock_path).map_err(|e| io_err(&lock_path, e))?;
         let mut attempt = 0;

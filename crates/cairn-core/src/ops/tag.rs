@@ -84,6 +84,45 @@ fn leftovers<'a>(
         .map(|(x_id, _)| x_id)
 }
 
+/// Forgets the [`leftovers`] of `kept` (its server records carried to it first,
+/// as a run that is not interrupted does; records are create-only, so one it
+/// has stays), but not one of the snapshots this run was asked to change.
+fn forget_leftovers(
+    repo: &crate::repo::Repository,
+    lock: &crate::repo::lock::RepoLock,
+    all: &[(SnapshotId, Snapshot)],
+    selected: &[(SnapshotId, Snapshot)],
+    kept: (&SnapshotId, &Snapshot),
+    report: &mut TagReport,
+) -> Result<()> {
+    let (id, snap) = kept;
+    let mut left = Vec::new();
+    for x in leftovers(all, id, snap) {
+        if selected.iter().any(|(s, _)| s == x)
+            || report.changed.iter().any(|c| c.old == x.to_hex())
+        {
+            continue;
+        }
+        match repo.carry_server_records(x, id) {
+            Ok(()) => left.push(*x),
+            Err(e) => report.warnings.push(format!(
+                "snapshot {}: its records from cairn serve were not carried over to {} ({e}); \
+                 both are kept: run tag again once the storage answers",
+                x.short(),
+                id.short()
+            )),
+        }
+    }
+    if !left.is_empty() {
+        lock.check_fresh()?;
+        for (x, r) in repo.forget_snapshots(&left)? {
+            r?;
+            report.leftovers_forgotten.push(x.to_hex());
+        }
+    }
+    Ok(())
+}
+
 /// Applies `change` to `snapshots`.
 pub fn tag(
     session: &Session<Write>,
@@ -134,16 +173,8 @@ pub fn tag(
             report.unchanged += 1;
             // Asked again after a run that stored this one and stopped before
             // forgetting what it replaced: that is finished now.
-            let left: Vec<SnapshotId> = leftovers(all, id, snap)
-                .filter(|x| !snapshots.iter().any(|(s, _)| s == *x))
-                .copied()
-                .collect();
-            if !dry_run && !left.is_empty() {
-                lock.check_fresh()?;
-                for (x, r) in repo.forget_snapshots(&left)? {
-                    r?;
-                    report.leftovers_forgotten.push(x.to_hex());
-                }
+            if !dry_run {
+                forget_leftovers(repo, &lock, all, snapshots, (id, snap), &mut report)?;
             }
             continue;
         }
@@ -172,6 +203,9 @@ pub fn tag(
                 for (_, r) in repo.forget_snapshots(&[*id])? {
                     r?;
                 }
+                // Other versions of it an interrupted tag left: this one is what
+                // was asked for last.
+                forget_leftovers(repo, &lock, all, snapshots, (&new_id, &new), &mut report)?;
             }
             Some(new_id.to_hex())
         };

@@ -837,6 +837,26 @@ fn tag_adds_removes_and_sets_tags() {
     assert_eq!(r["leftovers_forgotten"][0], old.as_str(), "{r}");
     assert_eq!(list().len(), before);
     env.check_clean();
+    // And when the replacement is given another change: the old one goes too.
+    let old = list()[0]["id"].as_str().unwrap().to_string();
+    let out = env
+        .cmd(&["tag", "--add", "thrice", &old])
+        .env(cairn_core::hooks::KILL_AT_VAR, "snapshot:recorded:1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let replacement = list()
+        .iter()
+        .find(|v| v["tags"].as_array().unwrap().iter().any(|t| t == "thrice"))
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r: serde_json::Value =
+        serde_json::from_str(&env.ok(&["tag", "--add", "other", &replacement, "--json"])).unwrap();
+    assert_eq!(r["leftovers_forgotten"][0], old.as_str(), "{r}");
+    assert_eq!(list().len(), before);
+    env.check_clean();
     // Nothing to do, or a tag with a comma: refused.
     assert!(!env.run(&["tag", "latest"]).status.success());
     assert!(!env.run(&["tag", "--add", "", "latest"]).status.success());
@@ -1383,6 +1403,9 @@ fn chattr_flags_are_kept_and_restored() {
     fs::write(src.join("log"), b"append only").unwrap();
     fs::write(src.join("nodump"), b"not for dump").unwrap();
     fs::write(src.join("plain"), b"no flags").unwrap();
+    fs::write(src.join("iS"), b"immutable, synchronous").unwrap();
+    fs::create_dir_all(src.join("plaindir")).unwrap();
+    fs::write(src.join("plaindir/inner"), b"no flags either").unwrap();
     let restored = env.path("t");
     let _unflag = Unflag(vec![src.clone(), restored.clone()]);
     for (flag, path) in [
@@ -1390,6 +1413,7 @@ fn chattr_flags_are_kept_and_restored() {
         ("+a", "log"),
         ("+d", "nodump"),
         ("+i", "locked"),
+        ("+iS", "iS"),
     ] {
         let ok = std::process::Command::new("chattr")
             .arg(flag)
@@ -1415,7 +1439,7 @@ fn chattr_flags_are_kept_and_restored() {
     assert_eq!(listed_flags("/plain"), "");
 
     let copy = env.restore(&snap, &src, "t");
-    for name in ["imm", "imm-too", "log", "nodump", "locked", "plain"] {
+    for name in ["imm", "imm-too", "log", "nodump", "locked", "plain", "iS"] {
         assert_eq!(
             flags_of(&copy.join(name)),
             flags_of(&src.join(name)),
@@ -1476,6 +1500,37 @@ fn chattr_flags_are_kept_and_restored() {
         fs::read(copy.join("imm")).unwrap(),
         b"immutable, second edition"
     );
+    // A second name missing beside a kept immutable first one: linked (the
+    // lock lifted for it and put back).
+    chattr("-i", &copy.join("imm"));
+    fs::remove_file(copy.join("imm-too")).unwrap();
+    chattr("+i", &copy.join("imm"));
+    env.ok(&["restore", &second, "--target", t, "--overwrite", "never"]);
+    assert_eq!(
+        fs::metadata(copy.join("imm")).unwrap().ino(),
+        fs::metadata(copy.join("imm-too")).unwrap().ino()
+    );
+    assert_eq!(flags_of(&copy.join("imm")), "i");
+    // A directory there passes flags on to what is created in it (ext4: `d`):
+    // what the restore creates there has the snapshot's, none.
+    chattr("+d", &copy.join("plaindir"));
+    fs::remove_file(copy.join("plaindir/inner")).unwrap();
+    env.ok(&["restore", &second, "--target", t]);
+    assert_eq!(flags_of(&copy.join("plaindir/inner")), "");
+    // A file system with only some of a file's flags (tmpfs: no `S`): those
+    // it has are set, the rest said once.
+    let small = env.path("small");
+    let _tmpfs = Tmpfs::mount(&small, "size=8m");
+    let o = env.run(&["restore", &second, "--target", small.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("were not set"), "{err}");
+    let on_tmpfs = small.join(src.strip_prefix("/").unwrap());
+    assert_eq!(flags_of(&on_tmpfs.join("iS")), "i");
+    let _ = std::process::Command::new("chattr")
+        .args(["-R", "-i", "-a"])
+        .arg(&small)
+        .status();
 
     // Flags changed alone: the next backup records it, diff calls it metadata.
     let ok = std::process::Command::new("chattr")

@@ -67,11 +67,13 @@ fn time(t: Timestamp) -> (i64, u32) {
     (t.secs, t.nanos)
 }
 
-/// Through `fd`, an ordinary descriptor of a regular file or directory, or (with
-/// `path_only`) an `O_PATH` descriptor of any entry.
 /// Gives the open entry the inode flags of [`cairn_format::consts::INODE_FLAGS`]
 /// that `flags` has, and takes away those it lacks; the file system's own flags
 /// (extents, inline data) stay as they are.
+///
+/// When the whole set is refused (a flag this file system lacks, or `i` and
+/// `a` for a user who is not root), the flags are set one at a time, so that
+/// every one that can be is; the first refusal is returned.
 pub(crate) fn set_inode_flags(fd: BorrowedFd<'_>, flags: u32) -> std::io::Result<()> {
     use cairn_format::consts::INODE_FLAGS;
     let now = sys::inode_flags(fd)?;
@@ -79,9 +81,40 @@ pub(crate) fn set_inode_flags(fd: BorrowedFd<'_>, flags: u32) -> std::io::Result
     if want == now {
         return Ok(());
     }
-    sys::set_inode_flags(fd, want)
+    let refused = |e: &std::io::Error| {
+        matches!(
+            e.raw_os_error(),
+            Some(libc::EOPNOTSUPP | libc::EPERM | libc::EINVAL)
+        )
+    };
+    match sys::set_inode_flags(fd, want) {
+        Err(e) if refused(&e) => {
+            let mut first = None;
+            // First away what the snapshot lacks, then each it has.
+            let mut have = now & (want | !INODE_FLAGS);
+            if have != now
+                && let Err(e) = sys::set_inode_flags(fd, have)
+            {
+                have = now;
+                first.get_or_insert(e);
+            }
+            let missing = want & !have;
+            for bit in (0..32).map(|i| 1u32 << i).filter(|b| missing & b != 0) {
+                match sys::set_inode_flags(fd, have | bit) {
+                    Ok(()) => have |= bit,
+                    Err(e) => {
+                        first.get_or_insert(e);
+                    }
+                }
+            }
+            first.map_or(Ok(()), Err)
+        }
+        r => r,
+    }
 }
 
+/// Through `fd`, an ordinary descriptor of a regular file or directory, or (with
+/// `path_only`) an `O_PATH` descriptor of any entry.
 pub(crate) fn apply(
     fd: BorrowedFd<'_>,
     path_only: bool,

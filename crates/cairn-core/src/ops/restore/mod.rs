@@ -227,7 +227,16 @@ struct Frame {
     /// snapshot path, to find the sources below it by.
     whole: bool,
     way: String,
+    /// Entries created in it take inode flags from it (ext4 passes `d`, `A`,
+    /// `S` ... of a directory on to what is created in it): a directory that was
+    /// there with such flags, or one below it. Its entries get exactly the
+    /// snapshot's flags at the end, none included.
+    inherits: bool,
 }
+
+/// Inode flags a directory passes on to what is created in it (ext4's
+/// `EXT4_FL_INHERITED`, of those a snapshot keeps): all but `i` and `a`.
+const INHERITED_FLAGS: u32 = cairn_format::consts::INODE_FLAGS & !(0x10 | 0x20);
 
 /// Where a directory the walk enters stands: selected whole by the includes
 /// (`all`, with its snapshot path when matched against them), and held whole by
@@ -248,7 +257,8 @@ struct Flagged {
     flags: u32,
     is_dir: bool,
     /// The entry's own flags from before the restore (a directory kept as it
-    /// was, unlocked to restore into it): put back however the restore ends.
+    /// was, unlocked to restore into it): put back even when restore reported
+    /// a problem with it.
     original: bool,
 }
 
@@ -488,6 +498,7 @@ pub(super) fn restore(
             keep,
             whole: whole.root(),
             way: String::new(),
+            inherits: sys::inode_flags(root_dir.fd()).is_ok_and(|f| f & INHERITED_FLAGS != 0),
         });
         // On an error too, the batch in flight is waited for and finished: its files
         // get their metadata, or are reported as not restored in full.
@@ -504,8 +515,10 @@ pub(super) fn restore(
                 target.display()
             ));
         }
-        // However it ends, directories unlocked to restore into get their own
-        // flags back; the snapshot's are set only on a restore that finished.
+        // However it ends, what was restored gets its flags, and what was
+        // unlocked to restore into its own back. A file left unfinished and
+        // locked is no trap: the next restore (told by the mark) replaces it,
+        // lifting the lock as it does any earlier restore's.
         let ended = walked.and(drained).and_then(|()| match w.full_error() {
             Some(e) => Err(e),
             // The files created so far are whole (their batch was written); the
@@ -513,7 +526,7 @@ pub(super) fn restore(
             None if w.stopped => Err(Error::Cancelled),
             None => Ok(()),
         });
-        w.set_inode_flags(ended.is_err());
+        w.set_inode_flags();
         ended?;
         // The mark goes once no file is left cut short (an attribute refused, a
         // device not made: nothing for the next restore to distrust). After an
@@ -955,7 +968,9 @@ impl Walk<'_> {
     /// `node`, restored as `name` in `parent`, gets its inode flags at the end
     /// ([`Self::set_inode_flags`]); most entries have none.
     fn flag_later(&mut self, parent: &Arc<Dir>, name: &CStr, node: &Node) {
-        if node.flags != 0 {
+        // The walk's top frame is `parent`'s.
+        let inherited = self.stack.last().is_some_and(|f| f.inherits);
+        if node.flags != 0 || inherited {
             self.flagged.push(Flagged {
                 dir: Arc::downgrade(parent),
                 dir_node: parent.node.clone(),
@@ -971,16 +986,14 @@ impl Walk<'_> {
     /// file's content, metadata and hard links), deepest first; not on an entry
     /// restore reported a problem with, whose next restore must be able to write
     /// it. Each is opened by name in its directory, never through a symlink.
-    /// `originals_only` (a restore that did not finish): only the flags of
-    /// directories that were there and were unlocked to restore into.
-    fn set_inode_flags(&mut self, originals_only: bool) {
+    fn set_inode_flags(&mut self) {
         let failed: std::collections::HashSet<PathBuf> =
             self.stats.issues.iter().map(|i| i.path.clone()).collect();
         let mut last: Option<Arc<Dir>> = None;
         let mut unset: Option<(PathBuf, std::io::Error, u64)> = None;
         for f in std::mem::take(&mut self.flagged).into_iter().rev() {
             let path = f.dir_node.join(&f.name);
-            if !f.original && (originals_only || failed.contains(&path)) {
+            if !f.original && failed.contains(&path) {
                 continue;
             }
             let dir = match f.dir.upgrade() {
@@ -1312,9 +1325,14 @@ impl Walk<'_> {
         // entries could be neither replaced nor added. Unlocked (as root) for the
         // restore; it gets the snapshot's flags at the end, or, kept as it was,
         // its own back.
-        let lifted = (!opened.created && !opened.path_only)
-            .then(|| sys::lift_locks(opened.fd.as_fd()).ok().flatten())
+        let own = (!opened.created && !opened.path_only)
+            .then(|| sys::inode_flags(opened.fd.as_fd()).ok())
             .flatten();
+        let lifted = own
+            .filter(|f| f & !INHERITED_FLAGS & cairn_format::consts::INODE_FLAGS != 0)
+            .and_then(|_| sys::lift_locks(opened.fd.as_fd()).ok().flatten());
+        let inherits = self.stack.last().is_some_and(|f| f.inherits)
+            || own.is_some_and(|f| f & INHERITED_FLAGS != 0);
         if keep_meta {
             // Counted, not reported done: that is when it is complete.
             self.stats.kept += 1;
@@ -1376,6 +1394,7 @@ impl Walk<'_> {
             keep,
             whole,
             way,
+            inherits,
         });
         let n = self.stack.len();
         if n > OPEN_ANCESTORS + 1 {
@@ -1637,7 +1656,35 @@ impl Walk<'_> {
             },
         };
         target::remove_existing(parent, name, fresh)?;
-        sys::link_at(src.fd(), &first_name, parent.fd(), name)?;
+        match sys::link_at(src.fd(), &first_name, parent.fd(), name) {
+            // A first name kept as it was, immutable or append-only (an earlier
+            // restore's): no name can be linked to it until that is lifted, and
+            // it gets its flags back at the end.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                let fd = sys::open_at(
+                    src.fd(),
+                    &first_name,
+                    libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+                    0,
+                )?;
+                if sys::fstat(fd.as_fd())?.id() != first_id {
+                    return Err(e);
+                }
+                let Some(own) = sys::lift_locks(fd.as_fd())? else {
+                    return Err(e);
+                };
+                self.flagged.push(Flagged {
+                    dir: Arc::downgrade(&src),
+                    dir_node: dir_node.clone(),
+                    name: first_name.clone(),
+                    flags: own & cairn_format::consts::INODE_FLAGS,
+                    is_dir: false,
+                    original: true,
+                });
+                sys::link_at(src.fd(), &first_name, parent.fd(), name)?;
+            }
+            r => r?,
+        }
         let st = sys::stat_at(parent.fd(), name)?;
         if st.id() != first_id || !owners.contains(&st.uid) {
             let _ = sys::unlink_at(parent.fd(), name);

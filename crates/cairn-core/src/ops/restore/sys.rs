@@ -209,31 +209,21 @@ pub(crate) fn lift_locks(fd: BorrowedFd<'_>) -> io::Result<Option<u32>> {
     Ok(Some(now))
 }
 
-/// [`unlink_at`], or [`rmdir_at`] with `directory`, that lifts the entry's
-/// immutable and append-only flags ([`lift_locks`]) when they are why it was
-/// refused (EPERM), and tries once more.
-pub(crate) fn unlink_unlocking(
-    dir: BorrowedFd<'_>,
-    name: &CStr,
-    directory: bool,
-) -> io::Result<()> {
-    let remove = || {
-        if directory {
-            rmdir_at(dir, name)
-        } else {
-            unlink_at(dir, name)
-        }
-    };
-    match remove() {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-            let flags = libc::O_RDONLY
-                | libc::O_NONBLOCK
-                | libc::O_NOCTTY
-                | if directory { libc::O_DIRECTORY } else { 0 };
+/// [`unlink_at`] that lifts a regular file's immutable and append-only flags
+/// ([`lift_locks`]) when they are why it was refused (EPERM), and tries once
+/// more. Only a regular file is opened for that: opening a device node can do
+/// something (a tape rewinds), and no other kind is given flags by restore.
+pub(crate) fn unlink_unlocking(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    match unlink_at(dir, name) {
+        Err(e)
+            if e.raw_os_error() == Some(libc::EPERM)
+                && stat_at(dir, name).is_ok_and(|st| st.kind() == libc::S_IFREG) =>
+        {
+            let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
             match open_at(dir, name, flags, 0)
                 .and_then(|fd| lift_locks(std::os::fd::AsFd::as_fd(&fd)))
             {
-                Ok(Some(_)) => remove(),
+                Ok(Some(_)) => unlink_at(dir, name),
                 _ => Err(e),
             }
         }

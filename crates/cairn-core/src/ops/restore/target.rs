@@ -239,7 +239,7 @@ pub(crate) fn remove_existing(parent: &Dir, name: &CStr, fresh: bool) -> io::Res
     if fresh {
         return Ok(());
     }
-    match sys::unlink_unlocking(parent.fd(), name, false) {
+    match sys::unlink_unlocking(parent.fd(), name) {
         Ok(()) => Ok(()),
         Err(e) if errno(&e) == libc::ENOENT => Ok(()),
         Err(e) if matches!(errno(&e), libc::EISDIR | libc::EPERM) => {
@@ -529,7 +529,7 @@ fn look(
 /// Unlinks a non-directory for [`walk_removal`]; `false`: it is a mount point
 /// (EBUSY: a file bind-mounted there), left alone.
 fn unlink_leaf(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
-    match sys::unlink_unlocking(dir, name, false) {
+    match sys::unlink_unlocking(dir, name) {
         Ok(()) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(false),
         Err(e) => Err(e),

@@ -45,6 +45,12 @@ pub struct Point {
 /// operation.
 pub const POINTS: &[Point] = &[
     Point {
+        name: "restore:inode-flags",
+        state: "a restore has written every entry and its metadata and is setting \
+                the inode flags (chattr) of those that have some, one at a time: some \
+                are set, the rest not; its unfinished-restore mark is still there",
+    },
+    Point {
         name: "backup:locked",
         state: "a backup holds its lock and has not read the index (nor asked a \
                 server for its dedup plan); it has stored nothing",

@@ -34,7 +34,8 @@ pub fn run(g: &Global, a: &TagArgs) -> Result<i32> {
         }
         if !r.leftovers_forgotten.is_empty() {
             println!(
-                "forgot {} an interrupted tag left beside the snapshot it replaced it with",
+                "{} {} an interrupted tag left beside the snapshot it replaced it with",
+                if a.dry_run { "would forget" } else { "forgot" },
                 crate::ui::count(r.leftovers_forgotten.len() as u64, "snapshot")
             );
         }

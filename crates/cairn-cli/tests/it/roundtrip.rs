@@ -857,6 +857,28 @@ fn tag_adds_removes_and_sets_tags() {
     assert_eq!(r["leftovers_forgotten"][0], old.as_str(), "{r}");
     assert_eq!(list().len(), before);
     env.check_clean();
+    // And when both are selected (a tag over every snapshot): the old one is not
+    // tagged on its own, it goes (one never tagged before: the replacement names
+    // it as its original).
+    let old = list().iter().find(|v| v["original"].is_null()).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = env
+        .cmd(&["tag", "--add", "fourth", &old])
+        .env(cairn_core::hooks::KILL_AT_VAR, "snapshot:recorded:1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let dry: serde_json::Value =
+        serde_json::from_str(&env.ok(&["tag", "--add", "all", "--dry-run", "--json"])).unwrap();
+    assert_eq!(dry["leftovers_forgotten"][0], old.as_str(), "{dry}");
+    assert_eq!(list().len(), before + 1);
+    let r: serde_json::Value =
+        serde_json::from_str(&env.ok(&["tag", "--add", "all", "--json"])).unwrap();
+    assert_eq!(r["leftovers_forgotten"][0], old.as_str(), "{r}");
+    assert_eq!(list().len(), before);
+    env.check_clean();
     // Nothing to do, or a tag with a comma: refused.
     assert!(!env.run(&["tag", "latest"]).status.success());
     assert!(!env.run(&["tag", "--add", "", "latest"]).status.success());
@@ -1517,6 +1539,41 @@ fn chattr_flags_are_kept_and_restored() {
     fs::remove_file(copy.join("plaindir/inner")).unwrap();
     env.ok(&["restore", &second, "--target", t]);
     assert_eq!(flags_of(&copy.join("plaindir/inner")), "");
+    // Killed while setting the flags (the last pass), then run again with
+    // `never`: what the first restore left looking like the snapshot's gets
+    // the snapshot's flags.
+    let again_t = env.path("t2");
+    let o = env
+        .cmd(&["restore", &second, "--target", again_t.to_str().unwrap()])
+        .env(cairn_core::hooks::KILL_AT_VAR, "restore:inode-flags:1")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let _unflag2 = Unflag(vec![again_t.clone()]);
+    env.ok(&[
+        "restore",
+        &second,
+        "--target",
+        again_t.to_str().unwrap(),
+        "--overwrite",
+        "never",
+    ]);
+    let again_copy = again_t.join(src.strip_prefix("/").unwrap());
+    for name in ["imm", "imm-too", "log", "nodump", "locked", "iS"] {
+        assert_eq!(
+            flags_of(&again_copy.join(name)),
+            flags_of(&src.join(name)),
+            "{name}"
+        );
+    }
+    // A target its owner locked: said, not lifted.
+    chattr("+i", &again_t);
+    let e = env.fails(
+        &["restore", &second, "--target", again_t.to_str().unwrap()],
+        1,
+    );
+    assert!(e.contains("is immutable or append-only"), "{e}");
+    chattr("-i", &again_t);
     // A file system with only some of a file's flags (tmpfs: no `S`): those
     // it has are set, the rest said once.
     let small = env.path("small");

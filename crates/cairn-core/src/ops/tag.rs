@@ -100,6 +100,7 @@ fn forget_leftovers(
     for x in leftovers(all, id, snap) {
         if selected.iter().any(|(s, _)| s == x)
             || report.changed.iter().any(|c| c.old == x.to_hex())
+            || report.leftovers_forgotten.contains(&x.to_hex())
         {
             continue;
         }
@@ -168,6 +169,35 @@ pub fn tag(
     };
     let (all, _) = session.snapshots()?;
     for (id, snap) in snapshots {
+        // The old half of a pair an interrupted tag left, selected with the rest
+        // (`tag --add x` over all): it is gone once its replacement is kept, never
+        // tagged on its own (it would no longer pair with the replacement).
+        if let Some((new_id, _)) = all.iter().find(|(n_id, n)| {
+            n_id != id
+                && n.original.as_deref() == Some(id.to_hex().as_str())
+                && n.tree == snap.tree
+                && n.time == snap.time
+                && n.hostname == snap.hostname
+                && n.paths == snap.paths
+        }) {
+            if !dry_run {
+                if let Err(e) = repo.carry_server_records(id, new_id) {
+                    report.warnings.push(format!(
+                        "snapshot {}: its records from cairn serve were not carried over to {} \
+                         ({e}); both are kept: run tag again once the storage answers",
+                        id.short(),
+                        new_id.short()
+                    ));
+                    continue;
+                }
+                lock.check_fresh()?;
+                for (_, r) in repo.forget_snapshots(&[*id])? {
+                    r?;
+                }
+            }
+            report.leftovers_forgotten.push(id.to_hex());
+            continue;
+        }
         let tags = change.apply(&snap.tags);
         if tags == snap.tags {
             report.unchanged += 1;

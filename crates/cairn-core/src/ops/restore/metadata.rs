@@ -76,6 +76,7 @@ fn time(t: Timestamp) -> (i64, u32) {
 /// every one that can be is; the first refusal is returned.
 pub(crate) fn set_inode_flags(fd: BorrowedFd<'_>, flags: u32) -> std::io::Result<()> {
     use cairn_format::consts::INODE_FLAGS;
+    crate::hooks::point("restore:inode-flags");
     let now = sys::inode_flags(fd)?;
     let want = (now & !INODE_FLAGS) | (flags & INODE_FLAGS);
     if want == now {

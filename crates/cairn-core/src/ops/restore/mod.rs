@@ -403,6 +403,18 @@ pub(super) fn restore(
             let _ = sys::unlink_at(root_fd.as_fd(), &probe);
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        // Locked by its owner: restore does not lift that on its own.
+        Err(e)
+            if e.raw_os_error() == Some(libc::EPERM)
+                && sys::inode_flags(root_fd.as_fd()).is_ok_and(|f| f & (0x10 | 0x20) != 0) =>
+        {
+            return Err(Error::Invalid(format!(
+                "the target {} is immutable or append-only (chattr +i or +a): nothing can \
+                 be restored into it until that is lifted (chattr -i -a {})",
+                target.display(),
+                target.display()
+            )));
+        }
         Err(e) => return Err(Error::io(target, e)),
     }
 
@@ -1333,10 +1345,18 @@ impl Walk<'_> {
             .and_then(|_| sys::lift_locks(opened.fd.as_fd()).ok().flatten());
         let inherits = self.stack.last().is_some_and(|f| f.inherits)
             || own.is_some_and(|f| f & INHERITED_FLAGS != 0);
+        // Kept, but with the snapshot's time after a restore that did not finish:
+        // most likely that restore's own, its flags perhaps not set yet.
+        let unfinished_own = keep_meta
+            && self.unfinished_since.is_some()
+            && opened.stat.mtime == (node.mtime.secs, node.mtime.nanos);
+        if unfinished_own {
+            self.flag_later(parent, &name, &node);
+        }
         if keep_meta {
             // Counted, not reported done: that is when it is complete.
             self.stats.kept += 1;
-            if let Some(own) = lifted {
+            if let Some(own) = lifted.filter(|_| !unfinished_own) {
                 self.flagged.push(Flagged {
                     dir: Arc::downgrade(parent),
                     dir_node: parent.node.clone(),
@@ -1523,8 +1543,12 @@ impl Walk<'_> {
                     let if_changed =
                         overwrite::effective(self.opts.overwrite, self.unfinished_since, st)
                             == Overwrite::IfChanged;
-                    if if_changed {
-                        // The snapshot's entry already: its flags are the snapshot's.
+                    // The snapshot's entry already: its flags are the snapshot's.
+                    // So is one that looks it after a restore that did not finish
+                    // (its last pass, the flags, may be what was cut short).
+                    if if_changed
+                        || self.unfinished_since.is_some() && overwrite::looks_unchanged(st, &node)
+                    {
                         self.flag_later(&parent, &name, &node);
                     }
                     if if_changed || overwrite::looks_unchanged(st, &node) {

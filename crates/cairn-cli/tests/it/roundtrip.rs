@@ -793,17 +793,32 @@ fn tag_adds_removes_and_sets_tags() {
     env.ok(&["tag", "--set", ""]);
     assert!(list().iter().all(|v| v["tags"] == serde_json::json!([])));
     env.check_clean();
-    // Killed after storing the replacement, before forgetting the old one: run
-    // again, it forgets the old one and stores no second replacement.
+    // Killed after storing the replacement, before forgetting the old one: both
+    // are there (`tag` with `tag` added to `old`; the replacement's id).
+    let interrupted = |tag: &str, old: &str| -> String {
+        let before = list().len();
+        let out = env
+            .cmd(&["tag", "--add", tag, old])
+            .env(cairn_core::hooks::KILL_AT_VAR, "snapshot:recorded:1")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert_eq!(list().len(), before + 1);
+        list()
+            .iter()
+            .find(|v| v["tags"].as_array().unwrap().iter().any(|t| t == tag))
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let tag_json = |args: &[&str]| -> serde_json::Value {
+        serde_json::from_str(&env.ok(&[&["tag", "--json"], args].concat())).unwrap()
+    };
+    // Run again, it forgets the old one and stores no second replacement.
     let before = list().len();
     let old = list()[0]["id"].as_str().unwrap().to_string();
-    let out = env
-        .cmd(&["tag", "--add", "again", &old])
-        .env(cairn_core::hooks::KILL_AT_VAR, "snapshot:recorded:1")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert_eq!(list().len(), before + 1);
+    interrupted("again", &old);
     env.ok(&["tag", "--add", "again", &old]);
     assert_eq!(list().len(), before);
     assert_eq!(
@@ -817,43 +832,16 @@ fn tag_adds_removes_and_sets_tags() {
     // The same, run again on the replacement (`latest` takes it, the old one's
     // time tied; QA: "already as asked", and the old one stayed for good).
     let old = list()[0]["id"].as_str().unwrap().to_string();
-    let out = env
-        .cmd(&["tag", "--add", "twice", &old])
-        .env(cairn_core::hooks::KILL_AT_VAR, "snapshot:recorded:1")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert_eq!(list().len(), before + 1);
-    let replacement = list()
-        .iter()
-        .find(|v| v["tags"].as_array().unwrap().iter().any(|t| t == "twice"))
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let r: serde_json::Value =
-        serde_json::from_str(&env.ok(&["tag", "--add", "twice", &replacement, "--json"])).unwrap();
+    let replacement = interrupted("twice", &old);
+    let r = tag_json(&["--add", "twice", &replacement]);
     assert_eq!(r["unchanged"], 1, "{r}");
     assert_eq!(r["leftovers_forgotten"][0], old.as_str(), "{r}");
     assert_eq!(list().len(), before);
     env.check_clean();
     // And when the replacement is given another change: the old one goes too.
     let old = list()[0]["id"].as_str().unwrap().to_string();
-    let out = env
-        .cmd(&["tag", "--add", "thrice", &old])
-        .env(cairn_core::hooks::KILL_AT_VAR, "snapshot:recorded:1")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let replacement = list()
-        .iter()
-        .find(|v| v["tags"].as_array().unwrap().iter().any(|t| t == "thrice"))
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let r: serde_json::Value =
-        serde_json::from_str(&env.ok(&["tag", "--add", "other", &replacement, "--json"])).unwrap();
+    let replacement = interrupted("thrice", &old);
+    let r = tag_json(&["--add", "other", &replacement]);
     assert_eq!(r["leftovers_forgotten"][0], old.as_str(), "{r}");
     assert_eq!(list().len(), before);
     env.check_clean();
@@ -864,18 +852,11 @@ fn tag_adds_removes_and_sets_tags() {
         .as_str()
         .unwrap()
         .to_string();
-    let out = env
-        .cmd(&["tag", "--add", "fourth", &old])
-        .env(cairn_core::hooks::KILL_AT_VAR, "snapshot:recorded:1")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let dry: serde_json::Value =
-        serde_json::from_str(&env.ok(&["tag", "--add", "all", "--dry-run", "--json"])).unwrap();
+    interrupted("fourth", &old);
+    let dry = tag_json(&["--add", "all", "--dry-run"]);
     assert_eq!(dry["leftovers_forgotten"][0], old.as_str(), "{dry}");
     assert_eq!(list().len(), before + 1);
-    let r: serde_json::Value =
-        serde_json::from_str(&env.ok(&["tag", "--add", "all", "--json"])).unwrap();
+    let r = tag_json(&["--add", "all"]);
     assert_eq!(r["leftovers_forgotten"][0], old.as_str(), "{r}");
     assert_eq!(list().len(), before);
     env.check_clean();

@@ -337,32 +337,11 @@ impl SnapshotFilter {
         (self.hosts.is_empty() || self.hosts.contains(&s.hostname))
             && (self.tags.is_empty() || self.tags.iter().any(|t| has_tag_list(s, t)))
             && self.paths.iter().all(|p| {
-                let p = clean_path(p);
-                s.paths.iter().any(|sp| clean_path(sp) == p)
+                // Spelled any way (a retention script that forgets nothing, and
+                // says so quietly, is worse than none).
+                let p = crate::ops::ls::normalise(p);
+                s.paths.iter().any(|sp| crate::ops::ls::normalise(sp) == p)
             })
-    }
-}
-
-/// A path as backup records it, by its text alone (the snapshot may be another
-/// machine's): `/a/b/`, `/a//b`, `/a/./b` and `/a/c/../b` all name `/a/b`; `/`
-/// stays `/`. A `--path` typed either way must not select nothing (a retention
-/// script that forgets nothing and says so quietly).
-fn clean_path(p: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for c in p.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            c => parts.push(c),
-        }
-    }
-    let joined = parts.join("/");
-    if p.starts_with('/') {
-        format!("/{joined}")
-    } else {
-        joined
     }
 }
 
@@ -1897,8 +1876,6 @@ mod tests {
             assert_eq!(g[0].keep[0].0, id(6), "{paths:?}");
             assert_eq!(g[0].remove, vec![id(5)], "{paths:?}");
         }
-        assert_eq!(clean_path("/"), "/");
-        assert_eq!(clean_path("//a/./b/../c/"), "/a/c");
 
         let f = SnapshotFilter {
             hosts: vec!["a".into(), "b".into()],

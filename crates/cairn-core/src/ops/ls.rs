@@ -43,6 +43,26 @@ pub(crate) fn shown(path: &str) -> String {
     }
 }
 
+/// `path` as an absolute path without a trailing slash, `.` and `..` resolved
+/// (`..` of the root is the root, as in the kernel), by its text alone (the
+/// snapshot may be another machine's). An image restore names its copy after the
+/// last component, so that component must be a real name: `/etc/..` must not
+/// become a copy named `..`, outside the target; and `--path` spelled any way
+/// must select what it names (`/a//b`, `/a/./b`, `/a/c/../b`, `/a/b/`).
+pub(crate) fn normalise(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
 /// `path` as the walk names it and listings show it: `/a/b` without empty or `.`
 /// components (`""` for the root), bytes that are not UTF-8 as their stand-ins.
 pub(crate) fn walk_path(path: &str) -> String {

@@ -12,7 +12,7 @@
 //! through `cairn mount` (docs/IMAGES.md).
 
 use crate::error::{Error, Result};
-use crate::ops::ls::Entry;
+use crate::ops::ls::{Entry, normalise};
 use crate::repo::Repository;
 use crate::tree::chunklist::FileReader;
 use cairn_format::snapshot::Snapshot;
@@ -1111,24 +1111,6 @@ fn entry_name(name: &[u8], dir: &str) -> Result<Option<String>> {
     Ok(Some(String::from_utf8_lossy(name).into_owned()))
 }
 
-/// `path` as an absolute path without a trailing slash, `.` and `..` resolved
-/// (`..` of the root is the root, as in the kernel). The restore names its copy
-/// after the last component, so that component must be a real name: `/etc/..`
-/// must not become a copy named `..`, outside the target.
-fn normalise(path: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for c in path.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            c => parts.push(c),
-        }
-    }
-    format!("/{}", parts.join("/"))
-}
-
 /// Partitions of an MBR or GPT partition table: (number, byte offset, byte
 /// length), numbered as Linux numbers them (`sda1`...): an MBR's primary
 /// partitions by their slot (1-4), its logical ones in an extended partition from
@@ -1241,7 +1223,7 @@ fn logical_partitions(
 
 #[cfg(test)]
 mod tests {
-    use super::normalise;
+    use crate::ops::ls::normalise;
 
     #[test]
     fn paths_are_normalised() {

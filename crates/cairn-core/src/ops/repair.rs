@@ -930,21 +930,7 @@ fn store_blobs(repo: &Repository, blobs: Vec<(BlobKind, BlobId, Vec<u8>)>) -> Re
     {
         result = uploader.send(p);
     }
-    first_cause(result, uploader.finish()).map(|_| ())
-}
-
-/// The error of a copy into new packs: the uploader's when it failed (the disk
-/// is full), since a send then only saw its queue stop ("interrupted"), else the
-/// copy's own.
-fn first_cause(
-    result: Result<()>,
-    uploaded: Result<crate::packer::UploadStats>,
-) -> Result<crate::packer::UploadStats> {
-    match (result, uploaded) {
-        (_, Err(up)) => Err(up),
-        (Err(e), Ok(_)) => Err(e),
-        (Ok(()), Ok(stats)) => Ok(stats),
-    }
+    uploader.finish_after(result).map(|_| ())
 }
 
 /// Copies the listed blobs from their packs into new packs, which the uploader
@@ -1025,7 +1011,7 @@ pub(crate) fn copy_blobs(
             }
         }
     }
-    first_cause(result, uploader.finish())
+    uploader.finish_after(result).map(|((), stats)| stats)
 }
 
 /// What [`recover`] found and saved.

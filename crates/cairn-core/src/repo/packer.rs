@@ -513,6 +513,17 @@ impl Uploader {
         Ok(())
     }
 
+    /// [`Self::finish`] after the work that fed it ended with `result`. The
+    /// uploader's error wins: it says why the pipeline stopped (the disk is full),
+    /// where a [`Self::send`] after it saw only its queue stop ("interrupted").
+    pub fn finish_after<T>(self, result: Result<T>) -> Result<(T, UploadStats)> {
+        match (result, self.finish()) {
+            (_, Err(up)) => Err(up),
+            (Err(e), Ok(_)) => Err(e),
+            (Ok(t), Ok(stats)) => Ok((t, stats)),
+        }
+    }
+
     /// Waits for every queued pack and writes the final index file. After a failed
     /// put, the packs that were stored are still indexed (reusable data), or, if even
     /// that fails (disk full), deleted; the first error is returned.

@@ -299,23 +299,18 @@ pub(crate) fn archive(
         }
         Ok(root)
     });
-    match (r, st.uploader.finish()) {
-        // The uploader's error says why the pipeline stopped (e.g. the disk is full);
-        // the archiver only saw its queue close.
-        (_, Err(up)) => Err(up),
-        (Err(e), Ok(_)) => Err(e),
-        (Ok((root, skipped, changed_while_read)), Ok(up)) => Ok(Archived {
-            root,
-            summary: st.summary,
-            skipped,
-            changed_while_read,
-            packs: up.packs,
-            stored_data: std::mem::take(&mut st.stored_data),
-            index_files: up.index_files,
-            pack_ids: up.pack_ids,
-            image,
-        }),
-    }
+    let ((root, skipped, changed_while_read), up) = st.uploader.finish_after(r)?;
+    Ok(Archived {
+        root,
+        summary: st.summary,
+        skipped,
+        changed_while_read,
+        packs: up.packs,
+        stored_data: std::mem::take(&mut st.stored_data),
+        index_files: up.index_files,
+        pack_ids: up.pack_ids,
+        image,
+    })
 }
 
 /// Confirms with the server the chunks other clients were sending and sends those

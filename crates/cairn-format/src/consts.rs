@@ -78,20 +78,37 @@ pub const TREE_VERSION: u8 = 1;
 /// for a directory holding an entry with such a flag set, so every other tree is
 /// byte for byte what version 1 writes (and deduplicates with it).
 pub const TREE_VERSION_FLAGS: u8 = 2;
-/// The Linux inode flags (`chattr`, `FS_IOC_GETFLAGS`) a snapshot keeps: `s`
-/// secure deletion, `u` undeletable, `S` synchronous updates, `i` immutable, `a`
-/// append only, `d` no dump, `A` no atime updates, `D` synchronous directory
-/// updates. The others are the file system's own (extents, inline data,
-/// encryption, casefolding) or mean nothing once the data is written (no
-/// copy-on-write, compression), and are neither stored nor set.
-pub const INODE_FLAGS: u32 = 0x0000_0001 // FS_SECRM_FL
-    | 0x0000_0002 // FS_UNRM_FL
-    | 0x0000_0008 // FS_SYNC_FL
-    | 0x0000_0010 // FS_IMMUTABLE_FL
-    | 0x0000_0020 // FS_APPEND_FL
-    | 0x0000_0040 // FS_NODUMP_FL
-    | 0x0000_0080 // FS_NOATIME_FL
-    | 0x0001_0000; // FS_DIRSYNC_FL
+/// The Linux inode flags (`chattr`, `FS_IOC_GETFLAGS`) a snapshot keeps, with the
+/// letter `lsattr` shows for each, in its order: `s` secure deletion, `u`
+/// undeletable, `S` synchronous updates, `D` synchronous directory updates, `i`
+/// immutable, `a` append only, `d` no dump, `A` no atime updates. The others are
+/// the file system's own (extents, inline data, encryption, casefolding) or mean
+/// nothing once the data is written (no copy-on-write, compression), and are
+/// neither stored nor set.
+pub const INODE_FLAG_LETTERS: [(u32, char); 8] = [
+    (0x0000_0001, 's'), // FS_SECRM_FL
+    (0x0000_0002, 'u'), // FS_UNRM_FL
+    (0x0000_0008, 'S'), // FS_SYNC_FL
+    (0x0001_0000, 'D'), // FS_DIRSYNC_FL
+    (0x0000_0010, 'i'), // FS_IMMUTABLE_FL
+    (0x0000_0020, 'a'), // FS_APPEND_FL
+    (0x0000_0040, 'd'), // FS_NODUMP_FL
+    (0x0000_0080, 'A'), // FS_NOATIME_FL
+];
+/// All of [`INODE_FLAG_LETTERS`]' bits.
+pub const INODE_FLAGS: u32 = {
+    let mut flags = 0;
+    let mut i = 0;
+    while i < INODE_FLAG_LETTERS.len() {
+        flags |= INODE_FLAG_LETTERS[i].0;
+        i += 1;
+    }
+    flags
+};
+/// The inode flags that stop an entry from being changed, replaced or removed,
+/// and a directory's entries from being added or removed: `i` and `a` (setting
+/// or clearing them needs root).
+pub const LOCKING_INODE_FLAGS: u32 = 0x10 | 0x20;
 /// Version byte at the start of a chunk-list blob plaintext.
 pub const CHUNK_LIST_VERSION: u8 = 1;
 /// A file with at most this many chunks lists them inline in its tree node; larger files

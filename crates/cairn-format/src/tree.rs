@@ -126,20 +126,11 @@ impl Tree {
 /// Inode flags as `lsattr` and `chattr` write them (`i` immutable, `a` append
 /// only, ...), in `lsattr`'s order.
 pub fn inode_flag_letters(flags: u32) -> String {
-    [
-        (0x1, 's'),
-        (0x2, 'u'),
-        (0x8, 'S'),
-        (0x1_0000, 'D'),
-        (0x10, 'i'),
-        (0x20, 'a'),
-        (0x40, 'd'),
-        (0x80, 'A'),
-    ]
-    .iter()
-    .filter(|&&(bit, _)| flags & bit != 0)
-    .map(|&(_, c)| c)
-    .collect()
+    INODE_FLAG_LETTERS
+        .iter()
+        .filter(|&&(bit, _)| flags & bit != 0)
+        .map(|&(_, c)| c)
+        .collect()
 }
 
 /// The extended attributes Linux keeps POSIX ACLs under.

@@ -45,6 +45,7 @@ use crate::ops::backup::source::Excludes;
 use crate::progress::Progress;
 use crate::repo::Repository;
 use cairn_format::BlobId;
+use cairn_format::consts::{INODE_FLAGS, LOCKING_INODE_FLAGS};
 use cairn_format::tree::{Content, Node, NodeKind};
 use overwrite::Decision;
 use std::collections::HashMap;
@@ -236,7 +237,7 @@ struct Frame {
 
 /// Inode flags a directory passes on to what is created in it (ext4's
 /// `EXT4_FL_INHERITED`, of those a snapshot keeps): all but `i` and `a`.
-const INHERITED_FLAGS: u32 = cairn_format::consts::INODE_FLAGS & !(0x10 | 0x20);
+const INHERITED_FLAGS: u32 = INODE_FLAGS & !LOCKING_INODE_FLAGS;
 
 /// Where a directory the walk enters stands: selected whole by the includes
 /// (`all`, with its snapshot path when matched against them), and held whole by
@@ -406,7 +407,8 @@ pub(super) fn restore(
         // Locked by its owner: restore does not lift that on its own.
         Err(e)
             if e.raw_os_error() == Some(libc::EPERM)
-                && sys::inode_flags(root_fd.as_fd()).is_ok_and(|f| f & (0x10 | 0x20) != 0) =>
+                && sys::inode_flags(root_fd.as_fd())
+                    .is_ok_and(|f| f & LOCKING_INODE_FLAGS != 0) =>
         {
             return Err(Error::Invalid(format!(
                 "the target {} is immutable or append-only (chattr +i or +a): nothing can \
@@ -983,15 +985,33 @@ impl Walk<'_> {
         // The walk's top frame is `parent`'s.
         let inherited = self.stack.last().is_some_and(|f| f.inherits);
         if node.flags != 0 || inherited {
-            self.flagged.push(Flagged {
-                dir: Arc::downgrade(parent),
-                dir_node: parent.node.clone(),
-                name: name.to_owned(),
-                flags: node.flags,
-                is_dir: node.kind == NodeKind::Dir,
-                original: false,
-            });
+            self.push_flagged(parent, name, node.flags, node.kind == NodeKind::Dir, false);
         }
+    }
+
+    /// The entry `name` in `dir`, kept as it was but unlocked for this restore
+    /// (`own`: its flags before), gets them back at the end, whatever the
+    /// restore reports of it.
+    fn flag_own_back(&mut self, dir: &Arc<Dir>, name: &CStr, own: u32, is_dir: bool) {
+        self.push_flagged(dir, name, own & INODE_FLAGS, is_dir, true);
+    }
+
+    fn push_flagged(
+        &mut self,
+        dir: &Arc<Dir>,
+        name: &CStr,
+        flags: u32,
+        is_dir: bool,
+        original: bool,
+    ) {
+        self.flagged.push(Flagged {
+            dir: Arc::downgrade(dir),
+            dir_node: dir.node.clone(),
+            name: name.to_owned(),
+            flags,
+            is_dir,
+            original,
+        });
     }
 
     /// Sets the inode flags of the entries restored with some, last (after every
@@ -999,6 +1019,9 @@ impl Walk<'_> {
     /// restore reported a problem with, whose next restore must be able to write
     /// it. Each is opened by name in its directory, never through a symlink.
     fn set_inode_flags(&mut self) {
+        if self.flagged.is_empty() {
+            return;
+        }
         let failed: std::collections::HashSet<PathBuf> =
             self.stats.issues.iter().map(|i| i.path.clone()).collect();
         let mut last: Option<Arc<Dir>> = None;
@@ -1341,7 +1364,7 @@ impl Walk<'_> {
             .then(|| sys::inode_flags(opened.fd.as_fd()).ok())
             .flatten();
         let lifted = own
-            .filter(|f| f & !INHERITED_FLAGS & cairn_format::consts::INODE_FLAGS != 0)
+            .filter(|f| f & LOCKING_INODE_FLAGS != 0)
             .and_then(|_| sys::lift_locks(opened.fd.as_fd()).ok().flatten());
         let inherits = self.stack.last().is_some_and(|f| f.inherits)
             || own.is_some_and(|f| f & INHERITED_FLAGS != 0);
@@ -1357,14 +1380,7 @@ impl Walk<'_> {
             // Counted, not reported done: that is when it is complete.
             self.stats.kept += 1;
             if let Some(own) = lifted.filter(|_| !unfinished_own) {
-                self.flagged.push(Flagged {
-                    dir: Arc::downgrade(parent),
-                    dir_node: parent.node.clone(),
-                    name: name.clone(),
-                    flags: own & cairn_format::consts::INODE_FLAGS,
-                    is_dir: true,
-                    original: true,
-                });
+                self.flag_own_back(parent, &name, own, true);
             }
         } else {
             self.stats.dirs += 1;
@@ -1697,14 +1713,7 @@ impl Walk<'_> {
                 let Some(own) = sys::lift_locks(fd.as_fd())? else {
                     return Err(e);
                 };
-                self.flagged.push(Flagged {
-                    dir: Arc::downgrade(&src),
-                    dir_node: dir_node.clone(),
-                    name: first_name.clone(),
-                    flags: own & cairn_format::consts::INODE_FLAGS,
-                    is_dir: false,
-                    original: true,
-                });
+                self.flag_own_back(&src, &first_name, own, false);
                 sys::link_at(src.fd(), &first_name, parent.fd(), name)?;
             }
             r => r?,

@@ -192,20 +192,16 @@ pub(crate) fn set_inode_flags(fd: BorrowedFd<'_>, flags: u32) -> io::Result<()> 
     Ok(())
 }
 
-/// The inode flags that stop an entry from being changed, replaced or removed
-/// (and a directory's entries from being added or removed): `i` and `a`.
-const LOCKING_FLAGS: u32 = 0x10 | 0x20; // FS_IMMUTABLE_FL | FS_APPEND_FL
-
 /// Takes the immutable and append-only flags off an open entry (root only);
 /// its flags before, when it had either. A restore that has to change what an
 /// earlier restore locked (its flags are restored too) lifts them this way, and
 /// puts back what the snapshot or the entry kept says at the end.
 pub(crate) fn lift_locks(fd: BorrowedFd<'_>) -> io::Result<Option<u32>> {
     let now = inode_flags(fd)?;
-    if now & LOCKING_FLAGS == 0 {
+    if now & cairn_format::consts::LOCKING_INODE_FLAGS == 0 {
         return Ok(None);
     }
-    set_inode_flags(fd, now & !LOCKING_FLAGS)?;
+    set_inode_flags(fd, now & !cairn_format::consts::LOCKING_INODE_FLAGS)?;
     Ok(Some(now))
 }
 

@@ -8,6 +8,7 @@
 //! the host `cairn serve` vouched for (`hosts/<id>`) goes with the snapshot.
 
 use crate::error::{Error, Result};
+use crate::repo::same_but_tags;
 use crate::session::{Session, Write};
 use cairn_format::SnapshotId;
 use cairn_format::snapshot::Snapshot;
@@ -75,13 +76,34 @@ fn leftovers<'a>(
             x_id != id
                 && first.is_some()
                 && first == Some(x.original.clone().unwrap_or_else(|| x_id.to_hex()))
-                && x.tree == snap.tree
-                && x.time == snap.time
-                && x.hostname == snap.hostname
-                && x.paths == snap.paths
+                && same_but_tags(x, snap)
                 && x.tags != snap.tags
         })
         .map(|(x_id, _)| x_id)
+}
+
+/// Gives `to` the records `cairn serve` wrote for `from` (its host, when it was
+/// received) before `from` is forgotten; `false`, with a warning, when they
+/// could not be: forgetting `from` then would leave its host's tokens without
+/// the snapshot, so both are kept.
+fn carried(
+    repo: &crate::repo::Repository,
+    from: &SnapshotId,
+    to: &SnapshotId,
+    report: &mut TagReport,
+) -> bool {
+    match repo.carry_server_records(from, to) {
+        Ok(()) => true,
+        Err(e) => {
+            report.warnings.push(format!(
+                "snapshot {}: its records from cairn serve were not carried over to {} ({e}); \
+                 both are kept: run tag again once the storage answers",
+                from.short(),
+                to.short()
+            ));
+            false
+        }
+    }
 }
 
 /// Forgets the [`leftovers`] of `kept` (its server records carried to it first,
@@ -98,20 +120,13 @@ fn forget_leftovers(
     let (id, snap) = kept;
     let mut left = Vec::new();
     for x in leftovers(all, id, snap) {
-        if selected.iter().any(|(s, _)| s == x)
-            || report.changed.iter().any(|c| c.old == x.to_hex())
-            || report.leftovers_forgotten.contains(&x.to_hex())
+        // (What this run changed or forgot is among the selected or said.)
+        if selected.iter().any(|(s, _)| s == x) || report.leftovers_forgotten.contains(&x.to_hex())
         {
             continue;
         }
-        match repo.carry_server_records(x, id) {
-            Ok(()) => left.push(*x),
-            Err(e) => report.warnings.push(format!(
-                "snapshot {}: its records from cairn serve were not carried over to {} ({e}); \
-                 both are kept: run tag again once the storage answers",
-                x.short(),
-                id.short()
-            )),
+        if carried(repo, x, id, report) {
+            left.push(*x);
         }
     }
     if !left.is_empty() {
@@ -175,19 +190,10 @@ pub fn tag(
         if let Some((new_id, _)) = all.iter().find(|(n_id, n)| {
             n_id != id
                 && n.original.as_deref() == Some(id.to_hex().as_str())
-                && n.tree == snap.tree
-                && n.time == snap.time
-                && n.hostname == snap.hostname
-                && n.paths == snap.paths
+                && same_but_tags(n, snap)
         }) {
             if !dry_run {
-                if let Err(e) = repo.carry_server_records(id, new_id) {
-                    report.warnings.push(format!(
-                        "snapshot {}: its records from cairn serve were not carried over to {} \
-                         ({e}); both are kept: run tag again once the storage answers",
-                        id.short(),
-                        new_id.short()
-                    ));
+                if !carried(repo, id, new_id, &mut report) {
                     continue;
                 }
                 lock.check_fresh()?;
@@ -219,16 +225,7 @@ pub fn tag(
                 Some(existing) => existing,
                 None => repo.write_snapshot(&new, &lock)?,
             };
-            if let Err(e) = repo.carry_server_records(id, &new_id) {
-                // The old one stays, with its record: forgetting it would leave its
-                // host's tokens without the snapshot.
-                report.warnings.push(format!(
-                    "snapshot {}: its records from cairn serve were not carried over to {} ({e}); both \
-                     are kept: run tag again once the storage answers",
-                    id.short(),
-                    new_id.short()
-                ));
-            } else {
+            if carried(repo, id, &new_id, &mut report) {
                 lock.check_fresh()?;
                 for (_, r) in repo.forget_snapshots(&[*id])? {
                     r?;

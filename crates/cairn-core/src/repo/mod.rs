@@ -39,7 +39,7 @@ pub use snapshots::{
     HostRead, REPAIRED_TAG, SnapshotError, SnapshotList, UNBOUND_MARK, host_claim_note,
     is_repaired, resolve_snapshot_prefix, snapshot_order,
 };
-pub(crate) use snapshots::{existing_replacement, latest, latest_in};
+pub(crate) use snapshots::{existing_replacement, latest, latest_in, same_but_tags};
 
 #[derive(Clone, Debug)]
 pub struct InitOptions {

@@ -468,15 +468,15 @@ pub(crate) fn existing_replacement(
 ) -> Option<SnapshotId> {
     all.iter()
         .find(|(id, x)| {
-            id != old
-                && x.original == new.original
-                && x.tree == new.tree
-                && x.time == new.time
-                && x.hostname == new.hostname
-                && x.paths == new.paths
-                && x.tags == new.tags
+            id != old && x.original == new.original && same_but_tags(x, new) && x.tags == new.tags
         })
         .map(|(id, _)| *id)
+}
+
+/// Whether two snapshots are one backup, whatever their tags: the same tree,
+/// time, host and paths (a snapshot and what `tag` replaced it with).
+pub(crate) fn same_but_tags(a: &Snapshot, b: &Snapshot) -> bool {
+    a.tree == b.tree && a.time == b.time && a.hostname == b.hostname && a.paths == b.paths
 }
 
 /// The newest snapshot, refusing to guess when some snapshot could not be read: a

@@ -118,9 +118,11 @@ fn main() {
         Err(e) => {
             let code = exit_code(&e);
             let mut message = one_line(&e);
-            // Commands whose message does not already say what to do on a full
-            // repository (key, config, tag, rewrite, repair) say it here.
-            if repository_full(&e) && !message.contains("free ") {
+            // Commands with no advice of their own for a full repository (key,
+            // config, tag, rewrite, repair) say it here; those with one (backup,
+            // prune, copy, a lock) give it in a message of their own, which no
+            // longer carries the storage's error as a cause.
+            if repository_full(&e) {
                 message.push_str(
                     "; free space on the repository's storage, then run the command again",
                 );

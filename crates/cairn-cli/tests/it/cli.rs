@@ -640,14 +640,7 @@ fn a_local_repository_is_private_unless_its_config_says_otherwise() {
     let root = std::fs::metadata(&repo).unwrap().permissions().mode() & 0o777;
     assert_eq!(root, 0o700);
     // So is an SSD index of it, in a directory the user gives.
-    let ssd = env.path("ssd-index");
-    env.ok(&[
-        "index",
-        "--index-placement",
-        "ssd",
-        "--index-path",
-        ssd.to_str().unwrap(),
-    ]);
+    let ssd = use_ssd_index(&env);
     for e in std::fs::read_dir(&ssd).unwrap() {
         let mode = e.unwrap().metadata().unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);

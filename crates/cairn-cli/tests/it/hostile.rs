@@ -534,6 +534,7 @@ fn prune_does_not_trust_an_index_file_that_claims_other_packs_blobs() {
         same(&back.join(format!("f{i}")), &content(i));
     }
     // The same with the index in the SSD placement (its own lookups of copies).
+    // The SSD placement's lookups of copies are its own code.
     use_ssd_index(&env);
     let back = env.restore("latest", &src, "r0-ssd");
     for i in 20..40u32 {
@@ -1025,6 +1026,7 @@ fn a_false_live_copy_does_not_hide_a_blob_held_by_a_pending_record() {
     let junk_id = t.claim_falsely();
     let back = env.restore("latest", src, "ram");
     assert_same(src, &back);
+    // The SSD placement's lookups of copies are its own code.
     use_ssd_index(env);
     let back = env.restore("latest", src, "ssd-r");
     assert_same(src, &back);
@@ -1044,19 +1046,6 @@ fn a_false_live_copy_does_not_hide_a_blob_held_by_a_pending_record() {
     );
     let back = env.restore("latest", src, "pruned-twice");
     assert_same(src, &back);
-}
-
-/// Moves the repository's index to the SSD placement (its files in the scratch
-/// area), whose lookups of copies are its own code.
-fn use_ssd_index(env: &Env) {
-    let ssd = env.path("ssd");
-    env.ok(&[
-        "index",
-        "--index-placement",
-        "ssd",
-        "--index-path",
-        ssd.to_str().unwrap(),
-    ]);
 }
 
 /// The same attack timed between prune's plan and its deletions: the plan finds a

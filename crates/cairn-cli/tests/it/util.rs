@@ -997,3 +997,17 @@ pub fn file_with_xattrs(env: &Env, attrs: &[(&str, &[u8])]) -> (PathBuf, PathBuf
     }
     (src, f)
 }
+
+/// Moves `env`'s index to the SSD placement, its files in `env`'s scratch
+/// directory `ssd` (returned).
+pub fn use_ssd_index(env: &Env) -> PathBuf {
+    let ssd = env.path("ssd");
+    env.ok(&[
+        "index",
+        "--index-placement",
+        "ssd",
+        "--index-path",
+        ssd.to_str().unwrap(),
+    ]);
+    ssd
+}

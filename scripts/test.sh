@@ -25,8 +25,9 @@ command -v npm >/dev/null || need_apt+=(npm)
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 # The --priority test reads a job's I/O class with ionice.
 command -v ionice >/dev/null || need_apt+=(util-linux)
-# Image tests: ext4 images (mke2fs -d), loop devices, partition tables.
-command -v mke2fs >/dev/null || need_apt+=(e2fsprogs)
+# Image tests: ext4 images (mke2fs -d), loop devices, partition tables; the
+# inode-flag tests' chattr and lsattr come in the same package.
+command -v mke2fs >/dev/null && command -v lsattr >/dev/null || need_apt+=(e2fsprogs)
 command -v losetup >/dev/null || need_apt+=(mount)
 command -v sfdisk >/dev/null || need_apt+=(fdisk)
 command -v faketime >/dev/null || need_apt+=(faketime)   # a prune with its clock ahead

@@ -243,6 +243,50 @@ fn a_repair_killed_half_way_leaves_one_repaired_snapshot() {
     env.check_clean();
 }
 
+/// A file lost among intact ones: the repaired directories keep every other
+/// entry, in order, with its content (the repair counts intact entries without
+/// copying them and takes them from the stored tree at the first change).
+#[test]
+fn a_lost_file_among_intact_ones_leaves_the_rest_of_its_directories() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    let mut rng = Rng(33);
+    for d in ["a", "m", "m/deep", "z"] {
+        fs::create_dir_all(src.join(d)).unwrap();
+    }
+    for name in ["a/1", "m/0", "m/deep/x", "m/y", "z/2", "top"] {
+        fs::write(src.join(name), rng.bytes(3_000, true)).unwrap();
+    }
+    env.backup(&[&src]);
+    // The second backup's only new data: one file in the middle of `m/deep`,
+    // beside entries before and after it (`w` holds bytes stored already).
+    fs::write(src.join("m/deep/lost"), rng.bytes(400_000, false)).unwrap();
+    fs::copy(src.join("m/y"), src.join("m/deep/w")).unwrap();
+    let before = files(&env.repo.join("data"));
+    env.backup(&[&src]);
+    let mut new: Vec<PathBuf> = files(&env.repo.join("data"))
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert_eq!(new.len(), 2, "a data and a tree pack");
+    new.sort_by_key(|p| fs::metadata(p).unwrap().len());
+    fs::remove_file(new.last().unwrap()).unwrap();
+    env.ok(&["repair", "index"]);
+    let rep = env.ok(&["repair", "snapshots"]);
+    assert!(rep.contains("m/deep/lost (file data lost)"), "{rep}");
+    env.check_clean();
+    let latest = env.snapshot_ids().pop().unwrap();
+    let out = env.restore(&latest, &src, "r");
+    // The source as the repaired snapshot holds it: without the lost file, its
+    // directory's time as backed up.
+    let deep = fs::File::open(src.join("m/deep")).unwrap();
+    let mtime = deep.metadata().unwrap().modified().unwrap();
+    fs::remove_file(src.join("m/deep/lost")).unwrap();
+    deep.set_modified(mtime).unwrap();
+    assert_same(&src, &out);
+}
+
 /// `repair snapshots` run without `repair index` first leaves the index naming
 /// the lost pack: `check` then says what to run, not only that there is a problem
 /// (QA), and that fixes it.

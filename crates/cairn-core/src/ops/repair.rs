@@ -650,7 +650,13 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
 
     /// Adds a (possibly repaired) directory entry to `dir`: `new` is its repaired
     /// tree (`None`: lost, kept empty) and `rel` what it lost, under it.
-    fn add_dir(&mut self, dir: &mut RepairDir, node: &Node, new: Option<BlobId>, rel: &[String]) {
+    fn add_dir(
+        &mut self,
+        dir: &mut RepairDir,
+        node: &Node,
+        new: Option<BlobId>,
+        rel: &[String],
+    ) -> Result<()> {
         let name = format!("/{}", String::from_utf8_lossy(&node.name));
         dir.dropped.extend(rel.iter().map(|d| format!("{name}{d}")));
         let new = match new {
@@ -661,12 +667,42 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
                 self.empty_tree()
             }
         };
-        let mut n = node.clone();
-        if n.subtree != Some(new) {
-            dir.changed = true;
-            n.subtree = Some(new);
+        if node.subtree == Some(new) {
+            return self.keep(dir, node);
         }
-        dir.nodes.push(n);
+        let mut n = node.clone();
+        n.subtree = Some(new);
+        self.changed(dir)?.push(n);
+        Ok(())
+    }
+
+    /// Keeps an intact entry of `dir`: only counted while the directory is as
+    /// stored, so that repairing a directory of a million intact entries does not
+    /// hold a second copy of it.
+    fn keep(&self, dir: &mut RepairDir, n: &Node) -> Result<()> {
+        match &mut dir.nodes {
+            Some(nodes) => nodes.push(n.clone()),
+            None => dir.kept += 1,
+        }
+        Ok(())
+    }
+
+    /// The entries of `dir` so far, for a directory that differs from its stored
+    /// tree: on its first change, the intact entries counted until then are taken
+    /// from that tree (read again; a repair changes few directories).
+    fn changed<'d>(&self, dir: &'d mut RepairDir) -> Result<&'d mut Vec<Node>> {
+        if dir.nodes.is_none() {
+            let mut nodes = match dir.id {
+                Some(id) => self.repo.load_tree(&id)?.nodes,
+                None => Vec::new(),
+            };
+            nodes.truncate(dir.kept);
+            if nodes.len() != dir.kept {
+                return Err(Error::Invalid("tree repair lost its place".into()));
+            }
+            dir.nodes = Some(nodes);
+        }
+        Ok(dir.nodes.get_or_insert_with(Vec::new))
     }
 
     fn file_ok(&self, n: &Node) -> Result<bool> {
@@ -813,8 +849,11 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
 struct RepairDir {
     /// The directory's own tree id (`None` for the root, whose id the caller has).
     id: Option<BlobId>,
-    nodes: Vec<Node>,
-    changed: bool,
+    /// Its entries so far, from the first that differs from the stored tree's
+    /// (`None` while none has: see [`Rewriter::keep`]).
+    nodes: Option<Vec<Node>>,
+    /// Entries kept as stored while `nodes` is `None`.
+    kept: usize,
     /// Lost paths, relative to this directory (`/name ...`).
     dropped: Vec<String>,
 }
@@ -825,11 +864,14 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
     type Out = (Option<BlobId>, Vec<String>);
 
     fn enter(&mut self, _: &str, node: Option<&Node>, _: &Tree) -> Result<RepairDir> {
+        let id = match node {
+            Some(n) => n.subtree,
+            None => self.root,
+        };
         Ok(RepairDir {
-            id: match node {
-                Some(n) => n.subtree,
-                None => self.root,
-            },
+            id,
+            // Without an id to read it again, the directory is copied as it goes.
+            nodes: id.is_none().then(Vec::new),
             ..Default::default()
         })
     }
@@ -838,34 +880,34 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
         match n.kind {
             NodeKind::Dir => {
                 let Some(sub) = n.subtree else {
-                    dir.nodes.push(n.clone());
+                    self.keep(dir, n)?;
                     return Ok(None);
                 };
                 if let Some((new, rel)) = self.memo.get(&sub).cloned() {
-                    self.add_dir(dir, n, new, &rel);
+                    self.add_dir(dir, n, new, &rel)?;
                     return Ok(None);
                 }
                 if !(self.present)(&sub) {
                     self.memo.insert(sub, (None, Vec::new()));
-                    self.add_dir(dir, n, None, &[]);
+                    self.add_dir(dir, n, None, &[])?;
                     return Ok(None);
                 }
                 Ok(Some(sub))
             }
             NodeKind::File => {
                 if self.file_ok(n)? {
-                    dir.nodes.push(n.clone());
+                    self.keep(dir, n)?;
                 } else {
                     dir.dropped.push(format!(
                         "/{} (file data lost)",
                         String::from_utf8_lossy(&n.name)
                     ));
-                    dir.changed = true;
+                    self.changed(dir)?;
                 }
                 Ok(None)
             }
             _ => {
-                dir.nodes.push(n.clone());
+                self.keep(dir, n)?;
                 Ok(None)
             }
         }
@@ -878,14 +920,15 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
         if let Some(sub) = n.subtree {
             self.memo.insert(sub, (None, Vec::new()));
         }
-        self.add_dir(dir, n, None, &[]);
-        Ok(())
+        self.add_dir(dir, n, None, &[])
     }
 
     fn leave(&mut self, _: &str, _: Option<&Node>, dir: RepairDir) -> Result<Self::Out> {
-        let new = match (dir.changed, dir.id) {
-            (false, Some(id)) => id,
-            _ => self.add_tree(&Tree { nodes: dir.nodes }),
+        let new = match (dir.nodes, dir.id) {
+            (None, Some(id)) => id,
+            (nodes, _) => self.add_tree(&Tree {
+                nodes: nodes.unwrap_or_default(),
+            }),
         };
         Ok((Some(new), dir.dropped))
     }
@@ -894,8 +937,7 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
         if let Some(sub) = n.subtree {
             self.memo.insert(sub, out.clone());
         }
-        self.add_dir(parent, n, out.0, &out.1);
-        Ok(())
+        self.add_dir(parent, n, out.0, &out.1)
     }
 }
 

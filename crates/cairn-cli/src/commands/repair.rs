@@ -56,6 +56,13 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
             let r = repair::repair_snapshots(&mut session, dry_run);
             p.finish();
             let r = r?;
+            // On stderr whatever the output format (JSON lines with --json).
+            for w in &r.warnings {
+                p.progress.warning_msg(w.clone());
+            }
+            for u in &r.unreadable_kept {
+                p.progress.warning_msg(format!("left snapshot {u}"));
+            }
             if g.json {
                 super::print_json_report(&r)?;
             } else if !g.quiet || !r.repaired.is_empty() {
@@ -81,9 +88,6 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
                         }
                     );
                 }
-                for w in &r.warnings {
-                    eprintln!("warning: {w}");
-                }
                 for u in &r.unreadable_removed {
                     println!(
                         "{} unreadable snapshot object {u}",
@@ -97,7 +101,8 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
                     if dry_run { "would be" } else { "were" }
                 );
             }
-            Ok(0)
+            // Snapshots neither removed nor repaired: the run is not a success.
+            Ok(if r.unreadable_kept.is_empty() { 0 } else { 1 })
         }
     }
 }

@@ -822,3 +822,82 @@ fn an_unreadable_snapshot_is_removed_by_forget_with_its_id() {
     env.check_clean();
     assert_eq!(env.snapshot_ids(), vec![keep]);
 }
+
+/// A snapshot object this user may not read is not damage: `repair snapshots`
+/// leaves it (QA: it removed it, and the next prune deleted its data), says
+/// what to do and exits 1; `check` and `prune` advise access, not removal. The
+/// snapshot is whole again once the user may read it.
+#[test]
+fn a_snapshot_this_user_may_not_read_is_left_by_repair() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !is_root() {
+        eprintln!("needs root, to run the repair as nobody");
+        return;
+    }
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a"), Rng(41).bytes(200_000, false)).unwrap();
+    let first = env.backup(&[&src]);
+    fs::write(src.join("b"), Rng(42).bytes(200_000, false)).unwrap();
+    let second = env.backup(&[&src]);
+    // The repository is nobody's, but for the second snapshot's object.
+    sh(Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(env.dir.path()));
+    sh(Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(env.dir.path()));
+    let object = env.repo.join("snapshots").join(&second);
+    sh(Command::new("chown").arg("0:0").arg(&object));
+    fs::set_permissions(&object, fs::Permissions::from_mode(0o600)).unwrap();
+    let as_nobody = |args: &[&str]| {
+        env.cmd(args)
+            .env("XDG_CACHE_HOME", env.path("nobody-cache"))
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    for dry in [true, false] {
+        let args: &[&str] = if dry {
+            &["repair", "snapshots", "--dry-run"]
+        } else {
+            &["repair", "snapshots"]
+        };
+        let o = as_nobody(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(&format!("left snapshot {second}")) && err.contains("may not read it"),
+            "{err}"
+        );
+        assert!(
+            object.exists(),
+            "dry run {dry}: the object was removed: {err}"
+        );
+    }
+    for args in [&["check"][..], &["prune"][..]] {
+        let o = as_nobody(args);
+        let err = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("may not read it") && !err.contains("removes every"),
+            "{args:?}: {err}"
+        );
+    }
+    // Readable again: both snapshots restore whole.
+    sh(Command::new("chown").arg("65534:65534").arg(&object));
+    assert_eq!(env.snapshot_ids().len(), 2);
+    for snap in [&first, &second] {
+        let out = env.restore(snap, &src, &format!("r-{}", &snap[..8]));
+        assert!(out.join("a").exists());
+    }
+    env.check_clean();
+}

@@ -97,7 +97,13 @@ pub enum Problem {
     /// Reading a pack whole found damage (`--read-data`): its hash, header or blobs.
     PackDamaged { pack: PackId, error: String },
     /// A snapshot object cannot be read or names no valid tree.
-    SnapshotUnreadable { snapshot: SnapshotId, error: String },
+    SnapshotUnreadable {
+        snapshot: SnapshotId,
+        error: String,
+        /// What to do: removing it only when it is damage (not when this user
+        /// may not read it, or a newer cairn wrote it).
+        advice: String,
+    },
     /// A snapshot recorded as committed is gone without `forget`.
     SnapshotVanished { snapshot: SnapshotId },
     /// A blob a snapshot needs is in no index.
@@ -172,12 +178,15 @@ impl Problem {
                  {expected} (appended to, or its end cut off; `check --read-data` reads it)"
             ),
             Problem::PackDamaged { pack, error } => format!("pack {pack}: {error}"),
-            Problem::SnapshotUnreadable { snapshot, error } => {
+            Problem::SnapshotUnreadable {
+                snapshot,
+                error,
+                advice,
+            } => {
                 // The error names the snapshot already when it is the object's own.
                 let named = error.contains(&snapshot.to_hex());
                 format!(
-                    "{}{error}; `cairn forget {snapshot}` removes that object (`cairn repair \
-                     snapshots` removes every unreadable one)",
+                    "{}{error}; {advice}",
                     if named {
                         String::new()
                     } else {
@@ -386,6 +395,7 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
     for e in bad_snaps {
         report.problems.push(Problem::SnapshotUnreadable {
             snapshot: e.id,
+            advice: e.advice(),
             error: e.error.to_string(),
         });
     }
@@ -396,9 +406,14 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
         let root = match snap.tree_id() {
             Ok(r) => r,
             Err(e) => {
+                let e = crate::repo::SnapshotError {
+                    id: *sid,
+                    error: Error::damaged(format!("snapshot {}", sid.to_hex()), e),
+                };
                 report.problems.push(Problem::SnapshotUnreadable {
                     snapshot: *sid,
-                    error: e.to_string(),
+                    advice: e.advice(),
+                    error: e.error.to_string(),
                 });
                 continue;
             }

@@ -350,8 +350,13 @@ pub struct RepairedSnapshot {
 pub struct RepairSnapshotsReport {
     pub snapshots_checked: usize,
     pub repaired: Vec<RepairedSnapshot>,
-    /// Snapshot objects that could not be read, removed.
+    /// Snapshot objects that were read and found damaged, removed.
     pub unreadable_removed: Vec<String>,
+    /// Snapshot objects that could not be read for another reason (this user may
+    /// not read them, a newer cairn wrote them): left as they are, with what to
+    /// do. The repair is not complete while there are any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable_kept: Vec<String>,
     /// Snapshots deleted from storage behind cairn's back, now recorded as lost.
     pub vanished_recorded: Vec<String>,
     /// Host records that could not be carried to a rewritten snapshot, with why.
@@ -506,6 +511,14 @@ pub fn repair_snapshots(
     }
     for e in bad {
         handled.insert(e.id);
+        // Only what was read and found damaged goes: an object that could not be
+        // read (permissions, a newer format) may be a good snapshot.
+        if !e.is_damage() {
+            report
+                .unreadable_kept
+                .push(format!("{}: {}; {}", e.id.to_hex(), e.error, e.advice()));
+            continue;
+        }
         if !dry_run {
             lock.check_fresh()?;
             forget(repo, e.id)?;

@@ -32,6 +32,34 @@ pub struct SnapshotError {
     pub error: Error,
 }
 
+impl SnapshotError {
+    /// The object was read and is not a snapshot (its authentication, encoding or
+    /// contents fail): damage that removing it repairs. An object this user may not
+    /// read, or one a newer cairn wrote, is not damage: nothing may remove it on
+    /// its own.
+    pub fn is_damage(&self) -> bool {
+        matches!(self.error, Error::Damaged { .. })
+    }
+
+    /// What to do about it, for messages.
+    pub fn advice(&self) -> String {
+        let id = self.id.to_hex();
+        match &self.error {
+            Error::Damaged { .. } => format!(
+                "`cairn forget {id}` removes that object (`cairn repair snapshots` removes every \
+                 damaged one)"
+            ),
+            Error::NewerFormat { .. } => {
+                format!("upgrade cairn to read it, or `cairn forget {id}` removes it")
+            }
+            _ => format!(
+                "this user may not read it: give it access to the object as to the repository's \
+                 other files (or `cairn forget {id}` removes it)"
+            ),
+        }
+    }
+}
+
 impl std::fmt::Display for SnapshotError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.error.fmt(f)

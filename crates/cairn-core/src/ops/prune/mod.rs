@@ -206,8 +206,8 @@ fn run(
     }
     if let Some(e) = bad.into_iter().next() {
         return Err(Error::Invalid(format!(
-            "{e}; prune cannot tell what it needs: `cairn forget ID` removes that object \
-             (`cairn repair snapshots` removes every unreadable one)"
+            "{e}; prune cannot tell what it needs: {}",
+            e.advice()
         )));
     }
     let mut scan = crate::ops::scan::scan_index(repo, &stored, opts.partition_bytes)?;

@@ -81,8 +81,9 @@ impl LocalBackend {
 
     /// The modes (file, directory) new objects and directories get: private,
     /// unless the repository's `config` is readable by its group, in which case
-    /// the group may read them too (umask applies on top). Decided once the
-    /// config is there; `init` writes it private.
+    /// the group may read them too, whatever the writer's umask (see
+    /// [`Self::shared`]). Decided once the config is there; `init` writes it
+    /// private.
     fn modes(&self) -> (u32, u32) {
         use std::os::unix::fs::PermissionsExt;
         match self.sharing.load(Ordering::Relaxed) {
@@ -99,12 +100,28 @@ impl LocalBackend {
         if group { GROUP } else { PRIVATE }
     }
 
+    /// In a repository its group reads, gives a new directory the group's mode
+    /// exactly (and [`Self::write`] a new file): a root job run under umask 077 (cron, systemd) would
+    /// otherwise write objects the group cannot read, and a reader of the group
+    /// would find snapshots missing.
+    fn shared_dir(&self, dir: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        if self.sharing.load(Ordering::Relaxed) != 2 {
+            return Ok(());
+        }
+        // A set-group-id bit the parent passed on stays: it gives the new
+        // directory's files the repository's group.
+        let setgid = fs::metadata(dir)?.permissions().mode() & 0o2000;
+        fs::set_permissions(dir, fs::Permissions::from_mode(GROUP.1 | setgid))
+    }
+
     fn create_dir(&self, dir: &Path, recursive: bool) -> std::io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
         fs::DirBuilder::new()
             .recursive(recursive)
             .mode(self.modes().1)
-            .create(dir)
+            .create(dir)?;
+        self.shared_dir(dir)
     }
 
     pub fn root(&self) -> &Path {
@@ -451,6 +468,10 @@ impl LocalBackend {
                 }
                 Err(e) => return Err(e),
             };
+            if self.sharing.load(Ordering::Relaxed) == 2 {
+                use std::os::unix::fs::PermissionsExt;
+                f.set_permissions(fs::Permissions::from_mode(GROUP.0))?;
+            }
             let direct_file =
                 if self.direct.load(Ordering::Relaxed) && data.len() as u64 >= DIRECT_MIN_BYTES {
                     direct::open_direct(&tmp)?

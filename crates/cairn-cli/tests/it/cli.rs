@@ -646,14 +646,46 @@ fn a_local_repository_is_private_unless_its_config_says_otherwise() {
         assert_eq!(mode, 0o700);
     }
 
-    let config = repo.join("config");
-    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o640)).unwrap();
-    std::fs::write(src.join("g"), b"more data").unwrap();
-    env.backup(&[&src]);
-    let new_files: Vec<_> = modes(&repo)
-        .into_iter()
-        .filter(|(p, m)| !std::path::Path::new(p).is_dir() && *m != 0o600)
+    // Shared with the group as the README says: what the next backup writes is
+    // the group's to read, even from a job run under umask 077 (QA: it was not),
+    // and new directories keep the set-group-id bit.
+    std::process::Command::new("chmod")
+        .args(["-R", "g+rX"])
+        .arg(&repo)
+        .status()
+        .unwrap();
+    std::process::Command::new("find")
+        .arg(&repo)
+        .args(["-type", "d", "-exec", "chmod", "g+s", "{}", "+"])
+        .status()
+        .unwrap();
+    let before: std::collections::HashSet<String> =
+        modes(&repo).into_iter().map(|(p, _)| p).collect();
+    for i in 0..20 {
+        std::fs::write(src.join(format!("g{i}")), Rng(i).bytes(100_000, false)).unwrap();
+    }
+    let mut backup = env.cmd(&[]);
+    let inner: Vec<std::ffi::OsString> = std::iter::once(backup.get_program().to_owned())
+        .chain(backup.get_args().map(|a| a.to_owned()))
+        .chain(["backup", "-q", src.to_str().unwrap()].map(Into::into))
         .collect();
-    assert!(!new_files.is_empty());
-    assert!(new_files.iter().all(|(_, m)| *m == 0o640), "{new_files:?}");
+    let mut backup = std::process::Command::new("sh");
+    backup
+        .args(["-c", "umask 077 && exec \"$@\"", "sh"])
+        .args(inner)
+        .envs(env.cmd(&[]).get_envs().filter_map(|(k, v)| Some((k, v?))));
+    assert!(backup.status().unwrap().success());
+    let new: Vec<_> = modes(&repo)
+        .into_iter()
+        .filter(|(p, _)| !before.contains(p))
+        .collect();
+    assert!(new.iter().any(|(p, _)| !std::path::Path::new(p).is_dir()));
+    for (p, m) in &new {
+        let meta = std::fs::metadata(p).unwrap();
+        if meta.is_dir() {
+            assert_eq!(meta.permissions().mode() & 0o7777, 0o2750, "{p}");
+        } else {
+            assert_eq!(*m, 0o640, "{p}");
+        }
+    }
 }

@@ -664,16 +664,16 @@ fn a_local_repository_is_private_unless_its_config_says_otherwise() {
     for i in 0..20 {
         std::fs::write(src.join(format!("g{i}")), Rng(i).bytes(100_000, false)).unwrap();
     }
-    let mut backup = env.cmd(&[]);
-    let inner: Vec<std::ffi::OsString> = std::iter::once(backup.get_program().to_owned())
-        .chain(backup.get_args().map(|a| a.to_owned()))
+    let base = env.cmd(&[]);
+    let inner: Vec<std::ffi::OsString> = std::iter::once(base.get_program().to_owned())
+        .chain(base.get_args().map(|a| a.to_owned()))
         .chain(["backup", "-q", src.to_str().unwrap()].map(Into::into))
         .collect();
     let mut backup = std::process::Command::new("sh");
     backup
         .args(["-c", "umask 077 && exec \"$@\"", "sh"])
         .args(inner)
-        .envs(env.cmd(&[]).get_envs().filter_map(|(k, v)| Some((k, v?))));
+        .envs(base.get_envs().filter_map(|(k, v)| Some((k, v?))));
     assert!(backup.status().unwrap().success());
     let new: Vec<_> = modes(&repo)
         .into_iter()

@@ -672,8 +672,13 @@ fn a_local_repository_is_private_unless_its_config_says_otherwise() {
     let mut backup = std::process::Command::new("sh");
     backup
         .args(["-c", "umask 077 && exec \"$@\"", "sh"])
-        .args(inner)
-        .envs(base.get_envs().filter_map(|(k, v)| Some((k, v?))));
+        .args(inner);
+    for (k, v) in base.get_envs() {
+        match v {
+            Some(v) => backup.env(k, v),
+            None => backup.env_remove(k),
+        };
+    }
     assert!(backup.status().unwrap().success());
     let new: Vec<_> = modes(&repo)
         .into_iter()

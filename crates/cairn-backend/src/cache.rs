@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex};
 const SUM_LEN: usize = 32;
 
 /// Where cairn keeps local state for repositories (caches, the SSD index, copy
-/// maps): `$XDG_CACHE_HOME/cairn`, else `~/.cache/cairn`; None without either.
+/// maps): `$XDG_CACHE_HOME/cairn`, else `~/.cache/cairn`, with the home
+/// directory from the user database when `HOME` is not set (a systemd service,
+/// `env -i`); None without any.
 pub fn base_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|v| !v.is_empty())
@@ -29,7 +31,15 @@ pub fn base_dir() -> Option<PathBuf> {
         .or_else(|| {
             std::env::var_os("HOME")
                 .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".cache"))
+                .map(PathBuf::from)
+                .or_else(|| {
+                    nix::unistd::User::from_uid(nix::unistd::geteuid())
+                        .ok()
+                        .flatten()
+                        .map(|u| u.dir)
+                        .filter(|d| d.is_absolute() && d.is_dir())
+                })
+                .map(|h| h.join(".cache"))
         })?;
     Some(base.join("cairn"))
 }

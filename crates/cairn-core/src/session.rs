@@ -360,9 +360,11 @@ impl<A: Access> Session<A> {
     /// under a memory limit, which was planned for the SSD placement's share.
     pub fn load_index(&mut self) -> Result<()> {
         match self.load_index_with(Repository::load_index) {
-            Err(e @ Error::Io { .. })
-                if self.repo.config().index_placement
-                    == cairn_format::config::IndexPlacement::Ssd
+            // (Also when this machine has no directory for them.)
+            Err(e)
+                if (matches!(e, Error::Io { .. }) || self.repo.index_path().is_err())
+                    && self.repo.config().index_placement
+                        == cairn_format::config::IndexPlacement::Ssd
                     && self.repo.memory_limit().is_none() =>
             {
                 self.progress.warning_msg(format!(

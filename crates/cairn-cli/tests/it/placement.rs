@@ -345,6 +345,51 @@ fn a_restore_reads_the_index_into_memory_when_its_disk_is_full() {
     assert_same(&src, &env.path("out").join(src.strip_prefix("/").unwrap()));
 }
 
+/// A user with no directory for the SSD placement's files (no `HOME`, no
+/// `XDG_CACHE_HOME`, no home directory: a service account) reads the index into
+/// memory, as when those files cannot be written (QA: every command failed).
+#[test]
+fn without_a_home_the_ssd_placement_reads_the_index_into_memory() {
+    if !is_root() {
+        eprintln!("needs root, to run as nobody");
+        return;
+    }
+    let env = Env::new();
+    env.init(&["--index-placement", "ssd"]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    for i in 0..20u64 {
+        fs::write(
+            src.join(format!("d/f{i}")),
+            Rng(i).bytes(50_000, i % 2 == 0),
+        )
+        .unwrap();
+    }
+    env.backup(&[&src]);
+    let (target, _) = open_to_nobody(&env);
+    let mut cmd = env.cmd(&["restore", "latest", "--target", target.to_str().unwrap()]);
+    cmd.env_remove("HOME").env_remove("XDG_CACHE_HOME");
+    let o = {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(65534).gid(65534).output().unwrap()
+    };
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("no directory for the SSD index")
+            && err.contains("reads the index into memory instead"),
+        "{err}"
+    );
+    let back = target.join(src.strip_prefix("/").unwrap());
+    for i in 0..20 {
+        let name = format!("d/f{i}");
+        assert_eq!(
+            fs::read(back.join(&name)).unwrap(),
+            fs::read(src.join(&name)).unwrap()
+        );
+    }
+}
+
 /// A repository of 4 KiB blocks with the SSD index placement in `dir`.
 fn init_ssd(env: &Env, dir: &std::path::Path) {
     env.init(&[

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use cairn_core::forget::{
     self, CalendarDuration, ForgetRequest, GroupBy, GroupReport, Policy, SnapshotEntry,
 };
-use cairn_core::session::{IndexLoad, Write};
+use cairn_core::session::{IndexLoad, Read, Write};
 
 /// A count given to a --keep-* option: a whole number, or "unlimited" for -1.
 fn count(flag: &str, v: &Option<String>) -> Result<Option<i64>> {
@@ -84,8 +84,16 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
         }
     };
     let p = super::progress(g);
-    let session = super::session::<Write>(g, "forget", IndexLoad::None, &p.progress)?;
-    let r = forget::forget(&session, &request, a.dry_run)?;
+    // A dry run changes nothing: a shared lock, or none where none can be
+    // written (a repository on a read-only mount), as for other reads. (The
+    // session, and its lock, end before a prune that follows.)
+    let r = if a.dry_run {
+        let s = super::session::<Read>(g, "forget", IndexLoad::None, &p.progress)?;
+        forget::forget(&s, &request, true)?
+    } else {
+        let s = super::session::<Write>(g, "forget", IndexLoad::None, &p.progress)?;
+        forget::forget(&s, &request, false)?
+    };
     for e in &r.unreadable {
         eprintln!("warning: {e} (left alone)");
     }
@@ -160,7 +168,6 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
             println!("removed {}", ui::count(r.removed as u64, "snapshot"));
         }
     }
-    drop(session);
     if !r.failed.is_empty() {
         if g.json && a.prune {
             super::print_json(&serde_json::json!({ "forget": &r, "prune": null }))?;

@@ -2,7 +2,7 @@ use crate::args::{Global, RepairCommand};
 use crate::ui;
 use anyhow::Result;
 use cairn_core::repair;
-use cairn_core::session::{Exclusive, IndexLoad};
+use cairn_core::session::{Exclusive, IndexLoad, Read};
 
 pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
     let mut p = super::progress(g);
@@ -10,6 +10,14 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
         RepairCommand::Index => "repair index",
         RepairCommand::Snapshots { .. } => "repair snapshots",
     };
+    if let RepairCommand::Snapshots { dry_run: true } = c {
+        // Changes nothing: a shared lock, or none where none can be written (a
+        // damaged repository mounted read-only).
+        let mut session = super::session::<Read>(g, operation, IndexLoad::None, &p.progress)?;
+        p.start();
+        let r = repair::plan_repair_snapshots(&mut session);
+        return snapshots_report(g, p, r, true);
+    }
     let mut session = super::session::<Exclusive>(g, operation, IndexLoad::None, &p.progress)?;
     p.start();
     match c {
@@ -54,57 +62,67 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
         }
         RepairCommand::Snapshots { dry_run } => {
             let r = repair::repair_snapshots(&mut session, dry_run);
-            p.finish();
-            let r = r?;
-            // On stderr whatever the output format (JSON lines with --json).
-            for w in &r.warnings {
-                p.progress.warning_msg(w.clone());
-            }
-            for u in &r.unreadable_kept {
-                p.progress.warning_msg(format!("left snapshot {u}"));
-            }
-            if g.json {
-                super::print_json_report(&r)?;
-            } else if !g.quiet || !r.repaired.is_empty() {
-                let verb = if dry_run { "would drop" } else { "dropped" };
-                for s in &r.repaired {
-                    match &s.new {
-                        Some(n) => println!("snapshot {} -> {}:", &s.original[..8], &n[..8]),
-                        None if dry_run => println!("snapshot {}:", &s.original[..8]),
-                        None => println!("snapshot {} removed:", &s.original[..8]),
-                    }
-                    for d in &s.dropped {
-                        println!("    {verb} {d}");
-                    }
-                }
-                for v in &r.vanished_recorded {
-                    println!(
-                        "snapshot {} was deleted from storage without forget: {} as lost",
-                        &v[..8],
-                        if dry_run {
-                            "would record it"
-                        } else {
-                            "recorded"
-                        }
-                    );
-                }
-                for u in &r.unreadable_removed {
-                    println!(
-                        "{} unreadable snapshot object {u}",
-                        if dry_run { "would remove" } else { "removed" }
-                    );
-                }
-                println!(
-                    "checked {}; {} {} repaired",
-                    ui::count(r.snapshots_checked as u64, "snapshot"),
-                    r.repaired.len(),
-                    if dry_run { "would be" } else { "were" }
-                );
-            }
-            // Snapshots neither removed nor repaired: the run is not a success.
-            Ok(if r.unreadable_kept.is_empty() { 0 } else { 1 })
+            snapshots_report(g, p, r, dry_run)
         }
     }
+}
+
+/// Shows what `repair snapshots` did (or would do); its exit code.
+fn snapshots_report(
+    g: &Global,
+    mut p: crate::events::CliProgress,
+    r: cairn_core::Result<repair::RepairSnapshotsReport>,
+    dry_run: bool,
+) -> Result<i32> {
+    p.finish();
+    let r = r?;
+    // On stderr whatever the output format (JSON lines with --json).
+    for w in &r.warnings {
+        p.progress.warning_msg(w.clone());
+    }
+    for u in &r.unreadable_kept {
+        p.progress.warning_msg(format!("left snapshot {u}"));
+    }
+    if g.json {
+        super::print_json_report(&r)?;
+    } else if !g.quiet || !r.repaired.is_empty() {
+        let verb = if dry_run { "would drop" } else { "dropped" };
+        for s in &r.repaired {
+            match &s.new {
+                Some(n) => println!("snapshot {} -> {}:", &s.original[..8], &n[..8]),
+                None if dry_run => println!("snapshot {}:", &s.original[..8]),
+                None => println!("snapshot {} removed:", &s.original[..8]),
+            }
+            for d in &s.dropped {
+                println!("    {verb} {d}");
+            }
+        }
+        for v in &r.vanished_recorded {
+            println!(
+                "snapshot {} was deleted from storage without forget: {} as lost",
+                &v[..8],
+                if dry_run {
+                    "would record it"
+                } else {
+                    "recorded"
+                }
+            );
+        }
+        for u in &r.unreadable_removed {
+            println!(
+                "{} unreadable snapshot object {u}",
+                if dry_run { "would remove" } else { "removed" }
+            );
+        }
+        println!(
+            "checked {}; {} {} repaired",
+            ui::count(r.snapshots_checked as u64, "snapshot"),
+            r.repaired.len(),
+            if dry_run { "would be" } else { "were" }
+        );
+    }
+    // Snapshots neither removed nor repaired: the run is not a success.
+    Ok(if r.unreadable_kept.is_empty() { 0 } else { 1 })
 }
 
 pub fn recover(g: &Global, a: &crate::args::RecoverArgs) -> Result<i32> {

@@ -901,3 +901,33 @@ fn a_snapshot_this_user_may_not_read_is_left_by_repair() {
     }
     env.check_clean();
 }
+
+/// A repository on a file system mounted read-only (ext4 after errors): reads
+/// go on without a lock, and so do the dry runs of forget and `repair
+/// snapshots`, which is how an administrator looks at such a repository before
+/// it is writable again (QA: they failed writing a lock).
+#[test]
+fn dry_runs_work_on_a_read_only_repository() {
+    let env = Env::new();
+    let fs_ = Tmpfs::mount(&env.repo, "size=64m");
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a"), b"one").unwrap();
+    env.backup(&[&src]);
+    fs::write(src.join("a"), b"two").unwrap();
+    env.backup(&[&src]);
+    fs_.remount("ro");
+    let out = env.ok(&["forget", "--keep-last", "1", "--dry-run"]);
+    assert!(out.contains("would remove 1 snapshot"), "{out}");
+    let out = env.ok(&["repair", "snapshots", "--dry-run"]);
+    assert!(
+        out.contains("checked 2 snapshots; 0 would be repaired"),
+        "{out}"
+    );
+    // What writes still says why it cannot.
+    let err = env.fails(&["forget", "--keep-last", "1"], 1);
+    assert!(err.contains("Read-only file system"), "{err}");
+    fs_.remount("rw");
+    assert_eq!(env.snapshot_ids().len(), 2);
+}

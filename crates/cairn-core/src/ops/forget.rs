@@ -852,12 +852,18 @@ impl ForgetReport {
 }
 
 /// Decides what to remove and, unless `dry_run`, removes it: the snapshot objects
-/// only (their data stays until prune).
-pub fn forget(
-    session: &crate::session::Session<crate::session::Write>,
+/// only (their data stays until prune). A dry run takes a read session, so that
+/// it works where no lock can be written (a repository on a read-only mount).
+pub fn forget<A: crate::session::Access>(
+    session: &crate::session::Session<A>,
     request: &ForgetRequest,
     dry_run: bool,
 ) -> Result<ForgetReport> {
+    if !dry_run && A::READ_ONLY {
+        return Err(Error::Invalid(
+            "forget: only a dry run may use a read-only session".into(),
+        ));
+    }
     let mut host_claims = Vec::new();
     let mut received = Received::new();
     let (snaps, groups, unreadable) = match request {

@@ -371,8 +371,29 @@ pub fn repair_snapshots(
     dry_run: bool,
 ) -> Result<RepairSnapshotsReport> {
     let lock = session.lock()?;
-    session.progress().phase(Phase::WalkingSnapshots);
-    let repo = session.repo_mut();
+    let progress = session.progress().clone();
+    run_snapshots(session.repo_mut(), Some(&lock), &progress, dry_run)
+}
+
+/// What [`repair_snapshots`] would do, changing nothing: a read session is
+/// enough, so that it works where no lock can be written (a damaged repository
+/// mounted read-only, which is when it is wanted).
+pub fn plan_repair_snapshots(
+    session: &mut Session<crate::session::Read>,
+) -> Result<RepairSnapshotsReport> {
+    let progress = session.progress().clone();
+    run_snapshots(session.repo_mut(), None, &progress, true)
+}
+
+/// `lock`: held unless `dry_run`.
+fn run_snapshots(
+    repo: &mut Repository,
+    lock: Option<&crate::repo::lock::RepoLock>,
+    progress: &crate::progress::Progress,
+    dry_run: bool,
+) -> Result<RepairSnapshotsReport> {
+    let lock = || lock.ok_or_else(|| Error::Invalid("repair snapshots: no lock held".into()));
+    progress.phase(Phase::WalkingSnapshots);
     // Snapshots first, then the index: a backup committing in between must not
     // look like one whose data is lost.
     let (snaps, bad) = repo.snapshots()?;
@@ -493,7 +514,7 @@ pub fn repair_snapshots(
                 }
                 entry.new = Some(existing.to_hex());
             } else if !dry_run {
-                let new_id = repo.write_snapshot(&snap, &lock)?;
+                let new_id = repo.write_snapshot(&snap, lock()?)?;
                 if let Err(e) = repo.carry_server_records(&sid, &new_id) {
                     report.warnings.push(format!(
                         "snapshot {}: its records from cairn serve were not carried over ({e}); a \
@@ -520,7 +541,7 @@ pub fn repair_snapshots(
             continue;
         }
         if !dry_run {
-            lock.check_fresh()?;
+            lock()?.check_fresh()?;
             forget(repo, e.id)?;
         }
         report

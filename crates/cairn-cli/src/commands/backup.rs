@@ -393,7 +393,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             s.files_new, s.files_changed, s.files_unchanged
         );
         println!("dirs:      {}, other entries: {}", s.dirs, s.other_entries);
-        print_read_added(s, a.dry_run);
+        print_read_added(&r, a.dry_run);
         if let Some(d) = &r.concurrent_duplicates {
             println!(
                 "           of which {} ({}) a backup running at the same time stored too \
@@ -488,7 +488,7 @@ fn print_image_summary(r: &backup::BackupReport, dry_run: bool) {
             ui::bytes(i.bytes_in_holes)
         );
     }
-    print_read_added(s, dry_run);
+    print_read_added(r, dry_run);
     println!(
         "duration:  {:.2}s, {} read, {} of image covered",
         d,
@@ -514,17 +514,30 @@ fn print_image_summary(r: &backup::BackupReport, dry_run: bool) {
     }
 }
 
-/// The `read:` and `added:` lines, shared by file and image backups.
-fn print_read_added(s: &cairn_format::snapshot::SnapshotSummary, dry_run: bool) {
+/// The `read:` and `added:` lines, shared by file and image backups. `added`
+/// is what the repository grew by (what `stats` will show), its compressed data
+/// named apart (QA: the data alone was given as "added").
+fn print_read_added(r: &cairn_core::backup::BackupReport, dry_run: bool) {
+    let s = &r.summary;
     println!(
         "read:      {} of {} in the snapshot",
         ui::bytes(s.bytes_read),
         ui::bytes(s.total_bytes)
     );
-    println!(
-        "{:<10} {} to the repository ({} before compression)",
-        if dry_run { "would add:" } else { "added:" },
-        ui::bytes(s.data_added_packed),
-        ui::bytes(s.data_added)
-    );
+    if dry_run {
+        println!(
+            "would add: {} of compressed data ({} before compression), plus pack headers \
+             and index",
+            ui::bytes(s.data_added_packed),
+            ui::bytes(s.data_added)
+        );
+    } else {
+        println!(
+            "added:     {} to the repository: {} of compressed data ({} before \
+             compression), the rest pack headers and index",
+            ui::bytes(r.bytes_stored),
+            ui::bytes(s.data_added_packed),
+            ui::bytes(s.data_added)
+        );
+    }
 }

@@ -220,11 +220,23 @@ impl Packer {
 #[derive(Clone, Debug, Default)]
 pub struct UploadStats {
     pub packs: u64,
+    /// Bytes of the packs stored.
     pub bytes: u64,
     pub index_files: Vec<IndexId>,
+    /// Bytes of the index files (and their dedup lists) stored.
+    pub index_bytes: u64,
     /// The packs stored, for a writer to check they are still there before it
     /// commits.
     pub pack_ids: Vec<cairn_format::PackId>,
+}
+
+impl UploadStats {
+    fn add_index_files(&mut self, files: Vec<(IndexId, u64)>) {
+        for (id, bytes) in files {
+            self.index_files.push(id);
+            self.index_bytes += bytes;
+        }
+    }
 }
 
 /// Seals and stores an index file under the hash of its bytes. With `admin_names`
@@ -237,17 +249,20 @@ pub fn write_index_file(
     file: &IndexFile,
     admin_names: bool,
 ) -> Result<IndexId> {
-    write_index_file_named(backend, key, file, admin_names).map_err(|(e, _)| e)
+    write_index_file_named(backend, key, file, admin_names)
+        .map(|(id, _)| id)
+        .map_err(|(e, _)| e)
 }
 
 /// [`write_index_file`], whose error also names the object it tried to store (a
-/// failed put may still have stored it: the caller can look).
+/// failed put may still have stored it: the caller can look); with the bytes
+/// stored.
 fn write_index_file_named(
     backend: &dyn Backend,
     key: &MasterKey,
     file: &IndexFile,
     admin_names: bool,
-) -> std::result::Result<IndexId, (Error, String)> {
+) -> std::result::Result<(IndexId, u64), (Error, String)> {
     let sealed = key.sealer.seal(&file.encode());
     let id = IndexId::of_content(&sealed);
     let admin = admin_names && has_admin_lists(file);
@@ -274,15 +289,14 @@ fn write_index_file_named(
         // Its failure (a full disk, say) is not the index file's: the file is
         // stored, and callers must know that to clean up correctly. A file without
         // a list is a state readers and servers handle.
-        let list = cairn_format::dedup::DedupList::of(id, file, admin);
-        let _ = super::objects::store_immutable(
-            backend,
-            &names::dedup(&id.to_hex()),
-            &list.encode(),
-            false,
-        );
+        let list = cairn_format::dedup::DedupList::of(id, file, admin).encode();
+        if super::objects::store_immutable(backend, &names::dedup(&id.to_hex()), &list, false)
+            .is_ok()
+        {
+            return Ok((id, (sealed.len() + list.len()) as u64));
+        }
     }
-    Ok(id)
+    Ok((id, sealed.len() as u64))
 }
 
 /// Whether an index file removes or hides anything from readers: only files with
@@ -340,7 +354,7 @@ impl Pending {
         backend: &dyn Backend,
         key: &MasterKey,
         admin_names: bool,
-    ) -> Result<Vec<IndexId>> {
+    ) -> Result<Vec<(IndexId, u64)>> {
         let mut ids = Vec::new();
         for f in [&mut self.data, &mut self.meta] {
             if !f.packs.is_empty() {
@@ -509,7 +523,7 @@ impl Uploader {
         let ids =
             lock(&self.shared.pending).write(self.backend.as_ref(), &self.key, admin_names)?;
         *lock(&self.shared.last_flush) = std::time::Instant::now();
-        lock(&self.shared.stats).index_files.extend(ids);
+        lock(&self.shared.stats).add_index_files(ids);
         Ok(())
     }
 
@@ -583,7 +597,7 @@ impl Uploader {
             return Err(Error::Invalid("upload thread panicked".into()));
         }
         let mut stats = std::mem::take(&mut *lock(&self.shared.stats));
-        stats.index_files.extend(written?);
+        stats.add_index_files(written?);
         Ok(stats)
     }
 }
@@ -650,7 +664,7 @@ fn upload_loop(
                 .load(std::sync::atomic::Ordering::Relaxed);
             match pending.write(backend, key, admin_names) {
                 Ok(ids) => {
-                    lock(&shared.stats).index_files.extend(ids);
+                    lock(&shared.stats).add_index_files(ids);
                     *lock(&shared.last_flush) = std::time::Instant::now();
                 }
                 Err(e) => {

@@ -24,6 +24,8 @@ pub(crate) struct Archived {
     pub skipped: Vec<Skipped>,
     pub changed_while_read: Vec<Skipped>,
     pub packs: u64,
+    /// Bytes of the packs and index files this run stored.
+    pub bytes_stored: u64,
     /// Data chunks this run stored (through a server: remembered for the next).
     pub stored_data: Vec<BlobId>,
     /// The index files this run wrote.
@@ -306,6 +308,7 @@ pub(crate) fn archive(
         skipped,
         changed_while_read,
         packs: up.packs,
+        bytes_stored: up.bytes + up.index_bytes,
         stored_data: std::mem::take(&mut st.stored_data),
         index_files: up.index_files,
         pack_ids: up.pack_ids,

@@ -104,6 +104,11 @@ pub struct BackupReport {
     /// old and new data), and read again by the next backup.
     pub changed_while_read: Vec<Skipped>,
     pub packs_written: u64,
+    /// Bytes this run stored in the repository: its packs (blobs, with their
+    /// headers) and index files, what `stats` sees the repository grow by but for
+    /// the snapshot object and the index file recording it (a few hundred bytes).
+    /// `data_added_packed` counts the blobs alone.
+    pub bytes_stored: u64,
     /// Seconds spent waiting for a job slot before the backup began (not part of
     /// `duration_secs`, which is the backup's own time).
     pub slot_wait_secs: f64,
@@ -473,6 +478,7 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
         skipped: r.skipped,
         changed_while_read: r.changed_while_read,
         packs_written: r.packs_written,
+        bytes_stored: r.bytes_stored,
         claims_on_disk: r.claims_on_disk,
         slot_wait_secs: session.slot_wait().as_secs_f64(),
         files_per_sec: {
@@ -496,6 +502,7 @@ struct Ran {
     skipped: Vec<Skipped>,
     changed_while_read: Vec<Skipped>,
     packs_written: u64,
+    bytes_stored: u64,
     claims_on_disk: u64,
     stored_data: Vec<BlobId>,
     index_files: Vec<cairn_format::IndexId>,
@@ -998,6 +1005,7 @@ fn run(
         skipped,
         changed_while_read: archived.changed_while_read,
         packs_written: archived.packs,
+        bytes_stored: archived.bytes_stored,
         claims_on_disk: inflight.on_disk(),
         stored_data: archived.stored_data,
         index_files: archived.index_files,

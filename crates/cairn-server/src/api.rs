@@ -269,8 +269,9 @@ pub(crate) fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<
             StatusCode::SERVICE_UNAVAILABLE,
             "transient",
             format!(
-                "datastore {name}: its storage has not answered since the server started; \
-                 it is served once it does"
+                "datastore {name} is not served yet: its storage did not answer, or held \
+                 no valid repository, when last tried (the server's log says which); it \
+                 is served once that is mended"
             ),
         ));
     }

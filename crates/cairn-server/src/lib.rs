@@ -192,7 +192,9 @@ pub fn read_config_json(backend: &dyn Backend) -> Result<serde_json::Value, Stri
         .get_bounded(cairn_backend::names::CONFIG, max)
         .map_err(|e| {
             if e.is_not_found() {
-                "no repository there (create it with `cairn init`)".to_string()
+                "no repository there (is its file system mounted? if it is new, create it \
+                 with `cairn init`)"
+                    .to_string()
             } else {
                 e.to_string()
             }
@@ -262,9 +264,10 @@ impl App {
                 &cairn_core::progress::Progress::none(),
             )
             .map_err(|e| err(e.to_string()))?;
-            // Storage that does not answer now (an S3 endpoint down) does not keep
-            // the other datastores from being served: this one waits (not served)
-            // until it answers. A missing or damaged repository is a setting to fix.
+            // Storage that does not answer now (an S3 endpoint down), or that holds
+            // no valid repository (a disk not mounted, a damaged config), does not
+            // keep the other datastores from being served: this one waits (not
+            // served, said in the log) until it is mended.
             let down = match storage
                 .backend
                 .get_bounded(cairn_backend::names::CONFIG, 1 << 20)
@@ -280,7 +283,6 @@ impl App {
                 }
                 _ => None,
             };
-            let ready = down.is_none();
             let summary = match down {
                 Some(why) => {
                     log_line(&format!(
@@ -289,8 +291,18 @@ impl App {
                     ));
                     None
                 }
-                None => Some(read_config_summary(storage.backend.as_ref()).map_err(err)?),
+                None => match read_config_summary(storage.backend.as_ref()) {
+                    Ok(s) => Some(s),
+                    Err(why) => {
+                        log_line(&format!(
+                            "warning: datastore {name}: not served: {why}; serving the \
+                             others, and this one once it holds its repository"
+                        ));
+                        None
+                    }
+                },
             };
+            let ready = summary.is_some();
             let summary = summary.unwrap_or(ConfigSummary {
                 features: Vec::new(),
                 max_concurrent_jobs: cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS,

@@ -4158,8 +4158,10 @@ fn a_datastore_unmounted_under_the_server_takes_no_writes() {
 }
 
 /// A datastore whose storage does not answer when the server starts (an S3
-/// endpoint down) does not keep the others from being served; it answers 503
-/// with why until it does.
+/// endpoint down), or that holds no repository (its disk not mounted: QA, the
+/// server refused to start at all, and a systemd restart loop took every
+/// datastore down), does not keep the others from being served; it answers 503
+/// with why until it is mended, then is served.
 #[test]
 fn a_datastore_down_at_start_leaves_the_others_served() {
     let env = Env::new();
@@ -4169,9 +4171,15 @@ fn a_datastore_down_at_start_leaves_the_others_served() {
     let port = dead.local_addr().unwrap().port();
     drop(dead);
     let s3 = format!("s3:http://127.0.0.1:{port}/bucket/x");
+    let unmounted = env.path("unmounted");
+    std::fs::create_dir_all(&unmounted).unwrap();
     let srv = Server::start(
         &env.path("state"),
-        &[("main", &env.repo), ("far", Path::new(&s3))],
+        &[
+            ("main", &env.repo),
+            ("far", Path::new(&s3)),
+            ("late", &unmounted),
+        ],
         true,
     );
     let admin = srv.token("root", "*", "admin");
@@ -4185,12 +4193,29 @@ fn a_datastore_down_at_start_leaves_the_others_served() {
         )
     };
     assert_eq!(list("main").0, 200);
-    let (code, body) = list("far");
-    assert_eq!(code, 503, "{body}");
-    assert!(body.contains("has not answered"), "{body}");
+    for ds in ["far", "late"] {
+        let (code, body) = list(ds);
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("is not served yet"), "{body}");
+    }
+    // The disk is mounted (here: the repository made) and the datastore served.
+    let mut init = std::process::Command::new(bin());
+    init.args(["init", "-q", "--repo"])
+        .arg(&unmounted)
+        .env("CAIRN_PASSWORD", "x");
+    assert!(init.status().unwrap().success());
+    wait_until("the late datastore served", Duration::from_secs(40), || {
+        list("late").0 == 200
+    });
     let log = srv.stop();
     assert!(
-        log.contains("datastore far: its storage does not answer"),
+        // (Without S3 credentials in the environment, far says so instead.)
+        (log.contains("datastore far: its storage does not answer")
+            || log.contains("datastore far: not served: get config: no S3 credentials"))
+            && log.contains(
+                "datastore late: not served: no repository there (is its file system mounted?"
+            )
+            && log.contains("datastore late: its storage answers: serving it"),
         "{log}"
     );
 }

@@ -124,6 +124,15 @@ impl LocalBackend {
         self.shared_dir(dir)
     }
 
+    /// Whether the repository's file system has (next to) no file entries
+    /// (inodes) left for this user: "no space" then does not mean bytes, which is
+    /// what an administrator would otherwise look at. (Next to none: other
+    /// writers of this run free theirs as they fail.)
+    fn out_of_inodes(&self) -> bool {
+        nix::sys::statvfs::statvfs(&self.root)
+            .is_ok_and(|v| v.files() > 0 && v.files_available() < 16)
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -506,7 +515,13 @@ impl LocalBackend {
             if exclusive && e.kind() == ErrorKind::AlreadyExists {
                 return BackendError::already_exists("put", name);
             }
-            BackendError::from_io("put", name, &e)
+            let mut b = BackendError::from_io("put", name, &e);
+            if b.kind == crate::BackendErrorKind::NoSpace && self.out_of_inodes() {
+                b.message = "no inodes left on the repository's device: it may have room for \
+                             data but not for more files (`df -i` shows it)"
+                    .into();
+            }
+            b
         })?;
         self.saw(name);
         Ok(())

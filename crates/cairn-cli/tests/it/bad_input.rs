@@ -931,3 +931,20 @@ fn dry_runs_work_on_a_read_only_repository() {
     fs_.remount("rw");
     assert_eq!(env.snapshot_ids().len(), 2);
 }
+
+/// A repository whose file system has room for bytes but no inodes left says
+/// so, not only "no space" (QA: `df -h` showed 52 MB free).
+#[test]
+fn a_repository_out_of_inodes_says_so() {
+    let env = Env::new();
+    let _fs = Tmpfs::mount(&env.repo, "size=256m,nr_inodes=24");
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("big"), Rng(7).bytes(12 << 20, false)).unwrap();
+    let err = env.fails(&["backup", "--pack-size", "512K", src.to_str().unwrap()], 1);
+    assert!(
+        err.contains("no inodes left on the repository's device") && err.contains("df -i"),
+        "{err}"
+    );
+}

@@ -468,6 +468,32 @@ fn read_unit(files: &[FileEntry], u: &Unit, buf: &mut Vec<u8>) -> std::io::Resul
 /// are reported and counted, as a backup would skip them. Directories are listed
 /// and their entries looked at through descriptors, so a path too long for one
 /// system call (which a backup stores) is estimated too.
+/// The roots as absolute paths, those inside another (or given twice) left out:
+/// a backup of `/home /home/alice` reads alice's files once, and so must the
+/// estimate of it (QA: it counted them twice, overstating dedup).
+fn outermost(roots: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut all = Vec::with_capacity(roots.len());
+    for root in roots {
+        all.push(
+            std::path::absolute(root)
+                .map_err(|e| Error::Invalid(format!("{}: {e}", root.display())))?,
+        );
+    }
+    let lexical = |p: &PathBuf| -> PathBuf { p.components().collect() };
+    let clean: Vec<PathBuf> = all.iter().map(lexical).collect();
+    let mut out: Vec<PathBuf> = Vec::new();
+    for (i, p) in clean.iter().enumerate() {
+        let inside = clean
+            .iter()
+            .enumerate()
+            .any(|(j, q)| j != i && p.starts_with(q) && (p != q || j < i));
+        if !inside {
+            out.push(all[i].clone());
+        }
+    }
+    Ok(out)
+}
+
 fn walk(
     roots: &[PathBuf],
     excludes: &Excludes,
@@ -482,9 +508,7 @@ fn walk(
         dev: u64,
     }
     let mut files = Vec::new();
-    for root in roots {
-        let root = std::path::absolute(root)
-            .map_err(|e| Error::Invalid(format!("{}: {e}", root.display())))?;
+    for root in outermost(roots)? {
         let meta = std::fs::symlink_metadata(&root)
             .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", root.display())))?;
         let root_dev = meta.dev();
@@ -946,6 +970,20 @@ mod tests {
             one_file_system: false,
             threads: 2,
         }
+    }
+
+    #[test]
+    fn roots_inside_others_are_read_once() {
+        let p = |s: &str| PathBuf::from(s);
+        let got = outermost(&[
+            p("/home/alice"),
+            p("/home"),
+            p("/srv//data/"),
+            p("/srv/data"),
+            p("/srv/database"),
+        ])
+        .unwrap();
+        assert_eq!(got, [p("/home"), p("/srv//data/"), p("/srv/database")]);
     }
 
     fn noise(n: usize, mut x: u64) -> Vec<u8> {

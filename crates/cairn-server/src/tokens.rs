@@ -19,8 +19,11 @@ pub enum TokenError {
     Invalid(String),
 }
 
-/// One stored token (never the secret itself).
+/// One stored token (never the secret itself). A field this cairn does not know
+/// (a newer one's `expires`, say) makes the file unreadable rather than ignored:
+/// what a token may do must not be guessed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TokenEntry {
     /// 16 hex digits, the public part of the token.
     pub id: String,
@@ -69,9 +72,28 @@ pub fn valid_grant(datastore: &str, role: Role) -> Result<(), String> {
 }
 
 #[derive(Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TokenFile {
     version: u32,
     tokens: Vec<TokenEntry>,
+}
+
+/// The token file's version this cairn writes and reads.
+const TOKEN_FILE_VERSION: u32 = 1;
+
+impl TokenFile {
+    /// Refuses a file of a newer version: its tokens may carry limits this cairn
+    /// would not apply (QA: version 99 was used as version 1).
+    fn checked(&self) -> Result<&Self, TokenError> {
+        if self.version > TOKEN_FILE_VERSION {
+            return Err(TokenError::Invalid(format!(
+                "the token file is version {}, newer than this cairn reads \
+                 ({TOKEN_FILE_VERSION}): upgrade cairn",
+                self.version
+            )));
+        }
+        Ok(self)
+    }
 }
 
 fn random<const N: usize>() -> [u8; N] {
@@ -96,12 +118,20 @@ impl TokenStore {
 
     /// Every token, from the file as it is now.
     pub fn list(&self) -> Result<Vec<TokenEntry>, TokenError> {
-        Ok(self.file.load()?.tokens)
+        let file = self.file.load()?;
+        file.checked()?;
+        Ok(file.tokens)
     }
 
     /// Whether a token of this id exists now.
     pub fn exists(&self, id: &str) -> Result<bool, TokenError> {
-        Ok(self.file.current()?.tokens.iter().any(|t| t.id == id))
+        Ok(self
+            .file
+            .current()?
+            .checked()?
+            .tokens
+            .iter()
+            .any(|t| t.id == id))
     }
 
     /// The entry a presented token belongs to, if any.
@@ -110,7 +140,8 @@ impl TokenStore {
             return Ok(None);
         };
         let hash = blake3::hash(secret.as_bytes());
-        for e in self.file.current()?.tokens.iter() {
+        let file = self.file.current()?;
+        for e in file.checked()?.tokens.iter() {
             if e.id == id {
                 let Ok(stored) = blake3::Hash::from_hex(&e.hash) else {
                     continue;
@@ -139,6 +170,7 @@ impl TokenStore {
         }
         valid_grant(datastore, role).map_err(TokenError::Invalid)?;
         self.file.update(|file| {
+            file.checked()?;
             if file.tokens.iter().any(|t| t.name == name) {
                 return Err(TokenError::Invalid(format!(
                     "a token named {name:?} exists (remove it first)"
@@ -156,7 +188,7 @@ impl TokenStore {
                 created: cairn_core::time::now_rfc3339(),
                 user: false,
             };
-            file.version = 1;
+            file.version = TOKEN_FILE_VERSION;
             file.tokens.push(entry.clone());
             Ok((entry, format!("cairn_{id}_{secret}")))
         })
@@ -165,6 +197,7 @@ impl TokenStore {
     /// Removes the token with this name or id; returns it.
     pub fn remove(&self, name_or_id: &str) -> Result<TokenEntry, TokenError> {
         self.file.update(|file| {
+            file.checked()?;
             let Some(pos) = file
                 .tokens
                 .iter()
@@ -174,7 +207,7 @@ impl TokenStore {
                     "no token named {name_or_id:?}"
                 )));
             };
-            file.version = 1;
+            file.version = TOKEN_FILE_VERSION;
             Ok(file.tokens.remove(pos))
         })
     }
@@ -191,6 +224,29 @@ fn parse(token: &str) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A newer file, or an entry with a field this cairn does not know, fails
+    /// closed: no token of it opens anything, and nothing is written over it.
+    #[test]
+    fn a_newer_token_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TokenStore::new(dir.path());
+        let (_, token) = store.add("web01", "main", Role::Backup, None).unwrap();
+        let path = dir.path().join("tokens.json");
+        let good = std::fs::read_to_string(&path).unwrap();
+        assert!(store.authenticate(&token).unwrap().is_some());
+        for bad in [
+            good.replace("\"version\": 1", "\"version\": 99"),
+            good.replace("\"role\":", "\"expires\": \"2020-01-01\", \"role\":"),
+        ] {
+            assert_ne!(bad, good);
+            std::fs::write(&path, &bad).unwrap();
+            let store = TokenStore::new(dir.path());
+            assert!(store.authenticate(&token).is_err(), "{bad}");
+            assert!(store.add("web02", "main", Role::Backup, None).is_err());
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), bad);
+        }
+    }
 
     #[test]
     fn add_authenticate_remove() {

@@ -82,7 +82,7 @@ impl LocalBackend {
     /// The modes (file, directory) new objects and directories get: private,
     /// unless the repository's `config` is readable by its group, in which case
     /// the group may read them too, whatever the writer's umask (see
-    /// [`Self::shared`]). Decided once the config is there; `init` writes it
+    /// [`Self::shared_dir`]). Decided once the config is there; `init` writes it
     /// private.
     fn modes(&self) -> (u32, u32) {
         use std::os::unix::fs::PermissionsExt;
@@ -101,9 +101,9 @@ impl LocalBackend {
     }
 
     /// In a repository its group reads, gives a new directory the group's mode
-    /// exactly (and [`Self::write`] a new file): a root job run under umask 077 (cron, systemd) would
-    /// otherwise write objects the group cannot read, and a reader of the group
-    /// would find snapshots missing.
+    /// exactly (and [`Self::write`] a new file): a root job run under umask 077
+    /// (cron, systemd) would otherwise write objects the group cannot read, and a
+    /// reader of the group would find snapshots missing.
     fn shared_dir(&self, dir: &Path) -> std::io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         if self.sharing.load(Ordering::Relaxed) != 2 {

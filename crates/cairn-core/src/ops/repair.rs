@@ -702,7 +702,8 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
             }
         };
         if node.subtree == Some(new) {
-            return self.keep(dir, node);
+            self.keep(dir, node);
+            return Ok(());
         }
         let mut n = node.clone();
         n.subtree = Some(new);
@@ -713,12 +714,11 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
     /// Keeps an intact entry of `dir`: only counted while the directory is as
     /// stored, so that repairing a directory of a million intact entries does not
     /// hold a second copy of it.
-    fn keep(&self, dir: &mut RepairDir, n: &Node) -> Result<()> {
+    fn keep(&self, dir: &mut RepairDir, n: &Node) {
         match &mut dir.nodes {
             Some(nodes) => nodes.push(n.clone()),
             None => dir.kept += 1,
         }
-        Ok(())
     }
 
     /// The entries of `dir` so far, for a directory that differs from its stored
@@ -914,7 +914,7 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
         match n.kind {
             NodeKind::Dir => {
                 let Some(sub) = n.subtree else {
-                    self.keep(dir, n)?;
+                    self.keep(dir, n);
                     return Ok(None);
                 };
                 if let Some((new, rel)) = self.memo.get(&sub).cloned() {
@@ -930,7 +930,7 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
             }
             NodeKind::File => {
                 if self.file_ok(n)? {
-                    self.keep(dir, n)?;
+                    self.keep(dir, n);
                 } else {
                     dir.dropped.push(format!(
                         "/{} (file data lost)",
@@ -941,7 +941,7 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
                 Ok(None)
             }
             _ => {
-                self.keep(dir, n)?;
+                self.keep(dir, n);
                 Ok(None)
             }
         }

@@ -242,6 +242,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Bytes this user may still write on the storage, where the storage is a file
+    /// system that says (a local directory); `None` where it has no such limit to
+    /// read (object storage, a cairn server: that server keeps its own). A backup
+    /// stops short of the last bytes so that forget and prune can still run.
+    fn free_space(&self) -> Option<u64> {
+        None
+    }
+
     /// Whether writes are thrown away (`backup --dry-run`): nothing stored can be
     /// found again.
     fn discards_writes(&self) -> bool {

@@ -265,6 +265,18 @@ impl Backend for LocalBackend {
         self.write(name, data, true)
     }
 
+    /// Blocks free for this user: root may also write the blocks a file system
+    /// keeps back for root (ext4's 5%), and cairn run as root counts them.
+    fn free_space(&self) -> Option<u64> {
+        let v = nix::sys::statvfs::statvfs(&self.root).ok()?;
+        let blocks = if nix::unistd::geteuid().is_root() {
+            v.blocks_free()
+        } else {
+            v.blocks_available()
+        };
+        Some((blocks as u64).saturating_mul(v.fragment_size() as u64))
+    }
+
     fn remove_stale_temporaries(&self) -> Result<u64> {
         self.remove_temporaries()
     }

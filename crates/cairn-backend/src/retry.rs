@@ -256,6 +256,9 @@ impl Backend for RetryBackend {
     fn lock_owner_prefix(&self) -> Option<[u8; 8]> {
         self.inner.lock_owner_prefix()
     }
+    fn free_space(&self) -> Option<u64> {
+        self.inner.free_space()
+    }
     fn may_remove(&self) -> Result<bool> {
         self.inner.may_remove()
     }

@@ -279,6 +279,31 @@ pub(crate) fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<
 }
 
 /// Runs blocking work (storage calls, engine sessions) off the async threads.
+/// Measures again, at most once a minute, the room `store` keeps for forget and
+/// prune (its index's size: `cairn_core::repo::room`). A listing that fails
+/// leaves the last measure.
+async fn measure_room(store: &Arc<crate::Datastore>) {
+    {
+        let mut measured = store
+            .room_measured
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if measured.is_some_and(|m| m.elapsed() < ROOM_MEASURED_EVERY) {
+            return;
+        }
+        *measured = Some(std::time::Instant::now());
+    }
+    let s = store.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Ok(Some(bytes)) = cairn_core::repo::room::room_for_prune(s.backend.as_ref()) {
+            s.room.keep(bytes);
+        }
+    })
+    .await;
+}
+
+const ROOM_MEASURED_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub(crate) async fn blocking<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
     f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> ApiResult<T> {
@@ -664,9 +689,20 @@ pub async fn put(
         blocking(move || crate::hosts::record_received(b.as_ref(), &id)).await?;
     }
     let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
+    // What adds data leaves the room a prune needs; an admin's writes may use it
+    // (its prune repacks before it deletes).
+    let room = (kind == Kind::Pack && t.role != Role::Admin && action == Action::Create)
+        .then(|| store.room.clone());
+    if room.is_some() {
+        measure_room(&store).await;
+    }
     let backend = store.backend.clone();
     let n = name.clone();
     blocking(move || match action {
+        _ if let Some(room) = room => {
+            let _claim = room.claim(backend.as_ref(), &n, body.len() as u64, 0)?;
+            backend.put_new(&n, &body)
+        }
         Action::Replace => backend.put(&n, &body),
         _ if is_lock => {
             // Locks are named at random by their holder, not by content: create

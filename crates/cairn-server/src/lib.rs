@@ -89,6 +89,11 @@ pub struct Datastore {
     pub max_jobs: std::sync::atomic::AtomicU32,
     /// The key, when an admin unlocked the datastore, and what reads with it.
     pub content: content::Content,
+    /// Room kept free for forget and prune: a backup or restore token's pack that
+    /// would leave less is refused as on a full disk (`cairn_core::repo::room`),
+    /// and when that room was last measured.
+    pub room: Arc<cairn_core::repo::room::Room>,
+    pub room_measured: std::sync::Mutex<Option<Instant>>,
 }
 
 /// Counters for the log and, later, `/metrics`.
@@ -335,6 +340,8 @@ impl App {
                     slots: slots::Slots::new(Duration::from_secs(config.job_idle_secs)),
                     max_jobs: summary.max_concurrent_jobs.into(),
                     content: content::Content::default(),
+                    room: Arc::default(),
+                    room_measured: std::sync::Mutex::new(None),
                 }),
             );
         }

@@ -948,3 +948,56 @@ fn a_repository_out_of_inodes_says_so() {
         "{err}"
     );
 }
+
+/// Bytes free for root on the file system holding `dir`, as `df` says.
+fn free_bytes(dir: &Path) -> u64 {
+    let o = Command::new("df")
+        .args(["--output=avail", "-B1"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.lines().nth(1).unwrap().trim().parse().unwrap()
+}
+
+/// A backup that runs out of room stops short of filling the disk: it leaves the
+/// room forget and prune write into before they delete (the index's size plus
+/// 1 MiB), so that they free space without the administrator finding something
+/// else on the disk to delete first (QA: a datastore filled by backups could not
+/// be freed with cairn). Small packs make the disk fill to its last few hundred
+/// KiB without that room.
+#[test]
+fn a_backup_leaves_room_for_forget_and_prune() {
+    let env = Env::new();
+    let _fs = Tmpfs::mount(&env.repo, "size=24m");
+    env.init(&[]);
+    let mut ids = Vec::new();
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        let dir = env.path(name);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("f"), Rng(40 + i as u64).bytes(8 << 20, false)).unwrap();
+    }
+    for name in ["a", "b"] {
+        let dir = env.path(name);
+        ids.push(env.backup_args(&["--pack-size", "512K", dir.to_str().unwrap()]));
+    }
+    let c = env.path("c");
+    let e = env.fails(&["backup", "--pack-size", "512K", c.to_str().unwrap()], 1);
+    assert!(
+        e.contains("no space left") && e.contains("kept for `cairn forget` and `cairn prune`"),
+        "{e}"
+    );
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    let index: u64 = fs::read_dir(env.repo.join("index"))
+        .unwrap()
+        .map(|f| f.unwrap().metadata().unwrap().len())
+        .sum();
+    let free = free_bytes(&env.repo);
+    assert!(free >= index + (1 << 20), "{free} free, index {index}");
+    // Forget and prune free the first backup's room with nothing else deleted,
+    // and the backup that did not fit goes in.
+    env.ok(&["forget", &ids[0]]);
+    env.ok(&["prune"]);
+    env.backup_args(&["--pack-size", "512K", c.to_str().unwrap()]);
+    env.check_clean();
+}

@@ -789,7 +789,7 @@ impl Copier<'_> {
         let pack_size = self.dst.memory_plan_in_use().map_or(configured, |p| {
             p.share(12, crate::repo::CLIENT_PACK_SIZE_MIN, configured)
         }) as usize;
-        let mut uploader = self.dst.uploader(pool.clone());
+        let mut uploader = self.dst.uploader_keeping_room(pool.clone())?;
         // Upload progress, and on Ctrl-C a word on the packs still to store (a
         // second Ctrl-C abandons them), as for a backup.
         uploader.set_progress(self.progress.clone());

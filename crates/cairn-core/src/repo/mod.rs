@@ -30,6 +30,7 @@ pub mod lock;
 pub mod memory;
 mod objects;
 pub mod packer;
+pub mod room;
 mod snapshots;
 pub mod storage;
 

@@ -211,6 +211,20 @@ impl Repository {
         u
     }
 
+    /// An uploader for what adds data (backup, copy): it keeps
+    /// [`crate::repo::room::room_for_prune`] free on storage that has a limit
+    /// cairn can read.
+    pub fn uploader_keeping_room(
+        &self,
+        pool: Arc<crate::repo::packer::BufferPool>,
+    ) -> Result<crate::repo::packer::Uploader> {
+        let mut u = self.uploader(pool);
+        if let Some(room) = crate::repo::room::room_for_prune(self.backend.as_ref())? {
+            u.keep_free(room);
+        }
+        Ok(u)
+    }
+
     pub fn write_index_file(&self, file: &IndexFile) -> Result<IndexId> {
         crate::repo::packer::write_index_file(
             self.backend.as_ref(),

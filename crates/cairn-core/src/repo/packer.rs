@@ -332,6 +332,8 @@ struct UploadShared {
     /// written.
     flush_interval_ms: std::sync::atomic::AtomicU64,
     last_flush: Mutex<std::time::Instant>,
+    /// The room kept free on the storage ([`Uploader::keep_free`]).
+    room: Arc<super::room::Room>,
 }
 
 #[derive(Default)]
@@ -422,6 +424,7 @@ impl Uploader {
                 INDEX_FLUSH_INTERVAL.as_millis() as u64
             ),
             last_flush: Mutex::new(std::time::Instant::now()),
+            room: Arc::default(),
         });
         let mut handles = Vec::with_capacity(threads);
         for _ in 0..threads {
@@ -463,6 +466,14 @@ impl Uploader {
         use std::sync::atomic::Ordering::Relaxed;
         self.shared.flush_blobs.store(blobs.max(1), Relaxed);
         self.shared.flush_packs.store(packs.max(1), Relaxed);
+    }
+
+    /// Stores no pack that would leave the storage with less than `bytes` free
+    /// beside the index files this uploader wrote ([`super::room`]): what adds
+    /// data stops there with "no space left", and forget and prune, which free
+    /// space but write first, still have the room they need.
+    pub fn keep_free(&mut self, bytes: u64) {
+        self.shared.room.keep(bytes);
     }
 
     /// Gives index files their dedup lists (for a repository with the
@@ -621,7 +632,17 @@ fn upload_loop(
         let (id, blobs) = (p.id, std::mem::take(&mut p.blobs));
         let bytes = p.into_shared(pool.clone());
         let len = bytes.len() as u64;
+        let written = lock(&shared.stats).index_bytes;
+        let claim = match shared.room.claim(backend, &name, len, written) {
+            Ok(c) => c,
+            Err(e) => {
+                lock(&shared.failed).get_or_insert(e.into());
+                shared.pack_done();
+                continue;
+            }
+        };
         let stored = super::objects::store_immutable_owned(backend, &name, bytes, metadata);
+        drop(claim);
         if let Err(e) = stored {
             lock(&shared.failed).get_or_insert(e);
             shared.pack_done();

@@ -251,6 +251,7 @@ pub(crate) fn archive(
     let pool = Arc::new(BufferPool::new(
         crate::repo::packer::DEFAULT_UPLOAD_THREADS + 1,
     ));
+    let uploader = repo.uploader_keeping_room(pool.clone())?;
     let mut st = State {
         repo,
         written: IdSet::default(),
@@ -258,7 +259,7 @@ pub(crate) fn archive(
         data: Packer::new(repo.key().clone(), pool.clone(), pack_size),
         meta: Packer::new(repo.key().clone(), pool.clone(), pack_size),
         encoder: BlobEncoder::new(level),
-        uploader: repo.uploader(pool),
+        uploader,
         summary: SnapshotSummary {
             entries_with_acl: Some(0),
             ..SnapshotSummary::default()

@@ -360,6 +360,9 @@ struct State {
     adhoc: BTreeMap<String, JobSpec>,
     /// When each scheduled job is next due.
     due: BTreeMap<String, std::time::Instant>,
+    /// Console schedules changed since their `due` was set: due `every` from the
+    /// change, whenever they last ran.
+    changed: std::collections::BTreeSet<String>,
     /// Each running job's start (RFC 3339 and instant) and trigger, for its record.
     started: BTreeMap<String, (String, std::time::Instant, String)>,
     /// The server is stopping: no job starts any more.
@@ -470,8 +473,10 @@ impl Jobs {
                 Ok::<_, crate::statefile::StateError>(existed)
             })
             .map_err(|e| e.to_string())?;
-        // A changed interval counts from now.
-        self.lock().due.remove(&name);
+        // A changed interval counts from now (not from the last run, as at start).
+        let mut s = self.lock();
+        s.due.remove(&name);
+        s.changed.insert(name);
         Ok(existed)
     }
 
@@ -771,7 +776,8 @@ fn start_spec(app: &Arc<App>, spec: JobSpec, trigger: &str) -> bool {
     true
 }
 
-/// The schedule: each job runs `every` after the server started (or after its
+/// The schedule: each job runs `every` after its last recorded run (at once if
+/// that is past; `every` after the server started if it never ran, or after its
 /// schedule was made or changed in the console), then every `every` (a run still
 /// going when the next is due is not started twice). Schedules are looked at every
 /// few seconds, so one made, changed or removed in the console takes effect
@@ -793,8 +799,27 @@ pub fn schedule(app: &Arc<App>) {
     });
 }
 
+/// How long ago (by `wall`, the clock's Unix time at `now`) job `name`'s last
+/// recorded run started; `None` without one, or when it started in that clock's
+/// future (the clock was set back: its beat then counts from now).
+fn since_last_run(history: &History, name: &str, wall: i64) -> Option<Duration> {
+    let last = history
+        .get(name)?
+        .iter()
+        .filter_map(|r| cairn_core::time::parse_rfc3339(&r.started))
+        .max()?;
+    u64::try_from(wall.checked_sub(last)?)
+        .ok()
+        .map(Duration::from_secs)
+}
+
 /// The scheduled jobs due at `now`, each then set due again `every` later.
 fn due_now(jobs: &Jobs, now: std::time::Instant) -> Vec<String> {
+    due_at(jobs, now, cairn_core::time::now_unix())
+}
+
+/// [`due_now`] with the wall clock's Unix time at `now`, which dates runs.
+fn due_at(jobs: &Jobs, now: std::time::Instant, wall: i64) -> Vec<String> {
     let scheduled = jobs.scheduled();
     let mut s = jobs.lock();
     s.due
@@ -808,6 +833,16 @@ fn due_now(jobs: &Jobs, now: std::time::Instant) -> Vec<String> {
         // clock that could not take one skips the job rather than stop every other.
         let Some(first) = now.checked_add(every) else {
             continue;
+        };
+        // First seen (the server started): `every` after its last run, which may
+        // be now. Counted from the start instead, a server restarted more often
+        // than `every` (an update, a reboot a night) never ran it.
+        let changed = s.changed.remove(&spec.name);
+        let first = match since_last_run(&s.history, &spec.name, wall) {
+            _ if changed => first,
+            Some(since) if since >= every => now,
+            Some(since) => now.checked_add(every - since).unwrap_or(first),
+            None => first,
         };
         let due = s.due.entry(spec.name.clone()).or_insert(first);
         if *due <= now {
@@ -1258,6 +1293,22 @@ mod tests {
         let status = again.status();
         assert_eq!(status[0].runs.len(), 1);
         assert_eq!(status[0].runs[0].summary, "fine");
+        // After a restart a job is due `every` after its last run, not after the
+        // start: 20 minutes after an hourly run, 40 minutes on; two hours after
+        // it, at once (a server restarted more often than `every` ran it never).
+        let (t1, wall) = (std::time::Instant::now(), cairn_core::time::now_unix());
+        let min = Duration::from_secs(60);
+        assert!(due_at(&again, t1, wall + 20 * 60).is_empty());
+        assert!(due_at(&again, t1 + 39 * min, wall + 59 * 60).is_empty());
+        assert_eq!(due_at(&again, t1 + 41 * min, wall + 61 * 60), ["hourly"]);
+        let third = Jobs::new(Vec::new(), BTreeMap::new(), dir.path());
+        assert_eq!(due_at(&third, t1, wall + 2 * 3600), ["hourly"]);
+        assert!(due_at(&third, t1 + 59 * min, wall + 3 * 3600).is_empty());
+        // A clock set back before the last run: one interval from now.
+        let fourth = Jobs::new(Vec::new(), BTreeMap::new(), dir.path());
+        assert!(due_at(&fourth, t1, wall - 3600).is_empty());
+        assert!(due_at(&fourth, t1 + 59 * min, wall).is_empty());
+        assert_eq!(due_at(&fourth, t1 + 61 * min, wall), ["hourly"]);
 
         let t0 = std::time::Instant::now();
         let hour = Duration::from_secs(3600);

@@ -552,6 +552,57 @@ async fn hangup(h: &mut Option<tokio::signal::unix::Signal>) {
 /// listens.
 /// On the signal it stops accepting, lets running requests finish (up to 30 s),
 /// and returns.
+/// Deletes the locks of tokens removed while the server runs, or in the hour
+/// before it started (`tokens::Removed`), looking every few seconds: a
+/// hijacked client's token is removed, and its lock must not keep other hosts'
+/// backups and prune waiting for half an hour.
+fn sweep_removed_tokens(app: &Arc<App>) {
+    let app = app.clone();
+    tokio::spawn(async move {
+        let mut known = BTreeMap::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(3));
+        loop {
+            tick.tick().await;
+            // An unreadable file is said by the requests it fails.
+            let Ok(gone) = app.tokens.removed_since(&mut known) else {
+                continue;
+            };
+            for r in gone {
+                for ds in app.datastores.values() {
+                    if r.datastore != ds.name && r.datastore != tokens::ALL_DATASTORES {
+                        continue;
+                    }
+                    let (d, id) = (ds.clone(), r.id.clone());
+                    let deleted = tokio::task::spawn_blocking(move || {
+                        locks::delete_locks_of(d.backend.as_ref(), &id)
+                    })
+                    .await;
+                    match deleted {
+                        Ok(Ok(names)) if !names.is_empty() => log_line(&format!(
+                            "token {:?} was removed: deleted its {} on datastore {}, so that \
+                             other jobs do not wait for {} to go stale",
+                            r.name,
+                            if names.len() == 1 {
+                                "lock".to_string()
+                            } else {
+                                format!("{} locks", names.len())
+                            },
+                            ds.name,
+                            if names.len() == 1 { "it" } else { "them" }
+                        )),
+                        Ok(Err(e)) => log_line(&format!(
+                            "token {:?} was removed, but its locks on datastore {} could not \
+                             be deleted ({e}): they go stale 30 minutes after their last refresh",
+                            r.name, ds.name
+                        )),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    });
+}
+
 pub fn serve(config: ServerConfig, ready: impl FnOnce(&Ready)) -> Result<(), ServerError> {
     let tls = match &config.tls {
         Tls::Files { cert, key } => Some(tls::server_config(cert, key, false)?),
@@ -655,6 +706,7 @@ async fn run(
             let _ = tokio::task::spawn_blocking(cairn_core::repo::lock::retry_orphaned).await;
         }
     });
+    sweep_removed_tokens(&app);
     content::start(&app);
     dedup::warm_all(&app);
     let router = app.router();

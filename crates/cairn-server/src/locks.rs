@@ -39,6 +39,27 @@ pub fn owned_by(name: &str, token_id: &str) -> bool {
     crate::policy::id_of(name).is_some_and(|id| id.starts_with(&prefix))
 }
 
+/// Deletes every lock of the token with this id (a removed token: its client can
+/// no longer refresh or remove them, and until they went stale they would keep
+/// other jobs waiting and prune from deleting). Returns their names.
+pub fn delete_locks_of(
+    backend: &dyn cairn_backend::Backend,
+    token_id: &str,
+) -> Result<Vec<String>, cairn_backend::BackendError> {
+    let mut deleted = Vec::new();
+    for o in backend.list(cairn_backend::names::LOCKS)? {
+        if !owned_by(&o.name, token_id) {
+            continue;
+        }
+        match backend.delete(&o.name) {
+            Ok(()) => deleted.push(o.name),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(deleted)
+}
+
 impl LockOwners {
     /// `max_age`: the cap on a non-admin lock's life, in seconds.
     pub fn open(path: PathBuf, max_age: i64) -> LockOwners {

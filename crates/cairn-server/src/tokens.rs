@@ -76,7 +76,30 @@ pub fn valid_grant(datastore: &str, role: Role) -> Result<(), String> {
 struct TokenFile {
     version: u32,
     tokens: Vec<TokenEntry>,
+    /// Tokens removed in the last [`REMOVED_KEPT_SECS`]: a running server deletes
+    /// their locks, and one started in that time does too ([`Removed`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    removed: Vec<Removed>,
 }
+
+/// A removed token, remembered for a while. Its locks would otherwise hold other
+/// hosts' jobs and prune back until they went stale (30 minutes unrefreshed), and
+/// no lock names the token once the token is gone: the server can tell a removed
+/// token's locks from a direct client's only by this id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Removed {
+    pub id: String,
+    pub name: String,
+    /// The datastore it opened, or [`ALL_DATASTORES`].
+    pub datastore: String,
+    /// When, RFC 3339.
+    pub removed: String,
+}
+
+/// How long a removed token is remembered: twice the age at which an
+/// unrefreshed lock is stale, after which its locks no longer hold anyone.
+pub const REMOVED_KEPT_SECS: i64 = 3600;
 
 /// The token file's version this cairn writes and reads.
 const TOKEN_FILE_VERSION: u32 = 1;
@@ -208,8 +231,69 @@ impl TokenStore {
                 )));
             };
             file.version = TOKEN_FILE_VERSION;
-            Ok(file.tokens.remove(pos))
+            let gone = file.tokens.remove(pos);
+            let now = cairn_core::time::now_unix();
+            file.removed.retain(|r| {
+                cairn_core::time::parse_rfc3339(&r.removed)
+                    .is_some_and(|t| now - t < REMOVED_KEPT_SECS)
+            });
+            file.removed.push(Removed {
+                id: gone.id.clone(),
+                name: gone.name.clone(),
+                datastore: gone.datastore.clone(),
+                removed: cairn_core::time::now_rfc3339(),
+            });
+            Ok(gone)
         })
+    }
+
+    /// Tokens removed since the last call, by `known` (each token's id and
+    /// datastore at that call, updated to now): those the file remembers as
+    /// removed in the last [`REMOVED_KEPT_SECS`], and those gone from it some
+    /// other way (an entry deleted by hand). Each is returned once per `known`.
+    pub fn removed_since(
+        &self,
+        known: &mut std::collections::BTreeMap<String, Option<Removed>>,
+    ) -> Result<Vec<Removed>, TokenError> {
+        let file = self.file.current()?;
+        let file = file.checked()?;
+        let now = cairn_core::time::now_unix();
+        let mut gone: Vec<Removed> = Vec::new();
+        for r in &file.removed {
+            let recent = cairn_core::time::parse_rfc3339(&r.removed)
+                .is_some_and(|t| (now - t).abs() < REMOVED_KEPT_SECS);
+            if recent && !matches!(known.get(&r.id), Some(None)) {
+                gone.push(r.clone());
+            }
+        }
+        for (id, was) in known.iter() {
+            if let Some(t) = was
+                && !file.tokens.iter().any(|e| &e.id == id)
+                && !gone.iter().any(|g| &g.id == id)
+            {
+                gone.push(Removed {
+                    removed: cairn_core::time::now_rfc3339(),
+                    ..t.clone()
+                });
+            }
+        }
+        // Now: every current token, and every removed one as handled.
+        known.clear();
+        for e in &file.tokens {
+            known.insert(
+                e.id.clone(),
+                Some(Removed {
+                    id: e.id.clone(),
+                    name: e.name.clone(),
+                    datastore: e.datastore.clone(),
+                    removed: String::new(),
+                }),
+            );
+        }
+        for r in file.removed.iter().chain(&gone) {
+            known.entry(r.id.clone()).or_insert(None);
+        }
+        Ok(gone)
     }
 }
 
@@ -224,6 +308,53 @@ fn parse(token: &str) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Removed tokens are reported once each: those `remove` remembers (also to a
+    /// server started after the removal), and those deleted from the file by hand.
+    #[test]
+    fn removed_tokens_are_reported_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TokenStore::new(dir.path());
+        store.add("a", "main", Role::Backup, None).unwrap();
+        let (b, _) = store.add("b", "*", Role::Admin, None).unwrap();
+        store.add("c", "main", Role::Restore, None).unwrap();
+        let mut known = std::collections::BTreeMap::new();
+        assert!(store.removed_since(&mut known).unwrap().is_empty());
+        let a = store.remove("a").unwrap();
+        let gone = store.removed_since(&mut known).unwrap();
+        assert_eq!(gone.len(), 1);
+        assert_eq!(
+            (gone[0].id.as_str(), gone[0].name.as_str()),
+            (a.id.as_str(), "a")
+        );
+        assert!(store.removed_since(&mut known).unwrap().is_empty());
+        // A server started after the removal learns of it from the file.
+        let mut fresh = std::collections::BTreeMap::new();
+        let gone = store.removed_since(&mut fresh).unwrap();
+        assert_eq!(gone.len(), 1, "{gone:?}");
+        assert_eq!(gone[0].datastore, "main");
+        // An entry deleted by hand is noticed by a server that knew it.
+        let path = dir.path().join("tokens.json");
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        v["tokens"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|t| t["name"] != "b");
+        std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+        let gone = store.removed_since(&mut known).unwrap();
+        assert_eq!(gone.len(), 1, "{gone:?}");
+        assert_eq!(
+            (gone[0].id.as_str(), gone[0].datastore.as_str()),
+            (b.id.as_str(), "*")
+        );
+        assert!(store.removed_since(&mut known).unwrap().is_empty());
+        // The other server knew it too; "a" it had already.
+        let gone = store.removed_since(&mut fresh).unwrap();
+        assert_eq!(gone.len(), 1, "{gone:?}");
+        assert_eq!(gone[0].id, b.id);
+        assert!(store.removed_since(&mut fresh).unwrap().is_empty());
+    }
 
     /// A newer file, or an entry with a field this cairn does not know, fails
     /// closed: no token of it opens anything, and nothing is written over it.

@@ -4512,3 +4512,64 @@ fn copy_from_a_ca_certified_server_to_a_pinned_one() {
     sa.stop();
     sb.stop();
 }
+
+/// A token removed while its client holds a lock (a hijacked host, cut off by an
+/// admin): the server deletes that lock at once, so that other hosts' backups
+/// (with one job allowed) and prune do not wait for it to go stale, 30 minutes
+/// later (QA: they did).
+#[test]
+fn a_removed_tokens_lock_is_deleted_at_once() {
+    let env = Env::new();
+    env.init(&[]);
+    env.ok(&["config", "--max-concurrent-jobs", "1"]);
+    let src = env.path("src");
+    make_full_tree(&src, 17);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], false);
+    let hijacked = srv.token("hijacked", "main", "backup");
+    let other = srv.token("other", "main", "backup");
+    // A backup that holds its lock while it waits for its standard input.
+    let mut held = client_cmd(
+        &env,
+        &srv,
+        "main",
+        &hijacked,
+        &["backup", "--stdin", "--stdin-name", "x"],
+    )
+    .stdin(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let locks = || std::fs::read_dir(env.repo.join("locks")).unwrap().count();
+    wait_until("the held backup's lock", Duration::from_secs(30), || {
+        locks() == 1
+    });
+    srv.admin_ok(&["token", "remove", "hijacked"]);
+    wait_until(
+        "the removed token's lock to go",
+        Duration::from_secs(20),
+        || locks() == 0,
+    );
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &other,
+            &["backup", src.to_str().unwrap()],
+        ),
+        "another host's backup",
+    );
+    env.ok(&["prune"]);
+    drop(held.stdin.take());
+    let out = held.wait_with_output().unwrap();
+    assert!(
+        !out.status.success(),
+        "the removed token's backup stored nothing"
+    );
+    assert_eq!(env.snapshot_ids().len(), 1);
+    let log = srv.stop();
+    assert!(
+        log.contains("token \"hijacked\" was removed: deleted its lock on datastore main"),
+        "{log}"
+    );
+}

@@ -278,7 +278,6 @@ pub(crate) fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<
     Ok(d)
 }
 
-/// Runs blocking work (storage calls, engine sessions) off the async threads.
 /// Measures again, at most once a minute, the room `store` keeps for forget and
 /// prune (its index's size: `cairn_core::repo::room`). A listing that fails
 /// leaves the last measure.
@@ -304,6 +303,7 @@ async fn measure_room(store: &Arc<crate::Datastore>) {
 
 const ROOM_MEASURED_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// Runs blocking work (storage calls, engine sessions) off the async threads.
 pub(crate) async fn blocking<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
     f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> ApiResult<T> {

@@ -89,8 +89,8 @@ pub struct Datastore {
     pub max_jobs: std::sync::atomic::AtomicU32,
     /// The key, when an admin unlocked the datastore, and what reads with it.
     pub content: content::Content,
-    /// Room kept free for forget and prune: a backup or restore token's pack that
-    /// would leave less is refused as on a full disk (`cairn_core::repo::room`),
+    /// Room kept free for forget and prune: a non-admin token's pack that would
+    /// leave less is refused as on a full disk (`cairn_core::repo::room`),
     /// and when that room was last measured.
     pub room: Arc<cairn_core::repo::room::Room>,
     pub room_measured: std::sync::Mutex<Option<Instant>>,
@@ -548,10 +548,6 @@ async fn hangup(h: &mut Option<tokio::signal::unix::Signal>) {
     }
 }
 
-/// Runs the server until SIGTERM, SIGHUP or SIGINT; `ready` is called once it
-/// listens.
-/// On the signal it stops accepting, lets running requests finish (up to 30 s),
-/// and returns.
 /// Deletes the locks of tokens removed while the server runs, or in the hour
 /// before it started (`tokens::Removed`), looking every few seconds: a
 /// hijacked client's token is removed, and its lock must not keep other hosts'
@@ -603,6 +599,10 @@ fn sweep_removed_tokens(app: &Arc<App>) {
     });
 }
 
+/// Runs the server until SIGTERM, SIGHUP or SIGINT; `ready` is called once it
+/// listens.
+/// On the signal it stops accepting, lets running requests finish (up to 30 s),
+/// and returns.
 pub fn serve(config: ServerConfig, ready: impl FnOnce(&Ready)) -> Result<(), ServerError> {
     let tls = match &config.tls {
         Tls::Files { cert, key } => Some(tls::server_config(cert, key, false)?),

@@ -147,7 +147,7 @@ mod tests {
         drop(room.claim(&b, "data/x", 200 << 20, 0).unwrap());
         room.keep(keep);
         let a = room.claim(&b, "data/a", 60 << 20, 0).unwrap();
-        // 40 MiB left while `a` is stored: 34 MiB fits beside the 5 kept, 36 not.
+        // 40 MiB left while `a` is stored: 35 MiB fits beside the 5 kept, 36 not.
         let e = room.claim(&b, "data/b", 36 << 20, 0).unwrap_err();
         assert_eq!(e.kind, BackendErrorKind::NoSpace);
         assert!(e.message.contains("40.0 MiB free"), "{}", e.message);

@@ -62,29 +62,48 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
         st.compression_percent
     );
     println!("overall reduction:     {:.1}%", st.reduction_percent);
-    println!(
-        "space occupied:        {}  (stored : occupied = {:.2} : 1)",
-        b(st.occupied_bytes),
-        st.stored_to_occupied
-    );
+    match (st.needed_bytes, st.stored_to_needed) {
+        // A subset: the space it needs is its figure; the repository's is beside it.
+        (Some(needed), Some(ratio)) => println!(
+            "space needed:          {}  (stored : needed = {ratio:.2} : 1; the repository occupies {})",
+            b(needed),
+            b(st.occupied_bytes),
+        ),
+        _ => println!(
+            "space occupied:        {}  (stored : occupied = {:.2} : 1)",
+            b(st.occupied_bytes),
+            st.stored_to_occupied
+        ),
+    }
     // With a selection, "unused" is what the selected snapshots do not need: most
-    // of it other snapshots' data, which prune keeps.
+    // of it other snapshots' data, which prune keeps. It is not part of the space
+    // they need, so it gets a line of its own.
     let unused = if selected.is_some() {
-        "not needed by these snapshots"
+        String::new()
     } else {
-        "unused"
+        format!(", unused {}", b(o.unused_bytes))
     };
     println!(
-        "  overhead {}: envelopes {}, trees and chunk lists {}, pack headers {}, {unused} {}, index {}, snapshots {}, other {}",
-        b(o.total()),
+        "  overhead {}: envelopes {}, trees and chunk lists {}, pack headers {}{unused}, index {}, snapshots {}, other {}",
+        b(o.total()
+            - if selected.is_some() {
+                o.unused_bytes
+            } else {
+                0
+            }),
         b(o.envelope_bytes),
         b(o.metadata_bytes),
         b(o.pack_header_bytes),
-        b(o.unused_bytes),
         b(o.index_bytes),
         b(o.snapshot_bytes),
         b(o.other_bytes)
     );
+    if selected.is_some() {
+        println!(
+            "  not needed by these snapshots: {} (other snapshots' data, and data no snapshot uses)",
+            b(o.unused_bytes)
+        );
+    }
     if o.duplicate_bytes > 0 {
         println!(
             "  of the unused: {} are second copies of needed data (stored twice by backups \

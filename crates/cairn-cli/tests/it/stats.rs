@@ -97,7 +97,7 @@ fn stats_add_up_on_a_generated_repository() {
     for i in 0..6 {
         fs::write(src.join(format!("d/bin{i}")), rng.bytes(150_000, false)).unwrap();
     }
-    env.backup(&[&src]);
+    let third = env.backup(&[&src]);
     env.ok(&["forget", &first, &second]);
     let s3 = stats(&env, &[]);
     assert_adds_up(&env, &s3, "after forget");
@@ -107,16 +107,44 @@ fn stats_add_up_on_a_generated_repository() {
     assert_adds_up(&env, &s4, "after prune");
     assert_eq!(u(&s4["overhead"], "unused_bytes"), 0, "{s4}");
 
+    // Another host's data beside it.
+    let other = env.path("other");
+    fs::create_dir_all(&other).unwrap();
+    fs::write(other.join("big"), rng.bytes(3_000_000, false)).unwrap();
+    env.backup_args(&["--host", "elsewhere", other.to_str().unwrap()]);
+    assert!(stats(&env, &[]).get("needed_bytes").is_none());
+
     // One snapshot alone: its own logical size, still adding up.
-    let one = stats(&env, &["latest"]);
+    let one = stats(&env, &[&third]);
     assert_eq!(u(&one, "snapshots"), 1);
     assert_adds_up(&env, &one, "one snapshot");
+    // Its headline is the space it needs, not the whole repository's (QA: one
+    // host's ratio was divided by every host's space).
+    let needed = u(&one, "needed_bytes");
+    let (occupied, not_needed) = (
+        u(&one, "occupied_bytes"),
+        u(&one["overhead"], "unused_bytes"),
+    );
+    assert_eq!(needed, occupied - not_needed, "{one}");
+    assert!(
+        not_needed > 3_000_000 && needed < occupied - 3_000_000,
+        "{one}"
+    );
+    let ratio = u(&one, "stored_bytes") as f64 / needed as f64;
+    assert!((f(&one, "stored_to_needed") - ratio).abs() < 1e-9, "{one}");
     // Its text says what the space the others need is, not "unused".
-    let text = env.ok(&["stats", "latest"]);
+    let text = env.ok(&["stats", &third]);
     assert!(text.contains("not needed by these snapshots"), "{text}");
     assert!(!text.contains(" unused "), "{text}");
+    assert!(
+        text.contains("space needed:") && text.contains("the repository occupies"),
+        "{text}"
+    );
     let text = env.ok(&["stats"]);
-    assert!(text.contains(" unused "), "{text}");
+    assert!(
+        text.contains(" unused ") && text.contains("space occupied:"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The three ways the CLI shows an operation's events ([`cairn_core::progress`]):
 //! a progress bar on a terminal, one JSON object per line on stderr with `--json`
-//! (like restic's status messages), and plain lines otherwise (scripts, `--quiet`):
-//! warnings always, notices unless quiet.
+//! (like restic's status messages; only warnings with `--quiet` too), and plain
+//! lines otherwise (scripts, `--quiet`): warnings always, notices unless quiet.
 
 use crate::ui;
 use cairn_core::progress::{CancelToken, Event, EventSink, Progress, Status, Ticker};
@@ -18,6 +18,9 @@ pub enum Mode {
     Bar,
     /// JSON lines on stderr (--json).
     Json,
+    /// Warnings only, as JSON lines on stderr (--json --quiet: a script that
+    /// wants the result and nothing of the way there, as restic's `--json -q`).
+    JsonQuiet,
     /// Warnings and notices as text lines on stderr.
     Plain,
     /// Warnings only (--quiet).
@@ -26,7 +29,9 @@ pub enum Mode {
 
 impl Mode {
     pub fn of(g: &crate::args::Global) -> Mode {
-        if g.json {
+        if g.json && g.quiet {
+            Mode::JsonQuiet
+        } else if g.json {
             Mode::Json
         } else if g.quiet {
             Mode::Quiet
@@ -173,7 +178,8 @@ fn tail(name: &str, max: usize) -> String {
 impl EventSink for CliSink {
     fn event(&self, event: &Event) {
         match self.mode {
-            Mode::Json => {
+            Mode::JsonQuiet if !matches!(event, Event::Warning(_)) => {}
+            Mode::Json | Mode::JsonQuiet => {
                 if let Ok(line) = serde_json::to_string(event) {
                     let _g = self.out.lock().unwrap_or_else(|e| e.into_inner());
                     let mut err = std::io::stderr().lock();
@@ -229,7 +235,7 @@ impl CliProgress {
         let every = match self.sink.mode {
             Mode::Bar => Duration::from_millis(125),
             Mode::Json => Duration::from_secs(1),
-            Mode::Plain | Mode::Quiet => return,
+            Mode::Plain | Mode::Quiet | Mode::JsonQuiet => return,
         };
         if self.ticker.is_none() {
             self.ticker = Some(self.progress.ticker(every));

@@ -749,3 +749,47 @@ fn a_backup_reports_the_bytes_it_stored() {
         assert!(v["data_added_packed"].as_u64().unwrap() < grown);
     }
 }
+
+/// `--json --quiet`: the result on stdout and, on stderr, only warnings (as JSON
+/// lines), none of the phase and status lines `--json` alone writes there (QA).
+#[test]
+fn json_and_quiet_write_only_warnings_on_stderr() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"data").unwrap();
+    let gone = env.path("gone");
+    let run = |quiet: bool| {
+        let mut args = vec![
+            "backup",
+            "--json",
+            src.to_str().unwrap(),
+            gone.to_str().unwrap(),
+        ];
+        if quiet {
+            args.push("-q");
+        }
+        let out = env.cmd(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(summary["snapshot_id"].is_string(), "{summary}");
+        let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        lines
+    };
+    let loud = run(false);
+    assert!(
+        loud.iter().any(|v| v["type"] == "phase_started"),
+        "{loud:?}"
+    );
+    let quiet = run(true);
+    assert_eq!(quiet.len(), 1, "{quiet:?}");
+    assert_eq!(quiet[0]["type"], "warning");
+    assert!(
+        quiet[0]["path"].as_str().unwrap().ends_with("/gone"),
+        "{quiet:?}"
+    );
+}

@@ -112,16 +112,28 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         // snapshot needs are rewritten by `repair index`; files that lost data
         // also need `repair snapshots`.
         use check::Problem;
-        let only_packs = report.problems.iter().all(|p| {
+        // Packs this user may not read are not damage: what to repair is decided
+        // by the rest, and access is asked for apart.
+        let unreadable = report
+            .problems
+            .iter()
+            .filter(|p| matches!(p, Problem::PackUnreadable { .. }))
+            .count();
+        let damage: Vec<&Problem> = report
+            .problems
+            .iter()
+            .filter(|p| !matches!(p, Problem::PackUnreadable { .. }))
+            .collect();
+        let only_packs = damage.iter().all(|p| {
             matches!(
                 p,
                 Problem::PackDamaged { .. } | Problem::PackTruncated { .. }
             )
         });
-        let files = report.problems.iter().any(|p| !p.affects().is_empty());
+        let files = damage.iter().any(|p| !p.affects().is_empty());
         // The index naming packs that are gone, with no file left needing them
         // (what `repair snapshots` leaves when `repair index` did not run first).
-        let index_only = report.problems.iter().all(|p| {
+        let index_only = damage.iter().all(|p| {
             matches!(
                 p,
                 Problem::PackMissing { .. } | Problem::IndexUnreadable { .. }
@@ -130,7 +142,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         // Whether the index itself needs rebuilding first: it names packs that are
         // gone, damaged or cut short, or a file of it cannot be read. After `repair
         // index` only blobs in no index are left, for `repair snapshots` alone.
-        let index_too = report.problems.iter().any(|p| {
+        let index_too = damage.iter().any(|p| {
             matches!(
                 p,
                 Problem::PackMissing { .. }
@@ -141,7 +153,23 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                     | Problem::BlobInDamagedPack { .. }
             )
         });
-        let next = if only_packs {
+        let access = if unreadable == 0 {
+            String::new()
+        } else {
+            format!(
+                "{}{} this user may not read: give it read access to the repository (or \
+                 check as its owner), then check again",
+                if damage.is_empty() {
+                    "; "
+                } else {
+                    "; besides, "
+                },
+                ui::count(unreadable as u64, "pack")
+            )
+        };
+        let next = if damage.is_empty() {
+            ""
+        } else if only_packs {
             "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
              packs without it"
         } else if files && index_too {
@@ -159,7 +187,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         crate::report_error(
             g.json,
             &format!(
-                "the repository has {}{next}",
+                "the repository has {}{next}{access}",
                 ui::count(report.problems.len() as u64, "problem")
             ),
             1,

@@ -1001,3 +1001,59 @@ fn a_backup_leaves_room_for_forget_and_prune() {
     env.backup_args(&["--pack-size", "512K", c.to_str().unwrap()]);
     env.check_clean();
 }
+
+/// `check --read-data` run by a user who may not read a pack says so and asks
+/// for access: it is not damage, and the repairs it advised before (`repair
+/// index`, then `repair snapshots`) would refuse or drop files (QA).
+#[test]
+fn check_asks_for_access_to_a_pack_this_user_may_not_read() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !is_root() {
+        eprintln!("needs root, to run the check as nobody");
+        return;
+    }
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a"), Rng(43).bytes(300_000, false)).unwrap();
+    env.backup(&[&src]);
+    sh(Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(env.dir.path()));
+    sh(Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(env.dir.path()));
+    let (pack, _) = files_under(&env.repo.join("data"))
+        .into_iter()
+        .max_by_key(|(_, size)| *size)
+        .unwrap();
+    sh(Command::new("chown").arg("0:0").arg(&pack));
+    fs::set_permissions(&pack, fs::Permissions::from_mode(0o600)).unwrap();
+    let o = env
+        .cmd(&["check", "--read-data"])
+        .env("XDG_CACHE_HOME", env.path("nobody-cache"))
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("1 pack this user may not read: give it read access")
+            && out.contains("its data was not verified")
+            && out.contains("(1 read in full)"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("repair") && !out.contains("damaged"),
+        "no repair for what is not damage: {out}"
+    );
+    sh(Command::new("chown").arg("65534:65534").arg(&pack));
+    env.check_clean();
+}

@@ -96,6 +96,10 @@ pub enum Problem {
     },
     /// Reading a pack whole found damage (`--read-data`): its hash, header or blobs.
     PackDamaged { pack: PackId, error: String },
+    /// A pack this user may not read (`--read-data`): not damage, so neither its
+    /// blobs nor the files needing them are counted as lost, and no repair is
+    /// advised (`repair index` would refuse to work around it).
+    PackUnreadable { pack: PackId, error: String },
     /// A snapshot object cannot be read or names no valid tree.
     SnapshotUnreadable {
         snapshot: SnapshotId,
@@ -178,6 +182,10 @@ impl Problem {
                  {expected} (appended to, or its end cut off; `check --read-data` reads it)"
             ),
             Problem::PackDamaged { pack, error } => format!("pack {pack}: {error}"),
+            Problem::PackUnreadable { pack, error } => format!(
+                "pack {pack}: {error}: its data was not verified (give this user read access \
+                 to the repository, or check as its owner)"
+            ),
             Problem::SnapshotUnreadable {
                 snapshot,
                 error,
@@ -384,7 +392,12 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
         }
         progress.set_total(Some(packs.iter().map(|(_, s)| s).sum()), None);
         let (problems, blobs) = read_packs(repo, &packs, &listing.packs, progress)?;
-        report.packs_read = packs.len();
+        // Those this user may not read were not read.
+        let unread = problems
+            .iter()
+            .filter(|p| matches!(p, Problem::PackUnreadable { .. }))
+            .count();
+        report.packs_read = packs.len() - unread;
         report.problems.extend(problems);
         bad.copies.extend(blobs);
     }
@@ -1046,7 +1059,14 @@ fn read_packs(
     });
     let mut problems = Vec::new();
     let mut bad = HashSet::new();
-    for ((id, _), (msgs, blobs)) in damaged.iter().zip(results) {
+    for ((id, _), verified) in damaged.iter().zip(results) {
+        let (msgs, blobs) = match verified {
+            Verified::Checked(msgs, blobs) => (msgs, blobs),
+            Verified::Unreadable(error) => {
+                problems.push(Problem::PackUnreadable { pack: *id, error });
+                continue;
+            }
+        };
         problems.extend(
             msgs.into_iter()
                 .map(|error| Problem::PackDamaged { pack: *id, error }),
@@ -1111,15 +1131,22 @@ fn pack_intact(repo: &Repository, id: &PackId, size: u64, listed: Option<&Listed
         && listed.is_none_or(|l| l.blobs == entries.len() as u64 && l.print == print)
 }
 
-/// Returns problems found and the blob ids (per the index) that are unusable.
+/// What reading a pack whole found.
+enum Verified {
+    /// Problems found and the blob ids (per the index) that are unusable.
+    Checked(Vec<String>, Vec<BlobId>),
+    /// This user may not read it: nothing is known of its content.
+    Unreadable(String),
+}
+
 fn verify_pack(
     repo: &Repository,
     id: &PackId,
     size: u64,
     indexed: &[(BlobId, crate::index::BlobLocation)],
     live: bool,
-) -> (Vec<String>, Vec<BlobId>) {
-    let all_bad = |m: String| (vec![m], indexed.iter().map(|(b, _)| *b).collect());
+) -> Verified {
+    let all_bad = |m: String| Verified::Checked(vec![m], indexed.iter().map(|(b, _)| *b).collect());
     // A whole-object range read: large ones bypass the page cache (much cheaper
     // here than buffered reads, and a check should not evict everything else).
     let data = match repo
@@ -1128,7 +1155,10 @@ fn verify_pack(
     {
         Ok(d) => d,
         // A retired pack (no live entry) that a prune deleted while we ran.
-        Err(e) if e.is_not_found() && !live => return (vec![], vec![]),
+        Err(e) if e.is_not_found() && !live => return Verified::Checked(vec![], vec![]),
+        Err(e) if e.kind == cairn_backend::BackendErrorKind::PermissionDenied => {
+            return Verified::Unreadable(e.message);
+        }
         Err(e) => return all_bad(format!("cannot be read: {e}")),
     };
     let decode_at = |b: &BlobId, offset: u64, length: u32, raw: u32, c| -> Result<()> {
@@ -1207,7 +1237,7 @@ fn verify_pack(
             ),
         );
     }
-    (problems, bad)
+    Verified::Checked(problems, bad)
 }
 
 #[cfg(test)]

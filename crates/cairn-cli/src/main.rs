@@ -127,10 +127,29 @@ fn main() {
                     "; free space on the repository's storage, then run the command again",
                 );
             }
+            if config_damaged(&e) {
+                message.push_str(
+                    "; the data is intact, but nothing in the repository can be read without \
+                     its config (written by `cairn init`, rewritten only by `cairn config`): put \
+                     back a copy of the file `config` from a backup of this storage (a disk or \
+                     volume snapshot, a file-level copy), or restore from a replica made with \
+                     `cairn copy`",
+                );
+            }
             report_error(json, &message, code);
             std::process::exit(code);
         }
     }
+}
+
+/// Whether the error is a repository config that does not parse or authenticate
+/// (not one this user may not read, nor a newer cairn's).
+fn config_damaged(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause.downcast_ref::<cairn_core::Error>().is_some_and(
+            |ce| matches!(ce.root(), cairn_core::Error::Damaged { what, .. } if what.starts_with("repository config")),
+        )
+    })
 }
 
 /// Whether the error is the repository's storage refusing a write for want of

@@ -292,11 +292,15 @@ fn corrupted_or_truncated_index_snapshot_config_and_pack() {
     let pos = bad.windows(9).position(|w| w == b"\"standard").unwrap();
     bad[pos + 1] = b'S';
     fs::write(&cfg, &bad).unwrap();
+    // Each says what can be done: put back a copy (QA: no advice at all).
     let e = env.fails(&["snapshots"], 1);
-    assert!(e.contains("config"), "{e}");
+    assert!(e.contains("config") && e.contains("put back a copy"), "{e}");
     fs::write(&cfg, &orig_cfg[..orig_cfg.len() / 2]).unwrap();
     let e = env.fails(&["snapshots"], 1);
-    assert!(e.contains("config") && e.lines().count() == 1, "{e}");
+    assert!(
+        e.contains("config") && e.contains("put back a copy") && e.lines().count() == 1,
+        "{e}"
+    );
     fs::write(&cfg, &orig_cfg).unwrap();
     let (key, _) = files_under(&env.repo.join("keys"))
         .into_iter()

@@ -245,8 +245,9 @@ pub struct ServeArgs {
     #[command(subcommand)]
     pub command: Option<ServeCommand>,
     /// Settings file (TOML: listen, state_dir, TLS, [datastores], limits, passwords,
-    /// jobs; see docs/SERVER.md)
-    #[arg(long, value_name = "FILE")]
+    /// jobs; see docs/SERVER.md). `token`, `user` and `scrub` read its state_dir
+    /// and datastores too
+    #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Address and port to listen on (default 127.0.0.1:8443)
     #[arg(long, value_name = "ADDR:PORT")]
@@ -302,9 +303,6 @@ pub struct ScrubArgs {
     /// The same, as `token add` takes it
     #[arg(long = "datastore", value_name = "NAME", conflicts_with = "datastore")]
     pub datastore_flag: Option<String>,
-    /// The server's settings file, to find the datastore by name
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
     /// Objects read at once
     #[arg(long, default_value_t = 2)]
     pub threads: usize,

@@ -25,7 +25,7 @@ pub fn run(g: &Global, a: &ServeArgs) -> Result<i32> {
     match &a.command {
         Some(ServeCommand::Token(t)) => token(g, a, t),
         Some(ServeCommand::User(u)) => user(g, a, u),
-        Some(ServeCommand::Scrub(s)) => scrub(g, s),
+        Some(ServeCommand::Scrub(s)) => scrub(g, s, a.config.as_deref()),
         None => serve(a),
     }
 }
@@ -233,7 +233,7 @@ fn grant_text(datastore: &str) -> String {
 
 /// `cairn serve scrub`: runs on the server's machine against the datastore's
 /// storage directly (no token, no key).
-fn scrub(g: &Global, s: &ScrubArgs) -> Result<i32> {
+fn scrub(g: &Global, s: &ScrubArgs, config: Option<&std::path::Path>) -> Result<i32> {
     // A datastore name from the settings file, or a location as `--repo` takes it;
     // and the file's datastore names (in order: its table is a BTreeMap).
     let datastore = s
@@ -241,7 +241,7 @@ fn scrub(g: &Global, s: &ScrubArgs) -> Result<i32> {
         .as_ref()
         .or(s.datastore_flag.as_ref())
         .ok_or_else(|| anyhow!("name the datastore to scrub"))?;
-    let (location, named): (String, Vec<String>) = match &s.config {
+    let (location, named): (String, Vec<String>) = match config {
         Some(c) => {
             let file = cairn_server::config::FileConfig::load(c)?;
             let location = file.datastores.get(datastore).cloned();

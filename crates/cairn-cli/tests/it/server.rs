@@ -4573,3 +4573,56 @@ fn a_removed_tokens_lock_is_deleted_at_once() {
         "{log}"
     );
 }
+
+/// `cairn serve token ... --config FILE` and `serve user ... --config FILE` find
+/// the state directory the server uses from its settings file, as `serve scrub`
+/// finds datastores there (QA: they took no `--config`, so an administrator had to
+/// repeat the file's state_dir as --state-dir, or wrote tokens the server never saw).
+#[test]
+fn token_and_user_commands_read_the_settings_file() {
+    let env = Env::new();
+    let state = env.path("state-from-file");
+    let settings = env.path("serve.toml");
+    std::fs::write(
+        &settings,
+        format!(
+            "state_dir = {:?}\n[datastores]\nmain = \"/nonexistent\"\n",
+            state
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let o = Command::new(bin())
+            .args(args)
+            .arg("--config")
+            .arg(&settings)
+            .env("CAIRN_NEW_PASSWORD", "a long password")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    run(&[
+        "serve",
+        "token",
+        "add",
+        "web01",
+        "--datastore",
+        "main",
+        "--role",
+        "backup",
+    ]);
+    run(&[
+        "serve",
+        "user",
+        "add",
+        "ann",
+        "--datastore",
+        "main",
+        "--role",
+        "admin",
+    ]);
+    assert!(state.join("tokens.json").exists());
+    assert!(run(&["serve", "token", "list"]).contains("web01"));
+    assert!(run(&["serve", "user", "list"]).contains("ann"));
+}

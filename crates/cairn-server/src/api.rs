@@ -1272,12 +1272,7 @@ pub async fn put_schedule(
         )));
     }
     let s = app.clone();
-    let existed = blocking(move || {
-        s.jobs
-            .put_console(spec)
-            .map_err(|e| ApiError::new(StatusCode::CONFLICT, "conflict", e))
-    })
-    .await?;
+    let existed = blocking(move || s.jobs.put_console(spec).map_err(schedule_error)).await?;
     crate::log_line(&format!(
         "schedule {name}: {} by {}",
         if existed { "changed" } else { "made" },
@@ -1289,6 +1284,23 @@ pub async fn put_schedule(
         StatusCode::CREATED
     };
     Ok(status.into_response())
+}
+
+/// A schedule's name clash is a conflict; its file's trouble is the server's
+/// (507 when the state directory's disk is full: QA had 409 "conflict" for it).
+fn schedule_error(e: crate::jobs::ScheduleError) -> ApiError {
+    use crate::jobs::ScheduleError;
+    match e {
+        ScheduleError::Clash(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+        ScheduleError::File(e) if e.is_no_space() => ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "no_space",
+            format!("{e}: free space in the server's state directory"),
+        ),
+        ScheduleError::File(e) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server", e.to_string())
+        }
+    }
 }
 
 /// `DELETE /v1/schedules/{name}` (admin of its datastore): removes a schedule made
@@ -1326,12 +1338,7 @@ pub async fn delete_schedule(
     }
     let s = app.clone();
     let n = name.clone();
-    blocking(move || {
-        s.jobs
-            .delete_console(&n)
-            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server", e))
-    })
-    .await?;
+    blocking(move || s.jobs.delete_console(&n).map_err(schedule_error)).await?;
     crate::log_line(&format!("schedule {name}: removed by {}", t.name));
     Ok(StatusCode::NO_CONTENT.into_response())
 }

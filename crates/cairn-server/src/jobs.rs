@@ -298,6 +298,17 @@ impl JobSpec {
     }
 }
 
+/// Why a console schedule was not made, changed or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    /// The settings file defines a job of that name.
+    #[error("{0}")]
+    Clash(String),
+    /// `schedules.json` could not be read or written (a full disk, a damaged file).
+    #[error("{0}")]
+    File(crate::statefile::StateError),
+}
+
 /// One run of a job.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Run {
@@ -455,12 +466,12 @@ impl Jobs {
     }
 
     /// Adds or replaces a console schedule; refuses a name the settings file uses.
-    pub fn put_console(&self, spec: JobSpec) -> Result<bool, String> {
+    pub fn put_console(&self, spec: JobSpec) -> Result<bool, ScheduleError> {
         if self.specs.iter().any(|s| s.name == spec.name) {
-            return Err(format!(
+            return Err(ScheduleError::Clash(format!(
                 "job {:?} is defined in the settings file: change it there",
                 spec.name
-            ));
+            )));
         }
         let name = spec.name.clone();
         let existed = self
@@ -472,7 +483,7 @@ impl Jobs {
                 file.version = 1;
                 Ok::<_, crate::statefile::StateError>(existed)
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(ScheduleError::File)?;
         // A changed interval counts from now (not from the last run, as at start).
         let mut s = self.lock();
         s.due.remove(&name);
@@ -481,7 +492,7 @@ impl Jobs {
     }
 
     /// Removes a console schedule (its history stays); false if there is none.
-    pub fn delete_console(&self, name: &str) -> Result<bool, String> {
+    pub fn delete_console(&self, name: &str) -> Result<bool, ScheduleError> {
         let removed = self
             .console
             .update(|file| {
@@ -489,7 +500,7 @@ impl Jobs {
                 file.jobs.retain(|s| s.name != name);
                 Ok::<_, crate::statefile::StateError>(file.jobs.len() != before)
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(ScheduleError::File)?;
         if removed {
             self.lock().due.remove(name);
         }
@@ -1274,8 +1285,14 @@ mod tests {
             BTreeMap::new(),
             dir.path(),
         );
-        assert_eq!(jobs.put_console(spec("hourly", "check", "2h")), Ok(false));
-        assert_eq!(jobs.put_console(spec("hourly", "check", "1h")), Ok(true));
+        assert_eq!(
+            jobs.put_console(spec("hourly", "check", "2h")).ok(),
+            Some(false)
+        );
+        assert_eq!(
+            jobs.put_console(spec("hourly", "check", "1h")).ok(),
+            Some(true)
+        );
         assert!(jobs.put_console(spec("nightly", "check", "1h")).is_err());
         let all = jobs.scheduled();
         assert_eq!(all.len(), 2);
@@ -1329,8 +1346,8 @@ mod tests {
         let later = t0 + day + Duration::from_secs(10);
         assert!(due_now(&jobs, later).is_empty());
         assert_eq!(due_now(&jobs, later + 2 * hour), ["hourly"]);
-        assert_eq!(jobs.delete_console("hourly"), Ok(true));
-        assert_eq!(jobs.delete_console("hourly"), Ok(false));
+        assert_eq!(jobs.delete_console("hourly").ok(), Some(true));
+        assert_eq!(jobs.delete_console("hourly").ok(), Some(false));
         assert!(due_now(&jobs, later + 10 * hour).is_empty());
         assert_eq!(jobs.scheduled().len(), 1);
     }

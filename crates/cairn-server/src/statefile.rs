@@ -15,9 +15,32 @@ pub enum StateError {
     #[error("cannot read {path}: {message}")]
     Read { path: PathBuf, message: String },
     #[error("cannot write {path}: {message}")]
-    Write { path: PathBuf, message: String },
+    Write {
+        path: PathBuf,
+        message: String,
+        /// The file system is full (ENOSPC, EDQUOT): answered 507, not as a clash.
+        no_space: bool,
+    },
     #[error("{path} is damaged: {message}")]
     Damaged { path: PathBuf, message: String },
+}
+
+impl StateError {
+    fn write(path: PathBuf, e: &std::io::Error) -> StateError {
+        StateError::Write {
+            path,
+            message: e.to_string(),
+            no_space: matches!(
+                e.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ),
+        }
+    }
+
+    /// Whether the state directory's file system is full.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, StateError::Write { no_space: true, .. })
+    }
 }
 
 /// What identifies a version of the file: its modification time, size and inode
@@ -119,12 +142,9 @@ impl<T: DeserializeOwned + Serialize + Default> StateFile<T> {
         let mut name = self.path.clone().into_os_string();
         name.push(".lock");
         let lock_path = PathBuf::from(name);
-        let err = |message: String| StateError::Write {
-            path: lock_path.clone(),
-            message,
-        };
+        let err = |e: std::io::Error| StateError::write(lock_path.clone(), &e);
         if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+            std::fs::create_dir_all(dir).map_err(err)?;
         }
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -133,28 +153,26 @@ impl<T: DeserializeOwned + Serialize + Default> StateFile<T> {
             .truncate(false)
             .mode(0o600)
             .open(&lock_path)
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(err)?;
         nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| err(e.to_string()))
+            .map_err(|(_, e)| err(e.into()))
     }
 
     /// Replaces the file: a new file, synced, renamed over the old one.
     pub fn save(&self, value: &T) -> Result<(), StateError> {
-        let werr = |e: std::io::Error| StateError::Write {
-            path: self.path.clone(),
-            message: e.to_string(),
-        };
+        let werr = |e: std::io::Error| StateError::write(self.path.clone(), &e);
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(werr)?;
         }
         let body = serde_json::to_vec_pretty(value).map_err(|e| StateError::Write {
             path: self.path.clone(),
             message: e.to_string(),
+            no_space: false,
         })?;
         let tmp = self
             .path
             .with_extension(format!("tmp-{}", std::process::id()));
-        {
+        let written = (|| {
             use std::io::Write;
             use std::os::unix::fs::OpenOptionsExt;
             let mut f = std::fs::OpenOptions::new()
@@ -162,12 +180,16 @@ impl<T: DeserializeOwned + Serialize + Default> StateFile<T> {
                 .create(true)
                 .truncate(true)
                 .mode(0o600)
-                .open(&tmp)
-                .map_err(werr)?;
-            f.write_all(&body).map_err(werr)?;
-            f.sync_all().map_err(werr)?;
+                .open(&tmp)?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.path)
+        })();
+        if let Err(e) = written {
+            // A full disk left the half-written file behind (QA).
+            let _ = std::fs::remove_file(&tmp);
+            return Err(werr(e));
         }
-        std::fs::rename(&tmp, &self.path).map_err(werr)?;
         // The rename itself must survive a crash too.
         if let Some(dir) = self.path.parent()
             && let Ok(d) = std::fs::File::open(dir)
@@ -229,6 +251,7 @@ mod tests {
             Err(StateError::Write {
                 path: PathBuf::new(),
                 message: "no".into(),
+                no_space: false,
             })
         });
         assert!(r.is_err());

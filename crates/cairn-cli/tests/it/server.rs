@@ -4626,3 +4626,54 @@ fn token_and_user_commands_read_the_settings_file() {
     assert!(run(&["serve", "token", "list"]).contains("web01"));
     assert!(run(&["serve", "user", "list"]).contains("ann"));
 }
+
+/// A schedule made in the console when the server's state directory is full: 507
+/// saying where to free space, not 409 "conflict", and no half-written file left
+/// behind (QA: both).
+#[test]
+fn a_full_state_directory_is_said_as_such() {
+    if !is_root() {
+        eprintln!("needs root, to mount a small tmpfs");
+        return;
+    }
+    let env = Env::new();
+    env.init(&[]);
+    let state = env.path("state");
+    let _fs = Tmpfs::mount(&state, "size=1m");
+    let srv = Server::start(&state, &[("main", &env.repo)], true);
+    let admin = srv.token("ops", "main", "admin");
+    {
+        let mut filler = std::fs::File::create(state.join("filler")).unwrap();
+        let block = vec![0u8; 4096];
+        while std::io::Write::write_all(&mut filler, &block).is_ok() {}
+    }
+    let put = || {
+        let (code, _, body) = http_full(
+            srv.port,
+            "PUT",
+            "/v1/schedules/nightly",
+            &[
+                ("Authorization", &format!("Bearer {admin}")),
+                ("Content-Type", "application/json"),
+            ],
+            br#"{"kind":"scrub","datastore":"main","every":"1d"}"#,
+        );
+        (code, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (code, body) = put();
+    assert_eq!(code, 507, "{body}");
+    assert!(
+        body.contains("free space in the server's state directory"),
+        "{body}"
+    );
+    let left: Vec<String> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    std::fs::remove_file(state.join("filler")).unwrap();
+    let (code, body) = put();
+    assert_eq!(code, 201, "{body}");
+    srv.stop();
+}

@@ -833,8 +833,6 @@ fn an_unreadable_snapshot_is_removed_by_forget_with_its_id() {
 /// snapshot is whole again once the user may read it.
 #[test]
 fn a_snapshot_this_user_may_not_read_is_left_by_repair() {
-    use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
     if !is_root() {
         eprintln!("needs root, to run the repair as nobody");
         return;
@@ -848,23 +846,9 @@ fn a_snapshot_this_user_may_not_read_is_left_by_repair() {
     fs::write(src.join("b"), Rng(42).bytes(200_000, false)).unwrap();
     let second = env.backup(&[&src]);
     // The repository is nobody's, but for the second snapshot's object.
-    sh(Command::new("chmod")
-        .args(["-R", "a+rwX"])
-        .arg(env.dir.path()));
-    sh(Command::new("chown")
-        .args(["-R", "65534:65534"])
-        .arg(env.dir.path()));
     let object = env.repo.join("snapshots").join(&second);
-    sh(Command::new("chown").arg("0:0").arg(&object));
-    fs::set_permissions(&object, fs::Permissions::from_mode(0o600)).unwrap();
-    let as_nobody = |args: &[&str]| {
-        env.cmd(args)
-            .env("XDG_CACHE_HOME", env.path("nobody-cache"))
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .unwrap()
-    };
+    nobodys_but(&env, &object);
+    let as_nobody = |args: &[&str]| as_nobody(&env, args);
     for dry in [true, false] {
         let args: &[&str] = if dry {
             &["repair", "snapshots", "--dry-run"]
@@ -904,6 +888,31 @@ fn a_snapshot_this_user_may_not_read_is_left_by_repair() {
         assert!(out.join("a").exists());
     }
     env.check_clean();
+}
+
+/// Gives `env`'s directory (repository, sources, caches) to nobody, all but
+/// `kept`, which root keeps to itself (0600).
+fn nobodys_but(env: &Env, kept: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    sh(Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(env.dir.path()));
+    sh(Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(env.dir.path()));
+    sh(Command::new("chown").arg("0:0").arg(kept));
+    fs::set_permissions(kept, fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// Runs cairn with `args` on `env`'s repository as nobody.
+fn as_nobody(env: &Env, args: &[&str]) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    env.cmd(args)
+        .env("XDG_CACHE_HOME", env.path("nobody-cache"))
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap()
 }
 
 /// A repository on a file system mounted read-only (ext4 after errors): reads
@@ -1011,8 +1020,6 @@ fn a_backup_leaves_room_for_forget_and_prune() {
 /// index`, then `repair snapshots`) would refuse or drop files (QA).
 #[test]
 fn check_asks_for_access_to_a_pack_this_user_may_not_read() {
-    use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
     if !is_root() {
         eprintln!("needs root, to run the check as nobody");
         return;
@@ -1023,25 +1030,12 @@ fn check_asks_for_access_to_a_pack_this_user_may_not_read() {
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("a"), Rng(43).bytes(300_000, false)).unwrap();
     env.backup(&[&src]);
-    sh(Command::new("chmod")
-        .args(["-R", "a+rwX"])
-        .arg(env.dir.path()));
-    sh(Command::new("chown")
-        .args(["-R", "65534:65534"])
-        .arg(env.dir.path()));
     let (pack, _) = files_under(&env.repo.join("data"))
         .into_iter()
         .max_by_key(|(_, size)| *size)
         .unwrap();
-    sh(Command::new("chown").arg("0:0").arg(&pack));
-    fs::set_permissions(&pack, fs::Permissions::from_mode(0o600)).unwrap();
-    let o = env
-        .cmd(&["check", "--read-data"])
-        .env("XDG_CACHE_HOME", env.path("nobody-cache"))
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+    nobodys_but(&env, &pack);
+    let o = as_nobody(&env, &["check", "--read-data"]);
     let out = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),

@@ -146,9 +146,9 @@ fn main() {
 /// (not one this user may not read, nor a newer cairn's).
 fn config_damaged(e: &anyhow::Error) -> bool {
     e.chain().any(|cause| {
-        cause.downcast_ref::<cairn_core::Error>().is_some_and(
-            |ce| matches!(ce.root(), cairn_core::Error::Damaged { what, .. } if what.starts_with("repository config")),
-        )
+        cause
+            .downcast_ref::<cairn_core::Error>()
+            .is_some_and(cairn_core::Error::is_config_damage)
     })
 }
 

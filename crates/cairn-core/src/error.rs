@@ -142,6 +142,12 @@ impl Error {
         }
     }
     /// The error itself, looking through [`Error::Shared`].
+    /// Whether this is the repository config failing to parse or authenticate
+    /// (not one this user may not read, nor a newer cairn's).
+    pub fn is_config_damage(&self) -> bool {
+        matches!(self.root(), Error::Damaged { what, .. } if what.starts_with(crate::repo::CONFIG_WHAT))
+    }
+
     pub fn root(&self) -> &Error {
         match self {
             Error::Shared(e) => e.root(),

@@ -20,6 +20,9 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// What a damaged repository config is called in errors ([`Error::is_config_damage`]).
+pub(crate) const CONFIG_WHAT: &str = "repository config";
+
 pub mod blob;
 pub mod blobcache;
 pub mod dedup;
@@ -330,24 +333,21 @@ impl Repository {
                 }
                 return Err(Error::NotARepository(backend.location()));
             }
-            Err(e) => return Err(objects::too_large_is_damage(e, "repository config")),
+            Err(e) => return Err(objects::too_large_is_damage(e, CONFIG_WHAT)),
         };
         let (config, body, mac) =
-            Config::parse(&raw).map_err(|e| Error::damaged("repository config", e))?;
+            Config::parse(&raw).map_err(|e| Error::damaged(CONFIG_WHAT, e))?;
         let (key, key_id) = match config.encryption {
             Encryption::None => {
                 let hexs = config.plain_master_secret.as_deref().ok_or_else(|| {
                     Error::damaged(
-                        "repository config",
+                        CONFIG_WHAT,
                         FormatError::malformed("config", "unencrypted repository without key"),
                     )
                 })?;
                 let mut secret = [0u8; 32];
                 hex::decode_to_slice(hexs, &mut secret).map_err(|e| {
-                    Error::damaged(
-                        "repository config",
-                        FormatError::malformed("config", e.to_string()),
-                    )
+                    Error::damaged(CONFIG_WHAT, FormatError::malformed("config", e.to_string()))
                 })?;
                 (MasterKey::from_secret(secret, Encryption::None), None)
             }
@@ -363,7 +363,7 @@ impl Repository {
         };
         if key.mac(&body) != mac {
             return Err(Error::damaged(
-                "repository config",
+                CONFIG_WHAT,
                 FormatError::Authentication { what: "config" },
             ));
         }
@@ -553,7 +553,7 @@ impl Repository {
                     .collect();
                 return Err(Error::damaged(
                     format!(
-                        "repository config (the password opens {}, which does not authenticate \
+                        "{CONFIG_WHAT} (the password opens {}, which does not authenticate \
                          it: the config is damaged, or that key file belongs to another \
                          repository and should be removed)",
                         names.join(", ")
@@ -592,13 +592,13 @@ impl Repository {
             Err(e) if e.is_not_found() => {
                 return Err(Error::NotARepository(self.backend.location()));
             }
-            Err(e) => return Err(objects::too_large_is_damage(e, "repository config")),
+            Err(e) => return Err(objects::too_large_is_damage(e, CONFIG_WHAT)),
         };
         let (config, body, mac) =
-            Config::parse(&raw).map_err(|e| Error::damaged("repository config", e))?;
+            Config::parse(&raw).map_err(|e| Error::damaged(CONFIG_WHAT, e))?;
         if config.id != self.config.id || self.key.mac(&body) != mac {
             return Err(Error::damaged(
-                "repository config",
+                CONFIG_WHAT,
                 FormatError::Authentication { what: "config" },
             ));
         }

@@ -27,6 +27,13 @@ impl LookupFailures {
     }
 }
 
+/// Damage the run met in the SSD placement's local files and mended by
+/// rebuilding them from the repository (the files are rebuilt again at the next
+/// open): a local disk that damages files is worth a look.
+pub fn index_repaired(repo: &crate::Repository) -> Option<String> {
+    repo.index().ssd().and_then(|s| s.repaired())
+}
+
 /// For `skip_serializing_if`: a count that is absent when zero.
 pub fn is_zero(n: &u64) -> bool {
     *n == 0

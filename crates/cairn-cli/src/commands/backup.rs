@@ -356,6 +356,13 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         ),
         e => anyhow::Error::from(e).context("backup failed; no snapshot was saved"),
     })?;
+    if let Some(why) = &r.index_repaired {
+        eprintln!(
+            "warning: the local SSD index was damaged ({why}); this run rebuilt what it needed \
+             from the repository, and the next run rebuilds the whole index (if this happens \
+             again, check the disk it is on)"
+        );
+    }
     if let Some(f) = &r.index_lookup_failures {
         eprintln!(
             "warning: {} lookups in the SSD index failed ({}); the chunks they asked about \

@@ -24,6 +24,12 @@ pub trait IndexSource: Sync {
         &self,
         id: &cairn_format::PendingId,
     ) -> crate::Result<cairn_format::pending::PendingDeletion>;
+    /// A source of its own that the SSD placement keeps to rebuild files it finds
+    /// damaged in the middle of a run; `None` when there is none to give (the
+    /// damage then fails the lookups that meet it, and the next open rebuilds).
+    fn detached(&self) -> Option<std::sync::Arc<dyn IndexSource + Send + Sync>> {
+        None
+    }
 }
 
 use cairn_format::consts::ID_LEN;

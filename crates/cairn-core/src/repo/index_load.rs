@@ -490,6 +490,9 @@ impl crate::index::IndexSource for Repository {
     fn read_pending(&self, id: &PendingId) -> Result<PendingDeletion> {
         Repository::read_pending(self, id)
     }
+    fn detached(&self) -> Option<Arc<dyn crate::index::IndexSource + Send + Sync>> {
+        Some(Arc::new(self.index_source()))
+    }
 }
 
 #[cfg(test)]

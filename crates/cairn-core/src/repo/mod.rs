@@ -411,6 +411,27 @@ impl Repository {
         })
     }
 
+    /// A handle that reads index files and pending records as this one does, with
+    /// no index of its own (so an index may keep it without holding itself): what
+    /// the SSD placement rebuilds damaged files from in the middle of a run.
+    pub(crate) fn index_source(&self) -> Repository {
+        Repository {
+            config: self.config.clone(),
+            key: self.key.clone(),
+            key_id: self.key_id,
+            index: Arc::new(MasterIndex::new()),
+            index_errors: Vec::new(),
+            traffic: self.traffic.clone(),
+            dedup: None,
+            memory_limit: self.memory_limit,
+            memory_plan: None,
+            local_base: self.local_base.clone(),
+            blob_cache: Arc::new(blobcache::BlobCache::new(0)),
+            location: self.location.clone(),
+            backend: self.backend.clone(),
+        }
+    }
+
     /// Opens the repository at a location string (`/path`, `s3:...`) with the
     /// storage stack of [`storage::open_storage`]; `password` is asked for only when
     /// the repository is encrypted.

@@ -37,6 +37,17 @@ pub(super) fn publish(dir: &Path, name: &str) -> Result<()> {
             if n != name && (n.starts_with("b-") || n.starts_with("build-") || n == "current") {
                 let _ = std::fs::remove_dir_all(e.path());
             }
+            // A repair's directory lives for the seconds of its rebuild; one an
+            // hour old was left by a killed process.
+            let stale = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() > 3600);
+            if n.starts_with(REPAIR_PREFIX) && stale {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
         }
     }
     Ok(())

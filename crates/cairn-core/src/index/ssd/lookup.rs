@@ -41,6 +41,16 @@ impl SsdIndex {
         }
     }
 
+    /// The damage found in this run's reads and mended by rebuilding the files
+    /// from the repository (base or delta), if any.
+    pub fn repaired(&self) -> Option<String> {
+        let found = |r: &Repair| r.found.lock().ok().and_then(|f| f.clone());
+        self.repair
+            .as_deref()
+            .and_then(found)
+            .or_else(|| self.delta.as_ref().and_then(|d| d.repaired()))
+    }
+
     /// Lookups that could not read the disk since the index was opened (base and
     /// delta together), and the last reason.
     pub fn failures(&self) -> Option<(u64, String)> {

@@ -54,8 +54,8 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Bytes of one key: the id's first 8 bytes (big-endian), then the record's
 /// position (39 bits) and its pending flag (the top bit), little-endian.
@@ -98,6 +98,10 @@ pub enum Answers {
     StoredIds,
 }
 
+/// A handle on the repository that a segment keeps for rebuilding its large files
+/// when a read meets damage (see `checked`).
+pub(super) type Source = Arc<dyn IndexSource + Send + Sync>;
+
 /// The open SSD index.
 pub struct SsdIndex {
     dir_path: PathBuf,
@@ -123,7 +127,18 @@ pub struct SsdIndex {
     /// Lookups that failed to read the disk (their answer was "absent").
     failures: AtomicU64,
     last_failure: Mutex<Option<String>>,
+    /// How the large files are rebuilt on damage (absent when the index was
+    /// opened only to be checked).
+    repair: Option<Arc<Repair>>,
     pub(crate) errors: Vec<String>,
+}
+
+/// How a build is being opened: for which answers, and with what to rebuild
+/// damaged files from.
+#[derive(Clone, Copy)]
+struct Opening<'a> {
+    answers: Answers,
+    source: Option<&'a Source>,
 }
 
 /// What [`SsdIndex::check_cached`] found.
@@ -199,6 +214,11 @@ impl SsdIndex {
     ) -> Result<(SsdIndex, Vec<PackId>)> {
         let repo_id = repo.repository_id().to_string();
         let dir = Self::dir_for(base, &repo_id);
+        let source = repo.detached();
+        let opening = Opening {
+            answers,
+            source: source.as_ref(),
+        };
         // Private, as the repository whose index it holds is.
         cairn_backend::private_dir(&dir, true).map_err(|e| io_err(&dir, e))?;
         let lock_path = dir.join("lock");
@@ -207,7 +227,7 @@ impl SsdIndex {
         loop {
             attempt += 1;
             let (files, pending) = listing(repo)?;
-            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, answers) {
+            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, opening) {
                 return Ok(ix);
             }
             // One builder at a time; whoever waited finds the fresh build above.
@@ -216,7 +236,7 @@ impl SsdIndex {
                 nix::fcntl::FlockArg::LockExclusive,
             )
             .map_err(|(_, e)| Error::Invalid(format!("locking {}: {e}", lock_path.display())))?;
-            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, answers) {
+            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, opening) {
                 drop(guard);
                 return Ok(ix);
             }
@@ -226,7 +246,7 @@ impl SsdIndex {
                 Err(e) => return Err(e),
             };
             if incremental
-                && let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, answers)
+                && let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, opening)
             {
                 drop(guard);
                 return Ok(ix);
@@ -240,7 +260,7 @@ impl SsdIndex {
                 Err(e) => return Err(e),
             }
             drop(guard);
-            return Self::load_current(&dir, &repo_id, &files, &pending, answers);
+            return Self::load_current(&dir, &repo_id, &files, &pending, opening);
         }
     }
 
@@ -260,7 +280,12 @@ impl SsdIndex {
                 .map(|n| dir.join(n.trim()).join(DAMAGED))
                 .is_some_and(|p| p.exists())
         };
-        match Self::load_current(&dir, &repo_id, &files, &pending, Answers::AnyId) {
+        // No repair source: damage is what this looks for, not something to mend.
+        let opening = Opening {
+            answers: Answers::AnyId,
+            source: None,
+        };
+        match Self::load_current(&dir, &repo_id, &files, &pending, opening) {
             Ok((ix, _)) => Ok(match ix.verify() {
                 Ok(()) => CacheState::Intact,
                 Err(e) => CacheState::Damaged(e),
@@ -279,7 +304,7 @@ impl SsdIndex {
         repo_id: &str,
         files: &[String],
         pending: &[String],
-        answers: Answers,
+        opening: Opening,
     ) -> Result<(SsdIndex, Vec<PackId>)> {
         let name = String::from_utf8(read_file(dir, "CURRENT")?)
             .map_err(|_| Error::Invalid("SSD index: CURRENT is not a name".into()))?;
@@ -289,7 +314,7 @@ impl SsdIndex {
                 "SSD index: CURRENT is not a build name".into(),
             ));
         }
-        Self::load(&dir.join(name), repo_id, files, pending, answers)
+        Self::load(&dir.join(name), repo_id, files, pending, opening)
     }
 
     /// Loads a build: its base segment, and its delta segment when it has one
@@ -300,7 +325,7 @@ impl SsdIndex {
         repo_id: &str,
         files: &[String],
         pending: &[String],
-        answers: Answers,
+        opening: Opening,
     ) -> Result<(SsdIndex, Vec<PackId>)> {
         let stale = || Error::Invalid("SSD index is out of date".into());
         let m = read_manifest(dir, repo_id)?;
@@ -309,7 +334,7 @@ impl SsdIndex {
             if m.index_files != files || m.pending != pending {
                 return Err(stale());
             }
-            return Self::load_segment(dir, m, answers);
+            return Self::load_segment(dir, m, opening, false);
         }
         let md = read_manifest(&delta_dir, repo_id)?;
         let mut all: Vec<String> = m
@@ -322,8 +347,8 @@ impl SsdIndex {
         if all != files || m.pending != pending || !md.pending.is_empty() {
             return Err(stale());
         }
-        let (mut base, mut packs) = Self::load_segment(dir, m, answers)?;
-        let (delta, delta_packs) = Self::load_segment(&delta_dir, md, answers)?;
+        let (mut base, mut packs) = Self::load_segment(dir, m, opening, false)?;
+        let (delta, delta_packs) = Self::load_segment(&delta_dir, md, opening, true)?;
         base.base_packs = packs.len() as u32;
         packs.extend(delta_packs);
         base.delta = Some(Box::new(delta));
@@ -331,10 +356,31 @@ impl SsdIndex {
     }
 
     /// Loads one segment's files, checking that they are consistent.
-    fn load_segment(dir: &Path, m: Manifest, answers: Answers) -> Result<(SsdIndex, Vec<PackId>)> {
+    fn load_segment(
+        dir: &Path,
+        m: Manifest,
+        opening: Opening,
+        delta: bool,
+    ) -> Result<(SsdIndex, Vec<PackId>)> {
+        let answers = opening.answers;
         let bad = |what: &str| damage(dir, &format!("{what} is inconsistent"));
-        let records = CheckedFile::open(dir, "records.bin", m.records * RECORD_LEN as u64, &m)?;
-        let keys = CheckedFile::open(dir, "keys.bin", m.records * KEY_LEN as u64, &m)?;
+        let repair = opening
+            .source
+            .map(|s| Arc::new(Repair::new(s.clone(), dir, &m, delta)));
+        let records = CheckedFile::open(
+            dir,
+            Large::Records,
+            m.records * RECORD_LEN as u64,
+            &m,
+            repair.as_ref(),
+        )?;
+        let keys = CheckedFile::open(
+            dir,
+            Large::Keys,
+            m.records * KEY_LEN as u64,
+            &m,
+            repair.as_ref(),
+        )?;
         let dir_bytes = read_verified(dir, "dir.bin", &m)?;
         let d: Vec<u64> = u64s(&dir_bytes);
         if m.dir_bits > 40
@@ -409,6 +455,7 @@ impl SsdIndex {
                 cache: Mutex::new(Cache::default()),
                 failures: AtomicU64::new(0),
                 last_failure: Mutex::new(None),
+                repair,
                 errors: m.errors,
             },
             packs,
@@ -651,6 +698,28 @@ pub(super) mod tests {
         assert_same(&mut repo, dir.path(), &probes, &[dup]);
     }
 
+    /// The repository as a source that gives nothing to rebuild damaged files
+    /// from in the middle of a run.
+    struct NoRepairs<'a>(&'a Repository);
+
+    impl IndexSource for NoRepairs<'_> {
+        fn repository_id(&self) -> &str {
+            self.0.repository_id()
+        }
+        fn index_files(&self) -> Result<Vec<(IndexId, u64)>> {
+            self.0.index_files()
+        }
+        fn read_index_file(&self, id: &IndexId) -> Result<IndexFile> {
+            self.0.read_index_file(id)
+        }
+        fn pending_records(&self) -> Result<Vec<PendingId>> {
+            self.0.pending_records()
+        }
+        fn read_pending(&self, id: &PendingId) -> Result<cairn_format::pending::PendingDeletion> {
+            IndexSource::read_pending(self.0, id)
+        }
+    }
+
     /// Flips 2% of a file's bytes, spread over it (at least one).
     fn flip(path: &Path) {
         let mut data = std::fs::read(path).unwrap();
@@ -664,9 +733,9 @@ pub(super) mod tests {
 
     /// See: issue "a damaged local SSD-index cache breaks every restore while check
     /// passes". Damage in a file read whole at open is found at open and the build is
-    /// rebuilt; damage in records or keys fails the lookups that meet it (never a
-    /// wrong answer), marks the build, and the next open rebuilds it. `check_cached`
-    /// finds any of it.
+    /// rebuilt; damage in records or keys is mended by the lookup that meets it (or
+    /// fails it, never a wrong answer), marks the build, and the next open rebuilds
+    /// it. `check_cached` finds any of it.
     #[test]
     fn damaged_files_are_found_and_rebuilt() {
         let mut repo = mem_repo();
@@ -716,12 +785,23 @@ pub(super) mod tests {
             assert_same(&mut repo, dir.path(), &probes, &[]);
             assert_ne!(current(), before, "{name}: rebuilt into a new build");
         }
-        // Read piecemeal: lookups that meet the damage fail (no false answer), the
-        // build is marked, and the next open rebuilds it.
-        for name in ["records.bin", "keys.bin"] {
+        // Read piecemeal: a lookup that meets the damage rebuilds the segment's
+        // large files from the repository and is answered from them; the build
+        // is marked, and the next open rebuilds it. Without a source to rebuild
+        // from, such lookups fail (never a false answer).
+        for (name, repairs) in [
+            ("records.bin", true),
+            ("keys.bin", true),
+            ("keys.bin", false),
+        ] {
             let before = current();
             flip(&before.join(name));
-            let (ssd, packs) = SsdIndex::open(&repo, dir.path()).unwrap();
+            let opened = if repairs {
+                SsdIndex::open(&repo, dir.path())
+            } else {
+                SsdIndex::open(&NoRepairs(&repo), dir.path())
+            };
+            let (ssd, packs) = opened.unwrap();
             let ssd = MasterIndex::from_ssd(ssd, packs);
             repo.load_index_in_ram().unwrap();
             let ram = repo.index().clone();
@@ -730,20 +810,32 @@ pub(super) mod tests {
                 if let Some(a) = ssd.get(id) {
                     let b = ram.get(id).unwrap();
                     assert_eq!(
-                        (a.offset, a.length),
-                        (b.offset, b.length),
+                        (a.offset, a.length, ssd.pack_of(&a)),
+                        (b.offset, b.length, ram.pack_of(&b)),
                         "{name}: wrong answer"
                     );
                     answered += 1;
                 }
             }
-            assert!(answered < probes.len(), "{name}: damage never met");
-            assert!(
-                ssd.ssd().unwrap().failures().is_some(),
-                "{name}: failures counted"
-            );
+            let s = ssd.ssd().unwrap();
+            if repairs {
+                assert_eq!(answered, probes.len(), "{name}: every lookup answered");
+                assert!(s.failures().is_none(), "{name}: {:?}", s.failures());
+                let found = s.repaired().unwrap_or_default();
+                assert!(found.contains(name), "{name}: damage said: {found}");
+            } else {
+                assert!(answered < probes.len(), "{name}: damage never met");
+                assert!(s.failures().is_some(), "{name}: failures counted");
+                assert!(s.repaired().is_none());
+            }
             assert!(before.join(DAMAGED).exists(), "{name}: marked");
             drop(ssd);
+            let leftovers = std::fs::read_dir(&base)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(REPAIR_PREFIX))
+                .count();
+            assert_eq!(leftovers, 0, "a repair's directory is removed once opened");
             assert_same(&mut repo, dir.path(), &probes, &[]);
             assert_ne!(current(), before, "{name}: rebuilt");
             assert_eq!(
@@ -751,5 +843,29 @@ pub(super) mod tests {
                 CacheState::Intact
             );
         }
+        // The delta segment (index files added since the base was built) is
+        // rebuilt on its own, from its own files.
+        let more: Vec<IndexPack> = (0..2).map(|_| pack(&mut g, 400, &[])).collect();
+        let mut probes = probes;
+        probes.extend(more.iter().flat_map(|p| p.blobs.iter().map(|b| b.id)));
+        repo.write_index_file(&IndexFile {
+            packs: more,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_same(&mut repo, dir.path(), &probes, &[]);
+        let delta = current().join("delta");
+        flip(&delta.join("records.bin"));
+        let (ssd, packs) = SsdIndex::open(&repo, dir.path()).unwrap();
+        let ssd = MasterIndex::from_ssd(ssd, packs);
+        repo.load_index_in_ram().unwrap();
+        let ram = repo.index().clone();
+        for id in &probes {
+            let (a, b) = (ssd.get(id).unwrap(), ram.get(id).unwrap());
+            assert_eq!((a.offset, ssd.pack_of(&a)), (b.offset, ram.pack_of(&b)));
+        }
+        let s = ssd.ssd().unwrap();
+        assert!(s.failures().is_none(), "{:?}", s.failures());
+        assert!(s.repaired().is_some_and(|f| f.contains("delta")));
     }
 }

@@ -118,6 +118,10 @@ pub struct BackupReport {
     /// chunks were stored again (the snapshot is complete) but not deduplicated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index_lookup_failures: Option<LookupFailures>,
+    /// Damage met in those files and mended in the run (see
+    /// [`crate::report::index_repaired`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index_repaired: Option<String>,
     /// Data this backup added that a backup running at the same time stored too
     /// (each copy was counted as added by its backup; prune reclaims one).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -486,6 +490,7 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
             (s.files_new + s.files_changed + s.files_unchanged) as f64 / s.duration_secs.max(1e-6)
         },
         index_lookup_failures,
+        index_repaired: crate::report::index_repaired(session.repo()),
         concurrent_duplicates,
         server_dedup: session.repo().dedup().map(|d| ServerDedup {
             index_files_read: d.index_files_read,

@@ -63,6 +63,10 @@ pub struct RestoreReport {
     /// run, which then restores what this one could not).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index_lookup_failures: Option<crate::report::LookupFailures>,
+    /// Damage met in those files and mended in the run (see
+    /// [`crate::report::index_repaired`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index_repaired: Option<String>,
 }
 
 /// Restores the snapshot (found through the session) into `opts.target`.
@@ -120,5 +124,6 @@ pub fn restore_snapshot<A: Access>(
             })
             .collect(),
         index_lookup_failures: crate::report::LookupFailures::of(session.repo()),
+        index_repaired: crate::report::index_repaired(session.repo()),
     })
 }

@@ -516,6 +516,14 @@ impl<A: Access> Session<A> {
     pub fn holds_lock(&self) -> bool {
         matches!(self.held, Held::Lock(_))
     }
+
+    /// The id of the session's lock, when it holds one.
+    pub fn lock_id(&self) -> Option<[u8; 32]> {
+        match &self.held {
+            Held::Lock(l) => Some(l.id()),
+            Held::Unwritable(_) => None,
+        }
+    }
 }
 
 impl<A: Commits> Session<A> {

@@ -127,14 +127,28 @@ fn snapshots_report(
 
 pub fn recover(g: &Global, a: &crate::args::RecoverArgs) -> Result<i32> {
     let mut p = super::progress(g);
-    let mut session = super::session::<Exclusive>(g, "recover", IndexLoad::None, &p.progress)?;
-    p.start();
-    let r = repair::recover(&mut session, a.dry_run);
+    let r = if a.dry_run {
+        // Changes nothing: a shared lock, or none where none can be written (a
+        // damaged repository mounted read-only).
+        let mut session = super::session::<Read>(g, "recover", IndexLoad::None, &p.progress)?;
+        p.start();
+        repair::plan_recover(&mut session)
+    } else {
+        let mut session = super::session::<Exclusive>(g, "recover", IndexLoad::None, &p.progress)?;
+        p.start();
+        repair::recover(&mut session, false)
+    };
     p.finish();
     let r = r?;
     if g.json {
         super::print_json_report(&r)?;
     } else {
+        for j in &r.running {
+            eprintln!(
+                "warning: running now: {j}; what it stored and has not saved in a snapshot \
+                 yet is counted below (the real run needs the repository to itself)"
+            );
+        }
         for u in &r.unreadable {
             eprintln!("warning: {u}");
         }

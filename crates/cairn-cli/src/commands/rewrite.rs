@@ -3,7 +3,7 @@ use crate::ui;
 use anyhow::Result;
 use cairn_core::ops::backup::source::ExcludeRules;
 use cairn_core::ops::rewrite::{self, RewriteOptions};
-use cairn_core::session::{IndexLoad, Write};
+use cairn_core::session::{IndexLoad, Read, Write};
 
 pub fn run(g: &Global, a: &RewriteArgs) -> Result<i32> {
     let mut patterns = a.excludes.clone();
@@ -18,9 +18,16 @@ pub fn run(g: &Global, a: &RewriteArgs) -> Result<i32> {
         dry_run: a.dry_run,
     };
     let p = super::progress(g);
-    let session = super::session::<Write>(g, "rewrite", IndexLoad::Placement, &p.progress)?;
-    let snaps = super::tag::select(&session, &a.snapshots, &a.filter)?;
-    let r = rewrite::rewrite(&session, &snaps, &opts)?;
+    let r = if a.dry_run {
+        // Changes nothing: a shared lock, or none where none can be written.
+        let session = super::session::<Read>(g, "rewrite", IndexLoad::Placement, &p.progress)?;
+        let snaps = super::tag::select(&session, &a.snapshots, &a.filter)?;
+        rewrite::plan_rewrite(&session, &snaps, &opts)?
+    } else {
+        let session = super::session::<Write>(g, "rewrite", IndexLoad::Placement, &p.progress)?;
+        let snaps = super::tag::select(&session, &a.snapshots, &a.filter)?;
+        rewrite::rewrite(&session, &snaps, &opts)?
+    };
     for w in &r.warnings {
         eprintln!("warning: {w}");
     }

@@ -1,7 +1,7 @@
 use crate::args::{Global, TagArgs};
 use anyhow::Result;
 use cairn_core::ops::tag::{self, TagChange};
-use cairn_core::session::{IndexLoad, Write};
+use cairn_core::session::{Access, IndexLoad, Read, Write};
 
 pub fn run(g: &Global, a: &TagArgs) -> Result<i32> {
     let change = TagChange {
@@ -11,9 +11,16 @@ pub fn run(g: &Global, a: &TagArgs) -> Result<i32> {
         remove: a.remove.clone(),
     };
     let p = super::progress(g);
-    let session = super::session::<Write>(g, "tag", IndexLoad::None, &p.progress)?;
-    let snaps = select(&session, &a.snapshots, &a.filter)?;
-    let r = tag::tag(&session, &snaps, &change, a.dry_run)?;
+    let r = if a.dry_run {
+        // Changes nothing: a shared lock, or none where none can be written.
+        let session = super::session::<Read>(g, "tag", IndexLoad::None, &p.progress)?;
+        let snaps = select(&session, &a.snapshots, &a.filter)?;
+        tag::plan_tag(&session, &snaps, &change)?
+    } else {
+        let session = super::session::<Write>(g, "tag", IndexLoad::None, &p.progress)?;
+        let snaps = select(&session, &a.snapshots, &a.filter)?;
+        tag::tag(&session, &snaps, &change, false)?
+    };
     for w in &r.warnings {
         eprintln!("warning: {w}");
     }
@@ -51,8 +58,8 @@ pub fn run(g: &Global, a: &TagArgs) -> Result<i32> {
 
 /// The snapshots named (each resolved before anything changes: one typo changes
 /// nothing) and passing the filters; none named: every snapshot the filters pass.
-pub(crate) fn select(
-    session: &cairn_core::Session<Write>,
+pub(crate) fn select<A: Access>(
+    session: &cairn_core::Session<A>,
     specs: &[String],
     filter: &crate::args::FilterArgs,
 ) -> Result<Vec<(cairn_format::SnapshotId, cairn_format::snapshot::Snapshot)>> {

@@ -916,9 +916,9 @@ fn as_nobody(env: &Env, args: &[&str]) -> std::process::Output {
 }
 
 /// A repository on a file system mounted read-only (ext4 after errors): reads
-/// go on without a lock, and so do the dry runs of forget and `repair
-/// snapshots`, which is how an administrator looks at such a repository before
-/// it is writable again (QA: they failed writing a lock).
+/// go on without a lock, and so do the dry runs of forget, tag, rewrite, recover
+/// and `repair snapshots`, which is how an administrator looks at such a
+/// repository before it is writable again (QA: they failed writing a lock).
 #[test]
 fn dry_runs_work_on_a_read_only_repository() {
     let env = Env::new();
@@ -938,6 +938,22 @@ fn dry_runs_work_on_a_read_only_repository() {
         out.contains("checked 2 snapshots; 0 would be repaired"),
         "{out}"
     );
+    // So do those of tag, rewrite and recover (they took a lock to write).
+    let out = env.ok(&["tag", "--add", "kept", "--dry-run"]);
+    assert!(out.contains("2 snapshots would change"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "rewrite",
+        "--exclude",
+        "a",
+        "--dry-run",
+        "--json",
+        "latest",
+    ]))
+    .unwrap();
+    assert_eq!(v["dry_run"], true, "{v}");
+    assert_eq!(v["rewritten"][0]["bytes_removed"], 3, "{v}");
+    let out = env.ok(&["recover", "--dry-run"]);
+    assert!(out.contains("nothing to recover"), "{out}");
     // What writes still says why it cannot.
     let err = env.fails(&["forget", "--keep-last", "1"], 1);
     assert!(err.contains("Read-only file system"), "{err}");

@@ -287,6 +287,26 @@ fn recover_brings_back_a_snapshot_forgotten_by_mistake() {
     let dry = env.ok(&["recover", "--dry-run"]);
     assert!(dry.contains("would save"), "{dry}");
     assert_eq!(env.snapshot_ids().len(), 1);
+    // A dry run takes a shared lock, so it runs beside a backup; it names the
+    // backup, whose unsaved trees it would count as roots.
+    let mut job = env
+        .cmd(&["backup", "--stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the backup's lock",
+        std::time::Duration::from_secs(60),
+        || fs::read_dir(env.repo.join("locks")).is_ok_and(|d| d.count() == 1),
+    );
+    let o = env.run(&["recover", "--dry-run"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("running now: backup lock"), "{err}");
+    drop(job.stdin.take());
+    assert!(job.wait().unwrap().success());
     let v: serde_json::Value = serde_json::from_str(&env.ok(&["recover", "--json"])).unwrap();
     let roots = v["roots"].as_array().unwrap();
     assert_eq!(roots.len(), 1, "{v}");

@@ -1110,6 +1110,9 @@ pub struct RecoverReport {
     /// Bytes of the files the new snapshot holds.
     pub total_bytes: u64,
     pub dry_run: bool,
+    /// Other jobs holding locks during a dry run (see [`plan_recover`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub running: Vec<String>,
 }
 
 /// The tag of a snapshot made by [`recover`].
@@ -1123,8 +1126,36 @@ pub const RECOVERED_TAG: &str = "recovered";
 pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<RecoverReport> {
     let lock = session.lock()?;
     let progress = session.progress().clone();
-    progress.phase(Phase::WalkingSnapshots);
+    run_recover(session.repo_mut(), Some(&lock), &progress, dry_run)
+}
+
+/// What [`recover`] would save, changing nothing: a read session is enough, so
+/// that it works where no lock can be written (a damaged repository mounted
+/// read-only, which is when it is wanted). Backups may run meanwhile (they take
+/// shared locks too): what one of them stored and has not yet saved in a
+/// snapshot is counted among the roots, and the report names such jobs.
+pub fn plan_recover(session: &mut Session<crate::session::Read>) -> Result<RecoverReport> {
+    let progress = session.progress().clone();
+    let mine = session.lock_id();
     let repo = session.repo_mut();
+    let running = crate::repo::lock::list_locks(repo)?
+        .into_iter()
+        .filter(|l| !l.stale && Some(l.id) != mine)
+        .map(|l| l.describe())
+        .collect();
+    let mut r = run_recover(repo, None, &progress, true)?;
+    r.running = running;
+    Ok(r)
+}
+
+/// `lock`: held unless `dry_run`.
+fn run_recover(
+    repo: &mut Repository,
+    lock: Option<&crate::repo::lock::RepoLock>,
+    progress: &crate::progress::Progress,
+    dry_run: bool,
+) -> Result<RecoverReport> {
+    progress.phase(Phase::WalkingSnapshots);
     let (snaps, _) = repo.snapshots()?;
     repo.load_index()?;
     let index = repo.index().clone();
@@ -1313,7 +1344,8 @@ pub fn recover(session: &mut Session<Exclusive>, dry_run: bool) -> Result<Recove
             ..Default::default()
         },
     };
-    let id = repo.write_snapshot(&snap, &lock)?;
+    let lock = lock.ok_or_else(|| Error::Invalid("recover: no lock held".into()))?;
+    let id = repo.write_snapshot(&snap, lock)?;
     report.snapshot = Some(id.to_hex());
     Ok(report)
 }

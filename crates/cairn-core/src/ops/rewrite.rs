@@ -60,6 +60,31 @@ pub fn rewrite(
     snapshots: &[(SnapshotId, Snapshot)],
     opts: &RewriteOptions,
 ) -> Result<RewriteReport> {
+    run(session, Some(session.lock()?), snapshots, opts)
+}
+
+/// What [`rewrite`] would take out, changing nothing (`opts.dry_run` is taken as
+/// set): a read session is enough, so that it works where no lock can be written
+/// (a repository mounted read-only).
+pub fn plan_rewrite(
+    session: &Session<crate::session::Read>,
+    snapshots: &[(SnapshotId, Snapshot)],
+    opts: &RewriteOptions,
+) -> Result<RewriteReport> {
+    let opts = RewriteOptions {
+        dry_run: true,
+        ..opts.clone()
+    };
+    run(session, None, snapshots, &opts)
+}
+
+/// `lock`: held unless `opts.dry_run`.
+fn run<A: crate::session::Access>(
+    session: &Session<A>,
+    lock: Option<std::sync::Arc<crate::repo::lock::RepoLock>>,
+    snapshots: &[(SnapshotId, Snapshot)],
+    opts: &RewriteOptions,
+) -> Result<RewriteReport> {
     let rules = &opts.excludes;
     if rules.patterns.is_empty() && rules.ipatterns.is_empty() {
         return Err(Error::Invalid(
@@ -68,7 +93,11 @@ pub fn rewrite(
     }
     let excludes = Excludes::new(rules).map_err(Error::Invalid)?;
     let repo = session.repo();
-    let lock = session.lock()?;
+    let held = lock;
+    let lock = || {
+        held.as_deref()
+            .ok_or_else(|| Error::Invalid("rewrite: no lock held".into()))
+    };
     if opts.forget && !opts.dry_run && !repo.backend().may_remove()? {
         return Err(Error::Invalid(
             "--forget removes snapshots: this token may not (an admin token can)".into(),
@@ -127,7 +156,7 @@ pub fn rewrite(
             // An empty snapshot would stand for a backup that holds nothing:
             // restic removes such a one; here only when forgetting was asked for.
             if opts.forget && !opts.dry_run {
-                lock.check_fresh()?;
+                lock()?.check_fresh()?;
                 for (_, r) in repo.forget_snapshots(&[id])? {
                     r?;
                 }
@@ -143,7 +172,7 @@ pub fn rewrite(
             // A run killed after storing this replacement: it is there already.
             let new_id = match crate::repo::existing_replacement(all, &id, &snap) {
                 Some(existing) => existing,
-                None => repo.write_snapshot(&snap, &lock)?,
+                None => repo.write_snapshot(&snap, lock()?)?,
             };
             let carried = repo.carry_server_records(&id, &new_id);
             if let Err(e) = &carried {
@@ -156,7 +185,7 @@ pub fn rewrite(
             }
             entry.new = Some(new_id.to_hex());
             if opts.forget && carried.is_ok() {
-                lock.check_fresh()?;
+                lock()?.check_fresh()?;
                 for (_, r) in repo.forget_snapshots(&[id])? {
                     r?;
                 }

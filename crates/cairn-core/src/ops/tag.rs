@@ -146,6 +146,27 @@ pub fn tag(
     change: &TagChange,
     dry_run: bool,
 ) -> Result<TagReport> {
+    run(session, Some(session.lock()?), snapshots, change, dry_run)
+}
+
+/// What [`tag`] would change, changing nothing: a read session is enough, so
+/// that it works where no lock can be written (a repository mounted read-only).
+pub fn plan_tag(
+    session: &Session<crate::session::Read>,
+    snapshots: &[(SnapshotId, Snapshot)],
+    change: &TagChange,
+) -> Result<TagReport> {
+    run(session, None, snapshots, change, true)
+}
+
+/// `lock`: held unless `dry_run`.
+fn run<A: crate::session::Access>(
+    session: &Session<A>,
+    lock: Option<std::sync::Arc<crate::repo::lock::RepoLock>>,
+    snapshots: &[(SnapshotId, Snapshot)],
+    change: &TagChange,
+    dry_run: bool,
+) -> Result<TagReport> {
     if change.is_empty() {
         return Err(Error::Invalid(
             "say what to change: --add, --remove or --set".into(),
@@ -169,7 +190,11 @@ pub fn tag(
         )));
     }
     let repo = session.repo();
-    let lock = session.lock()?;
+    let held = lock;
+    let lock = || {
+        held.as_deref()
+            .ok_or_else(|| Error::Invalid("tag: no lock held".into()))
+    };
     // A new snapshot is stored before the old is removed: a client that may not
     // remove (a cairn server's backup token) would be left with both.
     if !dry_run && !repo.backend().may_remove()? {
@@ -196,7 +221,7 @@ pub fn tag(
                 if !carried(repo, id, new_id, &mut report) {
                     continue;
                 }
-                lock.check_fresh()?;
+                lock()?.check_fresh()?;
                 for (_, r) in repo.forget_snapshots(&[*id])? {
                     r?;
                 }
@@ -210,7 +235,7 @@ pub fn tag(
             // Asked again after a run that stored this one and stopped before
             // forgetting what it replaced: that is finished now.
             if !dry_run {
-                forget_leftovers(repo, &lock, all, snapshots, (id, snap), &mut report)?;
+                forget_leftovers(repo, lock()?, all, snapshots, (id, snap), &mut report)?;
             }
             continue;
         }
@@ -223,16 +248,16 @@ pub fn tag(
             // A run killed after storing this replacement: it is there already.
             let new_id = match crate::repo::existing_replacement(all, id, &new) {
                 Some(existing) => existing,
-                None => repo.write_snapshot(&new, &lock)?,
+                None => repo.write_snapshot(&new, lock()?)?,
             };
             if carried(repo, id, &new_id, &mut report) {
-                lock.check_fresh()?;
+                lock()?.check_fresh()?;
                 for (_, r) in repo.forget_snapshots(&[*id])? {
                     r?;
                 }
                 // Other versions of it an interrupted tag left: this one is what
                 // was asked for last.
-                forget_leftovers(repo, &lock, all, snapshots, (&new_id, &new), &mut report)?;
+                forget_leftovers(repo, lock()?, all, snapshots, (&new_id, &new), &mut report)?;
             }
             Some(new_id.to_hex())
         };

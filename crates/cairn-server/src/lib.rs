@@ -599,6 +599,73 @@ fn sweep_removed_tokens(app: &Arc<App>) {
     });
 }
 
+/// Says in the log, at start, which tokens and console users name a datastore
+/// this server does not serve: a datastore renamed or left out of the settings
+/// leaves them refused ("no such datastore") with nothing said on the server.
+fn warn_of_grants_without_datastore(app: &App) {
+    let served = |d: &str| d == tokens::ALL_DATASTORES || app.datastores.contains_key(d);
+    let tokens = app.tokens.list().unwrap_or_default();
+    let users = app.users.list().unwrap_or_default();
+    let grants = tokens
+        .iter()
+        .map(|t| ("token", &t.name, &t.datastore))
+        .chain(users.iter().map(|u| ("user", &u.name, &u.datastore)));
+    for (what, name, ds) in grants.filter(|(_, _, ds)| !served(ds)) {
+        log_line(&format!(
+            "warning: {what} {name:?} is for datastore {ds:?}, which this server does not \
+             serve (check --datastore or the settings file); it is refused until it does"
+        ));
+    }
+}
+
+/// Seconds between looks at the certificate's files.
+const CERT_CHECK_SECS: u64 = 5;
+
+/// Serves a renewed certificate once its files change (looked at every
+/// [`CERT_CHECK_SECS`]), and warns in the log at start and then daily while the
+/// served one has expired or is about to.
+fn watch_certificate(source: Arc<tls::CertSource>) {
+    let warn = |s: &tls::CertSource| {
+        if let Some(w) =
+            tls::expiry_warning(s.cert_path(), s.not_after(), cairn_core::time::now_unix())
+        {
+            log_line(&w);
+        }
+    };
+    warn(&source);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(CERT_CHECK_SECS));
+        let mut warned = std::time::Instant::now();
+        loop {
+            tick.tick().await;
+            let s = source.clone();
+            let Ok(found) = tokio::task::spawn_blocking(move || s.reload_if_changed()).await else {
+                continue;
+            };
+            match found {
+                Some(tls::Reload::Served { fingerprint, .. }) => {
+                    log_line(&format!(
+                        "TLS certificate {} changed: serving it now (fingerprint {fingerprint})",
+                        source.cert_path().display()
+                    ));
+                    warn(&source);
+                    warned = std::time::Instant::now();
+                }
+                Some(tls::Reload::Refused(e)) => log_line(&format!(
+                    "TLS certificate {} changed but cannot be served ({e}); the previous one \
+                     still is",
+                    source.cert_path().display()
+                )),
+                None if warned.elapsed() >= Duration::from_secs(86_400) => {
+                    warn(&source);
+                    warned = std::time::Instant::now();
+                }
+                None => {}
+            }
+        }
+    });
+}
+
 /// Runs the server until SIGTERM, SIGHUP or SIGINT; `ready` is called once it
 /// listens.
 /// On the signal it stops accepting, lets running requests finish (up to 30 s),
@@ -630,7 +697,7 @@ pub fn serve(config: ServerConfig, ready: impl FnOnce(&Ready)) -> Result<(), Ser
 
 async fn run(
     app: Arc<App>,
-    tls: Option<(Arc<rustls::ServerConfig>, String)>,
+    tls: Option<(Arc<rustls::ServerConfig>, String, Arc<tls::CertSource>)>,
     ready: impl FnOnce(&Ready),
 ) -> Result<(), ServerError> {
     let addr = app.config.listen;
@@ -659,6 +726,10 @@ async fn run(
         addr: local,
         fingerprint: tls.as_ref().map(|t| t.1.clone()),
     });
+    if let Some((_, _, source)) = &tls {
+        watch_certificate(source.clone());
+    }
+    warn_of_grants_without_datastore(&app);
     let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.0));
     jobs::schedule(&app);
     // A datastore whose storage did not answer at start is served once it does.

@@ -4677,3 +4677,131 @@ fn a_full_state_directory_is_said_as_such() {
     assert_eq!(code, 201, "{body}");
     srv.stop();
 }
+
+/// A certificate renewed in place (certbot, an ACME client) is served without a
+/// restart, a pair that does not load leaves the previous one served, and a
+/// certificate about to expire is warned of in the log (QA: the server kept
+/// serving the old certificate until restarted, so every client failed once it
+/// expired).
+#[test]
+fn a_renewed_certificate_is_served_without_a_restart() {
+    let env = Env::new();
+    env.init(&[]);
+    let (old, new) = (env.path("tls-old"), env.path("tls-new"));
+    private_ca_cert(&old);
+    private_ca_cert(&new);
+    let live = env.path("live");
+    std::fs::create_dir_all(&live).unwrap();
+    let install = |from: &Path| {
+        // As certbot does: new files, then renamed over the old ones.
+        for (src, dst) in [
+            ("certs/private.key", "key.pem"),
+            ("certs/public.crt", "cert.pem"),
+        ] {
+            std::fs::copy(from.join(src), live.join("tmp")).unwrap();
+            std::fs::rename(live.join("tmp"), live.join(dst)).unwrap();
+        }
+    };
+    install(&old);
+    let mut srv = Server::start_with(
+        0,
+        &env.path("state"),
+        &[("main", &env.repo)],
+        false,
+        &[
+            "--tls-cert",
+            live.join("cert.pem").to_str().unwrap(),
+            "--tls-key",
+            live.join("key.pem").to_str().unwrap(),
+        ],
+    );
+    let lines = srv.lines.as_mut().unwrap();
+    // The test certificates are valid for two days.
+    let w = lines.wait_for("expires on", Duration::from_secs(10));
+    let left = w.contains("in 2 days;") || w.contains("in 1 day;");
+    assert!(left && w.contains("cert.pem"), "{w}");
+    let token = srv.token("t", "main", "restore");
+    let old_fp = srv.fingerprint.clone().unwrap();
+    ok(
+        client(&env, &srv, "main", &token, &["snapshots"]),
+        "old certificate",
+    );
+
+    install(&new);
+    let line = srv
+        .lines
+        .as_mut()
+        .unwrap()
+        .wait_for("changed: serving it now", Duration::from_secs(30));
+    let new_fp = line
+        .split("fingerprint ")
+        .nth(1)
+        .and_then(|f| f.strip_suffix(')'))
+        .unwrap()
+        .to_string();
+    assert_ne!(new_fp, old_fp);
+    srv.fingerprint = Some(new_fp.clone());
+    ok(
+        client(&env, &srv, "main", &token, &["snapshots"]),
+        "renewed certificate",
+    );
+    srv.fingerprint = Some(old_fp);
+    let err = refused(
+        client(&env, &srv, "main", &token, &["snapshots"]),
+        "old pin",
+    );
+    assert!(err.contains("fingerprint"), "{err}");
+
+    // Half an installation (a certificate whose key is not there yet): refused,
+    // and the renewed certificate is still served.
+    std::fs::copy(old.join("certs/public.crt"), live.join("cert.pem")).unwrap();
+    let line = srv
+        .lines
+        .as_mut()
+        .unwrap()
+        .wait_for("cannot be served", Duration::from_secs(30));
+    assert!(line.contains("do not fit"), "{line}");
+    srv.fingerprint = Some(new_fp);
+    ok(
+        client(&env, &srv, "main", &token, &["snapshots"]),
+        "still served",
+    );
+    srv.stop();
+}
+
+/// A token or console user for a datastore the server does not serve (renamed,
+/// or left out of the settings) is named in the log at start: its client is
+/// refused with "no such datastore" and nothing on the server said why.
+#[test]
+fn grants_for_a_datastore_not_served_are_named_at_start() {
+    let env = Env::new();
+    env.init(&[]);
+    let state = env.path("state");
+    for (what, name, ds) in [("token", "old-host", "old"), ("token", "fine", "main")] {
+        let o = Command::new(bin())
+            .args([
+                "serve",
+                what,
+                "add",
+                name,
+                "--datastore",
+                ds,
+                "--role",
+                "backup",
+            ])
+            .arg("--state-dir")
+            .arg(&state)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let srv = Server::start(&state, &[("main", &env.repo)], true);
+    let log = srv.stop();
+    assert!(
+        log.contains(
+            "token \"old-host\" is for datastore \"old\", which this server does not serve"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains("\"fine\""), "{log}");
+}

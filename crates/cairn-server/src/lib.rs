@@ -124,6 +124,8 @@ pub struct App {
     pub hashing: tokio::sync::Semaphore,
     /// Memory for upload bodies being received.
     pub uploads: body::UploadBudget,
+    /// The listener's certificate, once it listens with TLS (for `/metrics`).
+    pub cert: std::sync::OnceLock<Arc<tls::CertSource>>,
 }
 
 /// The bandwidth limits in force: the server's, and each token's (made when the
@@ -394,6 +396,7 @@ impl App {
             users,
             hashing: tokio::sync::Semaphore::new(users::HASHING_AT_ONCE),
             uploads,
+            cert: std::sync::OnceLock::new(),
         })
     }
 
@@ -727,6 +730,7 @@ async fn run(
         fingerprint: tls.as_ref().map(|t| t.1.clone()),
     });
     if let Some((_, _, source)) = &tls {
+        let _ = app.cert.set(source.clone());
         watch_certificate(source.clone());
     }
     warn_of_grants_without_datastore(&app);

@@ -100,6 +100,15 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
         "gauge",
         s.active.load(Ordering::Relaxed),
     );
+    if let Some(t) = app.cert.get().and_then(|c| c.not_after()) {
+        counter(
+            &mut out,
+            "cairn_tls_certificate_expiry_seconds",
+            "When the served TLS certificate expires (unix seconds): alert on it.",
+            "gauge",
+            t.max(0) as u64,
+        );
+    }
 
     let mut per_ds = String::new();
     let mut census = String::new();

@@ -4720,6 +4720,25 @@ fn a_renewed_certificate_is_served_without_a_restart() {
     let w = lines.wait_for("expires on", Duration::from_secs(10));
     let left = w.contains("in 2 days;") || w.contains("in 1 day;");
     assert!(left && w.contains("cert.pem"), "{w}");
+    // The expiry for an alert, over HTTPS checked against the test CA.
+    let o = Command::new("curl")
+        .args(["-sS", "--cacert"])
+        .arg(old.join("ca.crt"))
+        .arg(format!("https://127.0.0.1:{}/metrics", srv.port))
+        .output()
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&o.stdout);
+    let expiry: i64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("cairn_tls_certificate_expiry_seconds "))
+        .unwrap_or_else(|| panic!("{metrics} {}", String::from_utf8_lossy(&o.stderr)))
+        .parse()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((expiry - now - 2 * 86_400).abs() < 300, "{expiry} {now}");
     let token = srv.token("t", "main", "restore");
     let old_fp = srv.fingerprint.clone().unwrap();
     ok(

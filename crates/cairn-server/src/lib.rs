@@ -350,7 +350,16 @@ impl App {
         let tokens = tokens::TokenStore::new(&config.state_dir);
         tokens.list()?;
         let users = users::UserStore::new(&config.state_dir);
-        users.list()?;
+        // The console's files are not the backup service: damaged, they are said
+        // (at start here, and to each sign-in or change that needs them) and left
+        // as they are for the admin to mend, and clients' backups go on.
+        if let Err(e) = users.list() {
+            log_line(&format!(
+                "warning: console users cannot be read ({e}): console sign-in is refused until \
+                 the file is mended, or removed and the users added again (`cairn serve user \
+                 add`); tokens work"
+            ));
+        }
         let pacers = Pacers {
             upload: config.limits.upload.map(pace::Pacer::new),
             download: config.limits.download.map(pace::Pacer::new),
@@ -361,8 +370,13 @@ impl App {
             config.datastore_passwords.clone(),
             &config.state_dir,
         );
-        jobs.check_console_file()
-            .map_err(|e| ServerError::Io(format!("the console's schedules: {e}")))?;
+        if let Err(e) = jobs.check_console_file() {
+            log_line(&format!(
+                "warning: the console's schedules cannot be read ({e}): none of them runs, \
+                 and the console cannot change them, until the file is mended or removed; \
+                 the settings file's jobs run"
+            ));
+        }
         for name in jobs.shadowed() {
             log_line(&format!(
                 "warning: console schedule {name:?} does not run: the settings file has a job \

@@ -4824,3 +4824,58 @@ fn grants_for_a_datastore_not_served_are_named_at_start() {
     );
     assert!(!log.contains("\"fine\""), "{log}");
 }
+
+/// Damaged console files (users, schedules) do not keep the server from serving
+/// backups: each is said at start, console sign-in is refused with why, the
+/// console cannot change the schedules, and neither file is overwritten (QA: the
+/// server refused to start, so every host's backup failed).
+#[test]
+fn damaged_console_files_leave_backups_served() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 5);
+    let state = env.path("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let garbage = b"{\"users\": [ truncated";
+    for f in ["users.json", "schedules.json"] {
+        std::fs::write(state.join(f), garbage).unwrap();
+    }
+    let mut srv = Server::start(&state, &[("main", &env.repo)], true);
+    let log = srv.lines.as_mut().unwrap().seen();
+    assert!(
+        log.contains("console users cannot be read") && log.contains("schedules cannot be read"),
+        "{log}"
+    );
+    let token = srv.token("web01", "main", "backup");
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &token,
+            &["backup", src.to_str().unwrap()],
+        ),
+        "a backup with console files damaged",
+    );
+    let json = ("Content-Type", "application/json");
+    let body = br#"{"user": "ann", "password": "correct horse battery"}"#;
+    let (code, _, answer) = http_full(srv.port, "POST", "/v1/session", &[json], body);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(code >= 500 && answer.contains("damaged"), "{code} {answer}");
+    let admin = srv.token("root", "main", "admin");
+    let schedule = br#"{"kind": "scrub", "datastore": "main", "every": "1d"}"#;
+    let (code, body) = http(
+        srv.port,
+        "PUT",
+        "/v1/schedules/nightly",
+        Some(&admin),
+        schedule,
+    );
+    assert!(code >= 500 && body.contains("damaged"), "{code} {body}");
+    for f in ["users.json", "schedules.json"] {
+        assert_eq!(std::fs::read(state.join(f)).unwrap(), garbage, "{f} kept");
+    }
+    srv.stop();
+    assert_eq!(env.snapshot_ids().len(), 1);
+}

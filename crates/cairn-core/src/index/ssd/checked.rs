@@ -275,10 +275,13 @@ impl CheckedFile {
     /// damage (or a failed read) the file is rebuilt from the repository once and
     /// the read answered from the rebuilt one.
     pub(super) fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.in_bounds(buf, offset)?;
         let from_repaired = self.repaired.get().is_some();
+        // Any failure past the bounds check is the file's: damage, a file cut
+        // short or removed under the run, a read error.
         let damage = match self.read_checked(buf, offset) {
             Ok(()) => return Ok(()),
-            Err(e) if from_repaired || e.kind() == ErrorKind::UnexpectedEof => return Err(e),
+            Err(e) if from_repaired => return Err(e),
             Err(e) => e,
         };
         let Some((repair, which)) = &self.repair else {
@@ -310,12 +313,18 @@ impl CheckedFile {
         self.repaired.get().unwrap_or(&self.file)
     }
 
-    /// [`CheckedFile::read_exact_at`] without the rebuild: an error is the answer.
-    fn read_checked(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        let end = offset
+    /// Whether the read lies within the file's length as built (a caller's
+    /// mistake otherwise, not damage).
+    fn in_bounds(&self, buf: &[u8], offset: u64) -> std::io::Result<u64> {
+        offset
             .checked_add(buf.len() as u64)
             .filter(|e| *e <= self.len)
-            .ok_or_else(|| std::io::Error::new(ErrorKind::UnexpectedEof, "read past the end"))?;
+            .ok_or_else(|| std::io::Error::new(ErrorKind::UnexpectedEof, "read past the end"))
+    }
+
+    /// [`CheckedFile::read_exact_at`] without the rebuild: an error is the answer.
+    fn read_checked(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let end = self.in_bounds(buf, offset)?;
         if buf.is_empty() {
             return Ok(());
         }

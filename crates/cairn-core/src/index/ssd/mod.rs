@@ -843,6 +843,28 @@ pub(super) mod tests {
                 CacheState::Intact
             );
         }
+        // Cut short under an open index (in the middle of a run): the same.
+        let before = current();
+        let (ssd, packs) = SsdIndex::open(&repo, dir.path()).unwrap();
+        for name in ["records.bin", "keys.bin"] {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(before.join(name))
+                .unwrap();
+            f.set_len(0).unwrap();
+        }
+        let ssd = MasterIndex::from_ssd(ssd, packs);
+        for id in &probes {
+            assert!(
+                ssd.get(id).is_some(),
+                "answered after the files were cut short"
+            );
+        }
+        let s = ssd.ssd().unwrap();
+        assert!(s.failures().is_none(), "{:?}", s.failures());
+        assert!(s.repaired().is_some());
+        drop(ssd);
+        assert_same(&mut repo, dir.path(), &probes, &[]);
         // The delta segment (index files added since the base was built) is
         // rebuilt on its own, from its own files.
         let more: Vec<IndexPack> = (0..2).map(|_| pack(&mut g, 400, &[])).collect();

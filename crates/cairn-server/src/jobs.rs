@@ -349,7 +349,43 @@ pub struct Jobs {
     passwords: BTreeMap<String, PathBuf>,
     /// `jobs-history.json`: each job's last runs.
     history: crate::statefile::StateFile<History>,
+    /// `jobs-running.json`: the jobs running now, so that a run the server did
+    /// not live to record (killed, the machine lost power) is recorded at the
+    /// next start as interrupted instead of missing from the history.
+    started_file: crate::statefile::StateFile<BTreeMap<String, Started>>,
     state: Mutex<State>,
+}
+
+/// A running job, as `jobs-running.json` keeps it until its run is recorded.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Started {
+    started: String,
+    trigger: String,
+    /// The process running it: a server on the same host and boot whose pid is
+    /// gone, or any on an earlier boot, no longer runs it.
+    host: String,
+    boot: String,
+    pid: u32,
+}
+
+impl Started {
+    fn now(trigger: &str) -> Started {
+        Started {
+            started: cairn_core::time::now_rfc3339(),
+            trigger: trigger.to_string(),
+            host: cairn_backend::process::hostname(),
+            boot: cairn_backend::process::boot_id(),
+            pid: std::process::id(),
+        }
+    }
+
+    /// Whether the process that ran the job is certainly gone. A server on
+    /// another host sharing the state directory is never judged.
+    fn abandoned(&self) -> bool {
+        self.host == cairn_backend::process::hostname()
+            && (self.boot != cairn_backend::process::boot_id()
+                || !cairn_backend::process::alive(self.pid))
+    }
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -407,15 +443,61 @@ impl Jobs {
                 Default::default()
             }
         };
-        Jobs {
+        let jobs = Jobs {
             specs,
             console: crate::statefile::StateFile::new(state_dir.join("schedules.json")),
             passwords,
             history: file,
+            started_file: crate::statefile::StateFile::new(state_dir.join("jobs-running.json")),
             state: Mutex::new(State {
                 history,
                 ..Default::default()
             }),
+        };
+        jobs.record_abandoned();
+        jobs
+    }
+
+    /// Records as interrupted the runs `jobs-running.json` names whose server is
+    /// gone (killed, or the machine stopped): nothing else would say they ran.
+    fn record_abandoned(&self) {
+        let gone = self.started_file.update(|m| {
+            let gone: Vec<(String, Started)> = m
+                .iter()
+                .filter(|(_, s)| s.abandoned())
+                .map(|(n, s)| (n.clone(), s.clone()))
+                .collect();
+            for (n, _) in &gone {
+                m.remove(n);
+            }
+            Ok::<_, crate::statefile::StateError>(gone)
+        });
+        let gone = match gone {
+            Ok(g) => g,
+            Err(e) => {
+                crate::log_line(&format!("jobs running at the last stop not read: {e}"));
+                return;
+            }
+        };
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, st) in gone {
+            crate::log_line(&format!(
+                "job {name}: interrupted: the server stopped without recording it (killed, or \
+                 the machine stopped) while it ran, since {}",
+                st.started
+            ));
+            let run = Run {
+                started: st.started,
+                ended: cairn_core::time::now_rfc3339(),
+                secs: 0.0,
+                outcome: "interrupted".into(),
+                summary: "the server was killed (or the machine stopped) while it ran; \
+                          recorded at the next start, so its end is not known: what it \
+                          committed stays, the rest was not committed; its next run does it"
+                    .into(),
+                trigger: st.trigger,
+            };
+            self.record(&mut s, &name, run);
         }
     }
 
@@ -547,14 +629,25 @@ impl Jobs {
             return false;
         }
         s.running.push((name.to_string(), progress.clone()));
+        let st = Started::now(trigger);
         s.started.insert(
             name.to_string(),
             (
-                cairn_core::time::now_rfc3339(),
+                st.started.clone(),
                 std::time::Instant::now(),
                 trigger.to_string(),
             ),
         );
+        let noted = self.started_file.update(|m| {
+            m.insert(name.to_string(), st);
+            Ok::<_, crate::statefile::StateError>(())
+        });
+        if let Err(e) = noted {
+            crate::log_line(&format!(
+                "job {name}: not noted as running ({e}): if the server is killed during \
+                 it, its run is missing from the history"
+            ));
+        }
         true
     }
 
@@ -630,6 +723,15 @@ impl Jobs {
             summary,
             trigger,
         };
+        self.record(&mut s, name, run);
+        let _ = self.started_file.update(|m| {
+            m.remove(name);
+            Ok::<_, crate::statefile::StateError>(())
+        });
+    }
+
+    /// Adds `run` to `name`'s history, in memory and on disk.
+    fn record(&self, s: &mut State, name: &str, run: Run) {
         // Another server sharing the state directory may have recorded runs of
         // its own jobs since: theirs are kept, ours added (runs told apart by their
         // start and end), the file locked from the read to the write.
@@ -1381,5 +1483,62 @@ mod tests {
             std::fs::read(dir.path().join("jobs-history.json.damaged")).unwrap(),
             b"{garbage"
         );
+    }
+
+    /// A run the server did not live to record (killed with SIGKILL, the machine
+    /// lost power) is recorded as interrupted at the next start; a run of a server
+    /// still running (this process) or on another host is left alone.
+    #[test]
+    fn a_run_the_server_did_not_live_to_record_is_recorded_at_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let specs = || vec![spec("copy", "scrub", "1d"), spec("live", "scrub", "1d")];
+        let jobs = Jobs::new(specs(), BTreeMap::new(), dir.path());
+        let p = cairn_core::progress::Progress::none();
+        assert!(jobs.begin("live", &p, "schedule"));
+        assert!(jobs.begin("copy", &p, "manual"));
+        drop(jobs);
+        // "copy" ran in a server that is gone now (a pid that ended), and a third
+        // job in a server on another host sharing the directory.
+        let path = dir.path().join("jobs-running.json");
+        let mut m: BTreeMap<String, Started> =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        m.get_mut("copy").unwrap().pid = gone;
+        let mut elsewhere = m["copy"].clone();
+        elsewhere.host = "another-host".into();
+        m.insert("theirs".into(), elsewhere);
+        std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+
+        let again = Jobs::new(specs(), BTreeMap::new(), dir.path());
+        let runs = |name: &str| {
+            again
+                .status()
+                .into_iter()
+                .find(|j| j.spec.name == name)
+                .map(|j| j.runs)
+                .unwrap_or_default()
+        };
+        let copy = runs("copy");
+        assert_eq!(copy.len(), 1);
+        assert_eq!(
+            (copy[0].outcome.as_str(), copy[0].trigger.as_str()),
+            ("interrupted", "manual")
+        );
+        assert!(copy[0].summary.contains("killed"), "{}", copy[0].summary);
+        assert!(runs("live").is_empty(), "this process still runs it");
+        let left: BTreeMap<String, Started> =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(left.keys().collect::<Vec<_>>(), ["live", "theirs"]);
+        // A run that ends is no longer listed.
+        assert!(again.begin("copy", &p, "schedule"));
+        let left: BTreeMap<String, Started> =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(left.keys().collect::<Vec<_>>(), ["copy", "live", "theirs"]);
+        again.finish("copy", "ok", "done".into());
+        let left: BTreeMap<String, Started> =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(left.keys().collect::<Vec<_>>(), ["live", "theirs"]);
     }
 }

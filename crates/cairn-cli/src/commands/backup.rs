@@ -357,29 +357,29 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         e => anyhow::Error::from(e).context("backup failed; no snapshot was saved"),
     })?;
     if let Some(why) = &r.index_repaired {
-        eprintln!(
-            "warning: the local SSD index was damaged ({why}); this run rebuilt what it needed \
+        p.progress.warning_msg(format!(
+            "the local SSD index was damaged ({why}); this run rebuilt what it needed \
              from the repository, and the next run rebuilds the whole index (if this happens \
              again, check the disk it is on)"
-        );
+        ));
     }
     if let Some(f) = &r.index_lookup_failures {
-        eprintln!(
-            "warning: {} lookups in the SSD index failed ({}); the chunks they asked about \
+        p.progress.warning_msg(format!(
+            "{} lookups in the SSD index failed ({}); the chunks they asked about \
              were taken as new and stored again where needed, so the snapshot is complete, \
              but such copies are not deduplicated until prune",
             f.count, f.error
-        );
+        ));
     }
     let s = &r.summary;
     // An empty dump is most often a producer that was missing or failed in a
     // pipe (whose status the backup cannot see): saved, as restic does, but said.
     if (a.stdin || a.stdin_from_command) && s.total_bytes == 0 {
-        eprintln!(
-            "warning: standard input was empty: the snapshot holds an empty {} (did the \
+        p.progress.warning_msg(format!(
+            "standard input was empty: the snapshot holds an empty {} (did the \
              command writing it fail?)",
             a.stdin_name
-        );
+        ));
     }
     if g.json && a.dry_run {
         let mut j = serde_json::to_value(&r)?;

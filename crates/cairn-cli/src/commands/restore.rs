@@ -185,18 +185,18 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         );
     }
     if let Some(why) = &r.index_repaired {
-        eprintln!(
-            "warning: the local SSD index was damaged ({why}); this run rebuilt what it needed \
+        p.progress.warning_msg(format!(
+            "the local SSD index was damaged ({why}); this run rebuilt what it needed \
              from the repository, and the next run rebuilds the whole index (if this happens \
              again, check the disk it is on)"
-        );
+        ));
     }
     if let Some(f) = &r.index_lookup_failures {
-        eprintln!(
-            "warning: {} lookups in the local SSD index failed ({}); it was marked and is rebuilt \
+        p.progress.warning_msg(format!(
+            "{} lookups in the local SSD index failed ({}); it was marked and is rebuilt \
              from the repository at the next run, which restores what this one could not",
             f.count, f.error
-        );
+        ));
     }
     if !r.errors.is_empty() {
         // Entries, not messages: one entry may have more than one said of it.

@@ -239,6 +239,12 @@ fn a_damaged_ssd_index_is_found_and_rebuilt() {
     assert!(o.status.success(), "{err}");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["index_repaired"].is_string(), "{v}");
+    // Said as a warning event, as --json says everything on stderr.
+    let said = err.lines().any(|l| {
+        serde_json::from_str::<serde_json::Value>(l)
+            .is_ok_and(|e| e.to_string().contains("warning") && l.contains("SSD index was damaged"))
+    });
+    assert!(said, "{err}");
     assert!(v.get("index_lookup_failures").is_none(), "{v}");
     assert!(v["data_added"].as_u64().unwrap() < 64 << 10, "{v}");
     let copy = env.restore(v["snapshot_id"].as_str().unwrap(), &other, "r-again");

@@ -353,32 +353,12 @@ impl<A: Access> Session<A> {
         &self.progress
     }
 
-    /// Loads the index in the repository's placement, unless it is loaded. The
-    /// SSD placement's local files are a cache: when this machine cannot use
-    /// them (their disk full, say), the index is read into memory for this run
-    /// instead of the command failing — a restore must not wait for a cache. Not
-    /// under a memory limit, which was planned for the SSD placement's share.
+    /// Loads the index in the repository's placement, unless it is loaded, or in
+    /// memory when this machine cannot use the SSD placement's local files (see
+    /// [`Repository::load_index_or_in_ram`]).
     pub fn load_index(&mut self) -> Result<()> {
-        match self.load_index_with(Repository::load_index) {
-            // (Also when this machine has no directory for them.)
-            Err(e)
-                if (matches!(e, Error::Io { .. }) || self.repo.index_path().is_err())
-                    && self.repo.config().index_placement
-                        == cairn_format::config::IndexPlacement::Ssd
-                    && self.repo.memory_limit().is_none() =>
-            {
-                self.progress.warning_msg(format!(
-                    "the index's local files could not be used ({e}): this run reads the \
-                     index into memory instead; make room there (or mend what the message \
-                     says), or point CAIRN_INDEX_PATH elsewhere"
-                ));
-                self.load_index_with(Repository::load_index_in_ram)
-                    .map_err(|ram| {
-                        Error::Invalid(format!("loading the index: {e}; in memory: {ram}"))
-                    })
-            }
-            r => r,
-        }
+        let progress = self.progress.clone();
+        self.load_index_with(|r| r.load_index_or_in_ram(&progress))
     }
 
     /// [`Session::load_index`] without its fallback: `cairn index`, which checks
@@ -389,7 +369,7 @@ impl<A: Access> Session<A> {
 
     /// Loads the index with `load`, unless it is loaded; damaged index files are
     /// warnings (their blobs count as missing).
-    fn load_index_with(&mut self, load: fn(&mut Repository) -> Result<()>) -> Result<()> {
+    fn load_index_with(&mut self, load: impl FnOnce(&mut Repository) -> Result<()>) -> Result<()> {
         if self.index_loaded {
             return Ok(());
         }

@@ -370,6 +370,35 @@ impl Repository {
         }
     }
 
+    /// [`Repository::load_index`], except that the SSD placement's local files
+    /// are a cache: when this machine cannot use them (their disk full or
+    /// read-only, no directory for them), the index is read into memory for this
+    /// run instead of the command failing, and `progress` says so — a restore or a
+    /// prune that frees space must not wait for a cache. Not under a memory limit,
+    /// which was planned for the SSD placement's share.
+    pub(crate) fn load_index_or_in_ram(
+        &mut self,
+        progress: &crate::progress::Progress,
+    ) -> Result<()> {
+        match self.load_index() {
+            Err(e)
+                if (matches!(e, Error::Io { .. }) || self.index_path().is_err())
+                    && self.config.index_placement == IndexPlacement::Ssd
+                    && self.memory_limit().is_none() =>
+            {
+                progress.warning_msg(format!(
+                    "the index's local files could not be used ({e}): this run reads the \
+                     index into memory instead; make room there (or mend what the message \
+                     says), or point CAIRN_INDEX_PATH elsewhere"
+                ));
+                self.load_index_in_ram().map_err(|ram| {
+                    Error::Invalid(format!("loading the index: {e}; in memory: {ram}"))
+                })
+            }
+            r => r,
+        }
+    }
+
     /// Loads the master index for a long-lived reader that looks up only blobs
     /// that trees and chunk lists name (the mount): the SSD placement's files
     /// whatever the repository's placement (built on this machine when missing or

@@ -227,8 +227,10 @@ fn run(
     report.damaged_index_files = damaged.iter().map(|id| id.to_hex()).collect();
     // What stops prune below because a damaged file listed it is told so.
     let hint = |e: Error| IndexState::damaged_hint(e, &damaged);
-    // The walk reads trees and chunk lists through the index in its placement.
-    repo.load_index()?;
+    // The walk reads trees and chunk lists through the index in its placement
+    // (in memory when this machine cannot use the SSD placement's files: a prune
+    // run to free space must not fail on the disk of a cache).
+    repo.load_index_or_in_ram(progress)?;
 
     let listed: HashSet<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
     let mut needed = crate::ops::scan::Needed::new(&scan)?;
@@ -752,7 +754,7 @@ fn delete_pending(
     let index = if new.is_empty() {
         None
     } else {
-        repo.load_index()?;
+        repo.load_index_or_in_ram(progress)?;
         crate::tree::reachable::collect_snapshots(repo, &new, &mut used, progress)?;
         Some(repo.index().clone())
     };

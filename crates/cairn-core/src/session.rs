@@ -234,7 +234,9 @@ impl<A: Access> Session<A> {
         progress.phase(Phase::Locking);
         let held = match RepoLock::acquire(&repo, operation, A::EXCLUSIVE) {
             Ok(l) => Held::Lock(Arc::new(l)),
-            Err(Error::Backend(b)) if A::READ_ONLY => {
+            // A dry run stores nothing either (`backup --dry-run` on a repository
+            // mounted read-only).
+            Err(Error::Backend(b)) if A::READ_ONLY || repo.backend().discards_writes() => {
                 progress.warning_msg(format!(
                     "cannot write a lock ({b}); going on without one (a prune running now \
                      could make this read fail, never return wrong data)"

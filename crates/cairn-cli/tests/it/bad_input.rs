@@ -916,8 +916,8 @@ fn as_nobody(env: &Env, args: &[&str]) -> std::process::Output {
 }
 
 /// A repository on a file system mounted read-only (ext4 after errors): reads
-/// go on without a lock, and so do the dry runs of forget, tag, rewrite, recover
-/// and `repair snapshots`, which is how an administrator looks at such a
+/// go on without a lock, and so do the dry runs of backup, forget, tag, rewrite,
+/// recover and `repair snapshots`, which is how an administrator looks at such a
 /// repository before it is writable again (QA: they failed writing a lock).
 #[test]
 fn dry_runs_work_on_a_read_only_repository() {
@@ -954,6 +954,9 @@ fn dry_runs_work_on_a_read_only_repository() {
     assert_eq!(v["rewritten"][0]["bytes_removed"], 3, "{v}");
     let out = env.ok(&["recover", "--dry-run"]);
     assert!(out.contains("nothing to recover"), "{out}");
+    fs::write(src.join("b"), b"new").unwrap();
+    let out = env.ok(&["backup", "--dry-run", src.to_str().unwrap()]);
+    assert!(out.contains("would add"), "{out}");
     // What writes still says why it cannot.
     let err = env.fails(&["forget", "--keep-last", "1"], 1);
     assert!(err.contains("Read-only file system"), "{err}");

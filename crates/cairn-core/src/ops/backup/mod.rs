@@ -454,9 +454,15 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
     let r = run(session.repo(), opts, parent, &listed, progress)?;
     progress.check_cancelled()?;
     packs_still_there(session.repo(), &r)?;
-    let snapshot_id = session
-        .repo()
-        .write_snapshot(&r.snapshot, session.commit_lock()?)?;
+    let snapshot_id = if session.repo().backend().discards_writes() && !session.holds_lock() {
+        // A dry run where no lock could be written: nothing is stored, so there
+        // is no commit to guard (the id is the one an unsealed snapshot would have).
+        SnapshotId::of_content(&r.snapshot.to_bytes())
+    } else {
+        session
+            .repo()
+            .write_snapshot(&r.snapshot, session.commit_lock()?)?
+    };
     if let Some(d) = session.repo().dedup() {
         d.remember(&r.stored_data);
     }

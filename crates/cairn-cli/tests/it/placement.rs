@@ -249,6 +249,25 @@ fn a_damaged_ssd_index_is_found_and_rebuilt() {
     assert!(v["data_added"].as_u64().unwrap() < 64 << 10, "{v}");
     let copy = env.restore(v["snapshot_id"].as_str().unwrap(), &other, "r-again");
     assert_same(&other, &copy);
+    // Damage check meets after the repository's index changed (a backup made
+    // through another index directory): the update of the build keeps the
+    // damaged files, and check finds them there (QA: "no errors were found").
+    env.ok(&["check"]);
+    flip(&current_build(&ssd).join("records.bin"));
+    fs::write(other.join("newer"), rng.bytes(300_000, false)).unwrap();
+    let o = env
+        .cmd(&["backup", other.to_str().unwrap()])
+        .env("CAIRN_INDEX_PATH", env.path("another-index"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = env.run(&["check"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("local SSD index") && err.contains("rebuilt"),
+        "{err}"
+    );
 }
 
 /// A run's claims on local disk: a backup whose new chunks outgrow the cap of

@@ -285,8 +285,11 @@ pub struct LocalIndex {
 pub enum LocalIndexState {
     /// Up to date and every file matches its checksums.
     Intact,
-    /// Not on this machine, or built from older index files: built at the next use.
+    /// Not on this machine: built at the next use.
     Absent,
+    /// Built from older index files: brought up to date by this check and found
+    /// intact (or, when that could not be done, brought up to date at the next
+    /// use).
     OutOfDate,
     /// Damaged, and rebuilt from the repository by this check.
     Rebuilt,
@@ -715,9 +718,21 @@ fn local_index(repo: &Repository) -> Result<Option<LocalIndex>> {
     let path = SsdIndex::dir_for(&base, &repo.config().id)
         .display()
         .to_string();
-    let (state, error) = match SsdIndex::check_cached(repo, &base)? {
+    let mut found = SsdIndex::check_cached(repo, &base)?;
+    let mut out_of_date = false;
+    if found == CacheState::OutOfDate {
+        // Brought up to date as the next command would (an update may keep the
+        // damaged files of the build before it: QA found damage left unsaid),
+        // then checked.
+        out_of_date = true;
+        if SsdIndex::open(repo, &base).is_ok() {
+            found = SsdIndex::check_cached(repo, &base)?;
+        }
+    }
+    let (state, error) = match found {
         CacheState::Absent => (LocalIndexState::Absent, None),
         CacheState::OutOfDate => (LocalIndexState::OutOfDate, None),
+        CacheState::Intact if out_of_date => (LocalIndexState::OutOfDate, None),
         CacheState::Intact => (LocalIndexState::Intact, None),
         CacheState::Damaged(e) => match SsdIndex::open(repo, &base) {
             Ok(_) => (LocalIndexState::Rebuilt, Some(e)),

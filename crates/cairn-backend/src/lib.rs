@@ -93,7 +93,9 @@ impl BackendError {
     pub fn from_io(op: &'static str, path: &str, e: &std::io::Error) -> Self {
         let kind = match e.kind() {
             std::io::ErrorKind::NotFound => BackendErrorKind::NotFound,
-            std::io::ErrorKind::PermissionDenied => BackendErrorKind::PermissionDenied,
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+                BackendErrorKind::PermissionDenied
+            }
             std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
                 BackendErrorKind::NoSpace
             }
@@ -104,6 +106,10 @@ impl BackendError {
         };
         let message = match kind {
             BackendErrorKind::NoSpace => "no space left on the repository's device".to_string(),
+            _ if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => format!(
+                "{e}: the repository's file system is mounted read-only (commands that only \
+                 read work, and so do dry runs)"
+            ),
             _ => e.to_string(),
         };
         BackendError {

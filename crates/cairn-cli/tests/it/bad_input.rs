@@ -959,7 +959,10 @@ fn dry_runs_work_on_a_read_only_repository() {
     assert!(out.contains("would add"), "{out}");
     // What writes still says why it cannot.
     let err = env.fails(&["forget", "--keep-last", "1"], 1);
-    assert!(err.contains("Read-only file system"), "{err}");
+    assert!(
+        err.contains("Read-only file system") && err.contains("mounted read-only"),
+        "{err}"
+    );
     fs_.remount("rw");
     assert_eq!(env.snapshot_ids().len(), 2);
 }

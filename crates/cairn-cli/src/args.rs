@@ -240,7 +240,6 @@ pub struct MountArgs {
 }
 
 #[derive(Args)]
-#[command(args_conflicts_with_subcommands = true)]
 pub struct ServeArgs {
     #[command(subcommand)]
     pub command: Option<ServeCommand>,
@@ -280,6 +279,35 @@ pub struct ServeArgs {
     /// Average download rate of all clients together
     #[arg(long = "limit-total-download", value_name = "RATE")]
     pub limit_total_download: Option<String>,
+}
+
+impl ServeArgs {
+    /// The first flag given that only running the server takes (`--config` and
+    /// `--state-dir` go with `token`, `user` and `scrub` too, before or after).
+    pub fn server_only_flag(&self) -> Option<&'static str> {
+        [
+            (self.listen.is_some(), "--listen"),
+            (!self.datastores.is_empty(), "--datastore"),
+            (self.tls_cert.is_some(), "--tls-cert"),
+            (self.tls_key.is_some(), "--tls-key"),
+            (self.insecure_http, "--insecure-http"),
+            (
+                self.limit_upload_per_token.is_some(),
+                "--limit-upload-per-token",
+            ),
+            (
+                self.limit_download_per_token.is_some(),
+                "--limit-download-per-token",
+            ),
+            (self.limit_total_upload.is_some(), "--limit-total-upload"),
+            (
+                self.limit_total_download.is_some(),
+                "--limit-total-download",
+            ),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
 }
 
 #[derive(Subcommand)]

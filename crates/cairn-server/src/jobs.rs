@@ -994,8 +994,8 @@ fn run_job(
         return Ok((
             r.is_clean(),
             format!(
-                "{} objects, {} read, {damaged} damaged{}",
-                r.objects_checked,
+                "{}, {} read, {damaged} damaged{}",
+                count(r.objects_checked, "object"),
                 cairn_core::units::bytes(r.bytes_read, 1),
                 r.problems
                     .iter()

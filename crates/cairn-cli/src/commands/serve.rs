@@ -22,6 +22,14 @@ fn state_dir(a: &ServeArgs) -> Result<std::path::PathBuf> {
 }
 
 pub fn run(g: &Global, a: &ServeArgs) -> Result<i32> {
+    if a.command.is_some()
+        && let Some(flag) = a.server_only_flag()
+    {
+        anyhow::bail!(
+            "{flag} is for running the server (`cairn serve {flag} ...`), not for its \
+             token, user or scrub commands"
+        );
+    }
     match &a.command {
         Some(ServeCommand::Token(t)) => token(g, a, t),
         Some(ServeCommand::User(u)) => user(g, a, u),
@@ -287,8 +295,8 @@ fn scrub(g: &Global, s: &ScrubArgs, config: Option<&std::path::Path>) -> Result<
             println!("{n}: not a repository object (left alone)");
         }
         println!(
-            "scrubbed {} objects, {} in {:.1}s: {}",
-            report.objects_checked,
+            "scrubbed {}, {} in {:.1}s: {}",
+            cairn_core::units::count(report.objects_checked, "object"),
             cairn_core::units::bytes(report.bytes_read, 2),
             report.secs,
             if report.is_clean() {

@@ -4625,6 +4625,23 @@ fn token_and_user_commands_read_the_settings_file() {
     assert!(state.join("tokens.json").exists());
     assert!(run(&["serve", "token", "list"]).contains("web01"));
     assert!(run(&["serve", "user", "list"]).contains("ann"));
+    // --config before the command too, as the server takes it.
+    let o = Command::new(bin())
+        .arg("serve")
+        .arg("--config")
+        .arg(&settings)
+        .args(["token", "list"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("web01"));
+    // A flag only the server takes, with a command: said, not ignored.
+    let o = Command::new(bin())
+        .args(["serve", "--listen", "127.0.0.1:1", "token", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--listen is for running the server"));
 }
 
 /// A schedule made in the console when the server's state directory is full: 507

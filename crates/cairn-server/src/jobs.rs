@@ -233,6 +233,14 @@ impl JobSpec {
                 if to == &self.datastore {
                     return Err(format!("{me}: `to` is the job's own datastore"));
                 }
+                // A bare name is a datastore's: taken as a path, it would be one
+                // relative to wherever the server runs.
+                if !datastores.contains_key(to) && !to.contains(['/', ':']) {
+                    return Err(format!(
+                        "{me}: `to` = {to:?} is no datastore of this server: give one of \
+                         [datastores], or a location (/path, s3:..., cairn+https://...)"
+                    ));
+                }
                 if self.to_password_file.is_none() && !passwords.contains_key(to) {
                     return Err(format!(
                         "{me}: give to_password_file, or the password of datastore {to:?} \
@@ -1365,6 +1373,17 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("a tag is a non-empty name"), "{e}");
+        // A bare name is a datastore's, never a path relative to the server's
+        // working directory (a datastore removed from the settings).
+        let e = check(
+            &|j| {
+                copy_to(j);
+                j.to = Some("offsite".into());
+            },
+            "copy",
+        )
+        .unwrap_err();
+        assert!(e.contains("is no datastore of this server"), "{e}");
         assert!(
             check(
                 &|j| {

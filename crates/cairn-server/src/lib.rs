@@ -574,8 +574,32 @@ fn sweep_removed_tokens(app: &Arc<App>) {
     tokio::spawn(async move {
         let mut known = BTreeMap::new();
         let mut tick = tokio::time::interval(Duration::from_secs(3));
+        let mut file_there = app.tokens.path().exists();
+        let mut said_gone = false;
         loop {
             tick.tick().await;
+            // A token file deleted (by hand, a cleanup script) takes every token
+            // with it: said, since each client is then refused as unknown.
+            let there = app.tokens.path().exists();
+            if there != file_there {
+                file_there = there;
+                let path = app.tokens.path().display();
+                if !there {
+                    log_line(&format!(
+                        "warning: {path} was deleted: no token is accepted until it is back \
+                         (restore it, or add tokens with `cairn serve token add`)"
+                    ));
+                    said_gone = true;
+                } else if said_gone {
+                    log_line(&format!("{path} is back: its tokens are accepted"));
+                    said_gone = false;
+                }
+            }
+            // Its tokens' locks stay meanwhile (a file deleted by mistake and
+            // restored must not have ended every running job).
+            if !there {
+                continue;
+            }
             // An unreadable file is said by the requests it fails.
             let Ok(gone) = app.tokens.removed_since(&mut known) else {
                 continue;

@@ -4896,3 +4896,71 @@ fn damaged_console_files_leave_backups_served() {
     srv.stop();
     assert_eq!(env.snapshot_ids().len(), 1);
 }
+
+/// `tokens.json` deleted while the server runs (by hand, a cleanup script): said
+/// in the log, every client refused as unknown meanwhile, its clients' locks left
+/// alone, and the tokens accepted again once the file is restored (QA: nothing was
+/// said, and every lock of every token was deleted as if each had been removed).
+#[test]
+fn a_deleted_token_file_is_said_and_its_return_taken() {
+    let env = Env::new();
+    env.init(&[]);
+    // The token first: the file is there when the server starts.
+    let state = env.path("state");
+    let o = Command::new(bin())
+        .args([
+            "serve",
+            "token",
+            "add",
+            "web01",
+            "--datastore",
+            "main",
+            "--role",
+            "backup",
+        ])
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let token = String::from_utf8(o.stdout).unwrap().trim().to_string();
+    let mut srv = Server::start(&state, &[("main", &env.repo)], true);
+    let file = state.join("tokens.json");
+    let kept = std::fs::read(&file).unwrap();
+    let mut held = client_cmd(&env, &srv, "main", &token, &["backup", "--stdin"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let locks = || {
+        std::fs::read_dir(env.repo.join("locks"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    wait_until("the backup's lock", Duration::from_secs(30), || {
+        locks() == 1
+    });
+    let lines = srv.lines.as_mut().unwrap();
+    lines.wait_for("/slots?wait", Duration::from_secs(20));
+    std::fs::remove_file(&file).unwrap();
+    lines.wait_for("tokens.json was deleted", Duration::from_secs(20));
+    refused(
+        client(&env, &srv, "main", &token, &["snapshots"]),
+        "a token while its file is gone",
+    );
+    assert_eq!(locks(), 1, "the held backup's lock stays");
+    std::fs::write(&file, &kept).unwrap();
+    let lines = srv.lines.as_mut().unwrap();
+    lines.wait_for("tokens.json is back", Duration::from_secs(20));
+    ok(
+        client(&env, &srv, "main", &token, &["snapshots"]),
+        "the token once its file is back",
+    );
+    // (The held backup was refused while its token was unknown: it ends, with
+    // an error, and no snapshot.)
+    drop(held.stdin.take());
+    let o = held.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    srv.stop();
+}

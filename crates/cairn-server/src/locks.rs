@@ -63,10 +63,20 @@ pub fn delete_locks_of(
 impl LockOwners {
     /// `max_age`: the cap on a non-admin lock's life, in seconds.
     pub fn open(path: PathBuf, max_age: i64) -> LockOwners {
-        let seen = std::fs::read(&path)
-            .ok()
-            .and_then(|d| serde_json::from_slice(&d).ok())
-            .unwrap_or_default();
+        let seen = match std::fs::read(&path).map(|d| serde_json::from_slice(&d)) {
+            Ok(Ok(seen)) => seen,
+            Ok(Err(e)) => {
+                // Replaced at the next lock seen: said, since the cap on a lock's
+                // life then counts from now for every lock there is.
+                crate::log_line(&format!(
+                    "warning: {} is damaged ({e}): lock ages count from now; it is \
+                     written anew",
+                    path.display()
+                ));
+                BTreeMap::new()
+            }
+            Err(_) => BTreeMap::new(),
+        };
         LockOwners {
             path,
             keep: max_age,

@@ -16,6 +16,24 @@ pub use cairn_core::units::count;
 /// [`count`] with its verb: "1 pack is", "3 packs are".
 pub use cairn_core::units::count_is;
 
+/// A percentage with one decimal, except that a figure one decimal would round to
+/// 0.0% or 100.0% without being it gets two (99.98%, not "100.0%" for dedup that
+/// is not total).
+pub fn percent(v: f64) -> String {
+    let near_an_end = (v > 0.0 && v < 0.05) || (v > 99.95 && v < 100.0);
+    if near_an_end {
+        // Two decimals, never rounded up to the end itself.
+        let two = if v > 50.0 {
+            (v * 100.0).floor() / 100.0
+        } else {
+            (v * 100.0).ceil() / 100.0
+        };
+        format!("{two:.2}%")
+    } else {
+        format!("{v:.1}%")
+    }
+}
+
 pub fn rate(n: u64, secs: f64) -> String {
     if secs <= 0.0 {
         return "-".into();
@@ -230,7 +248,17 @@ pub fn new_password(file: Option<&PathBuf>) -> Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::printable;
+    use super::{percent, printable};
+
+    #[test]
+    fn a_percentage_never_rounds_to_an_end_it_is_not() {
+        assert_eq!(percent(99.98), "99.98%");
+        assert_eq!(percent(99.999), "99.99%");
+        assert_eq!(percent(100.0), "100.0%");
+        assert_eq!(percent(0.001), "0.01%");
+        assert_eq!(percent(0.0), "0.0%");
+        assert_eq!(percent(42.26), "42.3%");
+    }
 
     #[test]
     fn invisible_and_reordering_characters_are_written_out() {

@@ -52,16 +52,19 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
     }
     println!("stored data:           {}", b(st.stored_bytes));
     println!(
-        "after deduplication:   {}  (dedup {:.1}%)",
+        "after deduplication:   {}  (dedup {})",
         b(st.unique_data_bytes),
-        st.dedup_percent
+        ui::percent(st.dedup_percent)
     );
     println!(
-        "after compression:     {}  (compression {:.1}%)",
+        "after compression:     {}  (compression {})",
         b(st.compressed_data_bytes),
-        st.compression_percent
+        ui::percent(st.compression_percent)
     );
-    println!("overall reduction:     {:.1}%", st.reduction_percent);
+    println!(
+        "overall reduction:     {}",
+        ui::percent(st.reduction_percent)
+    );
     match (st.needed_bytes, st.stored_to_needed) {
         // A subset: the space it needs is its figure; the repository's is beside it.
         (Some(needed), Some(ratio)) => println!(

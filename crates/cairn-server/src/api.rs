@@ -1540,7 +1540,9 @@ pub async fn slot_release(
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
-    store.slots.release(&session_key(&t, &headers)?);
+    let key = session_key(&t, &headers)?;
+    store.slots.release(&key);
+    store.dedup.end_session(&key);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -175,6 +175,17 @@ pub fn warm_all(app: &crate::App) {
 const LIST_READERS: usize = 4;
 
 impl Dedup {
+    /// `session`'s job is over (its client released its job slot, after a
+    /// backup that ended or failed): its claims stand no longer, so that another
+    /// client sends what it never will at once rather than after
+    /// [`SESSION_SILENCE`]. A later request of the session starts it again.
+    pub fn end_session(&self, session: &str) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session);
+    }
+
     /// A request of `session` arrived.
     pub fn touch(&self, session: &str) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
@@ -707,6 +718,12 @@ mod tests {
         assert_eq!(q("a", 20), DedupAnswer::Send);
         assert_eq!(q("b", 20), DedupAnswer::InFlight, "a is sending it");
         assert_eq!(q("a", 20), DedupAnswer::Send, "a's own claim");
+        // A session that ended (its slot released, a backup that failed) holds
+        // nothing: another sends at once.
+        assert_eq!(q("a", 21), DedupAnswer::Send);
+        d.end_session("a");
+        assert_eq!(q("b", 21), DedupAnswer::Send, "a ended");
+        assert_eq!(q("a", 21), DedupAnswer::InFlight, "b claimed it since");
         // A prune supersedes file 1 (keeping only 11): after a lock is written, the
         // view drops 10.
         put_index(&b, 3, true, &[11], &[1], false);

@@ -63,3 +63,32 @@ pub fn alive(pid: u32) -> bool {
         Err(_) => true,
     }
 }
+
+/// When the process `pid` started, in clock ticks since boot (`/proc/PID/stat`,
+/// field 22): with the pid and the boot id, it names one process, also where pids
+/// repeat from one start to the next (a server that is pid 1 in its container).
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    // Fields from the third on, after the parenthesised name: field 22 is the 20th.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_process_start_time_names_it() {
+        let me = std::process::id();
+        let t = super::start_ticks(me).unwrap();
+        assert_eq!(super::start_ticks(me), Some(t));
+        let mut child = std::process::Command::new("sleep")
+            .arg("1")
+            .spawn()
+            .unwrap();
+        let other = super::start_ticks(child.id()).unwrap();
+        assert!(other >= t);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(super::start_ticks(child.id()), None);
+    }
+}

@@ -215,12 +215,21 @@ fn session_user(app: &App, id: &str) -> ApiResult<TokenEntry> {
                 format!("user {name:?} was removed"),
             ))
         }
-        Err(e) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server",
-            e.to_string(),
-        )),
+        Err(e) => Err(users_unreadable(e)),
     }
+}
+
+/// The user file cannot be read (damaged, unreadable): failing closed, the
+/// details (the state directory's path) in the server's log, not to a client that
+/// may not have signed in.
+fn users_unreadable(e: crate::users::UserError) -> ApiError {
+    crate::log_line(&format!("console sign-in refused: {e}"));
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server",
+        "console sign-in is unavailable: the server cannot read its user file (its log says \
+         why); tokens work",
+    )
 }
 
 /// The token `presented` stands for, if it is one the server knows.
@@ -1317,6 +1326,10 @@ pub async fn delete_schedule(
         .map(|s| (s, "console"))
         .or_else(|| app.jobs.find(&name));
     let Some((spec, source)) = found else {
+        // Not "no such schedule" when the file that would list it is unreadable.
+        if let Some(e) = app.jobs.console_file_error() {
+            return Err(schedule_error(crate::jobs::ScheduleError::File(e)));
+        }
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -1609,12 +1622,8 @@ async fn user_sign_in(
     })?;
     let a = app.clone();
     let n = name.clone();
-    let outcome = blocking(move || {
-        a.users
-            .sign_in(&n, &password)
-            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server", e.to_string()))
-    })
-    .await?;
+    let outcome =
+        blocking(move || a.users.sign_in(&n, &password).map_err(users_unreadable)).await?;
     match outcome {
         crate::users::SignInOutcome::Ok(u) => {
             crate::log_line(&format!("console: user {name:?} signed in"));

@@ -370,10 +370,14 @@ struct Started {
     started: String,
     trigger: String,
     /// The process running it: a server on the same host and boot whose pid is
-    /// gone, or any on an earlier boot, no longer runs it.
+    /// gone (or is another process: pid 1 of a container restarted), or any on an
+    /// earlier boot, no longer runs it.
     host: String,
     boot: String,
     pid: u32,
+    /// The process's start, in clock ticks since boot (0: unknown).
+    #[serde(default)]
+    pid_started: u64,
 }
 
 impl Started {
@@ -384,15 +388,22 @@ impl Started {
             host: cairn_backend::process::hostname(),
             boot: cairn_backend::process::boot_id(),
             pid: std::process::id(),
+            pid_started: cairn_backend::process::start_ticks(std::process::id()).unwrap_or(0),
         }
     }
 
     /// Whether the process that ran the job is certainly gone. A server on
     /// another host sharing the state directory is never judged.
     fn abandoned(&self) -> bool {
+        let another_process = || {
+            self.pid_started != 0
+                && cairn_backend::process::start_ticks(self.pid)
+                    .is_some_and(|t| t != self.pid_started)
+        };
         self.host == cairn_backend::process::hostname()
             && (self.boot != cairn_backend::process::boot_id()
-                || !cairn_backend::process::alive(self.pid))
+                || !cairn_backend::process::alive(self.pid)
+                || another_process())
     }
 }
 
@@ -440,7 +451,7 @@ impl Jobs {
         let history = match file.load() {
             Ok(h) => h,
             Err(e) => {
-                let mut note = format!("jobs' history not read, starting a new one: {e}");
+                let mut note = format!("warning: jobs' history not read, starting a new one: {e}");
                 if let crate::statefile::StateError::Damaged { path, .. } = &e {
                     let aside = path.with_extension("json.damaged");
                     if std::fs::rename(path, &aside).is_ok() {
@@ -483,7 +494,19 @@ impl Jobs {
         let gone = match gone {
             Ok(g) => g,
             Err(e) => {
-                crate::log_line(&format!("jobs running at the last stop not read: {e}"));
+                // A record, not a setting: set aside, so that runs from now on
+                // are noted again.
+                let mut note = format!("warning: jobs running at the last stop not read: {e}");
+                if let crate::statefile::StateError::Damaged { path, .. } = &e {
+                    let aside = path.with_extension("json.damaged");
+                    if std::fs::rename(path, &aside).is_ok() {
+                        note.push_str(&format!(
+                            " (kept as {}; a new one is started)",
+                            aside.display()
+                        ));
+                    }
+                }
+                crate::log_line(&note);
                 return;
             }
         };
@@ -494,14 +517,18 @@ impl Jobs {
                  the machine stopped) while it ran, since {}",
                 st.started
             ));
+            // Its end is not known: the record spans to now, at most.
+            let secs = cairn_core::time::parse_rfc3339(&st.started)
+                .map_or(0.0, |t| (cairn_core::time::now_unix() - t).max(0) as f64);
             let run = Run {
                 started: st.started,
                 ended: cairn_core::time::now_rfc3339(),
-                secs: 0.0,
+                secs,
                 outcome: "interrupted".into(),
                 summary: "the server was killed (or the machine stopped) while it ran; \
-                          recorded at the next start, so its end is not known: what it \
-                          committed stays, the rest was not committed; its next run does it"
+                          recorded at the next start, so its end is not known (it ended \
+                          by then): what it committed stays, the rest was not committed; \
+                          its next run does it"
                     .into(),
                 trigger: st.trigger,
             };
@@ -516,6 +543,11 @@ impl Jobs {
             .current()
             .map(|f| f.jobs.clone())
             .unwrap_or_default()
+    }
+
+    /// Why the console's schedule file cannot be read now, if it cannot.
+    pub fn console_file_error(&self) -> Option<crate::statefile::StateError> {
+        self.console.current().err()
     }
 
     /// Reads the console's schedule file once, so that a damaged one is reported
@@ -709,11 +741,11 @@ impl Jobs {
     }
 
     /// Records the end of `name`'s run (once: a run already recorded as
-    /// interrupted is not recorded again).
-    fn finish(&self, name: &str, outcome: &str, summary: String) {
+    /// interrupted is not recorded again, and false says so).
+    fn finish(&self, name: &str, outcome: &str, summary: String) -> bool {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if !s.running.iter().any(|(n, _)| n == name) {
-            return;
+            return false;
         }
         s.running.retain(|(n, _)| n != name);
         let (started, t0, trigger) = s.started.remove(name).unwrap_or_else(|| {
@@ -736,6 +768,7 @@ impl Jobs {
             m.remove(name);
             Ok::<_, crate::statefile::StateError>(())
         });
+        true
     }
 
     /// Adds `run` to `name`'s history, in memory and on disk.
@@ -891,8 +924,14 @@ fn start_spec(app: &Arc<App>, spec: JobSpec, trigger: &str) -> bool {
             ),
             Err(e) => ("failed", e),
         };
-        crate::log_line(&format!("job {}: {outcome}: {summary}", spec.name));
-        app.jobs.finish(&spec.name, outcome, summary);
+        let line = format!("job {}: {outcome}: {summary}", spec.name);
+        if app.jobs.finish(&spec.name, outcome, summary) {
+            crate::log_line(&line);
+        } else {
+            // Recorded as interrupted when the server stopped without waiting
+            // for it: its end is said, the record stays.
+            crate::log_line(&format!("{line} (after it was recorded as interrupted)"));
+        }
     });
     true
 }
@@ -907,8 +946,22 @@ pub fn schedule(app: &Arc<App>) {
     let app = app.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(2));
+        // (Unreadable at start: said then.)
+        let mut unreadable = app.jobs.console_file_error().map(|e| e.to_string());
         loop {
             tick.tick().await;
+            // The console's schedules damaged (or mended) while the server runs.
+            let now = app.jobs.console_file_error().map(|e| e.to_string());
+            if now != unreadable {
+                crate::log_line(&match &now {
+                    Some(e) => format!(
+                        "warning: the console's schedules cannot be read ({e}): none of them \
+                         runs until the file is mended or removed"
+                    ),
+                    None => "the console's schedules can be read again: they run".to_string(),
+                });
+                unreadable = now;
+            }
             for name in due_now(&app.jobs, std::time::Instant::now()) {
                 if !start(&app, &name, "schedule") && !app.jobs.is_stopping() {
                     crate::log_line(&format!(
@@ -1510,7 +1563,11 @@ mod tests {
     #[test]
     fn a_run_the_server_did_not_live_to_record_is_recorded_at_the_next_start() {
         let dir = tempfile::tempdir().unwrap();
-        let specs = || vec![spec("copy", "scrub", "1d"), spec("live", "scrub", "1d")];
+        let specs = || {
+            ["copy", "live", "container"]
+                .map(|n| spec(n, "scrub", "1d"))
+                .to_vec()
+        };
         let jobs = Jobs::new(specs(), BTreeMap::new(), dir.path());
         let p = cairn_core::progress::Progress::none();
         assert!(jobs.begin("live", &p, "schedule"));
@@ -1528,6 +1585,11 @@ mod tests {
         let mut elsewhere = m["copy"].clone();
         elsewhere.host = "another-host".into();
         m.insert("theirs".into(), elsewhere);
+        // A server that was pid 1 of its container, as the next one is: the same
+        // pid, another process (started at another time).
+        let mut container = m["live"].clone();
+        container.pid_started += 1;
+        m.insert("container".into(), container);
         std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
 
         let again = Jobs::new(specs(), BTreeMap::new(), dir.path());
@@ -1547,6 +1609,7 @@ mod tests {
         );
         assert!(copy[0].summary.contains("killed"), "{}", copy[0].summary);
         assert!(runs("live").is_empty(), "this process still runs it");
+        assert_eq!(runs("container")[0].outcome, "interrupted");
         let left: BTreeMap<String, Started> =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(left.keys().collect::<Vec<_>>(), ["live", "theirs"]);
@@ -1559,5 +1622,16 @@ mod tests {
         let left: BTreeMap<String, Started> =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(left.keys().collect::<Vec<_>>(), ["live", "theirs"]);
+        // A damaged file is set aside, and runs are noted again.
+        std::fs::write(&path, b"garb{").unwrap();
+        let again = Jobs::new(specs(), BTreeMap::new(), dir.path());
+        assert_eq!(
+            std::fs::read(dir.path().join("jobs-running.json.damaged")).unwrap(),
+            b"garb{"
+        );
+        assert!(again.begin("copy", &p, "schedule"));
+        let left: BTreeMap<String, Started> =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(left.keys().collect::<Vec<_>>(), ["copy"]);
     }
 }

@@ -652,9 +652,14 @@ fn warn_of_grants_without_datastore(app: &App) {
         .map(|t| ("token", &t.name, &t.datastore))
         .chain(users.iter().map(|u| ("user", &u.name, &u.datastore)));
     for (what, name, ds) in grants.filter(|(_, _, ds)| !served(ds)) {
+        let until = if what == "token" {
+            "its client is refused until it does"
+        } else {
+            "it signs in to see nothing until it does"
+        };
         log_line(&format!(
             "warning: {what} {name:?} is for datastore {ds:?}, which this server does not \
-             serve (check --datastore or the settings file); it is refused until it does"
+             serve (check --datastore or the settings file): {until}"
         ));
     }
 }
@@ -694,7 +699,13 @@ fn watch_certificate(source: Arc<tls::CertSource>) {
                 }
                 Some(tls::Reload::Refused(e)) => log_line(&format!(
                     "TLS certificate {} changed but cannot be served ({e}); the previous one \
-                     still is",
+                     still is (tried again every {CERT_CHECK_SECS} s)",
+                    source.cert_path().display()
+                )),
+                Some(tls::Reload::Gone) => log_line(&format!(
+                    "warning: the TLS certificate {} or its key is gone (or cannot be looked \
+                     at): the one loaded is still served, but the server would not start again \
+                     without them",
                     source.cert_path().display()
                 )),
                 None if warned.elapsed() >= Duration::from_secs(86_400) => {

@@ -99,6 +99,9 @@ impl LockOwners {
             .and_then(|mut f| std::io::Write::write_all(&mut f, &body));
             if written.is_ok() {
                 let _ = std::fs::rename(&tmp, &self.path);
+            } else {
+                // (A full state directory: nothing half-written is left there.)
+                let _ = std::fs::remove_file(&tmp);
             }
         }
     }

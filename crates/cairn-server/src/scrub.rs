@@ -46,13 +46,26 @@ enum Checked {
     Skipped,
 }
 
+/// Why a scrub did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrubError {
+    /// The storage failed (after its retries).
+    #[error(transparent)]
+    Storage(#[from] cairn_backend::BackendError),
+    /// `progress` was cancelled (the server is stopping): the scrub stopped
+    /// between objects.
+    #[error("the scrub was stopped before it read every object")]
+    Cancelled,
+}
+
 /// Checks every content-addressed object of the datastore on `threads` threads,
-/// reporting bytes and objects done on `progress`.
+/// reporting bytes and objects done on `progress`; stops between objects when
+/// `progress` is cancelled.
 pub fn scrub(
     backend: &dyn Backend,
     threads: usize,
     progress: &Progress,
-) -> Result<ScrubReport, cairn_backend::BackendError> {
+) -> Result<ScrubReport, ScrubError> {
     let started = std::time::Instant::now();
     // The config first: a datastore whose file system went away (or that was
     // deleted) lists nothing, which must not pass for a clean scrub of nothing.
@@ -80,7 +93,7 @@ pub fn scrub(
     );
     let stop = AtomicBool::new(false);
     let results = cairn_core::threads::parallel_map(&work, threads, |(o, kind)| {
-        if stop.load(Ordering::Relaxed) {
+        if stop.load(Ordering::Relaxed) || progress.is_cancelled() {
             return Checked::Skipped;
         }
         let r = check_one(backend, o, *kind);
@@ -95,6 +108,9 @@ pub fn scrub(
         r
     });
     progress.finish();
+    if progress.is_cancelled() {
+        return Err(ScrubError::Cancelled);
+    }
     let mut report = ScrubReport {
         unknown_names: unknown,
         ..ScrubReport::default()
@@ -110,7 +126,7 @@ pub fn scrub(
                 report.bytes_read += n;
                 report.problems.push(p);
             }
-            Checked::Failed(e) => return Err(e),
+            Checked::Failed(e) => return Err(e.into()),
             Checked::Skipped => {}
         }
     }
@@ -187,8 +203,21 @@ mod tests {
     #[test]
     fn a_datastore_without_its_config_fails_rather_than_scrub_nothing() {
         let b = MemBackend::new();
-        let e = scrub(&b, 2, &Progress::none()).unwrap_err();
-        assert_eq!(e.kind, BackendErrorKind::NotFound, "{e}");
+        match scrub(&b, 2, &Progress::none()) {
+            Err(ScrubError::Storage(e)) => assert_eq!(e.kind, BackendErrorKind::NotFound, "{e}"),
+            other => panic!("{:?}", other.map(|r| r.objects_checked)),
+        }
+    }
+
+    /// Asked to stop (the server stopping), a scrub reads no further object and
+    /// says it did not finish (QA: it ran to its end after SIGTERM).
+    #[test]
+    fn a_cancelled_scrub_stops_between_objects() {
+        let b = MemBackend::new();
+        b.put(cairn_backend::names::CONFIG, b"config").unwrap();
+        let p = Progress::none();
+        p.cancel_token().cancel();
+        assert!(matches!(scrub(&b, 2, &p), Err(ScrubError::Cancelled)));
     }
 
     #[test]

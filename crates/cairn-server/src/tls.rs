@@ -57,17 +57,38 @@ struct Loaded {
 }
 
 /// What identifies a version of the two files: a renewal (certbot, an ACME
-/// client, an administrator's copy) changes one of these.
-type Stamp = [(i64, i64, u64, u64); 2];
+/// client, an administrator's copy) changes one of these. The inode's change
+/// time too: a copy that keeps the old modification time (`cp -p`, `rsync -a`)
+/// and a change of owner or mode (a hook that fixes them after the copy) change
+/// it.
+type Stamp = [(i64, i64, i64, i64, u64, u64); 2];
 
 fn stamp_of(cert: &Path, key: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt;
     let one = |p: &Path| {
-        std::fs::metadata(p)
-            .ok()
-            .map(|m| (m.mtime(), m.mtime_nsec(), m.size(), m.ino()))
+        std::fs::metadata(p).ok().map(|m| {
+            (
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec(),
+                m.size(),
+                m.ino(),
+            )
+        })
     };
     Some([one(cert)?, one(key)?])
+}
+
+/// What the watcher last saw of the files.
+#[derive(Debug, Default)]
+struct Look {
+    stamp: Option<Stamp>,
+    /// The pair of `stamp` did not load: tried again at every look (a renewal
+    /// whose files become readable without changing, say), said once.
+    failing: bool,
+    /// The files are gone, and that was said.
+    gone: bool,
 }
 
 /// Where the listener's certificate comes from: its two files, read again when
@@ -80,7 +101,7 @@ pub struct CertSource {
     key: PathBuf,
     provider: Arc<rustls::crypto::CryptoProvider>,
     current: std::sync::RwLock<(Arc<rustls::sign::CertifiedKey>, String, Option<i64>)>,
-    stamp: std::sync::Mutex<Option<Stamp>>,
+    look: std::sync::Mutex<Look>,
 }
 
 /// What [`CertSource::reload_if_changed`] found.
@@ -90,8 +111,11 @@ pub enum Reload {
         fingerprint: String,
         not_after: Option<i64>,
     },
-    /// The files changed, but the pair does not load: the previous one stays.
+    /// The files changed, but the pair does not load, or its certificate has
+    /// expired while the one served has not: the previous one stays.
     Refused(TlsError),
+    /// The files are gone: the pair loaded stays served, but a restart would fail.
+    Gone,
 }
 
 impl CertSource {
@@ -107,7 +131,10 @@ impl CertSource {
             key: key.to_path_buf(),
             provider,
             current: std::sync::RwLock::new((l.key, l.fingerprint, l.not_after)),
-            stamp: std::sync::Mutex::new(stamp),
+            look: std::sync::Mutex::new(Look {
+                stamp,
+                ..Look::default()
+            }),
         })
     }
 
@@ -126,31 +153,63 @@ impl CertSource {
         self.current.read().ok().and_then(|c| c.2)
     }
 
-    /// Reads the files again when they changed since last looked at; `None` when
-    /// they did not (or cannot be looked at now: the pair served stays).
+    /// Reads the files again when they changed since last looked at (or when the
+    /// pair last looked at did not load); `None` when there is nothing to say: no
+    /// change, the same certificate read again, or a failure already said.
     pub fn reload_if_changed(&self) -> Option<Reload> {
-        let now = stamp_of(&self.cert, &self.key)?;
-        {
-            let mut seen = self.stamp.lock().unwrap_or_else(|e| e.into_inner());
-            if *seen == Some(now) {
-                return None;
-            }
-            *seen = Some(now);
-        }
-        Some(match load(&self.cert, &self.key, &self.provider) {
-            Ok(l) => {
-                let r = Reload::Served {
-                    fingerprint: l.fingerprint.clone(),
-                    not_after: l.not_after,
-                };
-                if let Ok(mut c) = self.current.write() {
-                    *c = (l.key, l.fingerprint, l.not_after);
-                }
-                r
-            }
-            Err(e) => Reload::Refused(e),
-        })
+        self.reload_at(cairn_core::time::now_unix())
     }
+
+    fn reload_at(&self, now: i64) -> Option<Reload> {
+        let mut look = self.look.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(stamp) = stamp_of(&self.cert, &self.key) else {
+            let first = !look.gone;
+            look.gone = true;
+            return first.then_some(Reload::Gone);
+        };
+        look.gone = false;
+        let changed = look.stamp != Some(stamp);
+        if !changed && !look.failing {
+            return None;
+        }
+        look.stamp = Some(stamp);
+        let (_, served_fp, served_until) = self.current.read().ok()?.clone();
+        let l = match load(&self.cert, &self.key, &self.provider) {
+            Ok(l) => l,
+            Err(e) => {
+                look.failing = true;
+                return changed.then_some(Reload::Refused(e));
+            }
+        };
+        look.failing = false;
+        if l.fingerprint == served_fp {
+            return None;
+        }
+        let expired = |t: Option<i64>| t.is_some_and(|t| t <= now);
+        if expired(l.not_after) && !expired(served_until) {
+            let when = l.not_after.map(day).unwrap_or_default();
+            return changed.then(|| {
+                Reload::Refused(file_err(
+                    &self.cert,
+                    format!("its certificate expired on {when} UTC, and the one served has not"),
+                ))
+            });
+        }
+        let r = Reload::Served {
+            fingerprint: l.fingerprint.clone(),
+            not_after: l.not_after,
+        };
+        if let Ok(mut c) = self.current.write() {
+            *c = (l.key, l.fingerprint, l.not_after);
+        }
+        Some(r)
+    }
+}
+
+/// A unix time as `YYYY-MM-DD HH:MM:SS` (UTC).
+fn day(t: i64) -> String {
+    let when = cairn_core::time::format_unix(t, 0);
+    when.get(..19).unwrap_or(&when).replace('T', " ")
 }
 
 impl rustls::server::ResolvesServerCert for CertSource {
@@ -183,7 +242,18 @@ fn load(
         .map(|(_, c)| c.validity().not_after.timestamp());
     let key_der = rustls_pemfile::private_key(&mut key_pem.as_slice())
         .map_err(|e| file_err(key, format!("not a PEM private key: {e}")))?
-        .ok_or_else(|| file_err(key, "no private key in the file"))?;
+        .ok_or_else(|| {
+            let encrypted = key_pem.windows(9).any(|w| w == b"ENCRYPTED");
+            file_err(
+                key,
+                if encrypted {
+                    "an encrypted private key: give the server the key unencrypted \
+                     (`openssl pkey -in KEY -out PLAIN`), readable by its user only"
+                } else {
+                    "no private key in the file"
+                },
+            )
+        })?;
     let key = rustls::sign::CertifiedKey::from_der(certs, key_der, provider)
         .map_err(|e| TlsError::Setup(format!("certificate and key do not fit: {e}")))?;
     Ok(Loaded {
@@ -200,8 +270,7 @@ pub const EXPIRY_WARNING_DAYS: i64 = 14;
 /// within [`EXPIRY_WARNING_DAYS`] of `now`; `None` otherwise.
 pub fn expiry_warning(cert: &Path, not_after: Option<i64>, now: i64) -> Option<String> {
     let t = not_after?;
-    let when = cairn_core::time::format_unix(t, 0);
-    let when = when.get(..19).unwrap_or(&when).replace('T', " ");
+    let when = day(t);
     if t <= now {
         Some(format!(
             "warning: the TLS certificate {} expired on {when} UTC: clients that check it \
@@ -263,6 +332,61 @@ fn make_self_signed(cert: &Path, key: &Path) -> Result<(), TlsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A certificate and key in PEM, valid until `until` (None: rcgen's default).
+    fn pair(until: Option<(i32, u8, u8)>) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        if let Some((y, m, d)) = until {
+            params.not_before = rcgen::date_time_ymd(y - 1, m, d);
+            params.not_after = rcgen::date_time_ymd(y, m, d);
+        }
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// The watcher's answers: a renewal served, a pair that does not load said
+    /// once and tried again until it does (files made readable later), an expired
+    /// renewal refused, files gone said once (QA found each of these wanting).
+    #[test]
+    fn renewals_are_served_refused_or_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        let install = |(c, k): &(String, String)| {
+            std::fs::write(&key, k).unwrap();
+            std::fs::write(&cert, c).unwrap();
+        };
+        install(&pair(None));
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let src = CertSource::open(&cert, &key, provider).unwrap();
+        let now = cairn_core::time::now_unix();
+        assert!(src.reload_at(now).is_none(), "nothing changed");
+        // Half installed: refused once, tried again quietly, served once whole.
+        let next = pair(None);
+        std::fs::write(&cert, &next.0).unwrap();
+        assert!(matches!(src.reload_at(now), Some(Reload::Refused(_))));
+        assert!(src.reload_at(now).is_none(), "said once");
+        std::fs::write(&key, &next.1).unwrap();
+        let before = src.fingerprint();
+        assert!(matches!(src.reload_at(now), Some(Reload::Served { .. })));
+        assert_ne!(src.fingerprint(), before);
+        // The same pair read again: nothing to say.
+        std::fs::write(&cert, &next.0).unwrap();
+        assert!(src.reload_at(now).is_none());
+        // An expired renewal does not replace a certificate still valid.
+        let served = src.fingerprint();
+        install(&pair(Some((2020, 1, 1))));
+        match src.reload_at(now) {
+            Some(Reload::Refused(e)) => assert!(e.to_string().contains("expired on 2020-01-01")),
+            _ => panic!("an expired renewal was not refused"),
+        }
+        assert_eq!(src.fingerprint(), served);
+        // Files gone: said once, the pair loaded stays served.
+        std::fs::remove_file(&cert).unwrap();
+        assert!(matches!(src.reload_at(now), Some(Reload::Gone)));
+        assert!(src.reload_at(now).is_none());
+        assert_eq!(src.fingerprint(), served);
+    }
 
     #[test]
     fn expiry_is_warned_of_two_weeks_ahead_and_once_past() {

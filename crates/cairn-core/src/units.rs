@@ -16,6 +16,20 @@ pub fn count(n: u64, noun: &str) -> String {
 }
 
 /// "1 pack is", "2 packs are".
+/// A span of time in words, to the unit that says it: "40 s", "12 min", "2 h 5
+/// min", "3 days".
+pub fn duration_words(secs: u64) -> String {
+    match secs {
+        0..120 => format!("{secs} s"),
+        120..7200 => format!("{} min", secs / 60),
+        7200..172_800 => match (secs / 3600, secs % 3600 / 60) {
+            (h, 0) => format!("{h} h"),
+            (h, m) => format!("{h} h {m} min"),
+        },
+        _ => count(secs / 86_400, "day"),
+    }
+}
+
 pub fn count_is(n: u64, noun: &str) -> String {
     format!("{} {}", count(n, noun), if n == 1 { "is" } else { "are" })
 }
@@ -134,6 +148,16 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations_in_words() {
+        use super::duration_words as w;
+        assert_eq!(w(40), "40 s");
+        assert_eq!(w(720), "12 min");
+        assert_eq!(w(7200), "2 h");
+        assert_eq!(w(7500), "2 h 5 min");
+        assert_eq!(w(3 * 86_400 + 5), "3 days");
+    }
+
     #[test]
     fn sizes_with_and_without_units() {
         use super::parse_size;

@@ -53,22 +53,40 @@ impl LockInfo {
     pub fn short(&self) -> String {
         self.hex()[16..24].to_string()
     }
-    /// One line for messages: what, where, since when.
+    /// One line for messages: what, where, since when; and, when its holder's
+    /// clock is far ahead of this machine's, that (a lock refreshed "in the
+    /// future" is taken for stale, and its job then fails for no reason it says).
     pub fn describe(&self) -> String {
         match &self.lock {
-            Some(l) => format!(
-                "{} lock {} held by {}@{} (pid {}) since {}",
-                l.operation,
-                self.short(),
-                l.username,
-                l.hostname,
-                l.pid,
-                l.created.get(..19).unwrap_or(&l.created).replace('T', " ")
-            ),
+            Some(l) => {
+                let ahead = l.refreshed.saturating_sub(now_unix());
+                let skew = if ahead > CLOCK_SKEW_SAID.as_secs() as i64 {
+                    format!(
+                        "; its refresh time is {} ahead of this machine's clock: one of the \
+                         two clocks is wrong (set both by NTP)",
+                        crate::units::duration_words(ahead as u64)
+                    )
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{} lock {} held by {}@{} (pid {}) since {}{skew}",
+                    l.operation,
+                    self.short(),
+                    l.username,
+                    l.hostname,
+                    l.pid,
+                    l.created.get(..19).unwrap_or(&l.created).replace('T', " ")
+                )
+            }
             None => format!("unreadable lock {}", self.short()),
         }
     }
 }
+
+/// A lock whose times are further ahead of this machine's clock than this is
+/// said to come from a clock that is off.
+const CLOCK_SKEW_SAID: Duration = Duration::from_secs(5 * 60);
 
 /// Whether a lock's holder is known to be gone, judged at `now` (unix seconds): not
 /// refreshed for [`STALE_AFTER`], or, when it was taken on this machine (same boot,
@@ -669,6 +687,36 @@ fn held_by_running_process_here(l: &Lock) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    /// A lock refreshed "in the future" (its holder's clock far ahead) is said
+    /// to come from a clock that is off (QA: prune removed such a lock as stale
+    /// and neither side said why).
+    #[test]
+    fn a_lock_from_a_clock_far_ahead_says_so() {
+        let info = |ahead: i64| super::LockInfo {
+            id: [7; 32],
+            name: String::new(),
+            lock: Some(cairn_format::lock::Lock {
+                version: 1,
+                operation: "backup".into(),
+                exclusive: false,
+                hostname: "web01".into(),
+                username: "root".into(),
+                pid: 42,
+                boot_id: String::new(),
+                pid_namespace: String::new(),
+                created: "2026-11-30T07:00:00Z".into(),
+                refreshed: super::now_unix() + ahead,
+            }),
+            stale: true,
+        };
+        let far = info(2 * 3600 + 90).describe();
+        assert!(
+            far.contains("2 h 1 min ahead of this machine's clock"),
+            "{far}"
+        );
+        assert!(!info(60).describe().contains("clock"));
+    }
 
     /// Two locks of one server client (one owner prefix) are told apart in messages.
     #[test]

@@ -186,9 +186,8 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     }
     if let Some(why) = &r.index_repaired {
         p.progress.warning_msg(format!(
-            "the local SSD index was damaged ({why}); this run rebuilt what it needed \
-             from the repository, and the next run rebuilds the whole index (if this happens \
-             again, check the disk it is on)"
+            "the local SSD index was damaged ({why}); it was rebuilt from the repository \
+             (if this happens again, check the disk it is on)"
         ));
     }
     if let Some(f) = &r.index_lookup_failures {

@@ -41,13 +41,14 @@ impl SsdIndex {
         }
     }
 
-    /// The damage found in this run's reads and mended by rebuilding the files
-    /// from the repository (base or delta), if any.
+    /// The damage this run met and mended by rebuilding from the repository: a
+    /// build found damaged at open (replaced), or files found damaged by its
+    /// reads (base or delta), if any.
     pub fn repaired(&self) -> Option<String> {
         let found = |r: &Repair| r.found.lock().ok().and_then(|f| f.clone());
-        self.repair
-            .as_deref()
-            .and_then(found)
+        self.rebuilt_from
+            .clone()
+            .or_else(|| self.repair.as_deref().and_then(found))
             .or_else(|| self.delta.as_ref().and_then(|d| d.repaired()))
     }
 

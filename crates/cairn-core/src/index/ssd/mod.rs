@@ -130,6 +130,8 @@ pub struct SsdIndex {
     /// How the large files are rebuilt on damage (absent when the index was
     /// opened only to be checked).
     repair: Option<Arc<Repair>>,
+    /// The damage of the build this one replaced at open, if it replaced one.
+    rebuilt_from: Option<String>,
     pub(crate) errors: Vec<String>,
 }
 
@@ -227,9 +229,21 @@ impl SsdIndex {
         loop {
             attempt += 1;
             let (files, pending) = listing(repo)?;
-            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, opening) {
-                return Ok(ix);
-            }
+            let found = match Self::load_current(&dir, &repo_id, &files, &pending, opening) {
+                Ok(ix) => return Ok(ix),
+                Err(e) => e,
+            };
+            // A build for these very index files that does not load, or one marked,
+            // is damage (not a build that is merely out of date): said by the run
+            // through `repaired`, once the build that replaces it opens.
+            let damaged =
+                Self::damaged_build(&dir, &repo_id, &files, &pending).then(|| found.to_string());
+            let said = |(mut ix, packs): (SsdIndex, Vec<PackId>)| {
+                if ix.rebuilt_from.is_none() {
+                    ix.rebuilt_from = damaged.clone();
+                }
+                (ix, packs)
+            };
             // One builder at a time; whoever waited finds the fresh build above.
             let guard = nix::fcntl::Flock::lock(
                 lock_file.try_clone().map_err(|e| io_err(&lock_path, e))?,
@@ -249,7 +263,7 @@ impl SsdIndex {
                 && let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, opening)
             {
                 drop(guard);
-                return Ok(ix);
+                return Ok(said(ix));
             }
             match build(repo, &dir, &repo_id, &files, &pending) {
                 Ok(()) => {}
@@ -260,7 +274,33 @@ impl SsdIndex {
                 Err(e) => return Err(e),
             }
             drop(guard);
-            return Self::load_current(&dir, &repo_id, &files, &pending, opening);
+            return Self::load_current(&dir, &repo_id, &files, &pending, opening).map(said);
+        }
+    }
+
+    /// Whether the build `dir/CURRENT` names is damaged: marked so, or made from
+    /// exactly these index files (so not out of date) and yet not loading.
+    fn damaged_build(dir: &Path, repo_id: &str, files: &[String], pending: &[String]) -> bool {
+        let Ok(name) = std::fs::read_to_string(dir.join("CURRENT")) else {
+            return false;
+        };
+        let build = dir.join(name.trim());
+        if build.join(DAMAGED).exists() {
+            return true;
+        }
+        match read_manifest(&build, repo_id) {
+            Ok(m) if !build.join("delta").exists() => {
+                m.index_files == files && m.pending == pending
+            }
+            Ok(m) => {
+                let Ok(md) = read_manifest(&build.join("delta"), repo_id) else {
+                    return true;
+                };
+                let mut all: Vec<&String> = m.index_files.iter().chain(&md.index_files).collect();
+                all.sort();
+                all.into_iter().eq(files.iter()) && m.pending == pending
+            }
+            Err(_) => false,
         }
     }
 
@@ -456,6 +496,7 @@ impl SsdIndex {
                 failures: AtomicU64::new(0),
                 last_failure: Mutex::new(None),
                 repair,
+                rebuilt_from: None,
                 errors: m.errors,
             },
             packs,

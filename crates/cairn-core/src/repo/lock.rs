@@ -510,7 +510,9 @@ impl Shared {
             return Err(Error::LockExpired(
                 "this operation's repository lock went unrefreshed for too long (or was \
                  removed), so a concurrent prune may have removed data it relies on; it \
-                 stops without committing (run it again)"
+                 stops without committing (run it again; if it happens again, see whether \
+                 this machine's clock is far from the others': their prune takes the locks \
+                 of a clock far ahead for stale)"
                     .into(),
             ));
         }

@@ -159,18 +159,20 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
             ui::count(p.missing_unused_packs as u64, "missing pack")
         );
     }
+    // Packs kept for snapshots written meanwhile were counted by the plan.
+    let reclaim = p.reclaim_bytes.saturating_sub(r.rescued_bytes);
     if !r.dry_run && r.deferred_packs > 0 {
         // Packs whose deletion waits for running operations are not free yet.
         println!(
             "space to reclaim: {}, by the next prune once the operations below end; \
              unused space left then: {}",
-            b(p.reclaim_bytes),
+            b(reclaim),
             b(p.unused_bytes_after)
         );
     } else {
         println!(
             "space reclaimed: {}; unused space left: {}",
-            b(p.reclaim_bytes),
+            b(reclaim),
             b(p.unused_bytes_after)
         );
     }

@@ -444,6 +444,11 @@ fn prune_waits_for_a_running_backup_and_rescues_what_it_used() {
     // The next prune sees B's snapshot and indexes the packs again instead.
     let r: serde_json::Value = serde_json::from_str(&env.ok(&["prune", "--json"])).unwrap();
     assert!(r["rescued_packs"].as_u64().unwrap() > 0, "{r}");
+    // Their bytes are counted, and the summary does not call them reclaimed.
+    assert!(
+        r["rescued_bytes"].as_u64().unwrap() >= data.len() as u64 / 2,
+        "{r}"
+    );
     env.check_clean();
     let o = env.run(&["dump", bid, "/b"]);
     assert!(o.status.success());

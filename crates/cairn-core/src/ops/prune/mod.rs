@@ -130,6 +130,8 @@ pub struct PruneReport {
     pub deleted_bytes: u64,
     /// Retired packs indexed again because a snapshot written meanwhile needs them.
     pub rescued_packs: usize,
+    /// Their stored bytes: not reclaimed after all.
+    pub rescued_bytes: u64,
     /// Packs retired but not yet deleted: operations that may still use them run.
     pub deferred_packs: usize,
     pub deferred_bytes: u64,
@@ -876,6 +878,9 @@ fn delete_pending(
         }
         if !rescue.packs.is_empty() {
             report.rescued_packs += rescue.packs.len();
+            report.rescued_bytes += (rescue.packs.iter())
+                .map(|p| stored.get(&p.id).copied().unwrap_or(0))
+                .sum::<u64>();
             repo.write_index_file(&rescue)?;
         }
         // Deleting on the strength of this prune's view of the locks and index: only

@@ -391,7 +391,10 @@ fn a_restore_reads_the_index_into_memory_when_its_disk_is_full() {
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("reads the index into memory instead"), "{err}");
+    assert!(
+        err.contains("reads the index into memory instead") && err.contains("make room there"),
+        "{err}"
+    );
     assert_same(&src, &env.path("out").join(src.strip_prefix("/").unwrap()));
     // So does prune, which may be what frees the space (QA: it failed, blaming
     // the repository's storage).

@@ -386,10 +386,21 @@ impl Repository {
                     && self.config.index_placement == IndexPlacement::Ssd
                     && self.memory_limit().is_none() =>
             {
+                use std::io::ErrorKind as K;
+                let mend = match &e {
+                    Error::Io { source, .. } if source.kind() == K::StorageFull => {
+                        "make room there"
+                    }
+                    Error::Io { source, .. }
+                        if matches!(source.kind(), K::PermissionDenied | K::ReadOnlyFilesystem) =>
+                    {
+                        "let this user write there"
+                    }
+                    _ => "mend what the message says",
+                };
                 progress.warning_msg(format!(
                     "the index's local files could not be used ({e}): this run reads the \
-                     index into memory instead; make room there (or mend what the message \
-                     says), or point CAIRN_INDEX_PATH elsewhere"
+                     index into memory instead; {mend}, or point CAIRN_INDEX_PATH elsewhere"
                 ));
                 self.load_index_in_ram().map_err(|ram| {
                     Error::Invalid(format!("loading the index: {e}; in memory: {ram}"))

@@ -164,12 +164,17 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
             String::new()
         };
         println!(
-            "{} copied ({} already there): {} of files, {} sent to the destination{pct}, {} read from the source, {:.2}s{}",
+            "{} copied ({} already there): {} of files, {} sent to the destination{pct}, {} read from the source{}, {:.2}s{}",
             ui::count(r.snapshots_copied as u64, "snapshot"),
             r.snapshots.len() - r.snapshots_copied,
             ui::bytes(r.logical_bytes),
             ui::bytes(r.bytes_sent),
             ui::bytes(r.bytes_received),
+            if r.bytes_read_from_source > 0 {
+                format!(" ({} once opened)", ui::bytes(r.bytes_read_from_source))
+            } else {
+                String::new()
+            },
             r.duration_secs,
             if r.same_chunking {
                 ", same chunking: copied blob by blob"

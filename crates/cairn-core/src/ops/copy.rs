@@ -105,6 +105,8 @@ pub struct CopyReport {
     pub logical_bytes: u64,
     pub files: u64,
     pub files_rechunked: u64,
+    /// The plaintext of the blobs read from the source (decompressed: more than
+    /// what crossed the wire for them, `bytes_received`).
     pub bytes_read_from_source: u64,
     pub blobs_added: u64,
     pub bytes_added: u64,
@@ -400,6 +402,7 @@ fn copy_snapshots(
             dst.memory_plan_in_use()
                 .map(|p| p.share(6, 8 << 20, u64::MAX)),
         ),
+        fetching: Fetching::default(),
         progress,
         counters: Counters::default(),
         trees: Mutex::new(IdMap::default()),
@@ -630,6 +633,10 @@ struct Copier<'a> {
     /// An id enters only when its blob goes to a packer: after a failed snapshot,
     /// whose packs are still stored, every id here is in the destination.
     written: InFlight,
+    /// Blobs a thread is reading from the source right now: another thread that
+    /// needs one waits for it instead of reading it too (a file that is in a
+    /// snapshot twice was read once per thread).
+    fetching: Fetching,
     progress: &'a Progress,
     counters: Counters,
     /// Source tree -> destination tree, for trees copied by this run: the next
@@ -643,6 +650,57 @@ struct Copier<'a> {
     image: std::sync::atomic::AtomicBool,
     /// Zero blocks met re-chunking the image (its `blocks_zero` in the copy).
     image_zero_blocks: AtomicU64,
+}
+
+/// Blob ids being read from the source by some thread.
+#[derive(Default)]
+struct Fetching {
+    ids: Mutex<std::collections::HashSet<BlobId>>,
+    done: std::sync::Condvar,
+}
+
+impl Fetching {
+    /// Takes `id` for the calling thread to read; false if another has it.
+    fn claim(&self, id: BlobId) -> bool {
+        crate::lock(&self.ids).insert(id)
+    }
+
+    /// Gives back what a thread claimed (read and stored, or failed: then a
+    /// waiting thread reads it itself).
+    fn release(&self, ids: &[BlobId]) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut held = crate::lock(&self.ids);
+        for id in ids {
+            held.remove(id);
+        }
+        drop(held);
+        self.done.notify_all();
+    }
+
+    /// Waits until no thread reads `id`; `Err(Cancelled)` when the run is.
+    fn wait(&self, id: &BlobId, progress: &Progress) -> Result<()> {
+        let mut held = crate::lock(&self.ids);
+        while held.contains(id) {
+            progress.check_cancelled()?;
+            held = self
+                .done
+                .wait_timeout(held, std::time::Duration::from_millis(200))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        Ok(())
+    }
+}
+
+/// Releases a thread's claims however its reading ends.
+struct Claimed<'f>(&'f Fetching, Vec<BlobId>);
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        self.0.release(&self.1);
+    }
 }
 
 /// The destination's snapshots listed so far, and those that appeared after the
@@ -1244,9 +1302,48 @@ impl Copier<'_> {
             }
             true
         })?;
+        drop(seen);
+        // Claimed a batch at a time (what is claimed stays small whatever the
+        // file's size). A thread's claims go back before it waits for another's,
+        // so no two threads wait for each other, stored or not.
+        let mut others = Vec::new();
+        for batch in needed.chunks(READ_BATCH_CHUNKS) {
+            let mut mine = Vec::with_capacity(batch.len());
+            for id in batch {
+                if self.is_stored(id) {
+                    continue;
+                }
+                if self.fetching.claim(*id) {
+                    mine.push(*id);
+                } else {
+                    others.push(*id);
+                }
+            }
+            let claimed = Claimed(&self.fetching, mine);
+            self.fetch_and_store(enc, &claimed.1, pre)?;
+        }
+        // What another thread was reading: stored by it, or (its read failed) read
+        // here.
+        let mut left = Vec::new();
+        for id in others {
+            self.fetching.wait(&id, self.progress)?;
+            if !self.is_stored(&id) {
+                left.push(id);
+            }
+        }
+        self.fetch_and_store(enc, &left, pre)
+    }
+
+    /// Reads `needed` from the source and stores each in the destination.
+    fn fetch_and_store(
+        &self,
+        enc: &mut BlobEncoder,
+        needed: &[BlobId],
+        pre: &mut Prefetched,
+    ) -> Result<()> {
         // In batches read together; a large file is many: Ctrl-C stops it between
         // them, not at its end.
-        let mut rest = &needed[..];
+        let mut rest = needed;
         while !rest.is_empty() {
             self.progress.check_cancelled()?;
             let mut bytes = 0u64;

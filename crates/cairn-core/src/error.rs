@@ -81,6 +81,10 @@ pub enum Error {
     },
     #[error("{0}")]
     Invalid(String),
+    /// The memory limit cannot be kept by this operation (with what it would
+    /// need and how to get there).
+    #[error("{0}")]
+    MemoryLimit(String),
     /// Some of the work could not be done and what was done is kept (an image
     /// restore's blocks that could not be read, left in its partial file).
     #[error("{0}")]

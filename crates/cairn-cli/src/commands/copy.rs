@@ -70,8 +70,15 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     // the source's index leaves.
     let limit = dst.memory_limit().or(src.memory_limit());
     src.set_memory_limit(limit);
+    // (What the limit costs is said with it; other failures, a lock that cannot
+    // be written, say themselves.)
     let mut src: Session<Read> = Session::open(src, "copy", IndexLoad::Deferred, &p.progress)
-        .context("the source's index under the memory limit")?;
+        .map_err(|e| match e {
+            e @ cairn_core::Error::MemoryLimit(_) => {
+                anyhow::Error::from(e).context("the source's index under the memory limit")
+            }
+            e => e.into(),
+        })?;
     let src_index = src
         .repo()
         .memory_plan_in_use()
@@ -80,11 +87,12 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
         dst.set_memory_limit(Some(l.saturating_sub(src_index).max(1)));
     }
     let mut dst: Session<Backup> = Session::open(dst, "copy", IndexLoad::Deferred, &p.progress)
-        .with_context(|| {
-            format!(
+        .map_err(|e| match e {
+            e @ cairn_core::Error::MemoryLimit(_) => anyhow::Error::from(e).context(format!(
                 "the destination's index beside the source's (about {} of the limit)",
                 ui::bytes(src_index)
-            )
+            )),
+            e => e.into(),
         })?;
     // The global --threads (files re-chunked in parallel), else the cores.
     let threads = g

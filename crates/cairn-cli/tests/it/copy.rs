@@ -519,6 +519,21 @@ fn a_full_destination_is_named_as_the_cause() {
         )),
         "{err}"
     );
+    // Quite full (not even a lock fits): said as that, not as a memory limit
+    // (QA: "the destination's index beside the source's (about 0 B of the
+    // limit): put locks/...: no space left").
+    {
+        let mut filler = fs::File::create(mnt.join("filler")).unwrap();
+        let block = vec![0u8; 4096];
+        while std::io::Write::write_all(&mut filler, &block).is_ok() {}
+    }
+    let out = copy_cmd(&src, &dst, &[]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("no space left") && !err.contains("of the limit"),
+        "{err}"
+    );
 }
 
 /// The host record a server wrote for a snapshot (`hosts/<id>`) is copied with

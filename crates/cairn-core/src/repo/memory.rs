@@ -130,7 +130,7 @@ impl Repository {
             } else {
                 format!("raise the limit to {}", crate::units::bytes(needed, 1))
             };
-            return Err(Error::Invalid(format!(
+            return Err(Error::MemoryLimit(format!(
                 "the memory limit of {} (--memory-limit, or the repository's default that \
                  `cairn config --memory-limit SIZE|none` sets) cannot be met: the index ({} \
                  entries) needs about {} {}, \

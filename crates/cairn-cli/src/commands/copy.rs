@@ -130,18 +130,32 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
         ),
         e => e.into(),
     })?;
+    // Warnings as the run's other events (JSON lines with --json).
+    let warn = |m: String| p.progress.warning_msg(m);
     for e in &r.unreadable_source_snapshots {
-        eprintln!("warning: {e} (not copied)");
+        warn(format!("{e} (not copied)"));
+    }
+    // Nothing selected: a filter that matches nothing (a host name mistyped)
+    // looks like a copy with nothing left to do, so it is said.
+    if r.snapshots.is_empty() && r.failed.is_empty() && r.unreadable_source_snapshots.is_empty() {
+        warn(format!(
+            "no snapshot of the source matches{}",
+            if a.filter.engine().is_empty() {
+                ": the source has none"
+            } else {
+                " the filters (--host, --tag, --path)"
+            }
+        ));
     }
     for w in &r.warnings {
-        eprintln!("warning: {w}");
+        warn(w.clone());
     }
     for f in &r.failed {
-        eprintln!(
-            "warning: snapshot {} not copied: {}",
+        warn(format!(
+            "snapshot {} not copied: {}",
             f.source.short(),
             f.error
-        );
+        ));
     }
     if g.json {
         super::print_json_report(&r)?;

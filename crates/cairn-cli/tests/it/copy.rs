@@ -254,6 +254,15 @@ fn copy_refuses_bad_input() {
     assert_eq!(c.output().unwrap().status.code(), Some(10));
     let o = copy_cmd(&r1, &r2, &["ffffffff"]).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
+    // A filter that matches nothing (a mistyped host): said, not a quiet success.
+    let o = copy_cmd(&r1, &r2, &["--host", "no-such-host"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("no snapshot of the source matches the filters"),
+        "{err}"
+    );
     assert!(r2.snapshot_ids().is_empty());
 }
 

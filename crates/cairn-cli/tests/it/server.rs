@@ -179,6 +179,28 @@ pub(crate) fn client_cmd(env: &Env, srv: &Server, ds: &str, token: &str, args: &
     c
 }
 
+/// `cairn serve token add NAME --datastore DS --role ROLE` in `state`, with no
+/// server running (before its first start); the token.
+fn token_before_start(state: &Path, name: &str, ds: &str, role: &str) -> String {
+    let o = Command::new(bin())
+        .args([
+            "serve",
+            "token",
+            "add",
+            name,
+            "--datastore",
+            ds,
+            "--role",
+            role,
+        ])
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}
+
 fn ok(o: std::process::Output, what: &str) -> String {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{what} failed: {err}");
@@ -4813,23 +4835,8 @@ fn grants_for_a_datastore_not_served_are_named_at_start() {
     let env = Env::new();
     env.init(&[]);
     let state = env.path("state");
-    for (what, name, ds) in [("token", "old-host", "old"), ("token", "fine", "main")] {
-        let o = Command::new(bin())
-            .args([
-                "serve",
-                what,
-                "add",
-                name,
-                "--datastore",
-                ds,
-                "--role",
-                "backup",
-            ])
-            .arg("--state-dir")
-            .arg(&state)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (name, ds) in [("old-host", "old"), ("fine", "main")] {
+        token_before_start(&state, name, ds, "backup");
     }
     let srv = Server::start(&state, &[("main", &env.repo)], true);
     let log = srv.stop();
@@ -4920,23 +4927,7 @@ fn a_deleted_token_file_is_said_and_its_return_taken() {
     env.init(&[]);
     // The token first: the file is there when the server starts.
     let state = env.path("state");
-    let o = Command::new(bin())
-        .args([
-            "serve",
-            "token",
-            "add",
-            "web01",
-            "--datastore",
-            "main",
-            "--role",
-            "backup",
-        ])
-        .arg("--state-dir")
-        .arg(&state)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let token = String::from_utf8(o.stdout).unwrap().trim().to_string();
+    let token = token_before_start(&state, "web01", "main", "backup");
     let mut srv = Server::start(&state, &[("main", &env.repo)], true);
     let file = state.join("tokens.json");
     let kept = std::fs::read(&file).unwrap();

@@ -394,20 +394,10 @@ impl Repository {
     pub fn reopen(&self) -> Result<Repository> {
         Ok(Repository {
             config: self.stored_config()?,
-            key: self.key.clone(),
-            key_id: self.key_id,
-            index: Arc::new(MasterIndex::new()),
-            index_errors: Vec::new(),
-            traffic: self.traffic.clone(),
-            dedup: None,
-            memory_limit: self.memory_limit,
-            memory_plan: None,
-            local_base: self.local_base.clone(),
             blob_cache: Arc::new(blobcache::BlobCache::new(
                 blobcache::DEFAULT_BLOB_CACHE_BYTES,
             )),
-            location: self.location.clone(),
-            backend: self.backend.clone(),
+            ..self.index_source()
         })
     }
 

@@ -356,6 +356,9 @@ impl Backend for CachedBackend {
     fn free_space(&self) -> Option<u64> {
         self.inner.free_space()
     }
+    fn clock_skew(&self) -> Option<i64> {
+        self.inner.clock_skew()
+    }
     fn may_remove(&self) -> Result<bool> {
         self.inner.may_remove()
     }

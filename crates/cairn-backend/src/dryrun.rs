@@ -109,6 +109,9 @@ impl Backend for DryRunBackend {
     fn discards_writes(&self) -> bool {
         true
     }
+    fn clock_skew(&self) -> Option<i64> {
+        self.inner.clock_skew()
+    }
     fn may_remove(&self) -> Result<bool> {
         self.inner.may_remove()
     }

@@ -256,6 +256,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Seconds this machine's clock is ahead of the storage's (negative: behind),
+    /// as its answers' `Date` said; `None` where the storage says no time (a local
+    /// directory, whose time is this machine's).
+    fn clock_skew(&self) -> Option<i64> {
+        None
+    }
+
     /// Whether writes are thrown away (`backup --dry-run`): nothing stored can be
     /// found again.
     fn discards_writes(&self) -> bool {

@@ -259,6 +259,9 @@ impl Backend for RetryBackend {
     fn free_space(&self) -> Option<u64> {
         self.inner.free_space()
     }
+    fn clock_skew(&self) -> Option<i64> {
+        self.inner.clock_skew()
+    }
     fn may_remove(&self) -> Result<bool> {
         self.inner.may_remove()
     }

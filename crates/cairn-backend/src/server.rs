@@ -102,6 +102,9 @@ pub struct ServerBackend {
     /// The job's progress, sent with each heartbeat.
     report: Arc<std::sync::Mutex<Option<crate::JobReport>>>,
     uploads: Arc<crate::bufpool::BufferPool>,
+    /// This machine's clock less the server's, in seconds, from the `Date` of the
+    /// first answer that had one.
+    skew: std::sync::OnceLock<i64>,
 }
 
 /// Seconds between heartbeats at most, each with the job's progress.
@@ -292,6 +295,7 @@ impl ServerBackend {
             asked_for_slot: Default::default(),
             report: Default::default(),
             uploads: crate::bufpool::BufferPool::new(UPLOAD_KEEP_MAX, UPLOAD_KEEP_COUNT),
+            skew: std::sync::OnceLock::new(),
         })
     }
 
@@ -345,12 +349,28 @@ impl ServerBackend {
             .run(op, name, async move {
                 let resp = req.send().await?;
                 let status = resp.status();
+                let date = resp
+                    .headers()
+                    .get(reqwest::header::DATE)
+                    .and_then(|d| d.to_str().ok())
+                    .and_then(|d| httpdate::parse_http_date(d).ok());
                 let body = resp.bytes().await?;
                 // Without a copy when the body arrived in one piece.
-                Ok::<_, reqwest::Error>((status, Vec::from(body)))
+                Ok::<_, reqwest::Error>((status, Vec::from(body), date))
             })
             .map_err(|e| (e, String::new()))?;
-        let (status, body) = r.map_err(|e| (self.failed(op, name, &e), String::new()))?;
+        let (status, body, date) = r.map_err(|e| (self.failed(op, name, &e), String::new()))?;
+        if let Some(server) = date
+            && self.skew.get().is_none()
+        {
+            let secs = |t: std::time::SystemTime| {
+                t.duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as i64)
+            };
+            let _ = self
+                .skew
+                .set(secs(std::time::SystemTime::now()) - secs(server));
+        }
         if status.is_success() {
             return Ok((status, body));
         }
@@ -577,6 +597,9 @@ fn describe(e: &reqwest::Error) -> String {
 }
 
 impl Backend for ServerBackend {
+    fn clock_skew(&self) -> Option<i64> {
+        self.skew.get().copied()
+    }
     fn location(&self) -> String {
         self.location.clone()
     }

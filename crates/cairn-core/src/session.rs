@@ -252,6 +252,19 @@ impl<A: Access> Session<A> {
             }
             Err(e) => return Err(e),
         };
+        // A storage that says its time (a cairn server): a clock far off is
+        // said now, before its locks look stale to other machines' prunes.
+        if let Some(skew) = repo.backend().clock_skew()
+            && skew.unsigned_abs() > lock::CLOCK_SKEW_SAID.as_secs()
+        {
+            progress.warning_msg(format!(
+                "this machine's clock is {} {} the server's: other machines' prune takes \
+                 the locks of a clock far ahead for stale, and snapshots carry this machine's \
+                 time; set the clock (NTP)",
+                crate::units::duration_words(skew.unsigned_abs()),
+                if skew > 0 { "ahead of" } else { "behind" }
+            ));
+        }
         let waiting = std::time::Instant::now();
         if A::JOB_SLOT
             && let Held::Lock(l) = &held

@@ -86,7 +86,7 @@ impl LockInfo {
 
 /// A lock whose times are further ahead of this machine's clock than this is
 /// said to come from a clock that is off.
-const CLOCK_SKEW_SAID: Duration = Duration::from_secs(5 * 60);
+pub(crate) const CLOCK_SKEW_SAID: Duration = Duration::from_secs(5 * 60);
 
 /// Whether a lock's holder is known to be gone, judged at `now` (unix seconds): not
 /// refreshed for [`STALE_AFTER`], or, when it was taken on this machine (same boot,

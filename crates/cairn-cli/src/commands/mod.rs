@@ -396,6 +396,17 @@ pub fn session<A: Access>(
     Ok(Session::open(repo, operation, index, progress)?)
 }
 
+/// Says the damage a run met in the local SSD index and mended (backup and
+/// restore report it as `index_repaired`).
+pub fn warn_index_repaired(progress: &cairn_core::progress::Progress, why: Option<&str>) {
+    if let Some(why) = why {
+        progress.warning_msg(format!(
+            "the local SSD index was damaged ({why}); it was rebuilt from the repository \
+             (if this happens again, check the disk it is on)"
+        ));
+    }
+}
+
 /// A progress display for the global flags' mode.
 pub fn progress(g: &Global) -> CliProgress {
     CliProgress::new(g)

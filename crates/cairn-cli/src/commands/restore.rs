@@ -184,12 +184,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             }
         );
     }
-    if let Some(why) = &r.index_repaired {
-        p.progress.warning_msg(format!(
-            "the local SSD index was damaged ({why}); it was rebuilt from the repository \
-             (if this happens again, check the disk it is on)"
-        ));
-    }
+    super::warn_index_repaired(&p.progress, r.index_repaired.as_deref());
     if let Some(f) = &r.index_lookup_failures {
         p.progress.warning_msg(format!(
             "{} lookups in the local SSD index failed ({}); it was marked and is rebuilt \

@@ -660,9 +660,19 @@ struct Fetching {
 }
 
 impl Fetching {
-    /// Takes `id` for the calling thread to read; false if another has it.
-    fn claim(&self, id: BlobId) -> bool {
-        crate::lock(&self.ids).insert(id)
+    /// Takes for the calling thread to read those of `ids` no other thread has
+    /// (one lock for the batch); the others are added to `theirs`.
+    fn claim(&self, ids: impl Iterator<Item = BlobId>, theirs: &mut Vec<BlobId>) -> Vec<BlobId> {
+        let mut held = crate::lock(&self.ids);
+        let mut mine = Vec::new();
+        for id in ids {
+            if held.insert(id) {
+                mine.push(id);
+            } else {
+                theirs.push(id);
+            }
+        }
+        mine
     }
 
     /// Gives back what a thread claimed (read and stored, or failed: then a
@@ -1308,17 +1318,8 @@ impl Copier<'_> {
         // so no two threads wait for each other, stored or not.
         let mut others = Vec::new();
         for batch in needed.chunks(READ_BATCH_CHUNKS) {
-            let mut mine = Vec::with_capacity(batch.len());
-            for id in batch {
-                if self.is_stored(id) {
-                    continue;
-                }
-                if self.fetching.claim(*id) {
-                    mine.push(*id);
-                } else {
-                    others.push(*id);
-                }
-            }
+            let unstored = batch.iter().filter(|id| !self.is_stored(id)).copied();
+            let mine = self.fetching.claim(unstored, &mut others);
             let claimed = Claimed(&self.fetching, mine);
             self.fetch_and_store(enc, &claimed.1, pre)?;
         }

@@ -175,6 +175,21 @@ fn listing(repo: &dyn IndexSource) -> Result<(Vec<String>, Vec<String>)> {
     Ok((files, pending))
 }
 
+/// Whether a build (its base's manifest `m`, its delta's `md`) was made from
+/// exactly these index files and pending records (sorted hex ids): what decides
+/// whether it is current. A delta holds no pending records.
+fn made_from(m: &Manifest, md: Option<&Manifest>, files: &[String], pending: &[String]) -> bool {
+    let mut all: Vec<&String> = m
+        .index_files
+        .iter()
+        .chain(md.map_or(&[][..], |d| &d.index_files))
+        .collect();
+    all.sort();
+    all.into_iter().eq(files.iter())
+        && m.pending == pending
+        && md.is_none_or(|d| d.pending.is_empty())
+}
+
 fn io_err(what: &Path, e: std::io::Error) -> Error {
     Error::io(what, e)
 }
@@ -288,19 +303,16 @@ impl SsdIndex {
         if build.join(DAMAGED).exists() {
             return true;
         }
-        match read_manifest(&build, repo_id) {
-            Ok(m) if !build.join("delta").exists() => {
-                m.index_files == files && m.pending == pending
-            }
-            Ok(m) => {
-                let Ok(md) = read_manifest(&build.join("delta"), repo_id) else {
-                    return true;
-                };
-                let mut all: Vec<&String> = m.index_files.iter().chain(&md.index_files).collect();
-                all.sort();
-                all.into_iter().eq(files.iter()) && m.pending == pending
-            }
-            Err(_) => false,
+        let Ok(m) = read_manifest(&build, repo_id) else {
+            return false;
+        };
+        let delta = build.join("delta");
+        if !delta.exists() {
+            return made_from(&m, None, files, pending);
+        }
+        match read_manifest(&delta, repo_id) {
+            Ok(md) => made_from(&m, Some(&md), files, pending),
+            Err(_) => true,
         }
     }
 
@@ -367,26 +379,19 @@ impl SsdIndex {
         pending: &[String],
         opening: Opening,
     ) -> Result<(SsdIndex, Vec<PackId>)> {
-        let stale = || Error::Invalid("SSD index is out of date".into());
         let m = read_manifest(dir, repo_id)?;
         let delta_dir = dir.join("delta");
-        if !delta_dir.exists() {
-            if m.index_files != files || m.pending != pending {
-                return Err(stale());
-            }
+        let md = if delta_dir.exists() {
+            Some(read_manifest(&delta_dir, repo_id)?)
+        } else {
+            None
+        };
+        if !made_from(&m, md.as_ref(), files, pending) {
+            return Err(Error::Invalid("SSD index is out of date".into()));
+        }
+        let Some(md) = md else {
             return Self::load_segment(dir, m, opening, false);
-        }
-        let md = read_manifest(&delta_dir, repo_id)?;
-        let mut all: Vec<String> = m
-            .index_files
-            .iter()
-            .chain(&md.index_files)
-            .cloned()
-            .collect();
-        all.sort();
-        if all != files || m.pending != pending || !md.pending.is_empty() {
-            return Err(stale());
-        }
+        };
         let (mut base, mut packs) = Self::load_segment(dir, m, opening, false)?;
         let (delta, delta_packs) = Self::load_segment(&delta_dir, md, opening, true)?;
         base.base_packs = packs.len() as u32;

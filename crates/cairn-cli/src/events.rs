@@ -178,7 +178,10 @@ fn tail(name: &str, max: usize) -> String {
 impl EventSink for CliSink {
     fn event(&self, event: &Event) {
         match self.mode {
-            Mode::JsonQuiet if !matches!(event, Event::Warning(_)) => {}
+            // A committed copy is part of the result, not of the way there: a run
+            // killed later has said it.
+            Mode::JsonQuiet
+                if !matches!(event, Event::Warning(_) | Event::SnapshotCopied { .. }) => {}
             Mode::Json | Mode::JsonQuiet => {
                 if let Ok(line) = serde_json::to_string(event) {
                     let _g = self.out.lock().unwrap_or_else(|e| e.into_inner());
@@ -198,6 +201,26 @@ impl EventSink for CliSink {
                     self.line(&ui::printable(&line));
                 }
                 Event::Notice { message } if self.mode != Mode::Quiet => self.line(message),
+                // On standard output, where the report goes, when it happens.
+                Event::SnapshotCopied { source, target } if self.mode != Mode::Quiet => {
+                    let text = format!(
+                        "copied snapshot {} as {}",
+                        source.get(..8).unwrap_or(source),
+                        target.get(..8).unwrap_or(target)
+                    );
+                    let print = || {
+                        let mut out = std::io::stdout().lock();
+                        let _ = writeln!(out, "{text}");
+                        let _ = out.flush();
+                    };
+                    match &self.bar {
+                        Some(b) => b.suspend(print),
+                        None => {
+                            let _g = self.out.lock().unwrap_or_else(|e| e.into_inner());
+                            print()
+                        }
+                    }
+                }
                 Event::Status(s) => {
                     if let Some(b) = &self.bar {
                         self.draw(b, s);

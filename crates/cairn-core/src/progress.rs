@@ -146,6 +146,12 @@ pub enum Event {
     Notice {
         message: String,
     },
+    /// `copy` committed a snapshot to the destination: said when it happens, so
+    /// that a run killed later still told which copies are complete.
+    SnapshotCopied {
+        source: String,
+        target: String,
+    },
 }
 
 /// Receives events, from any thread.

@@ -160,20 +160,13 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     if g.json {
         super::print_json_report(&r)?;
     } else if !g.quiet {
-        for s in &r.snapshots {
-            if s.already_present {
-                println!(
-                    "snapshot {} is already in the destination as {}",
-                    s.source.short(),
-                    s.target.short()
-                );
-            } else {
-                println!(
-                    "copied snapshot {} as {}",
-                    s.source.short(),
-                    s.target.short()
-                );
-            }
+        // The copied ones were printed as each was committed (the progress sink).
+        for s in r.snapshots.iter().filter(|s| s.already_present) {
+            println!(
+                "snapshot {} is already in the destination as {}",
+                s.source.short(),
+                s.target.short()
+            );
         }
         // Of the files' size: meaningless when little was copied (a lock and an
         // index file weigh more than a tiny snapshot).

@@ -517,14 +517,14 @@ fn a_full_destination_is_named_as_the_cause() {
     assert!(!out.status.success());
     assert!(err.contains("no space left"), "{err}");
     assert!(!err.contains("interrupted"), "{err}");
-    // What was copied whole before is said, though no report is printed.
+    // What was copied whole before was said when it was, though no report is
+    // printed.
     let copied = dst.snapshot_ids();
     assert_eq!(copied.len(), 1, "{err}");
     assert!(
         err.contains(&format!(
-            "copied before this stopped, complete: snapshot {} as {}",
-            &first[..8],
-            &copied[0][..8]
+            r#"{{"type":"snapshot_copied","source":"{first}","target":"{}"}}"#,
+            copied[0]
         )),
         "{err}"
     );
@@ -543,6 +543,77 @@ fn a_full_destination_is_named_as_the_cause() {
         err.contains("no space left") && !err.contains("of the limit"),
         "{err}"
     );
+}
+
+/// Each snapshot copied is said when it is committed, on standard output (text)
+/// or as an event (`--json`, even with `-q`): a copy killed later has told which
+/// snapshots arrived whole (before, they were listed only at the end).
+#[test]
+fn a_killed_copy_has_said_what_it_copied() {
+    let src = Env::new();
+    src.init(&[]);
+    let data = src.path("data");
+    fs::create_dir_all(&data).unwrap();
+    for i in 0..3u64 {
+        fs::write(
+            data.join(format!("f{i}")),
+            Rng(30 + i).bytes(100_000, false),
+        )
+        .unwrap();
+        src.backup(&[&data]);
+    }
+    let source = src.snapshot_ids();
+    for (json, second) in [(false, 2), (true, 1)] {
+        let dst = Env::new();
+        dst.init(&[]);
+        let mut c = if json {
+            copy_cmd(&src, &dst, &["-q"])
+        } else {
+            let mut c = dst.cmd(&["copy", "--from", &src.location]);
+            c.env("CAIRN_FROM_PASSWORD", PASSWORD);
+            c
+        };
+        c.env(
+            "CAIRN_TEST_KILL_AT",
+            format!("copy:snapshot-committed:{second}"),
+        );
+        let o = c.output().unwrap();
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert!(err.contains("killed at copy:snapshot-committed"), "{err}");
+        let copied = dst.snapshot_ids();
+        assert_eq!(copied.len(), second, "{err}");
+        // The destination lists by id; the source's are oldest first.
+        let said: Vec<(String, String)> = if json {
+            assert!(out.is_empty(), "{out}");
+            err.lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v["type"] == "snapshot_copied")
+                .map(|v| {
+                    let s = |k: &str| v[k].as_str().unwrap().to_string();
+                    (s("source"), s("target"))
+                })
+                .collect()
+        } else {
+            out.lines()
+                .map(|l| {
+                    let w: Vec<&str> = l.split(' ').collect();
+                    assert_eq!((w[0], w[1], w[3]), ("copied", "snapshot", "as"), "{out}");
+                    (w[2].to_string(), w[4].to_string())
+                })
+                .collect()
+        };
+        assert_eq!(said.len(), second, "{out}{err}");
+        for (i, (s, t)) in said.iter().enumerate() {
+            assert!(source[i].starts_with(s.as_str()), "{said:?} {source:?}");
+            assert!(
+                copied.iter().any(|c| c.starts_with(t.as_str())),
+                "{said:?} {copied:?}"
+            );
+        }
+    }
 }
 
 /// The host record a server wrote for a snapshot (`hosts/<id>`) is copied with

@@ -430,24 +430,9 @@ fn copy_snapshots(
         };
     let has_record = |sid: &SnapshotId| recorded.contains(&sid.to_hex());
     let copied = copy_in_order(&copier, &order, &mut present, &mut stats, opts, &has_record);
-    if let Err(e) = copied {
-        // The copies committed before the failure are complete: said, since the
-        // report that lists them is not printed.
-        let done: Vec<String> = stats
-            .snapshots
-            .iter()
-            .filter(|s| !s.already_present)
-            .map(|s| format!("{} as {}", s.source.short(), s.target.short()))
-            .collect();
-        if !done.is_empty() {
-            progress.notice(format!(
-                "copied before this stopped, complete: snapshot{} {}",
-                if done.len() == 1 { "" } else { "s" },
-                done.join(", ")
-            ));
-        }
-        return Err(e);
-    }
+    // The copies committed before a failure were each said as they were
+    // (`Event::SnapshotCopied`): the report that lists them is not made.
+    copied?;
     stats.warnings.extend(copier.written.spill_failure());
     let c = &copier.counters;
     stats.files = c.files.load(Ordering::Relaxed);
@@ -528,6 +513,10 @@ fn copy_in_order(
             }
             Err(e) => return Err(e),
         };
+        progress.emit(crate::progress::Event::SnapshotCopied {
+            source: sid.to_hex(),
+            target: target.to_hex(),
+        });
         crate::hooks::point("copy:snapshot-committed");
         // The host `cairn serve` recorded for the snapshot goes with it, so that
         // the replica attributes it as the original does (docs/SERVER.md).

@@ -867,4 +867,16 @@ fn data_in_several_files_is_read_from_the_source_once() {
     assert!(read < (5 << 20), "read {read} bytes for 4 MiB of data: {r}");
     let copied = r2.snapshot_ids();
     assert_same(&src, &r2.restore(&copied[0], &src, "back"));
+    // Re-chunked for another block size: one thread cuts the content, the others
+    // wait and take its result (before, each thread read and cut it again).
+    let r3 = Env::new();
+    r3.init(&["--block-size", "64K"]);
+    let r = copy(&r1, &r3, &["--threads", "4"]);
+    assert_eq!(r["same_chunking"], false, "{r}");
+    assert_eq!(r["files_rechunked"], 1, "{r}");
+    let read = r["bytes_read_from_source"].as_u64().unwrap();
+    assert!(read < (5 << 20), "read {read} bytes for 4 MiB of data: {r}");
+    let copied = r3.snapshot_ids();
+    assert_same(&src, &r3.restore(&copied[0], &src, "back64"));
+    r3.check_clean();
 }

@@ -403,6 +403,7 @@ fn copy_snapshots(
                 .map(|p| p.share(6, 8 << 20, u64::MAX)),
         ),
         fetching: Fetching::default(),
+        rechunking: Fetching::default(),
         progress,
         counters: Counters::default(),
         trees: Mutex::new(IdMap::default()),
@@ -626,6 +627,10 @@ struct Copier<'a> {
     /// needs one waits for it instead of reading it too (a file that is in a
     /// snapshot twice was read once per thread).
     fetching: Fetching,
+    /// Contents being re-chunked: a second file with the same content (a copy in
+    /// the same snapshot, or in another one's directory on another thread) waits
+    /// for the first and takes its result from the file map.
+    rechunking: Fetching<[u8; 32]>,
     progress: &'a Progress,
     counters: Counters,
     /// Source tree -> destination tree, for trees copied by this run: the next
@@ -641,17 +646,27 @@ struct Copier<'a> {
     image_zero_blocks: AtomicU64,
 }
 
-/// Blob ids being read from the source by some thread.
-#[derive(Default)]
-struct Fetching {
-    ids: Mutex<std::collections::HashSet<BlobId>>,
+/// What some thread is working on, so that the others wait for it rather than do
+/// it again: blob ids being read from the source, or file contents (by their
+/// [`Copier::content_key`]) being re-chunked.
+struct Fetching<K = BlobId> {
+    ids: Mutex<std::collections::HashSet<K>>,
     done: std::sync::Condvar,
 }
 
-impl Fetching {
+impl<K> Default for Fetching<K> {
+    fn default() -> Self {
+        Fetching {
+            ids: Mutex::new(Default::default()),
+            done: Default::default(),
+        }
+    }
+}
+
+impl<K: Copy + Eq + std::hash::Hash> Fetching<K> {
     /// Takes for the calling thread to read those of `ids` no other thread has
     /// (one lock for the batch); the others are added to `theirs`.
-    fn claim(&self, ids: impl Iterator<Item = BlobId>, theirs: &mut Vec<BlobId>) -> Vec<BlobId> {
+    fn claim(&self, ids: impl Iterator<Item = K>, theirs: &mut Vec<K>) -> Vec<K> {
         let mut held = crate::lock(&self.ids);
         let mut mine = Vec::new();
         for id in ids {
@@ -666,7 +681,7 @@ impl Fetching {
 
     /// Gives back what a thread claimed (read and stored, or failed: then a
     /// waiting thread reads it itself).
-    fn release(&self, ids: &[BlobId]) {
+    fn release(&self, ids: &[K]) {
         if ids.is_empty() {
             return;
         }
@@ -679,7 +694,7 @@ impl Fetching {
     }
 
     /// Waits until no thread reads `id`; `Err(Cancelled)` when the run is.
-    fn wait(&self, id: &BlobId, progress: &Progress) -> Result<()> {
+    fn wait(&self, id: &K, progress: &Progress) -> Result<()> {
         let mut held = crate::lock(&self.ids);
         while held.contains(id) {
             progress.check_cancelled()?;
@@ -694,9 +709,9 @@ impl Fetching {
 }
 
 /// Releases a thread's claims however its reading ends.
-struct Claimed<'f>(&'f Fetching, Vec<BlobId>);
+struct Claimed<'f, K: Copy + Eq + std::hash::Hash = BlobId>(&'f Fetching<K>, Vec<K>);
 
-impl Drop for Claimed<'_> {
+impl<K: Copy + Eq + std::hash::Hash> Drop for Claimed<'_, K> {
     fn drop(&mut self) {
         self.0.release(&self.1);
     }
@@ -1277,10 +1292,25 @@ impl Copier<'_> {
             self.progress.bytes_done(size);
             return Ok(content.clone());
         }
-        // Progress is reported chunk by chunk as the file is read.
-        let c = self.rechunk(enc, content, pre)?;
-        crate::lock(&self.map).insert(self.content_key(content), &c);
-        Ok(c)
+        let key = self.content_key(content);
+        loop {
+            let mut theirs = Vec::new();
+            let mine = self.rechunking.claim(std::iter::once(key), &mut theirs);
+            if !mine.is_empty() {
+                let _claimed = Claimed(&self.rechunking, mine);
+                // Progress is reported chunk by chunk as the file is read.
+                let c = self.rechunk(enc, content, pre)?;
+                crate::lock(&self.map).insert(key, &c);
+                return Ok(c);
+            }
+            self.rechunking.wait(&key, self.progress)?;
+            // The other thread failed (or its result is not all stored): the
+            // content is this thread's to do after all.
+            if let Some(c) = self.known_content(content) {
+                self.progress.bytes_done(size);
+                return Ok(c);
+            }
+        }
     }
 
     /// Same ids on both sides: store every blob of the content the destination lacks.

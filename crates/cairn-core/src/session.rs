@@ -15,8 +15,8 @@
 //! in the session's list. Everything is released when the session is dropped
 //! (including after a cancellation or an error).
 //!
-//! The kind of session is a type: [`Backup`], [`Read`], [`Write`] (a copy's
-//! destination, `forget`) and [`Exclusive`] (prune, repair). Each operation asks
+//! The kind of session is a type: [`Backup`], [`Read`], [`Write`] (`forget`,
+//! `tag`, `rewrite`: one at a time) and [`Exclusive`] (prune, repair). Each operation asks
 //! for the kind it needs (`backup` takes a `&Session<Backup>`), so a backup cannot
 //! run without its job slot, and nothing commits a snapshot without a lock that is
 //! provably fresh ([`Session::commit_lock`]). Only a read session may go on when
@@ -45,6 +45,9 @@ pub trait Access: sealed::Sealed {
     const JOB_SLOT: bool;
     /// The session only reads: it may go on without a lock it cannot write.
     const READ_ONLY: bool;
+    /// The session replaces or removes snapshots: one such session at a time
+    /// ([`RepoLock::acquire_editing`]).
+    const EDITS_SNAPSHOTS: bool = false;
 }
 
 /// Restore, ls, dump, check, stats, mount, a copy's source.
@@ -74,6 +77,7 @@ impl Access for Write {
     const EXCLUSIVE: bool = false;
     const JOB_SLOT: bool = false;
     const READ_ONLY: bool = false;
+    const EDITS_SNAPSHOTS: bool = true;
 }
 impl Access for Exclusive {
     const EXCLUSIVE: bool = true;
@@ -232,7 +236,13 @@ impl<A: Access> Session<A> {
     ) -> Result<Session<A>> {
         progress.check_cancelled()?;
         progress.phase(Phase::Locking);
-        let held = match RepoLock::acquire(&repo, operation, A::EXCLUSIVE) {
+        debug_assert!(!A::EDITS_SNAPSHOTS || lock::EDITING.contains(&operation));
+        let acquired = if A::EDITS_SNAPSHOTS {
+            RepoLock::acquire_editing(&repo, operation)
+        } else {
+            RepoLock::acquire(&repo, operation, A::EXCLUSIVE)
+        };
+        let held = match acquired {
             Ok(l) => Held::Lock(Arc::new(l)),
             // A dry run stores nothing either (`backup --dry-run` on a repository
             // mounted read-only).

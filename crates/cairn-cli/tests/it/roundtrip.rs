@@ -865,6 +865,68 @@ fn tag_adds_removes_and_sets_tags() {
     assert!(!env.run(&["tag", "--add", "", "latest"]).status.success());
 }
 
+/// `tag`, `forget` and `rewrite` take turns (QA: four `tag ID --add tN` at once
+/// left two copies of the snapshot and lost two of the tags with exit 0; a
+/// `forget` beside a `tag` saw its snapshot come back). A second change of the
+/// snapshot a paused `tag` is replacing waits for it, then fails because that
+/// snapshot is gone, and the first one's result is the only copy.
+#[test]
+fn concurrent_snapshot_changes_take_turns() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 3);
+    for second in [
+        &["tag", "--add", "b"][..],
+        &["forget"],
+        &["rewrite", "--exclude", "x"],
+    ] {
+        let id = env.backup(&[&src]);
+        let pause = env.path(&format!("pause-{}", second[0]));
+        fs::create_dir_all(&pause).unwrap();
+        let first = env
+            .cmd(&["tag", &id[..8], "--add", "a"])
+            .env(
+                cairn_core::hooks::PAUSE_AT_VAR,
+                format!("snapshot:before-write:1:{}", pause.display()),
+            )
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until(
+            "the first tag to reach its write",
+            std::time::Duration::from_secs(60),
+            || pause.join("reached").exists(),
+        );
+        let other = env
+            .cmd(&[second, &[&id[..8]]].concat())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        fs::write(pause.join("go"), b"").unwrap();
+        let o = first.wait_with_output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        let o = other.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{second:?}: {o:?}");
+        assert!(err.contains("no snapshot"), "{second:?}: {err}");
+        let snaps: serde_json::Value =
+            serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+        let of_this: Vec<&serde_json::Value> = snaps
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["id"] == id.as_str() || s["original"] == id.as_str())
+            .collect();
+        assert_eq!(of_this.len(), 1, "{second:?}: {of_this:?}");
+        assert_eq!(of_this[0]["tags"], serde_json::json!(["a"]), "{second:?}");
+    }
+    env.check_clean();
+}
+
 /// `cairn rewrite --exclude`: new snapshots without what the patterns match,
 /// the old ones kept unless `--forget`, and after prune the data gone.
 #[test]

@@ -278,7 +278,16 @@ enum Rivals {
     /// Other locks of the same operation (taken by admins, where the repository
     /// marks admin objects).
     SameOperation,
+    /// Other locks of the operations that replace or remove snapshots
+    /// ([`EDITING`]), as for `SameOperation`.
+    Editing,
 }
+
+/// The operations that replace or remove snapshots (a `Write` session): each
+/// reads the snapshot list, then writes and deletes by it, so two at once act on
+/// what the other is changing (two `tag`s of one snapshot left two copies of it,
+/// a `forget` beside a `tag` saw its snapshot come back). They take turns.
+pub const EDITING: &[&str] = &["forget", "tag", "rewrite"];
 
 /// A lock this process holds; released (deleted) on drop.
 pub struct RepoLock {
@@ -338,6 +347,13 @@ impl RepoLock {
     /// few seconds for a rival to finish before it gives up.
     pub fn acquire_alone(repo: &Repository, operation: &str) -> Result<RepoLock> {
         Self::acquire_against(repo, operation, Rivals::SameOperation, REFRESH_EVERY, 24)
+    }
+
+    /// As [`RepoLock::acquire_alone`], against every operation of [`EDITING`]:
+    /// a shared lock (backups and prune go on beside it) that one `forget`,
+    /// `tag` or `rewrite` holds at a time.
+    pub fn acquire_editing(repo: &Repository, operation: &str) -> Result<RepoLock> {
+        Self::acquire_against(repo, operation, Rivals::Editing, REFRESH_EVERY, 24)
     }
 
     fn acquire_against(
@@ -415,6 +431,9 @@ impl RepoLock {
                 Rivals::None => false,
                 Rivals::Exclusive => l.exclusive,
                 Rivals::SameOperation => l.operation == operation && (admin || !admin_only),
+                Rivals::Editing => {
+                    EDITING.contains(&l.operation.as_str()) && (admin || !admin_only)
+                }
             })
         };
         if rivals != Rivals::None
@@ -424,6 +443,7 @@ impl RepoLock {
         {
             let what = match rivals {
                 Rivals::SameOperation => format!("another {operation} change is under way"),
+                Rivals::Editing => "another change of snapshots is under way".to_string(),
                 _ => "the repository is busy".to_string(),
             };
             return Err(Error::Locked(format!(
@@ -848,6 +868,31 @@ mod tests {
         assert_eq!(list_locks(&r).unwrap().len(), 1);
         drop(p);
         RepoLock::acquire(&r, "prune", true).unwrap();
+    }
+
+    /// forget, tag and rewrite take turns; backups and prune go on beside them.
+    #[test]
+    fn snapshot_edits_take_turns() {
+        let r = repo();
+        let b = RepoLock::acquire(&r, "backup", false).unwrap();
+        let p = RepoLock::acquire(&r, "prune", true).unwrap();
+        let t = RepoLock::acquire_editing(&r, "tag").unwrap();
+        for op in EDITING {
+            let e = RepoLock::acquire_against(&r, op, Rivals::Editing, REFRESH_EVERY, 1)
+                .err()
+                .unwrap();
+            assert!(
+                e.to_string()
+                    .contains("another change of snapshots is under way"),
+                "{e}"
+            );
+        }
+        // Nothing else waits for it.
+        drop(RepoLock::acquire(&r, "backup", false).unwrap());
+        drop(RepoLock::acquire_alone(&r, "config").unwrap());
+        drop(t);
+        drop(RepoLock::acquire_editing(&r, "forget").unwrap());
+        drop((b, p));
     }
 
     /// An exclusive lock is stored under the admin name; one claiming to be

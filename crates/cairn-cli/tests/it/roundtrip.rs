@@ -865,6 +865,34 @@ fn tag_adds_removes_and_sets_tags() {
     assert!(!env.run(&["tag", "--add", "", "latest"]).status.success());
 }
 
+/// Tags are names without spaces around them and each is kept once, whichever
+/// command gives them (QA: `tag --add " x"` stored a tag no filter could select;
+/// `backup --tag x,x --tag x` stored it three times).
+#[test]
+fn tags_are_trimmed_and_kept_once() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 1);
+    let s = src.to_str().unwrap();
+    env.backup_args(&["--tag", "x,x", "--tag", "x", s]);
+    let tags = || -> serde_json::Value {
+        let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+        v[0]["tags"].clone()
+    };
+    assert_eq!(tags(), serde_json::json!(["x"]));
+    env.ok(&["tag", "latest", "--add", " y ,z"]);
+    assert_eq!(tags(), serde_json::json!(["x", "y", "z"]));
+    let out = env.ok(&["snapshots", "--tag", "y"]);
+    assert!(out.contains("1 snapshot"), "{out}");
+    env.ok(&["tag", "latest", "--remove", " z"]);
+    assert_eq!(tags(), serde_json::json!(["x", "y"]));
+    env.ok(&["tag", "latest", "--set", " w, "]);
+    assert_eq!(tags(), serde_json::json!(["w"]));
+    let err = env.fails(&["tag", "latest", "--add", " "], 1);
+    assert!(err.contains("non-empty"), "{err}");
+}
+
 /// `tag`, `forget` and `rewrite` take turns (QA: four `tag ID --add tN` at once
 /// left two copies of the snapshot and lost two of the tags with exit 0; a
 /// `forget` beside a `tag` saw its snapshot come back). A second change of the

@@ -27,10 +27,27 @@ impl TagChange {
         self.set.is_none() && self.add.is_empty() && self.remove.is_empty()
     }
 
-    /// The tags `old` becomes.
+    /// The names as `backup --tag` and the filters take them: without spaces
+    /// around them (a tag `" x"` stored as given matched no filter: QA).
+    fn trimmed(&self) -> TagChange {
+        let trim = |v: &[String]| v.iter().map(|t| t.trim().to_string()).collect::<Vec<_>>();
+        TagChange {
+            // Only spaces is no tag, as `--set ""` is none.
+            set: self.set.as_deref().map(|v| {
+                let mut v = trim(v);
+                v.retain(|t| !t.is_empty());
+                v
+            }),
+            add: trim(&self.add),
+            remove: trim(&self.remove),
+        }
+    }
+
+    /// The tags `old` becomes. `remove` takes away a tag stored with spaces
+    /// around its name too (as an earlier cairn's `tag --add` stored it).
     pub fn apply(&self, old: &[String]) -> Vec<String> {
         let mut tags: Vec<String> = self.set.clone().unwrap_or_else(|| old.to_vec());
-        tags.retain(|t| !self.remove.contains(t));
+        tags.retain(|t| !self.remove.iter().any(|r| r == t || r == t.trim()));
         tags.extend(self.add.iter().cloned());
         let mut seen = std::collections::HashSet::new();
         tags.retain(|t| seen.insert(t.clone()));
@@ -172,6 +189,7 @@ fn run<A: crate::session::Access>(
             "say what to change: --add, --remove or --set".into(),
         ));
     }
+    let change = &change.trimmed();
     let all = change
         .set
         .iter()
@@ -294,5 +312,21 @@ mod tests {
             ..Default::default()
         };
         assert!(c.apply(&old).is_empty());
+        // Names as the filters take them: spaces around them go, a tag stored
+        // with them is removed by its bare name, and only spaces is no tag.
+        let spaced: Vec<String> = [" x", "y "].map(String::from).to_vec();
+        let c = TagChange {
+            add: vec![" z ".into()],
+            remove: vec!["x".into()],
+            ..Default::default()
+        }
+        .trimmed();
+        assert_eq!(c.apply(&spaced), ["y ", "z"]);
+        let c = TagChange {
+            set: Some(vec![" ".into(), " w".into()]),
+            ..Default::default()
+        }
+        .trimmed();
+        assert_eq!(c.apply(&spaced), ["w"]);
     }
 }

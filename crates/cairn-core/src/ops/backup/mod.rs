@@ -1000,7 +1000,15 @@ fn run(
         hostname: host,
         username: crate::repo::username(),
         paths: snapshot_paths,
-        tags: opts.tags.clone(),
+        // Each tag once (`--tag x,x --tag x`), in the order given.
+        tags: {
+            let mut seen = std::collections::HashSet::new();
+            opts.tags
+                .iter()
+                .filter(|t| seen.insert(*t))
+                .cloned()
+                .collect()
+        },
         tree: archived.root.to_hex(),
         parent: parent.as_ref().map(|(id, _)| id.to_hex()),
         excludes: opts.excludes.patterns.clone(),

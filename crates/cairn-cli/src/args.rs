@@ -9,7 +9,8 @@ const ENVIRONMENT: &str = "\
 Environment:
   CAIRN_REPO                 the repository (as --repo)
   CAIRN_PASSWORD             the repository's password (init: the new one)
-  CAIRN_PASSWORD_FILE        a file holding it (--password-file wins over both)
+  CAIRN_PASSWORD_FILE        a file holding it (wins over CAIRN_PASSWORD, as in
+                             restic; --password-file wins over both)
   CAIRN_NEW_PASSWORD[_FILE]  the new password of key add and key passwd
   CAIRN_FROM_REPO, CAIRN_FROM_PASSWORD[_FILE]
                              the source repository of copy and init --copy-key-from

@@ -115,19 +115,25 @@ impl Source<'_> {
         if let Some(f) = self.flag {
             return read_password_file(f).map(Some);
         }
-        // Set but empty (a unit file's `Environment=CAIRN_PASSWORD=`) is unset: no
-        // password is empty, and trying "" would only say "wrong password".
-        if let Ok(p) = std::env::var(self.env)
-            && !p.is_empty()
-        {
-            return Ok(Some(p));
-        }
+        // A file wins over the password itself, as restic's RESTIC_PASSWORD_FILE
+        // does: a file named but missing is said, not passed over.
         if let Some(f) = std::env::var_os(self.env_file).filter(|f| !f.is_empty()) {
             return read_password_file(Path::new(&f))
                 .with_context(|| format!("{} names it", self.env_file))
                 .map(Some);
         }
-        Ok(None)
+        // Set but empty (a unit file's `Environment=CAIRN_PASSWORD=`) is unset: no
+        // password is empty, and trying "" would only say "wrong password".
+        match std::env::var(self.env) {
+            Ok(p) if !p.is_empty() => Ok(Some(p)),
+            Err(std::env::VarError::NotUnicode(_)) => bail!(
+                "{} is set, but not to UTF-8 text: a password is text (this terminal's \
+                 or script's encoding may differ; {} reads one from a UTF-8 file)",
+                self.env,
+                self.flags
+            ),
+            _ => Ok(None),
+        }
     }
 
     /// Said when the password variable is set but empty (an empty password
@@ -223,7 +229,10 @@ pub fn password(global: &crate::args::Global) -> Result<String> {
 pub fn read_password_file(f: &Path) -> Result<String> {
     let s = std::fs::read_to_string(f)
         .with_context(|| format!("reading password file {}", f.display()))?;
+    // The first line, without its end: `\n`, `\r\n`, or a lone `\r` (an old Mac's,
+    // or a file cut after one).
     let first = s.lines().next().unwrap_or("");
+    let first = first.strip_suffix('\r').unwrap_or(first);
     if first.is_empty() {
         bail!(
             "the password file {} has an empty first line (the password is its first line)",

@@ -111,6 +111,34 @@ fn an_explicit_password_file_wins_everywhere() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
+    // CAIRN_PASSWORD_FILE wins over CAIRN_PASSWORD, as restic's variables do
+    // (QA: a broken file was passed over without a word), and a lone `\r` ends
+    // its line too.
+    let with_file = |file: &std::path::Path| {
+        env.cmd(&["snapshots"])
+            .env("CAIRN_PASSWORD_FILE", file)
+            .output()
+            .unwrap()
+    };
+    let o = with_file(std::path::Path::new("/nonexistent/pw"));
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("CAIRN_PASSWORD_FILE names it"), "{err}");
+    fs::write(&pw, "from the file\r").unwrap();
+    let o = with_file(&pw);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A password that is not UTF-8 is said as such, not as no password.
+    let o = env
+        .cmd(&["snapshots"])
+        .env(
+            "CAIRN_PASSWORD",
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"\xff\xfe"),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("not to UTF-8 text"), "{err}");
 }
 
 /// A 1.5 GB object in locks/ made a backup take 3 GB of RAM: small objects are read

@@ -831,7 +831,8 @@ pub struct TagArgs {
 pub struct SnapshotsArgs {
     #[command(flatten)]
     pub filter: FilterArgs,
-    /// Only the N newest snapshots of each host and set of paths
+    /// Only the N newest snapshots of each host and set of paths (0: all), those
+    /// dated over an hour in the future last, as `latest` passes them over
     #[arg(long, value_name = "N")]
     pub latest: Option<usize>,
 }

@@ -17,17 +17,27 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
         .collect();
     let filter = a.filter.engine();
     snaps.retain(|(_, s)| filter.matches(s));
-    if let Some(n) = a.latest {
-        // Oldest first: count from the end, per host and set of paths.
+    // 0: no limit, as restic's.
+    if let Some(n) = a.latest.filter(|&n| n > 0) {
+        // Oldest first: count from the end, per host and set of paths. Those dated
+        // in the future come after every other, as `latest` passes them over.
+        let future = |s: &cairn_format::snapshot::Snapshot| {
+            cairn_core::time::parse_rfc3339(&s.time).is_some_and(cairn_core::time::in_the_future)
+        };
         let mut seen: std::collections::HashMap<(String, Vec<String>), usize> =
             std::collections::HashMap::new();
         let mut keep = vec![false; snaps.len()];
-        for (i, (_, s)) in snaps.iter().enumerate().rev() {
-            let mut paths = s.paths.clone();
-            paths.sort();
-            let c = seen.entry((s.hostname.clone(), paths)).or_default();
-            *c += 1;
-            keep[i] = *c <= n;
+        for later in [false, true] {
+            for (i, (_, s)) in snaps.iter().enumerate().rev() {
+                if future(s) != later {
+                    continue;
+                }
+                let mut paths = s.paths.clone();
+                paths.sort();
+                let c = seen.entry((s.hostname.clone(), paths)).or_default();
+                *c += 1;
+                keep[i] = *c <= n;
+            }
         }
         let mut k = keep.into_iter();
         snaps.retain(|_| k.next().unwrap_or(false));

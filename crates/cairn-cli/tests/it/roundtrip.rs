@@ -722,6 +722,16 @@ fn snapshots_latest_per_host_and_paths() {
     assert!(got.iter().any(|s| s.ends_with(&ids[2][..8])), "{got:?}");
     assert!(!got.iter().any(|s| s.ends_with(&ids[1][..8])), "{got:?}");
     assert_eq!(list("2").len(), 5);
+    // 0 is no limit, as restic's.
+    assert_eq!(list("0").len(), 6);
+    // One dated years ahead is passed over as `latest` passes it over, unless
+    // there is room for it (QA: --latest 1 showed it and `latest` another).
+    let ahead = env.backup_args(&["--time", "2999-01-01T00:00:00Z", a]);
+    let got = list("1");
+    assert!(got.iter().any(|s| s.ends_with(&ids[2][..8])), "{got:?}");
+    assert!(!got.iter().any(|s| s.ends_with(&ahead[..8])), "{got:?}");
+    let got = list("4");
+    assert!(got.iter().any(|s| s.ends_with(&ahead[..8])), "{got:?}");
 }
 
 /// `cairn tag`: a new snapshot with the new tags replaces the old one (which

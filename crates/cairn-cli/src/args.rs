@@ -795,7 +795,8 @@ pub struct RewriteArgs {
     #[arg(long = "iexclude", value_parser = snapshot_path())]
     pub iexcludes: Vec<String>,
     /// Forget each rewritten snapshot once its replacement is stored (else both
-    /// stay); `prune` then frees what only it held
+    /// stay, the replacement tagged "rewrite", as in restic); `prune` then frees
+    /// what only it held
     #[arg(long)]
     pub forget: bool,
     /// Only say what would be taken out

@@ -1026,6 +1026,12 @@ fn rewrite_takes_files_out_of_snapshots() {
     .unwrap();
     let new = r["rewritten"][0]["new"].as_str().unwrap().to_string();
     assert_eq!(count(), 2);
+    // Kept beside its original, the rewrite is tagged as restic's is (QA: the
+    // two were told apart only by id).
+    let tags: serde_json::Value =
+        serde_json::from_str(&env.ok(&["snapshots", "--json", "--tag", "rewrite"])).unwrap();
+    assert_eq!(tags.as_array().unwrap().len(), 1, "{tags}");
+    assert_eq!(tags[0]["id"], new.as_str(), "{tags}");
     let ls = env.ok(&["ls", &new[..12]]);
     assert!(!ls.contains("vault") && !ls.contains("secret"), "{ls}");
     // The rewritten snapshot restores the rest exactly.

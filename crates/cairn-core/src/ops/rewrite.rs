@@ -4,7 +4,8 @@
 //! Each snapshot that holds something the patterns match gets a new snapshot
 //! whose trees leave it out (`original` naming the first of the chain); its
 //! trees are stored before any snapshot, and the old snapshot is forgotten only
-//! with `forget`, after the new one is stored. The data the old one alone needed
+//! with `forget`, after the new one is stored; without `forget`, the new one is
+//! tagged `rewrite`. The data the old one alone needed
 //! stays until `prune`, as after `forget`.
 
 use crate::error::{Error, Result};
@@ -18,6 +19,9 @@ use cairn_format::snapshot::Snapshot;
 use cairn_format::tree::{Node, NodeKind, Tree};
 use cairn_format::{BlobId, SnapshotId};
 use std::collections::{HashMap, HashSet};
+
+/// The tag a rewritten snapshot gets when its original is kept (no `--forget`).
+pub const REWRITE_TAG: &str = "rewrite";
 
 #[derive(Clone, Debug, Default)]
 pub struct RewriteOptions {
@@ -169,8 +173,26 @@ fn run<A: crate::session::Access>(
             snap.tree = out.id.to_hex();
             snap.summary.total_bytes = crate::ops::repair::file_bytes(repo, &out.id, &written)?;
             snap.original = Some(snap.original.clone().unwrap_or_else(|| id.to_hex()));
+            // Kept beside its original, the replacement is told apart by a tag,
+            // as restic's (same time, host and paths: retention could otherwise
+            // keep the original, secret and all, and forget the rewrite).
+            if !opts.forget && !snap.tags.iter().any(|t| t == REWRITE_TAG) {
+                snap.tags.push(REWRITE_TAG.to_string());
+            }
             // A run killed after storing this replacement: it is there already.
-            let new_id = match crate::repo::existing_replacement(all, &id, &snap) {
+            // With `--forget`, an earlier run's replacement kept beside the
+            // original (tagged) is that replacement too.
+            let tagged = || {
+                let mut t = snap.clone();
+                t.tags.push(REWRITE_TAG.to_string());
+                t
+            };
+            let existing = crate::repo::existing_replacement(all, &id, &snap).or_else(|| {
+                (opts.forget && !snap.tags.iter().any(|t| t == REWRITE_TAG))
+                    .then(|| crate::repo::existing_replacement(all, &id, &tagged()))
+                    .flatten()
+            });
+            let new_id = match existing {
                 Some(existing) => existing,
                 None => repo.write_snapshot(&snap, lock()?)?,
             };

@@ -1205,9 +1205,10 @@ fn image_backups_go_through_the_server_with_a_backup_token() {
     env.check_clean();
 }
 
-/// A changed-block list given against a parent read from another source or of
-/// another size is warned about (not refused: an LVM snapshot's device name can
-/// change every day).
+/// A changed-block list given against a parent read from another source of the
+/// same size is warned about (not refused: an LVM snapshot's device name can
+/// change every day); another source of another size is another disk, refused
+/// (QA: blocks of the other disk's snapshot were saved as this one's, exit 0).
 #[test]
 fn a_changed_block_list_against_another_sources_parent_is_warned_about() {
     let env = Env::new();
@@ -1221,10 +1222,25 @@ fn a_changed_block_list_against_another_sources_parent_is_warned_about() {
         "{first}"
     );
     assert!(first["image"]["blocks"].as_u64().unwrap() >= 512, "{first}");
-    let b = env.path("b.img");
-    make_image(&b, 1, 6);
     let list = env.path("none.txt");
     fs::write(&list, "").unwrap();
+    let other = env.path("other.img");
+    make_image(&other, 1, 7);
+    let e = env.fails(
+        &[
+            "backup",
+            "--image",
+            other.to_str().unwrap(),
+            "--changed-blocks",
+            list.to_str().unwrap(),
+            "--parent",
+            first["snapshot_id"].as_str().unwrap(),
+        ],
+        1,
+    );
+    assert!(e.contains("another disk"), "{e}");
+    let b = env.path("b.img");
+    make_image(&b, 2, 6);
     let o = env.run(&[
         "backup",
         "--image",
@@ -1247,6 +1263,34 @@ fn a_changed_block_list_against_another_sources_parent_is_warned_about() {
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("new (no parent)"), "{out}");
+}
+
+/// A changed-block backup of an image that shrank, its new end partway through
+/// a subtree of the parent's and nothing listed there: the last subtree is the
+/// new image's, not the parent's whole one (QA: a 1.5 MiB image saved as a file
+/// of 2 MiB, `check` failing, dump and restore giving the parent's bytes past
+/// the end with exit 0).
+#[test]
+fn a_shrunk_image_with_a_changed_block_list_ends_where_it_ends() {
+    let env = Env::new();
+    env.init(&["--block-size", "16K"]);
+    let src = env.path("shrink.img");
+    let data = make_image(&src, 3, 8);
+    backup_image(&env, &src, &[]);
+    let list = env.path("empty.txt");
+    fs::write(&list, "").unwrap();
+    for size in [1_572_864usize, 1_064_960, 524_288] {
+        fs::write(&src, &data[..size]).unwrap();
+        let r = backup_image(&env, &src, &["--changed-blocks", list.to_str().unwrap()]);
+        let id = r["snapshot_id"].as_str().unwrap();
+        let out = env.path(&format!("out-{size}.img"));
+        restore_image(&env, id, &out, &[]);
+        assert!(fs::read(&out).unwrap() == data[..size], "{size}");
+        let dumped = env.cmd(&["dump", id, "shrink.img"]).output().unwrap();
+        assert!(dumped.status.success());
+        assert!(dumped.stdout == data[..size], "dump of {size}");
+    }
+    env.check_clean();
 }
 
 /// A changed-block list is relative to the backup made last: a snapshot dated

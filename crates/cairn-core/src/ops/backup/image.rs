@@ -110,6 +110,18 @@ impl ImagePlan {
         let end = (b + n).saturating_mul(g.block_size);
         end <= g.size.min(pg.size) || (pg.size == g.size && b + n >= g.blocks())
     }
+
+    /// Whether the parent's subtree of level `k` at block `b` lists exactly `n`
+    /// blocks, as the new image's there does. A parent larger than a shrunk
+    /// image lists a whole subtree where the new image's last one is cut short:
+    /// taken whole, it brought the parent's blocks past the new end (QA: a file
+    /// of 2 MiB in a snapshot of a 1.5 MiB image, and `check` saying its chunk
+    /// list claims 96 chunks and lists 128).
+    fn parent_subtree_is(&self, k: u32, b: u64, n: u64) -> bool {
+        self.parent
+            .as_ref()
+            .is_some_and(|(pg, _)| pg.span(k).min(pg.blocks().saturating_sub(b)) == n)
+    }
 }
 
 /// One step of the stream, in image order.
@@ -284,6 +296,7 @@ impl Walker<'_> {
                         let n = span.min(nb - b);
                         let (start, len) = (b * g.block_size, g.bytes_of(b, n));
                         if plan.parent_covers(b, n)
+                            && plan.parent_subtree_is(k, b, n)
                             && !changed.intersects(start, start + len)
                             && let Some(entry) = parent.entry(k, b)?
                         {
@@ -825,6 +838,17 @@ pub(crate) fn plan(
             // read: another device, or another size, is worth a word (an LVM
             // snapshot's name may change every day, so it is not refused).
             let here = path.to_string_lossy();
+            // Another path *and* another size is another disk: its list would
+            // patch this one's blocks into that one's image (QA).
+            if opts.changed_blocks.is_some() && info.source != here && info.size != size {
+                return Err(Error::Invalid(format!(
+                    "the parent image snapshot was read from {} ({} bytes), this source is \
+                     {} ({size} bytes): another disk, so a changed-block list cannot be \
+                     applied to it; name this disk's own parent with --parent ID, or back \
+                     up without --changed-blocks (a full read)",
+                    info.source, info.size, here
+                )));
+            }
             if opts.changed_blocks.is_some() && (info.source != here || info.size != size) {
                 notes.push(format!(
                     "the parent image snapshot was read from {} ({} bytes), this source is \

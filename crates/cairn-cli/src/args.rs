@@ -865,7 +865,9 @@ pub struct DumpArgs {
     /// Write the path and everything below it as an archive (`tar`: POSIX with pax,
     /// owners, times, xattrs and hard links; streams, e.g. to tape; `zip`). A
     /// directory is written as tar without it.
-    #[arg(long, value_parser = ["tar", "zip"])]
+    /// (Not with --image-fs, whose files are read in place one at a time: restore
+    /// --image-fs a directory instead.)
+    #[arg(long, value_parser = ["tar", "zip"], conflicts_with = "image_fs")]
     pub archive: Option<String>,
     #[command(flatten)]
     pub image_fs: ImageFsArgs,

@@ -755,6 +755,12 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
     let o = env.run(&["dump", &snap, "--image-fs", "/small"]);
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     assert_eq!(o.stdout, b"elsewhere\n");
+    // No archive of a file read in place: refused, not its bytes bare (QA).
+    let e = env.fails(
+        &["dump", &snap, "--image-fs", "/small", "--archive", "tar"],
+        2,
+    );
+    assert!(e.contains("cannot be used with"), "{e}");
     let target = env.path("out");
     let o = env.run(&[
         "restore",

@@ -62,6 +62,8 @@ pub(crate) struct ImagePlan {
     /// Warnings about the parent, said when the backup starts.
     pub notes: Vec<String>,
     pub changed: Option<ChangedRanges>,
+    /// A block device's write counters when it was opened ([`device_writes`]).
+    pub device_writes: Option<(u64, u64)>,
 }
 
 impl ImagePlan {
@@ -246,15 +248,17 @@ impl Walker<'_> {
             self.emit(Item::ImageNote(Note::SizeChanged { now }))?;
         }
         // An image file written to while it was read (a running VM's disk) is
-        // saved as read, and may be inconsistent: said, as for any file (a block
-        // device's times do not tell).
-        let torn = match plan.file.metadata() {
-            Ok(m)
-                if m.is_file()
-                    && now == g.size
-                    && super::source::Changes::of(&plan.file)
-                        != super::source::Changes::of_node(&plan.node) =>
-            {
+        // saved as read, and may be inconsistent: said, as for any file. A block
+        // device's times do not tell; its write counters do.
+        let written = match plan.file.metadata() {
+            Ok(m) if m.is_file() => {
+                super::source::Changes::of(&plan.file)
+                    != super::source::Changes::of_node(&plan.node)
+            }
+            _ => plan.device_writes.is_some() && device_writes(&plan.file) != plan.device_writes,
+        };
+        let torn = match written {
+            true if now == g.size => {
                 let message = "changed while it was being read (saved as read, and the image may \
                      be inconsistent); back up a snapshot of it (LVM, ZFS, a stopped VM) for a \
                      consistent image"
@@ -513,6 +517,30 @@ fn mounted_read_write(rdev: u64) -> Option<String> {
         let (dev, at, opts) = (f.get(2)?, f.get(4)?, f.get(5)?);
         (*dev == want && opts.split(',').any(|o| o == "rw")).then(|| at.replace("\\040", " "))
     })
+}
+
+/// The writes a block device has taken since it appeared (requests and sectors,
+/// from `/sys/dev/block/MAJ:MIN/stat`): the same before and after the read, or
+/// it was written while read. `None` for a file, or where sysfs does not say.
+fn device_writes(f: &File) -> Option<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = f.metadata().ok()?;
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    let rdev = meta.rdev();
+    let stat = std::fs::read_to_string(format!(
+        "/sys/dev/block/{}:{}/stat",
+        libc::major(rdev),
+        libc::minor(rdev)
+    ))
+    .ok()?;
+    // read I/Os, merges, sectors, ticks; write I/Os, merges, sectors, ...
+    let f: Vec<u64> = stat
+        .split_whitespace()
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    Some((*f.get(4)?, *f.get(6)?))
 }
 
 /// The size of a file or block device.
@@ -899,7 +927,9 @@ pub(crate) fn plan(
         None => None,
     };
     let direct = crate::ops::image::reopen_direct(&file, false);
+    let device_writes = device_writes(&file);
     Ok(ImagePlan {
+        device_writes,
         file,
         direct,
         path,

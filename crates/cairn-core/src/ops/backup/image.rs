@@ -908,6 +908,17 @@ pub(crate) fn plan(
                 ));
             }
             let listed = ChangedRanges::load(list, *format, size)?;
+            // Nothing changed is possible, but so is a tool that failed and left
+            // an empty file (`qemu-img map > list`): the snapshot is then the
+            // parent's image again, which is worth a word.
+            if listed.ranges().is_empty() {
+                notes.push(format!(
+                    "the changed-block list {} names no change: the snapshot holds the \
+                     parent's image (and what grew past its end); if the tool that wrote \
+                     the list failed, back up without --changed-blocks",
+                    list.display()
+                ));
+            }
             // What the parent holds as zeros for want of data (its source could
             // not read it, or a repair lost it) is read again, not taken over: the
             // source may give it now.

@@ -337,10 +337,20 @@ impl ImageFs {
                 meta.len()
             )));
         }
-        let t = self
-            .fs
-            .read_link(Self::path(path)?)
-            .map_err(|e| fs_err(path, e))?;
+        let t = self.fs.read_link(Self::path(path)?).map_err(|e| {
+            // The reader takes a target for a path, whose names are at most 255
+            // bytes; the kernel stores any bytes (a link it cannot follow).
+            if e.to_string().contains("invalid symlink path") {
+                Error::Invalid(format!(
+                    "{path}: a symlink whose target --image-fs cannot read (a name in it \
+                     longer than 255 bytes, which no path can follow, or damage); restore \
+                     the image (`restore --image`) or loop-mount it read-only through \
+                     `cairn mount` to get it"
+                ))
+            } else {
+                fs_err(path, e)
+            }
+        })?;
         Ok(t.as_ref().to_vec())
     }
 

@@ -414,6 +414,16 @@ fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount()
     );
     sh(Command::new("umount").arg(&mnt));
     assert!(e.contains(&format!("backing file of {}", busy.0)), "{e}");
+    // And a device with a loop device over it (a partition of it mounted
+    // through one), which O_EXCL does not see either (QA).
+    let under = Loop::new(&env.path("under.dev"), 20 << 20);
+    let stacked = Loop::of(Path::new(&under.0));
+    let e = env.fails(&["restore", &snap, "--image", "--target", &under.0], 1);
+    assert!(
+        e.contains(&format!("backing device of {}", stacked.0)),
+        "{e}"
+    );
+    drop((stacked, under));
     // A read-only device: refused before the first write.
     let ro_file = env.path("ro.dev");
     fs::File::create(&ro_file)

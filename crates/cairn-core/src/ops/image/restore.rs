@@ -234,12 +234,19 @@ fn loop_devices_backed_by(m: &std::fs::Metadata) -> Vec<String> {
             ),
             _ => None,
         };
-        let backed = by_number.unwrap_or_else(|| {
-            read("backing_file").is_ok_and(|p| {
+        // A block device (a loop device stacked on the target disk) is one disk
+        // under any of its nodes: known by its device number.
+        let same = |b: &std::fs::Metadata| {
+            (b.ino() == m.ino() && b.dev() == m.dev())
+                || (m.file_type().is_block_device()
+                    && b.file_type().is_block_device()
+                    && b.rdev() == m.rdev())
+        };
+        let backed = by_number == Some(true)
+            || read("backing_file").is_ok_and(|p| {
                 std::fs::metadata(p.trim_end().trim_end_matches(" (deleted)"))
-                    .is_ok_and(|b| b.ino() == m.ino() && b.dev() == m.dev())
-            })
-        });
+                    .is_ok_and(|b| same(&b))
+            });
         if backed {
             out.push(format!("/dev/{name}"));
         }
@@ -290,6 +297,17 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
                         Error::io(&path, e)
                     }
                 })?;
+            // A loop device over this disk (a filesystem of one of its
+            // partitions mounted through it) does not hold it for O_EXCL.
+            let loops = loop_devices_backed_by(&m);
+            if !loops.is_empty() {
+                return Err(Error::Invalid(format!(
+                    "{} is the backing device of {}: refusing to write an image over it; \
+                     unmount and detach it first (losetup -d)",
+                    path.display(),
+                    loops.join(", ")
+                )));
+            }
             if device_is_read_only(&m) {
                 return Err(Error::Invalid(format!(
                     "{} is read-only: nothing was written",

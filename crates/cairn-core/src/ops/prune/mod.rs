@@ -686,7 +686,18 @@ fn delete_pending(
             retiring.extend(rec.orphans.iter().copied());
         } else {
             for b in blockers {
-                waiting.insert(b.describe());
+                // A mount holds its lock only while it is used: the wait may end
+                // with the mount still there (README, `cairn mount`).
+                let idle = b.lock.as_ref().is_some_and(|l| l.operation == "mount");
+                waiting.insert(format!(
+                    "{}{}",
+                    b.describe(),
+                    if idle {
+                        " (a mount lets go of its lock after 30 s without a request)"
+                    } else {
+                        ""
+                    }
+                ));
             }
             if sizes.is_none() {
                 sizes = Some(repo.list_packs()?);

@@ -904,6 +904,22 @@ fn nobodys_but(env: &Env, kept: &Path) {
     fs::set_permissions(kept, fs::Permissions::from_mode(0o600)).unwrap();
 }
 
+/// A repository behind a directory this user may not pass is said to be out of
+/// reach, not missing (QA: "there is no repository at ...", which reads as the
+/// backups being gone).
+#[test]
+fn a_repository_out_of_reach_is_not_called_missing() {
+    assert!(is_root(), "the test suite runs as root (CI does)");
+    let env = Env::new();
+    env.init(&[]);
+    // The test's directory is 0700 root's: nobody cannot pass it.
+    let o = as_nobody(&env, &["snapshots"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(!err.contains("no repository"), "{err}");
+}
+
 /// Runs cairn with `args` on `env`'s repository as nobody.
 fn as_nobody(env: &Env, args: &[&str]) -> std::process::Output {
     use std::os::unix::process::CommandExt;

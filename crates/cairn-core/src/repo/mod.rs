@@ -433,8 +433,15 @@ impl Repository {
     ) -> Result<Repository> {
         let st = storage::open_storage(location, opts, progress)?;
         if let storage::Location::Local(dir) = &st.location {
-            if !dir.exists() {
-                return Err(Error::RepositoryNotFound(dir.display().to_string()));
+            // `exists` is false for a path this user may not reach too: that is
+            // said as itself (QA: "there is no repository" for a parent
+            // directory of mode 700, which makes a user think the backups gone).
+            match std::fs::metadata(dir) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(Error::RepositoryNotFound(dir.display().to_string()));
+                }
+                Err(e) => return Err(Error::io(dir, e)),
+                Ok(_) => {}
             }
             if !dir.is_dir() {
                 return Err(Error::NotARepository(format!(

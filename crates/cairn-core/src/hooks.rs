@@ -126,6 +126,11 @@ pub const POINTS: &[Point] = &[
                 a copy another run made meanwhile, then write the snapshot",
     },
     Point {
+        name: "copy:checked",
+        state: "a copy holds its commit turn and found no copy of this snapshot in \
+                the destination; it is about to write its own",
+    },
+    Point {
         name: "copy:snapshot-committed",
         state: "a copy wrote one snapshot (and its record) to the destination; the \
                 next snapshot has not started",

@@ -724,6 +724,58 @@ fn two_copies_at_once_store_each_snapshot_once() {
     assert_same(&src, &r2.restore("latest", &src, "r"));
 }
 
+/// Two copies into one destination at the same moment: one looks for the other's
+/// copy and commits while the other waits its turn, so neither stores a snapshot
+/// the other stored (QA: two copies started together left 24 snapshots for 15).
+#[test]
+fn two_copies_committing_together_store_each_snapshot_once() {
+    let r1 = Env::new();
+    r1.init(&[]);
+    let (src, _) = history(&r1);
+    let r2 = Env::new();
+    r2.init(&["--block-size", "64K"]);
+    let pause = r2.path("pause");
+    std::fs::create_dir_all(&pause).unwrap();
+    // The first copy found nothing for its first snapshot and is about to commit...
+    let first = copy_cmd(&r1, &r2, &[])
+        .env(
+            "CAIRN_TEST_PAUSE_AT",
+            format!("copy:checked:1:{}", pause.display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the first copy to reach its commit",
+        std::time::Duration::from_secs(60),
+        || pause.join("reached").exists(),
+    );
+    // ...when a second one comes to commit the same snapshot: it waits.
+    let second = copy_cmd(&r1, &r2, &[])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    std::fs::write(pause.join("go"), b"").unwrap();
+    let (a, b) = (
+        first.wait_with_output().unwrap(),
+        second.wait_with_output().unwrap(),
+    );
+    assert!(a.status.success(), "{a:?}");
+    assert!(b.status.success(), "{b:?}");
+    let (ra, rb): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_slice(&a.stdout).unwrap(),
+        serde_json::from_slice(&b.stdout).unwrap(),
+    );
+    let copied =
+        ra["snapshots_copied"].as_u64().unwrap() + rb["snapshots_copied"].as_u64().unwrap();
+    assert_eq!(copied, 3, "{ra} {rb}");
+    assert_eq!(r2.snapshot_ids().len(), 3);
+    r2.check_clean();
+    assert_same(&src, &r2.restore("latest", &src, "r"));
+}
+
 /// `copy --pack-size` cuts the destination's packs at that size (a slow link loses
 /// one small pack to a drop), and a size out of range is refused before anything
 /// is read.

@@ -120,6 +120,24 @@ fn snapshots_report(
             r.repaired.len(),
             if dry_run { "would be" } else { "were" }
         );
+        // The trees an unreadable snapshot named are most likely whole, and
+        // nothing refers to them now (QA: the advice led straight to a prune).
+        if !r.unreadable_removed.is_empty() {
+            println!(
+                "the directory trees {} held are {}: `cairn recover` saves them as a new \
+                 snapshot; the next prune deletes them otherwise",
+                if r.unreadable_removed.len() == 1 {
+                    "that object"
+                } else {
+                    "those objects"
+                },
+                if dry_run {
+                    "not lost yet"
+                } else {
+                    "still stored"
+                }
+            );
+        }
     }
     // Snapshots neither removed nor repaired: the run is not a success.
     Ok(if r.unreadable_kept.is_empty() { 0 } else { 1 })

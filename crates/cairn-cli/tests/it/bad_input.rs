@@ -827,6 +827,56 @@ fn an_unreadable_snapshot_is_removed_by_forget_with_its_id() {
     assert_eq!(env.snapshot_ids(), vec![keep]);
 }
 
+/// A damaged snapshot object (cut to nothing by a power loss): `check` and
+/// `repair snapshots` say to `recover` its trees before anything prunes them, and
+/// `recover` brings the backup back (QA: the advice was forget or repair, and a
+/// prune after either lost the data for good).
+#[test]
+fn a_damaged_snapshot_is_recovered_before_it_is_removed() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = small_tree(&env);
+    let id = env.backup(&[&src]);
+    fs::write(env.repo.join("snapshots").join(&id), b"").unwrap();
+    let o = env.run(&["check"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("first `cairn recover`"), "{out}");
+    let out = env.ok(&["repair", "snapshots"]);
+    assert!(out.contains("`cairn recover` saves them"), "{out}");
+    let out = env.ok(&["recover"]);
+    assert!(out.contains("saved"), "{out}");
+    env.ok(&["prune"]);
+    let ids = env.snapshot_ids();
+    assert_eq!(ids.len(), 1);
+    env.restore(&ids[0], &src, "back");
+    let back = env.path("back");
+    // Recovered trees sit under /recover/<tree>: every file is there, whole.
+    fn find(dir: &Path, name: &str) -> Option<PathBuf> {
+        for e in fs::read_dir(dir).ok()?.flatten() {
+            let p = e.path();
+            if p.file_name().is_some_and(|n| n == name) {
+                return Some(p);
+            }
+            if p.is_dir()
+                && let Some(f) = find(&p, name)
+            {
+                return Some(f);
+            }
+        }
+        None
+    }
+    for rel in ["keep/a.bin", "keep/b.txt", "subdir-marker-name/c.bin"] {
+        let name = rel.rsplit('/').next().unwrap();
+        let got = find(&back, name).unwrap_or_else(|| panic!("{rel} not recovered"));
+        assert!(
+            fs::read(got).unwrap() == fs::read(src.join(rel)).unwrap(),
+            "{rel}"
+        );
+    }
+    env.check_clean();
+}
+
 /// A snapshot object this user may not read is not damage: `repair snapshots`
 /// leaves it (QA: it removed it, and the next prune deleted its data), says
 /// what to do and exits 1; `check` and `prune` advise access, not removal. The

@@ -45,9 +45,12 @@ impl SnapshotError {
     pub fn advice(&self) -> String {
         let id = self.id.to_hex();
         match &self.error {
+            // Its trees are most likely whole: `recover` saves them as a new
+            // snapshot, which the next prune would otherwise delete (QA).
             Error::Damaged { .. } => format!(
-                "`cairn forget {id}` removes that object (`cairn repair snapshots` removes every \
-                 damaged one)"
+                "first `cairn recover` saves the directory trees it held as a new snapshot \
+                 (the next prune deletes them otherwise), then `cairn forget {id}` removes \
+                 that object (`cairn repair snapshots` removes every damaged one)"
             ),
             Error::NewerFormat { .. } => {
                 format!("upgrade cairn to read it, or `cairn forget {id}` removes it")

@@ -746,8 +746,9 @@ fn delete_pending(
     let (snaps, bad) = repo.snapshots()?;
     if let Some(e) = bad.into_iter().next() {
         return Err(Error::Invalid(format!(
-            "{e}; not deleting anything (`cairn forget ID` removes that object, `cairn \
-             repair snapshots` every unreadable one)"
+            "{e}; not deleting anything (`cairn recover` first saves what it held as a \
+             new snapshot; then `cairn forget ID` removes that object, `cairn repair \
+             snapshots` every unreadable one)"
         )));
     }
     let new: Vec<_> = snaps

@@ -79,6 +79,11 @@ fn execute_with(
              as much room on the storage as the repository's index/ directory takes (other \
              files on that disk, not the repository's), then prune again"
         ),
+        // Stopped at one of its safe points, all before the index changes.
+        e @ cairn_core::Error::Cancelled => anyhow::Error::from(e).context(
+            "prune cancelled before it changed the index: nothing was deleted (what it had \
+             repacked stays as second copies, which the next prune removes)",
+        ),
         e => anyhow::Error::from(e),
     })?;
     Ok(report)

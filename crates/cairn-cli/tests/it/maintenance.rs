@@ -675,3 +675,59 @@ fn assert_removed_a_backup_lock(r: &serde_json::Value) {
         "{r}"
     );
 }
+
+/// Ctrl-C (or SIGTERM) during a prune's repacking stops it before it changes
+/// the index: exit 130 and a word saying nothing was deleted (QA: it went on to
+/// delete at full speed, past --limit-upload, and exited 0). The next prune does
+/// the job, and the data is whole throughout.
+#[test]
+fn a_prune_interrupted_while_repacking_stops_before_the_index() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        let env = Env::new();
+        env.init(&["--block-size", "4K"]);
+        let src = env.path("src");
+        fs::create_dir_all(&src).unwrap();
+        let mut rng = Rng(7);
+        for i in 0..40 {
+            fs::write(src.join(format!("f{i}")), rng.bytes(60_000, false)).unwrap();
+        }
+        let first = env.backup(&[&src]);
+        for i in (0..40).step_by(2) {
+            fs::remove_file(src.join(format!("f{i}"))).unwrap();
+        }
+        env.backup(&[&src]);
+        env.ok(&["forget", &first]);
+        let packs = || fs::read_dir(env.repo.join("data")).unwrap().count();
+        let gate = env.path("gate");
+        fs::create_dir_all(&gate).unwrap();
+        let child = env
+            .cmd(&["prune", "--max-unused", "0%"])
+            .env(
+                cairn_core::hooks::PAUSE_AT_VAR,
+                format!("prune:repacked:1:{}", gate.display()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until("the prune to repack", Duration::from_secs(60), || {
+            gate.join("reached").exists()
+        });
+        let before = packs();
+        kill(Pid::from_raw(child.id() as i32), sig).unwrap();
+        fs::write(gate.join("go"), b"").unwrap();
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(130), "{sig}: {err}");
+        assert!(err.contains("nothing was deleted"), "{sig}: {err}");
+        assert!(packs() >= before, "{sig}: a pack was deleted");
+        env.check_clean();
+        let r: serde_json::Value =
+            serde_json::from_str(&env.ok(&["prune", "--json", "--max-unused", "0%"])).unwrap();
+        assert!(r["deleted_packs"].as_u64().unwrap() > 0, "{r}");
+        env.check_clean();
+        assert_same(&src, &env.restore("latest", &src, "out"));
+    }
+}

@@ -149,7 +149,7 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
         }
     }
     if !rewrite.is_empty() {
-        let stats = copy_blobs(repo, &rewrite, true)?;
+        let stats = copy_blobs(repo, &rewrite, true, &crate::progress::Progress::none())?;
         report.blobs_indexed += rewrite.iter().map(|p| p.blobs.len()).sum::<usize>();
         written.extend(stats.index_files);
     }
@@ -1016,6 +1016,7 @@ pub(crate) fn copy_blobs(
     repo: &Repository,
     packs: &[IndexPack],
     skip_damaged: bool,
+    progress: &crate::progress::Progress,
 ) -> Result<crate::repo::packer::UploadStats> {
     let pool = Arc::new(BufferPool::new(1));
     let uploader = repo.uploader(pool.clone());
@@ -1026,6 +1027,12 @@ pub(crate) fn copy_blobs(
     'packs: for p in packs {
         if p.blobs.is_empty() {
             continue;
+        }
+        // Ctrl-C between packs: what was copied is stored and indexed (second
+        // copies, which the next prune removes), nothing else changed.
+        if let Err(e) = progress.check_cancelled() {
+            result = Err(e);
+            break;
         }
         let bytes = match repo
             .backend()

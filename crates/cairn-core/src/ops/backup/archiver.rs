@@ -290,7 +290,7 @@ pub(crate) fn archive(
     };
     st.uploader.set_index_flush(flush_blobs, flush_packs);
     let mut image = None;
-    let r = run(&mut st, rx, budget, &mut image).and_then(|root| {
+    let r = run(&mut st, rx, budget, &mut image, progress).and_then(|root| {
         // Every item was received: what is left is storing the last packs.
         progress.read_done();
         send_held_if_missing(&mut st)?;
@@ -357,6 +357,7 @@ fn run<'a>(
     rx: Receiver<(u64, Vec<Item>)>,
     budget: &Budget,
     image: &mut Option<ImageCounts>,
+    progress: &crate::progress::Progress,
 ) -> Result<(BlobId, Vec<Skipped>, Vec<Skipped>)> {
     let mut pending: BTreeMap<u64, Vec<Item>> = BTreeMap::new();
     let mut next = 0u64;
@@ -367,6 +368,10 @@ fn run<'a>(
     let mut root: Option<BlobId> = None;
 
     for (seq, bundle) in rx {
+        // Ctrl-C: what was read and not yet packed is dropped, not packed and
+        // stored after the stop (QA: 4.1 MiB said, 22 MiB stored, at full speed
+        // past --limit-upload). The packs made already are still stored.
+        progress.check_cancelled()?;
         pending.insert(seq, bundle);
         while let Some(bundle) = pending.remove(&next) {
             next += 1;

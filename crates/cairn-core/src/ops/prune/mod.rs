@@ -301,10 +301,12 @@ fn run(
                 blobs: wanted.remove(&(n as u32)).unwrap_or_default(),
             })
             .collect();
-        let stats = crate::ops::repair::copy_blobs(repo, &lists, false)?;
+        let stats = crate::ops::repair::copy_blobs(repo, &lists, false, progress)?;
         crate::hooks::point("prune:repacked");
         report.new_packs = stats.packs;
         new_index_files.extend(stats.index_files);
+        // Stopping here leaves the copies as second ones: nothing is lost.
+        progress.check_cancelled()?;
     }
     // Also rewrite when small index files have piled up (every backup adds one or
     // two): one replacement file per 200,000 blobs is what readers like best.

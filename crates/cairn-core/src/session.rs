@@ -295,6 +295,14 @@ impl<A: Access> Session<A> {
                     m.push_str("\n  ");
                     m.push_str(&j.describe());
                 }
+                // A job whose machine died holds its place until its lock goes
+                // stale: said, so that the wait is not a mystery (QA).
+                m.push_str(
+                    "\n  (a job whose machine stopped keeps its place until its lock goes \
+                     stale, 30 minutes after its last refresh; `cairn unlock` shows the \
+                     locks, `cairn unlock --remove-all` removes them once you know those \
+                     jobs are dead)",
+                );
                 progress.notice(m);
             })?;
         }

@@ -131,6 +131,10 @@ fn jobs_over_max_concurrent_jobs_wait_their_turn_and_say_so() {
         notice.contains("backup lock"),
         "names the job it waits for: {notice}"
     );
+    assert!(
+        notice.contains("cairn unlock"),
+        "says how a dead job's place goes: {notice}"
+    );
     // ... has committed nothing while the first still runs ...
     assert!(first.try_wait().unwrap().is_none(), "the first job ended");
     assert_eq!(env.snapshot_ids().len(), 0);

@@ -865,6 +865,7 @@ impl Copier<'_> {
         let pack_size = self.dst.memory_plan_in_use().map_or(configured, |p| {
             p.share(12, crate::repo::CLIENT_PACK_SIZE_MIN, configured)
         }) as usize;
+        let added_before = self.counters.bytes_added.load(Ordering::Relaxed);
         let mut uploader = self.dst.uploader_keeping_room(pool.clone())?;
         // Upload progress, and on Ctrl-C a word on the packs still to store (a
         // second Ctrl-C abandons them), as for a backup.
@@ -953,6 +954,13 @@ impl Copier<'_> {
             info.blocks_changed = info.blocks;
             info.blocks_zero = self.image_zero_blocks.load(Ordering::Relaxed);
             info.changed_blocks_input = false;
+            // What this copy added for it, beside "every block changed" (the
+            // source's figure said another backup's: QA).
+            copy.summary.data_added_packed = self
+                .counters
+                .bytes_added
+                .load(Ordering::Relaxed)
+                .saturating_sub(added_before);
         }
         copy.tree = new_root.to_hex();
         copy.parent = None;

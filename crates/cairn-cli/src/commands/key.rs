@@ -22,6 +22,11 @@ pub fn run(g: &Global, k: KeyCommand) -> Result<i32> {
             let keys = repo.key_infos()?;
             if g.json {
                 super::print_json(&keys)?;
+            } else if keys.is_empty()
+                && repo.config().encryption == cairn_format::envelope::Encryption::None
+            {
+                // An empty table would read as keys lost.
+                println!("this repository is not encrypted: it has no keys (no passwords)");
             } else {
                 println!(" {:<10} {:<31} {:<16} user", "id", "created", "host");
                 for k in &keys {

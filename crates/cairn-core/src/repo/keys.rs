@@ -80,15 +80,23 @@ impl Repository {
             ));
         }
         let keys = self.list_keys()?;
+        // Ids are shown in lower case; one typed in upper case is the same id,
+        // as for snapshots.
+        let lower = prefix.to_ascii_lowercase();
         let m: Vec<KeyId> = keys
             .iter()
             .map(|(id, _)| *id)
-            .filter(|id| id.to_hex().starts_with(prefix))
+            .filter(|id| id.to_hex().starts_with(&lower))
             .collect();
         match m.len() {
-            0 => Err(Error::Invalid(format!("no key matches {prefix:?}"))),
+            0 => Err(Error::Invalid(format!(
+                "no key matches {prefix:?} (`cairn key list` shows them)"
+            ))),
             1 => Ok(m[0]),
-            _ => Err(Error::Invalid(format!("key id {prefix:?} is ambiguous"))),
+            _ => Err(Error::Invalid(format!(
+                "key id {prefix:?} is ambiguous: it matches {}",
+                m.iter().map(|k| k.short()).collect::<Vec<_>>().join(", ")
+            ))),
         }
     }
 

@@ -50,17 +50,30 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
     }
     if !g.quiet {
         let s = &r.summary;
+        // Sizes that round to the same words but differ are given in bytes
+        // (QA: "68.09 KiB -> 68.09 KiB" for a 5-byte change).
+        let (before, after) = (
+            ui::bytes(s.bytes_modified_before),
+            ui::bytes(s.bytes_modified_after),
+        );
+        let (before, after) =
+            if before == after && s.bytes_modified_before != s.bytes_modified_after {
+                (
+                    format!("{} bytes", s.bytes_modified_before),
+                    format!("{} bytes", s.bytes_modified_after),
+                )
+            } else {
+                (before, after)
+            };
         super::out_line(
             &mut out,
             &format!(
-                "{} added ({}), {} removed ({}), {} modified ({} -> {}), {} with new metadata{}",
+                "{} added ({}), {} removed ({}), {} modified ({before} -> {after}), {} with new metadata{}",
                 s.added,
                 ui::bytes(s.bytes_added),
                 s.removed,
                 ui::bytes(s.bytes_removed),
                 s.modified,
-                ui::bytes(s.bytes_modified_before),
-                ui::bytes(s.bytes_modified_after),
                 s.metadata,
                 if s.type_changed > 0 {
                     format!(", {} changed type", s.type_changed)

@@ -1331,3 +1331,24 @@ fn an_interrupted_export_leaves_no_partial_file_behind() {
     assert_eq!(o.stdout, fs::read(&out).unwrap());
     assert!(!out.parent().unwrap().join("-").exists());
 }
+
+/// Sizes of a modification that round to the same words are given in bytes
+/// (QA: "68.09 KiB -> 68.09 KiB" for a 5-byte change).
+#[test]
+fn diff_says_a_small_size_change_in_bytes() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut data = Rng(5).bytes(70_000, false);
+    fs::write(src.join("f"), &data).unwrap();
+    let a = env.backup(&[&src]);
+    data.extend_from_slice(b"12345");
+    fs::write(src.join("f"), &data).unwrap();
+    let b = env.backup(&[&src]);
+    let text = env.ok(&["diff", &a, &b]);
+    assert!(
+        text.contains("1 modified (70000 bytes -> 70005 bytes)"),
+        "{text}"
+    );
+}

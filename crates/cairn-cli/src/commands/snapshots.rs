@@ -55,21 +55,39 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
             .collect();
         super::print_json(&v)?;
     } else {
+        // Host and tag columns as wide as their longest (QA: a long tag pushed
+        // the size column out of line), never narrower than the headings'.
+        let host_of =
+            |id: &cairn_format::SnapshotId, s: &cairn_format::snapshot::Snapshot| match claimed
+                .get(id)
+            {
+                Some(_) => format!("{}*", s.hostname),
+                None => s.hostname.clone(),
+            };
+        let hw = snaps
+            .iter()
+            .map(|(id, s)| host_of(id, s).chars().count())
+            .max()
+            .unwrap_or(0)
+            .clamp(16, 64);
+        let tw = snaps
+            .iter()
+            .map(|(_, s)| s.tags.join(",").chars().count())
+            .max()
+            .unwrap_or(0)
+            .clamp(12, 64);
         println!(
-            "{:<10} {:<20} {:<16} {:<12} {:>12}  paths",
+            "{:<10} {:<20} {:<hw$} {:<tw$} {:>12}  paths",
             "id", "time", "host", "tags", "size"
         );
         for (id, s) in &snaps {
             let time = cairn_core::time::local_display(&s.time);
             // Host, tags and paths are what the backup's client wrote.
             let line = format!(
-                "{:<10} {:<20} {:<16} {:<12} {:>12}  {}",
+                "{:<10} {:<20} {:<hw$} {:<tw$} {:>12}  {}",
                 id.short(),
                 time,
-                match claimed.get(id) {
-                    Some(_) => format!("{}*", s.hostname),
-                    None => s.hostname.clone(),
-                },
+                host_of(id, s),
                 s.tags.join(","),
                 ui::bytes(s.summary.total_bytes),
                 match &s.image {

@@ -226,11 +226,24 @@ fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
         .max()
         .unwrap_or(0)
         .max("reasons".len());
+    // Host and tag columns as wide as their longest, as in `snapshots` (QA:
+    // a long tag ran into the reasons).
+    let all = || gr.keep.iter().chain(&gr.remove);
+    let hw = all()
+        .map(|s| s.host.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(16, 64);
+    let tw = all()
+        .map(|s| s.tags.join(",").chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(12, 64);
     // Host, tags and paths are what the backup's client wrote: written out as
     // `snapshots` writes them (no control character reaches the terminal).
     let row = |s: &SnapshotEntry, reason: Option<&str>| {
         let line = format!(
-            "{:<10} {:<20} {:<16} {:<12} {}{}",
+            "{:<10} {:<20} {:<hw$} {:<tw$} {}{}",
             s.short_id,
             short_time(&s.time),
             s.host,
@@ -244,7 +257,7 @@ fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
         println!("keep {}:", ui::count(gr.keep.len() as u64, "snapshot"));
         if !gr.keep.is_empty() {
             println!(
-                "{:<10} {:<20} {:<16} {:<12} {:<rw$}  paths",
+                "{:<10} {:<20} {:<hw$} {:<tw$} {:<rw$}  paths",
                 "id", "time", "host", "tags", "reasons"
             );
             for (s, r) in gr.keep.iter().zip(&reasons) {
@@ -256,7 +269,7 @@ fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
     if !gr.remove.is_empty() {
         println!("{verb} {}:", ui::count(gr.remove.len() as u64, "snapshot"));
         println!(
-            "{:<10} {:<20} {:<16} {:<12} paths",
+            "{:<10} {:<20} {:<hw$} {:<tw$} paths",
             "id", "time", "host", "tags"
         );
         for s in &gr.remove {

@@ -132,8 +132,12 @@ impl CommandOutput {
                 cmd.env_remove(k);
             }
         }
+        // Its own process group, so that a stop ends the command and whatever it
+        // started (`sh -c 'pg_dump ...'`), not only the shell.
+        use std::os::unix::process::CommandExt;
         let mut child = cmd
             .args(&words[1..])
+            .process_group(0)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -151,8 +155,41 @@ impl CommandOutput {
     }
 }
 
+/// Waits until `fd` has something to read (or its end), looking at the
+/// process's cancellation every 200 ms: a read blocked on a pipe would otherwise
+/// keep a stopped backup waiting for the input's end (QA: Ctrl-C on a backup of
+/// `--stdin-from-command -- sh -c 'sleep 15'` ended it 15 s later). Cancelled:
+/// an error (never an end, which would save what was read as the whole).
+fn wait_readable(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    loop {
+        if crate::events::cancel_token().is_cancelled() {
+            return Err(std::io::Error::other("cancelled"));
+        }
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(200u16)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Standard input, read so that Ctrl-C stops the backup at once ([`wait_readable`]).
+struct Stdin(std::io::Stdin);
+
+impl std::io::Read for Stdin {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::fd::AsFd;
+        wait_readable(self.0.as_fd())?;
+        self.0.read(buf)
+    }
+}
+
 impl std::io::Read for CommandOutput {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::fd::AsFd;
+        wait_readable(self.out.as_fd())?;
         let n = self.out.read(buf)?;
         if n == 0 && !buf.is_empty() && !self.exited {
             let status = self.child.wait()?;
@@ -172,6 +209,9 @@ impl Drop for CommandOutput {
     /// A backup that ends early (an error, Ctrl-C) leaves no command running.
     fn drop(&mut self) {
         if !self.exited {
+            // The group the command leads: the shell and what it started.
+            let group = nix::unistd::Pid::from_raw(self.child.id() as i32);
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
@@ -306,7 +346,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         a.stdin.then(|| {
             (
                 a.stdin_name.clone(),
-                Box::new(std::io::stdin()) as Box<dyn std::io::Read + Send>,
+                Box::new(Stdin(std::io::stdin())) as Box<dyn std::io::Read + Send>,
             )
         })
     };

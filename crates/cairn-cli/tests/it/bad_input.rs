@@ -693,6 +693,53 @@ fn a_failing_stdin_command_saves_no_snapshot() {
     env.check_clean();
 }
 
+/// SIGTERM (or Ctrl-C) on a backup of standard input or of a command's output
+/// stops it at once, exit 130, and ends the command and what it started (QA:
+/// both waited for the input's end: 15 s for `sh -c 'sleep 15'`, whose `sleep`
+/// went on running).
+#[test]
+fn a_stdin_backup_stops_at_once_when_told() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let env = Env::new();
+    env.init(&[]);
+    let marker = env.path("still-running");
+    let script = format!("echo start; sleep 30; touch {}", marker.display());
+    let stop_soon = |mut c: std::process::Command| {
+        let child = c
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let t = std::time::Instant::now();
+        kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(130), "{o:?}");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            t.elapsed()
+        );
+    };
+    stop_soon(env.cmd(&["backup", "--stdin-from-command", "--", "sh", "-c", &script]));
+    // Standard input from a program that writes nothing for a long time.
+    let mut feeder = std::process::Command::new("sleep")
+        .arg("30")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut c = env.cmd(&["backup", "--stdin"]);
+    c.stdin(feeder.stdout.take().unwrap());
+    stop_soon(c);
+    let _ = feeder.kill();
+    let _ = feeder.wait();
+    // The shell's `sleep` was ended with it: nothing touches the marker later.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(env.snapshot_ids().is_empty());
+    assert!(!marker.exists());
+}
+
 /// Output to a reader that stops early (`cairn ls | head`, `cairn dump | head`)
 /// ends the command quietly with SIGPIPE's status, no panic and no error line, and
 /// leaves no lock behind.

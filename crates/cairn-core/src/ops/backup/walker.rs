@@ -269,6 +269,8 @@ impl<'a> Walker<'a> {
                 torn: None,
             })?,
             Err(ReadError::Source(e)) => {
+                // A read stopped by Ctrl-C is a cancellation, not a failure.
+                self.progress.check_cancelled()?;
                 return Err(Error::io(path, e));
             }
             Err(ReadError::Fatal(e)) => return Err(e),

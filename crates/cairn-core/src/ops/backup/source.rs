@@ -468,36 +468,79 @@ pub struct Excludes {
     own: Vec<(u64, u64)>,
 }
 
+/// An exclude pattern as a path is cleaned (as restic's `filepath.Clean` does):
+/// `//` is `/`, `./` segments go, `x/..` goes where `x` is a plain name, and a
+/// trailing `/` goes. `./src/a`, `src//a` and `/srv/./data` matched nothing
+/// before, silently (QA).
+fn clean_pattern(p: &str) -> String {
+    let absolute = p.starts_with('/');
+    let mut parts: Vec<&str> = Vec::new();
+    for seg in p.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." if parts
+                .last()
+                .is_some_and(|l| *l != ".." && !l.contains(['*', '?', '[', '\\'])) =>
+            {
+                parts.pop();
+            }
+            _ => parts.push(seg),
+        }
+    }
+    let joined = parts.join("/");
+    // `/` alone names no entry (it was skipped before too).
+    if absolute && !joined.is_empty() {
+        format!("/{joined}")
+    } else {
+        joined
+    }
+}
+
 impl Excludes {
     pub fn new(rules: &ExcludeRules) -> Result<Self, String> {
         let all = (rules.patterns.iter().map(|p| (p, false)))
             .chain(rules.ipatterns.iter().map(|p| (p, true)));
         let mut globs: Vec<(String, bool)> = Vec::new();
+        let mut given: Vec<&str> = Vec::new();
         let mut negated = Vec::new();
         for (p, fold) in all {
             // `!PATTERN` includes again what matches it (`\!` for a name that
             // starts with `!`).
-            let (p, not) = match p.strip_prefix('!') {
+            let (rest, not) = match p.strip_prefix('!') {
                 Some(rest) => (rest, true),
                 None => (p.as_str(), false),
             };
-            let p = p.trim_end_matches('/');
-            if p.is_empty() {
+            let clean = clean_pattern(rest);
+            if clean.is_empty() {
                 continue;
             }
-            let full = if p.starts_with('/') {
-                p.to_string()
+            let full = if clean.starts_with('/') {
+                clean
             } else {
-                format!("**/{p}")
+                format!("**/{clean}")
             };
             globs.push((full, fold));
+            given.push(p);
             negated.push(not);
         }
         if !negated.contains(&true) {
             negated.clear();
         }
         let set = crate::pattern::GlobSet::new(globs.iter().map(|(p, f)| (p.as_str(), *f)))
-            .map_err(|e| format!("invalid exclude pattern: {e}"))?;
+            .map_err(|e| {
+                // Named as given, not as rewritten for matching (`**/[`).
+                let bad = globs
+                    .iter()
+                    .zip(&given)
+                    .find(|((g, f), _)| crate::pattern::GlobSet::new([(g.as_str(), *f)]).is_err());
+                match bad {
+                    Some((_, p)) => {
+                        let why = e.rsplit(": ").next().unwrap_or(&e).to_string();
+                        format!("invalid exclude pattern {p:?}: {why}")
+                    }
+                    None => format!("invalid exclude pattern: {e}"),
+                }
+            })?;
         let mut tags = Vec::new();
         for t in &rules.if_present {
             let (name, header) = match t.split_once(':') {
@@ -794,6 +837,39 @@ impl std::io::Read for SparseReader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Patterns are cleaned as paths before matching (QA: `./src/a`, `src//a`,
+    /// `/tmp//x` and `a/./b` matched nothing), and a bad one is named as given.
+    #[test]
+    fn exclude_patterns_are_cleaned_and_named_as_given() {
+        for (given, clean) in [
+            ("./src/a", "src/a"),
+            ("src//a/", "src/a"),
+            ("a/./b", "a/b"),
+            ("/tmp//x/./y", "/tmp/x/y"),
+            ("a/b/../c", "a/c"),
+            ("*/../c", "*/../c"),
+            ("/", ""),
+            ("*.tmp", "*.tmp"),
+        ] {
+            assert_eq!(clean_pattern(given), clean, "{given}");
+        }
+        let ex = |p: &str| {
+            Excludes::new(&ExcludeRules {
+                patterns: vec![p.to_string()],
+                ..Default::default()
+            })
+        };
+        for p in ["./src/a", "src//a", "/srv//backup/src/a"] {
+            assert!(
+                ex(p).unwrap().is_excluded(Path::new("/srv/backup/src/a")),
+                "{p}"
+            );
+        }
+        let e = ex("[").err().unwrap();
+        assert!(e.starts_with("invalid exclude pattern \"[\""), "{e}");
+        assert!(!e.contains("**/"), "{e}");
+    }
 
     /// Reads `r` to its end in reads of `step` bytes.
     fn read_all(r: &mut dyn std::io::Read, step: usize) -> Vec<u8> {

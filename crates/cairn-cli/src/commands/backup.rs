@@ -44,7 +44,10 @@ enum ListKind {
 /// The paths the `--files-from*` files list, in order. A pattern is expanded
 /// against the file system (sorted); one that matches nothing is a warning, as
 /// restic has it (a list kept by hand outlives some of its paths).
-fn read_path_lists(a: &BackupArgs, quiet: bool) -> Result<Vec<PathBuf>> {
+fn read_path_lists(
+    a: &BackupArgs,
+    progress: &cairn_core::progress::Progress,
+) -> Result<Vec<PathBuf>> {
     use std::os::unix::ffi::OsStringExt;
     let lists = (a.files_from.iter().map(|f| (f, ListKind::Patterns)))
         .chain(
@@ -92,11 +95,12 @@ fn read_path_lists(a: &BackupArgs, quiet: bool) -> Result<Vec<PathBuf>> {
                 .with_context(|| format!("{}: pattern {text:?}", file.display()))?
                 .filter_map(std::result::Result::ok)
                 .collect();
-            if found.is_empty() && !quiet {
-                eprintln!(
-                    "warning: {}: the pattern {text:?} matches nothing, skipped",
+            // A warning, which -q keeps (restic says it with -q too).
+            if found.is_empty() {
+                progress.warning_msg(format!(
+                    "{}: the pattern {text:?} matches nothing, skipped",
                     file.display()
-                );
+                ));
             }
             out.extend(found);
         }
@@ -219,6 +223,9 @@ impl Drop for CommandOutput {
 }
 
 pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
+    // First: the warnings about the arguments go through it too (JSON events
+    // with --json, shown with -q).
+    let mut p = super::progress(g);
     if a.stdin_from_command
         && (a.paths.is_empty()
             || a.image.is_some()
@@ -283,7 +290,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     } else {
         a.paths.clone()
     };
-    paths.extend(read_path_lists(&a, g.quiet)?);
+    paths.extend(read_path_lists(&a, &p.progress)?);
     if listed && paths.is_empty() {
         anyhow::bail!("the --files-from lists name no path to back up");
     }
@@ -302,13 +309,12 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         .and_then(cairn_core::time::parse_user_time)
         && cairn_core::time::parse_rfc3339(&t).is_some_and(cairn_core::time::in_the_future)
     {
-        eprintln!(
-            "warning: --time {t} is in the future: until then `latest` passes this \
-             snapshot over and retention keeps it without counting it"
-        );
+        p.progress.warning_msg(format!(
+            "--time {t} is in the future: until then `latest` passes this snapshot over \
+             and retention keeps it without counting it"
+        ));
     }
     let read_limit = super::rate_flag(&a.read_limit, "--read-limit")?;
-    let mut p = super::progress(g);
     let location = super::repo_location(g)?;
     let storage = super::storage_options(g)?;
     let exists = cairn_core::repo::storage::repository_exists(

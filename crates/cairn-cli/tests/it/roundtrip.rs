@@ -477,7 +477,19 @@ fn exclusion_options_and_path_lists() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("matches nothing"), "{stderr}");
+    // A warning event with --json, and shown with -q too (QA: plain text in
+    // the JSON stream, and nothing with -q).
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains(r#""type":"warning""#) && l.contains("matches nothing")),
+        "{stderr}"
+    );
+    let quiet = env
+        .cmd(&["backup", "-q", "--files-from", list.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&quiet.stderr).contains("matches nothing"));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let got = ls(v["snapshot_id"].as_str().unwrap());
     assert_eq!(got, ["", "/a", "/a/keep", "/c", "/c/d", "/c/d/e"]);

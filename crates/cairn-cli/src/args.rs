@@ -567,7 +567,8 @@ pub struct BackupArgs {
     /// `!dir/keep` (as restic)
     #[arg(short = 'e', long = "exclude", value_parser = snapshot_path())]
     pub excludes: Vec<String>,
-    /// Read exclude patterns from a file, one per line
+    /// Read exclude patterns from a file, one per line ($VAR and ${VAR} are
+    /// replaced by the variable's value, as in restic)
     #[arg(long = "exclude-file")]
     pub exclude_files: Vec<PathBuf>,
     /// As --exclude, ignoring case (repeatable)

@@ -10,9 +10,74 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub(crate) fn read_exclude_files(files: &[PathBuf]) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for f in files {
-        out.extend(listed_lines(f, "exclude")?);
+        out.extend(
+            listed_lines(f, "exclude")?
+                .into_iter()
+                .map(|l| expand_env(&l, |k| std::env::var(k).ok())),
+        );
     }
     Ok(out)
+}
+
+/// `$NAME` and `${NAME}` replaced by the variable's value (nothing when unset),
+/// as restic expands exclude files (QA: a file written for restic with
+/// `$HOME/.cache` excluded nothing); `$$` is a `$`.
+fn expand_env(line: &str, var: impl Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (name, next) = if let Some(inner) = after.strip_prefix('{') {
+            match inner.find('}') {
+                Some(end) => (&inner[..end], &inner[end + 1..]),
+                None => ("", after),
+            }
+        } else if let Some(r) = after.strip_prefix('$') {
+            out.push('$');
+            rest = r;
+            continue;
+        } else {
+            let end = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            (&after[..end], &after[end..])
+        };
+        if name.is_empty() {
+            out.push('$');
+            rest = after;
+            continue;
+        }
+        out.push_str(&var(name).unwrap_or_default());
+        rest = next;
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand_env;
+
+    #[test]
+    fn exclude_files_expand_variables_as_restic_does() {
+        let var = |k: &str| match k {
+            "HOME" => Some("/home/al".to_string()),
+            "X_1" => Some("x".to_string()),
+            _ => None,
+        };
+        for (line, want) in [
+            ("$HOME/.cache", "/home/al/.cache"),
+            ("${HOME}x/$X_1", "/home/alx/x"),
+            ("/a/$UNSET/b", "/a//b"),
+            ("cost$$", "cost$"),
+            ("a$", "a$"),
+            ("${open", "${open"),
+            ("*.tmp", "*.tmp"),
+        ] {
+            assert_eq!(expand_env(line, var), want, "{line}");
+        }
+    }
 }
 
 /// The lines of a file of patterns or snapshot paths (`what`: "exclude",

@@ -800,12 +800,12 @@ struct FileJob {
 /// request or two to remote storage, where one per chunk made a copy from S3
 /// dozens of times slower than a restore).
 const READ_BATCH_BYTES: u64 = 2 << 20;
+/// And at most this many chunks.
+const READ_BATCH_CHUNKS: usize = 512;
 /// The operation of the lock a copy holds while it looks for another copy's
 /// snapshot and commits its own (distinct from the copy's session lock, which
 /// is shared with every other copy).
 const COMMIT_TURN: &str = "copy-commit";
-/// And at most this many chunks.
-const READ_BATCH_CHUNKS: usize = 512;
 
 /// Chunks read ahead for a job's files, by id (each result taken once; a chunk
 /// not here is read when needed), and the few that keep coming back.

@@ -401,7 +401,9 @@ pub struct GrantArgs {
     #[arg(long, value_parser = ["backup", "restore", "admin"])]
     pub role: String,
     /// The host it is for: it sees only the snapshots the server recorded as this
-    /// host's
+    /// host's (a view, not a wall: its client holds the datastore's key and reads
+    /// the packs every host shares; hosts whose data must stay apart need
+    /// datastores of their own, docs/SERVER.md)
     #[arg(long)]
     pub host: Option<String>,
 }

@@ -1132,7 +1132,9 @@ pub async fn start_job(
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
     if t.role != Role::Admin {
-        return Err(ApiError::forbidden("only an admin token may start jobs"));
+        return Err(ApiError::forbidden(
+            "only an admin (token or user) may start jobs",
+        ));
     }
     let b: StartJob = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad(format!("send {{\"kind\": \"check\"}}: {e}")))?;
@@ -1151,7 +1153,7 @@ pub async fn start_job(
     }
     match crate::jobs::start_now(&app, &ds, &b.kind, b.read_data) {
         Ok(name) => {
-            crate::log_line(&format!("job {name}: started by token {}", t.name));
+            crate::log_line(&format!("job {name}: started by {}", t.who()));
             Ok((
                 StatusCode::ACCEPTED,
                 axum::Json(serde_json::json!({ "name": name })),

@@ -469,7 +469,7 @@ fn admin_of(
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
-            "only an admin token may unlock or lock a datastore",
+            "only an admin (token or user) may unlock or lock a datastore",
         ));
     }
     Ok((t, store))
@@ -515,7 +515,7 @@ pub async fn unlock(
     if let Some(w) = store.content.unlock_wait() {
         return Err(too_many(&ds, w));
     }
-    let how = format!("console (token {})", t.name);
+    let how = format!("console ({})", t.who());
     let s = store.clone();
     let d = ds.clone();
     let r = blocking(move || {
@@ -541,12 +541,12 @@ pub async fn unlock(
         && e.kind == "wrong_password"
     {
         crate::log_line(&format!(
-            "datastore {ds}: unlock refused (wrong password) for token {}",
-            t.name
+            "datastore {ds}: unlock refused (wrong password) for {}",
+            t.who()
         ));
     }
     r?;
-    crate::log_line(&format!("datastore {ds}: unlocked by token {}", t.name));
+    crate::log_line(&format!("datastore {ds}: unlocked by {}", t.who()));
     Ok(axum::Json(state_of(&store)).into_response())
 }
 
@@ -875,7 +875,10 @@ fn snapshot_for(
         ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
-            format!("no snapshot {id} for this token"),
+            format!(
+                "no snapshot {id} for this {}",
+                if t.user { "user" } else { "token" }
+            ),
         )
     };
     let lower = id.to_ascii_lowercase();
@@ -981,9 +984,10 @@ pub async fn entries(
         let tree = repo.load_tree(&tree_id).map_err(engine_error)?;
         let start = match &q.after {
             None => 0,
-            Some(a) => tree
-                .nodes
-                .partition_point(|n| n.name.as_slice() <= a.as_bytes()),
+            Some(a) => {
+                let a = cairn_core::ls::unescape_name(a).unwrap_or_else(|| a.as_bytes().to_vec());
+                tree.nodes.partition_point(|n| n.name <= a)
+            }
         };
         let page: Vec<EntryRow> = tree
             .nodes
@@ -993,18 +997,19 @@ pub async fn entries(
             .map(|n| {
                 let e = cairn_core::ls::Entry::new("", n);
                 EntryRow {
-                    name: String::from_utf8_lossy(&n.name).into_owned(),
+                    // Its bytes that are not UTF-8 as the stand-ins the console
+                    // shows as \xNN and gives back in paths: as U+FFFD, two
+                    // such names read the same and neither downloaded (QA).
+                    name: cairn_core::tree::escape_name(&n.name),
                     kind: e.kind,
                     size: e.size,
                     mode: e.mode,
                     user: e.user,
                     group: e.group,
                     mtime: e.mtime,
-                    // Shown as the name is, its bytes that are not UTF-8 as
-                    // U+FFFD (a listing's stand-ins mean nothing in a browser).
                     link_target: e
                         .link_target
-                        .map(|_| String::from_utf8_lossy(&n.link_target).into_owned()),
+                        .map(|_| cairn_core::tree::escape_name(&n.link_target)),
                 }
             })
             .collect();
@@ -1223,8 +1228,8 @@ pub async fn download(
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let path = q.path.clone();
     crate::log_line(&format!(
-        "datastore {ds}: token {} downloads {path} of snapshot {id}{}",
-        t.name,
+        "datastore {ds}: {} downloads {path} of snapshot {id}{}",
+        t.who(),
         kind.map(|k| format!(" as {k}")).unwrap_or_default()
     ));
     tokio::task::spawn_blocking(move || {
@@ -1252,7 +1257,7 @@ pub async fn download(
             }
         };
         let r = match kind {
-            Some("zip") => cairn_core::export::export(
+            Some("zip") => cairn_core::export::export_complete(
                 &session,
                 &root,
                 &path,
@@ -1263,7 +1268,13 @@ pub async fn download(
             Some(_) => zstd::stream::Encoder::new(&mut pipe, 3)
                 .map_err(|e| cairn_core::Error::io("the archive", e))
                 .and_then(|mut enc| {
-                    let r = cairn_core::export::export_tar(&session, &root, &path, &mut enc)?;
+                    let r = cairn_core::export::export_complete(
+                        &session,
+                        &root,
+                        &path,
+                        cairn_core::export::Format::Tar,
+                        &mut enc,
+                    )?;
                     enc.finish()
                         .map_err(|e| cairn_core::Error::io("the archive", e))?;
                     complete(r)

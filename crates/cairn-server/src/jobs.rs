@@ -912,6 +912,17 @@ fn start_spec(app: &Arc<App>, spec: JobSpec, trigger: &str) -> bool {
         let result = tokio::task::spawn_blocking(move || run_job(&a, &s, &progress))
             .await
             .unwrap_or_else(|e| Err(format!("the job stopped: {e}")));
+        // What the job changed (a retention or prune here; a copy into another
+        // of this server's datastores) is read again by the console, whose
+        // figures were kept from before (QA: a prune's effect not shown).
+        for name in [Some(&spec.datastore), spec.to.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(d) = app.datastores.get(name) {
+                d.content.changed();
+            }
+        }
         let (outcome, summary) = match result {
             Ok((true, s)) => ("ok", s),
             Ok((false, s)) => ("problems", s),

@@ -96,6 +96,15 @@ async fn summary(ds: &Arc<Datastore>, role: Role, host_bound: bool) -> Summary {
         .ok()
         .flatten();
     let (running, queued) = ds.slots.jobs();
+    // Listed but without a config: not a datastore any more (its disk not
+    // mounted, or deleted), which an empty, healthy row made look like data
+    // lost (QA).
+    let census = match census {
+        Ok(_) if config.is_none() => Err("the datastore holds no readable config: is its \
+             file system mounted? (or the repository was deleted)"
+            .to_string()),
+        c => c,
+    };
     let mut s = Summary {
         name: ds.name.clone(),
         location: (role == Role::Admin).then(|| ds.location.clone()),

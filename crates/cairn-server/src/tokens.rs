@@ -49,6 +49,12 @@ pub struct TokenEntry {
 pub const ALL_DATASTORES: &str = "*";
 
 impl TokenEntry {
+    /// "token NAME" or "user NAME", for messages and the log (QA: a console
+    /// user was called a token everywhere).
+    pub fn who(&self) -> String {
+        format!("{} {}", if self.user { "user" } else { "token" }, self.name)
+    }
+
     /// Whether this grant opens datastore `name`.
     pub fn opens(&self, name: &str) -> bool {
         self.datastore == name || self.datastore == ALL_DATASTORES

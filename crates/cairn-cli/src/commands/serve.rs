@@ -300,7 +300,12 @@ fn scrub(g: &Global, s: &ScrubArgs, config: Option<&std::path::Path>) -> Result<
             cairn_core::units::bytes(report.bytes_read, 2),
             report.secs,
             if report.is_clean() {
-                "no damage found".to_string()
+                // What scrub can see without the key: the objects stored. One
+                // missing is `check`'s to find (QA: "no damage" beside a
+                // missing pack).
+                "no damage found in what is stored (an object missing altogether is \
+                 found by `cairn check`, with the key)"
+                    .to_string()
             } else {
                 format!(
                     "{} damaged (run `cairn check --read-data` and `cairn repair` with the key)",

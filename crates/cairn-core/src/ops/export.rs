@@ -96,7 +96,33 @@ pub fn export<A: Access>(
 ) -> Result<ExportReport> {
     match format {
         Format::Tar => export_tar(session, root, path, out),
-        Format::Zip => run(session, root, path, ZipSink::new(out)),
+        Format::Zip => run(session, root, path, ZipSink::new(out), false),
+    }
+}
+
+/// [`export`] that stops at the first file it cannot read in full or directory it
+/// cannot read, leaving the archive unfinished (a zip without its central
+/// directory, a tar without its end), for a reader that cannot be told afterwards
+/// (a browser's download): an archive finished with zeros in place of lost data
+/// passed every check (QA: `unzip` and its CRCs said nothing).
+pub fn export_complete<A: Access>(
+    session: &Session<A>,
+    root: &BlobId,
+    path: &str,
+    format: Format,
+    out: &mut dyn Write,
+) -> Result<ExportReport> {
+    match format {
+        Format::Tar => run(
+            session,
+            root,
+            path,
+            TarSink {
+                tar: tar::Builder::new(out),
+            },
+            true,
+        ),
+        Format::Zip => run(session, root, path, ZipSink::new(out), true),
     }
 }
 
@@ -118,6 +144,7 @@ pub fn export_tar<A: Access>(
         TarSink {
             tar: tar::Builder::new(out),
         },
+        false,
     )
 }
 
@@ -126,11 +153,12 @@ fn run<A: Access, S: Sink>(
     root: &BlobId,
     path: &str,
     sink: S,
+    complete_only: bool,
 ) -> Result<ExportReport> {
     let repo = session.repo();
     std::thread::scope(|s| {
         let readers = BlobReaders::start(s, repo);
-        let r = run_with(repo, root, path, sink, &readers);
+        let r = run_with(repo, root, path, sink, &readers, complete_only);
         drop(readers);
         r
     })
@@ -142,6 +170,7 @@ fn run_with<S: Sink>(
     path: &str,
     sink: S,
     readers: &BlobReaders,
+    complete_only: bool,
 ) -> Result<ExportReport> {
     let start = find_node(repo, root, path)?;
     let base = crate::ops::ls::walk_path(path);
@@ -154,6 +183,7 @@ fn run_with<S: Sink>(
         report: ExportReport::default(),
         ahead: Ahead::default(),
         dir_serial: 0,
+        complete_only,
     };
     let tree_id = match &start {
         None => *root,
@@ -209,6 +239,8 @@ struct Exporter<'a, S: Sink> {
     ahead: Ahead,
     /// Numbers the directories entered (see [`FileTag`]).
     dir_serial: u64,
+    /// Stop at the first loss ([`export_complete`]).
+    complete_only: bool,
 }
 
 fn io(e: std::io::Error) -> Error {
@@ -267,6 +299,12 @@ impl<S: Sink> Exporter<'_, S> {
                 self.report.notes.extend(self.sink.take_notes());
                 written?;
                 if let Some((bytes, why)) = damaged {
+                    if self.complete_only {
+                        return Err(Error::Invalid(format!(
+                            "{shown} could not be read in full ({why}); the archive is \
+                             incomplete"
+                        )));
+                    }
                     self.report.damaged.push(DamagedFile {
                         path: shown,
                         zeroed_bytes: bytes,
@@ -1466,6 +1504,11 @@ impl<S: Sink> Visitor for Exporter<'_, S> {
         Ok(n.subtree)
     }
     fn unreadable(&mut self, dir: &mut DirAhead, path: &str, _: &Node, e: Error) -> Result<()> {
+        if self.complete_only {
+            return Err(Error::Invalid(format!(
+                "{path} could not be read ({e}); the archive is incomplete"
+            )));
+        }
         self.report.errors.push(ExportError {
             path: path.to_string(),
             error: e.to_string(),

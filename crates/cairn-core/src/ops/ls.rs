@@ -19,7 +19,7 @@ pub use crate::tree::{escape_arg, escape_name, raw_byte};
 
 /// The exact bytes of a name given with stand-ins ([`escape_name`]); `None` when it
 /// holds none (it is the name's UTF-8 then).
-pub(crate) fn unescape_name(name: &str) -> Option<Vec<u8>> {
+pub fn unescape_name(name: &str) -> Option<Vec<u8>> {
     let raw = crate::tree::is_stand_in;
     if !name.chars().any(raw) {
         return None;

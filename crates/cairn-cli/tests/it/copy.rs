@@ -682,6 +682,27 @@ fn a_snapshot_copied_by_another_way_is_not_copied_again() {
     assert_eq!(r4.snapshot_ids().len(), 3);
 }
 
+/// A copy from `r1` into `r2` started with a pause at the first hit of `point`,
+/// returned once it is there, with the directory whose `go` file lets it go on.
+fn paused_copy(r1: &Env, r2: &Env, point: &str) -> (std::process::Child, std::path::PathBuf) {
+    let pause = r2.path(&format!("pause-{}", point.replace(':', "-")));
+    std::fs::create_dir_all(&pause).unwrap();
+    let child = copy_cmd(r1, r2, &[])
+        .env(
+            "CAIRN_TEST_PAUSE_AT",
+            format!("{point}:1:{}", pause.display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the first copy to reach its commit",
+        std::time::Duration::from_secs(60),
+        || pause.join("reached").exists(),
+    );
+    (child, pause)
+}
+
 /// Two copies of the same snapshots into one destination at once: the one that
 /// comes to commit second finds the first one's copy and stores no second
 /// snapshot (both stored one before; prune took the duplicate data away, but the
@@ -693,22 +714,8 @@ fn two_copies_at_once_store_each_snapshot_once() {
     let (src, _) = history(&r1);
     let r2 = Env::new();
     r2.init(&["--block-size", "64K"]);
-    let pause = r2.path("pause");
-    std::fs::create_dir_all(&pause).unwrap();
     // The first copy stops before committing its first snapshot...
-    let first = copy_cmd(&r1, &r2, &[])
-        .env(
-            "CAIRN_TEST_PAUSE_AT",
-            format!("copy:before-snapshot:1:{}", pause.display()),
-        )
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until(
-        "the first copy to reach its commit",
-        std::time::Duration::from_secs(60),
-        || pause.join("reached").exists(),
-    );
+    let (first, pause) = paused_copy(&r1, &r2, "copy:before-snapshot");
     // ...while a second one copies everything...
     let second = copy(&r1, &r2, &[]);
     assert_eq!(second["snapshots_copied"], 3, "{second}");
@@ -734,22 +741,8 @@ fn two_copies_committing_together_store_each_snapshot_once() {
     let (src, _) = history(&r1);
     let r2 = Env::new();
     r2.init(&["--block-size", "64K"]);
-    let pause = r2.path("pause");
-    std::fs::create_dir_all(&pause).unwrap();
     // The first copy found nothing for its first snapshot and is about to commit...
-    let first = copy_cmd(&r1, &r2, &[])
-        .env(
-            "CAIRN_TEST_PAUSE_AT",
-            format!("copy:checked:1:{}", pause.display()),
-        )
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until(
-        "the first copy to reach its commit",
-        std::time::Duration::from_secs(60),
-        || pause.join("reached").exists(),
-    );
+    let (first, pause) = paused_copy(&r1, &r2, "copy:checked");
     // ...when a second one comes to commit the same snapshot: it waits.
     let second = copy_cmd(&r1, &r2, &[])
         .stdout(std::process::Stdio::piped())

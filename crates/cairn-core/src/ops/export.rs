@@ -94,23 +94,32 @@ pub fn export<A: Access>(
     format: Format,
     out: &mut dyn Write,
 ) -> Result<ExportReport> {
-    match format {
-        Format::Tar => export_tar(session, root, path, out),
-        Format::Zip => run(session, root, path, ZipSink::new(out), false),
-    }
+    export_as(session, root, path, format, out, false)
 }
 
-/// [`export`] that stops at the first file it cannot read in full or directory it
-/// cannot read, leaving the archive unfinished (a zip without its central
-/// directory, a tar without its end), for a reader that cannot be told afterwards
-/// (a browser's download): an archive finished with zeros in place of lost data
-/// passed every check (QA: `unzip` and its CRCs said nothing).
+/// [`export`] that stops with an error at the first file it cannot read in full
+/// or directory it cannot read, for a reader that cannot be told afterwards (a
+/// browser's download): an archive finished with zeros in place of lost data
+/// passed every check (QA: `unzip` and its CRCs said nothing). A zip is then
+/// left without its central directory; the caller must not finish what wraps a
+/// tar (the server's zstd frame), whose writer ends the archive on its own.
 pub fn export_complete<A: Access>(
     session: &Session<A>,
     root: &BlobId,
     path: &str,
     format: Format,
     out: &mut dyn Write,
+) -> Result<ExportReport> {
+    export_as(session, root, path, format, out, true)
+}
+
+fn export_as<A: Access>(
+    session: &Session<A>,
+    root: &BlobId,
+    path: &str,
+    format: Format,
+    out: &mut dyn Write,
+    complete_only: bool,
 ) -> Result<ExportReport> {
     match format {
         Format::Tar => run(
@@ -120,9 +129,9 @@ pub fn export_complete<A: Access>(
             TarSink {
                 tar: tar::Builder::new(out),
             },
-            true,
+            complete_only,
         ),
-        Format::Zip => run(session, root, path, ZipSink::new(out), true),
+        Format::Zip => run(session, root, path, ZipSink::new(out), complete_only),
     }
 }
 
@@ -137,15 +146,7 @@ pub fn export_tar<A: Access>(
     path: &str,
     out: &mut dyn Write,
 ) -> Result<ExportReport> {
-    run(
-        session,
-        root,
-        path,
-        TarSink {
-            tar: tar::Builder::new(out),
-        },
-        false,
-    )
+    export_as(session, root, path, Format::Tar, out, false)
 }
 
 fn run<A: Access, S: Sink>(

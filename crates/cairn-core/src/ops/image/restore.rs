@@ -255,6 +255,22 @@ fn loop_devices_backed_by(m: &std::fs::Metadata) -> Vec<String> {
     out
 }
 
+/// Refuses a target a loop device is set up over (a file behind one, or a disk
+/// with one stacked on it): writing under it corrupts what is used through it.
+fn refuse_if_looped(path: &Path, m: &std::fs::Metadata) -> Result<()> {
+    let loops = loop_devices_backed_by(m);
+    if loops.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Invalid(format!(
+        "{} is the backing {} of {}: refusing to write an image over it; unmount and \
+         detach it first (losetup -d)",
+        path.display(),
+        if m.is_file() { "file" } else { "device" },
+        loops.join(", ")
+    )))
+}
+
 /// Whether the kernel marks the block device read-only (`/sys/dev/block/M:N/ro`,
 /// what `BLKROGET` answers): writes would all fail, so the restore stops before
 /// the first.
@@ -299,15 +315,7 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
                 })?;
             // A loop device over this disk (a filesystem of one of its
             // partitions mounted through it) does not hold it for O_EXCL.
-            let loops = loop_devices_backed_by(&m);
-            if !loops.is_empty() {
-                return Err(Error::Invalid(format!(
-                    "{} is the backing device of {}: refusing to write an image over it; \
-                     unmount and detach it first (losetup -d)",
-                    path.display(),
-                    loops.join(", ")
-                )));
-            }
+            refuse_if_looped(&path, &m)?;
             if device_is_read_only(&m) {
                 return Err(Error::Invalid(format!(
                     "{} is read-only: nothing was written",
@@ -338,15 +346,7 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
             }
             // A file behind a loop device is a disk someone uses (perhaps mounted):
             // writing it under them corrupts both. O_EXCL cannot tell for a file.
-            let loops = loop_devices_backed_by(&m);
-            if !loops.is_empty() {
-                return Err(Error::Invalid(format!(
-                    "{} is the backing file of {}: refusing to write an image over it; \
-                     unmount and detach it first (losetup -d)",
-                    path.display(),
-                    loops.join(", ")
-                )));
-            }
+            refuse_if_looped(&path, &m)?;
             if !opts.replace {
                 return Err(Error::Invalid(format!(
                     "{} exists: give --overwrite always to replace it, or another target",

@@ -255,6 +255,17 @@ pub fn new_password(file: Option<&PathBuf>) -> Result<String> {
     .new_password()
 }
 
+/// The width of a table column holding `cells`: the widest, in characters, but
+/// at least `min` (its heading's room) and at most 64 (a long tag or host name
+/// then runs over rather than pushing every row out).
+pub fn column_width<S: AsRef<str>>(cells: impl Iterator<Item = S>, min: usize) -> usize {
+    cells
+        .map(|c| c.as_ref().chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(min, 64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{percent, printable};

@@ -914,14 +914,15 @@ fn start_spec(app: &Arc<App>, spec: JobSpec, trigger: &str) -> bool {
             .unwrap_or_else(|e| Err(format!("the job stopped: {e}")));
         // What the job changed (a retention or prune here; a copy into another
         // of this server's datastores) is read again by the console, whose
-        // figures were kept from before (QA: a prune's effect not shown).
-        for name in [Some(&spec.datastore), spec.to.as_ref()]
-            .into_iter()
-            .flatten()
-        {
-            if let Some(d) = app.datastores.get(name) {
-                d.content.changed();
-            }
+        // figures were kept from before (QA: a prune's effect not shown). A check
+        // or scrub changes nothing: its figures stay.
+        let changed = match spec.kind.as_str() {
+            "retention" | "prune" => Some(&spec.datastore),
+            "copy" => spec.to.as_ref(),
+            _ => None,
+        };
+        if let Some(d) = changed.and_then(|name| app.datastores.get(name)) {
+            d.content.changed();
         }
         let (outcome, summary) = match result {
             Ok((true, s)) => ("ok", s),

@@ -229,16 +229,8 @@ fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
     // Host and tag columns as wide as their longest, as in `snapshots` (QA:
     // a long tag ran into the reasons).
     let all = || gr.keep.iter().chain(&gr.remove);
-    let hw = all()
-        .map(|s| s.host.chars().count())
-        .max()
-        .unwrap_or(0)
-        .clamp(16, 64);
-    let tw = all()
-        .map(|s| s.tags.join(",").chars().count())
-        .max()
-        .unwrap_or(0)
-        .clamp(12, 64);
+    let hw = ui::column_width(all().map(|s| s.host.as_str()), 16);
+    let tw = ui::column_width(all().map(|s| s.tags.join(",")), 12);
     // Host, tags and paths are what the backup's client wrote: written out as
     // `snapshots` writes them (no control character reaches the terminal).
     let row = |s: &SnapshotEntry, reason: Option<&str>| {

@@ -64,18 +64,8 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
                 Some(_) => format!("{}*", s.hostname),
                 None => s.hostname.clone(),
             };
-        let hw = snaps
-            .iter()
-            .map(|(id, s)| host_of(id, s).chars().count())
-            .max()
-            .unwrap_or(0)
-            .clamp(16, 64);
-        let tw = snaps
-            .iter()
-            .map(|(_, s)| s.tags.join(",").chars().count())
-            .max()
-            .unwrap_or(0)
-            .clamp(12, 64);
+        let hw = ui::column_width(snaps.iter().map(|(id, s)| host_of(id, s)), 16);
+        let tw = ui::column_width(snaps.iter().map(|(_, s)| s.tags.join(",")), 12);
         println!(
             "{:<10} {:<20} {:<hw$} {:<tw$} {:>12}  paths",
             "id", "time", "host", "tags", "size"

@@ -5039,15 +5039,30 @@ fn the_console_api_serves_odd_names_deep_paths_and_no_false_zip() {
     let level = "日".repeat(50);
     let top = src.join("deep");
     std::fs::create_dir_all(&top).unwrap();
-    let made = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import os\nfor i in range(45):\n    os.mkdir('{level}'); os.chdir('{level}')\nopen('f.txt', 'w').write('deep\\n')"
-        ))
-        .current_dir(&top)
-        .status()
+    {
+        use nix::fcntl::{OFlag, openat};
+        use nix::sys::stat::Mode;
+        let mut dir = std::fs::File::open(&top).unwrap();
+        for _ in 0..45 {
+            nix::sys::stat::mkdirat(&dir, level.as_str(), Mode::from_bits_truncate(0o755)).unwrap();
+            let fd = openat(
+                &dir,
+                level.as_str(),
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+                Mode::empty(),
+            )
+            .unwrap();
+            dir = std::fs::File::from(fd);
+        }
+        let f = openat(
+            &dir,
+            "f.txt",
+            OFlag::O_WRONLY | OFlag::O_CREAT,
+            Mode::from_bits_truncate(0o644),
+        )
         .unwrap();
-    assert!(made.success());
+        std::fs::File::from(f).write_all(b"deep\n").unwrap();
+    }
     let deep = PathBuf::from(format!(
         "{}/{}",
         top.display(),
@@ -5123,12 +5138,13 @@ fn the_console_api_serves_odd_names_deep_paths_and_no_false_zip() {
     assert!(out.ends_with("\n200") && out.contains("f.txt"), "{out}");
 
     // A pack of big/a.bin gone: the zip of big/ is cut short, never finished.
-    let packs: Vec<_> = walk_files(&env.repo.join("data"));
-    let gone = packs
-        .iter()
-        .max_by_key(|f| std::fs::metadata(f).unwrap().len())
+    let data = env.repo.join("data");
+    let (gone, _) = walk(&data)
+        .into_iter()
+        .filter(|(_, m)| m.is_file())
+        .max_by_key(|(_, m)| m.len())
         .unwrap();
-    std::fs::remove_file(gone).unwrap();
+    std::fs::remove_file(data.join(gone)).unwrap();
     let o = curl(&format!(
         "/v1/datastores/main/snapshots/{id}/download?path={}&format=zip",
         q(big.to_str().unwrap())
@@ -5141,17 +5157,4 @@ fn the_console_api_serves_odd_names_deep_paths_and_no_false_zip() {
         "{} bytes with a central directory",
         body.len()
     );
-}
-
-fn walk_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk_files(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }

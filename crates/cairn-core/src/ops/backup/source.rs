@@ -456,11 +456,9 @@ const TAG_HEADER_MAX: usize = 4096;
 
 /// [`ExcludeRules`] ready to be asked about each entry.
 pub struct Excludes {
-    set: crate::pattern::GlobSet,
-    /// Which patterns of `set` start with `!`: they take back what an earlier
-    /// pattern left out (the last matching pattern decides, as in restic). Empty
-    /// when none does.
-    negated: Vec<bool>,
+    /// `--exclude`'s patterns, then `--iexclude`'s: each list judges on its own,
+    /// as in restic, so a `!` in one takes back only what that list left out.
+    groups: Vec<PatternGroup>,
     /// Tag file names, with the header each must start with.
     tags: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     larger_than: Option<u64>,
@@ -496,14 +494,22 @@ fn clean_pattern(p: &str) -> String {
     }
 }
 
-impl Excludes {
-    pub fn new(rules: &ExcludeRules) -> Result<Self, String> {
-        let all = (rules.patterns.iter().map(|p| (p, false)))
-            .chain(rules.ipatterns.iter().map(|p| (p, true)));
-        let mut globs: Vec<(String, bool)> = Vec::new();
+/// The patterns of one option (`--exclude` or `--iexclude`), ready to match.
+struct PatternGroup {
+    set: crate::pattern::GlobSet,
+    /// Which patterns of `set` start with `!`: they take back what an earlier
+    /// pattern left out (the last matching pattern decides, as in restic). Empty
+    /// when none does.
+    negated: Vec<bool>,
+}
+
+impl PatternGroup {
+    /// `None` when no pattern names anything.
+    fn new(patterns: &[String], fold: bool) -> Result<Option<Self>, String> {
+        let mut globs: Vec<String> = Vec::new();
         let mut given: Vec<&str> = Vec::new();
         let mut negated = Vec::new();
-        for (p, fold) in all {
+        for p in patterns {
             // `!PATTERN` includes again what matches it (`\!` for a name that
             // starts with `!`).
             let (rest, not) = match p.strip_prefix('!') {
@@ -519,20 +525,23 @@ impl Excludes {
             } else {
                 format!("**/{clean}")
             };
-            globs.push((full, fold));
+            globs.push(full);
             given.push(p);
             negated.push(not);
+        }
+        if globs.is_empty() {
+            return Ok(None);
         }
         if !negated.contains(&true) {
             negated.clear();
         }
-        let set = crate::pattern::GlobSet::new(globs.iter().map(|(p, f)| (p.as_str(), *f)))
-            .map_err(|e| {
+        let set = crate::pattern::GlobSet::new(globs.iter().map(|p| (p.as_str(), fold))).map_err(
+            |e| {
                 // Named as given, not as rewritten for matching (`**/[`).
                 let bad = globs
                     .iter()
                     .zip(&given)
-                    .find(|((g, f), _)| crate::pattern::GlobSet::new([(g.as_str(), *f)]).is_err());
+                    .find(|(g, _)| crate::pattern::GlobSet::new([(g.as_str(), fold)]).is_err());
                 match bad {
                     Some((_, p)) => {
                         let why = e.rsplit(": ").next().unwrap_or(&e).to_string();
@@ -540,7 +549,29 @@ impl Excludes {
                     }
                     None => format!("invalid exclude pattern: {e}"),
                 }
-            })?;
+            },
+        )?;
+        Ok(Some(PatternGroup { set, negated }))
+    }
+
+    fn is_excluded(&self, path: &[u8]) -> bool {
+        if self.negated.is_empty() {
+            return self.set.is_match_bytes(path);
+        }
+        self.set
+            .last_match_bytes(path)
+            .is_some_and(|i| !self.negated[i])
+    }
+}
+
+impl Excludes {
+    pub fn new(rules: &ExcludeRules) -> Result<Self, String> {
+        let mut groups = Vec::new();
+        for (patterns, fold) in [(&rules.patterns, false), (&rules.ipatterns, true)] {
+            if let Some(group) = PatternGroup::new(patterns, fold)? {
+                groups.push(group);
+            }
+        }
         let mut tags = Vec::new();
         for t in &rules.if_present {
             let (name, header) = match t.split_once(':') {
@@ -573,8 +604,7 @@ impl Excludes {
             .map(|m| (m.dev(), m.ino()))
             .collect();
         Ok(Excludes {
-            set,
-            negated,
+            groups,
             tags,
             larger_than: rules.larger_than,
             own,
@@ -589,12 +619,7 @@ impl Excludes {
     /// Left out by a pattern: the last one that matches, unless it starts with `!`.
     pub fn is_excluded(&self, path: &Path) -> bool {
         let path = path.as_os_str().as_bytes();
-        if self.negated.is_empty() {
-            return self.set.is_match_bytes(path);
-        }
-        self.set
-            .last_match_bytes(path)
-            .is_some_and(|i| !self.negated[i])
+        self.groups.iter().any(|g| g.is_excluded(path))
     }
 
     /// A regular file left out for its size.
@@ -993,5 +1018,35 @@ mod tests {
         // Only negations: nothing is left out.
         let e = Excludes::patterns(&["!*.log".into()]).unwrap();
         assert!(!e.is_excluded(Path::new("/a/x.log")));
+    }
+
+    /// `--exclude` and `--iexclude` judge apart, as in restic: a `!` in one list
+    /// does not take back what the other left out (QA: it did, in either order).
+    #[test]
+    fn a_negation_applies_to_its_own_option_only() {
+        let e = Excludes::new(&ExcludeRules {
+            patterns: vec!["*.log".into(), "!b.log".into()],
+            ipatterns: vec!["*.TMP".into(), "!A.LOG".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(e.is_excluded(Path::new("/d/a.log")));
+        assert!(!e.is_excluded(Path::new("/d/b.log")));
+        assert!(e.is_excluded(Path::new("/d/x.tmp")));
+        let e = Excludes::new(&ExcludeRules {
+            patterns: vec!["!x.tmp".into()],
+            ipatterns: vec!["*.TMP".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(e.is_excluded(Path::new("/d/x.tmp")));
+        // A bad pattern in either list is named as given.
+        let err = Excludes::new(&ExcludeRules {
+            ipatterns: vec!["ok".into(), "[x".into()],
+            ..Default::default()
+        })
+        .err()
+        .unwrap_or_default();
+        assert!(err.contains("\"[x\""), "{err}");
     }
 }

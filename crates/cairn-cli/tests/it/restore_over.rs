@@ -1257,6 +1257,85 @@ fn a_restore_after_a_killed_one_finishes_its_work_whatever_overwrite_says() {
     }
 }
 
+/// The mark of a killed restore of a part goes when that part is restored again
+/// to its end, not only with a restore of everything: it lists the part of each
+/// restore that met it, and one that finishes takes its own off. A restore of
+/// another part in between keeps it; a mark that lists nothing (an older cairn's)
+/// is left to a restore of everything.
+#[test]
+fn a_rerun_of_a_killed_restore_of_a_part_takes_its_mark_away() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("big"), Rng(4).bytes(12 << 20, false)).unwrap();
+    fs::write(src.join("small"), b"small").unwrap();
+    let snap = env.backup(&[&src]);
+    let target = env.path("t");
+    let t = target.to_str().unwrap();
+    let mark = target.join(".cairn-restore-unfinished");
+    let restored = target.join(src.strip_prefix("/").unwrap());
+    let big = format!("{}/big", src.display());
+    let small = format!("{}/small", src.display());
+    let mut child = env
+        .cmd(&[
+            "restore",
+            &snap,
+            "--target",
+            t,
+            "--include",
+            &big,
+            "--write-limit",
+            "2M",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the big file started",
+        std::time::Duration::from_secs(60),
+        || fs::metadata(restored.join("big")).is_ok_and(|m| m.len() > 0),
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(mark.exists());
+    let since = fs::metadata(&mark).unwrap().modified().unwrap();
+    // Another part, restored to its end: the killed part is still unfinished.
+    env.ok(&["restore", &snap, "--target", t, "--include", &small]);
+    assert!(mark.exists());
+    assert_eq!(fs::metadata(&mark).unwrap().modified().unwrap(), since);
+    // The killed part again, to its end: nothing is left unfinished.
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--target",
+        t,
+        "--include",
+        &big,
+        "--overwrite",
+        "never",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("did not finish"), "{err}");
+    assert!(!mark.exists(), "{err}");
+    assert_eq!(
+        fs::read(restored.join("big")).unwrap(),
+        fs::read(src.join("big")).unwrap()
+    );
+    // A mark that lists no part stays until a restore of everything.
+    fs::write(
+        &mark,
+        "A cairn restore into this directory has not finished.\n",
+    )
+    .unwrap();
+    env.ok(&["restore", &snap, "--target", t, "--include", &small]);
+    assert!(mark.exists());
+    env.ok(&["restore", &snap, "--target", t]);
+    assert!(!mark.exists());
+}
+
 /// At a low `--write-limit` one small file's share of the rate lasts minutes:
 /// Ctrl-C ends the restore at once all the same, not when that wait is over.
 #[test]

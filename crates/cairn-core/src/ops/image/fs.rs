@@ -117,6 +117,9 @@ pub struct ImageFs {
     /// Checked between the pieces of a file and between entries: a file can be a
     /// terabyte of holes, which the reader hands over as zeros.
     cancel: crate::progress::CancelToken,
+    /// The snapshot's tree: with `offset` and a path, what a restore restores
+    /// (the mark of an unfinished restore lists it).
+    tree: String,
 }
 
 fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -201,6 +204,7 @@ impl ImageFs {
                         offset,
                         bytes: mine,
                         cancel: crate::progress::CancelToken::new(),
+                        tree: snap.tree.clone(),
                     });
                 }
                 Err(e) => {
@@ -542,7 +546,13 @@ impl ImageFs {
         // not kept for its time, even with `never` or `if-newer`.
         use std::os::fd::AsFd as _;
         let unfinished_since = crate::ops::restore::unfinished::since(root.as_fd());
-        let _ = crate::ops::restore::unfinished::mark(root.as_fd());
+        let selection = crate::ops::restore::unfinished::selection(
+            self.tree.as_bytes(),
+            &[format!("image-fs {} {path}", self.offset)],
+            &[],
+            &[],
+        );
+        let _ = crate::ops::restore::unfinished::mark(root.as_fd(), &selection);
         let notes = (unfinished_since.iter())
             .map(|&t| crate::ops::restore::unfinished::notice(target, t))
             .collect();
@@ -595,11 +605,11 @@ impl ImageFs {
             top.map(|(n, _)| n),
             &mut r,
         )?;
-        // The mark goes once no file is left cut short; after an unfinished
-        // restore, only with a restore of the whole filesystem (one of a part says
-        // nothing of the rest), else it was this restore's own.
-        if r.unfinished == 0 && (path == "/" || unfinished_since.is_none()) {
-            crate::ops::restore::unfinished::clear(root.as_fd())
+        // Once no file is left cut short, this restore's part is finished: the
+        // mark goes unless it lists another part (one of a part says nothing of
+        // the rest); a restore of the whole filesystem takes it away.
+        if r.unfinished == 0 {
+            crate::ops::restore::unfinished::finished(root.as_fd(), &selection, path == "/")
                 .map_err(|e| Error::io(target, e))?;
         }
         // A file leaves `links` once its last name is made.

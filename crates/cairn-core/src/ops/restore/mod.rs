@@ -429,7 +429,13 @@ pub(super) fn restore(
     if let Some(t) = unfinished_since {
         progress.notice(unfinished::notice(target, t));
     }
-    let _ = unfinished::mark(root_fd.as_fd());
+    let selection = unfinished::selection(
+        root.as_bytes(),
+        &opts.includes,
+        &opts.excludes,
+        &opts.iexcludes,
+    );
+    let _ = unfinished::mark(root_fd.as_fd(), &selection);
     let root_dir = Arc::new(Dir {
         fd: root_fd,
         node: DirNode::root(target, &st),
@@ -542,15 +548,17 @@ pub(super) fn restore(
         });
         w.set_inode_flags();
         ended?;
-        // The mark goes once no file is left cut short (an attribute refused, a
-        // device not made: nothing for the next restore to distrust). After an
-        // unfinished restore, only a restore of everything takes it away: one of a
-        // part says nothing of the rest. Else it was this restore's own: left, it
-        // would make later restores rewrite whatever was edited in the target.
+        // Once no file is left cut short (an attribute refused, a device not
+        // made: nothing for the next restore to distrust), this restore's part is
+        // finished: the mark goes unless it lists another part, still unfinished
+        // (one of a part says nothing of the rest); a restore of everything takes
+        // it away. A mark left behind for no reason would make later restores
+        // rewrite whatever was edited in the target.
         let everything =
             opts.includes.is_empty() && opts.excludes.is_empty() && opts.iexcludes.is_empty();
-        if !w.left_unfinished && (everything || w.unfinished_since.is_none()) {
-            unfinished::clear(root_dir.fd()).map_err(|e| Error::io(target, e))?;
+        if !w.left_unfinished {
+            unfinished::finished(root_dir.fd(), &selection, everything)
+                .map_err(|e| Error::io(target, e))?;
         }
         Ok(w.stats)
     })

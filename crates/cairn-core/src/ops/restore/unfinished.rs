@@ -10,7 +10,11 @@
 //! attribute or a device it could not set is no unfinished work) and either the
 //! mark was its own or it restored everything (no include or exclude;
 //! `--image-fs /`): a restore of a part after an unfinished one says nothing of
-//! the rest. The next restore that finds
+//! the rest. The mark lists the selection (the tree and the include and exclude
+//! patterns) of each restore that met it; one that finishes takes its own off the
+//! list (it rewrote what an unfinished run of it left), and the mark goes with the
+//! list's last: a rerun of the unfinished restore of a part takes the mark away.
+//! The next restore that finds
 //! it treats every entry changed since the mark's time as `if-changed` would when
 //! `--overwrite` is `never` or `if-newer`: rewritten unless it is the snapshot's
 //! (size and time, else content). What had been there before the unfinished
@@ -18,7 +22,8 @@
 
 use super::sys;
 use std::ffi::CStr;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::os::fd::BorrowedFd;
 
 /// The mark's name, in the target directory.
@@ -43,21 +48,119 @@ pub(crate) fn notice(target: &std::path::Path, t: (i64, u32)) -> String {
     )
 }
 
-/// Leaves the mark in `root` (a mark already there stays, with its older time).
-pub(crate) fn mark(root: BorrowedFd<'_>) -> std::io::Result<()> {
+/// The text before the selection lines.
+const TEXT: &str = "A cairn restore into this directory has not finished.\n\
+     The next restore here rewrites what changed since this file's time, unless it \
+     matches the snapshot; it removes this file once everything is restored.\n";
+
+/// A mark longer than this is not read: it is not one restore wrote.
+const MARK_MAX: usize = 64 * 1024;
+
+/// What a restore restores, as the mark lists it: the tree and the patterns that
+/// choose from it. Two restores with the same selection write the same entries.
+pub(crate) fn selection(
+    root: &[u8],
+    includes: &[String],
+    excludes: &[String],
+    iexcludes: &[String],
+) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(root);
+    for (kind, list) in [(b'i', includes), (b'e', excludes), (b'I', iexcludes)] {
+        for p in list {
+            h.update(&[kind]);
+            h.update(&(p.len() as u64).to_le_bytes());
+            h.update(p.as_bytes());
+        }
+    }
+    hex::encode(&h.finalize().as_bytes()[..16])
+}
+
+/// Leaves the mark in `root`, listing `selection`. A mark already there keeps its
+/// older time and gets `selection` added to its list.
+pub(crate) fn mark(root: BorrowedFd<'_>, selection: &str) -> std::io::Result<()> {
     match super::target::create_file(root, MARK) {
-        Ok(mut f) => writeln!(
-            f,
-            "A cairn restore into this directory has not finished.\n\
-             The next restore here rewrites what changed since this file's time, unless it \
-             matches the snapshot; it removes this file once everything is restored."
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Ok(mut f) => write!(f, "{TEXT}selection {selection}\n"),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => add(root, selection),
         Err(e) => Err(e),
     }
 }
 
-/// Removes the mark: the restore finished. What it wrote is put on disk first: a
+/// Adds `selection` to the list of the mark there already, keeping the mark's time
+/// (the time is what the next restore distrusts from).
+fn add(root: BorrowedFd<'_>, selection: &str) -> std::io::Result<()> {
+    let fd = sys::open_at(root, MARK, libc::O_RDWR | libc::O_APPEND, 0)?;
+    let st = sys::fstat(fd.as_fd())?;
+    let mut f = std::fs::File::from(fd);
+    // A mark that lists no part (an older cairn's) or cannot be read says nothing
+    // of what was left unfinished: it stays until a restore of everything.
+    let listed = read_selections(&mut f, &st).unwrap_or_default();
+    if listed.is_empty() || listed.iter().any(|l| l == selection) {
+        return Ok(());
+    }
+    f.write_all(format!("selection {selection}\n").as_bytes())?;
+    sys::futimens(f.as_fd(), st.atime, st.mtime)
+}
+
+/// The selections a mark lists; `None` for one that is not a regular file of at
+/// most [`MARK_MAX`] bytes (a mark of an older cairn lists none).
+fn read_selections(f: &mut std::fs::File, st: &sys::Stat) -> Option<Vec<String>> {
+    if st.kind() != libc::S_IFREG || st.size > MARK_MAX as u64 {
+        return None;
+    }
+    let mut text = String::new();
+    (f.take(MARK_MAX as u64 + 1))
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| l.strip_prefix("selection "))
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+/// A restore of `selection` finished and left no file cut short: it takes its
+/// selection off the mark's list (what any unfinished restore of the same
+/// selection left, it has rewritten), and the mark goes when that leaves the list
+/// empty, or when the restore was of `everything`. A mark that does not list
+/// `selection` (an older cairn's, or unreadable) stays.
+pub(crate) fn finished(
+    root: BorrowedFd<'_>,
+    selection: &str,
+    everything: bool,
+) -> std::io::Result<()> {
+    if everything {
+        return clear(root);
+    }
+    let fd = match sys::open_at(root, MARK, libc::O_RDWR, 0) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let st = sys::fstat(fd.as_fd())?;
+    let mut f = std::fs::File::from(fd);
+    let Some(listed) = read_selections(&mut f, &st) else {
+        return Ok(());
+    };
+    if !listed.iter().any(|l| l == selection) {
+        return Ok(());
+    }
+    let rest: Vec<&String> = listed.iter().filter(|l| *l != selection).collect();
+    if rest.is_empty() {
+        return clear(root);
+    }
+    let mut text = TEXT.to_string();
+    for l in rest {
+        text.push_str(&format!("selection {l}\n"));
+    }
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(text.as_bytes(), 0)?;
+    f.set_len(text.len() as u64)?;
+    sys::futimens(f.as_fd(), st.atime, st.mtime)
+}
+
+/// Removes the mark: a restore finished. What it wrote is put on disk first: a
 /// power cut after the mark went and before the kernel wrote the files out would
 /// leave them empty or cut short with nothing to say so (their times can reach
 /// the disk before their data), and `--overwrite never` would keep them.

@@ -80,7 +80,7 @@ pub(crate) fn selection(
 /// older time and gets `selection` added to its list.
 pub(crate) fn mark(root: BorrowedFd<'_>, selection: &str) -> std::io::Result<()> {
     match super::target::create_file(root, MARK) {
-        Ok(mut f) => write!(f, "{TEXT}selection {selection}\n"),
+        Ok(mut f) => writeln!(f, "{TEXT}selection {selection}"),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => add(root, selection),
         Err(e) => Err(e),
     }

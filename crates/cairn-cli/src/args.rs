@@ -652,6 +652,18 @@ pub struct BackupArgs {
     /// Read every file, even ones the parent snapshot shows unchanged
     #[arg(long)]
     pub force: bool,
+    /// Take a file as unchanged by its size and modification time alone, not its
+    /// inode number and change time (file systems that number inodes anew at
+    /// each mount: some FUSE and network ones)
+    #[arg(long)]
+    pub ignore_inode: bool,
+    /// Take a file as unchanged without comparing its change time (ctime)
+    #[arg(long)]
+    pub ignore_ctime: bool,
+    /// Do not add up the size of what is to be read first (the progress then has
+    /// no total and no ETA; saves a walk of the source)
+    #[arg(long)]
+    pub no_scan: bool,
     /// Small files (up to 1 MiB) read at once (default: 8 per core, at least 16;
     /// more helps on network filesystems and cold disks)
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]

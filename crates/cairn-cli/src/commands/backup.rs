@@ -431,6 +431,10 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         one_file_system: a.one_file_system,
         parent: a.parent.clone(),
         force: a.force,
+        change_detection: backup::ChangeDetection {
+            ignore_inode: a.ignore_inode,
+            ignore_ctime: a.ignore_ctime,
+        },
         read_concurrency: a.read_concurrency.map(|n| n as usize),
         pack_size: super::pack_size_flag(&a.pack_size)?,
         read_limit,
@@ -438,11 +442,14 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     };
     // For the bar's ETA, and for --json readers (the status lines' total): the
     // sizes below the paths, added up beside the backup.
-    let total_scan =
-        ((ui::interactive(g) || g.json) && !a.stdin && !a.stdin_from_command && a.image.is_none())
-            .then(|| backup::excludes(session.repo(), &opts.excludes))
-            .and_then(Result::ok)
-            .map(|ex| (opts.paths.clone(), ex, opts.one_file_system));
+    let total_scan = ((ui::interactive(g) || g.json)
+        && !a.no_scan
+        && !a.stdin
+        && !a.stdin_from_command
+        && a.image.is_none())
+    .then(|| backup::excludes(session.repo(), &opts.excludes))
+    .and_then(Result::ok)
+    .map(|ex| (opts.paths.clone(), ex, opts.one_file_system));
     p.start();
     let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {

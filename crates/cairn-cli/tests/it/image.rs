@@ -2053,3 +2053,45 @@ fn written_during_the_backup(env: &Env, src: &Path) {
         "{v}"
     );
 }
+
+/// A file system backed up from a fresh copy each time (an LVM or btrfs snapshot,
+/// here a copy of an ext4 image on another loop device, mounted at the same
+/// place) has a new device number and the same inodes and change times: its
+/// unchanged files are not read again, as restic does not read them.
+#[test]
+fn a_file_system_on_a_new_device_is_not_read_again() {
+    assert!(
+        is_root(),
+        "the test suite runs as root (CI does): it uses loop devices"
+    );
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(&tree).unwrap();
+    for i in 0..5 {
+        fs::write(tree.join(format!("f{i}")), Rng(i).bytes(200_000, false)).unwrap();
+    }
+    let img = env.path("fs.img");
+    sh(Command::new("mke2fs")
+        .args(["-q", "-t", "ext4", "-d"])
+        .arg(&tree)
+        .arg(&img)
+        .arg("16M"));
+    let copy = env.path("copy.img");
+    fs::copy(&img, &copy).unwrap();
+    let (first, second) = (Loop::of(&img), Loop::of(&copy));
+    let mnt = env.path("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let mut devs = Vec::new();
+    let mut runs = Vec::new();
+    for dev in [&first, &second] {
+        sh(Command::new("mount").args(["-o", "ro", &dev.0]).arg(&mnt));
+        devs.push(fs::metadata(mnt.join("f0")).unwrap().dev());
+        let v = env.backup_json(&[&mnt]);
+        sh(Command::new("umount").arg(&mnt));
+        runs.push(v);
+    }
+    assert_ne!(devs[0], devs[1], "the copy is to be on another device");
+    assert_eq!(runs[1]["files_unchanged"], 5, "{}", runs[1]);
+    assert_eq!(runs[1]["bytes_read"], 0, "{}", runs[1]);
+}

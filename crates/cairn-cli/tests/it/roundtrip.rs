@@ -1718,3 +1718,80 @@ fn chattr_flags_are_kept_and_restored() {
     );
     assert_eq!(err.matches("were not set").count(), 1, "{err}");
 }
+
+/// `--ignore-ctime` and `--ignore-inode` leave out of change detection what they
+/// say, as restic's flags: a file rewritten in place with its old size and time is
+/// taken from the parent with `--ignore-ctime`; one replaced by a new file
+/// (another inode) likewise with `--ignore-inode`. An extended attribute added
+/// since is read even when the content is not. Such a file keeps the parent's
+/// change time in the snapshot, so the next backup without the flag reads it.
+#[test]
+fn ignore_ctime_and_ignore_inode_do_what_restic_does() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let (inplace, replaced) = (src.join("inplace"), src.join("replaced"));
+    fs::write(&inplace, b"first content").unwrap();
+    fs::write(&replaced, b"first content").unwrap();
+    set_times(&inplace, 1_600_000_000, 0);
+    set_times(&replaced, 1_600_000_000, 0);
+    env.backup(&[&src]);
+    let backup = |flag: &str| -> (u64, u64, String) {
+        let mut args = vec!["backup", "--json", src.to_str().unwrap()];
+        if !flag.is_empty() {
+            args.push(flag);
+        }
+        let v: serde_json::Value = serde_json::from_str(&env.ok(&args)).unwrap();
+        (
+            v["files_changed"].as_u64().unwrap(),
+            v["files_unchanged"].as_u64().unwrap(),
+            v["snapshot_id"].as_str().unwrap().to_string(),
+        )
+    };
+    let dump = |snap: &str, f: &std::path::Path| {
+        env.cmd(&["dump", snap, f.to_str().unwrap()])
+            .output()
+            .unwrap()
+            .stdout
+    };
+    // In place, same size and time: only the change time moved.
+    fs::write(&inplace, b"other content").unwrap();
+    set_times(&inplace, 1_600_000_000, 0);
+    xattr::set(&inplace, "user.added", b"since").unwrap();
+    let (changed, unchanged, snap) = backup("--ignore-ctime");
+    assert_eq!((changed, unchanged), (0, 2));
+    assert_eq!(dump(&snap, &inplace), b"first content");
+    let back = env.restore(&snap, &src, "out-ctime");
+    assert_eq!(
+        xattr::get(back.join("inplace"), "user.added")
+            .unwrap()
+            .as_deref(),
+        Some(&b"since"[..])
+    );
+    let (changed, unchanged, snap) = backup("");
+    assert_eq!((changed, unchanged), (1, 1));
+    assert_eq!(dump(&snap, &inplace), b"other content");
+    // Replaced by a new file: another inode (and change time).
+    let tmp = src.join(".tmp");
+    fs::write(&tmp, b"third content").unwrap();
+    set_times(&tmp, 1_600_000_000, 0);
+    fs::rename(&tmp, &replaced).unwrap();
+    let (changed, unchanged, snap) = backup("--ignore-inode");
+    assert_eq!((changed, unchanged), (0, 2));
+    assert_eq!(dump(&snap, &replaced), b"first content");
+    let (changed, unchanged, snap) = backup("");
+    assert_eq!((changed, unchanged), (1, 1));
+    assert_eq!(dump(&snap, &replaced), b"third content");
+    // `--no-scan`: no walk ahead for a total, so the status lines have none.
+    let o = env.run(&[
+        "backup",
+        "--json",
+        "--no-scan",
+        "--force",
+        src.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains("\"status\""), "{err}");
+    assert!(!err.contains("bytes_total"), "{err}");
+}

@@ -66,6 +66,8 @@ pub struct BackupOptions {
     pub parent: Option<String>,
     /// Read every file even when the parent says it is unchanged.
     pub force: bool,
+    /// What a file must keep to be taken as unchanged since the parent.
+    pub change_detection: ChangeDetection,
     /// Worker threads, which read small files (several at once hide read latency);
     /// `None`: [`default_read_concurrency`].
     pub read_concurrency: Option<usize>,
@@ -79,6 +81,29 @@ pub struct BackupOptions {
     /// The snapshot's time instead of now (`--time`: importing old backups), as
     /// [`crate::time::parse_user_time`] reads it.
     pub time: Option<String>,
+}
+
+/// What a file must keep, besides its size and modification time, to be taken as
+/// unchanged since the parent snapshot (and not read). The device number is never
+/// compared: a file system backed up from a fresh LVM, btrfs or ZFS snapshot each
+/// time gets a new one, with the same inodes and change times.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChangeDetection {
+    /// `--ignore-inode`: neither the inode number nor the change time (file
+    /// systems that give new inode numbers at each mount: some FUSE and network
+    /// ones), as restic's flag.
+    pub ignore_inode: bool,
+    /// `--ignore-ctime`: not the change time (files rewritten in place with their
+    /// old modification time, by a sync tool that also resets it).
+    pub ignore_ctime: bool,
+}
+
+impl ChangeDetection {
+    /// Whether an entry's change time and inode number still prove that its
+    /// extended attributes and link target are the parent's.
+    pub(crate) fn trusts_ctime(self) -> bool {
+        !self.ignore_inode && !self.ignore_ctime
+    }
 }
 
 /// An entry that could not be backed up.
@@ -890,11 +915,16 @@ fn run(
         let inflight = &inflight;
         let pool = &pool;
         let excludes = &excludes;
+        let change = opts.change_detection;
         for _ in 0..scanners {
             let spawned = std::thread::Builder::new()
                 .name("cairn-scan".into())
                 .spawn_scoped(s, move || {
-                    pool.run_scanner(&scan::ScanContext { repo, excludes });
+                    pool.run_scanner(&scan::ScanContext {
+                        repo,
+                        excludes,
+                        change,
+                    });
                 });
             if spawned.is_err() {
                 break; // the walker scans what no scanner takes
@@ -912,7 +942,11 @@ fn run(
                         repo,
                         work_tx,
                         budget,
-                        scan::ScanContext { repo, excludes },
+                        scan::ScanContext {
+                            repo,
+                            excludes,
+                            change,
+                        },
                         pool,
                         progress,
                         opts.one_file_system,

@@ -86,6 +86,7 @@ pub(crate) type Listing = std::io::Result<DirListing>;
 pub(crate) struct ScanContext<'a> {
     pub repo: &'a Repository,
     pub excludes: &'a Excludes,
+    pub change: super::ChangeDetection,
 }
 
 /// Lists, stats and prepares one directory: opened relative to its parent's open
@@ -154,9 +155,12 @@ pub(crate) fn scan_dir(
                 // directory (the full one may be too long for the kernel), built
                 // only when they are read.
                 let at = |n: &[u8]| entry_path(&dir, n).unwrap_or_else(|| child.clone());
+                // Without the change time to go by, a file's xattrs are read here:
+                // its content may be taken from the parent without an open.
+                let trust = ctx.change.trusts_ctime();
                 let (node, warning, xattrs_unread) =
-                    node_reusing_parent(name, &at, &stat, names, pnode, true);
-                prepare(ctx.repo, node, warning, pnode, xattrs_unread)
+                    node_reusing_parent(name, &at, &stat, names, pnode.filter(|_| trust), trust);
+                prepare(ctx.repo, node, warning, pnode, xattrs_unread, ctx.change)
             }
         };
         child.pop();
@@ -175,6 +179,7 @@ pub(crate) fn prepare(
     warning: Option<String>,
     pnode: Option<&Node>,
     xattrs_unread: bool,
+    change: super::ChangeDetection,
 ) -> Scanned {
     let had_file = pnode.is_some_and(|p| p.kind == NodeKind::File);
     let mut reused = false;
@@ -182,11 +187,16 @@ pub(crate) fn prepare(
     match node.kind {
         NodeKind::File => {
             if let Some(p) = pnode
-                && unchanged(p, &node)
+                && unchanged(p, &node, change)
                 && content_is_live(repo, &p.content)
             {
                 node.content = p.content.clone();
                 node.flags = p.flags;
+                // Taken without its change time: the parent's stays recorded, so
+                // that a later backup that compares it reads the file.
+                if !change.trusts_ctime() {
+                    node.ctime = p.ctime;
+                }
                 reused = true;
             }
         }
@@ -207,13 +217,15 @@ pub(crate) fn prepare(
     })
 }
 
-fn unchanged(p: &Node, n: &Node) -> bool {
+/// Whether a file is taken as unchanged since the parent, as restic judges it:
+/// size and modification time, and unless `change` says otherwise the change
+/// time and inode number. Not the device ([`super::ChangeDetection`]).
+fn unchanged(p: &Node, n: &Node, change: super::ChangeDetection) -> bool {
     p.kind == NodeKind::File
         && p.size == n.size
         && p.mtime == n.mtime
-        && p.ctime == n.ctime
-        && p.inode == n.inode
-        && p.dev == n.dev
+        && (change.ignore_ctime || change.ignore_inode || p.ctime == n.ctime)
+        && (change.ignore_inode || p.inode == n.inode)
 }
 
 pub(crate) fn find<'t>(tree: &'t Tree, name: &[u8]) -> Option<&'t Node> {
@@ -548,6 +560,7 @@ mod tests {
         let ctx = ScanContext {
             repo: &repo,
             excludes: &excludes,
+            change: Default::default(),
         };
         let pool = Pool::new();
         std::thread::scope(|s| {
@@ -593,6 +606,7 @@ mod tests {
         let ctx = ScanContext {
             repo: &repo,
             excludes: &excludes,
+            change: Default::default(),
         };
         let pool = Pool::new();
         let mut pending: Vec<_> = (0..MAX_QUEUED_DIRS)

@@ -295,11 +295,12 @@ pub fn node_reusing_parent(
     node.nlink = st.nlink;
     node.rdev = st.rdev;
     node.size = if kind == NodeKind::File { st.size } else { 0 };
+    // Not the device number: a fresh LVM, btrfs or ZFS snapshot of the same file
+    // system has a new one, with the same inodes and change times.
     if let Some(p) = parent
         && p.kind == kind
         && p.ctime == node.ctime
         && p.inode == node.inode
-        && p.dev == node.dev
     {
         node.link_target = p.link_target.clone();
         node.xattrs = p.xattrs.clone();

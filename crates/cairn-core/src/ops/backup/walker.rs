@@ -320,7 +320,7 @@ impl<'a> Walker<'a> {
             return Ok(());
         }
         let (node, warning) = node_from_metadata(name.to_vec(), path, &meta, &mut self.names);
-        let scanned = scan::prepare(self.repo, node, warning, pnode, false);
+        let scanned = scan::prepare(self.repo, node, warning, pnode, false, self.ctx.change);
         // Each top-level tree gets its own first key component, so scan jobs of
         // later trees sort after this one's.
         let index = self.tops;

@@ -594,7 +594,8 @@ pub struct BackupArgs {
     pub exclude_larger_than: Option<String>,
     /// Read the paths to back up from this file, one per line ("-": standard
     /// input); lines starting with # and empty lines are skipped, glob patterns
-    /// are expanded (repeatable, combines with paths given as arguments)
+    /// are expanded, and \ takes the next character as it is (\* a literal star;
+    /// repeatable, combines with paths given as arguments)
     #[arg(long = "files-from", value_name = "FILE")]
     pub files_from: Vec<PathBuf>,
     /// As --files-from, each line a path as it is: no comments, no patterns

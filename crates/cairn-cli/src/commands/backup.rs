@@ -57,7 +57,31 @@ fn expand_env(line: &str, var: impl Fn(&str) -> Option<String>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::expand_env;
+    use super::{expand_env, list_line};
+
+    #[test]
+    fn a_list_line_takes_backslash_escapes_as_restic() {
+        let l = |s: &str| {
+            let (lit, glob) = list_line(s.as_bytes());
+            (
+                String::from_utf8(lit).unwrap(),
+                glob.map(|g| String::from_utf8(g).unwrap()),
+            )
+        };
+        assert_eq!(l("/srv/data"), ("/srv/data".into(), None));
+        assert_eq!(l("/srv/a\\*"), ("/srv/a*".into(), None));
+        assert_eq!(l("/srv/c\\y"), ("/srv/cy".into(), None));
+        assert_eq!(l("/srv/a\\\\b"), ("/srv/a\\b".into(), None));
+        assert_eq!(l("/srv/end\\"), ("/srv/end\\".into(), None));
+        assert_eq!(
+            l("/srv/*.conf"),
+            ("/srv/*.conf".into(), Some("/srv/*.conf".into()))
+        );
+        assert_eq!(
+            l("/srv/\\[x\\]/*"),
+            ("/srv/[x]/*".into(), Some("/srv/[[]x[]]/*".into()))
+        );
+    }
 
     #[test]
     fn exclude_files_expand_variables_as_restic_does() {
@@ -142,28 +166,30 @@ fn read_path_lists(
             if item.is_empty() || (kind == ListKind::Patterns && item.starts_with(b"#")) {
                 continue;
             }
-            let path = PathBuf::from(std::ffi::OsString::from_vec(item.to_vec()));
-            let pattern =
-                kind == ListKind::Patterns && item.iter().any(|b| matches!(b, b'*' | b'?' | b'['));
-            if !pattern {
-                out.push(path);
+            if kind != ListKind::Patterns {
+                out.push(PathBuf::from(std::ffi::OsString::from_vec(item.to_vec())));
                 continue;
             }
-            let text = std::str::from_utf8(item).with_context(|| {
+            let (literal, glob) = list_line(item);
+            let Some(glob) = glob else {
+                out.push(PathBuf::from(std::ffi::OsString::from_vec(literal)));
+                continue;
+            };
+            let shown = String::from_utf8_lossy(item);
+            let glob = String::from_utf8(glob).with_context(|| {
                 format!(
-                    "{}: the pattern {:?} is not UTF-8 (list such paths with --files-from-verbatim)",
+                    "{}: the pattern \"{shown}\" is not UTF-8 (list such paths with --files-from-verbatim)",
                     file.display(),
-                    String::from_utf8_lossy(item)
                 )
             })?;
-            let found: Vec<PathBuf> = glob::glob(text)
-                .with_context(|| format!("{}: pattern {text:?}", file.display()))?
+            let found: Vec<PathBuf> = glob::glob(&glob)
+                .with_context(|| format!("{}: pattern \"{shown}\"", file.display()))?
                 .filter_map(std::result::Result::ok)
                 .collect();
             // A warning, which -q keeps (restic says it with -q too).
             if found.is_empty() {
                 progress.warning_msg(format!(
-                    "{}: the pattern {text:?} matches nothing, skipped",
+                    "{}: the pattern \"{shown}\" matches nothing, skipped",
                     file.display()
                 ));
             }
@@ -171,6 +197,42 @@ fn read_path_lists(
         }
     }
     Ok(out)
+}
+
+/// A `--files-from` line read as restic reads it: `\` takes the next character as
+/// it is (`\*` a literal star, `\\` a backslash). Returns the path with the
+/// escapes taken away, and when the line has a wildcard (`*`, `?`, `[`) not
+/// escaped, the pattern to expand, in the `glob` crate's spelling (a literal
+/// wildcard in brackets: `[*]`).
+fn list_line(line: &[u8]) -> (Vec<u8>, Option<Vec<u8>>) {
+    let mut literal = Vec::with_capacity(line.len());
+    let mut glob = Vec::with_capacity(line.len());
+    let mut wild = false;
+    let mut bytes = line.iter().copied();
+    while let Some(b) = bytes.next() {
+        match b {
+            // A backslash at the end stands for itself.
+            b'\\' => {
+                let c = bytes.next().unwrap_or(b'\\');
+                literal.push(c);
+                if matches!(c, b'*' | b'?' | b'[' | b']') {
+                    glob.extend([b'[', c, b']']);
+                } else {
+                    glob.push(c);
+                }
+            }
+            b'*' | b'?' | b'[' => {
+                wild = true;
+                literal.push(b);
+                glob.push(b);
+            }
+            _ => {
+                literal.push(b);
+                glob.push(b);
+            }
+        }
+    }
+    (literal, wild.then_some(glob))
 }
 
 /// The standard output of a command run by `--stdin-from-command`, read as the

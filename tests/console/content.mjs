@@ -114,6 +114,15 @@ await drive(async (browser, out) => {
   const target = `${env.DOWNLOAD_DIR}/${env.FILE}`;
   for (let i = 0; i < 300 && !fs.existsSync(target); i++) await new Promise((r) => setTimeout(r, 100));
   out.downloaded = fs.existsSync(target);
+  // A download that fails (here a name not in the snapshot) says why above the
+  // listing, which stays: the page is not replaced by the server's error.
+  await page.$eval(`#entry-rows tr[data-name="${env.FILE}"] a.download`, (a) => {
+    a.href = a.href.replace(/path=[^&]*/, "path=" + encodeURIComponent("/no/such/file"));
+  });
+  await page.click(`#entry-rows tr[data-name="${env.FILE}"] a.download`);
+  await page.waitForSelector("#alert:not([hidden])");
+  out.download_failed_alert = await text(page, "#alert");
+  out.rows_after_failed_download = await page.$$eval("#entry-rows tr", (r) => r.length);
 
   // Search by name.
   await page.type("#search-text", env.FILE.toUpperCase());

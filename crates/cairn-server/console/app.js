@@ -41,14 +41,56 @@ async function api(method, path, body) {
   } catch (e) {
     data = null;
   }
-  if (!resp.ok) {
-    const err = new Error((data && data.message) || "HTTP " + resp.status);
-    err.kind = data && data.error;
-    err.status = resp.status;
-    throw err;
-  }
+  if (!resp.ok) throw answerError(resp, data);
   return data;
 }
+
+// The Error for a failed answer, with the server's one-line message.
+function answerError(resp, data) {
+  const err = new Error((data && data.message) || "HTTP " + resp.status);
+  err.kind = data && data.error;
+  err.status = resp.status;
+  return err;
+}
+
+// A download link is asked first: one that fails before its first byte (the
+// snapshot forgotten meanwhile, the datastore locked, the session ended) says
+// why above the listing. Followed as a plain link, the server's JSON error
+// replaced the page (QA). Once the answer is a download, that request is
+// dropped and the browser downloads from the link itself, to disk, however large.
+document.addEventListener("click", async (ev) => {
+  const a = ev.target.closest && ev.target.closest("a.download");
+  if (!a || ev.button !== 0 || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.altKey) return;
+  ev.preventDefault();
+  const stop = new AbortController();
+  let resp;
+  try {
+    resp = await fetch(a.href, { credentials: "same-origin", signal: stop.signal });
+  } catch (e) {
+    alertText("Download failed: the server cannot be reached (" + e.message + ")");
+    return;
+  }
+  if (!resp.ok) {
+    let data = null;
+    try {
+      data = await resp.json();
+    } catch (e) {
+      data = null;
+    }
+    const err = answerError(resp, data);
+    err.message = "Download failed: " + err.message;
+    failed(err);
+    return;
+  }
+  stop.abort();
+  alertText("");
+  const go = document.createElement("a");
+  go.href = a.href;
+  go.download = "";
+  document.body.appendChild(go);
+  go.click();
+  go.remove();
+});
 
 function bytes(n) {
   if (typeof n !== "number") return "–";
@@ -739,6 +781,7 @@ $("search-form").addEventListener("submit", async (ev) => {
         a.href = hashFor(b.id, e.path);
       } else {
         a.href = downloadUrl(b.id, e.path, "file");
+        a.className = "download";
       }
       a.textContent = shown(e.path);
       li.appendChild(a);

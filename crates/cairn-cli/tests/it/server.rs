@@ -3080,6 +3080,15 @@ fn the_console_unlocks_browses_and_downloads_in_chromium() {
     assert_eq!(v["many_pages"], serde_json::json!([200, 400, 450]));
     // The downloaded file is the backed-up file, byte for byte.
     assert_eq!(v["downloaded"], true, "{v:#}");
+    // A failed download is said in the page, which stays.
+    assert!(
+        v["download_failed_alert"]
+            .as_str()
+            .unwrap()
+            .starts_with("Download failed: "),
+        "{v:#}"
+    );
+    assert!(v["rows_after_failed_download"].as_u64().unwrap() > 0, "{v:#}");
     assert_eq!(
         std::fs::read(downloads.join("random.bin")).unwrap(),
         std::fs::read(src.join("dir/random.bin")).unwrap()

@@ -365,6 +365,9 @@ impl Backend for CachedBackend {
     fn bound_host(&self) -> Result<Option<String>> {
         self.inner.bound_host()
     }
+    fn partial_view(&self) -> Result<Option<String>> {
+        self.inner.partial_view()
+    }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         self.inner.dedup_plan()
     }

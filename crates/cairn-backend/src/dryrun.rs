@@ -118,6 +118,9 @@ impl Backend for DryRunBackend {
     fn bound_host(&self) -> Result<Option<String>> {
         self.inner.bound_host()
     }
+    fn partial_view(&self) -> Result<Option<String>> {
+        self.inner.partial_view()
+    }
     fn job_slot(&self, operation: &str, host: &str) -> Result<crate::JobSlot> {
         self.inner.job_slot(operation, host)
     }

@@ -284,6 +284,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// The host whose snapshots alone this client is shown, when the storage shows
+    /// only part (a cairn server's host-bound backup or restore token). What is
+    /// unused cannot be judged from part: prune and repair refuse it. `None`:
+    /// every snapshot is listed.
+    fn partial_view(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
+
     /// If the storage answers dedup queries (a cairn server), the index files a
     /// backup client must still read itself; `None`: it does not, read them all.
     fn dedup_plan(&self) -> Result<Option<DedupPlan>> {

@@ -268,6 +268,9 @@ impl Backend for RetryBackend {
     fn bound_host(&self) -> Result<Option<String>> {
         self.inner.bound_host()
     }
+    fn partial_view(&self) -> Result<Option<String>> {
+        self.inner.partial_view()
+    }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         self.run(|_| self.inner.dedup_plan())
     }

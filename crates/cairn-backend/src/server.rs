@@ -499,6 +499,10 @@ struct WhoAmI {
     role: String,
     #[serde(default)]
     host: Option<String>,
+    /// From servers that say it; one that does not shows a host-bound token,
+    /// whatever its role, only its host's snapshots.
+    #[serde(default)]
+    sees_every_snapshot: Option<bool>,
 }
 
 impl ServerBackend {
@@ -740,6 +744,13 @@ impl Backend for ServerBackend {
     }
     fn bound_host(&self) -> Result<Option<String>> {
         Ok(self.whoami()?.host)
+    }
+    fn partial_view(&self) -> Result<Option<String>> {
+        let w = self.whoami()?;
+        Ok(match w.sees_every_snapshot {
+            Some(true) => None,
+            _ => w.host,
+        })
     }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         #[derive(serde::Deserialize)]

@@ -200,6 +200,9 @@ impl Backend for ThrottledBackend {
     fn bound_host(&self) -> Result<Option<String>> {
         self.inner.bound_host()
     }
+    fn partial_view(&self) -> Result<Option<String>> {
+        self.inner.partial_view()
+    }
     fn dedup_plan(&self) -> Result<Option<crate::DedupPlan>> {
         self.traffic.requests.fetch_add(1, Ordering::Relaxed);
         self.inner.dedup_plan()

@@ -334,11 +334,16 @@ pub struct WhoAmI {
     /// The host a host-bound token stores and sees snapshots as.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// Whether the object API lists and serves every snapshot to this token: not
+    /// for a host-bound backup or restore token (an admin sees all, host or not).
+    /// A client that sees part must not judge what is unused (prune, repair).
+    pub sees_every_snapshot: bool,
 }
 
 pub async fn whoami(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     Ok(axum::Json(WhoAmI {
+        sees_every_snapshot: t.view_host().is_none(),
         name: t.name,
         datastore: t.datastore,
         role: t.role,
@@ -374,7 +379,7 @@ pub async fn list(
         )));
     }
     let backend = store.backend.clone();
-    let host = t.host.clone();
+    let host = t.view_host().map(str::to_string);
     let s = store.clone();
     let items = blocking(move || {
         let listed = backend.list(&q.prefix)?;
@@ -479,13 +484,13 @@ pub async fn get(
     let store = datastore(&app, &t, &ds)?;
     let kind = allow(&app, &store, &t, &name, Action::Read)?;
     heard(&store, &t, &headers);
-    if let (Some(host), Kind::Snapshot) = (&t.host, kind) {
+    if let (Some(host), Kind::Snapshot) = (t.view_host(), kind) {
         let (s, id) = (
             store.clone(),
             policy::id_of(&name).unwrap_or("").to_string(),
         );
         let owner = blocking(move || s.hosts.host_of(s.backend.as_ref(), &id)).await?;
-        if owner.as_deref() != Some(host.as_str()) {
+        if owner.as_deref() != Some(host) {
             // As if absent: a host-bound token does not learn other hosts' snapshots.
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -1465,9 +1470,9 @@ impl SlotReply {
 /// What a token may see of other clients' jobs: a host-bound token does not learn
 /// other hosts' names.
 fn visible(t: &TokenEntry, mut jobs: Vec<crate::slots::JobView>) -> Vec<crate::slots::JobView> {
-    if let (Some(host), true) = (&t.host, t.role != Role::Admin) {
+    if let Some(host) = t.view_host() {
         for j in &mut jobs {
-            if &j.host != host {
+            if j.host != host {
                 j.host = "(another host)".into();
                 j.token = "(another token)".into();
                 j.progress = None;
@@ -1573,8 +1578,8 @@ pub async fn slots_list(
     let (running, queued) = store.slots.jobs();
     let mut reply = SlotReply::new(&store, &t, false, running, queued);
     let mut recent = store.slots.recent();
-    if let (Some(host), true) = (&t.host, t.role != Role::Admin) {
-        recent.retain(|e| &e.job.host == host);
+    if let Some(host) = t.view_host() {
+        recent.retain(|e| e.job.host == host);
     }
     reply.recent = Some(recent);
     Ok(axum::Json(reply).into_response())

@@ -593,7 +593,7 @@ pub async fn stats(
 ) -> Result<Response, ApiError> {
     let t = authenticate(&app, &headers)?;
     let store = datastore(&app, &t, &ds)?;
-    if t.role == Role::Backup || (t.host.is_some() && t.role != Role::Admin) {
+    if t.role == Role::Backup || t.view_host().is_some() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
@@ -724,7 +724,7 @@ fn snapshot_rows(
     }
     // Which objects failed is not secret, but a host-bound token learns nothing
     // of other hosts: it gets none.
-    let errors = if t.role == Role::Admin || t.host.is_none() {
+    let errors = if t.view_host().is_none() {
         errors.iter().map(|e| e.to_string()).collect()
     } else {
         Vec::new()

@@ -175,7 +175,7 @@ pub async fn datastores(
 ) -> Result<Response, ApiError> {
     let t = authenticate(&app, &headers)?;
     let mut out = Vec::new();
-    let host_bound = t.host.is_some() && t.role != Role::Admin;
+    let host_bound = t.view_host().is_some();
     for ds in app.datastores.values().filter(|d| t.opens(&d.name)) {
         out.push(summary(ds, t.role, host_bound).await);
     }

@@ -55,6 +55,18 @@ impl TokenEntry {
         format!("{} {}", if self.user { "user" } else { "token" }, self.name)
     }
 
+    /// The host whose snapshots alone this grant sees: a host-bound backup or
+    /// restore grant's. An admin sees every snapshot whatever its host: it forgets,
+    /// prunes and repairs, which judge what is unused from what they see (QA: a
+    /// prune through a host-bound admin token deleted every other host's data).
+    /// Its host still names the host of the snapshots it stores.
+    pub fn view_host(&self) -> Option<&str> {
+        match self.role {
+            Role::Admin => None,
+            _ => self.host.as_deref(),
+        }
+    }
+
     /// Whether this grant opens datastore `name`.
     pub fn opens(&self, name: &str) -> bool {
         self.datastore == name || self.datastore == ALL_DATASTORES

@@ -70,6 +70,13 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                 report.packs_read,
                 ui::count(report.blobs as u64, "blob")
             );
+            if let Some(host) = &report.only_host {
+                println!(
+                    "note: this token is shown only host {host:?}'s snapshots: those were \
+                     checked, with every index file and pack; a check with an admin token \
+                     also finds snapshots deleted from storage behind cairn's back"
+                );
+            }
             if report.pending_deletions > 0 {
                 println!(
                     "note: {} of earlier prunes {} to delete retired packs (the next prune does it once the operations {} for end)",

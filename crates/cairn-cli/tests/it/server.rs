@@ -1871,6 +1871,68 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// What is unused is never judged from one host's view. An admin token bound
+/// to a host sees every snapshot (QA: its prune deleted the other hosts' data,
+/// and its `repair snapshots` recorded their snapshots as lost); a host-bound
+/// restore token's `check` checks its host's snapshots and says so, with no
+/// false "deleted behind cairn's back", and its prune, repair and recover are
+/// refused before anything is read.
+#[test]
+fn a_host_bound_token_never_judges_what_is_unused() {
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let web01 = bound_token(&srv, "web01", "backup", "web01");
+    let web02 = bound_token(&srv, "web02", "backup", "web02");
+    let reader = bound_token(&srv, "web02-restore", "restore", "web02");
+    let bound_admin = bound_token(&srv, "web02-admin", "admin", "web02");
+    let admin = srv.token("ops", "main", "admin");
+    let src = env.path("src");
+    make_full_tree(&src, 72);
+    let s = src.to_str().unwrap();
+    ok(client(&env, &srv, "main", &web01, &["backup", s]), "backup");
+    std::fs::write(src.join("web02-only"), Rng(9).bytes(300_000, false)).unwrap();
+    ok(client(&env, &srv, "main", &web02, &["backup", s]), "backup");
+    let run = |t: &str, args: &[&str]| client(&env, &srv, "main", t, args);
+    for args in [
+        &["prune", "--dry-run"][..],
+        &["repair", "snapshots", "--dry-run"],
+        &["recover", "--dry-run"],
+    ] {
+        let err = refused(run(&reader, args), args[0]);
+        assert!(
+            err.contains("needs every snapshot") && err.contains("web02"),
+            "{args:?}: {err}"
+        );
+    }
+    let o = run(&reader, &["check"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("shown only host \"web02\"") && out.contains("1 snapshot"),
+        "{out}"
+    );
+    // The admin bound to web02 sees both hosts: its prune and repair keep them.
+    let listed = ok(run(&bound_admin, &["snapshots", "--json"]), "snapshots");
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+    let before = packs(&env.repo);
+    ok(run(&bound_admin, &["prune"]), "prune");
+    ok(
+        run(&bound_admin, &["repair", "snapshots"]),
+        "repair snapshots",
+    );
+    assert_eq!(packs(&env.repo), before, "nothing was unused");
+    let o = run(&admin, &["check", "--read-data"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(env.snapshot_ids().len(), 2);
+    srv.stop();
+}
+
 #[test]
 fn a_host_bound_token_sees_only_its_hosts_snapshots() {
     let env = Env::new();
@@ -3088,7 +3150,10 @@ fn the_console_unlocks_browses_and_downloads_in_chromium() {
             .starts_with("Download failed: "),
         "{v:#}"
     );
-    assert!(v["rows_after_failed_download"].as_u64().unwrap() > 0, "{v:#}");
+    assert!(
+        v["rows_after_failed_download"].as_u64().unwrap() > 0,
+        "{v:#}"
+    );
     assert_eq!(
         std::fs::read(downloads.join("random.bin")).unwrap(),
         std::fs::read(src.join("dir/random.bin")).unwrap()

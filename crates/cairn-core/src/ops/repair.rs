@@ -393,6 +393,7 @@ fn run_snapshots(
     dry_run: bool,
 ) -> Result<RepairSnapshotsReport> {
     let lock = || lock.ok_or_else(|| Error::Invalid("repair snapshots: no lock held".into()));
+    super::needs_every_snapshot(repo, "repair snapshots")?;
     progress.phase(Phase::WalkingSnapshots);
     // Snapshots first, then the index: a backup committing in between must not
     // look like one whose data is lost.
@@ -1162,6 +1163,8 @@ fn run_recover(
     progress: &crate::progress::Progress,
     dry_run: bool,
 ) -> Result<RecoverReport> {
+    // Other hosts' snapshots' trees would look like ones no snapshot holds.
+    super::needs_every_snapshot(repo, "recover")?;
     progress.phase(Phase::WalkingSnapshots);
     let (snaps, _) = repo.snapshots()?;
     repo.load_index()?;

@@ -190,6 +190,7 @@ fn run(
     lock: Option<&RepoLock>,
     progress: &Progress,
 ) -> Result<PruneReport> {
+    super::needs_every_snapshot(repo, "prune")?;
     let mut report = PruneReport {
         dry_run: opts.dry_run,
         ..Default::default()

@@ -876,8 +876,8 @@ pub struct DumpArgs {
     /// Snapshot id (prefix) or "latest"
     pub snapshot: String,
     /// Path of the file inside the snapshot (with --archive: a directory, or / for all)
-    #[arg(required_unless_present = "image_fs", default_value = "", value_parser = snapshot_path())]
-    pub file: String,
+    #[arg(required_unless_present = "image_fs", value_parser = snapshot_path())]
+    pub file: Option<String>,
     /// Write the path and everything below it as an archive (`tar`: POSIX with pax,
     /// owners, times, xattrs and hard links; streams, e.g. to tape; `zip`). A
     /// directory is written as tar without it.

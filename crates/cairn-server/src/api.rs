@@ -1143,6 +1143,13 @@ pub async fn start_job(
     }
     let b: StartJob = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad(format!("send {{\"kind\": \"check\"}}: {e}")))?;
+    // A kind the server does not run is the request's fault, locked or not.
+    if !crate::jobs::ADHOC_KINDS.contains(&b.kind.as_str()) {
+        return Err(ApiError::bad(format!(
+            "kind {:?}: start check, scrub or prune",
+            b.kind
+        )));
+    }
     if b.kind != "scrub"
         && store.content.unlocked().is_none()
         && (store.content.key_withheld() || !app.config.datastore_passwords.contains_key(&ds))
@@ -1724,6 +1731,13 @@ fn session_reply(app: &App, t: TokenEntry, csrf: String) -> SessionReply {
 /// `GET /v1/session`: the signed-in user (and the CSRF token again, for a page that
 /// was reloaded).
 pub async fn session_get(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<Response> {
+    // A cookie the sign-in layer did not turn into a token: its session ended
+    // (said as on every other route, not as "no token").
+    if !headers.contains_key(header::AUTHORIZATION)
+        && crate::signin::cookie(&headers, crate::signin::COOKIE).is_some()
+    {
+        return Err(crate::signin::expired());
+    }
     let t = authenticate(&app, &headers)?;
     let csrf = crate::signin::cookie(&headers, crate::signin::COOKIE)
         .and_then(|id| app.signins.get(&id))

@@ -138,6 +138,16 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(|(_, v)| v.trim().to_string())
 }
 
+/// The answer to a cookie whose session has ended.
+pub fn expired() -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "session_expired",
+        "the session ended (signed out, unused for too long, or the server restarted): \
+         sign in again",
+    )
+}
+
 /// The layer in front of every route: a request with the session cookie and no
 /// `Authorization` gets its session's token as `Authorization: Bearer`, after the
 /// CSRF check for anything but GET and HEAD. An ended session is refused with
@@ -160,13 +170,7 @@ pub async fn cookie_auth(State(app): State<Arc<App>>, mut req: Request, next: Ne
         if signing_in || !req.uri().path().starts_with("/v1/") {
             return next.run(req).await;
         }
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "session_expired",
-            "the session ended (signed out, unused for too long, or the server restarted): \
-             sign in again",
-        )
-        .into_response();
+        return expired().into_response();
     };
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
         let sent = req

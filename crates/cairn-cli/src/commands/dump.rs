@@ -9,13 +9,15 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     if a.image_fs.image_fs.is_some() {
         return super::imagefs::dump(&session, &snap, &a.image_fs);
     }
+    // Given unless --image-fs names what to dump.
+    let file = a.file.as_deref().unwrap_or("/");
     let mut out = super::export::ArchiveOut::stdout()?;
     // A directory (or the whole snapshot) is written as a tar archive, as restic's
     // dump does: there is no other way to put it on a stream.
     let archive = match &a.archive {
         Some(f) => Some(f.as_str()),
         None => {
-            let node = cairn_core::ls::find_node(session.repo(), &snap.tree_id()?, &a.file)?;
+            let node = cairn_core::ls::find_node(session.repo(), &snap.tree_id()?, file)?;
             match node {
                 None => Some("tar"),
                 Some(n) if n.kind == cairn_format::tree::NodeKind::Dir => Some("tar"),
@@ -25,8 +27,7 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     };
     if let Some(format) = archive {
         let format: cairn_core::export::Format = format.parse()?;
-        let r =
-            cairn_core::export::export(&session, &snap.tree_id()?, &a.file, format, out.writer())?;
+        let r = cairn_core::export::export(&session, &snap.tree_id()?, file, format, out.writer())?;
         out.finish(format == cairn_core::export::Format::Tar)
             .context("writing standard output")?;
         let code = super::export::report(&r, g.json);
@@ -35,10 +36,10 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
             super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),
         ));
     }
-    cairn_core::dump::dump(&session, &snap.tree_id()?, &a.file, out.writer())?;
+    cairn_core::dump::dump(&session, &snap.tree_id()?, file, out.writer())?;
     out.finish(false).context("writing standard output")?;
     Ok(super::image_zeros_warning(
         super::image_unreadable(&snap),
-        &a.file,
+        file,
     ))
 }

@@ -2461,6 +2461,10 @@ fn a_console_session_works_by_cookie_with_csrf_and_ends() {
     let (code, _, body) = http_full(p, "GET", "/v1/whoami", &[c], b"");
     assert_eq!(code, 401, "signed out");
     assert!(String::from_utf8_lossy(&body).contains("session_expired"));
+    // So does the session route itself (it said "no token").
+    let (code, _, body) = http_full(p, "GET", "/v1/session", &[c], b"");
+    assert_eq!(code, 401);
+    assert!(String::from_utf8_lossy(&body).contains("session_expired"));
     // The page still loads with the ended session's cookie (to sign in again).
     let (code, head, body) = http_full(p, "GET", "/", &[c], b"");
     assert_eq!(code, 200);
@@ -2715,6 +2719,15 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
     );
     assert_eq!(code, 409, "{body}");
     assert!(body.contains("locked"), "{body}");
+    // A kind there is not is the request's fault, locked or not (it was 409).
+    let (code, body) = send(
+        "POST",
+        "/v1/datastores/main/jobs",
+        &admin,
+        "{\"kind\": \"bogus\"}",
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("start check, scrub or prune"), "{body}");
     let (_, v) = get_json(p, "/v1/datastores", &admin);
     assert_eq!(v[0]["locked"], true);
     assert!(v[0]["locked_reason"].as_str().unwrap().contains("unlocks"));

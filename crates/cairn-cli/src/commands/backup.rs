@@ -585,9 +585,11 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         }
         if let Some(sd) = &r.server_dedup {
             println!(
-                "dedup:     asked the server about chunks ({} known); read {} \
-                 listing trees, not the whole index",
+                "dedup:     asked the server about {} (it holds {}; {} remembered here \
+                 from earlier backups); read {} listing trees, not the whole index",
+                ui::count(sd.chunks_asked, "chunk"),
                 sd.chunks_known,
+                sd.chunks_remembered,
                 ui::count(sd.index_files_read as u64, "index file")
             );
         }

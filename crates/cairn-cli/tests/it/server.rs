@@ -1459,7 +1459,10 @@ fn dedup_queries_send_only_new_chunks_and_clients_share_what_is_in_flight() {
         &["backup", "--host", "web02", two.to_str().unwrap()],
     );
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("asked the server about chunks"), "{out}");
+    assert!(
+        out.contains("asked the server about ") && !out.contains("about 0 chunks"),
+        "{out}"
+    );
     let up = uploaded(&err);
     assert!(
         up * 50 <= size,
@@ -1467,7 +1470,7 @@ fn dedup_queries_send_only_new_chunks_and_clients_share_what_is_in_flight() {
     );
     // Its next, unchanged backup asks about nothing: the answers are remembered
     // (until a prune changes the server's epoch).
-    let (_, err) = client_traffic(
+    let (o, err) = client_traffic(
         &env,
         &srv,
         "main",
@@ -1479,6 +1482,25 @@ fn dedup_queries_send_only_new_chunks_and_clients_share_what_is_in_flight() {
         again < 16 << 10,
         "an unchanged backup sent {again} bytes: {err}"
     );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["server_dedup"]["chunks_asked"], 0, "{v}");
+    // Read again in full, its chunks are all remembered: still none asked about,
+    // and the summary says so (QA: "asked the server about chunks").
+    let (o, _) = client_traffic(
+        &env,
+        &srv,
+        "main",
+        &web02,
+        &[
+            "backup",
+            "--host",
+            "web02",
+            "--force",
+            two.to_str().unwrap(),
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("asked the server about 0 chunks"), "{out}");
 
     // Two clients sending the same new data at the same moment store it once.
     let three = env.path("three");

@@ -29,6 +29,8 @@ pub struct DedupClient {
     memo: Option<(std::path::PathBuf, String)>,
     /// Ids taken from that file at the start.
     pub remembered: usize,
+    /// Chunk ids sent to the server to ask about (the others were known).
+    asked: std::sync::atomic::AtomicU64,
 }
 
 const MEMO_MAGIC: &[u8; 8] = b"CAIRNDM1";
@@ -58,6 +60,7 @@ impl DedupClient {
             chunks_known,
             memo: memo.filter(|(_, epoch)| !epoch.is_empty()),
             remembered: 0,
+            asked: Default::default(),
         };
         if let Some((path, epoch)) = &c.memo
             && let Ok(data) = std::fs::read(path)
@@ -106,6 +109,12 @@ impl DedupClient {
         crate::lock(&self.stored[id.0[1] as usize % self.stored.len()])
     }
 
+    /// Chunk ids asked about so far: not those the server had said it holds, in
+    /// this session or in the earlier ones this machine remembers.
+    pub fn asked(&self) -> u64 {
+        self.asked.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether the server has said it holds this id in this session.
     pub fn known_stored(&self, id: &BlobId) -> bool {
         self.shard(id).contains(id)
@@ -125,6 +134,8 @@ impl DedupClient {
         if ask.is_empty() {
             return Ok(out);
         }
+        self.asked
+            .fetch_add(ask.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let answers = self
             .co
             .run(&ask, |batch| self.backend.dedup_query(batch))

@@ -175,6 +175,11 @@ pub struct ServerDedup {
     pub index_files_read: usize,
     /// Data chunks the server knew when the backup began.
     pub chunks_known: u64,
+    /// Chunk ids this backup asked the server about; the others were known to
+    /// be stored (remembered from earlier backups, or answered before).
+    pub chunks_asked: u64,
+    /// Stored chunk ids remembered on this machine from earlier backups.
+    pub chunks_remembered: u64,
 }
 
 pub use crate::report::LookupFailures;
@@ -526,6 +531,8 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
         server_dedup: session.repo().dedup().map(|d| ServerDedup {
             index_files_read: d.index_files_read,
             chunks_known: d.chunks_known,
+            chunks_asked: d.asked(),
+            chunks_remembered: d.remembered as u64,
         }),
         image: r.snapshot.image.clone(),
         snapshot: r.snapshot,

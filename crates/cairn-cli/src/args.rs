@@ -566,7 +566,8 @@ pub struct BackupArgs {
     /// Exclude paths matching this pattern (repeatable); `!PATTERN` includes again
     /// what an earlier pattern excluded (the last matching pattern decides), but
     /// an excluded directory is not entered: exclude `dir/*`, not `dir`, to keep
-    /// `!dir/keep` (as restic)
+    /// `!dir/keep` (as restic). Unlike restic, `{a,b}` matches either (write `\{`
+    /// for a brace) and `[!a]` is a negated class
     #[arg(short = 'e', long = "exclude", value_parser = snapshot_path())]
     pub excludes: Vec<String>,
     /// Read exclude patterns from a file, one per line ($VAR and ${VAR} are
@@ -875,7 +876,9 @@ pub struct DiffArgs {
 pub struct DumpArgs {
     /// Snapshot id (prefix) or "latest"
     pub snapshot: String,
-    /// Path of the file inside the snapshot (with --archive: a directory, or / for all)
+    /// Path of the file inside the snapshot (with --archive: a directory, or / for
+    /// all). A directory's archive names its members from the directory itself
+    /// (`/srv/www` gives `www/...`; restic's from the root: `srv/www/...`)
     #[arg(required_unless_present = "image_fs", value_parser = snapshot_path())]
     pub file: Option<String>,
     /// Write the path and everything below it as an archive (`tar`: POSIX with pax,
@@ -951,7 +954,8 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub delete: bool,
     /// Change nothing: print how many entries would be written and kept, and each
-    /// one that would be deleted (--delete)
+    /// one that would be deleted (--delete; a directory once, counted with what
+    /// it holds)
     #[arg(long, short = 'n')]
     pub dry_run: bool,
     /// Read every file written back and compare it with the snapshot

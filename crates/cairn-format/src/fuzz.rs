@@ -455,6 +455,7 @@ fn gen_snapshot(rng: &mut Rng) -> Snapshot {
     Snapshot {
         version: 1,
         time: rng.text(35),
+        utc_offset: None,
         hostname: rng.text(20),
         username: rng.text(10),
         paths: strings(rng, 4),

@@ -45,6 +45,12 @@ pub struct Snapshot {
     pub version: u32,
     /// RFC 3339 with nanoseconds, UTC.
     pub time: String,
+    /// The offset from UTC (seconds east) of the time zone the snapshot was taken
+    /// in, at `time`: retention counts its hours, days and weeks there, wherever
+    /// `forget` runs. Absent from snapshots written before it was recorded: those
+    /// are counted in the zone of the machine that runs `forget`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utc_offset: Option<i32>,
     pub hostname: String,
     pub username: String,
     pub paths: Vec<String>,
@@ -153,6 +159,7 @@ mod tests {
         Snapshot {
             version: 1,
             time: "2026-11-22T01:02:03.123456789Z".into(),
+            utc_offset: None,
             hostname: "h".into(),
             username: "u".into(),
             paths: vec!["/a".into()],
@@ -226,6 +233,7 @@ mod tests {
             let s = Snapshot {
                 version: 1,
                 time: "2026-11-22T01:02:03.123456789Z".into(),
+                utc_offset: None,
                 hostname: host,
                 username: "u".into(),
                 paths,

@@ -1070,6 +1070,7 @@ fn vector_snapshot() -> Snapshot {
     Snapshot {
         version: 1,
         time: "2026-11-22T01:02:03.123456789Z".into(),
+        utc_offset: None,
         hostname: "vector-host".into(),
         username: "vector-user".into(),
         paths: vec!["/home/alice".into(), "/etc".into()],

@@ -203,6 +203,7 @@ mod tests {
         Snapshot {
             version: 1,
             time: time.into(),
+            utc_offset: None,
             hostname: host.into(),
             username: "u".into(),
             paths: vec!["/x".into()],

@@ -202,6 +202,7 @@ pub fn build(
         let snapshot = Snapshot {
             version: 1,
             time: format!("2026-01-{:02}T00:00:00.000000000Z", 1 + snap % 28),
+            utc_offset: None,
             hostname: "scale".into(),
             username: "bench".into(),
             paths: vec!["/data".into()],

@@ -361,3 +361,43 @@ fn recover_brings_back_a_snapshot_forgotten_by_mistake() {
     env.ok(&["restore", saved, "--target", back.to_str().unwrap()]);
     assert!(!walk(&back).is_empty());
 }
+
+/// Calendar buckets are the snapshot's own: taken at +05:30 at 23:00 on the
+/// 29th, 04:00 and 12:00 on the 30th, `--keep-daily 2` removes the 04:00 one
+/// whatever the time zone `forget` runs in (QA: at UTC it removed the 29th's
+/// only snapshot, so a dry run in the shell and the cron job disagreed).
+#[test]
+fn retention_counts_days_where_each_snapshot_was_taken() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"x").unwrap();
+    {
+        let mut made = Vec::new();
+        for t in [
+            "2026-11-29 23:00:00",
+            "2026-11-30 04:00:00",
+            "2026-11-30 12:00:00",
+        ] {
+            let o = env
+                .cmd(&["backup", "--json", "--time", t, src.to_str().unwrap()])
+                .env("TZ", "IST-5:30")
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            made.push(v["snapshot_id"].as_str().unwrap().to_string());
+        }
+        for tz in ["UTC0", "IST-5:30", "NST3:30", "LINT-14"] {
+            let o = env
+                .cmd(&["forget", "--json", "--keep-daily", "2", "--dry-run"])
+                .env("TZ", tz)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(ids(&v[0]["remove"]), [made[1].clone()], "TZ={tz}: {v}");
+        }
+    }
+}

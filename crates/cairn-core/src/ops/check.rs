@@ -1460,6 +1460,7 @@ mod tests {
                 &Snapshot {
                     version: 1,
                     time: crate::time::now_rfc3339(),
+                    utc_offset: None,
                     hostname: "h".into(),
                     username: "u".into(),
                     paths: vec!["/x".into()],

@@ -11,8 +11,11 @@
 //!   rule wants it; every rule that does adds a reason.
 //! - `last N` keeps the N newest. `hourly`/`daily`/`weekly`/`monthly`/`yearly N` keep
 //!   the newest snapshot of each of the N most recent hours/days/ISO weeks/months/years
-//!   that have a snapshot at all. Calendar buckets are taken in the local time zone,
-//!   because "one per day" means the user's day. A count of -1 means no limit.
+//!   that have a snapshot at all. Calendar buckets are taken in the time zone each
+//!   snapshot was taken in (recorded with it, as restic has it), because "one per
+//!   day" means that machine's day, and a dry run in another zone must agree with
+//!   the cron job; a snapshot from before cairn recorded it is counted in the
+//!   local time zone. A count of -1 means no limit.
 //! - If a bucket rule still has count left when the walk reaches the oldest snapshot,
 //!   that snapshot is kept too ("oldest daily snapshot"), so a young history is not
 //!   cut shorter than the policy asked for.
@@ -32,7 +35,9 @@
 use crate::error::{Error, Result};
 use cairn_format::SnapshotId;
 use cairn_format::snapshot::Snapshot;
-use chrono::{DateTime, Datelike, Local, NaiveDate, Offset, TimeDelta, TimeZone, Timelike, Utc};
+use chrono::{
+    DateTime, Datelike, FixedOffset, Local, NaiveDate, Offset, TimeDelta, TimeZone, Timelike, Utc,
+};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -727,9 +732,17 @@ fn judge<Tz: TimeZone>(
         {
             reasons.push(format!("within {w}"));
         }
+        // Its hours, days and weeks as where it was taken (as restic counts them),
+        // else as here.
+        let own = (e.snap.utc_offset)
+            .and_then(FixedOffset::east_opt)
+            .map(|o| e.time.with_timezone(&o));
         let local = e.time.with_timezone(tz);
         for c in counters.iter_mut().filter(|c| c.left != 0) {
-            let bucket = c.rule.bucket(&local, pos);
+            let bucket = match &own {
+                Some(t) => c.rule.bucket(t, pos),
+                None => c.rule.bucket(&local, pos),
+            };
             let reason = if c.last_bucket != Some(bucket) {
                 c.rule.reason().to_string()
             } else if pos == oldest {
@@ -991,12 +1004,12 @@ pub fn forget<A: crate::session::Access>(
 mod tests {
     use super::*;
     use cairn_format::snapshot::SnapshotSummary;
-    use chrono::FixedOffset;
 
     fn snap(time: &str, host: &str, paths: &[&str], tags: &[&str]) -> Snapshot {
         Snapshot {
             version: 1,
             time: time.into(),
+            utc_offset: None,
             hostname: host.into(),
             username: "u".into(),
             paths: paths.iter().map(|p| p.to_string()).collect(),
@@ -2007,6 +2020,34 @@ mod tests {
         // UTC: one day, the older is only kept as "oldest"; UTC+2: two days.
         assert_eq!(utc[0].keep[0].1, ["oldest daily snapshot"]);
         assert_eq!(local[0].keep[0].1, ["daily snapshot"]);
+    }
+
+    /// A snapshot that recorded the zone it was taken in is counted in that zone,
+    /// wherever `forget` runs (QA: a dry run in the shell and the cron job in UTC
+    /// kept different snapshots). At +05:30: 23:00 on the 29th, 04:00 and 12:00
+    /// on the 30th; `--keep-daily 2` drops the 04:00 one, as restic does.
+    #[test]
+    fn buckets_use_the_zone_each_snapshot_was_taken_in() {
+        let mut s = at(&["2026-11-29 17:30", "2026-11-29 22:30", "2026-11-30 06:30"]);
+        let p = Policy {
+            daily: Some(2),
+            ..Default::default()
+        };
+        let four_am = s[1].0;
+        let plan = |s: &[(SnapshotId, Snapshot)], tz: &FixedOffset| {
+            plan_in(s, &p, GroupBy::default(), &SnapshotFilter::default(), tz).unwrap()
+        };
+        let utc = FixedOffset::east_opt(0).unwrap();
+        let kolkata = FixedOffset::east_opt(19800).unwrap();
+        // Not recorded: counted where forget runs.
+        assert_eq!(plan(&s, &kolkata)[0].remove, [four_am]);
+        assert_eq!(plan(&s, &utc)[0].remove, [s[0].0]);
+        for (_, snap) in &mut s {
+            snap.utc_offset = Some(19800);
+        }
+        for tz in [utc, kolkata, FixedOffset::west_opt(10 * 3600).unwrap()] {
+            assert_eq!(plan(&s, &tz)[0].remove, [four_am], "{tz}");
+        }
     }
 
     #[test]

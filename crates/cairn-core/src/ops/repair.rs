@@ -1335,9 +1335,11 @@ fn run_recover(
     if !fresh.is_empty() {
         store_trees(repo, fresh)?;
     }
+    let now = crate::time::now_rfc3339();
     let snap = cairn_format::snapshot::Snapshot {
         version: 1,
-        time: crate::time::now_rfc3339(),
+        time: now.clone(),
+        utc_offset: crate::time::local_offset_at(&now),
         hostname: crate::repo::hostname(),
         username: crate::repo::username(),
         paths: vec!["/recover".into()],

@@ -1037,6 +1037,7 @@ fn run(
     };
     let snapshot = Snapshot {
         version: 1,
+        utc_offset: crate::time::local_offset_at(&started_at),
         time: started_at,
         hostname: host,
         username: crate::repo::username(),

@@ -3981,6 +3981,81 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
         "{err}"
     );
     assert!(env.snapshot_ids().contains(&real));
+    // A host no bound token backs up (web03, here by an admin): web01's token
+    // storing junk under its name is counted apart, and takes no slot of web03's
+    // (QA: retention deleted web03's only backups and kept the junk).
+    let web03 = |t: &str| -> String {
+        let out = ok(
+            client(
+                &env,
+                &srv,
+                "main",
+                t,
+                &["backup", "--host", "web03", "--json", s],
+            ),
+            "backup as web03",
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["snapshot_id"].as_str().unwrap().to_string()
+    };
+    let web03_own = web03(&admin);
+    let junk03 = web03(&web01);
+    let o = client(
+        &env,
+        &srv,
+        "main",
+        &admin,
+        &[
+            "forget",
+            "--keep-last",
+            "1",
+            "--host",
+            "web03",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let groups: serde_json::Value = serde_json::from_str(&ok(o, "forget web03")).unwrap();
+    let of = |k: &str| -> Vec<String> {
+        (groups.as_array().unwrap().iter())
+            .flat_map(|g| g[k].as_array().unwrap().iter())
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(of("keep"), [web03_own], "{groups:#}");
+    assert!(of("remove").is_empty(), "{groups:#}");
+    assert!(
+        err.contains(&format!("{} names host \"web03\"", &junk03[..8]))
+            && err.contains("stored by web01's token"),
+        "{err}"
+    );
+    // A copy carries when the server received each snapshot: on the replica the
+    // unbound token's snapshot naming web02 is still counted apart (QA: the
+    // replica's retention deleted web02's own backup).
+    let replica = Env::new();
+    replica.init(&[]);
+    let mut c = replica.cmd(&["copy", "--from", env.repo.to_str().unwrap()]);
+    c.env("CAIRN_FROM_PASSWORD", PASSWORD);
+    ok(c.output().unwrap(), "copy to a replica");
+    let v: serde_json::Value = serde_json::from_str(&replica.ok(&[
+        "forget",
+        "--keep-last",
+        "1",
+        "--host",
+        "web02",
+        "--dry-run",
+        "--json",
+    ]))
+    .unwrap();
+    let kept: Vec<&str> = (v.as_array().unwrap().iter())
+        .flat_map(|g| g["keep"].as_array().unwrap().iter())
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    let removed: usize = (v.as_array().unwrap().iter())
+        .map(|g| g["remove"].as_array().unwrap().len())
+        .sum();
+    assert_eq!((kept.len(), removed), (1, 0), "{v:#}");
 
     // `latest --host web02` is web02's own backup too, not the newer ones that
     // only name it (a restore of it would bring back the attacker's files); and

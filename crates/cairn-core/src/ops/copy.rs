@@ -419,17 +419,25 @@ fn copy_snapshots(
         warnings,
         ..Default::default()
     };
-    // The source's host records (`hosts/`), listed once: most repositories have
-    // none, and then no snapshot costs a request for one.
-    let recorded: std::collections::HashSet<String> =
-        match copier.src.backend().list(cairn_backend::names::HOSTS) {
+    // The source's server records (`hosts/`, `received/`), listed once: most
+    // repositories have none, and then no snapshot costs a request for one.
+    let listed = |prefix: &str| -> std::collections::HashSet<String> {
+        match copier.src.backend().list(prefix) {
             Ok(l) => l
                 .into_iter()
                 .map(|o| cairn_backend::names::listed(&o.name).to_string())
                 .collect(),
             Err(_) => Default::default(),
-        };
-    let has_record = |sid: &SnapshotId| recorded.contains(&sid.to_hex());
+        }
+    };
+    let (hosts, received) = (
+        listed(cairn_backend::names::HOSTS),
+        listed(cairn_backend::names::RECEIVED),
+    );
+    let has_record = |sid: &SnapshotId| {
+        let hex = sid.to_hex();
+        (hosts.contains(&hex), received.contains(&hex))
+    };
     let copied = copy_in_order(&copier, &order, &mut present, &mut stats, opts, &has_record);
     // The copies committed before a failure were each said as they were
     // (`Event::SnapshotCopied`): the report that lists them is not made.
@@ -446,24 +454,41 @@ fn copy_snapshots(
 
 /// The loop of [`copy_snapshots`]: each snapshot in turn, until one fails for
 /// a reason other than damage in the source.
+/// Copies the source's server records of `sid` that `has` says exist (its host,
+/// when it was received) to the copy `target`.
+fn copy_records(
+    copier: &Copier<'_>,
+    sid: &SnapshotId,
+    target: &SnapshotId,
+    (host, received): (bool, bool),
+) -> Result<()> {
+    if host {
+        copier.dst.copy_host_record_from(copier.src, sid, target)?;
+    }
+    if received {
+        copier
+            .dst
+            .copy_received_record_from(copier.src, sid, target)?;
+    }
+    Ok(())
+}
+
 fn copy_in_order(
     copier: &Copier<'_>,
     order: &[&(SnapshotId, Snapshot)],
     present: &mut HashMap<String, SnapshotId>,
     stats: &mut CopyStats,
     opts: &Run<'_>,
-    has_record: &dyn Fn(&SnapshotId) -> bool,
+    has_record: &dyn Fn(&SnapshotId) -> (bool, bool),
 ) -> Result<()> {
     let progress = copier.progress;
     for &(sid, snap) in order {
         progress.check_cancelled()?;
         if let Some(t) = present.get(&sid.to_hex()) {
             // A record a run killed after the snapshot did not write, now.
-            if has_record(sid)
-                && let Err(e) = copier.dst.copy_host_record_from(copier.src, sid, t)
-            {
+            if let Err(e) = copy_records(copier, sid, t, has_record(sid)) {
                 stats.warnings.push(format!(
-                    "snapshot {}: its host record was not copied ({e})",
+                    "snapshot {}: its server records were not copied ({e})",
                     t.short()
                 ));
             }
@@ -519,14 +544,13 @@ fn copy_in_order(
             target: target.to_hex(),
         });
         crate::hooks::point("copy:snapshot-committed");
-        // The host `cairn serve` recorded for the snapshot goes with it, so that
-        // the replica attributes it as the original does (docs/SERVER.md).
-        if has_record(sid)
-            && let Err(e) = copier.dst.copy_host_record_from(copier.src, sid, &target)
-        {
+        // The host `cairn serve` recorded for the snapshot, and when it received
+        // it, go with it, so that the replica attributes it as the original does
+        // (docs/SERVER.md).
+        if let Err(e) = copy_records(copier, sid, &target, has_record(sid)) {
             stats.warnings.push(format!(
-                "snapshot {}: its host record was not copied ({e}); on the destination it \
-                 counts as the host it names",
+                "snapshot {}: its server records were not copied ({e}); on the destination \
+                 it counts as the host it names",
                 target.short()
             ));
         }

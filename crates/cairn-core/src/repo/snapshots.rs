@@ -175,6 +175,28 @@ impl Repository {
         self.copy_record_from(src, names::host_record, MAX_HOST_RECORD, old, new)
     }
 
+    /// Copies the time `cairn serve` received `old` of `src` (`received/`) to `new`
+    /// here, for `copy`: on the replica, retention then still tells a snapshot a
+    /// token without a host stored under a bound host's name from that host's own
+    /// (QA: the replica's retention deleted web02's real backups and kept such
+    /// junk), and knows one stored late. A destination that may not take it (a
+    /// server, through a token that is no admin's) records its own arrival.
+    pub fn copy_received_record_from(
+        &self,
+        src: &Repository,
+        old: &SnapshotId,
+        new: &SnapshotId,
+    ) -> Result<()> {
+        match self.copy_record_from(src, names::received_record, MAX_RECEIVED_RECORD, old, new) {
+            Err(Error::Backend(e))
+                if e.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
+            {
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
     /// Gives `new` (a rewrite of `old`: new tags, a repair) the records `cairn
     /// serve` wrote for `old`, if any: its host, so that a host-bound token still
     /// sees it and retention still attributes it, and when it was received, so
@@ -330,8 +352,10 @@ impl Repository {
     /// recorded host: the client wrote the name, the server vouches for the token.
     /// Retention groups and filters by host, so a hijacked backup client of web01
     /// backing up as `--host web02` must count as web01's, not push web02's real
-    /// snapshots out of a `--keep-last`. A snapshot whose name is no bound token's
-    /// host (a machine whose own name differs from its token's) keeps its name.
+    /// snapshots out of a `--keep-last`. A snapshot naming a host no bound token
+    /// backs up is counted apart (`web03 (stored by web01's token)`) when others
+    /// store snapshots under that name too; alone under it (a machine whose own
+    /// name differs from its token's), it keeps its name.
     /// Returns the snapshots changed, with the host each claimed.
     pub fn attribute_hosts(
         &self,
@@ -391,14 +415,42 @@ impl Repository {
         recorded: &std::collections::HashMap<SnapshotId, String>,
     ) -> Result<Vec<(SnapshotId, String)>> {
         let hosts: std::collections::HashSet<&String> = recorded.values().collect();
-        let mut changed = Vec::new();
-        for (id, s) in snaps.iter_mut() {
-            if let Some(h) = recorded.get(id)
-                && *h != s.hostname
-                && hosts.contains(&s.hostname)
-            {
-                changed.push((*id, std::mem::replace(&mut s.hostname, h.clone())));
+        // Who else stored snapshots under each name: the recorded host, or none
+        // (an admin, a direct client, a token without a host).
+        let mut stored_as: std::collections::HashMap<
+            &str,
+            std::collections::HashSet<Option<&String>>,
+        > = Default::default();
+        for (id, s) in snaps.iter() {
+            stored_as
+                .entry(s.hostname.as_str())
+                .or_default()
+                .insert(recorded.get(id));
+        }
+        let mut counted_as = Vec::new();
+        for (i, (id, s)) in snaps.iter().enumerate() {
+            let Some(h) = recorded.get(id) else { continue };
+            if *h == s.hostname {
+                continue;
             }
+            if hosts.contains(&s.hostname) {
+                // Another bound token's host: its token's host's.
+                counted_as.push((i, h.clone()));
+            } else if stored_as[s.hostname.as_str()].iter().any(|o| *o != Some(h)) {
+                // A name others store snapshots under too (a host backed up by an
+                // admin, directly, or by a token without a host): counted apart,
+                // as this token's, so that it pushes none of theirs out of a
+                // `--keep-last` (QA: junk stored as `--host web03` by web01's
+                // token made retention delete web03's only backups). A machine
+                // whose own name differs from its token's, alone under it, keeps
+                // its name.
+                counted_as.push((i, format!("{}{}", s.hostname, bound_mark(h))));
+            }
+        }
+        let mut changed = Vec::new();
+        for (i, counted) in counted_as {
+            let (id, s) = &mut snaps[i];
+            changed.push((*id, std::mem::replace(&mut s.hostname, counted)));
         }
         // A snapshot a token without a host stored (the server recorded when it
         // received it, and no host) that names a bound token's host is not that
@@ -472,9 +524,24 @@ impl Repository {
 /// stored by a token without a host ([`Repository::attribute_hosts`]).
 pub const UNBOUND_MARK: &str = " (unbound token)";
 
+/// Appended to the host of a snapshot that a token bound to `host` stored under
+/// the name of a host no bound token backs up ([`Repository::attribute_hosts`]).
+pub fn bound_mark(host: &str) -> String {
+    format!(" (stored by {host}'s token)")
+}
+
 /// Says why a snapshot naming host `claimed` is counted as `counted`'s (see
 /// [`Repository::attribute_hosts`]), for warnings.
 pub fn host_claim_note(claimed: &str, counted: &str) -> String {
+    if let Some(h) = (counted.strip_prefix(claimed))
+        .and_then(|m| m.strip_prefix(" (stored by "))
+        .and_then(|m| m.strip_suffix("'s token)"))
+    {
+        return format!(
+            "names host {claimed:?}, but was stored by a backup token bound to {h:?}: \
+             counted apart, as {counted:?}"
+        );
+    }
     if counted.strip_suffix(UNBOUND_MARK) == Some(claimed) {
         format!(
             "names host {claimed:?}, which a host-bound token backs up, but was stored by a \

@@ -1334,6 +1334,37 @@ fn a_rerun_of_a_killed_restore_of_a_part_takes_its_mark_away() {
     assert!(mark.exists());
     env.ok(&["restore", &snap, "--target", t]);
     assert!(!mark.exists());
+    // A whole restore of another snapshot says nothing of what a killed one of
+    // this snapshot left (QA: it took the mark away, and `--overwrite never`
+    // then kept the cut-short file); one of this snapshot, whole, does.
+    let big_bytes = fs::read(src.join("big")).unwrap();
+    fs::remove_file(src.join("big")).unwrap();
+    let other = env.backup(&[&src]);
+    let target2 = env.path("t2");
+    let t2 = target2.to_str().unwrap();
+    let mark2 = target2.join(".cairn-restore-unfinished");
+    let restored2 = target2.join(src.strip_prefix("/").unwrap());
+    let mut child = env
+        .cmd(&["restore", &snap, "--target", t2, "--write-limit", "2M"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the big file started",
+        std::time::Duration::from_secs(60),
+        || fs::metadata(restored2.join("big")).is_ok_and(|m| m.len() > 0),
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    env.ok(&["restore", &other, "--target", t2]);
+    assert!(
+        mark2.exists(),
+        "another snapshot's restore took the mark away"
+    );
+    env.ok(&["restore", &snap, "--target", t2, "--overwrite", "never"]);
+    assert!(!mark2.exists());
+    assert_eq!(fs::read(restored2.join("big")).unwrap(), big_bytes);
 }
 
 /// At a low `--write-limit` one small file's share of the rate lasts minutes:

@@ -607,9 +607,12 @@ impl ImageFs {
         )?;
         // Once no file is left cut short, this restore's part is finished: the
         // mark goes unless it lists another part (one of a part says nothing of
-        // the rest); a restore of the whole filesystem takes it away.
+        // the rest). Each path is restored under its own name in the target
+        // (`/` as `root/`), so no path covers another's (QA: `--image-fs /`
+        // took away the mark of a killed `--image-fs /d2`); only a mark that
+        // lists nothing goes with a restore of the whole filesystem.
         if r.unfinished == 0 {
-            crate::ops::restore::unfinished::finished(root.as_fd(), &selection, path == "/")
+            crate::ops::restore::unfinished::finished(root.as_fd(), &selection, false, path == "/")
                 .map_err(|e| Error::io(target, e))?;
         }
         // A file leaves `links` once its last name is made.

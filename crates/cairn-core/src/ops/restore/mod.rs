@@ -557,7 +557,7 @@ pub(super) fn restore(
         let everything =
             opts.includes.is_empty() && opts.excludes.is_empty() && opts.iexcludes.is_empty();
         if !w.left_unfinished {
-            unfinished::finished(root_dir.fd(), &selection, everything)
+            unfinished::finished(root_dir.fd(), &selection, everything, everything)
                 .map_err(|e| Error::io(target, e))?;
         }
         Ok(w.stats)

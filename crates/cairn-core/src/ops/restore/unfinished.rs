@@ -56,8 +56,10 @@ const TEXT: &str = "A cairn restore into this directory has not finished.\n\
 /// A mark longer than this is not read: it is not one restore wrote.
 const MARK_MAX: usize = 64 * 1024;
 
-/// What a restore restores, as the mark lists it: the tree and the patterns that
-/// choose from it. Two restores with the same selection write the same entries.
+/// What a restore restores, as the mark lists it: `TREE:PATTERNS`, a hash of the
+/// tree and one of the patterns that choose from it. Two restores with the same
+/// selection write the same entries; a restore of a whole tree writes every
+/// entry a restore of a part of that tree writes, and nothing of another tree's.
 pub(crate) fn selection(
     root: &[u8],
     includes: &[String],
@@ -65,7 +67,6 @@ pub(crate) fn selection(
     iexcludes: &[String],
 ) -> String {
     let mut h = blake3::Hasher::new();
-    h.update(root);
     for (kind, list) in [(b'i', includes), (b'e', excludes), (b'I', iexcludes)] {
         for p in list {
             h.update(&[kind]);
@@ -73,7 +74,16 @@ pub(crate) fn selection(
             h.update(p.as_bytes());
         }
     }
-    hex::encode(&h.finalize().as_bytes()[..16])
+    format!(
+        "{}:{}",
+        hex::encode(&blake3::hash(root).as_bytes()[..16]),
+        hex::encode(&h.finalize().as_bytes()[..16])
+    )
+}
+
+/// The tree part of a selection.
+fn tree_of(selection: &str) -> &str {
+    selection.split(':').next().unwrap_or(selection)
 }
 
 /// Leaves the mark in `root`, listing `selection`. A mark already there keeps its
@@ -93,7 +103,9 @@ fn add(root: BorrowedFd<'_>, selection: &str) -> std::io::Result<()> {
     let st = sys::fstat(fd.as_fd())?;
     let mut f = std::fs::File::from(fd);
     // A mark that lists no part (an older cairn's) or cannot be read says nothing
-    // of what was left unfinished: it stays until a restore of everything.
+    // of what was left unfinished: it stays until a restore of everything. (A
+    // listed mark's time is kept: what this restore leaves, if it does not finish,
+    // is newer.)
     let listed = read_selections(&mut f, &st).unwrap_or_default();
     if listed.is_empty() || listed.iter().any(|l| l == selection) {
         return Ok(());
@@ -122,17 +134,19 @@ fn read_selections(f: &mut std::fs::File, st: &sys::Stat) -> Option<Vec<String>>
 
 /// A restore of `selection` finished and left no file cut short: it takes its
 /// selection off the mark's list (what any unfinished restore of the same
-/// selection left, it has rewritten), and the mark goes when that leaves the list
-/// empty, or when the restore was of `everything`. A mark that does not list
-/// `selection` (an older cairn's, or unreadable) stays.
+/// selection left, it has rewritten), and, when it restored its whole tree
+/// (`whole_tree`), every part of that tree; the mark goes when that leaves the
+/// list empty. A restore of another snapshot says nothing of what one of this
+/// snapshot left (QA: a finished restore of another snapshot took the mark away,
+/// and the first one's cut-short files were then kept by `--overwrite never`). A
+/// mark that lists nothing (an older cairn's, or unreadable) goes only with a
+/// restore of everything (`everything`), as before.
 pub(crate) fn finished(
     root: BorrowedFd<'_>,
     selection: &str,
+    whole_tree: bool,
     everything: bool,
 ) -> std::io::Result<()> {
-    if everything {
-        return clear(root);
-    }
     let fd = match sys::open_at(root, MARK, libc::O_RDWR, 0) {
         Ok(fd) => fd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -140,13 +154,15 @@ pub(crate) fn finished(
     };
     let st = sys::fstat(fd.as_fd())?;
     let mut f = std::fs::File::from(fd);
-    let Some(listed) = read_selections(&mut f, &st) else {
-        return Ok(());
-    };
-    if !listed.iter().any(|l| l == selection) {
+    let listed = read_selections(&mut f, &st).unwrap_or_default();
+    if listed.is_empty() {
+        return if everything { clear(root) } else { Ok(()) };
+    }
+    let covered = |l: &String| l == selection || (whole_tree && tree_of(l) == tree_of(selection));
+    let rest: Vec<&String> = listed.iter().filter(|l| !covered(l)).collect();
+    if rest.len() == listed.len() {
         return Ok(());
     }
-    let rest: Vec<&String> = listed.iter().filter(|l| *l != selection).collect();
     if rest.is_empty() {
         return clear(root);
     }

@@ -401,3 +401,34 @@ fn retention_counts_days_where_each_snapshot_was_taken() {
         }
     }
 }
+
+/// `--keep-within` steps days back on the newest snapshot's own calendar, not the
+/// one of the zone `forget` runs in: taken at UTC, 2024-03-02 13:00 is within 29
+/// days of 2024-03-31 12:00, also for a runner in New York, whose clocks went
+/// forward in between (QA: it was dropped there, and kept at UTC).
+#[test]
+fn keep_within_counts_on_the_snapshots_own_calendar() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"x").unwrap();
+    for t in ["2024-03-02 13:00:00", "2024-03-31 12:00:00"] {
+        let o = env
+            .cmd(&["backup", "--time", t, src.to_str().unwrap()])
+            .env("TZ", "UTC0")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    for tz in ["UTC0", "EST5EDT,M3.2.0,M11.1.0"] {
+        let o = env
+            .cmd(&["forget", "--json", "--keep-within", "29d", "--dry-run"])
+            .env("TZ", tz)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(ids(&v[0]["remove"]).is_empty(), "TZ={tz}: {v}");
+    }
+}

@@ -701,10 +701,21 @@ fn judge<Tz: TimeZone>(
         .iter()
         .find(|e| e.time <= now)
         .or_else(|| entries.first());
+    // Days and months are stepped back on the newest snapshot's own calendar
+    // (the zone it was taken in, when recorded), as restic does: not the zone
+    // forget runs in (QA: `--keep-within 29d` kept a snapshot in UTC and not in
+    // New York).
     let within_from = within.map(|w| {
-        newest
-            .and_then(|newest| w.before(&newest.time.with_timezone(tz)))
-            .map(|t| t.with_timezone(&Utc))
+        newest.and_then(
+            |newest| match newest.snap.utc_offset.and_then(FixedOffset::east_opt) {
+                Some(own) => w
+                    .before(&newest.time.with_timezone(&own))
+                    .map(|t| t.with_timezone(&Utc)),
+                None => w
+                    .before(&newest.time.with_timezone(tz))
+                    .map(|t| t.with_timezone(&Utc)),
+            },
+        )
     });
 
     let oldest = entries.len().saturating_sub(1);

@@ -78,6 +78,10 @@ mod tests {
             ("/srv/*.conf".into(), Some("/srv/*.conf".into()))
         );
         assert_eq!(
+            l("/srv/a[^1]"),
+            ("/srv/a[^1]".into(), Some("/srv/a[!1]".into()))
+        );
+        assert_eq!(
             l("/srv/\\[x\\]/*"),
             ("/srv/[x]/*".into(), Some("/srv/[[]x[]]/*".into()))
         );
@@ -208,7 +212,7 @@ fn list_line(line: &[u8]) -> (Vec<u8>, Option<Vec<u8>>) {
     let mut literal = Vec::with_capacity(line.len());
     let mut glob = Vec::with_capacity(line.len());
     let mut wild = false;
-    let mut bytes = line.iter().copied();
+    let mut bytes = line.iter().copied().peekable();
     while let Some(b) = bytes.next() {
         match b {
             // A backslash at the end stands for itself.
@@ -225,6 +229,13 @@ fn list_line(line: &[u8]) -> (Vec<u8>, Option<Vec<u8>>) {
                 wild = true;
                 literal.push(b);
                 glob.push(b);
+                // `[^a]` negates, as in restic (and in cairn's excludes); the
+                // `glob` crate spells it `[!a]` and takes `^` as itself.
+                if b == b'[' && bytes.peek() == Some(&b'^') {
+                    bytes.next();
+                    literal.push(b'^');
+                    glob.push(b'!');
+                }
             }
             _ => {
                 literal.push(b);

@@ -535,6 +535,21 @@ impl PatternGroup {
         }
         if !negated.contains(&true) {
             negated.clear();
+        } else {
+            // With negations, a pattern also matches what is below what it
+            // matches, as restic matches a pattern against any run of a path's
+            // components: `!keep` takes back `keep/k.txt` from `*.txt`, not only
+            // the directory (QA). (Without negations that changes nothing: what
+            // a pattern matches is not entered.) Pattern `i` is globs `2i` and
+            // `2i + 1`.
+            globs = globs
+                .into_iter()
+                .flat_map(|g| {
+                    let below = format!("{}/**", g.trim_end_matches('/'));
+                    [g, below]
+                })
+                .collect();
+            given = given.into_iter().flat_map(|p| [p, p]).collect();
         }
         let set = crate::pattern::GlobSet::new(globs.iter().map(|p| (p.as_str(), fold))).map_err(
             |e| {
@@ -561,7 +576,7 @@ impl PatternGroup {
         }
         self.set
             .last_match_bytes(path)
-            .is_some_and(|i| !self.negated[i])
+            .is_some_and(|i| !self.negated[i / 2])
     }
 }
 
@@ -1019,6 +1034,15 @@ mod tests {
         // Only negations: nothing is left out.
         let e = Excludes::patterns(&["!*.log".into()]).unwrap();
         assert!(!e.is_excluded(Path::new("/a/x.log")));
+        // A negation takes back what is below what it names, as restic's (QA:
+        // `!keep` brought back the directory and none of its files).
+        let e = Excludes::patterns(&["*.txt".into(), "!keep".into()]).unwrap();
+        assert!(!e.is_excluded(Path::new("/t/keep/k.txt")));
+        assert!(!e.is_excluded(Path::new("/t/keep/deeper/k.txt")));
+        assert!(e.is_excluded(Path::new("/t/other/k.txt")));
+        let e = Excludes::patterns(&["*".into(), "!t".into(), "!t/*".into()]).unwrap();
+        assert!(!e.is_excluded(Path::new("/t/a/b")));
+        assert!(e.is_excluded(Path::new("/u")));
     }
 
     /// `--exclude` and `--iexclude` judge apart, as in restic: a `!` in one list

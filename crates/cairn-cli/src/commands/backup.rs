@@ -57,7 +57,7 @@ fn expand_env(line: &str, var: impl Fn(&str) -> Option<String>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{expand_env, list_line};
+    use super::{expand_env, expand_pattern, list_line};
 
     #[test]
     fn a_list_line_takes_backslash_escapes_as_restic() {
@@ -79,12 +79,39 @@ mod tests {
         );
         assert_eq!(
             l("/srv/a[^1]"),
-            ("/srv/a[^1]".into(), Some("/srv/a[!1]".into()))
+            ("/srv/a[^1]".into(), Some("/srv/a[^1]".into()))
         );
         assert_eq!(
-            l("/srv/\\[x\\]/*"),
-            ("/srv/[x]/*".into(), Some("/srv/[[]x[]]/*".into()))
+            l("/srv/\\[x\\]/{a,b}*"),
+            (
+                "/srv/[x]/{a,b}*".into(),
+                Some("/srv/\\[x\\]/\\{a,b\\}*".into())
+            )
         );
+    }
+
+    /// Names are matched by their bytes: one that is not UTF-8 is found (the
+    /// `glob` crate passed over it), `[^1]` negates, braces are literal.
+    #[test]
+    fn patterns_expand_over_any_name() {
+        use std::os::unix::ffi::OsStrExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        for n in [&b"a1"[..], b"ab", b"a{x}", b"bad\xff", b"good"] {
+            std::fs::write(d.join(std::ffi::OsStr::from_bytes(n)), b"").unwrap();
+        }
+        let names = |pat: &str| -> Vec<Vec<u8>> {
+            let (_, g) = list_line(format!("{}/{pat}", d.display()).as_bytes());
+            expand_pattern(&g.unwrap())
+                .unwrap()
+                .iter()
+                .map(|p| p.file_name().unwrap().as_bytes().to_vec())
+                .collect()
+        };
+        assert_eq!(names("*d*"), [b"bad\xff".to_vec(), b"good".to_vec()]);
+        assert_eq!(names("a[^1]*"), [b"ab".to_vec(), b"a{x}".to_vec()]);
+        assert_eq!(names("a{x}*"), [b"a{x}".to_vec()]);
+        assert!(names("zz*").is_empty());
     }
 
     #[test]
@@ -180,16 +207,8 @@ fn read_path_lists(
                 continue;
             };
             let shown = String::from_utf8_lossy(item);
-            let glob = String::from_utf8(glob).with_context(|| {
-                format!(
-                    "{}: the pattern \"{shown}\" is not UTF-8 (list such paths with --files-from-verbatim)",
-                    file.display(),
-                )
-            })?;
-            let found: Vec<PathBuf> = glob::glob(&glob)
-                .with_context(|| format!("{}: pattern \"{shown}\"", file.display()))?
-                .filter_map(std::result::Result::ok)
-                .collect();
+            let found = expand_pattern(&glob)
+                .map_err(|e| anyhow::anyhow!("{}: pattern \"{shown}\": {e}", file.display()))?;
             // A warning, which -q keeps (restic says it with -q too).
             if found.is_empty() {
                 progress.warning_msg(format!(
@@ -203,39 +222,36 @@ fn read_path_lists(
     Ok(out)
 }
 
-/// A `--files-from` line read as restic reads it: `\` takes the next character as
-/// it is (`\*` a literal star, `\\` a backslash). Returns the path with the
-/// escapes taken away, and when the line has a wildcard (`*`, `?`, `[`) not
-/// escaped, the pattern to expand, in the `glob` crate's spelling (a literal
-/// wildcard in brackets: `[*]`).
+/// A `--files-from` line read as restic reads it: `\\` takes the next character as
+/// it is (`\\*` a literal star, `\\\\` a backslash), `[^a]` and `[!a]` negate, and
+/// braces are themselves. Returns the path with the escapes taken away, and when
+/// the line has a wildcard (`*`, `?`, `[`) not escaped, the pattern to expand
+/// ([`expand_pattern`]), in cairn's glob syntax (`\\` before every literal
+/// wildcard, brace or backslash).
 fn list_line(line: &[u8]) -> (Vec<u8>, Option<Vec<u8>>) {
     let mut literal = Vec::with_capacity(line.len());
     let mut glob = Vec::with_capacity(line.len());
     let mut wild = false;
-    let mut bytes = line.iter().copied().peekable();
+    let mut bytes = line.iter().copied();
     while let Some(b) = bytes.next() {
         match b {
             // A backslash at the end stands for itself.
             b'\\' => {
                 let c = bytes.next().unwrap_or(b'\\');
                 literal.push(c);
-                if matches!(c, b'*' | b'?' | b'[' | b']') {
-                    glob.extend([b'[', c, b']']);
-                } else {
-                    glob.push(c);
+                if is_special(c) {
+                    glob.push(b'\\');
                 }
+                glob.push(c);
             }
             b'*' | b'?' | b'[' => {
                 wild = true;
                 literal.push(b);
                 glob.push(b);
-                // `[^a]` negates, as in restic (and in cairn's excludes); the
-                // `glob` crate spells it `[!a]` and takes `^` as itself.
-                if b == b'[' && bytes.peek() == Some(&b'^') {
-                    bytes.next();
-                    literal.push(b'^');
-                    glob.push(b'!');
-                }
+            }
+            b'{' | b'}' => {
+                literal.push(b);
+                glob.extend([b'\\', b]);
             }
             _ => {
                 literal.push(b);
@@ -244,6 +260,90 @@ fn list_line(line: &[u8]) -> (Vec<u8>, Option<Vec<u8>>) {
         }
     }
     (literal, wild.then_some(glob))
+}
+
+/// What cairn's glob syntax reads as other than itself.
+fn is_special(c: u8) -> bool {
+    matches!(c, b'*' | b'?' | b'[' | b']' | b'{' | b'}' | b'\\')
+}
+
+/// Whether a name pattern (cairn's syntax) has a wildcard not escaped.
+fn has_wildcard(component: &[u8]) -> bool {
+    let mut bytes = component.iter();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'\\' => {
+                bytes.next();
+            }
+            b'*' | b'?' | b'[' => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// A name pattern without wildcards, its escapes taken away.
+fn unescape(component: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(component.len());
+    let mut bytes = component.iter();
+    while let Some(&b) = bytes.next() {
+        out.push(if b == b'\\' {
+            bytes.next().copied().unwrap_or(b'\\')
+        } else {
+            b
+        });
+    }
+    out
+}
+
+/// The paths a `--files-from` pattern names, one directory level at a time,
+/// sorted in each directory. Names are matched by their bytes, so a name that
+/// is not UTF-8 is found as restic finds it (the `glob` crate passed over them
+/// silently: QA). A component without wildcards is taken as it is (it may be
+/// any bytes); one with wildcards must be UTF-8.
+fn expand_pattern(pattern: &[u8]) -> std::result::Result<Vec<PathBuf>, String> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let mut current = vec![if pattern.starts_with(b"/") {
+        PathBuf::from("/")
+    } else {
+        PathBuf::new()
+    }];
+    for component in pattern.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+        let mut next = Vec::new();
+        if !has_wildcard(component) {
+            let name = std::ffi::OsString::from_vec(unescape(component));
+            next.extend(current.iter().map(|base| base.join(&name)));
+        } else {
+            let text = std::str::from_utf8(component).map_err(|_| {
+                "a name with wildcards that is not UTF-8 (list such paths with \
+                 --files-from-verbatim)"
+                    .to_string()
+            })?;
+            let glob = cairn_core::pattern::Glob::new(text, true, false)?;
+            for base in &current {
+                let dir = if base.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    base.as_path()
+                };
+                let Ok(entries) = std::fs::read_dir(dir) else {
+                    continue;
+                };
+                let mut names: Vec<std::ffi::OsString> = entries
+                    .filter_map(std::result::Result::ok)
+                    .map(|e| e.file_name())
+                    .filter(|n| glob.is_match_bytes(n.as_bytes()))
+                    .collect();
+                names.sort();
+                next.extend(names.into_iter().map(|n| base.join(n)));
+            }
+        }
+        current = next;
+    }
+    Ok(current
+        .into_iter()
+        .filter(|p| !p.as_os_str().is_empty() && std::fs::symlink_metadata(p).is_ok())
+        .collect())
 }
 
 /// The standard output of a command run by `--stdin-from-command`, read as the

@@ -369,37 +369,49 @@ fn recover_brings_back_a_snapshot_forgotten_by_mistake() {
 #[test]
 fn retention_counts_days_where_each_snapshot_was_taken() {
     let env = Env::new();
+    let made = backed_up_at(
+        &env,
+        "IST-5:30",
+        &[
+            "2026-11-29 23:00:00",
+            "2026-11-30 04:00:00",
+            "2026-11-30 12:00:00",
+        ],
+    );
+    for tz in ["UTC0", "IST-5:30", "NST3:30", "LINT-14"] {
+        let v = forget_in(&env, tz, &["--keep-daily", "2"]);
+        assert_eq!(ids(&v[0]["remove"]), [made[1].clone()], "TZ={tz}: {v}");
+    }
+}
+
+/// One snapshot of a one-file tree per time of `times`, taken in the time zone
+/// `tz` (a POSIX TZ string); their ids.
+fn backed_up_at(env: &Env, tz: &str, times: &[&str]) -> Vec<String> {
     env.init(&[]);
     let src = env.path("src");
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("f"), b"x").unwrap();
-    {
-        let mut made = Vec::new();
-        for t in [
-            "2026-11-29 23:00:00",
-            "2026-11-30 04:00:00",
-            "2026-11-30 12:00:00",
-        ] {
-            let o = env
-                .cmd(&["backup", "--json", "--time", t, src.to_str().unwrap()])
-                .env("TZ", "IST-5:30")
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-            made.push(v["snapshot_id"].as_str().unwrap().to_string());
-        }
-        for tz in ["UTC0", "IST-5:30", "NST3:30", "LINT-14"] {
-            let o = env
-                .cmd(&["forget", "--json", "--keep-daily", "2", "--dry-run"])
-                .env("TZ", tz)
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-            assert_eq!(ids(&v[0]["remove"]), [made[1].clone()], "TZ={tz}: {v}");
-        }
+    let mut made = Vec::new();
+    for t in times {
+        let o = env
+            .cmd(&["backup", "--json", "--time", t, src.to_str().unwrap()])
+            .env("TZ", tz)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        made.push(v["snapshot_id"].as_str().unwrap().to_string());
     }
+    made
+}
+
+/// `forget --json --dry-run` with `policy`, run in the time zone `tz`.
+fn forget_in(env: &Env, tz: &str, policy: &[&str]) -> serde_json::Value {
+    let mut args = vec!["forget", "--json", "--dry-run"];
+    args.extend_from_slice(policy);
+    let o = env.cmd(&args).env("TZ", tz).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
 }
 
 /// `--keep-within` steps days back on the newest snapshot's own calendar, not the
@@ -409,26 +421,13 @@ fn retention_counts_days_where_each_snapshot_was_taken() {
 #[test]
 fn keep_within_counts_on_the_snapshots_own_calendar() {
     let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    fs::write(src.join("f"), b"x").unwrap();
-    for t in ["2024-03-02 13:00:00", "2024-03-31 12:00:00"] {
-        let o = env
-            .cmd(&["backup", "--time", t, src.to_str().unwrap()])
-            .env("TZ", "UTC0")
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    }
+    backed_up_at(
+        &env,
+        "UTC0",
+        &["2024-03-02 13:00:00", "2024-03-31 12:00:00"],
+    );
     for tz in ["UTC0", "EST5EDT,M3.2.0,M11.1.0"] {
-        let o = env
-            .cmd(&["forget", "--json", "--keep-within", "29d", "--dry-run"])
-            .env("TZ", tz)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let v = forget_in(&env, tz, &["--keep-within", "29d"]);
         assert!(ids(&v[0]["remove"]).is_empty(), "TZ={tz}: {v}");
     }
 }

@@ -1157,6 +1157,26 @@ fn a_user_restores_over_its_own_read_only_directories() {
     assert_eq!(fs::read_to_string(out.join("ro/inner/g")).unwrap(), "two");
 }
 
+/// Runs `args` (a restore) at 2 MB/s and kills it once `file` has bytes: it
+/// leaves that file cut short and the target's unfinished mark.
+fn killed_restore(env: &Env, args: &[&str], file: &Path) {
+    let mut args = args.to_vec();
+    args.extend(["--write-limit", "2M"]);
+    let mut child = env
+        .cmd(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the file started",
+        std::time::Duration::from_secs(60),
+        || fs::metadata(file).is_ok_and(|m| m.len() > 0),
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// A restore killed part way leaves a mark in its target; the next one, even with
 /// `--overwrite never` or `if-newer` (which keep what is there), rewrites what the
 /// killed one left (a file cut short, small files without their metadata) unless
@@ -1186,8 +1206,9 @@ fn a_restore_after_a_killed_one_finishes_its_work_whatever_overwrite_says() {
     fs::write(restored.join("mine"), b"the user's").unwrap();
     set_times(&restored.join("mine"), 1_600_000_000, 0);
     for overwrite in ["never", "if-newer"] {
-        let mut child = env
-            .cmd(&[
+        killed_restore(
+            &env,
+            &[
                 "restore",
                 &snap,
                 "--target",
@@ -1196,20 +1217,9 @@ fn a_restore_after_a_killed_one_finishes_its_work_whatever_overwrite_says() {
                 "always",
                 "--exclude",
                 "mine",
-                "--write-limit",
-                "2M",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_until(
-            "the big file started",
-            std::time::Duration::from_secs(60),
-            || fs::metadata(restored.join("big")).is_ok_and(|m| m.len() > 0),
+            ],
+            &restored.join("big"),
         );
-        child.kill().unwrap();
-        child.wait().unwrap();
         assert!(target.join(".cairn-restore-unfinished").exists());
         assert_ne!(
             fs::read(restored.join("big")).unwrap(),
@@ -1277,28 +1287,11 @@ fn a_rerun_of_a_killed_restore_of_a_part_takes_its_mark_away() {
     let restored = target.join(src.strip_prefix("/").unwrap());
     let big = format!("{}/big", src.display());
     let small = format!("{}/small", src.display());
-    let mut child = env
-        .cmd(&[
-            "restore",
-            &snap,
-            "--target",
-            t,
-            "--include",
-            &big,
-            "--write-limit",
-            "2M",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until(
-        "the big file started",
-        std::time::Duration::from_secs(60),
-        || fs::metadata(restored.join("big")).is_ok_and(|m| m.len() > 0),
+    killed_restore(
+        &env,
+        &["restore", &snap, "--target", t, "--include", &big],
+        &restored.join("big"),
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
     assert!(mark.exists());
     let since = fs::metadata(&mark).unwrap().modified().unwrap();
     // Another part, restored to its end: the killed part is still unfinished.
@@ -1344,19 +1337,11 @@ fn a_rerun_of_a_killed_restore_of_a_part_takes_its_mark_away() {
     let t2 = target2.to_str().unwrap();
     let mark2 = target2.join(".cairn-restore-unfinished");
     let restored2 = target2.join(src.strip_prefix("/").unwrap());
-    let mut child = env
-        .cmd(&["restore", &snap, "--target", t2, "--write-limit", "2M"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until(
-        "the big file started",
-        std::time::Duration::from_secs(60),
-        || fs::metadata(restored2.join("big")).is_ok_and(|m| m.len() > 0),
+    killed_restore(
+        &env,
+        &["restore", &snap, "--target", t2],
+        &restored2.join("big"),
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
     env.ok(&["restore", &other, "--target", t2]);
     assert!(
         mark2.exists(),

@@ -68,6 +68,10 @@ pub struct SnapshotInfo {
     pub id: SnapshotId,
     pub short_id: String,
     pub time: String,
+    /// Seconds east of UTC of the zone the snapshot was taken in, when recorded
+    /// (retention counts its days there).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub utc_offset: Option<i32>,
     pub hostname: String,
     pub username: String,
     pub paths: Vec<String>,
@@ -99,6 +103,7 @@ impl SnapshotInfo {
             id: *id,
             short_id: id.short(),
             time: s.time.clone(),
+            utc_offset: s.utc_offset,
             hostname: s.hostname.clone(),
             username: s.username.clone(),
             paths: s.paths.clone(),

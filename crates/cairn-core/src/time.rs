@@ -92,6 +92,15 @@ pub fn local_offset_at(s: &str) -> Option<i32> {
     )
 }
 
+/// The offset a time given as RFC 3339 names (`--time 2024-03-01T00:30:00+05:30`),
+/// in seconds east of UTC; `None` for a local time without one.
+pub fn given_offset(s: &str) -> Option<i32> {
+    use chrono::Offset;
+    chrono::DateTime::parse_from_rfc3339(s.trim())
+        .ok()
+        .map(|t| t.offset().fix().local_minus_utc())
+}
+
 /// Seconds since the epoch of an RFC 3339 time (a snapshot's), if it is one.
 pub fn parse_rfc3339(s: &str) -> Option<i64> {
     chrono::DateTime::parse_from_rfc3339(s)
@@ -125,11 +134,27 @@ pub fn parse_user_time(s: &str) -> Option<String> {
             .iter()
             .find_map(|f| chrono::NaiveDateTime::parse_from_str(s, f).ok())?;
         // A local time a daylight-saving change repeats is two times: not
-        // guessed (give it with its offset), as one it skips is none.
-        chrono::Local
-            .from_local_datetime(&naive)
-            .single()?
-            .with_timezone(&chrono::Utc)
+        // guessed (give it with its offset), as one it skips is none. Only
+        // instants that read back as the time given count: the library's
+        // answer is off by one at the edges of a change (QA: 03:00 on the day
+        // Berlin's clocks go back was refused as repeated, and 02:00 on the day
+        // they skip an hour was taken).
+        let candidates: Vec<chrono::DateTime<chrono::Utc>> =
+            match chrono::Local.from_local_datetime(&naive) {
+                chrono::LocalResult::Single(t) => vec![t.with_timezone(&chrono::Utc)],
+                chrono::LocalResult::Ambiguous(a, b) => {
+                    vec![a.with_timezone(&chrono::Utc), b.with_timezone(&chrono::Utc)]
+                }
+                chrono::LocalResult::None => Vec::new(),
+            };
+        let real: Vec<_> = candidates
+            .into_iter()
+            .filter(|t| t.with_timezone(&chrono::Local).naive_local() == naive)
+            .collect();
+        match real[..] {
+            [t] => t,
+            _ => return None,
+        }
     };
     // A snapshot's time is RFC 3339, whose year has four digits: a time that
     // comes to year 10000 in UTC would be unreadable later.

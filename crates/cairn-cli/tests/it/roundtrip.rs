@@ -1134,6 +1134,28 @@ fn backup_time_is_recorded_and_retention_uses_it() {
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("f"), "x").unwrap();
     let s = src.to_str().unwrap();
+    // Local times at Berlin's daylight-saving changes: 03:00 on the day the clocks
+    // go back is once (the repeated hour is 02:00-02:59), 02:30 then is twice;
+    // 02:00 on the day they skip an hour is never (QA: the edges were off by one).
+    let in_berlin = |t: &str| {
+        env.cmd(&["backup", "-q", "--time", t, "-n", s])
+            .env("TZ", "CET-1CEST,M3.5.0,M10.5.0/3")
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(in_berlin("2024-10-27 03:00:00"));
+    assert!(in_berlin("2024-10-27 01:59:59"));
+    assert!(!in_berlin("2024-10-27 02:30:00"));
+    assert!(!in_berlin("2024-03-31 02:00:00"));
+    assert!(!in_berlin("2024-03-31 02:59:59"));
+    assert!(in_berlin("2024-03-31 03:00:00"));
+    // A time given with its offset records that zone: its days are counted there.
+    env.ok(&["backup", "-q", "--time", "2024-02-01T00:30:00+05:30", s]);
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    assert_eq!(v[0]["utc_offset"], 19800, "{v}");
+    env.ok(&["forget", "-q", &v[0]["id"].as_str().unwrap()[..8]]);
     for t in [
         "2024-03-01T10:00:00Z",
         "2025-03-01T12:00:00+02:00",

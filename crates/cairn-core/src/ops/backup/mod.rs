@@ -1037,7 +1037,10 @@ fn run(
     };
     let snapshot = Snapshot {
         version: 1,
-        utc_offset: crate::time::local_offset_at(&started_at),
+        // `--time` with an offset names the zone; else this machine's.
+        utc_offset: (opts.time.as_deref())
+            .and_then(crate::time::given_offset)
+            .or_else(|| crate::time::local_offset_at(&started_at)),
         time: started_at,
         hostname: host,
         username: crate::repo::username(),

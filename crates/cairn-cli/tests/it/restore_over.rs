@@ -1444,3 +1444,40 @@ fn delete_spares_an_excluded_name_that_is_not_utf8() {
         "deleted the name the pattern gives"
     );
 }
+
+/// A snapshot holding a file of the unfinished mark's name at its top restores
+/// it, and the restore says it leaves no mark of its own (QA: the file was
+/// deleted as the mark once the restore finished).
+#[test]
+fn a_file_named_as_the_mark_is_restored_not_taken_for_it() {
+    let env = Env::new();
+    env.init(&[]);
+    let mut c = env.cmd(&[
+        "backup",
+        "--stdin",
+        "--stdin-name",
+        ".cairn-restore-unfinished",
+    ]);
+    c.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null());
+    let mut child = c.spawn().unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"the user's own file\n")
+            .unwrap();
+    }
+    assert!(child.wait().unwrap().success());
+    let target = env.path("t");
+    let o = env.run(&["restore", "latest", "--target", target.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("leaves no mark"), "{err}");
+    assert_eq!(
+        fs::read(target.join(".cairn-restore-unfinished")).unwrap(),
+        b"the user's own file\n"
+    );
+}

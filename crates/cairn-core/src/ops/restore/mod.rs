@@ -435,7 +435,20 @@ pub(super) fn restore(
         &opts.excludes,
         &opts.iexcludes,
     );
-    let _ = unfinished::mark(root_fd.as_fd(), &selection);
+    // A snapshot that holds a file of the mark's name at its top (a backup of a
+    // target, say) restores it there: no mark is left or taken away, which would
+    // be that file (QA: it was deleted as the mark once the restore finished).
+    let holds_mark_name = tree.find(unfinished::MARK.to_bytes()).is_some();
+    if holds_mark_name {
+        progress.notice(format!(
+            "the snapshot holds a file named {} at its top: this restore leaves no mark \
+             of its own in {} (a restore cut short here is not told apart by the next one)",
+            unfinished::MARK.to_string_lossy(),
+            target.display()
+        ));
+    } else {
+        let _ = unfinished::mark(root_fd.as_fd(), &selection);
+    }
     let root_dir = Arc::new(Dir {
         fd: root_fd,
         node: DirNode::root(target, &st),
@@ -556,7 +569,7 @@ pub(super) fn restore(
         // rewrite whatever was edited in the target.
         let everything =
             opts.includes.is_empty() && opts.excludes.is_empty() && opts.iexcludes.is_empty();
-        if !w.left_unfinished {
+        if !w.left_unfinished && !holds_mark_name {
             unfinished::finished(root_dir.fd(), &selection, everything, everything)
                 .map_err(|e| Error::io(target, e))?;
         }

@@ -57,7 +57,7 @@ fn expand_env(line: &str, var: impl Fn(&str) -> Option<String>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{expand_env, expand_pattern, list_line};
+    use super::{expand_env, expand_pattern, list_line, trim_list_line};
 
     #[test]
     fn a_list_line_takes_backslash_escapes_as_restic() {
@@ -69,6 +69,8 @@ mod tests {
             )
         };
         assert_eq!(l("/srv/data"), ("/srv/data".into(), None));
+        assert_eq!(trim_list_line(b"  a b\\  \r"), b"a b\\ ");
+        assert_eq!(trim_list_line(b"a\\\\ "), b"a\\\\");
         assert_eq!(l("/srv/a\\*"), ("/srv/a*".into(), None));
         assert_eq!(l("/srv/c\\y"), ("/srv/cy".into(), None));
         assert_eq!(l("/srv/a\\\\b"), ("/srv/a\\b".into(), None));
@@ -104,6 +106,7 @@ mod tests {
             let (_, g) = list_line(format!("{}/{pat}", d.display()).as_bytes());
             expand_pattern(&g.unwrap())
                 .unwrap()
+                .0
                 .iter()
                 .map(|p| p.file_name().unwrap().as_bytes().to_vec())
                 .collect()
@@ -190,7 +193,7 @@ fn read_path_lists(
         let sep = if kind == ListKind::Raw { b'\0' } else { b'\n' };
         for item in bytes.split(|&b| b == sep) {
             let item = match kind {
-                ListKind::Patterns => item.trim_ascii(),
+                ListKind::Patterns => trim_list_line(item),
                 ListKind::Verbatim => item.strip_suffix(b"\r").unwrap_or(item),
                 ListKind::Raw => item,
             };
@@ -207,8 +210,17 @@ fn read_path_lists(
                 continue;
             };
             let shown = String::from_utf8_lossy(item);
-            let found = expand_pattern(&glob)
+            let (found, unlisted) = expand_pattern(&glob)
                 .map_err(|e| anyhow::anyhow!("{}: pattern \"{shown}\": {e}", file.display()))?;
+            // What could not be looked into is said: files may be there (QA: an
+            // unreadable directory was only "matches nothing").
+            for (dir, e) in unlisted {
+                progress.warning_msg(format!(
+                    "{}: the pattern \"{shown}\" could not look into {}: {e}",
+                    file.display(),
+                    dir.display()
+                ));
+            }
             // A warning, which -q keeps (restic says it with -q too).
             if found.is_empty() {
                 progress.warning_msg(format!(
@@ -262,6 +274,25 @@ fn list_line(line: &[u8]) -> (Vec<u8>, Option<Vec<u8>>) {
     (literal, wild.then_some(glob))
 }
 
+/// A `--files-from` line without the white space around it, but a space the
+/// line escapes at its end (`name\\ `) stays: it is part of the name.
+fn trim_list_line(line: &[u8]) -> &[u8] {
+    let line = line.trim_ascii_start();
+    let mut end = line.len();
+    while end > 0 && line[end - 1].is_ascii_whitespace() {
+        let slashes = line[..end - 1]
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b'\\')
+            .count();
+        if slashes % 2 == 1 {
+            break;
+        }
+        end -= 1;
+    }
+    &line[..end]
+}
+
 /// What cairn's glob syntax reads as other than itself.
 fn is_special(c: u8) -> bool {
     matches!(c, b'*' | b'?' | b'[' | b']' | b'{' | b'}' | b'\\')
@@ -300,9 +331,12 @@ fn unescape(component: &[u8]) -> Vec<u8> {
 /// sorted in each directory. Names are matched by their bytes, so a name that
 /// is not UTF-8 is found as restic finds it (the `glob` crate passed over them
 /// silently: QA). A component without wildcards is taken as it is (it may be
-/// any bytes); one with wildcards must be UTF-8.
-fn expand_pattern(pattern: &[u8]) -> std::result::Result<Vec<PathBuf>, String> {
+/// any bytes); one with wildcards must be UTF-8. Also returns the directories
+/// that could not be listed, with why (not those that are not there).
+type Expanded = (Vec<PathBuf>, Vec<(PathBuf, std::io::Error)>);
+fn expand_pattern(pattern: &[u8]) -> std::result::Result<Expanded, String> {
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let mut unlisted = Vec::new();
     let mut current = vec![if pattern.starts_with(b"/") {
         PathBuf::from("/")
     } else {
@@ -326,8 +360,20 @@ fn expand_pattern(pattern: &[u8]) -> std::result::Result<Vec<PathBuf>, String> {
                 } else {
                     base.as_path()
                 };
-                let Ok(entries) = std::fs::read_dir(dir) else {
-                    continue;
+                let entries = match std::fs::read_dir(dir) {
+                    Ok(e) => e,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                        ) =>
+                    {
+                        continue;
+                    }
+                    Err(e) => {
+                        unlisted.push((dir.to_path_buf(), e));
+                        continue;
+                    }
                 };
                 let mut names: Vec<std::ffi::OsString> = entries
                     .filter_map(std::result::Result::ok)
@@ -340,10 +386,11 @@ fn expand_pattern(pattern: &[u8]) -> std::result::Result<Vec<PathBuf>, String> {
         }
         current = next;
     }
-    Ok(current
+    let found = current
         .into_iter()
         .filter(|p| !p.as_os_str().is_empty() && std::fs::symlink_metadata(p).is_ok())
-        .collect())
+        .collect();
+    Ok((found, unlisted))
 }
 
 /// The standard output of a command run by `--stdin-from-command`, read as the

@@ -1817,3 +1817,40 @@ fn ignore_ctime_and_ignore_inode_do_what_restic_does() {
     assert!(o.status.success() && err.contains("\"status\""), "{err}");
     assert!(!err.contains("bytes_total"), "{err}");
 }
+
+/// "Everything but": with a `!` pattern, a path named on the command line is
+/// entered even if a pattern matches it, and what the negation names comes back
+/// with all below it, as in restic (QA: `--exclude '*' --exclude '!keep' DIR`
+/// was refused as "every path given is excluded"; `!keep` brought back the
+/// directory without its files).
+#[test]
+fn everything_but_a_negated_directory() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    for d in ["keep/sub", "a", "docs"] {
+        fs::create_dir_all(src.join(d)).unwrap();
+    }
+    for f in [
+        "keep/k.txt",
+        "keep/sub/s.txt",
+        "a/x.txt",
+        "docs/d.txt",
+        "top.txt",
+    ] {
+        fs::write(src.join(f), f).unwrap();
+    }
+    let s = src.to_str().unwrap();
+    let snap = env.backup_args(&["--exclude", "*", "--exclude", "!keep", s]);
+    let listed = env.ok(&["ls", &snap, s]);
+    let names: Vec<&str> = listed.lines().filter_map(|l| l.strip_prefix(s)).collect();
+    assert_eq!(
+        names,
+        ["", "/keep", "/keep/k.txt", "/keep/sub", "/keep/sub/s.txt"],
+        "{listed}"
+    );
+    // Without a negation, a pattern naming the path still leaves it out.
+    let o = env.run(&["backup", "--exclude", "*", s]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("every path given is excluded"));
+}

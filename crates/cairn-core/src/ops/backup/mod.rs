@@ -753,9 +753,9 @@ fn run(
             });
             // Every path given excluded (`-e` matching a source itself): the
             // snapshot would be empty, and say it saved them.
-            let left_out = |p: &PathBuf| {
-                excludes.is_excluded(p)
-                    || std::fs::symlink_metadata(p).is_ok_and(|m| excludes.excludes_entry(p, &m))
+            let left_out = |p: &PathBuf| match std::fs::symlink_metadata(p) {
+                Ok(m) => excludes.excludes_named(p, &m),
+                Err(_) => excludes.is_excluded(p),
             };
             if kept.iter().all(left_out) {
                 return Err(Error::Invalid(format!(

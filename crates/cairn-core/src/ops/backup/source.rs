@@ -685,6 +685,18 @@ impl Excludes {
         })
     }
 
+    /// [`Self::excludes_entry`] for a path named on the command line. With a `!`
+    /// pattern, a pattern alone does not leave it out: something below it may be
+    /// taken back, as in restic (QA: `--exclude '*' --exclude '!keep' DIR` was
+    /// refused as "every path given is excluded", where restic keeps `DIR/keep`).
+    pub fn excludes_named(&self, path: &Path, meta: &Metadata) -> bool {
+        if self.groups.iter().any(|g| !g.negated.is_empty()) {
+            self.excludes_at(&Stat::from(meta))
+        } else {
+            self.excludes_entry(path, meta)
+        }
+    }
+
     /// Every rule about an entry itself, for one known by its path and `lstat`: a
     /// path named on the command line, the estimate's and the progress total's walks.
     pub fn excludes_entry(&self, path: &Path, meta: &Metadata) -> bool {
@@ -731,13 +743,20 @@ pub fn scan_total(
         if stop() {
             return;
         }
-        if excludes.is_excluded(&path) {
+        // Only a path named on the command line has no device yet.
+        let named = dev.is_none();
+        if !named && excludes.is_excluded(&path) {
             continue;
         }
         let Ok(m) = std::fs::symlink_metadata(&path) else {
             continue;
         };
-        if excludes.excludes_entry(&path, &m) {
+        let out = if named {
+            excludes.excludes_named(&path, &m)
+        } else {
+            excludes.excludes_entry(&path, &m)
+        };
+        if out {
             continue;
         }
         if one_file_system && dev.is_some_and(|d| d != m.dev()) {

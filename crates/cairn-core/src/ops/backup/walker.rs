@@ -309,14 +309,12 @@ impl<'a> Walker<'a> {
 
     /// A path named on the command line, backed up whole.
     fn walk_leaf(&mut self, path: &Path, name: &[u8], pnode: Option<&Node>) -> Result<()> {
-        if self.ctx.excludes.is_excluded(path) {
-            return Ok(());
-        }
         let meta = match std::fs::symlink_metadata(path) {
             Ok(m) => m,
+            Err(_) if self.ctx.excludes.is_excluded(path) => return Ok(()),
             Err(e) => return self.skip(path, e.to_string()),
         };
-        if self.ctx.excludes.excludes_entry(path, &meta) {
+        if self.ctx.excludes.excludes_named(path, &meta) {
             return Ok(());
         }
         let (node, warning) = node_from_metadata(name.to_vec(), path, &meta, &mut self.names);

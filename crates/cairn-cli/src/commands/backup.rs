@@ -57,15 +57,16 @@ fn expand_env(line: &str, var: impl Fn(&str) -> Option<String>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{expand_env, expand_pattern, list_line, trim_list_line};
+    use super::{expand_env, expand_pattern, has_wildcard, list_pattern, trim_list_line, unescape};
 
     #[test]
     fn a_list_line_takes_backslash_escapes_as_restic() {
+        // The path it names, and the pattern to expand when it has a wildcard.
         let l = |s: &str| {
-            let (lit, glob) = list_line(s.as_bytes());
+            let glob = list_pattern(s.as_bytes());
             (
-                String::from_utf8(lit).unwrap(),
-                glob.map(|g| String::from_utf8(g).unwrap()),
+                String::from_utf8(unescape(&glob)).unwrap(),
+                has_wildcard(&glob).then(|| String::from_utf8(glob).unwrap()),
             )
         };
         assert_eq!(l("/srv/data"), ("/srv/data".into(), None));
@@ -103,8 +104,7 @@ mod tests {
             std::fs::write(d.join(std::ffi::OsStr::from_bytes(n)), b"").unwrap();
         }
         let names = |pat: &str| -> Vec<Vec<u8>> {
-            let (_, g) = list_line(format!("{}/{pat}", d.display()).as_bytes());
-            expand_pattern(&g.unwrap())
+            expand_pattern(&list_pattern(format!("{}/{pat}", d.display()).as_bytes()))
                 .unwrap()
                 .0
                 .iter()
@@ -204,11 +204,11 @@ fn read_path_lists(
                 out.push(PathBuf::from(std::ffi::OsString::from_vec(item.to_vec())));
                 continue;
             }
-            let (literal, glob) = list_line(item);
-            let Some(glob) = glob else {
-                out.push(PathBuf::from(std::ffi::OsString::from_vec(literal)));
+            let glob = list_pattern(item);
+            if !has_wildcard(&glob) {
+                out.push(PathBuf::from(std::ffi::OsString::from_vec(unescape(&glob))));
                 continue;
-            };
+            }
             let shown = String::from_utf8_lossy(item);
             let (found, unlisted) = expand_pattern(&glob)
                 .map_err(|e| anyhow::anyhow!("{}: pattern \"{shown}\": {e}", file.display()))?;
@@ -234,48 +234,34 @@ fn read_path_lists(
     Ok(out)
 }
 
-/// A `--files-from` line read as restic reads it: `\\` takes the next character as
-/// it is (`\\*` a literal star, `\\\\` a backslash), `[^a]` and `[!a]` negate, and
-/// braces are themselves. Returns the path with the escapes taken away, and when
-/// the line has a wildcard (`*`, `?`, `[`) not escaped, the pattern to expand
-/// ([`expand_pattern`]), in cairn's glob syntax (`\\` before every literal
-/// wildcard, brace or backslash).
-fn list_line(line: &[u8]) -> (Vec<u8>, Option<Vec<u8>>) {
-    let mut literal = Vec::with_capacity(line.len());
+/// A `--files-from` line read as restic reads it: `\` takes the next character as
+/// it is (`\*` a literal star, `\\` a backslash), `[^a]` and `[!a]` negate, and
+/// braces are themselves. Returned as a pattern in cairn's glob syntax (`\`
+/// before every literal wildcard, brace or backslash): a path when it has no
+/// wildcard ([`has_wildcard`], then [`unescape`]), else what [`expand_pattern`]
+/// expands.
+fn list_pattern(line: &[u8]) -> Vec<u8> {
     let mut glob = Vec::with_capacity(line.len());
-    let mut wild = false;
     let mut bytes = line.iter().copied();
     while let Some(b) = bytes.next() {
         match b {
             // A backslash at the end stands for itself.
             b'\\' => {
                 let c = bytes.next().unwrap_or(b'\\');
-                literal.push(c);
                 if is_special(c) {
                     glob.push(b'\\');
                 }
                 glob.push(c);
             }
-            b'*' | b'?' | b'[' => {
-                wild = true;
-                literal.push(b);
-                glob.push(b);
-            }
-            b'{' | b'}' => {
-                literal.push(b);
-                glob.extend([b'\\', b]);
-            }
-            _ => {
-                literal.push(b);
-                glob.push(b);
-            }
+            b'{' | b'}' => glob.extend([b'\\', b]),
+            _ => glob.push(b),
         }
     }
-    (literal, wild.then_some(glob))
+    glob
 }
 
 /// A `--files-from` line without the white space around it, but a space the
-/// line escapes at its end (`name\\ `) stays: it is part of the name.
+/// line escapes at its end (`name\ `) stays: it is part of the name.
 fn trim_list_line(line: &[u8]) -> &[u8] {
     let line = line.trim_ascii_start();
     let mut end = line.len();

@@ -454,25 +454,6 @@ fn copy_snapshots(
 
 /// The loop of [`copy_snapshots`]: each snapshot in turn, until one fails for
 /// a reason other than damage in the source.
-/// Copies the source's server records of `sid` that `has` says exist (its host,
-/// when it was received) to the copy `target`.
-fn copy_records(
-    copier: &Copier<'_>,
-    sid: &SnapshotId,
-    target: &SnapshotId,
-    (host, received): (bool, bool),
-) -> Result<()> {
-    if host {
-        copier.dst.copy_host_record_from(copier.src, sid, target)?;
-    }
-    if received {
-        copier
-            .dst
-            .copy_received_record_from(copier.src, sid, target)?;
-    }
-    Ok(())
-}
-
 fn copy_in_order(
     copier: &Copier<'_>,
     order: &[&(SnapshotId, Snapshot)],
@@ -486,7 +467,10 @@ fn copy_in_order(
         progress.check_cancelled()?;
         if let Some(t) = present.get(&sid.to_hex()) {
             // A record a run killed after the snapshot did not write, now.
-            if let Err(e) = copy_records(copier, sid, t, has_record(sid)) {
+            if let Err(e) = copier
+                .dst
+                .copy_server_records_from(copier.src, sid, t, has_record(sid))
+            {
                 stats.warnings.push(format!(
                     "snapshot {}: its server records were not copied ({e})",
                     t.short()
@@ -547,7 +531,11 @@ fn copy_in_order(
         // The host `cairn serve` recorded for the snapshot, and when it received
         // it, go with it, so that the replica attributes it as the original does
         // (docs/SERVER.md).
-        if let Err(e) = copy_records(copier, sid, &target, has_record(sid)) {
+        if let Err(e) =
+            copier
+                .dst
+                .copy_server_records_from(copier.src, sid, &target, has_record(sid))
+        {
             stats.warnings.push(format!(
                 "snapshot {}: its server records were not copied ({e}); on the destination \
                  it counts as the host it names",

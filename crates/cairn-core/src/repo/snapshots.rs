@@ -164,37 +164,34 @@ impl Repository {
             .collect())
     }
 
-    /// Gives `new` (this repository's copy of `src`'s snapshot `old`) the host
-    /// record `cairn serve` wrote for `old` in `src`, if any.
-    pub fn copy_host_record_from(
+    /// Gives `new` (this repository's copy of `src`'s snapshot `old`: `copy`)
+    /// the records `cairn serve` wrote for `old` in `src` that `which` says are
+    /// there (`(hosts/, received/)`, so that no snapshot costs a request for
+    /// none): its host, and when it was received. On a replica, retention then
+    /// attributes it as on the original and tells a token without a host's
+    /// snapshots apart (QA: the replica's retention deleted web02's real backups
+    /// and kept such junk), and knows one stored late. A destination that may not
+    /// take a receive record (a server, through a token that is no admin's)
+    /// records its own arrival.
+    pub fn copy_server_records_from(
         &self,
         src: &Repository,
         old: &SnapshotId,
         new: &SnapshotId,
+        (host, received): (bool, bool),
     ) -> Result<()> {
-        self.copy_record_from(src, names::host_record, MAX_HOST_RECORD, old, new)
-    }
-
-    /// Copies the time `cairn serve` received `old` of `src` (`received/`) to `new`
-    /// here, for `copy`: on the replica, retention then still tells a snapshot a
-    /// token without a host stored under a bound host's name from that host's own
-    /// (QA: the replica's retention deleted web02's real backups and kept such
-    /// junk), and knows one stored late. A destination that may not take it (a
-    /// server, through a token that is no admin's) records its own arrival.
-    pub fn copy_received_record_from(
-        &self,
-        src: &Repository,
-        old: &SnapshotId,
-        new: &SnapshotId,
-    ) -> Result<()> {
-        match self.copy_record_from(src, names::received_record, MAX_RECEIVED_RECORD, old, new) {
-            Err(Error::Backend(e))
-                if e.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
-            {
-                Ok(())
-            }
-            r => r,
+        if host {
+            self.copy_record_from(src, names::host_record, MAX_HOST_RECORD, old, new)?;
         }
+        if received {
+            match self.copy_record_from(src, names::received_record, MAX_RECEIVED_RECORD, old, new)
+            {
+                Err(Error::Backend(e))
+                    if e.kind == cairn_backend::BackendErrorKind::PermissionDenied => {}
+                r => r?,
+            }
+        }
+        Ok(())
     }
 
     /// Gives `new` (a rewrite of `old`: new tags, a repair) the records `cairn
@@ -202,8 +199,7 @@ impl Repository {
     /// sees it and retention still attributes it, and when it was received, so
     /// that retention still knows it for stored late (docs/SERVER.md).
     pub fn carry_server_records(&self, old: &SnapshotId, new: &SnapshotId) -> Result<()> {
-        self.copy_host_record_from(self, old, new)?;
-        self.copy_record_from(self, names::received_record, MAX_RECEIVED_RECORD, old, new)
+        self.copy_server_records_from(self, old, new, (true, true))
     }
 
     /// Copies the record `name(old)` of `src` to `name(new)` here, if there is one

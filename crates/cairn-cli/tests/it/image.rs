@@ -367,12 +367,7 @@ fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount()
     let payload = rng.bytes(300_000, false);
     fs::write(tree.join("etc/payload.bin"), &payload).unwrap();
     fs::write(tree.join("hello.txt"), b"hello from inside the image\n").unwrap();
-    let img = env.path("fs.img");
-    sh(Command::new("mke2fs")
-        .args(["-q", "-t", "ext4", "-d"])
-        .arg(&tree)
-        .arg(&img)
-        .arg("16M"));
+    let img = ext4_image(&env, &tree, &[]);
     let src = Loop::of(&img);
     let r = backup_image(&env, Path::new(&src.0), &["--name", "root"]);
     let snap = r["snapshot_id"].as_str().unwrap().to_string();
@@ -2071,12 +2066,7 @@ fn a_file_system_on_a_new_device_is_not_read_again() {
     for i in 0..5 {
         fs::write(tree.join(format!("f{i}")), Rng(i).bytes(200_000, false)).unwrap();
     }
-    let img = env.path("fs.img");
-    sh(Command::new("mke2fs")
-        .args(["-q", "-t", "ext4", "-d"])
-        .arg(&tree)
-        .arg(&img)
-        .arg("16M"));
+    let img = ext4_image(&env, &tree, &[]);
     let copy = env.path("copy.img");
     fs::copy(&img, &copy).unwrap();
     let (first, second) = (Loop::of(&img), Loop::of(&copy));

@@ -920,12 +920,20 @@ pub struct RestoreArgs {
     /// Directory to restore into (created if missing)
     #[arg(short, long)]
     pub target: PathBuf,
-    /// Restore only this path of the snapshot and what is below it (repeatable)
+    /// Restore only this path of the snapshot and what is below it; with a
+    /// wildcard (*, ? or [), what matches the pattern (as --exclude's:
+    /// '*.conf', '/home/*/mail'), with what is below it (repeatable)
     #[arg(short, long = "include", value_parser = snapshot_path())]
     pub includes: Vec<String>,
-    /// Read such paths from a file, one per line (# comments and empty lines skipped)
+    /// Read such paths or patterns from a file, one per line (# comments and empty lines skipped)
     #[arg(long = "include-file", value_name = "FILE")]
     pub include_files: Vec<PathBuf>,
+    /// As --include's patterns, ignoring case (repeatable)
+    #[arg(long = "iinclude", value_parser = snapshot_path())]
+    pub iincludes: Vec<String>,
+    /// Read such patterns from a file, one per line
+    #[arg(long = "iinclude-file", value_name = "FILE")]
+    pub iinclude_files: Vec<PathBuf>,
     /// Do not restore what matches this pattern (as backup's --exclude, against
     /// the paths `ls` prints; --delete leaves it alone too; repeatable)
     #[arg(short = 'e', long = "exclude", value_parser = snapshot_path())]

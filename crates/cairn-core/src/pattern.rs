@@ -11,6 +11,37 @@
 
 use regex::Regex;
 
+/// Whether a pattern (this module's syntax) has a wildcard (`*`, `?`, `[`) not
+/// escaped: one without names exactly what [`unescape`] makes of it.
+pub fn has_wildcard(component: &[u8]) -> bool {
+    let mut bytes = component.iter();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'\\' => {
+                bytes.next();
+            }
+            b'*' | b'?' | b'[' => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// A pattern without wildcards, its escapes taken away (a lone `\` at the end
+/// stays).
+pub fn unescape(component: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(component.len());
+    let mut bytes = component.iter();
+    while let Some(&b) = bytes.next() {
+        out.push(if b == b'\\' {
+            bytes.next().copied().unwrap_or(b'\\')
+        } else {
+            b
+        });
+    }
+    out
+}
+
 #[derive(Clone, Debug)]
 pub struct Glob {
     re: Regex,

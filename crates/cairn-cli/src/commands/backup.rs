@@ -3,6 +3,7 @@ use crate::ui;
 use anyhow::{Context, Result};
 use cairn_core::backup::source;
 use cairn_core::backup::{self, BackupOptions};
+use cairn_core::pattern::{has_wildcard, unescape};
 use cairn_core::session::{self, IndexLoad, Session};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -282,35 +283,6 @@ fn trim_list_line(line: &[u8]) -> &[u8] {
 /// What cairn's glob syntax reads as other than itself.
 fn is_special(c: u8) -> bool {
     matches!(c, b'*' | b'?' | b'[' | b']' | b'{' | b'}' | b'\\')
-}
-
-/// Whether a name pattern (cairn's syntax) has a wildcard not escaped.
-fn has_wildcard(component: &[u8]) -> bool {
-    let mut bytes = component.iter();
-    while let Some(b) = bytes.next() {
-        match b {
-            b'\\' => {
-                bytes.next();
-            }
-            b'*' | b'?' | b'[' => return true,
-            _ => {}
-        }
-    }
-    false
-}
-
-/// A name pattern without wildcards, its escapes taken away.
-fn unescape(component: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(component.len());
-    let mut bytes = component.iter();
-    while let Some(&b) = bytes.next() {
-        out.push(if b == b'\\' {
-            bytes.next().copied().unwrap_or(b'\\')
-        } else {
-            b
-        });
-    }
-    out
 }
 
 /// The paths a `--files-from` pattern names, one directory level at a time,

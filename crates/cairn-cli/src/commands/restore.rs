@@ -9,6 +9,8 @@ use cairn_core::session::{IndexLoad, Read};
 fn selects(a: &RestoreArgs) -> bool {
     !(a.includes.is_empty()
         && a.include_files.is_empty()
+        && a.iincludes.is_empty()
+        && a.iinclude_files.is_empty()
         && a.excludes.is_empty()
         && a.exclude_files.is_empty()
         && a.iexcludes.is_empty()
@@ -22,7 +24,9 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     let xattrs = restore::XattrSelect::new(&a.include_xattrs, &a.exclude_xattrs)
         .map_err(anyhow::Error::msg)?;
     let mut includes = a.includes.clone();
-    includes.extend(read_path_files(&a.include_files)?);
+    includes.extend(read_path_files(&a.include_files, "--include-file")?);
+    let mut iincludes = a.iincludes.clone();
+    iincludes.extend(read_path_files(&a.iinclude_files, "--iinclude-file")?);
     let mut excludes = a.excludes.clone();
     excludes.extend(super::backup::read_exclude_files(&a.exclude_files)?);
     let mut iexcludes = a.iexcludes.clone();
@@ -43,6 +47,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     }
     let opts = RestoreOptions {
         includes,
+        iincludes,
         excludes,
         iexcludes,
         overwrite,
@@ -301,16 +306,16 @@ fn restore_image(
     Ok(0)
 }
 
-/// The snapshot paths that `--include-file` lists, a line each (`#` comments and
-/// empty lines skipped), as `--include` takes them: bytes that are not UTF-8 kept
-/// as they are ([`cairn_core::ls::escape_arg`]).
-fn read_path_files(files: &[std::path::PathBuf]) -> Result<Vec<String>> {
+/// The snapshot paths and patterns that `--include-file` (`option`) lists, a line
+/// each (`#` comments and empty lines skipped), as `--include` takes them: bytes
+/// that are not UTF-8 kept as they are ([`cairn_core::ls::escape_arg`]).
+fn read_path_files(files: &[std::path::PathBuf], option: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for f in files {
         out.extend(super::backup::listed_lines(f, "include")?);
     }
     if out.is_empty() && !files.is_empty() {
-        anyhow::bail!("the --include-file lists name no path to restore");
+        anyhow::bail!("the {option} lists name nothing to restore");
     }
     Ok(out)
 }

@@ -1854,3 +1854,157 @@ fn everything_but_a_negated_directory() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("every path given is excluded"));
 }
+
+/// The files under `dir`, as paths relative to it, sorted (directories too,
+/// with a trailing `/`).
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+            if p.is_dir() {
+                out.push(format!("{rel}/"));
+                todo.push(p);
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn restore_include_patterns_choose_what_they_match() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    for d in ["etc/sub", "home/alice/Mail", "home/bob", "var/empty"] {
+        fs::create_dir_all(src.join(d)).unwrap();
+    }
+    for (f, body) in [
+        ("etc/a.conf", "a"),
+        ("etc/sub/b.conf", "b"),
+        ("etc/c.txt", "c"),
+        ("etc/st*r", "star"),
+        ("etc/stxr", "x"),
+        ("etc/v[1].ini", "v"),
+        ("etc/v1.ini", "1"),
+        ("home/alice/Mail/inbox", "mail"),
+        ("home/alice/notes.TXT", "n"),
+        ("home/bob/todo.txt", "t"),
+    ] {
+        fs::write(src.join(f), body).unwrap();
+    }
+    let snap = env.backup(&[&src]);
+    let s = src.display().to_string();
+    let restored = |name: &str, args: &[&str]| {
+        let t = env.path(name);
+        let mut full = vec!["restore", &snap, "-q", "--target", t.to_str().unwrap()];
+        full.extend_from_slice(args);
+        env.ok(&full);
+        let base = t.join(src.strip_prefix("/").unwrap());
+        listing(&base)
+    };
+    // A pattern without `/` matches a name at any depth; only the directories on
+    // the way to what it matches are made (not home/ or var/).
+    assert_eq!(
+        restored("t1", &["--include", "*.conf"]),
+        ["etc/", "etc/a.conf", "etc/sub/", "etc/sub/b.conf"]
+    );
+    // A directory matched comes with everything below it; a path without a
+    // wildcard is a path, as before.
+    let mail = format!("{}/home/*/Mail", s);
+    let todo = format!("{}/home/bob/todo.txt", s);
+    assert_eq!(
+        restored("t2", &["--include", &mail, "--include", &todo]),
+        [
+            "home/",
+            "home/alice/",
+            "home/alice/Mail/",
+            "home/alice/Mail/inbox",
+            "home/bob/",
+            "home/bob/todo.txt"
+        ]
+    );
+    // --iinclude ignores case; an include file takes patterns too.
+    fs::write(env.path("list"), "# text files\n*.txt\n").unwrap();
+    assert_eq!(
+        restored("t3", &["--iinclude", "*.TXT"]),
+        [
+            "etc/",
+            "etc/c.txt",
+            "home/",
+            "home/alice/",
+            "home/alice/notes.TXT",
+            "home/bob/",
+            "home/bob/todo.txt"
+        ]
+    );
+    assert_eq!(
+        restored(
+            "t4",
+            &["--include-file", env.path("list").to_str().unwrap()]
+        ),
+        [
+            "etc/",
+            "etc/c.txt",
+            "home/",
+            "home/bob/",
+            "home/bob/todo.txt"
+        ]
+    );
+    // `\*` is the character itself: st*r, not stxr.
+    let star = format!("{}/etc/st\\*r", s);
+    assert_eq!(restored("t5", &["--include", &star]), ["etc/", "etc/st*r"]);
+    assert_eq!(
+        fs::read(env.path("t5").join(&s[1..]).join("etc/st*r")).unwrap(),
+        b"star"
+    );
+    // A dry run counts what the restore writes.
+    let t6 = env.path("t6");
+    let out = env.ok(&[
+        "restore",
+        &snap,
+        "--json",
+        "--dry-run",
+        "--target",
+        t6.to_str().unwrap(),
+        "--include",
+        "*.conf",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["files"], 2, "{out}");
+    // A pattern that matches nothing restores nothing, and says so.
+    let t7 = env.path("t7");
+    let err = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--target",
+            t7.to_str().unwrap(),
+            "--include",
+            "*.cnf",
+        ],
+        1,
+    );
+    assert!(
+        err.contains("no entry of the snapshot matches") && err.contains("*.cnf"),
+        "{err}"
+    );
+    assert!(!t7.exists());
+    let err = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--target",
+            t7.to_str().unwrap(),
+            "--include",
+            "/[x",
+        ],
+        1,
+    );
+    assert!(err.contains("invalid include pattern"), "{err}");
+}

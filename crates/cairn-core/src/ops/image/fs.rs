@@ -551,6 +551,7 @@ impl ImageFs {
             &[format!("image-fs {} {path}", self.offset)],
             &[],
             &[],
+            &[],
         );
         let _ = crate::ops::restore::unfinished::mark(root.as_fd(), &selection);
         let notes = (unfinished_since.iter())

@@ -75,8 +75,13 @@ pub(crate) fn load_tree(
 
 pub struct RestoreOptions {
     pub target: PathBuf,
-    /// Snapshot paths to restore (with everything below them); empty means all.
+    /// What to restore (with everything below it); empty means all. A path of
+    /// the snapshot, or, when it holds a wildcard (`*`, `?`, `[` not escaped with
+    /// `\`) and names no entry as it is, a pattern as backup's `--exclude`
+    /// (`*.conf`, `/home/*/mail`) choosing every entry it matches.
     pub includes: Vec<String>,
+    /// Patterns as `includes`' ignoring case (`--iinclude`), wildcards or not.
+    pub iincludes: Vec<String>,
     /// Patterns of snapshot paths not to restore (as backup's `--exclude`, matched
     /// against the paths `ls` prints); `--delete` leaves what they match alone.
     pub excludes: Vec<String>,
@@ -105,6 +110,7 @@ impl RestoreOptions {
         RestoreOptions {
             target: target.into(),
             includes: Vec::new(),
+            iincludes: Vec::new(),
             excludes: Vec::new(),
             iexcludes: Vec::new(),
             owners: sys::euid() == 0,
@@ -280,7 +286,7 @@ struct Walk<'a> {
     opts: &'a RestoreOptions,
     progress: &'a Progress,
     stats: RestoreStats,
-    includes: Vec<String>,
+    includes: Includes,
     excludes: Option<Excludes>,
     root: Arc<Dir>,
     /// The target's mount ([`sys::mount_of`]): `--delete` removes nothing on another.
@@ -344,7 +350,7 @@ pub(super) fn restore(
     progress: &Progress,
 ) -> Result<RestoreStats> {
     let target = &opts.target;
-    let includes = normalize_includes(repo, root, &opts.includes)?;
+    let includes = Includes::select(repo, root, opts, progress)?;
     let excludes = excludes_of(opts)?;
     if opts.delete && whole.is_empty() {
         progress.notice(
@@ -432,6 +438,7 @@ pub(super) fn restore(
     let selection = unfinished::selection(
         root.as_bytes(),
         &opts.includes,
+        &opts.iincludes,
         &opts.excludes,
         &opts.iexcludes,
     );
@@ -567,8 +574,10 @@ pub(super) fn restore(
         // (one of a part says nothing of the rest); a restore of everything takes
         // it away. A mark left behind for no reason would make later restores
         // rewrite whatever was edited in the target.
-        let everything =
-            opts.includes.is_empty() && opts.excludes.is_empty() && opts.iexcludes.is_empty();
+        let everything = opts.includes.is_empty()
+            && opts.iincludes.is_empty()
+            && opts.excludes.is_empty()
+            && opts.iexcludes.is_empty();
         if !w.left_unfinished && !holds_mark_name {
             unfinished::finished(root_dir.fd(), &selection, everything, everything)
                 .map_err(|e| Error::io(target, e))?;
@@ -591,19 +600,150 @@ fn target_is_symlink(target: &std::path::Path) -> Error {
     ))
 }
 
-/// The includes as snapshot-absolute paths as the walk names them (`/a/b`: no
-/// empty or `.` components, no trailing `/`, each name as [`snap_name`] writes it;
-/// the root is `/`), each looked up: an include that names nothing would restore
-/// nothing, and a typo must not look like success. Looked up before anything is
-/// written.
-fn normalize_includes(repo: &Repository, root: &BlobId, given: &[String]) -> Result<Vec<String>> {
-    given
-        .iter()
-        .map(|i| match crate::ops::ls::resolve_path(repo, root, i) {
-            Err(Error::Invalid(m)) => Err(Error::Invalid(format!("--include {m}"))),
-            r => r,
+/// What the includes select, as snapshot-absolute paths as the walk names them
+/// (`/a/b`: no empty or `.` components, no trailing `/`, each name as
+/// [`snap_name`] writes it; the root is `/`). A path given is looked up, and a
+/// pattern is matched against the whole tree, before anything is written: an
+/// include that names nothing would restore nothing, and a typo must not look
+/// like success. Sets, so that a pattern matching a million files costs a few
+/// lookups per entry of the walk, not a million comparisons.
+#[derive(Default)]
+pub(super) struct Includes {
+    /// Selected, with everything below them.
+    paths: std::collections::HashSet<String>,
+    /// The directories on the way to one of `paths` (not the root).
+    ways: std::collections::HashSet<String>,
+}
+
+impl Includes {
+    /// The selection of `opts.includes` and `opts.iincludes` in the tree `root`.
+    fn select(
+        repo: &Repository,
+        root: &BlobId,
+        opts: &RestoreOptions,
+        progress: &Progress,
+    ) -> Result<Includes> {
+        let mut paths = Vec::new();
+        let mut patterns = Vec::new();
+        for i in &opts.includes {
+            if crate::pattern::has_wildcard(i.as_bytes()) {
+                // A path copied from a listing names its entry, even one whose
+                // name holds `*`, `?` or `[`.
+                match crate::ops::ls::resolve_path(repo, root, i) {
+                    Ok(p) => paths.push(p),
+                    Err(Error::Invalid(_)) => patterns.push(i.clone()),
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            let found = match crate::ops::ls::resolve_path(repo, root, i) {
+                // `a\*b` names `a*b`, as in a pattern (a name holding `\` itself
+                // is found as given first).
+                Err(Error::Invalid(_)) if i.contains('\\') => {
+                    let plain = crate::pattern::unescape(i.as_bytes());
+                    let plain = String::from_utf8(plain).unwrap_or_else(|_| i.clone());
+                    crate::ops::ls::resolve_path(repo, root, &plain)
+                }
+                r => r,
+            };
+            paths.push(found.map_err(|e| match e {
+                Error::Invalid(m) => Error::Invalid(format!("--include {m}")),
+                e => e,
+            })?);
+        }
+        if !patterns.is_empty() || !opts.iincludes.is_empty() {
+            let rules = crate::ops::backup::source::ExcludeRules {
+                patterns,
+                ipatterns: opts.iincludes.clone(),
+                ..Default::default()
+            };
+            let matcher = Excludes::new(&rules).map_err(|e| {
+                Error::Invalid(e.replacen("invalid exclude pattern", "invalid include pattern", 1))
+            })?;
+            let found = matching(repo, root, &matcher, progress)?;
+            if found.is_empty() {
+                let given: Vec<&str> = (rules.patterns.iter().chain(&rules.ipatterns))
+                    .map(String::as_str)
+                    .collect();
+                return Err(Error::Invalid(format!(
+                    "no entry of the snapshot matches the include pattern{} {}: nothing to \
+                     restore (a name holding *, ? or [ is read as a pattern: write \\*, \\? \
+                     or \\[ for the character itself)",
+                    if given.len() > 1 { "s" } else { "" },
+                    given
+                        .iter()
+                        .map(|p| format!("{p:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            paths.extend(found);
+        }
+        let mut ways = std::collections::HashSet::new();
+        for p in &paths {
+            let mut at = p.len();
+            while let Some(i) = p[..at].rfind('/') {
+                if i == 0 || !ways.insert(p[..i].to_string()) {
+                    break;
+                }
+                at = i;
+            }
+        }
+        Ok(Includes {
+            paths: paths.into_iter().collect(),
+            ways,
         })
-        .collect()
+    }
+
+    /// Nothing was asked for: everything is restored.
+    pub(super) fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+
+    /// Is `path` (snapshot-absolute) selected (`.0`), or on the way to what is
+    /// (`.1`)?
+    fn judge(&self, path: &str) -> (bool, bool) {
+        if self.paths.contains("/") || self.paths.contains(path) {
+            return (true, false);
+        }
+        let mut at = path.len();
+        while let Some(i) = path[..at].rfind('/') {
+            if i == 0 {
+                break;
+            }
+            if self.paths.contains(&path[..i]) {
+                return (true, false);
+            }
+            at = i;
+        }
+        (false, self.ways.contains(path))
+    }
+}
+
+/// The paths of the entries of tree `root` that `matcher` matches, as the walk
+/// names them; what is below a match is not looked at (it is selected with it).
+fn matching(
+    repo: &Repository,
+    root: &BlobId,
+    matcher: &Excludes,
+    progress: &Progress,
+) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut todo = vec![(*root, String::new())];
+    while let Some((id, dir)) = todo.pop() {
+        if progress.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        for node in repo.load_tree(&id)?.nodes {
+            let p = format!("{dir}/{}", snap_name(&node.name));
+            if matcher.is_excluded(std::path::Path::new(&p)) {
+                found.push(p);
+            } else if let (NodeKind::Dir, Some(sub)) = (node.kind, node.subtree) {
+                todo.push((sub, p));
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// Whether `data` is all zeros, sixteen bytes at a time: restores leave such
@@ -704,7 +844,7 @@ fn keep_names(
 /// the snapshot only as the way to it: what else they hold in the target was
 /// never backed up, and stays.
 pub(super) struct Whole {
-    /// The sources as the walk names paths (`/a/b`, as [`normalize_includes`]
+    /// The sources as the walk names paths (`/a/b`, as [`Includes`]
     /// writes them); `/` for the root. A set: a backup of 100,000 listed files has
     /// as many paths.
     sources: std::collections::HashSet<String>,
@@ -872,7 +1012,7 @@ pub(super) fn judge(
     all: bool,
     dir_path: &str,
     name: &[u8],
-    includes: &[String],
+    includes: &Includes,
     excludes: Option<&Excludes>,
 ) -> (bool, bool, String) {
     if all && excludes.is_none() {
@@ -885,7 +1025,7 @@ pub(super) fn judge(
     let (i, a) = if all {
         (true, false)
     } else {
-        selection(&p, includes)
+        includes.judge(&p)
     };
     (i, a, p)
 }
@@ -900,20 +1040,6 @@ pub(super) fn excluded_extra(excludes: Option<&Excludes>, dir_path: &str, name: 
             snap_name(name)
         )))
     })
-}
-
-/// Is `path` (snapshot-absolute) selected by the includes, or an ancestor of one?
-fn selection(path: &str, includes: &[String]) -> (bool, bool) {
-    let mut inside = false;
-    let mut ancestor = false;
-    for i in includes {
-        if path == i || path.starts_with(&format!("{i}/")) || i == "/" {
-            inside = true;
-        } else if i.starts_with(&format!("{path}/")) {
-            ancestor = true;
-        }
-    }
-    (inside, ancestor)
 }
 
 fn chunks_of(node: &Node) -> u64 {

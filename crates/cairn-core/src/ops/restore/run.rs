@@ -78,7 +78,7 @@ pub fn restore_snapshot<A: Access>(
     let start = std::time::Instant::now();
     let progress = session.progress();
     progress.phase(Phase::Restore);
-    if opts.includes.is_empty() && !opts.dry_run {
+    if opts.includes.is_empty() && opts.iincludes.is_empty() && !opts.dry_run {
         progress.set_total(Some(snapshot.1.summary.total_bytes), None);
     }
     let root = snapshot

@@ -43,7 +43,7 @@ pub(super) fn dry_run(
     root: &BlobId,
     whole: &super::Whole,
     opts: &RestoreOptions,
-    includes: &[String],
+    includes: &super::Includes,
     excludes: Option<&Excludes>,
     progress: &Progress,
 ) -> Result<RestoreStats> {

@@ -63,11 +63,18 @@ const MARK_MAX: usize = 64 * 1024;
 pub(crate) fn selection(
     root: &[u8],
     includes: &[String],
+    iincludes: &[String],
     excludes: &[String],
     iexcludes: &[String],
 ) -> String {
     let mut h = blake3::Hasher::new();
-    for (kind, list) in [(b'i', includes), (b'e', excludes), (b'I', iexcludes)] {
+    let lists = [
+        (b'i', includes),
+        (b'j', iincludes),
+        (b'e', excludes),
+        (b'I', iexcludes),
+    ];
+    for (kind, list) in lists {
         for p in list {
             h.update(&[kind]);
             h.update(&(p.len() as u64).to_le_bytes());

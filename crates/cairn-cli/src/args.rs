@@ -646,7 +646,7 @@ pub struct BackupArgs {
     #[arg(long, conflicts_with = "stdin")]
     pub stdin_from_command: bool,
     /// File name for --stdin and --stdin-from-command
-    #[arg(long, default_value = "stdin")]
+    #[arg(long, default_value = "stdin", visible_alias = "stdin-filename")]
     pub stdin_name: String,
     /// Snapshot to compare against for unchanged files (default: latest of this host and paths)
     #[arg(long)]
@@ -654,6 +654,10 @@ pub struct BackupArgs {
     /// Read every file, even ones the parent snapshot shows unchanged
     #[arg(long)]
     pub force: bool,
+    /// Save no snapshot when nothing changed since the parent (content and
+    /// metadata): the parent stays the latest
+    #[arg(long)]
+    pub skip_if_unchanged: bool,
     /// Take a file as unchanged by its size and modification time alone, not its
     /// inode number and change time (file systems that number inodes anew at
     /// each mount: some FUSE and network ones)

@@ -641,7 +641,7 @@ mod tests {
                 let repo = Repository::open_at(&location, &opts, || unreachable!(), &p).unwrap();
                 let s: Session<Read> =
                     Session::open(repo, "restore", IndexLoad::Placement, &p).unwrap();
-                let snap = s.find_snapshot(&b.snapshot_id.to_hex()).unwrap();
+                let snap = s.find_snapshot(&b.snapshot_id.unwrap().to_hex()).unwrap();
                 let r = restore::restore_snapshot(
                     &s,
                     &snap,

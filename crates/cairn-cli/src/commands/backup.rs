@@ -609,6 +609,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         one_file_system: a.one_file_system,
         parent: a.parent.clone(),
         force: a.force,
+        skip_if_unchanged: a.skip_if_unchanged,
         change_detection: backup::ChangeDetection {
             ignore_inode: a.ignore_inode,
             ignore_ctime: a.ignore_ctime,
@@ -733,11 +734,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
                 ui::count(r.changed_while_read.len() as u64, "file")
             );
         }
-        if a.dry_run {
-            println!("dry run: nothing was saved");
-        } else {
-            println!("snapshot {} saved", r.snapshot_id.short());
-        }
+        print_saved(&r, a.dry_run);
     }
     let image_incomplete = r
         .snapshot
@@ -806,10 +803,22 @@ fn print_image_summary(r: &backup::BackupReport, dry_run: bool) {
             i.size
         );
     }
-    if dry_run {
-        println!("dry run: nothing was saved");
-    } else {
-        println!("snapshot {} saved", r.snapshot_id.short());
+    print_saved(r, dry_run);
+}
+
+/// The summary's last line: the snapshot saved, or why none was.
+fn print_saved(r: &backup::BackupReport, dry_run: bool) {
+    let parent = r.parent.map(|p| p.short()).unwrap_or_default();
+    match (r.snapshot_id, dry_run) {
+        (_, true) if r.unchanged => println!(
+            "dry run: nothing was saved (nothing changed since snapshot {parent}: \
+             --skip-if-unchanged would save no snapshot)"
+        ),
+        (_, true) => println!("dry run: nothing was saved"),
+        (Some(id), false) => println!("snapshot {} saved", id.short()),
+        (None, false) => println!(
+            "nothing changed since snapshot {parent}: no snapshot saved (--skip-if-unchanged)"
+        ),
     }
 }
 

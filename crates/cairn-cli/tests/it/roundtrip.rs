@@ -2008,3 +2008,48 @@ fn restore_include_patterns_choose_what_they_match() {
     );
     assert!(err.contains("invalid include pattern"), "{err}");
 }
+
+#[test]
+fn skip_if_unchanged_saves_no_snapshot_when_nothing_changed() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("d/f"), b"one").unwrap();
+    let s = src.to_str().unwrap();
+    let first = env.backup(&[&src]);
+    let count = || env.snapshot_ids().len();
+    let out = env.ok(&["backup", "--skip-if-unchanged", s]);
+    assert!(
+        out.contains(&format!("nothing changed since snapshot {}", &first[..8])),
+        "{out}"
+    );
+    assert_eq!(count(), 1);
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["backup", "--skip-if-unchanged", "--json", s])).unwrap();
+    assert_eq!(v["unchanged"], true, "{v}");
+    assert!(v.get("snapshot_id").is_none(), "{v}");
+    assert_eq!(v["parent"].as_str().unwrap(), first);
+    assert_eq!(count(), 1);
+    // Without the flag, or with --force (no parent), a snapshot is saved.
+    env.ok(&["backup", s]);
+    assert_eq!(count(), 2);
+    env.ok(&["backup", "--skip-if-unchanged", "--force", s]);
+    assert_eq!(count(), 3);
+    // A change, of content or of metadata alone, is saved.
+    fs::write(src.join("d/f"), b"two").unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["backup", "--skip-if-unchanged", "--json", s])).unwrap();
+    assert!(
+        v["snapshot_id"].is_string() && v.get("unchanged").is_none(),
+        "{v}"
+    );
+    assert_eq!(count(), 4);
+    fs::set_permissions(src.join("d/f"), fs::Permissions::from_mode(0o600)).unwrap();
+    env.ok(&["backup", "--skip-if-unchanged", s]);
+    assert_eq!(count(), 5);
+    env.ok(&["backup", "--skip-if-unchanged", s]);
+    assert_eq!(count(), 5);
+    env.check_clean();
+}

@@ -66,6 +66,10 @@ pub struct BackupOptions {
     pub parent: Option<String>,
     /// Read every file even when the parent says it is unchanged.
     pub force: bool,
+    /// `--skip-if-unchanged`: save no snapshot when the new one's tree is the
+    /// parent's (nothing was added, changed or removed, metadata included), as
+    /// restic's flag: an hourly job over a quiet tree does not pile up copies.
+    pub skip_if_unchanged: bool,
     /// What a file must keep to be taken as unchanged since the parent.
     pub change_detection: ChangeDetection,
     /// Worker threads, which read small files (several at once hide read latency);
@@ -118,7 +122,14 @@ pub struct Skipped {
 /// What a backup did: the snapshot it saved and what it left out.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct BackupReport {
-    pub snapshot_id: SnapshotId,
+    /// The snapshot saved; `None` when none was, with `--skip-if-unchanged`
+    /// (`unchanged`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<SnapshotId>,
+    /// With `--skip-if-unchanged`: nothing changed since the parent, so no
+    /// snapshot was saved.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unchanged: bool,
     pub parent: Option<SnapshotId>,
     pub time: String,
     pub paths: Vec<String>,
@@ -481,17 +492,23 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
         None => None,
     };
     let listed = session.snapshots()?.0.clone();
+    let skip_if_unchanged = opts.skip_if_unchanged;
     let r = run(session.repo(), opts, parent, &listed, progress)?;
     progress.check_cancelled()?;
     packs_still_there(session.repo(), &r)?;
-    let snapshot_id = if session.repo().backend().discards_writes() && !session.holds_lock() {
+    let unchanged = skip_if_unchanged && r.parent_tree.as_deref() == Some(r.snapshot.tree.as_str());
+    let snapshot_id = if unchanged {
+        None
+    } else if session.repo().backend().discards_writes() && !session.holds_lock() {
         // A dry run where no lock could be written: nothing is stored, so there
         // is no commit to guard (the id is the one an unsealed snapshot would have).
-        SnapshotId::of_content(&r.snapshot.to_bytes())
+        Some(SnapshotId::of_content(&r.snapshot.to_bytes()))
     } else {
-        session
-            .repo()
-            .write_snapshot(&r.snapshot, session.commit_lock()?)?
+        Some(
+            session
+                .repo()
+                .write_snapshot(&r.snapshot, session.commit_lock()?)?,
+        )
     };
     if let Some(d) = session.repo().dedup() {
         d.remember(&r.stored_data);
@@ -511,6 +528,7 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
     };
     Ok(BackupReport {
         snapshot_id,
+        unchanged,
         parent: r.parent,
         time: r.snapshot.time.clone(),
         paths: r.snapshot.paths.clone(),
@@ -542,6 +560,8 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
 struct Ran {
     snapshot: Snapshot,
     parent: Option<SnapshotId>,
+    /// The parent's tree (hex), as its snapshot names it.
+    parent_tree: Option<String>,
     skipped: Vec<Skipped>,
     changed_while_read: Vec<Skipped>,
     packs_written: u64,
@@ -1065,6 +1085,7 @@ fn run(
     };
     Ok(Ran {
         snapshot,
+        parent_tree: parent.as_ref().map(|(_, s)| s.tree.clone()),
         parent: parent.map(|(id, _)| id),
         skipped,
         changed_while_read: archived.changed_while_read,

@@ -1075,6 +1075,21 @@ pub struct ForgetArgs {
     /// Keep snapshots newer than DURATION (e.g. 1y2m3d4h) before the group's newest
     #[arg(long, value_name = "DURATION")]
     pub keep_within: Option<String>,
+    /// Keep the newest snapshot of each hour within DURATION of the group's newest
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_hourly: Option<String>,
+    /// Keep the newest snapshot of each day within DURATION of the group's newest
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_daily: Option<String>,
+    /// Keep the newest snapshot of each ISO week within DURATION of the group's newest
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_weekly: Option<String>,
+    /// Keep the newest snapshot of each month within DURATION of the group's newest
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_monthly: Option<String>,
+    /// Keep the newest snapshot of each year within DURATION of the group's newest
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_yearly: Option<String>,
     /// Keep snapshots carrying all of these comma-separated tags (repeatable)
     #[arg(long = "keep-tag", value_name = "TAGS")]
     pub keep_tags: Vec<String>,

@@ -1231,6 +1231,8 @@ pub struct ScheduleBody {
     keep_monthly: Option<i64>,
     #[serde(default)]
     keep_yearly: Option<i64>,
+    #[serde(default)]
+    keep_within: Option<String>,
 }
 
 /// `PUT /v1/schedules/{name}` (admin of the datastore): makes or changes a
@@ -1267,6 +1269,7 @@ pub async fn put_schedule(
         keep_weekly: b.keep_weekly,
         keep_monthly: b.keep_monthly,
         keep_yearly: b.keep_yearly,
+        keep_within: b.keep_within.filter(|w| !w.trim().is_empty()),
         ..crate::jobs::JobSpec::new(&name, &b.kind, &b.datastore, b.every.trim())
     };
     // A job that needs the key: the password file, or the datastore unlocked now

@@ -60,6 +60,10 @@ pub struct JobSpec {
     pub keep_monthly: Option<i64>,
     #[serde(default)]
     pub keep_yearly: Option<i64>,
+    /// retention: every snapshot within this span (`1y2m3d4h`) of each group's
+    /// newest, as `forget --keep-within`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_within: Option<String>,
     /// copy: where to — a datastore of this server, or a location (directory,
     /// `s3:...`, `cairn+https://...` of another server).
     #[serde(default)]
@@ -127,6 +131,7 @@ impl JobSpec {
             keep_weekly: None,
             keep_monthly: None,
             keep_yearly: None,
+            keep_within: None,
             to: None,
             to_password_file: None,
             to_token_file: None,
@@ -176,6 +181,10 @@ impl JobSpec {
             if t.split(',').any(|x| x.trim().is_empty()) {
                 return Err(format!("{me}: tags = {t:?}: a tag is a non-empty name"));
             }
+        }
+        if let Some(w) = &self.keep_within {
+            w.parse::<cairn_core::forget::CalendarDuration>()
+                .map_err(|e| format!("{me}: keep_within: {e}"))?;
         }
         self.policy().validate().map_err(|e| format!("{me}: {e}"))?;
         let keeps = !self.policy().is_empty();
@@ -301,6 +310,8 @@ impl JobSpec {
             weekly: self.keep_weekly,
             monthly: self.keep_monthly,
             yearly: self.keep_yearly,
+            // Checked by `validate` before any job runs.
+            within: (self.keep_within.as_deref()).and_then(|w| w.parse().ok()),
             ..Default::default()
         }
     }

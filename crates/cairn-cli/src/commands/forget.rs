@@ -23,12 +23,25 @@ fn count(flag: &str, v: &Option<String>) -> Result<Option<i64>> {
     }
 }
 
+/// A span given to a --keep-within* option.
+fn span(flag: &str, v: &Option<String>) -> Result<Option<CalendarDuration>> {
+    match v {
+        Some(s) => Ok(Some(
+            s.parse::<CalendarDuration>()
+                .with_context(|| format!("--{flag}"))?,
+        )),
+        None => Ok(None),
+    }
+}
+
 fn policy(a: &ForgetArgs) -> Result<Policy> {
-    let within = match &a.keep_within {
-        Some(s) => Some(s.parse::<CalendarDuration>()?),
-        None => None,
-    };
+    let within = span("keep-within", &a.keep_within)?;
     let p = Policy {
+        within_hourly: span("keep-within-hourly", &a.keep_within_hourly)?,
+        within_daily: span("keep-within-daily", &a.keep_within_daily)?,
+        within_weekly: span("keep-within-weekly", &a.keep_within_weekly)?,
+        within_monthly: span("keep-within-monthly", &a.keep_within_monthly)?,
+        within_yearly: span("keep-within-yearly", &a.keep_within_yearly)?,
         last: count("keep-last", &a.keep_last)?,
         hourly: count("keep-hourly", &a.keep_hourly)?,
         daily: count("keep-daily", &a.keep_daily)?,
@@ -52,6 +65,11 @@ fn policy_options_given(a: &ForgetArgs) -> bool {
         &a.keep_monthly,
         &a.keep_yearly,
         &a.keep_within,
+        &a.keep_within_hourly,
+        &a.keep_within_daily,
+        &a.keep_within_weekly,
+        &a.keep_within_monthly,
+        &a.keep_within_yearly,
         &a.group_by,
     ]
     .iter()

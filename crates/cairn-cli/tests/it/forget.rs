@@ -431,3 +431,36 @@ fn keep_within_counts_on_the_snapshots_own_calendar() {
         assert!(ids(&v[0]["remove"]).is_empty(), "TZ={tz}: {v}");
     }
 }
+
+/// `--keep-within-daily` keeps the newest snapshot of each day within the span,
+/// however many days; its span is checked before the password is asked for.
+#[test]
+fn keep_within_daily_keeps_a_day_each_inside_the_span() {
+    let env = Env::new();
+    let made = backed_up_at(
+        &env,
+        "UTC0",
+        &[
+            "2024-05-01 08:00:00",
+            "2024-05-03 08:00:00",
+            "2024-05-03 20:00:00",
+            "2024-05-04 09:00:00",
+            "2024-05-04 21:00:00",
+        ],
+    );
+    let v = forget_in(&env, "UTC0", &["--keep-within-daily", "2d"]);
+    let mut keep = ids(&v[0]["keep"]);
+    keep.sort();
+    let mut want = vec![made[2].clone(), made[4].clone()];
+    want.sort();
+    assert_eq!(keep, want, "{v}");
+    assert_eq!(
+        v[0]["keep"][0]["reasons"][0], "daily snapshot within 2d",
+        "{v}"
+    );
+    let err = env.fails(&["forget", "--keep-within-weekly", "2w"], 1);
+    assert!(
+        err.contains("--keep-within-weekly") && err.contains("7d"),
+        "{err}"
+    );
+}

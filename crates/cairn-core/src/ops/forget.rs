@@ -180,6 +180,15 @@ pub struct Policy {
     pub monthly: Option<i64>,
     pub yearly: Option<i64>,
     pub within: Option<CalendarDuration>,
+    /// `--keep-within-hourly` .. `--keep-within-yearly`: the newest snapshot of
+    /// each hour (day, ISO week, month, year) within this span of the newest,
+    /// however many that is (restic's flags): hourly snapshots for two days,
+    /// daily for a month, without counting how many a day had.
+    pub within_hourly: Option<CalendarDuration>,
+    pub within_daily: Option<CalendarDuration>,
+    pub within_weekly: Option<CalendarDuration>,
+    pub within_monthly: Option<CalendarDuration>,
+    pub within_yearly: Option<CalendarDuration>,
     /// Each entry is a comma-separated tag list; a snapshot carrying every tag of one
     /// entry is kept. An empty entry matches snapshots without tags.
     pub keep_tags: Vec<String>,
@@ -197,6 +206,17 @@ impl Policy {
         ]
     }
 
+    /// The `within_*` spans with their rules, set or not.
+    fn within_rules(&self) -> [(Rule, Option<CalendarDuration>); 5] {
+        [
+            (Rule::Hourly, self.within_hourly),
+            (Rule::Daily, self.within_daily),
+            (Rule::Weekly, self.within_weekly),
+            (Rule::Monthly, self.within_monthly),
+            (Rule::Yearly, self.within_yearly),
+        ]
+    }
+
     /// True when no rule is switched on. Such a policy would keep nothing explicitly,
     /// and removing everything by omission is never what was meant.
     pub fn is_empty(&self) -> bool {
@@ -204,6 +224,7 @@ impl Policy {
             .iter()
             .all(|(_, c)| matches!(c, None | Some(0)))
             && self.within.is_none_or(|w| w.is_zero())
+            && (self.within_rules().iter()).all(|(_, w)| w.is_none_or(|w| w.is_zero()))
             && self.keep_tags.is_empty()
     }
 
@@ -241,6 +262,11 @@ impl fmt::Display for Policy {
         }
         if let Some(w) = self.within.filter(|w| !w.is_zero()) {
             parts.push(format!("snapshots within {w} of the newest"));
+        }
+        for (rule, w) in self.within_rules() {
+            if let Some(w) = w.filter(|w| !w.is_zero()) {
+                parts.push(format!("{}s within {w} of the newest", rule.reason()));
+            }
         }
         for t in &self.keep_tags {
             let wanted = tag_list(t);
@@ -705,7 +731,7 @@ fn judge<Tz: TimeZone>(
     // (the zone it was taken in, when recorded), as restic does: not the zone
     // forget runs in (QA: `--keep-within 29d` kept a snapshot in UTC and not in
     // New York).
-    let within_from = within.map(|w| {
+    let start_of = |w: CalendarDuration| {
         newest.and_then(
             |newest| match newest.snap.utc_offset.and_then(FixedOffset::east_opt) {
                 Some(own) => w
@@ -716,7 +742,16 @@ fn judge<Tz: TimeZone>(
                     .map(|t| t.with_timezone(&Utc)),
             },
         )
-    });
+    };
+    let within_from = within.map(start_of);
+    // The `within_*` rules: each keeps the newest snapshot of every bucket newer
+    // than its start (`None`: all of them), counting no slots.
+    let mut spans: Vec<(Rule, CalendarDuration, Option<DateTime<Utc>>, Option<i64>)> = policy
+        .within_rules()
+        .into_iter()
+        .filter_map(|(rule, w)| w.filter(|w| !w.is_zero()).map(|w| (rule, w)))
+        .map(|(rule, w)| (rule, w, start_of(w), None))
+        .collect();
 
     let oldest = entries.len().saturating_sub(1);
     let mut keep = Vec::new();
@@ -749,11 +784,21 @@ fn judge<Tz: TimeZone>(
             .and_then(FixedOffset::east_opt)
             .map(|o| e.time.with_timezone(&o));
         let local = e.time.with_timezone(tz);
+        let bucket_of = |rule: Rule| match &own {
+            Some(t) => rule.bucket(t, pos),
+            None => rule.bucket(&local, pos),
+        };
+        for (rule, w, from, last) in &mut spans {
+            if from.is_none_or(|from| e.time > from) {
+                let bucket = bucket_of(*rule);
+                if *last != Some(bucket) {
+                    reasons.push(format!("{} within {w}", rule.reason()));
+                    *last = Some(bucket);
+                }
+            }
+        }
         for c in counters.iter_mut().filter(|c| c.left != 0) {
-            let bucket = match &own {
-                Some(t) => c.rule.bucket(t, pos),
-                None => c.rule.bucket(&local, pos),
-            };
+            let bucket = bucket_of(c.rule);
             let reason = if c.last_bucket != Some(bucket) {
                 c.rule.reason().to_string()
             } else if pos == oldest {
@@ -1106,6 +1151,47 @@ mod tests {
     fn removed_times(snaps: &[(SnapshotId, Snapshot)], p: &Policy) -> Vec<String> {
         let g = run(snaps, p);
         g[0].remove.iter().map(|i| time_of(snaps, i)).collect()
+    }
+
+    #[test]
+    fn within_rules_keep_each_buckets_newest_inside_their_span() {
+        // Every six hours for four days; the newest is 2026-11-04 18:00.
+        let times: Vec<String> = (1..=4)
+            .flat_map(|d| [0, 6, 12, 18].map(|h| format!("2026-11-{d:02} {h:02}:00")))
+            .collect();
+        let s = at(&times.iter().map(String::as_str).collect::<Vec<_>>());
+        let p = Policy {
+            within_daily: Some("2d".parse().unwrap()),
+            within_hourly: Some("12h".parse().unwrap()),
+            ..Default::default()
+        };
+        // Daily: the newest of each day after 11-02 18:00 (that one is exactly two
+        // days back, so not within); hourly: every snapshot after 11-04 06:00.
+        assert_eq!(
+            kept(&s, &p),
+            vec![
+                k("2026-11-03 18:00", &["daily snapshot within 2d"]),
+                k("2026-11-04 12:00", &["hourly snapshot within 12h"]),
+                k(
+                    "2026-11-04 18:00",
+                    &["hourly snapshot within 12h", "daily snapshot within 2d"]
+                ),
+            ]
+        );
+        assert_eq!(removed_times(&s, &p).len(), 13);
+        // No count limits them: thirty days of dailies are thirty snapshots.
+        let days: Vec<String> = (1..=30).map(|d| format!("2026-11-{d:02} 10:00")).collect();
+        let s = at(&days.iter().map(String::as_str).collect::<Vec<_>>());
+        let p = Policy {
+            within_daily: Some("1m".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(kept(&s, &p).len(), 30);
+        assert!(!p.is_empty());
+        assert_eq!(
+            p.to_string(),
+            "keep daily snapshots within 1m of the newest"
+        );
     }
 
     fn ten_days() -> Vec<(SnapshotId, Snapshot)> {
@@ -1773,6 +1859,7 @@ mod tests {
             yearly: Some(5),
             within: Some("2h".parse().unwrap()),
             keep_tags: vec!["keep".into()],
+            ..Default::default()
         };
         assert_eq!(
             kept(&s, &p),

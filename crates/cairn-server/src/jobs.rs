@@ -1449,6 +1449,12 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("a tag is a non-empty name"), "{e}");
+        // keep_within is a span as --keep-within's, and a rule of its own.
+        let e = check(&|j| j.keep_within = Some("2w".into()), "retention").unwrap_err();
+        assert!(e.contains("keep_within") && e.contains("7d"), "{e}");
+        assert!(check(&|j| j.keep_within = Some("14d".into()), "retention").is_ok());
+        let e = check(&|j| j.keep_within = Some("14d".into()), "check").unwrap_err();
+        assert!(e.contains("keep_*"), "{e}");
         // A bare name is a datastore's, never a path relative to the server's
         // working directory (a datastore removed from the settings).
         let e = check(

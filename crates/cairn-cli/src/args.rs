@@ -857,6 +857,13 @@ pub struct SnapshotsArgs {
     /// dated over an hour in the future last, as `latest` passes them over
     #[arg(long, value_name = "N")]
     pub latest: Option<usize>,
+    /// List the snapshots in groups sharing these: host,paths,tags (--latest then
+    /// counts per group; --json: one object per group, as restic's)
+    #[arg(short = 'g', long, value_name = "FIELDS")]
+    pub group_by: Option<String>,
+    /// Only id, time, host and tags
+    #[arg(short = 'c', long)]
+    pub compact: bool,
 }
 
 #[derive(Args)]

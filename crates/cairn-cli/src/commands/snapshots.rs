@@ -1,79 +1,171 @@
 use crate::args::{Global, SnapshotsArgs};
 use crate::ui;
 use anyhow::Result;
+use cairn_core::forget::{GroupBy, GroupKey};
 use cairn_core::repo::info::SnapshotInfo;
+use cairn_format::SnapshotId;
+use cairn_format::snapshot::Snapshot;
+use std::collections::{BTreeMap, HashMap};
+
+type Listed = Vec<(SnapshotId, Snapshot)>;
 
 pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
+    // A bad --group-by is refused before the password is asked for.
+    let group_by: Option<GroupBy> = a.group_by.as_deref().map(str::parse).transpose()?;
     let p = super::progress(g);
     let repo = super::open(g, &p.progress)?;
     let (mut snaps, bad) = repo.snapshots()?;
     // Through a cairn server, a snapshot a host-bound token stored under another
     // host's name is listed (and filtered) as its token's host, as `forget` counts
     // it. Only an admin may read the records; for others nothing changes.
-    let claimed: std::collections::HashMap<_, _> = repo
+    let claimed: HashMap<_, _> = repo
         .attribute_hosts(&mut snaps)
         .unwrap_or_default()
         .into_iter()
         .collect();
     let filter = a.filter.engine();
     snaps.retain(|(_, s)| filter.matches(s));
+    // Groups in key order, each oldest first; one group of all without --group-by.
+    let mut groups: BTreeMap<GroupKey, Listed> = BTreeMap::new();
+    for (id, s) in snaps {
+        let key = group_by.map(|by| GroupKey::of(&s, by)).unwrap_or_default();
+        groups.entry(key).or_default().push((id, s));
+    }
     // 0: no limit, as restic's.
     if let Some(n) = a.latest.filter(|&n| n > 0) {
-        // Oldest first: count from the end, per host and set of paths. Those dated
-        // in the future come after every other, as `latest` passes them over.
-        let future = |s: &cairn_format::snapshot::Snapshot| {
-            cairn_core::time::parse_rfc3339(&s.time).is_some_and(cairn_core::time::in_the_future)
-        };
-        let mut seen: std::collections::HashMap<(String, Vec<String>), usize> =
-            std::collections::HashMap::new();
-        let mut keep = vec![false; snaps.len()];
-        for later in [false, true] {
-            for (i, (_, s)) in snaps.iter().enumerate().rev() {
-                if future(s) != later {
-                    continue;
-                }
-                let mut paths = s.paths.clone();
-                paths.sort();
-                let c = seen.entry((s.hostname.clone(), paths)).or_default();
-                *c += 1;
-                keep[i] = *c <= n;
-            }
+        for list in groups.values_mut() {
+            newest_only(list, n, group_by.is_some());
         }
-        let mut k = keep.into_iter();
-        snaps.retain(|_| k.next().unwrap_or(false));
     }
     for e in &bad {
         p.progress.warning_msg(e.to_string());
     }
+    let info = |(id, s): &(SnapshotId, Snapshot)| SnapshotInfo {
+        claimed_hostname: claimed.get(id).cloned(),
+        ..SnapshotInfo::of(id, s)
+    };
     if g.json {
-        let v: Vec<SnapshotInfo> = snaps
-            .iter()
-            .map(|(id, s)| SnapshotInfo {
-                claimed_hostname: claimed.get(id).cloned(),
-                ..SnapshotInfo::of(id, s)
-            })
-            .collect();
-        super::print_json(&v)?;
+        match group_by {
+            None => {
+                let v: Vec<SnapshotInfo> = groups.values().flatten().map(info).collect();
+                super::print_json(&v)?;
+            }
+            Some(_) => {
+                // restic's shape: every key field present, empty when not grouped by.
+                let v: Vec<serde_json::Value> = groups
+                    .iter()
+                    .map(|(k, list)| {
+                        serde_json::json!({
+                            "group_key": {
+                                "hostname": k.host.clone().unwrap_or_default(),
+                                "paths": k.paths,
+                                "tags": k.tags,
+                            },
+                            "snapshots": list.iter().map(info).collect::<Vec<_>>(),
+                        })
+                    })
+                    .collect();
+                super::print_json(&v)?;
+            }
+        }
     } else {
-        // Host and tag columns as wide as their longest (QA: a long tag pushed
-        // the size column out of line), never narrower than the headings'.
-        let host_of =
-            |id: &cairn_format::SnapshotId, s: &cairn_format::snapshot::Snapshot| match claimed
-                .get(id)
-            {
-                Some(_) => format!("{}*", s.hostname),
-                None => s.hostname.clone(),
+        let mut first = true;
+        for (key, list) in &groups {
+            if group_by.is_some() {
+                if !first {
+                    println!();
+                }
+                let of = if *key == GroupKey::default() {
+                    "all snapshots:".to_string()
+                } else {
+                    format!("snapshots for {key}:")
+                };
+                println!("{}", ui::printable(&of));
+            }
+            first = false;
+            print_table(list, &claimed, a.compact);
+        }
+        if groups.is_empty() {
+            print_table(&[], &claimed, a.compact);
+        }
+        for (id, s) in groups.values().flatten() {
+            if let Some(c) = claimed.get(id) {
+                println!(
+                    "* {}: {} (as forget does)",
+                    id.short(),
+                    cairn_core::repo::host_claim_note(c, &s.hostname)
+                );
+            }
+        }
+    }
+    Ok(if bad.is_empty() { 0 } else { 1 })
+}
+
+/// Keeps the `n` newest of `list` (oldest first), per host and set of paths
+/// unless `whole` (a group of --group-by: per group). Those dated in the future
+/// come after every other, as `latest` passes them over.
+fn newest_only(list: &mut Listed, n: usize, whole: bool) {
+    let future = |s: &Snapshot| {
+        cairn_core::time::parse_rfc3339(&s.time).is_some_and(cairn_core::time::in_the_future)
+    };
+    let mut seen: HashMap<(String, Vec<String>), usize> = HashMap::new();
+    let mut keep = vec![false; list.len()];
+    for later in [false, true] {
+        for (i, (_, s)) in list.iter().enumerate().rev() {
+            if future(s) != later {
+                continue;
+            }
+            let key = if whole {
+                Default::default()
+            } else {
+                let mut paths = s.paths.clone();
+                paths.sort();
+                (s.hostname.clone(), paths)
             };
-        let hw = ui::column_width(snaps.iter().map(|(id, s)| host_of(id, s)), 16);
-        let tw = ui::column_width(snaps.iter().map(|(_, s)| s.tags.join(",")), 12);
+            let c = seen.entry(key).or_default();
+            *c += 1;
+            keep[i] = *c <= n;
+        }
+    }
+    let mut k = keep.into_iter();
+    list.retain(|_| k.next().unwrap_or(false));
+}
+
+/// The listing's table and count line; `compact`: id, time, host and tags only.
+fn print_table(
+    snaps: &[(SnapshotId, Snapshot)],
+    claimed: &HashMap<SnapshotId, String>,
+    compact: bool,
+) {
+    // Host and tag columns as wide as their longest (QA: a long tag pushed
+    // the size column out of line), never narrower than the headings'.
+    let host_of = |id: &SnapshotId, s: &Snapshot| match claimed.get(id) {
+        Some(_) => format!("{}*", s.hostname),
+        None => s.hostname.clone(),
+    };
+    let hw = ui::column_width(snaps.iter().map(|(id, s)| host_of(id, s)), 16);
+    let tw = ui::column_width(snaps.iter().map(|(_, s)| s.tags.join(",")), 12);
+    if compact {
+        println!("{:<10} {:<20} {:<hw$} tags", "id", "time", "host");
+    } else {
         println!(
             "{:<10} {:<20} {:<hw$} {:<tw$} {:>12}  paths",
             "id", "time", "host", "tags", "size"
         );
-        for (id, s) in &snaps {
-            let time = cairn_core::time::local_display(&s.time);
-            // Host, tags and paths are what the backup's client wrote.
-            let line = format!(
+    }
+    for (id, s) in snaps {
+        let time = cairn_core::time::local_display(&s.time);
+        // Host, tags and paths are what the backup's client wrote.
+        let line = if compact {
+            format!(
+                "{:<10} {:<20} {:<hw$} {}",
+                id.short(),
+                time,
+                host_of(id, s),
+                s.tags.join(",")
+            )
+        } else {
+            format!(
                 "{:<10} {:<20} {:<hw$} {:<tw$} {:>12}  {}",
                 id.short(),
                 time,
@@ -97,17 +189,9 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
                     ),
                     None => s.paths.join(" "),
                 }
-            );
-            println!("{}", ui::printable(&line));
-        }
-        println!("{}", ui::count(snaps.len() as u64, "snapshot"));
-        for (id, s) in snaps.iter().filter(|(id, _)| claimed.contains_key(id)) {
-            println!(
-                "* {}: {} (as forget does)",
-                id.short(),
-                cairn_core::repo::host_claim_note(&claimed[id], &s.hostname)
-            );
-        }
+            )
+        };
+        println!("{}", ui::printable(line.trim_end()));
     }
-    Ok(if bad.is_empty() { 0 } else { 1 })
+    println!("{}", ui::count(snaps.len() as u64, "snapshot"));
 }

@@ -2053,3 +2053,54 @@ fn skip_if_unchanged_saves_no_snapshot_when_nothing_changed() {
     assert_eq!(count(), 5);
     env.check_clean();
 }
+
+/// `snapshots --group-by`: a table (and a JSON object) per group, `--latest`
+/// counted per group; `--compact`: no size or paths.
+#[test]
+fn snapshots_group_by_and_compact() {
+    let env = Env::new();
+    env.init(&[]);
+    let (a, b) = (env.path("a"), env.path("b"));
+    fs::create_dir_all(&a).unwrap();
+    fs::create_dir_all(&b).unwrap();
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let mut ids = Vec::new();
+    for args in [
+        &["--host", "web", a][..],
+        &["--host", "web", b],
+        &["--host", "db", a],
+    ] {
+        ids.push(env.backup_args(args));
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["snapshots", "--json", "--group-by", "host"])).unwrap();
+    let groups = v.as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{v}");
+    assert_eq!(groups[0]["group_key"]["hostname"], "db");
+    assert!(groups[0]["group_key"]["paths"].is_null());
+    assert_eq!(groups[1]["group_key"]["hostname"], "web");
+    let web: Vec<&str> = (groups[1]["snapshots"].as_array().unwrap().iter())
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(web, [ids[0].as_str(), ids[1].as_str()]);
+    // --latest 1 per group: per host here, not per host and paths.
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["snapshots", "--json", "-g", "host", "--latest", "1"]))
+            .unwrap();
+    assert_eq!(v[1]["snapshots"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v[1]["snapshots"][0]["id"].as_str().unwrap(), ids[1]);
+    let out = env.ok(&["snapshots", "-g", "host,paths", "--compact"]);
+    assert_eq!(out.matches("snapshots for host ").count(), 3, "{out}");
+    assert!(
+        out.contains(&format!("snapshots for host web, paths [{b}]:")),
+        "{out}"
+    );
+    assert!(!out.contains("size"), "{out}");
+    let row = out.lines().find(|l| l.starts_with(&ids[2][..8])).unwrap();
+    assert!(!row.contains(a) && row.ends_with("db"), "{out}");
+    // Without --group-by, --json stays a plain list.
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 3);
+    let err = env.fails(&["snapshots", "-g", "hosst"], 1);
+    assert!(err.contains("cannot group by"), "{err}");
+}

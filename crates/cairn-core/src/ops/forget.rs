@@ -413,7 +413,8 @@ pub struct GroupKey {
 }
 
 impl GroupKey {
-    fn of(s: &Snapshot, by: GroupBy) -> Self {
+    /// The key of `s`'s group under `by`.
+    pub fn of(s: &Snapshot, by: GroupBy) -> Self {
         let sorted = |v: &[String]| {
             let mut v = v.to_vec();
             v.sort();

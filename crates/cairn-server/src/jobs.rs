@@ -1179,7 +1179,7 @@ fn run_job(
             let f = cairn_core::forget::forget(
                 &session,
                 &cairn_core::forget::ForgetRequest::Policy {
-                    policy: spec.policy(),
+                    policy: Box::new(spec.policy()),
                     group_by: Default::default(),
                     filter: spec.filter(),
                 },

@@ -96,7 +96,7 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
             None => GroupBy::default(),
         };
         ForgetRequest::Policy {
-            policy,
+            policy: Box::new(policy),
             group_by,
             filter: a.filter.engine(),
         }

@@ -747,11 +747,23 @@ fn judge<Tz: TimeZone>(
     let within_from = within.map(start_of);
     // The `within_*` rules: each keeps the newest snapshot of every bucket newer
     // than its start (`None`: all of them), counting no slots.
-    let mut spans: Vec<(Rule, CalendarDuration, Option<DateTime<Utc>>, Option<i64>)> = policy
+    struct Span {
+        rule: Rule,
+        span: CalendarDuration,
+        /// Snapshots after this are within it (`None`: all of them).
+        from: Option<DateTime<Utc>>,
+        last_bucket: Option<i64>,
+    }
+    let mut spans: Vec<Span> = policy
         .within_rules()
         .into_iter()
         .filter_map(|(rule, w)| w.filter(|w| !w.is_zero()).map(|w| (rule, w)))
-        .map(|(rule, w)| (rule, w, start_of(w), None))
+        .map(|(rule, span)| Span {
+            rule,
+            span,
+            from: start_of(span),
+            last_bucket: None,
+        })
         .collect();
 
     let oldest = entries.len().saturating_sub(1);
@@ -789,12 +801,12 @@ fn judge<Tz: TimeZone>(
             Some(t) => rule.bucket(t, pos),
             None => rule.bucket(&local, pos),
         };
-        for (rule, w, from, last) in &mut spans {
-            if from.is_none_or(|from| e.time > from) {
-                let bucket = bucket_of(*rule);
-                if *last != Some(bucket) {
-                    reasons.push(format!("{} within {w}", rule.reason()));
-                    *last = Some(bucket);
+        for sp in &mut spans {
+            if sp.from.is_none_or(|from| e.time > from) {
+                let bucket = bucket_of(sp.rule);
+                if sp.last_bucket != Some(bucket) {
+                    reasons.push(format!("{} within {}", sp.rule.reason(), sp.span));
+                    sp.last_bucket = Some(bucket);
                 }
             }
         }
@@ -836,7 +848,7 @@ pub enum ForgetRequest {
     Ids(Vec<String>),
     /// What a retention policy does not keep.
     Policy {
-        policy: Policy,
+        policy: Box<Policy>,
         group_by: GroupBy,
         filter: SnapshotFilter,
     },

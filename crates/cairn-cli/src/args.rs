@@ -11,8 +11,10 @@ Environment:
   CAIRN_PASSWORD             the repository's password (init: the new one)
   CAIRN_PASSWORD_FILE        a file holding it (wins over CAIRN_PASSWORD, as in
                              restic; --password-file wins over both)
+  CAIRN_PASSWORD_COMMAND     a command printing it (as --password-command; not
+                             with CAIRN_PASSWORD_FILE)
   CAIRN_NEW_PASSWORD[_FILE]  the new password of key add and key passwd
-  CAIRN_FROM_REPO, CAIRN_FROM_PASSWORD[_FILE]
+  CAIRN_FROM_REPO, CAIRN_FROM_PASSWORD[_FILE|_COMMAND]
                              the source repository of copy and init --copy-key-from
   CAIRN_TOKEN, CAIRN_TOKEN_FILE, CAIRN_SERVER_FINGERPRINT
                              how to reach a cairn server (cairn+https:// repositories)
@@ -49,6 +51,10 @@ pub struct Global {
     /// and CAIRN_PASSWORD_FILE
     #[arg(long, global = true)]
     pub password_file: Option<PathBuf>,
+    /// Run this command (by /bin/sh) and take the first line it prints as the
+    /// password, e.g. "pass show backup" (as CAIRN_PASSWORD_COMMAND)
+    #[arg(long, global = true, value_name = "COMMAND")]
+    pub password_command: Option<String>,
     /// Print machine-readable JSON instead of text
     #[arg(long, global = true)]
     pub json: bool,
@@ -538,6 +544,9 @@ pub struct InitArgs {
     /// CAIRN_FROM_PASSWORD, CAIRN_FROM_PASSWORD_FILE, or a prompt)
     #[arg(long, value_name = "FILE")]
     pub from_password_file: Option<PathBuf>,
+    /// With --copy-key-from: a command printing that repository's password
+    #[arg(long, value_name = "COMMAND")]
+    pub from_password_command: Option<String>,
 }
 
 #[derive(Args)]
@@ -1126,6 +1135,10 @@ pub struct CopyArgs {
     /// CAIRN_FROM_PASSWORD_FILE, or a prompt)
     #[arg(long, value_name = "FILE")]
     pub from_password_file: Option<PathBuf>,
+    /// A command printing the source repository's password (first line; as
+    /// CAIRN_FROM_PASSWORD_COMMAND)
+    #[arg(long, value_name = "COMMAND")]
+    pub from_password_command: Option<String>,
     /// The source's cairn server token, first line of this file (else
     /// CAIRN_FROM_TOKEN; neither: the destination's --token-file / CAIRN_TOKEN)
     #[arg(long, env = "CAIRN_FROM_TOKEN_FILE", value_name = "FILE")]

@@ -100,6 +100,12 @@ pub struct Source<'a> {
     /// The flag's file (`--password-file`, `--from-password-file`,
     /// `--new-password-file`).
     pub flag: Option<&'a Path>,
+    /// The flag's command (`--password-command`, `--from-password-command`):
+    /// run, and its output's first line is the password.
+    pub command: Option<&'a str>,
+    /// The variable holding such a command (`CAIRN_PASSWORD_COMMAND`, ...), when
+    /// this password has one.
+    pub env_command: Option<&'static str>,
     /// The variable holding the password itself (`CAIRN_PASSWORD`, ...).
     pub env: &'static str,
     /// The variable naming a file (`CAIRN_PASSWORD_FILE`, ...).
@@ -112,15 +118,38 @@ pub struct Source<'a> {
 
 impl Source<'_> {
     fn given(&self) -> Result<Option<String>> {
-        if let Some(f) = self.flag {
-            return read_password_file(f).map(Some);
+        match (self.flag, self.command) {
+            (Some(_), Some(_)) => bail!(
+                "give the password by a file or by a command, not both ({})",
+                self.flags
+            ),
+            (Some(f), None) => return read_password_file(f).map(Some),
+            (None, Some(c)) => return run_password_command(c).map(Some),
+            (None, None) => {}
         }
-        // A file wins over the password itself, as restic's RESTIC_PASSWORD_FILE
-        // does: a file named but missing is said, not passed over.
-        if let Some(f) = std::env::var_os(self.env_file).filter(|f| !f.is_empty()) {
-            return read_password_file(Path::new(&f))
-                .with_context(|| format!("{} names it", self.env_file))
-                .map(Some);
+        // A file or a command wins over the password itself, as restic's
+        // RESTIC_PASSWORD_FILE does: a file named but missing is said, not
+        // passed over.
+        let file = std::env::var_os(self.env_file).filter(|f| !f.is_empty());
+        let command = (self.env_command)
+            .and_then(|v| std::env::var(v).ok().map(|c| (v, c)))
+            .filter(|(_, c)| !c.trim().is_empty());
+        match (file, command) {
+            (Some(_), Some((v, _))) => bail!(
+                "{} and {v} are both set: the password comes from one of them (unset the other)",
+                self.env_file
+            ),
+            (Some(f), None) => {
+                return read_password_file(Path::new(&f))
+                    .with_context(|| format!("{} names it", self.env_file))
+                    .map(Some);
+            }
+            (None, Some((v, c))) => {
+                return run_password_command(&c)
+                    .with_context(|| format!("{v} names it"))
+                    .map(Some);
+            }
+            (None, None) => {}
         }
         // Set but empty (a unit file's `Environment=CAIRN_PASSWORD=`) is unset: no
         // password is empty, and trying "" would only say "wrong password".
@@ -214,16 +243,49 @@ impl Source<'_> {
 pub fn repo_source(global: &crate::args::Global) -> Source<'_> {
     Source {
         flag: global.password_file.as_deref(),
+        command: global.password_command.as_deref(),
+        env_command: Some("CAIRN_PASSWORD_COMMAND"),
         env: "CAIRN_PASSWORD",
         env_file: "CAIRN_PASSWORD_FILE",
         what: "the repository",
-        flags: "--password-file",
+        flags: "--password-file or --password-command",
     }
 }
 
 /// Password to open the repository with.
 pub fn password(global: &crate::args::Global) -> Result<String> {
     repo_source(global).password()
+}
+
+/// The password a command prints (`--password-command "pass show backup"`): its
+/// output's first line. Run by `/bin/sh -c`, with this terminal's input and
+/// error output (a pinentry or a token prompt works); a command that fails, or
+/// prints no password, is an error, never an empty password tried.
+pub fn run_password_command(cmd: &str) -> Result<String> {
+    use std::process::{Command, Stdio};
+    let out = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(cmd)
+        .stdin(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .stdout(Stdio::piped())
+        .output()
+        .with_context(|| format!("running the password command {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "the password command {cmd:?} failed ({}): no password",
+            out.status
+        );
+    }
+    let text = String::from_utf8(out.stdout).map_err(|_| {
+        anyhow::anyhow!("the password command {cmd:?} printed bytes that are not UTF-8 text")
+    })?;
+    let first = text.lines().next().unwrap_or("");
+    let first = first.strip_suffix('\r').unwrap_or(first);
+    if first.is_empty() {
+        bail!("the password command {cmd:?} printed no password (its first line is empty)");
+    }
+    Ok(first.to_string())
 }
 
 pub fn read_password_file(f: &Path) -> Result<String> {
@@ -247,6 +309,8 @@ pub fn read_password_file(f: &Path) -> Result<String> {
 pub fn new_password(file: Option<&PathBuf>) -> Result<String> {
     Source {
         flag: file.map(PathBuf::as_path),
+        command: None,
+        env_command: None,
         env: "CAIRN_NEW_PASSWORD",
         env_file: "CAIRN_NEW_PASSWORD_FILE",
         what: "the new key",

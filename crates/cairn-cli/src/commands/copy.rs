@@ -9,13 +9,15 @@ use cairn_core::session::{Backup, IndexLoad, Read, Session};
 
 /// The source repository's password: `--from-password-file`, `CAIRN_FROM_PASSWORD`,
 /// `CAIRN_FROM_PASSWORD_FILE`, or a prompt.
-pub fn source_password(file: Option<&std::path::Path>) -> Result<String> {
+pub fn source_password(file: Option<&std::path::Path>, command: Option<&str>) -> Result<String> {
     ui::Source {
         flag: file,
+        command,
+        env_command: Some("CAIRN_FROM_PASSWORD_COMMAND"),
         env: "CAIRN_FROM_PASSWORD",
         env_file: "CAIRN_FROM_PASSWORD_FILE",
         what: "the source repository",
-        flags: "--from-password-file",
+        flags: "--from-password-file or --from-password-command",
     }
     .password()
 }
@@ -51,7 +53,12 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
         g,
         &a.from,
         &storage,
-        || source_password(a.from_password_file.as_deref()),
+        || {
+            source_password(
+                a.from_password_file.as_deref(),
+                a.from_password_command.as_deref(),
+            )
+        },
         &p.progress,
     )
     .with_context(|| format!("opening the source {}", a.from))?;

@@ -97,7 +97,12 @@ pub fn run(g: &Global, a: &InitArgs) -> Result<i32> {
         let src = super::open_at(
             g,
             from,
-            || super::copy::source_password(a.from_password_file.as_deref()),
+            || {
+                super::copy::source_password(
+                    a.from_password_file.as_deref(),
+                    a.from_password_command.as_deref(),
+                )
+            },
             &p.progress,
         )
         .with_context(|| format!("opening {from}"))?;

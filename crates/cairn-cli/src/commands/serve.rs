@@ -223,6 +223,8 @@ fn user(g: &Global, a: &ServeArgs, u: &UserCommand) -> Result<i32> {
 fn user_password(file: Option<&std::path::Path>) -> Result<String> {
     crate::ui::Source {
         flag: file,
+        command: None,
+        env_command: None,
         env: "CAIRN_NEW_PASSWORD",
         env_file: "CAIRN_NEW_PASSWORD_FILE",
         what: "the user",

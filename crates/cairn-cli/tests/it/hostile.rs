@@ -1194,3 +1194,55 @@ fn a_tree_of_a_newer_format_names_its_snapshot() {
     let back = env.restore("latest", &src, "after");
     assert_same(&src, &back);
 }
+
+/// `--password-command` and CAIRN_PASSWORD_COMMAND, as restic's: the first line
+/// the command prints; one that fails or prints nothing is an error, never an
+/// empty password tried; a file and a command together are refused.
+#[test]
+fn a_password_command_gives_the_password() {
+    let env = Env::new();
+    let pw = env.path("pw");
+    fs::write(&pw, "secret words\n").unwrap();
+    let cmd = format!("cat '{}'", pw.display());
+    env.ok(&["init", "--password-command", &cmd]);
+    let e = env.fails(&["snapshots"], 12);
+    assert!(e.contains("wrong password"), "{e}");
+    env.ok(&["snapshots", "--password-command", &cmd]);
+    let o = env
+        .cmd(&["snapshots"])
+        .env_remove("CAIRN_PASSWORD")
+        .env(
+            "CAIRN_PASSWORD_COMMAND",
+            "printf 'secret words\\r\\nmore\\n'",
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (bad, says) in [
+        ("exit 3", "failed"),
+        ("true", "printed no password"),
+        ("printf '\\377\\n'", "not UTF-8"),
+    ] {
+        let e = env.fails(&["snapshots", "--password-command", bad], 1);
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+    let e = env.fails(
+        &[
+            "snapshots",
+            "--password-command",
+            &cmd,
+            "--password-file",
+            pw.to_str().unwrap(),
+        ],
+        1,
+    );
+    assert!(e.contains("not both"), "{e}");
+    let o = env
+        .cmd(&["snapshots"])
+        .env("CAIRN_PASSWORD_FILE", &pw)
+        .env("CAIRN_PASSWORD_COMMAND", &cmd)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("both set"));
+}

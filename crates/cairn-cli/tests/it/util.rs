@@ -74,6 +74,7 @@ impl Env {
         c.env_remove("CAIRN_LIMIT_DOWNLOAD");
         c.env_remove("CAIRN_REPO");
         c.env_remove("CAIRN_PASSWORD_FILE");
+        c.env_remove("CAIRN_PASSWORD_COMMAND");
         c.env_remove("CAIRN_TOKEN");
         c.env_remove("CAIRN_TOKEN_FILE");
         c.env_remove("CAIRN_SERVER_FINGERPRINT");

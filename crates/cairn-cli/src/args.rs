@@ -989,6 +989,10 @@ pub struct RestoreArgs {
     /// Read every file written back and compare it with the snapshot
     #[arg(long)]
     pub verify: bool,
+    /// Accepted for restic's scripts: cairn always leaves a file's runs of zeros
+    /// (whole pages) as holes
+    #[arg(long)]
+    pub sparse: bool,
     /// Write at most this many bytes per second on average (as --read-limit)
     #[arg(long, value_name = "RATE")]
     pub write_limit: Option<String>,

@@ -2104,3 +2104,34 @@ fn snapshots_group_by_and_compact() {
     let err = env.fails(&["snapshots", "-g", "hosst"], 1);
     assert!(err.contains("cannot group by"), "{err}");
 }
+
+/// A file's runs of zeros come back as holes, and restic's `--sparse` is
+/// accepted for that.
+#[test]
+fn restore_leaves_runs_of_zeros_as_holes() {
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut body = Rng(3).bytes(64 << 10, false);
+    body.extend(vec![0u8; 8 << 20]);
+    body.extend(Rng(4).bytes(64 << 10, false));
+    fs::write(src.join("disk.img"), &body).unwrap();
+    let snap = env.backup(&[&src]);
+    for (t, extra) in [("t1", None), ("t2", Some("--sparse"))] {
+        let target = env.path(t);
+        let mut args = vec!["restore", &snap, "-q", "--target", target.to_str().unwrap()];
+        args.extend(extra);
+        env.ok(&args);
+        let f = target.join(src.strip_prefix("/").unwrap()).join("disk.img");
+        assert_eq!(fs::read(&f).unwrap(), body);
+        let m = fs::metadata(&f).unwrap();
+        assert!(
+            m.blocks() * 512 < 2 << 20,
+            "{t}: {} bytes allocated for {} with 8 MiB of zeros",
+            m.blocks() * 512,
+            m.len()
+        );
+    }
+}

@@ -113,6 +113,11 @@ pub struct RemoteArgs {
     /// for any transient failure)
     #[arg(long, env = "CAIRN_RETRY_FOR", global = true, value_name = "DURATION")]
     pub retry_for: Option<String>,
+    /// While another prune, repair, forget, tag or rewrite holds the repository,
+    /// keep trying to take its lock for this long (30s, 10m, 2h) instead of
+    /// failing after a few seconds
+    #[arg(long, env = "CAIRN_RETRY_LOCK", global = true, value_name = "DURATION")]
+    pub retry_lock: Option<String>,
     /// Keep no local cache of a remote repository's index, snapshots and trees
     #[arg(long, global = true)]
     pub no_cache: bool,

@@ -355,6 +355,11 @@ pub fn open_with(
     password: impl FnOnce() -> Result<String>,
     progress: &Progress,
 ) -> Result<Repository> {
+    // Checked before the password is asked for.
+    let lock_wait = (g.remote.retry_lock.as_deref())
+        .map(parse_duration)
+        .transpose()
+        .context("--retry-lock")?;
     let repo = Repository::open_at(
         location,
         storage,
@@ -364,6 +369,9 @@ pub fn open_with(
     remember_traffic(&repo);
     let mut repo = repo;
     repo.set_memory_limit(memory_limit(g, &repo)?);
+    if let Some(w) = lock_wait {
+        repo.set_lock_wait(w);
+    }
     Ok(repo)
 }
 

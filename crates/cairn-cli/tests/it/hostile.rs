@@ -1246,3 +1246,41 @@ fn a_password_command_gives_the_password() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("both set"));
 }
+
+/// `--retry-lock`: a prune that meets another one running waits for it and
+/// then runs, where without the flag it fails at once (after a few seconds'
+/// tries), saying who holds the repository.
+#[test]
+fn retry_lock_waits_for_a_running_prune() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), Rng(1).bytes(1 << 20, false)).unwrap();
+    let first = env.backup(&[&src]);
+    fs::write(src.join("f"), Rng(2).bytes(1 << 20, false)).unwrap();
+    env.backup(&[&src]);
+    env.ok(&["forget", &first]);
+    let paused = PausedPrune::start(&env);
+    let err = env.fails(&["prune"], 1);
+    assert!(err.contains("busy") && err.contains("prune"), "{err}");
+    let err = env.fails(&["prune", "--retry-lock", "2s"], 1);
+    assert!(err.contains("still so after waiting 2 s"), "{err}");
+    let waiting = env
+        .cmd(&["prune", "--retry-lock", "5m"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    paused.finish();
+    let out = waiting.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = env.fails(&["snapshots", "--retry-lock", "soon"], 1);
+    assert!(err.contains("--retry-lock"), "{err}");
+    env.check_clean();
+}

@@ -140,6 +140,9 @@ pub struct Repository {
     /// index, the dedup answers of a server): `--cache-dir`, else the user's
     /// cache directory.
     local_base: Option<PathBuf>,
+    /// How long taking a lock keeps trying while another operation holds the
+    /// repository (`--retry-lock`); zero: a few seconds' tries, then the error.
+    lock_wait: std::time::Duration,
 }
 
 /// The datastore's pack size: the format's bounds (docs/FORMAT.md, "Config").
@@ -234,6 +237,17 @@ fn enclosing_repository(
 }
 
 impl Repository {
+    /// Keep trying to take a lock for up to `wait` while another operation holds
+    /// the repository (`--retry-lock`, as restic's): a nightly `forget --prune`
+    /// that meets another one waits its turn instead of failing.
+    pub fn set_lock_wait(&mut self, wait: std::time::Duration) {
+        self.lock_wait = wait;
+    }
+
+    pub fn lock_wait(&self) -> std::time::Duration {
+        self.lock_wait
+    }
+
     /// Creates a repository. `password` is required unless encryption is off.
     pub fn init(
         backend: Arc<dyn Backend>,
@@ -297,6 +311,7 @@ impl Repository {
             memory_limit: None,
             memory_plan: None,
             local_base: cairn_backend::cache::base_dir(),
+            lock_wait: std::time::Duration::ZERO,
             blob_cache: Arc::new(blobcache::BlobCache::new(
                 blobcache::DEFAULT_BLOB_CACHE_BYTES,
             )),
@@ -378,6 +393,7 @@ impl Repository {
             memory_limit: None,
             memory_plan: None,
             local_base: cairn_backend::cache::base_dir(),
+            lock_wait: std::time::Duration::ZERO,
             blob_cache: Arc::new(blobcache::BlobCache::new(
                 blobcache::DEFAULT_BLOB_CACHE_BYTES,
             )),
@@ -416,6 +432,7 @@ impl Repository {
             memory_limit: self.memory_limit,
             memory_plan: None,
             local_base: self.local_base.clone(),
+            lock_wait: self.lock_wait,
             blob_cache: Arc::new(blobcache::BlobCache::new(0)),
             location: self.location.clone(),
             backend: self.backend.clone(),
@@ -656,6 +673,7 @@ impl Repository {
             memory_limit: self.memory_limit,
             memory_plan: self.memory_plan,
             local_base: self.local_base.clone(),
+            lock_wait: self.lock_wait,
         }
     }
 

@@ -210,6 +210,29 @@ pub enum Command {
     Serve(ServeArgs),
     /// Show snapshots as a read-only file system (FUSE) until unmounted
     Mount(MountArgs),
+    /// Write shell completions and man pages (as restic's `generate`)
+    Generate(GenerateArgs),
+}
+
+/// Each output is a file, or `-` for standard output.
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// Write the bash completion script to this file
+    #[arg(long, value_name = "FILE")]
+    pub bash_completion: Option<PathBuf>,
+    /// Write the zsh completion script to this file
+    #[arg(long, value_name = "FILE")]
+    pub zsh_completion: Option<PathBuf>,
+    /// Write the fish completion script to this file
+    #[arg(long, value_name = "FILE")]
+    pub fish_completion: Option<PathBuf>,
+    /// Write the PowerShell completion script to this file
+    #[arg(long, value_name = "FILE")]
+    pub powershell_completion: Option<PathBuf>,
+    /// Write a man page for cairn and each command (cairn-backup.1, ...) into this
+    /// directory (created if missing)
+    #[arg(long, value_name = "DIR")]
+    pub man: Option<PathBuf>,
 }
 
 #[derive(Args)]

@@ -13,6 +13,7 @@ mod estimate;
 mod export;
 mod find;
 mod forget;
+mod generate;
 mod imagefs;
 mod index;
 mod init;
@@ -84,6 +85,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Rewrite(a) => rewrite::run(g, &a),
         Command::Serve(a) => serve::run(g, &a),
         Command::Mount(a) => mount::run(g, &a),
+        Command::Generate(a) => generate::run(&a),
     }?;
     if long_job && !g.json && !g.quiet {
         println!("resources: {}", Resources::now().line());

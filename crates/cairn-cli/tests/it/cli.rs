@@ -793,3 +793,51 @@ fn json_and_quiet_write_only_warnings_on_stderr() {
         "{quiet:?}"
     );
 }
+
+/// `cairn generate`: completion scripts a shell loads, and a man page per
+/// command, made from the parser's own definitions.
+#[test]
+fn generate_writes_completions_and_man_pages() {
+    let env = Env::new();
+    let bash = env.path("cairn.bash");
+    let man = env.path("man");
+    env.ok(&[
+        "generate",
+        "--bash-completion",
+        bash.to_str().unwrap(),
+        "--man",
+        man.to_str().unwrap(),
+    ]);
+    let o = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("source '{}' && complete -p cairn", bash.display()))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("cairn"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let script = std::fs::read_to_string(&bash).unwrap();
+    assert!(
+        script.contains("--skip-if-unchanged"),
+        "backup's flags are in it"
+    );
+    let page = std::fs::read_to_string(man.join("cairn-restore.1")).unwrap();
+    assert!(
+        page.contains("iinclude") && page.contains("cairn\\-restore"),
+        "{page}"
+    );
+    for p in [
+        "cairn.1",
+        "cairn-backup.1",
+        "cairn-key-add.1",
+        "cairn-serve-token-add.1",
+    ] {
+        assert!(man.join(p).exists(), "{p}");
+    }
+    let zsh = env.ok(&["generate", "--zsh-completion", "-"]);
+    assert!(zsh.starts_with("#compdef cairn"), "{zsh}");
+    let err = env.fails(&["generate"], 1);
+    assert!(err.contains("nothing to generate"), "{err}");
+}

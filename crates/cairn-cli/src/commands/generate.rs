@@ -1,0 +1,87 @@
+//! `cairn generate`: shell completion scripts and man pages, made from the same
+//! argument definitions the parser uses (so they never drift from the options).
+
+use crate::args::GenerateArgs;
+use anyhow::{Context, Result, bail};
+use clap::CommandFactory;
+use std::io::Write;
+use std::path::Path;
+
+pub fn run(a: &GenerateArgs) -> Result<i32> {
+    use clap_complete::Shell;
+    let shells = [
+        (&a.bash_completion, Shell::Bash),
+        (&a.zsh_completion, Shell::Zsh),
+        (&a.fish_completion, Shell::Fish),
+        (&a.powershell_completion, Shell::PowerShell),
+    ];
+    if shells.iter().all(|(f, _)| f.is_none()) && a.man.is_none() {
+        bail!(
+            "nothing to generate: give --bash-completion FILE, --zsh-completion FILE, \
+             --fish-completion FILE, --powershell-completion FILE (- for standard output) \
+             or --man DIR"
+        );
+    }
+    let stdout = shells
+        .iter()
+        .filter(|(f, _)| f.as_deref() == Some(Path::new("-")))
+        .count();
+    if stdout > 1 {
+        bail!("only one completion script can go to standard output (-)");
+    }
+    for (file, shell) in shells {
+        let Some(file) = file else { continue };
+        let mut script = Vec::new();
+        clap_complete::generate(
+            shell,
+            &mut crate::args::Cli::command(),
+            "cairn",
+            &mut script,
+        );
+        write_out(file, &script)?;
+    }
+    if let Some(dir) = &a.man {
+        man_pages(dir)?;
+    }
+    Ok(0)
+}
+
+/// `bytes` into `file`, or standard output for `-`; a file appears whole
+/// (written beside it, then renamed).
+fn write_out(file: &Path, bytes: &[u8]) -> Result<()> {
+    if file == Path::new("-") {
+        let mut out = std::io::stdout().lock();
+        out.write_all(bytes)?;
+        out.flush()?;
+        return Ok(());
+    }
+    let tmp = file.with_file_name(format!(
+        ".{}.cairn-tmp",
+        file.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, file).with_context(|| format!("writing {}", file.display()))?;
+    Ok(())
+}
+
+/// `cairn.1` and one page per command (`cairn-backup.1`, `cairn-key-add.1`, ...).
+fn man_pages(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut cmd = crate::args::Cli::command();
+    cmd.build();
+    let mut todo = vec![("cairn".to_string(), cmd)];
+    while let Some((name, cmd)) = todo.pop() {
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            let sub_name = format!("{name}-{}", sub.get_name());
+            todo.push((sub_name.clone(), sub.clone().name(sub_name)));
+        }
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd.clone().name(name.clone()))
+            .render(&mut page)
+            .with_context(|| format!("making the man page of {name}"))?;
+        write_out(&dir.join(format!("{name}.1")), &page)?;
+    }
+    Ok(())
+}

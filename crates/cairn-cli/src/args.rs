@@ -32,7 +32,10 @@ Environment:
     version,
     about = "Deduplicating, compressing, encrypting backups",
     long_about = None,
-    after_help = ENVIRONMENT
+    after_help = ENVIRONMENT,
+    // A flag given twice takes the last value, as restic's do (a script's
+    // defaults, then the caller's): not an error.
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -968,9 +971,9 @@ pub struct RestoreArgs {
     /// Directory to restore into (created if missing)
     #[arg(short, long)]
     pub target: PathBuf,
-    /// Restore only this path of the snapshot and what is below it; with a
-    /// wildcard (*, ? or [), what matches the pattern (as --exclude's:
-    /// '*.conf', '/home/*/mail'), with what is below it (repeatable)
+    /// Restore only this path of the snapshot and what is below it; one that
+    /// names no entry is a pattern (as --exclude's: '*.conf', '/home/*/mail',
+    /// 'sub' at any depth, '!x' taking back), choosing what it matches (repeatable)
     #[arg(short, long = "include", value_parser = snapshot_path())]
     pub includes: Vec<String>,
     /// Read such paths or patterns from a file, one per line (# comments and empty lines skipped)

@@ -315,7 +315,7 @@ fn read_path_files(files: &[std::path::PathBuf], option: &str) -> Result<Vec<Str
         out.extend(super::backup::listed_lines(f, "include")?);
     }
     if out.is_empty() && !files.is_empty() {
-        anyhow::bail!("the {option} lists name nothing to restore");
+        anyhow::bail!("nothing to restore: the {option} list holds only comments and empty lines");
     }
     Ok(out)
 }

@@ -12,6 +12,8 @@ type Listed = Vec<(SnapshotId, Snapshot)>;
 pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
     // A bad --group-by is refused before the password is asked for.
     let group_by: Option<GroupBy> = a.group_by.as_deref().map(str::parse).transpose()?;
+    // `--group-by ''` groups by nothing: one list, as restic prints it.
+    let group_by = group_by.filter(|g| g.host || g.paths || g.tags);
     let p = super::progress(g);
     let repo = super::open(g, &p.progress)?;
     let (mut snaps, bad) = repo.snapshots()?;
@@ -59,7 +61,8 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
                             "group_key": {
                                 "hostname": k.host.clone().unwrap_or_default(),
                                 "paths": k.paths,
-                                "tags": k.tags,
+                                // Untagged: null, as restic's.
+                                "tags": k.tags.as_ref().filter(|t| !t.is_empty()),
                             },
                             "snapshots": list.iter().map(info).collect::<Vec<_>>(),
                         })
@@ -75,12 +78,7 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
                 if !first {
                     println!();
                 }
-                let of = if *key == GroupKey::default() {
-                    "all snapshots:".to_string()
-                } else {
-                    format!("snapshots for {key}:")
-                };
-                println!("{}", ui::printable(&of));
+                println!("{}", ui::printable(&format!("snapshots for {key}:")));
             }
             first = false;
             print_table(list, &claimed, a.compact);

@@ -200,6 +200,29 @@ fn stdin_backup_dump_ls_include_and_excludes() {
         err.contains("standard input was empty") && err.contains("empty.sql"),
         "{err}"
     );
+    // A path as the name (restic's --stdin-filename), the last given winning.
+    let mut child = env
+        .cmd(&[
+            "backup",
+            "--stdin",
+            "--stdin-filename",
+            "x",
+            "--stdin-filename",
+            "dumps/db.sql",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"rows").unwrap();
+    assert!(child.wait().unwrap().success());
+    let dumped = env
+        .cmd(&["dump", "latest", "/dumps/db.sql"])
+        .output()
+        .unwrap();
+    assert_eq!(dumped.stdout, b"rows");
+    let err = env.fails(&["backup", "--stdin", "--stdin-name", "a/../b"], 1);
+    assert!(err.contains("invalid --stdin-name"), "{err}");
 
     let src = env.path("src");
     make_full_tree(&src, 4);
@@ -251,7 +274,7 @@ fn stdin_backup_dump_ls_include_and_excludes() {
     );
 
     let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
-    assert_eq!(snaps.as_array().unwrap().len(), 3);
+    assert_eq!(snaps.as_array().unwrap().len(), 4);
     assert_eq!(snaps[0]["tags"][0], "dump");
 }
 
@@ -1963,6 +1986,92 @@ fn restore_include_patterns_choose_what_they_match() {
         fs::read(env.path("t5").join(&s[1..]).join("etc/st*r")).unwrap(),
         b"star"
     );
+    // A path copied from a listing names its entry, wildcards or not.
+    let v1 = format!("{}/etc/v[1].ini", s);
+    assert_eq!(
+        restored("t8", &["--include", &v1]),
+        ["etc/", "etc/v[1].ini"]
+    );
+    // An include that names no entry is a pattern, as restic reads them all: a
+    // name at any depth, escapes and all; `!` takes back, whatever it holds.
+    assert_eq!(
+        restored("t9", &["--include", "Mail"]),
+        [
+            "home/",
+            "home/alice/",
+            "home/alice/Mail/",
+            "home/alice/Mail/inbox"
+        ]
+    );
+    assert_eq!(
+        restored("t10", &["--include", "st\\*r"]),
+        ["etc/", "etc/st*r"]
+    );
+    let not_a = format!("!{}/etc/a.conf", s);
+    assert_eq!(
+        restored("t11", &["--include", "*.conf", "--include", &not_a]),
+        ["etc/", "etc/sub/", "etc/sub/b.conf"]
+    );
+    // What the excludes leave out is no match: no directory is made on its way.
+    assert_eq!(
+        restored("t12", &["--include", "*.conf", "--exclude", "sub"]),
+        ["etc/", "etc/a.conf"]
+    );
+    let t13 = env.path("t13");
+    let err = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--target",
+            t13.to_str().unwrap(),
+            "--include",
+            "*.conf",
+            "--exclude",
+            "*.conf",
+        ],
+        1,
+    );
+    assert!(err.contains("leave out all it matches"), "{err}");
+    assert!(!t13.exists());
+    // --delete removes what the patterns match in the target and the snapshot
+    // lacks, in the directories on the way to matches too; nothing else.
+    restored("t14", &[]);
+    let base = env.path("t14").join(&s[1..]);
+    fs::write(base.join("etc/extra.conf"), "x").unwrap();
+    fs::write(base.join("etc/sub/new.conf"), "x").unwrap();
+    fs::write(base.join("etc/extra.txt"), "x").unwrap();
+    fs::create_dir_all(base.join("newdir")).unwrap();
+    let t14 = env.path("t14");
+    let dry: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "restore",
+        &snap,
+        "--json",
+        "-n",
+        "--delete",
+        "--target",
+        t14.to_str().unwrap(),
+        "--include",
+        "*.conf",
+    ]))
+    .unwrap();
+    assert_eq!(dry["would_delete"].as_array().unwrap().len(), 2, "{dry}");
+    let after = restored("t14", &["--delete", "--include", "*.conf"]);
+    assert!(!after.contains(&"etc/extra.conf".to_string()), "{after:?}");
+    assert!(
+        !after.contains(&"etc/sub/new.conf".to_string()),
+        "{after:?}"
+    );
+    assert!(after.contains(&"etc/extra.txt".to_string()) && after.contains(&"newdir/".to_string()));
+    assert!(
+        after.contains(&"etc/c.txt".to_string())
+            && after.contains(&"home/bob/todo.txt".to_string())
+    );
+    let all_top = format!("{s}/*");
+    let after = restored("t14", &["--delete", "--include", &all_top]);
+    assert!(
+        !after.contains(&"newdir/".to_string()) && !after.contains(&"etc/extra.txt".to_string()),
+        "{after:?}"
+    );
     // A dry run counts what the restore writes.
     let t6 = env.path("t6");
     let out = env.ok(&[
@@ -1991,7 +2100,7 @@ fn restore_include_patterns_choose_what_they_match() {
         1,
     );
     assert!(
-        err.contains("no entry of the snapshot matches") && err.contains("*.cnf"),
+        err.contains("nothing in the snapshot is at or matches") && err.contains("*.cnf"),
         "{err}"
     );
     assert!(!t7.exists());
@@ -2098,9 +2207,15 @@ fn snapshots_group_by_and_compact() {
     assert!(!out.contains("size"), "{out}");
     let row = out.lines().find(|l| l.starts_with(&ids[2][..8])).unwrap();
     assert!(!row.contains(a) && row.ends_with("db"), "{out}");
-    // Without --group-by, --json stays a plain list.
-    let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
-    assert_eq!(v.as_array().unwrap().len(), 3);
+    // Without --group-by, or grouped by nothing, --json stays a plain list.
+    for args in [
+        &["snapshots", "--json"][..],
+        &["snapshots", "--json", "-g", ""],
+    ] {
+        let v: serde_json::Value = serde_json::from_str(&env.ok(args)).unwrap();
+        assert_eq!(v.as_array().unwrap().len(), 3);
+        assert!(v[0]["id"].is_string(), "{v}");
+    }
     let err = env.fails(&["snapshots", "-g", "hosst"], 1);
     assert!(err.contains("cannot group by"), "{err}");
 }

@@ -807,6 +807,10 @@ fn judge<Tz: TimeZone>(
                 if sp.last_bucket != Some(bucket) {
                     reasons.push(format!("{} within {}", sp.rule.reason(), sp.span));
                     sp.last_bucket = Some(bucket);
+                } else if pos == oldest {
+                    // As the counted rules (and restic's within rules): the
+                    // group's oldest is kept too, for the longest history.
+                    reasons.push(format!("oldest {} within {}", sp.rule.reason(), sp.span));
                 }
             }
         }
@@ -1192,6 +1196,19 @@ mod tests {
             ]
         );
         assert_eq!(removed_times(&s, &p).len(), 13);
+        // The group's oldest, within the span, is kept too (as restic's rules).
+        let s = at(&["2024-05-01 08:00", "2024-05-10 08:00", "2024-05-20 08:00"]);
+        let p = Policy {
+            within_monthly: Some("1y".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(
+            kept(&s, &p),
+            vec![
+                k("2024-05-01 08:00", &["oldest monthly snapshot within 1y"]),
+                k("2024-05-20 08:00", &["monthly snapshot within 1y"]),
+            ]
+        );
         // No count limits them: thirty days of dailies are thirty snapshots.
         let days: Vec<String> = (1..=30).map(|d| format!("2026-11-{d:02} 10:00")).collect();
         let s = at(&days.iter().map(String::as_str).collect::<Vec<_>>());

@@ -702,15 +702,10 @@ fn run(
                     .collect(),
             )
         }
-        Some((name, _)) => {
-            if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-                return Err(Error::Invalid(format!(
-                    "invalid --stdin-name {name:?}: give a file name (no '/', not . or ..); \
-                     the snapshot holds it at the top"
-                )));
-            }
-            (Vec::new(), vec![format!("/{name}")])
-        }
+        Some((name, _)) => (
+            Vec::new(),
+            vec![format!("/{}", stdin_path(name)?.join("/"))],
+        ),
         None => {
             if opts.paths.is_empty() {
                 return Err(Error::Invalid(
@@ -1097,6 +1092,24 @@ fn run(
         pack_ids: archived.pack_ids,
         index_before,
     })
+}
+
+/// The names on the way to the file `--stdin-name` gives (`db.sql`, or a path
+/// such as `dumps/db.sql` as restic takes it), refused when one is empty after
+/// the first, `.` or `..`: the snapshot holds the file at that path from its top.
+pub(crate) fn stdin_path(name: &str) -> Result<Vec<&str>> {
+    let parts: Vec<&str> = name
+        .trim_start_matches('/')
+        .split('/')
+        .filter(|c| !c.is_empty())
+        .collect();
+    if parts.is_empty() || parts.iter().any(|c| *c == "." || *c == "..") {
+        return Err(Error::Invalid(format!(
+            "invalid --stdin-name {name:?}: give a file name or a path (dumps/db.sql) \
+             without . or .. in it; the snapshot holds it from its top"
+        )));
+    }
+    Ok(parts)
 }
 
 /// Workers by default: they read small files as well as hash and compress, and a

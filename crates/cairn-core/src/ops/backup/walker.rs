@@ -248,17 +248,30 @@ impl<'a> Walker<'a> {
             Vec::new(),
             NodeKind::Dir,
         ))))?;
-        let mut node = Node::new(name.as_bytes().to_vec(), NodeKind::File);
+        let parts = super::stdin_path(name)?;
+        let (file, dirs) = parts.split_last().unwrap_or((&name, &[]));
         let t = crate::time::now_timestamp();
-        node.mtime = t;
-        node.atime = t;
-        node.ctime = t;
-        node.mode = 0o100600;
-        node.uid = nix::unistd::getuid().as_raw();
-        node.gid = nix::unistd::getgid().as_raw();
-        node.user = self.names.user(node.uid);
-        node.group = self.names.group(node.gid);
-        let path = PathBuf::from(format!("/{name}"));
+        let uid = nix::unistd::getuid().as_raw();
+        let gid = nix::unistd::getgid().as_raw();
+        // Owned by whoever ran the backup, made now; only they may read it.
+        let made = |n: &str, kind: NodeKind, mode: u32, names: &mut NameCache| {
+            let mut node = Node::new(n.as_bytes().to_vec(), kind);
+            node.mtime = t;
+            node.atime = t;
+            node.ctime = t;
+            node.mode = mode;
+            node.uid = uid;
+            node.gid = gid;
+            node.user = names.user(uid);
+            node.group = names.group(gid);
+            node
+        };
+        for d in dirs {
+            let dir = made(d, NodeKind::Dir, 0o040700, &mut self.names);
+            self.emit(Item::DirStart(Box::new(dir)))?;
+        }
+        let node = made(file, NodeKind::File, 0o100600, &mut self.names);
+        let path = PathBuf::from(format!("/{}", parts.join("/")));
         self.emit(Item::FileStart {
             node: Box::new(node),
             changed: false,
@@ -275,7 +288,9 @@ impl<'a> Walker<'a> {
             }
             Err(ReadError::Fatal(e)) => return Err(e),
         }
-        self.emit(Item::DirEnd)?;
+        for _ in 0..=dirs.len() {
+            self.emit(Item::DirEnd)?;
+        }
         self.emit(Item::End)
     }
 

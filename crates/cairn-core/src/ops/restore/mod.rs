@@ -76,9 +76,9 @@ pub(crate) fn load_tree(
 pub struct RestoreOptions {
     pub target: PathBuf,
     /// What to restore (with everything below it); empty means all. A path of
-    /// the snapshot, or, when it holds a wildcard (`*`, `?`, `[` not escaped with
-    /// `\`) and names no entry as it is, a pattern as backup's `--exclude`
-    /// (`*.conf`, `/home/*/mail`) choosing every entry it matches.
+    /// the snapshot, or, when it names no entry as it is (or starts with `!`), a
+    /// pattern as backup's `--exclude` (`*.conf`, `/home/*/mail`, `sub`: a name
+    /// at any depth) choosing every entry it matches, as restic reads includes.
     pub includes: Vec<String>,
     /// Patterns as `includes`' ignoring case (`--iinclude`), wildcards or not.
     pub iincludes: Vec<String>,
@@ -350,8 +350,8 @@ pub(super) fn restore(
     progress: &Progress,
 ) -> Result<RestoreStats> {
     let target = &opts.target;
-    let includes = Includes::select(repo, root, opts, progress)?;
     let excludes = excludes_of(opts)?;
+    let includes = Includes::select(repo, root, opts, excludes.as_ref(), progress)?;
     if opts.delete && whole.is_empty() {
         progress.notice(
             "--delete removes nothing: the snapshot names no directory it backed up whole"
@@ -520,7 +520,14 @@ pub(super) fn restore(
                 p.share(2 * 4 * 128, 1 << 16, BATCH_CHUNKS)
             }),
         };
-        let mut keep = keep_names(opts, &tree.nodes, all, whole.root(), false);
+        let mut keep = keep_names(
+            opts,
+            &tree.nodes,
+            all,
+            w.includes.has_patterns(),
+            whole.root(),
+            false,
+        );
         if let Some(k) = &mut keep {
             k.insert(unfinished::MARK.to_bytes().to_vec());
         }
@@ -613,71 +620,79 @@ pub(super) struct Includes {
     paths: std::collections::HashSet<String>,
     /// The directories on the way to one of `paths` (not the root).
     ways: std::collections::HashSet<String>,
+    /// The include patterns (those given as patterns, and `--iinclude`'s).
+    matcher: Option<Excludes>,
 }
 
 impl Includes {
-    /// The selection of `opts.includes` and `opts.iincludes` in the tree `root`.
+    /// The selection of `opts.includes` and `opts.iincludes` in the tree `root`;
+    /// what `excludes` leaves out is not a match.
     fn select(
         repo: &Repository,
         root: &BlobId,
         opts: &RestoreOptions,
+        excludes: Option<&Excludes>,
         progress: &Progress,
     ) -> Result<Includes> {
         let mut paths = Vec::new();
         let mut patterns = Vec::new();
         for i in &opts.includes {
-            if crate::pattern::has_wildcard(i.as_bytes()) {
-                // A path copied from a listing names its entry, even one whose
-                // name holds `*`, `?` or `[`.
+            // A path that names an entry is that entry, even one whose name holds
+            // `*`, `?` or `[` (a path copied from a listing); anything else is a
+            // pattern, as restic reads every include (`sub` is a name at any
+            // depth, `!x` takes back what an earlier pattern chose).
+            if !i.starts_with('!') {
                 match crate::ops::ls::resolve_path(repo, root, i) {
-                    Ok(p) => paths.push(p),
-                    Err(Error::Invalid(_)) => patterns.push(i.clone()),
+                    Ok(p) => {
+                        paths.push(p);
+                        continue;
+                    }
+                    Err(Error::Invalid(_)) => {}
                     Err(e) => return Err(e),
                 }
-                continue;
             }
-            let found = match crate::ops::ls::resolve_path(repo, root, i) {
-                // `a\*b` names `a*b`, as in a pattern (a name holding `\` itself
-                // is found as given first).
-                Err(Error::Invalid(_)) if i.contains('\\') => {
-                    let plain = crate::pattern::unescape(i.as_bytes());
-                    let plain = String::from_utf8(plain).unwrap_or_else(|_| i.clone());
-                    crate::ops::ls::resolve_path(repo, root, &plain)
-                }
-                r => r,
-            };
-            paths.push(found.map_err(|e| match e {
-                Error::Invalid(m) => Error::Invalid(format!("--include {m}")),
-                e => e,
-            })?);
+            patterns.push(i.clone());
         }
+        let mut matcher = None;
         if !patterns.is_empty() || !opts.iincludes.is_empty() {
             let rules = crate::ops::backup::source::ExcludeRules {
                 patterns,
                 ipatterns: opts.iincludes.clone(),
                 ..Default::default()
             };
-            let matcher = Excludes::new(&rules).map_err(|e| {
+            let m = Excludes::new(&rules).map_err(|e| {
                 Error::Invalid(e.replacen("invalid exclude pattern", "invalid include pattern", 1))
             })?;
-            let found = matching(repo, root, &matcher, progress)?;
+            let found = matching(repo, root, &m, excludes, progress)?;
             if found.is_empty() {
                 let given: Vec<&str> = (rules.patterns.iter().chain(&rules.ipatterns))
                     .map(String::as_str)
                     .collect();
+                let wild = given
+                    .iter()
+                    .any(|p| crate::pattern::has_wildcard(p.as_bytes()));
                 return Err(Error::Invalid(format!(
-                    "no entry of the snapshot matches the include pattern{} {}: nothing to \
-                     restore (a name holding *, ? or [ is read as a pattern: write \\*, \\? \
-                     or \\[ for the character itself)",
-                    if given.len() > 1 { "s" } else { "" },
+                    "nothing in the snapshot is at or matches {}{}: nothing to restore{}",
                     given
                         .iter()
                         .map(|p| format!("{p:?}"))
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    if excludes.is_some() {
+                        " (or the excludes leave out all it matches)"
+                    } else {
+                        ""
+                    },
+                    if wild {
+                        " (in a pattern, *, ? and [ are wildcards: write \\*, \\? or \\[ for the \
+                         character itself)"
+                    } else {
+                        ""
+                    }
                 )));
             }
             paths.extend(found);
+            matcher = Some(m);
         }
         let mut ways = std::collections::HashSet::new();
         for p in &paths {
@@ -692,7 +707,27 @@ impl Includes {
         Ok(Includes {
             paths: paths.into_iter().collect(),
             ways,
+            matcher,
         })
+    }
+
+    /// Whether `--delete` may remove the entry `name` that the directory at
+    /// snapshot path `dir_path` has in the target and the snapshot does not, in
+    /// a directory not restored whole: when the include patterns match it (as
+    /// restic's `--delete` with `--include` does).
+    pub(super) fn matches_extra(&self, dir_path: &str, name: &[u8]) -> bool {
+        self.matcher.as_ref().is_some_and(|m| {
+            m.is_excluded(std::path::Path::new(&format!(
+                "{dir_path}/{}",
+                snap_name(name)
+            )))
+        })
+    }
+
+    /// Patterns were given: `--delete` looks at the directories on the way to
+    /// what they match too.
+    pub(super) fn has_patterns(&self) -> bool {
+        self.matcher.is_some()
     }
 
     /// Nothing was asked for: everything is restored.
@@ -726,6 +761,7 @@ fn matching(
     repo: &Repository,
     root: &BlobId,
     matcher: &Excludes,
+    excludes: Option<&Excludes>,
     progress: &Progress,
 ) -> Result<Vec<String>> {
     let mut found = Vec::new();
@@ -736,6 +772,10 @@ fn matching(
         }
         for node in repo.load_tree(&id)?.nodes {
             let p = format!("{dir}/{}", snap_name(&node.name));
+            // Left out by the excludes: not restored, nor what is below it.
+            if excludes.is_some_and(|e| e.is_excluded(std::path::Path::new(&p))) {
+                continue;
+            }
             if matcher.is_excluded(std::path::Path::new(&p)) {
                 found.push(p);
             } else if let (NodeKind::Dir, Some(sub)) = (node.kind, node.subtree) {
@@ -826,16 +866,20 @@ fn spared_dirs(repo: &Repository) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// The names `--delete` keeps in a directory restored whole that existed before
-/// and that the snapshot holds whole ([`Whole`]).
+/// The names `--delete` keeps in a directory that existed before and that the
+/// snapshot holds whole ([`Whole`]), when it is restored whole (`all`) or
+/// include patterns may choose what is in it (`patterns`: then only extras they
+/// match go, [`Includes::matches_extra`]).
 fn keep_names(
     opts: &RestoreOptions,
     nodes: &[Node],
     all: bool,
+    patterns: bool,
     whole: bool,
     fresh: bool,
 ) -> Option<std::collections::HashSet<Vec<u8>>> {
-    (opts.delete && all && whole && !fresh).then(|| nodes.iter().map(|n| n.name.clone()).collect())
+    (opts.delete && (all || patterns) && whole && !fresh)
+        .then(|| nodes.iter().map(|n| n.name.clone()).collect())
 }
 
 /// Where `--delete` may remove what the snapshot does not have: the directories
@@ -1271,6 +1315,7 @@ impl Walk<'_> {
         dir: &Arc<Dir>,
         keep: &std::collections::HashSet<Vec<u8>>,
         snap_path: &str,
+        all: bool,
     ) {
         match sys::mount_of(dir.fd(), c"") {
             Ok(m) if m == self.mount => {}
@@ -1292,7 +1337,10 @@ impl Walk<'_> {
         };
         for name in names {
             let n = name.to_bytes();
-            if !keep.contains(n) && !excluded_extra(self.excludes.as_ref(), snap_path, n) {
+            if !keep.contains(n)
+                && !excluded_extra(self.excludes.as_ref(), snap_path, n)
+                && (all || self.includes.matches_extra(snap_path, n))
+            {
                 self.remove(dir, &name);
             }
         }
@@ -1562,7 +1610,14 @@ impl Walk<'_> {
         let Some(tree) = tree else {
             return self.complete_dir(Some(dir), meta);
         };
-        let keep = keep_names(self.opts, &tree.nodes, all, whole, opened.created);
+        let keep = keep_names(
+            self.opts,
+            &tree.nodes,
+            all,
+            self.includes.has_patterns(),
+            whole,
+            opened.created,
+        );
         let mut todo = tree.nodes;
         todo.reverse();
         self.stack.push(Frame {
@@ -1599,7 +1654,7 @@ impl Walk<'_> {
         };
         let child = f.dir.clone();
         if let (Some(keep), Some(dir)) = (&f.keep, &f.dir) {
-            self.delete_extra(dir, keep, &f.snap_path);
+            self.delete_extra(dir, keep, &f.snap_path, f.all);
         }
         if let Some(meta) = f.meta {
             self.complete_dir(f.dir, meta)?;

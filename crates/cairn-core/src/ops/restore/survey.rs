@@ -77,11 +77,12 @@ pub(super) fn dry_run(
     let all = includes.is_empty();
     let mut first_links: HashMap<(u64, u64), Option<(u64, u64)>> = HashMap::new();
     let mut stack = vec![Level {
-        keep: (opts.delete && all && whole.root() && dir.is_some()).then(|| {
-            (tree.nodes.iter().map(|n| n.name.clone()))
-                .chain([super::unfinished::MARK.to_bytes().to_vec()])
-                .collect()
-        }),
+        keep: (opts.delete && (all || includes.has_patterns()) && whole.root() && dir.is_some())
+            .then(|| {
+                (tree.nodes.iter().map(|n| n.name.clone()))
+                    .chain([super::unfinished::MARK.to_bytes().to_vec()])
+                    .collect()
+            }),
         todo: tree.nodes.into_iter().rev().collect(),
         dir,
         path: target.clone(),
@@ -98,7 +99,10 @@ pub(super) fn dry_run(
             if let Some(level) = stack.pop()
                 && let (Some(keep), Some(dir)) = (&level.keep, &level.dir)
             {
-                let excluded = |n: &[u8]| super::excluded_extra(excludes, &level.snap_path, n);
+                let excluded = |n: &[u8]| {
+                    super::excluded_extra(excludes, &level.snap_path, n)
+                        || !(level.all || includes.matches_extra(&level.snap_path, n))
+                };
                 count_extra(
                     dir.as_fd(),
                     keep,
@@ -196,8 +200,11 @@ pub(super) fn dry_run(
                     whole.below(&top.way, &node.name)
                 };
                 stack.push(Level {
-                    keep: (opts.delete && inside && is_whole && sub.is_some())
-                        .then(|| tree.iter().map(|n| n.name.clone()).collect()),
+                    keep: (opts.delete
+                        && (inside || includes.has_patterns())
+                        && is_whole
+                        && sub.is_some())
+                    .then(|| tree.iter().map(|n| n.name.clone()).collect()),
                     whole: is_whole,
                     way,
                     todo: tree.into_iter().rev().collect(),

@@ -532,6 +532,7 @@ function editSchedule(j) {
     const v = j["keep_" + k];
     $("schedule-keep-" + k).value = v === null || v === undefined ? "" : String(v);
   }
+  $("schedule-keep-within").value = j.keep_within || "";
   $("schedule-name").focus();
 }
 
@@ -567,6 +568,9 @@ $("schedule-form").addEventListener("submit", async (ev) => {
     }
     body["keep_" + k] = n;
   }
+  // A span the server checks (as forget --keep-within reads it).
+  const within = $("schedule-keep-within").value.trim();
+  if (within) body.keep_within = within;
   try {
     await api("PUT", "/v1/schedules/" + encodeURIComponent(name), body);
     alertText("Schedule " + name + " saved: " + body.kind + " every " + body.every + ".");

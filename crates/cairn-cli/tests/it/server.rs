@@ -3723,7 +3723,7 @@ fn the_console_shows_clients_jobs_live_and_edits_schedules_in_chromium() {
     );
     // A retention schedule made through the API with every rule: the page edits
     // it and saves it unchanged.
-    let longterm = br#"{"kind":"retention","datastore":"main","every":"7d","keep_daily":7,"keep_hourly":24,"keep_yearly":10}"#;
+    let longterm = br#"{"kind":"retention","datastore":"main","every":"7d","keep_daily":7,"keep_hourly":24,"keep_yearly":10,"keep_within":"14d"}"#;
     let (code, _, body) = http_full(
         p,
         "PUT",
@@ -3753,9 +3753,10 @@ fn the_console_shows_clients_jobs_live_and_edits_schedules_in_chromium() {
         (
             &kept["keep_daily"],
             &kept["keep_hourly"],
-            &kept["keep_yearly"]
+            &kept["keep_yearly"],
+            &kept["keep_within"]
         ),
-        (&7.into(), &24.into(), &10.into()),
+        (&7.into(), &24.into(), &10.into(), &"14d".into()),
         "an edit in the page dropped what it did not show: {kept:#}"
     );
     assert!(

@@ -161,8 +161,19 @@ fn stdin_backup_dump_ls_include_and_excludes() {
     env.init(&[]);
     let mut rng = Rng(11);
     let payload = rng.bytes(3 << 20, true);
-    let mut child = env
-        .cmd(&[
+    // A backup of standard input fed `input`.
+    let piped = |args: &[&str], input: &[u8]| {
+        let mut child = env
+            .cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = piped(
+        &[
             "backup",
             "--stdin",
             "--stdin-name",
@@ -170,13 +181,9 @@ fn stdin_backup_dump_ls_include_and_excludes() {
             "--tag",
             "dump",
             "--json",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(&payload).unwrap();
-    let out = child.wait_with_output().unwrap();
+        ],
+        &payload,
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -201,21 +208,18 @@ fn stdin_backup_dump_ls_include_and_excludes() {
         "{err}"
     );
     // A path as the name (restic's --stdin-filename), the last given winning.
-    let mut child = env
-        .cmd(&[
+    let out = piped(
+        &[
             "backup",
             "--stdin",
             "--stdin-filename",
             "x",
             "--stdin-filename",
             "dumps/db.sql",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"rows").unwrap();
-    assert!(child.wait().unwrap().success());
+        ],
+        b"rows",
+    );
+    assert!(out.status.success());
     let dumped = env
         .cmd(&["dump", "latest", "/dumps/db.sql"])
         .output()

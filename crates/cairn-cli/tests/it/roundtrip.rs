@@ -1882,23 +1882,16 @@ fn everything_but_a_negated_directory() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("every path given is excluded"));
 }
 
-/// The files under `dir`, as paths relative to it, sorted (directories too,
-/// with a trailing `/`).
+/// The entries under `dir`, as paths relative to it, sorted (directories with
+/// a trailing `/`).
 fn listing(dir: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
-            if p.is_dir() {
-                out.push(format!("{rel}/"));
-                todo.push(p);
-            } else {
-                out.push(rel);
-            }
-        }
-    }
+    let mut out: Vec<String> = walk(dir)
+        .into_iter()
+        .map(|(p, m)| {
+            let p = p.to_string_lossy().into_owned();
+            if m.is_dir() { format!("{p}/") } else { p }
+        })
+        .collect();
     out.sort();
     out
 }

@@ -31,6 +31,7 @@ command -v mke2fs >/dev/null && command -v lsattr >/dev/null || need_apt+=(e2fsp
 command -v losetup >/dev/null || need_apt+=(mount)
 command -v sfdisk >/dev/null || need_apt+=(fdisk)
 command -v faketime >/dev/null || need_apt+=(faketime)   # a prune with its clock ahead
+command -v ncdu >/dev/null || need_apt+=(ncdu)   # ls --ncdu's export, read back by ncdu
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null

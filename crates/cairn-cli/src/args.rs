@@ -761,6 +761,10 @@ pub struct LsArgs {
     /// Only list the given directory, not its subdirectories
     #[arg(long)]
     pub no_recursive: bool,
+    /// Write the directory's tree in ncdu's export format, to see what takes
+    /// the room: `cairn ls latest --ncdu > s.json; ncdu -f s.json`
+    #[arg(long, conflicts_with_all = ["long", "no_recursive"])]
+    pub ncdu: bool,
     #[command(flatten)]
     pub image_fs: ImageFsArgs,
     #[command(flatten)]

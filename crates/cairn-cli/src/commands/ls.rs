@@ -78,6 +78,9 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         );
     }
     let root = snap.tree_id()?;
+    if a.ncdu {
+        return ncdu(&session, &root, &snap, a);
+    }
     let mut errors = 0;
     let mut entries = Vec::new();
     let mut out = std::io::stdout().lock();
@@ -109,6 +112,135 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         })?;
     }
     Ok(if errors > 0 { 1 } else { 0 })
+}
+
+/// `ls --ncdu`: the tree below `a.path` in ncdu's JSON export format (version
+/// 1.2: a directory is an array, its own entry first; a file an object), written
+/// as the walk goes, so a tree of millions of entries costs the depth of it in
+/// memory. Sizes are the files' own (what a restore writes): the stored bytes of
+/// a deduplicated file are not its alone.
+fn ncdu(
+    session: &cairn_core::session::Session<Read>,
+    root: &cairn_format::BlobId,
+    snap: &cairn_format::snapshot::Snapshot,
+    a: &LsArgs,
+) -> Result<i32> {
+    use std::io::Write;
+    let path = a.path.as_deref().unwrap_or("/");
+    let top = cairn_core::ls::find_node(session.repo(), root, path)?;
+    if let Some(n) = &top
+        && n.kind != cairn_format::tree::NodeKind::Dir
+    {
+        anyhow::bail!(
+            "--ncdu lists a directory, and {path} is a {}",
+            n.kind.name()
+        );
+    }
+    // The listing's paths spell the directory so; its own entry comes first.
+    let resolved = cairn_core::ls::resolve_path(session.repo(), root, path)?;
+    let time = cairn_core::time::parse_rfc3339(&snap.time).unwrap_or(0);
+    let info = |name: &str, n: Option<&Node>| {
+        let mut o = serde_json::json!({ "name": name });
+        if let Some(n) = n {
+            use cairn_format::tree::NodeKind;
+            let size = if n.kind == NodeKind::File { n.size } else { 0 };
+            o["asize"] = size.into();
+            o["dsize"] = size.into();
+            o["ino"] = n.inode.into();
+            o["uid"] = n.uid.into();
+            o["gid"] = n.gid.into();
+            o["mode"] = (n.mode & 0o7777 | mode_type(n.kind)).into();
+            o["mtime"] = n.mtime.secs.into();
+            if n.kind == NodeKind::File && n.nlink > 1 {
+                o["hlnkc"] = true.into();
+                o["nlink"] = n.nlink.into();
+            }
+            if !matches!(n.kind, NodeKind::File | NodeKind::Dir) {
+                o["notreg"] = true.into();
+            }
+        }
+        o.to_string()
+    };
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let head = serde_json::json!({
+        "progname": "cairn",
+        "progver": env!("CARGO_PKG_VERSION"),
+        "timestamp": time,
+    });
+    // `open`: the directories whose arrays are open, innermost last; the first
+    // is the listing's root.
+    let mut open: Vec<String> = vec![if resolved == "/" {
+        String::new()
+    } else {
+        resolved.clone()
+    }];
+    let mut failed = None;
+    let mut errors = 0;
+    let mut w = |s: &str, failed: &mut Option<std::io::Error>| {
+        if failed.is_none()
+            && let Err(e) = out.write_all(s.as_bytes())
+        {
+            *failed = Some(e);
+        }
+    };
+    let shown = cairn_core::ls::unescape_name(&resolved).map_or_else(
+        || resolved.clone(),
+        |b| String::from_utf8_lossy(&b).into_owned(),
+    );
+    w(
+        &format!("[1,2,{head},[{}", info(&shown, top.as_ref())),
+        &mut failed,
+    );
+    let mut f = |p: &str, n: &Node| {
+        if p == resolved {
+            return;
+        }
+        let (parent, name) = p.rsplit_once('/').unwrap_or(("", p));
+        while open.len() > 1 && open.last().is_some_and(|o| o != parent) {
+            open.pop();
+            w("]", &mut failed);
+        }
+        let name = cairn_core::ls::unescape_name(name).map_or_else(
+            || name.to_string(),
+            |b| String::from_utf8_lossy(&b).into_owned(),
+        );
+        if n.kind == cairn_format::tree::NodeKind::Dir {
+            w(&format!(",[{}", info(&name, Some(n))), &mut failed);
+            open.push(p.to_string());
+        } else {
+            w(&format!(",{}", info(&name, Some(n))), &mut failed);
+        }
+    };
+    let mut on_err = |p: &str, e: cairn_core::Error| {
+        errors += 1;
+        eprintln!("error: {}: {e}", crate::ui::printable(p));
+    };
+    cairn_core::ls::list(session, root, path, true, &mut f, &mut on_err)?;
+    let close = "]".repeat(open.len().saturating_sub(1));
+    w(&format!("{close}]]\n"), &mut failed);
+    if failed.is_none()
+        && let Err(e) = out.flush()
+    {
+        failed = Some(e);
+    }
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    Ok(if errors > 0 { 1 } else { 0 })
+}
+
+/// The `st_mode` type bits of a node's kind.
+fn mode_type(kind: cairn_format::tree::NodeKind) -> u32 {
+    use cairn_format::tree::NodeKind;
+    match kind {
+        NodeKind::Dir => 0o040000,
+        NodeKind::Symlink => 0o120000,
+        NodeKind::Fifo => 0o010000,
+        NodeKind::CharDevice => 0o020000,
+        NodeKind::BlockDevice => 0o060000,
+        NodeKind::Socket => 0o140000,
+        NodeKind::File => 0o100000,
+    }
 }
 
 #[cfg(test)]

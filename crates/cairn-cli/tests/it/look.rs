@@ -1352,3 +1352,49 @@ fn diff_says_a_small_size_change_in_bytes() {
         "{text}"
     );
 }
+
+/// `ls --ncdu`: ncdu reads the export back (its own export of it names every
+/// entry with its size), nested as the snapshot's directories are.
+#[test]
+fn ls_ncdu_writes_what_ncdu_reads() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("a/deep/er")).unwrap();
+    fs::create_dir_all(src.join("b")).unwrap();
+    fs::write(src.join("a/deep/er/big"), vec![7u8; 300_000]).unwrap();
+    fs::write(src.join("a/small"), b"12345").unwrap();
+    fs::write(src.join("b/x"), b"xy").unwrap();
+    std::os::unix::fs::symlink("a/small", src.join("link")).unwrap();
+    let snap = env.backup(&[&src]);
+    let out = env.ok(&["ls", &snap, src.to_str().unwrap(), "--ncdu"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let root = v[3].as_array().unwrap();
+    assert_eq!(root[0]["name"], src.to_str().unwrap());
+    let names: Vec<String> = root[1..]
+        .iter()
+        .map(|e| e.get(0).unwrap_or(e)["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["a", "b", "link"], "{v}");
+    let a = root[1].as_array().unwrap();
+    let deep = a[1].as_array().unwrap();
+    assert_eq!(deep[0]["name"], "deep");
+    assert_eq!(deep[1][1]["name"], "big");
+    assert_eq!(deep[1][1]["asize"], 300_000);
+    assert_eq!(root[3]["notreg"], true);
+    // ncdu itself takes it.
+    let file = env.path("n.json");
+    fs::write(&file, &out).unwrap();
+    let o = std::process::Command::new("ncdu")
+        .args(["-f", file.to_str().unwrap(), "-o", "-"])
+        .output()
+        .expect("ncdu (scripts/test.sh installs it)");
+    let back = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(back.contains(r#""name":"big","asize":300000"#), "{back}");
+    let err = env.fails(
+        &["ls", &snap, &format!("{}/a/small", src.display()), "--ncdu"],
+        1,
+    );
+    assert!(err.contains("lists a directory"), "{err}");
+}

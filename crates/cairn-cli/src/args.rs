@@ -943,6 +943,10 @@ pub struct DumpArgs {
     /// --image-fs a directory instead.)
     #[arg(long, value_parser = ["tar", "zip"], conflicts_with = "image_fs")]
     pub archive: Option<String>,
+    /// Write to this file instead of standard output (as restic's; it appears
+    /// only whole: written beside it and renamed)
+    #[arg(short, long, value_name = "FILE", conflicts_with = "image_fs")]
+    pub target: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub image_fs: ImageFsArgs,
     #[command(flatten)]

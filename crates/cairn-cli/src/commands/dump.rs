@@ -1,5 +1,5 @@
 use crate::args::{DumpArgs, Global};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use cairn_core::session::{IndexLoad, Read};
 
 pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
@@ -11,7 +11,8 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     }
     // Given unless --image-fs names what to dump.
     let file = a.file.as_deref().unwrap_or("/");
-    let mut out = super::export::ArchiveOut::stdout()?;
+    // `-t -` is standard output.
+    let target = (a.target.as_deref()).filter(|t| *t != std::path::Path::new("-"));
     // A directory (or the whole snapshot) is written as a tar archive, as restic's
     // dump does: there is no other way to put it on a stream.
     let archive = match &a.archive {
@@ -27,17 +28,21 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     };
     if let Some(format) = archive {
         let format: cairn_core::export::Format = format.parse()?;
-        let r = cairn_core::export::export(&session, &snap.tree_id()?, file, format, out.writer())?;
-        out.finish(format == cairn_core::export::Format::Tar)
-            .context("writing standard output")?;
+        let root = snap.tree_id()?;
+        let tar = format == cairn_core::export::Format::Tar;
+        let r = super::export::write_output(g, target, tar, |out| {
+            cairn_core::export::export(&session, &root, file, format, out)
+        })?;
         let code = super::export::report(&r, g.json);
         return Ok(super::worst(
             code,
             super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),
         ));
     }
-    cairn_core::dump::dump(&session, &snap.tree_id()?, file, out.writer())?;
-    out.finish(false).context("writing standard output")?;
+    let root = snap.tree_id()?;
+    super::export::write_output(g, target, false, |out| {
+        cairn_core::dump::dump(&session, &root, file, out)
+    })?;
     Ok(super::image_zeros_warning(
         super::image_unreadable(&snap),
         file,

@@ -24,14 +24,51 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     let (_, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     let root = snap.tree_id()?;
     let path = a.path.as_deref().unwrap_or("/");
-    let r = match output {
+    let r = write_output(g, output, format == Format::Tar, |out| {
+        export::export(&session, &root, path, format, out)
+    })?;
+    if g.json {
+        // The archive is on standard output unless --output: the report goes to
+        // standard error then.
+        let json = serde_json::to_string_pretty(&r)?;
+        if output.is_some() {
+            println!("{json}");
+        } else {
+            let _ = writeln!(std::io::stderr(), "{json}");
+        }
+    } else if !g.quiet && output.is_some() {
+        println!(
+            "exported {}, {}, {} ({}) to {}",
+            crate::ui::count(r.files, "file"),
+            crate::ui::count(r.dirs, "directory"),
+            crate::ui::count(r.other_entries, "other entry"),
+            crate::ui::bytes(r.bytes),
+            output.unwrap_or(std::path::Path::new("-")).display()
+        );
+    }
+    let code = report(&r, g.json);
+    Ok(super::worst(
+        code,
+        super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),
+    ))
+}
+
+/// Runs `produce` with where its bytes go: standard output (`None`), a device
+/// or FIFO written in place, or a regular file written beside its name and
+/// renamed once whole (a failed or killed run never leaves a file that looks
+/// complete). `pad`: a tape's last record is padded (tar, not zip, whose end is
+/// found from the end of the file). Shared by `export -o` and `dump --target`.
+pub(super) fn write_output<R>(
+    g: &Global,
+    output: Option<&std::path::Path>,
+    pad: bool,
+    produce: impl FnOnce(&mut dyn Write) -> cairn_core::Result<R>,
+) -> Result<R> {
+    Ok(match output {
         None => {
             let mut out = ArchiveOut::stdout()?;
-            let r = export::export(&session, &root, path, format, out.writer())?;
-            // A tape's last record is padded for tar, not for zip (whose end is found
-            // from the end of the file).
-            out.finish(format == Format::Tar)
-                .context("writing standard output")?;
+            let r = produce(out.writer())?;
+            out.finish(pad).context("writing standard output")?;
             r
         }
         Some(file)
@@ -62,15 +99,15 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
                 .with_context(|| format!("opening {}", file.display()))?;
             let mut out =
                 ArchiveOut::new(f).with_context(|| format!("opening {}", file.display()))?;
-            let r = export::export(&session, &root, path, format, out.writer())?;
-            out.finish(format == Format::Tar)
+            let r = produce(out.writer())?;
+            out.finish(pad)
                 .with_context(|| format!("writing {}", file.display()))?;
             r
         }
         Some(file) => {
             if file.is_dir() {
                 bail!(
-                    "{} is a directory: give the archive's file name (--output DIR/backup.tar)",
+                    "{} is a directory: give the file's name (DIR/backup.tar)",
                     file.display()
                 );
             }
@@ -109,7 +146,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
             partial::remove_on_signals(&partial);
             let mut w = SequentialWriter::new(f)
                 .with_context(|| format!("opening {}", partial.display()))?;
-            let r = export::export(&session, &root, path, format, &mut w)
+            let r = produce(&mut w)
                 .and_then(|r| {
                     let f = w.finish().map_err(|e| cairn_core::Error::io(&partial, e))?;
                     f.sync_all()
@@ -133,31 +170,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
             persisted.with_context(|| format!("renaming {shown} to {}", file.display()))?;
             r
         }
-    };
-    if g.json {
-        // The archive is on standard output unless --output: the report goes to
-        // standard error then.
-        let json = serde_json::to_string_pretty(&r)?;
-        if output.is_some() {
-            println!("{json}");
-        } else {
-            let _ = writeln!(std::io::stderr(), "{json}");
-        }
-    } else if !g.quiet && output.is_some() {
-        println!(
-            "exported {}, {}, {} ({}) to {}",
-            crate::ui::count(r.files, "file"),
-            crate::ui::count(r.dirs, "directory"),
-            crate::ui::count(r.other_entries, "other entry"),
-            crate::ui::bytes(r.bytes),
-            output.unwrap_or(std::path::Path::new("-")).display()
-        );
-    }
-    let code = report(&r, g.json);
-    Ok(super::worst(
-        code,
-        super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),
-    ))
+    })
 }
 
 /// Prints what an export left out or changed on standard error; the exit code.

@@ -1398,3 +1398,55 @@ fn ls_ncdu_writes_what_ncdu_reads() {
     );
     assert!(err.contains("lists a directory"), "{err}");
 }
+
+/// `dump --target FILE` (restic's): the file's bytes, or an archive, written
+/// there whole; a dump that fails leaves nothing there.
+#[test]
+fn dump_target_writes_a_file_that_appears_whole() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    let body = Rng(8).bytes(2 << 20, true);
+    fs::write(src.join("d/f.bin"), &body).unwrap();
+    let snap = env.backup(&[&src]);
+    let out = env.path("out.bin");
+    let f = format!("{}/d/f.bin", src.display());
+    env.ok(&["dump", &snap, &f, "--target", out.to_str().unwrap()]);
+    assert_eq!(fs::read(&out).unwrap(), body);
+    let tar = env.path("d.tar");
+    let d = format!("{}/d", src.display());
+    env.ok(&[
+        "dump",
+        &snap,
+        &d,
+        "-t",
+        tar.to_str().unwrap(),
+        "--archive",
+        "tar",
+    ]);
+    let listed = std::process::Command::new("tar")
+        .args(["-tf", tar.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("d/f.bin"));
+    let missing = env.path("missing.bin");
+    let err = env.fails(
+        &[
+            "dump",
+            &snap,
+            &format!("{}/nope", src.display()),
+            "-t",
+            missing.to_str().unwrap(),
+        ],
+        1,
+    );
+    assert!(err.contains("no such file"), "{err}");
+    assert!(!missing.exists());
+    let names: Vec<_> = fs::read_dir(env.path(""))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".partial"))
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
+}

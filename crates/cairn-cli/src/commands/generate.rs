@@ -41,19 +41,41 @@ pub fn run(a: &GenerateArgs) -> Result<i32> {
         write_out(file, &script)?;
     }
     if let Some(dir) = &a.man {
+        if dir == Path::new("-") {
+            bail!("--man writes a page per command: give a directory, not -");
+        }
         man_pages(dir)?;
     }
     Ok(0)
 }
 
-/// `bytes` into `file`, or standard output for `-`; a file appears whole
-/// (written beside it, then renamed).
+/// `bytes` into `file`, or standard output for `-`. A regular file (or a new
+/// one) appears whole: written beside it, then renamed. Anything else there is
+/// written through, never replaced: a symlink (`/dev/stdout`, a distribution's
+/// link into its completion directory), a device, a FIFO (QA: renaming over
+/// them turned /dev/null into a file).
 fn write_out(file: &Path, bytes: &[u8]) -> Result<()> {
     if file == Path::new("-") {
         let mut out = std::io::stdout().lock();
         out.write_all(bytes)?;
         out.flush()?;
         return Ok(());
+    }
+    match std::fs::symlink_metadata(file) {
+        Ok(m) if m.is_dir() => bail!("{} is a directory: give a file's name", file.display()),
+        Ok(m) if !m.is_file() => {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(file)
+                .with_context(|| format!("opening {}", file.display()))?;
+            f.write_all(bytes)
+                .and_then(|()| f.flush())
+                .with_context(|| format!("writing {}", file.display()))?;
+            return Ok(());
+        }
+        _ => {}
     }
     let tmp = file.with_file_name(format!(
         ".{}.cairn-tmp",

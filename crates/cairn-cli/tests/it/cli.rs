@@ -840,4 +840,33 @@ fn generate_writes_completions_and_man_pages() {
     assert!(zsh.starts_with("#compdef cairn"), "{zsh}");
     let err = env.fails(&["generate"], 1);
     assert!(err.contains("nothing to generate"), "{err}");
+    // A symlink (or a device) is written through, never replaced (QA: renaming
+    // over /dev/null made it a file).
+    let real = env.path("real.bash");
+    let link = env.path("link.bash");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    env.ok(&["generate", "--bash-completion", link.to_str().unwrap()]);
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(std::fs::read(&real).unwrap(), std::fs::read(&bash).unwrap());
+    if is_root() {
+        use std::os::unix::fs::FileTypeExt;
+        let null = env.path("null");
+        nix::sys::stat::mknod(
+            &null,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(1, 3),
+        )
+        .unwrap();
+        env.ok(&["generate", "--fish-completion", null.to_str().unwrap()]);
+        let t = std::fs::symlink_metadata(&null).unwrap().file_type();
+        assert!(t.is_char_device(), "{t:?}");
+    }
+    let err = env.fails(&["generate", "--man", "-"], 1);
+    assert!(err.contains("give a directory"), "{err}");
 }

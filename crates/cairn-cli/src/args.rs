@@ -573,10 +573,10 @@ pub struct InitArgs {
     pub copy_key_from: Option<String>,
     /// With --copy-key-from: that repository's password file (else
     /// CAIRN_FROM_PASSWORD, CAIRN_FROM_PASSWORD_FILE, or a prompt)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", requires = "copy_key_from")]
     pub from_password_file: Option<PathBuf>,
     /// With --copy-key-from: a command printing that repository's password
-    #[arg(long, value_name = "COMMAND")]
+    #[arg(long, value_name = "COMMAND", requires = "copy_key_from")]
     pub from_password_command: Option<String>,
 }
 

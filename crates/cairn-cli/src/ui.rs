@@ -257,27 +257,57 @@ pub fn password(global: &crate::args::Global) -> Result<String> {
     repo_source(global).password()
 }
 
+/// The most a password command may print (its first line is the password):
+/// one that prints without end (`yes`) is stopped, not read into memory.
+const PASSWORD_COMMAND_OUTPUT_MAX: u64 = 64 << 10;
+
 /// The password a command prints (`--password-command "pass show backup"`): its
-/// output's first line. Run by `/bin/sh -c`, with this terminal's input and
-/// error output (a pinentry or a token prompt works); a command that fails, or
-/// prints no password, is an error, never an empty password tried.
+/// output's first line. Run by `/bin/sh -c` with this terminal's error output;
+/// its input is the terminal when there is one (a pinentry or a token prompt
+/// works), else nothing: standard input may be what `backup --stdin` saves (QA:
+/// a command reading a line took the stream's first line). A command that
+/// fails, prints no password or too much is an error, never an empty password
+/// tried.
 pub fn run_password_command(cmd: &str) -> Result<String> {
+    use std::io::Read as _;
     use std::process::{Command, Stdio};
-    let out = Command::new("/bin/sh")
+    let input = if std::io::stdin().is_terminal() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    };
+    let mut child = Command::new("/bin/sh")
         .arg("-c")
         .arg(cmd)
-        .stdin(Stdio::inherit())
+        .stdin(input)
         .stderr(Stdio::inherit())
         .stdout(Stdio::piped())
-        .output()
+        .spawn()
         .with_context(|| format!("running the password command {cmd:?}"))?;
-    if !out.status.success() {
+    let mut printed = Vec::new();
+    let read = match child.stdout.take() {
+        Some(out) => out
+            .take(PASSWORD_COMMAND_OUTPUT_MAX + 1)
+            .read_to_end(&mut printed)
+            .map(|_| ()),
+        None => Ok(()),
+    };
+    if printed.len() as u64 > PASSWORD_COMMAND_OUTPUT_MAX {
+        let _ = child.kill();
+        let _ = child.wait();
         bail!(
-            "the password command {cmd:?} failed ({}): no password",
-            out.status
+            "the password command {cmd:?} printed more than {} KiB: that is no password",
+            PASSWORD_COMMAND_OUTPUT_MAX >> 10
         );
     }
-    let text = String::from_utf8(out.stdout).map_err(|_| {
+    read.with_context(|| format!("reading what the password command {cmd:?} printed"))?;
+    let status = child
+        .wait()
+        .with_context(|| format!("running the password command {cmd:?}"))?;
+    if !status.success() {
+        bail!("the password command {cmd:?} failed ({status}): no password");
+    }
+    let text = String::from_utf8(printed).map_err(|_| {
         anyhow::anyhow!("the password command {cmd:?} printed bytes that are not UTF-8 text")
     })?;
     let first = text.lines().next().unwrap_or("");

@@ -1245,6 +1245,34 @@ fn a_password_command_gives_the_password() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("both set"));
+    // The command never reads what `backup --stdin` saves (QA: `read x` took
+    // its first line), and one that prints without end is stopped.
+    let reads = format!("read x; {cmd}");
+    let mut child = env
+        .cmd(&[
+            "backup",
+            "--stdin",
+            "--stdin-name",
+            "s.txt",
+            "--password-command",
+            &reads,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(b"line1\nline2\n").unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dumped = env.ok(&["dump", "latest", "/s.txt", "--password-command", &cmd]);
+    assert_eq!(dumped, "line1\nline2\n");
+    let e = env.fails(&["snapshots", "--password-command", "echo pw; yes"], 1);
+    assert!(e.contains("printed more than"), "{e}");
 }
 
 /// `--retry-lock`: a prune that meets another one running waits for it and

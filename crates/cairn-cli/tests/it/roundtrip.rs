@@ -2009,6 +2009,53 @@ fn restore_include_patterns_choose_what_they_match() {
         restored("t11", &["--include", "*.conf", "--include", &not_a]),
         ["etc/", "etc/sub/", "etc/sub/b.conf"]
     );
+    // A `!` takes back below a directory another include chose, a path or a
+    // pattern (QA: the directory was taken whole), and then every include is
+    // a pattern, as restic reads them.
+    let etc = format!("{s}/etc");
+    assert_eq!(
+        restored(
+            "t15",
+            &[
+                "--include",
+                &etc,
+                "--include",
+                "!*.txt",
+                "--include",
+                "!sub"
+            ]
+        ),
+        [
+            "etc/",
+            "etc/a.conf",
+            "etc/st*r",
+            "etc/stxr",
+            "etc/v1.ini",
+            "etc/v[1].ini"
+        ]
+    );
+    assert_eq!(
+        restored("t16", &["--include", "etc", "--include", "!*.conf"]),
+        [
+            "etc/",
+            "etc/c.txt",
+            "etc/st*r",
+            "etc/stxr",
+            "etc/sub/",
+            "etc/v1.ini",
+            "etc/v[1].ini"
+        ]
+    );
+    // An empty include is refused: an unset variable must not mean everything.
+    let t17 = env.path("t17");
+    for opt in ["--include", "--iinclude"] {
+        let err = env.fails(
+            &["restore", &snap, "--target", t17.to_str().unwrap(), opt, ""],
+            1,
+        );
+        assert!(err.contains("an empty path or pattern"), "{err}");
+    }
+    assert!(!t17.exists());
     // What the excludes leave out is no match: no directory is made on its way.
     assert_eq!(
         restored("t12", &["--include", "*.conf", "--exclude", "sub"]),
@@ -2063,6 +2110,15 @@ fn restore_include_patterns_choose_what_they_match() {
         after.contains(&"etc/c.txt".to_string())
             && after.contains(&"home/bob/todo.txt".to_string())
     );
+    // A negated extra stays, with --delete too.
+    fs::write(base.join("etc/keep.conf"), "mine").unwrap();
+    fs::write(base.join("etc/gone.conf"), "x").unwrap();
+    let after = restored(
+        "t14",
+        &["--delete", "--include", "*.conf", "--include", "!keep.conf"],
+    );
+    assert!(after.contains(&"etc/keep.conf".to_string()), "{after:?}");
+    assert!(!after.contains(&"etc/gone.conf".to_string()), "{after:?}");
     let all_top = format!("{s}/*");
     let after = restored("t14", &["--delete", "--include", &all_top]);
     assert!(

@@ -636,12 +636,30 @@ impl Includes {
     ) -> Result<Includes> {
         let mut paths = Vec::new();
         let mut patterns = Vec::new();
+        // An empty include would name the root: a script's unset variable
+        // (`--include "$X"`) must not turn a restore with --delete into one of
+        // everything (QA).
+        if let Some(empty) = (opts.includes.iter())
+            .map(|i| ("--include", i))
+            .chain(opts.iincludes.iter().map(|i| ("--iinclude", i)))
+            .find(|(_, i)| i.trim().is_empty())
+        {
+            return Err(Error::Invalid(format!(
+                "{} {:?}: an empty path or pattern chooses nothing (leave the option out \
+                 to restore everything)",
+                empty.0, empty.1
+            )));
+        }
+        // With a `!` among them, every include is a pattern, as restic reads
+        // them: `--include /srv/etc --include '!*.txt'` takes the .txt files
+        // out of /srv/etc (QA: a path was taken whole, its negation refused).
+        let negated = (opts.includes.iter().chain(&opts.iincludes)).any(|i| i.starts_with('!'));
         for i in &opts.includes {
             // A path that names an entry is that entry, even one whose name holds
             // `*`, `?` or `[` (a path copied from a listing); anything else is a
             // pattern, as restic reads every include (`sub` is a name at any
             // depth, `!x` takes back what an earlier pattern chose).
-            if !i.starts_with('!') {
+            if !negated {
                 match crate::ops::ls::resolve_path(repo, root, i) {
                     Ok(p) => {
                         paths.push(p);
@@ -654,6 +672,9 @@ impl Includes {
             patterns.push(i.clone());
         }
         let mut matcher = None;
+        // Directories matched but not whole (a negation may take back some of
+        // what is in them): made, their entries judged one by one.
+        let mut dirs_only = Vec::new();
         if !patterns.is_empty() || !opts.iincludes.is_empty() {
             let rules = crate::ops::backup::source::ExcludeRules {
                 patterns,
@@ -663,8 +684,8 @@ impl Includes {
             let m = Excludes::new(&rules).map_err(|e| {
                 Error::Invalid(e.replacen("invalid exclude pattern", "invalid include pattern", 1))
             })?;
-            let found = matching(repo, root, &m, excludes, progress)?;
-            if found.is_empty() {
+            let (found, dirs) = matching(repo, root, &m, negated, excludes, progress)?;
+            if found.is_empty() && dirs.is_empty() {
                 let given: Vec<&str> = (rules.patterns.iter().chain(&rules.ipatterns))
                     .map(String::as_str)
                     .collect();
@@ -693,9 +714,10 @@ impl Includes {
             }
             paths.extend(found);
             matcher = Some(m);
+            dirs_only = dirs;
         }
         let mut ways = std::collections::HashSet::new();
-        for p in &paths {
+        for p in paths.iter().chain(&dirs_only) {
             let mut at = p.len();
             while let Some(i) = p[..at].rfind('/') {
                 if i == 0 || !ways.insert(p[..i].to_string()) {
@@ -704,6 +726,7 @@ impl Includes {
                 at = i;
             }
         }
+        ways.extend(dirs_only);
         Ok(Includes {
             paths: paths.into_iter().collect(),
             ways,
@@ -756,15 +779,20 @@ impl Includes {
 }
 
 /// The paths of the entries of tree `root` that `matcher` matches, as the walk
-/// names them; what is below a match is not looked at (it is selected with it).
+/// names them; what is below a match is not looked at (it is selected with it),
+/// unless `negated` (a `!` pattern may take some of it back): then a matched
+/// directory is listed apart (second list: made, but not selected whole) and
+/// its entries are judged one by one.
 fn matching(
     repo: &Repository,
     root: &BlobId,
     matcher: &Excludes,
+    negated: bool,
     excludes: Option<&Excludes>,
     progress: &Progress,
-) -> Result<Vec<String>> {
+) -> Result<(Vec<String>, Vec<String>)> {
     let mut found = Vec::new();
+    let mut dirs = Vec::new();
     let mut todo = vec![(*root, String::new())];
     while let Some((id, dir)) = todo.pop() {
         if progress.is_cancelled() {
@@ -776,14 +804,21 @@ fn matching(
             if excludes.is_some_and(|e| e.is_excluded(std::path::Path::new(&p))) {
                 continue;
             }
-            if matcher.is_excluded(std::path::Path::new(&p)) {
-                found.push(p);
-            } else if let (NodeKind::Dir, Some(sub)) = (node.kind, node.subtree) {
-                todo.push((sub, p));
+            let matched = matcher.is_excluded(std::path::Path::new(&p));
+            match (node.kind, node.subtree) {
+                (NodeKind::Dir, Some(sub)) if negated => {
+                    if matched {
+                        dirs.push(p.clone());
+                    }
+                    todo.push((sub, p));
+                }
+                _ if matched => found.push(p),
+                (NodeKind::Dir, Some(sub)) => todo.push((sub, p)),
+                _ => {}
             }
         }
     }
-    Ok(found)
+    Ok((found, dirs))
 }
 
 /// Whether `data` is all zeros, sixteen bytes at a time: restores leave such

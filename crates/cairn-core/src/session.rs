@@ -224,6 +224,55 @@ pub struct Session<A: Access> {
     _access: PhantomData<A>,
 }
 
+/// Takes the lock `acquire` takes; while another operation holds the
+/// repository, tries again until `--retry-lock` ([`Repository::lock_wait`]) is
+/// spent, saying so once, and stops at once when the run is cancelled (nothing
+/// was done yet). Other outcomes are `acquire`'s, for the caller to judge.
+fn wait_for_lock(
+    repo: &Repository,
+    acquire: impl Fn() -> Result<RepoLock>,
+    progress: &Progress,
+) -> Result<Result<RepoLock>> {
+    let wait = repo.lock_wait();
+    let started = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        match acquire() {
+            Err(Error::Locked(m)) if started.elapsed() < wait => {
+                if !said {
+                    progress.notice(format!(
+                        "{m}: waiting up to {} for it (--retry-lock)",
+                        crate::units::duration_words(wait.as_secs())
+                    ));
+                    said = true;
+                }
+                // Every second or two (the jitter keeps two waiting rivals
+                // apart), looking for a cancellation in between.
+                let jitter: [u8; 2] = cairn_format::envelope::random_bytes();
+                let pause = std::time::Duration::from_millis(
+                    1000 + u64::from(u16::from_le_bytes(jitter)) % 1000,
+                );
+                let until = std::time::Instant::now() + pause;
+                while std::time::Instant::now() < until && started.elapsed() < wait {
+                    if progress.is_cancelled() {
+                        progress
+                            .notice("stopped waiting for the lock: nothing was done".to_string());
+                        return Err(Error::Cancelled);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            }
+            Err(Error::Locked(m)) if !wait.is_zero() => {
+                return Ok(Err(Error::Locked(format!(
+                    "{m}; still so after waiting {} (--retry-lock)",
+                    crate::units::duration_words(wait.as_secs())
+                ))));
+            }
+            r => return Ok(r),
+        }
+    }
+}
+
 impl<A: Access> Session<A> {
     /// Opens a session for `operation` (the name others see in its lock: "backup",
     /// "restore", "prune", ...). Blocks while waiting for a job slot; `progress`'s
@@ -237,22 +286,25 @@ impl<A: Access> Session<A> {
         progress.check_cancelled()?;
         progress.phase(Phase::Locking);
         debug_assert!(!A::EDITS_SNAPSHOTS || lock::EDITING.contains(&operation));
-        let acquired = if A::EDITS_SNAPSHOTS {
-            match RepoLock::acquire_editing(&repo, operation) {
-                // A client that may not hold others up (a cairn server's backup
-                // token: no admin-named lock) may not remove snapshots either, so
-                // its runs cannot undo another's; a plain lock, and the operation
-                // says what it may not do.
-                Err(Error::Backend(b))
-                    if b.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
-                {
-                    RepoLock::acquire(&repo, operation, false)
+        let acquire = || {
+            if A::EDITS_SNAPSHOTS {
+                match RepoLock::acquire_editing(&repo, operation) {
+                    // A client that may not hold others up (a cairn server's backup
+                    // token: no admin-named lock) may not remove snapshots either, so
+                    // its runs cannot undo another's; a plain lock, and the operation
+                    // says what it may not do.
+                    Err(Error::Backend(b))
+                        if b.kind == cairn_backend::BackendErrorKind::PermissionDenied =>
+                    {
+                        RepoLock::acquire(&repo, operation, false)
+                    }
+                    r => r,
                 }
-                r => r,
+            } else {
+                RepoLock::acquire(&repo, operation, A::EXCLUSIVE)
             }
-        } else {
-            RepoLock::acquire(&repo, operation, A::EXCLUSIVE)
         };
+        let acquired = wait_for_lock(&repo, acquire, progress)?;
         let held = match acquired {
             Ok(l) => Held::Lock(Arc::new(l)),
             // A dry run stores nothing either (`backup --dry-run` on a repository

@@ -364,8 +364,6 @@ impl RepoLock {
         attempts: u32,
     ) -> Result<RepoLock> {
         let mut attempt = 0;
-        let started = Instant::now();
-        let wait = repo.lock_wait();
         loop {
             attempt += 1;
             match Self::try_acquire(repo, operation, rivals, refresh_every) {
@@ -373,20 +371,6 @@ impl RepoLock {
                     let jitter: [u8; 2] = cairn_format::envelope::random_bytes();
                     let ms = 50 + u64::from(u16::from_le_bytes(jitter)) % 400;
                     std::thread::sleep(Duration::from_millis(ms));
-                }
-                // `--retry-lock`: tried again every second or two until it is
-                // spent (the jitter keeps two waiting rivals apart).
-                Err(Error::Locked(_)) if started.elapsed() < wait => {
-                    let jitter: [u8; 2] = cairn_format::envelope::random_bytes();
-                    let ms = 1000 + u64::from(u16::from_le_bytes(jitter)) % 1000;
-                    let left = wait.saturating_sub(started.elapsed());
-                    std::thread::sleep(Duration::from_millis(ms).min(left));
-                }
-                Err(Error::Locked(m)) if !wait.is_zero() => {
-                    return Err(Error::Locked(format!(
-                        "{m}; still so after waiting {} (--retry-lock)",
-                        crate::units::duration_words(wait.as_secs())
-                    )));
                 }
                 r => return r,
             }

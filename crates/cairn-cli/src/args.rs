@@ -905,7 +905,7 @@ pub struct SnapshotsArgs {
     /// counts per group; --json: one object per group, as restic's)
     #[arg(short = 'g', long, value_name = "FIELDS")]
     pub group_by: Option<String>,
-    /// Only id, time, host and tags
+    /// No paths column: id, time, host, tags and size
     #[arg(short = 'c', long)]
     pub compact: bool,
 }

@@ -129,7 +129,8 @@ fn newest_only(list: &mut Listed, n: usize, whole: bool) {
     list.retain(|_| k.next().unwrap_or(false));
 }
 
-/// The listing's table and count line; `compact`: id, time, host and tags only.
+/// The listing's table and count line; `compact`: no paths (id, time, host,
+/// tags and size, as restic's).
 fn print_table(
     snaps: &[(SnapshotId, Snapshot)],
     claimed: &HashMap<SnapshotId, String>,
@@ -144,7 +145,10 @@ fn print_table(
     let hw = ui::column_width(snaps.iter().map(|(id, s)| host_of(id, s)), 16);
     let tw = ui::column_width(snaps.iter().map(|(_, s)| s.tags.join(",")), 12);
     if compact {
-        println!("{:<10} {:<20} {:<hw$} tags", "id", "time", "host");
+        println!(
+            "{:<10} {:<20} {:<hw$} {:<tw$} {:>12}",
+            "id", "time", "host", "tags", "size"
+        );
     } else {
         println!(
             "{:<10} {:<20} {:<hw$} {:<tw$} {:>12}  paths",
@@ -156,11 +160,12 @@ fn print_table(
         // Host, tags and paths are what the backup's client wrote.
         let line = if compact {
             format!(
-                "{:<10} {:<20} {:<hw$} {}",
+                "{:<10} {:<20} {:<hw$} {:<tw$} {:>12}",
                 id.short(),
                 time,
                 host_of(id, s),
-                s.tags.join(",")
+                s.tags.join(","),
+                ui::bytes(s.summary.total_bytes)
             )
         } else {
             format!(

@@ -994,7 +994,8 @@ pub struct RestoreArgs {
     #[arg(long = "iinclude-file", value_name = "FILE")]
     pub iinclude_files: Vec<PathBuf>,
     /// Do not restore what matches this pattern (as backup's --exclude, against
-    /// the paths `ls` prints; --delete leaves it alone too; repeatable)
+    /// the paths `ls` prints; --delete leaves it alone too, unless it is inside
+    /// a directory the snapshot lacks, which goes whole; repeatable)
     #[arg(short = 'e', long = "exclude", value_parser = snapshot_path())]
     pub excludes: Vec<String>,
     /// Read such patterns from a file, one per line

@@ -521,6 +521,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             .context("--exclude-larger-than")?,
         // The engine adds the repository's own directory.
         own_dirs: Vec::new(),
+        below: false,
     };
     let listed = !(a.files_from.is_empty()
         && a.files_from_verbatim.is_empty()

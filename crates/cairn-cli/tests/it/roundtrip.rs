@@ -2046,11 +2046,62 @@ fn restore_include_patterns_choose_what_they_match() {
             "etc/v[1].ini"
         ]
     );
-    // An empty include is refused: an unset variable must not mean everything.
+    // Each list judges on its own: a `!` in --include takes back nothing that
+    // --iinclude chose (QA: mixing them restored the whole snapshot).
+    assert_eq!(
+        restored("t18", &["--iinclude", "ETC", "--include", "!*.conf"]),
+        restored("t19", &["--iinclude", "ETC"])
+    );
+    assert_eq!(
+        restored(
+            "t20",
+            &[
+                "--include",
+                "home",
+                "--iinclude",
+                "ETC/SUB",
+                "--include",
+                "!*.txt"
+            ]
+        ),
+        [
+            "etc/",
+            "etc/sub/",
+            "etc/sub/b.conf",
+            "home/",
+            "home/alice/",
+            "home/alice/Mail/",
+            "home/alice/Mail/inbox",
+            "home/alice/notes.TXT",
+            "home/bob/"
+        ]
+    );
     let t17 = env.path("t17");
-    for opt in ["--include", "--iinclude"] {
+    let err = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--target",
+            t17.to_str().unwrap(),
+            "--include",
+            "!*.txt",
+        ],
+        1,
+    );
+    assert!(err.contains("only takes back"), "{err}");
+    // An empty include is refused: an unset variable must not mean everything.
+    for (opt, empty) in [("--include", ""), ("--iinclude", ""), ("--include", "!")] {
         let err = env.fails(
-            &["restore", &snap, "--target", t17.to_str().unwrap(), opt, ""],
+            &[
+                "restore",
+                &snap,
+                "--target",
+                t17.to_str().unwrap(),
+                "--include",
+                "etc",
+                opt,
+                empty,
+            ],
             1,
         );
         assert!(err.contains("an empty path or pattern"), "{err}");

@@ -420,6 +420,10 @@ pub struct ExcludeRules {
     pub patterns: Vec<String>,
     /// `--iexclude`: the same, ignoring case.
     pub ipatterns: Vec<String>,
+    /// Each pattern also matches what is below what it matches, negations or
+    /// not: restore's includes, whose matched directories are entered when a
+    /// `!` in either list may take some of their entries back.
+    pub below: bool,
     /// `--exclude-if-present NAME[:HEADER]`: the content of a directory holding an
     /// entry NAME (a regular file starting with the bytes HEADER, when given) is
     /// left out; the directory and NAME stay.
@@ -505,8 +509,9 @@ struct PatternGroup {
 }
 
 impl PatternGroup {
-    /// `None` when no pattern names anything.
-    fn new(patterns: &[String], fold: bool) -> Result<Option<Self>, String> {
+    /// `None` when no pattern names anything. `below`: as
+    /// [`ExcludeRules::below`].
+    fn new(patterns: &[String], fold: bool, below: bool) -> Result<Option<Self>, String> {
         let mut globs: Vec<String> = Vec::new();
         let mut given: Vec<&str> = Vec::new();
         let mut negated = Vec::new();
@@ -533,9 +538,11 @@ impl PatternGroup {
         if globs.is_empty() {
             return Ok(None);
         }
-        if !negated.contains(&true) {
+        let any_negated = negated.contains(&true);
+        if !any_negated {
             negated.clear();
-        } else {
+        }
+        if any_negated || below {
             // With negations, a pattern also matches what is below what it
             // matches, as restic matches a pattern against any run of a path's
             // components: `!keep` takes back `keep/k.txt` from `*.txt`, not only
@@ -545,8 +552,8 @@ impl PatternGroup {
             globs = globs
                 .into_iter()
                 .flat_map(|g| {
-                    let below = format!("{}/**", g.trim_end_matches('/'));
-                    [g, below]
+                    let under = format!("{}/**", g.trim_end_matches('/'));
+                    [g, under]
                 })
                 .collect();
             given = given.into_iter().flat_map(|p| [p, p]).collect();
@@ -584,7 +591,7 @@ impl Excludes {
     pub fn new(rules: &ExcludeRules) -> Result<Self, String> {
         let mut groups = Vec::new();
         for (patterns, fold) in [(&rules.patterns, false), (&rules.ipatterns, true)] {
-            if let Some(group) = PatternGroup::new(patterns, fold)? {
+            if let Some(group) = PatternGroup::new(patterns, fold, rules.below)? {
                 groups.push(group);
             }
         }

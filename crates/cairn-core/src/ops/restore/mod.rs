@@ -622,6 +622,9 @@ pub(super) struct Includes {
     ways: std::collections::HashSet<String>,
     /// The include patterns (those given as patterns, and `--iinclude`'s).
     matcher: Option<Excludes>,
+    /// Some include was given: what none selects is not restored (even when
+    /// every match is a directory whose entries a `!` took back).
+    asked: bool,
 }
 
 impl Includes {
@@ -642,7 +645,7 @@ impl Includes {
         if let Some(empty) = (opts.includes.iter())
             .map(|i| ("--include", i))
             .chain(opts.iincludes.iter().map(|i| ("--iinclude", i)))
-            .find(|(_, i)| i.trim().is_empty())
+            .find(|(_, i)| i.trim().is_empty() || i.trim() == "!")
         {
             return Err(Error::Invalid(format!(
                 "{} {:?}: an empty path or pattern chooses nothing (leave the option out \
@@ -679,6 +682,10 @@ impl Includes {
             let rules = crate::ops::backup::source::ExcludeRules {
                 patterns,
                 ipatterns: opts.iincludes.clone(),
+                // Matched directories are entered when negated: what is below a
+                // match is matched too, in each list (QA: `--iinclude ETC
+                // --include '!*.conf'` left etc's files out).
+                below: true,
                 ..Default::default()
             };
             let m = Excludes::new(&rules).map_err(|e| {
@@ -689,6 +696,17 @@ impl Includes {
                 let given: Vec<&str> = (rules.patterns.iter().chain(&rules.ipatterns))
                     .map(String::as_str)
                     .collect();
+                if given.iter().all(|p| p.starts_with('!')) {
+                    return Err(Error::Invalid(format!(
+                        "{}: a '!' include only takes back what another include chose; give \
+                         what to restore too",
+                        given
+                            .iter()
+                            .map(|p| format!("{p:?}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
                 let wild = given
                     .iter()
                     .any(|p| crate::pattern::has_wildcard(p.as_bytes()));
@@ -728,6 +746,7 @@ impl Includes {
         }
         ways.extend(dirs_only);
         Ok(Includes {
+            asked: !(opts.includes.is_empty() && opts.iincludes.is_empty()),
             paths: paths.into_iter().collect(),
             ways,
             matcher,
@@ -755,7 +774,7 @@ impl Includes {
 
     /// Nothing was asked for: everything is restored.
     pub(super) fn is_empty(&self) -> bool {
-        self.paths.is_empty()
+        !self.asked
     }
 
     /// Is `path` (snapshot-absolute) selected (`.0`), or on the way to what is

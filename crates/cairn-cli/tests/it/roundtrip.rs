@@ -2126,7 +2126,7 @@ fn restore_include_patterns_choose_what_they_match() {
         ],
         1,
     );
-    assert!(err.contains("leave out all it matches"), "{err}");
+    assert!(err.contains("leave out all that does"), "{err}");
     assert!(!t13.exists());
     // --delete removes what the patterns match in the target and the snapshot
     // lacks, in the directories on the way to matches too; nothing else.
@@ -2204,7 +2204,7 @@ fn restore_include_patterns_choose_what_they_match() {
         1,
     );
     assert!(
-        err.contains("nothing in the snapshot is at or matches") && err.contains("*.cnf"),
+        err.contains("nothing in the snapshot is there or matches") && err.contains("*.cnf"),
         "{err}"
     );
     assert!(!t7.exists());

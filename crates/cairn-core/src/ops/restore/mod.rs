@@ -696,35 +696,31 @@ impl Includes {
                 let given: Vec<&str> = (rules.patterns.iter().chain(&rules.ipatterns))
                     .map(String::as_str)
                     .collect();
+                // Each named with its option, as given.
+                let named = (rules.patterns.iter().map(|p| format!("--include {p:?}")))
+                    .chain(rules.ipatterns.iter().map(|p| format!("--iinclude {p:?}")))
+                    .collect::<Vec<_>>()
+                    .join(", ");
                 if given.iter().all(|p| p.starts_with('!')) {
                     return Err(Error::Invalid(format!(
-                        "{}: a '!' include only takes back what another include chose; give \
-                         what to restore too",
-                        given
-                            .iter()
-                            .map(|p| format!("{p:?}"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        "{named}: a '!' include only takes back what another include chose; \
+                         give what to restore too"
                     )));
                 }
                 let wild = given
                     .iter()
                     .any(|p| crate::pattern::has_wildcard(p.as_bytes()));
                 return Err(Error::Invalid(format!(
-                    "nothing in the snapshot is at or matches {}{}: nothing to restore{}",
-                    given
-                        .iter()
-                        .map(|p| format!("{p:?}"))
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                    "{named}: nothing in the snapshot is there or matches{}: nothing to \
+                     restore{}",
                     if excludes.is_some() {
-                        " (or the excludes leave out all it matches)"
+                        " (or the excludes leave out all that does)"
                     } else {
                         ""
                     },
                     if wild {
-                        " (in a pattern, *, ? and [ are wildcards: write \\*, \\? or \\[ for the \
-                         character itself)"
+                        " (in a pattern, *, ? and [ are wildcards: write \\*, \\? or \\[ for \
+                         the character itself)"
                     } else {
                         ""
                     }

@@ -2227,7 +2227,14 @@ fn skip_if_unchanged_saves_no_snapshot_when_nothing_changed() {
     use std::os::unix::fs::PermissionsExt;
     let env = Env::new();
     env.init(&[]);
-    let src = env.path("src");
+    // The snapshot holds the directories above the source too: under /tmp, whose
+    // time the other tests move all along, every backup would differ. /var/tmp
+    // stays still while this runs.
+    let stable = tempfile::Builder::new()
+        .prefix("cairn-it-skip-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let src = stable.path().join("src");
     fs::create_dir_all(src.join("d")).unwrap();
     fs::write(src.join("d/f"), b"one").unwrap();
     let s = src.to_str().unwrap();

@@ -603,6 +603,9 @@ struct Counter {
     left: i64,
     /// Bucket of the last snapshot this rule kept.
     last_bucket: Option<i64>,
+    /// A `within_*` rule (no count): its span, and the instant snapshots must
+    /// be newer than (`None`: all of them are within it).
+    span: Option<(CalendarDuration, Option<DateTime<Utc>>)>,
 }
 
 /// The snapshots of a group that `cairn serve` received after it had received a
@@ -715,6 +718,7 @@ fn judge<Tz: TimeZone>(
             rule,
             left: n,
             last_bucket: None,
+            span: None,
         }),
         _ => None,
     })
@@ -745,26 +749,19 @@ fn judge<Tz: TimeZone>(
         )
     };
     let within_from = within.map(start_of);
-    // The `within_*` rules: each keeps the newest snapshot of every bucket newer
-    // than its start (`None`: all of them), counting no slots.
-    struct Span {
-        rule: Rule,
-        span: CalendarDuration,
-        /// Snapshots after this are within it (`None`: all of them).
-        from: Option<DateTime<Utc>>,
-        last_bucket: Option<i64>,
-    }
-    let mut spans: Vec<Span> = policy
-        .within_rules()
-        .into_iter()
-        .filter_map(|(rule, w)| w.filter(|w| !w.is_zero()).map(|w| (rule, w)))
-        .map(|(rule, span)| Span {
-            rule,
-            span,
-            from: start_of(span),
-            last_bucket: None,
-        })
-        .collect();
+    // The `within_*` rules, after the counted ones (as restic lists them): each
+    // keeps the newest snapshot of every bucket inside its span, counting no
+    // slots.
+    counters.extend(
+        (policy.within_rules().into_iter())
+            .filter_map(|(rule, w)| w.filter(|w| !w.is_zero()).map(|w| (rule, w)))
+            .map(|(rule, span)| Counter {
+                rule,
+                left: -1,
+                last_bucket: None,
+                span: Some((span, start_of(span))),
+            }),
+    );
 
     let oldest = entries.len().saturating_sub(1);
     let mut keep = Vec::new();
@@ -801,25 +798,20 @@ fn judge<Tz: TimeZone>(
             Some(t) => rule.bucket(t, pos),
             None => rule.bucket(&local, pos),
         };
-        for sp in &mut spans {
-            if sp.from.is_none_or(|from| e.time > from) {
-                let bucket = bucket_of(sp.rule);
-                if sp.last_bucket != Some(bucket) {
-                    reasons.push(format!("{} within {}", sp.rule.reason(), sp.span));
-                    sp.last_bucket = Some(bucket);
-                } else if pos == oldest {
-                    // As the counted rules (and restic's within rules): the
-                    // group's oldest is kept too, for the longest history.
-                    reasons.push(format!("oldest {} within {}", sp.rule.reason(), sp.span));
-                }
-            }
-        }
         for c in counters.iter_mut().filter(|c| c.left != 0) {
+            let reason = match c.span {
+                // Outside a within rule's span: not its to keep.
+                Some((_, Some(from))) if e.time <= from => continue,
+                Some((span, _)) => format!("{} within {span}", c.rule.reason()),
+                None => c.rule.reason().to_string(),
+            };
             let bucket = bucket_of(c.rule);
+            // The group's oldest is kept too while a rule has slots left, for
+            // the longest history (restic's rules, within ones included).
             let reason = if c.last_bucket != Some(bucket) {
-                c.rule.reason().to_string()
+                reason
             } else if pos == oldest {
-                format!("oldest {}", c.rule.reason())
+                format!("oldest {reason}")
             } else {
                 continue;
             };

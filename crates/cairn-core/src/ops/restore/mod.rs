@@ -520,17 +520,7 @@ pub(super) fn restore(
                 p.share(2 * 4 * 128, 1 << 16, BATCH_CHUNKS)
             }),
         };
-        let mut keep = keep_names(
-            opts,
-            &tree.nodes,
-            all,
-            w.includes.has_patterns(),
-            whole.root(),
-            false,
-        );
-        if let Some(k) = &mut keep {
-            k.insert(unfinished::MARK.to_bytes().to_vec());
-        }
+        let keep = root_keep_names(opts, &tree.nodes, all, &w.includes, whole.root(), false);
         let mut todo = tree.nodes;
         todo.reverse();
         w.stack.push(Frame {
@@ -749,25 +739,6 @@ impl Includes {
         })
     }
 
-    /// Whether `--delete` may remove the entry `name` that the directory at
-    /// snapshot path `dir_path` has in the target and the snapshot does not, in
-    /// a directory not restored whole: when the include patterns match it (as
-    /// restic's `--delete` with `--include` does).
-    pub(super) fn matches_extra(&self, dir_path: &str, name: &[u8]) -> bool {
-        self.matcher.as_ref().is_some_and(|m| {
-            m.is_excluded(std::path::Path::new(&format!(
-                "{dir_path}/{}",
-                snap_name(name)
-            )))
-        })
-    }
-
-    /// Patterns were given: `--delete` looks at the directories on the way to
-    /// what they match too.
-    pub(super) fn has_patterns(&self) -> bool {
-        self.matcher.is_some()
-    }
-
     /// Nothing was asked for: everything is restored.
     pub(super) fn is_empty(&self) -> bool {
         !self.asked
@@ -918,18 +889,33 @@ fn spared_dirs(repo: &Repository) -> Vec<(u64, u64)> {
 
 /// The names `--delete` keeps in a directory that existed before and that the
 /// snapshot holds whole ([`Whole`]), when it is restored whole (`all`) or
-/// include patterns may choose what is in it (`patterns`: then only extras they
-/// match go, [`Includes::matches_extra`]).
-fn keep_names(
+/// include patterns may choose what is in it (then only extras they match go,
+/// [`spared_extra`]).
+pub(super) fn keep_names(
     opts: &RestoreOptions,
     nodes: &[Node],
     all: bool,
-    patterns: bool,
+    includes: &Includes,
     whole: bool,
     fresh: bool,
 ) -> Option<std::collections::HashSet<Vec<u8>>> {
-    (opts.delete && (all || patterns) && whole && !fresh)
+    (opts.delete && (all || includes.matcher.is_some()) && whole && !fresh)
         .then(|| nodes.iter().map(|n| n.name.clone()).collect())
+}
+
+/// [`keep_names`] for the target itself, which keeps the unfinished-restore mark
+/// too.
+pub(super) fn root_keep_names(
+    opts: &RestoreOptions,
+    nodes: &[Node],
+    all: bool,
+    includes: &Includes,
+    whole: bool,
+    fresh: bool,
+) -> Option<std::collections::HashSet<Vec<u8>>> {
+    let mut keep = keep_names(opts, nodes, all, includes, whole, fresh)?;
+    keep.insert(unfinished::MARK.to_bytes().to_vec());
+    Some(keep)
 }
 
 /// Where `--delete` may remove what the snapshot does not have: the directories
@@ -1124,16 +1110,26 @@ pub(super) fn judge(
     (i, a, p)
 }
 
-/// Whether `--delete` leaves the extra entry `name` of the directory at snapshot
-/// path `dir_path` alone: the excludes match it (what a restore was told not to
-/// touch, it does not remove either).
-pub(super) fn excluded_extra(excludes: Option<&Excludes>, dir_path: &str, name: &[u8]) -> bool {
-    excludes.is_some_and(|e| {
-        e.is_excluded(std::path::Path::new(&format!(
-            "{dir_path}/{}",
-            snap_name(name)
-        )))
-    })
+/// Whether `--delete` leaves alone the entry `name` that the directory at
+/// snapshot path `dir_path` has in the target and the snapshot does not: the
+/// excludes match it (what a restore was told not to touch, it does not remove
+/// either), or, in a directory not restored whole (`all`), the include patterns
+/// do not (as restic's `--delete` with `--include`: only what they choose goes).
+pub(super) fn spared_extra(
+    excludes: Option<&Excludes>,
+    includes: &Includes,
+    all: bool,
+    dir_path: &str,
+    name: &[u8],
+) -> bool {
+    let path = format!("{dir_path}/{}", snap_name(name));
+    let path = std::path::Path::new(&path);
+    excludes.is_some_and(|e| e.is_excluded(path))
+        || !(all
+            || includes
+                .matcher
+                .as_ref()
+                .is_some_and(|m| m.is_excluded(path)))
 }
 
 fn chunks_of(node: &Node) -> u64 {
@@ -1388,8 +1384,7 @@ impl Walk<'_> {
         for name in names {
             let n = name.to_bytes();
             if !keep.contains(n)
-                && !excluded_extra(self.excludes.as_ref(), snap_path, n)
-                && (all || self.includes.matches_extra(snap_path, n))
+                && !spared_extra(self.excludes.as_ref(), &self.includes, all, snap_path, n)
             {
                 self.remove(dir, &name);
             }
@@ -1664,7 +1659,7 @@ impl Walk<'_> {
             self.opts,
             &tree.nodes,
             all,
-            self.includes.has_patterns(),
+            &self.includes,
             whole,
             opened.created,
         );

@@ -77,12 +77,14 @@ pub(super) fn dry_run(
     let all = includes.is_empty();
     let mut first_links: HashMap<(u64, u64), Option<(u64, u64)>> = HashMap::new();
     let mut stack = vec![Level {
-        keep: (opts.delete && (all || includes.has_patterns()) && whole.root() && dir.is_some())
-            .then(|| {
-                (tree.nodes.iter().map(|n| n.name.clone()))
-                    .chain([super::unfinished::MARK.to_bytes().to_vec()])
-                    .collect()
-            }),
+        keep: super::root_keep_names(
+            opts,
+            &tree.nodes,
+            all,
+            includes,
+            whole.root(),
+            dir.is_none(),
+        ),
         todo: tree.nodes.into_iter().rev().collect(),
         dir,
         path: target.clone(),
@@ -100,8 +102,7 @@ pub(super) fn dry_run(
                 && let (Some(keep), Some(dir)) = (&level.keep, &level.dir)
             {
                 let excluded = |n: &[u8]| {
-                    super::excluded_extra(excludes, &level.snap_path, n)
-                        || !(level.all || includes.matches_extra(&level.snap_path, n))
+                    super::spared_extra(excludes, includes, level.all, &level.snap_path, n)
                 };
                 count_extra(
                     dir.as_fd(),
@@ -200,11 +201,7 @@ pub(super) fn dry_run(
                     whole.below(&top.way, &node.name)
                 };
                 stack.push(Level {
-                    keep: (opts.delete
-                        && (inside || includes.has_patterns())
-                        && is_whole
-                        && sub.is_some())
-                    .then(|| tree.iter().map(|n| n.name.clone()).collect()),
+                    keep: super::keep_names(opts, &tree, inside, includes, is_whole, sub.is_none()),
                     whole: is_whole,
                     way,
                     todo: tree.into_iter().rev().collect(),

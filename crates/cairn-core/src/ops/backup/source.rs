@@ -546,8 +546,9 @@ impl PatternGroup {
             // With negations, a pattern also matches what is below what it
             // matches, as restic matches a pattern against any run of a path's
             // components: `!keep` takes back `keep/k.txt` from `*.txt`, not only
-            // the directory (QA). (Without negations that changes nothing: what
-            // a pattern matches is not entered.) Pattern `i` is globs `2i` and
+            // the directory (QA). (Without negations that changes nothing for
+            // excludes: what a pattern matches is not entered; restore's
+            // includes ask for it, `below`.) Pattern `i` is globs `2i` and
             // `2i + 1`.
             globs = globs
                 .into_iter()

@@ -608,7 +608,9 @@ fn target_is_symlink(target: &std::path::Path) -> Error {
 pub(super) struct Includes {
     /// Selected, with everything below them.
     paths: std::collections::HashSet<String>,
-    /// The directories on the way to one of `paths` (not the root).
+    /// The directories made but not selected whole: those on the way to one of
+    /// `paths` (not the root), and, with a `!` include, the directories the
+    /// patterns match (their entries judged one by one).
     ways: std::collections::HashSet<String>,
     /// The include patterns (those given as patterns, and `--iinclude`'s).
     matcher: Option<Excludes>,

@@ -59,6 +59,19 @@ impl NodeKind {
             NodeKind::Socket => "socket",
         }
     }
+
+    /// The `st_mode` file-type bits of this kind (`S_IFREG`, `S_IFDIR`, ...).
+    pub fn type_bits(self) -> u32 {
+        match self {
+            NodeKind::File => 0o100000,
+            NodeKind::Dir => 0o040000,
+            NodeKind::Symlink => 0o120000,
+            NodeKind::Fifo => 0o010000,
+            NodeKind::CharDevice => 0o020000,
+            NodeKind::BlockDevice => 0o060000,
+            NodeKind::Socket => 0o140000,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]

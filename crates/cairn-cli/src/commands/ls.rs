@@ -149,7 +149,7 @@ fn ncdu(
             o["ino"] = n.inode.into();
             o["uid"] = n.uid.into();
             o["gid"] = n.gid.into();
-            o["mode"] = (n.mode & 0o7777 | mode_type(n.kind)).into();
+            o["mode"] = (n.mode & 0o7777 | n.kind.type_bits()).into();
             o["mtime"] = n.mtime.secs.into();
             if n.kind == NodeKind::File && n.nlink > 1 {
                 o["hlnkc"] = true.into();
@@ -183,10 +183,7 @@ fn ncdu(
             *failed = Some(e);
         }
     };
-    let shown = cairn_core::ls::unescape_name(&resolved).map_or_else(
-        || resolved.clone(),
-        |b| String::from_utf8_lossy(&b).into_owned(),
-    );
+    let shown = cairn_core::ls::shown(&resolved);
     w(
         &format!("[1,2,{head},[{}", info(&shown, top.as_ref())),
         &mut failed,
@@ -200,10 +197,7 @@ fn ncdu(
             open.pop();
             w("]", &mut failed);
         }
-        let name = cairn_core::ls::unescape_name(name).map_or_else(
-            || name.to_string(),
-            |b| String::from_utf8_lossy(&b).into_owned(),
-        );
+        let name = cairn_core::ls::shown(name);
         if n.kind == cairn_format::tree::NodeKind::Dir {
             w(&format!(",[{}", info(&name, Some(n))), &mut failed);
             open.push(p.to_string());
@@ -227,20 +221,6 @@ fn ncdu(
         return Err(e.into());
     }
     Ok(if errors > 0 { 1 } else { 0 })
-}
-
-/// The `st_mode` type bits of a node's kind.
-fn mode_type(kind: cairn_format::tree::NodeKind) -> u32 {
-    use cairn_format::tree::NodeKind;
-    match kind {
-        NodeKind::Dir => 0o040000,
-        NodeKind::Symlink => 0o120000,
-        NodeKind::Fifo => 0o010000,
-        NodeKind::CharDevice => 0o020000,
-        NodeKind::BlockDevice => 0o060000,
-        NodeKind::Socket => 0o140000,
-        NodeKind::File => 0o100000,
-    }
 }
 
 #[cfg(test)]

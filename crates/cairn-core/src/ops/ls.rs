@@ -36,7 +36,7 @@ pub fn unescape_name(name: &str) -> Option<Vec<u8>> {
 }
 
 /// A path as listings show it: stand-ins for bytes as U+FFFD.
-pub(crate) fn shown(path: &str) -> String {
+pub fn shown(path: &str) -> String {
     match unescape_name(path) {
         Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
         None => path.to_string(),

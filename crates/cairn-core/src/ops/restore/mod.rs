@@ -2163,11 +2163,10 @@ impl Walk<'_> {
     /// given its metadata through an `O_PATH` descriptor checked to be what was
     /// created.
     fn special(&mut self, parent: &Arc<Dir>, name: &CStr, node: &Node, fresh: bool) {
-        let (kind, rdev) = match node.kind {
-            NodeKind::Symlink => (libc::S_IFLNK, None),
-            NodeKind::Fifo => (libc::S_IFIFO, None),
-            NodeKind::CharDevice => (libc::S_IFCHR, Some(node.rdev)),
-            NodeKind::BlockDevice => (libc::S_IFBLK, Some(node.rdev)),
+        let kind = node.kind.type_bits();
+        let rdev = match node.kind {
+            NodeKind::Symlink | NodeKind::Fifo => None,
+            NodeKind::CharDevice | NodeKind::BlockDevice => Some(node.rdev),
             NodeKind::Socket => {
                 self.stats.sockets_skipped += 1;
                 self.progress.entry_done();

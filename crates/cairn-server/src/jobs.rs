@@ -89,31 +89,19 @@ pub struct JobSpec {
     pub pack_size: Option<String>,
 }
 
-/// `90s`, `30m`, `6h`, `1d` into a duration (at least a minute).
+/// `90s`, `30m`, `6h`, `1d`, `1h30m` into a duration (as the command line's
+/// durations read), at least a minute.
 /// The longest `every`: ten years.
 const MAX_EVERY_SECS: u64 = 3650 * 86400;
 
 pub fn parse_every(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let bad =
-        || format!("every = {s:?}: use a number with s, m, h or d (at least 1m, at most 3650d)");
-    // The unit is the last character (a byte index inside a character would
-    // panic): split where it starts.
-    let at = t.char_indices().last().map_or(0, |(i, _)| i);
-    let (num, unit) = t.split_at(at);
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let per = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86400,
-        _ => return Err(bad()),
-    };
     // Bounded: the scheduler adds it to the clock, which must not overflow.
-    match n.checked_mul(per) {
-        Some(secs) if (60..=MAX_EVERY_SECS).contains(&secs) => Ok(Duration::from_secs(secs)),
-        _ => Err(bad()),
-    }
+    cairn_core::units::parse_duration(s)
+        .ok()
+        .filter(|d| (60..=MAX_EVERY_SECS).contains(&d.as_secs()))
+        .ok_or_else(|| {
+            format!("every = {s:?}: use a number with s, m, h or d (at least 1m, at most 3650d)")
+        })
 }
 
 impl JobSpec {

@@ -310,28 +310,33 @@ pub fn run_password_command(cmd: &str) -> Result<String> {
     let text = String::from_utf8(printed).map_err(|_| {
         anyhow::anyhow!("the password command {cmd:?} printed bytes that are not UTF-8 text")
     })?;
+    match password_line(&text) {
+        Some(p) => Ok(p.to_string()),
+        None => {
+            bail!("the password command {cmd:?} printed no password (its first line is empty)")
+        }
+    }
+}
+
+/// The password in a file's or a command's text: its first line, without its
+/// end (`\n`, `\r\n`, or a lone `\r`: an old Mac's, or a file cut after one);
+/// `None` when that is empty.
+fn password_line(text: &str) -> Option<&str> {
     let first = text.lines().next().unwrap_or("");
     let first = first.strip_suffix('\r').unwrap_or(first);
-    if first.is_empty() {
-        bail!("the password command {cmd:?} printed no password (its first line is empty)");
-    }
-    Ok(first.to_string())
+    (!first.is_empty()).then_some(first)
 }
 
 pub fn read_password_file(f: &Path) -> Result<String> {
     let s = std::fs::read_to_string(f)
         .with_context(|| format!("reading password file {}", f.display()))?;
-    // The first line, without its end: `\n`, `\r\n`, or a lone `\r` (an old Mac's,
-    // or a file cut after one).
-    let first = s.lines().next().unwrap_or("");
-    let first = first.strip_suffix('\r').unwrap_or(first);
-    if first.is_empty() {
-        bail!(
+    match password_line(&s) {
+        Some(p) => Ok(p.to_string()),
+        None => bail!(
             "the password file {} has an empty first line (the password is its first line)",
             f.display()
-        );
+        ),
     }
-    Ok(first.to_string())
 }
 
 /// A new password for `key add` / `key passwd`: `--new-password-file`,

@@ -117,7 +117,7 @@ pub struct RemoteArgs {
     #[arg(long, env = "CAIRN_RETRY_FOR", global = true, value_name = "DURATION")]
     pub retry_for: Option<String>,
     /// While another prune, repair, forget, tag or rewrite holds the repository,
-    /// keep trying to take its lock for this long (30s, 10m, 2h) instead of
+    /// keep trying to take its lock for this long (30s, 10m, 1h30m) instead of
     /// failing after a few seconds
     #[arg(long, env = "CAIRN_RETRY_LOCK", global = true, value_name = "DURATION")]
     pub retry_lock: Option<String>,

@@ -77,14 +77,21 @@ fn write_out(file: &Path, bytes: &[u8]) -> Result<()> {
         }
         _ => {}
     }
-    let tmp = file.with_file_name(format!(
-        ".{}.cairn-tmp",
-        file.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    ));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, file).with_context(|| format!("writing {}", file.display()))?;
+    // A fresh name made with O_EXCL (a fixed one, in a directory others can
+    // write, is one they can put a symlink at); gone if the write fails.
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".cairn-generate-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a file in {}", dir.display()))?;
+    tmp.write_all(bytes)
+        .with_context(|| format!("writing {}", tmp.path().display()))?;
+    tmp.persist(file)
+        .with_context(|| format!("writing {}", file.display()))?;
     Ok(())
 }
 

@@ -2662,10 +2662,17 @@ fn q(s: &str) -> String {
 fn unlocked_server(env: &Env) -> Server {
     let pwfile = env.path("main.password");
     std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
-    Server::with_settings(
+    let mut srv = Server::with_settings(
         env,
         &format!("[datastore_passwords]\nmain = \"{}\"\n", pwfile.display()),
-    )
+    );
+    // The password file is read in the background (a key derivation, slow on a
+    // loaded machine): content is refused as locked until the server says so.
+    srv.lines
+        .as_mut()
+        .expect("the server's log")
+        .wait_for("datastore main: unlocked", Duration::from_secs(120));
+    srv
 }
 
 /// A datastore unlocked on the server (from a password file at start, then by an

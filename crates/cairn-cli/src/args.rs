@@ -698,6 +698,11 @@ pub struct BackupArgs {
     /// metadata): the parent stays the latest
     #[arg(long)]
     pub skip_if_unchanged: bool,
+    /// List each file on stdout as the backup reaches it: new, modified or
+    /// unchanged since the parent (restic's -vv; with --json, a "file" event
+    /// line each on stderr)
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
     /// Take a file as unchanged by its size and modification time alone, not its
     /// inode number and change time (file systems that number inodes anew at
     /// each mount: some FUSE and network ones)
@@ -763,8 +768,17 @@ pub struct LsArgs {
     pub no_recursive: bool,
     /// Write the directory's tree in ncdu's export format, to see what takes
     /// the room: `cairn ls latest --ncdu > s.json; ncdu -f s.json`
-    #[arg(long, conflicts_with_all = ["long", "no_recursive"])]
+    #[arg(long, conflicts_with_all = ["long", "no_recursive", "sort", "reverse"])]
     pub ncdu: bool,
+    /// Order of the listing: name (the tree's order), size, time (= mtime),
+    /// atime, ctime, extension. Other than name, the whole listing is held and
+    /// sorted before anything is written, as restic's
+    #[arg(long, value_name = "BY", default_value = "name",
+          value_parser = ["name", "size", "time", "mtime", "atime", "ctime", "extension"])]
+    pub sort: String,
+    /// List in the reverse order (largest, newest or last name first)
+    #[arg(long)]
+    pub reverse: bool,
     #[command(flatten)]
     pub image_fs: ImageFsArgs,
     #[command(flatten)]
@@ -1169,8 +1183,13 @@ pub struct ForgetArgs {
 
 #[derive(Args)]
 pub struct CopyArgs {
-    /// Repository to copy from (a directory or s3:...)
-    #[arg(long, env = "CAIRN_FROM_REPO", value_name = "REPO")]
+    /// Repository to copy from (a directory or s3:...; --from-repo, as restic)
+    #[arg(
+        long,
+        visible_alias = "from-repo",
+        env = "CAIRN_FROM_REPO",
+        value_name = "REPO"
+    )]
     pub from: String,
     /// Repository to copy to (default: --repo / CAIRN_REPO)
     #[arg(long, value_name = "REPO")]

@@ -60,6 +60,22 @@ pub struct CliSink {
 }
 
 impl CliSink {
+    /// A line of the command's output on stdout, as it happens (above the bar).
+    fn stdout_line(&self, text: &str) {
+        let print = || {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{text}");
+            let _ = out.flush();
+        };
+        match &self.bar {
+            Some(b) => b.suspend(print),
+            None => {
+                let _g = self.out.lock().unwrap_or_else(|e| e.into_inner());
+                print()
+            }
+        }
+    }
+
     fn new(mode: Mode) -> CliSink {
         let bar = (mode == Mode::Bar).then(|| {
             let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(8));
@@ -180,8 +196,12 @@ impl EventSink for CliSink {
         match self.mode {
             // A committed copy is part of the result, not of the way there: a run
             // killed later has said it.
+            // So is a file listed because --verbose asked for it.
             Mode::JsonQuiet
-                if !matches!(event, Event::Warning(_) | Event::SnapshotCopied { .. }) => {}
+                if !matches!(
+                    event,
+                    Event::Warning(_) | Event::SnapshotCopied { .. } | Event::File { .. }
+                ) => {}
             Mode::Json | Mode::JsonQuiet => {
                 if let Ok(line) = serde_json::to_string(event) {
                     let _g = self.out.lock().unwrap_or_else(|e| e.into_inner());
@@ -203,23 +223,15 @@ impl EventSink for CliSink {
                 Event::Notice { message } if self.mode != Mode::Quiet => self.line(message),
                 // On standard output, where the report goes, when it happens.
                 Event::SnapshotCopied { source, target } if self.mode != Mode::Quiet => {
-                    let text = format!(
+                    self.stdout_line(&format!(
                         "copied snapshot {} as {}",
                         source.get(..8).unwrap_or(source),
                         target.get(..8).unwrap_or(target)
-                    );
-                    let print = || {
-                        let mut out = std::io::stdout().lock();
-                        let _ = writeln!(out, "{text}");
-                        let _ = out.flush();
-                    };
-                    match &self.bar {
-                        Some(b) => b.suspend(print),
-                        None => {
-                            let _g = self.out.lock().unwrap_or_else(|e| e.into_inner());
-                            print()
-                        }
-                    }
+                    ));
+                }
+                // `backup --verbose`, as restic's -vv: "new       /path".
+                Event::File { action, path, .. } => {
+                    self.stdout_line(&format!("{:<10}{}", action.name(), ui::printable(path)));
                 }
                 Event::Status(s) => {
                     if let Some(b) = &self.bar {

@@ -152,6 +152,47 @@ pub enum Event {
         source: String,
         target: String,
     },
+    /// A backup asked to list its files (`backup --verbose`) took this file as
+    /// new, modified or unchanged since the parent snapshot: said as the walk
+    /// reaches it (a file that then cannot be read is a warning too).
+    File {
+        action: FileAction,
+        /// As listings show it (bytes that are not UTF-8 as stand-ins).
+        path: String,
+        size: u64,
+    },
+}
+
+/// What a backup does with a file, against the parent snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileAction {
+    /// Not in the parent snapshot: read.
+    New,
+    /// In the parent snapshot, changed since: read.
+    Modified,
+    /// As in the parent snapshot: taken from it, not read.
+    Unchanged,
+}
+
+impl FileAction {
+    /// A file the backup reads: modified when the parent snapshot had a file
+    /// at its path, else new.
+    pub fn read(in_parent: bool) -> FileAction {
+        if in_parent {
+            FileAction::Modified
+        } else {
+            FileAction::New
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FileAction::New => "new",
+            FileAction::Modified => "modified",
+            FileAction::Unchanged => "unchanged",
+        }
+    }
 }
 
 /// Receives events, from any thread.

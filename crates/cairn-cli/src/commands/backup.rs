@@ -619,6 +619,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         pack_size: super::pack_size_flag(&a.pack_size)?,
         read_limit,
         time: a.time.clone(),
+        list_files: a.verbose,
     };
     // For the bar's ETA, and for --json readers (the status lines' total): the
     // sizes below the paths, added up beside the backup.

@@ -1,6 +1,6 @@
 use crate::args::{Global, LsArgs};
 use anyhow::Result;
-use cairn_core::ls::{Entry, Listing};
+use cairn_core::ls::Entry;
 use cairn_core::session::{IndexLoad, Read};
 use cairn_format::tree::Node;
 
@@ -64,6 +64,9 @@ pub(super) fn long_line(e: &Entry) -> String {
 }
 
 pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
+    if a.image_fs.image_fs.is_some() && (a.sort != "name" || a.reverse) {
+        anyhow::bail!("--sort and --reverse order a file snapshot's listing, not --image-fs");
+    }
     let p = super::progress(g);
     let session = super::session::<Read>(g, "ls", IndexLoad::Placement, &p.progress)?;
     let (id, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
@@ -82,15 +85,49 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         return ncdu(&session, &root, &snap, a);
     }
     let mut errors = 0;
-    let mut entries = Vec::new();
-    let mut out = std::io::stdout().lock();
-    let mut f = |path: &str, n: &Node| {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    // `--json` is one document, `{"snapshot": ID, "entries": [...]}`, written as
+    // the walk goes (an entry a line), so that a snapshot of ten million names
+    // costs no more memory to list than to show.
+    // The head is written with the first entry, so that a path not found
+    // leaves nothing half written.
+    let head = format!(
+        "{{\"snapshot\": {}, \"entries\": [",
+        serde_json::to_string(&id)?
+    );
+    let mut first = true;
+    let mut unwritable = None;
+    let sorted = a.sort != "name" || a.reverse;
+    let mut held: Vec<(SortKey, Entry)> = Vec::new();
+    let mut print = |e: &Entry| {
         if g.json {
-            entries.push(Entry::new(path, n));
+            let line = match serde_json::to_string(e) {
+                Ok(l) => l,
+                Err(e) => {
+                    // Strings and numbers only, so not expected; if it ever
+                    // happens, the listing ends unfinished and says so.
+                    unwritable.get_or_insert(e);
+                    return;
+                }
+            };
+            if std::mem::take(&mut first) {
+                super::out_raw_line(&mut out, &head);
+                super::out_raw_line(&mut out, &format!("  {line}"));
+            } else {
+                super::out_raw_line(&mut out, &format!(", {line}"));
+            }
         } else if a.long {
-            super::out_line(&mut out, &long_line(&Entry::new(path, n)));
+            super::out_line(&mut out, &long_line(e));
         } else {
-            super::out_line(&mut out, path);
+            super::out_line(&mut out, &e.path);
+        }
+    };
+    let mut f = |path: &str, n: &Node| {
+        let e = Entry::new(path, n);
+        if sorted {
+            held.push((SortKey::of(&a.sort, n, e.size), e));
+        } else {
+            print(&e);
         }
     };
     let mut on_err = |path: &str, e: cairn_core::Error| {
@@ -105,13 +142,64 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         &mut f,
         &mut on_err,
     )?;
+    if sorted {
+        // Stable: equal keys stay in the tree's order (reversed with the rest).
+        held.sort_by(|x, y| x.0.cmp(&y.0));
+        if a.reverse {
+            held.reverse();
+        }
+        for (_, e) in &held {
+            print(e);
+        }
+    }
+    if let Some(e) = unwritable {
+        anyhow::bail!("an entry of the listing could not be written as JSON: {e}");
+    }
     if g.json {
-        super::print_json(&Listing {
-            snapshot: id,
-            entries,
-        })?;
+        if first {
+            super::out_raw_line(&mut out, &head);
+        }
+        super::out_raw_line(&mut out, "]}");
+    }
+    if let Err(e) = std::io::Write::flush(&mut out) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            crate::exit_broken_pipe();
+        }
+        anyhow::bail!("writing the output: {e}");
     }
     Ok(if errors > 0 { 1 } else { 0 })
+}
+
+/// What `ls --sort` orders by. `Name` keeps the walk's order (depth first, names
+/// in byte order), which the stable sort then leaves as it is.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+enum SortKey {
+    Name,
+    Number(u64),
+    Time(i64, u32),
+    /// The extension (after the name's last `.`, none for a name without one
+    /// or starting with its only one), then the name.
+    Extension(Vec<u8>, Vec<u8>),
+}
+
+impl SortKey {
+    /// `size`: the size the listing shows (a symlink's is its target's length).
+    fn of(by: &str, n: &Node, size: u64) -> SortKey {
+        match by {
+            "size" => SortKey::Number(size),
+            "time" | "mtime" => SortKey::Time(n.mtime.secs, n.mtime.nanos),
+            "atime" => SortKey::Time(n.atime.secs, n.atime.nanos),
+            "ctime" => SortKey::Time(n.ctime.secs, n.ctime.nanos),
+            "extension" => {
+                let ext = match n.name.iter().rposition(|&b| b == b'.') {
+                    Some(i) if i > 0 => n.name[i + 1..].to_vec(),
+                    _ => Vec::new(),
+                };
+                SortKey::Extension(ext, n.name.clone())
+            }
+            _ => SortKey::Name,
+        }
+    }
 }
 
 /// `ls --ncdu`: the tree below `a.path` in ncdu's JSON export format (version

@@ -428,7 +428,13 @@ pub fn progress(g: &Global) -> CliProgress {
 /// (`cairn ls | head`), with an error otherwise. For output written from inside a
 /// walk that cannot return an error.
 pub fn out_line(out: &mut impl std::io::Write, line: &str) {
-    if let Err(e) = writeln!(out, "{}", crate::ui::printable(line)) {
+    out_raw_line(out, &crate::ui::printable(line));
+}
+
+/// [`out_line`] for text already safe to print as it is (JSON, whose strings
+/// escape what a terminal would act on).
+pub fn out_raw_line(out: &mut impl std::io::Write, line: &str) {
+    if let Err(e) = writeln!(out, "{line}") {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             crate::exit_broken_pipe();
         }

@@ -252,6 +252,15 @@ fn copy_refuses_bad_input() {
     let mut c = r2.cmd(&["copy", "--from", "/nonexistent/repo"]);
     c.env("CAIRN_FROM_PASSWORD", PASSWORD);
     assert_eq!(c.output().unwrap().status.code(), Some(10));
+    // restic's spelling of the flag is the same flag.
+    let mut c = r2.cmd(&["copy", "--from-repo", "/nonexistent/repo"]);
+    c.env("CAIRN_FROM_PASSWORD", PASSWORD);
+    let o = c.output().unwrap();
+    assert_eq!(o.status.code(), Some(10), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("/nonexistent/repo"),
+        "{o:?}"
+    );
     let o = copy_cmd(&r1, &r2, &["ffffffff"]).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
     // A filter that matches nothing (a mistyped host): said, not a quiet success.

@@ -135,6 +135,20 @@ fn keep_last_per_group_json_and_filters() {
     assert_eq!(keep[1]["host"], "a");
     assert_eq!(keep[1]["tags"], serde_json::json!(["t1", "t2"]));
     assert!(keep[1]["time"].as_str().unwrap().ends_with('Z'));
+    // restic's fields, beside cairn's: the group's host, paths and tags at the
+    // top (null where the grouping leaves one out), the snapshot's `hostname`,
+    // and a list of {snapshot, matches}.
+    assert_eq!(ga["host"], "a");
+    assert_eq!(ga["paths"], ga["group"]["paths"]);
+    assert!(ga["tags"].is_null());
+    assert_eq!(keep[1]["hostname"], "a");
+    let reasons = ga["reasons"].as_array().unwrap();
+    assert_eq!(reasons.len(), 2, "{ga}");
+    assert_eq!(reasons[1]["snapshot"]["id"], a3);
+    assert_eq!(
+        reasons[1]["matches"],
+        serde_json::json!(["tag t2", "last snapshot"])
+    );
     assert_eq!(groups[1]["group"]["host"], "b");
     assert_eq!(ids(&groups[1]["keep"]), [b2]);
     assert_eq!(ids(&groups[1]["remove"]), [b1]);
@@ -146,6 +160,8 @@ fn keep_last_per_group_json_and_filters() {
     );
     assert_eq!(v.as_array().unwrap().len(), 1);
     assert!(v[0]["group"]["host"].is_null());
+    assert_eq!(v[0]["host"], "");
+    assert!(v[0]["paths"].is_null());
     assert_eq!(ids(&v[0]["keep"]), [b1]);
     assert_eq!(ids(&v[0]["remove"]), [a1, a3]);
     // Comma-separated tags must all be present.

@@ -1450,3 +1450,115 @@ fn dump_target_writes_a_file_that_appears_whole() {
         .collect();
     assert!(names.is_empty(), "{names:?}");
 }
+
+/// `ls --json` is one JSON document written as the walk goes: its head, an
+/// entry a line, its end. So a listing of millions of names is never held in
+/// memory, and a path that is not in the snapshot prints nothing at all.
+#[test]
+fn ls_json_is_one_document_written_an_entry_a_line() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    wide_tree(&src, 4);
+    let snap = env.backup(&[&src]);
+    let out = env.ok(&["ls", &snap, "--json", src.to_str().unwrap()]);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let entries = doc["entries"].as_array().unwrap();
+    // The directory itself, 4 directories and 12 files.
+    assert_eq!(entries.len(), 17, "{doc}");
+    assert_eq!(
+        doc["snapshot"].as_str().unwrap().get(..snap.len()),
+        Some(snap.as_str())
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), entries.len() + 2, "{out}");
+    assert!(lines[0].starts_with("{\"snapshot\": "), "{out}");
+    assert_eq!(*lines.last().unwrap(), "]}");
+    for (line, entry) in lines[1..lines.len() - 1].iter().zip(entries) {
+        let one: serde_json::Value =
+            serde_json::from_str(line.trim_start_matches(", ").trim_start()).unwrap();
+        assert_eq!(&one, entry);
+    }
+    let o = env.run(&["ls", &snap, "--json", &format!("{}/nothing", src.display())]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(o.stdout.is_empty(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("nothing"),
+        "{o:?}"
+    );
+}
+
+/// `ls --sort size|time|extension [--reverse]`, as restic's: the whole listing
+/// in that order, ties in the tree's order; `--reverse` alone reverses the tree's
+/// order.
+#[test]
+fn ls_sorts_by_size_time_and_extension() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    // name, size, mtime (seconds since 1970)
+    let files = [
+        ("b.txt", 30, 3_000),
+        ("a.log", 10, 5_000),
+        ("d/c.txt", 20, 1_000),
+        ("noext", 40, 2_000),
+    ];
+    for (name, size, mtime) in files {
+        let p = src.join(name);
+        fs::write(&p, vec![b'x'; size]).unwrap();
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime);
+        fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    }
+    let snap = env.backup(&[&src]);
+    let s = src.to_str().unwrap();
+    let files_in = |args: &[&str]| -> Vec<String> {
+        let mut a = vec!["ls", &snap, s];
+        a.extend_from_slice(args);
+        env.ok(&a)
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("{s}/")))
+            .filter(|l| *l != "d")
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(files_in(&[]), ["a.log", "b.txt", "d/c.txt", "noext"]);
+    assert_eq!(
+        files_in(&["--reverse"]),
+        ["noext", "d/c.txt", "b.txt", "a.log"]
+    );
+    assert_eq!(
+        files_in(&["--sort", "size"]),
+        ["a.log", "d/c.txt", "b.txt", "noext"]
+    );
+    assert_eq!(
+        files_in(&["--sort", "size", "--reverse"]),
+        ["noext", "b.txt", "d/c.txt", "a.log"]
+    );
+    assert_eq!(
+        files_in(&["--sort", "time"]),
+        ["d/c.txt", "noext", "b.txt", "a.log"]
+    );
+    // No extension first, then by extension and name.
+    assert_eq!(
+        files_in(&["--sort", "extension"]),
+        ["noext", "a.log", "b.txt", "d/c.txt"]
+    );
+    // --json holds the same order, in one document.
+    let v = json(&env, &["ls", &snap, s, "--sort", "size", "--reverse"]);
+    let sizes: Vec<u64> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "file")
+        .map(|e| e["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [40, 30, 20, 10]);
+    let err = env.fails(&["ls", &snap, "--sort", "colour"], 2);
+    assert!(err.contains("colour"), "{err}");
+}

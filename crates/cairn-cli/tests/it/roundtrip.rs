@@ -2313,3 +2313,88 @@ fn restore_leaves_runs_of_zeros_as_holes() {
         );
     }
 }
+
+/// `backup --verbose` lists each file as the backup reaches it, as restic's -vv:
+/// new, modified or unchanged since the parent; with `--json`, one "file" event
+/// line each on stderr. Without the flag, nothing is listed.
+#[test]
+fn backup_verbose_lists_each_file_as_new_modified_or_unchanged() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("a.txt"), b"a").unwrap();
+    fs::write(src.join("d/b.txt"), b"b").unwrap();
+    // Larger than a small file: read on the walker's own path.
+    fs::write(src.join("big.bin"), Rng(5).bytes(3 << 20, false)).unwrap();
+    let s = src.to_str().unwrap();
+    let listed = |out: &str| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = out
+            .lines()
+            .filter_map(|l| {
+                let (action, path) = l.split_once(' ')?;
+                let path = path.trim_start().strip_prefix(&format!("{s}/"))?;
+                Some((action.to_string(), path.to_string()))
+            })
+            .collect();
+        v.sort_by(|x, y| x.1.cmp(&y.1));
+        v
+    };
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, p)| (a.to_string(), p.to_string()))
+            .collect()
+    };
+    let out = env.ok(&["backup", "-v", s]);
+    assert_eq!(
+        listed(&out),
+        pairs(&[("new", "a.txt"), ("new", "big.bin"), ("new", "d/b.txt")]),
+        "{out}"
+    );
+    assert!(out.contains(&format!("new       {s}/a.txt\n")), "{out}");
+    fs::write(src.join("a.txt"), b"a, longer").unwrap();
+    fs::write(src.join("c.txt"), b"c").unwrap();
+    let out = env.ok(&["backup", "--verbose", s]);
+    assert_eq!(
+        listed(&out),
+        pairs(&[
+            ("modified", "a.txt"),
+            ("unchanged", "big.bin"),
+            ("new", "c.txt"),
+            ("unchanged", "d/b.txt"),
+        ]),
+        "{out}"
+    );
+    // Quiet without the flag.
+    let out = env.ok(&["backup", s]);
+    assert!(listed(&out).is_empty(), "{out}");
+    // --json: the report on stdout, a "file" event line per file on stderr.
+    fs::write(src.join("d/b.txt"), b"b, longer").unwrap();
+    let o = env.run(&["backup", "-v", "--json", s]);
+    assert!(o.status.success(), "{o:?}");
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(report["snapshot_id"].is_string(), "{report}");
+    let mut files: Vec<(String, String, u64)> = String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["type"] == "file")
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap().to_string(),
+                e["path"].as_str().unwrap().to_string(),
+                e["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    files.sort_by(|x, y| x.1.cmp(&y.1));
+    let p = |n: &str| format!("{s}/{n}");
+    assert_eq!(
+        files,
+        [
+            ("unchanged".to_string(), p("a.txt"), 9),
+            ("unchanged".to_string(), p("big.bin"), 3 << 20),
+            ("unchanged".to_string(), p("c.txt"), 1),
+            ("modified".to_string(), p("d/b.txt"), 9),
+        ]
+    );
+}

@@ -857,6 +857,8 @@ pub struct SnapshotEntry {
     pub short_id: String,
     pub time: String,
     pub host: String,
+    /// The host again, under the name restic's `forget --json` gives it.
+    pub hostname: String,
     pub paths: Vec<String>,
     pub tags: Vec<String>,
     /// Why a kept snapshot is kept.
@@ -864,16 +866,31 @@ pub struct SnapshotEntry {
     pub reasons: Option<Vec<String>>,
 }
 
-/// One group's decision, as `forget --json` prints it.
+/// One group's decision, as `forget --json` prints it: cairn's `group` and
+/// per-snapshot `reasons`, and restic's fields beside them (`host`, `paths` and
+/// `tags` of the group, `""` or null where the grouping leaves one out, and a
+/// `reasons` list of `{snapshot, matches}`), so that a script written for
+/// either reads it.
 #[derive(Clone, Debug, Serialize)]
 pub struct GroupReport {
     pub group: GroupKey,
+    pub host: String,
+    pub paths: Option<Vec<String>>,
+    pub tags: Option<Vec<String>>,
     pub keep: Vec<SnapshotEntry>,
     pub remove: Vec<SnapshotEntry>,
+    pub reasons: Vec<KeepReason>,
     /// Snapshots `cairn serve` received after a snapshot of the group dated
     /// later; they took no slot from the others ([`ForgetGroup::stored_late`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stored_late: Vec<LateEntry>,
+}
+
+/// Why a snapshot is kept, in restic's shape.
+#[derive(Clone, Debug, Serialize)]
+pub struct KeepReason {
+    pub snapshot: SnapshotEntry,
+    pub matches: Vec<String>,
 }
 
 /// A snapshot stored late: its date (written by the client) and when `cairn
@@ -1016,6 +1033,7 @@ pub fn forget<A: crate::session::Access>(
             short_id: id.short(),
             time: s.map(|s| s.time.clone()).unwrap_or_default(),
             host: s.map(|s| s.hostname.clone()).unwrap_or_default(),
+            hostname: s.map(|s| s.hostname.clone()).unwrap_or_default(),
             paths: s.map(|s| s.paths.clone()).unwrap_or_default(),
             tags: s.map(|s| s.tags.clone()).unwrap_or_default(),
             reasons: reasons.map(<[String]>::to_vec),
@@ -1026,8 +1044,19 @@ pub fn forget<A: crate::session::Access>(
             .iter()
             .map(|g| GroupReport {
                 group: g.key.clone(),
+                host: g.key.host.clone().unwrap_or_default(),
+                paths: g.key.paths.clone(),
+                tags: g.key.tags.clone(),
                 keep: g.keep.iter().map(|(id, r)| entry(id, Some(r))).collect(),
                 remove: g.remove.iter().map(|id| entry(id, None)).collect(),
+                reasons: g
+                    .keep
+                    .iter()
+                    .map(|(id, r)| KeepReason {
+                        snapshot: entry(id, None),
+                        matches: r.clone(),
+                    })
+                    .collect(),
                 stored_late: g
                     .stored_late
                     .iter()

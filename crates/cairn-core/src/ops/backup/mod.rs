@@ -85,6 +85,9 @@ pub struct BackupOptions {
     /// The snapshot's time instead of now (`--time`: importing old backups), as
     /// [`crate::time::parse_user_time`] reads it.
     pub time: Option<String>,
+    /// Send an [`Event::File`](crate::progress::Event::File) for each file of
+    /// the source (`--verbose`): new, modified or unchanged.
+    pub list_files: bool,
 }
 
 /// What a file must keep, besides its size and modification time, to be taken as
@@ -973,7 +976,8 @@ fn run(
                         progress,
                         opts.one_file_system,
                     )
-                    .with_read_limit(read_limit);
+                    .with_read_limit(read_limit)
+                    .with_list_files(opts.list_files);
                     let r = match (stdin, image_plan) {
                         (_, Some(plan)) => w.run_image(plan),
                         (Some((name, reader)), None) => w.run_stdin(&name, reader),

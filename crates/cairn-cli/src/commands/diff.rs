@@ -9,24 +9,21 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
     let session = super::session::<Read>(g, "diff", IndexLoad::Placement, &p.progress)?;
     let (ida, sa) = session.find_snapshot_matching(&a.first, &a.filter.engine())?;
     let (idb, sb) = session.find_snapshot_matching(&a.second, &a.filter.engine())?;
-    let r = diff::diff(
-        &session,
-        &sa.tree_id()?,
-        &sb.tree_id()?,
-        a.path.as_deref().unwrap_or("/"),
-    )?;
-    if g.json {
-        // As the text: entries with only new metadata are listed with --metadata
-        // (the summary counts them either way).
-        let mut r = r;
-        if !a.metadata {
-            r.differences.retain(|d| d.change != Change::Metadata);
-        }
-        super::print_json(&r)?;
-        return Ok(0);
-    }
-    let mut out = std::io::stdout().lock();
-    if !g.quiet {
+    let path = a.path.as_deref().unwrap_or("/");
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    // Written as the walk finds them, so memory does not grow with the number of
+    // differences. `--json` is one document, `{"path", "differences": [...],
+    // "summary"}`, a difference a line; its head waits for the first one, so
+    // that a path in neither snapshot leaves nothing half written. Entries with
+    // only new metadata are listed with --metadata (the summary counts them
+    // either way).
+    let head = format!(
+        "{{\"path\": {}, \"differences\": [",
+        serde_json::to_string(&diff::report_path(path))?
+    );
+    let mut first = true;
+    let mut unwritable = None;
+    if !g.json && !g.quiet {
         super::out_line(
             &mut out,
             &format!(
@@ -38,18 +35,44 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
             ),
         );
     }
-    for d in &r.differences {
+    let mut each = |d: &diff::Difference| {
         if d.change == Change::Metadata && !a.metadata {
-            continue;
+            return;
         }
-        let slash = if d.kind == "dir" { "/" } else { "" };
-        super::out_line(
+        if g.json {
+            match serde_json::to_string(d) {
+                Ok(line) if std::mem::take(&mut first) => {
+                    super::out_raw_line(&mut out, &head);
+                    super::out_raw_line(&mut out, &format!("  {line}"));
+                }
+                Ok(line) => super::out_raw_line(&mut out, &format!(", {line}")),
+                Err(e) => {
+                    unwritable.get_or_insert(e);
+                }
+            }
+        } else {
+            let slash = if d.kind == "dir" { "/" } else { "" };
+            super::out_line(
+                &mut out,
+                &format!("{}    {}{slash}", d.change.mark(), d.path),
+            );
+        }
+    };
+    let summary = diff::diff_each(&session, &sa.tree_id()?, &sb.tree_id()?, path, &mut each)?;
+    if let Some(e) = unwritable {
+        anyhow::bail!("a difference could not be written as JSON: {e}");
+    }
+    if g.json {
+        if first {
+            super::out_raw_line(&mut out, &head);
+        }
+        super::out_raw_line(
             &mut out,
-            &format!("{}    {}{slash}", d.change.mark(), d.path),
+            &format!("], \"summary\": {}}}", serde_json::to_string(&summary)?),
         );
     }
-    if !g.quiet {
-        let s = &r.summary;
+    if !g.json && !g.quiet {
+        let s = &summary;
         // Sizes that round to the same words but differ are given in bytes
         // (QA: "68.09 KiB -> 68.09 KiB" for a 5-byte change).
         let (before, after) = (
@@ -83,5 +106,6 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
             ),
         );
     }
+    super::flush_output(&mut out)?;
     Ok(0)
 }

@@ -161,12 +161,7 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         }
         super::out_raw_line(&mut out, "]}");
     }
-    if let Err(e) = std::io::Write::flush(&mut out) {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            crate::exit_broken_pipe();
-        }
-        anyhow::bail!("writing the output: {e}");
-    }
+    super::flush_output(&mut out)?;
     Ok(if errors > 0 { 1 } else { 0 })
 }
 

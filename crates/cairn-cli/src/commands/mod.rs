@@ -444,6 +444,18 @@ pub fn out_raw_line(out: &mut impl std::io::Write, line: &str) {
     }
 }
 
+/// Flushes buffered command output: quietly with SIGPIPE's status when the
+/// reader went away, an error otherwise.
+pub fn flush_output(out: &mut impl std::io::Write) -> Result<()> {
+    if let Err(e) = out.flush() {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            crate::exit_broken_pipe();
+        }
+        anyhow::bail!("writing the output: {e}");
+    }
+    Ok(())
+}
+
 pub fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())

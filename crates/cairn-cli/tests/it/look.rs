@@ -233,6 +233,22 @@ fn diff_lists_added_removed_modified_and_metadata_changes() {
     );
     let err = env.fails(&["diff", &a, &b, "/no/such/path"], 1);
     assert!(err.contains("in neither snapshot"), "{err}");
+    let o = env.run(&["diff", &a, &b, "/no/such/path", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(o.stdout.is_empty(), "{o:?}");
+    // --json is written as the walk goes: its head, a difference a line, the
+    // summary last.
+    let out = env.ok(&["diff", &a, &b, "--metadata", "--json"]);
+    let lines: Vec<&str> = out.lines().collect();
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let n = r["differences"].as_array().unwrap().len();
+    assert!(n >= want.len(), "{r}");
+    assert_eq!(lines.len(), n + 2, "{out}");
+    assert!(
+        lines[0].starts_with("{\"path\": \"/\", \"differences\": ["),
+        "{out}"
+    );
+    assert!(lines[n + 1].starts_with("], \"summary\": {"), "{out}");
 }
 
 /// `cairn export --format zip -o F`: Info-ZIP's unzip tests the archive and unpacks

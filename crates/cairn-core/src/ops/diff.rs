@@ -76,23 +76,29 @@ pub struct DiffSummary {
     pub trees_compared: u64,
 }
 
-/// What `cairn diff --json` prints.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct DiffReport {
-    pub path: String,
-    pub differences: Vec<Difference>,
-    pub summary: DiffSummary,
+/// The path a report names: `/` for the whole snapshot.
+pub fn report_path(path: &str) -> String {
+    if path.is_empty() {
+        "/".into()
+    } else {
+        path.to_string()
+    }
 }
 
 /// Compares `path` (a directory or file; `/` for everything) in the snapshots whose
-/// root trees are `a` and `b`. A path missing in one of them is all added or all
-/// removed; missing in both is an error.
-pub fn diff<A: Access>(
+/// root trees are `a` and `b`, handing each difference to `f` as the walk finds
+/// it, in tree order: a directory, then what is in it, then its next sibling
+/// (names in byte order, so `/a/b` comes before `/a-x`). A path missing in one
+/// of them is all added or all removed; missing in both is an error. Memory
+/// holds the trees on the way down, not the differences: two snapshots of ten
+/// million files that all differ cost no more than two that hardly do.
+pub fn diff_each<A: Access>(
     session: &Session<A>,
     a: &BlobId,
     b: &BlobId,
     path: &str,
-) -> Result<DiffReport> {
+    f: &mut dyn FnMut(&Difference),
+) -> Result<DiffSummary> {
     let repo = session.repo();
     let progress = session.progress();
     // The root has no node of its own: a directory node stands in for it.
@@ -117,83 +123,84 @@ pub fn diff<A: Access>(
     }
     let base = crate::ops::ls::walk_path(path);
     let mut d = Differ {
-        out: Vec::new(),
+        out: f,
         summary: DiffSummary::default(),
     };
-    // Pairs of directory trees still to compare, with their paths: the stack keeps
-    // the walk depth first without recursion (any depth).
-    let mut todo: Vec<(String, Option<BlobId>, Option<BlobId>)> = Vec::new();
-    if let Some(pair) = d.entry(&base, sa.as_ref(), sb.as_ref()) {
-        todo.push(pair);
-    }
-    while let Some((dir, x, y)) = todo.pop() {
-        if progress.is_cancelled() {
-            return Err(Error::Cancelled);
-        }
-        if x == y {
-            continue;
-        }
-        d.summary.trees_compared += 1;
-        let load = |t: Option<BlobId>| -> Result<Vec<Node>> {
-            Ok(match t {
-                Some(t) => repo.load_tree(&t)?.nodes,
-                None => Vec::new(),
-            })
-        };
-        let (xs, ys) = (load(x)?, load(y)?);
-        // Merged in name order (the listing is sorted at the end).
-        let mut subdirs = Vec::new();
-        let (mut i, mut j) = (0, 0);
-        while i < xs.len() || j < ys.len() {
-            let (l, r) = match (xs.get(i), ys.get(j)) {
-                (Some(l), Some(r)) if l.name == r.name => {
-                    i += 1;
-                    j += 1;
-                    (Some(l), Some(r))
-                }
-                (Some(l), Some(r)) if l.name < r.name => {
-                    i += 1;
-                    (Some(l), None)
-                }
-                (Some(l), None) => {
-                    i += 1;
-                    (Some(l), None)
-                }
-                (_, r) => {
-                    j += 1;
-                    (None, r)
-                }
-            };
-            let name = l.or(r).map(|n| n.name.as_slice()).unwrap_or_default();
-            let p = format!("{dir}/{}", crate::ops::ls::escape_name(name));
-            if let Some(pair) = d.entry(&p, l, r) {
-                subdirs.push(pair);
+    // The directories being compared, innermost last: each with both sides'
+    // entries and how far the merge has got. An explicit stack keeps the walk
+    // depth first without recursion (any depth).
+    let mut open: Vec<Frame> = Vec::new();
+    let mut next = d.entry(&base, sa.as_ref(), sb.as_ref());
+    loop {
+        if let Some((dir, x, y)) = next.take()
+            && x != y
+        {
+            if progress.is_cancelled() {
+                return Err(Error::Cancelled);
             }
-            progress.entry_done();
+            d.summary.trees_compared += 1;
+            let load = |t: Option<BlobId>| -> Result<Vec<Node>> {
+                Ok(match t {
+                    Some(t) => repo.load_tree(&t)?.nodes,
+                    None => Vec::new(),
+                })
+            };
+            open.push(Frame {
+                dir,
+                xs: load(x)?,
+                ys: load(y)?,
+                i: 0,
+                j: 0,
+            });
         }
-        todo.extend(subdirs);
+        let Some(top) = open.last_mut() else { break };
+        // The next name of the merge of both sides (each sorted by name).
+        let (l, r) = match (top.xs.get(top.i), top.ys.get(top.j)) {
+            (None, None) => {
+                open.pop();
+                continue;
+            }
+            (Some(l), Some(r)) if l.name == r.name => {
+                top.i += 1;
+                top.j += 1;
+                (Some(l), Some(r))
+            }
+            (Some(l), Some(r)) if l.name < r.name => {
+                top.i += 1;
+                (Some(l), None)
+            }
+            (Some(l), None) => {
+                top.i += 1;
+                (Some(l), None)
+            }
+            (_, r) => {
+                top.j += 1;
+                (None, r)
+            }
+        };
+        let name = l.or(r).map(|n| n.name.as_slice()).unwrap_or_default();
+        let p = format!("{}/{}", top.dir, crate::ops::ls::escape_name(name));
+        next = d.entry(&p, l, r);
+        progress.entry_done();
     }
-    // Listed in tree order: a directory, then what is in it, then its next sibling
-    // (compared by components, so `/a/b` comes before `/a-x`).
-    d.out
-        .sort_by(|p, q| p.path.split('/').cmp(q.path.split('/')));
-    Ok(DiffReport {
-        path: if path.is_empty() {
-            "/".into()
-        } else {
-            path.to_string()
-        },
-        differences: d.out,
-        summary: d.summary,
-    })
+    Ok(d.summary)
 }
 
-struct Differ {
-    out: Vec<Difference>,
+/// A pair of directories being compared (see [`diff_each`]).
+struct Frame {
+    dir: String,
+    xs: Vec<Node>,
+    ys: Vec<Node>,
+    i: usize,
+    j: usize,
+}
+
+struct Differ<'f> {
+    out: &'f mut dyn FnMut(&Difference),
     summary: DiffSummary,
 }
 
-impl Differ {
+impl Differ<'_> {
     fn push(&mut self, path: &str, change: Change, x: Option<&Node>, y: Option<&Node>) {
         let size = |n: Option<&Node>| n.filter(|n| n.kind == NodeKind::File).map(|n| n.size);
         let s = &mut self.summary;
@@ -215,7 +222,7 @@ impl Differ {
             Change::TypeChanged => s.type_changed += 1,
         }
         let kind = y.or(x).map_or("dir", |n| n.kind.name());
-        self.out.push(Difference {
+        (self.out)(&Difference {
             path: path.to_string(),
             change,
             kind,

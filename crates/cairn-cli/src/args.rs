@@ -768,12 +768,12 @@ pub struct LsArgs {
     pub no_recursive: bool,
     /// Write the directory's tree in ncdu's export format, to see what takes
     /// the room: `cairn ls latest --ncdu > s.json; ncdu -f s.json`
-    #[arg(long, conflicts_with_all = ["long", "no_recursive", "sort", "reverse"])]
+    #[arg(long, conflicts_with_all = ["long", "no_recursive", "reverse"])]
     pub ncdu: bool,
     /// Order of the listing: name (the tree's order), size, time (= mtime),
     /// atime, ctime, extension. Other than name, the whole listing is held and
     /// sorted before anything is written, as restic's
-    #[arg(long, value_name = "BY", default_value = "name",
+    #[arg(short = 's', long, value_name = "BY", default_value = "name",
           value_parser = ["name", "size", "time", "mtime", "atime", "ctime", "extension"])]
     pub sort: String,
     /// List in the reverse order (largest, newest or last name first)

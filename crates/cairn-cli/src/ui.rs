@@ -79,11 +79,13 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// A character [`printable`] writes out though it is not a control character.
-/// Zero-width joiners are left alone: emoji and some scripts need them.
+/// Zero-width joiners are left alone: emoji and some scripts need them. The
+/// line and paragraph separators (U+2028, U+2029) end a line in some log viewers
+/// and editors: a name holding one could fake a line of its own (QA).
 fn hidden(c: char) -> bool {
     matches!(
         c,
-        '\u{200b}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}'
+        '\u{200b}' | '\u{200e}' | '\u{200f}' | '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}'
     )
 }
 
@@ -384,6 +386,7 @@ mod tests {
         assert_eq!(printable("web01"), "web01");
         assert_eq!(printable("web01\u{200b}"), "web01\\u{200b}");
         assert_eq!(printable("a\u{202e}gpj.exe"), "a\\u{202e}gpj.exe");
+        assert_eq!(printable("a\u{2028}b\u{2029}"), "a\\u{2028}b\\u{2029}");
         assert_eq!(printable("\u{feff}x\u{2067}"), "\\u{feff}x\\u{2067}");
         assert_eq!(printable("a\nb\\c"), "a\\nb\\\\c");
         // Joiners stay: emoji sequences and some scripts are built with them.

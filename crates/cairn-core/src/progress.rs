@@ -153,8 +153,8 @@ pub enum Event {
         target: String,
     },
     /// A backup asked to list its files (`backup --verbose`) took this file as
-    /// new, modified or unchanged since the parent snapshot: said as the walk
-    /// reaches it (a file that then cannot be read is a warning too).
+    /// new, modified or unchanged since the parent snapshot: said once the file
+    /// is in the snapshot's tree (one that could not be read is a warning only).
     File {
         action: FileAction,
         /// As listings show it (bytes that are not UTF-8 as stand-ins).

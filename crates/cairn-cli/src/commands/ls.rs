@@ -82,6 +82,12 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
     }
     let root = snap.tree_id()?;
     if a.ncdu {
+        if a.sort != "name" {
+            anyhow::bail!(
+                "--ncdu writes a tree in name order; --sort {} orders a listing",
+                a.sort
+            );
+        }
         return ncdu(&session, &root, &snap, a);
     }
     let mut errors = 0;

@@ -23,10 +23,13 @@ fn forget_json(env: &Env, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&env.ok(&a)).unwrap()
 }
 
+/// The ids of a `forget --json` list, oldest first (the JSON has them newest
+/// first, as restic's).
 fn ids(list: &serde_json::Value) -> Vec<String> {
     list.as_array()
         .unwrap()
         .iter()
+        .rev()
         .map(|s| s["id"].as_str().unwrap().to_string())
         .collect()
 }
@@ -125,29 +128,30 @@ fn keep_last_per_group_json_and_filters() {
     assert!(ga["group"]["tags"].is_null());
     assert_eq!(ids(&ga["keep"]), [a2, a3]);
     assert_eq!(ids(&ga["remove"]), [a1]);
+    // Newest first, as restic's.
     let keep = ga["keep"].as_array().unwrap();
-    assert_eq!(keep[0]["reasons"], serde_json::json!(["tag t2"]));
+    assert_eq!(keep[1]["reasons"], serde_json::json!(["has tags [t2]"]));
     assert_eq!(
-        keep[1]["reasons"],
-        serde_json::json!(["tag t2", "last snapshot"])
+        keep[0]["reasons"],
+        serde_json::json!(["has tags [t2]", "last snapshot"])
     );
-    assert_eq!(keep[1]["short_id"], &a3[..8]);
-    assert_eq!(keep[1]["host"], "a");
-    assert_eq!(keep[1]["tags"], serde_json::json!(["t1", "t2"]));
-    assert!(keep[1]["time"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(keep[0]["short_id"], &a3[..8]);
+    assert_eq!(keep[0]["host"], "a");
+    assert_eq!(keep[0]["tags"], serde_json::json!(["t1", "t2"]));
+    assert!(keep[0]["time"].as_str().unwrap().ends_with('Z'));
     // restic's fields, beside cairn's: the group's host, paths and tags at the
     // top (null where the grouping leaves one out), the snapshot's `hostname`,
     // and a list of {snapshot, matches}.
     assert_eq!(ga["host"], "a");
     assert_eq!(ga["paths"], ga["group"]["paths"]);
     assert!(ga["tags"].is_null());
-    assert_eq!(keep[1]["hostname"], "a");
+    assert_eq!(keep[0]["hostname"], "a");
     let reasons = ga["reasons"].as_array().unwrap();
     assert_eq!(reasons.len(), 2, "{ga}");
-    assert_eq!(reasons[1]["snapshot"]["id"], a3);
+    assert_eq!(reasons[0]["snapshot"]["id"], a3);
     assert_eq!(
-        reasons[1]["matches"],
-        serde_json::json!(["tag t2", "last snapshot"])
+        reasons[0]["matches"],
+        serde_json::json!(["has tags [t2]", "last snapshot"])
     );
     assert_eq!(groups[1]["group"]["host"], "b");
     assert_eq!(ids(&groups[1]["keep"]), [b2]);
@@ -470,10 +474,7 @@ fn keep_within_daily_keeps_a_day_each_inside_the_span() {
     let mut want = vec![made[2].clone(), made[4].clone()];
     want.sort();
     assert_eq!(keep, want, "{v}");
-    assert_eq!(
-        v[0]["keep"][0]["reasons"][0], "daily snapshot within 2d",
-        "{v}"
-    );
+    assert_eq!(v[0]["keep"][0]["reasons"][0], "daily within 2d", "{v}");
     let err = env.fails(&["forget", "--keep-within-weekly", "2w"], 1);
     assert!(
         err.contains("--keep-within-weekly") && err.contains("7d"),

@@ -1553,7 +1553,7 @@ fn ls_sorts_by_size_time_and_extension() {
         ["a.log", "d/c.txt", "b.txt", "noext"]
     );
     assert_eq!(
-        files_in(&["--sort", "size", "--reverse"]),
+        files_in(&["-s", "size", "--reverse"]),
         ["noext", "b.txt", "d/c.txt", "a.log"]
     );
     assert_eq!(

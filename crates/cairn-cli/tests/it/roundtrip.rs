@@ -2368,6 +2368,18 @@ fn backup_verbose_lists_each_file_as_new_modified_or_unchanged() {
     // Quiet without the flag.
     let out = env.ok(&["backup", s]);
     assert!(listed(&out).is_empty(), "{out}");
+    // A stream is a file too.
+    let mut child = env
+        .cmd(&["backup", "-v", "--stdin", "--stdin-name", "in.txt"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    assert!(out.contains("new       /in.txt\n"), "{out}");
     // --json: the report on stdout, a "file" event line per file on stderr.
     fs::write(src.join("d/b.txt"), b"b, longer").unwrap();
     let o = env.run(&["backup", "-v", "--json", s]);

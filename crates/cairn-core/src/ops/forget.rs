@@ -398,8 +398,8 @@ fn tag_reason(list: &str) -> String {
     let wanted = tag_list(list);
     match wanted.len() {
         0 => "no tags".into(),
-        1 => format!("tag {}", wanted[0]),
-        _ => format!("tags {}", wanted.join(",")),
+        // restic's words, which scripts may match.
+        _ => format!("has tags [{}]", wanted.join(", ")),
     }
 }
 
@@ -802,7 +802,11 @@ fn judge<Tz: TimeZone>(
             let reason = match c.span {
                 // Outside a within rule's span: not its to keep.
                 Some((_, Some(from))) if e.time <= from => continue,
-                Some((span, _)) => format!("{} within {span}", c.rule.reason()),
+                // "daily within 3d", as restic's.
+                Some((span, _)) => format!(
+                    "{} within {span}",
+                    c.rule.reason().trim_end_matches(" snapshot")
+                ),
                 None => c.rule.reason().to_string(),
             };
             let bucket = bucket_of(c.rule);
@@ -877,13 +881,22 @@ pub struct GroupReport {
     pub host: String,
     pub paths: Option<Vec<String>>,
     pub tags: Option<Vec<String>>,
+    /// Oldest first here; `--json` lists these three newest first, as restic.
+    #[serde(serialize_with = "newest_first")]
     pub keep: Vec<SnapshotEntry>,
+    #[serde(serialize_with = "newest_first")]
     pub remove: Vec<SnapshotEntry>,
+    #[serde(serialize_with = "newest_first")]
     pub reasons: Vec<KeepReason>,
     /// Snapshots `cairn serve` received after a snapshot of the group dated
     /// later; they took no slot from the others ([`ForgetGroup::stored_late`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stored_late: Vec<LateEntry>,
+}
+
+/// Writes a list kept oldest first as restic's `forget --json` does: newest first.
+fn newest_first<S: serde::Serializer, T: Serialize>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().rev())
 }
 
 /// Why a snapshot is kept, in restic's shape.
@@ -1208,11 +1221,11 @@ mod tests {
         assert_eq!(
             kept(&s, &p),
             vec![
-                k("2026-11-03 18:00", &["daily snapshot within 2d"]),
-                k("2026-11-04 12:00", &["hourly snapshot within 12h"]),
+                k("2026-11-03 18:00", &["daily within 2d"]),
+                k("2026-11-04 12:00", &["hourly within 12h"]),
                 k(
                     "2026-11-04 18:00",
-                    &["hourly snapshot within 12h", "daily snapshot within 2d"]
+                    &["hourly within 12h", "daily within 2d"]
                 ),
             ]
         );
@@ -1226,8 +1239,8 @@ mod tests {
         assert_eq!(
             kept(&s, &p),
             vec![
-                k("2024-05-01 08:00", &["oldest monthly snapshot within 1y"]),
-                k("2024-05-20 08:00", &["monthly snapshot within 1y"]),
+                k("2024-05-01 08:00", &["oldest monthly within 1y"]),
+                k("2024-05-20 08:00", &["monthly within 1y"]),
             ]
         );
         // No count limits them: thirty days of dailies are thirty snapshots.
@@ -1874,8 +1887,8 @@ mod tests {
         assert_eq!(
             kept(&s, &p),
             vec![
-                k("2026-01-01", &["tag foo"]),
-                k("2026-01-03", &["tags a,b"]),
+                k("2026-01-01", &["has tags [foo]"]),
+                k("2026-01-03", &["has tags [a, b]"]),
             ]
         );
         let p = Policy {
@@ -1920,7 +1933,7 @@ mod tests {
                 k(
                     "2026-01-01 11:00",
                     &[
-                        "tag keep",
+                        "has tags [keep]",
                         "within 2h",
                         "last snapshot",
                         "hourly snapshot",

@@ -4,6 +4,7 @@
 use super::{Budget, ChunkOut, InFlight, Item, Skipped};
 use crate::error::{Error, Result};
 use crate::index::IdSet;
+use crate::progress::{Event, FileAction};
 use crate::repo::Repository;
 use crate::repo::blob::BlobEncoder;
 use crate::repo::packer::{BufferPool, Packer, Uploader};
@@ -109,6 +110,33 @@ struct State<'a> {
     stored_data: Vec<BlobId>,
     /// Held chunks beyond [`HELD_BYTES_MAX`], in a temporary file.
     spool: Option<Spool>,
+    /// `backup --verbose`: where each file's [`Event::File`] goes, said once the
+    /// file is in its directory (a file that could not be read is not listed).
+    list_files: Option<crate::progress::Progress>,
+}
+
+/// Says what was done with a file that joined its directory (`--verbose`): its
+/// path is the open directories' names and its own, as listings show them.
+fn list_file(st: &State<'_>, frames: &[(Node, Vec<Node>)], node: &Node, action: FileAction) {
+    let Some(progress) = &st.list_files else {
+        return;
+    };
+    let mut path = String::new();
+    // The first frame is the snapshot's root, which has no name.
+    for name in frames
+        .iter()
+        .skip(1)
+        .map(|(n, _)| &n.name)
+        .chain([&node.name])
+    {
+        path.push('/');
+        path.push_str(&crate::tree::escape_name(name));
+    }
+    progress.emit(Event::File {
+        action,
+        path,
+        size: node.size,
+    });
 }
 
 /// Held chunk bytes kept in memory; more go to a temporary file (unlinked at once)
@@ -245,6 +273,7 @@ pub(crate) fn archive(
     inflight: &InFlight,
     pack_size: Option<u64>,
     progress: &crate::progress::Progress,
+    list_files: bool,
 ) -> Result<Archived> {
     let level = repo.config().compression.zstd_level();
     let pack_size = pack_size.unwrap_or(repo.config().pack_size.into()) as usize;
@@ -268,6 +297,7 @@ pub(crate) fn archive(
         held_bytes: 0,
         stored_data: Vec::new(),
         spool: None,
+        list_files: list_files.then(|| progress.clone()),
     };
     st.uploader.set_progress(progress.clone());
     // Under a memory limit, smaller index files: writing one holds its entries,
@@ -518,6 +548,7 @@ fn run<'a>(
                             st.summary.total_bytes += node.size;
                             if unchanged {
                                 st.summary.files_unchanged += 1;
+                                list_file(st, &frames, &node, FileAction::Unchanged);
                             }
                         } else {
                             st.summary.other_entries += 1;
@@ -599,6 +630,7 @@ fn finish_file(
     } else {
         st.summary.files_new += 1;
     }
+    list_file(st, frames, &node, FileAction::read(f.changed));
     frames
         .last_mut()
         .ok_or_else(|| Error::Invalid("file outside a directory".into()))?

@@ -976,8 +976,7 @@ fn run(
                         progress,
                         opts.one_file_system,
                     )
-                    .with_read_limit(read_limit)
-                    .with_list_files(opts.list_files);
+                    .with_read_limit(read_limit);
                     let r = match (stdin, image_plan) {
                         (_, Some(plan)) => w.run_image(plan),
                         (Some((name, reader)), None) => w.run_stdin(&name, reader),
@@ -1020,7 +1019,15 @@ fn run(
         }
         drop(work_rx);
         drop(res_tx);
-        let archived = archiver::archive(repo, res_rx, budget, inflight, opts.pack_size, progress);
+        let archived = archiver::archive(
+            repo,
+            res_rx,
+            budget,
+            inflight,
+            opts.pack_size,
+            progress,
+            opts.list_files,
+        );
         if archived.is_err() {
             budget.abort();
         }

@@ -4,7 +4,6 @@ use super::scan::{self, Pending, Pool, ScanContext, Scanned, find};
 use super::source::{NameCache, node_from_metadata};
 use super::{Budget, Item, Skipped};
 use crate::error::{Error, Result};
-use crate::progress::FileAction;
 use crate::progress::Progress;
 use crate::repo::Repository;
 use cairn_chunker::StreamChunker;
@@ -125,8 +124,6 @@ pub(crate) struct Walker<'a> {
     /// The directories leading to them: with --one-file-system, a mount point
     /// on the way to one (`-x /data /data/mnt/sub`) is entered for that path only.
     ways: HashSet<PathBuf>,
-    /// `backup --verbose`: each file's [`Event::File`](crate::progress::Event::File).
-    list_files: bool,
 }
 
 impl<'a> Walker<'a> {
@@ -158,24 +155,6 @@ impl<'a> Walker<'a> {
             read_limit: None,
             nested: HashSet::new(),
             ways: HashSet::new(),
-            list_files: false,
-        }
-    }
-
-    /// Says what is done with each file (`backup --verbose`).
-    pub(crate) fn with_list_files(mut self, on: bool) -> Self {
-        self.list_files = on;
-        self
-    }
-
-    fn list_file(&self, action: crate::progress::FileAction, path: &Path, size: u64) {
-        if self.list_files {
-            use std::os::unix::ffi::OsStrExt;
-            self.progress.emit(crate::progress::Event::File {
-                action,
-                path: crate::tree::escape_name(path.as_os_str().as_bytes()),
-                size,
-            });
         }
     }
 
@@ -392,7 +371,6 @@ impl<'a> Walker<'a> {
                 }));
             }
             NodeKind::File if p.reused => {
-                self.list_file(FileAction::Unchanged, path, node.size);
                 self.progress.bytes_done(node.size);
                 self.progress.file_done();
                 self.emit(Item::Entry {
@@ -401,7 +379,6 @@ impl<'a> Walker<'a> {
                 })?;
             }
             NodeKind::File if node.size <= SMALL_FILE_BYTES => {
-                self.list_file(FileAction::read(had_file), path, node.size);
                 // Read, chunked and encoded by a worker: many small files in flight.
                 self.emit(Item::SmallFile {
                     path: path.to_path_buf(),
@@ -411,10 +388,7 @@ impl<'a> Walker<'a> {
                     xattrs_unread,
                 })?;
             }
-            NodeKind::File => {
-                self.list_file(FileAction::read(had_file), path, node.size);
-                self.walk_file(path, dir, *node, had_file, xattrs_unread)?
-            }
+            NodeKind::File => self.walk_file(path, dir, *node, had_file, xattrs_unread)?,
             _ => {
                 self.progress.entry_done();
                 self.emit(Item::Entry {

@@ -766,6 +766,10 @@ pub struct LsArgs {
     /// Only list the given directory, not its subdirectories
     #[arg(long)]
     pub no_recursive: bool,
+    /// List the subdirectories too: cairn's default, taken for restic's scripts
+    /// (restic lists one level of a directory named without it)
+    #[arg(long, conflicts_with = "no_recursive")]
+    pub recursive: bool,
     /// Write the directory's tree in ncdu's export format, to see what takes
     /// the room: `cairn ls latest --ncdu > s.json; ncdu -f s.json`
     #[arg(long, conflicts_with_all = ["long", "no_recursive", "reverse"])]

@@ -90,11 +90,14 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         }
         return ncdu(&session, &root, &snap, a);
     }
-    let mut errors = 0;
+    // Directories that could not be read: said on stderr as met, and in
+    // `--json`'s "errors" (path, message), so that a reader of the document
+    // alone knows the listing has gaps (QA: it parsed whole, exit 1 aside).
+    let mut errors: Vec<serde_json::Value> = Vec::new();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    // `--json` is one document, `{"snapshot": ID, "entries": [...]}`, written as
-    // the walk goes (an entry a line), so that a snapshot of ten million names
-    // costs no more memory to list than to show.
+    // `--json` is one document, `{"snapshot": ID, "entries": [...], "errors":
+    // [...]}`, written as the walk goes (an entry a line), so that a snapshot of
+    // ten million names costs no more memory to list than to show.
     // The head is written with the first entry, so that a path not found
     // leaves nothing half written.
     let head = format!(
@@ -137,8 +140,8 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         }
     };
     let mut on_err = |path: &str, e: cairn_core::Error| {
-        errors += 1;
         eprintln!("error: {}: {e}", crate::ui::printable(path));
+        errors.push(serde_json::json!({ "path": path, "message": e.to_string() }));
     };
     cairn_core::ls::list(
         &session,
@@ -165,10 +168,11 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         if first {
             super::out_raw_line(&mut out, &head);
         }
-        super::out_raw_line(&mut out, "]}");
+        let errors = serde_json::to_string(&errors)?;
+        super::out_raw_line(&mut out, &format!("], \"errors\": {errors}}}"));
     }
     super::flush_output(&mut out)?;
-    Ok(if errors > 0 { 1 } else { 0 })
+    Ok(if errors.is_empty() { 0 } else { 1 })
 }
 
 /// What `ls --sort` orders by. `Name` keeps the walk's order (depth first, names

@@ -215,6 +215,28 @@ fn corrupted_tree_is_named_and_other_directories_restore() {
         fs::read(base.join("keep/a.bin")).unwrap(),
         fs::read(src.join("keep/a.bin")).unwrap()
     );
+    // ls --json lists the rest in a whole document that names the gap, and
+    // exits 1.
+    let o = env.run(&["ls", &snap, "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let errors = v["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{v}");
+    assert!(
+        errors[0]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("subdir-marker-name"),
+        "{v}"
+    );
+    assert!(
+        v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["path"].as_str().unwrap().ends_with("keep/a.bin")),
+        "{v}"
+    );
 }
 
 #[test]

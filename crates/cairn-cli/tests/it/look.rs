@@ -1489,7 +1489,7 @@ fn ls_json_is_one_document_written_an_entry_a_line() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), entries.len() + 2, "{out}");
     assert!(lines[0].starts_with("{\"snapshot\": "), "{out}");
-    assert_eq!(*lines.last().unwrap(), "]}");
+    assert_eq!(*lines.last().unwrap(), "], \"errors\": []}");
     for (line, entry) in lines[1..lines.len() - 1].iter().zip(entries) {
         let one: serde_json::Value =
             serde_json::from_str(line.trim_start_matches(", ").trim_start()).unwrap();
@@ -1544,6 +1544,8 @@ fn ls_sorts_by_size_time_and_extension() {
             .collect()
     };
     assert_eq!(files_in(&[]), ["a.log", "b.txt", "d/c.txt", "noext"]);
+    // restic's --recursive is cairn's default.
+    assert_eq!(files_in(&["--recursive"]), files_in(&[]));
     assert_eq!(
         files_in(&["--reverse"]),
         ["noext", "d/c.txt", "b.txt", "a.log"]

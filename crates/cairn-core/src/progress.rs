@@ -155,6 +155,8 @@ pub enum Event {
     /// A backup asked to list its files (`backup --verbose`) took this file as
     /// new, modified or unchanged since the parent snapshot: said once the file
     /// is in the snapshot's tree (one that could not be read is a warning only).
+    /// A restore (`restore --verbose`) says what it did with a file of the target
+    /// once done (and a dry run what it would do).
     File {
         action: FileAction,
         /// As listings show it (bytes that are not UTF-8 as stand-ins).
@@ -163,16 +165,24 @@ pub enum Event {
     },
 }
 
-/// What a backup does with a file, against the parent snapshot.
+/// What a backup does with a file, against the parent snapshot, or a restore
+/// with one, against the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FileAction {
-    /// Not in the parent snapshot: read.
+    /// Backup: not in the parent snapshot: read.
     New,
-    /// In the parent snapshot, changed since: read.
+    /// Backup: in the parent snapshot, changed since: read.
     Modified,
-    /// As in the parent snapshot: taken from it, not read.
+    /// Backup: as in the parent snapshot, taken from it, not read. Restore:
+    /// left as it was (it holds the snapshot's content, or --overwrite kept it).
     Unchanged,
+    /// Restore: written (or linked to its first name).
+    Restored,
+    /// Restore: its content was there already; owner, mode or times set.
+    Updated,
+    /// Restore: removed by --delete (a directory with everything in it).
+    Deleted,
 }
 
 impl FileAction {
@@ -191,6 +201,9 @@ impl FileAction {
             FileAction::New => "new",
             FileAction::Modified => "modified",
             FileAction::Unchanged => "unchanged",
+            FileAction::Restored => "restored",
+            FileAction::Updated => "updated",
+            FileAction::Deleted => "deleted",
         }
     }
 }

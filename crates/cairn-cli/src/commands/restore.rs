@@ -39,6 +39,11 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     let mut p = super::progress(g);
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     let snap = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
+    if a.verbose && (a.image || a.image_fs.image_fs.is_some() || snap.1.image.is_some()) {
+        anyhow::bail!(
+            "--verbose lists the files a restore of a file snapshot writes, not an image's"
+        );
+    }
     if a.image_fs.image_fs.is_some() {
         return super::imagefs::restore(g, &session, &snap.1, a, overwrite, write_limit, &xattrs);
     }
@@ -56,6 +61,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         dry_run: a.dry_run,
         write_limit,
         xattrs,
+        list_files: a.verbose,
         ..RestoreOptions::new(&a.target)
     };
     p.start();

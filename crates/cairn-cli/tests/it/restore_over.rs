@@ -329,6 +329,78 @@ fn the_summary_says_what_was_written_kept_and_deleted() {
     );
 }
 
+/// `restore -v` lists each file as restic's -vv does: restored, updated (its
+/// metadata only), unchanged, deleted (--delete); with --dry-run, what it would
+/// do, changing nothing.
+#[test]
+fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
+    let (env, snap, _src, copy) = backed_up();
+    change(&copy);
+    let t = env.path("t");
+    let listed = |out: &str| -> Vec<(String, String)> {
+        let prefix = format!("{}/", copy.display());
+        let mut v: Vec<(String, String)> = out
+            .lines()
+            .filter_map(|l| {
+                let (action, path) = l.split_once(' ')?;
+                let path = path.trim_start().strip_prefix(&prefix)?;
+                Some((action.to_string(), path.to_string()))
+            })
+            .collect();
+        v.sort_by(|x, y| x.1.cmp(&y.1));
+        v
+    };
+    let want: Vec<(String, String)> = [
+        ("deleted", "d/newdir"),
+        ("unchanged", "d/sub/deep"),
+        ("restored", "edited"),
+        ("deleted", "extra"),
+        ("restored", "gone"),
+        ("unchanged", "same"),
+        ("updated", "touched"),
+    ]
+    .iter()
+    .map(|(a, p)| (a.to_string(), p.to_string()))
+    .collect();
+    let args = |extra: &[&'static str]| {
+        let mut a = vec!["restore", snap.as_str(), "--target", t.to_str().unwrap()];
+        a.extend_from_slice(extra);
+        a
+    };
+    let before = util_listing(&copy);
+    let out = env.ok(&args(&["--delete", "-v", "--dry-run"]));
+    // A dry run names what it would delete in its report, not as a file line.
+    let dry: Vec<_> = want.iter().filter(|w| w.0 != "deleted").cloned().collect();
+    assert_eq!(listed(&out), dry, "{out}");
+    assert_eq!(util_listing(&copy), before);
+    let out = env.ok(&args(&["--delete", "--verbose"]));
+    assert_eq!(listed(&out), want, "{out}");
+    // Again: all of it is there.
+    let out = env.ok(&args(&["--delete", "-v"]));
+    assert!(listed(&out).iter().all(|(a, _)| a == "unchanged"), "{out}");
+    // --json: a "file" event a file on stderr, the report on stdout.
+    let o = env.run(&args(&["-v", "--json", "--overwrite", "always"]));
+    assert!(o.status.success(), "{o:?}");
+    serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap();
+    let restored = String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["type"] == "file" && e["action"] == "restored")
+        .count();
+    assert_eq!(restored, 5, "{o:?}");
+    // Without the flag, nothing.
+    let out = env.ok(&args(&[]));
+    assert!(listed(&out).is_empty(), "{out}");
+}
+
+/// What a dry run must leave as it is: each entry's path, size and mtime.
+fn util_listing(dir: &Path) -> Vec<(PathBuf, u64, i64)> {
+    walk(dir)
+        .into_iter()
+        .map(|(p, m)| (p, m.len(), m.mtime()))
+        .collect()
+}
+
 /// A target that is a symlink is refused with a clear message, dry run or not, and
 /// nothing is written where it points.
 #[test]

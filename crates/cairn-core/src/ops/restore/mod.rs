@@ -42,7 +42,7 @@ pub use run::{Issue, RestoreReport, restore_snapshot};
 
 use crate::error::{Error, Result};
 use crate::ops::backup::source::Excludes;
-use crate::progress::Progress;
+use crate::progress::{Event, FileAction, Progress};
 use crate::repo::Repository;
 use cairn_format::BlobId;
 use cairn_format::consts::{INODE_FLAGS, LOCKING_INODE_FLAGS};
@@ -56,6 +56,22 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use target::{Dir, DirNode, c_name};
+
+/// Sends `restore --verbose`'s line for a file: its path in the target, as
+/// listings show it (bytes that are not UTF-8 as stand-ins).
+pub(super) fn list_file(
+    progress: &Progress,
+    action: FileAction,
+    path: &std::path::Path,
+    size: u64,
+) {
+    use std::os::unix::ffi::OsStrExt;
+    progress.emit(Event::File {
+        action,
+        path: crate::tree::escape_name(path.as_os_str().as_bytes()),
+        size,
+    });
+}
 
 /// A tree of the snapshot with only the extended attributes the restore handles
 /// ([`RestoreOptions::xattrs`]): what it does not handle it never sees.
@@ -101,6 +117,9 @@ pub struct RestoreOptions {
     pub write_limit: Option<u64>,
     /// Which extended attributes are restored (default: all).
     pub xattrs: XattrSelect,
+    /// Send an [`Event::File`](crate::progress::Event::File) for each file done
+    /// (`--verbose`): restored, updated, unchanged or deleted.
+    pub list_files: bool,
 }
 
 impl RestoreOptions {
@@ -120,6 +139,7 @@ impl RestoreOptions {
             dry_run: false,
             write_limit: None,
             xattrs: XattrSelect::default(),
+            list_files: false,
         }
     }
 }
@@ -1324,8 +1344,18 @@ impl Walk<'_> {
         }
     }
 
+    /// Says what was done with a file (`--verbose`); `path` is built only then.
+    fn list(&self, action: FileAction, path: impl FnOnce() -> PathBuf, size: u64) {
+        if self.opts.list_files {
+            list_file(self.progress, action, &path(), size);
+        }
+    }
+
     /// An entry left as it was.
-    fn kept(&mut self, st: &sys::Stat, node: &Node) {
+    fn kept(&mut self, st: &sys::Stat, node: &Node, path: impl FnOnce() -> PathBuf) {
+        if node.kind == NodeKind::File {
+            self.list(FileAction::Unchanged, path, node.size);
+        }
         self.stats.kept += 1;
         // A file kept where the snapshot has something else counts too.
         if st.kind() == libc::S_IFREG {
@@ -1399,6 +1429,9 @@ impl Walk<'_> {
         match target::remove_tree(dir.fd(), name, self.mount, &self.spared) {
             Ok(r) => {
                 self.stats.deleted += r.removed;
+                if r.removed > 0 {
+                    self.list(FileAction::Deleted, || dir.node.join(name), 0);
+                }
                 if r.spared_left > 0 {
                     self.stats.repository_left = true;
                     self.progress.warning(&dir.node.join(name), SPARED);
@@ -1570,7 +1603,7 @@ impl Walk<'_> {
             && st.kind() != libc::S_IFDIR
             && self.decide(parent, &name, Some(&st), &node) != Decision::Write
         {
-            self.kept(&st, &node);
+            self.kept(&st, &node, || parent.node.join(&name));
             // Not an error (the mode asked for it), but the whole directory of
             // the snapshot is not there: said, not left to be found out.
             self.progress.warning(
@@ -1788,14 +1821,15 @@ impl Walk<'_> {
                         ),
                     );
                 }
-                self.kept(st, &node);
+                self.kept(st, &node, || parent.node.join(&name));
                 return Ok(());
             }
             if !self.clear_dir_in_the_way(&parent, &name, existing.as_ref()) {
                 return Ok(());
             }
-            if let Err(e) = self.link(&parent, &name, key, fresh) {
-                self.issue(parent.node.join(&name), format!("creating hard link: {e}"));
+            match self.link(&parent, &name, key, fresh) {
+                Ok(_) => self.list(FileAction::Restored, || parent.node.join(&name), node.size),
+                Err(e) => self.issue(parent.node.join(&name), format!("creating hard link: {e}")),
             }
             self.stats.files += 1;
             self.progress.file_done();
@@ -1827,7 +1861,7 @@ impl Walk<'_> {
                             .entry(key)
                             .or_insert_with(|| parent.node.join(&name));
                     }
-                    self.kept(st, &node);
+                    self.kept(st, &node, || parent.node.join(&name));
                 }
                 return Ok(());
             }
@@ -1845,6 +1879,7 @@ impl Walk<'_> {
                     }
                     self.flag_later(&parent, &name, &node);
                     self.stats.metadata_only += 1;
+                    self.list(FileAction::Updated, || parent.node.join(&name), node.size);
                     self.progress.file_done();
                 }
                 return Ok(());
@@ -2122,6 +2157,7 @@ impl Walk<'_> {
                     if let Some(m) = xattrs_refused.get(&(i as u32)) {
                         self.issue(job.path(), m.clone());
                     }
+                    self.list(FileAction::Restored, || job.path(), job.node.size);
                     self.progress.file_done();
                     continue;
                 }
@@ -2131,6 +2167,7 @@ impl Walk<'_> {
                 if let Err(e) = r {
                     self.issue(job.path(), format!("setting metadata: {e}"));
                 }
+                self.list(FileAction::Restored, || job.path(), job.node.size);
                 self.progress.file_done();
             }
         }
@@ -2177,7 +2214,7 @@ impl Walk<'_> {
         if !fresh {
             match sys::stat_at(parent.fd(), name) {
                 Ok(st) if self.decide(parent, name, Some(&st), node) != Decision::Write => {
-                    self.kept(&st, node);
+                    self.kept(&st, node, || parent.node.join(name));
                     return;
                 }
                 Ok(st) => {

@@ -8,7 +8,7 @@ use super::overwrite::{self, Decision};
 use super::{Gone, RestoreIssue, RestoreOptions, RestoreStats, sys, target};
 use crate::error::{Error, Result};
 use crate::ops::backup::source::Excludes;
-use crate::progress::Progress;
+use crate::progress::{FileAction, Progress};
 use crate::repo::Repository;
 use cairn_format::BlobId;
 use cairn_format::tree::{Node, NodeKind};
@@ -69,6 +69,12 @@ pub(super) fn dry_run(
         mount,
         spared: &spared,
         progress,
+    };
+    // `--verbose`: what the restore would do with each file, as it would say it.
+    let say = |action: FileAction, path: &std::path::Path, size: u64| {
+        if opts.list_files {
+            super::list_file(progress, action, path, size);
+        }
     };
     let tree = super::load_tree(repo, root, &opts.xattrs)?;
     let unfinished_since = dir
@@ -228,10 +234,12 @@ pub(super) fn dry_run(
                                 || overwrite::effective(opts.overwrite, unfinished_since, st)
                                     == overwrite::Overwrite::Never =>
                         {
+                            say(FileAction::Unchanged, &path, node.size);
                             kept(&mut stats, st, &node)
                         }
                         _ => {
                             if clear(&mut stats) {
+                                say(FileAction::Restored, &path, node.size);
                                 stats.files += 1;
                             }
                         }
@@ -245,17 +253,20 @@ pub(super) fn dry_run(
                     // Kept by `never` or `if-newer`, it is not what later names link
                     // to (it may hold anything).
                     (Decision::Keep, Some(st)) => {
+                        say(FileAction::Unchanged, &path, node.size);
                         kept(&mut stats, st, &node);
                         overwrite::effective(opts.overwrite, unfinished_since, st)
                             == overwrite::Overwrite::IfChanged
                     }
                     (Decision::Metadata, _) => {
+                        say(FileAction::Updated, &path, node.size);
                         stats.metadata_only += 1;
                         true
                     }
                     _ => {
                         let cleared = clear(&mut stats);
                         if cleared {
+                            say(FileAction::Restored, &path, node.size);
                             stats.files += 1;
                             stats.bytes += node.size;
                         }
@@ -387,6 +398,7 @@ fn count_removal(
     };
     // Listed only when something in it would go: a mount point or the repository
     // itself is left whole.
+    // (Listed as "would delete" by the report already, not by --verbose.)
     if counted.removed > 0 {
         stats.would_delete.push(shown.clone());
     }

@@ -58,7 +58,22 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
             );
         }
     };
-    let summary = diff::diff_each(&session, &sa.tree_id()?, &sb.tree_id()?, path, &mut each)?;
+    // Directories that could not be read: said on stderr as met, and in
+    // `--json`'s "errors" (path, message); the rest is compared, and the exit
+    // status is 1.
+    let mut errors: Vec<serde_json::Value> = Vec::new();
+    let mut on_err = |path: &str, e: cairn_core::Error| {
+        eprintln!("error: {}: {e}", ui::printable(path));
+        errors.push(serde_json::json!({ "path": path, "message": e.to_string() }));
+    };
+    let summary = diff::diff_each(
+        &session,
+        &sa.tree_id()?,
+        &sb.tree_id()?,
+        path,
+        &mut each,
+        &mut on_err,
+    )?;
     if let Some(e) = unwritable {
         anyhow::bail!("a difference could not be written as JSON: {e}");
     }
@@ -68,7 +83,11 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
         }
         super::out_raw_line(
             &mut out,
-            &format!("], \"summary\": {}}}", serde_json::to_string(&summary)?),
+            &format!(
+                "], \"summary\": {}, \"errors\": {}}}",
+                serde_json::to_string(&summary)?,
+                serde_json::to_string(&errors)?
+            ),
         );
     }
     if !g.json && !g.quiet {
@@ -107,5 +126,5 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
         );
     }
     super::flush_output(&mut out)?;
-    Ok(0)
+    Ok(if errors.is_empty() { 0 } else { 1 })
 }

@@ -239,6 +239,62 @@ fn corrupted_tree_is_named_and_other_directories_restore() {
     );
 }
 
+/// A damaged tree met by `diff` is named, and the rest is compared: a change
+/// beside it is still listed, `--json` stays one whole document with the gap in
+/// its "errors", and the exit status is 1 (QA: the document was cut off and the
+/// changes after the damaged directory were never listed).
+#[test]
+fn diff_goes_past_a_damaged_tree_and_names_it() {
+    let env = Env::new();
+    env.init(&["--no-encryption", "--compression", "none"]);
+    let src = small_tree(&env);
+    let a = env.backup(&[&src]);
+    fs::write(src.join("subdir-marker-name/c.bin"), b"changed").unwrap();
+    fs::write(src.join("keep/b.txt"), b"changed too").unwrap();
+    let b = env.backup(&[&src]);
+    // Both snapshots' trees of the directory name "c.bin": damage one of them.
+    let mut hit = None;
+    for (p, _) in files_under(&env.repo.join("data")) {
+        let bytes = fs::read(&p).unwrap();
+        if let Some(i) = bytes.windows(5).position(|w| w == b"c.bin") {
+            hit = Some((p, i));
+        }
+    }
+    let (pack, at) = hit.expect("tree blob with the name c.bin");
+    flip(&pack, at);
+    let o = env.run(&["diff", &a, &b, "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let errors = v["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{v}");
+    assert!(
+        errors[0]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("subdir-marker-name"),
+        "{v}"
+    );
+    let modified: Vec<&str> = v["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["change"] == "modified")
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(modified, [format!("{}/keep/b.txt", src.display())], "{v}");
+    let o = env.run(&["diff", &a, &b]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("keep/b.txt") && out.contains("1 modified"),
+        "{out}"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("subdir-marker-name"),
+        "{o:?}"
+    );
+}
+
 #[test]
 fn corrupted_or_truncated_index_snapshot_config_and_pack() {
     let env = Env::new();

@@ -92,12 +92,17 @@ pub fn report_path(path: &str) -> String {
 /// of them is all added or all removed; missing in both is an error. Memory
 /// holds the trees on the way down, not the differences: two snapshots of ten
 /// million files that all differ cost no more than two that hardly do.
+///
+/// A directory whose tree cannot be read on either side (damage) is passed to
+/// `on_error` with the error, and the walk goes on past it: what is below it is
+/// not compared, everything else is.
 pub fn diff_each<A: Access>(
     session: &Session<A>,
     a: &BlobId,
     b: &BlobId,
     path: &str,
     f: &mut dyn FnMut(&Difference),
+    on_error: &mut dyn FnMut(&str, Error),
 ) -> Result<DiffSummary> {
     let repo = session.repo();
     let progress = session.progress();
@@ -145,13 +150,17 @@ pub fn diff_each<A: Access>(
                     None => Vec::new(),
                 })
             };
-            open.push(Frame {
-                dir,
-                xs: load(x)?,
-                ys: load(y)?,
-                i: 0,
-                j: 0,
-            });
+            match load(x).and_then(|xs| Ok((xs, load(y)?))) {
+                Ok((xs, ys)) => open.push(Frame {
+                    dir,
+                    xs,
+                    ys,
+                    i: 0,
+                    j: 0,
+                }),
+                Err(e @ Error::Cancelled) => return Err(e),
+                Err(e) => on_error(&dir, e),
+            }
         }
         let Some(top) = open.last_mut() else { break };
         // The next name of the merge of both sides (each sorted by name).

@@ -913,6 +913,10 @@ pub struct TagArgs {
 
 #[derive(Args)]
 pub struct SnapshotsArgs {
+    /// Only these snapshots (id prefixes or "latest": the newest of those the
+    /// filters leave), as restic's: `cairn snapshots latest --json`
+    #[arg(value_name = "SNAPSHOT")]
+    pub snapshots: Vec<String>,
     #[command(flatten)]
     pub filter: FilterArgs,
     /// Only the N newest snapshots of each host and set of paths (0: all), those

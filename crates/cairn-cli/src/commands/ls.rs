@@ -134,7 +134,7 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
     let mut f = |path: &str, n: &Node| {
         let e = Entry::new(path, n);
         if sorted {
-            held.push((SortKey::of(&a.sort, n, e.size), e));
+            held.push((SortKey::of(&a.sort, n, e.size, path), e));
         } else {
             print(&e);
         }
@@ -152,7 +152,8 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         &mut on_err,
     )?;
     if sorted {
-        // Stable: equal keys stay in the tree's order (reversed with the rest).
+        // Equal keys (only by name) stay in the tree's order, reversed with
+        // the rest.
         held.sort_by(|x, y| x.0.cmp(&y.0));
         if a.reverse {
             held.reverse();
@@ -175,32 +176,35 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
     Ok(if errors.is_empty() { 0 } else { 1 })
 }
 
-/// What `ls --sort` orders by. `Name` keeps the walk's order (depth first, names
+/// What `ls --sort` orders by, then the path, as restic's (so equal sizes or
+/// times list in path order). `Name` keeps the walk's order (depth first, names
 /// in byte order), which the stable sort then leaves as it is.
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 enum SortKey {
     Name,
-    Number(u64),
-    Time(i64, u32),
-    /// The extension (after the name's last `.`, none for a name without one
-    /// or starting with its only one), then the name.
-    Extension(Vec<u8>, Vec<u8>),
+    Number(u64, String),
+    Time(i64, u32, String),
+    /// The extension as Go's `filepath.Ext` (restic's) takes it: from the
+    /// name's last `.` on, dot included (`.bashrc` is all extension, `a.` is
+    /// `.`), none without a dot.
+    Extension(Vec<u8>, String),
 }
 
 impl SortKey {
     /// `size`: the size the listing shows (a symlink's is its target's length).
-    fn of(by: &str, n: &Node, size: u64) -> SortKey {
+    fn of(by: &str, n: &Node, size: u64, path: &str) -> SortKey {
+        let path = path.to_string();
         match by {
-            "size" => SortKey::Number(size),
-            "time" | "mtime" => SortKey::Time(n.mtime.secs, n.mtime.nanos),
-            "atime" => SortKey::Time(n.atime.secs, n.atime.nanos),
-            "ctime" => SortKey::Time(n.ctime.secs, n.ctime.nanos),
+            "size" => SortKey::Number(size, path),
+            "time" | "mtime" => SortKey::Time(n.mtime.secs, n.mtime.nanos, path),
+            "atime" => SortKey::Time(n.atime.secs, n.atime.nanos, path),
+            "ctime" => SortKey::Time(n.ctime.secs, n.ctime.nanos, path),
             "extension" => {
                 let ext = match n.name.iter().rposition(|&b| b == b'.') {
-                    Some(i) if i > 0 => n.name[i + 1..].to_vec(),
-                    _ => Vec::new(),
+                    Some(i) => n.name[i..].to_vec(),
+                    None => Vec::new(),
                 };
-                SortKey::Extension(ext, n.name.clone())
+                SortKey::Extension(ext, path)
             }
             _ => SortKey::Name,
         }

@@ -26,7 +26,42 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
         .into_iter()
         .collect();
     let filter = a.filter.engine();
+    let all_ids: Vec<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
     snaps.retain(|(_, s)| filter.matches(s));
+    // Snapshots named: each resolved (a prefix among all, `latest` among those
+    // the filters leave, passing over one dated in the future, and refused
+    // while an unreadable snapshot might be newer), then only those listed.
+    if !a.snapshots.is_empty() {
+        let bad_refs: Vec<_> = bad.iter().collect();
+        let mut chosen = Vec::new();
+        for spec in &a.snapshots {
+            let id = if spec == "latest" {
+                cairn_core::repo::latest_in(&snaps, &bad_refs)
+                    .map_err(|e| match e {
+                        cairn_core::Error::SnapshotNotFound(_) if !filter.is_empty() => {
+                            cairn_core::Error::SnapshotNotFound(format!(
+                                "latest with {}",
+                                filter.describe()
+                            ))
+                        }
+                        e => e,
+                    })?
+                    .0
+            } else {
+                let id = cairn_core::repo::resolve_snapshot_prefix(spec, &all_ids)?;
+                if !snaps.iter().any(|(i, _)| *i == id) {
+                    anyhow::bail!(
+                        "snapshot {} does not match {}",
+                        id.short(),
+                        filter.describe()
+                    );
+                }
+                id
+            };
+            chosen.push(id);
+        }
+        snaps.retain(|(id, _)| chosen.contains(id));
+    }
     // Groups in key order, each oldest first; one group of all without --group-by.
     let mut groups: BTreeMap<GroupKey, Listed> = BTreeMap::new();
     for (id, s) in snaps {

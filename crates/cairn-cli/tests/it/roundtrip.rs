@@ -2410,3 +2410,49 @@ fn backup_verbose_lists_each_file_as_new_modified_or_unchanged() {
         ]
     );
 }
+
+/// `snapshots SNAPSHOT...` lists only those, as restic's: `snapshots latest
+/// --json` is the newest the filters leave; an id the filters leave out, or
+/// none, is an error.
+#[test]
+fn snapshots_lists_the_snapshots_named() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let s = src.to_str().unwrap();
+    let mut ids = Vec::new();
+    for (host, time) in [
+        ("a", "2026-01-01 10:00:00"),
+        ("b", "2026-01-02 10:00:00"),
+        ("a", "2026-01-03 10:00:00"),
+        ("b", "2026-01-04 10:00:00"),
+    ] {
+        let v: serde_json::Value =
+            serde_json::from_str(&env.ok(&["backup", "--host", host, "--time", time, "--json", s]))
+                .unwrap();
+        ids.push(v["snapshot_id"].as_str().unwrap().to_string());
+    }
+    let listed = |args: &[&str]| -> Vec<String> {
+        let mut a = vec!["snapshots", "--json"];
+        a.extend_from_slice(args);
+        let v: serde_json::Value = serde_json::from_str(&env.ok(&a)).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(listed(&["latest"]), [ids[3].clone()]);
+    assert_eq!(listed(&["latest", "--host", "a"]), [ids[2].clone()]);
+    assert_eq!(
+        listed(&[&ids[2][..8], &ids[0][..8]]),
+        [ids[0].clone(), ids[2].clone()]
+    );
+    assert_eq!(listed(&[]).len(), 4);
+    let err = env.fails(&["snapshots", &ids[1][..8], "--host", "a"], 1);
+    assert!(err.contains("does not match"), "{err}");
+    env.fails(&["snapshots", "ffffffff"], 1);
+    let err = env.fails(&["snapshots", "latest", "--host", "c"], 1);
+    assert!(err.contains("latest"), "{err}");
+}

@@ -361,7 +361,9 @@ pub fn new_password(file: Option<&PathBuf>) -> Result<String> {
 /// then runs over rather than pushing every row out).
 pub fn column_width<S: AsRef<str>>(cells: impl Iterator<Item = S>, min: usize) -> usize {
     cells
-        .map(|c| c.as_ref().chars().count())
+        // As shown: a cell is written out with `printable` (QA: a tag holding
+        // U+2028 pushed the columns after it out of line).
+        .map(|c| printable(c.as_ref()).chars().count())
         .max()
         .unwrap_or(0)
         .clamp(min, 64)

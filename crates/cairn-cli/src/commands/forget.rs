@@ -240,7 +240,7 @@ fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
         .collect();
     let rw = reasons
         .iter()
-        .map(|r| r.chars().count())
+        .map(|r| ui::printable(r).chars().count())
         .max()
         .unwrap_or(0)
         .max("reasons".len());
@@ -251,17 +251,17 @@ fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
     let tw = ui::column_width(all().map(|s| s.tags.join(",")), 12);
     // Host, tags and paths are what the backup's client wrote: written out as
     // `snapshots` writes them (no control character reaches the terminal).
+    let cell = |t: &str| ui::printable(t).into_owned();
     let row = |s: &SnapshotEntry, reason: Option<&str>| {
-        let line = format!(
+        println!(
             "{:<10} {:<20} {:<hw$} {:<tw$} {}{}",
             s.short_id,
             short_time(&s.time),
-            s.host,
-            s.tags.join(","),
-            reason.map_or(String::new(), |r| format!("{r:<rw$}  ")),
-            s.paths.join(" ")
+            cell(&s.host),
+            cell(&s.tags.join(",")),
+            reason.map_or(String::new(), |r| format!("{:<rw$}  ", cell(r))),
+            cell(&s.paths.join(" "))
         );
-        println!("{}", ui::printable(&line));
     };
     if show_group {
         println!("keep {}:", ui::count(gr.keep.len() as u64, "snapshot"));

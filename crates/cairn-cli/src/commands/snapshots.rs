@@ -192,14 +192,16 @@ fn print_table(
     }
     for (id, s) in snaps {
         let time = cairn_core::time::local_display(&s.time);
-        // Host, tags and paths are what the backup's client wrote.
+        // Host, tags and paths are what the backup's client wrote: each cell
+        // written out before it is padded, so the columns stay in line.
+        let cell = |t: String| ui::printable(&t).into_owned();
         let line = if compact {
             format!(
                 "{:<10} {:<20} {:<hw$} {:<tw$} {:>12}",
                 id.short(),
                 time,
-                host_of(id, s),
-                s.tags.join(","),
+                cell(host_of(id, s)),
+                cell(s.tags.join(",")),
                 ui::bytes(s.summary.total_bytes)
             )
         } else {
@@ -207,15 +209,15 @@ fn print_table(
                 "{:<10} {:<20} {:<hw$} {:<tw$} {:>12}  {}",
                 id.short(),
                 time,
-                host_of(id, s),
-                s.tags.join(","),
+                cell(host_of(id, s)),
+                cell(s.tags.join(",")),
                 ui::bytes(s.summary.total_bytes),
                 match &s.image {
                     // An image: what its backup read, changed and added, which for
                     // a full image every time is what tells snapshots apart.
                     Some(i) => format!(
                         "{} [image: {} changed of {}{}, {} added]",
-                        s.paths.join(" "),
+                        cell(s.paths.join(" ")),
                         i.blocks_changed,
                         ui::count(i.blocks, "block"),
                         if i.changed_blocks_input {
@@ -225,11 +227,11 @@ fn print_table(
                         },
                         ui::bytes(s.summary.data_added_packed)
                     ),
-                    None => s.paths.join(" "),
+                    None => cell(s.paths.join(" ")),
                 }
             )
         };
-        println!("{}", ui::printable(line.trim_end()));
+        println!("{}", line.trim_end());
     }
     println!("{}", ui::count(snaps.len() as u64, "snapshot"));
 }

@@ -2455,4 +2455,20 @@ fn snapshots_lists_the_snapshots_named() {
     env.fails(&["snapshots", "ffffffff"], 1);
     let err = env.fails(&["snapshots", "latest", "--host", "c"], 1);
     assert!(err.contains("latest"), "{err}");
+    // A tag shown written out (U+2028 as \u{2028}) keeps the columns in line
+    // (QA: the size and paths of its row were pushed out).
+    env.ok(&["tag", "--add", "t\u{2028}g", &ids[0][..8]]);
+    for args in [&["snapshots"][..], &["forget", "--keep-last", "9", "-n"]] {
+        let out = env.ok(args);
+        let rows: Vec<usize> = out
+            .lines()
+            .filter(|l| l.ends_with(s))
+            .map(|l| l.chars().count())
+            .collect();
+        assert!(
+            rows.len() >= 2 && rows.iter().all(|&n| n == rows[0]),
+            "{out}"
+        );
+        assert!(out.contains("t\\u{2028}g"), "{out}");
+    }
 }

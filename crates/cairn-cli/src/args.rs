@@ -1128,9 +1128,10 @@ pub struct CheckArgs {
     /// Also read, decrypt and verify every blob
     #[arg(long, conflicts_with = "read_data_subset")]
     pub read_data: bool,
-    /// Read and verify only part of the packs: "N/M" (group N of M, by pack id) or
-    /// "P%" (a random sample)
-    #[arg(long, value_name = "N/M|P%")]
+    /// Read and verify only part of the packs: "N/M" (group N of M, by pack id),
+    /// "P%" (a random sample) or a size such as "500M" (random packs adding up
+    /// to at most that)
+    #[arg(long, value_name = "N/M|P%|SIZE")]
     pub read_data_subset: Option<String>,
 }
 

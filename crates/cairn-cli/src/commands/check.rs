@@ -6,8 +6,19 @@ use cairn_core::session::{IndexLoad, Read};
 
 fn subset(s: &str) -> Result<Subset> {
     let bad = || {
-        anyhow!("invalid --read-data-subset {s:?}: use N/M (e.g. 2/7) or a percentage (e.g. 10%)")
+        anyhow!(
+            "invalid --read-data-subset {s:?}: use N/M (e.g. 2/7), a percentage (e.g. 10%) \
+             or a size (e.g. 500M)"
+        )
     };
+    // A size, as restic's (`500M`, `2G`): random packs adding up to at most it.
+    if !s.contains('/') && s.trim().ends_with(|c: char| c.is_ascii_alphabetic()) {
+        let bytes = super::parse_size(s.trim()).map_err(|_| bad())?;
+        if bytes == 0 {
+            bail!("--read-data-subset {s}: a size must be above 0");
+        }
+        return Ok(Subset::Bytes(bytes));
+    }
     if let Some(p) = s.trim().strip_suffix('%') {
         let v: f64 = p.trim().parse().map_err(|_| bad())?;
         if !(v > 0.0 && v <= 100.0) {

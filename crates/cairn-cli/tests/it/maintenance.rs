@@ -731,3 +731,54 @@ fn a_prune_interrupted_while_repacking_stops_before_the_index() {
         assert_same(&src, &env.restore("latest", &src, "out"));
     }
 }
+
+/// `check --read-data-subset SIZE` (restic's `500M`) reads random packs adding up
+/// to at most that size; N/M, P% and nonsense as before.
+#[test]
+fn check_reads_a_subset_of_packs_by_size() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("big"), Rng(11).bytes(4 << 20, false)).unwrap();
+    env.ok(&["backup", "--pack-size", "512K", src.to_str().unwrap()]);
+    let read = |subset: &str| -> u64 {
+        let mut args = vec!["check", "--json"];
+        if subset == "all" {
+            args.push("--read-data");
+        } else {
+            args.extend(["--read-data-subset", subset]);
+        }
+        let v: serde_json::Value = serde_json::from_str(&env.ok(&args)).unwrap();
+        v["packs_read"].as_u64().unwrap()
+    };
+    let all = read("all");
+    assert!(all >= 8, "{all} packs");
+    assert_eq!(read("100G"), all);
+    // Never more than the smallest packs that fit in 1 MiB together.
+    let mut sizes: Vec<u64> = walk(&env.repo.join("data"))
+        .into_values()
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .collect();
+    assert_eq!(sizes.len() as u64, all);
+    sizes.sort();
+    let most = sizes
+        .iter()
+        .scan(0u64, |sum, s| {
+            *sum += s;
+            Some(*sum)
+        })
+        .take_while(|&sum| sum <= 1 << 20)
+        .count() as u64;
+    let some = read("1M");
+    assert!(
+        some >= 1 && some <= most && some < all,
+        "{some} of {all} packs"
+    );
+    assert_eq!(read("100%"), all);
+    for bad in ["0M", "12Q", "3/2"] {
+        let err = env.fails(&["check", "--read-data-subset", bad], 1);
+        assert!(err.contains("--read-data-subset"), "{bad}: {err}");
+    }
+}

@@ -35,6 +35,9 @@ pub enum Subset {
     Part { n: u32, m: u32 },
     /// A random sample of this percentage of packs.
     Percent(f64),
+    /// Random packs adding up to at most this many bytes (restic's `50M`): a
+    /// nightly check that reads a fixed amount whatever the repository's size.
+    Bytes(u64),
 }
 
 impl Subset {
@@ -46,13 +49,31 @@ impl Subset {
             }),
             Subset::Percent(p) => {
                 let want = ((packs.len() as f64) * p / 100.0).ceil() as usize;
-                // Order by a keyed hash with a fresh random key: a uniform sample.
-                let key: [u8; 32] = cairn_format::envelope::random_bytes();
-                packs.sort_by_cached_key(|(id, _)| *blake3::keyed_hash(&key, &id.0).as_bytes());
+                shuffle(packs);
                 packs.truncate(want.min(packs.len()));
+            }
+            Subset::Bytes(limit) => {
+                shuffle(packs);
+                let mut total = 0u64;
+                // Greedy in the random order: a pack too large for what is left
+                // is passed over for a smaller one after it.
+                packs.retain(|(_, size)| {
+                    let fits = total.saturating_add(*size) <= limit;
+                    if fits {
+                        total += size;
+                    }
+                    fits
+                });
             }
         }
     }
+}
+
+/// Orders packs by a keyed hash with a fresh random key: a uniform sample of any
+/// length is then a prefix.
+fn shuffle(packs: &mut [(PackId, u64)]) {
+    let key: [u8; 32] = cairn_format::envelope::random_bytes();
+    packs.sort_by_cached_key(|(id, _)| *blake3::keyed_hash(&key, &id.0).as_bytes());
 }
 
 /// A file or directory of a snapshot that a problem makes unrestorable (in full).
@@ -1298,6 +1319,22 @@ mod tests {
         p.sort();
         p.dedup();
         assert_eq!(p.len(), 20);
+        // A size takes packs up to it, never over; one too large is passed over.
+        let sized: Vec<(PackId, u64)> = packs
+            .iter()
+            .enumerate()
+            .map(|(i, (id, _))| (*id, if i == 0 { 1000 } else { 10 }))
+            .collect();
+        let mut p = sized.clone();
+        Subset::Bytes(95).select(&mut p);
+        assert_eq!(p.len(), 9, "{p:?}");
+        assert!(p.iter().all(|(_, s)| *s == 10));
+        let mut p = sized.clone();
+        Subset::Bytes(5).select(&mut p);
+        assert!(p.is_empty());
+        let mut p = sized;
+        Subset::Bytes(u64::MAX).select(&mut p);
+        assert_eq!(p.len(), 200);
     }
 
     /// A pack read whole is intact only when its header matches its index

@@ -757,9 +757,9 @@ fn snapshot_path() -> impl clap::builder::TypedValueParser<Value = String> {
 pub struct LsArgs {
     /// Snapshot id (prefix) or "latest"
     pub snapshot: String,
-    /// Directory or file inside the snapshot
-    #[arg(value_parser = snapshot_path())]
-    pub path: Option<String>,
+    /// Directories or files inside the snapshot (default: all of it)
+    #[arg(value_parser = snapshot_path(), value_name = "PATH")]
+    pub dirs: Vec<String>,
     /// Long listing: mode, owner, size, time
     #[arg(short, long)]
     pub long: bool,

@@ -67,6 +67,12 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
     if a.image_fs.image_fs.is_some() && (a.sort != "name" || a.reverse) {
         anyhow::bail!("--sort and --reverse order a file snapshot's listing, not --image-fs");
     }
+    if a.image_fs.image_fs.is_some() && !a.dirs.is_empty() {
+        anyhow::bail!("with --image-fs, the path inside the image is --image-fs's value");
+    }
+    if a.ncdu && a.dirs.len() > 1 {
+        anyhow::bail!("--ncdu writes one directory's tree: give one path");
+    }
     let p = super::progress(g);
     let session = super::session::<Read>(g, "ls", IndexLoad::Placement, &p.progress)?;
     let (id, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
@@ -143,14 +149,19 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         eprintln!("error: {}: {e}", crate::ui::printable(path));
         errors.push(serde_json::json!({ "path": path, "message": e.to_string() }));
     };
-    cairn_core::ls::list(
-        &session,
-        &root,
-        a.path.as_deref().unwrap_or("/"),
-        !a.no_recursive,
-        &mut f,
-        &mut on_err,
-    )?;
+    // Several paths, as restic's: each is looked up before anything is
+    // written, so that one not in the snapshot leaves no listing half made.
+    let paths: Vec<&str> = if a.dirs.is_empty() {
+        vec!["/"]
+    } else {
+        a.dirs.iter().map(String::as_str).collect()
+    };
+    for path in &paths {
+        cairn_core::ls::find_node(session.repo(), &root, path)?;
+    }
+    for path in paths {
+        cairn_core::ls::list(&session, &root, path, !a.no_recursive, &mut f, &mut on_err)?;
+    }
     if sorted {
         // Equal keys (only by name) stay in the tree's order, reversed with
         // the rest.
@@ -211,7 +222,7 @@ impl SortKey {
     }
 }
 
-/// `ls --ncdu`: the tree below `a.path` in ncdu's JSON export format (version
+/// `ls --ncdu`: the tree below `a.dirs`' one path in ncdu's JSON export format (version
 /// 1.2: a directory is an array, its own entry first; a file an object), written
 /// as the walk goes, so a tree of millions of entries costs the depth of it in
 /// memory. Sizes are the files' own (what a restore writes): the stored bytes of
@@ -223,7 +234,7 @@ fn ncdu(
     a: &LsArgs,
 ) -> Result<i32> {
     use std::io::Write;
-    let path = a.path.as_deref().unwrap_or("/");
+    let path = a.dirs.first().map_or("/", String::as_str);
     let top = cairn_core::ls::find_node(session.repo(), root, path)?;
     if let Some(n) = &top
         && n.kind != cairn_format::tree::NodeKind::Dir

@@ -23,21 +23,23 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
     );
     let mut first = true;
     let mut unwritable = None;
-    if !g.json && !g.quiet {
-        super::out_line(
-            &mut out,
-            &format!(
-                "comparing snapshot {} ({}) with {} ({})",
-                ida.short(),
-                cairn_core::time::local_display(&sa.time),
-                idb.short(),
-                cairn_core::time::local_display(&sb.time)
-            ),
-        );
-    }
+    // The text's first line, written with the first difference or the summary:
+    // a path in neither snapshot writes nothing to stdout.
+    let mut header = (!g.json && !g.quiet).then(|| {
+        format!(
+            "comparing snapshot {} ({}) with {} ({})",
+            ida.short(),
+            cairn_core::time::local_display(&sa.time),
+            idb.short(),
+            cairn_core::time::local_display(&sb.time)
+        )
+    });
     let mut each = |d: &diff::Difference| {
         if d.change == Change::Metadata && !a.metadata {
             return;
+        }
+        if let Some(h) = header.take() {
+            super::out_line(&mut out, &h);
         }
         if g.json {
             match serde_json::to_string(d) {
@@ -89,6 +91,9 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
                 serde_json::to_string(&errors)?
             ),
         );
+    }
+    if let Some(h) = header.take() {
+        super::out_line(&mut out, &h);
     }
     if !g.json && !g.quiet {
         let s = &summary;

@@ -233,6 +233,11 @@ fn diff_lists_added_removed_modified_and_metadata_changes() {
     );
     let err = env.fails(&["diff", &a, &b, "/no/such/path"], 1);
     assert!(err.contains("in neither snapshot"), "{err}");
+    assert!(
+        env.run(&["diff", &a, &b, "/no/such/path"])
+            .stdout
+            .is_empty()
+    );
     let o = env.run(&["diff", &a, &b, "/no/such/path", "--json"]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     assert!(o.stdout.is_empty(), "{o:?}");

@@ -22,6 +22,20 @@ fn flip(path: &Path, offset: usize) {
     fs::write(path, d).unwrap();
 }
 
+/// Flips a byte of a tree blob that holds `name`, in a repository made with
+/// `--no-encryption --compression none` (where names stand in the packs as they are).
+fn damage_tree_naming(env: &Env, name: &[u8]) {
+    let mut hit = None;
+    for (p, _) in files_under(&env.repo.join("data")) {
+        let bytes = fs::read(&p).unwrap();
+        if let Some(i) = bytes.windows(name.len()).position(|w| w == name) {
+            hit = Some((p, i));
+        }
+    }
+    let (pack, at) = hit.expect("a tree blob with the name");
+    flip(&pack, at);
+}
+
 fn small_tree(env: &Env) -> PathBuf {
     let src = env.path("src");
     fs::create_dir_all(src.join("keep")).unwrap();
@@ -191,15 +205,7 @@ fn corrupted_tree_is_named_and_other_directories_restore() {
     let src = small_tree(&env);
     let snap = env.backup(&[&src]);
     // The tree listing "c.bin" lives in the metadata pack; find the name and damage it.
-    let mut hit = None;
-    for (p, _) in files_under(&env.repo.join("data")) {
-        let b = fs::read(&p).unwrap();
-        if let Some(i) = b.windows(5).position(|w| w == b"c.bin") {
-            hit = Some((p, i));
-        }
-    }
-    let (pack, at) = hit.expect("tree blob with the name c.bin");
-    flip(&pack, at);
+    damage_tree_naming(&env, b"c.bin");
     let o = env.run(&["check"]);
     assert_eq!(o.status.code(), Some(1));
     let out = String::from_utf8_lossy(&o.stdout);
@@ -253,15 +259,7 @@ fn diff_goes_past_a_damaged_tree_and_names_it() {
     fs::write(src.join("keep/b.txt"), b"changed too").unwrap();
     let b = env.backup(&[&src]);
     // Both snapshots' trees of the directory name "c.bin": damage one of them.
-    let mut hit = None;
-    for (p, _) in files_under(&env.repo.join("data")) {
-        let bytes = fs::read(&p).unwrap();
-        if let Some(i) = bytes.windows(5).position(|w| w == b"c.bin") {
-            hit = Some((p, i));
-        }
-    }
-    let (pack, at) = hit.expect("tree blob with the name c.bin");
-    flip(&pack, at);
+    damage_tree_naming(&env, b"c.bin");
     let o = env.run(&["diff", &a, &b, "--json"]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -337,20 +337,8 @@ fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
     let (env, snap, _src, copy) = backed_up();
     change(&copy);
     let t = env.path("t");
-    let listed = |out: &str| -> Vec<(String, String)> {
-        let prefix = format!("{}/", copy.display());
-        let mut v: Vec<(String, String)> = out
-            .lines()
-            .filter_map(|l| {
-                let (action, path) = l.split_once(' ')?;
-                let path = path.trim_start().strip_prefix(&prefix)?;
-                Some((action.to_string(), path.to_string()))
-            })
-            .collect();
-        v.sort_by(|x, y| x.1.cmp(&y.1));
-        v
-    };
-    let want: Vec<(String, String)> = [
+    let listed = |out: &str| listed_files(out, &copy);
+    let want = pairs(&[
         ("deleted", "d/newdir"),
         ("unchanged", "d/sub/deep"),
         ("restored", "edited"),
@@ -358,10 +346,7 @@ fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
         ("restored", "gone"),
         ("unchanged", "same"),
         ("updated", "touched"),
-    ]
-    .iter()
-    .map(|(a, p)| (a.to_string(), p.to_string()))
-    .collect();
+    ]);
     let args = |extra: &[&'static str]| {
         let mut a = vec!["restore", snap.as_str(), "--target", t.to_str().unwrap()];
         a.extend_from_slice(extra);

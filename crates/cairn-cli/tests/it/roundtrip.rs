@@ -2328,23 +2328,7 @@ fn backup_verbose_lists_each_file_as_new_modified_or_unchanged() {
     // Larger than a small file: read on the walker's own path.
     fs::write(src.join("big.bin"), Rng(5).bytes(3 << 20, false)).unwrap();
     let s = src.to_str().unwrap();
-    let listed = |out: &str| -> Vec<(String, String)> {
-        let mut v: Vec<(String, String)> = out
-            .lines()
-            .filter_map(|l| {
-                let (action, path) = l.split_once(' ')?;
-                let path = path.trim_start().strip_prefix(&format!("{s}/"))?;
-                Some((action.to_string(), path.to_string()))
-            })
-            .collect();
-        v.sort_by(|x, y| x.1.cmp(&y.1));
-        v
-    };
-    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
-        v.iter()
-            .map(|(a, p)| (a.to_string(), p.to_string()))
-            .collect()
-    };
+    let listed = |out: &str| listed_files(out, &src);
     let out = env.ok(&["backup", "-v", s]);
     assert_eq!(
         listed(&out),

@@ -1012,3 +1012,26 @@ pub fn use_ssd_index(env: &Env) -> PathBuf {
     ]);
     ssd
 }
+
+/// The `ACTION    PATH` lines of `backup -v` / `restore -v` whose path is below
+/// `dir`, as (action, path relative to `dir`), sorted by path.
+pub fn listed_files(out: &str, dir: &Path) -> Vec<(String, String)> {
+    let prefix = format!("{}/", dir.display());
+    let mut v: Vec<(String, String)> = out
+        .lines()
+        .filter_map(|l| {
+            let (action, path) = l.split_once(' ')?;
+            let path = path.trim_start().strip_prefix(&prefix)?;
+            Some((action.to_string(), path.to_string()))
+        })
+        .collect();
+    v.sort_by(|x, y| x.1.cmp(&y.1));
+    v
+}
+
+/// `(action, path)` pairs as [`listed_files`] returns them.
+pub fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|(a, p)| (a.to_string(), p.to_string()))
+        .collect()
+}

@@ -36,6 +36,17 @@ fn damage_tree_naming(env: &Env, name: &[u8]) {
     flip(&pack, at);
 }
 
+/// The `--json` document of a command that went past one unreadable directory,
+/// checked: exit 1, whole, its "errors" naming that directory alone.
+fn one_gap_named(o: &std::process::Output, dir: &str) -> serde_json::Value {
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let errors = v["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{v}");
+    assert!(errors[0]["path"].as_str().unwrap().ends_with(dir), "{v}");
+    v
+}
+
 fn small_tree(env: &Env) -> PathBuf {
     let src = env.path("src");
     fs::create_dir_all(src.join("keep")).unwrap();
@@ -224,17 +235,7 @@ fn corrupted_tree_is_named_and_other_directories_restore() {
     // ls --json lists the rest in a whole document that names the gap, and
     // exits 1.
     let o = env.run(&["ls", &snap, "--json"]);
-    assert_eq!(o.status.code(), Some(1), "{o:?}");
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let errors = v["errors"].as_array().unwrap();
-    assert_eq!(errors.len(), 1, "{v}");
-    assert!(
-        errors[0]["path"]
-            .as_str()
-            .unwrap()
-            .ends_with("subdir-marker-name"),
-        "{v}"
-    );
+    let v = one_gap_named(&o, "subdir-marker-name");
     assert!(
         v["entries"]
             .as_array()
@@ -261,17 +262,7 @@ fn diff_goes_past_a_damaged_tree_and_names_it() {
     // Both snapshots' trees of the directory name "c.bin": damage one of them.
     damage_tree_naming(&env, b"c.bin");
     let o = env.run(&["diff", &a, &b, "--json"]);
-    assert_eq!(o.status.code(), Some(1), "{o:?}");
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let errors = v["errors"].as_array().unwrap();
-    assert_eq!(errors.len(), 1, "{v}");
-    assert!(
-        errors[0]["path"]
-            .as_str()
-            .unwrap()
-            .ends_with("subdir-marker-name"),
-        "{v}"
-    );
+    let v = one_gap_named(&o, "subdir-marker-name");
     let modified: Vec<&str> = v["differences"]
         .as_array()
         .unwrap()

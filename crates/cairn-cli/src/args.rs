@@ -1129,8 +1129,8 @@ pub struct CheckArgs {
     #[arg(long, conflicts_with = "read_data_subset")]
     pub read_data: bool,
     /// Read and verify only part of the packs: "N/M" (group N of M, by pack id),
-    /// "P%" (a random sample) or a size such as "500M" (random packs adding up
-    /// to at most that)
+    /// "P%" (a random sample) or a size such as "500M" (random packs until that
+    /// much is read; at least one)
     #[arg(long, value_name = "N/M|P%|SIZE")]
     pub read_data_subset: Option<String>,
 }

@@ -73,12 +73,22 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             }
         }
         if !g.quiet {
+            // What was read in full is said in bytes too: a subset by size
+            // reads about that much, whatever the number of packs.
+            let read = if report.packs_read > 0 {
+                format!(
+                    "{} read in full, {}",
+                    report.packs_read,
+                    ui::bytes(report.bytes_read)
+                )
+            } else {
+                "0 read in full".to_string()
+            };
             println!(
-                "checked {}, {}, {} ({} read in full), {}",
+                "checked {}, {}, {} ({read}), {}",
                 ui::count(report.snapshots as u64, "snapshot"),
                 ui::count(report.index_files as u64, "index file"),
                 ui::count(report.packs as u64, "pack"),
-                report.packs_read,
                 ui::count(report.blobs as u64, "blob")
             );
             if let Some(host) = &report.only_host {

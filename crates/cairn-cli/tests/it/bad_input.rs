@@ -1251,7 +1251,7 @@ fn check_asks_for_access_to_a_pack_this_user_may_not_read() {
     assert!(
         out.contains("1 pack this user may not read: give it read access")
             && out.contains("its data was not verified")
-            && out.contains("(1 read in full)"),
+            && out.contains("(1 read in full, "),
         "{out}"
     );
     assert!(

@@ -755,27 +755,29 @@ fn check_reads_a_subset_of_packs_by_size() {
     let all = read("all");
     assert!(all >= 8, "{all} packs");
     assert_eq!(read("100G"), all);
-    // Never more than the smallest packs that fit in 1 MiB together.
-    let mut sizes: Vec<u64> = walk(&env.repo.join("data"))
+    // Random packs until 1 MiB is reached: more than none, fewer than all, and
+    // without the last of them less than 1 MiB.
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["check", "--json", "--read-data-subset", "1M"])).unwrap();
+    let (some, bytes) = (
+        v["packs_read"].as_u64().unwrap(),
+        v["bytes_read"].as_u64().unwrap(),
+    );
+    let largest = walk(&env.repo.join("data"))
         .into_values()
         .filter(|m| m.is_file())
         .map(|m| m.len())
-        .collect();
-    assert_eq!(sizes.len() as u64, all);
-    sizes.sort();
-    let most = sizes
-        .iter()
-        .scan(0u64, |sum, s| {
-            *sum += s;
-            Some(*sum)
-        })
-        .take_while(|&sum| sum <= 1 << 20)
-        .count() as u64;
-    let some = read("1M");
+        .max()
+        .unwrap();
+    assert!(some >= 1 && some < all, "{some} of {all} packs");
     assert!(
-        some >= 1 && some <= most && some < all,
-        "{some} of {all} packs"
+        bytes >= 1 << 20 && bytes < (1 << 20) + largest,
+        "{bytes} bytes"
     );
+    // A size below any pack still reads one (QA: 200B read none, "no errors").
+    assert_eq!(read("200B"), 1);
+    let out = env.ok(&["check", "--read-data-subset", "1M"]);
+    assert!(out.contains("read in full, "), "{out}");
     assert_eq!(read("100%"), all);
     for bad in ["0M", "12Q", "3/2"] {
         let err = env.fails(&["check", "--read-data-subset", bad], 1);

@@ -378,6 +378,31 @@ fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
     assert!(listed(&out).is_empty(), "{out}");
 }
 
+/// `restore -v` lists a hard link's other names once the content they share is
+/// written, after the name that holds it (QA: the second name was "restored"
+/// first, and also when the content never came: Ctrl-C, a full disk).
+#[test]
+fn verbose_lists_hard_links_once_their_content_is_written() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::write(src.join("a/one"), Rng(9).bytes(2 << 20, false)).unwrap();
+    fs::hard_link(src.join("a/one"), src.join("two")).unwrap();
+    let snap = env.backup(&[&src]);
+    let t = env.path("t");
+    let out = env.ok(&["restore", &snap, "--target", t.to_str().unwrap(), "-v"]);
+    let copy = t.join(src.strip_prefix("/").unwrap());
+    assert_eq!(
+        listed_files(&out, &copy),
+        pairs(&[("restored", "a/one"), ("restored", "two")]),
+        "{out}"
+    );
+    let at = |name: &str| out.find(&format!("{}/{name}\n", copy.display())).unwrap();
+    assert!(at("a/one") < at("two"), "{out}");
+    assert_eq!(ino(&copy.join("a/one")), ino(&copy.join("two")));
+}
+
 /// What a dry run must leave as it is: each entry's path, size and mtime.
 fn util_listing(dir: &Path) -> Vec<(PathBuf, u64, i64)> {
     walk(dir)

@@ -35,8 +35,9 @@ pub enum Subset {
     Part { n: u32, m: u32 },
     /// A random sample of this percentage of packs.
     Percent(f64),
-    /// Random packs adding up to at most this many bytes (restic's `50M`): a
-    /// nightly check that reads a fixed amount whatever the repository's size.
+    /// Random packs until they add up to this many bytes (restic's `50M`; the
+    /// last may go past it, so at least one is read): a nightly check that reads
+    /// about a fixed amount whatever the repository's size.
     Bytes(u64),
 }
 
@@ -52,18 +53,22 @@ impl Subset {
                 shuffle(packs);
                 packs.truncate(want.min(packs.len()));
             }
-            Subset::Bytes(limit) => {
+            Subset::Bytes(want) => {
                 shuffle(packs);
+                // In the random order until the size is reached. Passing over
+                // packs larger than what is left would favour small (tree)
+                // packs and could read no data at all (QA: 5M of packs of 54K,
+                // 13M and 16M read the 54K tree pack alone, "no errors").
                 let mut total = 0u64;
-                // Greedy in the random order: a pack too large for what is left
-                // is passed over for a smaller one after it.
-                packs.retain(|(_, size)| {
-                    let fits = total.saturating_add(*size) <= limit;
-                    if fits {
-                        total += size;
-                    }
-                    fits
-                });
+                let take = packs
+                    .iter()
+                    .take_while(|(_, size)| {
+                        let more = total < want;
+                        total = total.saturating_add(*size);
+                        more
+                    })
+                    .count();
+                packs.truncate(take);
             }
         }
     }
@@ -280,6 +285,8 @@ pub struct CheckReport {
     pub packs: usize,
     pub blobs: usize,
     pub packs_read: usize,
+    /// Bytes of the packs read in full (`--read-data`, `--read-data-subset`).
+    pub bytes_read: u64,
     /// Packs no index lists (left by an interrupted backup; removed by prune).
     pub unindexed_packs: usize,
     /// Prune records whose packs wait for deletion.
@@ -427,6 +434,16 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
             .filter(|p| matches!(p, Problem::PackUnreadable { .. }))
             .count();
         report.packs_read = packs.len() - unread;
+        let unread: std::collections::HashSet<PackId> = (problems.iter())
+            .filter_map(|p| match p {
+                Problem::PackUnreadable { pack, .. } => Some(*pack),
+                _ => None,
+            })
+            .collect();
+        report.bytes_read = (packs.iter())
+            .filter(|(p, _)| !unread.contains(p))
+            .map(|(_, s)| s)
+            .sum();
         report.problems.extend(problems);
         bad.copies.extend(blobs);
     }
@@ -1319,22 +1336,21 @@ mod tests {
         p.sort();
         p.dedup();
         assert_eq!(p.len(), 20);
-        // A size takes packs up to it, never over; one too large is passed over.
-        let sized: Vec<(PackId, u64)> = packs
-            .iter()
-            .enumerate()
-            .map(|(i, (id, _))| (*id, if i == 0 { 1000 } else { 10 }))
-            .collect();
+        // A size takes random packs until it is reached (the last may go past
+        // it): at least one, whatever their sizes.
+        let sized: Vec<(PackId, u64)> = packs.iter().map(|(id, _)| (*id, 10)).collect();
         let mut p = sized.clone();
         Subset::Bytes(95).select(&mut p);
-        assert_eq!(p.len(), 9, "{p:?}");
-        assert!(p.iter().all(|(_, s)| *s == 10));
+        assert_eq!(p.len(), 10, "{p:?}");
         let mut p = sized.clone();
-        Subset::Bytes(5).select(&mut p);
-        assert!(p.is_empty());
+        Subset::Bytes(1).select(&mut p);
+        assert_eq!(p.len(), 1);
         let mut p = sized;
         Subset::Bytes(u64::MAX).select(&mut p);
         assert_eq!(p.len(), 200);
+        let mut p = vec![(PackId([1; 32]), 1000), (PackId([2; 32]), 10)];
+        Subset::Bytes(5).select(&mut p);
+        assert_eq!(p.len(), 1);
     }
 
     /// A pack read whole is intact only when its header matches its index

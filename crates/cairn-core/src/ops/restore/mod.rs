@@ -328,6 +328,10 @@ struct Walk<'a> {
     /// writes their last files.
     pending: Vec<(Arc<Dir>, DirMeta)>,
     hardlinks: HashMap<(u64, u64), FirstLink>,
+    /// `--verbose`: the other names of hard-linked files whose first name's
+    /// content is still to be written. They are listed once it is, and not at
+    /// all if it never is (QA: a link to a file left as zeros was "restored").
+    links_waiting: HashMap<(u64, u64), Vec<PathBuf>>,
     /// Hard-linked files whose name met first was kept as it was (`never`,
     /// `if-newer`) though it does not look like the snapshot's content: their
     /// other names become a file of their own, which is said. The kept name.
@@ -525,6 +529,7 @@ pub(super) fn restore(
             last_dir: None,
             pending: Vec::new(),
             hardlinks: HashMap::new(),
+            links_waiting: HashMap::new(),
             kept_apart: HashMap::new(),
             link_dir: None,
             flagged: Vec::new(),
@@ -1828,7 +1833,10 @@ impl Walk<'_> {
                 return Ok(());
             }
             match self.link(&parent, &name, key, fresh) {
-                Ok(_) => self.list(FileAction::Restored, || parent.node.join(&name), node.size),
+                Ok(_) => match self.links_waiting.get_mut(&key) {
+                    Some(waiting) => waiting.push(parent.node.join(&name)),
+                    None => self.list(FileAction::Restored, || parent.node.join(&name), node.size),
+                },
                 Err(e) => self.issue(parent.node.join(&name), format!("creating hard link: {e}")),
             }
             self.stats.files += 1;
@@ -1929,6 +1937,9 @@ impl Walk<'_> {
                         owners: [st.uid, if self.opts.owners { node.uid } else { st.uid }],
                     },
                 );
+                if self.opts.list_files {
+                    self.links_waiting.insert(key, Vec::new());
+                }
             }
             Some(st)
         };
@@ -2168,6 +2179,15 @@ impl Walk<'_> {
                     self.issue(job.path(), format!("setting metadata: {e}"));
                 }
                 self.list(FileAction::Restored, || job.path(), job.node.size);
+                // Its other names hold what it holds now.
+                let key = (job.node.dev, job.node.inode);
+                if job.node.nlink > 1
+                    && let Some(names) = self.links_waiting.remove(&key)
+                {
+                    for n in names {
+                        self.list(FileAction::Restored, || n, job.node.size);
+                    }
+                }
                 self.progress.file_done();
             }
         }

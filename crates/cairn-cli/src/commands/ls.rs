@@ -149,18 +149,44 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         eprintln!("error: {}: {e}", crate::ui::printable(path));
         errors.push(serde_json::json!({ "path": path, "message": e.to_string() }));
     };
-    // Several paths, as restic's: each is looked up before anything is
-    // written, so that one not in the snapshot leaves no listing half made.
-    let paths: Vec<&str> = if a.dirs.is_empty() {
-        vec!["/"]
-    } else {
-        a.dirs.iter().map(String::as_str).collect()
-    };
-    for path in &paths {
-        cairn_core::ls::find_node(session.repo(), &root, path)?;
+    // Several paths, as restic's: each is looked up (and spelled as the
+    // snapshot names it) before anything is written, so that one not in the
+    // snapshot leaves no listing half made. Each entry is listed once, in the
+    // tree's order: a path given twice, or below another listed whole, adds
+    // nothing (QA: duplicates).
+    let mut paths: Vec<String> = Vec::new();
+    for path in a
+        .dirs
+        .iter()
+        .map(String::as_str)
+        .chain(a.dirs.is_empty().then_some("/"))
+    {
+        paths.push(cairn_core::ls::resolve_path(session.repo(), &root, path)?);
     }
-    for path in paths {
-        cairn_core::ls::list(&session, &root, path, !a.no_recursive, &mut f, &mut on_err)?;
+    paths.sort_by(|x, y| x.split('/').cmp(y.split('/')));
+    paths.dedup();
+    if !a.no_recursive {
+        let mut kept: Vec<String> = Vec::new();
+        for p in paths {
+            let inside = kept.last().is_some_and(|k| {
+                k == "/"
+                    || p.strip_prefix(k.as_str())
+                        .is_some_and(|r| r.starts_with('/'))
+            });
+            if !inside {
+                kept.push(p);
+            }
+        }
+        paths = kept;
+    }
+    for path in &paths {
+        // A directory given whose own tree cannot be read is a gap like one
+        // met below: said, and the other paths are listed.
+        match cairn_core::ls::list(&session, &root, path, !a.no_recursive, &mut f, &mut on_err) {
+            Err(e @ cairn_core::Error::Cancelled) => return Err(e.into()),
+            Err(e) => on_err(path, e),
+            Ok(()) => {}
+        }
     }
     if sorted {
         // Equal keys (only by name) stay in the tree's order, reversed with

@@ -26,7 +26,10 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
         .into_iter()
         .collect();
     let filter = a.filter.engine();
-    let all_ids: Vec<SnapshotId> = snaps.iter().map(|(id, _)| *id).collect();
+    // Unreadable ones too: a prefix naming one says so, not "no snapshot".
+    let all_ids: Vec<SnapshotId> = (snaps.iter().map(|(id, _)| *id))
+        .chain(bad.iter().map(|e| e.id))
+        .collect();
     snaps.retain(|(_, s)| filter.matches(s));
     // Snapshots named: each resolved (a prefix among all, `latest` among those
     // the filters leave, passing over one dated in the future, and refused
@@ -49,6 +52,9 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
                     .0
             } else {
                 let id = cairn_core::repo::resolve_snapshot_prefix(spec, &all_ids)?;
+                if let Some(e) = bad.iter().find(|e| e.id == id) {
+                    anyhow::bail!("{e}");
+                }
                 if !snaps.iter().any(|(i, _)| *i == id) {
                     anyhow::bail!(
                         "snapshot {} does not match {}",
@@ -74,6 +80,13 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
             newest_only(list, n, group_by.is_some());
         }
     }
+    // Snapshots named by id: the others' damage is not this listing's (a
+    // `latest` that an unreadable one might beat was refused above).
+    let bad = if a.snapshots.is_empty() {
+        bad
+    } else {
+        Vec::new()
+    };
     for e in &bad {
         p.progress.warning_msg(e.to_string());
     }

@@ -233,9 +233,27 @@ fn corrupted_tree_is_named_and_other_directories_restore() {
         fs::read(src.join("keep/a.bin")).unwrap()
     );
     // ls --json lists the rest in a whole document that names the gap, and
-    // exits 1.
+    // exits 1; so does a list of paths with the damaged directory among them
+    // (QA: it stopped there, the JSON cut off).
     let o = env.run(&["ls", &snap, "--json"]);
     let v = one_gap_named(&o, "subdir-marker-name");
+    let (damaged, keep) = (src.join("subdir-marker-name"), src.join("keep"));
+    let o = env.run(&[
+        "ls",
+        &snap,
+        "--json",
+        damaged.to_str().unwrap(),
+        keep.to_str().unwrap(),
+    ]);
+    let listed = one_gap_named(&o, "subdir-marker-name");
+    assert!(
+        listed["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["path"].as_str().unwrap().ends_with("keep/b.txt")),
+        "{listed}"
+    );
     assert!(
         v["entries"]
             .as_array()
@@ -305,6 +323,16 @@ fn corrupted_or_truncated_index_snapshot_config_and_pack() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(String::from_utf8_lossy(&o.stdout).contains(&s2[..8]));
+    // Named: the damaged one says it is damaged (QA: "no snapshot matches"),
+    // the other lists without the first's warning or exit status.
+    let err = env.fails(&["snapshots", &s1[..8]], 1);
+    assert!(err.contains(&s1[..8]) && err.contains("damaged"), "{err}");
+    let o = env.run(&["snapshots", &s2[..8]]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains(&s1[..8]),
+        "{o:?}"
+    );
     let o = env.run(&["check"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stdout).contains(&s1));

@@ -1551,13 +1551,14 @@ fn ls_sorts_by_size_time_and_extension() {
     assert_eq!(files_in(&[]), ["a.log", "b.txt", "d/c.txt", "noext"]);
     // restic's --recursive is cairn's default.
     assert_eq!(files_in(&["--recursive"]), files_in(&[]));
-    // Several paths, each with what is below it, in the order given; one not
-    // in the snapshot lists nothing at all.
+    // Several paths, each with what is below it, once, in the tree's order;
+    // one not in the snapshot lists nothing at all.
     let (d, a_log) = (format!("{s}/d"), format!("{s}/a.log"));
-    let out = env.ok(&["ls", &snap, &d, &a_log]);
+    let c_txt = format!("{d}/c.txt");
+    let out = env.ok(&["ls", &snap, &d, &a_log, &c_txt, &d]);
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
-        [d.clone(), format!("{d}/c.txt"), a_log.clone()],
+        [a_log.clone(), d.clone(), c_txt.clone()],
         "{out}"
     );
     let o = env.run(&["ls", &snap, &d, &format!("{s}/nothing")]);

@@ -1051,9 +1051,10 @@ pub struct RestoreArgs {
     /// Read every file written back and compare it with the snapshot
     #[arg(long)]
     pub verify: bool,
-    /// List each file on stdout once done: restored, updated (metadata only),
-    /// unchanged, deleted (--delete); with --dry-run, what would be (restic's
-    /// -vv; with --json, a "file" event line each on stderr)
+    /// List each file on stdout once done: restored (where nothing was),
+    /// updated (written over, or metadata only), unchanged, deleted (--delete);
+    /// with --dry-run, what would be (restic's -vv; with --json, a "file" event
+    /// line each on stderr)
     #[arg(short = 'v', long)]
     pub verbose: bool,
     /// Accepted for restic's scripts: cairn always leaves a file's runs of zeros

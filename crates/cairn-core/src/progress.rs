@@ -177,9 +177,10 @@ pub enum FileAction {
     /// Backup: as in the parent snapshot, taken from it, not read. Restore:
     /// left as it was (it holds the snapshot's content, or --overwrite kept it).
     Unchanged,
-    /// Restore: written (or linked to its first name).
+    /// Restore: written where nothing was (or linked to its first name).
     Restored,
-    /// Restore: its content was there already; owner, mode or times set.
+    /// Restore: written over what was there, or only given its owner, mode or
+    /// times when its content was there already.
     Updated,
     /// Restore: removed by --delete (a directory with everything in it).
     Deleted,
@@ -193,6 +194,15 @@ impl FileAction {
             FileAction::Modified
         } else {
             FileAction::New
+        }
+    }
+
+    /// A file a restore wrote: over something (updated) or not (restored).
+    pub fn written(replaced: bool) -> FileAction {
+        if replaced {
+            FileAction::Updated
+        } else {
+            FileAction::Restored
         }
     }
 

@@ -338,10 +338,12 @@ fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
     change(&copy);
     let t = env.path("t");
     let listed = |out: &str| listed_files(out, &copy);
+    // As restic's words: "restored" where nothing was, "updated" over what was
+    // there (content or metadata).
     let want = pairs(&[
         ("deleted", "d/newdir"),
         ("unchanged", "d/sub/deep"),
-        ("restored", "edited"),
+        ("updated", "edited"),
         ("deleted", "extra"),
         ("restored", "gone"),
         ("unchanged", "same"),
@@ -367,12 +369,12 @@ fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
     let o = env.run(&args(&["-v", "--json", "--overwrite", "always"]));
     assert!(o.status.success(), "{o:?}");
     serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap();
-    let restored = String::from_utf8_lossy(&o.stderr)
+    let written = String::from_utf8_lossy(&o.stderr)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e["type"] == "file" && e["action"] == "restored")
+        .filter(|e| e["type"] == "file" && e["action"] == "updated")
         .count();
-    assert_eq!(restored, 5, "{o:?}");
+    assert_eq!(written, 5, "{o:?}");
     // Without the flag, nothing.
     let out = env.ok(&args(&[]));
     assert!(listed(&out).is_empty(), "{out}");

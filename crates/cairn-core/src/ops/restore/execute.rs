@@ -603,6 +603,7 @@ mod tests {
                 node: Node::new(name.to_bytes().to_vec(), NodeKind::File),
                 direct: false,
                 created,
+                replaced: false,
             });
         }
         // `a` is replaced before the executor reopens it.
@@ -689,6 +690,7 @@ mod tests {
                     node,
                     direct: true,
                     created: None,
+                    replaced: false,
                 };
                 assert_eq!(
                     creation.mode(&job.node, &dir.node).is_some(),

@@ -203,6 +203,9 @@ pub(crate) struct FileJob {
     /// The file the walk created (`None` for `direct` jobs): what the executor
     /// checks it reopened.
     pub created: Option<sys::Stat>,
+    /// Something was at its name in the target before (`--verbose` says
+    /// "updated" then, "restored" for a new name, as restic's).
+    pub replaced: bool,
 }
 
 impl FileJob {
@@ -1960,6 +1963,7 @@ impl Walk<'_> {
             node,
             direct,
             created,
+            replaced: existing.is_some(),
         });
         self.maybe_flush()
     }
@@ -2168,7 +2172,11 @@ impl Walk<'_> {
                     if let Some(m) = xattrs_refused.get(&(i as u32)) {
                         self.issue(job.path(), m.clone());
                     }
-                    self.list(FileAction::Restored, || job.path(), job.node.size);
+                    self.list(
+                        FileAction::written(job.replaced),
+                        || job.path(),
+                        job.node.size,
+                    );
                     self.progress.file_done();
                     continue;
                 }
@@ -2178,7 +2186,11 @@ impl Walk<'_> {
                 if let Err(e) = r {
                     self.issue(job.path(), format!("setting metadata: {e}"));
                 }
-                self.list(FileAction::Restored, || job.path(), job.node.size);
+                self.list(
+                    FileAction::written(job.replaced),
+                    || job.path(),
+                    job.node.size,
+                );
                 // Its other names hold what it holds now.
                 let key = (job.node.dev, job.node.inode);
                 if job.node.nlink > 1

@@ -266,7 +266,7 @@ pub(super) fn dry_run(
                     _ => {
                         let cleared = clear(&mut stats);
                         if cleared {
-                            say(FileAction::Restored, &path, node.size);
+                            say(FileAction::written(existing.is_some()), &path, node.size);
                             stats.files += 1;
                             stats.bytes += node.size;
                         }

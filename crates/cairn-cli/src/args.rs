@@ -1053,8 +1053,8 @@ pub struct RestoreArgs {
     pub verify: bool,
     /// List each file on stdout once done: restored (where nothing was),
     /// updated (written over, or metadata only), unchanged, deleted (--delete);
-    /// with --dry-run, what would be (restic's -vv; with --json, a "file" event
-    /// line each on stderr)
+    /// with --dry-run, what would be (deletions in its "would delete" lines)
+    /// (restic's -vv; with --json, a "file" event line each on stderr)
     #[arg(short = 'v', long)]
     pub verbose: bool,
     /// Accepted for restic's scripts: cairn always leaves a file's runs of zeros

@@ -254,7 +254,20 @@ pub struct CliProgress {
 
 impl CliProgress {
     pub fn new(g: &crate::args::Global) -> CliProgress {
-        let mode = Mode::of(g);
+        Self::with_mode(Mode::of(g))
+    }
+
+    /// For a command that lists as it goes (`backup -v`, `restore -v`): no bar
+    /// on a terminal, where each line would clear and redraw it (a million
+    /// files, two million redraws); the lines are the progress.
+    pub fn listing(g: &crate::args::Global) -> CliProgress {
+        Self::with_mode(match Mode::of(g) {
+            Mode::Bar => Mode::Plain,
+            m => m,
+        })
+    }
+
+    fn with_mode(mode: Mode) -> CliProgress {
         let sink = Arc::new(CliSink::new(mode));
         let progress = Progress::new(sink.clone(), cancel_token().clone());
         CliProgress {

@@ -154,7 +154,8 @@ pub enum Event {
     },
     /// A backup asked to list its files (`backup --verbose`) took this file as
     /// new, modified or unchanged since the parent snapshot: said once the file
-    /// is in the snapshot's tree (one that could not be read is a warning only).
+    /// is read whole and joins its directory's tree (one that could not be read
+    /// is a warning only); like all of it, saved only if the backup completes.
     /// A restore (`restore --verbose`) says what it did with a file of the target
     /// once done (and a dry run what it would do).
     File {

@@ -11,7 +11,8 @@ fn subset(s: &str) -> Result<Subset> {
              or a size (e.g. 500M)"
         )
     };
-    // A size, as restic's (`500M`, `2G`): random packs adding up to at most it.
+    // A size, as restic's (`500M`, `2G`): random packs until that much is read
+    // (the last may pass it, so at least one).
     if !s.contains('/') && s.trim().ends_with(|c: char| c.is_ascii_alphabetic()) {
         let bytes = super::parse_size(s.trim()).map_err(|_| bad())?;
         if bytes == 0 {

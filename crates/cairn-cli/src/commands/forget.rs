@@ -256,7 +256,7 @@ fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
         println!(
             "{:<10} {:<20} {:<hw$} {:<tw$} {}{}",
             s.short_id,
-            short_time(&s.time),
+            cell(&short_time(&s.time)),
             cell(&s.host),
             cell(&s.tags.join(",")),
             reason.map_or(String::new(), |r| format!("{:<rw$}  ", cell(r))),

@@ -151,9 +151,9 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
     };
     // Several paths, as restic's: each is looked up (and spelled as the
     // snapshot names it) before anything is written, so that one not in the
-    // snapshot leaves no listing half made. Each entry is listed once, in the
-    // tree's order: a path given twice, or below another listed whole, adds
-    // nothing (QA: duplicates).
+    // snapshot leaves no listing half made. They are listed in name order; a
+    // path given twice, or below another listed whole (not with
+    // --no-recursive), adds nothing (QA: duplicates).
     let mut paths: Vec<String> = Vec::new();
     for path in a
         .dirs

@@ -204,10 +204,11 @@ fn print_table(
         );
     }
     for (id, s) in snaps {
-        let time = cairn_core::time::local_display(&s.time);
-        // Host, tags and paths are what the backup's client wrote: each cell
-        // written out before it is padded, so the columns stay in line.
+        // Time, host, tags and paths are what the backup's client wrote (a
+        // time that does not parse is shown as it is): each cell written out
+        // before it is padded, so the columns stay in line.
         let cell = |t: String| ui::printable(&t).into_owned();
+        let time = cell(cairn_core::time::local_display(&s.time));
         let line = if compact {
             format!(
                 "{:<10} {:<20} {:<hw$} {:<tw$} {:>12}",

@@ -403,6 +403,25 @@ fn verbose_lists_hard_links_once_their_content_is_written() {
     let at = |name: &str| out.find(&format!("{}/{name}\n", copy.display())).unwrap();
     assert!(at("a/one") < at("two"), "{out}");
     assert_eq!(ino(&copy.join("a/one")), ino(&copy.join("two")));
+    // The first name gone, the other newer than the snapshot's: if-newer keeps
+    // the other, and the dry run says what the restore then does (it said
+    // "restored" for it).
+    fs::remove_file(copy.join("a/one")).unwrap();
+    set_times(&copy.join("two"), 2_000_000_000, 0);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["restore", &snap, "--target", t.to_str().unwrap(), "-v"];
+        args.extend_from_slice(extra);
+        listed_files(&env.ok(&args), &copy)
+    };
+    let dry = run(&["--overwrite", "if-newer", "--dry-run"]);
+    let real = run(&["--overwrite", "if-newer"]);
+    assert_eq!(real, pairs(&[("restored", "a/one"), ("unchanged", "two")]));
+    assert_eq!(dry, real);
+    // Written over, both names are "updated", the link too.
+    assert_eq!(
+        run(&["--overwrite", "always"]),
+        pairs(&[("updated", "a/one"), ("updated", "two")])
+    );
 }
 
 /// What a dry run must leave as it is: each entry's path, size and mtime.

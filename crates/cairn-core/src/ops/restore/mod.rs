@@ -332,9 +332,10 @@ struct Walk<'a> {
     pending: Vec<(Arc<Dir>, DirMeta)>,
     hardlinks: HashMap<(u64, u64), FirstLink>,
     /// `--verbose`: the other names of hard-linked files whose first name's
-    /// content is still to be written. They are listed once it is, and not at
-    /// all if it never is (QA: a link to a file left as zeros was "restored").
-    links_waiting: HashMap<(u64, u64), Vec<PathBuf>>,
+    /// content is still to be written, each with whether it replaced something.
+    /// They are listed once it is, and not at all if it never is (QA: a link to
+    /// a file left as zeros was "restored").
+    links_waiting: HashMap<(u64, u64), Vec<(PathBuf, bool)>>,
     /// Hard-linked files whose name met first was kept as it was (`never`,
     /// `if-newer`) though it does not look like the snapshot's content: their
     /// other names become a file of their own, which is said. The kept name.
@@ -1835,10 +1836,15 @@ impl Walk<'_> {
             if !self.clear_dir_in_the_way(&parent, &name, existing.as_ref()) {
                 return Ok(());
             }
+            let replaced = existing.is_some();
             match self.link(&parent, &name, key, fresh) {
                 Ok(_) => match self.links_waiting.get_mut(&key) {
-                    Some(waiting) => waiting.push(parent.node.join(&name)),
-                    None => self.list(FileAction::Restored, || parent.node.join(&name), node.size),
+                    Some(waiting) => waiting.push((parent.node.join(&name), replaced)),
+                    None => self.list(
+                        FileAction::written(replaced),
+                        || parent.node.join(&name),
+                        node.size,
+                    ),
                 },
                 Err(e) => self.issue(parent.node.join(&name), format!("creating hard link: {e}")),
             }
@@ -2196,8 +2202,8 @@ impl Walk<'_> {
                 if job.node.nlink > 1
                     && let Some(names) = self.links_waiting.remove(&key)
                 {
-                    for n in names {
-                        self.list(FileAction::Restored, || n, job.node.size);
+                    for (n, replaced) in names {
+                        self.list(FileAction::written(replaced), || n, job.node.size);
                     }
                 }
                 self.progress.file_done();

@@ -126,7 +126,11 @@ pub(super) fn dry_run(
         if !inside && !ancestor {
             continue;
         }
-        let path = top.path.join(String::from_utf8_lossy(&node.name).as_ref());
+        // The name's bytes, as the restore joins them (not U+FFFD for bytes
+        // that are not UTF-8: `--verbose` spells names as the restore does).
+        let path = top
+            .path
+            .join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&node.name));
         let name = super::c_name(&node.name).map_err(|e| Error::io(&path, e))?;
         let parent = top.dir.as_ref().map(|d| d.as_fd());
         let existing = match parent.map(|p| sys::stat_at(p, &name)) {
@@ -228,18 +232,27 @@ pub(super) fn dry_run(
                 if node.nlink > 1
                     && let Some(first) = first_links.get(&key)
                 {
+                    // As the restore decides (`never`; `if-newer` when the
+                    // name there is newer than the snapshot's).
                     match &existing {
                         Some(st)
                             if Some(st.id()) == *first
-                                || overwrite::effective(opts.overwrite, unfinished_since, st)
-                                    == overwrite::Overwrite::Never =>
+                                || match overwrite::effective(opts.overwrite, unfinished_since, st)
+                                {
+                                    overwrite::Overwrite::Never => true,
+                                    overwrite::Overwrite::IfNewer => {
+                                        !overwrite::snapshot_is_newer(st, &node)
+                                    }
+                                    overwrite::Overwrite::IfChanged
+                                    | overwrite::Overwrite::Always => false,
+                                } =>
                         {
                             say(FileAction::Unchanged, &path, node.size);
                             kept(&mut stats, st, &node)
                         }
                         _ => {
                             if clear(&mut stats) {
-                                say(FileAction::Restored, &path, node.size);
+                                say(FileAction::written(existing.is_some()), &path, node.size);
                                 stats.files += 1;
                             }
                         }

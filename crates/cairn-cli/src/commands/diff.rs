@@ -17,11 +17,10 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
     // that a path in neither snapshot leaves nothing half written. Entries with
     // only new metadata are listed with --metadata (the summary counts them
     // either way).
-    let head = format!(
+    let mut doc = super::JsonStream::new(format!(
         "{{\"path\": {}, \"differences\": [",
         serde_json::to_string(&diff::report_path(path))?
-    );
-    let mut first = true;
+    ));
     let mut unwritable = None;
     // The text's first line, written with the first difference or the summary:
     // a path in neither snapshot writes nothing to stdout.
@@ -43,11 +42,7 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
         }
         if g.json {
             match serde_json::to_string(d) {
-                Ok(line) if std::mem::take(&mut first) => {
-                    super::out_raw_line(&mut out, &head);
-                    super::out_raw_line(&mut out, &format!("  {line}"));
-                }
-                Ok(line) => super::out_raw_line(&mut out, &format!(", {line}")),
+                Ok(line) => doc.item(&mut out, &line),
                 Err(e) => {
                     unwritable.get_or_insert(e);
                 }
@@ -80,10 +75,7 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
         anyhow::bail!("a difference could not be written as JSON: {e}");
     }
     if g.json {
-        if first {
-            super::out_raw_line(&mut out, &head);
-        }
-        super::out_raw_line(
+        doc.finish(
             &mut out,
             &format!(
                 "], \"summary\": {}, \"errors\": {}}}",

@@ -28,11 +28,17 @@ pub fn ls(
 ) -> Result<i32> {
     let path = a.image_fs.as_deref().unwrap_or("/");
     let fs = open(session, snap, a)?;
-    let mut entries = Vec::new();
-    let mut out = std::io::stdout().lock();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    // As a file snapshot's `ls --json`: written as the walk goes.
+    let mut doc = super::JsonStream::new(format!(
+        "{{\"snapshot\": {}, \"entries\": [",
+        serde_json::to_string(&id)?
+    ));
     let listed = fs.list(path, recursive, &mut |e| {
         if g.json {
-            entries.push(e);
+            let line = serde_json::to_string(&e)
+                .map_err(|e| cairn_core::Error::Invalid(format!("writing JSON: {e}")))?;
+            doc.item(&mut out, &line);
         } else if long {
             super::out_line(&mut out, &super::ls::long_line(&e));
         } else {
@@ -41,13 +47,20 @@ pub fn ls(
         Ok(())
     });
     // Entries that could not be read fail the listing after the rest was listed:
-    // the rest is printed in JSON too, and the failure said after it (exit 1).
-    if g.json && (listed.is_ok() || !entries.is_empty()) {
-        super::print_json(&cairn_core::ls::Listing {
-            snapshot: id,
-            entries,
-        })?;
+    // the document is closed with the failure in its "errors" (as `ls`'s), and
+    // the failure said after it (exit 1). One that fails before any entry (a
+    // path not in the image) writes nothing.
+    if g.json && (listed.is_ok() || doc.started()) {
+        let errors: Vec<serde_json::Value> = listed
+            .as_ref()
+            .err()
+            .map(|e| serde_json::json!({ "path": path, "message": e.to_string() }))
+            .into_iter()
+            .collect();
+        let errors = serde_json::to_string(&errors)?;
+        doc.finish(&mut out, &format!("], \"errors\": {errors}}}"));
     }
+    super::flush_output(&mut out)?;
     listed?;
     Ok(zeros(&fs, "the listing"))
 }

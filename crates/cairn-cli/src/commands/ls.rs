@@ -106,11 +106,10 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
     // ten million names costs no more memory to list than to show.
     // The head is written with the first entry, so that a path not found
     // leaves nothing half written.
-    let head = format!(
+    let mut doc = super::JsonStream::new(format!(
         "{{\"snapshot\": {}, \"entries\": [",
         serde_json::to_string(&id)?
-    );
-    let mut first = true;
+    ));
     let mut unwritable = None;
     let sorted = a.sort != "name" || a.reverse;
     let mut held: Vec<(SortKey, Entry)> = Vec::new();
@@ -125,12 +124,7 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
                     return;
                 }
             };
-            if std::mem::take(&mut first) {
-                super::out_raw_line(&mut out, &head);
-                super::out_raw_line(&mut out, &format!("  {line}"));
-            } else {
-                super::out_raw_line(&mut out, &format!(", {line}"));
-            }
+            doc.item(&mut out, &line);
         } else if a.long {
             super::out_line(&mut out, &long_line(e));
         } else {
@@ -203,11 +197,8 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         anyhow::bail!("an entry of the listing could not be written as JSON: {e}");
     }
     if g.json {
-        if first {
-            super::out_raw_line(&mut out, &head);
-        }
         let errors = serde_json::to_string(&errors)?;
-        super::out_raw_line(&mut out, &format!("], \"errors\": {errors}}}"));
+        doc.finish(&mut out, &format!("], \"errors\": {errors}}}"));
     }
     super::flush_output(&mut out)?;
     Ok(if errors.is_empty() { 0 } else { 1 })

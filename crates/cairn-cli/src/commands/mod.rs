@@ -444,6 +444,46 @@ pub fn out_raw_line(out: &mut impl std::io::Write, line: &str) {
     }
 }
 
+/// A JSON document written as a walk goes: `head` (which opens a list), one
+/// element a line, then the rest (which closes the list and the document). The
+/// head is written with the first element, so that a command that fails before
+/// it (a path not found) leaves nothing half written.
+pub struct JsonStream {
+    head: String,
+    started: bool,
+}
+
+impl JsonStream {
+    pub fn new(head: String) -> JsonStream {
+        JsonStream {
+            head,
+            started: false,
+        }
+    }
+
+    /// One element, already serialised.
+    pub fn item(&mut self, out: &mut impl std::io::Write, json: &str) {
+        if std::mem::replace(&mut self.started, true) {
+            out_raw_line(out, &format!(", {json}"));
+        } else {
+            out_raw_line(out, &self.head);
+            out_raw_line(out, &format!("  {json}"));
+        }
+    }
+
+    /// The end: `tail` closes the list and the document.
+    pub fn finish(self, out: &mut impl std::io::Write, tail: &str) {
+        if !self.started {
+            out_raw_line(out, &self.head);
+        }
+        out_raw_line(out, tail);
+    }
+
+    pub fn started(&self) -> bool {
+        self.started
+    }
+}
+
 /// Flushes buffered command output: quietly with SIGPIPE's status when the
 /// reader went away, an error otherwise.
 pub fn flush_output(out: &mut impl std::io::Write) -> Result<()> {

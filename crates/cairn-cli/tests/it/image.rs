@@ -1646,6 +1646,12 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
         .filter_map(|e| e["path"].as_str())
         .collect();
     assert!(paths.contains(&"/d/a") && paths.contains(&"/d/z"), "{v}");
+    // Written as the walk goes (an entry a line), the failure in "errors", as
+    // a file snapshot's listing.
+    let errors = v["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{v}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.lines().count(), paths.len() + 2, "{out}");
 }
 
 /// A damaged image: a symlink inode claiming a target of hundreds of GB (the

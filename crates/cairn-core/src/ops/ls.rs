@@ -4,8 +4,8 @@ use crate::error::{Error, Result};
 use crate::repo::Repository;
 use crate::session::{Access, Session};
 use crate::tree::walk::Visitor;
+use cairn_format::BlobId;
 use cairn_format::tree::{Node, NodeKind, Tree};
-use cairn_format::{BlobId, SnapshotId};
 
 /// Splits a snapshot path (`/home/a/b`) into its components.
 fn components(path: &str) -> Vec<&str> {
@@ -204,13 +204,6 @@ impl Entry {
             flags: cairn_format::tree::inode_flag_letters(n.flags),
         }
     }
-}
-
-/// `cairn ls --json`: the snapshot and its entries.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Listing {
-    pub snapshot: SnapshotId,
-    pub entries: Vec<Entry>,
 }
 
 /// Calls `f(path, node)` for every entry at and below `path` in the snapshot's tree,

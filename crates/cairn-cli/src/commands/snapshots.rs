@@ -35,7 +35,13 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
     // the filters leave, passing over one dated in the future, and refused
     // while an unreadable snapshot might be newer), then only those listed.
     if !a.snapshots.is_empty() {
-        let bad_refs: Vec<_> = bad.iter().collect();
+        // With --host, as `ls latest --host` decides: an unreadable snapshot
+        // another host's bound token stored cannot be this host's newest.
+        let bad_refs: Vec<&cairn_core::repo::SnapshotError> = if filter.hosts.is_empty() {
+            bad.iter().collect()
+        } else {
+            repo.narrow_to_hosts(&mut snaps.clone(), &bad, &filter.hosts)?
+        };
         let mut chosen = Vec::new();
         for spec in &a.snapshots {
             let id = if spec == "latest" {

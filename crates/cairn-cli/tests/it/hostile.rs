@@ -1302,18 +1302,12 @@ fn retry_lock_waits_for_a_running_prune() {
             .unwrap()
     };
     // Ctrl-C ends the wait at once, nothing done (QA: it waited on).
-    let stopped = wait_5m();
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let asked = std::time::Instant::now();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(stopped.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
-    let out = stopped.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
-    assert!(asked.elapsed() < std::time::Duration::from_secs(5), "{err}");
+    let (code, err, took) = interrupted(
+        env.cmd(&["prune", "--retry-lock", "5m"]),
+        std::time::Duration::from_secs(2),
+    );
+    assert_eq!(code, Some(130), "{err}");
+    assert!(took < std::time::Duration::from_secs(5), "{err}");
     assert!(
         err.contains("waiting up to 5 min") && err.contains("stopped waiting"),
         "{err}"

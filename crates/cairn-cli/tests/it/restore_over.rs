@@ -1486,19 +1486,11 @@ fn ctrl_c_does_not_wait_out_a_rate_limit() {
         || fs::metadata(inside(&out, &src).join("small")).is_ok_and(|m| m.len() == 200 << 10),
     );
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let stopped = std::time::Instant::now();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
-    let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(130), "{err}");
+    let (code, err, took) = interrupt(child);
+    assert_eq!(code, Some(130), "{err}");
     assert!(
-        stopped.elapsed() < std::time::Duration::from_secs(30),
-        "took {:?}: {err}",
-        stopped.elapsed()
+        took < std::time::Duration::from_secs(30),
+        "took {took:?}: {err}"
     );
 }
 

@@ -833,6 +833,12 @@ pub fn interrupted(
         .spawn()
         .unwrap();
     std::thread::sleep(after);
+    interrupt(child)
+}
+
+/// Sends `child` (its standard error piped) SIGINT now and returns its exit
+/// code, its standard error, and how long it took to end.
+pub fn interrupt(child: std::process::Child) -> (Option<i32>, String, std::time::Duration) {
     let start = std::time::Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),

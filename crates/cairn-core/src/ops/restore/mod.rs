@@ -549,7 +549,8 @@ pub(super) fn restore(
                 p.share(2 * 4 * 128, 1 << 16, BATCH_CHUNKS)
             }),
         };
-        let keep = root_keep_names(opts, &tree.nodes, all, &w.includes, whole.root(), false);
+        let keep =
+            keep_names(opts, &tree.nodes, all, &w.includes, whole.root(), false).map(and_the_mark);
         let mut todo = tree.nodes;
         todo.reverse();
         w.stack.push(Frame {
@@ -934,19 +935,12 @@ pub(super) fn keep_names(
         .then(|| nodes.iter().map(|n| n.name.clone()).collect())
 }
 
-/// [`keep_names`] for the target itself, which keeps the unfinished-restore mark
-/// too.
-pub(super) fn root_keep_names(
-    opts: &RestoreOptions,
-    nodes: &[Node],
-    all: bool,
-    includes: &Includes,
-    whole: bool,
-    fresh: bool,
-) -> Option<std::collections::HashSet<Vec<u8>>> {
-    let mut keep = keep_names(opts, nodes, all, includes, whole, fresh)?;
+/// [`keep_names`] for the target itself also keeps the unfinished-restore mark.
+pub(super) fn and_the_mark(
+    mut keep: std::collections::HashSet<Vec<u8>>,
+) -> std::collections::HashSet<Vec<u8>> {
     keep.insert(unfinished::MARK.to_bytes().to_vec());
-    Some(keep)
+    keep
 }
 
 /// Where `--delete` may remove what the snapshot does not have: the directories

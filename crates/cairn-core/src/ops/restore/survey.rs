@@ -83,14 +83,15 @@ pub(super) fn dry_run(
     let all = includes.is_empty();
     let mut first_links: HashMap<(u64, u64), Option<(u64, u64)>> = HashMap::new();
     let mut stack = vec![Level {
-        keep: super::root_keep_names(
+        keep: super::keep_names(
             opts,
             &tree.nodes,
             all,
             includes,
             whole.root(),
             dir.is_none(),
-        ),
+        )
+        .map(super::and_the_mark),
         todo: tree.nodes.into_iter().rev().collect(),
         dir,
         path: target.clone(),

@@ -546,22 +546,7 @@ impl<A: Access> Session<A> {
         }
         if spec == "latest" {
             let (all, bad) = self.snapshots()?;
-            let mut matching = all.clone();
-            // Hosts as `snapshots --host` and retention count them: a snapshot
-            // another host's token stored under this host's name is not its.
-            let bad = if filter.hosts.is_empty() {
-                bad.iter().collect()
-            } else {
-                self.repo
-                    .narrow_to_hosts(&mut matching, bad, &filter.hosts)?
-            };
-            matching.retain(|(_, s)| filter.matches(s));
-            return crate::repo::latest_in(&matching, &bad).map_err(|e| match e {
-                Error::SnapshotNotFound(_) => {
-                    Error::SnapshotNotFound(format!("latest with {}", filter.describe()))
-                }
-                e => e,
-            });
+            return latest_matching(&self.repo, all, bad, filter);
         }
         let found = self.find_snapshot(spec)?;
         // Its host as `latest` above counts it.
@@ -626,6 +611,32 @@ impl<A: Commits> Session<A> {
             Held::Unwritable(why) => Err(Error::Invalid(format!("no repository lock ({why})"))),
         }
     }
+}
+
+/// The newest of `all` that `filter` leaves (restic's `latest --host H --path P
+/// --tag T`), unless a snapshot that could not be read (`bad`) might be newer.
+/// Hosts count as `snapshots --host` and retention count them: a snapshot
+/// another host's bound token stored under this host's name is not its, nor
+/// can such an unreadable one be this host's newest.
+pub fn latest_matching(
+    repo: &Repository,
+    all: &[(SnapshotId, Snapshot)],
+    bad: &[crate::repo::SnapshotError],
+    filter: &crate::ops::forget::SnapshotFilter,
+) -> Result<(SnapshotId, Snapshot)> {
+    let mut matching = all.to_vec();
+    let bad = if filter.hosts.is_empty() {
+        bad.iter().collect()
+    } else {
+        repo.narrow_to_hosts(&mut matching, bad, &filter.hosts)?
+    };
+    matching.retain(|(_, s)| filter.matches(s));
+    crate::repo::latest_in(&matching, &bad).map_err(|e| match e {
+        Error::SnapshotNotFound(_) if !filter.is_empty() => {
+            Error::SnapshotNotFound(format!("latest with {}", filter.describe()))
+        }
+        e => e,
+    })
 }
 
 #[cfg(test)]

@@ -35,27 +35,11 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
     // the filters leave, passing over one dated in the future, and refused
     // while an unreadable snapshot might be newer), then only those listed.
     if !a.snapshots.is_empty() {
-        // With --host, as `ls latest --host` decides: an unreadable snapshot
-        // another host's bound token stored cannot be this host's newest.
-        let bad_refs: Vec<&cairn_core::repo::SnapshotError> = if filter.hosts.is_empty() {
-            bad.iter().collect()
-        } else {
-            repo.narrow_to_hosts(&mut snaps.clone(), &bad, &filter.hosts)?
-        };
         let mut chosen = Vec::new();
         for spec in &a.snapshots {
             let id = if spec == "latest" {
-                cairn_core::repo::latest_in(&snaps, &bad_refs)
-                    .map_err(|e| match e {
-                        cairn_core::Error::SnapshotNotFound(_) if !filter.is_empty() => {
-                            cairn_core::Error::SnapshotNotFound(format!(
-                                "latest with {}",
-                                filter.describe()
-                            ))
-                        }
-                        e => e,
-                    })?
-                    .0
+                // As `ls latest --host H` decides.
+                cairn_core::session::latest_matching(&repo, &snaps, &bad, &filter)?.0
             } else {
                 let id = cairn_core::repo::resolve_snapshot_prefix(spec, &all_ids)?;
                 if let Some(e) = bad.iter().find(|e| e.id == id) {

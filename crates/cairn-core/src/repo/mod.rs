@@ -41,9 +41,9 @@ pub(crate) use index_load::until_settled;
 pub use index_load::{EachPending, IndexObject, IndexReadError, IndexState};
 pub use snapshots::{
     HostRead, REPAIRED_TAG, SnapshotError, SnapshotList, UNBOUND_MARK, host_claim_note,
-    is_repaired, latest_in, resolve_snapshot_prefix, snapshot_order,
+    is_repaired, resolve_snapshot_prefix, snapshot_order,
 };
-pub(crate) use snapshots::{existing_replacement, latest, same_but_tags};
+pub(crate) use snapshots::{existing_replacement, latest, latest_in, same_but_tags};
 
 #[derive(Clone, Debug)]
 pub struct InitOptions {

@@ -612,7 +612,7 @@ pub(crate) fn latest(list: &SnapshotList) -> Result<(SnapshotId, Snapshot)> {
 
 /// The newest of `all` (sorted oldest first) not dated in the future, unless a
 /// snapshot that could not be read (`bad`) might be newer.
-pub fn latest_in(
+pub(crate) fn latest_in(
     all: &[(SnapshotId, Snapshot)],
     bad: &[&SnapshotError],
 ) -> Result<(SnapshotId, Snapshot)> {

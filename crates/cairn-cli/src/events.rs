@@ -257,12 +257,13 @@ impl CliProgress {
         Self::with_mode(Mode::of(g))
     }
 
-    /// For a command that lists as it goes (`backup -v`, `restore -v`): no bar
-    /// on a terminal, where each line would clear and redraw it (a million
-    /// files, two million redraws); the lines are the progress.
-    pub fn listing(g: &crate::args::Global) -> CliProgress {
+    /// [`CliProgress::new`], or for a command that lists as it goes (`backup
+    /// -v`, `restore -v`: `listing`) no bar on a terminal, where each line
+    /// would clear and redraw it (a million files, two million redraws); the
+    /// lines are the progress.
+    pub fn listing(g: &crate::args::Global, listing: bool) -> CliProgress {
         Self::with_mode(match Mode::of(g) {
-            Mode::Bar => Mode::Plain,
+            Mode::Bar if listing => Mode::Plain,
             m => m,
         })
     }

@@ -468,11 +468,7 @@ impl Drop for CommandOutput {
 pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     // First: the warnings about the arguments go through it too (JSON events
     // with --json, shown with -q).
-    let mut p = if a.verbose {
-        crate::events::CliProgress::listing(g)
-    } else {
-        super::progress(g)
-    };
+    let mut p = crate::events::CliProgress::listing(g, a.verbose);
     if a.stdin_from_command
         && (a.paths.is_empty()
             || a.image.is_some()

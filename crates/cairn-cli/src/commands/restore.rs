@@ -36,11 +36,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             "--image-fs restores the path it names: --include, --exclude and --delete do not apply"
         );
     }
-    let mut p = if a.verbose {
-        crate::events::CliProgress::listing(g)
-    } else {
-        super::progress(g)
-    };
+    let mut p = crate::events::CliProgress::listing(g, a.verbose);
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     let snap = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     if a.verbose && (a.image || a.image_fs.image_fs.is_some() || snap.1.image.is_some()) {

@@ -1510,8 +1510,8 @@ fn ls_json_is_one_document_written_an_entry_a_line() {
 }
 
 /// `ls --sort size|time|extension [--reverse]`, as restic's: the whole listing
-/// in that order, ties in the tree's order; `--reverse` alone reverses the tree's
-/// order.
+/// in that order, ties in path order; `--reverse` alone reverses the tree's
+/// order. Several paths list each entry once.
 #[test]
 fn ls_sorts_by_size_time_and_extension() {
     let env = Env::new();

@@ -698,9 +698,9 @@ pub struct BackupArgs {
     /// metadata): the parent stays the latest
     #[arg(long)]
     pub skip_if_unchanged: bool,
-    /// List each file on stdout as the backup reaches it: new, modified or
-    /// unchanged since the parent (restic's -vv; with --json, a "file" event
-    /// line each on stderr)
+    /// List each file on stdout as the backup reaches it, and each directory
+    /// (ending in /) once done: new, modified or unchanged since the parent
+    /// (restic's -vv; with --json, a "file" event line each on stderr)
     #[arg(short = 'v', long)]
     pub verbose: bool,
     /// Take a file as unchanged by its size and modification time alone, not its

@@ -488,6 +488,9 @@ fn gen_snapshot(rng: &mut Rng) -> Snapshot {
                 _ => f64::from_bits(rng.u64() >> 2),
             },
             entries_with_acl: rng.one_in(2).then(|| rng.edgy_u64()),
+            dirs_new: rng.one_in(2).then(|| rng.edgy_u64()),
+            dirs_changed: rng.one_in(2).then(|| rng.edgy_u64()),
+            dirs_unchanged: rng.one_in(2).then(|| rng.edgy_u64()),
         },
     }
 }

@@ -32,6 +32,16 @@ pub struct SnapshotSummary {
     /// the snapshot has no ACLs, which spares a question per file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entries_with_acl: Option<u64>,
+    /// Directories (the root left out, as in `dirs`) against the parent
+    /// snapshot: not in it, in it with another tree, in it with the same tree (as
+    /// restic counts them). Absent from snapshots written before they were
+    /// counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirs_new: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirs_changed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirs_unchanged: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

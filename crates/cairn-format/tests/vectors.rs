@@ -1101,6 +1101,9 @@ fn vector_snapshot() -> Snapshot {
             // Unknown, as in every snapshot written before the count: the field is
             // left out, so the pinned JSON is that of those snapshots.
             entries_with_acl: None,
+            dirs_new: None,
+            dirs_changed: None,
+            dirs_unchanged: None,
         },
     }
 }

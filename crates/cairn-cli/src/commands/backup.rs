@@ -692,7 +692,13 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             "files:     {} new, {} changed, {} unchanged",
             s.files_new, s.files_changed, s.files_unchanged
         );
-        println!("dirs:      {}, other entries: {}", s.dirs, s.other_entries);
+        match (s.dirs_new, s.dirs_changed, s.dirs_unchanged) {
+            (Some(n), Some(c), Some(u)) => println!(
+                "dirs:      {n} new, {c} changed, {u} unchanged; other entries: {}",
+                s.other_entries
+            ),
+            _ => println!("dirs:      {}, other entries: {}", s.dirs, s.other_entries),
+        }
         print_read_added(&r, a.dry_run);
         if let Some(d) = &r.concurrent_duplicates {
             println!(

@@ -2314,9 +2314,11 @@ fn restore_leaves_runs_of_zeros_as_holes() {
     }
 }
 
-/// `backup --verbose` lists each file as the backup reaches it, as restic's -vv:
-/// new, modified or unchanged since the parent; with `--json`, one "file" event
-/// line each on stderr. Without the flag, nothing is listed.
+/// `backup --verbose` lists each file as the backup reaches it, and each
+/// directory (ending in `/`) once its tree is stored, as restic's -vv: new,
+/// modified or unchanged since the parent; with `--json`, one "file" event line
+/// each on stderr. Without the flag, nothing is listed. The summary counts
+/// directories the same way.
 #[test]
 fn backup_verbose_lists_each_file_as_new_modified_or_unchanged() {
     let env = Env::new();
@@ -2332,21 +2334,45 @@ fn backup_verbose_lists_each_file_as_new_modified_or_unchanged() {
     let out = env.ok(&["backup", "-v", s]);
     assert_eq!(
         listed(&out),
-        pairs(&[("new", "a.txt"), ("new", "big.bin"), ("new", "d/b.txt")]),
+        pairs(&[
+            ("new", ""),
+            ("new", "a.txt"),
+            ("new", "big.bin"),
+            ("new", "d/"),
+            ("new", "d/b.txt")
+        ]),
         "{out}"
     );
     assert!(out.contains(&format!("new       {s}/a.txt\n")), "{out}");
+    assert!(out.contains(&format!("new       {s}/\n")), "{out}");
+    // Every directory is new: `src`, `d` and those on the way to `src` (the
+    // root, `/`, is not counted).
+    let dirs = src.components().count();
+    assert!(
+        out.contains(&format!("dirs:      {dirs} new, 0 changed, 0 unchanged;")),
+        "{out}"
+    );
     fs::write(src.join("a.txt"), b"a, longer").unwrap();
     fs::write(src.join("c.txt"), b"c").unwrap();
     let out = env.ok(&["backup", "--verbose", s]);
     assert_eq!(
         listed(&out),
         pairs(&[
+            ("modified", ""),
             ("modified", "a.txt"),
             ("unchanged", "big.bin"),
             ("new", "c.txt"),
+            ("unchanged", "d/"),
             ("unchanged", "d/b.txt"),
         ]),
+        "{out}"
+    );
+    // `d` kept its tree; `src` and those above it hold a changed one.
+    assert!(
+        out.contains(&format!(
+            "dirs:      0 new, {} changed, 1 unchanged;",
+            dirs - 1
+        )),
         "{out}"
     );
     // Quiet without the flag.
@@ -2370,10 +2396,19 @@ fn backup_verbose_lists_each_file_as_new_modified_or_unchanged() {
     assert!(o.status.success(), "{o:?}");
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(report["snapshot_id"].is_string(), "{report}");
+    assert_eq!(
+        (
+            &report["dirs_new"],
+            &report["dirs_changed"],
+            &report["dirs_unchanged"]
+        ),
+        (&0.into(), &dirs.into(), &0.into()),
+        "{report}"
+    );
     let mut files: Vec<(String, String, u64)> = String::from_utf8_lossy(&o.stderr)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e["type"] == "file")
+        .filter(|e| e["type"] == "file" && e["path"].as_str().is_some_and(|p| p.starts_with(s)))
         .map(|e| {
             (
                 e["action"].as_str().unwrap().to_string(),
@@ -2387,9 +2422,11 @@ fn backup_verbose_lists_each_file_as_new_modified_or_unchanged() {
     assert_eq!(
         files,
         [
+            ("modified".to_string(), format!("{s}/"), 0),
             ("unchanged".to_string(), p("a.txt"), 9),
             ("unchanged".to_string(), p("big.bin"), 3 << 20),
             ("unchanged".to_string(), p("c.txt"), 1),
+            ("modified".to_string(), p("d/"), 0),
             ("modified".to_string(), p("d/b.txt"), 9),
         ]
     );

@@ -115,9 +115,18 @@ struct State<'a> {
     list_files: Option<crate::progress::Progress>,
 }
 
-/// Says what was done with a file that joined its directory (`--verbose`): its
-/// path is the open directories' names and its own, as listings show them.
-fn list_file(st: &State<'_>, frames: &[(Node, Vec<Node>)], node: &Node, action: FileAction) {
+/// A directory the archiver is filling: its node, the entries that joined it so
+/// far, and its tree in the parent snapshot (to tell new, changed, unchanged).
+struct Frame {
+    node: Node,
+    children: Vec<Node>,
+    parent: Option<BlobId>,
+}
+
+/// Says what was done with a file that joined its directory, or a directory
+/// whose tree is stored (`--verbose`): its path is the open directories' names
+/// and its own, as listings show them; a directory's ends in `/`, as restic's.
+fn list_file(st: &State<'_>, frames: &[Frame], node: &Node, action: FileAction) {
     let Some(progress) = &st.list_files else {
         return;
     };
@@ -126,11 +135,14 @@ fn list_file(st: &State<'_>, frames: &[(Node, Vec<Node>)], node: &Node, action: 
     for name in frames
         .iter()
         .skip(1)
-        .map(|(n, _)| &n.name)
+        .map(|f| &f.node.name)
         .chain([&node.name])
     {
         path.push('/');
         path.push_str(&crate::tree::escape_name(name));
+    }
+    if node.kind == NodeKind::Dir {
+        path.push('/');
     }
     progress.emit(Event::File {
         action,
@@ -291,6 +303,9 @@ pub(crate) fn archive(
         uploader,
         summary: SnapshotSummary {
             entries_with_acl: Some(0),
+            dirs_new: Some(0),
+            dirs_changed: Some(0),
+            dirs_unchanged: Some(0),
             ..SnapshotSummary::default()
         },
         held: Vec::new(),
@@ -391,7 +406,7 @@ fn run<'a>(
 ) -> Result<(BlobId, Vec<Skipped>, Vec<Skipped>)> {
     let mut pending: BTreeMap<u64, Vec<Item>> = BTreeMap::new();
     let mut next = 0u64;
-    let mut frames: Vec<(Node, Vec<Node>)> = Vec::new();
+    let mut frames: Vec<Frame> = Vec::new();
     let mut file: Option<OpenFile<'a>> = None;
     let mut skipped = Vec::new();
     let mut torn_files = Vec::new();
@@ -407,9 +422,17 @@ fn run<'a>(
             next += 1;
             for item in bundle {
                 match item {
-                    Item::DirStart(node) => frames.push((*node, Vec::new())),
+                    Item::DirStart(node, parent) => frames.push(Frame {
+                        node: *node,
+                        children: Vec::new(),
+                        parent,
+                    }),
                     Item::DirEnd => {
-                        let (mut node, mut children) = frames
+                        let Frame {
+                            mut node,
+                            mut children,
+                            parent,
+                        } = frames
                             .pop()
                             .ok_or_else(|| Error::Invalid("unbalanced directory stream".into()))?;
                         children.sort_by(|a, b| a.name.cmp(&b.name));
@@ -420,12 +443,22 @@ fn run<'a>(
                         let tree = Tree { nodes: children };
                         let id = st.store_meta(BlobKind::Tree, &tree.encode())?;
                         node.subtree = Some(id);
-                        match frames.last_mut() {
-                            Some((_, siblings)) => {
-                                st.summary.dirs += 1;
-                                siblings.push(node);
+                        if frames.is_empty() {
+                            root = Some(id);
+                        } else {
+                            st.summary.dirs += 1;
+                            let (count, action) = match parent {
+                                None => (&mut st.summary.dirs_new, FileAction::New),
+                                Some(p) if p == id => {
+                                    (&mut st.summary.dirs_unchanged, FileAction::Unchanged)
+                                }
+                                Some(_) => (&mut st.summary.dirs_changed, FileAction::Modified),
+                            };
+                            *count.get_or_insert(0) += 1;
+                            list_file(st, &frames, &node, action);
+                            if let Some(f) = frames.last_mut() {
+                                f.children.push(node);
                             }
-                            None => root = Some(id),
                         }
                     }
                     Item::FileStart { node, changed } => {
@@ -556,7 +589,7 @@ fn run<'a>(
                         frames
                             .last_mut()
                             .ok_or_else(|| Error::Invalid("entry outside a directory".into()))?
-                            .1
+                            .children
                             .push(*node);
                     }
                     Item::Skipped(s) => {
@@ -612,11 +645,7 @@ fn add_chunks(st: &mut State<'_>, f: &mut OpenFile<'_>, chunks: Vec<ChunkOut>) -
 }
 
 /// A completely read file joins its directory.
-fn finish_file(
-    st: &mut State<'_>,
-    frames: &mut [(Node, Vec<Node>)],
-    f: OpenFile<'_>,
-) -> Result<()> {
+fn finish_file(st: &mut State<'_>, frames: &mut [Frame], f: OpenFile<'_>) -> Result<()> {
     let mut node = f.node;
     let mut emit = |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
     node.content = f.builder.finish(&mut emit)?;
@@ -634,7 +663,7 @@ fn finish_file(
     frames
         .last_mut()
         .ok_or_else(|| Error::Invalid("file outside a directory".into()))?
-        .1
+        .children
         .push(node);
     Ok(())
 }

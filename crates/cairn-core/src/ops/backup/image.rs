@@ -148,10 +148,10 @@ struct ReadOut {
 impl Walker<'_> {
     pub(crate) fn run_image(&mut self, plan: &ImagePlan) -> Result<()> {
         let g = plan.geometry;
-        self.emit(Item::DirStart(Box::new(Node::new(
-            Vec::new(),
-            NodeKind::Dir,
-        ))))?;
+        self.emit(Item::DirStart(
+            Box::new(Node::new(Vec::new(), NodeKind::Dir)),
+            None,
+        ))?;
         self.emit(Item::ImageStart {
             node: Box::new(plan.node.clone()),
             geometry: g,

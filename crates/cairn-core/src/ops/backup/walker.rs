@@ -234,20 +234,20 @@ impl<'a> Walker<'a> {
         self.ways = ways_to(&nested);
         self.nested = nested;
         let parent = self.load_parent(parent_root);
-        self.emit(Item::DirStart(Box::new(Node::new(
-            Vec::new(),
-            NodeKind::Dir,
-        ))))?;
+        self.emit(Item::DirStart(
+            Box::new(Node::new(Vec::new(), NodeKind::Dir)),
+            parent_root,
+        ))?;
         self.walk_selection(&sel, parent.as_ref())?;
         self.emit(Item::DirEnd)?;
         self.emit(Item::End)
     }
 
     pub(crate) fn run_stdin(&mut self, name: &str, mut reader: Box<dyn Read + Send>) -> Result<()> {
-        self.emit(Item::DirStart(Box::new(Node::new(
-            Vec::new(),
-            NodeKind::Dir,
-        ))))?;
+        self.emit(Item::DirStart(
+            Box::new(Node::new(Vec::new(), NodeKind::Dir)),
+            None,
+        ))?;
         let parts = super::stdin_path(name)?;
         let (file, dirs) = parts.split_last().unwrap_or((&name, &[]));
         let t = crate::time::now_timestamp();
@@ -268,7 +268,7 @@ impl<'a> Walker<'a> {
         };
         for d in dirs {
             let dir = made(d, NodeKind::Dir, 0o040700, &mut self.names);
-            self.emit(Item::DirStart(Box::new(dir)))?;
+            self.emit(Item::DirStart(Box::new(dir), None))?;
         }
         let node = made(file, NodeKind::File, 0o100600, &mut self.names);
         let path = PathBuf::from(format!("/{}", parts.join("/")));
@@ -312,8 +312,9 @@ impl<'a> Walker<'a> {
                         }
                     };
                     let (node, _) = node_from_metadata(name.clone(), path, &meta, &mut self.names);
-                    let ptree = self.load_parent(pnode.and_then(|n| n.subtree));
-                    self.emit(Item::DirStart(Box::new(node)))?;
+                    let psub = pnode.and_then(|n| n.subtree);
+                    let ptree = self.load_parent(psub);
+                    self.emit(Item::DirStart(Box::new(node), psub))?;
                     self.walk_selection(children, ptree.as_ref())?;
                     self.emit(Item::DirEnd)?;
                 }
@@ -555,7 +556,7 @@ impl<'a> Walker<'a> {
         if let Some(d) = &dir {
             node.flags = super::source::inode_flags(&**d);
         }
-        self.emit(Item::DirStart(Box::new(node)))?;
+        self.emit(Item::DirStart(Box::new(node), d.parent_subtree))?;
         Ok(Some(Frame {
             entries: entries
                 .into_iter()

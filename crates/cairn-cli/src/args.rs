@@ -958,8 +958,9 @@ pub struct DumpArgs {
     /// (`/srv/www` gives `www/...`; restic's from the root: `srv/www/...`)
     #[arg(required_unless_present = "image_fs", value_parser = snapshot_path())]
     pub file: Option<String>,
-    /// Write the path and everything below it as an archive (`tar`: POSIX with pax,
-    /// owners, times, xattrs and hard links; streams, e.g. to tape; `zip`). A
+    /// Write the path and everything below it as an archive (`tar`: GNU tar's
+    /// format, owners, ns times, xattrs and hard links; streams, e.g. to tape;
+    /// `zip`). A
     /// directory is written as tar without it.
     /// (Not with --image-fs, whose files are read in place one at a time: restore
     /// --image-fs a directory instead.)
@@ -982,7 +983,8 @@ pub struct ExportArgs {
     /// Directory or file of the snapshot to export (default: all of it)
     #[arg(value_parser = snapshot_path())]
     pub path: Option<String>,
-    /// tar (POSIX with pax: owners, ns times, xattrs, hard links, devices) or zip
+    /// tar (GNU tar's format, with pax records: owners, ns times, xattrs, ACLs,
+    /// hard links, devices, sparse files) or zip
     /// (names, modes, symlinks, 2 s times; deflated)
     #[arg(long, value_parser = ["tar", "zip"], default_value = "tar")]
     pub format: String,

@@ -92,6 +92,18 @@ pub fn local_offset_at(s: &str) -> Option<i32> {
     )
 }
 
+/// The offset from UTC, in seconds east, of this machine's time zone at `secs`
+/// seconds since the epoch (0 for a time chrono cannot hold).
+pub fn local_offset_of(secs: i64) -> i32 {
+    use chrono::{Offset, TimeZone};
+    chrono::DateTime::from_timestamp(secs, 0).map_or(0, |t| {
+        chrono::Local
+            .offset_from_utc_datetime(&t.naive_utc())
+            .fix()
+            .local_minus_utc()
+    })
+}
+
 /// The offset a time given as RFC 3339 names (`--time 2024-03-01T00:30:00+05:30`),
 /// in seconds east of UTC; `None` for a local time without one.
 pub fn given_offset(s: &str) -> Option<i32> {

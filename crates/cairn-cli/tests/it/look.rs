@@ -284,6 +284,7 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
     .unwrap();
     let snap = env.backup(&[&src]);
     let zip = env.path("out.zip");
+    // In Tokyo (a POSIX TZ string: no tzdata needed).
     let out = env
         .cmd(&[
             "export",
@@ -294,6 +295,7 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
             "-o",
         ])
         .arg(&zip)
+        .env("TZ", "JST-9")
         .output()
         .unwrap();
     assert!(
@@ -334,6 +336,13 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
     );
     let m = fs::metadata(got.join("suid")).unwrap();
     assert_eq!((m.mode() & 0o7777, m.mtime()), (0o4755, 1_600_000_001));
+    // The DOS time, which readers without the extra field show as local time,
+    // is the exporter's local time, as Info-ZIP's zip writes it (QA: UTC, 9 hours
+    // off in Python's zipfile in Tokyo): 2020-09-13 12:26:41 UTC is 21:26:40 there.
+    assert_eq!(
+        zip_dos_time(&fs::read(&zip).unwrap(), "src/suid"),
+        Some((2020, 9, 13, 21, 26, 40))
+    );
     assert_eq!(fs::metadata(got.join("old")).unwrap().mtime(), 171_936_000);
 
     // Tar through --output too; then a damaged pack fails the export cleanly.
@@ -842,8 +851,33 @@ fn export_acls_come_back_with_gnu_tar_acls() {
     );
 }
 
-/// A time before 1970 with a fraction of a second and an attribute whose name is
-/// not UTF-8 come back from the tar archive as they were (GNU tar extracting).
+/// The DOS date and time of a zip entry, from its local header.
+fn zip_dos_time(zip: &[u8], name: &str) -> Option<(u32, u32, u32, u32, u32, u32)> {
+    let le = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as u32;
+    let mut at = 0;
+    while at + 30 <= zip.len() {
+        if zip[at..].starts_with(b"PK\x03\x04") {
+            let n = le(zip, at + 26) as usize;
+            if zip.get(at + 30..at + 30 + n) == Some(name.as_bytes()) {
+                let (t, d) = (le(zip, at + 10), le(zip, at + 12));
+                return Some((
+                    1980 + (d >> 9),
+                    (d >> 5) & 15,
+                    d & 31,
+                    t >> 11,
+                    (t >> 5) & 63,
+                    (t & 31) * 2,
+                ));
+            }
+        }
+        at += 1;
+    }
+    None
+}
+
+/// A time before 1970 with a fraction of a second and attributes whose names are
+/// not UTF-8 or hold `=` or `%` come back from the tar archive as they were (GNU
+/// tar extracting).
 #[test]
 fn export_keeps_times_before_1970_and_raw_attribute_names() {
     use std::os::unix::ffi::OsStrExt;
@@ -856,6 +890,10 @@ fn export_keeps_times_before_1970_and_raw_attribute_names() {
     fs::write(&f, b"old").unwrap();
     let raw_name = std::ffi::OsStr::from_bytes(b"user.\xff\xfe");
     xattr::set(&f, raw_name, b"v").unwrap();
+    // `=` ends a pax keyword and `%` starts GNU tar's escapes (QA: `user.a=b`
+    // came back as `user.a` holding "b=v2").
+    xattr::set(&f, "user.a=b", b"v2").unwrap();
+    xattr::set(&f, "user.p%3Dq", b"pv").unwrap();
     // -1.75 s: -2 s and 0.25 s as the kernel holds it.
     set_times(&f, -2, 250_000_000);
     let snap = env.backup(&[&src]);
@@ -872,11 +910,22 @@ fn export_keeps_times_before_1970_and_raw_attribute_names() {
     let m = fs::metadata(&got).unwrap();
     assert_eq!((m.mtime(), m.mtime_nsec()), (-2, 250_000_000));
     assert_eq!(xattr::get(&got, raw_name).unwrap(), Some(b"v".to_vec()));
-    // Zip holds neither a time past 2107 (nor one past 2038 exactly) nor a name
-    // that is not UTF-8: each such file is said.
+    assert_eq!(xattr::get(&got, "user.a=b").unwrap(), Some(b"v2".to_vec()));
+    assert_eq!(
+        xattr::get(&got, "user.p%3Dq").unwrap(),
+        Some(b"pv".to_vec())
+    );
+    assert_eq!(xattr::get(&got, "user.a").unwrap(), None);
+    // Zip holds neither a time past 2107 (nor one past 2038 exactly), nor one
+    // before 1970 in a way unzip reads, nor a name that is not UTF-8: each such
+    // file is said.
     let far = src.join("far");
     fs::write(&far, b"far").unwrap();
     set_times(&far, 7_258_118_400, 0);
+    // Before 1970: Info-ZIP's unzip ignores the exact time in the extra field.
+    let older = src.join("older");
+    fs::write(&older, b"older").unwrap();
+    set_times(&older, -617_241_600, 0);
     fs::write(src.join(std::ffi::OsStr::from_bytes(b"raw-\xff")), b"r").unwrap();
     let snap = env.backup(&[&src]);
     let zip = env.path("out.zip");
@@ -892,6 +941,10 @@ fn export_keeps_times_before_1970_and_raw_attribute_names() {
     assert!(o.status.success(), "{err}");
     assert!(
         err.contains("far: its time (year 2200) is outside what zip can store"),
+        "{err}"
+    );
+    assert!(
+        err.contains("older: its time (year 1950) is outside what zip can store"),
         "{err}"
     );
     assert!(err.contains("raw-%FF: the name is not UTF-8"), "{err}");

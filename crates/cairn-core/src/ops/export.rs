@@ -5,13 +5,16 @@
 //! directory, written at the end, holds one record per entry). A file's blobs are
 //! read several at a time, ahead of the writer.
 //!
-//! A tar archive is POSIX (ustar with pax extensions): long names and link targets,
-//! owners by id and name, modification times with nanoseconds, extended
+//! A tar archive is in GNU tar's format, which GNU tar, bsdtar and Python's
+//! tarfile read: ustar headers, GNU long-name records for names and link targets
+//! past 100 bytes, GNU base-256 numbers for owners, sizes and times that do not
+//! fit the octal fields, GNU sparse 1.0 for sparse files, and pax records for
+//! modification times with nanoseconds, owner names past 31 bytes, extended
 //! attributes as `SCHILY.xattr.*` (what GNU tar and bsdtar read), and POSIX ACLs
 //! also as GNU tar's `SCHILY.acl.access`/`.default` (what `tar --acls` reads). Hard links
 //! within the export become tar hard links. A zip archive (for systems without tar)
 //! carries names, permission bits, symlinks and modification times to the zip
-//! format's 2 seconds (in UTC); owners, xattrs, FIFOs and devices have no place in it
+//! format's 2 seconds (in local time; exact in an extra field); owners, xattrs, FIFOs and devices have no place in it
 //! (counted in the report), and a hard link is stored as another copy. Content is
 //! deflated; files past 4 GiB use zip64.
 //!
@@ -384,8 +387,13 @@ impl TarSink<'_> {
         }
         for (k, v) in &n.xattrs {
             // The name's bytes as they are (GNU tar's way; a name that is not
-            // UTF-8 would otherwise come back as another name).
-            pax.push(([&b"SCHILY.xattr."[..], k].concat(), v.clone()));
+            // UTF-8 would otherwise come back as another name), but for `=` and
+            // `%`, which GNU tar escapes: a reader takes the first `=` for the
+            // end of the key (QA: `user.a=b` came back as `user.a`).
+            pax.push((
+                [&b"SCHILY.xattr."[..], &xattr_keyword(k)].concat(),
+                v.clone(),
+            ));
             // GNU tar's `--acls` reads ACLs from its own records in text form (and
             // sets them over what the xattrs gave): both go in, as GNU tar writes.
             let acl = match k.as_slice() {
@@ -420,6 +428,20 @@ fn pax_time(secs: i64, nanos: u32) -> String {
 
 /// pax extended header records, `"<length> <key>=<value>\n"` each, the length
 /// counting its own digits; keys as bytes (an xattr name need not be UTF-8).
+/// An attribute's name as GNU tar writes it in a `SCHILY.xattr.` keyword: `%` as
+/// `%25` and `=` as `%3D` (what its `xattr_decode_keyword` undoes).
+fn xattr_keyword(name: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(name.len());
+    for &b in name {
+        match b {
+            b'%' => out.extend_from_slice(b"%25"),
+            b'=' => out.extend_from_slice(b"%3D"),
+            b => out.push(b),
+        }
+    }
+    out
+}
+
 fn pax_records(records: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
     let mut data = Vec::new();
     for (key, value) in records {
@@ -776,10 +798,13 @@ fn zip_entry_err(shown: &str) -> impl FnOnce(zip::result::ZipError) -> Error + '
 
 /// Zip's options for an entry: its Unix type and mode bits in the external
 /// attributes (set-ID and sticky bits included, as Info-ZIP keeps them), and the
-/// modification time twice: as DOS time (2-second steps, taken as UTC; a time
+/// modification time twice: as DOS time (2-second steps in this machine's local
+/// time, as Info-ZIP's zip and Python's zipfile write it, since readers that know
+/// no better show it as local time: QA saw 9 hours off in Tokyo with UTC; a time
 /// outside 1980-2107 clamped to the nearest end, so order is kept) and, where it
 /// fits, exactly in an extended-timestamp field (`UT`, 0x5455: seconds since the
-/// epoch, UTC), which Info-ZIP's unzip and bsdtar use instead.
+/// epoch, UTC), which Info-ZIP's unzip and bsdtar use instead. Info-ZIP's unzip
+/// ignores a time before 1970 there, so such a file's clamping is said too.
 fn zip_options(
     n: &Node,
     file_type: u32,
@@ -787,8 +812,10 @@ fn zip_options(
     notes: &mut Vec<String>,
 ) -> Result<zip::write::FullFileOptions<'static, 'static>> {
     let secs = n.mtime.secs;
-    let (y, mo, d, h, mi, s) = crate::time::civil_utc(secs);
-    if !(1980..=2107).contains(&y) && i32::try_from(secs).is_err() {
+    let local = secs.saturating_add(crate::time::local_offset_of(secs).into());
+    let (y, mo, d, h, mi, s) = crate::time::civil_utc(local);
+    let ut = i32::try_from(secs).ok();
+    if !(1980..=2107).contains(&y) && ut.is_none_or(|t| t < 0) {
         notes.push(format!(
             "{shown}: its time (year {y}) is outside what zip can store; stored as {}",
             if y < 1980 { "1980-01-01" } else { "2107-12-31" }
@@ -809,7 +836,7 @@ fn zip_options(
         .system(zip::System::Unix)
         .external_attributes(((file_type | (n.mode & 0o7777)) << 16) | dos)
         .last_modified_time(t);
-    if let Ok(unix) = i32::try_from(secs) {
+    if let Some(unix) = ut {
         let mut ut = vec![1u8];
         ut.extend_from_slice(&unix.to_le_bytes());
         opts.add_extra_field(0x5455, ut, false)

@@ -223,6 +223,44 @@ fn direct_or_buffered(
 /// device sees few, long direct writes.
 pub const SEQUENTIAL_CHUNK: usize = 4 << 20;
 
+/// Whether `data` is all zeros, sixteen bytes at a time: restores leave such
+/// pages as holes, and a sparse file's holes come out of an image's reader as
+/// zeros, a terabyte of which is looked at here.
+pub fn all_zeros(data: &[u8]) -> bool {
+    let mut words = data.chunks_exact(16);
+    let whole = words
+        .by_ref()
+        .all(|w| u128::from_ne_bytes(w.try_into().unwrap_or([1; 16])) == 0);
+    whole && words.remainder().iter().all(|&b| b == 0)
+}
+
+/// Writes `data` at `offset`, or with `sparse`, only its runs of blocks
+/// ([`DIRECT_ALIGN`] bytes from `data`'s start) that are not all zeros: in a
+/// file that held nothing there, the blocks left out are holes that read as
+/// zeros. Runs start and end on block boundaries (the last may be short), so
+/// an aligned direct write stays aligned.
+fn write_at_sparse(f: &File, data: &[u8], offset: u64, sparse: bool) -> std::io::Result<()> {
+    if !sparse {
+        return f.write_all_at(data, offset);
+    }
+    let block = DIRECT_ALIGN as usize;
+    let mut run: Option<usize> = None;
+    for (i, b) in data.chunks(block).enumerate() {
+        match (all_zeros(b), run) {
+            (false, None) => run = Some(i * block),
+            (true, Some(start)) => {
+                f.write_all_at(&data[start..i * block], offset + start as u64)?;
+                run = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(start) = run {
+        f.write_all_at(&data[start..], offset + start as u64)?;
+    }
+    Ok(())
+}
+
 /// Writes a stream front to back into a regular file (an exported archive, a dumped
 /// file on standard output redirected to disk), the 4 KiB-aligned bulk with
 /// `O_DIRECT`: the archive is written once and not read back soon, and through the
@@ -251,6 +289,8 @@ pub struct SequentialWriter {
     len: usize,
     /// File offset of the first gathered byte (aligned while `direct` is set).
     base: u64,
+    /// Blocks of zeros are left as holes ([`SequentialWriter::sparse`]).
+    sparse: bool,
 }
 
 /// The thread that writes full chunks: one at a time, handed back when written
@@ -313,7 +353,17 @@ impl SequentialWriter {
             worker: None,
             len: 0,
             base,
+            sparse: false,
         })
+    }
+
+    /// Leaves blocks of zeros unwritten, as holes, and sets the file's length at
+    /// [`SequentialWriter::finish`]: for a file that held nothing from where the
+    /// writer started (a fresh file, as `dump --target` writes a sparse file's
+    /// content into). Into a file that held data, zeros would not overwrite it.
+    pub fn sparse(mut self) -> SequentialWriter {
+        self.sparse = true;
+        self
     }
 
     /// Whether the bulk goes around the page cache.
@@ -346,6 +396,7 @@ impl SequentialWriter {
                 return Ok(false);
             };
             let d = d.try_clone()?;
+            let sparse = self.sparse;
             let (jobs, rx) = std::sync::mpsc::sync_channel::<(AlignedBuf, u64)>(1);
             let (tx, done) = std::sync::mpsc::sync_channel(1);
             let thread = std::thread::Builder::new()
@@ -353,10 +404,10 @@ impl SequentialWriter {
                 .spawn(move || {
                     for (mut buf, offset) in rx {
                         let data = buf.aligned_mut(SEQUENTIAL_CHUNK);
-                        let r = match d.write_all_at(data, offset) {
+                        let r = match write_at_sparse(&d, data, offset, sparse) {
                             Ok(()) => Ok(true),
                             Err(e) if refused(&e) => {
-                                plain.write_all_at(data, offset).map(|()| false)
+                                write_at_sparse(&plain, data, offset, sparse).map(|()| false)
                             }
                             Err(e) => Err(e),
                         };
@@ -416,7 +467,7 @@ impl SequentialWriter {
             let aligned = len / DIRECT_ALIGN as usize * DIRECT_ALIGN as usize;
             let mut refused_now = false;
             if aligned > 0 {
-                match d.write_all_at(&buf[..aligned], base) {
+                match write_at_sparse(d, &buf[..aligned], base, self.sparse) {
                     Ok(()) => {}
                     Err(e) if refused(&e) => refused_now = true,
                     Err(e) => return Err(e),
@@ -426,8 +477,8 @@ impl SequentialWriter {
                 self.direct = None;
             } else {
                 if all && len > aligned {
-                    self.file
-                        .write_all_at(&buf[aligned..len], base + aligned as u64)?;
+                    let tail = &buf[aligned..len];
+                    write_at_sparse(&self.file, tail, base + aligned as u64, self.sparse)?;
                 }
                 buf.copy_within(aligned..len, 0);
                 self.base += aligned as u64;
@@ -435,7 +486,7 @@ impl SequentialWriter {
                 return Ok(());
             }
         }
-        self.file.write_all_at(&buf[..len], base)?;
+        write_at_sparse(&self.file, &buf[..len], base, self.sparse)?;
         self.base += len as u64;
         self.len = 0;
         Ok(())
@@ -447,6 +498,11 @@ impl SequentialWriter {
         use std::io::{Seek, SeekFrom};
         self.drain(true)?;
         let end = self.base + self.len as u64;
+        if self.sparse {
+            // Zeros at the end were left out: the length says where the stream ended.
+            self.stop_worker();
+            self.file.set_len(end)?;
+        }
         self.file.seek(SeekFrom::Start(end))?;
         self.stop_worker();
         let file = self.file.try_clone()?;
@@ -655,6 +711,41 @@ mod tests {
             if append || prefix % DIRECT_ALIGN as usize != 0 {
                 assert!(!direct, "{what}");
             }
+        }
+    }
+
+    /// A sparse writer leaves blocks of zeros as holes, in the middle of a chunk,
+    /// over whole chunks and at the end, and the file reads back as written.
+    #[test]
+    fn a_sparse_writer_leaves_zeros_as_holes() {
+        use std::os::unix::fs::MetadataExt;
+        let chunk = SEQUENTIAL_CHUNK;
+        let mut data = vec![0u8; chunk * 3 + 10_000];
+        data[5] = 1; // the first block
+        data[chunk / 2 + 4095] = 2; // one block's last byte
+        data[chunk * 3 + 9_999] = 3; // the unaligned tail
+        for tail in [true, false] {
+            if !tail {
+                data[chunk * 3 + 9_999] = 0; // zeros up to the end
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("f");
+            let mut w = SequentialWriter::new(File::create(&p).unwrap())
+                .unwrap()
+                .sparse();
+            for piece in data.chunks(100_000) {
+                std::io::Write::write_all(&mut w, piece).unwrap();
+            }
+            let f = w.finish().unwrap();
+            drop(f);
+            assert!(std::fs::read(&p).unwrap() == data, "tail {tail}");
+            // Three 4 KiB blocks at most hold data (file systems that allocate
+            // more, such as tmpfs with huge pages, would still fall far below).
+            let allocated = std::fs::metadata(&p).unwrap().blocks() * 512;
+            assert!(
+                allocated < data.len() as u64 / 8,
+                "tail {tail}: {allocated}"
+            );
         }
     }
 

@@ -83,8 +83,8 @@ fn main() {
         );
     }
     let cli = args::parse();
-    // Only operations that stop cleanly when asked get a handler; for every other
-    // command SIGINT and SIGTERM keep ending the process at once, which is safe.
+    // Operations that stop cleanly when asked are asked; every other command
+    // ends at once, which is safe, and says so.
     if matches!(
         cli.command,
         args::Command::Backup(_)
@@ -96,6 +96,9 @@ fn main() {
             | args::Command::Mount(_)
     ) {
         cancel_on_signals();
+    } else if !matches!(cli.command, args::Command::Serve(_)) {
+        // (`serve` shuts down gracefully on SIGTERM by itself.)
+        stop_on_signals(cli.global.json);
     }
     let json = cli.global.json;
     let result = commands::run(cli);
@@ -230,6 +233,48 @@ fn is_closed_stdout(e: &anyhow::Error) -> bool {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+/// For commands that have no safe point to stop at of their own (forget, tag,
+/// rewrite, key, repair, recover, ...), SIGINT and SIGTERM end the process at
+/// once, which is as safe as a crash (every change is written new, then
+/// committed), and say so: ended by the signal itself, they had said nothing
+/// (QA). The status is 130, as for the operations that stop cleanly.
+fn stop_on_signals(json: bool) {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static AS_JSON: AtomicBool = AtomicBool::new(false);
+    const TEXT: &[u8] = b"cairn: error: interrupted: stopped at once, which is as safe as \
+        a crash (nothing it had committed is lost; run the command again to finish)\n";
+    const JSON: &[u8] = b"{\"type\":\"error\",\"message\":\"interrupted: stopped at once, \
+        which is as safe as a crash (nothing it had committed is lost; run the command again \
+        to finish)\",\"exit_code\":130}\n";
+    AS_JSON.store(json, Ordering::SeqCst);
+    extern "C" fn on_signal(_: libc::c_int) {
+        let m = if AS_JSON.load(Ordering::SeqCst) {
+            JSON
+        } else {
+            TEXT
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: write and _exit are async-signal-safe; `m` is static.
+        unsafe {
+            libc::write(2, m.as_ptr().cast(), m.len());
+            libc::_exit(EXIT_CANCELLED)
+        }
+    }
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        #[allow(unsafe_code)]
+        // SAFETY: the handler only loads an atomic and calls write and _exit.
+        unsafe {
+            let _ = sigaction(sig, &action);
+        }
+    }
 }
 
 /// The first SIGINT or SIGTERM asks the running operation to stop at its next safe

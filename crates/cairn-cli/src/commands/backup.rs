@@ -585,7 +585,12 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     // The session waits for a job slot before loading the index: the jobs ahead
     // are then finished, and this one deduplicates against what they stored.
     let session: Session<session::Backup> =
-        Session::open(repo, "backup", IndexLoad::Backup, &p.progress)?;
+        Session::open(repo, "backup", IndexLoad::Backup, &p.progress).map_err(|e| match e {
+            // Stopped while the repository was opened (QA: it said only "cancelled").
+            cairn_core::Error::Cancelled => anyhow::Error::from(e)
+                .context("backup cancelled before it read anything; no snapshot was saved"),
+            e => e.into(),
+        })?;
     // The command starts once the repository is open (a wrong password runs nothing).
     let stdin: Option<(String, Box<dyn std::io::Read + Send>)> = if a.stdin_from_command {
         Some((

@@ -27,10 +27,17 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
         }
     };
     if let Some(format) = archive {
+        use std::io::IsTerminal;
+        if target.is_none() && std::io::stdout().is_terminal() {
+            anyhow::bail!(
+                "refusing to write a {format} archive of {file} to the terminal: redirect \
+                 standard output (> file, | tar -x) or give --target FILE"
+            );
+        }
         let format: cairn_core::export::Format = format.parse()?;
         let root = snap.tree_id()?;
         let tar = format == cairn_core::export::Format::Tar;
-        let r = super::export::write_output(g, target, tar, |out| {
+        let r = super::export::write_output(g, target, tar, false, |out| {
             cairn_core::export::export(&session, &root, file, format, out)
         })?;
         let code = super::export::report(&r, g.json);
@@ -40,7 +47,7 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
         ));
     }
     let root = snap.tree_id()?;
-    super::export::write_output(g, target, false, |out| {
+    super::export::write_output(g, target, false, true, |out| {
         cairn_core::dump::dump(&session, &root, file, out)
     })?;
     Ok(super::image_zeros_warning(

@@ -24,7 +24,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     let (_, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     let root = snap.tree_id()?;
     let path = a.path.as_deref().unwrap_or("/");
-    let r = write_output(g, output, format == Format::Tar, |out| {
+    let r = write_output(g, output, format == Format::Tar, false, |out| {
         export::export(&session, &root, path, format, out)
     })?;
     if g.json {
@@ -57,11 +57,15 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
 /// or FIFO written in place, or a regular file written beside its name and
 /// renamed once whole (a failed or killed run never leaves a file that looks
 /// complete). `pad`: a tape's last record is padded (tar, not zip, whose end is
-/// found from the end of the file). Shared by `export -o` and `dump --target`.
+/// found from the end of the file). `sparse`: a regular file gets holes where
+/// the stream has blocks of zeros (a file's content, as a restore writes it; QA:
+/// a 3 GiB sparse file did not fit where its restore did). Shared by `export -o`
+/// and `dump --target`.
 pub(super) fn write_output<R>(
     g: &Global,
     output: Option<&std::path::Path>,
     pad: bool,
+    sparse: bool,
     produce: impl FnOnce(&mut dyn Write) -> cairn_core::Result<R>,
 ) -> Result<R> {
     Ok(match output {
@@ -139,13 +143,32 @@ pub(super) fn write_output<R>(
                 .suffix(".partial")
                 .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
                 .tempfile_in(dir)
-                .with_context(|| format!("creating a file in {}", dir.display()))?
+                // The OS's reason, without the temporary name tempfile puts in
+                // its message (QA: `.x.tar.pkftdW.partial` shown for a missing
+                // directory).
+                .map_err(|e| {
+                    use std::io::ErrorKind as K;
+                    let code = match e.kind() {
+                        K::NotFound => libc::ENOENT,
+                        K::PermissionDenied => libc::EACCES,
+                        K::ReadOnlyFilesystem => libc::EROFS,
+                        K::StorageFull => libc::ENOSPC,
+                        K::QuotaExceeded => libc::EDQUOT,
+                        K::NotADirectory => libc::ENOTDIR,
+                        _ => return e,
+                    };
+                    std::io::Error::from_raw_os_error(code)
+                })
+                .with_context(|| format!("creating {}", file.display()))?
                 .into_parts();
             // Held while it is written: a later export does not take it for stale.
             partial::lock(&f);
             partial::remove_on_signals(&partial);
             let mut w = SequentialWriter::new(f)
                 .with_context(|| format!("opening {}", partial.display()))?;
+            if sparse {
+                w = w.sparse();
+            }
             let r = produce(&mut w)
                 .and_then(|r| {
                     let f = w.finish().map_err(|e| cairn_core::Error::io(&partial, e))?;
@@ -155,9 +178,13 @@ pub(super) fn write_output<R>(
                 })
                 .inspect_err(|_| partial::forget())
                 .map_err(|e| match e {
-                    // The engine knows the archive, not the file it goes to.
-                    cairn_core::Error::Io { ref path, .. } if path.as_os_str() == "the archive" => {
-                        anyhow::Error::from(e).context(format!(
+                    // The engine knows the archive or the output, not the file it
+                    // goes to (QA: a full disk was "standard output").
+                    cairn_core::Error::Io { path, source }
+                        if path.as_os_str() == "the archive"
+                            || path.as_os_str() == "standard output" =>
+                    {
+                        anyhow::Error::from(source).context(format!(
                             "writing {} (nothing is left there)",
                             file.display()
                         ))
@@ -432,12 +459,16 @@ mod partial {
         extern "C" fn on_signal(_: libc::c_int) {
             let p = PATH.load(Ordering::SeqCst);
             #[allow(unsafe_code)]
-            // SAFETY: unlink and _exit are async-signal-safe; `p` is null or a
+            // SAFETY: unlink, write and _exit are async-signal-safe; `p` is null or a
             // C string leaked for the life of the process.
             unsafe {
-                if !p.is_null() {
+                let said: &[u8] = if p.is_null() {
+                    b"cairn: error: interrupted\n"
+                } else {
                     libc::unlink(p);
-                }
+                    b"cairn: error: interrupted; the unfinished output was removed\n"
+                };
+                libc::write(2, said.as_ptr().cast(), said.len());
                 libc::_exit(130)
             }
         }

@@ -1289,3 +1289,37 @@ fn check_asks_for_access_to_a_pack_this_user_may_not_read() {
     sh(Command::new("chown").arg("65534:65534").arg(&pack));
     env.check_clean();
 }
+
+/// A command with no safe point of its own to stop at (tag, forget, repair, key,
+/// ...) ends at once on Ctrl-C or SIGTERM, which is as safe as a crash, and says
+/// so, with status 130 (QA: it died by the signal, silently); with --json the
+/// error is a JSON line.
+#[test]
+fn any_command_interrupted_says_so() {
+    let env = Env::new();
+    env.init(&[]);
+    for (args, json) in [
+        (&["tag", "--add", "x", "latest"][..], false),
+        (&["--json", "repair", "index"][..], true),
+    ] {
+        let mut cmd = env.cmd(args);
+        // Stalled in the password command, well after the handler is set.
+        cmd.env_remove("CAIRN_PASSWORD").env(
+            "CAIRN_PASSWORD_COMMAND",
+            format!("sleep 2; echo '{PASSWORD}'"),
+        );
+        let (code, err, _) = interrupted(cmd, std::time::Duration::from_millis(400));
+        assert_eq!(code, Some(130), "{args:?}: {err}");
+        assert!(
+            err.contains("interrupted: stopped at once, which is as safe as a crash"),
+            "{args:?}: {err}"
+        );
+        if json {
+            let v: serde_json::Value = serde_json::from_str(err.trim()).unwrap();
+            assert_eq!(
+                (&v["type"], &v["exit_code"]),
+                (&"error".into(), &130.into())
+            );
+        }
+    }
+}

@@ -1525,6 +1525,77 @@ fn dump_target_writes_a_file_that_appears_whole() {
     assert!(names.is_empty(), "{names:?}");
 }
 
+/// `dump --target` writes a sparse file's holes as holes, as a restore does (QA:
+/// a 3 GiB file of 3 MB of data did not fit where its restore did), and a full
+/// disk names the target, not standard output; an archive is not written to a
+/// terminal (as export and restic's dump refuse).
+#[test]
+fn dump_target_keeps_holes_names_a_full_disk_and_spares_the_terminal() {
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    let sparse = src.join("d/sparse");
+    let f = fs::File::create(&sparse).unwrap();
+    f.set_len(64 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"head", 0).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"middle", 33 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"tail", (64 << 20) - 4).unwrap();
+    drop(f);
+    fs::write(src.join("d/big"), Rng(9).bytes(3 << 20, false)).unwrap();
+    let snap = env.backup(&[&src]);
+    let out = env.path("out.bin");
+    let path = format!("{}", sparse.display());
+    env.ok(&["dump", &snap, &path, "-t", out.to_str().unwrap()]);
+    assert!(fs::read(&out).unwrap() == fs::read(&sparse).unwrap());
+    let allocated = fs::metadata(&out).unwrap().blocks() * 512;
+    assert!(allocated < 4 << 20, "{allocated} bytes allocated");
+
+    let small = env.path("small");
+    let _fs = Tmpfs::mount(&small, "size=1m");
+    let full = small.join("big.bin");
+    let big = format!("{}/d/big", src.display());
+    let err = env.fails(&["dump", &snap, &big, "-t", full.to_str().unwrap()], 1);
+    assert!(
+        err.contains(&format!(
+            "writing {} (nothing is left there)",
+            full.display()
+        )) && err.contains("No space left")
+            && !err.contains("standard output"),
+        "{err}"
+    );
+    assert_eq!(fs::read_dir(&small).unwrap().count(), 0);
+
+    // In a terminal (`script` gives the command one): a file is shown, an
+    // archive of a directory refused.
+    let in_terminal = |what: &str| {
+        let cmd = env.cmd(&["dump", &snap, what]);
+        let line = std::iter::once(cmd.get_program())
+            .chain(cmd.get_args())
+            .map(|a| format!("'{}'", a.to_str().unwrap()))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut script = std::process::Command::new("script");
+        script.args(["-qec", &format!("{line}; echo exit=$?"), "/dev/null"]);
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => script.env(k, v),
+                None => script.env_remove(k),
+            };
+        }
+        let o = script.stdin(std::process::Stdio::null()).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let said = in_terminal(&format!("{}/d", src.display()));
+    assert!(
+        said.contains("refusing to write a tar archive of") && said.contains("exit=1"),
+        "{said}"
+    );
+    let said = in_terminal(&path);
+    assert!(said.contains("head") && said.contains("exit=0"), "{said}");
+}
+
 /// `ls --json` is one JSON document written as the walk goes: its head, an
 /// entry a line, its end. So a listing of millions of names is never held in
 /// memory, and a path that is not in the snapshot prints nothing at all.

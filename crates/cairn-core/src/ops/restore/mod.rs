@@ -839,16 +839,7 @@ fn matching(
     Ok((found, dirs))
 }
 
-/// Whether `data` is all zeros, sixteen bytes at a time: restores leave such
-/// pages as holes, and a sparse file's holes come out of an image's reader as
-/// zeros, a terabyte of which is looked at here.
-pub(crate) fn all_zeros(data: &[u8]) -> bool {
-    let mut words = data.chunks_exact(16);
-    let whole = words
-        .by_ref()
-        .all(|w| u128::from_ne_bytes(w.try_into().unwrap_or([1; 16])) == 0);
-    whole && words.remainder().iter().all(|&b| b == 0)
-}
+pub(crate) use cairn_backend::direct::all_zeros;
 
 /// A name in the walk's snapshot paths, which `--include` paths are compared with:
 /// every byte kept (one that is not UTF-8 as a stand-in), so that two names that
@@ -2319,21 +2310,6 @@ impl Walk<'_> {
 mod tests {
     use super::*;
     use crate::progress::Progress;
-
-    /// Zeros of any length are zeros; one other byte anywhere, in the sixteen-byte
-    /// words or the tail, is not.
-    #[test]
-    fn all_zeros_sees_every_byte() {
-        for len in [0, 1, 15, 16, 17, 40, 4096] {
-            let mut v = vec![0u8; len];
-            assert!(all_zeros(&v), "{len}");
-            for at in 0..len.min(40) {
-                v[at] = 1;
-                assert!(!all_zeros(&v), "{len} {at}");
-                v[at] = 0;
-            }
-        }
-    }
     use crate::repo::InitOptions;
     use crate::repo::blob::BlobEncoder;
     use crate::repo::packer::{Packer, Uploader};

@@ -182,6 +182,18 @@ pub fn recover(g: &Global, a: &crate::args::RecoverArgs) -> Result<i32> {
             for t in &r.roots {
                 println!("    /recover/{t}");
             }
+            if !r.recovered_before.is_empty() {
+                println!(
+                    "{} saved by an earlier recover (a snapshot tagged {} holds {}) left alone",
+                    ui::count(r.recovered_before.len() as u64, "more tree"),
+                    repair::RECOVERED_TAG,
+                    if r.recovered_before.len() == 1 {
+                        "it"
+                    } else {
+                        "them"
+                    }
+                );
+            }
         }
         match &r.snapshot {
             Some(id) => println!(
@@ -191,8 +203,10 @@ pub fn recover(g: &Global, a: &crate::args::RecoverArgs) -> Result<i32> {
                 repair::RECOVERED_TAG
             ),
             None if r.roots.is_empty() => {
-                if !g.quiet {
+                if !g.quiet && r.recovered_before.is_empty() {
                     println!("nothing to recover: every tree belongs to a snapshot");
+                } else if !g.quiet {
+                    println!("nothing new to recover");
                 }
             }
             None => println!(

@@ -375,6 +375,20 @@ fn recover_brings_back_a_snapshot_forgotten_by_mistake() {
     // to run until `repair snapshots`): the rest restores, and prune runs.
     let saved = v["snapshot"].as_str().unwrap();
     env.check_clean();
+    // The damaged tree itself stays unreferenced (its rewritten copy was
+    // saved): the next recover leaves it to the snapshot that holds it (QA: it
+    // saved it again at every run).
+    let o = env.run(&["recover", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let again: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(again["roots"].as_array().unwrap().len(), 0, "{again}");
+    assert_eq!(again["recovered_before"], v["roots"], "{again}");
+    assert!(again["snapshot"].is_null(), "{again}");
+    assert!(
+        env.ok(&["recover"])
+            .contains("1 more tree saved by an earlier recover"),
+        "text"
+    );
     env.ok(&["prune"]);
     env.check_clean();
     let back = env.path("recovered");

@@ -1113,6 +1113,10 @@ pub struct RecoverReport {
     /// needed), with how many trees and blobs: saved without the entries that
     /// need them (as `repair snapshots` would leave them out).
     pub damaged_roots: Vec<String>,
+    /// Unreferenced trees an earlier `recover` saved already (its snapshot holds
+    /// them, with what was gone left out, under their id): not saved again.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recovered_before: Vec<String>,
     /// The new snapshot (none when nothing was found, or with `dry_run`).
     pub snapshot: Option<String>,
     /// Bytes of the files the new snapshot holds.
@@ -1121,6 +1125,25 @@ pub struct RecoverReport {
     /// Other jobs holding locks during a dry run (see [`plan_recover`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub running: Vec<String>,
+}
+
+/// The trees a snapshot made by [`recover`] saved: the names of the directories
+/// below its `/recover` (ids); none if it does not read as one.
+fn recovered_roots(repo: &Repository, root: &BlobId) -> Vec<BlobId> {
+    let inner = repo.load_tree(root).ok().and_then(|t| {
+        t.nodes
+            .iter()
+            .find(|n| n.name == b"recover" && n.kind == NodeKind::Dir)
+            .and_then(|n| n.subtree)
+    });
+    let Some(tree) = inner.and_then(|id| repo.load_tree(&id).ok()) else {
+        return Vec::new();
+    };
+    tree.nodes
+        .iter()
+        .filter_map(|n| std::str::from_utf8(&n.name).ok())
+        .filter_map(|name| BlobId::from_hex(name).ok())
+        .collect()
 }
 
 /// The tag of a snapshot made by [`recover`].
@@ -1183,11 +1206,19 @@ fn run_recover(
     };
     progress.set_total(None, Some(trees.len() as u64));
     let mut referenced = IdSet::default();
+    // A tree a prune took something from is saved rewritten (below), so the tree
+    // itself stays unreferenced: the directories of earlier recovered snapshots
+    // name it, and it is not saved again at every run (QA: a snapshot more each
+    // time, each kept for good).
+    let mut recovered_before = IdSet::default();
     for (sid, snap) in &snaps {
         let root = snap
             .tree_id()
             .map_err(|e| Error::damaged(format!("snapshot {}", sid.to_hex()), e))?;
         referenced.insert(root);
+        if snap.tags.iter().any(|t| t == RECOVERED_TAG) {
+            recovered_before.extend(recovered_roots(repo, &root));
+        }
     }
     for id in &trees {
         progress.check_cancelled()?;
@@ -1204,10 +1235,11 @@ fn run_recover(
         }
         progress.entry_done();
     }
-    let roots: Vec<BlobId> = trees
+    let (before, roots): (Vec<BlobId>, Vec<BlobId>) = trees
         .into_iter()
         .filter(|id| !referenced.contains(id))
-        .collect();
+        .partition(|id| recovered_before.contains(id));
+    report.recovered_before = before.iter().map(|id| id.to_hex()).collect();
     report.roots = roots.iter().map(|id| id.to_hex()).collect();
     if roots.is_empty() {
         return Ok(report);

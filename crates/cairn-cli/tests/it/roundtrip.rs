@@ -2375,6 +2375,16 @@ fn backup_verbose_lists_each_file_as_new_modified_or_unchanged() {
         )),
         "{out}"
     );
+    // A directory whose own metadata changed is modified, its entries as they
+    // were (QA: a touched directory was "unchanged").
+    set_times(&src.join("d"), 1_500_000_000, 0);
+    let out = env.ok(&["backup", "-v", s]);
+    assert!(out.contains(&format!("modified  {s}/d/\n")), "{out}");
+    assert!(out.contains(&format!("unchanged {s}/d/b.txt\n")), "{out}");
+    assert!(
+        out.contains(&format!("dirs:      0 new, {dirs} changed, 0 unchanged;")),
+        "{out}"
+    );
     // Quiet without the flag.
     let out = env.ok(&["backup", s]);
     assert!(listed(&out).is_empty(), "{out}");
@@ -2429,6 +2439,19 @@ fn backup_verbose_lists_each_file_as_new_modified_or_unchanged() {
             ("modified".to_string(), p("d/"), 0),
             ("modified".to_string(), p("d/b.txt"), 9),
         ]
+    );
+    // An entry of another kind than before is modified, as restic says: a
+    // directory where a file was, a file where a directory was.
+    fs::remove_file(src.join("big.bin")).unwrap();
+    fs::create_dir(src.join("big.bin")).unwrap();
+    fs::remove_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("d"), b"now a file").unwrap();
+    let out = env.ok(&["backup", "-v", s]);
+    assert!(out.contains(&format!("modified  {s}/big.bin/\n")), "{out}");
+    assert!(out.contains(&format!("modified  {s}/d\n")), "{out}");
+    assert!(
+        out.contains("files:     0 new, 1 changed, 2 unchanged"),
+        "{out}"
     );
 }
 

@@ -301,7 +301,7 @@ fn same_content(l: &Node, r: &Node) -> bool {
 /// one, and a restore or a chown that sets what was there moves the other, with
 /// nothing a restore would give back differently (a backup re-reads a file whose
 /// change time moved, to be safe: its content is what `diff` compares).
-fn same_metadata(l: &Node, r: &Node) -> bool {
+pub(crate) fn same_metadata(l: &Node, r: &Node) -> bool {
     l.mode == r.mode
         && l.uid == r.uid
         && l.gid == r.gid

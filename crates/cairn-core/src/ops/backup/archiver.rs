@@ -116,11 +116,12 @@ struct State<'a> {
 }
 
 /// A directory the archiver is filling: its node, the entries that joined it so
-/// far, and its tree in the parent snapshot (to tell new, changed, unchanged).
+/// far, and the parent snapshot's entry of its name (to tell new, changed,
+/// unchanged).
 struct Frame {
     node: Node,
     children: Vec<Node>,
-    parent: Option<BlobId>,
+    parent: Option<Box<Node>>,
 }
 
 /// Says what was done with a file that joined its directory, or a directory
@@ -447,9 +448,16 @@ fn run<'a>(
                             root = Some(id);
                         } else {
                             st.summary.dirs += 1;
+                            // Unchanged: the same entries and its own metadata as it
+                            // was (QA: a touched directory was "unchanged"); another
+                            // kind of entry before is a change, as restic counts it.
                             let (count, action) = match parent {
                                 None => (&mut st.summary.dirs_new, FileAction::New),
-                                Some(p) if p == id => {
+                                Some(p)
+                                    if p.kind == NodeKind::Dir
+                                        && p.subtree == Some(id)
+                                        && crate::ops::diff::same_metadata(&p, &node) =>
+                                {
                                     (&mut st.summary.dirs_unchanged, FileAction::Unchanged)
                                 }
                                 Some(_) => (&mut st.summary.dirs_changed, FileAction::Modified),

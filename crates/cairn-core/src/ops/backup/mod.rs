@@ -200,10 +200,10 @@ pub use crate::report::LookupFailures;
 
 /// One element of the stream from walker to archiver.
 pub(crate) enum Item {
-    /// A directory's entries follow, up to its `DirEnd`. With the id of its tree
-    /// in the parent snapshot, if it was a directory there, so that the
-    /// archiver can tell a new, changed or unchanged directory.
-    DirStart(Box<Node>, Option<BlobId>),
+    /// A directory's entries follow, up to its `DirEnd`. With the parent
+    /// snapshot's entry of its name, if any, so that the archiver can tell a new,
+    /// changed or unchanged directory.
+    DirStart(Box<Node>, Option<Box<Node>>),
     DirEnd,
     /// A regular file whose content follows as `Data`/`Chunks` items, then `FileEnd`.
     FileStart {

@@ -62,13 +62,17 @@ pub(crate) struct Prepared {
     pub node: Box<Node>,
     /// A link target or xattrs could not be read; the entry is kept.
     pub warning: Option<String>,
-    /// The parent snapshot has this name as a regular file.
-    pub had_file: bool,
+    /// The parent snapshot has an entry of this name: a file read now is a
+    /// changed one (a type change too, as restic counts it), not a new one.
+    pub in_parent: bool,
     /// A regular file whose parent-snapshot content was reused (unchanged metadata
     /// and every blob live): no read needed.
     pub reused: bool,
     /// For a directory: the parent snapshot's tree of the same name.
     pub parent_subtree: Option<BlobId>,
+    /// For a directory: the parent snapshot's entry of the same name, whatever
+    /// its kind (to tell a new, changed or unchanged directory).
+    pub parent_node: Option<Box<Node>>,
     /// A regular file whose xattrs are to be read from it when it is opened.
     pub xattrs_unread: bool,
 }
@@ -181,9 +185,10 @@ pub(crate) fn prepare(
     xattrs_unread: bool,
     change: super::ChangeDetection,
 ) -> Scanned {
-    let had_file = pnode.is_some_and(|p| p.kind == NodeKind::File);
+    let in_parent = pnode.is_some();
     let mut reused = false;
     let mut parent_subtree = None;
+    let mut parent_node = None;
     match node.kind {
         NodeKind::File => {
             if let Some(p) = pnode
@@ -204,15 +209,17 @@ pub(crate) fn prepare(
             parent_subtree = pnode
                 .filter(|p| p.kind == NodeKind::Dir)
                 .and_then(|p| p.subtree);
+            parent_node = pnode.map(|p| Box::new(p.clone()));
         }
         _ => {}
     }
     Scanned::Node(Prepared {
         node: Box::new(node),
         warning,
-        had_file,
+        in_parent,
         reused,
         parent_subtree,
+        parent_node,
         xattrs_unread,
     })
 }

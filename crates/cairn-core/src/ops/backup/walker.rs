@@ -226,6 +226,7 @@ impl<'a> Walker<'a> {
             let top = DirEntry {
                 node: Box::new(node),
                 parent_subtree: parent_root,
+                parent_node: None,
             };
             self.walk_dir(root, top, None, Vec::new(), None)?;
             return self.emit(Item::End);
@@ -236,7 +237,7 @@ impl<'a> Walker<'a> {
         let parent = self.load_parent(parent_root);
         self.emit(Item::DirStart(
             Box::new(Node::new(Vec::new(), NodeKind::Dir)),
-            parent_root,
+            None,
         ))?;
         self.walk_selection(&sel, parent.as_ref())?;
         self.emit(Item::DirEnd)?;
@@ -312,9 +313,9 @@ impl<'a> Walker<'a> {
                         }
                     };
                     let (node, _) = node_from_metadata(name.clone(), path, &meta, &mut self.names);
-                    let psub = pnode.and_then(|n| n.subtree);
-                    let ptree = self.load_parent(psub);
-                    self.emit(Item::DirStart(Box::new(node), psub))?;
+                    let ptree = self.load_parent(pnode.and_then(|n| n.subtree));
+                    let pnode = pnode.map(|n| Box::new(n.clone()));
+                    self.emit(Item::DirStart(Box::new(node), pnode))?;
                     self.walk_selection(children, ptree.as_ref())?;
                     self.emit(Item::DirEnd)?;
                 }
@@ -360,7 +361,7 @@ impl<'a> Walker<'a> {
             }
             Scanned::Node(p) => p,
         };
-        let (node, had_file, xattrs_unread) = (p.node, p.had_file, p.xattrs_unread);
+        let (node, in_parent, xattrs_unread) = (p.node, p.in_parent, p.xattrs_unread);
         if let Some(w) = p.warning {
             self.progress.warning(path, &w);
         }
@@ -369,6 +370,7 @@ impl<'a> Walker<'a> {
                 return Ok(Step::Dir(DirEntry {
                     node,
                     parent_subtree: p.parent_subtree,
+                    parent_node: p.parent_node,
                 }));
             }
             NodeKind::File if p.reused => {
@@ -385,11 +387,11 @@ impl<'a> Walker<'a> {
                     path: path.to_path_buf(),
                     dir: dir.cloned(),
                     node,
-                    changed: had_file,
+                    changed: in_parent,
                     xattrs_unread,
                 })?;
             }
-            NodeKind::File => self.walk_file(path, dir, *node, had_file, xattrs_unread)?,
+            NodeKind::File => self.walk_file(path, dir, *node, in_parent, xattrs_unread)?,
             _ => {
                 self.progress.entry_done();
                 self.emit(Item::Entry {
@@ -556,7 +558,7 @@ impl<'a> Walker<'a> {
         if let Some(d) = &dir {
             node.flags = super::source::inode_flags(&**d);
         }
-        self.emit(Item::DirStart(Box::new(node), d.parent_subtree))?;
+        self.emit(Item::DirStart(Box::new(node), d.parent_node))?;
         Ok(Some(Frame {
             entries: entries
                 .into_iter()
@@ -724,6 +726,8 @@ struct DirEntry {
     node: Box<Node>,
     /// The parent snapshot's tree of the same name.
     parent_subtree: Option<BlobId>,
+    /// The parent snapshot's entry of the same name (see [`Item::DirStart`]).
+    parent_node: Option<Box<Node>>,
 }
 
 /// One directory being walked (see [`Walker::walk_dir`]).

@@ -95,8 +95,10 @@ fn main() {
             | args::Command::Stats(_)
             | args::Command::Mount(_)
     ) {
+        save_terminal();
         cancel_on_signals();
     } else if !matches!(cli.command, args::Command::Serve(_)) {
+        save_terminal();
         // (`serve` shuts down gracefully on SIGTERM by itself.)
         stop_on_signals(cli.global.json);
     }
@@ -235,6 +237,63 @@ fn is_closed_stdout(e: &anyhow::Error) -> bool {
     })
 }
 
+/// The controlling terminal (its descriptor) and its settings as the process
+/// found them: a password prompt turns echo off while it reads, and a process
+/// ended by a signal there must put it back (QA: Ctrl-C at a prompt left the
+/// shell typing blind; restic puts it back too).
+static TTY_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static TTY_SAVED: std::sync::OnceLock<libc::termios> = std::sync::OnceLock::new();
+
+fn save_terminal() {
+    #[allow(unsafe_code)]
+    // SAFETY: open, tcgetattr and close on a descriptor this function owns; the
+    // termios is read only once tcgetattr filled it.
+    unsafe {
+        let fd = libc::open(
+            c"/dev/tty".as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return;
+        }
+        let mut t = std::mem::MaybeUninit::<libc::termios>::zeroed();
+        if libc::tcgetattr(fd, t.as_mut_ptr()) != 0 || TTY_SAVED.set(t.assume_init()).is_err() {
+            libc::close(fd);
+            return;
+        }
+        TTY_FD.store(fd, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Puts back the terminal's settings [`save_terminal`] found, if they changed
+/// (echo turned off), from a signal handler: only async-signal-safe calls, and
+/// only while this process is in the foreground (from the background, setting
+/// them would stop the process with SIGTTOU).
+fn restore_terminal() {
+    let fd = TTY_FD.load(std::sync::atomic::Ordering::SeqCst);
+    let Some(saved) = TTY_SAVED.get() else {
+        return;
+    };
+    if fd < 0 {
+        return;
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: tcgetpgrp, getpgrp, tcgetattr and tcsetattr are async-signal-safe;
+    // `now` is read only once tcgetattr filled it.
+    unsafe {
+        if libc::tcgetpgrp(fd) != libc::getpgrp() {
+            return;
+        }
+        let mut now = std::mem::MaybeUninit::<libc::termios>::zeroed();
+        if libc::tcgetattr(fd, now.as_mut_ptr()) != 0 {
+            return;
+        }
+        if now.assume_init().c_lflag != saved.c_lflag {
+            libc::tcsetattr(fd, libc::TCSANOW, saved);
+        }
+    }
+}
+
 /// For commands that have no safe point to stop at of their own (forget, tag,
 /// rewrite, key, repair, recover, ...), SIGINT and SIGTERM end the process at
 /// once, which is as safe as a crash (every change is written new, then
@@ -256,6 +315,7 @@ fn stop_on_signals(json: bool) {
         } else {
             TEXT
         };
+        restore_terminal();
         #[allow(unsafe_code)]
         // SAFETY: write and _exit are async-signal-safe; `m` is static.
         unsafe {
@@ -289,6 +349,7 @@ fn cancel_on_signals() {
     extern "C" fn on_signal(_: libc::c_int) {
         let token = events::cancel_token();
         if token.is_cancelled() {
+            restore_terminal();
             #[allow(unsafe_code)]
             // SAFETY: _exit is async-signal-safe.
             unsafe {

@@ -1323,3 +1323,54 @@ fn any_command_interrupted_says_so() {
         }
     }
 }
+
+/// Ctrl-C at a password prompt on a terminal gives the terminal its echo back
+/// (QA: the shell was left typing blind, where restic puts it back).
+#[test]
+fn ctrl_c_at_a_password_prompt_gives_the_terminal_back() {
+    use std::io::Write;
+    let env = Env::new();
+    env.init(&[]);
+    let cmd = env.cmd(&["snapshots"]);
+    let line = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| format!("'{}'", a.to_str().unwrap()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    // `script` gives the command a terminal; the Ctrl-C typed there (ETX)
+    // reaches cairn as SIGINT while it waits for the password.
+    let mut script = Command::new("script");
+    script.args([
+        "-qec",
+        &format!("{line}; echo exit=$?; stty -a | tr ' ' '\\n' | grep -x -- '-\\?echo'"),
+        "/dev/null",
+    ]);
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => script.env(k, v),
+            None => script.env_remove(k),
+        };
+    }
+    script.env_remove("CAIRN_PASSWORD");
+    let mut child = script
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    stdin.write_all(b"\x03").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("enter password"), "{out}");
+    assert!(
+        out.contains("interrupted") && out.contains("exit=130"),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.trim() == "echo") && !out.contains("-echo"),
+        "{out}"
+    );
+}

@@ -389,6 +389,16 @@ fn recover_brings_back_a_snapshot_forgotten_by_mistake() {
             .contains("1 more tree saved by an earlier recover"),
         "text"
     );
+    // That snapshot forgotten, its root comes back alone: the tree it saved
+    // rewritten comes back inside it, not beside it as well (QA: saved twice,
+    // one copy nested in the other).
+    env.ok(&["forget", saved]);
+    let o = env.run(&["recover", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["roots"].as_array().unwrap().len(), 1, "{v}");
+    assert_ne!(v["roots"], again["recovered_before"], "{v}");
+    let saved = v["snapshot"].as_str().unwrap();
     env.ok(&["prune"]);
     env.check_clean();
     let back = env.path("recovered");

@@ -1235,9 +1235,20 @@ fn run_recover(
         }
         progress.entry_done();
     }
-    let (before, roots): (Vec<BlobId>, Vec<BlobId>) = trees
+    let unreferenced: Vec<BlobId> = trees
         .into_iter()
         .filter(|id| !referenced.contains(id))
+        .collect();
+    // The root of a recovered snapshot since forgotten holds the trees it saved
+    // (rewritten where a prune took something): they come back inside it, not
+    // beside it as well (QA: saved twice, one copy nested in the other).
+    let mut covered = IdSet::default();
+    for t in &unreferenced {
+        covered.extend(recovered_roots(repo, t));
+    }
+    let (before, roots): (Vec<BlobId>, Vec<BlobId>) = unreferenced
+        .into_iter()
+        .filter(|id| !covered.contains(id))
         .partition(|id| recovered_before.contains(id));
     report.recovered_before = before.iter().map(|id| id.to_hex()).collect();
     report.roots = roots.iter().map(|id| id.to_hex()).collect();

@@ -29,9 +29,14 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     if let Some(format) = archive {
         use std::io::IsTerminal;
         if target.is_none() && std::io::stdout().is_terminal() {
+            let to = if format == "zip" {
+                "> file.zip"
+            } else {
+                "> file.tar, | tar -x"
+            };
             anyhow::bail!(
                 "refusing to write a {format} archive of {file} to the terminal: redirect \
-                 standard output (> file, | tar -x) or give --target FILE"
+                 standard output ({to}) or give --target FILE"
             );
         }
         let format: cairn_core::export::Format = format.parse()?;

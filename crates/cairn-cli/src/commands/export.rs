@@ -111,7 +111,7 @@ pub(super) fn write_output<R>(
         Some(file) => {
             if file.is_dir() {
                 bail!(
-                    "{} is a directory: give the file's name (DIR/backup.tar)",
+                    "{} is a directory: give the name of the file to write in it (DIR/NAME)",
                     file.display()
                 );
             }

@@ -1331,26 +1331,12 @@ fn ctrl_c_at_a_password_prompt_gives_the_terminal_back() {
     use std::io::Write;
     let env = Env::new();
     env.init(&[]);
-    let cmd = env.cmd(&["snapshots"]);
-    let line = std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(|a| format!("'{}'", a.to_str().unwrap()))
-        .collect::<Vec<_>>()
-        .join(" ");
-    // `script` gives the command a terminal; the Ctrl-C typed there (ETX)
-    // reaches cairn as SIGINT while it waits for the password.
-    let mut script = Command::new("script");
-    script.args([
-        "-qec",
-        &format!("{line}; echo exit=$?; stty -a | tr ' ' '\\n' | grep -x -- '-\\?echo'"),
-        "/dev/null",
-    ]);
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => script.env(k, v),
-            None => script.env_remove(k),
-        };
-    }
+    // The Ctrl-C typed on the terminal (ETX) reaches cairn as SIGINT while it
+    // waits for the password.
+    let mut script = on_a_terminal(
+        &env.cmd(&["snapshots"]),
+        "echo exit=$?; stty -a | tr ' ' '\\n' | grep -x -- '-\\?echo'",
+    );
     script.env_remove("CAIRN_PASSWORD");
     let mut child = script
         .stdin(Stdio::piped())

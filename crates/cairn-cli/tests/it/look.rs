@@ -1570,20 +1570,7 @@ fn dump_target_keeps_holes_names_a_full_disk_and_spares_the_terminal() {
     // In a terminal (`script` gives the command one): a file is shown, an
     // archive of a directory refused.
     let in_terminal = |what: &str| {
-        let cmd = env.cmd(&["dump", &snap, what]);
-        let line = std::iter::once(cmd.get_program())
-            .chain(cmd.get_args())
-            .map(|a| format!("'{}'", a.to_str().unwrap()))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let mut script = std::process::Command::new("script");
-        script.args(["-qec", &format!("{line}; echo exit=$?"), "/dev/null"]);
-        for (k, v) in cmd.get_envs() {
-            match v {
-                Some(v) => script.env(k, v),
-                None => script.env_remove(k),
-            };
-        }
+        let mut script = on_a_terminal(&env.cmd(&["dump", &snap, what]), "echo exit=$?");
         let o = script.stdin(std::process::Stdio::null()).output().unwrap();
         String::from_utf8_lossy(&o.stdout).into_owned()
     };

@@ -1041,3 +1041,23 @@ pub fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
         .map(|(a, p)| (a.to_string(), p.to_string()))
         .collect()
 }
+
+/// `cmd` run on a terminal of its own, through util-linux's `script`, with its
+/// environment, followed by the shell line `then` (`echo exit=$?`, say); what
+/// the terminal shows is the returned command's standard output.
+pub fn on_a_terminal(cmd: &Command, then: &str) -> Command {
+    let line = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| format!("'{}'", a.to_str().unwrap()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut script = Command::new("script");
+    script.args(["-qec", &format!("{line}; {then}"), "/dev/null"]);
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => script.env(k, v),
+            None => script.env_remove(k),
+        };
+    }
+    script
+}

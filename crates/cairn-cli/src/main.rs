@@ -300,7 +300,7 @@ fn restore_terminal() {
 /// committed), and say so: ended by the signal itself, they had said nothing
 /// (QA). The status is 130, as for the operations that stop cleanly.
 fn stop_on_signals(json: bool) {
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    use nix::sys::signal::{SaFlags, Signal};
     use std::sync::atomic::{AtomicBool, Ordering};
     static AS_JSON: AtomicBool = AtomicBool::new(false);
     const TEXT: &[u8] = b"cairn: error: interrupted: stopped at once, which is as safe as \
@@ -323,16 +323,28 @@ fn stop_on_signals(json: bool) {
             libc::_exit(EXIT_CANCELLED)
         }
     }
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
+    // The handler only loads an atomic and makes async-signal-safe calls.
+    on_signals(
+        on_signal,
         SaFlags::empty(),
-        SigSet::empty(),
+        &[Signal::SIGINT, Signal::SIGTERM],
     );
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+}
+
+/// Sets `handler` for `signals`. Every handler given here must make only
+/// async-signal-safe calls (atomics, write, unlink, tcsetattr, _exit).
+pub(crate) fn on_signals(
+    handler: extern "C" fn(libc::c_int),
+    flags: nix::sys::signal::SaFlags,
+    signals: &[nix::sys::signal::Signal],
+) {
+    use nix::sys::signal::{SigAction, SigHandler, SigSet, sigaction};
+    let action = SigAction::new(SigHandler::Handler(handler), flags, SigSet::empty());
+    for sig in signals {
         #[allow(unsafe_code)]
-        // SAFETY: the handler only loads an atomic and calls write and _exit.
+        // SAFETY: the handlers given here are async-signal-safe (see above).
         unsafe {
-            let _ = sigaction(sig, &action);
+            let _ = sigaction(*sig, &action);
         }
     }
 }
@@ -342,7 +354,7 @@ fn stop_on_signals(json: bool) {
 /// before it changes anything); a second one ends the process at once, which is
 /// as safe as a crash.
 fn cancel_on_signals() {
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    use nix::sys::signal::{SaFlags, Signal};
     // Created before the handler can run: the handler only reads it.
     let token = events::cancel_token();
     cairn_backend::stop_waits_on(token.flag().clone());
@@ -358,16 +370,11 @@ fn cancel_on_signals() {
         }
         token.cancel();
     }
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
+    // The handler only loads and stores atomics (and puts the terminal back
+    // and calls _exit).
+    on_signals(
+        on_signal,
         SaFlags::SA_RESTART,
-        SigSet::empty(),
+        &[Signal::SIGINT, Signal::SIGTERM],
     );
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
-        #[allow(unsafe_code)]
-        // SAFETY: the handler only loads and stores atomics (and calls _exit).
-        unsafe {
-            let _ = sigaction(sig, &action);
-        }
-    }
 }

@@ -82,14 +82,7 @@ pub fn now_timestamp() -> cairn_format::tree::Timestamp {
 /// 3339 time `s` (a snapshot's, recorded with it: retention counts a snapshot's
 /// days in the zone it was taken in, as restic does).
 pub fn local_offset_at(s: &str) -> Option<i32> {
-    use chrono::{Offset, TimeZone};
-    let t = chrono::DateTime::parse_from_rfc3339(s).ok()?;
-    Some(
-        chrono::Local
-            .offset_from_utc_datetime(&t.naive_utc())
-            .fix()
-            .local_minus_utc(),
-    )
+    parse_rfc3339(s).map(local_offset_of)
 }
 
 /// The offset from UTC, in seconds east, of this machine's time zone at `secs`

@@ -181,8 +181,9 @@ pub(super) fn write_output<R>(
                     // The engine knows the archive or the output, not the file it
                     // goes to (QA: a full disk was "standard output").
                     cairn_core::Error::Io { path, source }
-                        if path.as_os_str() == "the archive"
-                            || path.as_os_str() == "standard output" =>
+                        if [export::ARCHIVE, cairn_core::dump::OUTPUT]
+                            .iter()
+                            .any(|name| path.as_os_str() == *name) =>
                     {
                         anyhow::Error::from(source).context(format!(
                             "writing {} (nothing is left there)",
@@ -451,7 +452,7 @@ mod partial {
     /// SIGINT, SIGTERM and SIGHUP (a closed terminal) remove `path` and end the
     /// process (exit 130), as the failed export would have removed it.
     pub fn remove_on_signals(path: &Path) {
-        use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+        use nix::sys::signal::{SaFlags, Signal};
         let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
             return;
         };
@@ -472,18 +473,12 @@ mod partial {
                 libc::_exit(130)
             }
         }
-        let action = SigAction::new(
-            SigHandler::Handler(on_signal),
+        // The handler only loads an atomic and calls unlink, write and _exit.
+        crate::on_signals(
+            on_signal,
             SaFlags::empty(),
-            SigSet::empty(),
+            &[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP],
         );
-        for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-            #[allow(unsafe_code)]
-            // SAFETY: the handler only loads an atomic and calls unlink and _exit.
-            unsafe {
-                let _ = sigaction(sig, &action);
-            }
-        }
     }
 
     /// The partial file is renamed or removed: a signal now removes nothing.

@@ -246,22 +246,15 @@ fn corrupted_tree_is_named_and_other_directories_restore() {
         keep.to_str().unwrap(),
     ]);
     let listed = one_gap_named(&o, "subdir-marker-name");
-    assert!(
-        listed["entries"]
+    let lists = |doc: &serde_json::Value, end: &str| {
+        doc["entries"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|e| e["path"].as_str().unwrap().ends_with("keep/b.txt")),
-        "{listed}"
-    );
-    assert!(
-        v["entries"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["path"].as_str().unwrap().ends_with("keep/a.bin")),
-        "{v}"
-    );
+            .any(|e| e["path"].as_str().unwrap().ends_with(end))
+    };
+    assert!(lists(&listed, "keep/b.txt"), "{listed}");
+    assert!(lists(&v, "keep/a.bin"), "{v}");
 }
 
 /// A damaged tree met by `diff` is named, and the rest is compared: a change

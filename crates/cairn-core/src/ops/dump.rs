@@ -9,6 +9,10 @@ use cairn_format::BlobId;
 use cairn_format::tree::NodeKind;
 use std::io::Write;
 
+/// The name an error writing the file's bytes gives as its path (as
+/// [`crate::ops::export::ARCHIVE`]).
+pub const OUTPUT: &str = "standard output";
+
 /// Writes the file at `path` of the snapshot whose root tree is `root` to `out`;
 /// returns the bytes written.
 pub fn dump<A: Access>(
@@ -38,7 +42,7 @@ pub fn dump<A: Access>(
             None => Ok(copied),
         }
     })?;
-    let written = copied.map_err(|e| Error::io("standard output", e))?;
-    out.flush().map_err(|e| Error::io("standard output", e))?;
+    let written = copied.map_err(|e| Error::io(OUTPUT, e))?;
+    out.flush().map_err(|e| Error::io(OUTPUT, e))?;
     Ok(written)
 }

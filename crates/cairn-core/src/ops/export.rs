@@ -34,6 +34,10 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 
+/// The name an error writing the archive gives as its path: the engine does not
+/// know where the stream goes (a caller that does names it instead).
+pub const ARCHIVE: &str = "the archive";
+
 /// What an export wrote.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ExportReport {
@@ -248,7 +252,7 @@ struct Exporter<'a, S: Sink> {
 }
 
 fn io(e: std::io::Error) -> Error {
-    Error::io("the archive", e)
+    Error::io(ARCHIVE, e)
 }
 
 impl<S: Sink> Exporter<'_, S> {

@@ -68,13 +68,22 @@ pub(crate) struct Prepared {
     /// A regular file whose parent-snapshot content was reused (unchanged metadata
     /// and every blob live): no read needed.
     pub reused: bool,
-    /// For a directory: the parent snapshot's tree of the same name.
-    pub parent_subtree: Option<BlobId>,
     /// For a directory: the parent snapshot's entry of the same name, whatever
     /// its kind (to tell a new, changed or unchanged directory).
     pub parent_node: Option<Box<Node>>,
     /// A regular file whose xattrs are to be read from it when it is opened.
     pub xattrs_unread: bool,
+}
+
+impl Prepared {
+    /// For a directory: the parent snapshot's tree of the same name, if that
+    /// was a directory too.
+    pub fn parent_subtree(&self) -> Option<BlobId> {
+        self.parent_node
+            .as_ref()
+            .filter(|p| p.kind == NodeKind::Dir)
+            .and_then(|p| p.subtree)
+    }
 }
 
 /// A directory's entries in name order, excluded ones left out, and the directory
@@ -187,7 +196,6 @@ pub(crate) fn prepare(
 ) -> Scanned {
     let in_parent = pnode.is_some();
     let mut reused = false;
-    let mut parent_subtree = None;
     let mut parent_node = None;
     match node.kind {
         NodeKind::File => {
@@ -206,9 +214,6 @@ pub(crate) fn prepare(
             }
         }
         NodeKind::Dir => {
-            parent_subtree = pnode
-                .filter(|p| p.kind == NodeKind::Dir)
-                .and_then(|p| p.subtree);
             parent_node = pnode.map(|p| Box::new(p.clone()));
         }
         _ => {}
@@ -218,7 +223,6 @@ pub(crate) fn prepare(
         warning,
         in_parent,
         reused,
-        parent_subtree,
         parent_node,
         xattrs_unread,
     })

@@ -361,6 +361,7 @@ impl<'a> Walker<'a> {
             }
             Scanned::Node(p) => p,
         };
+        let parent_subtree = p.parent_subtree();
         let (node, in_parent, xattrs_unread) = (p.node, p.in_parent, p.xattrs_unread);
         if let Some(w) = p.warning {
             self.progress.warning(path, &w);
@@ -369,7 +370,7 @@ impl<'a> Walker<'a> {
             NodeKind::Dir => {
                 return Ok(Step::Dir(DirEntry {
                     node,
-                    parent_subtree: p.parent_subtree,
+                    parent_subtree,
                     parent_node: p.parent_node,
                 }));
             }
@@ -543,7 +544,7 @@ impl<'a> Walker<'a> {
                     let k = child_key(&key, i as u32);
                     let p = self
                         .pool
-                        .submit(k, child.clone(), dir.clone(), p.parent_subtree);
+                        .submit(k, child.clone(), dir.clone(), p.parent_subtree());
                     child.pop();
                     p
                 }

@@ -17,6 +17,7 @@ command -v openssl >/dev/null || need_apt+=(openssl)
 command -v tar >/dev/null || need_apt+=(tar)
 command -v zstd >/dev/null || need_apt+=(zstd)
 command -v unzip >/dev/null || need_apt+=(unzip)
+command -v script >/dev/null || need_apt+=(bsdutils)   # a terminal for the prompt and dump tests
 # The web console's end-to-end test: Debian's chromium, driven by puppeteer-core.
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v node >/dev/null || need_apt+=(nodejs)

@@ -61,6 +61,38 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
 /// the stream has blocks of zeros (a file's content, as a restore writes it; QA:
 /// a 3 GiB sparse file did not fit where its restore did). Shared by `export -o`
 /// and `dump --target`.
+/// The file `path` names once its symlinks are followed (a dangling link: the
+/// name it would create). Only links of root's or this user's are followed: one
+/// that another user planted in a shared directory could point at any file this
+/// user may write, so it is refused, as the kernel's `protected_symlinks` refuses
+/// it to `> FILE` in a sticky directory.
+fn follow_links(path: &std::path::Path) -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let euid = nix::unistd::geteuid().as_raw();
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if m.uid() != 0 && m.uid() != euid {
+                    bail!(
+                        "{} is a symlink of another user's (uid {}): name the file itself",
+                        p.display(),
+                        m.uid()
+                    );
+                }
+                let to = std::fs::read_link(&p)
+                    .with_context(|| format!("reading the symlink {}", p.display()))?;
+                p = match p.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    bail!("{}: too many levels of symbolic links", path.display())
+}
+
 pub(super) fn write_output<R>(
     g: &Global,
     output: Option<&std::path::Path>,
@@ -109,6 +141,11 @@ pub(super) fn write_output<R>(
             r
         }
         Some(file) => {
+            // Through a symlink, the archive goes where it points, as `> FILE`
+            // or GNU tar's `-f` would write it (renamed over the link, it would
+            // replace the link and leave its file as it was).
+            let resolved = follow_links(file)?;
+            let file = resolved.as_path();
             if file.is_dir() {
                 bail!(
                     "{} is a directory: give the name of the file to write in it (DIR/NAME)",

@@ -1552,6 +1552,27 @@ fn dump_target_keeps_holes_names_a_full_disk_and_spares_the_terminal() {
     let allocated = fs::metadata(&out).unwrap().blocks() * 512;
     assert!(allocated < 4 << 20, "{allocated} bytes allocated");
 
+    // Through a symlink (dangling, then to the file it made), the file it
+    // points at is written and the link stays; another user's link is refused.
+    let link = env.path("link.bin");
+    std::os::unix::fs::symlink("linked.bin", &link).unwrap();
+    for _ in 0..2 {
+        env.ok(&["dump", &snap, &path, "-t", link.to_str().unwrap()]);
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert!(fs::read(env.path("linked.bin")).unwrap() == fs::read(&sparse).unwrap());
+    }
+    std::os::unix::fs::lchown(&link, Some(65534), None).unwrap();
+    let err = env.fails(&["dump", &snap, &path, "-t", link.to_str().unwrap()], 1);
+    assert!(
+        err.contains("a symlink of another user's (uid 65534)"),
+        "{err}"
+    );
+
     let small = env.path("small");
     let _fs = Tmpfs::mount(&small, "size=1m");
     let full = small.join("big.bin");

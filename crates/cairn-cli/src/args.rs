@@ -1050,7 +1050,9 @@ pub struct RestoreArgs {
     /// it holds)
     #[arg(long, short = 'n')]
     pub dry_run: bool,
-    /// Read every file written back and compare it with the snapshot
+    /// Read every file written back and compare it with the snapshot; with
+    /// --overwrite if-changed, a file whose size and time match is kept only
+    /// once its bytes are compared too (else it is written again)
     #[arg(long)]
     pub verify: bool,
     /// List each file on stdout once done: restored (where nothing was),

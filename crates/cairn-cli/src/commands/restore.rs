@@ -155,33 +155,42 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             println!("{}", parts.join("; "));
         }
         if let Some(v) = r.verified {
-            // Only what this restore wrote is read back: say so when it left
-            // entries in place (`--overwrite` judged them by size and time).
+            // What this restore wrote is read back. What it left in place was
+            // compared before it was kept under `if-changed` (bytes, not only size
+            // and time, when verifying); `never` and `if-newer` keep entries
+            // unread: say so.
             let in_place = r.kept + r.metadata_only;
-            println!(
-                "verified {}{} against the snapshot{}: {}",
-                ui::count(v, "file"),
-                if in_place > 0 { " written" } else { "" },
-                if in_place > 0 {
-                    format!(
-                        " ({} left in place not read again; --overwrite always rewrites \
-                         and verifies all)",
-                        ui::count(in_place, "entry")
-                    )
-                } else {
-                    String::new()
-                },
-                if r.errors.is_empty() && v == 0 {
-                    "nothing was written to read back".to_string()
-                } else if r.errors.is_empty() {
-                    "all match".to_string()
-                } else {
-                    format!(
-                        "{} (listed above)",
-                        ui::count(r.errors.len() as u64, "problem")
-                    )
-                }
-            );
+            let compared = overwrite == restore::Overwrite::IfChanged;
+            let outcome = if !r.errors.is_empty() {
+                format!(
+                    "{} (listed above)",
+                    ui::count(r.errors.len() as u64, "problem")
+                )
+            } else if v == 0 && !(compared && in_place > 0) {
+                "nothing was written to read back".to_string()
+            } else {
+                "all match".to_string()
+            };
+            if in_place == 0 {
+                println!(
+                    "verified {} against the snapshot: {outcome}",
+                    ui::count(v, "file")
+                );
+            } else if compared {
+                println!(
+                    "verified {} written (read back) and {} left in place (compared \
+                     before they were kept) against the snapshot: {outcome}",
+                    ui::count(v, "file"),
+                    ui::count(in_place, "entry")
+                );
+            } else {
+                println!(
+                    "verified {} written against the snapshot ({} left in place not \
+                     read again; --overwrite always rewrites and verifies all): {outcome}",
+                    ui::count(v, "file"),
+                    ui::count(in_place, "entry")
+                );
+            }
         }
     }
     if r.sockets_skipped > 0 && !g.quiet && !g.json {

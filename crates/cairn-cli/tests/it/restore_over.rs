@@ -293,7 +293,7 @@ fn delete_never_follows_a_symlink_out_of_the_target() {
 /// The text summary says what was written, left and deleted.
 #[test]
 fn the_summary_says_what_was_written_kept_and_deleted() {
-    let (env, snap, _src, copy) = backed_up();
+    let (env, snap, src, copy) = backed_up();
     change(&copy);
     let t = env.path("t");
     let out = env.ok(&[
@@ -322,8 +322,36 @@ fn the_summary_says_what_was_written_kept_and_deleted() {
     assert!(out.contains("deleted 4 entries"), "{out}");
     assert!(
         out.contains(
-            "verified 2 files written against the snapshot (4 entries left in place not \
-             read again; --overwrite always rewrites and verifies all): all match"
+            "verified 2 files written (read back) and 4 entries left in place (compared \
+             before they were kept) against the snapshot: all match"
+        ),
+        "{out}"
+    );
+
+    // A file changed in place with its size and time put back looks unchanged:
+    // a verified restore compares its bytes and writes it again (QA: it was left
+    // and reported verified).
+    let same = copy.join("same");
+    let mut b = fs::read(&same).unwrap();
+    b[1000] ^= 1;
+    fs::write(&same, b).unwrap();
+    set_times(&same, 1_600_000_000, 0);
+    let restore = |extra: &[&str]| {
+        let mut args = vec!["restore", &snap, "--target", t.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        env.ok(&args)
+    };
+    let out = restore(&[]);
+    assert!(out.contains("wrote 0 files"), "{out}");
+    assert!(fs::read(&same).unwrap() != fs::read(src.join("same")).unwrap());
+    let out = restore(&["--verify"]);
+    assert!(out.contains("wrote 1 file,"), "{out}");
+    assert!(fs::read(&same).unwrap() == fs::read(src.join("same")).unwrap());
+    let out = restore(&["--verify", "--overwrite", "never"]);
+    assert!(
+        out.contains(
+            "verified 0 files written against the snapshot (11 entries left in place not \
+             read again; --overwrite always rewrites and verifies all)"
         ),
         "{out}"
     );

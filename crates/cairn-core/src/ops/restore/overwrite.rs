@@ -29,7 +29,8 @@ pub enum Overwrite {
     /// Replace it.
     Always,
     /// Replace it unless it already holds the snapshot's content: same size and
-    /// modification time, or (when only the time differs) the same bytes. A file
+    /// modification time (and the same bytes, with `--verify`), or (when only the
+    /// time differs) the same bytes. A file
     /// with the snapshot's content whose time, permission bits or owner differ gets
     /// the snapshot's metadata.
     #[default]
@@ -96,7 +97,7 @@ pub(crate) fn effective(
 /// `existing` is what `fstatat` found (`None`: nothing there); `opts` gives the
 /// mode, whether owners are set and which attributes count; `unfinished_since`
 /// may raise the mode ([`effective`]). Content is read only for `if-changed` when
-/// size matches and the time does not.
+/// size matches and the time does not, or the restore is verified.
 ///
 /// Metadata is set in place only on a file with one name whose owner stays the
 /// same. A file with more names could be a hard link to a file outside the target
@@ -131,9 +132,21 @@ pub(crate) fn decide(
         Overwrite::IfChanged => {
             if node.kind == NodeKind::File && st.kind() == libc::S_IFREG && st.size == node.size {
                 let same_time = st.mtime == mtime_of(node);
+                // Size and time are trusted to mean the same bytes, unless the
+                // restore is to be verified: then the bytes are compared too, so
+                // that a file changed in place with its time put back (damage, a
+                // tool that keeps times) is written again, not left unread (QA).
+                let mut compared = None;
+                let mut same_bytes = || {
+                    *compared.get_or_insert_with(|| {
+                        matches!(file_matches(repo, dir, name, st, node), Ok(true))
+                    })
+                };
+                let time_says_same = same_time && !opts.verify;
                 if same_time
                     && !metadata_differs(st, node, owners)
                     && xattrs_match(dir, name, node, select)
+                    && (time_says_same || same_bytes())
                 {
                     return Decision::Keep;
                 }
@@ -146,7 +159,7 @@ pub(crate) fn decide(
                 if st.nlink > 1 || !owner_stays {
                     return Decision::Write;
                 }
-                return if same_time || matches!(file_matches(repo, dir, name, st, node), Ok(true)) {
+                return if time_says_same || same_bytes() {
                     Decision::Metadata
                 } else {
                     Decision::Write

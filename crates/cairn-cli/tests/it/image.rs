@@ -1733,6 +1733,85 @@ fn image_fs_goes_past_a_damaged_symlink_and_stops_on_sigint() {
     assert_eq!(fs::read(out.join("root/d/f")).unwrap(), b"kept\n");
 }
 
+/// A corrupt filesystem whose directory entries point back at a directory above
+/// them (`/b` -> `/`, `/d/back` -> `/d`) is walked once: ls and restore name each
+/// loop and go on, where the restore used to create nested directories without
+/// end (QA). A directory whose block cannot be read is reported and the listing
+/// goes on past it (it stopped there).
+#[test]
+fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    for (f, body) in [("a_bad/in", "1"), ("d/f", "2"), ("z/late", "3")] {
+        fs::create_dir_all(tree.join(f).parent().unwrap()).unwrap();
+        fs::write(tree.join(f), body).unwrap();
+    }
+    let img = ext4_image(&env, &tree, &["-b", "4096"]);
+    let debugfs = |req: &str| {
+        let o = Command::new("debugfs")
+            .args(["-w", "-R", req])
+            .arg(&img)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    debugfs("ln / /b");
+    debugfs("ln /d /d/back");
+    let block: u64 = debugfs("bmap /a_bad 0").parse().unwrap();
+    let f = fs::OpenOptions::new().write(true).open(&img).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0xff], block * 4096 + 40).unwrap();
+    drop(f);
+    let snap = backup_image(&env, &img, &[])["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let o = env.cmd(&["ls", &snap, "--image-fs", "/"]).output().unwrap();
+    let (listed, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("3 entries could not be read"), "{err}");
+    assert!(
+        listed.contains("/d/back\n") && listed.contains("/z/late\n"),
+        "{listed}"
+    );
+    assert!(!listed.contains("/b/d"), "{listed}");
+
+    let out = env.path("out");
+    let mut child = env
+        .cmd(&[
+            "restore",
+            &snap,
+            "--image-fs",
+            "/",
+            "--target",
+            out.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the restore ends", Duration::from_secs(60), || {
+        child.try_wait().unwrap().is_some()
+    });
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for loop_ in [
+        "/b: corrupt filesystem: directory inode 2 is reached a second time",
+        "/d/back: corrupt filesystem: directory inode",
+    ] {
+        assert!(err.contains(loop_), "{err}");
+    }
+    assert_eq!(fs::read(out.join("root/z/late")).unwrap(), b"3");
+    assert_eq!(fs::read(out.join("root/d/f")).unwrap(), b"2");
+    assert_eq!(walk(&out).len(), 7, "{:?}", walk(&out));
+}
+
 /// `backup --image` of a FIFO is refused at once (opening one waits for a writer),
 /// and of a file in /proc (its size is not its content).
 #[test]

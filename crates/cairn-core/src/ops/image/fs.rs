@@ -374,7 +374,21 @@ impl ImageFs {
         f(self.entry(&path, &meta)?)?;
         let mut failed = Vec::new();
         if meta.is_dir() {
-            self.list_below(&path, recursive, f, &mut failed)?;
+            // Directories' inode numbers, from this crate's reader where it reads
+            // the filesystem: a loop in a corrupt one is then seen at once.
+            let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
+            let ext2 = super::blockmap::Ext2::open(&read).ok().flatten();
+            let top = (ext2.as_ref())
+                .and_then(|fs| fs.lookup(path.as_bytes()).ok().flatten())
+                .map(|(n, _)| n);
+            let mut walk = ListWalk {
+                ext2: ext2.as_ref(),
+                guard: DirGuard::new(self.inodes_count()),
+                recursive,
+                failed: &mut failed,
+            };
+            walk.guard.enter(&path, top)?;
+            self.list_below(&path, top, &mut walk, f)?;
         }
         match failed.len() {
             0 => Ok(()),
@@ -386,16 +400,32 @@ impl ImageFs {
         }
     }
 
-    /// Lists what is below `dir`; entries that cannot be read go to `failed`, and
-    /// the listing goes on.
+    /// Lists what is below `dir` (image inode `ino`, if known); entries and
+    /// directories that cannot be read go to `walk.failed`, and the listing goes
+    /// on with the rest (an error of `f`, the output's, ends it).
     fn list_below(
         &self,
         dir: &str,
-        recursive: bool,
+        ino: Option<u32>,
+        walk: &mut ListWalk<'_, '_>,
         f: &mut dyn FnMut(Entry) -> Result<()>,
-        failed: &mut Vec<Error>,
     ) -> Result<()> {
-        for c in self.children(dir)? {
+        let children = match self.children(dir) {
+            Ok(c) => c,
+            Err(e) => {
+                walk.failed.push(e);
+                return Ok(());
+            }
+        };
+        let inos: std::collections::HashMap<Vec<u8>, u32> = match (walk.ext2, ino) {
+            (Some(fs), Some(n)) if walk.recursive => fs
+                .inode(n)
+                .and_then(|d| fs.entries(&d))
+                .map(|e| e.into_iter().collect())
+                .unwrap_or_default(),
+            _ => Default::default(),
+        };
+        for c in children {
             self.check_cancelled()?;
             let meta = match c.meta.and_then(|m| Ok((self.entry(&c.path, &m)?, m))) {
                 Ok((entry, m)) => {
@@ -403,15 +433,26 @@ impl ImageFs {
                     m
                 }
                 Err(e) => {
-                    failed.push(e);
+                    walk.failed.push(e);
                     continue;
                 }
             };
-            if recursive && meta.is_dir() {
-                self.list_below(&c.path, recursive, f, failed)?;
+            if walk.recursive && meta.is_dir() {
+                let child = inos.get(c.name.as_bytes()).copied();
+                match walk.guard.enter(&c.path, child) {
+                    Ok(()) => self.list_below(&c.path, child, walk, f)?,
+                    Err(e) => walk.failed.push(e),
+                }
             }
         }
         Ok(())
+    }
+
+    /// The number of inodes the filesystem's superblock gives, if it can be read.
+    fn inodes_count(&self) -> Option<u32> {
+        let mut b = [0u8; 4];
+        self.bytes.read_at(1024, &mut b).ok()?;
+        Some(u32::from_le_bytes(b)).filter(|&n| n > 0)
     }
 
     /// A listing entry, in the shape of a file snapshot's (`ls --json`, `ls -l`).
@@ -591,6 +632,7 @@ impl ImageFs {
             },
             ext2: ext2.as_ref(),
             links: std::collections::HashMap::new(),
+            guard: DirGuard::new(self.inodes_count()),
         };
         if ext2.is_none() {
             r.report.warnings.push(format!(
@@ -730,6 +772,7 @@ impl ImageFs {
         let times = (m.seconds(), m.nanoseconds());
         let mode = (u32::from(meta.mode()) & 0o7777) as libc::mode_t;
         if ft.is_dir() {
+            r.guard.enter(path, ino)?;
             let mut keep_meta = false;
             match &existing {
                 // An existing directory (never a symlink to one: not followed) is
@@ -999,6 +1042,14 @@ impl ImageFs {
     }
 }
 
+/// What a recursive listing carries down ([`ImageFs::list_below`]).
+struct ListWalk<'a, 'f> {
+    ext2: Option<&'a super::blockmap::Ext2<'a>>,
+    guard: DirGuard,
+    recursive: bool,
+    failed: &'f mut Vec<Error>,
+}
+
 /// An entry of a directory in the image (see [`ImageFs::children`]).
 struct Child {
     path: String,
@@ -1036,6 +1087,7 @@ struct FsRestore<'a> {
     xattrs: &'a crate::ops::restore::XattrSelect,
     as_root: bool,
     report: FsRestoreReport,
+    guard: DirGuard,
 }
 
 impl FsRestore<'_> {
@@ -1043,6 +1095,51 @@ impl FsRestore<'_> {
     /// ([`crate::ops::restore::unfinished`]).
     fn overwrite_for(&self, st: &crate::ops::restore::sys::Stat) -> crate::ops::restore::Overwrite {
         crate::ops::restore::overwrite_effective(self.overwrite, self.unfinished_since, st)
+    }
+}
+
+/// Keeps a walk of a corrupt filesystem from running forever (QA: a directory
+/// entry pointing back at `/` made `restore --image-fs` create nested
+/// directories until the disk filled, two such entries doubling the work at
+/// every level). ext2/3/4 gives a directory one name, so a directory inode met
+/// a second time is a loop or a second link, and is not entered again. Where
+/// inode numbers are unknown (this crate's reader declined the filesystem), a
+/// walk that has entered more directories than the filesystem has inodes is in a
+/// loop, and every further directory is refused.
+struct DirGuard {
+    seen: std::collections::HashSet<u32>,
+    entered: u64,
+    limit: u64,
+}
+
+impl DirGuard {
+    fn new(inodes: Option<u32>) -> DirGuard {
+        DirGuard {
+            seen: std::collections::HashSet::new(),
+            entered: 0,
+            limit: inodes.map_or(u64::MAX, u64::from),
+        }
+    }
+
+    /// May the walk enter the directory `path` (image inode `ino`, if known)?
+    fn enter(&mut self, path: &str, ino: Option<u32>) -> Result<()> {
+        if let Some(n) = ino
+            && !self.seen.insert(n)
+        {
+            return Err(Error::Invalid(format!(
+                "{path}: corrupt filesystem: directory inode {n} is reached a second time \
+                 (a directory loop or a second name of a directory); not entered again"
+            )));
+        }
+        self.entered += 1;
+        if self.entered > self.limit {
+            return Err(Error::Invalid(format!(
+                "{path}: corrupt filesystem: the walk entered more directories than the \
+                 filesystem has inodes ({}), so its directories form a loop; not entered",
+                self.limit
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -1248,6 +1345,24 @@ fn logical_partitions(
 #[cfg(test)]
 mod tests {
     use crate::ops::ls::normalise;
+
+    #[test]
+    fn a_walk_enters_a_directory_once_and_no_more_than_the_inodes() {
+        let mut g = super::DirGuard::new(Some(3));
+        assert!(g.enter("/", Some(2)).is_ok());
+        let again = g.enter("/a", Some(2)).unwrap_err().to_string();
+        assert!(
+            again.contains("inode 2 is reached a second time"),
+            "{again}"
+        );
+        // Without inode numbers, only the count stops a loop.
+        assert!(g.enter("/b", None).is_ok() && g.enter("/b/b", None).is_ok());
+        let over = g.enter("/b/b/b", None).unwrap_err().to_string();
+        assert!(
+            over.contains("more directories than the filesystem has inodes (3)"),
+            "{over}"
+        );
+    }
 
     #[test]
     fn paths_are_normalised() {

@@ -1898,6 +1898,31 @@ fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
     child.wait().unwrap();
     assert!(!target.exists(), "a killed restore left the target's name");
     assert!(partial.exists());
+    // Ctrl-C under a download limit: it stops there, says so (130) and leaves
+    // no file (QA: it read the rest at full speed and said it restored it).
+    let child = env
+        .cmd(&[
+            "restore",
+            &snap,
+            "--image",
+            "--target",
+            t,
+            "--limit-download",
+            "1M",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the partial file", Duration::from_secs(60), || {
+        partial.exists()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let (code, err, took) = interrupt(child);
+    assert_eq!(code, Some(130), "{err}");
+    assert!(err.contains("cancelled"), "{err}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(!target.exists());
     // Run again: it finishes over the leftover, which is gone.
     restore_image(&env, &snap, &target, &[]);
     assert!(fs::read(&target).unwrap() == data, "restored image differs");
@@ -1942,6 +1967,42 @@ fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
         1,
     );
     assert!(err.contains("no-such-dir does not exist"), "{err}");
+    // A symlink at the name the snapshot gives the image, in a target directory,
+    // is not followed out of it (QA: it replaced the file it pointed at); a
+    // mistyped device makes no file in /dev; `newdir/` is refused before any
+    // writing.
+    let dir = env.path("into");
+    fs::create_dir(&dir).unwrap();
+    let victim = env.path("victim");
+    fs::write(&victim, b"victim").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.join("disk.raw")).unwrap();
+    let restore_to = |to: &str| {
+        env.fails(
+            &[
+                "restore",
+                &snap,
+                "--image",
+                "--target",
+                to,
+                "--overwrite",
+                "always",
+            ],
+            1,
+        )
+    };
+    let err = restore_to(dir.to_str().unwrap());
+    assert!(
+        err.contains("is a symlink, at the name the snapshot gives"),
+        "{err}"
+    );
+    assert_eq!(fs::read(&victim).unwrap(), b"victim");
+    let err = restore_to("/dev/cairn-no-such-device");
+    assert!(err.contains("no such device"), "{err}");
+    assert!(!Path::new("/dev/cairn-no-such-device").exists());
+    let newdir = format!("{}/", env.path("newdir").display());
+    let err = restore_to(&newdir);
+    assert!(err.contains("no such directory"), "{err}");
+    assert!(!env.path("newdir.cairn-partial").exists());
     // A damaged pack: the restore fails, names where its work is, and the file it
     // was to replace is untouched.
     flip_middle(&largest_pack(&env.repo));

@@ -284,6 +284,20 @@ fn device_is_read_only(m: &std::fs::Metadata) -> bool {
 
 fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Target> {
     let mut path = opts.target.clone();
+    let named = path.as_os_str().as_encoded_bytes();
+    if named.ends_with(b"/") && !path.is_dir() {
+        // `newdir/`: a directory that is not there; the image would be written
+        // as `newdir` and fail at the end (QA).
+        return Err(Error::Invalid(format!(
+            "{}: no such directory (the image is restored into an existing directory, \
+             or to a file named without a final /)",
+            path.display()
+        )));
+    }
+    // The name a directory target gets from the snapshot is the snapshot's, not
+    // the user's: a symlink found there (planted in a shared directory) is not
+    // followed out of it.
+    let mut from_snapshot = false;
     if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
         // The name comes from the snapshot: one like `../x` or `/etc/x` would
         // write outside the directory asked for.
@@ -294,6 +308,27 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
             )));
         }
         path = path.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name));
+        from_snapshot = true;
+    }
+    if let Ok(l) = std::fs::symlink_metadata(&path)
+        && l.file_type().is_symlink()
+    {
+        use std::os::unix::fs::MetadataExt;
+        if from_snapshot {
+            return Err(Error::Invalid(format!(
+                "{} is a symlink, at the name the snapshot gives its image: not followed \
+                 out of the target directory; give the target as a file path",
+                path.display()
+            )));
+        }
+        let euid = nix::unistd::geteuid().as_raw();
+        if l.uid() != 0 && l.uid() != euid {
+            return Err(Error::Invalid(format!(
+                "{} is a symlink of another user's (uid {}): name the file or device itself",
+                path.display(),
+                l.uid()
+            )));
+        }
     }
     match std::fs::metadata(&path) {
         Ok(m) if m.file_type().is_block_device() => {
@@ -379,7 +414,19 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
                 )));
             }
             // The file is made, not the directories above it (a mistyped path).
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            // Nor a file in /dev (a mistyped device: /dev is memory, QA).
+            if dir
+                .and_then(|d| std::fs::canonicalize(d).ok())
+                .is_some_and(|d| d.starts_with("/dev"))
+            {
+                return Err(Error::Invalid(format!(
+                    "{}: no such device (a new file is not made in /dev; give an existing \
+                     block device, or a file elsewhere)",
+                    path.display()
+                )));
+            }
+            if let Some(dir) = dir
                 && !dir.is_dir()
             {
                 return Err(Error::Invalid(format!(
@@ -540,6 +587,10 @@ fn write_image(
             false
         }
     };
+    // Stopped (Ctrl-C): even when every block happened to be under way, the
+    // restore was not asked to finish (QA: it went on at full speed past its
+    // --limit-download and said it restored the image).
+    progress.check_cancelled()?;
     let write_failed = write_failed.into_inner();
     if !stopped_early && pos != info.size {
         return Err(Error::damaged(
@@ -806,6 +857,14 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
         }
         let pack = repo.index().pack_by_number(pack_no);
         for range in crate::ops::restore::execute::ranges(&needs, max_range) {
+            if sink.progress.is_cancelled() {
+                for n in range {
+                    for &at in &n.at {
+                        sink.fail(at, u64::from(n.raw_length), "cancelled".into());
+                    }
+                }
+                continue;
+            }
             let (first, end) = crate::ops::restore::execute::range_bounds(range);
             let whole = repo
                 .read_pack_range(&pack, first.into(), (end - first).into())

@@ -986,6 +986,17 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
             let out = again("if-changed");
             assert!(out.contains("left 4 existing entries"), "{out}");
             assert_eq!(fs::read(&hosts).unwrap(), b"127.0.0.1 localhost\n");
+            // A file whose content is the image's but whose mode or owner changed
+            // gets them back (QA: it was kept as it was).
+            let owned = target.join("root/owned");
+            fs::set_permissions(&owned, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+                .unwrap();
+            std::os::unix::fs::chown(&owned, Some(7), Some(7)).unwrap();
+            let out = again("if-changed");
+            assert!(out.contains("left 4 existing entries"), "{out}");
+            let m = fs::metadata(&owned).unwrap();
+            assert_eq!((m.uid(), m.gid()), (1234, 4321));
+            assert_ne!(m.mode() & 0o777, 0o777);
             // ls: the long form of a file snapshot's, and --no-recursive.
             let long = env.ok(&["ls", "-l", &snap, "--image-fs", "/etc"]);
             assert!(

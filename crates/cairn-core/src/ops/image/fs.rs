@@ -669,6 +669,26 @@ impl ImageFs {
         Ok(r.report)
     }
 
+    /// Does the entry `name` of `dir` hold the extended attributes image inode
+    /// `ino` has (those restore sets)? Yes when the image's cannot be read: the
+    /// restore could not set them either.
+    fn xattrs_kept(
+        r: &FsRestore<'_>,
+        ino: Option<&super::blockmap::Inode>,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+    ) -> bool {
+        let (Some(fs), Some(i)) = (r.ext2, ino) else {
+            return true;
+        };
+        let Ok(mut list) = fs.xattrs(i) else {
+            return true;
+        };
+        r.xattrs.retain(&mut list);
+        list.sort();
+        crate::ops::restore::xattrs_match(dir, name, &list, r.xattrs)
+    }
+
     /// Sets the extended attributes of image inode `ino` on `fd` (an `O_PATH`
     /// descriptor with `path_only`); refusals become warnings.
     fn set_xattrs(
@@ -885,8 +905,15 @@ impl ImageFs {
                 Overwrite::Never => true,
                 Overwrite::Always => false,
                 Overwrite::IfNewer => st.mtime.0 >= m.seconds(),
+                // The image's entry already, metadata and all (QA: a file whose
+                // mode, owner or attributes had changed was kept as it was).
                 Overwrite::IfChanged => {
-                    same_kind && st.size == meta.len() && st.mtime == (m.seconds(), m.nanoseconds())
+                    same_kind
+                        && st.size == meta.len()
+                        && st.mtime == (m.seconds(), m.nanoseconds())
+                        && (kind == libc::S_IFLNK || st.mode & 0o7777 == mode as u32)
+                        && (!r.as_root || (st.uid, st.gid) == (meta.uid(), meta.gid()))
+                        && Self::xattrs_kept(r, inode.as_ref(), dir, &cname)
                 }
             };
             if keep {

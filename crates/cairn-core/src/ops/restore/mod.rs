@@ -38,6 +38,7 @@ pub(crate) mod unfinished;
 pub use metadata::XattrSelect;
 pub use overwrite::Overwrite;
 pub(crate) use overwrite::effective as overwrite_effective;
+pub(crate) use overwrite::xattrs_match;
 pub use run::{Issue, RestoreReport, restore_snapshot};
 
 use crate::error::{Error, Result};

@@ -145,7 +145,7 @@ pub(crate) fn decide(
                 let time_says_same = same_time && !opts.verify;
                 if same_time
                     && !metadata_differs(st, node, owners)
-                    && xattrs_match(dir, name, node, select)
+                    && xattrs_match(dir, name, &node.xattrs, select)
                     && (time_says_same || same_bytes())
                 {
                     return Decision::Keep;
@@ -173,7 +173,7 @@ pub(crate) fn decide(
                 || st.mtime == mtime_of(node)
                     && !(owners && (st.uid, st.gid) != (node.uid, node.gid))
                     && (node.kind == NodeKind::Symlink || st.mode & 0o7777 == node.mode & 0o7777)
-                    && xattrs_match(dir, name, node, select);
+                    && xattrs_match(dir, name, &node.xattrs, select);
             if same_entry(repo, dir, name, st, node) && metadata_same {
                 Decision::Keep
             } else {
@@ -231,7 +231,7 @@ fn metadata_differs(st: &Stat, node: &Node, owners: bool) -> bool {
 pub(crate) fn xattrs_match(
     dir: BorrowedFd<'_>,
     name: &CStr,
-    node: &Node,
+    xattrs: &[(Vec<u8>, Vec<u8>)],
     select: &XattrSelect,
 ) -> bool {
     use std::os::fd::AsRawFd;
@@ -243,11 +243,11 @@ pub(crate) fn xattrs_match(
     };
     let root = sys::euid() == 0;
     let visible = |k: &[u8]| (root || !k.starts_with(b"trusted.")) && select.wants(k);
-    let want = node.xattrs.iter().filter(|(k, _)| visible(k));
+    let want = xattrs.iter().filter(|(k, _)| visible(k));
     // What the target holds beyond the snapshot counts only where restore would
     // remove it ([`super::metadata::foreign_xattr`]): a security label the system
     // gives every file is not a difference.
-    let snapshot_has = |k: &[u8]| node.xattrs.iter().any(|(n, _)| n.as_slice() == k);
+    let snapshot_has = |k: &[u8]| xattrs.iter().any(|(n, _)| n.as_slice() == k);
     have.iter()
         .filter(|(k, _)| visible(k) && (snapshot_has(k) || super::metadata::foreign_xattr(k)))
         .eq(want)

@@ -19,7 +19,7 @@ pub enum ChangedFormat {
     /// Text: one `OFFSET LENGTH` pair per line, in bytes, decimal or `0x` hex;
     /// blank lines and `#` comments ignored.
     Ranges,
-    /// JSON: `[{"offset": N, "length": N}, ...]` (`start` is taken for `offset`;
+    /// JSON: `[{"offset": N, "length": N}, ...]` (`start` is taken for `offset`, not beside it;
     /// an entry with `"dirty": false` is skipped).
     Json,
     /// `qemu-img map --output=json` over a dirty bitmap (`x-dirty-bitmap=...`):
@@ -304,6 +304,13 @@ fn parse_json(
         // the data lies in the image file.
         let off = if qemu {
             field(&["start", "offset"])?
+        } else if e.get("offset").is_some() && e.get("start").is_some() {
+            // Which one is the disk's offset? In `qemu-img map` output it is
+            // `start`; guessing wrong reads the wrong blocks (QA).
+            return Err(format!(
+                "entry {i} has both \"offset\" and \"start\": give one (the offset in \
+                 the disk), or --changed-blocks-format qemu-dirty-map for qemu-img's map"
+            ));
         } else {
             field(&["offset", "start"])?
         };
@@ -481,6 +488,10 @@ mod tests {
                 "\"start\" is 1.5, not a byte count",
             ),
             (r#"[{"length": 10}]"#, "entry 0: no \"offset\" or \"start\""),
+            (
+                r#"[{"start": 409600, "length": 4096, "offset": 5308416}]"#,
+                "entry 0 has both \"offset\" and \"start\"",
+            ),
             (r#"[{"offset": 0, "length": "9"}]"#, "\"length\" is \"9\""),
             (r#"{"offset": 0, "length": 9}"#, "a JSON object"),
         ] {

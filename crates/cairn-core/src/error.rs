@@ -11,6 +11,14 @@ pub enum Error {
     RepositoryNotFound(String),
     #[error("{0} is not a cairn repository (no valid config)")]
     NotARepository(String),
+    /// Another backup tool's repository (restic, borg, kopia): told apart from a
+    /// cairn repository whose config is damaged, whose advice would be to put
+    /// back a config file.
+    #[error(
+        "{0} is a {1} repository, not a cairn one: cairn cannot read it (restore from it \
+         with {1}; to move to cairn, back up what {1} restores, or the original data)"
+    )]
+    OtherToolsRepository(String, &'static str),
     #[error(
         "{0} is not a cairn repository: it holds only what an interrupted `cairn init` left \
          (key files, no config), nothing else; remove it and run init again"

@@ -74,6 +74,41 @@ fn wrong_password_missing_repo_and_init_over_existing() {
     let e = env.fails(&["snapshots"], 10);
     assert!(e.contains("not a cairn repository"), "{e}");
     fs::remove_dir_all(&env.repo).unwrap();
+    // Another tool's repository is named as such, not taken for a cairn one with
+    // a damaged config (QA: the advice was to put back restic's config).
+    let restic_key = br#"{"created":"2026-11-30T10:00:00Z","username":"u","hostname":"h",
+        "kdf":"scrypt","N":32768,"r":8,"p":1,"salt":"c2FsdA==","data":"ZGF0YQ=="}"#;
+    type Files<'a> = &'a [(&'a str, &'a [u8])];
+    let kinds: [(&str, Files); 3] = [
+        (
+            "restic",
+            &[
+                ("config", &[0x11, 0x10, 0x09, 0xa4]),
+                ("keys/ab12", restic_key),
+            ],
+        ),
+        (
+            "borg",
+            &[
+                ("config", b"[repository]\nversion = 1\n"),
+                ("README", b"borg"),
+            ],
+        ),
+        ("kopia", &[("kopia.repository.f", b"{}")]),
+    ];
+    for (tool, files) in kinds {
+        for (name, body) in files {
+            let p = env.repo.join(name);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, body).unwrap();
+        }
+        let e = env.fails(&["snapshots"], 10);
+        assert!(
+            e.contains(&format!("is a {tool} repository, not a cairn one")),
+            "{e}"
+        );
+        fs::remove_dir_all(&env.repo).unwrap();
+    }
 
     env.init(&[]);
     let e = env.fails(&["init"], 1);

@@ -166,6 +166,25 @@ pub fn username() -> String {
 /// Whether a repository without a config holds nothing an operation wrote:
 /// no pack, index file or snapshot (an `init` killed between its key file and its
 /// config leaves only keys).
+/// The backup tool whose repository `backend` holds, when it is not cairn's:
+/// restic (key files of JSON naming scrypt), borg (an INI `config` with a
+/// `[repository]` section) or kopia (its `kopia.repository.f`). `config` is the
+/// config file read, if there is one. What cannot be read counts as no.
+fn other_tool(backend: &dyn Backend, config: Option<&[u8]>) -> Option<&'static str> {
+    if config.is_some_and(|c| c.trim_ascii_start().starts_with(b"[repository]")) {
+        return Some("borg");
+    }
+    if config.is_none() && backend.get_bounded("kopia.repository.f", 1 << 20).is_ok() {
+        return Some("kopia");
+    }
+    let keys = backend.list(names::KEYS).ok()?;
+    let first = keys.first()?;
+    let raw = backend.get_bounded(&first.name, 64 * 1024).ok()?;
+    let key: serde_json::Value = serde_json::from_slice(&raw).ok()?;
+    (key.get("kdf").and_then(|k| k.as_str()) == Some("scrypt") && key.get("N").is_some())
+        .then_some("restic")
+}
+
 fn interrupted_init(backend: &dyn Backend) -> Result<bool> {
     for prefix in [names::DATA, names::INDEX, names::SNAPSHOTS] {
         match backend.list(prefix) {
@@ -343,6 +362,9 @@ impl Repository {
                 )));
             }
             Err(e) if e.is_not_found() => {
+                if let Some(tool) = other_tool(backend.as_ref(), None) {
+                    return Err(Error::OtherToolsRepository(backend.location(), tool));
+                }
                 if !backend.list(names::KEYS)?.is_empty() && interrupted_init(backend.as_ref())? {
                     return Err(Error::InterruptedInit(backend.location()));
                 }
@@ -351,7 +373,10 @@ impl Repository {
             Err(e) => return Err(objects::too_large_is_damage(e, CONFIG_WHAT)),
         };
         let (config, body, mac) =
-            Config::parse(&raw).map_err(|e| Error::damaged(CONFIG_WHAT, e))?;
+            Config::parse(&raw).map_err(|e| match other_tool(backend.as_ref(), Some(&raw)) {
+                Some(tool) => Error::OtherToolsRepository(backend.location(), tool),
+                None => Error::damaged(CONFIG_WHAT, e),
+            })?;
         let (key, key_id) = match config.encryption {
             Encryption::None => {
                 let hexs = config.plain_master_secret.as_deref().ok_or_else(|| {

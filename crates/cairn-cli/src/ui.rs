@@ -189,12 +189,20 @@ impl Source<'_> {
             return rpassword::prompt_password(format!("enter password for {}: ", self.what))
                 .context("reading password");
         }
+        if let Some(p) = password_from_stdin()? {
+            return Ok(p);
+        }
         bail!(
-            "no password given for {}: use {}, set {} or {}, or run on a terminal{}",
+            "no password given for {}: use {}, set {} or {}, {}or run on a terminal{}",
             self.what,
             self.flags,
             self.env,
             self.env_file,
+            if STDIN_IS_DATA.load(std::sync::atomic::Ordering::Relaxed) {
+                "" // standard input is the data
+            } else {
+                "pipe it to standard input, "
+            },
             self.empty_note()
         )
     }
@@ -204,16 +212,18 @@ impl Source<'_> {
     pub fn new_password(&self) -> Result<String> {
         let p = match self.given()? {
             Some(p) => p,
+            None if !std::io::stdin().is_terminal() => match password_from_stdin()? {
+                Some(p) => p,
+                None => bail!(
+                    "no new password given: use {}, set {} or {}, pipe it to standard input, \
+                     or run on a terminal{}",
+                    self.flags,
+                    self.env,
+                    self.env_file,
+                    self.empty_note()
+                ),
+            },
             None => {
-                if !std::io::stdin().is_terminal() {
-                    bail!(
-                        "no new password given: use {}, set {} or {}, or run on a terminal{}",
-                        self.flags,
-                        self.env,
-                        self.env_file,
-                        self.empty_note()
-                    );
-                }
                 let a = rpassword::prompt_password("enter new password: ")
                     .context("reading password")?;
                 let b = rpassword::prompt_password("enter the password again: ")
@@ -323,6 +333,24 @@ pub fn run_password_command(cmd: &str) -> Result<String> {
 /// The password in a file's or a command's text: its first line, without its
 /// end (`\n`, `\r\n`, or a lone `\r`: an old Mac's, or a file cut after one);
 /// `None` when that is empty.
+/// Set when standard input carries the command's data (`backup --stdin`,
+/// `--files-from -`): no password is read from it then.
+pub static STDIN_IS_DATA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A password piped to standard input (not a terminal), as restic reads one:
+/// its first line. `None` when standard input is the command's data, or holds
+/// nothing (cron's /dev/null).
+fn password_from_stdin() -> Result<Option<String>> {
+    if STDIN_IS_DATA.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(None);
+    }
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line)
+        .context("reading the password from standard input")?;
+    let line = line.strip_suffix('\n').unwrap_or(&line);
+    Ok(password_line(line).map(str::to_string))
+}
+
 fn password_line(text: &str) -> Option<&str> {
     let first = text.lines().next().unwrap_or("");
     let first = first.strip_suffix('\r').unwrap_or(first);

@@ -482,6 +482,11 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
              it takes no paths, --image or --files-from"
         );
     }
+    // Standard input is the data, not a password (restic refuses both at once).
+    let dash = |l: &Vec<std::path::PathBuf>| l.iter().any(|f| f.as_os_str() == "-");
+    if a.stdin || dash(&a.files_from) || dash(&a.files_from_verbatim) || dash(&a.files_from_raw) {
+        crate::ui::STDIN_IS_DATA.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     if a.stdin && !a.paths.is_empty() {
         anyhow::bail!("--stdin cannot be combined with paths");
     }

@@ -3,6 +3,7 @@
 
 use crate::util::*;
 use std::fs;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -132,6 +133,33 @@ fn wrong_password_missing_repo_and_init_over_existing() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no password given"));
+    // Piped to standard input, as restic reads it: its first line; never when
+    // standard input is the backup's data.
+    let piped = |args: &[&str], input: &[u8]| {
+        let mut child = env
+            .cmd(args)
+            .env_remove("CAIRN_PASSWORD")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let pw = format!("{PASSWORD}\n");
+    assert_eq!(
+        piped(&["snapshots", "-q"], pw.as_bytes()).status.code(),
+        Some(0)
+    );
+    assert_eq!(piped(&["snapshots"], b"wrong\n").status.code(), Some(12));
+    let o = piped(&["backup", "--stdin"], pw.as_bytes());
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("no password given") && !e.contains("pipe it"),
+        "{e}"
+    );
     // No repository given.
     let o = Command::new(bin())
         .arg("snapshots")

@@ -704,9 +704,15 @@ pub async fn put(
     }
     let is_lock = matches!(kind, Kind::Lock | Kind::AdminLock);
     // What adds data leaves the room a prune needs; an admin's writes may use it
-    // (its prune repacks before it deletes).
-    let room = (kind == Kind::Pack && t.role != Role::Admin && action == Action::Create)
-        .then(|| store.room.clone());
+    // (its prune repacks before it deletes). Index files, dedup lists and
+    // snapshots too: a backup token filled the room with junk index files once
+    // packs were refused (QA).
+    let adds = matches!(
+        kind,
+        Kind::Pack | Kind::Index | Kind::DedupList | Kind::Snapshot
+    );
+    let room =
+        (adds && t.role != Role::Admin && action == Action::Create).then(|| store.room.clone());
     if room.is_some() {
         measure_room(&store).await;
     }

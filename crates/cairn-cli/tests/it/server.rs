@@ -1240,6 +1240,40 @@ fn scheduled_jobs_run_and_keep_a_history() {
     assert!(log.contains("job scrub: problems"), "{log}");
 }
 
+/// A backup token cannot fill the room a datastore keeps for an admin's forget
+/// and prune with index files (or dedup lists, or snapshots) once packs are
+/// refused (QA: junk index files of 1 MiB filled it to the last 192 KiB).
+#[test]
+fn a_backup_token_cannot_fill_the_room_kept_for_prune() {
+    let env = Env::new();
+    let mnt = env.path("small-fs");
+    let _fs = Tmpfs::mount(&mnt, "size=12m");
+    let ds = Env::at(tempfile::tempdir().unwrap(), mnt.join("repo"));
+    ds.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("full", &ds.repo)], true);
+    let token = srv.token("a", "full", "backup");
+    let ses = [("X-Cairn-Session", "filler")];
+    let slots = "/v1/datastores/full/slots";
+    assert_eq!(http_with(srv.port, "POST", slots, &token, &ses, b"").0, 200);
+    let mut refused = None;
+    for i in 0..16 {
+        let junk = Rng(900 + i).bytes(1 << 20, false);
+        let path = format!("/v1/datastores/full/objects/index/{}", blake3_hex(&junk));
+        let (code, body) = http_with(srv.port, "PUT", &path, &token, &ses, &junk);
+        if code != 201 {
+            refused = Some((code, String::from_utf8_lossy(&body).into_owned()));
+            break;
+        }
+    }
+    let (code, body) = refused.expect("16 MiB of index files stored on 12 MiB");
+    assert_eq!(code, 507, "{body}");
+    assert!(
+        body.contains("kept for `cairn forget` and `cairn prune`"),
+        "{body}"
+    );
+    srv.stop();
+}
+
 /// The disk under one datastore fills up during a backup through the server: the
 /// client gets one clear line, the server goes on serving another datastore, the
 /// full one keeps its committed snapshots and checks clean, and once there is room

@@ -57,7 +57,8 @@ impl Room {
         self.keep.store(bytes, Ordering::Relaxed);
     }
 
-    /// Claims room for a pack of `len` bytes named `name`, keeping this room's
+    /// Claims room for an object (a pack; through a server also an index file, a
+    /// dedup list or a snapshot) of `len` bytes named `name`, keeping this room's
     /// bytes plus `also` (index files the writer added since the room was
     /// measured) free, or says there is none, as a full disk would ("no space").
     pub fn claim(
@@ -89,7 +90,7 @@ impl Room {
             path: name.to_string(),
             message: format!(
                 "no space left on the repository's device for more data: {} free, less than \
-                 the next pack ({}) and the {} kept for `cairn forget` and `cairn prune` to \
+                 what is to be stored ({}) and the {} kept for `cairn forget` and `cairn prune` to \
                  free space with (the index's size plus 1 MiB)",
                 crate::units::bytes(free, 1),
                 crate::units::bytes(len, 1),

@@ -61,7 +61,7 @@ pub fn ls(
         doc.finish(&mut out, &format!("], \"errors\": {errors}}}"));
     }
     super::flush_output(&mut out)?;
-    listed?;
+    failed(&fs, "the listing", listed.map_err(anyhow::Error::from))?;
     Ok(zeros(&fs, "the listing"))
 }
 
@@ -69,6 +69,22 @@ pub fn ls(
 /// read at backup time.
 fn zeros(fs: &ImageFs, what: &str) -> i32 {
     super::image_zeros_warning(fs.read_unreadable().unwrap_or(&[]), what)
+}
+
+/// A failure, with the warning about unreadable ranges first when what was read
+/// lay in one: the zeros there are likely why the filesystem looks corrupt (QA:
+/// "corrupt filesystem" alone, the ranges not named).
+fn failed<T>(fs: &ImageFs, what: &str, r: Result<T>) -> Result<T> {
+    r.map_err(|e| {
+        if zeros(fs, what) != 0 {
+            e.context(
+                "the filesystem was read where the image could not be read at backup time \
+                 (zeros there, see the warning)",
+            )
+        } else {
+            e
+        }
+    })
 }
 
 pub fn dump(
@@ -79,7 +95,11 @@ pub fn dump(
     let path = a.image_fs.as_deref().unwrap_or("/");
     let fs = open(session, snap, a)?;
     let mut out = std::io::stdout().lock();
-    fs.dump(path, &mut out)?;
+    failed(
+        &fs,
+        path,
+        fs.dump(path, &mut out).map_err(anyhow::Error::from),
+    )?;
     Ok(zeros(&fs, path))
 }
 
@@ -96,9 +116,12 @@ pub fn restore(
     let path = a.image_fs.as_deref().unwrap_or("/");
     let fs = open(session, snap, a)?;
     let start = std::time::Instant::now();
-    let r = fs
-        .restore(path, target, overwrite, write_limit, xattrs)
-        .with_context(|| format!("restoring {path} from the image"))?;
+    let r = failed(
+        &fs,
+        path,
+        fs.restore(path, target, overwrite, write_limit, xattrs)
+            .with_context(|| format!("restoring {path} from the image")),
+    )?;
     // Names from the image's file system: written out (`ui::printable`).
     for n in &r.notes {
         eprintln!("note: {}", ui::printable(n));
@@ -142,9 +165,13 @@ pub fn restore(
         }
     }
     if !r.failed.is_empty() {
-        anyhow::bail!(
-            "{} could not be restored (listed above; the rest was restored)",
-            ui::count(r.failed.len() as u64, "entry")
+        return failed(
+            &fs,
+            path,
+            Err(anyhow::anyhow!(
+                "{} could not be restored (listed above; the rest was restored)",
+                ui::count(r.failed.len() as u64, "entry")
+            )),
         );
     }
     let code = zeros(&fs, path);

@@ -776,6 +776,47 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
         target.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(3), "{o:?}");
+
+    // A directory's block unreadable at backup time: the listing fails there,
+    // naming the ranges as the likely cause (QA: "corrupt filesystem" alone).
+    let tree = env.path("tree2");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    fs::write(tree.join("sub/inner"), b"inner").unwrap();
+    let img = env.path("fs2.img");
+    sh(Command::new("mke2fs")
+        .args(["-q", "-t", "ext4", "-b", "4096", "-d"])
+        .arg(&tree)
+        .arg(&img)
+        .arg("8M"));
+    let o = Command::new("debugfs")
+        .args(["-R", "bmap /sub 0"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    let block: u64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    let mnt = env.path("faulty2");
+    fs::create_dir(&mnt).unwrap();
+    let session = faulty_mount(
+        &mnt,
+        Faulty {
+            data: fs::read(&img).unwrap(),
+            bad: (block * 4096, block * 4096 + 4096),
+            grow_after: None,
+            reads: Default::default(),
+        },
+    );
+    env.fails(
+        &["backup", "--image", mnt.join("disk").to_str().unwrap()],
+        3,
+    );
+    drop(session);
+    let snap = env.snapshot_ids().pop().unwrap();
+    let e = env.fails(&["ls", &snap, "--image-fs", "/"], 1);
+    assert!(
+        e.contains("could not be read at backup time and hold zeros")
+            && e.contains("the filesystem was read where the image could not be read"),
+        "{e}"
+    );
 }
 
 /// An image backup (exit 3) of a FUSE file holding `data` that becomes `size`

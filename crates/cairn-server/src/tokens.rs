@@ -209,6 +209,15 @@ impl TokenStore {
                 "a token name must be 1-200 printable characters".into(),
             ));
         }
+        // The host its snapshots are recorded under (`hosts/<id>`, at most 255
+        // bytes); an empty one would bind the token to no real host (QA).
+        if let Some(h) = host
+            && (h.trim().is_empty() || h.len() > 255 || h.chars().any(char::is_control))
+        {
+            return Err(TokenError::Invalid(
+                "a token's host must be 1-255 bytes of printable characters, not blank".into(),
+            ));
+        }
         valid_grant(datastore, role).map_err(TokenError::Invalid)?;
         self.file.update(|file| {
             file.checked()?;
@@ -417,6 +426,10 @@ mod tests {
         assert!(store.authenticate(&wrong).unwrap().is_none());
         assert!(store.authenticate("nonsense").unwrap().is_none());
         assert!(store.add("web01", "main", Role::Admin, None).is_err());
+        // A blank host binds to nothing.
+        for bad in ["", " ", "a\nb"] {
+            assert!(store.add("blank", "main", Role::Backup, Some(bad)).is_err());
+        }
         // A second store (another process) removes it; the first one notices.
         let other = TokenStore::new(dir.path());
         std::thread::sleep(std::time::Duration::from_millis(20));

@@ -1927,50 +1927,29 @@ fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
     let target = env.path("back.raw");
     let partial = env.path("back.raw.cairn-partial");
     let t = target.to_str().unwrap();
+    // A restore held to `limit` (`rate`), once it has been writing for a while.
+    let slowed = |limit: &str, rate: &str| {
+        let child = env
+            .cmd(&["restore", &snap, "--image", "--target", t, limit, rate])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until("the partial file", Duration::from_secs(60), || {
+            partial.exists()
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        child
+    };
     // Killed: slowed to about 12 s, killed once it has begun writing.
-    let mut child = env
-        .cmd(&[
-            "restore",
-            &snap,
-            "--image",
-            "--target",
-            t,
-            "--write-limit",
-            "2MiB",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until("the partial file", Duration::from_secs(60), || {
-        partial.exists()
-    });
-    std::thread::sleep(Duration::from_millis(1500));
+    let mut child = slowed("--write-limit", "2MiB");
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(!target.exists(), "a killed restore left the target's name");
     assert!(partial.exists());
     // Ctrl-C under a download limit: it stops there, says so (130) and leaves
     // no file (QA: it read the rest at full speed and said it restored it).
-    let child = env
-        .cmd(&[
-            "restore",
-            &snap,
-            "--image",
-            "--target",
-            t,
-            "--limit-download",
-            "1M",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until("the partial file", Duration::from_secs(60), || {
-        partial.exists()
-    });
-    std::thread::sleep(Duration::from_millis(1500));
-    let (code, err, took) = interrupt(child);
+    let (code, err, took) = interrupt(slowed("--limit-download", "1M"));
     assert_eq!(code, Some(130), "{err}");
     assert!(err.contains("cancelled"), "{err}");
     assert!(took < Duration::from_secs(10), "{took:?}");

@@ -344,11 +344,27 @@ fn password_from_stdin() -> Result<Option<String>> {
     if STDIN_IS_DATA.load(std::sync::atomic::Ordering::Relaxed) {
         return Ok(None);
     }
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line)
+    // At most a line of 64 KiB, as restic's: `cat /dev/zero | cairn ...` must not
+    // read until memory runs out (QA).
+    const MAX: u64 = 64 * 1024;
+    let mut line = Vec::new();
+    let mut limited = std::io::Read::take(std::io::stdin().lock(), MAX + 1);
+    std::io::BufRead::read_until(&mut limited, b'\n', &mut line)
         .context("reading the password from standard input")?;
-    let line = line.strip_suffix('\n').unwrap_or(&line);
-    Ok(password_line(line).map(str::to_string))
+    if line.len() as u64 > MAX {
+        bail!("the password piped to standard input is longer than 64 KiB (no line break)");
+    }
+    if line.is_empty() {
+        return Ok(None); // nothing there (/dev/null)
+    }
+    let line = String::from_utf8(line)
+        .map_err(|_| anyhow::anyhow!("the password piped to standard input is not UTF-8 text"))?;
+    match password_line(&line) {
+        Some(p) => Ok(Some(p.to_string())),
+        None => bail!(
+            "the password piped to standard input is an empty line (an empty password is not allowed)"
+        ),
+    }
 }
 
 fn password_line(text: &str) -> Option<&str> {

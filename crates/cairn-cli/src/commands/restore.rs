@@ -36,6 +36,14 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             "--image-fs restores the path it names: --include, --exclude and --delete do not apply"
         );
     }
+    // Refused rather than ignored (QA: --verify checked nothing and said nothing;
+    // --dry-run would have written).
+    if a.image_fs.image_fs.is_some() && (a.verify || a.dry_run) {
+        anyhow::bail!(
+            "--verify and --dry-run are not available with --image-fs (`ls --image-fs` shows \
+             what it would restore; `restore --image --verify` checks the whole image)"
+        );
+    }
     let mut p = crate::events::CliProgress::listing(g, a.verbose);
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     let snap = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
@@ -154,7 +162,8 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             }
             println!("{}", parts.join("; "));
         }
-        if let Some(v) = r.verified {
+        // A dry run reads nothing back: what it would keep was compared, no more.
+        if let Some(v) = r.verified.filter(|_| !r.dry_run) {
             // What this restore wrote is read back. What it left in place was
             // compared before it was kept under `if-changed` (bytes, not only size
             // and time, when verifying); `never` and `if-newer` keep entries

@@ -103,11 +103,13 @@ fn wrong_password_missing_repo_and_init_over_existing() {
             fs::create_dir_all(p.parent().unwrap()).unwrap();
             fs::write(p, body).unwrap();
         }
-        let e = env.fails(&["snapshots"], 10);
-        assert!(
-            e.contains(&format!("is a {tool} repository, not a cairn one")),
-            "{e}"
-        );
+        for cmd in ["snapshots", "init"] {
+            let e = env.fails(&[cmd], 10);
+            assert!(
+                e.contains(&format!("is a {tool} repository, not a cairn one")),
+                "{cmd}: {e}"
+            );
+        }
         fs::remove_dir_all(&env.repo).unwrap();
     }
 
@@ -144,7 +146,8 @@ fn wrong_password_missing_repo_and_init_over_existing() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(input).unwrap();
+        // cairn stops reading at a line too long: the rest is not taken.
+        let _ = child.stdin.take().unwrap().write_all(input);
         child.wait_with_output().unwrap()
     };
     let pw = format!("{PASSWORD}\n");
@@ -153,6 +156,17 @@ fn wrong_password_missing_repo_and_init_over_existing() {
         Some(0)
     );
     assert_eq!(piped(&["snapshots"], b"wrong\n").status.code(), Some(12));
+    // A line without end is not read into memory without end (QA: cat /dev/zero).
+    let o = piped(&["snapshots"], &vec![0u8; 200_000]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("longer than 64 KiB"),
+        "{o:?}"
+    );
+    let o = piped(&["snapshots"], b"\n");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("an empty line"),
+        "{o:?}"
+    );
     let o = piped(&["backup", "--stdin"], pw.as_bytes());
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     let e = String::from_utf8_lossy(&o.stderr);

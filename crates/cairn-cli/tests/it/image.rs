@@ -1860,6 +1860,22 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
         assert!(err.contains(loop_), "{err}");
     }
     assert_eq!(fs::read(out.join("root/z/late")).unwrap(), b"3");
+    // Refused, not ignored (QA: --verify checked nothing and said nothing).
+    for flag in ["--verify", "--dry-run"] {
+        let e = env.fails(
+            &[
+                "restore",
+                &snap,
+                "--image-fs",
+                "/z",
+                "--target",
+                out.to_str().unwrap(),
+                flag,
+            ],
+            1,
+        );
+        assert!(e.contains("not available with --image-fs"), "{e}");
+    }
     assert_eq!(fs::read(out.join("root/d/f")).unwrap(), b"2");
     assert_eq!(walk(&out).len(), 7, "{:?}", walk(&out));
 }

@@ -279,7 +279,19 @@ impl Repository {
                 opts.block_size
             )));
         }
-        let has_config = config_exists(backend.as_ref())?;
+        // Another tool's repository is said to be one, not "a repository" (a
+        // kopia one has no config of ours, and would be written into: QA).
+        let config = match backend.get_bounded(names::CONFIG, MAX_SMALL_OBJECT_SIZE as u64) {
+            Ok(c) => Some(c),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(tool) = other_tool(backend.as_ref(), config.as_deref())
+            .filter(|_| config.as_deref().is_none_or(|c| Config::parse(c).is_err()))
+        {
+            return Err(Error::OtherToolsRepository(backend.location(), tool));
+        }
+        let has_config = config.is_some();
         let has_keys = !backend.list(names::KEYS)?.is_empty();
         if !has_config && has_keys && interrupted_init(backend.as_ref())? {
             return Err(Error::InterruptedInit(backend.location()));

@@ -330,9 +330,6 @@ pub fn run_password_command(cmd: &str) -> Result<String> {
     }
 }
 
-/// The password in a file's or a command's text: its first line, without its
-/// end (`\n`, `\r\n`, or a lone `\r`: an old Mac's, or a file cut after one);
-/// `None` when that is empty.
 /// Set when standard input carries the command's data (`backup --stdin`,
 /// `--files-from -`): no password is read from it then.
 pub static STDIN_IS_DATA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -367,6 +364,9 @@ fn password_from_stdin() -> Result<Option<String>> {
     }
 }
 
+/// The password in a file's or a command's text: its first line, without its
+/// end (`\n`, `\r\n`, or a lone `\r`: an old Mac's, or a file cut after one);
+/// `None` when that is empty.
 fn password_line(text: &str) -> Option<&str> {
     let first = text.lines().next().unwrap_or("");
     let first = first.strip_suffix('\r').unwrap_or(first);

@@ -53,14 +53,6 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     ))
 }
 
-/// Runs `produce` with where its bytes go: standard output (`None`), a device
-/// or FIFO written in place, or a regular file written beside its name and
-/// renamed once whole (a failed or killed run never leaves a file that looks
-/// complete). `pad`: a tape's last record is padded (tar, not zip, whose end is
-/// found from the end of the file). `sparse`: a regular file gets holes where
-/// the stream has blocks of zeros (a file's content, as a restore writes it; QA:
-/// a 3 GiB sparse file did not fit where its restore did). Shared by `export -o`
-/// and `dump --target`.
 /// The file `path` names once its symlinks are followed (a dangling link: the
 /// name it would create). Only links of root's or this user's are followed: one
 /// that another user planted in a shared directory could point at any file this
@@ -93,6 +85,14 @@ fn follow_links(path: &std::path::Path) -> Result<std::path::PathBuf> {
     bail!("{}: too many levels of symbolic links", path.display())
 }
 
+/// Runs `produce` with where its bytes go: standard output (`None`), a device
+/// or FIFO written in place, or a regular file written beside its name and
+/// renamed once whole (a failed or killed run never leaves a file that looks
+/// complete). `pad`: a tape's last record is padded (tar, not zip, whose end is
+/// found from the end of the file). `sparse`: a regular file gets holes where
+/// the stream has blocks of zeros (a file's content, as a restore writes it; QA:
+/// a 3 GiB sparse file did not fit where its restore did). Shared by `export -o`
+/// and `dump --target`.
 pub(super) fn write_output<R>(
     g: &Global,
     output: Option<&std::path::Path>,

@@ -163,9 +163,6 @@ pub fn username() -> String {
         .unwrap_or_else(|| nix::unistd::getuid().to_string())
 }
 
-/// Whether a repository without a config holds nothing an operation wrote:
-/// no pack, index file or snapshot (an `init` killed between its key file and its
-/// config leaves only keys).
 /// The backup tool whose repository `backend` holds, when it is not cairn's:
 /// restic (key files of JSON naming scrypt), borg (an INI `config` with a
 /// `[repository]` section) or kopia (its `kopia.repository.f`). `config` is the
@@ -185,6 +182,9 @@ fn other_tool(backend: &dyn Backend, config: Option<&[u8]>) -> Option<&'static s
         .then_some("restic")
 }
 
+/// Whether a repository without a config holds nothing an operation wrote:
+/// no pack, index file or snapshot (an `init` killed between its key file and its
+/// config leaves only keys).
 fn interrupted_init(backend: &dyn Backend) -> Result<bool> {
     for prefix in [names::DATA, names::INDEX, names::SNAPSHOTS] {
         match backend.list(prefix) {

@@ -1752,19 +1752,7 @@ fn image_fs_goes_past_a_damaged_symlink_and_stops_on_sigint() {
     assert_eq!(env.ok(&["dump", &snap, "--image-fs", "/dl/f"]), "kept\n");
     // The damaged entry fails alone; Ctrl-C ends the terabyte of holes.
     let out = env.path("out");
-    let child = env
-        .cmd(&[
-            "restore",
-            &snap,
-            "--image-fs",
-            "/",
-            "--target",
-            out.to_str().unwrap(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = restore_image_fs_root(&env, &snap, &out);
     let file = out.join("root/holes.raw");
     let started = std::time::Instant::now();
     while !file.exists() {
@@ -1834,19 +1822,7 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
     assert!(!listed.contains("/b/d"), "{listed}");
 
     let out = env.path("out");
-    let mut child = env
-        .cmd(&[
-            "restore",
-            &snap,
-            "--image-fs",
-            "/",
-            "--target",
-            out.to_str().unwrap(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = restore_image_fs_root(&env, &snap, &out);
     wait_until("the restore ends", Duration::from_secs(60), || {
         child.try_wait().unwrap().is_some()
     });
@@ -1878,6 +1854,22 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
     }
     assert_eq!(fs::read(out.join("root/d/f")).unwrap(), b"2");
     assert_eq!(walk(&out).len(), 7, "{:?}", walk(&out));
+}
+
+/// `restore SNAP --image-fs / --target out`, started with its stderr piped.
+fn restore_image_fs_root(env: &Env, snap: &str, out: &Path) -> std::process::Child {
+    env.cmd(&[
+        "restore",
+        snap,
+        "--image-fs",
+        "/",
+        "--target",
+        out.to_str().unwrap(),
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap()
 }
 
 /// `backup --image` of a FIFO is refused at once (opening one waits for a writer),

@@ -737,23 +737,7 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
     // Where the payload's second MiB is stored in the image.
     let probe = &payload[1 << 20..(1 << 20) + 4096];
     let at = data.windows(4096).position(|w| w == probe).unwrap() as u64;
-    let mnt = env.path("faulty");
-    fs::create_dir(&mnt).unwrap();
-    let session = faulty_mount(
-        &mnt,
-        Faulty {
-            data: data.clone(),
-            bad: (at, at + 4096),
-            grow_after: None,
-            reads: Default::default(),
-        },
-    );
-    env.fails(
-        &["backup", "--image", mnt.join("disk").to_str().unwrap()],
-        3,
-    );
-    drop(session);
-    let snap = env.snapshot_ids().pop().unwrap();
+    let snap = backup_with_bad_range(&env, "faulty", data, (at, at + 4096));
     let o = env.run(&["dump", &snap, "--image-fs", "/payload"]);
     assert_eq!(o.status.code(), Some(3), "{o:?}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("could not be read at backup time"));
@@ -794,13 +778,26 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
         .output()
         .unwrap();
     let block: u64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
-    let mnt = env.path("faulty2");
+    let bad = (block * 4096, block * 4096 + 4096);
+    let snap = backup_with_bad_range(&env, "faulty2", fs::read(&img).unwrap(), bad);
+    let e = env.fails(&["ls", &snap, "--image-fs", "/"], 1);
+    assert!(
+        e.contains("could not be read at backup time and hold zeros")
+            && e.contains("the filesystem was read where the image could not be read"),
+        "{e}"
+    );
+}
+
+/// An image backup (exit 3) of a FUSE file holding `data` (mounted at `dir`)
+/// whose bytes `bad` cannot be read; its snapshot id.
+fn backup_with_bad_range(env: &Env, dir: &str, data: Vec<u8>, bad: (u64, u64)) -> String {
+    let mnt = env.path(dir);
     fs::create_dir(&mnt).unwrap();
     let session = faulty_mount(
         &mnt,
         Faulty {
-            data: fs::read(&img).unwrap(),
-            bad: (block * 4096, block * 4096 + 4096),
+            data,
+            bad,
             grow_after: None,
             reads: Default::default(),
         },
@@ -810,13 +807,7 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
         3,
     );
     drop(session);
-    let snap = env.snapshot_ids().pop().unwrap();
-    let e = env.fails(&["ls", &snap, "--image-fs", "/"], 1);
-    assert!(
-        e.contains("could not be read at backup time and hold zeros")
-            && e.contains("the filesystem was read where the image could not be read"),
-        "{e}"
-    );
+    env.snapshot_ids().pop().unwrap()
 }
 
 /// An image backup (exit 3) of a FUSE file holding `data` that becomes `size`

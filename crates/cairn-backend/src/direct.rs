@@ -498,13 +498,12 @@ impl SequentialWriter {
         use std::io::{Seek, SeekFrom};
         self.drain(true)?;
         let end = self.base + self.len as u64;
+        self.stop_worker();
         if self.sparse {
             // Zeros at the end were left out: the length says where the stream ended.
-            self.stop_worker();
             self.file.set_len(end)?;
         }
         self.file.seek(SeekFrom::Start(end))?;
-        self.stop_worker();
         let file = self.file.try_clone()?;
         Ok(file)
     }
@@ -710,6 +709,21 @@ mod tests {
             assert_eq!(pos, back.len() as u64, "{what}");
             if append || prefix % DIRECT_ALIGN as usize != 0 {
                 assert!(!direct, "{what}");
+            }
+        }
+    }
+
+    /// Zeros of any length are zeros; one other byte anywhere, in the sixteen-byte
+    /// words or the tail, is not.
+    #[test]
+    fn all_zeros_sees_every_byte() {
+        for len in [0, 1, 15, 16, 17, 40, 4096] {
+            let mut v = vec![0u8; len];
+            assert!(all_zeros(&v), "{len}");
+            for at in 0..len.min(40) {
+                v[at] = 1;
+                assert!(!all_zeros(&v), "{len} {at}");
+                v[at] = 0;
             }
         }
     }

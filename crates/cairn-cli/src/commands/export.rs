@@ -54,22 +54,17 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
 }
 
 /// The file `path` names once its symlinks are followed (a dangling link: the
-/// name it would create). Only links of root's or this user's are followed: one
-/// that another user planted in a shared directory could point at any file this
-/// user may write, so it is refused, as the kernel's `protected_symlinks` refuses
-/// it to `> FILE` in a sticky directory.
+/// name it would create), each of them root's or this user's
+/// ([`cairn_core::restore::foreign_symlink_owner`]).
 fn follow_links(path: &std::path::Path) -> Result<std::path::PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    let euid = nix::unistd::geteuid().as_raw();
     let mut p = path.to_path_buf();
     for _ in 0..40 {
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.file_type().is_symlink() => {
-                if m.uid() != 0 && m.uid() != euid {
+                if let Some(uid) = cairn_core::restore::foreign_symlink_owner(&m) {
                     bail!(
-                        "{} is a symlink of another user's (uid {}): name the file itself",
-                        p.display(),
-                        m.uid()
+                        "{} is a symlink of another user's (uid {uid}): name the file itself",
+                        p.display()
                     );
                 }
                 let to = std::fs::read_link(&p)
@@ -100,7 +95,11 @@ pub(super) fn write_output<R>(
     sparse: bool,
     produce: impl FnOnce(&mut dyn Write) -> cairn_core::Result<R>,
 ) -> Result<R> {
-    Ok(match output {
+    // Through symlinks the output goes where they point, as `> FILE` or GNU
+    // tar's `-f` writes it (a file renamed over the link would replace the link
+    // and leave its file as it was; a device is reached as `/dev/tape` is).
+    let resolved = output.map(follow_links).transpose()?;
+    Ok(match resolved.as_deref() {
         None => {
             let mut out = ArchiveOut::stdout()?;
             let r = produce(out.writer())?;
@@ -112,23 +111,7 @@ pub(super) fn write_output<R>(
                 .is_ok_and(|m| !m.file_type().is_file() && !m.file_type().is_dir()) =>
         {
             // A tape or a FIFO: written in place. (Written beside and renamed, as a
-            // file is, the archive would replace the device's node.) Reached through
-            // a symlink only if it is root's or this user's (`/dev/tape`): one that
-            // another user planted could point at a disk.
-            if let Ok(l) = std::fs::symlink_metadata(file)
-                && l.file_type().is_symlink()
-            {
-                use std::os::unix::fs::MetadataExt;
-                let euid = nix::unistd::geteuid().as_raw();
-                if l.uid() != 0 && l.uid() != euid {
-                    bail!(
-                        "{} is a symlink of another user's (uid {}) to a device or FIFO: \
-                         name the device itself",
-                        file.display(),
-                        l.uid()
-                    );
-                }
-            }
+            // file is, the archive would replace the device's node.)
             let f = std::fs::OpenOptions::new()
                 .write(true)
                 .open(file)
@@ -141,11 +124,6 @@ pub(super) fn write_output<R>(
             r
         }
         Some(file) => {
-            // Through a symlink, the archive goes where it points, as `> FILE`
-            // or GNU tar's `-f` would write it (renamed over the link, it would
-            // replace the link and leave its file as it was).
-            let resolved = follow_links(file)?;
-            let file = resolved.as_path();
             if file.is_dir() {
                 bail!(
                     "{} is a directory: give the name of the file to write in it (DIR/NAME)",

@@ -313,7 +313,6 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
     if let Ok(l) = std::fs::symlink_metadata(&path)
         && l.file_type().is_symlink()
     {
-        use std::os::unix::fs::MetadataExt;
         if from_snapshot {
             return Err(Error::Invalid(format!(
                 "{} is a symlink, at the name the snapshot gives its image: not followed \
@@ -321,12 +320,10 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
                 path.display()
             )));
         }
-        let euid = nix::unistd::geteuid().as_raw();
-        if l.uid() != 0 && l.uid() != euid {
+        if let Some(uid) = crate::ops::restore::foreign_symlink_owner(&l) {
             return Err(Error::Invalid(format!(
-                "{} is a symlink of another user's (uid {}): name the file or device itself",
-                path.display(),
-                l.uid()
+                "{} is a symlink of another user's (uid {uid}): name the file or device itself",
+                path.display()
             )));
         }
     }

@@ -40,6 +40,7 @@ pub use overwrite::Overwrite;
 pub(crate) use overwrite::effective as overwrite_effective;
 pub(crate) use overwrite::xattrs_match;
 pub use run::{Issue, RestoreReport, restore_snapshot};
+pub use target::foreign_symlink_owner;
 
 use crate::error::{Error, Result};
 use crate::ops::backup::source::Excludes;

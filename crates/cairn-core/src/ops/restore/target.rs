@@ -20,6 +20,18 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// The owner of `link` (what `symlink_metadata` gave) when it is a symlink that
+/// neither root nor this user owns. A path a user names for output (an image
+/// restore's target, `export -o`, `dump -t`) is followed through its symlinks
+/// only when this is `None`: one another user planted in a shared directory could
+/// point at any file this user may write (the kernel's `protected_symlinks`
+/// refuses such a link to `> FILE` in a sticky directory).
+pub fn foreign_symlink_owner(link: &std::fs::Metadata) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let euid = sys::euid();
+    (link.file_type().is_symlink() && link.uid() != 0 && link.uid() != euid).then(|| link.uid())
+}
+
 /// Where a directory of the target is: its name in its parent and its identity when
 /// restore first opened it. Holds no descriptor, so it can be kept for every
 /// directory something still refers to: it names entries in messages, and it lets

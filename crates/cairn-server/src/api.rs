@@ -622,7 +622,8 @@ pub async fn put(
     // than a few seconds is logged: the token's (or everyone's) uploads fill the
     // memory set aside for bodies, and an admin looking at a slow client should
     // see why. The request's timeout bounds the wait.
-    let reserve = app.uploads.reserve(&t.id, length.unwrap_or(max));
+    let admin = t.role == Role::Admin;
+    let reserve = app.uploads.reserve(&t.id, admin, length.unwrap_or(max));
     tokio::pin!(reserve);
     let reserved = match tokio::time::timeout(UPLOAD_WAIT_LOGGED, &mut reserve).await {
         Ok(r) => r,
@@ -638,11 +639,28 @@ pub async fn put(
             reserve.await
         }
     };
-    let _memory = reserved
+    let mut memory = reserved
         .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "transient", "stopping"))?;
-    let body = match app.bodies.read(body, max, length).await {
+    let body = match app.bodies.read(body, max, length, Some(&mut memory)).await {
         Ok(b) => b,
         Err(crate::body::ReadError::TooLarge) => return Err(too_large("more".into())),
+        Err(crate::body::ReadError::Busy) => {
+            crate::log_line(&format!(
+                "token {:?}: an upload to datastore {:?} was ended after waiting {} s for \
+                 room in the memory for uploads being received (the client sends it again)",
+                t.name,
+                store.name,
+                crate::body::GROW_WAIT.as_secs()
+            ));
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "transient",
+                format!(
+                    "{name}: the server's memory for uploads being received is full; \
+                     send it again later"
+                ),
+            ));
+        }
         Err(crate::body::ReadError::Broken(e)) => {
             return Err(ApiError::bad(format!("{name}: the upload broke off: {e}")));
         }

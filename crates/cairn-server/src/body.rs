@@ -15,22 +15,71 @@ const READ_KEEP_MAX: usize = 32 << 20;
 const READ_KEEP_COUNT: usize = 8;
 
 /// The memory upload bodies being received may take together, in KiB (the unit
-/// of its permits): four of the largest object, at least 256 MiB. Each upload
-/// reserves its announced length before its body is read (the largest object's
-/// when it announces none), so that many clients sending at once wait instead of
-/// the server buffering them all; and one token reserves at most half of it, so
-/// that uploads sent slowly by one client do not stall every other.
+/// of its permits): four of the largest object, at least 256 MiB. An upload holds
+/// what it has received so far, taken [`STEP`] at a time as its body arrives (not
+/// its announced length: a client announcing a large object and trickling it
+/// would hold that much for nothing, and two such clients held the whole budget,
+/// QA), so that many clients sending at once wait instead of the server
+/// buffering them all. Tokens that are not admins hold at most three quarters of
+/// it together, so that an admin's forget, prune and repair are never stalled by
+/// backup clients, and one such token at most a quarter, so that uploads sent
+/// slowly by one client (or three) do not stall every other.
 pub struct UploadBudget {
     all: Arc<tokio::sync::Semaphore>,
+    clients: Arc<tokio::sync::Semaphore>,
     total: u32,
-    tokens: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    tokens: std::sync::Mutex<std::collections::HashMap<String, Arc<Share>>>,
 }
 
-/// What an upload holds of the budget until it is dropped.
-pub struct Reserved {
-    _token: tokio::sync::OwnedSemaphorePermit,
-    _all: tokio::sync::OwnedSemaphorePermit,
+/// One token's share of the budget, and whether the token was removed: its
+/// uploads then end at once, so that an admin who removes a hijacked client's
+/// token gets back what its uploads held.
+struct Share {
+    room: Arc<tokio::sync::Semaphore>,
+    removed: std::sync::atomic::AtomicBool,
+    told: tokio::sync::Notify,
 }
+
+impl Share {
+    /// Returns once the token is removed.
+    async fn removed(&self) {
+        loop {
+            let told = self.told.notified();
+            tokio::pin!(told);
+            told.as_mut().enable();
+            if self.removed.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            told.await;
+        }
+    }
+}
+
+/// What an upload reserves of the budget at a time as its body arrives.
+pub const STEP: u64 = 4 << 20;
+/// How long an upload that has begun waits for more of the budget before it is
+/// ended with "busy, send again later": uploads each holding part of the budget
+/// and each waiting for more would otherwise wait for one another for ever.
+pub const GROW_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// What an upload holds of the budget until it is dropped; it grows as the body
+/// arrives ([`Reserved::grow`]).
+pub struct Reserved {
+    /// The token's own share, the non-admins' part (both `None` for an admin).
+    token: Option<Arc<Share>>,
+    clients: Option<Arc<tokio::sync::Semaphore>>,
+    all: Arc<tokio::sync::Semaphore>,
+    share: u32,
+    total: u32,
+    /// KiB held (of the budget; of the token's share and the non-admins' part,
+    /// as much up to all of each).
+    kib: u32,
+    permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// The budget had no room for more of an upload within [`GROW_WAIT`].
+#[derive(Debug)]
+pub struct Busy;
 
 impl UploadBudget {
     pub fn new(max_object_size: u64) -> UploadBudget {
@@ -39,34 +88,116 @@ impl UploadBudget {
             .min(u64::from(u32::MAX)) as u32;
         UploadBudget {
             all: Arc::new(tokio::sync::Semaphore::new(kib as usize)),
+            clients: Arc::new(tokio::sync::Semaphore::new((kib / 4 * 3) as usize)),
             total: kib,
             tokens: Default::default(),
         }
     }
 
-    /// Waits until `len` bytes fit the token's share and the whole budget (an
-    /// upload larger than the share takes all of the share, so it waits for the
-    /// token's other uploads to end, and its whole length, up to the whole budget,
-    /// of the budget). `None` when stopping.
-    pub async fn reserve(&self, token: &str, len: u64) -> Option<Reserved> {
-        let share = (self.total / 2).max(1);
-        let kib = u32::try_from(len.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
-        let mine = {
+    /// Waits until the first [`STEP`] of an upload (`len` when smaller) fits the
+    /// token's share, the non-admins' part and the whole budget. `None` when
+    /// stopping.
+    pub async fn reserve(&self, token: &str, admin: bool, len: u64) -> Option<Reserved> {
+        let (token, clients) = if admin {
+            (None, None)
+        } else {
+            let share = (self.total / 4).max(1);
             let mut t = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-            t.entry(token.to_string())
-                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(share as usize)))
-                .clone()
+            let mine = t
+                .entry(token.to_string())
+                .or_insert_with(|| {
+                    Arc::new(Share {
+                        room: Arc::new(tokio::sync::Semaphore::new(share as usize)),
+                        removed: Default::default(),
+                        told: Default::default(),
+                    })
+                })
+                .clone();
+            (Some(mine), Some(self.clients.clone()))
         };
-        let _token = mine.acquire_many_owned(kib.min(share)).await.ok()?;
-        // The whole length from the budget (up to all of it): an object larger
-        // than the share (an index file may be) holds what it will take.
-        let _all = self
-            .all
-            .clone()
-            .acquire_many_owned(kib.min(self.total))
-            .await
-            .ok()?;
-        Some(Reserved { _token, _all })
+        let mut r = Reserved {
+            token,
+            clients,
+            all: self.all.clone(),
+            share: (self.total / 4).max(1),
+            total: self.total,
+            kib: 0,
+            permits: Vec::new(),
+        };
+        r.take(len.clamp(1, STEP)).await.ok()?;
+        Some(r)
+    }
+
+    /// Ends the uploads of a removed token (the ones it starts later are
+    /// refused with the token).
+    pub fn token_removed(&self, token: &str) {
+        let mut t = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(share) = t.remove(token) {
+            share
+                .removed
+                .store(true, std::sync::atomic::Ordering::Release);
+            share.told.notify_waiters();
+        }
+    }
+}
+
+impl Reserved {
+    /// Returns once the upload's token is removed (never for an admin's).
+    async fn token_removed(&self) {
+        match &self.token {
+            Some(t) => t.removed().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Bytes held.
+    pub fn held(&self) -> u64 {
+        u64::from(self.kib) * 1024
+    }
+
+    /// Holds room for `len` bytes in all, waiting [`GROW_WAIT`] at most.
+    pub async fn grow(&mut self, len: u64) -> Result<(), Busy> {
+        self.grow_within(len, GROW_WAIT).await
+    }
+
+    async fn grow_within(&mut self, len: u64, wait: std::time::Duration) -> Result<(), Busy> {
+        if len <= self.held() {
+            return Ok(());
+        }
+        match tokio::time::timeout(wait, self.take(len)).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(Busy),
+        }
+    }
+
+    /// Takes what holding `len` bytes needs: as much of the token's share and
+    /// of the non-admins' part, up to all of each, and of the whole budget (an
+    /// object larger than the share would wait for the whole share, not for
+    /// ever; the share is at least the largest object). A cancelled wait drops
+    /// what it took.
+    async fn take(&mut self, len: u64) -> Result<(), Busy> {
+        let kib = u32::try_from(len.div_ceil(1024).max(1))
+            .unwrap_or(u32::MAX)
+            .min(self.total);
+        if kib <= self.kib {
+            return Ok(());
+        }
+        let part = (self.total / 4 * 3).max(1);
+        let mut got = Vec::new();
+        let token = self.token.as_ref().map(|t| &t.room);
+        for (sem, cap) in [(token, self.share), (self.clients.as_ref(), part)] {
+            let Some(sem) = sem else { continue };
+            let (now, then) = (self.kib.min(cap), kib.min(cap));
+            if then > now {
+                let p = sem.clone().acquire_many_owned(then - now).await;
+                got.push(p.map_err(|_| Busy)?);
+            }
+        }
+        let p = self.all.clone().acquire_many_owned(kib - self.kib).await;
+        got.push(p.map_err(|_| Busy)?);
+        self.permits.append(&mut got);
+        self.kib = kib;
+        Ok(())
     }
 }
 
@@ -90,6 +221,8 @@ pub enum ReadError {
     TooLarge,
     /// The client went away or sent a broken body.
     Broken(String),
+    /// The upload budget had no room for the rest within [`GROW_WAIT`].
+    Busy,
 }
 
 impl BodyPool {
@@ -103,14 +236,16 @@ impl BodyPool {
     }
 
     /// Reads `body` whole, refusing more than `max` bytes; `expected`: the
-    /// Content-Length, when sent (only a hint for the buffer's size).
+    /// Content-Length, when sent (only a hint for the buffer's size). `budget`
+    /// grows with what has arrived.
     pub async fn read(
         &self,
         body: axum::body::Body,
         max: u64,
         expected: Option<u64>,
+        budget: Option<&mut Reserved>,
     ) -> Result<Pooled, ReadError> {
-        self.read_within(body, max, expected, STALL).await
+        self.read_within(body, max, expected, budget, STALL).await
     }
 
     /// [`Self::read`], giving up when no bytes came for `stall`, or fewer than
@@ -122,10 +257,17 @@ impl BodyPool {
         body: axum::body::Body,
         max: u64,
         expected: Option<u64>,
+        mut budget: Option<&mut Reserved>,
         stall: std::time::Duration,
     ) -> Result<Pooled, ReadError> {
         use http_body_util::BodyExt;
-        let mut out = Pooled::new(&self.pool, expected.unwrap_or(0).min(max) as usize);
+        // The buffer is sized for what is held, not what is announced: an
+        // announced length costs the client nothing.
+        let hint = expected
+            .unwrap_or(0)
+            .min(max)
+            .min(budget.as_ref().map_or(u64::MAX, |b| b.held()));
+        let mut out = Pooled::new(&self.pool, hint as usize);
         let mut body = body;
         let (mut span_start, mut span_bytes) = (tokio::time::Instant::now(), 0usize);
         loop {
@@ -139,7 +281,20 @@ impl BodyPool {
                 }
                 (span_start, span_bytes) = (tokio::time::Instant::now(), 0);
             }
-            let frame = match tokio::time::timeout(stall, body.frame()).await {
+            let next = tokio::time::timeout(stall, body.frame());
+            let frame = match budget.as_deref() {
+                Some(b) => tokio::select! {
+                    f = next => f,
+                    () = b.token_removed() => {
+                        return Err(ReadError::Broken(format!(
+                            "its token was removed (after {} bytes)",
+                            out.len()
+                        )));
+                    }
+                },
+                None => next.await,
+            };
+            let frame = match frame {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(_) => {
@@ -154,6 +309,15 @@ impl BodyPool {
             if let Ok(data) = frame.into_data() {
                 if (out.len() + data.len()) as u64 > max {
                     return Err(ReadError::TooLarge);
+                }
+                if let Some(b) = budget.as_deref_mut() {
+                    let need = (out.len() + data.len()) as u64;
+                    if need > b.held() {
+                        // Another step, or to the announced end when nearer.
+                        let end = expected.unwrap_or(u64::MAX).max(need);
+                        let want = (b.held() + STEP).min(end).max(need);
+                        b.grow(want).await.map_err(|_| ReadError::Busy)?;
+                    }
                 }
                 span_bytes += data.len();
                 out.extend_from_slice(&data);
@@ -319,7 +483,13 @@ mod tests {
                 std::time::Duration::ZERO,
             ))));
             let r = pool
-                .read_within(body, 1 << 20, None, std::time::Duration::from_millis(200))
+                .read_within(
+                    body,
+                    1 << 20,
+                    None,
+                    None,
+                    std::time::Duration::from_millis(200),
+                )
                 .await;
             match r {
                 Err(ReadError::Broken(m)) => assert!(m.contains("too slow"), "{m}"),
@@ -339,6 +509,7 @@ mod tests {
                     body,
                     1 << 20,
                     Some(1000),
+                    None,
                     std::time::Duration::from_millis(100),
                 )
                 .await;
@@ -349,28 +520,85 @@ mod tests {
         });
     }
 
-    /// One token reserves at most half the budget; another token's upload goes
-    /// ahead meanwhile, and the first's waits for its own to end.
+    /// A body of `len` bytes, sent as it is read.
+    fn bytes(len: usize) -> axum::body::Body {
+        axum::body::Body::from(vec![7u8; len])
+    }
+
+    /// An upload holds what it has received, not what it announced; one token
+    /// holds at most a quarter of the budget and tokens that are not admins
+    /// three quarters together: another token's upload goes ahead meanwhile,
+    /// an admin's always does, and a grow that finds no room ends as busy.
     #[test]
-    fn one_token_holds_at_most_half_the_upload_budget() {
+    fn uploads_hold_what_they_received_within_their_tokens_share() {
         let rt = runtime();
         rt.block_on(async {
-            let b = UploadBudget::new(64 << 20); // 256 MiB in all, 128 a token
-            let a1 = b.reserve("a", 100 << 20).await.unwrap();
+            let b = UploadBudget::new(64 << 20); // 256 MiB in all, 64 a token
             let wait = std::time::Duration::from_millis(100);
-            assert!(
-                tokio::time::timeout(wait, b.reserve("a", 40 << 20))
-                    .await
-                    .is_err()
-            );
-            let b1 = tokio::time::timeout(wait, b.reserve("b", 100 << 20)).await;
-            assert!(b1.is_ok(), "another token's upload is not held up");
+            // Announcing 60 MiB holds one step.
+            let big = b.reserve("a", false, 60 << 20).await.unwrap();
+            assert_eq!(big.held(), STEP);
+            drop(big);
+            let pool = BodyPool::default();
+            let mut a1 = b.reserve("a", false, 60 << 20).await.unwrap();
+            let body = pool.read(bytes(60 << 20), 64 << 20, Some(60 << 20), Some(&mut a1));
+            assert_eq!(body.await.ok().unwrap().len(), 60 << 20);
+            assert_eq!(a1.held(), 60 << 20);
+            // The token's share holds 4 MiB more, not 40.
+            let r = tokio::time::timeout(wait, b.reserve("a", false, 40 << 20)).await;
+            let mut a2 = r.expect("a step fits the share").unwrap();
+            let r = tokio::time::timeout(wait, a2.grow(40 << 20)).await;
+            assert!(r.is_err(), "the token's share is full");
+            // Two more tokens fill the non-admins' part: a fourth waits, an
+            // admin does not.
+            let mut others = Vec::new();
+            for t in ["b", "c"] {
+                let mut r = b.reserve(t, false, 64 << 20).await.unwrap();
+                r.grow(64 << 20).await.unwrap();
+                others.push(r);
+            }
+            let d = tokio::time::timeout(wait, b.reserve("d", false, 1 << 20)).await;
+            assert!(d.is_err(), "the non-admins' part is full");
+            let mut admin = tokio::time::timeout(wait, b.reserve("ops", true, 60 << 20))
+                .await
+                .expect("an admin's upload is not held up by other tokens")
+                .unwrap();
+            tokio::time::timeout(wait, admin.grow(60 << 20))
+                .await
+                .expect("an admin's upload grows")
+                .unwrap();
+            drop(others);
+            let d = tokio::time::timeout(wait, b.reserve("d", false, 1 << 20)).await;
+            assert!(d.is_ok(), "room again once the others ended");
             drop(a1);
-            assert!(
-                tokio::time::timeout(wait, b.reserve("a", 40 << 20))
-                    .await
-                    .is_ok()
+            assert!(tokio::time::timeout(wait, a2.grow(40 << 20)).await.is_ok());
+        });
+    }
+
+    /// Uploads each holding part of the budget and each waiting for more do not
+    /// wait for each other for ever: one ends as busy after its wait.
+    #[test]
+    fn uploads_waiting_for_each_other_end_as_busy() {
+        let rt = runtime();
+        rt.block_on(async {
+            let b = UploadBudget::new(64 << 20);
+            let mut held = Vec::new();
+            for (t, len) in [("a", 60 << 20), ("b", 60 << 20), ("ops", 133 << 20)] {
+                let mut r = b.reserve(t, t == "ops", len).await.unwrap();
+                r.grow(len).await.unwrap();
+                held.push(r);
+            }
+            // 3 MiB left; each wants 4 more.
+            let (x, y) = held.split_at_mut(1);
+            let wait = std::time::Duration::from_millis(200);
+            let r = tokio::join!(
+                x[0].grow_within(64 << 20, wait),
+                y[0].grow_within(64 << 20, wait)
             );
+            assert!(r.0.is_err() && r.1.is_err(), "neither can go on");
+            drop(held);
+            let mut r = b.reserve("a", false, 64 << 20).await.unwrap();
+            assert!(r.grow_within(64 << 20, wait).await.is_ok());
         });
     }
 
@@ -380,13 +608,18 @@ mod tests {
         let pool = BodyPool::default();
         rt.block_on(async {
             let b = pool
-                .read(axum::body::Body::from(vec![7u8; 5000]), 5000, Some(5000))
+                .read(
+                    axum::body::Body::from(vec![7u8; 5000]),
+                    5000,
+                    Some(5000),
+                    None,
+                )
                 .await
                 .ok()
                 .unwrap();
             assert_eq!(&b[..], &[7u8; 5000][..]);
             assert!(matches!(
-                pool.read(axum::body::Body::from(vec![0u8; 101]), 100, None)
+                pool.read(axum::body::Body::from(vec![0u8; 101]), 100, None, None)
                     .await,
                 Err(ReadError::TooLarge)
             ));

@@ -566,7 +566,8 @@ async fn hangup(h: &mut Option<tokio::signal::unix::Signal>) {
 }
 
 /// Deletes the locks of tokens removed while the server runs, or in the hour
-/// before it started (`tokens::Removed`), looking every few seconds: a
+/// before it started (`tokens::Removed`), and ends their uploads, looking every
+/// few seconds: a
 /// hijacked client's token is removed, and its lock must not keep other hosts'
 /// backups and prune waiting for half an hour.
 fn sweep_removed_tokens(app: &Arc<App>) {
@@ -605,6 +606,8 @@ fn sweep_removed_tokens(app: &Arc<App>) {
                 continue;
             };
             for r in gone {
+                // Its uploads end now, and give back the memory they held.
+                app.uploads.token_removed(&r.id);
                 for ds in app.datastores.values() {
                     if r.datastore != ds.name && r.datastore != tokens::ALL_DATASTORES {
                         continue;

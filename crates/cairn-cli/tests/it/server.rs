@@ -1274,6 +1274,118 @@ fn a_backup_token_cannot_fill_the_room_kept_for_prune() {
     srv.stop();
 }
 
+/// An upload that announces a large object and sends it slowly holds only what
+/// it sent of the server's memory for uploads (QA: two backup tokens announcing
+/// the largest object on a few connections each and sending 100 KB every 20 s
+/// held all of it, and every upload, an admin's too, waited); backup tokens that
+/// do send their bytes hold at most three quarters of it, so an admin's uploads
+/// (forget, prune, repair) still go through, and the others wait only until
+/// room is made: removing a token ends its uploads.
+#[test]
+fn backup_tokens_cannot_hold_the_memory_for_uploads() {
+    let env = Env::new();
+    env.init(&[]);
+    env.ok(&["config", "--max-concurrent-jobs", "8"]);
+    let src = env.path("src");
+    make_full_tree(&src, 77);
+    // Objects of 64 MiB at most: 256 MiB for uploads, 64 a token.
+    let srv = Server::with_settings(&env, "max_object_size = 67108864\n");
+    let p = srv.port;
+    let admin = srv.token("ops", "main", "admin");
+    let slots = "/v1/datastores/main/slots";
+    // Opens an upload of a pack announced at `len` bytes and sends `sent` of them.
+    let upload = |token: &str, ses: &str, len: usize, sent: usize| {
+        let mut s = TcpStream::connect(("127.0.0.1", p)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let id = blake3_hex(format!("{ses}{len}{sent}").as_bytes());
+        write!(
+            s,
+            "PUT /v1/datastores/main/objects/data/{}/{id} HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer {token}\r\nX-Cairn-Session: {ses}\r\n\
+             Content-Length: {len}\r\n\r\n",
+            &id[..2]
+        )
+        .unwrap();
+        s.write_all(&vec![0x5a; sent]).unwrap();
+        s
+    };
+    let answer = |s: &mut TcpStream, within: Duration| -> Option<String> {
+        s.set_read_timeout(Some(within)).unwrap();
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).ok()?;
+        Some(String::from_utf8_lossy(&head[9..12]).into_owned())
+    };
+    let hog = |name: &str| {
+        let t = srv.token(name, "main", "backup");
+        let ses = [("X-Cairn-Session", name)];
+        assert_eq!(http_with(p, "POST", slots, &t, &ses, b"").0, 200);
+        t
+    };
+
+    // Two tokens announce the largest object four times each and trickle.
+    let trickling: Vec<TcpStream> = ["slow1", "slow2"]
+        .iter()
+        .flat_map(|name| {
+            let t = hog(name);
+            (0..4)
+                .map(|_| upload(&t, name, (64 << 20) - 1024, 100))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let honest = srv.token("web01", "main", "backup");
+    let started = std::time::Instant::now();
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &honest,
+            &["backup", src.to_str().unwrap()],
+        ),
+        "a backup beside the trickling uploads",
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    drop(trickling);
+
+    // Three tokens send 64 MiB each and hold the last KiB back: three quarters.
+    let mut full: Vec<TcpStream> = ["full1", "full2", "full3"]
+        .iter()
+        .map(|name| upload(&hog(name), name, 64 << 20, (64 << 20) - 1024))
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let late = hog("late");
+    let mut waiting = upload(&late, "late", 1 << 20, 1 << 20);
+    let mut by_admin = upload(&admin, "ops", 1 << 20, 1 << 20);
+    // Junk under a name it does not hash to: refused once read, which an
+    // admin's upload is at once.
+    let code = answer(&mut by_admin, Duration::from_secs(20));
+    assert_eq!(
+        code.as_deref(),
+        Some("422"),
+        "the admin's upload was held up"
+    );
+    assert_eq!(
+        answer(&mut waiting, Duration::from_secs(3)),
+        None,
+        "a fourth backup token's upload waits for room"
+    );
+    // The admin removes a token: its upload ends, and the room it held is
+    // the waiting upload's.
+    srv.admin_ok(&["token", "remove", "full3"]);
+    let code = answer(&mut full[2], Duration::from_secs(20));
+    assert_eq!(
+        code.as_deref(),
+        Some("400"),
+        "the removed token's upload went on"
+    );
+    let code = answer(&mut waiting, Duration::from_secs(20));
+    assert_eq!(code.as_deref(), Some("422"), "room was made");
+    drop(full);
+    env.check_clean();
+    srv.stop();
+}
+
 /// The disk under one datastore fills up during a backup through the server: the
 /// client gets one clear line, the server goes on serving another datastore, the
 /// full one keeps its committed snapshots and checks clean, and once there is room

@@ -426,6 +426,13 @@ pub mod names {
     pub fn received_record(snapshot_hex: &str) -> String {
         format!("{RECEIVED}{snapshot_hex}")
     }
+    /// `forgotten/<snapshot hex>`: a snapshot a key holder deleted on purpose
+    /// (decimal Unix seconds, plaintext), so that `cairn serve` can refuse a
+    /// backup token that stores its saved bytes again.
+    pub const FORGOTTEN: &str = "forgotten/";
+    pub fn forgotten_record(snapshot_hex: &str) -> String {
+        format!("{FORGOTTEN}{snapshot_hex}")
+    }
 
     /// `data/<first two hex digits>/<hex>`: 256 directories keep listings short.
     pub fn pack(hex: &str) -> String {

@@ -378,6 +378,19 @@ pub async fn list(
             q.prefix
         )));
     }
+    // As reading one of them is (QA: the listing answered `[]`, which looked
+    // like a datastore without records).
+    if t.host.is_some()
+        && t.role != Role::Admin
+        && [
+            cairn_backend::names::HOSTS,
+            cairn_backend::names::RECEIVED,
+            cairn_backend::names::FORGOTTEN,
+        ]
+        .contains(&q.prefix.as_str())
+    {
+        return Err(ApiError::forbidden(RECORDS_HIDDEN));
+    }
     let backend = store.backend.clone();
     let host = t.view_host().map(str::to_string);
     let s = store.clone();
@@ -400,6 +413,11 @@ pub async fn list(
     Ok(axum::Json(out).into_response())
 }
 
+/// Why a host-bound token is refused the server's records about snapshots.
+const RECORDS_HIDDEN: &str = "a host-bound token may not read, list or change the server's \
+     records about snapshots (`hosts/`, `received/`, `forgotten/`), its own host's included: \
+     the server keeps them";
+
 /// Decides whether `t` may do `action` to `name` and returns the object's kind.
 /// A lock of another token, or one too old to refresh, is refused here too.
 fn allow(
@@ -410,14 +428,8 @@ fn allow(
     action: Action,
 ) -> ApiResult<Kind> {
     let kind = policy::classify(name).map_err(|e| ApiError::bad(e.to_string()))?;
-    if matches!(kind, Kind::HostRecord | Kind::ReceivedRecord)
-        && t.host.is_some()
-        && t.role != Role::Admin
-    {
-        return Err(ApiError::forbidden(
-            "a host-bound token may not read or change the server's host records (`hosts/`, \
-             `received/`), its own host's included: the server keeps them",
-        ));
+    if kind.snapshot_record() && t.host.is_some() && t.role != Role::Admin {
+        return Err(ApiError::forbidden(RECORDS_HIDDEN));
     }
     let decision = policy::decide(t.role, kind, action);
     if decision == Decision::Deny {
@@ -703,6 +715,24 @@ pub async fn put(
                 "already_exists",
                 format!("{name} exists"),
             ));
+        }
+        // A snapshot a key holder forgot stays forgotten: a hijacked client
+        // that saved its bytes cannot bring it back (an admin still can).
+        let (b, n) = (
+            store.backend.clone(),
+            cairn_backend::names::forgotten_record(policy::id_of(&name).unwrap_or("")),
+        );
+        let forgotten = blocking(move || match b.get_range(&n, 0, 1) {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        })
+        .await?;
+        if forgotten {
+            return Err(ApiError::forbidden(format!(
+                "{name} was forgotten (`cairn forget`, or replaced by tag, rewrite or repair): \
+                 only an admin token may store it again"
+            )));
         }
         let id = policy::id_of(&name).unwrap_or("").to_string();
         if let Some(host) = &t.host {

@@ -153,7 +153,12 @@ async fn summary(ds: &Arc<Datastore>, role: Role, host_bound: bool) -> Summary {
             s.snapshots = Some(c.by_kind.get("snapshot").map_or(0, |x| x.0));
         }
         for (k, (count, bytes)) in &c.by_kind {
-            if host_bound && matches!(*k, "snapshot" | "host_record" | "received_record") {
+            if host_bound
+                && matches!(
+                    *k,
+                    "snapshot" | "host_record" | "received_record" | "forgotten_record"
+                )
+            {
                 continue;
             }
             s.objects.insert(

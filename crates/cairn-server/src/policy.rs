@@ -66,6 +66,21 @@ pub enum Kind {
     /// `received/<snapshot id>`: when the server received a snapshot from a
     /// non-admin token, written by the server itself ([`crate::hosts`]).
     ReceivedRecord,
+    /// `forgotten/<snapshot id>`: a snapshot a key holder forgot, written by
+    /// `forget` (and tag, rewrite, repair), read by the server to refuse it
+    /// from a backup token again.
+    ForgottenRecord,
+}
+
+impl Kind {
+    /// The plaintext records about snapshots that a host-bound token may neither
+    /// read nor list (another host's snapshot ids are in their names).
+    pub fn snapshot_record(self) -> bool {
+        matches!(
+            self,
+            Kind::HostRecord | Kind::ReceivedRecord | Kind::ForgottenRecord
+        )
+    }
 }
 
 impl Kind {
@@ -92,6 +107,7 @@ impl Kind {
             Kind::DedupList => "dedup_list",
             Kind::HostRecord => "host_record",
             Kind::ReceivedRecord => "received_record",
+            Kind::ForgottenRecord => "forgotten_record",
         }
     }
 
@@ -106,6 +122,7 @@ impl Kind {
                 | Kind::DedupList
                 | Kind::HostRecord
                 | Kind::ReceivedRecord
+                | Kind::ForgottenRecord
         )
     }
 
@@ -198,6 +215,7 @@ pub fn valid_prefix(prefix: &str) -> bool {
         "dedup/",
         "hosts/",
         "received/",
+        "forgotten/",
     ];
     if TOP.contains(&prefix) {
         return true;
@@ -245,6 +263,7 @@ pub fn classify(name: &str) -> Result<Kind, BadName> {
         ("dedup", false) => Kind::DedupList,
         ("hosts", false) => Kind::HostRecord,
         ("received", false) => Kind::ReceivedRecord,
+        ("forgotten", false) => Kind::ForgottenRecord,
         ("data", false) => {
             let (sub, id) = base.split_once('/').ok_or_else(bad)?;
             if !is_id(id) || id.get(..2) != Some(sub) {

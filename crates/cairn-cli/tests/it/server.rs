@@ -1386,6 +1386,85 @@ fn backup_tokens_cannot_hold_the_memory_for_uploads() {
     srv.stop();
 }
 
+/// A snapshot a key holder forgot stays forgotten: a backup token that saved its
+/// bytes cannot store them again (QA: a hijacked client brought back what an
+/// admin forgot), whether it was forgotten through the server or directly, or
+/// replaced by `tag`; an admin token may store it again. A host-bound token may
+/// not list the server's records either (the listing answered `[]` where a read
+/// was refused).
+#[test]
+fn a_forgotten_snapshot_cannot_be_stored_again_by_a_backup_token() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 5);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let p = srv.port;
+    let backup = bound_token(&srv, "web01", "backup", "web01");
+    let admin = srv.token("ops", "main", "admin");
+    for i in 0..3 {
+        std::fs::write(src.join("changing"), format!("{i}")).unwrap();
+        ok(
+            client(&env, &srv, "main", &backup, &["backup", src.to_str().unwrap()]),
+            "a backup",
+        );
+    }
+    let saved: Vec<(String, Vec<u8>)> = std::fs::read_dir(env.repo.join("snapshots"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let name = e.file_name().into_string().unwrap();
+            (name, std::fs::read(e.path()).unwrap())
+        })
+        .collect();
+    assert_eq!(saved.len(), 3);
+    let (a, b, c) = (&saved[0].0, &saved[1].0, &saved[2].0);
+    ok(
+        client(&env, &srv, "main", &admin, &["forget", a]),
+        "forget through the server",
+    );
+    env.ok(&["forget", b]);
+    ok(
+        client(&env, &srv, "main", &admin, &["tag", c, "--add", "kept"]),
+        "tag through the server",
+    );
+    assert_eq!(snapshot_count(&env), 1);
+    let ses = [("X-Cairn-Session", "again")];
+    let slots = "/v1/datastores/main/slots";
+    assert_eq!(http_with(p, "POST", slots, &backup, &ses, b"").0, 200);
+    for (name, bytes) in &saved {
+        assert!(env.repo.join("forgotten").join(name).is_file(), "{name}");
+        let path = format!("/v1/datastores/main/objects/snapshots/{name}");
+        let (code, body) = http_with(p, "PUT", &path, &backup, &ses, bytes);
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(code, 403, "{body}");
+        assert!(body.contains("was forgotten"), "{body}");
+    }
+    assert_eq!(snapshot_count(&env), 1);
+    let path = format!("/v1/datastores/main/objects/snapshots/{a}");
+    assert_eq!(http_with(p, "PUT", &path, &admin, &[], &saved[0].1).0, 201);
+    assert_eq!(snapshot_count(&env), 2);
+    // The records are the server's, listed or read.
+    for prefix in ["hosts/", "received/", "forgotten/"] {
+        let list = format!("/v1/datastores/main/objects?prefix={prefix}");
+        let (code, body) = http_with(p, "GET", &list, &backup, &[], b"");
+        assert_eq!(code, 403, "{prefix}: {}", String::from_utf8_lossy(&body));
+        let read = format!("/v1/datastores/main/objects/{prefix}{a}");
+        assert_eq!(http_with(p, "GET", &read, &backup, &[], b"").0, 403);
+    }
+    let (code, _) = http_with(
+        p,
+        "GET",
+        "/v1/datastores/main/objects?prefix=forgotten/",
+        &admin,
+        &[],
+        b"",
+    );
+    assert_eq!(code, 200);
+    env.check_clean();
+    srv.stop();
+}
+
 /// The disk under one datastore fills up during a backup through the server: the
 /// client gets one clear line, the server goes on serving another datastore, the
 /// full one keeps its committed snapshots and checks clean, and once there is room

@@ -282,6 +282,7 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
         + listed_bytes(repo, names::DEDUP)?
         + listed_bytes(repo, names::HOSTS)?
         + listed_bytes(repo, names::RECEIVED)?
+        + listed_bytes(repo, names::FORGOTTEN)?
         + repo
             .backend()
             .get_bounded(

@@ -143,6 +143,12 @@ impl Repository {
     /// Removes snapshot objects on purpose: first records them as forgotten (so
     /// `check` does not take their absence for damage), then deletes them. Returns
     /// each id with the result of its deletion (a missing object counts as done).
+    ///
+    /// Each also gets a plaintext `forgotten/` record before it goes: the index
+    /// file's record is sealed, and `cairn serve`, which holds no key, reads this
+    /// one to refuse a backup token that stores the snapshot's saved bytes again
+    /// (QA: a hijacked client brought back what an admin forgot). A storage that
+    /// refuses the record (a server from before it) costs only that protection.
     pub fn forget_snapshots(&self, ids: &[SnapshotId]) -> Result<Vec<(SnapshotId, Result<()>)>> {
         if ids.is_empty() {
             return Ok(Vec::new());
@@ -151,9 +157,25 @@ impl Repository {
             forgotten: ids.to_vec(),
             ..Default::default()
         })?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+            .to_string();
         Ok(ids
             .iter()
             .map(|id| {
+                let record = names::forgotten_record(&id.to_hex());
+                match self.backend.put_new(&record, now.as_bytes()) {
+                    Ok(()) => {}
+                    Err(e) if e.is_already_exists() => {}
+                    Err(e)
+                        if matches!(
+                            e.kind,
+                            cairn_backend::BackendErrorKind::PermissionDenied
+                                | cairn_backend::BackendErrorKind::Other
+                        ) => {}
+                    Err(e) => return (*id, Err(e.into())),
+                }
                 let r = match self.backend.delete(&names::snapshot(&id.to_hex())) {
                     Ok(()) => Ok(()),
                     Err(e) if e.is_not_found() => Ok(()),

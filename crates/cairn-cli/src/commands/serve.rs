@@ -80,6 +80,33 @@ fn serve(a: &ServeArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Warns when the settings file given serves no datastore of that name: the
+/// grant is then refused as "no such datastore" by the server, with nothing said
+/// where it was made (QA). Without a settings file the datastores are the
+/// server's flags, which this command cannot see.
+fn warn_of_unknown_datastore(a: &ServeArgs, datastore: &str) {
+    if datastore == cairn_server::tokens::ALL_DATASTORES {
+        return;
+    }
+    let Some(path) = &a.config else { return };
+    let Ok(file) = cairn_server::config::FileConfig::load(path) else {
+        return;
+    };
+    if !file.datastores.contains_key(datastore) {
+        let known: Vec<&str> = file.datastores.keys().map(String::as_str).collect();
+        eprintln!(
+            "warning: {} serves no datastore {datastore:?} (it has: {}): clients with this \
+             grant are refused until it does",
+            path.display(),
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        );
+    }
+}
+
 fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
     let store = TokenStore::new(&state_dir(a)?);
     match t {
@@ -88,6 +115,7 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
             let role = Role::parse(&grant.role).ok_or_else(|| anyhow!("unknown role"))?;
             let (entry, secret) =
                 store.add(&add.name, &grant.datastore, role, grant.host.as_deref())?;
+            warn_of_unknown_datastore(a, &grant.datastore);
             if g.json {
                 #[derive(serde::Serialize)]
                 struct Added<'a> {
@@ -152,6 +180,7 @@ fn user(g: &Global, a: &ServeArgs, u: &UserCommand) -> Result<i32> {
             let grant = &add.grant;
             let role = Role::parse(&grant.role).ok_or_else(|| anyhow!("unknown role"))?;
             let password = user_password(add.password_file.as_deref())?;
+            warn_of_unknown_datastore(a, &grant.datastore);
             let entry = store.add(
                 &add.name,
                 &grant.datastore,

@@ -1405,7 +1405,13 @@ fn a_forgotten_snapshot_cannot_be_stored_again_by_a_backup_token() {
     for i in 0..3 {
         std::fs::write(src.join("changing"), format!("{i}")).unwrap();
         ok(
-            client(&env, &srv, "main", &backup, &["backup", src.to_str().unwrap()]),
+            client(
+                &env,
+                &srv,
+                "main",
+                &backup,
+                &["backup", src.to_str().unwrap()],
+            ),
             "a backup",
         );
     }
@@ -5076,6 +5082,24 @@ fn token_and_user_commands_read_the_settings_file() {
     ]);
     assert!(state.join("tokens.json").exists());
     assert!(run(&["serve", "token", "list"]).contains("web01"));
+    // A datastore the settings file does not serve: added, and said (QA: nothing
+    // was said until its clients were refused). One it serves is not.
+    let add = |name: &str, ds: &str| {
+        let o = Command::new(bin())
+            .args(["serve", "token", "add", name, "--datastore", ds])
+            .args(["--role", "backup", "--config"])
+            .arg(&settings)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = add("typo", "mian");
+    assert!(
+        err.contains("serves no datastore \"mian\" (it has: main)"),
+        "{err}"
+    );
+    assert!(!add("web03", "main").contains("warning"));
     assert!(run(&["serve", "user", "list"]).contains("ann"));
     // --config before the command too, as the server takes it.
     let o = Command::new(bin())

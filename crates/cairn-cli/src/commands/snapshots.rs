@@ -133,8 +133,41 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
                 );
             }
         }
+        // What only --json showed (QA): an image saved with holes of zeros
+        // where its source could not be read, or one whose size changed.
+        for (id, s) in groups.values().flatten() {
+            if let Some(note) = s.image.as_ref().and_then(image_note) {
+                println!("! {}: {note}", id.short());
+            }
+        }
     }
     Ok(if bad.is_empty() { 0 } else { 1 })
+}
+
+/// A line about an image snapshot that is not a whole, steady copy of its
+/// source, if it is not.
+fn image_note(i: &cairn_format::snapshot::ImageInfo) -> Option<String> {
+    let mut parts = Vec::new();
+    if !i.unreadable.is_empty() {
+        let bytes: u64 = i.unreadable.iter().map(|r| r.1).sum();
+        parts.push(format!(
+            "{} of the image in {} range{} could not be read at backup and hold{} zeros \
+             (`snapshots --json` lists them)",
+            ui::bytes(bytes),
+            i.unreadable.len(),
+            if i.unreadable.len() == 1 { "" } else { "s" },
+            if i.unreadable.len() == 1 { "s" } else { "" },
+        ));
+    }
+    if let Some(end) = i.size_at_end {
+        parts.push(format!(
+            "the source's size changed during the backup ({} to {}): the image was saved \
+             at the first and may be inconsistent",
+            ui::bytes(i.size),
+            ui::bytes(end)
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// Keeps the `n` newest of `list` (oldest first), per host and set of paths

@@ -738,6 +738,15 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
     let probe = &payload[1 << 20..(1 << 20) + 4096];
     let at = data.windows(4096).position(|w| w == probe).unwrap() as u64;
     let snap = backup_with_bad_range(&env, "faulty", data, (at, at + 4096));
+    // The listing says so, not only its JSON (QA).
+    let list = env.ok(&["snapshots"]);
+    assert!(
+        list.contains(&format!("! {}: ", &snap[..8]))
+            && list.contains(
+                "KiB of the image in 1 range could not be read at backup and holds zeros"
+            ),
+        "{list}"
+    );
     let o = env.run(&["dump", &snap, "--image-fs", "/payload"]);
     assert_eq!(o.status.code(), Some(3), "{o:?}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("could not be read at backup time"));
@@ -844,6 +853,11 @@ fn a_source_that_changes_size_during_the_backup_is_saved_as_read_with_a_warning(
     let info = image_of(&env, &snap);
     assert_eq!(info["size"], data.len() as u64);
     assert_eq!(info["size_at_end"], 5 * MIB as u64);
+    let list = env.ok(&["snapshots", &snap]);
+    assert!(
+        list.contains("the source's size changed during the backup (3.00 MiB to 5.00 MiB)"),
+        "{list}"
+    );
     let out = env.path("o.img");
     restore_image(&env, &snap, &out, &[]);
     assert!(fs::read(&out).unwrap() == data);

@@ -1078,7 +1078,7 @@ pub struct RestoreArgs {
     pub include_xattrs: Vec<String>,
     /// Restore an image snapshot (backup --image) to the file or block device
     /// given as --target (a directory gets the image under its name)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "image_fs")]
     pub image: bool,
     /// With --image onto a device known to hold zeros: do not write zero blocks
     #[arg(long, requires = "image")]

@@ -1857,6 +1857,21 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
         );
         assert!(e.contains("not available with --image-fs"), "{e}");
     }
+    // --image with --image-fs: which restore is meant is asked, not guessed
+    // (QA: an --image-fs restore was done).
+    let e = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--image",
+            "--image-fs",
+            "/z",
+            "--target",
+            out.to_str().unwrap(),
+        ],
+        2,
+    );
+    assert!(e.contains("'--image' cannot be used with"), "{e}");
     assert_eq!(fs::read(out.join("root/d/f")).unwrap(), b"2");
     assert_eq!(walk(&out).len(), 7, "{:?}", walk(&out));
 }

@@ -1876,6 +1876,52 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
     assert_eq!(walk(&out).len(), 7, "{:?}", walk(&out));
 }
 
+/// A corrupt directory holding one name twice: the first entry is restored and
+/// the second reported, exit 1 (QA: the second was counted as an entry left in
+/// place, exit 0).
+#[test]
+fn image_fs_reports_a_name_held_twice() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(tree.join("z")).unwrap();
+    fs::write(tree.join("z/late"), "first").unwrap();
+    fs::write(tree.join("z/latf"), "second").unwrap();
+    // Without checksums, so that the renamed entry reads as written.
+    let img = ext4_image(&env, &tree, &["-O", "^metadata_csum"]);
+    let mut data = fs::read(&img).unwrap();
+    let at: Vec<usize> = (0..data.len() - 4)
+        .filter(|&i| &data[i..i + 4] == b"latf")
+        .collect();
+    assert_eq!(at.len(), 1, "one directory entry holds the name");
+    data[at[0] + 3] = b'e';
+    fs::write(&img, &data).unwrap();
+    let snap = backup_image(&env, &img, &[])["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = env.path("out");
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/z",
+        "--target",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("/z/late: corrupt filesystem: the directory holds this name more than once"),
+        "{err}"
+    );
+    assert_eq!(fs::read(out.join("z/late")).unwrap(), b"first");
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("left"),
+        "{o:?}"
+    );
+}
+
 /// `restore SNAP --image-fs / --target out`, started with its stderr piped.
 fn restore_image_fs_root(env: &Env, snap: &str, out: &Path) -> std::process::Child {
     env.cmd(&[

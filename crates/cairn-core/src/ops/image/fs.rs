@@ -1065,6 +1065,18 @@ impl ImageFs {
             });
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
+        // A corrupt directory may hold a name twice: both entries would be read
+        // by that name, as the first, so the second is reported, not taken for
+        // the first again (QA: it was counted as left in place, exit 0).
+        for i in 1..out.len() {
+            if out[i].path == out[i - 1].path {
+                out[i].meta = Err(Error::Invalid(format!(
+                    "{}: corrupt filesystem: the directory holds this name more than once; \
+                     only the first entry is read",
+                    out[i].path
+                )));
+            }
+        }
         Ok(out)
     }
 }

@@ -378,19 +378,6 @@ pub async fn list(
             q.prefix
         )));
     }
-    // As reading one of them is (QA: the listing answered `[]`, which looked
-    // like a datastore without records).
-    if t.host.is_some()
-        && t.role != Role::Admin
-        && [
-            cairn_backend::names::HOSTS,
-            cairn_backend::names::RECEIVED,
-            cairn_backend::names::FORGOTTEN,
-        ]
-        .contains(&q.prefix.as_str())
-    {
-        return Err(ApiError::forbidden(RECORDS_HIDDEN));
-    }
     let backend = store.backend.clone();
     let host = t.view_host().map(str::to_string);
     let s = store.clone();
@@ -413,8 +400,19 @@ pub async fn list(
     Ok(axum::Json(out).into_response())
 }
 
+/// Whether the datastore holds an object of that name.
+async fn exists(store: &Arc<Datastore>, name: String) -> ApiResult<bool> {
+    let b = store.backend.clone();
+    blocking(move || match b.get_range(&name, 0, 1) {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e),
+    })
+    .await
+}
+
 /// Why a host-bound token is refused the server's records about snapshots.
-const RECORDS_HIDDEN: &str = "a host-bound token may not read, list or change the server's \
+const RECORDS_HIDDEN: &str = "a host-bound token may not read or change the server's \
      records about snapshots (`hosts/`, `received/`, `forgotten/`), its own host's included: \
      the server keeps them";
 
@@ -702,14 +700,7 @@ pub async fn put(
         // A snapshot already stored (by another token, or a direct client) gets
         // no record from storing its bytes again: that would move it into this
         // host's listing and retention, or make it look stored just now.
-        let (b, n) = (store.backend.clone(), name.clone());
-        let stored = blocking(move || match b.get_range(&n, 0, 1) {
-            Ok(_) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        })
-        .await?;
-        if stored {
+        if exists(&store, name.clone()).await? {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "already_exists",
@@ -718,17 +709,8 @@ pub async fn put(
         }
         // A snapshot a key holder forgot stays forgotten: a hijacked client
         // that saved its bytes cannot bring it back (an admin still can).
-        let (b, n) = (
-            store.backend.clone(),
-            cairn_backend::names::forgotten_record(policy::id_of(&name).unwrap_or("")),
-        );
-        let forgotten = blocking(move || match b.get_range(&n, 0, 1) {
-            Ok(_) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        })
-        .await?;
-        if forgotten {
+        let record = cairn_backend::names::forgotten_record(policy::id_of(&name).unwrap_or(""));
+        if exists(&store, record).await? {
             return Err(ApiError::forbidden(format!(
                 "{name} was forgotten (`cairn forget`, or replaced by tag, rewrite or repair): \
                  only an admin token may store it again"

@@ -80,7 +80,10 @@ impl HostRecords {
     ) -> Result<Vec<ObjectInfo>, BackendError> {
         let mut out = Vec::with_capacity(listed.len());
         for o in listed {
-            if o.name.starts_with(PREFIX) || o.name.starts_with(names::RECEIVED) {
+            if o.name.starts_with(PREFIX)
+                || o.name.starts_with(names::RECEIVED)
+                || o.name.starts_with(names::FORGOTTEN)
+            {
                 continue;
             }
             if let Some(id) = o.name.strip_prefix(names::SNAPSHOTS)

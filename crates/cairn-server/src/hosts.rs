@@ -80,6 +80,8 @@ impl HostRecords {
     ) -> Result<Vec<ObjectInfo>, BackendError> {
         let mut out = Vec::with_capacity(listed.len());
         for o in listed {
+            // The prefixes of `Kind::snapshot_record`, by prefix rather than by
+            // kind so that a malformed name under them is left out too.
             if o.name.starts_with(PREFIX)
                 || o.name.starts_with(names::RECEIVED)
                 || o.name.starts_with(names::FORGOTTEN)

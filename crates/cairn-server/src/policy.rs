@@ -73,17 +73,16 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// The plaintext records about snapshots that a host-bound token may neither
-    /// read nor list (another host's snapshot ids are in their names).
+    /// The plaintext records about snapshots that a host-bound token may not read
+    /// and that its listings leave out (another host's snapshot ids are in their
+    /// names).
     pub fn snapshot_record(self) -> bool {
         matches!(
             self,
             Kind::HostRecord | Kind::ReceivedRecord | Kind::ForgottenRecord
         )
     }
-}
 
-impl Kind {
     /// What a non-admin session may create only while it holds a job slot: what a
     /// backup writes (locks come before the slot, host records from the server).
     pub fn needs_job_slot(self) -> bool {

@@ -911,6 +911,57 @@ fn delete_never_removes_the_repository_it_restores_from() {
     assert!(!placed.join("extra").exists());
     assert_eq!(env.snapshot_ids().len(), 1);
     env.check_clean();
+    // A target that is the repository, or inside it (by its path, one not made
+    // yet, or through a symlink), is refused before anything is written, a dry
+    // run too (QA: a restore of the site onto the repository with --delete
+    // deleted every object of it).
+    let repo = placed.join("repo");
+    let link = placed.join("link");
+    std::os::unix::fs::symlink(&repo, &link).unwrap();
+    let before = tree_listing(&repo);
+    for t in [
+        repo.clone(),
+        repo.join("data"),
+        repo.join("new/deeper"),
+        link.join("index"),
+    ] {
+        for extra in [&["--dry-run"][..], &[]] {
+            let mut args = vec![
+                "restore",
+                &snap,
+                "--target",
+                t.to_str().unwrap(),
+                "--delete",
+            ];
+            args.extend_from_slice(extra);
+            let err = env.fails(&args, 1);
+            assert!(
+                err.contains("is the repository being restored from")
+                    && err.contains(repo.to_str().unwrap()),
+                "{}: {err}",
+                t.display()
+            );
+        }
+    }
+    assert_eq!(tree_listing(&repo), before);
+    env.check_clean();
+}
+
+/// Every path below `dir`, sorted.
+fn tree_listing(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() && !p.is_symlink() {
+                todo.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
 }
 
 /// A directory where the snapshot has a file: `--delete` replaces it, without it

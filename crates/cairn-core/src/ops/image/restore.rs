@@ -467,6 +467,9 @@ pub fn restore_image(
 ) -> Result<ImageRestoreReport> {
     let start = std::time::Instant::now();
     let (info, node) = super::image_node(repo, snap)?;
+    if !std::fs::metadata(&opts.target).is_ok_and(|m| m.file_type().is_block_device()) {
+        crate::ops::restore::refuse_target_in_repository(repo, &opts.target)?;
+    }
     let target = open_target(opts, &node.name, info.size)?;
     let outcome = write_image(repo, &info, &node, &target, opts, progress);
     match &outcome {

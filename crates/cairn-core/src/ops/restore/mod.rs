@@ -388,6 +388,7 @@ pub(super) fn restore(
                 .to_string(),
         );
     }
+    refuse_target_in_repository(repo, target)?;
     if opts.dry_run {
         return survey::dry_run(
             repo,
@@ -620,6 +621,61 @@ fn not_a_directory(target: &std::path::Path) -> Error {
         "the target {} exists and is not a directory (a snapshot of files is restored into a directory)",
         target.display()
     ))
+}
+
+/// A target that is the local repository being restored from, or a directory
+/// inside it, is refused before anything is made: restored files would land
+/// among the repository's objects (a snapshot holding a `config` or `data/`
+/// would overwrite them), and `--delete` would remove the objects the restore
+/// reads as extras (QA: a restore of `/` onto the repository deleted it). The
+/// nearest directory of the target that exists is walked up by `..`, by device
+/// and inode, so that a symlink or a bind mount on the way does not hide it (an
+/// image restore's target file is judged by its directory).
+pub(crate) fn refuse_target_in_repository(
+    repo: &Repository,
+    target: &std::path::Path,
+) -> Result<()> {
+    let spared = spared_dirs(repo);
+    if spared.is_empty() {
+        return Ok(());
+    }
+    let mut existing = target;
+    while !fs::metadata(existing).is_ok_and(|m| m.is_dir()) {
+        match existing.parent() {
+            Some(p) if !p.as_os_str().is_empty() => existing = p,
+            _ => {
+                existing = std::path::Path::new(".");
+                break;
+            }
+        }
+    }
+    // `..` is the kernel's parent (of where a symlink led), not the lexical one.
+    use std::os::unix::fs::MetadataExt;
+    let mut up = existing.to_path_buf();
+    let mut last = None;
+    // Bounded: a path has at most PATH_MAX / 2 components.
+    for _ in 0..2048 {
+        let Ok(m) = fs::metadata(&up) else {
+            return Ok(());
+        };
+        let here = (m.dev(), m.ino());
+        if last == Some(here) {
+            return Ok(());
+        }
+        if spared.contains(&here) {
+            let repo_dir = crate::ops::backup::own_dirs(repo)
+                .first()
+                .map_or_else(String::new, |p| format!(" ({})", p.display()));
+            return Err(Error::Invalid(format!(
+                "the target {} is the repository being restored from{repo_dir}, or a \
+                 directory inside it: restore into a directory outside the repository",
+                target.display()
+            )));
+        }
+        last = Some(here);
+        up.push("..");
+    }
+    Ok(())
 }
 
 fn target_is_symlink(target: &std::path::Path) -> Error {

@@ -41,11 +41,42 @@ impl Location {
             cairn_backend::ServerLocation::parse(location).map_err(Error::Invalid)?;
             return Ok(Location::Server(location.to_string()));
         }
+        if let Some(hint) = remote_look(location) {
+            return Err(Error::Invalid(format!(
+                "{location} is not a repository location cairn knows: {hint}; a local \
+                 directory of that name is written ./{location}"
+            )));
+        }
         Ok(Location::Local(PathBuf::from(location)))
     }
 
     pub fn is_remote(&self) -> bool {
         !matches!(self, Location::Local(_))
+    }
+}
+
+/// What to write instead, when a location names another tool's kind of storage or
+/// a URL: taken for a local directory, it would be one below the current directory
+/// (QA: `--repo https://server:8443/main` made `./https:/server:8443/main` and the
+/// backups went there, not to the server).
+fn remote_look(location: &str) -> Option<&'static str> {
+    let (scheme, rest) = location.split_once(':')?;
+    let scheme = scheme.to_ascii_lowercase();
+    match scheme.as_str() {
+        "http" | "https" if rest.starts_with("//") => Some(
+            "a cairn server is cairn+https://HOST:PORT/DATASTORE, S3-compatible storage \
+             s3:https://HOST[:PORT]/BUCKET[/PREFIX]",
+        ),
+        "rest" => Some(
+            "cairn does not speak restic's REST protocol; a cairn server is \
+             cairn+https://HOST:PORT/DATASTORE",
+        ),
+        "sftp" | "b2" | "azure" | "gs" | "swift" | "rclone" => Some(
+            "cairn stores repositories on local disks (a mounted NAS too), S3-compatible \
+             storage (s3:https://HOST/BUCKET) and cairn servers \
+             (cairn+https://HOST:PORT/DATASTORE)",
+        ),
+        _ => None,
     }
 }
 
@@ -250,5 +281,23 @@ mod tests {
         );
         assert!(Location::parse("").is_err());
         assert!(Location::parse("s3:").is_err());
+        // URLs and other tools' storage are not taken for local directories.
+        for l in [
+            "https://host:8443/main",
+            "HTTP://host/x",
+            "rest:https://host/main",
+            "sftp:user@host:/srv/r",
+        ] {
+            let e = Location::parse(l).unwrap_err().to_string();
+            assert!(e.contains("not a repository location"), "{l}: {e}");
+        }
+        assert!(matches!(
+            Location::parse("./https://host/x").unwrap(),
+            Location::Local(_)
+        ));
+        assert!(matches!(
+            Location::parse("http:dir").unwrap(),
+            Location::Local(_)
+        ));
     }
 }

@@ -27,6 +27,9 @@ fn latest_refuses_to_guess_past_a_damaged_snapshot() {
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("f"), b"one").unwrap();
     let old = env.backup(&[&src]);
+    // One dated in the future, which `latest` passes over: the hint must not
+    // name it either (QA).
+    let future = env.backup_args(&[src.to_str().unwrap(), "--time", "2099-01-01 00:00:00"]);
     fs::write(src.join("f"), b"two").unwrap();
     let new = env.backup(&[&src]);
     let newest = snapshot_files(&env)
@@ -42,6 +45,7 @@ fn latest_refuses_to_guess_past_a_damaged_snapshot() {
         let e = env.fails(&args, 1);
         assert!(e.contains("`latest` is uncertain"), "{args:?}: {e}");
         assert!(e.contains(&old[..8]), "names the newest readable one: {e}");
+        assert!(!e.contains(&future[..8]), "names the future one: {e}");
     }
     // Named explicitly, the older snapshot restores.
     env.restore(&old, &src, "r");

@@ -638,6 +638,15 @@ pub(crate) fn latest_in(
     all: &[(SnapshotId, Snapshot)],
     bad: &[&SnapshotError],
 ) -> Result<(SnapshotId, Snapshot)> {
+    // Not one dated in the future (a host whose clock is years ahead, `backup
+    // --time 2099-...`): it would stay "latest" over every real backup after it,
+    // and a restore of latest would bring back its old data. As retention
+    // counts them (`forget`), they are passed over unless there is nothing else.
+    let newest = all
+        .iter()
+        .rev()
+        .find(|(_, s)| !crate::time::parse_rfc3339(&s.time).is_some_and(crate::time::in_the_future))
+        .or(all.last());
     if !bad.is_empty() {
         return Err(Error::LatestUncertain {
             unreadable: bad
@@ -645,17 +654,12 @@ pub(crate) fn latest_in(
                 .map(|e| e.to_string())
                 .collect::<Vec<_>>()
                 .join("; "),
-            newest_readable: all.last().map(|(id, _)| id.short()),
+            // The one `latest` would be, by the same rule (QA: the hint named a
+            // snapshot dated 2099).
+            newest_readable: newest.map(|(id, _)| id.short()),
         });
     }
-    // Not one dated in the future (a host whose clock is years ahead, `backup
-    // --time 2099-...`): it would stay "latest" over every real backup after it,
-    // and a restore of latest would bring back its old data. As retention
-    // counts them (`forget`), they are passed over unless there is nothing else.
-    all.iter()
-        .rev()
-        .find(|(_, s)| !crate::time::parse_rfc3339(&s.time).is_some_and(crate::time::in_the_future))
-        .or(all.last())
+    newest
         .cloned()
         .ok_or_else(|| Error::SnapshotNotFound("latest".into()))
 }

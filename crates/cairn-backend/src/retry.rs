@@ -25,6 +25,13 @@ pub struct RetryPolicy {
 /// and a little more, a wrong address or a stopped server fails within 2 seconds.
 const UNREACHABLE_ATTEMPTS: u32 = 3;
 
+/// After a call gave up on a storage that failed transiently for its whole
+/// retrying time, later calls within this window are tried once: they are the
+/// failed job's cleanup (its index, its lock), and retrying each for the full
+/// time made a client whose server had died take 8.5 minutes to fail instead of
+/// the minute and a half it says (QA). Any answer ends the window.
+const AFTER_GIVING_UP: Duration = Duration::from_secs(120);
+
 impl Default for RetryPolicy {
     /// About a minute and a half of retrying in all before a call fails: long enough
     /// for a server restart or a network blip, short enough that a dead server is
@@ -52,6 +59,9 @@ pub struct RetryBackend {
     ride_restarts: bool,
     /// Some call has had an answer from the storage (anything but "nothing answers").
     answered: AtomicBool,
+    /// When a call last gave up on transient failures ([`AFTER_GIVING_UP`]);
+    /// cleared by any answer.
+    gave_up: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for RetryBackend {
@@ -72,6 +82,7 @@ impl RetryBackend {
             notice: None,
             ride_restarts: false,
             answered: AtomicBool::new(false),
+            gave_up: std::sync::Mutex::new(None),
         }
     }
 
@@ -124,11 +135,29 @@ impl RetryBackend {
     fn run<T>(&self, mut f: impl FnMut(u32) -> Result<T>) -> Result<T> {
         let mut attempt = 0;
         let start = std::time::Instant::now();
+        let just_gave_up = || {
+            self.gave_up
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some_and(|t| t.elapsed() < AFTER_GIVING_UP)
+        };
         loop {
             let r = f(attempt);
             match &r {
-                Err(e) if e.kind == BackendErrorKind::Unreachable => {}
-                _ => self.answered.store(true, Ordering::Relaxed),
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        BackendErrorKind::Unreachable | BackendErrorKind::Transient
+                    ) =>
+                {
+                    if e.kind == BackendErrorKind::Transient {
+                        self.answered.store(true, Ordering::Relaxed);
+                    }
+                }
+                _ => {
+                    self.answered.store(true, Ordering::Relaxed);
+                    *self.gave_up.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                }
             }
             match r {
                 Err(e)
@@ -144,13 +173,20 @@ impl RetryBackend {
                         .policy
                         .max_total
                         .is_some_and(|max| start.elapsed() + wait > max);
-                    let out_of_attempts = if unreachable {
+                    let out_of_attempts = if just_gave_up() {
+                        true
+                    } else if unreachable {
                         attempt + 1 >= UNREACHABLE_ATTEMPTS
                     } else {
                         self.policy.max_total.is_none() && attempt + 1 >= self.policy.attempts
                     };
                     if out_of_time || out_of_attempts {
-                        let why = if unreachable && self.answered.load(Ordering::Relaxed) {
+                        let tried_once = just_gave_up();
+                        *self.gave_up.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some(std::time::Instant::now());
+                        let why = if tried_once {
+                            "tried once: another call had just given up on this storage"
+                        } else if unreachable && self.answered.load(Ordering::Relaxed) {
                             "nothing answers at that address now (it answered earlier in \
                              this run): is the server running, or restarting?"
                         } else if unreachable {
@@ -366,6 +402,30 @@ mod tests {
         let b = RetryBackend::new(Arc::new(MemBackend::new()), quick());
         b.run(|_| Ok(())).unwrap();
         assert_eq!(unreachable_attempts(&b), UNREACHABLE_ATTEMPTS);
+    }
+
+    /// Once a call has given up, the next ones (the failed job's cleanup) are
+    /// tried once, until the storage answers again.
+    #[test]
+    fn after_giving_up_calls_are_tried_once_until_an_answer() {
+        let b = RetryBackend::new(Arc::new(MemBackend::new()), quick());
+        let attempts = |b: &RetryBackend| {
+            let mut calls = 0;
+            let r = b.run(|_| {
+                calls += 1;
+                failing(BackendErrorKind::Transient)
+            });
+            (calls, r.unwrap_err().message)
+        };
+        assert_eq!(attempts(&b).0, 30);
+        for _ in 0..3 {
+            let (n, m) = attempts(&b);
+            assert_eq!(n, 1);
+            assert!(m.contains("tried once"), "{m}");
+        }
+        // A permanent answer is an answer: the storage is back.
+        assert!(b.get("config").unwrap_err().is_not_found());
+        assert_eq!(attempts(&b).0, 30);
     }
 
     /// `--retry-for` bounds the time spent retrying, not the number of attempts.

@@ -473,7 +473,7 @@ fn refused(
     };
     let kind = match (status.as_u16(), kind_name.as_str()) {
         (404, "not_found") => BackendErrorKind::NotFound,
-        (404, "no_datastore") => BackendErrorKind::NoRepository,
+        (404, "no_datastore" | "no_repository") => BackendErrorKind::NoRepository,
         (409, _) => BackendErrorKind::AlreadyExists,
         (413, _) => BackendErrorKind::TooLarge,
         (416, _) => BackendErrorKind::OutOfRange,

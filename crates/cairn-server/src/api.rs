@@ -274,6 +274,24 @@ pub(crate) fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<
         )
     })?;
     if !d.ready.load(Ordering::Acquire) {
+        let why = d
+            .not_served
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(why) = why {
+            // Not transient: a client would retry for a minute and a half what
+            // only an admin can mend (QA).
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "no_repository",
+                format!(
+                    "datastore {name} is not served: {why}; an admin creates it on the \
+                     server's storage (`cairn init --repo` with the datastore's path), and \
+                     the server serves it within 15 s"
+                ),
+            ));
+        }
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "transient",

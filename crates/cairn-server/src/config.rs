@@ -149,10 +149,41 @@ impl FileConfig {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let mut file: FileConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
-        })
+        })?;
+        // Relative paths are the settings file's, as in nginx's and systemd's
+        // files, not the current directory's: `serve token add` from a shell and
+        // the service started from `/` must find the same state (QA: a token added
+        // from the file's directory landed where the server never looked).
+        let base = std::path::absolute(path)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+            .unwrap_or_default();
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        for p in [&mut file.state_dir, &mut file.tls_cert, &mut file.tls_key]
+            .into_iter()
+            .flatten()
+        {
+            fix(p);
+        }
+        file.datastore_passwords.values_mut().for_each(fix);
+        for location in file.datastores.values_mut() {
+            if !location.contains(':') && Path::new(location).is_relative() {
+                *location = base.join(&*location).to_string_lossy().into_owned();
+            }
+        }
+        for j in &mut file.jobs {
+            if let Some(p) = &mut j.to_password_file {
+                fix(p);
+            }
+        }
+        Ok(file)
     }
 }
 
@@ -479,6 +510,30 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("lisen"), "{e}");
+    }
+
+    /// Relative paths in the file are the file's, wherever the server or a
+    /// `serve token` command is started.
+    #[test]
+    fn relative_paths_are_the_settings_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("etc")).unwrap();
+        let f = dir.path().join("etc/c.toml");
+        std::fs::write(
+            &f,
+            "state_dir = \"st\"\ntls_cert = \"c.pem\"\ntls_key = \"/abs/k.pem\"\n\
+             [datastores]\nmain = \"ds/main\"\nfar = \"s3:http://h/b\"\n\
+             [datastore_passwords]\nmain = \"pw\"\n",
+        )
+        .unwrap();
+        let c = FileConfig::load(&f).unwrap();
+        let etc = dir.path().join("etc");
+        assert_eq!(c.state_dir, Some(etc.join("st")));
+        assert_eq!(c.tls_cert, Some(etc.join("c.pem")));
+        assert_eq!(c.tls_key, Some(PathBuf::from("/abs/k.pem")));
+        assert_eq!(c.datastores["main"], etc.join("ds/main").to_str().unwrap());
+        assert_eq!(c.datastores["far"], "s3:http://h/b");
+        assert_eq!(c.datastore_passwords["main"], etc.join("pw"));
     }
 
     #[test]

@@ -73,6 +73,10 @@ pub struct Datastore {
     /// Its config has been read. A datastore whose storage did not answer when the
     /// server started is not served (503) until it does, while the others are.
     pub ready: std::sync::atomic::AtomicBool,
+    /// Why it is not served when its storage answered but holds no valid
+    /// repository (none yet, or a damaged config): clients are told at once
+    /// rather than retrying what only an admin can mend.
+    pub not_served: std::sync::Mutex<Option<String>>,
     pub owners: locks::LockOwners,
     /// Requests and bytes for this datastore.
     pub stats: Stats,
@@ -290,6 +294,7 @@ impl App {
                 }
                 _ => None,
             };
+            let mut not_served = None;
             let summary = match down {
                 Some(why) => {
                     log_line(&format!(
@@ -305,6 +310,7 @@ impl App {
                             "warning: datastore {name}: not served: {why}; serving the \
                              others, and this one once it holds its repository"
                         ));
+                        not_served = Some(why);
                         None
                     }
                 },
@@ -334,6 +340,7 @@ impl App {
                     backend: storage.backend,
                     admin_names: admin_names.into(),
                     ready: ready.into(),
+                    not_served: std::sync::Mutex::new(not_served),
                     owners,
                     stats: Stats::default(),
                     census: tokio::sync::Mutex::new(None),
@@ -553,6 +560,17 @@ fn hangup_ignored() -> bool {
                 .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         })
         .is_some_and(|mask| mask & (1 << (libc::SIGHUP - 1)) != 0)
+}
+
+/// Set when SIGHUP stopped the server ([`stopped_by_hangup`]).
+static HUNG_UP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the server stopped for a SIGHUP: the CLI then exits non-zero, so that a
+/// service manager restarting on failure starts it again, reading its settings
+/// anew (an administrator or logrotate sends HUP for a reload; with exit 0 the
+/// server stayed down: QA).
+pub fn stopped_by_hangup() -> bool {
+    HUNG_UP.load(Ordering::Relaxed)
 }
 
 /// The next SIGHUP, or never without a handler.
@@ -807,6 +825,7 @@ async fn run(
                         .store(summary.admin_names(), Ordering::Release);
                     ds.max_jobs
                         .store(summary.max_concurrent_jobs, Ordering::Relaxed);
+                    *ds.not_served.lock().unwrap_or_else(|e| e.into_inner()) = None;
                     ds.ready.store(true, Ordering::Release);
                     log_line(&format!(
                         "datastore {}: its storage answers: serving it",
@@ -820,6 +839,9 @@ async fn run(
                     // It answers, but with no repository or a damaged config: that
                     // is for an admin to fix, and it is said (each time it is tried).
                     log_line(&format!("datastore {}: not served: {e}", ds.name));
+                    *ds.not_served.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
+                } else {
+                    *ds.not_served.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 }
             }
         }
@@ -850,7 +872,10 @@ async fn run(
                 Err(_) => break,
             },
             _ = term.recv() => break,
-            _ = hangup(&mut hup) => break,
+            _ = hangup(&mut hup) => {
+                HUNG_UP.store(true, Ordering::Relaxed);
+                break;
+            }
             _ = tokio::signal::ctrl_c() => break,
         };
         let (tcp, peer) = tokio::select! {
@@ -863,7 +888,10 @@ async fn run(
                 }
             },
             _ = term.recv() => break,
-            _ = hangup(&mut hup) => break,
+            _ = hangup(&mut hup) => {
+                HUNG_UP.store(true, Ordering::Relaxed);
+                break;
+            }
             _ = tokio::signal::ctrl_c() => break,
         };
         let Some(place) = per_address.enter(peer.ip()) else {

@@ -77,6 +77,13 @@ fn serve(a: &ServeArgs) -> Result<i32> {
         }
     })
     .map_err(|e| anyhow!("{e}"))?;
+    if cairn_server::stopped_by_hangup() {
+        cairn_server::log_line(
+            "stopped by SIGHUP: exit status 129, so that a service manager restarts it \
+             (Restart=on-failure), reading the settings file again",
+        );
+        return Ok(129);
+    }
     Ok(0)
 }
 

@@ -30,12 +30,17 @@ mod ui;
 /// could not be read (or changed while they were read), 10 no repository, 12 wrong password, 130 cancelled (SIGINT or
 /// SIGTERM: the operation stopped at a safe point).
 pub const EXIT_INCOMPLETE: i32 = 3;
+/// A bad argument: nothing was done (clap's own, and values found bad later).
+const EXIT_USAGE: i32 = 2;
 const EXIT_NO_REPO: i32 = 10;
 const EXIT_WRONG_PASSWORD: i32 = 12;
 const EXIT_CANCELLED: i32 = 130;
 
 fn exit_code(e: &anyhow::Error) -> i32 {
     for cause in e.chain() {
+        if cause.downcast_ref::<commands::BadArgument>().is_some() {
+            return EXIT_USAGE;
+        }
         if let Some(ce) = cause.downcast_ref::<cairn_core::Error>() {
             return match ce.root() {
                 cairn_core::Error::WrongPassword => EXIT_WRONG_PASSWORD,

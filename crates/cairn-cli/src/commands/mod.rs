@@ -232,14 +232,30 @@ pub fn repo_location(g: &Global) -> Result<String> {
         .ok_or_else(|| anyhow!("no repository given: use --repo or set CAIRN_REPO"))
 }
 
+/// A value of an option that cannot be taken, found after the arguments were
+/// parsed (a size, a rate, a choice): nothing was done, and the exit status is
+/// 2 as for any other bad argument, so that a script does not take a typo for a
+/// restore done in part (exit 1; QA).
+#[derive(Debug)]
+pub struct BadArgument(pub String);
+
+impl std::fmt::Display for BadArgument {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadArgument {}
+
+/// `e` as a [`BadArgument`] of `flag`.
+pub fn bad_argument(flag: &str, e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::Error::new(BadArgument(format!("{flag}: {e}")))
+}
+
 /// A rate flag's value in bytes per second (`None`: not given).
 pub fn rate_flag(v: &Option<String>, flag: &str) -> Result<Option<u64>> {
     v.as_deref()
-        .map(|s| {
-            cairn_core::units::parse_rate(s)
-                .map_err(anyhow::Error::msg)
-                .with_context(|| flag.to_string())
-        })
+        .map(|s| cairn_core::units::parse_rate(s).map_err(|e| bad_argument(flag, e)))
         .transpose()
 }
 
@@ -508,7 +524,7 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration> {
 
 /// Parses a size such as `500M`, `2G`, `1.5T` or `4096` (bytes; binary units).
 pub fn parse_size(s: &str) -> Result<u64> {
-    cairn_core::units::parse_size(s).map_err(anyhow::Error::msg)
+    cairn_core::units::parse_size(s).map_err(|e| anyhow::Error::new(BadArgument(e)))
 }
 
 /// `--pack-size` in bytes (`None`: not given).

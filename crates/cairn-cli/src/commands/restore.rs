@@ -19,10 +19,13 @@ fn selects(a: &RestoreArgs) -> bool {
 
 pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     // A bad --overwrite is refused before the password is asked for.
-    let overwrite: restore::Overwrite = a.overwrite.parse()?;
+    let overwrite: restore::Overwrite = a
+        .overwrite
+        .parse()
+        .map_err(|e: cairn_core::Error| anyhow::Error::new(super::BadArgument(e.to_string())))?;
     let write_limit = super::rate_flag(&a.write_limit, "--write-limit")?;
     let xattrs = restore::XattrSelect::new(&a.include_xattrs, &a.exclude_xattrs)
-        .map_err(anyhow::Error::msg)?;
+        .map_err(|e| anyhow::Error::new(super::BadArgument(e)))?;
     let mut includes = a.includes.clone();
     includes.extend(read_path_files(&a.include_files, "--include-file")?);
     let mut iincludes = a.iincludes.clone();

@@ -48,9 +48,9 @@ fn rates_are_bytes_per_second_bits_are_understood_and_zero_is_refused() {
         "--limit-download",
         "5MiB/s",
     ]);
-    let err = env.fails(&["snapshots", "--limit-upload", "0"], 1);
+    let err = env.fails(&["snapshots", "--limit-upload", "0"], 2);
     assert!(err.contains("above 0"), "{err}");
-    let err = env.fails(&["snapshots", "--limit-download", "5 furlongs"], 1);
+    let err = env.fails(&["snapshots", "--limit-download", "5 furlongs"], 2);
     assert!(err.contains("bytes per second"), "{err}");
     let help = env.ok(&["--help"]);
     assert!(help.contains("bytes per second"), "{help}");
@@ -356,7 +356,7 @@ fn read_and_write_limits_hold_the_rate() {
     ]);
     assert!(t0.elapsed().as_secs_f64() >= 1.0, "{:?}", t0.elapsed());
     assert_eq!(std::fs::read(&image).unwrap(), data);
-    let err = env.fails(&["backup", "--read-limit", "0", src.to_str().unwrap()], 1);
+    let err = env.fails(&["backup", "--read-limit", "0", src.to_str().unwrap()], 2);
     assert!(
         err.contains("--read-limit") && err.contains("above 0"),
         "{err}"

@@ -257,7 +257,7 @@ fn never_if_newer_and_always_do_what_they_say() {
             "--overwrite",
             "sometimes",
         ],
-        1,
+        2,
     );
     assert!(
         err.contains("expected always, if-changed, if-newer or never"),
@@ -1219,7 +1219,7 @@ fn restore_selects_extended_attributes_by_name() {
     // A pattern that cannot be one is refused before anything is read.
     let o = into_copy(&["--exclude-xattr", ""]);
     let e = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert_eq!(o.status.code(), Some(2), "{e}");
     assert!(e.contains("--exclude-xattr"), "{e}");
 }
 

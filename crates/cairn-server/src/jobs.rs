@@ -447,7 +447,7 @@ impl Jobs {
         // A history that cannot be read starts again empty (it is a record, not a
         // setting), said, and a damaged one is kept aside rather than overwritten
         // by the next run.
-        let history = match file.load() {
+        let history: History = match file.load() {
             Ok(h) => h,
             Err(e) => {
                 let mut note = format!("warning: jobs' history not read, starting a new one: {e}");
@@ -461,6 +461,20 @@ impl Jobs {
                 Default::default()
             }
         };
+        // Jobs started now (`{datastore}-{kind}-now`) before the restart: listed
+        // again with their runs, which would otherwise be in the history file
+        // and nowhere else (QA: a scrub that found damage vanished from the
+        // console after a restart). Their options (a check's read_data) are not
+        // kept: a run again from the list is a plain one.
+        let adhoc = history
+            .keys()
+            .filter(|n| !specs.iter().any(|s| &s.name == *n))
+            .filter_map(|n| {
+                let (ds, kind) = n.strip_suffix("-now")?.rsplit_once('-')?;
+                (!ds.is_empty() && ADHOC_KINDS.contains(&kind))
+                    .then(|| (n.clone(), JobSpec::new(n, kind, ds, "")))
+            })
+            .collect();
         let jobs = Jobs {
             specs,
             console: crate::statefile::StateFile::new(state_dir.join("schedules.json")),
@@ -469,6 +483,7 @@ impl Jobs {
             started_file: crate::statefile::StateFile::new(state_dir.join("jobs-running.json")),
             state: Mutex::new(State {
                 history,
+                adhoc,
                 ..Default::default()
             }),
         };
@@ -635,7 +650,12 @@ impl Jobs {
     pub fn status(&self) -> Vec<JobStatus> {
         let scheduled = self.scheduled();
         let s = self.lock();
-        let adhoc = s.adhoc.values().map(|spec| (spec.clone(), "once"));
+        let adhoc: Vec<_> = s
+            .adhoc
+            .values()
+            .filter(|a| !scheduled.iter().any(|(spec, _)| spec.name == a.name))
+            .map(|spec| (spec.clone(), "once"))
+            .collect();
         scheduled
             .into_iter()
             .chain(adhoc)
@@ -1374,6 +1394,55 @@ mod tests {
         );
         let runs: Vec<usize> = again.status().iter().map(|j| j.runs.len()).collect();
         assert_eq!(runs, [1, 1]);
+    }
+
+    /// A job started now (a "Scrub now") is listed with its runs after a
+    /// restart, as a one-off, once; a settings job of such a name stays that.
+    #[test]
+    fn jobs_started_now_are_listed_again_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = Jobs::new(
+            vec![spec("x-check-now", "check", "1h")],
+            BTreeMap::new(),
+            dir.path(),
+        );
+        let p = cairn_core::progress::Progress::none();
+        for name in ["main-scrub-now", "my-ds-prune-now", "x-check-now", "other"] {
+            one.state
+                .lock()
+                .unwrap()
+                .adhoc
+                .insert(name.into(), JobSpec::new(name, "scrub", "main", ""));
+            assert!(one.begin(name, &p, "console"));
+            one.finish(name, "problems", "2 damaged".into());
+        }
+        let again = Jobs::new(
+            vec![spec("x-check-now", "check", "1h")],
+            BTreeMap::new(),
+            dir.path(),
+        );
+        let listed: Vec<(String, String, String, bool, usize)> = again
+            .status()
+            .into_iter()
+            .map(|j| {
+                (
+                    j.spec.name,
+                    j.spec.kind,
+                    j.spec.datastore,
+                    j.adhoc,
+                    j.runs.len(),
+                )
+            })
+            .collect();
+        let want = |n: &str, k: &str, d: &str, a: bool| (n.into(), k.into(), d.into(), a, 1);
+        assert_eq!(
+            listed,
+            [
+                want("x-check-now", "check", "main", false),
+                want("main-scrub-now", "scrub", "main", true),
+                want("my-ds-prune-now", "prune", "my-ds", true),
+            ]
+        );
     }
 
     #[test]

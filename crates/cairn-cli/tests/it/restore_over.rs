@@ -964,6 +964,39 @@ fn tree_listing(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// Something planted under the unfinished-restore mark's name (a symlink out of
+/// the target, a directory) is neither followed nor taken for a mark: the restore
+/// says it leaves no mark and finishes (QA: "Too many levels of symbolic links",
+/// exit 1, naming only the target, after a complete restore).
+#[test]
+fn a_symlink_or_directory_at_the_marks_name_is_said_and_left() {
+    let (env, snap, src, _copy) = backed_up();
+    let outside = env.path("outside");
+    fs::write(&outside, b"victim").unwrap();
+    for (i, plant) in ["symlink", "dir"].iter().enumerate() {
+        let t = env.path(&format!("m{i}"));
+        fs::create_dir_all(&t).unwrap();
+        let mark = t.join(".cairn-restore-unfinished");
+        if *plant == "symlink" {
+            std::os::unix::fs::symlink(&outside, &mark).unwrap();
+        } else {
+            fs::create_dir(&mark).unwrap();
+        }
+        let o = env.run(&["restore", &snap, "--target", t.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{plant}: {err}");
+        assert!(
+            err.contains(".cairn-restore-unfinished could not be written")
+                && err.contains("leaves no mark"),
+            "{plant}: {err}"
+        );
+        let placed = t.join(src.strip_prefix("/").unwrap());
+        assert_eq!(fs::read(placed.join("gone")).unwrap(), b"restored again");
+        assert!(fs::symlink_metadata(&mark).is_ok(), "{plant}: removed");
+    }
+    assert_eq!(fs::read(&outside).unwrap(), b"victim");
+}
+
 /// A directory where the snapshot has a file: `--delete` replaces it, without it
 /// the entry is reported; the dry run predicts both.
 #[test]

@@ -594,9 +594,12 @@ impl ImageFs {
             &[],
             &[],
         );
-        let _ = crate::ops::restore::unfinished::mark(root.as_fd(), &selection);
+        let not_marked = crate::ops::restore::unfinished::mark(root.as_fd(), &selection)
+            .err()
+            .map(|e| crate::ops::restore::unfinished::not_left(target, &e));
         let notes = (unfinished_since.iter())
             .map(|&t| crate::ops::restore::unfinished::notice(target, t))
+            .chain(not_marked)
             .collect();
         let name = path
             .rsplit('/')

@@ -485,7 +485,9 @@ pub(super) fn restore(
             target.display()
         ));
     } else {
-        let _ = unfinished::mark(root_fd.as_fd(), &selection);
+        if let Err(e) = unfinished::mark(root_fd.as_fd(), &selection) {
+            progress.notice(unfinished::not_left(target, &e));
+        }
     }
     let root_dir = Arc::new(Dir {
         fd: root_fd,

@@ -154,11 +154,17 @@ pub(crate) fn finished(
     whole_tree: bool,
     everything: bool,
 ) -> std::io::Result<()> {
-    let fd = match sys::open_at(root, MARK, libc::O_RDWR, 0) {
+    let fd = match sys::open_at(root, MARK, libc::O_RDWR | libc::O_NONBLOCK, 0) {
         Ok(fd) => fd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        // Not a mark a restore left (a symlink, a directory planted under its
+        // name): this restore left none, said when it began ([`not_left`]).
+        Err(e) if is_not_a_mark(&e) => return Ok(()),
         Err(e) => return Err(e),
     };
+    if sys::fstat(fd.as_fd())?.kind() != libc::S_IFREG {
+        return Ok(());
+    }
     let st = sys::fstat(fd.as_fd())?;
     let mut f = std::fs::File::from(fd);
     let listed = read_selections(&mut f, &st).unwrap_or_default();
@@ -181,6 +187,31 @@ pub(crate) fn finished(
     f.write_all_at(text.as_bytes(), 0)?;
     f.set_len(text.len() as u64)?;
     sys::futimens(f.as_fd(), st.atime, st.mtime)
+}
+
+/// Whether opening the mark failed because what has its name is no file.
+fn is_not_a_mark(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ELOOP | libc::EISDIR | libc::ENXIO | libc::ENOTDIR)
+    )
+}
+
+/// What a restore into `target` says when it cannot leave its mark (`e`): the
+/// next restore will not know if this one is cut short (QA: a symlink planted
+/// under the mark's name ended a complete restore with "Too many levels of
+/// symbolic links" naming only the target).
+pub(crate) fn not_left(target: &std::path::Path, e: &std::io::Error) -> String {
+    let what = if is_not_a_mark(e) || e.kind() == std::io::ErrorKind::AlreadyExists {
+        "something else has its name (a symlink or a directory; remove it)".to_string()
+    } else {
+        e.to_string()
+    };
+    format!(
+        "{} could not be written: {what}; this restore leaves no mark of an unfinished \
+         restore, so one cut short here is not told apart by the next",
+        target.join(MARK.to_string_lossy().as_ref()).display()
+    )
 }
 
 /// Removes the mark: a restore finished. What it wrote is put on disk first: a

@@ -62,9 +62,22 @@ impl FormatError {
     }
 }
 
+/// How many versions past the highest this code reads are taken for a newer
+/// writer's; beyond, for damage (formats gain a version in years, not weeks).
+const NEWER_VERSIONS_BELIEVED: u64 = 32;
+
 /// Checks a version number read from an object: `min..=max` is what this code
 /// reads; above `max` is a newer writer, below `min` is damage.
 pub fn check_version(what: &'static str, version: u64, min: u64, max: u64) -> Result<()> {
+    // Far above anything written: not a newer cairn's object but bytes that are
+    // not one (junk a backup token stored as an index file began with `{`, and
+    // was said to need an upgrade: QA).
+    if version > max.saturating_add(NEWER_VERSIONS_BELIEVED) {
+        return Err(FormatError::UnsupportedVersion {
+            what,
+            version: u32::try_from(version).unwrap_or(u32::MAX),
+        });
+    }
     if version > max {
         return Err(FormatError::NewerVersion {
             what,
@@ -95,6 +108,9 @@ mod tests {
             "index file was made by a newer version of cairn (format version 3; this cairn reads up to 2)"
         );
         assert!(e.needs_newer_cairn());
+        let e = check_version("index file", 123, 1, 2).unwrap_err();
+        assert_eq!(e.to_string(), "index file has unsupported version 123");
+        assert!(!e.needs_newer_cairn());
         let e = check_version("index file", 0, 1, 2).unwrap_err();
         assert_eq!(e.to_string(), "index file has unsupported version 0");
         assert!(!e.needs_newer_cairn());

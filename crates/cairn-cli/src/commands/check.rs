@@ -122,10 +122,12 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                 );
             } else if report.unindexed_packs > 0 {
                 // With damage found (an unreadable index file, say), they may well
-                // be the packs that file listed: prune refuses until repair.
+                // be the packs that file listed: prune stops while a snapshot needs
+                // a blob only they hold (docs/FORMAT.md, prune step 2), and runs
+                // otherwise (QA: the note said it refused, and it ran).
                 println!(
                     "note: {} not in any readable index: `cairn repair index` reads them back \
-                     into the index (prune refuses to run before that)",
+                     into the index (prune stops while a snapshot needs a blob only they hold)",
                     ui::count_is(report.unindexed_packs as u64, "pack")
                 );
             }

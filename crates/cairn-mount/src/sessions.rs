@@ -119,9 +119,14 @@ impl Sessions {
     }
 
     /// Lists the snapshots again (a new session) if the listing is older than
-    /// `refresh`. A failure keeps the old listing and is logged.
+    /// `refresh`, or once no session is open (the last one ended idle): the
+    /// access after a pause sees what was backed up or forgotten meanwhile, as
+    /// the README says (QA: listing the top level after 40 s idle still showed
+    /// the old snapshots until the minute was up). A failure keeps the old
+    /// listing and is logged.
     pub fn refresh_if_stale(&self) {
-        if lock(&self.listing).1.elapsed() < self.timing.refresh {
+        let idle_ended = lock(&self.current).is_none();
+        if !idle_ended && lock(&self.listing).1.elapsed() < self.timing.refresh {
             return;
         }
         lock(&self.current).take();

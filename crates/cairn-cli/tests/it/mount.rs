@@ -428,6 +428,15 @@ fn prune_completes_while_a_mount_is_open_and_idle() {
         fs::read_link(mnt.join("latest")).unwrap(),
         PathBuf::from(format!("snapshots/{sb}"))
     );
+    // A backup made while the mount is idle is seen at the next listing of the
+    // top level, not once its minute is up (QA).
+    wait_until("the mount idle again", Duration::from_secs(20), || {
+        locks() == 0
+    });
+    let sc = env.backup(&[&a]);
+    let mut both = vec![sb.clone(), sc.clone()];
+    both.sort();
+    assert_eq!(names(&mnt.join("snapshots")), both);
     env.check_clean();
 }
 

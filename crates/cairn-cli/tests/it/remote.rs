@@ -355,7 +355,7 @@ fn rate_limits_hold() {
         t0.elapsed()
     );
     assert_same(&src, &target.join(src.strip_prefix("/").unwrap()));
-    let err = env.fails(&["--limit-upload", "fast", "snapshots"], 1);
+    let err = env.fails(&["--limit-upload", "fast", "snapshots"], 2);
     assert!(err.contains("limit-upload"), "{err}");
 }
 

@@ -62,6 +62,8 @@ pub struct RetryBackend {
     /// When a call last gave up on transient failures ([`AFTER_GIVING_UP`]);
     /// cleared by any answer.
     gave_up: std::sync::Mutex<Option<std::time::Instant>>,
+    /// `gave_up` is set (so that calls that succeed take no lock).
+    giving_up: AtomicBool,
 }
 
 impl std::fmt::Debug for RetryBackend {
@@ -83,6 +85,7 @@ impl RetryBackend {
             ride_restarts: false,
             answered: AtomicBool::new(false),
             gave_up: std::sync::Mutex::new(None),
+            giving_up: AtomicBool::new(false),
         }
     }
 
@@ -156,7 +159,10 @@ impl RetryBackend {
                 }
                 _ => {
                     self.answered.store(true, Ordering::Relaxed);
-                    *self.gave_up.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    // Read without the lock first: every successful call passes here.
+                    if self.giving_up.swap(false, Ordering::Relaxed) {
+                        *self.gave_up.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    }
                 }
             }
             match r {
@@ -184,6 +190,7 @@ impl RetryBackend {
                         let tried_once = just_gave_up();
                         *self.gave_up.lock().unwrap_or_else(|e| e.into_inner()) =
                             Some(std::time::Instant::now());
+                        self.giving_up.store(true, Ordering::Relaxed);
                         let why = if tried_once {
                             "tried once: another call had just given up on this storage"
                         } else if unreachable && self.answered.load(Ordering::Relaxed) {

@@ -418,15 +418,9 @@ pub async fn list(
     Ok(axum::Json(out).into_response())
 }
 
-/// Whether the datastore holds an object of that name.
+/// Whether the datastore holds an object of that name (none of it read).
 async fn exists(store: &Arc<Datastore>, name: String) -> ApiResult<bool> {
-    let b = store.backend.clone();
-    blocking(move || match b.get_range(&name, 0, 1) {
-        Ok(_) => Ok(true),
-        Err(e) if e.is_not_found() => Ok(false),
-        Err(e) => Err(e),
-    })
-    .await
+    Ok(stored_up_to(store, name, 0).await?.is_some())
 }
 
 /// Why a host-bound token is refused the server's records about snapshots.
@@ -839,7 +833,7 @@ async fn refuse_copy_of_admin_index(store: &Arc<Datastore>, name: &str) -> ApiRe
         return Ok(());
     };
     let admin = cairn_backend::names::admin_index(id);
-    if stored_up_to(store, admin, 0).await?.is_some() {
+    if exists(store, admin).await? {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "already_exists",

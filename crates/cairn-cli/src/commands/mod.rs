@@ -247,15 +247,15 @@ impl std::fmt::Display for BadArgument {
 
 impl std::error::Error for BadArgument {}
 
-/// `e` as a [`BadArgument`] of `flag`.
-pub fn bad_argument(flag: &str, e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::Error::new(BadArgument(format!("{flag}: {e}")))
+/// `e` as a [`BadArgument`] (its message names the option).
+pub fn bad_argument(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::Error::new(BadArgument(e.to_string()))
 }
 
 /// A rate flag's value in bytes per second (`None`: not given).
 pub fn rate_flag(v: &Option<String>, flag: &str) -> Result<Option<u64>> {
     v.as_deref()
-        .map(|s| cairn_core::units::parse_rate(s).map_err(|e| bad_argument(flag, e)))
+        .map(|s| cairn_core::units::parse_rate(s).map_err(|e| bad_argument(format!("{flag}: {e}"))))
         .transpose()
 }
 
@@ -524,7 +524,7 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration> {
 
 /// Parses a size such as `500M`, `2G`, `1.5T` or `4096` (bytes; binary units).
 pub fn parse_size(s: &str) -> Result<u64> {
-    cairn_core::units::parse_size(s).map_err(|e| anyhow::Error::new(BadArgument(e)))
+    cairn_core::units::parse_size(s).map_err(bad_argument)
 }
 
 /// `--pack-size` in bytes (`None`: not given).

@@ -22,10 +22,10 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     let overwrite: restore::Overwrite = a
         .overwrite
         .parse()
-        .map_err(|e: cairn_core::Error| anyhow::Error::new(super::BadArgument(e.to_string())))?;
+        .map_err(|e: cairn_core::Error| super::bad_argument(e))?;
     let write_limit = super::rate_flag(&a.write_limit, "--write-limit")?;
     let xattrs = restore::XattrSelect::new(&a.include_xattrs, &a.exclude_xattrs)
-        .map_err(|e| anyhow::Error::new(super::BadArgument(e)))?;
+        .map_err(super::bad_argument)?;
     let mut includes = a.includes.clone();
     includes.extend(read_path_files(&a.include_files, "--include-file")?);
     let mut iincludes = a.iincludes.clone();

@@ -47,6 +47,14 @@ fn backup_image(env: &Env, src: &Path, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(&env.ok(&a)).unwrap()
 }
 
+/// `backup --image SRC`: its snapshot's id.
+fn image_snapshot(env: &Env, src: &Path) -> String {
+    backup_image(env, src, &[])["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 fn image_of(env: &Env, snap: &str) -> serde_json::Value {
     let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
     v.as_array()
@@ -1453,9 +1461,7 @@ fn a_changed_block_parent_is_the_last_backup_of_this_image_whatever_the_clock() 
 /// An ext4 image of `tree` (16 MiB, `mke2fs -d` with `extra` options), backed up
 /// as an image: its snapshot's id.
 fn ext4_image_snapshot(env: &Env, tree: &Path, extra: &[&str]) -> String {
-    let img = ext4_image(env, tree, extra);
-    let r = backup_image(env, &img, &[]);
-    r["snapshot_id"].as_str().unwrap().to_string()
+    image_snapshot(env, &ext4_image(env, tree, extra))
 }
 
 /// A 16 MiB ext4 image holding `tree` (`extra`: more `mke2fs` options).
@@ -1734,10 +1740,7 @@ fn image_fs_goes_past_a_damaged_symlink_and_stops_on_sigint() {
     sh(Command::new("debugfs")
         .args(["-w", "-R", "sif /bad size 0x9700000008"])
         .arg(&img));
-    let snap = backup_image(&env, &img, &[])["snapshot_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let snap = image_snapshot(&env, &img);
     for args in [
         vec!["ls", &snap, "--image-fs", "/"],
         vec!["ls", &snap, "--image-fs", "/bad/x"],
@@ -1808,10 +1811,7 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
     let f = fs::OpenOptions::new().write(true).open(&img).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&f, &[0xff], block * 4096 + 40).unwrap();
     drop(f);
-    let snap = backup_image(&env, &img, &[])["snapshot_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let snap = image_snapshot(&env, &img);
 
     let o = env.cmd(&["ls", &snap, "--image-fs", "/"]).output().unwrap();
     let (listed, err) = (
@@ -1896,10 +1896,7 @@ fn image_fs_reports_a_name_held_twice() {
     assert_eq!(at.len(), 1, "one directory entry holds the name");
     data[at[0] + 3] = b'e';
     fs::write(&img, &data).unwrap();
-    let snap = backup_image(&env, &img, &[])["snapshot_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let snap = image_snapshot(&env, &img);
     let out = env.path("out");
     let o = env.run(&[
         "restore",
@@ -1994,10 +1991,7 @@ fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
     env.init(&[]);
     let src = env.path("disk.raw");
     let data = make_image(&src, 24, 91);
-    let snap = backup_image(&env, &src, &[])["snapshot_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let snap = image_snapshot(&env, &src);
     let target = env.path("back.raw");
     let partial = env.path("back.raw.cairn-partial");
     let t = target.to_str().unwrap();

@@ -805,7 +805,8 @@ pub struct ImageFsArgs {
 #[derive(Args)]
 pub struct FindArgs {
     /// Glob matched against names (`*.conf`, `report-202?.pdf`) or, when it holds a
-    /// `/`, against whole paths in the snapshot (`/home/*/notes.txt`, `docs/**/*.pdf`)
+    /// `/`, against whole paths in the snapshot (`/home/*/notes.txt`, `docs/**/*.pdf`);
+    /// a trailing `/` matches directories only (`cache/`)
     #[arg(value_parser = snapshot_path())]
     pub pattern: String,
     /// Search only these snapshots (id prefixes or "latest"; repeatable; default: all)

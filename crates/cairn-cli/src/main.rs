@@ -49,6 +49,7 @@ fn exit_code(e: &anyhow::Error) -> i32 {
                 | cairn_core::Error::OtherToolsRepository(..)
                 | cairn_core::Error::InterruptedInit(_) => EXIT_NO_REPO,
                 cairn_core::Error::Cancelled => EXIT_CANCELLED,
+                cairn_core::Error::BadArgument(_) => EXIT_USAGE,
                 _ => 1,
             };
         }

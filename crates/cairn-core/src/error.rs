@@ -89,6 +89,12 @@ pub enum Error {
     },
     #[error("{0}")]
     Invalid(String),
+    /// A value the caller gave cannot be taken (a pattern that is not a glob, a
+    /// file name where a path is not allowed): nothing was done. The CLI exits 2
+    /// for it as for any usage error, so that a script does not read a typo as a
+    /// run that failed part way.
+    #[error("{0}")]
+    BadArgument(String),
     /// The memory limit cannot be kept by this operation (with what it would
     /// need and how to get there).
     #[error("{0}")]

@@ -620,7 +620,7 @@ pub fn estimate(
             "block size {b} is not one of 4K, 8K, 16K, 32K, 64K"
         )));
     }
-    let excludes = Excludes::patterns(&opts.excludes).map_err(Error::Invalid)?;
+    let excludes = Excludes::patterns(&opts.excludes).map_err(Error::BadArgument)?;
     let skipped = AtomicU64::new(0);
     let files = walk(roots, &excludes, opts.one_file_system, progress, &skipped)?;
     let planned: u64 = files.iter().map(|f| f.size).sum();

@@ -403,6 +403,7 @@ fn engine_error(e: cairn_core::Error) -> ApiError {
         ),
         E::Backend(b) => ApiError::from(b),
         E::Invalid(m) => ApiError::new(StatusCode::NOT_FOUND, "not_found", m),
+        E::BadArgument(m) => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", m),
         e => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "content", e.to_string()),
     }
 }

@@ -70,6 +70,24 @@ fn find_names_the_snapshots_that_hold_a_file_newest_first() {
     let r = json(&env, &["find", "Notes.*", "--newest", "1"]);
     assert_eq!(r["snapshots"].as_array().unwrap().len(), 1);
     assert_eq!(r["snapshots"][0]["snapshot"], second.as_str());
+    // A trailing slash matches directories only, by name or by path (QA: `dir007/`
+    // found nothing); a file of that name is not one.
+    fs::write(src.join("dir001/dir007"), b"a file").unwrap();
+    let fourth = env.backup(&[&src]);
+    for pattern in ["dir007/", "dir007//", "src/dir007/", "/**/dir00[7]/"] {
+        let r = json(&env, &["find", pattern, "--snapshot", &fourth]);
+        let found: Vec<&str> = (r["snapshots"][0]["matches"].as_array().unwrap().iter())
+            .map(|m| m["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(found.len(), 1, "{pattern}: {r}");
+        assert!(found[0].ends_with("/src/dir007"), "{pattern}: {r}");
+    }
+    let r = json(&env, &["find", "dir007", "--snapshot", &fourth]);
+    assert_eq!(
+        r["snapshots"][0]["matches"].as_array().unwrap().len(),
+        2,
+        "{r}"
+    );
     // A pattern with a slash matches whole paths; --snapshot narrows the search.
     let r = json(&env, &["find", "dir00[0-1]/*.txt", "--snapshot", &third]);
     assert_eq!(r["snapshots_searched"], 1);
@@ -90,7 +108,9 @@ fn find_names_the_snapshots_that_hold_a_file_newest_first() {
         "{text}"
     );
 
-    let err = env.fails(&["find", "[unclosed"], 1);
+    // A pattern that is not a glob is a usage error (2), not a search that
+    // failed part way (1).
+    let err = env.fails(&["find", "[unclosed"], 2);
     assert!(err.contains("pattern \"[unclosed\""), "{err}");
 
     // A snapshot object that cannot be read: its matches are unknown, which is

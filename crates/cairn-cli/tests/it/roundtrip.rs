@@ -2167,8 +2167,27 @@ fn restore_include_patterns_choose_what_they_match() {
         err.contains("nothing in the snapshot is there or matches") && err.contains("*.cnf"),
         "{err}"
     );
-    let err = refused("t7", &["--include", "/[x"]);
-    assert!(err.contains("invalid include pattern"), "{err}");
+    // Patterns that are not globs are usage errors: exit 2, nothing written.
+    for (flag, word) in [("--include", "include"), ("--exclude", "exclude")] {
+        let t = env.path("t-bad-pattern");
+        let err = env.fails(
+            &[
+                "restore",
+                &snap,
+                "--target",
+                t.to_str().unwrap(),
+                flag,
+                "/[x",
+            ],
+            2,
+        );
+        assert!(err.contains(&format!("invalid {word} pattern")), "{err}");
+        assert!(!t.exists(), "{flag}: {err}");
+    }
+    let before = env.snapshot_ids().len();
+    let err = env.fails(&["backup", &s, "--exclude", "["], 2);
+    assert!(err.contains("invalid exclude pattern \"[\""), "{err}");
+    assert_eq!(env.snapshot_ids().len(), before, "{err}");
 }
 
 #[test]

@@ -20,34 +20,46 @@ use std::collections::HashSet;
 /// What `find` looks for: a glob (`*`, `?`, `[...]`, `**`) matched against each
 /// entry's name, or, when it contains a `/`, against its whole path in the snapshot
 /// (`/home/*/notes.txt`; a relative one like `docs/*.pdf` may start anywhere).
+/// A trailing `/` asks for directories only (`cache/`), as in a shell or rsync.
 pub struct Pattern {
     text: String,
     glob: crate::pattern::Glob,
     whole_path: bool,
+    dirs_only: bool,
 }
 
 impl Pattern {
     pub fn new(pattern: &str, ignore_case: bool) -> Result<Pattern> {
         if pattern.is_empty() {
-            return Err(Error::Invalid("the pattern is empty".into()));
+            return Err(Error::BadArgument("the pattern is empty".into()));
         }
-        let whole_path = pattern.contains('/');
-        let anchored = if whole_path && !pattern.starts_with('/') && !pattern.starts_with("**") {
-            format!("**/{pattern}")
+        // Paths in a snapshot never end in `/`: without this, `d1/` would be a
+        // whole-path pattern that matches nothing (QA).
+        let trimmed = pattern.trim_end_matches('/');
+        let (body, dirs_only) = match trimmed.is_empty() {
+            true => (pattern, false),
+            false => (trimmed, trimmed.len() < pattern.len()),
+        };
+        let whole_path = body.contains('/');
+        let anchored = if whole_path && !body.starts_with('/') && !body.starts_with("**") {
+            format!("**/{body}")
         } else {
-            pattern.to_string()
+            body.to_string()
         };
         let glob = crate::pattern::Glob::new(&anchored, whole_path, ignore_case)
-            .map_err(Error::Invalid)?;
+            .map_err(Error::BadArgument)?;
         Ok(Pattern {
             text: pattern.to_string(),
             glob,
             whole_path,
+            dirs_only,
         })
     }
 
     fn matches(&self, path: &str, node: &Node) -> bool {
-        if self.whole_path {
+        if self.dirs_only && node.kind != cairn_format::tree::NodeKind::Dir {
+            false
+        } else if self.whole_path {
             self.glob.is_match(path)
         } else {
             self.glob.is_match_bytes(&node.name)

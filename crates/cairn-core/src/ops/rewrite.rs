@@ -95,7 +95,7 @@ fn run<A: crate::session::Access>(
             "say what to take out: --exclude or --iexclude".into(),
         ));
     }
-    let excludes = Excludes::new(rules).map_err(Error::Invalid)?;
+    let excludes = Excludes::new(rules).map_err(Error::BadArgument)?;
     let repo = session.repo();
     let held = lock;
     let lock = || {

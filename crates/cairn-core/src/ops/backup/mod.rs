@@ -683,7 +683,7 @@ fn run(
         return Err(Error::Invalid("the host name is empty".into()));
     }
     let rules = rules_for(repo, &opts.excludes);
-    let excludes = source::Excludes::new(&rules).map_err(Error::Invalid)?;
+    let excludes = source::Excludes::new(&rules).map_err(Error::BadArgument)?;
     if let Some(n) = opts.pack_size {
         let range = crate::repo::CLIENT_PACK_SIZE_MIN..=crate::repo::PACK_SIZE_MAX;
         if !range.contains(&n) {

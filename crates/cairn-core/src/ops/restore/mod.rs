@@ -771,7 +771,11 @@ impl Includes {
                 ..Default::default()
             };
             let m = Excludes::new(&rules).map_err(|e| {
-                Error::Invalid(e.replacen("invalid exclude pattern", "invalid include pattern", 1))
+                Error::BadArgument(e.replacen(
+                    "invalid exclude pattern",
+                    "invalid include pattern",
+                    1,
+                ))
             })?;
             let (found, dirs) = matching(repo, root, &m, negated, excludes, progress)?;
             if found.is_empty() && dirs.is_empty() {
@@ -1157,7 +1161,7 @@ fn excludes_of(opts: &RestoreOptions) -> Result<Option<Excludes>> {
         ipatterns: opts.iexcludes.clone(),
         ..Default::default()
     };
-    Excludes::new(&rules).map(Some).map_err(Error::Invalid)
+    Excludes::new(&rules).map(Some).map_err(Error::BadArgument)
 }
 
 /// Where the entry `name` of a directory stands: selected (`inside`), only on the

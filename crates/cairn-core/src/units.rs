@@ -1,7 +1,5 @@
 //! Sizes for people: the one formatter behind the engine's messages and the CLI.
 
-/// `n` bytes in binary units with `decimals` places ("1.5 GiB"; plain bytes below
-/// 1 KiB).
 /// `n` and a noun in the number it takes ("1 snapshot", "2 snapshots", "3 entries").
 pub fn count(n: u64, noun: &str) -> String {
     if n == 1 {
@@ -15,7 +13,6 @@ pub fn count(n: u64, noun: &str) -> String {
     }
 }
 
-/// "1 pack is", "2 packs are".
 /// A span of time in words, to the unit that says it: "40 s", "12 min", "2 h 5
 /// min", "3 days".
 pub fn duration_words(secs: u64) -> String {
@@ -30,10 +27,13 @@ pub fn duration_words(secs: u64) -> String {
     }
 }
 
+/// "1 pack is", "2 packs are".
 pub fn count_is(n: u64, noun: &str) -> String {
     format!("{} {}", count(n, noun), if n == 1 { "is" } else { "are" })
 }
 
+/// `n` bytes in binary units with `decimals` places ("1.5 GiB"; plain bytes below
+/// 1 KiB).
 pub fn bytes(n: u64, decimals: usize) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = n as f64;

@@ -145,7 +145,7 @@ pub fn restore(
             ui::bytes(r.bytes),
             start.elapsed().as_secs_f64(),
             if r.skipped > 0 {
-                format!(" ({} sockets not restored)", r.skipped)
+                format!(" ({} not restored)", ui::count(r.skipped, "socket"))
             } else {
                 String::new()
             }

@@ -207,12 +207,12 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     }
     if r.sockets_skipped > 0 && !g.quiet && !g.json {
         eprintln!(
-            "note: {} sockets {} (a socket is created by the program that listens on it)",
-            r.sockets_skipped,
-            if r.dry_run {
-                "would not be restored"
-            } else {
-                "were not restored"
+            "note: {} {} (a socket is created by the program that listens on it)",
+            ui::count(r.sockets_skipped, "socket"),
+            match (r.dry_run, r.sockets_skipped == 1) {
+                (true, _) => "would not be restored",
+                (false, true) => "was not restored",
+                (false, false) => "were not restored",
             }
         );
     }

@@ -338,7 +338,7 @@ fn a_socket_does_not_fail_the_restore() {
     let o = env.run(&["restore", &id, "--target", t.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{err}");
-    assert!(err.contains("sockets were not restored"), "{err}");
+    assert!(err.contains("note: 1 socket was not restored"), "{err}");
     assert!(t.join(src.strip_prefix("/").unwrap()).join("f").exists());
 }
 

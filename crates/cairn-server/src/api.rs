@@ -286,9 +286,9 @@ pub(crate) fn datastore(app: &App, token: &TokenEntry, name: &str) -> ApiResult<
                 StatusCode::NOT_FOUND,
                 "no_repository",
                 format!(
-                    "datastore {name} is not served: {why}; an admin creates it on the \
-                     server's storage (`cairn init --repo` with the datastore's path), and \
-                     the server serves it within 15 s"
+                    "datastore {name} is not served: {why}; this is mended on the server's \
+                     storage (an admin's `cairn init` or `check --repo` with the datastore's \
+                     path), and the server serves it within 15 s of that"
                 ),
             ));
         }
@@ -1211,7 +1211,8 @@ pub async fn start_job(
             ),
         ));
     }
-    match crate::jobs::start_now(&app, &ds, &b.kind, b.read_data) {
+    let trigger = format!("manual by {}", t.who());
+    match crate::jobs::start_now(&app, &ds, &b.kind, b.read_data, &trigger) {
         Ok(name) => {
             crate::log_line(&format!("job {name}: started by {}", t.who()));
             Ok((
@@ -1247,7 +1248,7 @@ pub async fn run_job(
             spec.datastore
         )));
     }
-    if crate::jobs::start(&app, &name, "manual") {
+    if crate::jobs::start(&app, &name, &format!("manual by {}", t.who())) {
         Ok(StatusCode::ACCEPTED.into_response())
     } else {
         Err(ApiError::new(

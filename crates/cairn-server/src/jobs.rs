@@ -325,7 +325,9 @@ pub struct Run {
     /// `ok`, `problems` (the job ran and found damage) or `failed` (it could not run).
     pub outcome: String,
     pub summary: String,
-    /// Manual (`POST /v1/jobs/{name}/run`) or scheduled.
+    /// `schedule`, or `manual by token NAME` (or `user NAME`): a job started
+    /// through the API (`POST /v1/jobs/{name}/run`, `POST /v1/jobs`), which is
+    /// what the console calls too.
     pub trigger: String,
 }
 
@@ -850,12 +852,14 @@ impl Jobs {
 pub const ADHOC_KINDS: [&str; 3] = ["check", "scrub", "prune"];
 
 /// Starts a `kind` job on datastore `ds` now (named "`kind`-now", one of each
-/// kind per datastore at a time): its name, or why not.
+/// kind per datastore at a time): its name, or why not. `trigger` is recorded
+/// with the run.
 pub fn start_now(
     app: &Arc<App>,
     ds: &str,
     kind: &str,
     read_data: Option<String>,
+    trigger: &str,
 ) -> Result<String, String> {
     if !ADHOC_KINDS.contains(&kind) {
         return Err(format!("kind {kind:?}: start check, scrub or prune"));
@@ -875,7 +879,7 @@ pub fn start_now(
         }
         s.adhoc.insert(name.clone(), spec.clone());
     }
-    if start_spec(app, spec, "console") {
+    if start_spec(app, spec, trigger) {
         Ok(name)
     } else if app.jobs.is_stopping() {
         Err("the server is stopping".into())

@@ -3291,7 +3291,7 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
         !run.is_null()
     });
     assert_eq!(run["outcome"], "ok", "{run}");
-    assert_eq!(run["trigger"], "console", "{run}");
+    assert_eq!(run["trigger"], "manual by token root", "{run}");
     let (_, st) = get_json(p, "/v1/datastores/main/stats", &admin);
     assert_eq!(st["snapshots"], 2, "{st}");
     env.check_clean();

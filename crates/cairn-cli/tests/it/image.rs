@@ -2098,6 +2098,18 @@ fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
     let err = restore_to("/dev/cairn-no-such-device");
     assert!(err.contains("no such device"), "{err}");
     assert!(!Path::new("/dev/cairn-no-such-device").exists());
+    // A symlink as the target that leads into the repository is refused: the
+    // image would go where it points (QA: a link to the repository's config).
+    let config = env.repo.join("config");
+    let config_before = fs::read(&config).unwrap();
+    let into_repo = env.path("looks-harmless.raw");
+    std::os::unix::fs::symlink(&config, &into_repo).unwrap();
+    let err = restore_to(into_repo.to_str().unwrap());
+    assert!(
+        err.contains("is the repository being restored from"),
+        "{err}"
+    );
+    assert_eq!(fs::read(&config).unwrap(), config_before);
     let newdir = format!("{}/", env.path("newdir").display());
     let err = restore_to(&newdir);
     assert!(err.contains("no such directory"), "{err}");

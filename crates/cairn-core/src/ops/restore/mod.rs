@@ -632,7 +632,8 @@ fn not_a_directory(target: &std::path::Path) -> Error {
 /// reads as extras (QA: a restore of `/` onto the repository deleted it). The
 /// nearest directory of the target that exists is walked up by `..`, by device
 /// and inode, so that a symlink or a bind mount on the way does not hide it (an
-/// image restore's target file is judged by its directory).
+/// image restore's target file is judged by its directory, a symlink by the
+/// directory of what it points to).
 pub(crate) fn refuse_target_in_repository(
     repo: &Repository,
     target: &std::path::Path,
@@ -641,7 +642,14 @@ pub(crate) fn refuse_target_in_repository(
     if spared.is_empty() {
         return Ok(());
     }
-    let mut existing = target;
+    // A symlink as the target is judged by where it leads: an image restore
+    // writes through a symlink to a file (QA: a link to the repository's
+    // `config` was overwritten with the image).
+    let resolved = fs::symlink_metadata(target)
+        .is_ok_and(|m| m.file_type().is_symlink())
+        .then(|| fs::canonicalize(target).ok())
+        .flatten();
+    let mut existing = resolved.as_deref().unwrap_or(target);
     while !fs::metadata(existing).is_ok_and(|m| m.is_dir()) {
         match existing.parent() {
             Some(p) if !p.as_os_str().is_empty() => existing = p,

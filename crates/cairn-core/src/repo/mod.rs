@@ -717,6 +717,12 @@ impl Repository {
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }
+    /// Where this machine keeps what it knows of repositories (`--cache-dir`, else
+    /// the user's cache directory); None when there is none.
+    pub(crate) fn local_base(&self) -> Option<&std::path::Path> {
+        self.local_base.as_deref()
+    }
+
     pub fn config(&self) -> &Config {
         &self.config
     }

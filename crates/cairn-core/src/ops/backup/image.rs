@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::ops::image::changed::ChangedRanges;
 use crate::tree::fixed::{FixedList, Geometry};
 use cairn_backend::direct::{AlignedBuf, DIRECT_ALIGN};
+use cairn_format::id::SnapshotId;
 use cairn_format::tree::{ChunkRef, Content, Node, NodeKind};
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
@@ -762,14 +763,109 @@ fn inherited_message(offset: u64, length: u64) -> String {
     )
 }
 
+/// The last image snapshot this machine wrote of each source, per repository:
+/// `image-last/<repository id>` under [`Repository::local_base`], one line per
+/// source (`<hash of host and paths> <snapshot id>`). A changed-block list holds
+/// the changes since the last backup read the source; when that snapshot was
+/// forgotten, the parent found is an older one and the list does not cover what
+/// changed between the two (QA: the image was silently wrong), so [`plan`] sets
+/// the list aside and reads the source whole, as Proxmox Backup Server does
+/// when its dirty bitmap does not match the last backup. Without a record (a
+/// new cache directory) the parent found is trusted, as before there was one.
+///
+/// [`Repository::local_base`]: crate::repo::Repository::local_base
+mod last_written {
+    use cairn_format::id::SnapshotId;
+    use cairn_format::snapshot::Snapshot;
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    /// A record file larger than this is not ours (a line per source is 98 bytes).
+    const MAX_FILE: u64 = 16 << 20;
+
+    fn file(repo: &crate::repo::Repository) -> Option<PathBuf> {
+        Some(
+            repo.local_base()?
+                .join("image-last")
+                .join(&repo.config().id),
+        )
+    }
+
+    fn key(host: &str, paths: &[String]) -> String {
+        let mut h = blake3::Hasher::new();
+        h.update(host.as_bytes());
+        for p in paths {
+            h.update(b"\0");
+            h.update(p.as_bytes());
+        }
+        h.finalize().to_hex()[..32].to_string()
+    }
+
+    /// The records; lines that do not parse are dropped (the file is a cache).
+    fn read(file: &std::path::Path) -> BTreeMap<String, SnapshotId> {
+        let fits = std::fs::metadata(file).is_ok_and(|m| m.len() <= MAX_FILE);
+        let text = if fits {
+            std::fs::read_to_string(file).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        text.lines()
+            .filter_map(|l| {
+                let (k, id) = l.split_once(' ')?;
+                (k.len() == 32).then_some(())?;
+                Some((k.to_string(), SnapshotId::from_hex(id).ok()?))
+            })
+            .collect()
+    }
+
+    /// The last image snapshot of `host` and `paths` recorded here.
+    pub(super) fn get(
+        repo: &crate::repo::Repository,
+        host: &str,
+        paths: &[String],
+    ) -> Option<SnapshotId> {
+        read(&file(repo)?).remove(&key(host, paths))
+    }
+
+    /// Records `id` as the last image snapshot of its source: written to a new
+    /// name and renamed, so that a reader sees the old records or the new ones.
+    pub(crate) fn record(
+        repo: &crate::repo::Repository,
+        snap: &Snapshot,
+        id: &SnapshotId,
+    ) -> std::io::Result<()> {
+        let Some(file) = file(repo) else {
+            return Ok(());
+        };
+        if let Some(dir) = file.parent() {
+            cairn_backend::private_dir(dir, true)?;
+        }
+        let mut records = read(&file);
+        records.insert(key(&snap.hostname, &snap.paths), *id);
+        let text: String = records
+            .iter()
+            .map(|(k, id)| format!("{k} {}\n", id.to_hex()))
+            .collect();
+        let tmp = file.with_extension(format!("tmp.{}", std::process::id()));
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &file).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+    }
+}
+
+pub(crate) use last_written::record as record_last_written;
+
 /// Opens the source and decides the geometry, the parent image and the changed
 /// ranges.
 pub(crate) fn plan(
     repo: &crate::repo::Repository,
     opts: crate::ops::image::ImageOptions,
-    parent: Option<&cairn_format::snapshot::Snapshot>,
+    parent: Option<(&SnapshotId, &cairn_format::snapshot::Snapshot)>,
     parent_named: bool,
 ) -> Result<ImagePlan> {
+    let parent_id = parent.map(|(id, _)| *id);
+    let parent = parent.map(|(_, s)| s);
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let path = super::absolute(&opts.source)?;
     let refuse = |m: &std::fs::Metadata| {
@@ -908,6 +1004,33 @@ pub(crate) fn plan(
                 ));
             }
             let listed = ChangedRanges::load(list, *format, size)?;
+            // The list is of the changes since the last image snapshot this
+            // machine wrote of the source; a parent found that is not that one
+            // (it was forgotten) would take the list's changes onto an older
+            // image and miss those in between.
+            if !parent_named
+                && let (Some(pid), Some(snap)) = (parent_id, parent_snap)
+                && let Some(last) = last_written::get(repo, &snap.hostname, &snap.paths)
+                && last != pid
+            {
+                notes.push(format!(
+                    "the changed-block list was not used and the whole source was read: \
+                     it holds the changes since snapshot {}, the last image snapshot \
+                     written here of this source, and that is not the parent found ({}; \
+                     was {} forgotten?)",
+                    last.short(),
+                    pid.short(),
+                    last.short()
+                ));
+                None
+            } else {
+                Some(listed)
+            }
+        }
+        None => None,
+    };
+    let changed = match (changed, &opts.changed_blocks) {
+        (Some(listed), Some((list, _))) => {
             // Nothing changed is possible, but so is a tool that failed and left
             // an empty file (`qemu-img map > list`): the snapshot is then the
             // parent's image again, which is worth a word.
@@ -935,7 +1058,7 @@ pub(crate) fn plan(
                 .collect();
             Some(ChangedRanges::from_ranges(again, size).map_err(Error::Invalid)?)
         }
-        None => None,
+        _ => None,
     };
     let direct = crate::ops::image::reopen_direct(&file, false);
     let device_writes = device_writes(&file);

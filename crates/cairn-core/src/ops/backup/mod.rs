@@ -519,6 +519,19 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
     if let Some(d) = session.repo().dedup() {
         d.remember(&r.stored_data);
     }
+    // What the next changed-block list of this source is relative to.
+    if let Some(id) = &snapshot_id
+        && r.snapshot.image.is_some()
+        && !unchanged
+        && !session.repo().backend().discards_writes()
+        && let Err(e) = image::record_last_written(session.repo(), &r.snapshot, id)
+    {
+        progress.notice(format!(
+            "could not record this image snapshot as the last one of its source on this \
+             machine ({e}): the next --changed-blocks backup cannot tell whether its list \
+             is relative to the parent it finds"
+        ));
+    }
     let index_lookup_failures = LookupFailures::of(session.repo());
     // After the commit: a failure to read the others' index files only loses the
     // note, never the snapshot.
@@ -869,7 +882,10 @@ fn run(
         Some(io) => Some(image::plan(
             repo,
             io,
-            parent.as_ref().map(|(_, s)| s).filter(|_| !opts.force),
+            parent
+                .as_ref()
+                .map(|(id, s)| (id, s))
+                .filter(|_| !opts.force),
             parent_named,
         )?),
         None => None,

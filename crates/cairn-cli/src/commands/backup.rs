@@ -492,10 +492,12 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         crate::ui::STDIN_IS_DATA.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     if a.stdin && !a.paths.is_empty() {
-        anyhow::bail!("--stdin cannot be combined with paths");
+        return Err(super::bad_argument("--stdin cannot be combined with paths"));
     }
     if a.image.is_some() && (a.stdin || !a.paths.is_empty()) {
-        anyhow::bail!("--image backs up one image: it cannot be combined with paths or --stdin");
+        return Err(super::bad_argument(
+            "--image backs up one image: it cannot be combined with paths or --stdin",
+        ));
     }
     let image = match &a.image {
         Some(source) => Some(cairn_core::ops::image::ImageOptions {
@@ -504,9 +506,9 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             changed_blocks: match &a.changed_blocks {
                 Some(f) => Some((
                     f.clone(),
-                    a.changed_blocks_format
-                        .parse()
-                        .map_err(|e: String| anyhow::anyhow!("--changed-blocks-format: {e}"))?,
+                    a.changed_blocks_format.parse().map_err(|e: String| {
+                        super::bad_argument(format!("--changed-blocks-format: {e}"))
+                    })?,
                 )),
                 None => None,
             },
@@ -536,7 +538,9 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         && a.files_from_verbatim.is_empty()
         && a.files_from_raw.is_empty());
     if listed && (a.stdin || a.image.is_some()) {
-        anyhow::bail!("--files-from lists paths: it cannot be combined with --stdin or --image");
+        return Err(super::bad_argument(
+            "--files-from lists paths: it cannot be combined with --stdin or --image",
+        ));
     }
     let mut paths = if a.stdin_from_command {
         Vec::new()

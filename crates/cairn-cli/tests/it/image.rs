@@ -2409,3 +2409,42 @@ fn a_changed_block_list_is_not_applied_to_an_older_parent_after_a_forget() {
     assert_eq!(i5["changed_blocks_input"], true, "{i5}");
     env.check_clean();
 }
+
+/// Options that cannot work together or a name that is not a file name are usage
+/// errors (exit 2) that write nothing (QA: they exited 1, as a failed backup does).
+#[test]
+fn image_backup_usage_errors_exit_2() {
+    let env = Env::new();
+    env.init(&["--block-size", "16K"]);
+    let src = env.path("disk.img");
+    make_image(&src, 1, 7);
+    let s = src.to_str().unwrap();
+    let list = env.path("list.txt");
+    fs::write(&list, "0 10\n").unwrap();
+    let l = list.to_str().unwrap();
+    for (args, says) in [
+        (vec!["--image", s, "extra-path"], "cannot be combined"),
+        (vec!["--image", s, "--stdin"], "cannot be combined"),
+        (
+            vec![
+                "--image",
+                s,
+                "--changed-blocks",
+                l,
+                "--changed-blocks-format",
+                "bogus",
+            ],
+            "--changed-blocks-format",
+        ),
+        (vec!["--image", s, "--name", "../x"], "invalid image name"),
+        (vec!["--image", s, "--name", "/etc/x"], "invalid image name"),
+        (vec!["--image", s, "--name", ".."], "invalid image name"),
+        (vec!["--image", s, "--name", ""], "invalid image name"),
+    ] {
+        let mut a = vec!["backup"];
+        a.extend_from_slice(&args);
+        let err = env.fails(&a, 2);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert!(env.snapshot_ids().is_empty());
+}

@@ -912,7 +912,9 @@ pub(crate) fn plan(
             .unwrap_or_else(|| "image".into()),
     };
     if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-        return Err(Error::Invalid(format!("invalid image name {name:?}")));
+        return Err(Error::BadArgument(format!(
+            "invalid image name {name:?} (--name takes a file name: no /, not . or ..)"
+        )));
     }
     let mut names = super::source::NameCache::default();
     let (mut node, _) =

@@ -490,10 +490,20 @@ impl<A: Access> Session<A> {
                     .warning_msg(format!("{e} (its blobs are treated as missing)"));
             }
             self.index_loaded = true;
-            Ok(())
         } else {
-            self.load_index()
+            self.load_index()?;
         }
+        let missing = self.repo.set_aside_missing_packs()?;
+        if missing > 0 {
+            self.progress.warning_msg(format!(
+                "the index names {} that the repository's storage does not hold \
+                 (damage, or deleted by hand): this backup stores their data again \
+                 where it reads it; snapshots that need them stay damaged: run `cairn \
+                 check`, then `cairn repair index` and `cairn repair snapshots`",
+                crate::units::count(missing as u64, "pack"),
+            ));
+        }
+        Ok(())
     }
 
     pub fn index_loaded(&self) -> bool {

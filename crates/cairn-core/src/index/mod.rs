@@ -224,6 +224,9 @@ pub struct MasterIndex {
     /// a reader looks when the kept copy does not hold the blob (see
     /// [`MasterIndex::copies`]). A record each, as in the table.
     others: Vec<Record>,
+    /// Numbers of packs the index names that the storage was found not to hold
+    /// ([`MasterIndex::set_missing_packs`]): their blobs are not live.
+    missing: std::collections::HashSet<u32>,
 }
 
 /// Records per directory bucket on average.
@@ -436,10 +439,31 @@ impl MasterIndex {
     /// Whether a live index file lists the blob: only such blobs may be reused by a
     /// backup instead of storing them again.
     pub fn is_live(&self, id: &BlobId) -> bool {
+        let stored = |pack: u32| self.missing.is_empty() || !self.missing.contains(&pack);
         match &self.ssd {
-            Some(s) => s.lookup(id).is_some_and(|(_, pending)| !pending),
-            None => self.find(id).is_some_and(|r| !record_pending(r)),
+            Some(s) => s
+                .lookup(id)
+                .is_some_and(|(l, pending)| !pending && stored(l.pack)),
+            None => self
+                .find(id)
+                .is_some_and(|r| !record_pending(r) && stored(unpack_record(r).pack)),
         }
+    }
+
+    /// Marks the packs `stored` says the storage does not hold as missing: their
+    /// blobs are then not live, so a backup stores them again (where its source
+    /// still has them) instead of referring to data that is gone, and does not
+    /// reuse a parent's file content that needs them. How many were missing.
+    pub fn set_missing_packs(&mut self, stored: impl Fn(&PackId) -> bool) -> usize {
+        self.missing = self
+            .packs
+            .ids
+            .iter()
+            .enumerate()
+            .filter(|(_, id)| !stored(id))
+            .map(|(n, _)| n as u32)
+            .collect();
+        self.missing.len()
     }
 
     pub fn pack_of(&self, loc: &BlobLocation) -> PackId {

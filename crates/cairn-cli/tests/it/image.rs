@@ -761,6 +761,14 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
     let o = env.run(&["dump", &snap, "--image-fs", "/small"]);
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     assert_eq!(o.stdout, b"elsewhere\n");
+    // A file named as a directory (`name/`) is an error, not the file (QA).
+    let o = env.run(&["dump", &snap, "--image-fs", "/small/"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(o.stdout.is_empty(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("/small/: not a directory"),
+        "{o:?}"
+    );
     // No archive of a file read in place: refused, not its bytes bare (QA).
     let e = env.fails(
         &["dump", &snap, "--image-fs", "/small", "--archive", "tar"],

@@ -275,6 +275,10 @@ impl ImageFs {
     /// handed to the reader after this holds no symlink it would follow.
     fn resolve(&self, path: &str, follow_last: bool) -> Result<String> {
         let wanted = normalise(path);
+        // `name/` names a directory, through a symlink too (as POSIX has it): a
+        // file so named is an error, not the file (QA: `dump /etc/fstab/` dumped).
+        let dir_named = path.ends_with('/');
+        let follow_last = follow_last || dir_named;
         let mut pending: std::collections::VecDeque<String> = wanted
             .split('/')
             .filter(|c| !c.is_empty())
@@ -327,7 +331,19 @@ impl ImageFs {
                 pending.push_front(t.to_string());
             }
         }
-        Ok(format!("/{}", done.join("/")))
+        let resolved = format!("/{}", done.join("/"));
+        if dir_named && resolved != "/" {
+            let m = self
+                .fs
+                .metadata(Self::path(&resolved)?)
+                .map_err(|e| fs_err(&wanted, e))?;
+            if !m.file_type().is_dir() {
+                return Err(Error::Invalid(format!(
+                    "{path}: not a directory (the trailing / names one)"
+                )));
+            }
+        }
+        Ok(resolved)
     }
 
     /// A symlink's target, refused when its inode claims more than a target can
@@ -665,8 +681,11 @@ impl ImageFs {
         if !r.links.is_empty() && path != "/" {
             // Names outside the restored tree: nothing to do, but worth knowing.
             r.report.notes.push(format!(
-                "{} hard-linked files have names outside {path} (not restored)",
-                r.links.len()
+                "{} names outside {path} (not restored)",
+                match r.links.len() {
+                    1 => "1 hard-linked file has".to_string(),
+                    n => format!("{n} hard-linked files have"),
+                }
             ));
         }
         Ok(r.report)

@@ -665,7 +665,7 @@ pub struct BackupArgs {
     pub name: Option<String>,
     /// Read only the byte ranges this file lists as changed since the parent image
     /// snapshot and take every other block from it (changed-block tracking; see
-    /// docs/IMAGES.md for the formats)
+    /// docs/IMAGES.md for the formats); `-` reads the list from standard input
     #[arg(long, value_name = "FILE", requires = "image")]
     pub changed_blocks: Option<PathBuf>,
     /// Format of --changed-blocks: auto, ranges ("OFFSET LENGTH" lines), json,

@@ -483,12 +483,21 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         );
     }
     // Standard input is the data, not a password (restic refuses both at once).
-    let dash = |l: &Vec<std::path::PathBuf>| {
+    let dash = |l: &[std::path::PathBuf]| {
         l.iter().any(|f| {
             ["-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"].contains(&f.to_str().unwrap_or(""))
         })
     };
-    if a.stdin || dash(&a.files_from) || dash(&a.files_from_verbatim) || dash(&a.files_from_raw) {
+    let list_on_stdin = a
+        .changed_blocks
+        .as_ref()
+        .is_some_and(|l| dash(std::slice::from_ref(l)));
+    if a.stdin
+        || list_on_stdin
+        || dash(&a.files_from)
+        || dash(&a.files_from_verbatim)
+        || dash(&a.files_from_raw)
+    {
         crate::ui::STDIN_IS_DATA.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     if a.stdin && !a.paths.is_empty() {

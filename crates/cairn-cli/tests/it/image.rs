@@ -2394,9 +2394,23 @@ fn a_changed_block_list_is_not_applied_to_an_older_parent_after_a_forget() {
     let out = env.path("out.img");
     restore_image(&env, &s3, &out, &[]);
     assert!(fs::read(&out).unwrap() == data, "the image differs");
-    // From here the list is relative to the third snapshot again: used.
+    // From here the list is relative to the third snapshot again: used (given
+    // on standard input here, as `-`).
     fs::write(&cbt, change(&src, &mut data, &[(2 * MIB, 100)], 6)).unwrap();
-    let fourth = backup_image(&env, &src, &["--changed-blocks", cbt.to_str().unwrap()]);
+    let o = env
+        .cmd(&[
+            "backup",
+            "--json",
+            "--image",
+            src.to_str().unwrap(),
+            "--changed-blocks",
+            "-",
+        ])
+        .stdin(fs::File::open(&cbt).unwrap())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let fourth: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let s4 = fourth["snapshot_id"].as_str().unwrap().to_string();
     assert_eq!(image_of(&env, &s4)["blocks_read"], 1);
     let out4 = env.path("out4.img");

@@ -72,7 +72,12 @@ impl ChangedRanges {
                 }
             ))
         };
-        let f = std::fs::File::open(path).map_err(unreadable)?;
+        // `-` is standard input (`thin_delta ... | cairn backup --changed-blocks -`).
+        let f: Box<dyn Read> = if path == std::path::Path::new("-") {
+            Box::new(std::io::stdin().lock())
+        } else {
+            Box::new(std::fs::File::open(path).map_err(unreadable)?)
+        };
         let mut text = String::new();
         f.take(MAX_LIST_BYTES + 1)
             .read_to_string(&mut text)

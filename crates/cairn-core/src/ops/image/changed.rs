@@ -284,17 +284,50 @@ fn parse_qemu_map(text: &str) -> std::result::Result<(Vec<(u64, u64)>, u64), Str
     Ok((dirty, end))
 }
 
+/// One entry of a JSON list, an object whose members are each given once: of
+/// `{"offset": 0, "offset": 4096}` no one can say which the tool meant (a JSON
+/// map would keep the last silently).
+struct Members(serde_json::Map<String, serde_json::Value>);
+
+impl<'de> serde::Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Each;
+        impl<'de> serde::de::Visitor<'de> for Each {
+            type Value = Members;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Members, A::Error> {
+                let mut out = serde_json::Map::new();
+                while let Some((k, v)) = m.next_entry::<String, serde_json::Value>()? {
+                    if out.contains_key(&k) {
+                        return Err(serde::de::Error::custom(format!(
+                            "an entry gives \"{k}\" twice"
+                        )));
+                    }
+                    out.insert(k, v);
+                }
+                Ok(Members(out))
+            }
+        }
+        d.deserialize_map(Each)
+    }
+}
+
 /// The dirty ranges of a JSON list, and every entry's `(offset, length)`.
 #[allow(clippy::type_complexity)]
 fn parse_json(
     text: &str,
     qemu: bool,
 ) -> std::result::Result<(Vec<(u64, u64)>, Vec<(u64, u64)>), String> {
-    let v: Vec<serde_json::Value> =
+    let v: Vec<Members> =
         serde_json::from_str(text).map_err(|e| format!("not a JSON array of ranges: {e}"))?;
     let mut out = Vec::with_capacity(v.len());
     let mut all = Vec::with_capacity(if qemu { v.len() } else { 0 });
-    for (i, e) in v.iter().enumerate() {
+    for (i, Members(e)) in v.iter().enumerate() {
         // The first of `names` the entry has, which must be a byte count.
         let field = |names: &[&str]| -> std::result::Result<u64, String> {
             let Some((k, v)) = names.iter().find_map(|k| e.get(*k).map(|v| (k, v))) else {
@@ -499,6 +532,10 @@ mod tests {
             ),
             (r#"[{"offset": 0, "length": "9"}]"#, "\"length\" is \"9\""),
             (r#"{"offset": 0, "length": 9}"#, "a JSON object"),
+            (
+                r#"[{"offset": 0, "length": 9, "offset": 4096}]"#,
+                "an entry gives \"offset\" twice",
+            ),
         ] {
             let e = ChangedRanges::parse(bad, ChangedFormat::Auto, 1 << 20).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");

@@ -387,7 +387,16 @@ fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount()
     assert!(e.contains("smaller than the image"), "{e}");
     // A device with a mounted filesystem is refused.
     let busy = Loop::new(&env.path("busy.dev"), 16 << 20);
-    sh(Command::new("mke2fs").args(["-q", "-t", "ext4", &busy.0]));
+    // Tables made now: the kernel's lazy init would write to the device while
+    // the backup below reads it.
+    sh(Command::new("mke2fs").args([
+        "-q",
+        "-t",
+        "ext4",
+        "-E",
+        "lazy_itable_init=0,lazy_journal_init=0",
+        &busy.0,
+    ]));
     let mnt = env.path("busy-mnt");
     fs::create_dir(&mnt).unwrap();
     sh(Command::new("mount").arg(&busy.0).arg(&mnt));
@@ -396,7 +405,12 @@ fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount()
     // Backing a device up while it is mounted read-write is worth a word.
     let o = env.run(&["backup", "--dry-run", "--image", &busy.0]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
+    // A mounted filesystem may still write (its journal): then the backup also
+    // says the device changed while read, and exits 3.
+    assert!(
+        o.status.success() || (o.status.code() == Some(3) && err.contains("changed while")),
+        "{err}"
+    );
     assert!(
         err.contains(&format!("mounted read-write at {}", mnt.display())),
         "{err}"

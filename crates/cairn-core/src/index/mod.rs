@@ -439,14 +439,16 @@ impl MasterIndex {
     /// Whether a live index file lists the blob: only such blobs may be reused by a
     /// backup instead of storing them again.
     pub fn is_live(&self, id: &BlobId) -> bool {
-        let stored = |pack: u32| self.missing.is_empty() || !self.missing.contains(&pack);
+        // Nearly always no pack is missing: then no record is unpacked for this.
+        let none_missing = self.missing.is_empty();
         match &self.ssd {
-            Some(s) => s
-                .lookup(id)
-                .is_some_and(|(l, pending)| !pending && stored(l.pack)),
-            None => self
-                .find(id)
-                .is_some_and(|r| !record_pending(r) && stored(unpack_record(r).pack)),
+            Some(s) => s.lookup(id).is_some_and(|(l, pending)| {
+                !pending && (none_missing || !self.missing.contains(&l.pack))
+            }),
+            None => self.find(id).is_some_and(|r| {
+                !record_pending(r)
+                    && (none_missing || !self.missing.contains(&unpack_record(r).pack))
+            }),
         }
     }
 

@@ -271,13 +271,6 @@ impl Repository {
         Ok(pending)
     }
 
-    /// For a backup: when the storage answers dedup queries (a cairn server), reads
-    /// only the index files its plan names (those listing trees and chunk lists,
-    /// and those without a dedup list) and the pending records, in RAM, and asks
-    /// the server about data chunks from then on ([`Repository::dedup`]); false:
-    /// the storage does not, nothing was loaded. The plan is asked for after the
-    /// session's lock is written, so it reflects every prune that finished before
-    /// (no prune can start while the lock is held).
     /// For a backup of a repository on this machine's filesystems (a local disk
     /// or a NAS mount, where listing the packs costs a directory read): the
     /// packs the loaded index names that the storage does not hold (damage, a
@@ -301,6 +294,13 @@ impl Repository {
         })
     }
 
+    /// For a backup: when the storage answers dedup queries (a cairn server), reads
+    /// only the index files its plan names (those listing trees and chunk lists,
+    /// and those without a dedup list) and the pending records, in RAM, and asks
+    /// the server about data chunks from then on ([`Repository::dedup`]); false:
+    /// the storage does not, nothing was loaded. The plan is asked for after the
+    /// session's lock is written, so it reflects every prune that finished before
+    /// (no prune can start while the lock is held).
     pub(crate) fn load_index_for_backup(&mut self) -> Result<bool> {
         if !self.admin_names() {
             return Ok(false);

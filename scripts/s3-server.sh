@@ -141,9 +141,26 @@ $(tail -n 20 "$dir/minio.log")"
 $(tail -n 20 "$dir/minio.log")"
   done
   [ -n "${up:-}" ] || die "found no free loopback port for MinIO"
-  if ! s3_curl -o /dev/null -X PUT "http://127.0.0.1:$port/$bucket"; then
+  # /minio/health/live answers once the process listens; the object layer may
+  # still be starting and answer 503 to the bucket PUT for a moment. Retry
+  # for a while rather than fail the whole run on that.
+  local made='' err=''
+  deadline=$((SECONDS + 20))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    if err=$(s3_curl -o /dev/null -X PUT "http://127.0.0.1:$port/$bucket" 2>&1); then
+      made=1
+      break
+    fi
+    # A PUT that was made but whose answer was lost leaves the bucket there.
+    if s3_curl -o /dev/null -I "http://127.0.0.1:$port/$bucket" 2>/dev/null; then
+      made=1
+      break
+    fi
+    sleep 0.25
+  done
+  if [ -z "$made" ]; then
     stop "$dir"
-    die "could not create bucket $bucket on MinIO at 127.0.0.1:$port"
+    die "could not create bucket $bucket on MinIO at 127.0.0.1:$port: $err"
   fi
   printf 'export CAIRN_TEST_S3=%q\n' "s3:http://127.0.0.1:$port/$bucket"
   printf 'export CAIRN_TEST_S3_ENDPOINT=%q\n' "http://127.0.0.1:$port"

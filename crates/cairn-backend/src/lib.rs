@@ -38,7 +38,7 @@ mod throttle;
 pub use cache::CachedBackend;
 pub use dryrun::DryRunBackend;
 pub use fault::{FaultSpec, FaultyBackend};
-pub use local::{LocalBackend, private_dir};
+pub use local::{LocalBackend, private_dir, replace_private_file};
 pub use mem::MemBackend;
 pub use retry::{RetryBackend, RetryPolicy};
 pub use s3::{S3_SILENCE, S3Backend, S3Location, S3Options};

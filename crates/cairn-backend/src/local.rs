@@ -61,6 +61,53 @@ pub fn private_dir(dir: &std::path::Path, tighten: bool) -> std::io::Result<()> 
     Ok(())
 }
 
+/// Replaces the small private file `path` (mode 0600) with `data`: written to a
+/// new name beside it and renamed over it, so a reader (another process, or the
+/// next run after a crash) finds the old contents or the new, never half of
+/// them. `durable`: the file and the rename are synced before this returns, for
+/// state that must survive a power cut; caches and memos skip that cost. A
+/// failed write (a full disk) removes what it left.
+pub fn replace_private_file(
+    path: &std::path::Path,
+    data: &[u8],
+    durable: bool,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(
+        "{TMP_MARK}{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let tmp = path.with_file_name(name);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        if durable {
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    if durable && let Some(dir) = path.parent() {
+        let dir = if dir.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            dir
+        };
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 const TMP_MARK: &str = ".tmp-";
 
 impl LocalBackend {
@@ -625,6 +672,35 @@ mod tests {
     fn conformance() {
         let dir = tempfile::tempdir().unwrap();
         crate::conformance::run(&LocalBackend::new(dir.path()));
+    }
+
+    /// A replaced file holds the new contents, is private, and a write that
+    /// fails (here the name is a directory, so the rename does) leaves no
+    /// temporary file behind.
+    #[test]
+    fn replace_private_file_replaces_whole_or_leaves_nothing() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("state");
+        fs::write(&f, b"old contents").unwrap();
+        for durable in [false, true] {
+            replace_private_file(&f, b"new", durable).unwrap();
+            assert_eq!(fs::read(&f).unwrap(), b"new");
+            assert_eq!(
+                fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+                0o600
+            );
+        }
+        let d = dir.path().join("a-dir");
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("x"), b"x").unwrap();
+        assert!(replace_private_file(&d, b"data", true).is_err());
+        let mut names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["a-dir", "state"]);
     }
 
     /// On file systems without hard links (exFAT, vfat: the kernel here has neither

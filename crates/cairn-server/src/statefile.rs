@@ -169,33 +169,9 @@ impl<T: DeserializeOwned + Serialize + Default> StateFile<T> {
             message: e.to_string(),
             no_space: false,
         })?;
-        let tmp = self
-            .path
-            .with_extension(format!("tmp-{}", std::process::id()));
-        let written = (|| {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&body)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.path)
-        })();
-        if let Err(e) = written {
-            // A full disk left the half-written file behind (QA).
-            let _ = std::fs::remove_file(&tmp);
-            return Err(werr(e));
-        }
-        // The rename itself must survive a crash too.
-        if let Some(dir) = self.path.parent()
-            && let Ok(d) = std::fs::File::open(dir)
-        {
-            d.sync_all().map_err(werr)?;
-        }
+        // A full disk leaves no half-written file behind (QA); the rename is
+        // synced too, so the state survives a crash.
+        cairn_backend::replace_private_file(&self.path, &body, true).map_err(werr)?;
         *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
     }

@@ -287,16 +287,14 @@ fn a_lost_file_among_intact_ones_leaves_the_rest_of_its_directories() {
     assert_same(&src, &out);
 }
 
-/// `repair snapshots` run without `repair index` first leaves the index naming
-/// the lost pack: `check` then says what to run, not only that there is a problem
-/// (QA), and that fixes it.
-#[test]
-fn check_says_to_rebuild_the_index_when_only_it_names_a_lost_pack() {
+/// A repository with one snapshot of four 2 MiB files (`src`), whose largest
+/// pack was then deleted by hand.
+fn backup_then_lose_the_largest_pack(seed: u64) -> (Env, std::path::PathBuf) {
     let env = Env::new();
     env.init(&[]);
     let src = env.path("src");
     fs::create_dir_all(&src).unwrap();
-    let mut rng = Rng(32);
+    let mut rng = Rng(seed);
     for i in 0..4 {
         fs::write(src.join(format!("f{i}")), rng.bytes(2 << 20, false)).unwrap();
     }
@@ -304,6 +302,15 @@ fn check_says_to_rebuild_the_index_when_only_it_names_a_lost_pack() {
     let mut packs = files(&env.repo.join("data"));
     packs.sort_by_key(|p| fs::metadata(p).unwrap().len());
     fs::remove_file(packs.last().unwrap()).unwrap();
+    (env, src)
+}
+
+/// `repair snapshots` run without `repair index` first leaves the index naming
+/// the lost pack: `check` then says what to run, not only that there is a problem
+/// (QA), and that fixes it.
+#[test]
+fn check_says_to_rebuild_the_index_when_only_it_names_a_lost_pack() {
+    let (env, _) = backup_then_lose_the_largest_pack(32);
     env.ok(&["repair", "snapshots"]);
     let o = env.run(&["check"]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
@@ -322,18 +329,7 @@ fn check_says_to_rebuild_the_index_when_only_it_names_a_lost_pack() {
 /// unchanged files whose content needed the pack are read again, not reused.
 #[test]
 fn a_backup_stores_again_what_a_lost_pack_held() {
-    let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    let mut rng = Rng(33);
-    for i in 0..4 {
-        fs::write(src.join(format!("f{i}")), rng.bytes(2 << 20, false)).unwrap();
-    }
-    env.backup(&[&src]);
-    let mut packs = files(&env.repo.join("data"));
-    packs.sort_by_key(|p| fs::metadata(p).unwrap().len());
-    fs::remove_file(packs.last().unwrap()).unwrap();
+    let (env, src) = backup_then_lose_the_largest_pack(33);
     let o = env.run(&["backup", src.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");

@@ -99,10 +99,8 @@ impl DedupClient {
         if let Some(dir) = path.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-        if std::fs::write(&tmp, &out).is_ok() && std::fs::rename(&tmp, path).is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
+        // A memo that could not be written is only a slower next start.
+        let _ = cairn_backend::replace_private_file(path, &out, false);
     }
 
     fn shard(&self, id: &BlobId) -> std::sync::MutexGuard<'_, IdSet> {

@@ -846,11 +846,7 @@ mod last_written {
             .iter()
             .map(|(k, id)| format!("{k} {}\n", id.to_hex()))
             .collect();
-        let tmp = file.with_extension(format!("tmp.{}", std::process::id()));
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, &file).inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })
+        cairn_backend::replace_private_file(&file, text.as_bytes(), false)
     }
 }
 

@@ -2484,3 +2484,56 @@ fn image_backup_usage_errors_exit_2() {
     }
     assert!(env.snapshot_ids().is_empty());
 }
+
+/// A file dated after January 2038 (a bad clock, an archive's dates) is valid
+/// ext4 that the reader under `--image-fs` refuses as corrupt: the listing shows
+/// the rest and exits 1, and restoring that file says it is most likely the time
+/// and how to reach it, instead of calling the filesystem damaged (QA).
+#[test]
+fn image_fs_says_a_time_after_2038_is_what_it_cannot_read() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(&tree).unwrap();
+    fs::write(tree.join("now"), b"today\n").unwrap();
+    let future = tree.join("future");
+    fs::write(&future, b"from 2040\n").unwrap();
+    // 2040-05-01: past 2^31 seconds.
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(2_219_572_800);
+    fs::File::options()
+        .write(true)
+        .open(&future)
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+    let snap = ext4_image_snapshot(&env, &tree, &["-I", "256"]);
+    let o = env.run(&["ls", &snap, "--image-fs", "/"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let listed = String::from_utf8_lossy(&o.stdout);
+    assert!(listed.contains("/now"), "{listed}");
+    let target = env.path("out");
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/future",
+        "--target",
+        target.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("after January 2038") && err.contains("restore --image"),
+        "{err}"
+    );
+    // What it can read still comes back.
+    env.ok(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/now",
+        "--target",
+        target.to_str().unwrap(),
+    ]);
+    assert_eq!(fs::read(target.join("now")).unwrap(), b"today\n");
+}

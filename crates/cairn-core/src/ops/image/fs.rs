@@ -123,7 +123,19 @@ pub struct ImageFs {
 }
 
 fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Invalid(format!("{what}: {e}"))
+    let text = e.to_string();
+    // ext4-view 1.0 refuses any inode time before 1970 or from 2038-01-19 on
+    // (it takes the signed seconds field's top bit for damage), so a valid file
+    // or directory with such a time (a bad clock, an archive's dates) reads as
+    // "corrupt". Say what it most likely is, and the way that works.
+    if text.contains("has invalid timestamp") {
+        return Error::Invalid(format!(
+            "{what}: {text}: most likely a time before 1970 or after January 2038, which \
+             the ext4 reader --image-fs uses cannot read; restore the image (`restore \
+             --image`) and loop-mount it read-only to reach this file (docs/IMAGES.md)"
+        ));
+    }
+    Error::Invalid(format!("{what}: {text}"))
 }
 
 /// [`fs_err`] for reading a file's content. The ext2/3/4 reader cannot follow a

@@ -79,8 +79,30 @@ impl ServerLocation {
                 ));
             }
         }
+        let base = format!("{scheme}://{host}");
+        // A port that is not one (`:notaport`, `:99999`) is the user's typo, not
+        // a network fault to retry for a minute (QA).
+        match reqwest::Url::parse(&base) {
+            Ok(u)
+                if u.host_str().is_some_and(|h| !h.is_empty())
+                    && u.path() == "/"
+                    && u.query().is_none()
+                    && u.fragment().is_none()
+                    && u.username().is_empty()
+                    && u.password().is_none() => {}
+            Ok(_) => {
+                return Err(format!(
+                    "{location:?}: expected cairn+https://HOST:PORT/DATASTORE"
+                ));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "{location:?}: {e} (cairn+https://HOST:PORT/DATASTORE)"
+                ));
+            }
+        }
         Ok(ServerLocation {
-            base: format!("{scheme}://{host}"),
+            base,
             datastore: ds.to_string(),
         })
     }
@@ -1026,6 +1048,10 @@ mod tests {
             "cairn+https:///main",
             "cairn+https://h:1/a/b",
             "https://h:1/a",
+            "cairn+https://127.0.0.1:notaport/main",
+            "cairn+https://127.0.0.1:99999/main",
+            "cairn+https://h:1?x/main",
+            "cairn+https://h:1/",
         ] {
             assert!(ServerLocation::parse(bad).is_err(), "{bad}");
         }

@@ -110,6 +110,7 @@ fn main() {
         stop_on_signals(cli.global.json);
     }
     let json = cli.global.json;
+    ui::JSON_OUTPUT.store(json, std::sync::atomic::Ordering::Relaxed);
     let result = commands::run(cli);
     commands::report_traffic();
     if let Some(e) = out::stdout_error() {

@@ -330,6 +330,33 @@ pub fn run_password_command(cmd: &str) -> Result<String> {
     }
 }
 
+/// Set from `--json` at start: [`warn`] and [`note`] then write event lines.
+pub static JSON_OUTPUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A warning on standard error, outside an operation's progress events: `warning:
+/// TEXT`, or with `--json` the same event line a progress warning is
+/// (`{"type":"warning","message":...}`), so that every line on standard error
+/// stays JSON (QA: forget and copy mixed plain lines in).
+pub fn warn(message: impl AsRef<str>) {
+    emit("warning", "warning: ", message.as_ref());
+}
+
+/// A note on standard error (`note: TEXT`; with `--json` a `notice` event line).
+pub fn note(message: impl AsRef<str>) {
+    emit("notice", "note: ", message.as_ref());
+}
+
+fn emit(kind: &str, prefix: &str, message: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    if JSON_OUTPUT.load(std::sync::atomic::Ordering::Relaxed) {
+        let line = serde_json::json!({"type": kind, "message": message});
+        let _ = writeln!(err, "{line}");
+    } else {
+        let _ = writeln!(err, "{}", printable(&format!("{prefix}{message}")));
+    }
+}
+
 /// Set when standard input carries the command's data (`backup --stdin`,
 /// `--files-from -`): no password is read from it then.
 pub static STDIN_IS_DATA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -508,6 +508,29 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
             "--image backs up one image: it cannot be combined with paths or --stdin",
         ));
     }
+    if a.image.is_some() {
+        // They choose files of a tree; an image is read whole, so taking them
+        // silently would let a user believe something was left out (QA).
+        let selecting = [
+            ("--files-from", !a.files_from.is_empty()),
+            ("--files-from-verbatim", !a.files_from_verbatim.is_empty()),
+            ("--files-from-raw", !a.files_from_raw.is_empty()),
+            ("--exclude", !a.excludes.is_empty()),
+            ("--exclude-file", !a.exclude_files.is_empty()),
+            ("--iexclude", !a.iexcludes.is_empty()),
+            ("--iexclude-file", !a.iexclude_files.is_empty()),
+            ("--exclude-if-present", !a.exclude_if_present.is_empty()),
+            ("--exclude-caches", a.exclude_caches),
+            ("--exclude-larger-than", a.exclude_larger_than.is_some()),
+            ("--one-file-system", a.one_file_system),
+        ];
+        if let Some((flag, _)) = selecting.iter().find(|(_, given)| *given) {
+            return Err(super::bad_argument(format!(
+                "{flag} chooses files to back up, and --image reads the whole image: \
+                 they cannot be combined"
+            )));
+        }
+    }
     let image = match &a.image {
         Some(source) => Some(cairn_core::ops::image::ImageOptions {
             source: source.clone(),

@@ -62,14 +62,14 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         if let Some(l) = &report.local_index {
             let why = l.error.as_deref().unwrap_or("");
             match l.state {
-                LocalIndexState::Rebuilt => eprintln!(
-                    "warning: the local SSD index at {} was damaged ({why}); it was rebuilt from the repository",
+                LocalIndexState::Rebuilt => crate::ui::warn(format!(
+                    "the local SSD index at {} was damaged ({why}); it was rebuilt from the repository",
                     l.path
-                ),
-                LocalIndexState::Damaged => eprintln!(
-                    "warning: the local SSD index at {} is damaged ({why}); it is rebuilt at the next use",
+                )),
+                LocalIndexState::Damaged => crate::ui::warn(format!(
+                    "the local SSD index at {} is damaged ({why}); it is rebuilt at the next use",
                     l.path
-                ),
+                )),
                 _ => {}
             }
         }

@@ -40,11 +40,11 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
     if let Some(n) = a.max_concurrent_jobs {
         repo.set_max_concurrent_jobs(n)?;
         if n > 16 {
-            eprintln!(
-                "warning: max-concurrent-jobs {n}: more than 16 jobs writing at once mostly \
+            crate::ui::warn(format!(
+                "max-concurrent-jobs {n}: more than 16 jobs writing at once mostly \
                  compete for CPU, memory and storage bandwidth, and each holds its own \
                  copy of the index in memory"
-            );
+            ));
         }
     }
     let c = RepositoryInfo::of(&repo);

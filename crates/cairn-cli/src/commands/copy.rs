@@ -208,11 +208,11 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     let unreadable = r.unreadable_source_snapshots.len();
     if !r.failed.is_empty() || unreadable > 0 {
         let others = r.snapshots.len();
-        eprintln!(
-            "cairn: {} could not be copied (listed above){}",
+        crate::ui::warn(format!(
+            "{} could not be copied (listed above){}",
             ui::count((r.failed.len() + unreadable) as u64, "snapshot"),
             if others > 0 { "; the others were" } else { "" }
-        );
+        ));
         // Nothing copied is an error, not a copy done in part.
         return Ok(if others > 0 {
             crate::EXIT_INCOMPLETE

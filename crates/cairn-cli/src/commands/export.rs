@@ -147,11 +147,11 @@ pub(super) fn write_output<R>(
             prefix.push(".");
             let (removed, freed) = partial::remove_stale(dir, &prefix);
             if removed > 0 && !g.quiet {
-                eprintln!(
-                    "note: removed what an earlier export to {} left when it was killed ({})",
+                crate::ui::note(format!(
+                    "removed what an earlier export to {} left when it was killed ({})",
                     file.display(),
                     crate::ui::bytes(freed)
-                );
+                ));
             }
             let (f, partial) = tempfile::Builder::new()
                 .prefix(&prefix)

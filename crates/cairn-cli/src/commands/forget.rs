@@ -113,14 +113,14 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
         forget::forget(&s, &request, false)?
     };
     for e in &r.unreadable {
-        eprintln!("warning: {e} (left alone)");
+        crate::ui::warn(format!("{e} (left alone)"));
     }
     for c in &r.host_claims {
-        eprintln!(
-            "warning: snapshot {} {}",
+        crate::ui::warn(format!(
+            "snapshot {} {}",
             c.short_id,
             cairn_core::repo::host_claim_note(&c.claimed, &c.recorded)
-        );
+        ));
     }
     for gr in &r.groups {
         for k in &gr.keep {
@@ -128,11 +128,11 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
                 .as_ref()
                 .is_some_and(|rs| rs.iter().any(|x| x == forget::FUTURE_REASON))
             {
-                eprintln!(
-                    "warning: snapshot {} of host {:?} is dated {}, in the future: kept, and not \
+                crate::ui::warn(format!(
+                    "snapshot {} of host {:?} is dated {}, in the future: kept, and not \
                      counted by the policy (a host's clock, or a client that dated it so)",
                     k.short_id, k.host, k.time
-                );
+                ));
             }
         }
     }
@@ -144,21 +144,21 @@ pub fn run(g: &Global, a: &ForgetArgs) -> Result<i32> {
         .flat_map(|g| g.stored_late.iter().map(move |l| (g, l)))
         .collect();
     for (g, l) in late.iter().take(LATE_SHOWN) {
-        eprintln!(
-            "warning: snapshot {} ({}) is dated {} but cairn serve received it at {}, after a \
+        crate::ui::warn(format!(
+            "snapshot {} ({}) is dated {} but cairn serve received it at {}, after a \
              snapshot of its group dated later: it took no slot from the snapshots stored in \
              order (a long backup, a copy, or a client backdating it)",
             l.short_id,
             g.group,
             short_time(&l.time),
             short_time(&l.received)
-        );
+        ));
     }
     if late.len() > LATE_SHOWN {
-        eprintln!(
-            "warning: and {} more snapshots stored late (forget --json lists them as stored_late)",
+        crate::ui::warn(format!(
+            "and {} more snapshots stored late (forget --json lists them as stored_late)",
             late.len() - LATE_SHOWN
-        );
+        ));
     }
     for (id, e) in &r.failed {
         eprintln!("cairn: error: removing snapshot {}: {e}", id.short());

@@ -124,10 +124,10 @@ pub fn restore(
     )?;
     // Names from the image's file system: written out (`ui::printable`).
     for n in &r.notes {
-        eprintln!("note: {}", ui::printable(n));
+        crate::ui::note(n);
     }
     for w in &r.warnings {
-        eprintln!("warning: {}", ui::printable(w));
+        crate::ui::warn(w);
     }
     for f in &r.failed {
         eprintln!("error: {}", ui::printable(f));
@@ -159,8 +159,9 @@ pub fn restore(
         }
         if r.kept > 0 {
             println!(
-                "left {} in the target as they were (--overwrite)",
-                ui::count(r.kept, "existing entry")
+                "left {} in the target as {} (--overwrite)",
+                ui::count(r.kept, "existing entry"),
+                if r.kept == 1 { "it was" } else { "they were" }
             );
         }
     }

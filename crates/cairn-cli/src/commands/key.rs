@@ -63,21 +63,21 @@ pub fn run(g: &Global, k: KeyCommand) -> Result<i32> {
             // The change is made: a failure to look is said, not an error.
             let still = match &used {
                 Some(old) => repo.other_keys_opening_with(old).unwrap_or_else(|e| {
-                    eprintln!(
-                        "warning: could not check whether other keys open with the old \
+                    crate::ui::warn(format!(
+                        "could not check whether other keys open with the old \
                          password: {e}"
-                    );
+                    ));
                     Vec::new()
                 }),
                 None => Vec::new(),
             };
             for k in &still {
-                eprintln!(
-                    "warning: key {} also opens the repository with the old password, and \
+                crate::ui::warn(format!(
+                    "key {} also opens the repository with the old password, and \
                      still does: change it too, or remove it (cairn key remove {})",
                     k.short(),
                     k.short()
-                );
+                ));
             }
             if g.json {
                 super::print_json(&KeyChange {

@@ -109,7 +109,9 @@ fn apply_priority(g: &Global) -> Result<()> {
         && n > cores
     {
         if !g.quiet {
-            eprintln!("note: --threads {n}: this machine has {cores} cores; using {cores}");
+            crate::ui::note(format!(
+                "--threads {n}: this machine has {cores} cores; using {cores}"
+            ));
         }
         threads = Some(cores);
     }
@@ -554,8 +556,8 @@ pub fn image_zeros_warning(ranges: &[(u64, u64)], what: &str) -> i32 {
     if ranges.is_empty() {
         return 0;
     }
-    eprintln!(
-        "warning: {what} includes {} of the image that could not be read at backup time \
+    crate::ui::warn(format!(
+        "{what} includes {} of the image that could not be read at backup time \
          and hold zeros: {}",
         crate::ui::count(ranges.len() as u64, "range"),
         ranges
@@ -563,7 +565,7 @@ pub fn image_zeros_warning(ranges: &[(u64, u64)], what: &str) -> i32 {
             .map(|(o, l)| format!("{o}..{}", o.saturating_add(*l)))
             .collect::<Vec<_>>()
             .join(", ")
-    );
+    ));
     crate::EXIT_INCOMPLETE
 }
 

@@ -113,15 +113,15 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
         return super::print_json_report(r);
     }
     for d in &r.damaged_index_files {
-        eprintln!(
-            "warning: index file {d} cannot be read (damaged, or not written by cairn): \
+        crate::ui::warn(format!(
+            "index file {d} cannot be read (damaged, or not written by cairn): \
              prune {}; the packs only it listed count as unindexed",
             if r.dry_run {
                 "would drop it"
             } else {
                 "dropped it"
             }
-        );
+        ));
     }
     if g.quiet {
         return Ok(());
@@ -221,7 +221,7 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
         println!("removed a stale lock: {l}");
     }
     for l in &r.stale_locks_kept {
-        eprintln!("warning: could not remove a stale lock (passed over): {l}");
+        crate::ui::warn(format!("could not remove a stale lock (passed over): {l}"));
     }
     if r.deferred_packs > 0 {
         println!(

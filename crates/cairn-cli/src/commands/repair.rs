@@ -162,16 +162,16 @@ pub fn recover(g: &Global, a: &crate::args::RecoverArgs) -> Result<i32> {
         super::print_json_report(&r)?;
     } else {
         for j in &r.running {
-            eprintln!(
-                "warning: running now: {j}; what it stored and has not saved in a snapshot \
+            crate::ui::warn(format!(
+                "running now: {j}; what it stored and has not saved in a snapshot \
                  yet is counted below (the real run needs the repository to itself)"
-            );
+            ));
         }
         for u in &r.unreadable {
-            eprintln!("warning: {u}");
+            crate::ui::warn(u);
         }
         for d in &r.damaged_roots {
-            eprintln!("warning: /recover/{d}");
+            crate::ui::warn(format!("/recover/{d}"));
         }
         if !g.quiet {
             println!(

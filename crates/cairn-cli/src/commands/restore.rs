@@ -140,9 +140,10 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
                 ("left", "set", "deleted")
             };
             let mut parts = vec![format!(
-                "{keep} {} ({}) as they were (--overwrite {})",
+                "{keep} {} ({}) as {} (--overwrite {})",
                 ui::count(r.kept, "existing entry"),
                 ui::bytes(r.kept_bytes),
+                if r.kept == 1 { "it was" } else { "they were" },
                 a.overwrite
             )];
             if r.metadata_only > 0 {
@@ -206,15 +207,15 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         }
     }
     if r.sockets_skipped > 0 && !g.quiet && !g.json {
-        eprintln!(
-            "note: {} {} (a socket is created by the program that listens on it)",
+        crate::ui::note(format!(
+            "{} {} (a socket is created by the program that listens on it)",
             ui::count(r.sockets_skipped, "socket"),
             match (r.dry_run, r.sockets_skipped == 1) {
                 (true, _) => "would not be restored",
                 (false, true) => "was not restored",
                 (false, false) => "were not restored",
             }
-        );
+        ));
     }
     super::warn_index_repaired(&p.progress, r.index_repaired.as_deref());
     if let Some(f) = &r.index_lookup_failures {
@@ -310,24 +311,24 @@ fn restore_image(
         );
     }
     if r.device_bytes_left > 0 {
-        eprintln!(
-            "note: {} is {} larger than the image: its last {} keep what they held (an old \
+        crate::ui::note(format!(
+            "{} is {} larger than the image: its last {} keep what they held (an old \
              backup partition table there, for one)",
             r.target.display(),
             ui::bytes(r.device_bytes_left),
             ui::bytes(r.device_bytes_left)
-        );
+        ));
     }
     if !r.unreadable_at_backup.is_empty() {
-        eprintln!(
-            "warning: {} of the image could not be read at backup time and hold zeros: {}",
+        crate::ui::warn(format!(
+            "{} of the image could not be read at backup time and hold zeros: {}",
             ui::count(r.unreadable_at_backup.len() as u64, "range"),
             r.unreadable_at_backup
                 .iter()
                 .map(|(o, l)| format!("{o}..{}", o.saturating_add(*l)))
                 .collect::<Vec<_>>()
                 .join(", ")
-        );
+        ));
         return Ok(crate::EXIT_INCOMPLETE);
     }
     Ok(0)

@@ -29,7 +29,7 @@ pub fn run(g: &Global, a: &RewriteArgs) -> Result<i32> {
         rewrite::rewrite(&session, &snaps, &opts)?
     };
     for w in &r.warnings {
-        eprintln!("warning: {w}");
+        crate::ui::warn(w);
     }
     if g.json {
         super::print_json_report(&r)?;

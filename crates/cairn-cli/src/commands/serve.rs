@@ -101,8 +101,8 @@ fn warn_of_unknown_datastore(a: &ServeArgs, datastore: &str) {
     };
     if !file.datastores.contains_key(datastore) {
         let known: Vec<&str> = file.datastores.keys().map(String::as_str).collect();
-        eprintln!(
-            "warning: {} serves no datastore {datastore:?} (it has: {}): clients with this \
+        crate::ui::warn(format!(
+            "{} serves no datastore {datastore:?} (it has: {}): clients with this \
              grant are refused until it does",
             path.display(),
             if known.is_empty() {
@@ -110,7 +110,7 @@ fn warn_of_unknown_datastore(a: &ServeArgs, datastore: &str) {
             } else {
                 known.join(", ")
             }
-        );
+        ));
     }
 }
 

@@ -22,7 +22,7 @@ pub fn run(g: &Global, a: &TagArgs) -> Result<i32> {
         tag::tag(&session, &snaps, &change, false)?
     };
     for w in &r.warnings {
-        eprintln!("warning: {w}");
+        crate::ui::warn(w);
     }
     if g.json {
         super::print_json_report(&r)?;
@@ -67,7 +67,7 @@ pub(crate) fn select<A: Access>(
     if specs.is_empty() {
         let (snaps, bad) = session.snapshots()?;
         for e in bad.iter() {
-            eprintln!("warning: {e} (left alone)");
+            crate::ui::warn(format!("{e} (left alone)"));
         }
         return Ok(snaps
             .iter()

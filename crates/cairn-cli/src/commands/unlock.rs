@@ -55,11 +55,11 @@ pub fn run(g: &Global, a: &UnlockArgs) -> Result<i32> {
             );
         }
         for l in &r.running_here {
-            eprintln!(
-                "warning: left {}: that process is running on this machine (stop it first; \
+            crate::ui::warn(format!(
+                "left {}: that process is running on this machine (stop it first; \
                  removing its lock would let a prune delete what it is writing)",
                 l.description
-            );
+            ));
         }
         if r.removed.is_empty() && r.remaining.is_empty() {
             println!("no locks");

@@ -1430,3 +1430,33 @@ fn ctrl_c_at_a_password_prompt_gives_the_terminal_back() {
         "{out}"
     );
 }
+
+/// A repository location that cannot be one is a usage error (exit 2) said at
+/// once: a server address whose port is not a port is not retried for a minute
+/// as a network fault (QA), and another tool's URL is not taken for a directory.
+#[test]
+fn locations_that_cannot_be_are_usage_errors_at_once() {
+    let env = Env::new();
+    for (repo, says) in [
+        ("cairn+https://127.0.0.1:notaport/main", "invalid port"),
+        ("cairn+https://127.0.0.1:99999/main", "invalid port"),
+        ("cairn+https://127.0.0.1:8443/", "DATASTORE"),
+        ("https://backup.example/main", "cairn+https://"),
+        ("rest:https://backup.example/main", "REST"),
+    ] {
+        let started = std::time::Instant::now();
+        // The last --repo given is the one taken.
+        let o = env
+            .cmd(&["--repo", repo, "snapshots"])
+            .env("CAIRN_TOKEN", "x")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{repo}: {err}");
+        assert!(err.contains(says), "{repo}: {err}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{repo}"
+        );
+    }
+}

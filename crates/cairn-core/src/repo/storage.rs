@@ -30,19 +30,23 @@ pub enum Location {
 
 impl Location {
     pub fn parse(location: &str) -> Result<Location> {
+        // A location that cannot be one is a usage error (exit 2), as any
+        // argument that cannot be taken.
         if location.is_empty() {
-            return Err(Error::Invalid("the repository location is empty".into()));
+            return Err(Error::BadArgument(
+                "the repository location is empty".into(),
+            ));
         }
         if location.starts_with("s3:") {
-            cairn_backend::S3Location::parse(location).map_err(Error::Invalid)?;
+            cairn_backend::S3Location::parse(location).map_err(Error::BadArgument)?;
             return Ok(Location::S3(location.to_string()));
         }
         if location.starts_with("cairn+") {
-            cairn_backend::ServerLocation::parse(location).map_err(Error::Invalid)?;
+            cairn_backend::ServerLocation::parse(location).map_err(Error::BadArgument)?;
             return Ok(Location::Server(location.to_string()));
         }
         if let Some(hint) = remote_look(location) {
-            return Err(Error::Invalid(format!(
+            return Err(Error::BadArgument(format!(
                 "{location} is not a repository location cairn knows: {hint}; a local \
                  directory of that name is written ./{location}"
             )));

@@ -962,13 +962,26 @@ pub(crate) fn plan(
             let here = path.to_string_lossy();
             // Another path *and* another size is another disk: its list would
             // patch this one's blocks into that one's image (QA).
+            // Named with --parent too: a volume that was grown and renamed costs
+            // one full read, as a grown disk does in Proxmox Backup Server.
             if opts.changed_blocks.is_some() && info.source != here && info.size != size {
+                let what = if parent_named {
+                    "the parent named with --parent"
+                } else {
+                    "the parent image snapshot"
+                };
+                let instead = if parent_named {
+                    "back up without --changed-blocks once (a full read; after that, this \
+                     snapshot is the parent its lists apply to)"
+                } else {
+                    "name this disk's own parent with --parent ID, or back up without \
+                     --changed-blocks (a full read)"
+                };
                 return Err(Error::Invalid(format!(
-                    "the parent image snapshot was read from {} ({} bytes), this source is \
-                     {} ({size} bytes): another disk, so a changed-block list cannot be \
-                     applied to it; name this disk's own parent with --parent ID, or back \
-                     up without --changed-blocks (a full read)",
-                    info.source, info.size, here
+                    "{what} was read from {} ({} bytes), this source is {here} ({size} \
+                     bytes): another path and another size look like another disk, so a \
+                     changed-block list is not applied to it; {instead}",
+                    info.source, info.size
                 )));
             }
             if opts.changed_blocks.is_some() && (info.source != here || info.size != size) {

@@ -315,10 +315,18 @@ impl ImageFs {
                     .collect::<Vec<_>>()
                     .join("/")
             );
-            let meta = self
-                .fs
-                .symlink_metadata(Self::path(&at)?)
-                .map_err(|e| fs_err(&wanted, e))?;
+            let meta = self.fs.symlink_metadata(Self::path(&at)?).map_err(|e| {
+                // Past a symlink, what is missing is where it leads (QA: a
+                // dangling symlink was said not to exist).
+                if hops > 0 && matches!(e, ext4_view::Ext4Error::NotFound) {
+                    Error::Invalid(format!(
+                        "{wanted}: a symlink on the way leads to {at}, which the image's \
+                         filesystem does not hold"
+                    ))
+                } else {
+                    fs_err(&wanted, e)
+                }
+            })?;
             if !meta.file_type().is_symlink() || (pending.is_empty() && !follow_last) {
                 done.push(c);
                 continue;
@@ -527,8 +535,13 @@ impl ImageFs {
 
     /// Writes a regular file's content to `out`; its size.
     pub fn dump(&self, path: &str, out: &mut dyn Write) -> Result<u64> {
+        self.dump_to(path, out, Path::new(crate::ops::dump::OUTPUT))
+    }
+
+    /// [`Self::dump`] to `out`, named `out_name` in errors writing it.
+    fn dump_to(&self, path: &str, out: &mut dyn Write, out_name: &Path) -> Result<u64> {
         let path = self.resolve(path, true)?;
-        if let Some(n) = self.dump_block_mapped(&path, out)? {
+        if let Some(n) = self.dump_block_mapped(&path, out, out_name)? {
             return Ok(n);
         }
         let mut file = self
@@ -544,7 +557,7 @@ impl ImageFs {
                 return Ok(total);
             }
             out.write_all(&buf[..n])
-                .map_err(|e| Error::io(Path::new("standard output"), e))?;
+                .map_err(|e| Error::io(out_name, e))?;
             total += n as u64;
         }
     }
@@ -552,7 +565,12 @@ impl ImageFs {
     /// A block-mapped file with a hole `ext4-view` cannot follow, read by
     /// [`super::blockmap`]; `None` for every other file (and whenever that reader
     /// cannot tell: `ext4-view` then reads it, or says why not).
-    fn dump_block_mapped(&self, path: &str, out: &mut dyn Write) -> Result<Option<u64>> {
+    fn dump_block_mapped(
+        &self,
+        path: &str,
+        out: &mut dyn Write,
+        out_name: &Path,
+    ) -> Result<Option<u64>> {
         use super::blockmap::{CopyError, Ext2};
         // No file of 12 KiB or less has an indirect block (12 direct pointers, blocks
         // of 1 KiB or more): the common small file costs nothing here.
@@ -576,7 +594,7 @@ impl ImageFs {
         match fs.copy(&ino, out) {
             Ok(n) => Ok(Some(n)),
             Err(CopyError::Fs(m)) => Err(fs_err(path, m)),
-            Err(CopyError::Out(e)) => Err(Error::io(Path::new("standard output"), e)),
+            Err(CopyError::Out(e)) => Err(Error::io(out_name, e)),
         }
     }
 
@@ -678,7 +696,26 @@ impl ImageFs {
             &target.join(name),
             top.map(|(n, _)| n),
             &mut r,
-        )?;
+        )
+        .map_err(|e| match e {
+            Error::Io { path: at, source } if source.kind() == std::io::ErrorKind::StorageFull => {
+                // As a restore of files says it: where it stopped, and that a
+                // second run finishes the work (the unfinished mark stays).
+                Error::io(
+                    target,
+                    std::io::Error::new(
+                        std::io::ErrorKind::StorageFull,
+                        format!(
+                            "no space left on the target: the restore stopped at {} and \
+                             restored nothing that comes after it; run it again once there \
+                             is room, and it finishes what this one left",
+                            at.display()
+                        ),
+                    ),
+                )
+            }
+            e => e,
+        })?;
         // Once no file is left cut short, this restore's part is finished: the
         // mark goes unless it lists another part (one of a part says nothing of
         // the rest). Each path is restored under its own name in the target
@@ -877,6 +914,8 @@ impl ImageFs {
                 });
                 match done {
                     Err(Error::Cancelled) => return Err(Error::Cancelled),
+                    // A full target fails every file after it too: stop there.
+                    Err(e) if e.is_no_space() => return Err(e),
                     Err(e) => r.report.failed.push(e.to_string()),
                     Ok(()) => {}
                 }
@@ -933,6 +972,19 @@ impl ImageFs {
             None if ft.is_symlink() => libc::S_IFLNK,
             None => libc::S_IFREG,
         };
+        // A file with more than one name: once one name is restored (or found
+        // as it should be), every other one is made a link to it.
+        let linked = match (ino, &inode) {
+            (Some(n), Some(i)) if kind == libc::S_IFREG && special.is_none() && i.links > 1 => {
+                Some(n)
+            }
+            _ => None,
+        };
+        if let Some(n) = linked
+            && r.links.contains_key(&n)
+        {
+            return self.restore_link(n, dir, &cname, existing.as_ref(), m, shown, r);
+        }
         if let Some(st) = &existing {
             let same_kind = st.kind() == kind;
             let keep = match r.overwrite_for(st) {
@@ -952,6 +1004,14 @@ impl ImageFs {
             };
             if keep {
                 r.report.kept += 1;
+                // The file kept is what the file's other names are linked to
+                // (QA: a name that was a copy stayed one, and the restore then
+                // said the other names were outside the restored directory).
+                if let (Some(n), Some(i)) = (linked, &inode)
+                    && same_kind
+                {
+                    self.first_link(n, i, dir_fd, cname, st.id(), shown, r);
+                }
                 return Ok(());
             }
             if st.kind() == libc::S_IFDIR {
@@ -993,32 +1053,6 @@ impl ImageFs {
             self.finish_made(fd.as_fd(), owner, inode.as_ref(), None, times, shown, r)?;
             return Ok(());
         }
-        let linked = match (ino, &inode) {
-            (Some(n), Some(i)) if i.links > 1 => Some(n),
-            _ => None,
-        };
-        if let Some(first) = linked.and_then(|n| r.links.get_mut(&n)) {
-            // Another name of a file restored already: linked to it, checked to be
-            // the file this restore made (someone who can write the target may
-            // have replaced it meanwhile).
-            sys::link_at(first.dir.as_fd(), &first.name, dir, &cname).map_err(io)?;
-            let st = sys::stat_at(dir, &cname).map_err(io)?;
-            if st.id() != first.id {
-                let _ = sys::unlink_at(dir, &cname);
-                return Err(Error::Invalid(format!(
-                    "{}: its first name was replaced during the restore (the link was removed)",
-                    shown.display()
-                )));
-            }
-            first.left = first.left.saturating_sub(1);
-            if first.left == 0
-                && let Some(n) = linked
-            {
-                r.links.remove(&n);
-            }
-            r.report.hardlinks += 1;
-            return Ok(());
-        }
         let f = target::create_file(dir, &cname).map_err(io)?;
         // Until its content is whole, the file is this restore's unfinished work.
         r.unfinished += 1;
@@ -1028,7 +1062,7 @@ impl ImageFs {
             block: Vec::with_capacity(SPARSE_BLOCK),
             limit: r.limit,
         };
-        r.report.bytes += self.dump(path, &mut w)?;
+        r.report.bytes += self.dump_to(path, &mut w, shown)?;
         let f = w.finish().map_err(io)?;
         r.unfinished -= 1;
         r.report.files += 1;
@@ -1041,26 +1075,111 @@ impl ImageFs {
         sys::chmod_fd(f.as_fd(), mode).map_err(io)?;
         let _ = sys::futimens(f.as_fd(), times, times);
         if let (Some(n), Some(i)) = (linked, &inode) {
-            if r.links.len() < MAX_OPEN_LINKS {
-                let id = sys::fstat(f.as_fd()).map_err(io)?.id();
-                r.links.insert(
-                    n,
-                    FirstLink {
-                        dir: dir_fd.clone(),
-                        name: cname,
-                        id,
-                        left: i.links - 1,
-                    },
-                );
-            } else {
-                r.report.notes.push(format!(
-                    "{}: restored as a copy, not a hard link (too many files with names \
-                     still to come)",
-                    shown.display()
-                ));
-            }
+            let id = sys::fstat(f.as_fd()).map_err(io)?.id();
+            self.first_link(n, i, dir_fd, cname, id, shown, r);
         }
         Ok(())
+    }
+
+    /// Records the entry `name` of `dir` (device and inode `id`) as the first
+    /// name of image inode `n`, which its other names are linked to.
+    #[allow(clippy::too_many_arguments)]
+    fn first_link(
+        &self,
+        n: u32,
+        inode: &super::blockmap::Inode,
+        dir: &std::rc::Rc<std::os::fd::OwnedFd>,
+        name: std::ffi::CString,
+        id: (u64, u64),
+        shown: &Path,
+        r: &mut FsRestore<'_>,
+    ) {
+        if r.links.len() < MAX_OPEN_LINKS {
+            r.links.insert(
+                n,
+                FirstLink {
+                    dir: dir.clone(),
+                    name,
+                    id,
+                    left: inode.links - 1,
+                },
+            );
+        } else {
+            r.report.notes.push(format!(
+                "{}: restored as a copy, not a hard link (too many files with names \
+                 still to come)",
+                shown.display()
+            ));
+        }
+    }
+
+    /// Restores another name of image inode `n`, whose first name is restored
+    /// already: a link to it. An entry there already that is that file is kept;
+    /// another one is replaced unless `--overwrite` keeps it (`never`, or
+    /// `if-newer` with an entry as new). The link is checked to be the file
+    /// this restore recorded (someone who can write the target may have
+    /// replaced it meanwhile).
+    #[allow(clippy::too_many_arguments)]
+    fn restore_link(
+        &self,
+        n: u32,
+        dir: std::os::fd::BorrowedFd<'_>,
+        cname: &std::ffi::CStr,
+        existing: Option<&crate::ops::restore::sys::Stat>,
+        m: ext4_view::Timestamp,
+        shown: &Path,
+        r: &mut FsRestore<'_>,
+    ) -> Result<()> {
+        use crate::ops::restore::{Overwrite, sys};
+        use std::os::fd::AsFd;
+        let io = |e: std::io::Error| Error::io(shown, e);
+        let Some(first) = r.links.get(&n) else {
+            return Ok(());
+        };
+        let keep = existing.map(|st| {
+            st.id() == first.id
+                || match r.overwrite_for(st) {
+                    Overwrite::Never => true,
+                    Overwrite::IfNewer => st.mtime.0 >= m.seconds(),
+                    Overwrite::IfChanged | Overwrite::Always => false,
+                }
+        });
+        let made = match (keep, existing) {
+            (Some(true), _) => {
+                r.report.kept += 1;
+                Ok(())
+            }
+            (_, Some(st)) if st.kind() == libc::S_IFDIR => Err(Error::Invalid(format!(
+                "{}: a directory is where the image holds a file; not replaced",
+                shown.display()
+            ))),
+            _ => (|| {
+                if existing.is_some() {
+                    sys::unlink_at(dir, cname).map_err(io)?;
+                }
+                sys::link_at(first.dir.as_fd(), &first.name, dir, cname).map_err(io)?;
+                let st = sys::stat_at(dir, cname).map_err(io)?;
+                if st.id() != first.id {
+                    let _ = sys::unlink_at(dir, cname);
+                    return Err(Error::Invalid(format!(
+                        "{}: its first name was replaced during the restore (the link was \
+                         removed)",
+                        shown.display()
+                    )));
+                }
+                r.report.hardlinks += 1;
+                Ok(())
+            })(),
+        };
+        // This name is done with, restored or not: it is not one outside the
+        // restored directory.
+        if let Some(first) = r.links.get_mut(&n) {
+            first.left = first.left.saturating_sub(1);
+            if first.left == 0 {
+                r.links.remove(&n);
+            }
+        }
+        made
     }
 
     /// A directory's entries (without `.` and `..`) in name order: their paths,

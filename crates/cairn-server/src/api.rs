@@ -867,14 +867,28 @@ async fn check_dedup_list(
             t.role.as_str()
         )));
     }
-    if t.role != Role::Admin
-        && let Some(writer) = store.dedup.writer_of(&index_name)
-        && writer != t.id
-    {
-        return Err(ApiError::forbidden(format!(
-            "{index_name} was stored by another token: only its writer describes it"
-        )));
-    }
+    // Only the token that stored the index file through this server (in this
+    // run) describes it; a file whose writer is not known here (stored before
+    // a restart, or through another server) gets its list from an admin only
+    // (QA: after a restart, another backup token could describe a victim's
+    // index file, and queries then answered "stored" for what it named). The
+    // client that stored it goes on without the list: its chunks count as
+    // unknown until an admin's next index rewrite.
+    let writer_check = || -> ApiResult<()> {
+        if t.role == Role::Admin {
+            return Ok(());
+        }
+        match store.dedup.writer_of(&index_name) {
+            Some(writer) if writer == t.id => Ok(()),
+            Some(_) => Err(ApiError::forbidden(format!(
+                "{index_name} was stored by another token: only its writer describes it"
+            ))),
+            None => Err(ApiError::forbidden(format!(
+                "{index_name} was not stored through this server since it started: \
+                 only an admin token describes it"
+            ))),
+        }
+    };
     // The index file must be large enough to list that many blobs: the server
     // keeps every listed id in memory, and a list naming millions of ids for a
     // tiny index file would cost it that memory for nothing stored.
@@ -885,6 +899,7 @@ async fn check_dedup_list(
             "no_index_file",
             format!("{name}: {index_name} is not stored (a list follows its index file)"),
         )),
+        Some(_) if let Err(e) = writer_check() => Err(e),
         Some(size) if size < need => Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "content_mismatch",

@@ -636,8 +636,8 @@ impl Dedup {
     /// when it is remembered. Only that token may store the file's dedup list:
     /// another client that holds the key could otherwise store a lying list for a
     /// victim's new index file first (the victim takes the conflict for success).
-    /// Best effort: a file stored before a restart, or through another server, is
-    /// not remembered, and its list is taken from any backup token.
+    /// A file stored before a restart, or through another server, is not
+    /// remembered: its list is then taken from an admin token only.
     pub fn writer_of(&self, name: &str) -> Option<String> {
         let w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
         w.by_name.get(name).cloned()

@@ -431,8 +431,10 @@ impl ServerBackend {
                 }
                 if m.contains("UnknownIssuer") {
                     m.push_str(
-                        " (a server with a self-signed certificate: pass the fingerprint \
-                         `cairn serve` printed with --server-fingerprint)",
+                        " (a certificate no CA this machine trusts signed: for the \
+                         self-signed one `cairn serve` made, pass the fingerprint it printed \
+                         with --server-fingerprint; for one your own CA signed, pass that \
+                         CA's certificate with --cacert)",
                     );
                 }
                 m

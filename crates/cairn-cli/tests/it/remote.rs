@@ -180,7 +180,8 @@ fn s3_errors_are_one_clear_line() {
         c.arg("--repo").arg(bad);
         let o = c.output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{bad}: {err}");
+        // A location that cannot be one is a usage error.
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
         assert!(
             err.contains("bucket") || err.contains("host"),
             "{bad}: {err}"

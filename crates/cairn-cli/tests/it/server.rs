@@ -1587,24 +1587,15 @@ fn a_full_disk_or_a_killed_client_costs_nothing_committed() {
         Duration::from_secs(10),
     );
     lines.drain();
-    let mut child = client_cmd(
+    let mut backup = client_cmd(
         &env,
         &srv,
         "full",
         &t_full,
         &["backup", big.to_str().unwrap()],
-    )
-    .env("CAIRN_LIMIT_UPLOAD", "10M")
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
-    lines.wait_for(
-        "PUT /v1/datastores/full/objects/data/",
-        Duration::from_secs(60),
     );
-    child.kill().unwrap();
-    let _ = child.wait();
+    backup.env("CAIRN_LIMIT_UPLOAD", "10M");
+    kill_when_logged(backup, &mut lines, "PUT /v1/datastores/full/objects/data/");
     srv.lines = Some(lines);
     full.check_clean();
     assert_eq!(
@@ -1631,6 +1622,19 @@ fn a_full_disk_or_a_killed_client_costs_nothing_committed() {
     let r = full.restore("latest", &big, "r");
     assert_same(&big, &r);
     srv.stop();
+}
+
+/// Runs a client (its output thrown away) and kills it once the server logs a
+/// line holding `needle` (within a minute).
+fn kill_when_logged(mut cmd: Command, lines: &mut StderrLines, needle: &str) {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    lines.wait_for(needle, Duration::from_secs(60));
+    child.kill().unwrap();
+    let _ = child.wait();
 }
 
 fn uploaded(stderr: &str) -> u64 {
@@ -2177,6 +2181,20 @@ fn dedup_answers_follow_prune_and_hostile_lists_are_refused_or_found() {
     env.ok(&["repair", "index"]);
     env.check_clean();
     srv.stop();
+}
+
+/// The standard error of a `--json` run, each event line that carries a message
+/// (warnings, notices) given as that message; every line must be JSON.
+fn messages(stderr: &[u8]) -> String {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}"));
+            v["message"].as_str().map_or(l.to_string(), str::to_string)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn hex(b: &[u8]) -> String {
@@ -4200,7 +4218,7 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
             &admin,
             &["forget", "--keep-last", "1", "--host", "web02", "--json"],
         );
-        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let err = messages(&o.stderr);
         let groups: serde_json::Value = serde_json::from_str(&ok(o, "forget")).unwrap();
         let ids = |k: &str| -> Vec<String> {
             groups
@@ -4321,7 +4339,7 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
             "--json",
         ],
     );
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let err = messages(&o.stderr);
     let groups: serde_json::Value = serde_json::from_str(&ok(o, "forget web03")).unwrap();
     let of = |k: &str| -> Vec<String> {
         (groups.as_array().unwrap().iter())
@@ -4624,20 +4642,11 @@ fn a_killed_copy_into_the_server_sends_again_only_what_was_in_flight() {
     let t = srv.token("root", "main", "admin");
     let mut lines = srv.lines.take().unwrap();
     lines.drain();
-    let mut child = client_cmd(&env, &srv, "main", &t, &["copy", "--from", &src.location])
-        .env("CAIRN_FROM_PASSWORD", PASSWORD)
-        .env("CAIRN_LIMIT_UPLOAD", "8M")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // The first pack's index: what was sent up to here is kept.
-    lines.wait_for(
-        "PUT /v1/datastores/main/objects/index/",
-        Duration::from_secs(60),
-    );
-    child.kill().unwrap();
-    let _ = child.wait();
+    let mut copy = client_cmd(&env, &srv, "main", &t, &["copy", "--from", &src.location]);
+    copy.env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .env("CAIRN_LIMIT_UPLOAD", "8M");
+    // At the first pack's index: what was sent up to there is kept.
+    kill_when_logged(copy, &mut lines, "PUT /v1/datastores/main/objects/index/");
     srv.lines = Some(lines);
     let stored = data_bytes(&env.repo);
     // Indexed after the first packs, not once all were sent.

@@ -1056,12 +1056,12 @@ pub struct RestoreArgs {
     /// once its bytes are compared too (else it is written again)
     #[arg(long)]
     pub verify: bool,
-    /// List each regular file on stdout once done: restored (where nothing was),
+    /// List each entry on stdout once done: restored (where nothing was),
     /// updated (written over, or metadata only), unchanged, deleted (--delete);
     /// with --dry-run, what would be (deletions in its "would delete" lines)
     /// (restic's -vv; with --json, a "file" event line each on stderr).
-    /// Directories, symlinks and special files are counted in the summary, not
-    /// listed
+    /// Directories (as they are entered), symlinks and special files are listed
+    /// too; a directory is "updated" when its mode, owner or time is set back
     #[arg(short = 'v', long)]
     pub verbose: bool,
     /// Accepted for restic's scripts: cairn always leaves a file's runs of zeros

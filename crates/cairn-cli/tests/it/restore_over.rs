@@ -357,9 +357,11 @@ fn the_summary_says_what_was_written_kept_and_deleted() {
     );
 }
 
-/// `restore -v` lists each file as restic's -vv does: restored, updated (its
-/// metadata only), unchanged, deleted (--delete); with --dry-run, what it would
-/// do, changing nothing.
+/// `restore -v` lists each entry as restic's -vv does: restored, updated (its
+/// metadata only), unchanged, deleted (--delete); directories and symlinks too (a
+/// directory is updated when its mode, owner or time is set back: entries added
+/// or removed in it changed its time); with --dry-run, what it would do,
+/// changing nothing.
 #[test]
 fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
     let (env, snap, _src, copy) = backed_up();
@@ -369,11 +371,14 @@ fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
     // As restic's words: "restored" where nothing was, "updated" over what was
     // there (content or metadata).
     let want = pairs(&[
+        ("updated", "d"),
         ("deleted", "d/newdir"),
+        ("unchanged", "d/sub"),
         ("unchanged", "d/sub/deep"),
         ("updated", "edited"),
         ("deleted", "extra"),
         ("restored", "gone"),
+        ("unchanged", "link"),
         ("unchanged", "same"),
         ("updated", "touched"),
     ]);
@@ -402,7 +407,8 @@ fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|e| e["type"] == "file" && e["action"] == "updated")
         .count();
-    assert_eq!(written, 5, "{o:?}");
+    // The five files and the symlink (directories hold their metadata already).
+    assert_eq!(written, 6, "{o:?}");
     // Without the flag, nothing.
     let out = env.ok(&args(&[]));
     assert!(listed(&out).is_empty(), "{out}");
@@ -425,7 +431,11 @@ fn verbose_lists_hard_links_once_their_content_is_written() {
     let copy = t.join(src.strip_prefix("/").unwrap());
     assert_eq!(
         listed_files(&out, &copy),
-        pairs(&[("restored", "a/one"), ("restored", "two")]),
+        pairs(&[
+            ("restored", "a"),
+            ("restored", "a/one"),
+            ("restored", "two")
+        ]),
         "{out}"
     );
     let at = |name: &str| out.find(&format!("{}/{name}\n", copy.display())).unwrap();
@@ -443,12 +453,20 @@ fn verbose_lists_hard_links_once_their_content_is_written() {
     };
     let dry = run(&["--overwrite", "if-newer", "--dry-run"]);
     let real = run(&["--overwrite", "if-newer"]);
-    assert_eq!(real, pairs(&[("restored", "a/one"), ("unchanged", "two")]));
+    // (`a` lost an entry, so it is newer than the snapshot's: if-newer keeps it.)
+    assert_eq!(
+        real,
+        pairs(&[
+            ("unchanged", "a"),
+            ("restored", "a/one"),
+            ("unchanged", "two")
+        ])
+    );
     assert_eq!(dry, real);
     // Written over, both names are "updated", the link too.
     assert_eq!(
         run(&["--overwrite", "always"]),
-        pairs(&[("updated", "a/one"), ("updated", "two")])
+        pairs(&[("updated", "a"), ("updated", "a/one"), ("updated", "two")])
     );
 }
 

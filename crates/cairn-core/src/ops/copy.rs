@@ -887,11 +887,7 @@ impl Copier<'_> {
         // to a server are the slow ones); elsewhere at most a few packs.
         // (A copy's destination index is read whole, with no dedup service: the
         // location says it is a server. QA: a killed copy sent everything again.)
-        let through_server = matches!(
-            crate::repo::storage::Location::parse(self.dst.location()),
-            Ok(crate::repo::storage::Location::Server(_))
-        );
-        let per_flush = if through_server || self.dst.dedup().is_some() {
+        let per_flush = if self.dst.through_server() || self.dst.dedup().is_some() {
             1
         } else {
             COPY_INDEX_FLUSH_PACKS

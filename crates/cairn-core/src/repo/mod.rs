@@ -560,6 +560,16 @@ impl Repository {
         &self.location
     }
 
+    /// Whether this repository is a datastore of `cairn serve` (`cairn+https://`):
+    /// the server judges locks and missing packs itself, and its links are the slow
+    /// ones, so callers flush index files more often and skip their own checks.
+    pub fn through_server(&self) -> bool {
+        matches!(
+            storage::Location::parse(&self.location),
+            Ok(storage::Location::Server(_))
+        )
+    }
+
     /// The secret of the first key file that opens with `password` and `fits`
     /// (authenticates the config); one that opens but does not fit is passed over,
     /// and named if no other fits.

@@ -429,13 +429,7 @@ fn same_paths(a: &[String], b: &[String]) -> bool {
 /// backup's index files are taken back (its other packs are then unindexed, and
 /// prune's to remove) and it fails.
 fn packs_still_there(repo: &Repository, r: &Ran) -> Result<()> {
-    if r.pack_ids.is_empty()
-        || repo.backend().discards_writes()
-        || matches!(
-            crate::repo::storage::Location::parse(repo.location()),
-            Ok(crate::repo::storage::Location::Server(_))
-        )
-    {
+    if r.pack_ids.is_empty() || repo.backend().discards_writes() || repo.through_server() {
         return Ok(());
     }
     let mut by_dir: std::collections::BTreeMap<String, Vec<String>> = Default::default();

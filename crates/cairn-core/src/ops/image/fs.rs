@@ -699,20 +699,8 @@ impl ImageFs {
         )
         .map_err(|e| match e {
             Error::Io { path: at, source } if source.kind() == std::io::ErrorKind::StorageFull => {
-                // As a restore of files says it: where it stopped, and that a
-                // second run finishes the work (the unfinished mark stays).
-                Error::io(
-                    target,
-                    std::io::Error::new(
-                        std::io::ErrorKind::StorageFull,
-                        format!(
-                            "no space left on the target: the restore stopped at {} and \
-                             restored nothing that comes after it; run it again once there \
-                             is room, and it finishes what this one left",
-                            at.display()
-                        ),
-                    ),
-                )
+                // As a restore of files says it.
+                crate::ops::restore::target_full(target, &at, "")
             }
             e => e,
         })?;

@@ -618,6 +618,37 @@ pub(super) fn restore(
     })
 }
 
+/// The size `restore --verbose` gives an entry: a file's, 0 for anything else.
+fn list_size(node: &Node) -> u64 {
+    if node.kind == NodeKind::File {
+        node.size
+    } else {
+        0
+    }
+}
+
+/// The error of a restore (of files, or of files from an image) that stopped on
+/// a full target: where it stopped, what it left (`left`, empty or starting with
+/// ", "), and that a second run finishes the work (the unfinished mark stays).
+pub(crate) fn target_full(
+    target: &std::path::Path,
+    stopped_at: &std::path::Path,
+    left: &str,
+) -> Error {
+    Error::io(
+        target,
+        std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            format!(
+                "no space left on the target: the restore stopped at {}{left}, and \
+                 restored nothing that comes after it in the snapshot; \
+                 run it again once there is room, and it finishes what this one left",
+                stopped_at.display()
+            ),
+        ),
+    )
+}
+
 fn not_a_directory(target: &std::path::Path) -> Error {
     Error::Invalid(format!(
         "the target {} exists and is not a directory (a snapshot of files is restored into a directory)",
@@ -1247,18 +1278,7 @@ impl Walk<'_> {
                 crate::units::count(self.stats.unwritten_full, "other file")
             ));
         }
-        Some(Error::io(
-            &self.opts.target,
-            std::io::Error::new(
-                std::io::ErrorKind::StorageFull,
-                format!(
-                    "no space left on the target: the restore stopped at {}{skipped}, and \
-                     restored nothing that comes after it in the snapshot; \
-                     run it again once there is room, and it finishes what this one left",
-                    first.display()
-                ),
-            ),
-        ))
+        Some(target_full(&self.opts.target, first, &skipped))
     }
 
     fn issue(&mut self, path: PathBuf, message: String) {
@@ -1419,9 +1439,7 @@ impl Walk<'_> {
 
     /// An entry left as it was.
     fn kept(&mut self, st: &sys::Stat, node: &Node, path: impl FnOnce() -> PathBuf) {
-        if node.kind == NodeKind::File {
-            self.list(FileAction::Unchanged, path, node.size);
-        }
+        self.list(FileAction::Unchanged, path, list_size(node));
         self.stats.kept += 1;
         // A file kept where the snapshot has something else counts too.
         if st.kind() == libc::S_IFREG {
@@ -1664,9 +1682,13 @@ impl Walk<'_> {
         } = scope;
         // Something other than a directory where the snapshot has one: replaced
         // unless the mode keeps it (then nothing below is restored either).
-        if !fresh
-            && let Some(st) = self.existing(parent, &name)?
-            && st.kind() != libc::S_IFDIR
+        let existing = if fresh {
+            None
+        } else {
+            self.existing(parent, &name)?
+        };
+        let other_there = existing.is_some_and(|st| st.kind() != libc::S_IFDIR);
+        if let Some(st) = existing.filter(|_| other_there)
             && self.decide(parent, &name, Some(&st), &node) != Decision::Write
         {
             self.kept(&st, &node, || parent.node.join(&name));
@@ -1721,6 +1743,21 @@ impl Walk<'_> {
         if unfinished_own {
             self.flag_later(parent, &name, &node);
         }
+        // Listed as it is entered, so that its entries come after it.
+        self.list(
+            if keep_meta {
+                FileAction::Unchanged
+            } else {
+                overwrite::dir_action(
+                    (!opened.created).then_some(&opened.stat),
+                    other_there,
+                    &node,
+                    self.opts.owners,
+                )
+            },
+            || parent.node.join(&name),
+            0,
+        );
         if keep_meta {
             // Counted, not reported done: that is when it is complete.
             self.stats.kept += 1;
@@ -2306,6 +2343,7 @@ impl Walk<'_> {
             }
             NodeKind::File | NodeKind::Dir => return,
         };
+        let mut replaced = false;
         if !fresh {
             match sys::stat_at(parent.fd(), name) {
                 Ok(st) if self.decide(parent, name, Some(&st), node) != Decision::Write => {
@@ -2317,6 +2355,7 @@ impl Walk<'_> {
                         self.progress.entry_done();
                         return;
                     }
+                    replaced = true;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
                 Err(e) => {
@@ -2334,6 +2373,7 @@ impl Walk<'_> {
                 self.issue(parent.node.join(name), format!("creating hard link: {e}"));
             } else {
                 self.stats.other += 1;
+                self.list(FileAction::written(replaced), || parent.node.join(name), 0);
             }
             self.progress.entry_done();
             return;
@@ -2354,6 +2394,7 @@ impl Walk<'_> {
             self.issue(parent.node.join(name), e.to_string());
         } else {
             self.stats.other += 1;
+            self.list(FileAction::written(replaced), || parent.node.join(name), 0);
             let r = target::open_created_special(parent.fd(), name, kind, rdev)
                 .and_then(|fd| metadata::apply(fd.as_fd(), true, node, self.opts.owners));
             if let Err(e) = r {

@@ -13,6 +13,7 @@
 use super::metadata::XattrSelect;
 use super::sys::{self, Stat};
 use crate::error::{Error, Result};
+use crate::progress::FileAction;
 use crate::repo::Repository;
 use crate::tree::chunklist::for_each_chunk;
 use cairn_format::tree::{Node, NodeKind};
@@ -197,6 +198,26 @@ pub(crate) fn keeps_dir(
         Overwrite::Never => true,
         Overwrite::IfNewer => !snapshot_is_newer(st, node),
         Overwrite::Always | Overwrite::IfChanged => false,
+    }
+}
+
+/// What `restore --verbose` says of a directory that gets the snapshot's
+/// metadata: `dir` is the one that was there (None: made by the restore, where
+/// nothing was or, `replaced`, something other than a directory was). Updated
+/// when its mode, owner (if restored) or modification time differ, as a file
+/// whose metadata only is set; else unchanged.
+pub(crate) fn dir_action(
+    dir: Option<&Stat>,
+    replaced: bool,
+    node: &Node,
+    owners: bool,
+) -> FileAction {
+    match dir {
+        None => FileAction::written(replaced),
+        Some(st) if metadata_differs(st, node, owners) || st.mtime != mtime_of(node) => {
+            FileAction::Updated
+        }
+        Some(_) => FileAction::Unchanged,
     }
 }
 

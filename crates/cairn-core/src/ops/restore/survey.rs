@@ -153,10 +153,11 @@ pub(super) fn dry_run(
         };
         match node.kind {
             NodeKind::Dir => {
-                if let Some(st) = &existing
-                    && st.kind() != libc::S_IFDIR
+                let other_there = existing.is_some_and(|st| st.kind() != libc::S_IFDIR);
+                if let Some(st) = existing.as_ref().filter(|_| other_there)
                     && decide(Some(st)) != Decision::Write
                 {
+                    say(FileAction::Unchanged, &path, 0);
                     kept(&mut stats, st, &node);
                     continue;
                 }
@@ -179,9 +180,18 @@ pub(super) fn dry_run(
                                 &node,
                             ) =>
                     {
+                        say(FileAction::Unchanged, &path, 0);
                         kept(&mut stats, st, &node)
                     }
-                    _ => stats.dirs += 1,
+                    _ => {
+                        let dir = existing.as_ref().filter(|_| !other_there);
+                        say(
+                            overwrite::dir_action(dir, other_there, &node, opts.owners),
+                            &path,
+                            0,
+                        );
+                        stats.dirs += 1
+                    }
                 }
                 let sub = match (&existing, parent) {
                     (Some(st), Some(p)) if st.kind() == libc::S_IFDIR => {
@@ -295,10 +305,14 @@ pub(super) fn dry_run(
             _ => match (decide(existing.as_ref()), &existing) {
                 (Decision::Write, _) | (_, None) => {
                     if clear(&mut stats) {
+                        say(FileAction::written(existing.is_some()), &path, 0);
                         stats.other += 1;
                     }
                 }
-                (_, Some(st)) => kept(&mut stats, st, &node),
+                (_, Some(st)) => {
+                    say(FileAction::Unchanged, &path, 0);
+                    kept(&mut stats, st, &node)
+                }
             },
         }
     }

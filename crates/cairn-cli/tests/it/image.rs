@@ -2363,9 +2363,7 @@ fn a_file_system_on_a_new_device_is_not_read_again() {
     env.init(&[]);
     let tree = env.path("tree");
     fs::create_dir_all(&tree).unwrap();
-    for i in 0..5 {
-        fs::write(tree.join(format!("f{i}")), Rng(i).bytes(200_000, false)).unwrap();
-    }
+    random_files(&tree, "f", 5, 200_000, 0);
     let img = ext4_image(&env, &tree, &[]);
     let copy = env.path("copy.img");
     fs::copy(&img, &copy).unwrap();

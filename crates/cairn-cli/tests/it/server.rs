@@ -793,9 +793,7 @@ fn a_backup_survives_the_server_stopping_and_dying_mid_upload() {
         env.init(&[]);
         let src = env.path("src");
         std::fs::create_dir_all(&src).unwrap();
-        for i in 0..6 {
-            std::fs::write(src.join(format!("f{i}")), Rng(i + 7).bytes(12 << 20, false)).unwrap();
-        }
+        random_files(&src, "f", 6, 12 << 20, 7);
         let state = env.path("state");
         let first = Server::start(&state, &[("main", &env.repo)], false);
         let port = first.port;
@@ -1498,13 +1496,7 @@ fn a_full_disk_or_a_killed_client_costs_nothing_committed() {
     make_full_tree(&small, 71);
     let big = env.path("big");
     std::fs::create_dir_all(&big).unwrap();
-    for i in 0..8 {
-        std::fs::write(
-            big.join(format!("f{i}")),
-            Rng(i + 300).bytes(6 << 20, false),
-        )
-        .unwrap();
-    }
+    random_files(&big, "f", 8, 6 << 20, 300);
     let srv = Server::start(
         &env.path("state"),
         &[("full", &full.repo), ("other", &env.repo)],
@@ -1568,13 +1560,7 @@ fn a_full_disk_or_a_killed_client_costs_nothing_committed() {
 
     // A client killed right after its first pack reached the server.
     std::fs::write(big.join("f-new"), Rng(999).bytes(20 << 20, false)).unwrap();
-    for i in 0..4 {
-        std::fs::write(
-            big.join(format!("g{i}")),
-            Rng(i + 500).bytes(6 << 20, false),
-        )
-        .unwrap();
-    }
+    random_files(&big, "g", 4, 6 << 20, 500);
     let mut srv = srv;
     let mut lines = srv.lines.take().unwrap();
     // Only what the server logs from now on (the earlier backups' lines are read).
@@ -4626,13 +4612,7 @@ fn a_killed_copy_into_the_server_sends_again_only_what_was_in_flight() {
     src.init(&[]);
     let tree = src.path("tree");
     std::fs::create_dir_all(&tree).unwrap();
-    for i in 0..3 {
-        std::fs::write(
-            tree.join(format!("q{i}")),
-            Rng(i + 700).bytes(12 << 20, false),
-        )
-        .unwrap();
-    }
+    random_files(&tree, "q", 3, 12 << 20, 700);
     src.backup(&[&tree]);
     let env = Env::new();
     env.init(&[]);

@@ -274,6 +274,20 @@ pub fn s3_location(test: &str) -> String {
 /// Deterministic pseudo-random bytes (xorshift), optionally compressible.
 pub struct Rng(pub u64);
 
+/// `n` files of `size` incompressible bytes in `dir` (made if missing), named
+/// `{prefix}0`, `{prefix}1`, ...: file `i` is `Rng(seed + i)`'s, so a test can
+/// write one again as it was.
+pub fn random_files(dir: &Path, prefix: &str, n: u64, size: usize, seed: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    for i in 0..n {
+        std::fs::write(
+            dir.join(format!("{prefix}{i}")),
+            Rng(seed + i).bytes(size, false),
+        )
+        .unwrap();
+    }
+}
+
 impl Rng {
     pub fn next(&mut self) -> u64 {
         let mut x = self.0;

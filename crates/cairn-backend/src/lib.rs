@@ -42,7 +42,9 @@ pub use local::{LocalBackend, private_dir, replace_private_file};
 pub use mem::MemBackend;
 pub use retry::{RetryBackend, RetryPolicy};
 pub use s3::{S3_SILENCE, S3Backend, S3Location, S3Options};
-pub use server::{ServerBackend, ServerLocation, ServerOptions, parse_fingerprint};
+pub use server::{
+    SERVER_SILENCE_MIN, ServerBackend, ServerLocation, ServerOptions, parse_fingerprint,
+};
 pub use throttle::{Limiter, ThrottledBackend, Traffic, stop_waits_on};
 
 pub use bytes::Bytes;

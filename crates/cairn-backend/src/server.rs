@@ -29,7 +29,8 @@ pub struct ServerOptions {
     pub insecure_tls: bool,
     /// How long a request may go without a byte before the attempt is given up
     /// (and retried); default two minutes. `--retry-for` shortens it, to no less
-    /// than [`SERVER_SILENCE_MIN`].
+    /// than [`SERVER_SILENCE_MIN`] for a client that may ask for a job slot (the
+    /// caller's to keep: a mount, which never asks, waits less).
     pub silence: Option<std::time::Duration>,
 }
 
@@ -276,7 +277,6 @@ impl ServerBackend {
             })?;
         let mut client = crate::io::http_client();
         if let Some(silence) = opts.silence {
-            let silence = silence.max(SERVER_SILENCE_MIN);
             client = client.read_timeout(silence).tcp_user_timeout(silence);
         }
         if let Some(fp) = &opts.fingerprint {

@@ -41,7 +41,7 @@ pub const VIRTUAL_TTL: Duration = Duration::from_secs(1);
 
 /// Shared by the kernel's request threads and the mount handle.
 pub struct State {
-    pub sessions: Sessions,
+    pub sessions: Arc<Sessions>,
     pub table: Mutex<Table>,
     pub trees: TreeCache,
     pub fetch: Fetcher,
@@ -215,7 +215,7 @@ pub fn node_attr(n: &Node) -> FileAttr {
 
 impl State {
     pub fn new(
-        sessions: Sessions,
+        sessions: Arc<Sessions>,
         trees: TreeCache,
         fetch: Fetcher,
         log: Log,

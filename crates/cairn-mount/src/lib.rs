@@ -171,7 +171,7 @@ pub fn mount(
 ) -> Result<Mounted, MountError> {
     let log = log::Log::new(on_error);
     let cache = Arc::new(BlobCache::new(opts.cache_bytes));
-    let sessions = sessions::Sessions::new(
+    let sessions = Arc::new(sessions::Sessions::new(
         repo,
         cache.clone(),
         sessions::Timing {
@@ -180,7 +180,7 @@ pub fn mount(
             refresh: opts.listing_refresh,
         },
         log.clone(),
-    )?;
+    )?);
     let single = match &opts.snapshot {
         None => None,
         Some(spec) => {

@@ -21,7 +21,7 @@ use cairn_core::progress::Progress;
 use cairn_core::repo::blobcache::BlobCache;
 use cairn_core::session::{IndexLoad, Read, Session};
 use cairn_core::{Error, Repository, Result};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -32,11 +32,22 @@ pub struct Timing {
     pub refresh: Duration,
 }
 
+/// How long a look at the top level waits for the snapshots to be listed again
+/// before it answers with the listing it has (the new one lands when it comes):
+/// a storage that stopped answering must not hang `ls` of the mount (QA: 160 s).
+const REFRESH_WAIT: Duration = Duration::from_secs(2);
+
 pub struct Sessions {
     template: Repository,
     cache: Arc<BlobCache>,
     timing: Timing,
     current: Mutex<Option<Cached>>,
+    /// Held while a session opens, so that one opens at a time; `current` is
+    /// not, so that what needs no storage (the sweeper, `active`, a refresh
+    /// already under way) never waits for a storage that does not answer.
+    opening: Mutex<()>,
+    /// A listing again is under way ([`Sessions::refresh_if_stale`]).
+    refreshing: Arc<AtomicBool>,
     listing: Mutex<(Arc<Listing>, Instant)>,
     closed: AtomicBool,
     opened: std::sync::atomic::AtomicU64,
@@ -66,6 +77,8 @@ impl Sessions {
             cache,
             timing,
             current: Mutex::new(None),
+            opening: Mutex::new(()),
+            refreshing: Arc::new(AtomicBool::new(false)),
             listing: Mutex::new((Arc::new(Listing::default()), Instant::now())),
             closed: AtomicBool::new(false),
             opened: Default::default(),
@@ -81,15 +94,16 @@ impl Sessions {
         if self.closed.load(Ordering::Relaxed) {
             return Err(Error::Invalid("the mount is being unmounted".into()));
         }
-        let mut cur = lock(&self.current);
-        if let Some(c) = cur.as_mut()
-            && c.opened.elapsed() < self.timing.max_age
-        {
-            c.used = Instant::now();
-            return Ok(c.session.clone());
+        if let Some(s) = self.current_session() {
+            return Ok(s);
+        }
+        let _one = lock(&self.opening);
+        // Opened by another request while this one waited.
+        if let Some(s) = self.current_session() {
+            return Ok(s);
         }
         // The old one goes first: its lock is not needed twice.
-        cur.take();
+        retire(lock(&self.current).take());
         let repo = self.template.reopen()?.with_blob_cache(self.cache.clone());
         let session = Session::<Read>::open(repo, "mount", IndexLoad::ForReads, &Progress::none())?;
         let (list, problems) = Listing::new(&session.snapshots()?.0);
@@ -104,13 +118,23 @@ impl Sessions {
         let session = Arc::new(session);
         *lock(&self.last) = Arc::downgrade(&session);
         let now = Instant::now();
-        *cur = Some(Cached {
+        *lock(&self.current) = Some(Cached {
             session: session.clone(),
             opened: now,
             used: now,
         });
         self.opened.fetch_add(1, Ordering::Relaxed);
         Ok(session)
+    }
+
+    /// The open session, if it is not older than `max_age` (marked used).
+    fn current_session(&self) -> Option<Arc<Session<Read>>> {
+        let mut cur = lock(&self.current);
+        let c = cur
+            .as_mut()
+            .filter(|c| c.opened.elapsed() < self.timing.max_age)?;
+        c.used = Instant::now();
+        Some(c.session.clone())
     }
 
     /// The snapshots as the newest session listed them.
@@ -123,16 +147,43 @@ impl Sessions {
     /// access after a pause sees what was backed up or forgotten meanwhile, as
     /// the README says (QA: listing the top level after 40 s idle still showed
     /// the old snapshots until the minute was up). A failure keeps the old
-    /// listing and is logged.
-    pub fn refresh_if_stale(&self) {
+    /// listing and is logged. It waits [`REFRESH_WAIT`] at most: past that the
+    /// caller answers from the listing it has, and the new one replaces it when
+    /// it comes (one listing again at a time).
+    pub fn refresh_if_stale(self: &Arc<Self>) {
         let idle_ended = lock(&self.current).is_none();
         if !idle_ended && lock(&self.listing).1.elapsed() < self.timing.refresh {
             return;
         }
-        lock(&self.current).take();
-        if let Err(e) = self.get() {
-            self.log
-                .error(&format!("cannot list the snapshots again: {e}"));
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (done, wait) = std::sync::mpsc::channel();
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("mount-refresh".into())
+            .spawn(move || {
+                {
+                    // Taken only if no other open is under way (that one lists).
+                    let _one = lock(&me.opening);
+                    retire(lock(&me.current).take());
+                }
+                if let Err(e) = me.get() {
+                    me.log
+                        .error(&format!("cannot list the snapshots again: {e}"));
+                }
+                me.refreshing.store(false, Ordering::Release);
+                let _ = done.send(());
+            });
+        match spawned {
+            Ok(_) => {
+                let _ = wait.recv_timeout(REFRESH_WAIT);
+            }
+            Err(e) => {
+                self.refreshing.store(false, Ordering::Release);
+                self.log
+                    .error(&format!("cannot list the snapshots again: {e}"));
+            }
         }
     }
 
@@ -143,7 +194,7 @@ impl Sessions {
             .as_ref()
             .is_some_and(|c| c.used.elapsed() >= self.timing.idle)
         {
-            cur.take();
+            retire(cur.take());
         }
     }
 
@@ -162,11 +213,36 @@ impl Sessions {
     /// before the process ends.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Relaxed);
-        lock(&self.current).take();
+        let last = lock(&self.current).take();
+        drop(last);
         let last = lock(&self.last).clone();
         let t = Instant::now();
-        while last.strong_count() > 0 && t.elapsed() < Duration::from_secs(10) {
+        while (last.strong_count() > 0 || RETIRING.load(Ordering::Acquire) > 0)
+            && t.elapsed() < Duration::from_secs(10)
+        {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
 }
+
+/// Ends a session away from the caller: its lock is removed from the storage,
+/// which may not answer (a FUSE request or the sweeper must not wait for that).
+/// [`Sessions::close`] waits for them.
+fn retire(old: Option<Cached>) {
+    if let Some(old) = old {
+        RETIRING.fetch_add(1, Ordering::AcqRel);
+        let spawned = std::thread::Builder::new()
+            .name("mount-retire".into())
+            .spawn(move || {
+                drop(old);
+                RETIRING.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            // The closure, and the session with it, was dropped here.
+            RETIRING.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Sessions being ended by [`retire`].
+static RETIRING: AtomicUsize = AtomicUsize::new(0);

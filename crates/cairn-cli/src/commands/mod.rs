@@ -302,7 +302,8 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
             fingerprint: r.server_fingerprint.clone(),
             ca_cert: r.cacert.clone(),
             insecure_tls: r.insecure_tls,
-            silence,
+            // A job slot's request waits up to 20 s on the server before it answers.
+            silence: silence.map(|s| s.max(cairn_backend::SERVER_SILENCE_MIN)),
         },
         dry_run: false,
         ride_s3_restarts: true,

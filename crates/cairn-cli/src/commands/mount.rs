@@ -7,13 +7,20 @@ use std::time::Duration;
 
 /// A read through the mount waits for the storage a few seconds at most before it
 /// fails with EIO: a program reading a file must not hang for the minute and a
-/// half a backup would wait (unless `--retry-for` says otherwise).
+/// half a backup would wait (unless `--retry-for` says otherwise). Retries stop
+/// after [`MOUNT_SILENCE`] in all, and a storage that takes the connection but
+/// says nothing is given up on after as long (QA: a stopped server held a read
+/// for 135 s, 120 s of it one silent request).
 const MOUNT_RETRY: cairn_backend::RetryPolicy = cairn_backend::RetryPolicy {
     attempts: 4,
     first_delay: Duration::from_millis(250),
     max_delay: Duration::from_secs(2),
-    max_total: None,
+    max_total: Some(MOUNT_SILENCE),
 };
+
+/// See [`MOUNT_RETRY`]. A mount asks for no job slot, the one request a server
+/// holds for seconds before it answers.
+const MOUNT_SILENCE: Duration = Duration::from_secs(10);
 
 /// The content and tree caches: 64 MiB each by default; under `--memory-limit`, a
 /// third each of what the index leaves (the rest is the kernel's requests,
@@ -112,6 +119,8 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
     // `--retry-for` is the user's own bound; else a reader waits seconds, not minutes.
     if g.remote.retry_for.is_none() {
         storage.retry = MOUNT_RETRY;
+        storage.s3.silence = Some(MOUNT_SILENCE);
+        storage.server.silence = Some(MOUNT_SILENCE);
     }
     // The password is asked once: the mount keeps the key and reopens sessions
     // with it.

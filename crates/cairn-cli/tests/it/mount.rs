@@ -614,6 +614,53 @@ fn a_server_that_goes_away_gives_eio_within_seconds_not_a_hang() {
     assert!(!is_mounted(&mnt));
 }
 
+/// A server that stops answering (it takes connections and says nothing, as a
+/// hung S3 or a network black hole does): a read gives EIO within seconds, not
+/// minutes, and what was listed before keeps answering once the idle session is
+/// gone, the top level too (QA: a read took 135 s, `ls` of a listed directory
+/// 160 s, both behind the session's reopening).
+#[test]
+fn a_server_that_stops_answering_gives_eio_and_listed_directories_still_answer() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::create_dir_all(src.join("b")).unwrap();
+    fs::write(src.join("a/first.bin"), Rng(22).bytes(400_000, false)).unwrap();
+    fs::write(src.join("b/second.bin"), Rng(23).bytes(400_000, false)).unwrap();
+    env.backup(&[&src]);
+    let srv = crate::server::Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let token = srv.token("mount", "main", "admin");
+    let mnt = env.path("mnt");
+    let c = crate::server::client_cmd(
+        &env,
+        &srv,
+        "main",
+        &token,
+        &["mount", mnt.to_str().unwrap(), "--idle-secs", "1"],
+    );
+    let m = Mount::spawn(c, &mnt);
+    let dir = inside(&mnt.join("latest"), &src);
+    assert_eq!(names(&dir.join("b")), ["second.bin"]);
+    assert_eq!(names(&dir), ["a", "b"]);
+    srv.signal(nix::sys::signal::Signal::SIGSTOP);
+    let t = Instant::now();
+    let err = fs::read(dir.join("b/second.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(45), "{:?}", t.elapsed());
+    // Idle: the session is gone. The next look at the top level lists the
+    // snapshots again, which cannot finish: it answers from what it has.
+    std::thread::sleep(Duration::from_millis(1500));
+    let t = Instant::now();
+    assert_eq!(names(&dir), ["a", "b"]);
+    assert_eq!(names(&dir.join("b")), ["second.bin"]);
+    assert!(fs::metadata(mnt.join("latest")).is_ok());
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    drop(srv);
+    drop(m);
+    assert!(!is_mounted(&mnt));
+}
+
 /// `--memory-limit` on a mount: its caches are sized from what the index leaves and
 /// said at start; a `--cache-size` that does not fit, or a limit the index and the
 /// program alone exceed, is refused before anything is mounted.

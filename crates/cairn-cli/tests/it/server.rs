@@ -132,6 +132,11 @@ impl Server {
         self.admin_ok(&["token", "add", name, "--datastore", ds, "--role", role])
     }
 
+    /// Sends `signal` (SIGSTOP: a server that takes connections and says nothing).
+    pub(crate) fn signal(&self, signal: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal);
+    }
+
     /// Stops the server with SIGTERM and returns its log.
     fn stop(self) -> String {
         self.stop_by(nix::sys::signal::Signal::SIGTERM)

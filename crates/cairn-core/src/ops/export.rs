@@ -128,17 +128,27 @@ fn export_as<A: Access>(
     out: &mut dyn Write,
     complete_only: bool,
 ) -> Result<ExportReport> {
+    // Found before the archive starts: a tar writer ends its archive when
+    // dropped, and an empty but valid archive after a mistyped path let a
+    // pipeline (`| tar x`, a tape job) succeed (QA).
+    let start = find_node(session.repo(), root, path)?;
     match format {
         Format::Tar => run(
             session,
             root,
-            path,
+            (path, start),
             TarSink {
                 tar: tar::Builder::new(out),
             },
             complete_only,
         ),
-        Format::Zip => run(session, root, path, ZipSink::new(out), complete_only),
+        Format::Zip => run(
+            session,
+            root,
+            (path, start),
+            ZipSink::new(out),
+            complete_only,
+        ),
     }
 }
 
@@ -159,7 +169,7 @@ pub fn export_tar<A: Access>(
 fn run<A: Access, S: Sink>(
     session: &Session<A>,
     root: &BlobId,
-    path: &str,
+    path: (&str, Option<Node>),
     sink: S,
     complete_only: bool,
 ) -> Result<ExportReport> {
@@ -172,15 +182,15 @@ fn run<A: Access, S: Sink>(
     })
 }
 
+/// `path`: where the export starts, and its node (None: the root).
 fn run_with<S: Sink>(
     repo: &Repository,
     root: &BlobId,
-    path: &str,
+    (path, start): (&str, Option<Node>),
     sink: S,
     readers: &BlobReaders,
     complete_only: bool,
 ) -> Result<ExportReport> {
-    let start = find_node(repo, root, path)?;
     let base = crate::ops::ls::walk_path(path);
     let mut ex = Exporter {
         repo,

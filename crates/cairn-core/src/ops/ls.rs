@@ -8,10 +8,21 @@ use cairn_format::BlobId;
 use cairn_format::tree::{Node, NodeKind, Tree};
 
 /// Splits a snapshot path (`/home/a/b`) into its components.
+/// `path`'s names, `.` and `..` resolved by the text alone as [`normalise`] does,
+/// so that ls, dump, export, diff and find take a path spelled with them as
+/// restore's `--include` does (QA: `ls SNAP /a/b/..` was "no such file").
 fn components(path: &str) -> Vec<&str> {
-    path.split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .collect()
+    let mut out = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 use crate::tree::RAW_BYTE;

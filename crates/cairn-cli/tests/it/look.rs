@@ -5,7 +5,7 @@ use crate::util::*;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 fn json(env: &Env, args: &[&str]) -> serde_json::Value {
     let mut a = args.to_vec();
@@ -1749,4 +1749,53 @@ fn ls_sorts_by_size_time_and_extension() {
     assert_eq!(sizes, [40, 30, 20, 10]);
     let err = env.fails(&["ls", &snap, "--sort", "colour"], 2);
     assert!(err.contains("colour"), "{err}");
+}
+
+/// A path the snapshot does not hold writes nothing to standard output, so that
+/// `export ... | tar x` (or a tape job) fails with it (QA: an empty but valid tar
+/// came out, and tar exited 0); and `..` in a path is resolved by its text in
+/// ls, dump and export as restore's --include resolves it.
+#[test]
+fn export_of_a_missing_path_writes_nothing_and_dot_dot_resolves_everywhere() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("d/f"), b"hi").unwrap();
+    let snap = env.backup(&[&src]);
+    for args in [
+        vec!["export", snap.as_str(), "/typo"],
+        vec!["export", snap.as_str(), "/typo", "--format", "zip"],
+        vec!["dump", snap.as_str(), "/typo", "--archive", "tar"],
+    ] {
+        let o = env.run(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {o:?}");
+        assert!(o.stdout.is_empty(), "{args:?}: {} bytes", o.stdout.len());
+        assert!(
+            String::from_utf8_lossy(&o.stderr)
+                .contains("no such file or directory in the snapshot"),
+            "{o:?}"
+        );
+    }
+    let up = format!("{}/d/..", src.display());
+    let listed = env.ok(&["ls", &snap, &up]);
+    assert!(
+        listed.contains(&format!("{}/d/f", src.display())),
+        "{listed}"
+    );
+    let o = env.run(&["export", &snap, &up]);
+    assert!(o.status.success(), "{o:?}");
+    let t = Command::new("tar")
+        .arg("t")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    t.stdin.as_ref().unwrap().write_all(&o.stdout).unwrap();
+    let names = t.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&names.stdout),
+        "src\nsrc/d\nsrc/d/f\n"
+    );
 }

@@ -1082,12 +1082,33 @@ pub struct DownloadQuery {
 struct Pipe {
     tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
     buf: Vec<u8>,
+    meter: Meter,
+}
+
+/// What a download's pieces count against: the bytes sent (the server's and its
+/// datastore's, for /metrics) and the download limits (the token's, the
+/// server's), as the object routes do (QA: a 1 MiB/s limit let 40 MB through
+/// this route in 0.13 s, and /metrics counted none of it).
+struct Meter {
+    app: Arc<App>,
+    token: String,
+    store: Arc<Datastore>,
 }
 
 impl Pipe {
     fn send(&mut self) -> std::io::Result<()> {
         if self.buf.is_empty() {
             return Ok(());
+        }
+        let n = self.buf.len() as u64;
+        let m = &self.meter;
+        m.app.stats.bytes_out.fetch_add(n, Ordering::Relaxed);
+        m.store.stats.bytes_out.fetch_add(n, Ordering::Relaxed);
+        // On the export's own thread (not the runtime's): waiting here holds
+        // back the next piece, and with it the reading.
+        let wait = m.app.pace(&m.token, false, n);
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
         }
         let piece = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(PIECE)));
         self.tx
@@ -1233,10 +1254,16 @@ pub async fn download(
         t.who(),
         kind.map(|k| format!(" as {k}")).unwrap_or_default()
     ));
+    let meter = Meter {
+        app: app.clone(),
+        token: t.id.clone(),
+        store: store.clone(),
+    };
     tokio::task::spawn_blocking(move || {
         let mut pipe = Pipe {
             tx,
             buf: Vec::with_capacity(PIECE),
+            meter,
         };
         // A directory left out, or a file with zeros for what could not be read,
         // must not pass for a complete archive.

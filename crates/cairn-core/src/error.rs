@@ -89,6 +89,11 @@ pub enum Error {
     },
     #[error("{0}")]
     Invalid(String),
+    /// A snapshot that cannot be read stops an operation that needs all of them
+    /// (stats: its figures would be wrong, not only short). Damage in the
+    /// repository, not a wrong request: a server answers it as such (500).
+    #[error("{0}")]
+    SnapshotUnreadable(String),
     /// A value the caller gave cannot be taken (a pattern that is not a glob, a
     /// file name where a path is not allowed): nothing was done. The CLI exits 2
     /// for it as for any usage error, so that a script does not read a typo as a

@@ -402,6 +402,9 @@ fn engine_error(e: cairn_core::Error) -> ApiError {
             "wrong password: no key of the datastore opens with it",
         ),
         E::Backend(b) => ApiError::from(b),
+        e @ (E::Damaged { .. } | E::SnapshotUnreadable(_)) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "damaged", e.to_string())
+        }
         E::Invalid(m) => ApiError::new(StatusCode::NOT_FOUND, "not_found", m),
         E::BadArgument(m) => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", m),
         e => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "content", e.to_string()),

@@ -2974,6 +2974,34 @@ fn unlocked_server(env: &Env) -> Server {
     srv
 }
 
+/// A snapshot that cannot be read makes the datastore's figures a 500 "damaged"
+/// naming it, not a 404 (QA: any backup token's junk snapshot made /stats say
+/// "not_found").
+#[test]
+fn stats_with_an_unreadable_snapshot_is_a_damaged_answer() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    random_files(&src, "f", 1, 100_000, 78);
+    env.backup(&[&src]);
+    let junk = format!("{:064x}", 7);
+    std::fs::write(env.repo.join("snapshots").join(&junk), b"junkjunk").unwrap();
+    let srv = unlocked_server(&env);
+    let admin = srv.token("ops", "main", "admin");
+    let (code, body) = http(
+        srv.port,
+        "GET",
+        "/v1/datastores/main/stats",
+        Some(&admin),
+        b"",
+    );
+    assert_eq!(code, 500, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"], "damaged", "{v}");
+    assert!(v["message"].as_str().unwrap().contains(&junk[..8]), "{v}");
+    srv.stop();
+}
+
 /// A file downloaded from a snapshot (the console's links) keeps the token's
 /// download limit and counts in /metrics, as the object routes do (QA: 40 MB
 /// went at 300 MB/s under a 1 MiB/s limit, and `cairn_sent_bytes_total` stayed

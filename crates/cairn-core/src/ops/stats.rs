@@ -163,8 +163,9 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
     // Snapshots were listed before the index: their blobs are all in it.
     let (all, bad) = session.snapshots()?;
     if let Some(e) = bad.first() {
-        return Err(Error::Invalid(format!(
-            "{e}; statistics would be incomplete"
+        return Err(Error::SnapshotUnreadable(format!(
+            "{e}; statistics would be incomplete (`cairn snapshots` lists what cannot be \
+             read; `cairn forget` it, or `cairn repair snapshots`)"
         )));
     }
     let snaps: Vec<_> = match selected {

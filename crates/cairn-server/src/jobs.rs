@@ -1297,22 +1297,52 @@ fn run_job(
                 },
             )
             .map_err(|e| e.to_string())?;
-            Ok((
-                r.failed.is_empty() && r.unreadable_source_snapshots.is_empty(),
-                format!(
-                    "copied {} to {to}, {} sent{}",
-                    count(r.snapshots_copied as u64, "snapshot"),
-                    cairn_core::units::bytes(r.bytes_sent, 1),
-                    if r.failed.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", {} failed", r.failed.len())
-                    }
-                ),
-            ))
+            Ok(copy_summary(&r, &to))
         }
         k => Err(format!("unknown job kind {k}")),
     }
+}
+
+/// A copy run's outcome (false: problems) and summary. What went wrong is named,
+/// the first few of each kind, as a check run names its problems (QA: a run
+/// said "problems" and "copied 1 snapshot", and the admin had to guess which
+/// source snapshot could not be read).
+fn copy_summary(r: &cairn_core::copy::CopyReport, to: &str) -> (bool, String) {
+    const NAMED: usize = 3;
+    let mut problems: Vec<String> = Vec::new();
+    let mut name = |what: Vec<String>| {
+        let n = what.len();
+        problems.extend(what.into_iter().take(NAMED));
+        if n > NAMED {
+            problems.push(format!("and {} more", n - NAMED));
+        }
+    };
+    name(
+        r.failed
+            .iter()
+            .map(|f| format!("snapshot {} not copied: {}", f.source.short(), f.error))
+            .collect(),
+    );
+    name(
+        r.unreadable_source_snapshots
+            .iter()
+            .map(|e| format!("not read from the source: {e}"))
+            .collect(),
+    );
+    name(r.warnings.clone());
+    let mut summary = format!(
+        "copied {} to {to}, {} sent",
+        count(r.snapshots_copied as u64, "snapshot"),
+        cairn_core::units::bytes(r.bytes_sent, 1),
+    );
+    if !r.failed.is_empty() {
+        summary.push_str(&format!(", {} failed", r.failed.len()));
+    }
+    if !problems.is_empty() {
+        summary.push_str("; ");
+        summary.push_str(&problems.join("; "));
+    }
+    (problems.is_empty(), summary)
 }
 
 /// Prunes (blocking); a one-line summary.

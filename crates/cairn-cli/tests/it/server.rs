@@ -1241,6 +1241,11 @@ fn scheduled_jobs_run_and_keep_a_history() {
             && summary(&r).contains("cairn forget"),
         "{r}"
     );
+    // A copy with the junk among the source's snapshots: problems, and the
+    // summary names it (QA: "problems" beside "copied 0 snapshots" alone).
+    let r = run("replicate");
+    assert_eq!(r["outcome"], "problems", "{r}");
+    assert!(summary(&r).contains(&id[..8]), "{r}");
     ok(
         client(&env, &srv, "main", &admin, &["forget", &id]),
         "forget of the junk",

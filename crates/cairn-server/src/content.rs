@@ -72,6 +72,36 @@ pub struct Content {
     /// Counts locks ([`Self::lock`]): an unlock whose key derivation a lock
     /// overtook does not install its key.
     locks: AtomicU64,
+    /// When /metrics last had the figures computed again, and whether that is
+    /// under way ([`figures_for_metrics`]).
+    figures_tried: Mutex<Option<Instant>>,
+    figures_running: std::sync::atomic::AtomicBool,
+}
+
+/// How often /metrics has stale figures computed again, at most.
+const FIGURES_EVERY: Duration = Duration::from_secs(60);
+
+/// The datastore's figures (`cairn stats`) for /metrics: the last ones computed,
+/// None while it is locked or before the first. Stale ones (a write since) are
+/// computed again in the background, at most once a minute, so that a scrape
+/// never waits for a pass over the index while backups change it pack by pack.
+pub fn figures_for_metrics(ds: &Arc<Datastore>) -> Option<Arc<cairn_core::stats::Stats>> {
+    let c = &ds.content;
+    let u = c.unlocked()?;
+    let generation = c.generation.load(Ordering::Relaxed);
+    let cached = lock(&u.stats).clone();
+    let fresh = cached.as_ref().is_some_and(|(g, _)| *g == generation);
+    let due = lock(&c.figures_tried).is_none_or(|t| t.elapsed() >= FIGURES_EVERY);
+    if !fresh && due && !c.figures_running.swap(true, Ordering::AcqRel) {
+        *lock(&c.figures_tried) = Some(Instant::now());
+        let ds = ds.clone();
+        tokio::task::spawn_blocking(move || {
+            // An error (a damaged snapshot) is the console's and /stats' to say.
+            let _ = ds.content.stats();
+            ds.content.figures_running.store(false, Ordering::Release);
+        });
+    }
+    cached.map(|(_, s)| s)
 }
 
 /// Why [`Content::unlock`] did not unlock.

@@ -1,7 +1,9 @@
 //! `GET /metrics` in Prometheus' text format: requests, bytes in and out, requests
 //! running, and per datastore what its storage holds (objects and bytes by kind,
-//! from a listing made at most once a minute). Stored and unique data need the key
-//! and are not here. No token: point Prometheus at it on a trusted network.
+//! from a listing made at most once a minute), and for a datastore unlocked on the
+//! server its stored and unique data (`cairn stats`, computed again at most once
+//! a minute after a change); each job's last run. No token: point Prometheus at
+//! it on a trusted network.
 
 use crate::App;
 use axum::extract::State;
@@ -126,6 +128,18 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     let mut occupied = String::from(
         "# HELP cairn_datastore_occupied_bytes Bytes the datastore occupies.\n# TYPE cairn_datastore_occupied_bytes gauge\n",
     );
+    let mut stored = String::from(
+        "# HELP cairn_datastore_stored_bytes Data the datastore's snapshots hold, before deduplication and compression (unlocked datastores only).\n# TYPE cairn_datastore_stored_bytes gauge\n",
+    );
+    let mut unique = String::from(
+        "# HELP cairn_datastore_unique_bytes Distinct data after deduplication, before compression (unlocked datastores only).\n# TYPE cairn_datastore_unique_bytes gauge\n",
+    );
+    let mut packed = String::from(
+        "# HELP cairn_datastore_unique_compressed_bytes Distinct data after deduplication and compression (unlocked datastores only).\n# TYPE cairn_datastore_unique_compressed_bytes gauge\n",
+    );
+    let mut snapshots = String::from(
+        "# HELP cairn_datastore_snapshots Snapshots in the datastore (unlocked datastores only).\n# TYPE cairn_datastore_snapshots gauge\n",
+    );
     let mut jobs = String::from(
         "# HELP cairn_datastore_locks Locks held (each running job holds one).\n# TYPE cairn_datastore_locks gauge\n",
     );
@@ -208,6 +222,28 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
             "cairn_datastore_received_bytes_total{{datastore=\"{name}\"}} {}",
             ds.stats.bytes_in.load(Ordering::Relaxed)
         );
+        if let Some(f) = crate::content::figures_for_metrics(ds) {
+            let _ = writeln!(
+                stored,
+                "cairn_datastore_stored_bytes{{datastore=\"{name}\"}} {}",
+                f.stored_bytes
+            );
+            let _ = writeln!(
+                unique,
+                "cairn_datastore_unique_bytes{{datastore=\"{name}\"}} {}",
+                f.unique_data_bytes
+            );
+            let _ = writeln!(
+                packed,
+                "cairn_datastore_unique_compressed_bytes{{datastore=\"{name}\"}} {}",
+                f.compressed_data_bytes
+            );
+            let _ = writeln!(
+                snapshots,
+                "cairn_datastore_snapshots{{datastore=\"{name}\"}} {}",
+                f.snapshots
+            );
+        }
         if let Err(e) = census_of(ds).await {
             crate::log_line(&format!("metrics: cannot list datastore {name}: {e}"));
         }
@@ -237,12 +273,17 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
             );
         }
     }
+    let job_families = job_metrics(&app);
     for part in [
         per_ds,
         bio,
         census,
         bytes,
         occupied,
+        stored,
+        unique,
+        packed,
+        snapshots,
         jobs,
         running,
         queued,
@@ -251,8 +292,68 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
         dedup_chunks,
         view_chunks,
         view_bytes,
+        job_families,
     ] {
         out.push_str(&part);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}
+
+/// Each job's state and last run, so that a failing scheduled job can be alerted
+/// on: running, when the last run ended, whether it was `ok` (1) or not (0:
+/// problems, failed, interrupted), and how long it took.
+fn job_metrics(app: &App) -> String {
+    let mut running = String::from(
+        "# HELP cairn_job_running Whether the job runs now.\n# TYPE cairn_job_running gauge\n",
+    );
+    let mut ended = String::from(
+        "# HELP cairn_job_last_run_end_timestamp_seconds When the job's last run ended.\n# TYPE cairn_job_last_run_end_timestamp_seconds gauge\n",
+    );
+    let mut ok = String::from(
+        "# HELP cairn_job_last_run_ok 1 if the job's last run ended ok, 0 if it found problems, failed or was interrupted.\n# TYPE cairn_job_last_run_ok gauge\n",
+    );
+    let mut secs = String::from(
+        "# HELP cairn_job_last_run_duration_seconds How long the job's last run took.\n# TYPE cairn_job_last_run_duration_seconds gauge\n",
+    );
+    for j in app.jobs.status() {
+        let labels = format!(
+            "job=\"{}\",kind=\"{}\",datastore=\"{}\"",
+            label(&j.spec.name),
+            label(&j.spec.kind),
+            label(&j.spec.datastore)
+        );
+        let _ = writeln!(
+            running,
+            "cairn_job_running{{{labels}}} {}",
+            u8::from(j.running)
+        );
+        // Newest first.
+        let Some(last) = j.runs.first() else {
+            continue;
+        };
+        if let Some(t) = cairn_core::time::parse_rfc3339(&last.ended) {
+            let _ = writeln!(
+                ended,
+                "cairn_job_last_run_end_timestamp_seconds{{{labels}}} {t}"
+            );
+        }
+        let _ = writeln!(
+            ok,
+            "cairn_job_last_run_ok{{{labels}}} {}",
+            u8::from(last.outcome == "ok")
+        );
+        let _ = writeln!(
+            secs,
+            "cairn_job_last_run_duration_seconds{{{labels}}} {}",
+            last.secs
+        );
+    }
+    running + &ended + &ok + &secs
+}
+
+/// A label value as the text format wants it: `\`, `"` and newlines escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

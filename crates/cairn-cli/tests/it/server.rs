@@ -1219,6 +1219,18 @@ fn scheduled_jobs_run_and_keep_a_history() {
     assert_eq!(r["outcome"], "problems", "{r}");
     let name = pack.file_name().unwrap().to_str().unwrap();
     assert!(summary(&r).contains(name), "{r}");
+    // /metrics says so, for an alert: the scrub's last run was not ok.
+    let (_, metrics) = http(p, "GET", "/metrics", None, b"");
+    assert!(
+        metrics
+            .contains("cairn_job_last_run_ok{job=\"scrub\",kind=\"scrub\",datastore=\"main\"} 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .contains("cairn_job_last_run_ok{job=\"check\",kind=\"check\",datastore=\"main\"} 1\n"),
+        "{metrics}"
+    );
     assert_eq!(runs("scrub").len(), 2);
     // A check names what it found, as `check` does.
     let r = run("check");
@@ -3109,6 +3121,28 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
             .starts_with("password file"),
         "{v:#}"
     );
+    // Unlocked, /metrics carries its stored and unique data (computed in the
+    // background after the first scrape asks), as `cairn stats --json` has them.
+    let stats: serde_json::Value = serde_json::from_str(&env.ok(&["stats", "--json"])).unwrap();
+    let metric = |name: &str| -> Option<u64> {
+        let (_, m) = http(p, "GET", "/metrics", None, b"");
+        let prefix = format!("{name}{{datastore=\"main\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    wait_until("figures in /metrics", Duration::from_secs(60), || {
+        metric("cairn_datastore_stored_bytes").is_some()
+    });
+    assert_eq!(
+        metric("cairn_datastore_stored_bytes"),
+        stats["stored_bytes"].as_u64()
+    );
+    assert_eq!(
+        metric("cairn_datastore_unique_bytes"),
+        stats["unique_data_bytes"].as_u64()
+    );
+    assert_eq!(metric("cairn_datastore_snapshots"), Some(2));
     // Locked again by an admin (not by others): content is refused and says why.
     let auth = |t: &str| format!("Bearer {t}");
     let json = ("Content-Type", "application/json");

@@ -81,7 +81,9 @@ pub(super) fn dry_run(
         .as_ref()
         .and_then(|d| super::unfinished::since(d.as_fd()));
     let all = includes.is_empty();
-    let mut first_links: HashMap<(u64, u64), Option<(u64, u64)>> = HashMap::new();
+    // A hard-linked file's first name there: its inode when kept as it was, and
+    // its path (for the warning the restore gives a name kept apart from it).
+    let mut first_links: HashMap<(u64, u64), (Option<(u64, u64)>, PathBuf)> = HashMap::new();
     let mut stack = vec![Level {
         keep: super::keep_names(
             opts,
@@ -157,8 +159,14 @@ pub(super) fn dry_run(
                 if let Some(st) = existing.as_ref().filter(|_| other_there)
                     && decide(Some(st)) != Decision::Write
                 {
+                    // As the restore warns.
+                    progress.warning(
+                        &path,
+                        "kept as it is (--overwrite): it is not a directory, where the \
+                         snapshot has one, so nothing below it was restored",
+                    );
                     say(FileAction::Unchanged, &path, 0);
-                    kept(&mut stats, st, &node);
+                    kept(&mut stats, st);
                     continue;
                 }
                 if existing
@@ -181,7 +189,7 @@ pub(super) fn dry_run(
                             ) =>
                     {
                         say(FileAction::Unchanged, &path, 0);
-                        kept(&mut stats, st, &node)
+                        kept(&mut stats, st)
                     }
                     _ => {
                         let dir = existing.as_ref().filter(|_| !other_there);
@@ -241,7 +249,7 @@ pub(super) fn dry_run(
             NodeKind::File => {
                 let key = (node.dev, node.inode);
                 if node.nlink > 1
-                    && let Some(first) = first_links.get(&key)
+                    && let Some((first, first_path)) = first_links.get(&key)
                 {
                     // As the restore decides (`never`; `if-newer` when the
                     // name there is newer than the snapshot's).
@@ -258,8 +266,18 @@ pub(super) fn dry_run(
                                     | overwrite::Overwrite::Always => false,
                                 } =>
                         {
+                            if Some(st.id()) != *first {
+                                progress.warning(
+                                    &path,
+                                    &format!(
+                                        "kept as it is (--overwrite), so it is not a name of \
+                                         {}, as it is in the snapshot",
+                                        first_path.display()
+                                    ),
+                                );
+                            }
                             say(FileAction::Unchanged, &path, node.size);
-                            kept(&mut stats, st, &node)
+                            kept(&mut stats, st)
                         }
                         _ => {
                             if clear(&mut stats) {
@@ -278,7 +296,7 @@ pub(super) fn dry_run(
                     // to (it may hold anything).
                     (Decision::Keep, Some(st)) => {
                         say(FileAction::Unchanged, &path, node.size);
-                        kept(&mut stats, st, &node);
+                        kept(&mut stats, st);
                         overwrite::effective(opts.overwrite, unfinished_since, st)
                             == overwrite::Overwrite::IfChanged
                     }
@@ -299,7 +317,7 @@ pub(super) fn dry_run(
                 };
                 if node.nlink > 1 && there {
                     let id = existing.filter(|_| d != Decision::Write).map(|st| st.id());
-                    first_links.insert(key, id);
+                    first_links.insert(key, (id, path.clone()));
                 }
             }
             _ => match (decide(existing.as_ref()), &existing) {
@@ -311,7 +329,7 @@ pub(super) fn dry_run(
                 }
                 (_, Some(st)) => {
                     say(FileAction::Unchanged, &path, 0);
-                    kept(&mut stats, st, &node)
+                    kept(&mut stats, st)
                 }
             },
         }
@@ -327,9 +345,11 @@ fn issue(stats: &mut RestoreStats, path: PathBuf, message: String) {
     stats.issues.push(RestoreIssue { path, message });
 }
 
-fn kept(stats: &mut RestoreStats, st: &sys::Stat, node: &Node) {
+/// As the restore counts: a file kept where the snapshot has something else
+/// counts its bytes too.
+fn kept(stats: &mut RestoreStats, st: &sys::Stat) {
     stats.kept += 1;
-    if node.kind == NodeKind::File && st.kind() == libc::S_IFREG {
+    if st.kind() == libc::S_IFREG {
         stats.kept_bytes += st.size;
     }
 }

@@ -83,7 +83,7 @@ pub(super) fn dry_run(
     let all = includes.is_empty();
     // A hard-linked file's first name there: its inode when kept as it was, and
     // its path (for the warning the restore gives a name kept apart from it).
-    let mut first_links: HashMap<(u64, u64), (Option<(u64, u64)>, PathBuf)> = HashMap::new();
+    let mut first_links: HashMap<(u64, u64), FirstName> = HashMap::new();
     let mut stack = vec![Level {
         keep: super::keep_names(
             opts,
@@ -340,6 +340,10 @@ pub(super) fn dry_run(
     }
     Ok(stats)
 }
+
+/// A hard-linked file's first name in the target: its (device, inode) when kept
+/// as it was, and its path.
+type FirstName = (Option<(u64, u64)>, PathBuf);
 
 fn issue(stats: &mut RestoreStats, path: PathBuf, message: String) {
     stats.issues.push(RestoreIssue { path, message });

@@ -563,6 +563,19 @@ fn a_walk_of_more_files_than_max_inodes_leaves_the_mount_holding_no_more() {
     assert!(v["inodes_peak"].as_u64().unwrap() > 1024, "{out}");
 }
 
+/// `env`'s repository served as datastore `main` (plain HTTP on loopback) and
+/// mounted through it at `mnt` with an admin token and `extra` options.
+fn mounted_through_a_server(env: &Env, extra: &[&str]) -> (crate::server::Server, Mount, PathBuf) {
+    let srv = crate::server::Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let token = srv.token("mount", "main", "admin");
+    let mnt = env.path("mnt");
+    let mut args = vec!["mount", mnt.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let c = crate::server::client_cmd(env, &srv, "main", &token, &args);
+    let m = Mount::spawn(c, &mnt);
+    (srv, m, mnt)
+}
+
 #[test]
 fn a_server_that_goes_away_gives_eio_within_seconds_not_a_hang() {
     let env = Env::new();
@@ -578,17 +591,7 @@ fn a_server_that_goes_away_gives_eio_within_seconds_not_a_hang() {
     fs::write(src.join("a/first.bin"), &first).unwrap();
     fs::write(src.join("b/second.bin"), rng.bytes(400_000, false)).unwrap();
     env.backup(&[&src]);
-    let srv = crate::server::Server::start(&env.path("state"), &[("main", &env.repo)], true);
-    let token = srv.token("mount", "main", "admin");
-    let mnt = env.path("mnt");
-    let c = crate::server::client_cmd(
-        &env,
-        &srv,
-        "main",
-        &token,
-        &["mount", mnt.to_str().unwrap()],
-    );
-    let mut m = Mount::spawn(c, &mnt);
+    let (srv, mut m, mnt) = mounted_through_a_server(&env, &[]);
     let dir = inside(&mnt.join("latest"), &src);
     // Both directories listed (their trees read) while the server is up.
     assert_eq!(names(&dir.join("b")), ["second.bin"]);
@@ -629,17 +632,7 @@ fn a_server_that_stops_answering_gives_eio_and_listed_directories_still_answer()
     fs::write(src.join("a/first.bin"), Rng(22).bytes(400_000, false)).unwrap();
     fs::write(src.join("b/second.bin"), Rng(23).bytes(400_000, false)).unwrap();
     env.backup(&[&src]);
-    let srv = crate::server::Server::start(&env.path("state"), &[("main", &env.repo)], true);
-    let token = srv.token("mount", "main", "admin");
-    let mnt = env.path("mnt");
-    let c = crate::server::client_cmd(
-        &env,
-        &srv,
-        "main",
-        &token,
-        &["mount", mnt.to_str().unwrap(), "--idle-secs", "1"],
-    );
-    let m = Mount::spawn(c, &mnt);
+    let (srv, m, mnt) = mounted_through_a_server(&env, &["--idle-secs", "1"]);
     let dir = inside(&mnt.join("latest"), &src);
     assert_eq!(names(&dir.join("b")), ["second.bin"]);
     assert_eq!(names(&dir), ["a", "b"]);

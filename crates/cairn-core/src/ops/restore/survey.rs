@@ -292,13 +292,15 @@ pub(super) fn dry_run(
                 // As the restore does: a name becomes the first of its inode's names
                 // only when it is there afterwards (kept, or written).
                 let there = match (d, &existing) {
-                    // Kept by `never` or `if-newer`, it is not what later names link
-                    // to (it may hold anything).
+                    // Kept by `never` or `if-newer`, it is what later names link to
+                    // only when its size and time say it holds the snapshot's content
+                    // (it may hold anything), as the restore judges.
                     (Decision::Keep, Some(st)) => {
                         say(FileAction::Unchanged, &path, node.size);
                         kept(&mut stats, st);
                         overwrite::effective(opts.overwrite, unfinished_since, st)
                             == overwrite::Overwrite::IfChanged
+                            || overwrite::looks_unchanged(st, &node)
                     }
                     (Decision::Metadata, _) => {
                         say(FileAction::Updated, &path, node.size);

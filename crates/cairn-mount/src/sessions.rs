@@ -213,8 +213,7 @@ impl Sessions {
     /// before the process ends.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Relaxed);
-        let last = lock(&self.current).take();
-        drop(last);
+        lock(&self.current).take();
         let last = lock(&self.last).clone();
         let t = Instant::now();
         while (last.strong_count() > 0 || RETIRING.load(Ordering::Acquire) > 0)

@@ -2976,11 +2976,20 @@ fn q(s: &str) -> String {
 /// A server for `env`'s repository as datastore `main`, unlocked at start from a
 /// password file (`[datastore_passwords]`).
 fn unlocked_server(env: &Env) -> Server {
+    unlocked_server_with(env, "")
+}
+
+/// [`unlocked_server`] with more settings (`settings`: TOML lines that come
+/// before its `[datastore_passwords]` table).
+fn unlocked_server_with(env: &Env, settings: &str) -> Server {
     let pwfile = env.path("main.password");
     std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
     let mut srv = Server::with_settings(
         env,
-        &format!("[datastore_passwords]\nmain = \"{}\"\n", pwfile.display()),
+        &format!(
+            "{settings}[datastore_passwords]\nmain = \"{}\"\n",
+            pwfile.display()
+        ),
     );
     // The password file is read in the background (a key derivation, slow on a
     // loaded machine): content is refused as locked until the server says so.
@@ -3005,15 +3014,8 @@ fn stats_with_an_unreadable_snapshot_is_a_damaged_answer() {
     std::fs::write(env.repo.join("snapshots").join(&junk), b"junkjunk").unwrap();
     let srv = unlocked_server(&env);
     let admin = srv.token("ops", "main", "admin");
-    let (code, body) = http(
-        srv.port,
-        "GET",
-        "/v1/datastores/main/stats",
-        Some(&admin),
-        b"",
-    );
-    assert_eq!(code, 500, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let (code, v) = get_json(srv.port, "/v1/datastores/main/stats", &admin);
+    assert_eq!(code, 500, "{v}");
     assert_eq!(v["error"], "damaged", "{v}");
     assert!(v["message"].as_str().unwrap().contains(&junk[..8]), "{v}");
     srv.stop();
@@ -3031,19 +3033,7 @@ fn a_download_from_a_snapshot_keeps_the_download_limit_and_is_counted() {
     let src = env.path("src");
     random_files(&src, "f", 1, 4 << 20, 77);
     let snap = env.backup(&[&src]);
-    let pwfile = env.path("main.password");
-    std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
-    let mut srv = Server::with_settings(
-        &env,
-        &format!(
-            "limit_download_per_token = \"1M\"\n[datastore_passwords]\nmain = \"{}\"\n",
-            pwfile.display()
-        ),
-    );
-    srv.lines
-        .as_mut()
-        .expect("the server's log")
-        .wait_for("datastore main: unlocked", Duration::from_secs(120));
+    let srv = unlocked_server_with(&env, "limit_download_per_token = \"1M\"\n");
     let token = srv.token("reader", "main", "restore");
     let a = format!("Bearer {token}");
     let file = src.join("f0");

@@ -4771,6 +4771,73 @@ fn a_killed_copy_into_the_server_sends_again_only_what_was_in_flight() {
     srv.stop();
 }
 
+/// Two copies into one server datastore at the same moment, of the same new
+/// data, store it once, as two backups do (QA: twice; a copy read the
+/// destination's index whole and never asked the server): cut again for the
+/// destination's chunking, and blob by blob into one that shares the source's ids.
+#[test]
+fn two_copies_into_the_server_at_once_store_new_data_once() {
+    let src = Env::new();
+    src.init(&[]);
+    let tree = src.path("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    random_files(&tree, "c", 2, 8 << 20, 701);
+    src.backup(&[&tree]);
+    let env = Env::new();
+    env.init(&[]);
+    let twin = Env::new();
+    let o = twin
+        .cmd(&["init", "--copy-key-from", &src.location])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let srv = Server::start(
+        &env.path("state"),
+        &[("main", &env.repo), ("twin", &twin.repo)],
+        false,
+    );
+    for (ds, repo, same) in [("main", &env.repo, false), ("twin", &twin.repo, true)] {
+        let t = srv.token(&format!("copier-{ds}"), ds, "admin");
+        let before = data_bytes(repo);
+        // Slowed so that the two overlap: each alone takes four seconds.
+        let spawn = || {
+            client_cmd(
+                &env,
+                &srv,
+                ds,
+                &t,
+                &["copy", "--json", "--from", &src.location],
+            )
+            .env("CAIRN_FROM_PASSWORD", PASSWORD)
+            .env("CAIRN_LIMIT_UPLOAD", "4M")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        };
+        let (a, b) = (spawn(), spawn());
+        for c in [a, b] {
+            let o = c.wait_with_output().unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(r["same_chunking"], same, "{r}");
+        }
+        let grew = data_bytes(repo) - before;
+        assert!(
+            grew < (16 << 20) * 5 / 4,
+            "{ds}: two copies of the same 16 MiB at once stored {grew} bytes"
+        );
+    }
+    for dst in [&env, &twin] {
+        dst.check_clean();
+        let out = dst.path("out");
+        dst.ok(&["restore", "latest", "--target", out.to_str().unwrap()]);
+        assert_same(&tree, &out.join(tree.strip_prefix("/").unwrap()));
+    }
+    srv.stop();
+}
+
 /// A range past the end of an object is the client's mistake: 416, not a server
 /// error.
 #[test]

@@ -31,11 +31,13 @@ use crate::ops::backup::InFlight;
 use crate::progress::Progress;
 use crate::repo::Repository;
 use crate::repo::blob::{BlobEncoder, EncodedBlob};
+use crate::repo::dedup::{DedupClient, Held};
 use crate::repo::lock::RepoLock;
 use crate::repo::packer::{BufferPool, DEFAULT_UPLOAD_THREADS, Packer, Uploader};
 use crate::session::{self, Session};
 use crate::tree::chunklist::{ChunkListBuilder, for_each_chunk, for_each_content_blob};
 use crate::tree::walk::Visitor;
+use cairn_backend::DedupAnswer;
 use cairn_format::pack::BlobKind;
 use cairn_format::snapshot::{CopiedFrom, Snapshot};
 use cairn_format::tree::{ChunkList, ChunkRef, Content, Node, NodeKind, Tree};
@@ -51,6 +53,18 @@ use std::sync::{Arc, Mutex};
 /// default pack size), so a killed copy re-sends at most that much.
 const COPY_INDEX_FLUSH_BLOBS: usize = 65_536;
 const COPY_INDEX_FLUSH_PACKS: usize = 4;
+/// Re-chunked data chunks asked about in one dedup question at most (by count
+/// and by bytes held meanwhile).
+const PENDING_CHUNKS: usize = 1024;
+const PENDING_BYTES: usize = 8 << 20;
+
+/// Re-chunked data chunks (id and bytes) waiting for one dedup question to a
+/// server: one round trip for many chunks, not one each.
+#[derive(Default)]
+struct Pending {
+    chunks: Vec<(BlobId, Vec<u8>)>,
+    bytes: usize,
+}
 
 pub struct CopyOptions {
     /// Threads re-chunking or re-encoding files in parallel.
@@ -273,6 +287,12 @@ pub fn copy(
     let sent_before = dst.repo().traffic().map(|t| t.uploaded()).unwrap_or(0);
     let received_before = src.repo().traffic().map(|t| t.downloaded()).unwrap_or(0);
     let lock = dst.lock()?;
+    // Into a cairn server: data chunks the loaded index lacks are asked about
+    // first, as a backup's are, so that two copies (or a copy and a backup) that
+    // send the same new data at once store it once (QA: twice before).
+    if !missing.is_empty() {
+        dst.repo_mut().start_dedup_queries()?;
+    }
     let map_path = opts.map_dir.as_ref().map(|d| {
         d.join(format!(
             "{}-{}.map",
@@ -418,6 +438,9 @@ fn copy_snapshots(
         trees: Mutex::new(IdMap::default()),
         image: Default::default(),
         image_zero_blocks: AtomicU64::new(0),
+        dedup: dst.dedup().cloned(),
+        deferred: Mutex::new(Default::default()),
+        held: Mutex::new(Default::default()),
         seen: Mutex::new(Seen {
             listed: opts.dst_snapshots.clone(),
             arrived: Vec::new(),
@@ -665,6 +688,15 @@ struct Copier<'a> {
     image: std::sync::atomic::AtomicBool,
     /// Zero blocks met re-chunking the image (its `blocks_zero` in the copy).
     image_zero_blocks: AtomicU64,
+    /// The destination server's dedup service (see [`Repository::start_dedup_queries`]).
+    dedup: Option<Arc<DedupClient>>,
+    /// Data chunks another client of the server was sending when this copy
+    /// needed them, with the same ids as the source's: confirmed before the
+    /// snapshot is written, and read from the source then if they never arrived.
+    deferred: Mutex<crate::index::IdSet>,
+    /// Re-chunked data chunks another client was sending, encoded (they cannot be
+    /// read again by id): stored before the snapshot only if they never arrived.
+    held: Mutex<Held>,
 }
 
 /// What some thread is working on, so that the others wait for it rather than do
@@ -936,6 +968,7 @@ impl Copier<'_> {
                 .unwrap_or_else(|_| Err(Error::Invalid("copy thread panicked".into())))
         });
         // Every copy thread has ended (the scope joined them): the state is ours alone.
+        let walked = walked.and_then(|root| self.send_deferred().map(|()| root));
         let packers = crate::lock(&self.packers).take();
         let uploader = crate::lock(&self.uploader)
             .take()
@@ -1017,8 +1050,136 @@ impl Copier<'_> {
         Ok((self.dst.write_snapshot(&copy, opts.lock)?, false))
     }
 
+    /// In the destination's loaded index, queued by this run, said stored by the
+    /// server, or left to the client sending it ([`Copier::deferred`]).
     fn is_stored(&self, id: &BlobId) -> bool {
-        self.dst.index().is_live(id) || self.written.contains(id)
+        self.dst.index().is_live(id)
+            || self.written.contains(id)
+            || self
+                .dedup
+                .as_ref()
+                .is_some_and(|d| d.known_stored(id) || crate::lock(&self.deferred).contains(id))
+    }
+
+    /// The server's answer for each data chunk of `ids` (all the destination's
+    /// loaded index lacks); `Send` for every one without a dedup service.
+    fn ask(&self, ids: &[BlobId]) -> Result<Vec<DedupAnswer>> {
+        match &self.dedup {
+            Some(d) if !ids.is_empty() => d.query(ids),
+            _ => Ok(vec![DedupAnswer::Send; ids.len()]),
+        }
+    }
+
+    /// Same ids on both sides: of `needed`, the blobs to read and store now. The
+    /// data chunks the server holds are dropped, and those another client is
+    /// sending are set aside ([`Copier::deferred`]).
+    fn to_send(&self, needed: Vec<BlobId>) -> Result<Vec<BlobId>> {
+        if self.dedup.is_none() {
+            return Ok(needed);
+        }
+        let src = self.src.index();
+        let data: Vec<BlobId> = needed
+            .iter()
+            .filter(|id| src.get(id).is_some_and(|l| l.kind == BlobKind::Data))
+            .copied()
+            .collect();
+        let answers = self.ask(&data)?;
+        let mut skip = crate::index::IdSet::default();
+        let mut later = Vec::new();
+        for (id, a) in data.iter().zip(answers) {
+            match a {
+                DedupAnswer::Send => continue,
+                DedupAnswer::Stored => {}
+                DedupAnswer::InFlight => later.push(*id),
+            }
+            skip.insert(*id);
+        }
+        crate::lock(&self.deferred).extend(later);
+        Ok(needed.into_iter().filter(|id| !skip.contains(id)).collect())
+    }
+
+    /// Re-chunked data chunks waiting for one dedup question (see
+    /// [`Pending`]): asked about together, then stored, dropped or held.
+    fn settle(&self, enc: &mut BlobEncoder, pending: &mut Pending) -> Result<()> {
+        let chunks = std::mem::take(&mut pending.chunks);
+        pending.bytes = 0;
+        let ids: Vec<BlobId> = chunks.iter().map(|(id, _)| *id).collect();
+        let answers = self.ask(&ids)?;
+        for ((id, data), a) in chunks.into_iter().zip(answers) {
+            if a == DedupAnswer::Stored || self.is_stored(&id) {
+                continue;
+            }
+            let b = enc.encode(self.dst.key(), BlobKind::Data, id, &data)?;
+            let b = if a == DedupAnswer::InFlight {
+                crate::lock(&self.held).hold(b)?
+            } else {
+                Some(b)
+            };
+            if let Some(b) = b {
+                self.store(b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A re-chunked data chunk: stored now, or, through a server that answers
+    /// dedup queries, asked about with the next ones ([`Copier::settle`]).
+    fn put_data(
+        &self,
+        enc: &mut BlobEncoder,
+        pending: &mut Pending,
+        chunk: &[u8],
+    ) -> Result<BlobId> {
+        if self.dedup.is_none() {
+            return self.put_blob(enc, BlobKind::Data, chunk);
+        }
+        let id = self.dst.key().blob_id(chunk);
+        if !self.is_stored(&id) {
+            pending.bytes += chunk.len();
+            pending.chunks.push((id, chunk.to_vec()));
+            if pending.bytes >= PENDING_BYTES || pending.chunks.len() >= PENDING_CHUNKS {
+                self.settle(enc, pending)?;
+            }
+        }
+        Ok(id)
+    }
+
+    /// Before the snapshot: the chunks other clients were sending are confirmed
+    /// with the server, and those that never arrived are stored now. Everything
+    /// this copy queued is stored and indexed first, so a client waiting for its
+    /// chunks never waits for one that waits too.
+    fn send_deferred(&self) -> Result<()> {
+        let Some(dedup) = &self.dedup else {
+            return Ok(());
+        };
+        let deferred: Vec<BlobId> = std::mem::take(&mut *crate::lock(&self.deferred))
+            .into_iter()
+            .collect();
+        let held = std::mem::take(&mut *crate::lock(&self.held));
+        if deferred.is_empty() && held.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut guard = crate::lock(&self.packers);
+            let p = guard
+                .as_mut()
+                .ok_or_else(|| Error::Invalid("copy state lost".into()))?;
+            let sealed = [p.data.finish(), p.meta.finish()];
+            drop(guard);
+            let up = crate::lock(&self.uploader)
+                .clone()
+                .ok_or_else(|| Error::Invalid("copy state lost".into()))?;
+            for sp in sealed.into_iter().flatten() {
+                up.send(sp)?;
+            }
+            up.flush()?;
+        }
+        let mut enc = self.encoder();
+        if !deferred.is_empty() {
+            let missing = dedup.confirm(&deferred)?;
+            self.fetch_and_store(&mut enc, &missing, &mut Prefetched::default())?;
+        }
+        held.send_missing(dedup, |b| self.store(b))
     }
 
     /// Adds an encoded blob to the destination unless another thread just did.
@@ -1382,6 +1543,7 @@ impl Copier<'_> {
             true
         })?;
         drop(seen);
+        let needed = self.to_send(needed)?;
         // Claimed a batch at a time (what is claimed stays small whatever the
         // file's size). A thread's claims go back before it waits for another's,
         // so no two threads wait for each other, stored or not.
@@ -1466,26 +1628,29 @@ impl Copier<'_> {
         let mut stream = cairn_chunker::StreamChunker::new(self.dst.chunker());
         let mut builder = ChunkListBuilder::new();
         let mut meta_enc = self.encoder();
+        let mut pending = Pending::default();
         let mut emit = |cl: ChunkList| -> Result<BlobId> {
             self.put_blob(&mut meta_enc, BlobKind::ChunkList, &cl.encode())
         };
         let mut drain = |stream: &mut cairn_chunker::StreamChunker,
                          builder: &mut ChunkListBuilder,
+                         pending: &mut Pending,
                          emit: &mut dyn FnMut(ChunkList) -> Result<BlobId>|
          -> Result<()> {
             while let Some(chunk) = stream.next_chunk() {
                 let length = chunk.len() as u64;
-                let id = self.put_blob(enc, BlobKind::Data, chunk)?;
+                let id = self.put_data(enc, pending, chunk)?;
                 builder.push(ChunkRef { id, length }, emit)?;
             }
             Ok(())
         };
         self.for_each_chunk_read(content, pre, &mut |_, data: &[u8]| {
             stream.push(data);
-            drain(&mut stream, &mut builder, &mut emit)
+            drain(&mut stream, &mut builder, &mut pending, &mut emit)
         })?;
         stream.finish();
-        drain(&mut stream, &mut builder, &mut emit)?;
+        drain(&mut stream, &mut builder, &mut pending, &mut emit)?;
+        self.settle(enc, &mut pending)?;
         builder.finish(&mut emit)
     }
 }
@@ -1505,11 +1670,12 @@ impl Copier<'_> {
             ChunkListBuilder::with_fanout(crate::tree::fixed::fanout_for(bs as u32) as usize);
         let mut meta_enc = self.encoder();
         let mut pending: Vec<u8> = Vec::with_capacity(2 * bs);
+        let mut asking = Pending::default();
         let mut put = |block: &[u8], builder: &mut ChunkListBuilder, enc: &mut BlobEncoder| {
             if block == &zero[..] {
                 self.image_zero_blocks.fetch_add(1, Ordering::Relaxed);
             }
-            let id = self.put_blob(enc, BlobKind::Data, block)?;
+            let id = self.put_data(enc, &mut asking, block)?;
             let mut emit = |cl: ChunkList| -> Result<BlobId> {
                 self.put_blob(&mut meta_enc, BlobKind::ChunkList, &cl.encode())
             };
@@ -1534,6 +1700,7 @@ impl Copier<'_> {
         if !pending.is_empty() {
             put(&pending, &mut builder, enc)?;
         }
+        self.settle(enc, &mut asking)?;
         let mut meta_enc = self.encoder();
         builder.finish(&mut |cl: ChunkList| {
             self.put_blob(&mut meta_enc, BlobKind::ChunkList, &cl.encode())

@@ -10,8 +10,10 @@
 
 use crate::error::{Error, Result};
 use crate::index::IdSet;
+use crate::repo::blob::EncodedBlob;
 use cairn_backend::{Backend, DedupAnswer};
 use cairn_format::BlobId;
+use cairn_format::pack::BlobKind;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -171,6 +173,152 @@ impl DedupClient {
             self.shard(id).insert(*id);
         }
         Ok(missing)
+    }
+}
+
+/// Chunks another client was sending when this one needed them (answered
+/// [`DedupAnswer::InFlight`]), encoded and kept until the end of the run: then
+/// the server is asked which never arrived ([`Held::send_missing`]), and only
+/// those are stored.
+#[derive(Default)]
+pub struct Held {
+    mem: Vec<EncodedBlob>,
+    mem_bytes: usize,
+    /// Held chunks beyond [`HELD_BYTES_MAX`], in a temporary file.
+    spool: Option<Spool>,
+}
+
+impl Held {
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty() && self.spool.is_none()
+    }
+
+    /// Keeps `b`; gives it back when there is no room left (the caller stores it
+    /// now: stored twice at worst, never missing).
+    pub fn hold(&mut self, b: EncodedBlob) -> Result<Option<EncodedBlob>> {
+        if self.mem_bytes + b.sealed.len() <= HELD_BYTES_MAX {
+            self.mem_bytes += b.sealed.len();
+            self.mem.push(b);
+            return Ok(None);
+        }
+        if self.spool.as_ref().map_or(0, |s| s.len) + (b.sealed.len() as u64) > SPOOL_BYTES_MAX {
+            return Ok(Some(b));
+        }
+        let spool = match &mut self.spool {
+            Some(s) => s,
+            None => self.spool.insert(Spool::create()?),
+        };
+        spool.push(&b)?;
+        Ok(None)
+    }
+
+    /// Waits for the server to confirm the held chunks (see
+    /// [`DedupClient::confirm`]) and hands those that never arrived to `store`.
+    /// Everything the caller sent must be stored and indexed first, so that a
+    /// client waiting for its chunks never waits for one that waits too.
+    pub fn send_missing(
+        self,
+        dedup: &DedupClient,
+        mut store: impl FnMut(EncodedBlob) -> Result<()>,
+    ) -> Result<()> {
+        let mut ids: Vec<BlobId> = self.mem.iter().map(|b| b.id).collect();
+        if let Some(s) = &self.spool {
+            ids.extend(s.blobs.iter().map(|b| b.id));
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let missing: IdSet = dedup.confirm(&ids)?.into_iter().collect();
+        for b in self.mem {
+            if missing.contains(&b.id) {
+                store(b)?;
+            }
+        }
+        if let Some(s) = self.spool {
+            for b in s.blobs.iter().filter(|b| missing.contains(&b.id)) {
+                store(s.read(b)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Held chunk bytes kept in memory; more go to a temporary file (unlinked at once)
+/// up to [`SPOOL_BYTES_MAX`]; beyond, chunks are sent like any other (stored twice at
+/// worst, never missing). Many clients backing up the same data at once each hold
+/// most of it: every chunk has one sender.
+const HELD_BYTES_MAX: usize = 64 << 20;
+const SPOOL_BYTES_MAX: u64 = 16 << 30;
+
+/// Encoded blobs in an unlinked temporary file.
+struct Spool {
+    file: std::fs::File,
+    len: u64,
+    blobs: Vec<SpooledBlob>,
+}
+
+struct SpooledBlob {
+    id: BlobId,
+    raw_length: u32,
+    compression: cairn_format::pack::BlobCompression,
+    at: u64,
+    len: u32,
+}
+
+impl Spool {
+    fn create() -> Result<Spool> {
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!(
+            "cairn-held-{}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        let _ = std::fs::remove_file(&path);
+        Ok(Spool {
+            file,
+            len: 0,
+            blobs: Vec::new(),
+        })
+    }
+
+    fn push(&mut self, b: &EncodedBlob) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file
+            .write_all_at(&b.sealed, self.len)
+            .map_err(|e| Error::io(std::path::Path::new("held chunks (temporary file)"), e))?;
+        self.blobs.push(SpooledBlob {
+            id: b.id,
+            raw_length: b.raw_length,
+            compression: b.compression,
+            at: self.len,
+            len: b.sealed.len() as u32,
+        });
+        self.len += b.sealed.len() as u64;
+        Ok(())
+    }
+
+    fn read(&self, s: &SpooledBlob) -> Result<EncodedBlob> {
+        use std::os::unix::fs::FileExt;
+        let mut sealed = vec![0u8; s.len as usize];
+        self.file
+            .read_exact_at(&mut sealed, s.at)
+            .map_err(|e| Error::io(std::path::Path::new("held chunks (temporary file)"), e))?;
+        Ok(EncodedBlob {
+            kind: BlobKind::Data,
+            id: s.id,
+            sealed,
+            raw_length: s.raw_length,
+            compression: s.compression,
+        })
     }
 }
 

@@ -347,6 +347,31 @@ impl Repository {
         Ok(true)
     }
 
+    /// For a copy into a cairn server, whose whole index is loaded: asks the
+    /// server about data chunks that index lacks ([`Repository::dedup`]), so
+    /// that a chunk stored since the index was read, or being sent now by a
+    /// backup or another copy, is not sent again. False: the storage does not
+    /// answer dedup queries. Called after the copy's lock is written (the
+    /// server's view then covers every prune that finished before).
+    pub(crate) fn start_dedup_queries(&mut self) -> Result<bool> {
+        if self.dedup.is_some() {
+            return Ok(true);
+        }
+        if !self.admin_names() {
+            return Ok(false);
+        }
+        let Some(plan) = self.backend.dedup_plan()? else {
+            return Ok(false);
+        };
+        self.dedup = Some(Arc::new(super::dedup::DedupClient::new(
+            self.backend.clone(),
+            0,
+            plan.chunks,
+            None,
+        )));
+        Ok(true)
+    }
+
     /// The index files a server's dedup plan names, read (damaged ones set
     /// apart as errors); `None` when one of them is gone.
     #[allow(clippy::type_complexity)]

@@ -104,12 +104,9 @@ struct State<'a> {
     summary: SnapshotSummary,
     /// Chunks another client of the server was sending (see [`ChunkOut::held`]),
     /// with their bytes: sent at the end only if that copy never arrived.
-    held: Vec<crate::repo::blob::EncodedBlob>,
-    held_bytes: usize,
+    held: crate::repo::dedup::Held,
     /// Data chunks stored, when a server answers dedup queries.
     stored_data: Vec<BlobId>,
-    /// Held chunks beyond [`HELD_BYTES_MAX`], in a temporary file.
-    spool: Option<Spool>,
     /// `backup --verbose`: where each file's [`Event::File`] goes, said once the
     /// file is in its directory (a file that could not be read is not listed).
     list_files: Option<crate::progress::Progress>,
@@ -150,85 +147,6 @@ fn list_file(st: &State<'_>, frames: &[Frame], node: &Node, action: FileAction) 
         path,
         size: node.size,
     });
-}
-
-/// Held chunk bytes kept in memory; more go to a temporary file (unlinked at once)
-/// up to [`SPOOL_BYTES_MAX`]; beyond, chunks are sent like any other (stored twice at
-/// worst, never missing). Many clients backing up the same data at once each hold
-/// most of it: every chunk has one sender.
-const HELD_BYTES_MAX: usize = 64 << 20;
-const SPOOL_BYTES_MAX: u64 = 16 << 30;
-
-/// Encoded blobs in an unlinked temporary file.
-struct Spool {
-    file: std::fs::File,
-    len: u64,
-    blobs: Vec<SpooledBlob>,
-}
-
-struct SpooledBlob {
-    id: BlobId,
-    raw_length: u32,
-    compression: cairn_format::pack::BlobCompression,
-    at: u64,
-    len: u32,
-}
-
-impl Spool {
-    fn create() -> Result<Spool> {
-        let dir = std::env::temp_dir();
-        let path = dir.join(format!(
-            "cairn-held-{}-{:x}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
-        let file = std::fs::File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        let _ = std::fs::remove_file(&path);
-        Ok(Spool {
-            file,
-            len: 0,
-            blobs: Vec::new(),
-        })
-    }
-
-    fn push(&mut self, b: &crate::repo::blob::EncodedBlob) -> Result<()> {
-        use std::os::unix::fs::FileExt;
-        self.file
-            .write_all_at(&b.sealed, self.len)
-            .map_err(|e| Error::io(std::path::Path::new("held chunks (temporary file)"), e))?;
-        self.blobs.push(SpooledBlob {
-            id: b.id,
-            raw_length: b.raw_length,
-            compression: b.compression,
-            at: self.len,
-            len: b.sealed.len() as u32,
-        });
-        self.len += b.sealed.len() as u64;
-        Ok(())
-    }
-
-    fn read(&self, s: &SpooledBlob) -> Result<crate::repo::blob::EncodedBlob> {
-        use std::os::unix::fs::FileExt;
-        let mut sealed = vec![0u8; s.len as usize];
-        self.file
-            .read_exact_at(&mut sealed, s.at)
-            .map_err(|e| Error::io(std::path::Path::new("held chunks (temporary file)"), e))?;
-        Ok(crate::repo::blob::EncodedBlob {
-            kind: BlobKind::Data,
-            id: s.id,
-            sealed,
-            raw_length: s.raw_length,
-            compression: s.compression,
-        })
-    }
 }
 
 impl State<'_> {
@@ -309,10 +227,8 @@ pub(crate) fn archive(
             dirs_unchanged: Some(0),
             ..SnapshotSummary::default()
         },
-        held: Vec::new(),
-        held_bytes: 0,
+        held: Default::default(),
         stored_data: Vec::new(),
-        spool: None,
         list_files: list_files.then(|| progress.clone()),
     };
     st.uploader.set_progress(progress.clone());
@@ -370,32 +286,14 @@ fn send_held_if_missing(st: &mut State<'_>) -> Result<()> {
     let Some(dedup) = st.repo.dedup().cloned() else {
         return Ok(());
     };
-    let spool = st.spool.take();
-    if st.held.is_empty() && spool.is_none() {
+    if st.held.is_empty() {
         return Ok(());
     }
     for p in [st.data.finish(), st.meta.finish()].into_iter().flatten() {
         st.uploader.send(p)?;
     }
     st.uploader.flush()?;
-    let mut ids: Vec<BlobId> = st.held.iter().map(|b| b.id).collect();
-    if let Some(s) = &spool {
-        ids.extend(s.blobs.iter().map(|b| b.id));
-    }
-    let missing: crate::index::IdSet = dedup.confirm(&ids)?.into_iter().collect();
-    for b in std::mem::take(&mut st.held) {
-        if missing.contains(&b.id) {
-            st.store(b)?;
-        }
-    }
-    st.held_bytes = 0;
-    if let Some(s) = spool {
-        for b in s.blobs.iter().filter(|b| missing.contains(&b.id)) {
-            let blob = s.read(b)?;
-            st.store(blob)?;
-        }
-    }
-    Ok(())
+    std::mem::take(&mut st.held).send_missing(&dedup, |b| st.store(b))
 }
 
 fn run<'a>(
@@ -626,19 +524,7 @@ fn add_chunks(st: &mut State<'_>, f: &mut OpenFile<'_>, chunks: Vec<ChunkOut>) -
         if let Some(b) = c.blob {
             if !c.held {
                 st.store(b)?;
-            } else if st.held_bytes + b.sealed.len() <= HELD_BYTES_MAX {
-                st.held_bytes += b.sealed.len();
-                st.held.push(b);
-            } else if st.spool.as_ref().map_or(0, |s| s.len) + (b.sealed.len() as u64)
-                <= SPOOL_BYTES_MAX
-            {
-                if st.spool.is_none() {
-                    st.spool = Some(Spool::create()?);
-                }
-                if let Some(s) = st.spool.as_mut() {
-                    s.push(&b)?;
-                }
-            } else {
+            } else if let Some(b) = st.held.hold(b)? {
                 st.store(b)?;
             }
         }

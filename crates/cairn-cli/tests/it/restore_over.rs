@@ -1720,6 +1720,8 @@ fn a_dry_run_warns_and_counts_as_the_restore_does_under_never() {
     fs::write(src.join("dir/sub/x"), b"aaaa").unwrap();
     fs::write(src.join("hl0"), b"hl").unwrap();
     fs::hard_link(src.join("hl0"), src.join("hl1")).unwrap();
+    fs::write(src.join("hl2"), b"hm").unwrap();
+    fs::hard_link(src.join("hl2"), src.join("hl3")).unwrap();
     let snap = env.backup(&[&src]);
     let t = env.path("t");
     env.ok(&["restore", &snap, "--target", t.to_str().unwrap()]);
@@ -1728,6 +1730,11 @@ fn a_dry_run_warns_and_counts_as_the_restore_does_under_never() {
     fs::write(copy.join("dir/sub"), b"12345678").unwrap();
     fs::remove_file(copy.join("hl1")).unwrap();
     fs::write(copy.join("hl1"), b"hl").unwrap();
+    // The first name kept with other content, the second gone: written as a
+    // file of its own.
+    fs::remove_file(copy.join("hl2")).unwrap();
+    fs::write(copy.join("hl2"), b"other!").unwrap();
+    fs::remove_file(copy.join("hl3")).unwrap();
     let run = |extra: &[&str]| {
         let mut args = vec!["restore", snap.as_str(), "--target", t.to_str().unwrap()];
         args.extend_from_slice(&["--overwrite", "never"]);
@@ -1739,6 +1746,7 @@ fn a_dry_run_warns_and_counts_as_the_restore_does_under_never() {
         let warned = (
             text.contains("it is not a directory, where the snapshot has one"),
             text.contains("hl1: kept as it is (--overwrite), so it is not a name of"),
+            text.contains("hl3: restored as a file of its own: "),
         );
         let left = text
             .lines()
@@ -1749,6 +1757,6 @@ fn a_dry_run_warns_and_counts_as_the_restore_does_under_never() {
     };
     let dry = run(&["--dry-run"]);
     let real = run(&[]);
-    assert_eq!(real.0, (true, true), "{real:?}");
+    assert_eq!(real.0, (true, true, true), "{real:?}");
     assert_eq!(dry, real);
 }

@@ -59,6 +59,16 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use target::{Dir, DirNode, c_name};
 
+/// The warning for a hard link's name written as a file of its own because
+/// `kept`, an earlier name of it, was kept as it is (the restore and its dry run).
+pub(super) fn own_file_warning(kept: &std::path::Path) -> String {
+    format!(
+        "restored as a file of its own: {}, another name of this file in the snapshot, \
+         was kept as it is (--overwrite) and does not look like the snapshot's content",
+        kept.display()
+    )
+}
+
 /// Sends `restore --verbose`'s line for a file: its path in the target, as
 /// listings show it (bytes that are not UTF-8 as stand-ins).
 pub(super) fn list_file(
@@ -1743,9 +1753,10 @@ impl Walk<'_> {
         if unfinished_own {
             self.flag_later(parent, &name, &node);
         }
-        // Listed as it is entered, so that its entries come after it.
-        self.list(
-            if keep_meta {
+        // Listed as it is entered, so that its entries come after it (its word
+        // worked out only when listing).
+        if self.opts.list_files {
+            let action = if keep_meta {
                 FileAction::Unchanged
             } else {
                 overwrite::dir_action(
@@ -1754,10 +1765,9 @@ impl Walk<'_> {
                     &node,
                     self.opts.owners,
                 )
-            },
-            || parent.node.join(&name),
-            0,
-        );
+            };
+            self.list(action, || parent.node.join(&name), 0);
+        }
         if keep_meta {
             // Counted, not reported done: that is when it is complete.
             self.stats.kept += 1;
@@ -2020,15 +2030,8 @@ impl Walk<'_> {
             };
             if node.nlink > 1 {
                 if let Some(kept) = self.kept_apart.remove(&key) {
-                    self.progress.warning(
-                        &parent.node.join(&name),
-                        &format!(
-                            "restored as a file of its own: {}, another name of this file \
-                             in the snapshot, was kept as it is (--overwrite) and does not \
-                             look like the snapshot's content",
-                            kept.display()
-                        ),
-                    );
+                    self.progress
+                        .warning(&parent.node.join(&name), &own_file_warning(&kept));
                 }
                 self.hardlinks.insert(
                     key,

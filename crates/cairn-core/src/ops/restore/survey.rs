@@ -84,6 +84,9 @@ pub(super) fn dry_run(
     // A hard-linked file's first name there: its inode when kept as it was, and
     // its path (for the warning the restore gives a name kept apart from it).
     let mut first_links: HashMap<(u64, u64), FirstName> = HashMap::new();
+    // A hard-linked file's name kept as it was while it does not look like the
+    // snapshot's content: the next name written is a file of its own.
+    let mut kept_apart: HashMap<(u64, u64), PathBuf> = HashMap::new();
     let mut stack = vec![Level {
         keep: super::keep_names(
             opts,
@@ -298,9 +301,13 @@ pub(super) fn dry_run(
                     (Decision::Keep, Some(st)) => {
                         say(FileAction::Unchanged, &path, node.size);
                         kept(&mut stats, st);
-                        overwrite::effective(opts.overwrite, unfinished_since, st)
+                        let first = overwrite::effective(opts.overwrite, unfinished_since, st)
                             == overwrite::Overwrite::IfChanged
-                            || overwrite::looks_unchanged(st, &node)
+                            || overwrite::looks_unchanged(st, &node);
+                        if !first && node.nlink > 1 {
+                            kept_apart.entry(key).or_insert_with(|| path.clone());
+                        }
+                        first
                     }
                     (Decision::Metadata, _) => {
                         say(FileAction::Updated, &path, node.size);
@@ -313,6 +320,11 @@ pub(super) fn dry_run(
                             say(FileAction::written(existing.is_some()), &path, node.size);
                             stats.files += 1;
                             stats.bytes += node.size;
+                            if node.nlink > 1
+                                && let Some(k) = kept_apart.remove(&key)
+                            {
+                                progress.warning(&path, &super::own_file_warning(&k));
+                            }
                         }
                         cleared
                     }

@@ -47,7 +47,7 @@ pub struct Sessions {
     /// already under way) never waits for a storage that does not answer.
     opening: Mutex<()>,
     /// A listing again is under way ([`Sessions::refresh_if_stale`]).
-    refreshing: Arc<AtomicBool>,
+    refreshing: AtomicBool,
     listing: Mutex<(Arc<Listing>, Instant)>,
     closed: AtomicBool,
     opened: std::sync::atomic::AtomicU64,
@@ -78,7 +78,7 @@ impl Sessions {
             timing,
             current: Mutex::new(None),
             opening: Mutex::new(()),
-            refreshing: Arc::new(AtomicBool::new(false)),
+            refreshing: AtomicBool::new(false),
             listing: Mutex::new((Arc::new(Listing::default()), Instant::now())),
             closed: AtomicBool::new(false),
             opened: Default::default(),
@@ -158,17 +158,23 @@ impl Sessions {
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
+        let asked = Instant::now();
         let (done, wait) = std::sync::mpsc::channel();
         let me = self.clone();
         let spawned = std::thread::Builder::new()
             .name("mount-refresh".into())
             .spawn(move || {
-                {
-                    // Taken only if no other open is under way (that one lists).
+                let listed_meanwhile = {
+                    // Waits for an open under way; one that ended after this
+                    // refresh was asked for has listed the snapshots: done.
                     let _one = lock(&me.opening);
-                    retire(lock(&me.current).take());
-                }
-                if let Err(e) = me.get() {
+                    let listed = lock(&me.listing).1 >= asked;
+                    if !listed {
+                        retire(lock(&me.current).take());
+                    }
+                    listed
+                };
+                if !listed_meanwhile && let Err(e) = me.get() {
                     me.log
                         .error(&format!("cannot list the snapshots again: {e}"));
                 }

@@ -1001,7 +1001,8 @@ pub struct ExportArgs {
 pub struct RestoreArgs {
     /// Snapshot id (prefix) or "latest"
     pub snapshot: String,
-    /// Directory to restore into (created if missing)
+    /// Directory to restore into (created if missing); with --image, the file or
+    /// block device to write the image to
     #[arg(short, long)]
     pub target: PathBuf,
     /// Restore only this path of the snapshot and what is below it; one that

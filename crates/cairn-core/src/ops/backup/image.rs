@@ -937,6 +937,15 @@ pub(crate) fn plan(
         ));
     }
     let parent_snap = parent;
+    // A snapshot of files is no image's parent: recorded as one, it would say
+    // "changed since the parent" of every block (QA: accepted without a word).
+    if parent_named && parent_snap.is_some_and(|s| s.image.is_none()) {
+        return Err(Error::Invalid(
+            "--parent names a snapshot of files: an image backup's parent must be an \
+             image snapshot (`cairn snapshots` shows them as images)"
+                .into(),
+        ));
+    }
     let parent = match parent.and_then(|s| s.image.as_ref().map(|i| (s, i))) {
         Some((snap, info))
             if info.block_size == block_size && u64::from(info.fanout) == geometry.fanout =>
@@ -985,12 +994,23 @@ pub(crate) fn plan(
                 )));
             }
             if opts.changed_blocks.is_some() && (info.source != here || info.size != size) {
+                let was = if info.source == here {
+                    format!(
+                        "the source was {} bytes when the parent image snapshot was read \
+                         and is {size} bytes now",
+                        info.size
+                    )
+                } else {
+                    format!(
+                        "the parent image snapshot was read from {} ({} bytes), this source \
+                         is {here} ({size} bytes)",
+                        info.source, info.size
+                    )
+                };
                 notes.push(format!(
-                    "the parent image snapshot was read from {} ({} bytes), this source is \
-                     {} ({size} bytes): the changed-block list must describe the changes \
-                     since that one, or the snapshot will hold the parent's blocks where \
-                     this source differs",
-                    info.source, info.size, here
+                    "{was}: the changed-block list must describe the changes since that \
+                     snapshot, or the new one will hold the parent's blocks where this source \
+                     differs"
                 ));
             }
             Some((
@@ -1002,13 +1022,6 @@ pub(crate) fn plan(
     };
     let changed = match &opts.changed_blocks {
         Some((list, format)) => {
-            if parent_named && parent_snap.is_some_and(|s| s.image.is_none()) {
-                return Err(Error::Invalid(
-                    "--changed-blocks needs an image snapshot as its parent: the --parent \
-                     given is a snapshot of files"
-                        .into(),
-                ));
-            }
             if parent.is_none() {
                 return Err(Error::Invalid(
                     "--changed-blocks needs a parent image snapshot of this source (same host and path, or --parent): run a backup without it first".into(),
@@ -1018,11 +1031,14 @@ pub(crate) fn plan(
             // The list is of the changes since the last image snapshot this
             // machine wrote of the source; a parent found that is not that one
             // (it was forgotten) would take the list's changes onto an older
-            // image and miss those in between.
+            // image and miss those in between. One that `tag`, `rewrite` or
+            // `repair snapshots` made of it is that one (QA: a tag forced a full
+            // read); what a repair lost in it is read again below.
             if !parent_named
                 && let (Some(pid), Some(snap)) = (parent_id, parent_snap)
                 && let Some(last) = last_written::get(repo, &snap.hostname, &snap.paths)
                 && last != pid
+                && snap.original.as_deref() != Some(last.to_hex().as_str())
             {
                 notes.push(format!(
                     "the changed-block list was not used and the whole source was read: \

@@ -680,12 +680,14 @@ impl ImageFs {
                 ..Default::default()
             },
             ext2: ext2.as_ref(),
+            why_not,
             links: std::collections::HashMap::new(),
             guard: DirGuard::new(self.inodes_count()),
         };
         if ext2.is_none() {
             r.report.warnings.push(format!(
-                "hard links and extended attributes were not restored: {why_not}"
+                "hard links and extended attributes were not restored: {}",
+                r.why_not
             ));
         }
         let root = std::rc::Rc::new(std::os::fd::OwnedFd::from(root));
@@ -947,8 +949,14 @@ impl ImageFs {
         if (ft.is_char_dev() || ft.is_block_dev()) && special.is_none() {
             // Root, but without this crate's inode reader (see `why_not`).
             return Err(Error::Invalid(format!(
-                "{}: a device whose number cannot be read here: not restored",
-                shown.display()
+                "{}: a device whose number cannot be read ({}): not restored; restore \
+                 the whole image, or loop-mount it, for it",
+                shown.display(),
+                if r.why_not.is_empty() {
+                    "its inode was not found"
+                } else {
+                    &r.why_not
+                }
             )));
         }
         if !(ft.is_regular_file() || ft.is_symlink() || special.is_some()) {
@@ -1253,8 +1261,10 @@ struct FirstLink {
 
 /// What one `restore --image-fs` carries along.
 struct FsRestore<'a> {
-    /// This crate's inode reader (hard links, extended attributes).
+    /// This crate's inode reader (hard links, extended attributes, device
+    /// numbers), and why there is none.
     ext2: Option<&'a super::blockmap::Ext2<'a>>,
+    why_not: String,
     /// Hard-linked files restored under a first name, by image inode.
     links: std::collections::HashMap<u32, FirstLink>,
     limit: Option<&'a cairn_backend::Limiter>,

@@ -1588,8 +1588,13 @@ pub async fn slot_request(
     } else {
         serde_json::from_slice(&body).map_err(|e| ApiError::bad(format!("slot request: {e}")))?
     };
+    let key = session_key(&t, &headers)?;
+    // A client's heartbeats keep its claims on chunks too: one pack may take
+    // minutes to upload over a slow link, with no other request meanwhile (QA: a
+    // second client sent the same chunks 15 s into the first one's pack).
+    store.dedup.touch(&key);
     let request = crate::slots::Request {
-        key: session_key(&t, &headers)?,
+        key,
         token_id: t.id.clone(),
         token_name: t.name.clone(),
         host: t.host.clone().unwrap_or_else(|| short_text(&ask.host)),

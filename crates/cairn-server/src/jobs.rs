@@ -1278,13 +1278,15 @@ fn run_job(
             .map_err(|e| format!("the destination {to}: {e}"))?;
             let mut src = Session::<Read>::open(repo, "copy", IndexLoad::Deferred, &progress)
                 .map_err(|e| e.to_string())?;
+            // Said as the destination's (QA: a restore token there read as if
+            // the source had refused).
             let mut dst = Session::<cairn_core::session::Backup>::open(
                 dst,
                 "copy",
                 IndexLoad::Deferred,
                 &progress,
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("the destination {to}: {e}"))?;
             let r = cairn_core::copy::copy(
                 &mut src,
                 &mut dst,

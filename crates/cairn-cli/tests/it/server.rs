@@ -4838,6 +4838,36 @@ fn two_copies_into_the_server_at_once_store_new_data_once() {
     srv.stop();
 }
 
+/// A client uploading one pack for longer than the session silence keeps its
+/// claims on the chunks in it: its job slot's heartbeats say it is alive (QA:
+/// over a slow link, a second client sent the same chunks 15 s into the first
+/// one's pack, and both were stored).
+#[test]
+fn a_client_heard_only_through_its_job_slot_keeps_its_claims() {
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let backup = srv.token("web01", "main", "backup");
+    let p = srv.port;
+    let slots = "/v1/datastores/main/slots";
+    let beat = format!("{slots}?wait=0");
+    let q = "/v1/datastores/main/dedup/query";
+    let slow = [("X-Cairn-Session", "slowlink1")];
+    let other = [("X-Cairn-Session", "other2")];
+    assert_eq!(http_with(p, "POST", slots, &backup, &slow, b"").0, 200);
+    let (code, answers) = http_with(p, "POST", q, &backup, &slow, &[5; 32]);
+    assert_eq!((code, answers), (200, vec![0]), "unknown: send");
+    // Twenty seconds heard of only through heartbeats, as a client uploading a
+    // large pack sends them (every five seconds).
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_secs(4));
+        assert_eq!(http_with(p, "POST", &beat, &backup, &slow, b"").0, 200);
+    }
+    let (_, answers) = http_with(p, "POST", q, &backup, &other, &[5; 32]);
+    assert_eq!(answers, vec![2], "still in flight from the first client");
+    srv.stop();
+}
+
 /// A range past the end of an object is the client's mistake: 416, not a server
 /// error.
 #[test]

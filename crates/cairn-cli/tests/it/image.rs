@@ -47,6 +47,22 @@ fn backup_image(env: &Env, src: &Path, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(&env.ok(&a)).unwrap()
 }
 
+/// `backup --image SRC --changed-blocks LIST`, which must succeed: its report
+/// and what it said on stderr.
+fn backup_image_listed(env: &Env, src: &Path, list: &Path) -> (serde_json::Value, String) {
+    let o = env.run(&[
+        "backup",
+        "--json",
+        "--image",
+        src.to_str().unwrap(),
+        "--changed-blocks",
+        list.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    (serde_json::from_slice(&o.stdout).unwrap(), err)
+}
+
 /// `backup --image SRC`: its snapshot's id.
 fn image_snapshot(env: &Env, src: &Path) -> String {
     backup_image(env, src, &[])["snapshot_id"]
@@ -184,16 +200,7 @@ fn a_source_that_grew_or_shrank_is_read_where_the_parent_cannot_stand_for_it() {
     let list = change(&src, &mut data, &[(2 * MIB, 4096)], 4);
     let cbt = env.path("c.txt");
     fs::write(&cbt, list).unwrap();
-    let o = env.run(&[
-        "backup",
-        "--json",
-        "--image",
-        src.to_str().unwrap(),
-        "--changed-blocks",
-        cbt.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
+    let (grown, err) = backup_image_listed(&env, &src, &cbt);
     // Said as what it is: this source, grown (QA: named the same path twice).
     let says = format!(
         "the source was {was} bytes when the parent image snapshot was read and is {} \
@@ -201,7 +208,6 @@ fn a_source_that_grew_or_shrank_is_read_where_the_parent_cannot_stand_for_it() {
         data.len()
     );
     assert!(err.contains(&says), "{err}");
-    let grown: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let out = env.path("grown.img");
     restore_image(
         &env,
@@ -2422,22 +2428,12 @@ fn a_changed_block_list_is_not_applied_to_an_older_parent_after_a_forget() {
     env.ok(&["forget", &s2]);
     // The next list names only what changed since the second snapshot.
     fs::write(&cbt, change(&src, &mut data, &[(5 * MIB, 3000)], 5)).unwrap();
-    let o = env.run(&[
-        "backup",
-        "--json",
-        "--image",
-        src.to_str().unwrap(),
-        "--changed-blocks",
-        cbt.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
+    let (third, err) = backup_image_listed(&env, &src, &cbt);
     assert!(
         err.contains("the changed-block list was not used and the whole source was read")
             && err.contains(&s2[..8]),
         "{err}"
     );
-    let third: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let s3 = third["snapshot_id"].as_str().unwrap().to_string();
     let i3 = image_of(&env, &s3);
     assert_eq!(i3["changed_blocks_input"], false, "{i3}");
@@ -2471,17 +2467,8 @@ fn a_changed_block_list_is_not_applied_to_an_older_parent_after_a_forget() {
     // is relative to (QA: the list was set aside and the disk read whole).
     env.ok(&["tag", "--add", "weekly", &s4]);
     fs::write(&cbt, change(&src, &mut data, &[(3 * MIB, 100)], 7)).unwrap();
-    let o = env.run(&[
-        "backup",
-        "--json",
-        "--image",
-        src.to_str().unwrap(),
-        "--changed-blocks",
-        cbt.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && !err.contains("not used"), "{err}");
-    let tagged: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let (tagged, err) = backup_image_listed(&env, &src, &cbt);
+    assert!(!err.contains("not used"), "{err}");
     let st = tagged["snapshot_id"].as_str().unwrap().to_string();
     assert_eq!(image_of(&env, &st)["blocks_read"], 1);
     let out_t = env.path("out-t.img");

@@ -215,6 +215,32 @@ pub enum Command {
     Mount(MountArgs),
     /// Write shell completions and man pages (as restic's `generate`)
     Generate(GenerateArgs),
+    /// List the repository's objects of one kind by id (for looking inside by hand)
+    List(ListArgs),
+    /// Print one repository object decoded and checked (for looking inside by hand)
+    Cat(CatArgs),
+}
+
+/// `cairn list KIND`: ids one per line (with --json: an array with sizes).
+#[derive(Args)]
+pub struct ListArgs {
+    /// What to list: snapshots, index, packs, keys, locks, pending (prune's pending
+    /// deletions) or blobs (from the index: "TYPE ID" per line)
+    #[arg(value_parser = ["snapshots", "index", "packs", "keys", "locks", "pending", "blobs"])]
+    pub kind: String,
+}
+
+/// `cairn cat KIND [ID]`: JSON, except a blob's plaintext bytes.
+#[derive(Args)]
+pub struct CatArgs {
+    /// What to print: config; key, snapshot, index, pack (its header, read from the
+    /// pack), lock or pending ID; blob ID (its plaintext bytes); tree ID or
+    /// SNAPSHOT[:PATH]; chunklist ID
+    #[arg(value_parser = ["config", "key", "snapshot", "index", "pack", "lock", "pending", "blob", "tree", "chunklist"])]
+    pub kind: String,
+    /// The object's id or a unique prefix of it ("latest" for a snapshot; a blob
+    /// needs at least 8 hex digits)
+    pub id: Option<String>,
 }
 
 /// Each output is a file, or `-` for standard output.

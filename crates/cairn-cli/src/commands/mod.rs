@@ -17,6 +17,7 @@ mod generate;
 mod imagefs;
 mod index;
 mod init;
+mod inspect;
 mod key;
 mod ls;
 mod mount;
@@ -86,6 +87,8 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Serve(a) => serve::run(g, &a),
         Command::Mount(a) => mount::run(g, &a),
         Command::Generate(a) => generate::run(&a),
+        Command::List(a) => inspect::list(g, &a),
+        Command::Cat(a) => inspect::cat(g, &a),
     }?;
     if long_job && !g.json && !g.quiet {
         println!("resources: {}", Resources::now().line());

@@ -13,6 +13,7 @@ mod forget;
 mod golden;
 mod hostile;
 mod image;
+mod inspect;
 mod jobs;
 mod keys;
 mod look;

@@ -10,6 +10,7 @@ pub mod export;
 pub mod find;
 pub mod forget;
 pub mod image;
+pub mod inspect;
 pub mod ls;
 pub mod prune;
 pub mod repair;

@@ -521,15 +521,16 @@ pub fn tree_of<A: crate::session::Access>(
         None => (spec, None),
     };
     // A bare hex string is tried as a tree blob first, then as a snapshot.
-    if path.is_none() && snap_spec.len() >= 8 && snap_spec.bytes().all(|b| b.is_ascii_hexdigit()) {
-        if let Ok(id) = find_blob(repo, snap_spec)
-            && repo
-                .index()
-                .get(&id)
-                .is_some_and(|l| l.kind == cairn_format::pack::BlobKind::Tree)
-        {
-            return Ok(id);
-        }
+    if path.is_none()
+        && snap_spec.len() >= 8
+        && snap_spec.bytes().all(|b| b.is_ascii_hexdigit())
+        && let Ok(id) = find_blob(repo, snap_spec)
+        && repo
+            .index()
+            .get(&id)
+            .is_some_and(|l| l.kind == cairn_format::pack::BlobKind::Tree)
+    {
+        return Ok(id);
     }
     let (sid, snap) = session.find_snapshot(snap_spec)?;
     let tree = snap

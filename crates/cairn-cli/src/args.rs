@@ -980,10 +980,11 @@ pub struct DiffArgs {
 pub struct DumpArgs {
     /// Snapshot id (prefix) or "latest"
     pub snapshot: String,
-    /// Path of the file inside the snapshot (with --archive: a directory, or / for
-    /// all). A directory's archive names its members from the directory itself
+    /// Path of the file inside the snapshot; required but with --archive (a
+    /// directory, or the whole snapshot when left out) or --image-fs. A
+    /// directory's archive names its members from the directory itself
     /// (`/srv/www` gives `www/...`; restic's from the root: `srv/www/...`)
-    #[arg(required_unless_present = "image_fs", value_parser = snapshot_path())]
+    #[arg(required_unless_present_any = ["image_fs", "archive"], value_parser = snapshot_path())]
     pub file: Option<String>,
     /// Write the path and everything below it as an archive (`tar`: GNU tar's
     /// format, owners, ns times, xattrs and hard links; streams, e.g. to tape;

@@ -205,6 +205,11 @@ pub(super) fn write_output<R>(
                             file.display()
                         ))
                     }
+                    // A dump cut short: to a file, nothing of it is kept.
+                    cairn_core::Error::Incomplete(m) => anyhow::anyhow!(
+                        "{m} ({} was not written: nothing is left there)",
+                        file.display()
+                    ),
                     e => e.into(),
                 })?;
             let shown = partial.display().to_string();

@@ -526,3 +526,39 @@ fn check_names_no_file_when_a_damaged_blob_has_an_intact_copy() {
         fs::read(src.join("big.bin")).unwrap()
     );
 }
+
+/// A dump that meets a damaged blob says which file, which blob in which pack,
+/// and that the stream was cut short (QA: only "blob … is damaged"); to a file,
+/// nothing is left.
+#[test]
+fn a_dump_cut_short_by_damage_says_where_and_how_much_came() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = Rng(11).bytes(3_000_000, false);
+    fs::write(src.join("big"), &data).unwrap();
+    env.backup(&[&src]);
+    flip_middle(&largest_pack(&env.repo));
+    let file = format!("{}/big", src.display());
+    let o = env.run(&["dump", "latest", &file]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(o.stdout.len() < data.len() && data.starts_with(&o.stdout));
+    assert!(
+        err.contains(&format!("{file}: blob "))
+            && err.contains("(in pack ")
+            && err.contains(&format!(
+                "cut short after the first {} of its 3000000 bytes",
+                o.stdout.len()
+            )),
+        "{err}"
+    );
+    let out = env.path("out.bin");
+    let err = env.fails(&["dump", "latest", &file, "-t", out.to_str().unwrap()], 1);
+    assert!(
+        err.contains(&format!("{} was not written", out.display())),
+        "{err}"
+    );
+    assert!(!out.exists());
+}

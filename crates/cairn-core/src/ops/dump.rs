@@ -30,19 +30,43 @@ pub fn dump<A: Access>(
             node.kind.name()
         )));
     }
+    let mut counted = Counted { out, bytes: 0 };
     let copied = std::thread::scope(|s| {
         let readers = crate::ops::export::BlobReaders::start(s, repo);
         let mut content = crate::ops::export::Content::new(repo, &node, path, &readers);
-        let copied = std::io::copy(&mut content, out);
+        let copied = std::io::copy(&mut content, &mut counted);
         let error = content.error.take();
         drop(content);
         drop(readers);
         match error {
-            Some(e) => Err(e),
+            // Whoever reads the stream must hear that it is cut short, and where:
+            // the bytes before are the file's, the rest never came.
+            Some(e) => Err(Error::Incomplete(format!(
+                "{path}: {e}; the output was cut short after the first {} of its {} bytes",
+                counted.bytes, node.size
+            ))),
             None => Ok(copied),
         }
     })?;
+    let out = counted.out;
     let written = copied.map_err(|e| Error::io(OUTPUT, e))?;
     out.flush().map_err(|e| Error::io(OUTPUT, e))?;
     Ok(written)
+}
+
+/// A writer that counts what reached it (how much of a file a failed dump gave).
+struct Counted<'a> {
+    out: &'a mut dyn Write,
+    bytes: u64,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }

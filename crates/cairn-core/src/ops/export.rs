@@ -1418,7 +1418,7 @@ impl<'a> Content<'a> {
                 })
             })
             .collect();
-        for (b, len) in blobs.into_iter().zip(lens) {
+        for ((b, len), id) in blobs.into_iter().zip(lens).zip(&ids) {
             let Some(b) = b else {
                 self.ready.push_back(Ready::Zeros(len));
                 continue;
@@ -1434,7 +1434,16 @@ impl<'a> Content<'a> {
                         .min(cairn_format::consts::MAX_BLOB_SIZE as u64 + 1);
                     vec![0u8; usize::try_from(len.min(cap)).unwrap_or(0)]
                 }
-                b => b?,
+                // Where the blob is, as restore says it: the pack to look at.
+                Err(mut e) => {
+                    let pack = id.and_then(|id| self.repo.index().get(&id));
+                    if let (Error::Damaged { what, .. }, Some(loc)) = (&mut e, pack) {
+                        let pack = self.repo.index().pack_of(&loc).short();
+                        what.push_str(&format!(" (in pack {pack})"));
+                    }
+                    return Err(e);
+                }
+                Ok(b) => b,
             };
             self.ready.push_back(Ready::Data(b));
         }

@@ -832,8 +832,23 @@ impl Includes {
                     .map(String::as_str)
                     .collect();
                 // Each named with its option, as given.
-                let named = (rules.patterns.iter().map(|p| format!("--include {p:?}")))
-                    .chain(rules.ipatterns.iter().map(|p| format!("--iinclude {p:?}")))
+                // As typed: Debug would double every backslash (QA), which is
+                // what a pattern escapes wildcards with. Only control characters
+                // are written out, to keep the message on one line.
+                let typed = |p: &str| -> String {
+                    p.chars()
+                        .map(|c| {
+                            if c.is_control() {
+                                c.escape_debug().to_string()
+                            } else {
+                                c.to_string()
+                            }
+                        })
+                        .collect()
+                };
+                let named = (rules.patterns.iter())
+                    .map(|p| format!("--include \"{}\"", typed(p)))
+                    .chain((rules.ipatterns.iter()).map(|p| format!("--iinclude \"{}\"", typed(p))))
                     .collect::<Vec<_>>()
                     .join(", ");
                 if given.iter().all(|p| p.starts_with('!')) {
@@ -1753,19 +1768,21 @@ impl Walk<'_> {
         if unfinished_own {
             self.flag_later(parent, &name, &node);
         }
-        // Listed as it is entered, so that its entries come after it (its word
-        // worked out only when listing).
+        let action = if keep_meta {
+            FileAction::Unchanged
+        } else {
+            overwrite::dir_action_at(
+                Some(parent.fd()),
+                &name,
+                (!opened.created).then_some(&opened.stat),
+                other_there,
+                &node,
+                self.opts.owners,
+                &self.opts.xattrs,
+            )
+        };
+        // Listed as it is entered, so that its entries come after it.
         if self.opts.list_files {
-            let action = if keep_meta {
-                FileAction::Unchanged
-            } else {
-                overwrite::dir_action(
-                    (!opened.created).then_some(&opened.stat),
-                    other_there,
-                    &node,
-                    self.opts.owners,
-                )
-            };
             self.list(action, || parent.node.join(&name), 0);
         }
         if keep_meta {
@@ -1774,6 +1791,13 @@ impl Walk<'_> {
             if let Some(own) = lifted.filter(|_| !unfinished_own) {
                 self.flag_own_back(parent, &name, own, true);
             }
+        } else if action == FileAction::Unchanged && self.opts.overwrite != Overwrite::Always {
+            // Already the snapshot's (mode, owner, time): counted as left as it
+            // was, as `-v` lists it (QA: a restore with nothing to do said it
+            // wrote every directory). Its metadata is set again at the end only
+            // if what went into it changed its time.
+            self.stats.kept += 1;
+            self.flag_later(parent, &name, &node);
         } else {
             self.stats.dirs += 1;
             self.flag_later(parent, &name, &node);
@@ -2314,6 +2338,13 @@ impl Walk<'_> {
                 // snapshot goes (a default ACL would pass to every file created in
                 // it). A new one keeps what it inherited, as a new file does.
                 // (One that existed was unlocked when the walk entered it.)
+                // One that holds the snapshot's metadata already is not touched
+                // (each write would change its ctime for nothing).
+                DirMeta::Snapshot(node, true)
+                    if Self::dir_is_already(dir.fd(), &node, owners, &self.opts.xattrs) =>
+                {
+                    Ok(())
+                }
                 DirMeta::Snapshot(node, existed) => if existed {
                     metadata::drop_other_xattrs(dir.fd(), &node, &self.opts.xattrs)
                 } else {
@@ -2329,6 +2360,25 @@ impl Walk<'_> {
                 self.issue(dir.node.path(), format!("setting metadata: {e}"));
             }
         }
+    }
+
+    /// Does the directory open as `fd` hold `node`'s metadata already: mode, owner
+    /// (when restored), both times to the nanosecond and the extended attributes?
+    /// Any error reading it means "no" (it is then set).
+    fn dir_is_already(
+        fd: std::os::fd::BorrowedFd<'_>,
+        node: &Node,
+        owners: bool,
+        select: &crate::ops::restore::XattrSelect,
+    ) -> bool {
+        let Ok(st) = sys::fstat(fd) else {
+            return false;
+        };
+        st.mode & 0o7777 == node.mode & 0o7777
+            && (!owners || (st.uid, st.gid) == (node.uid, node.gid))
+            && st.mtime == (node.mtime.secs, node.mtime.nanos)
+            && st.atime == (node.atime.secs, node.atime.nanos)
+            && overwrite::xattrs_match(fd, c".", &node.xattrs, select)
     }
 
     /// A symlink, FIFO or device: created by name in its parent's descriptor, then

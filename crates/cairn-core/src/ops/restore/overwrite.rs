@@ -221,6 +221,28 @@ pub(crate) fn dir_action(
     }
 }
 
+/// [`dir_action`] for the directory `name` of `parent`, its extended attributes
+/// compared too: one whose only difference is an attribute is updated, not
+/// unchanged (the restore sets them back).
+pub(crate) fn dir_action_at(
+    parent: Option<BorrowedFd<'_>>,
+    name: &CStr,
+    dir: Option<&Stat>,
+    replaced: bool,
+    node: &Node,
+    owners: bool,
+    select: &XattrSelect,
+) -> FileAction {
+    match dir_action(dir, replaced, node, owners) {
+        FileAction::Unchanged
+            if parent.is_some_and(|p| !xattrs_match(p, name, &node.xattrs, select)) =>
+        {
+            FileAction::Updated
+        }
+        a => a,
+    }
+}
+
 /// Is the snapshot's entry newer (modification time) than the existing one, which
 /// `if-newer` replaces only then?
 pub(crate) fn snapshot_is_newer(st: &Stat, node: &Node) -> bool {

@@ -196,12 +196,26 @@ pub(super) fn dry_run(
                     }
                     _ => {
                         let dir = existing.as_ref().filter(|_| !other_there);
-                        say(
-                            overwrite::dir_action(dir, other_there, &node, opts.owners),
-                            &path,
-                            0,
+                        let action = overwrite::dir_action_at(
+                            parent,
+                            &name,
+                            dir,
+                            other_there,
+                            &node,
+                            opts.owners,
+                            &opts.xattrs,
                         );
-                        stats.dirs += 1
+                        say(action, &path, 0);
+                        // As the restore counts it: already the snapshot's, kept.
+                        match dir {
+                            Some(st)
+                                if action == FileAction::Unchanged
+                                    && opts.overwrite != super::Overwrite::Always =>
+                            {
+                                kept(&mut stats, st)
+                            }
+                            _ => stats.dirs += 1,
+                        }
                     }
                 }
                 let sub = match (&existing, parent) {

@@ -128,6 +128,9 @@ pub struct ServerBackend {
     /// This machine's clock less the server's, in seconds, from the `Date` of the
     /// first answer that had one.
     skew: std::sync::OnceLock<i64>,
+    /// The CA file trusted besides the system's (`--cacert`), for the message
+    /// when the server's certificate is signed by neither.
+    ca_cert: Option<PathBuf>,
 }
 
 /// Seconds between heartbeats at most, each with the job's progress.
@@ -307,6 +310,9 @@ impl ServerBackend {
             loc,
             token: token.trim().to_string(),
             location: location.to_string(),
+            ca_cert: (opts.fingerprint.is_none() && !opts.insecure_tls)
+                .then(|| opts.ca_cert.clone())
+                .flatten(),
             session: {
                 let mut b = [0u8; 16];
                 ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b)
@@ -429,7 +435,19 @@ impl ServerBackend {
                 if let Some(hint) = scheme_mismatch(&m) {
                     m.push_str(hint);
                 }
-                if m.contains("UnknownIssuer") {
+                // (BadSignature: a CA of the same name, another key.)
+                if (m.contains("UnknownIssuer") || m.contains("BadSignature"))
+                    && let Some(ca) = &self.ca_cert
+                {
+                    // QA: a wrong --cacert was told to pass --cacert.
+                    m.push_str(&format!(
+                        " (the server's certificate is signed neither by the CA in {} \
+                         (--cacert) nor by one this machine trusts: give the certificate of \
+                         the CA that signed it, or, for the self-signed one `cairn serve` \
+                         made, the fingerprint it printed with --server-fingerprint)",
+                        ca.display()
+                    ));
+                } else if m.contains("UnknownIssuer") {
                     m.push_str(
                         " (a certificate no CA this machine trusts signed: for the \
                          self-signed one `cairn serve` made, pass the fingerprint it printed \

@@ -1614,7 +1614,12 @@ pub async fn slot_request(
         )
         .await;
     let reply = match answer {
-        crate::slots::Answer::Granted => SlotReply::new(&store, &t, true, Vec::new(), Vec::new()),
+        // What runs now, this job included (QA: a granted answer said the token
+        // held no slot).
+        crate::slots::Answer::Granted => {
+            let (running, _) = store.slots.jobs();
+            SlotReply::new(&store, &t, true, running, Vec::new())
+        }
         crate::slots::Answer::Queued { running, ahead } => {
             SlotReply::new(&store, &t, false, running, ahead)
         }

@@ -4312,6 +4312,33 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     let backup = |t: &str| backup_with_parent(t).0;
     let real = backup(&web02);
     let forged = backup(&web01);
+    // Through web01's own restore token the forged snapshot is web01's too, as
+    // for an admin: `--host web02` finds nothing there (QA: it found the forged
+    // one, where an admin's `latest --host web02` was web02's real backup).
+    let r01 = bound_token(&srv, "r-web01", "restore", "web01");
+    let listed_by_r01 = |h: &str| -> serde_json::Value {
+        let args = ["snapshots", "--host", h, "--json"];
+        serde_json::from_str(&ok(client(&env, &srv, "main", &r01, &args), "snapshots")).unwrap()
+    };
+    assert_eq!(listed_by_r01("web02"), serde_json::json!([]));
+    let own = listed_by_r01("web01");
+    assert_eq!(own.as_array().map(Vec::len), Some(1), "{own:#}");
+    assert_eq!(
+        (
+            &own[0]["id"],
+            &own[0]["hostname"],
+            &own[0]["claimed_hostname"]
+        ),
+        (&forged.as_str().into(), &"web01".into(), &"web02".into())
+    );
+    let o = client(
+        &env,
+        &srv,
+        "main",
+        &r01,
+        &["ls", "latest", "--host", "web02"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", messages(&o.stderr));
 
     // `forget --keep-last 1 --host web02 --json`: the ids kept, removed, and stderr.
     let keep_last_of_web02 = || -> (Vec<String>, Vec<String>, String) {
@@ -5217,7 +5244,7 @@ fn a_client_waiting_for_its_own_tokens_share_is_told_so() {
     let busy = srv.token("busy", "main", "backup");
     let other = srv.token("other", "main", "backup");
     let p = srv.port;
-    for ses in ["one", "two"] {
+    for (n, ses) in ["one", "two"].into_iter().enumerate() {
         let (code, body) = http_with(
             p,
             "POST",
@@ -5227,7 +5254,11 @@ fn a_client_waiting_for_its_own_tokens_share_is_told_so() {
             b"{\"operation\":\"backup\",\"host\":\"squat\"}",
         );
         assert_eq!(code, 200);
-        assert!(String::from_utf8_lossy(&body).contains("\"granted\":true"));
+        // A granted answer counts the slot it gives (QA: it said none).
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["granted"], true, "{v}");
+        assert_eq!(v["token_running"], n + 1, "{v}");
+        assert_eq!(v["running"].as_array().map(Vec::len), Some(n + 1), "{v}");
     }
     let mut waiting = client_cmd(
         &env,
@@ -5314,6 +5345,49 @@ fn copy_from_a_ca_certified_server_to_a_pinned_one() {
     .unwrap();
     ok(o, "copy with --from-cacert");
     assert_eq!(b.snapshot_ids().len(), 1);
+    // Another CA's certificate given: the message names that file rather than
+    // telling the user to pass --cacert (QA).
+    let other = a.path("other-ca");
+    std::fs::create_dir_all(&other).unwrap();
+    openssl(
+        &other,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=another CA",
+        ],
+    );
+    let o = client_cmd(
+        &a,
+        &sa,
+        "main",
+        &std::fs::read_to_string(&token_file).unwrap(),
+        &["snapshots"],
+    )
+    .env_remove("CAIRN_SERVER_FINGERPRINT")
+    .arg("--cacert")
+    .arg(other.join("ca.crt"))
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "signed neither by the CA in {} (--cacert)",
+            other.join("ca.crt").display()
+        )),
+        "{err}"
+    );
     sa.stop();
     sb.stop();
 }

@@ -422,6 +422,9 @@ impl Repository {
         snaps: &mut [(SnapshotId, Snapshot)],
         read: &HostRead<'_>,
     ) -> Result<Vec<(SnapshotId, String)>> {
+        if let Some(host) = self.backend.partial_view()? {
+            return Ok(count_as_own(snaps, &host));
+        }
         let recorded = self.recorded_hosts(snaps.iter().map(|(id, _)| *id), read)?;
         self.attribute_recorded(snaps, &recorded)
     }
@@ -504,14 +507,23 @@ impl Repository {
     /// bound token (then it cannot count as theirs, whatever it names). So a
     /// hijacked client can neither become `latest --host` of another host nor,
     /// with one unreadable snapshot, make every host's `latest` uncertain. A
-    /// caller that may not read the records (a host-bound token, which sees only
-    /// its own host's snapshots) gets `all` and `bad` as they are.
+    /// host-bound token, which sees only its own host's snapshots, counts each as
+    /// that host's ([`count_as_own`]).
     pub fn narrow_to_hosts<'b>(
         &self,
         all: &mut Vec<(SnapshotId, Snapshot)>,
         bad: &'b [SnapshotError],
         hosts: &[String],
     ) -> Result<Vec<&'b SnapshotError>> {
+        if let Some(host) = self.backend.partial_view()? {
+            count_as_own(all, &host);
+            all.retain(|(_, s)| hosts.contains(&s.hostname));
+            return Ok(if hosts.contains(&host) {
+                bad.iter().collect()
+            } else {
+                Vec::new()
+            });
+        }
         let ids = all
             .iter()
             .map(|(id, _)| *id)
@@ -536,6 +548,23 @@ impl Repository {
         let id = resolve_snapshot_prefix(spec, &self.list_snapshot_ids()?)?;
         Ok((id, self.read_snapshot(&id)?))
     }
+}
+
+/// Through a host-bound token (which the server shows only the snapshots it
+/// recorded for that host), every snapshot is that host's: one naming another
+/// host is counted as `host`'s, as an admin's view counts it when the name is
+/// another bound host's (QA: web01's restore token took a snapshot its own
+/// client stored as `--host web02` for `latest --host web02`, where an admin
+/// got web02's real one). Returns the snapshots changed, with the host each
+/// claimed.
+fn count_as_own(snaps: &mut [(SnapshotId, Snapshot)], host: &str) -> Vec<(SnapshotId, String)> {
+    let mut changed = Vec::new();
+    for (id, s) in snaps.iter_mut() {
+        if s.hostname != host {
+            changed.push((*id, std::mem::replace(&mut s.hostname, host.to_string())));
+        }
+    }
+    changed
 }
 
 /// Appended to the host of a snapshot that names a bound token's host but was

@@ -2167,6 +2167,9 @@ fn restore_include_patterns_choose_what_they_match() {
         err.contains("nothing in the snapshot is there or matches") && err.contains("*.cnf"),
         "{err}"
     );
+    // Given back as typed: a backslash (the escape of a wildcard) is not doubled.
+    let err = refused("t7", &["--include", "/no/a\\b"]);
+    assert!(err.contains("--include \"/no/a\\b\":"), "{err}");
     // Patterns that are not globs are usage errors: exit 2, nothing written.
     for (flag, word) in [("--include", "include"), ("--exclude", "exclude")] {
         let t = env.path("t-bad-pattern");

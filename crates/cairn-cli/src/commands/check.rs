@@ -203,7 +203,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         } else if only_packs {
             "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
              packs without it"
-        } else if files && index_too {
+        } else if files && (index_too || report.unindexed_packs > 0) {
             "; `cairn repair index`, then `cairn repair snapshots` to save what can be saved \
              of the files named"
         } else if files {

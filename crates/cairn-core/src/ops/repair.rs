@@ -469,6 +469,32 @@ fn run_snapshots(
             }
         }
     }
+    // Packs that no readable index lists (an index file lost or damaged) may hold
+    // what these files lack: dropped now, they would be lost for good, and the
+    // next prune would delete the packs (QA: `check` advised this repair after an
+    // index file was deleted, and it emptied every snapshot). `repair index`
+    // reads them back first. (Leftovers of an interrupted backup count too: the
+    // repair needs them looked at only when it would drop something.)
+    if !changed.is_empty() {
+        let indexed: HashSet<PackId> = index.packs().iter().copied().collect();
+        let orphans: HashSet<PackId> = (state.pending.iter())
+            .flat_map(|(_, p)| p.orphans.iter().copied())
+            .collect();
+        let unindexed = (stored.iter())
+            .filter(|p| !indexed.contains(p) && !orphans.contains(p))
+            .count();
+        if unindexed > 0 {
+            return Err(Error::Invalid(format!(
+                "{} would lose data, but {} stored {} in no readable index and may hold \
+                 it: run `cairn repair index` first (it reads them back into the index), \
+                 then `cairn check` again{}",
+                crate::units::count(changed.len() as u64, "snapshot"),
+                crate::units::count(unindexed as u64, "pack"),
+                if unindexed == 1 { "is" } else { "are" },
+                if dry_run { "" } else { "; nothing was changed" }
+            )));
+        }
+    }
     let new_trees = std::mem::take(&mut rw.new_trees);
     // The new trees by id, to add up the repaired snapshots' sizes (the index in
     // memory does not know them yet).

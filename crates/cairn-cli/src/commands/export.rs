@@ -102,8 +102,12 @@ pub(super) fn write_output<R>(
     Ok(match resolved.as_deref() {
         None => {
             let mut out = ArchiveOut::stdout()?;
-            let r = produce(out.writer())?;
-            out.finish(pad).context("writing standard output")?;
+            // What was produced reaches the output even when the stream is cut
+            // short: the error says how much came (QA: into `> FILE` none did).
+            let r = produce(out.writer());
+            let finished = out.finish(pad && r.is_ok());
+            let r = r?;
+            finished.context("writing standard output")?;
             r
         }
         Some(file)
@@ -118,9 +122,10 @@ pub(super) fn write_output<R>(
                 .with_context(|| format!("opening {}", file.display()))?;
             let mut out =
                 ArchiveOut::new(f).with_context(|| format!("opening {}", file.display()))?;
-            let r = produce(out.writer())?;
-            out.finish(pad)
-                .with_context(|| format!("writing {}", file.display()))?;
+            let r = produce(out.writer());
+            let finished = out.finish(pad && r.is_ok());
+            let r = r?;
+            finished.with_context(|| format!("writing {}", file.display()))?;
             r
         }
         Some(file) => {

@@ -1180,6 +1180,30 @@ fn if_changed_puts_extended_attributes_back() {
         (Some(4), Some(0), Some(0)),
         "{r}"
     );
+    // Nor are those directories touched: their ctime stays, even after a reader
+    // moved their access time (QA: every one was set again).
+    use std::os::unix::fs::MetadataExt;
+    let ctime = |p: &Path| {
+        let m = fs::metadata(p).unwrap();
+        (m.ctime(), m.ctime_nsec())
+    };
+    set_times(&copy, 1_500_000_000, 0);
+    let r = restore_json(&env, &snap, &[]);
+    assert_eq!(r["dirs"], 1, "{r}");
+    fs::read_dir(&copy).unwrap().for_each(drop);
+    let atime_only = |p: &Path| {
+        let m = fs::metadata(p).unwrap();
+        let times = fs::FileTimes::new()
+            .set_accessed(m.accessed().unwrap() + std::time::Duration::from_secs(1000))
+            .set_modified(m.modified().unwrap());
+        fs::File::open(p).unwrap().set_times(times).unwrap();
+    };
+    atime_only(&copy);
+    let before = ctime(&copy);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let r = restore_json(&env, &snap, &[]);
+    assert_eq!(r["dirs"], 0, "{r}");
+    assert_eq!(ctime(&copy), before, "an unchanged directory was written");
 }
 
 /// A user who is not root restoring a file with a `trusted.*` attribute (which

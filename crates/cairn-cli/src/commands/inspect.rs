@@ -49,6 +49,17 @@ pub fn list(g: &Global, a: &ListArgs) -> Result<i32> {
         json.finish(&mut out, "]");
     }
     super::flush_output(&mut out)?;
+    // A list short of what unreadable index files held is not the answer (QA:
+    // exit 0): said, after what could be listed.
+    let errors = session.repo().index_errors();
+    if !errors.is_empty() {
+        anyhow::bail!(
+            "{} could not be read, so the list lacks the blobs only {} held (`cairn check` \
+             says more; `cairn repair index` rebuilds the index from the packs)",
+            crate::ui::count(errors.len() as u64, "index file"),
+            if errors.len() == 1 { "it" } else { "they" }
+        );
+    }
     Ok(0)
 }
 

@@ -159,6 +159,43 @@ fn cat_names_damage_and_refuses_bad_ids() {
     let e = env.fails(&["cat", "tree", &format!("{snap}:/no/such")], 1);
     assert!(e.contains("no such file"), "{e}");
 
+    // A blob of another kind is said to be one, not damaged (QA); an id the
+    // index does not hold matches nothing.
+    let data = env.ok(&["list", "blobs"]);
+    let data = data.lines().find_map(|l| l.strip_prefix("data ")).unwrap();
+    let e = env.fails(&["cat", "chunklist", data], 1);
+    assert!(e.contains("is a data blob, not a chunk list"), "{e}");
+    let e = env.fails(&["cat", "tree", &data[..12]], 1);
+    assert!(e.contains("is a data blob, not a tree"), "{e}");
+    let e = env.fails(&["cat", "blob", &"f".repeat(64)], 1);
+    assert!(e.contains("no blob matches"), "{e}");
+    // A pack whose bytes are not its name's is not shown (a copy under another
+    // name, here); a snapshot copied under an upper-case name is a stray that
+    // neither doubles it nor makes its id ambiguous (QA).
+    let pack = largest_pack(&env.repo);
+    let fake = format!("ab{}", &pack.file_name().unwrap().to_str().unwrap()[2..]);
+    fs::create_dir_all(env.repo.join("data/ab")).unwrap();
+    fs::copy(&pack, env.repo.join("data/ab").join(&fake)).unwrap();
+    let e = env.fails(&["cat", "pack", &fake], 1);
+    assert!(e.contains("do not hash to its name"), "{e}");
+    fs::remove_file(env.repo.join("data/ab").join(&fake)).unwrap();
+    let upper = env.repo.join("snapshots").join(snap.to_uppercase());
+    fs::copy(env.repo.join("snapshots").join(&snap), &upper).unwrap();
+    assert_eq!(lines(&env.ok(&["list", "snapshots"])), vec![snap.clone()]);
+    assert_eq!(env.snapshot_ids(), vec![snap.clone()]);
+    env.ok(&["cat", "snapshot", &snap]);
+    fs::remove_file(&upper).unwrap();
+
+    // A listing of blobs short of an unreadable index file's says so (exit 1).
+    let index = lines(&env.ok(&["list", "index"]));
+    let copy = Env::at(tempfile::tempdir().unwrap(), env.path("copy"));
+    copy_tree(&env.repo, &copy.repo);
+    flip_middle(&copy.repo.join("index").join(&index[0]));
+    let o = copy.run(&["list", "blobs"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("1 index file could not be read"), "{e}");
+
     // A snapshot whose bytes changed is not printed.
     let path = env.repo.join("snapshots").join(&snap);
     flip_middle(&path);

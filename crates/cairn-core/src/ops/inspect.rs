@@ -73,8 +73,10 @@ pub fn list_stored(repo: &Repository, what: Stored) -> Result<Vec<StoredObject>>
         .into_iter()
         .filter_map(|o| {
             let (admin, hex) = names::split_admin(names::listed(&o.name));
-            (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| StoredObject {
-                id: hex.to_ascii_lowercase(),
+            // Names are lower case: another spelling is a stray no reader opens.
+            let canonical = hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+            (hex.len() == 64 && canonical).then(|| StoredObject {
+                id: hex.to_string(),
                 size: o.size,
                 admin,
             })
@@ -395,6 +397,22 @@ pub fn index_view(repo: &Repository, prefix: &str) -> Result<IndexView> {
 pub fn pack_view(repo: &Repository, prefix: &str) -> Result<PackView> {
     let o = find_stored(repo, Stored::Packs, prefix)?;
     let id = PackId::from_hex(&o.id).map_err(|e| Error::Invalid(e.to_string()))?;
+    // Read whole (a range at a time) and hashed: a pack's name is the hash of its
+    // bytes, and a header that opens says nothing of the blobs before it.
+    let name = names::pack(&o.id);
+    let mut hasher = blake3::Hasher::new();
+    let mut at = 0u64;
+    while at < o.size {
+        let len = (o.size - at).min(8 << 20);
+        hasher.update(&repo.backend().get_range(&name, at, len)?);
+        at += len;
+    }
+    if *hasher.finalize().as_bytes() != id.0 {
+        return Err(Error::damaged(
+            format!("pack {}", o.id),
+            cairn_format::FormatError::malformed("pack", "its bytes do not hash to its name"),
+        ));
+    }
     let blobs = crate::ops::prune::read_header(repo, &id, o.size)?;
     Ok(PackView {
         id: o.id,
@@ -419,7 +437,15 @@ pub fn pending_view(repo: &Repository, prefix: &str) -> Result<PendingView> {
 pub fn lock_view(repo: &Repository, prefix: &str) -> Result<LockView> {
     let locks = crate::repo::lock::list_locks(repo)?;
     let ids: Vec<String> = locks.iter().map(|l| l.hex()).collect();
-    let id = resolve_prefix("lock", prefix, &ids)?;
+    // Messages (unlock, prune, a job waiting) name a lock by its eight digits
+    // from the 17th on ([`crate::repo::lock::LockInfo::short`]): taken too.
+    let lower = prefix.to_ascii_lowercase();
+    let by_short: Vec<&String> = ids.iter().filter(|i| i[16..24] == *lower).collect();
+    let id = match (by_short.as_slice(), resolve_prefix("lock", prefix, &ids)) {
+        (_, Ok(id)) => id,
+        ([one], Err(_)) => (*one).clone(),
+        (_, Err(e)) => return Err(e),
+    };
     let l = locks
         .into_iter()
         .find(|l| l.hex() == id)
@@ -448,7 +474,7 @@ pub fn find_blob(repo: &Repository, prefix: &str) -> Result<BlobId> {
         return if repo.index().contains(&id) {
             Ok(id)
         } else {
-            Err(Error::BlobNotFound(id))
+            Err(Error::Invalid(format!("no blob matches {prefix:?}")))
         };
     }
     let lower = prefix.to_ascii_lowercase();
@@ -491,8 +517,23 @@ pub fn tree_view(repo: &Repository, id: &BlobId) -> Result<TreeView> {
     })
 }
 
+/// The blob's kind is `want`, or an error saying what it is (a data blob decoded
+/// as a tree would be called damaged).
+fn expect_kind(repo: &Repository, id: &BlobId, want: cairn_format::pack::BlobKind) -> Result<()> {
+    match repo.index().get(id) {
+        Some(loc) if loc.kind != want => Err(Error::Invalid(format!(
+            "blob {} is a {} blob, not a {}",
+            id.short(),
+            loc.kind.name(),
+            want.name()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 pub fn chunk_list_view(repo: &Repository, prefix: &str) -> Result<ChunkListView> {
     let id = find_blob(repo, prefix)?;
+    expect_kind(repo, &id, cairn_format::pack::BlobKind::ChunkList)?;
     let list = repo.load_chunk_list(&id)?;
     Ok(ChunkListView {
         id: id.to_hex(),
@@ -525,12 +566,21 @@ pub fn tree_of<A: crate::session::Access>(
         && snap_spec.len() >= 8
         && snap_spec.bytes().all(|b| b.is_ascii_hexdigit())
         && let Ok(id) = find_blob(repo, snap_spec)
-        && repo
-            .index()
-            .get(&id)
-            .is_some_and(|l| l.kind == cairn_format::pack::BlobKind::Tree)
     {
-        return Ok(id);
+        // A blob of another kind is said to be one, unless a snapshot's id starts
+        // with the same digits.
+        match expect_kind(repo, &id, cairn_format::pack::BlobKind::Tree) {
+            Ok(()) => return Ok(id),
+            Err(e) => {
+                if let Ok(found) = session.find_snapshot(snap_spec) {
+                    return found
+                        .1
+                        .tree_id()
+                        .map_err(|e| Error::damaged(format!("snapshot {}", found.0.short()), e));
+                }
+                return Err(e);
+            }
+        }
     }
     let (sid, snap) = session.find_snapshot(snap_spec)?;
     let tree = snap

@@ -77,6 +77,13 @@ impl Repository {
             .backend
             .list(names::SNAPSHOTS)?
             .iter()
+            // Stored under its id in lower case: a copy under another spelling is
+            // a stray no reader opens, and counted it made the id ambiguous (QA).
+            .filter(|i| {
+                !names::listed(&i.name)
+                    .bytes()
+                    .any(|b| b.is_ascii_uppercase())
+            })
             .filter_map(|i| SnapshotId::from_hex(names::listed(&i.name)).ok())
             .collect())
     }

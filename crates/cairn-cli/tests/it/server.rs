@@ -5349,24 +5349,7 @@ fn copy_from_a_ca_certified_server_to_a_pinned_one() {
     // telling the user to pass --cacert (QA).
     let other = a.path("other-ca");
     std::fs::create_dir_all(&other).unwrap();
-    openssl(
-        &other,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=another CA",
-        ],
-    );
+    test_ca(&other, "another CA");
     let o = client_cmd(
         &a,
         &sa,

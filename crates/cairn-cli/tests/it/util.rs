@@ -884,24 +884,7 @@ pub fn openssl(dir: &std::path::Path, args: &[&str]) {
 /// (`dir/certs/public.crt`, key `dir/certs/private.key`), made with openssl.
 pub fn private_ca_cert(dir: &std::path::Path) {
     std::fs::create_dir_all(dir.join("certs")).unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=cairn test CA",
-        ],
-    );
+    test_ca(dir, "cairn test CA");
     openssl(
         dir,
         &[
@@ -940,6 +923,18 @@ pub fn private_ca_cert(dir: &std::path::Path) {
             "2",
             "-extfile",
             "ext.cnf",
+        ],
+    );
+}
+
+/// A CA of its own in `dir` (`ca.key`, `ca.crt`), named `name`, for two days.
+pub fn test_ca(dir: &std::path::Path, name: &str) {
+    let subject = format!("/CN={name}");
+    openssl(
+        dir,
+        &[
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+            "-days", "2", "-subj", &subject,
         ],
     );
 }

@@ -38,7 +38,10 @@ pub fn bytes(n: u64, decimals: usize) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = n as f64;
     let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
+    // Up a unit also where the value would be printed as 1024 of this one
+    // (1 GiB - 1 byte read "1024.00 MiB", QA).
+    let limit = 1024.0 - 0.5 / 10f64.powi(decimals.min(9) as i32);
+    while v >= 1024.0 && u + 1 < UNITS.len() || u > 0 && v >= limit && u + 1 < UNITS.len() {
         v /= 1024.0;
         u += 1;
     }
@@ -301,5 +304,18 @@ mod duration_tests {
             let e = parse_duration(bad).unwrap_err();
             assert!(e.contains("invalid duration"), "{bad}: {e}");
         }
+    }
+
+    /// A value that would print as 1024 of a unit is given in the next (QA).
+    #[test]
+    fn sizes_never_read_1024_of_a_unit() {
+        use super::bytes;
+        assert_eq!(bytes(1023, 2), "1023 B");
+        assert_eq!(bytes(1024, 2), "1.00 KiB");
+        assert_eq!(bytes((1 << 20) - 1, 2), "1.00 MiB");
+        assert_eq!(bytes((1 << 30) - 1, 2), "1.00 GiB");
+        assert_eq!(bytes((1 << 30) - (6 << 20), 2), "1018.00 MiB");
+        assert_eq!(bytes(1_048_000, 2), "1023.44 KiB");
+        assert_eq!(bytes((1 << 20) - 1, 0), "1 MiB");
     }
 }

@@ -892,14 +892,14 @@ fn print_read_added(r: &cairn_core::backup::BackupReport, dry_run: bool) {
     );
     if dry_run {
         println!(
-            "would add: {} of compressed data ({} before compression), plus pack headers \
-             and index",
+            "would add: {} of data compressed and sealed ({} before compression), plus pack \
+             headers and index",
             ui::bytes(s.data_added_packed),
             ui::bytes(s.data_added)
         );
     } else {
         println!(
-            "added:     {} to the repository: {} of compressed data ({} before \
+            "added:     {} to the repository: {} of data compressed and sealed ({} before \
              compression), the rest pack headers and index",
             ui::bytes(r.bytes_stored),
             ui::bytes(s.data_added_packed),

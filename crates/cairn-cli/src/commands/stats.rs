@@ -130,11 +130,15 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
         b(st.average_chunk_bytes)
     );
     println!(
-        "index:                 {} in {}, {} on disk, about {} of RAM",
+        "index:                 {} in {}, {} on disk, about {} of RAM{}",
         ui::count(st.index.blobs as u64, "blob"),
         ui::count(st.index.files as u64, "file"),
         b(st.index.bytes),
-        b(st.index.ram_bytes)
+        b(st.index.ram_bytes),
+        match st.index.local_disk_bytes {
+            Some(d) => format!(" and {} of local disk (SSD placement)", b(d)),
+            None => String::new(),
+        }
     );
     println!(
         "packs:                 {} ({}), average {} of a {} target ({:.0}% full), {:.1}% of pack bytes {}",

@@ -870,3 +870,39 @@ fn generate_writes_completions_and_man_pages() {
     let err = env.fails(&["generate", "--man", "-"], 1);
     assert!(err.contains("give a directory"), "{err}");
 }
+
+/// A restore's progress ends at its total when names are hard links: the total
+/// is the snapshot's size, every name counted, and a name restored as a link
+/// counts its bytes done (QA: 4 of 16 MiB with four names, never at the end).
+#[test]
+fn restore_progress_reaches_its_total_with_hard_links() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), Rng(7).bytes(1 << 20, false)).unwrap();
+    for n in ["b", "c", "d"] {
+        std::fs::hard_link(src.join("a"), src.join(n)).unwrap();
+    }
+    env.backup(&[&src]);
+    let target = env.path("out");
+    let out = env
+        .cmd(&[
+            "restore",
+            "latest",
+            "--json",
+            "--target",
+            target.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let last = err
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .rfind(|v| v["type"] == "status")
+        .unwrap_or_else(|| panic!("no status: {err}"));
+    assert_eq!(last["bytes_total"], 4 << 20, "{last}");
+    assert_eq!(last["bytes_done"], 4 << 20, "{last}");
+}

@@ -31,6 +31,19 @@ fn backups_on_the_ssd_placement_deduplicate_and_restore_exactly() {
     let blobs = v["blobs"].as_u64().unwrap();
     assert!(blobs > 700, "{v}");
     assert!(v["disk_bytes"].as_u64().unwrap() > blobs * 47, "{v}");
+    // `stats` gives the SSD placement's memory, as `index` does, not the RAM
+    // placement's (QA: 28 times too high), and its local disk.
+    let st: serde_json::Value = serde_json::from_str(&env.ok(&["stats", "--json"])).unwrap();
+    assert_eq!(st["index"]["placement"], "ssd", "{st}");
+    assert!(
+        st["index"]["ram_bytes"].as_u64().unwrap() < blobs * 12,
+        "{st}"
+    );
+    assert!(
+        st["index"]["local_disk_bytes"].as_u64().unwrap() > blobs * 47,
+        "{st}"
+    );
+    assert!(env.ok(&["stats"]).contains("of local disk (SSD placement)"));
 
     // The same data again: nothing new is stored (every chunk found on disk).
     let second = env.backup_json(&[&src]);

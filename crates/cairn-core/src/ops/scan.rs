@@ -54,6 +54,8 @@ pub(crate) struct PackRow {
     pub blobs: u64,
     pub need: u64,
     pub used_bytes: u64,
+    /// The blobs `used_bytes` counts (the copies kept).
+    pub used_blobs: u64,
     pub unused_bytes: u64,
     /// Of `unused_bytes`: copies of needed blobs kept elsewhere (stats).
     pub duplicate_bytes: u64,
@@ -71,6 +73,7 @@ impl PackRow {
             blobs: 0,
             need: 0,
             used_bytes: 0,
+            used_blobs: 0,
             unused_bytes: 0,
             duplicate_bytes: 0,
         }

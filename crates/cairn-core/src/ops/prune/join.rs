@@ -297,6 +297,7 @@ pub(super) fn join_needed(repo: &Repository, scan: &mut Scan, needed: Needed) ->
             let row = &mut packs[e.pack as usize];
             if Some(k) == kept {
                 row.used_bytes += u64::from(e.blob.length);
+                row.used_blobs += 1;
             } else {
                 row.unused_bytes += u64::from(e.blob.length);
             }

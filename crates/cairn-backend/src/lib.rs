@@ -487,8 +487,19 @@ pub mod names {
     /// cairn puts such an object (`data/ab/ab…`, `index/…`, one level below the
     /// others), else "" (which no id parses from). Listings are recursive: a
     /// repository made inside another's `data/` must not have its packs taken for
-    /// the outer one's.
+    /// the outer one's. cairn writes ids in lower case: a name with an upper-case
+    /// letter (an object copied in by hand under another spelling) is a stray no
+    /// reader opens, and taken for its id it made that id ambiguous (QA).
     pub fn listed(name: &str) -> &str {
+        let base = listed_anycase(name);
+        if base.bytes().any(|b| b.is_ascii_uppercase()) {
+            ""
+        } else {
+            base
+        }
+    }
+
+    fn listed_anycase(name: &str) -> &str {
         let mut parts = name.split('/');
         let (Some(top), Some(second)) = (parts.next(), parts.next()) else {
             return "";
@@ -835,6 +846,11 @@ mod names_tests {
             format!("data/{hex}"),
             format!("index/index/{hex}"),
             format!("data/ab/{hex}/x"),
+            // Upper case: a copy under another spelling, not the object.
+            format!("data/AB/{}", hex.to_uppercase()),
+            format!("data/ab/{}", hex.to_uppercase()),
+            format!("snapshots/{}", hex.to_uppercase()),
+            format!("index/ADMIN-{hex}"),
             hex.clone(),
             String::new(),
         ] {

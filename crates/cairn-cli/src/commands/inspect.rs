@@ -86,13 +86,6 @@ pub fn cat(g: &Global, a: &CatArgs) -> Result<i32> {
         }
         (_, Some(id)) => id,
     };
-    // Binary on a terminal would garble it (and a blob may hold escape codes).
-    if a.kind == "blob" && std::io::stdout().is_terminal() {
-        anyhow::bail!(
-            "refusing to write a blob's bytes to the terminal: redirect standard output \
-             (`cairn cat blob {id} > FILE`, or `| less`)"
-        );
-    }
     let p = super::progress(g);
     match a.kind.as_str() {
         "blob" | "tree" | "chunklist" => {
@@ -102,6 +95,15 @@ pub fn cat(g: &Global, a: &CatArgs) -> Result<i32> {
             match a.kind.as_str() {
                 "blob" => {
                     let bytes = inspect::blob_bytes(repo, id)?;
+                    // Binary on a terminal would garble it (and a blob may hold
+                    // escape codes). Said once the id is known to be a blob's (QA:
+                    // a wrong id got this answer).
+                    if std::io::stdout().is_terminal() {
+                        anyhow::bail!(
+                            "refusing to write a blob's bytes to the terminal: redirect \
+                             standard output (`cairn cat blob {id} > FILE`, or `| less`)"
+                        );
+                    }
                     let mut out = std::io::stdout().lock();
                     if let Err(e) = out.write_all(&bytes) {
                         if e.kind() == std::io::ErrorKind::BrokenPipe {

@@ -75,6 +75,14 @@ fn list_and_cat_show_every_object_as_stored() {
             && said.contains("exit=1"),
         "{said}"
     );
+    // But a wrong id is said to be wrong there too (QA: refused as above).
+    let mut script = on_a_terminal(&env.cmd(&["cat", "blob", &"f".repeat(64)]), "echo exit=$?");
+    let o = script.stdin(std::process::Stdio::null()).output().unwrap();
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        said.contains("no blob matches") && said.contains("exit=1"),
+        "{said}"
+    );
     let sub = json(&env, &["cat", "tree", sub_id]);
     let list = &sub["nodes"][0]["chunk_list"];
     let cl = json(&env, &["cat", "chunklist", list["root"].as_str().unwrap()]);
@@ -102,6 +110,16 @@ fn list_and_cat_show_every_object_as_stored() {
     assert!(blobs.lines().any(|l| l == format!("tree {sub_id}")));
     let bj = json(&env, &["list", "blobs", "--json"]);
     assert_eq!(bj.as_array().unwrap().len(), blobs.lines().count());
+    // With their sizes (QA: none, where the README says --json gives sizes):
+    // the small file's chunk is its 13 bytes before compression.
+    let small = bj
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["id"] == chunk)
+        .unwrap();
+    assert_eq!(small["raw_length"], 13, "{small}");
+    assert!(small["length"].as_u64().unwrap() > 13, "{small}");
 
     // Index files and pack headers agree on where each blob is.
     let mut from_index = std::collections::BTreeSet::new();
@@ -184,7 +202,30 @@ fn cat_names_damage_and_refuses_bad_ids() {
     assert_eq!(lines(&env.ok(&["list", "snapshots"])), vec![snap.clone()]);
     assert_eq!(env.snapshot_ids(), vec![snap.clone()]);
     env.ok(&["cat", "snapshot", &snap]);
+    // So is a pack under an upper-case name: not listed twice; `check` names
+    // both strays and finds nothing wrong.
+    let pack_name = pack.file_name().unwrap().to_str().unwrap().to_string();
+    let upper_pack = pack.with_file_name(pack_name.to_uppercase());
+    fs::copy(&pack, &upper_pack).unwrap();
+    let packs = lines(&env.ok(&["list", "packs"]));
+    assert_eq!(packs.iter().filter(|p| p.contains(&pack_name)).count(), 1);
+    let o = env.ok(&["check"]);
+    assert!(
+        o.contains("note: 2 objects in the repository are under a name cairn does not read")
+            && o.contains(&format!(
+                "data/{}/{}",
+                &pack_name[..2],
+                pack_name.to_uppercase()
+            ))
+            && o.contains(&format!("snapshots/{}", snap.to_uppercase()))
+            && o.contains("no errors were found"),
+        "{o}"
+    );
+    let j = json(&env, &["check", "--json"]);
+    assert_eq!(j["strays"], 2, "{j}");
     fs::remove_file(&upper).unwrap();
+    fs::remove_file(&upper_pack).unwrap();
+    assert!(!env.ok(&["check"]).contains("cairn does not read"));
 
     // A listing of blobs short of an unreadable index file's says so (exit 1).
     let index = lines(&env.ok(&["list", "index"]));

@@ -291,6 +291,10 @@ pub struct CheckReport {
     pub unindexed_packs: usize,
     /// Prune records whose packs wait for deletion.
     pub pending_deletions: usize,
+    /// Objects in the repository's folders under names no reader opens (see
+    /// [`stray_names`]), and the first [`SHOWN_STRAYS`] of them.
+    pub strays: u64,
+    pub stray_names: Vec<String>,
     pub problems: Vec<Problem>,
     /// This machine's SSD index of the repository, when it uses that placement.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -373,7 +377,10 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
     report.blobs = index.len();
 
     // Packs: every indexed pack must exist and hold its blobs.
-    let stored: HashMap<PackId, u64> = repo.list_packs()?;
+    let data = repo.backend().list(names::DATA)?;
+    let stored: HashMap<PackId, u64> = crate::repo::packs_of(&data);
+    (report.strays, report.stray_names) = stray_names(repo, &data);
+    drop(data);
     report.packs = stored.len();
     let mut bad = Bad::default();
     let mut listed: Vec<(&PackId, &Listed)> = listing.packs.iter().collect();
@@ -509,6 +516,54 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
         report.problems.extend(dedup_lists(repo, state, want));
     }
     Ok(report)
+}
+
+/// How many stray names a report lists (`strays` counts them all).
+pub const SHOWN_STRAYS: usize = 20;
+
+/// Objects in the repository's folders whose names no reader opens: a copy made
+/// by hand under another spelling (cairn writes ids in lower case), a file put in
+/// the wrong folder, a name that is no id. Not damage, since every reader passes
+/// them over, but whoever copied a snapshot back under an upper-case name would
+/// otherwise believe it is there (QA). Advisory: a folder that cannot be listed
+/// (one a server's token may not list) is passed over. `data` is the listing of
+/// `data/` the caller made already.
+fn stray_names(repo: &Repository, data: &[cairn_backend::ObjectInfo]) -> (u64, Vec<String>) {
+    let mut count = 0u64;
+    let mut shown = Vec::new();
+    let mut note = |dir: &str, name: &str| {
+        let (admin, hex) = names::split_admin(names::listed(name));
+        let id = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        // Only index files and locks carry the admin mark.
+        if !id || (admin && dir != names::INDEX && dir != names::LOCKS) {
+            count += 1;
+            if shown.len() < SHOWN_STRAYS {
+                shown.push(name.to_string());
+            }
+        }
+    };
+    for o in data {
+        note(names::DATA, &o.name);
+    }
+    for dir in [
+        names::KEYS,
+        names::INDEX,
+        names::SNAPSHOTS,
+        names::LOCKS,
+        names::PENDING,
+        names::DEDUP,
+        names::HOSTS,
+        names::RECEIVED,
+        names::FORGOTTEN,
+    ] {
+        if let Ok(list) = repo.backend().list(dir) {
+            for o in list {
+                note(dir, &o.name);
+            }
+        }
+    }
+    shown.sort();
+    (count, shown)
 }
 
 /// What the index files and pending records say of one pack.

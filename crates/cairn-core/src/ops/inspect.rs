@@ -93,6 +93,11 @@ pub struct ListedBlob {
     pub kind: &'static str,
     pub id: String,
     pub pack: String,
+    /// Where it lies in its pack and its stored size (sealed and compressed).
+    pub offset: u32,
+    pub length: u32,
+    /// Its size before compression (the bytes `cat blob` gives).
+    pub raw_length: u32,
 }
 
 /// Every blob the loaded index holds (one line per copy a pack holds is not
@@ -104,6 +109,9 @@ pub fn list_blobs(repo: &Repository) -> impl Iterator<Item = ListedBlob> + '_ {
         kind: kind_name(loc.kind),
         id: id.to_hex(),
         pack: index.pack_of(&loc).to_hex(),
+        offset: loc.offset,
+        length: loc.length,
+        raw_length: loc.raw_length,
     })
 }
 

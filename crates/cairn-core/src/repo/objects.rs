@@ -73,6 +73,20 @@ fn stored(r: std::result::Result<(), cairn_backend::BackendError>) -> Result<()>
     }
 }
 
+/// The packs, with their sizes, of a listing of `data/`.
+pub(crate) fn packs_of(
+    listing: &[cairn_backend::ObjectInfo],
+) -> std::collections::HashMap<PackId, u64> {
+    listing
+        .iter()
+        .filter_map(|o| {
+            PackId::from_hex(names::listed(&o.name))
+                .ok()
+                .map(|id| (id, o.size))
+        })
+        .collect()
+}
+
 /// The id of an index file from its object name (`index/<hex>` or
 /// `index/admin-<hex>`); `None` for names that are not index files.
 pub(crate) fn index_id_of(name: &str) -> Option<IndexId> {
@@ -236,16 +250,7 @@ impl Repository {
 
     /// Every stored pack with its size.
     pub fn list_packs(&self) -> Result<std::collections::HashMap<PackId, u64>> {
-        Ok(self
-            .backend
-            .list(names::DATA)?
-            .into_iter()
-            .filter_map(|o| {
-                PackId::from_hex(names::listed(&o.name))
-                    .ok()
-                    .map(|id| (id, o.size))
-            })
-            .collect())
+        Ok(packs_of(&self.backend.list(names::DATA)?))
     }
 
     pub fn list_pending(&self) -> Result<Vec<PendingId>> {

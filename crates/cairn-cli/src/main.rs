@@ -46,6 +46,7 @@ fn exit_code(e: &anyhow::Error) -> i32 {
                 cairn_core::Error::WrongPassword => EXIT_WRONG_PASSWORD,
                 cairn_core::Error::RepositoryNotFound(_)
                 | cairn_core::Error::NotARepository(_)
+                | cairn_core::Error::ConfigMissing(_)
                 | cairn_core::Error::OtherToolsRepository(..)
                 | cairn_core::Error::InterruptedInit(_) => EXIT_NO_REPO,
                 cairn_core::Error::Cancelled => EXIT_CANCELLED,

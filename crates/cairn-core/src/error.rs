@@ -11,6 +11,12 @@ pub enum Error {
     RepositoryNotFound(String),
     #[error("{0} is not a cairn repository (no valid config)")]
     NotARepository(String),
+    /// Packs, index files or snapshots without a config: a repository that lost
+    /// its config (see [`Error::is_config_damage`]).
+    #[error(
+        "{0} holds a cairn repository's data but not its config (the file `config` is missing)"
+    )]
+    ConfigMissing(String),
     /// Another backup tool's repository (restic, borg, kopia): told apart from a
     /// cairn repository whose config is damaged, whose advice would be to put
     /// back a config file.
@@ -169,6 +175,7 @@ impl Error {
     /// (not one this user may not read, nor a newer cairn's).
     pub fn is_config_damage(&self) -> bool {
         matches!(self.root(), Error::Damaged { what, .. } if what.starts_with(crate::repo::CONFIG_WHAT))
+            || matches!(self.root(), Error::ConfigMissing(_))
     }
 
     pub fn root(&self) -> &Error {

@@ -529,7 +529,12 @@ impl<A: Access> Session<A> {
     /// Resolves `latest` or an id prefix among the snapshots listed at open.
     pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
         if spec == "latest" {
-            return crate::repo::latest(self.snapshots()?);
+            let list = self.snapshots()?;
+            let found = crate::repo::latest(list)?;
+            if let Some(note) = crate::repo::passed_over(&list.0, &found.0) {
+                self.progress.warning_msg(note);
+            }
+            return Ok(found);
         }
         let id = crate::repo::resolve_snapshot_prefix(spec, &self.snapshot_ids)?;
         match self.repo.read_snapshot(&id) {
@@ -556,7 +561,9 @@ impl<A: Access> Session<A> {
         }
         if spec == "latest" {
             let (all, bad) = self.snapshots()?;
-            return latest_matching(&self.repo, all, bad, filter);
+            return latest_matching(&self.repo, all, bad, filter, &|note| {
+                self.progress.warning_msg(note)
+            });
         }
         let found = self.find_snapshot(spec)?;
         // Its host as `latest` above counts it.
@@ -627,12 +634,14 @@ impl<A: Commits> Session<A> {
 /// --tag T`), unless a snapshot that could not be read (`bad`) might be newer.
 /// Hosts count as `snapshots --host` and retention count them: a snapshot
 /// another host's bound token stored under this host's name is not its, nor
-/// can such an unreadable one be this host's newest.
+/// can such an unreadable one be this host's newest. Snapshots passed over for
+/// being dated ahead of this machine's clock are told to `warn`.
 pub fn latest_matching(
     repo: &Repository,
     all: &[(SnapshotId, Snapshot)],
     bad: &[crate::repo::SnapshotError],
     filter: &crate::ops::forget::SnapshotFilter,
+    warn: &dyn Fn(String),
 ) -> Result<(SnapshotId, Snapshot)> {
     let mut matching = all.to_vec();
     let bad = if filter.hosts.is_empty() {
@@ -641,12 +650,16 @@ pub fn latest_matching(
         repo.narrow_to_hosts(&mut matching, bad, &filter.hosts)?
     };
     matching.retain(|(_, s)| filter.matches(s));
-    crate::repo::latest_in(&matching, &bad).map_err(|e| match e {
+    let found = crate::repo::latest_in(&matching, &bad).map_err(|e| match e {
         Error::SnapshotNotFound(_) if !filter.is_empty() => {
             Error::SnapshotNotFound(format!("latest with {}", filter.describe()))
         }
         e => e,
-    })
+    })?;
+    if let Some(note) = crate::repo::passed_over(&matching, &found.0) {
+        warn(note);
+    }
+    Ok(found)
 }
 
 #[cfg(test)]

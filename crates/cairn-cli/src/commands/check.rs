@@ -131,6 +131,23 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                     ui::count_is(report.unindexed_packs as u64, "pack")
                 );
             }
+            if report.strays > 0 {
+                let more = report.strays - report.stray_names.len() as u64;
+                println!(
+                    "note: {} in the repository {} under a name cairn does not read, so no \
+                     command uses {}: {}{} (cairn names objects by their id in lower case: \
+                     rename what was copied in by hand, or remove it)",
+                    ui::count(report.strays, "object"),
+                    if report.strays == 1 { "is" } else { "are" },
+                    if report.strays == 1 { "it" } else { "them" },
+                    report.stray_names.join(", "),
+                    if more > 0 {
+                        format!(" and {more} more")
+                    } else {
+                        String::new()
+                    }
+                );
+            }
         }
     }
     if report.problems.is_empty() {
@@ -155,10 +172,14 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             .iter()
             .filter(|p| !matches!(p, Problem::PackUnreadable { .. }))
             .collect();
+        // A pack with bytes appended (or its end cut off) is among them: `repair
+        // index` rewrites it from the blobs that read back (QA: no next step).
         let only_packs = damage.iter().all(|p| {
             matches!(
                 p,
-                Problem::PackDamaged { .. } | Problem::PackTruncated { .. }
+                Problem::PackDamaged { .. }
+                    | Problem::PackTruncated { .. }
+                    | Problem::PackSize { .. }
             )
         });
         let files = damage.iter().any(|p| !p.affects().is_empty());
@@ -204,11 +225,16 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
              packs without it"
         } else if files && (index_too || report.unindexed_packs > 0) {
-            "; `cairn repair index`, then `cairn repair snapshots` to save what can be saved \
-             of the files named"
+            // Said as it is: repair snapshots drops the files named, and what
+            // could still be read of them goes with them at the next prune (QA:
+            // "save what can be saved" lost 98% of a file a restore gave back).
+            "; `cairn repair index`, then `cairn repair snapshots`, which takes the files \
+             named out of the snapshots (to keep what can still be read of one, restore it \
+             first)"
         } else if files {
-            "; `cairn repair snapshots` saves what can be saved of the files named (the index \
-             already lists only what is there)"
+            "; `cairn repair snapshots` takes the files named out of the snapshots (the \
+             index already lists only what is there; to keep what can still be read of one, \
+             restore it first)"
         } else if index_only {
             "; no snapshot needs what is missing: `cairn repair index` rebuilds the index \
              from the packs that are there"

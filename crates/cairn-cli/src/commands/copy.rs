@@ -164,6 +164,20 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
             f.error
         ));
     }
+    // What to do about it (QA: the warning alone, and a damaged source seemed
+    // impossible to copy from).
+    if !r.failed.is_empty() {
+        crate::ui::note(format!(
+            "the source lacks data {} needs: `cairn check` on the source names the files; \
+             `cairn repair snapshots` there takes them out (restore them first to keep what \
+             can still be read), and a copy after that copies the rest",
+            if r.failed.len() == 1 {
+                "this snapshot"
+            } else {
+                "these snapshots"
+            }
+        ));
+    }
     if g.json {
         super::print_json_report(&r)?;
     } else if !g.quiet {

@@ -233,14 +233,36 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             .map(|e| e.path.as_str())
             .collect::<std::collections::HashSet<_>>()
             .len() as u64;
+        // Where the repository lacks what they need, what to do about it (QA:
+        // the error alone, while `check` knew the index files were lost).
+        let lost = r.errors.iter().any(|e| {
+            e.error.contains("missing from the index")
+                || e.error.contains("is missing")
+                || e.error.contains("is damaged")
+        });
+        let unreadable = session.repo().index_errors().len() as u64;
+        let next = if unreadable > 0 {
+            format!(
+                "; {} could not be read: `cairn repair index` reads the packs back into \
+                 the index, then restore again",
+                ui::count(unreadable, "index file")
+            )
+        } else if lost {
+            "; `cairn check` says what the repository lacks and what repairs it (`cairn \
+             repair index` when index files were lost)"
+                .to_string()
+        } else {
+            String::new()
+        };
         let message = if r.dry_run {
             format!(
-                "{} could not be restored (listed above); nothing was written (dry run)",
+                "{} could not be restored (listed above); nothing was written (dry run){next}",
                 ui::count(entries, "entry")
             )
         } else {
             format!(
-                "{} could not be restored completely (listed above); everything else was restored",
+                "{} could not be restored completely (listed above); everything else was \
+                 restored{next}",
                 ui::count(entries, "entry")
             )
         };

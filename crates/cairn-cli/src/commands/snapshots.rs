@@ -39,7 +39,10 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
         for spec in &a.snapshots {
             let id = if spec == "latest" {
                 // As `ls latest --host H` decides.
-                cairn_core::session::latest_matching(&repo, &snaps, &bad, &filter)?.0
+                cairn_core::session::latest_matching(&repo, &snaps, &bad, &filter, &|note| {
+                    crate::ui::warn(note)
+                })?
+                .0
             } else {
                 let id = cairn_core::repo::resolve_snapshot_prefix(spec, &all_ids)?;
                 if let Some(e) = bad.iter().find(|e| e.id == id) {

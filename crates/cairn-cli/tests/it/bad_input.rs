@@ -466,6 +466,28 @@ fn corrupted_or_truncated_index_snapshot_config_and_pack() {
         e.contains("config") && e.contains("put back a copy") && e.lines().count() == 1,
         "{e}"
     );
+    // A missing one says so, with the same advice (QA: "not a cairn repository",
+    // as if the path were wrong); a FIFO in its place is refused, not waited on
+    // for ever (QA: every command hung).
+    fs::remove_file(&cfg).unwrap();
+    let e = env.fails(&["snapshots"], 10);
+    assert!(
+        e.contains("the file `config` is missing") && e.contains("put back a copy"),
+        "{e}"
+    );
+    assert!(Command::new("mkfifo").arg(&cfg).status().unwrap().success());
+    let mut child = env.cmd(&["snapshots"]).spawn().unwrap();
+    let mut status = None;
+    wait_until(
+        "snapshots with a FIFO config to end",
+        std::time::Duration::from_secs(60),
+        || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        },
+    );
+    assert_eq!(status.unwrap().code(), Some(1));
+    fs::remove_file(&cfg).unwrap();
     fs::write(&cfg, &orig_cfg).unwrap();
     let (key, _) = files_under(&env.repo.join("keys"))
         .into_iter()

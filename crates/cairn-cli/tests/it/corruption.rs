@@ -156,7 +156,8 @@ fn every_damaged_object_is_found_named_and_repaired() {
                 // (QA: check still said to repair the index first).
                 let err = env.fails(&["check"], 1);
                 assert!(
-                    err.contains("`cairn repair snapshots` saves")
+                    err.contains("`cairn repair snapshots` takes the files named out")
+                        && err.contains("restore it first")
                         && !err.contains("`cairn repair index`, then"),
                     "{label}: {err}"
                 );
@@ -460,6 +461,19 @@ fn check_finds_a_pack_of_the_wrong_size_and_counts_only_the_blobs_cut_off() {
             err.contains(&name) && err.contains("its index entries and header make"),
             "{label}: {err}"
         );
+        // With a next step, read or not (QA: none).
+        for read in [false, true] {
+            let args: &[&str] = if read {
+                &["check", "--read-data"]
+            } else {
+                &["check"]
+            };
+            let e = env.fails(args, 1);
+            assert!(
+                e.contains("`cairn repair index` rewrites the damaged packs"),
+                "{label} {read}: {e}"
+            );
+        }
     }
     fs::write(pack, &original).unwrap();
     assert!(env.ok(&["check"]).contains("no errors were found"));
@@ -606,6 +620,23 @@ fn snapshots_are_not_repaired_while_packs_are_unindexed() {
         err.contains("run `cairn repair index` first") && err.contains("nothing was changed"),
         "{err}"
     );
+    // A restore says where to look and the dry run says it first, from the
+    // index alone (QA: the error only; the dry run promised every file).
+    let t = env.path("t-dry");
+    for dry in [true, false] {
+        let mut args = vec!["restore", "latest", "--target", t.to_str().unwrap()];
+        if dry {
+            args.push("--dry-run");
+        }
+        let err = env.fails(&args, 1);
+        assert!(
+            err.contains("missing from the index")
+                && err.contains("`cairn check` says what the repository lacks")
+                && err.contains("`cairn repair index` when index files were lost"),
+            "dry run {dry}: {err}"
+        );
+    }
+    fs::remove_dir_all(&t).unwrap();
     env.ok(&["repair", "index"]);
     env.check_clean();
     assert_same(&src, &env.restore("latest", &src, "t"));

@@ -1349,7 +1349,7 @@ fn run_recover(
                 }
             };
             report.damaged_roots.push(format!(
-                "{}: {missing} trees or blobs gone (a prune removed them); {what}",
+                "{}: {missing} trees or blobs gone (removed by a prune, or lost from storage); {what}",
                 root.to_hex()
             ));
         }

@@ -39,11 +39,12 @@ pub mod storage;
 
 pub(crate) use index_load::until_settled;
 pub use index_load::{EachPending, IndexObject, IndexReadError, IndexState};
+pub(crate) use objects::packs_of;
 pub use snapshots::{
     HostRead, REPAIRED_TAG, SnapshotError, SnapshotList, UNBOUND_MARK, host_claim_note,
     is_repaired, resolve_snapshot_prefix, snapshot_order,
 };
-pub(crate) use snapshots::{existing_replacement, latest, latest_in, same_but_tags};
+pub(crate) use snapshots::{existing_replacement, latest, latest_in, passed_over, same_but_tags};
 
 #[derive(Clone, Debug)]
 pub struct InitOptions {
@@ -377,8 +378,16 @@ impl Repository {
                 if let Some(tool) = other_tool(backend.as_ref(), None) {
                     return Err(Error::OtherToolsRepository(backend.location(), tool));
                 }
-                if !backend.list(names::KEYS)?.is_empty() && interrupted_init(backend.as_ref())? {
+                let keys = !backend.list(names::KEYS)?.is_empty();
+                let interrupted = interrupted_init(backend.as_ref())?;
+                if keys && interrupted {
                     return Err(Error::InterruptedInit(backend.location()));
+                }
+                // A repository's other objects without its config: the config
+                // was lost, and the advice is to put it back, not that the path
+                // is wrong (QA).
+                if !interrupted {
+                    return Err(Error::ConfigMissing(backend.location()));
                 }
                 return Err(Error::NotARepository(backend.location()));
             }

@@ -77,13 +77,6 @@ impl Repository {
             .backend
             .list(names::SNAPSHOTS)?
             .iter()
-            // Stored under its id in lower case: a copy under another spelling is
-            // a stray no reader opens, and counted it made the id ambiguous (QA).
-            .filter(|i| {
-                !names::listed(&i.name)
-                    .bytes()
-                    .any(|b| b.is_ascii_uppercase())
-            })
             .filter_map(|i| SnapshotId::from_hex(names::listed(&i.name)).ok())
             .collect())
     }
@@ -698,6 +691,30 @@ pub(crate) fn latest_in(
     newest
         .cloned()
         .ok_or_else(|| Error::SnapshotNotFound("latest".into()))
+}
+
+/// What `latest` passed over when it chose `chosen` among `all` (sorted oldest
+/// first): the snapshots after it, all dated ahead of this machine's clock. Said,
+/// because a machine whose clock is behind (a fresh VM before NTP, a reset
+/// hardware clock) would otherwise restore an older snapshot without a word (QA).
+pub(crate) fn passed_over(all: &[(SnapshotId, Snapshot)], chosen: &SnapshotId) -> Option<String> {
+    let at = all.iter().position(|(id, _)| id == chosen)?;
+    let later = &all[at + 1..];
+    let (newest_id, newest) = later.last()?;
+    Some(format!(
+        "latest is {} ({}): {} dated ahead of this machine's clock {} passed over, the \
+         newest {} ({}); if the clock is behind, set it, or name the snapshot by its id",
+        chosen.short(),
+        all[at].1.time,
+        if later.len() == 1 {
+            "1 snapshot".to_string()
+        } else {
+            format!("{} snapshots", later.len())
+        },
+        if later.len() == 1 { "was" } else { "were" },
+        newest_id.short(),
+        newest.time
+    ))
 }
 
 /// The one id among `ids` that starts with `spec` (hex, at least one digit).

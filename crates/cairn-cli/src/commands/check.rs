@@ -225,16 +225,16 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
              packs without it"
         } else if files && (index_too || report.unindexed_packs > 0) {
-            // Said as it is: repair snapshots drops the files named, and what
-            // could still be read of them goes with them at the next prune (QA:
-            // "save what can be saved" lost 98% of a file a restore gave back).
+            // Said as it is: the files named leave the snapshots, and what can
+            // still be read of each stays as NAME.damaged (QA: "save what can
+            // be saved" dropped a file of which 98% could be read).
             "; `cairn repair index`, then `cairn repair snapshots`, which takes the files \
-             named out of the snapshots (to keep what can still be read of one, restore it \
-             first)"
+             named out of the snapshots and keeps what can still be read of each as \
+             NAME.damaged (zeros in place of the rest)"
         } else if files {
-            "; `cairn repair snapshots` takes the files named out of the snapshots (the \
-             index already lists only what is there; to keep what can still be read of one, \
-             restore it first)"
+            "; `cairn repair snapshots` takes the files named out of the snapshots and keeps \
+             what can still be read of each as NAME.damaged, zeros in place of the rest (the \
+             index already lists only what is there)"
         } else if index_only {
             "; no snapshot needs what is missing: `cairn repair index` rebuilds the index \
              from the packs that are there"

@@ -118,25 +118,12 @@ fn snapshots_report(
             "checked {}; {} {} repaired",
             ui::count(r.snapshots_checked as u64, "snapshot"),
             r.repaired.len(),
-            if dry_run { "would be" } else { "were" }
+            match (dry_run, r.repaired.len() == 1) {
+                (true, _) => "would be",
+                (false, true) => "was",
+                (false, false) => "were",
+            }
         );
-        // A file that lost part of its data is dropped whole: what a restore could
-        // still give back of it goes at the next prune (QA).
-        let partial = r.repaired.iter().find_map(|s| {
-            s.dropped
-                .iter()
-                .find(|d| d.ends_with("(file data lost)"))
-                .map(|d| (s, d))
-        });
-        if let (true, Some((s, d))) = (dry_run, partial) {
-            println!(
-                "a file dropped for lost data is taken out whole: to keep what can still be \
-                 read of one, restore it before the repair (`cairn restore {} --include {} \
-                 --target DIR`: the parts that can be read are written)",
-                &s.original[..8],
-                d.trim_end_matches(" (file data lost)")
-            );
-        }
         // The trees an unreadable snapshot named are most likely whole, and
         // nothing refers to them now (QA: the advice led straight to a prune).
         if !r.unreadable_removed.is_empty() {

@@ -411,6 +411,7 @@ fn run_snapshots(
     let index = repo.index().clone();
     let present = in_stored_packs(&index, &stored);
     let mut rw = Rewriter::new(repo, &present, &index);
+    rw.salvage_files = true;
     report.snapshots_checked = snaps.len() + bad.len();
     let mut changed = Vec::new();
     for (sid, snap) in &snaps {
@@ -631,9 +632,17 @@ struct Rewriter<'a, F: Fn(&BlobId) -> bool> {
     new_trees: Vec<(BlobId, Vec<u8>)>,
     new_ids: IdSet,
     /// Data and chunk-list blobs an image's repair needs stored (its zero blocks,
-    /// its lists with them).
+    /// its lists with them), and those of the files salvaged.
     new_blobs: Vec<(BlobKind, BlobId, Vec<u8>)>,
+    /// Whether a file that lost part of its data is kept, under another name,
+    /// with zeros in place of what was lost ([`Rewriter::salvage`]); else it is
+    /// dropped whole (`recover`, which stores no data blobs).
+    salvage_files: bool,
 }
+
+/// What a salvaged file's name gets ([`Rewriter::salvage`]): the file itself is
+/// taken out of the snapshot, and what could be read of it kept beside it.
+pub const DAMAGED_SUFFIX: &[u8] = b".damaged";
 
 /// What [`Rewriter::image`] made of an image snapshot.
 enum ImageFix {
@@ -675,6 +684,7 @@ impl<'a, F: Fn(&BlobId) -> bool> Rewriter<'a, F> {
             new_trees: Vec::new(),
             new_ids: IdSet::default(),
             new_blobs: Vec::new(),
+            salvage_files: false,
         }
     }
 }
@@ -891,6 +901,91 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
         })
     }
 
+    /// What can still be read of a file that lost part of its data: the same
+    /// node with zeros in place of each lost chunk (and of the bytes a lost chunk
+    /// list named), and how many bytes were lost. `None` when nothing of its data
+    /// is left. Dropping the file whole, as `repair snapshots` did, let the next
+    /// prune delete what a restore could still give back (QA: 8 MiB dropped for
+    /// 138 KiB lost); a restore of the salvaged file gives that back, under a
+    /// name that says what it is.
+    fn salvage(&mut self, node: &Node) -> Result<Option<(Node, u64)>> {
+        /// Bytes named by a lost chunk list become zero blobs of at most this.
+        const ZERO_PIECE: u64 = 1 << 20;
+        let present = self.present;
+        let repo = self.repo;
+        let key = repo.key().clone();
+        let mut builder = ChunkListBuilder::new();
+        let (new_ids, new_blobs) = (&mut self.new_ids, &mut self.new_blobs);
+        let mut emit = |list: ChunkList| -> Result<BlobId> {
+            let data = list.encode();
+            let id = key.blob_id(&data);
+            if !present(&id) && new_ids.insert(id) {
+                new_blobs.push((BlobKind::ChunkList, id, data));
+            }
+            Ok(id)
+        };
+        let mut zero_ids: HashMap<u64, BlobId> = HashMap::new();
+        let mut zeros: Vec<(BlobId, Vec<u8>)> = Vec::new();
+        let mut zero_id = |n: u64| {
+            *zero_ids.entry(n).or_insert_with(|| {
+                let data = vec![0u8; n as usize];
+                let id = key.blob_id(&data);
+                zeros.push((id, data));
+                id
+            })
+        };
+        let (mut read, mut lost) = (0u64, 0u64);
+        let r = for_each_chunk_or_gap(repo, &node.content, node.size, present, &mut |piece| {
+            let len = match piece {
+                Piece::Chunk(c) if present(&c.id) => {
+                    read += c.length;
+                    return builder.push(c, &mut emit);
+                }
+                Piece::Chunk(c) => {
+                    // A chunk of zeros whose stored copy was lost loses nothing.
+                    if zero_id(c.length) != c.id {
+                        lost += c.length;
+                    }
+                    c.length
+                }
+                Piece::Gap(n) => {
+                    lost += n;
+                    n
+                }
+            };
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(ZERO_PIECE);
+                builder.push(
+                    ChunkRef {
+                        id: zero_id(n),
+                        length: n,
+                    },
+                    &mut emit,
+                )?;
+                left -= n;
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => {}
+            Err(e) if is_loss(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        if read == 0 {
+            return Ok(None);
+        }
+        let content = builder.finish(&mut emit)?;
+        for (id, data) in zeros {
+            if !present(&id) && self.new_ids.insert(id) {
+                self.new_blobs.push((BlobKind::Data, id, data));
+            }
+        }
+        let mut kept = node.clone();
+        kept.content = content;
+        Ok(Some((kept, lost)))
+    }
+
     fn empty_tree(&mut self) -> BlobId {
         self.add_tree(&Tree { nodes: vec![] })
     }
@@ -917,6 +1012,9 @@ struct RepairDir {
     kept: usize,
     /// Lost paths, relative to this directory (`/name ...`).
     dropped: Vec<String>,
+    /// Files salvaged ([`Rewriter::salvage`]), under their own names still, with
+    /// the bytes each lost: named and added when the directory is complete.
+    salvaged: Vec<(Node, u64)>,
 }
 
 impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
@@ -958,13 +1056,16 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
             NodeKind::File => {
                 if self.file_ok(n)? {
                     self.keep(dir, n);
-                } else {
-                    dir.dropped.push(format!(
+                    return Ok(None);
+                }
+                match self.salvage_files.then(|| self.salvage(n)).transpose()? {
+                    Some(Some(kept)) => dir.salvaged.push(kept),
+                    _ => dir.dropped.push(format!(
                         "/{} (file data lost)",
                         String::from_utf8_lossy(&n.name)
-                    ));
-                    self.changed(dir)?;
+                    )),
                 }
+                self.changed(dir)?;
                 Ok(None)
             }
             _ => {
@@ -984,7 +1085,46 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
         self.add_dir(dir, n, None, &[])
     }
 
-    fn leave(&mut self, _: &str, _: Option<&Node>, dir: RepairDir) -> Result<Self::Out> {
+    fn leave(&mut self, _: &str, _: Option<&Node>, mut dir: RepairDir) -> Result<Self::Out> {
+        if !dir.salvaged.is_empty() {
+            let nodes = self.changed(&mut dir)?;
+            let mut taken: HashSet<Vec<u8>> = nodes.iter().map(|n| n.name.clone()).collect();
+            let salvaged = std::mem::take(&mut dir.salvaged);
+            let mut added = Vec::new();
+            for (mut node, lost) in salvaged {
+                let was = String::from_utf8_lossy(&node.name).into_owned();
+                // `NAME.damaged`, or `NAME.damaged-2` ... where that is taken; a
+                // name that would pass the usual 255-byte limit is not kept.
+                let name = (1..)
+                    .map(|i| {
+                        let mut n = node.name.clone();
+                        n.extend_from_slice(DAMAGED_SUFFIX);
+                        if i > 1 {
+                            n.extend_from_slice(format!("-{i}").as_bytes());
+                        }
+                        n
+                    })
+                    .find(|n| !taken.contains(n))
+                    .filter(|n| n.len() <= 255);
+                let Some(name) = name else {
+                    dir.dropped.push(format!("/{was} (file data lost)"));
+                    continue;
+                };
+                taken.insert(name.clone());
+                node.name = name;
+                dir.dropped.push(format!(
+                    "/{was} (file data lost: {} of {}; what could be read is kept as {}, with \
+                     zeros in place of the rest)",
+                    crate::units::bytes(lost, 2),
+                    crate::units::bytes(node.size, 2),
+                    String::from_utf8_lossy(&node.name)
+                ));
+                added.push(node);
+            }
+            let nodes = self.changed(&mut dir)?;
+            nodes.extend(added);
+            nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        }
         let new = match (dir.nodes, dir.id) {
             (None, Some(id)) => id,
             (nodes, _) => self.add_tree(&Tree {

@@ -640,6 +640,70 @@ struct Rewriter<'a, F: Fn(&BlobId) -> bool> {
     salvage_files: bool,
 }
 
+/// The zero blobs a repair puts where data was lost: one per length, made once.
+struct ZeroBlobs {
+    key: Arc<cairn_format::key::MasterKey>,
+    ids: HashMap<u64, BlobId>,
+    /// Those made, with their bytes, to store ([`Rewriter::keep_zeros`]).
+    made: Vec<(BlobId, Vec<u8>)>,
+}
+
+impl ZeroBlobs {
+    fn new(key: Arc<cairn_format::key::MasterKey>) -> Self {
+        ZeroBlobs {
+            key,
+            ids: HashMap::new(),
+            made: Vec::new(),
+        }
+    }
+
+    fn id(&mut self, n: u64) -> BlobId {
+        let (key, made) = (&self.key, &mut self.made);
+        *self.ids.entry(n).or_insert_with(|| {
+            let data = vec![0u8; n as usize];
+            let id = key.blob_id(&data);
+            made.push((id, data));
+            id
+        })
+    }
+
+    /// `len` bytes of zeros onto `builder`, in blobs of at most `piece` bytes.
+    fn push(
+        &mut self,
+        builder: &mut ChunkListBuilder,
+        emit: &mut dyn FnMut(ChunkList) -> Result<BlobId>,
+        len: u64,
+        piece: u64,
+    ) -> Result<()> {
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(piece);
+            let id = self.id(n);
+            builder.push(ChunkRef { id, length: n }, emit)?;
+            left -= n;
+        }
+        Ok(())
+    }
+}
+
+/// Where a repair's [`ChunkListBuilder`] puts the lists it makes: kept with the
+/// repair's new blobs unless the repository holds them already.
+fn list_sink<'s>(
+    key: &'s cairn_format::key::MasterKey,
+    present: &'s dyn Fn(&BlobId) -> bool,
+    new_ids: &'s mut IdSet,
+    new_blobs: &'s mut Vec<(BlobKind, BlobId, Vec<u8>)>,
+) -> impl FnMut(ChunkList) -> Result<BlobId> + 's {
+    move |list| {
+        let data = list.encode();
+        let id = key.blob_id(&data);
+        if !present(&id) && new_ids.insert(id) {
+            new_blobs.push((BlobKind::ChunkList, id, data));
+        }
+        Ok(id)
+    }
+}
+
 /// What a salvaged file's name gets ([`Rewriter::salvage`]): the file itself is
 /// taken out of the snapshot, and what could be read of it kept beside it.
 pub const DAMAGED_SUFFIX: &[u8] = b".damaged";
@@ -820,30 +884,12 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
         }
         let present = self.present;
         let repo = self.repo;
-        let key = repo.key().clone();
         let block = u64::from(info.block_size);
         let mut builder = ChunkListBuilder::with_fanout(info.fanout as usize);
-        let mut zero_ids: HashMap<u64, BlobId> = HashMap::new();
+        let mut zeros = ZeroBlobs::new(repo.key().clone());
         let mut lost: Vec<(u64, u64)> = Vec::new();
         let mut at = 0u64;
-        let (new_ids, new_blobs) = (&mut self.new_ids, &mut self.new_blobs);
-        let mut emit = |list: ChunkList| -> Result<BlobId> {
-            let data = list.encode();
-            let id = key.blob_id(&data);
-            if !present(&id) && new_ids.insert(id) {
-                new_blobs.push((BlobKind::ChunkList, id, data));
-            }
-            Ok(id)
-        };
-        let mut zeros: Vec<(BlobId, Vec<u8>)> = Vec::new();
-        let mut zero_id = |n: u64| {
-            *zero_ids.entry(n).or_insert_with(|| {
-                let data = vec![0u8; n as usize];
-                let id = key.blob_id(&data);
-                zeros.push((id, data));
-                id
-            })
-        };
+        let mut emit = list_sink(repo.key(), present, &mut self.new_ids, &mut self.new_blobs);
         for_each_chunk_or_gap(repo, &node.content, node.size, present, &mut |piece| {
             let (len, was_zeros) = match piece {
                 Piece::Chunk(c) if present(&c.id) => {
@@ -852,7 +898,7 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
                 }
                 // A block of zeros whose one stored copy was lost loses nothing:
                 // it is stored again.
-                Piece::Chunk(c) => (c.length, zero_id(c.length) == c.id),
+                Piece::Chunk(c) => (c.length, zeros.id(c.length) == c.id),
                 Piece::Gap(n) => (n, false),
             };
             if !was_zeros {
@@ -863,27 +909,13 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
             }
             // Blocks of zeros in the image's block size (the file's last may be
             // shorter).
-            let mut left = len;
-            while left > 0 {
-                let n = left.min(block);
-                builder.push(
-                    ChunkRef {
-                        id: zero_id(n),
-                        length: n,
-                    },
-                    &mut emit,
-                )?;
-                left -= n;
-            }
+            zeros.push(&mut builder, &mut emit, len, block)?;
             at += len;
             Ok(())
         })?;
         let content = builder.finish(&mut emit)?;
-        for (id, data) in zeros {
-            if !present(&id) && self.new_ids.insert(id) {
-                self.new_blobs.push((BlobKind::Data, id, data));
-            }
-        }
+        drop(emit);
+        self.keep_zeros(zeros);
         if lost.is_empty() {
             // Only blocks of zeros were lost: stored again (above), the image is
             // whole as it stands.
@@ -913,27 +945,9 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
         const ZERO_PIECE: u64 = 1 << 20;
         let present = self.present;
         let repo = self.repo;
-        let key = repo.key().clone();
         let mut builder = ChunkListBuilder::new();
-        let (new_ids, new_blobs) = (&mut self.new_ids, &mut self.new_blobs);
-        let mut emit = |list: ChunkList| -> Result<BlobId> {
-            let data = list.encode();
-            let id = key.blob_id(&data);
-            if !present(&id) && new_ids.insert(id) {
-                new_blobs.push((BlobKind::ChunkList, id, data));
-            }
-            Ok(id)
-        };
-        let mut zero_ids: HashMap<u64, BlobId> = HashMap::new();
-        let mut zeros: Vec<(BlobId, Vec<u8>)> = Vec::new();
-        let mut zero_id = |n: u64| {
-            *zero_ids.entry(n).or_insert_with(|| {
-                let data = vec![0u8; n as usize];
-                let id = key.blob_id(&data);
-                zeros.push((id, data));
-                id
-            })
-        };
+        let mut zeros = ZeroBlobs::new(repo.key().clone());
+        let mut emit = list_sink(repo.key(), present, &mut self.new_ids, &mut self.new_blobs);
         let (mut read, mut lost) = (0u64, 0u64);
         let r = for_each_chunk_or_gap(repo, &node.content, node.size, present, &mut |piece| {
             let len = match piece {
@@ -943,7 +957,7 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
                 }
                 Piece::Chunk(c) => {
                     // A chunk of zeros whose stored copy was lost loses nothing.
-                    if zero_id(c.length) != c.id {
+                    if zeros.id(c.length) != c.id {
                         lost += c.length;
                     }
                     c.length
@@ -953,19 +967,7 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
                     n
                 }
             };
-            let mut left = len;
-            while left > 0 {
-                let n = left.min(ZERO_PIECE);
-                builder.push(
-                    ChunkRef {
-                        id: zero_id(n),
-                        length: n,
-                    },
-                    &mut emit,
-                )?;
-                left -= n;
-            }
-            Ok(())
+            zeros.push(&mut builder, &mut emit, len, ZERO_PIECE)
         });
         match r {
             Ok(()) => {}
@@ -976,14 +978,21 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
             return Ok(None);
         }
         let content = builder.finish(&mut emit)?;
-        for (id, data) in zeros {
-            if !present(&id) && self.new_ids.insert(id) {
-                self.new_blobs.push((BlobKind::Data, id, data));
-            }
-        }
+        drop(emit);
+        self.keep_zeros(zeros);
         let mut kept = node.clone();
         kept.content = content;
         Ok(Some((kept, lost)))
+    }
+
+    /// Stores, with the repair's other new blobs, the zero blobs it made that
+    /// the repository lacks.
+    fn keep_zeros(&mut self, zeros: ZeroBlobs) {
+        for (id, data) in zeros.made {
+            if !(self.present)(&id) && self.new_ids.insert(id) {
+                self.new_blobs.push((BlobKind::Data, id, data));
+            }
+        }
     }
 
     fn empty_tree(&mut self) -> BlobId {

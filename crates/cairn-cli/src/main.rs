@@ -141,6 +141,14 @@ fn main() {
                     "; free space on the repository's storage, then run the command again",
                 );
             }
+            // Data the index lacks (QA: restore, dump and ls said so and nothing
+            // more, while `check` knew the index files were lost).
+            if lost_data(&e) && !message.contains("cairn check") {
+                message.push_str(
+                    "; `cairn check` says what the repository lacks and what repairs it \
+                     (`cairn repair index` when index files were lost)",
+                );
+            }
             if config_damaged(&e) {
                 message.push_str(
                     "; the data is intact, but nothing in the repository can be read without \
@@ -163,6 +171,18 @@ fn config_damaged(e: &anyhow::Error) -> bool {
         cause
             .downcast_ref::<cairn_core::Error>()
             .is_some_and(cairn_core::Error::is_config_damage)
+    })
+}
+
+/// Whether the error is a blob the index lacks or a pack storage lacks.
+fn lost_data(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause.downcast_ref::<cairn_core::Error>().is_some_and(|ce| {
+            matches!(
+                ce.root(),
+                cairn_core::Error::BlobNotFound(_) | cairn_core::Error::PackMissing { .. }
+            )
+        })
     })
 }
 

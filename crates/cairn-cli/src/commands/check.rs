@@ -135,8 +135,9 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                 let more = report.strays - report.stray_names.len() as u64;
                 println!(
                     "note: {} in the repository {} under a name cairn does not read, so no \
-                     command uses {}: {}{} (cairn names objects by their id in lower case: \
-                     rename what was copied in by hand, or remove it)",
+                     command uses {}: {}{} (cairn names objects by their id in lower case, a \
+                     pack in the folder of its first two digits: put what was copied in by \
+                     hand where it belongs, and remove only what is not needed)",
                     ui::count(report.strays, "object"),
                     if report.strays == 1 { "is" } else { "are" },
                     if report.strays == 1 { "it" } else { "them" },
@@ -147,6 +148,18 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                         String::new()
                     }
                 );
+                for m in report.misplaced_packs.iter().take(SHOWN_MISPLACED) {
+                    println!(
+                        "note: {} is a pack in the wrong place: move it to {}",
+                        m.name, m.place
+                    );
+                }
+                if report.misplaced_packs.len() > SHOWN_MISPLACED {
+                    println!(
+                        "note: and {} more packs in the wrong place (`--json` lists them)",
+                        report.misplaced_packs.len() - SHOWN_MISPLACED
+                    );
+                }
             }
         }
     }
@@ -219,7 +232,29 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                 ui::count(unreadable as u64, "pack")
             )
         };
-        let next = if damage.is_empty() {
+        // Missing packs that are there under another name: put back, nothing
+        // is lost, and a repair now would drop what they hold (QA).
+        let elsewhere = damage
+            .iter()
+            .filter(|p| match p {
+                Problem::PackMissing { pack } => report
+                    .misplaced_packs
+                    .iter()
+                    .any(|m| m.place.ends_with(&pack.to_hex())),
+                _ => false,
+            })
+            .count();
+        let elsewhere_advice = format!(
+            "; {} missing from storage {} there in the wrong place (see the notes): move \
+             {} where {} belong, then check again, before any repair",
+            ui::count(elsewhere as u64, "pack"),
+            if elsewhere == 1 { "is" } else { "are" },
+            if elsewhere == 1 { "it" } else { "them" },
+            if elsewhere == 1 { "it" } else { "they" },
+        );
+        let next = if elsewhere > 0 {
+            elsewhere_advice.as_str()
+        } else if damage.is_empty() {
             ""
         } else if only_packs {
             "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
@@ -252,6 +287,9 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         Ok(1)
     }
 }
+
+/// Misplaced packs named one by one in the text report.
+const SHOWN_MISPLACED: usize = 5;
 
 /// Blob problems shown one by one before the rest are counted; files shown per
 /// problem before the rest are counted. One damaged index file makes a problem

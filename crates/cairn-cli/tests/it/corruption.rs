@@ -275,7 +275,10 @@ fn a_lost_file_among_intact_ones_leaves_the_rest_of_its_directories() {
     fs::remove_file(new.last().unwrap()).unwrap();
     env.ok(&["repair", "index"]);
     let rep = env.ok(&["repair", "snapshots"]);
-    assert!(rep.contains("m/deep/lost (file data lost)"), "{rep}");
+    assert!(
+        rep.contains("m/deep/lost (file data lost: none of it can be read)"),
+        "{rep}"
+    );
     env.check_clean();
     let latest = env.snapshot_ids().pop().unwrap();
     let out = env.restore(&latest, &src, "r");
@@ -286,6 +289,103 @@ fn a_lost_file_among_intact_ones_leaves_the_rest_of_its_directories() {
     fs::remove_file(src.join("m/deep/lost")).unwrap();
     deep.set_modified(mtime).unwrap();
     assert_same(&src, &out);
+}
+
+/// A pack put back in the wrong folder is named as such, with where it belongs,
+/// and check advises moving it before any repair (QA: "remove it", and the
+/// advised repairs dropped the file whose data it held).
+#[test]
+fn a_pack_in_the_wrong_folder_is_said_to_belong_elsewhere() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), Rng(44).bytes(600_000, false)).unwrap();
+    env.backup(&[&src]);
+    let pack = largest_pack(&env.repo);
+    let name = pack.file_name().unwrap().to_str().unwrap().to_string();
+    fs::create_dir_all(env.repo.join("data/zz")).unwrap();
+    let wrong = env.repo.join("data/zz").join(&name);
+    fs::rename(&pack, &wrong).unwrap();
+    let o = env.run(&["check"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        out.contains(&format!(
+            "data/zz/{name} is a pack in the wrong place: move it to data/{}/{name}",
+            &name[..2]
+        )),
+        "{out}"
+    );
+    assert!(
+        err.contains("1 pack missing from storage is there in the wrong place")
+            && !err.contains("repair snapshots"),
+        "{err}"
+    );
+    fs::rename(&wrong, &pack).unwrap();
+    env.check_clean();
+}
+
+/// A restore's dry run finds a large file's chunks missing from the index
+/// behind its chunk list, which the index still holds (QA: it promised the file
+/// and the restore failed on it).
+#[test]
+fn a_dry_run_finds_chunks_missing_behind_a_chunk_list() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("big"), Rng(43).bytes(3_000_000, false)).unwrap();
+    env.ok(&["backup", "-q", "--pack-size", "128K", src.to_str().unwrap()]);
+    // Only the index files that list trees are left (they list chunk lists too).
+    let mut kept = 0;
+    for f in files(&env.repo.join("index")) {
+        let id = f.file_name().unwrap().to_str().unwrap().to_string();
+        let listed: serde_json::Value =
+            serde_json::from_str(&env.ok(&["cat", "index", &id])).unwrap();
+        let trees = listed["packs"].as_array().unwrap().iter().any(|p| {
+            p["blobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|b| b["type"] == "tree")
+        });
+        if trees {
+            kept += 1;
+        } else {
+            fs::remove_file(&f).unwrap();
+        }
+    }
+    assert!(kept > 0);
+    let t = env.path("t");
+    let err = env.fails(
+        &[
+            "restore",
+            "latest",
+            "--target",
+            t.to_str().unwrap(),
+            "--dry-run",
+        ],
+        1,
+    );
+    assert!(
+        err.contains("big: content would not be restored in full")
+            && err.contains("missing from the index"),
+        "{err}"
+    );
+    // With no index at all, the one error says where to look too (QA: no advice).
+    for f in files(&env.repo.join("index")) {
+        fs::remove_file(f).unwrap();
+    }
+    let err = env.fails(&["restore", "latest", "--target", t.to_str().unwrap()], 1);
+    assert!(
+        err.contains("missing from the index")
+            && err.contains("`cairn repair index` when index files were lost"),
+        "{err}"
+    );
 }
 
 /// A file that lost part of its data leaves the snapshots, and what can still be

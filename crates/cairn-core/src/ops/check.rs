@@ -295,6 +295,9 @@ pub struct CheckReport {
     /// [`stray_names`]), and the first [`SHOWN_STRAYS`] of them.
     pub strays: u64,
     pub stray_names: Vec<String>,
+    /// Of the strays, packs under another folder or spelling than their own:
+    /// where each is and where it belongs (moved there, it is read again).
+    pub misplaced_packs: Vec<MisplacedPack>,
     pub problems: Vec<Problem>,
     /// This machine's SSD index of the repository, when it uses that placement.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -379,7 +382,7 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
     // Packs: every indexed pack must exist and hold its blobs.
     let data = repo.backend().list(names::DATA)?;
     let stored: HashMap<PackId, u64> = crate::repo::packs_of(&data);
-    (report.strays, report.stray_names) = stray_names(repo, &data);
+    (report.strays, report.stray_names, report.misplaced_packs) = stray_names(repo, &data);
     drop(data);
     report.packs = stored.len();
     let mut bad = Bad::default();
@@ -528,9 +531,31 @@ pub const SHOWN_STRAYS: usize = 20;
 /// otherwise believe it is there (QA). Advisory: a folder that cannot be listed
 /// (one a server's token may not list) is passed over. `data` is the listing of
 /// `data/` the caller made already.
-fn stray_names(repo: &Repository, data: &[cairn_backend::ObjectInfo]) -> (u64, Vec<String>) {
+fn stray_names(
+    repo: &Repository,
+    data: &[cairn_backend::ObjectInfo],
+) -> (u64, Vec<String>, Vec<MisplacedPack>) {
     let mut count = 0u64;
     let mut shown = Vec::new();
+    // A pack put back by hand in the wrong folder is the one copy of its data:
+    // said where it belongs (QA: the note said "remove it", and the repair
+    // `check` advised dropped the file whose data it held).
+    let mut misplaced = Vec::new();
+    let in_place: HashSet<&str> = data.iter().map(|o| o.name.as_str()).collect();
+    for o in data {
+        let base = names::base(&o.name);
+        let lower = base.to_ascii_lowercase();
+        if names::listed(&o.name).is_empty()
+            && PackId::from_hex(&lower).is_ok()
+            && !in_place.contains(names::pack(&lower).as_str())
+            && misplaced.len() < MAX_MISPLACED
+        {
+            misplaced.push(MisplacedPack {
+                name: o.name.clone(),
+                place: names::pack(&lower),
+            });
+        }
+    }
     let mut note = |dir: &str, name: &str| {
         let (admin, hex) = names::split_admin(names::listed(name));
         let id = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
@@ -563,7 +588,19 @@ fn stray_names(repo: &Repository, data: &[cairn_backend::ObjectInfo]) -> (u64, V
         }
     }
     shown.sort();
-    (count, shown)
+    misplaced.sort_by(|a, b| a.name.cmp(&b.name));
+    (count, shown, misplaced)
+}
+
+/// How many misplaced packs a report names (a whole `data/` copied flat would
+/// otherwise make the report as long as the repository).
+const MAX_MISPLACED: usize = 10_000;
+
+/// A pack stored under a name no reader opens, and the name it belongs under.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MisplacedPack {
+    pub name: String,
+    pub place: String,
 }
 
 /// What the index files and pending records say of one pack.

@@ -640,6 +640,31 @@ struct Rewriter<'a, F: Fn(&BlobId) -> bool> {
     salvage_files: bool,
 }
 
+/// The name a salvaged file is kept under: `NAME.damaged`, or `NAME.damaged-2`
+/// ... where that is taken; a name too long for that within the usual 255 bytes
+/// is shortened first (QA: nothing was kept of a file with a 248-byte name).
+fn damaged_name(name: &[u8], taken: &HashSet<Vec<u8>>) -> Vec<u8> {
+    (1u32..)
+        .map(|i| {
+            let suffix = match i {
+                1 => String::from_utf8_lossy(DAMAGED_SUFFIX).into_owned(),
+                i => format!("{}-{i}", String::from_utf8_lossy(DAMAGED_SUFFIX)),
+            };
+            let mut keep = name.len().min(255 - suffix.len());
+            // Not inside a UTF-8 character (names are bytes, most are UTF-8).
+            if let Ok(text) = std::str::from_utf8(name) {
+                while !text.is_char_boundary(keep) {
+                    keep -= 1;
+                }
+            }
+            let mut n = name[..keep].to_vec();
+            n.extend_from_slice(suffix.as_bytes());
+            n
+        })
+        .find(|n| !taken.contains(n))
+        .expect("some suffix is free")
+}
+
 /// The zero blobs a repair puts where data was lost: one per length, made once.
 struct ZeroBlobs {
     key: Arc<cairn_format::key::MasterKey>,
@@ -1024,6 +1049,9 @@ struct RepairDir {
     /// Files salvaged ([`Rewriter::salvage`]), under their own names still, with
     /// the bytes each lost: named and added when the directory is complete.
     salvaged: Vec<(Node, u64)>,
+    /// Names of files dropped whole: no salvaged file takes one (it would pass
+    /// for that file).
+    gone: Vec<Vec<u8>>,
 }
 
 impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
@@ -1069,10 +1097,18 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
                 }
                 match self.salvage_files.then(|| self.salvage(n)).transpose()? {
                     Some(Some(kept)) => dir.salvaged.push(kept),
-                    _ => dir.dropped.push(format!(
-                        "/{} (file data lost)",
-                        String::from_utf8_lossy(&n.name)
-                    )),
+                    salvage => {
+                        dir.gone.push(n.name.clone());
+                        dir.dropped.push(format!(
+                            "/{} (file data lost{})",
+                            String::from_utf8_lossy(&n.name),
+                            if salvage.is_some() {
+                                ": none of it can be read"
+                            } else {
+                                ""
+                            }
+                        ));
+                    }
                 }
                 self.changed(dir)?;
                 Ok(None)
@@ -1096,29 +1132,20 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
 
     fn leave(&mut self, _: &str, _: Option<&Node>, mut dir: RepairDir) -> Result<Self::Out> {
         if !dir.salvaged.is_empty() {
-            let nodes = self.changed(&mut dir)?;
-            let mut taken: HashSet<Vec<u8>> = nodes.iter().map(|n| n.name.clone()).collect();
+            // Every name the directory had is taken, those of the files that
+            // leave it too: a salvaged `a` kept as `a.damaged` would pass for the
+            // file `a.damaged` (QA).
             let salvaged = std::mem::take(&mut dir.salvaged);
+            let gone = std::mem::take(&mut dir.gone);
+            let nodes = self.changed(&mut dir)?;
+            let mut taken: HashSet<Vec<u8>> = (nodes.iter().map(|n| n.name.clone()))
+                .chain(salvaged.iter().map(|(n, _)| n.name.clone()))
+                .chain(gone)
+                .collect();
             let mut added = Vec::new();
             for (mut node, lost) in salvaged {
                 let was = String::from_utf8_lossy(&node.name).into_owned();
-                // `NAME.damaged`, or `NAME.damaged-2` ... where that is taken; a
-                // name that would pass the usual 255-byte limit is not kept.
-                let name = (1..)
-                    .map(|i| {
-                        let mut n = node.name.clone();
-                        n.extend_from_slice(DAMAGED_SUFFIX);
-                        if i > 1 {
-                            n.extend_from_slice(format!("-{i}").as_bytes());
-                        }
-                        n
-                    })
-                    .find(|n| !taken.contains(n))
-                    .filter(|n| n.len() <= 255);
-                let Some(name) = name else {
-                    dir.dropped.push(format!("/{was} (file data lost)"));
-                    continue;
-                };
+                let name = damaged_name(&node.name, &taken);
                 taken.insert(name.clone());
                 node.name = name;
                 dir.dropped.push(format!(
@@ -1578,4 +1605,28 @@ fn run_recover(
     let id = repo.write_snapshot(&snap, lock)?;
     report.snapshot = Some(id.to_hex());
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A salvaged file's name: a suffix that no name of the directory had, and
+    /// at most 255 bytes, shortened at a character boundary.
+    #[test]
+    fn damaged_names_are_free_and_fit() {
+        let taken: HashSet<Vec<u8>> = [b"a".to_vec(), b"a.damaged".to_vec()].into();
+        assert_eq!(damaged_name(b"a", &taken), b"a.damaged-2");
+        assert_eq!(damaged_name(b"b", &taken), b"b.damaged");
+        let long = vec![b'n'; 250];
+        let got = damaged_name(&long, &HashSet::new());
+        assert_eq!(got.len(), 255);
+        assert!(got.ends_with(b".damaged"));
+        // Two-byte characters are not cut in half.
+        let wide = "é".repeat(125).into_bytes();
+        let got = damaged_name(&wide, &HashSet::new());
+        assert!(got.len() <= 255);
+        assert!(std::str::from_utf8(&got).is_ok());
+        assert!(got.ends_with(b".damaged"));
+    }
 }

@@ -333,16 +333,13 @@ pub(super) fn dry_run(
                         // What the index lacks, the restore could not read: said
                         // now, from lookups alone (QA: the dry run promised a
                         // file the restore then failed on).
-                        let missing = cleared.then(|| unindexed_blob(repo, &node.content));
-                        if let Some(Some(blob)) = missing {
+                        let missing = cleared.then(|| unreadable_content(repo, &node.content));
+                        if let Some(Some(why)) = missing {
                             say(FileAction::written(existing.is_some()), &path, node.size);
                             issue(
                                 &mut stats,
                                 path.clone(),
-                                format!(
-                                    "content would not be restored in full ({})",
-                                    Error::BlobNotFound(blob)
-                                ),
+                                format!("content would not be restored in full ({why})"),
                             );
                         } else if cleared {
                             say(FileAction::written(existing.is_some()), &path, node.size);
@@ -383,16 +380,22 @@ pub(super) fn dry_run(
     Ok(stats)
 }
 
-/// The first blob of a file's content that the index does not hold: its chunks,
-/// or the root of its chunk list (the list itself is not read).
-fn unindexed_blob(repo: &Repository, content: &Content) -> Option<BlobId> {
-    match content {
-        Content::None => None,
-        Content::Inline(chunks) => chunks
-            .iter()
-            .map(|c| c.id)
-            .find(|id| !repo.index().contains(id)),
-        Content::Tree { root, .. } => (!repo.index().contains(root)).then_some(*root),
+/// Why the restore could not read a file's content, from the index: the first of
+/// its chunks or chunk lists that the index does not hold, or a chunk list that
+/// does not read (lists are read, as the restore reads them; chunks are not).
+/// QA: a file with a chunk list was promised while its chunks were gone.
+fn unreadable_content(repo: &Repository, content: &Content) -> Option<String> {
+    let mut missing = None;
+    let walked = crate::tree::chunklist::for_each_content_blob(repo, content, &mut |id| {
+        if missing.is_none() && !repo.index().contains(&id) {
+            missing = Some(id);
+        }
+        missing.is_none()
+    });
+    match (missing, walked) {
+        (Some(id), _) => Some(Error::BlobNotFound(id).to_string()),
+        (None, Err(e)) => Some(e.to_string()),
+        (None, Ok(())) => None,
     }
 }
 

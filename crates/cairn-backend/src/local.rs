@@ -237,11 +237,13 @@ impl LocalBackend {
             .then(|| direct::open_read(&path).ok().flatten())
             .flatten();
         let direct = direct_open.is_some();
-        let file = match direct_open {
-            Some(f) => f,
+        let (file, size) = match direct_open {
+            Some(f) => {
+                let size = f.metadata().map_err(err)?.len();
+                (f, size)
+            }
             None => open_object(&path).map_err(err)?,
         };
-        let size = file.metadata().map_err(err)?.len();
         usize::try_from(length)
             .ok()
             .filter(|_| offset.checked_add(length).is_some_and(|end| end <= size))
@@ -294,15 +296,17 @@ impl LocalBackend {
 /// Opens an object for reading, refusing what is not a regular file: opening a
 /// FIFO put in an object's place waits for a writer for ever (QA: a `config` that
 /// was a FIFO hung every command), so it is opened without waiting and looked at
-/// first. (`O_NONBLOCK` changes nothing for the reads of a regular file.)
-fn open_object(path: &Path) -> std::io::Result<File> {
+/// first. (`O_NONBLOCK` changes nothing for the reads of a regular file.) With
+/// its size, from the one `fstat` that tells its kind.
+fn open_object(path: &Path) -> std::io::Result<(File, u64)> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
-    if f.metadata()?.is_file() {
-        Ok(f)
+    let meta = f.metadata()?;
+    if meta.is_file() {
+        Ok((f, meta.len()))
     } else {
         Err(std::io::Error::new(
             ErrorKind::InvalidData,
@@ -349,8 +353,7 @@ impl Backend for LocalBackend {
     }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         let err = |e: std::io::Error| self.read_error(name, &e);
-        let mut f = open_object(&self.path(name)).map_err(err)?;
-        let size = f.metadata().map_err(err)?.len();
+        let (mut f, size) = open_object(&self.path(name)).map_err(err)?;
         let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
         f.read_to_end(&mut data).map_err(err)?;
         self.saw(name);
@@ -359,8 +362,7 @@ impl Backend for LocalBackend {
 
     fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
         let err = |e: std::io::Error| self.read_error(name, &e);
-        let mut f = open_object(&self.path(name)).map_err(err)?;
-        let size = f.metadata().map_err(err)?.len();
+        let (mut f, size) = open_object(&self.path(name)).map_err(err)?;
         if size > max {
             return Err(BackendError::too_large("get", name, size, max));
         }

@@ -382,7 +382,7 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
     // Packs: every indexed pack must exist and hold its blobs.
     let data = repo.backend().list(names::DATA)?;
     let stored: HashMap<PackId, u64> = crate::repo::packs_of(&data);
-    (report.strays, report.stray_names, report.misplaced_packs) = stray_names(repo, &data);
+    (report.strays, report.stray_names, report.misplaced_packs) = stray_names(repo, &data, &stored);
     drop(data);
     report.packs = stored.len();
     let mut bad = Bad::default();
@@ -534,6 +534,7 @@ pub const SHOWN_STRAYS: usize = 20;
 fn stray_names(
     repo: &Repository,
     data: &[cairn_backend::ObjectInfo],
+    stored: &HashMap<PackId, u64>,
 ) -> (u64, Vec<String>, Vec<MisplacedPack>) {
     let mut count = 0u64;
     let mut shown = Vec::new();
@@ -541,13 +542,11 @@ fn stray_names(
     // said where it belongs (QA: the note said "remove it", and the repair
     // `check` advised dropped the file whose data it held).
     let mut misplaced = Vec::new();
-    let in_place: HashSet<&str> = data.iter().map(|o| o.name.as_str()).collect();
-    for o in data {
-        let base = names::base(&o.name);
-        let lower = base.to_ascii_lowercase();
-        if names::listed(&o.name).is_empty()
-            && PackId::from_hex(&lower).is_ok()
-            && !in_place.contains(names::pack(&lower).as_str())
+    // (One whose id is stored in its place too is a copy, a stray like others.)
+    for o in data.iter().filter(|o| names::listed(&o.name).is_empty()) {
+        let lower = names::base(&o.name).to_ascii_lowercase();
+        if let Ok(id) = PackId::from_hex(&lower)
+            && !stored.contains_key(&id)
             && misplaced.len() < MAX_MISPLACED
         {
             misplaced.push(MisplacedPack {

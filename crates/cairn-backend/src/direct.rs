@@ -55,15 +55,25 @@ impl AlignedBuf {
     }
 }
 
-/// Opens `path` for direct reads (`O_DIRECT`; see [`read_into`]), or `None` when its
-/// filesystem refuses `O_DIRECT`: the caller then reads the ordinary way.
-pub fn open_read(path: &Path) -> std::io::Result<Option<File>> {
+/// Opens `path` for direct reads (`O_DIRECT`; see [`read_into`]), with its size, or
+/// `None` when its filesystem refuses `O_DIRECT`: the caller then reads the
+/// ordinary way.
+pub fn open_read(path: &Path) -> std::io::Result<Option<(File, u64)>> {
+    // Without waiting: a FIFO in an object's place is refused, not waited on (the
+    // flag changes nothing for a regular file). A symlink is followed, as the
+    // ordinary open does (packs moved to another disk and linked back).
     match OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
+        .custom_flags(libc::O_DIRECT | libc::O_NONBLOCK)
         .open(path)
     {
-        Ok(f) => Ok(Some(f)),
+        Ok(f) => match f.metadata()? {
+            m if m.is_file() => Ok(Some((f, m.len()))),
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                crate::NotAFile,
+            )),
+        },
         Err(e) if refused(&e) => Ok(None),
         Err(e) => Err(e),
     }
@@ -567,7 +577,7 @@ mod tests {
             (1_000_000, 234_567),
             (77, 1_234_000),
         ] {
-            let Ok(Some(d)) = open_read(&p) else {
+            let Ok(Some((d, _))) = open_read(&p) else {
                 return; // no O_DIRECT on this filesystem
             };
             let mut v = vec![0u8; len as usize];

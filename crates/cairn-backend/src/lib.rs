@@ -71,8 +71,17 @@ pub enum BackendErrorKind {
     /// datastore of that name): nothing in it can be found, and no object is
     /// missing from one.
     NoRepository,
+    /// Something that is not a file (a FIFO, a device, a directory) stands where a
+    /// local repository keeps an object: damage, named as such, never waited on.
+    NotAFile,
     Other,
 }
+
+/// The cause a local backend gives for an object that is not a regular file, so
+/// that `BackendError::from_io` can tell it from other failures.
+#[derive(Debug, thiserror::Error)]
+#[error("not a regular file (a repository's objects are files)")]
+pub struct NotAFile;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{op} {path}: {message}")]
@@ -104,6 +113,7 @@ impl BackendError {
             std::io::ErrorKind::Interrupted | std::io::ErrorKind::TimedOut => {
                 BackendErrorKind::Transient
             }
+            _ if e.get_ref().is_some_and(|c| c.is::<NotAFile>()) => BackendErrorKind::NotAFile,
             _ => BackendErrorKind::Other,
         };
         let message = match kind {

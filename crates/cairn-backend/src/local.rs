@@ -238,10 +238,7 @@ impl LocalBackend {
             .flatten();
         let direct = direct_open.is_some();
         let (file, size) = match direct_open {
-            Some(f) => {
-                let size = f.metadata().map_err(err)?.len();
-                (f, size)
-            }
+            Some(opened) => opened,
             None => open_object(&path).map_err(err)?,
         };
         usize::try_from(length)
@@ -308,10 +305,7 @@ fn open_object(path: &Path) -> std::io::Result<(File, u64)> {
     if meta.is_file() {
         Ok((f, meta.len()))
     } else {
-        Err(std::io::Error::new(
-            ErrorKind::InvalidData,
-            "not a regular file (a repository's objects are files)",
-        ))
+        Err(std::io::Error::new(ErrorKind::InvalidData, crate::NotAFile))
     }
 }
 
@@ -397,8 +391,13 @@ impl Backend for LocalBackend {
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         // Prefixes are directories (`data/`, `index/`); walk them recursively.
+        use std::os::unix::fs::MetadataExt;
         let mut out = Vec::new();
         let mut stack = vec![prefix.trim_end_matches('/').to_string()];
+        let mut linked = std::collections::HashSet::new();
+        if let Ok(m) = fs::metadata(self.path(&stack[0])) {
+            linked.insert((m.dev(), m.ino()));
+        }
         while let Some(rel) = stack.pop() {
             let dir = self.path(&rel);
             let rd = match fs::read_dir(&dir) {
@@ -436,16 +435,34 @@ impl Backend for LocalBackend {
                 let ft = ent
                     .file_type()
                     .map_err(|e| BackendError::from_io("list", &child, &e))?;
-                if ft.is_dir() {
-                    stack.push(child);
-                } else if ft.is_file() {
-                    let size = match ent.metadata() {
-                        Ok(m) => m.len(),
-                        Err(e) if e.kind() == ErrorKind::NotFound => continue,
-                        Err(e) => return Err(BackendError::from_io("list", &child, &e)),
-                    };
-                    out.push(ObjectInfo { name: child, size });
+                // A symlink is what it points to (QA: a folder of packs moved to
+                // another disk and linked back was skipped, so `check` called every
+                // pack in it lost and advised the repair that drops their files).
+                let meta = if ft.is_symlink() {
+                    fs::metadata(ent.path())
+                } else {
+                    ent.metadata()
+                };
+                let meta = match meta {
+                    Ok(m) => m,
+                    // Gone since the listing, or a link to nothing: not there.
+                    Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                    Err(e) => return Err(BackendError::from_io("list", &child, &e)),
+                };
+                if meta.is_dir() {
+                    // Each directory once, however it is linked (a link to a
+                    // directory above it would be walked for ever).
+                    if !ft.is_symlink() || linked.insert((meta.dev(), meta.ino())) {
+                        stack.push(child);
+                    }
+                    continue;
                 }
+                // What is neither a file nor a directory (a FIFO, a device) in an
+                // object's place is listed, at size 0, so that reading it fails
+                // and says why: skipped, it hid a snapshot without a word and
+                // `latest` was an older one.
+                let size = if meta.is_file() { meta.len() } else { 0 };
+                out.push(ObjectInfo { name: child, size });
             }
         }
         Ok(out)
@@ -651,8 +668,14 @@ impl LocalBackend {
     }
 
     fn remove_temporaries(&self) -> Result<u64> {
+        use std::os::unix::fs::MetadataExt;
         let mut freed = 0;
         let mut stack = vec![self.root.clone()];
+        // Linked directories are walked too, once each, as `list` walks them.
+        let mut linked = std::collections::HashSet::new();
+        if let Ok(m) = fs::metadata(&self.root) {
+            linked.insert((m.dev(), m.ino()));
+        }
         while let Some(dir) = stack.pop() {
             let rd = match fs::read_dir(&dir) {
                 Ok(rd) => rd,
@@ -665,6 +688,15 @@ impl LocalBackend {
                 let fname = fname.to_string_lossy();
                 if ft.is_dir() {
                     stack.push(ent.path());
+                    continue;
+                }
+                if ft.is_symlink() {
+                    if let Ok(m) = fs::metadata(ent.path())
+                        && m.is_dir()
+                        && linked.insert((m.dev(), m.ino()))
+                    {
+                        stack.push(ent.path());
+                    }
                     continue;
                 }
                 let Some((_, tag)) = fname.split_once(TMP_MARK) else {
@@ -808,6 +840,67 @@ mod tests {
     /// point is an empty directory again, and writes below it fail instead of
     /// filling the file system beneath. Before the config is written (init), the
     /// directories are made as always.
+    /// A folder or object moved elsewhere and linked back is listed as what it
+    /// points to; what is neither file nor folder is listed (reading it says why),
+    /// and a link to a folder above it is not walked for ever.
+    #[test]
+    fn links_are_followed_and_odd_entries_listed() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("repo");
+        fs::create_dir(&root).unwrap();
+        let b = LocalBackend::new(&root);
+        b.put_new("data/ab/ab01", b"pack one").unwrap();
+        b.put_new("data/cd/cd01", b"pack two!").unwrap();
+        b.put_new("snapshots/aa", b"snap").unwrap();
+        let away = dir.path().join("other-disk");
+        fs::create_dir(&away).unwrap();
+        fs::rename(root.join("data/cd"), away.join("cd")).unwrap();
+        symlink(away.join("cd"), root.join("data/cd")).unwrap();
+        fs::rename(root.join("snapshots/aa"), away.join("aa")).unwrap();
+        symlink(away.join("aa"), root.join("snapshots/aa")).unwrap();
+        symlink(root.join("data"), root.join("data/ab/loop")).unwrap();
+        symlink(away.join("nothing"), root.join("data/ab/ab02")).unwrap();
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(root.join("snapshots/bb"))
+                .status()
+                .unwrap()
+                .success()
+        );
+        let mut data: Vec<_> = b
+            .list("data/")
+            .unwrap()
+            .into_iter()
+            .map(|o| (o.name, o.size))
+            .collect();
+        data.sort();
+        assert_eq!(
+            data,
+            [
+                ("data/ab/ab01".to_string(), 8),
+                ("data/cd/cd01".to_string(), 9)
+            ]
+        );
+        let mut snaps: Vec<_> = b
+            .list("snapshots/")
+            .unwrap()
+            .into_iter()
+            .map(|o| (o.name, o.size))
+            .collect();
+        snaps.sort();
+        assert_eq!(
+            snaps,
+            [
+                ("snapshots/aa".to_string(), 4),
+                ("snapshots/bb".to_string(), 0)
+            ]
+        );
+        assert_eq!(b.get("snapshots/aa").unwrap(), b"snap");
+        let e = b.get("snapshots/bb").unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
     #[test]
     fn an_emptied_mount_point_takes_no_writes() {
         let dir = tempfile::tempdir().unwrap();

@@ -516,6 +516,7 @@ fn refused(
     let kind = match (status.as_u16(), kind_name.as_str()) {
         (404, "not_found") => BackendErrorKind::NotFound,
         (404, "no_datastore" | "no_repository") => BackendErrorKind::NoRepository,
+        (500, "not_an_object") => BackendErrorKind::NotAFile,
         (409, _) => BackendErrorKind::AlreadyExists,
         (413, _) => BackendErrorKind::TooLarge,
         (416, _) => BackendErrorKind::OutOfRange,

@@ -86,7 +86,7 @@ pub enum Error {
     #[error("pack {pack} holding blob {blob} is missing")]
     PackMissing { pack: String, blob: String },
     #[error(transparent)]
-    Backend(#[from] BackendError),
+    Backend(BackendError),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -147,6 +147,21 @@ pub enum Error {
     /// removing the whole group is almost certainly a typo in the tag.
     #[error("no snapshot of {group} matches a keep-tag rule; refusing to remove them all")]
     WouldRemoveAll { group: String },
+}
+
+/// Storage errors, except that something not a file in an object's place (a FIFO,
+/// a device, a directory in a local repository) is damage to that object: every
+/// reader then deals with it as with bytes that do not authenticate (a snapshot
+/// listed as damaged, an index file set aside, a pack read blob by blob), where a
+/// storage failure would stop the command.
+impl From<BackendError> for Error {
+    fn from(e: BackendError) -> Error {
+        if e.kind == BackendErrorKind::NotAFile {
+            let what = format!("object {}", e.path);
+            return Error::damaged(what, FormatError::malformed("object", e.message));
+        }
+        Error::Backend(e)
+    }
 }
 
 impl Error {

@@ -59,6 +59,7 @@ impl From<BackendError> for ApiError {
             }
             BackendErrorKind::OutOfRange => (StatusCode::RANGE_NOT_SATISFIABLE, "out_of_range"),
             BackendErrorKind::NoRepository => (StatusCode::NOT_FOUND, "no_datastore"),
+            BackendErrorKind::NotAFile => (StatusCode::INTERNAL_SERVER_ERROR, "not_an_object"),
             BackendErrorKind::Other => (StatusCode::INTERNAL_SERVER_ERROR, "storage"),
         };
         ApiError::new(status, kind, e.message)

@@ -1482,3 +1482,92 @@ fn locations_that_cannot_be_are_usage_errors_at_once() {
         );
     }
 }
+
+/// A local repository whose folders or objects were moved to another disk and
+/// linked back reads as before (QA: a linked `data/xx` folder was skipped, so
+/// `check` called its packs lost and advised the repair that drops their files,
+/// and a linked snapshot was not listed). Something not a file in an object's
+/// place (a FIFO) is damage to that object, said as such by every command: it
+/// no longer hides a snapshot (`latest` silently an older one), nor stops
+/// `repair index`.
+#[test]
+fn linked_objects_are_read_and_odd_ones_are_damage() {
+    use std::os::unix::fs::symlink;
+    let env = Env::new();
+    env.init(&[]);
+    let src = small_tree(&env);
+    let first = env.backup_args(&["--pack-size", "128K", src.to_str().unwrap()]);
+    fs::write(src.join("keep/new.txt"), b"day two").unwrap();
+    let second = env.backup_args(&["--pack-size", "128K", src.to_str().unwrap()]);
+    let away = env.path("other-disk");
+    fs::create_dir(&away).unwrap();
+    let mut moved = 0;
+    for d in fs::read_dir(env.repo.join("data")).unwrap() {
+        let d = d.unwrap().path();
+        let to = away.join(d.file_name().unwrap());
+        fs::rename(&d, &to).unwrap();
+        symlink(&to, &d).unwrap();
+        moved += 1;
+    }
+    assert!(moved > 1);
+    let snap = env.repo.join("snapshots").join(&first);
+    fs::rename(&snap, away.join("snap")).unwrap();
+    symlink(away.join("snap"), &snap).unwrap();
+    env.check_clean();
+    assert_eq!(env.snapshot_ids(), [first.clone(), second.clone()]);
+    let got = env.restore(&first, &src, "r1");
+    assert_eq!(
+        fs::read(got.join("keep/a.bin")).unwrap(),
+        fs::read(src.join("keep/a.bin")).unwrap()
+    );
+
+    // A FIFO where the newest snapshot was: listed as damaged; `latest` will not
+    // quietly be the older one; forget removes it.
+    let newest = env.repo.join("snapshots").join(&second);
+    fs::remove_file(&newest).unwrap();
+    sh(Command::new("mkfifo").arg(&newest));
+    let e = env.fails(&["snapshots"], 1);
+    assert!(
+        e.contains(&second) && e.contains("damaged") && e.contains("not a regular file"),
+        "{e}"
+    );
+    let e = env.fails(&["ls", "latest"], 1);
+    assert!(e.contains("`latest` is uncertain"), "{e}");
+    let o = env.run(&["check"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&second) && out.contains("not a regular file"),
+        "{out}"
+    );
+    env.ok(&["forget", &second]);
+    assert!(!newest.exists());
+
+    // A FIFO in an index file's place: set aside, its blobs missing until repair.
+    let (index, _) = files_under(&env.repo.join("index"))
+        .into_iter()
+        .next()
+        .unwrap();
+    fs::remove_file(&index).unwrap();
+    sh(Command::new("mkfifo").arg(&index));
+    let e = env.fails(&["check"], 1);
+    assert!(
+        e.contains("index file") && e.contains("not a regular file"),
+        "{e}"
+    );
+    env.ok(&["repair", "index"]);
+    env.check_clean();
+
+    // A FIFO in a pack's place (inside a linked folder): a damaged pack, which
+    // repair index reads around and repair snapshots then deals with.
+    let pack = largest_pack(&env.repo);
+    fs::remove_file(&pack).unwrap();
+    sh(Command::new("mkfifo").arg(&pack));
+    let e = env.fails(&["check"], 1);
+    assert!(e.contains("problem"), "{e}");
+    let out = env.ok(&["repair", "index"]);
+    assert!(out.contains("not a regular file"), "{out}");
+    env.ok(&["repair", "snapshots"]);
+    env.ok(&["prune"]);
+    env.check_clean();
+}

@@ -253,10 +253,21 @@ fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> 
         Err(e) if e.is_not_found() => return Ok((vec![], None)),
         // Larger than any pack cairn writes: nothing in it can be trusted, and
         // reading it whole could exhaust memory.
-        Err(e) if e.kind == cairn_backend::BackendErrorKind::TooLarge => {
+        // Or something that is not a file in its place (a FIFO): nothing to read.
+        Err(e)
+            if matches!(
+                e.kind,
+                cairn_backend::BackendErrorKind::TooLarge
+                    | cairn_backend::BackendErrorKind::NotAFile
+            ) =>
+        {
             let damage = DamagedPack {
                 pack: id.to_hex(),
-                message: format!("larger than any pack ({})", e.message),
+                message: if e.kind == cairn_backend::BackendErrorKind::TooLarge {
+                    format!("larger than any pack ({})", e.message)
+                } else {
+                    e.message
+                },
                 blobs_lost: known.map_or(0, <[IndexBlob]>::len),
                 blobs_kept: 0,
             };

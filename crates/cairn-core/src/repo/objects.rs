@@ -3,9 +3,13 @@
 
 use super::*;
 
-/// An object larger than its kind may be is damage (or an attack), named as such.
+/// An object larger than its kind may be is damage (or an attack), named as such;
+/// so is something not a file in its place.
 pub(crate) fn too_large_is_damage(e: cairn_backend::BackendError, what: &str) -> Error {
-    if e.kind == cairn_backend::BackendErrorKind::TooLarge {
+    if matches!(
+        e.kind,
+        cairn_backend::BackendErrorKind::TooLarge | cairn_backend::BackendErrorKind::NotAFile
+    ) {
         return Error::damaged(what, FormatError::malformed("object", e.message));
     }
     e.into()

@@ -10,8 +10,8 @@
 
 use crate::error::Result;
 use cairn_backend::{Backend, BackendError, BackendErrorKind, names};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// The free space that what adds data leaves on `backend`'s storage, where it has
 /// a limit cairn can read (`None` elsewhere: object storage, a cairn server,
@@ -30,11 +30,15 @@ pub fn room_for_prune(backend: &dyn Backend) -> Result<Option<u64>> {
 }
 
 /// The room one writer (an uploader, a served datastore) keeps, and the packs
-/// it is storing right now, which the storage's free space may not show yet.
+/// it is storing right now, which the storage's free space shows only in part
+/// while they are written.
 #[derive(Debug, Default)]
 pub struct Room {
     keep: AtomicU64,
-    storing: AtomicU64,
+    /// Bytes of the claims granted and not yet dropped.
+    storing: Mutex<u64>,
+    /// Told when a claim is dropped.
+    stored: Condvar,
 }
 
 /// Room claimed for one pack until it is stored (or not).
@@ -47,7 +51,10 @@ pub struct Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        self.room.storing.fetch_sub(self.len, Ordering::SeqCst);
+        let mut storing = self.room.storing.lock().unwrap_or_else(|e| e.into_inner());
+        *storing = storing.saturating_sub(self.len);
+        drop(storing);
+        self.room.stored.notify_all();
     }
 }
 
@@ -61,6 +68,12 @@ impl Room {
     /// dedup list or a snapshot) of `len` bytes named `name`, keeping this room's
     /// bytes plus `also` (index files the writer added since the room was
     /// measured) free, or says there is none, as a full disk would ("no space").
+    ///
+    /// Objects being stored count in full, since the free space shows only what
+    /// of them is written so far. When only they stand in the way, the claim waits
+    /// for them and looks at the free space again: counted in full beside the
+    /// part already written, a 16 MiB pack in flight refused a backup with 13 MiB
+    /// free that needed 3 (QA), and the free space it gave was not the disk's.
     pub fn claim(
         self: &Arc<Self>,
         backend: &dyn Backend,
@@ -68,35 +81,45 @@ impl Room {
         len: u64,
         also: u64,
     ) -> Result<Claim, BackendError> {
-        let others = self.storing.fetch_add(len, Ordering::SeqCst);
-        let claim = Claim {
-            room: self.clone(),
-            len,
-        };
-        let keep = self.keep.load(Ordering::Relaxed);
-        if keep == 0 {
-            return Ok(claim);
+        let mut storing = self.storing.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let keep = self.keep.load(Ordering::Relaxed);
+            let free = if keep == 0 {
+                None
+            } else {
+                backend.free_space()
+            };
+            let need = len.saturating_add(keep.saturating_add(also));
+            match free {
+                Some(free) if free.saturating_sub(*storing) < need => {
+                    if free >= need && *storing > 0 {
+                        storing = self.stored.wait(storing).unwrap_or_else(|e| e.into_inner());
+                        continue;
+                    }
+                    return Err(BackendError {
+                        kind: BackendErrorKind::NoSpace,
+                        op: "put",
+                        path: name.to_string(),
+                        message: format!(
+                            "no space left on the repository's device for more data: {} free, \
+                             less than what is to be stored ({}) and the {} kept for `cairn \
+                             forget` and `cairn prune` to free space with (the index's size \
+                             plus 1 MiB)",
+                            crate::units::bytes(free, 1),
+                            crate::units::bytes(len, 1),
+                            crate::units::bytes(keep.saturating_add(also), 1)
+                        ),
+                    });
+                }
+                _ => {
+                    *storing += len;
+                    return Ok(Claim {
+                        room: self.clone(),
+                        len,
+                    });
+                }
+            }
         }
-        let Some(free) = backend.free_space() else {
-            return Ok(claim);
-        };
-        let (keep, free) = (keep.saturating_add(also), free.saturating_sub(others));
-        if free >= len.saturating_add(keep) {
-            return Ok(claim);
-        }
-        Err(BackendError {
-            kind: BackendErrorKind::NoSpace,
-            op: "put",
-            path: name.to_string(),
-            message: format!(
-                "no space left on the repository's device for more data: {} free, less than \
-                 what is to be stored ({}) and the {} kept for `cairn forget` and `cairn prune` to \
-                 free space with (the index's size plus 1 MiB)",
-                crate::units::bytes(free, 1),
-                crate::units::bytes(len, 1),
-                crate::units::bytes(keep, 1)
-            ),
-        })
     }
 }
 
@@ -148,15 +171,28 @@ mod tests {
         drop(room.claim(&b, "data/x", 200 << 20, 0).unwrap());
         room.keep(keep);
         let a = room.claim(&b, "data/a", 60 << 20, 0).unwrap();
-        // 40 MiB left while `a` is stored: 35 MiB fits beside the 5 kept, 36 not.
-        let e = room.claim(&b, "data/b", 36 << 20, 0).unwrap_err();
+        // More than the disk has free beside the room kept: refused at once,
+        // saying what the disk has free.
+        let e = room.claim(&b, "data/b", 96 << 20, 0).unwrap_err();
         assert_eq!(e.kind, BackendErrorKind::NoSpace);
-        assert!(e.message.contains("40.0 MiB free"), "{}", e.message);
-        // A refused claim holds nothing.
-        drop(room.claim(&b, "data/b", 35 << 20, 0).unwrap());
+        assert!(e.message.contains("100.0 MiB free"), "{}", e.message);
         // Index files written since the room was measured are kept too.
-        assert!(room.claim(&b, "data/b", 35 << 20, 1).is_err());
+        assert!(room.claim(&b, "data/b", 95 << 20, 1).is_err());
+        // 40 MiB left while `a` is stored: 35 MiB fits beside the 5 kept.
+        drop(room.claim(&b, "data/b", 35 << 20, 0).unwrap());
+        // 36 MiB waits for `a`, then looks again (this disk's free space stays
+        // the same: `a` went elsewhere).
+        let waiting = {
+            let (room, b) = (
+                room.clone(),
+                Arc::new(Free(cairn_backend::MemBackend::default(), 100 << 20)),
+            );
+            std::thread::spawn(move || room.claim(b.as_ref(), "data/c", 36 << 20, 0).map(drop))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(!waiting.is_finished(), "waits while `a` is stored");
         drop(a);
+        waiting.join().unwrap().unwrap();
         drop(room.claim(&b, "data/b", 95 << 20, 0).unwrap());
         // Storage without a limit cairn reads keeps nothing.
         let mem = cairn_backend::MemBackend::default();

@@ -647,7 +647,7 @@ pub fn latest_matching(
     let bad = if filter.hosts.is_empty() {
         bad.iter().collect()
     } else {
-        repo.narrow_to_hosts(&mut matching, bad, &filter.hosts)?
+        repo.narrow_to_hosts(&mut matching, bad, &filter.hosts, warn)?
     };
     matching.retain(|(_, s)| filter.matches(s));
     let found = crate::repo::latest_in(&matching, &bad).map_err(|e| match e {

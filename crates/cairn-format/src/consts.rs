@@ -59,6 +59,11 @@ pub const MAX_METADATA_OBJECT_SIZE: usize = 256 << 20;
 /// are read before anything else (a lock by every operation), so a hostile giant
 /// must cost nothing.
 pub const MAX_SMALL_OBJECT_SIZE: usize = 1 << 20;
+/// Hard cap on a lock a server stores: a sealed lock is a few hundred bytes (its
+/// longest fields are a host and a user name), so this leaves room for any
+/// honest one and keeps a hijacked client's locks, which every operation that
+/// waits for others reads, small.
+pub const MAX_LOCK_SIZE: usize = 64 << 10;
 /// Hard cap on an index file: cairn writes them at about 200,000 blobs (9 MB);
 /// this is 20 million.
 pub const MAX_INDEX_FILE_SIZE: usize = 1 << 30;

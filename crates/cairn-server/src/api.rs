@@ -468,7 +468,7 @@ fn allow(
         // locks by id. Only writes are remembered (a removal or a read of a name
         // never stored would otherwise grow the record).
         if matches!(action, Action::Create | Action::Replace)
-            && let age = store.owners.age(name)
+            && let age = store.owners.written(name)
             && age > app.config.max_lock_age_hours as i64 * 3600
         {
             return Err(ApiError::forbidden(format!(
@@ -634,6 +634,9 @@ pub async fn put(
     if kind == Kind::Index && action == Action::Create {
         refuse_copy_of_admin_index(&store, &name).await?;
     }
+    if kind == Kind::Lock && action == Action::Create && t.role != Role::Admin {
+        room_for_lock(&store, &t).await?;
+    }
     // A write that needs a job slot is refused before any of the upload budget is
     // reserved or a body read: a client without one (or without a session) must
     // not hold memory others wait for. (Checked again after the body: a slot can
@@ -749,7 +752,9 @@ pub async fn put(
     // What adds data leaves the room a prune needs; an admin's writes may use it
     // (its prune repacks before it deletes). Index files, dedup lists and
     // snapshots too: a backup token filled the room with junk index files once
-    // packs were refused (QA).
+    // packs were refused (QA). Not locks: a restore must still be able to take
+    // one on a full disk, and a token's locks are few and small (`room_for_lock`,
+    // `MAX_LOCK_SIZE`: 4 MiB at most).
     let adds = matches!(
         kind,
         Kind::Pack | Kind::Index | Kind::DedupList | Kind::Snapshot
@@ -761,23 +766,26 @@ pub async fn put(
     }
     let backend = store.backend.clone();
     let n = name.clone();
-    blocking(move || match action {
-        _ if let Some(room) = room => {
-            let _claim = room.claim(backend.as_ref(), &n, body.len() as u64, 0)?;
-            backend.put_new(&n, &body)
-        }
-        Action::Replace => backend.put(&n, &body),
-        _ if is_lock => {
-            // Locks are named at random by their holder, not by content: create
-            // means "no lock of that name yet", so nobody takes over another's.
-            let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
-            match backend.get_bounded(&n, max) {
-                Err(e) if e.is_not_found() => backend.put(&n, &body),
-                Err(e) if e.kind != BackendErrorKind::TooLarge => Err(e),
-                _ => Err(BackendError::already_exists("put", &n)),
+    blocking(move || {
+        let _claim = match &room {
+            Some(room) => Some(room.claim(backend.as_ref(), &n, body.len() as u64, 0)?),
+            None => None,
+        };
+        match action {
+            Action::Replace => backend.put(&n, &body),
+            _ if is_lock => {
+                // Locks are named at random by their holder, not by content:
+                // create means "no lock of that name yet", so nobody takes over
+                // another's.
+                let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
+                match backend.get_bounded(&n, max) {
+                    Err(e) if e.is_not_found() => backend.put(&n, &body),
+                    Err(e) if e.kind != BackendErrorKind::TooLarge => Err(e),
+                    _ => Err(BackendError::already_exists("put", &n)),
+                }
             }
+            _ => backend.put_new(&n, &body),
         }
-        _ => backend.put_new(&n, &body),
     })
     .await?;
     if is_lock {
@@ -803,6 +811,38 @@ pub async fn put(
             .stored_snapshot(&key, policy::id_of(&name).unwrap_or(""));
     }
     Ok(StatusCode::CREATED.into_response())
+}
+
+/// A non-admin token about to store a new lock: refused (429) while it holds
+/// [`crate::locks::MAX_LOCKS_PER_TOKEN`] that this server saw written lately;
+/// those it has not seen written for an hour make room (and are logged).
+async fn room_for_lock(store: &Arc<Datastore>, t: &TokenEntry) -> ApiResult<()> {
+    let (s, id) = (store.clone(), t.id.clone());
+    let (held, removed) =
+        blocking(move || crate::locks::make_room_for_lock(s.backend.as_ref(), &s.owners, &id))
+            .await?;
+    if !removed.is_empty() {
+        crate::log_line(&format!(
+            "token {:?}: removed {} of its locks on datastore {:?} not refreshed for an \
+             hour (left by processes that ended without removing them), to make room \
+             for a new one",
+            t.name,
+            removed.len(),
+            store.name
+        ));
+    }
+    if held >= crate::locks::MAX_LOCKS_PER_TOKEN {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_locks",
+            format!(
+                "this token holds {held} locks on datastore {:?}, the most one token may \
+                 hold at once: wait for its other commands to end",
+                store.name
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `name` is stored, and how large, found without reading more than

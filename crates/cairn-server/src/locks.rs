@@ -23,13 +23,32 @@ use std::sync::Mutex;
 struct Seen {
     /// Unix seconds when this server first stored or refreshed it.
     first_seen: i64,
+    /// Unix seconds when this server last stored or refreshed it (absent in
+    /// files of earlier versions: then `first_seen`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_written: Option<i64>,
 }
+
+/// How many locks one non-admin token may hold at once. A client holds one per
+/// command it runs against the datastore (a few at a time, however many jobs);
+/// each lock is read by every operation that waits for others, so a hijacked
+/// client must not store them without end.
+pub const MAX_LOCKS_PER_TOKEN: usize = 64;
+
+/// A lock of a token at [`MAX_LOCKS_PER_TOKEN`] that this server has not seen
+/// written for this long is removed to make room: its holder refreshes every 5
+/// minutes and gives up after 20 without a refresh, and other clients take it
+/// for stale after 30 (`cairn_core::repo::lock`), so it belongs to a process that
+/// ended without removing it (killed, or its machine lost).
+pub const GONE_AFTER_SECS: i64 = 60 * 60;
 
 pub struct LockOwners {
     path: PathBuf,
     /// How long a name is remembered: the cap on a lock's life, in seconds.
     keep: i64,
     seen: Mutex<BTreeMap<String, Seen>>,
+    /// When the file was last saved for a refresh alone (unix seconds).
+    saved_at: Mutex<i64>,
 }
 
 /// Whether the lock `name` belongs to the token with this id (its id's first 8
@@ -81,6 +100,7 @@ impl LockOwners {
             path,
             keep: max_age,
             seen: Mutex::new(seen),
+            saved_at: Mutex::new(0),
         }
     }
 
@@ -106,21 +126,96 @@ impl LockOwners {
         }
     }
 
-    /// The lock's age in seconds, counting from when this server first saw it.
-    pub fn age(&self, name: &str) -> i64 {
+    /// A write of the lock `name` (stored or refreshed): its age in seconds,
+    /// counting from when this server first saw it.
+    pub fn written(&self, name: &str) -> i64 {
         let now = cairn_core::time::now_unix();
         let mut s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(x) = s.get(name) {
-            return now - x.first_seen;
+        if let Some(x) = s.get_mut(name) {
+            x.last_written = Some(now);
+            let age = now - x.first_seen;
+            // Saved for a refresh at most once a minute: losing the last refresh time
+            // only makes a lock look older by that much to `unwritten_for`.
+            self.save_if_due(&s, now);
+            return age;
         }
         // Names older than the cap are refused anyway once seen again; forgetting
         // those older than twice the cap keeps the file bounded.
         let keep = self.keep.saturating_mul(2);
         s.retain(|_, x| now - x.first_seen <= keep);
-        s.insert(name.to_string(), Seen { first_seen: now });
+        s.insert(
+            name.to_string(),
+            Seen {
+                first_seen: now,
+                last_written: Some(now),
+            },
+        );
         self.save(&s);
         0
     }
+
+    fn save_if_due(&self, seen: &BTreeMap<String, Seen>, now: i64) {
+        let mut last = self.saved_at.lock().unwrap_or_else(|e| e.into_inner());
+        if now - *last >= 60 {
+            *last = now;
+            self.save(seen);
+        }
+    }
+
+    /// How long ago this server last saw the lock `name` written. A lock it has
+    /// never seen (stored through another server, or before a lost state file)
+    /// counts as written now, and from now on.
+    pub fn unwritten_for(&self, name: &str) -> i64 {
+        let now = cairn_core::time::now_unix();
+        let mut s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        match s.get(name) {
+            Some(x) => now - x.last_written.unwrap_or(x.first_seen),
+            None => {
+                s.insert(
+                    name.to_string(),
+                    Seen {
+                        first_seen: now,
+                        last_written: Some(now),
+                    },
+                );
+                self.save(&s);
+                0
+            }
+        }
+    }
+}
+
+/// Makes room for one more lock of the token with this id when it holds
+/// [`MAX_LOCKS_PER_TOKEN`]: removes those of its locks this server has not seen
+/// written for [`GONE_AFTER_SECS`]. Returns how many it holds then, and the names
+/// of those removed.
+pub fn make_room_for_lock(
+    backend: &dyn cairn_backend::Backend,
+    owners: &LockOwners,
+    token_id: &str,
+) -> Result<(usize, Vec<String>), cairn_backend::BackendError> {
+    let mine: Vec<String> = backend
+        .list(cairn_backend::names::LOCKS)?
+        .into_iter()
+        .filter(|o| owned_by(&o.name, token_id))
+        .map(|o| o.name)
+        .collect();
+    if mine.len() < MAX_LOCKS_PER_TOKEN {
+        return Ok((mine.len(), Vec::new()));
+    }
+    let (mut held, mut removed) = (0, Vec::new());
+    for name in mine {
+        if owners.unwritten_for(&name) < GONE_AFTER_SECS {
+            held += 1;
+            continue;
+        }
+        match backend.delete(&name) {
+            Ok(()) => removed.push(name),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((held, removed))
 }
 
 #[cfg(test)]
@@ -139,28 +234,75 @@ mod tests {
         ));
     }
 
+    /// At the cap, a token's locks not written for an hour make room; those
+    /// written lately, and other tokens' locks, stay.
+    #[test]
+    fn a_token_at_the_cap_loses_only_its_long_unwritten_locks() {
+        use cairn_backend::Backend;
+        let dir = tempfile::tempdir().unwrap();
+        let o = LockOwners::open(dir.path().join("l.json"), 7 * 24 * 3600);
+        let b = cairn_backend::MemBackend::new();
+        let lock = |token: &str, i: usize| {
+            let p = hex::encode(cairn_backend::lock_owner_prefix(token));
+            format!("locks/{p}{i:048x}")
+        };
+        for i in 0..MAX_LOCKS_PER_TOKEN - 1 {
+            b.put(&lock("aaaa", i), b"x").unwrap();
+            o.written(&lock("aaaa", i));
+        }
+        b.put(&lock("bbbb", 0), b"x").unwrap();
+        // Under the cap nothing is looked at.
+        assert_eq!(
+            make_room_for_lock(&b, &o, "aaaa").unwrap(),
+            (MAX_LOCKS_PER_TOKEN - 1, Vec::new())
+        );
+        // One more, never seen by this server: counts as written now.
+        b.put(&lock("aaaa", 999), b"x").unwrap();
+        let (held, removed) = make_room_for_lock(&b, &o, "aaaa").unwrap();
+        assert_eq!((held, removed.len()), (MAX_LOCKS_PER_TOKEN, 0));
+        // Two of them long unwritten (an hour), one refreshed since.
+        let now = cairn_core::time::now_unix();
+        for i in 0..3 {
+            o.seen
+                .lock()
+                .unwrap()
+                .get_mut(&lock("aaaa", i))
+                .unwrap()
+                .last_written = Some(now - GONE_AFTER_SECS - 5);
+        }
+        o.written(&lock("aaaa", 2));
+        let (held, removed) = make_room_for_lock(&b, &o, "aaaa").unwrap();
+        assert_eq!(held, MAX_LOCKS_PER_TOKEN - 2);
+        assert_eq!(removed, [lock("aaaa", 0), lock("aaaa", 1)]);
+        assert!(b.get(&lock("aaaa", 0)).is_err());
+        assert!(b.get(&lock("aaaa", 2)).is_ok());
+        assert!(b.get(&lock("bbbb", 0)).is_ok());
+    }
+
     #[test]
     fn ages_count_from_first_sight_and_survive_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let o = LockOwners::open(dir.path().join("l.json"), 3600);
-        assert_eq!(o.age("locks/a"), 0);
+        assert_eq!(o.written("locks/a"), 0);
         let again = LockOwners::open(dir.path().join("l.json"), 3600);
-        assert!(again.age("locks/a") <= 1);
+        assert!(again.written("locks/a") <= 1);
         // A name seen longer ago than twice the cap is forgotten when another is
         // first seen; one within it is kept, removed or not.
         again.seen.lock().unwrap().insert(
             "locks/old".into(),
             Seen {
                 first_seen: cairn_core::time::now_unix() - 7201,
+                last_written: None,
             },
         );
         again.seen.lock().unwrap().insert(
             "locks/recent".into(),
             Seen {
                 first_seen: cairn_core::time::now_unix() - 7000,
+                last_written: None,
             },
         );
-        assert_eq!(again.age("locks/b"), 0);
+        assert_eq!(again.written("locks/b"), 0);
         let names: Vec<String> = LockOwners::open(dir.path().join("l.json"), 3600)
             .seen
             .lock()

@@ -128,7 +128,7 @@ impl Kind {
     /// The largest body a write of this kind may carry.
     pub fn max_size(self, max_pack: u64) -> u64 {
         use cairn_format::consts::{
-            MAX_INDEX_FILE_SIZE, MAX_METADATA_OBJECT_SIZE, MAX_SMALL_OBJECT_SIZE,
+            MAX_INDEX_FILE_SIZE, MAX_LOCK_SIZE, MAX_METADATA_OBJECT_SIZE, MAX_SMALL_OBJECT_SIZE,
         };
         match self {
             Kind::Pack => max_pack,
@@ -138,6 +138,7 @@ impl Kind {
             Kind::Index | Kind::AdminIndex | Kind::Pending | Kind::DedupList => {
                 MAX_INDEX_FILE_SIZE as u64
             }
+            Kind::Lock | Kind::AdminLock => MAX_LOCK_SIZE as u64,
             _ => MAX_SMALL_OBJECT_SIZE as u64,
         }
     }

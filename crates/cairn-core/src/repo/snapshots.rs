@@ -501,19 +501,23 @@ impl Repository {
     /// Narrows `all` and `bad` (a listing: the snapshots read, those that could
     /// not be) to what may be a snapshot of one of `hosts`, as `snapshots --host`
     /// and retention count hosts: a snapshot a host-bound token stored under
-    /// another bound host's name is its token's host's ([`Self::attribute_hosts`]),
-    /// and one that could not be read is passed over when `cairn serve` recorded
-    /// it as stored by another host's bound token and every one of `hosts` has a
-    /// bound token (then it cannot count as theirs, whatever it names). So a
-    /// hijacked client can neither become `latest --host` of another host nor,
-    /// with one unreadable snapshot, make every host's `latest` uncertain. A
-    /// host-bound token, which sees only its own host's snapshots, counts each as
-    /// that host's ([`count_as_own`]).
+    /// another bound host's name is its token's host's ([`Self::attribute_hosts`]).
+    /// One that could not be read is passed over (and `warn` told why) when,
+    /// whatever it names, it could not count as any of `hosts`' there: `cairn
+    /// serve` recorded it as stored by another host's bound token, and each of
+    /// `hosts` has a bound token or snapshots others stored under its name; or it
+    /// recorded it as stored by a token without a host, and each of `hosts` has a
+    /// bound token. So a hijacked client can neither become `latest --host` of
+    /// another host nor, with one unreadable snapshot, make other hosts' `latest`
+    /// uncertain (QA: junk from web01's token did, for a host only an admin backs
+    /// up). A host-bound token, which sees only its own host's snapshots, counts
+    /// each as that host's ([`count_as_own`]).
     pub fn narrow_to_hosts<'b>(
         &self,
         all: &mut Vec<(SnapshotId, Snapshot)>,
         bad: &'b [SnapshotError],
         hosts: &[String],
+        warn: &dyn Fn(String),
     ) -> Result<Vec<&'b SnapshotError>> {
         if let Some(host) = self.backend.partial_view()? {
             count_as_own(all, &host);
@@ -529,14 +533,73 @@ impl Repository {
             .map(|(id, _)| *id)
             .chain(bad.iter().map(|e| e.id));
         let recorded = self.recorded_hosts(ids, &|hex| self.host_record(hex))?;
+        // Who stored snapshots under each of `hosts`' names (the recorded host,
+        // or none), before attribution renames any.
+        let mut stored_as: std::collections::HashMap<
+            String,
+            std::collections::HashSet<Option<String>>,
+        > = Default::default();
+        for (id, s) in all.iter() {
+            if hosts.contains(&s.hostname) {
+                stored_as
+                    .entry(s.hostname.clone())
+                    .or_default()
+                    .insert(recorded.get(id).cloned());
+            }
+        }
         self.attribute_recorded(all, &recorded)?;
         all.retain(|(_, s)| hosts.contains(&s.hostname));
         let bound: std::collections::HashSet<&String> = recorded.values().collect();
-        let all_bound = hosts.iter().all(|h| bound.contains(h));
-        Ok(bad
+        // Unreadable snapshots without a host record that a token without a host
+        // stored (the server recorded when it received them): asked for only when
+        // it can matter.
+        let unrecorded = bad
             .iter()
-            .filter(|e| !all_bound || recorded.get(&e.id).is_none_or(|h| hosts.contains(h)))
-            .collect())
+            .map(|e| e.id)
+            .filter(|id| !recorded.contains_key(id));
+        let by_unbound: std::collections::HashSet<SnapshotId> =
+            if hosts.iter().any(|h| bound.contains(h)) {
+                self.with_records(names::RECEIVED, unrecorded)?
+                    .into_iter()
+                    .collect()
+            } else {
+                Default::default()
+            };
+        // Whether an unreadable snapshot could count as host `x`'s, were it read
+        // (as `attribute_recorded` would count it).
+        let could_be = |x: &String, e: &SnapshotError| match recorded.get(&e.id) {
+            Some(h) if h == x => true,
+            // A bound token's snapshot naming `x` is counted apart when others
+            // store snapshots under `x` (or `x` is a bound host).
+            Some(h) => {
+                !bound.contains(x)
+                    && stored_as
+                        .get(x)
+                        .is_none_or(|s| s.iter().all(|o| o.as_ref() == Some(h)))
+            }
+            // A token without a host naming a bound host is counted apart.
+            None if by_unbound.contains(&e.id) => !bound.contains(x),
+            None => true,
+        };
+        let mut kept = Vec::new();
+        for e in bad {
+            if hosts.iter().any(|x| could_be(x, e)) {
+                kept.push(e);
+                continue;
+            }
+            let by = match recorded.get(&e.id) {
+                Some(h) => format!("a backup token bound to host {h:?}"),
+                None => "a token without a host".to_string(),
+            };
+            warn(format!(
+                "snapshot {} could not be read ({}); passed over: `cairn serve` recorded it \
+                 as stored by {by}, so it cannot count as {}'s",
+                e.id.short(),
+                e.error,
+                hosts.join(", ")
+            ));
+        }
+        Ok(kept)
     }
 
     /// Resolves `latest` or an id prefix (at least one hex digit) among all stored

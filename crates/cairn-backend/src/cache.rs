@@ -57,6 +57,14 @@ fn cached_by_name(name: &str) -> bool {
     name.starts_with(names::INDEX) || name.starts_with(names::SNAPSHOTS)
 }
 
+/// Whether an object kept by name (`index/[admin-]<hex>`, `snapshots/<hex>`) is
+/// named by `sum`, the BLAKE3 hash of its content, as every such object is.
+fn named_by(name: &str, sum: &blake3::Hash) -> bool {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    let hex = last.strip_prefix("admin-").unwrap_or(last);
+    hex.eq_ignore_ascii_case(sum.to_hex().as_str())
+}
+
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name
@@ -116,7 +124,14 @@ impl CachedBackend {
     }
 
     /// Keeps a copy. Failures (full disk, read-only home) only cost later downloads.
+    /// A copy whose content is not what its name says (damaged on the way, or at
+    /// its source) is not kept: the reader reports it, and a later run downloads
+    /// it again instead of reading the damage from here for ever.
     fn store(&self, name: &str, data: &[u8]) {
+        let sum = blake3::hash(data);
+        if !named_by(name, &sum) {
+            return;
+        }
         let Some(path) = self.path(name) else { return };
         let Some(parent) = path.parent() else { return };
         // Private to this user, as the trees it holds name every backed-up file.
@@ -136,7 +151,7 @@ impl CachedBackend {
         ));
         let written = std::fs::File::create(&tmp).and_then(|mut f| {
             f.write_all(data)?;
-            f.write_all(blake3::hash(data).as_bytes())
+            f.write_all(sum.as_bytes())
         });
         if written.is_err() || std::fs::rename(&tmp, &path).is_err() {
             let _ = std::fs::remove_file(&tmp);
@@ -407,17 +422,23 @@ mod tests {
         let counted = Arc::new(ThrottledBackend::new(store.clone(), None, None));
         let traffic = counted.traffic();
         let b = CachedBackend::new(counted, dir.path().join("repo"));
-        store.put("snapshots/aa", b"snapshot").unwrap();
-        store.put("data/bb/bb01", &[5u8; 1000]).unwrap();
-        b.put("index/cc", b"index").unwrap();
-        assert_eq!(b.get("snapshots/aa").unwrap(), b"snapshot");
-        assert_eq!(b.get_metadata_range("data/bb/bb01", 10, 5).unwrap(), [5; 5]);
+        // Names are the BLAKE3 hash of the content, as in a repository.
+        let hash = |d: &[u8]| blake3::hash(d).to_hex().to_string();
+        let snap = format!("snapshots/{}", hash(b"snapshot"));
+        let pack_hex = hash(&[5u8; 1000]);
+        let pack = format!("data/{}/{pack_hex}", &pack_hex[..2]);
+        let index = format!("index/{}", hash(b"index"));
+        store.put(&snap, b"snapshot").unwrap();
+        store.put(&pack, &[5u8; 1000]).unwrap();
+        b.put(&index, b"index").unwrap();
+        assert_eq!(b.get(&snap).unwrap(), b"snapshot");
+        assert_eq!(b.get_metadata_range(&pack, 10, 5).unwrap(), [5; 5]);
         let before = traffic.downloaded();
         assert_eq!(before, 8 + 1000, "snapshot and whole pack fetched once");
         for _ in 0..3 {
-            assert_eq!(b.get("snapshots/aa").unwrap(), b"snapshot");
-            assert_eq!(b.get("index/cc").unwrap(), b"index");
-            assert_eq!(b.get_metadata_range("data/bb/bb01", 0, 2).unwrap(), [5; 2]);
+            assert_eq!(b.get(&snap).unwrap(), b"snapshot");
+            assert_eq!(b.get(&index).unwrap(), b"index");
+            assert_eq!(b.get_metadata_range(&pack, 0, 2).unwrap(), [5; 2]);
         }
         assert_eq!(
             traffic.downloaded(),
@@ -425,22 +446,33 @@ mod tests {
             "later reads come from the cache"
         );
         // A plain range read goes to the storage (check must see what it holds).
-        assert_eq!(b.get_range("data/bb/bb01", 999, 1).unwrap(), [5]);
+        assert_eq!(b.get_range(&pack, 999, 1).unwrap(), [5]);
         assert_eq!(traffic.downloaded(), before + 1);
-        assert!(b.get_metadata_range("data/bb/bb01", 999, 2).is_err());
+        assert!(b.get_metadata_range(&pack, 999, 2).is_err());
+
+        // An object whose content is not what its name says (damaged on the way
+        // or at its source) is not kept: each read fetches it again.
+        let wrong = format!("index/{}", hash(b"what the name says"));
+        store.put(&wrong, b"something else").unwrap();
+        let before = traffic.downloaded();
+        for _ in 0..2 {
+            assert_eq!(b.get(&wrong).unwrap(), b"something else");
+        }
+        assert_eq!(traffic.downloaded(), before + 2 * 14);
+        assert!(!dir.path().join("repo").join(&wrong).exists());
 
         // A snapshot deleted elsewhere disappears from the cache at the next listing.
-        store.delete("snapshots/aa").unwrap();
+        store.delete(&snap).unwrap();
         assert!(b.list("snapshots/").unwrap().is_empty());
-        assert!(b.get("snapshots/aa").unwrap_err().is_not_found());
+        assert!(b.get(&snap).unwrap_err().is_not_found());
 
         // A damaged cached copy is fetched again, not reported as damage.
-        let f = dir.path().join("repo/index/cc");
+        let f = dir.path().join("repo").join(&index);
         let mut raw = std::fs::read(&f).unwrap();
         raw[0] ^= 1;
         std::fs::write(&f, raw).unwrap();
         let fresh = CachedBackend::new(b.inner.clone(), dir.path().join("repo"));
-        assert_eq!(fresh.get("index/cc").unwrap(), b"index");
+        assert_eq!(fresh.get(&index).unwrap(), b"index");
         assert!(dir.path().join("CACHEDIR.TAG").exists());
     }
 }

@@ -67,6 +67,13 @@ pub const MAX_LOCK_SIZE: usize = 64 << 10;
 /// Hard cap on an index file: cairn writes them at about 200,000 blobs (9 MB);
 /// this is 20 million.
 pub const MAX_INDEX_FILE_SIZE: usize = 1 << 30;
+/// The largest index file cairn writes under a plain name, with room to spare:
+/// writers start a new file after 200,000 blobs, so one holds at most that plus
+/// the last pack's (at most [`MAX_PACK_BLOBS`], about 49 bytes each: 59 MB) and
+/// its snapshot records. A cairn server takes no larger plain index file, and its
+/// backup clients read none larger, so junk a hijacked client stores under that
+/// kind costs each of them at most this much.
+pub const MAX_WRITTEN_INDEX_FILE_SIZE: usize = 128 << 20;
 /// Hard cap on a pending-deletion record when read. Prune writes them at 500,000
 /// entries (a pack never split, so tens of MB) and a server takes none larger than
 /// an index file, but a prune before the split wrote one record for everything it

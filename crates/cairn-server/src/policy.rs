@@ -129,15 +129,15 @@ impl Kind {
     pub fn max_size(self, max_pack: u64) -> u64 {
         use cairn_format::consts::{
             MAX_INDEX_FILE_SIZE, MAX_LOCK_SIZE, MAX_METADATA_OBJECT_SIZE, MAX_SMALL_OBJECT_SIZE,
+            MAX_WRITTEN_INDEX_FILE_SIZE,
         };
         match self {
             Kind::Pack => max_pack,
             // A snapshot lists every path it was given: `--files-from` with tens of
             // thousands of files makes it megabytes. Readers take up to this.
             Kind::Snapshot => MAX_METADATA_OBJECT_SIZE as u64,
-            Kind::Index | Kind::AdminIndex | Kind::Pending | Kind::DedupList => {
-                MAX_INDEX_FILE_SIZE as u64
-            }
+            Kind::Index => MAX_WRITTEN_INDEX_FILE_SIZE as u64,
+            Kind::AdminIndex | Kind::Pending | Kind::DedupList => MAX_INDEX_FILE_SIZE as u64,
             Kind::Lock | Kind::AdminLock => MAX_LOCK_SIZE as u64,
             _ => MAX_SMALL_OBJECT_SIZE as u64,
         }

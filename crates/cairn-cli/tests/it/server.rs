@@ -1960,6 +1960,45 @@ fn the_dedup_view_is_built_when_the_server_starts() {
     assert!(metrics.contains(&needle), "{needle} not in {metrics}");
 }
 
+/// A plain index file larger than any cairn writes is junk (a hijacked client
+/// stored it; QA: up to 1 GiB each, downloaded and cached by every backup): a
+/// backup through the server passes over one stored beside it unread, and the
+/// server takes none that large.
+#[test]
+fn an_index_file_larger_than_cairn_writes_is_not_downloaded() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    make_full_tree(&src, 71);
+    let s = src.to_str().unwrap();
+    env.backup(&[&src]);
+    let hex = "5a".repeat(32);
+    std::fs::File::create(env.repo.join("index").join(&hex))
+        .unwrap()
+        .set_len((128 << 20) + 1)
+        .unwrap();
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let t = srv.token("web01", "main", "backup");
+    let (_, err) = client_traffic(&env, &srv, "main", &t, &["backup", s]);
+    assert!(err.contains(&hex), "{err}");
+    assert!(traffic_bytes(&err, "downloaded") < 16 << 20, "{err}");
+    // Refused from its announced length, before a job slot or its body.
+    let mut c = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        c,
+        "PUT /v1/datastores/main/objects/index/{} HTTP/1.1\r\nHost: x\r\n\
+         Authorization: Bearer {t}\r\nContent-Length: {}\r\n\r\n",
+        "6b".repeat(32),
+        (128u64 << 20) + 1
+    )
+    .unwrap();
+    let mut resp = [0u8; 12];
+    c.read_exact(&mut resp).unwrap();
+    assert_eq!(&resp[9..12], b"413", "{}", String::from_utf8_lossy(&resp));
+    srv.stop();
+}
+
 /// An index file the server did not see stored (before it started, or through
 /// another server) gets its dedup list from an admin token only: a backup token
 /// holding the key could otherwise describe it with chunk ids it never stored,

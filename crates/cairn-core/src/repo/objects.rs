@@ -178,22 +178,24 @@ impl Repository {
     /// append-only writer (a backup token of `cairn serve`) may write plain index
     /// files and must not be able to hide other files or snapshots with them.
     pub fn read_index_file(&self, id: &IndexId) -> Result<IndexFile> {
+        self.read_index_file_within(id, MAX_INDEX_FILE_SIZE as u64)
+    }
+
+    /// [`Self::read_index_file`], taking a file stored under a plain name as
+    /// damaged, unread, when it is larger than `plain_max` (an admin-named file
+    /// may be as large as any index file).
+    pub(crate) fn read_index_file_within(&self, id: &IndexId, plain_max: u64) -> Result<IndexFile> {
         let what = format!("index file {}", id.to_hex());
         let hex = id.to_hex();
-        let read = |name: &str| {
-            self.read_sealed_object(
-                name,
-                &id.0,
-                "index file",
-                &what,
-                Some(MAX_INDEX_FILE_SIZE as u64),
-            )
+        let read = |name: &str, max: u64| {
+            self.read_sealed_object(name, &id.0, "index file", &what, Some(max))
         };
         let admin_names = self.admin_names();
-        let (plain, admin) = match read(&names::index(&hex)) {
-            Err(Error::Backend(e)) if e.is_not_found() && admin_names => {
-                (read(&names::admin_index(&hex))?, true)
-            }
+        let (plain, admin) = match read(&names::index(&hex), plain_max) {
+            Err(Error::Backend(e)) if e.is_not_found() && admin_names => (
+                read(&names::admin_index(&hex), MAX_INDEX_FILE_SIZE as u64)?,
+                true,
+            ),
             r => (r?, false),
         };
         let mut file = match IndexFile::decode(&plain) {

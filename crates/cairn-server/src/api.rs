@@ -7,7 +7,7 @@ use crate::policy::{self, Action, Decision, Kind, Role};
 use crate::tokens::TokenEntry;
 use crate::{App, Datastore};
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cairn_backend::{BackendError, BackendErrorKind};
@@ -101,6 +101,26 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestP
             .await
             .map(|axum::extract::Query(q)| Query(q))
             .map_err(|e| ApiError::bad(format!("the query string: {}", e.body_text())))
+    }
+}
+
+/// Path parameters, refused with the API's JSON error (axum's own answer is plain
+/// text) when they do not decode: a name that is not UTF-8 (`%ff`), say.
+pub struct Path<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned + Send, S: Send + Sync> axum::extract::FromRequestParts<S>
+    for Path<T>
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(p)| Path(p))
+            .map_err(|e| ApiError::bad(format!("the path: {}", e.body_text())))
     }
 }
 
@@ -685,6 +705,13 @@ pub async fn put(
                     "{name}: the server's memory for uploads being received is full; \
                      send it again later"
                 ),
+            ));
+        }
+        Err(crate::body::ReadError::Stalled(e)) => {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout",
+                format!("{name}: the upload stalled: {e}"),
             ));
         }
         Err(crate::body::ReadError::Broken(e)) => {
@@ -1792,7 +1819,11 @@ pub async fn session_post(
     let json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
+        .is_some_and(|v| {
+            // The media type itself, before any parameter (`; charset=utf-8`).
+            let media = v.split(';').next().unwrap_or("").trim();
+            media.eq_ignore_ascii_case("application/json")
+        });
     if !json {
         return Err(ApiError::bad("sign in with Content-Type: application/json"));
     }

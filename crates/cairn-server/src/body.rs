@@ -221,6 +221,9 @@ pub enum ReadError {
     TooLarge,
     /// The client went away or sent a broken body.
     Broken(String),
+    /// The client stopped sending, or sent too slowly (a 408: the client's
+    /// retry sends it again).
+    Stalled(String),
     /// The upload budget had no room for the rest within [`GROW_WAIT`].
     Busy,
 }
@@ -273,7 +276,7 @@ impl BodyPool {
         loop {
             if span_start.elapsed() >= stall {
                 if span_bytes < MIN_PER_STALL {
-                    return Err(ReadError::Broken(format!(
+                    return Err(ReadError::Stalled(format!(
                         "{span_bytes} bytes received in {} s (after {} bytes): too slow",
                         stall.as_secs(),
                         out.len()
@@ -298,7 +301,7 @@ impl BodyPool {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(_) => {
-                    return Err(ReadError::Broken(format!(
+                    return Err(ReadError::Stalled(format!(
                         "nothing received for {} s (after {} bytes)",
                         stall.as_secs(),
                         out.len()
@@ -492,7 +495,7 @@ mod tests {
                 )
                 .await;
             match r {
-                Err(ReadError::Broken(m)) => assert!(m.contains("too slow"), "{m}"),
+                Err(ReadError::Stalled(m)) => assert!(m.contains("too slow"), "{m}"),
                 _ => panic!("a trickling upload was not ended"),
             }
         });
@@ -514,7 +517,7 @@ mod tests {
                 )
                 .await;
             match r {
-                Err(ReadError::Broken(m)) => assert!(m.contains("after 4 bytes"), "{m}"),
+                Err(ReadError::Stalled(m)) => assert!(m.contains("after 4 bytes"), "{m}"),
                 _ => panic!("a stalled upload was not ended"),
             }
         });

@@ -20,13 +20,14 @@
 //! host every snapshot; a backup token without a host none (it may add backups,
 //! not read them back in a browser).
 
+use crate::api::Path;
 use crate::api::Query;
 use crate::api::{ApiError, authenticate, blocking, datastore};
 use crate::policy::Role;
 use crate::tokens::TokenEntry;
 use crate::{App, Datastore};
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cairn_core::session::{IndexLoad, Read, Session};

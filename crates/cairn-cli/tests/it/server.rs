@@ -743,17 +743,17 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
     assert_eq!(objects(&env.repo), before);
     env.check_clean();
     drop(slow);
-    // A query string that does not parse gets the API's JSON error, not text.
-    let (code, body) = http(
-        p,
-        "GET",
+    // A query string or a path that does not parse (a name that is not UTF-8)
+    // gets the API's JSON error, not text.
+    for path in [
         "/v1/datastores/main/objects/config?max=-1",
-        Some(&backup),
-        b"",
-    );
-    assert_eq!(code, 400, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    assert_eq!(v["error"], "bad_request", "{body}");
+        "/v1/datastores/main/objects/snapshots/%ff%fe",
+    ] {
+        let (code, body) = http(p, "GET", path, Some(&backup), b"");
+        assert_eq!(code, 400, "{path}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        assert_eq!(v["error"], "bad_request", "{path}: {body}");
+    }
 
     // Junk stored as an index file under its own hash (the server cannot tell
     // without the key) blocks no admin's prune: prune drops it.
@@ -2810,14 +2810,16 @@ fn a_console_session_works_by_cookie_with_csrf_and_ends() {
     };
     // Only JSON signs in (another site cannot send it without a preflight), and only a
     // known token.
-    let (code, _, _) = http_full(
-        p,
-        "POST",
-        "/v1/session",
-        &[("Content-Type", "text/plain")],
-        format!("{{\"token\": \"{admin}\"}}").as_bytes(),
-    );
-    assert_eq!(code, 400);
+    for other in ["text/plain", "application/jsonx", "application/json-seq"] {
+        let (code, _, _) = http_full(
+            p,
+            "POST",
+            "/v1/session",
+            &[("Content-Type", other)],
+            format!("{{\"token\": \"{admin}\"}}").as_bytes(),
+        );
+        assert_eq!(code, 400, "{other}");
+    }
     let (code, _, _) = http_full(
         p,
         "POST",

@@ -450,9 +450,10 @@ impl Backend for LocalBackend {
                     Err(e) => return Err(BackendError::from_io("list", &child, &e)),
                 };
                 if meta.is_dir() {
-                    // Each directory once, however it is linked (a link to a
-                    // directory above it would be walked for ever).
-                    if !ft.is_symlink() || linked.insert((meta.dev(), meta.ino())) {
+                    // Each directory once, however it is reached (a link to a
+                    // directory above it would be walked for ever; a folder that
+                    // is also a link's target would be listed twice).
+                    if linked.insert((meta.dev(), meta.ino())) {
                         stack.push(child);
                     }
                     continue;
@@ -860,6 +861,8 @@ mod tests {
         fs::rename(root.join("snapshots/aa"), away.join("aa")).unwrap();
         symlink(away.join("aa"), root.join("snapshots/aa")).unwrap();
         symlink(root.join("data"), root.join("data/ab/loop")).unwrap();
+        // A folder that is also a link's target is listed once.
+        symlink(root.join("data/ab"), away.join("cd/ab-again")).unwrap();
         symlink(away.join("nothing"), root.join("data/ab/ab02")).unwrap();
         assert!(
             std::process::Command::new("mkfifo")

@@ -528,11 +528,22 @@ impl<A: Access> Session<A> {
 
     /// Resolves `latest` or an id prefix among the snapshots listed at open.
     pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
+        self.find_snapshot_with(spec, &|note| self.progress.warning_msg(note))
+    }
+
+    /// [`Session::find_snapshot`], telling `warn` of snapshots `latest` passed
+    /// over for being dated ahead of this machine's clock (for a caller whose
+    /// session has no progress to say it, such as the mount).
+    pub fn find_snapshot_with(
+        &self,
+        spec: &str,
+        warn: &dyn Fn(String),
+    ) -> Result<(SnapshotId, Snapshot)> {
         if spec == "latest" {
             let list = self.snapshots()?;
             let found = crate::repo::latest(list)?;
             if let Some(note) = crate::repo::passed_over(&list.0, &found.0) {
-                self.progress.warning_msg(note);
+                warn(note);
             }
             return Ok(found);
         }

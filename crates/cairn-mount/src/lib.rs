@@ -159,6 +159,9 @@ pub struct Mounted {
     dir: PathBuf,
     /// The snapshot mounted alone, if one was asked for.
     pub snapshot: Option<cairn_format::SnapshotId>,
+    /// Warnings for the user from mounting (`latest` passed over a snapshot
+    /// dated ahead of this machine's clock).
+    pub warnings: Vec<String>,
 }
 
 /// Mounts `repo` (opened with its key; it is never given an index: each session
@@ -181,11 +184,14 @@ pub fn mount(
         },
         log.clone(),
     )?);
+    let notes = std::sync::Mutex::new(Vec::new());
     let single = match &opts.snapshot {
         None => None,
         Some(spec) => {
             let s = sessions.get()?;
-            let (id, snap) = s.find_snapshot(spec)?;
+            let (id, snap) = s.find_snapshot_with(spec, &|n| {
+                notes.lock().unwrap_or_else(|e| e.into_inner()).push(n)
+            })?;
             let tree = snap
                 .tree_id()
                 .map_err(|e| cairn_core::Error::damaged(format!("snapshot {}", id.short()), e))?;
@@ -248,6 +254,7 @@ pub fn mount(
         state,
         dir: dir.to_path_buf(),
         snapshot: single.map(|(id, _)| id),
+        warnings: notes.into_inner().unwrap_or_else(|e| e.into_inner()),
     })
 }
 

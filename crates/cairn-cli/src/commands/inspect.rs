@@ -125,7 +125,11 @@ pub fn cat(g: &Global, a: &CatArgs) -> Result<i32> {
             match kind {
                 "config" => super::print_json(repo.config())?,
                 "key" => super::print_json(&inspect::key_file(&repo, id)?)?,
-                "snapshot" => super::print_json(&repo.find_snapshot(id)?.1)?,
+                "snapshot" => super::print_json(
+                    &repo
+                        .find_snapshot_with(id, &|note| p.progress.warning_msg(note))?
+                        .1,
+                )?,
                 "index" => super::print_json(&inspect::index_view(&repo, id)?)?,
                 "pack" => super::print_json(&inspect::pack_view(&repo, id)?)?,
                 "lock" => super::print_json(&inspect::lock_view(&repo, id)?)?,

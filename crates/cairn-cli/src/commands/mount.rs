@@ -155,6 +155,9 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
             .context("FUSE needs /dev/fuse and fusermount3 (Debian: apt install fuse3)"),
         e => anyhow::Error::from(e),
     })?;
+    for w in &mounted.warnings {
+        p.progress.warning_msg(w.clone());
+    }
     let what = match mounted.snapshot {
         Some(id) => format!("snapshot {}", id.short()),
         None => "snapshots (hosts/, snapshots/, latest)".to_string(),

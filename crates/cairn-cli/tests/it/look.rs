@@ -1323,6 +1323,11 @@ fn latest_passes_over_a_snapshot_dated_in_the_future() {
     }
     let o = env.run(&["snapshots", "latest"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains(said));
+    let o = env.run(&["cat", "snapshot", "latest"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains(said), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(!v["time"].as_str().unwrap().starts_with("2099"), "{v}");
     // Alone, it is latest.
     let other = Env::new();
     other.init(&[]);

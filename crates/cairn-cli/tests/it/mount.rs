@@ -256,6 +256,30 @@ fn mount_shows_hosts_snapshots_and_latest_with_everything_a_restore_has() {
     assert!(!is_mounted(&mnt));
 }
 
+/// `--snapshot latest` passes over a snapshot dated ahead of this machine's
+/// clock and says so, as every other command does.
+#[test]
+fn mounting_latest_says_what_it_passed_over() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"old").unwrap();
+    let s = src.to_str().unwrap();
+    env.ok(&["backup", s, "--time", "2099-01-01 00:00:00", "-q"]);
+    fs::write(src.join("f"), b"new").unwrap();
+    env.backup(&[&src]);
+    let mnt = env.path("mnt");
+    let m = Mount::start(&env, &mnt, &["--snapshot", "latest"]);
+    assert_eq!(fs::read(inside(&mnt, &src).join("f")).unwrap(), b"new");
+    m.signal(nix::sys::signal::Signal::SIGTERM);
+    let (_, log) = m.wait(Duration::from_secs(30));
+    assert!(
+        log.contains("1 snapshot dated ahead of this machine's clock was passed over"),
+        "{log}"
+    );
+}
+
 #[test]
 fn reads_at_any_offset_of_a_file_with_a_deep_chunk_list() {
     // 4 KiB blocks: 20 MB is more than 4096 chunks, so two chunk-list levels.

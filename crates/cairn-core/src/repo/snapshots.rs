@@ -605,8 +605,23 @@ impl Repository {
     /// Resolves `latest` or an id prefix (at least one hex digit) among all stored
     /// snapshots (operations resolve through their session instead).
     pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
+        self.find_snapshot_with(spec, &|_| {})
+    }
+
+    /// [`Repository::find_snapshot`], telling `warn` of snapshots `latest`
+    /// passed over for being dated ahead of this machine's clock.
+    pub fn find_snapshot_with(
+        &self,
+        spec: &str,
+        warn: &dyn Fn(String),
+    ) -> Result<(SnapshotId, Snapshot)> {
         if spec == "latest" {
-            return latest(&self.snapshots()?);
+            let list = self.snapshots()?;
+            let found = latest(&list)?;
+            if let Some(note) = passed_over(&list.0, &found.0) {
+                warn(note);
+            }
+            return Ok(found);
         }
         let id = resolve_snapshot_prefix(spec, &self.list_snapshot_ids()?)?;
         Ok((id, self.read_snapshot(&id)?))

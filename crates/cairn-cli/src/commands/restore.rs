@@ -235,11 +235,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             .len() as u64;
         // Where the repository lacks what they need, what to do about it (QA:
         // the error alone, while `check` knew the index files were lost).
-        let lost = r.errors.iter().any(|e| {
-            e.error.contains("missing from the index")
-                || e.error.contains("is missing")
-                || e.error.contains("is damaged")
-        });
+        let lost = r.errors.iter().any(|e| e.lost_data);
         let unreadable = session.repo().index_errors().len() as u64;
         let next = if unreadable > 0 {
             format!(

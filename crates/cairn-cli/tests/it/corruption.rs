@@ -463,6 +463,32 @@ fn backup_then_lose_the_largest_pack(seed: u64) -> (Env, std::path::PathBuf) {
     (env, src)
 }
 
+/// A restore that meets a lost pack says which files were not restored in
+/// full, marks them as the repository's loss (`lost_data` in `--json`, not a
+/// string a script must match) and says where to look next.
+#[test]
+fn a_restore_marks_what_a_lost_pack_held_as_lost_data() {
+    let (env, _) = backup_then_lose_the_largest_pack(34);
+    let out = env.path("out");
+    let o = env.run(&[
+        "restore",
+        "latest",
+        "--target",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("`cairn check` says what the repository lacks"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let errors = v["errors"].as_array().unwrap();
+    assert!(!errors.is_empty(), "{v}");
+    assert!(errors.iter().all(|e| e["lost_data"] == true), "{v}");
+}
+
 /// `repair snapshots` run without `repair index` first leaves the index naming
 /// the lost pack: `check` then says what to run, not only that there is a problem
 /// (QA), and that fixes it.

@@ -7,9 +7,9 @@
 //! a file the walk created is used only after checking it is still that inode (see
 //! [`super::target`]); nothing is opened by path.
 
-use super::FileJob;
 use super::metadata::{self, Creation};
 use super::plan::{Need, Plan};
+use super::{Failure, FileJob};
 use crate::error::Result;
 use crate::progress::Progress;
 use crate::repo::Repository;
@@ -65,7 +65,7 @@ pub(crate) fn threads() -> usize {
 }
 
 pub(crate) struct Executed {
-    pub failed: HashMap<u32, String>,
+    pub failed: HashMap<u32, Failure>,
     /// One-chunk files written whole whose extended attributes were refused.
     pub xattrs_refused: HashMap<u32, String>,
 }
@@ -245,12 +245,12 @@ pub(crate) fn execute(
     full: &std::sync::atomic::AtomicBool,
 ) -> Result<Executed> {
     let next = AtomicUsize::new(0);
-    let failed: Mutex<HashMap<u32, String>> = Mutex::new(HashMap::new());
+    let failed: Mutex<HashMap<u32, Failure>> = Mutex::new(HashMap::new());
     let threads = threads();
     let (max_range, max_write) = (range_limit(repo), merged_write_limit(repo));
     let creation = Creation::new(owners);
-    let fail = |file: u32, msg: String| {
-        if super::says_full(&msg) {
+    let fail = |file: u32, msg: Failure| {
+        if super::says_full(&msg.message) {
             full.store(true, Ordering::Relaxed);
         }
         failed
@@ -301,7 +301,7 @@ pub(crate) fn execute(
                     // not restored in full (mode 0600, the restore's time).
                     if let Some(why) = halted() {
                         for n in needs {
-                            fail(n.file, why.into());
+                            fail(n.file, Failure::of(why));
                         }
                         continue;
                     }
@@ -312,7 +312,7 @@ pub(crate) fn execute(
                         // `--write-limit`.
                         if let Some(why) = halted() {
                             for n in range {
-                                fail(n.file, why.into());
+                                fail(n.file, Failure::of(why));
                             }
                             continue;
                         }
@@ -344,11 +344,12 @@ pub(crate) fn execute(
                                 None
                             }
                             Err(crate::Error::Backend(e)) if e.is_not_found() => {
-                                missing = Some(e.to_string());
+                                missing = Some(Failure::lost(e.to_string()));
                                 None
                             }
                             Err(e) => {
-                                let m = format!("pack {}: {e}", pack.short());
+                                let m =
+                                    Failure::error(&e).within(&format!("pack {}", pack.short()));
                                 for n in range {
                                     fail(n.file, m.clone());
                                 }
@@ -361,14 +362,17 @@ pub(crate) fn execute(
                         // Known by offset and id: two blobs at one offset (only a
                         // damaged or hostile index lists such) are two blobs, and
                         // the second must not get the first one's bytes.
-                        let mut last: Option<(u32, cairn_format::BlobId, Result<Decoded, String>)> =
-                            None;
+                        let mut last: Option<(
+                            u32,
+                            cairn_format::BlobId,
+                            Result<Decoded, Failure>,
+                        )> = None;
                         // Bytes of the range decrypted so far: a blob that overlaps
                         // them (only a damaged index lists such) is read on its own.
                         let mut decrypted = 0usize;
                         for n in range {
                             if let Some(why) = halted() {
-                                fail(n.file, why.into());
+                                fail(n.file, Failure::of(why));
                                 continue;
                             }
                             if last
@@ -388,7 +392,7 @@ pub(crate) fn execute(
                                             n.compression,
                                         )
                                         .map(|p| Decoded::InRange(lo, p))
-                                        .map_err(|e| e.to_string())
+                                        .map_err(|e| Failure::error(&e))
                                     }
                                     None => match &missing {
                                         Some(m) => Err(m.clone()),
@@ -398,7 +402,7 @@ pub(crate) fn execute(
                                                 n.offset.into(),
                                                 n.length.into(),
                                             )
-                                            .map_err(|e| e.to_string()),
+                                            .map_err(|e| Failure::error(&e)),
                                     }
                                     .and_then(|sealed| {
                                         blob::decode(
@@ -408,7 +412,7 @@ pub(crate) fn execute(
                                             n.raw_length,
                                             n.compression,
                                         )
-                                        .map_err(|e| e.to_string())
+                                        .map_err(|e| Failure::error(&e))
                                     })
                                     .map(Decoded::Owned),
                                 };
@@ -419,7 +423,7 @@ pub(crate) fn execute(
                                             .map(Decoded::Owned)
                                             .ok_or(e)
                                     })
-                                    .map_err(|e| format!("pack {}: {e}", pack.short()));
+                                    .map_err(|f| f.within(&format!("pack {}", pack.short())));
                                 last = Some((n.offset, n.id, r));
                             }
                             let Some((_, _, decoded)) = &last else {
@@ -445,20 +449,20 @@ pub(crate) fn execute(
                                         done(data.len());
                                         attrs(n.file, e.to_string());
                                     }
-                                    Err(e) => fail(n.file, format!("writing: {e}")),
+                                    Err(e) => fail(n.file, Failure::of(format!("writing: {e}"))),
                                 }
                             } else {
                                 write_skipping_zero_pages(&mut w, n.file, n.file_offset, data);
                                 done(data.len());
                             }
                             for (f, m) in w.failed.drain(..) {
-                                fail(f, m);
+                                fail(f, Failure::of(m));
                             }
                         }
                     }
                     w.flush();
                     for (f, m) in w.failed.drain(..) {
-                        fail(f, m);
+                        fail(f, Failure::of(m));
                     }
                 }
             });

@@ -160,6 +160,61 @@ impl RestoreOptions {
 pub struct RestoreIssue {
     pub path: PathBuf,
     pub message: String,
+    /// The repository lacks what the entry needs (a blob damaged or gone from
+    /// the index, its pack gone or short), rather than the target or the
+    /// storage failing: `cairn check` says what, and which repair helps.
+    pub lost_data: bool,
+}
+
+/// Why a file was not restored in full, and whether the repository lost what it
+/// needs ([`RestoreIssue::lost_data`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Failure {
+    pub message: String,
+    pub lost: bool,
+}
+
+impl Failure {
+    /// A failure that is not the repository's (the target's, a cancel).
+    pub(crate) fn of(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            lost: false,
+        }
+    }
+
+    /// The repository's loss.
+    pub(crate) fn lost(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            lost: true,
+        }
+    }
+
+    pub(crate) fn error(e: &Error) -> Failure {
+        Failure {
+            message: e.to_string(),
+            lost: lost_in(e),
+        }
+    }
+
+    /// The same failure, its message after `prefix: `.
+    pub(crate) fn within(self, prefix: &str) -> Failure {
+        Failure {
+            message: format!("{prefix}: {}", self.message),
+            ..self
+        }
+    }
+}
+
+/// Whether `e` means the repository lacks what a read needs: lost data, or an
+/// object gone, short or not an object where storage was asked for it.
+pub(crate) fn lost_in(e: &Error) -> bool {
+    use cairn_backend::BackendErrorKind as K;
+    let e = e.root();
+    e.is_lost_data()
+        || matches!(e, Error::Backend(b)
+            if matches!(b.kind, K::NotFound | K::OutOfRange | K::NotAFile | K::TooLarge))
 }
 
 #[derive(Clone, Debug, Default)]
@@ -1148,7 +1203,7 @@ struct Batch {
 struct Written {
     batch: Batch,
     /// Files not restored in full, with why.
-    failed: HashMap<u32, String>,
+    failed: HashMap<u32, Failure>,
     /// Files restored in full but for extended attributes that were refused.
     xattrs_refused: HashMap<u32, String>,
 }
@@ -1196,7 +1251,7 @@ fn write_batch(
 fn verify(
     repo: &Repository,
     jobs: &[FileJob],
-    failed: &HashMap<u32, String>,
+    failed: &HashMap<u32, Failure>,
 ) -> Vec<(u32, Option<String>)> {
     let written: Vec<u32> = (0..jobs.len() as u32)
         .filter(|i| !failed.contains_key(i))
@@ -1307,12 +1362,21 @@ impl Walk<'_> {
     }
 
     fn issue(&mut self, path: PathBuf, message: String) {
+        self.issue_with(path, message, false)
+    }
+
+    /// An issue; `lost_data`: the repository lacks what the entry needs.
+    fn issue_with(&mut self, path: PathBuf, message: String, lost_data: bool) {
         // The messages carry the system's error as `io::Error` shows it.
         if self.full.is_none() && says_full(&message) {
             self.full = Some(path.clone());
         }
         self.progress.warning(&path, &message);
-        self.stats.issues.push(RestoreIssue { path, message });
+        self.stats.issues.push(RestoreIssue {
+            path,
+            message,
+            lost_data,
+        });
     }
 
     /// What is at `name` in `parent` now (`None`: nothing). An entry that cannot be
@@ -1816,7 +1880,11 @@ impl Walk<'_> {
         {
             Some(Ok(t)) => Some(t),
             Some(Err(e)) => {
-                self.issue(dir_node.path(), format!("directory contents lost: {e}"));
+                self.issue_with(
+                    dir_node.path(),
+                    format!("directory contents lost: {e}"),
+                    lost_in(&e),
+                );
                 None
             }
             None => None,
@@ -2235,7 +2303,7 @@ impl Walk<'_> {
                 for (f, m) in verify(self.repo, &jobs, &failed) {
                     self.stats.verified += 1;
                     if let Some(m) = m {
-                        failed.entry(f).or_insert(m);
+                        failed.entry(f).or_insert(Failure::of(m));
                     }
                 }
             }
@@ -2248,7 +2316,8 @@ impl Walk<'_> {
                 .map(|(_, j)| j.node.size)
                 .sum::<u64>();
             for (i, job) in jobs.iter().enumerate() {
-                if let Some(m) = failed.get(&(i as u32)) {
+                if let Some(Failure { message: m, lost }) = failed.get(&(i as u32)) {
+                    let lost = *lost;
                     // Counted when it was queued; it is an error, not a file written.
                     self.stats.files = self.stats.files.saturating_sub(1);
                     // Given up once the target was full: counted, said once by the
@@ -2278,9 +2347,10 @@ impl Walk<'_> {
                             Err(e) => {
                                 // Not there at all (a full disk): one message, and
                                 // nothing said of a time and mode it does not have.
-                                self.issue(
+                                self.issue_with(
                                     job.path(),
                                     format!("not restored: creating file: {e} ({m})"),
+                                    lost,
                                 );
                                 continue;
                             }
@@ -2293,11 +2363,12 @@ impl Walk<'_> {
                         self.stats.cancelled_files += 1;
                         continue;
                     }
-                    self.issue(
+                    self.issue_with(
                         job.path(),
                         format!(
                             "content not restored in full ({m}); left with the restore's time and mode 0600"
                         ),
+                        lost,
                     );
                     continue;
                 }
@@ -2483,6 +2554,35 @@ impl Walk<'_> {
 
 #[cfg(test)]
 mod tests {
+    /// What the repository lost is told from what failed elsewhere by the
+    /// error's kind, not its words.
+    #[test]
+    fn lost_data_is_told_by_kind() {
+        use super::{Failure, lost_in};
+        use cairn_backend::{BackendError, BackendErrorKind as K};
+        let backend = |kind| {
+            crate::Error::Backend(BackendError {
+                kind,
+                op: "get",
+                path: "data/ab/ab".into(),
+                message: "x".into(),
+            })
+        };
+        assert!(lost_in(&crate::Error::BlobNotFound(cairn_format::BlobId(
+            [1; 32]
+        ))));
+        assert!(lost_in(&backend(K::NotFound)));
+        assert!(lost_in(&backend(K::OutOfRange)));
+        assert!(!lost_in(&backend(K::Transient)));
+        assert!(!lost_in(&backend(K::NoSpace)));
+        assert!(!lost_in(&crate::Error::io(
+            "/t/f",
+            std::io::Error::from(std::io::ErrorKind::StorageFull)
+        )));
+        let f = Failure::error(&backend(K::NotFound)).within("pack 1234");
+        assert!(f.lost && f.message.starts_with("pack 1234: "), "{f:?}");
+    }
+
     use super::*;
     use crate::progress::Progress;
     use crate::repo::InitOptions;

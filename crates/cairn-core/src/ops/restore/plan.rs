@@ -2,7 +2,7 @@
 //! packs go to which file offsets, grouped by pack and sorted by offset so that
 //! execution reads every pack once, front to back.
 
-use super::FileJob;
+use super::{Failure, FileJob};
 use crate::error::Error;
 use crate::index::MasterIndex;
 use crate::repo::Repository;
@@ -39,7 +39,7 @@ pub(crate) struct Plan {
     /// (pack number in the master index, needs sorted by offset)
     pub packs: Vec<(u32, Vec<Need>)>,
     /// Files that cannot be fully restored, with why.
-    pub failed: HashMap<u32, String>,
+    pub failed: HashMap<u32, Failure>,
 }
 
 pub(crate) fn plan(repo: &Repository, jobs: &[FileJob]) -> Plan {
@@ -90,17 +90,20 @@ pub(crate) fn plan(repo: &Repository, jobs: &[FileJob]) -> Plan {
             offset += c.length;
             Ok(())
         });
+        // Each a loss of the repository's: a chunk list that does not read, a
+        // chunk the index lacks or lists at another length, a tree whose chunks
+        // do not make up the file.
         if let Err(e) = r {
-            failed.insert(file, e.to_string());
+            failed.insert(file, Failure::error(&e));
         } else if let Some(m) = missing {
-            failed.insert(file, m);
+            failed.insert(file, Failure::lost(m));
         } else if offset != job.node.size {
             failed.insert(
                 file,
-                format!(
+                Failure::lost(format!(
                     "chunks cover {offset} bytes, the file has {}",
                     job.node.size
-                ),
+                )),
             );
         }
     }

@@ -13,6 +13,9 @@ use std::path::PathBuf;
 pub struct Issue {
     pub path: String,
     pub error: String,
+    /// The repository lacks what the entry needs (a blob damaged or gone, its
+    /// pack gone or short), rather than the target or the storage failing.
+    pub lost_data: bool,
 }
 
 /// What a restore did.
@@ -121,6 +124,7 @@ pub fn restore_snapshot<A: Access>(
             .map(|i| Issue {
                 path: i.path.to_string_lossy().into_owned(),
                 error: i.message.clone(),
+                lost_data: i.lost_data,
             })
             .collect(),
         index_lookup_failures: crate::report::LookupFailures::of(session.repo()),

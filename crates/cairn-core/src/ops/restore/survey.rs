@@ -336,10 +336,11 @@ pub(super) fn dry_run(
                         let missing = cleared.then(|| unreadable_content(repo, &node.content));
                         if let Some(Some(why)) = missing {
                             say(FileAction::written(existing.is_some()), &path, node.size);
-                            issue(
+                            issue_with(
                                 &mut stats,
                                 path.clone(),
-                                format!("content would not be restored in full ({why})"),
+                                format!("content would not be restored in full ({})", why.message),
+                                why.lost,
                             );
                         } else if cleared {
                             say(FileAction::written(existing.is_some()), &path, node.size);
@@ -384,7 +385,7 @@ pub(super) fn dry_run(
 /// its chunks or chunk lists that the index does not hold, or a chunk list that
 /// does not read (lists are read, as the restore reads them; chunks are not).
 /// QA: a file with a chunk list was promised while its chunks were gone.
-fn unreadable_content(repo: &Repository, content: &Content) -> Option<String> {
+fn unreadable_content(repo: &Repository, content: &Content) -> Option<super::Failure> {
     let mut missing = None;
     let walked = crate::tree::chunklist::for_each_content_blob(repo, content, &mut |id| {
         if missing.is_none() && !repo.index().contains(&id) {
@@ -393,8 +394,8 @@ fn unreadable_content(repo: &Repository, content: &Content) -> Option<String> {
         missing.is_none()
     });
     match (missing, walked) {
-        (Some(id), _) => Some(Error::BlobNotFound(id).to_string()),
-        (None, Err(e)) => Some(e.to_string()),
+        (Some(id), _) => Some(super::Failure::error(&Error::BlobNotFound(id))),
+        (None, Err(e)) => Some(super::Failure::error(&e)),
         (None, Ok(())) => None,
     }
 }
@@ -404,7 +405,15 @@ fn unreadable_content(repo: &Repository, content: &Content) -> Option<String> {
 type FirstName = (Option<(u64, u64)>, PathBuf);
 
 fn issue(stats: &mut RestoreStats, path: PathBuf, message: String) {
-    stats.issues.push(RestoreIssue { path, message });
+    issue_with(stats, path, message, false);
+}
+
+fn issue_with(stats: &mut RestoreStats, path: PathBuf, message: String, lost_data: bool) {
+    stats.issues.push(RestoreIssue {
+        path,
+        message,
+        lost_data,
+    });
 }
 
 /// As the restore counts: a file kept where the snapshot has something else

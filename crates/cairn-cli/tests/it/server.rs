@@ -4547,7 +4547,7 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
             .map(|e| e["id"].as_str().unwrap().to_string())
             .collect()
     };
-    assert_eq!(of("keep"), [web03_own.clone()], "{groups:#}");
+    assert_eq!(of("keep"), std::slice::from_ref(&web03_own), "{groups:#}");
     assert!(of("remove").is_empty(), "{groups:#}");
     assert!(
         err.contains(&format!("{} names host \"web03\"", &junk03[..8]))

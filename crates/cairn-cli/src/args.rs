@@ -533,7 +533,12 @@ pub struct StatsArgs {
 #[derive(Subcommand)]
 pub enum RepairCommand {
     /// Rebuild the index from every pack, keeping only blobs that verify
-    Index,
+    Index {
+        /// Only read and check every pack, and report what would be indexed,
+        /// lost and replaced (a shared lock: other commands go on)
+        #[arg(short = 'n', long)]
+        dry_run: bool,
+    },
     /// Rewrite snapshots to drop only the files and directories that are lost
     Snapshots {
         /// Only report what would be dropped

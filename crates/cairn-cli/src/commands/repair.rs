@@ -7,9 +7,17 @@ use cairn_core::session::{Exclusive, IndexLoad, Read};
 pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
     let mut p = super::progress(g);
     let operation = match c {
-        RepairCommand::Index => "repair index",
+        RepairCommand::Index { .. } => "repair index",
         RepairCommand::Snapshots { .. } => "repair snapshots",
     };
+    if let RepairCommand::Index { dry_run: true } = c {
+        // Changes nothing: a shared lock, as for `repair snapshots --dry-run`.
+        let session = super::session::<Read>(g, operation, IndexLoad::None, &p.progress)?;
+        p.start();
+        let r = repair::plan_repair_index(&session);
+        p.finish();
+        return index_report(g, r?);
+    }
     if let RepairCommand::Snapshots { dry_run: true } = c {
         // Changes nothing: a shared lock, or none where none can be written (a
         // damaged repository mounted read-only).
@@ -21,50 +29,76 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
     let mut session = super::session::<Exclusive>(g, operation, IndexLoad::None, &p.progress)?;
     p.start();
     match c {
-        RepairCommand::Index => {
+        RepairCommand::Index { .. } => {
             let r = repair::repair_index(&mut session);
             p.finish();
-            let r = r?;
-            if g.json {
-                super::print_json_report(&r)?;
-            } else {
-                for d in &r.damaged_packs {
-                    println!(
-                        "damaged pack {}: {} ({} lost, {} kept)",
-                        d.pack,
-                        d.message,
-                        ui::count(d.blobs_lost as u64, "blob"),
-                        d.blobs_kept
-                    );
-                }
-                if !g.quiet {
-                    println!(
-                        "read {}; indexed {} in {}, replacing {}",
-                        ui::count(r.packs_read as u64, "pack"),
-                        ui::count(r.blobs_indexed as u64, "blob"),
-                        ui::count(r.index_files_written as u64, "new index file"),
-                        r.index_files_replaced
-                    );
-                    if r.damaged_packs_deleted > 0 {
-                        println!(
-                            "deleted {}: what could be read of them was copied to new packs first",
-                            ui::count(r.damaged_packs_deleted as u64, "damaged pack")
-                        );
-                    }
-                    if r.damaged_packs.iter().any(|d| d.blobs_lost > 0) {
-                        println!(
-                            "lost blobs are no longer indexed: run `cairn repair snapshots` to drop what needs them (a new backup of the same files stores them again)"
-                        );
-                    }
-                }
-            }
-            Ok(0)
+            index_report(g, r?)
         }
         RepairCommand::Snapshots { dry_run } => {
             let r = repair::repair_snapshots(&mut session, dry_run);
             snapshots_report(g, p, r, dry_run)
         }
     }
+}
+
+/// Shows what `repair index` did (or would do); its exit code.
+fn index_report(g: &Global, r: repair::RepairIndexReport) -> Result<i32> {
+    if g.json {
+        super::print_json_report(&r)?;
+        return Ok(0);
+    }
+    let dry = r.dry_run;
+    for d in &r.damaged_packs {
+        println!(
+            "damaged pack {}: {} ({} {}, {} {})",
+            d.pack,
+            d.message,
+            ui::count(d.blobs_lost as u64, "blob"),
+            if dry { "would be lost" } else { "lost" },
+            d.blobs_kept,
+            if dry { "would be kept" } else { "kept" },
+        );
+    }
+    if g.quiet {
+        return Ok(0);
+    }
+    if dry {
+        println!(
+            "read {}; would index {} in about {}, replacing {}, and drop {} (dry run: \
+             nothing was written)",
+            ui::count(r.packs_read as u64, "pack"),
+            ui::count(r.blobs_indexed as u64, "blob"),
+            ui::count(r.index_files_written as u64, "new index file"),
+            ui::count(r.index_files_replaced as u64, "index file"),
+            ui::count(r.pending_records_dropped as u64, "pending-deletion record"),
+        );
+        if !r.damaged_packs.is_empty() {
+            println!(
+                "the damaged packs' readable blobs would be copied to new packs, and the \
+                 packs deleted when nothing else runs (else by the next prune)"
+            );
+        }
+        return Ok(0);
+    }
+    println!(
+        "read {}; indexed {} in {}, replacing {}",
+        ui::count(r.packs_read as u64, "pack"),
+        ui::count(r.blobs_indexed as u64, "blob"),
+        ui::count(r.index_files_written as u64, "new index file"),
+        r.index_files_replaced
+    );
+    if r.damaged_packs_deleted > 0 {
+        println!(
+            "deleted {}: what could be read of them was copied to new packs first",
+            ui::count(r.damaged_packs_deleted as u64, "damaged pack")
+        );
+    }
+    if r.damaged_packs.iter().any(|d| d.blobs_lost > 0) {
+        println!(
+            "lost blobs are no longer indexed: run `cairn repair snapshots` to drop what needs them (a new backup of the same files stores them again)"
+        );
+    }
+    Ok(0)
 }
 
 /// Shows what `repair snapshots` did (or would do); its exit code.

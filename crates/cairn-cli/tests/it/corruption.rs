@@ -572,9 +572,30 @@ fn oversized_objects_are_refused_unread() {
     assert!(out.contains(&record[..8]), "record not named:\n{out}");
     assert!(!out.contains("panicked"), "{out}");
 
+    // A dry run reads and reports the same, and changes nothing.
+    let listed = |d: &str| {
+        let mut v = files(&env.repo.join(d));
+        v.sort();
+        v
+    };
+    let (index_before, pending_before) = (listed("index"), listed("pending"));
+    let dry = env.ok(&["repair", "index", "--dry-run", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&dry).unwrap();
+    assert_eq!(v["dry_run"], true, "{v}");
+    assert_eq!(v["pending_records_dropped"], 1, "{v}");
+    assert!(
+        dry.contains(&pack) && dry.contains("larger than any pack"),
+        "{dry}"
+    );
+    assert_eq!(listed("index"), index_before);
+    assert_eq!(listed("pending"), pending_before);
     let rep = env.ok(&["repair", "index", "--json"]);
     assert!(
         rep.contains(&pack) && rep.contains("larger than any pack"),
+        "{rep}"
+    );
+    assert!(
+        rep.contains("\"dry_run\":false") || rep.contains("\"dry_run\": false"),
         "{rep}"
     );
     // The snapshot never needed either: it restores as it was.
@@ -820,6 +841,12 @@ fn snapshots_are_not_repaired_while_packs_are_unindexed() {
         );
     }
     fs::remove_dir_all(&t).unwrap();
+    let dry = env.ok(&["repair", "index", "--dry-run"]);
+    assert!(
+        dry.contains("would index") && dry.contains("nothing was written"),
+        "{dry}"
+    );
+    env.fails(&["check"], 1);
     env.ok(&["repair", "index"]);
     env.check_clean();
     assert_same(&src, &env.restore("latest", &src, "t"));

@@ -58,32 +58,61 @@ pub struct RepairIndexReport {
     /// Damaged packs whose good blobs were copied to new packs and that were deleted
     /// (else they wait for the next prune).
     pub damaged_packs_deleted: usize,
+    /// Nothing was written: what the repair would do (`--dry-run`).
+    pub dry_run: bool,
 }
 
 /// Index entries per file the rebuilt index is written in.
 const REPAIR_FILE_BLOBS: usize = 200_000;
 
-/// Rebuilds the index from every stored pack. Memory stays bounded at any size:
-/// packs are read a batch at a time and their entries written out as index files
-/// go; the old index is streamed, once for its snapshot records and once more
-/// only when a pack's header is unreadable, for what it said of those packs.
-pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexReport> {
-    let lock = session.lock()?;
+/// What `repair index` would do, without writing or deleting anything: every
+/// pack is read and checked as the repair reads it (the damaged ones, what of
+/// them could be kept), and the index files and pending records it would replace
+/// are counted. A shared lock: other commands go on meanwhile.
+pub fn plan_repair_index(session: &Session<crate::session::Read>) -> Result<RepairIndexReport> {
     let progress = session.progress().clone();
     progress.phase(Phase::RebuildingIndex);
-    let repo = session.repo_mut();
-    let mut report = RepairIndexReport::default();
+    let repo = session.repo();
+    let mut report = RepairIndexReport {
+        dry_run: true,
+        ..Default::default()
+    };
     let old_ids = repo.list_index_files()?;
     let old_state = repo.read_index_state_streamed(&mut |_, _| Ok(()), &mut |_, _| Ok(()))?;
-    let pending_ids = repo.list_pending()?;
+    report.pending_records_dropped = repo.list_pending()?.len();
+    let mut blobs = 0usize;
+    let rewrite = read_every_pack(repo, &progress, &mut report, &mut |_, b| {
+        blobs += b.len();
+        Ok(())
+    })?;
+    report.blobs_indexed += rewrite.iter().map(|p| p.blobs.len()).sum::<usize>();
+    let mut supersedes: Vec<IndexId> = old_ids;
+    supersedes.extend(old_state.superseded.iter().copied());
+    supersedes.sort();
+    supersedes.dedup();
+    report.index_files_replaced = supersedes.len();
+    // As the repair writes them: full files of `REPAIR_FILE_BLOBS`, the last one
+    // (with the snapshot records and the switch) whatever is left; damaged packs'
+    // good blobs in the files of the packs they are copied to.
+    report.index_files_written = blobs / REPAIR_FILE_BLOBS + 1 + usize::from(!rewrite.is_empty());
+    Ok(report)
+}
+
+/// Reads and checks every stored pack for `repair index`, a batch at a time:
+/// `good` gets each whole pack's blobs (not an empty one's); the damaged ones
+/// are salvaged with what the old index said of them and returned (their good
+/// blobs, to be copied to new packs), each reported in `report`. Counts
+/// `packs_read` and `blobs_indexed`.
+fn read_every_pack(
+    repo: &Repository,
+    progress: &crate::progress::Progress,
+    report: &mut RepairIndexReport,
+    good: &mut dyn FnMut(PackId, Vec<IndexBlob>) -> Result<()>,
+) -> Result<Vec<IndexPack>> {
     let mut packs: Vec<(PackId, u64)> = repo.list_packs()?.into_iter().collect();
     packs.sort();
     report.packs_read = packs.len();
     progress.set_total(Some(packs.iter().map(|(_, s)| s).sum()), None);
-
-    let mut file = IndexFile::default();
-    let mut written = Vec::new();
-    let mut n = 0;
     let mut rewrite = Vec::new();
     // Damaged packs (a header that cannot be read, or blobs that fail): salvaged
     // below with the old index's word too.
@@ -104,12 +133,7 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
                 None if blobs.is_empty() => {}
                 None => {
                     report.blobs_indexed += blobs.len();
-                    n += blobs.len();
-                    file.packs.push(IndexPack { id: *id, blobs });
-                    if n >= REPAIR_FILE_BLOBS {
-                        written.push(repo.write_index_file(&std::mem::take(&mut file))?);
-                        n = 0;
-                    }
+                    good(*id, blobs)?;
                 }
             }
         }
@@ -148,6 +172,34 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
             rewrite.push(IndexPack { id, blobs });
         }
     }
+    Ok(rewrite)
+}
+
+/// Rebuilds the index from every stored pack. Memory stays bounded at any size:
+/// packs are read a batch at a time and their entries written out as index files
+/// go; the old index is streamed, once for its snapshot records and once more
+/// only when a pack's header is unreadable, for what it said of those packs.
+pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexReport> {
+    let lock = session.lock()?;
+    let progress = session.progress().clone();
+    progress.phase(Phase::RebuildingIndex);
+    let repo = session.repo_mut();
+    let mut report = RepairIndexReport::default();
+    let old_ids = repo.list_index_files()?;
+    let old_state = repo.read_index_state_streamed(&mut |_, _| Ok(()), &mut |_, _| Ok(()))?;
+    let pending_ids = repo.list_pending()?;
+    let mut file = IndexFile::default();
+    let mut written = Vec::new();
+    let mut n = 0;
+    let rewrite = read_every_pack(repo, &progress, &mut report, &mut |id, blobs| {
+        n += blobs.len();
+        file.packs.push(IndexPack { id, blobs });
+        if n >= REPAIR_FILE_BLOBS {
+            written.push(repo.write_index_file(&std::mem::take(&mut file))?);
+            n = 0;
+        }
+        Ok(())
+    })?;
     if !rewrite.is_empty() {
         let stats = copy_blobs(repo, &rewrite, true, &crate::progress::Progress::none())?;
         report.blobs_indexed += rewrite.iter().map(|p| p.blobs.len()).sum::<usize>();

@@ -654,7 +654,16 @@ pub async fn put(
     if kind == Kind::Index && action == Action::Create {
         refuse_copy_of_admin_index(&store, &name).await?;
     }
-    if kind == Kind::Lock && action == Action::Create && t.role != Role::Admin {
+    // A new lock of a non-admin token: within its cap. A refresh of a name not
+    // stored is a new lock too (QA: 1,000 locks stored as "refreshes").
+    let new_lock = kind == Kind::Lock
+        && t.role != Role::Admin
+        && match action {
+            Action::Create => true,
+            Action::Replace => stored_up_to(&store, name.clone(), 1).await?.is_none(),
+            _ => false,
+        };
+    if new_lock {
         room_for_lock(&store, &t).await?;
     }
     // A write that needs a job slot is refused before any of the upload budget is
@@ -793,11 +802,25 @@ pub async fn put(
     }
     let backend = store.backend.clone();
     let n = name.clone();
-    blocking(move || {
+    let (s, token_id) = (store.clone(), t.id.clone());
+    let non_admin_lock = kind == Kind::Lock && t.role != Role::Admin;
+    let at_cap = blocking(move || {
         let _claim = match &room {
             Some(room) => Some(room.claim(backend.as_ref(), &n, body.len() as u64, 0)?),
             None => None,
         };
+        // Counted again with the write, one at a time per datastore: parallel
+        // requests each found room for one more before (the check above only
+        // spares a body's upload).
+        let _creating =
+            new_lock.then(|| s.owners.creating.lock().unwrap_or_else(|e| e.into_inner()));
+        if new_lock {
+            let (held, _) =
+                crate::locks::make_room_for_lock(backend.as_ref(), &s.owners, &token_id)?;
+            if held >= crate::locks::MAX_LOCKS_PER_TOKEN {
+                return Ok::<_, BackendError>(Some(held));
+            }
+        }
         match action {
             Action::Replace => backend.put(&n, &body),
             _ if is_lock => {
@@ -812,9 +835,16 @@ pub async fn put(
                 }
             }
             _ => backend.put_new(&n, &body),
+        }?;
+        if non_admin_lock {
+            s.owners.saw(&n, &body);
         }
+        Ok(None)
     })
     .await?;
+    if let Some(held) = at_cap {
+        return Err(too_many_locks(&store, held));
+    }
     if is_lock {
         store.dedup.lock_written();
     }
@@ -859,17 +889,23 @@ async fn room_for_lock(store: &Arc<Datastore>, t: &TokenEntry) -> ApiResult<()> 
         ));
     }
     if held >= crate::locks::MAX_LOCKS_PER_TOKEN {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too_many_locks",
-            format!(
-                "this token holds {held} locks on datastore {:?}, the most one token may \
-                 hold at once: wait for its other commands to end",
-                store.name
-            ),
-        ));
+        return Err(too_many_locks(store, held));
     }
     Ok(())
+}
+
+fn too_many_locks(store: &Datastore, held: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_locks",
+        format!(
+            "this token holds {held} locks on datastore {:?}, the most one token may hold \
+             at once: wait for its other commands to end; `cairn unlock` removes those of \
+             commands that were killed (at once on the machine that ran them, else once \
+             they are 30 minutes old), and the server removes them at 35",
+            store.name
+        ),
+    )
 }
 
 /// Whether `name` is stored, and how large, found without reading more than

@@ -27,6 +27,11 @@ struct Seen {
     /// files of earlier versions: then `first_seen`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_written: Option<i64>,
+    /// BLAKE3 of its content when last seen (hex): a lock refreshed through
+    /// another server in front of the same datastore changes it, though this
+    /// server saw no write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
 }
 
 /// How many locks one non-admin token may hold at once. A client holds one per
@@ -35,14 +40,17 @@ struct Seen {
 /// client must not store them without end.
 pub const MAX_LOCKS_PER_TOKEN: usize = 64;
 
-/// A lock of a token at [`MAX_LOCKS_PER_TOKEN`] that this server has not seen
-/// written for this long is removed to make room: its holder refreshes every 5
-/// minutes and gives up after 20 without a refresh, and other clients take it
-/// for stale after 30 (`cairn_core::repo::lock`), so it belongs to a process that
+/// A lock of a token at [`MAX_LOCKS_PER_TOKEN`] whose content has not changed
+/// for this long is removed to make room: its holder rewrites it every 5
+/// minutes and gives up after 20 without a refresh, and readers take it for
+/// stale after 30 (`cairn_core::repo::lock`), so it belongs to a process that
 /// ended without removing it (killed, or its machine lost).
-pub const GONE_AFTER_SECS: i64 = 60 * 60;
+pub const GONE_AFTER_SECS: i64 = 35 * 60;
 
 pub struct LockOwners {
+    /// Held while a non-admin token's new lock is counted and stored, so that
+    /// requests in parallel cannot each find room for one more.
+    pub creating: Mutex<()>,
     path: PathBuf,
     /// How long a name is remembered: the cap on a lock's life, in seconds.
     keep: i64,
@@ -97,6 +105,7 @@ impl LockOwners {
             Err(_) => BTreeMap::new(),
         };
         LockOwners {
+            creating: Mutex::new(()),
             path,
             keep: max_age,
             seen: Mutex::new(seen),
@@ -148,10 +157,45 @@ impl LockOwners {
             Seen {
                 first_seen: now,
                 last_written: Some(now),
+                content: None,
             },
         );
         self.save(&s);
         0
+    }
+
+    /// The lock `name` was stored or refreshed through this server with
+    /// `content`.
+    pub fn saw(&self, name: &str, content: &[u8]) {
+        let now = cairn_core::time::now_unix();
+        let hash = blake3::hash(content).to_hex().to_string();
+        let mut s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let x = s.entry(name.to_string()).or_insert(Seen {
+            first_seen: now,
+            last_written: None,
+            content: None,
+        });
+        x.last_written = Some(now);
+        x.content = Some(hash);
+        self.save_if_due(&s, now);
+    }
+
+    /// Whether the lock `name` holds other content than when this server last
+    /// saw it (refreshed through another server): then it counts as written now.
+    fn changed(&self, name: &str, content: &[u8]) -> bool {
+        let now = cairn_core::time::now_unix();
+        let hash = blake3::hash(content).to_hex().to_string();
+        let mut s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(x) = s.get_mut(name) else {
+            return true;
+        };
+        if x.content.as_deref() == Some(hash.as_str()) {
+            return false;
+        }
+        x.content = Some(hash);
+        x.last_written = Some(now);
+        self.save(&s);
+        true
     }
 
     fn save_if_due(&self, seen: &BTreeMap<String, Seen>, now: i64) {
@@ -176,6 +220,7 @@ impl LockOwners {
                     Seen {
                         first_seen: now,
                         last_written: Some(now),
+                        content: None,
                     },
                 );
                 self.save(&s);
@@ -186,9 +231,10 @@ impl LockOwners {
 }
 
 /// Makes room for one more lock of the token with this id when it holds
-/// [`MAX_LOCKS_PER_TOKEN`]: removes those of its locks this server has not seen
-/// written for [`GONE_AFTER_SECS`]. Returns how many it holds then, and the names
-/// of those removed.
+/// [`MAX_LOCKS_PER_TOKEN`]: removes those of its locks whose content has not
+/// changed for [`GONE_AFTER_SECS`] (read to tell: another server in front of
+/// the datastore may be the one that sees their refreshes). Returns how many it
+/// holds then, and the names of those removed.
 pub fn make_room_for_lock(
     backend: &dyn cairn_backend::Backend,
     owners: &LockOwners,
@@ -208,6 +254,18 @@ pub fn make_room_for_lock(
         if owners.unwritten_for(&name) < GONE_AFTER_SECS {
             held += 1;
             continue;
+        }
+        let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
+        match backend.get_bounded(&name, max) {
+            Ok(content) if owners.changed(&name, &content) => {
+                held += 1;
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => continue,
+            // Larger than any lock: unreadable to every reader, removed.
+            Err(e) if e.kind == cairn_backend::BackendErrorKind::TooLarge => {}
+            Err(e) => return Err(e),
         }
         match backend.delete(&name) {
             Ok(()) => removed.push(name),
@@ -249,6 +307,7 @@ mod tests {
         for i in 0..MAX_LOCKS_PER_TOKEN - 1 {
             b.put(&lock("aaaa", i), b"x").unwrap();
             o.written(&lock("aaaa", i));
+            o.saw(&lock("aaaa", i), b"x");
         }
         b.put(&lock("bbbb", 0), b"x").unwrap();
         // Under the cap nothing is looked at.
@@ -260,9 +319,10 @@ mod tests {
         b.put(&lock("aaaa", 999), b"x").unwrap();
         let (held, removed) = make_room_for_lock(&b, &o, "aaaa").unwrap();
         assert_eq!((held, removed.len()), (MAX_LOCKS_PER_TOKEN, 0));
-        // Two of them long unwritten (an hour), one refreshed since.
+        // Four of them long unwritten here; one refreshed through this server
+        // since, one through another (its content changed): those two stay.
         let now = cairn_core::time::now_unix();
-        for i in 0..3 {
+        for i in 0..4 {
             o.seen
                 .lock()
                 .unwrap()
@@ -271,11 +331,13 @@ mod tests {
                 .last_written = Some(now - GONE_AFTER_SECS - 5);
         }
         o.written(&lock("aaaa", 2));
+        b.put(&lock("aaaa", 3), b"refreshed elsewhere").unwrap();
         let (held, removed) = make_room_for_lock(&b, &o, "aaaa").unwrap();
         assert_eq!(held, MAX_LOCKS_PER_TOKEN - 2);
         assert_eq!(removed, [lock("aaaa", 0), lock("aaaa", 1)]);
         assert!(b.get(&lock("aaaa", 0)).is_err());
         assert!(b.get(&lock("aaaa", 2)).is_ok());
+        assert!(b.get(&lock("aaaa", 3)).is_ok());
         assert!(b.get(&lock("bbbb", 0)).is_ok());
     }
 
@@ -293,6 +355,7 @@ mod tests {
             Seen {
                 first_seen: cairn_core::time::now_unix() - 7201,
                 last_written: None,
+                content: None,
             },
         );
         again.seen.lock().unwrap().insert(
@@ -300,6 +363,7 @@ mod tests {
             Seen {
                 first_seen: cairn_core::time::now_unix() - 7000,
                 last_written: None,
+                content: None,
             },
         );
         assert_eq!(again.written("locks/b"), 0);

@@ -685,6 +685,12 @@ fn hand_made_requests_cannot_delete_overwrite_or_hide() {
         body.contains("too_many_locks") && body.contains("64 locks"),
         "{body}"
     );
+    // A "refresh" of a name not stored is a new lock too (QA: 1,000 stored so);
+    // one of a lock it holds is not.
+    let (code, body) = http(p, "PUT", &replace, t, b"one more");
+    assert_eq!(code, 429, "{body}");
+    let refresh = obj(&format!("{}?mode=replace", many[5]));
+    assert_eq!(http(p, "PUT", &refresh, t, b"held, refreshed").0, 201);
     // Another token is not held up, and a lock removed makes room.
     let theirs: String = cairn_backend::lock_owner_prefix(&token_id(&other))
         .iter()

@@ -17,6 +17,10 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
     let p = super::progress(g);
     let repo = super::open(g, &p.progress)?;
     let (mut snaps, bad) = repo.snapshots()?;
+    // `latest` decides from every snapshot as stored, as `ls latest` does (which
+    // could not be read is judged against all the others and the server's
+    // records: QA, a filtered list called it uncertain where `ls` passed it over).
+    let stored = snaps.clone();
     // Through a cairn server, a snapshot a host-bound token stored under another
     // host's name is listed (and filtered) as its token's host, as `forget` counts
     // it. Only an admin may read the records; for others nothing changes.
@@ -39,7 +43,7 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
         for spec in &a.snapshots {
             let id = if spec == "latest" {
                 // As `ls latest --host H` decides.
-                cairn_core::session::latest_matching(&repo, &snaps, &bad, &filter, &|note| {
+                cairn_core::session::latest_matching(&repo, &stored, &bad, &filter, &|note| {
                     crate::ui::warn(note)
                 })?
                 .0

@@ -4165,13 +4165,15 @@ fn the_console_shows_clients_jobs_live_and_edits_schedules_in_chromium() {
     let src = env.path("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("big.bin"), Rng(7).bytes(24 << 20, false)).unwrap();
-    let slow_backup = || {
+    // `limit`: the watched one runs long enough (24 s) for a page opened on a
+    // loaded machine to see it running (CI: at 2M it had ended first).
+    let slow_backup = |limit: &str| {
         client_cmd(
             &env,
             &srv,
             "main",
             &web01,
-            &["backup", "--limit-upload", "2M"],
+            &["backup", "--limit-upload", limit],
         )
         .arg(&src)
         .stdout(Stdio::null())
@@ -4181,7 +4183,7 @@ fn the_console_shows_clients_jobs_live_and_edits_schedules_in_chromium() {
     };
     let slots = || get_json(p, "/v1/datastores/main/slots", &admin).1;
     // A client killed while it holds its slot: lost, after 6 s of silence.
-    let mut killed = slow_backup();
+    let mut killed = slow_backup("2M");
     wait_until(
         "the first backup to hold a slot",
         Duration::from_secs(60),
@@ -4199,7 +4201,7 @@ fn the_console_shows_clients_jobs_live_and_edits_schedules_in_chromium() {
         },
     );
     // The one the page watches.
-    let mut backup = slow_backup();
+    let mut backup = slow_backup("1M");
     wait_until(
         "the second backup to report progress",
         Duration::from_secs(60),

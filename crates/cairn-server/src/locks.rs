@@ -34,6 +34,17 @@ struct Seen {
     content: Option<String>,
 }
 
+impl Seen {
+    /// First seen, and written, at `now`; its content not known yet.
+    fn written_at(now: i64) -> Seen {
+        Seen {
+            first_seen: now,
+            last_written: Some(now),
+            content: None,
+        }
+    }
+}
+
 /// How many locks one non-admin token may hold at once. A client holds one per
 /// command it runs against the datastore (a few at a time, however many jobs);
 /// each lock is read by every operation that waits for others, so a hijacked
@@ -152,14 +163,7 @@ impl LockOwners {
         // those older than twice the cap keeps the file bounded.
         let keep = self.keep.saturating_mul(2);
         s.retain(|_, x| now - x.first_seen <= keep);
-        s.insert(
-            name.to_string(),
-            Seen {
-                first_seen: now,
-                last_written: Some(now),
-                content: None,
-            },
-        );
+        s.insert(name.to_string(), Seen::written_at(now));
         self.save(&s);
         0
     }
@@ -170,11 +174,9 @@ impl LockOwners {
         let now = cairn_core::time::now_unix();
         let hash = blake3::hash(content).to_hex().to_string();
         let mut s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let x = s.entry(name.to_string()).or_insert(Seen {
-            first_seen: now,
-            last_written: None,
-            content: None,
-        });
+        let x = s
+            .entry(name.to_string())
+            .or_insert_with(|| Seen::written_at(now));
         x.last_written = Some(now);
         x.content = Some(hash);
         self.save_if_due(&s, now);
@@ -215,14 +217,7 @@ impl LockOwners {
         match s.get(name) {
             Some(x) => now - x.last_written.unwrap_or(x.first_seen),
             None => {
-                s.insert(
-                    name.to_string(),
-                    Seen {
-                        first_seen: now,
-                        last_written: Some(now),
-                        content: None,
-                    },
-                );
+                s.insert(name.to_string(), Seen::written_at(now));
                 self.save(&s);
                 0
             }

@@ -4607,32 +4607,30 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
         v["snapshot"].as_str().unwrap().to_string()
     };
     assert_eq!(latest_of_web02(), real);
-    let junk = b"not a snapshot at all".to_vec();
-    let ses = [("X-Cairn-Session", "junk")];
-    assert_eq!(
-        http_with(
+    // Junk stored as a snapshot by a token, through raw requests (a job slot,
+    // then the upload under the junk's hash).
+    let store_junk = |token: &str, junk: &[u8]| {
+        let ses = [("X-Cairn-Session", "junk")];
+        let slot = http_with(
             srv.port,
             "POST",
             "/v1/datastores/main/slots",
-            &web01,
+            token,
             &ses,
-            b""
-        )
-        .0,
-        200
-    );
-    let (code, body) = http_with(
-        srv.port,
-        "PUT",
-        &format!(
-            "/v1/datastores/main/objects/snapshots/{}",
-            blake3_hex(&junk)
-        ),
-        &web01,
-        &ses,
-        &junk,
-    );
-    assert_eq!(code, 201, "{}", String::from_utf8_lossy(&body));
+            b"",
+        );
+        assert_eq!(slot.0, 200);
+        let (code, body) = http_with(
+            srv.port,
+            "PUT",
+            &format!("/v1/datastores/main/objects/snapshots/{}", blake3_hex(junk)),
+            token,
+            &ses,
+            junk,
+        );
+        assert_eq!(code, 201, "{}", String::from_utf8_lossy(&body));
+    };
+    store_junk(&web01, b"not a snapshot at all");
     assert_eq!(latest_of_web02(), real);
     // Nor for a host only an admin backs up: stored by web01's token, it would be
     // counted apart from web03's own even if it named web03 (QA: `latest` there
@@ -4652,31 +4650,7 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
         "{err}"
     );
     // Junk from a token without a host cannot be a bound host's either.
-    let junk2 = b"not a snapshot either".to_vec();
-    assert_eq!(
-        http_with(
-            srv.port,
-            "POST",
-            "/v1/datastores/main/slots",
-            &laptop,
-            &ses,
-            b""
-        )
-        .0,
-        200
-    );
-    let (code, body) = http_with(
-        srv.port,
-        "PUT",
-        &format!(
-            "/v1/datastores/main/objects/snapshots/{}",
-            blake3_hex(&junk2)
-        ),
-        &laptop,
-        &ses,
-        &junk2,
-    );
-    assert_eq!(code, 201, "{}", String::from_utf8_lossy(&body));
+    store_junk(&laptop, b"not a snapshot either");
     assert_eq!(latest_of_web02(), real);
     // web01's latest may be that one: uncertain, and said so.
     let out = refused(

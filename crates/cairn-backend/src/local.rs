@@ -871,29 +871,23 @@ mod tests {
                 .unwrap()
                 .success()
         );
-        let mut data: Vec<_> = b
-            .list("data/")
-            .unwrap()
-            .into_iter()
-            .map(|o| (o.name, o.size))
-            .collect();
-        data.sort();
+        // Names and sizes under `prefix`, sorted.
+        let listed = |prefix: &str| {
+            let mut v: Vec<(String, u64)> = (b.list(prefix).unwrap().into_iter())
+                .map(|o| (o.name, o.size))
+                .collect();
+            v.sort();
+            v
+        };
         assert_eq!(
-            data,
+            listed("data/"),
             [
                 ("data/ab/ab01".to_string(), 8),
                 ("data/cd/cd01".to_string(), 9)
             ]
         );
-        let mut snaps: Vec<_> = b
-            .list("snapshots/")
-            .unwrap()
-            .into_iter()
-            .map(|o| (o.name, o.size))
-            .collect();
-        snaps.sort();
         assert_eq!(
-            snaps,
+            listed("snapshots/"),
             [
                 ("snapshots/aa".to_string(), 4),
                 ("snapshots/bb".to_string(), 0)

@@ -2505,6 +2505,26 @@ fn a_host_bound_token_sees_only_its_hosts_snapshots() {
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["snapshots_copied"], copied, "{v}");
     }
+    // The datastore's own web01 snapshots, read directly (with the server's host
+    // records), copied back through web01's token: nothing new, and no warning
+    // that the records were not copied (the server keeps them itself; it said so
+    // for every snapshot).
+    let own = env.repo.to_str().unwrap();
+    let mut c = client_cmd(
+        &env,
+        &srv,
+        "main",
+        &web01,
+        &["copy", "--json", "--from", own, "--host", "web01"],
+    );
+    c.env("CAIRN_FROM_PASSWORD", PASSWORD);
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let out = ok(o, "a copy of the datastore's own web01 snapshots");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["snapshots_copied"], 0, "{v}");
+    assert!(!err.contains("records"), "{err}");
+    assert!(v["warnings"].as_array().is_none_or(|w| w.is_empty()), "{v}");
     srv.stop();
 }
 

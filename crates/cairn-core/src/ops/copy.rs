@@ -568,11 +568,16 @@ fn copy_in_order(
                 .dst
                 .copy_server_records_from(copier.src, sid, &target, has_record(sid))
         {
-            stats.warnings.push(format!(
-                "snapshot {}: its server records were not copied ({e}); on the destination \
-                 it counts as the host it names",
-                target.short()
-            ));
+            stats
+                .warnings
+                .push(match copier.dst.backend().bound_host() {
+                    Ok(Some(_)) => format!("snapshot {}: {e}", target.short()),
+                    _ => format!(
+                        "snapshot {}: its server records were not copied ({e}); on the destination \
+                     it counts as the host it names",
+                        target.short()
+                    ),
+                });
         }
         present.insert(sid.to_hex(), target);
         stats.snapshots.push(SnapshotCopy {

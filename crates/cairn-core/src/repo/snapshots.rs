@@ -203,7 +203,25 @@ impl Repository {
         (host, received): (bool, bool),
     ) -> Result<()> {
         if host {
-            self.copy_record_from(src, names::host_record, MAX_HOST_RECORD, old, new)?;
+            match self.backend.bound_host()? {
+                // A host-bound token's server records the snapshot as the
+                // token's host itself, and keeps its records from the token:
+                // nothing to copy when the source agrees.
+                Some(bound) => {
+                    let hex = old.to_hex();
+                    if let Some(h) = src.host_record(&hex)?
+                        && h != bound
+                    {
+                        return Err(Error::Invalid(format!(
+                            "the source records it as host {h:?}; the destination's \
+                             server records it as {bound:?}, its token's host"
+                        )));
+                    }
+                }
+                None => {
+                    self.copy_record_from(src, names::host_record, MAX_HOST_RECORD, old, new)?
+                }
+            }
         }
         if received {
             match self.copy_record_from(src, names::received_record, MAX_RECEIVED_RECORD, old, new)

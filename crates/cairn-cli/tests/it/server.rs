@@ -1988,6 +1988,28 @@ fn an_index_file_larger_than_cairn_writes_is_not_downloaded() {
     let (_, err) = client_traffic(&env, &srv, "main", &t, &["backup", s]);
     assert!(err.contains(&hex), "{err}");
     assert!(traffic_bytes(&err, "downloaded") < 16 << 20, "{err}");
+    // Nor by a restore or a check (they read every index file): the restore
+    // works, and check names the junk as damage.
+    let out = env.path("out");
+    let reader = srv.token("reader", "main", "restore");
+    let (_, err) = client_traffic(
+        &env,
+        &srv,
+        "main",
+        &reader,
+        &["restore", "latest", "--target", out.to_str().unwrap()],
+    );
+    assert!(traffic_bytes(&err, "downloaded") < 32 << 20, "{err}");
+    assert_same(&src, &out.join(src.strip_prefix("/").unwrap()));
+    let admin = srv.token("admin", "main", "admin");
+    let mut c = client_cmd(&env, &srv, "main", &admin, &["check"]);
+    c.env("CAIRN_TRAFFIC_REPORT", "1");
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success(), "{stdout}");
+    assert!(stdout.contains(&hex) || err.contains(&hex), "{stdout}{err}");
+    assert!(traffic_bytes(&err, "downloaded") < 32 << 20, "{err}");
     // Refused from its announced length, before a job slot or its body.
     let mut c = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();

@@ -387,12 +387,7 @@ impl Repository {
                 ))
             })?);
         }
-        // A plain file larger than any cairn writes is junk (a hijacked client of
-        // the server stored it; the server takes none now): not downloaded,
-        // counted as damaged.
-        let plain_max = cairn_format::consts::MAX_WRITTEN_INDEX_FILE_SIZE as u64;
-        let results =
-            crate::threads::parallel_map(&ids, 4, |id| self.read_index_file_within(id, plain_max));
+        let results = crate::threads::parallel_map(&ids, 4, |id| self.read_index_file(id));
         let mut live = Vec::new();
         let mut errors = Vec::new();
         for (id, r) in ids.iter().zip(results) {

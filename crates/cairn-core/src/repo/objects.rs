@@ -177,14 +177,23 @@ impl Repository {
     /// `index/admin-<id>`: under a plain name they are dropped, because an
     /// append-only writer (a backup token of `cairn serve`) may write plain index
     /// files and must not be able to hide other files or snapshots with them.
+    /// There a plain file larger than any cairn writes
+    /// ([`cairn_format::consts::MAX_WRITTEN_INDEX_FILE_SIZE`]) is junk such a
+    /// writer stored: it counts as damaged, not downloaded (a hijacked client
+    /// stored 1 GiB ones that every restore and check read).
     pub fn read_index_file(&self, id: &IndexId) -> Result<IndexFile> {
-        self.read_index_file_within(id, MAX_INDEX_FILE_SIZE as u64)
+        let plain_max = if self.admin_names() {
+            cairn_format::consts::MAX_WRITTEN_INDEX_FILE_SIZE
+        } else {
+            MAX_INDEX_FILE_SIZE
+        };
+        self.read_index_file_within(id, plain_max as u64)
     }
 
     /// [`Self::read_index_file`], taking a file stored under a plain name as
     /// damaged, unread, when it is larger than `plain_max` (an admin-named file
     /// may be as large as any index file).
-    pub(crate) fn read_index_file_within(&self, id: &IndexId, plain_max: u64) -> Result<IndexFile> {
+    fn read_index_file_within(&self, id: &IndexId, plain_max: u64) -> Result<IndexFile> {
         let what = format!("index file {}", id.to_hex());
         let hex = id.to_hex();
         let read = |name: &str, max: u64| {

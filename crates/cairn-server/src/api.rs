@@ -635,11 +635,14 @@ pub async fn put(
     let kind = allow(&app, &store, &t, &name, action)?;
     heard(&store, &t, &headers);
     let max = kind.max_size(app.config.max_object_size);
-    let too_large = |n: String| {
+    // `n`: the announced length; none for a body sent without one (chunked)
+    // that went on past the limit.
+    let too_large = |n: Option<u64>| {
+        let sent = n.map_or_else(|| "the body sent".to_string(), |n| format!("{n} bytes"));
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
-            format!("{name}: {n} bytes, more than the {max} allowed"),
+            format!("{name}: {sent} is more than the {max} bytes allowed"),
         )
     };
     let length = headers
@@ -649,7 +652,7 @@ pub async fn put(
     if let Some(len) = length
         && len > max
     {
-        return Err(too_large(len.to_string()));
+        return Err(too_large(Some(len)));
     }
     if kind == Kind::Index && action == Action::Create {
         refuse_copy_of_admin_index(&store, &name).await?;
@@ -698,7 +701,7 @@ pub async fn put(
         .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "transient", "stopping"))?;
     let body = match app.bodies.read(body, max, length, Some(&mut memory)).await {
         Ok(b) => b,
-        Err(crate::body::ReadError::TooLarge) => return Err(too_large("more".into())),
+        Err(crate::body::ReadError::TooLarge) => return Err(too_large(None)),
         Err(crate::body::ReadError::Busy) => {
             crate::log_line(&format!(
                 "token {:?}: an upload to datastore {:?} was ended after waiting {} s for \
@@ -1229,7 +1232,10 @@ fn check_body(kind: Kind, name: &str, body: &[u8], max_object: u64) -> ApiResult
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
-            format!("{name}: {} bytes, more than the {max} allowed", body.len()),
+            format!(
+                "{name}: {} bytes is more than the {max} bytes allowed",
+                body.len()
+            ),
         ));
     }
     policy::verify(kind, name, body).map_err(|m| {

@@ -149,3 +149,58 @@ fn excluded_directories_are_not_scanned() {
     assert!(listing.contains("s0002"));
     assert!(listing.contains("level59/bottom"));
 }
+
+/// An rsnapshot-style tree (each day a hard-linked copy of the one before, a
+/// few files new) is read once per inode, not once per name: the other names take
+/// the content their inode was read with (one changed since is read again: the
+/// unit tests of `backup::links`), and everything restores as it was, links and
+/// xattrs too.
+#[test]
+fn hard_linked_names_are_read_once() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    let mut rng = Rng(0x11_4e);
+    let day0 = src.join("daily.0");
+    fs::create_dir_all(&day0).unwrap();
+    // Large files (read by the walker) and small ones (read by workers).
+    let mut sizes = vec![3 << 20, 2 << 20];
+    sizes.extend((0..40).map(|i| 1000 + i * 97));
+    let mut total = 0u64;
+    for (i, n) in sizes.iter().enumerate() {
+        fs::write(day0.join(format!("f{i}")), rng.bytes(*n, false)).unwrap();
+        total += *n as u64;
+    }
+    xattr::set(day0.join("f3"), "user.kept", b"on every name").unwrap();
+    for day in 1..4 {
+        let d = src.join(format!("daily.{day}"));
+        fs::create_dir_all(&d).unwrap();
+        for i in 0..sizes.len() {
+            fs::hard_link(day0.join(format!("f{i}")), d.join(format!("f{i}"))).unwrap();
+        }
+        fs::write(d.join("only-today"), rng.bytes(5000, false)).unwrap();
+    }
+    let v = env.backup_json(&[&src]);
+    let read = v["bytes_read"].as_u64().unwrap();
+    assert!(
+        read < total + total / 2,
+        "{read} bytes read for {total} bytes under 4 names each: {v}"
+    );
+    assert_eq!(
+        v["files_new"].as_u64().unwrap(),
+        4 * sizes.len() as u64 + 3,
+        "{v}"
+    );
+    let s = v["snapshot_id"].as_str().unwrap().to_string();
+    let out = env.restore(&s, &src, "out");
+    assert_same(&src, &out);
+    let back = fs::symlink_metadata(out.join("daily.3/f0")).unwrap();
+    assert_eq!(back.nlink(), 4);
+    assert_eq!(
+        xattr::get(out.join("daily.2/f3"), "user.kept")
+            .unwrap()
+            .as_deref(),
+        Some(&b"on every name"[..])
+    );
+    env.check_clean();
+}

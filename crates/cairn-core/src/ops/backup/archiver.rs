@@ -88,6 +88,9 @@ struct OpenFile<'a> {
     /// Bytes taken from a parent image's list without reading them.
     reused: u64,
     image: Option<ImageTrack<'a>>,
+    /// Its inode as the walker saw it, when its other names take what is read
+    /// ([`super::links`]).
+    link: Option<super::links::Inode>,
 }
 
 struct State<'a> {
@@ -97,6 +100,8 @@ struct State<'a> {
     /// are not remembered twice.
     written: IdSet,
     inflight: &'a InFlight,
+    /// What the first name of each hard-linked file was read as, for its others.
+    links: super::links::Finished,
     data: Packer,
     meta: Packer,
     encoder: BlobEncoder,
@@ -216,6 +221,7 @@ pub(crate) fn archive(
         repo,
         written: IdSet::default(),
         inflight,
+        links: Default::default(),
         data: Packer::new(repo.key().clone(), pool.clone(), pack_size),
         meta: Packer::new(repo.key().clone(), pool.clone(), pack_size),
         encoder: BlobEncoder::new(level),
@@ -367,10 +373,15 @@ fn run<'a>(
                             }
                         }
                     }
-                    Item::FileStart { node, changed } => {
+                    Item::FileStart {
+                        node,
+                        changed,
+                        link,
+                    } => {
                         file = Some(OpenFile {
                             node: *node,
                             changed,
+                            link,
                             builder: ChunkListBuilder::new(),
                             bytes: 0,
                             reused: 0,
@@ -391,6 +402,7 @@ fn run<'a>(
                             builder: ChunkListBuilder::with_fanout(geometry.fanout as usize),
                             bytes: 0,
                             reused: 0,
+                            link: None,
                             image: Some(ImageTrack {
                                 parent,
                                 zero_id: repo.key().blob_id(&zero),
@@ -443,8 +455,10 @@ fn run<'a>(
                         chunks,
                         budget: b,
                         torn,
+                        link,
                     } => {
                         budget.release(b);
+                        let whole = torn.is_none();
                         torn_files.extend(torn);
                         let mut f = OpenFile {
                             node: *node,
@@ -453,15 +467,20 @@ fn run<'a>(
                             bytes: 0,
                             reused: 0,
                             image: None,
+                            link,
                         };
                         add_chunks(st, &mut f, chunks)?;
-                        finish_file(st, &mut frames, f)?;
+                        finish_file(st, &mut frames, f, whole)?;
                     }
                     Item::SmallFailed {
                         skipped: s,
                         budget: b,
+                        link,
                     } => {
                         budget.release(b);
+                        if let Some(l) = link {
+                            st.links.record(l, None, false);
+                        }
                         st.summary.entries_skipped += 1;
                         skipped.push(s);
                     }
@@ -471,6 +490,7 @@ fn run<'a>(
                         ));
                     }
                     Item::FileEnd { ok, torn } => {
+                        let whole = torn.is_none();
                         torn_files.extend(torn);
                         let f = file
                             .take()
@@ -479,8 +499,50 @@ fn run<'a>(
                             if let Some(t) = &f.image {
                                 *image = Some(t.counts.clone());
                             }
-                            finish_file(st, &mut frames, f)?;
+                            finish_file(st, &mut frames, f, whole)?;
+                        } else if let Some(l) = f.link {
+                            st.links.record(l, None, false);
                         }
+                    }
+                    Item::Linked {
+                        mut node,
+                        changed,
+                        path,
+                        last,
+                    } => {
+                        // The first name of its inode came before it, read or not.
+                        let Some(read) = st.links.take(&node, last) else {
+                            st.summary.entries_skipped += 1;
+                            skipped.push(Skipped {
+                                path,
+                                message: "not read: another name of this hard-linked file \
+                                          could not be read whole"
+                                    .into(),
+                            });
+                            continue;
+                        };
+                        node.content = read.content;
+                        node.size = read.size;
+                        node.flags = read.flags;
+                        node.xattrs = read.xattrs;
+                        if read.torn {
+                            torn_files.push(Skipped {
+                                path,
+                                message: super::CHANGED_WHILE_READ.to_string(),
+                            });
+                        }
+                        st.summary.total_bytes += node.size;
+                        if changed {
+                            st.summary.files_changed += 1;
+                        } else {
+                            st.summary.files_new += 1;
+                        }
+                        list_file(st, &frames, &node, FileAction::read(changed));
+                        frames
+                            .last_mut()
+                            .ok_or_else(|| Error::Invalid("entry outside a directory".into()))?
+                            .children
+                            .push(*node);
                     }
                     Item::Entry { node, unchanged } => {
                         if node.kind == NodeKind::File {
@@ -538,12 +600,21 @@ fn add_chunks(st: &mut State<'_>, f: &mut OpenFile<'_>, chunks: Vec<ChunkOut>) -
     Ok(())
 }
 
-/// A completely read file joins its directory.
-fn finish_file(st: &mut State<'_>, frames: &mut [Frame], f: OpenFile<'_>) -> Result<()> {
+/// A completely read file joins its directory. `whole`: it did not change while
+/// it was read (its other names, if hard-linked, may then take its content).
+fn finish_file(
+    st: &mut State<'_>,
+    frames: &mut [Frame],
+    f: OpenFile<'_>,
+    whole: bool,
+) -> Result<()> {
     let mut node = f.node;
     let mut emit = |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
     node.content = f.builder.finish(&mut emit)?;
     node.size = f.bytes;
+    if let Some(l) = f.link {
+        st.links.record(l, Some(&node), !whole);
+    }
     // A sparse image's holes were not read: they are zeros, not disk reads.
     let holes = f.image.as_ref().map_or(0, |t| t.counts.hole_bytes);
     st.summary.bytes_read += (f.bytes - f.reused).saturating_sub(holes);

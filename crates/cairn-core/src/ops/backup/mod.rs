@@ -24,6 +24,7 @@
 
 mod archiver;
 mod image;
+mod links;
 pub(crate) use image::source_size as image_source_size;
 mod scan;
 pub mod source;
@@ -209,6 +210,8 @@ pub(crate) enum Item {
     FileStart {
         node: Box<Node>,
         changed: bool,
+        /// Its inode, when its other names take what is read ([`links`]).
+        link: Option<links::Inode>,
     },
     /// Raw chunk data from the walker: `buf[start..]` holds chunks of the given
     /// lengths (an image reader starts them 4 KiB-aligned in memory, to read into
@@ -233,6 +236,7 @@ pub(crate) enum Item {
         changed: bool,
         /// Read its xattrs from the open file (the scanner left them).
         xattrs_unread: bool,
+        link: Option<links::Inode>,
     },
     /// A `SmallFile` a worker has read, chunked, hashed and encoded. `budget` is
     /// what the walker took for it.
@@ -243,17 +247,29 @@ pub(crate) enum Item {
         budget: usize,
         /// The file kept changing while it was read (saved as last read).
         torn: Option<Skipped>,
+        link: Option<links::Inode>,
     },
     /// A `SmallFile` that could not be read: left out of the snapshot.
     SmallFailed {
         skipped: Skipped,
         budget: usize,
+        link: Option<links::Inode>,
     },
     /// `ok == false`: reading failed part-way; the file is left out.
     FileEnd {
         ok: bool,
         /// The file changed while it was read (saved as read).
         torn: Option<Skipped>,
+    },
+    /// Another name of a hard-linked file read earlier in this backup, with that
+    /// read's content ([`links`]). `changed`: the parent snapshot had a file of
+    /// that name.
+    Linked {
+        node: Box<Node>,
+        changed: bool,
+        path: PathBuf,
+        /// No other name of the inode is to come.
+        last: bool,
     },
     /// A complete entry: an unchanged file (content reused), a symlink, a device...
     Entry {
@@ -1222,7 +1238,8 @@ impl Worker<'_> {
                         node,
                         changed,
                         xattrs_unread,
-                    } => match self.small_file(path, dir, node, changed, xattrs_unread) {
+                        link,
+                    } => match self.small_file(path, dir, node, changed, xattrs_unread, link) {
                         Some(item) => item,
                         None => return,
                     },
@@ -1347,6 +1364,7 @@ impl Worker<'_> {
         mut node: Box<Node>,
         changed: bool,
         xattrs_unread: bool,
+        link: Option<links::Inode>,
     ) -> Option<Item> {
         let budget = walker::small_budget(&node);
         let limit = (node.size as usize)
@@ -1429,6 +1447,7 @@ impl Worker<'_> {
                     chunks,
                     budget,
                     torn,
+                    link,
                 }
             }
             Err(message) => {
@@ -1436,6 +1455,7 @@ impl Worker<'_> {
                 Item::SmallFailed {
                     skipped: Skipped { path, message },
                     budget,
+                    link,
                 }
             }
         };

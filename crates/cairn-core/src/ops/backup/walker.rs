@@ -124,6 +124,8 @@ pub(crate) struct Walker<'a> {
     /// The directories leading to them: with --one-file-system, a mount point
     /// on the way to one (`-x /data /data/mnt/sub`) is entered for that path only.
     ways: HashSet<PathBuf>,
+    /// Hard-linked files read so far: their other names are not read again.
+    links: super::links::Seen,
 }
 
 impl<'a> Walker<'a> {
@@ -155,6 +157,7 @@ impl<'a> Walker<'a> {
             read_limit: None,
             nested: HashSet::new(),
             ways: HashSet::new(),
+            links: Default::default(),
         }
     }
 
@@ -276,6 +279,7 @@ impl<'a> Walker<'a> {
         self.emit(Item::FileStart {
             node: Box::new(node),
             changed: false,
+            link: None,
         })?;
         match self.read_content(&mut reader) {
             Ok(()) => self.emit(Item::FileEnd {
@@ -366,6 +370,26 @@ impl<'a> Walker<'a> {
         if let Some(w) = p.warning {
             self.progress.warning(path, &w);
         }
+        let mut link = None;
+        if node.kind == NodeKind::File && !p.reused {
+            match self.links.decide(&node) {
+                // Another name of a hard-linked file read earlier, unchanged since.
+                super::links::Decision::Linked { last } => {
+                    self.progress.bytes_done(node.size);
+                    self.progress.file_done();
+                    self.emit(Item::Linked {
+                        node,
+                        changed: in_parent,
+                        path: path.to_path_buf(),
+                        last,
+                    })?;
+                    return Ok(Step::Done);
+                }
+                super::links::Decision::Read { linkable } => {
+                    link = linkable.then_some((node.dev, node.inode));
+                }
+            }
+        }
         match node.kind {
             NodeKind::Dir => {
                 return Ok(Step::Dir(DirEntry {
@@ -390,9 +414,10 @@ impl<'a> Walker<'a> {
                     node,
                     changed: in_parent,
                     xattrs_unread,
+                    link,
                 })?;
             }
-            NodeKind::File => self.walk_file(path, dir, *node, in_parent, xattrs_unread)?,
+            NodeKind::File => self.walk_file(path, dir, *node, in_parent, xattrs_unread, link)?,
             _ => {
                 self.progress.entry_done();
                 self.emit(Item::Entry {
@@ -583,6 +608,7 @@ impl<'a> Walker<'a> {
         mut node: Node,
         changed: bool,
         xattrs_unread: bool,
+        link: Option<super::links::Inode>,
     ) -> Result<()> {
         // Relative to the open directory when there is one: one component to resolve.
         let file = match dir {
@@ -611,6 +637,7 @@ impl<'a> Walker<'a> {
         self.emit(Item::FileStart {
             node: Box::new(node),
             changed,
+            link,
         })?;
         let before = super::source::Changes::of(&file);
         let read = if super::source::looks_sparse(&file) {

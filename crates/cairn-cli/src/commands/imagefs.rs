@@ -126,7 +126,7 @@ pub fn restore(
     for n in &r.notes {
         crate::ui::note(n);
     }
-    for w in &r.warnings {
+    for w in r.warnings.iter().chain(&r.kept_in_place_of_dirs) {
         crate::ui::warn(w);
     }
     for f in &r.failed {

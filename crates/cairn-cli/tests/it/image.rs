@@ -2659,6 +2659,46 @@ fn image_fs_restore_over_a_target_puts_hard_links_back() {
     assert_eq!(inode("a.bin"), inode("b.bin"));
     assert!(fs::read(t.join("dir/b.bin")).unwrap() == fs::read(d.join("a.bin")).unwrap());
 
+    // A newer file where the image has the directory: kept under if-newer and
+    // never, with a warning that nothing below it was restored (QA: replaced
+    // silently under if-newer, nothing said under never); replaced under
+    // if-changed.
+    let other = env.path("other");
+    fs::create_dir_all(&other).unwrap();
+    fs::write(other.join("dir"), b"my newer notes").unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(400 * 86400);
+    fs::File::options()
+        .write(true)
+        .open(other.join("dir"))
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let over = |mode: &str| {
+        let o = env.run(&[
+            "restore",
+            &snap,
+            "--image-fs",
+            "/dir",
+            "--target",
+            other.to_str().unwrap(),
+            "--overwrite",
+            mode,
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{mode}: {err}");
+        err
+    };
+    for mode in ["if-newer", "never"] {
+        let err = over(mode);
+        assert!(
+            err.contains("nothing below it was restored"),
+            "{mode}: {err}"
+        );
+        assert_eq!(fs::read(other.join("dir")).unwrap(), b"my newer notes");
+    }
+    over("if-changed");
+    assert!(fs::read(other.join("dir/a.bin")).unwrap() == fs::read(d.join("a.bin")).unwrap());
+
     let err = env.fails(&["dump", &snap, "--image-fs", "/dir/dangling"], 1);
     assert!(
         err.contains("a symlink on the way leads to /dir/missing"),

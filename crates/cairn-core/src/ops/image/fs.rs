@@ -90,6 +90,9 @@ pub struct FsRestoreReport {
     pub bytes: u64,
     /// Entries already in the target left as they were (`--overwrite`).
     pub kept: u64,
+    /// Of those, the ones that are not a directory where the image has one:
+    /// nothing below them was restored (one line each, said as a warning).
+    pub kept_in_place_of_dirs: Vec<String>,
     /// Names given to a file already restored under another name (hard links).
     pub hardlinks: u64,
     /// Extended attributes set (owners' ACLs and file capabilities among them).
@@ -861,8 +864,22 @@ impl ImageFs {
                 Some(st) if st.kind() == libc::S_IFDIR => {
                     keep_meta = r.overwrite_for(st) == Overwrite::Never;
                 }
-                Some(st) if r.overwrite_for(st) == Overwrite::Never => {
+                // Something else where the image has a directory: replaced
+                // unless the mode keeps it, and then nothing below is restored
+                // either, which is said (as a restore of a file snapshot does).
+                Some(st)
+                    if match r.overwrite_for(st) {
+                        Overwrite::Never => true,
+                        Overwrite::IfNewer => st.mtime.0 >= m.seconds(),
+                        Overwrite::IfChanged | Overwrite::Always => false,
+                    } =>
+                {
                     r.report.kept += 1;
+                    r.report.kept_in_place_of_dirs.push(format!(
+                        "{}: kept as it is (--overwrite): it is not a directory, where the \
+                         image has one, so nothing below it was restored",
+                        shown.display()
+                    ));
                     return Ok(());
                 }
                 Some(_) => {

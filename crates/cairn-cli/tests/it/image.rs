@@ -2612,7 +2612,15 @@ fn image_fs_restore_over_a_target_puts_hard_links_back() {
     fs::write(d.join("a.bin"), Rng(41).bytes(3 << 20, false)).unwrap();
     fs::hard_link(d.join("a.bin"), d.join("b.bin")).unwrap();
     std::os::unix::fs::symlink("missing", d.join("dangling")).unwrap();
+    fs::create_dir_all(d.join("sub")).unwrap();
+    fs::write(d.join("f2"), b"in /dir").unwrap();
+    fs::write(tree.join("f2"), b"at the root").unwrap();
+    std::os::unix::fs::symlink("dir/sub", tree.join("link")).unwrap();
     let snap = ext4_image_snapshot(&env, &tree, &[]);
+    // `..` after a symlink is the parent of where it leads, as the kernel has
+    // it (QA: read as `/f2`).
+    let out = env.ok(&["dump", &snap, "--image-fs", "/link/../f2"]);
+    assert_eq!(out, "in /dir");
     let t = env.path("t");
     let restore = |target: &Path| {
         env.run(&[

@@ -294,7 +294,10 @@ impl ImageFs {
         // file so named is an error, not the file (QA: `dump /etc/fstab/` dumped).
         let dir_named = path.ends_with('/');
         let follow_last = follow_last || dir_named;
-        let mut pending: std::collections::VecDeque<String> = wanted
+        // Walked as given, not as normalised: `link/..` is the parent of where
+        // the link leads, as the kernel has it (QA: `/link/../f` was read as
+        // `/f`, another file than a loop mount gives).
+        let mut pending: std::collections::VecDeque<String> = path
             .split('/')
             .filter(|c| !c.is_empty())
             .map(str::to_string)

@@ -64,6 +64,14 @@ fn main() {
     // the process. Output to a reader that went away (`cairn ls | head`) ends
     // quietly instead, with the status a SIGPIPE death would have had.
     quiet_on_closed_stdout();
+    // A write past the file-size limit (`ulimit -f`) must be an error (EFBIG) a
+    // restore or export reports and cleans up after, as a full disk is, not a
+    // SIGXFSZ that ends the process with a partial file left behind.
+    #[allow(unsafe_code)]
+    // SAFETY: setting a signal's disposition to SIG_IGN, before threads start.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     // Large buffers (4 MiB chunk batches, 16 MiB packs) come and go all the time; with
     // glibc's dynamic mmap threshold they end up in arenas that do not shrink, which
     // raised peak RSS by tens of MiB. A fixed threshold returns them on free. Eight

@@ -2207,6 +2207,40 @@ fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
         "the replaced file changed"
     );
     assert!(partial.exists());
+
+    // Under a file-size limit (`ulimit -f`) below the image's size: an error
+    // that says so, and no file left (QA: SIGXFSZ ended the process, exit 153,
+    // and left an empty partial file).
+    let small = env.path("small.raw");
+    let mut cmd = env.cmd(&[
+        "restore",
+        &snap,
+        "--image",
+        "--target",
+        small.to_str().unwrap(),
+    ]);
+    {
+        use std::os::unix::process::CommandExt;
+        #[allow(unsafe_code)]
+        // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 4 << 20,
+                    rlim_max: 4 << 20,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let o = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("File too large"), "{err}");
+    assert!(!small.exists() && !env.path("small.raw.cairn-partial").exists());
 }
 
 /// A sparse image file's holes are not read from the disk, and the report says

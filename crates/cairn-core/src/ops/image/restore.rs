@@ -155,8 +155,12 @@ fn open_partial(path: &Path, size: u64) -> Result<(File, PathBuf)> {
         Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&partial, e)),
     }
     // Emptied first so that zero blocks become holes, not what an earlier try wrote.
-    file.set_len(0).map_err(|e| Error::io(&partial, e))?;
-    file.set_len(size).map_err(|e| Error::io(&partial, e))?;
+    // Emptied, then sized: one that cannot take the image's size (EFBIG past
+    // `ulimit -f` or the filesystem's largest file) is removed, not left empty.
+    if let Err(e) = file.set_len(0).and_then(|()| file.set_len(size)) {
+        let _ = std::fs::remove_file(&partial);
+        return Err(Error::io(&partial, e));
+    }
     Ok((file, partial))
 }
 

@@ -725,12 +725,30 @@ fn unreadable_blocks_are_reported_kept_going_past_and_saved_as_zeros() {
         ],
         3,
     );
-    drop(session);
     assert!(
         e.contains(&format!("bytes {first}..{end} could not be read")),
         "{e}"
     );
     let incremental = env.snapshot_ids().pop().unwrap();
+    // An empty list: the note says what was read all the same (QA: "the
+    // snapshot holds the parent's image", where the unreadable part was read).
+    let empty = env.path("empty.txt");
+    fs::write(&empty, "").unwrap();
+    let e = env.fails(
+        &[
+            "backup",
+            "--image",
+            src.to_str().unwrap(),
+            "--changed-blocks",
+            empty.to_str().unwrap(),
+        ],
+        3,
+    );
+    drop(session);
+    assert!(
+        e.contains("names no change") && e.contains("the parent could not read, read again"),
+        "{e}"
+    );
     assert_ne!(incremental, snap);
     assert_eq!(
         image_of(&env, &incremental)["unreadable"],

@@ -1062,11 +1062,24 @@ pub(crate) fn plan(
             // an empty file (`qemu-img map > list`): the snapshot is then the
             // parent's image again, which is worth a word.
             if listed.ranges().is_empty() {
+                let reread: u64 = parent_unreadable
+                    .iter()
+                    .filter(|&&(off, _)| off < size)
+                    .map(|&(off, len)| len.min(size - off))
+                    .sum();
                 notes.push(format!(
                     "the changed-block list {} names no change: the snapshot holds the \
-                     parent's image (and what grew past its end); if the tool that wrote \
+                     parent's image{} (and what grew past its end); if the tool that wrote \
                      the list failed, back up without --changed-blocks",
-                    list.display()
+                    list.display(),
+                    if reread > 0 {
+                        format!(
+                            ", but for the {} the parent could not read, read again",
+                            crate::units::bytes(reread, 2)
+                        )
+                    } else {
+                        String::new()
+                    }
                 ));
             }
             // What the parent holds as zeros for want of data (its source could

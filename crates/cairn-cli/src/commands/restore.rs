@@ -35,25 +35,25 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     let mut iexcludes = a.iexcludes.clone();
     iexcludes.extend(super::backup::read_exclude_files(&a.iexclude_files)?);
     if a.image_fs.image_fs.is_some() && (selects(a) || a.delete) {
-        anyhow::bail!(
-            "--image-fs restores the path it names: --include, --exclude and --delete do not apply"
-        );
+        return Err(super::bad_argument(
+            "--image-fs restores the path it names: --include, --exclude and --delete do not apply",
+        ));
     }
     // Refused rather than ignored (QA: --verify checked nothing and said nothing;
     // --dry-run would have written).
     if a.image_fs.image_fs.is_some() && (a.verify || a.dry_run) {
-        anyhow::bail!(
+        return Err(super::bad_argument(
             "--verify and --dry-run are not available with --image-fs (`ls --image-fs` shows \
-             what it would restore; `restore --image --verify` checks the whole image)"
-        );
+             what it would restore; `restore --image --verify` checks the whole image)",
+        ));
     }
     let mut p = crate::events::CliProgress::listing(g, a.verbose);
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     let snap = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     if a.verbose && (a.image || a.image_fs.image_fs.is_some() || snap.1.image.is_some()) {
-        anyhow::bail!(
-            "--verbose lists the files a restore of a file snapshot writes, not an image's"
-        );
+        return Err(super::bad_argument(
+            "--verbose lists the files a restore of a file snapshot writes, not an image's",
+        ));
     }
     if a.image_fs.image_fs.is_some() {
         return super::imagefs::restore(g, &session, &snap.1, a, overwrite, write_limit, &xattrs);
@@ -292,9 +292,9 @@ fn restore_image(
 ) -> Result<i32> {
     use cairn_core::ops::image::restore::{ImageRestoreOptions, restore_image_snapshot};
     if selects(a) || a.delete || a.dry_run {
-        anyhow::bail!(
-            "--include, --exclude, --delete and --dry-run do not apply to an image restore"
-        );
+        return Err(super::bad_argument(
+            "--include, --exclude, --delete and --dry-run do not apply to an image restore",
+        ));
     }
     let opts = ImageRestoreOptions {
         target: a.target.clone(),

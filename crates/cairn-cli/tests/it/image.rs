@@ -1938,10 +1938,36 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
                 out.to_str().unwrap(),
                 flag,
             ],
-            1,
+            2,
         );
         assert!(e.contains("not available with --image-fs"), "{e}");
     }
+    // Options that do not combine are usage errors, exit 2 (QA: 1).
+    let e = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--image-fs",
+            "/z",
+            "--target",
+            out.to_str().unwrap(),
+            "--delete",
+        ],
+        2,
+    );
+    assert!(e.contains("do not apply"), "{e}");
+    let e = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--image",
+            "--target",
+            env.path("x.img").to_str().unwrap(),
+            "--dry-run",
+        ],
+        2,
+    );
+    assert!(e.contains("do not apply to an image restore"), "{e}");
     // --image with --image-fs: which restore is meant is asked, not guessed
     // (QA: an --image-fs restore was done).
     let e = env.fails(

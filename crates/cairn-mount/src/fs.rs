@@ -25,7 +25,7 @@ use cairn_format::{BlobId, SnapshotId};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -62,7 +62,14 @@ pub struct State {
     allow_other: bool,
     /// The kernel checks permissions against POSIX ACLs (FUSE_POSIX_ACL is on).
     acl_checks: AtomicBool,
+    /// Which chunks are holes ([`crate::holes`]).
+    zeros: crate::holes::Zeros,
+    /// Bytes of data (holes left out) of files with chunk lists, by list.
+    data_bytes: Mutex<HashMap<BlobId, u64>>,
 }
+
+/// Files whose data bytes are remembered at most (about 50 bytes each).
+const DATA_BYTES_KEPT: usize = 100_000;
 
 /// An open directory: what it lists, fixed when it was opened.
 enum DirList {
@@ -216,6 +223,7 @@ pub fn node_attr(n: &Node) -> FileAttr {
 impl State {
     pub fn new(
         sessions: Arc<Sessions>,
+        zeros: crate::holes::Zeros,
         trees: TreeCache,
         fetch: Fetcher,
         log: Log,
@@ -240,7 +248,80 @@ impl State {
             xattrs,
             allow_other,
             acl_checks: AtomicBool::new(false),
+            zeros,
+            data_bytes: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Bytes of the file `n` that are not holes, from its chunk list when that
+    /// is short enough ([`crate::holes::MAX_CHUNKS_LOOKED_AT`]); `None`: taken
+    /// as all data.
+    fn data_bytes(&self, n: &Node) -> Option<u64> {
+        if let Some(d) = self.zeros.data_bytes_inline(&n.content) {
+            return Some(d);
+        }
+        let Content::Tree { root, chunks, .. } = &n.content else {
+            return None;
+        };
+        if let Some(d) = lock(&self.data_bytes).get(root) {
+            return Some(*d);
+        }
+        if *chunks > crate::holes::MAX_CHUNKS_LOOKED_AT {
+            return None;
+        }
+        let session = self.session().ok()?;
+        let mut data = 0u64;
+        cairn_core::tree::chunklist::for_each_chunk(session.repo(), &n.content, &mut |c| {
+            if !self.zeros.is_zero(&c) {
+                data += c.length;
+            }
+            Ok(())
+        })
+        .ok()?;
+        let mut known = lock(&self.data_bytes);
+        if known.len() >= DATA_BYTES_KEPT {
+            known.clear();
+        }
+        known.insert(*root, data);
+        Some(data)
+    }
+
+    /// Where the next data (`SEEK_DATA`) or hole (`SEEK_HOLE`) at or after
+    /// `offset` is in the file of inode `ino`; `None`: no data there (ENXIO).
+    fn seek(&self, ino: u64, offset: u64, hole: bool) -> Res<Option<u64>> {
+        let (tree, i, _) = self.node_of(ino)?;
+        let n = tree.nodes.get(i).ok_or(Failure::of(Errno::ENOENT))?;
+        if n.kind != NodeKind::File {
+            return Err(Failure::of(Errno::EINVAL));
+        }
+        if offset >= n.size {
+            return Ok(None);
+        }
+        let session = self.session()?;
+        let reader = cairn_core::tree::chunklist::FileReader::new(session.repo(), &n.content, n.size);
+        let mut found = None;
+        let mut looked = 0u64;
+        reader
+            .chunks_from(offset, &mut |c, start| {
+                looked += 1;
+                if self.zeros.is_zero(&c) == hole {
+                    found = Some(start.max(offset));
+                    return Ok(false);
+                }
+                if looked >= crate::holes::MAX_CHUNKS_LOOKED_AT {
+                    // Taken as data from here on.
+                    found = Some(if hole { n.size } else { start.max(offset) });
+                    return Ok(false);
+                }
+                Ok(true)
+            })
+            .map_err(|e| Failure::io(format!("reading the chunk list of {:?}: {e}", lossy(&n.name))))?;
+        Ok(match found {
+            Some(at) => Some(at),
+            // The end of the file is a hole (an implicit one).
+            None if hole => Some(n.size),
+            None => None,
+        })
     }
 
     /// The attributes of a top-level directory or symlink (`secs`: its time).
@@ -442,7 +523,7 @@ impl State {
         let node = tree.find(name).ok_or(Failure::of(Errno::ENOENT))?;
         Ok(
             lock(&self.table).lookup(parent, name, link_key(snap, node), || {
-                entry_of(snap, dir, node)
+                entry_of(snap, dir, node, &self.zeros)
             }),
         )
     }
@@ -507,6 +588,16 @@ impl State {
         };
         if let Some(target) = self.virtual_target(&what) {
             attr.size = target.len() as u64;
+        }
+        if let What::Entry {
+            holes_unknown: true,
+            ..
+        } = what
+            && let Ok((tree, i, _)) = self.node_of(ino)
+            && let Some(n) = tree.nodes.get(i)
+            && let Some(data) = self.data_bytes(n)
+        {
+            attr.blocks = crate::holes::blocks(n.size, data);
         }
         Ok((attr, what.immutable()))
     }
@@ -681,7 +772,20 @@ fn link_key(snap: SnapshotId, n: &Node) -> Option<LinkKey> {
     (n.kind != NodeKind::Dir && n.nlink > 1).then_some((snap, n.dev, n.inode))
 }
 
-fn entry_of(snap: SnapshotId, dir: BlobId, n: &Node) -> (What, FileAttr) {
+fn entry_of(
+    snap: SnapshotId,
+    dir: BlobId,
+    n: &Node,
+    zeros: &crate::holes::Zeros,
+) -> (What, FileAttr) {
+    let mut attr = node_attr(n);
+    let mut holes_unknown = false;
+    if n.kind == NodeKind::File {
+        match zeros.data_bytes_inline(&n.content) {
+            Some(data) => attr.blocks = crate::holes::blocks(n.size, data),
+            None => holes_unknown = true,
+        }
+    }
     (
         What::Entry {
             snap,
@@ -692,8 +796,9 @@ fn entry_of(snap: SnapshotId, dir: BlobId, n: &Node) -> (What, FileAttr) {
                 None
             },
             has_xattrs: !n.xattrs.is_empty(),
+            holes_unknown,
         },
-        node_attr(n),
+        attr,
     )
 }
 
@@ -785,7 +890,8 @@ impl Filesystem for CairnFs {
         let st = &self.0;
         match st.lookup_in(parent.0, name.as_bytes()) {
             Ok((_, attr, parent_immutable)) => {
-                let (_, immutable) = st.attr(attr.ino.0).unwrap_or((attr, false));
+                // Its holes too, when only its chunk list tells them.
+                let (attr, immutable) = st.attr(attr.ino.0).unwrap_or((attr, false));
                 reply.entry_with_ttls(
                     &ttl(immutable),
                     &ttl(parent_immutable),
@@ -917,6 +1023,36 @@ impl Filesystem for CairnFs {
         }
     }
 
+    /// `SEEK_DATA` and `SEEK_HOLE` (the kernel answers the other kinds itself):
+    /// a chunk of zeros is a hole, as a restore makes it ([`crate::holes`]).
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let st = &self.0;
+        let hole = match whence {
+            libc::SEEK_DATA => false,
+            libc::SEEK_HOLE => true,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        match st.seek(ino.0, offset, hole) {
+            Ok(Some(at)) => reply.offset(at as i64),
+            Ok(None) => reply.error(Errno::ENXIO),
+            Err(f) => {
+                st.report(&f);
+                reply.error(f.errno)
+            }
+        }
+    }
+
     fn release(
         &self,
         _req: &Request,
@@ -983,6 +1119,10 @@ impl Filesystem for CairnFs {
                 ),
                 k => {
                     let idx = (k - 2) as usize;
+                    // A file whose holes only its chunk list tells: its blocks if
+                    // known already, else its attributes are not kept (the
+                    // kernel asks GETATTR, which reads the list).
+                    let mut pending = false;
                     let (name, looked) = match list.as_ref() {
                         DirList::Virtual(v) => match v.get(idx) {
                             Some(e) => (
@@ -992,12 +1132,21 @@ impl Filesystem for CairnFs {
                             None => break,
                         },
                         DirList::Tree { snap, id, tree } => match tree.nodes.get(idx) {
-                            Some(n) => (
-                                n.name.as_slice(),
-                                t.lookup(ino.0, &n.name, link_key(*snap, n), || {
-                                    entry_of(*snap, *id, n)
-                                }),
-                            ),
+                            Some(n) => {
+                                let (child, mut attr) =
+                                    t.lookup(ino.0, &n.name, link_key(*snap, n), || {
+                                        entry_of(*snap, *id, n, &st.zeros)
+                                    });
+                                if let (NodeKind::File, Content::Tree { root, .. }) =
+                                    (n.kind, &n.content)
+                                {
+                                    match lock(&st.data_bytes).get(root) {
+                                        Some(d) => attr.blocks = crate::holes::blocks(n.size, *d),
+                                        None => pending = true,
+                                    }
+                                }
+                                (n.name.as_slice(), (child, attr))
+                            }
                             None => break,
                         },
                     };
@@ -1006,7 +1155,11 @@ impl Filesystem for CairnFs {
                         INodeNo(child),
                         k + 1,
                         OsStr::from_bytes(name),
-                        &ttl(immutable),
+                        &if pending {
+                            Duration::ZERO
+                        } else {
+                            ttl(immutable)
+                        },
                         &attr,
                         Generation(0),
                     );

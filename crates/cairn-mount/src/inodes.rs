@@ -53,6 +53,9 @@ pub enum What {
         dir: BlobId,
         subtree: Option<BlobId>,
         has_xattrs: bool,
+        /// A file whose holes are known only from its chunk list (read on a
+        /// GETATTR): its attributes are answered with a TTL of zero until then.
+        holes_unknown: bool,
     },
 }
 
@@ -402,6 +405,7 @@ mod tests {
                 dir: BlobId([2; 32]),
                 subtree: None,
                 has_xattrs: false,
+                holes_unknown: false,
             },
             attr(),
         )

@@ -20,6 +20,7 @@
 pub mod fetch;
 pub mod file;
 pub mod fs;
+pub mod holes;
 pub mod inodes;
 pub mod layout;
 pub mod log;
@@ -198,8 +199,10 @@ pub fn mount(
             Some((id, tree))
         }
     };
+    let zeros = holes::Zeros::of(sessions.get()?.repo());
     let state = Arc::new(fs::State::new(
         sessions,
+        zeros,
         trees::TreeCache::new(opts.tree_cache_bytes),
         fetch::Fetcher::new(cache, opts.fetch_threads),
         log,

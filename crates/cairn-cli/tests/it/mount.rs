@@ -315,6 +315,70 @@ fn reads_at_any_offset_of_a_file_with_a_deep_chunk_list() {
     assert!(fs::read(inside(&mnt, &src).join("image.raw")).unwrap() == data);
 }
 
+/// Sparse files show their holes as a restore makes them: `st_blocks` counts
+/// the data only, `SEEK_DATA`/`SEEK_HOLE` find them, and `cp` out of the mount
+/// writes a sparse copy (QA: 100 MiB of blocks for a file holding one byte).
+#[test]
+fn sparse_files_keep_their_holes_in_the_mount() {
+    use std::os::fd::AsRawFd;
+    let env = Env::new();
+    env.init(&["--block-size", "16K"]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    // Large (a chunk list of its own), small (its chunks in the node), dense.
+    let big = fs::File::create(src.join("big")).unwrap();
+    big.set_len(64 << 20).unwrap();
+    big.write_at(&Rng(3).bytes(100_000, false), 40 << 20).unwrap();
+    big.write_at(b"end", (64 << 20) - 3).unwrap();
+    let small = fs::File::create(src.join("small")).unwrap();
+    small.set_len(2 << 20).unwrap();
+    small.write_at(b"x", 0).unwrap();
+    fs::write(src.join("dense"), Rng(4).bytes(3 << 20, false)).unwrap();
+    env.backup(&[&src]);
+    let mnt = env.path("mnt");
+    let _m = Mount::start(&env, &mnt, &["--snapshot", "latest"]);
+    let dir = inside(&mnt, &src);
+    // `ls -l` first (READDIRPLUS), then each file's own stat.
+    let listed: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap()).collect();
+    assert_eq!(listed.len(), 3);
+    let blocks = |n: &str| fs::metadata(dir.join(n)).unwrap().blocks() * 512;
+    assert!(blocks("big") < 4 << 20, "big: {} bytes of blocks", blocks("big"));
+    assert!(blocks("small") < 1 << 20, "small: {}", blocks("small"));
+    assert_eq!(blocks("dense"), 3 << 20);
+    // Where the data is, as lseek says it.
+    let f = fs::File::open(dir.join("big")).unwrap();
+    let seek = |off: i64, whence: i32| {
+        // SAFETY: lseek on a descriptor this test owns.
+        #[allow(unsafe_code)]
+        let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
+        r
+    };
+    let data = seek(0, libc::SEEK_DATA);
+    assert!(
+        data > 32 << 20 && data <= 40 << 20,
+        "SEEK_DATA from 0: {data}"
+    );
+    let hole = seek(data, libc::SEEK_HOLE);
+    assert!(
+        hole >= (40 << 20) + 100_000 && hole < 48 << 20,
+        "SEEK_HOLE from {data}: {hole}"
+    );
+    assert_eq!(seek(0, libc::SEEK_HOLE), 0);
+    assert_eq!(seek(64 << 20, libc::SEEK_DATA), -1);
+    // A copy out of the mount is sparse and the same bytes.
+    let out = env.path("copy");
+    let o = Command::new("cp")
+        .arg("--sparse=auto")
+        .arg(dir.join("big"))
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert!(fs::read(&out).unwrap() == fs::read(src.join("big")).unwrap());
+    let copied = fs::metadata(&out).unwrap().blocks() * 512;
+    assert!(copied < 8 << 20, "the copy takes {copied} bytes");
+}
+
 #[test]
 fn files_read_without_open_keep_reading_right_past_the_state_the_mount_keeps() {
     // The kernel sends no OPEN or RELEASE to the mount (it answers the first OPEN

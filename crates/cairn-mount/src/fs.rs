@@ -298,7 +298,8 @@ impl State {
             return Ok(None);
         }
         let session = self.session()?;
-        let reader = cairn_core::tree::chunklist::FileReader::new(session.repo(), &n.content, n.size);
+        let reader =
+            cairn_core::tree::chunklist::FileReader::new(session.repo(), &n.content, n.size);
         let mut found = None;
         let mut looked = 0u64;
         reader
@@ -315,7 +316,12 @@ impl State {
                 }
                 Ok(true)
             })
-            .map_err(|e| Failure::io(format!("reading the chunk list of {:?}: {e}", lossy(&n.name))))?;
+            .map_err(|e| {
+                Failure::io(format!(
+                    "reading the chunk list of {:?}: {e}",
+                    lossy(&n.name)
+                ))
+            })?;
         Ok(match found {
             Some(at) => Some(at),
             // The end of the file is a hole (an implicit one).

@@ -328,7 +328,8 @@ fn sparse_files_keep_their_holes_in_the_mount() {
     // Large (a chunk list of its own), small (its chunks in the node), dense.
     let big = fs::File::create(src.join("big")).unwrap();
     big.set_len(64 << 20).unwrap();
-    big.write_at(&Rng(3).bytes(100_000, false), 40 << 20).unwrap();
+    big.write_at(&Rng(3).bytes(100_000, false), 40 << 20)
+        .unwrap();
     big.write_at(b"end", (64 << 20) - 3).unwrap();
     let small = fs::File::create(src.join("small")).unwrap();
     small.set_len(2 << 20).unwrap();
@@ -342,7 +343,11 @@ fn sparse_files_keep_their_holes_in_the_mount() {
     let listed: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap()).collect();
     assert_eq!(listed.len(), 3);
     let blocks = |n: &str| fs::metadata(dir.join(n)).unwrap().blocks() * 512;
-    assert!(blocks("big") < 4 << 20, "big: {} bytes of blocks", blocks("big"));
+    assert!(
+        blocks("big") < 4 << 20,
+        "big: {} bytes of blocks",
+        blocks("big")
+    );
     assert!(blocks("small") < 1 << 20, "small: {}", blocks("small"));
     assert_eq!(blocks("dense"), 3 << 20);
     // Where the data is, as lseek says it.

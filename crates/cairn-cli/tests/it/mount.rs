@@ -360,12 +360,12 @@ fn sparse_files_keep_their_holes_in_the_mount() {
     };
     let data = seek(0, libc::SEEK_DATA);
     assert!(
-        data > 32 << 20 && data <= 40 << 20,
+        (32 << 20..=40 << 20).contains(&data),
         "SEEK_DATA from 0: {data}"
     );
     let hole = seek(data, libc::SEEK_HOLE);
     assert!(
-        hole >= (40 << 20) + 100_000 && hole < 48 << 20,
+        ((40 << 20) + 100_000..48 << 20).contains(&hole),
         "SEEK_HOLE from {data}: {hole}"
     );
     assert_eq!(seek(0, libc::SEEK_HOLE), 0);

@@ -2787,7 +2787,7 @@ fn image_fs_restore_over_a_target_puts_hard_links_back() {
 
     let err = env.fails(&["dump", &snap, "--image-fs", "/dir/dangling"], 1);
     assert!(
-        err.contains("a symlink on the way leads to /dir/missing"),
+        err.contains("the symlink /dir/dangling leads to /dir/missing"),
         "{err}"
     );
 

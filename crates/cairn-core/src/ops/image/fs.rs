@@ -304,6 +304,8 @@ impl ImageFs {
             .collect();
         let mut done: Vec<String> = Vec::new();
         let mut hops = 0;
+        // The last symlink followed, for messages.
+        let mut via = String::new();
         while let Some(c) = pending.pop_front() {
             match c.as_str() {
                 "" | "." => continue,
@@ -326,7 +328,7 @@ impl ImageFs {
                 // dangling symlink was said not to exist).
                 if hops > 0 && matches!(e, ext4_view::Ext4Error::NotFound) {
                     Error::Invalid(format!(
-                        "{wanted}: a symlink on the way leads to {at}, which the image's \
+                        "{wanted}: the symlink {via} leads to {at}, which the image's \
                          filesystem does not hold"
                     ))
                 } else {
@@ -344,6 +346,7 @@ impl ImageFs {
                 )));
             }
             let target = self.read_link(&at, &meta)?;
+            via.clone_from(&at);
             let target = String::from_utf8(target).map_err(|_| {
                 fs_err(
                     &at,

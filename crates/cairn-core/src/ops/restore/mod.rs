@@ -2117,13 +2117,24 @@ impl Walk<'_> {
             None
         } else {
             let made = target::create_file(parent.fd(), &name).and_then(|f| {
-                f.set_len(node.size)?;
+                // One that cannot have its size (EFBIG: past `ulimit -f` or the
+                // file system's largest file) is not left behind empty.
+                if let Err(e) = f.set_len(node.size) {
+                    let _ = sys::unlink_at(parent.fd(), &name);
+                    return Err(e);
+                }
                 sys::fstat(f.as_fd())
             });
             let st = match made {
                 Ok(st) => st,
                 Err(e) => {
-                    self.issue(parent.node.join(&name), format!("creating file: {e}"));
+                    let why = if e.raw_os_error() == Some(libc::EFBIG) {
+                        " (larger than the file-size limit, `ulimit -f`, or the largest \
+                         file the target's file system takes)"
+                    } else {
+                        ""
+                    };
+                    self.issue(parent.node.join(&name), format!("creating file: {e}{why}"));
                     return Ok(());
                 }
             };

@@ -2312,6 +2312,7 @@ fn a_sparse_image_files_holes_are_counted_as_not_read() {
     assert_eq!(i["blocks_read"], i["blocks"], "{i}");
     let text = env.ok(&["backup", "--image", src.to_str().unwrap()]);
     assert!(text.contains("of the file are holes"), "{text}");
+    assert!(text.contains("of them in holes: zeros, not read"), "{text}");
     let out = env.path("back.raw");
     restore_image(&env, r["snapshot_id"].as_str().unwrap(), &out, &[]);
     let back = fs::read(&out).unwrap();

@@ -340,9 +340,18 @@ fn read_and_write_limits_hold_the_rate() {
     assert!(r["duration_secs"].as_f64().unwrap() >= 1.0, "{r}");
     let back = target.join(src.strip_prefix("/").unwrap()).join("big");
     assert_eq!(std::fs::read(back).unwrap(), data);
-    // An image restore holds it too.
+    // An image backup and an image restore hold it too.
     let big = src.join("big");
-    env.ok(&["backup", "--image", big.to_str().unwrap()]);
+    let r: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "backup",
+        "--json",
+        "--read-limit",
+        "2M",
+        "--image",
+        big.to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert!(r["duration_secs"].as_f64().unwrap() >= 1.0, "{r}");
     let image = env.path("image.raw");
     let t0 = std::time::Instant::now();
     env.ok(&[

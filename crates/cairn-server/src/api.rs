@@ -666,9 +666,6 @@ pub async fn put(
             Action::Replace => stored_up_to(&store, name.clone(), 1).await?.is_none(),
             _ => false,
         };
-    if new_lock {
-        room_for_lock(&store, &t).await?;
-    }
     // A write that needs a job slot is refused before any of the upload budget is
     // reserved or a body read: a client without one (or without a session) must
     // not hold memory others wait for. (Checked again after the body: a slot can
@@ -792,7 +789,7 @@ pub async fn put(
     // (its prune repacks before it deletes). Index files, dedup lists and
     // snapshots too: a backup token filled the room with junk index files once
     // packs were refused (QA). Not locks: a restore must still be able to take
-    // one on a full disk, and a token's locks are few and small (`room_for_lock`,
+    // one on a full disk, and a token's locks are few and small (`make_room_for_lock`,
     // `MAX_LOCK_SIZE`: 4 MiB at most).
     let adds = matches!(
         kind,
@@ -807,21 +804,22 @@ pub async fn put(
     let n = name.clone();
     let (s, token_id) = (store.clone(), t.id.clone());
     let non_admin_lock = kind == Kind::Lock && t.role != Role::Admin;
-    let at_cap = blocking(move || {
+    let (at_cap, removed) = blocking(move || {
         let _claim = match &room {
             Some(room) => Some(room.claim(backend.as_ref(), &n, body.len() as u64, 0)?),
             None => None,
         };
-        // Counted again with the write, one at a time per datastore: parallel
-        // requests each found room for one more before (the check above only
-        // spares a body's upload).
+        // Counted with the write, one at a time per datastore: parallel
+        // requests each found room for one more when it was counted before.
         let _creating =
             new_lock.then(|| s.owners.creating.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut removed = Vec::new();
         if new_lock {
-            let (held, _) =
+            let (held, gone) =
                 crate::locks::make_room_for_lock(backend.as_ref(), &s.owners, &token_id)?;
+            removed = gone;
             if held >= crate::locks::MAX_LOCKS_PER_TOKEN {
-                return Ok::<_, BackendError>(Some(held));
+                return Ok::<_, BackendError>((Some(held), removed));
             }
         }
         match action {
@@ -842,9 +840,20 @@ pub async fn put(
         if non_admin_lock {
             s.owners.saw(&n, &body);
         }
-        Ok(None)
+        Ok((None, removed))
     })
     .await?;
+    if !removed.is_empty() {
+        crate::log_line(&format!(
+            "token {:?}: removed {} of its locks on datastore {:?} unchanged for {} \
+             minutes (left by processes that ended without removing them), to make room \
+             for a new one",
+            t.name,
+            removed.len(),
+            store.name,
+            crate::locks::GONE_AFTER_SECS / 60
+        ));
+    }
     if let Some(held) = at_cap {
         return Err(too_many_locks(&store, held));
     }
@@ -871,30 +880,6 @@ pub async fn put(
             .stored_snapshot(&key, policy::id_of(&name).unwrap_or(""));
     }
     Ok(StatusCode::CREATED.into_response())
-}
-
-/// A non-admin token about to store a new lock: refused (429) while it holds
-/// [`crate::locks::MAX_LOCKS_PER_TOKEN`] that this server saw written lately;
-/// those it has not seen written for an hour make room (and are logged).
-async fn room_for_lock(store: &Arc<Datastore>, t: &TokenEntry) -> ApiResult<()> {
-    let (s, id) = (store.clone(), t.id.clone());
-    let (held, removed) =
-        blocking(move || crate::locks::make_room_for_lock(s.backend.as_ref(), &s.owners, &id))
-            .await?;
-    if !removed.is_empty() {
-        crate::log_line(&format!(
-            "token {:?}: removed {} of its locks on datastore {:?} not refreshed for an \
-             hour (left by processes that ended without removing them), to make room \
-             for a new one",
-            t.name,
-            removed.len(),
-            store.name
-        ));
-    }
-    if held >= crate::locks::MAX_LOCKS_PER_TOKEN {
-        return Err(too_many_locks(store, held));
-    }
-    Ok(())
 }
 
 fn too_many_locks(store: &Datastore, held: usize) -> ApiError {

@@ -1587,23 +1587,7 @@ fn a_file_size_limit_is_an_error_not_a_signal() {
     env.backup(&[&src]);
     let limited = |args: &[&str]| {
         let mut cmd = env.cmd(args);
-        {
-            use std::os::unix::process::CommandExt;
-            #[allow(unsafe_code)]
-            // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
-            unsafe {
-                cmd.pre_exec(|| {
-                    let lim = libc::rlimit {
-                        rlim_cur: 4 << 20,
-                        rlim_max: 4 << 20,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
+        limit(&mut cmd, libc::RLIMIT_FSIZE, 4 << 20);
         let o = cmd.stdout(Stdio::null()).output().unwrap();
         (
             o.status.code(),

@@ -165,23 +165,7 @@ fn a_giant_lock_costs_no_memory() {
     // lock would fail the allocation (and the backup). A limit, not ru_maxrss: a
     // child spawned with vfork inherits the test runner's peak RSS in ru_maxrss.
     let mut cmd = env.cmd(&["backup", "-q", src.to_str().unwrap()]);
-    {
-        use std::os::unix::process::CommandExt;
-        #[allow(unsafe_code)]
-        // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                let lim = libc::rlimit {
-                    rlim_cur: 1 << 30,
-                    rlim_max: 1 << 30,
-                };
-                if libc::setrlimit(libc::RLIMIT_DATA, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
+    limit(&mut cmd, libc::RLIMIT_DATA, 1 << 30);
     let out = cmd.stdout(Stdio::null()).output().unwrap();
     assert!(
         out.status.success(),

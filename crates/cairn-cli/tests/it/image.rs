@@ -1926,48 +1926,27 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
         assert!(err.contains(loop_), "{err}");
     }
     assert_eq!(fs::read(out.join("root/z/late")).unwrap(), b"3");
-    // Refused, not ignored (QA: --verify checked nothing and said nothing).
-    for flag in ["--verify", "--dry-run"] {
-        let e = env.fails(
-            &[
-                "restore",
-                &snap,
-                "--image-fs",
-                "/z",
-                "--target",
-                out.to_str().unwrap(),
-                flag,
-            ],
-            2,
-        );
-        assert!(e.contains("not available with --image-fs"), "{e}");
-    }
-    // Options that do not combine are usage errors, exit 2 (QA: 1).
-    let e = env.fails(
-        &[
-            "restore",
-            &snap,
-            "--image-fs",
-            "/z",
-            "--target",
-            out.to_str().unwrap(),
-            "--delete",
-        ],
-        2,
-    );
-    assert!(e.contains("do not apply"), "{e}");
-    let e = env.fails(
-        &[
-            "restore",
-            &snap,
-            "--image",
-            "--target",
-            env.path("x.img").to_str().unwrap(),
+    // Refused, not ignored (QA: --verify checked nothing and said nothing), and
+    // as usage errors, exit 2 (QA: 1), as options that do not combine are.
+    let o = out.to_str().unwrap();
+    let x = env.path("x.img");
+    let fs_restore: &[&str] = &["restore", &snap, "--image-fs", "/z", "--target", o];
+    let image_restore: &[&str] = &["restore", &snap, "--image", "--target", x.to_str().unwrap()];
+    for (args, flag, says) in [
+        (&fs_restore, "--verify", "not available with --image-fs"),
+        (&fs_restore, "--dry-run", "not available with --image-fs"),
+        (&fs_restore, "--delete", "do not apply"),
+        (
+            &image_restore,
             "--dry-run",
-        ],
-        2,
-    );
-    assert!(e.contains("do not apply to an image restore"), "{e}");
+            "do not apply to an image restore",
+        ),
+    ] {
+        let mut args = args.to_vec();
+        args.push(flag);
+        let e = env.fails(&args, 2);
+        assert!(e.contains(says), "{flag}: {e}");
+    }
     // --image with --image-fs: which restore is meant is asked, not guessed
     // (QA: an --image-fs restore was done).
     let e = env.fails(
@@ -2263,23 +2242,7 @@ fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
         "--target",
         small.to_str().unwrap(),
     ]);
-    {
-        use std::os::unix::process::CommandExt;
-        #[allow(unsafe_code)]
-        // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                let lim = libc::rlimit {
-                    rlim_cur: 4 << 20,
-                    rlim_max: 4 << 20,
-                };
-                if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
+    limit(&mut cmd, libc::RLIMIT_FSIZE, 4 << 20);
     let o = cmd.output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");

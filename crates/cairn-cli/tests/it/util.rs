@@ -1070,3 +1070,23 @@ pub fn on_a_terminal(cmd: &Command, then: &str) -> Command {
     }
     script
 }
+
+/// Runs `cmd` with the resource limit `resource` (`libc::RLIMIT_*`) at `max`
+/// (soft and hard), set in the child before it starts.
+pub fn limit(cmd: &mut Command, resource: libc::__rlimit_resource_t, max: u64) {
+    use std::os::unix::process::CommandExt;
+    #[allow(unsafe_code)]
+    // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: max,
+                rlim_max: max,
+            };
+            if libc::setrlimit(resource, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}

@@ -266,7 +266,9 @@ impl State {
         if let Some(d) = lock(&self.data_bytes).get(root) {
             return Some(*d);
         }
-        if *chunks > crate::holes::MAX_CHUNKS_LOOKED_AT {
+        if *chunks > crate::holes::MAX_CHUNKS_LOOKED_AT
+            || !self.zeros.may_have_holes(n.size, *chunks)
+        {
             return None;
         }
         let session = self.session().ok()?;
@@ -787,9 +789,13 @@ fn entry_of(
     let mut attr = node_attr(n);
     let mut holes_unknown = false;
     if n.kind == NodeKind::File {
-        match zeros.data_bytes_inline(&n.content) {
-            Some(data) => attr.blocks = crate::holes::blocks(n.size, data),
-            None => holes_unknown = true,
+        match (zeros.data_bytes_inline(&n.content), &n.content) {
+            (Some(data), _) => attr.blocks = crate::holes::blocks(n.size, data),
+            (None, Content::Tree { chunks, .. }) => {
+                holes_unknown = *chunks <= crate::holes::MAX_CHUNKS_LOOKED_AT
+                    && zeros.may_have_holes(n.size, *chunks);
+            }
+            (None, _) => {}
         }
     }
     (
@@ -1143,8 +1149,10 @@ impl Filesystem for CairnFs {
                                     t.lookup(ino.0, &n.name, link_key(*snap, n), || {
                                         entry_of(*snap, *id, n, &st.zeros)
                                     });
-                                if let (NodeKind::File, Content::Tree { root, .. }) =
+                                if let (NodeKind::File, Content::Tree { root, chunks, .. }) =
                                     (n.kind, &n.content)
+                                    && *chunks <= crate::holes::MAX_CHUNKS_LOOKED_AT
+                                    && st.zeros.may_have_holes(n.size, *chunks)
                                 {
                                     match lock(&st.data_bytes).get(root) {
                                         Some(d) => attr.blocks = crate::holes::blocks(n.size, *d),

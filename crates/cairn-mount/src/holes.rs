@@ -24,6 +24,8 @@ pub const MAX_CHUNKS_LOOKED_AT: u64 = 65_536;
 /// The ids of the zero chunks a repository stores.
 pub struct Zeros {
     ids: Vec<(u64, BlobId)>,
+    /// The repository's block size (average chunk size).
+    block: u64,
 }
 
 impl Zeros {
@@ -40,7 +42,23 @@ impl Zeros {
                 ids.push((len as u64, repo.key().blob_id(&zeros[..len])));
             }
         }
-        Zeros { ids }
+        Zeros {
+            ids,
+            block: block as u64,
+        }
+    }
+
+    /// Whether a file of `size` bytes in `chunks` chunks (a chunk list of its
+    /// own) may have holes worth reading its list for. Runs of zeros are cut in
+    /// chunks of the longest length, so a file with holes has longer chunks on
+    /// average than the block size; a file without has about the block size. An
+    /// image's fixed blocks are all the block size, holes or not: such a list is
+    /// read too. Others are taken as all data without a read: `ls -l` of a
+    /// directory of large files would otherwise read each one's chunk list (a
+    /// request each, on remote storage).
+    pub fn may_have_holes(&self, size: u64, chunks: u64) -> bool {
+        let block = self.block.max(1);
+        chunks > 0 && (size / chunks >= block + block / 2 || size.div_ceil(block) == chunks)
     }
 
     pub fn is_zero(&self, c: &ChunkRef) -> bool {
@@ -71,6 +89,21 @@ pub fn blocks(size: u64, data: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_lists_that_may_hold_holes_are_read() {
+        let z = Zeros {
+            ids: Vec::new(),
+            block: 64 << 10,
+        };
+        // Content-defined chunks of data: about the block size on average.
+        assert!(!z.may_have_holes(100 << 20, 1590));
+        // Long runs of zeros cut at the longest length.
+        assert!(z.may_have_holes(100 << 20, 420));
+        // An image's fixed blocks, the last one short.
+        assert!(z.may_have_holes((100 << 20) + 5, 1601));
+        assert!(!z.may_have_holes(1, 0));
+    }
 
     #[test]
     fn blocks_count_data_only() {

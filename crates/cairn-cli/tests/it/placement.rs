@@ -476,3 +476,43 @@ fn init_ssd(env: &Env, dir: &std::path::Path) {
         dir.to_str().unwrap(),
     ]);
 }
+
+/// A junk index file (a 1 KiB one, or one larger than cairn writes) in a
+/// repository of the SSD placement: the index is built without it, and every
+/// command goes on with a warning, as in the RAM placement (QA: "SSD index is out
+/// of date" from restore, check, backup and prune: the fresh build was refused
+/// for the damage it recorded).
+#[test]
+fn a_junk_index_file_is_passed_over_by_the_ssd_placement() {
+    let env = Env::new();
+    let ssd = env.path("ssd");
+    env.init(&[
+        "--index-placement",
+        "ssd",
+        "--index-path",
+        ssd.to_str().unwrap(),
+    ]);
+    let src = env.path("src");
+    make_full_tree(&src, 7);
+    let id = env.backup(&[&src]);
+    for (n, size) in [(0x4a, 1024u64), (0x4b, (128 << 20) + 1)] {
+        let junk = env.repo.join("index").join(format!("{n:x}").repeat(32));
+        fs::File::create(&junk).unwrap().set_len(size).unwrap();
+        let target = env.path(&format!("r{n}"));
+        let o = env.run(&["restore", &id, "--target", target.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(err.contains("damaged"), "{err}");
+        assert_same(&src, &target.join(src.strip_prefix("/").unwrap()));
+        let o = env.run(&["backup", src.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = env.run(&["check"]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            !o.status.success() && out.contains(&format!("{n:x}").repeat(32)),
+            "{out}"
+        );
+    }
+    env.ok(&["repair", "index"]);
+    env.check_clean();
+}

@@ -74,7 +74,7 @@ pub(super) fn build_incremental(
         return Ok(false);
     };
     let base_dir = dir.join(current.trim());
-    let Ok(m) = read_manifest(&base_dir, repo_id) else {
+    let Ok(m) = read_manifest(&base_dir, repo_id, false) else {
         return Ok(false);
     };
     let known: HashSet<&String> = m.index_files.iter().collect();

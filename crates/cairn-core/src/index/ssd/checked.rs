@@ -191,7 +191,7 @@ impl Repair {
             {
                 return Err("the repository's index files changed since it was built".into());
             }
-            let m = read_manifest(&tmp, &self.repo_id).map_err(|e| e.to_string())?;
+            let m = read_manifest(&tmp, &self.repo_id, true).map_err(|e| e.to_string())?;
             let open = |l: Large| -> std::result::Result<File, String> {
                 let sums = m.checksums.get(&format!("{}.sums", l.name()));
                 if sums.is_none() || sums != self.expect[l as usize].as_ref() {

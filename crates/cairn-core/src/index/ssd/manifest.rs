@@ -24,11 +24,16 @@ pub(super) struct Manifest {
 
 /// Reads and checks a segment's manifest. A build that met unreadable index files
 /// is redone at every open, as the RAM placement reads them again every time: the
-/// damage may have been passing.
-pub(super) fn read_manifest(dir: &Path, repo_id: &str) -> Result<Manifest> {
+/// damage may have been passing. `just_built`: the build this open made, taken
+/// with its damage (QA: one junk index file made every command fail with "out of
+/// date", the fresh build refused as the old one was).
+pub(super) fn read_manifest(dir: &Path, repo_id: &str, just_built: bool) -> Result<Manifest> {
     let m: Manifest = serde_json::from_slice(&read_file(dir, "manifest.json")?)
         .map_err(|e| Error::Invalid(format!("SSD index manifest: {e}")))?;
-    if m.version != MANIFEST_VERSION || m.repo_id != repo_id || !m.errors.is_empty() {
+    if m.version != MANIFEST_VERSION
+        || m.repo_id != repo_id
+        || (!m.errors.is_empty() && !just_built)
+    {
         return Err(Error::Invalid("SSD index is out of date".into()));
     }
     if dir.join(DAMAGED).exists()

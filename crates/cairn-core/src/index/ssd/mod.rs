@@ -244,7 +244,7 @@ impl SsdIndex {
         loop {
             attempt += 1;
             let (files, pending) = listing(repo)?;
-            let found = match Self::load_current(&dir, &repo_id, &files, &pending, opening) {
+            let found = match Self::load_current(&dir, &repo_id, &files, &pending, opening, false) {
                 Ok(ix) => return Ok(ix),
                 Err(e) => e,
             };
@@ -265,7 +265,7 @@ impl SsdIndex {
                 nix::fcntl::FlockArg::LockExclusive,
             )
             .map_err(|(_, e)| Error::Invalid(format!("locking {}: {e}", lock_path.display())))?;
-            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, opening) {
+            if let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, opening, false) {
                 drop(guard);
                 return Ok(ix);
             }
@@ -275,7 +275,7 @@ impl SsdIndex {
                 Err(e) => return Err(e),
             };
             if incremental
-                && let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, opening)
+                && let Ok(ix) = Self::load_current(&dir, &repo_id, &files, &pending, opening, true)
             {
                 drop(guard);
                 return Ok(said(ix));
@@ -289,7 +289,7 @@ impl SsdIndex {
                 Err(e) => return Err(e),
             }
             drop(guard);
-            return Self::load_current(&dir, &repo_id, &files, &pending, opening).map(said);
+            return Self::load_current(&dir, &repo_id, &files, &pending, opening, true).map(said);
         }
     }
 
@@ -303,14 +303,14 @@ impl SsdIndex {
         if build.join(DAMAGED).exists() {
             return true;
         }
-        let Ok(m) = read_manifest(&build, repo_id) else {
+        let Ok(m) = read_manifest(&build, repo_id, false) else {
             return false;
         };
         let delta = build.join("delta");
         if !delta.exists() {
             return made_from(&m, None, files, pending);
         }
-        match read_manifest(&delta, repo_id) {
+        match read_manifest(&delta, repo_id, false) {
             Ok(md) => made_from(&m, Some(&md), files, pending),
             Err(_) => true,
         }
@@ -337,7 +337,7 @@ impl SsdIndex {
             answers: Answers::AnyId,
             source: None,
         };
-        match Self::load_current(&dir, &repo_id, &files, &pending, opening) {
+        match Self::load_current(&dir, &repo_id, &files, &pending, opening, false) {
             Ok((ix, _)) => Ok(match ix.verify() {
                 Ok(()) => CacheState::Intact,
                 Err(e) => CacheState::Damaged(e),
@@ -357,6 +357,7 @@ impl SsdIndex {
         files: &[String],
         pending: &[String],
         opening: Opening,
+        just_built: bool,
     ) -> Result<(SsdIndex, Vec<PackId>)> {
         let name = String::from_utf8(read_file(dir, "CURRENT")?)
             .map_err(|_| Error::Invalid("SSD index: CURRENT is not a name".into()))?;
@@ -366,7 +367,14 @@ impl SsdIndex {
                 "SSD index: CURRENT is not a build name".into(),
             ));
         }
-        Self::load(&dir.join(name), repo_id, files, pending, opening)
+        Self::load(
+            &dir.join(name),
+            repo_id,
+            files,
+            pending,
+            opening,
+            just_built,
+        )
     }
 
     /// Loads a build: its base segment, and its delta segment when it has one
@@ -378,11 +386,12 @@ impl SsdIndex {
         files: &[String],
         pending: &[String],
         opening: Opening,
+        just_built: bool,
     ) -> Result<(SsdIndex, Vec<PackId>)> {
-        let m = read_manifest(dir, repo_id)?;
+        let m = read_manifest(dir, repo_id, just_built)?;
         let delta_dir = dir.join("delta");
         let md = if delta_dir.exists() {
-            Some(read_manifest(&delta_dir, repo_id)?)
+            Some(read_manifest(&delta_dir, repo_id, just_built)?)
         } else {
             None
         };

@@ -51,6 +51,18 @@ pub const POINTS: &[Point] = &[
                 are set, the rest not; its unfinished-restore mark is still there",
     },
     Point {
+        name: "backup:link-open",
+        state: "a backup is about to open the first name of a large hard-linked file, \
+                whose other names take what is read of it; nothing of the file is \
+                stored yet",
+    },
+    Point {
+        name: "backup:link-open-small",
+        state: "a backup's worker is about to open the first name of a small \
+                hard-linked file, whose other names take what is read of it; \
+                nothing of the file is stored yet",
+    },
+    Point {
         name: "backup:locked",
         state: "a backup holds its lock and has not read the index (nor asked a \
                 server for its dedup plan); it has stored nothing",

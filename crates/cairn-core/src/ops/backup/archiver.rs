@@ -512,13 +512,12 @@ fn run<'a>(
                     } => {
                         // The first name of its inode came before it, read or not.
                         let Some(read) = st.links.take(&node, last) else {
+                            let message = "not read: another name of this hard-linked file \
+                                           could not be read whole"
+                                .to_string();
+                            progress.warning(&path, &message);
                             st.summary.entries_skipped += 1;
-                            skipped.push(Skipped {
-                                path,
-                                message: "not read: another name of this hard-linked file \
-                                          could not be read whole"
-                                    .into(),
-                            });
+                            skipped.push(Skipped { path, message });
                             continue;
                         };
                         node.content = read.content;
@@ -544,6 +543,7 @@ fn run<'a>(
                             .children
                             .push(*node);
                     }
+                    Item::LinkDone(key) => st.links.forget(key),
                     Item::Entry { node, unchanged } => {
                         if node.kind == NodeKind::File {
                             st.summary.total_bytes += node.size;

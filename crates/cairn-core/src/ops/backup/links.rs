@@ -8,15 +8,20 @@
 //!
 //! The walker decides ([`Seen`]): the first name of an inode is read and marked
 //! `linkable`; a later name of the unchanged inode is sent as
-//! [`super::Item::Linked`], unread. The archiver takes items in the walker's
-//! order, so the first name is finished (or failed) before a later one arrives:
-//! [`Finished`] gives it the first name's content, xattrs and flags, or says that
-//! the first name could not be read whole. Both sides keep an inode until its
-//! last name was seen, at most [`MAX_INODES`] at once (past that, names are read
-//! as any file is).
+//! [`super::Item::Linked`], unread, once whoever read the first name (the walker
+//! for a large file, a worker for a small one) said in [`Reads`] that it read
+//! that very inode whole. A later name is read itself while the first is still
+//! being read, and when the first could not be read whole: failed, changed while
+//! read, or another file by the time it was opened (replaced, renamed or removed
+//! since the walk saw it; QA: the other names were then left out). The archiver
+//! takes items in the walker's order, so the first name is finished before a
+//! later one arrives: [`Finished`] gives it the first name's content, xattrs and
+//! flags. All three keep an inode until its last name was seen, at most
+//! [`MAX_INODES`] at once (past that, names are read as any file is).
 
 use cairn_format::tree::{Content, Node, NodeKind, Timestamp};
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 /// Most hard-linked inodes remembered at once: each costs the walker ~80 bytes
 /// and the archiver its content's description (~150 bytes for a large file).
@@ -50,6 +55,14 @@ pub(crate) enum Decision {
 }
 
 impl Seen {
+    /// `node` (a later name, decided [`Decision::Linked`] but not linked: its
+    /// first name was not read whole) becomes the name later ones take from.
+    pub(crate) fn restart(&mut self, node: &Node) {
+        if let Some(f) = self.first.get_mut(&(node.dev, node.inode)) {
+            (f.size, f.mtime, f.ctime) = (node.size, node.mtime, node.ctime);
+        }
+    }
+
     pub(crate) fn decide(&mut self, node: &Node) -> Decision {
         if node.kind != NodeKind::File || node.nlink < 2 {
             return Decision::Read { linkable: false };
@@ -80,6 +93,47 @@ impl Seen {
         }
         self.first.insert(key, now);
         Decision::Read { linkable: true }
+    }
+}
+
+/// How the read of each linkable name went, told by the thread that read it.
+#[derive(Default)]
+pub(crate) struct Reads(Mutex<HashMap<Inode, Read>>);
+
+/// The state of a linkable name's read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Read {
+    Pending,
+    /// That very inode, read whole, unchanged while read.
+    Whole,
+    /// Not read, not whole, or another file by the time it was opened.
+    Failed,
+}
+
+impl Reads {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Inode, Read>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The walker has sent the linkable name of `key` to be read.
+    pub(crate) fn start(&self, key: Inode) {
+        self.map().insert(key, Read::Pending);
+    }
+
+    /// The reader of the linkable name of `key` is done: `whole`, it read that
+    /// inode whole (a read the walker forgot already is not remembered).
+    pub(crate) fn done(&self, key: Inode, whole: bool) {
+        if let Some(r) = self.map().get_mut(&key) {
+            *r = if whole { Read::Whole } else { Read::Failed };
+        }
+    }
+
+    pub(crate) fn get(&self, key: Inode) -> Option<Read> {
+        self.map().get(&key).copied()
+    }
+
+    pub(crate) fn forget(&self, key: Inode) {
+        self.map().remove(&key);
     }
 }
 
@@ -122,6 +176,11 @@ impl Finished {
                 },
             );
         }
+    }
+
+    /// Forgets the inode `key`: its last name was read itself.
+    pub(crate) fn forget(&mut self, key: Inode) {
+        self.read.remove(&key);
     }
 
     /// What the first name of the inode of `node` was read as; `last`: the
@@ -206,6 +265,34 @@ mod tests {
             Decision::Linked { last: true }
         );
         assert!(!seen.first.contains_key(&(1, 10)));
+    }
+
+    #[test]
+    fn reads_are_told_only_while_the_walker_waits_for_them() {
+        let reads = Reads::default();
+        let key = (1, 5);
+        assert_eq!(reads.get(key), None);
+        reads.start(key);
+        assert_eq!(reads.get(key), Some(Read::Pending));
+        reads.done(key, true);
+        assert_eq!(reads.get(key), Some(Read::Whole));
+        reads.start(key);
+        reads.done(key, false);
+        assert_eq!(reads.get(key), Some(Read::Failed));
+        reads.forget(key);
+        reads.done(key, true);
+        assert_eq!(reads.get(key), None);
+        // A restarted first name takes the later name's times.
+        let mut seen = Seen::default();
+        assert_eq!(
+            seen.decide(&file(5, 3, 10, 1)),
+            Decision::Read { linkable: true }
+        );
+        seen.restart(&file(5, 3, 10, 1));
+        assert_eq!(
+            seen.decide(&file(5, 3, 10, 1)),
+            Decision::Linked { last: false }
+        );
     }
 
     #[test]

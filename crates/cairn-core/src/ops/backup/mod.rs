@@ -271,6 +271,9 @@ pub(crate) enum Item {
         /// No other name of the inode is to come.
         last: bool,
     },
+    /// The inode's last name was read itself: what its linkable name was read
+    /// as is not needed any more.
+    LinkDone(links::Inode),
     /// A complete entry: an unchanged file (content reused), a symlink, a device...
     Entry {
         node: Box<Node>,
@@ -964,7 +967,9 @@ fn run(
         let id = key.blob_id(&z);
         (z, id)
     });
+    let reads = links::Reads::default();
     let (archived, walk_result) = std::thread::scope(|s| {
+        let reads = &reads;
         let budget = &budget;
         let inflight = &inflight;
         let pool = &pool;
@@ -1005,7 +1010,8 @@ fn run(
                         progress,
                         opts.one_file_system,
                     )
-                    .with_read_limit(read_limit);
+                    .with_read_limit(read_limit)
+                    .with_link_reads(reads);
                     let r = match (stdin, image_plan) {
                         (_, Some(plan)) => w.run_image(plan),
                         (Some((name, reader)), None) => w.run_stdin(&name, reader),
@@ -1038,6 +1044,7 @@ fn run(
                 buf: Vec::new(),
                 read_limit,
                 zero: zero.as_ref(),
+                reads,
             };
             let spawned = std::thread::Builder::new()
                 .name("cairn-chunk".into())
@@ -1180,6 +1187,8 @@ struct Worker<'a> {
     /// Image backups: a block of zeros and its id. A zero block (most of a fresh
     /// disk) is recognised by a compare, far cheaper than hashing it.
     zero: Option<&'a (Vec<u8>, BlobId)>,
+    /// Where a linkable small file's read is said to have gone whole or not.
+    reads: &'a links::Reads,
 }
 
 /// How far a small file may grow between its stat and its read before it is left
@@ -1372,6 +1381,9 @@ impl Worker<'_> {
             .max(SMALL_FILE_GROWTH_LIMIT);
         let mut buf = std::mem::take(&mut self.buf);
         buf.reserve(node.size as usize + 1);
+        if link.is_some() {
+            crate::hooks::point("backup:link-open-small");
+        }
         let opened = match &dir {
             Some(d) => source::open_source_at(d, &node.name),
             None => source::open_source(&path),
@@ -1430,6 +1442,12 @@ impl Worker<'_> {
             });
             Ok(())
         });
+        if let Some(key) = link {
+            // That very inode (not one that replaced it since the walk saw it),
+            // read whole and unchanged: its other names may take this read.
+            let whole = read.is_ok() && torn.is_none() && (node.dev, node.inode) == key;
+            self.reads.done(key, whole);
+        }
         let out = match read {
             Ok(()) => {
                 self.progress.bytes_done(buf.len() as u64);

@@ -126,6 +126,8 @@ pub(crate) struct Walker<'a> {
     ways: HashSet<PathBuf>,
     /// Hard-linked files read so far: their other names are not read again.
     links: super::links::Seen,
+    /// How the reads of their first names went; none: every name is read.
+    reads: Option<&'a super::links::Reads>,
 }
 
 impl<'a> Walker<'a> {
@@ -158,7 +160,14 @@ impl<'a> Walker<'a> {
             nested: HashSet::new(),
             ways: HashSet::new(),
             links: Default::default(),
+            reads: None,
         }
+    }
+
+    /// Reads a hard-linked file once, its reads told in `reads` ([`super::links`]).
+    pub(crate) fn with_link_reads(mut self, reads: &'a super::links::Reads) -> Self {
+        self.reads = Some(reads);
+        self
     }
 
     /// Reads sources at most at this average rate.
@@ -371,10 +380,19 @@ impl<'a> Walker<'a> {
             self.progress.warning(path, &w);
         }
         let mut link = None;
-        if node.kind == NodeKind::File && !p.reused {
+        if node.kind == NodeKind::File
+            && !p.reused
+            && let Some(reads) = self.reads
+        {
+            use super::links::{Decision, Read};
+            let key = (node.dev, node.inode);
             match self.links.decide(&node) {
-                // Another name of a hard-linked file read earlier, unchanged since.
-                super::links::Decision::Linked { last } => {
+                // Another name of a hard-linked file read earlier, unchanged
+                // since, and that read was of this very inode, whole.
+                Decision::Linked { last } if reads.get(key) == Some(Read::Whole) => {
+                    if last {
+                        reads.forget(key);
+                    }
                     self.progress.bytes_done(node.size);
                     self.progress.file_done();
                     self.emit(Item::Linked {
@@ -385,8 +403,26 @@ impl<'a> Walker<'a> {
                     })?;
                     return Ok(Step::Done);
                 }
-                super::links::Decision::Read { linkable } => {
-                    link = linkable.then_some((node.dev, node.inode));
+                // Read itself: the first name's read failed (or was of another
+                // file), and this one is read for the later names instead.
+                Decision::Linked { last: false } if reads.get(key) == Some(Read::Failed) => {
+                    self.links.restart(&node);
+                    reads.start(key);
+                    link = Some(key);
+                }
+                // Read itself, alone: the first name is still being read, or
+                // this is the last name.
+                Decision::Linked { last } => {
+                    if last {
+                        reads.forget(key);
+                        self.emit(Item::LinkDone(key))?;
+                    }
+                }
+                Decision::Read { linkable } => {
+                    if linkable {
+                        reads.start(key);
+                        link = Some(key);
+                    }
                 }
             }
         }
@@ -610,6 +646,9 @@ impl<'a> Walker<'a> {
         xattrs_unread: bool,
         link: Option<super::links::Inode>,
     ) -> Result<()> {
+        if link.is_some() {
+            crate::hooks::point("backup:link-open");
+        }
         // Relative to the open directory when there is one: one component to resolve.
         let file = match dir {
             Some(d) => super::source::open_source_at(d, &node.name),
@@ -617,7 +656,10 @@ impl<'a> Walker<'a> {
         };
         let mut file: File = match file {
             Ok(f) => f,
-            Err(e) => return self.skip(path, e.to_string()),
+            Err(e) => {
+                self.link_read(link, false);
+                return self.skip(path, e.to_string());
+            }
         };
         let mut xattrs_unread = xattrs_unread;
         // Replaced since the scan, it is described from the open file; it stays
@@ -633,6 +675,9 @@ impl<'a> Walker<'a> {
                 Err(w) => self.progress.warning(path, &w),
             }
         }
+        // Another file than the walk saw (replaced since): not the inode the
+        // other names are of.
+        let same_inode = link.is_some_and(|k| k == (node.dev, node.inode));
         self.progress.file_started(path);
         self.emit(Item::FileStart {
             node: Box::new(node),
@@ -659,9 +704,11 @@ impl<'a> Walker<'a> {
                         message,
                     }
                 });
+                self.link_read(link, same_inode && torn.is_none());
                 self.emit(Item::FileEnd { ok: true, torn })
             }
             Err(ReadError::Source(e)) => {
+                self.link_read(link, false);
                 self.emit(Item::FileEnd {
                     ok: false,
                     torn: None,
@@ -669,6 +716,13 @@ impl<'a> Walker<'a> {
                 self.skip(path, format!("read failed: {e}"))
             }
             Err(ReadError::Fatal(e)) => Err(e),
+        }
+    }
+
+    /// Says how the read of a linkable name went ([`super::links::Reads`]).
+    fn link_read(&self, link: Option<super::links::Inode>, whole: bool) {
+        if let (Some(key), Some(reads)) = (link, self.reads) {
+            reads.done(key, whole);
         }
     }
 

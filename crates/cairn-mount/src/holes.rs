@@ -15,10 +15,9 @@ use cairn_core::Repository;
 use cairn_format::BlobId;
 use cairn_format::tree::{ChunkRef, Content};
 
-/// Most chunks looked at for one answer: a file's `st_blocks` when its chunk
-/// list is longer is its size (as if it had no holes), and a seek stops there
-/// (`SEEK_HOLE` answers the end of the file, `SEEK_DATA` where it stopped; both
-/// allowed: a hole may always be reported as data).
+/// Most chunks looked at for a file's holes: one with a longer chunk list is
+/// all data (`st_blocks` its size, `SEEK_DATA` where asked, `SEEK_HOLE` its
+/// end: allowed, a hole may always be reported as data).
 pub const MAX_CHUNKS_LOOKED_AT: u64 = 65_536;
 
 /// The ids of the zero chunks a repository stores.

@@ -1018,9 +1018,10 @@ pub struct ExportArgs {
     pub path: Option<String>,
     /// tar (GNU tar's format, with pax records: owners, ns times, xattrs, ACLs,
     /// hard links, devices, sparse files) or zip
-    /// (names, modes, symlinks, 2 s times; deflated)
-    #[arg(long, value_parser = ["tar", "zip"], default_value = "tar")]
-    pub format: String,
+    /// (names, modes, symlinks, 2 s times; deflated). Default: zip for an
+    /// --output FILE named *.zip, tar otherwise
+    #[arg(long, value_parser = ["tar", "zip"])]
+    pub format: Option<String>,
     /// Write to this file (made complete, then renamed into place) instead of
     /// standard output (`-`: standard output)
     #[arg(short, long, value_name = "FILE")]

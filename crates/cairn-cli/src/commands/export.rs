@@ -6,17 +6,24 @@ use cairn_core::session::{IndexLoad, Read};
 use std::io::{IsTerminal, Write};
 
 pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
-    let format: Format = a.format.parse()?;
     // `-o -` is standard output, as for tar.
     let output = a
         .output
         .as_deref()
         .filter(|o| *o != std::path::Path::new("-"));
+    // As the file is named, unless said (QA: `-o out.zip` wrote a tar).
+    let named_zip = output
+        .and_then(|o| o.extension())
+        .is_some_and(|e| e.eq_ignore_ascii_case("zip"));
+    let format_name = a
+        .format
+        .as_deref()
+        .unwrap_or(if named_zip { "zip" } else { "tar" });
+    let format: Format = format_name.parse()?;
     if output.is_none() && std::io::stdout().is_terminal() {
         bail!(
-            "refusing to write a {} archive to the terminal: redirect standard output \
-             (> file, | tape) or give --output FILE",
-            a.format
+            "refusing to write a {format_name} archive to the terminal: redirect standard \
+             output (> file, | tape) or give --output FILE"
         );
     }
     let p = super::progress(g);

@@ -202,12 +202,7 @@ fn flip(path: &std::path::Path) {
 fn a_damaged_ssd_index_is_found_and_rebuilt() {
     let env = Env::new();
     let ssd = env.path("ssd");
-    env.init(&[
-        "--index-placement",
-        "ssd",
-        "--index-path",
-        ssd.to_str().unwrap(),
-    ]);
+    init_ssd_with(&env, &ssd, &[]);
     let src = env.path("src");
     make_full_tree(&src, 5);
     let mut rng = Rng(9);
@@ -467,14 +462,19 @@ fn without_a_home_the_ssd_placement_reads_the_index_into_memory() {
 
 /// A repository of 4 KiB blocks with the SSD index placement in `dir`.
 fn init_ssd(env: &Env, dir: &std::path::Path) {
-    env.init(&[
-        "--block-size",
-        "4K",
+    init_ssd_with(env, dir, &["--block-size", "4K"]);
+}
+
+/// A repository with the SSD index placement in `dir`, made with `extra`.
+fn init_ssd_with(env: &Env, dir: &std::path::Path, extra: &[&str]) {
+    let mut args = extra.to_vec();
+    args.extend([
         "--index-placement",
         "ssd",
         "--index-path",
         dir.to_str().unwrap(),
     ]);
+    env.init(&args);
 }
 
 /// A junk index file (a 1 KiB one, or one larger than cairn writes) in a
@@ -486,12 +486,7 @@ fn init_ssd(env: &Env, dir: &std::path::Path) {
 fn a_junk_index_file_is_passed_over_by_the_ssd_placement() {
     let env = Env::new();
     let ssd = env.path("ssd");
-    env.init(&[
-        "--index-placement",
-        "ssd",
-        "--index-path",
-        ssd.to_str().unwrap(),
-    ]);
+    init_ssd_with(&env, &ssd, &[]);
     let src = env.path("src");
     make_full_tree(&src, 7);
     let id = env.backup(&[&src]);

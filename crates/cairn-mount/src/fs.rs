@@ -266,9 +266,7 @@ impl State {
         if let Some(d) = lock(&self.data_bytes).get(root) {
             return Some(*d);
         }
-        if *chunks > crate::holes::MAX_CHUNKS_LOOKED_AT
-            || !self.zeros.may_have_holes(n.size, *chunks)
-        {
+        if !self.zeros.may_have_holes(n.size, *chunks) {
             return None;
         }
         let session = self.session().ok()?;
@@ -303,8 +301,7 @@ impl State {
         // here too: a seek that found holes in a file said to have none was taken
         // for zero-length data by copies (QA).
         if let Content::Tree { chunks, .. } = &n.content
-            && (*chunks > crate::holes::MAX_CHUNKS_LOOKED_AT
-                || !self.zeros.may_have_holes(n.size, *chunks))
+            && !self.zeros.may_have_holes(n.size, *chunks)
         {
             return Ok(Some(if hole { n.size } else { offset }));
         }
@@ -794,8 +791,7 @@ fn entry_of(
         match (zeros.data_bytes_inline(&n.content), &n.content) {
             (Some(data), _) => attr.blocks = crate::holes::blocks(n.size, data),
             (None, Content::Tree { chunks, .. }) => {
-                holes_unknown = *chunks <= crate::holes::MAX_CHUNKS_LOOKED_AT
-                    && zeros.may_have_holes(n.size, *chunks);
+                holes_unknown = zeros.may_have_holes(n.size, *chunks);
             }
             (None, _) => {}
         }
@@ -1153,7 +1149,6 @@ impl Filesystem for CairnFs {
                                     });
                                 if let (NodeKind::File, Content::Tree { root, chunks, .. }) =
                                     (n.kind, &n.content)
-                                    && *chunks <= crate::holes::MAX_CHUNKS_LOOKED_AT
                                     && st.zeros.may_have_holes(n.size, *chunks)
                                 {
                                     match lock(&st.data_bytes).get(root) {

@@ -55,9 +55,12 @@ impl Zeros {
     /// read too. Others are taken as all data without a read: `ls -l` of a
     /// directory of large files would otherwise read each one's chunk list (a
     /// request each, on remote storage).
+    /// Files of more than [`MAX_CHUNKS_LOOKED_AT`] chunks are never read for it.
     pub fn may_have_holes(&self, size: u64, chunks: u64) -> bool {
         let block = self.block.max(1);
-        chunks > 0 && (size / chunks >= block + block / 2 || size.div_ceil(block) == chunks)
+        chunks > 0
+            && chunks <= MAX_CHUNKS_LOOKED_AT
+            && (size / chunks >= block + block / 2 || size.div_ceil(block) == chunks)
     }
 
     pub fn is_zero(&self, c: &ChunkRef) -> bool {
@@ -102,6 +105,8 @@ mod tests {
         // An image's fixed blocks, the last one short.
         assert!(z.may_have_holes((100 << 20) + 5, 1601));
         assert!(!z.may_have_holes(1, 0));
+        // Past the bound, never: its list would be long to read.
+        assert!(!z.may_have_holes(1 << 40, MAX_CHUNKS_LOOKED_AT + 1));
     }
 
     #[test]

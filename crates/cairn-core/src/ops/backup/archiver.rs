@@ -479,7 +479,7 @@ fn run<'a>(
                     } => {
                         budget.release(b);
                         if let Some(l) = link {
-                            st.links.record(l, None, false);
+                            st.links.record(l, None);
                         }
                         st.summary.entries_skipped += 1;
                         skipped.push(s);
@@ -501,7 +501,7 @@ fn run<'a>(
                             }
                             finish_file(st, &mut frames, f, whole)?;
                         } else if let Some(l) = f.link {
-                            st.links.record(l, None, false);
+                            st.links.record(l, None);
                         }
                     }
                     Item::Linked {
@@ -524,12 +524,6 @@ fn run<'a>(
                         node.size = read.size;
                         node.flags = read.flags;
                         node.xattrs = read.xattrs;
-                        if read.torn {
-                            torn_files.push(Skipped {
-                                path,
-                                message: super::CHANGED_WHILE_READ.to_string(),
-                            });
-                        }
                         st.summary.total_bytes += node.size;
                         if changed {
                             st.summary.files_changed += 1;
@@ -613,7 +607,7 @@ fn finish_file(
     node.content = f.builder.finish(&mut emit)?;
     node.size = f.bytes;
     if let Some(l) = f.link {
-        st.links.record(l, Some(&node), !whole);
+        st.links.record(l, whole.then_some(&node));
     }
     // A sparse image's holes were not read: they are zeros, not disk reads.
     let holes = f.image.as_ref().map_or(0, |t| t.counts.hole_bytes);

@@ -151,16 +151,15 @@ pub(crate) struct Outcome {
     pub size: u64,
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     pub flags: u32,
-    /// It changed while it was read and was saved as read.
-    pub torn: bool,
 }
 
 impl Finished {
     /// Records what the linkable file of inode `link` (as the walker saw it)
-    /// was read as: `node`, or nothing when it could not be read (`None`) or was
-    /// another file by the time it was opened (replaced since). Later names of
-    /// the inode then find nothing and are left out, as it was.
-    pub(crate) fn record(&mut self, link: Inode, node: Option<&Node>, torn: bool) {
+    /// was read as: `node` when read whole, nothing when it was not (`None`) or
+    /// was another file by the time it was opened. The walker links later names
+    /// only to a whole read of that inode ([`Reads`]), so recording nothing only
+    /// drops a stale record.
+    pub(crate) fn record(&mut self, link: Inode, node: Option<&Node>) {
         self.read.remove(&link);
         if let Some(n) = node
             && (n.dev, n.inode) == link
@@ -172,7 +171,6 @@ impl Finished {
                     size: n.size,
                     xattrs: n.xattrs.clone(),
                     flags: n.flags,
-                    torn,
                 },
             );
         }
@@ -318,21 +316,20 @@ mod tests {
         let n = file(3, 3, 10, 0);
         let key = (1, 3);
         assert!(done.take(&n, false).is_none());
-        done.record(key, Some(&n), false);
+        done.record(key, Some(&n));
         assert_eq!(
             done.take(&n, false).map(|o| o.content),
             Some(n.content.clone())
         );
         assert!(done.take(&n, true).is_some());
         assert!(done.take(&n, false).is_none());
-        done.record(key, Some(&n), true);
-        assert!(done.take(&n, false).is_some_and(|o| o.torn));
+        done.record(key, Some(&n));
         // Read again and failed: what the earlier read gave is not given.
-        done.record(key, None, false);
+        done.record(key, None);
         assert!(done.take(&n, false).is_none());
         // Replaced by another file before it was opened: nothing either.
-        done.record(key, Some(&n), false);
-        done.record(key, Some(&file(4, 1, 10, 0)), false);
+        done.record(key, Some(&n));
+        done.record(key, Some(&file(4, 1, 10, 0)));
         assert!(done.take(&n, true).is_none());
     }
 }

@@ -5,12 +5,7 @@
 import puppeteer from "puppeteer-core";
 
 export async function drive(steps) {
-  const browser = await puppeteer.launch({
-    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-    headless: true,
-    acceptInsecureCerts: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-  });
+  const browser = await launch();
   const out = {};
   try {
     await steps(browser, out);
@@ -34,4 +29,28 @@ export async function alertAfter(page, action) {
   await action();
   await page.waitForSelector("#alert:not([hidden])", { timeout: 30000 });
   return page.$eval("#alert", (e) => e.textContent);
+}
+
+// Starts chromium. It starts in about a second, but a CI machine under load once
+// took longer than puppeteer's 30 s twice in one run, so the wait is longer and a
+// start that does not come is tried again, with what chromium printed kept for the
+// error. D-Bus is switched off: without a bus chromium may wait on its timeouts.
+async function launch() {
+  let last;
+  for (let attempt = 1; attempt <= 3; attempt++) {
+    try {
+      return await puppeteer.launch({
+        executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+        headless: true,
+        acceptInsecureCerts: true,
+        timeout: 90000,
+        env: { ...process.env, DBUS_SESSION_BUS_ADDRESS: "disabled:" },
+        args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+      });
+    } catch (e) {
+      last = e;
+      console.error(`chromium did not start (attempt ${attempt} of 3): ${e.message}`);
+    }
+  }
+  throw last;
 }

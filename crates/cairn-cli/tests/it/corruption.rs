@@ -274,6 +274,22 @@ fn a_lost_file_among_intact_ones_leaves_the_rest_of_its_directories() {
     new.sort_by_key(|p| fs::metadata(p).unwrap().len());
     fs::remove_file(new.last().unwrap()).unwrap();
     env.ok(&["repair", "index"]);
+    // For scripts: each loss a path and a reason, not one sentence to split.
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["repair", "snapshots", "--dry-run", "--json"])).unwrap();
+    let dropped = &v["repaired"][0]["dropped"];
+    assert_eq!(dropped.as_array().map(Vec::len), Some(1), "{v:#}");
+    assert!(
+        dropped[0]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("/m/deep/lost"),
+        "{v:#}"
+    );
+    assert_eq!(
+        dropped[0]["why"], "file data lost: none of it can be read",
+        "{v:#}"
+    );
     let rep = env.ok(&["repair", "snapshots"]);
     assert!(
         rep.contains("m/deep/lost (file data lost: none of it can be read)"),

@@ -2297,8 +2297,8 @@ fn repair_snapshots_keeps_an_image_with_its_lost_blocks_as_zeros() {
     env.ok(&["repair", "index"]);
     let said = env.ok(&["repair", "snapshots"]);
     assert!(
-        said.contains("dropped the blocks /disk.img lost (")
-            && said.contains("): now zeros, recorded as unreadable"),
+        said.contains("dropped /disk.img (")
+            && said.contains(" of its blocks in 1 range lost: now zeros, recorded as unreadable)"),
         "{said}"
     );
     assert!(!said.contains("file data lost"), "{said}");

@@ -405,8 +405,38 @@ pub struct RepairedSnapshot {
     pub original: String,
     /// `None` when the snapshot was removed (its root tree is lost).
     pub new: Option<String>,
-    /// Paths dropped, with why.
-    pub dropped: Vec<String>,
+    /// What the repaired snapshot lost.
+    pub dropped: Vec<Dropped>,
+}
+
+/// A path a repair dropped from a snapshot (or kept in another form), and why:
+/// two fields, so that a script reading `--json` need not split a sentence whose
+/// path may itself hold parentheses.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Dropped {
+    /// From the snapshot's root, `/` first; a directory's ends with `/`.
+    pub path: String,
+    pub why: String,
+}
+
+impl Dropped {
+    fn new(path: impl Into<String>, why: impl Into<String>) -> Self {
+        Dropped {
+            path: path.into(),
+            why: why.into(),
+        }
+    }
+
+    /// The same loss seen from `prefix`, the directory above.
+    fn under(&self, prefix: &str) -> Self {
+        Dropped::new(format!("{prefix}{}", self.path), self.why.clone())
+    }
+}
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.path, self.why)
+    }
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -503,14 +533,17 @@ fn run_snapshots(
                     lost,
                 } => {
                     let bytes: u64 = lost.iter().map(|r| r.1).sum();
-                    dropped.push(format!(
-                        "the blocks /{name} lost ({} in {}): now zeros, recorded as unreadable",
-                        crate::units::bytes(bytes, 0),
-                        if lost.len() == 1 {
-                            "1 range".to_string()
-                        } else {
-                            format!("{} ranges", lost.len())
-                        }
+                    dropped.push(Dropped::new(
+                        format!("/{name}"),
+                        format!(
+                            "{} of its blocks in {} lost: now zeros, recorded as unreadable",
+                            crate::units::bytes(bytes, 0),
+                            if lost.len() == 1 {
+                                "1 range".to_string()
+                            } else {
+                                format!("{} ranges", lost.len())
+                            }
+                        ),
                     ));
                     let mut snap = snap.clone();
                     if let Some(i) = snap.image.as_mut() {
@@ -528,7 +561,7 @@ fn run_snapshots(
             Some(new_root) if new_root == root => {}
             Some(new_root) => changed.push((*sid, snap.clone(), Some(new_root), dropped)),
             None => {
-                dropped.push("/ (root tree unreadable: nothing to keep)".into());
+                dropped.push(Dropped::new("/", "root tree unreadable: nothing to keep"));
                 changed.push((*sid, snap.clone(), None, dropped));
             }
         }
@@ -691,7 +724,7 @@ struct Rewriter<'a, F: Fn(&BlobId) -> bool> {
     present: &'a F,
     index: &'a MasterIndex,
     /// Tree id -> its repaired id (`None`: unreadable).
-    memo: IdMap<(Option<BlobId>, Vec<String>)>,
+    memo: IdMap<(Option<BlobId>, Vec<Dropped>)>,
     new_trees: Vec<(BlobId, Vec<u8>)>,
     new_ids: IdSet,
     /// Data and chunk-list blobs an image's repair needs stored (its zero blocks,
@@ -850,7 +883,7 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
         &mut self,
         id: &BlobId,
         path: &str,
-        dropped: &mut Vec<String>,
+        dropped: &mut Vec<Dropped>,
     ) -> Result<Option<BlobId>> {
         let (new, rel) = match self.memo.get(id) {
             Some(r) => r.clone(),
@@ -867,7 +900,7 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
                 r
             }
         };
-        dropped.extend(rel.iter().map(|d| format!("{path}{d}")));
+        dropped.extend(rel.iter().map(|d| d.under(path)));
         Ok(new)
     }
 
@@ -878,15 +911,17 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
         dir: &mut RepairDir,
         node: &Node,
         new: Option<BlobId>,
-        rel: &[String],
+        rel: &[Dropped],
     ) -> Result<()> {
         let name = format!("/{}", String::from_utf8_lossy(&node.name));
-        dir.dropped.extend(rel.iter().map(|d| format!("{name}{d}")));
+        dir.dropped.extend(rel.iter().map(|d| d.under(&name)));
         let new = match new {
             Some(x) => x,
             None => {
-                dir.dropped
-                    .push(format!("{name}/ (directory listing lost; kept empty)"));
+                dir.dropped.push(Dropped::new(
+                    format!("{name}/"),
+                    "directory listing lost; kept empty",
+                ));
                 self.empty_tree()
             }
         };
@@ -1107,8 +1142,8 @@ struct RepairDir {
     nodes: Option<Vec<Node>>,
     /// Entries kept as stored while `nodes` is `None`.
     kept: usize,
-    /// Lost paths, relative to this directory (`/name ...`).
-    dropped: Vec<String>,
+    /// Lost paths, relative to this directory (`/name`).
+    dropped: Vec<Dropped>,
     /// Files salvaged ([`Rewriter::salvage`]), under their own names still, with
     /// the bytes each lost: named and added when the directory is complete.
     salvaged: Vec<(Node, u64)>,
@@ -1120,7 +1155,7 @@ struct RepairDir {
 impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
     type Dir = RepairDir;
     /// The repaired tree and what was lost below it.
-    type Out = (Option<BlobId>, Vec<String>);
+    type Out = (Option<BlobId>, Vec<Dropped>);
 
     fn enter(&mut self, _: &str, node: Option<&Node>, _: &Tree) -> Result<RepairDir> {
         let id = match node {
@@ -1162,14 +1197,13 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
                     Some(Some(kept)) => dir.salvaged.push(kept),
                     salvage => {
                         dir.gone.push(n.name.clone());
-                        dir.dropped.push(format!(
-                            "/{} (file data lost{})",
-                            String::from_utf8_lossy(&n.name),
+                        dir.dropped.push(Dropped::new(
+                            format!("/{}", String::from_utf8_lossy(&n.name)),
                             if salvage.is_some() {
-                                ": none of it can be read"
+                                "file data lost: none of it can be read"
                             } else {
-                                ""
-                            }
+                                "file data lost"
+                            },
                         ));
                     }
                 }
@@ -1211,12 +1245,15 @@ impl<F: Fn(&BlobId) -> bool> Visitor for Rewriter<'_, F> {
                 let name = damaged_name(&node.name, &taken);
                 taken.insert(name.clone());
                 node.name = name;
-                dir.dropped.push(format!(
-                    "/{was} (file data lost: {} of {}; what could be read is kept as {}, with \
-                     zeros in place of the rest)",
-                    crate::units::bytes(lost, 2),
-                    crate::units::bytes(node.size, 2),
-                    String::from_utf8_lossy(&node.name)
+                dir.dropped.push(Dropped::new(
+                    format!("/{was}"),
+                    format!(
+                        "file data lost: {} of {}; what could be read is kept as {}, with zeros \
+                     in place of the rest",
+                        crate::units::bytes(lost, 2),
+                        crate::units::bytes(node.size, 2),
+                        String::from_utf8_lossy(&node.name)
+                    ),
                 ));
                 added.push(node);
             }

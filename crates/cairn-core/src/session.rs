@@ -362,7 +362,9 @@ impl<A: Access> Session<A> {
                 // stale: said, so that the wait is not a mystery (QA).
                 m.push_str(
                     "\n  (a job whose machine stopped keeps its place until its lock goes \
-                     stale, 30 minutes after its last refresh; `cairn unlock` shows the \
+                     stale, 30 minutes after its last refresh, or, sent through a cairn \
+                     server, until the server has not heard from it for its \
+                     job_idle_secs; `cairn unlock` shows the \
                      locks, `cairn unlock --remove-all` removes them once you know those \
                      jobs are dead)",
                 );

@@ -859,6 +859,10 @@ pub async fn put(
     }
     if is_lock {
         store.dedup.lock_written();
+        // Whose it is: deleted if that client goes silent (`sweep_lost_sessions`).
+        if let Ok(key) = session_key(&t, &headers) {
+            store.owners.made_by(&key, &name);
+        }
     }
     if kind == Kind::Config {
         reread_config(&store).await;
@@ -1256,7 +1260,9 @@ pub async fn delete(
         .await?;
     }
     // A removed lock's name stays remembered (see `locks`).
-    if !is_lock {
+    if is_lock {
+        store.owners.removed(&name);
+    } else {
         store.content.changed();
     }
     Ok(StatusCode::NO_CONTENT.into_response())

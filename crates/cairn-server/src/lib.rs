@@ -661,6 +661,66 @@ fn sweep_removed_tokens(app: &Arc<App>) {
     });
 }
 
+/// Deletes the locks of client sessions the server stopped hearing from (each
+/// working client says it is alive every third of `job_idle_secs`), looking every
+/// few seconds. The server gives such a session's job slot to the next in line at
+/// once, but its lock stayed: clients queue by locks too (direct clients share the
+/// datastore), and a lock held by another machine counts until it is stale, 30
+/// minutes after its last refresh (QA: one killed client held every other host's
+/// backup for half an hour, and prune's deletions with it). A client that was only
+/// cut off, and comes back, finds its lock gone and stops at its next commit
+/// point without committing (`cairn_core::repo::lock`): run again, it completes.
+fn sweep_lost_sessions(app: &Arc<App>) {
+    let app = app.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(3));
+        loop {
+            tick.tick().await;
+            for ds in app.datastores.values() {
+                for lost in ds.slots.take_lost() {
+                    let names = ds.owners.take_session(&lost.key);
+                    if names.is_empty() {
+                        continue;
+                    }
+                    let d = ds.clone();
+                    let deleted = tokio::task::spawn_blocking(move || {
+                        let mut deleted = 0;
+                        for n in &names {
+                            match d.backend.delete(n) {
+                                Ok(()) => deleted += 1,
+                                Err(e) if e.is_not_found() => {}
+                                Err(e) => return Err(e),
+                            }
+                        }
+                        Ok(deleted)
+                    })
+                    .await;
+                    let who = format!("token {:?} (host {:?})", lost.token_name, lost.host);
+                    let secs = app.config.job_idle_secs;
+                    match deleted {
+                        Ok(Ok(0)) => {}
+                        Ok(Ok(n)) => log_line(&format!(
+                            "a client of {who} went silent for {secs} s (killed, or cut off):                              deleted its {} on datastore {}, so that other jobs do not wait                              30 minutes for {} to go stale",
+                            if n == 1 {
+                                "lock".to_string()
+                            } else {
+                                format!("{n} locks")
+                            },
+                            ds.name,
+                            if n == 1 { "it" } else { "them" }
+                        )),
+                        Ok(Err(e)) => log_line(&format!(
+                            "a client of {who} went silent for {secs} s, but its locks on                              datastore {} could not be deleted ({e}): they go stale 30                              minutes after their last refresh",
+                            ds.name
+                        )),
+                        Err(_) => {}
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// Says in the log, at start, which tokens and console users name a datastore
 /// this server does not serve: a datastore renamed or left out of the settings
 /// leaves them refused ("no such datastore") with nothing said on the server.
@@ -856,6 +916,7 @@ async fn run(
         }
     });
     sweep_removed_tokens(&app);
+    sweep_lost_sessions(&app);
     content::start(&app);
     dedup::warm_all(&app);
     let router = app.router();

@@ -15,7 +15,7 @@
 //! first saw it. Losing the file costs no data.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -68,7 +68,17 @@ pub struct LockOwners {
     seen: Mutex<BTreeMap<String, Seen>>,
     /// When the file was last saved for a refresh alone (unix seconds).
     saved_at: Mutex<i64>,
+    /// The locks each client session (`X-Cairn-Session`, with its token) stored
+    /// through this server in this run and has not removed: deleted when the
+    /// session goes silent ([`crate::slots::Lost`]). In memory only: after a
+    /// restart a killed client's lock goes stale as a direct client's does.
+    sessions: Mutex<HashMap<String, BTreeSet<String>>>,
 }
+
+/// Most sessions whose locks are remembered: each client holds a few for the
+/// length of a command and removes them as it ends, so this is far above what a
+/// server sees at once; past it, a lock is not remembered (it goes stale).
+const SESSIONS_KEPT: usize = 65_536;
 
 /// Whether the lock `name` belongs to the token with this id (its id's first 8
 /// bytes are the token's lock prefix).
@@ -121,6 +131,7 @@ impl LockOwners {
             keep: max_age,
             seen: Mutex::new(seen),
             saved_at: Mutex::new(0),
+            sessions: Mutex::new(HashMap::new()),
         }
     }
 
@@ -206,6 +217,34 @@ impl LockOwners {
             *last = now;
             self.save(seen);
         }
+    }
+
+    /// The client session `session` stored (or refreshed) the lock `name`.
+    pub fn made_by(&self, session: &str, name: &str) {
+        let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if s.len() >= SESSIONS_KEPT && !s.contains_key(session) {
+            return;
+        }
+        s.entry(session.to_string())
+            .or_default()
+            .insert(name.to_string());
+    }
+
+    /// The lock `name` was removed through this server.
+    pub fn removed(&self, name: &str) {
+        let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        s.retain(|_, names| {
+            names.remove(name);
+            !names.is_empty()
+        });
+    }
+
+    /// The locks the session `session` stored and did not remove; forgotten.
+    pub fn take_session(&self, session: &str) -> Vec<String> {
+        let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        s.remove(session)
+            .map(|n| n.into_iter().collect())
+            .unwrap_or_default()
     }
 
     /// How long ago this server last saw the lock `name` written. A lock it has

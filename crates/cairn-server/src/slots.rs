@@ -197,7 +197,23 @@ struct State {
     queue: Vec<Holder>,
     /// Jobs that held a slot and ended, newest last.
     recent: VecDeque<EndedJob>,
+    /// Sessions dropped for silence, running or queued, not yet taken by
+    /// [`Slots::take_lost`].
+    lost: Vec<Lost>,
 }
+
+/// A session the server stopped hearing from (killed, or cut off): its locks are
+/// deleted ([`crate::locks::LockOwners::made_by`]), or they would keep the jobs
+/// behind it waiting for them to go stale, half an hour.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lost {
+    pub key: String,
+    pub token_name: String,
+    pub host: String,
+}
+
+/// Most lost sessions kept for the sweep (it takes them every few seconds).
+const LOST_KEPT: usize = 1024;
 
 impl State {
     fn remember(&mut self, e: EndedJob) {
@@ -261,11 +277,24 @@ impl Slots {
             .into_iter()
             .partition(|h| h.seen.elapsed() < idle);
         s.running = alive;
+        let (waiting, gone): (Vec<Holder>, Vec<Holder>) = std::mem::take(&mut s.queue)
+            .into_iter()
+            .partition(|h| h.seen.elapsed() < idle);
+        s.queue = waiting;
+        for h in silent.iter().chain(&gone) {
+            if s.lost.len() >= LOST_KEPT {
+                s.lost.remove(0);
+            }
+            s.lost.push(Lost {
+                key: h.key.clone(),
+                token_name: h.token_name.clone(),
+                host: h.host.clone(),
+            });
+        }
         for h in silent {
             let e = h.ended(End::Silent(idle));
             s.remember(e);
         }
-        s.queue.retain(|h| h.seen.elapsed() < idle);
         if s.running.len() + s.queue.len() != before {
             self.changed.notify_waiters();
         }
@@ -274,9 +303,17 @@ impl Slots {
     /// One attempt: granted if `key` holds a slot or may take one now (a free slot
     /// and no earlier waiter for it), else queued (and remembered).
     fn try_take(&self, max: usize, r: &Request) -> Answer {
-        let mut s = self.state();
-        self.expire(&mut s);
+        let mut guard = self.state();
+        let s = &mut *guard;
         let now = Instant::now();
+        // The asker is alive: not to be taken for silent by the look below (its
+        // locks would be deleted as a lost session's).
+        for h in s.running.iter_mut().chain(s.queue.iter_mut()) {
+            if h.key == r.key {
+                h.seen = now;
+            }
+        }
+        self.expire(s);
         if let Some(h) = s.running.iter_mut().find(|h| h.key == r.key) {
             h.seen = now;
             if r.progress.is_some() {
@@ -323,9 +360,9 @@ impl Slots {
         // not hold up those behind them.
         let ahead = s.queue[..place]
             .iter()
-            .filter(|h| held(&s, &h.token_name) < cap)
+            .filter(|h| held(s, &h.token_name) < cap)
             .count();
-        if held(&s, &r.token_name) < cap && s.running.len() + ahead < max {
+        if held(s, &r.token_name) < cap && s.running.len() + ahead < max {
             let mut h = s.queue.remove(place);
             h.since = cairn_core::time::now_unix();
             s.running.push(h);
@@ -432,6 +469,13 @@ impl Slots {
         {
             h.snapshots.push(id.to_string());
         }
+    }
+
+    /// The sessions dropped for silence since the last call (looking for them now).
+    pub fn take_lost(&self) -> Vec<Lost> {
+        let mut s = self.state();
+        self.expire(&mut s);
+        std::mem::take(&mut s.lost)
     }
 
     /// Client jobs that ended, newest first.
@@ -619,6 +663,19 @@ mod tests {
             }
             assert!(s.holds("b"));
             assert_eq!(s.jobs().0.len(), 1);
+            // The silent one is given once to the sweep that deletes its locks.
+            let lost: Vec<String> = s.take_lost().into_iter().map(|l| l.key).collect();
+            assert_eq!(lost, ["a"]);
+            assert!(s.take_lost().is_empty());
+            // So is one silent in the queue; one that gave its slot back is not.
+            assert!(matches!(
+                s.request(1, &req("c"), Duration::ZERO, &|_| true).await,
+                Answer::Queued { .. }
+            ));
+            assert!(s.release("b"));
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let lost: Vec<String> = s.take_lost().into_iter().map(|l| l.key).collect();
+            assert_eq!(lost, ["c"]);
         });
     }
 

@@ -2820,6 +2820,88 @@ fn the_server_keeps_the_datastores_job_limit() {
     srv.stop();
 }
 
+/// A client the server stops hearing from loses its slot and its lock with it: the
+/// next host's backup does not wait half an hour for that lock to go stale (QA: a
+/// killed client on another machine held every other backup for 30 minutes, while
+/// the server showed nothing running). The silent client, when it comes back,
+/// stops without committing: its lock is gone, so a prune may have gone ahead.
+#[test]
+fn a_silent_clients_lock_is_deleted_so_the_next_job_does_not_wait() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let env = Env::new();
+    env.init(&[]);
+    env.ok(&["config", "--max-concurrent-jobs", "1"]);
+    let src = env.path("src");
+    random_files(&src, "f", 6, 1 << 20, 91);
+    let srv = Server::with_settings(&env, "job_idle_secs = 3\n");
+    let (ta, tb) = (
+        srv.token("ha", "main", "backup"),
+        srv.token("hb", "main", "backup"),
+    );
+    let slots = "/v1/datastores/main/slots";
+    let running = || {
+        let (_, listed) = http(srv.port, "GET", slots, Some(&tb), b"");
+        let v: serde_json::Value = serde_json::from_str(&listed).unwrap();
+        v["running"].as_array().unwrap().len()
+    };
+    let locks = || std::fs::read_dir(env.repo.join("locks")).unwrap().count();
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(std::time::Instant::now() < until, "{what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Client A holds the slot and its lock, slowly uploading; then it goes silent
+    // (stopped: alive on this machine, so B may not take its lock for a dead one's).
+    let mut a = client_cmd(&env, &srv, "main", &ta, &["backup", src.to_str().unwrap()])
+        .env("CAIRN_LIMIT_UPLOAD", "100K")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let a_pid = Pid::from_raw(a.id() as i32);
+    let a_lines = StderrLines::of(&mut a);
+    wait("A holds a slot and a lock", &|| {
+        running() == 1 && locks() == 1
+    });
+    kill(a_pid, Signal::SIGSTOP).unwrap();
+    let started = std::time::Instant::now();
+    let mut b = client_cmd(&env, &srv, "main", &tb, &["backup", src.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let b_lines = StderrLines::of(&mut b);
+    let b_status = loop {
+        if let Some(st) = b.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = b.kill();
+            let _ = kill(a_pid, Signal::SIGKILL);
+            panic!("B still waits after 120 s: {}", b_lines.all());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(b_status.success(), "{}", b_lines.all());
+    assert_eq!(snapshot_count(&env), 1);
+    // A comes back: its lock is gone, so it commits nothing.
+    kill(a_pid, Signal::SIGCONT).unwrap();
+    let a_status = a.wait().unwrap();
+    let said = a_lines.all();
+    assert!(!a_status.success(), "{said}");
+    assert!(said.contains("lock"), "{said}");
+    assert_eq!(snapshot_count(&env), 1);
+    env.check_clean();
+    let log = srv.stop();
+    assert!(
+        log.contains("a client of token \"ha\"") && log.contains("went silent for 3 s"),
+        "{log}"
+    );
+}
+
 /// The console's sign-in: a cookie instead of the token, a CSRF token for every
 /// change, sessions that end (idle, sign-out, token removed), Bearer always first.
 #[test]

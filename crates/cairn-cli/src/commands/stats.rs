@@ -140,13 +140,18 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
             None => String::new(),
         }
     );
+    let fill = match st.packs.fill_percent {
+        Some(f) => format!("of a {} target ({f:.0}% full)", b(st.packs.target_bytes)),
+        None => format!(
+            "(written for a larger target than today's {})",
+            b(st.packs.target_bytes)
+        ),
+    };
     println!(
-        "packs:                 {} ({}), average {} of a {} target ({:.0}% full), {:.1}% of pack bytes {}",
+        "packs:                 {} ({}), average {} {fill}, {:.1}% of pack bytes {}",
         st.packs.count,
         b(st.packs.bytes),
         b(st.packs.average_bytes),
-        b(st.packs.target_bytes),
-        st.packs.fill_percent,
         st.packs.used_percent,
         if selected.is_some() {
             "needed by these snapshots"

@@ -166,3 +166,37 @@ fn bench_measures_without_a_repository() {
     );
     env.fails(&["bench", "--size", "1K"], 1);
 }
+
+/// How full packs are is measured against the target they were written for: after
+/// the target was lowered, packs of the old one are said to be such, with no
+/// percentage (QA: "959% full").
+#[test]
+fn pack_fill_is_not_measured_against_a_lowered_target() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("r"), Rng(5).bytes(5_000_000, false)).unwrap();
+    env.backup(&[&src]);
+    let s = stats(&env, &[]);
+    let (avg, target) = (
+        u(&s["packs"], "average_bytes"),
+        u(&s["packs"], "target_bytes"),
+    );
+    let fill = f(&s["packs"], "fill_percent");
+    assert!(avg < target, "{s}");
+    assert!(
+        (fill - avg as f64 * 100.0 / target as f64).abs() < 1e-6,
+        "{s}"
+    );
+    assert!(env.ok(&["stats"]).contains("% full)"));
+    env.ok(&["config", "--pack-size", "1M"]);
+    let s = stats(&env, &[]);
+    assert!(s["packs"]["fill_percent"].is_null(), "{s}");
+    let text = env.ok(&["stats"]);
+    assert!(
+        text.contains("(written for a larger target than today's 1.00 MiB)")
+            && !text.contains("% full"),
+        "{text}"
+    );
+}

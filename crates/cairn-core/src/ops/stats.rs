@@ -81,8 +81,11 @@ pub struct PackStats {
     pub bytes: u64,
     pub average_bytes: u64,
     pub target_bytes: u64,
-    /// Average pack size as a percentage of the target size.
-    pub fill_percent: f64,
+    /// Average pack size as a percentage of the target size; `None` when the
+    /// average is above today's target: most packs were written for a larger one
+    /// (`config --pack-size` lowered since), and no percentage says how full they
+    /// are (QA: "959% full").
+    pub fill_percent: Option<f64>,
     /// Share of pack bytes that selected snapshots need.
     pub used_percent: f64,
 }
@@ -365,7 +368,8 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
         .checked_div(st.packs.count as u64)
         .unwrap_or(0);
     st.packs.target_bytes = u64::from(repo.config().pack_size);
-    st.packs.fill_percent = percent(st.packs.average_bytes, st.packs.target_bytes);
+    st.packs.fill_percent = (st.packs.average_bytes <= st.packs.target_bytes)
+        .then(|| percent(st.packs.average_bytes, st.packs.target_bytes));
     st.packs.used_percent = percent(used_in_packs, st.packs.bytes);
     Ok(st)
 }

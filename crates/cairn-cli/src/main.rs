@@ -157,6 +157,14 @@ fn main() {
                      (`cairn repair index` when index files were lost)",
                 );
             }
+            if code == EXIT_WRONG_PASSWORD
+                && ui::EDGE_SPACE.load(std::sync::atomic::Ordering::Relaxed)
+            {
+                message.push_str(
+                    " (the password given begins or ends with a space or tab, which counts \
+                     as part of it)",
+                );
+            }
             if config_damaged(&e) {
                 message.push_str(
                     "; the data is intact, but nothing in the repository can be read without \

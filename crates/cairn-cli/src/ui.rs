@@ -182,6 +182,12 @@ impl Source<'_> {
 
     /// A password to open a repository with.
     pub fn password(&self) -> Result<String> {
+        let p = self.password_as_given()?;
+        EDGE_SPACE.store(has_edge_space(&p), std::sync::atomic::Ordering::Relaxed);
+        Ok(p)
+    }
+
+    fn password_as_given(&self) -> Result<String> {
         if let Some(p) = self.given()? {
             return Ok(p);
         }
@@ -237,6 +243,12 @@ impl Source<'_> {
         if p.is_empty() {
             bail!("an empty password is not allowed");
         }
+        if has_edge_space(&p) {
+            warn(
+                "the new password begins or ends with a space or tab, which is part of it: \
+                 it must be given so every time",
+            );
+        }
         // From a variable (`CAIRN_NEW_PASSWORD=$(cat f)` keeps no newline, but
         // `"$(printf 'pw\n')"` or a here-string can): a key whose password ends in
         // a line break would not open from a password file, which drops it.
@@ -248,6 +260,16 @@ impl Source<'_> {
         }
         Ok(p)
     }
+}
+
+/// Whether the password last given to open a repository began or ended with
+/// spaces or tabs: a wrong-password error then says that they count (QA: a
+/// password file's trailing spaces made "wrong password" a mystery). They are not
+/// taken away: a password made with them must still open.
+pub static EDGE_SPACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn has_edge_space(p: &str) -> bool {
+    p.starts_with([' ', '\t']) || p.ends_with([' ', '\t'])
 }
 
 /// The repository's password (`--password-file`, `CAIRN_PASSWORD`,

@@ -104,7 +104,20 @@ fn an_explicit_password_file_wins_everywhere() {
     env.ok(&["init", "--password-file", pw.to_str().unwrap()]);
     let e = env.fails(&["snapshots"], 12);
     assert!(e.contains("wrong password"), "{e}");
+    assert!(!e.contains("space"), "{e}");
     env.ok(&["snapshots", "--password-file", pw.to_str().unwrap()]);
+    // Spaces after the password are part of it, and a refusal says so (QA: a
+    // mystery "wrong password").
+    let spaced = env.path("pw-spaced");
+    fs::write(&spaced, "from the file  \n").unwrap();
+    let e = env.fails(
+        &["snapshots", "--password-file", spaced.to_str().unwrap()],
+        12,
+    );
+    assert!(
+        e.contains("wrong password") && e.contains("ends with a space or tab"),
+        "{e}"
+    );
     // A named file that does not exist is an error even with CAIRN_PASSWORD set.
     let e = env.fails(&["snapshots", "--password-file", "/nonexistent/pw"], 1);
     assert!(e.contains("password file"), "{e}");

@@ -98,7 +98,18 @@ impl Seen {
 
 /// How the read of each linkable name went, told by the thread that read it.
 #[derive(Default)]
-pub(crate) struct Reads(Mutex<HashMap<Inode, Read>>);
+pub(crate) struct Reads(Mutex<HashMap<Inode, (Stamp, Read)>>);
+
+/// A file's size, mtime and ctime as the walker saw them when it sent a name to
+/// be read. A read says how it went under the stamp it was sent with, so that the
+/// late word of a worker still reading an earlier name of the inode (written
+/// since, and sent again under a later name) is not taken for the later read's:
+/// it would link the names after it to a read that then fails, and leave them out.
+pub(crate) type Stamp = (u64, Timestamp, Timestamp);
+
+pub(crate) fn stamp(node: &Node) -> Stamp {
+    (node.size, node.mtime, node.ctime)
+}
 
 /// The state of a linkable name's read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,25 +122,28 @@ pub(crate) enum Read {
 }
 
 impl Reads {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Inode, Read>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Inode, (Stamp, Read)>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The walker has sent the linkable name of `key` to be read.
-    pub(crate) fn start(&self, key: Inode) {
-        self.map().insert(key, Read::Pending);
+    /// The walker has sent the linkable name of `key`, seen as `stamp`, to be read.
+    pub(crate) fn start(&self, key: Inode, stamp: Stamp) {
+        self.map().insert(key, (stamp, Read::Pending));
     }
 
-    /// The reader of the linkable name of `key` is done: `whole`, it read that
-    /// inode whole (a read the walker forgot already is not remembered).
-    pub(crate) fn done(&self, key: Inode, whole: bool) {
-        if let Some(r) = self.map().get_mut(&key) {
+    /// The reader of the linkable name of `key` sent as `stamp` is done: `whole`,
+    /// it read that inode whole. Not remembered when the walker forgot the inode
+    /// already, or has sent another name of it since (another stamp).
+    pub(crate) fn done(&self, key: Inode, stamp: Stamp, whole: bool) {
+        if let Some((s, r)) = self.map().get_mut(&key)
+            && *s == stamp
+        {
             *r = if whole { Read::Whole } else { Read::Failed };
         }
     }
 
     pub(crate) fn get(&self, key: Inode) -> Option<Read> {
-        self.map().get(&key).copied()
+        self.map().get(&key).map(|(_, r)| *r)
     }
 
     pub(crate) fn forget(&self, key: Inode) {
@@ -269,16 +283,25 @@ mod tests {
     fn reads_are_told_only_while_the_walker_waits_for_them() {
         let reads = Reads::default();
         let key = (1, 5);
+        let (one, two) = (stamp(&file(5, 3, 10, 1)), stamp(&file(5, 3, 10, 2)));
         assert_eq!(reads.get(key), None);
-        reads.start(key);
+        reads.start(key, one);
         assert_eq!(reads.get(key), Some(Read::Pending));
-        reads.done(key, true);
+        reads.done(key, one, true);
         assert_eq!(reads.get(key), Some(Read::Whole));
-        reads.start(key);
-        reads.done(key, false);
+        reads.start(key, one);
+        reads.done(key, one, false);
+        assert_eq!(reads.get(key), Some(Read::Failed));
+        // Written since, and sent again under another name: the first read's
+        // late word is not the second's.
+        reads.start(key, one);
+        reads.start(key, two);
+        reads.done(key, one, true);
+        assert_eq!(reads.get(key), Some(Read::Pending));
+        reads.done(key, two, false);
         assert_eq!(reads.get(key), Some(Read::Failed));
         reads.forget(key);
-        reads.done(key, true);
+        reads.done(key, two, true);
         assert_eq!(reads.get(key), None);
         // A restarted first name takes the later name's times.
         let mut seen = Seen::default();

@@ -1384,6 +1384,8 @@ impl Worker<'_> {
         if link.is_some() {
             crate::hooks::point("backup:link-open-small");
         }
+        // As the walker saw it when it sent this name (before the read changes `node`).
+        let sent_as = links::stamp(&node);
         let opened = match &dir {
             Some(d) => source::open_source_at(d, &node.name),
             None => source::open_source(&path),
@@ -1446,7 +1448,7 @@ impl Worker<'_> {
             // That very inode (not one that replaced it since the walk saw it),
             // read whole and unchanged: its other names may take this read.
             let whole = read.is_ok() && torn.is_none() && (node.dev, node.inode) == key;
-            self.reads.done(key, whole);
+            self.reads.done(key, sent_as, whole);
         }
         let out = match read {
             Ok(()) => {

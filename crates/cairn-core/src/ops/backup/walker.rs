@@ -407,7 +407,7 @@ impl<'a> Walker<'a> {
                 // file), and this one is read for the later names instead.
                 Decision::Linked { last: false } if reads.get(key) == Some(Read::Failed) => {
                     self.links.restart(&node);
-                    reads.start(key);
+                    reads.start(key, super::links::stamp(&node));
                     link = Some(key);
                 }
                 // Read itself, alone: the first name is still being read, or
@@ -420,7 +420,7 @@ impl<'a> Walker<'a> {
                 }
                 Decision::Read { linkable } => {
                     if linkable {
-                        reads.start(key);
+                        reads.start(key, super::links::stamp(&node));
                         link = Some(key);
                     }
                 }
@@ -649,6 +649,8 @@ impl<'a> Walker<'a> {
         if link.is_some() {
             crate::hooks::point("backup:link-open");
         }
+        // As the walker saw it when it decided to read this name.
+        let sent_as = super::links::stamp(&node);
         // Relative to the open directory when there is one: one component to resolve.
         let file = match dir {
             Some(d) => super::source::open_source_at(d, &node.name),
@@ -657,7 +659,7 @@ impl<'a> Walker<'a> {
         let mut file: File = match file {
             Ok(f) => f,
             Err(e) => {
-                self.link_read(link, false);
+                self.link_read(link, sent_as, false);
                 return self.skip(path, e.to_string());
             }
         };
@@ -704,11 +706,11 @@ impl<'a> Walker<'a> {
                         message,
                     }
                 });
-                self.link_read(link, same_inode && torn.is_none());
+                self.link_read(link, sent_as, same_inode && torn.is_none());
                 self.emit(Item::FileEnd { ok: true, torn })
             }
             Err(ReadError::Source(e)) => {
-                self.link_read(link, false);
+                self.link_read(link, sent_as, false);
                 self.emit(Item::FileEnd {
                     ok: false,
                     torn: None,
@@ -720,9 +722,14 @@ impl<'a> Walker<'a> {
     }
 
     /// Says how the read of a linkable name went ([`super::links::Reads`]).
-    fn link_read(&self, link: Option<super::links::Inode>, whole: bool) {
+    fn link_read(
+        &self,
+        link: Option<super::links::Inode>,
+        sent_as: super::links::Stamp,
+        whole: bool,
+    ) {
         if let (Some(key), Some(reads)) = (link, self.reads) {
-            reads.done(key, whole);
+            reads.done(key, sent_as, whole);
         }
     }
 

@@ -19,6 +19,13 @@ pub struct RetryPolicy {
     /// The most time one call may spend retrying (`--retry-for`); when set, it
     /// bounds the retries instead of `attempts`.
     pub max_total: Option<Duration>,
+    /// Without `max_total`, the most time one call spends retrying even while
+    /// attempts remain (default three minutes): the attempts are about a minute
+    /// and a half of waits between quick failures, but an attempt that hears
+    /// nothing lasts its whole silence (a minute for S3, two for a cairn
+    /// server), and eight of those made a call to a stopped server take a
+    /// quarter of an hour (QA).
+    pub patience: Duration,
 }
 
 /// Attempts at an address where nothing answers: a server restarting gets a second
@@ -42,6 +49,7 @@ impl Default for RetryPolicy {
             first_delay: Duration::from_millis(500),
             max_delay: Duration::from_secs(30),
             max_total: None,
+            patience: Duration::from_secs(180),
         }
     }
 }
@@ -175,10 +183,8 @@ impl RetryBackend {
                     let wait = self.delay(attempt);
                     let unreachable = e.kind == BackendErrorKind::Unreachable
                         && !(self.ride_restarts && self.answered.load(Ordering::Relaxed));
-                    let out_of_time = self
-                        .policy
-                        .max_total
-                        .is_some_and(|max| start.elapsed() + wait > max);
+                    let out_of_time = start.elapsed() + wait
+                        > self.policy.max_total.unwrap_or(self.policy.patience);
                     let out_of_attempts = if just_gave_up() {
                         true
                     } else if unreachable {
@@ -199,7 +205,7 @@ impl RetryBackend {
                         } else if unreachable {
                             "nothing answers at that address: is the server running, and \
                              the address right?"
-                        } else if out_of_time {
+                        } else if out_of_time && self.policy.max_total.is_some() {
                             "--retry-for"
                         } else {
                             "--retry-for DURATION retries longer"
@@ -345,6 +351,7 @@ mod tests {
             first_delay: Duration::from_micros(50),
             max_delay: Duration::from_millis(1),
             max_total: None,
+            patience: Duration::from_secs(60),
         }
     }
 
@@ -411,6 +418,34 @@ mod tests {
         assert_eq!(unreachable_attempts(&b), UNREACHABLE_ATTEMPTS);
     }
 
+    /// Attempts that each hear nothing for long are not all made: without
+    /// `--retry-for`, a call stops retrying after the policy's patience (QA: eight
+    /// silent minutes against a stopped S3 server).
+    #[test]
+    fn silent_attempts_stop_at_the_policys_patience() {
+        let policy = RetryPolicy {
+            attempts: 8,
+            patience: Duration::from_millis(250),
+            ..quick()
+        };
+        let b = RetryBackend::new(Arc::new(MemBackend::new()), policy);
+        let mut calls = 0;
+        let started = std::time::Instant::now();
+        let e = b
+            .run(|_| {
+                calls += 1;
+                std::thread::sleep(Duration::from_millis(100));
+                failing(BackendErrorKind::Transient)
+            })
+            .unwrap_err();
+        assert!((2..=3).contains(&calls), "{calls} attempts");
+        assert!(started.elapsed() < Duration::from_millis(450));
+        assert!(
+            e.message.contains("--retry-for DURATION retries longer"),
+            "{e}"
+        );
+    }
+
     /// Once a call has given up, the next ones (the failed job's cleanup) are
     /// tried once, until the storage answers again.
     #[test]
@@ -443,6 +478,7 @@ mod tests {
             first_delay: Duration::from_millis(5),
             max_delay: Duration::from_millis(5),
             max_total: Some(Duration::from_millis(60)),
+            patience: Duration::from_secs(60),
         };
         let b = RetryBackend::new(Arc::new(MemBackend::new()), policy);
         let mut calls = 0;

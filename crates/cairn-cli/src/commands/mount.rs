@@ -16,6 +16,7 @@ const MOUNT_RETRY: cairn_backend::RetryPolicy = cairn_backend::RetryPolicy {
     first_delay: Duration::from_millis(250),
     max_delay: Duration::from_secs(2),
     max_total: Some(MOUNT_SILENCE),
+    patience: MOUNT_SILENCE,
 };
 
 /// See [`MOUNT_RETRY`]. A mount asks for no job slot, the one request a server

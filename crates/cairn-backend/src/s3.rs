@@ -343,6 +343,12 @@ impl Backend for S3Backend {
             match self.run("get", name, async move { op.stat(&key).await })? {
                 Ok(meta) => meta.content_length(),
                 Err(e) if e.kind() == ErrorKind::NotFound => return Err(map_err("get", name, e)),
+                // A HEAD that timed out or met a 5xx is said as it is: asking the
+                // same silent server again for the message doubled the wait (QA:
+                // a stopped S3 server behind `cairn serve`).
+                Err(e) if e.is_temporary() || e.kind() == ErrorKind::RateLimited => {
+                    return Err(map_err("get", name, e));
+                }
                 Err(e) => {
                     // A HEAD answer has no body, so the server's code and message
                     // (SignatureDoesNotMatch: ...) come only with a GET: one byte of it.

@@ -55,7 +55,32 @@ impl From<BackendError> for ApiError {
             BackendErrorKind::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
             BackendErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, "forbidden"),
             BackendErrorKind::Transient | BackendErrorKind::Unreachable => {
-                (StatusCode::SERVICE_UNAVAILABLE, "transient")
+                // Said in the log too, at most once a minute: an administrator
+                // sees why clients get 503s (QA: a stopped S3 server showed nothing).
+                static SAID: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+                let now = cairn_core::time::now_unix();
+                let last = SAID.load(std::sync::atomic::Ordering::Relaxed);
+                if now - last >= 60
+                    && SAID
+                        .compare_exchange(
+                            last,
+                            now,
+                            std::sync::atomic::Ordering::Relaxed,
+                            std::sync::atomic::Ordering::Relaxed,
+                        )
+                        .is_ok()
+                {
+                    crate::log_line(&format!(
+                        "warning: a datastore's storage does not answer now ({}); its \
+                         clients are told so (503) and retry",
+                        e.message
+                    ));
+                }
+                return ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "transient",
+                    format!("the datastore's storage does not answer now: {}", e.message),
+                );
             }
             BackendErrorKind::OutOfRange => (StatusCode::RANGE_NOT_SATISFIABLE, "out_of_range"),
             BackendErrorKind::NoRepository => (StatusCode::NOT_FOUND, "no_datastore"),

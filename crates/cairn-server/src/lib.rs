@@ -241,6 +241,17 @@ pub fn read_config_summary(backend: &dyn Backend) -> Result<ConfigSummary, Strin
     })
 }
 
+/// How long a datastore's storage (S3) may stay silent on one call, and how long a
+/// call to it is retried, while a client waits: the client is answered 503 ("the
+/// datastore's storage does not answer now") within about 20 s, well inside the
+/// 30 s a client waits for an answer at the least
+/// (`cairn_backend::SERVER_SILENCE_MIN`), so it is told why and retries by its
+/// own `--retry-for` (QA: requests were held as long as a stopped S3 server stayed
+/// silent, minutes, and the clients timed out blaming the server). Scheduled jobs
+/// open the storage themselves, with a client's patience.
+const STORAGE_SILENCE: Duration = Duration::from_secs(20);
+const STORAGE_RETRY_FOR: Duration = Duration::from_secs(15);
+
 /// Above this many simultaneous jobs per datastore the server warns: each job
 /// holds packs in flight and keeps the disks seeking.
 pub const JOBS_WARNING: u32 = 16;
@@ -261,6 +272,14 @@ impl App {
             })?;
         let opts = cairn_core::repo::storage::StorageOptions {
             cache: cairn_core::repo::storage::CacheChoice::Off,
+            s3: cairn_backend::S3Options {
+                silence: Some(STORAGE_SILENCE),
+                ..Default::default()
+            },
+            retry: cairn_backend::RetryPolicy {
+                max_total: Some(STORAGE_RETRY_FOR),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let mut datastores = BTreeMap::new();

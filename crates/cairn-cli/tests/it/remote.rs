@@ -389,95 +389,16 @@ fn check_sees_damage_on_s3_behind_the_cache() {
     assert!(!text.contains("no errors were found"), "{text}");
 }
 
-/// A MinIO serving https with a certificate from a private CA, started by the test
-/// (the binary scripts/test.sh found); killed on drop.
-struct TlsMinio {
-    child: std::process::Child,
-    endpoint: String,
-    ca: std::path::PathBuf,
-}
-
-impl Drop for TlsMinio {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tls_minio(env: &Env) -> TlsMinio {
-    let bin = std::env::var("CAIRN_TEST_MINIO_BIN")
-        .expect("CAIRN_TEST_MINIO_BIN is not set: run the suite with scripts/test.sh");
-    let dir = env.path("tls");
-    private_ca_cert(&dir);
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let console = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let child = std::process::Command::new(bin)
-        .args([
-            "server",
-            dir.join("data").to_str().unwrap(),
-            "--certs-dir",
-            dir.join("certs").to_str().unwrap(),
-            "--address",
-            &format!("127.0.0.1:{port}"),
-            "--console-address",
-            &format!("127.0.0.1:{console}"),
-        ])
-        .env("MINIO_ROOT_USER", "tlsadmin")
-        .env("MINIO_ROOT_PASSWORD", "tlsadmin-secret")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = TlsMinio {
-        child,
-        endpoint: format!("https://127.0.0.1:{port}"),
-        ca: dir.join("ca.crt"),
-    };
-    let t0 = Instant::now();
-    loop {
-        let made = std::process::Command::new("curl")
-            .args([
-                "-fsS",
-                "--cacert",
-                server.ca.to_str().unwrap(),
-                "--aws-sigv4",
-                "aws:amz:us-east-1:s3",
-                "--user",
-                "tlsadmin:tlsadmin-secret",
-                "-X",
-                "PUT",
-                &format!("{}/tlsbucket", server.endpoint),
-            ])
-            .output()
-            .unwrap();
-        if made.status.success() {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "TLS MinIO did not start"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    server
-}
-
 /// https with a private CA: refused (at once, not retried) without it, accepted with
 /// `--cacert`, and with `--insecure-tls`.
 #[test]
 fn tls_with_a_private_ca() {
     let mut env = Env::new();
-    let server = tls_minio(&env);
-    env.location = format!("s3:{}/tlsbucket/repo", server.endpoint);
+    let server = OwnMinio::start(&env, true);
+    env.location = format!("s3:{}/{}/repo", server.endpoint, server.bucket);
     let with_creds = |c: &mut std::process::Command| {
-        c.env("AWS_ACCESS_KEY_ID", "tlsadmin")
-            .env("AWS_SECRET_ACCESS_KEY", "tlsadmin-secret");
+        c.env("AWS_ACCESS_KEY_ID", &server.user)
+            .env("AWS_SECRET_ACCESS_KEY", &server.secret);
     };
     let t0 = Instant::now();
     let mut c = env.cmd(&["init"]);
@@ -493,7 +414,7 @@ fn tls_with_a_private_ca() {
         t0.elapsed() < Duration::from_secs(10),
         "a certificate error was retried"
     );
-    let ca = server.ca.to_str().unwrap().to_string();
+    let ca = server.ca.as_ref().unwrap().to_str().unwrap().to_string();
     let mut c = env.cmd(&["--cacert", &ca, "init"]);
     with_creds(&mut c);
     assert!(c.status().unwrap().success());

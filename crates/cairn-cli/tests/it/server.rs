@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A running `cairn serve`, stopped (SIGTERM) on drop.
 pub(crate) struct Server {
@@ -5277,6 +5277,71 @@ fn a_datastore_down_at_start_leaves_the_others_served() {
                 "datastore late: not served: no repository there (is its file system mounted?"
             )
             && log.contains("datastore late: its storage answers: serving it"),
+        "{log}"
+    );
+}
+
+/// A datastore whose S3 storage stops answering while the server runs (a stopped,
+/// not dead, S3 server: connections taken, nothing said): the server answers its
+/// clients 503 with why within about 20 s instead of holding each request as long
+/// as the storage stays silent (QA: minutes, and the clients timed out blaming
+/// the server), logs it, and serves again once the storage answers.
+#[test]
+fn a_datastore_whose_storage_goes_silent_answers_503_with_why() {
+    let mut env = Env::new();
+    let minio = OwnMinio::start(&env, false);
+    env.location = format!("s3:{}/{}/repo", minio.endpoint, minio.bucket);
+    env.init(&[]);
+    let far = PathBuf::from(&env.location);
+    let srv = Server::start(&env.path("state"), &[("far", &far)], true);
+    let admin = srv.token("root", "*", "admin");
+    let list = || {
+        http(
+            srv.port,
+            "GET",
+            "/v1/datastores/far/objects?prefix=keys/",
+            Some(&admin),
+            b"",
+        )
+    };
+    wait_until("the S3 datastore served", Duration::from_secs(40), || {
+        list().0 == 200
+    });
+    minio.signal(nix::sys::signal::Signal::SIGSTOP);
+    let started = Instant::now();
+    let (code, body) = list();
+    let took = started.elapsed();
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("transient") && body.contains("storage does not answer now"),
+        "{body}"
+    );
+    assert!(took < Duration::from_secs(40), "answered after {took:?}");
+    // A client is told why, and gives up by its own --retry-for.
+    let started = Instant::now();
+    let o = client(
+        &env,
+        &srv,
+        "far",
+        &admin,
+        &["--retry-for", "5s", "snapshots"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("storage does not answer now"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(90), "{err}");
+    minio.signal(nix::sys::signal::Signal::SIGCONT);
+    wait_until(
+        "the S3 datastore served again",
+        Duration::from_secs(60),
+        || list().0 == 200,
+    );
+    let o = client(&env, &srv, "far", &admin, &["snapshots"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let log = srv.stop();
+    assert!(
+        log.contains("warning: a datastore's storage does not answer now"),
         "{log}"
     );
 }

@@ -1090,3 +1090,108 @@ pub fn limit(cmd: &mut Command, resource: libc::__rlimit_resource_t, max: u64) {
         });
     }
 }
+
+/// A MinIO of the test's own (the binary scripts/test.sh found), plain http or
+/// https with a certificate from a private CA, with one bucket made; killed on
+/// drop. For a test that stops or breaks its S3 server, which the shared one
+/// (`CAIRN_TEST_S3`) must never be.
+pub struct OwnMinio {
+    pub child: Child,
+    /// `http://127.0.0.1:PORT` or `https://...`.
+    pub endpoint: String,
+    pub bucket: &'static str,
+    /// The private CA's certificate, with https.
+    pub ca: Option<PathBuf>,
+    /// Its keys: the environment's (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// which scripts/test.sh sets), so that a process the test starts without
+    /// keys of its own (`cairn serve`) can use it.
+    pub user: String,
+    pub secret: String,
+}
+
+impl OwnMinio {
+    pub fn start(env: &Env, tls: bool) -> OwnMinio {
+        let bin = std::env::var("CAIRN_TEST_MINIO_BIN")
+            .expect("CAIRN_TEST_MINIO_BIN is not set: run the suite with scripts/test.sh");
+        let dir = env.path("own-minio");
+        fs::create_dir_all(&dir).unwrap();
+        let free_port = || {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let (port, console) = (free_port(), free_port());
+        let key =
+            |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_string());
+        let user = key("AWS_ACCESS_KEY_ID", "ownadmin");
+        let secret = key("AWS_SECRET_ACCESS_KEY", "ownadmin-secret");
+        let mut c = Command::new(bin);
+        c.arg("server").arg(dir.join("data"));
+        if tls {
+            private_ca_cert(&dir);
+            c.arg("--certs-dir").arg(dir.join("certs"));
+        }
+        let child = c
+            .args([
+                "--address",
+                &format!("127.0.0.1:{port}"),
+                "--console-address",
+                &format!("127.0.0.1:{console}"),
+            ])
+            .env("MINIO_ROOT_USER", &user)
+            .env("MINIO_ROOT_PASSWORD", &secret)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let scheme = if tls { "https" } else { "http" };
+        let server = OwnMinio {
+            child,
+            endpoint: format!("{scheme}://127.0.0.1:{port}"),
+            bucket: "ownbucket",
+            ca: tls.then(|| dir.join("ca.crt")),
+            user,
+            secret,
+        };
+        let t0 = Instant::now();
+        loop {
+            let mut curl = Command::new("curl");
+            curl.arg("-fsS");
+            if let Some(ca) = &server.ca {
+                curl.arg("--cacert").arg(ca);
+            }
+            let made = curl
+                .args([
+                    "--aws-sigv4",
+                    "aws:amz:us-east-1:s3",
+                    "--user",
+                    &format!("{}:{}", server.user, server.secret),
+                    "-X",
+                    "PUT",
+                    &format!("{}/{}", server.endpoint, server.bucket),
+                ])
+                .output()
+                .unwrap();
+            if made.status.success() {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "MinIO did not start"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        server
+    }
+
+    /// Sends `signal` (SIGSTOP: storage that takes connections and says nothing).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal);
+    }
+}
+
+impl Drop for OwnMinio {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -46,6 +46,9 @@ impl ApiError {
     }
 }
 
+/// How a storage failure that may heal is said to a client (503 `transient`).
+pub(crate) const STORAGE_DOWN: &str = "the datastore's storage does not answer now: ";
+
 impl From<BackendError> for ApiError {
     fn from(e: BackendError) -> ApiError {
         let (status, kind) = match e.kind {
@@ -79,7 +82,7 @@ impl From<BackendError> for ApiError {
                 return ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "transient",
-                    format!("the datastore's storage does not answer now: {}", e.message),
+                    format!("{STORAGE_DOWN}{}", e.message),
                 );
             }
             BackendErrorKind::OutOfRange => (StatusCode::RANGE_NOT_SATISFIABLE, "out_of_range"),

@@ -403,7 +403,11 @@ fn storage_down(store: &Datastore, e: ApiError) -> ApiError {
         e.kind,
         format!(
             "the storage of datastore {} cannot be reached now: {}",
-            store.name, e.message
+            store.name,
+            // Said once: the console names the datastore instead.
+            e.message
+                .strip_prefix(crate::api::STORAGE_DOWN)
+                .unwrap_or(&e.message)
         ),
     )
 }

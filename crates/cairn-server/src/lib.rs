@@ -276,8 +276,11 @@ impl App {
                 silence: Some(STORAGE_SILENCE),
                 ..Default::default()
             },
+            // As patience, not `max_total` (`--retry-for`), which would also wait
+            // out an S3 server that refuses connections as if it were restarting:
+            // the console must say at once that it is down.
             retry: cairn_backend::RetryPolicy {
-                max_total: Some(STORAGE_RETRY_FOR),
+                patience: STORAGE_RETRY_FOR,
                 ..Default::default()
             },
             ..Default::default()

@@ -1034,7 +1034,9 @@ pub struct ExportArgs {
 
 #[derive(Args)]
 pub struct RestoreArgs {
-    /// Snapshot id (prefix) or "latest"
+    /// Snapshot id (prefix) or "latest"; SNAP:PATH restores the snapshot's
+    /// directory PATH as the target itself (latest:/home/alice -t /home/alice),
+    /// with --include/--exclude paths below it
     pub snapshot: String,
     /// Directory to restore into (created if missing); with --image, the file or
     /// block device to write the image to

@@ -49,7 +49,26 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     }
     let mut p = crate::events::CliProgress::listing(g, a.verbose);
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
-    let snap = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
+    // `SNAP:PATH`: a directory of the snapshot as the target (ids and `latest`
+    // hold no colon).
+    let (spec, subfolder) = match a.snapshot.split_once(':') {
+        Some((spec, path)) => (spec, Some(path.to_string())),
+        None => (a.snapshot.as_str(), None),
+    };
+    let image_asked = a.image || a.image_fs.image_fs.is_some();
+    if subfolder.is_some() && image_asked {
+        return Err(super::bad_argument(
+            "SNAP:PATH restores a directory of a file snapshot; an image is restored whole              (--image) or its files with --image-fs",
+        ));
+    }
+    let snap = session.find_snapshot_matching(spec, &a.filter.engine())?;
+    if subfolder.is_some() && snap.1.image.is_some() {
+        return Err(super::bad_argument(format!(
+            "snapshot {} is an image: SNAP:PATH restores a directory of a file snapshot \
+             (an image's files: --image-fs)",
+            snap.0.short()
+        )));
+    }
     if a.verbose && (a.image || a.image_fs.image_fs.is_some() || snap.1.image.is_some()) {
         return Err(super::bad_argument(
             "--verbose lists the files a restore of a file snapshot writes, not an image's",
@@ -73,6 +92,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         write_limit,
         xattrs,
         list_files: a.verbose,
+        subfolder,
         ..RestoreOptions::new(&a.target)
     };
     p.start();
@@ -116,8 +136,12 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             ("restored", "wrote")
         };
         println!(
-            "{verb} snapshot {} to {}: {wrote} {}, {}, {} other, {}{}",
+            "{verb} snapshot {}{} to {}: {wrote} {}, {}, {} other, {}{}",
             r.snapshot_id.short(),
+            r.subfolder
+                .as_ref()
+                .map(|p| format!(":{}", ui::printable(p)))
+                .unwrap_or_default(),
             a.target.display(),
             ui::count(r.files, "file"),
             ui::count(r.dirs, "directory"),

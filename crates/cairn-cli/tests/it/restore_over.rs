@@ -1789,3 +1789,80 @@ fn a_dry_run_warns_and_counts_as_the_restore_does_under_never() {
     assert_eq!(real.0, (true, true, true), "{real:?}");
     assert_eq!(dry, real);
 }
+
+/// `SNAP:PATH` restores one directory of the snapshot as the target itself (as
+/// restic's `latest:/home/alice --target /home/alice`): its contents land straight
+/// in the target, `--delete` removes what the snapshot's directory lacks there,
+/// includes are paths below it, and a file or a missing path is refused with why.
+#[test]
+fn a_snapshot_directory_restores_as_the_target_itself() {
+    let (env, snap, src, _) = backed_up();
+    let sub = format!("{snap}:{}", src.join("d").display());
+    let back = env.path("home");
+    fs::create_dir_all(back.join("sub")).unwrap();
+    fs::write(back.join("stray"), b"not in d").unwrap();
+    fs::write(back.join("sub/deep"), b"an edit").unwrap();
+    let t = back.to_str().unwrap();
+    let out = env.ok(&["restore", &sub, "-t", t, "--delete"]);
+    assert!(out.contains(&format!(":{}/d to ", src.display())), "{out}");
+    assert_eq!(fs::read(back.join("sub/deep")).unwrap(), b"deep");
+    assert!(
+        !back.join("stray").exists(),
+        "--delete removes what d lacks"
+    );
+    assert!(!back.join("d").exists() && !back.join("same").exists());
+    // Includes are below the directory.
+    let only = env.path("only");
+    let o = only.to_str().unwrap();
+    env.ok(&["restore", &sub, "-t", o, "--include", "/sub/deep"]);
+    assert_eq!(fs::read(only.join("sub/deep")).unwrap(), b"deep");
+    // The --json report names the directory.
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["restore", &sub, "-t", o, "--json", "--dry-run"])).unwrap();
+    assert_eq!(v["subfolder"], src.join("d").to_str().unwrap());
+    let file = format!("{snap}:{}", src.join("same").display());
+    let err = env.fails(&["restore", &file, "-t", o], 1);
+    assert!(
+        err.contains("not a directory in snapshot") && err.contains("--include"),
+        "{err}"
+    );
+    let err = env.fails(&["restore", &format!("{snap}:/no/such"), "-t", o], 1);
+    assert!(
+        err.contains("no such file or directory in the snapshot"),
+        "{err}"
+    );
+}
+
+/// A dry run says what the restore would run into at once: a target on a
+/// read-only file system fails it as the restore would (QA: the preview promised
+/// files the restore then refused), and a restore that an earlier one left
+/// unfinished in the target is named, with `--json`'s `unfinished_restore_started`.
+#[test]
+fn a_dry_run_says_what_the_restore_would_meet() {
+    let (env, snap, _src, _) = backed_up();
+    let t = env.path("t");
+    let ts = t.to_str().unwrap();
+    fs::write(t.join(".cairn-restore-unfinished"), b"").unwrap();
+    let o = env.run(&["restore", &snap, "-t", ts, "--dry-run", "--json"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["unfinished_restore_started"].is_string(), "{v}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("did not finish"), "{err}");
+    fs::remove_file(t.join(".cairn-restore-unfinished")).unwrap();
+    // A read-only file system: refused as the restore would refuse it.
+    let ro = env.path("ro");
+    let _ro = Tmpfs::mount(&ro, "ro,size=1m");
+    let err = env.fails(
+        &["restore", &snap, "-t", ro.to_str().unwrap(), "--dry-run"],
+        1,
+    );
+    assert!(err.contains("Read-only file system"), "{err}");
+    // Too little room: said before the restore runs out of it.
+    let small = env.path("small");
+    let _small = Tmpfs::mount(&small, "size=100k");
+    let o = env.run(&["restore", &snap, "-t", small.to_str().unwrap(), "--dry-run"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("free, and this restore would write"), "{err}");
+}

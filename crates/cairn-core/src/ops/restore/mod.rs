@@ -132,6 +132,10 @@ pub struct RestoreOptions {
     /// Send an [`Event::File`](crate::progress::Event::File) for each file done
     /// (`--verbose`): restored, updated, unchanged or deleted.
     pub list_files: bool,
+    /// A directory of the snapshot restored as the target itself (`SNAP:PATH`, as
+    /// restic's `latest:/home/alice --target /home/alice`): its contents go straight
+    /// into the target, and paths of `includes`/`excludes` are below it.
+    pub subfolder: Option<String>,
 }
 
 impl RestoreOptions {
@@ -152,6 +156,7 @@ impl RestoreOptions {
             write_limit: None,
             xattrs: XattrSelect::default(),
             list_files: false,
+            subfolder: None,
         }
     }
 }
@@ -254,6 +259,9 @@ pub struct RestoreStats {
     pub mounts_left: u64,
     /// Files read back and compared (`--verify`).
     pub verified: u64,
+    /// The start (Unix seconds) of an earlier restore into the target that did not
+    /// finish: what changed there since is rewritten whatever `--overwrite` says.
+    pub unfinished_before: Option<i64>,
 }
 
 /// A regular file whose content still has to be written. It is named by its parent
@@ -588,7 +596,10 @@ pub(super) fn restore(
             repo,
             opts,
             progress,
-            stats: RestoreStats::default(),
+            stats: RestoreStats {
+                unfinished_before: unfinished_since.map(|t| t.0),
+                ..Default::default()
+            },
             includes,
             excludes,
             root: root_dir.clone(),
@@ -1168,6 +1179,33 @@ impl Whole {
 
     pub(super) fn is_empty(&self) -> bool {
         self.sources.is_empty()
+    }
+
+    /// The sources as seen from the directory at `way` (a walk path, `/a/b`)
+    /// restored as the root: all of it when it is a source or below one, else
+    /// the sources below it.
+    pub(super) fn under(&self, way: &str) -> Whole {
+        let way = way.trim_end_matches('/');
+        if way.is_empty() {
+            return Whole {
+                sources: self.sources.clone(),
+            };
+        }
+        if self
+            .sources
+            .iter()
+            .any(|s| s == "/" || s == way || way.starts_with(&format!("{s}/")))
+        {
+            return Whole::of(&["/".to_string()]);
+        }
+        let sources = self
+            .sources
+            .iter()
+            .filter_map(|s| s.strip_prefix(way))
+            .filter(|rest| rest.starts_with('/'))
+            .map(str::to_string)
+            .collect();
+        Whole { sources }
     }
 }
 
@@ -2565,6 +2603,23 @@ impl Walk<'_> {
 
 #[cfg(test)]
 mod tests {
+    /// A directory restored as the root (`SNAP:PATH`) is whole when a source is
+    /// it or above it, else holds the sources below it, rebased.
+    #[test]
+    fn whole_under_a_directory() {
+        use super::Whole;
+        let w = Whole::of(&["/srv/www".to_string(), "/etc/nginx".to_string()]);
+        assert!(w.under("/srv/www").root());
+        assert!(w.under("/srv/www/site/img").root());
+        let srv = w.under("/srv");
+        assert!(!srv.root());
+        assert_eq!(srv.below("", b"www"), (true, String::new()));
+        assert_eq!(srv.below("", b"nginx").0, false);
+        // A name that only starts like a source is not below it.
+        assert!(w.under("/srv/www2").is_empty());
+        assert_eq!(w.under("/").sources, w.sources);
+    }
+
     /// What the repository lost is told from what failed elsewhere by the
     /// error's kind, not its words.
     #[test]

@@ -22,6 +22,9 @@ pub struct Issue {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct RestoreReport {
     pub snapshot_id: SnapshotId,
+    /// The snapshot's directory restored as the target (`SNAP:PATH`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subfolder: Option<String>,
     #[serde(serialize_with = "crate::report::lossy_path")]
     pub target: PathBuf,
     pub files: u64,
@@ -55,6 +58,11 @@ pub struct RestoreReport {
     /// Files being written when the restore was cancelled: left with the restore's
     /// time and mode 0600 for the next restore to finish (not listed in `errors`).
     pub cancelled_files: u64,
+    /// An earlier restore into the target that did not finish, by when it started
+    /// (RFC 3339): what changed there since is rewritten unless it matches the
+    /// snapshot, whatever `overwrite` says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unfinished_restore_started: Option<String>,
     /// Files read back and compared with the snapshot (`--verify`); a difference is
     /// in `errors`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -81,7 +89,11 @@ pub fn restore_snapshot<A: Access>(
     let start = std::time::Instant::now();
     let progress = session.progress();
     progress.phase(Phase::Restore);
-    if opts.includes.is_empty() && opts.iincludes.is_empty() && !opts.dry_run {
+    if opts.includes.is_empty()
+        && opts.iincludes.is_empty()
+        && !opts.dry_run
+        && opts.subfolder.is_none()
+    {
         progress.set_total(Some(snapshot.1.summary.total_bytes), None);
     }
     let root = snapshot
@@ -89,9 +101,30 @@ pub fn restore_snapshot<A: Access>(
         .tree_id()
         .map_err(|e| crate::Error::damaged(format!("snapshot {}", snapshot.0.to_hex()), e))?;
     let whole = super::Whole::of(&snapshot.1.paths);
+    let (root, whole) = match &opts.subfolder {
+        None => (root, whole),
+        Some(path) => match crate::ops::ls::find_node(session.repo(), &root, path)? {
+            // `/`: the whole snapshot.
+            None => (root, whole),
+            Some(n) => match (n.kind, n.subtree) {
+                (cairn_format::tree::NodeKind::Dir, Some(sub)) => {
+                    (sub, whole.under(&crate::ops::ls::walk_path(path)))
+                }
+                _ => {
+                    return Err(crate::Error::Invalid(format!(
+                        "{path}: not a directory in snapshot {}: a file is restored with \
+                         --include {path} (under its path) or written out with `cairn \
+                         dump`",
+                        snapshot.0.short()
+                    )));
+                }
+            },
+        },
+    };
     let stats = restore(session.repo(), &root, &whole, opts, progress)?;
     Ok(RestoreReport {
         snapshot_id: snapshot.0,
+        subfolder: opts.subfolder.clone(),
         target: opts.target.clone(),
         files: stats.files,
         dirs: stats.dirs,
@@ -116,6 +149,9 @@ pub fn restore_snapshot<A: Access>(
         mounts_left: stats.mounts_left,
         repository_left: stats.repository_left,
         cancelled_files: stats.cancelled_files,
+        unfinished_restore_started: stats
+            .unfinished_before
+            .map(|t| crate::time::format_unix(t, 0)),
         verified: opts.verify.then_some(stats.verified),
         duration_secs: start.elapsed().as_secs_f64(),
         errors: stats

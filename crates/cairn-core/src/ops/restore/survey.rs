@@ -60,6 +60,11 @@ pub(super) fn dry_run(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(Error::io(target, e)),
     };
+    // What the restore would fail on at once, the preview says too (QA: a dry run
+    // into a read-only file system promised hundreds of files): the target, or
+    // where it would be made, must be writable.
+    let place = where_it_would_be_made(target);
+    writable(&place).map_err(|e| Error::io(target, e))?;
     let mount = match &dir {
         Some(d) => sys::mount_of(d.as_fd(), c"").map_err(|e| Error::io(target, e))?,
         None => (0, 0),
@@ -80,6 +85,12 @@ pub(super) fn dry_run(
     let unfinished_since = dir
         .as_ref()
         .and_then(|d| super::unfinished::since(d.as_fd()));
+    // Said as the restore will say it: it explains entries `--overwrite never`
+    // would otherwise keep (QA: the preview listed them updated with no reason).
+    if let Some(t) = unfinished_since {
+        progress.notice(super::unfinished::notice(target, t));
+        stats.unfinished_before = Some(t.0);
+    }
     let all = includes.is_empty();
     // A hard-linked file's first name there: its inode when kept as it was, and
     // its path (for the warning the restore gives a name kept apart from it).
@@ -378,7 +389,52 @@ pub(super) fn dry_run(
     for i in &stats.issues {
         progress.warning(&i.path, &i.message);
     }
+    if let Some(free) = free_bytes(&place)
+        && stats.bytes > free
+    {
+        progress.notice(format!(
+            "the file system of {} has {} free, and this restore would write {}: it \
+             stops when the disk is full (files with holes take less)",
+            target.display(),
+            crate::units::bytes(free, 1),
+            crate::units::bytes(stats.bytes, 1)
+        ));
+    }
     Ok(stats)
+}
+
+/// The target if it exists, else the nearest directory above it that does (where
+/// the restore would make it).
+fn where_it_would_be_made(target: &std::path::Path) -> PathBuf {
+    let mut p = target.to_path_buf();
+    loop {
+        if std::fs::symlink_metadata(&p).is_ok() {
+            return p;
+        }
+        match p.parent() {
+            Some(up) if !up.as_os_str().is_empty() => p = up.to_path_buf(),
+            _ => return PathBuf::from("."),
+        }
+    }
+}
+
+/// Whether this process may write into `dir` (a read-only file system is refused
+/// even to root).
+fn writable(dir: &std::path::Path) -> std::io::Result<()> {
+    use nix::unistd::AccessFlags;
+    nix::unistd::faccessat(
+        nix::fcntl::AT_FDCWD,
+        dir,
+        AccessFlags::W_OK,
+        nix::fcntl::AtFlags::AT_EACCESS,
+    )
+    .map_err(std::io::Error::from)
+}
+
+/// The bytes an unprivileged writer may still use on `dir`'s file system.
+fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    let v = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some((v.blocks_available() as u64).saturating_mul(v.fragment_size() as u64))
 }
 
 /// Why the restore could not read a file's content, from the index: the first of

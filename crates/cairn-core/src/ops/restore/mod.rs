@@ -532,6 +532,7 @@ pub(super) fn restore(
 
     let mount = sys::mount_of(root_fd.as_fd(), c"").map_err(|e| Error::io(target, e))?;
     let tree = load_tree(repo, root, &opts.xattrs)?;
+    let lifted_before = sys::locks_lifted();
     // A restore here that did not finish: what it may have left is distrusted. This
     // one leaves its own mark until it has finished (none if the target takes
     // none: then as before marks existed).
@@ -675,6 +676,17 @@ pub(super) fn restore(
             None => Ok(()),
         });
         w.set_inode_flags();
+        let lifted = sys::locks_lifted() - lifted_before;
+        if lifted > 0 {
+            progress.notice(format!(
+                "{} in {} {} immutable or append-only (chattr +i or +a): restore lifted \
+                 that to replace or remove {} (what it restored has the snapshot's flags)",
+                crate::units::count(lifted, "entry"),
+                target.display(),
+                if lifted == 1 { "was" } else { "were" },
+                if lifted == 1 { "it" } else { "them" }
+            ));
+        }
         ended?;
         // Once no file is left cut short (an attribute refused, a device not
         // made: nothing for the next restore to distrust), this restore's part is
@@ -687,7 +699,10 @@ pub(super) fn restore(
             && opts.excludes.is_empty()
             && opts.iexcludes.is_empty();
         if !w.left_unfinished && !holds_mark_name {
-            unfinished::finished(root_dir.fd(), &selection, everything, everything)
+            // A directory restored as the target (`SNAP:PATH`) is not all of a
+            // snapshot: a mark that lists nothing stays.
+            let all_of_a_snapshot = everything && opts.subfolder.is_none();
+            unfinished::finished(root_dir.fd(), &selection, everything, all_of_a_snapshot)
                 .map_err(|e| Error::io(target, e))?;
         }
         Ok(w.stats)
@@ -2614,7 +2629,7 @@ mod tests {
         let srv = w.under("/srv");
         assert!(!srv.root());
         assert_eq!(srv.below("", b"www"), (true, String::new()));
-        assert_eq!(srv.below("", b"nginx").0, false);
+        assert!(!srv.below("", b"nginx").0);
         // A name that only starts like a source is not below it.
         assert!(w.under("/srv/www2").is_empty());
         assert_eq!(w.under("/").sources, w.sources);

@@ -205,6 +205,15 @@ pub(crate) fn lift_locks(fd: BorrowedFd<'_>) -> io::Result<Option<u32>> {
     Ok(Some(now))
 }
 
+/// How many entries of a target [`unlink_unlocking`] has unlocked to remove them
+/// (in this process): a restore says how many it did (QA: an administrator's
+/// `chattr +i` went silently).
+static LOCKS_LIFTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub(crate) fn locks_lifted() -> u64 {
+    LOCKS_LIFTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// [`unlink_at`] that lifts a regular file's immutable and append-only flags
 /// ([`lift_locks`]) when they are why it was refused (EPERM), and tries once
 /// more. Only a regular file is opened for that: opening a device node can do
@@ -219,7 +228,10 @@ pub(crate) fn unlink_unlocking(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(
             match open_at(dir, name, flags, 0)
                 .and_then(|fd| lift_locks(std::os::fd::AsFd::as_fd(&fd)))
             {
-                Ok(Some(_)) => unlink_at(dir, name),
+                Ok(Some(_)) => {
+                    LOCKS_LIFTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    unlink_at(dir, name)
+                }
                 _ => Err(e),
             }
         }

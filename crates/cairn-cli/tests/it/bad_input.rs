@@ -1612,3 +1612,55 @@ fn a_file_size_limit_is_an_error_not_a_signal() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// A dry run by a user over a target holding directories of theirs they may not
+/// read now (chmod 000) says what the restore will do with them, as the restore
+/// does it (makes them readable): no error and exit 0 where the restore has none
+/// (QA: the preview failed and said "would delete 0" where the restore deleted).
+#[test]
+fn a_dry_run_counts_the_users_unreadable_directories_as_the_restore_treats_them() {
+    use std::os::unix::fs::PermissionsExt;
+    assert!(is_root(), "the test suite runs as root (CI does)");
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d/sub")).unwrap();
+    fs::write(src.join("d/f"), b"f").unwrap();
+    fs::write(src.join("d/sub/g"), b"g").unwrap();
+    let snap = env.backup(&[&src]);
+    let kept = env.path("kept");
+    fs::write(&kept, b"").unwrap();
+    nobodys_but(&env, &kept);
+    let t = env.path("t");
+    let ts = t.to_str().unwrap();
+    let o = as_nobody(&env, &["restore", &snap, "-t", ts]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let d = t.join(src.join("d").strip_prefix("/").unwrap());
+    fs::create_dir_all(d.join("old/x")).unwrap();
+    fs::write(d.join("old/x/r"), b"r").unwrap();
+    sh(Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(d.join("old")));
+    for dir in ["old", "sub"] {
+        fs::set_permissions(d.join(dir), fs::Permissions::from_mode(0o000)).unwrap();
+    }
+    let o = as_nobody(&env, &["restore", &snap, "-t", ts, "--delete", "--dry-run"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{out}{err}");
+    assert!(
+        out.contains(&format!("would delete {}", d.join("old").display())),
+        "{out}"
+    );
+    assert!(err.contains("sub: not readable now"), "{err}");
+    assert!(
+        err.contains("old: 1 directory is not readable now"),
+        "{err}"
+    );
+    let o = as_nobody(&env, &["restore", &snap, "-t", ts, "--delete"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!d.join("old").exists());
+    assert_eq!(fs::read(d.join("sub/g")).unwrap(), b"g");
+}

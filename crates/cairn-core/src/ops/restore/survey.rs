@@ -233,6 +233,20 @@ pub(super) fn dry_run(
                     (Some(st), Some(p)) if st.kind() == libc::S_IFDIR => {
                         match sys::open_at(p, &name, libc::O_RDONLY | libc::O_DIRECTORY, 0) {
                             Ok(fd) => Some(fd),
+                            // The user's own, not readable now: the restore gives it
+                            // the owner's rwx and restores into it; its entries are
+                            // counted as if it were empty.
+                            Err(e)
+                                if e.raw_os_error() == Some(libc::EACCES)
+                                    && st.uid == sys::euid() =>
+                            {
+                                progress.notice(format!(
+                                    "{}: not readable now: what the snapshot has in it is \
+                                     counted as written (the restore makes it readable)",
+                                    path.display()
+                                ));
+                                None
+                            }
                             Err(e) => {
                                 issue(&mut stats, path, format!("opening it: {e}"));
                                 continue;
@@ -580,6 +594,14 @@ fn count_removal(
     if counted.spared_left > 0 {
         stats.repository_left = true;
         leave.progress.warning(&shown, super::SPARED);
+    }
+    if counted.unlisted > 0 {
+        leave.progress.notice(format!(
+            "{}: {} not readable now, each counted as one entry: the restore \
+             makes them readable to delete them with what they hold",
+            shown.display(),
+            crate::units::count_is(counted.unlisted, "directory")
+        ));
     }
     match r {
         Ok(r) => {

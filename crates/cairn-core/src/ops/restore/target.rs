@@ -449,6 +449,9 @@ pub(crate) struct Removal {
     /// Directories left in place because they are one of the spared ones (the
     /// repository being restored from), with the directories above them.
     pub spared_left: u64,
+    /// Counting only: directories of the user that it may not read now, counted as
+    /// one entry each, what they hold not (removing makes them readable first).
+    pub unlisted: u64,
 }
 
 /// Removes `name` from `parent` and, when it is a directory, everything in it:
@@ -486,6 +489,9 @@ enum Found {
     Leaf,
     /// A directory on the target's mount, opened.
     Dir(OwnedFd),
+    /// Counting only: a directory of the user's that it may not read now (the
+    /// removal gives it the owner's rwx first, see [`writable`]).
+    Unlisted,
     /// One of the spared directories: left alone.
     Spared,
 }
@@ -529,6 +535,10 @@ fn look(
         (fd, path_only)
     };
     if path_only {
+        let euid = sys::euid();
+        if !removing && sys::fstat(fd.as_fd())?.uid == euid && euid != 0 {
+            return Ok(Found::Unlisted);
+        }
         return Err(io::Error::from_raw_os_error(libc::EACCES));
     }
     // Going: an immutable or append-only directory would keep its entries.
@@ -575,6 +585,11 @@ fn walk_removal(
             return Ok(done);
         }
         Found::Dir(fd) => fd,
+        Found::Unlisted => {
+            done.removed = 1;
+            done.unlisted = 1;
+            return Ok(done);
+        }
     };
     // Each level: the directory's descriptor, its name in the level above, the names
     // still to remove in it, and whether it holds a mount point (then it stays).
@@ -608,6 +623,10 @@ fn walk_removal(
                 continue;
             }
             Found::Other => true,
+            Found::Unlisted => {
+                done.unlisted += 1;
+                false
+            }
             Found::Spared => {
                 done.spared_left += 1;
                 if let Some(level) = stack.last_mut() {

@@ -12,13 +12,16 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
     let path = a.path.as_deref().unwrap_or("/");
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     // Written as the walk finds them, so memory does not grow with the number of
-    // differences. `--json` is one document, `{"path", "differences": [...],
-    // "summary"}`, a difference a line; its head waits for the first one, so
+    // differences. `--json` is one document, `{"first", "second", "path",
+    // "differences": [...], "summary"}`, a difference a line; its head waits for the first one, so
     // that a path in neither snapshot leaves nothing half written. Entries with
     // only new metadata are listed with --metadata (the summary counts them
     // either way).
+    // The snapshots compared, by full id (QA: a script had only the text's).
     let mut doc = super::JsonStream::new(format!(
-        "{{\"path\": {}, \"differences\": [",
+        "{{\"first\": {}, \"second\": {}, \"path\": {}, \"differences\": [",
+        serde_json::to_string(&ida.to_hex())?,
+        serde_json::to_string(&idb.to_hex())?,
         serde_json::to_string(&diff::report_path(path))?
     ));
     let mut unwritable = None;

@@ -93,7 +93,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         xattrs,
         list_files: a.verbose,
         subfolder,
-        ..RestoreOptions::new(&a.target)
+        ..RestoreOptions::new(without_trailing_slashes(&a.target))
     };
     p.start();
     let r = restore::restore_snapshot(&session, &snap, &opts);
@@ -388,4 +388,17 @@ fn read_path_files(files: &[std::path::PathBuf], option: &str) -> Result<Vec<Str
         anyhow::bail!("nothing to restore: the {option} list holds only comments and empty lines");
     }
     Ok(out)
+}
+
+/// `t/` names what `t` points to when `t` is a symlink: taken as `t`, so that a
+/// target that is a symlink is refused however it is written (QA: `-t link/`
+/// restored through the link, and a dangling one said "File exists").
+fn without_trailing_slashes(target: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = target.as_os_str().as_bytes();
+    let mut end = bytes.len();
+    while end > 1 && bytes[end - 1] == b'/' {
+        end -= 1;
+    }
+    std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&bytes[..end]))
 }

@@ -159,6 +159,11 @@ fn diff_lists_added_removed_modified_and_metadata_changes() {
 
     // Metadata-only entries are listed with --metadata, in JSON as in text.
     let plain = json(&env, &["diff", &a, &b]);
+    // The snapshots compared, by full id.
+    for (field, id) in [("first", &a), ("second", &b)] {
+        let full = plain[field].as_str().unwrap();
+        assert!(full.len() == 64 && full.starts_with(id.as_str()), "{plain}");
+    }
     assert!(
         plain["differences"]
             .as_array()
@@ -270,7 +275,8 @@ fn diff_lists_added_removed_modified_and_metadata_changes() {
     assert!(n >= want.len(), "{r}");
     assert_eq!(lines.len(), n + 2, "{out}");
     assert!(
-        lines[0].starts_with("{\"path\": \"/\", \"differences\": ["),
+        lines[0].starts_with("{\"first\": \"")
+            && lines[0].ends_with("\"path\": \"/\", \"differences\": ["),
         "{out}"
     );
     assert!(lines[n + 1].starts_with("], \"summary\": {"), "{out}");

@@ -487,13 +487,21 @@ fn a_target_that_is_a_symlink_is_refused() {
     fs::create_dir_all(&elsewhere).unwrap();
     let link = env.path("link");
     std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
-    for extra in [&[][..], &["--dry-run"][..]] {
-        let mut args = vec!["restore", &snap, "--target", link.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let err = env.fails(&args, 1);
-        assert!(err.contains("is a symlink"), "{err}");
+    let dangling = env.path("dangling");
+    std::os::unix::fs::symlink(env.path("nowhere"), &dangling).unwrap();
+    // With a trailing slash too (which names what the link points to).
+    let slashed = format!("{}/", link.display());
+    let dangling_slashed = format!("{}//", dangling.display());
+    for target in [link.to_str().unwrap(), &slashed, &dangling_slashed] {
+        for extra in [&[][..], &["--dry-run"][..]] {
+            let mut args = vec!["restore", &snap, "--target", target];
+            args.extend_from_slice(extra);
+            let err = env.fails(&args, 1);
+            assert!(err.contains("is a symlink"), "{target}: {err}");
+        }
     }
     assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
+    assert!(!env.path("nowhere").exists());
 }
 
 /// A file in the target with the snapshot's content whose metadata differs gets the

@@ -4,7 +4,7 @@
 
 use crate::util::*;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -1873,4 +1873,45 @@ fn a_dry_run_says_what_the_restore_would_meet() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("free, and this restore would write"), "{err}");
+}
+
+/// `--overwrite never` keeps a FIFO where the snapshot has a file, and says so
+/// (it gives the file back as nothing else does), in the dry run as in the
+/// restore; exit 0, as the mode asked for it.
+#[test]
+fn never_says_when_it_keeps_another_kind_of_entry() {
+    let (env, snap, _src, copy) = backed_up();
+    fs::remove_file(copy.join("gone")).unwrap();
+    nix::unistd::mkfifo(
+        &copy.join("gone"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let t = env.path("t");
+    for extra in [&["--dry-run"][..], &[][..]] {
+        let mut args = vec![
+            "restore",
+            &snap,
+            "-t",
+            t.to_str().unwrap(),
+            "--overwrite",
+            "never",
+        ];
+        args.extend_from_slice(extra);
+        let o = env.run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{extra:?}: {err}");
+        assert!(
+            err.contains(
+                "gone: kept as it is (--overwrite): it is a FIFO, where the snapshot has a file"
+            ),
+            "{extra:?}: {err}"
+        );
+    }
+    assert!(
+        fs::symlink_metadata(copy.join("gone"))
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
 }

@@ -2133,6 +2133,9 @@ impl Walk<'_> {
                             .entry(key)
                             .or_insert_with(|| parent.node.join(&name));
                     }
+                    if let Some(why) = overwrite::kept_other_kind(st, &node) {
+                        self.progress.warning(&parent.node.join(&name), &why);
+                    }
                     self.kept(st, &node, || parent.node.join(&name));
                 }
                 return Ok(());
@@ -2544,6 +2547,9 @@ impl Walk<'_> {
         if !fresh {
             match sys::stat_at(parent.fd(), name) {
                 Ok(st) if self.decide(parent, name, Some(&st), node) != Decision::Write => {
+                    if let Some(why) = overwrite::kept_other_kind(&st, node) {
+                        self.progress.warning(&parent.node.join(name), &why);
+                    }
                     self.kept(&st, node, || parent.node.join(name));
                     return;
                 }

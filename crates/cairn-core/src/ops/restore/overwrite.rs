@@ -106,6 +106,32 @@ pub(crate) fn effective(
 /// there would change that file too; a file whose owner would change is someone
 /// else's content given the snapshot's owner (and set-ID bits): both are replaced
 /// by a new file instead.
+/// What an entry kept by `--overwrite` (never, if-newer) is worth a warning for:
+/// another kind of entry than the snapshot's (a FIFO where the snapshot has a
+/// file), which the restore then does not give back (QA: kept silently, while a
+/// directory in the way was reported).
+pub(crate) fn kept_other_kind(st: &Stat, node: &Node) -> Option<String> {
+    let kind = st.mode & libc::S_IFMT;
+    if kind == node.kind.type_bits() {
+        return None;
+    }
+    let word = |bits: u32| match bits {
+        libc::S_IFREG => "a file",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFLNK => "a symlink",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFSOCK => "a socket",
+        _ => "another kind of entry",
+    };
+    Some(format!(
+        "kept as it is (--overwrite): it is {}, where the snapshot has {}",
+        word(kind),
+        word(node.kind.type_bits())
+    ))
+}
+
 pub(crate) fn decide(
     repo: &Repository,
     opts: &super::RestoreOptions,

@@ -338,6 +338,9 @@ pub(super) fn dry_run(
                     // only when its size and time say it holds the snapshot's content
                     // (it may hold anything), as the restore judges.
                     (Decision::Keep, Some(st)) => {
+                        if let Some(why) = overwrite::kept_other_kind(st, &node) {
+                            progress.warning(&path, &why);
+                        }
                         say(FileAction::Unchanged, &path, node.size);
                         kept(&mut stats, st);
                         let first = overwrite::effective(opts.overwrite, unfinished_since, st)
@@ -393,6 +396,9 @@ pub(super) fn dry_run(
                     }
                 }
                 (_, Some(st)) => {
+                    if let Some(why) = overwrite::kept_other_kind(st, &node) {
+                        progress.warning(&path, &why);
+                    }
                     say(FileAction::Unchanged, &path, 0);
                     kept(&mut stats, st)
                 }

@@ -28,7 +28,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     }
     let p = super::progress(g);
     let session = super::session::<Read>(g, "export", IndexLoad::Placement, &p.progress)?;
-    let (_, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
+    let (id, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     let root = snap.tree_id()?;
     let path = a.path.as_deref().unwrap_or("/");
     let r = write_output(g, output, format == Format::Tar, false, |out| {
@@ -37,7 +37,21 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     if g.json {
         // The archive is on standard output unless --output: the report goes to
         // standard error then.
-        let json = serde_json::to_string_pretty(&r)?;
+        // Which snapshot, what and where, beside the counts (QA: a script had
+        // none of them).
+        let mut v = serde_json::to_value(&r)?;
+        if let Some(m) = v.as_object_mut() {
+            m.insert("snapshot_id".into(), id.to_hex().into());
+            m.insert("path".into(), path.into());
+            m.insert("format".into(), format_name.into());
+            m.insert(
+                "output".into(),
+                output
+                    .map_or("-".into(), |o| o.to_string_lossy().into_owned())
+                    .into(),
+            );
+        }
+        let json = serde_json::to_string_pretty(&v)?;
         if output.is_some() {
             println!("{json}");
         } else {

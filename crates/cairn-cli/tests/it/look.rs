@@ -376,6 +376,25 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
     // Written to a file, the export ends with what it used, as long jobs do.
     assert!(said.contains("resources: peak memory"), "{said}");
     assert_eq!(fs::read(&victim).unwrap(), b"precious");
+    // --json says which snapshot went where.
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "export",
+        &snap,
+        "-o",
+        tarball.to_str().unwrap(),
+        "--json",
+    ]))
+    .unwrap();
+    assert!(
+        v["snapshot_id"]
+            .as_str()
+            .unwrap()
+            .starts_with(snap.as_str()),
+        "{v}"
+    );
+    assert_eq!(v["output"], tarball.to_str().unwrap(), "{v}");
+    assert_eq!(v["format"], "tar", "{v}");
+    assert!(v["files"].as_u64().unwrap() > 0, "{v}");
     // A symlink another user planted at the output, to a device: refused.
     if is_root() {
         use std::os::unix::fs::PermissionsExt;

@@ -320,6 +320,16 @@ fn restore_image(
             "--include, --exclude, --delete and --dry-run do not apply to an image restore",
         ));
     }
+    // Not standard output (QA: a file named `-` was written, and the summary went
+    // down the pipe): the image is written at offsets, in parallel.
+    if a.target.as_os_str() == "-" {
+        return Err(super::bad_argument(format!(
+            "--target - is not standard output for an image: give a file or block device \
+             (`cairn dump {} NAME`, NAME as `cairn ls` shows it, writes the image to \
+             standard output)",
+            snap.0.short()
+        )));
+    }
     let opts = ImageRestoreOptions {
         target: a.target.clone(),
         zeroed: a.zeroed,

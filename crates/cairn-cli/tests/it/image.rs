@@ -2767,3 +2767,52 @@ fn image_fs_restore_over_a_target_puts_hard_links_back() {
         "{err}"
     );
 }
+
+/// A changed-block list is of changes to the file the parent was read from: a
+/// file put in its place since (here: an older image restored onto it, a new
+/// inode) is read whole, with why (QA: the snapshot was the parent's image plus
+/// the listed block, silently). Then nothing changed is nothing changed:
+/// `--skip-if-unchanged` saves no snapshot (QA: the image's read moved its atime
+/// and a snapshot was saved). And `--target -` is no standard output for an
+/// image (QA: a file named `-` was written).
+#[test]
+fn a_changed_block_list_is_not_applied_to_a_file_put_in_the_sources_place() {
+    let env = Env::new();
+    env.init(&["--block-size", "16K"]);
+    let src = env.path("disk.img");
+    let mut data = make_image(&src, 4, 11);
+    let first = image_snapshot(&env, &src);
+    let old = data.clone();
+    let cbt = env.path("changed.txt");
+    fs::write(&cbt, change(&src, &mut data, &[(MIB, 5000)], 12)).unwrap();
+    let (_, err) = backup_image_listed(&env, &src, &cbt);
+    assert!(!err.contains("not used"), "{err}");
+    // The first image restored onto the source: a new file there.
+    restore_image(&env, &first, &src, &["--overwrite", "always"]);
+    assert!(fs::read(&src).unwrap() == old);
+    fs::write(&cbt, "0 16384\n").unwrap();
+    let (third, err) = backup_image_listed(&env, &src, &cbt);
+    assert!(
+        err.contains("the changed-block list was not used and the whole source was read")
+            && err.contains("is not the file the parent image snapshot was read from"),
+        "{err}"
+    );
+    let s3 = third["snapshot_id"].as_str().unwrap().to_string();
+    let out = env.path("out.img");
+    restore_image(&env, &s3, &out, &[]);
+    assert!(
+        fs::read(&out).unwrap() == old,
+        "the image differs from the source"
+    );
+    // Unchanged since: no snapshot, after a read of the whole image too.
+    let o = env.ok(&[
+        "backup",
+        "--image",
+        src.to_str().unwrap(),
+        "--skip-if-unchanged",
+    ]);
+    assert!(o.contains("no snapshot saved"), "{o}");
+    let e = env.fails(&["restore", &s3, "--image", "--target", "-"], 2);
+    assert!(e.contains("not standard output"), "{e}");
+    assert!(!Path::new("-").exists() && !env.path("-").exists());
+}

@@ -65,6 +65,8 @@ pub(crate) struct ImagePlan {
     pub changed: Option<ChangedRanges>,
     /// A block device's write counters when it was opened ([`device_writes`]).
     pub device_writes: Option<(u64, u64)>,
+    /// A regular file's device and inode numbers (see `ImageInfo::source_file`).
+    pub source_file: Option<[u64; 2]>,
 }
 
 impl ImagePlan {
@@ -923,6 +925,10 @@ pub(crate) fn plan(
     node.rdev = 0;
     node.size = size;
     node.xattrs.clear();
+    // The image's own read moves its access time (relatime), so the next
+    // snapshot's node would differ for nothing, and `--skip-if-unchanged` saved
+    // a snapshot of an unchanged image (QA). An image's atime says nothing.
+    node.atime = node.mtime;
     let block_size = repo.config().chunker.avg_size;
     let geometry = Geometry::new(size, block_size, crate::tree::fixed::fanout_for(block_size))?;
 
@@ -939,7 +945,28 @@ pub(crate) fn plan(
              unmount it (or remount it read-only) first"
         ));
     }
+    // A file behind a loop device mounted read-write is that disk (QA: warned of
+    // for the device, not for its file).
+    if meta.file_type().is_file() {
+        for dev in crate::ops::image::restore::loop_devices_backed_by(&meta) {
+            if let Ok(m) = std::fs::metadata(&dev)
+                && let Some(at) = mounted_read_write(m.rdev())
+            {
+                notes.push(format!(
+                    "{} is the backing file of {dev}, mounted read-write at {at}: what is \
+                     written there while it is read makes the image inconsistent; unmount \
+                     it (or remount it read-only) first",
+                    path.display()
+                ));
+            }
+        }
+    }
+    let source_file = meta.file_type().is_file().then(|| [meta.dev(), meta.ino()]);
+    // Said only when the list is used (QA: a word about the list, then that it
+    // was not used).
+    let mut list_notes = Vec::new();
     let parent_snap = parent;
+    let mut parent_file = None;
     // A snapshot of files is no image's parent: recorded as one, it would say
     // "changed since the parent" of every block (QA: accepted without a word).
     if parent_named && parent_snap.is_some_and(|s| s.image.is_none()) {
@@ -1010,11 +1037,16 @@ pub(crate) fn plan(
                         info.source, info.size
                     )
                 };
-                notes.push(format!(
+                list_notes.push(format!(
                     "{was}: the changed-block list must describe the changes since that \
                      snapshot, or the new one will hold the parent's blocks where this source \
                      differs"
                 ));
+            }
+            // At the same path only: at another, the warnings above say it is
+            // another source (an LVM snapshot's new name, a parent named).
+            if info.source == here {
+                parent_file = info.source_file;
             }
             Some((
                 Geometry::new(info.size, info.block_size, info.fanout)?,
@@ -1053,7 +1085,19 @@ pub(crate) fn plan(
                     last.short()
                 ));
                 None
+            } else if let (Some(was), Some(now)) = (parent_file, source_file)
+                && was != now
+            {
+                notes.push(format!(
+                    "the changed-block list was not used and the whole source was read: \
+                     {} is not the file the parent image snapshot was read from (another \
+                     inode: replaced, or an image restored onto it, since), so the list \
+                     does not describe its changes",
+                    path.display()
+                ));
+                None
             } else {
+                notes.append(&mut list_notes);
                 Some(listed)
             }
         }
@@ -1107,6 +1151,7 @@ pub(crate) fn plan(
     let device_writes = device_writes(&file);
     Ok(ImagePlan {
         device_writes,
+        source_file,
         file,
         direct,
         path,
@@ -1149,6 +1194,7 @@ pub(crate) fn info(
         unreadable,
         size_at_end,
         bytes_in_holes: counts.hole_bytes,
+        source_file: plan.source_file,
     }
 }
 

@@ -218,7 +218,7 @@ impl Target {
 }
 
 /// The loop devices (`/dev/loopN`) whose backing file is the file `m` describes.
-fn loop_devices_backed_by(m: &std::fs::Metadata) -> Vec<String> {
+pub(crate) fn loop_devices_backed_by(m: &std::fs::Metadata) -> Vec<String> {
     use std::os::unix::fs::MetadataExt;
     let Ok(dir) = std::fs::read_dir("/sys/block") else {
         return Vec::new();

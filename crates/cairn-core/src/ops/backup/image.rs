@@ -953,10 +953,9 @@ pub(crate) fn plan(
                 && let Some(at) = mounted_read_write(m.rdev())
             {
                 notes.push(format!(
-                    "{} is the backing file of {dev}, mounted read-write at {at}: what is \
+                    "it is the backing file of {dev}, mounted read-write at {at}: what is \
                      written there while it is read makes the image inconsistent; unmount \
-                     it (or remount it read-only) first",
-                    path.display()
+                     it (or remount it read-only) first"
                 ));
             }
         }

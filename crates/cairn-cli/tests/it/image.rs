@@ -486,7 +486,22 @@ fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount()
     sh(Command::new("dd")
         .args(["if=/dev/urandom", "bs=1M", "count=20", "status=none"])
         .arg(format!("of={}", dev.0)));
-    let o = env.run(&["restore", &snap, "--image", "--target", &dev.0, "--verify"]);
+    // Not without --overwrite always, as for a file that exists (QA).
+    let e = env.fails(&["restore", &snap, "--image", "--target", &dev.0], 1);
+    assert!(
+        e.contains("is a block device of") && e.contains("--overwrite always"),
+        "{e}"
+    );
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--image",
+        "--target",
+        &dev.0,
+        "--verify",
+        "--overwrite",
+        "always",
+    ]);
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr),

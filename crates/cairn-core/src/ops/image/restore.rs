@@ -366,6 +366,17 @@ fn open_target(opts: &ImageRestoreOptions, name: &[u8], size: u64) -> Result<Tar
                     path.display()
                 )));
             }
+            // As for a file that exists: a mistyped /dev/sdX, not mounted, would
+            // be overwritten without a word (QA).
+            if !opts.replace {
+                return Err(Error::Invalid(format!(
+                    "{} is a block device of {}: the image ({}) is written over what it \
+                     holds; give --overwrite always to do so (nothing was written)",
+                    path.display(),
+                    crate::units::bytes(dev_size, 1),
+                    crate::units::bytes(size, 1)
+                )));
+            }
             Ok(Target {
                 file,
                 path,

@@ -732,7 +732,9 @@ fn sweep_lost_sessions(app: &Arc<App>) {
                             if n == 1 { "it" } else { "them" }
                         )),
                         Ok(Err(e)) => log_line(&format!(
-                            "a client of {who} went silent for {secs} s, but its locks on                              datastore {} could not be deleted ({e}): they go stale 30                              minutes after their last refresh",
+                            "a client of {who} went silent for {secs} s, but its locks on \
+                             datastore {} could not be deleted ({e}): they go stale 30 \
+                             minutes after their last refresh",
                             ds.name
                         )),
                         Err(_) => {}

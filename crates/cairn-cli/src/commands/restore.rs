@@ -58,7 +58,8 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     let image_asked = a.image || a.image_fs.image_fs.is_some();
     if subfolder.is_some() && image_asked {
         return Err(super::bad_argument(
-            "SNAP:PATH restores a directory of a file snapshot; an image is restored whole              (--image) or its files with --image-fs",
+            "SNAP:PATH restores a directory of a file snapshot; an image is restored whole \
+             (--image) or its files with --image-fs",
         ));
     }
     let snap = session.find_snapshot_matching(spec, &a.filter.engine())?;
@@ -69,7 +70,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             snap.0.short()
         )));
     }
-    if a.verbose && (a.image || a.image_fs.image_fs.is_some() || snap.1.image.is_some()) {
+    if a.verbose && (image_asked || snap.1.image.is_some()) {
         return Err(super::bad_argument(
             "--verbose lists the files a restore of a file snapshot writes, not an image's",
         ));

@@ -94,18 +94,6 @@ pub(crate) fn effective(
     }
 }
 
-/// Decides for a non-directory entry `name` of `dir` that should become `node`.
-/// `existing` is what `fstatat` found (`None`: nothing there); `opts` gives the
-/// mode, whether owners are set and which attributes count; `unfinished_since`
-/// may raise the mode ([`effective`]). Content is read only for `if-changed` when
-/// size matches and the time does not, or the restore is verified.
-///
-/// Metadata is set in place only on a file with one name whose owner stays the
-/// same. A file with more names could be a hard link to a file outside the target
-/// (anyone who can write the target can make one), and a chmod, chown or new time
-/// there would change that file too; a file whose owner would change is someone
-/// else's content given the snapshot's owner (and set-ID bits): both are replaced
-/// by a new file instead.
 /// What an entry kept by `--overwrite` (never, if-newer) is worth a warning for:
 /// another kind of entry than the snapshot's (a FIFO where the snapshot has a
 /// file), which the restore then does not give back (QA: kept silently, while a
@@ -132,6 +120,18 @@ pub(crate) fn kept_other_kind(st: &Stat, node: &Node) -> Option<String> {
     ))
 }
 
+/// Decides for a non-directory entry `name` of `dir` that should become `node`.
+/// `existing` is what `fstatat` found (`None`: nothing there); `opts` gives the
+/// mode, whether owners are set and which attributes count; `unfinished_since`
+/// may raise the mode ([`effective`]). Content is read only for `if-changed` when
+/// size matches and the time does not, or the restore is verified.
+///
+/// Metadata is set in place only on a file with one name whose owner stays the
+/// same. A file with more names could be a hard link to a file outside the target
+/// (anyone who can write the target can make one), and a chmod, chown or new time
+/// there would change that file too; a file whose owner would change is someone
+/// else's content given the snapshot's owner (and set-ID bits): both are replaced
+/// by a new file instead.
 pub(crate) fn decide(
     repo: &Repository,
     opts: &super::RestoreOptions,

@@ -825,25 +825,37 @@ fn print_image_summary(r: &backup::BackupReport, dry_run: bool) {
             ""
         }
     );
-    // Holes of a sparse source count among the blocks read (as zeros), and
-    // were not read from the disk: said on the line itself (QA: "4096 read"
-    // beside "read: 7.64 MiB of 64 MiB").
-    let in_holes = i.bytes_in_holes / u64::from(i.block_size.max(1));
+    // Holes of a sparse source count among the blocks read (as zeros) in the
+    // snapshot's record, and were not read from the disk: each part said apart
+    // (QA: "4096 read" beside "read: 7.64 MiB of 64 MiB", then "3072 read (3012
+    // of them in holes)").
+    let in_holes = (i.bytes_in_holes / u64::from(i.block_size.max(1))).min(i.blocks_read);
+    let mut parts = vec![format!("{} read from the source", i.blocks_read - in_holes)];
+    if in_holes > 0 {
+        parts.push(format!("{in_holes} in holes (zeros, not read)"));
+    }
+    if i.blocks > i.blocks_read {
+        parts.push(format!(
+            "{} taken from the parent unread",
+            i.blocks - i.blocks_read
+        ));
+    }
     println!(
-        "blocks:    {} read{}, {} {}, {} zero",
-        i.blocks_read,
-        if in_holes > 0 {
-            format!(" ({in_holes} of them in holes: zeros, not read from the disk)")
-        } else {
-            String::new()
-        },
+        "blocks:    {} in all: {}; {} {}, {} zero{}",
+        i.blocks,
+        parts.join(", "),
         i.blocks_changed,
         if r.parent.is_some() {
             "changed since the parent"
         } else {
             "new (no parent)"
         },
-        i.blocks_zero
+        i.blocks_zero,
+        if i.blocks > i.blocks_read {
+            " among those read"
+        } else {
+            ""
+        }
     );
     if i.bytes_in_holes > 0 {
         println!(

@@ -34,34 +34,53 @@ pub fn ls(
         "{{\"snapshot\": {}, \"entries\": [",
         serde_json::to_string(&id)?
     ));
-    let listed = fs.list(path, recursive, &mut |e| {
-        if g.json {
-            let line = serde_json::to_string(&e)
-                .map_err(|e| cairn_core::Error::Invalid(format!("writing JSON: {e}")))?;
-            doc.item(&mut out, &line);
-        } else if long {
-            super::out_line(&mut out, &super::ls::long_line(&e));
-        } else {
-            super::out_line(&mut out, &e.path);
-        }
-        Ok(())
-    });
-    // Entries that could not be read fail the listing after the rest was listed:
-    // the document is closed with the failure in its "errors" (as `ls`'s), and
-    // the failure said after it (exit 1). One that fails before any entry (a
-    // path not in the image) writes nothing.
+    // Entries that cannot be read are named on stderr as they are met, and
+    // listed in the JSON document's "errors"; the listing goes on, and fails at
+    // the end (exit 1). A path not in the image fails before any entry and
+    // writes nothing.
+    let mut errors: Vec<serde_json::Value> = Vec::new();
+    let listed = fs.list(
+        path,
+        recursive,
+        &mut |e| {
+            if g.json {
+                let line = serde_json::to_string(&e)
+                    .map_err(|e| cairn_core::Error::Invalid(format!("writing JSON: {e}")))?;
+                doc.item(&mut out, &line);
+            } else if long {
+                super::out_line(&mut out, &super::ls::long_line(&e));
+            } else {
+                super::out_line(&mut out, &e.path);
+            }
+            Ok(())
+        },
+        &mut |e| {
+            let message = e.to_string();
+            eprintln!("error: {}", ui::printable(&message));
+            errors.push(serde_json::json!({ "path": path, "message": message }));
+        },
+    );
+    let unread = errors.len();
     if g.json && (listed.is_ok() || doc.started()) {
-        let errors: Vec<serde_json::Value> = listed
-            .as_ref()
-            .err()
-            .map(|e| serde_json::json!({ "path": path, "message": e.to_string() }))
-            .into_iter()
-            .collect();
+        let mut errors = errors;
+        if let Err(e) = &listed {
+            errors.push(serde_json::json!({ "path": path, "message": e.to_string() }));
+        }
         let errors = serde_json::to_string(&errors)?;
         doc.finish(&mut out, &format!("], \"errors\": {errors}}}"));
     }
     super::flush_output(&mut out)?;
     failed(&fs, "the listing", listed.map_err(anyhow::Error::from))?;
+    if unread > 0 {
+        return failed(
+            &fs,
+            "the listing",
+            Err(anyhow::anyhow!(
+                "{} could not be read (named above; the rest was listed)",
+                ui::count(unread as u64, "entry")
+            )),
+        );
+    }
     Ok(zeros(&fs, "the listing"))
 }
 
@@ -119,8 +138,15 @@ pub fn restore(
     let r = failed(
         &fs,
         path,
-        fs.restore(path, target, overwrite, write_limit, xattrs)
-            .with_context(|| format!("restoring {path} from the image")),
+        fs.restore(
+            path,
+            target,
+            overwrite,
+            write_limit,
+            xattrs,
+            args.verbose.then(|| session.progress()),
+        )
+        .with_context(|| format!("restoring {path} from the image")),
     )?;
     // Names from the image's file system: written out (`ui::printable`).
     for n in &r.notes {

@@ -47,6 +47,13 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
              what it would restore; `restore --image --verify` checks the whole image)",
         ));
     }
+    // clap's `requires` lets --zeroed through beside --image-fs (it conflicts
+    // with --image): refused here rather than ignored.
+    if a.zeroed && !a.image {
+        return Err(super::bad_argument(
+            "--zeroed goes with --image onto a block device known to hold zeros",
+        ));
+    }
     let mut p = crate::events::CliProgress::listing(g, a.verbose);
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     // `SNAP:PATH`: a directory of the snapshot as the target (ids and `latest`
@@ -70,13 +77,19 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             snap.0.short()
         )));
     }
-    if a.verbose && (image_asked || snap.1.image.is_some()) {
-        return Err(super::bad_argument(
-            "--verbose lists the files a restore of a file snapshot writes, not an image's",
-        ));
-    }
     if a.image_fs.image_fs.is_some() {
-        return super::imagefs::restore(g, &session, &snap.1, a, overwrite, write_limit, &xattrs);
+        p.start();
+        let r = super::imagefs::restore(g, &session, &snap.1, a, overwrite, write_limit, &xattrs);
+        p.finish();
+        return r;
+    }
+    // An image is written block by block: there is no file to list (its files
+    // are, with --image-fs).
+    if a.verbose && (a.image || snap.1.image.is_some()) {
+        return Err(super::bad_argument(
+            "--verbose lists the files a restore writes; an image restore writes blocks \
+             (--image-fs with -v lists the files it restores from the image)",
+        ));
     }
     if a.image || snap.1.image.is_some() && is_device_or_image_target(&a.target) {
         return restore_image(g, a, &session, &snap, overwrite, write_limit, &mut p);
@@ -331,6 +344,14 @@ fn restore_image(
             snap.0.short()
         )));
     }
+    if a.zeroed && !is_device_or_image_target(&a.target) {
+        // Said, not refused: the result is the same without it.
+        crate::ui::note(format!(
+            "--zeroed changes nothing on a file: {} gets the image's zero blocks as \
+             holes either way",
+            a.target.display()
+        ));
+    }
     let opts = ImageRestoreOptions {
         target: a.target.clone(),
         zeroed: a.zeroed,
@@ -345,15 +366,28 @@ fn restore_image(
     if g.json {
         super::print_json_report(&r)?;
     } else if !g.quiet {
+        // What became of the zero blocks depends on the target (QA: "N blocks zero
+        // left as holes" on a device, where they are zeroed or, with --zeroed,
+        // not written).
+        let zeros = if r.target_kind == "device" && !a.zeroed {
+            format!("{} zero blocks zeroed", r.blocks_zeroed)
+        } else if r.target_kind == "device" {
+            format!(
+                "{} zero blocks not written (--zeroed)",
+                r.blocks_skipped_zero
+            )
+        } else {
+            format!("{} zero blocks left as holes", r.blocks_skipped_zero)
+        };
         println!(
-            "restored image of snapshot {} to {} ({}): {} in {}, {} written, {} zero left as holes, in {:.2}s ({}){}",
+            "restored image of snapshot {} to {} ({}): {} in {}: {} written ({}), {zeros}, in {:.2}s ({}){}",
             snap.0.short(),
             r.target.display(),
             r.target_kind,
             ui::bytes(r.size),
             ui::count(r.blocks, "block"),
+            r.blocks_written,
             ui::bytes(r.bytes_written),
-            ui::count(r.blocks_skipped_zero, "block"),
             r.duration_secs,
             ui::rate(r.size, r.duration_secs),
             if a.verify {

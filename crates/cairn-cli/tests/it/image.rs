@@ -508,6 +508,8 @@ fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount()
     );
     assert!(o.status.success(), "{err}");
     assert!(out.contains("(device)"), "{out}");
+    // The zero blocks were written to the device as zeros, and said so.
+    assert!(out.contains("zero blocks zeroed"), "{out}");
     // Its last 4 MiB keep what they held: said.
     assert!(err.contains("larger than the image: its last 4"), "{err}");
     let back = fs::read(&dev.0).unwrap();
@@ -524,6 +526,47 @@ fn block_devices_back_up_and_restore_and_one_file_comes_back_through_the_mount()
     let got = fs::read(m2.join("etc/payload.bin"));
     sh(Command::new("umount").arg(&m2));
     assert!(got.unwrap() == payload);
+    // --zeroed onto a device that holds zeros: only the data is written.
+    let fresh = Loop::new(&env.path("fresh.dev"), 16 << 20);
+    let out = env.ok(&[
+        "restore",
+        &snap,
+        "--image",
+        "--zeroed",
+        "--overwrite",
+        "always",
+        "--target",
+        &fresh.0,
+    ]);
+    assert!(out.contains("zero blocks not written (--zeroed)"), "{out}");
+    assert!(fs::read(&fresh.0).unwrap() == fs::read(&img).unwrap());
+    drop(fresh);
+    // It changes nothing on a file (said), and goes with --image only.
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--image",
+        "--zeroed",
+        "--target",
+        env.path("as-file.img").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--zeroed changes nothing on a file"), "{err}");
+    let out = env.path("zeroed-fs");
+    let e = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--image-fs",
+            "/",
+            "--zeroed",
+            "--target",
+            out.to_str().unwrap(),
+        ],
+        2,
+    );
+    assert!(e.contains("--zeroed goes with --image"), "{e}");
 
     // One file without restoring the disk: cairn mount, then a read-only loop
     // mount of the image file in it.
@@ -1577,6 +1620,76 @@ fn ext4_image(env: &Env, tree: &Path, extra: &[&str]) -> PathBuf {
     img
 }
 
+/// `restore --image-fs -v` lists each entry as a restore of a file snapshot
+/// does (it was refused): restored the first time, unchanged when run again,
+/// updated once a file was changed in the target; an image restore with -v is
+/// still refused (it writes blocks, not files).
+#[test]
+fn image_fs_restore_verbose_lists_each_entry() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(tree.join("d/sub")).unwrap();
+    fs::write(tree.join("d/sub/f"), b"one\n").unwrap();
+    fs::hard_link(tree.join("d/sub/f"), tree.join("d/g")).unwrap();
+    std::os::unix::fs::symlink("sub/f", tree.join("d/s")).unwrap();
+    sh(Command::new("find").arg(&tree).args([
+        "-exec",
+        "touch",
+        "-h",
+        "-d",
+        "@1700000000",
+        "{}",
+        "+",
+    ]));
+    let snap = ext4_image_snapshot(&env, &tree, &["-b", "4096"]);
+    let out = env.path("out");
+    let restore = |extra: &[&str]| {
+        let mut args = vec!["restore", &snap, "--image-fs", "/d", "-v", "--target"];
+        args.push(out.to_str().unwrap());
+        args.extend_from_slice(extra);
+        env.ok(&args)
+    };
+    let lines = |text: &str, word: &str| -> Vec<String> {
+        let mut v: Vec<String> = text
+            .lines()
+            // Listed lines pad the word to 10 columns; the summary does not.
+            .filter_map(|l| l.strip_prefix(&format!("{:<10}", word.trim())))
+            .map(|p| p.trim_start().rsplit("out/").next().unwrap().to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    let all = ["d", "d/g", "d/s", "d/sub", "d/sub/f"]
+        .map(String::from)
+        .to_vec();
+    let first = restore(&[]);
+    assert_eq!(lines(&first, "restored "), all, "{first}");
+    let again = restore(&[]);
+    assert_eq!(lines(&again, "unchanged "), all, "{again}");
+    fs::remove_file(out.join("d/s")).unwrap();
+    std::os::unix::fs::symlink("elsewhere", out.join("d/s")).unwrap();
+    let third = restore(&["--overwrite", "always"]);
+    assert!(
+        lines(&third, "updated ").contains(&"d/s".to_string()),
+        "{third}"
+    );
+    assert_eq!(fs::read_link(out.join("d/s")).unwrap(), Path::new("sub/f"));
+
+    let err = env.fails(
+        &[
+            "restore",
+            &snap,
+            "--image",
+            "-v",
+            "--target",
+            env.path("whole.img").to_str().unwrap(),
+        ],
+        2,
+    );
+    assert!(err.contains("an image restore writes blocks"), "{err}");
+}
+
 /// A tree restored out of an image's ext4 with `--image-fs` keeps its hard links
 /// (one inode, every name), extended attributes inside the inode and in a block
 /// of their own, POSIX ACLs (ext4 keeps them in a shorter form than `setxattr`
@@ -1920,6 +2033,8 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
     );
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("3 entries could not be read"), "{err}");
+    // Each one named, not only the first.
+    assert_eq!(err.matches("error: ").count(), 4, "{err}");
     assert!(
         listed.contains("/d/back\n") && listed.contains("/z/late\n"),
         "{listed}"
@@ -2290,7 +2405,7 @@ fn a_sparse_image_files_holes_are_counted_as_not_read() {
     assert_eq!(i["blocks_read"], i["blocks"], "{i}");
     let text = env.ok(&["backup", "--image", src.to_str().unwrap()]);
     assert!(text.contains("of the file are holes"), "{text}");
-    assert!(text.contains("of them in holes: zeros, not read"), "{text}");
+    assert!(text.contains(" in holes (zeros, not read)"), "{text}");
     let out = env.path("back.raw");
     restore_image(&env, r["snapshot_id"].as_str().unwrap(), &out, &[]);
     let back = fs::read(&out).unwrap();

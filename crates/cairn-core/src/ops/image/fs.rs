@@ -404,12 +404,16 @@ impl ImageFs {
     }
 
     /// Lists `path` and, for a directory, what is in it (everything below it with
-    /// `recursive`), in name order, as `ls` lists a file snapshot.
+    /// `recursive`), in name order, as `ls` lists a file snapshot. Each entry or
+    /// directory below `path` that cannot be read goes to `failed` as it is met
+    /// (every one named, QA: only the first was), and the listing goes on; an
+    /// error of `f` (the output's) ends it.
     pub fn list(
         &self,
         path: &str,
         recursive: bool,
         f: &mut dyn FnMut(Entry) -> Result<()>,
+        failed: &mut dyn FnMut(Error),
     ) -> Result<()> {
         let path = self.resolve(path, false)?;
         let meta = self
@@ -417,7 +421,6 @@ impl ImageFs {
             .symlink_metadata(Self::path(&path)?)
             .map_err(|e| fs_err(&path, e))?;
         f(self.entry(&path, &meta)?)?;
-        let mut failed = Vec::new();
         if meta.is_dir() {
             // Directories' inode numbers, from this crate's reader where it reads
             // the filesystem: a loop in a corrupt one is then seen at once.
@@ -430,19 +433,12 @@ impl ImageFs {
                 ext2: ext2.as_ref(),
                 guard: DirGuard::new(self.inodes_count()),
                 recursive,
-                failed: &mut failed,
+                failed,
             };
             walk.guard.enter(&path, top)?;
             self.list_below(&path, top, &mut walk, f)?;
         }
-        match failed.len() {
-            0 => Ok(()),
-            1 => Err(failed.remove(0)),
-            n => Err(Error::Invalid(format!(
-                "{n} entries could not be read, the first: {}",
-                failed[0]
-            ))),
-        }
+        Ok(())
     }
 
     /// Lists what is below `dir` (image inode `ino`, if known); entries and
@@ -458,7 +454,7 @@ impl ImageFs {
         let children = match self.children(dir) {
             Ok(c) => c,
             Err(e) => {
-                walk.failed.push(e);
+                (walk.failed)(e);
                 return Ok(());
             }
         };
@@ -478,7 +474,7 @@ impl ImageFs {
                     m
                 }
                 Err(e) => {
-                    walk.failed.push(e);
+                    (walk.failed)(e);
                     continue;
                 }
             };
@@ -486,7 +482,7 @@ impl ImageFs {
                 let child = inos.get(c.name.as_bytes()).copied();
                 match walk.guard.enter(&c.path, child) {
                     Ok(()) => self.list_below(&c.path, child, walk, f)?,
-                    Err(e) => walk.failed.push(e),
+                    Err(e) => (walk.failed)(e),
                 }
             }
         }
@@ -617,7 +613,8 @@ impl ImageFs {
     /// a restore running as root elsewhere. An existing entry is treated as
     /// `overwrite` says (as a restore of a file snapshot does; `if-changed`
     /// compares size and modification time), and an existing directory is
-    /// restored into. `write_limit`: bytes per second written at most.
+    /// restored into. `write_limit`: bytes per second written at most. `list`:
+    /// each entry's outcome is sent there as a `File` event (`restore -v`).
     pub fn restore(
         &self,
         path: &str,
@@ -625,6 +622,7 @@ impl ImageFs {
         overwrite: crate::ops::restore::Overwrite,
         write_limit: Option<u64>,
         xattrs: &crate::ops::restore::XattrSelect,
+        list: Option<&crate::progress::Progress>,
     ) -> Result<FsRestoreReport> {
         use std::os::unix::fs::OpenOptionsExt;
         let limit = write_limit
@@ -692,6 +690,7 @@ impl ImageFs {
             why_not,
             links: std::collections::HashMap::new(),
             guard: DirGuard::new(self.inodes_count()),
+            list,
         };
         if ext2.is_none() {
             r.report.warnings.push(format!(
@@ -881,6 +880,7 @@ impl ImageFs {
                     } =>
                 {
                     r.report.kept += 1;
+                    r.listed(crate::progress::FileAction::Unchanged, shown, 0);
                     r.report.kept_in_place_of_dirs.push(format!(
                         "{}: kept as it is (--overwrite): it is not a directory, where the \
                          image has one, so nothing below it was restored",
@@ -898,6 +898,22 @@ impl ImageFs {
                 sys::open_at(dir, &cname, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(io)?,
             );
             r.report.dirs += 1;
+            // Listed as it is entered, so that its entries come after it; an
+            // existing one is updated (its metadata set back) unless kept.
+            match &existing {
+                // Kept, or already as the image has it (its entries' changes
+                // are listed with them).
+                Some(st)
+                    if keep_meta
+                        || st.kind() == libc::S_IFDIR
+                            && st.mtime == times
+                            && st.mode & 0o7777 == mode as u32
+                            && (!r.as_root || (st.uid, st.gid) == (meta.uid(), meta.gid())) =>
+                {
+                    r.listed(crate::progress::FileAction::Unchanged, shown, 0);
+                }
+                e => r.made(e.is_some(), shown, 0),
+            }
             let inos: std::collections::HashMap<Vec<u8>, u32> = match (r.ext2, &inode) {
                 (Some(fs), Some(d)) => match fs.entries(d) {
                     Ok(e) => e.into_iter().collect(),
@@ -1023,6 +1039,7 @@ impl ImageFs {
             };
             if keep {
                 r.report.kept += 1;
+                r.listed(crate::progress::FileAction::Unchanged, shown, st.size);
                 // The file kept is what the file's other names are linked to
                 // (QA: a name that was a copy stayed one, and the restore then
                 // said the other names were outside the restored directory).
@@ -1058,6 +1075,7 @@ impl ImageFs {
                 r,
             )?;
             r.report.specials += 1;
+            r.made(existing.is_some(), shown, 0);
             return Ok(());
         }
         if ft.is_symlink() {
@@ -1070,6 +1088,7 @@ impl ImageFs {
             let owner = (meta.uid(), meta.gid());
             // A symlink has no mode of its own to set.
             self.finish_made(fd.as_fd(), owner, inode.as_ref(), None, times, shown, r)?;
+            r.made(existing.is_some(), shown, 0);
             return Ok(());
         }
         let f = target::create_file(dir, &cname).map_err(io)?;
@@ -1085,6 +1104,7 @@ impl ImageFs {
         let f = w.finish().map_err(io)?;
         r.unfinished -= 1;
         r.report.files += 1;
+        r.made(existing.is_some(), shown, meta.len());
         if r.as_root {
             sys::chown_fd(f.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
         }
@@ -1166,6 +1186,7 @@ impl ImageFs {
         let made = match (keep, existing) {
             (Some(true), _) => {
                 r.report.kept += 1;
+                r.listed(crate::progress::FileAction::Unchanged, shown, 0);
                 Ok(())
             }
             (_, Some(st)) if st.kind() == libc::S_IFDIR => Err(Error::Invalid(format!(
@@ -1187,6 +1208,15 @@ impl ImageFs {
                     )));
                 }
                 r.report.hardlinks += 1;
+                // `r.links` is borrowed: the field, not `r.made`.
+                if let Some(p) = r.list {
+                    use crate::progress::FileAction;
+                    let action = match existing {
+                        Some(_) => FileAction::Updated,
+                        None => FileAction::Restored,
+                    };
+                    crate::ops::restore::list_file(p, action, shown, 0);
+                }
                 Ok(())
             })(),
         };
@@ -1258,7 +1288,7 @@ struct ListWalk<'a, 'f> {
     ext2: Option<&'a super::blockmap::Ext2<'a>>,
     guard: DirGuard,
     recursive: bool,
-    failed: &'f mut Vec<Error>,
+    failed: &'f mut dyn FnMut(Error),
 }
 
 /// An entry of a directory in the image (see [`ImageFs::children`]).
@@ -1301,9 +1331,30 @@ struct FsRestore<'a> {
     as_root: bool,
     report: FsRestoreReport,
     guard: DirGuard,
+    /// Where each entry's outcome goes (`restore -v`), as a restore of a file
+    /// snapshot lists them.
+    list: Option<&'a crate::progress::Progress>,
 }
 
 impl FsRestore<'_> {
+    /// Says what was done with the entry `shown` (`restore -v`).
+    fn listed(&self, action: crate::progress::FileAction, shown: &Path, size: u64) {
+        if let Some(p) = self.list {
+            crate::ops::restore::list_file(p, action, shown, size);
+        }
+    }
+
+    /// Restored where nothing was, or written over what was there.
+    fn made(&self, existed: bool, shown: &Path, size: u64) {
+        use crate::progress::FileAction;
+        let action = if existed {
+            FileAction::Updated
+        } else {
+            FileAction::Restored
+        };
+        self.listed(action, shown, size);
+    }
+
     /// `overwrite` for the existing entry `st`, after a restore that did not finish
     /// ([`crate::ops::restore::unfinished`]).
     fn overwrite_for(&self, st: &crate::ops::restore::sys::Stat) -> crate::ops::restore::Overwrite {

@@ -62,7 +62,12 @@ pub struct ImageRestoreReport {
     pub blocks_written: u64,
     /// Zero blocks left as holes (or not written to a zeroed device).
     pub blocks_skipped_zero: u64,
+    /// Zero blocks written to a device as zeros (zero-range, else zeros written).
+    pub blocks_zeroed: u64,
+    /// Bytes of data blocks written.
     pub bytes_written: u64,
+    /// Bytes of zeros written to a device (`blocks_zeroed`).
+    pub bytes_zeroed: u64,
     /// Blocks read back and found equal (with `verify`).
     pub blocks_verified: u64,
     pub duration_secs: f64,
@@ -523,6 +528,8 @@ fn write_image(
     let failed: Mutex<Vec<(u64, u64, String)>> = Mutex::new(Vec::new());
     let written = AtomicU64::new(0);
     let blocks_written = AtomicU64::new(0);
+    let blocks_zeroed = AtomicU64::new(0);
+    let bytes_zeroed = AtomicU64::new(0);
     let limit = opts
         .write_limit
         .filter(|&r| r > 0)
@@ -540,6 +547,8 @@ fn write_image(
         first_refusal: &first_refusal,
         written: &written,
         blocks_written: &blocks_written,
+        blocks_zeroed: &blocks_zeroed,
+        bytes_zeroed: &bytes_zeroed,
         limit: limit.as_ref(),
     };
     let mut pos = 0u64;
@@ -621,6 +630,8 @@ fn write_image(
     }
     report.bytes_written = written.load(Ordering::Relaxed);
     report.blocks_written = blocks_written.load(Ordering::Relaxed);
+    report.blocks_zeroed = blocks_zeroed.load(Ordering::Relaxed);
+    report.bytes_zeroed = bytes_zeroed.load(Ordering::Relaxed);
     let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
     let refusal = first_refusal
         .into_inner()
@@ -748,6 +759,8 @@ struct Sink<'a> {
     first_refusal: &'a Mutex<Option<(u64, String)>>,
     written: &'a AtomicU64,
     blocks_written: &'a AtomicU64,
+    blocks_zeroed: &'a AtomicU64,
+    bytes_zeroed: &'a AtomicU64,
     limit: Option<&'a cairn_backend::Limiter>,
 }
 
@@ -765,6 +778,13 @@ impl Sink<'_> {
     fn wrote(&self, bytes: u64, blocks: u64) {
         self.written.fetch_add(bytes, Ordering::Relaxed);
         self.blocks_written.fetch_add(blocks, Ordering::Relaxed);
+        self.progress.bytes_done(bytes);
+    }
+
+    /// Zero blocks written to a device: counted apart from the data.
+    fn zeroed(&self, bytes: u64, blocks: u64) {
+        self.bytes_zeroed.fetch_add(bytes, Ordering::Relaxed);
+        self.blocks_zeroed.fetch_add(blocks, Ordering::Relaxed);
         self.progress.bytes_done(bytes);
     }
 }
@@ -854,7 +874,7 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
             Job::Zeros(zeros) => {
                 for (at, len) in super::merge_ranges(zeros.iter().copied()) {
                     match zero_range(sink.file, at, len, sink.limit) {
-                        Ok(()) => sink.wrote(len, len.div_ceil(u64::from(sink.block_size))),
+                        Ok(()) => sink.zeroed(len, len.div_ceil(u64::from(sink.block_size))),
                         Err(e) => sink.fail_write(at, len, format!("writing zeros failed: {e}")),
                     }
                 }

@@ -71,7 +71,7 @@ pub(super) fn own_file_warning(kept: &std::path::Path) -> String {
 
 /// Sends `restore --verbose`'s line for a file: its path in the target, as
 /// listings show it (bytes that are not UTF-8 as stand-ins).
-pub(super) fn list_file(
+pub(crate) fn list_file(
     progress: &Progress,
     action: FileAction,
     path: &std::path::Path,

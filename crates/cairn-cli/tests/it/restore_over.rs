@@ -398,6 +398,24 @@ fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
     // Again: all of it is there.
     let out = env.ok(&args(&["--delete", "-v"]));
     assert!(listed(&out).iter().all(|(a, _)| a == "unchanged"), "{out}");
+    // A file deleted is listed with its size (it was 0).
+    let extra = copy.join("extra2");
+    fs::write(&extra, b"12345").unwrap();
+    let o = env.run(&args(&["-v", "--json", "--delete"]));
+    assert!(o.status.success(), "{o:?}");
+    let deleted: Vec<(String, u64)> = String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["type"] == "file" && e["action"] == "deleted")
+        .map(|e| {
+            let p = e["path"].as_str().unwrap();
+            (
+                p.rsplit('/').next().unwrap().to_string(),
+                e["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(deleted, [("extra2".to_string(), 5)], "{o:?}");
     // --json: a "file" event a file on stderr, the report on stdout.
     let o = env.run(&args(&["-v", "--json", "--overwrite", "always"]));
     assert!(o.status.success(), "{o:?}");

@@ -1658,7 +1658,7 @@ impl Walk<'_> {
             Ok(r) => {
                 self.stats.deleted += r.removed;
                 if r.removed > 0 {
-                    self.list(FileAction::Deleted, || dir.node.join(name), 0);
+                    self.list(FileAction::Deleted, || dir.node.join(name), r.bytes);
                 }
                 if r.spared_left > 0 {
                     self.stats.repository_left = true;

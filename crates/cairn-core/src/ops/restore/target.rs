@@ -443,6 +443,9 @@ pub(crate) fn reopen_parent(child: &Dir, node: &Arc<DirNode>) -> io::Result<Dir>
 pub(crate) struct Removal {
     /// Entries removed.
     pub removed: u64,
+    /// Bytes of the regular files among them (what `restore -v` lists as the
+    /// size of a deleted entry).
+    pub bytes: u64,
     /// Directories left in place, with everything in them, because another file
     /// system (or a bind mount) is mounted there.
     pub mounts_left: u64,
@@ -485,8 +488,8 @@ pub(crate) fn count_tree(
 enum Found {
     /// On another mount (a mount point, or a file bind-mounted there): left alone.
     Other,
-    /// Not a directory, on the target's mount.
-    Leaf,
+    /// Not a directory, on the target's mount: its size when a regular file.
+    Leaf(u64),
     /// A directory on the target's mount, opened.
     Dir(OwnedFd),
     /// Counting only: a directory of the user's that it may not read now (the
@@ -514,7 +517,11 @@ fn look(
     let st = sys::stat_at(dir, name)?;
     if st.kind() != libc::S_IFDIR {
         return Ok(if sys::mount_of(dir, name)? == mount {
-            Found::Leaf
+            Found::Leaf(if st.kind() == libc::S_IFREG {
+                st.size
+            } else {
+                0
+            })
         } else {
             Found::Other
         });
@@ -576,11 +583,12 @@ fn walk_removal(
             done.spared_left = 1;
             return Ok(done);
         }
-        Found::Leaf => {
+        Found::Leaf(size) => {
             if remove && !unlink_leaf(parent, name).map_err(|e| (done, e))? {
                 done.mounts_left = 1;
             } else {
                 done.removed = 1;
+                done.bytes = size;
             }
             return Ok(done);
         }
@@ -616,6 +624,7 @@ fn walk_removal(
             continue;
         };
         let dir = fd.as_fd();
+        let mut size = 0;
         let kept = match look(dir, &child, mount, spared, remove).map_err(|e| (done, e))? {
             Found::Dir(sub) => {
                 let names = sys::list_dir(sub.as_fd()).map_err(|e| (done, e))?;
@@ -634,7 +643,10 @@ fn walk_removal(
                 }
                 continue;
             }
-            Found::Leaf => remove && !unlink_leaf(dir, &child).map_err(|e| (done, e))?,
+            Found::Leaf(bytes) => {
+                size = bytes;
+                remove && !unlink_leaf(dir, &child).map_err(|e| (done, e))?
+            }
         };
         if kept {
             done.mounts_left += 1;
@@ -643,6 +655,7 @@ fn walk_removal(
             }
         } else {
             done.removed += 1;
+            done.bytes += size;
         }
     }
     Ok(done)

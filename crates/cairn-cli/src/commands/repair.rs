@@ -48,6 +48,14 @@ fn index_report(g: &Global, r: repair::RepairIndexReport) -> Result<i32> {
         return Ok(0);
     }
     let dry = r.dry_run;
+    for m in &r.missing_packs {
+        println!(
+            "missing pack {}: the index lists it but the storage does not hold it ({} {})",
+            m.pack,
+            ui::count(m.blobs_lost as u64, "blob"),
+            if dry { "would be lost" } else { "lost" },
+        );
+    }
     for d in &r.damaged_packs {
         println!(
             "damaged pack {}: {} ({} {}, {} {})",
@@ -93,7 +101,7 @@ fn index_report(g: &Global, r: repair::RepairIndexReport) -> Result<i32> {
             ui::count(r.damaged_packs_deleted as u64, "damaged pack")
         );
     }
-    if r.damaged_packs.iter().any(|d| d.blobs_lost > 0) {
+    if r.damaged_packs.iter().any(|d| d.blobs_lost > 0) || !r.missing_packs.is_empty() {
         println!(
             "lost blobs are no longer indexed: run `cairn repair snapshots` to drop what needs them (a new backup of the same files stores them again)"
         );

@@ -505,6 +505,53 @@ fn a_restore_marks_what_a_lost_pack_held_as_lost_data() {
     assert!(errors.iter().all(|e| e["lost_data"] == true), "{v}");
 }
 
+/// `repair index` names a pack the index lists that the storage lost, with the
+/// blobs it takes out of the index (they were dropped without a word), in the
+/// dry run, the repair and `--json`; run again, it has nothing to say.
+#[test]
+fn repair_index_names_a_lost_pack_and_what_it_held() {
+    let (env, _) = backup_then_lose_the_largest_pack(35);
+    let dry = env.ok(&["repair", "index", "--dry-run"]);
+    assert!(
+        dry.contains("the index lists it but the storage does not hold it (")
+            && dry.contains("blobs would be lost)"),
+        "{dry}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&["repair", "index", "--json"])).unwrap();
+    let missing = v["missing_packs"].as_array().unwrap();
+    assert_eq!(missing.len(), 1, "{v}");
+    assert!(missing[0]["blobs_lost"].as_u64().unwrap() > 0, "{v}");
+    let again = env.ok(&["repair", "index"]);
+    assert!(!again.contains("missing pack"), "{again}");
+}
+
+/// With every index file gone, `stats` and `prune` point to `repair index`,
+/// which gives the snapshots back whole, not to `forget` (QA: following that
+/// advice threw away an intact snapshot).
+#[test]
+fn a_lost_index_points_to_repair_index_not_forget() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), Rng(36).bytes(300_000, false)).unwrap();
+    env.backup(&[&src]);
+    for f in files(&env.repo.join("index")) {
+        fs::remove_file(f).unwrap();
+    }
+    for cmd in [&["stats"][..], &["prune", "--dry-run"]] {
+        let e = env.fails(cmd, 1);
+        assert!(
+            e.contains("`cairn repair index` indexes the packs again"),
+            "{e}"
+        );
+        assert!(!e.contains("forget"), "{e}");
+    }
+    env.ok(&["repair", "index"]);
+    env.check_clean();
+}
+
 /// `repair snapshots` run without `repair index` first leaves the index naming
 /// the lost pack: `check` then says what to run, not only that there is a problem
 /// (QA), and that fixes it.

@@ -60,6 +60,73 @@ pub struct RepairIndexReport {
     pub damaged_packs_deleted: usize,
     /// Nothing was written: what the repair would do (`--dry-run`).
     pub dry_run: bool,
+    /// Packs the old index listed that the storage does not hold (deleted or
+    /// lost behind cairn's back), with the blobs it said they held: those are
+    /// not indexed any more (QA: they were dropped without a word).
+    pub missing_packs: Vec<MissingPack>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MissingPack {
+    pub pack: String,
+    pub blobs_lost: usize,
+}
+
+/// The packs the live index files list, with how many blobs each, read along
+/// the stream of the old index ([`old_index`]).
+#[derive(Default)]
+struct OldPacks {
+    by_file: HashMap<IndexId, Vec<(PackId, usize)>>,
+    /// Packs a pending-deletion record names: a prune took them out already,
+    /// so their absence is no loss.
+    retired: HashSet<PackId>,
+}
+
+/// Reads the old index state for a repair, keeping which packs its live files
+/// list (a pack id and a count each, not their entries).
+fn old_index(repo: &Repository) -> Result<(crate::repo::IndexState, OldPacks)> {
+    let mut old = OldPacks::default();
+    let state = repo.read_index_state_streamed(
+        &mut |id, f| {
+            old.by_file
+                .insert(*id, f.packs.iter().map(|p| (p.id, p.blobs.len())).collect());
+            Ok(())
+        },
+        &mut |_, r| {
+            old.retired.extend(r.packs.iter().map(|p| p.id));
+            old.retired.extend(r.orphans.iter().copied());
+            Ok(())
+        },
+    )?;
+    Ok((state, old))
+}
+
+impl OldPacks {
+    /// The packs the old index's live files list that are not in `stored`.
+    fn missing(self, superseded: &[IndexId], stored: &HashSet<PackId>) -> Vec<MissingPack> {
+        let superseded: HashSet<&IndexId> = superseded.iter().collect();
+        let mut lost: HashMap<PackId, usize> = HashMap::new();
+        for (file, packs) in self.by_file {
+            if superseded.contains(&file) {
+                continue;
+            }
+            for (id, blobs) in packs {
+                if !stored.contains(&id) && !self.retired.contains(&id) {
+                    let n = lost.entry(id).or_default();
+                    *n = (*n).max(blobs);
+                }
+            }
+        }
+        let mut v: Vec<MissingPack> = lost
+            .into_iter()
+            .map(|(id, blobs_lost)| MissingPack {
+                pack: id.to_hex(),
+                blobs_lost,
+            })
+            .collect();
+        v.sort_by(|a, b| a.pack.cmp(&b.pack));
+        v
+    }
 }
 
 /// Index entries per file the rebuilt index is written in.
@@ -78,13 +145,14 @@ pub fn plan_repair_index(session: &Session<crate::session::Read>) -> Result<Repa
         ..Default::default()
     };
     let old_ids = repo.list_index_files()?;
-    let old_state = repo.read_index_state_streamed(&mut |_, _| Ok(()), &mut |_, _| Ok(()))?;
+    let (old_state, old_packs) = old_index(repo)?;
     report.pending_records_dropped = repo.list_pending()?.len();
     let mut blobs = 0usize;
-    let rewrite = read_every_pack(repo, &progress, &mut report, &mut |_, b| {
+    let (rewrite, stored) = read_every_pack(repo, &progress, &mut report, &mut |_, b| {
         blobs += b.len();
         Ok(())
     })?;
+    report.missing_packs = old_packs.missing(&old_state.superseded, &stored);
     report.blobs_indexed += rewrite.iter().map(|p| p.blobs.len()).sum::<usize>();
     let mut supersedes: Vec<IndexId> = old_ids;
     supersedes.extend(old_state.superseded.iter().copied());
@@ -108,9 +176,10 @@ fn read_every_pack(
     progress: &crate::progress::Progress,
     report: &mut RepairIndexReport,
     good: &mut dyn FnMut(PackId, Vec<IndexBlob>) -> Result<()>,
-) -> Result<Vec<IndexPack>> {
+) -> Result<(Vec<IndexPack>, HashSet<PackId>)> {
     let mut packs: Vec<(PackId, u64)> = repo.list_packs()?.into_iter().collect();
     packs.sort();
+    let stored: HashSet<PackId> = packs.iter().map(|(id, _)| *id).collect();
     report.packs_read = packs.len();
     progress.set_total(Some(packs.iter().map(|(_, s)| s).sum()), None);
     let mut rewrite = Vec::new();
@@ -172,7 +241,7 @@ fn read_every_pack(
             rewrite.push(IndexPack { id, blobs });
         }
     }
-    Ok(rewrite)
+    Ok((rewrite, stored))
 }
 
 /// Rebuilds the index from every stored pack. Memory stays bounded at any size:
@@ -186,12 +255,12 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
     let repo = session.repo_mut();
     let mut report = RepairIndexReport::default();
     let old_ids = repo.list_index_files()?;
-    let old_state = repo.read_index_state_streamed(&mut |_, _| Ok(()), &mut |_, _| Ok(()))?;
+    let (old_state, old_packs) = old_index(repo)?;
     let pending_ids = repo.list_pending()?;
     let mut file = IndexFile::default();
     let mut written = Vec::new();
     let mut n = 0;
-    let rewrite = read_every_pack(repo, &progress, &mut report, &mut |id, blobs| {
+    let (rewrite, stored) = read_every_pack(repo, &progress, &mut report, &mut |id, blobs| {
         n += blobs.len();
         file.packs.push(IndexPack { id, blobs });
         if n >= REPAIR_FILE_BLOBS {
@@ -200,6 +269,7 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
         }
         Ok(())
     })?;
+    report.missing_packs = old_packs.missing(&old_state.superseded, &stored);
     if !rewrite.is_empty() {
         let stats = copy_blobs(repo, &rewrite, true, &crate::progress::Progress::none())?;
         report.blobs_indexed += rewrite.iter().map(|p| p.blobs.len()).sum::<usize>();

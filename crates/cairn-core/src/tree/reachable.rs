@@ -68,6 +68,12 @@ pub fn collect_snapshots<S: Reached>(
     let forget = format!("`cairn forget {sid}` removes the snapshot");
     let advice = match &e {
         Error::NewerFormat { .. } => format!("upgrade cairn, or {forget}"),
+        // Most often the index lost it, not the packs (an index file damaged or
+        // deleted): forgetting would throw away a snapshot that `repair index`
+        // gives back whole (QA: the advice was forget).
+        Error::BlobNotFound(_) => "`cairn repair index` indexes the packs again and gives \
+             it back if a pack holds it; `cairn check` then says what, if anything, is lost"
+            .to_string(),
         e if e.is_lost_data() => {
             format!("`cairn check` says what is lost and how to repair it ({forget})")
         }

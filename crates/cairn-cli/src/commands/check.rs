@@ -276,10 +276,23 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         } else {
             ""
         };
+        // A snapshot whose root tree is lost: the repair drops it whole, and
+        // the directories below, most likely whole, then belong to nothing
+        // (QA r11: a prune after the repair deleted a snapshot `recover` saved).
+        let roots_lost = damage
+            .iter()
+            .any(|p| p.affects().iter().any(|a| a.path == "/"));
+        let recover = if roots_lost && elsewhere == 0 {
+            "; a snapshot whose root directory is lost (SNAP:/ above) is dropped whole \
+             by the repair: run `cairn recover` first, which saves the directories below \
+             it as a new snapshot"
+        } else {
+            ""
+        };
         crate::report_error(
             g.json,
             &format!(
-                "the repository has {}{next}{access}",
+                "the repository has {}{next}{recover}{access}",
                 ui::count(report.problems.len() as u64, "problem")
             ),
             1,

@@ -167,15 +167,21 @@ fn snapshots_report(
             }
         );
         // The trees an unreadable snapshot named are most likely whole, and
-        // nothing refers to them now (QA: the advice led straight to a prune).
-        if !r.unreadable_removed.is_empty() {
+        // nothing refers to them now (QA: the advice led straight to a prune);
+        // so are those below a lost root tree, and those of a snapshot whose
+        // object was deleted (QA r11: prune then took them).
+        let roots_lost = (r.repaired.iter())
+            .filter(|s| s.new.is_none() && s.dropped.iter().any(|d| d.path == "/"))
+            .count();
+        let orphaned = r.unreadable_removed.len() + r.vanished_recorded.len() + roots_lost;
+        if orphaned > 0 {
             println!(
                 "the directory trees {} held are {}: `cairn recover` saves them as a new \
-                 snapshot; the next prune deletes them otherwise",
-                if r.unreadable_removed.len() == 1 {
-                    "that object"
+                 snapshot (unless it did already); the next prune deletes them otherwise",
+                if orphaned == 1 {
+                    "that snapshot"
                 } else {
-                    "those objects"
+                    "those snapshots"
                 },
                 if dry_run {
                     "not lost yet"

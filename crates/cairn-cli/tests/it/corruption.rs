@@ -552,6 +552,61 @@ fn a_lost_index_points_to_repair_index_not_forget() {
     env.check_clean();
 }
 
+/// A snapshot whose root tree is damaged, or whose object was deleted: `check`
+/// says to run `recover` before the repair, which drops the snapshot whole, and
+/// the repair says so too; `recover` then gives the directories below back (QA:
+/// the advice led to a prune that deleted them).
+#[test]
+fn a_lost_root_tree_or_snapshot_object_points_to_recover() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("sub/f"), b"below the root\n").unwrap();
+    env.backup(&[&src]);
+    let snaps: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    let tree = snaps[0]["tree"].as_str().unwrap().to_string();
+    let blobs: serde_json::Value =
+        serde_json::from_str(&env.ok(&["list", "blobs", "--json"])).unwrap();
+    let b = (blobs.as_array().unwrap().iter())
+        .find(|b| b["id"] == tree.as_str())
+        .unwrap();
+    let pack = b["pack"].as_str().unwrap();
+    let at = b["offset"].as_u64().unwrap() + b["length"].as_u64().unwrap() / 2;
+    let path = env.repo.join("data").join(&pack[..2]).join(pack);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[at as usize] ^= 4;
+    fs::write(&path, bytes).unwrap();
+    let e = env.fails(&["check"], 1);
+    assert!(e.contains("run `cairn recover` first"), "{e}");
+    env.ok(&["repair", "index"]);
+    let out = env.ok(&["repair", "snapshots"]);
+    assert!(out.contains("`cairn recover` finds them"), "{out}");
+    assert!(out.contains("`cairn recover` saves them"), "{out}");
+    env.ok(&["recover"]);
+    let found = env.ok(&["find", "f"]);
+    assert!(found.contains("sub/f"), "{found}");
+
+    // A snapshot's object deleted by hand.
+    let env = Env::new();
+    env.init(&[]);
+    let snap = env.backup(&[&src]);
+    fs::remove_file(env.repo.join("snapshots").join(&snap)).unwrap();
+    let o = env.run(&["check"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let e = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        e.contains("`cairn recover` saves its directory trees"),
+        "{e}"
+    );
+    let out = env.ok(&["repair", "snapshots"]);
+    assert!(out.contains("`cairn recover` saves them"), "{out}");
+}
+
 /// `repair snapshots` run without `repair index` first leaves the index naming
 /// the lost pack: `check` then says what to run, not only that there is a problem
 /// (QA), and that fixes it.

@@ -230,7 +230,9 @@ impl Problem {
             }
             Problem::SnapshotVanished { snapshot } => format!(
                 "snapshot {snapshot}: was committed but its object is missing (deleted from \
-                 storage without `cairn forget`); `cairn repair snapshots` records it as lost"
+                 storage without `cairn forget`); `cairn recover` saves its directory trees \
+                 as a new snapshot (before a prune deletes them), and `cairn repair \
+                 snapshots` records it as lost"
             ),
             Problem::BlobMissing { blob, role: r, .. } => {
                 format!("{} {blob}: missing from the index", role(r))

@@ -631,7 +631,11 @@ fn run_snapshots(
             Some(new_root) if new_root == root => {}
             Some(new_root) => changed.push((*sid, snap.clone(), Some(new_root), dropped)),
             None => {
-                dropped.push(Dropped::new("/", "root tree unreadable: nothing to keep"));
+                dropped.push(Dropped::new(
+                    "/",
+                    "root tree unreadable; the directories below it may be whole: \
+                     `cairn recover` finds them",
+                ));
                 changed.push((*sid, snap.clone(), None, dropped));
             }
         }

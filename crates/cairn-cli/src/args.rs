@@ -547,6 +547,14 @@ pub enum RepairCommand {
         #[arg(short = 'n', long)]
         dry_run: bool,
     },
+    /// Seal the config again when it reads but does not authenticate (its MAC
+    /// damaged, a value edited by hand), with the key the password opens once
+    /// that key has opened the repository's snapshots
+    Config {
+        /// Only check the config and the key, and say what would be sealed
+        #[arg(short = 'n', long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Args, Clone, Default)]

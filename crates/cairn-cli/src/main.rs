@@ -165,7 +165,12 @@ fn main() {
                      as part of it)",
                 );
             }
-            if config_damaged(&e) {
+            if config_damaged(&e) && message.contains("cairn repair config") {
+                message.push_str(
+                    "; or put back a copy of the file `config` from a backup of this \
+                     storage (a disk or volume snapshot, a file-level copy)",
+                );
+            } else if config_damaged(&e) {
                 message.push_str(
                     "; the data is intact, but nothing in the repository can be read without \
                      its config (written by `cairn init`, rewritten only by `cairn config`): put \

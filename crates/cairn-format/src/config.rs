@@ -286,6 +286,28 @@ impl Config {
         .expect("config file serialises")
     }
 
+    /// The body as cairn writes it for this config ([`Config::to_bytes`]).
+    pub fn canonical_body(&self) -> Vec<u8> {
+        #[allow(clippy::expect_used)]
+        serde_json::to_string_pretty(self)
+            .expect("config serialises")
+            .into_bytes()
+    }
+
+    /// Whether `mac` (with the key's `mac` function) authenticates this config
+    /// read from `body`: the bytes as stored, or, when those were reformatted
+    /// (an editor's or `jq`'s spaces, QA: one added space made the repository
+    /// unreadable), the same content as cairn writes it. Either way the MAC
+    /// vouches for every value; only the layout is let go.
+    pub fn authenticated_by(
+        &self,
+        body: &[u8],
+        tag: &[u8; 32],
+        mac: impl Fn(&[u8]) -> [u8; 32],
+    ) -> bool {
+        mac(body) == *tag || mac(&self.canonical_body()) == *tag
+    }
+
     /// Parses without checking the MAC; returns the config and a closure input for
     /// [`Config::verify`]: (body bytes, mac).
     pub fn parse(data: &[u8]) -> Result<(Config, Vec<u8>, [u8; 32])> {

@@ -5,10 +5,13 @@ use cairn_core::repair;
 use cairn_core::session::{Exclusive, IndexLoad, Read};
 
 pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
+    if let RepairCommand::Config { dry_run } = c {
+        return config(g, dry_run);
+    }
     let mut p = super::progress(g);
     let operation = match c {
         RepairCommand::Index { .. } => "repair index",
-        RepairCommand::Snapshots { .. } => "repair snapshots",
+        RepairCommand::Snapshots { .. } | RepairCommand::Config { .. } => "repair snapshots",
     };
     if let RepairCommand::Index { dry_run: true } = c {
         // Changes nothing: a shared lock, as for `repair snapshots --dry-run`.
@@ -38,7 +41,63 @@ pub fn run(g: &Global, c: RepairCommand) -> Result<i32> {
             let r = repair::repair_snapshots(&mut session, dry_run);
             snapshots_report(g, p, r, dry_run)
         }
+        RepairCommand::Config { .. } => unreachable!("handled above"),
     }
+}
+
+/// `repair config`: the repository is not opened (its config is what is
+/// damaged); the storage is, and the key the password opens is tried.
+fn config(g: &Global, dry_run: bool) -> Result<i32> {
+    let p = super::progress(g);
+    let location = super::repo_location(g)?;
+    let st = cairn_core::repo::storage::open_storage(
+        &location,
+        &super::storage_options(g)?,
+        &p.progress,
+    )?;
+    let r = cairn_core::Repository::repair_config(
+        st.backend.clone(),
+        || crate::ui::password(g).map_err(|e| cairn_core::Error::Invalid(crate::one_line(&e))),
+        dry_run,
+    )?;
+    if g.json {
+        super::print_json_report(&r)?;
+        return Ok(0);
+    }
+    let s = &r.settings;
+    let key = r.key.as_deref().map(|k| &k[..8]).unwrap_or("in the config");
+    match r.outcome {
+        "intact" => println!("the config authenticates (key {key}): nothing to repair"),
+        outcome => {
+            println!(
+                "{} with key {key}, which opens {}:",
+                if outcome == "resealed" {
+                    "config sealed again"
+                } else {
+                    "the config would be sealed again (dry run: nothing was written)"
+                },
+                r.proved_by.as_deref().unwrap_or("the repository's objects")
+            );
+            println!(
+                "    id {}, created {}, encryption {}, compression {}, chunks {} / {} / {} \
+                 (min / average / max), packs of {}",
+                &s.id[..s.id.len().min(16)],
+                s.created,
+                s.encryption,
+                s.compression,
+                ui::bytes(u64::from(s.chunker_min)),
+                ui::bytes(u64::from(s.chunker_avg)),
+                ui::bytes(u64::from(s.chunker_max)),
+                ui::bytes(s.pack_size)
+            );
+            println!(
+                "these settings were read from the damaged config: if one is not what the \
+                 repository was made with (`cairn config` changes the pack size and \
+                 compression), set it right with `cairn config`; then run `cairn check`"
+            );
+        }
+    }
+    Ok(0)
 }
 
 /// Shows what `repair index` did (or would do); its exit code.

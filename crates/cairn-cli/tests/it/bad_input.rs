@@ -1664,3 +1664,68 @@ fn a_dry_run_counts_the_users_unreadable_directories_as_the_restore_treats_them(
     assert!(!d.join("old").exists());
     assert_eq!(fs::read(d.join("sub/g")).unwrap(), b"g");
 }
+
+/// A config whose MAC is damaged (or whose value was edited by hand) points to
+/// `repair config`, which proves the key the password opens against the
+/// snapshots and seals the config again; a config only reformatted (an editor's
+/// spaces) opens as it is; a key from another repository is not used to seal
+/// it (QA: the advice was to remove the only key file, and nothing could
+/// repair the config).
+#[test]
+fn a_config_that_does_not_authenticate_is_sealed_again_by_repair_config() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"kept\n").unwrap();
+    env.backup(&[&src]);
+    let cfg = env.repo.join("config");
+    let orig = fs::read_to_string(&cfg).unwrap();
+    // Reformatted: the same settings, other spaces.
+    fs::write(&cfg, orig.replace("\n  \"", "\n     \"")).unwrap();
+    assert_ne!(fs::read_to_string(&cfg).unwrap(), orig);
+    env.ok(&["snapshots"]);
+    // The MAC damaged.
+    let pos = orig.find("\"mac\": \"").unwrap() + 8;
+    let mut bad = orig.clone().into_bytes();
+    bad[pos] = if bad[pos] == b'0' { b'1' } else { b'0' };
+    fs::write(&cfg, &bad).unwrap();
+    let e = env.fails(&["snapshots"], 1);
+    assert!(e.contains("`cairn repair config`"), "{e}");
+    assert!(!e.contains("should be removed"), "{e}");
+    let dry = env.ok(&["repair", "config", "--dry-run"]);
+    assert!(dry.contains("would be sealed again"), "{dry}");
+    assert_eq!(fs::read(&cfg).unwrap(), bad);
+    let out = env.ok(&["repair", "config"]);
+    assert!(
+        out.contains("config sealed again with key") && out.contains("opens snapshot"),
+        "{out}"
+    );
+    env.check_clean();
+    let out = env.ok(&["repair", "config"]);
+    assert!(out.contains("nothing to repair"), "{out}");
+    // A key file of another repository with the same password, in place of the
+    // repository's own: it opens, but not the snapshots; nothing is sealed.
+    let other = Env::new();
+    other.init(&[]);
+    let keys = |e: &Env| {
+        fs::read_dir(e.repo.join("keys"))
+            .unwrap()
+            .map(|d| d.unwrap().path())
+            .collect::<Vec<_>>()
+    };
+    let own = keys(&env);
+    for k in &own {
+        fs::rename(k, env.path("saved-key")).unwrap();
+    }
+    let foreign = &keys(&other)[0];
+    fs::copy(
+        foreign,
+        env.repo.join("keys").join(foreign.file_name().unwrap()),
+    )
+    .unwrap();
+    fs::write(&cfg, &bad).unwrap();
+    let e = env.fails(&["repair", "config"], 1);
+    assert!(e.contains("not this repository's key"), "{e}");
+    assert_eq!(fs::read(&cfg).unwrap(), bad);
+}

@@ -25,6 +25,7 @@ pub(crate) const CONFIG_WHAT: &str = "repository config";
 
 pub mod blob;
 pub mod blobcache;
+mod config_repair;
 pub mod dedup;
 mod index_load;
 pub mod info;
@@ -37,6 +38,7 @@ pub mod room;
 mod snapshots;
 pub mod storage;
 
+pub use config_repair::{ConfigRepair, Settings as ConfigSettings};
 pub(crate) use index_load::until_settled;
 pub use index_load::{EachPending, IndexObject, IndexReadError, IndexState};
 pub(crate) use objects::packs_of;
@@ -416,13 +418,15 @@ impl Repository {
                 let pw = password()?;
                 // The key must also authenticate the config: a key file copied in
                 // from another repository may open with the same password.
-                let fits =
-                    |secret: &[u8; 32]| MasterKey::from_secret(*secret, enc).mac(&body) == mac;
+                let fits = |secret: &[u8; 32]| {
+                    let k = MasterKey::from_secret(*secret, enc);
+                    config.authenticated_by(&body, &mac, |b| k.mac(b))
+                };
                 let (secret, id) = Self::unwrap_any_key(backend.as_ref(), pw.as_bytes(), &fits)?;
                 (MasterKey::from_secret(secret, enc), Some(id))
             }
         };
-        if key.mac(&body) != mac {
+        if !config.authenticated_by(&body, &mac, |b| key.mac(b)) {
             return Err(Error::damaged(
                 CONFIG_WHAT,
                 FormatError::Authentication { what: "config" },
@@ -604,6 +608,7 @@ impl Repository {
             let mut damaged = None;
             let mut vanished = false;
             let mut misfits: Vec<KeyId> = Vec::new();
+            let keys_listed = keys.len();
             for info in keys {
                 let base = names::listed(&info.name);
                 let Ok(id) = KeyId::from_hex(base) else {
@@ -642,11 +647,22 @@ impl Repository {
                     .iter()
                     .map(|k| format!("{}{}", names::KEYS, k.to_hex()))
                     .collect();
+                // Every key file opens with this password: none can be one
+                // copied in from elsewhere, so the config is what is damaged
+                // (QA: the advice to remove the only key would have lost the
+                // repository).
+                let why = if misfits.len() == keys_listed {
+                    "the config is damaged: `cairn repair config` checks that key against the \
+                     snapshots and seals the config again with it"
+                } else {
+                    "the config is damaged (`cairn repair config` checks that key against the \
+                     snapshots and seals the config again with it), or that key file was \
+                     copied in from another repository"
+                };
                 return Err(Error::damaged(
                     format!(
                         "{CONFIG_WHAT} (the password opens {}, which does not authenticate \
-                         it: the config is damaged, or that key file belongs to another \
-                         repository and should be removed)",
+                         it: {why})",
                         names.join(", ")
                     ),
                     FormatError::Authentication { what: "config" },
@@ -687,7 +703,8 @@ impl Repository {
         };
         let (config, body, mac) =
             Config::parse(&raw).map_err(|e| Error::damaged(CONFIG_WHAT, e))?;
-        if config.id != self.config.id || self.key.mac(&body) != mac {
+        if config.id != self.config.id || !config.authenticated_by(&body, &mac, |b| self.key.mac(b))
+        {
             return Err(Error::damaged(
                 CONFIG_WHAT,
                 FormatError::Authentication { what: "config" },

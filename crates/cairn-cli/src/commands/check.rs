@@ -234,23 +234,39 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         };
         // Missing packs that are there under another name: put back, nothing
         // is lost, and a repair now would drop what they hold (QA).
+        // So are packs found, whole, under another pack's name (--read-data).
+        let misnamed: Vec<String> = (damage.iter())
+            .filter_map(|p| match p {
+                Problem::PackDamaged { error, .. } => error
+                    .strip_prefix("the file holds another pack, whole: ")
+                    .and_then(|r| r.get(..64))
+                    .map(String::from),
+                _ => None,
+            })
+            .collect();
         let elsewhere = damage
             .iter()
             .filter(|p| match p {
-                Problem::PackMissing { pack } => report
-                    .misplaced_packs
-                    .iter()
-                    .any(|m| m.place.ends_with(&pack.to_hex())),
+                Problem::PackMissing { pack } => {
+                    let hex = pack.to_hex();
+                    misnamed.contains(&hex)
+                        || (report.misplaced_packs.iter()).any(|m| m.place.ends_with(&hex))
+                }
                 _ => false,
             })
             .count();
         let elsewhere_advice = format!(
-            "; {} missing from storage {} there in the wrong place (see the notes): move \
-             {} where {} belong, then check again, before any repair",
+            "; {} missing from storage {} there in the wrong place (see the notes and \
+             errors above): move \
+             {} where {}, then check again, before any repair",
             ui::count(elsewhere as u64, "pack"),
             if elsewhere == 1 { "is" } else { "are" },
             if elsewhere == 1 { "it" } else { "them" },
-            if elsewhere == 1 { "it" } else { "they" },
+            if elsewhere == 1 {
+                "it belongs"
+            } else {
+                "they belong"
+            },
         );
         let next = if elsewhere > 0 {
             elsewhere_advice.as_str()

@@ -345,6 +345,44 @@ fn a_pack_in_the_wrong_folder_is_said_to_belong_elsewhere() {
     env.check_clean();
 }
 
+/// A pack stored under another pack's name (moved over it): `check
+/// --read-data` names the pack the file holds and where it belongs, once, not
+/// every blob as damaged, and advises moving it before any repair (QA r11).
+#[test]
+fn a_pack_under_another_packs_name_is_named_for_what_it_holds() {
+    let env = Env::new();
+    env.init(&["--compression", "none"]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a"), Rng(45).bytes(600_000, false)).unwrap();
+    env.ok(&["backup", "-q", "--pack-size", "1M", src.to_str().unwrap()]);
+    fs::write(src.join("b"), Rng(46).bytes(600_000, false)).unwrap();
+    env.ok(&["backup", "-q", "--pack-size", "1M", src.to_str().unwrap()]);
+    let mut packs = files(&env.repo.join("data"));
+    packs.sort_by_key(|p| std::cmp::Reverse(fs::metadata(p).unwrap().len()));
+    let (first, second) = (packs[0].clone(), packs[1].clone());
+    let held = first.file_name().unwrap().to_str().unwrap().to_string();
+    fs::rename(&first, &second).unwrap();
+    let o = env.run(&["check", "--read-data"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let all = format!("{out}{err}");
+    assert!(
+        all.contains(&format!("the file holds another pack, whole: {held}"))
+            && all.contains(&format!("belongs at data/{}/{held}", &held[..2])),
+        "{all}"
+    );
+    assert!(!all.contains("blob failed authentication"), "{all}");
+    assert!(
+        err.contains("1 pack missing from storage is there in the wrong place")
+            && err.contains("move it where it belongs"),
+        "{err}"
+    );
+}
+
 /// A restore's dry run finds a large file's chunks missing from the index
 /// behind its chunk list, which the index still holds (QA: it promised the file
 /// and the restore failed on it).

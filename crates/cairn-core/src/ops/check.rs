@@ -1349,6 +1349,8 @@ fn verify_pack(
     // With a readable header that covers every byte before it, every byte of the
     // pack is authenticated once each blob is verified: no separate hash needed.
     let mut covered = false;
+    // Every blob the header lists decodes: the file is a whole pack (of some name).
+    let mut header_whole = false;
     match header {
         Err(e) => problems.push(format!("header: {e}")),
         Ok((header_off, entries)) => {
@@ -1358,6 +1360,7 @@ fn verify_pack(
                 .collect();
             let mut offset = 0u64;
             let mut listed: HashMap<BlobId, u64> = HashMap::new();
+            header_whole = true;
             for e in &entries {
                 listed.insert(e.id, offset);
                 // Copies the index does not point at (duplicates) are verified too.
@@ -1365,6 +1368,7 @@ fn verify_pack(
                     && let Err(err) =
                         decode_at(&e.id, offset, e.length, e.raw_length, e.compression)
                 {
+                    header_whole = false;
                     problems.push(format!("unindexed copy of blob {}: {err}", e.id.short()));
                 }
                 offset += u64::from(e.length);
@@ -1384,7 +1388,24 @@ fn verify_pack(
             }
         }
     }
-    if (!covered || !problems.is_empty()) && PackId::of_content(&data) != *id {
+    let actual = PackId::of_content(&data);
+    if covered && header_whole && actual != *id {
+        // Another pack, whole, under this one's name (moved or copied over it):
+        // said once, not as damage of every blob (QA: two lines a blob, each
+        // calling it damaged).
+        let hex = actual.to_hex();
+        return Verified::Checked(
+            vec![format!(
+                "the file holds another pack, whole: {hex} (stored under this name by \
+                 mistake); this pack's {} lost unless a copy of it is found, and the \
+                 file belongs at data/{}/{hex}",
+                crate::units::count_is(indexed.len() as u64, "blob"),
+                &hex[..2]
+            )],
+            bad,
+        );
+    }
+    if (!covered || !problems.is_empty()) && actual != *id {
         problems.insert(
             0,
             format!(

@@ -409,6 +409,24 @@ impl<A: Access> Session<A> {
             s.repo.use_memory_plan(plan);
         }
         match index {
+            // A reader goes past damaged index files to the packs themselves.
+            IndexLoad::Placement if A::READ_ONLY => {
+                let progress = s.progress.clone();
+                let mut added = 0;
+                s.load_index_with(|r| {
+                    r.load_index_or_in_ram(&progress)?;
+                    added = r.index_unlisted_packs()?;
+                    Ok(())
+                })?;
+                if added > 0 {
+                    progress.warning_msg(format!(
+                        "so this run read the headers of {} that no readable index file \
+                         lists, and takes their blobs from there; `cairn repair index` \
+                         mends the index for good",
+                        crate::units::count(added as u64, "pack")
+                    ));
+                }
+            }
             IndexLoad::Placement => s.load_index()?,
             IndexLoad::ForReads => s.load_index_with(Repository::load_index_for_reads)?,
             IndexLoad::Backup => s.load_index_for_backup()?,

@@ -482,6 +482,11 @@ impl MasterIndex {
         self.packs.ids[n as usize]
     }
 
+    /// Whether the entries live in the SSD placement's files (not in memory).
+    pub fn on_disk(&self) -> bool {
+        self.ssd.is_some()
+    }
+
     pub fn packs(&self) -> &[PackId] {
         &self.packs.ids
     }

@@ -497,7 +497,7 @@ impl Repository {
             .filter(|(id, _)| !listed.contains(id))
             .collect();
         let headers = crate::threads::parallel_map(&unlisted, 8, |(id, size)| {
-            match crate::ops::prune::read_header(self, id, *size) {
+            match self.read_pack_header(id, *size) {
                 Ok(entries) => Ok(Some((*id, entries))),
                 // A damaged pack: its blobs stay missing, as they were.
                 Err(e) if e.is_lost_data() => Ok(None),

@@ -264,6 +264,39 @@ impl Repository {
     }
 
     /// Every stored pack with its size.
+    /// The blob entries of a pack of `size` bytes, from its own header (two
+    /// ranged reads: the trailer, then the sealed header it points to).
+    pub fn read_pack_header(
+        &self,
+        id: &PackId,
+        size: u64,
+    ) -> Result<Vec<cairn_format::index::IndexBlob>> {
+        use cairn_format::pack;
+        let what = format!("pack {}", id.to_hex());
+        let name = names::pack(&id.to_hex());
+        if size < PACK_TRAILER_LEN as u64 {
+            return Err(Error::damaged(
+                what,
+                FormatError::malformed("pack", "too short to be a pack"),
+            ));
+        }
+        let trailer = self.backend.get_range(
+            &name,
+            size - PACK_TRAILER_LEN as u64,
+            PACK_TRAILER_LEN as u64,
+        )?;
+        let (off, len) =
+            pack::parse_trailer(size, &trailer).map_err(|e| Error::damaged(&what, e))?;
+        let sealed = self.backend.get_range(&name, off, u64::from(len))?;
+        let plain = self
+            .key
+            .sealer
+            .open("pack header", &sealed)
+            .map_err(|e| Error::damaged(&what, e))?;
+        let entries = pack::decode_header(&plain).map_err(|e| Error::damaged(&what, e))?;
+        Ok(cairn_format::index::IndexBlob::from_header(entries))
+    }
+
     pub fn list_packs(&self) -> Result<std::collections::HashMap<PackId, u64>> {
         Ok(packs_of(&self.backend.list(names::DATA)?))
     }

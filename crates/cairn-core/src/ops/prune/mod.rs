@@ -32,7 +32,6 @@ use crate::session::{Exclusive, Read, Session};
 use cairn_backend::names;
 use cairn_format::consts::{PACK_HEADER_ENTRY_LEN, PACK_TRAILER_LEN};
 use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
-use cairn_format::pack;
 use cairn_format::pending::PendingDeletion;
 use cairn_format::{BlobId, PackId, PendingId, SnapshotId};
 use std::collections::{HashMap, HashSet};
@@ -965,34 +964,14 @@ pub fn read_header(
     id: &PackId,
     size: u64,
 ) -> Result<Vec<cairn_format::index::IndexBlob>> {
-    let what = format!("pack {}", id.to_hex());
-    let name = names::pack(&id.to_hex());
-    if size < PACK_TRAILER_LEN as u64 {
-        return Err(Error::damaged(
-            what,
-            cairn_format::FormatError::malformed("pack", "too short to be a pack"),
-        ));
-    }
-    let trailer = repo.backend().get_range(
-        &name,
-        size - PACK_TRAILER_LEN as u64,
-        PACK_TRAILER_LEN as u64,
-    )?;
-    let (off, len) = pack::parse_trailer(size, &trailer).map_err(|e| Error::damaged(&what, e))?;
-    let sealed = repo.backend().get_range(&name, off, u64::from(len))?;
-    let plain = repo
-        .key()
-        .sealer
-        .open("pack header", &sealed)
-        .map_err(|e| Error::damaged(&what, e))?;
-    let entries = pack::decode_header(&plain).map_err(|e| Error::damaged(&what, e))?;
-    Ok(cairn_format::index::IndexBlob::from_header(entries))
+    repo.read_pack_header(id, size)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use cairn_format::IndexId;
+    use cairn_format::pack;
 
     fn sid(n: u8) -> SnapshotId {
         SnapshotId([n; 32])

@@ -79,13 +79,33 @@ pub fn run(g: &Global, a: &RewriteArgs) -> Result<i32> {
             .iter()
             .filter(|s| !s.emptied || a.forget)
             .count();
+        // Those emptied whole are forgotten, no snapshot stored for them: said
+        // in the count (QA r12: "5 snapshots rewritten" left none of a host).
+        let emptied = if a.forget {
+            r.rewritten.iter().filter(|s| s.emptied).count()
+        } else {
+            0
+        };
         println!(
-            "{} {}, {} hold nothing to take out",
+            "{} {}{}, {} hold nothing to take out",
             ui::count(rewritten as u64, "snapshot"),
             if a.dry_run {
                 "would be rewritten"
             } else {
                 "rewritten"
+            },
+            if emptied > 0 {
+                format!(
+                    " ({emptied} of them {} whole, everything in {} matching)",
+                    if a.dry_run {
+                        "would be forgotten"
+                    } else {
+                        "forgotten"
+                    },
+                    if emptied == 1 { "it" } else { "them" }
+                )
+            } else {
+                String::new()
             },
             r.unchanged
         );

@@ -126,6 +126,15 @@ impl FromStr for CalendarDuration {
                     "{digits} has no unit; add y (years), m (months), d (days) or h (hours)"
                 )));
             };
+            // Months after days or hours read as minutes ("1h30m"): refused,
+            // not taken for thirty months (QA r12).
+            if unit == 'm' && (seen[2] || seen[3]) {
+                return Err(err(
+                    "m means months, and minutes are no unit here (the smallest is h): \
+                     write months before days and hours, e.g. 1m2d"
+                        .into(),
+                ));
+            }
             let (slot, field) = match unit {
                 'y' => (0, &mut out.years),
                 'm' => (1, &mut out.months),
@@ -728,9 +737,11 @@ fn judge<Tz: TimeZone>(
     // reaches before the representable range, so everything is within it.
     // The newest snapshot not dated in the future (as restic has it): one host
     // with a clock years ahead must not put every real snapshot "out of" the span.
+    // Within the hour of slack the rest of the policy allows (QA r12: a clock
+    // ten minutes fast moved the window back to the snapshot before).
     let newest = entries
         .iter()
-        .find(|e| e.time <= now)
+        .find(|e| e.time <= now + TimeDelta::hours(FUTURE_SLACK_HOURS))
         .or_else(|| entries.first());
     // Days and months are stepped back on the newest snapshot's own calendar
     // (the zone it was taken in, when recorded), as restic does: not the zone
@@ -810,11 +821,13 @@ fn judge<Tz: TimeZone>(
                 None => c.rule.reason().to_string(),
             };
             let bucket = bucket_of(c.rule);
-            // The group's oldest is kept too while a rule has slots left, for
-            // the longest history (restic's rules, within ones included).
+            // The group's oldest is kept too while a counted rule has slots
+            // left, for the longest history; a within rule keeps only each
+            // bucket's newest (as restic's: QA r12, two snapshots of one ISO
+            // week both kept by --keep-within-weekly).
             let reason = if c.last_bucket != Some(bucket) {
                 reason
-            } else if pos == oldest {
+            } else if pos == oldest && c.span.is_none() {
                 format!("oldest {reason}")
             } else {
                 continue;
@@ -1204,6 +1217,37 @@ mod tests {
         g[0].remove.iter().map(|i| time_of(snaps, i)).collect()
     }
 
+    /// `--keep-within` counts back from a newest snapshot dated a few minutes
+    /// ahead (inside the slack every other rule allows), not from the one
+    /// before it (QA r12).
+    #[test]
+    fn within_counts_back_from_a_newest_a_few_minutes_ahead() {
+        let now = Utc::now();
+        let fmt = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%S.000000000Z").to_string();
+        let times = [
+            fmt(now - TimeDelta::days(3)),
+            fmt(now - TimeDelta::days(2)),
+            fmt(now + TimeDelta::minutes(10)),
+        ];
+        let s = at(&times.iter().map(String::as_str).collect::<Vec<_>>());
+        let p = Policy {
+            within: Some("1d".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(kept_times(&s, &p), vec![times[2].clone()]);
+    }
+
+    /// `1h30m` is refused: m is months, and read after hours it looks like
+    /// minutes (QA r12: kept "within 30m1h").
+    #[test]
+    fn months_after_days_or_hours_are_refused() {
+        for bad in ["1h30m", "2d1m"] {
+            let e = bad.parse::<CalendarDuration>().unwrap_err().to_string();
+            assert!(e.contains("minutes are no unit"), "{bad}: {e}");
+        }
+        assert!("1y2m3d4h".parse::<CalendarDuration>().is_ok());
+    }
+
     #[test]
     fn within_rules_keep_each_buckets_newest_inside_their_span() {
         // Every six hours for four days; the newest is 2026-11-04 18:00.
@@ -1230,7 +1274,8 @@ mod tests {
             ]
         );
         assert_eq!(removed_times(&s, &p).len(), 13);
-        // The group's oldest, within the span, is kept too (as restic's rules).
+        // Only each bucket's newest, the group's oldest not besides (as
+        // restic's within rules).
         let s = at(&["2024-05-01 08:00", "2024-05-10 08:00", "2024-05-20 08:00"]);
         let p = Policy {
             within_monthly: Some("1y".parse().unwrap()),
@@ -1238,10 +1283,7 @@ mod tests {
         };
         assert_eq!(
             kept(&s, &p),
-            vec![
-                k("2024-05-01 08:00", &["oldest monthly within 1y"]),
-                k("2024-05-20 08:00", &["monthly within 1y"]),
-            ]
+            vec![k("2024-05-20 08:00", &["monthly within 1y"])]
         );
         // No count limits them: thirty days of dailies are thirty snapshots.
         let days: Vec<String> = (1..=30).map(|d| format!("2026-11-{d:02} 10:00")).collect();

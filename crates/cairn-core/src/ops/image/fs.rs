@@ -1209,14 +1209,7 @@ impl ImageFs {
                 }
                 r.report.hardlinks += 1;
                 // `r.links` is borrowed: the field, not `r.made`.
-                if let Some(p) = r.list {
-                    use crate::progress::FileAction;
-                    let action = match existing {
-                        Some(_) => FileAction::Updated,
-                        None => FileAction::Restored,
-                    };
-                    crate::ops::restore::list_file(p, action, shown, 0);
-                }
+                list_made(r.list, existing.is_some(), shown, 0);
                 Ok(())
             })(),
         };
@@ -1346,19 +1339,27 @@ impl FsRestore<'_> {
 
     /// Restored where nothing was, or written over what was there.
     fn made(&self, existed: bool, shown: &Path, size: u64) {
-        use crate::progress::FileAction;
-        let action = if existed {
-            FileAction::Updated
-        } else {
-            FileAction::Restored
-        };
-        self.listed(action, shown, size);
+        list_made(self.list, existed, shown, size);
     }
 
     /// `overwrite` for the existing entry `st`, after a restore that did not finish
     /// ([`crate::ops::restore::unfinished`]).
     fn overwrite_for(&self, st: &crate::ops::restore::sys::Stat) -> crate::ops::restore::Overwrite {
         crate::ops::restore::overwrite_effective(self.overwrite, self.unfinished_since, st)
+    }
+}
+
+/// Lists the entry `shown` (`restore -v`, when `list`) as restored where
+/// nothing was, or updated where something was.
+fn list_made(list: Option<&crate::progress::Progress>, existed: bool, shown: &Path, size: u64) {
+    use crate::progress::FileAction;
+    if let Some(p) = list {
+        let action = if existed {
+            FileAction::Updated
+        } else {
+            FileAction::Restored
+        };
+        crate::ops::restore::list_file(p, action, shown, size);
     }
 }
 

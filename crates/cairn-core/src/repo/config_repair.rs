@@ -156,26 +156,11 @@ fn candidate_keys(
     let mut list = backend.list(names::KEYS)?;
     list.sort_by(|a, b| a.name.cmp(&b.name));
     let mut out = Vec::new();
-    let mut damaged = None;
-    for info in list {
-        let Ok(id) = KeyId::from_hex(names::listed(&info.name)) else {
-            continue;
-        };
-        let kf = match keys::read_key_file(backend, &info, &id) {
-            Ok(k) => k,
-            Err(Error::Backend(e)) if e.is_not_found() => continue,
-            Err(e @ (Error::Damaged { .. } | Error::NewerFormat { .. })) => {
-                damaged = Some(e);
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        match kf.unwrap_secret(pw.as_bytes()) {
-            Ok(secret) => out.push((MasterKey::from_secret(secret, enc), Some(id))),
-            Err(FormatError::Authentication { .. }) => {}
-            Err(e) => damaged = Some(Error::damaged(format!("key file {}", id.short()), e)),
-        }
-    }
+    let pass = keys::open_each(backend, list, pw.as_bytes(), &mut |secret, id| {
+        out.push((MasterKey::from_secret(secret, enc), Some(id)));
+        false
+    })?;
+    let damaged = pass.damaged;
     if out.is_empty() {
         return Err(match damaged {
             Some(d) => Error::KeyDamaged(d.to_string()),

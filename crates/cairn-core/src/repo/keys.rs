@@ -180,3 +180,55 @@ pub(super) fn read_key_file(
     }
     KeyFile::from_bytes(&data).map_err(|e| Error::damaged(what, e))
 }
+
+/// What one pass over the key files met besides the keys that opened.
+pub(super) struct KeyPass {
+    /// A key file that could not be read or unwrapped for damage (or a newer
+    /// format): the password may be its.
+    pub damaged: Option<Error>,
+    /// A key file listed and gone when read (a `key passwd` replacing it).
+    pub vanished: bool,
+}
+
+/// Unwraps each key file of `keys` (in the order given) that `password` opens
+/// and hands its secret to `each`, until `each` returns true. Files whose name
+/// is no key id are skipped; a wrong password for a file is no error. Opening
+/// the repository and `repair config` walk the keys through this one place.
+pub(super) fn open_each(
+    backend: &dyn Backend,
+    keys: Vec<cairn_backend::ObjectInfo>,
+    password: &[u8],
+    each: &mut dyn FnMut([u8; 32], KeyId) -> bool,
+) -> Result<KeyPass> {
+    let mut pass = KeyPass {
+        damaged: None,
+        vanished: false,
+    };
+    for info in keys {
+        let Ok(id) = KeyId::from_hex(names::listed(&info.name)) else {
+            continue;
+        };
+        let kf = match read_key_file(backend, &info, &id) {
+            Ok(k) => k,
+            Err(Error::Backend(e)) if e.is_not_found() => {
+                pass.vanished = true;
+                continue;
+            }
+            Err(e @ (Error::Damaged { .. } | Error::NewerFormat { .. })) => {
+                pass.damaged = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        match kf.unwrap_secret(password) {
+            Ok(secret) => {
+                if each(secret, id) {
+                    break;
+                }
+            }
+            Err(FormatError::Authentication { .. }) => {}
+            Err(e) => pass.damaged = Some(Error::damaged(format!("key file {}", id.short()), e)),
+        }
+    }
+    Ok(pass)
+}

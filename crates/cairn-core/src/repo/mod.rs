@@ -605,39 +605,21 @@ impl Repository {
                     "the repository has no key files: it cannot be opened".into(),
                 ));
             }
-            let mut damaged = None;
-            let mut vanished = false;
-            let mut misfits: Vec<KeyId> = Vec::new();
             let keys_listed = keys.len();
-            for info in keys {
-                let base = names::listed(&info.name);
-                let Ok(id) = KeyId::from_hex(base) else {
-                    continue;
-                };
-                let kf = match keys::read_key_file(backend, &info, &id) {
-                    Ok(k) => k,
-                    Err(Error::Backend(e)) if e.is_not_found() => {
-                        vanished = true;
-                        continue;
-                    }
-                    Err(e @ (Error::Damaged { .. } | Error::NewerFormat { .. })) => {
-                        damaged = Some(e);
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
-                match kf.unwrap_secret(password) {
-                    Ok(secret) if fits(&secret) => return Ok((secret, id)),
-                    Ok(_) => {
-                        misfits.push(id);
-                        continue;
-                    }
-                    Err(FormatError::Authentication { .. }) => continue,
-                    Err(e) => {
-                        damaged = Some(Error::damaged(format!("key file {}", id.short()), e));
-                    }
+            let mut misfits: Vec<KeyId> = Vec::new();
+            let mut found = None;
+            let pass = keys::open_each(backend, keys, password, &mut |secret, id| {
+                if fits(&secret) {
+                    found = Some((secret, id));
+                    return true;
                 }
+                misfits.push(id);
+                false
+            })?;
+            if let Some(f) = found {
+                return Ok(f);
             }
+            let (damaged, vanished) = (pass.damaged, pass.vanished);
             if vanished && !relisted {
                 relisted = true;
                 continue;

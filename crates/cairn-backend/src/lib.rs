@@ -122,6 +122,13 @@ impl BackendError {
                 "{e}: the repository's file system is mounted read-only (commands that only \
                  read work, and so do dry runs)"
             ),
+            // The common case of a repository made by another user (root's, read by
+            // an operator): "Permission denied" alone does not say whose it is.
+            BackendErrorKind::PermissionDenied if matches!(op, "put" | "delete") => format!(
+                "{e}: this user may not write into the repository (its files belong to \
+                 another user, or are read-only; commands that only read work, and so do dry \
+                 runs)"
+            ),
             _ => e.to_string(),
         };
         BackendError {

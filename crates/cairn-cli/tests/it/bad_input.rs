@@ -659,6 +659,33 @@ fn an_unlistable_directory_is_kept_empty() {
     assert_eq!(fs::read(back.join("open/f")).unwrap(), b"readable");
 }
 
+/// A repository another user owns (root's, opened by an operator) refuses a
+/// backup with a line that says why, while commands that only read it work.
+#[test]
+fn another_users_repository_says_it_may_not_be_written() {
+    if !is_root() {
+        eprintln!("needs root, to run the backup as nobody");
+        return;
+    }
+    let env = Env::new();
+    env.init(&[]);
+    let src = small_tree(&env);
+    let snap = env.backup(&[&src]);
+    let (_, cache) = open_to_nobody(&env);
+    let o = output_as_nobody(&mut env.cmd(&["backup", src.to_str().unwrap()]), &cache);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("this user may not write into the repository"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let o = output_as_nobody(&mut env.cmd(&["snapshots"]), &cache);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&snap[..8]));
+    assert_eq!(env.snapshot_ids().len(), 1);
+}
+
 #[test]
 fn disk_full_fails_cleanly_and_next_backup_works() {
     let env = Env::new();

@@ -1232,7 +1232,8 @@ pub struct ForgetArgs {
     /// Keep the newest snapshot of each year within DURATION of the group's newest
     #[arg(long, value_name = "DURATION")]
     pub keep_within_yearly: Option<String>,
-    /// Keep snapshots carrying all of these comma-separated tags (repeatable)
+    /// Keep snapshots carrying all of these comma-separated tags (repeatable; an empty
+    /// value, `--keep-tag ''`, keeps the snapshots that have no tags)
     #[arg(long = "keep-tag", value_name = "TAGS")]
     pub keep_tags: Vec<String>,
     /// Which snapshots the policy considers (the others are neither kept nor removed)

@@ -145,8 +145,23 @@ pub enum Error {
     InvalidSnapshotTime { id: String, time: String },
     /// Only keep-tag rules were given and no snapshot of a group carries the tags:
     /// removing the whole group is almost certainly a typo in the tag.
-    #[error("no snapshot of {group} matches a keep-tag rule; refusing to remove them all")]
-    WouldRemoveAll { group: String },
+    /// Every such group is named, so one run shows every typo.
+    #[error("{}", would_remove_all(.groups))]
+    WouldRemoveAll { groups: Vec<String> },
+}
+
+fn would_remove_all(groups: &[String]) -> String {
+    match groups {
+        [one] => {
+            format!("no snapshot of {one} matches a keep-tag rule; refusing to remove them all")
+        }
+        _ => format!(
+            "in {} groups no snapshot matches a keep-tag rule ({}); refusing to remove \
+             them all",
+            groups.len(),
+            groups.join("; ")
+        ),
+    }
 }
 
 /// Storage errors, except that something not a file in an object's place (a FIFO,

@@ -231,7 +231,15 @@ fn short_time(time: &str) -> String {
 /// removed ones, columns as in `cairn snapshots`.
 fn print_group(gr: &GroupReport, show_group: bool, dry_run: bool) {
     if show_group {
-        println!("{}", ui::printable(&format!("snapshots for {}:", gr.group)));
+        // `--group-by ''` puts every snapshot in one group, whose key reads
+        // "all snapshots" ("snapshots for all snapshots" would say it twice).
+        let g = &gr.group;
+        let header = if g.host.is_none() && g.paths.is_none() && g.tags.is_none() {
+            "all snapshots (not grouped):".to_string()
+        } else {
+            format!("snapshots for {}:", gr.group)
+        };
+        println!("{}", ui::printable(&header));
     }
     let reasons: Vec<String> = gr
         .keep

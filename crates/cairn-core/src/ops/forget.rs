@@ -534,14 +534,16 @@ pub fn plan_received_in<Tz: TimeZone>(
             });
     }
     let mut out = Vec::with_capacity(groups.len());
+    let mut emptied = Vec::new();
     for (key, entries) in groups {
         let group = apply(key, entries, policy, tz);
         if group.keep.is_empty() {
-            return Err(Error::WouldRemoveAll {
-                group: group.key.to_string(),
-            });
+            emptied.push(group.key.to_string());
         }
         out.push(group);
+    }
+    if !emptied.is_empty() {
+        return Err(Error::WouldRemoveAll { groups: emptied });
     }
     Ok(out)
 }
@@ -1950,6 +1952,21 @@ mod tests {
         let e = plan_in(&s, &p, GroupBy::default(), &SnapshotFilter::default(), &Utc).unwrap_err();
         assert!(matches!(e, Error::WouldRemoveAll { .. }), "{e}");
         assert!(e.to_string().contains("host h, paths [/data]"), "{e}");
+
+        // Every group that would be emptied is named, not only the first; a group
+        // that keeps something is not.
+        let mut s = ten_days();
+        s[3].1.hostname = "g".into();
+        s[5].1.hostname = "k".into();
+        s[5].1.tags = vec!["tpyo".into()];
+        let e = plan_in(&s, &p, GroupBy::default(), &SnapshotFilter::default(), &Utc).unwrap_err();
+        let m = e.to_string();
+        assert!(m.starts_with("in 2 groups no snapshot matches"), "{m}");
+        assert!(
+            m.contains("host g, paths [/data]; host h, paths [/data]"),
+            "{m}"
+        );
+        assert!(!m.contains("host k"), "{m}");
     }
 
     #[test]

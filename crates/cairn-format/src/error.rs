@@ -37,7 +37,9 @@ pub enum FormatError {
         size: u64,
         limit: u64,
     },
-    #[error("content does not match its id {expected}")]
+    /// The object's id is not the hash of what was read: changed on disk or in
+    /// transit. The message leaves the id out: the caller's context names it.
+    #[error("its content does not match its id")]
     IdMismatch { expected: String },
     #[error("key derivation failed: {0}")]
     Kdf(String),

@@ -272,6 +272,9 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             elsewhere_advice.as_str()
         } else if damage.is_empty() {
             ""
+        } else if (damage.iter()).all(|p| matches!(p, Problem::KeyUnreadable { .. })) {
+            // The data is whole; only that key's password no longer opens it.
+            "; a damaged key file locks out only its own password, the data is whole: put              the file back from a copy, or `cairn key remove ID` and `cairn key add` a new              password for whoever used it"
         } else if only_packs {
             "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
              packs without it"

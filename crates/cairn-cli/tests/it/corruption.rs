@@ -980,8 +980,21 @@ fn a_restore_goes_past_a_damaged_index_file_to_the_packs() {
     assert!(o.status.success(), "{err}");
     assert!(err.contains("so this run read the headers of"), "{err}");
     assert_same(&src, &t.join(src.strip_prefix("/").unwrap()));
-    let err = env.fails(&["check"], 1);
+    let o = env.run(&["check"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("`cairn repair index` first"), "{err}");
+    // The file named once, then why (its id was printed three times).
+    let name = biggest.file_name().unwrap().to_str().unwrap();
+    let line = out.lines().find(|l| l.contains(name)).unwrap();
+    assert_eq!(line.matches(name).count(), 1, "{line}");
+    assert!(
+        line.contains("is damaged: its content does not match its id"),
+        "{line}"
+    );
     env.ok(&["repair", "index"]);
     env.check_clean();
 }

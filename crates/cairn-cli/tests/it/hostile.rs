@@ -235,7 +235,12 @@ fn check_reports_an_unreadable_key_file() {
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "{out}");
-    assert!(out.contains("key file"), "{out}");
+    // Named once, with why, and what to do about it.
+    let line = out.lines().find(|l| l.contains("key file")).unwrap();
+    assert_eq!(line.matches("key file").count(), 1, "{line}");
+    assert!(line.contains("is damaged"), "{line}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("`cairn key remove ID`"), "{err}");
 }
 
 /// Two concurrent `key passwd` reported failure while the new key worked: a missing

@@ -177,6 +177,16 @@ pub enum Problem {
     },
 }
 
+/// `error` prefixed with `object` unless it already names the object by `id`
+/// (a damaged object's error does: printing the id twice only hides the reason).
+fn naming(object: String, error: &str, id: &str) -> String {
+    if error.contains(id) {
+        error.to_string()
+    } else {
+        format!("{object}: {error}")
+    }
+}
+
 impl Problem {
     /// One line saying what is wrong, for people (`check`, the server's check job).
     pub fn describe(&self) -> String {
@@ -188,10 +198,13 @@ impl Problem {
         match self {
             Problem::IndexUnreadable { object, error } => match object {
                 IndexObject::IndexFile(id) => format!(
-                    "index file {id}: {error} (`cairn prune` drops it when no snapshot needs \
-                     what only it lists; `cairn repair index` rebuilds the index from the packs)"
+                    "{} (`cairn prune` drops it when no snapshot needs what only it lists; \
+                     `cairn repair index` rebuilds the index from the packs)",
+                    naming(format!("index file {id}"), error, &id.to_string())
                 ),
-                IndexObject::PendingDeletion(id) => format!("pending deletion {id}: {error}"),
+                IndexObject::PendingDeletion(id) => {
+                    naming(format!("pending deletion {id}"), error, &id.to_string())
+                }
             },
             Problem::PackMissing { pack } => {
                 format!("pack {pack}: listed in the index but missing from storage")
@@ -241,7 +254,9 @@ impl Problem {
                 format!("{} {blob}: stored in a damaged or missing pack", role(r))
             }
             Problem::FileInconsistent { error, .. } => format!("file content: {error}"),
-            Problem::KeyUnreadable { key, error } => format!("key file {key}: {error}"),
+            Problem::KeyUnreadable { key, error } => {
+                naming(format!("key file {key}"), error, &key.short())
+            }
             Problem::DedupListWrong { index, error } => format!(
                 "index file {}: {error} (a server would answer dedup queries wrongly; \
                  `cairn repair index` rewrites the index and its lists)",

@@ -37,6 +37,11 @@ pub enum FormatError {
         size: u64,
         limit: u64,
     },
+    /// A file of no bytes where an object belongs: its write was cut off before
+    /// any data, or it was truncated (said apart from a hash mismatch, which
+    /// suggests changed bytes).
+    #[error("it is empty (0 bytes: its write never finished, or it was truncated)")]
+    Empty,
     /// The object's id is not the hash of what was read: changed on disk or in
     /// transit. The message leaves the id out: the caller's context names it.
     #[error("its content does not match its id")]

@@ -1103,6 +1103,8 @@ fn a_damaged_snapshot_is_recovered_before_it_is_removed() {
     let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{out}");
     assert!(out.contains("first `cairn recover`"), "{out}");
+    // Said as empty, not as changed bytes.
+    assert!(out.contains("is damaged: it is empty (0 bytes"), "{out}");
     let out = env.ok(&["repair", "snapshots"]);
     assert!(out.contains("`cairn recover` saves them"), "{out}");
     let out = env.ok(&["recover"]);

@@ -170,6 +170,9 @@ pub(super) fn read_key_file(
     let what = format!("key file {}", id.short());
     let data = super::objects::get_listed(backend, info)
         .map_err(|e| super::objects::too_large_is_damage(e, &what))?;
+    if data.is_empty() {
+        return Err(Error::damaged(what, FormatError::Empty));
+    }
     if KeyId::of_content(&data) != *id {
         return Err(Error::damaged(
             what,

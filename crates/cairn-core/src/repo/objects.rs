@@ -158,6 +158,9 @@ impl Repository {
             None => self.backend.get(name),
         }
         .map_err(|e| too_large_is_damage(e, what))?;
+        if data.is_empty() {
+            return Err(Error::damaged(what, FormatError::Empty));
+        }
         if blake3::hash(&data).as_bytes() != hash {
             return Err(Error::damaged(
                 what,

@@ -366,11 +366,23 @@ fn print_problems(problems: &[check::Problem]) {
         }
     }
     if blobs_more > 0 {
+        // Files by path, and the snapshots apart: one file in 4 snapshots is not
+        // 4 files (QA r11: "needed by 68 files" counted file × snapshot).
+        let paths: std::collections::BTreeSet<_> = files_more.iter().map(|(_, p)| p).collect();
+        let snaps: std::collections::BTreeSet<_> = files_more.iter().map(|(s, _)| s).collect();
+        let needed = if paths.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", needed by {} in {}",
+                ui::count(paths.len() as u64, "file"),
+                ui::count(snaps.len() as u64, "snapshot")
+            )
+        };
         println!(
-            "error: {} more missing or in damaged packs, needed by {} (`cairn check --json` lists \
+            "error: {} more missing or in damaged packs{needed} (`cairn check --json` lists \
              every one)",
             ui::count(blobs_more, "blob"),
-            ui::count(files_more.len() as u64, "file")
         );
     }
 }

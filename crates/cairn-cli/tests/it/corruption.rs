@@ -773,6 +773,8 @@ fn check_counts_past_twenty_blob_problems() {
         fs::write(src.join(format!("f{i:02}")), rng.bytes(3_000, false)).unwrap();
     }
     env.backup(&[&src]);
+    // A second snapshot of the same files: each file counts once, not per snapshot.
+    env.backup(&[&src]);
     let index = files(&env.repo.join("index"))
         .into_iter()
         .max_by_key(|p| fs::metadata(p).unwrap().len())
@@ -784,7 +786,9 @@ fn check_counts_past_twenty_blob_problems() {
     let shown = out.lines().filter(|l| l.starts_with("error: blob")).count();
     assert_eq!(shown, 20, "{out}");
     assert!(
-        out.contains("more missing or in damaged packs, needed by"),
+        out.contains(
+            "40 blobs more missing or in damaged packs, needed by 40 files in 2 snapshots"
+        ),
         "{out}"
     );
     let o = env.run(&["check", "--json"]);

@@ -191,6 +191,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             matches!(
                 p,
                 Problem::PackDamaged { .. }
+                    | Problem::PackMisnamed { .. }
                     | Problem::PackTruncated { .. }
                     | Problem::PackSize { .. }
             )
@@ -213,6 +214,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                 Problem::PackMissing { .. }
                     | Problem::IndexUnreadable { .. }
                     | Problem::PackDamaged { .. }
+                    | Problem::PackMisnamed { .. }
                     | Problem::PackTruncated { .. }
                     | Problem::PackSize { .. }
                     | Problem::BlobInDamagedPack { .. }
@@ -237,10 +239,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         // So are packs found, whole, under another pack's name (--read-data).
         let misnamed: Vec<String> = (damage.iter())
             .filter_map(|p| match p {
-                Problem::PackDamaged { error, .. } => error
-                    .strip_prefix("the file holds another pack, whole: ")
-                    .and_then(|r| r.get(..64))
-                    .map(String::from),
+                Problem::PackMisnamed { holds, .. } => Some(holds.to_hex()),
                 _ => None,
             })
             .collect();

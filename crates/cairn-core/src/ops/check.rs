@@ -122,6 +122,14 @@ pub enum Problem {
     },
     /// Reading a pack whole found damage (`--read-data`): its hash, header or blobs.
     PackDamaged { pack: PackId, error: String },
+    /// The file under `pack`'s name holds another pack, `holds`, whole (moved or
+    /// copied over it): `pack`'s `blobs` are lost unless a copy is found, and the
+    /// file belongs under `holds`'s name. Not damage of every blob.
+    PackMisnamed {
+        pack: PackId,
+        holds: PackId,
+        blobs: usize,
+    },
     /// A pack this user may not read (`--read-data`): not damage, so neither its
     /// blobs nor the files needing them are counted as lost, and no repair is
     /// advised (`repair index` would refuse to work around it).
@@ -221,6 +229,16 @@ impl Problem {
                  {expected} (appended to, or its end cut off; `check --read-data` reads it)"
             ),
             Problem::PackDamaged { pack, error } => format!("pack {pack}: {error}"),
+            Problem::PackMisnamed { pack, holds, blobs } => {
+                let hex = holds.to_hex();
+                format!(
+                    "pack {pack}: the file holds another pack, whole: {hex} (stored under \
+                     this name by mistake); this pack's {} lost unless a copy of it is \
+                     found, and the file belongs at data/{}/{hex}",
+                    crate::units::count_is(*blobs as u64, "blob"),
+                    &hex[..2]
+                )
+            }
             Problem::PackUnreadable { pack, error } => format!(
                 "pack {pack}: {error}: its data was not verified (give this user read access \
                  to the repository, or check as its owner)"
@@ -1234,6 +1252,15 @@ fn read_packs(
     for ((id, _), verified) in damaged.iter().zip(results) {
         let (msgs, blobs) = match verified {
             Verified::Checked(msgs, blobs) => (msgs, blobs),
+            Verified::Misnamed(holds, blobs) => {
+                problems.push(Problem::PackMisnamed {
+                    pack: *id,
+                    holds,
+                    blobs: by_pack.get(id).map_or(0, Vec::len),
+                });
+                bad.extend(blobs.iter().map(|b| (*id, *b)));
+                continue;
+            }
             Verified::Unreadable(error) => {
                 problems.push(Problem::PackUnreadable { pack: *id, error });
                 continue;
@@ -1307,6 +1334,9 @@ fn pack_intact(repo: &Repository, id: &PackId, size: u64, listed: Option<&Listed
 enum Verified {
     /// Problems found and the blob ids (per the index) that are unusable.
     Checked(Vec<String>, Vec<BlobId>),
+    /// Another pack, whole, under this one's name; the blob ids the index places
+    /// in this one are unusable.
+    Misnamed(PackId, Vec<BlobId>),
     /// This user may not read it: nothing is known of its content.
     Unreadable(String),
 }
@@ -1408,17 +1438,7 @@ fn verify_pack(
         // Another pack, whole, under this one's name (moved or copied over it):
         // said once, not as damage of every blob (QA: two lines a blob, each
         // calling it damaged).
-        let hex = actual.to_hex();
-        return Verified::Checked(
-            vec![format!(
-                "the file holds another pack, whole: {hex} (stored under this name by \
-                 mistake); this pack's {} lost unless a copy of it is found, and the \
-                 file belongs at data/{}/{hex}",
-                crate::units::count_is(indexed.len() as u64, "blob"),
-                &hex[..2]
-            )],
-            bad,
-        );
+        return Verified::Misnamed(actual, bad);
     }
     if (!covered || !problems.is_empty()) && actual != *id {
         problems.insert(

@@ -152,8 +152,13 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
         b(p.repack_copy_bytes)
     );
     if p.unindexed_packs > 0 {
+        // A running backup's packs are indexed only when it ends: they look the
+        // same as an interrupted one's (QA r11: "will delete" read as a threat
+        // to the backup running beside it).
         println!(
-            "{verb} delete {} no index lists ({})",
+            "{verb} delete {} no index lists ({}): left by interrupted backups, or being \
+             written by one running now (those wait until it ends, and are kept if its \
+             snapshot needs them)",
             ui::count(p.unindexed_packs as u64, "pack"),
             b(p.unindexed_bytes)
         );
@@ -169,8 +174,8 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     if !r.dry_run && r.deferred_packs > 0 {
         // Packs whose deletion waits for running operations are not free yet.
         println!(
-            "space to reclaim: {}, by the next prune once the operations below end; \
-             unused space left then: {}",
+            "space to reclaim: up to {}, by the next prune once the operations below end \
+             (what they come to need is kept); unused space left then: {}",
             b(reclaim),
             b(p.unused_bytes_after)
         );
@@ -225,7 +230,8 @@ fn render(g: &Global, r: &PruneReport) -> Result<()> {
     }
     if r.deferred_packs > 0 {
         println!(
-            "{} ({}) will be deleted by the next prune once these operations end:",
+            "{} ({}) will be deleted by the next prune once these operations end, unless a \
+             snapshot they write needs them:",
             ui::count(r.deferred_packs as u64, "pack"),
             b(r.deferred_bytes)
         );

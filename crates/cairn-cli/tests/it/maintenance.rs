@@ -460,6 +460,51 @@ fn prune_waits_for_a_running_backup_and_rescues_what_it_used() {
     env.check_clean();
 }
 
+/// A prune while a backup is still writing packs: it finds them unindexed and
+/// defers them, says they may be a running backup's, and once the backup has
+/// indexed them the next prune no longer counts them as waiting for deletion
+/// (QA r11: "9 packs are waiting for deletion" of packs a snapshot needed).
+#[test]
+fn a_running_backups_packs_are_not_called_waiting_for_deletion_once_indexed() {
+    let env = Env::new();
+    env.init(&[]);
+    env.ok(&["config", "--pack-size", "1M"]);
+    let data = Rng(7).bytes(6 << 20, false);
+    let mut b = env
+        .cmd(&["backup", "--json", "--stdin", "--stdin-name", "b"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _events = StderrLines::of(&mut b);
+    let mut pipe = b.stdin.take().unwrap();
+    pipe.write_all(&data).unwrap();
+    // Wait for packs the backup has stored but not indexed yet.
+    let t = std::time::Instant::now();
+    while packs(&env.repo).len() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(60), "no packs written");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = env.ok(&["prune"]);
+    assert!(
+        out.contains("being written by one running now") && out.contains("unless a snapshot"),
+        "{out}"
+    );
+    drop(pipe);
+    let o = b.wait_with_output().unwrap();
+    assert!(o.status.success());
+    let id = serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r: serde_json::Value = serde_json::from_str(&env.ok(&["prune", "--json"])).unwrap();
+    assert_eq!(r["plan"]["earlier_pending_packs"], 0, "{r}");
+    assert_eq!(r["deleted_packs"], 0, "{r}");
+    env.check_clean();
+    assert!(env.run(&["dump", &id, "/b"]).stdout == data);
+}
+
 /// A prune whose clock is far ahead (past the documented 30 minutes) takes a
 /// running backup's lock for stale. It removes that lock before it deletes the
 /// packs it no longer holds back, so the backup, which relied on them, finds its

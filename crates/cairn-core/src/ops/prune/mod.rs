@@ -285,7 +285,16 @@ fn run(
     plan.false_copies = joined.false_copies;
     plan.checked_copies = joined.checked_copies;
     plan.snapshots = snaps.len();
-    plan.earlier_pending_packs = pending_packs.len();
+    // Only those still waiting: a running backup's packs an earlier prune found
+    // unindexed are in the index now, and no longer deleted (they were counted
+    // as waiting for deletion).
+    let indexed: HashSet<PackId> = (scan.packs.iter())
+        .filter(|p| p.file != crate::ops::scan::NO_FILE)
+        .map(|p| p.id)
+        .collect();
+    plan.earlier_pending_packs = (pending_packs.iter())
+        .filter(|id| stored.contains_key(id) && !indexed.contains(id))
+        .count();
     report.plan = plan;
     let lock = match lock {
         Some(l) if !opts.dry_run => l,

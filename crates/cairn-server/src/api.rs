@@ -260,8 +260,8 @@ fn session_user(app: &App, id: &str) -> ApiResult<TokenEntry> {
             app.signins.remove(id);
             Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                format!("user {name:?} was removed"),
+                "session_expired",
+                format!("user {name:?} was removed: this session ended"),
             ))
         }
         Err(e) => Err(users_unreadable(e)),
@@ -1845,10 +1845,7 @@ async fn user_sign_in(
     let outcome =
         blocking(move || a.users.sign_in(&n, &password).map_err(users_unreadable)).await?;
     match outcome {
-        crate::users::SignInOutcome::Ok(u) => {
-            crate::log_line(&format!("console: user {name:?} signed in"));
-            Ok((u.principal(), u.hash.clone()))
-        }
+        crate::users::SignInOutcome::Ok(u) => Ok((u.principal(), u.hash.clone())),
         crate::users::SignInOutcome::Refused => {
             crate::log_line(&format!("console: user {name:?}: sign-in refused"));
             Err(ApiError::new(
@@ -1906,13 +1903,22 @@ pub async fn session_post(
             ));
         }
     };
+    let user = match &who {
+        crate::signin::Identity::User(name, _) => Some(name.clone()),
+        crate::signin::Identity::Token(_) => None,
+    };
     let (id, csrf) = app.signins.create(who).ok_or_else(|| {
+        crate::log_line("console: sign-in refused: the server holds its most sessions");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "transient",
             "too many sessions: try again later",
         )
     })?;
+    // Said once the session exists (a refused one was logged as signed in).
+    if let Some(name) = user {
+        crate::log_line(&format!("console: user {name:?} signed in"));
+    }
     let secure = if app.config.tls == crate::config::Tls::InsecureHttp {
         ""
     } else {

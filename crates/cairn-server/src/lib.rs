@@ -641,6 +641,20 @@ fn sweep_removed_tokens(app: &Arc<App>) {
             if !there {
                 continue;
             }
+            // Console sessions of removed tokens and users (or changed passwords)
+            // end now: they stop holding places (QA r13).
+            let a = app.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                a.signins.retain(|who| match who {
+                    signin::Identity::Token(t) => !matches!(a.tokens.authenticate(t), Ok(None)),
+                    signin::Identity::User(name, hash) => match a.users.get(name) {
+                        Ok(Some(u)) => &u.hash == hash,
+                        Ok(None) => false,
+                        Err(_) => true,
+                    },
+                })
+            })
+            .await;
             // An unreadable file is said by the requests it fails.
             let Ok(gone) = app.tokens.removed_since(&mut known) else {
                 continue;

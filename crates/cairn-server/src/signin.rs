@@ -30,15 +30,30 @@ pub const COOKIE: &str = "cairn_session";
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// At most this many live sessions (each needs a valid token to make).
 const MAX_SESSIONS: usize = 10_000;
+/// At most this many per token or user: a new sign-in past it ends that one's
+/// least recently used session. One token signing in over and over (QA r13: ten
+/// thousand times in 1.6 s) so takes only its own sessions' places, not everyone's.
+pub const MAX_PER_IDENTITY: usize = 20;
 
 /// Who signed in.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Identity {
     /// The token presented at sign-in, used for every request of the session.
     Token(String),
     /// A console user, by name, with the password hash of its entry at sign-in:
     /// a new password, or the user removed and added again, ends the session.
     User(String, String),
+}
+
+impl Identity {
+    /// The same token, or the same user name (whatever the password hash).
+    fn same_principal(&self, other: &Identity) -> bool {
+        match (self, other) {
+            (Identity::Token(a), Identity::Token(b)) => a == b,
+            (Identity::User(a, _), Identity::User(b, _)) => a == b,
+            _ => false,
+        }
+    }
 }
 
 struct SignIn {
@@ -85,6 +100,16 @@ impl SignIns {
     /// A new session for `who` (already authenticated): its id and CSRF token.
     pub fn create(&self, who: Identity) -> Option<(String, String)> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut own: Vec<(Instant, String)> = (map.iter())
+            .filter(|(_, s)| s.who.same_principal(&who))
+            .map(|(id, s)| (s.seen, id.clone()))
+            .collect();
+        if own.len() >= MAX_PER_IDENTITY {
+            own.sort();
+            for (_, id) in &own[..=own.len() - MAX_PER_IDENTITY] {
+                map.remove(id);
+            }
+        }
         if map.len() >= MAX_SESSIONS {
             map.retain(|_, s| self.live(s));
             if map.len() >= MAX_SESSIONS {
@@ -116,6 +141,25 @@ impl SignIns {
         let s = map.get_mut(id)?;
         s.seen = Instant::now();
         Some((s.who.clone(), s.csrf.clone()))
+    }
+
+    /// Ends every session whose identity `keep` refuses (a removed token or
+    /// user, a changed password), so that they stop counting at once, not when
+    /// they next are used or go idle. Returns how many ended.
+    pub fn retain(&self, keep: impl Fn(&Identity) -> bool) -> usize {
+        // Decided outside the lock (each answer reads the token or user file),
+        // once per identity.
+        let who: std::collections::HashSet<Identity> =
+            (self.map.lock().unwrap_or_else(|e| e.into_inner()))
+                .values()
+                .map(|s| s.who.clone())
+                .collect();
+        let refused: std::collections::HashSet<Identity> =
+            who.into_iter().filter(|w| !keep(w)).collect();
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let before = map.len();
+        map.retain(|_, s| self.live(s) && !refused.contains(&s.who));
+        before - map.len()
     }
 
     pub fn remove(&self, id: &str) {
@@ -187,6 +231,19 @@ pub async fn cookie_auth(State(app): State<Arc<App>>, mut req: Request, next: Ne
             .into_response();
         }
     }
+    // A removed token's session is over, said as such (the token's own answer,
+    // "unknown or removed token", read as a wrong sign-in to QA).
+    if let Identity::Token(token) = &who
+        && matches!(app.tokens.authenticate(token), Ok(None))
+    {
+        app.signins.remove(&id);
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "session_expired",
+            "the token this session signed in with was removed: sign in again",
+        )
+        .into_response();
+    }
     let value = match who {
         Identity::Token(token) => format!("Bearer {token}"),
         Identity::User(..) => format!("Session {id}"),
@@ -227,6 +284,30 @@ mod tests {
             .unwrap();
         std::thread::sleep(Duration::from_millis(150));
         assert_eq!(old.get(&id), None, "older than the maximum age");
+    }
+
+    /// One token signing in over and over ends its own oldest sessions, never
+    /// another's; sessions whose identity is refused end at once.
+    #[test]
+    fn one_identity_cannot_take_every_place() {
+        let s = SignIns::new(Duration::from_secs(60), Duration::from_secs(60));
+        let (ann, _) = s.create(Identity::User("ann".into(), "h".into())).unwrap();
+        let flood = Identity::Token("cairn_x_y".into());
+        let ids: Vec<String> = (0..MAX_PER_IDENTITY * 3)
+            .map(|_| {
+                std::thread::sleep(Duration::from_micros(50));
+                s.create(flood.clone()).unwrap().0
+            })
+            .collect();
+        let live = ids.iter().filter(|id| s.get(id).is_some()).count();
+        assert_eq!(live, MAX_PER_IDENTITY);
+        // The newest are the ones kept.
+        assert!(s.get(ids.last().unwrap()).is_some() && s.get(&ids[0]).is_none());
+        assert!(s.get(&ann).is_some(), "another's session is untouched");
+        let ended = s.retain(|w| *w != flood);
+        assert_eq!(ended, MAX_PER_IDENTITY);
+        assert!(s.get(ids.last().unwrap()).is_none());
+        assert!(s.get(&ann).is_some());
     }
 
     #[test]

@@ -303,6 +303,9 @@ impl Backend for CachedBackend {
         }
         self.inner.get(name)
     }
+    fn size(&self, name: &str) -> Result<u64> {
+        self.inner.size(name)
+    }
     fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
         if cached_by_name(name) {
             if let Some(d) = self.load(name) {

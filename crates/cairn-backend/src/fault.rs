@@ -195,6 +195,9 @@ impl Backend for FaultyBackend {
     fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
         self.call("get", name, || self.inner.get_bounded(name, max))
     }
+    fn size(&self, name: &str) -> Result<u64> {
+        self.call("get", name, || self.inner.size(name))
+    }
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         self.call("get", name, || self.inner.get_range(name, offset, length))
     }

@@ -204,6 +204,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
         }
         Ok(data)
     }
+    /// The size of object `name` in bytes, without reading it (a stat, a HEAD):
+    /// what a reader that streams a large object in ranges needs first. The
+    /// default reads the object.
+    fn size(&self, name: &str) -> Result<u64> {
+        self.get(name).map(|d| d.len() as u64)
+    }
     /// Reads `length` bytes at `offset`; a range past the end is an error, never short.
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>>;
     /// [`Backend::get_range`] into `out`, whose content it replaces: a reader of many
@@ -738,6 +744,7 @@ pub(crate) mod conformance {
 
     fn missing_objects(b: &dyn Backend) {
         assert!(b.get("config").unwrap_err().is_not_found());
+        assert!(b.size("data/ab/abcd").unwrap_err().is_not_found());
         assert!(b.get("snapshots/00ff").unwrap_err().is_not_found());
         assert!(
             b.get_range("data/ab/abcd", 0, 1)
@@ -810,6 +817,7 @@ pub(crate) mod conformance {
         let big = pattern(len, 0x5a);
         b.put("data/ef/big", &big).unwrap();
         assert_eq!(b.list("data/ef/").unwrap()[0].size, len as u64);
+        assert_eq!(b.size("data/ef/big").unwrap(), len as u64);
         assert!(b.get("data/ef/big").unwrap() == big);
         for (off, n) in [(0, 1), (len - 2, 2), (17 << 20, 3 << 20), (12345, 1)] {
             assert!(

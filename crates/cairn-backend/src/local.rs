@@ -370,6 +370,11 @@ impl Backend for LocalBackend {
         Ok(data)
     }
 
+    fn size(&self, name: &str) -> Result<u64> {
+        let (_, size) = open_object(&self.path(name)).map_err(|e| self.read_error(name, &e))?;
+        Ok(size)
+    }
+
     fn get_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         let src = self.open_range(name, offset, length)?;
         let mut buf = vec![0u8; src.len];

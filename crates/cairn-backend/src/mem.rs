@@ -22,6 +22,11 @@ impl Backend for MemBackend {
     fn location(&self) -> String {
         "memory".into()
     }
+    fn size(&self, name: &str) -> Result<u64> {
+        (self.map().get(name))
+            .map(|d| d.len() as u64)
+            .ok_or_else(|| BackendError::not_found("get", name))
+    }
     fn put(&self, name: &str, data: &[u8]) -> Result<()> {
         self.map().insert(name.to_string(), data.to_vec());
         Ok(())

@@ -333,6 +333,13 @@ impl Backend for S3Backend {
         .map_err(|e| map_err("get", name, e))
     }
 
+    fn size(&self, name: &str) -> Result<u64> {
+        let (op, key) = (self.op.clone(), name.to_string());
+        self.run("get", name, async move { op.stat(&key).await })?
+            .map(|meta| meta.content_length())
+            .map_err(|e| map_err("get", name, e))
+    }
+
     fn get_bounded(&self, name: &str, max: u64) -> Result<Vec<u8>> {
         // The size first (a HEAD): OpenDAL refuses a range that runs past the end,
         // and streams an open-ended read only after a HEAD of its own, so "at most

@@ -1171,7 +1171,8 @@ impl std::io::Write for Pipe {
     }
 }
 
-struct PipeBody(tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>);
+/// A response body fed through a channel, a piece at a time.
+pub(crate) struct PipeBody(pub(crate) tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>);
 
 impl http_body::Body for PipeBody {
     type Data = Bytes;
@@ -1251,16 +1252,13 @@ pub async fn download(
         Ok::<_, ApiError>((session, root, node))
     })
     .await?;
-    let base = q
-        .path
-        .trim_end_matches('/')
-        .rsplit('/')
-        .next()
+    // The name of what was found, not the path's last word (`dir/sub/..` named
+    // a zip `...zip`, QA r13).
+    let base = node
+        .as_ref()
+        .map(|n| String::from_utf8_lossy(&n.name).into_owned())
         .filter(|s| !s.is_empty())
-        .map_or_else(
-            || format!("snapshot-{}", id.chars().take(8).collect::<String>()),
-            str::to_string,
-        );
+        .unwrap_or_else(|| format!("snapshot-{}", id.chars().take(8).collect::<String>()));
     let size = match &node {
         Some(n) if !archive => {
             if n.kind != cairn_format::tree::NodeKind::File {

@@ -1843,6 +1843,48 @@ fn dedup_queries_send_only_new_chunks_and_clients_share_what_is_in_flight() {
     srv.stop();
 }
 
+/// A whole pack is sent a piece at a time (QA r13: read whole, each slow reader
+/// held one in the server's memory): the bytes and length are the file's, under
+/// a per-token download limit too, and `max` still refuses it whole.
+#[test]
+fn a_whole_pack_is_sent_in_pieces_exactly() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), Rng(5).bytes(5 << 20, false)).unwrap();
+    env.backup(&[&src]);
+    let srv = Server::with_settings(&env, "limit_download_per_token = \"8M\"\n");
+    let restore = srv.token("r", "main", "restore");
+    let pack = largest_pack(&env.repo);
+    let want = std::fs::read(&pack).unwrap();
+    assert!(want.len() > 3 << 20, "{}", want.len());
+    let name = pack.strip_prefix(&env.repo).unwrap().to_str().unwrap();
+    let path = format!("/v1/datastores/main/objects/{name}");
+    let auth = format!("Bearer {restore}");
+    let (code, head, body) = http_full(srv.port, "GET", &path, &[("Authorization", &auth)], b"");
+    assert_eq!(code, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains(&format!("content-length: {}", want.len())),
+        "{head}"
+    );
+    assert!(body == want, "{} bytes of {}", body.len(), want.len());
+    let (code, body) = http_with(
+        srv.port,
+        "GET",
+        &format!("{path}?max=1000"),
+        &restore,
+        &[],
+        b"",
+    );
+    assert_eq!(code, 413, "{}", String::from_utf8_lossy(&body));
+    // A client reads it back whole through the server.
+    let o = client(&env, &srv, "main", &restore, &["check", "--read-data"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    srv.stop();
+}
+
 /// An HTTP request with extra headers (`http` sends none).
 fn http_with(
     port: u16,
@@ -3566,6 +3608,27 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
         assert_eq!(code, 404, "{climb}: {}", String::from_utf8_lossy(&body));
         assert!(!String::from_utf8_lossy(&body).contains("root:"), "{climb}");
     }
+    // `..` leaves a directory that is there, as a file system has it (QA r13:
+    // applied to the text, a missing name or a file before it was passed over).
+    let d = src.join("dir");
+    let d = d.to_str().unwrap();
+    for walked in [
+        format!("{d}/random.bin/../random.bin"),
+        format!("{d}/missing/../random.bin"),
+        format!("{d}/random.bin/"),
+    ] {
+        let (code, _, body) = dl(&walked, "file");
+        assert_eq!(code, 404, "{walked}: {}", String::from_utf8_lossy(&body));
+    }
+    let (code, _, _) = dl(&format!("{d}/./random.bin"), "file");
+    assert_eq!(code, 200);
+    // The archive is named after what it holds, not the path's last word.
+    let (code, head, _) = dl(&format!("{d}/../dir/."), "zip");
+    assert_eq!(code, 200);
+    assert!(head.contains("filename=\"dir.zip\""), "{head}");
+    let (code, head, _) = dl(&format!("{d}/.."), "zip");
+    assert_eq!(code, 200);
+    assert!(head.contains("filename=\"src.zip\""), "{head}");
     let (code, _, body) = dl(s, "file");
     assert_eq!(code, 400, "{}", String::from_utf8_lossy(&body));
     assert!(String::from_utf8_lossy(&body).contains("tar.zst"));

@@ -1161,13 +1161,42 @@ pub fn log_line(msg: &str) {
     use std::io::Write;
     let _ = writeln!(
         std::io::stderr().lock(),
-        "{} {msg}",
-        cairn_core::time::now_rfc3339()
+        "{} {}",
+        cairn_core::time::now_rfc3339(),
+        one_line(msg)
     );
+}
+
+/// `msg` with its control characters escaped (`\n`, `\u{1b}`): names from
+/// requests and snapshots (a file name may hold a newline) must not start a line
+/// of their own that reads as the server's (QA r13: a forged "signed in" line).
+fn one_line(msg: &str) -> std::borrow::Cow<'_, str> {
+    if !msg.chars().any(char::is_control) {
+        return msg.into();
+    }
+    msg.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_log_line_stays_one_line() {
+        assert_eq!(super::one_line("plain / ü"), "plain / ü");
+        assert_eq!(
+            super::one_line("a\nZ console: signed in\r\x1b[2J\t"),
+            "a\\nZ console: signed in\\r\\u{1b}[2J\\t"
+        );
+    }
+
     /// docs/openapi.yaml names every route, and no route that does not exist.
     #[test]
     fn the_openapi_file_describes_every_route() {

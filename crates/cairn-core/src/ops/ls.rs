@@ -125,15 +125,21 @@ fn entry_named<'t>(tree: &'t Tree, name: &str, path: &str) -> Result<&'t Node> {
 
 /// The nodes on the way to `path` (empty for the root), each found by
 /// [`entry_named`].
+/// Walked one name at a time, as a file system resolves a path: `..` leaves a
+/// directory that exists, and anything after a name (another name, `.`, `..`,
+/// a trailing `/`) needs it to be a directory. Applied to the text first,
+/// `missing/..` and `file.txt/../other` were found (QA r13).
 fn nodes_to(repo: &Repository, root: &BlobId, path: &str) -> Result<Vec<Node>> {
-    let comps = components(path);
-    let mut tree = repo.load_tree(root)?;
-    let mut out: Vec<Node> = Vec::with_capacity(comps.len());
-    for (i, c) in comps.iter().enumerate() {
-        let node = entry_named(&tree, c, path)?.clone();
-        if i + 1 < comps.len() {
-            match (node.kind, node.subtree) {
-                (NodeKind::Dir, Some(sub)) => tree = repo.load_tree(&sub)?,
+    // `trees` holds the tree of each directory entered: one more than `out` once
+    // the last name's own tree is loaded, as many before.
+    let mut trees = vec![repo.load_tree(root)?];
+    let mut out: Vec<Node> = Vec::new();
+    for c in path.split('/') {
+        if out.len() == trees.len()
+            && let Some(last) = out.last()
+        {
+            match (last.kind, last.subtree) {
+                (NodeKind::Dir, Some(sub)) => trees.push(repo.load_tree(&sub)?),
                 _ => {
                     return Err(Error::Invalid(format!(
                         "{}: not a directory in the snapshot",
@@ -142,7 +148,20 @@ fn nodes_to(repo: &Repository, root: &BlobId, path: &str) -> Result<Vec<Node>> {
                 }
             }
         }
-        out.push(node);
+        match c {
+            "" | "." => {}
+            ".." => {
+                if out.pop().is_some() {
+                    trees.pop();
+                }
+            }
+            name => {
+                let Some(tree) = trees.last() else {
+                    return Err(Error::Invalid(format!("{}: no such path", shown(path))));
+                };
+                out.push(entry_named(tree, name, path)?.clone());
+            }
+        }
     }
     Ok(out)
 }

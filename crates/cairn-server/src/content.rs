@@ -230,6 +230,11 @@ impl Content {
 
     /// Forgets the key (blocking: a read session's lock is removed), and withholds
     /// it from jobs ([`Self::key_withheld`]).
+    /// How many times the datastore was locked ([`Self::lock`]) since the start.
+    pub fn locks(&self) -> u64 {
+        self.locks.load(Ordering::Acquire)
+    }
+
     pub fn lock(&self) {
         self.withheld.store(true, Ordering::Release);
         // Counted before the key is taken: an unlock that installs after this
@@ -1131,6 +1136,39 @@ struct Meter {
     app: Arc<App>,
     token: String,
     store: Arc<Datastore>,
+    /// Who downloads (a user's name, or a token's id) and the datastore's lock
+    /// count at the start: a download ends once the token or user is removed or
+    /// an admin locks the datastore (QA r13: 25 MB went on after each).
+    user: Option<String>,
+    locks_at_start: u64,
+    checked: Instant,
+}
+
+/// How often a running download asks whether it is still allowed.
+const RECHECK: Duration = Duration::from_secs(1);
+
+impl Meter {
+    fn still_allowed(&mut self) -> Result<(), String> {
+        if self.store.content.locks() != self.locks_at_start {
+            return Err("the datastore was locked: the download was ended".into());
+        }
+        if self.checked.elapsed() < RECHECK {
+            return Ok(());
+        }
+        self.checked = Instant::now();
+        // An unreadable file is said by the next request; the download goes on.
+        let gone = match &self.user {
+            Some(name) => matches!(self.app.users.get(name), Ok(None)),
+            None => matches!(self.app.tokens.exists(&self.token), Ok(false)),
+        };
+        if gone {
+            return Err(format!(
+                "its {} was removed: the download was ended",
+                if self.user.is_some() { "user" } else { "token" }
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Pipe {
@@ -1138,6 +1176,7 @@ impl Pipe {
         if self.buf.is_empty() {
             return Ok(());
         }
+        self.meter.still_allowed().map_err(std::io::Error::other)?;
         let n = self.buf.len() as u64;
         let m = &self.meter;
         m.app.stats.bytes_out.fetch_add(n, Ordering::Relaxed);
@@ -1294,6 +1333,9 @@ pub async fn download(
         app: app.clone(),
         token: t.id.clone(),
         store: store.clone(),
+        user: t.user.then(|| t.name.clone()),
+        locks_at_start: store.content.locks(),
+        checked: Instant::now(),
     };
     tokio::task::spawn_blocking(move || {
         let mut pipe = Pipe {

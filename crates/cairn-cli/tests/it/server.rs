@@ -3324,6 +3324,78 @@ fn a_download_from_a_snapshot_keeps_the_download_limit_and_is_counted() {
     srv.stop();
 }
 
+/// A download under way ends when an admin locks the datastore or its token is
+/// removed (QA r13: 25 MB went on arriving after each).
+#[test]
+fn a_running_download_ends_when_the_datastore_is_locked_or_its_token_removed() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    random_files(&src, "f", 1, 6 << 20, 78);
+    let snap = env.backup(&[&src]);
+    let srv = unlocked_server_with(&env, "limit_download_per_token = \"1M\"\n");
+    let admin = srv.token("root", "main", "admin");
+    let file = src.join("f0");
+    let path = format!(
+        "/v1/datastores/main/snapshots/{snap}/download?path={}&format=file",
+        q(file.to_str().unwrap())
+    );
+    let port = srv.port;
+    let json = ("Content-Type", "application/json");
+    let send = |method: &str, path: &str, body: &str| {
+        let a = format!("Bearer {admin}");
+        let (code, _, b) = http_full(
+            port,
+            method,
+            path,
+            &[("Authorization", a.as_str()), json],
+            body.as_bytes(),
+        );
+        (code, String::from_utf8_lossy(&b).into_owned())
+    };
+    for how in ["lock", "token"] {
+        let reader = srv.token(&format!("reader-{how}"), "main", "restore");
+        let a = format!("Bearer {reader}");
+        let (p2, a2) = (path.clone(), a.clone());
+        let dl = std::thread::spawn(move || {
+            http_full(port, "GET", &p2, &[("Authorization", a2.as_str())], b"")
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        match how {
+            "lock" => {
+                let (code, body) = send("DELETE", "/v1/datastores/main/unlock", "");
+                assert_eq!(code, 200, "{body}");
+            }
+            _ => {
+                srv.admin_ok(&["token", "remove", &format!("reader-{how}")]);
+            }
+        }
+        let (code, head, body) = dl.join().unwrap();
+        assert_eq!(code, 200, "{head}");
+        assert!(
+            body.len() < 5 << 20,
+            "{how}: {} of {} bytes arrived",
+            body.len(),
+            6 << 20
+        );
+        if how == "lock" {
+            // Unlocked again for the next round.
+            let pw = format!("{{\"password\": \"{PASSWORD}\"}}");
+            let (code, body) = send("POST", "/v1/datastores/main/unlock", &pw);
+            assert_eq!(code, 200, "{body}");
+        }
+    }
+    let log = srv.stop();
+    assert!(
+        log.contains("the datastore was locked: the download was ended"),
+        "{log}"
+    );
+    assert!(
+        log.contains("its token was removed: the download was ended"),
+        "{log}"
+    );
+}
+
 /// A datastore unlocked on the server (from a password file at start, then by an
 /// admin with the password) shows exactly `cairn stats --json`, its snapshots per
 /// host, directories page by page, files byte for byte and directories as

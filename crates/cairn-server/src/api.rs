@@ -41,7 +41,7 @@ impl ApiError {
     fn forbidden(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
     }
-    fn bad(message: impl Into<String>) -> ApiError {
+    pub(crate) fn bad(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }
 }
@@ -448,11 +448,31 @@ pub async fn list(
     let backend = store.backend.clone();
     let host = t.view_host().map(str::to_string);
     let s = store.clone();
+    let name = ds.clone();
     let items = blocking(move || {
         let listed = backend.list(&q.prefix)?;
+        // Nothing listed where the repository itself is gone (its directory
+        // deleted, the bucket emptied) is not "no snapshots" (QA r13: `[]` while
+        // the config answered 500).
+        if listed.is_empty() {
+            match backend.size(cairn_backend::names::CONFIG) {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {
+                    return Err(ApiError::new(
+                        StatusCode::NOT_FOUND,
+                        "no_repository",
+                        format!(
+                            "datastore {name} holds no repository any more (its config is \
+                             gone): this is mended on the server's storage"
+                        ),
+                    ));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         match &host {
             // A host-bound token sees only its host's snapshots (`hosts`).
-            Some(h) => s.hosts.filter(backend.as_ref(), listed, h),
+            Some(h) => Ok(s.hosts.filter(backend.as_ref(), listed, h)?),
             None => Ok(listed),
         }
     })
@@ -1455,10 +1475,16 @@ pub async fn run_job(
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
     let Some((spec, _)) = app.jobs.find(&name) else {
+        // A one-off job (listed by GET /v1/jobs) is started again its own way.
+        let hint = if name.ends_with("-now") {
+            ": a one-off job is started with POST /v1/datastores/{ds}/jobs {\"kind\": …}"
+        } else {
+            ""
+        };
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
-            format!("no job {name:?}"),
+            format!("no scheduled job {name:?}{hint}"),
         ));
     };
     if t.role != Role::Admin || !t.opens(&spec.datastore) {
@@ -1605,12 +1631,19 @@ pub async fn delete_schedule(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
+    // Before looking: a non-admin learns nothing of which schedules exist, and
+    // an admin nothing of other datastores' (QA r13: 403 for some names and 404
+    // for others told them apart).
+    if t.role != Role::Admin {
+        return Err(ApiError::forbidden("only an admin may remove schedules"));
+    }
     // The console's own first: one the settings file shadows can still go.
     let found = (app.jobs.console_specs().into_iter())
         .find(|s| s.name == name)
         .map(|s| (s, "console"))
-        .or_else(|| app.jobs.find(&name));
-    let Some((spec, source)) = found else {
+        .or_else(|| app.jobs.find(&name))
+        .filter(|(s, _)| t.opens(&s.datastore));
+    let Some((_, source)) = found else {
         // Not "no such schedule" when the file that would list it is unreadable.
         if let Some(e) = app.jobs.console_file_error() {
             return Err(schedule_error(crate::jobs::ScheduleError::File(e)));
@@ -1621,12 +1654,6 @@ pub async fn delete_schedule(
             format!("no schedule {name:?}"),
         ));
     };
-    if t.role != Role::Admin || !t.opens(&spec.datastore) {
-        return Err(ApiError::forbidden(format!(
-            "only an admin of datastore {:?} may remove this schedule",
-            spec.datastore
-        )));
-    }
     if source != "console" {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

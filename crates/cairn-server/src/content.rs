@@ -1001,6 +1001,15 @@ pub struct EntriesAnswer {
     pub next: Option<String>,
 }
 
+/// `limit` as asked (`default` if not), at most `max`; 0 is refused (it was
+/// answered with one entry).
+fn page_limit(limit: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    match limit {
+        Some(0) => Err(ApiError::bad(format!("limit=0: ask for 1 to {max}"))),
+        l => Ok(l.unwrap_or(default).min(max)),
+    }
+}
+
 /// `GET /v1/datastores/{ds}/snapshots/{id}/entries?path=/a/b&after=NAME&limit=N`:
 /// one page of a directory, in name order.
 pub async fn entries(
@@ -1010,7 +1019,7 @@ pub async fn entries(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (t, store) = reader(&app, &headers, &ds)?;
-    let limit = q.limit.unwrap_or(PAGE).clamp(1, PAGE_MAX);
+    let limit = page_limit(q.limit, PAGE, PAGE_MAX)?;
     let s = store.clone();
     let answer = read(&store, move || {
         let (session, root) = snapshot_for(&s, &t, &id)?;
@@ -1096,7 +1105,7 @@ pub async fn search(
             "search for something: q is empty",
         ));
     }
-    let limit = q.limit.unwrap_or(SEARCH).clamp(1, SEARCH_MAX);
+    let limit = page_limit(q.limit, SEARCH, SEARCH_MAX)?;
     let s = store.clone();
     let found = read(&store, move || {
         let (session, root) = snapshot_for(&s, &t, &id)?;

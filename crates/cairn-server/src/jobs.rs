@@ -865,6 +865,10 @@ pub fn start_now(
         return Err(format!("kind {kind:?}: start check, scrub or prune"));
     }
     if let Some(p) = &read_data {
+        // As a schedule is refused it (QA r13: a scrub with read_data was started).
+        if kind != "check" {
+            return Err(format!("read_data does not apply to a {kind} job"));
+        }
         check_percent(p)?;
     }
     let name = format!("{ds}-{kind}-now");

@@ -137,10 +137,11 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
             } else {
                 println!("{secret}");
                 eprintln!(
-                    "token {:?} ({} on {}) added; it is shown only now",
+                    "token {:?} ({} on {}{}) added; it is shown only now",
                     entry.name,
                     entry.role.as_str(),
-                    grant_text(&entry.datastore)
+                    grant_text(&entry.datastore),
+                    host_text(entry.host.as_deref())
                 );
             }
         }
@@ -180,6 +181,12 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
     Ok(0)
 }
 
+/// `, host H only` for a grant bound to a host (said when it is made: QA r13).
+fn host_text(host: Option<&str>) -> String {
+    host.map(|h| format!(", host {h:?} only"))
+        .unwrap_or_default()
+}
+
 fn user(g: &Global, a: &ServeArgs, u: &UserCommand) -> Result<i32> {
     let store = UserStore::new(&state_dir(a)?);
     match u {
@@ -199,10 +206,11 @@ fn user(g: &Global, a: &ServeArgs, u: &UserCommand) -> Result<i32> {
                 super::print_json(&entry)?;
             } else {
                 println!(
-                    "user {:?} added ({} on {})",
+                    "user {:?} added ({} on {}{})",
                     entry.name,
                     entry.role.as_str(),
-                    grant_text(&entry.datastore)
+                    grant_text(&entry.datastore),
+                    host_text(entry.host.as_deref())
                 );
             }
         }

@@ -6017,6 +6017,66 @@ fn a_full_state_directory_is_said_as_such() {
     srv.stop();
 }
 
+/// Removing a schedule tells a caller who may not nothing of which exist, and a
+/// one-off job is refused a setting its kind does not use, as a schedule is (QA r13).
+#[test]
+fn schedules_are_not_told_apart_by_who_may_not_remove_them() {
+    let env = Env::new();
+    env.init(&[]);
+    let other = Env::new();
+    other.init(&[]);
+    let srv = Server::start(
+        &env.path("state"),
+        &[("main", &env.repo), ("other", &other.repo)],
+        true,
+    );
+    let admin = srv.token("ops", "main", "admin");
+    let restore = srv.token("reader", "main", "restore");
+    let elsewhere = srv.token("ops2", "other", "admin");
+    let send = |method: &str, path: &str, token: &str, body: &[u8]| {
+        let (code, _, b) = http_full(
+            srv.port,
+            method,
+            path,
+            &[
+                ("Authorization", &format!("Bearer {token}")),
+                ("Content-Type", "application/json"),
+            ],
+            body,
+        );
+        (code, String::from_utf8_lossy(&b).into_owned())
+    };
+    let (code, body) = send(
+        "PUT",
+        "/v1/schedules/nightly",
+        &admin,
+        br#"{"kind":"scrub","datastore":"main","every":"1d"}"#,
+    );
+    assert_eq!(code, 201, "{body}");
+    let there = send("DELETE", "/v1/schedules/nightly", &restore, b"");
+    let absent = send("DELETE", "/v1/schedules/nosuch", &restore, b"");
+    assert_eq!(there.0, 403, "{there:?}");
+    assert_eq!(there, absent);
+    let there = send("DELETE", "/v1/schedules/nightly", &elsewhere, b"");
+    let absent = send("DELETE", "/v1/schedules/nosuch", &elsewhere, b"");
+    assert_eq!(there.0, 404, "{there:?}");
+    assert_eq!(there.1.replace("nightly", "nosuch"), absent.1);
+    let (code, body) = send(
+        "POST",
+        "/v1/datastores/main/jobs",
+        &admin,
+        br#"{"kind":"scrub","read_data":"5%"}"#,
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("read_data does not apply to a scrub job"),
+        "{body}"
+    );
+    let (code, body) = send("DELETE", "/v1/schedules/nightly", &admin, b"");
+    assert_eq!(code, 204, "{body}");
+    srv.stop();
+}
+
 /// A certificate renewed in place (certbot, an ACME client) is served without a
 /// restart, a pair that does not load leaves the previous one served, and a
 /// certificate about to expire is warned of in the log (QA: the server kept

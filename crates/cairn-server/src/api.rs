@@ -2005,9 +2005,9 @@ pub async fn session_post(
             ));
         }
     };
-    let user = match &who {
-        crate::signin::Identity::User(name, _) => Some(name.clone()),
-        crate::signin::Identity::Token(_) => None,
+    let signed_in = match &who {
+        crate::signin::Identity::User(name, _) => format!("user {name:?}"),
+        crate::signin::Identity::Token(_) => format!("token {:?}", t.name),
     };
     let (id, csrf) = app.signins.create(who).ok_or_else(|| {
         crate::log_line("console: sign-in refused: the server holds its most sessions");
@@ -2017,10 +2017,9 @@ pub async fn session_post(
             "too many sessions: try again later",
         )
     })?;
-    // Said once the session exists (a refused one was logged as signed in).
-    if let Some(name) = user {
-        crate::log_line(&format!("console: user {name:?} signed in"));
-    }
+    // Said once the session exists (a refused one was logged as signed in);
+    // tokens too, so that a token signing in over and over is seen.
+    crate::log_line(&format!("console: {signed_in} signed in"));
     let secure = if app.config.tls == crate::config::Tls::InsecureHttp {
         ""
     } else {

@@ -1069,8 +1069,11 @@ pub async fn entries(
         let next = (start + page.len() < tree.nodes.len())
             .then(|| page.last().map(|e| e.name.clone()))
             .flatten();
+        // The directory as the walk found it (`/` for the root, without `.`,
+        // `..` or doubled slashes): the path asked for was echoed, "" for none.
+        let path = cairn_core::ls::resolve_path(repo, &root, &q.path).map_err(engine_error)?;
         Ok::<_, ApiError>(EntriesAnswer {
-            path: q.path,
+            path,
             total: tree.nodes.len(),
             entries: page,
             next,

@@ -3619,6 +3619,12 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
     assert_eq!(get_json(p, &other, &web02_restore).0, 404);
     let mine = format!("/v1/datastores/main/snapshots/{two}/entries?path=/");
     assert_eq!(get_json(p, &mine, &web02_restore).0, 200);
+    // The answer names the directory as walked: the root as `/` however asked.
+    for asked in ["", "?path=", "?path=//./"] {
+        let root = format!("/v1/datastores/main/snapshots/{two}/entries{asked}");
+        let (code, v) = get_json(p, &root, &web02_restore);
+        assert_eq!((code, &v["path"]), (200, &"/".into()), "{asked}: {v}");
+    }
     // Prefixes resolve among its own snapshots only: another host's id by any
     // prefix is the same 404 as no snapshot at all, never "ambiguous" naming ids,
     // and its own one-digit prefix and `latest` are its own.

@@ -174,6 +174,41 @@ pub fn parse_user_time(s: &str) -> Option<String> {
     Some(format_unix(utc.timestamp(), utc.timestamp_subsec_nanos()))
 }
 
+/// Why [`parse_user_time`] refuses `s`, in words for the user: a local time a
+/// daylight-saving change skips or repeats is told apart from one that does not
+/// read at all.
+pub fn user_time_problem(s: &str) -> String {
+    use chrono::TimeZone;
+    let s = s.trim();
+    let naive = ["%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"]
+        .iter()
+        .find_map(|f| chrono::NaiveDateTime::parse_from_str(s, f).ok());
+    let Some(naive) = naive else {
+        if chrono::DateTime::parse_from_rfc3339(s).is_ok() {
+            return "it is outside the years 1 to 9999 in UTC, or a leap second".into();
+        }
+        return "give an RFC 3339 time (2026-05-01T02:00:00Z, 2026-05-01T04:00:00+02:00) \
+                or \"YYYY-MM-DD HH:MM[:SS]\" in this machine's time zone"
+            .into();
+    };
+    let real = |t: chrono::DateTime<chrono::Local>| t.naive_local() == naive;
+    let example = naive.format("%Y-%m-%dT%H:%M:%S");
+    match chrono::Local.from_local_datetime(&naive) {
+        chrono::LocalResult::Ambiguous(a, b) if real(a) && real(b) => format!(
+            "this local time happens twice (the clocks go back then): give it with its UTC \
+             offset, {example}{} or {example}{}",
+            a.format("%:z"),
+            b.format("%:z")
+        ),
+        chrono::LocalResult::Single(t) if real(t) => {
+            "it is outside the years 1 to 9999 in UTC".into()
+        }
+        _ => "this local time does not exist (the clocks skip it): give it with its UTC \
+              offset, or an hour later"
+            .into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -586,11 +586,7 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     if let Some(t) = &a.time
         && cairn_core::time::parse_user_time(t).is_none()
     {
-        anyhow::bail!(
-            "--time {t:?}: give an RFC 3339 time (2026-05-01T02:00:00Z, year 1 to 9999) or \
-             \"YYYY-MM-DD HH:MM:SS\" (local time; one a daylight-saving change skips or repeats \
-             is none or two: give it with its offset in RFC 3339)"
-        );
+        anyhow::bail!("--time {t:?}: {}", cairn_core::time::user_time_problem(t));
     }
     if let Some(t) = a
         .time

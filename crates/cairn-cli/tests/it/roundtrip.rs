@@ -1178,6 +1178,24 @@ fn backup_time_is_recorded_and_retention_uses_it() {
     assert!(!in_berlin("2024-03-31 02:00:00"));
     assert!(!in_berlin("2024-03-31 02:59:59"));
     assert!(in_berlin("2024-03-31 03:00:00"));
+    // Said as what it is, with the offsets to choose from.
+    let why = |t: &str| {
+        let o = env
+            .cmd(&["backup", "-q", "--time", t, "-n", s])
+            .env("TZ", "CET-1CEST,M3.5.0,M10.5.0/3")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let twice = why("2024-10-27 02:30:00");
+    assert!(
+        twice.contains("happens twice")
+            && twice.contains("2024-10-27T02:30:00+01:00")
+            && twice.contains("2024-10-27T02:30:00+02:00"),
+        "{twice}"
+    );
+    assert!(why("2024-03-31 02:30:00").contains("does not exist (the clocks skip it)"));
+    assert!(why("yesterday").contains("give an RFC 3339 time"));
     // A time given with its offset records that zone: its days are counted there.
     env.ok(&["backup", "-q", "--time", "2024-02-01T00:30:00+05:30", s]);
     let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();

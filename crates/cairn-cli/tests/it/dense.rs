@@ -268,3 +268,72 @@ fn a_hard_linked_files_other_names_are_read_when_its_first_name_went() {
         }
     }
 }
+
+/// A file that becomes a FIFO between the walk seeing it and the backup opening
+/// it (QA: the open waited for a writer forever, and the backup with it) is
+/// skipped with a warning that says what it is now; the rest is saved (exit 3).
+#[test]
+fn a_file_turned_into_a_fifo_during_the_backup_is_skipped_not_waited_on() {
+    use std::os::unix::process::ExitStatusExt;
+    for (size, point) in [
+        (3 << 20, "backup:link-open"),
+        (100_000, "backup:link-open-small"),
+    ] {
+        let env = Env::new();
+        env.init(&[]);
+        let src = env.path("src");
+        fs::create_dir_all(src.join("a")).unwrap();
+        fs::create_dir_all(src.join("b")).unwrap();
+        let old = Rng(22).bytes(size, false);
+        fs::write(src.join("a/f"), &old).unwrap();
+        fs::hard_link(src.join("a/f"), src.join("b/f")).unwrap();
+        fs::write(src.join("b/other"), b"other").unwrap();
+        let pause = env.path("pause");
+        fs::create_dir_all(&pause).unwrap();
+        let mut child = env
+            .cmd(&["backup", "--json", src.to_str().unwrap()])
+            .env(
+                "CAIRN_TEST_PAUSE_AT",
+                format!("{point}:1:{}", pause.display()),
+            )
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until(
+            "the backup to reach the first name",
+            std::time::Duration::from_secs(60),
+            || pause.join("reached").exists(),
+        );
+        fs::remove_file(src.join("a/f")).unwrap();
+        nix::unistd::mkfifo(&src.join("a/f"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        fs::write(pause.join("go"), b"").unwrap();
+        let start = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!("{size} bytes: the backup still waits on the FIFO after a minute");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            o.status.code(),
+            Some(3),
+            "{size}: {:?} {err}",
+            o.status.signal()
+        );
+        assert!(
+            err.contains("no longer a regular file (it is now a FIFO)"),
+            "{size}: {err}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let s = v["snapshot_id"].as_str().unwrap().to_string();
+        let out = env.path("out");
+        env.ok(&["restore", &s, "--target", out.to_str().unwrap()]);
+        let back = out.join(src.strip_prefix("/").unwrap());
+        assert_eq!(fs::read(back.join("b/f")).unwrap(), old, "{size}");
+        assert_eq!(fs::read(back.join("b/other")).unwrap(), b"other");
+    }
+}

@@ -97,16 +97,48 @@ fn open_noatime(
     let mut flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     if directory {
         flags |= OFlag::O_DIRECTORY;
+    } else {
+        // A file replaced by a FIFO since the walk saw it would block the open
+        // until a writer came, forever: opened without waiting, then refused below.
+        flags |= OFlag::O_NONBLOCK;
     }
     let open = |flags| match dir {
         Some(d) => nix::fcntl::openat(d, name, flags, Mode::empty()),
         None => nix::fcntl::open(name, flags, Mode::empty()),
     };
-    match open(flags | OFlag::O_NOATIME) {
+    let fd = match open(flags | OFlag::O_NOATIME) {
         Err(nix::errno::Errno::EPERM) => open(flags),
         r => r,
     }
-    .map_err(std::io::Error::from)
+    .map_err(std::io::Error::from)?;
+    if !directory {
+        let st = nix::sys::stat::fstat(&fd).map_err(std::io::Error::from)?;
+        let kind = st.st_mode & libc::S_IFMT;
+        if kind != libc::S_IFREG {
+            return Err(std::io::Error::other(format!(
+                "is no longer a regular file (it is now {})",
+                kind_name(kind)
+            )));
+        }
+        // Reads of a regular file never wait anyway; the flag is put back so the
+        // descriptor behaves as any other.
+        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))
+            .map_err(std::io::Error::from)?;
+    }
+    Ok(fd)
+}
+
+/// What a file type (`st_mode & S_IFMT`) is called in a message.
+fn kind_name(kind: libc::mode_t) -> &'static str {
+    match kind {
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFLNK => "a symbolic link",
+        _ => "of another kind",
+    }
 }
 
 /// What moves when a file is written to while it is read: size, modification and

@@ -69,6 +69,18 @@ pub(super) fn own_file_warning(kept: &std::path::Path) -> String {
     )
 }
 
+/// The warning for a hard link's name there already, not linked to `first`, an
+/// earlier name kept as it was, because the two hold different content (the
+/// restore and its dry run).
+pub(super) fn not_linked_warning(first: &std::path::Path) -> String {
+    format!(
+        "not made a name of {}, as it is in the snapshot: that one was kept as it is \
+         (--overwrite if-changed: its size and time are the snapshot's) and holds other \
+         content than this name, so this one is judged on its own",
+        first.display()
+    )
+}
+
 /// Sends `restore --verbose`'s line for a file: its path in the target, as
 /// listings show it (bytes that are not UTF-8 as stand-ins).
 pub(crate) fn list_file(
@@ -377,6 +389,10 @@ struct FirstLink {
     /// Its owner: restore's until its metadata is applied, then the snapshot's (an
     /// inode number can be reused by a file someone else creates, an owner cannot).
     owners: [u32; 2],
+    /// Kept as it was there (`--overwrite if-changed` judged it by size and time):
+    /// its content is not known to be the snapshot's, so a name there already with
+    /// other content is not made a link to it.
+    kept: bool,
 }
 
 struct Walk<'a> {
@@ -1607,6 +1623,7 @@ impl Walk<'_> {
                     name: name.to_owned(),
                     id: st.id(),
                     owners: [st.uid, st.uid],
+                    kept: true,
                 });
         }
     }
@@ -2057,7 +2074,27 @@ impl Walk<'_> {
         } else {
             self.existing(&parent, &name)?
         };
+        // A name there already, another file than the first name kept as it was,
+        // with other content: linking it would give it the kept one's content,
+        // which only its size and time said is the snapshot's (QA: a replaced
+        // first name's content spread to the correct second). It is judged on its
+        // own instead.
+        let apart = node.nlink > 1
+            && existing.as_ref().is_some_and(|st| {
+                st.kind() == libc::S_IFREG
+                    && self
+                        .hardlinks
+                        .get(&key)
+                        .is_some_and(|f| f.kept && f.id != st.id())
+                    && !self.same_as_first(&parent, &name, key)
+            });
+        if apart && let Some(first) = self.hardlinks.get(&key) {
+            let first = first.dir_node.join(&first.name);
+            self.progress
+                .warning(&parent.node.join(&name), &not_linked_warning(&first));
+        }
         if node.nlink > 1
+            && !apart
             && let Some(first) = self.hardlinks.get(&key)
         {
             // Already this inode, or kept by the mode (`never`; `if-newer` when it
@@ -2207,6 +2244,7 @@ impl Walk<'_> {
                         name: name.clone(),
                         id: st.id(),
                         owners: [st.uid, if self.opts.owners { node.uid } else { st.uid }],
+                        kept: false,
                     },
                 );
                 if self.opts.list_files {
@@ -2237,6 +2275,51 @@ impl Walk<'_> {
         self.maybe_flush()
     }
 
+    /// Whether `name` in `parent` holds the same bytes as the first name of `key`
+    /// (both opened without following symlinks; anything unreadable: not the same).
+    fn same_as_first(&mut self, parent: &Arc<Dir>, name: &CStr, key: (u64, u64)) -> bool {
+        let Some(first) = self.hardlinks.get(&key) else {
+            return false;
+        };
+        let (first_name, first_id, dir_node) =
+            (first.name.clone(), first.id, first.dir_node.clone());
+        let Ok(src) = self.first_dir(key, &dir_node) else {
+            return false;
+        };
+        let open = |dir: &Dir, n: &CStr| {
+            sys::open_at(
+                dir.fd(),
+                n,
+                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW,
+                0,
+            )
+            .map(std::fs::File::from)
+        };
+        let (Ok(a), Ok(b)) = (open(&src, &first_name), open(parent, name)) else {
+            return false;
+        };
+        if !sys::fstat(a.as_fd()).is_ok_and(|st| st.id() == first_id) {
+            return false;
+        }
+        target::same_content(a, b).unwrap_or(false)
+    }
+
+    /// The directory of `key`'s first name: open still, or reopened (and checked)
+    /// from the target's root.
+    fn first_dir(&mut self, key: (u64, u64), dir_node: &Arc<DirNode>) -> std::io::Result<Arc<Dir>> {
+        if let Some(d) = self.hardlinks.get(&key).and_then(|f| f.dir.upgrade()) {
+            return Ok(d);
+        }
+        match &self.link_dir {
+            Some(d) if Arc::ptr_eq(&d.node, dir_node) => Ok(d.clone()),
+            _ => {
+                let d = Arc::new(target::reopen_dir(&self.root, dir_node)?);
+                self.link_dir = Some(d.clone());
+                Ok(d)
+            }
+        }
+    }
+
     /// Another name for a hard-linked file restored earlier: linked to the inode
     /// restore created, found through its directory's descriptor (reopened and
     /// checked if it was closed), and checked after linking.
@@ -2256,17 +2339,7 @@ impl Walk<'_> {
             first.owners,
             first.dir_node.clone(),
         );
-        let src = match first.dir.upgrade() {
-            Some(d) => d,
-            None => match &self.link_dir {
-                Some(d) if Arc::ptr_eq(&d.node, &dir_node) => d.clone(),
-                _ => {
-                    let d = Arc::new(target::reopen_dir(&self.root, &dir_node)?);
-                    self.link_dir = Some(d.clone());
-                    d
-                }
-            },
-        };
+        let src = self.first_dir(key, &dir_node)?;
         target::remove_existing(parent, name, fresh)?;
         match sys::link_at(src.fd(), &first_name, parent.fd(), name) {
             // A first name kept as it was, immutable or append-only (an earlier
@@ -2614,6 +2687,7 @@ impl Walk<'_> {
                         name: name.to_owned(),
                         id: st.id(),
                         owners: [st.uid, st.uid],
+                        kept: false,
                     },
                 );
             }

@@ -290,7 +290,22 @@ pub(super) fn dry_run(
             NodeKind::Socket => stats.sockets_skipped += 1,
             NodeKind::File => {
                 let key = (node.dev, node.inode);
+                // As the restore judges: a name there with other content than the
+                // first name kept as it was is not linked to it.
+                let apart = node.nlink > 1
+                    && match (first_links.get(&key), &existing, parent) {
+                        (Some((Some(first), first_path)), Some(st), Some(p))
+                            if st.kind() == libc::S_IFREG && st.id() != *first =>
+                        {
+                            !same_content(p, &name, first_path, *first)
+                        }
+                        _ => false,
+                    };
+                if apart && let Some((_, first_path)) = first_links.get(&key) {
+                    progress.warning(&path, &super::not_linked_warning(first_path));
+                }
                 if node.nlink > 1
+                    && !apart
                     && let Some((first, first_path)) = first_links.get(&key)
                 {
                     // As the restore decides (`never`; `if-newer` when the
@@ -626,4 +641,30 @@ fn count_removal(
             Gone::Failed
         }
     }
+}
+
+/// Whether `name` in `dir` holds the same bytes as the file at `first` (a path in
+/// the target, whose file must still be `first_id`); neither followed if a symlink.
+fn same_content(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    first: &std::path::Path,
+    first_id: (u64, u64),
+) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW;
+    let Ok(b) = sys::open_at(dir, name, flags, 0).map(std::fs::File::from) else {
+        return false;
+    };
+    let Ok(a) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW)
+        .open(first)
+    else {
+        return false;
+    };
+    if !sys::fstat(a.as_fd()).is_ok_and(|st| st.id() == first_id) {
+        return false;
+    }
+    target::same_content(a, b).unwrap_or(false)
 }

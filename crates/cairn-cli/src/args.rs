@@ -1044,7 +1044,8 @@ pub struct ExportArgs {
 pub struct RestoreArgs {
     /// Snapshot id (prefix) or "latest"; SNAP:PATH restores the snapshot's
     /// directory PATH as the target itself (latest:/home/alice -t /home/alice),
-    /// with --include/--exclude paths below it
+    /// with --include/--exclude paths below it; a target the restore creates
+    /// gets PATH's own mode, owner and times, one that exists keeps its own
     pub snapshot: String,
     /// Directory to restore into (created if missing); with --image, the file or
     /// block device to write the image to

@@ -1988,3 +1988,34 @@ fn a_replaced_first_name_kept_by_its_size_and_time_does_not_spread_its_content()
         assert_eq!(ino(&copy.join(n)), ino(&copy.join("a/x")), "{n}");
     }
 }
+
+/// `SNAP:PATH` into a target the restore creates gives the target PATH's own
+/// mode and times, as a restore of the whole snapshot gives that directory (QA:
+/// a home directory of mode 0700 came back 0755); a target that was there keeps
+/// its own.
+#[test]
+fn a_snapshot_directory_restored_as_a_new_target_gets_its_metadata() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("home/sub")).unwrap();
+    fs::write(src.join("home/f"), b"private").unwrap();
+    fs::set_permissions(src.join("home"), fs::Permissions::from_mode(0o700)).unwrap();
+    set_times(&src.join("home"), 1_500_000_000, 0);
+    let snap = env.backup(&[&src]);
+    let sub = format!("{snap}:{}", src.join("home").display());
+    let new = env.path("new/home");
+    env.ok(&["restore", &sub, "-t", new.to_str().unwrap()]);
+    let m = fs::metadata(&new).unwrap();
+    assert_eq!(m.permissions().mode() & 0o7777, 0o700);
+    assert_eq!(m.mtime(), 1_500_000_000);
+    assert_eq!(fs::read(new.join("f")).unwrap(), b"private");
+    let there = env.path("there");
+    fs::create_dir_all(&there).unwrap();
+    fs::set_permissions(&there, fs::Permissions::from_mode(0o750)).unwrap();
+    env.ok(&["restore", &sub, "-t", there.to_str().unwrap()]);
+    let m = fs::metadata(&there).unwrap();
+    assert_eq!(m.permissions().mode() & 0o7777, 0o750);
+    assert_ne!(m.mtime(), 1_500_000_000);
+}

@@ -461,9 +461,26 @@ struct Walk<'a> {
 
 /// Restores the tree `root` into `opts.target`. `whole`: where `--delete` may
 /// remove what the tree does not have.
+#[cfg(test)]
 pub(super) fn restore(
     repo: &Repository,
     root: &BlobId,
+    whole: &Whole,
+    opts: &RestoreOptions,
+    progress: &Progress,
+) -> Result<RestoreStats> {
+    restore_under(repo, root, None, whole, opts, progress)
+}
+
+/// [`restore`] of the tree of `top`, a directory of the snapshot (`SNAP:PATH`):
+/// a target the restore creates gets `top`'s own metadata (mode, owner, times,
+/// attributes), as the directory would have in a restore of the whole snapshot
+/// (QA: a home directory of mode 0700 came back 0755, its files open to all).
+/// A target that was there keeps its own.
+pub(super) fn restore_under(
+    repo: &Repository,
+    root: &BlobId,
+    top: Option<&Node>,
     whole: &Whole,
     opts: &RestoreOptions,
     progress: &Progress,
@@ -496,6 +513,8 @@ pub(super) fn restore(
         Ok(m) if !m.is_dir() => return Err(not_a_directory(target)),
         _ => {}
     }
+    let created =
+        matches!(fs::symlink_metadata(target), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
     fs::create_dir_all(target).map_err(|e| Error::io(target, e))?;
     let meta = fs::metadata(target).map_err(|e| Error::io(target, e))?;
     if !meta.is_dir() {
@@ -720,6 +739,14 @@ pub(super) fn restore(
             let all_of_a_snapshot = everything && opts.subfolder.is_none();
             unfinished::finished(root_dir.fd(), &selection, everything, all_of_a_snapshot)
                 .map_err(|e| Error::io(target, e))?;
+        }
+        // Last: the mark's removal above would move its modification time.
+        if let Some(top) = top.filter(|_| created) {
+            let mut node = top.clone();
+            opts.xattrs.retain(&mut node.xattrs);
+            if let Err(e) = metadata::apply(root_dir.fd(), false, &node, opts.owners) {
+                w.issue(target.clone(), format!("setting metadata: {e}"));
+            }
         }
         Ok(w.stats)
     })

@@ -1,6 +1,6 @@
 //! Restore through a session: the report `cairn restore` prints.
 
-use super::{RestoreOptions, restore};
+use super::RestoreOptions;
 use crate::error::Result;
 use crate::progress::Phase;
 use crate::session::{Access, Session};
@@ -101,14 +101,15 @@ pub fn restore_snapshot<A: Access>(
         .tree_id()
         .map_err(|e| crate::Error::damaged(format!("snapshot {}", snapshot.0.to_hex()), e))?;
     let whole = super::Whole::of(&snapshot.1.paths);
-    let (root, whole) = match &opts.subfolder {
-        None => (root, whole),
+    let (root, whole, top) = match &opts.subfolder {
+        None => (root, whole, None),
         Some(path) => match crate::ops::ls::find_node(session.repo(), &root, path)? {
             // `/`: the whole snapshot.
-            None => (root, whole),
+            None => (root, whole, None),
             Some(n) => match (n.kind, n.subtree) {
                 (cairn_format::tree::NodeKind::Dir, Some(sub)) => {
-                    (sub, whole.under(&crate::ops::ls::walk_path(path)))
+                    let under = whole.under(&crate::ops::ls::walk_path(path));
+                    (sub, under, Some(n))
                 }
                 _ => {
                     return Err(crate::Error::Invalid(format!(
@@ -121,7 +122,7 @@ pub fn restore_snapshot<A: Access>(
             },
         },
     };
-    let stats = restore(session.repo(), &root, &whole, opts, progress)?;
+    let stats = super::restore_under(session.repo(), &root, top.as_ref(), &whole, opts, progress)?;
     Ok(RestoreReport {
         snapshot_id: snapshot.0,
         subfolder: opts.subfolder.clone(),

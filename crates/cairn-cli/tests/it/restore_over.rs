@@ -1842,6 +1842,27 @@ fn a_snapshot_directory_restores_as_the_target_itself() {
     let o = only.to_str().unwrap();
     env.ok(&["restore", &sub, "-t", o, "--include", "/sub/deep"]);
     assert_eq!(fs::read(only.join("sub/deep")).unwrap(), b"deep");
+    // The full path in the snapshot instead: the form meant is shown.
+    let full = src.join("d/sub/deep");
+    let err = env.fails(
+        &[
+            "restore",
+            &sub,
+            "-t",
+            o,
+            "--include",
+            full.to_str().unwrap(),
+        ],
+        1,
+    );
+    assert!(
+        err.contains(&format!(
+            "nothing in {} in the snapshot",
+            src.join("d").display()
+        )) && err.contains("includes are paths below")
+            && err.contains("--include \"/sub/deep\""),
+        "{err}"
+    );
     // The --json report names the directory.
     let v: serde_json::Value =
         serde_json::from_str(&env.ok(&["restore", &sub, "-t", o, "--json", "--dry-run"])).unwrap();

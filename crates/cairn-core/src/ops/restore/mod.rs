@@ -984,14 +984,38 @@ impl Includes {
                 let wild = given
                     .iter()
                     .any(|p| crate::pattern::has_wildcard(p.as_bytes()));
+                // Under `SNAP:PATH` includes are paths below PATH: one given as the
+                // full path in the snapshot is shown in the form meant (QA).
+                let sub = opts
+                    .subfolder
+                    .as_deref()
+                    .map(|s| s.trim_end_matches('/'))
+                    .filter(|s| !s.is_empty());
+                let below = sub.and_then(|sub| {
+                    given.iter().find_map(|p| {
+                        let rest = p.strip_prefix(sub)?;
+                        (rest.is_empty() || rest.starts_with('/')).then(|| {
+                            format!(
+                                " (includes are paths below {sub}, the directory restored: \
+                                 --include \"{}\")",
+                                if rest.is_empty() { "/" } else { rest }
+                            )
+                        })
+                    })
+                });
+                let place = match sub {
+                    Some(sub) => format!("{sub} in the snapshot"),
+                    None => "the snapshot".to_string(),
+                };
                 return Err(Error::Invalid(format!(
-                    "{named}: nothing in the snapshot is there or matches{}: nothing to \
-                     restore{}",
+                    "{named}: nothing in {place} is there or matches{}: nothing to \
+                     restore{}{}",
                     if excludes.is_some() {
                         " (or the excludes leave out all that does)"
                     } else {
                         ""
                     },
+                    below.unwrap_or_default(),
                     if wild {
                         " (in a pattern, *, ? and [ are wildcards: write \\*, \\? or \\[ for \
                          the character itself)"

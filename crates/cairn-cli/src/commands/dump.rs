@@ -45,7 +45,7 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
         let r = super::export::write_output(g, target, tar, false, |out| {
             cairn_core::export::export(&session, &root, file, format, out)
         })?;
-        let code = super::export::report(&r, g.json);
+        let code = super::export::report(&r, g.json, g.quiet);
         return Ok(super::worst(
             code,
             super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),

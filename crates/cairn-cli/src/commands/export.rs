@@ -67,7 +67,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
             output.unwrap_or(std::path::Path::new("-")).display()
         );
     }
-    let code = report(&r, g.json);
+    let code = report(&r, g.json, g.quiet);
     Ok(super::worst(
         code,
         super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),
@@ -247,8 +247,9 @@ pub(super) fn write_output<R>(
     })
 }
 
-/// Prints what an export left out or changed on standard error; the exit code.
-pub(super) fn report(r: &ExportReport, json: bool) -> i32 {
+/// Prints what an export left out or changed on standard error (notes not with
+/// `--quiet`; errors always); the exit code.
+pub(super) fn report(r: &ExportReport, json: bool, quiet: bool) -> i32 {
     // With --json each is an event line, as progress and warnings are.
     let say = |kind: &str, path: Option<&str>, message: &str| {
         if json {
@@ -283,7 +284,7 @@ pub(super) fn report(r: &ExportReport, json: bool) -> i32 {
             ),
         );
     }
-    for n in &r.notes {
+    for n in r.notes.iter().filter(|_| !quiet) {
         say("note", None, n);
     }
     if r.errors.is_empty() && r.damaged.is_empty() {

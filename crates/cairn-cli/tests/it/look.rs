@@ -328,6 +328,10 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
         stderr.contains("pipe: a fifo cannot be stored in a zip archive"),
         "{stderr}"
     );
+    // `-q`: notes are not printed (QA).
+    let quiet = env.path("quiet.zip");
+    let o = env.run(&["export", &snap, "-q", "-o", quiet.to_str().unwrap()]);
+    assert!(o.status.success() && o.stderr.is_empty(), "{o:?}");
     let t = std::process::Command::new("unzip")
         .arg("-tq")
         .arg(&zip)

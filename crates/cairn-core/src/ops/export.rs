@@ -756,6 +756,14 @@ struct ZipSink<'a> {
     cut: std::rc::Rc<std::cell::Cell<bool>>,
     /// See [`Sink::take_notes`].
     notes: Vec<String>,
+    /// Every name stored (without a directory's trailing `/`): a name that is not
+    /// UTF-8, written with `%NN`, can come out as another entry's (`n\xff` beside
+    /// a real `n%FF`), which the archive cannot hold twice (QA: the export failed
+    /// half-way, after a console download had started).
+    taken: std::collections::HashSet<String>,
+    /// Directories stored under another name than theirs (`~N` added): what is in
+    /// them goes there too. By the snapshot's path bytes.
+    moved: HashMap<Vec<u8>, String>,
 }
 
 impl<'a> ZipSink<'a> {
@@ -768,7 +776,47 @@ impl<'a> ZipSink<'a> {
             })),
             cut,
             notes: Vec::new(),
+            taken: Default::default(),
+            moved: HashMap::new(),
         }
+    }
+
+    /// The name `name` is stored under: [`zip_name`]'s, below the new name of a
+    /// directory that was moved, and with `~N` added when another entry has it
+    /// already (said in a note).
+    fn stored_name(&mut self, name: &[u8], dir: bool) -> String {
+        let mut shown = None;
+        if !self.moved.is_empty() {
+            let mut at = name.len();
+            while let Some(i) = name[..at].iter().rposition(|&b| b == b'/') {
+                if let Some(d) = self.moved.get(&name[..i]) {
+                    let d = d.clone();
+                    shown = Some(format!("{d}{}", zip_name(&name[i..], &mut self.notes)));
+                    break;
+                }
+                at = i;
+            }
+        }
+        let shown = shown.unwrap_or_else(|| zip_name(name, &mut self.notes));
+        if self.taken.insert(shown.clone()) {
+            return shown;
+        }
+        let mut n = 1u64;
+        let other = loop {
+            let c = format!("{shown}~{n}");
+            if self.taken.insert(c.clone()) {
+                break c;
+            }
+            n += 1;
+        };
+        self.notes.push(format!(
+            "{shown}: another entry of the archive has that name already (a name that is \
+             not UTF-8 written with %NN); stored as {other}"
+        ));
+        if dir {
+            self.moved.insert(name.to_vec(), other.clone());
+        }
+        other
     }
 
     fn writer(&mut self) -> Result<&mut ZipOut<'a>> {
@@ -884,7 +932,7 @@ impl Sink for ZipSink<'_> {
     }
 
     fn entry(&mut self, name: &[u8], n: &Node) -> Result<Option<String>> {
-        let shown = zip_name(name, &mut self.notes);
+        let shown = self.stored_name(name, n.kind == NodeKind::Dir);
         match n.kind {
             NodeKind::Dir => {
                 let opts = zip_options(n, libc::S_IFDIR, &shown, &mut self.notes)?;
@@ -924,7 +972,7 @@ impl Sink for ZipSink<'_> {
         _first: Option<&[u8]>,
         content: &mut Content<'_>,
     ) -> Result<()> {
-        let shown = zip_name(name, &mut self.notes);
+        let shown = self.stored_name(name, false);
         let opts = zip_options(n, libc::S_IFREG, &shown, &mut self.notes)?
             .compression_method(zip::CompressionMethod::Deflated)
             .compression_level(Some(3))
@@ -1657,6 +1705,32 @@ mod tests {
             let (len, _) = std::str::from_utf8(&data).unwrap().split_once(' ').unwrap();
             assert_eq!(len.parse::<usize>().unwrap(), data.len(), "{value_len}");
         }
+    }
+
+    #[test]
+    fn zip_names_that_come_out_alike_are_stored_apart_with_what_is_in_them() {
+        let mut out = Vec::new();
+        let mut z = ZipSink::new(&mut out);
+        assert_eq!(z.stored_name(b"t/n\xff", true), "t/n%FF");
+        assert_eq!(z.stored_name(b"t/n\xff/x", false), "t/n%FF/x");
+        assert_eq!(z.stored_name(b"t/n%FF", true), "t/n%FF~1");
+        assert_eq!(z.stored_name(b"t/n%FF/x", false), "t/n%FF~1/x");
+        assert_eq!(
+            z.stored_name(b"t/n%FF/sub\xfe/y", false),
+            "t/n%FF~1/sub%FE/y"
+        );
+        assert_eq!(z.stored_name(b"t/f\xff", false), "t/f%FF");
+        assert_eq!(z.stored_name(b"t/f%FF", false), "t/f%FF~1");
+        assert_eq!(z.stored_name(b"t/f%FF~1", false), "t/f%FF~1~1");
+        let notes = z.take_notes();
+        assert_eq!(
+            notes
+                .iter()
+                .filter(|n| n.contains("has that name already"))
+                .count(),
+            3,
+            "{notes:?}"
+        );
     }
 
     #[test]

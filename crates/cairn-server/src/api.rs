@@ -189,11 +189,48 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for SmallBody {
     }
 }
 
+/// Where datastores are on the server, and how an answer names them instead:
+/// a client learns the datastore's name, never the server's paths or storage
+/// addresses (QA: a restore token saw the repository's directory in an error).
+static HIDDEN: std::sync::RwLock<Vec<(String, String)>> = std::sync::RwLock::new(Vec::new());
+
+/// Registers `location` (a datastore's or the state directory's) to be said as
+/// `shown` in every error answer.
+pub(crate) fn hide_location(location: &str, shown: &str) {
+    let mut forms = vec![location.to_string()];
+    if let Some(url) = location.strip_prefix("s3:") {
+        forms.push(url.to_string());
+    } else if let Ok(p) = std::fs::canonicalize(location) {
+        forms.push(p.to_string_lossy().into_owned());
+    }
+    let mut hidden = HIDDEN.write().unwrap_or_else(|e| e.into_inner());
+    for f in forms {
+        // "/" or "." would eat every path separator or dot.
+        if f.len() > 1 && !hidden.iter().any(|(h, _)| *h == f) {
+            hidden.push((f, shown.to_string()));
+        }
+    }
+    // Longest first: a datastore inside another's directory is named as itself.
+    hidden.sort_by_key(|(h, _)| std::cmp::Reverse(h.len()));
+}
+
+/// `message` with every registered location replaced by its name.
+pub(crate) fn hide_locations(message: &str) -> String {
+    let hidden = HIDDEN.read().unwrap_or_else(|e| e.into_inner());
+    let mut out = message.to_string();
+    for (h, shown) in hidden.iter() {
+        if out.contains(h.as_str()) {
+            out = out.replace(h.as_str(), shown);
+        }
+    }
+    out
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&ErrorBody {
             error: self.kind.to_string(),
-            message: self.message,
+            message: hide_locations(&self.message),
         })
         .unwrap_or_default();
         (

@@ -286,7 +286,12 @@ impl App {
             ..Default::default()
         };
         let mut datastores = BTreeMap::new();
+        api::hide_location(
+            &config.state_dir.to_string_lossy(),
+            "<the server's state directory>",
+        );
         for (name, location) in &config.datastores {
+            api::hide_location(location, &format!("<datastore {name}>"));
             let err = |message: String| ServerError::Datastore {
                 name: name.clone(),
                 message,

@@ -6519,3 +6519,37 @@ fn the_console_api_serves_odd_names_deep_paths_and_no_false_zip() {
         body.len()
     );
 }
+
+/// An error answer names the datastore, never where it is on the server (QA
+/// r13: a restore token read the repository's directory in a storage error).
+#[test]
+fn error_answers_name_the_datastore_not_its_path_on_the_server() {
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::with_settings(&env, "");
+    let restore = srv.token("r", "main", "restore");
+    let auth = format!("Bearer {restore}");
+    let (code, _, body) = http_full(
+        srv.port,
+        "GET",
+        "/v1/datastores/main/objects/config",
+        &[("Authorization", &auth)],
+        b"",
+    );
+    assert_eq!(code, 200);
+    assert!(!body.is_empty());
+    std::fs::rename(env.repo.join("config"), env.repo.join("config.away")).unwrap();
+    let (code, _, body) = http_full(
+        srv.port,
+        "GET",
+        "/v1/datastores/main/objects/config",
+        &[("Authorization", &auth)],
+        b"",
+    );
+    let body = String::from_utf8_lossy(&body);
+    assert_ne!(code, 200, "{body}");
+    assert!(body.contains("<datastore main>"), "{code} {body}");
+    assert!(!body.contains(env.repo.to_str().unwrap()), "{body}");
+    std::fs::rename(env.repo.join("config.away"), env.repo.join("config")).unwrap();
+    srv.stop();
+}

@@ -213,6 +213,19 @@ mod tests {
 /// A duration as restic's (Go's) read: `30s`, `10m`, `1h30m`, `500ms`, `1.5h`,
 /// `2d`, or a bare number of seconds; at most 100 years, never negative.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    parse_duration_as_written(s).map_err(|e| {
+        // `1D`, `6H`: the unit meant is plain; said rather than refused blankly
+        // (while a stray space is forgiven).
+        let lower = s.trim().to_ascii_lowercase();
+        if lower != s.trim() && parse_duration_as_written(&lower).is_ok() {
+            format!("invalid duration {s:?}: units are written in lower case ({lower})")
+        } else {
+            e
+        }
+    })
+}
+
+fn parse_duration_as_written(s: &str) -> Result<std::time::Duration, String> {
     let bad = || {
         format!(
             "invalid duration {s:?}: use a number with ms, s, m, h or d, or several \
@@ -303,7 +316,13 @@ mod duration_tests {
         ] {
             let e = parse_duration(bad).unwrap_err();
             assert!(e.contains("invalid duration"), "{bad}: {e}");
+            assert!(!e.contains("lower case"), "{bad}: {e}");
         }
+        // An upper-case unit is refused with the form meant.
+        let e = parse_duration(" 1D").unwrap_err();
+        assert!(e.contains("units are written in lower case (1d)"), "{e}");
+        let e = parse_duration("1H30M").unwrap_err();
+        assert!(e.contains("(1h30m)"), "{e}");
     }
 
     /// A value that would print as 1024 of a unit is given in the next (QA).

@@ -96,12 +96,17 @@ const MAX_EVERY_SECS: u64 = 3650 * 86400;
 
 pub fn parse_every(s: &str) -> Result<Duration, String> {
     // Bounded: the scheduler adds it to the clock, which must not overflow.
-    cairn_core::units::parse_duration(s)
-        .ok()
-        .filter(|d| (60..=MAX_EVERY_SECS).contains(&d.as_secs()))
-        .ok_or_else(|| {
-            format!("every = {s:?}: use a number with s, m, h or d (at least 1m, at most 3650d)")
-        })
+    let usage = "use a number with s, m, h or d (at least 1m, at most 3650d)";
+    match cairn_core::units::parse_duration(s) {
+        Ok(d) if (60..=MAX_EVERY_SECS).contains(&d.as_secs()) => Ok(d),
+        Err(e) if e.contains("lower case") => {
+            let lower = s.trim().to_ascii_lowercase();
+            Err(format!(
+                "every = {s:?}: units are written in lower case ({lower})"
+            ))
+        }
+        _ => Err(format!("every = {s:?}: {usage}")),
+    }
 }
 
 impl JobSpec {
@@ -1411,6 +1416,11 @@ mod tests {
         ] {
             assert!(parse_every(bad).is_err(), "{bad}");
         }
+        // A stray space is forgiven; an upper-case unit is answered with the form
+        // meant (QA r13: " 1d" taken, "1D" refused blankly).
+        assert_eq!(parse_every(" 1d").unwrap(), Duration::from_secs(86400));
+        let e = parse_every("1D").unwrap_err();
+        assert!(e.contains("units are written in lower case (1d)"), "{e}");
     }
 
     fn spec(name: &str, kind: &str, every: &str) -> JobSpec {

@@ -2046,12 +2046,12 @@ pub async fn session_post(
         crate::signin::Identity::User(name, _) => format!("user {name:?}"),
         crate::signin::Identity::Token(_) => format!("token {:?}", t.name),
     };
+    // (Only a server that holds no session at all could be out of places.)
     let (id, csrf) = app.signins.create(who).ok_or_else(|| {
-        crate::log_line("console: sign-in refused: the server holds its most sessions");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "transient",
-            "too many sessions: try again later",
+            "no session can be made now: try again later",
         )
     })?;
     // Said once the session exists (a refused one was logged as signed in);

@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 pub const COOKIE: &str = "cairn_session";
 /// The header that must repeat the session's CSRF token.
 pub const CSRF_HEADER: &str = "x-csrf-token";
-/// At most this many live sessions (each needs a valid token to make).
+/// At most this many live sessions (each needs a valid token to make). Past it a
+/// new sign-in ends the least recently used session of whoever holds the most, so
+/// that many tokens signing in over and over cannot keep an administrator out.
 const MAX_SESSIONS: usize = 10_000;
 /// At most this many per token or user: a new sign-in past it ends that one's
 /// least recently used session. One token signing in over and over (QA r13: ten
@@ -69,6 +71,8 @@ pub struct SignIns {
     idle: Duration,
     /// Nor does any live longer than this.
     max_age: Duration,
+    /// [`MAX_SESSIONS`] (fewer in tests).
+    max_sessions: usize,
 }
 
 fn random_hex() -> String {
@@ -86,6 +90,7 @@ impl SignIns {
             map: Mutex::new(HashMap::new()),
             idle,
             max_age,
+            max_sessions: MAX_SESSIONS,
         }
     }
 
@@ -110,11 +115,14 @@ impl SignIns {
                 map.remove(id);
             }
         }
-        if map.len() >= MAX_SESSIONS {
+        if map.len() >= self.max_sessions {
             map.retain(|_, s| self.live(s));
-            if map.len() >= MAX_SESSIONS {
+        }
+        while map.len() >= self.max_sessions {
+            let Some(id) = Self::busiest_oldest(&map) else {
                 return None;
-            }
+            };
+            map.remove(&id);
         }
         let (id, csrf) = (random_hex(), random_hex());
         let now = Instant::now();
@@ -128,6 +136,26 @@ impl SignIns {
             },
         );
         Some((id, csrf))
+    }
+
+    /// The least recently used session of the identity that holds the most (of
+    /// those that hold as many, the one whose such session is oldest).
+    fn busiest_oldest(map: &HashMap<String, SignIn>) -> Option<String> {
+        let principal = |w: &Identity| match w {
+            Identity::Token(t) => (0u8, t.clone()),
+            Identity::User(n, _) => (1u8, n.clone()),
+        };
+        let mut held: HashMap<(u8, String), (usize, Instant, &String)> = HashMap::new();
+        for (id, s) in map {
+            let e = held.entry(principal(&s.who)).or_insert((0, s.seen, id));
+            e.0 += 1;
+            if s.seen <= e.1 {
+                (e.1, e.2) = (s.seen, id);
+            }
+        }
+        held.into_values()
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+            .map(|(_, _, id)| id.clone())
     }
 
     /// The live session `id`: who and its CSRF token (and it counts as used).
@@ -308,6 +336,32 @@ mod tests {
         assert_eq!(ended, MAX_PER_IDENTITY);
         assert!(s.get(ids.last().unwrap()).is_none());
         assert!(s.get(&ann).is_some());
+    }
+
+    /// Full, a new sign-in ends the oldest session of whoever holds the most:
+    /// many tokens signing in over and over cannot keep anyone out.
+    #[test]
+    fn many_identities_cannot_keep_another_out() {
+        let mut s = SignIns::new(Duration::from_secs(60), Duration::from_secs(60));
+        s.max_sessions = 30;
+        let (ann, _) = s.create(Identity::User("ann".into(), "h".into())).unwrap();
+        let mut first = Vec::new();
+        for round in 0..3 {
+            for t in 0..10 {
+                std::thread::sleep(Duration::from_micros(50));
+                let (id, _) = s.create(Identity::Token(format!("cairn_t{t}"))).unwrap();
+                if round == 0 {
+                    first.push(id);
+                }
+            }
+        }
+        // 31 asked for, 30 places: one token's oldest went, not ann's.
+        assert!(s.get(&ann).is_some());
+        assert!(s.get(&first[0]).is_none(), "the busiest's oldest ended");
+        let (bob, _) = s.create(Identity::User("bob".into(), "h".into())).unwrap();
+        assert!(s.get(&bob).is_some() && s.get(&ann).is_some());
+        let live = s.map.lock().unwrap().len();
+        assert_eq!(live, 30);
     }
 
     #[test]

@@ -119,9 +119,7 @@ impl SignIns {
             map.retain(|_, s| self.live(s));
         }
         while map.len() >= self.max_sessions {
-            let Some(id) = Self::busiest_oldest(&map) else {
-                return None;
-            };
+            let id = Self::busiest_oldest(&map)?;
             map.remove(&id);
         }
         let (id, csrf) = (random_hex(), random_hex());

@@ -75,8 +75,8 @@ pub(super) fn own_file_warning(kept: &std::path::Path) -> String {
 pub(super) fn not_linked_warning(first: &std::path::Path) -> String {
     format!(
         "not made a name of {}, as it is in the snapshot: that one was kept as it is \
-         (--overwrite if-changed: its size and time are the snapshot's) and holds other \
-         content than this name, so this one is judged on its own",
+         (its size and time are the snapshot's) and holds other content than this name, \
+         so this one is judged on its own",
         first.display()
     )
 }
@@ -2133,6 +2133,11 @@ impl Walk<'_> {
         let apart = node.nlink > 1
             && existing.as_ref().is_some_and(|st| {
                 st.kind() == libc::S_IFREG
+                    && overwrite::replaces_other_name(
+                        overwrite::effective(self.opts.overwrite, self.unfinished_since, st),
+                        st,
+                        &node,
+                    )
                     && self
                         .hardlinks
                         .get(&key)
@@ -2152,11 +2157,11 @@ impl Walk<'_> {
             // is newer than the snapshot's): nothing to do.
             if let Some(st) = &existing
                 && (st.id() == first.id
-                    || match overwrite::effective(self.opts.overwrite, self.unfinished_since, st) {
-                        Overwrite::Never => true,
-                        Overwrite::IfNewer => !overwrite::snapshot_is_newer(st, &node),
-                        Overwrite::IfChanged | Overwrite::Always => false,
-                    })
+                    || !overwrite::replaces_other_name(
+                        overwrite::effective(self.opts.overwrite, self.unfinished_since, st),
+                        st,
+                        &node,
+                    ))
             {
                 if st.id() != first.id {
                     let first = first.dir_node.join(&first.name);

@@ -269,6 +269,17 @@ pub(crate) fn dir_action_at(
     }
 }
 
+/// Whether `mode` replaces `st`, a name there that is another file than the one
+/// the snapshot's earlier name of a hard link became (by a link to that one):
+/// `never` keeps it, `if-newer` when it is newer than the snapshot's.
+pub(crate) fn replaces_other_name(mode: Overwrite, st: &sys::Stat, node: &Node) -> bool {
+    match mode {
+        Overwrite::Never => false,
+        Overwrite::IfNewer => snapshot_is_newer(st, node),
+        Overwrite::IfChanged | Overwrite::Always => true,
+    }
+}
+
 /// Is the snapshot's entry newer (modification time) than the existing one, which
 /// `if-newer` replaces only then?
 pub(crate) fn snapshot_is_newer(st: &Stat, node: &Node) -> bool {

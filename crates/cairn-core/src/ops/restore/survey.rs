@@ -295,7 +295,13 @@ pub(super) fn dry_run(
                 let apart = node.nlink > 1
                     && match (first_links.get(&key), &existing, parent) {
                         (Some((Some(first), first_path)), Some(st), Some(p))
-                            if st.kind() == libc::S_IFREG && st.id() != *first =>
+                            if st.kind() == libc::S_IFREG
+                                && st.id() != *first
+                                && overwrite::replaces_other_name(
+                                    overwrite::effective(opts.overwrite, unfinished_since, st),
+                                    st,
+                                    &node,
+                                ) =>
                         {
                             !same_content(p, &name, first_path, *first)
                         }
@@ -313,15 +319,11 @@ pub(super) fn dry_run(
                     match &existing {
                         Some(st)
                             if Some(st.id()) == *first
-                                || match overwrite::effective(opts.overwrite, unfinished_since, st)
-                                {
-                                    overwrite::Overwrite::Never => true,
-                                    overwrite::Overwrite::IfNewer => {
-                                        !overwrite::snapshot_is_newer(st, &node)
-                                    }
-                                    overwrite::Overwrite::IfChanged
-                                    | overwrite::Overwrite::Always => false,
-                                } =>
+                                || !overwrite::replaces_other_name(
+                                    overwrite::effective(opts.overwrite, unfinished_since, st),
+                                    st,
+                                    &node,
+                                ) =>
                         {
                             if Some(st.id()) != *first {
                                 progress.warning(

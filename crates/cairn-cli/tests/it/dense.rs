@@ -5,7 +5,7 @@
 use crate::util::*;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// More directories than the scanners are handed at once (256), some deep, with
 /// files on both sides of the 1 MiB small-file limit.
@@ -205,6 +205,41 @@ fn hard_linked_names_are_read_once() {
     env.check_clean();
 }
 
+/// A backup of `src` holding `a/f` (`size` random bytes) hard-linked as `b/f`, and
+/// `b/c`, paused at `point` (its first hit) until `pause/go` exists.
+fn paused_at_a_linked_file(
+    size: usize,
+    point: &str,
+) -> (Env, PathBuf, Vec<u8>, std::process::Child, PathBuf) {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::create_dir_all(src.join("b")).unwrap();
+    let old = Rng(21).bytes(size, false);
+    fs::write(src.join("a/f"), &old).unwrap();
+    fs::hard_link(src.join("a/f"), src.join("b/f")).unwrap();
+    fs::write(src.join("b/c"), b"other").unwrap();
+    let pause = env.path("pause");
+    fs::create_dir_all(&pause).unwrap();
+    let child = env
+        .cmd(&["backup", "--json", src.to_str().unwrap()])
+        .env(
+            "CAIRN_TEST_PAUSE_AT",
+            format!("{point}:1:{}", pause.display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the backup to reach the first name",
+        std::time::Duration::from_secs(60),
+        || pause.join("reached").exists(),
+    );
+    (env, src, old, child, pause)
+}
+
 /// The first name of a hard-linked file replaced (a save by rename), or renamed
 /// away, between the walk's look at it and its read: its other names are read
 /// themselves, not left out (QA: they were left out as "could not be read
@@ -219,31 +254,7 @@ fn a_hard_linked_files_other_names_are_read_when_its_first_name_went() {
         ("replaced", 100_000, "backup:link-open-small"),
         ("renamed", 100_000, "backup:link-open-small"),
     ] {
-        let env = Env::new();
-        env.init(&[]);
-        let src = env.path("src");
-        fs::create_dir_all(src.join("a")).unwrap();
-        fs::create_dir_all(src.join("b")).unwrap();
-        let old = Rng(21).bytes(size, false);
-        fs::write(src.join("a/f"), &old).unwrap();
-        fs::hard_link(src.join("a/f"), src.join("b/f")).unwrap();
-        let pause = env.path("pause");
-        fs::create_dir_all(&pause).unwrap();
-        let child = env
-            .cmd(&["backup", "--json", src.to_str().unwrap()])
-            .env(
-                "CAIRN_TEST_PAUSE_AT",
-                format!("{point}:1:{}", pause.display()),
-            )
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_until(
-            "the backup to reach the first name",
-            std::time::Duration::from_secs(60),
-            || pause.join("reached").exists(),
-        );
+        let (env, src, old, child, pause) = paused_at_a_linked_file(size, point);
         match how {
             "replaced" => {
                 fs::write(src.join("a/f.tmp"), b"new content").unwrap();
@@ -279,32 +290,7 @@ fn a_file_turned_into_a_fifo_during_the_backup_is_skipped_not_waited_on() {
         (3 << 20, "backup:link-open"),
         (100_000, "backup:link-open-small"),
     ] {
-        let env = Env::new();
-        env.init(&[]);
-        let src = env.path("src");
-        fs::create_dir_all(src.join("a")).unwrap();
-        fs::create_dir_all(src.join("b")).unwrap();
-        let old = Rng(22).bytes(size, false);
-        fs::write(src.join("a/f"), &old).unwrap();
-        fs::hard_link(src.join("a/f"), src.join("b/f")).unwrap();
-        fs::write(src.join("b/other"), b"other").unwrap();
-        let pause = env.path("pause");
-        fs::create_dir_all(&pause).unwrap();
-        let mut child = env
-            .cmd(&["backup", "--json", src.to_str().unwrap()])
-            .env(
-                "CAIRN_TEST_PAUSE_AT",
-                format!("{point}:1:{}", pause.display()),
-            )
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_until(
-            "the backup to reach the first name",
-            std::time::Duration::from_secs(60),
-            || pause.join("reached").exists(),
-        );
+        let (env, src, old, mut child, pause) = paused_at_a_linked_file(size, point);
         fs::remove_file(src.join("a/f")).unwrap();
         nix::unistd::mkfifo(&src.join("a/f"), nix::sys::stat::Mode::S_IRWXU).unwrap();
         fs::write(pause.join("go"), b"").unwrap();
@@ -334,6 +320,6 @@ fn a_file_turned_into_a_fifo_during_the_backup_is_skipped_not_waited_on() {
         env.ok(&["restore", &s, "--target", out.to_str().unwrap()]);
         let back = out.join(src.strip_prefix("/").unwrap());
         assert_eq!(fs::read(back.join("b/f")).unwrap(), old, "{size}");
-        assert_eq!(fs::read(back.join("b/other")).unwrap(), b"other");
+        assert_eq!(fs::read(back.join("b/c")).unwrap(), b"other");
     }
 }

@@ -6529,23 +6529,16 @@ fn error_answers_name_the_datastore_not_its_path_on_the_server() {
     let srv = Server::with_settings(&env, "");
     let restore = srv.token("r", "main", "restore");
     let auth = format!("Bearer {restore}");
-    let (code, _, body) = http_full(
-        srv.port,
-        "GET",
-        "/v1/datastores/main/objects/config",
-        &[("Authorization", &auth)],
-        b"",
-    );
+    let config = || {
+        let at = "/v1/datastores/main/objects/config";
+        let (code, _, body) = http_full(srv.port, "GET", at, &[("Authorization", &auth)], b"");
+        (code, body)
+    };
+    let (code, body) = config();
     assert_eq!(code, 200);
     assert!(!body.is_empty());
     std::fs::rename(env.repo.join("config"), env.repo.join("config.away")).unwrap();
-    let (code, _, body) = http_full(
-        srv.port,
-        "GET",
-        "/v1/datastores/main/objects/config",
-        &[("Authorization", &auth)],
-        b"",
-    );
+    let (code, body) = config();
     let body = String::from_utf8_lossy(&body);
     assert_ne!(code, 200, "{body}");
     assert!(body.contains("<datastore main>"), "{code} {body}");

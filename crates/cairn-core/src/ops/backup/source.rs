@@ -120,9 +120,13 @@ fn open_noatime(
                 kind_name(kind)
             )));
         }
-        // Reads of a regular file never wait anyway; the flag is put back so the
-        // descriptor behaves as any other.
-        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))
+        // Reads of a regular file never wait anyway; the flag is taken off so the
+        // descriptor behaves as any other. Only that flag: `O_NOATIME` stays (the
+        // file's access time must not move because a backup read it).
+        let now =
+            nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).map_err(std::io::Error::from)?;
+        let kept = OFlag::from_bits_truncate(now) & !OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(kept))
             .map_err(std::io::Error::from)?;
     }
     Ok(fd)
@@ -937,6 +941,36 @@ impl std::io::Read for SparseReader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A source file is read without moving its access time (`O_NOATIME`, kept
+    /// when the open's `O_NONBLOCK` is taken off: clearing every flag once made
+    /// a second backup's trees differ from the first's), and a FIFO put in a
+    /// file's place is refused at once, not waited on.
+    #[test]
+    fn source_files_keep_their_access_time_and_a_fifo_is_refused() {
+        use std::io::Read;
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("f");
+        std::fs::write(&f, b"content").unwrap();
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+        std::fs::File::options()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_accessed(old))
+            .unwrap();
+        let mut file = open_source(&f).unwrap();
+        let flags = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL).unwrap();
+        assert_eq!(flags & libc::O_NONBLOCK, 0);
+        let mut buf = Vec::new();
+        file.read_to_end(&mut buf).unwrap();
+        assert_eq!(buf, b"content");
+        assert_eq!(std::fs::metadata(&f).unwrap().accessed().unwrap(), old);
+        let p = tmp.path().join("p");
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let e = open_source(&p).unwrap_err();
+        assert!(e.to_string().contains("it is now a FIFO"), "{e}");
+    }
 
     /// Patterns are cleaned as paths before matching (QA: `./src/a`, `src//a`,
     /// `/tmp//x` and `a/./b` matched nothing), and a bad one is named as given.

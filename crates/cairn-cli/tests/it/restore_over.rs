@@ -1986,6 +1986,8 @@ fn a_replaced_first_name_kept_by_its_size_and_time_does_not_spread_its_content()
             err.contains("b/y: not made a name of") && err.contains("holds other content"),
             "dry run {dry}: {err}"
         );
+        // The dry run warns as the restore does, name for name.
+        assert_eq!(err.matches("not made a name of").count(), 2, "{dry}: {err}");
         let out = String::from_utf8_lossy(&o.stdout);
         for n in ["a/x", "b/y", "b/z"] {
             assert!(

@@ -400,9 +400,16 @@ pub(super) fn dry_run(
                         cleared
                     }
                 };
+                // As the restore does: a name written becomes the one later names
+                // link to; one kept does only when none is there yet (a name kept
+                // apart from the first leaves the first in place).
                 if node.nlink > 1 && there {
                     let id = existing.filter(|_| d != Decision::Write).map(|st| st.id());
-                    first_links.insert(key, (id, path.clone()));
+                    if id.is_none() {
+                        first_links.insert(key, (id, path.clone()));
+                    } else {
+                        first_links.entry(key).or_insert((id, path.clone()));
+                    }
                 }
             }
             _ => match (decide(existing.as_ref()), &existing) {

@@ -42,7 +42,7 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
         let format: cairn_core::export::Format = format.parse()?;
         let root = snap.tree_id()?;
         let tar = format == cairn_core::export::Format::Tar;
-        let r = super::export::write_output(g, target, tar, false, |out| {
+        let r = super::export::write_output(g, session.repo(), target, tar, false, |out| {
             cairn_core::export::export(&session, &root, file, format, out)
         })?;
         let code = super::export::report(&r, g.json, g.quiet);
@@ -52,7 +52,7 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
         ));
     }
     let root = snap.tree_id()?;
-    super::export::write_output(g, target, false, true, |out| {
+    super::export::write_output(g, session.repo(), target, false, true, |out| {
         cairn_core::dump::dump(&session, &root, file, out)
     })?;
     Ok(super::image_zeros_warning(

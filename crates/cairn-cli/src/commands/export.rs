@@ -31,9 +31,14 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     let (id, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     let root = snap.tree_id()?;
     let path = a.path.as_deref().unwrap_or("/");
-    let r = write_output(g, output, format == Format::Tar, false, |out| {
-        export::export(&session, &root, path, format, out)
-    })?;
+    let r = write_output(
+        g,
+        session.repo(),
+        output,
+        format == Format::Tar,
+        false,
+        |out| export::export(&session, &root, path, format, out),
+    )?;
     if g.json {
         // The archive is on standard output unless --output: the report goes to
         // standard error then.
@@ -111,6 +116,7 @@ fn follow_links(path: &std::path::Path) -> Result<std::path::PathBuf> {
 /// and `dump --target`.
 pub(super) fn write_output<R>(
     g: &Global,
+    repo: &cairn_core::Repository,
     output: Option<&std::path::Path>,
     pad: bool,
     sparse: bool,
@@ -120,6 +126,17 @@ pub(super) fn write_output<R>(
     // tar's `-f` writes it (a file renamed over the link would replace the link
     // and leave its file as it was; a device is reached as `/dev/tape` is).
     let resolved = output.map(follow_links).transpose()?;
+    // Never among the repository's own files (QA: `-o REPO/config` replaced the
+    // config, and every command failed after it), as restore refuses such a target.
+    if let (Some(given), Some(file)) = (output, resolved.as_deref())
+        && let Some(repo_dir) = cairn_core::restore::inside_repository(repo, file)
+    {
+        bail!(
+            "{} is inside the repository being read{repo_dir}: it would replace the \
+             repository's own files; write it outside the repository",
+            given.display()
+        );
+    }
     Ok(match resolved.as_deref() {
         None => {
             let mut out = ArchiveOut::stdout()?;

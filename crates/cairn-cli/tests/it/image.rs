@@ -891,6 +891,13 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
     let o = env.run(&["dump", &snap, "--image-fs", "/small"]);
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     assert_eq!(o.stdout, b"elsewhere\n");
+    // Restored from the image into the repository: refused as a restore of files
+    // is (QA r15: export and dump wrote there).
+    let into = env.repo.join("data/restored");
+    let t = into.to_str().unwrap();
+    let e = env.fails(&["restore", &snap, "--image-fs", "/small", "-t", t], 1);
+    assert!(e.contains("is the repository being restored from"), "{e}");
+    assert!(!into.exists());
     // A file named as a directory (`name/`) is an error, not the file (QA).
     let o = env.run(&["dump", &snap, "--image-fs", "/small/"]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");

@@ -1844,3 +1844,51 @@ fn export_of_a_missing_path_writes_nothing_and_dot_dot_resolves_everywhere() {
         "src\nsrc/d\nsrc/d/f\n"
     );
 }
+
+/// `export -o` and `dump -t` never write among the repository's own files (QA
+/// r15: `-o REPO/config` replaced the config, and every command failed after
+/// it), by path or through a symlink, and a file there stays as it was.
+#[test]
+fn export_and_dump_refuse_an_output_inside_the_repository() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"hi").unwrap();
+    let snap = env.backup(&[&src]);
+    let config = env.repo.join("config");
+    let before = fs::read(&config).unwrap();
+    let key = fs::read_dir(env.repo.join("keys"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let link = env.path("harmless.tar");
+    std::os::unix::fs::symlink(&config, &link).unwrap();
+    let file = src.join("f");
+    let new_tar = env.repo.join("new.tar");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["export", &snap, "-o", config.to_str().unwrap()],
+        vec!["export", &snap, "-o", link.to_str().unwrap()],
+        vec![
+            "dump",
+            &snap,
+            file.to_str().unwrap(),
+            "-t",
+            key.to_str().unwrap(),
+        ],
+        vec!["dump", &snap, "/", "-t", new_tar.to_str().unwrap()],
+    ];
+    for args in cases {
+        let e = env.fails(&args, 1);
+        assert!(
+            e.contains("is inside the repository being read")
+                && e.contains("outside the repository"),
+            "{args:?}: {e}"
+        );
+    }
+    assert_eq!(fs::read(&config).unwrap(), before);
+    assert!(!new_tar.exists());
+    env.check_clean();
+}

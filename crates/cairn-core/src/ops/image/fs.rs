@@ -629,6 +629,7 @@ impl ImageFs {
             .filter(|&r| r > 0)
             .map(cairn_backend::Limiter::new);
         let path = self.resolve(path, false)?;
+        crate::ops::restore::refuse_target_in_repository(&self.bytes.repo, target)?;
         std::fs::create_dir_all(target).map_err(|e| Error::io(target, e))?;
         // The target itself: a directory, not reached through a final symlink.
         let root = std::fs::OpenOptions::new()

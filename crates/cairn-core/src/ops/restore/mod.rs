@@ -803,9 +803,25 @@ pub(crate) fn refuse_target_in_repository(
     repo: &Repository,
     target: &std::path::Path,
 ) -> Result<()> {
+    match inside_repository(repo, target) {
+        Some(repo_dir) => Err(Error::Invalid(format!(
+            "the target {} is the repository being restored from{repo_dir}, or a \
+             directory inside it: restore into a directory outside the repository",
+            target.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Whether `target` (a directory or file to be written, there or not yet) is the
+/// local repository `repo` or lies inside it, judged as
+/// [`refuse_target_in_repository`] judges: `Some` with the repository's directory
+/// as a message shows it (` (PATH)`), or `None`. `export -o` and `dump -t` ask it
+/// too (QA: `-o REPO/config` replaced the config with the archive).
+pub fn inside_repository(repo: &Repository, target: &std::path::Path) -> Option<String> {
     let spared = spared_dirs(repo);
     if spared.is_empty() {
-        return Ok(());
+        return None;
     }
     // A symlink as the target is judged by where it leads: an image restore
     // writes through a symlink to a file (QA: a link to the repository's
@@ -831,26 +847,23 @@ pub(crate) fn refuse_target_in_repository(
     // Bounded: a path has at most PATH_MAX / 2 components.
     for _ in 0..2048 {
         let Ok(m) = fs::metadata(&up) else {
-            return Ok(());
+            return None;
         };
         let here = (m.dev(), m.ino());
         if last == Some(here) {
-            return Ok(());
+            return None;
         }
         if spared.contains(&here) {
-            let repo_dir = crate::ops::backup::own_dirs(repo)
-                .first()
-                .map_or_else(String::new, |p| format!(" ({})", p.display()));
-            return Err(Error::Invalid(format!(
-                "the target {} is the repository being restored from{repo_dir}, or a \
-                 directory inside it: restore into a directory outside the repository",
-                target.display()
-            )));
+            return Some(
+                crate::ops::backup::own_dirs(repo)
+                    .first()
+                    .map_or_else(String::new, |p| format!(" ({})", p.display())),
+            );
         }
         last = Some(here);
         up.push("..");
     }
-    Ok(())
+    None
 }
 
 fn target_is_symlink(target: &std::path::Path) -> Error {

@@ -875,7 +875,7 @@ pub struct FilterArgs {
     pub tags: Vec<String>,
     /// Only snapshots that include this path (repeatable: all)
     #[arg(long = "path", value_name = "PATH")]
-    pub paths: Vec<String>,
+    pub paths: Vec<std::path::PathBuf>,
 }
 
 impl FilterArgs {
@@ -885,19 +885,22 @@ impl FilterArgs {
         cairn_core::forget::SnapshotFilter {
             hosts: self.hosts.clone(),
             tags: self.tags.clone(),
+            // As snapshots record paths: bytes that are not UTF-8 as their
+            // stand-ins (a name in Latin-1 is matched by its bytes).
             paths: self
                 .paths
                 .iter()
                 .map(|p| {
-                    if p.starts_with('/') {
-                        return p.clone();
+                    use std::os::unix::ffi::OsStrExt;
+                    let text =
+                        |p: &std::path::Path| cairn_core::ls::escape_arg(p.as_os_str().as_bytes());
+                    if p.is_absolute() {
+                        return text(p);
                     }
                     // Resolved as backup resolves it, when it exists here.
                     std::fs::canonicalize(p)
                         .or_else(|_| std::path::absolute(p))
-                        .ok()
-                        .and_then(|a| a.to_str().map(str::to_string))
-                        .unwrap_or_else(|| p.clone())
+                        .map_or_else(|_| text(p), |a| text(&a))
                 })
                 .collect(),
         }

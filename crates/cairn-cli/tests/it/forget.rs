@@ -541,3 +541,66 @@ fn forget_json_warnings_are_json_lines() {
         "{err}"
     );
 }
+
+/// Two directories whose names differ only in bytes that are not UTF-8 are two
+/// backup sets (QA r15: both were recorded as `proj\u{fffd}`, and `forget
+/// --keep-last 1` deleted the only snapshot of one): the snapshot records each
+/// byte, text shows it as `\xe9`, and `--path` takes the raw name.
+#[test]
+fn paths_that_differ_only_in_bytes_that_are_not_utf8_stay_apart() {
+    use std::os::unix::ffi::OsStrExt;
+    let env = Env::new();
+    env.init(&[]);
+    let base = env.path("src");
+    let e9 = base.join(std::ffi::OsStr::from_bytes(b"proj\xe9"));
+    let e8 = base.join(std::ffi::OsStr::from_bytes(b"proj\xe8"));
+    for (d, content) in [(&e9, "A"), (&e8, "B")] {
+        fs::create_dir_all(d).unwrap();
+        fs::write(d.join("f"), content).unwrap();
+        let o = env.cmd(&["backup", "-q"]).arg(d).output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+    }
+    let list = env.ok(&["snapshots"]);
+    assert!(
+        list.contains("proj\\xe9") && list.contains("proj\\xe8"),
+        "{list}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    let paths: Vec<&str> = (v.as_array().unwrap().iter())
+        .map(|s| s["paths"][0].as_str().unwrap())
+        .collect();
+    assert_ne!(paths[0], paths[1]);
+    assert!(paths.iter().all(|p| !p.contains('\u{fffd}')), "{paths:?}");
+    // Two groups: each keeps its one snapshot.
+    env.ok(&["forget", "--keep-last", "1"]);
+    assert_eq!(env.snapshot_ids().len(), 2);
+    // `--path` with the raw name picks that one.
+    let o = env
+        .cmd(&["snapshots", "--json", "--path"])
+        .arg(&e9)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
+    // A restore with --delete knows each directory was backed up whole.
+    let out = env.path("out");
+    let o = env
+        .cmd(&[
+            "restore",
+            "latest",
+            "--delete",
+            "-t",
+            out.to_str().unwrap(),
+            "--path",
+        ])
+        .arg(&e9)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let back = out.join(e9.strip_prefix("/").unwrap());
+    assert_eq!(fs::read(back.join("f")).unwrap(), b"A");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("--delete removes nothing"), "{err}");
+    env.check_clean();
+}

@@ -430,6 +430,16 @@ pub fn excludes(
     source::Excludes::new(&rules_for(repo, rules))
 }
 
+/// A path as the snapshot records it: its bytes that are not UTF-8 as their
+/// stand-ins ([`crate::tree::escape_name`]), as listings name entries, so that
+/// two directories whose names differ only there (`proj\xe9`, `proj\xe8`) stay
+/// two paths (QA r15: both read `proj\u{fffd}`, and `forget` took them for one
+/// backup set and deleted the only snapshot of one).
+fn snapshot_path(p: &std::path::Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    crate::tree::escape_name(p.as_os_str().as_bytes())
+}
+
 fn same_paths(a: &[String], b: &[String]) -> bool {
     let mut a = a.to_vec();
     let mut b = b.to_vec();
@@ -727,12 +737,7 @@ fn run(
                 .as_ref()
                 .map(|i| absolute(&i.source))
                 .transpose()?;
-            (
-                Vec::new(),
-                src.iter()
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .collect(),
-            )
+            (Vec::new(), src.iter().map(|p| snapshot_path(p)).collect())
         }
         Some((name, _)) => (
             Vec::new(),
@@ -828,7 +833,7 @@ fn run(
                 ));
             }
             let v = kept;
-            let s = v.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+            let s = v.iter().map(|p| snapshot_path(p)).collect();
             (v, s)
         }
     };

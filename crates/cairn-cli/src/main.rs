@@ -153,8 +153,9 @@ fn main() {
             // more, while `check` knew the index files were lost).
             if lost_data(&e) && !message.contains("cairn check") {
                 message.push_str(
-                    "; `cairn check` says what the repository lacks and what repairs it \
-                     (`cairn repair index` when index files were lost)",
+                    "; `cairn check --read-data` says what the repository lacks or holds \
+                     damaged, and what repairs it (`cairn repair index` when index files \
+                     were lost)",
                 );
             }
             if code == EXIT_WRONG_PASSWORD

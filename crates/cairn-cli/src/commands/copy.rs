@@ -168,7 +168,7 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
     // impossible to copy from).
     if !r.failed.is_empty() {
         crate::ui::note(format!(
-            "the source lacks data {}: `cairn check` on the source names the files; \
+            "the source lacks data {}: `cairn check --read-data` on the source names the files; \
              `cairn repair snapshots` there takes them out (restore them first to keep what \
              can still be read), and a copy after that copies the rest",
             if r.failed.len() == 1 {

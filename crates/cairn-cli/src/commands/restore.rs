@@ -282,8 +282,8 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
                 ui::count(unreadable, "index file")
             )
         } else if lost {
-            "; `cairn check` says what the repository lacks and what repairs it (`cairn \
-             repair index` when index files were lost)"
+            "; `cairn check --read-data` says what the repository lacks or holds damaged, \
+             and what repairs it (`cairn repair index` when index files were lost)"
                 .to_string()
         } else {
             String::new()

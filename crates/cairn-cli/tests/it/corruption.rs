@@ -534,7 +534,7 @@ fn a_restore_marks_what_a_lost_pack_held_as_lost_data() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("`cairn check` says what the repository lacks"),
+        err.contains("`cairn check --read-data` says what the repository lacks"),
         "{err}"
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -1041,7 +1041,7 @@ fn snapshots_are_not_repaired_while_packs_are_unindexed() {
         let err = env.fails(&args, 1);
         assert!(
             err.contains("missing from the index")
-                && err.contains("`cairn check` says what the repository lacks")
+                && err.contains("`cairn check --read-data` says what the repository lacks")
                 && err.contains("`cairn repair index` when index files were lost"),
             "dry run {dry}: {err}"
         );
@@ -1056,4 +1056,29 @@ fn snapshots_are_not_repaired_while_packs_are_unindexed() {
     env.ok(&["repair", "index"]);
     env.check_clean();
     assert_same(&src, &env.restore("latest", &src, "t"));
+}
+
+/// A pack damaged inside: a restore's advice names `check --read-data`, and a
+/// plain `check`, which does not read the packs' content, does not call the
+/// repository clean without saying so (QA r15: "no errors were found").
+#[test]
+fn damage_inside_a_pack_is_sent_to_read_data_and_plain_check_says_what_it_did_not_read() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("x"), Rng(3).bytes(3 << 20, false)).unwrap();
+    let snap = env.backup(&[&src]);
+    flip_middle(&largest_pack(&env.repo));
+    let t = env.path("t");
+    let err = env.fails(&["restore", &snap, "-t", t.to_str().unwrap()], 1);
+    assert!(err.contains("`cairn check --read-data`"), "{err}");
+    let out = env.ok(&["check"]);
+    assert!(
+        out.contains("no errors were found in the repository's structure")
+            && out.contains("`--read-data` checks it"),
+        "{out}"
+    );
+    let o = env.run(&["check", "--read-data"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
 }

@@ -586,7 +586,10 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
     if let Some(t) = &a.time
         && cairn_core::time::parse_user_time(t).is_none()
     {
-        anyhow::bail!("--time {t:?}: {}", cairn_core::time::user_time_problem(t));
+        return Err(super::bad_argument(format!(
+            "--time {t:?}: {}",
+            cairn_core::time::user_time_problem(t)
+        )));
     }
     if let Some(t) = a
         .time
@@ -699,6 +702,8 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         cairn_core::Error::Cancelled => anyhow::Error::from(e).context(
             "backup cancelled; no snapshot was saved (what was stored so far is reused by the next backup)",
         ),
+        // A value that cannot be taken: nothing was started (exit 2).
+        e @ cairn_core::Error::BadArgument(_) => anyhow::Error::from(e),
         e => anyhow::Error::from(e).context("backup failed; no snapshot was saved"),
     })?;
     super::warn_index_repaired(&p.progress, r.index_repaired.as_deref());

@@ -1,29 +1,33 @@
 use crate::args::{CheckArgs, Global};
 use crate::ui;
-use anyhow::{Result, anyhow, bail};
+use anyhow::Result;
 use cairn_core::check::{self, CheckOptions, LocalIndexState, Subset};
 use cairn_core::session::{IndexLoad, Read};
 
 fn subset(s: &str) -> Result<Subset> {
     let bad = || {
-        anyhow!(
+        super::bad_argument(format!(
             "invalid --read-data-subset {s:?}: use N/M (e.g. 2/7), a percentage (e.g. 10%) \
              or a size (e.g. 500M)"
-        )
+        ))
     };
     // A size, as restic's (`500M`, `2G`): random packs until that much is read
     // (the last may pass it, so at least one).
     if !s.contains('/') && s.trim().ends_with(|c: char| c.is_ascii_alphabetic()) {
         let bytes = super::parse_size(s.trim()).map_err(|_| bad())?;
         if bytes == 0 {
-            bail!("--read-data-subset {s}: a size must be above 0");
+            return Err(super::bad_argument(format!(
+                "--read-data-subset {s}: a size must be above 0"
+            )));
         }
         return Ok(Subset::Bytes(bytes));
     }
     if let Some(p) = s.trim().strip_suffix('%') {
         let v: f64 = p.trim().parse().map_err(|_| bad())?;
         if !(v > 0.0 && v <= 100.0) {
-            bail!("--read-data-subset percentage must be above 0% and at most 100%");
+            return Err(super::bad_argument(
+                "--read-data-subset percentage must be above 0% and at most 100%",
+            ));
         }
         return Ok(Subset::Percent(v));
     }
@@ -31,7 +35,9 @@ fn subset(s: &str) -> Result<Subset> {
     let n: u32 = n.trim().parse().map_err(|_| bad())?;
     let m: u32 = m.trim().parse().map_err(|_| bad())?;
     if m == 0 || n == 0 || n > m {
-        bail!("--read-data-subset {s}: need 1 <= N <= M");
+        return Err(super::bad_argument(format!(
+            "--read-data-subset {s}: need 1 <= N <= M"
+        )));
     }
     Ok(Subset::Part { n, m })
 }

@@ -8,7 +8,9 @@ pub fn run(g: &Global, a: &FindArgs) -> Result<i32> {
     // A bad pattern is refused before the password is asked for.
     let pattern = Pattern::new(&a.pattern, a.ignore_case)?;
     if a.newest == Some(0) {
-        anyhow::bail!("--newest 0 would search nothing; give 1 or more");
+        return Err(super::bad_argument(
+            "--newest 0 would search nothing; give 1 or more",
+        ));
     }
     let p = super::progress(g);
     let session = super::session::<Read>(g, "find", IndexLoad::Placement, &p.progress)?;

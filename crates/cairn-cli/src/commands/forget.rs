@@ -4,7 +4,7 @@
 
 use crate::args::{ForgetArgs, Global};
 use crate::ui;
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use cairn_core::forget::{
     self, CalendarDuration, ForgetRequest, GroupBy, GroupReport, Policy, SnapshotEntry,
 };
@@ -15,21 +15,22 @@ fn count(flag: &str, v: &Option<String>) -> Result<Option<i64>> {
     match v.as_deref() {
         None => Ok(None),
         Some("unlimited") => Ok(Some(-1)),
-        Some(s) => s
-            .trim()
-            .parse()
-            .map(Some)
-            .with_context(|| format!("--{flag} {s:?}: expected a number, -1 or \"unlimited\"")),
+        Some(s) => s.trim().parse().map(Some).map_err(|_| {
+            super::bad_argument(format!(
+                "--{flag} {s:?}: expected a number, -1 or \"unlimited\""
+            ))
+        }),
     }
 }
 
 /// A span given to a --keep-within* option.
 fn span(flag: &str, v: &Option<String>) -> Result<Option<CalendarDuration>> {
     match v {
-        Some(s) => Ok(Some(
-            s.parse::<CalendarDuration>()
-                .with_context(|| format!("--{flag}"))?,
-        )),
+        Some(s) => {
+            Ok(Some(s.parse::<CalendarDuration>().map_err(|e| {
+                super::bad_argument(format!("--{flag}: {e}"))
+            })?))
+        }
         None => Ok(None),
     }
 }

@@ -104,7 +104,7 @@ fn apply_priority(g: &Global) -> Result<()> {
         .unwrap_or(2);
     let mut threads = g.threads;
     if threads == Some(0) {
-        anyhow::bail!("--threads 0: give 1 or more");
+        return Err(bad_argument("--threads 0: give 1 or more"));
     }
     // More than the machine has would only add threads (and their buffers) that
     // wait for a core.

@@ -1758,3 +1758,32 @@ fn a_config_that_does_not_authenticate_is_sealed_again_by_repair_config() {
     assert!(e.contains("not this repository's key"), "{e}");
     assert_eq!(fs::read(&cfg).unwrap(), bad);
 }
+
+/// A value that cannot be taken exits 2, as the README says, whichever check
+/// finds it (QA r15: these exited 1, as a failed run does, and `--pack-size 1K`
+/// read "backup failed"); nothing is written.
+#[test]
+fn option_values_that_cannot_be_taken_exit_2() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let s = src.to_str().unwrap();
+    let cases: &[&[&str]] = &[
+        &["backup", "--time", "garbage", s],
+        &["backup", "--pack-size", "1K", s],
+        &["forget", "--keep-daily", "abc", "-n"],
+        &["forget", "--keep-within", "garbage", "-n"],
+        &["forget", "--keep-last", "99999999999999999999", "-n"],
+        &["check", "--read-data-subset", "0/0"],
+        &["check", "--read-data-subset", "101%"],
+        &["check", "--read-data-subset", "0"],
+        &["--threads", "0", "snapshots"],
+        &["find", "x", "--newest", "0"],
+    ];
+    for args in cases {
+        let err = env.fails(args, 2);
+        assert!(!err.contains("backup failed"), "{args:?}: {err}");
+    }
+    assert!(env.snapshot_ids().is_empty());
+}

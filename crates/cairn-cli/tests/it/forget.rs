@@ -72,11 +72,11 @@ fn forget_without_policy_or_ids_fails_and_removes_nothing() {
     );
     let err = env.fails(&["forget", "--keep-last", "0"], 1);
     assert!(err.contains("no policy given"), "{err}");
-    let err = env.fails(&["forget", "--keep-within", "1w"], 1);
+    let err = env.fails(&["forget", "--keep-within", "1w"], 2);
     assert!(err.contains("invalid duration \"1w\""), "{err}");
-    let err = env.fails(&["forget", "--keep-daily", "-3"], 1);
+    let err = env.fails(&["forget", "--keep-daily", "-3"], 2);
     assert!(err.contains("keep-daily -3"), "{err}");
-    let err = env.fails(&["forget", "--group-by", "time", "--keep-last", "1"], 1);
+    let err = env.fails(&["forget", "--group-by", "time", "--keep-last", "1"], 2);
     assert!(err.contains("cannot group by"), "{err}");
     // Ids and a policy together are refused before anything happens.
     let err = env.fails(&["forget", &all[0], "--keep-last", "1"], 1);
@@ -499,7 +499,7 @@ fn keep_within_daily_keeps_a_day_each_inside_the_span() {
     want.sort();
     assert_eq!(keep, want, "{v}");
     assert_eq!(v[0]["keep"][0]["reasons"][0], "daily within 2d", "{v}");
-    let err = env.fails(&["forget", "--keep-within-weekly", "2w"], 1);
+    let err = env.fails(&["forget", "--keep-within-weekly", "2w"], 2);
     assert!(
         err.contains("--keep-within-weekly") && err.contains("7d"),
         "{err}"

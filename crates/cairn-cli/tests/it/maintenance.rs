@@ -825,7 +825,7 @@ fn check_reads_a_subset_of_packs_by_size() {
     assert!(out.contains("read in full, "), "{out}");
     assert_eq!(read("100%"), all);
     for bad in ["0M", "12Q", "3/2"] {
-        let err = env.fails(&["check", "--read-data-subset", bad], 1);
+        let err = env.fails(&["check", "--read-data-subset", bad], 2);
         assert!(err.contains("--read-data-subset"), "{bad}: {err}");
     }
 }

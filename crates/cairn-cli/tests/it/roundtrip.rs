@@ -2329,7 +2329,7 @@ fn snapshots_group_by_and_compact() {
         assert_eq!(v.as_array().unwrap().len(), 3);
         assert!(v[0]["id"].is_string(), "{v}");
     }
-    let err = env.fails(&["snapshots", "-g", "hosst"], 1);
+    let err = env.fails(&["snapshots", "-g", "hosst"], 2);
     assert!(err.contains("cannot group by"), "{err}");
 }
 

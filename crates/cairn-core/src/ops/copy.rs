@@ -147,7 +147,7 @@ pub fn copy(
     if let Some(n) = opts.pack_size
         && !(crate::repo::CLIENT_PACK_SIZE_MIN..=crate::repo::PACK_SIZE_MAX).contains(&n)
     {
-        return Err(Error::Invalid(
+        return Err(Error::BadArgument(
             "--pack-size must be between 128 KiB and 256 MiB".into(),
         ));
     }

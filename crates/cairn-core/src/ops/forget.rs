@@ -243,7 +243,7 @@ impl Policy {
             if let Some(n) = c
                 && n < -1
             {
-                return Err(Error::Invalid(format!(
+                return Err(Error::BadArgument(format!(
                     "keep-{name} {n} is not a count: use 0 or more, or -1 for unlimited"
                 )));
             }
@@ -329,7 +329,7 @@ impl FromStr for GroupBy {
                 "path" | "paths" => g.paths = true,
                 "tag" | "tags" => g.tags = true,
                 other => {
-                    return Err(Error::Invalid(format!(
+                    return Err(Error::BadArgument(format!(
                         "cannot group by {other:?}: use host, paths and/or tags"
                     )));
                 }

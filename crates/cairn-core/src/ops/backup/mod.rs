@@ -694,7 +694,7 @@ fn run(
     let started_at = match &opts.time {
         None => crate::time::now_rfc3339(),
         Some(t) => crate::time::parse_user_time(t).ok_or_else(|| {
-            Error::Invalid(format!(
+            Error::BadArgument(format!(
                 "--time {t:?}: give an RFC 3339 time (2026-05-01T02:00:00Z) or \
                  \"YYYY-MM-DD HH:MM:SS\" (local time)"
             ))
@@ -711,7 +711,7 @@ fn run(
     // Filters (`--tag a,b`, `--keep-tag`) split on commas and take an empty entry
     // for "untagged": a tag with a comma, or an empty one, could never be selected.
     if let Some(t) = opts.tags.iter().find(|t| t.is_empty() || t.contains(',')) {
-        return Err(Error::Invalid(format!(
+        return Err(Error::BadArgument(format!(
             "tag {t:?}: a tag is a non-empty name without commas"
         )));
     }
@@ -723,7 +723,7 @@ fn run(
     if let Some(n) = opts.pack_size {
         let range = crate::repo::CLIENT_PACK_SIZE_MIN..=crate::repo::PACK_SIZE_MAX;
         if !range.contains(&n) {
-            return Err(Error::Invalid(
+            return Err(Error::BadArgument(
                 "--pack-size must be between 128 KiB and 256 MiB".into(),
             ));
         }

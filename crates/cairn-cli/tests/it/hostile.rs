@@ -197,12 +197,7 @@ fn a_giant_lock_costs_no_memory() {
 fn a_damaged_key_file_is_called_damaged() {
     let env = Env::new();
     env.init(&[]);
-    let key = fs::read_dir(env.repo.join("keys"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let key = first_key_file(&env.repo);
     let mut b = fs::read(&key).unwrap();
     let i = b.len() - 20;
     b[i] = if b[i] == b'0' { b'1' } else { b'0' };

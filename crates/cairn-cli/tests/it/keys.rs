@@ -266,12 +266,8 @@ fn a_key_file_from_another_repository_is_passed_over() {
     // pair each try: a repository whose own key sorts near the start would
     // rarely find one before it).
     let key_of = |env: &Env| {
-        let e = std::fs::read_dir(env.repo.join("keys"))
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap();
-        (e.file_name().to_string_lossy().into_owned(), e.path())
+        let p = first_key_file(&env.repo);
+        (p.file_name().unwrap().to_string_lossy().into_owned(), p)
     };
     let (env, stray) = (0..40)
         .find_map(|_| {

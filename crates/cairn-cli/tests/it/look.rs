@@ -1858,12 +1858,7 @@ fn export_and_dump_refuse_an_output_inside_the_repository() {
     let snap = env.backup(&[&src]);
     let config = env.repo.join("config");
     let before = fs::read(&config).unwrap();
-    let key = fs::read_dir(env.repo.join("keys"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let key = first_key_file(&env.repo);
     let link = env.path("harmless.tar");
     std::os::unix::fs::symlink(&config, &link).unwrap();
     let file = src.join("f");

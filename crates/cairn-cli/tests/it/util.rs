@@ -1195,3 +1195,13 @@ impl Drop for OwnMinio {
         let _ = self.child.wait();
     }
 }
+
+/// The first key file of the local repository at `repo` (a new one has one).
+pub fn first_key_file(repo: &Path) -> PathBuf {
+    fs::read_dir(repo.join("keys"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+}

@@ -106,11 +106,11 @@ fn open_noatime(
         Some(d) => nix::fcntl::openat(d, name, flags, Mode::empty()),
         None => nix::fcntl::open(name, flags, Mode::empty()),
     };
-    let fd = match open(flags | OFlag::O_NOATIME) {
-        Err(nix::errno::Errno::EPERM) => open(flags),
-        r => r,
-    }
-    .map_err(std::io::Error::from)?;
+    let (fd, used) = match open(flags | OFlag::O_NOATIME) {
+        Err(nix::errno::Errno::EPERM) => (open(flags), flags),
+        r => (r, flags | OFlag::O_NOATIME),
+    };
+    let fd = fd.map_err(std::io::Error::from)?;
     if !directory {
         let st = nix::sys::stat::fstat(&fd).map_err(std::io::Error::from)?;
         let kind = st.st_mode & libc::S_IFMT;
@@ -122,12 +122,13 @@ fn open_noatime(
         }
         // Reads of a regular file never wait anyway; the flag is taken off so the
         // descriptor behaves as any other. Only that flag: `O_NOATIME` stays (the
-        // file's access time must not move because a backup read it).
-        let now =
-            nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).map_err(std::io::Error::from)?;
-        let kept = OFlag::from_bits_truncate(now) & !OFlag::O_NONBLOCK;
-        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(kept))
-            .map_err(std::io::Error::from)?;
+        // file's access time must not move because a backup read it). The flags
+        // the open used are known: no F_GETFL for each file.
+        nix::fcntl::fcntl(
+            &fd,
+            nix::fcntl::FcntlArg::F_SETFL(used & !OFlag::O_NONBLOCK),
+        )
+        .map_err(std::io::Error::from)?;
     }
     Ok(fd)
 }

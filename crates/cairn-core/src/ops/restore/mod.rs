@@ -70,13 +70,13 @@ pub(super) fn own_file_warning(kept: &std::path::Path) -> String {
 }
 
 /// The warning for a hard link's name there already, not linked to `first`, an
-/// earlier name kept as it was, because the two hold different content (the
-/// restore and its dry run).
+/// earlier name kept as it was, because that one does not hold the snapshot's
+/// content (the restore and its dry run).
 pub(super) fn not_linked_warning(first: &std::path::Path) -> String {
     format!(
         "not made a name of {}, as it is in the snapshot: that one was kept as it is \
-         (its size and time are the snapshot's) and holds other content than this name, \
-         so this one is judged on its own",
+         (its size and time are the snapshot's) but holds other content than the \
+         snapshot's, so this one is judged on its own",
         first.display()
     )
 }
@@ -2138,32 +2138,39 @@ impl Walk<'_> {
         } else {
             self.existing(&parent, &name)?
         };
-        // A name there already, another file than the first name kept as it was,
-        // with other content: linking it would give it the kept one's content,
-        // which only its size and time said is the snapshot's (QA: a replaced
-        // first name's content spread to the correct second). It is judged on its
-        // own instead.
-        let apart = node.nlink > 1
-            && existing.as_ref().is_some_and(|st| {
-                st.kind() == libc::S_IFREG
+        // A first name kept as it was there holds the snapshot's content only as
+        // far as its size and time say: before any other name is made a link of
+        // it, its bytes are compared with the snapshot's (once). One that differs
+        // is no first name: the other names are judged on their own, a missing one
+        // written from the snapshot (QA r14/r16: a replaced first name's content
+        // spread to the names linked to it, said "restored").
+        if node.nlink > 1
+            && let Some(first) = self.hardlinks.get(&key)
+            && first.kept
+            && existing.as_ref().is_none_or(|st| {
+                st.id() != first.id
                     && overwrite::replaces_other_name(
                         overwrite::effective(self.opts.overwrite, self.unfinished_since, st),
                         st,
                         &node,
                     )
-                    && self
-                        .hardlinks
-                        .get(&key)
-                        .is_some_and(|f| f.kept && f.id != st.id())
-                    && !self.same_as_first(&parent, &name, key)
-            });
-        if apart && let Some(first) = self.hardlinks.get(&key) {
-            let first = first.dir_node.join(&first.name);
-            self.progress
-                .warning(&parent.node.join(&name), &not_linked_warning(&first));
+            })
+        {
+            if self.first_holds_the_snapshots(key, &node) {
+                if let Some(f) = self.hardlinks.get_mut(&key) {
+                    f.kept = false;
+                }
+            } else if let Some(f) = self.hardlinks.remove(&key) {
+                let first = f.dir_node.join(&f.name);
+                if existing.is_some() {
+                    self.progress
+                        .warning(&parent.node.join(&name), &not_linked_warning(&first));
+                } else {
+                    self.kept_apart.insert(key, first);
+                }
+            }
         }
         if node.nlink > 1
-            && !apart
             && let Some(first) = self.hardlinks.get(&key)
         {
             // Already this inode, or kept by the mode (`never`; `if-newer` when it
@@ -2344,9 +2351,10 @@ impl Walk<'_> {
         self.maybe_flush()
     }
 
-    /// Whether `name` in `parent` holds the same bytes as the first name of `key`
-    /// (both opened without following symlinks; anything unreadable: not the same).
-    fn same_as_first(&mut self, parent: &Arc<Dir>, name: &CStr, key: (u64, u64)) -> bool {
+    /// Whether the first name of `key`, kept as it was, holds `node`'s content
+    /// (opened without following a symlink, and still that file; anything
+    /// unreadable: no).
+    fn first_holds_the_snapshots(&mut self, key: (u64, u64), node: &Node) -> bool {
         let Some(first) = self.hardlinks.get(&key) else {
             return false;
         };
@@ -2355,22 +2363,16 @@ impl Walk<'_> {
         let Ok(src) = self.first_dir(key, &dir_node) else {
             return false;
         };
-        let open = |dir: &Dir, n: &CStr| {
-            sys::open_at(
-                dir.fd(),
-                n,
-                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW,
-                0,
-            )
-            .map(std::fs::File::from)
-        };
-        let (Ok(a), Ok(b)) = (open(&src, &first_name), open(parent, name)) else {
+        let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW;
+        let Ok(mut f) = sys::open_at(src.fd(), &first_name, flags, 0).map(std::fs::File::from)
+        else {
             return false;
         };
-        if !sys::fstat(a.as_fd()).is_ok_and(|st| st.id() == first_id) {
+        if !sys::fstat(f.as_fd()).is_ok_and(|st| st.id() == first_id) {
             return false;
         }
-        target::same_content(a, b).unwrap_or(false)
+        let path = || dir_node.join(&first_name).display().to_string();
+        overwrite::content_matches(self.repo, &mut f, node, &path).unwrap_or(false)
     }
 
     /// The directory of `key`'s first name: open still, or reopened (and checked)

@@ -98,6 +98,8 @@ pub(super) fn dry_run(
     // A hard-linked file's name kept as it was while it does not look like the
     // snapshot's content: the next name written is a file of its own.
     let mut kept_apart: HashMap<(u64, u64), PathBuf> = HashMap::new();
+    // Kept first names whose content was compared with the snapshot's and matched.
+    let mut verified: HashSet<(u64, u64)> = HashSet::new();
     let mut stack = vec![Level {
         keep: super::keep_names(
             opts,
@@ -290,28 +292,32 @@ pub(super) fn dry_run(
             NodeKind::Socket => stats.sockets_skipped += 1,
             NodeKind::File => {
                 let key = (node.dev, node.inode);
-                // As the restore judges: a name there with other content than the
-                // first name kept as it was is not linked to it.
-                let apart = node.nlink > 1
-                    && match (first_links.get(&key), &existing, parent) {
-                        (Some((Some(first), first_path)), Some(st), Some(p))
-                            if st.kind() == libc::S_IFREG
-                                && st.id() != *first
-                                && overwrite::replaces_other_name(
-                                    overwrite::effective(opts.overwrite, unfinished_since, st),
-                                    st,
-                                    &node,
-                                ) =>
-                        {
-                            !same_content(p, &name, first_path, *first)
+                // As the restore judges: a first name kept as it was is compared
+                // with the snapshot before another name would be linked to it; one
+                // that differs is no first name.
+                if node.nlink > 1
+                    && !verified.contains(&key)
+                    && let Some((Some(first), first_path)) = first_links.get(&key)
+                    && existing.as_ref().is_none_or(|st| {
+                        st.id() != *first
+                            && overwrite::replaces_other_name(
+                                overwrite::effective(opts.overwrite, unfinished_since, st),
+                                st,
+                                &node,
+                            )
+                    })
+                {
+                    if holds_the_snapshots(repo, first_path, *first, &node) {
+                        verified.insert(key);
+                    } else if let Some((_, first_path)) = first_links.remove(&key) {
+                        if existing.is_some() {
+                            progress.warning(&path, &super::not_linked_warning(&first_path));
+                        } else {
+                            kept_apart.insert(key, first_path);
                         }
-                        _ => false,
-                    };
-                if apart && let Some((_, first_path)) = first_links.get(&key) {
-                    progress.warning(&path, &super::not_linked_warning(first_path));
+                    }
                 }
                 if node.nlink > 1
-                    && !apart
                     && let Some((first, first_path)) = first_links.get(&key)
                 {
                     // As the restore decides (`never`; `if-newer` when the
@@ -652,28 +658,25 @@ fn count_removal(
     }
 }
 
-/// Whether `name` in `dir` holds the same bytes as the file at `first` (a path in
-/// the target, whose file must still be `first_id`); neither followed if a symlink.
-fn same_content(
-    dir: BorrowedFd<'_>,
-    name: &CStr,
+/// Whether the file at `first` (a path in the target, whose file must still be
+/// `first_id`; not followed if a symlink) holds `node`'s content.
+fn holds_the_snapshots(
+    repo: &Repository,
     first: &std::path::Path,
     first_id: (u64, u64),
+    node: &Node,
 ) -> bool {
     use std::os::unix::fs::OpenOptionsExt;
-    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW;
-    let Ok(b) = sys::open_at(dir, name, flags, 0).map(std::fs::File::from) else {
-        return false;
-    };
-    let Ok(a) = std::fs::OpenOptions::new()
+    let Ok(mut f) = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW)
         .open(first)
     else {
         return false;
     };
-    if !sys::fstat(a.as_fd()).is_ok_and(|st| st.id() == first_id) {
+    if !sys::fstat(f.as_fd()).is_ok_and(|st| st.id() == first_id) {
         return false;
     }
-    target::same_content(a, b).unwrap_or(false)
+    let path = || first.display().to_string();
+    overwrite::content_matches(repo, &mut f, node, &path).unwrap_or(false)
 }

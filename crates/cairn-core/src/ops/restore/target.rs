@@ -661,40 +661,6 @@ fn walk_removal(
     Ok(done)
 }
 
-/// Whether two open files hold the same bytes: sizes first, then both read
-/// through in step.
-pub(crate) fn same_content(mut a: std::fs::File, mut b: std::fs::File) -> io::Result<bool> {
-    if a.metadata()?.len() != b.metadata()?.len() {
-        return Ok(false);
-    }
-    let (mut x, mut y) = (vec![0u8; 256 << 10], vec![0u8; 256 << 10]);
-    loop {
-        let n = read_full(&mut a, &mut x)?;
-        let m = read_full(&mut b, &mut y)?;
-        if n != m || x[..n] != y[..m] {
-            return Ok(false);
-        }
-        if n == 0 {
-            return Ok(true);
-        }
-    }
-}
-
-/// Reads until `buf` is full or the file ends; how much was read.
-fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> io::Result<usize> {
-    use std::io::Read;
-    let mut got = 0;
-    while got < buf.len() {
-        match f.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -109,10 +109,10 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
     if a.max_inodes
         .is_some_and(|n| n < cairn_mount::MIN_MAX_INODES)
     {
-        anyhow::bail!(
+        return Err(super::bad_argument(format!(
             "--max-inodes must be at least {} (a directory listed at once needs its entries)",
             cairn_mount::MIN_MAX_INODES
-        );
+        )));
     }
     check_mount_point(&a.dir)?;
     let location = super::repo_location(g)?;
@@ -132,6 +132,16 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
         &p.progress,
     )?;
     super::remember_traffic(&repo);
+    // A mount point among the repository's own files would hide them from every
+    // other command (QA r16: a prune then saw no snapshot and retired every pack)
+    // and have the mount read through itself.
+    if let Some(repo_dir) = cairn_core::restore::inside_repository(&repo, &a.dir) {
+        anyhow::bail!(
+            "{} is inside the repository being mounted{repo_dir}: the mount would hide \
+             the repository's own files; mount it somewhere outside the repository",
+            a.dir.display()
+        );
+    }
     let mut repo = repo;
     repo.set_memory_limit(super::memory_limit(g, &repo)?);
     let (cache_bytes, tree_cache_bytes, max_inodes) =

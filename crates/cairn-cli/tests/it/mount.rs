@@ -1104,3 +1104,29 @@ fn latest_links_follow_the_snapshot_list_and_hosts_stay_apart() {
     );
     assert_eq!(names(&mnt.join("hosts")), ["web_01"]);
 }
+
+/// A mount point inside the repository is refused before anything is mounted
+/// (QA r16: mounted on the repository's `snapshots/`, it hid them, and a prune
+/// saw none and retired every pack); a `--max-inodes` too small is a usage error.
+#[test]
+fn a_mount_point_inside_the_repository_is_refused() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"x").unwrap();
+    env.backup(&[&src]);
+    let inside = env.repo.join("mnt");
+    fs::create_dir_all(&inside).unwrap();
+    let link = env.path("looks-outside");
+    std::os::unix::fs::symlink(&inside, &link).unwrap();
+    for dir in [&inside, &link] {
+        let e = env.fails(&["mount", dir.to_str().unwrap()], 1);
+        assert!(e.contains("is inside the repository being mounted"), "{e}");
+    }
+    let out = env.path("out");
+    fs::create_dir_all(&out).unwrap();
+    env.fails(&["mount", out.to_str().unwrap(), "--max-inodes", "0"], 2);
+    fs::remove_dir(&inside).unwrap();
+    env.check_clean();
+}

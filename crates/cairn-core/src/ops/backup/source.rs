@@ -110,15 +110,22 @@ fn open_noatime(
         Err(nix::errno::Errno::EPERM) => (open(flags), flags),
         r => (r, flags | OFlag::O_NOATIME),
     };
-    let fd = fd.map_err(std::io::Error::from)?;
+    let fd = match fd {
+        // What the open meets in a file's place, said as what it is now: a symlink
+        // is not followed (ELOOP), a socket cannot be opened (ENXIO).
+        Err(nix::errno::Errno::ELOOP) if !directory => {
+            return Err(no_longer_regular(libc::S_IFLNK));
+        }
+        Err(nix::errno::Errno::ENXIO) if !directory => {
+            return Err(no_longer_regular(libc::S_IFSOCK));
+        }
+        r => r.map_err(std::io::Error::from)?,
+    };
     if !directory {
         let st = nix::sys::stat::fstat(&fd).map_err(std::io::Error::from)?;
         let kind = st.st_mode & libc::S_IFMT;
         if kind != libc::S_IFREG {
-            return Err(std::io::Error::other(format!(
-                "is no longer a regular file (it is now {})",
-                kind_name(kind)
-            )));
+            return Err(no_longer_regular(kind));
         }
         // Reads of a regular file never wait anyway; the flag is taken off so the
         // descriptor behaves as any other. Only that flag: `O_NOATIME` stays (the
@@ -131,6 +138,14 @@ fn open_noatime(
         .map_err(std::io::Error::from)?;
     }
     Ok(fd)
+}
+
+/// The error for a source file found to be of type `kind` now.
+fn no_longer_regular(kind: libc::mode_t) -> std::io::Error {
+    std::io::Error::other(format!(
+        "is no longer a regular file (it is now {})",
+        kind_name(kind)
+    ))
 }
 
 /// What a file type (`st_mode & S_IFMT`) is called in a message.
@@ -971,6 +986,14 @@ mod tests {
         nix::unistd::mkfifo(&p, nix::sys::stat::Mode::S_IRWXU).unwrap();
         let e = open_source(&p).unwrap_err();
         assert!(e.to_string().contains("it is now a FIFO"), "{e}");
+        let l = tmp.path().join("l");
+        std::os::unix::fs::symlink("/dev/zero", &l).unwrap();
+        let e = open_source(&l).unwrap_err();
+        assert!(e.to_string().contains("it is now a symbolic link"), "{e}");
+        let s = tmp.path().join("s");
+        let _sock = std::os::unix::net::UnixListener::bind(&s).unwrap();
+        let e = open_source(&s).unwrap_err();
+        assert!(e.to_string().contains("it is now a socket"), "{e}");
     }
 
     /// Patterns are cleaned as paths before matching (QA: `./src/a`, `src//a`,

@@ -32,6 +32,9 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("{0}")]
     Invalid(String),
+    /// A command-line flag's value that cannot be taken (the CLI exits 2).
+    #[error("{0}")]
+    BadFlag(String),
 }
 
 /// Everything `cairn serve` needs to run.
@@ -233,15 +236,19 @@ impl ServerConfig {
             Some(p) => FileConfig::load(p)?,
             None => FileConfig::default(),
         };
+        let flagged_listen = flags.listen.is_some();
         let listen = flags
             .listen
             .clone()
             .or(file.listen)
             .unwrap_or_else(|| "127.0.0.1:8443".to_string());
         let listen: SocketAddr = listen.parse().map_err(|_| {
-            ConfigError::Invalid(format!(
-                "--listen {listen:?}: expected ADDRESS:PORT such as 0.0.0.0:8443"
-            ))
+            let m = format!("--listen {listen:?}: expected ADDRESS:PORT such as 0.0.0.0:8443");
+            if flagged_listen {
+                ConfigError::BadFlag(m)
+            } else {
+                ConfigError::Invalid(m)
+            }
         })?;
         let mut datastores = file.datastores;
         // A flag's datastore replaces the settings file's of that name; two flags
@@ -249,7 +256,7 @@ impl ServerConfig {
         let mut flagged = std::collections::HashSet::new();
         for d in &flags.datastores {
             let Some((name, location)) = d.split_once('=') else {
-                return Err(ConfigError::Invalid(format!(
+                return Err(ConfigError::BadFlag(format!(
                     "--datastore {d:?}: expected NAME=PATH or NAME=s3:..."
                 )));
             };

@@ -21,7 +21,7 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
     let p = super::progress(g);
     let mut repo = super::open(g, &p.progress)?;
     if let Some(c) = &a.compression {
-        let c: Compression = c.parse().map_err(anyhow::Error::msg)?;
+        let c: Compression = c.parse().map_err(super::bad_argument)?;
         repo.set_compression(c)?;
     }
     if let Some(s) = &a.pack_size {

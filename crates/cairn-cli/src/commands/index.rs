@@ -30,7 +30,7 @@ pub fn run(g: &Global, a: &IndexArgs) -> Result<i32> {
     let moving = a.placement.is_some() || a.path.is_some();
     if moving {
         let placement = match &a.placement {
-            Some(p) => p.parse::<IndexPlacement>().map_err(anyhow::Error::msg)?,
+            Some(p) => p.parse::<IndexPlacement>().map_err(super::bad_argument)?,
             None => repo.config().index_placement,
         };
         // The path stored must be the one the build below checks: with the

@@ -12,9 +12,15 @@ pub fn parse_block_size(s: &str) -> Result<u32> {
         Some(k) => k.parse::<u32>().map(|v| v * 1024),
         None => t.parse::<u32>(),
     }
-    .map_err(|_| anyhow::anyhow!("invalid block size {s:?} (use 4K, 8K, 16K, 32K or 64K)"))?;
+    .map_err(|_| {
+        super::bad_argument(format!(
+            "invalid block size {s:?} (use 4K, 8K, 16K, 32K or 64K)"
+        ))
+    })?;
     if !cairn_format::consts::BLOCK_SIZES.contains(&n) {
-        bail!("invalid block size {s:?} (use 4K, 8K, 16K, 32K or 64K)");
+        return Err(super::bad_argument(format!(
+            "invalid block size {s:?} (use 4K, 8K, 16K, 32K or 64K)"
+        )));
     }
     Ok(n)
 }
@@ -78,12 +84,12 @@ pub fn run(g: &Global, a: &InitArgs) -> Result<i32> {
         compression: a
             .compression
             .parse::<Compression>()
-            .map_err(anyhow::Error::msg)?,
+            .map_err(super::bad_argument)?,
         encryption: !a.no_encryption,
         index_placement: a
             .index_placement
             .parse::<IndexPlacement>()
-            .map_err(anyhow::Error::msg)?,
+            .map_err(super::bad_argument)?,
         index_path: a
             .index_path
             .as_ref()
@@ -124,7 +130,9 @@ pub fn run(g: &Global, a: &InitArgs) -> Result<i32> {
     if let Some(n) = a.max_concurrent_jobs
         && !(1..=most).contains(&n)
     {
-        bail!("--max-concurrent-jobs {n}: give 1 to {most}");
+        return Err(super::bad_argument(format!(
+            "--max-concurrent-jobs {n}: give 1 to {most}"
+        )));
     }
     let mut repo = init_repo(g, &opts, &p.progress)?;
     if let Some(n) = a.max_concurrent_jobs {

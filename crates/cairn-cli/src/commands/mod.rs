@@ -129,7 +129,11 @@ fn apply_priority(g: &Global) -> Result<()> {
             set_nice(-5).context("--priority high needs root (CAP_SYS_NICE)")?;
             set_ioprio(IOPRIO_CLASS_BE, 0)?;
         }
-        Some(p) => anyhow::bail!("--priority {p:?}: use low, normal or high"),
+        Some(p) => {
+            return Err(bad_argument(format!(
+                "--priority {p:?}: use low, normal or high"
+            )));
+        }
     }
     if let Some(n) = threads {
         cairn_core::threads::set_cores(n);
@@ -272,7 +276,7 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
         .as_deref()
         .map(parse_duration)
         .transpose()
-        .context("--retry-for")?;
+        .map_err(|e| bad_argument(format!("--retry-for: {e}")))?;
     // A request that hears nothing is given up on within what --retry-for allows
     // (at least 10 s: a busy server can take seconds), not after the minute or two
     // of silence a plain run waits, so that the retries fit in it.
@@ -383,7 +387,7 @@ pub fn open_with(
     let lock_wait = (g.remote.retry_lock.as_deref())
         .map(parse_duration)
         .transpose()
-        .context("--retry-lock")?;
+        .map_err(|e| bad_argument(format!("--retry-lock: {e}")))?;
     let repo = Repository::open_at(
         location,
         storage,
@@ -405,7 +409,11 @@ pub fn memory_limit(g: &Global, repo: &Repository) -> Result<Option<u64>> {
         Some("none") => None,
         Some(s) => match parse_size(s).context("--memory-limit")? {
             // Not "no limit" in disguise: that is `none`.
-            0 => anyhow::bail!("--memory-limit {s:?}: give a size (2G, 512M) or none"),
+            0 => {
+                return Err(bad_argument(format!(
+                    "--memory-limit {s:?}: give a size (2G, 512M) or none"
+                )));
+            }
             n => Some(n),
         },
         None => repo.config().memory_limit,

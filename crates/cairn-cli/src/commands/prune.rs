@@ -14,7 +14,9 @@ pub fn options(a: &PruneArgs) -> Result<PruneOptions> {
             .parse()
             .map_err(|_| anyhow!("invalid --max-unused {mu:?}: use e.g. 5%, 2G or unlimited"))?;
         if !(0.0..=100.0).contains(&v) {
-            anyhow::bail!("--max-unused must be between 0% and 100%");
+            return Err(super::bad_argument(
+                "--max-unused must be between 0% and 100%",
+            ));
         }
         MaxUnused::Percent(v)
     } else {

@@ -59,6 +59,10 @@ fn serve(a: &ServeArgs) -> Result<i32> {
             upload: super::rate_flag(&a.limit_total_upload, "--limit-total-upload")?,
             download: super::rate_flag(&a.limit_total_download, "--limit-total-download")?,
         },
+    })
+    .map_err(|e| match e {
+        e @ cairn_server::config::ConfigError::BadFlag(_) => super::bad_argument(e),
+        e => anyhow::Error::from(e),
     })?;
     let names: Vec<String> = config.datastores.keys().cloned().collect();
     let insecure = config.tls == cairn_server::config::Tls::InsecureHttp;

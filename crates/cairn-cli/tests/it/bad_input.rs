@@ -184,7 +184,7 @@ fn wrong_password_missing_repo_and_init_over_existing() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("no repository given"));
     // Bad option values.
     let e = Env::new();
-    let err = e.fails(&["init", "--block-size", "5K"], 1);
+    let err = e.fails(&["init", "--block-size", "5K"], 2);
     assert!(err.contains("invalid block size"), "{err}");
 }
 
@@ -798,7 +798,7 @@ fn missing_source_paths_and_bad_arguments() {
     assert!(e.contains("every path given is excluded"), "{e}");
     let e = env.fails(&["dump", "latest", "/x"], 1);
     assert!(e.contains("no snapshot matches"), "{e}");
-    let e = env.fails(&["config", "--compression", "extreme"], 1);
+    let e = env.fails(&["config", "--compression", "extreme"], 2);
     assert!(e.contains("unknown compression"), "{e}");
     let e = env.fails(&["backup", "--stdin", "--stdin-name", "../evil"], 1);
     assert!(e.contains("invalid --stdin-name"), "{e}");
@@ -1780,6 +1780,17 @@ fn option_values_that_cannot_be_taken_exit_2() {
         &["check", "--read-data-subset", "0"],
         &["--threads", "0", "snapshots"],
         &["find", "x", "--newest", "0"],
+        // QA r16.
+        &["--retry-for", "x", "snapshots"],
+        &["--retry-lock", "5q", "snapshots"],
+        &["--priority", "bogus", "snapshots"],
+        &["--memory-limit", "0", "snapshots"],
+        &["prune", "--max-unused", "150%", "-n"],
+        &["config", "--max-concurrent-jobs", "0"],
+        &["config", "--pack-size", "300M"],
+        &["index", "--index-placement", "bogus"],
+        &["serve", "--listen", "bogus"],
+        &["serve", "--datastore", "bogus"],
     ];
     for args in cases {
         let err = env.fails(args, 2);

@@ -21,7 +21,7 @@ fn settings_fixed_at_creation_are_refused_with_what_to_do() {
 fn init_takes_max_concurrent_jobs_and_the_index_flags_are_spelled_alike() {
     let env = Env::new();
     // Refused before anything is created.
-    let err = env.fails(&["init", "--max-concurrent-jobs", "0"], 1);
+    let err = env.fails(&["init", "--max-concurrent-jobs", "0"], 2);
     assert!(err.contains("--max-concurrent-jobs 0"), "{err}");
     assert!(!env.repo.exists());
     env.init(&["--max-concurrent-jobs", "2", "--index-placement", "ram"]);
@@ -102,7 +102,7 @@ fn s3_nothing_listening_fails_fast_and_missing_credentials_are_named() {
         "{err}"
     );
 
-    let err = Env::new().fails(&["snapshots", "--retry-for", "soon"], 1);
+    let err = Env::new().fails(&["snapshots", "--retry-for", "soon"], 2);
     assert!(err.contains("--retry-for") && err.contains("30s"), "{err}");
 }
 
@@ -285,7 +285,7 @@ fn priority_low_is_nice_and_idle_and_jobs_report_what_they_used() {
             "{args:?}: {r}"
         );
     }
-    let err = env.fails(&["snapshots", "--priority", "urgent"], 1);
+    let err = env.fails(&["snapshots", "--priority", "urgent"], 2);
     assert!(err.contains("low, normal or high"), "{err}");
 }
 
@@ -391,7 +391,7 @@ fn memory_limit_is_announced_met_or_refused() {
     let err = restore_refused_under(&env, "40M");
     assert!(err.contains("raise the limit"), "{err}");
     // A default nothing could run under is refused, saying the least that runs.
-    let err = env.fails(&["config", "--memory-limit", "60M"], 1);
+    let err = env.fails(&["config", "--memory-limit", "60M"], 2);
     assert!(err.contains("give at least 80M"), "{err}");
     // The repository's default applies without the flag, and can be removed.
     env.ok(&["config", "--memory-limit", "512M"]);

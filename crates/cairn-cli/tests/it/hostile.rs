@@ -1322,7 +1322,7 @@ fn retry_lock_waits_for_a_running_prune() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let err = env.fails(&["snapshots", "--retry-lock", "soon"], 1);
+    let err = env.fails(&["snapshots", "--retry-lock", "soon"], 2);
     assert!(err.contains("--retry-lock"), "{err}");
     env.check_clean();
 }

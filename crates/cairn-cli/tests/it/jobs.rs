@@ -168,7 +168,7 @@ fn jobs_over_max_concurrent_jobs_wait_their_turn_and_say_so() {
     assert!(t.elapsed() < Duration::from_secs(30));
 
     // Bad values are refused; above 16 is allowed with a warning.
-    env.fails(&["config", "--max-concurrent-jobs", "0"], 1);
+    env.fails(&["config", "--max-concurrent-jobs", "0"], 2);
     let o = env.run(&["config", "--max-concurrent-jobs", "20"]);
     assert!(o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("warning"));

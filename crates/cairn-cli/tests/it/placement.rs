@@ -124,7 +124,7 @@ fn backups_on_the_ssd_placement_deduplicate_and_restore_exactly() {
     let copy = env.restore("latest", &other, "after-damage");
     assert_same(&other, &copy);
 
-    env.fails(&["index", "--placement", "floppy"], 1);
+    env.fails(&["index", "--placement", "floppy"], 2);
     // A directory given where the index is in RAM: refused, not ignored.
     let ram = Env::new();
     let e = ram.fails(&["init", "--index-path", "/tmp/x"], 1);

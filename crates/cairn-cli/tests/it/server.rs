@@ -2596,7 +2596,7 @@ fn a_host_bound_token_sees_only_its_hosts_snapshots() {
 fn a_slow_link_client_uses_small_packs_and_loses_only_those_in_flight() {
     let env = Env::new();
     env.init(&[]);
-    env.fails(&["config", "--pack-size", "100K"], 1);
+    env.fails(&["config", "--pack-size", "100K"], 2);
     let out = env.ok(&["config", "--pack-size", "2M"]);
     assert!(out.contains("pack size     2 MiB"), "{out}");
     let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);

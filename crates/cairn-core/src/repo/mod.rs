@@ -786,7 +786,7 @@ impl Repository {
     pub fn set_pack_size(&mut self, bytes: u64) -> Result<()> {
         let range = PACK_SIZE_MIN..=PACK_SIZE_MAX;
         if !range.contains(&bytes) {
-            return Err(Error::Invalid(
+            return Err(Error::BadArgument(
                 "the pack size must be between 1 MiB and 256 MiB (a client's own `backup \
                  --pack-size` may go down to 128 KiB)"
                     .into(),
@@ -801,7 +801,7 @@ impl Repository {
         if let Some(l) = limit
             && l < memory::MIN_LIMIT_BYTES
         {
-            return Err(Error::Invalid(format!(
+            return Err(Error::BadArgument(format!(
                 "memory limit {}: too small to run anything; give at least {}M, plus the \
                  RAM `cairn index` reports for the index",
                 crate::units::bytes(l, 0),
@@ -814,7 +814,7 @@ impl Repository {
 
     pub fn set_max_concurrent_jobs(&mut self, n: u32) -> Result<()> {
         if !(1..=cairn_format::config::MAX_MAX_CONCURRENT_JOBS).contains(&n) {
-            return Err(Error::Invalid(format!(
+            return Err(Error::BadArgument(format!(
                 "max-concurrent-jobs must be between 1 and {}",
                 cairn_format::config::MAX_MAX_CONCURRENT_JOBS
             )));

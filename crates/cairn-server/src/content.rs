@@ -821,6 +821,25 @@ pub async fn fleet(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Re
         let mut hosts = Vec::new();
         let mut not_shown = Vec::new();
         for store in stores {
+            // Not served (storage down, no repository): said so, not "locked"
+            // (QA r16: both read "locked: its snapshots need the key").
+            if !store.ready.load(std::sync::atomic::Ordering::Acquire) {
+                let why = store
+                    .not_served
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                not_shown.push(FleetSkipped {
+                    datastore: store.name.clone(),
+                    reason: match why {
+                        Some(w) if t.role == Role::Admin => format!("not served: {w}"),
+                        _ => "not served: its storage did not answer, or held no valid \
+                              repository, when last tried (the server's log says which)"
+                            .into(),
+                    },
+                });
+                continue;
+            }
             if store.content.unlocked().is_none() {
                 not_shown.push(FleetSkipped {
                     datastore: store.name.clone(),

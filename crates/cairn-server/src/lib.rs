@@ -218,6 +218,22 @@ pub fn read_config_json(backend: &dyn Backend) -> Result<serde_json::Value, Stri
     }
 }
 
+/// Whether a datastore's config could not be read because the server lacks the
+/// right to (no S3 credentials, a refused key, a directory it may not read): not
+/// "no repository there", which would send clients away as if there were none
+/// (QA r16: they exited "no repository", and read the server's credential setup).
+/// Clients are answered "not served yet" (503) and the log says why.
+fn server_may_not_read(why: &str) -> bool {
+    [
+        "no S3 credentials",
+        "Permission denied",
+        "AccessDenied",
+        "permission denied",
+    ]
+    .iter()
+    .any(|w| why.contains(w))
+}
+
 pub fn read_config_summary(backend: &dyn Backend) -> Result<ConfigSummary, String> {
     let v = read_config_json(backend)?;
     let features = v
@@ -332,6 +348,13 @@ impl App {
                 }
                 None => match read_config_summary(storage.backend.as_ref()) {
                     Ok(s) => Some(s),
+                    Err(why) if server_may_not_read(&why) => {
+                        log_line(&format!(
+                            "warning: datastore {name}: not served: the server may not read \
+                             its storage ({why}); serving the others, and this one once it can"
+                        ));
+                        None
+                    }
                     Err(why) => {
                         log_line(&format!(
                             "warning: datastore {name}: not served: {why}; serving the \
@@ -938,6 +961,7 @@ async fn run(
                 } else if let Ok(Err(e)) = &read
                     && !e.contains("gave up after")
                     && !e.contains("nothing answers")
+                    && !server_may_not_read(e)
                 {
                     // It answers, but with no repository or a damaged config: that
                     // is for an admin to fix, and it is said (each time it is tried).

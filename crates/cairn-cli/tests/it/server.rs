@@ -5398,12 +5398,32 @@ fn a_datastore_down_at_start_leaves_the_others_served() {
     assert_eq!(list("main").0, 200);
     // Storage that does not answer: 503, clients retry (without S3 credentials
     // in the environment the storage answers that it cannot be used).
+    // Without credentials it is not "no repository" either (QA r16: clients
+    // exited so, and read the server's credential setup).
     let (code, body) = list("far");
     assert!(
-        (code == 503 && body.contains("is not served yet"))
-            || (code == 404 && body.contains("no_repository")),
+        code == 503 && body.contains("is not served yet") && !body.contains("AWS_"),
         "{code} {body}"
     );
+    // The fleet says they are not served, not that they are locked (QA r16).
+    let (code, body) = http(srv.port, "GET", "/v1/fleet", Some(&admin), b"");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for ds in ["far", "late"] {
+        let skipped = v["not_shown"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["datastore"] == ds)
+            .unwrap_or_else(|| panic!("{ds}: {v}"));
+        assert!(
+            skipped["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("not served"),
+            "{ds}: {v}"
+        );
+    }
     // Storage that answers with no repository: 404 at once, and a client says so
     // with exit 10 instead of retrying for a minute and a half (QA).
     let (code, body) = list("late");
@@ -5431,7 +5451,10 @@ fn a_datastore_down_at_start_leaves_the_others_served() {
     assert!(
         // (Without S3 credentials in the environment, far says so instead.)
         (log.contains("datastore far: its storage does not answer")
-            || log.contains("datastore far: not served: get config: no S3 credentials"))
+            || log.contains(
+                "datastore far: not served: the server may not read its storage (get config: \
+                 no S3 credentials",
+            ))
             && log.contains(
                 "datastore late: not served: no repository there (is its file system mounted?"
             )

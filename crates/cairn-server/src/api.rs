@@ -90,7 +90,14 @@ impl From<BackendError> for ApiError {
             BackendErrorKind::NotAFile => (StatusCode::INTERNAL_SERVER_ERROR, "not_an_object"),
             BackendErrorKind::Other => (StatusCode::INTERNAL_SERVER_ERROR, "storage"),
         };
-        ApiError::new(status, kind, e.message)
+        // Which object (its name in the datastore, never a server path): a bare
+        // "No such file or directory (os error 2)" said nothing (QA r16).
+        let message = if e.path.is_empty() || e.message.contains(&e.path) {
+            e.message
+        } else {
+            format!("{}: {}", e.path, e.message)
+        };
+        ApiError::new(status, kind, message)
     }
 }
 

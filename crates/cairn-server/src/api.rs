@@ -1181,6 +1181,7 @@ fn heard(store: &Datastore, t: &TokenEntry, headers: &HeaderMap) {
     if let Ok(key) = session_key(t, headers) {
         store.dedup.touch(&key);
         store.slots.touch(&key);
+        store.owners.heard(&key);
     }
 }
 
@@ -1868,6 +1869,7 @@ pub async fn slot_request(
     // minutes to upload over a slow link, with no other request meanwhile (QA: a
     // second client sent the same chunks 15 s into the first one's pack).
     store.dedup.touch(&key);
+    store.owners.heard(&key);
     let request = crate::slots::Request {
         key,
         token_id: t.id.clone(),

@@ -738,33 +738,52 @@ fn sweep_lost_sessions(app: &Arc<App>) {
     let app = app.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(3));
+        let idle = Duration::from_secs(app.config.job_idle_secs);
         loop {
             tick.tick().await;
             for ds in app.datastores.values() {
-                for lost in ds.slots.take_lost() {
-                    let names = ds.owners.take_session(&lost.key);
+                let lost = ds.slots.take_lost().into_iter().map(|l| {
+                    let names = ds.owners.take_session(&l.key);
+                    let who = format!("token {:?} (host {:?})", l.token_name, l.host);
+                    (who, names, false)
+                });
+                // Sessions that held locks when the server last stopped and were
+                // not heard from since its start.
+                let orphans = ds
+                    .owners
+                    .take_orphans(idle)
+                    .into_iter()
+                    .map(|(key, names)| {
+                        (
+                            format!("token {:?}", token_name_of(&app, &key)),
+                            names,
+                            true,
+                        )
+                    });
+                let all: Vec<_> = lost.chain(orphans).collect();
+                for (who, names, orphan) in all {
                     if names.is_empty() {
                         continue;
                     }
                     let d = ds.clone();
                     let deleted = tokio::task::spawn_blocking(move || {
-                        let mut deleted = 0;
-                        for n in &names {
-                            match d.backend.delete(n) {
-                                Ok(()) => deleted += 1,
-                                Err(e) if e.is_not_found() => {}
-                                Err(e) => return Err(e),
-                            }
-                        }
-                        Ok(deleted)
+                        delete_session_locks(&d, &names, orphan)
                     })
                     .await;
-                    let who = format!("token {:?} (host {:?})", lost.token_name, lost.host);
                     let secs = app.config.job_idle_secs;
+                    let what = if orphan {
+                        format!(
+                            "a client of {who} that held locks when the server stopped was not \
+                             heard from in the {secs} s after its start (killed, or cut off)"
+                        )
+                    } else {
+                        format!("a client of {who} went silent for {secs} s (killed, or cut off)")
+                    };
                     match deleted {
                         Ok(Ok(0)) => {}
                         Ok(Ok(n)) => log_line(&format!(
-                            "a client of {who} went silent for {secs} s (killed, or cut off):                              deleted its {} on datastore {}, so that other jobs do not wait                              30 minutes for {} to go stale",
+                            "{what}: deleted its {} on datastore {}, so that other jobs do not \
+                             wait 30 minutes for {} to go stale",
                             if n == 1 {
                                 "lock".to_string()
                             } else {
@@ -774,9 +793,8 @@ fn sweep_lost_sessions(app: &Arc<App>) {
                             if n == 1 { "it" } else { "them" }
                         )),
                         Ok(Err(e)) => log_line(&format!(
-                            "a client of {who} went silent for {secs} s, but its locks on \
-                             datastore {} could not be deleted ({e}): they go stale 30 \
-                             minutes after their last refresh",
+                            "{what}, but its locks on datastore {} could not be deleted ({e}): \
+                             they go stale 30 minutes after their last refresh",
                             ds.name
                         )),
                         Err(_) => {}
@@ -785,6 +803,51 @@ fn sweep_lost_sessions(app: &Arc<App>) {
             }
         }
     });
+}
+
+/// The name of the token whose client session is `key` (`<token id>-<session>`),
+/// or its id when the token is gone.
+fn token_name_of(app: &App, key: &str) -> String {
+    // The session part is letters and digits only (`api::session_of`).
+    let id = key.rsplit_once('-').map_or(key, |(id, _)| id);
+    app.tokens
+        .list()
+        .ok()
+        .and_then(|ts| ts.into_iter().find(|t| t.id == id).map(|t| t.name))
+        .unwrap_or_else(|| id.to_string())
+}
+
+/// Deletes the locks `names` of a client session taken for gone; how many there
+/// were. With `unless_refreshed`, a lock whose content changed since this server
+/// last saw it written stays: its client is alive, refreshing it through another
+/// server in front of the datastore.
+fn delete_session_locks(
+    ds: &Datastore,
+    names: &[String],
+    unless_refreshed: bool,
+) -> Result<usize, cairn_backend::BackendError> {
+    let mut deleted = 0;
+    for n in names {
+        if unless_refreshed {
+            let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
+            match ds.backend.get_bounded(n, max) {
+                Ok(content) if !ds.owners.as_last_seen(n, &content) => continue,
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {
+                    ds.owners.removed(n);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match ds.backend.delete(n) {
+            Ok(()) => deleted += 1,
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        ds.owners.removed(n);
+    }
+    Ok(deleted)
 }
 
 /// Says in the log, at start, which tokens and console users name a datastore

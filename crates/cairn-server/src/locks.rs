@@ -32,6 +32,11 @@ struct Seen {
     /// server saw no write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     content: Option<String>,
+    /// The client session (`<token id>-<session>`) that stored or last refreshed
+    /// it through this server and has not removed it: kept so that a restarted
+    /// server still knows whose it is ([`LockOwners::take_orphans`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    session: Option<String>,
 }
 
 impl Seen {
@@ -41,6 +46,7 @@ impl Seen {
             first_seen: now,
             last_written: Some(now),
             content: None,
+            session: None,
         }
     }
 }
@@ -70,9 +76,15 @@ pub struct LockOwners {
     saved_at: Mutex<i64>,
     /// The locks each client session (`X-Cairn-Session`, with its token) stored
     /// through this server in this run and has not removed: deleted when the
-    /// session goes silent ([`crate::slots::Lost`]). In memory only: after a
-    /// restart a killed client's lock goes stale as a direct client's does.
+    /// session goes silent ([`crate::slots::Lost`]). Rebuilt at start from the
+    /// sessions the state file names.
     sessions: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// The sessions that held locks when the server last stopped, and when this
+    /// run began: those not heard from within the idle time after the start are
+    /// taken for gone (killed while the server was down, or before it noticed),
+    /// and their locks deleted like a silent session's (QA: a killed client's
+    /// lock outlived a server restart by 25 minutes, every other job waiting).
+    orphans: Mutex<(std::time::Instant, HashMap<String, BTreeSet<String>>)>,
 }
 
 /// Most sessions whose locks are remembered: each client holds a few for the
@@ -111,27 +123,43 @@ pub fn delete_locks_of(
 impl LockOwners {
     /// `max_age`: the cap on a non-admin lock's life, in seconds.
     pub fn open(path: PathBuf, max_age: i64) -> LockOwners {
-        let seen = match std::fs::read(&path).map(|d| serde_json::from_slice(&d)) {
-            Ok(Ok(seen)) => seen,
-            Ok(Err(e)) => {
-                // Replaced at the next lock seen: said, since the cap on a lock's
-                // life then counts from now for every lock there is.
-                crate::log_line(&format!(
-                    "warning: {} is damaged ({e}): lock ages count from now; it is \
+        let seen: BTreeMap<String, Seen> =
+            match std::fs::read(&path).map(|d| serde_json::from_slice(&d)) {
+                Ok(Ok(seen)) => seen,
+                Ok(Err(e)) => {
+                    // Replaced at the next lock seen: said, since the cap on a lock's
+                    // life then counts from now for every lock there is.
+                    crate::log_line(&format!(
+                        "warning: {} is damaged ({e}): lock ages count from now; it is \
                      written anew",
-                    path.display()
-                ));
-                BTreeMap::new()
+                        path.display()
+                    ));
+                    BTreeMap::new()
+                }
+                Err(_) => BTreeMap::new(),
+            };
+        let now = cairn_core::time::now_unix();
+        let mut sessions: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for (name, x) in &seen {
+            // A lock unwritten for longer is stale to every reader already.
+            let recent = now - x.last_written.unwrap_or(x.first_seen) < GONE_AFTER_SECS;
+            if let Some(session) = x.session.as_ref().filter(|_| recent)
+                && (sessions.len() < SESSIONS_KEPT || sessions.contains_key(session))
+            {
+                sessions
+                    .entry(session.clone())
+                    .or_default()
+                    .insert(name.clone());
             }
-            Err(_) => BTreeMap::new(),
-        };
+        }
         LockOwners {
             creating: Mutex::new(()),
             path,
             keep: max_age,
             seen: Mutex::new(seen),
             saved_at: Mutex::new(0),
-            sessions: Mutex::new(HashMap::new()),
+            orphans: Mutex::new((std::time::Instant::now(), sessions.clone())),
+            sessions: Mutex::new(sessions),
         }
     }
 
@@ -221,22 +249,78 @@ impl LockOwners {
 
     /// The client session `session` stored (or refreshed) the lock `name`.
     pub fn made_by(&self, session: &str, name: &str) {
-        let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        if s.len() >= SESSIONS_KEPT && !s.contains_key(session) {
-            return;
+        {
+            let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            if s.len() >= SESSIONS_KEPT && !s.contains_key(session) {
+                return;
+            }
+            s.entry(session.to_string())
+                .or_default()
+                .insert(name.to_string());
         }
-        s.entry(session.to_string())
-            .or_default()
-            .insert(name.to_string());
+        // Saved at once (the first time only): a server killed right after would
+        // otherwise not know the lock's holder when it starts again.
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(x) = seen.get_mut(name)
+            && x.session.as_deref() != Some(session)
+        {
+            x.session = Some(session.to_string());
+            self.save(&seen);
+        }
     }
 
-    /// The lock `name` was removed through this server.
+    /// The lock `name` was removed through this server (or by its sweep).
     pub fn removed(&self, name: &str) {
         let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         s.retain(|_, names| {
             names.remove(name);
             !names.is_empty()
         });
+        drop(s);
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(x) = seen.get_mut(name)
+            && x.session.take().is_some()
+        {
+            self.save(&seen);
+        }
+    }
+
+    /// A request of the client session `session` arrived: if it held locks when
+    /// the server last stopped, it is alive and they stay.
+    pub fn heard(&self, session: &str) {
+        let mut o = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
+        if !o.1.is_empty() {
+            o.1.remove(session);
+        }
+    }
+
+    /// Once `idle` has passed since the start: the sessions that held locks when
+    /// the server last stopped and have not been heard from since, each with the
+    /// locks it stored and did not remove; forgotten. Empty before then, and after.
+    pub fn take_orphans(&self, idle: std::time::Duration) -> Vec<(String, Vec<String>)> {
+        let mut o = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
+        if o.1.is_empty() || o.0.elapsed() < idle {
+            return Vec::new();
+        }
+        let gone: Vec<String> = o.1.drain().map(|(k, _)| k).collect();
+        drop(o);
+        gone.into_iter()
+            .map(|k| {
+                let names = self.take_session(&k);
+                (k, names)
+            })
+            .filter(|(_, names)| !names.is_empty())
+            .collect()
+    }
+
+    /// Whether the lock `name` holds what this server last saw written to it: one
+    /// refreshed since through another server in front of the datastore belongs
+    /// to a client that is alive.
+    pub fn as_last_seen(&self, name: &str, content: &[u8]) -> bool {
+        let hash = blake3::hash(content).to_hex().to_string();
+        let s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        s.get(name)
+            .is_some_and(|x| x.content.as_deref() == Some(hash.as_str()))
     }
 
     /// The locks the session `session` stored and did not remove; forgotten.
@@ -390,6 +474,7 @@ mod tests {
                 first_seen: cairn_core::time::now_unix() - 7201,
                 last_written: None,
                 content: None,
+                session: None,
             },
         );
         again.seen.lock().unwrap().insert(
@@ -398,6 +483,7 @@ mod tests {
                 first_seen: cairn_core::time::now_unix() - 7000,
                 last_written: None,
                 content: None,
+                session: None,
             },
         );
         assert_eq!(again.written("locks/b"), 0);
@@ -409,5 +495,50 @@ mod tests {
             .cloned()
             .collect();
         assert_eq!(names, ["locks/a", "locks/b", "locks/recent"]);
+    }
+
+    /// A restarted server knows whose locks there were: the sessions not heard
+    /// from within the idle time are handed over with their locks, once; those
+    /// heard from keep theirs, and a removed lock is nobody's.
+    #[test]
+    fn sessions_holding_locks_outlive_a_restart_until_taken_for_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.json");
+        let o = LockOwners::open(path.clone(), 3600);
+        for (session, lock) in [
+            ("t1-a", "locks/1"),
+            ("t1-a", "locks/2"),
+            ("t2-b", "locks/3"),
+        ] {
+            o.written(lock);
+            o.saw(lock, lock.as_bytes());
+            o.made_by(session, lock);
+        }
+        o.written("locks/4");
+        o.made_by("t3-c", "locks/4");
+        o.removed("locks/4");
+        // Nothing to take in this run: no session was left from before it.
+        assert!(o.take_orphans(std::time::Duration::ZERO).is_empty());
+        drop(o);
+        let again = LockOwners::open(path, 3600);
+        let idle = std::time::Duration::from_millis(200);
+        again.heard("t2-b");
+        assert!(
+            again.take_orphans(idle).is_empty(),
+            "not before the idle time"
+        );
+        std::thread::sleep(idle);
+        assert_eq!(
+            again.take_orphans(idle),
+            [(
+                "t1-a".to_string(),
+                vec!["locks/1".to_string(), "locks/2".to_string()]
+            )]
+        );
+        assert!(again.take_orphans(idle).is_empty(), "handed over once");
+        // The session heard from is tracked as before (deleted if it goes silent).
+        assert_eq!(again.take_session("t2-b"), ["locks/3"]);
+        assert!(again.as_last_seen("locks/3", b"locks/3"));
+        assert!(!again.as_last_seen("locks/3", b"refreshed elsewhere"));
     }
 }

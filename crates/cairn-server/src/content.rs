@@ -1020,12 +1020,15 @@ pub struct EntriesAnswer {
     pub next: Option<String>,
 }
 
-/// `limit` as asked (`default` if not), at most `max`; 0 is refused (it was
-/// answered with one entry).
+/// `limit` as asked (`default` if not); 0 (it was answered with one entry) and
+/// more than `max` (answered with `max`, silently) are refused, as the OpenAPI
+/// file's bounds say.
 fn page_limit(limit: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
     match limit {
-        Some(0) => Err(ApiError::bad(format!("limit=0: ask for 1 to {max}"))),
-        l => Ok(l.unwrap_or(default).min(max)),
+        Some(n) if n == 0 || n > max => {
+            Err(ApiError::bad(format!("limit={n}: ask for 1 to {max}")))
+        }
+        l => Ok(l.unwrap_or(default)),
     }
 }
 

@@ -3671,6 +3671,14 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
     }
     let expected: Vec<String> = (0..450).map(|i| format!("f{i:04}.txt")).collect();
     assert_eq!((pages, names), (3, expected));
+    // A page size outside 1..=2000 is refused, not cut down or grown silently.
+    for limit in ["0", "2001", "99999999999", "99999999999999999999999", "-1"] {
+        let path =
+            format!("/v1/datastores/main/snapshots/{one}/entries?path={many_path}&limit={limit}");
+        let (code, v) = get_json(p, &path, &admin);
+        assert_eq!(code, 400, "limit={limit}: {v}");
+        assert!(v["message"].as_str().unwrap().contains("limit"), "{v}");
+    }
     // Another host's snapshot is absent to a bound token, by any path.
     let other = format!("/v1/datastores/main/snapshots/{one}/entries?path=/");
     assert_eq!(get_json(p, &other, &web02_restore).0, 404);

@@ -2059,3 +2059,48 @@ fn a_snapshot_directory_restored_as_a_new_target_gets_its_metadata() {
     assert_eq!(m.permissions().mode() & 0o7777, 0o750);
     assert_ne!(m.mtime(), 1_500_000_000);
 }
+
+/// `--verify` counts every name it wrote, hard links too: their content is their
+/// first name's, read back (QA: "wrote 3 files" beside "verified 1 file written").
+#[test]
+fn verify_counts_the_names_of_a_hard_linked_file_it_wrote() {
+    let (env, snap, copy) = one_file_three_names(["a/x", "b/y", "b/z"], b"linked");
+    let t = env.path("t");
+    let t = t.to_str().unwrap();
+    // All three names hold other bytes of the same size and time (one inode).
+    let when = fs::metadata(copy.join("a/x")).unwrap().modified().unwrap();
+    let f = fs::File::options()
+        .write(true)
+        .open(copy.join("a/x"))
+        .unwrap();
+    std::io::Write::write_all(&mut &f, b"LINKED").unwrap();
+    f.set_modified(when).unwrap();
+    drop(f);
+    let o = env.run(&["restore", &snap, "--target", t, "--verify"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("wrote 3 files"), "{out}");
+    assert!(
+        out.contains("verified 3 files written (read back)"),
+        "{out}"
+    );
+    for n in ["a/x", "b/y", "b/z"] {
+        assert_eq!(fs::read(copy.join(n)).unwrap(), b"linked", "{n}");
+    }
+    // Into a new target: every name written, every name verified.
+    let fresh = env.path("fresh");
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--target",
+        fresh.to_str().unwrap(),
+        "--verify",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("wrote 3 files"), "{out}");
+    assert!(
+        out.contains("verified 3 files against the snapshot: all match"),
+        "{out}"
+    );
+}

@@ -131,6 +131,17 @@ fn backup_host(env: &Env, src: &Path, host: &str) -> String {
 }
 
 /// Where the source `src` appears inside a mounted snapshot root.
+/// A repository holding one snapshot of one one-byte file.
+fn one_tiny_snapshot() -> Env {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"x").unwrap();
+    env.backup(&[&src]);
+    env
+}
+
 fn inside(root: &Path, src: &Path) -> PathBuf {
     root.join(src.strip_prefix("/").unwrap())
 }
@@ -544,12 +555,7 @@ fn prune_completes_while_a_mount_is_open_and_idle() {
 
 #[test]
 fn sigterm_or_an_outside_unmount_leaves_no_mount_behind() {
-    let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    fs::write(src.join("f"), b"x").unwrap();
-    env.backup(&[&src]);
+    let env = one_tiny_snapshot();
     let mnt = env.path("mnt");
 
     // SIGTERM: unmounted, the lock removed, exit 0.
@@ -1110,12 +1116,7 @@ fn latest_links_follow_the_snapshot_list_and_hosts_stay_apart() {
 /// saw none and retired every pack); a `--max-inodes` too small is a usage error.
 #[test]
 fn a_mount_point_inside_the_repository_is_refused() {
-    let env = Env::new();
-    env.init(&[]);
-    let src = env.path("src");
-    fs::create_dir_all(&src).unwrap();
-    fs::write(src.join("f"), b"x").unwrap();
-    env.backup(&[&src]);
+    let env = one_tiny_snapshot();
     let inside = env.repo.join("mnt");
     fs::create_dir_all(&inside).unwrap();
     let link = env.path("looks-outside");

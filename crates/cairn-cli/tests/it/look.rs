@@ -1389,6 +1389,61 @@ fn an_export_to_a_full_disk_names_the_file_and_leaves_nothing() {
     assert_eq!(fs::read_dir(&small).unwrap().count(), 0);
 }
 
+/// An export to standard output that cannot read a pack ends its stream cut
+/// short, so that the `tar -x` reading it fails too (QA: the end-of-archive
+/// blocks followed the failed member's header, and GNU tar exited 0 with that
+/// file extracted as zeros and the files after it missing).
+#[test]
+fn an_export_that_fails_half_way_leaves_a_tar_stream_tar_refuses() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a-small"), b"first, in a small pack").unwrap();
+    fs::write(src.join("m-big"), Rng(5).bytes(6 << 20, false)).unwrap();
+    fs::write(src.join("z-after"), b"after the big one").unwrap();
+    let snap = env.backup(&[&src]);
+    let pack = largest_pack(&env.repo);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&pack)
+        .unwrap()
+        .set_len(50)
+        .unwrap();
+    for args in [
+        vec!["export", &snap, src.to_str().unwrap()],
+        vec!["dump", "--archive", "tar", &snap, src.to_str().unwrap()],
+    ] {
+        let out = env.cmd(&args).stdout(Stdio::piped()).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("the archive is incomplete"), "{args:?}: {err}");
+        // What was written before the failure is there: the stream is not empty.
+        assert!(out.stdout.len() > 1024, "{} bytes", out.stdout.len());
+        let to = env.path(&format!("x-{}", args[0]));
+        fs::create_dir_all(&to).unwrap();
+        let mut tar = Command::new("tar")
+            .arg("-x")
+            .arg("-C")
+            .arg(&to)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = tar.stdin.take().unwrap();
+            let _ = stdin.write_all(&out.stdout);
+        }
+        let t = tar.wait_with_output().unwrap();
+        assert!(
+            !t.status.success(),
+            "{args:?}: tar accepted the cut-short archive: {}",
+            String::from_utf8_lossy(&t.stderr)
+        );
+    }
+}
+
 /// An export to a file ended by Ctrl-C or SIGTERM removes its partial file; one
 /// killed outright leaves it, and the next export to the same name removes it
 /// (QA: each interruption left up to 176 MB of hidden `.partial` behind).

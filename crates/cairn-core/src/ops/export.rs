@@ -107,9 +107,10 @@ pub fn export<A: Access>(
 /// [`export`] that stops with an error at the first file it cannot read in full
 /// or directory it cannot read, for a reader that cannot be told afterwards (a
 /// browser's download): an archive finished with zeros in place of lost data
-/// passed every check (QA: `unzip` and its CRCs said nothing). A zip is then
-/// left without its central directory; the caller must not finish what wraps a
-/// tar (the server's zstd frame), whose writer ends the archive on its own.
+/// passed every check (QA: `unzip` and its CRCs said nothing). The archive is
+/// then left cut short (a zip without its central directory, a tar without its
+/// end-of-archive blocks, as after any failed export); the caller must not
+/// finish what wraps it either (the server's zstd frame).
 pub fn export_complete<A: Access>(
     session: &Session<A>,
     root: &BlobId,
@@ -137,9 +138,7 @@ fn export_as<A: Access>(
             session,
             root,
             (path, start),
-            TarSink {
-                tar: tar::Builder::new(out),
-            },
+            TarSink::new(out),
             complete_only,
         ),
         Format::Zip => run(
@@ -368,7 +367,36 @@ impl<S: Sink> Exporter<'_, S> {
 }
 
 struct TarSink<'a> {
-    tar: tar::Builder<&'a mut dyn Write>,
+    tar: tar::Builder<Cutoff<'a>>,
+    cut: std::rc::Rc<std::cell::Cell<bool>>,
+    finished: bool,
+}
+
+impl<'a> TarSink<'a> {
+    fn new(out: &'a mut dyn Write) -> Self {
+        let cut = std::rc::Rc::new(std::cell::Cell::new(false));
+        TarSink {
+            tar: tar::Builder::new(Cutoff {
+                out,
+                cut: cut.clone(),
+            }),
+            cut,
+            finished: false,
+        }
+    }
+}
+
+impl Drop for TarSink<'_> {
+    /// An export that failed leaves its archive cut short, without the two zero
+    /// blocks `tar`'s own drop would write: with them, a member whose data could
+    /// not be read was followed by a proper end of archive, and `tar -x` read the
+    /// file as zeros and exited 0 with the files after it missing (QA). Cut short,
+    /// every reader says "unexpected end of file".
+    fn drop(&mut self) {
+        if !self.finished {
+            self.cut.set(true);
+        }
+    }
 }
 
 impl TarSink<'_> {
@@ -561,7 +589,9 @@ impl Sink for TarSink<'_> {
 
     fn finish(&mut self) -> Result<()> {
         self.tar.finish().map_err(io)?;
-        self.tar.get_mut().flush().map_err(io)
+        self.tar.get_mut().flush().map_err(io)?;
+        self.finished = true;
+        Ok(())
     }
 }
 

@@ -28,6 +28,11 @@ pub struct FaultSpec {
     /// Injected errors are permanent (not retried): simulates a dead server or a
     /// full bucket, to test that commands fail cleanly.
     pub permanent: bool,
+    /// Injected errors are a local disk's I/O error (EIO): permanent, with the
+    /// message the operating system gives (a failing sector under one file).
+    pub io: bool,
+    /// Only objects whose name starts with this (`data/`: the packs) are affected.
+    pub names: Option<String>,
 }
 
 impl FaultSpec {
@@ -40,6 +45,8 @@ impl FaultSpec {
             ops: Vec::new(),
             after: 0,
             permanent: false,
+            io: false,
+            names: None,
         };
         let fraction = |v: &str| -> std::result::Result<f64, String> {
             match v.parse::<f64>() {
@@ -71,12 +78,16 @@ impl FaultSpec {
                         .map_err(|_| format!("after: {v:?} is not a number"))?
                 }
                 "kind" => {
-                    spec.permanent = match v {
-                        "transient" => false,
-                        "permanent" => true,
-                        _ => return Err(format!("kind: {v:?} is not transient or permanent")),
+                    (spec.permanent, spec.io) = match v {
+                        "transient" => (false, false),
+                        "permanent" => (true, false),
+                        "io" => (true, true),
+                        _ => {
+                            return Err(format!("kind: {v:?} is not transient, permanent or io"));
+                        }
                     }
                 }
+                "names" => spec.names = Some(v.to_string()),
                 "ops" => {
                     for op in v.split('+') {
                         if !["put", "get", "list", "delete"].contains(&op) {
@@ -135,8 +146,11 @@ impl FaultyBackend {
         (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    fn decide(&self, op: &str) -> Fault {
+    fn decide(&self, op: &str, name: &str) -> Fault {
         if !self.spec.ops.is_empty() && !self.spec.ops.iter().any(|o| o == op) {
+            return Fault::None;
+        }
+        if (self.spec.names.as_deref()).is_some_and(|p| !name.starts_with(p)) {
             return Fault::None;
         }
         if self.calls.fetch_add(1, Ordering::Relaxed) < self.spec.after {
@@ -166,9 +180,13 @@ impl FaultyBackend {
             },
             op,
             path: name.to_string(),
-            message: "injected fault (connection reset)".into(),
+            message: if self.spec.io {
+                std::io::Error::from_raw_os_error(5).to_string()
+            } else {
+                "injected fault (connection reset)".into()
+            },
         };
-        match self.decide(op) {
+        match self.decide(op, name) {
             Fault::None => f(),
             Fault::Before => Err(injected()),
             Fault::After => {
@@ -297,6 +315,21 @@ mod tests {
         ] {
             assert!(FaultSpec::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn only_objects_under_the_named_prefix_fail_with_an_io_error() {
+        let mem = Arc::new(crate::MemBackend::new());
+        mem.put("config", b"c").unwrap();
+        mem.put("data/ab/abcd", b"pack").unwrap();
+        let b = FaultyBackend::new(
+            mem,
+            FaultSpec::parse("fail=1,ops=get,names=data/,kind=io").unwrap(),
+        );
+        assert_eq!(b.get("config").unwrap(), b"c");
+        let e = b.get_range("data/ab/abcd", 0, 4).unwrap_err();
+        assert_eq!(e.kind, BackendErrorKind::Other);
+        assert!(e.message.contains("Input/output error"), "{}", e.message);
     }
 
     #[test]

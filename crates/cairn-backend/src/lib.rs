@@ -138,6 +138,17 @@ impl BackendError {
             message,
         }
     }
+    /// True when the storage failed to answer a read (an I/O error of the disk, a
+    /// remote that kept failing or went away), as opposed to finding the object
+    /// missing, too short, not a file, or not allowed: whether the object is
+    /// whole is not known.
+    pub fn is_read_failure(&self) -> bool {
+        matches!(
+            self.kind,
+            BackendErrorKind::Other | BackendErrorKind::Transient | BackendErrorKind::Unreachable
+        )
+    }
+
     pub fn already_exists(op: &'static str, path: &str) -> Self {
         BackendError {
             kind: BackendErrorKind::AlreadyExists,

@@ -225,6 +225,16 @@ impl Error {
         )
     }
 
+    /// True when the storage failed to read an object (an I/O error of the disk,
+    /// a remote that kept failing or went away), as opposed to finding it
+    /// missing, damaged or not allowed: whether the object is whole is not known.
+    pub fn is_read_failure(&self) -> bool {
+        match self.root() {
+            Error::Backend(b) => b.is_read_failure(),
+            _ => false,
+        }
+    }
+
     /// True when the repository's storage ran out of space.
     pub fn is_no_space(&self) -> bool {
         match self.root() {

@@ -197,10 +197,28 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             .iter()
             .filter(|p| matches!(p, Problem::PackUnreadable { .. }))
             .count();
+        // Nor are packs that reading failed on (the disk, the storage): the
+        // disk is looked at before anything is repaired.
+        let failed = report
+            .problems
+            .iter()
+            .filter(|p| matches!(p, Problem::PackReadFailed { .. }))
+            .count();
+        let failed_blobs = report
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::BlobReadFailed { .. }));
         let damage: Vec<&Problem> = report
             .problems
             .iter()
-            .filter(|p| !matches!(p, Problem::PackUnreadable { .. }))
+            .filter(|p| {
+                !matches!(
+                    p,
+                    Problem::PackUnreadable { .. }
+                        | Problem::PackReadFailed { .. }
+                        | Problem::BlobReadFailed { .. }
+                )
+            })
             .collect();
         // A pack with bytes appended (or its end cut off) is among them: `repair
         // index` rewrites it from the blobs that read back (QA: no next step).
@@ -237,7 +255,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                     | Problem::BlobInDamagedPack { .. }
             )
         });
-        let access = if unreadable == 0 {
+        let mut access = if unreadable == 0 {
             String::new()
         } else {
             format!(
@@ -251,6 +269,23 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                 ui::count(unreadable as u64, "pack")
             )
         };
+        if failed > 0 || failed_blobs {
+            access.push_str(&format!(
+                "{}{} could not be read (see the errors above): check the disk or the \
+                 storage (the system log, the drive's health, the connection), then check \
+                 again, before any repair",
+                if damage.is_empty() && unreadable == 0 {
+                    "; "
+                } else {
+                    "; besides, "
+                },
+                if failed > 0 {
+                    ui::count(failed as u64, "pack")
+                } else {
+                    "some of the repository's objects".to_string()
+                }
+            ));
+        }
         // Missing packs that are there under another name: put back, nothing
         // is lost, and a repair now would drop what they hold (QA).
         // So are packs found, whole, under another pack's name (--read-data).

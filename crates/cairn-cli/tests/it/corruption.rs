@@ -1082,3 +1082,54 @@ fn damage_inside_a_pack_is_sent_to_read_data_and_plain_check_says_what_it_did_no
     let o = env.run(&["check", "--read-data"]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
 }
+
+/// A pack the disk fails to read (EIO) is not damage found: `check --read-data`
+/// says that it could not be read and to look at the disk, without making each
+/// of its blobs a problem or advising a repair that would drop what a mended
+/// disk still holds (QA r17: 591 problems, "repair index").
+#[test]
+fn a_pack_the_disk_cannot_read_is_sent_to_the_disk_not_to_repair() {
+    let env = Env::new();
+    env.init(&["--block-size", "4K"]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("x"), Rng(3).bytes(2 << 20, false)).unwrap();
+    env.backup(&[&src]);
+    let o = env
+        .cmd(&["check", "--read-data"])
+        .env("CAIRN_FAULTS", "fail=1,ops=get,names=data/,kind=io")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(
+        out.contains("could not be read (Input/output error")
+            && out.contains("whether it is damaged is not known"),
+        "{out}"
+    );
+    assert!(!out.contains("stored in a damaged"), "{out}");
+    assert!(
+        err.contains("could not be read (see the errors above): check the disk")
+            && !err.contains("cairn repair"),
+        "{err}"
+    );
+    let packs = packs(&env.repo).len();
+    let v: serde_json::Value = serde_json::from_slice(
+        &env.cmd(&["check", "--read-data", "--json"])
+            .env("CAIRN_FAULTS", "fail=1,ops=get,names=data/,kind=io")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let problems = v["problems"].as_array().unwrap();
+    let kinds = |k: &str| problems.iter().filter(|p| p["kind"] == k).count();
+    // Each pack once, and the snapshot's root tree, which could not be walked.
+    assert_eq!(kinds("pack_read_failed"), packs, "{v}");
+    assert_eq!(kinds("blob_read_failed"), 1, "{v}");
+    assert_eq!(problems.len(), packs + 1, "{v}");
+    assert_eq!(v["packs_read"], 0, "{v}");
+    // Without the failing disk, everything reads back.
+    env.ok(&["check", "--read-data"]);
+}

@@ -134,6 +134,12 @@ pub enum Problem {
     /// blobs nor the files needing them are counted as lost, and no repair is
     /// advised (`repair index` would refuse to work around it).
     PackUnreadable { pack: PackId, error: String },
+    /// A pack that reading failed on (`--read-data`: an I/O error of the disk,
+    /// storage that kept failing): whether it is damaged is not known, so its
+    /// blobs are not counted as lost and no repair is advised (QA: an EIO made
+    /// every blob of the pack a problem, and the advice was to repair, which
+    /// would have dropped what a fixed disk still holds).
+    PackReadFailed { pack: PackId, error: String },
     /// A snapshot object cannot be read or names no valid tree.
     SnapshotUnreadable {
         snapshot: SnapshotId,
@@ -174,6 +180,15 @@ pub enum Problem {
     DedupListWrong {
         index: cairn_format::IndexId,
         error: String,
+    },
+    /// A tree or chunk list whose pack the storage failed to read (an I/O error
+    /// of the disk): not known to be damaged, and what is below it was not
+    /// checked. See [`Problem::PackReadFailed`].
+    BlobReadFailed {
+        blob: Option<BlobId>,
+        role: BlobRole,
+        error: String,
+        affects: Vec<Affected>,
     },
     /// A tree or chunk list was found but does not decode, authenticate or fit its
     /// place.
@@ -243,6 +258,11 @@ impl Problem {
                 "pack {pack}: {error}: its data was not verified (give this user read access \
                  to the repository, or check as its owner)"
             ),
+            Problem::PackReadFailed { pack, error } => format!(
+                "pack {pack}: could not be read ({error}): its data was not verified, and \
+                 whether it is damaged is not known (check the disk or the storage, then \
+                 check again)"
+            ),
             Problem::SnapshotUnreadable {
                 snapshot,
                 error,
@@ -289,6 +309,20 @@ impl Problem {
                 Some(b) => format!("{} {b}: {error}", role(r)),
                 None => format!("{}: {error}", role(r)),
             },
+            Problem::BlobReadFailed {
+                blob,
+                role: r,
+                error,
+                ..
+            } => format!(
+                "{}: could not be read ({error}): whether it is damaged is not known, and \
+                 what is below it was not checked (check the disk or the storage, then check \
+                 again)",
+                match blob {
+                    Some(b) => format!("{} {b}", role(r)),
+                    None => role(r).to_string(),
+                }
+            ),
         }
     }
 
@@ -298,6 +332,7 @@ impl Problem {
             Problem::BlobMissing { affects, .. }
             | Problem::BlobInDamagedPack { affects, .. }
             | Problem::BlobDamaged { affects, .. }
+            | Problem::BlobReadFailed { affects, .. }
             | Problem::FileInconsistent { affects, .. } => affects,
             _ => &[],
         }
@@ -307,6 +342,7 @@ impl Problem {
             Problem::BlobMissing { affects, .. }
             | Problem::BlobInDamagedPack { affects, .. }
             | Problem::BlobDamaged { affects, .. }
+            | Problem::BlobReadFailed { affects, .. }
             | Problem::FileInconsistent { affects, .. } => Some(affects),
             _ => None,
         }
@@ -473,18 +509,16 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
         }
         progress.set_total(Some(packs.iter().map(|(_, s)| s).sum()), None);
         let (problems, blobs) = read_packs(repo, &packs, &listing.packs, progress)?;
-        // Those this user may not read were not read.
-        let unread = problems
-            .iter()
-            .filter(|p| matches!(p, Problem::PackUnreadable { .. }))
-            .count();
-        report.packs_read = packs.len() - unread;
+        // Those this user may not read, or that reading failed on, were not read.
         let unread: std::collections::HashSet<PackId> = (problems.iter())
             .filter_map(|p| match p {
-                Problem::PackUnreadable { pack, .. } => Some(*pack),
+                Problem::PackUnreadable { pack, .. } | Problem::PackReadFailed { pack, .. } => {
+                    Some(*pack)
+                }
                 _ => None,
             })
             .collect();
+        report.packs_read = packs.len() - unread.len();
         report.bytes_read = (packs.iter())
             .filter(|(p, _)| !unread.contains(p))
             .map(|(_, s)| s)
@@ -964,11 +998,15 @@ fn record(problems: &mut ObjectProblems, p: Problem, sid: &SnapshotId, at: &str)
         Problem::BlobMissing { blob, .. } => (0, Some(*blob)),
         Problem::BlobInDamagedPack { blob, .. } => (1, Some(*blob)),
         Problem::BlobDamaged { blob, .. } => (2, *blob),
-        _ => (3, None),
+        Problem::BlobReadFailed { blob, .. } => (3, *blob),
+        _ => (4, None),
     };
     // Problems without a blob of their own are told apart by their message.
     let key_text = match &p {
         Problem::BlobDamaged {
+            error, blob: None, ..
+        }
+        | Problem::BlobReadFailed {
             error, blob: None, ..
         } => error.clone(),
         Problem::FileInconsistent { error, .. } => error.clone(),
@@ -1194,6 +1232,12 @@ fn blob_problem(id: BlobId, role: BlobRole, e: Error) -> Problem {
             role,
             affects: vec![],
         },
+        other if other.is_read_failure() => Problem::BlobReadFailed {
+            blob: (role == BlobRole::Tree).then_some(id),
+            role,
+            error: other.to_string(),
+            affects: vec![],
+        },
         other => Problem::BlobDamaged {
             // A chunk list below the root names itself in the message.
             blob: (role == BlobRole::Tree).then_some(id),
@@ -1263,6 +1307,10 @@ fn read_packs(
             }
             Verified::Unreadable(error) => {
                 problems.push(Problem::PackUnreadable { pack: *id, error });
+                continue;
+            }
+            Verified::ReadFailed(error) => {
+                problems.push(Problem::PackReadFailed { pack: *id, error });
                 continue;
             }
         };
@@ -1339,6 +1387,9 @@ enum Verified {
     Misnamed(PackId, Vec<BlobId>),
     /// This user may not read it: nothing is known of its content.
     Unreadable(String),
+    /// Reading it failed (I/O error, storage failing): nothing is known of its
+    /// content either.
+    ReadFailed(String),
 }
 
 fn verify_pack(
@@ -1361,6 +1412,9 @@ fn verify_pack(
         Err(e) if e.kind == cairn_backend::BackendErrorKind::PermissionDenied => {
             return Verified::Unreadable(e.message);
         }
+        // The medium or the storage failed, not the pack (which a missing file, a
+        // directory in its place or a short one is).
+        Err(e) if e.is_read_failure() => return Verified::ReadFailed(e.message),
         Err(e) => return all_bad(format!("cannot be read: {e}")),
     };
     let decode_at = |b: &BlobId, offset: u64, length: u32, raw: u32, c| -> Result<()> {

@@ -15,7 +15,7 @@
 //! first saw it. Losing the file costs no data.
 
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -84,7 +84,14 @@ pub struct LockOwners {
     /// taken for gone (killed while the server was down, or before it noticed),
     /// and their locks deleted like a silent session's (QA: a killed client's
     /// lock outlived a server restart by 25 minutes, every other job waiting).
-    orphans: Mutex<(std::time::Instant, HashMap<String, BTreeSet<String>>)>,
+    /// (Their locks are in `sessions`, rebuilt from the same file.)
+    orphans: Mutex<(std::time::Instant, HashSet<String>)>,
+}
+
+/// What a lock held when last seen, kept in the state file to tell a refresh
+/// through another server (the content changed) from a lock left behind.
+fn content_hash(content: &[u8]) -> String {
+    blake3::hash(content).to_hex().to_string()
 }
 
 /// Most sessions whose locks are remembered: each client holds a few for the
@@ -158,7 +165,10 @@ impl LockOwners {
             keep: max_age,
             seen: Mutex::new(seen),
             saved_at: Mutex::new(0),
-            orphans: Mutex::new((std::time::Instant::now(), sessions.clone())),
+            orphans: Mutex::new((
+                std::time::Instant::now(),
+                sessions.keys().cloned().collect(),
+            )),
             sessions: Mutex::new(sessions),
         }
     }
@@ -211,7 +221,7 @@ impl LockOwners {
     /// `content`.
     pub fn saw(&self, name: &str, content: &[u8]) {
         let now = cairn_core::time::now_unix();
-        let hash = blake3::hash(content).to_hex().to_string();
+        let hash = content_hash(content);
         let mut s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let x = s
             .entry(name.to_string())
@@ -225,7 +235,7 @@ impl LockOwners {
     /// saw it (refreshed through another server): then it counts as written now.
     fn changed(&self, name: &str, content: &[u8]) -> bool {
         let now = cairn_core::time::now_unix();
-        let hash = blake3::hash(content).to_hex().to_string();
+        let hash = content_hash(content);
         let mut s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let Some(x) = s.get_mut(name) else {
             return true;
@@ -302,7 +312,7 @@ impl LockOwners {
         if o.1.is_empty() || o.0.elapsed() < idle {
             return Vec::new();
         }
-        let gone: Vec<String> = o.1.drain().map(|(k, _)| k).collect();
+        let gone: Vec<String> = o.1.drain().collect();
         drop(o);
         gone.into_iter()
             .map(|k| {
@@ -317,7 +327,7 @@ impl LockOwners {
     /// refreshed since through another server in front of the datastore belongs
     /// to a client that is alive.
     pub fn as_last_seen(&self, name: &str, content: &[u8]) -> bool {
-        let hash = blake3::hash(content).to_hex().to_string();
+        let hash = content_hash(content);
         let s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         s.get(name)
             .is_some_and(|x| x.content.as_deref() == Some(hash.as_str()))

@@ -369,33 +369,67 @@ impl<S: Sink> Exporter<'_, S> {
 struct TarSink<'a> {
     tar: tar::Builder<Cutoff<'a>>,
     cut: std::rc::Rc<std::cell::Cell<bool>>,
+    /// Bytes written so far, and where the last entry written whole ended.
+    written: std::rc::Rc<std::cell::Cell<u64>>,
+    boundary: u64,
     finished: bool,
 }
 
 impl<'a> TarSink<'a> {
     fn new(out: &'a mut dyn Write) -> Self {
         let cut = std::rc::Rc::new(std::cell::Cell::new(false));
+        let written = std::rc::Rc::new(std::cell::Cell::new(0));
         TarSink {
             tar: tar::Builder::new(Cutoff {
                 out,
                 cut: cut.clone(),
+                written: Some(written.clone()),
             }),
             cut,
+            written,
+            boundary: 0,
             finished: false,
         }
     }
+
+    fn mark<T>(&mut self, r: Result<T>) -> Result<T> {
+        if r.is_ok() {
+            self.boundary = self.written.get();
+        }
+        r
+    }
 }
+
+/// Where a failed export's tar stream ends when it failed between entries: a
+/// header that promises data which never comes.
+const FAILED_MARK: &str = "CAIRN-EXPORT-FAILED-THE-ARCHIVE-IS-INCOMPLETE";
 
 impl Drop for TarSink<'_> {
     /// An export that failed leaves its archive cut short, without the two zero
     /// blocks `tar`'s own drop would write: with them, a member whose data could
     /// not be read was followed by a proper end of archive, and `tar -x` read the
-    /// file as zeros and exited 0 with the files after it missing (QA). Cut short,
-    /// every reader says "unexpected end of file".
+    /// file as zeros and exited 0 with the files after it missing (QA). Cut
+    /// inside a member, every reader says "unexpected end of file"; cut between
+    /// two (a chunk list unreadable before its file's header, Ctrl-C), GNU tar
+    /// and Python's tarfile take the end for a whole archive, so a last header
+    /// is written there whose data never comes (and whose name says why).
     fn drop(&mut self) {
-        if !self.finished {
-            self.cut.set(true);
+        if self.finished {
+            return;
         }
+        if self.written.get() == self.boundary {
+            let mut h = tar::Header::new_ustar();
+            if h.set_path(FAILED_MARK).is_ok() {
+                h.set_size(512);
+                h.set_mode(0o600);
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_cksum();
+                // Best effort: an output that failed is not written to again.
+                let _ = self.tar.get_mut().write_all(h.as_bytes());
+                let _ = self.tar.get_mut().flush();
+            }
+        }
+        self.cut.set(true);
     }
 }
 
@@ -506,8 +540,8 @@ fn os_path(name: &[u8]) -> &std::path::Path {
     std::path::Path::new(std::ffi::OsStr::from_bytes(name))
 }
 
-impl Sink for TarSink<'_> {
-    fn link(&mut self, name: &[u8], n: &Node, first: &[u8]) -> Result<bool> {
+impl TarSink<'_> {
+    fn write_link(&mut self, name: &[u8], n: &Node, first: &[u8]) -> Result<bool> {
         let mut h = self.header(n)?;
         h.set_entry_type(tar::EntryType::Link);
         self.tar
@@ -516,7 +550,7 @@ impl Sink for TarSink<'_> {
         Ok(true)
     }
 
-    fn entry(&mut self, name: &[u8], n: &Node) -> Result<Option<String>> {
+    fn write_entry(&mut self, name: &[u8], n: &Node) -> Result<Option<String>> {
         let mut h = self.header(n)?;
         let path = os_path(name);
         match n.kind {
@@ -548,7 +582,7 @@ impl Sink for TarSink<'_> {
         Ok(None)
     }
 
-    fn file(
+    fn write_file(
         &mut self,
         name: &[u8],
         n: &Node,
@@ -587,11 +621,40 @@ impl Sink for TarSink<'_> {
         r.map_err(io)
     }
 
-    fn finish(&mut self) -> Result<()> {
+    fn write_finish(&mut self) -> Result<()> {
         self.tar.finish().map_err(io)?;
         self.tar.get_mut().flush().map_err(io)?;
         self.finished = true;
         Ok(())
+    }
+}
+
+/// Each entry written whole moves the mark of where the next may start (see
+/// [`TarSink`]'s `Drop`).
+impl Sink for TarSink<'_> {
+    fn link(&mut self, name: &[u8], n: &Node, first: &[u8]) -> Result<bool> {
+        let r = self.write_link(name, n, first);
+        self.mark(r)
+    }
+
+    fn entry(&mut self, name: &[u8], n: &Node) -> Result<Option<String>> {
+        let r = self.write_entry(name, n);
+        self.mark(r)
+    }
+
+    fn file(
+        &mut self,
+        name: &[u8],
+        n: &Node,
+        first: Option<&[u8]>,
+        content: &mut Content<'_>,
+    ) -> Result<()> {
+        let r = self.write_file(name, n, first, content);
+        self.mark(r)
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.write_finish()
     }
 }
 
@@ -761,6 +824,8 @@ impl Read for SparseData<'_, '_> {
 struct Cutoff<'a> {
     out: &'a mut dyn Write,
     cut: std::rc::Rc<std::cell::Cell<bool>>,
+    /// Counts the bytes written, where wanted.
+    written: Option<std::rc::Rc<std::cell::Cell<u64>>>,
 }
 
 impl Write for Cutoff<'_> {
@@ -768,7 +833,11 @@ impl Write for Cutoff<'_> {
         if self.cut.get() {
             return Ok(buf.len());
         }
-        self.out.write(buf)
+        let n = self.out.write(buf)?;
+        if let Some(w) = &self.written {
+            w.set(w.get() + n as u64);
+        }
+        Ok(n)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -803,6 +872,7 @@ impl<'a> ZipSink<'a> {
             zip: Some(zip::ZipWriter::new_stream(Cutoff {
                 out,
                 cut: cut.clone(),
+                written: None,
             })),
             cut,
             notes: Vec::new(),
@@ -1715,6 +1785,48 @@ mod tests {
             c.read_to_end(&mut out).unwrap();
             (out, bytes, c.damaged.take())
         })
+    }
+
+    /// A tar export that fails between two entries ends with a header whose data
+    /// never comes, so that readers fail; a finished one does not (QA, review: a
+    /// stream cut between entries extracts with GNU tar's exit 0).
+    #[test]
+    fn a_tar_that_failed_between_entries_ends_in_a_header_without_its_data() {
+        let read_all = |out: &[u8]| -> (Vec<String>, std::io::Result<()>) {
+            let mut names = Vec::new();
+            let mut a = tar::Archive::new(out);
+            let r = (|| {
+                for e in a.entries()? {
+                    let mut e = e?;
+                    names.push(e.path()?.display().to_string());
+                    std::io::copy(&mut e, &mut std::io::sink())?;
+                }
+                Ok(())
+            })();
+            (names, r)
+        };
+        let mut dir = Node::new(b"d".to_vec(), NodeKind::Dir);
+        dir.mode = 0o755;
+        let mut out = Vec::new();
+        {
+            let mut sink = TarSink::new(&mut out);
+            assert_eq!(sink.entry(b"d", &dir).unwrap(), None);
+            // Dropped without finish: the export failed.
+        }
+        // The mark last, with no end-of-archive blocks after it.
+        assert!(out[out.len() - 512..].starts_with(FAILED_MARK.as_bytes()));
+        let (names, r) = read_all(&out);
+        assert_eq!(names, ["d", FAILED_MARK]);
+        assert!(r.is_err(), "the archive read as whole");
+        let mut out = Vec::new();
+        {
+            let mut sink = TarSink::new(&mut out);
+            sink.entry(b"d", &dir).unwrap();
+            sink.finish().unwrap();
+        }
+        let (names, r) = read_all(&out);
+        assert_eq!(names, ["d"]);
+        r.unwrap();
     }
 
     #[test]

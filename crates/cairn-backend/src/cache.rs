@@ -263,7 +263,7 @@ fn range_of(name: &str, data: &[u8], offset: u64, length: u64) -> Result<Vec<u8>
     match offset.checked_add(length) {
         Some(end) if end <= data.len() as u64 => Ok(data[offset as usize..end as usize].to_vec()),
         _ => Err(BackendError {
-            kind: BackendErrorKind::Other,
+            kind: BackendErrorKind::OutOfRange,
             op: "get",
             path: name.to_string(),
             message: format!(

@@ -6,7 +6,9 @@
 //!
 //! The CLI installs it below the retry layer when `CAIRN_FAULTS` is set, e.g.
 //! `CAIRN_FAULTS=fail=0.2,delay=0.1,delay-ms=20,seed=7` or, to fail only writes,
-//! `...,ops=put+delete`.
+//! `...,ops=put+delete`. `kind=permanent` makes the failures final (not retried),
+//! `kind=io` a disk's I/O error (EIO); `names=data/` limits them to objects whose
+//! name starts so (the packs), before `after=N` counts the calls let through.
 
 use crate::{Backend, BackendError, BackendErrorKind, ObjectInfo, Result};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -478,7 +478,7 @@ impl ServerBackend {
 /// header names it.
 fn range_last(name: &str, offset: u64, length: u64) -> Result<u64> {
     offset.checked_add(length - 1).ok_or_else(|| BackendError {
-        kind: BackendErrorKind::Other,
+        kind: BackendErrorKind::OutOfRange,
         op: "get",
         path: name.to_string(),
         message: format!("range {offset}+{length} is past any object's end"),

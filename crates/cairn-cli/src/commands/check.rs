@@ -199,11 +199,15 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             .count();
         // Nor are packs that reading failed on (the disk, the storage): the
         // disk is looked at before anything is repaired.
-        let failed = report
-            .problems
-            .iter()
-            .filter(|p| matches!(p, Problem::PackReadFailed { .. }))
-            .count();
+        // (Once each: the structure's pass may have failed on a pack's trailer
+        // before --read-data failed on the whole pack.)
+        let failed = (report.problems.iter())
+            .filter_map(|p| match p {
+                Problem::PackReadFailed { pack, .. } => Some(pack),
+                _ => None,
+            })
+            .collect::<std::collections::HashSet<_>>()
+            .len();
         let failed_blobs = report
             .problems
             .iter()
@@ -273,8 +277,8 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             access.push_str(&format!(
                 "{}{} could not be read (see the errors above): check the disk or the \
                  storage (the system log, the drive's health, the connection), then check \
-                 again, before any repair",
-                if damage.is_empty() && unreadable == 0 {
+                 again; what to repair, if anything, is said once everything reads",
+                if access.is_empty() {
                     "; "
                 } else {
                     "; besides, "
@@ -319,9 +323,12 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                 "they belong"
             },
         );
+        // Storage that fails reads comes first: a repair decided now could drop
+        // what the packs that did not read still hold, so none is advised.
+        let reads_failed = failed > 0 || failed_blobs;
         let next = if elsewhere > 0 {
             elsewhere_advice.as_str()
-        } else if damage.is_empty() {
+        } else if damage.is_empty() || reads_failed {
             ""
         } else if (damage.iter()).all(|p| matches!(p, Problem::KeyUnreadable { .. })) {
             // The data is whole; only that key's password no longer opens it.
@@ -356,7 +363,7 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         let roots_lost = damage
             .iter()
             .any(|p| p.affects().iter().any(|a| a.path == "/"));
-        let recover = if roots_lost && elsewhere == 0 {
+        let recover = if roots_lost && elsewhere == 0 && !reads_failed {
             "; a snapshot whose root directory is lost (SNAP:/ above) is dropped whole \
              by the repair: run `cairn recover` first, which saves the directories below \
              it as a new snapshot"

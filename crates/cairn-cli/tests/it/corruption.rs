@@ -1111,6 +1111,7 @@ fn a_pack_the_disk_cannot_read_is_sent_to_the_disk_not_to_repair() {
     assert!(!out.contains("stored in a damaged"), "{out}");
     assert!(
         err.contains("could not be read (see the errors above): check the disk")
+            && err.contains("what to repair, if anything, is said once everything reads")
             && !err.contains("cairn repair"),
         "{err}"
     );

@@ -130,7 +130,6 @@ fn backup_host(env: &Env, src: &Path, host: &str) -> String {
     v["snapshot_id"].as_str().unwrap().to_string()
 }
 
-/// Where the source `src` appears inside a mounted snapshot root.
 /// A repository holding one snapshot of one one-byte file.
 fn one_tiny_snapshot() -> Env {
     let env = Env::new();
@@ -142,6 +141,7 @@ fn one_tiny_snapshot() -> Env {
     env
 }
 
+/// Where the source `src` appears inside a mounted snapshot root.
 fn inside(root: &Path, src: &Path) -> PathBuf {
     root.join(src.strip_prefix("/").unwrap())
 }

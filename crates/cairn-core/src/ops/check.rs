@@ -484,12 +484,17 @@ pub fn check(session: &mut Session<Read>, opts: &CheckOptions) -> Result<CheckRe
                 });
             }
             Some(size) if l.live && *size != l.expected_size(repo) => {
-                if !trailer_agrees(repo, p, *size, l.end) {
-                    report.problems.push(Problem::PackSize {
+                match trailer_agrees(repo, p, *size, l.end) {
+                    Ok(true) => {}
+                    Ok(false) => report.problems.push(Problem::PackSize {
                         pack: *p,
                         size: *size,
                         expected: l.expected_size(repo),
-                    });
+                    }),
+                    Err(e) => report.problems.push(Problem::PackReadFailed {
+                        pack: *p,
+                        error: e.message,
+                    }),
                 }
             }
             Some(_) => {}
@@ -688,15 +693,28 @@ struct Listed {
 /// of some of a pack's blobs (which is not damage: a pending record of a repair, a
 /// client's partial listing) and another version's header layout pass; bytes
 /// appended or an end cut off break the trailer and do not.
-fn trailer_agrees(repo: &Repository, pack: &PackId, size: u64, end: u64) -> bool {
+/// A trailer the storage failed to read is an error: not known to disagree.
+fn trailer_agrees(
+    repo: &Repository,
+    pack: &PackId,
+    size: u64,
+    end: u64,
+) -> std::result::Result<bool, cairn_backend::BackendError> {
     let t = PACK_TRAILER_LEN as u64;
-    size >= t
-        && repo
-            .backend()
-            .get_range(&names::pack(&pack.to_hex()), size - t, t)
-            .ok()
-            .and_then(|b| cairn_format::pack::parse_trailer(size, &b).ok())
-            .is_some_and(|(blob_bytes, _)| blob_bytes >= end)
+    if size < t {
+        return Ok(false);
+    }
+    let b = match repo
+        .backend()
+        .get_range(&names::pack(&pack.to_hex()), size - t, t)
+    {
+        Ok(b) => b,
+        Err(e) if e.is_read_failure() => return Err(e),
+        Err(_) => return Ok(false),
+    };
+    Ok(cairn_format::pack::parse_trailer(size, &b)
+        .ok()
+        .is_some_and(|(blob_bytes, _)| blob_bytes >= end))
 }
 
 impl Listed {

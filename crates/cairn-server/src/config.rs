@@ -10,6 +10,7 @@
 //! max_connections_per_ip = 128
 //! max_lock_age_hours = 168
 //! job_idle_secs = 90
+//! restart_lock_secs = 360
 //! session_idle_secs = 1800
 //! session_max_hours = 12
 //! stale_after_hours = 26
@@ -58,6 +59,11 @@ pub struct ServerConfig {
     /// Seconds a job slot stays with a client the server does not hear from
     /// (a killed client's slot is freed after this; clients speak every third).
     pub job_idle_secs: u64,
+    /// After a start: a lock whose client session held it when the server
+    /// stopped, and which is not refreshed (through any server) within this
+    /// long, belongs to a client that is gone, and is deleted. Longer than the
+    /// clients' refresh interval (5 minutes), so that a live one always shows.
+    pub restart_lock_secs: u64,
     /// A console sign-in unused for this long ends.
     pub session_idle_secs: u64,
     /// No console sign-in lasts longer than this.
@@ -130,6 +136,7 @@ pub struct FileConfig {
     pub max_connections_per_ip: Option<usize>,
     pub max_lock_age_hours: Option<u64>,
     pub job_idle_secs: Option<u64>,
+    pub restart_lock_secs: Option<u64>,
     pub session_idle_secs: Option<u64>,
     pub session_max_hours: Option<u64>,
     pub stale_after_hours: Option<u64>,
@@ -344,6 +351,7 @@ impl ServerConfig {
             max_connections_per_ip: file.max_connections_per_ip.unwrap_or(128).max(1),
             max_lock_age_hours: file.max_lock_age_hours.unwrap_or(7 * 24),
             job_idle_secs: file.job_idle_secs.unwrap_or(90),
+            restart_lock_secs: file.restart_lock_secs.unwrap_or(360),
             session_idle_secs: file.session_idle_secs.unwrap_or(1800),
             session_max_hours: file.session_max_hours.unwrap_or(12),
             stale_after_hours: file.stale_after_hours.unwrap_or(26),
@@ -413,6 +421,12 @@ impl ServerConfig {
             return Err(ConfigError::Invalid(format!(
                 "job_idle_secs = {}: must be between 3 and 86400",
                 config.job_idle_secs
+            )));
+        }
+        if !(3..=86_400).contains(&config.restart_lock_secs) {
+            return Err(ConfigError::Invalid(format!(
+                "restart_lock_secs = {}: must be between 3 and 86400",
+                config.restart_lock_secs
             )));
         }
         if !(1..=7 * 86_400).contains(&config.session_idle_secs) {

@@ -738,7 +738,14 @@ fn sweep_lost_sessions(app: &Arc<App>) {
     let app = app.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(3));
-        let idle = Duration::from_secs(app.config.job_idle_secs);
+        // The locks of the sessions left from before the start, as they are now
+        // (the server listens already: clients can be heard from this moment).
+        for ds in app.datastores.values() {
+            let d = ds.clone();
+            let _ = tokio::task::spawn_blocking(move || read_orphan_locks(&d)).await;
+        }
+        let since = std::time::Instant::now();
+        let orphan_wait = Duration::from_secs(app.config.restart_lock_secs);
         loop {
             tick.tick().await;
             for ds in app.datastores.values() {
@@ -749,17 +756,18 @@ fn sweep_lost_sessions(app: &Arc<App>) {
                 });
                 // Sessions that held locks when the server last stopped and were
                 // not heard from since its start.
-                let orphans = ds
-                    .owners
-                    .take_orphans(idle)
-                    .into_iter()
-                    .map(|(key, names)| {
-                        (
-                            format!("token {:?}", token_name_of(&app, &key)),
-                            names,
-                            true,
-                        )
-                    });
+                let orphans = if since.elapsed() >= orphan_wait {
+                    ds.owners.take_orphans()
+                } else {
+                    Vec::new()
+                };
+                let orphans = orphans.into_iter().map(|(key, names)| {
+                    (
+                        format!("token {:?}", token_name_of(&app, &key)),
+                        names,
+                        true,
+                    )
+                });
                 let all: Vec<_> = lost.chain(orphans).collect();
                 for (who, names, orphan) in all {
                     if names.is_empty() {
@@ -774,7 +782,9 @@ fn sweep_lost_sessions(app: &Arc<App>) {
                     let what = if orphan {
                         format!(
                             "a client of {who} that held locks when the server stopped was not \
-                             heard from in the {secs} s after its start (killed, or cut off)"
+                             heard from, nor its locks refreshed, in the {} s after its start \
+                             (killed, or cut off)",
+                            orphan_wait.as_secs()
                         )
                     } else {
                         format!("a client of {who} went silent for {secs} s (killed, or cut off)")
@@ -817,10 +827,22 @@ fn token_name_of(app: &App, key: &str) -> String {
         .unwrap_or_else(|| id.to_string())
 }
 
+/// Reads the locks of the client sessions left from before the start (see
+/// [`locks::LockOwners::orphan_read`]); one that cannot be read is not deleted.
+fn read_orphan_locks(ds: &Datastore) {
+    let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
+    for n in ds.owners.orphan_locks() {
+        match ds.backend.get_bounded(&n, max) {
+            Ok(content) => ds.owners.orphan_read(&n, Some(&content)),
+            Err(_) => ds.owners.orphan_read(&n, None),
+        }
+    }
+}
+
 /// Deletes the locks `names` of a client session taken for gone; how many there
-/// were. With `unless_refreshed`, a lock whose content changed since this server
-/// last saw it written stays: its client is alive, refreshing it through another
-/// server in front of the datastore.
+/// were. With `unless_refreshed` (a session left from before the start), only a
+/// lock that holds what it held when the wait began goes: one refreshed since,
+/// through this server or another in front of the datastore, has a live client.
 fn delete_session_locks(
     ds: &Datastore,
     names: &[String],
@@ -831,7 +853,7 @@ fn delete_session_locks(
         if unless_refreshed {
             let max = cairn_format::consts::MAX_SMALL_OBJECT_SIZE as u64;
             match ds.backend.get_bounded(n, max) {
-                Ok(content) if !ds.owners.as_last_seen(n, &content) => continue,
+                Ok(content) if !ds.owners.orphan_unchanged(n, &content) => continue,
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => {
                     ds.owners.removed(n);

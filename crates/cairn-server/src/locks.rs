@@ -79,13 +79,18 @@ pub struct LockOwners {
     /// session goes silent ([`crate::slots::Lost`]). Rebuilt at start from the
     /// sessions the state file names.
     sessions: Mutex<HashMap<String, BTreeSet<String>>>,
-    /// The sessions that held locks when the server last stopped, and when this
-    /// run began: those not heard from within the idle time after the start are
-    /// taken for gone (killed while the server was down, or before it noticed),
-    /// and their locks deleted like a silent session's (QA: a killed client's
-    /// lock outlived a server restart by 25 minutes, every other job waiting).
-    /// (Their locks are in `sessions`, rebuilt from the same file.)
-    orphans: Mutex<(std::time::Instant, HashSet<String>)>,
+    /// The sessions that held locks when the server last stopped: those not
+    /// heard from, and whose locks are not refreshed, within a while after the
+    /// start are taken for gone (killed while the server was down, or before it
+    /// noticed), and their locks deleted like a silent session's (QA: a killed
+    /// client's lock outlived a server restart by 25 minutes, every other job
+    /// waiting). Their locks are in `sessions`, rebuilt from the same file.
+    orphans: Mutex<HashSet<String>>,
+    /// The content of the orphans' locks as read from storage when the wait
+    /// began: a lock holding other content when it ends was refreshed, through
+    /// this server or another in front of the datastore (or one sharing its
+    /// state directory), by a client that is alive.
+    orphan_content: Mutex<HashMap<String, String>>,
 }
 
 /// What a lock held when last seen, kept in the state file to tell a refresh
@@ -165,10 +170,8 @@ impl LockOwners {
             keep: max_age,
             seen: Mutex::new(seen),
             saved_at: Mutex::new(0),
-            orphans: Mutex::new((
-                std::time::Instant::now(),
-                sessions.keys().cloned().collect(),
-            )),
+            orphans: Mutex::new(sessions.keys().cloned().collect()),
+            orphan_content: Mutex::new(HashMap::new()),
             sessions: Mutex::new(sessions),
         }
     }
@@ -227,8 +230,15 @@ impl LockOwners {
             .entry(name.to_string())
             .or_insert_with(|| Seen::written_at(now));
         x.last_written = Some(now);
-        x.content = Some(hash);
-        self.save_if_due(&s, now);
+        // Saved when the content changed (a refresh: every 5 minutes a lock):
+        // a write just before may have saved the old one, and the file must
+        // not stay a refresh behind.
+        if x.content.as_deref() != Some(hash.as_str()) {
+            x.content = Some(hash);
+            self.save(&s);
+        } else {
+            self.save_if_due(&s, now);
+        }
     }
 
     /// Whether the lock `name` holds other content than when this server last
@@ -299,20 +309,54 @@ impl LockOwners {
     /// the server last stopped, it is alive and they stay.
     pub fn heard(&self, session: &str) {
         let mut o = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
-        if !o.1.is_empty() {
-            o.1.remove(session);
+        if !o.is_empty() {
+            o.remove(session);
         }
     }
 
-    /// Once `idle` has passed since the start: the sessions that held locks when
-    /// the server last stopped and have not been heard from since, each with the
-    /// locks it stored and did not remove; forgotten. Empty before then, and after.
-    pub fn take_orphans(&self, idle: std::time::Duration) -> Vec<(String, Vec<String>)> {
+    /// The locks of the sessions that held locks when the server last stopped.
+    pub fn orphan_locks(&self) -> Vec<String> {
+        let o = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
+        let s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        (o.iter())
+            .filter_map(|k| s.get(k))
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
+    /// The orphan lock `name` held `content` when the wait began (None: it was
+    /// gone already).
+    pub fn orphan_read(&self, name: &str, content: Option<&[u8]>) {
+        let mut c = self
+            .orphan_content
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match content {
+            Some(b) => c.insert(name.to_string(), content_hash(b)),
+            None => c.remove(name),
+        };
+    }
+
+    /// Whether the orphan lock `name` still holds what it held when the wait
+    /// began (false for one not read then: nothing is known of it).
+    pub fn orphan_unchanged(&self, name: &str, content: &[u8]) -> bool {
+        let c = self
+            .orphan_content
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        c.get(name).is_some_and(|h| *h == content_hash(content))
+    }
+
+    /// Once the wait is over (the caller's to time): the sessions that held
+    /// locks when the server last stopped and have not been heard from since,
+    /// each with the locks it stored and did not remove; forgotten.
+    pub fn take_orphans(&self) -> Vec<(String, Vec<String>)> {
         let mut o = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
-        if o.1.is_empty() || o.0.elapsed() < idle {
+        if o.is_empty() {
             return Vec::new();
         }
-        let gone: Vec<String> = o.1.drain().collect();
+        let gone: Vec<String> = o.drain().collect();
         drop(o);
         gone.into_iter()
             .map(|k| {
@@ -321,16 +365,6 @@ impl LockOwners {
             })
             .filter(|(_, names)| !names.is_empty())
             .collect()
-    }
-
-    /// Whether the lock `name` holds what this server last saw written to it: one
-    /// refreshed since through another server in front of the datastore belongs
-    /// to a client that is alive.
-    pub fn as_last_seen(&self, name: &str, content: &[u8]) -> bool {
-        let hash = content_hash(content);
-        let s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        s.get(name)
-            .is_some_and(|x| x.content.as_deref() == Some(hash.as_str()))
     }
 
     /// The locks the session `session` stored and did not remove; forgotten.
@@ -508,8 +542,9 @@ mod tests {
     }
 
     /// A restarted server knows whose locks there were: the sessions not heard
-    /// from within the idle time are handed over with their locks, once; those
-    /// heard from keep theirs, and a removed lock is nobody's.
+    /// from are handed over with their locks, once; those heard from keep
+    /// theirs, a removed lock is nobody's, and a lock that changed since the
+    /// wait began was refreshed (its client is alive).
     #[test]
     fn sessions_holding_locks_outlive_a_restart_until_taken_for_gone() {
         let dir = tempfile::tempdir().unwrap();
@@ -528,27 +563,49 @@ mod tests {
         o.made_by("t3-c", "locks/4");
         o.removed("locks/4");
         // Nothing to take in this run: no session was left from before it.
-        assert!(o.take_orphans(std::time::Duration::ZERO).is_empty());
+        assert!(o.take_orphans().is_empty());
         drop(o);
         let again = LockOwners::open(path, 3600);
-        let idle = std::time::Duration::from_millis(200);
+        let mut orphan_locks = again.orphan_locks();
+        orphan_locks.sort();
+        assert_eq!(orphan_locks, ["locks/1", "locks/2", "locks/3"]);
+        for n in &orphan_locks {
+            again.orphan_read(n, Some(n.as_bytes()));
+        }
         again.heard("t2-b");
-        assert!(
-            again.take_orphans(idle).is_empty(),
-            "not before the idle time"
-        );
-        std::thread::sleep(idle);
         assert_eq!(
-            again.take_orphans(idle),
+            again.take_orphans(),
             [(
                 "t1-a".to_string(),
                 vec!["locks/1".to_string(), "locks/2".to_string()]
             )]
         );
-        assert!(again.take_orphans(idle).is_empty(), "handed over once");
+        assert!(again.take_orphans().is_empty(), "handed over once");
+        assert!(again.orphan_unchanged("locks/1", b"locks/1"));
+        assert!(!again.orphan_unchanged("locks/1", b"refreshed elsewhere"));
+        assert!(!again.orphan_unchanged("locks/9", b"never read"));
         // The session heard from is tracked as before (deleted if it goes silent).
         assert_eq!(again.take_session("t2-b"), ["locks/3"]);
-        assert!(again.as_last_seen("locks/3", b"locks/3"));
-        assert!(!again.as_last_seen("locks/3", b"refreshed elsewhere"));
+    }
+
+    /// A refresh saves the lock's new content at once (the file was one refresh
+    /// behind when a write of the same second had just saved it).
+    #[test]
+    fn a_refreshed_lock_is_saved_with_its_new_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.json");
+        let o = LockOwners::open(path.clone(), 3600);
+        o.written("locks/1");
+        o.saw("locks/1", b"v1");
+        o.made_by("t1-a", "locks/1");
+        o.written("locks/1");
+        o.saw("locks/1", b"v2");
+        drop(o);
+        let again = LockOwners::open(path, 3600);
+        let seen = again.seen.lock().unwrap();
+        assert_eq!(
+            seen["locks/1"].content.as_deref(),
+            Some(content_hash(b"v2").as_str())
+        );
     }
 }

@@ -2957,7 +2957,7 @@ fn a_lock_of_a_client_killed_across_a_server_restart_is_deleted() {
     env.init(&[]);
     let src = env.path("src");
     random_files(&src, "f", 6, 1 << 20, 92);
-    let settings = "job_idle_secs = 3\n";
+    let settings = "job_idle_secs = 3\nrestart_lock_secs = 3\n";
     let srv = Server::with_settings(&env, settings);
     let (ta, tb) = (
         srv.token("ha", "main", "backup"),

@@ -1081,6 +1081,14 @@ fn damage_inside_a_pack_is_sent_to_read_data_and_plain_check_says_what_it_did_no
     );
     let o = env.run(&["check", "--read-data"]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
+    // Damage, in one blob: not another pack under this one's name with every
+    // blob lost (QA r18).
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("content does not match its name (damaged); 1 of ")
+            && !out.contains("holds another pack"),
+        "{out}"
+    );
 }
 
 /// A pack the disk fails to read (EIO) is not damage found: `check --read-data`

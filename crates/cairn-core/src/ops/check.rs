@@ -1480,10 +1480,16 @@ fn verify_pack(
             header_whole = true;
             for e in &entries {
                 listed.insert(e.id, offset);
-                // Copies the index does not point at (duplicates) are verified too.
-                if at.get(&e.id) != Some(&offset)
-                    && let Err(err) =
-                        decode_at(&e.id, offset, e.length, e.raw_length, e.compression)
+                // Copies the index does not point at (duplicates) are verified too;
+                // those it points at were above. One that failed there makes the
+                // file damaged, not another pack (QA r18: a flipped byte was
+                // called another pack, whole, and every blob lost).
+                if at.get(&e.id) == Some(&offset) {
+                    if bad.contains(&e.id) {
+                        header_whole = false;
+                    }
+                } else if let Err(err) =
+                    decode_at(&e.id, offset, e.length, e.raw_length, e.compression)
                 {
                     header_whole = false;
                     problems.push(format!("unindexed copy of blob {}: {err}", e.id.short()));

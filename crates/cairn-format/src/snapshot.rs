@@ -126,6 +126,10 @@ pub struct ImageInfo {
     /// when none, and in snapshots written before it was counted.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub bytes_in_holes: u64,
+    /// Blocks among `blocks_read` wholly in those holes (not read at all).
+    /// Absent when none, and in snapshots written before it was counted.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub blocks_in_holes: u64,
     /// A regular file source's device and inode numbers: a changed-block list is
     /// not applied to another file at that path (replaced, or an image restored
     /// onto it), whose blocks it does not describe. Absent for a block device,

@@ -45,6 +45,8 @@ pub(crate) struct ImageCounts {
     pub blocks_zero: u64,
     /// Bytes of a sparse source's holes, which were not read.
     pub hole_bytes: u64,
+    /// Blocks wholly in those holes.
+    pub hole_blocks: u64,
     pub notes: Vec<super::image::Note>,
 }
 
@@ -432,7 +434,10 @@ fn run<'a>(
                     Item::ImageNote(n) => {
                         if let Some(t) = file.as_mut().and_then(|f| f.image.as_mut()) {
                             match n {
-                                super::image::Note::Holes { bytes } => t.counts.hole_bytes += bytes,
+                                super::image::Note::Holes { bytes, blocks } => {
+                                    t.counts.hole_bytes += bytes;
+                                    t.counts.hole_blocks += blocks;
+                                }
                                 n => t.counts.notes.push(n),
                             }
                         }

@@ -45,7 +45,7 @@ pub(crate) enum Note {
     /// start (the image was saved at the start's size).
     SizeChanged { now: u64 },
     /// Bytes of a sparse file's holes: zeros, not read from the disk.
-    Holes { bytes: u64 },
+    Holes { bytes: u64, blocks: u64 },
 }
 
 /// Everything decided before the pipeline starts.
@@ -193,6 +193,8 @@ impl Walker<'_> {
             direct: plan.direct.as_ref(),
             sparse: plan.file.metadata().is_ok_and(|m| m.is_file()),
             holes: AtomicU64::new(0),
+            hole_blocks: AtomicU64::new(0),
+            block_size: plan.geometry.block_size,
         };
         let pool = &self.budget.pool;
         let (req_tx, req_rx) = crossbeam_channel::bounded::<(u64, u64, u64)>(READERS * 4);
@@ -238,7 +240,10 @@ impl Walker<'_> {
         })?;
         let holes = source.holes.load(Ordering::Relaxed);
         if holes > 0 {
-            self.emit(Item::ImageNote(Note::Holes { bytes: holes }))?;
+            self.emit(Item::ImageNote(Note::Holes {
+                bytes: holes,
+                blocks: source.hole_blocks.load(Ordering::Relaxed),
+            }))?;
         }
         let now = source_size(&plan.file).unwrap_or(g.size);
         if now != g.size {
@@ -570,6 +575,11 @@ struct Source<'a> {
     sparse: bool,
     /// Bytes skipped as holes, for the report ("read" counts what was read).
     holes: AtomicU64,
+    /// Blocks (of `block_size`, from the offset read) wholly in holes: a
+    /// block that is partly data was read (QA r18: holes inside read blocks
+    /// were counted as whole blocks in holes).
+    hole_blocks: AtomicU64,
+    block_size: u64,
 }
 
 /// Reads as much of `buf` as the source holds from `off`; stops early only at the
@@ -593,6 +603,13 @@ fn read_full_at(
     };
     let mut at = 0usize;
     let data: u64 = segments.iter().map(|(s, e)| e - s).sum();
+    let bs = src.block_size.max(1);
+    let whole_holes = (0..avail.div_ceil(bs))
+        .filter(|i| {
+            let (b, be) = (off + i * bs, (off + (i + 1) * bs).min(off + avail));
+            !segments.iter().any(|&(s, e)| s < be && e > b)
+        })
+        .count() as u64;
     for (s, e) in segments {
         let (lo, hi) = ((s - off) as usize, (e - off) as usize);
         buf[at..lo].fill(0);
@@ -606,6 +623,7 @@ fn read_full_at(
     // block, which counts its own holes.
     src.holes
         .fetch_add(avail.saturating_sub(data), Ordering::Relaxed);
+    src.hole_blocks.fetch_add(whole_holes, Ordering::Relaxed);
     let avail = avail as usize;
     buf[at..avail].fill(0);
     Ok(avail)
@@ -1193,6 +1211,7 @@ pub(crate) fn info(
         unreadable,
         size_at_end,
         bytes_in_holes: counts.hole_bytes,
+        blocks_in_holes: counts.hole_blocks,
         source_file: plan.source_file,
     }
 }
@@ -1247,6 +1266,8 @@ mod tests {
                 direct,
                 sparse: true,
                 holes: AtomicU64::new(0),
+                hole_blocks: AtomicU64::new(0),
+                block_size: 4096,
             };
             let mut scratch = AlignedBuf::default();
             // Reads of 4 MiB and of odd sizes at odd places, as the readers and the
@@ -1299,6 +1320,8 @@ mod tests {
             direct: None,
             sparse: true,
             holes: AtomicU64::new(0),
+            hole_blocks: AtomicU64::new(0),
+            block_size: 4096,
         };
         let out = read_range(
             &src,

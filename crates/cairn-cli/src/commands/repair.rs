@@ -195,7 +195,7 @@ fn snapshots_report(
                 None => println!("snapshot {} removed:", &s.original[..8]),
             }
             for d in &s.dropped {
-                println!("    {verb} {d}");
+                println!("    {verb} {} ({})", ui::printable(&d.path), d.why);
             }
         }
         for v in &r.vanished_recorded {

@@ -1142,3 +1142,28 @@ fn a_pack_the_disk_cannot_read_is_sent_to_the_disk_not_to_repair() {
     // Without the failing disk, everything reads back.
     env.ok(&["check", "--read-data"]);
 }
+
+/// `repair snapshots` names what it drops as `ls` does: a newline in a name is
+/// written `\n`, not as a line break that splits the entry (QA r18).
+#[test]
+fn repair_snapshots_escapes_control_characters_in_the_names_it_drops() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("new\nline"), Rng(8).bytes(3 << 20, false)).unwrap();
+    env.backup(&[&src]);
+    let pack = largest_pack(&env.repo);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&pack)
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    env.ok(&["repair", "index"]);
+    let out = env.ok(&["repair", "snapshots", "--dry-run"]);
+    assert!(
+        out.contains("would drop ") && out.contains("/new\\nline ("),
+        "{out}"
+    );
+}

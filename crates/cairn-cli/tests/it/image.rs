@@ -2977,3 +2977,21 @@ fn a_changed_block_list_is_not_applied_to_a_file_put_in_the_sources_place() {
     assert!(e.contains("not standard output"), "{e}");
     assert!(!Path::new("-").exists() && !env.path("-").exists());
 }
+
+/// A filesystem of 128-byte inodes (valid: old ext2/ext3, `mkfs -I 128`),
+/// which the reader behind --image-fs cannot read, is said to be that and not
+/// "corrupt", with the way that works (QA r18).
+#[test]
+fn image_fs_names_128_byte_inodes_instead_of_calling_them_corrupt() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(&tree).unwrap();
+    fs::write(tree.join("f"), b"x").unwrap();
+    let snap = ext4_image_snapshot(&env, &tree, &["-I", "128"]);
+    let err = env.fails(&["ls", &snap, "--image-fs", "/"], 1);
+    assert!(
+        err.contains("the filesystem has 128-byte inodes") && !err.contains("corrupt"),
+        "{err}"
+    );
+}

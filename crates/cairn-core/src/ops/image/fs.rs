@@ -138,6 +138,17 @@ fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
              --image`) and loop-mount it read-only to reach this file (docs/IMAGES.md)"
         ));
     }
+    // ext4-view reads only inodes of more than 128 bytes (the extra fields hold
+    // what it needs); `mkfs -I 128` and old ext2/ext3 filesystems have them,
+    // valid, and every inode then reads as "truncated" (QA r18: "corrupt").
+    if text.contains("is truncated: size=128") {
+        return Error::Invalid(format!(
+            "{what}: the filesystem has 128-byte inodes (an old ext2/ext3, or made with \
+             `mkfs -I 128`), which the ext4 reader --image-fs uses cannot read; restore the \
+             image (`restore --image`) and loop-mount it read-only to reach its files \
+             (docs/IMAGES.md)"
+        ));
+    }
     Error::Invalid(format!("{what}: {text}"))
 }
 

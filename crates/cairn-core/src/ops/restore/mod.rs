@@ -427,6 +427,15 @@ struct Walk<'a> {
     /// They are listed once it is, and not at all if it never is (QA: a link to
     /// a file left as zeros was "restored").
     links_waiting: HashMap<(u64, u64), Vec<(PathBuf, bool)>>,
+    /// `--verify`: hard-linked files whose first name's content is still to be
+    /// read back, with how many other names were made links of it meanwhile:
+    /// those count as verified once it is, and not if it fails (review: they
+    /// were counted before the first name was even written).
+    links_to_verify: HashMap<(u64, u64), u64>,
+    /// `--verify`: hard-linked files whose first name's content was read back,
+    /// or compared with the snapshot's before it was kept: a name made a link
+    /// of it later is verified with it.
+    first_verified: std::collections::HashSet<(u64, u64)>,
     /// Hard-linked files whose name met first was kept as it was (`never`,
     /// `if-newer`) though it does not look like the snapshot's content: their
     /// other names become a file of their own, which is said. The kept name.
@@ -651,6 +660,8 @@ pub(super) fn restore_under(
             pending: Vec::new(),
             hardlinks: HashMap::new(),
             links_waiting: HashMap::new(),
+            links_to_verify: HashMap::new(),
+            first_verified: Default::default(),
             kept_apart: HashMap::new(),
             link_dir: None,
             flagged: Vec::new(),
@@ -2180,6 +2191,8 @@ impl Walk<'_> {
                 if let Some(f) = self.hardlinks.get_mut(&key) {
                     f.kept = false;
                 }
+                // Its bytes were compared with the snapshot's.
+                self.first_verified.insert(key);
             } else if let Some(f) = self.hardlinks.remove(&key) {
                 let first = f.dir_node.join(&f.name);
                 if existing.is_some() {
@@ -2221,17 +2234,17 @@ impl Walk<'_> {
                 return Ok(());
             }
             let replaced = existing.is_some();
-            // With `--verify` a name made a link holds what its first name holds,
-            // which was read back (written now) or compared before it was kept
-            // (`if-changed`): verified with it, so that the summary's counts of
+            // With `--verify` a name made a link holds what its first name holds:
+            // verified with it, once that is read back (written now) or when it
+            // was compared before it was kept, so that the summary's counts of
             // names written and verified agree (QA: "wrote 3 files", "verified 1").
-            let verified_with_first = self
-                .hardlinks
-                .get(&key)
-                .is_some_and(|f| !f.kept || self.opts.overwrite == overwrite::Overwrite::IfChanged);
             match self.link(&parent, &name, key, fresh) {
-                Ok(_) if self.opts.verify && verified_with_first => {
-                    self.stats.verified += 1;
+                Ok(_) if self.opts.verify => {
+                    if let Some(n) = self.links_to_verify.get_mut(&key) {
+                        *n += 1;
+                    } else if self.first_verified.contains(&key) {
+                        self.stats.verified += 1;
+                    }
                     self.listed_link(key, &parent, &name, replaced, node.size);
                 }
                 Ok(_) => self.listed_link(key, &parent, &name, replaced, node.size),
@@ -2350,6 +2363,9 @@ impl Walk<'_> {
                 );
                 if self.opts.list_files {
                     self.links_waiting.insert(key, Vec::new());
+                }
+                if self.opts.verify {
+                    self.links_to_verify.insert(key, 0);
                 }
             }
             Some(st)
@@ -2540,6 +2556,17 @@ impl Walk<'_> {
                     self.stats.verified += 1;
                     if let Some(m) = m {
                         failed.entry(f).or_insert(Failure::of(m));
+                    }
+                }
+                // The other names of first names read back whole count with them.
+                for (i, job) in jobs.iter().enumerate() {
+                    let key = (job.node.dev, job.node.inode);
+                    if job.node.nlink > 1
+                        && let Some(n) = self.links_to_verify.remove(&key)
+                        && !failed.contains_key(&(i as u32))
+                    {
+                        self.stats.verified += n;
+                        self.first_verified.insert(key);
                     }
                 }
             }

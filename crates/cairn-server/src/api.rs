@@ -1027,8 +1027,10 @@ pub async fn put(
     if is_lock {
         store.dedup.lock_written();
         // Whose it is: deleted if that client goes silent (`sweep_lost_sessions`).
+        // (Off the async workers: it may rewrite the lock state file.)
         if let Ok(key) = session_key(&t, &headers) {
-            store.owners.made_by(&key, &name);
+            let (s, n) = (store.clone(), name.clone());
+            let _ = tokio::task::spawn_blocking(move || s.owners.made_by(&key, &n)).await;
         }
     }
     if kind == Kind::Config {
@@ -1429,7 +1431,8 @@ pub async fn delete(
     }
     // A removed lock's name stays remembered (see `locks`).
     if is_lock {
-        store.owners.removed(&name);
+        let (s, n) = (store.clone(), name.clone());
+        let _ = tokio::task::spawn_blocking(move || s.owners.removed(&n)).await;
     } else {
         store.content.changed();
     }

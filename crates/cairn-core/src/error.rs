@@ -225,6 +225,18 @@ impl Error {
         )
     }
 
+    /// [`is_lost_data`](Self::is_lost_data), or an object that storage says is
+    /// gone, shorter than a read of it, or not an object: the repository lacks
+    /// what the read needs (a truncated pack is as lost as a damaged one), as
+    /// opposed to storage that failed to answer.
+    pub fn is_lost_in_storage(&self) -> bool {
+        use cairn_backend::BackendErrorKind as K;
+        let e = self.root();
+        e.is_lost_data()
+            || matches!(e, Error::Backend(b)
+                if matches!(b.kind, K::NotFound | K::OutOfRange | K::NotAFile | K::TooLarge))
+    }
+
     /// True when the storage failed to read an object (an I/O error of the disk,
     /// a remote that kept failing or went away), as opposed to finding it
     /// missing, damaged or not allowed: whether the object is whole is not known.

@@ -600,7 +600,7 @@ impl TarSink<'_> {
         }
         // A chunk list that cannot be read is met again below, and given as zeros.
         let segments = match data_segments(content.repo, n) {
-            Err(e) if content.zero_damaged && e.is_lost_data() => None,
+            Err(e) if content.zero_damaged && e.is_lost_in_storage() => None,
             r => r?,
         };
         if let Some((segments, zeros)) = segments {
@@ -1572,7 +1572,7 @@ impl<'a> Content<'a> {
                 continue;
             };
             let b = match b {
-                Err(e) if self.zero_damaged && e.is_lost_data() => {
+                Err(e) if self.zero_damaged && e.is_lost_in_storage() => {
                     let d = self.damaged.get_or_insert_with(|| (0, e.to_string()));
                     d.0 += len;
                     // Bounded as the blob would have been (a longer one is

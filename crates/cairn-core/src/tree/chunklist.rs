@@ -520,7 +520,7 @@ impl<'r> FileReader<'r> {
             self.load(id, level, expected),
             lost.as_deref_mut(),
         ) {
-            (Err(e), Some(lost)) if e.is_lost_data() => {
+            (Err(e), Some(lost)) if e.is_lost_in_storage() => {
                 lost.get_or_insert(e);
                 Ok(Err(span))
             }

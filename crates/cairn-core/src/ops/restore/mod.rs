@@ -227,11 +227,7 @@ impl Failure {
 /// Whether `e` means the repository lacks what a read needs: lost data, or an
 /// object gone, short or not an object where storage was asked for it.
 pub(crate) fn lost_in(e: &Error) -> bool {
-    use cairn_backend::BackendErrorKind as K;
-    let e = e.root();
-    e.is_lost_data()
-        || matches!(e, Error::Backend(b)
-            if matches!(b.kind, K::NotFound | K::OutOfRange | K::NotAFile | K::TooLarge))
+    e.is_lost_in_storage()
 }
 
 #[derive(Clone, Debug, Default)]

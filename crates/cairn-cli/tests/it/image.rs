@@ -1322,6 +1322,85 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
     assert!(e.contains("not an image snapshot"), "{e}");
 }
 
+/// `--image-file PATH` looks inside a raw disk image saved as a file in a
+/// snapshot of files: a VM's disk backed up with its directory, or the image
+/// `recover` saved from an image snapshot whose snapshot file was lost (QA: such
+/// an image was only "not an image snapshot", with no way on but a whole dump).
+#[test]
+fn image_fs_reads_an_image_saved_as_a_file() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(tree.join("etc")).unwrap();
+    fs::write(tree.join("etc/hostname"), b"vm-one\n").unwrap();
+    let vms = env.path("vms");
+    fs::create_dir_all(&vms).unwrap();
+    fs::rename(ext4_image(&env, &tree, &[]), vms.join("disk.img")).unwrap();
+    let snap = env.backup(&[&vms]);
+    let file = format!("{}/disk.img", vms.display());
+    let ls = env.ok(&["ls", &snap, "--image-fs", "/etc", "--image-file", &file]);
+    assert!(ls.contains("/etc/hostname"), "{ls}");
+    let o = env.ok(&[
+        "dump",
+        &snap,
+        "--image-fs",
+        "/etc/hostname",
+        "--image-file",
+        &file,
+    ]);
+    assert_eq!(o, "vm-one\n");
+    let out = env.path("out");
+    env.ok(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/etc",
+        "--image-file",
+        &file,
+        "--target",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(fs::read(out.join("etc/hostname")).unwrap(), b"vm-one\n");
+    // Without it, the error says how; a directory or a missing path is refused.
+    let e = env.fails(&["ls", &snap, "--image-fs", "/"], 1);
+    assert!(e.contains("not an image snapshot") && e.contains("--image-file"), "{e}");
+    let dir = vms.display().to_string();
+    let e = env.fails(&["ls", &snap, "--image-fs", "/", "--image-file", &dir], 1);
+    assert!(e.contains("not a disk image file"), "{e}");
+    let e = env.fails(
+        &["ls", &snap, "--image-fs", "/", "--image-file", "/no/such.img"],
+        1,
+    );
+    assert!(e.contains("/no"), "{e}");
+    // An image snapshot whose snapshot file is lost: `recover` saves its image
+    // as a file, which --image-file reads.
+    let img = ext4_image(&env, &tree, &[]);
+    let isnap = image_snapshot(&env, &img);
+    let sfile = fs::read_dir(env.repo.join("snapshots"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&isnap[..8]))
+        .unwrap();
+    fs::remove_file(sfile).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["recover", "--json"])).unwrap();
+    let rsnap = v["snapshot"].as_str().unwrap().to_string();
+    let listed = env.ok(&["ls", &rsnap]);
+    let saved = listed
+        .lines()
+        .find(|l| l.ends_with("/fs.img"))
+        .unwrap_or_else(|| panic!("{listed}"))
+        .to_string();
+    let o = env.ok(&[
+        "dump",
+        &rsnap,
+        "--image-fs",
+        "/etc/hostname",
+        "--image-file",
+        &saved,
+    ]);
+    assert_eq!(o, "vm-one\n");
+}
+
 /// A copy into a repository of another block size cuts the image again in that
 /// repository's blocks: it stays an image snapshot there, and parents incremental
 /// image backups made there.

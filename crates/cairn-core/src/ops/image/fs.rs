@@ -123,6 +123,8 @@ pub struct ImageFs {
     /// The snapshot's tree: with `offset` and a path, what a restore restores
     /// (the mark of an unfinished restore lists it).
     tree: String,
+    /// The image file's path in a snapshot of files (`--image-file`), or empty.
+    file: String,
 }
 
 fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -175,9 +177,17 @@ impl ImageFs {
     /// Opens the filesystem of `snap`'s image: at `partition` (1-based) of its
     /// partition table, or at the start of the image, or in the first partition
     /// that holds one.
-    pub fn open(repo: &Repository, snap: &Snapshot, partition: Option<u32>) -> Result<ImageFs> {
-        let (info, node) = super::image_node(repo, snap)?;
-        let reader = FileReader::new(repo, &node.content, info.size);
+    ///
+    /// `file`: the path of a disk image saved as a file in a snapshot of files
+    /// ([`super::image_in`]); `None` for an image snapshot's image.
+    pub fn open(
+        repo: &Repository,
+        snap: &Snapshot,
+        file: Option<&str>,
+        partition: Option<u32>,
+    ) -> Result<ImageFs> {
+        let (size, content, unreadable) = super::image_in(repo, snap, file)?;
+        let reader = FileReader::new(repo, &content, size);
         let mut head = vec![0u8; 64 * 1024];
         let n = reader.read_at(0, &mut head)?;
         head.truncate(n);
@@ -209,15 +219,15 @@ impl ImageFs {
         };
         let mut last = None;
         let mut declined = None;
-        let unreadable = Arc::new(info.unreadable.clone());
+        let unreadable = Arc::new(unreadable);
         for offset in candidates {
             // Each window its own flag: a probe that failed elsewhere says nothing
             // of what this filesystem's reads touch.
             let touched = Arc::new(AtomicBool::new(false));
             let window = || ImageBytes {
                 repo: repo.handle(),
-                content: node.content.clone(),
-                size: info.size,
+                content: content.clone(),
+                size,
                 offset,
                 unreadable: unreadable.clone(),
                 touched: touched.clone(),
@@ -231,6 +241,7 @@ impl ImageFs {
                         bytes: mine,
                         cancel: crate::progress::CancelToken::new(),
                         tree: snap.tree.clone(),
+                        file: file.unwrap_or_default().to_string(),
                     });
                 }
                 Err(e) => {
@@ -654,7 +665,11 @@ impl ImageFs {
         let unfinished_since = crate::ops::restore::unfinished::since(root.as_fd());
         let selection = crate::ops::restore::unfinished::selection(
             self.tree.as_bytes(),
-            &[format!("image-fs {} {path}", self.offset)],
+            &[if self.file.is_empty() {
+                format!("image-fs {} {path}", self.offset)
+            } else {
+                format!("image-fs {:?} {} {path}", self.file, self.offset)
+            }],
             &[],
             &[],
             &[],

@@ -32,12 +32,55 @@ pub struct ImageOptions {
     pub changed_blocks: Option<(PathBuf, ChangedFormat)>,
 }
 
+/// The disk image `--image-fs` reads: an image snapshot's image, or with `file`
+/// the regular file at that path of the snapshot (a raw image backed up as a
+/// file, or an image `recover` saved from a lost image snapshot): its size, its
+/// content, and the byte ranges that hold zeros because the source could not
+/// read them.
+pub fn image_in(
+    repo: &Repository,
+    snap: &Snapshot,
+    file: Option<&str>,
+) -> Result<(u64, cairn_format::tree::Content, Vec<(u64, u64)>)> {
+    let Some(path) = file else {
+        let (info, node) = image_node(repo, snap)?;
+        return Ok((info.size, node.content, info.unreadable));
+    };
+    let root = snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?;
+    let shown = crate::ops::ls::escape_name(path.as_bytes());
+    let node = crate::ops::ls::find_node(repo, &root, path)?
+        .ok_or_else(|| Error::Invalid(format!("{shown} is the snapshot's root, not a file")))?;
+    if node.kind != NodeKind::File {
+        return Err(Error::Invalid(format!(
+            "{shown} is a {}, not a disk image file",
+            node.kind.name()
+        )));
+    }
+    // The one file of an image snapshot carries the snapshot's record of what
+    // the source could not read.
+    let unreadable = match &snap.image {
+        Some(info) if info.size == node.size => info.unreadable.clone(),
+        _ => Vec::new(),
+    };
+    Ok((node.size, node.content, unreadable))
+}
+
 /// The image of an image snapshot: what the snapshot records and its one file node.
 pub fn image_node(repo: &Repository, snap: &Snapshot) -> Result<(ImageInfo, Node)> {
     let info = snap
         .image
         .clone()
-        .ok_or_else(|| Error::Invalid("not an image snapshot (made without --image)".into()))?;
+        .ok_or_else(|| {
+            // A snapshot `recover` saved from a lost image snapshot holds the
+            // image as a file (QA: the message gave no way on).
+            Error::Invalid(
+                "not an image snapshot (made without --image); for a disk image saved in \
+                 it as a file (such as one `recover` saved), name the file with \
+                 --image-file PATH, or get it whole with `cairn dump SNAPSHOT PATH > \
+                 disk.img`"
+                    .into(),
+            )
+        })?;
     let root = repo.load_tree(&snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?)?;
     let bad = |d: &str| {
         Error::damaged(

@@ -836,11 +836,11 @@ pub struct ImageFsArgs {
     /// A path inside the ext2/3/4 filesystem of an image snapshot (backup --image),
     /// read in place: no loop device, no restore of the disk (restore writes
     /// TARGET/<its last name>, TARGET/root for /)
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", value_parser = snapshot_path())]
     pub image_fs: Option<String>,
     /// With --image-fs on a snapshot of files: the raw disk image file in it to
     /// look inside (an image backed up as a file, or one `recover` saved)
-    #[arg(long, value_name = "PATH", requires = "image_fs")]
+    #[arg(long, value_name = "PATH", requires = "image_fs", value_parser = snapshot_path())]
     pub image_file: Option<String>,
     /// With --image-fs on a whole-disk image: the partition (1-based) holding the
     /// filesystem (default: the image itself, else the first partition holding one)

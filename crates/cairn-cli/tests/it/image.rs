@@ -1887,7 +1887,12 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
             .arg(d.join("null"))
             .args(["c", "1", "3"]));
     }
-    // A name that is not UTF-8, which the image reader cannot look up yet.
+    // A time before 1970, which the image reader (`ext4-view` 1.0) refuses.
+    fs::write(d.join("old"), b"old\n").unwrap();
+    sh(Command::new("touch")
+        .args(["-d", "1969-12-31 23:59:58"])
+        .arg(d.join("old")));
+    // A name that is not UTF-8 is read as any other (it was refused).
     let odd = std::ffi::OsStr::from_bytes(b"odd\xff");
     fs::write(d.join(odd), b"odd\n").unwrap();
     let snap = ext4_image_snapshot(&env, &tree, &[]);
@@ -1910,7 +1915,7 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
     // A restore of a part that leaves no file cut short takes its own mark away
     // (left, it would have later restores rewrite what was edited since); so does
     // one of the whole filesystem, even with an entry that could not be restored
-    // (the odd name: not there, the next restore writes it whatever it is told).
+    // (the old file: not there, the next restore writes it whatever it is told).
     let mark = out.join(".cairn-restore-unfinished");
     assert!(!mark.exists());
     let o = env.run(&[
@@ -1940,7 +1945,7 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("odd") && err.contains("1 entry could not be restored"),
+        err.contains("/d/old") && err.contains("1 entry could not be restored"),
         "{err}"
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -1948,6 +1953,21 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
     assert!(!out.join(".cairn-restore-unfinished").exists());
     assert_eq!(fs::read(out.join("d/a")).unwrap(), b"first\n");
     assert_eq!(fs::read(out.join("d/z")).unwrap(), b"last\n");
+    assert_eq!(fs::read(out.join("d").join(odd)).unwrap(), b"odd\n");
+    // Listed as a file snapshot lists such a name, and named so (its bytes as
+    // given on the command line) it is dumped.
+    let o = env.run(&["ls", &snap, "--image-fs", "/d"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("/d/odd\\xff"),
+        "{o:?}"
+    );
+    let o = env
+        .cmd(&["dump", &snap, "--image-fs"])
+        .arg(std::ffi::OsStr::from_bytes(b"/d/odd\xff"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(o.stdout, b"odd\n");
     let fifo = fs::symlink_metadata(out.join("d/fifo")).unwrap();
     assert!(fifo.file_type().is_fifo());
     assert_eq!(fifo.permissions().mode() & 0o7777, 0o640);

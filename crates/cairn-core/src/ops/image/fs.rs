@@ -12,7 +12,8 @@
 //! through `cairn mount` (docs/IMAGES.md).
 
 use crate::error::{Error, Result};
-use crate::ops::ls::{Entry, normalise};
+use crate::ops::ls::{Entry, escape_name, normalise, unescape_name};
+use std::os::unix::ffi::OsStrExt;
 use crate::repo::Repository;
 use crate::tree::chunklist::FileReader;
 use cairn_format::snapshot::Snapshot;
@@ -301,8 +302,11 @@ impl ImageFs {
         Ok(())
     }
 
-    fn path<'a>(p: &'a str) -> Result<ext4_view::Path<'a>> {
-        ext4_view::Path::try_from(p).map_err(|e| fs_err(p, e))
+    /// The reader's path for `p`, a path as listings write it: a name's bytes
+    /// that are not UTF-8 are stand-ins there ([`escape_name`]), and the reader
+    /// is given the bytes themselves.
+    fn path(p: &str) -> Result<ext4_view::PathBuf> {
+        ext4_view::PathBuf::try_from(raw(p)).map_err(|e| fs_err(p, e))
     }
 
     /// `path` (normalised) with every symlink on the way resolved here, the last
@@ -345,7 +349,7 @@ impl ImageFs {
                     .collect::<Vec<_>>()
                     .join("/")
             );
-            let meta = self.fs.symlink_metadata(Self::path(&at)?).map_err(|e| {
+            let meta = self.fs.symlink_metadata(Self::path(&at)?.as_path()).map_err(|e| {
                 // Past a symlink, what is missing is where it leads (QA: a
                 // dangling symlink was said not to exist).
                 if hops > 0 && matches!(e, ext4_view::Ext4Error::NotFound) {
@@ -369,12 +373,7 @@ impl ImageFs {
             }
             let target = self.read_link(&at, &meta)?;
             via.clone_from(&at);
-            let target = String::from_utf8(target).map_err(|_| {
-                fs_err(
-                    &at,
-                    "a symlink whose target is not UTF-8, which --image-fs cannot follow",
-                )
-            })?;
+            let target = escape_name(&target);
             if target.starts_with('/') {
                 done.clear();
             }
@@ -386,7 +385,7 @@ impl ImageFs {
         if dir_named && resolved != "/" {
             let m = self
                 .fs
-                .metadata(Self::path(&resolved)?)
+                .metadata(Self::path(&resolved)?.as_path())
                 .map_err(|e| fs_err(&wanted, e))?;
             if !m.file_type().is_dir() {
                 return Err(Error::Invalid(format!(
@@ -408,7 +407,7 @@ impl ImageFs {
                 meta.len()
             )));
         }
-        let t = self.fs.read_link(Self::path(path)?).map_err(|e| {
+        let t = self.fs.read_link(Self::path(path)?.as_path()).map_err(|e| {
             // The reader takes a target for a path, whose names are at most 255
             // bytes; the kernel stores any bytes (a link it cannot follow).
             if e.to_string().contains("invalid symlink path") {
@@ -440,7 +439,7 @@ impl ImageFs {
         let path = self.resolve(path, false)?;
         let meta = self
             .fs
-            .symlink_metadata(Self::path(&path)?)
+            .symlink_metadata(Self::path(&path)?.as_path())
             .map_err(|e| fs_err(&path, e))?;
         f(self.entry(&path, &meta)?)?;
         if meta.is_dir() {
@@ -449,7 +448,7 @@ impl ImageFs {
             let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
             let ext2 = super::blockmap::Ext2::open(&read).ok().flatten();
             let top = (ext2.as_ref())
-                .and_then(|fs| fs.lookup(path.as_bytes()).ok().flatten())
+                .and_then(|fs| fs.lookup(&raw(&path)).ok().flatten())
                 .map(|(n, _)| n);
             let mut walk = ListWalk {
                 ext2: ext2.as_ref(),
@@ -501,7 +500,7 @@ impl ImageFs {
                 }
             };
             if walk.recursive && meta.is_dir() {
-                let child = inos.get(c.name.as_bytes()).copied();
+                let child = inos.get(&c.raw).copied();
                 match walk.guard.enter(&c.path, child) {
                     Ok(()) => self.list_below(&c.path, child, walk, f)?,
                     Err(e) => (walk.failed)(e),
@@ -539,7 +538,7 @@ impl ImageFs {
         };
         let link_target = if ft.is_symlink() {
             let t = self.read_link(path, m)?;
-            Some(String::from_utf8_lossy(&t).into_owned())
+            Some(escape_name(&t))
         } else {
             None
         };
@@ -573,7 +572,7 @@ impl ImageFs {
         }
         let mut file = self
             .fs
-            .open(Self::path(&path)?)
+            .open(Self::path(&path)?.as_path())
             .map_err(|e| read_err(&path, e))?;
         let mut buf = vec![0u8; 1 << 20];
         let mut total = 0u64;
@@ -601,11 +600,11 @@ impl ImageFs {
         use super::blockmap::{CopyError, Ext2};
         // No file of 12 KiB or less has an indirect block (12 direct pointers, blocks
         // of 1 KiB or more): the common small file costs nothing here.
-        let len = match self.fs.metadata(Self::path(path)?) {
+        let len = match self.fs.metadata(Self::path(path)?.as_path()) {
             Ok(m) if m.len() > 12 * 1024 => m.len(),
             _ => return Ok(None),
         };
-        let Ok(canon) = self.fs.canonicalize(Self::path(path)?) else {
+        let Ok(canon) = self.fs.canonicalize(Self::path(path)?.as_path()) else {
             return Ok(None);
         };
         let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
@@ -699,7 +698,7 @@ impl ImageFs {
         // The named entry itself, not what a final symlink points to: `path` has
         // no symlink on the way ([`Self::resolve`]).
         let top = match &ext2 {
-            Some(fs) => fs.lookup(path.as_bytes()).map_err(|e| fs_err(&path, e))?,
+            Some(fs) => fs.lookup(&raw(&path)).map_err(|e| fs_err(&path, e))?,
             None => None,
         };
         let mut r = FsRestore {
@@ -729,8 +728,8 @@ impl ImageFs {
         self.restore_one(
             &path,
             &root,
-            name.as_bytes(),
-            &target.join(name),
+            &raw(name),
+            &target.join(std::ffi::OsStr::from_bytes(&raw(name))),
             top.map(|(n, _)| n),
             &mut r,
         )
@@ -875,7 +874,7 @@ impl ImageFs {
         };
         let meta = self
             .fs
-            .symlink_metadata(Self::path(path)?)
+            .symlink_metadata(Self::path(path)?.as_path())
             .map_err(|e| fs_err(path, e))?;
         let ft = meta.file_type();
         let m = meta.modified();
@@ -962,9 +961,9 @@ impl ImageFs {
                     self.restore_one(
                         &c.path,
                         &sub,
-                        c.name.as_bytes(),
-                        &shown.join(&c.name),
-                        inos.get(c.name.as_bytes()).copied(),
+                        &c.raw,
+                        &shown.join(std::ffi::OsStr::from_bytes(&c.raw)),
+                        inos.get(&c.raw).copied(),
                         r,
                     )
                 });
@@ -1259,13 +1258,13 @@ impl ImageFs {
         let mut out = Vec::new();
         for e in self
             .fs
-            .read_dir(Self::path(dir)?)
+            .read_dir(Self::path(dir)?.as_path())
             .map_err(|e| fs_err(dir, e))?
         {
             let e = e.map_err(|e| fs_err(dir, e))?;
             let raw = e.file_name();
             let raw: &[u8] = raw.as_ref();
-            let shown = String::from_utf8_lossy(raw).into_owned();
+            let shown = escape_name(raw);
             let child = if dir == "/" {
                 format!("/{shown}")
             } else {
@@ -1274,15 +1273,11 @@ impl ImageFs {
             let meta = match entry_name(raw, dir) {
                 Ok(None) => continue,
                 Err(e) => Err(e),
-                Ok(Some(_)) if std::str::from_utf8(raw).is_err() => Err(Error::Invalid(format!(
-                    "{child}: the name is not valid UTF-8, which reading inside an image \
-                     does not support yet (restore the whole image, or mount it)"
-                ))),
                 Ok(Some(_)) => e.metadata().map_err(|e| fs_err(&child, e)),
             };
             out.push(Child {
                 path: child,
-                name: shown,
+                raw: raw.to_vec(),
                 meta,
             });
         }
@@ -1313,8 +1308,10 @@ struct ListWalk<'a, 'f> {
 
 /// An entry of a directory in the image (see [`ImageFs::children`]).
 struct Child {
+    /// As listings write it (bytes that are not UTF-8 as stand-ins).
     path: String,
-    name: String,
+    /// The name's bytes.
+    raw: Vec<u8>,
     meta: Result<ext4_view::Metadata>,
 }
 
@@ -1506,6 +1503,12 @@ impl Write for Sparse<'_> {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// The bytes of a path or name as listings write it ([`escape_name`]: stand-ins
+/// for bytes that are not UTF-8).
+fn raw(p: &str) -> Vec<u8> {
+    unescape_name(p).unwrap_or_else(|| p.as_bytes().to_vec())
 }
 
 /// A directory entry's name as one path component: `None` for `.` and `..`; a

@@ -13,9 +13,11 @@ fn open(
     a: &ImageFsArgs,
 ) -> Result<ImageFs> {
     // Ctrl-C stops a dump or restore between pieces of a file.
-    Ok(ImageFs::open(session.repo(), snap, a.image_file.as_deref(), a.partition)
-        .context("reading the image's filesystem")?
-        .with_cancel(session.progress().cancel_token().clone()))
+    Ok(
+        ImageFs::open(session.repo(), snap, a.image_file.as_deref(), a.partition)
+            .context("reading the image's filesystem")?
+            .with_cancel(session.progress().cancel_token().clone()),
+    )
 }
 
 pub fn ls(

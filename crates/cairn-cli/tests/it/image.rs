@@ -1363,12 +1363,22 @@ fn image_fs_reads_an_image_saved_as_a_file() {
     assert_eq!(fs::read(out.join("etc/hostname")).unwrap(), b"vm-one\n");
     // Without it, the error says how; a directory or a missing path is refused.
     let e = env.fails(&["ls", &snap, "--image-fs", "/"], 1);
-    assert!(e.contains("not an image snapshot") && e.contains("--image-file"), "{e}");
+    assert!(
+        e.contains("not an image snapshot") && e.contains("--image-file"),
+        "{e}"
+    );
     let dir = vms.display().to_string();
     let e = env.fails(&["ls", &snap, "--image-fs", "/", "--image-file", &dir], 1);
     assert!(e.contains("not a disk image file"), "{e}");
     let e = env.fails(
-        &["ls", &snap, "--image-fs", "/", "--image-file", "/no/such.img"],
+        &[
+            "ls",
+            &snap,
+            "--image-fs",
+            "/",
+            "--image-file",
+            "/no/such.img",
+        ],
         1,
     );
     assert!(e.contains("/no"), "{e}");
@@ -1379,7 +1389,12 @@ fn image_fs_reads_an_image_saved_as_a_file() {
     let sfile = fs::read_dir(env.repo.join("snapshots"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&isnap[..8]))
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&isnap[..8])
+        })
         .unwrap();
     fs::remove_file(sfile).unwrap();
     let v: serde_json::Value = serde_json::from_str(&env.ok(&["recover", "--json"])).unwrap();

@@ -1409,7 +1409,12 @@ fn an_export_that_fails_half_way_leaves_a_tar_stream_tar_refuses() {
     // whole is not known, so nothing is made up for it.
     let object = format!(
         "data/{}/{}",
-        pack.parent().unwrap().file_name().unwrap().to_str().unwrap(),
+        pack.parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap(),
         pack.file_name().unwrap().to_str().unwrap()
     );
     let faults = format!("fail=1,ops=get,names={object},kind=io");

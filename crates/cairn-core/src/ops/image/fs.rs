@@ -13,13 +13,13 @@
 
 use crate::error::{Error, Result};
 use crate::ops::ls::{Entry, escape_name, normalise, unescape_name};
-use std::os::unix::ffi::OsStrExt;
 use crate::repo::Repository;
 use crate::tree::chunklist::FileReader;
 use cairn_format::snapshot::Snapshot;
 use cairn_format::tree::Content;
 use ext4_view::{Ext4, Ext4Read};
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -187,7 +187,11 @@ impl ImageFs {
         file: Option<&str>,
         partition: Option<u32>,
     ) -> Result<ImageFs> {
-        let (size, content, unreadable) = super::image_in(repo, snap, file)?;
+        let super::ImageIn {
+            size,
+            content,
+            unreadable,
+        } = super::image_in(repo, snap, file)?;
         let reader = FileReader::new(repo, &content, size);
         let mut head = vec![0u8; 64 * 1024];
         let n = reader.read_at(0, &mut head)?;
@@ -349,18 +353,21 @@ impl ImageFs {
                     .collect::<Vec<_>>()
                     .join("/")
             );
-            let meta = self.fs.symlink_metadata(Self::path(&at)?.as_path()).map_err(|e| {
-                // Past a symlink, what is missing is where it leads (QA: a
-                // dangling symlink was said not to exist).
-                if hops > 0 && matches!(e, ext4_view::Ext4Error::NotFound) {
-                    Error::Invalid(format!(
-                        "{wanted}: the symlink {via} leads to {at}, which the image's \
+            let meta = self
+                .fs
+                .symlink_metadata(Self::path(&at)?.as_path())
+                .map_err(|e| {
+                    // Past a symlink, what is missing is where it leads (QA: a
+                    // dangling symlink was said not to exist).
+                    if hops > 0 && matches!(e, ext4_view::Ext4Error::NotFound) {
+                        Error::Invalid(format!(
+                            "{wanted}: the symlink {via} leads to {at}, which the image's \
                          filesystem does not hold"
-                    ))
-                } else {
-                    fs_err(&wanted, e)
-                }
-            })?;
+                        ))
+                    } else {
+                        fs_err(&wanted, e)
+                    }
+                })?;
             if !meta.file_type().is_symlink() || (pending.is_empty() && !follow_last) {
                 done.push(c);
                 continue;
@@ -407,20 +414,23 @@ impl ImageFs {
                 meta.len()
             )));
         }
-        let t = self.fs.read_link(Self::path(path)?.as_path()).map_err(|e| {
-            // The reader takes a target for a path, whose names are at most 255
-            // bytes; the kernel stores any bytes (a link it cannot follow).
-            if e.to_string().contains("invalid symlink path") {
-                Error::Invalid(format!(
-                    "{path}: a symlink whose target --image-fs cannot read (a name in it \
+        let t = self
+            .fs
+            .read_link(Self::path(path)?.as_path())
+            .map_err(|e| {
+                // The reader takes a target for a path, whose names are at most 255
+                // bytes; the kernel stores any bytes (a link it cannot follow).
+                if e.to_string().contains("invalid symlink path") {
+                    Error::Invalid(format!(
+                        "{path}: a symlink whose target --image-fs cannot read (a name in it \
                      longer than 255 bytes, which no path can follow, or damage); restore \
                      the image (`restore --image`) or loop-mount it read-only through \
                      `cairn mount` to get it"
-                ))
-            } else {
-                fs_err(path, e)
-            }
-        })?;
+                    ))
+                } else {
+                    fs_err(path, e)
+                }
+            })?;
         Ok(t.as_ref().to_vec())
     }
 

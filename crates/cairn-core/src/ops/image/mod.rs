@@ -32,19 +32,26 @@ pub struct ImageOptions {
     pub changed_blocks: Option<(PathBuf, ChangedFormat)>,
 }
 
+/// A disk image in a snapshot, as `--image-fs` reads it.
+pub struct ImageIn {
+    pub size: u64,
+    pub content: cairn_format::tree::Content,
+    /// Byte ranges `[offset, length]` that hold zeros because the source could
+    /// not read them.
+    pub unreadable: Vec<(u64, u64)>,
+}
+
 /// The disk image `--image-fs` reads: an image snapshot's image, or with `file`
 /// the regular file at that path of the snapshot (a raw image backed up as a
-/// file, or an image `recover` saved from a lost image snapshot): its size, its
-/// content, and the byte ranges that hold zeros because the source could not
-/// read them.
-pub fn image_in(
-    repo: &Repository,
-    snap: &Snapshot,
-    file: Option<&str>,
-) -> Result<(u64, cairn_format::tree::Content, Vec<(u64, u64)>)> {
+/// file, or an image `recover` saved from a lost image snapshot).
+pub fn image_in(repo: &Repository, snap: &Snapshot, file: Option<&str>) -> Result<ImageIn> {
     let Some(path) = file else {
         let (info, node) = image_node(repo, snap)?;
-        return Ok((info.size, node.content, info.unreadable));
+        return Ok(ImageIn {
+            size: info.size,
+            content: node.content,
+            unreadable: info.unreadable,
+        });
     };
     let root = snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?;
     let shown = crate::ops::ls::escape_name(path.as_bytes());
@@ -62,25 +69,26 @@ pub fn image_in(
         Some(info) if info.size == node.size => info.unreadable.clone(),
         _ => Vec::new(),
     };
-    Ok((node.size, node.content, unreadable))
+    Ok(ImageIn {
+        size: node.size,
+        content: node.content,
+        unreadable,
+    })
 }
 
 /// The image of an image snapshot: what the snapshot records and its one file node.
 pub fn image_node(repo: &Repository, snap: &Snapshot) -> Result<(ImageInfo, Node)> {
-    let info = snap
-        .image
-        .clone()
-        .ok_or_else(|| {
-            // A snapshot `recover` saved from a lost image snapshot holds the
-            // image as a file (QA: the message gave no way on).
-            Error::Invalid(
-                "not an image snapshot (made without --image); for a disk image saved in \
+    let info = snap.image.clone().ok_or_else(|| {
+        // A snapshot `recover` saved from a lost image snapshot holds the
+        // image as a file (QA: the message gave no way on).
+        Error::Invalid(
+            "not an image snapshot (made without --image); for a disk image saved in \
                  it as a file (such as one `recover` saved), name the file with \
                  --image-file PATH, or get it whole with `cairn dump SNAPSHOT PATH > \
                  disk.img`"
-                    .into(),
-            )
-        })?;
+                .into(),
+        )
+    })?;
     let root = repo.load_tree(&snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?)?;
     let bad = |d: &str| {
         Error::damaged(

@@ -48,7 +48,11 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
         let code = super::export::report(&r, g.json, g.quiet);
         return Ok(super::worst(
             code,
-            super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),
+            super::image_zeros_warning(
+                super::image_unreadable(&snap),
+                "the archive",
+                snap.original.is_some(),
+            ),
         ));
     }
     let root = snap.tree_id()?;
@@ -58,5 +62,6 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     Ok(super::image_zeros_warning(
         super::image_unreadable(&snap),
         file,
+        snap.original.is_some(),
     ))
 }

@@ -75,7 +75,11 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     let code = report(&r, g.json, g.quiet);
     Ok(super::worst(
         code,
-        super::image_zeros_warning(super::image_unreadable(&snap), "the archive"),
+        super::image_zeros_warning(
+            super::image_unreadable(&snap),
+            "the archive",
+            snap.original.is_some(),
+        ),
     ))
 }
 

@@ -89,7 +89,7 @@ pub fn ls(
 /// The warning and exit code when what was read lay where the source could not be
 /// read at backup time.
 fn zeros(fs: &ImageFs, what: &str) -> i32 {
-    super::image_zeros_warning(fs.read_unreadable().unwrap_or(&[]), what)
+    super::image_zeros_warning(fs.read_unreadable().unwrap_or(&[]), what, fs.repaired)
 }
 
 /// A failure, with the warning about unreadable ranges first when what was read
@@ -98,10 +98,10 @@ fn zeros(fs: &ImageFs, what: &str) -> i32 {
 fn failed<T>(fs: &ImageFs, what: &str, r: Result<T>) -> Result<T> {
     r.map_err(|e| {
         if zeros(fs, what) != 0 {
-            e.context(
-                "the filesystem was read where the image could not be read at backup time \
-                 (zeros there, see the warning)",
-            )
+            e.context(format!(
+                "the filesystem was read where the image {} (zeros there, see the warning)",
+                super::unreadable_why(fs.repaired)
+            ))
         } else {
             e
         }

@@ -564,14 +564,14 @@ pub fn worst(a: i32, b: i32) -> i32 {
 /// of the image the source could not read at backup time, so hold zeros, and
 /// returns the exit code for an incomplete result. `ranges` is empty when nothing
 /// read touched them.
-pub fn image_zeros_warning(ranges: &[(u64, u64)], what: &str) -> i32 {
+pub fn image_zeros_warning(ranges: &[(u64, u64)], what: &str, repaired: bool) -> i32 {
     if ranges.is_empty() {
         return 0;
     }
     crate::ui::warn(format!(
-        "{what} includes {} of the image that could not be read at backup time \
-         and hold zeros: {}",
+        "{what} includes {} of the image that {} and hold zeros: {}",
         crate::ui::count(ranges.len() as u64, "range"),
+        unreadable_why(repaired),
         ranges
             .iter()
             .map(|(o, l)| format!("{o}..{}", o.saturating_add(*l)))
@@ -584,4 +584,17 @@ pub fn image_zeros_warning(ranges: &[(u64, u64)], what: &str) -> i32 {
 /// The unreadable ranges of `snap`'s image, if it is an image snapshot.
 pub fn image_unreadable(snap: &cairn_format::snapshot::Snapshot) -> &[(u64, u64)] {
     snap.image.as_ref().map_or(&[], |i| i.unreadable.as_slice())
+}
+
+/// Why an image's recorded ranges hold zeros: the source could not be read
+/// there, or, in a snapshot `repair snapshots` wrote (`repaired`), the
+/// repository also lost blocks it recorded the same way (QA: such ranges were
+/// said to be unreadable "at backup").
+pub fn unreadable_why(repaired: bool) -> &'static str {
+    if repaired {
+        "could not be read at backup or was lost in the repository (zeroed by `repair \
+         snapshots`)"
+    } else {
+        "could not be read at backup time"
+    }
 }

@@ -195,6 +195,11 @@ fn snapshots_report(
                 None => println!("snapshot {} removed:", &s.original[..8]),
             }
             for d in &s.dropped {
+                let verb = match (d.kept, dry_run) {
+                    (true, true) => "would keep",
+                    (true, false) => "kept",
+                    (false, _) => verb,
+                };
                 println!("    {verb} {} ({})", ui::printable(&d.path), d.why);
             }
         }

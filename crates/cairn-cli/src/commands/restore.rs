@@ -308,6 +308,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         return Ok(super::image_zeros_warning(
             super::image_unreadable(&snap.1),
             "the restored image file",
+            snap.1.original.is_some(),
         ));
     }
     Ok(0)
@@ -408,8 +409,9 @@ fn restore_image(
     }
     if !r.unreadable_at_backup.is_empty() {
         crate::ui::warn(format!(
-            "{} of the image could not be read at backup time and hold zeros: {}",
+            "{} of the image {} and hold zeros: {}",
             ui::count(r.unreadable_at_backup.len() as u64, "range"),
+            super::unreadable_why(snap.1.original.is_some()),
             r.unreadable_at_backup
                 .iter()
                 .map(|(o, l)| format!("{o}..{}", o.saturating_add(*l)))

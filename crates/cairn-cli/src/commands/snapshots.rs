@@ -143,7 +143,8 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
         // What only --json showed (QA): an image saved with holes of zeros
         // where its source could not be read, or one whose size changed.
         for (id, s) in groups.values().flatten() {
-            if let Some(note) = s.image.as_ref().and_then(image_note) {
+            if let Some(note) = (s.image.as_ref()).and_then(|i| image_note(i, s.original.is_some()))
+            {
                 println!("! {}: {note}", id.short());
             }
         }
@@ -153,16 +154,15 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
 
 /// A line about an image snapshot that is not a whole, steady copy of its
 /// source, if it is not.
-fn image_note(i: &cairn_format::snapshot::ImageInfo) -> Option<String> {
+fn image_note(i: &cairn_format::snapshot::ImageInfo, repaired: bool) -> Option<String> {
     let mut parts = Vec::new();
     if !i.unreadable.is_empty() {
         let bytes: u64 = i.unreadable.iter().map(|r| r.1).sum();
         parts.push(format!(
-            "{} of the image in {} range{} could not be read at backup and hold{} zeros \
-             (`snapshots --json` lists them)",
+            "{} of the image in {} {} and hold{} zeros (`snapshots --json` lists them)",
             ui::bytes(bytes),
-            i.unreadable.len(),
-            if i.unreadable.len() == 1 { "" } else { "s" },
+            ui::count(i.unreadable.len() as u64, "range"),
+            super::unreadable_why(repaired),
             if i.unreadable.len() == 1 { "s" } else { "" },
         ));
     }

@@ -881,7 +881,7 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
     assert!(
         list.contains(&format!("! {}: ", &snap[..8]))
             && list.contains(
-                "KiB of the image in 1 range could not be read at backup and holds zeros"
+                "KiB of the image in 1 range could not be read at backup time and holds zeros"
             ),
         "{list}"
     );
@@ -2572,7 +2572,7 @@ fn repair_snapshots_keeps_an_image_with_its_lost_blocks_as_zeros() {
     env.ok(&["repair", "index"]);
     let said = env.ok(&["repair", "snapshots"]);
     assert!(
-        said.contains("dropped /disk.img (")
+        said.contains("kept /disk.img (")
             && said.contains(" of its blocks in 1 range lost: now zeros, recorded as unreadable)"),
         "{said}"
     );
@@ -2608,6 +2608,14 @@ fn repair_snapshots_keeps_an_image_with_its_lost_blocks_as_zeros() {
         out.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(3), "{o:?}");
+    // Its zeros are not said to be the source's doing alone.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("could not be read at backup or was lost in the repository"),
+        "{err}"
+    );
+    let listed = env.ok(&["snapshots"]);
+    assert!(listed.contains("lost in the repository"), "{listed}");
     let back = fs::read(&out).unwrap();
     assert_eq!(back.len(), data.len());
     let mut at = 0;

@@ -487,6 +487,11 @@ pub struct Dropped {
     /// From the snapshot's root, `/` first; a directory's ends with `/`.
     pub path: String,
     pub why: String,
+    /// The path is still in the snapshot, with what was lost of it given another
+    /// way (an image's lost blocks as zeros, a directory kept empty): not
+    /// dropped (QA: an image kept with zeros was said to be "dropped").
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub kept: bool,
 }
 
 impl Dropped {
@@ -494,12 +499,23 @@ impl Dropped {
         Dropped {
             path: path.into(),
             why: why.into(),
+            kept: false,
+        }
+    }
+
+    fn kept(path: impl Into<String>, why: impl Into<String>) -> Self {
+        Dropped {
+            kept: true,
+            ..Dropped::new(path, why)
         }
     }
 
     /// The same loss seen from `prefix`, the directory above.
     fn under(&self, prefix: &str) -> Self {
-        Dropped::new(format!("{prefix}{}", self.path), self.why.clone())
+        Dropped {
+            path: format!("{prefix}{}", self.path),
+            ..self.clone()
+        }
     }
 }
 
@@ -603,7 +619,7 @@ fn run_snapshots(
                     lost,
                 } => {
                     let bytes: u64 = lost.iter().map(|r| r.1).sum();
-                    dropped.push(Dropped::new(
+                    dropped.push(Dropped::kept(
                         format!("/{name}"),
                         format!(
                             "{} of its blocks in {} lost: now zeros, recorded as unreadable",
@@ -992,7 +1008,7 @@ impl<F: Fn(&BlobId) -> bool> Rewriter<'_, F> {
         let new = match new {
             Some(x) => x,
             None => {
-                dir.dropped.push(Dropped::new(
+                dir.dropped.push(Dropped::kept(
                     format!("{name}/"),
                     "directory listing lost; kept empty",
                 ));

@@ -126,6 +126,9 @@ pub struct ImageFs {
     tree: String,
     /// The image file's path in a snapshot of files (`--image-file`), or empty.
     file: String,
+    /// The snapshot was written by `repair snapshots`: its image's unreadable
+    /// ranges may also be blocks the repository lost.
+    pub repaired: bool,
 }
 
 fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -247,6 +250,7 @@ impl ImageFs {
                         cancel: crate::progress::CancelToken::new(),
                         tree: snap.tree.clone(),
                         file: file.unwrap_or_default().to_string(),
+                        repaired: snap.original.is_some(),
                     });
                 }
                 Err(e) => {

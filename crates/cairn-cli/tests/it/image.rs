@@ -2470,10 +2470,13 @@ fn a_killed_or_failed_image_restore_leaves_the_target_as_it_was() {
         ],
         1,
     );
+    // Says what is wrong with the pack, and what finds and repairs it.
     assert!(
         err.contains("could not be restored")
             && err.contains("back.raw.cairn-partial")
-            && err.contains("unchanged"),
+            && err.contains("unchanged")
+            && err.contains("check --read-data")
+            && !err.contains("could not be read;"),
         "{err}"
     );
     assert!(

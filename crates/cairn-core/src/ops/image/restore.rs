@@ -536,6 +536,7 @@ fn write_image(
         .map(cairn_backend::Limiter::new);
     let direct = super::reopen_direct(&target.file, true);
     let write_failed = std::sync::atomic::AtomicBool::new(false);
+    let lost = std::sync::atomic::AtomicBool::new(false);
     let first_refusal = Mutex::new(None);
     let sink = Sink {
         file: &target.file,
@@ -544,6 +545,7 @@ fn write_image(
         progress,
         failed: &failed,
         write_failed: &write_failed,
+        lost: &lost,
         first_refusal: &first_refusal,
         written: &written,
         blocks_written: &blocks_written,
@@ -572,6 +574,9 @@ fn write_image(
                 return Err(Error::Invalid(TARGET_REFUSED.into()));
             }
             let (needs, zeros, missing) = plan_window(repo, window, &zero_id, write_zeros);
+            if !missing.is_empty() {
+                lost.store(true, Ordering::Relaxed);
+            }
             crate::lock(&failed).extend(missing);
             report.blocks_skipped_zero += window.len() as u64
                 - zeros.len() as u64
@@ -647,9 +652,18 @@ fn write_image(
             )
         } else {
             format!(
-                "{} blocks could not be restored (the first at bytes {off}..{}: {why})",
+                "{} blocks could not be restored (the first at bytes {off}..{}: {why}){}",
                 failed.len(),
-                off + len
+                off + len,
+                // As a restore of files advises (QA: an image restore of a
+                // missing pack said only "could not be read").
+                if lost.load(Ordering::Relaxed) {
+                    "; `cairn check --read-data` says what the repository lacks or holds \
+                     damaged, and what repairs it (`cairn repair index` when index files \
+                     were lost)"
+                } else {
+                    ""
+                }
             )
         };
         return Err(match &target.partial {
@@ -755,6 +769,8 @@ struct Sink<'a> {
     failed: &'a Mutex<Failed>,
     /// Set when the target refused a write (a full disk), not the repository a read.
     write_failed: &'a std::sync::atomic::AtomicBool,
+    /// Set when a block's data is missing from the repository or damaged there.
+    lost: &'a std::sync::atomic::AtomicBool,
     /// The first write the target refused: where, and why.
     first_refusal: &'a Mutex<Option<(u64, String)>>,
     written: &'a AtomicU64,
@@ -901,25 +917,32 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
                 continue;
             }
             let (first, end) = crate::ops::restore::execute::range_bounds(range);
-            let whole = repo
-                .read_pack_range(&pack, first.into(), (end - first).into())
-                .ok();
+            let whole = repo.read_pack_range(&pack, first.into(), (end - first).into());
             for n in range {
                 // A slice of the range read (no copy), or the blob alone when the
                 // range could not be read whole.
                 let (at, len) = ((n.offset - first) as usize, n.length as usize);
-                let sealed: Option<std::borrow::Cow<'_, [u8]>> = match &whole {
-                    Some(b) => b.get(at..at + len).map(std::borrow::Cow::Borrowed),
-                    None => repo
+                let sealed: Result<std::borrow::Cow<'_, [u8]>> = match &whole {
+                    Ok(b) => b
+                        .get(at..at + len)
+                        .map(std::borrow::Cow::Borrowed)
+                        .ok_or_else(|| {
+                            Error::Invalid(format!(
+                                "a read of pack {} came back short",
+                                pack.short()
+                            ))
+                        }),
+                    Err(_) => repo
                         .read_pack_range(&pack, n.offset.into(), n.length.into())
-                        .ok()
                         .map(std::borrow::Cow::Owned),
                 };
                 let plain = sealed
-                    .ok_or_else(|| format!("pack {} could not be read", pack.short()))
-                    .and_then(|s| {
-                        blob::decode(repo.key(), &n.id, &s, n.raw_length, n.compression)
-                            .map_err(|e| e.to_string())
+                    .and_then(|s| blob::decode(repo.key(), &n.id, &s, n.raw_length, n.compression))
+                    .map_err(|e| {
+                        if e.is_lost_in_storage() {
+                            sink.lost.store(true, Ordering::Relaxed);
+                        }
+                        format!("pack {}: {e}", pack.short())
                     })
                     // A copy that does not hold its blob: another may.
                     .or_else(|e| {

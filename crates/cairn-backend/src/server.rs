@@ -508,8 +508,12 @@ fn refused(
         Err(_) => (
             String::new(),
             format!(
-                "HTTP {status}: {}",
-                String::from_utf8_lossy(&body[..body.len().min(200)])
+                "HTTP {status}, not in cairn's words (is a cairn server at this address, or a \
+                 proxy in front of it?){}",
+                match foreign_summary(body) {
+                    Some(s) => format!(": {s:?}"),
+                    None => String::new(),
+                }
             ),
         ),
     };
@@ -534,6 +538,37 @@ fn refused(
         },
         kind_name,
     )
+}
+
+/// One short line of an answer that is not a cairn server's (a web server's
+/// page, a proxy's error): its HTML title, else its first line that holds text,
+/// cut to 100 characters (QA: a whole HTML page was printed as the error).
+fn foreign_summary(body: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(&body[..body.len().min(4096)]);
+    let lower = text.to_ascii_lowercase();
+    let title = lower.find("<title>").and_then(|start| {
+        let from = start + "<title>".len();
+        lower[from..]
+            .find("</title>")
+            .map(|len| text[from..from + len].to_string())
+    });
+    let line = title.or_else(|| {
+        text.lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .map(str::to_string)
+    })?;
+    let line: String = line
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(100)
+        .collect();
+    (!line.is_empty()).then_some(line)
 }
 
 /// What `/v1/whoami` says of this client's token.
@@ -989,6 +1024,47 @@ fn bad_reply(path: &str, what: &str) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Another web server's page is named in one line, not printed whole; a
+    /// cairn server's JSON error is its message.
+    #[test]
+    fn an_answer_not_in_cairns_words_is_one_line() {
+        let page = b"<!DOCTYPE HTML>\n<html lang=\"en\">\n<head>\n<TITLE>Error response</TITLE>\n\
+                     </head><body><h1>Error response</h1><p>Error code: 404</p></body></html>\n";
+        let (e, kind) = refused("get", "config", reqwest::StatusCode::NOT_FOUND, page);
+        assert_eq!(kind, "");
+        assert_eq!(e.kind, BackendErrorKind::Other);
+        assert!(!e.message.contains('\n'), "{}", e.message);
+        assert!(
+            e.message.contains("not in cairn's words") && e.message.contains("\"Error response\""),
+            "{}",
+            e.message
+        );
+        let (e, _) = refused(
+            "get",
+            "config",
+            reqwest::StatusCode::BAD_GATEWAY,
+            b"\n\n  upstream   went\taway \x07\n more",
+        );
+        assert_eq!(e.kind, BackendErrorKind::Transient);
+        assert!(
+            e.message.ends_with(": \"upstream went away\""),
+            "{}",
+            e.message
+        );
+        let (e, kind) = refused(
+            "get",
+            "config",
+            reqwest::StatusCode::NOT_FOUND,
+            br#"{"error":"no_datastore","message":"no datastore named x"}"#,
+        );
+        assert_eq!(
+            (e.kind, kind.as_str()),
+            (BackendErrorKind::NoRepository, "no_datastore")
+        );
+        assert_eq!(e.message, "server: no datastore named x");
+        assert_eq!(foreign_summary(b""), None);
+    }
 
     /// An HTTP server on loopback that answers every request with `body` as a 206,
     /// whatever range was asked for: its first `split` bytes, a pause, then the rest

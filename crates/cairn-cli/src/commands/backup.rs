@@ -761,10 +761,12 @@ pub fn run(g: &Global, a: BackupArgs) -> Result<i32> {
         }
         if let Some(sd) = &r.server_dedup {
             println!(
-                "dedup:     asked the server about {} (it holds {}; {} remembered here \
-                 from earlier backups); read {} listing trees, not the whole index",
+                "dedup:     asked the server about {} (it already held {} of them; the \
+                 datastore held {} at the start; {} remembered here from earlier backups); \
+                 read {} listing trees, not the whole index",
                 ui::count(sd.chunks_asked, "chunk"),
-                sd.chunks_known,
+                sd.chunks_answered_stored,
+                ui::count(sd.chunks_known, "chunk"),
                 sd.chunks_remembered,
                 ui::count(sd.index_files_read as u64, "index file")
             );

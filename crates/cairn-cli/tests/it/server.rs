@@ -1750,6 +1750,23 @@ fn dedup_queries_send_only_new_chunks_and_clients_share_what_is_in_flight() {
         out.contains("asked the server about ") && !out.contains("about 0 chunks"),
         "{out}"
     );
+    // The summary says how many of those the server held: not the new file's
+    // (QA: it gave the datastore's count, as if it were the answer; what this
+    // machine's first backup stored is remembered, not asked about).
+    let number_after = |what: &str| -> u64 {
+        let at = out.find(what).unwrap_or_else(|| panic!("{what}: {out}")) + what.len();
+        out[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (asked, held) = (
+        number_after("asked the server about "),
+        number_after("it already held "),
+    );
+    assert!(held < asked && held + 3 >= asked, "{out}");
     let up = uploaded(&err);
     assert!(
         up * 50 <= size,

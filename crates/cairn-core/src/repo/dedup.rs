@@ -33,6 +33,8 @@ pub struct DedupClient {
     pub remembered: usize,
     /// Chunk ids sent to the server to ask about (the others were known).
     asked: std::sync::atomic::AtomicU64,
+    /// Of those, the ones the server said it holds.
+    answered_stored: std::sync::atomic::AtomicU64,
 }
 
 const MEMO_MAGIC: &[u8; 8] = b"CAIRNDM1";
@@ -63,6 +65,7 @@ impl DedupClient {
             memo: memo.filter(|(_, epoch)| !epoch.is_empty()),
             remembered: 0,
             asked: Default::default(),
+            answered_stored: Default::default(),
         };
         if let Some((path, epoch)) = &c.memo
             && let Ok(data) = std::fs::read(path)
@@ -115,6 +118,12 @@ impl DedupClient {
         self.asked.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Of the ids asked about, those the server said it holds.
+    pub fn answered_stored(&self) -> u64 {
+        self.answered_stored
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether the server has said it holds this id in this session.
     pub fn known_stored(&self, id: &BlobId) -> bool {
         self.shard(id).contains(id)
@@ -140,12 +149,16 @@ impl DedupClient {
             .co
             .run(&ask, |batch| self.backend.dedup_query(batch))
             .map_err(Error::Backend)?;
+        let mut stored = 0;
         for (i, a) in at.into_iter().zip(answers) {
             out[i] = a;
             if a == DedupAnswer::Stored {
                 self.shard(&ids[i]).insert(ids[i]);
+                stored += 1;
             }
         }
+        self.answered_stored
+            .fetch_add(stored, std::sync::atomic::Ordering::Relaxed);
         Ok(out)
     }
 

@@ -193,6 +193,8 @@ pub struct ServerDedup {
     /// Chunk ids this backup asked the server about; the others were known to
     /// be stored (remembered from earlier backups, or answered before).
     pub chunks_asked: u64,
+    /// Of those, the ones the server said it already held.
+    pub chunks_answered_stored: u64,
     /// Stored chunk ids remembered on this machine from earlier backups.
     pub chunks_remembered: u64,
 }
@@ -592,6 +594,7 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
             index_files_read: d.index_files_read,
             chunks_known: d.chunks_known,
             chunks_asked: d.asked(),
+            chunks_answered_stored: d.answered_stored(),
             chunks_remembered: d.remembered as u64,
         }),
         image: r.snapshot.image.clone(),

@@ -145,7 +145,10 @@ impl RetryBackend {
 
     fn run<T>(&self, mut f: impl FnMut(u32) -> Result<T>) -> Result<T> {
         let mut attempt = 0;
-        let start = std::time::Instant::now();
+        // The retrying time counts from the first failure, not from the call's
+        // start: an upload that took longer than `--retry-for` on a slow link,
+        // then met a server restart, was not retried at all (QA).
+        let mut failing_since: Option<std::time::Instant> = None;
         let just_gave_up = || {
             self.gave_up
                 .lock()
@@ -181,9 +184,10 @@ impl RetryBackend {
                     ) =>
                 {
                     let wait = self.delay(attempt);
+                    let since = *failing_since.get_or_insert_with(std::time::Instant::now);
                     let unreachable = e.kind == BackendErrorKind::Unreachable
                         && !(self.ride_restarts && self.answered.load(Ordering::Relaxed));
-                    let out_of_time = start.elapsed() + wait
+                    let out_of_time = since.elapsed() + wait
                         > self.policy.max_total.unwrap_or(self.policy.patience);
                     let out_of_attempts = if just_gave_up() {
                         true
@@ -212,14 +216,14 @@ impl RetryBackend {
                         };
                         return Err(BackendError {
                             message: format!(
-                                "{} (gave up after {} in {:.1}s; {why})",
+                                "{} (gave up after {}, {:.1}s after the first failure; {why})",
                                 e.message,
                                 if attempt == 0 {
                                     "1 attempt".to_string()
                                 } else {
                                     format!("{} attempts", attempt + 1)
                                 },
-                                start.elapsed().as_secs_f64()
+                                since.elapsed().as_secs_f64()
                             ),
                             ..e
                         });
@@ -441,8 +445,9 @@ mod tests {
                 failing(BackendErrorKind::Transient)
             })
             .unwrap_err();
-        assert!((2..=3).contains(&calls), "{calls} attempts");
-        assert!(started.elapsed() < Duration::from_millis(450));
+        // The first silent attempt is not counted: patience starts at its failure.
+        assert!((3..=4).contains(&calls), "{calls} attempts");
+        assert!(started.elapsed() < Duration::from_millis(550));
         assert!(
             e.message.contains("--retry-for DURATION retries longer"),
             "{e}"
@@ -471,6 +476,32 @@ mod tests {
         // A permanent answer is an answer: the storage is back.
         assert!(b.get("config").unwrap_err().is_not_found());
         assert_eq!(attempts(&b).0, 30);
+    }
+
+    /// `--retry-for` counts from the first failure: a call whose first attempt
+    /// alone took longer (a pack upload on a slow link) is still retried.
+    #[test]
+    fn retrying_time_counts_from_the_first_failure() {
+        let policy = RetryPolicy {
+            max_total: Some(Duration::from_millis(150)),
+            ..quick()
+        };
+        let b = RetryBackend::new(Arc::new(MemBackend::new()), policy);
+        let mut calls = 0;
+        b.run(|_| {
+            calls += 1;
+            match calls {
+                // A long upload, cut by a restart.
+                1 => {
+                    std::thread::sleep(Duration::from_millis(300));
+                    failing(BackendErrorKind::Transient)
+                }
+                2 => failing(BackendErrorKind::Unreachable),
+                _ => Ok(()),
+            }
+        })
+        .unwrap();
+        assert_eq!(calls, 3);
     }
 
     /// `--retry-for` bounds the time spent retrying, not the number of attempts.

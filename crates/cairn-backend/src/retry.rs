@@ -26,6 +26,14 @@ pub struct RetryPolicy {
     /// server), and eight of those made a call to a stopped server take a
     /// quarter of an hour (QA).
     pub patience: Duration,
+    /// The most time one call may take from its start, its first attempt
+    /// included: no retry begins after it. `max_total` and `patience` count from
+    /// the first failure, so that a long upload cut by a server restart is still
+    /// retried; a caller that must answer someone in time (`cairn serve` a client,
+    /// a mount the kernel) bounds the whole call with this instead (CI: a silent
+    /// S3 storage behind the server answered its client after 40 s, one silent
+    /// attempt and then the whole patience, not the 20 s it says).
+    pub deadline: Option<Duration>,
 }
 
 /// Attempts at an address where nothing answers: a server restarting gets a second
@@ -50,6 +58,7 @@ impl Default for RetryPolicy {
             max_delay: Duration::from_secs(30),
             max_total: None,
             patience: Duration::from_secs(180),
+            deadline: None,
         }
     }
 }
@@ -149,6 +158,7 @@ impl RetryBackend {
         // start: an upload that took longer than `--retry-for` on a slow link,
         // then met a server restart, was not retried at all (QA).
         let mut failing_since: Option<std::time::Instant> = None;
+        let started = std::time::Instant::now();
         let just_gave_up = || {
             self.gave_up
                 .lock()
@@ -188,7 +198,11 @@ impl RetryBackend {
                     let unreachable = e.kind == BackendErrorKind::Unreachable
                         && !(self.ride_restarts && self.answered.load(Ordering::Relaxed));
                     let out_of_time = since.elapsed() + wait
-                        > self.policy.max_total.unwrap_or(self.policy.patience);
+                        > self.policy.max_total.unwrap_or(self.policy.patience)
+                        || self
+                            .policy
+                            .deadline
+                            .is_some_and(|d| started.elapsed() + wait > d);
                     let out_of_attempts = if just_gave_up() {
                         true
                     } else if unreachable {
@@ -359,6 +373,7 @@ mod tests {
             max_delay: Duration::from_millis(1),
             max_total: None,
             patience: Duration::from_secs(60),
+            deadline: None,
         }
     }
 
@@ -454,6 +469,34 @@ mod tests {
         );
     }
 
+    /// A deadline counts from the call's start: one silent attempt longer than it
+    /// is the only one, where patience alone would begin retrying at its failure.
+    #[test]
+    fn a_deadline_bounds_the_call_from_its_start() {
+        let slow_failure = |policy: RetryPolicy| {
+            let b = RetryBackend::new(Arc::new(MemBackend::new()), policy);
+            let mut calls = 0;
+            let started = std::time::Instant::now();
+            let _ = b.run(|_| {
+                calls += 1;
+                std::thread::sleep(Duration::from_millis(150));
+                failing(BackendErrorKind::Transient)
+            });
+            (calls, started.elapsed())
+        };
+        let patience = RetryPolicy {
+            patience: Duration::from_millis(100),
+            ..quick()
+        };
+        assert_eq!(slow_failure(patience).0, 2);
+        let (calls, took) = slow_failure(RetryPolicy {
+            deadline: Some(Duration::from_millis(100)),
+            ..patience
+        });
+        assert_eq!(calls, 1);
+        assert!(took < Duration::from_millis(290), "{took:?}");
+    }
+
     /// Once a call has given up, the next ones (the failed job's cleanup) are
     /// tried once, until the storage answers again.
     #[test]
@@ -513,6 +556,7 @@ mod tests {
             max_delay: Duration::from_millis(5),
             max_total: Some(Duration::from_millis(60)),
             patience: Duration::from_secs(60),
+            deadline: None,
         };
         let b = RetryBackend::new(Arc::new(MemBackend::new()), policy);
         let mut calls = 0;

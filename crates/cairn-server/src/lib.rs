@@ -297,6 +297,9 @@ impl App {
             // the console must say at once that it is down.
             retry: cairn_backend::RetryPolicy {
                 patience: STORAGE_RETRY_FOR,
+                // From the call's start: a first silent attempt (20 s) and then
+                // the patience would answer the client after 40 s.
+                deadline: Some(STORAGE_RETRY_FOR),
                 ..Default::default()
             },
             ..Default::default()

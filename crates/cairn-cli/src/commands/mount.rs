@@ -17,6 +17,7 @@ const MOUNT_RETRY: cairn_backend::RetryPolicy = cairn_backend::RetryPolicy {
     max_delay: Duration::from_secs(2),
     max_total: Some(MOUNT_SILENCE),
     patience: MOUNT_SILENCE,
+    deadline: Some(MOUNT_SILENCE),
 };
 
 /// See [`MOUNT_RETRY`]. A mount asks for no job slot, the one request a server

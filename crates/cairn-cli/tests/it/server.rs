@@ -5580,7 +5580,9 @@ fn a_datastore_whose_storage_goes_silent_answers_503_with_why() {
         body.contains("transient") && body.contains("storage does not answer now"),
         "{body}"
     );
-    assert!(took < Duration::from_secs(40), "answered after {took:?}");
+    // About 20 s of silence, then the answer: not a silent attempt and a whole
+    // retrying time after it (CI: 40.6 s).
+    assert!(took < Duration::from_secs(32), "answered after {took:?}");
     // A client is told why, and gives up by its own --retry-for.
     let started = Instant::now();
     let o = client(

@@ -834,8 +834,9 @@ pub struct LsArgs {
 #[derive(Args)]
 pub struct ImageFsArgs {
     /// A path inside the ext2/3/4 filesystem of an image snapshot (backup --image),
-    /// read in place: no loop device, no restore of the disk (restore writes
-    /// TARGET/<its last name>, TARGET/root for /)
+    /// or of the disk image file --image-file names, read in place: no loop
+    /// device, no restore of the disk (restore writes TARGET/<its last name>,
+    /// TARGET/root for /)
     #[arg(long, value_name = "PATH", value_parser = snapshot_path())]
     pub image_fs: Option<String>,
     /// With --image-fs on a snapshot of files: the raw disk image file in it to

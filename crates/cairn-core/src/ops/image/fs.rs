@@ -250,7 +250,7 @@ impl ImageFs {
                         cancel: crate::progress::CancelToken::new(),
                         tree: snap.tree.clone(),
                         file: file.unwrap_or_default().to_string(),
-                        repaired: snap.original.is_some(),
+                        repaired: crate::repo::is_repaired(snap),
                     });
                 }
                 Err(e) => {
@@ -331,16 +331,19 @@ impl ImageFs {
         // Walked as given, not as normalised: `link/..` is the parent of where
         // the link leads, as the kernel has it (QA: `/link/../f` was read as
         // `/f`, another file than a loop mount gives).
-        let mut pending: std::collections::VecDeque<String> = path
+        // Each name with whether it is exact: one given on the command line may
+        // be read two ways ([`Self::reading`]), one from a symlink's target is
+        // the image's own bytes.
+        let mut pending: std::collections::VecDeque<(String, bool)> = path
             .split('/')
             .filter(|c| !c.is_empty())
-            .map(str::to_string)
+            .map(|c| (c.to_string(), false))
             .collect();
         let mut done: Vec<String> = Vec::new();
         let mut hops = 0;
         // The last symlink followed, for messages.
         let mut via = String::new();
-        while let Some(c) = pending.pop_front() {
+        while let Some((c, exact)) = pending.pop_front() {
             match c.as_str() {
                 "" | "." => continue,
                 ".." => {
@@ -349,6 +352,11 @@ impl ImageFs {
                 }
                 _ => {}
             }
+            let c = if exact {
+                c
+            } else {
+                self.reading(&done, &c, &wanted)?
+            };
             let at = format!(
                 "/{}",
                 done.iter()
@@ -384,12 +392,11 @@ impl ImageFs {
             }
             let target = self.read_link(&at, &meta)?;
             via.clone_from(&at);
-            let target = escape_name(&target);
-            if target.starts_with('/') {
+            if target.starts_with(b"/") {
                 done.clear();
             }
-            for t in target.split('/').rev() {
-                pending.push_front(t.to_string());
+            for t in target.split(|b| *b == b'/').rev() {
+                pending.push_front((escape_name(t), true));
             }
         }
         let resolved = format!("/{}", done.join("/"));
@@ -405,6 +412,54 @@ impl ImageFs {
             }
         }
         Ok(resolved)
+    }
+
+    /// The name `c` of a path given on the command line (in the form listings
+    /// write: stand-ins for bytes that are not UTF-8) as the entry of the
+    /// directory `dir` (resolved names) it names, written so that [`raw`] gives
+    /// its exact bytes. A stand-in character may also be in a name itself (a
+    /// valid UTF-8 character): both readings are looked up, and a path that finds
+    /// an entry each way is refused as ambiguous, as for a snapshot of files. A
+    /// reading whose bytes cannot be one name (`.`, `..`, a `/` or NUL in it) is
+    /// never taken: the path cannot leave the directory it names (review: a
+    /// stand-in `..` took a restore into its target's parent).
+    fn reading(&self, dir: &[String], c: &str, wanted: &str) -> Result<String> {
+        let Some(decoded) = unescape_name(c) else {
+            return Ok(c.to_string());
+        };
+        let one_name = |b: &[u8]| {
+            !b.is_empty() && b != b"." && b != b".." && !b.contains(&b'/') && !b.contains(&0)
+        };
+        let exists = |name: &[u8]| {
+            let mut at = Vec::new();
+            for d in dir {
+                at.push(b'/');
+                at.extend_from_slice(&raw(d));
+            }
+            at.push(b'/');
+            at.extend_from_slice(name);
+            ext4_view::Path::try_from(at.as_slice())
+                .is_ok_and(|p| self.fs.symlink_metadata(p).is_ok())
+        };
+        let decoded_ok = one_name(&decoded) && exists(&decoded);
+        let written_ok = exists(c.as_bytes());
+        match (decoded_ok, written_ok) {
+            (true, true) => Err(Error::AmbiguousPath(format!(
+                "{}: two names in the image's filesystem match it (one holds the bytes its \
+                 characters U+10FF00-U+10FFFF stand for, one those characters themselves): \
+                 list, dump or restore their directory",
+                crate::ops::ls::shown(wanted)
+            ))),
+            (false, true) => Ok(escape_name(c.as_bytes())),
+            (_, false) if !one_name(&decoded) => Err(Error::Invalid(format!(
+                "{}: a name in it stands for bytes that cannot be a file name (`.`, `..`, \
+                 or a `/` or NUL in it)",
+                crate::ops::ls::shown(wanted)
+            ))),
+            // Found, or found neither way: what is missing is said as for any
+            // name.
+            _ => Ok(escape_name(&decoded)),
+        }
     }
 
     /// A symlink's target, refused when its inode claims more than a target can

@@ -54,7 +54,8 @@ pub fn image_in(repo: &Repository, snap: &Snapshot, file: Option<&str>) -> Resul
         });
     };
     let root = snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?;
-    let shown = crate::ops::ls::escape_name(path.as_bytes());
+    // Already in the form listings write (stand-ins for bytes not UTF-8).
+    let shown = path;
     let node = crate::ops::ls::find_node(repo, &root, path)?
         .ok_or_else(|| Error::Invalid(format!("{shown} is the snapshot's root, not a file")))?;
     if node.kind != NodeKind::File {

@@ -78,7 +78,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
         super::image_zeros_warning(
             super::image_unreadable(&snap),
             "the archive",
-            snap.original.is_some(),
+            cairn_core::repo::is_repaired(&snap),
         ),
     ))
 }

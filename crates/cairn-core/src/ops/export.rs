@@ -1421,7 +1421,7 @@ impl<'a> Content<'a> {
         Content {
             repo,
             readers,
-            reader: FileReader::new(repo, &n.content, n.size),
+            reader: FileReader::new(repo, &n.content, n.size).short_objects_lost(),
             next_offset: 0,
             ids: std::collections::VecDeque::new(),
             ready: std::collections::VecDeque::new(),
@@ -1703,7 +1703,11 @@ impl<S: Sink> Visitor for Exporter<'_, S> {
         Ok(n.subtree)
     }
     fn unreadable(&mut self, dir: &mut DirAhead, path: &str, _: &Node, e: Error) -> Result<()> {
-        if self.complete_only {
+        // A directory lost or damaged in the repository is left out, named; one
+        // the storage failed to read (EIO, a remote that kept failing) may be
+        // whole, and leaving it out would make an archive that looks finished
+        // (review: only a file's content ended the archive so).
+        if self.complete_only || e.is_read_failure() {
             return Err(Error::Invalid(format!(
                 "{path} could not be read ({e}); the archive is incomplete"
             )));

@@ -408,6 +408,11 @@ pub struct FileReader<'r> {
     /// Chunk lists taken for stored (`repair`: its own view); one it says is not
     /// is not read, and is lost.
     listed: Option<&'r dyn Fn(&BlobId) -> bool>,
+    /// A list in an object storage says is gone or shorter than the read is lost
+    /// too ([`Error::is_lost_in_storage`]), not only one damaged or unindexed
+    /// ([`Error::is_lost_data`]): export's view, as restore's. Repair keeps the
+    /// narrower one, which the rest of its walk uses.
+    short_is_lost: bool,
 }
 
 /// One level of the descent: a chunk list and the next entry to take from it.
@@ -424,6 +429,16 @@ impl<'r> FileReader<'r> {
             content,
             size,
             listed: None,
+            short_is_lost: false,
+        }
+    }
+
+    /// Takes a chunk list in an object that is gone or cut short for lost, as
+    /// a damaged one is ([`FileReader::short_is_lost`]).
+    pub fn short_objects_lost(self) -> Self {
+        FileReader {
+            short_is_lost: true,
+            ..self
         }
     }
 
@@ -520,7 +535,9 @@ impl<'r> FileReader<'r> {
             self.load(id, level, expected),
             lost.as_deref_mut(),
         ) {
-            (Err(e), Some(lost)) if e.is_lost_in_storage() => {
+            (Err(e), Some(lost))
+                if e.is_lost_data() || (self.short_is_lost && e.is_lost_in_storage()) =>
+            {
                 lost.get_or_insert(e);
                 Ok(Err(span))
             }

@@ -51,7 +51,7 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
             super::image_zeros_warning(
                 super::image_unreadable(&snap),
                 "the archive",
-                snap.original.is_some(),
+                cairn_core::repo::is_repaired(&snap),
             ),
         ));
     }
@@ -62,6 +62,6 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
     Ok(super::image_zeros_warning(
         super::image_unreadable(&snap),
         file,
-        snap.original.is_some(),
+        cairn_core::repo::is_repaired(&snap),
     ))
 }

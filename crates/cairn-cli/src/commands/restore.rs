@@ -308,7 +308,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         return Ok(super::image_zeros_warning(
             super::image_unreadable(&snap.1),
             "the restored image file",
-            snap.1.original.is_some(),
+            cairn_core::repo::is_repaired(&snap.1),
         ));
     }
     Ok(0)
@@ -411,7 +411,7 @@ fn restore_image(
         crate::ui::warn(format!(
             "{} of the image {} and hold zeros: {}",
             ui::count(r.unreadable_at_backup.len() as u64, "range"),
-            super::unreadable_why(snap.1.original.is_some()),
+            super::unreadable_why(cairn_core::repo::is_repaired(&snap.1)),
             r.unreadable_at_backup
                 .iter()
                 .map(|(o, l)| format!("{o}..{}", o.saturating_add(*l)))

@@ -143,7 +143,8 @@ pub fn run(g: &Global, a: &SnapshotsArgs) -> Result<i32> {
         // What only --json showed (QA): an image saved with holes of zeros
         // where its source could not be read, or one whose size changed.
         for (id, s) in groups.values().flatten() {
-            if let Some(note) = (s.image.as_ref()).and_then(|i| image_note(i, s.original.is_some()))
+            if let Some(note) =
+                (s.image.as_ref()).and_then(|i| image_note(i, cairn_core::repo::is_repaired(s)))
             {
                 println!("! {}: {note}", id.short());
             }

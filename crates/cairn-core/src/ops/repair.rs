@@ -1704,10 +1704,22 @@ fn run_recover(
             let what = match kept {
                 Some(new) => {
                     subtree_of.insert(*root, new);
-                    format!(
-                        "{} left out",
-                        crate::units::count(dropped.len() as u64, "entry")
-                    )
+                    // A directory whose listing is lost is kept, empty.
+                    let emptied = dropped.iter().filter(|d| d.kept).count() as u64;
+                    let left_out = dropped.len() as u64 - emptied;
+                    let mut said = format!("{} left out", crate::units::count(left_out, "entry"));
+                    if emptied > 0 {
+                        said.push_str(&format!(
+                            ", {} kept empty ({} lost)",
+                            crate::units::count(emptied, "directory"),
+                            if emptied == 1 {
+                                "its listing"
+                            } else {
+                                "their listings"
+                            }
+                        ));
+                    }
+                    said
                 }
                 None => {
                     subtree_of.remove(root);

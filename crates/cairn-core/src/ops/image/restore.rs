@@ -939,10 +939,10 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
                 let plain = sealed
                     .and_then(|s| blob::decode(repo.key(), &n.id, &s, n.raw_length, n.compression))
                     .map_err(|e| {
-                        if e.is_lost_in_storage() {
-                            sink.lost.store(true, Ordering::Relaxed);
-                        }
-                        format!("pack {}: {e}", pack.short())
+                        (
+                            format!("pack {}: {e}", pack.short()),
+                            e.is_lost_in_storage(),
+                        )
                     })
                     // A copy that does not hold its blob: another may.
                     .or_else(|e| {
@@ -957,7 +957,11 @@ fn work(repo: &Repository, sink: &Sink<'_>, jobs: crossbeam_channel::Receiver<Jo
                             w.put(&p, at);
                         }
                     }
-                    Err(why) => {
+                    Err((why, lost)) => {
+                        // Said only once no other copy could be read either.
+                        if lost {
+                            sink.lost.store(true, Ordering::Relaxed);
+                        }
                         for &at in &n.at {
                             sink.fail(at, u64::from(n.raw_length), why.clone());
                         }

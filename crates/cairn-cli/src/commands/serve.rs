@@ -34,11 +34,33 @@ pub fn run(g: &Global, a: &ServeArgs) -> Result<i32> {
         Some(ServeCommand::Token(t)) => token(g, a, t),
         Some(ServeCommand::User(u)) => user(g, a, u),
         Some(ServeCommand::Scrub(s)) => scrub(g, s, a.config.as_deref()),
-        None => serve(a),
+        None => serve(g, a),
     }
 }
 
-fn serve(a: &ServeArgs) -> Result<i32> {
+/// A limit of all clients together: `--limit-total-upload`, or `--limit-upload`
+/// as a client's flag and the settings file's `limit_upload` name it (QA: given
+/// to `cairn serve`, `--limit-upload` was taken and did nothing). Both given and
+/// different is refused rather than one chosen in silence.
+fn total_rate(
+    total: &Option<String>,
+    total_flag: &str,
+    plain: &Option<String>,
+    plain_flag: &str,
+) -> Result<Option<u64>> {
+    let total = super::rate_flag(total, total_flag)?;
+    let plain = super::rate_flag(plain, plain_flag)?;
+    match (total, plain) {
+        (Some(t), Some(p)) if t != p => Err(super::bad_argument(format!(
+            "{plain_flag} and {total_flag} are the same limit (of all clients together, \
+             the settings file's {}): give one",
+            plain_flag.trim_start_matches("--").replace('-', "_")
+        ))),
+        (t, p) => Ok(t.or(p)),
+    }
+}
+
+fn serve(g: &Global, a: &ServeArgs) -> Result<i32> {
     let config = ServerConfig::from_flags(&Flags {
         config: a.config.clone(),
         listen: a.listen.clone(),
@@ -56,8 +78,18 @@ fn serve(a: &ServeArgs) -> Result<i32> {
                 &a.limit_download_per_token,
                 "--limit-download-per-token",
             )?,
-            upload: super::rate_flag(&a.limit_total_upload, "--limit-total-upload")?,
-            download: super::rate_flag(&a.limit_total_download, "--limit-total-download")?,
+            upload: total_rate(
+                &a.limit_total_upload,
+                "--limit-total-upload",
+                &g.remote.limit_upload,
+                "--limit-upload",
+            )?,
+            download: total_rate(
+                &a.limit_total_download,
+                "--limit-total-download",
+                &g.remote.limit_download,
+                "--limit-download",
+            )?,
         },
     })
     .map_err(|e| match e {

@@ -1139,6 +1139,46 @@ fn a_token_upload_limit_paces_the_client() {
     );
     env.check_clean();
     srv.stop();
+    // --limit-upload, a client's flag, is the limit of all clients together for
+    // the server, as `limit_upload` is in its settings file (QA: it did nothing).
+    std::fs::write(src.join("more.bin"), Rng(4).bytes(6 << 20, false)).unwrap();
+    let srv = Server::start_with(
+        0,
+        &env.path("state"),
+        &[("main", &env.repo)],
+        false,
+        &["--limit-upload", "1M"],
+    );
+    let t = std::time::Instant::now();
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &token,
+            &["backup", src.to_str().unwrap()],
+        ),
+        "backup",
+    );
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_secs(4),
+        "6 new MiB at 1 MiB/s in all took {took:?}"
+    );
+    srv.stop();
+    let o = std::process::Command::new(bin())
+        .args(["serve", "--insecure-http", "--listen", "127.0.0.1:1"])
+        .args(["--limit-upload", "1M", "--limit-total-upload", "2M"])
+        .arg("--state-dir")
+        .arg(env.path("state"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--limit-upload and --limit-total-upload are the same limit"),
+        "{err}"
+    );
 }
 
 /// Jobs from the settings file, started through the API: retention forgets and

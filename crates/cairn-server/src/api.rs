@@ -1522,7 +1522,13 @@ pub async fn run_job(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let t = authenticate(&app, &headers)?;
-    let Some((spec, _)) = app.jobs.find(&name) else {
+    // Before looking, and another datastore's job is not found: the answer tells
+    // no one which jobs exist elsewhere, nor whose they are (QA r19: a 403 named
+    // the datastore of a job its caller could not see).
+    if t.role != Role::Admin {
+        return Err(ApiError::forbidden("only an admin may run jobs"));
+    }
+    let Some(_) = app.jobs.find(&name).filter(|(s, _)| t.opens(&s.datastore)) else {
         // A one-off job (listed by GET /v1/jobs) is started again its own way.
         let hint = if name.ends_with("-now") {
             ": a one-off job is started with POST /v1/datastores/{ds}/jobs {\"kind\": …}"
@@ -1535,12 +1541,6 @@ pub async fn run_job(
             format!("no scheduled job {name:?}{hint}"),
         ));
     };
-    if t.role != Role::Admin || !t.opens(&spec.datastore) {
-        return Err(ApiError::forbidden(format!(
-            "only an admin token of datastore {:?} may run this job",
-            spec.datastore
-        )));
-    }
     if crate::jobs::start(&app, &name, &format!("manual by {}", t.who())) {
         Ok(StatusCode::ACCEPTED.into_response())
     } else {
@@ -1634,10 +1634,15 @@ pub async fn put_schedule(
     if let Some((old, _)) = app.jobs.find(&name)
         && !t.opens(&old.datastore)
     {
-        return Err(ApiError::forbidden(format!(
-            "job {name:?} belongs to datastore {:?}",
-            old.datastore
-        )));
+        // Names are the server's, not a datastore's: taken, but not said whose.
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!(
+                "the name {name:?} is taken by a job of a datastore this token does not \
+                 administer: choose another"
+            ),
+        ));
     }
     let s = app.clone();
     let existed = blocking(move || s.jobs.put_console(spec).map_err(schedule_error)).await?;

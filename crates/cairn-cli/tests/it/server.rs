@@ -1259,6 +1259,24 @@ fn scheduled_jobs_run_and_keep_a_history() {
         403
     );
     assert_eq!(http(p, "POST", "/v1/jobs/nope/run", a, b"").0, 404);
+    // An admin of another datastore finds no job of main's, and is not told
+    // whose a name it cannot take is (QA r19).
+    let other = srv.token("ops2", "replica", "admin");
+    let (code, body) = http(p, "POST", "/v1/jobs/scrub/run", Some(&other), b"");
+    assert_eq!(code, 404, "{body}");
+    assert!(!body.contains("main"), "{body}");
+    let (code, body) = http(
+        p,
+        "PUT",
+        "/v1/schedules/scrub",
+        Some(&other),
+        br#"{"kind": "scrub", "datastore": "replica", "every": "1d"}"#,
+    );
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body.contains("is taken") && !body.contains("main"),
+        "{body}"
+    );
 
     let r = run("retention");
     assert_eq!(r["outcome"], "ok", "{r}");

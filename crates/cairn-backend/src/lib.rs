@@ -44,6 +44,7 @@ pub use retry::{RetryBackend, RetryPolicy};
 pub use s3::{S3_SILENCE, S3Backend, S3Location, S3Options};
 pub use server::{
     SERVER_SILENCE_MIN, ServerBackend, ServerLocation, ServerOptions, parse_fingerprint,
+    valid_datastore_name,
 };
 pub use throttle::{Limiter, ThrottledBackend, Traffic, stop_waits_on};
 

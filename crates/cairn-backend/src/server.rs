@@ -38,6 +38,17 @@ pub struct ServerOptions {
 /// request up to 20 s before it answers.
 pub const SERVER_SILENCE_MIN: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// A datastore name: it is part of the server's URLs, so letters, digits, `-`,
+/// `_` and `.` (not first), at most 64. The server and its clients both check it.
+pub fn valid_datastore_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
 /// `cairn+https://host:port/datastore` split up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerLocation {
@@ -64,6 +75,15 @@ impl ServerLocation {
         if host.is_empty() || ds.is_empty() || ds.contains('/') {
             return Err(format!(
                 "{location:?}: expected cairn+https://HOST:PORT/DATASTORE"
+            ));
+        }
+        // Checked here, by the server's own rule: a name with `?`, `#` or `%` in it
+        // went into the URL as something else, and the server's answer ("no such
+        // call") said nothing of the name (QA r19).
+        if !valid_datastore_name(ds) {
+            return Err(format!(
+                "{location:?}: {ds:?} cannot be a datastore's name (letters, digits, '-', \
+                 '_' and '.', not first; at most 64)"
             ));
         }
         if scheme == "http" {
@@ -1149,6 +1169,9 @@ mod tests {
             "cairn+https://127.0.0.1:99999/main",
             "cairn+https://h:1?x/main",
             "cairn+https://h:1/",
+            "cairn+https://h:1/a?b",
+            "cairn+https://h:1/bad%20name",
+            "cairn+https://h:1/..",
         ] {
             assert!(ServerLocation::parse(bad).is_err(), "{bad}");
         }

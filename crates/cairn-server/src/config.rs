@@ -212,15 +212,7 @@ pub fn default_state_dir() -> PathBuf {
     }
 }
 
-/// A datastore name: what appears in URLs, so letters, digits, `-`, `_`, `.`.
-pub fn valid_datastore_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-}
+pub use cairn_backend::valid_datastore_name;
 
 /// The flags of `cairn serve`, as the CLI parsed them.
 #[derive(Clone, Debug, Default)]

@@ -27,6 +27,16 @@ pub fn parse_block_size(s: &str) -> Result<u32> {
 
 pub fn init_repo(g: &Global, opts: &InitOptions, progress: &Progress) -> Result<Repository> {
     let location = super::repo_location(g)?;
+    // A server serves repositories made on its storage and never makes one: the
+    // attempt ended in "datastore X is not served ... an admin's `cairn init`",
+    // telling the user to do what they had just done (QA r19).
+    if location.starts_with("cairn+http://") || location.starts_with("cairn+https://") {
+        bail!(
+            "cairn init makes a repository on storage, not through a cairn server: run \
+             `cairn init --repo PATH` on the server with the datastore's path or S3 location \
+             (one served and not yet made is served within 15 s of it)"
+        );
+    }
     let password = if opts.encryption {
         Some(crate::ui::repo_source(g).new_password()?)
     } else {

@@ -5578,6 +5578,19 @@ fn a_datastore_down_at_start_leaves_the_others_served() {
     assert_eq!(o.status.code(), Some(10), "{err}");
     assert!(err.contains("no repository there"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(20), "{err}");
+    // A name that cannot be a datastore's is the user's typo, said as such.
+    let o = client(&env, &srv, "a?b", &admin, &["snapshots"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot be a datastore's name"), "{err}");
+    // `cairn init` through the server is told where a datastore is made.
+    let o = client(&env, &srv, "late", &admin, &["init"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("not through a cairn server: run `cairn init --repo PATH` on the server"),
+        "{err}"
+    );
     // The disk is mounted (here: the repository made) and the datastore served.
     let mut init = std::process::Command::new(bin());
     init.args(["init", "-q", "--repo"])

@@ -3053,6 +3053,14 @@ fn image_fs_restore_over_a_target_puts_hard_links_back() {
     // it (QA: read as `/f2`).
     let out = env.ok(&["dump", &snap, "--image-fs", "/link/../f2"]);
     assert_eq!(out, "in /dir");
+    // A symlink named last is not followed by dump, as in a snapshot of files.
+    let e = env.fails(&["dump", &snap, "--image-fs", "/dir/dangling"], 1);
+    assert!(
+        e.contains("/dir/dangling is a symlink to missing, not a file"),
+        "{e}"
+    );
+    let e = env.fails(&["dump", &snap, "--image-fs", "/link"], 1);
+    assert!(e.contains("is a symlink to dir/sub"), "{e}");
     let t = env.path("t");
     let restore = |target: &Path| {
         env.run(&[
@@ -3139,7 +3147,7 @@ fn image_fs_restore_over_a_target_puts_hard_links_back() {
     over("if-changed");
     assert!(fs::read(other.join("dir/a.bin")).unwrap() == fs::read(d.join("a.bin")).unwrap());
 
-    let err = env.fails(&["dump", &snap, "--image-fs", "/dir/dangling"], 1);
+    let err = env.fails(&["dump", &snap, "--image-fs", "/dir/dangling/"], 1);
     assert!(
         err.contains("the symlink /dir/dangling leads to /dir/missing"),
         "{err}"

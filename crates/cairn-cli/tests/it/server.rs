@@ -1113,59 +1113,39 @@ fn a_token_upload_limit_paces_the_client() {
     let src = env.path("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("data.bin"), Rng(3).bytes(6 << 20, false)).unwrap();
-    let srv = Server::start_with(
-        0,
-        &env.path("state"),
-        &[("main", &env.repo)],
-        false,
-        &["--limit-upload-per-token", "1M"],
-    );
-    let token = srv.token("slow", "main", "backup");
-    let t = std::time::Instant::now();
-    ok(
-        client(
-            &env,
-            &srv,
-            "main",
-            &token,
-            &["backup", src.to_str().unwrap()],
-        ),
-        "backup",
-    );
-    let took = t.elapsed();
+    // A backup of 6 new MiB through a server started with `limit`: how long it took.
+    let timed_backup = |limit: &[&str]| {
+        let srv = Server::start_with(0, &env.path("state"), &[("main", &env.repo)], false, limit);
+        let token = srv.token(&format!("slow{}", limit[0]), "main", "backup");
+        let t = std::time::Instant::now();
+        ok(
+            client(
+                &env,
+                &srv,
+                "main",
+                &token,
+                &["backup", src.to_str().unwrap()],
+            ),
+            "backup",
+        );
+        let took = t.elapsed();
+        srv.stop();
+        took
+    };
+    let took = timed_backup(&["--limit-upload-per-token", "1M"]);
     assert!(
         took >= Duration::from_secs(4),
         "6 MiB at 1 MiB/s took {took:?}"
     );
     env.check_clean();
-    srv.stop();
     // --limit-upload, a client's flag, is the limit of all clients together for
     // the server, as `limit_upload` is in its settings file (QA: it did nothing).
     std::fs::write(src.join("more.bin"), Rng(4).bytes(6 << 20, false)).unwrap();
-    let srv = Server::start_with(
-        0,
-        &env.path("state"),
-        &[("main", &env.repo)],
-        false,
-        &["--limit-upload", "1M"],
-    );
-    let t = std::time::Instant::now();
-    ok(
-        client(
-            &env,
-            &srv,
-            "main",
-            &token,
-            &["backup", src.to_str().unwrap()],
-        ),
-        "backup",
-    );
-    let took = t.elapsed();
+    let took = timed_backup(&["--limit-upload", "1M"]);
     assert!(
         took >= Duration::from_secs(4),
         "6 new MiB at 1 MiB/s in all took {took:?}"
     );
-    srv.stop();
     let o = std::process::Command::new(bin())
         .args(["serve", "--insecure-http", "--listen", "127.0.0.1:1"])
         .args(["--limit-upload", "1M", "--limit-total-upload", "2M"])

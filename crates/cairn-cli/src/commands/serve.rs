@@ -98,6 +98,22 @@ fn serve(g: &Global, a: &ServeArgs) -> Result<i32> {
     })?;
     let names: Vec<String> = config.datastores.keys().cloned().collect();
     let insecure = config.tls == cairn_server::config::Tls::InsecureHttp;
+    // Said at start: a limit may come from the environment (CAIRN_LIMIT_UPLOAD,
+    // set for the clients of the same machine) or the settings file, and a
+    // server slower than its link should say why.
+    let l = &config.limits;
+    let limits: Vec<String> = [
+        (l.upload, "uploads of all clients together"),
+        (l.download, "downloads of all clients together"),
+        (l.upload_per_token, "uploads per token"),
+        (l.download_per_token, "downloads per token"),
+    ]
+    .into_iter()
+    .filter_map(|(rate, what)| rate.map(|r| format!("{what} {}/s", cairn_core::units::bytes(r, 1))))
+    .collect();
+    if !limits.is_empty() {
+        cairn_server::log_line(&format!("bandwidth limits: {}", limits.join(", ")));
+    }
     cairn_server::serve(config, |ready| {
         let scheme = if insecure { "http" } else { "https" };
         // Stderr like every log line; tests and service managers wait for it.

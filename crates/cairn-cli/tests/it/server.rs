@@ -1129,10 +1129,13 @@ fn a_token_upload_limit_paces_the_client() {
             "backup",
         );
         let took = t.elapsed();
-        srv.stop();
-        took
+        (took, srv.stop())
     };
-    let took = timed_backup(&["--limit-upload-per-token", "1M"]);
+    let (took, log) = timed_backup(&["--limit-upload-per-token", "1M"]);
+    assert!(
+        log.contains("bandwidth limits: uploads per token 1.0 MiB/s"),
+        "{log}"
+    );
     assert!(
         took >= Duration::from_secs(4),
         "6 MiB at 1 MiB/s took {took:?}"
@@ -1141,7 +1144,11 @@ fn a_token_upload_limit_paces_the_client() {
     // --limit-upload, a client's flag, is the limit of all clients together for
     // the server, as `limit_upload` is in its settings file (QA: it did nothing).
     std::fs::write(src.join("more.bin"), Rng(4).bytes(6 << 20, false)).unwrap();
-    let took = timed_backup(&["--limit-upload", "1M"]);
+    let (took, log) = timed_backup(&["--limit-upload", "1M"]);
+    assert!(
+        log.contains("bandwidth limits: uploads of all clients together 1.0 MiB/s"),
+        "{log}"
+    );
     assert!(
         took >= Duration::from_secs(4),
         "6 new MiB at 1 MiB/s in all took {took:?}"

@@ -197,12 +197,11 @@ impl RetryBackend {
                     let since = *failing_since.get_or_insert_with(std::time::Instant::now);
                     let unreachable = e.kind == BackendErrorKind::Unreachable
                         && !(self.ride_restarts && self.answered.load(Ordering::Relaxed));
-                    let out_of_time = since.elapsed() + wait
-                        > self.policy.max_total.unwrap_or(self.policy.patience)
-                        || self
-                            .policy
-                            .deadline
-                            .is_some_and(|d| started.elapsed() + wait > d);
+                    let past_deadline =
+                        (self.policy.deadline).is_some_and(|d| started.elapsed() + wait > d);
+                    let out_of_time = past_deadline
+                        || since.elapsed() + wait
+                            > self.policy.max_total.unwrap_or(self.policy.patience);
                     let out_of_attempts = if just_gave_up() {
                         true
                     } else if unreachable {
@@ -223,6 +222,8 @@ impl RetryBackend {
                         } else if unreachable {
                             "nothing answers at that address: is the server running, and \
                              the address right?"
+                        } else if past_deadline {
+                            "the most a call may take here"
                         } else if out_of_time && self.policy.max_total.is_some() {
                             "--retry-for"
                         } else {
@@ -230,14 +231,21 @@ impl RetryBackend {
                         };
                         return Err(BackendError {
                             message: format!(
-                                "{} (gave up after {}, {:.1}s after the first failure; {why})",
+                                "{} (gave up after {}, {:.1}s after {}; {why})",
                                 e.message,
                                 if attempt == 0 {
                                     "1 attempt".to_string()
                                 } else {
                                     format!("{} attempts", attempt + 1)
                                 },
-                                since.elapsed().as_secs_f64()
+                                if past_deadline { started } else { since }
+                                    .elapsed()
+                                    .as_secs_f64(),
+                                if past_deadline {
+                                    "the call began"
+                                } else {
+                                    "the first failure"
+                                }
                             ),
                             ..e
                         });
@@ -495,6 +503,30 @@ mod tests {
         });
         assert_eq!(calls, 1);
         assert!(took < Duration::from_millis(290), "{took:?}");
+        // A quick failure first: no retry begins past the deadline, so the call
+        // lasts the deadline and one attempt at most.
+        let b = RetryBackend::new(
+            Arc::new(MemBackend::new()),
+            RetryPolicy {
+                deadline: Some(Duration::from_millis(100)),
+                ..quick()
+            },
+        );
+        let started = std::time::Instant::now();
+        let e = b
+            .run(|attempt| {
+                if attempt > 0 {
+                    std::thread::sleep(Duration::from_millis(60));
+                }
+                failing(BackendErrorKind::Transient)
+            })
+            .unwrap_err();
+        assert!(started.elapsed() < Duration::from_millis(250), "{e}");
+        assert!(
+            e.message
+                .contains("after the call began; the most a call may take here"),
+            "{e}"
+        );
     }
 
     /// Once a call has given up, the next ones (the failed job's cleanup) are

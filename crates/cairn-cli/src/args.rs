@@ -110,7 +110,9 @@ pub struct RemoteArgs {
     /// How long a call to a remote repository may keep retrying after transient
     /// failures (timeouts, 5xx, dropped connections): 30s, 10m, 2h; 0 retries
     /// nothing (default: 8 attempts, about a minute and a half, at most 3 minutes
-    /// when requests go unanswered). A request that hears nothing is given up on
+    /// after the first failure when requests go unanswered; the time counts from
+    /// the first failure, so a long upload cut short is retried whole). A
+    /// request that hears nothing is given up on
     /// after a minute of silence (two for a cairn server), or sooner to fit
     /// --retry-for (at least 10 s; 30 s for a cairn server, which holds a job-slot
     /// request up to 20 s before it answers). An address where nothing answers fails within

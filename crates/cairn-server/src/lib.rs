@@ -267,6 +267,11 @@ pub fn read_config_summary(backend: &dyn Backend) -> Result<ConfigSummary, Strin
 /// open the storage themselves, with a client's patience.
 const STORAGE_SILENCE: Duration = Duration::from_secs(20);
 const STORAGE_RETRY_FOR: Duration = Duration::from_secs(15);
+/// No retry of a call to a datastore's storage begins after this from the call's
+/// start, so that the last attempt, silent for at most [`STORAGE_SILENCE`], ends
+/// inside the 30 s a client waits (review: quick failures for 15 s and then a
+/// silent attempt answered after 35 s).
+const STORAGE_RETRIES_BEGIN_WITHIN: Duration = Duration::from_secs(8);
 
 /// Above this many simultaneous jobs per datastore the server warns: each job
 /// holds packs in flight and keeps the disks seeking.
@@ -299,7 +304,7 @@ impl App {
                 patience: STORAGE_RETRY_FOR,
                 // From the call's start: a first silent attempt (20 s) and then
                 // the patience would answer the client after 40 s.
-                deadline: Some(STORAGE_RETRY_FOR),
+                deadline: Some(STORAGE_RETRIES_BEGIN_WITHIN),
                 ..Default::default()
             },
             ..Default::default()

@@ -279,7 +279,7 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
         .map_err(|e| bad_argument(format!("--retry-for: {e}")))?;
     // A request that hears nothing is given up on within what --retry-for allows
     // (at least 10 s: a busy server can take seconds), not after the minute or two
-    // of silence a plain run waits, so that the retries fit in it.
+    // of silence a plain run waits, so that each attempt fits in it.
     let silence = retry_for.map(|d| d.clamp(Duration::from_secs(10), S3_SILENCE));
     Ok(StorageOptions {
         s3: cairn_backend::S3Options {

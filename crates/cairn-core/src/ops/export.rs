@@ -1703,11 +1703,12 @@ impl<S: Sink> Visitor for Exporter<'_, S> {
         Ok(n.subtree)
     }
     fn unreadable(&mut self, dir: &mut DirAhead, path: &str, _: &Node, e: Error) -> Result<()> {
-        // A directory lost or damaged in the repository is left out, named; one
-        // the storage failed to read (EIO, a remote that kept failing) may be
-        // whole, and leaving it out would make an archive that looks finished
-        // (review: only a file's content ended the archive so).
-        if self.complete_only || e.is_read_failure() {
+        // A directory lost or damaged in the repository is left out, named; any
+        // other failure (EIO, a remote that kept failing, no permission, a tree
+        // of a newer format) may leave it whole, and leaving it out would make
+        // an archive that looks finished (review: only a file's content ended
+        // the archive so).
+        if self.complete_only || !e.is_lost_in_storage() {
             return Err(Error::Invalid(format!(
                 "{path} could not be read ({e}); the archive is incomplete"
             )));

@@ -430,7 +430,7 @@ impl ImageFs {
         let one_name = |b: &[u8]| {
             !b.is_empty() && b != b"." && b != b".." && !b.contains(&b'/') && !b.contains(&0)
         };
-        let exists = |name: &[u8]| {
+        let exists = |name: &[u8]| -> Result<bool> {
             let mut at = Vec::new();
             for d in dir {
                 at.push(b'/');
@@ -438,11 +438,20 @@ impl ImageFs {
             }
             at.push(b'/');
             at.extend_from_slice(name);
-            ext4_view::Path::try_from(at.as_slice())
-                .is_ok_and(|p| self.fs.symlink_metadata(p).is_ok())
+            let Ok(p) = ext4_view::Path::try_from(at.as_slice()) else {
+                return Ok(false);
+            };
+            // Only "not there" is absence: an entry the reader refuses (a time
+            // before 1970) is there, and taking it for absent would pick the
+            // other reading where the path is ambiguous (review).
+            match self.fs.symlink_metadata(p) {
+                Ok(_) => Ok(true),
+                Err(ext4_view::Ext4Error::NotFound) => Ok(false),
+                Err(e) => Err(fs_err(&crate::ops::ls::shown(wanted), e)),
+            }
         };
-        let decoded_ok = one_name(&decoded) && exists(&decoded);
-        let written_ok = exists(c.as_bytes());
+        let decoded_ok = one_name(&decoded) && exists(&decoded)?;
+        let written_ok = exists(c.as_bytes())?;
         match (decoded_ok, written_ok) {
             (true, true) => Err(Error::AmbiguousPath(format!(
                 "{}: two names in the image's filesystem match it (one holds the bytes its \
@@ -641,8 +650,9 @@ impl ImageFs {
         if meta.file_type().is_symlink() {
             let target = escape_name(&self.read_link(&at, &meta)?);
             return Err(Error::Invalid(format!(
-                "{} is a symlink to {target}, not a file: dump where it leads",
-                crate::ops::ls::shown(path)
+                "{} is a symlink to {}, not a file: dump where it leads",
+                crate::ops::ls::shown(path),
+                crate::ops::ls::shown(&target)
             )));
         }
         self.dump_to(path, out, Path::new(crate::ops::dump::OUTPUT))

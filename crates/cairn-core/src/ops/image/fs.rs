@@ -655,24 +655,25 @@ impl ImageFs {
                 crate::ops::ls::shown(&target)
             )));
         }
-        self.dump_to(path, out, Path::new(crate::ops::dump::OUTPUT))
+        self.dump_to(&at, out, Path::new(crate::ops::dump::OUTPUT))
     }
 
-    /// [`Self::dump`] to `out`, named `out_name` in errors writing it.
+    /// The content of the file at `path`, already resolved (no symlink in it: a
+    /// restore's walk gives one, `dump` resolves the user's), to `out`, named
+    /// `out_name` in errors writing it.
     fn dump_to(&self, path: &str, out: &mut dyn Write, out_name: &Path) -> Result<u64> {
-        let path = self.resolve(path, true)?;
-        if let Some(n) = self.dump_block_mapped(&path, out, out_name)? {
+        if let Some(n) = self.dump_block_mapped(path, out, out_name)? {
             return Ok(n);
         }
         let mut file = self
             .fs
-            .open(Self::path(&path)?.as_path())
-            .map_err(|e| read_err(&path, e))?;
+            .open(Self::path(path)?.as_path())
+            .map_err(|e| read_err(path, e))?;
         let mut buf = vec![0u8; 1 << 20];
         let mut total = 0u64;
         loop {
             self.check_cancelled()?;
-            let n = file.read_bytes(&mut buf).map_err(|e| read_err(&path, e))?;
+            let n = file.read_bytes(&mut buf).map_err(|e| read_err(path, e))?;
             if n == 0 {
                 return Ok(total);
             }

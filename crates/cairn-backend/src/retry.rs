@@ -229,23 +229,21 @@ impl RetryBackend {
                         } else {
                             "--retry-for DURATION retries longer"
                         };
+                        let (from, from_what) = if past_deadline {
+                            (started, "the call began")
+                        } else {
+                            (since, "the first failure")
+                        };
                         return Err(BackendError {
                             message: format!(
-                                "{} (gave up after {}, {:.1}s after {}; {why})",
+                                "{} (gave up after {}, {:.1}s after {from_what}; {why})",
                                 e.message,
                                 if attempt == 0 {
                                     "1 attempt".to_string()
                                 } else {
                                     format!("{} attempts", attempt + 1)
                                 },
-                                if past_deadline { started } else { since }
-                                    .elapsed()
-                                    .as_secs_f64(),
-                                if past_deadline {
-                                    "the call began"
-                                } else {
-                                    "the first failure"
-                                }
+                                from.elapsed().as_secs_f64()
                             ),
                             ..e
                         });

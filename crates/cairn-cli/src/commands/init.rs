@@ -30,7 +30,10 @@ pub fn init_repo(g: &Global, opts: &InitOptions, progress: &Progress) -> Result<
     // A server serves repositories made on its storage and never makes one: the
     // attempt ended in "datastore X is not served ... an admin's `cairn init`",
     // telling the user to do what they had just done (QA r19).
-    if location.starts_with("cairn+http://") || location.starts_with("cairn+https://") {
+    if matches!(
+        cairn_core::repo::storage::Location::parse(&location),
+        Ok(cairn_core::repo::storage::Location::Server(_))
+    ) {
         bail!(
             "cairn init makes a repository on storage, not through a cairn server: run \
              `cairn init --repo PATH` on the server with the datastore's path or S3 location \

@@ -84,7 +84,7 @@ pub enum BackendErrorKind {
 #[error("not a regular file (a repository's objects are files)")]
 pub struct NotAFile;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[error("{op} {path}: {message}")]
 pub struct BackendError {
     pub kind: BackendErrorKind,

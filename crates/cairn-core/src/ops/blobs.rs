@@ -56,7 +56,24 @@ pub fn read_blobs(repo: &Repository, ids: &[BlobId]) -> Vec<Result<Vec<u8>>> {
                 .max()
                 .unwrap_or(start);
             let whole = if range.len() > 1 {
-                repo.read_pack_range(&pack, start, end - start).ok()
+                match repo.read_pack_range(&pack, start, end - start) {
+                    Ok(b) => Some(b),
+                    // The storage failed to read (it kept failing, or fell
+                    // silent): each blob again on its own would fail as well, one
+                    // after the other (CI: a mount waited 80 s, eight silent reads
+                    // after the range's). Every blob of the range has its error.
+                    Err(e) => match e.root() {
+                        Error::Backend(b) if b.is_read_failure() => {
+                            for w in range {
+                                out[w.at] = Some(Err(Error::Backend(b.clone())));
+                            }
+                            continue;
+                        }
+                        // Lost or damaged there: each blob on its own says which
+                        // are, and may have another copy.
+                        _ => None,
+                    },
+                }
             } else {
                 None
             };
@@ -89,6 +106,7 @@ pub fn read_blobs(repo: &Repository, ids: &[BlobId]) -> Vec<Result<Vec<u8>>> {
 mod tests {
     use super::*;
     use cairn_format::pack::BlobKind;
+    use std::sync::Arc;
 
     /// `read_blobs` gives what `read_blob` gives for every id, in the order asked,
     /// whatever the mix (two packs, duplicates, metadata, unknown ids), and a
@@ -159,5 +177,39 @@ mod tests {
         assert!(got[0].is_ok() && got[1].is_ok());
         assert!(got[2..].iter().all(|r| r.is_err()));
         check(&ids);
+    }
+
+    /// A range the storage fails to read (EIO, a remote that kept failing or
+    /// fell silent) is not asked for again blob by blob: one failed request, and
+    /// each blob has its error (CI: a mount waited eight silences more).
+    #[test]
+    fn a_range_the_storage_fails_to_read_is_not_read_again_blob_by_blob() {
+        let faulty = Arc::new(cairn_backend::FaultyBackend::new(
+            Arc::new(cairn_backend::MemBackend::new()),
+            cairn_backend::FaultSpec::parse("fail=1,ops=get,names=data/,kind=io").unwrap(),
+        ));
+        let opts = crate::repo::InitOptions {
+            encryption: false,
+            ..Default::default()
+        };
+        let mut repo = Repository::init(faulty.clone(), None, &opts).unwrap();
+        let blobs: Vec<(BlobKind, Vec<u8>)> = (0..6u8)
+            .map(|i| (BlobKind::Data, vec![i; 300 + usize::from(i)]))
+            .collect();
+        let pack = crate::testutil::store(&repo, &blobs);
+        repo.write_index_file(&cairn_format::index::IndexFile {
+            packs: vec![pack.clone()],
+            ..Default::default()
+        })
+        .unwrap();
+        repo.load_index_in_ram().unwrap();
+        let ids: Vec<BlobId> = pack.blobs.iter().map(|b| b.id).collect();
+        let got = read_blobs(&repo, &ids);
+        assert_eq!(faulty.injected(), 1, "one request for the range, no more");
+        assert!(
+            got.iter()
+                .all(|r| r.as_ref().is_err_and(|e| e.is_read_failure())),
+            "{got:?}"
+        );
     }
 }

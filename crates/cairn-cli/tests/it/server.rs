@@ -4921,6 +4921,9 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
         "{err}"
     );
     assert!(env.snapshot_ids().contains(&real));
+    // Nor is what that token stored as web02 the parent of its next backup as
+    // web02 (nor of an admin's: at the end).
+    assert_eq!(backup_with_parent(&laptop).1.as_deref(), Some(real.as_str()));
     // A host no bound token backs up (web03, here by an admin): web01's token
     // storing junk under its name is counted apart, and takes no slot of web03's
     // (QA: retention deleted web03's only backups and kept the junk).
@@ -5072,6 +5075,11 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
         "ls latest --host web01",
     );
     assert!(out.contains("could not be read"), "{out}");
+    // What a token without a host stored as web02 is no parent of an admin's
+    // backup of web02 either (QA: a copy of web02's snapshot with one file's
+    // content replaced, stored by such a token, had the admin's next backups of
+    // web02 keep the forged content, unread).
+    assert_eq!(backup_with_parent(&admin).1.as_deref(), Some(real.as_str()));
 }
 
 /// A hijacked backup client that stores junk dated at the end of past days, after

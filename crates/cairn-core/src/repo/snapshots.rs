@@ -400,22 +400,41 @@ impl Repository {
         self.attribute_hosts_by(snaps, &|hex| self.host_record(hex))
     }
 
-    /// Of `ids`, those `cairn serve` recorded as stored by a token bound to
-    /// another host than `host` (one listing of the records, then a read of each
-    /// that has one). A backup does not take such a snapshot for its parent, even
-    /// when it names this host: its files would be taken over unread by their
-    /// size and time, whatever content the other host's client gave them.
-    pub fn stored_for_other_hosts(
+    /// Of `snaps` (the repository's listing), those naming `host` that a backup
+    /// as `host` must not take for its parent, whose files it would take over
+    /// unread by their size and time, whatever content the client that stored
+    /// it gave them: one `cairn serve` recorded as stored by a token bound to
+    /// another host, and one that retention does not count as `host`'s either
+    /// ([`Self::attribute_hosts`]): stored by a token without a host under the
+    /// name of a bound token's host (QA: a hijacked unbound backup token planted
+    /// a copy of web02's latest snapshot with one file's content replaced, and
+    /// the next backups of web02 by an admin kept the forged content).
+    /// Empty for a repository no server recorded hosts in, and for a host-bound
+    /// token (it sees only its own host's snapshots).
+    pub fn not_parents_for(
         &self,
-        ids: impl Iterator<Item = SnapshotId>,
+        snaps: &[(SnapshotId, Snapshot)],
         host: &str,
     ) -> Result<std::collections::HashSet<SnapshotId>> {
-        let recorded = self.recorded_hosts(ids, &|hex| self.host_record(hex))?;
-        Ok(recorded
-            .into_iter()
-            .filter(|(_, h)| h != host)
-            .map(|(id, _)| id)
-            .collect())
+        let names_host = |s: &Snapshot| s.hostname == host;
+        if !snaps.iter().any(|(_, s)| names_host(s)) || self.backend.partial_view()?.is_some() {
+            return Ok(Default::default());
+        }
+        let recorded =
+            self.recorded_hosts(snaps.iter().map(|(id, _)| *id), &|hex| self.host_record(hex))?;
+        let mut out: std::collections::HashSet<SnapshotId> = snaps
+            .iter()
+            .filter(|(id, s)| names_host(s) && recorded.get(id).is_some_and(|h| h != host))
+            .map(|(id, _)| *id)
+            .collect();
+        let mut counted = snaps.to_vec();
+        out.extend(
+            self.attribute_recorded(&mut counted, &recorded)?
+                .into_iter()
+                .filter(|(_, claimed)| claimed == host)
+                .map(|(id, _)| id),
+        );
+        Ok(out)
     }
 
     /// The host `cairn serve` recorded for snapshot `hex`, if any.

@@ -862,19 +862,14 @@ fn run(
         s.hostname == host && same_paths(&s.paths, &snapshot_paths) && s.image.is_some() == is_image
     };
     // A snapshot naming this host that the server recorded for another host's
-    // token is no parent (only a token without a host sees such snapshots).
-    let candidates: Vec<SnapshotId> = match (&parent, opts.force) {
-        (None, false) => listed
-            .iter()
-            .filter(|(_, s)| ours(s))
-            .map(|(id, _)| *id)
-            .collect(),
-        _ => Vec::new(),
-    };
-    let other_hosts = if candidates.is_empty() {
-        HashSet::new()
-    } else {
-        repo.stored_for_other_hosts(candidates.into_iter(), &host)?
+    // token, or that a token without a host stored under a bound token's host,
+    // is no parent (only a token without a host, an admin or a direct client
+    // sees such snapshots).
+    let other_hosts = match (&parent, opts.force) {
+        (None, false) if listed.iter().any(|(_, s)| ours(s)) => {
+            repo.not_parents_for(listed, &host)?
+        }
+        _ => HashSet::new(),
     };
     let ours = |id: &SnapshotId, s: &Snapshot| ours(s) && !other_hosts.contains(id);
     let parent = match parent {

@@ -233,8 +233,13 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                     | Problem::PackMisnamed { .. }
                     | Problem::PackTruncated { .. }
                     | Problem::PackSize { .. }
+                    | Problem::FalseIndexEntries { .. }
             )
         });
+        // Packs whole, and index entries that say otherwise: prune drops those.
+        let only_false_entries = damage
+            .iter()
+            .all(|p| matches!(p, Problem::FalseIndexEntries { .. }));
         let files = damage.iter().any(|p| !p.affects().is_empty());
         // The index naming packs that are gone, with no file left needing them
         // (what `repair snapshots` leaves when `repair index` did not run first).
@@ -333,6 +338,8 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         } else if (damage.iter()).all(|p| matches!(p, Problem::KeyUnreadable { .. })) {
             // The data is whole; only that key's password no longer opens it.
             "; a damaged key file locks out only its own password, the data is whole: put              the file back from a copy, or `cairn key remove ID` and `cairn key add` a new              password for whoever used it"
+        } else if only_false_entries {
+            "; no data is damaged: `cairn prune` drops the false index entries"
         } else if only_packs {
             "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
              packs without it"

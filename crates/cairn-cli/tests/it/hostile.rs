@@ -970,6 +970,71 @@ fn blobs_listed_again_in_place_neither_force_a_repack_nor_stay_indexed() {
     assert_same(&src, &back);
 }
 
+/// An index file beside the true ones that lists every blob of the real packs
+/// again at another blob's place, length and raw length (what a server's backup
+/// token may add): `check --read-data` says the packs are intact and the entries
+/// false, names no snapshot and no lost blob, and advises prune, which drops them
+/// (pentest: 1,105 problems, every snapshot "affected", for intact data).
+#[test]
+fn false_entries_beside_true_ones_are_no_damage_to_check() {
+    use cairn_backend::names;
+    use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
+
+    let (env, src, _, backend, repo) = ten_files_backed_up(94);
+    let mut relisted = Vec::new();
+    for id in repo.list_index_files().unwrap() {
+        for p in repo.read_index_file(&id).unwrap().packs {
+            let n = p.blobs.len();
+            let blobs = (p.blobs.iter().enumerate())
+                .map(|(i, b)| {
+                    let next = p.blobs[(i + 1) % n];
+                    IndexBlob {
+                        offset: next.offset,
+                        length: next.length,
+                        raw_length: next.raw_length,
+                        ..*b
+                    }
+                })
+                .filter(|b| !p.blobs.contains(b))
+                .collect();
+            relisted.push(IndexPack { id: p.id, blobs });
+        }
+    }
+    let file = IndexFile {
+        packs: relisted,
+        ..Default::default()
+    };
+    // Read first, so that each blob's first copy is the false one.
+    loop {
+        let id = repo.write_index_file(&file).unwrap();
+        if repo.list_index_files().unwrap().iter().min() == Some(&id) {
+            break;
+        }
+        backend.delete(&names::index(&id.to_hex())).unwrap();
+    }
+    let o = env.cmd(&["check", "--read-data"]).output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(out.contains("intact, but the index places"), "{out}{err}");
+    assert!(
+        !out.contains("affects") && !out.contains("damaged") && !out.contains("is listed as"),
+        "{out}{err}"
+    );
+    assert!(
+        err.contains("`cairn prune` drops the false index entries"),
+        "{out}{err}"
+    );
+    let back = env.restore("latest", &src, "before");
+    assert_same(&src, &back);
+    env.ok(&["prune"]);
+    env.check_clean();
+    let back = env.restore("latest", &src, "after");
+    assert_same(&src, &back);
+}
+
 /// A repository with one snapshot of `src` ([`ten_files_backed_up`]) whose packs
 /// are all held by a waiting pending-deletion record and by no index file: as a
 /// prune leaves it when a backup's lock was live.

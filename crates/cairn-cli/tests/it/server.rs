@@ -4923,7 +4923,10 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     assert!(env.snapshot_ids().contains(&real));
     // Nor is what that token stored as web02 the parent of its next backup as
     // web02 (nor of an admin's: at the end).
-    assert_eq!(backup_with_parent(&laptop).1.as_deref(), Some(real.as_str()));
+    assert_eq!(
+        backup_with_parent(&laptop).1.as_deref(),
+        Some(real.as_str())
+    );
     // A host no bound token backs up (web03, here by an admin): web01's token
     // storing junk under its name is counted apart, and takes no slot of web03's
     // (QA: retention deleted web03's only backups and kept the junk).

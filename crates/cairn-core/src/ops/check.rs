@@ -1450,7 +1450,10 @@ fn verify_pack(
     live: bool,
 ) -> Verified {
     let all_bad = |m: String| {
-        Verified::Checked(vec![m], indexed.iter().map(|(b, l)| (*b, l.offset)).collect())
+        Verified::Checked(
+            vec![m],
+            indexed.iter().map(|(b, l)| (*b, l.offset)).collect(),
+        )
     };
     // A whole-object range read: large ones bypass the page cache (much cheaper
     // here than buffered reads, and a check should not evict everything else).

@@ -420,8 +420,9 @@ impl Repository {
         if !snaps.iter().any(|(_, s)| names_host(s)) || self.backend.partial_view()?.is_some() {
             return Ok(Default::default());
         }
-        let recorded =
-            self.recorded_hosts(snaps.iter().map(|(id, _)| *id), &|hex| self.host_record(hex))?;
+        let recorded = self.recorded_hosts(snaps.iter().map(|(id, _)| *id), &|hex| {
+            self.host_record(hex)
+        })?;
         let mut out: std::collections::HashSet<SnapshotId> = snaps
             .iter()
             .filter(|(id, s)| names_host(s) && recorded.get(id).is_some_and(|h| h != host))

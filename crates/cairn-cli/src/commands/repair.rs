@@ -116,8 +116,18 @@ fn index_report(g: &Global, r: repair::RepairIndexReport) -> Result<i32> {
         );
     }
     for d in &r.damaged_packs {
+        // Failed here, whole in another pack: nothing lost (a pack of junk
+        // under stored blobs' ids, from a client holding the key).
+        let elsewhere = if d.blobs_held_elsewhere > 0 {
+            format!(
+                ", {} whole in other packs",
+                ui::count(d.blobs_held_elsewhere as u64, "more blob")
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "damaged pack {}: {} ({} {}, {} {})",
+            "damaged pack {}: {} ({} {}, {} {}{elsewhere})",
             d.pack,
             d.message,
             ui::count(d.blobs_lost as u64, "blob"),

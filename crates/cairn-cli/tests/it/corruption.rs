@@ -1176,3 +1176,40 @@ fn repair_snapshots_escapes_control_characters_in_the_names_it_drops() {
         "{out}"
     );
 }
+
+/// A backup whose host's last snapshot cannot be read says so, and which parent
+/// it compared with instead (QA: a nightly backup's log showed nothing, and it
+/// read again every file the damaged snapshot held).
+#[test]
+fn a_backup_says_when_a_snapshot_it_may_follow_cannot_be_read() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a"), b"a").unwrap();
+    let first = env.backup(&[&src]);
+    fs::write(src.join("b"), b"b").unwrap();
+    let second = env.backup(&[&src]);
+    let path = env.repo.join("snapshots").join(&second);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[40] ^= 1;
+    fs::write(&path, bytes).unwrap();
+    fs::write(src.join("c"), b"c").unwrap();
+    let o = env.run(&["backup", "--json", src.to_str().unwrap()]);
+    assert!(o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("snapshot {} could not be read", &second[..8]))
+            && err.contains(&format!("compared with an older one, {}", &first[..8])),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["parent"].as_str(), Some(first.as_str()));
+    // Naming the parent says nothing of it.
+    let o = env.run(&["backup", "--parent", &first, src.to_str().unwrap()]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("could not be read"),
+        "{o:?}"
+    );
+}

@@ -522,10 +522,39 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
         Some(spec) => Some(session.find_snapshot(spec)?),
         None => None,
     };
-    let listed = session.snapshots()?.0.clone();
+    let (listed, unreadable) = {
+        let (ok, bad) = session.snapshots()?;
+        let bad: Vec<(SnapshotId, String)> =
+            bad.iter().map(|e| (e.id, e.error.to_string())).collect();
+        (ok.clone(), bad)
+    };
     let skip_if_unchanged = opts.skip_if_unchanged;
+    let picks_parent = opts.parent.is_none() && !opts.force;
     let r = run(session.repo(), opts, parent, &listed, progress)?;
     progress.check_cancelled()?;
+    // A snapshot that cannot be read may have been this host's last backup of
+    // these paths: the parent is then an older one, and the files changed since
+    // it are read again. Said, as `snapshots` and `restore latest` say it (QA: a
+    // nightly backup's log showed nothing while its last snapshot was damaged).
+    if picks_parent {
+        for (id, error) in unreadable.iter().take(3) {
+            progress.warning_msg(format!(
+                "snapshot {} could not be read ({error}); if it was the last backup of \
+                 these paths, this one was compared with {} (`cairn check` says more)",
+                id.short(),
+                match &r.snapshot.parent {
+                    Some(p) => format!("an older one, {}", &p[..p.len().min(8)]),
+                    None => "none and read every file".to_string(),
+                }
+            ));
+        }
+        if unreadable.len() > 3 {
+            progress.warning_msg(format!(
+                "{} more snapshots could not be read (`cairn snapshots` lists them)",
+                unreadable.len() - 3
+            ));
+        }
+    }
     packs_still_there(session.repo(), &r)?;
     let unchanged = skip_if_unchanged && r.parent_tree.as_deref() == Some(r.snapshot.tree.as_str());
     let snapshot_id = if unchanged {

@@ -1500,14 +1500,12 @@ pub async fn start_job(
     }
     let trigger = format!("manual by {}", t.who());
     match crate::jobs::start_now(&app, &ds, &b.kind, b.read_data, &trigger) {
-        Ok(name) => {
-            crate::log_line(&format!("job {name}: started by {}", t.who()));
-            Ok((
-                StatusCode::ACCEPTED,
-                axum::Json(serde_json::json!({ "name": name })),
-            )
-                .into_response())
-        }
+        // Logged by the job itself ("started (manual by ...)").
+        Ok(name) => Ok((
+            StatusCode::ACCEPTED,
+            axum::Json(serde_json::json!({ "name": name })),
+        )
+            .into_response()),
         Err(e) if e.ends_with("is running") => {
             Err(ApiError::new(StatusCode::CONFLICT, "already_exists", e))
         }

@@ -444,6 +444,19 @@ struct State {
 /// Each job's last runs, oldest first.
 type History = BTreeMap<String, VecDeque<Run>>;
 
+/// The job `name` names when it is one started now (`{datastore}-{kind}-now`)
+/// and no configured job has that name: listed again after a restart with its
+/// runs. Its options (a check's read_data) are not kept: a run again from the
+/// list is a plain one.
+fn adhoc_spec(name: &str, specs: &[JobSpec]) -> Option<(String, JobSpec)> {
+    if specs.iter().any(|s| s.name == name) {
+        return None;
+    }
+    let (ds, kind) = name.strip_suffix("-now")?.rsplit_once('-')?;
+    (!ds.is_empty() && ADHOC_KINDS.contains(&kind))
+        .then(|| (name.to_string(), JobSpec::new(name, kind, ds, "")))
+}
+
 impl Jobs {
     pub fn new(
         specs: Vec<JobSpec>,
@@ -471,16 +484,10 @@ impl Jobs {
         // Jobs started now (`{datastore}-{kind}-now`) before the restart: listed
         // again with their runs, which would otherwise be in the history file
         // and nowhere else (QA: a scrub that found damage vanished from the
-        // console after a restart). Their options (a check's read_data) are not
-        // kept: a run again from the list is a plain one.
+        // console after a restart).
         let adhoc = history
             .keys()
-            .filter(|n| !specs.iter().any(|s| &s.name == *n))
-            .filter_map(|n| {
-                let (ds, kind) = n.strip_suffix("-now")?.rsplit_once('-')?;
-                (!ds.is_empty() && ADHOC_KINDS.contains(&kind))
-                    .then(|| (n.clone(), JobSpec::new(n, kind, ds, "")))
-            })
+            .filter_map(|n| adhoc_spec(n, &specs))
             .collect();
         let jobs = Jobs {
             specs,
@@ -553,6 +560,11 @@ impl Jobs {
                     .into(),
                 trigger: st.trigger,
             };
+            // A job started now whose first run this is: listed with it (QA r20:
+            // only the next restart listed it).
+            if let Some((n, spec)) = adhoc_spec(&name, &self.specs) {
+                s.adhoc.entry(n).or_insert(spec);
+            }
             self.record(&mut s, &name, run);
         }
     }
@@ -1726,6 +1738,10 @@ mod tests {
         let mut container = m["live"].clone();
         container.pid_started += 1;
         m.insert("container".into(), container);
+        // A job started now (from the console or the API), killed in its first
+        // run: listed with that run at once (QA r20: at the restart after).
+        let adhoc = m["copy"].clone();
+        m.insert("main-scrub-now".into(), adhoc);
         std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
 
         let again = Jobs::new(specs(), BTreeMap::new(), dir.path());
@@ -1746,6 +1762,7 @@ mod tests {
         assert!(copy[0].summary.contains("killed"), "{}", copy[0].summary);
         assert!(runs("live").is_empty(), "this process still runs it");
         assert_eq!(runs("container")[0].outcome, "interrupted");
+        assert_eq!(runs("main-scrub-now")[0].outcome, "interrupted");
         let left: BTreeMap<String, Started> =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(left.keys().collect::<Vec<_>>(), ["live", "theirs"]);

@@ -416,25 +416,36 @@ impl Repository {
         snaps: &[(SnapshotId, Snapshot)],
         host: &str,
     ) -> Result<std::collections::HashSet<SnapshotId>> {
-        let names_host = |s: &Snapshot| s.hostname == host;
-        if !snaps.iter().any(|(_, s)| names_host(s)) || self.backend.partial_view()?.is_some() {
-            return Ok(Default::default());
-        }
-        let recorded = self.recorded_hosts(snaps.iter().map(|(id, _)| *id), &|hex| {
-            self.host_record(hex)
-        })?;
-        let mut out: std::collections::HashSet<SnapshotId> = snaps
-            .iter()
-            .filter(|(id, s)| names_host(s) && recorded.get(id).is_some_and(|h| h != host))
+        let candidates: Vec<SnapshotId> = (snaps.iter())
+            .filter(|(_, s)| s.hostname == host)
             .map(|(id, _)| *id)
             .collect();
-        let mut counted = snaps.to_vec();
-        out.extend(
-            self.attribute_recorded(&mut counted, &recorded)?
+        if candidates.is_empty() || self.backend.partial_view()?.is_some() {
+            return Ok(Default::default());
+        }
+        // The records of the snapshots naming `host` only (one listing, then a
+        // read of each that has one), not of the whole repository's: each backup
+        // asks. Retention's rules, for these snapshots: one recorded for another
+        // token's host, or counted apart as stored by a bound token under a name
+        // not its own, is not `host`'s.
+        let recorded =
+            self.recorded_hosts(candidates.iter().copied(), &|hex| self.host_record(hex))?;
+        let mut out: std::collections::HashSet<SnapshotId> = (recorded.iter())
+            .filter(|(_, h)| *h != host)
+            .map(|(id, _)| *id)
+            .collect();
+        // One a token without a host stored (the server recorded when it
+        // received it, and no host) is not `host`'s when `host` is a bound
+        // token's: known here from `host`'s own snapshots (a bound token whose
+        // machine backs up under other names only is not looked for: its host's
+        // name is then only ever stored by others, which the server cannot
+        // tell apart, docs/SERVER.md).
+        if recorded.values().any(|h| h == host) {
+            let unrecorded = candidates
                 .into_iter()
-                .filter(|(_, claimed)| claimed == host)
-                .map(|(id, _)| id),
-        );
+                .filter(|id| !recorded.contains_key(id));
+            out.extend(self.with_records(names::RECEIVED, unrecorded)?);
+        }
         Ok(out)
     }
 

@@ -985,15 +985,22 @@ fn false_entries_beside_true_ones_are_no_damage_to_check() {
     for id in repo.list_index_files().unwrap() {
         for p in repo.read_index_file(&id).unwrap().packs {
             let n = p.blobs.len();
+            // At another blob's place, and at its own place with another length.
             let blobs = (p.blobs.iter().enumerate())
-                .map(|(i, b)| {
+                .flat_map(|(i, b)| {
                     let next = p.blobs[(i + 1) % n];
-                    IndexBlob {
-                        offset: next.offset,
-                        length: next.length,
-                        raw_length: next.raw_length,
-                        ..*b
-                    }
+                    [
+                        IndexBlob {
+                            offset: next.offset,
+                            length: next.length,
+                            raw_length: next.raw_length,
+                            ..*b
+                        },
+                        IndexBlob {
+                            raw_length: b.raw_length + 1,
+                            ..*b
+                        },
+                    ]
                 })
                 .filter(|b| !p.blobs.contains(b))
                 .collect();

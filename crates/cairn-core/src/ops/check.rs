@@ -852,10 +852,32 @@ fn read_listing(repo: &Repository, dedup_lists: bool) -> Result<Listing> {
 /// What is unusable: packs missing, truncated or unreadable as a whole, and
 /// blobs whose copy the index points at failed verification. A blob is bad when
 /// it is in the second set or the index places it in a pack of the first.
-/// Copies of blobs a read found damaged or false: the pack and the offset the
-/// index gives (a pack may be listed as holding a blob at a place it does not,
-/// beside the true entry).
-type DamagedCopies = HashSet<(PackId, BlobId, u32)>;
+/// Copies of blobs a read found damaged or false, by pack and entry: the
+/// index may list a blob twice in one pack, the true entry and a false one
+/// (another place, length or compression), and only the false one is unusable.
+type DamagedCopies = HashSet<(PackId, Entry)>;
+
+/// One index (or header) entry of a blob in a pack, whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Entry {
+    id: BlobId,
+    offset: u64,
+    length: u32,
+    raw_length: u32,
+    compression: u8,
+}
+
+impl Entry {
+    fn of(id: &BlobId, l: &crate::index::BlobLocation) -> Entry {
+        Entry {
+            id: *id,
+            offset: l.offset.into(),
+            length: l.length,
+            raw_length: l.raw_length,
+            compression: l.compression as u8,
+        }
+    }
+}
 
 /// What `check` found unreadable: whole packs (missing, truncated without a
 /// read), and copies of blobs a read found damaged.
@@ -878,7 +900,7 @@ impl Bad {
         !copies.is_empty()
             && copies.iter().all(|l| {
                 let p = index.pack_of(l);
-                self.packs.contains(&p) || self.copies.contains(&(p, *id, l.offset))
+                self.packs.contains(&p) || self.copies.contains(&(p, Entry::of(id, l)))
             })
     }
 }
@@ -1341,7 +1363,7 @@ fn read_packs(
                     holds,
                     blobs: by_pack.get(id).map_or(0, Vec::len),
                 });
-                bad.extend(blobs.iter().map(|(b, o)| (*id, *b, *o)));
+                bad.extend(blobs.iter().map(|e| (*id, *e)));
                 continue;
             }
             Verified::FalseEntries(blobs) => {
@@ -1349,7 +1371,7 @@ fn read_packs(
                     pack: *id,
                     entries: blobs.len(),
                 });
-                bad.extend(blobs.iter().map(|(b, o)| (*id, *b, *o)));
+                bad.extend(blobs.iter().map(|e| (*id, *e)));
                 continue;
             }
             Verified::Unreadable(error) => {
@@ -1365,7 +1387,7 @@ fn read_packs(
             msgs.into_iter()
                 .map(|error| Problem::PackDamaged { pack: *id, error }),
         );
-        bad.extend(blobs.iter().map(|(b, o)| (*id, *b, *o)));
+        bad.extend(blobs.iter().map(|e| (*id, *e)));
     }
     Ok((problems, bad))
 }
@@ -1428,13 +1450,13 @@ fn pack_intact(repo: &Repository, id: &PackId, size: u64, listed: Option<&Listed
 /// What reading a pack whole found.
 enum Verified {
     /// Problems found and the index entries (blob id, offset) that are unusable.
-    Checked(Vec<String>, Vec<(BlobId, u32)>),
+    Checked(Vec<String>, Vec<Entry>),
     /// Another pack, whole, under this one's name; the entries the index places
     /// in this one are unusable.
-    Misnamed(PackId, Vec<(BlobId, u32)>),
+    Misnamed(PackId, Vec<Entry>),
     /// The pack is whole and authentic; these index entries place blobs in it
     /// where it does not hold them.
-    FalseEntries(Vec<(BlobId, u32)>),
+    FalseEntries(Vec<Entry>),
     /// This user may not read it: nothing is known of its content.
     Unreadable(String),
     /// Reading it failed (I/O error, storage failing): nothing is known of its
@@ -1452,7 +1474,7 @@ fn verify_pack(
     let all_bad = |m: String| {
         Verified::Checked(
             vec![m],
-            indexed.iter().map(|(b, l)| (*b, l.offset)).collect(),
+            indexed.iter().map(|(b, l)| Entry::of(b, l)).collect(),
         )
     };
     // A whole-object range read: large ones bypass the page cache (much cheaper
@@ -1479,11 +1501,18 @@ fn verify_pack(
         }
     };
     let mut problems = Vec::new();
-    let mut bad = Vec::new();
+    let mut bad: Vec<Entry> = Vec::new();
+    // The index's entries that decode where they say.
+    let mut good: HashSet<Entry> = HashSet::new();
     for (b, l) in indexed {
+        let entry = Entry::of(b, l);
         if let Err(e) = decode_at(b, l.offset.into(), l.length, l.raw_length, l.compression) {
             problems.push(format!("blob {}: {e}", b.short()));
-            bad.push((*b, l.offset));
+            if !bad.contains(&entry) {
+                bad.push(entry);
+            }
+        } else {
+            good.insert(entry);
         }
     }
     let trailer = data
@@ -1508,31 +1537,35 @@ fn verify_pack(
     match header {
         Err(e) => problems.push(format!("header: {e}")),
         Ok((header_off, entries)) => {
-            // By place: the index may list a blob twice in one pack, once
-            // falsely (pentest: a backup token's index file re-listing every
-            // blob of the real packs at shuffled offsets).
-            let at: HashSet<(BlobId, u64)> = indexed
-                .iter()
-                .map(|(b, l)| (*b, u64::from(l.offset)))
-                .collect();
+            // Entry by entry, whole: the index may list a blob twice in one
+            // pack, once falsely (pentest: a backup token's index file
+            // re-listing every blob of the real packs at shuffled offsets).
             let mut offset = 0u64;
-            let mut listed: HashSet<(BlobId, u64)> = HashSet::new();
+            let mut listed: HashSet<Entry> = HashSet::new();
             header_whole = true;
             for e in &entries {
-                listed.insert((e.id, offset));
-                // Copies the index does not point at (duplicates) are verified too;
-                // those it points at were above. One that failed there makes the
-                // file damaged, not another pack (QA r18: a flipped byte was
-                // called another pack, whole, and every blob lost).
-                if at.contains(&(e.id, offset)) {
-                    if u32::try_from(offset).is_ok_and(|o| bad.contains(&(e.id, o))) {
-                        header_whole = false;
-                    }
-                } else if let Err(err) =
-                    decode_at(&e.id, offset, e.length, e.raw_length, e.compression)
+                let entry = Entry {
+                    id: e.id,
+                    offset,
+                    length: e.length,
+                    raw_length: e.raw_length,
+                    compression: e.compression as u8,
+                };
+                listed.insert(entry);
+                // Copies the index does not point at exactly (duplicates, or
+                // under an index entry that says another length) are verified
+                // too; those it does were above. One that fails makes the file
+                // damaged, not another pack (QA r18: a flipped byte was called
+                // another pack, whole, and every blob lost).
+                if !good.contains(&entry)
+                    && let Err(err) =
+                        decode_at(&e.id, offset, e.length, e.raw_length, e.compression)
                 {
                     header_whole = false;
-                    problems.push(format!("unindexed copy of blob {}: {err}", e.id.short()));
+                    // One the index names exactly was said above.
+                    if !bad.contains(&entry) {
+                        problems.push(format!("unindexed copy of blob {}: {err}", e.id.short()));
+                    }
                 }
                 offset += u64::from(e.length);
             }
@@ -1542,13 +1575,15 @@ fn verify_pack(
                 problems.push("the header does not account for every byte before it".into());
             }
             for (b, l) in indexed {
-                if !listed.contains(&(*b, u64::from(l.offset))) {
+                let entry = Entry::of(b, l);
+                if !listed.contains(&entry) {
                     problems.push(format!(
-                        "blob {} is in the index but not at that place in the pack header",
+                        "blob {} is in the index, but not so in the pack header (its place, length or \
+                         compression differ)",
                         b.short()
                     ));
-                    if !bad.contains(&(*b, l.offset)) {
-                        bad.push((*b, l.offset));
+                    if !bad.contains(&entry) {
+                        bad.push(entry);
                     }
                 }
             }

@@ -38,6 +38,9 @@ impl Traffic {
 pub struct Limiter {
     bytes_per_sec: u64,
     next_free: Mutex<Instant>,
+    /// The lane of [`Limiter::take_ahead`]: paced among themselves, those
+    /// transfers pass the ones waiting in the main lane.
+    ahead_free: Mutex<Instant>,
 }
 
 impl Limiter {
@@ -45,6 +48,7 @@ impl Limiter {
         Limiter {
             bytes_per_sec: bytes_per_sec.max(1),
             next_free: Mutex::new(Instant::now()),
+            ahead_free: Mutex::new(Instant::now()),
         }
     }
 
@@ -52,13 +56,35 @@ impl Limiter {
     /// process is asked to stop ([`stop_waits_on`]): at a low rate one small file's
     /// booking can last minutes, and Ctrl-C must not wait for it.
     pub fn take(&self, bytes: u64) {
-        let cost = Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
-        let end = {
-            let mut next = self.next_free.lock().unwrap_or_else(|p| p.into_inner());
-            let start = (*next).max(Instant::now());
-            *next = start + cost;
-            *next
-        };
+        let end = Self::book(&self.next_free, self.cost(bytes));
+        Self::wait_until(end);
+    }
+
+    /// Books this transfer's time in a lane of its own and waits until that
+    /// booking ends: such transfers are paced among themselves at the rate, and
+    /// go ahead of the ones [`Limiter::take`] keeps waiting (whose bookings
+    /// stand); their time is added to the main lane too, so the transfers
+    /// booked there after them wait for it. The average holds over any stretch
+    /// long enough to drain both lanes; in a short one both may send at once.
+    pub fn take_ahead(&self, bytes: u64) {
+        let cost = self.cost(bytes);
+        Self::book(&self.next_free, cost);
+        let end = Self::book(&self.ahead_free, cost);
+        Self::wait_until(end);
+    }
+
+    fn cost(&self, bytes: u64) -> Duration {
+        Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64)
+    }
+
+    /// Books `cost` on `lane` after what is booked there; returns its end.
+    fn book(lane: &Mutex<Instant>, cost: Duration) -> Instant {
+        let mut next = lane.lock().unwrap_or_else(|p| p.into_inner());
+        *next = (*next).max(Instant::now()) + cost;
+        *next
+    }
+
+    fn wait_until(end: Instant) {
         loop {
             let now = Instant::now();
             if end <= now || STOP.get().is_some_and(|s| s.load(Ordering::Relaxed)) {
@@ -66,16 +92,6 @@ impl Limiter {
             }
             std::thread::sleep((end - now).min(Duration::from_millis(100)));
         }
-    }
-
-    /// Books this transfer's time without waiting: it goes ahead of the
-    /// transfers waiting now (their bookings stand), and the ones booked after
-    /// it wait for it instead. The average holds over any stretch, with one
-    /// such transfer's burst on top.
-    pub fn take_ahead(&self, bytes: u64) {
-        let cost = Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
-        let mut next = self.next_free.lock().unwrap_or_else(|p| p.into_inner());
-        *next = (*next).max(Instant::now()) + cost;
     }
 }
 
@@ -116,9 +132,10 @@ impl ThrottledBackend {
     /// failed attempt used the link too), counted as sent only once stored, so
     /// that a report after retries says what reached the storage, not every
     /// attempt. What is not a pack (an index file, a dedup list, a snapshot, a
-    /// lock: small) goes ahead of the packs waiting for their turn: an index
-    /// file waiting behind the next pack's bytes left a stored pack unindexed
-    /// for a pack's time, and a backup killed then sent it again (QA r20).
+    /// lock: small) goes ahead of the packs waiting for their turn, paced among
+    /// itself ([`Limiter::take_ahead`]): an index file waiting behind the next
+    /// pack's bytes left a stored pack unindexed for a pack's time, and a
+    /// backup killed then sent it again (QA r20).
     fn sending<T>(&self, name: &str, n: usize, send: impl FnOnce() -> Result<T>) -> Result<T> {
         if let Some(l) = &self.up {
             if name.starts_with(crate::names::DATA) {
@@ -340,5 +357,17 @@ mod tests {
             t0.elapsed()
         );
         assert_eq!(b.traffic().uploaded(), 4_001_000);
+        // What goes ahead is paced among itself (a repair's index files, a
+        // stream of them, keep the limit).
+        let b = ThrottledBackend::new(Arc::new(MemBackend::new()), Some(1_000_000), None);
+        let t0 = Instant::now();
+        for i in 0..5 {
+            b.put_new(&format!("index/{i}"), &[0u8; 200_000]).unwrap();
+        }
+        assert!(
+            t0.elapsed() >= Duration::from_millis(990),
+            "{:?}",
+            t0.elapsed()
+        );
     }
 }

@@ -339,7 +339,8 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
             // The data is whole; only that key's password no longer opens it.
             "; a damaged key file locks out only its own password, the data is whole: put              the file back from a copy, or `cairn key remove ID` and `cairn key add` a new              password for whoever used it"
         } else if only_false_entries {
-            "; no data is damaged: `cairn prune` drops the false index entries"
+            "; no data is damaged: `cairn repair index` drops the false index entries (it \
+             indexes what the packs' own headers list)"
         } else if only_packs {
             "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
              packs without it"

@@ -120,7 +120,7 @@ fn index_report(g: &Global, r: repair::RepairIndexReport) -> Result<i32> {
         // under stored blobs' ids, from a client holding the key).
         let elsewhere = if d.blobs_held_elsewhere > 0 {
             format!(
-                ", {} whole in other packs",
+                ", {} whole in another copy",
                 ui::count(d.blobs_held_elsewhere as u64, "more blob")
             )
         } else {

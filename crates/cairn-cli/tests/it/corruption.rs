@@ -1200,7 +1200,7 @@ fn a_backup_says_when_a_snapshot_it_may_follow_cannot_be_read() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         err.contains(&format!("snapshot {} could not be read", &second[..8]))
-            && err.contains(&format!("compared with an older one, {}", &first[..8])),
+            && err.contains(&format!("is compared with another, {}", &first[..8])),
         "{err}"
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -1025,17 +1025,26 @@ fn false_entries_beside_true_ones_are_no_damage_to_check() {
         String::from_utf8_lossy(&o.stderr),
     );
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
-    assert!(out.contains("intact, but the index places"), "{out}{err}");
+    assert!(
+        out.contains("intact, but index entries place"),
+        "{out}{err}"
+    );
     assert!(
         !out.contains("affects") && !out.contains("damaged") && !out.contains("is listed as"),
         "{out}{err}"
     );
     assert!(
-        err.contains("`cairn prune` drops the false index entries"),
+        err.contains("`cairn repair index` drops the false index entries"),
         "{out}{err}"
     );
     let back = env.restore("latest", &src, "before");
     assert_same(&src, &back);
+    let repaired = env.ok(&["repair", "index"]);
+    assert!(
+        !repaired.contains("lost") && !repaired.contains("damaged"),
+        "{repaired}"
+    );
+    env.check_clean();
     env.ok(&["prune"]);
     env.check_clean();
     let back = env.restore("latest", &src, "after");
@@ -1092,14 +1101,14 @@ fn a_pack_of_junk_under_stored_ids_loses_nothing_to_repair_index() {
     let dry = env.ok(&["repair", "index", "--dry-run"]);
     assert!(
         dry.contains(&format!(
-            "(0 blobs would be lost, 0 would be kept, {n} more blobs whole in other packs)"
+            "(0 blobs would be lost, 0 would be kept, {n} more blobs whole in another copy)"
         )),
         "{dry}"
     );
     let out = env.ok(&["repair", "index"]);
     assert!(
         out.contains(&format!(
-            "(0 blobs lost, 0 kept, {n} more blobs whole in other packs)"
+            "(0 blobs lost, 0 kept, {n} more blobs whole in another copy)"
         )),
         "{out}"
     );

@@ -4922,10 +4922,23 @@ fn a_client_posing_as_another_host_counts_as_its_own() {
     );
     assert!(env.snapshot_ids().contains(&real));
     // Nor is what that token stored as web02 the parent of its next backup as
-    // web02 (nor of an admin's: at the end).
-    assert_eq!(
-        backup_with_parent(&laptop).1.as_deref(),
-        Some(real.as_str())
+    // web02 (nor of an admin's: at the end), and it says so: a machine backing
+    // up through such a token would read every file every time.
+    let o = client(
+        &env,
+        &srv,
+        "main",
+        &laptop,
+        &["backup", "--host", "web02", "--json", s],
+    );
+    let err = messages(&o.stderr);
+    let v: serde_json::Value = serde_json::from_str(&ok(o, "backup")).unwrap();
+    assert_eq!(v["parent"].as_str(), Some(real.as_str()));
+    assert!(
+        err.contains(&format!("snapshot {} names this host", &unbound[..8]))
+            && err.contains("was stored by a token without a host")
+            && err.contains("is not taken as the parent"),
+        "{err}"
     );
     // A host no bound token backs up (web03, here by an admin): web01's token
     // storing junk under its name is counted apart, and takes no slot of web03's

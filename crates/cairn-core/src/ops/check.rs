@@ -134,9 +134,15 @@ pub enum Problem {
     /// every byte and each blob it lists decodes), but index entries place
     /// `entries` blobs in it where it does not hold them: written by a client
     /// holding the key (a server's backup token may add index files), or by a
-    /// bug. Readers and prune go to the true copies; prune drops the false
-    /// entries. Not damage: no blob of it is lost.
-    FalseIndexEntries { pack: PackId, entries: usize },
+    /// bug. Readers go to another copy where there is one (a blob with none is
+    /// reported on its own); `repair index`, which indexes what pack headers
+    /// say, drops the false entries. Not damage: no blob of this pack is lost.
+    /// `blobs`: the first few blobs named falsely.
+    FalseIndexEntries {
+        pack: PackId,
+        entries: usize,
+        blobs: Vec<BlobId>,
+    },
     /// A pack this user may not read (`--read-data`): not damage, so neither its
     /// blobs nor the files needing them are counted as lost, and no repair is
     /// advised (`repair index` would refuse to work around it).
@@ -261,12 +267,23 @@ impl Problem {
                     &hex[..2]
                 )
             }
-            Problem::FalseIndexEntries { pack, entries } => format!(
-                "pack {pack}: intact, but the index places {} in it where it does not hold \
-                 them (written by a client holding the key, or by a bug); readers use the \
-                 true copies, and `cairn prune` drops the false entries",
-                crate::units::count(*entries as u64, "blob")
-            ),
+            Problem::FalseIndexEntries {
+                pack,
+                entries,
+                blobs,
+            } => {
+                let named: Vec<String> = blobs.iter().map(|b| b.short()).collect();
+                format!(
+                    "pack {pack}: intact, but index entries place {} in it as it does not \
+                     hold {} ({}{}; written by a client holding the key, or by a bug): \
+                     readers go to another copy where there is one, and `cairn repair index` \
+                     drops the false entries",
+                    crate::units::count(*entries as u64, "blob"),
+                    if *entries == 1 { "it" } else { "them" },
+                    named.join(", "),
+                    if *entries > named.len() { ", ..." } else { "" }
+                )
+            }
             Problem::PackUnreadable { pack, error } => format!(
                 "pack {pack}: {error}: its data was not verified (give this user read access \
                  to the repository, or check as its owner)"
@@ -857,6 +874,9 @@ fn read_listing(repo: &Repository, dedup_lists: bool) -> Result<Listing> {
 /// (another place, length or compression), and only the false one is unusable.
 type DamagedCopies = HashSet<(PackId, Entry)>;
 
+/// Blobs named in a [`Problem::FalseIndexEntries`].
+const SHOWN_FALSE_ENTRIES: usize = 5;
+
 /// One index (or header) entry of a blob in a pack, whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Entry {
@@ -895,13 +915,17 @@ impl Bad {
         if self.packs.is_empty() && self.copies.is_empty() {
             return false;
         }
-        let index = repo.index();
-        let copies = index.copies(id);
-        !copies.is_empty()
-            && copies.iter().all(|l| {
-                let p = index.pack_of(l);
-                self.packs.contains(&p) || self.copies.contains(&(p, Entry::of(id, l)))
-            })
+        let copies = repo.index().copies(id);
+        !copies.is_empty() && copies.iter().all(|l| self.is_false(repo, id, l))
+    }
+}
+
+impl Bad {
+    /// Whether this copy of `id` was found damaged or false, or is in a pack
+    /// that is.
+    fn is_false(&self, repo: &Repository, id: &BlobId, l: &crate::index::BlobLocation) -> bool {
+        let p = repo.index().pack_of(l);
+        self.packs.contains(&p) || self.copies.contains(&(p, Entry::of(id, l)))
     }
 }
 
@@ -1193,8 +1217,9 @@ impl Visitor for SnapshotWalk<'_> {
                     // through an append-only token can list a blob falsely
                     // (the copy read gets the length of its own entry).
                     if u64::from(loc.raw_length) != c.length
-                        && !(repo.index().copies(&c.id).iter())
-                            .any(|l| u64::from(l.raw_length) == c.length)
+                        && !(repo.index().copies(&c.id).iter()).any(|l| {
+                            u64::from(l.raw_length) == c.length && !bad.is_false(repo, &c.id, l)
+                        })
                     {
                         let problem = Problem::FileInconsistent {
                             error: format!(
@@ -1370,6 +1395,11 @@ fn read_packs(
                 problems.push(Problem::FalseIndexEntries {
                     pack: *id,
                     entries: blobs.len(),
+                    blobs: blobs
+                        .iter()
+                        .take(SHOWN_FALSE_ENTRIES)
+                        .map(|e| e.id)
+                        .collect(),
                 });
                 bad.extend(blobs.iter().map(|e| (*id, *e)));
                 continue;
@@ -1501,14 +1531,17 @@ fn verify_pack(
         }
     };
     let mut problems = Vec::new();
+    // In the index's order, and as a set for lookups (a pack of small blobs
+    // relisted falsely has thousands).
     let mut bad: Vec<Entry> = Vec::new();
+    let mut bad_set: HashSet<Entry> = HashSet::new();
     // The index's entries that decode where they say.
     let mut good: HashSet<Entry> = HashSet::new();
     for (b, l) in indexed {
         let entry = Entry::of(b, l);
         if let Err(e) = decode_at(b, l.offset.into(), l.length, l.raw_length, l.compression) {
             problems.push(format!("blob {}: {e}", b.short()));
-            if !bad.contains(&entry) {
+            if bad_set.insert(entry) {
                 bad.push(entry);
             }
         } else {
@@ -1563,7 +1596,7 @@ fn verify_pack(
                 {
                     header_whole = false;
                     // One the index names exactly was said above.
-                    if !bad.contains(&entry) {
+                    if !bad_set.contains(&entry) {
                         problems.push(format!("unindexed copy of blob {}: {err}", e.id.short()));
                     }
                 }
@@ -1582,7 +1615,7 @@ fn verify_pack(
                          compression differ)",
                         b.short()
                     ));
-                    if !bad.contains(&entry) {
+                    if bad_set.insert(entry) {
                         bad.push(entry);
                     }
                 }

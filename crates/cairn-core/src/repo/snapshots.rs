@@ -410,12 +410,13 @@ impl Repository {
     /// a copy of web02's latest snapshot with one file's content replaced, and
     /// the next backups of web02 by an admin kept the forged content).
     /// Empty for a repository no server recorded hosts in, and for a host-bound
-    /// token (it sees only its own host's snapshots).
+    /// token (it sees only its own host's snapshots). Each with why, for a
+    /// warning.
     pub fn not_parents_for(
         &self,
         snaps: &[(SnapshotId, Snapshot)],
         host: &str,
-    ) -> Result<std::collections::HashSet<SnapshotId>> {
+    ) -> Result<std::collections::HashMap<SnapshotId, String>> {
         let candidates: Vec<SnapshotId> = (snaps.iter())
             .filter(|(_, s)| s.hostname == host)
             .map(|(id, _)| *id)
@@ -430,9 +431,9 @@ impl Repository {
         // not its own, is not `host`'s.
         let recorded =
             self.recorded_hosts(candidates.iter().copied(), &|hex| self.host_record(hex))?;
-        let mut out: std::collections::HashSet<SnapshotId> = (recorded.iter())
+        let mut out: std::collections::HashMap<SnapshotId, String> = (recorded.iter())
             .filter(|(_, h)| *h != host)
-            .map(|(id, _)| *id)
+            .map(|(id, h)| (*id, format!("was stored by {h:?}'s host-bound token")))
             .collect();
         // One a token without a host stored (the server recorded when it
         // received it, and no host) is not `host`'s when `host` is a bound
@@ -444,7 +445,14 @@ impl Repository {
             let unrecorded = candidates
                 .into_iter()
                 .filter(|id| !recorded.contains_key(id));
-            out.extend(self.with_records(names::RECEIVED, unrecorded)?);
+            let why = format!(
+                "was stored by a token without a host, where {host:?} backs up through its \
+                 own host-bound token"
+            );
+            out.extend(
+                (self.with_records(names::RECEIVED, unrecorded)?.into_iter())
+                    .map(|id| (id, why.clone())),
+            );
         }
         Ok(out)
     }

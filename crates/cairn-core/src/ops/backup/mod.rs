@@ -522,39 +522,10 @@ pub fn backup(session: &Session<session::Backup>, opts: BackupOptions) -> Result
         Some(spec) => Some(session.find_snapshot(spec)?),
         None => None,
     };
-    let (listed, unreadable) = {
-        let (ok, bad) = session.snapshots()?;
-        let bad: Vec<(SnapshotId, String)> =
-            bad.iter().map(|e| (e.id, e.error.to_string())).collect();
-        (ok.clone(), bad)
-    };
+    let (listed, unreadable) = session.snapshots()?;
     let skip_if_unchanged = opts.skip_if_unchanged;
-    let picks_parent = opts.parent.is_none() && !opts.force;
-    let r = run(session.repo(), opts, parent, &listed, progress)?;
+    let r = run(session.repo(), opts, parent, listed, unreadable, progress)?;
     progress.check_cancelled()?;
-    // A snapshot that cannot be read may have been this host's last backup of
-    // these paths: the parent is then an older one, and the files changed since
-    // it are read again. Said, as `snapshots` and `restore latest` say it (QA: a
-    // nightly backup's log showed nothing while its last snapshot was damaged).
-    if picks_parent {
-        for (id, error) in unreadable.iter().take(3) {
-            progress.warning_msg(format!(
-                "snapshot {} could not be read ({error}); if it was the last backup of \
-                 these paths, this one was compared with {} (`cairn check` says more)",
-                id.short(),
-                match &r.snapshot.parent {
-                    Some(p) => format!("an older one, {}", &p[..p.len().min(8)]),
-                    None => "none and read every file".to_string(),
-                }
-            ));
-        }
-        if unreadable.len() > 3 {
-            progress.warning_msg(format!(
-                "{} more snapshots could not be read (`cairn snapshots` lists them)",
-                unreadable.len() - 3
-            ));
-        }
-    }
     packs_still_there(session.repo(), &r)?;
     let unchanged = skip_if_unchanged && r.parent_tree.as_deref() == Some(r.snapshot.tree.as_str());
     let snapshot_id = if unchanged {
@@ -720,6 +691,7 @@ fn run(
     mut opts: BackupOptions,
     parent: Option<(SnapshotId, Snapshot)>,
     listed: &[(SnapshotId, Snapshot)],
+    unreadable: &[crate::repo::SnapshotError],
     progress: &Progress,
 ) -> Result<Ran> {
     let start = Instant::now();
@@ -894,13 +866,43 @@ fn run(
     // token, or that a token without a host stored under a bound token's host,
     // is no parent (only a token without a host, an admin or a direct client
     // sees such snapshots).
-    let other_hosts = match (&parent, opts.force) {
-        (None, false) if listed.iter().any(|(_, s)| ours(s)) => {
-            repo.not_parents_for(listed, &host)?
+    let picks_parent = parent.is_none() && !opts.force;
+    let other_hosts = match listed.iter().rev().find(|(_, s)| ours(s)) {
+        Some(newest) if picks_parent => {
+            let not = repo.not_parents_for(listed, &host)?;
+            // Said, when it is the newest backup of these paths: it may be this
+            // machine's own, stored through a token without a host (every backup
+            // then reads every file again), or one planted in its name.
+            if let Some(why) = not.get(&newest.0) {
+                progress.warning_msg(format!(
+                    "snapshot {} names this host ({host:?}) and these paths, but {why}: it is \
+                     not taken as the parent, whose unchanged files it would vouch for (a \
+                     machine backing up as {host:?} through a token without a host should \
+                     get a token bound to {host:?}: `cairn serve token add NAME --host {host}`)",
+                    newest.0.short()
+                ));
+            }
+            not
         }
-        _ => HashSet::new(),
+        _ => std::collections::HashMap::new(),
     };
-    let ours = |id: &SnapshotId, s: &Snapshot| ours(s) && !other_hosts.contains(id);
+    // A snapshot that cannot be read may have been this host's last backup of
+    // these paths: the parent is then another one, and the files changed since
+    // it are read again. Said, as `snapshots` and `restore latest` say it (QA
+    // r20: a nightly backup's log showed nothing while its last snapshot was
+    // damaged); those that cannot be this host's, as `latest --host` tells
+    // them, are not (review: every backup of every host warned).
+    let unreadable = if picks_parent && !unreadable.is_empty() {
+        repo.narrow_to_hosts(
+            &mut listed.to_vec(),
+            unreadable,
+            std::slice::from_ref(&host),
+            &|_| {},
+        )?
+    } else {
+        Vec::new()
+    };
+    let ours = |id: &SnapshotId, s: &Snapshot| ours(s) && !other_hosts.contains_key(id);
     let parent = match parent {
         _ if opts.force => None,
         Some(p) => Some(p),
@@ -923,6 +925,24 @@ fn run(
         }
         None => listed.iter().rev().find(|(id, s)| ours(id, s)).cloned(),
     };
+    for e in unreadable.iter().take(3) {
+        progress.warning_msg(format!(
+            "snapshot {} could not be read ({}); if it was the last backup of these paths, \
+             this one is compared with {} (`cairn check` says more)",
+            e.id.short(),
+            e.error,
+            match &parent {
+                Some((id, _)) => format!("another, {}", id.short()),
+                None => "none and reads every file".to_string(),
+            }
+        ));
+    }
+    if unreadable.len() > 3 {
+        progress.warning_msg(format!(
+            "{} more snapshots could not be read (`cairn snapshots` lists them)",
+            unreadable.len() - 3
+        ));
+    }
     let image_plan = match opts.image.take() {
         Some(io) => Some(image::plan(
             repo,

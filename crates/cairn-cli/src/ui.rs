@@ -55,13 +55,20 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     let raw = cairn_core::ls::raw_byte;
     if !text
         .chars()
-        .any(|c| c.is_control() || hidden(c) || c == '\\' || raw(c).is_some())
+        .any(|c| c.is_control() || hidden(c) || joiner(c) || c == '\\' || raw(c).is_some())
     {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
+    let chars: Vec<char> = text.chars().collect();
+    // Beside a character of ASCII (or at an end), a joiner joins nothing a
+    // script or an emoji needs: it only hides.
+    let ascii = |i: Option<usize>| i.and_then(|i| chars.get(i)).is_none_or(char::is_ascii);
+    for (i, &c) in chars.iter().enumerate() {
         match c {
+            c if joiner(c) && (ascii(i.checked_sub(1)) || ascii(Some(i + 1))) => {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32))
+            }
             // A byte of a name that is not UTF-8 (its stand-in), as `ls -b` shows it.
             c if let Some(b) = raw(c) => out.push_str(&format!("\\x{b:02x}")),
             '\\' => out.push_str("\\\\"),
@@ -78,15 +85,44 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-/// A character [`printable`] writes out though it is not a control character.
-/// Zero-width joiners are left alone: emoji and some scripts need them. The
-/// line and paragraph separators (U+2028, U+2029) end a line in some log viewers
-/// and editors: a name holding one could fake a line of its own (QA).
+/// A character [`printable`] writes out though it is not a control character:
+/// Unicode's default-ignorable code points (invisible: a host "web01" plus a
+/// word joiner looks like "web01"; console pentest) and those that reorder the
+/// text after them. The joiners and variation selectors ([`joiner`]) emoji and
+/// some scripts need are written out only where they join nothing. The line and
+/// paragraph separators (U+2028, U+2029) end a line in some log viewers and
+/// editors: a name holding one could fake a line of its own (QA). The console's
+/// `shown` writes out the same.
 fn hidden(c: char) -> bool {
     matches!(
         c,
-        '\u{200b}' | '\u{200e}' | '\u{200f}' | '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}'
+        '\u{ad}'
+            | '\u{34f}'
+            | '\u{61c}'
+            | '\u{115f}'
+            | '\u{1160}'
+            | '\u{17b4}'
+            | '\u{17b5}'
+            | '\u{180b}'..='\u{180f}'
+            | '\u{200b}'
+            | '\u{200e}'
+            | '\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff0}'..='\u{fff8}'
+            | '\u{1bca0}'..='\u{1bca3}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0000}'..='\u{e0fff}'
     )
+}
+
+/// Zero-width (non-)joiners and variation selectors: needed between the
+/// characters of some scripts and emoji, invisible anywhere else.
+fn joiner(c: char) -> bool {
+    matches!(c, '\u{200c}' | '\u{200d}' | '\u{fe00}'..='\u{fe0f}')
 }
 
 pub fn interactive(global: &crate::args::Global) -> bool {
@@ -486,5 +522,19 @@ mod tests {
         assert_eq!(printable("a\nb\\c"), "a\\nb\\\\c");
         // Joiners stay: emoji sequences and some scripts are built with them.
         assert_eq!(printable("👩\u{200d}💻"), "👩\u{200d}💻");
+        assert_eq!(printable("क\u{200d}ष"), "क\u{200d}ष");
+        // Other default-ignorable characters, and joiners beside ASCII, hide
+        // (console pentest: hosts that looked like "web01").
+        for (name, out) in [
+            ("web01\u{2060}", "web01\\u{2060}"),
+            ("vm\u{ad}", "vm\\u{ad}"),
+            ("web\u{61c}01", "web\\u{61c}01"),
+            ("web01\u{e0020}", "web01\\u{e0020}"),
+            ("web01\u{200d}", "web01\\u{200d}"),
+            ("\u{200c}web01", "\\u{200c}web01"),
+            ("web01\u{fe0f}x", "web01\\u{fe0f}x"),
+        ] {
+            assert_eq!(printable(name), out);
+        }
     }
 }

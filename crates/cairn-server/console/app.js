@@ -367,11 +367,18 @@ async function loadHosts(summary) {
     const x = Date.parse(s.time) / 1000;
     added += s.data_added_packed;
     stored += s.size;
+    // A time that is not one (the server lists such snapshots as errors) is
+    // no point on a chart: one of them must not keep the table from showing.
+    if (!Number.isFinite(x)) continue;
     occ.push({ x, y: added });
     red.push({ x, y: stored ? 100 * (1 - added / stored) : 0 });
   }
-  chart($("chart-occupied"), occ, bytes, "Occupied space");
-  chart($("chart-reduction"), red, pct, "Overall reduction");
+  try {
+    chart($("chart-occupied"), occ, bytes, "Occupied space");
+    chart($("chart-reduction"), red, pct, "Overall reduction");
+  } catch (e) {
+    failed(e);
+  }
   for (const s of [...data.snapshots].reverse()) {
     const tr = document.createElement("tr");
     tr.dataset.snapshot = s.id;
@@ -667,17 +674,25 @@ function downloadUrl(id, path, format) {
 // A name byte that is not UTF-8 arrives as a stand-in code point (U+10FF00 plus
 // the byte): shown as \xNN, as the command line prints it, not as a private-use
 // glyph. Control characters, and those that are invisible or reorder the text
-// after them (a host "web01" plus a zero-width space; U+202E showing "gpj.exe"
-// as "exe.jpg"), are written out as the command line writes them. Links keep
+// after them (a host "web01" plus a zero-width space or a word joiner; U+202E
+// showing "gpj.exe" as "exe.jpg": Unicode's default-ignorable characters, a
+// joiner only where it joins no script or emoji), are written out as the
+// command line writes them. Links keep
 // the name as it is, which the server takes back. Shown twice, a name stays the
 // same.
 function shown(name) {
   if (name === null || name === undefined) return "";
   const hex = (n) => n.toString(16).padStart(2, "0");
-  return String(name).replace(
-    /[\u{10FF00}-\u{10FFFF}\u0000-\u001f\u007f-\u009f\u200b\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff]/gu,
-    (c) => {
+  const str = String(name);
+  // Beside a character of ASCII (or at an end), a joiner or variation
+  // selector joins nothing a script or an emoji needs: it only hides.
+  const ascii = (i) => i < 0 || i >= str.length || str.charCodeAt(i) < 0x80;
+  return str.replace(
+    /[\u{10FF00}-\u{10FFFF}\u0000-\u001f\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\u{1bca0}-\u{1bca3}\u{1d173}-\u{1d17a}\u{e0000}-\u{e0fff}]/gu,
+    (c, at) => {
       const n = c.codePointAt(0);
+      const joiner = n === 0x200c || n === 0x200d || (n >= 0xfe00 && n <= 0xfe0f);
+      if (joiner && !ascii(at - 1) && !ascii(at + c.length)) return c;
       if (n >= 0x10ff00) return "\\x" + hex(n - 0x10ff00);
       if (c === "\n") return "\\n";
       if (c === "\t") return "\\t";

@@ -554,6 +554,7 @@ impl App {
                 self.clone(),
                 signin::cookie_auth,
             ))
+            .layer(axum::middleware::from_fn(no_store))
             // The bound of every body read whole before its handler runs (sign-in,
             // job, schedule, slot and unlock requests: small JSON), before any
             // token is checked. Uploads read their body themselves, bounded by
@@ -561,6 +562,23 @@ impl App {
             .layer(axum::extract::DefaultBodyLimit::max(SMALL_BODY_LIMIT))
             .with_state(self.clone())
     }
+}
+
+/// Answers of the API are kept by no cache: a browser's would hold the files and
+/// listings a console user restored after they signed out (console pentest).
+async fn no_store(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let api = req.uri().path().starts_with("/v1/");
+    let mut r = next.run(req).await;
+    if api {
+        r.headers_mut().insert(
+            axum::http::header::CACHE_CONTROL,
+            axum::http::HeaderValue::from_static("no-store"),
+        );
+    }
+    r
 }
 
 /// What a request body read whole may hold (see [`App::router`]).

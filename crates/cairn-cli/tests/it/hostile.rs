@@ -1119,6 +1119,41 @@ fn a_pack_of_junk_under_stored_ids_loses_nothing_to_repair_index() {
     assert_same(&src, &back);
 }
 
+/// A snapshot sealed by a client holding the key whose time is not a time: listed
+/// apart as damaged, so that retention and every listing go on (console pentest:
+/// the console's snapshot table came up empty; `forget --keep-*` refused to run).
+#[test]
+fn a_snapshot_whose_time_is_not_a_time_is_listed_apart() {
+    use cairn_backend::names;
+    let (env, src, _, backend, repo) = ten_files_backed_up(97);
+    let real = env.snapshot_ids().remove(0);
+    let mut snap = repo
+        .read_snapshot(&cairn_format::SnapshotId::from_hex(&real).unwrap())
+        .unwrap();
+    snap.time = "soon".into();
+    let sealed = repo.key().sealer.seal(&snap.to_bytes());
+    let id = cairn_format::SnapshotId::of_content(&sealed);
+    backend
+        .put_new(&names::snapshot(&id.to_hex()), &sealed)
+        .unwrap();
+    let o = env.run(&["snapshots", "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&id.to_hex()[..8])
+            && err.contains("soon")
+            && err.contains("is not an RFC 3339 time"),
+        "{err}"
+    );
+    // Retention goes on, and keeps the real one.
+    let out = env.ok(&["forget", "--keep-last", "1", "--dry-run", "--json"]);
+    assert!(out.contains(&real), "{out}");
+    // (`latest` is uncertain, as with any unreadable snapshot: said, not guessed.)
+    let back = env.restore(&real, &src, "after");
+    assert_same(&src, &back);
+}
+
 /// A repository with one snapshot of `src` ([`ten_files_backed_up`]) whose packs
 /// are all held by a waiting pending-deletion record and by no index file: as a
 /// prune leaves it when a backup's lock was live.

@@ -3793,6 +3793,12 @@ fn an_unlocked_datastore_shows_figures_snapshots_files_and_archives() {
             .contains("attachment; filename=\"random.bin\""),
         "{head}"
     );
+    // Kept by no browser cache after the user signs out (console pentest).
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("cache-control: no-store"),
+        "{head}"
+    );
     assert_eq!(body, std::fs::read(&file).unwrap());
     let (code, _, body) = dl(&format!("{s}/no/such"), "file");
     assert_eq!(code, 404, "{}", String::from_utf8_lossy(&body));
@@ -3989,7 +3995,12 @@ fn the_console_unlocks_browses_and_downloads_in_chromium() {
             &srv,
             "main",
             &web02,
-            &["backup", "--tag", "nightly,<b>x</b>,gpj\u{202e}.exe", s],
+            &[
+                "backup",
+                "--tag",
+                "nightly,<b>x</b>,gpj\u{202e}.exe,w\u{2060}j",
+                s,
+            ],
         ),
         "backup 2",
     );
@@ -4058,7 +4069,7 @@ fn the_console_unlocks_browses_and_downloads_in_chromium() {
         v["snapshot_text"].as_array().unwrap().iter().any(|t| t
             .as_str()
             .unwrap()
-            .contains("nightly, <b>x</b>, gpj\\u{202e}.exe")),
+            .contains("nightly, <b>x</b>, gpj\\u{202e}.exe, w\\u{2060}j")),
         "{v:#}"
     );
     assert_eq!(v["snapshot_bold"], 0, "{v:#}");

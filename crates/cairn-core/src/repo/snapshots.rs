@@ -90,7 +90,25 @@ impl Repository {
             &what,
             Some(MAX_METADATA_OBJECT_SIZE as u64),
         )?;
-        Snapshot::from_bytes(&plain).map_err(|e| Error::damaged(what, e))
+        let snap = Snapshot::from_bytes(&plain).map_err(|e| Error::damaged(&what, e))?;
+        // Every reader orders, groups and dates snapshots by their time: one that
+        // is not a time (sealed by a client holding the key, as cairn never
+        // writes it) is damaged, listed apart, not a reason for retention or
+        // the console to fail on all (console pentest: "soon" emptied the
+        // console's snapshot table; `forget --keep-*` refused to run).
+        if crate::time::parse_rfc3339(&snap.time).is_none() {
+            return Err(Error::damaged(
+                what,
+                cairn_format::FormatError::malformed(
+                    "snapshot",
+                    format!(
+                        "its time {:?} is not an RFC 3339 time",
+                        snap.time.chars().take(64).collect::<String>()
+                    ),
+                ),
+            ));
+        }
+        Ok(snap)
     }
 
     /// Writing the snapshot object is the commit point of a backup. Afterwards a

@@ -802,10 +802,22 @@ fn store_first_index_with_junk(
         packs,
         ..Default::default()
     };
+    store_index_first(backend, repo, &file);
+    junk_id
+}
+
+/// Stores `file` as an index file that sorts first among them (readers take
+/// each blob's first copy from it): stored again until its name does.
+fn store_index_first(
+    backend: &std::sync::Arc<dyn cairn_backend::Backend>,
+    repo: &cairn_core::Repository,
+    file: &cairn_format::index::IndexFile,
+) {
+    use cairn_backend::names;
     loop {
-        let id = repo.write_index_file(&file).unwrap();
+        let id = repo.write_index_file(file).unwrap();
         if repo.list_index_files().unwrap().iter().min() == Some(&id) {
-            return junk_id;
+            return;
         }
         backend.delete(&names::index(&id.to_hex())).unwrap();
     }
@@ -972,12 +984,12 @@ fn blobs_listed_again_in_place_neither_force_a_repack_nor_stay_indexed() {
 
 /// An index file beside the true ones that lists every blob of the real packs
 /// again at another blob's place, length and raw length (what a server's backup
-/// token may add): `check --read-data` says the packs are intact and the entries
-/// false, names no snapshot and no lost blob, and advises prune, which drops them
+/// token may add), and at their own place with another length: `check
+/// --read-data` says the packs are intact and the entries false, names no
+/// snapshot and no lost blob, and advises `repair index`, which drops them
 /// (pentest: 1,105 problems, every snapshot "affected", for intact data).
 #[test]
 fn false_entries_beside_true_ones_are_no_damage_to_check() {
-    use cairn_backend::names;
     use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
 
     let (env, src, _, backend, repo) = ten_files_backed_up(94);
@@ -1007,18 +1019,12 @@ fn false_entries_beside_true_ones_are_no_damage_to_check() {
             relisted.push(IndexPack { id: p.id, blobs });
         }
     }
+    // Read first, so that each blob's first copy is the false one.
     let file = IndexFile {
         packs: relisted,
         ..Default::default()
     };
-    // Read first, so that each blob's first copy is the false one.
-    loop {
-        let id = repo.write_index_file(&file).unwrap();
-        if repo.list_index_files().unwrap().iter().min() == Some(&id) {
-            break;
-        }
-        backend.delete(&names::index(&id.to_hex())).unwrap();
-    }
+    store_index_first(&backend, &repo, &file);
     let o = env.cmd(&["check", "--read-data"]).output().unwrap();
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout),

@@ -229,16 +229,7 @@ fn read_every_pack(
                 k.entry(p.id).or_default().extend(p.blobs.iter().copied());
             }
         };
-        repo.read_index_state_streamed(
-            &mut |_, f| {
-                take(&f.packs);
-                Ok(())
-            },
-            &mut |_, r| {
-                take(&r.packs);
-                Ok(())
-            },
-        )?;
+        index_packs_streamed(repo, &take)?;
         let known = known.into_inner();
         for id in damaged {
             let (blobs, damage) = salvage_pack(repo, &id, known.get(&id).map(Vec::as_slice))?;
@@ -403,16 +394,7 @@ fn held_elsewhere(
             }
         }
     };
-    repo.read_index_state_streamed(
-        &mut |_, f| {
-            take(&f.packs);
-            Ok(())
-        },
-        &mut |_, r| {
-            take(&r.packs);
-            Ok(())
-        },
-    )?;
+    index_packs_streamed(repo, &take)?;
     let mut held: HashSet<BlobId> = (rewrite.iter())
         .flat_map(|p| p.blobs.iter().map(|b| b.id))
         .filter(|id| failed.contains(id))
@@ -429,6 +411,22 @@ fn held_elsewhere(
         d.blobs_held_elsewhere = n;
     }
     Ok(())
+}
+
+/// Gives `take` the packs each index file and pending-deletion record lists,
+/// one object at a time (the index is never held whole).
+fn index_packs_streamed(repo: &Repository, take: &dyn Fn(&[IndexPack])) -> Result<()> {
+    repo.read_index_state_streamed(
+        &mut |_, f| {
+            take(&f.packs);
+            Ok(())
+        },
+        &mut |_, r| {
+            take(&r.packs);
+            Ok(())
+        },
+    )
+    .map(|_| ())
 }
 
 type Salvaged = (Vec<IndexBlob>, Option<DamagedPack>);

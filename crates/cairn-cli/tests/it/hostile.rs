@@ -1057,6 +1057,71 @@ fn false_entries_beside_true_ones_are_no_damage_to_check() {
     assert_same(&src, &back);
 }
 
+/// The only entries of a pack's blobs, moved onto another, intact pack by an
+/// index file read after the true listing of that pack, and the first pack gone:
+/// `check --read-data` judges every listing of a pack, so it says the entries are
+/// false and the files that needed those blobs lost (QA r22: "no errors were
+/// found", exit 0, for a snapshot that could not be restored).
+#[test]
+fn false_entries_read_after_the_true_listing_are_judged_too() {
+    use cairn_backend::names;
+    use cairn_format::index::{IndexFile, IndexPack};
+    let (env, _, _, backend, repo) = ten_files_backed_up(98);
+    let old = repo.list_index_files().unwrap();
+    let mut packs: Vec<IndexPack> = Vec::new();
+    let mut snapshots = Vec::new();
+    for id in &old {
+        let f = repo.read_index_file(id).unwrap();
+        packs.extend(f.packs);
+        snapshots.extend(f.snapshots);
+    }
+    assert!(packs.len() >= 2, "{}", packs.len());
+    packs.sort_by_key(|p| std::cmp::Reverse(p.blobs.len()));
+    let moved = packs.remove(0);
+    let onto = packs[0].id;
+    let true_file = repo
+        .write_index_file(&IndexFile {
+            packs,
+            snapshots,
+            ..Default::default()
+        })
+        .unwrap();
+    // The false listing, in a file read after the true one.
+    let false_file = IndexFile {
+        packs: vec![IndexPack {
+            id: onto,
+            blobs: moved.blobs.clone(),
+        }],
+        ..Default::default()
+    };
+    loop {
+        let id = repo.write_index_file(&false_file).unwrap();
+        if id > true_file {
+            break;
+        }
+        backend.delete(&names::index(&id.to_hex())).unwrap();
+    }
+    for id in &old {
+        backend.delete(&names::index(&id.to_hex())).unwrap();
+    }
+    backend.delete(&names::pack(&moved.id.to_hex())).unwrap();
+    let o = env.cmd(&["check", "--read-data"]).output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(
+        out.contains(&format!(
+            "pack {}: intact, but index entries place",
+            onto.to_hex()
+        )),
+        "{out}{err}"
+    );
+    assert!(out.contains("affects"), "{out}{err}");
+    assert!(!out.contains("appended to"), "{out}{err}");
+}
+
 /// A pack of junk under the ids of every stored blob, with a header sealed by the
 /// key and an index file listing it (what a client holding the key can store
 /// through a server's backup token): `repair index` deletes it and says that no

@@ -236,7 +236,8 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
                     | Problem::FalseIndexEntries { .. }
             )
         });
-        // Packs whole, and index entries that say otherwise: prune drops those.
+        // Packs whole, and index entries that say otherwise: `repair index`
+        // drops those.
         let only_false_entries = damage
             .iter()
             .all(|p| matches!(p, Problem::FalseIndexEntries { .. }));

@@ -962,9 +962,7 @@ impl Bad {
         let copies = repo.index().copies(id);
         !copies.is_empty() && copies.iter().all(|l| self.is_false(repo, id, l))
     }
-}
 
-impl Bad {
     /// Whether this copy of `id` was found damaged or false, or is in a pack
     /// that is.
     fn is_false(&self, repo: &Repository, id: &BlobId, l: &crate::index::BlobLocation) -> bool {
@@ -1378,16 +1376,12 @@ fn blob_problem(id: BlobId, role: BlobRole, e: Error) -> Problem {
     }
 }
 
-/// Reads every pack whole and verifies hash, header and blobs, on several threads.
-/// A pack whose header authenticates, covers every byte, lists blobs that all
-/// verify and matches its index listing (count and fingerprint) is intact; any
-/// other is verified again against the index's own entries for it, gathered in
-/// one pass over the index for all such packs, which says exactly what is wrong.
 /// Every entry the live index files and the pending-deletion records give the
 /// packs `wanted`, each once: all of them are judged against the pack, not only
 /// the copy of each blob the index reads first (QA: a false entry read second
 /// was never judged, and a blob only it placed was lost without a word).
-/// Streamed; only the wanted packs' entries are held.
+/// Streamed (a second pass over the index files, made only when some pack is
+/// not intact); only the wanted packs' entries are held.
 fn entries_of(
     repo: &Repository,
     wanted: &HashSet<PackId>,
@@ -1429,6 +1423,11 @@ fn entries_of(
         .collect())
 }
 
+/// Reads every pack whole and verifies hash, header and blobs, on several threads.
+/// A pack whose header authenticates, covers every byte, lists blobs that all
+/// verify and matches its index listing (count and fingerprint) is intact; any
+/// other is verified again against every entry the index gives it ([`entries_of`],
+/// one pass for all such packs), which says exactly what is wrong.
 fn read_packs(
     repo: &Repository,
     packs: &[(PackId, u64)],
@@ -1619,7 +1618,8 @@ fn verify_pack(
     for l in indexed {
         let (b, entry) = (&l.id, Entry::of_blob(l));
         if let Err(e) = decode_at(b, l.offset.into(), l.length, l.raw_length, l.compression) {
-            problems.push(format!("blob {}: {e}", b.short()));
+            let short = b.short();
+            problems.push(naming(format!("blob {short}"), &e.to_string(), &short));
             if bad_set.insert(entry) {
                 bad.push(entry);
             }

@@ -407,7 +407,7 @@ fn held_elsewhere(
     }
     for d in &mut report.damaged_packs {
         let n = d.failed.iter().filter(|id| held.contains(id)).count();
-        d.blobs_lost = d.blobs_lost.saturating_sub(n);
+        d.blobs_lost = d.failed.len() - n;
         d.blobs_held_elsewhere = n;
     }
     Ok(())

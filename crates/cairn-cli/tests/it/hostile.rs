@@ -823,6 +823,45 @@ fn store_index_first(
     }
 }
 
+/// The packs every index file of `repo` lists, a listing each.
+fn indexed_packs(repo: &cairn_core::Repository) -> Vec<cairn_format::index::IndexPack> {
+    (repo.list_index_files().unwrap().iter())
+        .flat_map(|id| repo.read_index_file(id).unwrap().packs)
+        .collect()
+}
+
+/// Every blob of `packs` listed again in its own pack, falsely: at its place
+/// with another raw length, and at the next blob's place, length and raw length
+/// (claims about the same bytes, what a client holding the key can index).
+fn relisted_falsely(
+    packs: &[cairn_format::index::IndexPack],
+) -> Vec<cairn_format::index::IndexPack> {
+    use cairn_format::index::{IndexBlob, IndexPack};
+    let relist = |p: &IndexPack| {
+        let n = p.blobs.len();
+        let blobs = (p.blobs.iter().enumerate())
+            .flat_map(|(i, b)| {
+                let next = p.blobs[(i + 1) % n];
+                [
+                    IndexBlob {
+                        raw_length: b.raw_length + 1,
+                        ..*b
+                    },
+                    IndexBlob {
+                        offset: next.offset,
+                        length: next.length,
+                        raw_length: next.raw_length,
+                        ..*b
+                    },
+                ]
+            })
+            .filter(|b| !p.blobs.contains(b))
+            .collect();
+        IndexPack { id: p.id, blobs }
+    };
+    packs.iter().map(relist).collect()
+}
+
 /// The same attacker lists the real packs again in its first-sorting index file,
 /// this time with none of their blobs: only a made-up one, past the pack's end.
 /// Prune took a pack's first listing for the pack's, so it saw the real packs
@@ -947,31 +986,8 @@ fn copies_under_a_lying_header_do_not_replace_the_real_packs() {
 /// judged, stayed in prune's new index, and `check --read-data` reported damage.
 #[test]
 fn blobs_listed_again_in_place_neither_force_a_repack_nor_stay_indexed() {
-    use cairn_format::index::{IndexBlob, IndexPack};
-
     let (env, src, _, backend, repo) = ten_files_backed_up(93);
-    let mut relisted = Vec::new();
-    for id in repo.list_index_files().unwrap() {
-        for p in repo.read_index_file(&id).unwrap().packs {
-            let n = p.blobs.len();
-            let mut blobs = Vec::new();
-            for (i, b) in p.blobs.iter().enumerate() {
-                blobs.push(IndexBlob {
-                    raw_length: b.raw_length + 1,
-                    ..*b
-                });
-                let next = p.blobs[(i + 1) % n];
-                if next.id != b.id {
-                    blobs.push(IndexBlob {
-                        offset: next.offset,
-                        length: next.length,
-                        ..*b
-                    });
-                }
-            }
-            relisted.push(IndexPack { id: p.id, blobs });
-        }
-    }
+    let relisted = relisted_falsely(&indexed_packs(&repo));
     store_first_index_with_junk(&backend, &repo, Vec::new(), relisted);
     let plan: serde_json::Value =
         serde_json::from_str(&env.ok(&["prune", "--dry-run", "--json"])).unwrap();
@@ -990,38 +1006,10 @@ fn blobs_listed_again_in_place_neither_force_a_repack_nor_stay_indexed() {
 /// (pentest: 1,105 problems, every snapshot "affected", for intact data).
 #[test]
 fn false_entries_beside_true_ones_are_no_damage_to_check() {
-    use cairn_format::index::{IndexBlob, IndexFile, IndexPack};
-
     let (env, src, _, backend, repo) = ten_files_backed_up(94);
-    let mut relisted = Vec::new();
-    for id in repo.list_index_files().unwrap() {
-        for p in repo.read_index_file(&id).unwrap().packs {
-            let n = p.blobs.len();
-            // At another blob's place, and at its own place with another length.
-            let blobs = (p.blobs.iter().enumerate())
-                .flat_map(|(i, b)| {
-                    let next = p.blobs[(i + 1) % n];
-                    [
-                        IndexBlob {
-                            offset: next.offset,
-                            length: next.length,
-                            raw_length: next.raw_length,
-                            ..*b
-                        },
-                        IndexBlob {
-                            raw_length: b.raw_length + 1,
-                            ..*b
-                        },
-                    ]
-                })
-                .filter(|b| !p.blobs.contains(b))
-                .collect();
-            relisted.push(IndexPack { id: p.id, blobs });
-        }
-    }
     // Read first, so that each blob's first copy is the false one.
-    let file = IndexFile {
-        packs: relisted,
+    let file = cairn_format::index::IndexFile {
+        packs: relisted_falsely(&indexed_packs(&repo)),
         ..Default::default()
     };
     store_index_first(&backend, &repo, &file);
@@ -1134,8 +1122,7 @@ fn a_pack_of_junk_under_stored_ids_loses_nothing_to_repair_index() {
     use cairn_format::pack;
 
     let (env, src, _, backend, repo) = ten_files_backed_up(96);
-    let stored: Vec<IndexBlob> = (repo.list_index_files().unwrap().iter())
-        .flat_map(|id| repo.read_index_file(id).unwrap().packs)
+    let stored: Vec<IndexBlob> = (indexed_packs(&repo).into_iter())
         .flat_map(|p| p.blobs)
         .collect();
     let entries: Vec<pack::PackEntry> = stored

@@ -1021,7 +1021,8 @@ pub struct DumpArgs {
     #[arg(long, value_parser = ["tar", "zip"], conflicts_with = "image_fs")]
     pub archive: Option<String>,
     /// Write to this file instead of standard output (as restic's; it appears
-    /// only whole: written beside it and renamed)
+    /// only whole: written beside it and renamed; an --archive that is not whole
+    /// goes to FILE.incomplete). A symlink is followed, as `> FILE` follows it
     #[arg(short, long, value_name = "FILE", conflicts_with = "image_fs")]
     pub target: Option<std::path::PathBuf>,
     #[command(flatten)]
@@ -1044,7 +1045,9 @@ pub struct ExportArgs {
     #[arg(long, value_parser = ["tar", "zip"])]
     pub format: Option<String>,
     /// Write to this file (made complete, then renamed into place) instead of
-    /// standard output (`-`: standard output)
+    /// standard output (`-`: standard output). An archive with entries left out
+    /// or zeros for content that could not be read goes to FILE.incomplete, and
+    /// FILE is left as it was. A symlink is followed, as `> FILE` follows it
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     #[command(flatten)]

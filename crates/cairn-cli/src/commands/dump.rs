@@ -42,10 +42,17 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
         let format: cairn_core::export::Format = format.parse()?;
         let root = snap.tree_id()?;
         let tar = format == cairn_core::export::Format::Tar;
-        let r = super::export::write_output(g, session.repo(), target, tar, false, |out| {
-            cairn_core::export::export(&session, &root, file, format, out)
-        })?;
+        let (r, aside) = super::export::write_output(
+            g,
+            session.repo(),
+            target,
+            tar,
+            false,
+            cairn_core::export::ExportReport::is_whole,
+            |out| cairn_core::export::export(&session, &root, file, format, out),
+        )?;
         let code = super::export::report(&r, g.json, g.quiet);
+        super::export::incomplete_note(target, aside.as_deref(), g.json);
         return Ok(super::worst(
             code,
             super::image_zeros_warning(
@@ -56,9 +63,17 @@ pub fn run(g: &Global, a: &DumpArgs) -> Result<i32> {
         ));
     }
     let root = snap.tree_id()?;
-    super::export::write_output(g, session.repo(), target, false, true, |out| {
-        cairn_core::dump::dump(&session, &root, file, out)
-    })?;
+    // A file whose content cannot be read whole is an error (`Incomplete`):
+    // nothing is kept.
+    super::export::write_output(
+        g,
+        session.repo(),
+        target,
+        false,
+        true,
+        |_| true,
+        |out| cairn_core::dump::dump(&session, &root, file, out),
+    )?;
     Ok(super::image_zeros_warning(
         super::image_unreadable(&snap),
         file,

@@ -31,14 +31,16 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
     let (id, snap) = session.find_snapshot_matching(&a.snapshot, &a.filter.engine())?;
     let root = snap.tree_id()?;
     let path = a.path.as_deref().unwrap_or("/");
-    let r = write_output(
+    let (r, aside) = write_output(
         g,
         session.repo(),
         output,
         format == Format::Tar,
         false,
+        ExportReport::is_whole,
         |out| export::export(&session, &root, path, format, out),
     )?;
+    let written = aside.as_deref().or(output);
     if g.json {
         // The archive is on standard output unless --output: the report goes to
         // standard error then.
@@ -51,7 +53,7 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
             m.insert("format".into(), format_name.into());
             m.insert(
                 "output".into(),
-                output
+                written
                     .map_or("-".into(), |o| o.to_string_lossy().into_owned())
                     .into(),
             );
@@ -69,10 +71,11 @@ pub fn run(g: &Global, a: &ExportArgs) -> Result<i32> {
             crate::ui::count(r.dirs, "directory"),
             crate::ui::count(r.other_entries, "other entry"),
             crate::ui::bytes(r.bytes),
-            output.unwrap_or(std::path::Path::new("-")).display()
+            written.unwrap_or(std::path::Path::new("-")).display()
         );
     }
     let code = report(&r, g.json, g.quiet);
+    incomplete_note(output, aside.as_deref(), g.json);
     Ok(super::worst(
         code,
         super::image_zeros_warning(
@@ -117,15 +120,20 @@ fn follow_links(path: &std::path::Path) -> Result<std::path::PathBuf> {
 /// found from the end of the file). `sparse`: a regular file gets holes where
 /// the stream has blocks of zeros (a file's content, as a restore writes it; QA:
 /// a 3 GiB sparse file did not fit where its restore did). Shared by `export -o`
-/// and `dump --target`.
+/// and `dump --target`. `whole`: whether what was produced is the snapshot's
+/// content in full; an archive that is not (entries left out, zeros for what
+/// could not be read) is kept beside the file as `FILE.incomplete`, which is
+/// returned, and never replaces FILE (QA r23: an earlier, good archive was
+/// replaced by one with zeros inside whose checksums held).
 pub(super) fn write_output<R>(
     g: &Global,
     repo: &cairn_core::Repository,
     output: Option<&std::path::Path>,
     pad: bool,
     sparse: bool,
+    whole: impl FnOnce(&R) -> bool,
     produce: impl FnOnce(&mut dyn Write) -> cairn_core::Result<R>,
-) -> Result<R> {
+) -> Result<(R, Option<std::path::PathBuf>)> {
     // Through symlinks the output goes where they point, as `> FILE` or GNU
     // tar's `-f` writes it (a file renamed over the link would replace the link
     // and leave its file as it was; a device is reached as `/dev/tape` is).
@@ -150,7 +158,7 @@ pub(super) fn write_output<R>(
             let finished = out.finish(pad && r.is_ok());
             let r = r?;
             finished.context("writing standard output")?;
-            r
+            (r, None)
         }
         Some(file)
             if std::fs::metadata(file)
@@ -168,7 +176,7 @@ pub(super) fn write_output<R>(
             let finished = out.finish(pad && r.is_ok());
             let r = r?;
             finished.with_context(|| format!("writing {}", file.display()))?;
-            r
+            (r, None)
         }
         Some(file) => {
             if file.is_dir() {
@@ -260,12 +268,41 @@ pub(super) fn write_output<R>(
                     e => e.into(),
                 })?;
             let shown = partial.display().to_string();
-            let persisted = partial.persist(file);
+            let aside = (!whole(&r)).then(|| {
+                let mut name = file.as_os_str().to_owned();
+                name.push(".incomplete");
+                std::path::PathBuf::from(name)
+            });
+            let to = aside.as_deref().unwrap_or(file);
+            let persisted = partial.persist(to);
             partial::forget();
-            persisted.with_context(|| format!("renaming {shown} to {}", file.display()))?;
-            r
+            persisted.with_context(|| format!("renaming {shown} to {}", to.display()))?;
+            (r, aside)
         }
     })
+}
+
+/// Says where an archive that is not whole went instead of `output` (after
+/// the errors that say why; with `--json`, an event line).
+pub(super) fn incomplete_note(
+    output: Option<&std::path::Path>,
+    aside: Option<&std::path::Path>,
+    json: bool,
+) {
+    let (Some(file), Some(aside)) = (output, aside) else {
+        return;
+    };
+    let message = format!(
+        "the archive is not whole (above): written to {}, and {} was left as it was",
+        aside.display(),
+        file.display()
+    );
+    if json {
+        let line = serde_json::json!({"type": "error", "message": message, "path": aside.to_string_lossy()});
+        eprintln!("{line}");
+    } else {
+        eprintln!("{}", crate::ui::printable(&format!("error: {message}")));
+    }
 }
 
 /// Prints what an export left out or changed on standard error (notes not with

@@ -134,6 +134,45 @@ fn find_names_the_snapshots_that_hold_a_file_newest_first() {
     assert!(err.contains("1 could not be read in full"), "{err}");
 }
 
+/// A snapshot whose root tree is lost: its matches are unknown, and the other
+/// snapshots are still searched (QA r23: `find` printed one error and nothing
+/// else, where `mount` showed every other snapshot).
+#[test]
+fn find_goes_on_past_a_snapshot_whose_root_is_lost() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    wide_tree(&src, 3);
+    let first = env.backup(&[&src]);
+    let before = packs(&env.repo);
+    fs::write(src.join("dir001/added"), b"new").unwrap();
+    let second = env.backup(&[&src]);
+    // The second backup's packs hold its new trees, the root among them.
+    for p in packs(&env.repo).keys().filter(|p| !before.contains_key(*p)) {
+        fs::remove_file(p).unwrap();
+    }
+    let o = env.run(&["find", "file0.txt", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["snapshots_searched"], 2, "{r}");
+    assert_eq!(r["snapshots"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["snapshots"][0]["snapshot"], first.as_str(), "{r}");
+    assert_eq!(r["snapshots"][0]["matches"].as_array().unwrap().len(), 3);
+    assert_eq!(r["unreadable"][0]["snapshot"], second.as_str(), "{r}");
+    assert_eq!(r["unreadable"][0]["path"], "/", "{r}");
+    let err = env.fails(&["find", "file0.txt"], 1);
+    assert!(
+        err.contains(&format!("snapshot {}: /: ", &second[..8]))
+            && err.contains("matches are unknown")
+            && err.contains("3 matches in 1 snapshot of 2 searched"),
+        "{err}"
+    );
+    // Nor does a restore of it leave an empty target behind.
+    let target = env.path("target");
+    env.fails(&["restore", &second, "-t", target.to_str().unwrap()], 1);
+    assert!(!target.exists());
+}
+
 #[test]
 fn diff_lists_added_removed_modified_and_metadata_changes() {
     let env = Env::new();
@@ -1502,6 +1541,41 @@ fn an_export_that_fails_half_way_leaves_a_tar_stream_tar_refuses() {
     assert_eq!(got[..4096], big[..4096]);
     assert_ne!(got, big);
     assert_eq!(got[got.len() - 4096..], [0u8; 4096][..]);
+    // To a file: such an archive goes beside it, as FILE.incomplete, and an
+    // earlier archive under the name stays as it was (QA r23: it was replaced by
+    // one with zeros inside, whose zip checksums held).
+    for (args, name) in [
+        (vec!["export", &snap, src.to_str().unwrap(), "-o"], "e.zip"),
+        (
+            vec![
+                "dump",
+                "--archive",
+                "tar",
+                &snap,
+                src.to_str().unwrap(),
+                "-t",
+            ],
+            "d.tar",
+        ),
+    ] {
+        let file = env.path(name);
+        fs::write(&file, b"last week's good archive").unwrap();
+        let mut args = args.clone();
+        args.push(file.to_str().unwrap());
+        let err = env.fails(&args, 1);
+        let aside = env.path(&format!("{name}.incomplete"));
+        assert!(
+            err.contains("m-big")
+                && err.contains(&format!(
+                    "written to {}, and {} was left as it was",
+                    aside.display(),
+                    file.display()
+                )),
+            "{args:?}: {err}"
+        );
+        assert_eq!(fs::read(&file).unwrap(), b"last week's good archive");
+        assert!(fs::metadata(&aside).unwrap().len() > 1 << 20);
+    }
 }
 
 /// A directory whose tree the disk fails to read (EIO) ends the export with the

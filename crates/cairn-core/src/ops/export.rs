@@ -55,6 +55,15 @@ pub struct ExportReport {
     pub notes: Vec<String>,
 }
 
+impl ExportReport {
+    /// Whether the archive holds everything the snapshot does as it is: no
+    /// directory left out, no zeros for content that could not be read
+    /// (`notes`, what a format cannot carry, are its documented limits).
+    pub fn is_whole(&self) -> bool {
+        self.errors.is_empty() && self.damaged.is_empty()
+    }
+}
+
 /// A directory left out of an archive: its tree could not be read.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ExportError {

@@ -131,13 +131,28 @@ pub fn find<A: Access>(
         if progress.is_cancelled() {
             return Err(Error::Cancelled);
         }
-        let root = snap
-            .tree_id()
-            .map_err(|e| Error::damaged(format!("snapshot {}", id.to_hex()), e))?;
         report.snapshots_searched += 1;
-        let key = finder.key(&root, "");
-        if !finder.barren.contains(&key) && !walk(repo, &root, &mut finder)? {
-            finder.barren.insert(key);
+        // A snapshot whose root cannot be read is one whose matches are
+        // unknown, as a directory's below it: the others are still searched
+        // (QA r23: one lost root tree had `find` print nothing at all).
+        let walked = snap
+            .tree_id()
+            .map_err(|e| Error::damaged(format!("snapshot {}", id.to_hex()), e))
+            .and_then(|root| {
+                let key = finder.key(&root, "");
+                if !finder.barren.contains(&key) && !walk(repo, &root, &mut finder)? {
+                    finder.barren.insert(key);
+                }
+                Ok(())
+            });
+        match walked {
+            Ok(()) => {}
+            Err(Error::Cancelled) => return Err(Error::Cancelled),
+            Err(e) => {
+                finder.matches.clear();
+                finder.unreadable.clear();
+                finder.unreadable.push(("/".into(), e.to_string()));
+            }
         }
         for (path, error) in finder.unreadable.drain(..) {
             report.unreadable.push(Unreadable {

@@ -518,6 +518,9 @@ pub(super) fn restore_under(
         Ok(m) if !m.is_dir() => return Err(not_a_directory(target)),
         _ => {}
     }
+    // Read before the target is made: a snapshot whose root cannot be read
+    // leaves no empty target behind (QA r23).
+    let tree = load_tree(repo, root, &opts.xattrs)?;
     let created =
         matches!(fs::symlink_metadata(target), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
     fs::create_dir_all(target).map_err(|e| Error::io(target, e))?;
@@ -571,7 +574,6 @@ pub(super) fn restore_under(
     }
 
     let mount = sys::mount_of(root_fd.as_fd(), c"").map_err(|e| Error::io(target, e))?;
-    let tree = load_tree(repo, root, &opts.xattrs)?;
     let lifted_before = sys::locks_lifted();
     // A restore here that did not finish: what it may have left is distrusted. This
     // one leaves its own mark until it has finished (none if the target takes

@@ -80,7 +80,17 @@ fn cache_sizes(
 fn check_mount_point(dir: &std::path::Path) -> Result<()> {
     let d = dir.display();
     match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) if m.is_dir() => {
+            // A second mount on a live one hides it (QA r23: stacked, unsaid).
+            if top_mount(dir).is_some_and(|(kind, source)| {
+                source == "cairn" && (kind == "fuse" || kind.starts_with("fuse."))
+            }) {
+                anyhow::bail!(
+                    "{d} holds a running cairn mount already: unmount it first                      (`fusermount3 -u {d}`) or choose another directory"
+                );
+            }
+            Ok(())
+        }
         Ok(_) => anyhow::bail!("the mount point {d} is not a directory"),
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => anyhow::bail!(
             "{d} is a FUSE mount whose process ended: unmount it first (`fusermount3 -u {d}`)"
@@ -90,6 +100,54 @@ fn check_mount_point(dir: &std::path::Path) -> Result<()> {
         }
         Err(e) => Err(anyhow::Error::from(e).context(format!("the mount point {d}"))),
     }
+}
+
+/// The file system type and source of the mount on top at `dir`
+/// (`/proc/self/mountinfo`), if `dir` is a mount point. A cairn mount is
+/// `fuse` (or `fuse.cairn`) from `cairn`.
+fn top_mount(dir: &std::path::Path) -> Option<(String, String)> {
+    use std::os::unix::ffi::OsStrExt;
+    let at = std::fs::canonicalize(dir).ok()?;
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // Field 5 is the mount point, octal-escaped (`\040` for a space); the type
+    // and the source follow the " - " separator. The last line for a point is
+    // the top mount.
+    table
+        .lines()
+        .filter_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let point = before.split(' ').nth(4)?;
+            let mut rest = after.split(' ');
+            Some((unescape_mount_field(point), rest.next()?, rest.next()?))
+        })
+        .rfind(|(point, _, _)| point.as_slice() == at.as_os_str().as_bytes())
+        .map(|(_, kind, source)| (kind.to_string(), source.to_string()))
+}
+
+/// A mountinfo field with its `\NNN` octal escapes undone.
+fn unescape_mount_field(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push(
+                    d.iter()
+                        .fold(0u8, |n, c| n.wrapping_mul(8).wrapping_add(c - b'0')),
+                );
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Whether `/dev/fuse` and `fusermount3` (on `PATH`) are there.

@@ -567,8 +567,11 @@ fn sigterm_or_an_outside_unmount_leaves_no_mount_behind() {
     assert!(!is_mounted(&mnt));
     assert_eq!(fs::read_dir(env.repo.join("locks")).unwrap().count(), 0);
 
-    // Unmounted from outside: the process ends by itself.
+    // Unmounted from outside: the process ends by itself. A second mount on a
+    // running one is refused, not stacked over it (QA r23).
     let m = Mount::start(&env, &mnt, &[]);
+    let err = env.fails(&["mount", mnt.to_str().unwrap()], 1);
+    assert!(err.contains("holds a running cairn mount already"), "{err}");
     fusermount_u(&mnt);
     let (status, log) = m.wait(Duration::from_secs(20));
     assert!(status.success(), "{status:?}: {log}");

@@ -1825,6 +1825,87 @@ fn ext4_image(env: &Env, tree: &Path, extra: &[&str]) -> PathBuf {
     img
 }
 
+/// A preallocated file (`fallocate`: extents marked uninitialised) reads as
+/// zeros, as the kernel reads it, not as what a deleted file left in its blocks
+/// (QA r23: `dump` and `restore --image-fs` gave out the deleted file's data);
+/// and a bigalloc filesystem of 1 KiB blocks, whose first data block is 0, is
+/// read (its inode tables were looked for in the superblock).
+#[test]
+fn image_fs_reads_preallocated_blocks_as_zeros_and_bigalloc() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(&tree).unwrap();
+    let junk = Rng(41).bytes(2 << 20, false);
+    fs::write(tree.join("junk"), &junk).unwrap();
+    fs::write(tree.join("small"), b"small\n").unwrap();
+    let img = ext4_image(&env, &tree, &["-b", "1024"]);
+    let cmds = env.path("cmds");
+    fs::write(
+        &cmds,
+        "rm junk\nwrite /dev/null pre\nfallocate pre 0 2047\nsif pre size 2097152\n",
+    )
+    .unwrap();
+    sh(Command::new("debugfs")
+        .arg("-w")
+        .arg("-f")
+        .arg(&cmds)
+        .arg(&img));
+    let stat = Command::new("debugfs")
+        .args(["-R", "stat pre"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&stat.stdout).contains("[u]"),
+        "no uninitialised extent: {stat:?}"
+    );
+    // The deleted file's bytes are still in the image, under the new file.
+    let raw = fs::read(&img).unwrap();
+    assert!(raw.windows(4096).any(|w| w == &junk[..4096]));
+    let snap = image_snapshot(&env, &img);
+    let dumped = env
+        .cmd(&["dump", &snap, "--image-fs", "/pre"])
+        .output()
+        .unwrap();
+    assert!(dumped.status.success(), "{dumped:?}");
+    assert_eq!(dumped.stdout.len(), 2 << 20);
+    assert!(dumped.stdout.iter().all(|&b| b == 0), "stale bytes dumped");
+    let out = env.path("out");
+    env.ok(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/",
+        "-t",
+        out.to_str().unwrap(),
+    ]);
+    let restored = fs::read(out.join("root/pre")).unwrap();
+    assert_eq!(restored.len(), 2 << 20);
+    assert!(restored.iter().all(|&b| b == 0), "stale bytes restored");
+    assert_eq!(fs::read(out.join("root/small")).unwrap(), b"small\n");
+
+    fs::write(tree.join("junk"), &junk).unwrap();
+    fs::remove_file(&img).unwrap();
+    let img = ext4_image(
+        &env,
+        &tree,
+        &["-b", "1024", "-O", "bigalloc", "-C", "16384"],
+    );
+    let snap = image_snapshot(&env, &img);
+    let out = env.path("out-bigalloc");
+    env.ok(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/",
+        "-t",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(fs::read(out.join("root/junk")).unwrap(), junk);
+    assert_eq!(fs::read(out.join("root/small")).unwrap(), b"small\n");
+}
+
 /// `restore --image-fs -v` lists each entry as a restore of a file snapshot
 /// does (it was refused): restored the first time, unchanged when run again,
 /// updated once a file was changed in the target; an image restore with -v is
@@ -2331,7 +2412,11 @@ fn image_fs_reports_a_name_held_twice() {
     let tree = env.path("tree");
     fs::create_dir_all(tree.join("z")).unwrap();
     fs::write(tree.join("z/late"), "first").unwrap();
-    fs::write(tree.join("z/latf"), "second").unwrap();
+    fs::write(tree.join("z/other"), "second").unwrap();
+    // The second entry of the name is another file's second name: which of
+    // the two is read must not decide its hard links (pentest: the name came
+    // back as a link to that other file, with its content).
+    fs::hard_link(tree.join("z/other"), tree.join("z/latf")).unwrap();
     // Without checksums, so that the renamed entry reads as written.
     let img = ext4_image(&env, &tree, &["-O", "^metadata_csum"]);
     let mut data = fs::read(&img).unwrap();
@@ -2358,10 +2443,182 @@ fn image_fs_reports_a_name_held_twice() {
         "{err}"
     );
     assert_eq!(fs::read(out.join("z/late")).unwrap(), b"first");
+    assert_eq!(fs::read(out.join("z/other")).unwrap(), b"second");
+    assert_eq!(fs::metadata(out.join("z/late")).unwrap().nlink(), 1);
     assert!(
         !String::from_utf8_lossy(&o.stdout).contains("left"),
         "{o:?}"
     );
+}
+
+/// Writes `blocks` (number, bytes) into the image file `img` of `bs`-byte
+/// blocks and sets fields of the inode at `path` with debugfs.
+fn craft(img: &Path, bs: u64, blocks: &[(u64, Vec<u8>)], path: &str, fields: &[String]) {
+    use std::io::Write as _;
+    let f = fs::OpenOptions::new().write(true).open(img).unwrap();
+    for (n, data) in blocks {
+        f.write_all_at(data, n * bs).unwrap();
+    }
+    let cmds: String = fields
+        .iter()
+        .map(|f| format!("set_inode_field {path} {f}\n"))
+        .collect();
+    let mut child = Command::new("debugfs")
+        .arg("-w")
+        .arg("-f")
+        .arg("-")
+        .arg(img)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(cmds.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+/// Crafted directories from a hijacked client's image (pentest): an extent
+/// tree whose index nodes name one child block again and again (4·84⁴ reads
+/// in `ext4-view`, endless with larger blocks), and a block-mapped directory
+/// whose every pointer names one block (millions of entries held in memory).
+/// Each is named as crafted, the rest is listed and restored.
+#[test]
+fn image_fs_refuses_crafted_directories_whose_blocks_repeat() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(tree.join("d1")).unwrap();
+    fs::write(tree.join("d1/x"), "x").unwrap();
+    fs::write(tree.join("kept"), "kept").unwrap();
+    let bs = 1024u64;
+    let img = ext4_image(&env, &tree, &["-O", "^metadata_csum", "-b", "1024"]);
+    let header = |entries: u16, depth: u16| {
+        let mut h = 0xF30Au16.to_le_bytes().to_vec();
+        for v in [entries, entries, depth] {
+            h.extend_from_slice(&v.to_le_bytes());
+        }
+        h.extend_from_slice(&[0; 4]);
+        h
+    };
+    let index = |child: u64| {
+        let mut e = 0u32.to_le_bytes().to_vec();
+        e.extend_from_slice(&(child as u32).to_le_bytes());
+        e.extend_from_slice(&[0; 4]);
+        e
+    };
+    // Blocks near the end of the 16 MiB filesystem, unused by its few files.
+    let base = (16 << 20) / bs - 10;
+    let per = ((bs - 12) / 12) as u16;
+    let mut blocks = Vec::new();
+    for depth in 0..5u16 {
+        let mut b = header(if depth == 0 { 0 } else { per }, depth);
+        for _ in 0..if depth == 0 { 0 } else { per } {
+            b.extend(index(base + u64::from(depth) - 1));
+        }
+        b.resize(bs as usize, 0);
+        blocks.push((base + u64::from(depth), b));
+    }
+    let mut root = header(4, 5);
+    for _ in 0..4 {
+        root.extend(index(base + 4));
+    }
+    let fields: Vec<String> = root
+        .chunks(4)
+        .enumerate()
+        .map(|(i, w)| {
+            format!(
+                "block[{i}] {}",
+                u32::from_le_bytes([w[0], w[1], w[2], w[3]])
+            )
+        })
+        .collect();
+    craft(&img, bs, &blocks, "/d1", &fields);
+    let snap = image_snapshot(&env, &img);
+    let o = env.run(&["ls", &snap, "--image-fs", "/"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("/d1: a crafted extent tree"), "{err}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("/kept"));
+    let err = env.fails(&["dump", &snap, "--image-fs", "/d1/x"], 1);
+    assert!(err.contains("/d1: a crafted extent tree"), "{err}");
+    let out = env.path("out");
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/",
+        "-t",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("/d1: a crafted extent tree"), "{err}");
+    assert_eq!(fs::read(out.join("root/kept")).unwrap(), b"kept");
+
+    // Block-mapped (as ext2 and ext3), one directory block under every pointer.
+    fs::remove_file(&img).unwrap();
+    let img = ext4_image(
+        &env,
+        &tree,
+        &["-O", "^extent,^64bit,^metadata_csum", "-b", "1024"],
+    );
+    let (dir_block, ind, dind) = (base, base + 1, base + 2);
+    let mut b = Vec::new();
+    let entry = |b: &mut Vec<u8>, ino: u32, name: &[u8], rec: u16| {
+        b.extend_from_slice(&ino.to_le_bytes());
+        b.extend_from_slice(&rec.to_le_bytes());
+        b.push(name.len() as u8);
+        b.push(1);
+        b.extend_from_slice(name);
+        b.resize(b.len() + usize::from(rec) - 8 - name.len(), 0);
+    };
+    entry(&mut b, 2, b".", 12);
+    entry(&mut b, 2, b"..", 12);
+    let mut n = 0;
+    while b.len() + 24 <= bs as usize {
+        entry(&mut b, 2, format!("{n:02}").as_bytes(), 12);
+        n += 1;
+    }
+    let rest = (bs as usize - b.len()) as u16;
+    entry(&mut b, 2, b"zz", rest);
+    let pointers = |to: u64| (to as u32).to_le_bytes().repeat((bs / 4) as usize);
+    let blocks = vec![
+        (dir_block, b),
+        (ind, pointers(dir_block)),
+        (dind, pointers(ind)),
+    ];
+    let mut fields: Vec<String> = (0..12).map(|k| format!("block[{k}] {dir_block}")).collect();
+    fields.push(format!("block[IND] {ind}"));
+    fields.push(format!("block[DIND] {dind}"));
+    fields.push(format!("size {}", 3000 * bs));
+    craft(&img, bs, &blocks, "/d1", &fields);
+    let snap = image_snapshot(&env, &img);
+    let o = env.run(&["ls", &snap, "--image-fs", "/"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("/d1: a damaged directory: more than 1000 of its names are held twice"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("/kept"));
+    let out = env.path("out2");
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/",
+        "-t",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("/d1: a damaged directory"), "{err}");
+    assert_eq!(fs::read(out.join("root/kept")).unwrap(), b"kept");
 }
 
 /// `restore SNAP --image-fs / --target out`, started with its stderr piped.

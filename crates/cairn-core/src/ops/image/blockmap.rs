@@ -23,6 +23,7 @@ pub(super) type ReadAt<'a> = dyn Fn(u64, &mut [u8]) -> Result<(), String> + 'a;
 
 const ROOT_INODE: u32 = 2;
 const EXTENTS_FL: u32 = 0x0008_0000;
+const ENCRYPT_FL: u32 = 0x0000_0800;
 const INLINE_DATA_FL: u32 = 0x1000_0000;
 const INCOMPAT_RECOVER: u32 = 0x0004;
 const INCOMPAT_64BIT: u32 = 0x0080;
@@ -30,6 +31,13 @@ const S_IFMT: u16 = 0o170000;
 const S_IFDIR: u16 = 0o040000;
 const S_IFREG: u16 = 0o100000;
 const EXTENT_MAGIC: u16 = 0xF30A;
+/// Names a directory may hold twice before it is taken for a crafted one.
+pub(super) const MAX_REPEATED_NAMES: usize = 1000;
+/// How the errors of [`Ext2::crafted_tree`] begin.
+const CRAFTED: &str = "a crafted extent tree";
+/// Extent tree nodes below an inode's own, at most: 16 M extents fill about
+/// 50,000 leaves of 4 KiB.
+const MAX_EXTENT_NODES: usize = 1 << 20;
 
 /// Extended attributes: full names and values.
 pub(super) type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -149,12 +157,13 @@ impl Inode {
         libc::makedev(major, minor)
     }
 
-    fn is_dir(&self) -> bool {
-        self.mode & S_IFMT == S_IFDIR
+    /// Its type and permission bits (`st_mode`).
+    pub fn mode(&self) -> u16 {
+        self.mode
     }
 
-    fn block_mapped(&self) -> bool {
-        self.flags & (EXTENTS_FL | INLINE_DATA_FL) == 0
+    fn is_dir(&self) -> bool {
+        self.mode & S_IFMT == S_IFDIR
     }
 }
 
@@ -216,7 +225,11 @@ impl<'a> Ext2<'a> {
             per_group,
             inode_size,
             desc_size,
-            desc_start: (u64::from(u32_at(&sb, 20)) + 1) * block,
+            // The descriptors start in the block after the superblock's (byte
+            // 1024), whatever `s_first_data_block` says: it is 0 with bigalloc
+            // even for 1 KiB blocks (QA r23: such a filesystem's inode tables
+            // were looked for in the superblock).
+            desc_start: (1024 / block + 1) * block,
         }))
     }
 
@@ -309,14 +322,29 @@ impl<'a> Ext2<'a> {
     }
 
     /// The entries of a directory: each name with its inode number (`.` and `..`
-    /// included). A directory whose entries are kept inside its inode
-    /// (`inline_data`) is an error.
+    /// included), a name once (the first entry, as `ext4-view` reads it). A
+    /// directory whose entries are kept inside its inode (`inline_data`) is an
+    /// error, and so is one whose names repeat more than a damaged block
+    /// explains: held twice, a name is the mark of a crafted directory, whose
+    /// blocks repeat (pentest: the same block under every pointer listed
+    /// millions of entries).
     pub fn entries(&self, dir: &Inode) -> Result<Vec<(Vec<u8>, u32)>, String> {
         let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut repeats = 0usize;
         self.walk_dir(dir, &mut |name, inode| {
-            out.push((name.to_vec(), inode));
-            false
+            if seen.insert(name.to_vec()) {
+                out.push((name.to_vec(), inode));
+            } else {
+                repeats += 1;
+            }
+            repeats > MAX_REPEATED_NAMES
         })?;
+        if repeats > MAX_REPEATED_NAMES {
+            return Err(format!(
+                "a damaged directory: more than {MAX_REPEATED_NAMES} of its names are held twice"
+            ));
+        }
         Ok(out)
     }
 
@@ -426,6 +454,17 @@ impl<'a> Ext2<'a> {
                 physical.push(self.map(dir, l, &mut caches)?);
             }
         }
+        // A directory's blocks are its own: one named twice is a crafted
+        // directory listing the same entries again and again.
+        let mut sorted: Vec<u64> = physical.iter().copied().filter(|&p| p != 0).collect();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!(
+                "a damaged directory: block {} is in it twice",
+                w[0]
+            ));
+        }
+        drop(sorted);
         let mut data = vec![0u8; self.block as usize];
         for phys in physical {
             if phys == 0 {
@@ -461,16 +500,70 @@ impl<'a> Ext2<'a> {
             root[4 * i..4 * i + 4].copy_from_slice(&b.to_le_bytes());
         }
         let mut out = Vec::new();
-        self.extent_node(&root, None, &mut out)?;
+        let mut walk = ExtentWalk::default();
+        self.extent_node(&root, None, &mut out, &mut walk)?;
         Ok(out)
     }
 
+    /// An error when the extent tree of `ino` names a block twice or is larger
+    /// than any file's: `ext4-view` walks such a tree once per path through it
+    /// (pentest: a crafted directory of five levels took 4·84⁴ reads, a larger
+    /// one would never end), so it is not given one. Other damage is left for
+    /// `ext4-view` to find and name.
+    pub fn crafted_tree(&self, ino: &Inode) -> Result<(), String> {
+        if ino.flags & EXTENTS_FL == 0 || ino.flags & INLINE_DATA_FL != 0 {
+            return Ok(());
+        }
+        match self.extents(ino) {
+            Err(e) if e.starts_with(CRAFTED) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Self::crafted_tree`] for every directory on the way to `path` (and
+    /// `path` itself), as this reader finds them.
+    pub fn crafted_on_the_way(&self, path: &[u8]) -> Result<(), String> {
+        let Ok(mut ino) = self.inode(ROOT_INODE) else {
+            return Ok(());
+        };
+        for name in path.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+            self.crafted_tree(&ino)?;
+            if !ino.is_dir() || ino.flags & INLINE_DATA_FL != 0 {
+                return Ok(());
+            }
+            match self.find_in_dir(&ino, name) {
+                Ok(Some(next)) => match self.inode(next) {
+                    Ok(i) => ino = i,
+                    Err(_) => return Ok(()),
+                },
+                Err(e) if e.starts_with(CRAFTED) => return Err(e),
+                _ => return Ok(()),
+            }
+        }
+        self.crafted_tree(&ino)
+    }
+
+    /// Whether this reader reads the content of `ino` itself ([`Self::copy`]): a
+    /// regular file, mapped by extents or by blocks, not kept inside its inode
+    /// and not encrypted. `ext4-view` reads the others (or says why not); it
+    /// reads an uninitialised extent's old disk bytes as the file's content,
+    /// where the kernel reads zeros (QA r23: a preallocated file showed what a
+    /// deleted file had left on the disk), and finds each file by its path,
+    /// which costs a scan of its directory per file.
+    pub fn reads(&self, ino: &Inode) -> bool {
+        ino.mode & S_IFMT == S_IFREG && ino.flags & (INLINE_DATA_FL | ENCRYPT_FL) == 0
+    }
+
     /// One node of an extent tree; `depth` is the depth its parent said it has.
+    /// Every node is read once (a block listed twice is damage: pentest, a
+    /// tree whose index nodes named one child 84 times each took 4·84⁴ reads),
+    /// and extents count toward the bound whether initialised or not.
     fn extent_node(
         &self,
         node: &[u8],
         depth: Option<u16>,
         out: &mut Vec<(u64, u32, u64)>,
+        walk: &mut ExtentWalk,
     ) -> Result<(), String> {
         if node.len() < 12 || u16_at(node, 0) != EXTENT_MAGIC {
             return Err("damaged extent tree".into());
@@ -484,6 +577,10 @@ impl<'a> Ext2<'a> {
         for e in 0..entries {
             let at = 12 + 12 * e;
             if here == 0 {
+                walk.extents += 1;
+                if walk.extents > 1 << 24 {
+                    return Err(format!("{CRAFTED}: more than 16 M extents"));
+                }
                 let len = u16_at(node, at + 4);
                 let start = u64::from(u32_at(node, at + 8)) | u64::from(u16_at(node, at + 6)) << 32;
                 if len > 32768 {
@@ -493,71 +590,35 @@ impl<'a> Ext2<'a> {
                     return Err(format!("extent at block {start} is outside the filesystem"));
                 }
                 out.push((u64::from(u32_at(node, at)), u32::from(len), start));
-                if out.len() > 1 << 24 {
-                    return Err("an extent tree of more than 16 M extents".into());
-                }
             } else {
                 let child = u64::from(u32_at(node, at + 4)) | u64::from(u16_at(node, at + 8)) << 32;
+                if !walk.nodes.insert(child) {
+                    return Err(format!("{CRAFTED}: block {child} is in it twice"));
+                }
+                if walk.nodes.len() > MAX_EXTENT_NODES {
+                    return Err(format!("{CRAFTED}: more than 1 M blocks"));
+                }
                 let mut b = vec![0u8; self.block as usize];
                 self.read_block(child, &mut b)?;
-                self.extent_node(&b, Some(here - 1), out)?;
+                self.extent_node(&b, Some(here - 1), out, walk)?;
             }
         }
         Ok(())
     }
 
-    /// A regular, block-mapped file with a null indirect pointer within its size:
-    /// the files `ext4-view` cannot read.
-    pub fn needs_this_reader(&self, ino: &Inode) -> bool {
-        if ino.mode & S_IFMT != S_IFREG || !ino.block_mapped() {
-            return false;
+    /// Writes the file's `size` bytes to `out`: holes and uninitialised extents
+    /// as zeros, consecutive blocks read together (up to 1 MiB). For a file
+    /// [`Self::reads`].
+    /// `stop` is asked between pieces: a terabyte of holes takes minutes.
+    pub fn copy(
+        &self,
+        ino: &Inode,
+        out: &mut dyn Write,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<u64, CopyError> {
+        if ino.flags & EXTENTS_FL != 0 {
+            return self.copy_extents(ino, out, stop);
         }
-        let per = self.block / 4;
-        let blocks = ino.size.div_ceil(self.block);
-        // Where each indirect level starts, in logical blocks.
-        let starts = [12, 12 + per, 12 + per + per * per];
-        let top_null = starts
-            .iter()
-            .zip(&ino.block[12..])
-            .any(|(&start, &ptr)| blocks > start && ptr == 0);
-        top_null || self.has_null_below(ino, blocks, per).unwrap_or(false)
-    }
-
-    /// Whether a double or triple indirect block, within the file's size, holds a
-    /// null pointer to a lower indirect block.
-    fn has_null_below(&self, ino: &Inode, blocks: u64, per: u64) -> Result<bool, String> {
-        let mut c = [Cache::default(), Cache::default(), Cache::default()];
-        let double_start = 12 + per;
-        if blocks > double_start && ino.block[13] != 0 {
-            let used = (blocks - double_start).min(per * per).div_ceil(per);
-            for i in 0..used {
-                if self.indirect(ino.block[13], i, &mut c[0])? == 0 {
-                    return Ok(true);
-                }
-            }
-        }
-        let triple_start = double_start + per * per;
-        if blocks > triple_start && ino.block[14] != 0 {
-            let left = blocks - triple_start;
-            for i in 0..left.div_ceil(per * per) {
-                let l1 = self.indirect(ino.block[14], i, &mut c[0])?;
-                if l1 == 0 {
-                    return Ok(true);
-                }
-                let used = (left - i * per * per).min(per * per).div_ceil(per);
-                for j in 0..used {
-                    if self.indirect(l1, j, &mut c[1])? == 0 {
-                        return Ok(true);
-                    }
-                }
-            }
-        }
-        Ok(false)
-    }
-
-    /// Writes the file's `size` bytes to `out`: holes as zeros, consecutive blocks
-    /// read together (up to 1 MiB).
-    pub fn copy(&self, ino: &Inode, out: &mut dyn Write) -> Result<u64, CopyError> {
         let mut caches = [Cache::default(), Cache::default(), Cache::default()];
         let total = ino.size.div_ceil(self.block);
         let batch = (1u64 << 20) / self.block;
@@ -565,6 +626,9 @@ impl<'a> Ext2<'a> {
         let mut written = 0u64;
         let mut n = 0u64;
         while n < total {
+            if stop() {
+                return Err(CopyError::Stopped);
+            }
             let first = self.map(ino, n, &mut caches).map_err(CopyError::Fs)?;
             let mut run = 1u64;
             while run < batch && n + run < total {
@@ -594,12 +658,83 @@ impl<'a> Ext2<'a> {
     }
 }
 
+impl Ext2<'_> {
+    /// [`Self::copy`] of an extent-mapped file: its initialised extents in
+    /// order of their logical blocks, zeros between them and after the last.
+    fn copy_extents(
+        &self,
+        ino: &Inode,
+        out: &mut dyn Write,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<u64, CopyError> {
+        let mut extents = self.extents(ino).map_err(CopyError::Fs)?;
+        extents.sort_unstable_by_key(|e| e.0);
+        let size = ino.size;
+        const PIECE: u64 = 1 << 20;
+        let zeros = vec![0u8; PIECE as usize];
+        let mut buf = vec![0u8; PIECE as usize];
+        let fill = |out: &mut dyn Write, mut n: u64| -> Result<(), CopyError> {
+            while n > 0 {
+                if stop() {
+                    return Err(CopyError::Stopped);
+                }
+                let k = n.min(PIECE);
+                out.write_all(&zeros[..k as usize])
+                    .map_err(CopyError::Out)?;
+                n -= k;
+            }
+            Ok(())
+        };
+        let mut pos = 0u64;
+        for (logical, len, start) in extents {
+            let from = logical.saturating_mul(self.block);
+            if from >= size {
+                break;
+            }
+            if from < pos {
+                return Err(CopyError::Fs("damaged extent tree: extents overlap".into()));
+            }
+            fill(out, from - pos)?;
+            pos = from;
+            // Within the filesystem (checked as the tree was read), cut at the
+            // file's size; read a whole number of blocks at a time.
+            let mut left = (u64::from(len) * self.block).min(size - pos);
+            let mut at = self.offset(start).map_err(CopyError::Fs)?;
+            while left > 0 {
+                if stop() {
+                    return Err(CopyError::Stopped);
+                }
+                let k = left.min(PIECE);
+                let whole = k.div_ceil(self.block) * self.block;
+                (self.read)(at, &mut buf[..whole as usize]).map_err(CopyError::Fs)?;
+                out.write_all(&buf[..k as usize]).map_err(CopyError::Out)?;
+                at += whole;
+                left -= k;
+                pos += k;
+            }
+        }
+        fill(out, size - pos)?;
+        Ok(size)
+    }
+}
+
+/// What a walk of one extent tree has met.
+#[derive(Default)]
+struct ExtentWalk {
+    /// The blocks of the nodes read.
+    nodes: std::collections::HashSet<u64>,
+    /// Leaf entries, initialised or not.
+    extents: usize,
+}
+
 /// Why [`Ext2::copy`] stopped.
 pub(super) enum CopyError {
     /// Reading the image's filesystem.
     Fs(String),
     /// Writing the output.
     Out(std::io::Error),
+    /// `stop` said so.
+    Stopped,
 }
 
 /// The indirect block read last at one level.
@@ -691,13 +826,13 @@ mod tests {
             };
             if let Ok(Some((_, ino))) = fs.lookup(b"/a/b")
                 && ino.size < 16 << 20
-                && fs.needs_this_reader(&ino)
+                && fs.reads(&ino)
             {
-                let _ = fs.copy(&ino, &mut std::io::sink());
+                let _ = fs.copy(&ino, &mut std::io::sink(), &|| false);
             }
             for n in 1..8 {
                 if let Ok(ino) = fs.inode(n) {
-                    let _ = fs.needs_this_reader(&ino);
+                    let _ = fs.reads(&ino);
                     let _ = fs.entries(&ino);
                     let _ = fs.xattrs(&ino);
                     let mut c = [Cache::default(), Cache::default(), Cache::default()];

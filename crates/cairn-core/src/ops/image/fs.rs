@@ -310,6 +310,19 @@ impl ImageFs {
         Ok(())
     }
 
+    /// An error when a directory on the way to `path` (or `path`) has an extent
+    /// tree `ext4-view` must not be given ([`super::blockmap::Ext2::crafted_tree`]);
+    /// nothing is said where this crate's reader cannot read the filesystem.
+    fn crafted_on_the_way(&self, path: &str) -> Result<()> {
+        let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
+        match super::blockmap::Ext2::open(&read) {
+            Ok(Some(fs)) => fs
+                .crafted_on_the_way(&raw(path))
+                .map_err(|e| fs_err(path, e)),
+            _ => Ok(()),
+        }
+    }
+
     /// The reader's path for `p`, a path as listings write it: a name's bytes
     /// that are not UTF-8 are stand-ins there ([`escape_name`]), and the reader
     /// is given the bytes themselves.
@@ -365,6 +378,7 @@ impl ImageFs {
                     .collect::<Vec<_>>()
                     .join("/")
             );
+            self.crafted_on_the_way(&at)?;
             let meta = self
                 .fs
                 .symlink_metadata(Self::path(&at)?.as_path())
@@ -550,7 +564,11 @@ impl ImageFs {
         walk: &mut ListWalk<'_, '_>,
         f: &mut dyn FnMut(Entry) -> Result<()>,
     ) -> Result<()> {
-        let children = match self.children(dir) {
+        let own = match (walk.ext2, ino) {
+            (Some(fs), Some(n)) => fs.inode(n).ok().map(|i| (fs, i)),
+            _ => None,
+        };
+        let children = match self.children(dir, own.as_ref().map(|(fs, i)| (*fs, i))) {
             Ok(c) => c,
             Err(e) => {
                 (walk.failed)(e);
@@ -655,15 +673,31 @@ impl ImageFs {
                 crate::ops::ls::shown(&target)
             )));
         }
-        self.dump_to(&at, out, Path::new(crate::ops::dump::OUTPUT))
+        self.dump_to(&at, None, out, Path::new(crate::ops::dump::OUTPUT))
     }
 
     /// The content of the file at `path`, already resolved (no symlink in it: a
     /// restore's walk gives one, `dump` resolves the user's), to `out`, named
-    /// `out_name` in errors writing it.
-    fn dump_to(&self, path: &str, out: &mut dyn Write, out_name: &Path) -> Result<u64> {
-        if let Some(n) = self.dump_block_mapped(path, out, out_name)? {
+    /// `out_name` in errors writing it. `own`: the file's inode as this crate's
+    /// reader found it (a restore's walk), else it is looked up.
+    fn dump_to(
+        &self,
+        path: &str,
+        own: Option<(&super::blockmap::Ext2<'_>, &super::blockmap::Inode)>,
+        out: &mut dyn Write,
+        out_name: &Path,
+    ) -> Result<u64> {
+        let copied = match own {
+            Some((fs, ino)) if fs.reads(ino) => Some(self.copy_own(fs, ino, path, out, out_name)?),
+            Some(_) => None,
+            None => self.dump_own(path, out, out_name)?,
+        };
+        if let Some(n) = copied {
             return Ok(n);
+        }
+        match own {
+            Some((fs, ino)) => fs.crafted_tree(ino).map_err(|e| fs_err(path, e))?,
+            None => self.crafted_on_the_way(path)?,
         }
         let mut file = self
             .fs
@@ -683,20 +717,13 @@ impl ImageFs {
         }
     }
 
-    /// A block-mapped file with a hole `ext4-view` cannot follow, read by
-    /// [`super::blockmap`]; `None` for every other file (and whenever that reader
-    /// cannot tell: `ext4-view` then reads it, or says why not).
-    fn dump_block_mapped(
-        &self,
-        path: &str,
-        out: &mut dyn Write,
-        out_name: &Path,
-    ) -> Result<Option<u64>> {
-        use super::blockmap::{CopyError, Ext2};
-        // No file of 12 KiB or less has an indirect block (12 direct pointers, blocks
-        // of 1 KiB or more): the common small file costs nothing here.
+    /// A regular file read by [`super::blockmap`] (as [`super::blockmap::Ext2::reads`]
+    /// says why), found by its path; `None` for every other file (and whenever
+    /// that reader cannot tell: `ext4-view` then reads it, or says why not).
+    fn dump_own(&self, path: &str, out: &mut dyn Write, out_name: &Path) -> Result<Option<u64>> {
+        use super::blockmap::Ext2;
         let len = match self.fs.metadata(Self::path(path)?.as_path()) {
-            Ok(m) if m.len() > 12 * 1024 => m.len(),
+            Ok(m) if m.file_type().is_regular_file() => m.len(),
             _ => return Ok(None),
         };
         let Ok(canon) = self.fs.canonicalize(Self::path(path)?.as_path()) else {
@@ -709,13 +736,27 @@ impl ImageFs {
         let Ok(Some((_, ino))) = fs.lookup(canon.as_ref()) else {
             return Ok(None);
         };
-        if ino.size != len || !fs.needs_this_reader(&ino) {
+        if ino.size != len || !fs.reads(&ino) {
             return Ok(None);
         }
-        match fs.copy(&ino, out) {
-            Ok(n) => Ok(Some(n)),
+        self.copy_own(&fs, &ino, path, out, out_name).map(Some)
+    }
+
+    /// [`super::blockmap::Ext2::copy`] of the file at `path` to `out`.
+    fn copy_own(
+        &self,
+        fs: &super::blockmap::Ext2<'_>,
+        ino: &super::blockmap::Inode,
+        path: &str,
+        out: &mut dyn Write,
+        out_name: &Path,
+    ) -> Result<u64> {
+        use super::blockmap::CopyError;
+        match fs.copy(ino, out, &|| self.cancel.is_cancelled()) {
+            Ok(n) => Ok(n),
             Err(CopyError::Fs(m)) => Err(fs_err(path, m)),
             Err(CopyError::Out(e)) => Err(Error::io(out_name, e)),
+            Err(CopyError::Stopped) => Err(Error::Cancelled),
         }
     }
 
@@ -826,6 +867,7 @@ impl ImageFs {
             &raw(name),
             &target.join(std::ffi::OsStr::from_bytes(&raw(name))),
             top.map(|(n, _)| n),
+            None,
             &mut r,
         )
         .map_err(|e| match e {
@@ -948,6 +990,7 @@ impl ImageFs {
 
     /// Restores `path` as the entry `name` of the directory `dir` (`shown`: its
     /// path, for messages only).
+    #[allow(clippy::too_many_arguments)]
     fn restore_one(
         &self,
         path: &str,
@@ -955,6 +998,7 @@ impl ImageFs {
         name: &[u8],
         shown: &Path,
         ino: Option<u32>,
+        known: Option<ext4_view::Metadata>,
         r: &mut FsRestore<'_>,
     ) -> Result<()> {
         use crate::ops::restore::Overwrite;
@@ -967,10 +1011,16 @@ impl ImageFs {
             (Some(fs), Some(n)) => Some(fs.inode(n).map_err(|e| fs_err(path, e))?),
             _ => None,
         };
-        let meta = self
-            .fs
-            .symlink_metadata(Self::path(path)?.as_path())
-            .map_err(|e| fs_err(path, e))?;
+        // From the directory's listing, which read it by its inode: a lookup by
+        // path scans a directory without an index, once per entry (QA r23: a
+        // directory of 15,000 files took 71 s).
+        let meta = match known {
+            Some(m) => m,
+            None => self
+                .fs
+                .symlink_metadata(Self::path(path)?.as_path())
+                .map_err(|e| fs_err(path, e))?,
+        };
         let ft = meta.file_type();
         let m = meta.modified();
         let cname = target::c_name(name).map_err(io)?;
@@ -1035,7 +1085,7 @@ impl ImageFs {
                 }
                 e => r.made(e.is_some(), shown, 0),
             }
-            let inos: std::collections::HashMap<Vec<u8>, u32> = match (r.ext2, &inode) {
+            let mut inos: std::collections::HashMap<Vec<u8>, u32> = match (r.ext2, &inode) {
                 (Some(fs), Some(d)) => match fs.entries(d) {
                     Ok(e) => e.into_iter().collect(),
                     Err(e) => {
@@ -1048,17 +1098,26 @@ impl ImageFs {
                 },
                 _ => Default::default(),
             };
+            let children = self.children(path, r.ext2.zip(inode.as_ref()))?;
+            // A name held twice: which entry this crate's reader takes is not
+            // known to be the one `ext4-view` reads, so its inode (hard links,
+            // attributes, content) is not taken from here (pentest: the content
+            // of another file was restored under the name).
+            for c in children.iter().filter(|c| c.repeated) {
+                inos.remove(&c.raw);
+            }
             // An entry that cannot be restored is reported, and the directory's
             // other entries are restored (as a restore of a file snapshot does).
-            for c in self.children(path)? {
+            for c in children {
                 self.check_cancelled()?;
-                let done = c.meta.and_then(|_| {
+                let done = c.meta.and_then(|m| {
                     self.restore_one(
                         &c.path,
                         &sub,
                         &c.raw,
                         &shown.join(std::ffi::OsStr::from_bytes(&c.raw)),
                         inos.get(&c.raw).copied(),
+                        Some(m),
                         r,
                     )
                 });
@@ -1221,7 +1280,13 @@ impl ImageFs {
             block: Vec::with_capacity(SPARSE_BLOCK),
             limit: r.limit,
         };
-        r.report.bytes += self.dump_to(path, &mut w, shown)?;
+        // Read by this crate's reader when its inode is the file `ext4-view`
+        // describes (their sizes and modes agree).
+        let own = r
+            .ext2
+            .zip(inode.as_ref())
+            .filter(|(_, i)| i.size == meta.len() && i.mode() & 0o7777 == meta.mode());
+        r.report.bytes += self.dump_to(path, own, &mut w, shown)?;
         let f = w.finish().map_err(io)?;
         r.unfinished -= 1;
         r.report.files += 1;
@@ -1349,13 +1414,34 @@ impl ImageFs {
     /// names and metadata. An entry that cannot be read (a name that cannot be a
     /// file name here, an inode the reader refuses) comes with its error, so that
     /// its directory's other entries are still listed and restored.
-    fn children(&self, dir: &str) -> Result<Vec<Child>> {
+    ///
+    /// A corrupt directory may hold a name twice: both entries would be read by
+    /// that name, as the first, so the second is reported, not taken for the
+    /// first again (QA: it was counted as left in place, exit 0). More than
+    /// [`super::blockmap::MAX_REPEATED_NAMES`] such names make the directory an
+    /// error: its blocks repeat (pentest: one block under every pointer of a
+    /// directory listed millions of entries, and memory grew with them).
+    fn children(
+        &self,
+        dir: &str,
+        own: Option<(&super::blockmap::Ext2<'_>, &super::blockmap::Inode)>,
+    ) -> Result<Vec<Child>> {
+        match own {
+            Some((fs, ino)) => fs.crafted_tree(ino).map_err(|e| fs_err(dir, e))?,
+            None => self.crafted_on_the_way(dir)?,
+        }
         let mut out = Vec::new();
-        for e in self
+        let mut seen = std::collections::HashSet::new();
+        let mut repeats = 0;
+        for (i, e) in self
             .fs
             .read_dir(Self::path(dir)?.as_path())
             .map_err(|e| fs_err(dir, e))?
+            .enumerate()
         {
+            if i % 4096 == 4095 {
+                self.check_cancelled()?;
+            }
             let e = e.map_err(|e| fs_err(dir, e))?;
             let raw = e.file_name();
             let raw: &[u8] = raw.as_ref();
@@ -1365,30 +1451,37 @@ impl ImageFs {
             } else {
                 format!("{dir}/{shown}")
             };
+            let repeated = !seen.insert(raw.to_vec());
             let meta = match entry_name(raw, dir) {
                 Ok(None) => continue,
                 Err(e) => Err(e),
+                Ok(Some(_)) if repeated => {
+                    repeats += 1;
+                    if repeats > super::blockmap::MAX_REPEATED_NAMES {
+                        return Err(fs_err(
+                            dir,
+                            format!(
+                                "a damaged directory: more than {} of its names are held twice",
+                                super::blockmap::MAX_REPEATED_NAMES
+                            ),
+                        ));
+                    }
+                    Err(Error::Invalid(format!(
+                        "{child}: corrupt filesystem: the directory holds this name more than \
+                         once; only the first entry is read"
+                    )))
+                }
                 Ok(Some(_)) => e.metadata().map_err(|e| fs_err(&child, e)),
             };
             out.push(Child {
                 path: child,
                 raw: raw.to_vec(),
                 meta,
+                repeated,
             });
         }
+        // Stable: a name's first entry stays first.
         out.sort_by(|a, b| a.path.cmp(&b.path));
-        // A corrupt directory may hold a name twice: both entries would be read
-        // by that name, as the first, so the second is reported, not taken for
-        // the first again (QA: it was counted as left in place, exit 0).
-        for i in 1..out.len() {
-            if out[i].path == out[i - 1].path {
-                out[i].meta = Err(Error::Invalid(format!(
-                    "{}: corrupt filesystem: the directory holds this name more than once; \
-                     only the first entry is read",
-                    out[i].path
-                )));
-            }
-        }
         Ok(out)
     }
 }
@@ -1408,6 +1501,8 @@ struct Child {
     /// The name's bytes.
     raw: Vec<u8>,
     meta: Result<ext4_view::Metadata>,
+    /// Not the first entry of its name in the directory.
+    repeated: bool,
 }
 
 /// Hard-linked files whose other names are still to come, at most: each keeps

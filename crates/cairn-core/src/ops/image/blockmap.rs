@@ -1,15 +1,11 @@
-//! Reading a block-mapped (ext2/ext3-style) regular file of an image's filesystem
-//! whose holes `ext4-view` cannot follow.
-//!
-//! A block-mapped inode lists its first 12 blocks, then an indirect, a double and a
-//! triple indirect block; a pointer of 0 at any level is a hole. `ext4-view` reads a
-//! null *indirect* pointer as block 0 and calls that corruption, so a sparse file
-//! whose hole spans an indirect block (about 4 MiB past its first 48 KiB with 4 KiB
-//! blocks) could not be read. This module reads exactly those files: it finds the
-//! inode by walking directories from the root, maps each logical block through the
-//! pointers (a null pointer at any level: zeros), and reads the data. Everything
-//! else stays with `ext4-view`, which also replays the journal: a filesystem whose
-//! journal still needs recovery is not read here at all.
+//! cairn's own reader of ext2/3/4 inodes, for what `ext4-view` does not show or
+//! reads otherwise than the kernel: the content of regular files (block-mapped or
+//! extent-mapped; a null pointer at any level, a hole and an uninitialised extent
+//! read as zeros: `ext4-view` reads a preallocated file's blocks as they are on
+//! the disk, and takes a null *indirect* pointer of a sparse ext2/ext3 file for
+//! corruption), inode numbers (hard links) and extended attributes. The walk of
+//! the filesystem stays with `ext4-view`, which also replays the journal: a
+//! filesystem whose journal still needs recovery is not read here at all.
 //!
 //! The image is untrusted: every number read from it is bounded (block numbers
 //! below the block count, inode numbers below the inode count, directory records

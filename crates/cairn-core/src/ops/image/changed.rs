@@ -16,8 +16,9 @@ pub enum ChangedFormat {
     /// Decided from the first non-blank character: `[` JSON, `<` thin_delta XML,
     /// anything else text ranges.
     Auto,
-    /// Text: one `OFFSET LENGTH` pair per line, in bytes, decimal or `0x` hex;
-    /// blank lines and `#` comments ignored.
+    /// Text: one `OFFSET LENGTH` pair per line (or `OFFSET,LENGTH`, as a CSV
+    /// export writes it), in bytes, decimal or `0x` hex; blank lines and `#`
+    /// comments ignored.
     Ranges,
     /// JSON: `[{"offset": N, "length": N}, ...]` (`start` is taken for `offset`, not beside it;
     /// an entry with `"dirty": false` is skipped).
@@ -354,8 +355,11 @@ fn parse_json(
         };
         let len = field(&["length"])?;
         let dirty = if qemu {
-            match e.get("data").and_then(serde_json::Value::as_bool) {
-                Some(data) => !data,
+            match e.get("data") {
+                Some(serde_json::Value::Bool(data)) => !data,
+                Some(other) => {
+                    return Err(format!("entry {i}: \"data\" is {other}, not true or false"));
+                }
                 None => return Err(format!("entry {i}: no \"data\" member")),
             }
         } else {
@@ -514,6 +518,14 @@ mod tests {
         let gap = q.replace("\"start\": 65536", "\"start\": 70000");
         let e = ChangedRanges::parse(&gap, ChangedFormat::QemuDirtyMap, 135536).unwrap_err();
         assert!(e.contains("entry 1 starts at 70000"), "{e}");
+        // A "data" that is there but not a boolean is said as such (QA r23: it
+        // was "no data member").
+        let quoted = q.replace("\"data\": false", "\"data\": \"false\"");
+        let e = ChangedRanges::parse(&quoted, ChangedFormat::QemuDirtyMap, 131072).unwrap_err();
+        assert!(
+            e.contains("entry 1: \"data\" is \"false\", not true or false"),
+            "{e}"
+        );
         // What is wrong is said: a value that is not a byte count, a missing member,
         // an object where an array belongs.
         for (bad, says) in [

@@ -6,7 +6,9 @@
 //!
 //! The filesystem is parsed by `ext4-view` (a read-only ext2/3/4 reader that checks
 //! what it reads, including metadata checksums): the image is untrusted input, so
-//! its errors are reported, never trusted. A whole-disk image with a partition table
+//! its errors are reported, never trusted. Regular files' content, inode numbers
+//! and extended attributes come from [`super::blockmap`], which `ext4-view` does
+//! not show or reads otherwise than the kernel (uninitialised extents). A whole-disk image with a partition table
 //! (MBR or GPT) is read at the partition `--partition N` names, or the first one
 //! holding ext2/3/4. XFS, NTFS and other filesystems: mount the image read-only
 //! through `cairn mount` (docs/IMAGES.md).
@@ -1068,9 +1070,10 @@ impl ImageFs {
             let sub = std::rc::Rc::new(
                 sys::open_at(dir, &cname, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(io)?,
             );
-            r.report.dirs += 1;
             // Listed as it is entered, so that its entries come after it; an
-            // existing one is updated (its metadata set back) unless kept.
+            // existing one is updated (its metadata set back) unless kept, and
+            // counted as kept then, as an unchanged file is (QA r23: a restore
+            // over a finished one said every directory was restored).
             match &existing {
                 // Kept, or already as the image has it (its entries' changes
                 // are listed with them).
@@ -1081,9 +1084,13 @@ impl ImageFs {
                             && st.mode & 0o7777 == mode as u32
                             && (!r.as_root || (st.uid, st.gid) == (meta.uid(), meta.gid())) =>
                 {
+                    r.report.kept += 1;
                     r.listed(crate::progress::FileAction::Unchanged, shown, 0);
                 }
-                e => r.made(e.is_some(), shown, 0),
+                e => {
+                    r.report.dirs += 1;
+                    r.made(e.is_some(), shown, 0);
+                }
             }
             let mut inos: std::collections::HashMap<Vec<u8>, u32> = match (r.ext2, &inode) {
                 (Some(fs), Some(d)) => match fs.entries(d) {

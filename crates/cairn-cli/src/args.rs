@@ -1095,7 +1095,9 @@ pub struct RestoreArgs {
     pub iexclude_files: Vec<PathBuf>,
     /// What to do with entries already in the target: always (replace), if-changed
     /// (replace unless size and time, or else the content, match the snapshot; a
-    /// file with the snapshot's content gets its mode, owner, time and extended attributes), if-newer
+    /// file with the snapshot's content gets its mode, time and extended
+    /// attributes in place; one whose owner differs, or with other hard links,
+    /// is written anew, since it may be someone else's file), if-newer
     /// (replace when the snapshot's is newer), never. A directory that is there
     /// keeps its own mode, owner, times and attributes under never, and under
     /// if-newer unless the snapshot's is newer; what goes into it is restored

@@ -487,10 +487,11 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
     assert_eq!(out.stdout.get(257..262), Some(&b"ustar"[..]));
     // A damaged pack: the file whose chunk it held goes into the archive with
     // zeros where it could not be read, is named, and the export goes on (exit 1),
-    // as a restore does.
+    // as a restore does; the archive is then FILE.incomplete, not FILE.
     flip_middle(&largest_pack(&env.repo));
     for format in ["tar", "zip"] {
-        let damaged = env.path(&format!("damaged.{format}"));
+        let named = env.path(&format!("damaged.{format}"));
+        let damaged = env.path(&format!("damaged.{format}.incomplete"));
         let err = env.fails(
             &[
                 "export",
@@ -499,10 +500,11 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
                 "--format",
                 format,
                 "-o",
-                damaged.to_str().unwrap(),
+                named.to_str().unwrap(),
             ],
             1,
         );
+        assert!(!named.exists());
         assert!(
             err.contains("sub/big.bin")
                 && err.contains("of zeros where it could not be read")

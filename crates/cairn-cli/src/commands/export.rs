@@ -268,10 +268,12 @@ pub(super) fn write_output<R>(
                     e => e.into(),
                 })?;
             let shown = partial.display().to_string();
+            // `NAME.incomplete` must still be a name (255 bytes): a long NAME is
+            // cut (review: the rename failed, and the archive went with it).
             let aside = (!whole(&r)).then(|| {
-                let mut name = file.as_os_str().to_owned();
+                let mut name = std::ffi::OsStr::from_bytes(&base[..base.len().min(244)]).to_owned();
                 name.push(".incomplete");
-                std::path::PathBuf::from(name)
+                file.with_file_name(name)
             });
             let to = aside.as_deref().unwrap_or(file);
             let persisted = partial.persist(to);

@@ -86,7 +86,8 @@ fn check_mount_point(dir: &std::path::Path) -> Result<()> {
                 source == "cairn" && (kind == "fuse" || kind.starts_with("fuse."))
             }) {
                 anyhow::bail!(
-                    "{d} holds a running cairn mount already: unmount it first                      (`fusermount3 -u {d}`) or choose another directory"
+                    "{d} holds a running cairn mount already: unmount it first \
+                     (`fusermount3 -u {d}`) or choose another directory"
                 );
             }
             Ok(())

@@ -1868,9 +1868,23 @@ fn image_fs_reads_preallocated_blocks_as_zeros_and_bigalloc() {
         String::from_utf8_lossy(&stat.stdout).contains("[u]"),
         "no uninitialised extent: {stat:?}"
     );
-    // The deleted file's bytes are still in the image, under the new file.
+    // The deleted file's bytes are still in the image, in the new file's blocks.
     let raw = fs::read(&img).unwrap();
-    assert!(raw.windows(4096).any(|w| w == &junk[..4096]));
+    let listed = Command::new("debugfs")
+        .args(["-R", "blocks pre"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    let junk_blocks: std::collections::HashSet<&[u8]> = junk.chunks(1024).collect();
+    let stale = String::from_utf8_lossy(&listed.stdout)
+        .split_whitespace()
+        .filter_map(|b| b.parse::<usize>().ok())
+        .filter(|&b| junk_blocks.contains(&raw[b * 1024..(b + 1) * 1024]))
+        .count();
+    assert!(
+        stale > 1000,
+        "{stale} of pre's blocks hold the deleted file's bytes"
+    );
     let snap = image_snapshot(&env, &img);
     let dumped = env
         .cmd(&["dump", &snap, "--image-fs", "/pre"])
@@ -2410,8 +2424,8 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
     assert_eq!(walk(&out).len(), 7, "{:?}", walk(&out));
 }
 
-/// A corrupt directory holding one name twice: the first entry is restored and
-/// the second reported, exit 1 (QA: the second was counted as an entry left in
+/// A corrupt directory holding one name twice: neither entry is restored and
+/// both are reported, exit 1 (QA: the second was counted as an entry left in
 /// place, exit 0).
 #[test]
 fn image_fs_reports_a_name_held_twice() {
@@ -2450,9 +2464,11 @@ fn image_fs_reports_a_name_held_twice() {
         err.contains("/z/late: corrupt filesystem: the directory holds this name more than once"),
         "{err}"
     );
-    assert_eq!(fs::read(out.join("z/late")).unwrap(), b"first");
+    // Neither entry: which one a lookup by the name reads depends on the
+    // directory's index (review), so the name is not restored at all.
+    assert!(!out.join("z/late").exists());
     assert_eq!(fs::read(out.join("z/other")).unwrap(), b"second");
-    assert_eq!(fs::metadata(out.join("z/late")).unwrap().nlink(), 1);
+    assert_eq!(fs::metadata(out.join("z/other")).unwrap().nlink(), 1);
     assert!(
         !String::from_utf8_lossy(&o.stdout).contains("left"),
         "{o:?}"
@@ -2610,7 +2626,7 @@ fn image_fs_refuses_crafted_directories_whose_blocks_repeat() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("/d1: a damaged directory: more than 1000 of its names are held twice"),
+        err.contains("/d1: a crafted directory: block") && err.contains("is in it twice"),
         "{err}"
     );
     assert!(String::from_utf8_lossy(&o.stdout).contains("/kept"));
@@ -2625,8 +2641,74 @@ fn image_fs_refuses_crafted_directories_whose_blocks_repeat() {
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("/d1: a damaged directory"), "{err}");
+    assert!(err.contains("/d1: a crafted directory"), "{err}");
     assert_eq!(fs::read(out.join("root/kept")).unwrap(), b"kept");
+}
+
+/// An image of a filesystem taken while it was mounted (its journal still to
+/// replay, as with an LVM snapshot of a live system): the journal is replayed
+/// for cairn's own reader too, so a preallocated file written since the last
+/// checkpoint reads as zeros, not what a deleted file left (review: the
+/// content came from `ext4-view`, which reads uninitialised extents' old
+/// bytes).
+#[test]
+fn image_fs_replays_the_journal_for_preallocated_files() {
+    let env = Env::new();
+    env.init(&[]);
+    let img = env.path("live.img");
+    sh(Command::new("mke2fs")
+        .args(["-q", "-t", "ext4", "-b", "4096"])
+        .arg(&img)
+        .arg("64M"));
+    let mnt = env.path("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    sh(Command::new("mount")
+        .arg("-o")
+        .arg("loop")
+        .arg(&img)
+        .arg(&mnt));
+    let junk = Rng(43).bytes(4 << 20, false);
+    fs::write(mnt.join("junk"), &junk).unwrap();
+    sh(&mut Command::new("sync"));
+    fs::remove_file(mnt.join("junk")).unwrap();
+    sh(&mut Command::new("sync"));
+    sh(Command::new("fallocate")
+        .args(["-l", "4M"])
+        .arg(mnt.join("pre")));
+    fs::write(mnt.join("small"), b"written while mounted\n").unwrap();
+    sh(&mut Command::new("sync"));
+    // The image as a snapshot of the live filesystem would have it.
+    let live = env.path("snap.img");
+    fs::copy(&img, &live).unwrap();
+    sh(Command::new("umount").arg(&mnt));
+    let sb = fs::read(&live).unwrap();
+    let incompat = u32::from_le_bytes(sb[1024 + 96..1024 + 100].try_into().unwrap());
+    assert!(incompat & 4 != 0, "the copy's journal needs no recovery");
+    let snap = image_snapshot(&env, &live);
+    let o = env
+        .cmd(&["dump", &snap, "--image-fs", "/pre"])
+        .output()
+        .unwrap();
+    assert_eq!(o.stdout.len(), 4 << 20, "{o:?}");
+    assert!(o.stdout.iter().all(|&b| b == 0), "stale bytes dumped");
+    let out = env.path("out");
+    let o = env.run(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/",
+        "-t",
+        out.to_str().unwrap(),
+    ]);
+    let restored = fs::read(out.join("root/pre")).unwrap();
+    assert!(
+        restored.len() == 4 << 20 && restored.iter().all(|&b| b == 0),
+        "{o:?}"
+    );
+    assert_eq!(
+        fs::read(out.join("root/small")).unwrap(),
+        b"written while mounted\n"
+    );
 }
 
 /// `restore SNAP --image-fs / --target out`, started with its stderr piped.

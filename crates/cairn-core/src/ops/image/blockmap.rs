@@ -4,8 +4,9 @@
 //! read as zeros: `ext4-view` reads a preallocated file's blocks as they are on
 //! the disk, and takes a null *indirect* pointer of a sparse ext2/ext3 file for
 //! corruption), inode numbers (hard links) and extended attributes. The walk of
-//! the filesystem stays with `ext4-view`, which also replays the journal: a
-//! filesystem whose journal still needs recovery is not read here at all.
+//! the filesystem stays with `ext4-view`; the journal is replayed here as it
+//! replays it ([`Ext2::replay_journal`]), and a filesystem whose journal this
+//! reader cannot replay is not read here at all.
 //!
 //! The image is untrusted: every number read from it is bounded (block numbers
 //! below the block count, inode numbers below the inode count, directory records
@@ -22,6 +23,14 @@ const EXTENTS_FL: u32 = 0x0008_0000;
 const ENCRYPT_FL: u32 = 0x0000_0800;
 const INLINE_DATA_FL: u32 = 0x1000_0000;
 const INCOMPAT_RECOVER: u32 = 0x0004;
+const COMPAT_HAS_JOURNAL: u32 = 0x0004;
+const JBD2_MAGIC: u32 = 0xC03B_3998;
+/// Journal features replayed, as `ext4-view` 1.0 has them: 64-bit block
+/// numbers and checksums v3 required, revocation allowed.
+const JBD2_REQUIRED: u32 = 0x02 | 0x10;
+const JBD2_ALLOWED: u32 = JBD2_REQUIRED | 0x01;
+/// Journal blocks at most (a journal is 1 GiB at most: 1 M blocks of 1 KiB).
+const MAX_JOURNAL_BLOCKS: u64 = 1 << 22;
 const INCOMPAT_64BIT: u32 = 0x0080;
 const S_IFMT: u16 = 0o170000;
 const S_IFDIR: u16 = 0o040000;
@@ -31,6 +40,11 @@ const EXTENT_MAGIC: u16 = 0xF30A;
 pub(super) const MAX_REPEATED_NAMES: usize = 1000;
 /// How the errors of [`Ext2::crafted_tree`] begin.
 const CRAFTED: &str = "a crafted extent tree";
+const CRAFTED_DIR: &str = "a crafted directory";
+
+fn is_crafted(e: &str) -> bool {
+    e.starts_with(CRAFTED) || e.starts_with(CRAFTED_DIR)
+}
 /// Extent tree nodes below an inode's own, at most: 16 M extents fill about
 /// 50,000 leaves of 4 KiB.
 const MAX_EXTENT_NODES: usize = 1 << 20;
@@ -123,6 +137,9 @@ pub(super) struct Ext2<'a> {
     inode_size: u64,
     desc_size: u64,
     desc_start: u64,
+    /// Filesystem blocks the journal holds newer copies of (filesystem block to
+    /// the journal's block), read in their place, as `ext4-view` replays them.
+    journal: std::collections::BTreeMap<u64, u64>,
 }
 
 /// What this reader needs of an inode.
@@ -175,7 +192,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 
 impl<'a> Ext2<'a> {
     /// The filesystem `read` reads, or `None` when it is not one this reader may
-    /// read (not ext2/3/4, or a journal still to replay).
+    /// read (not ext2/3/4, or a journal still to replay that it cannot replay).
     pub fn open(read: &'a ReadAt<'a>) -> Result<Option<Ext2<'a>>, String> {
         let mut sb = [0u8; 1024];
         read(1024, &mut sb)?;
@@ -183,9 +200,6 @@ impl<'a> Ext2<'a> {
             return Ok(None);
         }
         let incompat = u32_at(&sb, 96);
-        if incompat & INCOMPAT_RECOVER != 0 {
-            return Ok(None);
-        }
         let log = u32_at(&sb, 24);
         if log > 6 {
             return Err(format!("block size 1024 << {log}"));
@@ -213,7 +227,7 @@ impl<'a> Ext2<'a> {
         if per_group == 0 || desc_size > block {
             return Err("no inodes per group".into());
         }
-        Ok(Some(Ext2 {
+        let mut fs = Ext2 {
             read,
             block,
             blocks,
@@ -226,7 +240,166 @@ impl<'a> Ext2<'a> {
             // even for 1 KiB blocks (QA r23: such a filesystem's inode tables
             // were looked for in the superblock).
             desc_start: (1024 / block + 1) * block,
-        }))
+            journal: Default::default(),
+        };
+        // The journal, replayed as `ext4-view` replays it (which reads every
+        // block through it): this reader then reads what that one lists. One
+        // it cannot replay is not read here at all (nor by `ext4-view` in most
+        // such cases).
+        if u32_at(&sb, 92) & COMPAT_HAS_JOURNAL != 0 && u32_at(&sb, 0xE0) != 0 {
+            match fs.replay_journal(u32_at(&sb, 0xE0)) {
+                Ok(map) => fs.journal = map,
+                Err(_) if incompat & INCOMPAT_RECOVER == 0 => {}
+                Err(_) => return Ok(None),
+            }
+        }
+        Ok(Some(fs))
+    }
+
+    /// Reads `dst.len()` bytes at byte `at` of the filesystem, each block the
+    /// journal holds a newer copy of from there.
+    fn read_at(&self, at: u64, dst: &mut [u8]) -> Result<(), String> {
+        if self.journal.is_empty() {
+            return (self.read)(at, dst);
+        }
+        let mut done = 0usize;
+        while done < dst.len() {
+            let pos = at + done as u64;
+            let blk = pos / self.block;
+            let within = (pos % self.block) as usize;
+            let left = dst.len() - done;
+            if let Some(&j) = self.journal.get(&blk) {
+                let n = left.min(self.block as usize - within);
+                let mut b = vec![0u8; self.block as usize];
+                (self.read)(self.offset(j)?, &mut b)?;
+                dst[done..done + n].copy_from_slice(&b[within..within + n]);
+                done += n;
+                continue;
+            }
+            // Up to the next block the journal replaces, in one read.
+            let n = match self.journal.range(blk + 1..).next() {
+                Some((&next, _)) => left.min(((next - blk) * self.block) as usize - within),
+                None => left,
+            };
+            (self.read)(pos, &mut dst[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// The journal's map of replaced blocks, as `ext4-view` 1.0 builds it: from
+    /// the log's start block to the end of the journal (no wrap), each
+    /// transaction's descriptor tags (the checksum v3 format, which is all it
+    /// reads) taken at its commit block less the blocks its revocation blocks
+    /// name; the first block that is not a journal block, or whose sequence is
+    /// not the next, ends the log. Checksums are not verified here.
+    fn replay_journal(&self, inum: u32) -> Result<std::collections::BTreeMap<u64, u64>, String> {
+        let ino = self.inode(inum)?;
+        let n = ino.size / self.block;
+        if !(2..=MAX_JOURNAL_BLOCKS).contains(&n) {
+            return Err(format!("a journal of {n} blocks"));
+        }
+        // The journal's own blocks, in order (read as they are on the disk).
+        let mut blocks = Vec::with_capacity(n as usize);
+        if ino.flags & EXTENTS_FL != 0 {
+            let mut ext = self.extents(&ino)?;
+            ext.sort_unstable_by_key(|e| e.0);
+            for (logical, len, start) in ext {
+                if logical != blocks.len() as u64 {
+                    return Err("a journal with holes".into());
+                }
+                blocks.extend((0..u64::from(len)).map(|i| start + i));
+            }
+        } else {
+            let mut caches = [Cache::default(), Cache::default(), Cache::default()];
+            for l in 0..n {
+                blocks.push(self.map(&ino, l, &mut caches)?);
+            }
+        }
+        blocks.truncate(n as usize);
+        if blocks.len() as u64 != n || blocks.contains(&0) {
+            return Err("a journal with holes".into());
+        }
+        let bs = self.block as usize;
+        let mut b = vec![0u8; bs];
+        (self.read)(self.offset(blocks[0])?, &mut b)?;
+        let be = |b: &[u8], at: usize| {
+            b.get(at..at + 4)
+                .map_or(0, |s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
+        };
+        if be(&b, 0) != JBD2_MAGIC || be(&b, 4) != 4 || u64::from(be(&b, 12)) != self.block {
+            return Err("not a journal this reader replays".into());
+        }
+        if be(&b, 40) & JBD2_REQUIRED != JBD2_REQUIRED || be(&b, 40) & !JBD2_ALLOWED != 0 {
+            return Err("a journal of features this reader does not replay".into());
+        }
+        let mut sequence = be(&b, 24);
+        let start = be(&b, 28) as usize;
+        let mut map = std::collections::BTreeMap::new();
+        let mut pending: std::collections::BTreeMap<u64, u64> = Default::default();
+        let mut revoked: Vec<u64> = Vec::new();
+        let mut at = start;
+        while at < blocks.len() {
+            (self.read)(self.offset(blocks[at])?, &mut b)?;
+            at += 1;
+            if be(&b, 0) != JBD2_MAGIC || be(&b, 8) != sequence {
+                break;
+            }
+            match be(&b, 4) {
+                // Descriptor: a tag per block that follows.
+                1 => {
+                    let mut t = 12;
+                    let mut ended = false;
+                    while !ended {
+                        // A tag of 16 bytes, and the log's UUID after it
+                        // unless the tag says it is the same.
+                        let flags = if t + 16 <= bs { be(&b, t + 4) } else { 0 };
+                        let size = if flags & 2 != 0 { 16 } else { 32 };
+                        if t + size > bs {
+                            return Ok(map);
+                        }
+                        if flags & 1 != 0 {
+                            return Err("an escaped journal block".into());
+                        }
+                        let target = u64::from(be(&b, t + 8)) << 32 | u64::from(be(&b, t));
+                        ended = flags & 8 != 0;
+                        t += size;
+                        let Some(&data) = blocks.get(at) else {
+                            return Ok(map);
+                        };
+                        at += 1;
+                        pending.insert(target, data);
+                    }
+                }
+                // Revocation: the table's size, then 8-byte block numbers.
+                5 => {
+                    let table = &b[12..bs - 4];
+                    let len = be(table, 0) as usize;
+                    if !len.is_multiple_of(8) {
+                        return Ok(map);
+                    }
+                    let Some(entries) = table.get(4..4 + len) else {
+                        return Ok(map);
+                    };
+                    revoked.extend(entries.chunks(8).map(|c| {
+                        u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
+                    }));
+                    if revoked.len() > MAX_JOURNAL_BLOCKS as usize {
+                        return Err("a journal revoking too many blocks".into());
+                    }
+                }
+                // Commit.
+                2 => {
+                    for r in revoked.drain(..) {
+                        pending.remove(&r);
+                    }
+                    map.append(&mut pending);
+                    sequence = sequence.wrapping_add(1);
+                }
+                other => return Err(format!("a journal block of type {other}")),
+            }
+        }
+        Ok(map)
     }
 
     /// The byte offset of block `n` (checked: the block count is the image's word).
@@ -240,7 +413,7 @@ impl<'a> Ext2<'a> {
         if n == 0 {
             return Err("block 0 read as data".into());
         }
-        (self.read)(self.offset(n)?, dst)
+        self.read_at(self.offset(n)?, dst)
     }
 
     pub fn inode(&self, n: u32) -> Result<Inode, String> {
@@ -253,7 +426,7 @@ impl<'a> Ext2<'a> {
         );
         let mut desc = [0u8; 64];
         let dlen = self.desc_size.min(64) as usize;
-        (self.read)(self.desc_start + group * self.desc_size, &mut desc[..dlen])?;
+        self.read_at(self.desc_start + group * self.desc_size, &mut desc[..dlen])?;
         let mut table = u64::from(u32_at(&desc, 8));
         if dlen >= 64 {
             table |= u64::from(u32_at(&desc, 0x28)) << 32;
@@ -270,7 +443,7 @@ impl<'a> Ext2<'a> {
             .offset(table)?
             .checked_add(index * self.inode_size)
             .ok_or("inode past the end")?;
-        (self.read)(at, &mut raw)?;
+        self.read_at(at, &mut raw)?;
         let mut block = [0u32; 15];
         for (i, b) in block.iter_mut().enumerate() {
             *b = u32_at(&raw, 40 + 4 * i);
@@ -425,42 +598,7 @@ impl<'a> Ext2<'a> {
         dir: &Inode,
         each: &mut dyn FnMut(&[u8], u32) -> bool,
     ) -> Result<(), String> {
-        if dir.flags & INLINE_DATA_FL != 0 {
-            return Err("a directory kept inside its inode (inline_data)".into());
-        }
-        // A directory is not sparse: it cannot be larger than the filesystem, nor
-        // than ext4 lets a directory grow (4 GiB with `large_dir`).
-        if dir.size > self.blocks.saturating_mul(self.block) || dir.size > 4 << 30 {
-            return Err(format!("a directory of {} bytes", dir.size));
-        }
-        let blocks = dir.size.div_ceil(self.block);
-        let mut physical: Vec<u64> = Vec::new();
-        if dir.flags & EXTENTS_FL != 0 {
-            for (logical, len, start) in self.extents(dir)? {
-                for i in 0..u64::from(len).min(blocks.saturating_sub(logical)) {
-                    physical.push(start + i);
-                }
-                if physical.len() as u64 > blocks {
-                    return Err("a directory's extents overlap".into());
-                }
-            }
-        } else {
-            let mut caches = [Cache::default(), Cache::default(), Cache::default()];
-            for l in 0..blocks {
-                physical.push(self.map(dir, l, &mut caches)?);
-            }
-        }
-        // A directory's blocks are its own: one named twice is a crafted
-        // directory listing the same entries again and again.
-        let mut sorted: Vec<u64> = physical.iter().copied().filter(|&p| p != 0).collect();
-        sorted.sort_unstable();
-        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            return Err(format!(
-                "a damaged directory: block {} is in it twice",
-                w[0]
-            ));
-        }
-        drop(sorted);
+        let physical = self.dir_blocks(dir)?;
         let mut data = vec![0u8; self.block as usize];
         for phys in physical {
             if phys == 0 {
@@ -490,7 +628,12 @@ impl<'a> Ext2<'a> {
 
     /// The extents of an extent-mapped inode: (first logical block, length,
     /// first physical block), uninitialised ones left out (they read as zeros).
-    fn extents(&self, ino: &Inode) -> Result<Vec<(u64, u32, u64)>, String> {
+    fn extents(&self, ino: &Inode) -> Result<Vec<Extent>, String> {
+        self.extents_walked(ino).map(|(out, _)| out)
+    }
+
+    /// [`Self::extents`], with what the walk met.
+    fn extents_walked(&self, ino: &Inode) -> Result<(Vec<Extent>, ExtentWalk), String> {
         let mut root = [0u8; 60];
         for (i, b) in ino.block.iter().enumerate() {
             root[4 * i..4 * i + 4].copy_from_slice(&b.to_le_bytes());
@@ -498,7 +641,7 @@ impl<'a> Ext2<'a> {
         let mut out = Vec::new();
         let mut walk = ExtentWalk::default();
         self.extent_node(&root, None, &mut out, &mut walk)?;
-        Ok(out)
+        Ok((out, walk))
     }
 
     /// An error when the extent tree of `ino` names a block twice or is larger
@@ -507,11 +650,18 @@ impl<'a> Ext2<'a> {
     /// one would never end), so it is not given one. Other damage is left for
     /// `ext4-view` to find and name.
     pub fn crafted_tree(&self, ino: &Inode) -> Result<(), String> {
-        if ino.flags & EXTENTS_FL == 0 || ino.flags & INLINE_DATA_FL != 0 {
+        if ino.flags & INLINE_DATA_FL != 0 {
             return Ok(());
         }
-        match self.extents(ino) {
-            Err(e) if e.starts_with(CRAFTED) => Err(e),
+        let checked = if ino.is_dir() {
+            self.dir_blocks(ino).map(|_| ())
+        } else if ino.flags & EXTENTS_FL != 0 {
+            self.extents(ino).map(|_| ())
+        } else {
+            Ok(())
+        };
+        match checked {
+            Err(e) if is_crafted(&e) => Err(e),
             _ => Ok(()),
         }
     }
@@ -532,11 +682,54 @@ impl<'a> Ext2<'a> {
                     Ok(i) => ino = i,
                     Err(_) => return Ok(()),
                 },
-                Err(e) if e.starts_with(CRAFTED) => return Err(e),
+                Err(e) if is_crafted(&e) => return Err(e),
                 _ => return Ok(()),
             }
         }
         self.crafted_tree(&ino)
+    }
+
+    /// The blocks of a directory (0: a hole), checked as a crafted one would
+    /// fail: larger than ext4 lets a directory grow, an uninitialised extent
+    /// (`ext4-view` reads its old bytes as entries, this reader zeros), a block
+    /// named twice (the same entries listed again and again: pentest, a
+    /// directory of 2³¹ blocks mapped onto one had `ext4-view` read them all).
+    fn dir_blocks(&self, dir: &Inode) -> Result<Vec<u64>, String> {
+        if dir.flags & INLINE_DATA_FL != 0 {
+            return Err("a directory kept inside its inode (inline_data)".into());
+        }
+        // A directory is not sparse: it cannot be larger than the filesystem, nor
+        // than ext4 lets a directory grow (4 GiB with `large_dir`).
+        if dir.size > self.blocks.saturating_mul(self.block) || dir.size > 4 << 30 {
+            return Err(format!("{CRAFTED_DIR}: {} bytes", dir.size));
+        }
+        let blocks = dir.size.div_ceil(self.block);
+        let mut physical: Vec<u64> = Vec::new();
+        if dir.flags & EXTENTS_FL != 0 {
+            let (extents, walk) = self.extents_walked(dir)?;
+            if walk.uninitialised > 0 {
+                return Err(format!("{CRAFTED_DIR}: an uninitialised extent"));
+            }
+            for (logical, len, start) in extents {
+                for i in 0..u64::from(len).min(blocks.saturating_sub(logical)) {
+                    physical.push(start + i);
+                }
+                if physical.len() as u64 > blocks {
+                    return Err(format!("{CRAFTED_DIR}: its extents overlap"));
+                }
+            }
+        } else {
+            let mut caches = [Cache::default(), Cache::default(), Cache::default()];
+            for l in 0..blocks {
+                physical.push(self.map(dir, l, &mut caches)?);
+            }
+        }
+        let mut sorted: Vec<u64> = physical.iter().copied().filter(|&p| p != 0).collect();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("{CRAFTED_DIR}: block {} is in it twice", w[0]));
+        }
+        Ok(physical)
     }
 
     /// Whether this reader reads the content of `ino` itself ([`Self::copy`]): a
@@ -558,7 +751,7 @@ impl<'a> Ext2<'a> {
         &self,
         node: &[u8],
         depth: Option<u16>,
-        out: &mut Vec<(u64, u32, u64)>,
+        out: &mut Vec<Extent>,
         walk: &mut ExtentWalk,
     ) -> Result<(), String> {
         if node.len() < 12 || u16_at(node, 0) != EXTENT_MAGIC {
@@ -580,7 +773,15 @@ impl<'a> Ext2<'a> {
                 let len = u16_at(node, at + 4);
                 let start = u64::from(u32_at(node, at + 8)) | u64::from(u16_at(node, at + 6)) << 32;
                 if len > 32768 {
+                    walk.uninitialised += 1;
                     continue; // uninitialised: zeros
+                }
+                // What the kernel takes for corruption: no blocks, or block 0
+                // (the boot block and superblock) as data.
+                if len == 0 || start == 0 {
+                    return Err(format!(
+                        "damaged extent tree: an extent of {len} blocks at block {start}"
+                    ));
                 }
                 if start.saturating_add(u64::from(len)) > self.blocks {
                     return Err(format!("extent at block {start} is outside the filesystem"));
@@ -643,7 +844,7 @@ impl<'a> Ext2<'a> {
             buf.resize((run * self.block) as usize, 0);
             if first != 0 {
                 let at = self.offset(first).map_err(CopyError::Fs)?;
-                (self.read)(at, &mut buf).map_err(CopyError::Fs)?;
+                self.read_at(at, &mut buf).map_err(CopyError::Fs)?;
             }
             let take = (ino.size - written).min(buf.len() as u64) as usize;
             out.write_all(&buf[..take]).map_err(CopyError::Out)?;
@@ -702,7 +903,8 @@ impl Ext2<'_> {
                 }
                 let k = left.min(PIECE);
                 let whole = k.div_ceil(self.block) * self.block;
-                (self.read)(at, &mut buf[..whole as usize]).map_err(CopyError::Fs)?;
+                self.read_at(at, &mut buf[..whole as usize])
+                    .map_err(CopyError::Fs)?;
                 out.write_all(&buf[..k as usize]).map_err(CopyError::Out)?;
                 at += whole;
                 left -= k;
@@ -714,6 +916,10 @@ impl Ext2<'_> {
     }
 }
 
+/// An initialised extent: its first logical block, its length and its first
+/// block in the filesystem.
+type Extent = (u64, u32, u64);
+
 /// What a walk of one extent tree has met.
 #[derive(Default)]
 struct ExtentWalk {
@@ -721,6 +927,8 @@ struct ExtentWalk {
     nodes: std::collections::HashSet<u64>,
     /// Leaf entries, initialised or not.
     extents: usize,
+    /// Uninitialised leaf entries.
+    uninitialised: usize,
 }
 
 /// Why [`Ext2::copy`] stopped.

@@ -577,7 +577,7 @@ impl ImageFs {
                 return Ok(());
             }
         };
-        let inos: std::collections::HashMap<Vec<u8>, u32> = match (walk.ext2, ino) {
+        let mut inos: std::collections::HashMap<Vec<u8>, u32> = match (walk.ext2, ino) {
             (Some(fs), Some(n)) if walk.recursive => fs
                 .inode(n)
                 .and_then(|d| fs.entries(&d))
@@ -585,6 +585,16 @@ impl ImageFs {
                 .unwrap_or_default(),
             _ => Default::default(),
         };
+        // A name held twice: which inode `ext4-view` reads below it is not
+        // known (review: its index may name the other entry), so what is below
+        // it is not listed.
+        let repeated: std::collections::HashSet<Vec<u8>> = (children.iter())
+            .filter(|c| c.repeated)
+            .map(|c| c.raw.clone())
+            .collect();
+        for name in &repeated {
+            inos.remove(name);
+        }
         for c in children {
             self.check_cancelled()?;
             let meta = match c.meta.and_then(|m| Ok((self.entry(&c.path, &m)?, m))) {
@@ -597,7 +607,13 @@ impl ImageFs {
                     continue;
                 }
             };
-            if walk.recursive && meta.is_dir() {
+            if walk.recursive && meta.is_dir() && repeated.contains(&c.raw) {
+                (walk.failed)(Error::Invalid(format!(
+                    "{}: corrupt filesystem: the directory holds this name more than once; \
+                     what is below it is not listed",
+                    c.path
+                )));
+            } else if walk.recursive && meta.is_dir() {
                 let child = inos.get(&c.raw).copied();
                 match walk.guard.enter(&c.path, child) {
                     Ok(()) => self.list_below(&c.path, child, walk, f)?,
@@ -829,7 +845,11 @@ impl ImageFs {
         let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
         let (ext2, why_not) = match super::blockmap::Ext2::open(&read) {
             Ok(Some(fs)) => (Some(fs), String::new()),
-            Ok(None) => (None, "the filesystem's journal needs recovery".to_string()),
+            Ok(None) => (
+                None,
+                "the filesystem's journal needs recovery, in a form cairn's reader cannot replay"
+                    .to_string(),
+            ),
             // `ext4-view` reads it: the files still come back, without these.
             Err(e) => (None, e),
         };
@@ -1110,14 +1130,29 @@ impl ImageFs {
             // known to be the one `ext4-view` reads, so its inode (hard links,
             // attributes, content) is not taken from here (pentest: the content
             // of another file was restored under the name).
-            for c in children.iter().filter(|c| c.repeated) {
-                inos.remove(&c.raw);
+            // Nor is it restored from its first entry: `ext4-view` may read the
+            // content of another (review: in a directory with an index, its
+            // lookup by name finds whichever entry the index names).
+            let repeated: std::collections::HashSet<Vec<u8>> = (children.iter())
+                .filter(|c| c.repeated)
+                .map(|c| c.raw.clone())
+                .collect();
+            for name in &repeated {
+                inos.remove(name);
             }
             // An entry that cannot be restored is reported, and the directory's
             // other entries are restored (as a restore of a file snapshot does).
             for c in children {
                 self.check_cancelled()?;
-                let done = c.meta.and_then(|m| {
+                let meta = match c.meta {
+                    Ok(_) if repeated.contains(&c.raw) => Err(Error::Invalid(format!(
+                        "{}: corrupt filesystem: the directory holds this name more than \
+                         once; which entry is meant cannot be told, so none is restored",
+                        c.path
+                    ))),
+                    m => m,
+                };
+                let done = meta.and_then(|m| {
                     self.restore_one(
                         &c.path,
                         &sub,

@@ -2947,9 +2947,9 @@ mod tests {
                 &Progress::none(),
             );
             assert!(matches!(r, Err(Error::Damaged { .. })), "{name:?}: {r:?}");
+            // The root tree is refused before the target is made: nothing at all.
             let outside: Vec<_> = std::fs::read_dir(outer.path()).unwrap().collect();
-            assert_eq!(outside.len(), 1, "only the target may exist for {name:?}");
-            assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+            assert!(outside.is_empty(), "nothing may exist for {name:?}");
         }
     }
 

@@ -140,6 +140,8 @@ pub(super) struct Ext2<'a> {
     /// Filesystem blocks the journal holds newer copies of (filesystem block to
     /// the journal's block), read in their place, as `ext4-view` replays them.
     journal: std::collections::BTreeMap<u64, u64>,
+    /// The journal's log goes on past its last block, at its first.
+    journal_wraps: bool,
 }
 
 /// What this reader needs of an inode.
@@ -241,6 +243,7 @@ impl<'a> Ext2<'a> {
             // were looked for in the superblock).
             desc_start: (1024 / block + 1) * block,
             journal: Default::default(),
+            journal_wraps: false,
         };
         // The journal, replayed as `ext4-view` replays it (which reads every
         // block through it): this reader then reads what that one lists. One
@@ -248,7 +251,10 @@ impl<'a> Ext2<'a> {
         // such cases).
         if u32_at(&sb, 92) & COMPAT_HAS_JOURNAL != 0 && u32_at(&sb, 0xE0) != 0 {
             match fs.replay_journal(u32_at(&sb, 0xE0)) {
-                Ok(map) => fs.journal = map,
+                Ok((map, wraps)) => {
+                    fs.journal = map;
+                    fs.journal_wraps = wraps;
+                }
                 Err(_) if incompat & INCOMPAT_RECOVER == 0 => {}
                 Err(_) => return Ok(None),
             }
@@ -293,7 +299,9 @@ impl<'a> Ext2<'a> {
     /// reads) taken at its commit block less the blocks its revocation blocks
     /// name; the first block that is not a journal block, or whose sequence is
     /// not the next, ends the log. Checksums are not verified here.
-    fn replay_journal(&self, inum: u32) -> Result<std::collections::BTreeMap<u64, u64>, String> {
+    /// Whether the log wraps is said too: a block at the journal's first
+    /// (after its superblock) that is the log's next.
+    fn replay_journal(&self, inum: u32) -> Result<(JournalMap, bool), String> {
         let ino = self.inode(inum)?;
         let n = ino.size / self.block;
         if !(2..=MAX_JOURNAL_BLOCKS).contains(&n) {
@@ -335,6 +343,7 @@ impl<'a> Ext2<'a> {
         }
         let mut sequence = be(&b, 24);
         let start = be(&b, 28) as usize;
+        let first = (be(&b, 20) as usize).max(1);
         let mut map = std::collections::BTreeMap::new();
         let mut pending: std::collections::BTreeMap<u64, u64> = Default::default();
         let mut revoked: Vec<u64> = Vec::new();
@@ -356,7 +365,7 @@ impl<'a> Ext2<'a> {
                         let flags = if t + 16 <= bs { be(&b, t + 4) } else { 0 };
                         let size = if flags & 2 != 0 { 16 } else { 32 };
                         if t + size > bs {
-                            return Ok(map);
+                            return Ok((map, false));
                         }
                         if flags & 1 != 0 {
                             return Err("an escaped journal block".into());
@@ -364,8 +373,9 @@ impl<'a> Ext2<'a> {
                         let target = u64::from(be(&b, t + 8)) << 32 | u64::from(be(&b, t));
                         ended = flags & 8 != 0;
                         t += size;
+                        // Its data goes on at the journal's start: the log wraps.
                         let Some(&data) = blocks.get(at) else {
-                            return Ok(map);
+                            return Ok((map, true));
                         };
                         at += 1;
                         pending.insert(target, data);
@@ -376,10 +386,10 @@ impl<'a> Ext2<'a> {
                     let table = &b[12..bs - 4];
                     let len = be(table, 0) as usize;
                     if !len.is_multiple_of(8) {
-                        return Ok(map);
+                        return Ok((map, false));
                     }
                     let Some(entries) = table.get(4..4 + len) else {
-                        return Ok(map);
+                        return Ok((map, false));
                     };
                     revoked.extend(entries.chunks(8).map(|c| {
                         u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
@@ -399,7 +409,17 @@ impl<'a> Ext2<'a> {
                 other => return Err(format!("a journal block of type {other}")),
             }
         }
-        Ok(map)
+        // Out of journal blocks in the middle of the log: does it go on at the
+        // start? (`ext4-view` stops here.)
+        let wraps = at >= blocks.len()
+            && blocks.get(first).is_some_and(|&blk| {
+                self.offset(blk)
+                    .and_then(|o| (self.read)(o, &mut b))
+                    .is_ok()
+                    && be(&b, 0) == JBD2_MAGIC
+                    && be(&b, 8) == sequence
+            });
+        Ok((map, wraps))
     }
 
     /// The byte offset of block `n` (checked: the block count is the image's word).
@@ -689,6 +709,11 @@ impl<'a> Ext2<'a> {
         self.crafted_tree(&ino)
     }
 
+    /// Whether the journal's log goes on past its end (see [`Self::replay_journal`]).
+    pub fn journal_wraps(&self) -> bool {
+        self.journal_wraps
+    }
+
     /// The blocks of a directory (0: a hole), checked as a crafted one would
     /// fail: larger than ext4 lets a directory grow, an uninitialised extent
     /// (`ext4-view` reads its old bytes as entries, this reader zeros), a block
@@ -915,6 +940,9 @@ impl Ext2<'_> {
         Ok(size)
     }
 }
+
+/// Filesystem blocks to the journal blocks holding their newer copies.
+type JournalMap = std::collections::BTreeMap<u64, u64>;
 
 /// An initialised extent: its first logical block, its length and its first
 /// block in the filesystem.

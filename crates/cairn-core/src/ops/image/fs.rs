@@ -312,6 +312,23 @@ impl ImageFs {
         Ok(())
     }
 
+    /// A warning when the filesystem's journal holds transactions past its
+    /// end, where the log wraps to its start: neither reader follows it there
+    /// (`ext4-view` 1.0 does not), so the last changes before the image was
+    /// taken may be missing from what is read.
+    pub fn journal_warning(&self) -> Option<String> {
+        let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
+        let fs = super::blockmap::Ext2::open(&read).ok().flatten()?;
+        fs.journal_wraps().then(|| {
+            "the filesystem's journal (the image was taken while it was mounted) goes on \
+             past its end, where --image-fs does not follow it: the last changes before the \
+             image was taken may be missing from what was read; restore the image \
+             (`restore --image`) and mount it, or loop-mount it through `cairn mount`, \
+             for those"
+                .to_string()
+        })
+    }
+
     /// An error when a directory on the way to `path` (or `path`) has an extent
     /// tree `ext4-view` must not be given ([`super::blockmap::Ext2::crafted_tree`]);
     /// nothing is said where this crate's reader cannot read the filesystem.

@@ -140,8 +140,9 @@ pub(super) struct Ext2<'a> {
     /// Filesystem blocks the journal holds newer copies of (filesystem block to
     /// the journal's block), read in their place, as `ext4-view` replays them.
     journal: std::collections::BTreeMap<u64, u64>,
-    /// The journal's log goes on past its last block, at its first.
-    journal_wraps: bool,
+    /// The kernel replays the journal otherwise than `ext4-view` (and this
+    /// reader) do.
+    journal_differs: bool,
 }
 
 /// What this reader needs of an inode.
@@ -243,7 +244,7 @@ impl<'a> Ext2<'a> {
             // were looked for in the superblock).
             desc_start: (1024 / block + 1) * block,
             journal: Default::default(),
-            journal_wraps: false,
+            journal_differs: false,
         };
         // The journal, replayed as `ext4-view` replays it (which reads every
         // block through it): this reader then reads what that one lists. One
@@ -251,9 +252,9 @@ impl<'a> Ext2<'a> {
         // such cases).
         if u32_at(&sb, 92) & COMPAT_HAS_JOURNAL != 0 && u32_at(&sb, 0xE0) != 0 {
             match fs.replay_journal(u32_at(&sb, 0xE0)) {
-                Ok((map, wraps)) => {
+                Ok((map, differs)) => {
                     fs.journal = map;
-                    fs.journal_wraps = wraps;
+                    fs.journal_differs = differs;
                 }
                 Err(_) if incompat & INCOMPAT_RECOVER == 0 => {}
                 Err(_) => return Ok(None),
@@ -299,8 +300,11 @@ impl<'a> Ext2<'a> {
     /// reads) taken at its commit block less the blocks its revocation blocks
     /// name; the first block that is not a journal block, or whose sequence is
     /// not the next, ends the log. Checksums are not verified here.
-    /// Whether the log wraps is said too: a block at the journal's first
-    /// (after its superblock) that is the log's next.
+    /// Whether that differs from what the kernel replays is said too
+    /// ([`Self::kernel_replay`]): a log that wraps past the journal's end,
+    /// revocations of blocks logged in earlier transactions, full revocation
+    /// blocks (QA r25: a file's data came back as an old directory block, and
+    /// deleted files came back).
     fn replay_journal(&self, inum: u32) -> Result<(JournalMap, bool), String> {
         let ino = self.inode(inum)?;
         let n = ino.size / self.block;
@@ -341,9 +345,28 @@ impl<'a> Ext2<'a> {
         if be(&b, 40) & JBD2_REQUIRED != JBD2_REQUIRED || be(&b, 40) & !JBD2_ALLOWED != 0 {
             return Err("a journal of features this reader does not replay".into());
         }
-        let mut sequence = be(&b, 24);
+        let sequence = be(&b, 24);
         let start = be(&b, 28) as usize;
         let first = (be(&b, 20) as usize).max(1);
+        let view = self.view_replay(&blocks, sequence, start)?;
+        let kernel = self.kernel_replay(&blocks, sequence, start, first);
+        let differs = kernel.map_or(true, |k| k != view);
+        Ok((view, differs))
+    }
+
+    /// [`Self::replay_journal`] as `ext4-view` 1.0 does it.
+    fn view_replay(
+        &self,
+        blocks: &[u64],
+        mut sequence: u32,
+        start: usize,
+    ) -> Result<JournalMap, String> {
+        let bs = self.block as usize;
+        let mut b = vec![0u8; bs];
+        let be = |b: &[u8], at: usize| {
+            b.get(at..at + 4)
+                .map_or(0, |s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
+        };
         let mut map = std::collections::BTreeMap::new();
         let mut pending: std::collections::BTreeMap<u64, u64> = Default::default();
         let mut revoked: Vec<u64> = Vec::new();
@@ -365,7 +388,7 @@ impl<'a> Ext2<'a> {
                         let flags = if t + 16 <= bs { be(&b, t + 4) } else { 0 };
                         let size = if flags & 2 != 0 { 16 } else { 32 };
                         if t + size > bs {
-                            return Ok((map, false));
+                            return Ok(map);
                         }
                         if flags & 1 != 0 {
                             return Err("an escaped journal block".into());
@@ -375,7 +398,7 @@ impl<'a> Ext2<'a> {
                         t += size;
                         // Its data goes on at the journal's start: the log wraps.
                         let Some(&data) = blocks.get(at) else {
-                            return Ok((map, true));
+                            return Ok(map);
                         };
                         at += 1;
                         pending.insert(target, data);
@@ -386,10 +409,10 @@ impl<'a> Ext2<'a> {
                     let table = &b[12..bs - 4];
                     let len = be(table, 0) as usize;
                     if !len.is_multiple_of(8) {
-                        return Ok((map, false));
+                        return Ok(map);
                     }
                     let Some(entries) = table.get(4..4 + len) else {
-                        return Ok((map, false));
+                        return Ok(map);
                     };
                     revoked.extend(entries.chunks(8).map(|c| {
                         u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
@@ -409,17 +432,113 @@ impl<'a> Ext2<'a> {
                 other => return Err(format!("a journal block of type {other}")),
             }
         }
-        // Out of journal blocks in the middle of the log: does it go on at the
-        // start? (`ext4-view` stops here.)
-        let wraps = at >= blocks.len()
-            && blocks.get(first).is_some_and(|&blk| {
-                self.offset(blk)
-                    .and_then(|o| (self.read)(o, &mut b))
-                    .is_ok()
-                    && be(&b, 0) == JBD2_MAGIC
-                    && be(&b, 8) == sequence
-            });
-        Ok((map, wraps))
+        Ok(map)
+    }
+
+    /// The journal's map of replaced blocks as the kernel (jbd2) replays it:
+    /// the log read from its start, wrapping from the journal's last block to
+    /// its first, while each block is a journal block of the next sequence;
+    /// the transactions that reached their commit block are replayed in order,
+    /// each logged block unless a revocation in its transaction or a later one
+    /// names it. Checksums are not verified (nor escaped blocks, which
+    /// `ext4-view` refuses).
+    fn kernel_replay(
+        &self,
+        blocks: &[u64],
+        mut sequence: u32,
+        start: usize,
+        first: usize,
+    ) -> Result<JournalMap, String> {
+        let bs = self.block as usize;
+        let mut b = vec![0u8; bs];
+        let be = |b: &[u8], at: usize| {
+            b.get(at..at + 4)
+                .map_or(0, |s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
+        };
+        if start == 0 {
+            return Ok(JournalMap::new());
+        }
+        let next = |at: usize| {
+            if at + 1 >= blocks.len() {
+                first
+            } else {
+                at + 1
+            }
+        };
+        // Logged blocks (target, journal block, transaction), revocations
+        // (target to the latest transaction naming it), as the log goes.
+        let mut logged: Vec<(u64, u64, u32)> = Vec::new();
+        let mut revoked: std::collections::HashMap<u64, u32> = Default::default();
+        let mut committed: Option<u32> = None;
+        let (mut at, mut steps) = (start, 0usize);
+        'log: while steps < blocks.len() {
+            let Some(&blk) = blocks.get(at) else { break };
+            (self.read)(self.offset(blk)?, &mut b)?;
+            if be(&b, 0) != JBD2_MAGIC || be(&b, 8) != sequence {
+                break;
+            }
+            at = next(at);
+            steps += 1;
+            match be(&b, 4) {
+                1 => {
+                    let mut t = 12;
+                    loop {
+                        let flags = if t + 16 <= bs - 4 {
+                            be(&b, t + 4)
+                        } else {
+                            break;
+                        };
+                        let size = if flags & 2 != 0 { 16 } else { 32 };
+                        if t + size > bs - 4 {
+                            break;
+                        }
+                        let target = u64::from(be(&b, t + 8)) << 32 | u64::from(be(&b, t));
+                        let Some(&data) = blocks.get(at) else {
+                            break 'log;
+                        };
+                        logged.push((target, data, sequence));
+                        at = next(at);
+                        steps += 1;
+                        t += size;
+                        if flags & 8 != 0 {
+                            break;
+                        }
+                    }
+                }
+                5 => {
+                    // The count includes the 16 bytes before the entries.
+                    let count = (be(&b, 12) as usize).min(bs - 4);
+                    for c in b.get(16..count).unwrap_or(&[]).chunks_exact(8) {
+                        let target =
+                            u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+                        let r = revoked.entry(target).or_insert(sequence);
+                        *r = (*r).max(sequence);
+                    }
+                }
+                2 => {
+                    committed = Some(sequence);
+                    sequence = sequence.wrapping_add(1);
+                }
+                _ => break,
+            }
+        }
+        let mut map = JournalMap::new();
+        let Some(last) = committed else {
+            return Ok(map);
+        };
+        for (target, data, seq) in logged {
+            // Transactions after the last commit are not replayed; sequences
+            // are compared as the kernel does, modulo 2³².
+            let after = |a: u32, b: u32| (a.wrapping_sub(b) as i32) > 0;
+            if after(seq, last) {
+                continue;
+            }
+            if revoked.get(&target).is_some_and(|&r| !after(seq, r)) {
+                continue;
+            }
+            map.insert(target, data);
+        }
+        Ok(map)
     }
 
     /// The byte offset of block `n` (checked: the block count is the image's word).
@@ -709,9 +828,10 @@ impl<'a> Ext2<'a> {
         self.crafted_tree(&ino)
     }
 
-    /// Whether the journal's log goes on past its end (see [`Self::replay_journal`]).
-    pub fn journal_wraps(&self) -> bool {
-        self.journal_wraps
+    /// Whether the kernel would replay the journal otherwise than it is read
+    /// here (see [`Self::replay_journal`]).
+    pub fn journal_differs(&self) -> bool {
+        self.journal_differs
     }
 
     /// The blocks of a directory (0: a hole), checked as a crafted one would

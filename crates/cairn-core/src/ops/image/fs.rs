@@ -312,19 +312,20 @@ impl ImageFs {
         Ok(())
     }
 
-    /// A warning when the filesystem's journal holds transactions past its
-    /// end, where the log wraps to its start: neither reader follows it there
-    /// (`ext4-view` 1.0 does not), so the last changes before the image was
-    /// taken may be missing from what is read.
+    /// A warning when the filesystem's journal (the image was taken while it
+    /// was mounted) would be replayed by the kernel otherwise than both
+    /// readers replay it (`ext4-view` 1.0's way: no log that wraps past the
+    /// journal's end, revocations only within their transaction, a full
+    /// revocation block ends the log): what changed last before the image was
+    /// taken may be out of date, missing, or read where old metadata lies.
     pub fn journal_warning(&self) -> Option<String> {
         let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
         let fs = super::blockmap::Ext2::open(&read).ok().flatten()?;
-        fs.journal_wraps().then(|| {
-            "the filesystem's journal (the image was taken while it was mounted) goes on \
-             past its end, where --image-fs does not follow it: the last changes before the \
-             image was taken may be missing from what was read; restore the image \
-             (`restore --image`) and mount it, or loop-mount it through `cairn mount`, \
-             for those"
+        fs.journal_differs().then(|| {
+            "the filesystem's journal (the image was taken while it was mounted) is not \
+             replayed here as the kernel replays it: what changed last before the image was \
+             taken may be out of date, missing, or hold old bytes; restore the image \
+             (`restore --image`) and mount it, which replays the journal whole, for those"
                 .to_string()
         })
     }

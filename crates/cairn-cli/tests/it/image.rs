@@ -2645,6 +2645,38 @@ fn image_fs_refuses_crafted_directories_whose_blocks_repeat() {
     assert_eq!(fs::read(out.join("root/kept")).unwrap(), b"kept");
 }
 
+/// An ext4 image (`mke2fs` with `mkfs` options, of `size`) mounted with
+/// `options`, changed by `work`, synced and copied while still mounted (as a
+/// snapshot of a live system has it, its journal still to replay), then
+/// unmounted: the image (clean now) and the copy.
+fn copied_while_mounted(
+    env: &Env,
+    mkfs: &[&str],
+    size: &str,
+    options: &str,
+    work: impl FnOnce(&Path),
+) -> (PathBuf, PathBuf) {
+    let img = env.path("fs.img");
+    sh(Command::new("mke2fs")
+        .args(["-q", "-t", "ext4"])
+        .args(mkfs)
+        .arg(&img)
+        .arg(size));
+    let mnt = env.path("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    sh(Command::new("mount")
+        .arg("-o")
+        .arg(options)
+        .arg(&img)
+        .arg(&mnt));
+    work(&mnt);
+    sh(&mut Command::new("sync"));
+    let live = env.path("live.img");
+    fs::copy(&img, &live).unwrap();
+    sh(Command::new("umount").arg(&mnt));
+    (img, live)
+}
+
 /// An image taken while mounted whose journal revokes, in a later
 /// transaction, blocks logged in an earlier one (a directory deleted, its
 /// blocks then reused for a file's data): `ext4-view` 1.0 replays the old
@@ -2655,35 +2687,24 @@ fn image_fs_refuses_crafted_directories_whose_blocks_repeat() {
 fn image_fs_says_when_the_kernel_would_replay_the_journal_otherwise() {
     let env = Env::new();
     env.init(&[]);
-    let img = env.path("fs.img");
-    sh(Command::new("mke2fs")
-        .args(["-q", "-t", "ext4", "-b", "1024", "-J", "size=1"])
-        .arg(&img)
-        .arg("16M"));
-    let mnt = env.path("mnt");
-    fs::create_dir_all(&mnt).unwrap();
-    sh(Command::new("mount")
-        .arg("-o")
-        .arg("loop,commit=60")
-        .arg(&img)
-        .arg(&mnt));
-    fs::create_dir(mnt.join("d")).unwrap();
-    for i in 0..400 {
-        fs::write(
-            mnt.join(format!("d/long-file-name-to-fill-directory-blocks-{i}")),
-            b"",
-        )
-        .unwrap();
-    }
-    sh(&mut Command::new("sync"));
-    fs::remove_dir_all(mnt.join("d")).unwrap();
-    sh(&mut Command::new("sync"));
-    // Whatever fits (data is written in place, not through the journal).
-    let _ = fs::write(mnt.join("fill"), vec![0xab; 12 << 20]);
-    sh(&mut Command::new("sync"));
-    let live = env.path("live.img");
-    fs::copy(&img, &live).unwrap();
-    sh(Command::new("umount").arg(&mnt));
+    let (img, live) = copied_while_mounted(
+        &env,
+        &["-b", "1024", "-J", "size=1"],
+        "16M",
+        "loop,commit=60",
+        |mnt| {
+            fs::create_dir(mnt.join("d")).unwrap();
+            for i in 0..400 {
+                let name = format!("d/long-file-name-to-fill-directory-blocks-{i}");
+                fs::write(mnt.join(name), b"").unwrap();
+            }
+            sh(&mut Command::new("sync"));
+            fs::remove_dir_all(mnt.join("d")).unwrap();
+            sh(&mut Command::new("sync"));
+            // Whatever fits (data is written in place, not through the journal).
+            let _ = fs::write(mnt.join("fill"), vec![0xab; 12 << 20]);
+        },
+    );
     let snap = image_snapshot(&env, &live);
     let o = env
         .cmd(&["dump", &snap, "--image-fs", "/fill"])
@@ -2713,32 +2734,17 @@ fn image_fs_says_when_the_kernel_would_replay_the_journal_otherwise() {
 fn image_fs_replays_the_journal_for_preallocated_files() {
     let env = Env::new();
     env.init(&[]);
-    let img = env.path("live.img");
-    sh(Command::new("mke2fs")
-        .args(["-q", "-t", "ext4", "-b", "4096"])
-        .arg(&img)
-        .arg("64M"));
-    let mnt = env.path("mnt");
-    fs::create_dir_all(&mnt).unwrap();
-    sh(Command::new("mount")
-        .arg("-o")
-        .arg("loop")
-        .arg(&img)
-        .arg(&mnt));
-    let junk = Rng(43).bytes(4 << 20, false);
-    fs::write(mnt.join("junk"), &junk).unwrap();
-    sh(&mut Command::new("sync"));
-    fs::remove_file(mnt.join("junk")).unwrap();
-    sh(&mut Command::new("sync"));
-    sh(Command::new("fallocate")
-        .args(["-l", "4M"])
-        .arg(mnt.join("pre")));
-    fs::write(mnt.join("small"), b"written while mounted\n").unwrap();
-    sh(&mut Command::new("sync"));
-    // The image as a snapshot of the live filesystem would have it.
-    let live = env.path("snap.img");
-    fs::copy(&img, &live).unwrap();
-    sh(Command::new("umount").arg(&mnt));
+    let (_, live) = copied_while_mounted(&env, &["-b", "4096"], "64M", "loop", |mnt| {
+        let junk = Rng(43).bytes(4 << 20, false);
+        fs::write(mnt.join("junk"), &junk).unwrap();
+        sh(&mut Command::new("sync"));
+        fs::remove_file(mnt.join("junk")).unwrap();
+        sh(&mut Command::new("sync"));
+        sh(Command::new("fallocate")
+            .args(["-l", "4M"])
+            .arg(mnt.join("pre")));
+        fs::write(mnt.join("small"), b"written while mounted\n").unwrap();
+    });
     let sb = fs::read(&live).unwrap();
     let incompat = u32::from_le_bytes(sb[1024 + 96..1024 + 100].try_into().unwrap());
     assert!(incompat & 4 != 0, "the copy's journal needs no recovery");

@@ -188,6 +188,12 @@ fn u16_at(b: &[u8], at: usize) -> u16 {
         .map_or(0, |s| u16::from_le_bytes([s[0], s[1]]))
 }
 
+/// A big-endian u32 (the journal's byte order), 0 past the end.
+fn be(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .map_or(0, |s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
+}
+
 fn u32_at(b: &[u8], at: usize) -> u32 {
     b.get(at..at + 4)
         .map_or(0, |s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
@@ -335,10 +341,6 @@ impl<'a> Ext2<'a> {
         let bs = self.block as usize;
         let mut b = vec![0u8; bs];
         (self.read)(self.offset(blocks[0])?, &mut b)?;
-        let be = |b: &[u8], at: usize| {
-            b.get(at..at + 4)
-                .map_or(0, |s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
-        };
         if be(&b, 0) != JBD2_MAGIC || be(&b, 4) != 4 || u64::from(be(&b, 12)) != self.block {
             return Err("not a journal this reader replays".into());
         }
@@ -363,10 +365,6 @@ impl<'a> Ext2<'a> {
     ) -> Result<JournalMap, String> {
         let bs = self.block as usize;
         let mut b = vec![0u8; bs];
-        let be = |b: &[u8], at: usize| {
-            b.get(at..at + 4)
-                .map_or(0, |s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
-        };
         let mut map = std::collections::BTreeMap::new();
         let mut pending: std::collections::BTreeMap<u64, u64> = Default::default();
         let mut revoked: Vec<u64> = Vec::new();
@@ -451,10 +449,6 @@ impl<'a> Ext2<'a> {
     ) -> Result<JournalMap, String> {
         let bs = self.block as usize;
         let mut b = vec![0u8; bs];
-        let be = |b: &[u8], at: usize| {
-            b.get(at..at + 4)
-                .map_or(0, |s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
-        };
         if start == 0 {
             return Ok(JournalMap::new());
         }

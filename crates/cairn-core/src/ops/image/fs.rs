@@ -606,13 +606,7 @@ impl ImageFs {
         // A name held twice: which inode `ext4-view` reads below it is not
         // known (review: its index may name the other entry), so what is below
         // it is not listed.
-        let repeated: std::collections::HashSet<Vec<u8>> = (children.iter())
-            .filter(|c| c.repeated)
-            .map(|c| c.raw.clone())
-            .collect();
-        for name in &repeated {
-            inos.remove(name);
-        }
+        let repeated = repeated_names(&children, &mut inos);
         for c in children {
             self.check_cancelled()?;
             let meta = match c.meta.and_then(|m| Ok((self.entry(&c.path, &m)?, m))) {
@@ -1151,13 +1145,7 @@ impl ImageFs {
             // Nor is it restored from its first entry: `ext4-view` may read the
             // content of another (review: in a directory with an index, its
             // lookup by name finds whichever entry the index names).
-            let repeated: std::collections::HashSet<Vec<u8>> = (children.iter())
-                .filter(|c| c.repeated)
-                .map(|c| c.raw.clone())
-                .collect();
-            for name in &repeated {
-                inos.remove(name);
-            }
+            let repeated = repeated_names(&children, &mut inos);
             // An entry that cannot be restored is reported, and the directory's
             // other entries are restored (as a restore of a file snapshot does).
             for c in children {
@@ -1552,6 +1540,23 @@ struct ListWalk<'a, 'f> {
     guard: DirGuard,
     recursive: bool,
     failed: &'f mut dyn FnMut(Error),
+}
+
+/// The names a directory holds more than once, taken out of `inos` (the
+/// inodes this crate's reader found by name): which entry of such a name
+/// `ext4-view` reads is not known.
+fn repeated_names(
+    children: &[Child],
+    inos: &mut std::collections::HashMap<Vec<u8>, u32>,
+) -> std::collections::HashSet<Vec<u8>> {
+    let repeated: std::collections::HashSet<Vec<u8>> = (children.iter())
+        .filter(|c| c.repeated)
+        .map(|c| c.raw.clone())
+        .collect();
+    for name in &repeated {
+        inos.remove(name);
+    }
+    repeated
 }
 
 /// An entry of a directory in the image (see [`ImageFs::children`]).

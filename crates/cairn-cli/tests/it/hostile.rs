@@ -1013,12 +1013,7 @@ fn false_entries_beside_true_ones_are_no_damage_to_check() {
         ..Default::default()
     };
     store_index_first(&backend, &repo, &file);
-    let o = env.cmd(&["check", "--read-data"]).output().unwrap();
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-    );
-    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    let (out, err) = check_read_data_fails(&env);
     assert!(
         out.contains("intact, but index entries place"),
         "{out}{err}"
@@ -1093,12 +1088,7 @@ fn false_entries_read_after_the_true_listing_are_judged_too() {
         backend.delete(&names::index(&id.to_hex())).unwrap();
     }
     backend.delete(&names::pack(&moved.id.to_hex())).unwrap();
-    let o = env.cmd(&["check", "--read-data"]).output().unwrap();
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-    );
-    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    let (out, err) = check_read_data_fails(&env);
     assert!(
         out.contains(&format!(
             "pack {}: intact, but index entries place",
@@ -1567,4 +1557,15 @@ fn retry_lock_waits_for_a_running_prune() {
     let err = env.fails(&["snapshots", "--retry-lock", "soon"], 2);
     assert!(err.contains("--retry-lock"), "{err}");
     env.check_clean();
+}
+
+/// `check --read-data`, which must find problems (exit 1): its output and errors.
+fn check_read_data_fails(env: &Env) -> (String, String) {
+    let o = env.cmd(&["check", "--read-data"]).output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    (out, err)
 }

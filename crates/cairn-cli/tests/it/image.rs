@@ -1833,6 +1833,32 @@ fn ext4_image(env: &Env, tree: &Path, extra: &[&str]) -> PathBuf {
     img
 }
 
+/// `dump` and `restore --image-fs` of image snapshot `snap`, both succeeding:
+/// its `/pre` is `len` zeros (a preallocated file over a deleted one's bytes),
+/// and its `/small` holds `small`.
+fn preallocated_reads_as_zeros(env: &Env, snap: &str, len: usize, small: &[u8]) {
+    let dumped = env
+        .cmd(&["dump", snap, "--image-fs", "/pre"])
+        .output()
+        .unwrap();
+    assert!(dumped.status.success(), "{dumped:?}");
+    assert_eq!(dumped.stdout.len(), len);
+    assert!(dumped.stdout.iter().all(|&b| b == 0), "stale bytes dumped");
+    let out = env.path("out");
+    env.ok(&[
+        "restore",
+        snap,
+        "--image-fs",
+        "/",
+        "-t",
+        out.to_str().unwrap(),
+    ]);
+    let restored = fs::read(out.join("root/pre")).unwrap();
+    assert_eq!(restored.len(), len);
+    assert!(restored.iter().all(|&b| b == 0), "stale bytes restored");
+    assert_eq!(fs::read(out.join("root/small")).unwrap(), small);
+}
+
 /// A preallocated file (`fallocate`: extents marked uninitialised) reads as
 /// zeros, as the kernel reads it, not as what a deleted file left in its blocks
 /// (QA r23: `dump` and `restore --image-fs` gave out the deleted file's data);
@@ -1886,26 +1912,7 @@ fn image_fs_reads_preallocated_blocks_as_zeros_and_bigalloc() {
         "{stale} of pre's blocks hold the deleted file's bytes"
     );
     let snap = image_snapshot(&env, &img);
-    let dumped = env
-        .cmd(&["dump", &snap, "--image-fs", "/pre"])
-        .output()
-        .unwrap();
-    assert!(dumped.status.success(), "{dumped:?}");
-    assert_eq!(dumped.stdout.len(), 2 << 20);
-    assert!(dumped.stdout.iter().all(|&b| b == 0), "stale bytes dumped");
-    let out = env.path("out");
-    env.ok(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/",
-        "-t",
-        out.to_str().unwrap(),
-    ]);
-    let restored = fs::read(out.join("root/pre")).unwrap();
-    assert_eq!(restored.len(), 2 << 20);
-    assert!(restored.iter().all(|&b| b == 0), "stale bytes restored");
-    assert_eq!(fs::read(out.join("root/small")).unwrap(), b"small\n");
+    preallocated_reads_as_zeros(&env, &snap, 2 << 20, b"small\n");
 
     fs::write(tree.join("junk"), &junk).unwrap();
     fs::remove_file(&img).unwrap();
@@ -2562,27 +2569,32 @@ fn image_fs_refuses_crafted_directories_whose_blocks_repeat() {
         })
         .collect();
     craft(&img, bs, &blocks, "/d1", &fields);
-    let snap = image_snapshot(&env, &img);
-    let o = env.run(&["ls", &snap, "--image-fs", "/"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("/d1: a crafted extent tree"), "{err}");
-    assert!(String::from_utf8_lossy(&o.stdout).contains("/kept"));
-    let err = env.fails(&["dump", &snap, "--image-fs", "/d1/x"], 1);
-    assert!(err.contains("/d1: a crafted extent tree"), "{err}");
-    let out = env.path("out");
-    let o = env.run(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/",
-        "-t",
-        out.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("/d1: a crafted extent tree"), "{err}");
-    assert_eq!(fs::read(out.join("root/kept")).unwrap(), b"kept");
+    // ls, dump below it and restore name the directory and go on past it.
+    let named_and_passed = |img: &Path, says: &str, out: &str| -> String {
+        let snap = image_snapshot(&env, img);
+        let o = env.run(&["ls", &snap, "--image-fs", "/"]);
+        let listed = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(1), "{listed}");
+        assert!(listed.contains(says), "{listed}");
+        assert!(String::from_utf8_lossy(&o.stdout).contains("/kept"));
+        let err = env.fails(&["dump", &snap, "--image-fs", "/d1/x"], 1);
+        assert!(err.contains(says), "{err}");
+        let out = env.path(out);
+        let o = env.run(&[
+            "restore",
+            &snap,
+            "--image-fs",
+            "/",
+            "-t",
+            out.to_str().unwrap(),
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert_eq!(fs::read(out.join("root/kept")).unwrap(), b"kept");
+        listed
+    };
+    named_and_passed(&img, "/d1: a crafted extent tree", "out");
 
     // Block-mapped (as ext2 and ext3), one directory block under every pointer.
     fs::remove_file(&img).unwrap();
@@ -2621,28 +2633,8 @@ fn image_fs_refuses_crafted_directories_whose_blocks_repeat() {
     fields.push(format!("block[DIND] {dind}"));
     fields.push(format!("size {}", 3000 * bs));
     craft(&img, bs, &blocks, "/d1", &fields);
-    let snap = image_snapshot(&env, &img);
-    let o = env.run(&["ls", &snap, "--image-fs", "/"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("/d1: a crafted directory: block") && err.contains("is in it twice"),
-        "{err}"
-    );
-    assert!(String::from_utf8_lossy(&o.stdout).contains("/kept"));
-    let out = env.path("out2");
-    let o = env.run(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/",
-        "-t",
-        out.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("/d1: a crafted directory"), "{err}");
-    assert_eq!(fs::read(out.join("root/kept")).unwrap(), b"kept");
+    let listed = named_and_passed(&img, "/d1: a crafted directory", "out2");
+    assert!(listed.contains("is in it twice"), "{listed}");
 }
 
 /// An ext4 image (`mke2fs` with `mkfs` options, of `size`) mounted with
@@ -2749,30 +2741,7 @@ fn image_fs_replays_the_journal_for_preallocated_files() {
     let incompat = u32::from_le_bytes(sb[1024 + 96..1024 + 100].try_into().unwrap());
     assert!(incompat & 4 != 0, "the copy's journal needs no recovery");
     let snap = image_snapshot(&env, &live);
-    let o = env
-        .cmd(&["dump", &snap, "--image-fs", "/pre"])
-        .output()
-        .unwrap();
-    assert_eq!(o.stdout.len(), 4 << 20, "{o:?}");
-    assert!(o.stdout.iter().all(|&b| b == 0), "stale bytes dumped");
-    let out = env.path("out");
-    let o = env.run(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/",
-        "-t",
-        out.to_str().unwrap(),
-    ]);
-    let restored = fs::read(out.join("root/pre")).unwrap();
-    assert!(
-        restored.len() == 4 << 20 && restored.iter().all(|&b| b == 0),
-        "{o:?}"
-    );
-    assert_eq!(
-        fs::read(out.join("root/small")).unwrap(),
-        b"written while mounted\n"
-    );
+    preallocated_reads_as_zeros(&env, &snap, 4 << 20, b"written while mounted\n");
 }
 
 /// `restore SNAP --image-fs / --target out`, started with its stderr piped.

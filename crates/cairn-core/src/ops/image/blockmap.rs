@@ -137,13 +137,25 @@ pub(super) struct Ext2<'a> {
     inode_size: u64,
     desc_size: u64,
     desc_start: u64,
+    /// The journal as replayed (shared by every reader of one image: a replay
+    /// reads the whole log, twice).
+    journal: std::sync::Arc<Replayed>,
+}
+
+/// A journal replayed ([`Ext2::replay_journal`]).
+#[derive(Default)]
+pub(super) struct Replayed {
     /// Filesystem blocks the journal holds newer copies of (filesystem block to
     /// the journal's block), read in their place, as `ext4-view` replays them.
-    journal: std::collections::BTreeMap<u64, u64>,
+    map: JournalMap,
     /// The kernel replays the journal otherwise than `ext4-view` (and this
     /// reader) do.
-    journal_differs: bool,
+    differs: bool,
 }
+
+/// What [`Ext2::open_cached`] keeps of a journal's replay: `None` when it
+/// cannot be replayed here, and the filesystem is then not read here at all.
+pub(super) type JournalCache = std::sync::OnceLock<Option<std::sync::Arc<Replayed>>>;
 
 /// What this reader needs of an inode.
 pub(super) struct Inode {
@@ -188,6 +200,28 @@ fn u16_at(b: &[u8], at: usize) -> u16 {
         .map_or(0, |s| u16::from_le_bytes([s[0], s[1]]))
 }
 
+/// The tags of a journal descriptor block read up to byte `end`: each logged
+/// block's number with the tag's flags (1 escaped, 2 same UUID, 8 last), and
+/// whether the last tag was reached before `end`. A tag is 16 bytes (the
+/// checksum v3 form), and the log's UUID follows it unless it is the same.
+fn descriptor_tags(b: &[u8], end: usize) -> (Vec<(u64, u32)>, bool) {
+    let mut tags = Vec::new();
+    let mut t = 12;
+    while t + 16 <= end {
+        let flags = be(b, t + 4);
+        let size = if flags & 2 != 0 { 16 } else { 32 };
+        if t + size > end {
+            break;
+        }
+        tags.push((u64::from(be(b, t + 8)) << 32 | u64::from(be(b, t)), flags));
+        t += size;
+        if flags & 8 != 0 {
+            return (tags, true);
+        }
+    }
+    (tags, false)
+}
+
 /// A big-endian u32 (the journal's byte order), 0 past the end.
 fn be(b: &[u8], at: usize) -> u32 {
     b.get(at..at + 4)
@@ -202,7 +236,16 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 impl<'a> Ext2<'a> {
     /// The filesystem `read` reads, or `None` when it is not one this reader may
     /// read (not ext2/3/4, or a journal still to replay that it cannot replay).
+    #[cfg(test)]
     pub fn open(read: &'a ReadAt<'a>) -> Result<Option<Ext2<'a>>, String> {
+        Self::open_cached(read, &JournalCache::new())
+    }
+
+    /// [`Self::open`], the journal replayed once per `cache`.
+    pub fn open_cached(
+        read: &'a ReadAt<'a>,
+        cache: &JournalCache,
+    ) -> Result<Option<Ext2<'a>>, String> {
         let mut sb = [0u8; 1024];
         read(1024, &mut sb)?;
         if u16_at(&sb, 56) != 0xEF53 {
@@ -250,21 +293,25 @@ impl<'a> Ext2<'a> {
             // were looked for in the superblock).
             desc_start: (1024 / block + 1) * block,
             journal: Default::default(),
-            journal_differs: false,
         };
         // The journal, replayed as `ext4-view` replays it (which reads every
         // block through it): this reader then reads what that one lists. One
         // it cannot replay is not read here at all (nor by `ext4-view` in most
         // such cases).
-        if u32_at(&sb, 92) & COMPAT_HAS_JOURNAL != 0 && u32_at(&sb, 0xE0) != 0 {
-            match fs.replay_journal(u32_at(&sb, 0xE0)) {
-                Ok((map, differs)) => {
-                    fs.journal = map;
-                    fs.journal_differs = differs;
-                }
-                Err(_) if incompat & INCOMPAT_RECOVER == 0 => {}
-                Err(_) => return Ok(None),
+        let replayed = cache.get_or_init(|| {
+            let inum = u32_at(&sb, 0xE0);
+            if u32_at(&sb, 92) & COMPAT_HAS_JOURNAL == 0 || inum == 0 {
+                return Some(Default::default());
             }
+            match fs.replay_journal(inum) {
+                Ok(r) => Some(std::sync::Arc::new(r)),
+                Err(_) if incompat & INCOMPAT_RECOVER == 0 => Some(Default::default()),
+                Err(_) => None,
+            }
+        });
+        match replayed {
+            Some(r) => fs.journal = r.clone(),
+            None => return Ok(None),
         }
         Ok(Some(fs))
     }
@@ -272,7 +319,8 @@ impl<'a> Ext2<'a> {
     /// Reads `dst.len()` bytes at byte `at` of the filesystem, each block the
     /// journal holds a newer copy of from there.
     fn read_at(&self, at: u64, dst: &mut [u8]) -> Result<(), String> {
-        if self.journal.is_empty() {
+        let journal = &self.journal.map;
+        if journal.is_empty() {
             return (self.read)(at, dst);
         }
         let mut done = 0usize;
@@ -281,7 +329,7 @@ impl<'a> Ext2<'a> {
             let blk = pos / self.block;
             let within = (pos % self.block) as usize;
             let left = dst.len() - done;
-            if let Some(&j) = self.journal.get(&blk) {
+            if let Some(&j) = journal.get(&blk) {
                 let n = left.min(self.block as usize - within);
                 let mut b = vec![0u8; self.block as usize];
                 (self.read)(self.offset(j)?, &mut b)?;
@@ -290,7 +338,7 @@ impl<'a> Ext2<'a> {
                 continue;
             }
             // Up to the next block the journal replaces, in one read.
-            let n = match self.journal.range(blk + 1..).next() {
+            let n = match journal.range(blk + 1..).next() {
                 Some((&next, _)) => left.min(((next - blk) * self.block) as usize - within),
                 None => left,
             };
@@ -311,7 +359,7 @@ impl<'a> Ext2<'a> {
     /// revocations of blocks logged in earlier transactions, full revocation
     /// blocks (QA r25: a file's data came back as an old directory block, and
     /// deleted files came back).
-    fn replay_journal(&self, inum: u32) -> Result<(JournalMap, bool), String> {
+    fn replay_journal(&self, inum: u32) -> Result<Replayed, String> {
         let ino = self.inode(inum)?;
         let n = ino.size / self.block;
         if !(2..=MAX_JOURNAL_BLOCKS).contains(&n) {
@@ -350,10 +398,10 @@ impl<'a> Ext2<'a> {
         let sequence = be(&b, 24);
         let start = be(&b, 28) as usize;
         let first = (be(&b, 20) as usize).max(1);
-        let view = self.view_replay(&blocks, sequence, start)?;
+        let map = self.view_replay(&blocks, sequence, start)?;
         let kernel = self.kernel_replay(&blocks, sequence, start, first);
-        let differs = kernel.map_or(true, |k| k != view);
-        Ok((view, differs))
+        let differs = kernel.map_or(true, |k| k != map);
+        Ok(Replayed { map, differs })
     }
 
     /// [`Self::replay_journal`] as `ext4-view` 1.0 does it.
@@ -365,8 +413,8 @@ impl<'a> Ext2<'a> {
     ) -> Result<JournalMap, String> {
         let bs = self.block as usize;
         let mut b = vec![0u8; bs];
-        let mut map = std::collections::BTreeMap::new();
-        let mut pending: std::collections::BTreeMap<u64, u64> = Default::default();
+        let mut map = JournalMap::new();
+        let mut pending = JournalMap::new();
         let mut revoked: Vec<u64> = Vec::new();
         let mut at = start;
         while at < blocks.len() {
@@ -376,24 +424,17 @@ impl<'a> Ext2<'a> {
                 break;
             }
             match be(&b, 4) {
-                // Descriptor: a tag per block that follows.
+                // Descriptor: a tag per block that follows, all of it in the
+                // block (its checksum tail included, as `ext4-view` reads it).
                 1 => {
-                    let mut t = 12;
-                    let mut ended = false;
-                    while !ended {
-                        // A tag of 16 bytes, and the log's UUID after it
-                        // unless the tag says it is the same.
-                        let flags = if t + 16 <= bs { be(&b, t + 4) } else { 0 };
-                        let size = if flags & 2 != 0 { 16 } else { 32 };
-                        if t + size > bs {
-                            return Ok(map);
-                        }
-                        if flags & 1 != 0 {
-                            return Err("an escaped journal block".into());
-                        }
-                        let target = u64::from(be(&b, t + 8)) << 32 | u64::from(be(&b, t));
-                        ended = flags & 8 != 0;
-                        t += size;
+                    let (tags, whole) = descriptor_tags(&b, bs);
+                    if tags.iter().any(|&(_, flags)| flags & 1 != 0) {
+                        return Err("an escaped journal block".into());
+                    }
+                    if !whole {
+                        return Ok(map);
+                    }
+                    for (target, _) in tags {
                         // Its data goes on at the journal's start: the log wraps.
                         let Some(&data) = blocks.get(at) else {
                             return Ok(map);
@@ -474,29 +515,15 @@ impl<'a> Ext2<'a> {
             at = next(at);
             steps += 1;
             match be(&b, 4) {
+                // The tags before the block's checksum tail.
                 1 => {
-                    let mut t = 12;
-                    loop {
-                        let flags = if t + 16 <= bs - 4 {
-                            be(&b, t + 4)
-                        } else {
-                            break;
-                        };
-                        let size = if flags & 2 != 0 { 16 } else { 32 };
-                        if t + size > bs - 4 {
-                            break;
-                        }
-                        let target = u64::from(be(&b, t + 8)) << 32 | u64::from(be(&b, t));
+                    for (target, _) in descriptor_tags(&b, bs - 4).0 {
                         let Some(&data) = blocks.get(at) else {
                             break 'log;
                         };
                         logged.push((target, data, sequence));
                         at = next(at);
                         steps += 1;
-                        t += size;
-                        if flags & 8 != 0 {
-                            break;
-                        }
                     }
                 }
                 5 => {
@@ -825,7 +852,7 @@ impl<'a> Ext2<'a> {
     /// Whether the kernel would replay the journal otherwise than it is read
     /// here (see [`Self::replay_journal`]).
     pub fn journal_differs(&self) -> bool {
-        self.journal_differs
+        self.journal.differs
     }
 
     /// The blocks of a directory (0: a hole), checked as a crafted one would

@@ -131,6 +131,8 @@ pub struct ImageFs {
     /// The snapshot was written by `repair snapshots`: its image's unreadable
     /// ranges may also be blocks the repository lost.
     pub repaired: bool,
+    /// The journal as [`super::blockmap`] replays it, once for this image.
+    journal: super::blockmap::JournalCache,
 }
 
 fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -253,6 +255,7 @@ impl ImageFs {
                         tree: snap.tree.clone(),
                         file: file.unwrap_or_default().to_string(),
                         repaired: crate::repo::is_repaired(snap),
+                        journal: Default::default(),
                     });
                 }
                 Err(e) => {
@@ -320,7 +323,9 @@ impl ImageFs {
     /// taken may be out of date, missing, or read where old metadata lies.
     pub fn journal_warning(&self) -> Option<String> {
         let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-        let fs = super::blockmap::Ext2::open(&read).ok().flatten()?;
+        let fs = super::blockmap::Ext2::open_cached(&read, &self.journal)
+            .ok()
+            .flatten()?;
         fs.journal_differs().then(|| {
             "the filesystem's journal (the image was taken while it was mounted) is not \
              replayed here as the kernel replays it: what changed last before the image was \
@@ -335,7 +340,7 @@ impl ImageFs {
     /// nothing is said where this crate's reader cannot read the filesystem.
     fn crafted_on_the_way(&self, path: &str) -> Result<()> {
         let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-        match super::blockmap::Ext2::open(&read) {
+        match super::blockmap::Ext2::open_cached(&read, &self.journal) {
             Ok(Some(fs)) => fs
                 .crafted_on_the_way(&raw(path))
                 .map_err(|e| fs_err(path, e)),
@@ -558,7 +563,9 @@ impl ImageFs {
             // Directories' inode numbers, from this crate's reader where it reads
             // the filesystem: a loop in a corrupt one is then seen at once.
             let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-            let ext2 = super::blockmap::Ext2::open(&read).ok().flatten();
+            let ext2 = super::blockmap::Ext2::open_cached(&read, &self.journal)
+                .ok()
+                .flatten();
             let top = (ext2.as_ref())
                 .and_then(|fs| fs.lookup(&raw(&path)).ok().flatten())
                 .map(|(n, _)| n);
@@ -760,7 +767,7 @@ impl ImageFs {
             return Ok(None);
         };
         let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-        let Ok(Some(fs)) = Ext2::open(&read) else {
+        let Ok(Some(fs)) = Ext2::open_cached(&read, &self.journal) else {
             return Ok(None);
         };
         let Ok(Some((_, ino))) = fs.lookup(canon.as_ref()) else {
@@ -855,7 +862,7 @@ impl ImageFs {
         // reader (`ext4-view` shows neither); without it, files come back
         // without them, and the report says so.
         let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-        let (ext2, why_not) = match super::blockmap::Ext2::open(&read) {
+        let (ext2, why_not) = match super::blockmap::Ext2::open_cached(&read, &self.journal) {
             Ok(Some(fs)) => (Some(fs), String::new()),
             Ok(None) => (
                 None,

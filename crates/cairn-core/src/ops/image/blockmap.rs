@@ -4,9 +4,11 @@
 //! read as zeros: `ext4-view` reads a preallocated file's blocks as they are on
 //! the disk, and takes a null *indirect* pointer of a sparse ext2/ext3 file for
 //! corruption), inode numbers (hard links) and extended attributes. The walk of
-//! the filesystem stays with `ext4-view`; the journal is replayed here as it
-//! replays it ([`Ext2::replay_journal`]), and a filesystem whose journal this
-//! reader cannot replay is not read here at all.
+//! the filesystem stays with `ext4-view`. The journal of a filesystem imaged
+//! while mounted is replayed here as the kernel replays it
+//! ([`Ext2::replay_journal`]), for this reader and for `ext4-view`, which is
+//! given the replayed blocks ([`Replayed::read_recovered`]); a filesystem
+//! whose journal cannot be replayed here is not read in place at all.
 //!
 //! The image is untrusted: every number read from it is bounded (block numbers
 //! below the block count, inode numbers below the inode count, directory records
@@ -25,10 +27,25 @@ const INLINE_DATA_FL: u32 = 0x1000_0000;
 const INCOMPAT_RECOVER: u32 = 0x0004;
 const COMPAT_HAS_JOURNAL: u32 = 0x0004;
 const JBD2_MAGIC: u32 = 0xC03B_3998;
-/// Journal features replayed, as `ext4-view` 1.0 has them: 64-bit block
-/// numbers and checksums v3 required, revocation allowed.
-const JBD2_REQUIRED: u32 = 0x02 | 0x10;
-const JBD2_ALLOWED: u32 = JBD2_REQUIRED | 0x01;
+/// Journal features (incompatible ones): revocation blocks, 64-bit block
+/// numbers, asynchronous commits, checksums v2 and v3. All are replayed (the
+/// checksums are not verified); fast commits are not.
+const JBD2_REVOKE: u32 = 0x01;
+const JBD2_64BIT: u32 = 0x02;
+const JBD2_CSUM_V2: u32 = 0x08;
+const JBD2_CSUM_V3: u32 = 0x10;
+const JBD2_ALLOWED: u32 = JBD2_REVOKE | JBD2_64BIT | 0x04 | JBD2_CSUM_V2 | JBD2_CSUM_V3;
+/// A journal's superblock: version 1 (no features) or 2.
+const JBD2_SUPERBLOCK_V1: u32 = 3;
+const JBD2_SUPERBLOCK_V2: u32 = 4;
+/// The filesystem's journal is on another device.
+const INCOMPAT_JOURNAL_DEV: u32 = 0x0008;
+/// Metadata checksums (read-only compatible): the superblock has one.
+const RO_COMPAT_METADATA_CSUM: u32 = 0x0400;
+/// Revoked blocks at most in a journal's log (the kernel keeps them in a
+/// table in memory too; a journal of 1 GiB filled with revocation records
+/// would otherwise hold 256 M of them).
+const MAX_REVOKED: usize = 1 << 24;
 /// Journal blocks at most (a journal is 1 GiB at most: 1 M blocks of 1 KiB).
 const MAX_JOURNAL_BLOCKS: u64 = 1 << 22;
 const INCOMPAT_64BIT: u32 = 0x0080;
@@ -142,20 +159,99 @@ pub(super) struct Ext2<'a> {
     journal: std::sync::Arc<Replayed>,
 }
 
-/// A journal replayed ([`Ext2::replay_journal`]).
+/// A journal replayed ([`Ext2::replay_journal`]): what the filesystem reads
+/// like once the kernel has replayed it.
 #[derive(Default)]
 pub(super) struct Replayed {
     /// Filesystem blocks the journal holds newer copies of (filesystem block to
-    /// the journal's block), read in their place, as `ext4-view` replays them.
+    /// the journal's block, and whether the copy was escaped: its first four
+    /// bytes, the journal's magic number, were written as zeros).
     map: JournalMap,
-    /// The kernel replays the journal otherwise than `ext4-view` (and this
-    /// reader) do.
-    differs: bool,
+    /// The block size.
+    block: u64,
+    /// The filesystem's superblock (its 1024 bytes) as a reader that does not
+    /// replay the journal itself must see it: replayed, with the flag that
+    /// asks for recovery cleared and its checksum made again. `None` when the
+    /// journal needs no recovery.
+    superblock: Option<Box<[u8]>>,
 }
 
-/// What [`Ext2::open_cached`] keeps of a journal's replay: `None` when it
-/// cannot be replayed here, and the filesystem is then not read here at all.
-pub(super) type JournalCache = std::sync::OnceLock<Option<std::sync::Arc<Replayed>>>;
+impl Replayed {
+    /// Reads `dst.len()` bytes at byte `at` of the filesystem, each block the
+    /// journal holds a newer copy of from there (`read` reads the image).
+    pub fn read_at(&self, read: &ReadAt<'_>, at: u64, dst: &mut [u8]) -> Result<(), String> {
+        let journal = &self.map;
+        if journal.is_empty() {
+            return read(at, dst);
+        }
+        let block = self.block;
+        let mut done = 0usize;
+        while done < dst.len() {
+            let pos = at + done as u64;
+            let blk = pos / block;
+            let within = (pos % block) as usize;
+            let left = dst.len() - done;
+            if let Some(&(j, escaped)) = journal.get(&blk) {
+                let n = left.min(block as usize - within);
+                let mut b = vec![0u8; block as usize];
+                let from = j
+                    .checked_mul(block)
+                    .ok_or("a journal block past the image")?;
+                read(from, &mut b)?;
+                if escaped {
+                    b[..4].copy_from_slice(&JBD2_MAGIC.to_be_bytes());
+                }
+                dst[done..done + n].copy_from_slice(&b[within..within + n]);
+                done += n;
+                continue;
+            }
+            // Up to the next block the journal replaces, in one read.
+            let n = match journal.range(blk + 1..).next() {
+                Some((&next, _)) => left.min(((next - blk) * block) as usize - within),
+                None => left,
+            };
+            read(pos, &mut dst[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// [`Self::read_at`], the superblock as a reader that replays nothing must
+    /// see it (`ext4-view`, which is then given the replayed filesystem and
+    /// reads it as the kernel would once mounted).
+    pub fn read_recovered(&self, read: &ReadAt<'_>, at: u64, dst: &mut [u8]) -> Result<(), String> {
+        self.read_at(read, at, dst)?;
+        if let Some(sb) = &self.superblock {
+            let end = at.saturating_add(dst.len() as u64);
+            let (from, to) = (at.max(1024), end.min(2048));
+            if from < to {
+                dst[(from - at) as usize..(to - at) as usize]
+                    .copy_from_slice(&sb[(from - 1024) as usize..(to - 1024) as usize]);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The superblock `sb` (1024 bytes) with the flag asking for the journal's
+/// recovery cleared, its checksum made again when it has one (CRC32C of what
+/// precedes it, stored as the kernel stores it: not inverted at the end).
+fn recovered(sb: &[u8]) -> Box<[u8]> {
+    let mut sb = sb.to_vec().into_boxed_slice();
+    let incompat = u32_at(&sb, 96) & !INCOMPAT_RECOVER;
+    sb[96..100].copy_from_slice(&incompat.to_le_bytes());
+    if u32_at(&sb, 0x64) & RO_COMPAT_METADATA_CSUM != 0 {
+        const CRC32C: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
+        let sum = !CRC32C.checksum(&sb[..0x3FC]);
+        sb[0x3FC..0x400].copy_from_slice(&sum.to_le_bytes());
+    }
+    sb
+}
+
+/// What [`Ext2::open_cached`] keeps of a journal's replay: why it could not be
+/// replayed, when it needs recovery and cannot be; the filesystem is then not
+/// read at all (its last changes would be missing or half there).
+pub(super) type JournalCache = std::sync::OnceLock<Result<std::sync::Arc<Replayed>, String>>;
 
 /// What this reader needs of an inode.
 pub(super) struct Inode {
@@ -200,26 +296,44 @@ fn u16_at(b: &[u8], at: usize) -> u16 {
         .map_or(0, |s| u16::from_le_bytes([s[0], s[1]]))
 }
 
-/// The tags of a journal descriptor block read up to byte `end`: each logged
-/// block's number with the tag's flags (1 escaped, 2 same UUID, 8 last), and
-/// whether the last tag was reached before `end`. A tag is 16 bytes (the
-/// checksum v3 form), and the log's UUID follows it unless it is the same.
-fn descriptor_tags(b: &[u8], end: usize) -> (Vec<(u64, u32)>, bool) {
-    let mut tags = Vec::new();
-    let mut t = 12;
-    while t + 16 <= end {
-        let flags = be(b, t + 4);
-        let size = if flags & 2 != 0 { 16 } else { 32 };
-        if t + size > end {
-            break;
+/// How a journal's log is laid out (its superblock's features).
+struct JournalLog {
+    /// A descriptor tag's bytes, without the UUID that may follow it.
+    tag_bytes: usize,
+    /// Block numbers of 64 bits (in tags, after the flags; in revocations).
+    bit64: bool,
+    /// The checksum at the end of descriptor and revocation blocks (v2, v3).
+    tail: usize,
+    /// The log's first block, where it goes on past the journal's last.
+    first: usize,
+}
+
+impl JournalLog {
+    /// The tags of descriptor block `b`, as jbd2 reads them: each logged
+    /// block's number with the tag's flags (1 escaped, 2 same UUID, 8 last),
+    /// up to the last tag or the block's checksum tail. The flags are the
+    /// 16 bits at byte 6 in every format (the low half of v3's 32).
+    fn tags(&self, b: &[u8]) -> Vec<(u64, u16)> {
+        let end = b.len() - self.tail;
+        let mut tags = Vec::new();
+        let mut t = 12;
+        while t + self.tag_bytes <= end {
+            let flags = (be(b, t + 4) & 0xFFFF) as u16;
+            let mut target = u64::from(be(b, t));
+            if self.bit64 {
+                target |= u64::from(be(b, t + 8)) << 32;
+            }
+            tags.push((target, flags));
+            t += self.tag_bytes;
+            if flags & 2 == 0 {
+                t += 16;
+            }
+            if flags & 8 != 0 {
+                break;
+            }
         }
-        tags.push((u64::from(be(b, t + 8)) << 32 | u64::from(be(b, t)), flags));
-        t += size;
-        if flags & 8 != 0 {
-            return (tags, true);
-        }
+        tags
     }
-    (tags, false)
 }
 
 /// A big-endian u32 (the journal's byte order), 0 past the end.
@@ -294,71 +408,55 @@ impl<'a> Ext2<'a> {
             desc_start: (1024 / block + 1) * block,
             journal: Default::default(),
         };
-        // The journal, replayed as `ext4-view` replays it (which reads every
-        // block through it): this reader then reads what that one lists. One
-        // it cannot replay is not read here at all (nor by `ext4-view` in most
-        // such cases).
+        // The journal, replayed as the kernel replays it when it mounts the
+        // filesystem, and only when the superblock asks for it, as there.
         let replayed = cache.get_or_init(|| {
             let inum = u32_at(&sb, 0xE0);
-            if u32_at(&sb, 92) & COMPAT_HAS_JOURNAL == 0 || inum == 0 {
-                return Some(Default::default());
+            let compat = u32_at(&sb, 92);
+            if incompat & INCOMPAT_RECOVER == 0 || compat & COMPAT_HAS_JOURNAL == 0 {
+                return Ok(std::sync::Arc::new(Replayed {
+                    block,
+                    ..Default::default()
+                }));
             }
-            match fs.replay_journal(inum) {
-                Ok(r) => Some(std::sync::Arc::new(r)),
-                Err(_) if incompat & INCOMPAT_RECOVER == 0 => Some(Default::default()),
-                Err(_) => None,
+            if incompat & INCOMPAT_JOURNAL_DEV != 0 || inum == 0 {
+                return Err("the journal is on another device".into());
             }
+            let mut r = fs.replay_journal(inum)?;
+            let mut now = [0u8; 1024];
+            r.read_at(read, 1024, &mut now)?;
+            r.superblock = Some(recovered(&now));
+            Ok(std::sync::Arc::new(r))
         });
-        match replayed {
-            Some(r) => fs.journal = r.clone(),
-            None => return Ok(None),
-        }
+        fs.journal = replayed.clone()?;
         Ok(Some(fs))
+    }
+
+    /// The journal as replayed for this filesystem: what it reads like mounted.
+    pub fn replayed(&self) -> std::sync::Arc<Replayed> {
+        self.journal.clone()
     }
 
     /// Reads `dst.len()` bytes at byte `at` of the filesystem, each block the
     /// journal holds a newer copy of from there.
     fn read_at(&self, at: u64, dst: &mut [u8]) -> Result<(), String> {
-        let journal = &self.journal.map;
-        if journal.is_empty() {
-            return (self.read)(at, dst);
-        }
-        let mut done = 0usize;
-        while done < dst.len() {
-            let pos = at + done as u64;
-            let blk = pos / self.block;
-            let within = (pos % self.block) as usize;
-            let left = dst.len() - done;
-            if let Some(&j) = journal.get(&blk) {
-                let n = left.min(self.block as usize - within);
-                let mut b = vec![0u8; self.block as usize];
-                (self.read)(self.offset(j)?, &mut b)?;
-                dst[done..done + n].copy_from_slice(&b[within..within + n]);
-                done += n;
-                continue;
-            }
-            // Up to the next block the journal replaces, in one read.
-            let n = match journal.range(blk + 1..).next() {
-                Some((&next, _)) => left.min(((next - blk) * self.block) as usize - within),
-                None => left,
-            };
-            (self.read)(pos, &mut dst[done..done + n])?;
-            done += n;
-        }
-        Ok(())
+        self.journal.read_at(self.read, at, dst)
     }
 
-    /// The journal's map of replaced blocks, as `ext4-view` 1.0 builds it: from
-    /// the log's start block to the end of the journal (no wrap), each
-    /// transaction's descriptor tags (the checksum v3 format, which is all it
-    /// reads) taken at its commit block less the blocks its revocation blocks
-    /// name; the first block that is not a journal block, or whose sequence is
-    /// not the next, ends the log. Checksums are not verified here.
-    /// Whether that differs from what the kernel replays is said too
-    /// ([`Self::kernel_replay`]): a log that wraps past the journal's end,
-    /// revocations of blocks logged in earlier transactions, full revocation
-    /// blocks (QA r25: a file's data came back as an old directory block, and
-    /// deleted files came back).
+    /// The journal of inode `inum` replayed as the kernel (jbd2) replays it
+    /// when the filesystem is mounted: the log is read from its start, wrapping
+    /// from the journal's last block to its first, while each block is a
+    /// journal block of the next transaction; the transactions that reached
+    /// their commit block are replayed in order, each logged block unless a
+    /// revocation in its transaction or a later committed one names it.
+    /// Every tag format is read (checksums v3, v2 or none; 32- or 64-bit block
+    /// numbers), and escaped blocks get their first bytes back. Checksums are
+    /// not verified: a log torn by a crash is not told apart here from a whole
+    /// one. (`ext4-view` 1.0's own replay stops at the journal's end, keeps
+    /// revocations within their transaction and reads checksum v3 logs only:
+    /// QA r25 saw a file come back with an old directory block inside, and
+    /// deleted files come back, so the replayed filesystem is given to it
+    /// instead.)
     fn replay_journal(&self, inum: u32) -> Result<Replayed, String> {
         let ino = self.inode(inum)?;
         let n = ino.size / self.block;
@@ -375,6 +473,9 @@ impl<'a> Ext2<'a> {
                     return Err("a journal with holes".into());
                 }
                 blocks.extend((0..u64::from(len)).map(|i| start + i));
+                if blocks.len() as u64 > n {
+                    break;
+                }
             }
         } else {
             let mut caches = [Cache::default(), Cache::default(), Cache::default()];
@@ -386,107 +487,68 @@ impl<'a> Ext2<'a> {
         if blocks.len() as u64 != n || blocks.contains(&0) {
             return Err("a journal with holes".into());
         }
+        if blocks.iter().any(|&b| b >= self.blocks) {
+            return Err("a journal outside the filesystem".into());
+        }
         let bs = self.block as usize;
         let mut b = vec![0u8; bs];
         (self.read)(self.offset(blocks[0])?, &mut b)?;
-        if be(&b, 0) != JBD2_MAGIC || be(&b, 4) != 4 || u64::from(be(&b, 12)) != self.block {
+        let kind = be(&b, 4);
+        if be(&b, 0) != JBD2_MAGIC
+            || !(kind == JBD2_SUPERBLOCK_V1 || kind == JBD2_SUPERBLOCK_V2)
+            || u64::from(be(&b, 12)) != self.block
+        {
             return Err("not a journal this reader replays".into());
         }
-        if be(&b, 40) & JBD2_REQUIRED != JBD2_REQUIRED || be(&b, 40) & !JBD2_ALLOWED != 0 {
-            return Err("a journal of features this reader does not replay".into());
+        let features = if kind == JBD2_SUPERBLOCK_V2 {
+            be(&b, 40)
+        } else {
+            0
+        };
+        if features & !JBD2_ALLOWED != 0 {
+            return Err(format!(
+                "a journal of features this reader does not replay ({:#x})",
+                features & !JBD2_ALLOWED
+            ));
         }
-        let sequence = be(&b, 24);
-        let start = be(&b, 28) as usize;
-        let first = (be(&b, 20) as usize).max(1);
-        let map = self.view_replay(&blocks, sequence, start)?;
-        let kernel = self.kernel_replay(&blocks, sequence, start, first);
-        let differs = kernel.map_or(true, |k| k != map);
-        Ok(Replayed { map, differs })
+        let (maxlen, first) = (be(&b, 16) as usize, be(&b, 20) as usize);
+        if maxlen > blocks.len() || first == 0 || first >= maxlen {
+            return Err("a journal whose bounds are damaged".into());
+        }
+        blocks.truncate(maxlen);
+        let log = JournalLog {
+            tag_bytes: match (features & JBD2_CSUM_V3 != 0, features & JBD2_64BIT != 0) {
+                (true, _) => 16,
+                (false, bit64) => {
+                    8 + if bit64 { 4 } else { 0 } + if features & JBD2_CSUM_V2 != 0 { 2 } else { 0 }
+                }
+            },
+            bit64: features & JBD2_64BIT != 0,
+            tail: if features & (JBD2_CSUM_V2 | JBD2_CSUM_V3) != 0 {
+                4
+            } else {
+                0
+            },
+            first,
+        };
+        let (sequence, start) = (be(&b, 24), be(&b, 28) as usize);
+        if start != 0 && !(first..maxlen).contains(&start) {
+            return Err("a journal whose log starts outside it".into());
+        }
+        Ok(Replayed {
+            map: self.kernel_replay(&blocks, sequence, start, &log)?,
+            block: self.block,
+            superblock: None,
+        })
     }
 
-    /// [`Self::replay_journal`] as `ext4-view` 1.0 does it.
-    fn view_replay(
-        &self,
-        blocks: &[u64],
-        mut sequence: u32,
-        start: usize,
-    ) -> Result<JournalMap, String> {
-        let bs = self.block as usize;
-        let mut b = vec![0u8; bs];
-        let mut map = JournalMap::new();
-        let mut pending = JournalMap::new();
-        let mut revoked: Vec<u64> = Vec::new();
-        let mut at = start;
-        while at < blocks.len() {
-            (self.read)(self.offset(blocks[at])?, &mut b)?;
-            at += 1;
-            if be(&b, 0) != JBD2_MAGIC || be(&b, 8) != sequence {
-                break;
-            }
-            match be(&b, 4) {
-                // Descriptor: a tag per block that follows, all of it in the
-                // block (its checksum tail included, as `ext4-view` reads it).
-                1 => {
-                    let (tags, whole) = descriptor_tags(&b, bs);
-                    if tags.iter().any(|&(_, flags)| flags & 1 != 0) {
-                        return Err("an escaped journal block".into());
-                    }
-                    if !whole {
-                        return Ok(map);
-                    }
-                    for (target, _) in tags {
-                        // Its data goes on at the journal's start: the log wraps.
-                        let Some(&data) = blocks.get(at) else {
-                            return Ok(map);
-                        };
-                        at += 1;
-                        pending.insert(target, data);
-                    }
-                }
-                // Revocation: the table's size, then 8-byte block numbers.
-                5 => {
-                    let table = &b[12..bs - 4];
-                    let len = be(table, 0) as usize;
-                    if !len.is_multiple_of(8) {
-                        return Ok(map);
-                    }
-                    let Some(entries) = table.get(4..4 + len) else {
-                        return Ok(map);
-                    };
-                    revoked.extend(entries.chunks(8).map(|c| {
-                        u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
-                    }));
-                    if revoked.len() > MAX_JOURNAL_BLOCKS as usize {
-                        return Err("a journal revoking too many blocks".into());
-                    }
-                }
-                // Commit.
-                2 => {
-                    for r in revoked.drain(..) {
-                        pending.remove(&r);
-                    }
-                    map.append(&mut pending);
-                    sequence = sequence.wrapping_add(1);
-                }
-                other => return Err(format!("a journal block of type {other}")),
-            }
-        }
-        Ok(map)
-    }
-
-    /// The journal's map of replaced blocks as the kernel (jbd2) replays it:
-    /// the log read from its start, wrapping from the journal's last block to
-    /// its first, while each block is a journal block of the next sequence;
-    /// the transactions that reached their commit block are replayed in order,
-    /// each logged block unless a revocation in its transaction or a later one
-    /// names it. Checksums are not verified (nor escaped blocks, which
-    /// `ext4-view` refuses).
+    /// [`Self::replay_journal`]'s log, from block `start` (0: nothing to replay).
     fn kernel_replay(
         &self,
         blocks: &[u64],
         mut sequence: u32,
         start: usize,
-        first: usize,
+        log: &JournalLog,
     ) -> Result<JournalMap, String> {
         let bs = self.block as usize;
         let mut b = vec![0u8; bs];
@@ -495,16 +557,19 @@ impl<'a> Ext2<'a> {
         }
         let next = |at: usize| {
             if at + 1 >= blocks.len() {
-                first
+                log.first
             } else {
                 at + 1
             }
         };
-        // Logged blocks (target, journal block, transaction), revocations
-        // (target to the latest transaction naming it), as the log goes.
-        let mut logged: Vec<(u64, u64, u32)> = Vec::new();
+        // Logged blocks (target, journal block, escaped, transaction), and
+        // revocations: of the transaction being read, and of the committed ones
+        // (target to the latest transaction naming it).
+        let mut logged: Vec<(u64, u64, bool, u32)> = Vec::new();
+        let mut revoking: Vec<u64> = Vec::new();
         let mut revoked: std::collections::HashMap<u64, u32> = Default::default();
         let mut committed: Option<u32> = None;
+        let record = if log.bit64 { 8 } else { 4 };
         let (mut at, mut steps) = (start, 0usize);
         'log: while steps < blocks.len() {
             let Some(&blk) = blocks.get(at) else { break };
@@ -515,28 +580,41 @@ impl<'a> Ext2<'a> {
             at = next(at);
             steps += 1;
             match be(&b, 4) {
-                // The tags before the block's checksum tail.
+                // Descriptor: the tags before the block's checksum tail.
                 1 => {
-                    for (target, _) in descriptor_tags(&b, bs - 4).0 {
+                    for (target, flags) in log.tags(&b) {
                         let Some(&data) = blocks.get(at) else {
                             break 'log;
                         };
-                        logged.push((target, data, sequence));
+                        logged.push((target, data, flags & 1 != 0, sequence));
                         at = next(at);
                         steps += 1;
                     }
                 }
+                // Revocation: the count includes the 16 bytes before the
+                // records; one larger than the block is a damaged log, on
+                // which the kernel refuses to mount.
                 5 => {
-                    // The count includes the 16 bytes before the entries.
-                    let count = (be(&b, 12) as usize).min(bs - 4);
-                    for c in b.get(16..count).unwrap_or(&[]).chunks_exact(8) {
-                        let target =
-                            u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-                        let r = revoked.entry(target).or_insert(sequence);
-                        *r = (*r).max(sequence);
+                    let count = be(&b, 12) as usize;
+                    if count > bs - log.tail {
+                        return Err("a damaged journal revocation block".into());
+                    }
+                    let records = b.get(16..count).unwrap_or(&[]);
+                    for c in records.chunks_exact(record) {
+                        revoking.push(if log.bit64 {
+                            u64::from(be(c, 0)) << 32 | u64::from(be(c, 4))
+                        } else {
+                            u64::from(be(c, 0))
+                        });
+                    }
+                    if revoking.len() + revoked.len() > MAX_REVOKED {
+                        return Err("a journal revoking too many blocks".into());
                     }
                 }
                 2 => {
+                    for target in revoking.drain(..) {
+                        revoked.insert(target, sequence);
+                    }
                     committed = Some(sequence);
                     sequence = sequence.wrapping_add(1);
                 }
@@ -547,7 +625,7 @@ impl<'a> Ext2<'a> {
         let Some(last) = committed else {
             return Ok(map);
         };
-        for (target, data, seq) in logged {
+        for (target, data, escaped, seq) in logged {
             // Transactions after the last commit are not replayed; sequences
             // are compared as the kernel does, modulo 2³².
             let after = |a: u32, b: u32| (a.wrapping_sub(b) as i32) > 0;
@@ -557,7 +635,7 @@ impl<'a> Ext2<'a> {
             if revoked.get(&target).is_some_and(|&r| !after(seq, r)) {
                 continue;
             }
-            map.insert(target, data);
+            map.insert(target, (data, escaped));
         }
         Ok(map)
     }
@@ -849,12 +927,6 @@ impl<'a> Ext2<'a> {
         self.crafted_tree(&ino)
     }
 
-    /// Whether the kernel would replay the journal otherwise than it is read
-    /// here (see [`Self::replay_journal`]).
-    pub fn journal_differs(&self) -> bool {
-        self.journal.differs
-    }
-
     /// The blocks of a directory (0: a hole), checked as a crafted one would
     /// fail: larger than ext4 lets a directory grow, an uninitialised extent
     /// (`ext4-view` reads its old bytes as entries, this reader zeros), a block
@@ -1083,7 +1155,7 @@ impl Ext2<'_> {
 }
 
 /// Filesystem blocks to the journal blocks holding their newer copies.
-type JournalMap = std::collections::BTreeMap<u64, u64>;
+type JournalMap = std::collections::BTreeMap<u64, (u64, bool)>;
 
 /// An initialised extent: its first logical block, its length and its first
 /// block in the filesystem.
@@ -1120,6 +1192,155 @@ struct Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A journal block: magic, type, sequence, then `body` from byte 12.
+    fn jblock(kind: u32, seq: u32, body: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; 1024];
+        b[0..4].copy_from_slice(&JBD2_MAGIC.to_be_bytes());
+        b[4..8].copy_from_slice(&kind.to_be_bytes());
+        b[8..12].copy_from_slice(&seq.to_be_bytes());
+        b[12..12 + body.len()].copy_from_slice(body);
+        b
+    }
+
+    /// Descriptor tags in the 32-bit form without checksums (ext3): block
+    /// number, 16-bit checksum (unused), 16-bit flags; the first tag with the
+    /// log's UUID after it, the others "same UUID" (2), the last one marked (8).
+    fn tags32(targets: &[(u32, u16)]) -> Vec<u8> {
+        let mut t = Vec::new();
+        for (i, &(target, flags)) in targets.iter().enumerate() {
+            let mut f = flags | if i == 0 { 0 } else { 2 };
+            if i + 1 == targets.len() {
+                f |= 8;
+            }
+            t.extend_from_slice(&target.to_be_bytes());
+            t.extend_from_slice(&0u16.to_be_bytes());
+            t.extend_from_slice(&f.to_be_bytes());
+            if i == 0 {
+                t.extend_from_slice(&[0x55; 16]);
+            }
+        }
+        t
+    }
+
+    /// Revocation records of 32 bits, after the count (which includes the 16
+    /// bytes of header and count).
+    fn revoke32(targets: &[u32]) -> Vec<u8> {
+        let mut r = ((16 + 4 * targets.len()) as u32).to_be_bytes().to_vec();
+        for t in targets {
+            r.extend_from_slice(&t.to_be_bytes());
+        }
+        r
+    }
+
+    /// The kernel's replay of a synthetic log laid out in journal blocks 1..:
+    /// a log that wraps past the journal's end, a block revoked in a later
+    /// transaction, a revocation in a transaction that never committed, an
+    /// escaped block, and an uncommitted transaction's blocks.
+    #[test]
+    fn the_journal_is_replayed_as_the_kernel_replays_it() {
+        // The journal is filesystem blocks 100..112 (12 blocks; block 0 of it
+        // is its superblock); the log starts at journal block 8, sequence 7.
+        let journal: Vec<u64> = (100..112).collect();
+        let mut disk = vec![vec![0u8; 1024]; 200];
+        let mut put = |at: usize, b: Vec<u8>| disk[journal[at] as usize] = b;
+        // Transaction 7: blocks 50 (escaped) and 51.
+        put(8, jblock(1, 7, &tags32(&[(50, 1), (51, 0)])));
+        put(9, vec![0xE1; 1024]);
+        put(10, vec![0xE2; 1024]);
+        // Its commit block, past which the log wraps to journal block 1.
+        put(11, jblock(2, 7, &[]));
+        // Transaction 8: block 52, and revokes 51 (logged in 7).
+        put(1, jblock(1, 8, &tags32(&[(52, 0)])));
+        put(2, vec![0xE3; 1024]);
+        put(3, jblock(5, 8, &revoke32(&[51])));
+        put(4, jblock(2, 8, &[]));
+        // Transaction 9, never committed: block 53, and revokes 50 and 52.
+        put(5, jblock(5, 9, &revoke32(&[50, 52])));
+        put(6, jblock(1, 9, &tags32(&[(53, 0)])));
+        put(7, vec![0xE4; 1024]);
+        let read = reader(&disk);
+        let fs = on_disk(&read);
+        let log = JournalLog {
+            tag_bytes: 8,
+            bit64: false,
+            tail: 0,
+            first: 1,
+        };
+        let map = fs.kernel_replay(&journal, 7, 8, &log).unwrap();
+        let got: Vec<(u64, (u64, bool))> = map.into_iter().collect();
+        assert_eq!(got, vec![(50, (109, true)), (52, (102, false))]);
+        // Read through it: the escaped block gets the magic back, the rest of
+        // the disk reads as it is.
+        let replayed = Replayed {
+            map: fs.kernel_replay(&journal, 7, 8, &log).unwrap(),
+            block: 1024,
+            superblock: None,
+        };
+        let mut b = vec![0u8; 3 * 1024];
+        replayed.read_at(&read, 50 * 1024, &mut b).unwrap();
+        assert_eq!(b[..4], JBD2_MAGIC.to_be_bytes());
+        assert!(b[4..1024].iter().all(|&x| x == 0xE1));
+        assert!(
+            b[1024..2048].iter().all(|&x| x == 0),
+            "a revoked block replayed"
+        );
+        assert!(b[2048..].iter().all(|&x| x == 0xE3));
+        // A log with nothing to replay (start 0), and one whose first block is
+        // not of the expected sequence.
+        assert!(fs.kernel_replay(&journal, 7, 0, &log).unwrap().is_empty());
+        assert!(fs.kernel_replay(&journal, 6, 8, &log).unwrap().is_empty());
+        // A revocation block counting past its block is damage (the kernel
+        // refuses to mount).
+        let mut disk = vec![vec![0u8; 1024]; 200];
+        disk[journal[8] as usize] = jblock(5, 7, &2000u32.to_be_bytes());
+        let read = reader(&disk);
+        assert!(on_disk(&read).kernel_replay(&journal, 7, 8, &log).is_err());
+    }
+
+    /// Reads 1 KiB blocks `disk`.
+    fn reader(disk: &[Vec<u8>]) -> impl Fn(u64, &mut [u8]) -> Result<(), String> + '_ {
+        |at: u64, dst: &mut [u8]| {
+            let (blk, within) = ((at / 1024) as usize, (at % 1024) as usize);
+            let b = disk.get(blk).ok_or("past the disk")?;
+            dst.copy_from_slice(&b[within..within + dst.len()]);
+            Ok(())
+        }
+    }
+
+    /// A filesystem of 200 blocks of 1 KiB read by `read` (for its journal).
+    fn on_disk<'a>(read: &'a ReadAt<'a>) -> Ext2<'a> {
+        Ext2 {
+            read,
+            block: 1024,
+            blocks: 200,
+            inodes: 0,
+            per_group: 1,
+            inode_size: 256,
+            desc_size: 32,
+            desc_start: 2048,
+            journal: Default::default(),
+        }
+    }
+
+    /// The superblock given to `ext4-view` asks for no recovery, and its
+    /// checksum holds (CRC32C of the first 1020 bytes, as ext4 stores it).
+    #[test]
+    fn the_recovered_superblock_keeps_a_valid_checksum() {
+        let mut sb = vec![0u8; 1024];
+        sb[96..100].copy_from_slice(&(INCOMPAT_RECOVER | 0x40).to_le_bytes());
+        sb[0x64..0x68].copy_from_slice(&RO_COMPAT_METADATA_CSUM.to_le_bytes());
+        let r = recovered(&sb);
+        assert_eq!(u32_at(&r, 96), 0x40);
+        // CRC32C("123456789") is 0xE3069283: the algorithm is the right one.
+        const CRC32C: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
+        assert_eq!(CRC32C.checksum(b"123456789"), 0xE306_9283);
+        assert_eq!(u32_at(&r, 0x3FC), !CRC32C.checksum(&r[..0x3FC]));
+        // Without metadata checksums, the checksum field is left alone.
+        sb[0x64..0x68].copy_from_slice(&0u32.to_le_bytes());
+        sb[0x3FC..].copy_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(recovered(&sb)[0x3FC..], [1, 2, 3, 4]);
+    }
 
     /// Random filesystems with a valid magic and plausible sizes: every walk ends
     /// in an answer or an error, never a panic or a read outside the bytes given.

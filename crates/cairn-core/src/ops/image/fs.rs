@@ -70,13 +70,26 @@ impl ImageBytes {
     }
 }
 
-impl Ext4Read for ImageBytes {
+/// What `ext4-view` reads: the image's bytes with the journal replayed, when
+/// it needs recovery (the image was taken while the filesystem was mounted),
+/// and the superblock saying it needs none, so that `ext4-view` does not replay
+/// it its own way ([`super::blockmap::Ext2::replay_journal`] says why).
+struct ViewBytes {
+    bytes: ImageBytes,
+    journal: Option<Arc<super::blockmap::Replayed>>,
+}
+
+impl Ext4Read for ViewBytes {
     fn read(
         &mut self,
         start: u64,
         dst: &mut [u8],
     ) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
-        Ok(self.read_at(start, dst)?)
+        let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
+        match &self.journal {
+            Some(j) => Ok(j.read_recovered(&read, start, dst)?),
+            None => Ok(read(start, dst)?),
+        }
     }
 }
 
@@ -244,8 +257,32 @@ impl ImageFs {
                 unreadable: unreadable.clone(),
                 touched: touched.clone(),
             };
-            let (bytes, mine) = (window(), window());
-            match Ext4::load(Box::new(bytes)) {
+            let mine = window();
+            // The journal replayed as the kernel replays it, and the replayed
+            // filesystem given to `ext4-view`, which then replays nothing: both
+            // readers read what a mount would show.
+            let journal = super::blockmap::JournalCache::new();
+            let replayed = {
+                let read = |at: u64, dst: &mut [u8]| mine.read_at(at, dst);
+                let opened = super::blockmap::Ext2::open_cached(&read, &journal);
+                match (opened, journal.get()) {
+                    (Ok(Some(fs)), _) => Some(fs.replayed()),
+                    (_, Some(Err(e))) => {
+                        return Err(Error::Invalid(format!(
+                            "the ext2/3/4 filesystem at byte {offset} of the image was taken \
+                             while mounted, and its journal cannot be replayed here ({e}); \
+                             restore the image (`restore --image`) and mount it, which \
+                             replays the journal"
+                        )));
+                    }
+                    _ => None,
+                }
+            };
+            let view = ViewBytes {
+                bytes: window(),
+                journal: replayed,
+            };
+            match Ext4::load(Box::new(view)) {
                 Ok(fs) => {
                     return Ok(ImageFs {
                         fs,
@@ -255,7 +292,7 @@ impl ImageFs {
                         tree: snap.tree.clone(),
                         file: file.unwrap_or_default().to_string(),
                         repaired: crate::repo::is_repaired(snap),
-                        journal: Default::default(),
+                        journal,
                     });
                 }
                 Err(e) => {
@@ -313,26 +350,6 @@ impl ImageFs {
             return Err(Error::Cancelled);
         }
         Ok(())
-    }
-
-    /// A warning when the filesystem's journal (the image was taken while it
-    /// was mounted) would be replayed by the kernel otherwise than both
-    /// readers replay it (`ext4-view` 1.0's way: no log that wraps past the
-    /// journal's end, revocations only within their transaction, a full
-    /// revocation block ends the log): what changed last before the image was
-    /// taken may be out of date, missing, or read where old metadata lies.
-    pub fn journal_warning(&self) -> Option<String> {
-        let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-        let fs = super::blockmap::Ext2::open_cached(&read, &self.journal)
-            .ok()
-            .flatten()?;
-        fs.journal_differs().then(|| {
-            "the filesystem's journal (the image was taken while it was mounted) is not \
-             replayed here as the kernel replays it: what changed last before the image was \
-             taken may be out of date, missing, or hold old bytes; restore the image \
-             (`restore --image`) and mount it, which replays the journal whole, for those"
-                .to_string()
-        })
     }
 
     /// An error when a directory on the way to `path` (or `path`) has an extent
@@ -866,8 +883,7 @@ impl ImageFs {
             Ok(Some(fs)) => (Some(fs), String::new()),
             Ok(None) => (
                 None,
-                "the filesystem's journal needs recovery, in a form cairn's reader cannot replay"
-                    .to_string(),
+                "cairn's reader does not read this filesystem".to_string(),
             ),
             // `ext4-view` reads it: the files still come back, without these.
             Err(e) => (None, e),

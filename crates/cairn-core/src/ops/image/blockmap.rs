@@ -1105,15 +1105,23 @@ impl Ext2<'_> {
         let mut extents = self.extents(ino).map_err(CopyError::Fs)?;
         extents.sort_unstable_by_key(|e| e.0);
         let size = ino.size;
+        // Buffers no larger than the file (rounded to whole blocks) and zeros
+        // only for a file with holes: a directory of small files restored
+        // allocated, touched and unmapped 2 MiB per file (strace: two `mmap`
+        // and `munmap` a file, 15,000 files 1.3 s, of which 0.9 s in the kernel).
         const PIECE: u64 = 1 << 20;
-        let zeros = vec![0u8; PIECE as usize];
-        let mut buf = vec![0u8; PIECE as usize];
-        let fill = |out: &mut dyn Write, mut n: u64| -> Result<(), CopyError> {
+        let piece = PIECE.min(size.div_ceil(self.block).max(1) * self.block);
+        let mut zeros: Vec<u8> = Vec::new();
+        let mut buf = vec![0u8; piece as usize];
+        let mut fill = |out: &mut dyn Write, mut n: u64| -> Result<(), CopyError> {
             while n > 0 {
                 if stop() {
                     return Err(CopyError::Stopped);
                 }
                 let k = n.min(PIECE);
+                if zeros.len() < k as usize {
+                    zeros.resize(k as usize, 0);
+                }
                 out.write_all(&zeros[..k as usize])
                     .map_err(CopyError::Out)?;
                 n -= k;
@@ -1139,7 +1147,7 @@ impl Ext2<'_> {
                 if stop() {
                     return Err(CopyError::Stopped);
                 }
-                let k = left.min(PIECE);
+                let k = left.min(piece);
                 let whole = k.div_ceil(self.block) * self.block;
                 self.read_at(at, &mut buf[..whole as usize])
                     .map_err(CopyError::Fs)?;

@@ -38,6 +38,8 @@ const JBD2_ALLOWED: u32 = JBD2_REVOKE | JBD2_64BIT | 0x04 | JBD2_CSUM_V2 | JBD2_
 /// A journal's superblock: version 1 (no features) or 2.
 const JBD2_SUPERBLOCK_V1: u32 = 3;
 const JBD2_SUPERBLOCK_V2: u32 = 4;
+/// The fewest blocks jbd2 takes a journal to have.
+const JBD2_MIN_BLOCKS: usize = 1024;
 /// The filesystem's journal is on another device.
 const INCOMPAT_JOURNAL_DEV: u32 = 0x0008;
 /// Metadata checksums (read-only compatible): the superblock has one.
@@ -241,11 +243,22 @@ fn recovered(sb: &[u8]) -> Box<[u8]> {
     let incompat = u32_at(&sb, 96) & !INCOMPAT_RECOVER;
     sb[96..100].copy_from_slice(&incompat.to_le_bytes());
     if u32_at(&sb, 0x64) & RO_COMPAT_METADATA_CSUM != 0 {
-        const CRC32C: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
-        let sum = !CRC32C.checksum(&sb[..0x3FC]);
+        let sum = crc32c_raw(!0, &[&sb[..0x3FC]]);
         sb[0x3FC..0x400].copy_from_slice(&sum.to_le_bytes());
     }
     sb
+}
+
+/// CRC32C of `parts` one after the other, from register `seed`, without the
+/// final inversion: the form ext4 and jbd2 store (`crc32c(seed, ...)` there).
+fn crc32c_raw(seed: u32, parts: &[&[u8]]) -> u32 {
+    const CRC32C: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
+    // The crate's register starts reflected, and its result is inverted.
+    let mut d = CRC32C.digest_with_initial(seed.reverse_bits());
+    for p in parts {
+        d.update(p);
+    }
+    !d.finalize()
 }
 
 /// What [`Ext2::open_cached`] keeps of a journal's replay: why it could not be
@@ -306,14 +319,61 @@ struct JournalLog {
     tail: usize,
     /// The log's first block, where it goes on past the journal's last.
     first: usize,
+    /// Checksums v2 or v3: the seed (CRC32C of the journal's UUID) and
+    /// whether they are v3 (32 bits in tags; v2 keeps 16).
+    csum: Option<(u32, bool)>,
 }
 
 impl JournalLog {
+    /// Whether descriptor or revocation block `b` holds the checksum its tail
+    /// says (true without checksums).
+    fn block_sum_holds(&self, b: &[u8]) -> bool {
+        let Some((seed, _)) = self.csum else {
+            return true;
+        };
+        let end = b.len() - 4;
+        let sum = crc32c_raw(seed, &[&b[..end], &[0; 4]]);
+        sum == be(b, end)
+    }
+
+    /// Whether a commit block holds its checksum (true without checksums).
+    fn commit_sum_holds(&self, b: &[u8]) -> bool {
+        let Some((seed, _)) = self.csum else {
+            return true;
+        };
+        let sum = crc32c_raw(seed, &[&b[..16], &[0; 4], &b[20..]]);
+        sum == be(b, 16)
+    }
+
+    /// Whether a commit block whose checksum fails was written in part: the
+    /// checksum holds for its header alone (its first 64 bytes, the rest of
+    /// the block zeros). Linux 6.x takes such a block for a commit.
+    fn commit_partly_written(&self, b: &[u8]) -> bool {
+        let Some((seed, _)) = self.csum else {
+            return false;
+        };
+        let zeros = vec![0u8; b.len() - 64];
+        let sum = crc32c_raw(seed, &[&b[..16], &[0; 4], &b[20..64], &zeros]);
+        sum == be(b, 16)
+    }
+
+    /// Whether the logged block `data` of transaction `sequence` holds the
+    /// checksum of its tag (`tag`: the tag's checksum field, true without
+    /// checksums).
+    fn data_sum_holds(&self, data: &[u8], sequence: u32, tag: u32) -> bool {
+        let Some((seed, v3)) = self.csum else {
+            return true;
+        };
+        let sum = crc32c_raw(seed, &[&sequence.to_be_bytes(), data]);
+        if v3 { sum == tag } else { sum & 0xFFFF == tag }
+    }
+
     /// The tags of descriptor block `b`, as jbd2 reads them: each logged
-    /// block's number with the tag's flags (1 escaped, 2 same UUID, 8 last),
-    /// up to the last tag or the block's checksum tail. The flags are the
-    /// 16 bits at byte 6 in every format (the low half of v3's 32).
-    fn tags(&self, b: &[u8]) -> Vec<(u64, u16)> {
+    /// block's number with the tag's flags (1 escaped, 2 same UUID, 8 last)
+    /// and checksum field (v3: 32 bits at byte 12; v2: 16 bits at byte 4; 0
+    /// without), up to the last tag or the block's checksum tail. The flags
+    /// are the 16 bits at byte 6 in every format (the low half of v3's 32).
+    fn tags(&self, b: &[u8]) -> Vec<(u64, u16, u32)> {
         let end = b.len() - self.tail;
         let mut tags = Vec::new();
         let mut t = 12;
@@ -323,7 +383,12 @@ impl JournalLog {
             if self.bit64 {
                 target |= u64::from(be(b, t + 8)) << 32;
             }
-            tags.push((target, flags));
+            let sum = match self.csum {
+                Some((_, true)) => be(b, t + 12),
+                Some((_, false)) => be(b, t + 4) >> 16,
+                None => 0,
+            };
+            tags.push((target, flags, sum));
             t += self.tag_bytes;
             if flags & 2 == 0 {
                 t += 16;
@@ -505,14 +570,32 @@ impl<'a> Ext2<'a> {
         } else {
             0
         };
+        // jbd2 knows no read-only compatible feature: one makes it refuse too.
+        if kind == JBD2_SUPERBLOCK_V2 && be(&b, 44) != 0 {
+            return Err(format!(
+                "a journal of read-only features this reader does not know ({:#x})",
+                be(&b, 44)
+            ));
+        }
         if features & !JBD2_ALLOWED != 0 {
             return Err(format!(
                 "a journal of features this reader does not replay ({:#x})",
                 features & !JBD2_ALLOWED
             ));
         }
+        // With checksums, the journal's superblock has one too (CRC32C of its
+        // 1,024 bytes, its own field as zeros), of the one type jbd2 knows.
+        if features & (JBD2_CSUM_V2 | JBD2_CSUM_V3) != 0
+            && (b[0x50] != 4
+                || crc32c_raw(!0, &[&b[..0xFC], &[0; 4], &b[0x100..1024]]) != be(&b, 0xFC))
+        {
+            return Err("a journal whose superblock fails its checksum".into());
+        }
+        // As jbd2 checks them: at least 1,024 blocks (a journal that says it
+        // is shorter is damaged: the kernel refuses to mount it), at most the
+        // journal inode's.
         let (maxlen, first) = (be(&b, 16) as usize, be(&b, 20) as usize);
-        if maxlen > blocks.len() || first == 0 || first >= maxlen {
+        if !(JBD2_MIN_BLOCKS..=blocks.len()).contains(&maxlen) || first == 0 || first >= maxlen {
             return Err("a journal whose bounds are damaged".into());
         }
         blocks.truncate(maxlen);
@@ -530,9 +613,11 @@ impl<'a> Ext2<'a> {
                 0
             },
             first,
+            csum: (features & (JBD2_CSUM_V2 | JBD2_CSUM_V3) != 0)
+                .then(|| (crc32c_raw(!0, &[&b[48..64]]), features & JBD2_CSUM_V3 != 0)),
         };
         let (sequence, start) = (be(&b, 24), be(&b, 28) as usize);
-        if start != 0 && !(first..maxlen).contains(&start) {
+        if start >= maxlen {
             return Err("a journal whose log starts outside it".into());
         }
         Ok(Replayed {
@@ -543,6 +628,14 @@ impl<'a> Ext2<'a> {
     }
 
     /// [`Self::replay_journal`]'s log, from block `start` (0: nothing to replay).
+    ///
+    /// With checksums (v2, v3), as jbd2: a commit block whose checksum fails
+    /// ends the log there (its transaction was not committed whole); a
+    /// descriptor or revocation block, or a logged block to be replayed,
+    /// whose checksum fails in a committed transaction is damage, on which
+    /// the kernel refuses to mount, and so is a logged block outside the
+    /// filesystem (QA r26: such blocks were passed over, and a file was read
+    /// as it was before its last change, exit 0).
     fn kernel_replay(
         &self,
         blocks: &[u64],
@@ -562,13 +655,18 @@ impl<'a> Ext2<'a> {
                 at + 1
             }
         };
-        // Logged blocks (target, journal block, escaped, transaction), and
-        // revocations: of the transaction being read, and of the committed ones
-        // (target to the latest transaction naming it).
-        let mut logged: Vec<(u64, u64, bool, u32)> = Vec::new();
+        // Logged blocks (target, journal block, escaped, transaction, tag's
+        // checksum), and revocations: of the transaction being read, and of
+        // the committed ones (target to the latest transaction naming it).
+        let mut logged: Vec<(u64, u64, bool, u32, u32)> = Vec::new();
         let mut revoking: Vec<u64> = Vec::new();
         let mut revoked: std::collections::HashMap<u64, u32> = Default::default();
         let mut committed: Option<u32> = None;
+        // A block of the transaction being read whose checksum fails: damage
+        // once the transaction turns out committed.
+        let mut bad: Option<String> = None;
+        // A commit block was taken whose checksum held for its header only.
+        let mut partly = false;
         let record = if log.bit64 { 8 } else { 4 };
         let (mut at, mut steps) = (start, 0usize);
         'log: while steps < blocks.len() {
@@ -577,16 +675,27 @@ impl<'a> Ext2<'a> {
             if be(&b, 0) != JBD2_MAGIC || be(&b, 8) != sequence {
                 break;
             }
+            let here = at;
             at = next(at);
             steps += 1;
             match be(&b, 4) {
+                // A transaction logged after a commit block written in part
+                // is damage (as Linux 6.x has it).
+                1 | 5 if partly => {
+                    return Err(
+                        "a damaged journal (a transaction after an incomplete commit)".into(),
+                    );
+                }
                 // Descriptor: the tags before the block's checksum tail.
                 1 => {
-                    for (target, flags) in log.tags(&b) {
+                    if !log.block_sum_holds(&b) {
+                        bad.get_or_insert(format!("journal block {here}: its checksum fails"));
+                    }
+                    for (target, flags, sum) in log.tags(&b) {
                         let Some(&data) = blocks.get(at) else {
                             break 'log;
                         };
-                        logged.push((target, data, flags & 1 != 0, sequence));
+                        logged.push((target, data, flags & 1 != 0, sequence, sum));
                         at = next(at);
                         steps += 1;
                     }
@@ -595,6 +704,9 @@ impl<'a> Ext2<'a> {
                 // records; one larger than the block is a damaged log, on
                 // which the kernel refuses to mount.
                 5 => {
+                    if !log.block_sum_holds(&b) {
+                        bad.get_or_insert(format!("journal block {here}: its checksum fails"));
+                    }
                     let count = be(&b, 12) as usize;
                     if count > bs - log.tail {
                         return Err("a damaged journal revocation block".into());
@@ -612,6 +724,17 @@ impl<'a> Ext2<'a> {
                     }
                 }
                 2 => {
+                    // One whose checksum fails ends the log before its
+                    // transaction, unless only its header was written.
+                    if !log.commit_sum_holds(&b) {
+                        if !log.commit_partly_written(&b) {
+                            break;
+                        }
+                        partly = true;
+                    }
+                    if let Some(why) = bad.take() {
+                        return Err(format!("a damaged journal ({why})"));
+                    }
                     for target in revoking.drain(..) {
                         revoked.insert(target, sequence);
                     }
@@ -625,7 +748,7 @@ impl<'a> Ext2<'a> {
         let Some(last) = committed else {
             return Ok(map);
         };
-        for (target, data, escaped, seq) in logged {
+        for (target, data, escaped, seq, sum) in logged {
             // Transactions after the last commit are not replayed; sequences
             // are compared as the kernel does, modulo 2³².
             let after = |a: u32, b: u32| (a.wrapping_sub(b) as i32) > 0;
@@ -634,6 +757,19 @@ impl<'a> Ext2<'a> {
             }
             if revoked.get(&target).is_some_and(|&r| !after(seq, r)) {
                 continue;
+            }
+            if target >= self.blocks {
+                return Err(format!(
+                    "a damaged journal (it logs block {target}, outside the filesystem)"
+                ));
+            }
+            if log.csum.is_some() {
+                (self.read)(self.offset(data)?, &mut b)?;
+                if !log.data_sum_holds(&b, seq, sum) {
+                    return Err(format!(
+                        "a damaged journal (its copy of block {target} fails its checksum)"
+                    ));
+                }
             }
             map.insert(target, (data, escaped));
         }
@@ -1274,6 +1410,7 @@ mod tests {
             bit64: false,
             tail: 0,
             first: 1,
+            csum: None,
         };
         let map = fs.kernel_replay(&journal, 7, 8, &log).unwrap();
         let got: Vec<(u64, (u64, bool))> = map.into_iter().collect();
@@ -1304,6 +1441,85 @@ mod tests {
         disk[journal[8] as usize] = jblock(5, 7, &2000u32.to_be_bytes());
         let read = reader(&disk);
         assert!(on_disk(&read).kernel_replay(&journal, 7, 8, &log).is_err());
+    }
+
+    /// Checksums v3 as jbd2 writes them: a logged block that does not match
+    /// its tag's checksum in a committed transaction is damage; a commit block
+    /// whose checksum fails ends the log before its transaction; a descriptor
+    /// whose checksum fails is damage once its transaction is committed.
+    #[test]
+    fn journal_checksums_are_checked_as_the_kernel_checks_them() {
+        let seed = crc32c_raw(!0, &[&[0x42; 16]]);
+        let log = JournalLog {
+            tag_bytes: 16,
+            bit64: true,
+            tail: 4,
+            first: 1,
+            csum: Some((seed, true)),
+        };
+        let journal: Vec<u64> = (100..112).collect();
+        let data = |fill: u8| vec![fill; 1024];
+        // Transaction `seq` at journal block `at`: a descriptor logging
+        // `target`, its data, a commit block; each checksum as written.
+        let transaction = |disk: &mut Vec<Vec<u8>>, at: usize, seq: u32, target: u32, fill: u8| {
+            let mut tag = target.to_be_bytes().to_vec();
+            tag.extend_from_slice(&(8u32 | 2).to_be_bytes());
+            tag.extend_from_slice(&0u32.to_be_bytes());
+            let sum = crc32c_raw(seed, &[&seq.to_be_bytes(), &data(fill)]);
+            tag.extend_from_slice(&sum.to_be_bytes());
+            let mut d = jblock(1, seq, &tag);
+            let tail = crc32c_raw(seed, &[&d[..1020], &[0; 4]]);
+            d[1020..].copy_from_slice(&tail.to_be_bytes());
+            let mut c = jblock(2, seq, &[]);
+            let sum = crc32c_raw(seed, &[&c]);
+            c[16..20].copy_from_slice(&sum.to_be_bytes());
+            disk[journal[at] as usize] = d;
+            disk[journal[at + 1] as usize] = data(fill);
+            disk[journal[at + 2] as usize] = c;
+        };
+        let mut disk = vec![vec![0u8; 1024]; 200];
+        transaction(&mut disk, 1, 7, 50, 0xA1);
+        transaction(&mut disk, 4, 8, 51, 0xA2);
+        let replay = |disk: &Vec<Vec<u8>>| {
+            let read = reader(disk);
+            on_disk(&read).kernel_replay(&journal, 7, 1, &log)
+        };
+        let whole = replay(&disk).unwrap();
+        assert_eq!(whole.keys().copied().collect::<Vec<_>>(), vec![50, 51]);
+        // The second commit block's checksum fails: the log ends before it.
+        let mut torn = disk.clone();
+        torn[journal[6] as usize][40] ^= 1;
+        assert_eq!(
+            replay(&torn).unwrap().keys().copied().collect::<Vec<_>>(),
+            vec![50]
+        );
+        // Unless it fails past its header: written in part, taken as a commit.
+        let mut partly = disk.clone();
+        partly[journal[6] as usize][100] ^= 1;
+        assert_eq!(
+            replay(&partly).unwrap().keys().copied().collect::<Vec<_>>(),
+            vec![50, 51]
+        );
+        // And a transaction logged after such a commit block is damage.
+        let mut after = partly.clone();
+        transaction(&mut after, 7, 9, 52, 0xA3);
+        let e = replay(&after).unwrap_err();
+        assert!(e.contains("after an incomplete commit"), "{e}");
+        // A logged block damaged in a committed transaction.
+        let mut damaged = disk.clone();
+        damaged[journal[2] as usize][7] ^= 1;
+        let e = replay(&damaged).unwrap_err();
+        assert!(e.contains("fails its checksum"), "{e}");
+        // A damaged descriptor of a committed transaction.
+        let mut damaged = disk.clone();
+        damaged[journal[4] as usize][500] ^= 1;
+        let e = replay(&damaged).unwrap_err();
+        assert!(e.contains("journal block 4: its checksum fails"), "{e}");
+        // A block logged outside the filesystem (200 blocks).
+        let mut outside = vec![vec![0u8; 1024]; 200];
+        transaction(&mut outside, 1, 7, 5000, 0xA1);
+        let e = replay(&outside).unwrap_err();
+        assert!(e.contains("outside the filesystem"), "{e}");
     }
 
     /// Reads 1 KiB blocks `disk`.

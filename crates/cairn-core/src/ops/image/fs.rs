@@ -271,8 +271,9 @@ impl ImageFs {
                         return Err(Error::Invalid(format!(
                             "the ext2/3/4 filesystem at byte {offset} of the image was taken \
                              while mounted, and its journal cannot be replayed here ({e}); \
-                             restore the image (`restore --image`) and mount it, which \
-                             replays the journal"
+                             restore the image (`restore --image`), then mount it, which \
+                             replays the journal, or repair it with `e2fsck` where the \
+                             kernel refuses to"
                         )));
                     }
                     _ => None,
@@ -910,6 +911,7 @@ impl ImageFs {
             links: std::collections::HashMap::new(),
             guard: DirGuard::new(self.inodes_count()),
             list,
+            fresh: false,
         };
         if ext2.is_none() {
             r.report.warnings.push(format!(
@@ -1081,16 +1083,22 @@ impl ImageFs {
         let ft = meta.file_type();
         let m = meta.modified();
         let cname = target::c_name(name).map_err(io)?;
-        let existing = match sys::stat_at(dir, &cname) {
-            Ok(st) => Some(st),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
-            Err(e) => return Err(io(e)),
+        // In a directory this restore made, nothing is there yet: not looked
+        // for, a `stat` per entry saved.
+        let existing = match std::mem::take(&mut r.fresh) {
+            true => None,
+            false => match sys::stat_at(dir, &cname) {
+                Ok(st) => Some(st),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+                Err(e) => return Err(io(e)),
+            },
         };
         let times = (m.seconds(), m.nanoseconds());
         let mode = (u32::from(meta.mode()) & 0o7777) as libc::mode_t;
         if ft.is_dir() {
             r.guard.enter(path, ino)?;
             let mut keep_meta = false;
+            let made_here = !matches!(&existing, Some(st) if st.kind() == libc::S_IFDIR);
             match &existing {
                 // An existing directory (never a symlink to one: not followed) is
                 // restored into; with `never`, its own metadata is left as it is.
@@ -1182,6 +1190,7 @@ impl ImageFs {
                     m => m,
                 };
                 let done = meta.and_then(|m| {
+                    r.fresh = made_here;
                     self.restore_one(
                         &c.path,
                         &sub,
@@ -1348,6 +1357,7 @@ impl ImageFs {
         let mut w = Sparse {
             f,
             at: 0,
+            len: 0,
             block: Vec::with_capacity(SPARSE_BLOCK),
             limit: r.limit,
         };
@@ -1629,6 +1639,9 @@ struct FsRestore<'a> {
     /// Where each entry's outcome goes (`restore -v`), as a restore of a file
     /// snapshot lists them.
     list: Option<&'a crate::progress::Progress>,
+    /// The entry restored next is in a directory this restore made: nothing
+    /// is there to look for (files are created exclusively all the same).
+    fresh: bool,
 }
 
 impl FsRestore<'_> {
@@ -1716,9 +1729,12 @@ impl DirGuard {
 /// the image's file system, 1 KiB on small ones), so a block is gathered before
 /// it is judged.
 struct Sparse<'a> {
+    /// A file this restore created (empty then).
     f: std::fs::File,
     /// Where `block` starts in the file (a multiple of [`SPARSE_BLOCK`]).
     at: u64,
+    /// The file's length so far: the end of the last write.
+    len: u64,
     block: Vec<u8>,
     limit: Option<&'a cairn_backend::Limiter>,
 }
@@ -1739,6 +1755,7 @@ impl Sparse<'_> {
         use std::os::unix::fs::FileExt;
         if !crate::ops::restore::all_zeros(data) {
             self.f.write_all_at(data, self.at)?;
+            self.len = self.at + data.len() as u64;
             if let Some(l) = self.limit {
                 l.take(data.len() as u64);
             }
@@ -1751,7 +1768,9 @@ impl Sparse<'_> {
     /// the file, for its metadata.
     fn finish(mut self) -> std::io::Result<std::fs::File> {
         self.put_block()?;
-        self.f.set_len(self.at)?;
+        if self.len != self.at {
+            self.f.set_len(self.at)?;
+        }
         Ok(self.f)
     }
 }

@@ -189,7 +189,9 @@ impl Replayed {
         let block = self.block;
         let mut done = 0usize;
         while done < dst.len() {
-            let pos = at + done as u64;
+            let pos = at
+                .checked_add(done as u64)
+                .ok_or("a read past the image")?;
             let blk = pos / block;
             let within = (pos % block) as usize;
             let left = dst.len() - done;
@@ -209,7 +211,7 @@ impl Replayed {
             }
             // Up to the next block the journal replaces, in one read.
             let n = match journal.range(blk + 1..).next() {
-                Some((&next, _)) => left.min(((next - blk) * block) as usize - within),
+                Some((&next, _)) => left.min((next - blk).saturating_mul(block) as usize - within),
                 None => left,
             };
             read(pos, &mut dst[done..done + n])?;

@@ -415,8 +415,9 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 }
 
 impl<'a> Ext2<'a> {
-    /// The filesystem `read` reads, or `None` when it is not one this reader may
-    /// read (not ext2/3/4, or a journal still to replay that it cannot replay).
+    /// The filesystem `read` reads, or `None` when it is not ext2/3/4; an
+    /// error when it cannot be read here (its journal needs recovery and
+    /// cannot be replayed, among others).
     #[cfg(test)]
     pub fn open(read: &'a ReadAt<'a>) -> Result<Option<Ext2<'a>>, String> {
         Self::open_cached(read, &JournalCache::new())

@@ -114,8 +114,8 @@ pub struct FsRestoreReport {
     /// Extended attributes set (owners' ACLs and file capabilities among them).
     pub xattrs: u64,
     /// What the image could not give back as it was at backup time (hard links
-    /// and extended attributes of a filesystem whose journal needs recovery), one
-    /// line each: the restore is done in part.
+    /// and extended attributes where cairn's own reader cannot read the
+    /// filesystem), one line each: the restore is done in part.
     pub warnings: Vec<String>,
     /// Entries that could not be restored, or not all of their metadata (an
     /// extended attribute refused, a device when not root), with why, one line
@@ -178,16 +178,16 @@ fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
 /// [`fs_err`] for reading a file's content. The ext2/3/4 reader cannot follow a
 /// block-mapped (ext2/ext3) file whose hole covers a whole indirect block: it
 /// reads the null block pointer as block 0 and calls that corruption. Such files
-/// are read by [`super::blockmap`], except where it declines (a journal still to
-/// replay, a directory on the way that is not block-mapped): then this says what
-/// it is, with the ways that work.
+/// are read by [`super::blockmap`], except where it declines (a filesystem it
+/// does not read, an inode whose size or mode `ext4-view` reads otherwise): then
+/// this says what it is, with the ways that work.
 fn read_err(what: &str, e: impl std::fmt::Display) -> Error {
     let text = e.to_string();
     if text.contains("from block 0 (originally 0)") {
         return Error::Invalid(format!(
             "{what}: a sparse file of an ext2/ext3 filesystem whose hole spans an indirect \
-             block, which --image-fs could not read here (is the filesystem's journal still \
-             to be replayed?); restore the image (`restore --image`) or loop-mount it \
+             block, which --image-fs could not read here; restore the image \
+             (`restore --image`) or loop-mount it \
              read-only through `cairn mount` (docs/IMAGES.md)"
         ));
     }

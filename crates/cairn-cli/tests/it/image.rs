@@ -2431,6 +2431,32 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
     assert_eq!(walk(&out).len(), 7, "{:?}", walk(&out));
 }
 
+/// A symlink whose target holds a name longer than 255 bytes (the kernel keeps
+/// any bytes; no path can follow it): listed and restored as it is (QA r24:
+/// `ext4-view` reads targets as paths and refused it, exit 1).
+#[test]
+fn image_fs_restores_a_symlink_whose_target_no_path_can_follow() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(&tree).unwrap();
+    let target = format!("../{}/x", "n".repeat(300));
+    std::os::unix::fs::symlink(&target, tree.join("long")).unwrap();
+    let snap = ext4_image_snapshot(&env, &tree, &[]);
+    let listed = env.ok(&["ls", &snap, "--image-fs", "/", "-l"]);
+    assert!(listed.contains(&target), "{listed}");
+    let out = env.path("out");
+    env.ok(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/long",
+        "--target",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(fs::read_link(out.join("long")).unwrap(), Path::new(&target));
+}
+
 /// A corrupt directory holding one name twice: neither entry is restored and
 /// both are reported, exit 1 (QA: the second was counted as an entry left in
 /// place, exit 0).

@@ -189,9 +189,7 @@ impl Replayed {
         let block = self.block;
         let mut done = 0usize;
         while done < dst.len() {
-            let pos = at
-                .checked_add(done as u64)
-                .ok_or("a read past the image")?;
+            let pos = at.checked_add(done as u64).ok_or("a read past the image")?;
             let blk = pos / block;
             let within = (pos % block) as usize;
             let left = dst.len() - done;
@@ -1118,6 +1116,29 @@ impl<'a> Ext2<'a> {
     /// which costs a scan of its directory per file.
     pub fn reads(&self, ino: &Inode) -> bool {
         ino.mode & S_IFMT == S_IFREG && ino.flags & (INLINE_DATA_FL | ENCRYPT_FL) == 0
+    }
+
+    /// The target of symlink `ino` when it is kept in blocks (60 bytes or
+    /// more: a shorter one is kept in the inode), read as a file's content;
+    /// `None` for another inode. (`ext4-view` reads a target as a path, and
+    /// refuses one holding a name longer than 255 bytes, which the kernel
+    /// keeps: QA r24.)
+    pub fn link_target(&self, ino: &Inode) -> Result<Option<Vec<u8>>, String> {
+        const S_IFLNK: u16 = 0o120000;
+        if ino.mode & S_IFMT != S_IFLNK
+            || ino.flags & (INLINE_DATA_FL | ENCRYPT_FL) != 0
+            || !(60..=4095).contains(&ino.size)
+        {
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(ino.size as usize);
+        match self.copy(ino, &mut out, &|| false) {
+            Ok(_) => Ok(Some(out)),
+            Err(CopyError::Fs(e)) => Err(e),
+            // Into memory, never stopped.
+            Err(CopyError::Out(e)) => Err(e.to_string()),
+            Err(CopyError::Stopped) => Err("stopped".into()),
+        }
     }
 
     /// One node of an extent tree; `depth` is the depth its parent said it has.

@@ -539,24 +539,41 @@ impl ImageFs {
                 meta.len()
             )));
         }
-        let t = self
-            .fs
-            .read_link(Self::path(path)?.as_path())
-            .map_err(|e| {
-                // The reader takes a target for a path, whose names are at most 255
-                // bytes; the kernel stores any bytes (a link it cannot follow).
-                if e.to_string().contains("invalid symlink path") {
+        match self.fs.read_link(Self::path(path)?.as_path()) {
+            Ok(t) => Ok(t.as_ref().to_vec()),
+            // The reader takes a target for a path, whose names are at most 255
+            // bytes; the kernel stores any bytes (a link it cannot follow).
+            Err(e) if e.to_string().contains("invalid symlink path") => {
+                // Kept in blocks: read as a file's content by this crate's
+                // reader, which takes any bytes.
+                self.own_link_target(path).ok_or_else(|| {
                     Error::Invalid(format!(
                         "{path}: a symlink whose target --image-fs cannot read (a name in it \
-                     longer than 255 bytes, which no path can follow, or damage); restore \
-                     the image (`restore --image`) or loop-mount it read-only through \
-                     `cairn mount` to get it"
+                         longer than 255 bytes, which no path can follow, or damage); restore \
+                         the image (`restore --image`) or loop-mount it read-only through \
+                         `cairn mount` to get it"
                     ))
-                } else {
-                    fs_err(path, e)
-                }
-            })?;
-        Ok(t.as_ref().to_vec())
+                })
+            }
+            Err(e) => Err(fs_err(path, e)),
+        }
+    }
+
+    /// The target of the symlink at `path` as this crate's reader reads it
+    /// ([`super::blockmap::Ext2::link_target`]), if it can; its length must be
+    /// the one `ext4-view` reads.
+    fn own_link_target(&self, path: &str) -> Option<Vec<u8>> {
+        let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
+        let fs = super::blockmap::Ext2::open_cached(&read, &self.journal).ok()??;
+        let (_, ino) = fs.lookup(&raw(path)).ok()??;
+        let len = self
+            .fs
+            .symlink_metadata(Self::path(path).ok()?.as_path())
+            .ok()?
+            .len();
+        fs.link_target(&ino)
+            .ok()?
+            .filter(|t| t.len() as u64 == len && !t.is_empty() && !t.contains(&0))
     }
 
     /// Lists `path` and, for a directory, what is in it (everything below it with

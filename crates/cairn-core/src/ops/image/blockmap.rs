@@ -28,8 +28,8 @@ const INCOMPAT_RECOVER: u32 = 0x0004;
 const COMPAT_HAS_JOURNAL: u32 = 0x0004;
 const JBD2_MAGIC: u32 = 0xC03B_3998;
 /// Journal features (incompatible ones): revocation blocks, 64-bit block
-/// numbers, asynchronous commits, checksums v2 and v3. All are replayed (the
-/// checksums are not verified); fast commits are not.
+/// numbers, asynchronous commits, checksums v2 and v3. All are replayed, the
+/// checksums checked; fast commits are not replayed.
 const JBD2_REVOKE: u32 = 0x01;
 const JBD2_64BIT: u32 = 0x02;
 const JBD2_CSUM_V2: u32 = 0x08;
@@ -38,6 +38,9 @@ const JBD2_ALLOWED: u32 = JBD2_REVOKE | JBD2_64BIT | 0x04 | JBD2_CSUM_V2 | JBD2_
 /// A journal's superblock: version 1 (no features) or 2.
 const JBD2_SUPERBLOCK_V1: u32 = 3;
 const JBD2_SUPERBLOCK_V2: u32 = 4;
+/// The compatible feature of checksums v1: a CRC32 of each transaction's
+/// descriptor and logged blocks in its commit block.
+const JBD2_COMPAT_CHECKSUM: u32 = 0x01;
 /// The fewest blocks jbd2 takes a journal to have.
 const JBD2_MIN_BLOCKS: usize = 1024;
 /// The filesystem's journal is on another device.
@@ -47,7 +50,7 @@ const RO_COMPAT_METADATA_CSUM: u32 = 0x0400;
 /// Revoked blocks at most in a journal's log (the kernel keeps them in a
 /// table in memory too; a journal of 1 GiB filled with revocation records
 /// would otherwise hold 256 M of them).
-const MAX_REVOKED: usize = 1 << 24;
+const MAX_REVOKED: usize = 1 << 22;
 /// Journal blocks at most (a journal is 1 GiB at most: 1 M blocks of 1 KiB).
 const MAX_JOURNAL_BLOCKS: u64 = 1 << 22;
 const INCOMPAT_64BIT: u32 = 0x0080;
@@ -195,15 +198,17 @@ impl Replayed {
             let left = dst.len() - done;
             if let Some(&(j, escaped)) = journal.get(&blk) {
                 let n = left.min(block as usize - within);
-                let mut b = vec![0u8; block as usize];
                 let from = j
                     .checked_mul(block)
                     .ok_or("a journal block past the image")?;
-                read(from, &mut b)?;
-                if escaped {
-                    b[..4].copy_from_slice(&JBD2_MAGIC.to_be_bytes());
+                // The piece wanted of the journal's copy, straight into `dst`;
+                // an escaped copy's first four bytes are the magic number.
+                read(from + within as u64, &mut dst[done..done + n])?;
+                if escaped && within < 4 {
+                    let magic = JBD2_MAGIC.to_be_bytes();
+                    let k = (4 - within).min(n);
+                    dst[done..done + k].copy_from_slice(&magic[within..within + k]);
                 }
-                dst[done..done + n].copy_from_slice(&b[within..within + n]);
                 done += n;
                 continue;
             }
@@ -258,6 +263,15 @@ fn crc32c_raw(seed: u32, parts: &[&[u8]]) -> u32 {
     for p in parts {
         d.update(p);
     }
+    !d.finalize()
+}
+
+/// Linux's `crc32_be(seed, data)` over `data`: CRC32 without reflection,
+/// from register `seed`, without the final inversion (checksums v1).
+fn crc32_be_raw(seed: u32, data: &[u8]) -> u32 {
+    const CRC32: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_BZIP2);
+    let mut d = CRC32.digest_with_initial(seed);
+    d.update(data);
     !d.finalize()
 }
 
@@ -322,6 +336,9 @@ struct JournalLog {
     /// Checksums v2 or v3: the seed (CRC32C of the journal's UUID) and
     /// whether they are v3 (32 bits in tags; v2 keeps 16).
     csum: Option<(u32, bool)>,
+    /// Checksums v1: a CRC32 (big-endian, as `crc32_be`) of each
+    /// transaction's descriptor and logged blocks, in its commit block.
+    crc32: bool,
 }
 
 impl JournalLog {
@@ -485,8 +502,11 @@ impl<'a> Ext2<'a> {
                     ..Default::default()
                 }));
             }
-            if incompat & INCOMPAT_JOURNAL_DEV != 0 || inum == 0 {
+            if incompat & INCOMPAT_JOURNAL_DEV != 0 {
                 return Err("the journal is on another device".into());
+            }
+            if inum == 0 {
+                return Err("the superblock names no journal inode".into());
             }
             let mut r = fs.replay_journal(inum)?;
             let mut now = [0u8; 1024];
@@ -516,9 +536,9 @@ impl<'a> Ext2<'a> {
     /// their commit block are replayed in order, each logged block unless a
     /// revocation in its transaction or a later committed one names it.
     /// Every tag format is read (checksums v3, v2 or none; 32- or 64-bit block
-    /// numbers), and escaped blocks get their first bytes back. Checksums are
-    /// not verified: a log torn by a crash is not told apart here from a whole
-    /// one. (`ext4-view` 1.0's own replay stops at the journal's end, keeps
+    /// numbers), escaped blocks get their first bytes back, and checksums (v1,
+    /// v2, v3) are checked as jbd2 checks them ([`Self::kernel_replay`]).
+    /// (`ext4-view` 1.0's own replay stops at the journal's end, keeps
     /// revocations within their transaction and reads checksum v3 logs only:
     /// QA r25 saw a file come back with an old directory block inside, and
     /// deleted files come back, so the replayed filesystem is given to it
@@ -571,6 +591,17 @@ impl<'a> Ext2<'a> {
         } else {
             0
         };
+        let compat = if kind == JBD2_SUPERBLOCK_V2 {
+            be(&b, 36)
+        } else {
+            0
+        };
+        // Checksums of two versions at once, which jbd2 refuses too.
+        let v2or3 = features & (JBD2_CSUM_V2 | JBD2_CSUM_V3);
+        if v2or3 == JBD2_CSUM_V2 | JBD2_CSUM_V3 || v2or3 != 0 && compat & JBD2_COMPAT_CHECKSUM != 0
+        {
+            return Err("a journal with checksums of two versions at once".into());
+        }
         // jbd2 knows no read-only compatible feature: one makes it refuse too.
         if kind == JBD2_SUPERBLOCK_V2 && be(&b, 44) != 0 {
             return Err(format!(
@@ -614,6 +645,7 @@ impl<'a> Ext2<'a> {
                 0
             },
             first,
+            crc32: compat & JBD2_COMPAT_CHECKSUM != 0,
             csum: (features & (JBD2_CSUM_V2 | JBD2_CSUM_V3) != 0)
                 .then(|| (crc32c_raw(!0, &[&b[48..64]]), features & JBD2_CSUM_V3 != 0)),
         };
@@ -621,8 +653,16 @@ impl<'a> Ext2<'a> {
         if start >= maxlen {
             return Err("a journal whose log starts outside it".into());
         }
+        let map = self.kernel_replay(&blocks, sequence, start, &log)?;
+        // A log that writes over the journal itself: the kernel's recovery
+        // then fails (QA r26), as it does here.
+        if let Some(b) = blocks.iter().find(|b| map.contains_key(b)) {
+            return Err(format!(
+                "a damaged journal (it logs block {b}, one of the journal's own)"
+            ));
+        }
         Ok(Replayed {
-            map: self.kernel_replay(&blocks, sequence, start, &log)?,
+            map,
             block: self.block,
             superblock: None,
         })
@@ -630,13 +670,16 @@ impl<'a> Ext2<'a> {
 
     /// [`Self::replay_journal`]'s log, from block `start` (0: nothing to replay).
     ///
-    /// With checksums (v2, v3), as jbd2: a commit block whose checksum fails
-    /// ends the log there (its transaction was not committed whole); a
-    /// descriptor or revocation block, or a logged block to be replayed,
-    /// whose checksum fails in a committed transaction is damage, on which
-    /// the kernel refuses to mount, and so is a logged block outside the
-    /// filesystem (QA r26: such blocks were passed over, and a file was read
-    /// as it was before its last change, exit 0).
+    /// Checksums as jbd2 checks them (Linux 6.x `fs/jbd2/recovery.c`): a
+    /// descriptor or revocation block that fails its own makes the next commit
+    /// block decide: one older than the last commit ends the log there (stale
+    /// blocks), and a later one is damage, on which the kernel refuses to
+    /// mount. A commit block that fails its checksum (v2, v3: unless only its
+    /// header was written; v1: the CRC32 of the transaction's blocks) ends the
+    /// log before its transaction. A logged block to be replayed that fails its
+    /// tag's checksum, or lies outside the filesystem, is damage (QA r26: such
+    /// blocks were passed over, and a file was read as it was before its last
+    /// change, exit 0).
     fn kernel_replay(
         &self,
         blocks: &[u64],
@@ -646,6 +689,7 @@ impl<'a> Ext2<'a> {
     ) -> Result<JournalMap, String> {
         let bs = self.block as usize;
         let mut b = vec![0u8; bs];
+        let mut data = vec![0u8; bs];
         if start == 0 {
             return Ok(JournalMap::new());
         }
@@ -660,14 +704,15 @@ impl<'a> Ext2<'a> {
         // checksum), and revocations: of the transaction being read, and of
         // the committed ones (target to the latest transaction naming it).
         let mut logged: Vec<(u64, u64, bool, u32, u32)> = Vec::new();
-        let mut revoking: Vec<u64> = Vec::new();
+        let mut revoking: std::collections::HashSet<u64> = Default::default();
         let mut revoked: std::collections::HashMap<u64, u32> = Default::default();
         let mut committed: Option<u32> = None;
-        // A block of the transaction being read whose checksum fails: damage
-        // once the transaction turns out committed.
+        // A descriptor or revocation block whose checksum failed: the next
+        // commit block's time decides.
         let mut bad: Option<String> = None;
-        // A commit block was taken whose checksum held for its header only.
-        let mut partly = false;
+        let mut last_commit_time = 0u64;
+        // Checksums v1: the CRC32 of the transaction's blocks so far.
+        let mut crc32 = !0u32;
         let record = if log.bit64 { 8 } else { 4 };
         let (mut at, mut steps) = (start, 0usize);
         'log: while steps < blocks.len() {
@@ -680,23 +725,23 @@ impl<'a> Ext2<'a> {
             at = next(at);
             steps += 1;
             match be(&b, 4) {
-                // A transaction logged after a commit block written in part
-                // is damage (as Linux 6.x has it).
-                1 | 5 if partly => {
-                    return Err(
-                        "a damaged journal (a transaction after an incomplete commit)".into(),
-                    );
-                }
                 // Descriptor: the tags before the block's checksum tail.
                 1 => {
                     if !log.block_sum_holds(&b) {
                         bad.get_or_insert(format!("journal block {here}: its checksum fails"));
                     }
+                    if log.crc32 {
+                        crc32 = crc32_be_raw(crc32, &b);
+                    }
                     for (target, flags, sum) in log.tags(&b) {
-                        let Some(&data) = blocks.get(at) else {
+                        let Some(&j) = blocks.get(at) else {
                             break 'log;
                         };
-                        logged.push((target, data, flags & 1 != 0, sequence, sum));
+                        if log.crc32 {
+                            (self.read)(self.offset(j)?, &mut data)?;
+                            crc32 = crc32_be_raw(crc32, &data);
+                        }
+                        logged.push((target, j, flags & 1 != 0, sequence, sum));
                         at = next(at);
                         steps += 1;
                     }
@@ -714,7 +759,7 @@ impl<'a> Ext2<'a> {
                     }
                     let records = b.get(16..count).unwrap_or(&[]);
                     for c in records.chunks_exact(record) {
-                        revoking.push(if log.bit64 {
+                        revoking.insert(if log.bit64 {
                             u64::from(be(c, 0)) << 32 | u64::from(be(c, 4))
                         } else {
                             u64::from(be(c, 0))
@@ -725,18 +770,28 @@ impl<'a> Ext2<'a> {
                     }
                 }
                 2 => {
-                    // One whose checksum fails ends the log before its
-                    // transaction, unless only its header was written.
-                    if !log.commit_sum_holds(&b) {
-                        if !log.commit_partly_written(&b) {
-                            break;
-                        }
-                        partly = true;
-                    }
+                    let time = u64::from(be(&b, 48)) << 32 | u64::from(be(&b, 52));
                     if let Some(why) = bad.take() {
-                        return Err(format!("a damaged journal ({why})"));
+                        if time >= last_commit_time {
+                            return Err(format!("a damaged journal ({why})"));
+                        }
+                        // Stale blocks of an earlier use of the journal.
+                        break;
                     }
-                    for target in revoking.drain(..) {
+                    // v1: the CRC32 in the commit block, or none recorded.
+                    let v1 = (b[12], b[13], be(&b, 16));
+                    let v1_holds = !log.crc32 || v1 == (1, 4, crc32) || v1 == (0, 0, 0);
+                    // v2, v3: unless only its header was written.
+                    let holds =
+                        v1_holds && (log.commit_sum_holds(&b) || log.commit_partly_written(&b));
+                    if !holds {
+                        // The transaction was not committed whole (or the
+                        // block is stale): the log ends before it.
+                        break;
+                    }
+                    crc32 = !0;
+                    last_commit_time = time;
+                    for target in revoking.drain() {
                         revoked.insert(target, sequence);
                     }
                     committed = Some(sequence);
@@ -1435,6 +1490,7 @@ mod tests {
             tail: 0,
             first: 1,
             csum: None,
+            crc32: false,
         };
         let map = fs.kernel_replay(&journal, 7, 8, &log).unwrap();
         let got: Vec<(u64, (u64, bool))> = map.into_iter().collect();
@@ -1455,6 +1511,10 @@ mod tests {
             "a revoked block replayed"
         );
         assert!(b[2048..].iter().all(|&x| x == 0xE3));
+        // A read that starts inside the escaped bytes.
+        let mut b = [0u8; 4];
+        replayed.read_at(&read, 50 * 1024 + 2, &mut b).unwrap();
+        assert_eq!(b, [0x39, 0x98, 0xE1, 0xE1]);
         // A log with nothing to replay (start 0), and one whose first block is
         // not of the expected sequence.
         assert!(fs.kernel_replay(&journal, 7, 0, &log).unwrap().is_empty());
@@ -1480,6 +1540,7 @@ mod tests {
             tail: 4,
             first: 1,
             csum: Some((seed, true)),
+            crc32: false,
         };
         let journal: Vec<u64> = (100..112).collect();
         let data = |fill: u8| vec![fill; 1024];
@@ -1524,11 +1585,11 @@ mod tests {
             replay(&partly).unwrap().keys().copied().collect::<Vec<_>>(),
             vec![50, 51]
         );
-        // And a transaction logged after such a commit block is damage.
+        // And a transaction logged after it is replayed.
         let mut after = partly.clone();
         transaction(&mut after, 7, 9, 52, 0xA3);
-        let e = replay(&after).unwrap_err();
-        assert!(e.contains("after an incomplete commit"), "{e}");
+        let got = replay(&after).unwrap();
+        assert_eq!(got.keys().copied().collect::<Vec<_>>(), vec![50, 51, 52]);
         // A logged block damaged in a committed transaction.
         let mut damaged = disk.clone();
         damaged[journal[2] as usize][7] ^= 1;
@@ -1539,6 +1600,23 @@ mod tests {
         damaged[journal[4] as usize][500] ^= 1;
         let e = replay(&damaged).unwrap_err();
         assert!(e.contains("journal block 4: its checksum fails"), "{e}");
+        // A damaged descriptor followed by a commit older than the last one:
+        // stale blocks of an earlier use of the journal, the log ends there.
+        let set_time = |disk: &mut Vec<Vec<u8>>, at: usize, time: u64| {
+            let c = &mut disk[journal[at] as usize];
+            c[48..56].copy_from_slice(&time.to_be_bytes());
+            c[16..20].fill(0);
+            let sum = crc32c_raw(seed, &[&c[..]]);
+            c[16..20].copy_from_slice(&sum.to_be_bytes());
+        };
+        let mut stale = disk.clone();
+        set_time(&mut stale, 3, 100);
+        set_time(&mut stale, 6, 50);
+        stale[journal[4] as usize][500] ^= 1;
+        assert_eq!(
+            replay(&stale).unwrap().keys().copied().collect::<Vec<_>>(),
+            vec![50]
+        );
         // A block logged outside the filesystem (200 blocks).
         let mut outside = vec![vec![0u8; 1024]; 200];
         transaction(&mut outside, 1, 7, 5000, 0xA1);

@@ -265,17 +265,21 @@ impl ImageFs {
             let replayed = {
                 let read = |at: u64, dst: &mut [u8]| mine.read_at(at, dst);
                 let opened = super::blockmap::Ext2::open_cached(&read, &journal);
+                let refused = |e: &str| {
+                    Error::Invalid(format!(
+                        "the ext2/3/4 filesystem at byte {offset} of the image was taken \
+                         while mounted, and its journal cannot be replayed here ({e}); \
+                         restore the image (`restore --image`), then mount it, which \
+                         replays the journal, or repair it with `e2fsck` where the \
+                         kernel refuses to"
+                    ))
+                };
                 match (opened, journal.get()) {
                     (Ok(Some(fs)), _) => Some(fs.replayed()),
-                    (_, Some(Err(e))) => {
-                        return Err(Error::Invalid(format!(
-                            "the ext2/3/4 filesystem at byte {offset} of the image was taken \
-                             while mounted, and its journal cannot be replayed here ({e}); \
-                             restore the image (`restore --image`), then mount it, which \
-                             replays the journal, or repair it with `e2fsck` where the \
-                             kernel refuses to"
-                        )));
-                    }
+                    (_, Some(Err(e))) => return Err(refused(e)),
+                    // Refused before its journal was looked at: `ext4-view`
+                    // would replay it its own way (review r27).
+                    (Err(e), None) if needs_recovery(&mine) => return Err(refused(&e)),
                     _ => None,
                 }
             };
@@ -298,8 +302,8 @@ impl ImageFs {
                 }
                 Err(e) => {
                     // An ext2/3/4 superblock is there: the filesystem was found,
-                    // and the reader declines it (a journal it cannot replay, a
-                    // feature it does not read). Say that, not "not found".
+                    // and the reader declines it (a feature it does not read,
+                    // damage). Say that, not "not found".
                     // (Said if no later partition can be read instead.)
                     let mut magic = [0u8; 2];
                     if declined.is_none()
@@ -1817,6 +1821,16 @@ impl Write for Sparse<'_> {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// Whether the window holds an ext2/3/4 superblock with a journal that asks
+/// for recovery.
+fn needs_recovery(bytes: &ImageBytes) -> bool {
+    let mut sb = [0u8; 100];
+    bytes.read_at(1024, &mut sb).is_ok()
+        && sb[56..58] == [0x53, 0xEF]
+        && u32::from_le_bytes([sb[92], sb[93], sb[94], sb[95]]) & 0x4 != 0
+        && u32::from_le_bytes([sb[96], sb[97], sb[98], sb[99]]) & 0x4 != 0
 }
 
 /// The bytes of a path or name as listings write it ([`escape_name`]: stand-ins

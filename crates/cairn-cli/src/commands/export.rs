@@ -270,15 +270,25 @@ pub(super) fn write_output<R>(
             let shown = partial.display().to_string();
             // `NAME.incomplete` must still be a name (255 bytes): a long NAME is
             // cut (review: the rename failed, and the archive went with it).
-            let aside = (!whole(&r)).then(|| {
+            let incomplete = {
                 let mut name = std::ffi::OsStr::from_bytes(&base[..base.len().min(244)]).to_owned();
                 name.push(".incomplete");
                 file.with_file_name(name)
-            });
+            };
+            let aside = (!whole(&r)).then(|| incomplete.clone());
             let to = aside.as_deref().unwrap_or(file);
             let persisted = partial.persist(to);
             partial::forget();
             persisted.with_context(|| format!("renaming {shown} to {}", to.display()))?;
+            // One an earlier export left is not removed (it may be all there
+            // is of what was lost since), but said: it is not this archive.
+            if aside.is_none() && !g.quiet && std::fs::symlink_metadata(&incomplete).is_ok() {
+                crate::ui::note(format!(
+                    "{} is from an earlier export that was not whole; {} is whole",
+                    incomplete.display(),
+                    file.display()
+                ));
+            }
             (r, aside)
         }
     })

@@ -1578,6 +1578,25 @@ fn an_export_that_fails_half_way_leaves_a_tar_stream_tar_refuses() {
         assert_eq!(fs::read(&file).unwrap(), b"last week's good archive");
         assert!(fs::metadata(&aside).unwrap().len() > 1 << 20);
     }
+    // A whole archive later under the same name says the incomplete one beside
+    // it is an earlier one, and leaves it.
+    let file = env.path("e.zip");
+    let small = src.join("a-small");
+    let o = env
+        .cmd(&["export", &snap, small.to_str().unwrap(), "-o"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}.incomplete is from an earlier export that was not whole",
+            file.display()
+        )),
+        "{err}"
+    );
+    assert!(env.path("e.zip.incomplete").exists());
 }
 
 /// A directory whose tree the disk fails to read (EIO) ends the export with the

@@ -923,14 +923,7 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
     );
     assert!(e.contains("cannot be used with"), "{e}");
     let target = env.path("out");
-    let o = env.run(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/",
-        "--target",
-        target.to_str().unwrap(),
-    ]);
+    let o = env.run(&fs_restore(&snap, "/", &target));
     assert_eq!(o.status.code(), Some(3), "{o:?}");
 
     // A directory's block unreadable at backup time: the listing fails there,
@@ -1135,14 +1128,7 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
         assert!(o.status.success(), "{o:?}");
         assert!(o.stdout == payload, "{label}: dumped file differs");
         let target = env.path(&format!("out-{label}"));
-        env.ok(&[
-            "restore",
-            &snap,
-            "--image-fs",
-            "/etc",
-            "--target",
-            target.to_str().unwrap(),
-        ]);
+        env.ok(&fs_restore(&snap, "/etc", &target));
         assert!(fs::read(target.join("etc/deep/payload.bin")).unwrap() == payload);
         assert_eq!(
             fs::read_link(target.join("etc/link")).unwrap(),
@@ -1152,14 +1138,7 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
             // `..` stays inside the image's root, and the copy inside the target.
             let jail = env.path("jail");
             let target = jail.join("target");
-            env.ok(&[
-                "restore",
-                &snap,
-                "--image-fs",
-                "/etc/..",
-                "--target",
-                target.to_str().unwrap(),
-            ]);
+            env.ok(&fs_restore(&snap, "/etc/..", &target));
             let names: Vec<_> = fs::read_dir(&jail)
                 .unwrap()
                 .map(|e| e.unwrap().file_name())
@@ -1321,14 +1300,7 @@ fn files_come_out_of_an_image_in_place_with_image_fs_even_from_a_partitioned_dis
         check(&o.stdout, *at, *middle, name);
     }
     let out = env.path("ext3-out");
-    env.ok(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/d",
-        "--target",
-        out.to_str().unwrap(),
-    ]);
+    env.ok(&fs_restore(&snap, "/d", &out));
     for (name, at, middle) in &want {
         check(&fs::read(out.join(name)).unwrap(), *at, *middle, "restored");
     }
@@ -1370,14 +1342,7 @@ fn image_fs_paths_never_leave_the_entry_they_name() {
 
     // Both are there and each is read as itself when the directory is walked.
     let out = env.path("all");
-    env.ok(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/",
-        "--target",
-        out.to_str().unwrap(),
-    ]);
+    env.ok(&fs_restore(&snap, "/", &out));
     assert_eq!(fs::read(out.join("root/A/f")).unwrap(), b"in A\n");
     assert_eq!(
         fs::read(out.join("root").join(literal_a).join("f")).unwrap(),
@@ -1845,14 +1810,7 @@ fn preallocated_reads_as_zeros(env: &Env, snap: &str, len: usize, small: &[u8]) 
     assert_eq!(dumped.stdout.len(), len);
     assert!(dumped.stdout.iter().all(|&b| b == 0), "stale bytes dumped");
     let out = env.path("out");
-    env.ok(&[
-        "restore",
-        snap,
-        "--image-fs",
-        "/",
-        "-t",
-        out.to_str().unwrap(),
-    ]);
+    env.ok(&fs_restore(snap, "/", &out));
     let restored = fs::read(out.join("root/pre")).unwrap();
     assert_eq!(restored.len(), len);
     assert!(restored.iter().all(|&b| b == 0), "stale bytes restored");
@@ -1923,14 +1881,7 @@ fn image_fs_reads_preallocated_blocks_as_zeros_and_bigalloc() {
     );
     let snap = image_snapshot(&env, &img);
     let out = env.path("out-bigalloc");
-    env.ok(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/",
-        "-t",
-        out.to_str().unwrap(),
-    ]);
+    env.ok(&fs_restore(&snap, "/", &out));
     assert_eq!(fs::read(out.join("root/junk")).unwrap(), junk);
     assert_eq!(fs::read(out.join("root/small")).unwrap(), b"small\n");
 }
@@ -2066,17 +2017,7 @@ fn image_fs_restores_keep_hard_links_xattrs_acls_and_capabilities() {
     assert_eq!(fs::metadata(out.join("d/b/link")).unwrap().nlink(), 3);
     // Only one name of the three restored: a file of its own, and a note of it.
     let one = env.path("one");
-    let o = env
-        .cmd(&[
-            "restore",
-            &snap,
-            "--image-fs",
-            "/d/a",
-            "--target",
-            one.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let o = env.cmd(&fs_restore(&snap, "/d/a", &one)).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(
@@ -2127,14 +2068,7 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
     let snap = ext4_image_snapshot(&env, &tree, &[]);
 
     let out = env.path("out-link");
-    env.ok(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/link",
-        "--target",
-        out.to_str().unwrap(),
-    ]);
+    env.ok(&fs_restore(&snap, "/link", &out));
     assert_eq!(
         fs::read_link(out.join("link")).unwrap(),
         Path::new("target")
@@ -2147,14 +2081,7 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
     // (the old file: not there, the next restore writes it whatever it is told).
     let mark = out.join(".cairn-restore-unfinished");
     assert!(!mark.exists());
-    let o = env.run(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/",
-        "--target",
-        out.to_str().unwrap(),
-    ]);
+    let o = env.run(&fs_restore(&snap, "/", &out));
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     assert!(!mark.exists());
 
@@ -2207,17 +2134,7 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
         // Not root: the device is a failed entry (as in a restore of files), the
         // FIFO is made.
         let (mine, cache) = open_to_nobody(&env);
-        let o = output_as_nobody(
-            &mut env.cmd(&[
-                "restore",
-                &snap,
-                "--image-fs",
-                "/d",
-                "--target",
-                mine.to_str().unwrap(),
-            ]),
-            &cache,
-        );
+        let o = output_as_nobody(&mut env.cmd(&fs_restore(&snap, "/d", &mine)), &cache);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{err}");
         assert!(
@@ -2446,14 +2363,7 @@ fn image_fs_restores_a_symlink_whose_target_no_path_can_follow() {
     let listed = env.ok(&["ls", &snap, "--image-fs", "/", "-l"]);
     assert!(listed.contains(&target), "{listed}");
     let out = env.path("out");
-    env.ok(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/long",
-        "--target",
-        out.to_str().unwrap(),
-    ]);
+    env.ok(&fs_restore(&snap, "/long", &out));
     assert_eq!(fs::read_link(out.join("long")).unwrap(), Path::new(&target));
 }
 
@@ -2483,14 +2393,7 @@ fn image_fs_reports_a_name_held_twice() {
     fs::write(&img, &data).unwrap();
     let snap = image_snapshot(&env, &img);
     let out = env.path("out");
-    let o = env.run(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/z",
-        "--target",
-        out.to_str().unwrap(),
-    ]);
+    let o = env.run(&fs_restore(&snap, "/z", &out));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
@@ -2606,14 +2509,7 @@ fn image_fs_refuses_crafted_directories_whose_blocks_repeat() {
         let err = env.fails(&["dump", &snap, "--image-fs", "/d1/x"], 1);
         assert!(err.contains(says), "{err}");
         let out = env.path(out);
-        let o = env.run(&[
-            "restore",
-            &snap,
-            "--image-fs",
-            "/",
-            "-t",
-            out.to_str().unwrap(),
-        ]);
+        let o = env.run(&fs_restore(&snap, "/", &out));
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{err}");
         assert!(err.contains(says), "{err}");
@@ -2863,17 +2759,7 @@ fn image_fs_replays_journals_of_every_format() {
         assert!(o.status.success(), "{mkfs:?}: {:?} {err}", o.status);
         assert!(o.stdout == magic, "{mkfs:?}: escaped blocks read otherwise");
         let out = env.path("out");
-        let o = env
-            .cmd(&[
-                "restore",
-                &snap,
-                "--image-fs",
-                "/new",
-                "--target",
-                out.to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
+        let o = env.cmd(&fs_restore(&snap, "/new", &out)).output().unwrap();
         assert!(o.status.success(), "{mkfs:?}: {o:?}");
         let g0 = fs::metadata(out.join("new/g0")).unwrap();
         assert_eq!(g0.nlink(), 2, "{mkfs:?}: hard link lost");
@@ -2910,20 +2796,19 @@ fn image_fs_replays_the_journal_for_preallocated_files() {
     preallocated_reads_as_zeros(&env, &snap, 4 << 20, b"written while mounted\n");
 }
 
+/// The arguments of `restore SNAP --image-fs PATH --target OUT`.
+fn fs_restore<'a>(snap: &'a str, path: &'a str, out: &'a Path) -> [&'a str; 6] {
+    let out = out.to_str().unwrap();
+    ["restore", snap, "--image-fs", path, "--target", out]
+}
+
 /// `restore SNAP --image-fs / --target out`, started with its stderr piped.
 fn restore_image_fs_root(env: &Env, snap: &str, out: &Path) -> std::process::Child {
-    env.cmd(&[
-        "restore",
-        snap,
-        "--image-fs",
-        "/",
-        "--target",
-        out.to_str().unwrap(),
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap()
+    env.cmd(&fs_restore(snap, "/", out))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// `backup --image` of a FIFO is refused at once (opening one waits for a writer),
@@ -3546,14 +3431,7 @@ fn image_fs_says_a_time_after_2038_is_what_it_cannot_read() {
     let listed = String::from_utf8_lossy(&o.stdout);
     assert!(listed.contains("/now"), "{listed}");
     let target = env.path("out");
-    let o = env.run(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/future",
-        "--target",
-        target.to_str().unwrap(),
-    ]);
+    let o = env.run(&fs_restore(&snap, "/future", &target));
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -3561,14 +3439,7 @@ fn image_fs_says_a_time_after_2038_is_what_it_cannot_read() {
         "{err}"
     );
     // What it can read still comes back.
-    env.ok(&[
-        "restore",
-        &snap,
-        "--image-fs",
-        "/now",
-        "--target",
-        target.to_str().unwrap(),
-    ]);
+    env.ok(&fs_restore(&snap, "/now", &target));
     assert_eq!(fs::read(target.join("now")).unwrap(), b"today\n");
 }
 
@@ -3608,16 +3479,7 @@ fn image_fs_restore_over_a_target_puts_hard_links_back() {
     let e = env.fails(&["dump", &snap, "--image-fs", "/link"], 1);
     assert!(e.contains("is a symlink to dir/sub"), "{e}");
     let t = env.path("t");
-    let restore = |target: &Path| {
-        env.run(&[
-            "restore",
-            &snap,
-            "--image-fs",
-            "/dir",
-            "--target",
-            target.to_str().unwrap(),
-        ])
-    };
+    let restore = |target: &Path| env.run(&fs_restore(&snap, "/dir", target));
     let inode = |n: &str| fs::metadata(t.join("dir").join(n)).unwrap().ino();
     assert!(restore(&t).status.success());
     assert_eq!(inode("a.bin"), inode("b.bin"));

@@ -146,6 +146,8 @@ pub struct ImageFs {
     pub repaired: bool,
     /// The journal as [`super::blockmap`] replays it, once for this image.
     journal: super::blockmap::JournalCache,
+    /// The filesystem's bytes as [`super::blockmap`] reads them ([`Self::own`]).
+    own_read: Box<super::blockmap::ReadAt<'static>>,
 }
 
 fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -258,13 +260,16 @@ impl ImageFs {
                 touched: touched.clone(),
             };
             let mine = window();
+            let own_read: Box<super::blockmap::ReadAt<'static>> = {
+                let bytes = window();
+                Box::new(move |at: u64, dst: &mut [u8]| bytes.read_at(at, dst))
+            };
             // The journal replayed as the kernel replays it, and the replayed
             // filesystem given to `ext4-view`, which then replays nothing: both
             // readers read what a mount would show.
             let journal = super::blockmap::JournalCache::new();
             let replayed = {
-                let read = |at: u64, dst: &mut [u8]| mine.read_at(at, dst);
-                let opened = super::blockmap::Ext2::open_cached(&read, &journal);
+                let opened = super::blockmap::Ext2::open_cached(&*own_read, &journal);
                 let refused = |e: &str| {
                     Error::Invalid(format!(
                         "the ext2/3/4 filesystem at byte {offset} of the image was taken \
@@ -298,6 +303,7 @@ impl ImageFs {
                         file: file.unwrap_or_default().to_string(),
                         repaired: crate::repo::is_repaired(snap),
                         journal,
+                        own_read,
                     });
                 }
                 Err(e) => {
@@ -357,12 +363,17 @@ impl ImageFs {
         Ok(())
     }
 
+    /// cairn's own reader of this filesystem ([`super::blockmap::Ext2`]), its
+    /// journal replayed once per image; `None` where it does not read it.
+    fn own(&self) -> std::result::Result<Option<super::blockmap::Ext2<'_>>, String> {
+        super::blockmap::Ext2::open_cached(&*self.own_read, &self.journal)
+    }
+
     /// An error when a directory on the way to `path` (or `path`) has an extent
     /// tree `ext4-view` must not be given ([`super::blockmap::Ext2::crafted_tree`]);
     /// nothing is said where this crate's reader cannot read the filesystem.
     fn crafted_on_the_way(&self, path: &str) -> Result<()> {
-        let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-        match super::blockmap::Ext2::open_cached(&read, &self.journal) {
+        match self.own() {
             Ok(Some(fs)) => fs
                 .crafted_on_the_way(&raw(path))
                 .map_err(|e| fs_err(path, e)),
@@ -567,8 +578,7 @@ impl ImageFs {
     /// ([`super::blockmap::Ext2::link_target`]), if it can; its length must be
     /// the one `ext4-view` reads.
     fn own_link_target(&self, path: &str) -> Option<Vec<u8>> {
-        let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-        let fs = super::blockmap::Ext2::open_cached(&read, &self.journal).ok()??;
+        let fs = self.own().ok()??;
         let (_, ino) = fs.lookup(&raw(path)).ok()??;
         let len = self
             .fs
@@ -601,10 +611,7 @@ impl ImageFs {
         if meta.is_dir() {
             // Directories' inode numbers, from this crate's reader where it reads
             // the filesystem: a loop in a corrupt one is then seen at once.
-            let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-            let ext2 = super::blockmap::Ext2::open_cached(&read, &self.journal)
-                .ok()
-                .flatten();
+            let ext2 = self.own().ok().flatten();
             let top = (ext2.as_ref())
                 .and_then(|fs| fs.lookup(&raw(&path)).ok().flatten())
                 .map(|(n, _)| n);
@@ -797,7 +804,6 @@ impl ImageFs {
     /// says why), found by its path; `None` for every other file (and whenever
     /// that reader cannot tell: `ext4-view` then reads it, or says why not).
     fn dump_own(&self, path: &str, out: &mut dyn Write, out_name: &Path) -> Result<Option<u64>> {
-        use super::blockmap::Ext2;
         let len = match self.fs.metadata(Self::path(path)?.as_path()) {
             Ok(m) if m.file_type().is_regular_file() => m.len(),
             _ => return Ok(None),
@@ -805,8 +811,7 @@ impl ImageFs {
         let Ok(canon) = self.fs.canonicalize(Self::path(path)?.as_path()) else {
             return Ok(None);
         };
-        let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-        let Ok(Some(fs)) = Ext2::open_cached(&read, &self.journal) else {
+        let Ok(Some(fs)) = self.own() else {
             return Ok(None);
         };
         let Ok(Some((_, ino))) = fs.lookup(canon.as_ref()) else {
@@ -900,8 +905,7 @@ impl ImageFs {
         // Hard links and extended attributes come from this crate's own inode
         // reader (`ext4-view` shows neither); without it, files come back
         // without them, and the report says so.
-        let read = |at: u64, dst: &mut [u8]| self.bytes.read_at(at, dst);
-        let (ext2, why_not) = match super::blockmap::Ext2::open_cached(&read, &self.journal) {
+        let (ext2, why_not) = match self.own() {
             Ok(Some(fs)) => (Some(fs), String::new()),
             Ok(None) => (
                 None,

@@ -136,6 +136,28 @@ fn index_report(g: &Global, r: repair::RepairIndexReport) -> Result<i32> {
             if dry { "would be kept" } else { "kept" },
         );
     }
+    for f in &r.false_claims {
+        let whole = f.entries - f.blobs_lost;
+        println!(
+            "pack {}: the index placed {} in it that its header does not list ({} {}: \
+             {} {}, {} whole in another pack)",
+            f.pack,
+            ui::count(f.entries as u64, "blob"),
+            if f.entries == 1 {
+                "an entry"
+            } else {
+                "entries"
+            },
+            if dry {
+                "that would be dropped"
+            } else {
+                "dropped"
+            },
+            f.blobs_lost,
+            if dry { "would be lost" } else { "lost" },
+            whole,
+        );
+    }
     if g.quiet {
         return Ok(0);
     }
@@ -170,7 +192,10 @@ fn index_report(g: &Global, r: repair::RepairIndexReport) -> Result<i32> {
             ui::count(r.damaged_packs_deleted as u64, "damaged pack")
         );
     }
-    if r.damaged_packs.iter().any(|d| d.blobs_lost > 0) || !r.missing_packs.is_empty() {
+    if r.damaged_packs.iter().any(|d| d.blobs_lost > 0)
+        || !r.missing_packs.is_empty()
+        || r.false_claims.iter().any(|f| f.blobs_lost > 0)
+    {
         println!(
             "lost blobs are no longer indexed: run `cairn repair snapshots` to drop what needs them (a new backup of the same files stores them again)"
         );

@@ -1167,6 +1167,64 @@ fn a_pack_of_junk_under_stored_ids_loses_nothing_to_repair_index() {
     assert_same(&src, &back);
 }
 
+/// An index file that places blobs in a whole pack whose header does not list
+/// them (one held by another pack, one by none): `repair index` drops those
+/// entries, as before, and now says so, telling the blob that is whole
+/// elsewhere from the one that is lost (before: dropped without a word).
+#[test]
+fn repair_index_names_the_entries_a_pack_does_not_hold() {
+    use cairn_format::BlobId;
+    use cairn_format::index::{IndexBlob, IndexFile};
+
+    let (env, src, mut rng, _, repo) = ten_files_backed_up(98);
+    fs::write(src.join("more"), rng.bytes(40_000, false)).unwrap();
+    env.backup(&[&src]);
+    let packs = indexed_packs(&repo);
+    assert!(packs.len() >= 2, "{}", packs.len());
+    let (first, other) = (&packs[0], &packs[1]);
+    let mut liar = first.clone();
+    liar.blobs.push(IndexBlob {
+        id: other.blobs[0].id,
+        ..first.blobs[0]
+    });
+    liar.blobs.push(IndexBlob {
+        id: BlobId([0xee; 32]),
+        ..first.blobs[0]
+    });
+    repo.write_index_file(&IndexFile {
+        packs: vec![liar],
+        ..Default::default()
+    })
+    .unwrap();
+    let pack = first.id.to_hex();
+    let dry = env.ok(&["repair", "index", "--dry-run"]);
+    assert!(
+        dry.contains(&format!(
+            "pack {pack}: the index placed 2 blobs in it that its header does not list \
+             (entries that would be dropped: 1 would be lost, 1 whole in another pack)"
+        )),
+        "{dry}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&env.ok(&["repair", "index", "--dry-run", "--json"])).unwrap();
+    assert_eq!(json["false_claims"][0]["entries"], 2, "{json}");
+    assert_eq!(json["false_claims"][0]["blobs_lost"], 1, "{json}");
+    let out = env.ok(&["repair", "index"]);
+    assert!(
+        out.contains(&format!(
+            "pack {pack}: the index placed 2 blobs in it that its header does not list \
+             (entries dropped: 1 lost, 1 whole in another pack)"
+        )),
+        "{out}"
+    );
+    // Nothing a snapshot needs was lost: the check is clean, the files restore.
+    env.check_clean();
+    let back = env.restore("latest", &src, "after");
+    assert_same(&src, &back);
+    let again = env.ok(&["repair", "index"]);
+    assert!(!again.contains("does not list"), "{again}");
+}
+
 /// A snapshot sealed by a client holding the key whose time is not a time: listed
 /// apart as damaged, so that retention and every listing go on (console pentest:
 /// the console's snapshot table came up empty; `forget --keep-*` refused to run).

@@ -73,6 +73,20 @@ pub struct RepairIndexReport {
     /// lost behind cairn's back), with the blobs it said they held: those are
     /// not indexed any more (QA: they were dropped without a word).
     pub missing_packs: Vec<MissingPack>,
+    /// Whole packs the old index placed blobs in that their headers do not list
+    /// (an index file that lies): the rebuilt index drops those entries, since a
+    /// pack's header is the word on what it holds.
+    pub false_claims: Vec<FalseClaims>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FalseClaims {
+    pub pack: String,
+    /// Blobs the old index placed in the pack that its header does not list.
+    pub entries: usize,
+    /// Of those, the blobs no other pack holds either: lost to the snapshots
+    /// that need them (the rest are whole elsewhere, nothing lost).
+    pub blobs_lost: usize,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -111,6 +125,26 @@ fn old_index(repo: &Repository) -> Result<(crate::repo::IndexState, OldPacks)> {
 }
 
 impl OldPacks {
+    /// How many blobs the old index's live files place in each pack (the most
+    /// any one file does: a pack is listed whole where it is listed).
+    fn claims(&self, superseded: &[IndexId]) -> OldClaims {
+        let superseded: HashSet<IndexId> = superseded.iter().copied().collect();
+        let mut claimed: HashMap<PackId, usize> = HashMap::new();
+        for (file, packs) in &self.by_file {
+            if superseded.contains(file) {
+                continue;
+            }
+            for (id, blobs) in packs {
+                let n = claimed.entry(*id).or_default();
+                *n = (*n).max(*blobs);
+            }
+        }
+        OldClaims {
+            claimed,
+            superseded,
+        }
+    }
+
     /// The packs the old index's live files list that are not in `stored`.
     fn missing(self, superseded: &[IndexId], stored: &HashSet<PackId>) -> Vec<MissingPack> {
         let superseded: HashSet<&IndexId> = superseded.iter().collect();
@@ -155,9 +189,10 @@ pub fn plan_repair_index(session: &Session<crate::session::Read>) -> Result<Repa
     };
     let old_ids = repo.list_index_files()?;
     let (old_state, old_packs) = old_index(repo)?;
+    let old = old_packs.claims(&old_state.superseded);
     report.pending_records_dropped = repo.list_pending()?.len();
     let mut blobs = 0usize;
-    let (rewrite, stored) = read_every_pack(repo, &progress, &mut report, &mut |_, b| {
+    let (rewrite, stored) = read_every_pack(repo, &progress, &mut report, &old, &mut |_, b| {
         blobs += b.len();
         Ok(())
     })?;
@@ -184,6 +219,7 @@ fn read_every_pack(
     repo: &Repository,
     progress: &crate::progress::Progress,
     report: &mut RepairIndexReport,
+    old: &OldClaims,
     good: &mut dyn FnMut(PackId, Vec<IndexBlob>) -> Result<()>,
 ) -> Result<(Vec<IndexPack>, HashSet<PackId>)> {
     let mut packs: Vec<(PackId, u64)> = repo.list_packs()?.into_iter().collect();
@@ -195,6 +231,8 @@ fn read_every_pack(
     // Damaged packs (a header that cannot be read, or blobs that fail): salvaged
     // below with the old index's word too.
     let mut damaged: Vec<PackId> = Vec::new();
+    // Whole packs the old index may claim too much of, with their headers' blobs.
+    let mut suspects: HashMap<PackId, HashSet<BlobId>> = HashMap::new();
     let batch = 4 * crate::threads::cores();
     for part in packs.chunks(batch) {
         // Stopping is safe until the last file supersedes the old ones: the files
@@ -208,10 +246,16 @@ fn read_every_pack(
             let (blobs, damage) = r?;
             match damage {
                 Some(_) => damaged.push(*id),
-                None if blobs.is_empty() => {}
                 None => {
-                    report.blobs_indexed += blobs.len();
-                    good(*id, blobs)?;
+                    // More blobs in the old index than in the header: some entry
+                    // names a blob this pack does not hold.
+                    if old.claimed.get(id).is_some_and(|&c| c > blobs.len()) {
+                        suspects.insert(*id, blobs.iter().map(|b| b.id).collect());
+                    }
+                    if !blobs.is_empty() {
+                        report.blobs_indexed += blobs.len();
+                        good(*id, blobs)?;
+                    }
                 }
             }
         }
@@ -242,7 +286,103 @@ fn read_every_pack(
         }
         held_elsewhere(repo, &packs, &wanted, &rewrite, report)?;
     }
+    let damaged: HashSet<PackId> = rewrite.iter().map(|p| p.id).collect();
+    false_claims(repo, &packs, &suspects, &damaged, &rewrite, old, report)?;
     Ok((rewrite, stored))
+}
+
+/// What the old index said, for [`read_every_pack`]'s check of its claims.
+struct OldClaims {
+    /// Blobs per pack ([`OldPacks::claims`]).
+    claimed: HashMap<PackId, usize>,
+    /// Index files other files superseded: their word no longer counts.
+    superseded: HashSet<IndexId>,
+}
+
+/// Finds the entries of the old index's live files that place a blob in a
+/// whole pack whose header does not list it, for the packs `suspects` names
+/// (with the blobs each one's header lists), and which of those blobs no pack
+/// holds: those are lost to the snapshots that need them, the rest whole
+/// elsewhere. Such entries are dropped by the rebuild, which indexes what the
+/// headers list; before, they were dropped without a word. Two more streams
+/// of the old index, only when some pack is suspect.
+fn false_claims(
+    repo: &Repository,
+    packs: &[(PackId, u64)],
+    suspects: &HashMap<PackId, HashSet<BlobId>>,
+    damaged: &HashSet<PackId>,
+    rewrite: &[IndexPack],
+    old: &OldClaims,
+    report: &mut RepairIndexReport,
+) -> Result<()> {
+    if suspects.is_empty() {
+        return Ok(());
+    }
+    let mut unheld = HashMap::<PackId, HashSet<BlobId>>::new();
+    repo.read_index_state_streamed(
+        &mut |id, f| {
+            if old.superseded.contains(id) {
+                return Ok(());
+            }
+            for p in &f.packs {
+                if let Some(header) = suspects.get(&p.id) {
+                    for b in p.blobs.iter().filter(|b| !header.contains(&b.id)) {
+                        unheld.entry(p.id).or_default().insert(b.id);
+                    }
+                }
+            }
+            Ok(())
+        },
+        &mut |_, _| Ok(()),
+    )?;
+    if unheld.is_empty() {
+        return Ok(());
+    }
+    let wanted: HashSet<BlobId> = unheld.values().flatten().copied().collect();
+    // Held: listed by a suspect's header, among a damaged pack's good blobs
+    // (copied to new packs), or in another whole pack where the old index
+    // places it and whose header lists it.
+    let mut held: HashSet<BlobId> = (suspects.values().flatten())
+        .chain(rewrite.iter().flat_map(|p| p.blobs.iter().map(|b| &b.id)))
+        .filter(|id| wanted.contains(id))
+        .copied()
+        .collect();
+    let sizes: HashMap<PackId, u64> = packs.iter().copied().collect();
+    let claims = std::cell::RefCell::new(HashMap::<PackId, HashSet<BlobId>>::new());
+    {
+        let take = |ps: &[IndexPack]| {
+            let mut c = claims.borrow_mut();
+            for p in ps.iter().filter(|p| {
+                sizes.contains_key(&p.id)
+                    && !damaged.contains(&p.id)
+                    && !suspects.contains_key(&p.id)
+            }) {
+                for b in
+                    (p.blobs.iter()).filter(|b| wanted.contains(&b.id) && !held.contains(&b.id))
+                {
+                    c.entry(p.id).or_default().insert(b.id);
+                }
+            }
+        };
+        index_packs_streamed(repo, &take)?;
+    }
+    for (p, ids) in claims.into_inner() {
+        // A pack whose header cannot be read now is not counted on.
+        if let Ok(entries) = repo.read_pack_header(&p, sizes[&p]) {
+            held.extend(entries.iter().map(|b| b.id).filter(|id| ids.contains(id)));
+        }
+    }
+    let mut v: Vec<FalseClaims> = unheld
+        .into_iter()
+        .map(|(p, ids)| FalseClaims {
+            pack: p.to_hex(),
+            entries: ids.len(),
+            blobs_lost: ids.iter().filter(|id| !held.contains(id)).count(),
+        })
+        .collect();
+    v.sort_by(|a, b| a.pack.cmp(&b.pack));
+    report.false_claims = v;
+    Ok(())
 }
 
 /// Rebuilds the index from every stored pack. Memory stays bounded at any size:
@@ -261,15 +401,17 @@ pub fn repair_index(session: &mut Session<Exclusive>) -> Result<RepairIndexRepor
     let mut file = IndexFile::default();
     let mut written = Vec::new();
     let mut n = 0;
-    let (rewrite, stored) = read_every_pack(repo, &progress, &mut report, &mut |id, blobs| {
-        n += blobs.len();
-        file.packs.push(IndexPack { id, blobs });
-        if n >= REPAIR_FILE_BLOBS {
-            written.push(repo.write_index_file(&std::mem::take(&mut file))?);
-            n = 0;
-        }
-        Ok(())
-    })?;
+    let old = old_packs.claims(&old_state.superseded);
+    let (rewrite, stored) =
+        read_every_pack(repo, &progress, &mut report, &old, &mut |id, blobs| {
+            n += blobs.len();
+            file.packs.push(IndexPack { id, blobs });
+            if n >= REPAIR_FILE_BLOBS {
+                written.push(repo.write_index_file(&std::mem::take(&mut file))?);
+                n = 0;
+            }
+            Ok(())
+        })?;
     report.missing_packs = old_packs.missing(&old_state.superseded, &stored);
     if !rewrite.is_empty() {
         let stats = copy_blobs(repo, &rewrite, true, &crate::progress::Progress::none())?;

@@ -1137,6 +1137,53 @@ fn include_paths_are_normalised_and_a_file_target_is_refused() {
     }
 }
 
+/// `--delete` with an include pattern removes what the pattern chooses among the
+/// extras below a directory the snapshot lacks, as restic's does, and leaves the
+/// rest, what an exclude names, and what a symlink there points to (before:
+/// `--include '*.txt' --delete` kept `extra/x.txt`, since `extra` itself is not
+/// chosen). `--dry-run` counts the same. (`*deep*` chooses the snapshot's
+/// `d/sub/deep`.)
+#[test]
+fn delete_with_an_include_pattern_reaches_into_extra_directories() {
+    let (env, snap, src, copy) = backed_up();
+    let d = copy.join("d");
+    fs::create_dir_all(d.join("extra/lower")).unwrap();
+    fs::create_dir_all(d.join("extra/skip")).unwrap();
+    fs::write(d.join("extra/x.deep"), b"x").unwrap();
+    fs::write(d.join("extra/y.bin"), b"y").unwrap();
+    fs::write(d.join("extra/lower/q.deep"), b"q").unwrap();
+    fs::write(d.join("extra/skip/s.deep"), b"s").unwrap();
+    fs::write(d.join("z.deep"), b"z").unwrap();
+    let outside = env.path("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("o.deep"), b"o").unwrap();
+    std::os::unix::fs::symlink(&outside, d.join("extra/link")).unwrap();
+    let args = ["--include", "*deep*", "--exclude", "skip", "--delete"];
+    let dry = restore_json(&env, &snap, &[&args[..], &["--dry-run"]].concat());
+    assert_eq!(dry["deleted"], 3, "{dry}");
+    assert!(d.join("extra/x.deep").exists(), "a dry run deletes nothing");
+    let out = restore_json(&env, &snap, &args);
+    assert_eq!(out["deleted"], 3, "{out}");
+    for gone in ["extra/x.deep", "extra/lower/q.deep", "z.deep"] {
+        assert!(!d.join(gone).exists(), "{gone} chosen, not in the snapshot");
+    }
+    for kept in [
+        "extra/y.bin",
+        "extra/skip/s.deep",
+        "extra/lower",
+        "sub/deep",
+    ] {
+        assert!(d.join(kept).exists(), "{kept} is not chosen");
+    }
+    assert!(fs::symlink_metadata(d.join("extra/link")).is_ok());
+    assert_eq!(
+        fs::read(outside.join("o.deep")).unwrap(),
+        b"o",
+        "not followed"
+    );
+    assert!(src.join("d/sub/deep").exists());
+}
+
 /// A file of someone else's in the target with the snapshot's size and time but
 /// not its content or owner is written anew from the snapshot: never given the
 /// snapshot's owner and mode in place (which would hand that owner, and set-ID

@@ -396,8 +396,10 @@ struct Walk<'a> {
     opts: &'a RestoreOptions,
     progress: &'a Progress,
     stats: RestoreStats,
-    includes: Includes,
-    excludes: Option<Excludes>,
+    /// Shared, so that `--delete`'s walk below an extra directory can ask them
+    /// while the walk acts on what it finds ([`chosen_extras`]).
+    includes: Arc<Includes>,
+    excludes: Option<Arc<Excludes>>,
     root: Arc<Dir>,
     /// The target's mount ([`sys::mount_of`]): `--delete` removes nothing on another.
     mount: (u64, u64),
@@ -643,8 +645,8 @@ pub(super) fn restore_under(
                 unfinished_before: unfinished_since.map(|t| t.0),
                 ..Default::default()
             },
-            includes,
-            excludes,
+            includes: Arc::new(includes),
+            excludes: excludes.map(Arc::new),
             root: root_dir.clone(),
             mount,
             spared: spared_dirs(repo),
@@ -1473,6 +1475,141 @@ pub(super) fn spared_extra(
                 .is_some_and(|m| m.is_excluded(path)))
 }
 
+/// Whether the exclude patterns leave out entry `name` of the directory at
+/// `dir_path` (a path as `ls` prints them).
+fn is_excluded(excludes: Option<&Excludes>, dir_path: &str, name: &[u8]) -> bool {
+    let path = format!("{dir_path}/{}", snap_name(name));
+    excludes.is_some_and(|e| e.is_excluded(std::path::Path::new(&path)))
+}
+
+/// What [`ChosenExtras::walk`] found.
+pub(super) enum Found<'a> {
+    /// An entry the includes choose: in the directory `.0`, whose path (for
+    /// messages) is `.1`, named `.2`.
+    Chosen(std::os::fd::BorrowedFd<'a>, &'a std::path::Path, &'a CStr),
+    /// A directory that could not be looked into, and why.
+    Unlisted(PathBuf, std::io::Error),
+}
+
+/// `--delete` with include patterns below an extra directory of the target (one
+/// the snapshot does not have) that no include chooses itself: the entries they
+/// choose go, as restic's `--delete` removes every extra its filters select
+/// (`--include '*.txt' --delete` kept `extra/x.txt`); the rest stays. Walks
+/// without following symlinks, on the target's file system only, and leaves
+/// excluded entries and the repository being restored from (`spared`) whole.
+pub(super) struct ChosenExtras<'a> {
+    pub mount: (u64, u64),
+    pub spared: &'a [(u64, u64)],
+    pub excludes: Option<&'a Excludes>,
+    pub includes: &'a Includes,
+}
+
+impl ChosenExtras<'_> {
+    /// Walks directory `name` of `parent` (`shown` its path for messages, `at`
+    /// as `ls` would print it), giving `found` each chosen entry; one
+    /// descriptor per level of depth is open at a time.
+    pub(super) fn walk(
+        &self,
+        parent: std::os::fd::BorrowedFd<'_>,
+        name: &CStr,
+        shown: PathBuf,
+        at: String,
+        found: &mut dyn FnMut(Found<'_>),
+    ) {
+        use std::os::unix::ffi::OsStrExt;
+        let Some(matcher) = self.includes.matcher.as_ref() else {
+            return;
+        };
+        struct Level {
+            fd: OwnedFd,
+            shown: PathBuf,
+            at: String,
+            names: std::vec::IntoIter<CString>,
+        }
+        let open =
+            |dir: std::os::fd::BorrowedFd<'_>, name: &CStr, shown: PathBuf, at: String| match self
+                .open(dir, name)
+            {
+                Ok(Some(fd)) => match sys::list_dir(fd.as_fd()) {
+                    Ok(names) => Ok(Some(Level {
+                        fd,
+                        shown,
+                        at,
+                        names: names.into_iter(),
+                    })),
+                    Err(e) => Err((shown, e)),
+                },
+                Ok(None) => Ok(None),
+                Err(e) => Err((shown, e)),
+            };
+        let mut stack = match open(parent, name, shown, at) {
+            Ok(Some(l)) => vec![l],
+            Ok(None) => return,
+            Err((p, e)) => return found(Found::Unlisted(p, e)),
+        };
+        while let Some(top) = stack.last_mut() {
+            let Some(n) = top.names.next() else {
+                stack.pop();
+                continue;
+            };
+            let at = format!("{}/{}", top.at, snap_name(n.to_bytes()));
+            let path = std::path::Path::new(&at);
+            if self.excludes.is_some_and(|e| e.is_excluded(path)) {
+                continue;
+            }
+            if matcher.is_excluded(path) {
+                found(Found::Chosen(top.fd.as_fd(), &top.shown, &n));
+                continue;
+            }
+            let shown = top.shown.join(std::ffi::OsStr::from_bytes(n.to_bytes()));
+            match open(top.fd.as_fd(), &n, shown, at) {
+                Ok(Some(l)) => stack.push(l),
+                Ok(None) => {}
+                Err((p, e)) => found(Found::Unlisted(p, e)),
+            }
+        }
+    }
+
+    /// Opens `name` in `dir` when it is a directory of the target's file system
+    /// (not a symlink) other than the repository's; `None` otherwise.
+    fn open(
+        &self,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &CStr,
+    ) -> std::io::Result<Option<OwnedFd>> {
+        let st = match sys::stat_at(dir, name) {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if st.kind() != libc::S_IFDIR || self.spared.contains(&st.id()) {
+            return Ok(None);
+        }
+        let fd = match sys::open_at(
+            dir,
+            name,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        ) {
+            Ok(fd) => fd,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        // The directory looked at (not one put in its place since), on the
+        // target's file system: another one mounted here keeps what it holds.
+        let same = sys::fstat(fd.as_fd())?.id() == st.id()
+            && sys::mount_of(fd.as_fd(), c"")? == self.mount;
+        Ok(same.then_some(fd))
+    }
+}
+
 fn chunks_of(node: &Node) -> u64 {
     match &node.content {
         Content::None => 0,
@@ -1751,12 +1888,34 @@ impl Walk<'_> {
                 return;
             }
         };
+        let (includes, excludes) = (self.includes.clone(), self.excludes.clone());
         for name in names {
             let n = name.to_bytes();
-            if !keep.contains(n)
-                && !spared_extra(self.excludes.as_ref(), &self.includes, all, snap_path, n)
-            {
+            if keep.contains(n) {
+                continue;
+            }
+            if !spared_extra(excludes.as_deref(), &includes, all, snap_path, n) {
                 self.remove(dir, &name);
+            } else if !all && !is_excluded(excludes.as_deref(), snap_path, n) {
+                // Not chosen itself: what the includes choose below it goes.
+                let (mount, spared) = (self.mount, self.spared.clone());
+                let at = format!("{snap_path}/{}", snap_name(n));
+                let extras = ChosenExtras {
+                    mount,
+                    spared: &spared,
+                    excludes: excludes.as_deref(),
+                    includes: &includes,
+                };
+                extras.walk(dir.fd(), &name, dir.node.join(&name), at, &mut |found| {
+                    match found {
+                        Found::Chosen(fd, shown, name) => {
+                            self.remove_at(fd, &|| shown.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes())), name);
+                        }
+                        Found::Unlisted(path, e) => {
+                            self.issue(path, format!("listing it for --delete: {e}"))
+                        }
+                    }
+                });
             }
         }
     }
@@ -1764,20 +1923,30 @@ impl Walk<'_> {
     /// Removes `name` from `dir` for `--delete` (a directory with everything in it,
     /// mount points and the repository below it excepted).
     fn remove(&mut self, dir: &Arc<Dir>, name: &CStr) -> Gone {
-        match target::remove_tree(dir.fd(), name, self.mount, &self.spared) {
+        self.remove_at(dir.fd(), &|| dir.node.join(name), name)
+    }
+
+    /// [`Self::remove`] in the directory `dir`, `shown` the entry's path for messages.
+    fn remove_at(
+        &mut self,
+        dir: std::os::fd::BorrowedFd<'_>,
+        shown: &dyn Fn() -> PathBuf,
+        name: &CStr,
+    ) -> Gone {
+        match target::remove_tree(dir, name, self.mount, &self.spared) {
             Ok(r) => {
                 self.stats.deleted += r.removed;
                 if r.removed > 0 {
-                    self.list(FileAction::Deleted, || dir.node.join(name), r.bytes);
+                    self.list(FileAction::Deleted, shown, r.bytes);
                 }
                 if r.spared_left > 0 {
                     self.stats.repository_left = true;
-                    self.progress.warning(&dir.node.join(name), SPARED);
+                    self.progress.warning(&shown(), SPARED);
                 }
                 if r.mounts_left > 0 {
                     self.stats.mounts_left += r.mounts_left;
                     self.progress.warning(
-                        &dir.node.join(name),
+                        &shown(),
                         &format!(
                             "--delete left {} alone: another file system is mounted there",
                             if r.mounts_left == 1 {
@@ -1802,7 +1971,7 @@ impl Walk<'_> {
                 } else {
                     String::new()
                 };
-                self.issue(dir.node.join(name), format!("deleting it: {e}{also}"));
+                self.issue(shown(), format!("deleting it: {e}{also}"));
                 Gone::Failed
             }
         }
@@ -1886,7 +2055,7 @@ impl Walk<'_> {
                 &top.snap_path,
                 &node.name,
                 &self.includes,
-                self.excludes.as_ref(),
+                self.excludes.as_deref(),
             );
             if !inside && !ancestor {
                 continue;

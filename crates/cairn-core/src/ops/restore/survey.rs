@@ -137,6 +137,22 @@ pub(super) fn dry_run(
                     &leave,
                     &mut stats,
                 );
+                if !level.all {
+                    count_chosen_below(
+                        dir.as_fd(),
+                        keep,
+                        &level.snap_path,
+                        &level.path,
+                        &super::ChosenExtras {
+                            mount: leave.mount,
+                            spared: leave.spared,
+                            excludes,
+                            includes,
+                        },
+                        &leave,
+                        &mut stats,
+                    );
+                }
             }
             continue;
         };
@@ -604,6 +620,45 @@ fn count_extra(
         .filter(|n| !keep.contains(n.to_bytes()) && !excluded(n.to_bytes()))
     {
         count_removal(dir, &name, path, leave, stats);
+    }
+}
+
+/// Counts what `--delete` would remove below the extras of `dir` that the
+/// includes do not choose themselves ([`super::ChosenExtras`]): what they choose
+/// in them. `snap_path`: `dir` as `ls` prints it.
+fn count_chosen_below(
+    dir: BorrowedFd<'_>,
+    keep: &HashSet<Vec<u8>>,
+    snap_path: &str,
+    path: &std::path::Path,
+    extras: &super::ChosenExtras<'_>,
+    leave: &Leave<'_>,
+    stats: &mut RestoreStats,
+) {
+    if extras.includes.matcher.is_none() {
+        return;
+    }
+    // Listed again (the count above listed them): only with include patterns.
+    let Ok(names) = sys::list_dir(dir) else {
+        return;
+    };
+    for name in names.iter().filter(|n| !keep.contains(n.to_bytes())) {
+        let n = name.to_bytes();
+        if !super::spared_extra(extras.excludes, extras.includes, false, snap_path, n)
+            || super::is_excluded(extras.excludes, snap_path, n)
+        {
+            continue;
+        }
+        let shown = path.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n));
+        let at = format!("{snap_path}/{}", super::snap_name(n));
+        extras.walk(dir, name, shown, at, &mut |found| match found {
+            super::Found::Chosen(fd, shown, name) => {
+                count_removal(fd, name, shown, leave, stats);
+            }
+            super::Found::Unlisted(p, e) => {
+                issue(stats, p, format!("listing it for --delete: {e}"));
+            }
+        });
     }
 }
 

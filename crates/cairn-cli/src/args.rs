@@ -1039,10 +1039,11 @@ pub struct ExportArgs {
     #[arg(value_parser = snapshot_path())]
     pub path: Option<String>,
     /// tar (GNU tar's format, with pax records: owners, ns times, xattrs, ACLs,
-    /// hard links, devices, sparse files) or zip
-    /// (names, modes, symlinks, 2 s times; deflated). Default: zip for an
-    /// --output FILE named *.zip, tar otherwise
-    #[arg(long, value_parser = ["tar", "zip"])]
+    /// hard links, devices, sparse files), tar.zst (the same through zstd, as
+    /// `tar --zstd -xf` reads it) or zip (names, modes, symlinks, 2 s times;
+    /// deflated). Default: as an --output FILE is named (*.zip, *.tar.zst or
+    /// *.tzst), tar otherwise
+    #[arg(long, value_parser = ["tar", "tar.zst", "zip"])]
     pub format: Option<String>,
     /// Write to this file (made complete, then renamed into place) instead of
     /// standard output (`-`: standard output). An archive with entries left out

@@ -2067,6 +2067,92 @@ fn ls_sorts_by_size_time_and_extension() {
     assert!(err.contains("colour"), "{err}");
 }
 
+/// `export --json` with the archive on standard output: standard error stays
+/// one JSON object per line, the report last as a "summary" event with the
+/// resources used (QA r29: a pretty-printed report split the stream, before
+/// the last phase's end); with `-o FILE` the report is on standard output.
+#[test]
+fn export_json_reports_on_one_line_after_the_progress() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a"), b"some content").unwrap();
+    let snap = env.backup(&[&src]);
+    let out = env
+        .cmd(&["export", &snap, "--json"])
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(
+        out.stdout.len() >= 1024,
+        "the archive is on standard output"
+    );
+    let err = String::from_utf8(out.stderr).unwrap();
+    let lines: Vec<serde_json::Value> = (err.lines())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?} in {err}")))
+        .collect();
+    let last = lines.last().unwrap();
+    assert_eq!(last["type"], "summary", "{err}");
+    assert_eq!(last["files"], 1, "{err}");
+    assert!(
+        last["resources"]["peak_rss_bytes"].as_u64().is_some(),
+        "{err}"
+    );
+    let file = env.path("out.tar");
+    let report = json(&env, &["export", &snap, "-o", file.to_str().unwrap()]);
+    assert_eq!(report["files"], 1, "{report}");
+    assert!(report["resources"].is_object(), "{report}");
+}
+
+/// `-o FILE.tar.zst` (or `--format tar.zst`) writes the tar through zstd, as
+/// `tar --zstd` extracts it; a name of another compressor is refused as a bad
+/// argument (QA r29: `-o x.tar.zst` wrote a plain tar under that name).
+#[test]
+fn export_to_a_tar_zst_compresses_and_other_compressors_are_refused() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("d/a"), "compressible ".repeat(10_000)).unwrap();
+    let snap = env.backup(&[&src]);
+    let file = env.path("out.tar.zst");
+    env.ok(&[
+        "export",
+        &snap,
+        src.to_str().unwrap(),
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    let head = fs::read(&file).unwrap();
+    assert_eq!(&head[..4], &[0x28, 0xb5, 0x2f, 0xfd], "a zstd frame");
+    assert!(head.len() < 10_000, "compressed: {}", head.len());
+    let x = env.path("x");
+    fs::create_dir_all(&x).unwrap();
+    let st = Command::new("tar")
+        .args([
+            "--zstd",
+            "-xf",
+            file.to_str().unwrap(),
+            "-C",
+            x.to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(
+        fs::read(x.join("src/d/a")).unwrap(),
+        fs::read(src.join("d/a")).unwrap()
+    );
+    for name in ["out.tar.gz", "out.tgz", "out.tar.xz"] {
+        let o = env.path(name);
+        let err = env.fails(&["export", &snap, "-o", o.to_str().unwrap()], 2);
+        assert!(err.contains("cairn writes tar, tar.zst and zip"), "{err}");
+        assert!(!o.exists(), "{name}");
+    }
+}
+
 /// A path the snapshot does not hold writes nothing to standard output, so that
 /// `export ... | tar x` (or a tape job) fails with it (QA: an empty but valid tar
 /// came out, and tar exited 0); and `..` in a path is resolved by its text in

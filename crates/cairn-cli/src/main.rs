@@ -50,7 +50,8 @@ fn exit_code(e: &anyhow::Error) -> i32 {
                 | cairn_core::Error::OtherToolsRepository(..)
                 | cairn_core::Error::InterruptedInit(_) => EXIT_NO_REPO,
                 cairn_core::Error::Cancelled => EXIT_CANCELLED,
-                cairn_core::Error::BadArgument(_) => EXIT_USAGE,
+                // A forget with no policy (and no ids) misses its argument.
+                cairn_core::Error::BadArgument(_) | cairn_core::Error::NoPolicy => EXIT_USAGE,
                 _ => 1,
             };
         }

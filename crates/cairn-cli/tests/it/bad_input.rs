@@ -789,7 +789,8 @@ fn missing_source_paths_and_bad_arguments() {
         e.contains("/nonexistent/source") && e.lines().count() == 1,
         "{e}"
     );
-    let e = env.fails(&["backup"], 1);
+    // No path at all is a missing argument: exit 2 (QA r29: 1).
+    let e = env.fails(&["backup"], 2);
     assert!(e.contains("nothing to back up"), "{e}");
     // An exclude that matches every path given (it saved an empty snapshot).
     let src = env.path("src1");

@@ -65,12 +65,13 @@ fn setup(env: &Env) -> (std::path::PathBuf, Vec<String>) {
 fn forget_without_policy_or_ids_fails_and_removes_nothing() {
     let env = Env::new();
     let (_, all) = setup(&env);
-    let err = env.fails(&["forget"], 1);
+    // A missing argument: exit 2, as for a usage error (QA r29: 1).
+    let err = env.fails(&["forget"], 2);
     assert!(
         err.contains("no policy given: nothing would be removed"),
         "{err}"
     );
-    let err = env.fails(&["forget", "--keep-last", "0"], 1);
+    let err = env.fails(&["forget", "--keep-last", "0"], 2);
     assert!(err.contains("no policy given"), "{err}");
     let err = env.fails(&["forget", "--keep-within", "1w"], 2);
     assert!(err.contains("invalid duration \"1w\""), "{err}");

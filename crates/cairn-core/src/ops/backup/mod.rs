@@ -749,7 +749,8 @@ fn run(
         ),
         None => {
             if opts.paths.is_empty() {
-                return Err(Error::Invalid(
+                // A missing argument: exit 2, as for any usage error (QA r29).
+                return Err(Error::BadArgument(
                     "nothing to back up: give at least one path".into(),
                 ));
             }

@@ -516,8 +516,8 @@ impl<A: Access> Session<A> {
         let missing = self.repo.set_aside_missing_packs()?;
         if missing > 0 {
             self.progress.warning_msg(format!(
-                "the index names {} that the repository's storage does not hold \
-                 (damage, or deleted by hand): this backup stores their data again \
+                "the index names {} that the repository's storage does not hold whole \
+                 (damage, cut short, or deleted by hand): this backup stores their data again \
                  where it reads it; snapshots that need them stay damaged: run `cairn \
                  check`, then `cairn repair index` and `cairn repair snapshots`",
                 crate::units::count(missing as u64, "pack"),

@@ -704,6 +704,50 @@ fn a_backup_stores_again_what_a_lost_pack_held() {
     env.check_clean();
 }
 
+/// The same for a pack cut short (a storage crash, a copy that stopped): its
+/// indexed blobs reach past its end, so it counts as missing, and the backup
+/// stores its data again rather than reusing it (QA r28: "saved", exit 0, and
+/// the new snapshot could not be restored).
+#[test]
+fn a_backup_stores_again_what_a_pack_cut_short_held() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(35);
+    for i in 0..4 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(2 << 20, false)).unwrap();
+    }
+    env.backup(&[&src]);
+    let mut packs = files(&env.repo.join("data"));
+    packs.sort_by_key(|p| fs::metadata(p).unwrap().len());
+    let big = packs.last().unwrap();
+    let len = fs::metadata(big).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(big)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let o = env.run(&["backup", src.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("the index names 1 pack that the repository's storage does not hold whole"),
+        "{err}"
+    );
+    let out = env.path("out");
+    env.ok(&["restore", "latest", "--target", out.to_str().unwrap()]);
+    for i in 0..4 {
+        let name = format!("f{i}");
+        assert!(
+            fs::read(out.join(src.strip_prefix("/").unwrap()).join(&name)).unwrap()
+                == fs::read(src.join(&name)).unwrap(),
+            "{name} differs"
+        );
+    }
+}
+
 /// A pack or pending-deletion record larger than any cairn writes (a hostile
 /// store, or a file that grew) is refused by its size before it is read into
 /// memory: `check` names it, and `repair index` records the pack as damaged

@@ -118,6 +118,10 @@ impl BlobLocation {
 pub(crate) struct PackTable {
     pub(crate) ids: Vec<PackId>,
     numbers: HashMap<PackId, u32>,
+    /// Per pack number, where its last indexed blob ends: a stored pack shorter
+    /// than that was cut short ([`MasterIndex::set_missing_packs`]). Empty for a
+    /// table read back from the SSD placement's files (not known there).
+    ends: Vec<u32>,
 }
 
 impl PackTable {
@@ -127,7 +131,11 @@ impl PackTable {
             .enumerate()
             .map(|(i, p)| (*p, i as u32))
             .collect();
-        PackTable { ids, numbers }
+        PackTable {
+            ids,
+            numbers,
+            ends: Vec::new(),
+        }
     }
 
     /// The pack's number, giving it the next one when it is new.
@@ -138,6 +146,20 @@ impl PackTable {
             self.ids.push(id);
         }
         n
+    }
+
+    /// Notes that pack `n` holds bytes up to `end` (an indexed blob's end).
+    pub(crate) fn reaches(&mut self, n: u32, end: u32) {
+        let n = n as usize;
+        if self.ends.len() <= n {
+            self.ends.resize(n + 1, 0);
+        }
+        self.ends[n] = self.ends[n].max(end);
+    }
+
+    /// Where pack `n`'s last indexed blob ends; 0 when not known.
+    pub(crate) fn end_of(&self, n: usize) -> u64 {
+        self.ends.get(n).map_or(0, |&e| u64::from(e))
     }
 }
 
@@ -302,6 +324,7 @@ impl MasterIndex {
         for b in blobs.iter().filter(|b| fits(b)) {
             self.records
                 .push(pack_record(&b.id, &BlobLocation::new(n, b), pending));
+            self.packs.reaches(n, b.offset.saturating_add(b.length));
             self.staged += 1;
         }
     }
@@ -455,14 +478,17 @@ impl MasterIndex {
     /// Marks the packs `stored` says the storage does not hold as missing: their
     /// blobs are then not live, so a backup stores them again (where its source
     /// still has them) instead of referring to data that is gone, and does not
-    /// reuse a parent's file content that needs them. How many were missing.
-    pub fn set_missing_packs(&mut self, stored: impl Fn(&PackId) -> bool) -> usize {
+    /// reuse a parent's file content that needs them. `stored` gets each pack's
+    /// id and where its last indexed blob ends (0: not known, in the SSD
+    /// placement), so that a pack cut short counts as missing too. How many were
+    /// missing.
+    pub fn set_missing_packs(&mut self, stored: impl Fn(&PackId, u64) -> bool) -> usize {
         self.missing = self
             .packs
             .ids
             .iter()
             .enumerate()
-            .filter(|(_, id)| !stored(id))
+            .filter(|(n, id)| !stored(id, self.packs.end_of(*n)))
             .map(|(n, _)| n as u32)
             .collect();
         self.missing.len()

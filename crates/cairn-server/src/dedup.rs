@@ -57,6 +57,10 @@ pub struct Dedup {
     writers: Mutex<Writers>,
     /// When the claims were last swept for dead sessions' (see [`Dedup::query`]).
     swept: Mutex<Option<Instant>>,
+    /// Damaged lists already logged (each once, not at every refresh).
+    damaged_logged: Mutex<HashSet<[u8; 32]>>,
+    /// The datastore's name, for the log.
+    pub name: String,
     pub stats: DedupStats,
 }
 
@@ -175,6 +179,14 @@ pub fn warm_all(app: &crate::App) {
 const LIST_READERS: usize = 4;
 
 impl Dedup {
+    /// The service of datastore `name`.
+    pub fn named(name: &str) -> Dedup {
+        Dedup {
+            name: name.to_string(),
+            ..Default::default()
+        }
+    }
+
     /// `session`'s job is over (its client released its job slot, after a
     /// backup that ended or failed): its claims stand no longer, so that another
     /// client sends what it never will at once rather than after
@@ -234,11 +246,30 @@ impl Dedup {
                 Err(e) if e.is_not_found() => return Ok(None),
                 Err(e) => return Err(e),
             };
-        let Some(l) = DedupList::decode(&data)
-            .ok()
-            .filter(|l| l.index.0 == *id && l.admin == admin && (admin || l.supersedes.is_empty()))
-        else {
-            return Ok(None);
+        let l = match DedupList::decode(&data) {
+            Ok(l) if l.index.0 == *id && l.admin == admin && (admin || l.supersedes.is_empty()) => {
+                l
+            }
+            // Taken as no list (clients read the index file itself, so nothing is
+            // wrong but speed), and said once, with the way out (QA r28: clients
+            // sent everything again and the log said nothing).
+            other => {
+                let why = match other {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "it names another index file".to_string(),
+                };
+                let first = (self.damaged_logged.lock())
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(*id);
+                if first {
+                    crate::log_line(&format!(
+                        "datastore {}: {name} is damaged ({why}): backups read its index \
+                         file whole instead; `cairn repair index` (admin) writes it again",
+                        self.name
+                    ));
+                }
+                return Ok(None);
+            }
         };
         let info = ListInfo {
             metadata: l.metadata,

@@ -2063,6 +2063,37 @@ fn the_dedup_view_is_built_when_the_server_starts() {
     assert!(metrics.contains(&needle), "{needle} not in {metrics}");
 }
 
+/// A damaged dedup list is said in the server's log (once a list), with the datastore,
+/// the object and the way out (QA r28: the view came up with 0 chunks and
+/// clients sent everything again without a word); backups read its index file
+/// instead.
+#[test]
+fn a_damaged_dedup_list_is_logged_at_start() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a.bin"), Rng(0xd3d0_0004).bytes(1 << 20, false)).unwrap();
+    env.ok(&["backup", src.to_str().unwrap()]);
+    let lists: Vec<_> = std::fs::read_dir(env.repo.join("dedup"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!lists.is_empty());
+    for l in &lists {
+        let mut b = std::fs::read(l).unwrap();
+        let at = b.len() / 2;
+        b[at] ^= 0x40;
+        std::fs::write(l, b).unwrap();
+    }
+    let mut srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let lines = srv.lines.as_mut().unwrap();
+    let line = lines.wait_for("is damaged", Duration::from_secs(60));
+    assert!(line.contains("datastore main: dedup/"), "{line}");
+    assert!(line.contains("cairn repair index"), "{line}");
+    lines.wait_for("dedup view of", Duration::from_secs(60));
+}
+
 /// A plain index file larger than any cairn writes is junk (a hijacked client
 /// stored it; QA: up to 1 GiB each, downloaded and cached by every backup): a
 /// backup through the server passes over one stored beside it unread, and the

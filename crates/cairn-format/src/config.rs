@@ -107,24 +107,54 @@ impl ChunkerParams {
             normalization: 1,
         }
     }
+    /// Checks the parameters, naming the first field out of bounds (QA r28: a
+    /// Rust debug dump of them all said nothing of which one).
     pub fn validate(&self) -> Result<()> {
-        let ok = self.algorithm == "fastcdc-v2020"
-            && BLOCK_SIZES.contains(&self.avg_size)
-            && self.min_size >= 64
-            && self.min_size.is_multiple_of(2)
-            && self.max_size.is_multiple_of(2)
-            && self.min_size < self.avg_size
-            && self.avg_size < self.max_size
-            && (self.max_size as usize) <= MAX_BLOB_SIZE
-            && self.normalization <= 3;
-        if ok {
-            Ok(())
+        let why = if self.algorithm != "fastcdc-v2020" {
+            format!(
+                "chunker.algorithm {:?}: only \"fastcdc-v2020\" is known",
+                self.algorithm
+            )
+        } else if !BLOCK_SIZES.contains(&self.avg_size) {
+            format!(
+                "chunker.avg_size {}: one of {}",
+                self.avg_size,
+                BLOCK_SIZES
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else if self.min_size < 64
+            || !self.min_size.is_multiple_of(2)
+            || self.min_size >= self.avg_size
+        {
+            format!(
+                "chunker.min_size {}: an even number from 64 up to below avg_size {} (cairn \
+                 writes avg_size / 4)",
+                self.min_size, self.avg_size
+            )
+        } else if !self.max_size.is_multiple_of(2)
+            || self.max_size <= self.avg_size
+            || (self.max_size as usize) > MAX_BLOB_SIZE
+        {
+            format!(
+                "chunker.max_size {}: an even number above avg_size {} and at most {} (cairn \
+                 writes avg_size * 4)",
+                self.max_size, self.avg_size, MAX_BLOB_SIZE
+            )
+        } else if self.normalization > 3 {
+            format!(
+                "chunker.normalization {}: 0 to 3 (cairn writes 1)",
+                self.normalization
+            )
         } else {
-            Err(FormatError::malformed(
-                "config",
-                format!("unsupported chunker parameters {self:?}"),
-            ))
-        }
+            return Ok(());
+        };
+        Err(FormatError::malformed(
+            "config",
+            format!("unsupported chunker parameters: {why}"),
+        ))
     }
 }
 
@@ -553,6 +583,31 @@ mod tests {
         );
         assert!(err.needs_newer_cairn());
         assert!(c.validate().is_err());
+    }
+
+    /// Each chunker field out of bounds is named with what it may be.
+    #[test]
+    fn chunker_parameters_out_of_bounds_are_named() {
+        let good = ChunkerParams::for_block_size(16384);
+        assert!(good.validate().is_ok());
+        type Spoil = fn(&mut ChunkerParams);
+        let cases: [(Spoil, &str); 5] = [
+            (
+                |p| p.max_size += 1,
+                "chunker.max_size 65537: an even number",
+            ),
+            (|p| p.min_size = 16384, "chunker.min_size 16384"),
+            (|p| p.avg_size = 5000, "chunker.avg_size 5000: one of 4096,"),
+            (|p| p.algorithm = "x".into(), "chunker.algorithm \"x\""),
+            (|p| p.normalization = 9, "chunker.normalization 9: 0 to 3"),
+        ];
+        for (spoil, says) in cases {
+            let mut p = good.clone();
+            spoil(&mut p);
+            let e = p.validate().unwrap_err().to_string();
+            assert!(e.contains(says), "{e} lacks {says}");
+            assert!(!e.contains("ChunkerParams"), "{e}");
+        }
     }
 
     #[test]

@@ -145,6 +145,12 @@ fn main() {
             // config, tag, rewrite, repair) say it here; those with one (backup,
             // prune, copy, a lock) give it in a message of their own, which no
             // longer carries the storage's error as a cause.
+            // A server's refusal for the token's role, said as such rather than
+            // after the object the command was writing (QA r29: "put
+            // index/admin-…: server: a backup token may not create …").
+            if let Some(why) = refused_by_server(&e) {
+                message = format!("the server refused this to the token given: {why}");
+            }
             if repository_full(&e) {
                 message.push_str(
                     "; free space on the repository's storage, then run the command again",
@@ -185,6 +191,19 @@ fn main() {
             std::process::exit(code);
         }
     }
+}
+
+/// The server's words when it refused the token an operation for its role.
+fn refused_by_server(e: &anyhow::Error) -> Option<String> {
+    e.chain().find_map(|cause| {
+        let b = match cause.downcast_ref::<cairn_core::Error>().map(|c| c.root()) {
+            Some(cairn_core::Error::Backend(b)) => b,
+            _ => cause.downcast_ref::<cairn_backend::BackendError>()?,
+        };
+        (b.kind == cairn_backend::BackendErrorKind::PermissionDenied
+            && b.message.contains(" token may not "))
+        .then(|| b.message.trim_start_matches("server: ").to_string())
+    })
 }
 
 /// Whether the error is a repository config that does not parse or authenticate

@@ -559,9 +559,10 @@ fn allow(
         // Why, in the terms of the command the user ran: everything else a
         // non-admin token is refused is what those commands do.
         let why = if t.role == Role::Restore && matches!(action, Action::Create | Action::Replace) {
-            " (a restore token may only read: back up with a backup or admin token)"
+            " (a restore token may only read: backups need a backup or admin token; forget, \
+             prune, repair, rewrite, tag, key and config changes an admin token)"
         } else {
-            " (forget, prune, repair, key and config changes need an admin token)"
+            " (forget, prune, repair, rewrite, tag, key and config changes need an admin token)"
         };
         return Err(ApiError::forbidden(format!(
             "a {} token may not {} {name}{why}",

@@ -286,6 +286,7 @@ fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
 
     // What a hijacked backup client would try, through the real client.
     let before = objects(&env.repo);
+    let mut refusals_said = 0;
     for (args, what) in [
         (vec!["forget", "--keep-last", "1"], "forget"),
         (vec!["prune"], "prune"),
@@ -301,7 +302,38 @@ fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
             err.contains("need an admin token") || err.contains("an admin token can"),
             "{what}: {err}"
         );
+        // Said as the server's refusal, not after the object being written
+        // (QA r29: "put index/admin-…: server: …").
+        if err.contains("token may not") {
+            assert!(
+                err.contains("cairn: error: the server refused this to the token given: a backup token may not"),
+                "{what}: {err}"
+            );
+            refusals_said += 1;
+        }
     }
+    assert!(
+        refusals_said >= 2,
+        "forget and prune write what the server refuses"
+    );
+    // A restore token is told what each kind of token may do, not to back up.
+    let err = refused(
+        client(
+            &env,
+            &srv,
+            "main",
+            &restore,
+            &["forget", "--keep-last", "1"],
+        ),
+        "forget with a restore token",
+    );
+    assert!(
+        err.contains("a restore token may only read")
+            && err.contains(
+                "forget, prune, repair, rewrite, tag, key and config changes an admin token"
+            ),
+        "{err}"
+    );
     let pw = env.path("pw2");
     std::fs::write(&pw, "another password\n").unwrap();
     refused(

@@ -376,6 +376,15 @@ fn scrub(g: &Global, s: &ScrubArgs, config: Option<&std::path::Path>) -> Result<
                 named.join(", ")
             ));
         }
+        // A bare name without the settings file is a datastore's name the
+        // state directory does not hold (QA r29: "no repository at main").
+        if config.is_none() && !location.contains('/') && !location.contains(':') {
+            return Err(anyhow!(
+                "no repository at {location}: a datastore is named by the settings file \
+                 (`cairn serve scrub {location} --config FILE`); without it, give the \
+                 datastore's location (`cairn serve scrub /srv/cairn/{location}`, or s3:...)"
+            ));
+        }
         return Err(anyhow!("no repository at {location}"));
     }
     let mut p = super::progress(g);

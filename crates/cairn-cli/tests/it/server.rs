@@ -1033,6 +1033,17 @@ fn scrub_finds_bit_rot_without_the_key() {
         err.contains("no datastore \"nosuch\"") && err.contains("main"),
         "{err}"
     );
+    // A name without the settings file: told that names come from it (QA r29:
+    // "no repository at main").
+    let o = Command::new(bin())
+        .args(["serve", "scrub", "main", "--state-dir"])
+        .arg(env.path("state-only"))
+        .current_dir(env.dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("--config FILE"), "{err}");
     // Flip one bit in the largest pack.
     let victim = largest_pack(&env.repo);
     flip_middle(&victim);

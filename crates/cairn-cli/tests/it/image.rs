@@ -2751,6 +2751,12 @@ fn image_fs_replays_journals_of_every_format() {
             .collect();
         names.sort();
         assert_eq!(names.join(","), seen, "{mkfs:?}");
+        // The filesystem keeps ids, no names: none is given, not "" (QA r29).
+        let first = &json["entries"][0];
+        assert!(
+            first["uid"].is_u64() && first.get("user").is_none(),
+            "{first}"
+        );
         let o = env
             .cmd(&["dump", &snap, "--image-fs", "/magic"])
             .output()

@@ -191,7 +191,12 @@ pub struct Entry {
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
+    /// The owner's names as backed up; left out where none is known (an id
+    /// without a name, a filesystem read in place by `--image-fs`, which keeps
+    /// only ids), not given as "" (QA r29).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub user: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub group: String,
     pub size: u64,
     pub mtime: String,

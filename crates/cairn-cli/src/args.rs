@@ -101,10 +101,12 @@ pub struct Global {
 #[derive(Args, Clone, Default)]
 pub struct RemoteArgs {
     /// Send at most this many bytes per second to the repository (5M = 5 MiB/s, 500K;
-    /// or bits per second: 100Mbit)
+    /// or bits per second: 100Mbit). For `serve`: what all its clients send
+    /// together (as --limit-total-upload)
     #[arg(long, env = "CAIRN_LIMIT_UPLOAD", global = true, value_name = "RATE")]
     pub limit_upload: Option<String>,
-    /// Read at most this many bytes per second from the repository (as --limit-upload)
+    /// Read at most this many bytes per second from the repository (as
+    /// --limit-upload; for `serve`: what all its clients read together)
     #[arg(long, env = "CAIRN_LIMIT_DOWNLOAD", global = true, value_name = "RATE")]
     pub limit_download: Option<String>,
     /// How long a call to a remote repository may keep retrying after transient

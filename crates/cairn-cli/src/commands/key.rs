@@ -28,14 +28,19 @@ pub fn run(g: &Global, k: KeyCommand) -> Result<i32> {
                 // An empty table would read as keys lost.
                 println!("this repository is not encrypted: it has no keys (no passwords)");
             } else {
-                println!(" {:<10} {:<31} {:<16} user", "id", "created", "host");
+                println!(" {:<10} {:<25} {:<16} user", "id", "created", "host");
                 for k in &keys {
                     let cur = if k.current { "*" } else { " " };
                     match &k.error {
                         None => println!(
-                            "{cur}{:<10} {:<31} {:<16} {}",
+                            "{cur}{:<10} {:<25} {:<16} {}",
                             k.id.short(),
-                            k.created.as_deref().unwrap_or(""),
+                            // In local time, as every other listing shows times
+                            // (QA r29: UTC here); --json keeps the stored form.
+                            k.created
+                                .as_deref()
+                                .map(cairn_core::time::local_display)
+                                .unwrap_or_default(),
                             k.hostname.as_deref().unwrap_or(""),
                             k.username.as_deref().unwrap_or("")
                         ),

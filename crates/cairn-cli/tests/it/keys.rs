@@ -35,6 +35,26 @@ fn several_passwords_change_and_remove() {
     let keys: serde_json::Value =
         serde_json::from_str(&env.ok(&["key", "list", "--json"])).unwrap();
     assert_eq!(keys.as_array().unwrap().len(), 2);
+    // The table shows when each was made in this machine's time zone, as every
+    // other listing does (QA r29: in UTC, as stored).
+    let o = env
+        .cmd(&["key", "list"])
+        .env("TZ", "Asia/Kolkata")
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&o.stdout);
+    let created = keys[0]["created"].as_str().unwrap();
+    let local = std::process::Command::new("date")
+        .env("TZ", "Asia/Kolkata")
+        .args(["-d", created, "+%Y-%m-%d %H:%M:%S"])
+        .output()
+        .unwrap();
+    let local = String::from_utf8_lossy(&local.stdout).trim().to_string();
+    assert_eq!(local.len(), 19, "{local}");
+    assert!(
+        table.contains(&local) && !table.contains(created),
+        "{local}: {table}"
+    );
     // Both passwords open the repository.
     let o = env
         .cmd(&["snapshots"])

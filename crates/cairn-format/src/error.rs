@@ -7,7 +7,7 @@ pub enum FormatError {
     Truncated { what: &'static str },
     #[error("{what} is malformed: {detail}")]
     Malformed { what: &'static str, detail: String },
-    #[error("{what} failed authentication (corrupted, or sealed with another key)")]
+    #[error("{what} failed authentication (corrupted, or from another repository)")]
     Authentication { what: &'static str },
     /// A version this code never wrote and no later one will (0, or a hole in the
     /// numbering): the object is damaged, not new.

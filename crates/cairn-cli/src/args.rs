@@ -1124,7 +1124,8 @@ pub struct RestoreArgs {
     pub verify: bool,
     /// List each entry on stdout once done: restored (where nothing was),
     /// updated (written over, or metadata only), unchanged, deleted (--delete);
-    /// with --dry-run, what would be (deletions in its "would delete" lines)
+    /// with --dry-run, what would be ("would restore", "would update", "would
+    /// delete")
     /// (restic's -vv; with --json, a "file" event line each on stderr).
     /// Directories (as they are entered), symlinks and special files are listed
     /// too; a directory is "updated" when its mode, owner or time is set back

@@ -57,6 +57,9 @@ pub struct CliSink {
     out: Mutex<()>,
     /// The bar switched to the upload (after everything was read).
     uploading: AtomicBool,
+    /// Files listed are what a dry run would do: "would restore", "would
+    /// update" (QA r29: "updated" beside "would delete").
+    would: AtomicBool,
 }
 
 impl CliSink {
@@ -92,6 +95,7 @@ impl CliSink {
             bar,
             out: Mutex::new(()),
             uploading: AtomicBool::new(false),
+            would: AtomicBool::new(false),
         }
     }
 
@@ -231,7 +235,13 @@ impl EventSink for CliSink {
                 }
                 // `backup --verbose`, as restic's -vv: "new       /path".
                 Event::File { action, path, .. } => {
-                    self.stdout_line(&format!("{:<10}{}", action.name(), ui::printable(path)));
+                    let line = match (self.would.load(Ordering::Relaxed), action.name()) {
+                        (true, "restored") => format!("would restore {}", ui::printable(path)),
+                        (true, "updated") => format!("would update  {}", ui::printable(path)),
+                        (true, "deleted") => format!("would delete  {}", ui::printable(path)),
+                        (_, name) => format!("{name:<10}{}", ui::printable(path)),
+                    };
+                    self.stdout_line(&line);
                 }
                 Event::Status(s) => {
                     if let Some(b) = &self.bar {
@@ -276,6 +286,11 @@ impl CliProgress {
             sink,
             ticker: None,
         }
+    }
+
+    /// Files listed are what a dry run would do (`restore --dry-run -v`).
+    pub fn would(&self) {
+        self.sink.would.store(true, Ordering::Relaxed);
     }
 
     /// Starts sampling counters (a bar redraws 8 times a second; JSON lines once

@@ -55,6 +55,9 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         ));
     }
     let mut p = crate::events::CliProgress::listing(g, a.verbose);
+    if a.dry_run {
+        p.would();
+    }
     let session = super::session::<Read>(g, "restore", IndexLoad::Placement, &p.progress)?;
     // `SNAP:PATH`: a directory of the snapshot as the target (ids and `latest`
     // hold no colon).

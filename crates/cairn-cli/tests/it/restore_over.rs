@@ -389,9 +389,19 @@ fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
     };
     let before = util_listing(&copy);
     let out = env.ok(&args(&["--delete", "-v", "--dry-run"]));
-    // A dry run names what it would delete in its report, not as a file line.
+    // A dry run names what it would delete in its report, not as a file line,
+    // and says "would" of what it would write (QA r29: "updated" beside "would
+    // delete").
+    assert!(
+        out.lines()
+            .all(|l| !l.starts_with("updated") && !l.starts_with("restored")),
+        "{out}"
+    );
+    let said = out
+        .replace("would restore ", "restored ")
+        .replace("would update  ", "updated ");
     let dry: Vec<_> = want.iter().filter(|w| w.0 != "deleted").cloned().collect();
-    assert_eq!(listed(&out), dry, "{out}");
+    assert_eq!(listed(&said), dry, "{out}");
     assert_eq!(util_listing(&copy), before);
     let out = env.ok(&args(&["--delete", "--verbose"]));
     assert_eq!(listed(&out), want, "{out}");

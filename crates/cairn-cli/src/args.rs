@@ -225,6 +225,8 @@ pub enum Command {
     List(ListArgs),
     /// Print one repository object decoded and checked (for looking inside by hand)
     Cat(CatArgs),
+    /// Print cairn's version (as --version; restic's `version`), with --json too
+    Version,
 }
 
 /// `cairn list KIND`: ids one per line (with --json: an array with sizes).

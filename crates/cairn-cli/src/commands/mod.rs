@@ -87,6 +87,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Serve(a) => serve::run(g, &a),
         Command::Mount(a) => mount::run(g, &a),
         Command::Generate(a) => generate::run(&a),
+        Command::Version => version(g),
         Command::List(a) => inspect::list(g, &a),
         Command::Cat(a) => inspect::cat(g, &a),
     }?;
@@ -231,6 +232,23 @@ pub fn print_json_report<T: serde::Serialize>(v: &T) -> Result<()> {
         m.insert("resources".into(), serde_json::to_value(Resources::now())?);
     }
     print_json(&j)
+}
+
+/// `cairn version`: the version and the system it was built for, as restic's
+/// `version` prints its own.
+fn version(g: &Global) -> Result<i32> {
+    let v = env!("CARGO_PKG_VERSION");
+    let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
+    if g.json {
+        print_json(&serde_json::json!({
+            "version": v,
+            "os": os,
+            "arch": arch,
+        }))?;
+    } else {
+        println!("cairn {v} on {os}/{arch}");
+    }
+    Ok(0)
 }
 
 /// The repository location as given (`--repo` / `CAIRN_REPO`).

@@ -2,6 +2,20 @@
 
 use crate::util::*;
 
+/// `cairn version` as restic's, text and JSON, needing no repository (QA r29:
+/// an unknown subcommand).
+#[test]
+fn version_prints_the_version_without_a_repository() {
+    let env = Env::new();
+    let out = env.ok(&["version"]);
+    assert!(
+        out.starts_with(&format!("cairn {} on ", env!("CARGO_PKG_VERSION"))),
+        "{out}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["version", "--json"])).unwrap();
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"), "{v}");
+}
+
 #[test]
 fn settings_fixed_at_creation_are_refused_with_what_to_do() {
     let env = Env::new();

@@ -1340,6 +1340,14 @@ fn image_fs_paths_never_leave_the_entry_they_name() {
     let arg = |b: &[u8]| OsStr::from_bytes(b).to_os_string();
     let run = |args: &[&OsStr]| env.cmd(&[]).args(args).output().unwrap();
 
+    // A name that is not there is said as `ls` of a snapshot says it (QA r29:
+    // ext4-view's "file not found").
+    let err = env.fails(&["ls", &snap, "--image-fs", "/nope"], 1);
+    assert!(
+        err.contains("/nope: no such file or directory in the image's filesystem"),
+        "{err}"
+    );
+
     // Both are there and each is read as itself when the directory is walked.
     let out = env.path("all");
     env.ok(&fs_restore(&snap, "/", &out));

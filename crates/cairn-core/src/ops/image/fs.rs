@@ -174,6 +174,12 @@ fn fs_err(what: &str, e: impl std::fmt::Display) -> Error {
              (docs/IMAGES.md)"
         ));
     }
+    // ext4-view's "file not found", in the words `ls` of a snapshot uses (QA r29).
+    if text == "file not found" {
+        return Error::Invalid(format!(
+            "{what}: no such file or directory in the image's filesystem"
+        ));
+    }
     Error::Invalid(format!("{what}: {text}"))
 }
 

@@ -62,7 +62,9 @@ pub struct JobSpec {
     pub keep_yearly: Option<i64>,
     /// retention: every snapshot within this span (`1y2m3d4h`) of each group's
     /// newest, as `forget --keep-within`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Shown as null when unset, as the other keep_* (QA r29: left out of
+    // `GET /v1/jobs`).
+    #[serde(default)]
     pub keep_within: Option<String>,
     /// copy: where to — a datastore of this server, or a location (directory,
     /// `s3:...`, `cairn+https://...` of another server).
@@ -78,14 +80,14 @@ pub struct JobSpec {
     #[serde(default)]
     pub to_server_fingerprint: Option<String>,
     /// copy and retention: only the snapshots of these hosts (none: every host).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub hosts: Vec<String>,
     /// copy and retention: only snapshots carrying all tags of one entry
     /// (comma-separated within an entry), as `--tag`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub tags: Vec<String>,
     /// copy: the destination's pack size for this job (`512K`: a slow link).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub pack_size: Option<String>,
 }
 

@@ -1264,6 +1264,22 @@ fn scheduled_jobs_run_and_keep_a_history() {
             .map(|j| j["runs"].as_array().unwrap().clone())
             .unwrap_or_default()
     };
+    // Every setting a job may have is listed, unset ones as null or [] (QA
+    // r29: keep_within, hosts, tags and pack_size were left out when unset).
+    let (_, body) = http(p, "GET", "/v1/jobs", a, b"");
+    let jobs: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for j in jobs.as_array().unwrap() {
+        for key in [
+            "keep_last",
+            "keep_within",
+            "hosts",
+            "tags",
+            "pack_size",
+            "to",
+        ] {
+            assert!(j.get(key).is_some(), "{key} not in {j}");
+        }
+    }
     let run = |job: &str| -> serde_json::Value {
         let before = runs(job).len();
         let (code, body) = http(p, "POST", &format!("/v1/jobs/{job}/run"), a, b"");

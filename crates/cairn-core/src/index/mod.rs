@@ -317,6 +317,7 @@ impl MasterIndex {
             + (self.records.capacity() + self.others.capacity()) * RECORD_LEN
             + self.dir.capacity() * 4
             + self.packs.ids.capacity() * (ID_LEN + 4 + 8)
+            + self.packs.ends.capacity() * 4
     }
 
     fn stage(&mut self, pack: PackId, blobs: &[IndexBlob], pending: bool) {

@@ -311,7 +311,9 @@ pub fn stats(session: &Session<Read>, selected: Option<&[SnapshotId]>) -> Result
             st.index.ram_bytes = index.ram_bytes() as u64;
             st.index.local_disk_bytes = Some(crate::index::ssd::disk_bytes(ssd.path()));
         }
-        None => st.index.ram_bytes = (index.len() as f64 * RAM_BYTES_PER_BLOB) as u64,
+        // What the loaded table takes, as `cairn index` says it (QA r29: an
+        // estimate here differed from it).
+        None => st.index.ram_bytes = index.ram_bytes() as u64,
     }
 
     // Pack bytes: blob entries (each pack's own listing, live or pending) versus

@@ -691,6 +691,11 @@ fn describe(e: &reqwest::Error) -> String {
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         let t = s.to_string();
+        // A pinned fingerprint that does not match says all there is to say,
+        // without the transport's words around it (QA r29).
+        if let Some(at) = t.find("the server's certificate has fingerprint") {
+            return t[at..].to_string();
+        }
         if !text.contains(&t) {
             text.push_str(": ");
             text.push_str(&t);

@@ -413,6 +413,12 @@ fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
         .unwrap();
     let err = refused(o, "wrong fingerprint");
     assert!(err.contains("fingerprint"), "{err}");
+    // Said without the transport's words around it (QA r29).
+    assert!(
+        err.contains("get config: the server's certificate has fingerprint")
+            && !err.contains("error sending request"),
+        "{err}"
+    );
     // No fingerprint: the self-signed certificate is refused, unless the client
     // accepts any certificate (--insecure-tls, testing only).
     let unpinned = |extra: &[&str]| {

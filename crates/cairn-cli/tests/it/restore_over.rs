@@ -479,7 +479,22 @@ fn verbose_lists_hard_links_once_their_content_is_written() {
         args.extend_from_slice(extra);
         listed_files(&env.ok(&args), &copy)
     };
-    let dry = run(&["--overwrite", "if-newer", "--dry-run"]);
+    // A dry run says "would restore" where the restore says "restored".
+    let dry_out = env.ok(&[
+        "restore",
+        &snap,
+        "--target",
+        t.to_str().unwrap(),
+        "-v",
+        "--overwrite",
+        "if-newer",
+        "--dry-run",
+    ]);
+    assert!(
+        dry_out.contains(&format!("would restore {}/a/one\n", copy.display())),
+        "{dry_out}"
+    );
+    let dry = listed_files(&dry_out.replace("would restore ", "restored "), &copy);
     let real = run(&["--overwrite", "if-newer"]);
     // (`a` lost an entry, so it is newer than the snapshot's: if-newer keeps it.)
     assert_eq!(

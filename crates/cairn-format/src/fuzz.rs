@@ -1266,7 +1266,10 @@ impl Target for DedupTarget {
     }
     fn generate(&self, rng: &mut Rng) -> Vec<u8> {
         let file = gen_index(rng);
-        let l = DedupList::of(IndexId(rng.array()), &file, rng.one_in(2));
+        let mut l = DedupList::of(IndexId(rng.array()), &file, rng.one_in(2));
+        if rng.one_in(3) {
+            l.packs = None; // format 1, still read
+        }
         let enc = l.encode();
         enc[..enc.len() - 32].to_vec()
     }
@@ -1282,8 +1285,16 @@ impl Target for DedupTarget {
         DedupList::decode(input)
     }
     fn verify(&self, _input: &[u8], l: &DedupList) -> Result<(), String> {
-        if l.ids.windows(2).any(|w| w[0] >= w[1]) {
+        let sorted = |ids: &[crate::BlobId]| ids.windows(2).all(|w| w[0] < w[1]);
+        if !sorted(&l.ids) || !l.packs.iter().flatten().all(|p| sorted(&p.ids)) {
             return Err("unsorted ids accepted".into());
+        }
+        if l.packs
+            .iter()
+            .flatten()
+            .any(|p| p.end > crate::consts::MAX_PACK_SIZE)
+        {
+            return Err("a pack past the largest size accepted".into());
         }
         round_trip(l, DedupList::encode, DedupList::decode)
     }

@@ -1010,7 +1010,11 @@ fn dedup_lists(
                 ));
             }
         };
-        let want = DedupList::of(*id, &file, crate::repo::packer::has_admin_lists(&file));
+        let mut want = DedupList::of(*id, &file, crate::repo::packer::has_admin_lists(&file));
+        // A list of format 1 names no packs: it is compared without them.
+        if l.packs.is_none() {
+            want.packs = None;
+        }
         if l == want {
             None
         } else if l.ids != want.ids {
@@ -1024,6 +1028,8 @@ fn dedup_lists(
                 l.ids.len(),
                 want.ids.len()
             ))
+        } else if l.packs != want.packs {
+            Some("its dedup list's packs differ from the file's".to_string())
         } else {
             Some("its dedup list's flags or supersede list differ from the file".to_string())
         }

@@ -431,6 +431,10 @@ pub struct DedupPlan {
     /// "stored" answers remembered under the same epoch still hold.
     #[serde(default)]
     pub epoch: String,
+    /// Packs (hex ids) that live index files name and the datastore lacks or
+    /// holds cut short, as the server last found them: their blobs are missing.
+    #[serde(default)]
+    pub missing_packs: Vec<String>,
 }
 
 /// The lock-id prefix of the token with this id (the public part of the token).

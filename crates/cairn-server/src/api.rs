@@ -1333,6 +1333,7 @@ pub async fn dedup_plan(
             reason: Some("the datastore predates admin names (docs/SERVER.md)".into()),
             index_files: Vec::new(),
             chunks: 0,
+            missing_packs: Vec::new(),
             epoch: String::new(),
         }
     };

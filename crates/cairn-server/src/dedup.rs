@@ -14,6 +14,12 @@
 //!   seen, and none can start while the lock is held.
 //! - Nothing here is needed for correctness after a restart: the view is rebuilt
 //!   from the datastore, claims only save uploads.
+//!
+//! On a datastore on this machine's file systems, each plan also lists the packs
+//! and holds them against the packs the live lists name (lists of format 2): a pack
+//! deleted or cut short behind the server's back makes the chunks only it held
+//! "not stored", changes the epoch, and is named in the plan, so that the backup
+//! stores that data again instead of a snapshot that cannot be restored (QA r28).
 
 use crate::idset::{IdSet, Prefix, prefix};
 use cairn_backend::{Backend, BackendError, DedupAnswer, names};
@@ -61,6 +67,12 @@ pub struct Dedup {
     damaged_logged: Mutex<HashSet<[u8; 32]>>,
     /// The datastore's name, for the log.
     pub name: String,
+    /// Whether plans list the packs to find those missing or cut short (a
+    /// datastore on this machine's file systems, where a listing is a directory
+    /// read; on object storage it is thousands of requests, as for a client).
+    pub check_packs: bool,
+    /// Packs already logged as missing (each once).
+    missing_logged: Mutex<HashSet<[u8; 32]>>,
     pub stats: DedupStats,
 }
 
@@ -102,6 +114,10 @@ struct View {
     ids: IdSet,
     /// Why queries cannot be answered.
     unavailable: Option<String>,
+    /// Packs that live lists name and the storage lacks or holds shorter than
+    /// their last indexed blob's end, when last looked: what only they hold is
+    /// not in `ids`.
+    missing: HashSet<[u8; 32]>,
     /// Part of the epoch: drawn anew when the first view is built (this server
     /// cannot know what was removed before it started) and whenever an index file
     /// goes without an admin file superseding it (deleted directly).
@@ -120,6 +136,39 @@ struct FileInfo {
 struct ListInfo {
     metadata: bool,
     supersedes: Vec<[u8; 32]>,
+    /// The packs the file lists and where each one's last blob ends (empty for
+    /// a list of format 1, which names none: those packs are not checked).
+    packs: Vec<([u8; 32], u64)>,
+}
+
+impl ListInfo {
+    fn of(l: &DedupList) -> ListInfo {
+        ListInfo {
+            metadata: l.metadata,
+            supersedes: l.supersedes.iter().map(|s| s.0).collect(),
+            packs: (l.packs.iter().flatten())
+                .map(|p| (p.id.0, p.end))
+                .collect(),
+        }
+    }
+}
+
+/// The data ids of a list that a pack not in `missing` holds, as prefixes (all
+/// of a list of format 1's).
+fn held_prefixes(l: &DedupList, missing: &HashSet<[u8; 32]>) -> Vec<Prefix> {
+    match &l.packs {
+        Some(packs) if !missing.is_empty() => {
+            let mut v: Vec<Prefix> = packs
+                .iter()
+                .filter(|p| !missing.contains(&p.id.0))
+                .flat_map(|p| p.ids.iter().map(|i| prefix(&i.0)))
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        }
+        _ => l.ids.iter().map(|i| prefix(&i.0)).collect(),
+    }
 }
 
 /// What a backup client is told to read.
@@ -130,6 +179,10 @@ pub struct Plan {
     pub reason: Option<String>,
     pub index_files: Vec<String>,
     pub chunks: u64,
+    /// Packs (hex ids) live index files name that the storage lacks or holds cut
+    /// short: the client treats their blobs as missing, as a backup of a local
+    /// repository does.
+    pub missing_packs: Vec<String>,
     /// Changes whenever an `admin-` index file appears or goes, or an index file
     /// goes without one (the only ways a chunk stops being stored), and when the
     /// server starts: a client may keep "stored" answers across backups while it
@@ -187,6 +240,19 @@ impl Dedup {
         }
     }
 
+    /// The service of datastore `name` at `location`: packs are checked when it is
+    /// on this machine's file systems.
+    pub fn at(name: &str, location: &str) -> Dedup {
+        let local = matches!(
+            cairn_core::repo::storage::Location::parse(location),
+            Ok(cairn_core::repo::storage::Location::Local(_))
+        );
+        Dedup {
+            check_packs: local,
+            ..Dedup::named(name)
+        }
+    }
+
     /// `session`'s job is over (its client released its job slot, after a
     /// backup that ended or failed): its claims stand no longer, so that another
     /// client sends what it never will at once rather than after
@@ -222,14 +288,16 @@ impl Dedup {
     }
 
     /// Reads the dedup list of index file `id`, kept as what the view needs: its
-    /// supersede list and flags, and its ids' prefixes (the whole list is dropped
-    /// at once). A damaged list, or one that does not describe its file, counts as
-    /// none. Gives up when the server is stopping.
+    /// supersede list, flags and packs, and the prefixes of the ids that packs not
+    /// in `missing` hold (the whole list is dropped at once). A damaged list, or
+    /// one that does not describe its file, counts as none. Gives up when the
+    /// server is stopping.
     fn read_list(
         &self,
         backend: &dyn Backend,
         id: &[u8; 32],
         admin: bool,
+        missing: &HashSet<[u8; 32]>,
     ) -> Result<Option<(ListInfo, Vec<Prefix>)>, BackendError> {
         let name = names::dedup(&hex::encode(id));
         if self.stopping.load(Ordering::SeqCst) {
@@ -271,11 +339,7 @@ impl Dedup {
                 return Ok(None);
             }
         };
-        let info = ListInfo {
-            metadata: l.metadata,
-            supersedes: l.supersedes.iter().map(|s| s.0).collect(),
-        };
-        Ok(Some((info, l.ids.iter().map(|i| prefix(&i.0)).collect())))
+        Ok(Some((ListInfo::of(&l), held_prefixes(&l, missing))))
     }
 
     fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
@@ -321,16 +385,19 @@ impl Dedup {
         if !need(&self.view(), generation) {
             return Ok(()); // another request refreshed it meanwhile
         }
-        self.refresh_locked(backend)
+        self.refresh_locked(backend, false)
     }
 
     fn refresh(&self, backend: &dyn Backend) -> Result<(), BackendError> {
         let _one = self.refreshing.lock().unwrap_or_else(|e| e.into_inner());
-        self.refresh_locked(backend)
+        self.refresh_locked(backend, false)
     }
 
-    fn refresh_locked(&self, backend: &dyn Backend) -> Result<(), BackendError> {
+    /// Builds the view anew from the listing; `rebuild`: its ids from every live
+    /// list, not only from those new since (the missing packs changed).
+    fn refresh_locked(&self, backend: &dyn Backend, rebuild: bool) -> Result<(), BackendError> {
         let generation = self.lock_gen.load(Ordering::SeqCst);
+        let missing = self.view().missing.clone();
         let listed: Vec<(String, [u8; 32], bool)> = backend
             .list(names::INDEX)?
             .into_iter()
@@ -362,7 +429,7 @@ impl Dedup {
             .collect();
         let mut read: HashMap<[u8; 32], (ListInfo, Vec<Prefix>)> = HashMap::new();
         let results = cairn_core::threads::parallel_map(&to_read, LIST_READERS, |(id, admin)| {
-            self.read_list(backend, id, *admin)
+            self.read_list(backend, id, *admin, &missing)
         });
         for ((id, _), r) in to_read.iter().zip(results) {
             if let Some(l) = r? {
@@ -417,7 +484,7 @@ impl Dedup {
         let deleted = old_files
             .keys()
             .any(|id| !files.contains_key(id) && !superseded.contains(id));
-        let rebuilt = if lost || first {
+        let rebuilt = if lost || first || rebuild {
             let keep = |id: &[u8; 32], f: &FileInfo| f.list.is_some() && !superseded.contains(id);
             let known = self.view().ids.len();
             let mut all: Vec<Prefix> =
@@ -438,7 +505,7 @@ impl Dedup {
             for batch in again.chunks(LIST_READERS * 2) {
                 let results =
                     cairn_core::threads::parallel_map(batch, LIST_READERS, |(id, admin)| {
-                        self.read_list(backend, id, *admin)
+                        self.read_list(backend, id, *admin, &missing)
                     });
                 for r in results {
                     if let Some((_, v)) = r? {
@@ -469,9 +536,81 @@ impl Dedup {
         Ok(())
     }
 
+    /// Lists the packs and holds them against those the live lists name: when
+    /// the packs missing or cut short are not those the view was built without,
+    /// the view is built again without what only they hold (blocking). The packs
+    /// held against the listing are those of the lists in the view before it
+    /// began: a list is stored after its packs, so none of them is taken for
+    /// missing for being new.
+    fn check_packs(&self, backend: &dyn Backend) -> Result<(), BackendError> {
+        if !self.check_packs {
+            return Ok(());
+        }
+        let named: Vec<(String, [u8; 32], u64)> = {
+            let v = self.view();
+            let superseded: HashSet<[u8; 32]> = v
+                .files
+                .values()
+                .filter_map(|f| f.list.as_ref())
+                .flat_map(|l| l.supersedes.iter().copied())
+                .collect();
+            v.files
+                .iter()
+                .filter(|(id, _)| !superseded.contains(*id))
+                .filter_map(|(_, f)| Some((&f.name, f.list.as_ref()?)))
+                .flat_map(|(name, l)| l.packs.iter().map(|(p, end)| (name.clone(), *p, *end)))
+                .collect()
+        };
+        if named.is_empty() && self.view().missing.is_empty() {
+            return Ok(());
+        }
+        let stored: HashMap<[u8; 32], u64> = backend
+            .list(names::DATA)?
+            .into_iter()
+            .filter_map(|o| id32(names::listed(&o.name)).map(|id| (id, o.size)))
+            .collect();
+        let mut now = HashSet::new();
+        let mut log = Vec::new();
+        for (file, pack, end) in &named {
+            let short = match stored.get(pack) {
+                None => false,
+                Some(size) if size < end => true,
+                Some(_) => continue,
+            };
+            if now.insert(*pack) {
+                log.push((file, *pack, short));
+            }
+        }
+        if now == self.view().missing {
+            return Ok(());
+        }
+        let mut logged = self
+            .missing_logged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for (file, pack, short) in log {
+            if logged.insert(pack) {
+                crate::log_line(&format!(
+                    "datastore {}: pack {} that {file} names is {} (damage, or deleted by \
+                     hand): its chunks count as not stored, so backups store them again; \
+                     snapshots that need it stay damaged: run `cairn check`, then `cairn \
+                     repair index` and `cairn repair snapshots`",
+                    self.name,
+                    names::pack(&hex::encode(pack)),
+                    if short { "cut short" } else { "missing" },
+                ));
+            }
+        }
+        drop(logged);
+        let _one = self.refreshing.lock().unwrap_or_else(|e| e.into_inner());
+        self.view.write().unwrap_or_else(|e| e.into_inner()).missing = now;
+        self.refresh_locked(backend, true)
+    }
+
     /// The plan for a backup client (blocking).
     pub fn plan(&self, backend: &dyn Backend) -> Result<Plan, BackendError> {
         self.fresh(backend)?;
+        self.check_packs(backend)?;
         let v = self.view();
         if let Some(r) = &v.unavailable {
             return Ok(Plan {
@@ -479,6 +618,7 @@ impl Dedup {
                 reason: Some(r.clone()),
                 index_files: Vec::new(),
                 chunks: 0,
+                missing_packs: Vec::new(),
                 epoch: String::new(),
             });
         }
@@ -494,6 +634,14 @@ impl Dedup {
         for n in admin {
             h.update(n.as_bytes());
             h.update(b"\n");
+        }
+        // A pack found missing takes chunks away: "stored" answers given before
+        // hold no longer.
+        let mut missing_packs: Vec<String> = v.missing.iter().map(hex::encode).collect();
+        missing_packs.sort();
+        for p in &missing_packs {
+            h.update(b"missing ");
+            h.update(p.as_bytes());
         }
         let epoch = h.finalize().to_hex()[..32].to_string();
         let superseded: HashSet<[u8; 32]> = v
@@ -516,6 +664,7 @@ impl Dedup {
             reason: None,
             index_files,
             chunks: v.ids.len() as u64,
+            missing_packs,
             epoch,
         })
     }
@@ -686,13 +835,11 @@ impl Dedup {
             FileInfo {
                 name: index_name.to_string(),
                 admin: false,
-                list: Some(ListInfo {
-                    metadata: list.metadata,
-                    supersedes: Vec::new(),
-                }),
+                list: Some(ListInfo::of(list)),
             },
         );
-        v.ids.extend(list.ids.iter().map(|i| &i.0));
+        let held = held_prefixes(list, &v.missing);
+        v.ids.extend_prefixes(held);
         drop(v);
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
         for id in &list.ids {
@@ -711,7 +858,8 @@ pub struct Confirm {
 mod tests {
     use super::*;
     use cairn_backend::MemBackend;
-    use cairn_format::{BlobId, IndexId};
+    use cairn_format::dedup::DedupPack;
+    use cairn_format::{BlobId, IndexId, PackId};
 
     fn put_index(b: &MemBackend, id: u8, admin: bool, ids: &[u8], sup: &[u8], meta: bool) {
         let hex = hex::encode([id; 32]);
@@ -727,8 +875,102 @@ mod tests {
             admin,
             supersedes: sup.iter().map(|s| IndexId([*s; 32])).collect(),
             ids: ids.iter().map(|i| BlobId([*i; 32])).collect(),
+            packs: None,
         };
         b.put_new(&names::dedup(&hex), &l.encode()).unwrap();
+    }
+
+    /// A plain index file whose list (format 2) names packs: (pack, its end, ids).
+    fn put_index_packs(b: &MemBackend, id: u8, packs: &[(u8, u64, &[u8])]) {
+        let hex = hex::encode([id; 32]);
+        b.put_new(&names::index(&hex), b"sealed").unwrap();
+        let packs: Vec<DedupPack> = packs
+            .iter()
+            .map(|(p, end, ids)| DedupPack {
+                id: PackId([*p; 32]),
+                end: *end,
+                ids: ids.iter().map(|i| BlobId([*i; 32])).collect(),
+            })
+            .collect();
+        let mut ids: Vec<BlobId> = packs.iter().flat_map(|p| p.ids.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        let l = DedupList {
+            index: IndexId([id; 32]),
+            metadata: false,
+            admin: false,
+            supersedes: Vec::new(),
+            ids,
+            packs: Some(packs),
+        };
+        b.put_new(&names::dedup(&hex), &l.encode()).unwrap();
+    }
+
+    fn put_pack(b: &MemBackend, p: u8, size: usize) {
+        let name = names::pack(&hex::encode([p; 32]));
+        let _ = b.delete(&name);
+        b.put_new(&name, &vec![0; size]).unwrap();
+    }
+
+    /// A pack deleted or cut short behind the server's back: what only it held
+    /// is "send" again, the plan names it and the epoch changes; what another
+    /// pack holds too stays stored; a pack put back restores the view.
+    #[test]
+    fn packs_missing_or_cut_short_take_their_chunks_away() {
+        let b = MemBackend::new();
+        put_pack(&b, 100, 50);
+        put_pack(&b, 101, 50);
+        put_index_packs(&b, 1, &[(100, 50, &[10, 11]), (101, 40, &[12])]);
+        put_index_packs(&b, 2, &[(101, 50, &[11, 13])]);
+        let d = Dedup {
+            check_packs: true,
+            ..Dedup::default()
+        };
+        let p = d.plan(&b).unwrap();
+        assert_eq!((p.chunks, p.missing_packs.len()), (4, 0));
+        let e1 = p.epoch;
+        let stored = |d: &Dedup| {
+            let ans = d
+                .query(&b, "s", &(10..14).map(|i| [i; 32]).collect::<Vec<_>>())
+                .unwrap()
+                .unwrap();
+            (10..14u8)
+                .zip(ans)
+                .filter(|(_, a)| *a == DedupAnswer::Stored)
+                .map(|(i, _)| i)
+                .collect::<Vec<u8>>()
+        };
+        assert_eq!(stored(&d), vec![10, 11, 12, 13]);
+        // Pack 100 deleted: 10 goes, 11 stays (pack 101 holds it too).
+        b.delete(&names::pack(&hex::encode([100u8; 32]))).unwrap();
+        let p = d.plan(&b).unwrap();
+        assert_eq!(p.missing_packs, vec![hex::encode([100u8; 32])]);
+        assert_ne!(p.epoch, e1);
+        assert_eq!(stored(&d), vec![11, 12, 13]);
+        // Pack 101 cut short (file 2 says it reaches 50): only 10 and 12's file
+        // and 11 and 13's both lose it.
+        put_pack(&b, 101, 45);
+        let p = d.plan(&b).unwrap();
+        assert_eq!(p.missing_packs.len(), 2);
+        assert_eq!(stored(&d), Vec::<u8>::new());
+        // A new list that names a missing pack adds only what other packs hold.
+        put_pack(&b, 102, 10);
+        put_index_packs(&b, 3, &[(100, 50, &[10]), (102, 10, &[12])]);
+        d.lock_written();
+        d.plan(&b).unwrap();
+        assert_eq!(stored(&d), vec![12]);
+        // Both packs put back whole: everything is stored again.
+        put_pack(&b, 100, 50);
+        put_pack(&b, 101, 50);
+        let p = d.plan(&b).unwrap();
+        assert!(p.missing_packs.is_empty());
+        assert_eq!(stored(&d), vec![10, 11, 12, 13]);
+        // Without the check (object storage), nothing is listed or taken away.
+        b.delete(&names::pack(&hex::encode([100u8; 32]))).unwrap();
+        let unchecked = Dedup::default();
+        let p = unchecked.plan(&b).unwrap();
+        assert!(p.missing_packs.is_empty());
+        assert_eq!(stored(&unchecked), vec![10, 11, 12, 13]);
     }
 
     #[test]

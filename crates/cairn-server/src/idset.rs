@@ -71,6 +71,7 @@ impl IdSet {
     }
 
     /// Adds ids (those of a new list).
+    #[cfg(test)]
     pub fn extend<'a>(&mut self, ids: impl IntoIterator<Item = &'a [u8; 32]>) {
         self.extend_prefixes(ids.into_iter().map(prefix));
     }

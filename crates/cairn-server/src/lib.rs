@@ -403,7 +403,7 @@ impl App {
                     owners,
                     stats: Stats::default(),
                     census: tokio::sync::Mutex::new(None),
-                    dedup: dedup::Dedup::named(name),
+                    dedup: dedup::Dedup::at(name, location),
                     hosts: hosts::HostRecords::default(),
                     slots: slots::Slots::new(Duration::from_secs(config.job_idle_secs)),
                     max_jobs: summary.max_concurrent_jobs.into(),

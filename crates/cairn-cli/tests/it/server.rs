@@ -2159,6 +2159,124 @@ fn a_damaged_dedup_list_is_logged_at_start() {
     lines.wait_for("dedup view of", Duration::from_secs(60));
 }
 
+/// A data pack deleted behind the server's back (QA r28 F1: the next backup
+/// through the server said "saved", exit 0, and its snapshot could not be
+/// restored): the server finds it when it plans the backup, logs it, and no
+/// longer answers "stored" for what only it held; the backup is warned, stores
+/// that data again, and its snapshot restores whole.
+#[test]
+fn a_backup_through_the_server_stores_again_what_a_lost_pack_held() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("big.bin"), Rng(0xd3d0_0005).bytes(12 << 20, false)).unwrap();
+    for i in 0..40u64 {
+        std::fs::write(
+            src.join(format!("f{i}")),
+            Rng(0xd3d0_0100 + i).bytes(3000, false),
+        )
+        .unwrap();
+    }
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let token = srv.token("b", "main", "backup");
+    let s = src.to_str().unwrap();
+    ok(
+        client(&env, &srv, "main", &token, &["backup", s]),
+        "first backup",
+    );
+    // The largest pack (big.bin's data) goes, as by hand or damage.
+    let data = env.repo.join("data");
+    let mut packs: Vec<(u64, PathBuf)> = walk(&data)
+        .into_iter()
+        .filter(|(_, m)| m.is_file())
+        .map(|(p, m)| (m.len(), data.join(p)))
+        .collect();
+    packs.sort();
+    let (_, lost) = packs.pop().unwrap();
+    std::fs::remove_file(&lost).unwrap();
+    std::fs::write(src.join("new.txt"), b"new").unwrap();
+    let o = client(&env, &srv, "main", &token, &["backup", s]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("1 pack that the repository's storage does not hold whole"),
+        "{err}"
+    );
+    // The new snapshot restores whole (read directly, with the key).
+    let t = env.path("t");
+    env.ok(&["restore", "latest", "--target", t.to_str().unwrap()]);
+    assert_same(&src, &t.join(src.strip_prefix("/").unwrap()));
+    let lost_id = lost.file_name().unwrap().to_str().unwrap().to_string();
+    let log = srv.stop();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(&lost_id) && !l.contains(" /v1/"))
+        .collect();
+    assert_eq!(said.len(), 1, "logged once: {log}");
+    assert!(
+        said[0].contains("datastore main: pack data/"),
+        "{}",
+        said[0]
+    );
+    assert!(said[0].contains("is missing"), "{}", said[0]);
+}
+
+/// Dedup lists of format 1, written before lists named their packs, still check
+/// clean and are answered from (their packs are not checked); a list of format 2
+/// whose packs are not its file's is found by `check`.
+#[test]
+fn dedup_lists_of_format_1_are_still_read_and_checked() {
+    use cairn_format::dedup::DedupList;
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a.bin"), Rng(0xd3d0_0006).bytes(3 << 20, false)).unwrap();
+    env.ok(&["backup", src.to_str().unwrap()]);
+    let lists: Vec<PathBuf> = walk(&env.repo.join("dedup"))
+        .into_keys()
+        .map(|p| env.repo.join("dedup").join(p))
+        .collect();
+    assert!(!lists.is_empty());
+    let mut v2 = Vec::new();
+    for l in &lists {
+        let bytes = std::fs::read(l).unwrap();
+        assert_eq!(&bytes[..8], b"CAIRNDL2");
+        let mut list = DedupList::decode(&bytes).unwrap();
+        v2.push((l.clone(), list.clone()));
+        list.packs = None;
+        std::fs::remove_file(l).unwrap();
+        std::fs::write(l, list.encode()).unwrap();
+    }
+    env.check_clean();
+    // A server answers from them: the same data backed up through it again sends
+    // no chunk (under 64 KiB go up: the tree, index and snapshot).
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], true);
+    let token = srv.token("b", "main", "backup");
+    let (_, err) = client_traffic(
+        &env,
+        &srv,
+        "main",
+        &token,
+        &["backup", src.to_str().unwrap()],
+    );
+    assert!(uploaded(&err) < 64 << 10, "{err}");
+    srv.stop();
+    // A list of format 2 that places its chunks in another pack.
+    let (path, mut list) = v2.into_iter().find(|(_, l)| !l.ids.is_empty()).unwrap();
+    list.packs.as_mut().unwrap()[0].id = cairn_format::PackId([9; 32]);
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, list.encode()).unwrap();
+    let o = env.run(&["check"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("its dedup list's packs differ from the file's"),
+        "{out}"
+    );
+}
+
 /// A plain index file larger than any cairn writes is junk (a hijacked client
 /// stored it; QA: up to 1 GiB each, downloaded and cached by every backup): a
 /// backup through the server passes over one stored beside it unread, and the

@@ -31,6 +31,8 @@ pub struct DedupClient {
     memo: Option<(std::path::PathBuf, String)>,
     /// Ids taken from that file at the start.
     pub remembered: usize,
+    /// Packs the server found missing or cut short when it planned the backup.
+    pub missing_packs: Vec<cairn_format::PackId>,
     /// Chunk ids sent to the server to ask about (the others were known).
     asked: std::sync::atomic::AtomicU64,
     /// Of those, the ones the server said it holds.
@@ -64,6 +66,7 @@ impl DedupClient {
             chunks_known,
             memo: memo.filter(|(_, epoch)| !epoch.is_empty()),
             remembered: 0,
+            missing_packs: Vec::new(),
             asked: Default::default(),
             answered_stored: Default::default(),
         };

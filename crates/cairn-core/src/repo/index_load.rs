@@ -278,11 +278,23 @@ impl Repository {
     /// short) are marked missing, so that this backup stores their blobs again
     /// instead of a snapshot that cannot be restored (QA: the backup said "saved"
     /// and exit 0 over a deleted pack; QA r28: over one cut short). How many were
-    /// missing. Skipped for object storage, where a listing of every pack is
-    /// thousands of requests, and for a server, whose backups load only the index
-    /// files listing trees (data chunks are the server's to answer for, and it
-    /// cannot tell which pack holds one); there `check` finds such damage.
+    /// missing. Through a server, the packs its plan named missing (it lists its
+    /// datastore's packs, when they are on its file systems, and holds them
+    /// against the packs its dedup lists name): those of the index loaded are
+    /// marked, and the server no longer answers "stored" for what only they held.
+    /// Skipped for object storage, where a listing of every pack is thousands of
+    /// requests; there `check` finds such damage.
     pub(crate) fn set_aside_missing_packs(&mut self) -> Result<usize> {
+        if let Some(d) = &self.dedup {
+            let missing: std::collections::HashSet<PackId> =
+                d.missing_packs.iter().copied().collect();
+            if !missing.is_empty()
+                && let Some(index) = Arc::get_mut(&mut self.index)
+            {
+                index.set_missing_packs(|id, _| !missing.contains(id));
+            }
+            return Ok(missing.len());
+        }
         let local = matches!(
             super::storage::Location::parse(&self.location),
             Ok(super::storage::Location::Local(_))
@@ -343,12 +355,12 @@ impl Repository {
             .local_base
             .as_ref()
             .map(|b| (b.join("dedup").join(&self.config.id), plan.epoch.clone()));
-        self.dedup = Some(Arc::new(super::dedup::DedupClient::new(
-            self.backend.clone(),
-            ids.len(),
-            plan.chunks,
-            memo,
-        )));
+        let mut client =
+            super::dedup::DedupClient::new(self.backend.clone(), ids.len(), plan.chunks, memo);
+        client.missing_packs = (plan.missing_packs.iter())
+            .filter_map(|p| PackId::from_hex(p).ok())
+            .collect();
+        self.dedup = Some(Arc::new(client));
         Ok(true)
     }
 

@@ -1155,10 +1155,15 @@ async fn check_dedup_list(
             ))),
         }
     };
-    // The index file must be large enough to list that many blobs: the server
-    // keeps every listed id in memory, and a list naming millions of ids for a
-    // tiny index file would cost it that memory for nothing stored.
-    let need = (list.ids.len() as u64).saturating_mul(MIN_INDEX_ENTRY_BYTES);
+    // The index file must be large enough to list that many blobs and packs: the
+    // server keeps every listed id (and pack) in memory and holds the packs
+    // against the datastore's at every plan, and a list naming millions of them
+    // for a tiny index file would cost it that for nothing stored.
+    let entries = match &list.packs {
+        Some(packs) => packs.iter().map(|p| p.ids.len() + 1).sum::<usize>(),
+        None => list.ids.len(),
+    };
+    let need = (entries as u64).saturating_mul(MIN_INDEX_ENTRY_BYTES);
     match stored_up_to(store, index_name.clone(), need).await? {
         None => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -1170,8 +1175,8 @@ async fn check_dedup_list(
             StatusCode::UNPROCESSABLE_ENTITY,
             "content_mismatch",
             format!(
-                "{name}: names {} chunks, more than {index_name} ({size} bytes) can list",
-                list.ids.len()
+                "{name}: names {entries} chunks and packs, more than {index_name} ({size} \
+                 bytes) can list"
             ),
         )),
         Some(_) => Ok((index_name, list)),

@@ -71,8 +71,12 @@ pub struct Dedup {
     /// datastore on this machine's file systems, where a listing is a directory
     /// read; on object storage it is thousands of requests, as for a client).
     pub check_packs: bool,
-    /// Packs already logged as missing (each once).
+    /// Packs logged as missing, and lists logged for naming a pack longer than
+    /// it is (each once).
     missing_logged: Mutex<HashSet<[u8; 32]>>,
+    /// Numbers the pack listings, so that a check whose listing is older than
+    /// the one the view was built from changes nothing.
+    listing_seq: AtomicU64,
     pub stats: DedupStats,
 }
 
@@ -114,10 +118,15 @@ struct View {
     ids: IdSet,
     /// Why queries cannot be answered.
     unavailable: Option<String>,
-    /// Packs that live lists name and the storage lacks or holds shorter than
-    /// their last indexed blob's end, when last looked: what only they hold is
-    /// not in `ids`.
+    /// Per index file, the packs its list names that the storage lacks or holds
+    /// shorter than the list says, when last looked: their ids in that list are
+    /// not in `ids` (those other lists place in whole packs are).
+    skip: HashMap<[u8; 32], Vec<[u8; 32]>>,
+    /// Packs the storage lacks, or holds shorter than every list naming them
+    /// says (a list alone cannot make a pack missing for all): named in plans.
     missing: HashSet<[u8; 32]>,
+    /// The listing `skip` and `missing` come from ([`Dedup::listing_seq`]).
+    missing_seq: u64,
     /// Part of the epoch: drawn anew when the first view is built (this server
     /// cannot know what was removed before it started) and whenever an index file
     /// goes without an admin file superseding it (deleted directly).
@@ -153,14 +162,14 @@ impl ListInfo {
     }
 }
 
-/// The data ids of a list that a pack not in `missing` holds, as prefixes (all
-/// of a list of format 1's).
-fn held_prefixes(l: &DedupList, missing: &HashSet<[u8; 32]>) -> Vec<Prefix> {
+/// The data ids of a list that a pack not in `skip` holds, as prefixes (all of
+/// a list of format 1's).
+fn held_prefixes(l: &DedupList, skip: &[[u8; 32]]) -> Vec<Prefix> {
     match &l.packs {
-        Some(packs) if !missing.is_empty() => {
+        Some(packs) if !skip.is_empty() => {
             let mut v: Vec<Prefix> = packs
                 .iter()
-                .filter(|p| !missing.contains(&p.id.0))
+                .filter(|p| !skip.contains(&p.id.0))
                 .flat_map(|p| p.ids.iter().map(|i| prefix(&i.0)))
                 .collect();
             v.sort_unstable();
@@ -180,8 +189,8 @@ pub struct Plan {
     pub index_files: Vec<String>,
     pub chunks: u64,
     /// Packs (hex ids) live index files name that the storage lacks or holds cut
-    /// short: the client treats their blobs as missing, as a backup of a local
-    /// repository does.
+    /// short, the first [`MAX_NAMED_MISSING`]: the client treats their blobs as
+    /// missing, as a backup of a local repository does.
     pub missing_packs: Vec<String>,
     /// Changes whenever an `admin-` index file appears or goes, or an index file
     /// goes without one (the only ways a chunk stops being stored), and when the
@@ -230,6 +239,11 @@ pub fn warm_all(app: &crate::App) {
 
 /// Lists read at the same time while a view is built.
 const LIST_READERS: usize = 4;
+/// Missing packs a plan names at most (lists could name millions of packs that
+/// never were; the view leaves out what they hold however many there are).
+pub const MAX_NAMED_MISSING: usize = 10_000;
+/// Missing packs (or lying lists) logged one by one per check at most.
+const MAX_LOGGED_MISSING: usize = 10;
 
 impl Dedup {
     /// The service of datastore `name`.
@@ -288,16 +302,16 @@ impl Dedup {
     }
 
     /// Reads the dedup list of index file `id`, kept as what the view needs: its
-    /// supersede list, flags and packs, and the prefixes of the ids that packs not
-    /// in `missing` hold (the whole list is dropped at once). A damaged list, or
-    /// one that does not describe its file, counts as none. Gives up when the
-    /// server is stopping.
+    /// supersede list, flags and packs, and the prefixes of the ids that packs
+    /// `skip` does not name for this file hold (the whole list is dropped at
+    /// once). A damaged list, or one that does not describe its file, counts as
+    /// none. Gives up when the server is stopping.
     fn read_list(
         &self,
         backend: &dyn Backend,
         id: &[u8; 32],
         admin: bool,
-        missing: &HashSet<[u8; 32]>,
+        skip: &HashMap<[u8; 32], Vec<[u8; 32]>>,
     ) -> Result<Option<(ListInfo, Vec<Prefix>)>, BackendError> {
         let name = names::dedup(&hex::encode(id));
         if self.stopping.load(Ordering::SeqCst) {
@@ -339,7 +353,8 @@ impl Dedup {
                 return Ok(None);
             }
         };
-        Ok(Some((ListInfo::of(&l), held_prefixes(&l, missing))))
+        let skip = skip.get(id).map_or(&[][..], Vec::as_slice);
+        Ok(Some((ListInfo::of(&l), held_prefixes(&l, skip))))
     }
 
     fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
@@ -385,19 +400,29 @@ impl Dedup {
         if !need(&self.view(), generation) {
             return Ok(()); // another request refreshed it meanwhile
         }
-        self.refresh_locked(backend, false)
+        self.refresh_locked(backend, None)
     }
 
     fn refresh(&self, backend: &dyn Backend) -> Result<(), BackendError> {
         let _one = self.refreshing.lock().unwrap_or_else(|e| e.into_inner());
-        self.refresh_locked(backend, false)
+        self.refresh_locked(backend, None)
     }
 
-    /// Builds the view anew from the listing; `rebuild`: its ids from every live
-    /// list, not only from those new since (the missing packs changed).
-    fn refresh_locked(&self, backend: &dyn Backend, rebuild: bool) -> Result<(), BackendError> {
+    /// Builds the view anew from the listing. `packs`: a new judgement of the
+    /// packs (what each file's list does not count, the missing packs and the
+    /// listing they come from); the ids are then rebuilt from every live list, and
+    /// the judgement is part of the view only once that succeeded.
+    fn refresh_locked(
+        &self,
+        backend: &dyn Backend,
+        packs: Option<Judged>,
+    ) -> Result<(), BackendError> {
         let generation = self.lock_gen.load(Ordering::SeqCst);
-        let missing = self.view().missing.clone();
+        let rebuild = packs.is_some();
+        let skip = match &packs {
+            Some(j) => j.skip.clone(),
+            None => self.view().skip.clone(),
+        };
         let listed: Vec<(String, [u8; 32], bool)> = backend
             .list(names::INDEX)?
             .into_iter()
@@ -429,7 +454,7 @@ impl Dedup {
             .collect();
         let mut read: HashMap<[u8; 32], (ListInfo, Vec<Prefix>)> = HashMap::new();
         let results = cairn_core::threads::parallel_map(&to_read, LIST_READERS, |(id, admin)| {
-            self.read_list(backend, id, *admin, &missing)
+            self.read_list(backend, id, *admin, &skip)
         });
         for ((id, _), r) in to_read.iter().zip(results) {
             if let Some(l) = r? {
@@ -505,7 +530,7 @@ impl Dedup {
             for batch in again.chunks(LIST_READERS * 2) {
                 let results =
                     cairn_core::threads::parallel_map(batch, LIST_READERS, |(id, admin)| {
-                        self.read_list(backend, id, *admin, &missing)
+                        self.read_list(backend, id, *admin, &skip)
                     });
                 for r in results {
                     if let Some((_, v)) = r? {
@@ -528,6 +553,11 @@ impl Dedup {
         }
         view.files = files;
         view.unavailable = unavailable;
+        if let Some(j) = packs {
+            view.skip = j.skip;
+            view.missing = j.missing;
+            view.missing_seq = j.seq;
+        }
         if first || deleted {
             view.salt = cairn_format::envelope::random_bytes();
         }
@@ -537,74 +567,157 @@ impl Dedup {
     }
 
     /// Lists the packs and holds them against those the live lists name: when
-    /// the packs missing or cut short are not those the view was built without,
-    /// the view is built again without what only they hold (blocking). The packs
+    /// what that finds differs from what the view was built with, the view is
+    /// built again without the ids only missing packs hold (blocking). The packs
     /// held against the listing are those of the lists in the view before it
     /// began: a list is stored after its packs, so none of them is taken for
-    /// missing for being new.
+    /// missing for being new. A listing that fails is logged and checks nothing
+    /// (the backup goes on as without the check).
     fn check_packs(&self, backend: &dyn Backend) -> Result<(), BackendError> {
         if !self.check_packs {
             return Ok(());
         }
-        let named: Vec<(String, [u8; 32], u64)> = {
+        let seq = self.listing_seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let named = self.named_packs();
+        {
             let v = self.view();
-            let superseded: HashSet<[u8; 32]> = v
-                .files
-                .values()
-                .filter_map(|f| f.list.as_ref())
-                .flat_map(|l| l.supersedes.iter().copied())
-                .collect();
-            v.files
-                .iter()
-                .filter(|(id, _)| !superseded.contains(*id))
-                .filter_map(|(_, f)| Some((&f.name, f.list.as_ref()?)))
-                .flat_map(|(name, l)| l.packs.iter().map(|(p, end)| (name.clone(), *p, *end)))
-                .collect()
-        };
-        if named.is_empty() && self.view().missing.is_empty() {
-            return Ok(());
-        }
-        let stored: HashMap<[u8; 32], u64> = backend
-            .list(names::DATA)?
-            .into_iter()
-            .filter_map(|o| id32(names::listed(&o.name)).map(|id| (id, o.size)))
-            .collect();
-        let mut now = HashSet::new();
-        let mut log = Vec::new();
-        for (file, pack, end) in &named {
-            let short = match stored.get(pack) {
-                None => false,
-                Some(size) if size < end => true,
-                Some(_) => continue,
-            };
-            if now.insert(*pack) {
-                log.push((file, *pack, short));
+            if named.is_empty() && v.skip.is_empty() && v.missing.is_empty() {
+                return Ok(());
             }
         }
-        if now == self.view().missing {
-            return Ok(());
-        }
-        let mut logged = self
-            .missing_logged
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        for (file, pack, short) in log {
-            if logged.insert(pack) {
+        let stored: HashMap<[u8; 32], u64> = match backend.list(names::DATA) {
+            Ok(l) => l
+                .into_iter()
+                .filter_map(|o| id32(names::listed(&o.name)).map(|id| (id, o.size)))
+                .collect(),
+            Err(e) => {
                 crate::log_line(&format!(
-                    "datastore {}: pack {} that {file} names is {} (damage, or deleted by \
-                     hand): its chunks count as not stored, so backups store them again; \
-                     snapshots that need it stay damaged: run `cairn check`, then `cairn \
-                     repair index` and `cairn repair snapshots`",
-                    self.name,
-                    names::pack(&hex::encode(pack)),
-                    if short { "cut short" } else { "missing" },
+                    "datastore {}: the packs could not be listed to find missing ones ({e}); \
+                     this backup is planned without that check",
+                    self.name
                 ));
+                return Ok(());
+            }
+        };
+        self.judge(backend, &named, &stored, seq)
+    }
+
+    /// (file id, file name, pack, end) for every pack a live list names.
+    fn named_packs(&self) -> Vec<([u8; 32], String, [u8; 32], u64)> {
+        let v = self.view();
+        let superseded: HashSet<[u8; 32]> = v
+            .files
+            .values()
+            .filter_map(|f| f.list.as_ref())
+            .flat_map(|l| l.supersedes.iter().copied())
+            .collect();
+        v.files
+            .iter()
+            .filter(|(id, _)| !superseded.contains(*id))
+            .filter_map(|(id, f)| Some((id, &f.name, f.list.as_ref()?)))
+            .flat_map(|(id, name, l)| l.packs.iter().map(|(p, end)| (*id, name.clone(), *p, *end)))
+            .collect()
+    }
+
+    /// Holds the packs `named` against the listing `stored` (number `seq`) and
+    /// rebuilds the view when the judgement changed. A pack the listing lacks is
+    /// missing; one shorter than a list says is not counted for that list, and
+    /// is missing only when it is shorter than every list naming it says (a
+    /// lying list cannot take a pack away from the others).
+    fn judge(
+        &self,
+        backend: &dyn Backend,
+        named: &[([u8; 32], String, [u8; 32], u64)],
+        stored: &HashMap<[u8; 32], u64>,
+        seq: u64,
+    ) -> Result<(), BackendError> {
+        let mut skip: HashMap<[u8; 32], Vec<[u8; 32]>> = HashMap::new();
+        let mut absent: HashMap<[u8; 32], &str> = HashMap::new();
+        let mut short: HashMap<[u8; 32], &str> = HashMap::new();
+        let mut whole: HashSet<[u8; 32]> = HashSet::new();
+        for (file, name, pack, end) in named {
+            match stored.get(pack) {
+                None => {
+                    absent.entry(*pack).or_insert(name);
+                }
+                Some(size) if size < end => {
+                    short.entry(*pack).or_insert(name);
+                }
+                Some(_) => {
+                    whole.insert(*pack);
+                    continue;
+                }
+            }
+            skip.entry(*file).or_default().push(*pack);
+        }
+        for v in skip.values_mut() {
+            v.sort_unstable();
+            v.dedup();
+        }
+        let missing: HashSet<[u8; 32]> = (absent.keys())
+            .chain(short.keys().filter(|p| !whole.contains(*p)))
+            .copied()
+            .collect();
+        let same = |v: &View| v.skip == skip && v.missing == missing;
+        if same(&self.view()) {
+            return Ok(());
+        }
+        let _one = self.refreshing.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let v = self.view();
+            // Another plan judged meanwhile: from a newer listing, it stands.
+            if v.missing_seq > seq || same(&v) {
+                return Ok(());
             }
         }
-        drop(logged);
-        let _one = self.refreshing.lock().unwrap_or_else(|e| e.into_inner());
-        self.view.write().unwrap_or_else(|e| e.into_inner()).missing = now;
-        self.refresh_locked(backend, true)
+        let mut said = Vec::new();
+        {
+            let mut logged = self
+                .missing_logged
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let mut sorted: Vec<_> = missing.iter().collect();
+            sorted.sort_unstable();
+            for pack in sorted {
+                if logged.insert(*pack) {
+                    let (what, by) = match absent.get(pack) {
+                        Some(by) => ("missing", by),
+                        None => ("cut short", &short[pack]),
+                    };
+                    said.push(format!(
+                        "pack {} that {by} names is {what} (damage, or deleted by hand): the \
+                         chunks only it held count as not stored, so backups store them again; \
+                         snapshots that need it stay damaged: run `cairn check`, then `cairn \
+                         repair index` and `cairn repair snapshots`",
+                        names::pack(&hex::encode(pack)),
+                    ));
+                }
+            }
+            // Lists that say a whole pack is longer than it is: damaged, or lying.
+            for (pack, by) in &short {
+                if whole.contains(pack) && logged.insert(*blake3::hash(by.as_bytes()).as_bytes()) {
+                    said.push(format!(
+                        "the dedup list of {by} says pack {} is longer than it is (damaged, or \
+                         stored by a hijacked client): its chunks there are not counted; \
+                         `cairn check` (admin) compares lists with their files",
+                        names::pack(&hex::encode(pack)),
+                    ));
+                }
+            }
+        }
+        let more = said.len().saturating_sub(MAX_LOGGED_MISSING);
+        for line in said.iter().take(MAX_LOGGED_MISSING) {
+            crate::log_line(&format!("datastore {}: {line}", self.name));
+        }
+        if more > 0 {
+            crate::log_line(&format!(
+                "datastore {}: and {more} more missing packs or lists naming packs longer than \
+                 they are",
+                self.name
+            ));
+        }
+        let judged = Judged { skip, missing, seq };
+        self.refresh_locked(backend, Some(judged))
     }
 
     /// The plan for a backup client (blocking).
@@ -643,6 +756,7 @@ impl Dedup {
             h.update(b"missing ");
             h.update(p.as_bytes());
         }
+        missing_packs.truncate(MAX_NAMED_MISSING);
         let epoch = h.finalize().to_hex()[..32].to_string();
         let superseded: HashSet<[u8; 32]> = v
             .files
@@ -838,14 +952,28 @@ impl Dedup {
                 list: Some(ListInfo::of(list)),
             },
         );
-        let held = held_prefixes(list, &v.missing);
+        let skip: Vec<[u8; 32]> = (list.packs.iter().flatten())
+            .map(|p| p.id.0)
+            .filter(|p| v.missing.contains(p))
+            .collect();
+        let held = held_prefixes(list, &skip);
         v.ids.extend_prefixes(held);
+        if !skip.is_empty() {
+            v.skip.insert(list.index.0, skip);
+        }
         drop(v);
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
         for id in &list.ids {
             claims.remove(&id.0);
         }
     }
+}
+
+/// A judgement of the packs ([`Dedup::judge`]).
+struct Judged {
+    skip: HashMap<[u8; 32], Vec<[u8; 32]>>,
+    missing: HashSet<[u8; 32]>,
+    seq: u64,
 }
 
 #[derive(Default)]
@@ -947,9 +1075,15 @@ mod tests {
         assert_eq!(p.missing_packs, vec![hex::encode([100u8; 32])]);
         assert_ne!(p.epoch, e1);
         assert_eq!(stored(&d), vec![11, 12, 13]);
-        // Pack 101 cut short (file 2 says it reaches 50): only 10 and 12's file
-        // and 11 and 13's both lose it.
+        // Pack 101 at 45 bytes: file 2 says it reaches 50, file 1 only 40. File
+        // 2's ids there no longer count (11 and 13: 11's other pack is gone), file
+        // 1's do (12); one list cannot make the pack missing for all.
         put_pack(&b, 101, 45);
+        let p = d.plan(&b).unwrap();
+        assert_eq!(p.missing_packs, vec![hex::encode([100u8; 32])]);
+        assert_eq!(stored(&d), vec![12]);
+        // Shorter than every list says: missing.
+        put_pack(&b, 101, 30);
         let p = d.plan(&b).unwrap();
         assert_eq!(p.missing_packs.len(), 2);
         assert_eq!(stored(&d), Vec::<u8>::new());
@@ -959,12 +1093,28 @@ mod tests {
         d.lock_written();
         d.plan(&b).unwrap();
         assert_eq!(stored(&d), vec![12]);
+        // So does one stored through this server (taken without a listing).
+        put_index_packs(&b, 4, &[(100, 50, &[10]), (102, 10, &[13])]);
+        let l = DedupList::decode(&b.get(&names::dedup(&hex::encode([4u8; 32]))).unwrap()).unwrap();
+        d.list_stored(&names::index(&hex::encode([4u8; 32])), &l);
+        assert_eq!(stored(&d), vec![12, 13]);
         // Both packs put back whole: everything is stored again.
         put_pack(&b, 100, 50);
         put_pack(&b, 101, 50);
         let p = d.plan(&b).unwrap();
         assert!(p.missing_packs.is_empty());
         assert_eq!(stored(&d), vec![10, 11, 12, 13]);
+        // A judgement from an older listing than the view's changes nothing.
+        let stale: HashMap<[u8; 32], u64> = HashMap::new();
+        let seq = d.view().missing_seq;
+        d.judge(&b, &d.named_packs(), &stale, seq - 1).unwrap();
+        assert_eq!(stored(&d), vec![10, 11, 12, 13]);
+        // A rebuild that fails (the server stopping) leaves the view as it was,
+        // judgement included: the next plan judges again.
+        d.stop();
+        assert!(d.judge(&b, &d.named_packs(), &stale, seq + 1).is_err());
+        assert!(d.view().missing.is_empty());
+        assert_eq!(d.view().missing_seq, seq);
         // Without the check (object storage), nothing is listed or taken away.
         b.delete(&names::pack(&hex::encode([100u8; 32]))).unwrap();
         let unchecked = Dedup::default();
@@ -1044,6 +1194,31 @@ mod tests {
         put_index(&b, 4, true, &[10], &[1], false);
         d.lock_written();
         assert_ne!(d.plan(&b).unwrap().epoch, e2, "superseded");
+    }
+
+    /// A prune deletes packs only once no live file names them: the packs of a
+    /// superseded file are not judged, and nothing is logged or taken away.
+    #[test]
+    fn packs_of_superseded_files_are_not_missing() {
+        let b = MemBackend::new();
+        put_pack(&b, 100, 50);
+        put_pack(&b, 101, 50);
+        put_index_packs(&b, 1, &[(100, 50, &[10, 11])]);
+        put_index_packs(&b, 2, &[(101, 50, &[12])]);
+        let d = Dedup {
+            check_packs: true,
+            ..Dedup::default()
+        };
+        assert_eq!(d.plan(&b).unwrap().chunks, 3);
+        // The prune keeps 11 (repacked into 101's neighbour 102), drops 10.
+        put_pack(&b, 102, 20);
+        put_index(&b, 3, true, &[11], &[1], false);
+        b.delete(&names::pack(&hex::encode([100u8; 32]))).unwrap();
+        d.lock_written();
+        let p = d.plan(&b).unwrap();
+        assert!(p.missing_packs.is_empty(), "{:?}", p.missing_packs);
+        assert_eq!(p.chunks, 2);
+        assert!(d.view().skip.is_empty());
     }
 
     #[test]

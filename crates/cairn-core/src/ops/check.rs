@@ -832,7 +832,8 @@ struct Listing {
     packs: HashMap<PackId, Listed>,
     /// When dedup lists are checked: the digest of each file's list as it
     /// should be.
-    dedup: Option<HashMap<IndexId, [u8; 32]>>,
+    /// Per index file, the digests of its dedup list as format 2 and format 1.
+    dedup: Option<HashMap<IndexId, [[u8; 32]; 2]>>,
 }
 
 fn read_listing(repo: &Repository, dedup_lists: bool) -> Result<Listing> {
@@ -851,8 +852,10 @@ fn read_listing(repo: &Repository, dedup_lists: bool) -> Result<Listing> {
             files.push((*id, packs));
             if let Some(d) = &mut dedup {
                 let admin = crate::repo::packer::has_admin_lists(f);
-                let want = DedupList::of(*id, f, admin).encode();
-                d.insert(*id, *blake3::hash(&want).as_bytes());
+                let mut want = DedupList::of(*id, f, admin);
+                let v2 = *blake3::hash(&want.encode()).as_bytes();
+                want.packs = None;
+                d.insert(*id, [v2, *blake3::hash(&want.encode()).as_bytes()]);
             }
             Ok(())
         },
@@ -980,7 +983,7 @@ impl Bad {
 fn dedup_lists(
     repo: &Repository,
     state: &IndexState,
-    want: &HashMap<IndexId, [u8; 32]>,
+    want: &HashMap<IndexId, [[u8; 32]; 2]>,
 ) -> Vec<Problem> {
     use cairn_format::dedup::DedupList;
     let results = crate::threads::parallel_map(&state.live, 4, |(id, _)| {
@@ -995,7 +998,9 @@ fn dedup_lists(
             Err(e) if e.is_not_found() => return None,
             Err(e) => return Some(format!("cannot read its dedup list: {e}")),
         };
-        if want.get(id) == Some(blake3::hash(&data).as_bytes()) {
+        // Either format, as the file's would be: the file need not be read again.
+        let digest = blake3::hash(&data);
+        if want.get(id).is_some_and(|w| w.contains(digest.as_bytes())) {
             return None;
         }
         let l = match DedupList::decode(&data) {

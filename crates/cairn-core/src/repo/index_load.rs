@@ -288,12 +288,18 @@ impl Repository {
         if let Some(d) = &self.dedup {
             let missing: std::collections::HashSet<PackId> =
                 d.missing_packs.iter().copied().collect();
-            if !missing.is_empty()
-                && let Some(index) = Arc::get_mut(&mut self.index)
-            {
-                index.set_missing_packs(|id, _| !missing.contains(id));
+            if missing.is_empty() {
+                return Ok(0);
             }
-            return Ok(missing.len());
+            // All of them count (the server no longer answers "stored" for what
+            // they held), those of the loaded index are marked.
+            return Ok(match Arc::get_mut(&mut self.index) {
+                Some(index) => {
+                    index.set_missing_packs(|id, _| !missing.contains(id));
+                    missing.len()
+                }
+                None => 0,
+            });
         }
         let local = matches!(
             super::storage::Location::parse(&self.location),

@@ -681,11 +681,14 @@ impl Dedup {
             for pack in sorted {
                 if logged.insert(*pack) {
                     let (what, by) = match absent.get(pack) {
-                        Some(by) => ("missing", by),
-                        None => ("cut short", &short[pack]),
+                        Some(by) => ("missing (damage, or deleted by hand)", by),
+                        None => (
+                            "cut short (damage, or a copy that stopped short)",
+                            &short[pack],
+                        ),
                     };
                     said.push(format!(
-                        "pack {} that {by} names is {what} (damage, or deleted by hand): the \
+                        "pack {} that {by} names is {what}: the \
                          chunks only it held count as not stored, so backups store them again; \
                          snapshots that need it stay damaged: run `cairn check`, then `cairn \
                          repair index` and `cairn repair snapshots`",

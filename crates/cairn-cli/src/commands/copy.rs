@@ -46,8 +46,10 @@ pub fn run(g: &Global, a: &CopyArgs) -> Result<i32> {
         // The source is trusted by its CA: the destination's pin is not its.
         storage.server.fingerprint = None;
     }
-    if let Some(f) = &a.from_server_fingerprint {
-        storage.server.fingerprint = Some(f.clone());
+    if let Some(f) =
+        super::fingerprint_flag(&a.from_server_fingerprint, "--from-server-fingerprint")?
+    {
+        storage.server.fingerprint = Some(f);
     }
     let mut src = super::open_with(
         g,

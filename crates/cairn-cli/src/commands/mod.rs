@@ -286,6 +286,15 @@ pub fn rate_flag(v: &Option<String>, flag: &str) -> Result<Option<u64>> {
         .transpose()
 }
 
+/// A fingerprint flag's value, checked now: one that is not a SHA-256
+/// fingerprint is a bad argument (exit 2), as a bad rate is (QA r31: exit 1).
+pub fn fingerprint_flag(v: &Option<String>, flag: &str) -> Result<Option<String>> {
+    if let Some(f) = v {
+        cairn_backend::parse_fingerprint(f).map_err(|e| bad_argument(format!("{flag}: {e}")))?;
+    }
+    Ok(v.clone())
+}
+
 /// The storage options the global flags ask for.
 pub fn storage_options(g: &Global) -> Result<StorageOptions> {
     let r = &g.remote;
@@ -324,7 +333,7 @@ pub fn storage_options(g: &Global) -> Result<StorageOptions> {
         },
         server: cairn_backend::ServerOptions {
             token: server_token(r)?,
-            fingerprint: r.server_fingerprint.clone(),
+            fingerprint: fingerprint_flag(&r.server_fingerprint, "--server-fingerprint")?,
             ca_cert: r.cacert.clone(),
             insecure_tls: r.insecure_tls,
             // A job slot's request waits up to 20 s on the server before it answers.

@@ -419,6 +419,22 @@ fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
             && !err.contains("error sending request"),
         "{err}"
     );
+    // One that is not a fingerprint at all is a usage error (exit 2; QA r31: 1).
+    for (how, bad) in [
+        ("--server-fingerprint", "xyz"),
+        ("CAIRN_SERVER_FINGERPRINT", "zz"),
+    ] {
+        let mut c = client_cmd(&env, &srv, "main", &admin, &["snapshots"]);
+        if how.starts_with("--") {
+            c.args([how, bad]);
+        } else {
+            c.env(how, bad);
+        }
+        let o = c.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{how}: {err}");
+        assert!(err.contains("is not a SHA-256 fingerprint"), "{how}: {err}");
+    }
     // No fingerprint: the self-signed certificate is refused, unless the client
     // accepts any certificate (--insecure-tls, testing only).
     let unpinned = |extra: &[&str]| {

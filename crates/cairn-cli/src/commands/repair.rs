@@ -116,24 +116,29 @@ fn index_report(g: &Global, r: repair::RepairIndexReport) -> Result<i32> {
         );
     }
     for d in &r.damaged_packs {
-        // Failed here, whole in another pack: nothing lost (a pack of junk
-        // under stored blobs' ids, from a client holding the key).
+        // Of the blobs that failed: lost, or whole in another pack (nothing lost:
+        // a pack cut short whose data a later backup stored again, or junk under
+        // stored blobs' ids from a client holding the key). Then those that
+        // verified, said apart (QA r31: "29 kept, 29 more blobs whole" read as
+        // 58 blobs, and as if the bad copies were kept).
         let elsewhere = if d.blobs_held_elsewhere > 0 {
-            format!(
-                ", {} whole in another copy",
-                ui::count(d.blobs_held_elsewhere as u64, "more blob")
-            )
+            format!(", {} whole in another pack", d.blobs_held_elsewhere)
         } else {
             String::new()
         };
         println!(
-            "damaged pack {}: {} ({} {}, {} {}{elsewhere})",
+            "damaged pack {}: {} (of those, {} {}{elsewhere}; {} the {} that {})",
             d.pack,
             d.message,
-            ui::count(d.blobs_lost as u64, "blob"),
+            d.blobs_lost,
             if dry { "would be lost" } else { "lost" },
-            d.blobs_kept,
-            if dry { "would be kept" } else { "kept" },
+            if dry { "would keep" } else { "kept" },
+            ui::count(d.blobs_kept as u64, "blob"),
+            if d.blobs_kept == 1 {
+                "verifies"
+            } else {
+                "verify"
+            },
         );
     }
     for f in &r.false_claims {

@@ -1149,14 +1149,15 @@ fn a_pack_of_junk_under_stored_ids_loses_nothing_to_repair_index() {
     let dry = env.ok(&["repair", "index", "--dry-run"]);
     assert!(
         dry.contains(&format!(
-            "(0 blobs would be lost, 0 would be kept, {n} more blobs whole in another copy)"
+            "(of those, 0 would be lost, {n} whole in another pack; would keep the 0 blobs that \
+             verify)"
         )),
         "{dry}"
     );
     let out = env.ok(&["repair", "index"]);
     assert!(
         out.contains(&format!(
-            "(0 blobs lost, 0 kept, {n} more blobs whole in another copy)"
+            "(of those, 0 lost, {n} whole in another pack; kept the 0 blobs that verify)"
         )),
         "{out}"
     );

@@ -704,6 +704,42 @@ fn a_backup_stores_again_what_a_lost_pack_held() {
     env.check_clean();
 }
 
+/// A lost pack of trees: the parent snapshot's directories cannot be read, and
+/// the backup says so (QA r31: every file read again without a word why), then
+/// stores a whole snapshot.
+#[test]
+fn a_backup_says_when_the_parents_listings_cannot_be_read() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    let mut rng = Rng(36);
+    for i in 0..3 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(1 << 20, false)).unwrap();
+        fs::write(
+            src.join("sub").join(format!("g{i}")),
+            rng.bytes(4000, false),
+        )
+        .unwrap();
+    }
+    env.backup(&[&src]);
+    let mut packs = files(&env.repo.join("data"));
+    packs.sort_by_key(|p| fs::metadata(p).unwrap().len());
+    fs::remove_file(&packs[0]).unwrap();
+    // Without the cache, which holds the trees read before.
+    let o = env.run(&["--no-cache", "backup", src.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("the parent snapshot's listing of")
+            && err.contains("its files are read again"),
+        "{err}"
+    );
+    let out = env.path("out");
+    env.ok(&["restore", "latest", "--target", out.to_str().unwrap()]);
+    assert_same(&src, &out.join(src.strip_prefix("/").unwrap()));
+}
+
 /// The same for a pack cut short (a storage crash, a copy that stopped): its
 /// indexed blobs reach past its end, so it counts as missing, and the backup
 /// stores its data again rather than reusing it (QA r28: "saved", exit 0, and

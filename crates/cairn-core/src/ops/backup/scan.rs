@@ -91,6 +91,9 @@ impl Prepared {
 pub(crate) struct DirListing {
     pub dir: Arc<OwnedFd>,
     pub entries: Vec<Scanned>,
+    /// Why the parent snapshot's tree of this directory could not be read (its
+    /// files are then read again, as new).
+    pub parent_unread: Option<String>,
 }
 
 pub(crate) type Listing = std::io::Result<DirListing>;
@@ -133,8 +136,15 @@ pub(crate) fn scan_dir(
     if ctx.excludes.has_tags() && ctx.excludes.tagged(&dir, &ents) {
         ents.retain(|n| ctx.excludes.is_tag_name(n));
     }
-    // A parent tree that cannot be read only costs re-reading files.
-    let ptree: Option<Tree> = parent_subtree.and_then(|id| ctx.repo.load_tree(&id).ok());
+    // A parent tree that cannot be read only costs re-reading files; the walker
+    // says why (QA r31: a full read without a word).
+    let mut parent_unread = None;
+    let ptree: Option<Tree> = parent_subtree.and_then(|id| {
+        ctx.repo
+            .load_tree(&id)
+            .map_err(|e| parent_unread = Some(e.to_string()))
+            .ok()
+    });
     if let Some(t) = &ptree {
         prefetch(ctx.repo, t);
     }
@@ -182,6 +192,7 @@ pub(crate) fn scan_dir(
     Ok(DirListing {
         dir: Arc::new(dir),
         entries: out,
+        parent_unread,
     })
 }
 

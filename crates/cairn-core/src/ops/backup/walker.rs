@@ -128,7 +128,13 @@ pub(crate) struct Walker<'a> {
     links: super::links::Seen,
     /// How the reads of their first names went; none: every name is read.
     reads: Option<&'a super::links::Reads>,
+    /// Directories whose parent-snapshot tree could not be read, so far.
+    parents_unread: usize,
 }
+
+/// Unreadable parent trees said one by one at most (a lost pack of trees can
+/// hold thousands).
+const PARENTS_UNREAD_SAID: usize = 10;
 
 impl<'a> Walker<'a> {
     pub(crate) fn new(
@@ -161,6 +167,7 @@ impl<'a> Walker<'a> {
             ways: HashSet::new(),
             links: Default::default(),
             reads: None,
+            parents_unread: 0,
         }
     }
 
@@ -217,9 +224,35 @@ impl<'a> Walker<'a> {
         }))
     }
 
-    fn load_parent(&self, id: Option<BlobId>) -> Option<Tree> {
-        // A parent tree that cannot be read only costs re-reading files.
-        id.and_then(|id| self.repo.load_tree(&id).ok())
+    /// The parent snapshot's tree of directory `path`. One that cannot be read
+    /// only costs re-reading files, and is said.
+    fn load_parent(&mut self, id: Option<BlobId>, path: &Path) -> Option<Tree> {
+        match self.repo.load_tree(&id?) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.parent_unread(path, &e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Says that the parent snapshot's listing of `path` cannot be read (QA r31:
+    /// every file read again without a word why), the first
+    /// [`PARENTS_UNREAD_SAID`] times.
+    fn parent_unread(&mut self, path: &Path, e: &str) {
+        self.parents_unread += 1;
+        if self.parents_unread <= PARENTS_UNREAD_SAID {
+            self.progress.warning_msg(format!(
+                "the parent snapshot's listing of {} cannot be read ({e}): its files are \
+                 read again{}",
+                path.display(),
+                if self.parents_unread == PARENTS_UNREAD_SAID {
+                    " (further such listings are not said)"
+                } else {
+                    ""
+                }
+            ));
+        }
     }
 
     pub(crate) fn run(&mut self, paths: &[PathBuf], parent_root: Option<BlobId>) -> Result<()> {
@@ -246,7 +279,7 @@ impl<'a> Walker<'a> {
         let (sel, nested) = build_selection(paths);
         self.ways = ways_to(&nested);
         self.nested = nested;
-        let parent = self.load_parent(parent_root);
+        let parent = self.load_parent(parent_root, Path::new("/"));
         self.emit(Item::DirStart(
             Box::new(Node::new(Vec::new(), NodeKind::Dir)),
             None,
@@ -326,7 +359,7 @@ impl<'a> Walker<'a> {
                         }
                     };
                     let (node, _) = node_from_metadata(name.clone(), path, &meta, &mut self.names);
-                    let ptree = self.load_parent(pnode.and_then(|n| n.subtree));
+                    let ptree = self.load_parent(pnode.and_then(|n| n.subtree), path);
                     let pnode = pnode.map(|n| Box::new(n.clone()));
                     self.emit(Item::DirStart(Box::new(node), pnode))?;
                     self.walk_selection(children, ptree.as_ref())?;
@@ -568,6 +601,9 @@ impl<'a> Walker<'a> {
             };
             match listing {
                 Ok(mut l) => {
+                    if let Some(e) = l.parent_unread.take() {
+                        self.parent_unread(path, &e);
+                    }
                     if way_only {
                         let (nested, ways) = (&self.nested, &self.ways);
                         l.entries.retain(|e| {

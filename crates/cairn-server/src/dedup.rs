@@ -162,6 +162,15 @@ impl ListInfo {
     }
 }
 
+/// The index files that the lists of `files` supersede (no longer live).
+fn superseded_by(files: &HashMap<[u8; 32], FileInfo>) -> HashSet<[u8; 32]> {
+    files
+        .values()
+        .filter_map(|f| f.list.as_ref())
+        .flat_map(|l| l.supersedes.iter().copied())
+        .collect()
+}
+
 /// The data ids of a list that a pack not in `skip` holds, as prefixes (all of
 /// a list of format 1's).
 fn held_prefixes(l: &DedupList, skip: &[[u8; 32]]) -> Vec<Prefix> {
@@ -491,11 +500,7 @@ impl Dedup {
                     f.name
                 )
             });
-        let superseded: HashSet<[u8; 32]> = files
-            .values()
-            .filter_map(|f| f.list.as_ref())
-            .flat_map(|l| l.supersedes.iter().copied())
-            .collect();
+        let superseded = superseded_by(&files);
         // Files that stopped being live since the last view (deleted or superseded),
         // or new ones already superseded: their ids must go (or never come), which
         // only a rebuild from the live lists can do.
@@ -605,12 +610,7 @@ impl Dedup {
     /// (file id, file name, pack, end) for every pack a live list names.
     fn named_packs(&self) -> Vec<([u8; 32], String, [u8; 32], u64)> {
         let v = self.view();
-        let superseded: HashSet<[u8; 32]> = v
-            .files
-            .values()
-            .filter_map(|f| f.list.as_ref())
-            .flat_map(|l| l.supersedes.iter().copied())
-            .collect();
+        let superseded = superseded_by(&v.files);
         v.files
             .iter()
             .filter(|(id, _)| !superseded.contains(*id))
@@ -761,12 +761,7 @@ impl Dedup {
         }
         missing_packs.truncate(MAX_NAMED_MISSING);
         let epoch = h.finalize().to_hex()[..32].to_string();
-        let superseded: HashSet<[u8; 32]> = v
-            .files
-            .values()
-            .filter_map(|f| f.list.as_ref())
-            .flat_map(|l| l.supersedes.iter().copied())
-            .collect();
+        let superseded = superseded_by(&v.files);
         let mut index_files: Vec<String> = v
             .files
             .iter()

@@ -25,7 +25,9 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --lists) lists=$2; shift 2 ;;
     --ids) ids=$2; shift 2 ;;
-    --per-pack) per_pack=$2; shift 2 ;;
+    --per-pack) per_pack=$2; shift 2
+      # A pack's end (4,700 bytes an id) must stay within the largest pack, 1 GiB.
+      [ "$per_pack" -le 228000 ] || { echo "--per-pack: at most 228000" >&2; exit 2; } ;;
     --dir) dir=$2; shift 2 ;;
     -*) echo "usage: $0 [--lists N] [--ids N] [--per-pack N] [--dir DIR] [BINARY...]" >&2; exit 2 ;;
     *) break ;;

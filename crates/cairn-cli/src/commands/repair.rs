@@ -121,25 +121,28 @@ fn index_report(g: &Global, r: repair::RepairIndexReport) -> Result<i32> {
         // stored blobs' ids from a client holding the key). Then those that
         // verified, said apart (QA r31: "29 kept, 29 more blobs whole" read as
         // 58 blobs, and as if the bad copies were kept).
-        let elsewhere = if d.blobs_held_elsewhere > 0 {
-            format!(", {} whole in another pack", d.blobs_held_elsewhere)
-        } else {
-            String::new()
-        };
-        println!(
-            "damaged pack {}: {} (of those, {} {}{elsewhere}; {} the {} that {})",
-            d.pack,
-            d.message,
-            d.blobs_lost,
-            if dry { "would be lost" } else { "lost" },
-            if dry { "would keep" } else { "kept" },
-            ui::count(d.blobs_kept as u64, "blob"),
-            if d.blobs_kept == 1 {
-                "verifies"
-            } else {
-                "verify"
-            },
-        );
+        let mut parts = vec![d.message.clone()];
+        if d.blobs_lost + d.blobs_held_elsewhere > 0 {
+            let mut failed = format!(
+                "{} {}",
+                ui::count(d.blobs_lost as u64, "blob"),
+                if dry { "would be lost" } else { "lost" }
+            );
+            if d.blobs_held_elsewhere > 0 {
+                failed.push_str(&format!(
+                    ", {} whole in another pack",
+                    d.blobs_held_elsewhere
+                ));
+            }
+            parts.push(failed);
+        }
+        let keep = if dry { "would keep" } else { "kept" };
+        parts.push(match d.blobs_kept {
+            0 => format!("{keep} none of its blobs (none verifies)"),
+            1 => format!("{keep} the 1 blob that verifies"),
+            n => format!("{keep} the {n} blobs that verify"),
+        });
+        println!("damaged pack {}: {}", d.pack, parts.join("; "));
     }
     for f in &r.false_claims {
         let whole = f.entries - f.blobs_lost;

@@ -731,7 +731,7 @@ fn a_backup_says_when_the_parents_listings_cannot_be_read() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(
-        err.contains("the parent snapshot's listing of")
+        err.contains("the parent snapshot's listing of this directory cannot be read")
             && err.contains("its files are read again"),
         "{err}"
     );

@@ -1149,15 +1149,15 @@ fn a_pack_of_junk_under_stored_ids_loses_nothing_to_repair_index() {
     let dry = env.ok(&["repair", "index", "--dry-run"]);
     assert!(
         dry.contains(&format!(
-            "(of those, 0 would be lost, {n} whole in another pack; would keep the 0 blobs that \
-             verify)"
+            "; 0 blobs would be lost, {n} whole in another pack; would keep none of its blobs \
+             (none verifies)"
         )),
         "{dry}"
     );
     let out = env.ok(&["repair", "index"]);
     assert!(
         out.contains(&format!(
-            "(of those, 0 lost, {n} whole in another pack; kept the 0 blobs that verify)"
+            "; 0 blobs lost, {n} whole in another pack; kept none of its blobs (none verifies)"
         )),
         "{out}"
     );

@@ -654,7 +654,14 @@ fn salvage_pack(repo: &Repository, id: &PackId, known: Option<&[IndexBlob]>) -> 
     }
     let lost = failed.len();
     if lost > 0 {
-        problems.push(format!("{lost} blobs fail verification"));
+        problems.push(format!(
+            "{} verification",
+            if lost == 1 {
+                "1 blob fails".to_string()
+            } else {
+                format!("{lost} blobs fail")
+            }
+        ));
     }
     let damage = (!problems.is_empty()).then(|| DamagedPack {
         pack: id.to_hex(),

@@ -242,16 +242,19 @@ impl<'a> Walker<'a> {
     fn parent_unread(&mut self, path: &Path, e: &str) {
         self.parents_unread += 1;
         if self.parents_unread <= PARENTS_UNREAD_SAID {
-            self.progress.warning_msg(format!(
-                "the parent snapshot's listing of {} cannot be read ({e}): its files are \
-                 read again{}",
-                path.display(),
-                if self.parents_unread == PARENTS_UNREAD_SAID {
-                    " (further such listings are not said)"
-                } else {
-                    ""
-                }
-            ));
+            // With the path, so that `--json` gives it apart.
+            self.progress.warning(
+                path,
+                &format!(
+                    "the parent snapshot's listing of this directory cannot be read ({e}): \
+                     its files are read again{}",
+                    if self.parents_unread == PARENTS_UNREAD_SAID {
+                        " (further such directories are not said)"
+                    } else {
+                        ""
+                    }
+                ),
+            );
         }
     }
 

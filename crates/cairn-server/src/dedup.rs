@@ -376,6 +376,11 @@ impl Dedup {
         (v.ids.len(), v.ids.bytes())
     }
 
+    /// Packs found missing or cut short when the last plan checked them.
+    pub fn missing_packs(&self) -> usize {
+        self.view().missing.len()
+    }
+
     /// A lock was written through this server: views from before are stale.
     pub fn lock_written(&self) {
         self.lock_gen.fetch_add(1, Ordering::SeqCst);

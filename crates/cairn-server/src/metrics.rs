@@ -159,6 +159,9 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     let mut view_bytes = String::from(
         "# HELP cairn_dedup_view_bytes Memory the dedup view holds for those ids.\n# TYPE cairn_dedup_view_bytes gauge\n",
     );
+    let mut missing_packs = String::from(
+        "# HELP cairn_dedup_missing_packs Packs the datastore's dedup lists name that it lacks or holds cut short, as the last backup's plan found them (datastores on the server's file systems; docs/SERVER.md).\n# TYPE cairn_dedup_missing_packs gauge\n",
+    );
     let mut running = String::from(
         "# HELP cairn_jobs_running Jobs holding a job slot on the datastore.\n# TYPE cairn_jobs_running gauge\n",
     );
@@ -211,6 +214,11 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
         let _ = writeln!(
             view_bytes,
             "cairn_dedup_view_bytes{{datastore=\"{name}\"}} {view_b}"
+        );
+        let _ = writeln!(
+            missing_packs,
+            "cairn_dedup_missing_packs{{datastore=\"{name}\"}} {}",
+            ds.dedup.missing_packs()
         );
         let _ = writeln!(
             per_ds,
@@ -292,6 +300,7 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
         dedup_chunks,
         view_chunks,
         view_bytes,
+        missing_packs,
         job_families,
     ] {
         out.push_str(&part);

@@ -2223,6 +2223,12 @@ fn a_backup_through_the_server_stores_again_what_a_lost_pack_held() {
     let t = env.path("t");
     env.ok(&["restore", "latest", "--target", t.to_str().unwrap()]);
     assert_same(&src, &t.join(src.strip_prefix("/").unwrap()));
+    // Monitoring sees it too.
+    let (_, metrics) = http(srv.port, "GET", "/metrics", None, b"");
+    assert!(
+        metrics.contains("cairn_dedup_missing_packs{datastore=\"main\"} 1\n"),
+        "{metrics}"
+    );
     let lost_id = lost.file_name().unwrap().to_str().unwrap().to_string();
     let log = srv.stop();
     let said: Vec<&str> = log

@@ -266,10 +266,8 @@ impl Dedup {
     /// The service of datastore `name` at `location`: packs are checked when it is
     /// on this machine's file systems.
     pub fn at(name: &str, location: &str) -> Dedup {
-        let local = matches!(
-            cairn_core::repo::storage::Location::parse(location),
-            Ok(cairn_core::repo::storage::Location::Local(_))
-        );
+        let local =
+            cairn_core::repo::storage::Location::parse(location).is_ok_and(|l| !l.is_remote());
         Dedup {
             check_packs: local,
             ..Dedup::named(name)
@@ -612,15 +610,15 @@ impl Dedup {
         self.judge(backend, &named, &stored, seq)
     }
 
-    /// (file id, file name, pack, end) for every pack a live list names.
-    fn named_packs(&self) -> Vec<([u8; 32], String, [u8; 32], u64)> {
+    /// (file id, pack, end) for every pack a live list names.
+    fn named_packs(&self) -> Vec<([u8; 32], [u8; 32], u64)> {
         let v = self.view();
         let superseded = superseded_by(&v.files);
         v.files
             .iter()
             .filter(|(id, _)| !superseded.contains(*id))
-            .filter_map(|(id, f)| Some((id, &f.name, f.list.as_ref()?)))
-            .flat_map(|(id, name, l)| l.packs.iter().map(|(p, end)| (*id, name.clone(), *p, *end)))
+            .filter_map(|(id, f)| Some((id, f.list.as_ref()?)))
+            .flat_map(|(id, l)| l.packs.iter().map(|(p, end)| (*id, *p, *end)))
             .collect()
     }
 
@@ -632,21 +630,22 @@ impl Dedup {
     fn judge(
         &self,
         backend: &dyn Backend,
-        named: &[([u8; 32], String, [u8; 32], u64)],
+        named: &[([u8; 32], [u8; 32], u64)],
         stored: &HashMap<[u8; 32], u64>,
         seq: u64,
     ) -> Result<(), BackendError> {
         let mut skip: HashMap<[u8; 32], Vec<[u8; 32]>> = HashMap::new();
-        let mut absent: HashMap<[u8; 32], &str> = HashMap::new();
-        let mut short: HashMap<[u8; 32], &str> = HashMap::new();
+        // Pack -> the first file naming it (for the log).
+        let mut absent: HashMap<[u8; 32], [u8; 32]> = HashMap::new();
+        let mut short: HashMap<[u8; 32], [u8; 32]> = HashMap::new();
         let mut whole: HashSet<[u8; 32]> = HashSet::new();
-        for (file, name, pack, end) in named {
+        for (file, pack, end) in named {
             match stored.get(pack) {
                 None => {
-                    absent.entry(*pack).or_insert(name);
+                    absent.entry(*pack).or_insert(*file);
                 }
                 Some(size) if size < end => {
-                    short.entry(*pack).or_insert(name);
+                    short.entry(*pack).or_insert(*file);
                 }
                 Some(_) => {
                     whole.insert(*pack);
@@ -677,6 +676,8 @@ impl Dedup {
         }
         let mut said = Vec::new();
         {
+            let v = self.view();
+            let name = |file: &[u8; 32]| v.files.get(file).map_or("?", |f| f.name.as_str());
             let mut logged = self
                 .missing_logged
                 .lock()
@@ -686,10 +687,10 @@ impl Dedup {
             for pack in sorted {
                 if logged.insert(*pack) {
                     let (what, by) = match absent.get(pack) {
-                        Some(by) => ("missing (damage, or deleted by hand)", by),
+                        Some(file) => ("missing (damage, or deleted by hand)", name(file)),
                         None => (
                             "cut short (damage, or a copy that stopped short)",
-                            &short[pack],
+                            name(&short[pack]),
                         ),
                     };
                     said.push(format!(
@@ -702,8 +703,9 @@ impl Dedup {
                 }
             }
             // Lists that say a whole pack is longer than it is: damaged, or lying.
-            for (pack, by) in &short {
-                if whole.contains(pack) && logged.insert(*blake3::hash(by.as_bytes()).as_bytes()) {
+            for (pack, file) in &short {
+                if whole.contains(pack) && logged.insert(*file) {
+                    let by = name(file);
                     said.push(format!(
                         "the dedup list of {by} says pack {} is longer than it is (damaged, or \
                          stored by a hijacked client): its chunks there are not counted; \

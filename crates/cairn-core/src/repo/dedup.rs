@@ -32,7 +32,7 @@ pub struct DedupClient {
     /// Ids taken from that file at the start.
     pub remembered: usize,
     /// Packs the server found missing or cut short when it planned the backup.
-    pub missing_packs: Vec<cairn_format::PackId>,
+    pub missing_packs: std::collections::HashSet<cairn_format::PackId>,
     /// Chunk ids sent to the server to ask about (the others were known).
     asked: std::sync::atomic::AtomicU64,
     /// Of those, the ones the server said it holds.
@@ -66,7 +66,7 @@ impl DedupClient {
             chunks_known,
             memo: memo.filter(|(_, epoch)| !epoch.is_empty()),
             remembered: 0,
-            missing_packs: Vec::new(),
+            missing_packs: Default::default(),
             asked: Default::default(),
             answered_stored: Default::default(),
         };

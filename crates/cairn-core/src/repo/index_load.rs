@@ -286,8 +286,7 @@ impl Repository {
     /// requests; there `check` finds such damage.
     pub(crate) fn set_aside_missing_packs(&mut self) -> Result<usize> {
         if let Some(d) = &self.dedup {
-            let missing: std::collections::HashSet<PackId> =
-                d.missing_packs.iter().copied().collect();
+            let missing = &d.missing_packs;
             if missing.is_empty() {
                 return Ok(0);
             }
@@ -301,10 +300,7 @@ impl Repository {
                 None => 0,
             });
         }
-        let local = matches!(
-            super::storage::Location::parse(&self.location),
-            Ok(super::storage::Location::Local(_))
-        );
+        let local = super::storage::Location::parse(&self.location).is_ok_and(|l| !l.is_remote());
         if !local || self.index.packs().is_empty() {
             return Ok(0);
         }

@@ -74,9 +74,8 @@ pub struct Dedup {
     /// Packs logged as missing, and lists logged for naming a pack longer than
     /// it is (each once).
     missing_logged: Mutex<HashSet<[u8; 32]>>,
-    /// Numbers the pack listings, so that a check whose listing is older than
-    /// the one the view was built from changes nothing.
-    listing_seq: AtomicU64,
+    /// The packs' listing, shared by the plans that wait for it together.
+    listings: Listings,
     pub stats: DedupStats,
 }
 
@@ -125,7 +124,7 @@ struct View {
     /// Packs the storage lacks, or holds shorter than every list naming them
     /// says (a list alone cannot make a pack missing for all): named in plans.
     missing: HashSet<[u8; 32]>,
-    /// The listing `skip` and `missing` come from ([`Dedup::listing_seq`]).
+    /// The number of the listing `skip` and `missing` come from ([`ListingState::started`]).
     missing_seq: u64,
     /// Part of the epoch: drawn anew when the first view is built (this server
     /// cannot know what was removed before it started) and whenever an index file
@@ -247,6 +246,54 @@ pub fn warm_all(app: &crate::App) {
 }
 
 /// Lists read at the same time while a view is built.
+/// The listing of `data/` the plans share: many clients starting at once read
+/// the directory once or twice, not once each. A plan uses only a listing that
+/// began after it arrived (so it sees every pack deleted before it asked), and
+/// waits for the one running first.
+#[derive(Default)]
+struct Listings {
+    state: Mutex<ListingState>,
+    done: std::sync::Condvar,
+}
+
+/// Packs and their sizes, as a listing found them.
+type Listed = Arc<HashMap<[u8; 32], u64>>;
+
+#[derive(Default)]
+struct ListingState {
+    /// Numbers the listings as they begin, so that a check whose listing is
+    /// older than the one the view was built from changes nothing.
+    started: u64,
+    running: bool,
+    /// The newest listing that ended: its number and its packs and sizes
+    /// (`None`: it failed).
+    last: Option<(u64, Option<Listed>)>,
+    /// Whether the last listing failed (logged once until one works again).
+    failing: bool,
+    /// Listings made (for the tests).
+    made: u64,
+}
+
+/// Ends a listing even when the backend panics, so that no plan waits forever.
+struct ListingRun<'a> {
+    listings: &'a Listings,
+    seq: u64,
+    /// The packs and sizes, once listed (`None`: failed, or the backend panicked).
+    result: Option<Listed>,
+}
+
+impl Drop for ListingRun<'_> {
+    fn drop(&mut self) {
+        let mut st = (self.listings.state.lock()).unwrap_or_else(|e| e.into_inner());
+        st.running = false;
+        let newer = st.last.as_ref().is_some_and(|(s, _)| *s > self.seq);
+        if !newer {
+            st.last = Some((self.seq, self.result.take()));
+        }
+        self.listings.done.notify_all();
+    }
+}
+
 const LIST_READERS: usize = 4;
 /// Missing packs a plan names at most (lists could name millions of packs that
 /// never were; the view leaves out what they hold however many there are).
@@ -585,7 +632,6 @@ impl Dedup {
         if !self.check_packs {
             return Ok(());
         }
-        let seq = self.listing_seq.fetch_add(1, Ordering::SeqCst) + 1;
         let named = self.named_packs();
         {
             let v = self.view();
@@ -593,21 +639,72 @@ impl Dedup {
                 return Ok(());
             }
         }
-        let stored: HashMap<[u8; 32], u64> = match backend.list(names::DATA) {
-            Ok(l) => l
-                .into_iter()
-                .filter_map(|o| id32(names::listed(&o.name)).map(|id| (id, o.size)))
-                .collect(),
-            Err(e) => {
-                crate::log_line(&format!(
-                    "datastore {}: the packs could not be listed to find missing ones ({e}); \
-                     this backup is planned without that check",
-                    self.name
-                ));
-                return Ok(());
-            }
+        let Some((seq, stored)) = self.list_packs(backend) else {
+            return Ok(());
         };
         self.judge(backend, &named, &stored, seq)
+    }
+
+    /// The packs and their sizes from a listing that began after this call
+    /// (shared with the plans waiting for it too), and its number; `None` when
+    /// it failed. A failure is logged once until a listing works again.
+    fn list_packs(&self, backend: &dyn Backend) -> Option<(u64, Listed)> {
+        let l = &self.listings;
+        let mut st = l.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Listings up to this number began before this call.
+        let arrived = st.started;
+        loop {
+            if let Some((seq, packs)) = &st.last
+                && *seq > arrived
+            {
+                return packs.clone().map(|p| (*seq, p));
+            }
+            if !st.running {
+                break;
+            }
+            st = l.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.started += 1;
+        st.made += 1;
+        st.running = true;
+        let mut run = ListingRun {
+            listings: l,
+            seq: st.started,
+            result: None,
+        };
+        drop(st);
+        let listed = backend.list(names::DATA);
+        let mut st = l.state.lock().unwrap_or_else(|e| e.into_inner());
+        match listed {
+            Ok(list) => {
+                let packs: HashMap<[u8; 32], u64> = list
+                    .into_iter()
+                    .filter_map(|o| id32(names::listed(&o.name)).map(|id| (id, o.size)))
+                    .collect();
+                if std::mem::take(&mut st.failing) {
+                    crate::log_line(&format!(
+                        "datastore {}: the packs can be listed again; backups are planned \
+                         with the check for missing packs",
+                        self.name
+                    ));
+                }
+                let packs = Arc::new(packs);
+                run.result = Some(packs.clone());
+                Some((run.seq, packs))
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut st.failing, true) {
+                    crate::log_line(&format!(
+                        "datastore {}: the packs could not be listed to find missing ones \
+                         ({e}); backups are planned without that check until a listing works \
+                         (said once)",
+                        self.name
+                    ));
+                }
+                None
+            }
+        }
+        // `st` is released before `run` ends the listing (locals drop in reverse).
     }
 
     /// (file id, pack, end) for every pack a live list names.
@@ -1126,6 +1223,52 @@ mod tests {
         let p = unchecked.plan(&b).unwrap();
         assert!(p.missing_packs.is_empty());
         assert_eq!(stored(&unchecked), vec![10, 11, 12, 13]);
+    }
+
+    /// Plans that arrive together share a listing of the packs (a slow one
+    /// here), each using one that began after it arrived; a listing that fails
+    /// plans without the check, and so does every plan until one works.
+    #[test]
+    fn plans_arriving_together_share_a_listing_of_the_packs() {
+        use cairn_backend::{FaultSpec, FaultyBackend};
+        let mem = Arc::new(MemBackend::new());
+        put_pack(&mem, 100, 50);
+        put_index_packs(&mem, 1, &[(100, 50, &[10])]);
+        let slow = FaultyBackend::new(
+            mem.clone(),
+            FaultSpec::parse("delay=1,delay-ms=300,ops=list,names=data").unwrap(),
+        );
+        let d = Dedup {
+            check_packs: true,
+            ..Dedup::default()
+        };
+        d.plan(&slow).unwrap();
+        let made = |d: &Dedup| d.listings.state.lock().unwrap().made;
+        assert_eq!(made(&d), 1);
+        std::thread::scope(|s| {
+            for _ in 0..6 {
+                s.spawn(|| d.plan(&slow).unwrap());
+            }
+        });
+        // The first of the six lists; those arriving while it runs share the next.
+        let made6 = made(&d) - 1;
+        assert!((1..=2).contains(&made6), "{made6} listings for 6 plans");
+        // A pack deleted before a plan is seen by it, however recent the last
+        // listing was.
+        mem.delete(&names::pack(&hex::encode([100u8; 32]))).unwrap();
+        assert_eq!(d.plan(&slow).unwrap().missing_packs.len(), 1);
+        // Listings that fail: planned without the check, the view as it was.
+        let failing = FaultyBackend::new(
+            mem.clone(),
+            FaultSpec::parse("fail=1,kind=permanent,ops=list,names=data").unwrap(),
+        );
+        put_pack(&mem, 100, 50);
+        for _ in 0..3 {
+            assert_eq!(d.plan(&failing).unwrap().missing_packs.len(), 1);
+        }
+        assert!(d.listings.state.lock().unwrap().failing);
+        assert!(d.plan(&*mem).unwrap().missing_packs.is_empty());
+        assert!(!d.listings.state.lock().unwrap().failing);
     }
 
     #[test]

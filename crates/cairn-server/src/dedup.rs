@@ -35,8 +35,10 @@ pub const CLAIM_TTL: Duration = Duration::from_secs(180);
 /// taken for gone, and its claims with it: a killed client's chunks are then sent
 /// by others after seconds, not minutes.
 pub const SESSION_SILENCE: Duration = Duration::from_secs(15);
-/// Claims kept at most per datastore (beyond, ids are answered "send" unclaimed).
-const MAX_CLAIMS: usize = 4_000_000;
+/// Claims kept at most per datastore (beyond, ids are answered "send" unclaimed):
+/// about 100 bytes each, so at most some 400 MB however clients ask (queries and
+/// confirmation rounds alike; audit r33: confirmations had no cap).
+const MAX_CLAIMS: usize = if cfg!(test) { 10_000 } else { 4_000_000 };
 /// How old the view may be for a confirmation round.
 const CONFIRM_LISTING_EVERY: Duration = Duration::from_secs(1);
 /// Ids per request at most.
@@ -885,6 +887,35 @@ impl Dedup {
         })
     }
 
+    /// Drops the claims of dead sessions and expired ones: at most once a second
+    /// when the table is full (until then new ids are answered unclaimed; live
+    /// sessions that hold it full, which one can, would otherwise have every
+    /// request walk millions of claims), and every [`CLAIM_TTL`] otherwise, so
+    /// that claims nobody asks after again do not stay for the server's life.
+    fn sweep(&self, claims: &mut HashMap<[u8; 32], Claim>, seen: &HashMap<String, Instant>) {
+        if claims.is_empty() {
+            return;
+        }
+        let every = if claims.len() >= MAX_CLAIMS {
+            Duration::from_secs(1)
+        } else {
+            CLAIM_TTL
+        };
+        let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
+        match *swept {
+            Some(t) if t.elapsed() < every => {}
+            Some(_) => {
+                claims.retain(|_, c| Self::live(seen, c));
+                if claims.capacity() > 4 * claims.len().max(4096) {
+                    claims.shrink_to_fit();
+                }
+                *swept = Some(Instant::now());
+            }
+            // The first claims: their clock starts now.
+            None => *swept = Some(Instant::now()),
+        }
+    }
+
     /// Answers a query (blocking).
     pub fn query(
         &self,
@@ -900,17 +931,7 @@ impl Dedup {
         }
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        // Full, the table is swept for dead sessions' claims at most once a
-        // second: live sessions that hold it full (one can) would otherwise have
-        // every query walk millions of claims. Until a sweep frees room, new ids
-        // are answered "send" without a claim.
-        if claims.len() >= MAX_CLAIMS {
-            let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
-            if swept.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                claims.retain(|_, c| Self::live(&seen, c));
-                *swept = Some(Instant::now());
-            }
-        }
+        self.sweep(&mut claims, &seen);
         let now = Instant::now();
         let mine: Arc<str> = Arc::from(session);
         let out: Vec<DedupAnswer> = ids
@@ -981,6 +1002,7 @@ impl Dedup {
         let v = self.view();
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        self.sweep(&mut claims, &seen);
         let mut c = Confirm::default();
         let now = Instant::now();
         let mine: Arc<str> = Arc::from(session);
@@ -992,15 +1014,25 @@ impl Dedup {
                 Some(cl) if *cl.session != *session && Self::live(&seen, cl) && !last => {
                     c.waiting += 1;
                 }
-                _ => {
-                    claims.insert(
-                        *id,
-                        Claim {
-                            session: mine.clone(),
-                            at: now,
-                        },
-                    );
+                Some(_) => {
+                    // Its own claim, or a dead one taken over: renewed.
                     c.missing.push(*id);
+                    if let Some(cl) = claims.get_mut(id) {
+                        cl.session = mine.clone();
+                        cl.at = now;
+                    }
+                }
+                None => {
+                    c.missing.push(*id);
+                    if claims.len() < MAX_CLAIMS {
+                        claims.insert(
+                            *id,
+                            Claim {
+                                session: mine.clone(),
+                                at: now,
+                            },
+                        );
+                    }
                 }
             }
         }
@@ -1269,6 +1301,38 @@ mod tests {
         assert!(d.listings.state.lock().unwrap().failing);
         assert!(d.plan(&*mem).unwrap().missing_packs.is_empty());
         assert!(!d.listings.state.lock().unwrap().failing);
+    }
+
+    /// Confirmation rounds claim what they report missing as queries do, within
+    /// the same cap (audit r33: a backup token's confirmations of random ids grew
+    /// the table without end); past it, ids are still answered.
+    #[test]
+    fn claims_stay_bounded_however_clients_ask() {
+        let b = MemBackend::new();
+        let d = Dedup::default();
+        d.plan(&b).unwrap();
+        let id = |i: u32| {
+            let mut x = [0u8; 32];
+            x[..4].copy_from_slice(&i.to_le_bytes());
+            x
+        };
+        let ids: Vec<[u8; 32]> = (0..MAX_CLAIMS as u32 + 5000).map(id).collect();
+        for part in ids.chunks(4096) {
+            let c = d.confirm_round(&b, "s", part, false).unwrap();
+            assert_eq!((c.missing.len(), c.waiting), (part.len(), 0));
+        }
+        assert_eq!(d.claims.lock().unwrap().len(), MAX_CLAIMS);
+        let more: Vec<[u8; 32]> = (1 << 30..(1 << 30) + 100).map(id).collect();
+        let a = d.query(&b, "t", &more).unwrap().unwrap();
+        assert!(a.iter().all(|a| *a == DedupAnswer::Send));
+        assert_eq!(d.claims.lock().unwrap().len(), MAX_CLAIMS);
+        // Another session waits for claimed ids; in the last round it takes them.
+        let c = d.confirm_round(&b, "t", &ids[..10], false).unwrap();
+        assert_eq!((c.missing.len(), c.waiting), (0, 10));
+        let c = d.confirm_round(&b, "t", &ids[..10], true).unwrap();
+        assert_eq!((c.missing.len(), c.waiting), (10, 0));
+        let a = d.query(&b, "s", &ids[..10]).unwrap().unwrap();
+        assert!(a.iter().all(|a| *a == DedupAnswer::InFlight));
     }
 
     #[test]

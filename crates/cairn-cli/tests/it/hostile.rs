@@ -1628,3 +1628,58 @@ fn check_read_data_fails(env: &Env) -> (String, String) {
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
     (out, err)
 }
+
+/// An image snapshot whose block size is 0 or beyond a blob's (written by a
+/// holder of the key) is damage to every reader: the restore allocated and hashed
+/// 4 GiB of zeros for one and divided by zero for the other (audit r33).
+#[test]
+fn an_image_snapshot_with_an_impossible_block_size_is_damaged() {
+    use cairn_backend::names;
+    let env = Env::new();
+    env.init(&[]);
+    let img = env.path("disk.img");
+    let mut rng = Rng(33);
+    fs::write(&img, rng.bytes(300_000, false)).unwrap();
+    let real = env.backup_args(&["--image", img.to_str().unwrap()]);
+    let backend: std::sync::Arc<dyn cairn_backend::Backend> =
+        std::sync::Arc::new(cairn_backend::LocalBackend::new(&env.repo));
+    let repo = cairn_core::Repository::open(backend.clone(), || Ok(PASSWORD.to_string())).unwrap();
+    let snap = repo
+        .read_snapshot(&cairn_format::SnapshotId::from_hex(&real).unwrap())
+        .unwrap();
+    for bad in [0u32, u32::MAX] {
+        let mut s = snap.clone();
+        s.image.as_mut().unwrap().block_size = bad;
+        let sealed = repo.key().sealer.seal(&s.to_bytes());
+        let id = cairn_format::SnapshotId::of_content(&sealed).to_hex();
+        backend.put_new(&names::snapshot(&id), &sealed).unwrap();
+        let target = env.path(&format!("out-{bad}"));
+        let e = env.fails(
+            &[
+                "restore",
+                &id,
+                "--image",
+                "--target",
+                target.to_str().unwrap(),
+            ],
+            1,
+        );
+        assert!(
+            e.contains("damaged") && e.contains(&format!("block size {bad}")),
+            "{e}"
+        );
+        assert!(!target.exists());
+        let e = env.fails(&["ls", &id, "--image-fs", "/"], 1);
+        assert!(e.contains(&format!("block size {bad}")), "{e}");
+    }
+    // The real one restores.
+    let out = env.path("out");
+    env.ok(&[
+        "restore",
+        &real,
+        "--image",
+        "--target",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(fs::read(&out).unwrap(), fs::read(&img).unwrap());
+}

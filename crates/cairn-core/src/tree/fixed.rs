@@ -32,7 +32,12 @@ pub struct Geometry {
 
 impl Geometry {
     pub fn new(size: u64, block_size: u32, fanout: u32) -> Result<Geometry> {
-        if block_size == 0 || !(2..=CHUNK_LIST_FANOUT as u32).contains(&fanout) {
+        // A block is one blob: a snapshot's block size beyond a blob's is damage
+        // (audit r33: a restore allocated and hashed 4 GiB of zeros for one).
+        if block_size == 0
+            || block_size as usize > cairn_format::consts::MAX_BLOB_SIZE
+            || !(2..=CHUNK_LIST_FANOUT as u32).contains(&fanout)
+        {
             return Err(Error::Invalid(format!(
                 "image geometry out of range: block size {block_size}, fanout {fanout}"
             )));
@@ -227,5 +232,7 @@ mod tests {
         assert_eq!(fanout_for(16384), 64);
         assert_eq!(fanout_for(65536), 64);
         assert!(Geometry::new(1, 0, 256).is_err());
+        assert!(Geometry::new(1, u32::MAX, 256).is_err());
+        assert!(Geometry::new(1, 64 << 20, 256).is_ok());
     }
 }

@@ -109,6 +109,9 @@ pub fn image_node(repo: &Repository, snap: &Snapshot) -> Result<(ImageInfo, Node
     if node.kind != NodeKind::File || node.size != info.size {
         return Err(bad("its file does not match the recorded image size"));
     }
+    // Every reader sizes its blocks by it (a zero block, a device's writes).
+    crate::tree::fixed::Geometry::new(info.size, info.block_size, info.fanout)
+        .map_err(|e| bad(&e.to_string()))?;
     Ok((info, node))
 }
 

@@ -640,10 +640,16 @@ pub async fn get(
         None => None,
     };
     let backend = store.backend.clone();
-    // A whole pack or index file is sent a piece at a time: read whole, each
-    // slow reader held one in memory (QA r13: 20 readers at 5 KiB/s took the
-    // server from 47 to 378 MB, and a paced one waited 15 s for its first byte).
-    if range.is_none() && matches!(kind, Kind::Pack | Kind::Index | Kind::AdminIndex) {
+    // A large object or range of one that never changes under its name is sent
+    // a piece at a time: read whole, each slow reader held it in memory (QA r13:
+    // 20 readers at 5 KiB/s took the server from 47 to 378 MB, and a paced one
+    // waited 15 s for its first byte; audit r33: 60 readers of a whole pack's
+    // range that never took it, 1 GB).
+    let immutable = matches!(
+        kind,
+        Kind::Pack | Kind::Index | Kind::AdminIndex | Kind::Snapshot
+    );
+    if immutable && range.is_none_or(|(_, len)| len > STREAM_PIECE) {
         let (b, n) = (backend.clone(), name.clone());
         let size = blocking(move || b.size(&n)).await;
         if name.starts_with(cairn_backend::names::INDEX)
@@ -652,13 +658,24 @@ pub async fn get(
             store.dedup.index_file_missing(&name);
         }
         let size = size?;
-        if let Some(max) = q.max
-            && size > max
-        {
-            return Err(cairn_backend::BackendError::too_large("get", &name, size, max).into());
-        }
-        if size > STREAM_PIECE {
-            return Ok(stream_object(&app, &store, &t.id, name, size));
+        match range {
+            None => {
+                if let Some(max) = q.max
+                    && size > max
+                {
+                    return Err(
+                        cairn_backend::BackendError::too_large("get", &name, size, max).into(),
+                    );
+                }
+                if size > STREAM_PIECE {
+                    return Ok(stream_object(&app, &store, &t.id, name, (0, size), false));
+                }
+            }
+            // A range past the object's end is refused below, as any range.
+            Some((off, len)) if off.checked_add(len).is_some_and(|end| end <= size) => {
+                return Ok(stream_object(&app, &store, &t.id, name, (off, len), true));
+            }
+            Some(_) => {}
         }
     }
     let n = name.clone();
@@ -707,17 +724,20 @@ pub async fn get(
 /// takes them.
 const STREAM_PIECE: u64 = 1 << 20;
 
-/// Answers object `name` (`size` bytes, immutable: a pack or index file) a piece
-/// at a time, paced per piece, so that a reader holds about two pieces of the
-/// server's memory however slow it is. A read that fails midway ends the answer
-/// short of its `Content-Length`: the client sees a broken transfer, never a
-/// short object.
+/// Answers `len` bytes at `off` of object `name` (immutable: a pack, an index
+/// file, a snapshot) a piece at a time, paced per piece, so that a reader holds
+/// about two pieces of the server's memory however slow it is; `partial`: a
+/// range was asked for (206). A read that fails midway ends the answer short of
+/// its `Content-Length`: the client sees a broken transfer, never a short
+/// object. A client that takes no piece for [`crate::WRITE_STALL`] is given up
+/// (over HTTP/2 a stream can stall while its connection goes on).
 fn stream_object(
     app: &Arc<App>,
     store: &Arc<Datastore>,
     token: &str,
     name: String,
-    size: u64,
+    (start, size): (u64, u64),
+    partial: bool,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
     let (app, store, token) = (app.clone(), store.clone(), token.to_string());
@@ -726,8 +746,14 @@ fn stream_object(
         while off < size {
             let len = STREAM_PIECE.min(size - off);
             let (b, n) = (store.backend.clone(), name.clone());
-            let piece = match tokio::task::spawn_blocking(move || b.get_range(&n, off, len)).await {
-                Ok(Ok(d)) => Bytes::from(d),
+            // Pieces of a range in the kept buffers a restore's ranges use.
+            let mut buf = app.bodies.for_answer(len);
+            let at = start + off;
+            let read = tokio::task::spawn_blocking(move || {
+                b.get_range_into(&n, at, len, &mut buf).map(|()| buf)
+            });
+            let piece = match read.await {
+                Ok(Ok(d)) => Bytes::from_owner(d),
                 Ok(Err(e)) => {
                     crate::log_line(&format!("datastore {}: sending {name}: {e}", store.name));
                     let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
@@ -741,13 +767,26 @@ fn stream_object(
             app.stats.bytes_out.fetch_add(len, Ordering::Relaxed);
             store.stats.bytes_out.fetch_add(len, Ordering::Relaxed);
             app.pace_transfer(&token, false, len).await;
-            if tx.send(Ok(piece)).await.is_err() {
-                return; // the client went away
+            match tokio::time::timeout(crate::WRITE_STALL, tx.send(Ok(piece))).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return, // the client went away
+                Err(_) => {
+                    crate::log_line(&format!(
+                        "datastore {}: sending {name}: the client took none of it for {} s; \
+                         given up",
+                        store.name,
+                        crate::WRITE_STALL.as_secs()
+                    ));
+                    return;
+                }
             }
             off += len;
         }
     });
     let mut r = Response::new(axum::body::Body::new(crate::content::PipeBody(rx)));
+    if partial {
+        *r.status_mut() = StatusCode::PARTIAL_CONTENT;
+    }
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

@@ -193,8 +193,135 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for FirstBytes<S> {
     }
 }
 
+/// A connection whose writes make no progress for `limit` is ended: a client
+/// that stops reading its answers (a zero TCP window) would otherwise hold them,
+/// the memory they take and the work behind them (an export's threads) for as
+/// long as it keeps the connection open (audit r33). Any byte written restarts
+/// the clock; reads are left alone.
+pub struct WriteStall<S> {
+    inner: S,
+    limit: std::time::Duration,
+    since: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteStall<S> {
+    pub fn new(inner: S, limit: std::time::Duration) -> Self {
+        WriteStall {
+            inner,
+            limit,
+            since: None,
+        }
+    }
+
+    /// What a write that returned `r` means: progress clears the clock, waiting
+    /// starts it (or ends the connection once it ran out).
+    fn judge<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        r: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::future::Future;
+        use std::task::Poll;
+        match r {
+            Poll::Ready(r) => {
+                self.since = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let limit = self.limit;
+                let since = self
+                    .since
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                if since.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client took none of the answer for too long",
+                    )))
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteStall<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteStall<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.judge(cx, r)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.judge(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.judge(cx, r)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    /// Writes to a peer that stops reading end after the limit; a peer that
+    /// reads, however slowly, is written to for as long as it takes.
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_is_cut_off() {
+        use std::time::Duration;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut peer, ours) = tokio::io::duplex(1024);
+        let mut w = super::WriteStall::new(ours, Duration::from_millis(200));
+        let slow = tokio::spawn(async move {
+            let mut b = [0u8; 100];
+            let mut got = 0;
+            while got < 8192 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                got += peer.read(&mut b).await.unwrap();
+            }
+            peer
+        });
+        // 8 KiB through a 1 KiB pipe read 100 bytes every 20 ms: about 1.6 s.
+        w.write_all(&[7u8; 8192]).await.unwrap();
+        let _peer = slow.await.unwrap();
+        let started = std::time::Instant::now();
+        let e = w.write_all(&[7u8; 4096]).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(200));
+    }
 
     /// A peer that sends nothing is cut off at the deadline; one that sends in time
     /// is read as it sends, long after the deadline.

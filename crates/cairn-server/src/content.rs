@@ -1160,6 +1160,67 @@ struct Pipe {
     tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
     buf: Vec<u8>,
     meter: Meter,
+    /// The server's runtime, to wait for the client with a time limit.
+    rt: tokio::runtime::Handle,
+    /// The download's place among those running, given back when it ends.
+    _place: DownloadPlace,
+}
+
+/// Snapshot downloads at once, in all and per token or user: each holds one of
+/// the runtime's blocking threads and its own readers for as long as it runs, so
+/// downloads without a bound (audit r33: 540 that were never read) took every
+/// blocking thread and hung every request that touches storage.
+pub const DOWNLOADS_AT_ONCE: usize = 32;
+pub const DOWNLOADS_PER_CALLER: usize = 4;
+
+/// The downloads running, by who runs them.
+#[derive(Default)]
+pub struct Downloads {
+    by: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// One running download's place ([`Downloads::enter`]).
+pub struct DownloadPlace {
+    app: Arc<App>,
+    who: String,
+}
+
+impl Downloads {
+    /// A place for a download by `who`, or why there is none.
+    fn enter(app: &Arc<App>, who: &str) -> Result<DownloadPlace, ApiError> {
+        let mut by = app.downloads.by.lock().unwrap_or_else(|e| e.into_inner());
+        let all: usize = by.values().sum();
+        let mine = by.get(who).copied().unwrap_or(0);
+        if all >= DOWNLOADS_AT_ONCE || mine >= DOWNLOADS_PER_CALLER {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_downloads",
+                format!(
+                    "{} downloads are running ({mine} of them yours; at most \
+                     {DOWNLOADS_AT_ONCE} at once, {DOWNLOADS_PER_CALLER} each): try again \
+                     when one has ended",
+                    all
+                ),
+            ));
+        }
+        *by.entry(who.to_string()).or_default() += 1;
+        Ok(DownloadPlace {
+            app: app.clone(),
+            who: who.to_string(),
+        })
+    }
+}
+
+impl Drop for DownloadPlace {
+    fn drop(&mut self) {
+        let mut by = (self.app.downloads.by.lock()).unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = by.get_mut(&self.who) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(&self.who);
+            }
+        }
+    }
 }
 
 /// What a download's pieces count against: the bytes sent (the server's and its
@@ -1222,12 +1283,28 @@ impl Pipe {
             std::thread::sleep(wait);
         }
         let piece = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(PIECE)));
-        self.tx
-            .blocking_send(Ok(piece))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client went away"))
+        // A client that takes nothing for that long is given up (over HTTP/2 a
+        // stream can stall while its connection goes on).
+        match self.rt.block_on(tokio::time::timeout(
+            crate::WRITE_STALL,
+            self.tx.send(Ok(piece)),
+        )) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "client went away",
+            )),
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the client took none of the download for {} s",
+                    crate::WRITE_STALL.as_secs()
+                ),
+            )),
+        }
     }
     fn fail(self, message: String) {
-        let _ = self.tx.blocking_send(Err(std::io::Error::other(message)));
+        let _ = self.tx.try_send(Err(std::io::Error::other(message)));
     }
 }
 
@@ -1303,6 +1380,7 @@ pub async fn download(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (t, store) = reader(&app, &headers, &ds)?;
+    let place = Downloads::enter(&app, &t.id)?;
     let kind = match q.format.as_deref() {
         None | Some("file") => None,
         Some("tar.zst") => Some("tar.zst"),
@@ -1371,11 +1449,14 @@ pub async fn download(
         locks_at_start: store.content.locks(),
         checked: Instant::now(),
     };
+    let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let mut pipe = Pipe {
             tx,
             buf: Vec::with_capacity(PIECE),
             meter,
+            rt,
+            _place: place,
         };
         // A directory left out, or a file with zeros for what could not be read,
         // must not pass for a complete archive.

@@ -130,6 +130,8 @@ pub struct App {
     pub uploads: body::UploadBudget,
     /// The listener's certificate, once it listens with TLS (for `/metrics`).
     pub cert: std::sync::OnceLock<Arc<tls::CertSource>>,
+    /// Snapshot downloads running (each holds a thread and its readers).
+    pub downloads: content::Downloads,
 }
 
 /// The bandwidth limits in force: the server's, and each token's (made when the
@@ -477,6 +479,7 @@ impl App {
             hashing: tokio::sync::Semaphore::new(users::HASHING_AT_ONCE),
             uploads,
             cert: std::sync::OnceLock::new(),
+            downloads: content::Downloads::default(),
         })
     }
 
@@ -1162,6 +1165,7 @@ async fn run(
                         _ => return,
                     };
                     let tls = conns::FirstBytes::new(tls, FIRST_REQUEST_WITHIN);
+                    let tls = conns::WriteStall::new(tls, WRITE_STALL);
                     let io = hyper_util::rt::TokioIo::new(tls);
                     let conn = builder.serve_connection_with_upgrades(io, service);
                     let _ = watcher.watch(conn.into_owned()).await;
@@ -1170,6 +1174,7 @@ async fn run(
             }
             None => {
                 let tcp = conns::FirstBytes::new(tcp, FIRST_REQUEST_WITHIN);
+                let tcp = conns::WriteStall::new(tcp, WRITE_STALL);
                 let io = hyper_util::rt::TokioIo::new(tcp);
                 let conn = builder
                     .serve_connection_with_upgrades(io, service)
@@ -1213,6 +1218,12 @@ async fn run(
     }
     Ok(())
 }
+
+/// A connection whose client takes none of what it is sent for this long is
+/// ended, with the answers it held ([`conns::WriteStall`]). As long as a
+/// client's own silence limit (two minutes by default): a client that is slow
+/// to take its answer is slow, not gone.
+pub(crate) const WRITE_STALL: Duration = Duration::from_secs(120);
 
 /// A new connection's first request must begin within this (after TLS); the
 /// headers then have `header_read_timeout` (30 s) to arrive.

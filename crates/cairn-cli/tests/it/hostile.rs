@@ -1683,3 +1683,82 @@ fn an_image_snapshot_with_an_impossible_block_size_is_damaged() {
     ]);
     assert_eq!(fs::read(&out).unwrap(), fs::read(&img).unwrap());
 }
+
+/// A backup whose parent listing of a directory fails authentication reads the
+/// directory's files again, and stores that listing again too: its id is the
+/// damaged one's, and the snapshot referred to the copy it could not read
+/// ("saved", exit 0, and nothing restored without the cache: QA r33).
+#[test]
+fn a_backup_stores_again_a_listing_it_found_damaged() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    let mut rng = Rng(33);
+    for i in 0..3 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(100_000, false)).unwrap();
+        fs::write(
+            src.join("sub").join(format!("g{i}")),
+            rng.bytes(4000, false),
+        )
+        .unwrap();
+    }
+    let first = env.backup(&[&src]);
+    // The listing of `sub`, damaged where it lies.
+    let backend: std::sync::Arc<dyn cairn_backend::Backend> =
+        std::sync::Arc::new(cairn_backend::LocalBackend::new(&env.repo));
+    let repo = cairn_core::Repository::open(backend, || Ok(PASSWORD.to_string())).unwrap();
+    let session = cairn_core::Session::<cairn_core::session::Read>::open(
+        repo,
+        "ls",
+        cairn_core::IndexLoad::ForReads,
+        &cairn_core::progress::Progress::none(),
+    )
+    .unwrap();
+    let repo = session.repo();
+    let snap = repo
+        .read_snapshot(&cairn_format::SnapshotId::from_hex(&first).unwrap())
+        .unwrap();
+    let mut todo = vec![snap.tree_id().unwrap()];
+    let mut sub = None;
+    while let Some(t) = todo.pop() {
+        for n in repo.load_tree(&t).unwrap().nodes {
+            if n.name == b"sub" {
+                sub = n.subtree;
+            } else if let Some(s) = n.subtree {
+                todo.push(s);
+            }
+        }
+    }
+    let sub = sub.expect("the listing of sub");
+    let loc = repo.index().get(&sub).unwrap();
+    let pack = repo.index().pack_of(&loc).to_hex();
+    let path = env.repo.join("data").join(&pack[..2]).join(&pack);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[(loc.offset + loc.length / 2) as usize] ^= 0x10;
+    fs::write(&path, bytes).unwrap();
+    drop(session);
+    let o = env.run(&["--no-cache", "backup", src.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("listing of this directory cannot be read"),
+        "{err}"
+    );
+    let out = env.path("out");
+    env.ok(&[
+        "--no-cache",
+        "restore",
+        "latest",
+        "--target",
+        out.to_str().unwrap(),
+    ]);
+    assert_same(&src, &out.join(src.strip_prefix("/").unwrap()));
+    // The next backup finds the listing whole in its new place.
+    let o = env.run(&["--no-cache", "backup", src.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && !err.contains("cannot be read"),
+        "{err}"
+    );
+}

@@ -249,6 +249,19 @@ pub struct MasterIndex {
     /// Numbers of packs the index names that the storage was found not to hold
     /// ([`MasterIndex::set_missing_packs`]): their blobs are not live.
     missing: std::collections::HashSet<u32>,
+    /// Blobs and packs a read of this process found damaged or gone
+    /// ([`MasterIndex::found_unreadable`]): not live either, so that a backup
+    /// that failed to read its parent's listing stores the same listing again
+    /// rather than refer to the copy it could not read (QA r33).
+    unreadable: std::sync::RwLock<Unreadable>,
+    /// Whether `unreadable` holds anything (read without its lock).
+    any_unreadable: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct Unreadable {
+    blobs: std::collections::HashSet<BlobId>,
+    packs: std::collections::HashSet<u32>,
 }
 
 /// Records per directory bucket on average.
@@ -465,7 +478,7 @@ impl MasterIndex {
     pub fn is_live(&self, id: &BlobId) -> bool {
         // Nearly always no pack is missing: then no record is unpacked for this.
         let none_missing = self.missing.is_empty();
-        match &self.ssd {
+        let live = match &self.ssd {
             Some(s) => s.lookup(id).is_some_and(|(l, pending)| {
                 !pending && (none_missing || !self.missing.contains(&l.pack))
             }),
@@ -473,7 +486,34 @@ impl MasterIndex {
                 !record_pending(r)
                     && (none_missing || !self.missing.contains(&unpack_record(r).pack))
             }),
+        };
+        if !live
+            || !self
+                .any_unreadable
+                .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return live;
         }
+        let u = self.unreadable.read().unwrap_or_else(|e| e.into_inner());
+        if u.blobs.contains(id) {
+            return false;
+        }
+        u.packs.is_empty() || self.get(id).is_none_or(|l| !u.packs.contains(&l.pack))
+    }
+
+    /// Blob `id` could not be read from any copy (damaged, or its pack gone:
+    /// `pack_gone`, the copy whose pack the storage lacks):
+    /// from now on it is not live, nor, for a pack gone, any blob of that pack.
+    /// A backup then stores what it holds again where its source has it. Only in
+    /// this process's view; `check` and `repair` find and mend the damage.
+    pub fn found_unreadable(&self, id: &BlobId, pack_gone: Option<&BlobLocation>) {
+        let mut u = self.unreadable.write().unwrap_or_else(|e| e.into_inner());
+        u.blobs.insert(*id);
+        if let Some(l) = pack_gone {
+            u.packs.insert(l.pack);
+        }
+        self.any_unreadable
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Marks the packs `stored` says the storage does not hold as missing: their

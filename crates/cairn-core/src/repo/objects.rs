@@ -369,8 +369,18 @@ impl Repository {
                 None => Error::BlobNotFound(*id),
             }
         })?;
-        self.read_blob_at(id, &loc)
-            .or_else(|e| self.read_other_copy(id, |l| *l == loc).ok_or(e))
+        let r = self
+            .read_blob_at(id, &loc)
+            .or_else(|e| self.read_other_copy(id, |l| *l == loc).ok_or(e));
+        match &r {
+            // A store that could not be reached says nothing about the blob.
+            Err(Error::Backend(b)) if b.kind != cairn_backend::BackendErrorKind::NotFound => {}
+            Err(e) => self
+                .index
+                .found_unreadable(id, matches!(e, Error::PackMissing { .. }).then_some(&loc)),
+            Ok(_) => {}
+        }
+        r
     }
 
     /// The blob from a copy other than those `tried` says were read already, if

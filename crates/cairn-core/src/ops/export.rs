@@ -1554,6 +1554,7 @@ impl<'a> Content<'a> {
         }
         .into_iter();
         let zeros = &self.zeros;
+        let repo = &self.repo;
         // No blob for the bytes of a lost chunk list.
         let blobs: Vec<Option<Result<Vec<u8>>>> = ids
             .iter()
@@ -1562,9 +1563,13 @@ impl<'a> Content<'a> {
                 let id = id.as_ref()?;
                 Some(match zeros.get(id) {
                     Some(&len) => Ok(vec![0u8; len]),
-                    // A chunk repeated within the batch: copies until its last place.
+                    // A chunk repeated within the batch: copies until its last place;
+                    // one that failed fails again there (read again: an error is not
+                    // copied, and taking it at its first place left the later ones
+                    // the next blob's read, QA r33).
                     None if asked.contains_key(id) => match asked.get(id) {
                         Some(Ok(b)) if ids[i + 1..].contains(&Some(*id)) => Ok(b.clone()),
+                        Some(Err(_)) if ids[i + 1..].contains(&Some(*id)) => repo.read_blob(id),
                         _ => asked.remove(id).unwrap_or_else(|| {
                             Err(Error::Invalid("a blob read went missing".into()))
                         }),

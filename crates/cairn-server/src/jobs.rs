@@ -1265,6 +1265,15 @@ fn run_job(
             let to = spec.to.clone().ok_or("no destination")?;
             // A datastore of this server by name, else a location.
             let (location, pw_file) = match app.datastores.get(&to) {
+                // Locked by an admin, a datastore of this server is not opened by
+                // the server for anything, as a copy's destination neither (QA r33:
+                // the job wrote into it with its password file).
+                Some(d) if d.content.key_withheld() => {
+                    return Err(format!(
+                        "the destination datastore {to} was locked by an admin: the server \
+                         does not open it until it is unlocked again"
+                    ));
+                }
                 Some(d) => (
                     d.location.clone(),
                     spec.to_password_file

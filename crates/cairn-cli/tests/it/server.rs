@@ -1361,6 +1361,32 @@ fn scheduled_jobs_run_and_keep_a_history() {
     let r = run("replicate");
     assert!(summary(&r).starts_with("copied 0 snapshots"), "{r}");
     replica.check_clean();
+    // A destination an admin locked is not opened with its password file (QA
+    // r33: the copy wrote into it), and is again once unlocked.
+    let (code, body) = http(
+        p,
+        "DELETE",
+        "/v1/datastores/replica/unlock",
+        Some(&other),
+        b"",
+    );
+    assert_eq!(code, 200, "{body}");
+    let r = run("replicate");
+    assert_eq!(r["outcome"], "failed", "{r}");
+    assert!(
+        summary(&r).contains("destination datastore replica was locked by an admin"),
+        "{r}"
+    );
+    let (code, body) = http(
+        p,
+        "POST",
+        "/v1/datastores/replica/unlock",
+        Some(&other),
+        format!("{{\"password\": \"{PASSWORD}\"}}").as_bytes(),
+    );
+    assert_eq!(code, 200, "{body}");
+    let r = run("replicate");
+    assert!(summary(&r).starts_with("copied 0 snapshots"), "{r}");
     let r = run("check");
     assert_eq!(r["outcome"], "ok", "{r}");
     let r = run("scrub");

@@ -78,6 +78,11 @@ pub struct Dedup {
     missing_logged: Mutex<HashSet<[u8; 32]>>,
     /// The packs' listing, shared by the plans that wait for it together.
     listings: Listings,
+    /// Packs the last scrub job found damaged (content that does not match the
+    /// name): judged as missing, on object storage too, until a scrub finds
+    /// them whole or a repair supersedes the lists naming them (QA r33: backups
+    /// through the server were told such chunks were stored).
+    damaged: Mutex<HashSet<[u8; 32]>>,
     pub stats: DedupStats,
 }
 
@@ -274,6 +279,16 @@ struct ListingState {
     failing: bool,
     /// Listings made (for the tests).
     made: u64,
+}
+
+impl Listings {
+    /// A number for a judgement made without a listing (object storage), in
+    /// the same sequence as the listings'.
+    fn next_seq(&self) -> u64 {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.started += 1;
+        st.started
+    }
 }
 
 /// Ends a listing even when the backend panics, so that no plan waits forever.
@@ -631,8 +646,17 @@ impl Dedup {
     /// missing for being new. A listing that fails is logged and checks nothing
     /// (the backup goes on as without the check).
     fn check_packs(&self, backend: &dyn Backend) -> Result<(), BackendError> {
-        if !self.check_packs {
-            return Ok(());
+        let damaged = self
+            .damaged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if !self.check_packs && damaged.is_empty() {
+            // Nothing judged missing to take back either.
+            let v = self.view();
+            if v.missing.is_empty() && v.skip.is_empty() {
+                return Ok(());
+            }
         }
         let named = self.named_packs();
         {
@@ -641,10 +665,32 @@ impl Dedup {
                 return Ok(());
             }
         }
-        let Some((seq, stored)) = self.list_packs(backend) else {
-            return Ok(());
+        let (seq, stored) = if self.check_packs {
+            match self.list_packs(backend) {
+                Some(x) => x,
+                None => return Ok(()),
+            }
+        } else {
+            // No listing on object storage: every pack a list names counts as
+            // there and whole, but those found damaged.
+            let seq = self.listings.next_seq();
+            let all = named.iter().map(|(_, p, _)| (*p, u64::MAX)).collect();
+            (seq, Arc::new(all))
         };
-        self.judge(backend, &named, &stored, seq)
+        let stored = if damaged.is_empty() {
+            stored
+        } else {
+            let mut s = (*stored).clone();
+            s.retain(|p, _| !damaged.contains(p));
+            Arc::new(s)
+        };
+        self.judge(backend, &named, &stored, seq, &damaged)
+    }
+
+    /// A scrub of the whole datastore found these packs damaged (and no others):
+    /// the next plan judges them missing. An empty set: none are.
+    pub fn scrub_found(&self, packs: HashSet<[u8; 32]>) {
+        *self.damaged.lock().unwrap_or_else(|e| e.into_inner()) = packs;
     }
 
     /// The packs and their sizes from a listing that began after this call
@@ -732,6 +778,7 @@ impl Dedup {
         named: &[([u8; 32], [u8; 32], u64)],
         stored: &HashMap<[u8; 32], u64>,
         seq: u64,
+        damaged: &HashSet<[u8; 32]>,
     ) -> Result<(), BackendError> {
         let mut skip: HashMap<[u8; 32], Vec<[u8; 32]>> = HashMap::new();
         // Pack -> the first file naming it (for the log).
@@ -786,6 +833,10 @@ impl Dedup {
             for pack in sorted {
                 if logged.insert(*pack) {
                     let (what, by) = match absent.get(pack) {
+                        Some(file) if damaged.contains(pack) => (
+                            "damaged (a scrub found its content does not match its name)",
+                            name(file),
+                        ),
                         Some(file) => ("missing (damage, or deleted by hand)", name(file)),
                         None => (
                             "cut short (damage, or a copy that stopped short)",
@@ -1241,12 +1292,16 @@ mod tests {
         // A judgement from an older listing than the view's changes nothing.
         let stale: HashMap<[u8; 32], u64> = HashMap::new();
         let seq = d.view().missing_seq;
-        d.judge(&b, &d.named_packs(), &stale, seq - 1).unwrap();
+        d.judge(&b, &d.named_packs(), &stale, seq - 1, &HashSet::new())
+            .unwrap();
         assert_eq!(stored(&d), vec![10, 11, 12, 13]);
         // A rebuild that fails (the server stopping) leaves the view as it was,
         // judgement included: the next plan judges again.
         d.stop();
-        assert!(d.judge(&b, &d.named_packs(), &stale, seq + 1).is_err());
+        assert!(
+            d.judge(&b, &d.named_packs(), &stale, seq + 1, &HashSet::new())
+                .is_err()
+        );
         assert!(d.view().missing.is_empty());
         assert_eq!(d.view().missing_seq, seq);
         // Without the check (object storage), nothing is listed or taken away.
@@ -1255,6 +1310,41 @@ mod tests {
         let p = unchecked.plan(&b).unwrap();
         assert!(p.missing_packs.is_empty());
         assert_eq!(stored(&unchecked), vec![10, 11, 12, 13]);
+    }
+
+    /// A pack the scrub job found damaged counts as missing, on object storage
+    /// too (no listing there), until a scrub finds it whole (QA r33: backups
+    /// through the server were told its chunks were stored).
+    #[test]
+    fn packs_a_scrub_found_damaged_take_their_chunks_away() {
+        let b = MemBackend::new();
+        put_pack(&b, 100, 50);
+        put_pack(&b, 101, 50);
+        put_index_packs(&b, 1, &[(100, 50, &[10, 11]), (101, 50, &[12])]);
+        for local in [false, true] {
+            let d = Dedup {
+                check_packs: local,
+                ..Dedup::default()
+            };
+            let stored = |d: &Dedup| {
+                let ans = d
+                    .query(&b, "s", &(10..13).map(|i| [i; 32]).collect::<Vec<_>>())
+                    .unwrap()
+                    .unwrap();
+                ans.iter().filter(|a| **a == DedupAnswer::Stored).count()
+            };
+            let e1 = d.plan(&b).unwrap().epoch;
+            assert_eq!(stored(&d), 3);
+            d.scrub_found([[100u8; 32]].into_iter().collect());
+            let p = d.plan(&b).unwrap();
+            assert_eq!(p.missing_packs, vec![hex::encode([100u8; 32])], "{local}");
+            assert_ne!(p.epoch, e1);
+            assert_eq!(stored(&d), 1);
+            d.scrub_found(HashSet::new());
+            let p = d.plan(&b).unwrap();
+            assert!(p.missing_packs.is_empty());
+            assert_eq!(stored(&d), 3);
+        }
     }
 
     /// Plans that arrive together share a listing of the packs (a slow one

@@ -275,6 +275,35 @@ impl JobSpec {
         Ok(())
     }
 
+    /// What a copy job needs that is not there now: a destination on this
+    /// machine that does not exist, a password or token file that cannot be
+    /// read. Said at start (QA r33: a typo showed at the first run, a day
+    /// later), not refused: a file on a mount may appear later.
+    pub fn missing_now(&self, datastores: &BTreeMap<String, String>) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.kind != "copy" {
+            return out;
+        }
+        if let Some(to) = &self.to
+            && !datastores.contains_key(to)
+            && to.starts_with('/')
+            && !std::path::Path::new(to).join("config").exists()
+        {
+            out.push(format!("`to` = {to:?} holds no repository now"));
+        }
+        for (what, f) in [
+            ("to_password_file", &self.to_password_file),
+            ("to_token_file", &self.to_token_file),
+        ] {
+            if let Some(f) = f
+                && let Err(e) = std::fs::File::open(f)
+            {
+                out.push(format!("{what} {} cannot be read ({e})", f.display()));
+            }
+        }
+        out
+    }
+
     /// The snapshots a copy or retention job considers (`hosts`, `tags`).
     fn filter(&self) -> cairn_core::forget::SnapshotFilter {
         cairn_core::forget::SnapshotFilter {
@@ -1105,6 +1134,19 @@ fn run_job(
         .ok_or_else(|| format!("no datastore {}", spec.datastore))?;
     if spec.kind == "scrub" {
         let r = crate::scrub::scrub(ds.backend.as_ref(), 2, progress).map_err(|e| e.to_string())?;
+        // Packs whose content does not match their name: backups through this
+        // server are no longer told their chunks are stored (a scrub read every
+        // pack, so this is the whole set).
+        let damaged = (r.problems.iter())
+            .filter(|p| p.problem != "vanished")
+            .filter_map(|p| p.name.strip_prefix(cairn_backend::names::DATA))
+            .filter_map(|rest| rest.rsplit('/').next())
+            .filter_map(|hex_id| {
+                let mut id = [0u8; 32];
+                hex::decode_to_slice(hex_id, &mut id).ok().map(|()| id)
+            })
+            .collect();
+        ds.dedup.scrub_found(damaged);
         let damaged = r
             .problems
             .iter()
@@ -1516,6 +1558,36 @@ mod tests {
                 want("my-ds-prune-now", "prune", "my-ds", true),
             ]
         );
+    }
+
+    /// A copy job's files and local destination that are not there are named
+    /// at start; what is there, and a destination elsewhere, are not.
+    #[test]
+    fn a_copy_jobs_missing_files_are_named_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "x\n").unwrap();
+        std::fs::create_dir(dir.path().join("repo")).unwrap();
+        std::fs::write(dir.path().join("repo").join("config"), "x").unwrap();
+        let ds: BTreeMap<String, String> = [("main".to_string(), "/x".to_string())].into();
+        let mut j = spec("j", "copy", "1d");
+        j.to = Some(dir.path().join("nope").display().to_string());
+        j.to_password_file = Some(dir.path().join("pw-typo"));
+        j.to_token_file = Some(pw.clone());
+        let m = j.missing_now(&ds);
+        assert_eq!(m.len(), 2, "{m:?}");
+        assert!(m[0].contains("holds no repository now"), "{m:?}");
+        assert!(
+            m[1].contains("to_password_file") && m[1].contains("pw-typo"),
+            "{m:?}"
+        );
+        j.to = Some(dir.path().join("repo").display().to_string());
+        j.to_password_file = Some(pw);
+        assert!(j.missing_now(&ds).is_empty());
+        j.to = Some("cairn+https://h:1/x".into());
+        assert!(j.missing_now(&ds).is_empty());
+        j.to = Some("main".into());
+        assert!(j.missing_now(&ds).is_empty());
     }
 
     #[test]

@@ -1099,6 +1099,14 @@ async fn run(
     });
     sweep_removed_tokens(&app);
     sweep_lost_sessions(&app);
+    for spec in &app.jobs.specs {
+        for m in spec.missing_now(&app.config.datastores) {
+            log_line(&format!(
+                "warning: job {}: {m}: its runs fail until it is there",
+                spec.name
+            ));
+        }
+    }
     content::start(&app);
     dedup::warm_all(&app);
     let router = app.router();

@@ -75,10 +75,22 @@ pub fn scrub(
     )?;
     let mut work: Vec<(ObjectInfo, crate::policy::Kind)> = Vec::new();
     let mut unknown = Vec::new();
-    for prefix in ["data/", "index/", "snapshots/", "keys/", "pending/"] {
+    // Dedup lists too: they carry their own checksum (QA r33: a damaged one was
+    // "no damage found"; the server reads such a list as damaged and has its
+    // clients read that index file whole, so it costs speed, not data).
+    for prefix in [
+        "data/",
+        "index/",
+        "snapshots/",
+        "keys/",
+        "pending/",
+        "dedup/",
+    ] {
         for o in backend.list(prefix)? {
             match crate::policy::classify(&o.name) {
-                Ok(k) if k.content_addressed() => work.push((o, k)),
+                Ok(k) if k.content_addressed() || k == crate::policy::Kind::DedupList => {
+                    work.push((o, k))
+                }
                 Ok(_) => {}
                 Err(_) => unknown.push(o.name),
             }
@@ -230,5 +242,45 @@ mod tests {
         std::fs::remove_file(dir.path().join("config")).unwrap();
         let e = scrub(&b, 2, &Progress::none()).unwrap_err();
         assert!(e.to_string().contains("holds no config any more"), "{e}");
+    }
+
+    /// Dedup lists are checked by their own checksum and the index file they
+    /// name (QA r33: a damaged one was "no damage found").
+    #[test]
+    fn damaged_dedup_lists_are_found() {
+        use cairn_format::dedup::DedupList;
+        let b = MemBackend::new();
+        b.put("config", b"{}").unwrap();
+        let list = |i: u8| DedupList {
+            index: cairn_format::IndexId([i; 32]),
+            metadata: false,
+            admin: false,
+            supersedes: Vec::new(),
+            ids: vec![cairn_format::BlobId([9; 32])],
+            packs: None,
+        };
+        b.put(
+            &format!("dedup/{}", hex::encode([1u8; 32])),
+            &list(1).encode(),
+        )
+        .unwrap();
+        let r = scrub(&b, 2, &Progress::none()).unwrap();
+        assert!(r.is_clean(), "{r:?}");
+        assert_eq!(r.objects_checked, 1);
+        let mut bad = list(2).encode();
+        bad[20] ^= 1;
+        b.put(&format!("dedup/{}", hex::encode([2u8; 32])), &bad)
+            .unwrap();
+        // Whole, but under another index file's name.
+        b.put(
+            &format!("dedup/{}", hex::encode([3u8; 32])),
+            &list(4).encode(),
+        )
+        .unwrap();
+        let r = scrub(&b, 2, &Progress::none()).unwrap();
+        let names: Vec<&str> = r.problems.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names.len(), 2, "{r:?}");
+        assert!(names[0].ends_with(&hex::encode([2u8; 32])));
+        assert!(names[1].ends_with(&hex::encode([3u8; 32])));
     }
 }

@@ -305,6 +305,21 @@ impl<A: Access> Session<A> {
             }
         };
         let acquired = wait_for_lock(&repo, acquire, progress)?;
+        // A server's token that may not take the repository for itself: said in
+        // plain words, not as the lock object it was refused (QA r33).
+        let acquired = match acquired {
+            Err(Error::Backend(b))
+                if A::EXCLUSIVE
+                    && b.kind == cairn_backend::BackendErrorKind::PermissionDenied
+                    && matches!(repo.backend().may_remove(), Ok(false)) =>
+            {
+                return Err(Error::Invalid(format!(
+                    "{operation} needs the repository to itself, which this token may not \
+                     take (an admin token can)"
+                )));
+            }
+            r => r,
+        };
         let held = match acquired {
             Ok(l) => Held::Lock(Arc::new(l)),
             // A dry run stores nothing either (`backup --dry-run` on a repository

@@ -20,6 +20,17 @@ pub fn run(g: &Global, a: &ConfigArgs) -> Result<i32> {
     }
     let p = super::progress(g);
     let mut repo = super::open(g, &p.progress)?;
+    let changes = a.compression.is_some()
+        || a.pack_size.is_some()
+        || a.max_concurrent_jobs.is_some()
+        || (g.memory_limit.is_some() && g.memory_limit_flag);
+    // Said up front, not as the lock the server refuses (QA r33).
+    if changes && !repo.backend().may_remove()? {
+        anyhow::bail!(
+            "config changes replace the repository's settings: this token may not (an admin \
+             token can)"
+        );
+    }
     if let Some(c) = &a.compression {
         let c: Compression = c.parse().map_err(super::bad_argument)?;
         repo.set_compression(c)?;

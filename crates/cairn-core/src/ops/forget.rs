@@ -987,6 +987,15 @@ pub fn forget<A: crate::session::Access>(
             "forget: only a dry run may use a read-only session".into(),
         ));
     }
+    // Before the snapshots are read and the policy applied (QA r33: refused at
+    // the end, naming the admin index file the server would not take).
+    if !dry_run && !session.repo().backend().may_remove()? {
+        return Err(Error::Invalid(
+            "forget removes snapshots: this token may not (an admin token can; --dry-run \
+             shows what would go)"
+                .into(),
+        ));
+    }
     let mut host_claims = Vec::new();
     let mut received = Received::new();
     let (snaps, groups, unreadable) = match request {

@@ -342,6 +342,13 @@ pub fn run(g: &Global, a: &CheckArgs) -> Result<i32> {
         } else if only_false_entries {
             "; no data is damaged: `cairn repair index` drops the false index entries (it \
              indexes what the packs' own headers list)"
+        } else if only_packs && !a.read_data && a.read_data_subset.is_none() {
+            // Without reading the packs, which blobs are damaged is not known
+            // (QA r33: two packs' contents swapped, every file damaged, and this
+            // said no snapshot needed what was).
+            "; the packs' content was not read, so which snapshots need what is damaged is \
+             not known: `cairn check --read-data` says; `cairn repair index` rewrites the \
+             damaged packs without what cannot be read"
         } else if only_packs {
             "; no snapshot needs what is damaged: `cairn repair index` rewrites the damaged \
              packs without it"

@@ -926,6 +926,12 @@ fn check_finds_a_pack_of_the_wrong_size_and_counts_only_the_blobs_cut_off() {
                 e.contains("`cairn repair index` rewrites the damaged packs"),
                 "{label} {read}: {e}"
             );
+            // Unread, it does not say whether snapshots need the packs (QA r33).
+            assert_eq!(
+                e.contains("not known: `cairn check --read-data` says"),
+                !read,
+                "{label} {read}: {e}"
+            );
         }
     }
     fs::write(pack, &original).unwrap();

@@ -152,8 +152,18 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         } else {
             ("restored", "wrote")
         };
+        // Files written in part are not in the counts: said on the same line
+        // (QA r33: "wrote 0 files, 0 B" after writing into 202 files).
+        let partly = if r.errors.is_empty() || r.dry_run {
+            String::new()
+        } else {
+            format!(
+                "; {} not restored in full (below)",
+                ui::count(r.errors.len() as u64, "more entry")
+            )
+        };
         println!(
-            "{verb} snapshot {}{} to {}: {wrote} {}, {}, {} other, {}{}",
+            "{verb} snapshot {}{} to {}: {wrote} {}, {}, {} other, {}{}{partly}",
             r.snapshot_id.short(),
             r.subfolder
                 .as_ref()

@@ -35,10 +35,12 @@ pub const CLAIM_TTL: Duration = Duration::from_secs(180);
 /// taken for gone, and its claims with it: a killed client's chunks are then sent
 /// by others after seconds, not minutes.
 pub const SESSION_SILENCE: Duration = Duration::from_secs(15);
-/// Claims kept at most per datastore (beyond, ids are answered "send" unclaimed):
-/// about 100 bytes each, so at most some 400 MB however clients ask (queries and
-/// confirmation rounds alike; audit r33: confirmations had no cap).
-const MAX_CLAIMS: usize = if cfg!(test) { 10_000 } else { 4_000_000 };
+/// Claims kept at most per datastore (beyond, ids are answered "send" unclaimed,
+/// which costs at worst a chunk stored twice until prune): about 130 bytes each,
+/// so some 130 MB however clients ask (queries and confirmation rounds alike;
+/// audit r33: confirmations had no cap, and 4 M claims held 560 MB). A million
+/// covers 16 GB of new chunks in flight at 16 KiB.
+const MAX_CLAIMS: usize = if cfg!(test) { 10_000 } else { 1_000_000 };
 /// How old the view may be for a confirmation round.
 const CONFIRM_LISTING_EVERY: Duration = Duration::from_secs(1);
 /// Ids per request at most.

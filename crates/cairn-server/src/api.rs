@@ -649,7 +649,15 @@ pub async fn get(
         kind,
         Kind::Pack | Kind::Index | Kind::AdminIndex | Kind::Snapshot
     );
-    if immutable && range.is_none_or(|(_, len)| len > STREAM_PIECE) {
+    // Pieces of a datastore on object storage are larger: each is a request.
+    let piece = if cairn_core::repo::storage::Location::parse(&store.location)
+        .is_ok_and(|l| l.is_remote())
+    {
+        4 * STREAM_PIECE
+    } else {
+        STREAM_PIECE
+    };
+    if immutable && range.is_none_or(|(_, len)| len > piece) {
         let (b, n) = (backend.clone(), name.clone());
         let size = blocking(move || b.size(&n)).await;
         if name.starts_with(cairn_backend::names::INDEX)
@@ -667,13 +675,13 @@ pub async fn get(
                         cairn_backend::BackendError::too_large("get", &name, size, max).into(),
                     );
                 }
-                if size > STREAM_PIECE {
-                    return Ok(stream_object(&app, &store, &t.id, name, (0, size), false));
+                if size > piece {
+                    return stream_object(&app, &store, &t.id, name, (0, size), piece, false).await;
                 }
             }
             // A range past the object's end is refused below, as any range.
             Some((off, len)) if off.checked_add(len).is_some_and(|end| end <= size) => {
-                return Ok(stream_object(&app, &store, &t.id, name, (off, len), true));
+                return stream_object(&app, &store, &t.id, name, (off, len), piece, true).await;
             }
             Some(_) => {}
         }
@@ -724,53 +732,52 @@ pub async fn get(
 /// takes them.
 const STREAM_PIECE: u64 = 1 << 20;
 
-/// Answers `len` bytes at `off` of object `name` (immutable: a pack, an index
-/// file, a snapshot) a piece at a time, paced per piece, so that a reader holds
-/// about two pieces of the server's memory however slow it is; `partial`: a
-/// range was asked for (206). A read that fails midway ends the answer short of
-/// its `Content-Length`: the client sees a broken transfer, never a short
-/// object. A client that takes no piece for [`crate::WRITE_STALL`] is given up
-/// (over HTTP/2 a stream can stall while its connection goes on).
-fn stream_object(
+/// Answers `size` bytes at `start` of object `name` (immutable: a pack, an
+/// index file, a snapshot) a `piece` at a time, paced per piece, so that a
+/// reader holds about two pieces of the server's memory however slow it is;
+/// `partial`: a range was asked for (206). The first piece is read before the
+/// answer starts, so that a pack gone or damaged at once is answered with its
+/// status as before (review r34); a read that fails later ends the answer short
+/// of its `Content-Length`: the client sees a broken transfer, never a short
+/// object. A client that takes nothing for [`crate::WRITE_STALL`] is given up
+/// ([`crate::pipe`]: over HTTP/2 a stream can stall while its connection goes on).
+async fn stream_object(
     app: &Arc<App>,
     store: &Arc<Datastore>,
     token: &str,
     name: String,
     (start, size): (u64, u64),
+    piece: u64,
     partial: bool,
-) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+) -> Result<Response, ApiError> {
+    let first_len = piece.min(size);
+    let first = {
+        let (b, n) = (store.backend.clone(), name.clone());
+        let mut buf = app.bodies.for_answer(first_len);
+        blocking(move || {
+            b.get_range_into(&n, start, first_len, &mut buf)
+                .map(|()| buf)
+        })
+        .await?
+    };
+    let first = Bytes::from_owner(first);
+    let (tx, body) = crate::pipe::pipe(1);
     let (app, store, token) = (app.clone(), store.clone(), token.to_string());
+    let task_name = name.clone();
     tokio::spawn(async move {
-        let mut off = 0;
-        while off < size {
-            let len = STREAM_PIECE.min(size - off);
-            let (b, n) = (store.backend.clone(), name.clone());
-            // Pieces of a range in the kept buffers a restore's ranges use.
-            let mut buf = app.bodies.for_answer(len);
-            let at = start + off;
-            let read = tokio::task::spawn_blocking(move || {
-                b.get_range_into(&n, at, len, &mut buf).map(|()| buf)
-            });
-            let piece = match read.await {
-                Ok(Ok(d)) => Bytes::from_owner(d),
-                Ok(Err(e)) => {
-                    crate::log_line(&format!("datastore {}: sending {name}: {e}", store.name));
-                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-                    return;
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-                    return;
-                }
-            };
+        let name = task_name;
+        let mut next = Some(first);
+        let mut off = first_len;
+        loop {
+            let Some(data) = next.take() else { break };
+            let len = data.len() as u64;
             app.stats.bytes_out.fetch_add(len, Ordering::Relaxed);
             store.stats.bytes_out.fetch_add(len, Ordering::Relaxed);
             app.pace_transfer(&token, false, len).await;
-            match tokio::time::timeout(crate::WRITE_STALL, tx.send(Ok(piece))).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return, // the client went away
-                Err(_) => {
+            match tx.send(data).await {
+                Ok(()) => {}
+                Err(crate::pipe::Stop::Gone) => return,
+                Err(crate::pipe::Stop::Stalled) => {
                     crate::log_line(&format!(
                         "datastore {}: sending {name}: the client took none of it for {} s; \
                          given up",
@@ -780,10 +787,34 @@ fn stream_object(
                     return;
                 }
             }
-            off += len;
+            if off < size {
+                let len = piece.min(size - off);
+                let (b, n) = (store.backend.clone(), name.clone());
+                // Pieces in the kept buffers a restore's ranges use.
+                let mut buf = app.bodies.for_answer(len);
+                let at = start + off;
+                let read = tokio::task::spawn_blocking(move || {
+                    b.get_range_into(&n, at, len, &mut buf).map(|()| buf)
+                });
+                let failed = match read.await {
+                    Ok(Ok(d)) => {
+                        next = Some(Bytes::from_owner(d));
+                        None
+                    }
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(e) => Some(e.to_string()),
+                };
+                if let Some(e) = failed {
+                    crate::log_line(&format!("datastore {}: sending {name}: {e}", store.name));
+                    tx.fail(std::io::Error::other(e)).await;
+                    return;
+                }
+                off += len;
+            }
         }
+        let _ = tx.end().await;
     });
-    let mut r = Response::new(axum::body::Body::new(crate::content::PipeBody(rx)));
+    let mut r = Response::new(axum::body::Body::new(body));
     if partial {
         *r.status_mut() = StatusCode::PARTIAL_CONTENT;
     }
@@ -793,7 +824,7 @@ fn stream_object(
         axum::http::HeaderValue::from_static("application/octet-stream"),
     );
     h.insert(header::CONTENT_LENGTH, axum::http::HeaderValue::from(size));
-    r
+    Ok(r)
 }
 
 /// `bytes=START-END` (inclusive end) into offset and length. `bytes=START-` with

@@ -290,7 +290,9 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteStall<S> {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+        // A TLS close to a peer that reads nothing waits no longer than a write.
+        let r = std::pin::Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.judge(cx, r)
     }
 }
 

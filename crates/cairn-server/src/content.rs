@@ -1157,7 +1157,7 @@ pub struct DownloadQuery {
 /// at most a few pieces wait in memory, so a download of any size takes the same
 /// memory. When the client goes away, the writer gets an error and stops.
 struct Pipe {
-    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    tx: crate::pipe::PipeTx,
     buf: Vec<u8>,
     meter: Meter,
     /// The server's runtime, to wait for the client with a time limit.
@@ -1284,27 +1284,21 @@ impl Pipe {
         }
         let piece = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(PIECE)));
         // A client that takes nothing for that long is given up (over HTTP/2 a
-        // stream can stall while its connection goes on).
-        match self.rt.block_on(tokio::time::timeout(
-            crate::WRITE_STALL,
-            self.tx.send(Ok(piece)),
-        )) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(std::io::Error::new(
-                std::io::ErrorKind::BrokenPipe,
-                "client went away",
-            )),
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "the client took none of the download for {} s",
-                    crate::WRITE_STALL.as_secs()
-                ),
-            )),
-        }
+        // stream can stall while its connection goes on); a slow one is not.
+        self.rt
+            .block_on(self.tx.send(piece))
+            .map_err(crate::pipe::Stop::into_io)
     }
+    /// Ends the download with an error: the body ends broken, never as if whole.
     fn fail(self, message: String) {
-        let _ = self.tx.try_send(Err(std::io::Error::other(message)));
+        self.rt
+            .block_on(self.tx.fail(std::io::Error::other(message)));
+    }
+    /// Ends the download complete.
+    fn end(&self) -> std::io::Result<()> {
+        self.rt
+            .block_on(self.tx.end())
+            .map_err(crate::pipe::Stop::into_io)
     }
 }
 
@@ -1318,22 +1312,6 @@ impl std::io::Write for Pipe {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         self.send()
-    }
-}
-
-/// A response body fed through a channel, a piece at a time.
-pub(crate) struct PipeBody(pub(crate) tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>);
-
-impl http_body::Body for PipeBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|o| o.map(|r| r.map(http_body::Frame::data)))
     }
 }
 
@@ -1434,7 +1412,7 @@ pub async fn download(
         }
         _ => None,
     };
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let (tx, body) = crate::pipe::pipe(4);
     let path = q.path.clone();
     crate::log_line(&format!(
         "datastore {ds}: {} downloads {path} of snapshot {id}{}",
@@ -1505,7 +1483,10 @@ pub async fn download(
         match r.and_then(|_| {
             std::io::Write::flush(&mut pipe).map_err(|e| cairn_core::Error::io("the download", e))
         }) {
-            Ok(()) => {}
+            // Said complete only now: a body whose end is not said ends broken.
+            Ok(()) => {
+                let _ = pipe.end();
+            }
             // The body ends with an error, so the browser reports a failed download
             // instead of keeping a short file.
             Err(e) => {
@@ -1519,7 +1500,7 @@ pub async fn download(
         Some(_) => (format!("{base}.tar.zst"), "application/zstd"),
         None => (base.clone(), "application/octet-stream"),
     };
-    let mut resp = Response::new(Body::new(PipeBody(rx)));
+    let mut resp = Response::new(Body::new(body));
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

@@ -25,6 +25,7 @@ pub mod locks;
 pub mod metrics;
 pub mod overview;
 pub mod pace;
+pub mod pipe;
 pub mod policy;
 pub mod scrub;
 pub mod signin;

@@ -372,13 +372,14 @@ impl Repository {
         let r = self
             .read_blob_at(id, &loc)
             .or_else(|e| self.read_other_copy(id, |l| *l == loc).ok_or(e));
-        match &r {
-            // A store that could not be reached says nothing about the blob.
-            Err(Error::Backend(b)) if b.kind != cairn_backend::BackendErrorKind::NotFound => {}
-            Err(e) => self
-                .index
-                .found_unreadable(id, matches!(e, Error::PackMissing { .. }).then_some(&loc)),
-            Ok(_) => {}
+        // Damaged, gone, or in a pack cut short: lost where it lies (review r34:
+        // a truncated pack's "out of range" was taken for a store that failed).
+        // A store that could not be reached says nothing about the blob.
+        if let Err(e) = &r
+            && e.is_lost_in_storage()
+        {
+            let gone = matches!(e.root(), Error::PackMissing { .. });
+            self.index.found_unreadable(id, gone.then_some(&loc));
         }
         r
     }
@@ -430,5 +431,60 @@ impl Repository {
         let data = self.read_blob(id)?;
         ChunkList::decode(&data)
             .map_err(|e| Error::damaged(format!("chunk list {}", id.short()), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cairn_format::pack::BlobKind;
+
+    /// A blob that fails to read because it is damaged, or its pack is cut short
+    /// or gone, is no longer live (a backup stores it again); a pack gone takes
+    /// its other blobs with it; the blobs that read stay live (QA r33, review r34).
+    #[test]
+    fn blobs_found_lost_are_not_live() {
+        let mut repo = crate::testutil::mem_repo();
+        let blobs = |seed: u8| -> Vec<(BlobKind, Vec<u8>)> {
+            (0..3u8)
+                .map(|i| (BlobKind::Tree, vec![seed ^ i; 300 + usize::from(i) * 50]))
+                .collect()
+        };
+        let (a, b, c) = (blobs(1), blobs(2), blobs(3));
+        let packs: Vec<_> = [&a, &b, &c]
+            .iter()
+            .map(|x| crate::testutil::store(&repo, x))
+            .collect();
+        repo.write_index_file(&cairn_format::index::IndexFile {
+            packs: packs.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+        repo.load_index_in_ram().unwrap();
+        let id = |d: &[u8]| repo.key().blob_id(d);
+        let name = |i: usize| cairn_backend::names::pack(&packs[i].id.to_hex());
+        let live = |x: &[(BlobKind, Vec<u8>)]| -> Vec<bool> {
+            x.iter()
+                .map(|(_, d)| repo.index().is_live(&id(d)))
+                .collect()
+        };
+        // Pack A: its first blob damaged. Pack B: cut short before its last blob.
+        // Pack C: gone.
+        let mut bytes = repo.backend().get(&name(0)).unwrap();
+        let hit = &packs[0].blobs[0];
+        bytes[(hit.offset + hit.length / 2) as usize] ^= 0x40;
+        repo.backend().put(&name(0), &bytes).unwrap();
+        let bytes = repo.backend().get(&name(1)).unwrap();
+        let cut = packs[1].blobs[2].offset as usize + 10;
+        repo.backend().put(&name(1), &bytes[..cut]).unwrap();
+        repo.backend().delete(&name(2)).unwrap();
+        for x in [&a, &b, &c] {
+            assert_eq!(live(x), vec![true; 3]);
+            for (_, d) in x.iter() {
+                let _ = repo.read_blob(&id(d));
+            }
+        }
+        assert_eq!(live(&a), vec![false, true, true]);
+        assert_eq!(live(&b), vec![true, true, false]);
+        assert_eq!(live(&c), vec![false; 3]);
     }
 }

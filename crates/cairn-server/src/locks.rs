@@ -10,7 +10,8 @@
 //! non-admin lock older than `max_lock_age_hours`, so that a hijacked client cannot
 //! keep one lock alive forever and with it keep prune from deleting. A removed
 //! lock's name is remembered as long as that cap, so that deleting it and storing it
-//! again does not start its life anew (prune waits for locks by id). A lock first
+//! again does not start its life anew (prune waits for locks by id), the newest
+//! [`REMEMBERED_PER_OWNER`] removed names of each token at most. A lock first
 //! seen by another server, or before a lost state file, counts from when this server
 //! first saw it. Losing the file costs no data.
 
@@ -23,8 +24,11 @@ use std::sync::Mutex;
 /// in all: a token that creates and removes locks without end (each a new name)
 /// grew the file by every name for the whole cap, and each new name wrote it
 /// whole (audit r33: 1,000 cycles took 21 s, 5,000 took 157 s). Past these, the
-/// oldest names not held by a running session are forgotten first: a name
-/// forgotten only starts its life anew if stored again, as any new name does.
+/// names of locks removed through this server are forgotten, the longest removed
+/// first: such a name only starts its life anew if stored again, as any new name
+/// does. A lock still stored is never forgotten (review r34: forgetting one let
+/// its token refresh it past the age cap, and hold prune off for ever); its
+/// token holds at most [`MAX_LOCKS_PER_TOKEN`] of them.
 const REMEMBERED_PER_OWNER: usize = 2 * MAX_LOCKS_PER_TOKEN;
 const REMEMBERED: usize = 65_536;
 
@@ -41,8 +45,9 @@ fn make_room(seen: &mut BTreeMap<String, Seen>, name: &str) {
             None => Box::new(seen.iter()),
         };
         range
-            .min_by_key(|(_, x)| (x.session.is_some(), x.first_seen))
-            .map(|(k, _)| k.clone())
+            .filter_map(|(k, x)| Some((x.removed_at?, k)))
+            .min()
+            .map(|(_, k)| k.clone())
     };
     loop {
         let mine = (seen.range(owner.to_string()..))
@@ -82,6 +87,9 @@ struct Seen {
     /// server still knows whose it is ([`LockOwners::take_orphans`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     session: Option<String>,
+    /// Unix seconds when it was removed through this server (not written since).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    removed_at: Option<i64>,
 }
 
 impl Seen {
@@ -92,6 +100,7 @@ impl Seen {
             last_written: Some(now),
             content: None,
             session: None,
+            removed_at: None,
         }
     }
 }
@@ -250,6 +259,7 @@ impl LockOwners {
         let mut s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(x) = s.get_mut(name) {
             x.last_written = Some(now);
+            x.removed_at = None;
             let age = now - x.first_seen;
             // Saved for a refresh at most once a minute: losing the last refresh time
             // only makes a lock look older by that much to `unwritten_for`.
@@ -344,10 +354,14 @@ impl LockOwners {
         });
         drop(s);
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(x) = seen.get_mut(name)
-            && x.session.take().is_some()
-        {
-            self.save(&seen);
+        if let Some(x) = seen.get_mut(name) {
+            let held = x.session.take().is_some();
+            // Saved with the next write of the file (a lost mark only keeps the
+            // name longer).
+            x.removed_at = Some(cairn_core::time::now_unix());
+            if held {
+                self.save(&seen);
+            }
         }
     }
 
@@ -514,10 +528,20 @@ mod tests {
         o.written(&lock("bbbb", 0));
         o.written(&lock("aaaa", 0));
         o.made_by("aaaa-s", &lock("aaaa", 0));
-        for i in 1..REMEMBERED_PER_OWNER * 3 {
+        // A lock stored without a session and never removed (review r34: it
+        // was forgotten first, and refreshed past the age cap).
+        o.written(&lock("aaaa", 1));
+        o.seen
+            .lock()
+            .unwrap()
+            .get_mut(&lock("aaaa", 1))
+            .unwrap()
+            .first_seen -= 3600;
+        for i in 2..REMEMBERED_PER_OWNER * 3 {
             o.written(&lock("aaaa", i));
             o.removed(&lock("aaaa", i));
         }
+        assert!(o.written(&lock("aaaa", 1)) >= 3600, "its age is kept");
         let seen = o.seen.lock().unwrap();
         let p = hex::encode(cairn_backend::lock_owner_prefix("aaaa"));
         let mine = seen.keys().filter(|k| k.contains(&p)).count();
@@ -594,6 +618,7 @@ mod tests {
                 last_written: None,
                 content: None,
                 session: None,
+                removed_at: None,
             },
         );
         again.seen.lock().unwrap().insert(
@@ -603,6 +628,7 @@ mod tests {
                 last_written: None,
                 content: None,
                 session: None,
+                removed_at: None,
             },
         );
         assert_eq!(again.written("locks/b"), 0);

@@ -1121,6 +1121,21 @@ fn due_at(jobs: &Jobs, now: std::time::Instant, wall: i64) -> Vec<String> {
     out
 }
 
+/// Whether two locations name the same place (a path written with a trailing
+/// `/` or through `.`/`..` is the same directory).
+fn same_location(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    let (pa, pb) = (std::path::Path::new(a), std::path::Path::new(b));
+    pa.is_absolute()
+        && pb.is_absolute()
+        && matches!(
+            (std::fs::canonicalize(pa), std::fs::canonicalize(pb)),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
+
 /// Runs one job to its end (blocking): (clean, one-line summary), or why it could
 /// not run.
 fn run_job(
@@ -1306,7 +1321,12 @@ fn run_job(
         "copy" => {
             let to = spec.to.clone().ok_or("no destination")?;
             // A datastore of this server by name, else a location.
-            let (location, pw_file) = match app.datastores.get(&to) {
+            // A datastore of this server named by its location is the same one.
+            let named = app
+                .datastores
+                .get(&to)
+                .or_else(|| (app.datastores.values()).find(|d| same_location(&d.location, &to)));
+            let (location, pw_file) = match named {
                 // Locked by an admin, a datastore of this server is not opened by
                 // the server for anything, as a copy's destination neither (QA r33:
                 // the job wrote into it with its password file).
@@ -1320,7 +1340,7 @@ fn run_job(
                     d.location.clone(),
                     spec.to_password_file
                         .clone()
-                        .or_else(|| app.jobs.passwords.get(&to).cloned()),
+                        .or_else(|| app.jobs.passwords.get(&d.name).cloned()),
                 ),
                 None => (to.clone(), spec.to_password_file.clone()),
             };

@@ -157,9 +157,12 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
         let partly = if r.errors.is_empty() || r.dry_run {
             String::new()
         } else {
+            // By path, as the last line counts them (one entry may have more
+            // than one said of it).
+            let paths: std::collections::HashSet<_> = r.errors.iter().map(|e| &e.path).collect();
             format!(
                 "; {} not restored in full (below)",
-                ui::count(r.errors.len() as u64, "more entry")
+                ui::count(paths.len() as u64, "more entry")
             )
         };
         println!(

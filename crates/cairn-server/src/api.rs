@@ -870,7 +870,15 @@ pub async fn put(
         Some("replace") => Action::Replace,
         Some(m) => return Err(ApiError::bad(format!("unknown put mode {m:?}"))),
     };
-    let kind = allow(&app, &store, &t, &name, action)?;
+    // A lock's write is remembered in the state directory (a file write under
+    // the lock records' mutex): off the async threads, which it would stall for
+    // every other request they serve (audit r33 #4).
+    let kind = if name.starts_with(cairn_backend::names::LOCKS) {
+        let (a, st, tk, n) = (app.clone(), store.clone(), t.clone(), name.clone());
+        blocking(move || allow(&a, &st, &tk, &n, action)).await?
+    } else {
+        allow(&app, &store, &t, &name, action)?
+    };
     heard(&store, &t, &headers);
     let max = kind.max_size(app.config.max_object_size);
     // `n`: the announced length; none for a body sent without one (chunked)

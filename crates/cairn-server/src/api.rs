@@ -650,9 +650,7 @@ pub async fn get(
         Kind::Pack | Kind::Index | Kind::AdminIndex | Kind::Snapshot
     );
     // Pieces of a datastore on object storage are larger: each is a request.
-    let piece = if cairn_core::repo::storage::Location::parse(&store.location)
-        .is_ok_and(|l| l.is_remote())
-    {
+    let piece = if store.remote {
         4 * STREAM_PIECE
     } else {
         STREAM_PIECE
@@ -751,25 +749,12 @@ async fn stream_object(
     partial: bool,
 ) -> Result<Response, ApiError> {
     let first_len = piece.min(size);
-    let first = {
-        let (b, n) = (store.backend.clone(), name.clone());
-        let mut buf = app.bodies.for_answer(first_len);
-        blocking(move || {
-            b.get_range_into(&n, start, first_len, &mut buf)
-                .map(|()| buf)
-        })
-        .await?
-    };
-    let first = Bytes::from_owner(first);
+    let first = read_piece(app, store, &name, start, first_len).await?;
     let (tx, body) = crate::pipe::pipe(1);
     let (app, store, token) = (app.clone(), store.clone(), token.to_string());
-    let task_name = name.clone();
     tokio::spawn(async move {
-        let name = task_name;
-        let mut next = Some(first);
-        let mut off = first_len;
+        let (mut data, mut off) = (first, first_len);
         loop {
-            let Some(data) = next.take() else { break };
             let len = data.len() as u64;
             app.stats.bytes_out.fetch_add(len, Ordering::Relaxed);
             store.stats.bytes_out.fetch_add(len, Ordering::Relaxed);
@@ -787,30 +772,20 @@ async fn stream_object(
                     return;
                 }
             }
-            if off < size {
-                let len = piece.min(size - off);
-                let (b, n) = (store.backend.clone(), name.clone());
-                // Pieces in the kept buffers a restore's ranges use.
-                let mut buf = app.bodies.for_answer(len);
-                let at = start + off;
-                let read = tokio::task::spawn_blocking(move || {
-                    b.get_range_into(&n, at, len, &mut buf).map(|()| buf)
-                });
-                let failed = match read.await {
-                    Ok(Ok(d)) => {
-                        next = Some(Bytes::from_owner(d));
-                        None
-                    }
-                    Ok(Err(e)) => Some(e.to_string()),
-                    Err(e) => Some(e.to_string()),
-                };
-                if let Some(e) = failed {
+            if off == size {
+                break;
+            }
+            let len = piece.min(size - off);
+            data = match read_piece(&app, &store, &name, start + off, len).await {
+                Ok(d) => d,
+                Err(e) => {
+                    let e = e.message;
                     crate::log_line(&format!("datastore {}: sending {name}: {e}", store.name));
                     tx.fail(std::io::Error::other(e)).await;
                     return;
                 }
-                off += len;
-            }
+            };
+            off += len;
         }
         let _ = tx.end().await;
     });
@@ -825,6 +800,21 @@ async fn stream_object(
     );
     h.insert(header::CONTENT_LENGTH, axum::http::HeaderValue::from(size));
     Ok(r)
+}
+
+/// `len` bytes at `at` of object `name`, in a kept buffer (as a restore's
+/// ranges are).
+async fn read_piece(
+    app: &App,
+    store: &Datastore,
+    name: &str,
+    at: u64,
+    len: u64,
+) -> ApiResult<Bytes> {
+    let (b, n) = (store.backend.clone(), name.to_string());
+    let mut buf = app.bodies.for_answer(len);
+    let buf = blocking(move || b.get_range_into(&n, at, len, &mut buf).map(|()| buf)).await?;
+    Ok(Bytes::from_owner(buf))
 }
 
 /// `bytes=START-END` (inclusive end) into offset and length. `bytes=START-` with

@@ -5,53 +5,87 @@
 //! still take every place.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-/// Connections per address.
-pub struct PerAddress {
-    max: usize,
-    open: Mutex<HashMap<IpAddr, usize>>,
+/// Places held at once per key (an address's connections, a caller's
+/// downloads), at most `each` per key and `all` in all.
+pub struct Places<K> {
+    each: usize,
+    all: usize,
+    /// Places held in all, and by key (keys holding none are dropped).
+    open: Mutex<(usize, HashMap<K, usize>)>,
 }
 
-/// One address's place, given back on drop.
-pub struct Place {
-    of: Arc<PerAddress>,
-    ip: IpAddr,
+/// Connections per address ([`Places::enter_from`]).
+pub type PerAddress = Places<IpAddr>;
+
+/// One key's place, given back on drop.
+pub struct Place<K: Hash + Eq> {
+    of: Arc<Places<K>>,
+    key: K,
 }
 
-impl PerAddress {
-    pub fn new(max: usize) -> Arc<PerAddress> {
-        Arc::new(PerAddress {
-            max: max.max(1),
-            open: Mutex::new(HashMap::new()),
+impl<K: Hash + Eq + Clone> Places<K> {
+    pub fn new(each: usize, all: usize) -> Arc<Places<K>> {
+        Arc::new(Places {
+            each: each.max(1),
+            all: all.max(1),
+            open: Mutex::new((0, HashMap::new())),
         })
     }
 
-    /// A place for a connection from `ip`, or `None` when its address holds
-    /// `max` already. IPv6 addresses count by their /64 (one host usually has a
-    /// whole /64 to draw from), IPv4 ones written as IPv6 as IPv4.
-    pub fn enter(self: &Arc<Self>, ip: IpAddr) -> Option<Place> {
-        let ip = address_of(ip);
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let n = open.entry(ip).or_insert(0);
-        if *n >= self.max {
+    /// A place for `key`, or `None` when it holds `each` already or all places
+    /// are taken.
+    pub fn enter(self: &Arc<Self>, key: K) -> Option<Place<K>> {
+        let mut guard = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, open) = &mut *guard;
+        let n = open.entry(key.clone()).or_insert(0);
+        if *n >= self.each || *total >= self.all {
+            if *n == 0 {
+                open.remove(&key);
+            }
             return None;
         }
         *n += 1;
+        *total += 1;
         Some(Place {
             of: self.clone(),
-            ip,
+            key,
         })
     }
 
     #[cfg(test)]
-    fn addresses(&self) -> usize {
-        self.open.lock().unwrap().len()
+    fn keys(&self) -> usize {
+        self.open.lock().unwrap().1.len()
     }
 }
 
-/// What counts as one address: see [`PerAddress::enter`].
+impl Places<IpAddr> {
+    /// A place for a connection from `ip`. IPv6 addresses count by their /64 (one
+    /// host usually has a whole /64 to draw from), IPv4 ones written as IPv6 as
+    /// IPv4.
+    pub fn enter_from(self: &Arc<Self>, ip: IpAddr) -> Option<Place<IpAddr>> {
+        self.enter(address_of(ip))
+    }
+}
+
+impl<K: Hash + Eq> Drop for Place<K> {
+    fn drop(&mut self) {
+        let mut guard = self.of.open.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, open) = &mut *guard;
+        if let Some(n) = open.get_mut(&self.key) {
+            *n -= 1;
+            *total -= 1;
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// What counts as one address: see [`Places::enter_from`].
 fn address_of(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
@@ -65,18 +99,6 @@ fn address_of(ip: IpAddr) -> IpAddr {
     }
 }
 
-impl Drop for Place {
-    fn drop(&mut self) {
-        let mut open = self.of.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.ip);
-            }
-        }
-    }
-}
-
 /// A connection that must send its first bytes within a deadline. hyper's
 /// `header_read_timeout` runs only once a request has begun, and the builder that
 /// tells HTTP/1 from HTTP/2 reads the first bytes with no timeout at all: a client
@@ -84,11 +106,20 @@ impl Drop for Place {
 /// forever, and enough of them shut everyone else out. The first read that waits
 /// past the deadline fails (`TimedOut`), which ends the connection; after the first
 /// bytes, hyper's own timeouts apply.
-pub struct FirstBytes<S> {
+///
+/// And a connection whose writes make no progress for `write_limit` is ended: a
+/// client that stops reading its answers (a zero TCP window) would otherwise
+/// hold them, the memory they take and the work behind them (an export's
+/// threads) for as long as it keeps the connection open (audit r33). Any byte
+/// written restarts that clock.
+pub struct Watched<S> {
     inner: S,
     deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     /// Bytes read so far, while they may still be the HTTP/2 preface.
     seen: usize,
+    write_limit: std::time::Duration,
+    /// Since when writes have waited (none: the last one made progress).
+    writes_waiting: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// What an HTTP/2 connection starts with. The builder reads until it has all 24
@@ -96,12 +127,47 @@ pub struct FirstBytes<S> {
 /// then (a client sending `P` and nothing more must not hold the connection).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-impl<S> FirstBytes<S> {
-    pub fn new(inner: S, within: std::time::Duration) -> Self {
-        FirstBytes {
+impl<S> Watched<S> {
+    /// `inner`, whose first bytes must come `within`, and whose writes may wait
+    /// no longer than `write_limit`.
+    pub fn new(inner: S, within: std::time::Duration, write_limit: std::time::Duration) -> Self {
+        Watched {
             inner,
             deadline: Some(Box::pin(tokio::time::sleep(within))),
             seen: 0,
+            write_limit,
+            writes_waiting: None,
+        }
+    }
+
+    /// What a write that returned `r` means: progress clears the clock, waiting
+    /// starts it (or ends the connection once it ran out).
+    fn judge<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        r: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::future::Future;
+        use std::task::Poll;
+        match r {
+            Poll::Ready(r) => {
+                self.writes_waiting = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let limit = self.write_limit;
+                let since = self
+                    .writes_waiting
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                if since.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client took none of the answer for too long",
+                    )))
+                } else {
+                    Poll::Pending
+                }
+            }
         }
     }
 }
@@ -119,7 +185,7 @@ fn decided(seen: &mut usize, bytes: &[u8]) -> bool {
     *seen >= H2_PREFACE.len()
 }
 
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for FirstBytes<S> {
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Watched<S> {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -157,105 +223,7 @@ impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for FirstBytes<S> {
     }
 }
 
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for FirstBytes<S> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// A connection whose writes make no progress for `limit` is ended: a client
-/// that stops reading its answers (a zero TCP window) would otherwise hold them,
-/// the memory they take and the work behind them (an export's threads) for as
-/// long as it keeps the connection open (audit r33). Any byte written restarts
-/// the clock; reads are left alone.
-pub struct WriteStall<S> {
-    inner: S,
-    limit: std::time::Duration,
-    since: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl<S> WriteStall<S> {
-    pub fn new(inner: S, limit: std::time::Duration) -> Self {
-        WriteStall {
-            inner,
-            limit,
-            since: None,
-        }
-    }
-
-    /// What a write that returned `r` means: progress clears the clock, waiting
-    /// starts it (or ends the connection once it ran out).
-    fn judge<T>(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        r: std::task::Poll<std::io::Result<T>>,
-    ) -> std::task::Poll<std::io::Result<T>> {
-        use std::future::Future;
-        use std::task::Poll;
-        match r {
-            Poll::Ready(r) => {
-                self.since = None;
-                Poll::Ready(r)
-            }
-            Poll::Pending => {
-                let limit = self.limit;
-                let since = self
-                    .since
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-                if since.as_mut().poll(cx).is_ready() {
-                    Poll::Ready(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "the client took none of the answer for too long",
-                    )))
-                } else {
-                    Poll::Pending
-                }
-            }
-        }
-    }
-}
-
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteStall<S> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteStall<S> {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -306,7 +274,8 @@ mod tests {
         use std::time::Duration;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (mut peer, ours) = tokio::io::duplex(1024);
-        let mut w = super::WriteStall::new(ours, Duration::from_millis(200));
+        let mut w =
+            super::Watched::new(ours, Duration::from_secs(3600), Duration::from_millis(200));
         let slow = tokio::spawn(async move {
             let mut b = [0u8; 100];
             let mut got = 0;
@@ -332,7 +301,7 @@ mod tests {
         use std::time::Duration;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (mut peer, ours) = tokio::io::duplex(64);
-        let mut silent = FirstBytes::new(ours, Duration::from_millis(100));
+        let mut silent = Watched::new(ours, Duration::from_millis(100), Duration::from_secs(3600));
         let mut buf = [0u8; 8];
         let t = std::time::Instant::now();
         let e = silent.read(&mut buf).await.unwrap_err();
@@ -341,7 +310,7 @@ mod tests {
         drop(peer.shutdown().await);
 
         let (mut peer, ours) = tokio::io::duplex(64);
-        let mut talking = FirstBytes::new(ours, Duration::from_millis(100));
+        let mut talking = Watched::new(ours, Duration::from_millis(100), Duration::from_secs(3600));
         peer.write_all(b"GET").await.unwrap();
         assert_eq!(talking.read(&mut buf).await.unwrap(), 3);
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -350,14 +319,14 @@ mod tests {
 
         // A start of the HTTP/2 preface, then nothing: still cut off.
         let (mut peer, ours) = tokio::io::duplex(64);
-        let mut teasing = FirstBytes::new(ours, Duration::from_millis(100));
+        let mut teasing = Watched::new(ours, Duration::from_millis(100), Duration::from_secs(3600));
         peer.write_all(b"PRI * ").await.unwrap();
         assert_eq!(teasing.read(&mut buf).await.unwrap(), 6);
         let e = teasing.read(&mut buf).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
         // The whole preface: decided, the deadline over.
         let (mut peer, ours) = tokio::io::duplex(64);
-        let mut h2 = FirstBytes::new(ours, Duration::from_millis(100));
+        let mut h2 = Watched::new(ours, Duration::from_millis(100), Duration::from_secs(3600));
         peer.write_all(H2_PREFACE).await.unwrap();
         let mut all = [0u8; 24];
         h2.read_exact(&mut all).await.unwrap();
@@ -369,27 +338,42 @@ mod tests {
 
     #[test]
     fn an_address_holds_at_most_its_share_until_it_closes_some() {
-        let p = PerAddress::new(2);
+        let p = PerAddress::new(2, usize::MAX);
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
-        let one = p.enter(a).unwrap();
-        let _two = p.enter(a).unwrap();
-        assert!(p.enter(a).is_none());
-        let _other = p.enter(b).unwrap();
+        let one = p.enter_from(a).unwrap();
+        let _two = p.enter_from(a).unwrap();
+        assert!(p.enter_from(a).is_none());
+        let _other = p.enter_from(b).unwrap();
         drop(one);
-        let _three = p.enter(a).unwrap();
+        let _three = p.enter_from(a).unwrap();
         drop((_two, _three, _other));
-        assert_eq!(p.addresses(), 0, "nothing kept for closed connections");
+        assert_eq!(p.keys(), 0, "nothing kept for closed connections");
         // One IPv6 /64 is one address; an IPv4 address written as IPv6 is itself.
         let x: IpAddr = "2001:db8:1:2::5".parse().unwrap();
         let y: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
         let z: IpAddr = "2001:db8:1:3::5".parse().unwrap();
-        let _x = p.enter(x).unwrap();
-        let _y = p.enter(y).unwrap();
-        assert!(p.enter(x).is_none(), "the /64 holds two");
-        let _z = p.enter(z).unwrap();
-        let _v4 = p.enter(a).unwrap();
-        let _v4b = p.enter(a).unwrap();
-        assert!(p.enter("::ffff:10.0.0.1".parse().unwrap()).is_none());
+        let _x = p.enter_from(x).unwrap();
+        let _y = p.enter_from(y).unwrap();
+        assert!(p.enter_from(x).is_none(), "the /64 holds two");
+        let _z = p.enter_from(z).unwrap();
+        let _v4 = p.enter_from(a).unwrap();
+        let _v4b = p.enter_from(a).unwrap();
+        assert!(p.enter_from("::ffff:10.0.0.1".parse().unwrap()).is_none());
+    }
+
+    /// A bound in all as well as per key: a place refused for it leaves
+    /// nothing behind, and one given back makes room for any key.
+    #[test]
+    fn places_are_bounded_in_all_too() {
+        let p = super::Places::<&str>::new(2, 3);
+        let a1 = p.enter("a").unwrap();
+        let _a2 = p.enter("a").unwrap();
+        assert!(p.enter("a").is_none());
+        let _b1 = p.enter("b").unwrap();
+        assert!(p.enter("c").is_none(), "three in all");
+        assert_eq!(p.keys(), 2);
+        drop(a1);
+        let _c1 = p.enter("c").unwrap();
     }
 }

@@ -1163,7 +1163,7 @@ struct Pipe {
     /// The server's runtime, to wait for the client with a time limit.
     rt: tokio::runtime::Handle,
     /// The download's place among those running, given back when it ends.
-    _place: DownloadPlace,
+    _place: crate::conns::Place<String>,
 }
 
 /// Snapshot downloads at once, in all and per token or user: each holds one of
@@ -1172,56 +1172,6 @@ struct Pipe {
 /// blocking thread and hung every request that touches storage.
 pub const DOWNLOADS_AT_ONCE: usize = 32;
 pub const DOWNLOADS_PER_CALLER: usize = 4;
-
-/// The downloads running, by who runs them.
-#[derive(Default)]
-pub struct Downloads {
-    by: std::sync::Mutex<std::collections::HashMap<String, usize>>,
-}
-
-/// One running download's place ([`Downloads::enter`]).
-pub struct DownloadPlace {
-    app: Arc<App>,
-    who: String,
-}
-
-impl Downloads {
-    /// A place for a download by `who`, or why there is none.
-    fn enter(app: &Arc<App>, who: &str) -> Result<DownloadPlace, ApiError> {
-        let mut by = app.downloads.by.lock().unwrap_or_else(|e| e.into_inner());
-        let all: usize = by.values().sum();
-        let mine = by.get(who).copied().unwrap_or(0);
-        if all >= DOWNLOADS_AT_ONCE || mine >= DOWNLOADS_PER_CALLER {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_downloads",
-                format!(
-                    "{} downloads are running ({mine} of them yours; at most \
-                     {DOWNLOADS_AT_ONCE} at once, {DOWNLOADS_PER_CALLER} each): try again \
-                     when one has ended",
-                    all
-                ),
-            ));
-        }
-        *by.entry(who.to_string()).or_default() += 1;
-        Ok(DownloadPlace {
-            app: app.clone(),
-            who: who.to_string(),
-        })
-    }
-}
-
-impl Drop for DownloadPlace {
-    fn drop(&mut self) {
-        let mut by = (self.app.downloads.by.lock()).unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = by.get_mut(&self.who) {
-            *n -= 1;
-            if *n == 0 {
-                by.remove(&self.who);
-            }
-        }
-    }
-}
 
 /// What a download's pieces count against: the bytes sent (the server's and its
 /// datastore's, for /metrics) and the download limits (the token's, the
@@ -1358,7 +1308,16 @@ pub async fn download(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (t, store) = reader(&app, &headers, &ds)?;
-    let place = Downloads::enter(&app, &t.id)?;
+    let Some(place) = app.downloads.enter(t.id.clone()) else {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_downloads",
+            format!(
+                "too many downloads are running (at most {DOWNLOADS_AT_ONCE} at once, \
+                 {DOWNLOADS_PER_CALLER} per token or user): try again when one has ended"
+            ),
+        ));
+    };
     let kind = match q.format.as_deref() {
         None | Some("file") => None,
         Some("tar.zst") => Some("tar.zst"),

@@ -254,7 +254,6 @@ pub fn warm_all(app: &crate::App) {
     }
 }
 
-/// Lists read at the same time while a view is built.
 /// The listing of `data/` the plans share: many clients starting at once read
 /// the directory once or twice, not once each. A plan uses only a listing that
 /// began after it arrived (so it sees every pack deleted before it asked), and
@@ -304,15 +303,14 @@ struct ListingRun<'a> {
 impl Drop for ListingRun<'_> {
     fn drop(&mut self) {
         let mut st = (self.listings.state.lock()).unwrap_or_else(|e| e.into_inner());
+        // One listing runs at a time: this is the newest.
         st.running = false;
-        let newer = st.last.as_ref().is_some_and(|(s, _)| *s > self.seq);
-        if !newer {
-            st.last = Some((self.seq, self.result.take()));
-        }
+        st.last = Some((self.seq, self.result.take()));
         self.listings.done.notify_all();
     }
 }
 
+/// Lists read at the same time while a view is built.
 const LIST_READERS: usize = 4;
 /// Missing packs a plan names at most (lists could name millions of packs that
 /// never were; the view leaves out what they hold however many there are).
@@ -329,13 +327,11 @@ impl Dedup {
         }
     }
 
-    /// The service of datastore `name` at `location`: packs are checked when it is
-    /// on this machine's file systems.
-    pub fn at(name: &str, location: &str) -> Dedup {
-        let local =
-            cairn_core::repo::storage::Location::parse(location).is_ok_and(|l| !l.is_remote());
+    /// The service of datastore `name`; `remote`: on object storage, where its
+    /// packs are not listed to find missing ones.
+    pub fn at(name: &str, remote: bool) -> Dedup {
         Dedup {
-            check_packs: local,
+            check_packs: !remote,
             ..Dedup::named(name)
         }
     }
@@ -698,19 +694,17 @@ impl Dedup {
                 (seq, Arc::new(all))
             }
         };
-        let stored = if damaged.is_empty() {
-            stored
-        } else {
-            let mut s = (*stored).clone();
-            s.retain(|p, _| !damaged.contains(p));
-            Arc::new(s)
-        };
         self.judge(backend, &named, &stored, seq, &damaged)
     }
 
-    /// A scrub of the whole datastore found these packs damaged (and no others):
-    /// the next plan judges them missing. An empty set: none are.
-    pub fn scrub_found(&self, packs: HashSet<[u8; 32]>) {
+    /// A scrub of the whole datastore found these objects damaged (and no
+    /// others): the packs among them are judged missing by the next plan. None:
+    /// none are.
+    pub fn scrub_found<'a>(&self, damaged: impl IntoIterator<Item = &'a str>) {
+        let packs = (damaged.into_iter())
+            .filter(|n| n.starts_with(names::DATA))
+            .filter_map(|n| id32(names::listed(n)))
+            .collect();
         *self.damaged.lock().unwrap_or_else(|e| e.into_inner()) = packs;
     }
 
@@ -792,7 +786,8 @@ impl Dedup {
     /// rebuilds the view when the judgement changed. A pack the listing lacks is
     /// missing; one shorter than a list says is not counted for that list, and
     /// is missing only when it is shorter than every list naming it says (a
-    /// lying list cannot take a pack away from the others).
+    /// lying list cannot take a pack away from the others). A pack in `damaged`
+    /// (a scrub's finding) counts as one the listing lacks.
     fn judge(
         &self,
         backend: &dyn Backend,
@@ -807,7 +802,8 @@ impl Dedup {
         let mut short: HashMap<[u8; 32], [u8; 32]> = HashMap::new();
         let mut whole: HashSet<[u8; 32]> = HashSet::new();
         for (file, pack, end) in named {
-            match stored.get(pack) {
+            // A pack a scrub found damaged counts as absent.
+            match stored.get(pack).filter(|_| !damaged.contains(pack)) {
                 None => {
                     absent.entry(*pack).or_insert(*file);
                 }
@@ -1082,17 +1078,15 @@ impl Dedup {
             if v.ids.contains(id) {
                 continue;
             }
-            match claims.get(id) {
+            match claims.get_mut(id) {
                 Some(cl) if *cl.session != *session && Self::live(&seen, cl) && !last => {
                     c.waiting += 1;
                 }
-                Some(_) => {
+                Some(cl) => {
                     // Its own claim, or a dead one taken over: renewed.
                     c.missing.push(*id);
-                    if let Some(cl) = claims.get_mut(id) {
-                        cl.session = mine.clone();
-                        cl.at = now;
-                    }
+                    cl.session = mine.clone();
+                    cl.at = now;
                 }
                 None => {
                     c.missing.push(*id);
@@ -1356,12 +1350,13 @@ mod tests {
             };
             let e1 = d.plan(&b).unwrap().epoch;
             assert_eq!(stored(&d), 3);
-            d.scrub_found([[100u8; 32]].into_iter().collect());
+            let pack = names::pack(&hex::encode([100u8; 32]));
+            d.scrub_found([pack.as_str(), "index/0011"]);
             let p = d.plan(&b).unwrap();
             assert_eq!(p.missing_packs, vec![hex::encode([100u8; 32])], "{local}");
             assert_ne!(p.epoch, e1);
             assert_eq!(stored(&d), 1);
-            d.scrub_found(HashSet::new());
+            d.scrub_found([]);
             let p = d.plan(&b).unwrap();
             assert!(p.missing_packs.is_empty());
             assert_eq!(stored(&d), 3);

@@ -1152,16 +1152,11 @@ fn run_job(
         // Packs whose content does not match their name: backups through this
         // server are no longer told their chunks are stored (a scrub read every
         // pack, so this is the whole set).
-        let damaged = (r.problems.iter())
-            .filter(|p| p.problem != "vanished")
-            .filter_map(|p| p.name.strip_prefix(cairn_backend::names::DATA))
-            .filter_map(|rest| rest.rsplit('/').next())
-            .filter_map(|hex_id| {
-                let mut id = [0u8; 32];
-                hex::decode_to_slice(hex_id, &mut id).ok().map(|()| id)
-            })
-            .collect();
-        ds.dedup.scrub_found(damaged);
+        ds.dedup.scrub_found(
+            (r.problems.iter())
+                .filter(|p| p.problem != "vanished")
+                .map(|p| p.name.as_str()),
+        );
         let damaged = r
             .problems
             .iter()

@@ -66,6 +66,8 @@ pub enum ServerError {
 pub struct Datastore {
     pub name: String,
     pub location: String,
+    /// On object storage (each read of a piece is a request there).
+    pub remote: bool,
     pub backend: Arc<dyn Backend>,
     /// The repository has the `admin-names` feature: the policy can tell, by name,
     /// what an append-only token must not write (read with the config, at start or
@@ -131,8 +133,9 @@ pub struct App {
     pub uploads: body::UploadBudget,
     /// The listener's certificate, once it listens with TLS (for `/metrics`).
     pub cert: std::sync::OnceLock<Arc<tls::CertSource>>,
-    /// Snapshot downloads running (each holds a thread and its readers).
-    pub downloads: content::Downloads,
+    /// Snapshot downloads running, by token or user (each holds a thread and its
+    /// readers): see [`content::DOWNLOADS_AT_ONCE`].
+    pub downloads: Arc<conns::Places<String>>,
 }
 
 /// The bandwidth limits in force: the server's, and each token's (made when the
@@ -394,11 +397,14 @@ impl App {
                 config.state_dir.join(format!("locks-{name}.json")),
                 config.max_lock_age_hours.saturating_mul(3600) as i64,
             );
+            let remote =
+                cairn_core::repo::storage::Location::parse(location).is_ok_and(|l| l.is_remote());
             datastores.insert(
                 name.clone(),
                 Arc::new(Datastore {
                     name: name.clone(),
                     location: location.clone(),
+                    remote,
                     backend: storage.backend,
                     admin_names: admin_names.into(),
                     ready: ready.into(),
@@ -406,7 +412,7 @@ impl App {
                     owners,
                     stats: Stats::default(),
                     census: tokio::sync::Mutex::new(None),
-                    dedup: dedup::Dedup::at(name, location),
+                    dedup: dedup::Dedup::at(name, remote),
                     hosts: hosts::HostRecords::default(),
                     slots: slots::Slots::new(Duration::from_secs(config.job_idle_secs)),
                     max_jobs: summary.max_concurrent_jobs.into(),
@@ -480,7 +486,10 @@ impl App {
             hashing: tokio::sync::Semaphore::new(users::HASHING_AT_ONCE),
             uploads,
             cert: std::sync::OnceLock::new(),
-            downloads: content::Downloads::default(),
+            downloads: conns::Places::new(
+                content::DOWNLOADS_PER_CALLER,
+                content::DOWNLOADS_AT_ONCE,
+            ),
         })
     }
 
@@ -1114,7 +1123,10 @@ async fn run(
     let timeout = Duration::from_secs(app.config.request_timeout_secs);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let connections = Arc::new(tokio::sync::Semaphore::new(app.config.max_connections));
-    let per_address = conns::PerAddress::new(app.config.max_connections_per_ip);
+    let per_address = conns::PerAddress::new(
+        app.config.max_connections_per_ip,
+        app.config.max_connections,
+    );
     loop {
         // A place before accepting: at the bound, new connections wait in the
         // listen backlog until one closes.
@@ -1146,7 +1158,7 @@ async fn run(
             }
             _ = tokio::signal::ctrl_c() => break,
         };
-        let Some(place) = per_address.enter(peer.ip()) else {
+        let Some(place) = per_address.enter_from(peer.ip()) else {
             log_line(&format!(
                 "{peer} closed: {} connections from this address already (max_connections_per_ip)",
                 app.config.max_connections_per_ip
@@ -1173,8 +1185,7 @@ async fn run(
                         Ok(Ok(s)) => s,
                         _ => return,
                     };
-                    let tls = conns::FirstBytes::new(tls, FIRST_REQUEST_WITHIN);
-                    let tls = conns::WriteStall::new(tls, WRITE_STALL);
+                    let tls = conns::Watched::new(tls, FIRST_REQUEST_WITHIN, WRITE_STALL);
                     let io = hyper_util::rt::TokioIo::new(tls);
                     let conn = builder.serve_connection_with_upgrades(io, service);
                     let _ = watcher.watch(conn.into_owned()).await;
@@ -1182,8 +1193,7 @@ async fn run(
                 });
             }
             None => {
-                let tcp = conns::FirstBytes::new(tcp, FIRST_REQUEST_WITHIN);
-                let tcp = conns::WriteStall::new(tcp, WRITE_STALL);
+                let tcp = conns::Watched::new(tcp, FIRST_REQUEST_WITHIN, WRITE_STALL);
                 let io = hyper_util::rt::TokioIo::new(tcp);
                 let conn = builder
                     .serve_connection_with_upgrades(io, service)
@@ -1229,7 +1239,7 @@ async fn run(
 }
 
 /// A connection whose client takes none of what it is sent for this long is
-/// ended, with the answers it held ([`conns::WriteStall`]). As long as a
+/// ended, with the answers it held ([`conns::Watched`]). As long as a
 /// client's own silence limit (two minutes by default): a client that is slow
 /// to take its answer is slow, not gone.
 pub(crate) const WRITE_STALL: Duration = Duration::from_secs(120);

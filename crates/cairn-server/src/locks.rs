@@ -36,37 +36,32 @@ const REMEMBERED: usize = 65_536;
 fn make_room(seen: &mut BTreeMap<String, Seen>, name: &str) {
     // `locks/` and the owner's 16 hex digits.
     let owner = name.get(..6 + 16).unwrap_or(name);
-    let oldest = |seen: &BTreeMap<String, Seen>, of: Option<&str>| {
-        let range: Box<dyn Iterator<Item = (&String, &Seen)>> = match of {
-            Some(o) => Box::new(
-                seen.range(o.to_string()..)
-                    .take_while(move |(k, _)| k.starts_with(o)),
-            ),
-            None => Box::new(seen.iter()),
-        };
-        range
-            .filter_map(|(k, x)| Some((x.removed_at?, k)))
-            .min()
-            .map(|(_, k)| k.clone())
-    };
-    loop {
-        let mine = (seen.range(owner.to_string()..))
-            .take_while(|(k, _)| k.starts_with(owner))
-            .count();
-        let victim = if mine >= REMEMBERED_PER_OWNER {
-            oldest(seen, Some(owner))
-        } else if seen.len() >= REMEMBERED {
-            oldest(seen, None)
-        } else {
-            return;
-        };
-        match victim {
-            Some(k) => {
-                seen.remove(&k);
-            }
-            None => return,
+    let mine: Vec<_> = (seen.range(owner.to_string()..))
+        .take_while(|(k, _)| k.starts_with(owner))
+        .collect();
+    let over = (mine.len() + 1).saturating_sub(REMEMBERED_PER_OWNER);
+    for k in oldest_removed(mine, over) {
+        seen.remove(&k);
+    }
+    let over = (seen.len() + 1).saturating_sub(REMEMBERED);
+    if over > 0 {
+        for k in oldest_removed(seen.iter().collect(), over) {
+            seen.remove(&k);
         }
     }
+}
+
+/// The `n` names of `of` removed longest ago (fewer when fewer were removed).
+fn oldest_removed(of: Vec<(&String, &Seen)>, n: usize) -> Vec<String> {
+    let mut removed: Vec<(i64, &String)> = (of.into_iter())
+        .filter_map(|(k, x)| Some((x.removed_at?, k)))
+        .collect();
+    removed.sort_unstable();
+    removed
+        .into_iter()
+        .take(n)
+        .map(|(_, k)| k.clone())
+        .collect()
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -246,21 +246,20 @@ pub struct MasterIndex {
     /// a reader looks when the kept copy does not hold the blob (see
     /// [`MasterIndex::copies`]). A record each, as in the table.
     others: Vec<Record>,
-    /// Numbers of packs the index names that the storage was found not to hold
-    /// ([`MasterIndex::set_missing_packs`]): their blobs are not live.
-    missing: std::collections::HashSet<u32>,
-    /// Blobs and packs a read of this process found damaged or gone
-    /// ([`MasterIndex::found_unreadable`]): not live either, so that a backup
-    /// that failed to read its parent's listing stores the same listing again
-    /// rather than refer to the copy it could not read (QA r33).
-    unreadable: std::sync::RwLock<Unreadable>,
-    /// Whether `unreadable` holds anything (read without its lock).
-    any_unreadable: std::sync::atomic::AtomicBool,
+    /// What the storage was found not to hold: packs the listing at load lacks
+    /// ([`MasterIndex::set_missing_packs`]), and blobs and packs a read of this
+    /// process found damaged or gone ([`MasterIndex::found_unreadable`], QA r33:
+    /// a backup that failed to read its parent's listing referred to that copy
+    /// again). Their blobs are not live.
+    lost: std::sync::RwLock<Lost>,
+    /// Whether `lost` holds anything (read without its lock: nearly always not).
+    any_lost: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
-struct Unreadable {
+struct Lost {
     blobs: std::collections::HashSet<BlobId>,
+    /// Pack numbers.
     packs: std::collections::HashSet<u32>,
 }
 
@@ -476,29 +475,27 @@ impl MasterIndex {
     /// Whether a live index file lists the blob: only such blobs may be reused by a
     /// backup instead of storing them again.
     pub fn is_live(&self, id: &BlobId) -> bool {
-        // Nearly always no pack is missing: then no record is unpacked for this.
-        let none_missing = self.missing.is_empty();
-        let live = match &self.ssd {
-            Some(s) => s.lookup(id).is_some_and(|(l, pending)| {
-                !pending && (none_missing || !self.missing.contains(&l.pack))
-            }),
-            None => self.find(id).is_some_and(|r| {
-                !record_pending(r)
-                    && (none_missing || !self.missing.contains(&unpack_record(r).pack))
-            }),
+        use std::sync::atomic::Ordering;
+        // Nearly always nothing is lost: then no record is unpacked for this.
+        let any_lost = self.any_lost.load(Ordering::Acquire);
+        let pack = match &self.ssd {
+            Some(s) => s
+                .lookup(id)
+                .filter(|(_, pending)| !pending)
+                .map(|(l, _)| Some(l.pack)),
+            None => self
+                .find(id)
+                .filter(|r| !record_pending(r))
+                .map(|r| any_lost.then(|| unpack_record(r).pack)),
         };
-        if !live
-            || !self
-                .any_unreadable
-                .load(std::sync::atomic::Ordering::Acquire)
-        {
-            return live;
+        match pack {
+            None => false,
+            Some(_) if !any_lost => true,
+            Some(pack) => {
+                let lost = self.lost.read().unwrap_or_else(|e| e.into_inner());
+                !lost.blobs.contains(id) && pack.is_none_or(|p| !lost.packs.contains(&p))
+            }
         }
-        let u = self.unreadable.read().unwrap_or_else(|e| e.into_inner());
-        if u.blobs.contains(id) {
-            return false;
-        }
-        u.packs.is_empty() || self.get(id).is_none_or(|l| !u.packs.contains(&l.pack))
     }
 
     /// Blob `id` could not be read from any copy (damaged, or its pack gone:
@@ -507,12 +504,12 @@ impl MasterIndex {
     /// A backup then stores what it holds again where its source has it. Only in
     /// this process's view; `check` and `repair` find and mend the damage.
     pub fn found_unreadable(&self, id: &BlobId, pack_gone: Option<&BlobLocation>) {
-        let mut u = self.unreadable.write().unwrap_or_else(|e| e.into_inner());
-        u.blobs.insert(*id);
+        let mut lost = self.lost.write().unwrap_or_else(|e| e.into_inner());
+        lost.blobs.insert(*id);
         if let Some(l) = pack_gone {
-            u.packs.insert(l.pack);
+            lost.packs.insert(l.pack);
         }
-        self.any_unreadable
+        self.any_lost
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
@@ -524,15 +521,16 @@ impl MasterIndex {
     /// placement), so that a pack cut short counts as missing too. How many were
     /// missing.
     pub fn set_missing_packs(&mut self, stored: impl Fn(&PackId, u64) -> bool) -> usize {
-        self.missing = self
-            .packs
-            .ids
-            .iter()
-            .enumerate()
+        let missing: std::collections::HashSet<u32> = (self.packs.ids.iter().enumerate())
             .filter(|(n, id)| !stored(id, self.packs.end_of(*n)))
             .map(|(n, _)| n as u32)
             .collect();
-        self.missing.len()
+        let n = missing.len();
+        let lost = self.lost.get_mut().unwrap_or_else(|e| e.into_inner());
+        lost.packs.extend(missing);
+        let any = !lost.packs.is_empty() || !lost.blobs.is_empty();
+        *self.any_lost.get_mut() = any;
+        n
     }
 
     pub fn pack_of(&self, loc: &BlobLocation) -> PackId {

@@ -790,6 +790,10 @@ async fn stream_object(
         let _ = tx.end().await;
     });
     let mut r = Response::new(axum::body::Body::new(body));
+    // What it holds at once: the piece being sent, one in the pipe, the next
+    // being read.
+    r.extensions_mut()
+        .insert(crate::answers::Weight(size.min(3 * piece)));
     if partial {
         *r.status_mut() = StatusCode::PARTIAL_CONTENT;
     }

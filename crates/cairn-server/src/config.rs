@@ -8,6 +8,8 @@
 //! request_timeout_secs = 600
 //! max_connections = 1024
 //! max_connections_per_ip = 128
+//! answer_memory_mib = 2048
+//! answer_memory_per_caller_mib = 256
 //! max_lock_age_hours = 168
 //! job_idle_secs = 90
 //! restart_lock_secs = 360
@@ -52,6 +54,11 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Connections served at once from one address; more are closed at once.
     pub max_connections_per_ip: usize,
+    /// MiB the answers built and not yet taken by their clients may hold in all,
+    /// and for one caller (a token, a console session): an answer that does not
+    /// fit is refused with `429` ([`crate::answers`]).
+    pub answer_memory_mib: u64,
+    pub answer_memory_per_caller_mib: u64,
     /// Hours after which a lock made by a backup or restore token may no longer be
     /// refreshed (a week by default: longer than any sane backup, short enough that
     /// a hijacked client cannot keep prune from deleting forever).
@@ -134,6 +141,8 @@ pub struct FileConfig {
     pub request_timeout_secs: Option<u64>,
     pub max_connections: Option<usize>,
     pub max_connections_per_ip: Option<usize>,
+    pub answer_memory_mib: Option<u64>,
+    pub answer_memory_per_caller_mib: Option<u64>,
     pub max_lock_age_hours: Option<u64>,
     pub job_idle_secs: Option<u64>,
     pub restart_lock_secs: Option<u64>,
@@ -341,6 +350,8 @@ impl ServerConfig {
             request_timeout_secs: file.request_timeout_secs.unwrap_or(600),
             max_connections: file.max_connections.unwrap_or(1024).max(1),
             max_connections_per_ip: file.max_connections_per_ip.unwrap_or(128).max(1),
+            answer_memory_mib: file.answer_memory_mib.unwrap_or(2048),
+            answer_memory_per_caller_mib: file.answer_memory_per_caller_mib.unwrap_or(256),
             max_lock_age_hours: file.max_lock_age_hours.unwrap_or(7 * 24),
             job_idle_secs: file.job_idle_secs.unwrap_or(90),
             restart_lock_secs: file.restart_lock_secs.unwrap_or(360),
@@ -401,6 +412,15 @@ impl ServerConfig {
                 config.max_connections_per_ip as u64,
                 1,
                 1 << 20,
+            ),
+            // At least one answer of the largest piece read from object storage
+            // (and a few of those a restore reads at once).
+            ("answer_memory_mib", config.answer_memory_mib, 16, 1 << 30),
+            (
+                "answer_memory_per_caller_mib",
+                config.answer_memory_per_caller_mib,
+                16,
+                1 << 30,
             ),
         ] {
             if !(min..=max).contains(&value) {

@@ -10,7 +10,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 /// Places held at once per key (an address's connections, a caller's
-/// downloads), at most `each` per key and `all` in all.
+/// downloads, the bytes of a caller's answers not yet taken), at most `each`
+/// per key and `all` in all.
 pub struct Places<K> {
     each: usize,
     all: usize,
@@ -21,10 +22,11 @@ pub struct Places<K> {
 /// Connections per address ([`Places::enter_from`]).
 pub type PerAddress = Places<IpAddr>;
 
-/// One key's place, given back on drop.
+/// One key's place (of some weight), given back on drop.
 pub struct Place<K: Hash + Eq> {
     of: Arc<Places<K>>,
     key: K,
+    weight: usize,
 }
 
 impl<K: Hash + Eq + Clone> Places<K> {
@@ -39,21 +41,36 @@ impl<K: Hash + Eq + Clone> Places<K> {
     /// A place for `key`, or `None` when it holds `each` already or all places
     /// are taken.
     pub fn enter(self: &Arc<Self>, key: K) -> Option<Place<K>> {
+        self.enter_weighing(key, 1)
+    }
+
+    /// A place of `weight` for `key`, or `None` when the key's places and this
+    /// one would pass `each`, or all places and this one would pass `all`. A
+    /// weight over a bound is taken as the bound (it enters where nothing is
+    /// held), so that no place is out of reach.
+    pub fn enter_weighing(self: &Arc<Self>, key: K, weight: usize) -> Option<Place<K>> {
+        let weight = weight.clamp(1, self.each.min(self.all));
         let mut guard = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let (total, open) = &mut *guard;
         let n = open.entry(key.clone()).or_insert(0);
-        if *n >= self.each || *total >= self.all {
+        if *n + weight > self.each || *total + weight > self.all {
             if *n == 0 {
                 open.remove(&key);
             }
             return None;
         }
-        *n += 1;
-        *total += 1;
+        *n += weight;
+        *total += weight;
         Some(Place {
             of: self.clone(),
             key,
+            weight,
         })
+    }
+
+    /// The weight held in all.
+    pub fn held(&self) -> usize {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).0
     }
 
     #[cfg(test)]
@@ -76,8 +93,8 @@ impl<K: Hash + Eq> Drop for Place<K> {
         let mut guard = self.of.open.lock().unwrap_or_else(|e| e.into_inner());
         let (total, open) = &mut *guard;
         if let Some(n) = open.get_mut(&self.key) {
-            *n -= 1;
-            *total -= 1;
+            *n -= self.weight;
+            *total -= self.weight;
             if *n == 0 {
                 open.remove(&self.key);
             }
@@ -375,5 +392,26 @@ mod tests {
         assert_eq!(p.keys(), 2);
         drop(a1);
         let _c1 = p.enter("c").unwrap();
+    }
+
+    /// Weighed places: a key holds up to its bound in weight, a weight over the
+    /// bound enters alone, and what is given back is what was taken.
+    #[test]
+    fn weighed_places_count_their_weight() {
+        let p = super::Places::<&str>::new(10, 15);
+        let a = p.enter_weighing("a", 6).unwrap();
+        assert!(p.enter_weighing("a", 5).is_none(), "6 + 5 > 10");
+        let a4 = p.enter_weighing("a", 4).unwrap();
+        assert!(p.enter_weighing("b", 6).is_none(), "15 in all");
+        let b5 = p.enter_weighing("b", 5).unwrap();
+        drop((a, a4));
+        let big = p.enter_weighing("a", 1000).unwrap();
+        assert!(
+            p.enter_weighing("a", 1).is_none(),
+            "taken as the whole bound"
+        );
+        drop((big, b5));
+        assert_eq!(p.keys(), 0);
+        assert_eq!(p.open.lock().unwrap().0, 0);
     }
 }

@@ -11,6 +11,7 @@
 //! can also open directly, and the server never holds a key. Storage calls are
 //! blocking and run through `spawn_blocking`.
 
+pub mod answers;
 pub mod api;
 pub mod body;
 pub mod config;
@@ -136,6 +137,8 @@ pub struct App {
     /// Snapshot downloads running, by token or user (each holds a thread and its
     /// readers): see [`content::DOWNLOADS_AT_ONCE`].
     pub downloads: Arc<conns::Places<String>>,
+    /// Answers built and not yet taken by their clients, held to a budget.
+    pub answers: answers::Answers,
 }
 
 /// The bandwidth limits in force: the server's, and each token's (made when the
@@ -473,6 +476,10 @@ impl App {
             Duration::from_secs(config.session_max_hours * 3600),
         );
         let uploads = body::UploadBudget::new(config.max_object_size);
+        let answers = answers::Answers::new(
+            config.answer_memory_per_caller_mib,
+            config.answer_memory_mib,
+        );
         Ok(App {
             config,
             datastores,
@@ -490,6 +497,7 @@ impl App {
                 content::DOWNLOADS_PER_CALLER,
                 content::DOWNLOADS_AT_ONCE,
             ),
+            answers,
         })
     }
 
@@ -1296,6 +1304,7 @@ fn logged(
                 .uri()
                 .path_and_query()
                 .map_or_else(|| req.uri().path().to_string(), |p| p.to_string());
+            let caller = answers::caller(req.headers(), peer.ip());
             // A body its handler leaves unread is read to its end, so the client
             // gets the refusal (`body::Drained`).
             let req = req.map(|b| axum::body::Body::new(body::Drained::new(b)));
@@ -1309,6 +1318,9 @@ fn logged(
                     format!("the request took longer than {} s", timeout.as_secs()),
                 )),
             };
+            // Held to the budget of answers not yet taken until its client takes
+            // it, or refused.
+            let resp = app.answers.hold(caller, resp);
             app.stats.active.fetch_sub(1, Ordering::Relaxed);
             app.stats.requests.fetch_add(1, Ordering::Relaxed);
             if resp.status().is_server_error() {

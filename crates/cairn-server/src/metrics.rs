@@ -102,6 +102,20 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
         "gauge",
         s.active.load(Ordering::Relaxed),
     );
+    counter(
+        &mut out,
+        "cairn_answer_held_bytes",
+        "Memory the answers built and not yet taken by their clients hold (as weighed: answer_memory_mib).",
+        "gauge",
+        app.answers.held_bytes(),
+    );
+    counter(
+        &mut out,
+        "cairn_answers_refused_total",
+        "Answers refused (429 answers_not_taken) for want of room in answer_memory_mib or a caller's share.",
+        "counter",
+        app.answers.refused(),
+    );
     if let Some(t) = app.cert.get().and_then(|c| c.not_after()) {
         counter(
             &mut out,

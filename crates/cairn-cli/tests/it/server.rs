@@ -2039,6 +2039,120 @@ fn a_whole_pack_is_sent_in_pieces_exactly() {
     srv.stop();
 }
 
+/// An HTTP/2 client that never opens its streams' windows (its connection
+/// answering pings) holds the server's answers in memory: at most its share of
+/// them (review r34 L6). Past that, answers are refused with 429; another token
+/// is still answered, and the share comes back when the connection closes.
+#[test]
+fn answers_a_client_never_takes_hold_no_more_than_its_share() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), Rng(6).bytes(3 << 20, false)).unwrap();
+    env.backup(&[&src]);
+    let srv = Server::with_settings(
+        &env,
+        "answer_memory_per_caller_mib = 16\nanswer_memory_mib = 20\n",
+    );
+    let (a, b) = (
+        srv.token("a", "main", "restore"),
+        srv.token("b", "main", "restore"),
+    );
+    let pack = largest_pack(&env.repo);
+    assert!(std::fs::metadata(&pack).unwrap().len() > 1 << 20);
+    let name = pack.strip_prefix(&env.repo).unwrap().to_str().unwrap();
+    let path = format!("/v1/datastores/main/objects/{name}");
+    let mib = [("Range", "bytes=0-1048575")];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (port, uri_path, token) = (srv.port, path.clone(), a.clone());
+    let (statuses, conn) = rt.block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let (client, conn) = h2::client::Builder::new()
+            .initial_window_size(0)
+            .handshake::<_, bytes::Bytes>(tcp)
+            .await
+            .unwrap();
+        let conn = tokio::spawn(conn);
+        let mut waiting = Vec::new();
+        for _ in 0..30 {
+            let mut c = client.clone().ready().await.unwrap();
+            let req = http::Request::get(format!("http://127.0.0.1:{port}{uri_path}"))
+                .header("authorization", format!("Bearer {token}"))
+                .header("range", "bytes=0-1048575")
+                .body(())
+                .unwrap();
+            let (resp, _) = c.send_request(req, true).unwrap();
+            waiting.push(resp);
+        }
+        let mut statuses = Vec::new();
+        // Bodies kept, never read: their windows stay shut.
+        let mut kept = Vec::new();
+        for r in waiting {
+            let r = tokio::time::timeout(Duration::from_secs(60), r)
+                .await
+                .expect("a head within a minute")
+                .unwrap();
+            statuses.push(r.status().as_u16());
+            kept.push(r);
+        }
+        (statuses, (client, conn, kept))
+    });
+    let held = statuses.iter().filter(|s| **s == 206).count();
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((held, refused), (16, 14), "{statuses:?}");
+    // The same token elsewhere: its share is held.
+    let (code, body) = http_with(srv.port, "GET", &path, &a, &mib, b"");
+    assert_eq!(code, 429, "{}", String::from_utf8_lossy(&body));
+    assert!(
+        String::from_utf8_lossy(&body).contains("answers_not_taken"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    // Another token is answered, up to what is left in all.
+    let (code, body) = http_with(srv.port, "GET", &path, &b, &mib, b"");
+    assert_eq!(code, 206);
+    assert_eq!(body.len(), 1 << 20);
+    let (_, metrics) = http(srv.port, "GET", "/metrics", None, b"");
+    let figure = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    assert_eq!(figure("cairn_answers_refused_total"), 15);
+    assert!(figure("cairn_answer_held_bytes") >= 16 << 20, "{metrics}");
+    // The connection closed: its answers are dropped and their share given back.
+    rt.block_on(async move {
+        let (client, conn, kept) = conn;
+        drop((client, kept));
+        conn.abort();
+    });
+    drop(rt);
+    let started = Instant::now();
+    loop {
+        let (code, body) = http_with(srv.port, "GET", &path, &a, &mib, b"");
+        if code == 206 {
+            assert_eq!(body.len(), 1 << 20);
+            break;
+        }
+        assert_eq!(code, 429);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never given back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = srv.stop();
+    assert!(log.contains(" 429 "), "{log}");
+}
+
 /// An HTTP request with extra headers (`http` sends none).
 fn http_with(
     port: u16,

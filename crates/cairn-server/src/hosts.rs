@@ -108,17 +108,18 @@ impl HostRecords {
     }
 }
 
-/// Records that the snapshot `snapshot_hex` arrives now (Unix seconds by this
-/// server's clock; blocking). One already recorded is kept: the first arrival
-/// counts (docs/FORMAT.md, "received/").
+/// Records that the snapshot `snapshot_hex` arrives now (Unix seconds to the
+/// nanosecond by this server's clock; blocking). One already recorded is kept:
+/// the first arrival counts (docs/FORMAT.md, "received/"). Whole seconds told
+/// two snapshots stored within one second apart from neither (QA r35: junk dated
+/// into a past day, stored in the same second as the real backup, took that
+/// day's slot).
 pub fn record_received(backend: &dyn Backend, snapshot_hex: &str) -> Result<(), BackendError> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    match backend.put_new(
-        &names::received_record(snapshot_hex),
-        now.to_string().as_bytes(),
-    ) {
+        .unwrap_or_default();
+    let record = format!("{}.{:09}", now.as_secs(), now.subsec_nanos());
+    match backend.put_new(&names::received_record(snapshot_hex), record.as_bytes()) {
         Err(e) if !e.is_already_exists() => Err(e),
         _ => Ok(()),
     }

@@ -628,6 +628,12 @@ struct Counter {
 /// A snapshot with no record (stored directly, or by an admin token) counts as
 /// received when it is dated. Snapshots dated in the future are left out: they
 /// take no slot anyway, and one far ahead would make every later one late.
+///
+/// Snapshots received at the same recorded time (whole seconds, as servers
+/// before 2026-12-07 wrote them) are in no known order: one of them dated
+/// before another counts as late, since either may have come first (QA r35:
+/// junk stored within the second after the real backup took its day). Taking
+/// an honest one for late costs only a warning: the policy keeps it as before.
 fn stored_late(entries: &[Entry<'_>], future: DateTime<Utc>) -> HashSet<SnapshotId> {
     let mut by_arrival: Vec<(DateTime<Utc>, &Entry<'_>)> = entries
         .iter()
@@ -646,8 +652,10 @@ fn stored_late(entries: &[Entry<'_>], future: DateTime<Utc>) -> HashSet<Snapshot
         while j < by_arrival.len() && by_arrival[j].0 == at {
             j += 1;
         }
+        let newest_here = by_arrival[i..j].iter().map(|(_, e)| e.time).max();
+        let newest = newest_before.max(newest_here);
         for (_, e) in &by_arrival[i..j] {
-            if e.received.is_some() && newest_before.is_some_and(|n| n > e.time) {
+            if e.received.is_some() && newest.is_some_and(|n| n > e.time) {
                 late.insert(e.id);
             }
         }
@@ -1709,16 +1717,17 @@ mod tests {
         );
     }
 
-    /// Snapshots without a record (stored directly or by an admin) and those
-    /// received at the same moment are never late; a record-less snapshot counts
-    /// as received when dated.
+    /// Snapshots without a record (stored directly or by an admin) are never
+    /// late, and a record-less snapshot counts as received when dated; of those
+    /// received at the same recorded time, any dated before another is late
+    /// (either may have come first).
     #[test]
     fn only_recorded_snapshots_received_after_a_later_dated_one_are_late() {
         let s = at(&[
             "2026-11-01 02:00", // direct, after the 03:00 one: not late
             "2026-11-01 03:00", // direct
             "2026-11-01 01:00", // recorded at 02:30: after 02:00 was "received"
-            "2026-11-02 01:00", // recorded together with the next
+            "2026-11-02 01:00", // recorded together with the next: late
             "2026-11-02 02:00",
         ]);
         let received = [
@@ -1731,7 +1740,46 @@ mod tests {
             ..Default::default()
         };
         let (_, late) = kept_received(&s, &received, &p);
-        assert_eq!(late, ts(&["2026-11-01 01:00"]));
+        assert_eq!(late, ts(&["2026-11-01 01:00", "2026-11-02 01:00"]));
+    }
+
+    /// QA r35: a backup, then within the same second junk dated at the end of
+    /// the day before. With whole-second records the junk is late all the same;
+    /// with the server's nanoseconds the records tell the order.
+    #[test]
+    fn junk_stored_in_the_same_second_as_the_real_backup_is_late() {
+        let s = at(&[
+            "2026-12-05 10:00",
+            "2026-12-06 10:00",
+            "2026-12-05 23:59", // junk, stored right after the 6th's backup
+        ]);
+        let p = Policy {
+            daily: Some(2),
+            ..Default::default()
+        };
+        for junk_at in ["2026-12-06 10:05", "2026-12-06 10:05:00.25Z"] {
+            let rec: Received = [
+                (0, utc("2026-12-05 10:05")),
+                (1, utc("2026-12-06 10:05")),
+                (2, utc(junk_at)),
+            ]
+            .into_iter()
+            .map(|(i, t)| (s[i].0, t))
+            .collect();
+            let g = plan_received_in(
+                &s,
+                &rec,
+                &p,
+                GroupBy::default(),
+                &SnapshotFilter::default(),
+                &Utc,
+            )
+            .unwrap();
+            let kept: Vec<String> = g[0].keep.iter().map(|(i, _)| time_of(&s, i)).collect();
+            assert!(kept.contains(&full("2026-12-05 10:00")), "{junk_at}: {kept:?}");
+            let late: Vec<String> = g[0].stored_late.iter().map(|i| time_of(&s, i)).collect();
+            assert_eq!(late, ts(&["2026-12-05 23:59"]), "{junk_at}");
+        }
     }
 
     /// Whatever the one-pass policy keeps, the two-pass one keeps too, for any

@@ -13,13 +13,24 @@ const MAX_HOST_RECORD: u64 = 255;
 /// A `received/` record is decimal Unix seconds: short; a larger one is refused unread.
 const MAX_RECEIVED_RECORD: u64 = 32;
 
-/// The time in a `received/` record, `None` when it holds none.
-fn parse_received(b: &[u8]) -> Option<chrono::DateTime<chrono::Utc>> {
+/// The time in a `received/` record, `None` when it holds none: whole seconds
+/// (servers before 2026-12-07) or seconds with up to nine decimals.
+pub(crate) fn parse_received(b: &[u8]) -> Option<chrono::DateTime<chrono::Utc>> {
     let s = std::str::from_utf8(b).ok()?.trim();
-    if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+    let (secs, frac) = s.split_once('.').unwrap_or((s, ""));
+    let digits = |t: &str| t.bytes().all(|c| c.is_ascii_digit());
+    if secs.is_empty() || !digits(secs) || !digits(frac) || frac.len() > 9 {
         return None;
     }
-    chrono::DateTime::from_timestamp(s.parse().ok()?, 0)
+    if s.ends_with('.') {
+        return None;
+    }
+    let nanos = if frac.is_empty() {
+        0
+    } else {
+        frac.parse::<u32>().ok()? * 10u32.pow(9 - frac.len() as u32)
+    };
+    chrono::DateTime::from_timestamp(secs.parse().ok()?, nanos)
 }
 
 /// Readable snapshots (oldest first) and the errors of those that could not be read.
@@ -899,5 +910,30 @@ pub fn resolve_snapshot_prefix(spec: &str, ids: &[SnapshotId]) -> Result<Snapsho
                 shown
             },
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Whole seconds (servers before 2026-12-07) and seconds with decimals are
+    /// read; anything else is no record.
+    #[test]
+    fn receive_records_are_read_in_both_forms() {
+        let at = |b: &[u8]| super::parse_received(b).map(|t| t.timestamp_nanos_opt().unwrap());
+        assert_eq!(at(b"1796665633"), Some(1_796_665_633_000_000_000));
+        assert_eq!(at(b"1796665633.000000123\n"), Some(1_796_665_633_000_000_123));
+        assert_eq!(at(b"1796665633.25"), Some(1_796_665_633_250_000_000));
+        for bad in [
+            &b""[..],
+            b".5",
+            b"1796665633.",
+            b"1796665633.1234567890",
+            b"-1",
+            b"1e9",
+            b"17966 65633",
+            b"1796665633.5.5",
+        ] {
+            assert_eq!(at(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 }

@@ -1776,7 +1776,10 @@ mod tests {
             )
             .unwrap();
             let kept: Vec<String> = g[0].keep.iter().map(|(i, _)| time_of(&s, i)).collect();
-            assert!(kept.contains(&full("2026-12-05 10:00")), "{junk_at}: {kept:?}");
+            assert!(
+                kept.contains(&full("2026-12-05 10:00")),
+                "{junk_at}: {kept:?}"
+            );
             let late: Vec<String> = g[0].stored_late.iter().map(|i| time_of(&s, i)).collect();
             assert_eq!(late, ts(&["2026-12-05 23:59"]), "{junk_at}");
         }

@@ -921,7 +921,10 @@ mod tests {
     fn receive_records_are_read_in_both_forms() {
         let at = |b: &[u8]| super::parse_received(b).map(|t| t.timestamp_nanos_opt().unwrap());
         assert_eq!(at(b"1796665633"), Some(1_796_665_633_000_000_000));
-        assert_eq!(at(b"1796665633.000000123\n"), Some(1_796_665_633_000_000_123));
+        assert_eq!(
+            at(b"1796665633.000000123\n"),
+            Some(1_796_665_633_000_000_123)
+        );
         assert_eq!(at(b"1796665633.25"), Some(1_796_665_633_250_000_000));
         for bad in [
             &b""[..],

@@ -276,10 +276,13 @@ pub(crate) fn execute(
             .unwrap_or_else(|e| e.into_inner())
             .insert(file, msg);
     };
-    let done = |n: usize| {
+    // `n` bytes of files restored, of which `written` were written: the holes
+    // left for all-zero stretches cost no `--write-limit` (QA r35: a 64 MiB
+    // sparse file holding 4 KiB took 8 s at 8M).
+    let done = |n: usize, written: usize| {
         progress.bytes_done(n as u64);
         if let Some(l) = write_limit {
-            l.take(n as u64);
+            l.take(written as u64);
         }
     };
     // Every worker keeps its range buffer: a fresh one per range had the kernel map
@@ -442,18 +445,24 @@ pub(crate) fn execute(
                             };
                             let job = &jobs[n.file as usize];
                             if job.direct {
+                                let written = if super::all_zeros(data) {
+                                    0
+                                } else {
+                                    data.len()
+                                };
                                 match write_direct(job, data, &creation) {
-                                    Ok(()) => done(data.len()),
+                                    Ok(()) => done(data.len(), written),
                                     // Complete but for attributes: reported, not failed.
                                     Err(e) if metadata::only_xattrs(&e) => {
-                                        done(data.len());
+                                        done(data.len(), written);
                                         attrs(n.file, e.to_string());
                                     }
                                     Err(e) => fail(n.file, Failure::of(format!("writing: {e}"))),
                                 }
                             } else {
-                                write_skipping_zero_pages(&mut w, n.file, n.file_offset, data);
-                                done(data.len());
+                                let written =
+                                    write_skipping_zero_pages(&mut w, n.file, n.file_offset, data);
+                                done(data.len(), written);
                             }
                             for (f, m) in w.failed.drain(..) {
                                 fail(f, Failure::of(m));
@@ -489,9 +498,11 @@ enum Decoded {
 /// zeros would make the restored file denser than the original.
 const PAGE: u64 = 4096;
 
-fn write_skipping_zero_pages(w: &mut FileWriter<'_>, file: u32, offset: u64, data: &[u8]) {
+/// Returns the bytes written.
+fn write_skipping_zero_pages(w: &mut FileWriter<'_>, file: u32, offset: u64, data: &[u8]) -> usize {
     let end = offset + data.len() as u64;
     let mut pos = offset;
+    let mut written = 0;
     let mut pending: Option<u64> = None; // start of the non-zero stretch being collected
     while pos < end {
         let next = ((pos / PAGE) + 1) * PAGE;
@@ -500,11 +511,9 @@ fn write_skipping_zero_pages(w: &mut FileWriter<'_>, file: u32, offset: u64, dat
         let hole = super::all_zeros(piece);
         match (hole, pending) {
             (true, Some(start)) => {
-                w.write(
-                    file,
-                    start,
-                    &data[(start - offset) as usize..(pos - offset) as usize],
-                );
+                let run = &data[(start - offset) as usize..(pos - offset) as usize];
+                w.write(file, start, run);
+                written += run.len();
                 pending = None;
             }
             (false, None) => pending = Some(pos),
@@ -513,8 +522,11 @@ fn write_skipping_zero_pages(w: &mut FileWriter<'_>, file: u32, offset: u64, dat
         pos = piece_end;
     }
     if let Some(start) = pending {
-        w.write(file, start, &data[(start - offset) as usize..]);
+        let run = &data[(start - offset) as usize..];
+        w.write(file, start, run);
+        written += run.len();
     }
+    written
 }
 
 /// Creates a single-chunk file (exclusively, in its parent's descriptor), writes it

@@ -56,10 +56,10 @@ pub fn ls(
             }
             Ok(())
         },
-        &mut |e| {
+        &mut |entry, e| {
             let message = e.to_string();
             eprintln!("error: {}", ui::printable(&message));
-            errors.push(serde_json::json!({ "path": path, "message": message }));
+            errors.push(serde_json::json!({ "path": entry, "message": message }));
         },
     );
     let unread = errors.len();
@@ -158,7 +158,7 @@ pub fn restore(
         crate::ui::warn(w);
     }
     for f in &r.failed {
-        eprintln!("error: {}", ui::printable(f));
+        eprintln!("error: {}", ui::printable(&f.error));
     }
     if g.json {
         super::print_json_report(&r)?;

@@ -2114,6 +2114,17 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["failed"].as_array().unwrap().len(), 1, "{v}");
+    // Each with the entry's path and why, as a file restore's errors (QA r35:
+    // plain strings).
+    assert_eq!(
+        v["failed"][0]["path"].as_str(),
+        out.join("d/old").to_str(),
+        "{v}"
+    );
+    assert!(
+        v["failed"][0]["error"].as_str().unwrap().contains("/d/old"),
+        "{v}"
+    );
     assert!(!out.join(".cairn-restore-unfinished").exists());
     assert_eq!(fs::read(out.join("d/a")).unwrap(), b"first\n");
     assert_eq!(fs::read(out.join("d/z")).unwrap(), b"last\n");
@@ -2186,6 +2197,8 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
     // a file snapshot's listing.
     let errors = v["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 1, "{v}");
+    // The entry that could not be read, not the path listed (QA r35).
+    assert_eq!(errors[0]["path"], "/d/old", "{v}");
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(out.lines().count(), paths.len() + 2, "{out}");
 }

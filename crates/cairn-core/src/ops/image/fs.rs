@@ -118,12 +118,29 @@ pub struct FsRestoreReport {
     /// filesystem), one line each: the restore is done in part.
     pub warnings: Vec<String>,
     /// Entries that could not be restored, or not all of their metadata (an
-    /// extended attribute refused, a device when not root), with why, one line
-    /// each (the others were restored).
-    pub failed: Vec<String>,
+    /// extended attribute refused, a device when not root), with why, one each
+    /// (the others were restored).
+    pub failed: Vec<FsFailure>,
     /// Worth knowing, nothing missing (hard-linked files with names outside the
     /// path restored, a hard link restored as a copy), one line each.
     pub notes: Vec<String>,
+}
+
+/// An entry `restore --image-fs` could not restore in full: where it was to be
+/// restored (as `-v` names it), and the line that says why.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FsFailure {
+    pub path: String,
+    pub error: String,
+}
+
+impl FsRestoreReport {
+    fn fail(&mut self, path: &Path, error: String) {
+        self.failed.push(FsFailure {
+            path: path.to_string_lossy().into_owned(),
+            error,
+        });
+    }
 }
 
 /// The ext2/3/4 filesystem of an image snapshot.
@@ -606,7 +623,7 @@ impl ImageFs {
         path: &str,
         recursive: bool,
         f: &mut dyn FnMut(Entry) -> Result<()>,
-        failed: &mut dyn FnMut(Error),
+        failed: &mut dyn FnMut(&str, Error),
     ) -> Result<()> {
         let path = self.resolve(path, false)?;
         let meta = self
@@ -650,7 +667,7 @@ impl ImageFs {
         let children = match self.children(dir, own.as_ref().map(|(fs, i)| (*fs, i))) {
             Ok(c) => c,
             Err(e) => {
-                (walk.failed)(e);
+                (walk.failed)(dir, e);
                 return Ok(());
             }
         };
@@ -674,21 +691,24 @@ impl ImageFs {
                     m
                 }
                 Err(e) => {
-                    (walk.failed)(e);
+                    (walk.failed)(&c.path, e);
                     continue;
                 }
             };
             if walk.recursive && meta.is_dir() && repeated.contains(&c.raw) {
-                (walk.failed)(Error::Invalid(format!(
-                    "{}: corrupt filesystem: the directory holds this name more than once; \
-                     what is below it is not listed",
-                    c.path
-                )));
+                (walk.failed)(
+                    &c.path,
+                    Error::Invalid(format!(
+                        "{}: corrupt filesystem: the directory holds this name more than once; \
+                         what is below it is not listed",
+                        c.path
+                    )),
+                );
             } else if walk.recursive && meta.is_dir() {
                 let child = inos.get(&c.raw).copied();
                 match walk.guard.enter(&c.path, child) {
                     Ok(()) => self.list_below(&c.path, child, walk, f)?,
-                    Err(e) => (walk.failed)(e),
+                    Err(e) => (walk.failed)(&c.path, e),
                 }
             }
         }
@@ -1025,10 +1045,8 @@ impl ImageFs {
         let mut list = match fs.xattrs(ino) {
             Ok(l) => l,
             Err(e) => {
-                r.report.failed.push(format!(
-                    "{}: extended attributes not restored: {e}",
-                    shown.display()
-                ));
+                let why = format!("{}: extended attributes not restored: {e}", shown.display());
+                r.report.fail(shown, why);
                 return;
             }
         };
@@ -1041,11 +1059,12 @@ impl ImageFs {
             Err(e) => vec![e.to_string()],
         };
         if !refused.is_empty() {
-            r.report.failed.push(format!(
+            let why = format!(
                 "{}: extended attributes not set: {}",
                 shown.display(),
                 refused.join(", ")
-            ));
+            );
+            r.report.fail(shown, why);
         }
     }
 
@@ -1190,10 +1209,11 @@ impl ImageFs {
                 (Some(fs), Some(d)) => match fs.entries(d) {
                     Ok(e) => e.into_iter().collect(),
                     Err(e) => {
-                        r.report.failed.push(format!(
+                        let why = format!(
                             "{}: hard links and extended attributes below it not restored: {e}",
                             shown.display()
-                        ));
+                        );
+                        r.report.fail(shown, why);
                         Default::default()
                     }
                 },
@@ -1212,6 +1232,7 @@ impl ImageFs {
             // other entries are restored (as a restore of a file snapshot does).
             for c in children {
                 self.check_cancelled()?;
+                let child_shown = shown.join(std::ffi::OsStr::from_bytes(&c.raw));
                 let meta = match c.meta {
                     Ok(_) if repeated.contains(&c.raw) => Err(Error::Invalid(format!(
                         "{}: corrupt filesystem: the directory holds this name more than \
@@ -1226,7 +1247,7 @@ impl ImageFs {
                         &c.path,
                         &sub,
                         &c.raw,
-                        &shown.join(std::ffi::OsStr::from_bytes(&c.raw)),
+                        &child_shown,
                         inos.get(&c.raw).copied(),
                         Some(m),
                         r,
@@ -1236,7 +1257,7 @@ impl ImageFs {
                     Err(Error::Cancelled) => return Err(Error::Cancelled),
                     // A full target fails every file after it too: stop there.
                     Err(e) if e.is_no_space() => return Err(e),
-                    Err(e) => r.report.failed.push(e.to_string()),
+                    Err(e) => r.report.fail(&child_shown, e.to_string()),
                     Ok(()) => {}
                 }
             }
@@ -1603,7 +1624,8 @@ struct ListWalk<'a, 'f> {
     ext2: Option<&'a super::blockmap::Ext2<'a>>,
     guard: DirGuard,
     recursive: bool,
-    failed: &'f mut dyn FnMut(Error),
+    /// An entry that could not be read (its path), and why.
+    failed: &'f mut dyn FnMut(&str, Error),
 }
 
 /// The names a directory holds more than once, taken out of `inos` (the

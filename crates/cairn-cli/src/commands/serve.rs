@@ -368,24 +368,27 @@ fn scrub(g: &Global, s: &ScrubArgs, config: Option<&std::path::Path>) -> Result<
         &cairn_core::progress::Progress::none(),
     )?;
     if !cairn_core::repo::storage::repository_exists(&storage)? {
+        // Exit 10, "no repository", as every command (QA r35: 1, which a monitor
+        // takes for damage found).
+        let none = cairn_core::Error::RepositoryNotFound(location.clone());
         // A name the settings file does not hold reads as a location: say both.
         if !named.is_empty() && location == *datastore {
-            return Err(anyhow!(
-                "no datastore {:?} in the settings file (it has: {}), and no repository at {location}",
+            return Err(anyhow::Error::new(none).context(format!(
+                "no datastore {:?} in the settings file (it has: {})",
                 datastore,
                 named.join(", ")
-            ));
+            )));
         }
         // A bare name without the settings file is a datastore's name the
         // state directory does not hold (QA r29: "no repository at main").
         if config.is_none() && !location.contains('/') && !location.contains(':') {
-            return Err(anyhow!(
-                "no repository at {location}: a datastore is named by the settings file \
-                 (`cairn serve scrub {location} --config FILE`); without it, give the \
-                 datastore's location (`cairn serve scrub /srv/cairn/{location}`, or s3:...)"
-            ));
+            return Err(anyhow::Error::new(none).context(format!(
+                "a datastore is named by the settings file (`cairn serve scrub {location} \
+                 --config FILE`); without it, give the datastore's location (`cairn serve \
+                 scrub /srv/cairn/{location}`, or s3:...)"
+            )));
         }
-        return Err(anyhow!("no repository at {location}"));
+        return Err(none.into());
     }
     let mut p = super::progress(g);
     p.start();

@@ -485,6 +485,12 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(out.stdout.get(257..262), Some(&b"ustar"[..]));
+    // `dump` of a symlink says where it leads, as `--image-fs` does (QA r35).
+    let err = env.fails(&["dump", &snap, src.join("link").to_str().unwrap()], 1);
+    assert!(
+        err.contains("link is a symlink to sub/big.bin, not a file"),
+        "{err}"
+    );
     // A damaged pack: the file whose chunk it held goes into the archive with
     // zeros where it could not be read, is named, and the export goes on (exit 1),
     // as a restore does; the archive is then FILE.incomplete, not FILE.

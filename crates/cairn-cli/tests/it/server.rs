@@ -1042,7 +1042,8 @@ fn scrub_finds_bit_rot_without_the_key() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    // Exit 10, "no repository" (QA r35: 1, as for damage found).
+    assert_eq!(o.status.code(), Some(10), "{err}");
     assert!(
         err.contains("no datastore \"nosuch\"") && err.contains("main"),
         "{err}"
@@ -1056,8 +1057,9 @@ fn scrub_finds_bit_rot_without_the_key() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.status.code(), Some(10), "{err}");
     assert!(err.contains("--config FILE"), "{err}");
+    assert!(err.contains("there is no repository at main"), "{err}");
     // Flip one bit in the largest pack.
     let victim = largest_pack(&env.repo);
     flip_middle(&victim);

@@ -24,6 +24,14 @@ pub fn dump<A: Access>(
     let repo = session.repo();
     let node = find_node(repo, root, path)?
         .ok_or_else(|| Error::Invalid("dump needs a file path, not the snapshot root".into()))?;
+    if node.kind == NodeKind::Symlink {
+        // Where it leads, as `--image-fs` says it (QA r35).
+        return Err(Error::Invalid(format!(
+            "{} is a symlink to {}, not a file: dump where it leads",
+            crate::ops::ls::shown(path),
+            crate::ops::ls::shown(&crate::tree::escape_name(&node.link_target))
+        )));
+    }
     if node.kind != NodeKind::File {
         return Err(Error::Invalid(format!(
             "{path} is a {}, not a file",

@@ -218,7 +218,15 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
         max_inodes,
         ..MountOptions::default()
     };
-    let sink: ErrorSink = Arc::new(|m: &str| eprintln!("cairn mount: error: {m}"));
+    // With `--json`, every line on standard error is an event (QA r35).
+    let json = g.json;
+    let sink: ErrorSink = Arc::new(move |m: &str| {
+        if json {
+            eprintln!("{}", serde_json::json!({"type": "error", "message": m}));
+        } else {
+            eprintln!("cairn mount: error: {m}");
+        }
+    });
     let dir = a.dir.display().to_string();
     let mounted = cairn_mount::mount(repo, &a.dir, &opts, sink).map_err(|e| match e {
         MountError::Engine(e) => anyhow::Error::from(e),
@@ -233,11 +241,17 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
         Some(id) => format!("snapshot {}", id.short()),
         None => "snapshots (hosts/, snapshots/, latest)".to_string(),
     };
-    if !g.quiet {
+    let message = format!(
+        "mounted {what} of {location} at {dir} (read-only); unmount with \
+         `fusermount3 -u {dir}` or Ctrl-C"
+    );
+    if g.json {
         eprintln!(
-            "mounted {what} of {location} at {dir} (read-only); unmount with \
-             `fusermount3 -u {dir}` or Ctrl-C"
+            "{}",
+            serde_json::json!({"type": "mounted", "dir": dir, "message": message})
         );
+    } else if !g.quiet {
+        eprintln!("{message}");
     }
     // SIGINT and SIGTERM set the token (main installs the handler); an unmount from
     // outside ends the session loop.
@@ -248,10 +262,9 @@ pub fn run(g: &Global, a: &MountArgs) -> Result<i32> {
     let (inodes_now, inodes_peak) = mounted.inodes();
     let how = mounted.unmount()?;
     if let Unmounted::Detached = how {
-        eprintln!(
-            "cairn mount: {dir} was still in use: detached it (programs inside it get errors \
-             from now on)"
-        );
+        crate::ui::warn(format!(
+            "{dir} was still in use: detached it (programs inside it get errors from now on)"
+        ));
     }
     if g.json {
         println!(

@@ -665,6 +665,13 @@ fn a_walk_of_more_files_than_max_inodes_leaves_the_mount_holding_no_more() {
     let mut stdout = m.child.stdout.take().unwrap();
     let (status, log) = m.wait(Duration::from_secs(20));
     assert!(status.success(), "{status:?}: {log}");
+    // With --json every line on standard error is an event (QA r35: the
+    // "mounted" line was text).
+    for line in log.lines() {
+        let e: serde_json::Value = serde_json::from_str(line).expect(line);
+        assert!(e["type"].is_string(), "{line}");
+    }
+    assert!(log.contains(r#""type":"mounted""#), "{log}");
     let mut out = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut out).unwrap();
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();

@@ -882,7 +882,10 @@ pub async fn put(
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
-            format!("{name}: {sent} is more than the {max} bytes allowed"),
+            format!(
+                "{name}: {sent} is more than the {max} bytes allowed{}",
+                pack_hint(kind)
+            ),
         )
     };
     let length = headers
@@ -1462,6 +1465,18 @@ pub async fn dedup_confirm(
     }
 }
 
+/// For a pack over the server's `max_object_size`: the two ways out (QA r35: a
+/// backup failed on every pack without a word of either).
+fn pack_hint(kind: Kind) -> &'static str {
+    if kind == Kind::Pack {
+        " (the server's max_object_size): back up with smaller packs (`--pack-size`, \
+         or `cairn config --pack-size` for the datastore), or have the server's \
+         max_object_size raised"
+    } else {
+        ""
+    }
+}
+
 /// What the server can check of an upload without the key: its size, and
 /// [`policy::verify`].
 fn check_body(kind: Kind, name: &str, body: &[u8], max_object: u64) -> ApiResult<()> {
@@ -1471,8 +1486,9 @@ fn check_body(kind: Kind, name: &str, body: &[u8], max_object: u64) -> ApiResult
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
             format!(
-                "{name}: {} bytes is more than the {max} bytes allowed",
-                body.len()
+                "{name}: {} bytes is more than the {max} bytes allowed{}",
+                body.len(),
+                pack_hint(kind)
             ),
         ));
     }

@@ -193,6 +193,8 @@ impl App {
 pub struct ConfigSummary {
     pub features: Vec<String>,
     pub max_concurrent_jobs: u32,
+    /// The size packs are made up to (`pack_size`), when the config says.
+    pub pack_size: Option<u64>,
 }
 
 impl ConfigSummary {
@@ -260,10 +262,27 @@ pub fn read_config_summary(backend: &dyn Backend) -> Result<ConfigSummary, Strin
         .map_or(cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS, |m| {
             m.clamp(1, cairn_format::config::MAX_MAX_CONCURRENT_JOBS as u64) as u32
         });
+    let pack_size = v.get("pack_size").and_then(|p| p.as_u64());
     Ok(ConfigSummary {
         features,
         max_concurrent_jobs,
+        pack_size,
     })
+}
+
+/// Logs when datastore `name` makes packs larger than the server takes: every
+/// backup through it would fail (QA r35: the server started without a word).
+fn warn_pack_size(name: &str, summary: &ConfigSummary, max_object_size: u64) {
+    if let Some(p) = summary.pack_size
+        && p > max_object_size
+    {
+        log_line(&format!(
+            "warning: datastore {name} makes packs of up to {p} bytes (its pack_size), more \
+             than max_object_size ({max_object_size}): backups through this server fail \
+             unless they use smaller packs (`cairn config --pack-size`); raise \
+             max_object_size, or lower the datastore's pack size"
+        ));
+    }
 }
 
 /// How long a datastore's storage (S3) may stay silent on one call, and how long a
@@ -387,7 +406,9 @@ impl App {
             let summary = summary.unwrap_or(ConfigSummary {
                 features: Vec::new(),
                 max_concurrent_jobs: cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS,
+                pack_size: None,
             });
+            warn_pack_size(name, &summary, config.max_object_size);
             if summary.max_concurrent_jobs > JOBS_WARNING {
                 log_line(&format!(
                     "warning: datastore {name} allows {} simultaneous jobs (max-concurrent-jobs); \
@@ -1080,6 +1101,7 @@ async fn run(
                     tokio::task::spawn_blocking(move || read_config_summary(d.backend.as_ref()))
                         .await;
                 if let Ok(Ok(summary)) = read {
+                    warn_pack_size(&ds.name, &summary, waiting.config.max_object_size);
                     ds.admin_names
                         .store(summary.admin_names(), Ordering::Release);
                     ds.max_jobs

@@ -2155,6 +2155,40 @@ fn answers_a_client_never_takes_hold_no_more_than_its_share() {
     assert!(log.contains(" 429 "), "{log}");
 }
 
+/// A datastore whose packs are larger than the server takes: said in the log
+/// at start, and the refusal says the two ways out (QA r35: neither).
+#[test]
+fn packs_larger_than_the_server_takes_are_said_at_start_and_when_refused() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), Rng(8).bytes(3 << 20, false)).unwrap();
+    let srv = Server::with_settings(&env, "max_object_size = 1048576\n");
+    let token = srv.token("b", "main", "backup");
+    let s = src.to_str().unwrap();
+    let err = refused(client(&env, &srv, "main", &token, &["backup", s]), "backup");
+    assert!(
+        err.contains("--pack-size") && err.contains("max_object_size"),
+        "{err}"
+    );
+    ok(
+        client(
+            &env,
+            &srv,
+            "main",
+            &token,
+            &["backup", "--pack-size", "512K", s],
+        ),
+        "backup with small packs",
+    );
+    let log = srv.stop();
+    assert!(
+        log.contains("more than max_object_size (1048576)") && log.contains("datastore main"),
+        "{log}"
+    );
+}
+
 /// An HTTP request with extra headers (`http` sends none).
 fn http_with(
     port: u16,

@@ -429,14 +429,25 @@ fn verbose_lists_each_file_restored_updated_unchanged_or_deleted() {
     // --json: a "file" event a file on stderr, the report on stdout.
     let o = env.run(&args(&["-v", "--json", "--overwrite", "always"]));
     assert!(o.status.success(), "{o:?}");
-    serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap();
-    let written = String::from_utf8_lossy(&o.stderr)
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stderr)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e["type"] == "file" && e["action"] == "updated")
-        .count();
-    // The five files and the symlink (directories hold their metadata already).
-    assert_eq!(written, 6, "{o:?}");
+        .filter(|e| e["type"] == "file")
+        .collect();
+    // Everything is written again, directories' metadata included, and listed
+    // as the summary counts it (QA r35: directories were "unchanged" in the
+    // list and written in the summary).
+    assert!(events.iter().all(|e| e["action"] == "updated"), "{o:?}");
+    let (files, dirs, other) = (
+        report["files"].as_u64().unwrap(),
+        report["dirs"].as_u64().unwrap(),
+        report["other_entries"].as_u64().unwrap(),
+    );
+    assert_eq!(events.len() as u64, files + dirs + other, "{o:?}");
+    assert_eq!(report["kept"], 0, "{report}");
+    // The five files and the symlink.
+    assert_eq!(files + other, 6, "{report}");
     // Without the flag, nothing.
     let out = env.ok(&args(&[]));
     assert!(listed(&out).is_empty(), "{out}");

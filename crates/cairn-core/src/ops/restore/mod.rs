@@ -2169,7 +2169,7 @@ impl Walk<'_> {
         let action = if keep_meta {
             FileAction::Unchanged
         } else {
-            overwrite::dir_action_at(
+            match overwrite::dir_action_at(
                 Some(parent.fd()),
                 &name,
                 (!opened.created).then_some(&opened.stat),
@@ -2177,7 +2177,15 @@ impl Walk<'_> {
                 &node,
                 self.opts.owners,
                 &self.opts.xattrs,
-            )
+            ) {
+                // `always` sets an existing directory's metadata again, and the
+                // summary counts it written: `-v` says so too (QA r35: listed
+                // "unchanged" while the summary said every directory was written).
+                FileAction::Unchanged if self.opts.overwrite == Overwrite::Always => {
+                    FileAction::Updated
+                }
+                a => a,
+            }
         };
         // Listed as it is entered, so that its entries come after it.
         if self.opts.list_files {
@@ -2189,7 +2197,7 @@ impl Walk<'_> {
             if let Some(own) = lifted.filter(|_| !unfinished_own) {
                 self.flag_own_back(parent, &name, own, true);
             }
-        } else if action == FileAction::Unchanged && self.opts.overwrite != Overwrite::Always {
+        } else if action == FileAction::Unchanged {
             // Already the snapshot's (mode, owner, time): counted as left as it
             // was, as `-v` lists it (QA: a restore with nothing to do said it
             // wrote every directory). Its metadata is set again at the end only

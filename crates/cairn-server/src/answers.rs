@@ -14,15 +14,20 @@
 //! answered with a few bytes.
 //!
 //! The body hands its answer out in frames of at most [`crate::pipe::FRAME`]
-//! bytes, the last one copied, so that what the connection still holds for a
-//! stalled stream once the body has ended is that copy, not the whole buffer
-//! the frames were cut from.
+//! bytes, the last [`COPIED_TAIL`] of it copied, so that what the connection
+//! still holds for a stream once the body has ended is those copies, not the
+//! whole buffer the frames were cut from.
 
-use crate::conns::{Place, Places};
+use crate::conns::Places;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
+
+/// The end of an answer handed out as copies: more than a connection holds of
+/// an answer once its body has ended (HTTP/2: [`crate::H2_SEND_BUFFER`] a
+/// stream; HTTP/1.1: hyper's queue of a few frames; review r36 M2).
+const COPIED_TAIL: u64 = 512 << 10;
 
 /// The weight of an answer whose size is not known when it starts (an archive
 /// being made): a few of its pieces.
@@ -33,18 +38,41 @@ const UNKNOWN_WEIGHT: u64 = 4 << 20;
 #[derive(Clone, Copy, Debug)]
 pub struct Weight(pub u64);
 
-/// The budget of answers not yet taken, in KiB.
+/// Who an answer is counted against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// A token (by its id) or a console user (by name), authenticated: however
+    /// many spellings of the token or sessions of the user, one share.
+    Known(String),
+    /// Whoever presents no valid credential, by address ([`crate::conns`]: an
+    /// IPv6 /64 is one): their answers (the console's page, refusals) share a
+    /// small pool of their own, so that made-up credentials reach neither the
+    /// callers' budget nor a share each (review r36 H1).
+    Anonymous(std::net::IpAddr),
+}
+
+/// The budget of answers not yet taken, in KiB: one pool for authenticated
+/// callers, one for anonymous ones.
 pub struct Answers {
-    places: Arc<Places<String>>,
+    known: Arc<Places<String>>,
+    anonymous: Arc<Places<std::net::IpAddr>>,
     per_caller_mib: u64,
     refused: std::sync::atomic::AtomicU64,
 }
 
+/// An anonymous address's share, and the anonymous pool, in MiB.
+const ANONYMOUS_PER_ADDRESS_MIB: u64 = 16;
+const ANONYMOUS_MIB: u64 = 128;
+
+fn kib(mib: u64) -> usize {
+    usize::try_from(mib.saturating_mul(1024)).unwrap_or(usize::MAX)
+}
+
 impl Answers {
     pub fn new(per_caller_mib: u64, all_mib: u64) -> Answers {
-        let kib = |mib: u64| usize::try_from(mib.saturating_mul(1024)).unwrap_or(usize::MAX);
         Answers {
-            places: Places::new(kib(per_caller_mib), kib(all_mib)),
+            known: Places::new(kib(per_caller_mib), kib(all_mib)),
+            anonymous: Places::new(kib(ANONYMOUS_PER_ADDRESS_MIB), kib(ANONYMOUS_MIB)),
             per_caller_mib,
             refused: std::sync::atomic::AtomicU64::new(0),
         }
@@ -52,7 +80,7 @@ impl Answers {
 
     /// Bytes the answers not yet taken hold, as weighed (`/metrics`).
     pub fn held_bytes(&self) -> u64 {
-        self.places.held() as u64 * 1024
+        (self.known.held() + self.anonymous.held()) as u64 * 1024
     }
 
     /// Answers refused for want of room (`/metrics`).
@@ -60,12 +88,22 @@ impl Answers {
         self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// `resp`, held against `caller`'s share until its body ends or is dropped;
-    /// or, when it does not fit, a refusal (and `resp` dropped).
-    pub fn hold(&self, caller: String, resp: Response) -> Response {
+    /// `resp`, the answer to a GET, held against `caller`'s share until its body
+    /// ends or is dropped; or, when it does not fit, a refusal (and `resp`
+    /// dropped). Only answers to GET are held: refusing another request's
+    /// answer would hide that it was done (a pack stored, a session begun), and
+    /// those answers are a few bytes (review r36 H2).
+    pub fn hold(&self, caller: Caller, resp: Response) -> Response {
         let weight = weight_of(&resp);
         let kib = usize::try_from(weight.div_ceil(1024)).unwrap_or(usize::MAX);
-        let Some(place) = self.places.enter_weighing(caller, kib) else {
+        let place = match caller {
+            Caller::Known(who) => self.known.enter_weighing(who, kib).map(Place::Known),
+            Caller::Anonymous(ip) => self
+                .anonymous
+                .enter_weighing(crate::conns::address_of(ip), kib)
+                .map(Place::Anonymous),
+        };
+        let Some(place) = place else {
             drop(resp);
             self.refused
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -98,6 +136,12 @@ impl Answers {
     }
 }
 
+/// A place in one of the two pools.
+enum Place {
+    Known(#[allow(dead_code)] crate::conns::Place<String>),
+    Anonymous(#[allow(dead_code)] crate::conns::Place<std::net::IpAddr>),
+}
+
 /// What an answer holds at most: what its streamer said, else its length, else
 /// [`UNKNOWN_WEIGHT`].
 fn weight_of(resp: &Response) -> u64 {
@@ -109,25 +153,39 @@ fn weight_of(resp: &Response) -> u64 {
         .unwrap_or(UNKNOWN_WEIGHT)
 }
 
-/// Who a request's answers are counted against: the credential it presents, as
-/// the server reads it ([`crate::api::authenticate`], the session cookie), or
-/// its address.
-pub fn caller(headers: &HeaderMap, peer: std::net::IpAddr) -> String {
+/// Who a request's answers are counted against: the token or console user its
+/// credential authenticates (as [`crate::api::authenticate`] and the session
+/// cookie read it), or, with none that does, its address.
+pub fn caller(app: &crate::App, headers: &HeaderMap, peer: std::net::IpAddr) -> Caller {
     let auth = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    if let Some(id) = auth.and_then(|v| v.strip_prefix("Session ")) {
-        return format!("session {id}");
-    }
-    if let Some((scheme, token)) = auth.and_then(|v| v.split_once(' '))
-        && scheme.eq_ignore_ascii_case("bearer")
-    {
-        return format!("token {}", token.trim());
-    }
-    if let Some(id) = crate::signin::cookie(headers, crate::signin::COOKIE) {
-        return format!("session {id}");
-    }
-    format!("address {peer}")
+    let session = match auth {
+        Some(v) => v.strip_prefix("Session ").map(str::to_string),
+        None => crate::signin::cookie(headers, crate::signin::COOKIE),
+    };
+    let token = |presented: &str| {
+        app.tokens
+            .authenticate(presented)
+            .ok()
+            .flatten()
+            .map(|t| Caller::Known(format!("token {}", t.id)))
+    };
+    let known = match (session, auth) {
+        (Some(id), _) => match app.signins.get(&id) {
+            Some((crate::signin::Identity::User(name, _), _)) => {
+                Some(Caller::Known(format!("user {name}")))
+            }
+            Some((crate::signin::Identity::Token(t), _)) => token(&t),
+            None => None,
+        },
+        (None, Some(v)) => v
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .and_then(|(_, t)| token(t.trim())),
+        (None, None) => None,
+    };
+    known.unwrap_or(Caller::Anonymous(peer))
 }
 
 /// An answer's body with its place in the budget, handed out a frame at a time.
@@ -137,7 +195,7 @@ struct Held {
     current: Bytes,
     /// Bytes still to hand out, when the answer's length is known.
     left: Option<u64>,
-    _place: Option<Place<String>>,
+    _place: Option<Place>,
 }
 
 impl http_body::Body for Held {
@@ -155,12 +213,13 @@ impl http_body::Body for Held {
                 let n = this.current.len().min(crate::pipe::FRAME);
                 let mut frame = this.current.split_to(n);
                 if let Some(left) = &mut this.left {
-                    *left = left.saturating_sub(n as u64);
-                    if *left == 0 {
-                        // The last frame: its own copy, so that the buffer it was
-                        // cut from goes with this body.
+                    // The last frames: copies of their own, so that the buffer
+                    // they were cut from goes with this body, whatever the
+                    // connection still holds of them once it has ended.
+                    if *left <= COPIED_TAIL {
                         frame = Bytes::copy_from_slice(&frame);
                     }
+                    *left = left.saturating_sub(n as u64);
                 }
                 return Poll::Ready(Some(Ok(http_body::Frame::data(frame))));
             }
@@ -203,78 +262,81 @@ mod tests {
     #[tokio::test]
     async fn answers_not_taken_hold_their_callers_share() {
         let a = Answers::new(2, 3);
-        let one = a.hold("token a".into(), answer(1 << 20));
+        let one = a.hold(Caller::Known("token a".into()), answer(1 << 20));
         assert_eq!(one.status(), 200);
-        let two = a.hold("token a".into(), answer(1 << 20));
+        let two = a.hold(Caller::Known("token a".into()), answer(1 << 20));
         assert_eq!(two.status(), 200);
-        let refused = a.hold("token a".into(), answer(1 << 20));
+        let refused = a.hold(Caller::Known("token a".into()), answer(1 << 20));
         assert_eq!(refused.status(), 429);
-        let b = a.hold("token b".into(), answer(1 << 20));
+        let b = a.hold(Caller::Known("token b".into()), answer(1 << 20));
         assert_eq!(b.status(), 200);
         assert_eq!(
-            a.hold("token c".into(), answer(1 << 20)).status(),
+            a.hold(Caller::Known("token c".into()), answer(1 << 20))
+                .status(),
             429,
             "3 MiB in all"
         );
         // Taken whole: its place is given back.
         let got = one.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(got.len(), 1 << 20);
-        assert_eq!(a.hold("token a".into(), answer(1 << 20)).status(), 200);
+        assert_eq!(
+            a.hold(Caller::Known("token a".into()), answer(1 << 20))
+                .status(),
+            200
+        );
         drop((two, b));
-        let c = a.hold("token c".into(), answer(2 << 20));
+        let c = a.hold(Caller::Known("token c".into()), answer(2 << 20));
         assert_eq!(c.status(), 200);
         // A streamed answer weighs what it says it holds (over the share: as much
         // as the share).
         let mut s = answer(10);
         s.extensions_mut().insert(Weight(3 << 20));
-        assert_eq!(a.hold("token d".into(), s).status(), 429);
-        assert_eq!(a.hold("token d".into(), answer(1 << 20)).status(), 200);
+        assert_eq!(a.hold(Caller::Known("token d".into()), s).status(), 429);
+        assert_eq!(
+            a.hold(Caller::Known("token d".into()), answer(1 << 20))
+                .status(),
+            200
+        );
         assert_eq!(a.refused(), 3);
         assert_eq!(a.held_bytes(), 2 << 20);
         drop(c);
         assert_eq!(a.held_bytes(), 0);
     }
 
-    /// Frames of at most FRAME bytes, the last one a copy of its own, and the
-    /// answer whole.
+    /// Frames of at most FRAME bytes, the last COPIED_TAIL bytes copies of
+    /// their own, the rest cut from the answer's buffer, and the answer whole.
     #[tokio::test]
-    async fn answers_go_out_in_frames_the_last_one_copied() {
+    async fn answers_go_out_in_frames_their_tail_copied() {
         let a = Answers::new(16, 16);
-        let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let data: Vec<u8> = (0..(1u32 << 20) + 1000).map(|i| i as u8).collect();
         let src = Bytes::from(data.clone());
         let mut body = a
             .hold(
-                "x".into(),
+                Caller::Known("x".into()),
                 Response::new(axum::body::Body::from(src.clone())),
             )
             .into_body();
-        let mut got = Vec::new();
-        let mut last = Bytes::new();
+        let (mut got, mut cut) = (Vec::new(), 0);
+        let inside = src.as_ptr_range();
         while let Some(f) = body.frame().await {
             let d = f.unwrap().into_data().unwrap();
             assert!(d.len() <= crate::pipe::FRAME);
+            let left = data.len() - got.len();
+            if inside.contains(&d.as_ptr()) {
+                assert!(
+                    left as u64 > COPIED_TAIL,
+                    "cut at {left} bytes from the end"
+                );
+                cut += d.len();
+            } else {
+                assert!(
+                    left as u64 <= COPIED_TAIL,
+                    "a copy {left} bytes from the end"
+                );
+            }
             got.extend_from_slice(&d);
-            last = d;
         }
         assert_eq!(got, data);
-        let inside = src.as_ptr_range();
-        assert!(
-            !inside.contains(&last.as_ptr()),
-            "the last frame is not cut from the answer's buffer"
-        );
-    }
-
-    #[test]
-    fn callers_are_their_credentials() {
-        let ip: std::net::IpAddr = "10.0.0.1".parse().unwrap();
-        let mut h = HeaderMap::new();
-        assert_eq!(caller(&h, ip), "address 10.0.0.1");
-        h.insert(header::AUTHORIZATION, "bEaReR   abc ".parse().unwrap());
-        assert_eq!(caller(&h, ip), "token abc");
-        h.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
-        assert_eq!(caller(&h, ip), "token abc");
-        h.remove(header::AUTHORIZATION);
-        h.insert(header::COOKIE, "x=1; cairn_session=s1".parse().unwrap());
-        assert_eq!(caller(&h, ip), "session s1");
+        assert!(cut as u64 >= data.len() as u64 - COPIED_TAIL - crate::pipe::FRAME as u64);
     }
 }

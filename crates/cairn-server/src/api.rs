@@ -1469,9 +1469,9 @@ pub async fn dedup_confirm(
 /// backup failed on every pack without a word of either).
 fn pack_hint(kind: Kind) -> &'static str {
     if kind == Kind::Pack {
-        " (the server's max_object_size): back up with smaller packs (`--pack-size`, \
-         or `cairn config --pack-size` for the datastore), or have the server's \
-         max_object_size raised"
+        " (the server's max_object_size): back up with smaller packs (`backup \
+         --pack-size`; an admin can set the datastore's with `cairn config \
+         --pack-size`), or have the server's max_object_size raised"
     } else {
         ""
     }

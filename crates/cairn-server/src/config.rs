@@ -9,7 +9,7 @@
 //! max_connections = 1024
 //! max_connections_per_ip = 128
 //! answer_memory_mib = 2048
-//! answer_memory_per_caller_mib = 256
+//! answer_memory_per_caller_mib = 512
 //! max_lock_age_hours = 168
 //! job_idle_secs = 90
 //! restart_lock_secs = 360
@@ -351,7 +351,7 @@ impl ServerConfig {
             max_connections: file.max_connections.unwrap_or(1024).max(1),
             max_connections_per_ip: file.max_connections_per_ip.unwrap_or(128).max(1),
             answer_memory_mib: file.answer_memory_mib.unwrap_or(2048),
-            answer_memory_per_caller_mib: file.answer_memory_per_caller_mib.unwrap_or(256),
+            answer_memory_per_caller_mib: file.answer_memory_per_caller_mib.unwrap_or(512),
             max_lock_age_hours: file.max_lock_age_hours.unwrap_or(7 * 24),
             job_idle_secs: file.job_idle_secs.unwrap_or(90),
             restart_lock_secs: file.restart_lock_secs.unwrap_or(360),

@@ -103,7 +103,7 @@ impl<K: Hash + Eq> Drop for Place<K> {
 }
 
 /// What counts as one address: see [`Places::enter_from`].
-fn address_of(ip: IpAddr) -> IpAddr {
+pub(crate) fn address_of(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

@@ -1293,9 +1293,15 @@ fn connection_builder() -> hyper_util::server::conn::auto::Builder<hyper_util::r
         .timer(hyper_util::rt::TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(60)))
         .keep_alive_timeout(Duration::from_secs(20))
-        .max_header_list_size(MAX_HEADER_BYTES);
+        .max_header_list_size(MAX_HEADER_BYTES)
+        // What a stream holds of an answer beyond what its client took: a frame
+        // of it (h2's default is 400 KiB a stream; `answers`).
+        .max_send_buf_size(H2_SEND_BUFFER);
     b
 }
+
+/// The most an HTTP/2 stream buffers of an answer beyond its client's window.
+pub(crate) const H2_SEND_BUFFER: usize = pipe::FRAME;
 
 /// The most header bytes a request may carry over HTTP/2.
 const MAX_HEADER_BYTES: u32 = 384 << 10;
@@ -1326,7 +1332,9 @@ fn logged(
                 .uri()
                 .path_and_query()
                 .map_or_else(|| req.uri().path().to_string(), |p| p.to_string());
-            let caller = answers::caller(req.headers(), peer.ip());
+            // Only answers to GET are held ([`answers::Answers::hold`]).
+            let caller = (req.method() == axum::http::Method::GET)
+                .then(|| answers::caller(&app, req.headers(), peer.ip()));
             // A body its handler leaves unread is read to its end, so the client
             // gets the refusal (`body::Drained`).
             let req = req.map(|b| axum::body::Body::new(body::Drained::new(b)));
@@ -1342,7 +1350,10 @@ fn logged(
             };
             // Held to the budget of answers not yet taken until its client takes
             // it, or refused.
-            let resp = app.answers.hold(caller, resp);
+            let resp = match caller {
+                Some(c) => app.answers.hold(c, resp),
+                None => resp,
+            };
             app.stats.active.fetch_sub(1, Ordering::Relaxed);
             app.stats.requests.fetch_add(1, Ordering::Relaxed);
             if resp.status().is_server_error() {

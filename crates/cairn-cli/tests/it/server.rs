@@ -2120,6 +2120,14 @@ fn answers_a_client_never_takes_hold_no_more_than_its_share() {
     let (code, body) = http_with(srv.port, "GET", &path, &b, &mib, b"");
     assert_eq!(code, 206);
     assert_eq!(body.len(), 1 << 20);
+    // A made-up token is refused as such: its answers are counted apart, in
+    // the pool of callers without a valid credential (review r36 H1).
+    let bogus = format!("{}x", &a[..a.len() - 1]);
+    assert_eq!(http_with(srv.port, "GET", &path, &bogus, &mib, b"").0, 401);
+    // A request that is not a GET is never refused for it (it was carried out).
+    let lock = format!("/v1/datastores/main/objects/locks/{}", "ab".repeat(32));
+    let (code, body) = http_with(srv.port, "PUT", &lock, &a, &[], b"{}");
+    assert_ne!(code, 429, "{}", String::from_utf8_lossy(&body));
     let (_, metrics) = http(srv.port, "GET", "/metrics", None, b"");
     let figure = |name: &str| -> u64 {
         metrics

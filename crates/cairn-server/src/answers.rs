@@ -60,6 +60,11 @@ pub struct Answers {
     refused: std::sync::atomic::AtomicU64,
 }
 
+/// What an authenticated caller may hold whatever the others hold, in MiB (at
+/// most a quarter of its share): a restore's few readers (cores + 2, up to 12 MiB each on object storage) go
+/// on when callers that never take their answers fill the budget.
+const CALLER_FLOOR_MIB: u64 = 64;
+
 /// An anonymous address's share, and the anonymous pool, in MiB.
 const ANONYMOUS_PER_ADDRESS_MIB: u64 = 16;
 const ANONYMOUS_MIB: u64 = 128;
@@ -70,12 +75,70 @@ fn kib(mib: u64) -> usize {
 
 impl Answers {
     pub fn new(per_caller_mib: u64, all_mib: u64) -> Answers {
+        Self::with_floor(
+            per_caller_mib,
+            all_mib,
+            CALLER_FLOOR_MIB.min(per_caller_mib / 4),
+        )
+    }
+
+    fn with_floor(per_caller_mib: u64, all_mib: u64, floor_mib: u64) -> Answers {
         Answers {
-            known: Places::new(kib(per_caller_mib), kib(all_mib)),
+            known: Places::with_floor(kib(per_caller_mib), kib(all_mib), kib(floor_mib)),
             anonymous: Places::new(kib(ANONYMOUS_PER_ADDRESS_MIB), kib(ANONYMOUS_MIB)),
             per_caller_mib,
             refused: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// A place of `expected` bytes for the answer `caller` asked for, taken
+    /// before it is made, so that answers that could not be held are not made
+    /// (audit r36: 2,000 ranges asked at once by a caller whose share was full
+    /// were each read, then refused). Waits for room up to [`ROOM_WAIT`]: a
+    /// restore's next range waits for its earlier ones to be taken rather than
+    /// be refused.
+    pub async fn reserve(&self, caller: &Caller, expected: u64) -> Result<Place, Response> {
+        let kib = usize::try_from(expected.div_ceil(1024)).unwrap_or(usize::MAX);
+        let until = tokio::time::Instant::now() + ROOM_WAIT;
+        loop {
+            if let Some(p) = self.enter(caller, kib) {
+                return Ok(p);
+            }
+            if tokio::time::Instant::now() >= until {
+                return Err(self.refusal());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    fn enter(&self, caller: &Caller, kib: usize) -> Option<Place> {
+        match caller {
+            Caller::Known(who) => self
+                .known
+                .enter_weighing(who.clone(), kib)
+                .map(Place::Known),
+            Caller::Anonymous(ip) => self
+                .anonymous
+                .enter_weighing(crate::conns::address_of(*ip), kib)
+                .map(Place::Anonymous),
+        }
+    }
+
+    fn refusal(&self) -> Response {
+        self.refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::api::ApiError::new(
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            "answers_not_taken",
+            format!(
+                "answers to this caller that it has not taken yet, or the server's to all \
+                 callers, hold what they may ({} MiB a caller: answer_memory_per_caller_mib), \
+                 and none was taken for {} s: take them, then ask again",
+                self.per_caller_mib,
+                ROOM_WAIT.as_secs()
+            ),
+        )
+        .into_response()
     }
 
     /// Bytes the answers not yet taken hold, as weighed (`/metrics`).
@@ -93,31 +156,20 @@ impl Answers {
     /// dropped). Only answers to GET are held: refusing another request's
     /// answer would hide that it was done (a pack stored, a session begun), and
     /// those answers are a few bytes (review r36 H2).
-    pub fn hold(&self, caller: Caller, resp: Response) -> Response {
+    pub fn hold(&self, caller: Caller, early: Option<Place>, resp: Response) -> Response {
         let weight = weight_of(&resp);
         let kib = usize::try_from(weight.div_ceil(1024)).unwrap_or(usize::MAX);
-        let place = match caller {
-            Caller::Known(who) => self.known.enter_weighing(who, kib).map(Place::Known),
-            Caller::Anonymous(ip) => self
-                .anonymous
-                .enter_weighing(crate::conns::address_of(ip), kib)
-                .map(Place::Anonymous),
+        // The place taken before the answer was made, if it is enough.
+        let place = match early {
+            Some(p) if p.weight() >= kib => Some(p),
+            early => {
+                drop(early);
+                self.enter(&caller, kib)
+            }
         };
         let Some(place) = place else {
             drop(resp);
-            self.refused
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return crate::api::ApiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                "answers_not_taken",
-                format!(
-                    "answers to this caller that it has not taken yet, or the server's to \
-                     all callers, hold what they may ({} MiB a caller: \
-                     answer_memory_per_caller_mib): take them, then ask again",
-                    self.per_caller_mib
-                ),
-            )
-            .into_response();
+            return self.refusal();
         };
         let left = resp
             .headers()
@@ -130,16 +182,43 @@ impl Answers {
                 inner,
                 current: Bytes::new(),
                 left,
-                _place: Some(place),
+                place: Arc::new(place),
             })
         })
     }
 }
 
 /// A place in one of the two pools.
-enum Place {
-    Known(#[allow(dead_code)] crate::conns::Place<String>),
-    Anonymous(#[allow(dead_code)] crate::conns::Place<std::net::IpAddr>),
+pub enum Place {
+    Known(crate::conns::Place<String>),
+    Anonymous(crate::conns::Place<std::net::IpAddr>),
+}
+
+impl Place {
+    fn weight(&self) -> usize {
+        match self {
+            Place::Known(p) => p.weight(),
+            Place::Anonymous(p) => p.weight(),
+        }
+    }
+}
+
+/// How long an answer waits for room in its caller's share before it is made.
+const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What an answer to a GET is expected to weigh before it is made: a range's
+/// length (up to what a streamed range holds on object storage), else a small
+/// answer's; one that turns out heavier takes the rest once made.
+pub fn expected_weight(headers: &HeaderMap) -> u64 {
+    headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("bytes="))
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+        .map_or(64 << 10, |(a, b)| {
+            b.saturating_sub(a).saturating_add(1).min(12 << 20)
+        })
 }
 
 /// What an answer holds at most: what its streamer said, else its length, else
@@ -195,7 +274,24 @@ struct Held {
     current: Bytes,
     /// Bytes still to hand out, when the answer's length is known.
     left: Option<u64>,
-    _place: Option<Place>,
+    /// Its place in the budget, shared with every copy of its tail handed out:
+    /// given back once the body and all of those are dropped, that is once the
+    /// connection has sent or dropped the last of them (audit r36: given back
+    /// when the last frame was handed over, the frames a stream that takes a byte
+    /// at a time still held were counted nowhere).
+    place: Arc<Place>,
+}
+
+/// A copy of an answer's tail, holding the answer's place in the budget.
+struct Tail {
+    data: Vec<u8>,
+    _place: Arc<Place>,
+}
+
+impl AsRef<[u8]> for Tail {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
 }
 
 impl http_body::Body for Held {
@@ -217,7 +313,10 @@ impl http_body::Body for Held {
                     // they were cut from goes with this body, whatever the
                     // connection still holds of them once it has ended.
                     if *left <= COPIED_TAIL {
-                        frame = Bytes::copy_from_slice(&frame);
+                        frame = Bytes::from_owner(Tail {
+                            data: frame.to_vec(),
+                            _place: this.place.clone(),
+                        });
                     }
                     *left = left.saturating_sub(n as u64);
                 }
@@ -261,45 +360,69 @@ mod tests {
     /// that does not fit is refused and another caller is answered.
     #[tokio::test]
     async fn answers_not_taken_hold_their_callers_share() {
-        let a = Answers::new(2, 3);
-        let one = a.hold(Caller::Known("token a".into()), answer(1 << 20));
+        let a = Answers::with_floor(2, 3, 1);
+        let hold = |who: &str, len: usize| a.hold(Caller::Known(who.into()), None, answer(len));
+        let one = hold("token a", 1 << 20);
         assert_eq!(one.status(), 200);
-        let two = a.hold(Caller::Known("token a".into()), answer(1 << 20));
+        let two = hold("token a", 1 << 20);
         assert_eq!(two.status(), 200);
-        let refused = a.hold(Caller::Known("token a".into()), answer(1 << 20));
-        assert_eq!(refused.status(), 429);
-        let b = a.hold(Caller::Known("token b".into()), answer(1 << 20));
+        assert_eq!(hold("token a", 1 << 20).status(), 429, "its share");
+        let b = hold("token b", 1 << 20);
         assert_eq!(b.status(), 200);
-        assert_eq!(
-            a.hold(Caller::Known("token c".into()), answer(1 << 20))
-                .status(),
-            429,
-            "3 MiB in all"
-        );
+        // 3 MiB in all: a caller holding less than its floor still enters.
+        let c = hold("token c", 1 << 20);
+        assert_eq!(c.status(), 200, "within its floor");
+        assert_eq!(hold("token c", 1 << 20).status(), 429, "past its floor");
         // Taken whole: its place is given back.
         let got = one.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(got.len(), 1 << 20);
-        assert_eq!(
-            a.hold(Caller::Known("token a".into()), answer(1 << 20))
-                .status(),
-            200
-        );
+        drop(c);
+        assert_eq!(a.held_bytes(), 2 << 20);
+        assert_eq!(hold("token a", 1 << 20).status(), 200);
         drop((two, b));
-        let c = a.hold(Caller::Known("token c".into()), answer(2 << 20));
+        assert_eq!(a.held_bytes(), 0);
+        let c = hold("token c", 2 << 20);
         assert_eq!(c.status(), 200);
         // A streamed answer weighs what it says it holds (over the share: as much
         // as the share).
         let mut s = answer(10);
         s.extensions_mut().insert(Weight(3 << 20));
-        assert_eq!(a.hold(Caller::Known("token d".into()), s).status(), 429);
         assert_eq!(
-            a.hold(Caller::Known("token d".into()), answer(1 << 20))
-                .status(),
-            200
+            a.hold(Caller::Known("token d".into()), None, s).status(),
+            429
         );
+        assert_eq!(hold("token d", 1 << 20).status(), 200);
+        // Anonymous callers have a pool of their own.
+        let anon = a.hold(
+            Caller::Anonymous("10.0.0.1".parse().unwrap()),
+            None,
+            answer(1 << 20),
+        );
+        assert_eq!(anon.status(), 200);
         assert_eq!(a.refused(), 3);
-        assert_eq!(a.held_bytes(), 2 << 20);
-        drop(c);
+        assert_eq!(a.held_bytes(), 3 << 20);
+        drop((c, anon));
+        assert_eq!(a.held_bytes(), 0);
+    }
+
+    /// The tail's copies hold the answer's place after the body is gone: the
+    /// budget counts them until the connection drops the last one.
+    #[tokio::test]
+    async fn the_tail_handed_out_holds_the_place_until_dropped() {
+        let a = Answers::new(16, 16);
+        let mut body = a
+            .hold(Caller::Known("x".into()), None, answer(200_000))
+            .into_body();
+        let mut frames = Vec::new();
+        while let Some(f) = body.frame().await {
+            frames.push(f.unwrap().into_data().unwrap());
+        }
+        drop(body);
+        assert!(a.held_bytes() > 0, "the frames are still held");
+        let last = frames.pop().unwrap();
+        drop(frames);
+        assert!(a.held_bytes() > 0);
+        drop(last);
         assert_eq!(a.held_bytes(), 0);
     }
 
@@ -313,6 +436,7 @@ mod tests {
         let mut body = a
             .hold(
                 Caller::Known("x".into()),
+                None,
                 Response::new(axum::body::Body::from(src.clone())),
             )
             .into_body();

@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 pub struct Places<K> {
     each: usize,
     all: usize,
+    /// A key holding less than this may enter past `all` ([`Places::with_floor`]).
+    floor: usize,
     /// Places held in all, and by key (keys holding none are dropped).
     open: Mutex<(usize, HashMap<K, usize>)>,
 }
@@ -31,9 +33,19 @@ pub struct Place<K: Hash + Eq> {
 
 impl<K: Hash + Eq + Clone> Places<K> {
     pub fn new(each: usize, all: usize) -> Arc<Places<K>> {
+        Self::with_floor(each, all, 0)
+    }
+
+    /// As [`Places::new`], and a key holding less than `floor` (with the new
+    /// place) enters whatever all the others hold: a few keys that fill `all`
+    /// cannot shut the rest out (audit r36: a token's sessions filled the
+    /// answer budget and every other caller was refused). What is held in all
+    /// is then at most `all` and `floor` a key.
+    pub fn with_floor(each: usize, all: usize, floor: usize) -> Arc<Places<K>> {
         Arc::new(Places {
             each: each.max(1),
             all: all.max(1),
+            floor: floor.min(each),
             open: Mutex::new((0, HashMap::new())),
         })
     }
@@ -53,7 +65,8 @@ impl<K: Hash + Eq + Clone> Places<K> {
         let mut guard = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let (total, open) = &mut *guard;
         let n = open.entry(key.clone()).or_insert(0);
-        if *n + weight > self.each || *total + weight > self.all {
+        let over_all = *total + weight > self.all && *n + weight > self.floor;
+        if *n + weight > self.each || over_all {
             if *n == 0 {
                 open.remove(&key);
             }
@@ -85,6 +98,13 @@ impl Places<IpAddr> {
     /// IPv4.
     pub fn enter_from(self: &Arc<Self>, ip: IpAddr) -> Option<Place<IpAddr>> {
         self.enter(address_of(ip))
+    }
+}
+
+impl<K: Hash + Eq> Place<K> {
+    /// The weight this place holds.
+    pub fn weight(&self) -> usize {
+        self.weight
     }
 }
 
@@ -413,5 +433,15 @@ mod tests {
         drop((big, b5));
         assert_eq!(p.keys(), 0);
         assert_eq!(p.open.lock().unwrap().0, 0);
+        // With a floor, a key holding little enters past the bound in all.
+        let p = super::Places::<&str>::with_floor(10, 15, 3);
+        let _a = p.enter_weighing("a", 10).unwrap();
+        let _b = p.enter_weighing("b", 5).unwrap();
+        assert!(p.enter_weighing("c", 4).is_none(), "over the floor");
+        let c = p.enter_weighing("c", 3).unwrap();
+        assert!(p.enter_weighing("c", 1).is_none(), "the floor reached");
+        assert!(p.enter_weighing("b", 1).is_none(), "b holds past its floor");
+        drop(c);
+        assert_eq!(p.held(), 15);
     }
 }

@@ -1335,24 +1335,35 @@ fn logged(
             // Only answers to GET are held ([`answers::Answers::hold`]).
             let caller = (req.method() == axum::http::Method::GET)
                 .then(|| answers::caller(&app, req.headers(), peer.ip()));
+            let expected = answers::expected_weight(req.headers());
             // A body its handler leaves unread is read to its end, so the client
             // gets the refusal (`body::Drained`).
             let req = req.map(|b| axum::body::Body::new(body::Drained::new(b)));
             app.stats.active.fetch_add(1, Ordering::Relaxed);
-            let resp = match tokio::time::timeout(timeout, router.oneshot(req)).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(never)) => match never {},
+            let answered = async {
+                // Room for the answer before it is made (`Answers::reserve`).
+                let early = match &caller {
+                    Some(c) => Some(app.answers.reserve(c, expected).await?),
+                    None => None,
+                };
+                let resp = match router.oneshot(req).await {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                };
+                // Held to the budget of answers not yet taken until its client
+                // takes it, or refused.
+                Ok::<_, axum::response::Response>(match caller {
+                    Some(c) => app.answers.hold(c, early, resp),
+                    None => resp,
+                })
+            };
+            let resp = match tokio::time::timeout(timeout, answered).await {
+                Ok(Ok(r) | Err(r)) => r,
                 Err(_) => axum::response::IntoResponse::into_response(api::ApiError::new(
                     axum::http::StatusCode::REQUEST_TIMEOUT,
                     "timeout",
                     format!("the request took longer than {} s", timeout.as_secs()),
                 )),
-            };
-            // Held to the budget of answers not yet taken until its client takes
-            // it, or refused.
-            let resp = match caller {
-                Some(c) => app.answers.hold(c, resp),
-                None => resp,
             };
             app.stats.active.fetch_sub(1, Ordering::Relaxed);
             app.stats.requests.fetch_add(1, Ordering::Relaxed);

@@ -14,20 +14,14 @@
 //! answered with a few bytes.
 //!
 //! The body hands its answer out in frames of at most [`crate::pipe::FRAME`]
-//! bytes, the last [`COPIED_TAIL`] of it copied, so that what the connection
-//! still holds for a stream once the body has ended is those copies, not the
-//! whole buffer the frames were cut from.
+//! bytes, each holding the answer's place: what the connection still holds of
+//! an answer once its body has ended stays counted until it is sent or dropped.
 
 use crate::conns::Places;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
-
-/// The end of an answer handed out as copies: more than a connection holds of
-/// an answer once its body has ended (HTTP/2: [`crate::H2_SEND_BUFFER`] a
-/// stream; HTTP/1.1: hyper's queue of a few frames; review r36 M2).
-const COPIED_TAIL: u64 = 512 << 10;
 
 /// The weight of an answer whose size is not known when it starts (an archive
 /// being made): a few of its pieces.
@@ -171,17 +165,10 @@ impl Answers {
             drop(resp);
             return self.refusal();
         };
-        let left = resp
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
         resp.map(|inner| {
-            let left = left.or_else(|| http_body::Body::size_hint(&inner).exact());
             axum::body::Body::new(Held {
                 inner,
                 current: Bytes::new(),
-                left,
                 place: Arc::new(place),
             })
         })
@@ -272,23 +259,22 @@ struct Held {
     inner: axum::body::Body,
     /// What the inner body gave and this one has not handed out yet.
     current: Bytes,
-    /// Bytes still to hand out, when the answer's length is known.
-    left: Option<u64>,
-    /// Its place in the budget, shared with every copy of its tail handed out:
-    /// given back once the body and all of those are dropped, that is once the
-    /// connection has sent or dropped the last of them (audit r36: given back
-    /// when the last frame was handed over, the frames a stream that takes a byte
-    /// at a time still held were counted nowhere).
+    /// Its place in the budget, shared with every frame handed out: given back
+    /// once the body and all of those are dropped, that is once the connection
+    /// has sent or dropped the last of them (audit r36: given back when the
+    /// last frame was handed over, what a stream that takes a byte at a time
+    /// still held was counted nowhere). A frame is a slice of the buffer the
+    /// answer was read into, which it keeps alive: counted as long as it lives.
     place: Arc<Place>,
 }
 
-/// A copy of an answer's tail, holding the answer's place in the budget.
-struct Tail {
-    data: Vec<u8>,
+/// A frame handed out, holding the answer's place in the budget.
+struct Frame {
+    data: Bytes,
     _place: Arc<Place>,
 }
 
-impl AsRef<[u8]> for Tail {
+impl AsRef<[u8]> for Frame {
     fn as_ref(&self) -> &[u8] {
         &self.data
     }
@@ -307,19 +293,10 @@ impl http_body::Body for Held {
         loop {
             if !this.current.is_empty() {
                 let n = this.current.len().min(crate::pipe::FRAME);
-                let mut frame = this.current.split_to(n);
-                if let Some(left) = &mut this.left {
-                    // The last frames: copies of their own, so that the buffer
-                    // they were cut from goes with this body, whatever the
-                    // connection still holds of them once it has ended.
-                    if *left <= COPIED_TAIL {
-                        frame = Bytes::from_owner(Tail {
-                            data: frame.to_vec(),
-                            _place: this.place.clone(),
-                        });
-                    }
-                    *left = left.saturating_sub(n as u64);
-                }
+                let frame = Bytes::from_owner(Frame {
+                    data: this.current.split_to(n),
+                    _place: this.place.clone(),
+                });
                 return Poll::Ready(Some(Ok(http_body::Frame::data(frame))));
             }
             match std::task::ready!(std::pin::Pin::new(&mut this.inner).poll_frame(cx)) {
@@ -405,8 +382,8 @@ mod tests {
         assert_eq!(a.held_bytes(), 0);
     }
 
-    /// The tail's copies hold the answer's place after the body is gone: the
-    /// budget counts them until the connection drops the last one.
+    /// The frames hold the answer's place after the body is gone: the budget
+    /// counts them until the connection drops the last one.
     #[tokio::test]
     async fn the_tail_handed_out_holds_the_place_until_dropped() {
         let a = Answers::new(16, 16);
@@ -426,10 +403,10 @@ mod tests {
         assert_eq!(a.held_bytes(), 0);
     }
 
-    /// Frames of at most FRAME bytes, the last COPIED_TAIL bytes copies of
-    /// their own, the rest cut from the answer's buffer, and the answer whole.
+    /// Frames of at most FRAME bytes, cut from the answer's buffer (nothing
+    /// copied), and the answer whole.
     #[tokio::test]
-    async fn answers_go_out_in_frames_their_tail_copied() {
+    async fn answers_go_out_in_frames_cut_from_their_buffer() {
         let a = Answers::new(16, 16);
         let data: Vec<u8> = (0..(1u32 << 20) + 1000).map(|i| i as u8).collect();
         let src = Bytes::from(data.clone());
@@ -440,27 +417,14 @@ mod tests {
                 Response::new(axum::body::Body::from(src.clone())),
             )
             .into_body();
-        let (mut got, mut cut) = (Vec::new(), 0);
+        let mut got = Vec::new();
         let inside = src.as_ptr_range();
         while let Some(f) = body.frame().await {
             let d = f.unwrap().into_data().unwrap();
             assert!(d.len() <= crate::pipe::FRAME);
-            let left = data.len() - got.len();
-            if inside.contains(&d.as_ptr()) {
-                assert!(
-                    left as u64 > COPIED_TAIL,
-                    "cut at {left} bytes from the end"
-                );
-                cut += d.len();
-            } else {
-                assert!(
-                    left as u64 <= COPIED_TAIL,
-                    "a copy {left} bytes from the end"
-                );
-            }
+            assert!(inside.contains(&d.as_ptr()), "a copy");
             got.extend_from_slice(&d);
         }
         assert_eq!(got, data);
-        assert!(cut as u64 >= data.len() as u64 - COPIED_TAIL - crate::pipe::FRAME as u64);
     }
 }
